@@ -1,0 +1,699 @@
+/* manifest.c: parse and validate the cluster manifest (YAML) with libyaml's document API. */
+#include "manifest.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <float.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <yaml.h>
+
+#include "ps/ps_error.h"
+
+/* A manifest is a page of YAML; a bigger file is a mistake (or /dev/zero), not a manifest. */
+#define MANIFEST_MAX_BYTES (16u << 20)
+#define PATH_LEN 192  /* room for the longest dotted key path we print */
+#define MAX_FIELDS 32 /* rows per table; parse_map() tracks each row's first line */
+#define NOMAX INFINITY
+
+/* Names indexed by the enum values in manifest.h; NULL-terminated for the tables. */
+static const char *const optim_names[] = {"sgd", "momentum", "adam", "adamw", NULL};
+static const char *const consist_names[] = {"bsp", "asp", NULL};
+static const char *const sched_names[] = {"constant", "cosine", NULL};
+static const char *const model_names[] = {"mlp", NULL};
+
+_Static_assert(PS_OPT_SGD == 0 && PS_OPT_MOMENTUM == 1 && PS_OPT_ADAM == 2 && PS_OPT_ADAMW == 3,
+               "optim_names follows ps_optim_kind_t");
+_Static_assert(PS_CONSIST_BSP == 0 && PS_CONSIST_ASP == 1, "consist_names follows the enum");
+_Static_assert(PS_SCHED_CONSTANT == 0 && PS_SCHED_COSINE == 1, "sched_names follows the enum");
+
+typedef enum {
+    T_STR,   /* char[size]; non-empty; one of names[] when names is set */
+    T_INT,   /* unsigned integer of 1, 2, 4 or 8 bytes in [min, max] */
+    T_FLOAT, /* float or double in [min, max]; F_GT_MIN / F_LT_MAX make a bound open */
+    T_BOOL,  /* bool: true | false */
+    T_ENUM,  /* enum stored as its index in names[] */
+    T_MAP,   /* nested mapping described by sub[] */
+    T_LIST,  /* sequence of elements elem bytes apart: mappings (sub[]) or T_INT in [min, max] */
+} ftype_t;
+
+enum { F_REQ = 1, F_GT_MIN = 2, F_LT_MAX = 4 };
+
+typedef struct ctx_s ctx_t;
+typedef struct field_s field_t;
+
+/* A check runs after its field parsed; @p base is the struct holding the field. */
+typedef int (*check_fn)(ctx_t *c, const field_t *f, yaml_node_t *node, char *base,
+                        const char *path);
+
+/* One row of a table: one YAML key and the struct member it fills. */
+struct field_s {
+    const char *key; /* the YAML key, which is also the C member's name */
+    size_t off;      /* offsetof() the member in the table's struct */
+    size_t size;     /* sizeof the member (a string's capacity, a list's whole array) */
+    ftype_t type;
+    int flags;                /* F_REQ, F_GT_MIN, F_LT_MAX */
+    double min, max;          /* T_INT, T_FLOAT, and the T_INT elements of a T_LIST */
+    const char *const *names; /* T_ENUM; T_STR when only some values are allowed */
+    const field_t *sub;       /* T_MAP; T_LIST of mappings */
+    size_t elem;              /* T_LIST: bytes per element */
+    size_t count_off;         /* T_LIST: offsetof() the int element count */
+    int min_count;            /* T_LIST: fewest elements; the most is size / elem */
+    check_fn check;           /* optional cross-value rule */
+};
+
+struct ctx_s {
+    const char *name; /* the file, for messages */
+    yaml_document_t *doc;
+    char *err;
+    size_t errlen;
+};
+
+/* ---- messages ---------------------------------------------------------------------------- */
+
+/* Write one line "NAME:LINE: PATH: message" (LINE when > 0, PATH when non-empty). Control
+ * characters (from scalars or the file name) become '?' so the message stays one line. */
+static void vset_err(ctx_t *c, size_t line, const char *path, const char *fmt, va_list ap)
+{
+    if (c->err == NULL || c->errlen == 0) return;
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    char where[32] = "";
+    if (line > 0) snprintf(where, sizeof where, ":%zu", line);
+    snprintf(c->err, c->errlen, "%s%s: %s%s%s", c->name, where, path, *path ? ": " : "", msg);
+    for (char *p = c->err; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = '?';
+}
+
+__attribute__((format(printf, 4, 5))) static int fail_at(ctx_t *c, size_t line, const char *path,
+                                                         const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vset_err(c, line, path, fmt, ap);
+    va_end(ap);
+    return PS_ECONFIG;
+}
+
+static size_t line_of(const yaml_node_t *n)
+{
+    return n->start_mark.line + 1;
+}
+
+__attribute__((format(printf, 4, 5))) static int fail(ctx_t *c, const yaml_node_t *n,
+                                                      const char *path, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vset_err(c, line_of(n), path, fmt, ap);
+    va_end(ap);
+    return PS_ECONFIG;
+}
+
+/* The path of a child: ("job", "lr", -1) -> "job.lr", ("servers", NULL, 1) -> "servers[1]".
+ * A path cut to PATH_LEN still names the place well enough. */
+static void child_path(char *dst, const char *path, const char *key, int index)
+{
+    char tail[16];
+    if (index >= 0) snprintf(tail, sizeof tail, "[%d]", index);
+    const char *parts[3] = {path, index < 0 && *path ? "." : "", index >= 0 ? tail : key};
+    size_t n = 0;
+    for (int i = 0; i < 3; i++) {
+        size_t len = strnlen(parts[i], PATH_LEN - 1 - n);
+        memcpy(dst + n, parts[i], len);
+        n += len;
+    }
+    dst[n] = '\0';
+}
+
+static bool is_scalar(const yaml_node_t *n)
+{
+    return n->type == YAML_SCALAR_NODE;
+}
+static bool is_plain(const yaml_node_t *n)
+{
+    return is_scalar(n) && n->data.scalar.style == YAML_PLAIN_SCALAR_STYLE;
+}
+static const char *text_of(const yaml_node_t *n)
+{
+    return (const char *)n->data.scalar.value;
+}
+
+/* A scalar's text, cut to fit a message. */
+static const char *clip(const yaml_node_t *n, char *buf, size_t size)
+{
+    size_t len = n->data.scalar.length, keep = len > 60 ? 57 : len;
+    snprintf(buf, size, "%.*s%s", (int)keep, text_of(n), keep < len ? "..." : "");
+    return buf;
+}
+
+/* What a node is, for "got ...": 'text', a quoted string 'text', nothing, a mapping. */
+static const char *describe(const yaml_node_t *n, char *buf, size_t size)
+{
+    if (n->type == YAML_MAPPING_NODE) return "a mapping";
+    if (n->type == YAML_SEQUENCE_NODE) return "a sequence";
+    if (is_plain(n) && n->data.scalar.length == 0) return "nothing";
+    char t[72];
+    snprintf(buf, size, "%s'%s'", is_plain(n) ? "" : "a quoted string ", clip(n, t, sizeof t));
+    return buf;
+}
+
+/* "a|b|c" from a NULL-terminated list. */
+static const char *join_names(const char *const *names, char *buf, size_t size)
+{
+    size_t n = 0;
+    buf[0] = '\0';
+    for (int i = 0; names[i] && n < size; i++)
+        n += (size_t)snprintf(buf + n, size - n, "%s%s", i ? "|" : "", names[i]);
+    return buf;
+}
+
+static int find_name(const char *const *names, const yaml_node_t *n)
+{
+    for (int i = 0; names[i]; i++)
+        if (strlen(names[i]) == n->data.scalar.length && strcmp(names[i], text_of(n)) == 0)
+            return i;
+    return -1;
+}
+
+/* ---- scalars ----------------------------------------------------------------------------- */
+
+/* YAML 1.2 core-schema decimal integer: [-+]?[0-9]+ (so 0700 is seven hundred, not octal). */
+static bool is_int_text(const char *s)
+{
+    if (*s == '-' || *s == '+') s++;
+    if (*s == '\0') return false;
+    for (; *s; s++)
+        if (*s < '0' || *s > '9') return false;
+    return true;
+}
+
+/* [-+]?(digits[.digits?] | .digits)([eE][-+]?digits)?: no inf, nan, hex or 1_000. */
+static bool is_float_text(const char *s)
+{
+    if (*s == '-' || *s == '+') s++;
+    size_t digits = strspn(s, "0123456789");
+    s += digits;
+    if (*s == '.') {
+        size_t frac = strspn(s + 1, "0123456789");
+        s += 1 + frac;
+        digits += frac;
+    }
+    if (digits == 0) return false;
+    if (*s == 'e' || *s == 'E') {
+        s++;
+        if (*s == '-' || *s == '+') s++;
+        size_t exp = strspn(s, "0123456789");
+        if (exp == 0) return false;
+        s += exp;
+    }
+    return *s == '\0';
+}
+
+static void store_uint(void *dst, size_t size, uint64_t v)
+{
+    switch (size) {
+    case 1:
+        *(uint8_t *)dst = (uint8_t)v;
+        break;
+    case 2:
+        *(uint16_t *)dst = (uint16_t)v;
+        break;
+    case 4:
+        *(uint32_t *)dst = (uint32_t)v;
+        break;
+    default:
+        *(uint64_t *)dst = v;
+        break;
+    }
+}
+
+/* A table bound as an integer, clamped to what the member can hold. */
+static uint64_t int_bound(double b, size_t size)
+{
+    uint64_t cap = size >= 8 ? UINT64_MAX : (UINT64_C(1) << (8 * size)) - 1;
+    if (b <= 0) return 0;
+    return b >= (double)cap ? cap : (uint64_t)b;
+}
+
+static int parse_int(ctx_t *c, const field_t *f, yaml_node_t *n, void *dst, const char *path)
+{
+    char buf[96];
+    if (!is_plain(n) || !is_int_text(text_of(n)))
+        return fail(c, n, path, "expected an integer, got %s", describe(n, buf, sizeof buf));
+    const char *s = text_of(n);
+    uint64_t lo = int_bound(f->min, f->size), hi = int_bound(f->max, f->size);
+    errno = 0;
+    uint64_t v = strtoull(s + (*s == '-' || *s == '+'), NULL, 10);
+    bool negative = *s == '-' && v != 0;
+    if (errno == ERANGE || negative || v < lo || v > hi)
+        return fail(c, n, path, "must be in [%" PRIu64 ", %" PRIu64 "], got %s", lo, hi,
+                    clip(n, buf, sizeof buf));
+    store_uint(dst, f->size, v);
+    return 0;
+}
+
+static int parse_float(ctx_t *c, const field_t *f, yaml_node_t *n, void *dst, const char *path)
+{
+    char buf[96];
+    if (!is_plain(n) || !is_float_text(text_of(n)))
+        return fail(c, n, path, "expected a number, got %s", describe(n, buf, sizeof buf));
+    /* strtod follows LC_NUMERIC; the programs never call setlocale(), so '.' is the point. */
+    double v = strtod(text_of(n), NULL);
+    if (!isfinite(v) || (f->size == sizeof(float) && fabs(v) > FLT_MAX))
+        return fail(c, n, path, "is too large, got %s", clip(n, buf, sizeof buf));
+    if (f->size == sizeof(float)) v = (float)v; /* check the value that will be used */
+    bool gt = f->flags & F_GT_MIN, lt = f->flags & F_LT_MAX;
+    bool below = gt ? v <= f->min : v < f->min;
+    bool above = lt ? v >= f->max : v > f->max;
+    if (below || above) {
+        clip(n, buf, sizeof buf);
+        if (isinf(f->max))
+            return fail(c, n, path, "must be %s %g, got %s", gt ? ">" : ">=", f->min, buf);
+        return fail(c, n, path, "must be in %c%g, %g%c, got %s", gt ? '(' : '[', f->min, f->max,
+                    lt ? ')' : ']', buf);
+    }
+    if (f->size == sizeof(float))
+        *(float *)dst = (float)v;
+    else
+        *(double *)dst = v;
+    return 0;
+}
+
+static int parse_str(ctx_t *c, const field_t *f, yaml_node_t *n, char *dst, const char *path)
+{
+    char buf[96], names[128];
+    if (!is_scalar(n) || (is_plain(n) && n->data.scalar.length == 0))
+        return fail(c, n, path, "expected a string, got %s", describe(n, buf, sizeof buf));
+    size_t len = n->data.scalar.length;
+    if (len == 0) return fail(c, n, path, "must not be empty");
+    if (strlen(text_of(n)) != len) return fail(c, n, path, "must not contain a NUL character");
+    if (len >= f->size)
+        return fail(c, n, path, "is too long: at most %zu bytes, got %zu", f->size - 1, len);
+    if (f->names && find_name(f->names, n) < 0)
+        return fail(c, n, path, "must be one of %s, got %s",
+                    join_names(f->names, names, sizeof names), describe(n, buf, sizeof buf));
+    memcpy(dst, text_of(n), len + 1);
+    return 0;
+}
+
+/* ---- mappings and sequences -------------------------------------------------------------- */
+
+static int parse_map(ctx_t *c, const field_t *tab, yaml_node_t *node, char *base, const char *path);
+
+static int parse_list(ctx_t *c, const field_t *f, yaml_node_t *n, char *base, const char *path)
+{
+    char buf[96];
+    if (n->type != YAML_SEQUENCE_NODE)
+        return fail(c, n, path, "expected a sequence, got %s", describe(n, buf, sizeof buf));
+    int count = (int)(n->data.sequence.items.top - n->data.sequence.items.start);
+    int most = (int)(f->size / f->elem);
+    if (count == 0 && f->min_count > 0) return fail(c, n, path, "must not be empty");
+    if (count > most) return fail(c, n, path, "too many entries: at most %d, got %d", most, count);
+    if (count < f->min_count)
+        return fail(c, n, path, "must have %d to %d entries, got %d", f->min_count, most, count);
+    /* Each element parses like a field of its own at offset i * elem. */
+    field_t ef = {.key = f->key,
+                  .size = f->elem,
+                  .min = f->min,
+                  .max = f->max,
+                  .sub = f->sub,
+                  .type = f->sub ? T_MAP : T_INT};
+    for (int i = 0; i < count; i++) {
+        yaml_node_t *item = yaml_document_get_node(c->doc, n->data.sequence.items.start[i]);
+        char sub[PATH_LEN];
+        child_path(sub, path, NULL, i);
+        char *dst = base + f->off + (size_t)i * f->elem;
+        int rc = f->sub ? parse_map(c, f->sub, item, dst, sub) : parse_int(c, &ef, item, dst, sub);
+        if (rc) return rc;
+    }
+    *(int *)(base + f->count_off) = count;
+    return 0;
+}
+
+static int parse_value(ctx_t *c, const field_t *f, yaml_node_t *n, char *base, const char *path)
+{
+    char buf[96], names[128];
+    char *dst = base + f->off;
+    int rc = 0;
+    switch (f->type) {
+    case T_STR:
+        rc = parse_str(c, f, n, dst, path);
+        break;
+    case T_INT:
+        rc = parse_int(c, f, n, dst, path);
+        break;
+    case T_FLOAT:
+        rc = parse_float(c, f, n, dst, path);
+        break;
+    case T_BOOL:
+        if (is_plain(n) && strcmp(text_of(n), "true") == 0)
+            *(bool *)dst = true;
+        else if (is_plain(n) && strcmp(text_of(n), "false") == 0)
+            *(bool *)dst = false;
+        else
+            rc = fail(c, n, path, "expected true or false, got %s", describe(n, buf, sizeof buf));
+        break;
+    case T_ENUM: {
+        int i = is_scalar(n) ? find_name(f->names, n) : -1;
+        if (i < 0)
+            rc = fail(c, n, path, "must be one of %s, got %s",
+                      join_names(f->names, names, sizeof names), describe(n, buf, sizeof buf));
+        else
+            store_uint(dst, f->size, (uint64_t)i);
+        break;
+    }
+    case T_MAP:
+        rc = parse_map(c, f->sub, n, dst, path);
+        break;
+    case T_LIST:
+        rc = parse_list(c, f, n, base, path);
+        break;
+    }
+    if (rc == 0 && f->check) rc = f->check(c, f, n, base, path);
+    return rc;
+}
+
+/* Fill the struct at @p base from mapping @p node by table @p tab: each key once, every key
+ * known, every F_REQ key present. The first problem found is the one reported. */
+static int parse_map(ctx_t *c, const field_t *tab, yaml_node_t *node, char *base, const char *path)
+{
+    char buf[96];
+    if (node->type != YAML_MAPPING_NODE)
+        return fail(c, node, path, "expected a mapping, got %s", describe(node, buf, sizeof buf));
+    size_t seen[MAX_FIELDS] = {0}; /* line where each row's key was first found, 0: absent */
+    for (yaml_node_pair_t *p = node->data.mapping.pairs.start; p < node->data.mapping.pairs.top;
+         p++) {
+        yaml_node_t *k = yaml_document_get_node(c->doc, p->key);
+        yaml_node_t *v = yaml_document_get_node(c->doc, p->value);
+        if (!is_scalar(k))
+            return fail(c, k, path, "keys must be scalars, got %s", describe(k, buf, sizeof buf));
+        char sub[PATH_LEN];
+        child_path(sub, path, clip(k, buf, sizeof buf), -1);
+        const field_t *f = tab;
+        while (f->key &&
+               !(strlen(f->key) == k->data.scalar.length && strcmp(f->key, text_of(k)) == 0))
+            f++;
+        if (f->key == NULL) return fail(c, k, sub, "unknown key");
+        size_t i = (size_t)(f - tab);
+        if (seen[i]) return fail(c, k, sub, "duplicate key (first at line %zu)", seen[i]);
+        seen[i] = line_of(k);
+        int rc = parse_value(c, f, v, base, sub);
+        if (rc) return rc;
+    }
+    for (const field_t *f = tab; f->key; f++)
+        if ((f->flags & F_REQ) && !seen[f - tab]) {
+            char sub[PATH_LEN];
+            child_path(sub, path, f->key, -1);
+            return fail(c, node, sub, "missing required key");
+        }
+    return 0;
+}
+
+/* The value node of @p key in mapping @p map, or @p map itself when absent (for a line). */
+static yaml_node_t *map_get(ctx_t *c, yaml_node_t *map, const char *key)
+{
+    for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top;
+         p++) {
+        yaml_node_t *k = yaml_document_get_node(c->doc, p->key);
+        if (is_scalar(k) && strcmp(text_of(k), key) == 0)
+            return yaml_document_get_node(c->doc, p->value);
+    }
+    return map;
+}
+
+/* ---- cross-value rules ------------------------------------------------------------------- */
+
+static int check_name(ctx_t *c, const field_t *f, yaml_node_t *n, char *base, const char *path)
+{
+    const char *s = base + f->off;
+    char buf[96];
+    if (s[strspn(s, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")] != '\0')
+        return fail(c, n, path, "must match [A-Za-z0-9_.-]+, got '%s'", clip(n, buf, sizeof buf));
+    return 0;
+}
+
+static int check_multiple_of_4(ctx_t *c, const field_t *f, yaml_node_t *n, char *base,
+                               const char *path)
+{
+    uint64_t v = *(uint64_t *)(base + f->off);
+    if (v % 4 != 0) return fail(c, n, path, "must be a multiple of 4, got %" PRIu64, v);
+    return 0;
+}
+
+/* Two servers may not share an address or a data directory. */
+static int check_servers(ctx_t *c, const field_t *f, yaml_node_t *n, char *base, const char *path)
+{
+    const ps_manifest_t *m = (const ps_manifest_t *)base;
+    for (int j = 1; j < m->nservers; j++) {
+        const ps_server_conf_t *b = &m->servers[j];
+        yaml_node_t *item = yaml_document_get_node(c->doc, n->data.sequence.items.start[j]);
+        char sub[PATH_LEN];
+        for (int i = 0; i < j; i++) {
+            const ps_server_conf_t *a = &m->servers[i];
+            if (strcmp(a->host, b->host) == 0 && a->port == b->port) {
+                child_path(sub, path, NULL, j);
+                return fail(c, item, sub, "same host:port as %s[%d] (%s:%u)", path, i, b->host,
+                            (unsigned)b->port);
+            }
+            if (strcmp(a->data_dir, b->data_dir) == 0) {
+                char item_path[PATH_LEN];
+                child_path(item_path, path, NULL, j);
+                child_path(sub, item_path, "data_dir", -1);
+                return fail(c, map_get(c, item, "data_dir"), sub, "same data_dir as %s[%d] ('%s')",
+                            path, i, b->data_dir);
+            }
+        }
+    }
+    return 0;
+}
+
+/* ---- tables: one row per key ------------------------------------------------------------- */
+
+#define AT(T, m) .key = #m, .off = offsetof(T, m), .size = sizeof(((T *)0)->m)
+#define OPT(m) AT(ps_optim_conf_t, m)
+#define JOB(m) AT(ps_job_conf_t, m)
+#define SRV(m) AT(ps_server_conf_t, m)
+#define TOP(m) AT(ps_manifest_t, m)
+
+static const field_t optim_fields[] = {
+    {OPT(name), .type = T_ENUM, .flags = F_REQ, .names = optim_names},
+    {OPT(lr), .type = T_FLOAT, .flags = F_REQ | F_GT_MIN, .min = 0, .max = NOMAX},
+    {OPT(beta1), .type = T_FLOAT, .flags = F_LT_MAX, .min = 0, .max = 1},
+    {OPT(beta2), .type = T_FLOAT, .flags = F_LT_MAX, .min = 0, .max = 1},
+    {OPT(eps), .type = T_FLOAT, .flags = F_GT_MIN, .min = 0, .max = NOMAX},
+    {OPT(momentum), .type = T_FLOAT, .flags = F_LT_MAX, .min = 0, .max = 1},
+    {OPT(nesterov), .type = T_BOOL},
+    {OPT(weight_decay), .type = T_FLOAT, .min = 0, .max = NOMAX},
+    {OPT(schedule), .type = T_ENUM, .names = sched_names},
+    {OPT(warmup_steps), .type = T_INT, .min = 0, .max = NOMAX},
+    {OPT(decay_steps), .type = T_INT, .min = 0, .max = NOMAX},
+    {OPT(min_lr), .type = T_FLOAT, .min = 0, .max = NOMAX},
+    {0},
+};
+
+static const field_t job_fields[] = {
+    {JOB(model), .type = T_STR, .flags = F_REQ, .names = model_names},
+    {JOB(layers), .type = T_LIST, .min = 1, .max = 1 << 20, .elem = sizeof(uint32_t),
+     .count_off = offsetof(ps_job_conf_t, nlayers), .min_count = 2},
+    {JOB(dataset), .type = T_STR},
+    {JOB(batch_size), .type = T_INT, .flags = F_REQ, .min = 1, .max = 1048576},
+    {JOB(epochs), .type = T_INT, .flags = F_REQ, .min = 1, .max = 100000},
+    {JOB(seed), .type = T_INT, .min = 0, .max = NOMAX},
+    {JOB(workers), .type = T_INT, .flags = F_REQ, .min = 1, .max = 4096},
+    {JOB(consistency), .type = T_ENUM, .names = consist_names},
+    {JOB(max_steps), .type = T_INT, .min = 0, .max = NOMAX},
+    {JOB(optimizer), .type = T_MAP, .flags = F_REQ, .sub = optim_fields},
+    {0},
+};
+
+static const field_t server_fields[] = {
+    {SRV(host), .type = T_STR, .flags = F_REQ},
+    {SRV(port), .type = T_INT, .flags = F_REQ, .min = 1, .max = 65535},
+    {SRV(data_dir), .type = T_STR, .flags = F_REQ},
+    {0},
+};
+
+static const field_t top_fields[] = {
+    {TOP(cluster), .type = T_STR, .flags = F_REQ, .check = check_name},
+    {TOP(chunk_bytes), .type = T_INT, .min = 1024, .max = 1 << 30, .check = check_multiple_of_4},
+    {TOP(map_size_mb), .type = T_INT, .min = 16, .max = 1048576},
+    {TOP(servers), .type = T_LIST, .flags = F_REQ, .sub = server_fields,
+     .elem = sizeof(ps_server_conf_t), .count_off = offsetof(ps_manifest_t, nservers),
+     .min_count = 1, .check = check_servers},
+    {TOP(job), .type = T_MAP, .flags = F_REQ, .sub = job_fields},
+    {0},
+};
+
+_Static_assert(sizeof optim_fields / sizeof *optim_fields <= MAX_FIELDS, "raise MAX_FIELDS");
+_Static_assert(sizeof job_fields / sizeof *job_fields <= MAX_FIELDS, "raise MAX_FIELDS");
+_Static_assert(sizeof server_fields / sizeof *server_fields <= MAX_FIELDS, "raise MAX_FIELDS");
+_Static_assert(sizeof top_fields / sizeof *top_fields <= MAX_FIELDS, "raise MAX_FIELDS");
+
+static void set_defaults(ps_manifest_t *m, const char *name)
+{
+    memset(m, 0, sizeof *m);
+    snprintf(m->path, sizeof m->path, "%s", name);
+    m->chunk_bytes = 1048576;
+    m->map_size_mb = 4096;
+    ps_job_conf_t *j = &m->job;
+    static const uint32_t layers[] = {784, 256, 128, 10};
+    memcpy(j->layers, layers, sizeof layers);
+    j->nlayers = 4;
+    snprintf(j->dataset, sizeof j->dataset, "%s", "/usr/share/datasets/fashion-mnist");
+    j->seed = 1;
+    j->consistency = PS_CONSIST_BSP;
+    ps_optim_conf_t *o = &j->optimizer;
+    o->beta1 = 0.9f;
+    o->beta2 = 0.999f;
+    o->eps = 1e-8f;
+    o->momentum = 0.9f;
+    o->schedule = PS_SCHED_CONSTANT;
+}
+
+/* ---- entry points ------------------------------------------------------------------------ */
+
+static int syntax_error(ctx_t *c, const yaml_parser_t *p, const char *text, size_t len)
+{
+    if (p->error == YAML_MEMORY_ERROR) {
+        fail_at(c, 0, "", "out of memory while parsing");
+        return PS_ENOMEM;
+    }
+    const char *problem = p->problem ? p->problem : "malformed YAML";
+    if (p->error == YAML_READER_ERROR) { /* no mark, only a byte offset */
+        size_t line = 1;
+        for (size_t i = 0; i < p->problem_offset && i < len; i++)
+            line += text[i] == '\n';
+        return fail_at(c, line, "", "unreadable text: %s", problem);
+    }
+    size_t line = p->problem_mark.line + 1;
+    if (p->context)
+        return fail_at(c, line, "", "syntax error: %s (%s at line %zu)", problem, p->context,
+                       p->context_mark.line + 1);
+    return fail_at(c, line, "", "syntax error: %s", problem);
+}
+
+int ps_manifest_parse(ps_manifest_t *m, const char *name, const char *text, size_t len, char *err,
+                      size_t errlen)
+{
+    ctx_t c = {.name = name ? name : "<manifest>", .err = err, .errlen = errlen};
+    if (err && errlen) err[0] = '\0';
+    if (text == NULL) text = "", len = 0;
+    /* Parse into a copy so that a refused manifest leaves *m as it was. */
+    ps_manifest_t *tmp = malloc(sizeof *tmp);
+    if (tmp == NULL) {
+        fail_at(&c, 0, "", "out of memory");
+        return PS_ENOMEM;
+    }
+    set_defaults(tmp, c.name);
+    int rc = PS_ENOMEM;
+    yaml_parser_t parser;
+    yaml_document_t doc, extra;
+    if (!yaml_parser_initialize(&parser)) {
+        fail_at(&c, 0, "", "out of memory");
+        goto out_tmp;
+    }
+    yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
+    if (!yaml_parser_load(&parser, &doc)) { /* which deletes doc */
+        rc = syntax_error(&c, &parser, text, len);
+        goto out_parser;
+    }
+    c.doc = &doc;
+    yaml_node_t *root = yaml_document_get_root_node(&doc);
+    char buf[96];
+    if (root == NULL)
+        rc = fail_at(&c, 1, "", "the manifest is empty");
+    else if (root->type != YAML_MAPPING_NODE)
+        rc = fail(&c, root, "", "the top level must be a mapping, got %s",
+                  describe(root, buf, sizeof buf));
+    else
+        rc = parse_map(&c, top_fields, root, (char *)tmp, "");
+    if (rc) goto out_doc;
+    /* A second document would be silently ignored; refuse it (and any syntax error in it). */
+    if (!yaml_parser_load(&parser, &extra)) {
+        rc = syntax_error(&c, &parser, text, len);
+        goto out_doc;
+    }
+    yaml_node_t *root2 = yaml_document_get_root_node(&extra);
+    if (root2) rc = fail(&c, root2, "", "a manifest is one YAML document, found a second");
+    yaml_document_delete(&extra);
+    if (rc == 0) memcpy(m, tmp, sizeof *m);
+out_doc:
+    yaml_document_delete(&doc);
+out_parser:
+    yaml_parser_delete(&parser);
+out_tmp:
+    free(tmp);
+    return rc;
+}
+
+int ps_manifest_load(ps_manifest_t *m, const char *path, char *err, size_t errlen)
+{
+    ctx_t c = {.name = path, .err = err, .errlen = errlen};
+    if (err && errlen) err[0] = '\0';
+    if (strlen(path) >= PS_PATH_MAX) {
+        fail_at(&c, 0, "", "cannot read: %s", strerror(ENAMETOOLONG));
+        return -ENAMETOOLONG;
+    }
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        fail_at(&c, 0, "", "cannot read: %s", strerror(e));
+        return -e;
+    }
+    int rc = 0;
+    size_t len = 0, cap = 4096;
+    char *buf = malloc(cap);
+    if (buf == NULL) {
+        rc = PS_ENOMEM;
+        fail_at(&c, 0, "", "cannot read: %s", strerror(ENOMEM));
+        goto out;
+    }
+    for (;;) {
+        if (len == cap) {
+            if (cap > MANIFEST_MAX_BYTES) {
+                rc = fail_at(&c, 0, "", "too large: a manifest is at most %u bytes",
+                             MANIFEST_MAX_BYTES);
+                goto out;
+            }
+            size_t ncap = cap * 2 > MANIFEST_MAX_BYTES ? MANIFEST_MAX_BYTES + 1 : cap * 2;
+            char *nbuf = realloc(buf, ncap);
+            if (nbuf == NULL) {
+                rc = PS_ENOMEM;
+                fail_at(&c, 0, "", "cannot read: %s", strerror(ENOMEM));
+                goto out;
+            }
+            buf = nbuf, cap = ncap;
+        }
+        ssize_t n = read(fd, buf + len, cap - len);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) {
+            rc = -errno;
+            fail_at(&c, 0, "", "cannot read: %s", strerror(-rc));
+            goto out;
+        }
+        if (n == 0) break;
+        len += (size_t)n;
+    }
+    rc = ps_manifest_parse(m, path, buf, len, err, errlen);
+out:
+    free(buf);
+    close(fd);
+    return rc;
+}
+
+const char *ps_optim_name(ps_optim_kind_t k)
+{
+    return (unsigned)k < sizeof optim_names / sizeof *optim_names - 1 ? optim_names[k] : "unknown";
+}
+
+const char *ps_consistency_name(ps_consistency_t c)
+{
+    return (unsigned)c < sizeof consist_names / sizeof *consist_names - 1 ? consist_names[c]
+                                                                          : "unknown";
+}

@@ -1,0 +1,88 @@
+/* manifest.h: the cluster manifest (YAML), parsed and validated once.
+ *
+ * Every command reads the same file. An unknown key, a missing required key,
+ * a wrong type or an out-of-range value is refused with one message naming
+ * the file, the line and the key, e.g.
+ *   "demo.yaml:12: job.batch_size: must be an integer in [1, 1048576], got 'x'". */
+#ifndef PS_MANIFEST_H
+#define PS_MANIFEST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define PS_MAX_SERVERS 64
+#define PS_MAX_LAYERS 16
+#define PS_HOST_MAX 256
+#define PS_PATH_MAX 1024
+
+typedef enum { PS_CONSIST_BSP = 0, PS_CONSIST_ASP = 1 } ps_consistency_t;
+typedef enum { PS_OPT_SGD = 0, PS_OPT_MOMENTUM, PS_OPT_ADAM, PS_OPT_ADAMW } ps_optim_kind_t;
+typedef enum { PS_SCHED_CONSTANT = 0, PS_SCHED_COSINE = 1 } ps_sched_kind_t;
+
+typedef struct {
+    char host[PS_HOST_MAX];    /* required */
+    uint16_t port;             /* required, 1..65535 */
+    char data_dir[PS_PATH_MAX]; /* required */
+} ps_server_conf_t;
+
+typedef struct {
+    ps_optim_kind_t name;    /* required: sgd | momentum | adam | adamw */
+    float lr;                /* required, > 0 */
+    float beta1, beta2, eps; /* defaults 0.9, 0.999, 1e-8; betas in [0,1), eps > 0 */
+    float momentum;          /* default 0.9, in [0,1) */
+    bool nesterov;           /* default false */
+    float weight_decay;      /* default 0, >= 0 */
+    ps_sched_kind_t schedule; /* constant (default) | cosine ("linear warm-up then cosine") */
+    uint64_t warmup_steps;   /* default 0 */
+    uint64_t decay_steps;    /* default 0: the workers' epochs x steps per epoch */
+    float min_lr;            /* default 0: where cosine ends, >= 0 */
+} ps_optim_conf_t;
+
+typedef struct {
+    char model[32];                /* required: "mlp" */
+    uint32_t layers[PS_MAX_LAYERS]; /* default 784,256,128,10 */
+    int nlayers;                   /* 2..PS_MAX_LAYERS */
+    char dataset[PS_PATH_MAX];     /* default /usr/share/datasets/fashion-mnist */
+    uint32_t batch_size;           /* required, 1..1048576 */
+    uint32_t epochs;               /* required, 1..100000 */
+    uint64_t seed;                 /* default 1 */
+    uint32_t workers;              /* required, 1..4096 */
+    ps_consistency_t consistency;  /* default bsp */
+    uint64_t max_steps;            /* default 0 = no limit; stops the run early */
+    ps_optim_conf_t optimizer;     /* required */
+} ps_job_conf_t;
+
+typedef struct {
+    char path[PS_PATH_MAX];   /* the file it came from */
+    char cluster[128];        /* required, [A-Za-z0-9_.-]+ */
+    uint64_t chunk_bytes;     /* default 1048576; multiple of 4 in [1024, 1 GiB] */
+    uint64_t map_size_mb;     /* default 4096: LMDB map size per shard, 16..1048576 */
+    ps_server_conf_t servers[PS_MAX_SERVERS];
+    int nservers;             /* 1..PS_MAX_SERVERS */
+    ps_job_conf_t job;        /* required */
+} ps_manifest_t;
+
+/**
+ * @brief Parse and validate the manifest file at @p path.
+ * @param[out] m    filled on success; untouched fields keep their defaults.
+ * @param[out] err  on failure, one line "FILE:LINE: KEY: what is wrong" (NUL-terminated).
+ *                  Problems with no key (YAML syntax, empty file, top level not a mapping)
+ *                  read "FILE:LINE: what is wrong"; an unreadable file "FILE: cannot read: why".
+ *                  May be NULL when errlen is 0.
+ * @return 0, PS_ECONFIG (bad content) or -errno (file unreadable; err says which).
+ * @note No allocation survives the call; @p m is plain data the caller owns. On failure @p m
+ *       is left as it was. Only the first problem found is reported.
+ */
+int ps_manifest_load(ps_manifest_t *m, const char *path, char *err, size_t errlen);
+
+/** @brief Same as ps_manifest_load, from a string; @p name stands for the file in messages
+ *  and is copied into m->path. */
+int ps_manifest_parse(ps_manifest_t *m, const char *name, const char *text, size_t len, char *err,
+                      size_t errlen);
+
+/** @brief Name of an optimizer / consistency mode, for logs (static storage). */
+const char *ps_optim_name(ps_optim_kind_t k);
+const char *ps_consistency_name(ps_consistency_t c);
+
+#endif

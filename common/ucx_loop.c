@@ -1,0 +1,148 @@
+/* ucx_loop.c: drive a UCP worker from a libuv loop (see ucx_loop.h). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ps/ps_error.h"
+#include "ps/ps_log.h"
+#include "ucx_loop.h"
+
+int ps_ucx_err(ucs_status_t s)
+{
+    switch (s) {
+    case UCS_OK: return 0;
+    case UCS_ERR_NO_MEMORY: return PS_ENOMEM;
+    case UCS_ERR_CANCELED: return PS_ECANCELED;
+    case UCS_ERR_TIMED_OUT: return PS_ETIMEDOUT;
+    default: return PS_ETRANSPORT;
+    }
+}
+
+static void on_efd(uv_poll_t *h, int status, int events)
+{
+    ps_ucx_progress(h->data);
+}
+
+static void on_prepare(uv_prepare_t *h)
+{
+    ps_ucx_progress(h->data);
+}
+
+void ps_ucx_progress(ps_ucx_t *u)
+{
+    if (u->worker == NULL) return;
+    for (;;) {
+        while (ucp_worker_progress(u->worker)) {
+        }
+        if (u->deferred && u->deferred(u)) continue;
+        if (u->closing) return;
+        ucs_status_t s = ucp_worker_arm(u->worker);
+        if (s == UCS_OK) return;
+        if (s != UCS_ERR_BUSY) {
+            PS_LOG(PS_LOG_ERROR, "ucx", "ucp_worker_arm: %s", ucs_status_string(s));
+            return;
+        }
+    }
+}
+
+int ps_ucx_init(ps_ucx_t *u, uv_loop_t *loop)
+{
+    memset(u, 0, sizeof *u);
+    u->loop = loop;
+    /* UCX 1.13 leaves shared memory out under PEER error handling unless these are set
+     * (PLATFORM-NOTES.md section 1); without them a local cluster silently runs on TCP. */
+    setenv("UCX_MM_ERROR_HANDLING", "y", 0);
+    setenv("UCX_CMA_MEMORY_INVALIDATE", "y", 0);
+    setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
+
+    ucp_config_t *config;
+    ucs_status_t s = ucp_config_read(NULL, NULL, &config);
+    if (s != UCS_OK) return PS_ETRANSPORT;
+    ucp_params_t params = {
+        .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED,
+        .features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
+        .mt_workers_shared = 0,
+    };
+    s = ucp_init(&params, config, &u->context);
+    ucp_config_release(config);
+    if (s != UCS_OK) {
+        PS_LOG(PS_LOG_ERROR, "ucx", "ucp_init: %s", ucs_status_string(s));
+        return PS_ETRANSPORT;
+    }
+    ucp_worker_params_t wp = {
+        .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+        .thread_mode = UCS_THREAD_MODE_SINGLE,
+    };
+    s = ucp_worker_create(u->context, &wp, &u->worker);
+    if (s != UCS_OK) goto fail_ctx;
+    s = ucp_worker_get_efd(u->worker, &u->efd);
+    if (s != UCS_OK) goto fail_worker;
+    int rc = uv_poll_init(loop, &u->poll, u->efd);
+    if (rc) goto fail_worker_rc;
+    u->poll.data = u;
+    uv_prepare_init(loop, &u->prepare);
+    u->prepare.data = u;
+    uv_poll_start(&u->poll, UV_READABLE, on_efd);
+    uv_prepare_start(&u->prepare, on_prepare);
+    return 0;
+
+fail_worker_rc:
+    ucp_worker_destroy(u->worker);
+    ucp_cleanup(u->context);
+    u->worker = NULL;
+    return rc;
+fail_worker:
+    ucp_worker_destroy(u->worker);
+    u->worker = NULL;
+fail_ctx:
+    PS_LOG(PS_LOG_ERROR, "ucx", "worker setup: %s", ucs_status_string(s));
+    ucp_cleanup(u->context);
+    return PS_ETRANSPORT;
+}
+
+void ps_ucx_close(ps_ucx_t *u)
+{
+    if (u->worker == NULL) return;
+    u->closing = 1;
+    uv_poll_stop(&u->poll);
+    uv_prepare_stop(&u->prepare);
+    uv_close((uv_handle_t *)&u->poll, NULL);
+    uv_close((uv_handle_t *)&u->prepare, NULL);
+    ucp_worker_destroy(u->worker);
+    ucp_cleanup(u->context);
+    u->worker = NULL;
+}
+
+ucs_status_t ps_ucx_wait(ps_ucx_t *u, void *req)
+{
+    if (req == NULL) return UCS_OK;
+    if (UCS_PTR_IS_ERR(req)) return UCS_PTR_STATUS(req);
+    ucs_status_t s;
+    while ((s = ucp_request_check_status(req)) == UCS_INPROGRESS) ucp_worker_progress(u->worker);
+    ucp_request_free(req);
+    return s;
+}
+
+void ps_ucx_ep_lanes(ucp_ep_h ep, char *buf, size_t len)
+{
+    /* ucp_ep_print_info writes a table naming each lane's transport; keep the names. */
+    buf[0] = '\0';
+    char *text = NULL;
+    size_t tlen = 0;
+    FILE *f = open_memstream(&text, &tlen);
+    if (f == NULL) return;
+    ucp_ep_print_info(ep, f);
+    fclose(f);
+    size_t off = 0;
+    static const char *tls[] = {"rc_mlx5", "rc_verbs", "dc_mlx5", "ud_mlx5", "ud_verbs",
+                                "sysv",    "posix",    "xpmem",   "cma",     "knem",
+                                "tcp",     "self",     "cuda_copy", "cuda_ipc", "gdr_copy"};
+    for (size_t i = 0; i < sizeof tls / sizeof tls[0]; i++) {
+        char pat[32];
+        snprintf(pat, sizeof pat, " %s/", tls[i]);
+        if (text && strstr(text, pat) && off + strlen(tls[i]) + 2 < len)
+            off += (size_t)snprintf(buf + off, len - off, "%s%s", off ? "," : "", tls[i]);
+    }
+    if (off == 0) snprintf(buf, len, "unknown");
+    free(text);
+}

@@ -1,0 +1,60 @@
+/* ucx_loop.h: a UCP context and worker driven by a libuv loop.
+ *
+ * The worker is created with UCS_THREAD_MODE_SINGLE and UCP_FEATURE_AM |
+ * UCP_FEATURE_WAKEUP; only the loop thread may touch it. A uv_poll_t watches
+ * ucp_worker_get_efd() and a uv_prepare_t drains the worker before every
+ * block, so UCP calls made from timers or other callbacks are progressed too:
+ *   progress until idle -> run the owner's deferred work -> arm (BUSY: again). */
+#ifndef PS_UCX_LOOP_H
+#define PS_UCX_LOOP_H
+
+#include <ucp/api/ucp.h>
+#include <uv.h>
+
+typedef struct ps_ucx_s ps_ucx_t;
+
+/** Runs on the loop thread outside UCX callbacks; returns nonzero if it did work. */
+typedef int (*ps_ucx_deferred_cb)(ps_ucx_t *u);
+
+struct ps_ucx_s {
+    ucp_context_h context;
+    ucp_worker_h worker;
+    uv_loop_t *loop;
+    uv_poll_t poll;
+    uv_prepare_t prepare;
+    int efd;
+    int closing;
+    ps_ucx_deferred_cb deferred; /* may be NULL */
+    void *data;                  /* the owner's */
+};
+
+/**
+ * @brief Create the UCP context and worker and start driving them from @p loop.
+ * Applies the settings UCX 1.13 needs for shared memory under peer error
+ * handling (UCX_MM_ERROR_HANDLING=y, UCX_CMA_MEMORY_INVALIDATE=y) unless the
+ * environment already sets them.
+ * @return 0 or PS_ETRANSPORT / a libuv error; on failure nothing is left to release.
+ */
+int ps_ucx_init(ps_ucx_t *u, uv_loop_t *loop);
+
+/** @brief Progress the worker until idle and re-arm it (loop thread only). */
+void ps_ucx_progress(ps_ucx_t *u);
+
+/** @brief Stop the uv handles (closed asynchronously with the loop) and destroy the worker
+ *  and context. Endpoints must be closed first. */
+void ps_ucx_close(ps_ucx_t *u);
+
+/**
+ * @brief Wait for a UCP request (or status pointer) on the loop thread by progressing the
+ * worker; for setup and teardown only, never from a UCX callback.
+ * @return the request's final status.
+ */
+ucs_status_t ps_ucx_wait(ps_ucx_t *u, void *req);
+
+/** @brief A short description of the transports an endpoint uses ("tcp", "sysv,cma", ...). */
+void ps_ucx_ep_lanes(ucp_ep_h ep, char *buf, size_t len);
+
+/** @brief Map a UCS status to a PS_E* code. */
+int ps_ucx_err(ucs_status_t s);
+
+#endif

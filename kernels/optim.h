@@ -1,0 +1,59 @@
+/* optim.h: optimizer update kernels applied by the shards (one C signature,
+ * CPU reference in optim.c). Formulas follow PyTorch's SGD, Adam and AdamW.
+ *
+ * State layout per parameter element, stored after the parameters of a chunk:
+ *   sgd: none; momentum: v[n]; adam/adamw: m[n] then v[n]. */
+#ifndef PSK_OPTIM_H
+#define PSK_OPTIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { PSK_SGD = 0, PSK_MOMENTUM = 1, PSK_ADAM = 2, PSK_ADAMW = 3 } psk_optim_kind_t;
+
+typedef struct {
+    psk_optim_kind_t kind;
+    float lr;           /* the learning rate for this step (already scheduled) */
+    float beta1, beta2, eps;
+    float momentum;
+    int nesterov;
+    float weight_decay;
+} psk_optim_t;
+
+/**
+ * @brief State floats per parameter: 0 (sgd), 1 (momentum), 2 (adam, adamw).
+ * @return the count, or -1 if @p kind is not a psk_optim_kind_t.
+ */
+int psk_optim_state_count(psk_optim_kind_t kind);
+
+/**
+ * @brief One optimizer step on n elements, old -> new (may be the same buffers).
+ * @param p_out   [n] new parameters
+ * @param s_out   [k*n] new state (k = psk_optim_state_count), NULL when k == 0
+ * @param p_in    [n] old parameters
+ * @param s_in    [k*n] old state; for step 1 it must hold zeros
+ * @param grad    [n] summed gradient; the kernel uses grad * grad_scale (1/workers for a mean)
+ * @param t       1-based step number of this update (Adam's bias correction); must be >= 1
+ * @note p_out may alias p_in and s_out may alias s_in (in-place update); otherwise the
+ *       buffers must not overlap. In-place is the fast path: out-of-place first copies the
+ *       old parameters and state to the outputs.
+ */
+void psk_optim_apply_cpu(float *p_out, float *s_out, const float *p_in, const float *s_in,
+                         const float *grad, float grad_scale, size_t n, uint64_t t,
+                         const psk_optim_t *o);
+
+/**
+ * @brief Learning rate at 0-based step @p step: constant, or linear warm-up over
+ * warmup_steps then cosine from lr to min_lr until decay_steps (constant min_lr after).
+ * Warm-up gives lr * (step + 1) / warmup_steps, so step 0 already trains and step
+ * warmup_steps - 1 reaches lr. If decay_steps <= warmup_steps there is no decay: lr after
+ * the warm-up.
+ * @param schedule 0 constant, 1 warm-up + cosine.
+ */
+float psk_lr_at(int schedule, float lr, float min_lr, uint64_t warmup_steps,
+                uint64_t decay_steps, uint64_t step);
+
+/** @brief out[i] += in[i] for n elements (gradient aggregation); in may equal out. */
+void psk_add_cpu(float *out, const float *in, size_t n);
+
+#endif

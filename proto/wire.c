@@ -1,0 +1,167 @@
+/* wire.c: ps_msg_t <-> packed ps.Header (the only user of protobuf-c). */
+#include <stdio.h>
+#include <string.h>
+
+#include "ps.pb-c.h"
+#include "ps/ps_error.h"
+#include "wire.h"
+
+uint64_t ps_decl_numel(const ps_decl_t *d)
+{
+    if (d->ndim <= 0) return 0;
+    uint64_t n = 1;
+    for (int i = 0; i < d->ndim; i++) n *= d->shape[i];
+    return n;
+}
+
+void ps_shape_str(const uint32_t *shape, int ndim, char *buf, size_t len)
+{
+    size_t off = (size_t)snprintf(buf, len, "[");
+    for (int i = 0; i < ndim && off < len; i++)
+        off += (size_t)snprintf(buf + off, len - off, "%s%u", i ? ", " : "", shape[i]);
+    if (off < len) snprintf(buf + off, len - off, "]");
+}
+
+const char *ps_msg_type_name(int type)
+{
+    static const char *names[] = {"invalid", "hello",      "hello_reply", "declare",
+                                  "declare_reply", "push", "push_ack",    "pull",
+                                  "pull_reply",    "error", "leave"};
+    return type >= 0 && type < PS_MSG_MAX_ ? names[type] : "unknown";
+}
+
+int ps_msg_encode(const ps_msg_t *m, uint8_t *buf, size_t cap, size_t *len)
+{
+    Ps__Header h = PS__HEADER__INIT;
+    Ps__TensorDecl d = PS__TENSOR_DECL__INIT;
+    uint32_t shape[PS_MAX_DIMS];
+
+    h.version = PS_WIRE_VERSION;
+    h.type = (Ps__MsgType)m->type;
+    h.req_id = m->req_id;
+    h.epoch = m->epoch;
+    h.rank = m->rank;
+    h.tensor = m->tensor;
+    h.chunk = m->chunk;
+    h.step = m->step;
+    h.codec = m->codec;
+    h.length = m->length;
+    h.crc32c = m->crc32c;
+    h.status = m->status;
+    h.pid = m->pid;
+    h.workers = m->workers;
+    h.shard = m->shard;
+    h.consistency = m->consistency;
+    /* Strings are only read by pack; the casts drop const for protobuf-c's API. */
+    h.error = (char *)(m->error[0] ? m->error : "");
+    h.cluster = (char *)(m->cluster[0] ? m->cluster : "");
+    if (m->has_decl) {
+        d.name = (char *)m->decl.name;
+        memcpy(shape, m->decl.shape, sizeof shape);
+        d.n_shape = (size_t)m->decl.ndim;
+        d.shape = shape;
+        d.init = m->decl.init;
+        d.init_arg = m->decl.init_arg;
+        d.seed = m->decl.seed;
+        d.id = m->decl.id;
+        d.first_chunk = m->decl.first_chunk;
+        d.total_steps = m->decl.total_steps;
+        d.assigned = m->decl.assigned != 0;
+        h.decl = &d;
+    }
+    size_t need = ps__header__get_packed_size(&h);
+    if (need > cap) return PS_EINVAL;
+    *len = ps__header__pack(&h, buf);
+    return 0;
+}
+
+/* A bump allocator over a stack buffer: unpacking a header makes no malloc. */
+typedef struct {
+    uint8_t mem[2 * PS_WIRE_HDR_MAX + 1024];
+    size_t used;
+} arena_t;
+
+static void *arena_alloc(void *data, size_t size)
+{
+    arena_t *a = data;
+    size = (size + 15) & ~(size_t)15;
+    if (size > sizeof a->mem - a->used) return NULL;
+    void *p = a->mem + a->used;
+    a->used += size;
+    return p;
+}
+
+static void arena_free(void *data, void *ptr) {}
+
+static int copy_str(char *dst, size_t cap, const char *src)
+{
+    size_t n = src ? strlen(src) : 0;
+    if (n >= cap) return -1;
+    memcpy(dst, src ? src : "", n + 1);
+    return 0;
+}
+
+#define FAIL(...)                              \
+    do {                                       \
+        snprintf(err, errlen, __VA_ARGS__);    \
+        return PS_EPROTO;                      \
+    } while (0)
+
+int ps_msg_decode(ps_msg_t *m, const void *buf, size_t len, char *err, size_t errlen)
+{
+    memset(m, 0, sizeof *m);
+    if (buf == NULL || len == 0) FAIL("empty message header");
+    if (len > PS_WIRE_HDR_MAX) FAIL("message header of %zu bytes exceeds %d", len, PS_WIRE_HDR_MAX);
+    arena_t arena;
+    arena.used = 0;
+    ProtobufCAllocator alloc = {arena_alloc, arena_free, &arena};
+    Ps__Header *h = ps__header__unpack(&alloc, len, buf);
+    if (h == NULL) FAIL("malformed message header (%zu bytes)", len);
+    /* The arena lives on this stack frame: copy out everything, then return. */
+    if (h->version != PS_WIRE_VERSION)
+        FAIL("wire version %u, this build speaks %d", h->version, PS_WIRE_VERSION);
+    if ((int)h->type <= 0 || (int)h->type >= PS_MSG_MAX_) FAIL("unknown message type %d", (int)h->type);
+    m->type = (ps_msg_type_t)h->type;
+    m->req_id = h->req_id;
+    m->epoch = h->epoch;
+    m->rank = h->rank;
+    m->tensor = h->tensor;
+    m->chunk = h->chunk;
+    m->step = h->step;
+    m->codec = h->codec;
+    m->length = h->length;
+    m->crc32c = h->crc32c;
+    m->status = h->status;
+    m->pid = h->pid;
+    m->workers = h->workers;
+    m->shard = h->shard;
+    m->consistency = h->consistency;
+    if (copy_str(m->error, sizeof m->error, h->error)) FAIL("error text too long");
+    if (copy_str(m->cluster, sizeof m->cluster, h->cluster)) FAIL("cluster name too long");
+    if (h->decl) {
+        Ps__TensorDecl *d = h->decl;
+        m->has_decl = 1;
+        if (copy_str(m->decl.name, sizeof m->decl.name, d->name))
+            FAIL("tensor name longer than %d bytes", PS_NAME_MAX - 1);
+        if (m->decl.name[0] == '\0') FAIL("empty tensor name");
+        if (d->n_shape < 1 || d->n_shape > PS_MAX_DIMS)
+            FAIL("tensor '%s' has %zu dimensions (1..%d allowed)", m->decl.name, d->n_shape,
+                 PS_MAX_DIMS);
+        m->decl.ndim = (int)d->n_shape;
+        for (size_t i = 0; i < d->n_shape; i++) {
+            if (d->shape[i] == 0) FAIL("tensor '%s' has a zero dimension", m->decl.name);
+            m->decl.shape[i] = d->shape[i];
+        }
+        if (ps_decl_numel(&m->decl) > (1ull << 34))
+            FAIL("tensor '%s' is larger than 2^34 values", m->decl.name);
+        if (d->init > 3) FAIL("tensor '%s' has unknown initializer %u", m->decl.name, d->init);
+        m->decl.init = d->init;
+        m->decl.init_arg = d->init_arg;
+        m->decl.seed = d->seed;
+        m->decl.id = d->id;
+        m->decl.first_chunk = d->first_chunk;
+        m->decl.total_steps = d->total_steps;
+        m->decl.assigned = d->assigned;
+    }
+    return 0; /* the arena needs no free: it is this frame's */
+}

@@ -1,0 +1,95 @@
+/* wire.h: the plain-C form of a psd message header and its (de)serialization.
+ *
+ * Only wire.c touches protobuf-c. Decoding validates everything a peer could
+ * get wrong (version, type, string lengths, shape rank) and fills a fixed-size
+ * struct, so no pointer into a receive buffer outlives the call. */
+#ifndef PS_WIRE_H
+#define PS_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define PS_WIRE_VERSION 1
+#define PS_WIRE_HDR_MAX 1024 /* largest header we send or accept (UCX allows 8100 B) */
+#define PS_NAME_MAX 128
+#define PS_MAX_DIMS 4
+
+/* UCP Active Message ids. */
+enum { PS_AM_CTRL = 1, PS_AM_DATA = 2 };
+
+typedef enum {
+    PS_MSG_INVALID = 0,
+    PS_MSG_HELLO = 1,
+    PS_MSG_HELLO_REPLY = 2,
+    PS_MSG_DECLARE = 3,
+    PS_MSG_DECLARE_REPLY = 4,
+    PS_MSG_PUSH = 5,
+    PS_MSG_PUSH_ACK = 6,
+    PS_MSG_PULL = 7,
+    PS_MSG_PULL_REPLY = 8,
+    PS_MSG_ERROR = 9,
+    PS_MSG_LEAVE = 10,
+    PS_MSG_MAX_ = 11
+} ps_msg_type_t;
+
+typedef struct {
+    char name[PS_NAME_MAX];
+    uint32_t shape[PS_MAX_DIMS];
+    int ndim;
+    uint32_t init;
+    float init_arg;
+    uint64_t seed;
+    uint32_t id;
+    uint64_t first_chunk;
+    uint64_t total_steps;
+    int assigned;
+} ps_decl_t;
+
+typedef struct {
+    ps_msg_type_t type;
+    uint64_t req_id;
+    uint64_t epoch;
+    int32_t rank;
+    uint32_t tensor;
+    uint32_t chunk;
+    uint64_t step;
+    uint32_t codec;
+    uint64_t length;
+    uint32_t crc32c;
+    int32_t status;
+    uint32_t pid;
+    uint32_t workers;
+    uint32_t shard;
+    uint32_t consistency;
+    char error[256];
+    char cluster[128];
+    int has_decl;
+    ps_decl_t decl;
+} ps_msg_t;
+
+/** @brief Product of the decl's dimensions; 0 when ndim is 0. */
+uint64_t ps_decl_numel(const ps_decl_t *d);
+
+/** @brief Format a shape as "[784, 256]" into @p buf. */
+void ps_shape_str(const uint32_t *shape, int ndim, char *buf, size_t len);
+
+/**
+ * @brief Pack @p m into @p buf.
+ * @param[out] len bytes written.
+ * @return 0, or PS_EINVAL when it does not fit in @p cap. No allocation.
+ */
+int ps_msg_encode(const ps_msg_t *m, uint8_t *buf, size_t cap, size_t *len);
+
+/**
+ * @brief Unpack and validate a header received from a peer.
+ * @param[out] m    filled on success (zeroed first).
+ * @param[out] err  on failure, what is wrong.
+ * @return 0, or PS_EPROTO for truncated, garbage, wrong-version or out-of-range input.
+ * @note No allocation outlives the call; @p buf is only read.
+ */
+int ps_msg_decode(ps_msg_t *m, const void *buf, size_t len, char *err, size_t errlen);
+
+/** @brief Name of a message type, for logs (static storage). */
+const char *ps_msg_type_name(int type);
+
+#endif

@@ -1,0 +1,66 @@
+/* main.c: the psd command: one shard server of a cluster manifest. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "manifest.h"
+#include "ps/ps_error.h"
+#include "ps/ps_log.h"
+
+int psd_server_run(const ps_manifest_t *m, uint32_t shard, char *err, size_t errlen);
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: psd --manifest FILE --shard N [--log-level debug|info|warn|error]\n"
+               "Serve shard N of the cluster described by FILE until SIGINT or SIGTERM.\n");
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {{"manifest", required_argument, 0, 'm'},
+                                         {"shard", required_argument, 0, 's'},
+                                         {"log-level", required_argument, 0, 'l'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    const char *manifest = NULL, *shard_s = NULL;
+    ps_log_set_level(NULL);
+    int o;
+    while ((o = getopt_long(argc, argv, "m:s:l:h", opts, NULL)) != -1) {
+        switch (o) {
+        case 'm': manifest = optarg; break;
+        case 's': shard_s = optarg; break;
+        case 'l':
+            if (ps_log_set_level(optarg)) {
+                fprintf(stderr, "psd: unknown log level '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (manifest == NULL || shard_s == NULL || optind != argc) {
+        usage(stderr);
+        return 2;
+    }
+    static ps_manifest_t m;
+    char err[1024];
+    if (ps_manifest_load(&m, manifest, err, sizeof err)) {
+        fprintf(stderr, "psd: %s\n", err);
+        return 2;
+    }
+    char *end;
+    unsigned long shard = strtoul(shard_s, &end, 10);
+    if (*shard_s == '\0' || *end != '\0' || shard >= (unsigned long)m.nservers) {
+        fprintf(stderr, "psd: --shard %s: the manifest %s has shards 0..%d\n", shard_s, manifest,
+                m.nservers - 1);
+        return 2;
+    }
+    int rc = psd_server_run(&m, (uint32_t)shard, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "psd: shard %lu: %s\n", shard, err);
+        return 1;
+    }
+    return 0;
+}

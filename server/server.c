@@ -1,0 +1,409 @@
+/* server.c: psd's loop: UCX listener, connections, message dispatch, shutdown. */
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ps/ps_error.h"
+#include "ps/ps_log.h"
+#include "server.h"
+
+/* ---- connections -------------------------------------------------------- */
+
+void psd_conn_ref(psd_conn_t *c) { c->refs++; }
+
+static void conn_free_if_done(psd_conn_t *c)
+{
+    if (c->refs > 0 || !c->dead || c->ep != NULL) return;
+    psd_server_t *srv = c->srv;
+    for (psd_conn_t **pp = &srv->conns; *pp; pp = &(*pp)->next)
+        if (*pp == c) {
+            *pp = c->next;
+            break;
+        }
+    free(c);
+}
+
+void psd_conn_unref(psd_conn_t *c)
+{
+    c->refs--;
+    conn_free_if_done(c);
+}
+
+static void conn_release_rank(psd_server_t *srv, psd_conn_t *c)
+{
+    if (srv->shard == 0 && c->rank >= 0 && (uint32_t)c->rank < srv->workers &&
+        srv->rank_owner[c->rank] == c) {
+        srv->rank_owner[c->rank] = NULL;
+        PS_LOG(PS_LOG_INFO, "server", "rank %d (pid %u) left", c->rank, c->pid);
+    }
+}
+
+/* Called from UCX when a peer's endpoint fails or closes: only mark it; the
+ * endpoint is closed later from the deferred hook, outside UCX callbacks. */
+static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    psd_conn_t *c = arg;
+    if (!c->dead)
+        PS_LOG(PS_LOG_INFO, "server", "peer %s (rank %d) disconnected: %s", c->peer, c->rank,
+               ucs_status_string(status));
+    c->dead = true;
+    c->close_queued = true;
+}
+
+static void conn_close_ep(psd_server_t *srv, psd_conn_t *c)
+{
+    c->close_queued = false;
+    c->dead = true;
+    conn_release_rank(srv, c);
+    psd_shard_drop_conn(srv, c);
+    if (c->ep) {
+        ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                                 .flags = UCP_EP_CLOSE_FLAG_FORCE};
+        void *req = ucp_ep_close_nbx(c->ep, &p);
+        if (req && !UCS_PTR_IS_ERR(req)) ps_ucx_wait(&srv->ucx, req);
+        c->ep = NULL;
+    }
+    conn_free_if_done(c);
+}
+
+static void on_conn_request(ucp_conn_request_h req, void *arg)
+{
+    psd_server_t *srv = arg;
+    psd_conn_t *c = calloc(1, sizeof *c);
+    if (c == NULL || srv->stopping) {
+        free(c);
+        ucp_listener_reject(srv->listener, req);
+        return;
+    }
+    c->srv = srv;
+    c->rank = -1;
+    c->conn_request = req;
+    ucp_conn_request_attr_t a = {.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR};
+    if (ucp_conn_request_query(req, &a) == UCS_OK) {
+        const struct sockaddr_in *sin = (const struct sockaddr_in *)&a.client_address;
+        char ip[INET6_ADDRSTRLEN] = "?";
+        inet_ntop(AF_INET, &sin->sin_addr, ip, sizeof ip);
+        snprintf(c->peer, sizeof c->peer, "%s:%u", ip, ntohs(sin->sin_port));
+    }
+    c->next = srv->conns;
+    srv->conns = c; /* the endpoint is created from the deferred hook */
+}
+
+/* Deferred work outside UCX callbacks: create endpoints for new connections,
+ * close failed ones. Returns nonzero when it did something. */
+static int on_deferred(ps_ucx_t *u)
+{
+    psd_server_t *srv = u->data;
+    int did = 0;
+    for (psd_conn_t *c = srv->conns, *nx; c; c = nx) {
+        nx = c->next;
+        if (c->conn_request) {
+            ucp_ep_params_t ep = {
+                .field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLER |
+                              UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+                .conn_request = c->conn_request,
+                .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+                .err_handler = {.cb = on_ep_error, .arg = c},
+            };
+            c->conn_request = NULL;
+            ucs_status_t s = ucp_ep_create(srv->ucx.worker, &ep, &c->ep);
+            if (s != UCS_OK) {
+                PS_LOG(PS_LOG_WARN, "server", "endpoint for %s: %s", c->peer,
+                       ucs_status_string(s));
+                c->ep = NULL;
+                c->dead = true;
+                conn_free_if_done(c);
+            }
+            did = 1;
+        } else if (c->close_queued) {
+            conn_close_ep(srv, c);
+            did = 1;
+        }
+    }
+    return did;
+}
+
+static psd_conn_t *conn_by_ep(psd_server_t *srv, ucp_ep_h ep)
+{
+    for (psd_conn_t *c = srv->conns; c; c = c->next)
+        if (c->ep == ep) return c;
+    return NULL;
+}
+
+/* ---- sending ------------------------------------------------------------ */
+
+static void on_ctrl_sent(void *request, ucs_status_t status, void *user_data)
+{
+    psd_send_t *s = user_data;
+    psd_server_t *srv = s->srv;
+    psd_conn_unref(s->conn);
+    s->next_free = srv->free_sends;
+    srv->free_sends = s;
+    if (request) ucp_request_free(request);
+}
+
+void psd_send_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
+{
+    if (conn->dead || conn->ep == NULL) return;
+    psd_send_t *s = srv->free_sends;
+    if (s)
+        srv->free_sends = s->next_free;
+    else if ((s = malloc(sizeof *s)) == NULL)
+        return;
+    s->srv = srv;
+    s->conn = conn;
+    s->snap = NULL;
+    psd_conn_ref(conn);
+    size_t len;
+    if (ps_msg_encode(msg, s->hdr, sizeof s->hdr, &len)) {
+        on_ctrl_sent(NULL, UCS_OK, s);
+        return;
+    }
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                             UCP_OP_ATTR_FIELD_USER_DATA,
+                             .cb.send = on_ctrl_sent, .user_data = s};
+    void *req = ucp_am_send_nbx(conn->ep, PS_AM_CTRL, s->hdr, len, NULL, 0, &p);
+    if (req == NULL || UCS_PTR_IS_ERR(req)) on_ctrl_sent(NULL, UCS_OK, s);
+}
+
+void psd_send_error(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id, int status,
+                    const char *fmt, ...)
+{
+    ps_msg_t m = {.type = PS_MSG_ERROR, .req_id = req_id, .status = status, .shard = srv->shard};
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(m.error, sizeof m.error, fmt, ap);
+    va_end(ap);
+    PS_LOG(PS_LOG_DEBUG, "server", "error to %s: %s", conn->peer, m.error);
+    psd_send_msg(srv, conn, &m);
+}
+
+/* ---- messages ----------------------------------------------------------- */
+
+static void on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
+{
+    if (strcmp(msg->cluster, srv->m.cluster) != 0) {
+        psd_send_error(srv, c, msg->req_id, PS_ECONFIG,
+                       "this shard serves cluster '%s', not '%s'", srv->m.cluster, msg->cluster);
+        return;
+    }
+    if (srv->stopping) {
+        psd_send_error(srv, c, msg->req_id, PS_EBUSY, "shard %u is shutting down", srv->shard);
+        return;
+    }
+    int32_t rank = msg->rank;
+    if (srv->shard == 0 && c->rank < 0) {
+        /* The coordinator hands out the lowest free rank. */
+        rank = -1;
+        for (uint32_t r = 0; r < srv->workers; r++)
+            if (srv->rank_owner[r] == NULL) {
+                rank = (int32_t)r;
+                srv->rank_owner[r] = c;
+                break;
+            }
+        if (rank < 0) {
+            psd_send_error(srv, c, msg->req_id, PS_EFULL,
+                           "all %u worker ranks are taken (job.workers = %u)", srv->workers,
+                           srv->workers);
+            return;
+        }
+    } else if (srv->shard == 0) {
+        rank = c->rank;
+    } else if (rank < 0 || (uint32_t)rank >= srv->workers) {
+        psd_send_error(srv, c, msg->req_id, PS_EPROTO, "rank %d out of range [0, %u)", rank,
+                       srv->workers);
+        return;
+    }
+    c->rank = rank;
+    c->pid = msg->pid;
+    PS_LOG(PS_LOG_INFO, "server", "worker pid %u from %s is rank %d", c->pid, c->peer, rank);
+    ps_msg_t r = {.type = PS_MSG_HELLO_REPLY, .req_id = msg->req_id, .rank = rank,
+                  .workers = srv->workers, .epoch = srv->epoch, .shard = srv->shard,
+                  .consistency = (uint32_t)srv->m.job.consistency,
+                  .step = psd_shard_step(srv)};
+    psd_send_msg(srv, c, &r);
+}
+
+static ucs_status_t on_am(void *arg, const void *header, size_t header_length, void *data,
+                          size_t length, const ucp_am_recv_param_t *param)
+{
+    psd_server_t *srv = arg;
+    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) return UCS_OK;
+    psd_conn_t *c = conn_by_ep(srv, param->reply_ep);
+    if (c == NULL || c->dead) return UCS_OK;
+    ps_msg_t msg;
+    char err[256];
+    if (ps_msg_decode(&msg, header, header_length, err, sizeof err)) {
+        PS_LOG(PS_LOG_WARN, "server", "from %s: %s", c->peer, err);
+        psd_send_error(srv, c, 0, PS_EPROTO, "%s", err);
+        return UCS_OK;
+    }
+    if (msg.type != PS_MSG_HELLO && c->rank < 0) {
+        psd_send_error(srv, c, msg.req_id, PS_EPROTO, "%s before hello",
+                       ps_msg_type_name(msg.type));
+        return UCS_OK;
+    }
+    if (msg.type != PS_MSG_PUSH && length > 0) {
+        psd_send_error(srv, c, msg.req_id, PS_EPROTO, "%s carries unexpected data",
+                       ps_msg_type_name(msg.type));
+        return UCS_OK;
+    }
+    switch (msg.type) {
+    case PS_MSG_HELLO: on_hello(srv, c, &msg); break;
+    case PS_MSG_DECLARE: psd_shard_on_declare(srv, c, &msg); break;
+    case PS_MSG_PUSH: return psd_shard_on_push(srv, c, &msg, data, length, param);
+    case PS_MSG_PULL: psd_shard_on_pull(srv, c, &msg); break;
+    case PS_MSG_LEAVE:
+        PS_LOG(PS_LOG_INFO, "server", "rank %d (pid %u) says leave", c->rank, c->pid);
+        conn_release_rank(srv, c);
+        break;
+    default:
+        psd_send_error(srv, c, msg.req_id, PS_EPROTO, "unexpected %s",
+                       ps_msg_type_name(msg.type));
+    }
+    return UCS_OK;
+}
+
+/* ---- start and stop ----------------------------------------------------- */
+
+void psd_server_maybe_stop(psd_server_t *srv)
+{
+    if (!srv->stopping || !psd_shard_idle(srv)) return;
+    PS_LOG(PS_LOG_INFO, "server", "shard %u stopping at step %llu", srv->shard,
+           (unsigned long long)psd_shard_step(srv));
+    uv_stop(srv->loop);
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+    psd_server_t *srv = h->data;
+    if (srv->stopping) return;
+    PS_LOG(PS_LOG_INFO, "server", "%s: finishing what is in flight",
+           signum == SIGINT ? "SIGINT" : "SIGTERM");
+    srv->stopping = true;
+    /* Complete steps still being applied; partial steps are left for a restart. */
+    psd_server_maybe_stop(srv);
+}
+
+static int resolve(const char *host, uint16_t port, struct sockaddr_storage *ss, socklen_t *len)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res;
+    char ps[8];
+    snprintf(ps, sizeof ps, "%u", port);
+    if (getaddrinfo(host, ps, &hints, &res) != 0) return PS_EINVAL;
+    memcpy(ss, res->ai_addr, res->ai_addrlen);
+    *len = res->ai_addrlen;
+    freeaddrinfo(res);
+    return 0;
+}
+
+int psd_server_run(const ps_manifest_t *m, uint32_t shard, char *err, size_t errlen)
+{
+    psd_server_t *srv = calloc(1, sizeof *srv);
+    if (srv == NULL) return PS_ENOMEM;
+    int rc;
+    srv->m = *m;
+    srv->shard = shard;
+    srv->nshards = (uint32_t)m->nservers;
+    srv->workers = m->job.workers;
+    srv->chunk_elems = m->chunk_bytes / 4;
+    srv->optim = (psk_optim_kind_t)m->job.optimizer.name;
+    srv->nstate = (uint32_t)psk_optim_state_count(srv->optim);
+    srv->loop = uv_default_loop();
+    srv->rank_owner = calloc(srv->workers, sizeof *srv->rank_owner);
+    const ps_server_conf_t *sc = &m->servers[shard];
+
+    rc = psd_store_open(&srv->store, sc->data_dir, m->map_size_mb, m->cluster, m->chunk_bytes,
+                        srv->nstate, err, errlen);
+    if (rc) goto fail_store;
+    if ((rc = psd_shard_load(srv)) != 0) {
+        snprintf(err, errlen, "%s: cannot read the shard store: %s", sc->data_dir,
+                 ps_strerror(rc));
+        goto fail_shard;
+    }
+    if ((rc = ps_ucx_init(&srv->ucx, srv->loop)) != 0) {
+        snprintf(err, errlen, "cannot initialize UCX: %s", ps_strerror(rc));
+        goto fail_shard;
+    }
+    srv->ucx.deferred = on_deferred;
+    srv->ucx.data = srv;
+    ucp_am_handler_param_t hp = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
+                                               UCP_AM_HANDLER_PARAM_FIELD_CB |
+                                               UCP_AM_HANDLER_PARAM_FIELD_ARG,
+                                 .cb = on_am, .arg = srv};
+    hp.id = PS_AM_CTRL;
+    ucp_worker_set_am_recv_handler(srv->ucx.worker, &hp);
+    hp.id = PS_AM_DATA;
+    ucp_worker_set_am_recv_handler(srv->ucx.worker, &hp);
+
+    struct sockaddr_storage ss;
+    socklen_t sslen;
+    if (resolve(sc->host, sc->port, &ss, &sslen)) {
+        snprintf(err, errlen, "cannot resolve host '%s' of shard %u", sc->host, shard);
+        rc = PS_ECONFIG;
+        goto fail_ucx;
+    }
+    ucp_listener_params_t lp = {
+        .field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER,
+        .sockaddr = {.addr = (const struct sockaddr *)&ss, .addrlen = sslen},
+        .conn_handler = {.cb = on_conn_request, .arg = srv},
+    };
+    ucs_status_t s = ucp_listener_create(srv->ucx.worker, &lp, &srv->listener);
+    if (s != UCS_OK) {
+        snprintf(err, errlen, "cannot listen on %s:%u: %s", sc->host, sc->port,
+                 ucs_status_string(s));
+        rc = PS_ETRANSPORT;
+        goto fail_ucx;
+    }
+    uv_signal_init(srv->loop, &srv->sigint);
+    uv_signal_init(srv->loop, &srv->sigterm);
+    srv->sigint.data = srv->sigterm.data = srv;
+    uv_signal_start(&srv->sigint, on_signal, SIGINT);
+    uv_signal_start(&srv->sigterm, on_signal, SIGTERM);
+
+    printf("psd shard %u listening on %s:%u\n", shard, sc->host, sc->port);
+    fflush(stdout);
+    PS_LOG(PS_LOG_INFO, "server", "cluster '%s', %u shards, %u workers, %s, %s", m->cluster,
+           srv->nshards, srv->workers, ps_consistency_name(m->job.consistency),
+           ps_optim_name(m->job.optimizer.name));
+    uv_run(srv->loop, UV_RUN_DEFAULT);
+
+    /* Stopping: no new work is accepted; the store is idle. */
+    ucp_listener_destroy(srv->listener);
+    for (psd_conn_t *c = srv->conns, *nx; c; c = nx) {
+        nx = c->next;
+        c->refs++; /* keep it while closing */
+        if (c->ep) conn_close_ep(srv, c);
+        c->refs--;
+    }
+    for (psd_snap_t *sn = srv->snap; sn; sn = NULL) {
+        mdb_txn_abort(sn->txn);
+        free(sn);
+    }
+    srv->snap = NULL;
+    uv_close((uv_handle_t *)&srv->sigint, NULL);
+    uv_close((uv_handle_t *)&srv->sigterm, NULL);
+    rc = 0;
+fail_ucx:
+    ps_ucx_close(&srv->ucx);
+    uv_run(srv->loop, UV_RUN_NOWAIT);
+fail_shard:
+    psd_shard_free(srv);
+    psd_store_close(&srv->store);
+fail_store:
+    for (psd_conn_t *c = srv->conns, *nx; c; c = nx) {
+        nx = c->next;
+        free(c);
+    }
+    for (psd_send_t *sd = srv->free_sends, *nx; sd; sd = nx) {
+        nx = sd->next_free;
+        free(sd);
+    }
+    free(srv->rank_owner);
+    free(srv);
+    return rc;
+}

@@ -1,0 +1,167 @@
+/* server.h: the psd daemon's state, shared by its modules.
+ *
+ * server.c owns the loop, the UCX listener, connections and message dispatch;
+ * shard.c owns the tensor table, chunk aggregation, the apply jobs and the
+ * pull snapshots. Everything here is touched only on the loop thread, except
+ * the buffers a running job has been handed (see psd_job_t). */
+#ifndef PSD_SERVER_H
+#define PSD_SERVER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "optim.h"
+#include "manifest.h"
+#include "store.h"
+#include "ucx_loop.h"
+#include "wire.h"
+
+typedef struct psd_server_s psd_server_t;
+typedef struct psd_chunk_s psd_chunk_t;
+
+typedef struct psd_conn_s {
+    psd_server_t *srv;
+    ucp_ep_h ep;
+    ucp_conn_request_h conn_request; /* until the endpoint is created */
+    int32_t rank;                    /* -1 until hello */
+    uint32_t pid;
+    int refs;                        /* pending acks, pulls and sends that name this conn */
+    bool dead;                       /* endpoint failed or closed: send nothing more */
+    bool close_queued;
+    char peer[64];
+    struct psd_conn_s *next;
+} psd_conn_t;
+
+/* A request that waits: a pull for a version not reached yet, or a declare
+ * waiting for the tensor's creation to commit. */
+typedef struct psd_wait_s {
+    psd_conn_t *conn;
+    uint64_t req_id;
+    uint64_t min_version;
+    struct psd_wait_s *next;
+} psd_wait_t;
+
+enum { SLOT_EMPTY = 0, SLOT_RECEIVING, SLOT_FULL, SLOT_APPLYING };
+
+typedef struct {
+    psd_chunk_t *chunk;
+    uint32_t rank;
+} psd_slot_ref_t;
+
+struct psd_chunk_s {
+    uint32_t tensor, chunk;
+    uint32_t n;                /* values */
+    uint64_t version;          /* steps applied (committed) */
+    float **slots;             /* [workers] gradient buffers by rank, allocated on first use */
+    uint8_t *slot_state;       /* [workers] SLOT_* */
+    uint64_t *slot_req;        /* [workers] req_id to acknowledge */
+    psd_conn_t **slot_conn;    /* [workers] who to acknowledge */
+    psd_slot_ref_t *slot_ref;  /* [workers] receive-callback contexts */
+    uint32_t nfull;            /* slots in SLOT_FULL */
+    bool queued;               /* on the ready list or in the running job */
+    psd_wait_t *pulls;         /* pulls waiting for a higher version */
+    psd_chunk_t *next_ready;
+};
+
+typedef struct {
+    bool present, ready;
+    ps_decl_t decl;
+    uint64_t numel;
+    uint32_t nchunks;
+    psd_chunk_t **chunks;      /* [nchunks]; NULL where another shard owns the chunk */
+    psd_wait_t *declares;      /* declare replies waiting for creation to commit */
+} psd_tensor_t;
+
+/* A pull reply in flight: pins the snapshot its data lives in. */
+typedef struct psd_snap_s {
+    MDB_txn *txn;
+    int refs;
+    bool stale;
+} psd_snap_t;
+
+/* One send with the header bytes UCX 1.13 reads until completion. */
+typedef struct psd_send_s {
+    psd_server_t *srv;
+    psd_conn_t *conn;
+    psd_snap_t *snap;
+    uint8_t hdr[PS_WIRE_HDR_MAX];
+    struct psd_send_s *next_free;
+} psd_send_t;
+
+/* A store job: create tensors' chunks, or apply a batch of ready chunks. Runs on
+ * the libuv thread pool, one at a time (LMDB has one writer). */
+typedef struct {
+    uv_work_t work;
+    psd_server_t *srv;
+    int kind;                  /* JOB_CREATE or JOB_APPLY */
+    uint32_t tensor;           /* JOB_CREATE */
+    ps_decl_t decl;            /* JOB_CREATE: a copy the thread may read */
+    psd_chunk_t **items;       /* JOB_APPLY: chunks whose SLOT_APPLYING slots to apply */
+    uint32_t nitems;
+    int rc;
+    char err[256];
+} psd_job_t;
+
+enum { JOB_CREATE = 1, JOB_APPLY = 2 };
+
+struct psd_server_s {
+    ps_manifest_t m;
+    uint32_t shard, nshards, workers;
+    uint64_t chunk_elems;
+    psk_optim_kind_t optim;
+    uint32_t nstate;
+    uv_loop_t *loop;
+    ps_ucx_t ucx;
+    ucp_listener_h listener;
+    psd_store_t store;
+    psd_conn_t *conns;
+    psd_conn_t **rank_owner;   /* [workers] coordinator: who holds each rank */
+    uint64_t epoch;
+
+    psd_tensor_t *tensors;     /* [cap_tensors], indexed by id */
+    uint32_t cap_tensors, ntensors; /* ntensors: 1 + highest present id */
+    uint64_t next_chunk;       /* coordinator: first_chunk of the next new tensor */
+    psd_chunk_t *ready_head, *ready_tail;
+    uint32_t *create_queue;    /* tensor ids waiting for a JOB_CREATE */
+    uint32_t ncreate, cap_create;
+    psd_job_t job;
+    uint32_t cap_items;        /* capacity of job.items */
+    bool job_running;
+    psd_snap_t *snap;          /* current pull snapshot, NULL until needed */
+    psd_send_t *free_sends;
+
+    uv_signal_t sigint, sigterm;
+    bool stopping;
+    uint64_t applied_updates, pushes, pulls;
+};
+
+/* server.c */
+/** @brief Send a reply header (no data) to @p conn; drops it if the conn is dead. */
+void psd_send_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg);
+/** @brief Send MSG_ERROR for request @p req_id. */
+void psd_send_error(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id, int status,
+                    const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+void psd_conn_ref(psd_conn_t *c);
+void psd_conn_unref(psd_conn_t *c);
+/** @brief The shutdown check: called when the store goes idle. */
+void psd_server_maybe_stop(psd_server_t *srv);
+
+/* shard.c */
+/** @brief Load the tensor table and chunk versions from the store. */
+int psd_shard_load(psd_server_t *srv);
+/** @brief Free the in-memory tensor table and chunk buffers. */
+void psd_shard_free(psd_server_t *srv);
+void psd_shard_on_declare(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg);
+/** @brief Handle MSG_PUSH; returns the status the AM handler returns to UCX. */
+ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg,
+                               void *data, size_t length, const ucp_am_recv_param_t *param);
+void psd_shard_on_pull(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg);
+/** @brief Forget @p conn in waiting lists (it died). */
+void psd_shard_drop_conn(psd_server_t *srv, psd_conn_t *conn);
+/** @brief True when no store job runs or waits. */
+bool psd_shard_idle(psd_server_t *srv);
+/** @brief Lowest chunk version of this shard (its step), or 0 with no chunks. */
+uint64_t psd_shard_step(psd_server_t *srv);
+
+#endif

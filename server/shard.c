@@ -1,0 +1,725 @@
+/* shard.c: the tensor table, chunk aggregation, store jobs and pull snapshots. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "init.h"
+#include "place.h"
+#include "ps/ps_error.h"
+#include "ps/ps_log.h"
+#include "server.h"
+
+static void job_start_next(psd_server_t *srv);
+
+/* ---- tensor table ------------------------------------------------------ */
+
+static int table_reserve(psd_server_t *srv, uint32_t id)
+{
+    if (id < srv->cap_tensors) return 0;
+    uint32_t cap = srv->cap_tensors ? srv->cap_tensors : 16;
+    while (cap <= id) cap *= 2;
+    psd_tensor_t *t = realloc(srv->tensors, cap * sizeof *t);
+    if (t == NULL) return PS_ENOMEM;
+    memset(t + srv->cap_tensors, 0, (cap - srv->cap_tensors) * sizeof *t);
+    srv->tensors = t;
+    srv->cap_tensors = cap;
+    return 0;
+}
+
+static psd_chunk_t *chunk_new(psd_server_t *srv, uint32_t t, uint32_t c, uint32_t n)
+{
+    uint32_t w = srv->workers;
+    psd_chunk_t *ch = calloc(1, sizeof *ch);
+    if (ch == NULL) return NULL;
+    ch->tensor = t;
+    ch->chunk = c;
+    ch->n = n;
+    ch->slots = calloc(w, sizeof *ch->slots);
+    ch->slot_state = calloc(w, 1);
+    ch->slot_req = calloc(w, sizeof *ch->slot_req);
+    ch->slot_conn = calloc(w, sizeof *ch->slot_conn);
+    ch->slot_ref = calloc(w, sizeof *ch->slot_ref);
+    if (!ch->slots || !ch->slot_state || !ch->slot_req || !ch->slot_conn || !ch->slot_ref) {
+        free(ch->slots);
+        free(ch->slot_state);
+        free(ch->slot_req);
+        free(ch->slot_conn);
+        free(ch->slot_ref);
+        free(ch);
+        return NULL;
+    }
+    for (uint32_t r = 0; r < w; r++) ch->slot_ref[r] = (psd_slot_ref_t){ch, r};
+    return ch;
+}
+
+static void chunk_free(psd_chunk_t *ch)
+{
+    if (ch == NULL) return;
+    free(ch->slot_state);
+    free(ch->slot_req);
+    free(ch->slot_conn);
+    free(ch->slot_ref);
+    free(ch);
+}
+
+/* Enter tensor @p d into the table with chunk states for the chunks this shard owns. */
+static int tensor_add(psd_server_t *srv, const ps_decl_t *d, bool ready)
+{
+    int rc = table_reserve(srv, d->id);
+    if (rc) return rc;
+    psd_tensor_t *t = &srv->tensors[d->id];
+    t->decl = *d;
+    t->numel = ps_decl_numel(d);
+    t->nchunks = ps_chunk_count(t->numel, srv->chunk_elems);
+    t->chunks = calloc(t->nchunks ? t->nchunks : 1, sizeof *t->chunks);
+    if (t->chunks == NULL) return PS_ENOMEM;
+    for (uint32_t c = 0; c < t->nchunks; c++) {
+        if (ps_place_shard(d->first_chunk + c, srv->nshards) != srv->shard) continue;
+        t->chunks[c] = chunk_new(srv, d->id, c, (uint32_t)ps_chunk_len(t->numel, srv->chunk_elems, c));
+        if (t->chunks[c] == NULL) return PS_ENOMEM;
+    }
+    t->present = true;
+    t->ready = ready;
+    if (d->id >= srv->ntensors) srv->ntensors = d->id + 1;
+    uint64_t end = d->first_chunk + t->nchunks;
+    if (end > srv->next_chunk) srv->next_chunk = end;
+    return 0;
+}
+
+static void on_load_tensor(void *arg, const ps_decl_t *d)
+{
+    psd_server_t *srv = arg;
+    if (tensor_add(srv, d, true))
+        PS_LOG(PS_LOG_ERROR, "shard", "cannot load tensor '%s'", d->name);
+}
+
+static void on_load_chunk(void *arg, uint32_t t, uint32_t c, const psd_chunk_hdr_t *h)
+{
+    psd_server_t *srv = arg;
+    if (t < srv->ntensors && srv->tensors[t].present && c < srv->tensors[t].nchunks &&
+        srv->tensors[t].chunks[c])
+        srv->tensors[t].chunks[c]->version = h->version;
+    else
+        PS_LOG(PS_LOG_WARN, "shard", "stored chunk %u/%u belongs to no tensor of this shard", t, c);
+}
+
+int psd_shard_load(psd_server_t *srv)
+{
+    int rc = psd_store_load(&srv->store, on_load_tensor, on_load_chunk, srv);
+    if (rc) return rc;
+    uint64_t nchunks = 0;
+    for (uint32_t i = 0; i < srv->ntensors; i++)
+        for (uint32_t c = 0; srv->tensors[i].present && c < srv->tensors[i].nchunks; c++)
+            nchunks += srv->tensors[i].chunks[c] != NULL;
+    PS_LOG(PS_LOG_INFO, "shard", "store holds %u tensors, %llu chunks here, step %llu",
+           srv->ntensors, (unsigned long long)nchunks, (unsigned long long)psd_shard_step(srv));
+    return 0;
+}
+
+void psd_shard_free(psd_server_t *srv)
+{
+    for (uint32_t i = 0; i < srv->ntensors; i++) {
+        psd_tensor_t *t = &srv->tensors[i];
+        for (uint32_t c = 0; t->present && c < t->nchunks; c++) {
+            psd_chunk_t *ch = t->chunks[c];
+            if (ch == NULL) continue;
+            for (uint32_t r = 0; r < srv->workers; r++) free(ch->slots[r]);
+            free(ch->slots);
+            for (psd_wait_t *w = ch->pulls, *nx; w; w = nx) {
+                nx = w->next;
+                free(w);
+            }
+            chunk_free(ch);
+        }
+        for (psd_wait_t *w = t->declares, *nx; w; w = nx) {
+            nx = w->next;
+            free(w);
+        }
+        free(t->chunks);
+    }
+    free(srv->tensors);
+    free(srv->create_queue);
+    free(srv->job.items);
+    srv->tensors = NULL;
+}
+
+uint64_t psd_shard_step(psd_server_t *srv)
+{
+    uint64_t step = UINT64_MAX;
+    for (uint32_t i = 0; i < srv->ntensors; i++)
+        for (uint32_t c = 0; srv->tensors[i].present && c < srv->tensors[i].nchunks; c++)
+            if (srv->tensors[i].chunks[c] && srv->tensors[i].chunks[c]->version < step)
+                step = srv->tensors[i].chunks[c]->version;
+    return step == UINT64_MAX ? 0 : step;
+}
+
+bool psd_shard_idle(psd_server_t *srv)
+{
+    return !srv->job_running && srv->ready_head == NULL && srv->ncreate == 0;
+}
+
+/* ---- waiting requests ---------------------------------------------------- */
+
+static int wait_add(psd_wait_t **list, psd_conn_t *conn, uint64_t req_id, uint64_t min_version)
+{
+    psd_wait_t *w = malloc(sizeof *w);
+    if (w == NULL) return PS_ENOMEM;
+    *w = (psd_wait_t){conn, req_id, min_version, *list};
+    *list = w;
+    psd_conn_ref(conn);
+    return 0;
+}
+
+static void drop_from(psd_wait_t **list, psd_conn_t *conn)
+{
+    while (*list) {
+        psd_wait_t *w = *list;
+        if (w->conn == conn) {
+            *list = w->next;
+            psd_conn_unref(conn);
+            free(w);
+        } else {
+            list = &w->next;
+        }
+    }
+}
+
+void psd_shard_drop_conn(psd_server_t *srv, psd_conn_t *conn)
+{
+    for (uint32_t i = 0; i < srv->ntensors; i++) {
+        psd_tensor_t *t = &srv->tensors[i];
+        if (!t->present) continue;
+        drop_from(&t->declares, conn);
+        for (uint32_t c = 0; c < t->nchunks; c++)
+            if (t->chunks[c]) drop_from(&t->chunks[c]->pulls, conn);
+    }
+}
+
+/* ---- declare ------------------------------------------------------------ */
+
+static void reply_declare(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id, psd_tensor_t *t)
+{
+    ps_msg_t r = {.type = PS_MSG_DECLARE_REPLY, .req_id = req_id, .shard = srv->shard,
+                  .has_decl = 1, .decl = t->decl};
+    r.step = UINT64_MAX;
+    for (uint32_t c = 0; c < t->nchunks; c++)
+        if (t->chunks[c] && t->chunks[c]->version < r.step) r.step = t->chunks[c]->version;
+    if (r.step == UINT64_MAX) r.step = 0;
+    psd_send_msg(srv, conn, &r);
+}
+
+static bool same_shape(const ps_decl_t *a, const ps_decl_t *b)
+{
+    return a->ndim == b->ndim && memcmp(a->shape, b->shape, sizeof(uint32_t) * (size_t)a->ndim) == 0;
+}
+
+static int queue_create(psd_server_t *srv, uint32_t id)
+{
+    if (srv->ncreate == srv->cap_create) {
+        uint32_t cap = srv->cap_create ? 2 * srv->cap_create : 16;
+        uint32_t *q = realloc(srv->create_queue, cap * sizeof *q);
+        if (q == NULL) return PS_ENOMEM;
+        srv->create_queue = q;
+        srv->cap_create = cap;
+    }
+    srv->create_queue[srv->ncreate++] = id;
+    job_start_next(srv);
+    return 0;
+}
+
+void psd_shard_on_declare(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
+{
+    if (!msg->has_decl) {
+        psd_send_error(srv, conn, msg->req_id, PS_EPROTO, "declare without a tensor");
+        return;
+    }
+    ps_decl_t d = msg->decl;
+    char want[64], have[64];
+    /* Find the tensor by name: the name is the identity users see. */
+    psd_tensor_t *t = NULL;
+    for (uint32_t i = 0; i < srv->ntensors; i++)
+        if (srv->tensors[i].present && strcmp(srv->tensors[i].decl.name, d.name) == 0) {
+            t = &srv->tensors[i];
+            break;
+        }
+    if (t) {
+        if (!same_shape(&t->decl, &d)) {
+            ps_shape_str(d.shape, d.ndim, want, sizeof want);
+            ps_shape_str(t->decl.shape, t->decl.ndim, have, sizeof have);
+            PS_LOG(PS_LOG_WARN, "shard", "refused declaration of '%s' as %s from rank %d: it exists as %s",
+                   d.name, want, conn->rank, have);
+            psd_send_error(srv, conn, msg->req_id, PS_ECONFLICT,
+                           "tensor '%s' declared with shape %s, but it exists with shape %s",
+                           d.name, want, have);
+            return;
+        }
+        if (d.assigned && (d.id != t->decl.id || d.first_chunk != t->decl.first_chunk)) {
+            psd_send_error(srv, conn, msg->req_id, PS_ECONFLICT,
+                           "tensor '%s' declared as id %u at chunk %llu, but it is id %u at chunk %llu",
+                           d.name, d.id, (unsigned long long)d.first_chunk, t->decl.id,
+                           (unsigned long long)t->decl.first_chunk);
+            return;
+        }
+        if (t->ready)
+            reply_declare(srv, conn, msg->req_id, t);
+        else if (wait_add(&t->declares, conn, msg->req_id, 0))
+            psd_send_error(srv, conn, msg->req_id, PS_ENOMEM, "out of memory");
+        return;
+    }
+    if (srv->shard == 0) {
+        /* The coordinator numbers tensors and their chunks in declaration order. */
+        d.id = srv->ntensors;
+        d.first_chunk = srv->next_chunk;
+        d.assigned = 1;
+    } else if (!d.assigned) {
+        psd_send_error(srv, conn, msg->req_id, PS_EPROTO,
+                       "tensor '%s' must be declared to shard 0 first", d.name);
+        return;
+    } else if (d.id < srv->ntensors && srv->tensors[d.id].present) {
+        psd_send_error(srv, conn, msg->req_id, PS_ECONFLICT, "tensor id %u is '%s', not '%s'",
+                       d.id, srv->tensors[d.id].decl.name, d.name);
+        return;
+    } else if (d.id > 1u << 20) {
+        psd_send_error(srv, conn, msg->req_id, PS_EPROTO, "tensor id %u out of range", d.id);
+        return;
+    }
+    int rc = tensor_add(srv, &d, false);
+    if (rc == 0) rc = wait_add(&srv->tensors[d.id].declares, conn, msg->req_id, 0);
+    if (rc == 0) rc = queue_create(srv, d.id);
+    if (rc) {
+        psd_send_error(srv, conn, msg->req_id, rc, "cannot create tensor '%s': %s", d.name,
+                       ps_strerror(rc));
+        return;
+    }
+    ps_shape_str(d.shape, d.ndim, want, sizeof want);
+    PS_LOG(PS_LOG_INFO, "shard", "tensor %u '%s' %s: %u chunks from ordinal %llu", d.id, d.name,
+           want, srv->tensors[d.id].nchunks, (unsigned long long)d.first_chunk);
+}
+
+/* ---- pull --------------------------------------------------------------- */
+
+static void snap_release(psd_server_t *srv, psd_snap_t *s)
+{
+    if (--s->refs == 0 && s->stale) {
+        mdb_txn_abort(s->txn);
+        free(s);
+    }
+}
+
+static void on_pull_sent(void *request, ucs_status_t status, void *user_data)
+{
+    psd_send_t *s = user_data;
+    psd_server_t *srv = s->srv;
+    if (status != UCS_OK && !s->conn->dead)
+        PS_LOG(PS_LOG_WARN, "shard", "pull reply to %s failed: %s", s->conn->peer,
+               ucs_status_string(status));
+    snap_release(srv, s->snap);
+    psd_conn_unref(s->conn);
+    s->next_free = srv->free_sends;
+    srv->free_sends = s;
+    if (request) ucp_request_free(request);
+}
+
+static void send_pull_reply(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id, psd_chunk_t *ch)
+{
+    if (conn->dead) return;
+    if (srv->snap == NULL) {
+        psd_snap_t *s = calloc(1, sizeof *s);
+        if (s == NULL || psd_store_snapshot(&srv->store, &s->txn)) {
+            free(s);
+            psd_send_error(srv, conn, req_id, PS_ESTORE, "cannot open a store snapshot");
+            return;
+        }
+        srv->snap = s;
+    }
+    const psd_chunk_hdr_t *h;
+    int rc = psd_store_chunk_get(&srv->store, srv->snap->txn, ch->tensor, ch->chunk, &h);
+    if (rc) {
+        psd_send_error(srv, conn, req_id, rc, "chunk %u/%u unreadable: %s", ch->tensor, ch->chunk,
+                       ps_strerror(rc));
+        return;
+    }
+    psd_send_t *s = srv->free_sends;
+    if (s)
+        srv->free_sends = s->next_free;
+    else if ((s = malloc(sizeof *s)) == NULL)
+        return;
+    s->srv = srv;
+    s->conn = conn;
+    s->snap = srv->snap;
+    s->snap->refs++;
+    psd_conn_ref(conn);
+    ps_msg_t r = {.type = PS_MSG_PULL_REPLY, .req_id = req_id, .tensor = ch->tensor,
+                  .chunk = ch->chunk, .step = h->version, .length = (uint64_t)h->n * 4,
+                  .shard = srv->shard};
+    size_t len;
+    ps_msg_encode(&r, s->hdr, sizeof s->hdr, &len);
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                             UCP_OP_ATTR_FIELD_USER_DATA,
+                             .cb.send = on_pull_sent, .user_data = s};
+    /* The data is the committed record in the snapshot: immutable until released. */
+    void *req = ucp_am_send_nbx(conn->ep, PS_AM_DATA, s->hdr, len,
+                                psd_chunk_params((psd_chunk_hdr_t *)h), r.length, &p);
+    if (req == NULL)
+        on_pull_sent(NULL, UCS_OK, s);
+    else if (UCS_PTR_IS_ERR(req))
+        on_pull_sent(NULL, UCS_PTR_STATUS(req), s);
+    srv->pulls++;
+}
+
+static psd_chunk_t *find_chunk(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
+{
+    if (msg->tensor >= srv->ntensors || !srv->tensors[msg->tensor].present ||
+        !srv->tensors[msg->tensor].ready) {
+        psd_send_error(srv, conn, msg->req_id, PS_ENOENT, "no tensor with id %u", msg->tensor);
+        return NULL;
+    }
+    psd_tensor_t *t = &srv->tensors[msg->tensor];
+    if (msg->chunk >= t->nchunks || t->chunks[msg->chunk] == NULL) {
+        psd_send_error(srv, conn, msg->req_id, PS_EPROTO,
+                       "tensor '%s' has no chunk %u on shard %u", t->decl.name, msg->chunk,
+                       srv->shard);
+        return NULL;
+    }
+    return t->chunks[msg->chunk];
+}
+
+void psd_shard_on_pull(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
+{
+    psd_chunk_t *ch = find_chunk(srv, conn, msg);
+    if (ch == NULL) return;
+    if (ch->version >= msg->step || srv->m.job.consistency == PS_CONSIST_ASP) {
+        send_pull_reply(srv, conn, msg->req_id, ch);
+        return;
+    }
+    if (msg->step > ch->version + 1) {
+        psd_send_error(srv, conn, msg->req_id, PS_ESTALE,
+                       "pull of %u/%u at version %llu, but the chunk is at %llu", ch->tensor,
+                       ch->chunk, (unsigned long long)msg->step, (unsigned long long)ch->version);
+        return;
+    }
+    if (wait_add(&ch->pulls, conn, msg->req_id, msg->step))
+        psd_send_error(srv, conn, msg->req_id, PS_ENOMEM, "out of memory");
+}
+
+/* ---- push --------------------------------------------------------------- */
+
+static void chunk_maybe_ready(psd_server_t *srv, psd_chunk_t *ch)
+{
+    bool ready = srv->m.job.consistency == PS_CONSIST_ASP ? ch->nfull > 0
+                                                          : ch->nfull == srv->workers;
+    if (!ready || ch->queued) return;
+    ch->queued = true;
+    ch->next_ready = NULL;
+    if (srv->ready_tail)
+        srv->ready_tail->next_ready = ch;
+    else
+        srv->ready_head = ch;
+    srv->ready_tail = ch;
+    job_start_next(srv);
+}
+
+static void push_received(psd_chunk_t *ch, uint32_t rank, ucs_status_t status)
+{
+    psd_server_t *srv = ch->slot_conn[rank]->srv;
+    if (status != UCS_OK) {
+        PS_LOG(PS_LOG_WARN, "shard", "push of %u/%u from rank %u lost: %s", ch->tensor, ch->chunk,
+               rank, ucs_status_string(status));
+        ch->slot_state[rank] = SLOT_EMPTY;
+        psd_conn_unref(ch->slot_conn[rank]);
+        ch->slot_conn[rank] = NULL;
+        return;
+    }
+    ch->slot_state[rank] = SLOT_FULL;
+    ch->nfull++;
+    srv->pushes++;
+    chunk_maybe_ready(srv, ch);
+}
+
+static void on_push_recv(void *request, ucs_status_t status, size_t length, void *user_data)
+{
+    psd_slot_ref_t *ref = user_data;
+    push_received(ref->chunk, ref->rank, status);
+    if (request) ucp_request_free(request);
+}
+
+ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg,
+                               void *data, size_t length, const ucp_am_recv_param_t *param)
+{
+    if (conn->rank < 0 || msg->rank != conn->rank) {
+        psd_send_error(srv, conn, msg->req_id, PS_EPROTO, "push from rank %d, but this peer is rank %d",
+                       msg->rank, conn->rank);
+        return UCS_OK;
+    }
+    psd_chunk_t *ch = find_chunk(srv, conn, msg);
+    if (ch == NULL) return UCS_OK;
+    uint32_t rank = (uint32_t)conn->rank;
+    if (msg->codec != 0) {
+        psd_send_error(srv, conn, msg->req_id, PS_EPROTO, "unknown codec %u", msg->codec);
+        return UCS_OK;
+    }
+    if (msg->length != (uint64_t)ch->n * 4 || length != msg->length) {
+        psd_send_error(srv, conn, msg->req_id, PS_EPROTO,
+                       "push of %u/%u carries %zu bytes (header says %llu), expected %llu",
+                       ch->tensor, ch->chunk, length, (unsigned long long)msg->length,
+                       (unsigned long long)ch->n * 4);
+        return UCS_OK;
+    }
+    if (srv->m.job.consistency == PS_CONSIST_BSP && msg->step != ch->version) {
+        psd_send_error(srv, conn, msg->req_id, PS_ESTALE,
+                       "push of %u/%u for step %llu, but the chunk is at step %llu", ch->tensor,
+                       ch->chunk, (unsigned long long)msg->step, (unsigned long long)ch->version);
+        return UCS_OK;
+    }
+    if (ch->slot_state[rank] != SLOT_EMPTY) {
+        psd_send_error(srv, conn, msg->req_id, PS_EPROTO,
+                       "second push of %u/%u from rank %u for step %llu", ch->tensor, ch->chunk,
+                       rank, (unsigned long long)msg->step);
+        return UCS_OK;
+    }
+    if (ch->slots[rank] == NULL && (ch->slots[rank] = malloc((size_t)ch->n * 4)) == NULL) {
+        psd_send_error(srv, conn, msg->req_id, PS_ENOMEM, "out of memory");
+        return UCS_OK;
+    }
+    ch->slot_state[rank] = SLOT_RECEIVING;
+    ch->slot_req[rank] = msg->req_id;
+    ch->slot_conn[rank] = conn;
+    psd_conn_ref(conn);
+    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+        memcpy(ch->slots[rank], data, length); /* small chunk sent eagerly */
+        push_received(ch, rank, UCS_OK);
+        return UCS_OK;
+    }
+    /* Rendezvous: the gradient lands directly in the rank's slot. */
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                             UCP_OP_ATTR_FIELD_USER_DATA,
+                             .cb.recv_am = on_push_recv, .user_data = &ch->slot_ref[rank]};
+    void *req = ucp_am_recv_data_nbx(srv->ucx.worker, data, ch->slots[rank], length, &p);
+    if (req == NULL)
+        push_received(ch, rank, UCS_OK);
+    else if (UCS_PTR_IS_ERR(req))
+        push_received(ch, rank, UCS_PTR_STATUS(req));
+    return UCS_OK;
+}
+
+/* ---- store jobs --------------------------------------------------------- */
+
+static psk_optim_t optim_at(psd_server_t *srv, uint64_t step, uint64_t total_steps)
+{
+    const ps_optim_conf_t *o = &srv->m.job.optimizer;
+    uint64_t decay = o->decay_steps ? o->decay_steps : total_steps;
+    return (psk_optim_t){
+        .kind = srv->optim,
+        .lr = psk_lr_at(o->schedule == PS_SCHED_COSINE, o->lr, o->min_lr, o->warmup_steps, decay,
+                        step),
+        .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps, .momentum = o->momentum,
+        .nesterov = o->nesterov, .weight_decay = o->weight_decay};
+}
+
+static int run_create(psd_job_t *job, psd_wtxn_t *tx)
+{
+    psd_server_t *srv = job->srv;
+    const ps_decl_t *d = &job->decl;
+    psd_tensor_t *t = &srv->tensors[job->tensor]; /* chunks[] is fixed while the job runs */
+    int rc = psd_store_put_tensor(tx, d);
+    uint32_t dims1 = 1;
+    for (int i = 1; i < d->ndim; i++) dims1 *= d->shape[i];
+    psk_init_t init = {.kind = (psk_init_kind_t)d->init, .arg = d->init_arg,
+                       .seed = psk_init_seed(d->name, d->seed), .fan_in = d->shape[0],
+                       .fan_out = d->ndim > 1 ? dims1 : 1};
+    for (uint32_t c = 0; rc == 0 && c < t->nchunks; c++) {
+        psd_chunk_t *ch = t->chunks[c];
+        if (ch == NULL) continue;
+        psd_chunk_hdr_t *h;
+        rc = psd_store_chunk_reserve(tx, d->id, c, ch->n, srv->nstate, &h);
+        if (rc) break;
+        *h = (psd_chunk_hdr_t){.version = 0, .n = ch->n, .nstate = srv->nstate};
+        psk_init_cpu(psd_chunk_params(h), ch->n, (uint64_t)c * srv->chunk_elems, &init);
+        memset(psd_chunk_state(h), 0, (size_t)ch->n * srv->nstate * 4);
+    }
+    return rc;
+}
+
+static int run_apply(psd_job_t *job, psd_wtxn_t *tx)
+{
+    psd_server_t *srv = job->srv;
+    bool bsp = srv->m.job.consistency == PS_CONSIST_BSP;
+    for (uint32_t i = 0; i < job->nitems; i++) {
+        psd_chunk_t *ch = job->items[i];
+        const psd_chunk_hdr_t *old;
+        int rc = psd_store_chunk_get(&srv->store, tx->r, ch->tensor, ch->chunk, &old);
+        if (rc) return rc;
+        if (old->n != ch->n || old->nstate != srv->nstate) return PS_ESTORE;
+        psd_chunk_hdr_t *h;
+        rc = psd_store_chunk_reserve(tx, ch->tensor, ch->chunk, ch->n, srv->nstate, &h);
+        if (rc) return rc;
+        uint64_t total = srv->tensors[ch->tensor].decl.total_steps;
+        const float *p_in = psd_chunk_params((psd_chunk_hdr_t *)old);
+        const float *s_in = psd_chunk_state((psd_chunk_hdr_t *)old);
+        *h = *old;
+        float *p = psd_chunk_params(h), *s = psd_chunk_state(h);
+        if (bsp) {
+            /* Sum in rank order, so the result does not depend on arrival order. */
+            float *sum = ch->slots[0];
+            for (uint32_t r = 1; r < srv->workers; r++) psk_add_cpu(sum, ch->slots[r], ch->n);
+            psk_optim_t o = optim_at(srv, h->version, total);
+            psk_optim_apply_cpu(p, s, p_in, s_in, sum, 1.0f / (float)srv->workers, ch->n,
+                                h->version + 1, &o);
+            h->version++;
+        } else {
+            for (uint32_t r = 0; r < srv->workers; r++) {
+                if (ch->slot_state[r] != SLOT_APPLYING) continue;
+                psk_optim_t o = optim_at(srv, h->version, total);
+                psk_optim_apply_cpu(p, s, p_in, s_in, ch->slots[r], 1.0f, ch->n, h->version + 1,
+                                    &o);
+                p_in = p; /* later updates of this batch go in place on the new record */
+                s_in = s;
+                h->version++;
+            }
+        }
+    }
+    return 0;
+}
+
+static void job_work(uv_work_t *w)
+{
+    psd_job_t *job = w->data;
+    psd_wtxn_t tx;
+    job->rc = psd_store_begin(&job->srv->store, &tx);
+    if (job->rc) return;
+    job->rc = job->kind == JOB_CREATE ? run_create(job, &tx) : run_apply(job, &tx);
+    if (job->rc)
+        psd_store_abort(&tx);
+    else
+        job->rc = psd_store_commit(&tx);
+}
+
+static void answer_pulls(psd_server_t *srv, psd_chunk_t *ch)
+{
+    psd_wait_t **pp = &ch->pulls;
+    while (*pp) {
+        psd_wait_t *w = *pp;
+        if (w->min_version <= ch->version) {
+            *pp = w->next;
+            send_pull_reply(srv, w->conn, w->req_id, ch);
+            psd_conn_unref(w->conn);
+            free(w);
+        } else {
+            pp = &w->next;
+        }
+    }
+}
+
+static void snapshot_stale(psd_server_t *srv)
+{
+    psd_snap_t *s = srv->snap;
+    if (s == NULL) return;
+    srv->snap = NULL;
+    s->stale = true;
+    if (s->refs == 0) {
+        mdb_txn_abort(s->txn);
+        free(s);
+    }
+}
+
+static void ack_slot(psd_server_t *srv, psd_chunk_t *ch, uint32_t r, int rc, uint64_t version)
+{
+    psd_conn_t *conn = ch->slot_conn[r];
+    if (rc)
+        psd_send_error(srv, conn, ch->slot_req[r], rc, "update of %u/%u failed: %s", ch->tensor,
+                       ch->chunk, ps_strerror(rc));
+    else {
+        ps_msg_t a = {.type = PS_MSG_PUSH_ACK, .req_id = ch->slot_req[r], .tensor = ch->tensor,
+                      .chunk = ch->chunk, .step = version, .shard = srv->shard};
+        psd_send_msg(srv, conn, &a);
+    }
+    psd_conn_unref(conn);
+    ch->slot_conn[r] = NULL;
+    ch->slot_state[r] = SLOT_EMPTY;
+}
+
+static void job_done(uv_work_t *w, int status)
+{
+    psd_job_t *job = w->data;
+    psd_server_t *srv = job->srv;
+    srv->job_running = false;
+    if (job->rc)
+        PS_LOG(PS_LOG_ERROR, "shard", "store job failed: %s", ps_strerror(job->rc));
+    snapshot_stale(srv);
+    if (job->kind == JOB_CREATE) {
+        psd_tensor_t *t = &srv->tensors[job->tensor];
+        t->ready = job->rc == 0;
+        for (psd_wait_t *d = t->declares, *nx; d; d = nx) {
+            nx = d->next;
+            if (job->rc)
+                psd_send_error(srv, d->conn, d->req_id, job->rc, "cannot create tensor '%s': %s",
+                               t->decl.name, ps_strerror(job->rc));
+            else
+                reply_declare(srv, d->conn, d->req_id, t);
+            psd_conn_unref(d->conn);
+            free(d);
+        }
+        t->declares = NULL;
+    } else {
+        for (uint32_t i = 0; i < job->nitems; i++) {
+            psd_chunk_t *ch = job->items[i];
+            uint32_t applied = 0;
+            for (uint32_t r = 0; r < srv->workers; r++)
+                applied += ch->slot_state[r] == SLOT_APPLYING;
+            if (job->rc == 0)
+                ch->version += srv->m.job.consistency == PS_CONSIST_BSP ? 1 : applied;
+            for (uint32_t r = 0; r < srv->workers; r++)
+                if (ch->slot_state[r] == SLOT_APPLYING) ack_slot(srv, ch, r, job->rc, ch->version);
+            ch->queued = false;
+            srv->applied_updates += applied;
+            answer_pulls(srv, ch);
+            chunk_maybe_ready(srv, ch);
+        }
+    }
+    job_start_next(srv);
+    if (!srv->job_running) psd_server_maybe_stop(srv);
+}
+
+static void job_start_next(psd_server_t *srv)
+{
+    if (srv->job_running) return;
+    psd_job_t *job = &srv->job;
+    job->srv = srv;
+    job->rc = 0;
+    job->work.data = job;
+    if (srv->ncreate > 0) {
+        job->kind = JOB_CREATE;
+        job->tensor = srv->create_queue[0];
+        memmove(srv->create_queue, srv->create_queue + 1, (srv->ncreate - 1) * sizeof(uint32_t));
+        srv->ncreate--;
+        job->decl = srv->tensors[job->tensor].decl;
+    } else if (srv->ready_head) {
+        job->kind = JOB_APPLY;
+        job->nitems = 0;
+        /* Take every ready chunk: one transaction, one commit for the batch. */
+        uint32_t cap = 0;
+        for (psd_chunk_t *c = srv->ready_head; c; c = c->next_ready) cap++;
+        if (cap > srv->cap_items) {
+            psd_chunk_t **items = realloc(job->items, cap * sizeof *items);
+            if (items == NULL) return;
+            job->items = items;
+            srv->cap_items = cap;
+        }
+        for (psd_chunk_t *c = srv->ready_head; c; c = c->next_ready) {
+            job->items[job->nitems++] = c;
+            for (uint32_t r = 0; r < srv->workers; r++)
+                if (c->slot_state[r] == SLOT_FULL) {
+                    c->slot_state[r] = SLOT_APPLYING;
+                    c->nfull--;
+                }
+        }
+        srv->ready_head = srv->ready_tail = NULL;
+    } else {
+        return;
+    }
+    srv->job_running = true;
+    int rc = uv_queue_work(srv->loop, &job->work, job_work, job_done);
+    if (rc) {
+        PS_LOG(PS_LOG_ERROR, "shard", "uv_queue_work: %s", uv_strerror(rc));
+        srv->job_running = false;
+    }
+}

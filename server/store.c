@@ -1,0 +1,261 @@
+/* store.c: the shard's LMDB environment (see store.h). */
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ps/ps_error.h"
+#include "ps/ps_log.h"
+#include "store.h"
+
+static int mdb_err(int rc)
+{
+    if (rc == 0) return 0;
+    if (rc > 0 && rc < 4096) return -rc; /* an errno */
+    return PS_ESTORE;
+}
+
+static void be32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)(v >> 24);
+    p[1] = (uint8_t)(v >> 16);
+    p[2] = (uint8_t)(v >> 8);
+    p[3] = (uint8_t)v;
+}
+
+static uint32_t rd32(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static int mkdir_p(const char *dir)
+{
+    char tmp[1024];
+    snprintf(tmp, sizeof tmp, "%s", dir);
+    for (char *p = tmp + 1; *p; p++)
+        if (*p == '/') {
+            *p = '\0';
+            if (mkdir(tmp, 0700) && errno != EEXIST) return -errno;
+            *p = '/';
+        }
+    if (mkdir(tmp, 0700) && errno != EEXIST) return -errno;
+    return 0;
+}
+
+/* Check a metadata value against the expected one, storing it on first use. */
+static int meta_check(psd_store_t *st, MDB_txn *txn, const char *name, const void *val,
+                      size_t len, char *err, size_t errlen)
+{
+    char k[64];
+    snprintf(k, sizeof k, "M%s", name);
+    MDB_val key = {strlen(k), k}, v;
+    int rc = mdb_get(txn, st->dbi, &key, &v);
+    if (rc == MDB_NOTFOUND) {
+        MDB_val nv = {len, (void *)val};
+        return mdb_err(mdb_put(txn, st->dbi, &key, &nv, 0));
+    }
+    if (rc) return mdb_err(rc);
+    if (v.mv_size != len || memcmp(v.mv_data, val, len) != 0) {
+        snprintf(err, errlen, "%s: data_dir was made with another %s (stored %s%.*s%s)", st->dir,
+                 name, len == 8 ? "" : "'", len == 8 ? 0 : (int)v.mv_size,
+                 len == 8 ? "" : (const char *)v.mv_data, len == 8 ? "value" : "'");
+        return PS_ECONFIG;
+    }
+    return 0;
+}
+
+int psd_store_open(psd_store_t *st, const char *dir, uint64_t map_mb, const char *meta_cluster,
+                   uint64_t meta_chunk_bytes, uint32_t nstate, char *err, size_t errlen)
+{
+    memset(st, 0, sizeof *st);
+    st->lockfd = -1;
+    snprintf(st->dir, sizeof st->dir, "%s", dir);
+    int rc = mkdir_p(dir);
+    if (rc) {
+        snprintf(err, errlen, "%s: cannot create data_dir: %s", dir, strerror(-rc));
+        return rc;
+    }
+    char path[1100];
+    snprintf(path, sizeof path, "%s/psd.lock", dir);
+    st->lockfd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (st->lockfd < 0) {
+        rc = -errno;
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return rc;
+    }
+    if (flock(st->lockfd, LOCK_EX | LOCK_NB) != 0) {
+        char pid[32] = "?";
+        ssize_t n = pread(st->lockfd, pid, sizeof pid - 1, 0);
+        pid[n > 0 ? n : 1] = '\0';
+        pid[strcspn(pid, "\n")] = '\0';
+        snprintf(err, errlen, "%s: data_dir is in use by another psd (pid %s); refusing to start",
+                 dir, pid);
+        close(st->lockfd);
+        st->lockfd = -1;
+        return PS_EBUSY;
+    }
+    char pidline[32];
+    int pl = snprintf(pidline, sizeof pidline, "%d\n", (int)getpid());
+    if (ftruncate(st->lockfd, 0) == 0 && pwrite(st->lockfd, pidline, (size_t)pl, 0) < 0) {
+        /* The pid is only informative; a failed write does not matter. */
+    }
+
+    MDB_txn *txn = NULL;
+    if ((rc = mdb_env_create(&st->env)) != 0) goto fail;
+    mdb_env_set_maxreaders(st->env, 1024);
+    if ((rc = mdb_env_set_mapsize(st->env, (size_t)map_mb << 20)) != 0) goto fail;
+    rc = mdb_env_open(st->env, dir, MDB_WRITEMAP | MDB_NOSYNC | MDB_NOTLS, 0600);
+    if (rc) goto fail;
+    int dead = 0;
+    mdb_reader_check(st->env, &dead);
+    if ((rc = mdb_txn_begin(st->env, NULL, 0, &txn)) != 0) goto fail;
+    if ((rc = mdb_dbi_open(txn, NULL, 0, &st->dbi)) != 0) goto fail;
+    rc = meta_check(st, txn, "cluster", meta_cluster, strlen(meta_cluster), err, errlen);
+    if (rc == 0)
+        rc = meta_check(st, txn, "chunk_bytes", &meta_chunk_bytes, sizeof meta_chunk_bytes, err,
+                        errlen);
+    uint64_t ns = nstate;
+    if (rc == 0) rc = meta_check(st, txn, "optimizer state", &ns, sizeof ns, err, errlen);
+    if (rc) {
+        mdb_txn_abort(txn);
+        psd_store_close(st);
+        return rc;
+    }
+    if ((rc = mdb_txn_commit(txn)) != 0) {
+        txn = NULL;
+        goto fail;
+    }
+    return 0;
+
+fail:
+    snprintf(err, errlen, "%s: cannot open the shard store: %s", dir, mdb_strerror(rc));
+    if (txn) mdb_txn_abort(txn);
+    psd_store_close(st);
+    return mdb_err(rc);
+}
+
+void psd_store_close(psd_store_t *st)
+{
+    if (st->env) {
+        mdb_env_sync(st->env, 1);
+        mdb_env_close(st->env);
+        st->env = NULL;
+    }
+    if (st->lockfd >= 0) {
+        close(st->lockfd); /* releases the flock */
+        st->lockfd = -1;
+    }
+}
+
+int psd_store_load(psd_store_t *st, psd_store_tensor_cb on_tensor, psd_store_chunk_cb on_chunk,
+                   void *arg)
+{
+    MDB_txn *txn;
+    int rc = mdb_txn_begin(st->env, NULL, MDB_RDONLY, &txn);
+    if (rc) return mdb_err(rc);
+    MDB_cursor *cur;
+    if ((rc = mdb_cursor_open(txn, st->dbi, &cur)) != 0) {
+        mdb_txn_abort(txn);
+        return mdb_err(rc);
+    }
+    MDB_val k, v;
+    int ret = 0;
+    for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0;
+         rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+        const uint8_t *kp = k.mv_data;
+        if (k.mv_size == 5 && kp[0] == 'T') {
+            if (v.mv_size != sizeof(ps_decl_t)) {
+                ret = PS_ESTORE;
+                break;
+            }
+            ps_decl_t d;
+            memcpy(&d, v.mv_data, sizeof d);
+            on_tensor(arg, &d);
+        } else if (k.mv_size == 9 && kp[0] == 'C') {
+            const psd_chunk_hdr_t *h = v.mv_data;
+            if (v.mv_size < sizeof *h || v.mv_size != psd_chunk_bytes(h->n, h->nstate)) {
+                ret = PS_ESTORE;
+                break;
+            }
+            on_chunk(arg, rd32(kp + 1), rd32(kp + 5), h);
+        }
+    }
+    if (ret == 0 && rc != MDB_NOTFOUND) ret = mdb_err(rc);
+    mdb_cursor_close(cur);
+    mdb_txn_abort(txn);
+    return ret;
+}
+
+int psd_store_begin(psd_store_t *st, psd_wtxn_t *tx)
+{
+    tx->st = st;
+    tx->w = tx->r = NULL;
+    int rc = mdb_txn_begin(st->env, NULL, MDB_RDONLY, &tx->r);
+    if (rc) return mdb_err(rc);
+    rc = mdb_txn_begin(st->env, NULL, 0, &tx->w);
+    if (rc) {
+        mdb_txn_abort(tx->r);
+        tx->r = NULL;
+        return mdb_err(rc);
+    }
+    return 0;
+}
+
+int psd_store_commit(psd_wtxn_t *tx)
+{
+    int rc = mdb_txn_commit(tx->w);
+    mdb_txn_abort(tx->r);
+    tx->w = tx->r = NULL;
+    return mdb_err(rc);
+}
+
+void psd_store_abort(psd_wtxn_t *tx)
+{
+    if (tx->w) mdb_txn_abort(tx->w);
+    if (tx->r) mdb_txn_abort(tx->r);
+    tx->w = tx->r = NULL;
+}
+
+int psd_store_put_tensor(psd_wtxn_t *tx, const ps_decl_t *d)
+{
+    uint8_t kb[5] = {'T'};
+    be32(kb + 1, d->id);
+    MDB_val k = {sizeof kb, kb}, v = {sizeof *d, (void *)d};
+    return mdb_err(mdb_put(tx->w, tx->st->dbi, &k, &v, 0));
+}
+
+int psd_store_chunk_reserve(psd_wtxn_t *tx, uint32_t t, uint32_t c, uint32_t n, uint32_t nstate,
+                            psd_chunk_hdr_t **out)
+{
+    uint8_t kb[9] = {'C'};
+    be32(kb + 1, t);
+    be32(kb + 5, c);
+    MDB_val k = {sizeof kb, kb}, v = {psd_chunk_bytes(n, nstate), NULL};
+    int rc = mdb_put(tx->w, tx->st->dbi, &k, &v, MDB_RESERVE);
+    if (rc) return mdb_err(rc);
+    *out = v.mv_data;
+    return 0;
+}
+
+int psd_store_chunk_get(psd_store_t *st, MDB_txn *txn, uint32_t t, uint32_t c,
+                        const psd_chunk_hdr_t **out)
+{
+    uint8_t kb[9] = {'C'};
+    be32(kb + 1, t);
+    be32(kb + 5, c);
+    MDB_val k = {sizeof kb, kb}, v;
+    int rc = mdb_get(txn, st->dbi, &k, &v);
+    if (rc == MDB_NOTFOUND) return PS_ENOENT;
+    if (rc) return mdb_err(rc);
+    const psd_chunk_hdr_t *h = v.mv_data;
+    if (v.mv_size < sizeof *h || v.mv_size != psd_chunk_bytes(h->n, h->nstate)) return PS_ESTORE;
+    *out = h;
+    return 0;
+}
+
+int psd_store_snapshot(psd_store_t *st, MDB_txn **out)
+{
+    return mdb_err(mdb_txn_begin(st->env, NULL, MDB_RDONLY, out));
+}

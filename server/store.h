@@ -1,0 +1,97 @@
+/* store.h: a shard's state in one LMDB environment under its data_dir.
+ *
+ * Keys (one unnamed database):
+ *   "M" name          metadata: cluster, chunk_bytes, optimizer
+ *   "T" be32(id)      a tensor's declaration (ps_decl_t)
+ *   "C" be32(t) be32(c)  a chunk record: psd_chunk_hdr_t, params[n], state[nstate * n]
+ *
+ * The environment is opened WRITEMAP | NOSYNC | NOTLS: every committed
+ * transaction survives a process crash (PLATFORM-NOTES.md section 4); power-loss
+ * safety is a later setting. An update never writes through a pointer LMDB
+ * handed out for reading: a read transaction supplies the old record and
+ * MDB_RESERVE the new one, and the kernel writes old -> new. A data_dir is
+ * held by one psd at a time through an flock()ed psd.lock file. */
+#ifndef PSD_STORE_H
+#define PSD_STORE_H
+
+#include <lmdb.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "wire.h"
+
+typedef struct {
+    uint64_t version; /* steps applied to this chunk */
+    uint32_t n;       /* parameters */
+    uint32_t nstate;  /* optimizer state floats per parameter */
+} psd_chunk_hdr_t;
+
+/** Parameters of a record (follow the header). */
+static inline float *psd_chunk_params(psd_chunk_hdr_t *h) { return (float *)(h + 1); }
+/** Optimizer state of a record (follows the parameters). */
+static inline float *psd_chunk_state(psd_chunk_hdr_t *h) { return (float *)(h + 1) + h->n; }
+static inline size_t psd_chunk_bytes(uint32_t n, uint32_t nstate)
+{
+    return sizeof(psd_chunk_hdr_t) + (size_t)n * (1 + nstate) * sizeof(float);
+}
+
+typedef struct {
+    MDB_env *env;
+    MDB_dbi dbi;
+    int lockfd;
+    char dir[1024];
+} psd_store_t;
+
+/** A write transaction plus the read snapshot that supplies old records. */
+typedef struct {
+    psd_store_t *st;
+    MDB_txn *w;
+    MDB_txn *r;
+} psd_wtxn_t;
+
+/**
+ * @brief Open (creating if needed) the store in @p dir and lock it for this process.
+ * @param meta_cluster, meta_chunk_bytes  identity checked against a store made before:
+ *        a data_dir of another cluster or chunk size is refused.
+ * @param[out] err one line naming the directory and the problem.
+ * @return 0, PS_EBUSY (another psd holds it), PS_ECONFIG (identity mismatch), PS_ESTORE, -errno.
+ * @note On failure nothing is left open; on success release with psd_store_close.
+ */
+int psd_store_open(psd_store_t *st, const char *dir, uint64_t map_mb, const char *meta_cluster,
+                   uint64_t meta_chunk_bytes, uint32_t nstate, char *err, size_t errlen);
+void psd_store_close(psd_store_t *st);
+
+typedef void (*psd_store_tensor_cb)(void *arg, const ps_decl_t *d);
+typedef void (*psd_store_chunk_cb)(void *arg, uint32_t t, uint32_t c, const psd_chunk_hdr_t *h);
+
+/** @brief Walk every stored tensor, then every chunk header, in key order (startup). */
+int psd_store_load(psd_store_t *st, psd_store_tensor_cb on_tensor, psd_store_chunk_cb on_chunk,
+                   void *arg);
+
+/** @brief Begin a write transaction and its read snapshot (one writer at a time). */
+int psd_store_begin(psd_store_t *st, psd_wtxn_t *tx);
+/** @brief Commit; both transactions end whatever the result. */
+int psd_store_commit(psd_wtxn_t *tx);
+void psd_store_abort(psd_wtxn_t *tx);
+
+/** @brief Store a tensor declaration in @p tx. */
+int psd_store_put_tensor(psd_wtxn_t *tx, const ps_decl_t *d);
+
+/**
+ * @brief Reserve a new record for chunk (t, c) in @p tx and return where to write it.
+ * @note *out is valid until the transaction ends; write every byte of it.
+ */
+int psd_store_chunk_reserve(psd_wtxn_t *tx, uint32_t t, uint32_t c, uint32_t n, uint32_t nstate,
+                            psd_chunk_hdr_t **out);
+
+/**
+ * @brief The committed record of chunk (t, c) as of @p txn (a read snapshot).
+ * @note Read-only; valid until @p txn ends. PS_ENOENT if absent, PS_ESTORE if malformed.
+ */
+int psd_store_chunk_get(psd_store_t *st, MDB_txn *txn, uint32_t t, uint32_t c,
+                        const psd_chunk_hdr_t **out);
+
+/** @brief Begin a read-only snapshot (for pull replies); end it with mdb_txn_abort. */
+int psd_store_snapshot(psd_store_t *st, MDB_txn **out);
+
+#endif

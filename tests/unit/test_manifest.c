@@ -1,0 +1,453 @@
+/* test_manifest.c: the manifest parser accepts the example, applies defaults, and refuses bad
+ * manifests with one "FILE:LINE: KEY: what is wrong" line. */
+#include <check.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "manifest.h"
+#include "ps/ps_error.h"
+
+static const char example[] =
+    "cluster: demo\n"
+    "chunk_bytes: 1048576\n"
+    "servers:\n"
+    "  - {host: 127.0.0.1, port: 7300, data_dir: /tmp/psd-demo/0}\n"
+    "  - {host: 127.0.0.1, port: 7301, data_dir: /tmp/psd-demo/1}\n"
+    "job:\n"
+    "  model: mlp\n"
+    "  layers: [784, 256, 128, 10]\n"
+    "  dataset: /usr/share/datasets/fashion-mnist\n"
+    "  batch_size: 64          # per worker\n"
+    "  epochs: 10\n"
+    "  seed: 1\n"
+    "  workers: 4              # how many workers a BSP step expects\n"
+    "  consistency: bsp        # bsp | asp\n"
+    "  optimizer: {name: adam, lr: 0.001, beta1: 0.9, beta2: 0.999, eps: 1.0e-8,\n"
+    "              momentum: 0.9, nesterov: false, weight_decay: 0.0,\n"
+    "              schedule: constant, warmup_steps: 0}\n";
+
+/* Only the required keys: everything else takes its default. */
+static const char minimal[] = "cluster: c\n"
+                              "servers: [{host: h, port: 1, data_dir: /d}]\n"
+                              "job: {model: mlp, batch_size: 1, epochs: 1, workers: 1,\n"
+                              "      optimizer: {name: sgd, lr: 0.5}}\n";
+
+/* The manifest is big (~80 KiB): keep it off the stack. */
+static ps_manifest_t m;
+static char err[512];
+
+static int parse(const char *text)
+{
+    memset(&m, 0, sizeof m);
+    memset(err, 'x', sizeof err);
+    return ps_manifest_parse(&m, "demo.yaml", text, strlen(text), err, sizeof err);
+}
+
+START_TEST(test_example)
+{
+    ck_assert_int_eq(parse(example), 0);
+    ck_assert_str_eq(err, "");
+    ck_assert_str_eq(m.path, "demo.yaml");
+    ck_assert_str_eq(m.cluster, "demo");
+    ck_assert_uint_eq(m.chunk_bytes, 1048576);
+    ck_assert_int_eq(m.nservers, 2);
+    ck_assert_str_eq(m.servers[0].host, "127.0.0.1");
+    ck_assert_uint_eq(m.servers[0].port, 7300);
+    ck_assert_uint_eq(m.servers[1].port, 7301);
+    ck_assert_str_eq(m.servers[1].data_dir, "/tmp/psd-demo/1");
+    ck_assert_str_eq(m.job.model, "mlp");
+    ck_assert_int_eq(m.job.nlayers, 4);
+    ck_assert_uint_eq(m.job.layers[0], 784);
+    ck_assert_uint_eq(m.job.layers[3], 10);
+    ck_assert_str_eq(m.job.dataset, "/usr/share/datasets/fashion-mnist");
+    ck_assert_uint_eq(m.job.batch_size, 64);
+    ck_assert_uint_eq(m.job.epochs, 10);
+    ck_assert_uint_eq(m.job.workers, 4);
+    ck_assert_int_eq(m.job.consistency, PS_CONSIST_BSP);
+    const ps_optim_conf_t *o = &m.job.optimizer;
+    ck_assert_int_eq(o->name, PS_OPT_ADAM);
+    ck_assert_float_eq(o->lr, 0.001f);
+    ck_assert_float_eq(o->beta2, 0.999f);
+    ck_assert_float_eq(o->eps, 1e-8f);
+    ck_assert(!o->nesterov);
+    ck_assert_float_eq(o->weight_decay, 0.0f);
+    ck_assert_int_eq(o->schedule, PS_SCHED_CONSTANT);
+    /* Absent from the example: defaults. */
+    ck_assert_uint_eq(m.map_size_mb, 4096);
+    ck_assert_uint_eq(m.job.max_steps, 0);
+    ck_assert_uint_eq(o->decay_steps, 0);
+    ck_assert_float_eq(o->min_lr, 0.0f);
+}
+END_TEST
+
+START_TEST(test_defaults)
+{
+    ck_assert_int_eq(parse(minimal), 0);
+    ck_assert_uint_eq(m.chunk_bytes, 1048576);
+    ck_assert_uint_eq(m.map_size_mb, 4096);
+    ck_assert_int_eq(m.nservers, 1);
+    ck_assert_int_eq(m.job.nlayers, 4);
+    const uint32_t layers[] = {784, 256, 128, 10};
+    for (int i = 0; i < 4; i++)
+        ck_assert_uint_eq(m.job.layers[i], layers[i]);
+    ck_assert_str_eq(m.job.dataset, "/usr/share/datasets/fashion-mnist");
+    ck_assert_uint_eq(m.job.seed, 1);
+    ck_assert_int_eq(m.job.consistency, PS_CONSIST_BSP);
+    ck_assert_uint_eq(m.job.max_steps, 0);
+    const ps_optim_conf_t *o = &m.job.optimizer;
+    ck_assert_int_eq(o->name, PS_OPT_SGD);
+    ck_assert_float_eq(o->lr, 0.5f);
+    ck_assert_float_eq(o->beta1, 0.9f);
+    ck_assert_float_eq(o->beta2, 0.999f);
+    ck_assert_float_eq(o->eps, 1e-8f);
+    ck_assert_float_eq(o->momentum, 0.9f);
+    ck_assert(!o->nesterov);
+    ck_assert_float_eq(o->weight_decay, 0.0f);
+    ck_assert_int_eq(o->schedule, PS_SCHED_CONSTANT);
+    ck_assert_uint_eq(o->warmup_steps, 0);
+    ck_assert_uint_eq(o->decay_steps, 0);
+    ck_assert_float_eq(o->min_lr, 0.0f);
+}
+END_TEST
+
+/* Block style everywhere, every optional key set to a non-default value. */
+START_TEST(test_block_style_all_keys)
+{
+    const char *text = "cluster: prod_2.eu-west\n"
+                       "chunk_bytes: 4096\n"
+                       "map_size_mb: 16\n"
+                       "servers:\n"
+                       "  - host: a\n"
+                       "    port: 65535\n"
+                       "    data_dir: /a\n"
+                       "job:\n"
+                       "  model: \"mlp\"\n"
+                       "  layers:\n"
+                       "    - 3\n"
+                       "    - 1048576\n"
+                       "  dataset: /data/x\n"
+                       "  batch_size: 1048576\n"
+                       "  epochs: 100000\n"
+                       "  seed: 18446744073709551615\n"
+                       "  workers: 4096\n"
+                       "  consistency: asp\n"
+                       "  max_steps: 500\n"
+                       "  optimizer:\n"
+                       "    name: momentum\n"
+                       "    lr: 1e-3\n"
+                       "    beta1: 0\n"
+                       "    beta2: .5\n"
+                       "    eps: 1E-6\n"
+                       "    momentum: 0.95\n"
+                       "    nesterov: true\n"
+                       "    weight_decay: 5\n"
+                       "    schedule: cosine\n"
+                       "    warmup_steps: 10\n"
+                       "    decay_steps: 1000\n"
+                       "    min_lr: 1.0e-5\n";
+    ck_assert_msg(parse(text) == 0, "%s", err);
+    ck_assert_str_eq(m.cluster, "prod_2.eu-west");
+    ck_assert_uint_eq(m.chunk_bytes, 4096);
+    ck_assert_uint_eq(m.map_size_mb, 16);
+    ck_assert_uint_eq(m.servers[0].port, 65535);
+    ck_assert_int_eq(m.job.nlayers, 2);
+    ck_assert_uint_eq(m.job.layers[1], 1048576);
+    ck_assert_uint_eq(m.job.seed, UINT64_MAX);
+    ck_assert_int_eq(m.job.consistency, PS_CONSIST_ASP);
+    ck_assert_uint_eq(m.job.max_steps, 500);
+    const ps_optim_conf_t *o = &m.job.optimizer;
+    ck_assert_int_eq(o->name, PS_OPT_MOMENTUM);
+    ck_assert_float_eq(o->lr, 1e-3f);
+    ck_assert_float_eq(o->beta1, 0.0f);
+    ck_assert_float_eq(o->beta2, 0.5f);
+    ck_assert_float_eq(o->eps, 1e-6f);
+    ck_assert(o->nesterov);
+    ck_assert_float_eq(o->weight_decay, 5.0f);
+    ck_assert_int_eq(o->schedule, PS_SCHED_COSINE);
+    ck_assert_uint_eq(o->warmup_steps, 10);
+    ck_assert_uint_eq(o->decay_steps, 1000);
+    ck_assert_float_eq(o->min_lr, 1e-5f);
+}
+END_TEST
+
+/* Lines 1-10 of a valid manifest, for the invalid cases to vary. */
+#define L1 "cluster: demo\n"
+#define L2_4                                                                                       \
+    "servers:\n"                                                                                   \
+    "  - {host: h, port: 7300, data_dir: /d/0}\n"                                                  \
+    "  - {host: h, port: 7301, data_dir: /d/1}\n"
+#define L5 "job:\n"
+#define L6_9                                                                                       \
+    "  model: mlp\n"                                                                               \
+    "  batch_size: 64\n"                                                                           \
+    "  epochs: 10\n"                                                                               \
+    "  workers: 4\n"
+#define L10 "  optimizer: {name: adam, lr: 0.001}\n"
+#define BASE L1 L2_4 L5 L6_9 L10
+
+static const struct {
+    const char *text;
+    const char *msg; /* the whole message; a prefix when it ends in "..." */
+} bad[] = {
+    /* unknown keys */
+    {BASE "colour: red\n", "demo.yaml:11: colour: unknown key"},
+    {L1 L2_4 L5 L6_9 "  optimizer: {name: adam, lr: 0.001, lr_decay: 0.5}\n",
+     "demo.yaml:10: job.optimizer.lr_decay: unknown key"},
+    {L1 "servers:\n  - {host: h, port: 1, data_dir: /d, user: x}\n" L5 L6_9 L10,
+     "demo.yaml:3: servers[0].user: unknown key"},
+    /* missing required keys: the line of the enclosing mapping */
+    {L1 L2_4 L5 "  model: mlp\n  batch_size: 64\n  epochs: 10\n" L10,
+     "demo.yaml:6: job.workers: missing required key"},
+    {L1 L2_4 L5 L6_9 "  optimizer: {name: adam}\n",
+     "demo.yaml:10: job.optimizer.lr: missing required key"},
+    {L2_4 L5 L6_9 L10, "demo.yaml:1: cluster: missing required key"},
+    {L1 L2_4, "demo.yaml:1: job: missing required key"},
+    {L1 "servers:\n  - {host: h, data_dir: /d}\n" L5 L6_9 L10,
+     "demo.yaml:3: servers[0].port: missing required key"},
+    /* wrong types */
+    {L1 L2_4 L5 "  model: mlp\n  batch_size: abc\n  epochs: 10\n  workers: 4\n" L10,
+     "demo.yaml:7: job.batch_size: expected an integer, got 'abc'"},
+    {L1 L2_4 L5 "  model: mlp\n  batch_size: 64\n  epochs: 1.5\n  workers: 4\n" L10,
+     "demo.yaml:8: job.epochs: expected an integer, got '1.5'"},
+    {L1 "servers:\n  - {host: h, port: \"7300\", data_dir: /d}\n" L5 L6_9 L10,
+     "demo.yaml:3: servers[0].port: expected an integer, got a quoted string '7300'"},
+    {L1 L2_4 L5 L6_9 "  optimizer: {name: adam, lr: fast}\n",
+     "demo.yaml:10: job.optimizer.lr: expected a number, got 'fast'"},
+    {L1 L2_4 L5 L6_9 "  optimizer: {name: adam, lr: .inf}\n",
+     "demo.yaml:10: job.optimizer.lr: expected a number, got '.inf'"},
+    {L1 L2_4 L5 L6_9 "  optimizer: {name: sgd, lr: 0.1, nesterov: yes}\n",
+     "demo.yaml:10: job.optimizer.nesterov: expected true or false, got 'yes'"},
+    {L1 L2_4 "job: train\n", "demo.yaml:5: job: expected a mapping, got 'train'"},
+    {L1 L2_4 L5 L6_9 "  optimizer:\n",
+     "demo.yaml:10: job.optimizer: expected a mapping, got nothing"},
+    {L1 "servers: {host: h}\n" L5 L6_9 L10,
+     "demo.yaml:2: servers: expected a sequence, got a mapping"},
+    {L1 L2_4 L5 L6_9 L10 "  layers: 784\n",
+     "demo.yaml:11: job.layers: expected a sequence, got '784'"},
+    /* out of range, negative */
+    {L1 "servers:\n"
+        "  - {host: h, port: 7300, data_dir: /d/0}\n"
+        "  - {host: h, port: 70000, data_dir: /d/1}\n" L5 L6_9 L10,
+     "demo.yaml:4: servers[1].port: must be in [1, 65535], got 70000"},
+    {L1 L2_4 L5 "  model: mlp\n  batch_size: 64\n  epochs: 10\n  workers: -2\n" L10,
+     "demo.yaml:9: job.workers: must be in [1, 4096], got -2"},
+    {BASE "  max_steps: -1\n",
+     "demo.yaml:11: job.max_steps: must be in [0, 18446744073709551615], got -1"},
+    {BASE "  seed: 18446744073709551616\n",
+     "demo.yaml:11: job.seed: must be in [0, 18446744073709551615], got 18446744073709551616"},
+    {L1 "map_size_mb: 8\n" L2_4 L5 L6_9 L10,
+     "demo.yaml:2: map_size_mb: must be in [16, 1048576], got 8"},
+    {L1 L2_4 L5 L6_9 "  optimizer: {name: adam, lr: 0.001, beta1: 1.0}\n",
+     "demo.yaml:10: job.optimizer.beta1: must be in [0, 1), got 1.0"},
+    {L1 L2_4 L5 L6_9 "  optimizer: {name: adam, lr: 0}\n",
+     "demo.yaml:10: job.optimizer.lr: must be > 0, got 0"},
+    {L1 L2_4 L5 L6_9 "  optimizer: {name: adam, lr: 1e-60}\n",
+     "demo.yaml:10: job.optimizer.lr: must be > 0, got 1e-60"},
+    {L1 L2_4 L5 L6_9 "  optimizer: {name: adam, lr: 1e40}\n",
+     "demo.yaml:10: job.optimizer.lr: is too large, got 1e40"},
+    {L1 L2_4 L5 L6_9 "  optimizer: {name: adamw, lr: 0.1, weight_decay: -0.1}\n",
+     "demo.yaml:10: job.optimizer.weight_decay: must be >= 0, got -0.1"},
+    {L1 L2_4 L5 L6_9 "  optimizer: {name: adam, lr: 0.1, eps: 0.0}\n",
+     "demo.yaml:10: job.optimizer.eps: must be > 0, got 0.0"},
+    /* chunk_bytes */
+    {L1 "chunk_bytes: 1026\n" L2_4 L5 L6_9 L10,
+     "demo.yaml:2: chunk_bytes: must be a multiple of 4, got 1026"},
+    {L1 "chunk_bytes: 512\n" L2_4 L5 L6_9 L10,
+     "demo.yaml:2: chunk_bytes: must be in [1024, 1073741824], got 512"},
+    /* enums and names */
+    {BASE "  consistency: ssp\n",
+     "demo.yaml:11: job.consistency: must be one of bsp|asp, got 'ssp'"},
+    {L1 L2_4 L5 L6_9 "  optimizer: {name: rmsprop, lr: 0.1}\n",
+     "demo.yaml:10: job.optimizer.name: must be one of sgd|momentum|adam|adamw, got 'rmsprop'"},
+    {L1 L2_4 L5 L6_9 "  optimizer: {name: sgd, lr: 0.1, schedule: linear}\n",
+     "demo.yaml:10: job.optimizer.schedule: must be one of constant|cosine, got 'linear'"},
+    {L1 L2_4 L5 "  model: cnn\n  batch_size: 64\n  epochs: 10\n  workers: 4\n" L10,
+     "demo.yaml:6: job.model: must be one of mlp, got 'cnn'"},
+    {"cluster: my cluster\n" L2_4 L5 L6_9 L10,
+     "demo.yaml:1: cluster: must match [A-Za-z0-9_.-]+, got 'my cluster'"},
+    {"cluster: \"\"\n" L2_4 L5 L6_9 L10, "demo.yaml:1: cluster: must not be empty"},
+    /* servers */
+    {L1 "servers: []\n" L5 L6_9 L10, "demo.yaml:2: servers: must not be empty"},
+    {L1 "servers:\n"
+        "  - {host: h, port: 7300, data_dir: /d/0}\n"
+        "  - {host: h, port: 7300, data_dir: /d/1}\n" L5 L6_9 L10,
+     "demo.yaml:4: servers[1]: same host:port as servers[0] (h:7300)"},
+    {L1 "servers:\n"
+        "  - {host: h, port: 7300, data_dir: /d/0}\n"
+        "  - {host: i, port: 7300, data_dir: /d/0}\n" L5 L6_9 L10,
+     "demo.yaml:4: servers[1].data_dir: same data_dir as servers[0] ('/d/0')"},
+    /* layers */
+    {BASE "  layers: [784]\n", "demo.yaml:11: job.layers: must have 2 to 16 entries, got 1"},
+    {BASE "  layers: [784, 0, 10]\n",
+     "demo.yaml:11: job.layers[1]: must be in [1, 1048576], got 0"},
+    {BASE "  layers: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]\n",
+     "demo.yaml:11: job.layers: too many entries: at most 16, got 17"},
+    /* duplicate keys */
+    {L1 L2_4 L5
+     "  model: mlp\n  batch_size: 64\n  epochs: 10\n  workers: 4\n  batch_size: 32\n" L10,
+     "demo.yaml:10: job.batch_size: duplicate key (first at line 7)"},
+    {L1 L2_4 L5 L6_9 "  optimizer: {name: adam, lr: 0.001, lr: 0.1}\n",
+     "demo.yaml:10: job.optimizer.lr: duplicate key (first at line 10)"},
+    /* document structure */
+    {"", "demo.yaml:1: the manifest is empty"},
+    {"# only a comment\n", "demo.yaml:1: the manifest is empty"},
+    {"- a\n- b\n", "demo.yaml:1: the top level must be a mapping, got a sequence"},
+    {BASE "---\n" BASE, "demo.yaml:12: a manifest is one YAML document, found a second"},
+    {L1 " servers: x\n", "demo.yaml:2: syntax error: ..."},
+    {L1 L2_4 L5 L6_9 "  optimizer: {name: adam, lr: 0.001\n", "demo.yaml:11: syntax error: ..."},
+    {L1 "servers: *nothing\n", "demo.yaml:2: syntax error: found undefined alias"},
+    {"cluster: \xff\n", "demo.yaml:1: unreadable text: ..."},
+    {L1 "? [a, b]\n: c\n", "demo.yaml:2: keys must be scalars, got a sequence"},
+};
+
+START_TEST(test_invalid)
+{
+    const char *want = bad[_i].msg;
+    int rc = parse(bad[_i].text);
+    ck_assert_msg(rc == PS_ECONFIG, "case %d: rc %d, want PS_ECONFIG (%s)", _i, rc, want);
+    ck_assert_msg(strchr(err, '\n') == NULL, "case %d: more than one line", _i);
+    size_t n = strlen(want);
+    if (n > 3 && strcmp(want + n - 3, "...") == 0)
+        ck_assert_msg(strncmp(err, want, n - 3) == 0, "case %d: got \"%s\", want \"%s\"", _i, err,
+                      want);
+    else
+        ck_assert_msg(strcmp(err, want) == 0, "case %d: got \"%s\", want \"%s\"", _i, err, want);
+}
+END_TEST
+
+/* Appends one server per line after "servers:" on line 2. */
+static char *servers_manifest(int n)
+{
+    size_t cap = 256 + (size_t)n * 64;
+    char *text = malloc(cap);
+    ck_assert_ptr_nonnull(text);
+    size_t len = (size_t)snprintf(text, cap, "cluster: c\nservers:\n");
+    for (int i = 0; i < n; i++)
+        len += (size_t)snprintf(text + len, cap - len, "  - {host: h, port: %d, data_dir: /d/%d}\n",
+                                1000 + i, i);
+    snprintf(text + len, cap - len,
+             "job: {model: mlp, batch_size: 1, epochs: 1, workers: 1,\n"
+             "      optimizer: {name: sgd, lr: 0.5}}\n");
+    return text;
+}
+
+START_TEST(test_server_count)
+{
+    char *text = servers_manifest(PS_MAX_SERVERS);
+    ck_assert_int_eq(parse(text), 0);
+    ck_assert_int_eq(m.nservers, PS_MAX_SERVERS);
+    ck_assert_uint_eq(m.servers[PS_MAX_SERVERS - 1].port, 1000 + PS_MAX_SERVERS - 1);
+    free(text);
+    text = servers_manifest(PS_MAX_SERVERS + 1);
+    ck_assert_int_eq(parse(text), PS_ECONFIG);
+    ck_assert_str_eq(err, "demo.yaml:3: servers: too many entries: at most 64, got 65");
+    free(text);
+}
+END_TEST
+
+START_TEST(test_failure_leaves_manifest)
+{
+    ck_assert_int_eq(parse(example), 0);
+    ps_manifest_t before = m;
+    const char *bad_lr = L1 L2_4 L5 L6_9 "  optimizer: {name: adam, lr: -1}\n";
+    ck_assert_int_eq(ps_manifest_parse(&m, "x.yaml", bad_lr, strlen(bad_lr), err, sizeof err),
+                     PS_ECONFIG);
+    ck_assert(memcmp(&before, &m, sizeof m) == 0);
+}
+END_TEST
+
+START_TEST(test_small_error_buffer)
+{
+    char small[12];
+    const char *text = BASE "colour: red\n";
+    ck_assert_int_eq(ps_manifest_parse(&m, "demo.yaml", text, strlen(text), small, sizeof small),
+                     PS_ECONFIG);
+    ck_assert_str_eq(small, "demo.yaml:1");
+    ck_assert_int_eq(ps_manifest_parse(&m, "demo.yaml", text, strlen(text), NULL, 0), PS_ECONFIG);
+}
+END_TEST
+
+START_TEST(test_names)
+{
+    ck_assert_str_eq(ps_optim_name(PS_OPT_SGD), "sgd");
+    ck_assert_str_eq(ps_optim_name(PS_OPT_MOMENTUM), "momentum");
+    ck_assert_str_eq(ps_optim_name(PS_OPT_ADAM), "adam");
+    ck_assert_str_eq(ps_optim_name(PS_OPT_ADAMW), "adamw");
+    ck_assert_str_eq(ps_optim_name((ps_optim_kind_t)42), "unknown");
+    ck_assert_str_eq(ps_consistency_name(PS_CONSIST_BSP), "bsp");
+    ck_assert_str_eq(ps_consistency_name(PS_CONSIST_ASP), "asp");
+    ck_assert_str_eq(ps_consistency_name((ps_consistency_t)-1), "unknown");
+}
+END_TEST
+
+START_TEST(test_load_missing)
+{
+    const char *path = "/nonexistent/psd/manifest.yaml";
+    ck_assert_int_eq(ps_manifest_load(&m, path, err, sizeof err), -ENOENT);
+    ck_assert_str_eq(err, "/nonexistent/psd/manifest.yaml: cannot read: No such file or directory");
+}
+END_TEST
+
+/* Writes @p text to a new temporary file; the caller unlinks @p path. */
+static void write_temp(char *path, size_t size, const char *text)
+{
+    const char *dir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    snprintf(path, size, "%s/test_manifest.XXXXXX", dir);
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    size_t len = strlen(text);
+    ck_assert_int_eq(write(fd, text, len), (ssize_t)len);
+    ck_assert_int_eq(close(fd), 0);
+}
+
+START_TEST(test_load_file)
+{
+    char path[512];
+    write_temp(path, sizeof path, example);
+    int rc = ps_manifest_load(&m, path, err, sizeof err);
+    unlink(path);
+    ck_assert_msg(rc == 0, "%s", err);
+    ck_assert_str_eq(m.path, path);
+    ck_assert_str_eq(m.servers[1].data_dir, "/tmp/psd-demo/1");
+    ck_assert_int_eq(m.job.optimizer.name, PS_OPT_ADAM);
+}
+END_TEST
+
+START_TEST(test_load_invalid_file)
+{
+    char path[512], want[640];
+    write_temp(path, sizeof path,
+               L1 L2_4 L5 L6_9 "  optimizer: {name: adam, lr: 0.001, beta2: 1}\n");
+    int rc = ps_manifest_load(&m, path, err, sizeof err);
+    unlink(path);
+    ck_assert_int_eq(rc, PS_ECONFIG);
+    snprintf(want, sizeof want, "%s:10: job.optimizer.beta2: must be in [0, 1), got 1", path);
+    ck_assert_str_eq(err, want);
+}
+END_TEST
+
+Suite *ps_test_suite(void)
+{
+    Suite *s = suite_create("manifest");
+    TCase *tc = tcase_create("valid");
+    tcase_add_test(tc, test_example);
+    tcase_add_test(tc, test_defaults);
+    tcase_add_test(tc, test_block_style_all_keys);
+    tcase_add_test(tc, test_names);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("invalid");
+    tcase_add_loop_test(tc, test_invalid, 0, (int)(sizeof bad / sizeof bad[0]));
+    tcase_add_test(tc, test_server_count);
+    tcase_add_test(tc, test_failure_leaves_manifest);
+    tcase_add_test(tc, test_small_error_buffer);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("load");
+    tcase_add_test(tc, test_load_missing);
+    tcase_add_test(tc, test_load_file);
+    tcase_add_test(tc, test_load_invalid_file);
+    suite_add_tcase(s, tc);
+    return s;
+}

@@ -1,0 +1,172 @@
+/* test_store.c: the shard store: records survive close and reopen, the
+ * data_dir lock, identity checks, and old -> new updates. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "ps/ps_error.h"
+#include "store.h"
+
+static char g_dir[256];
+
+static void setup(void)
+{
+    snprintf(g_dir, sizeof g_dir, "/tmp/psd-test-store-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(g_dir));
+}
+
+static void teardown(void)
+{
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
+    if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", g_dir);
+}
+
+static int open_store(psd_store_t *st, const char *cluster, uint64_t chunk_bytes, uint32_t nstate,
+                      char *err)
+{
+    return psd_store_open(st, g_dir, 64, cluster, chunk_bytes, nstate, err, 512);
+}
+
+static void write_chunk(psd_store_t *st, uint32_t t, uint32_t c, uint64_t version, float base)
+{
+    psd_wtxn_t tx;
+    ck_assert_int_eq(psd_store_begin(st, &tx), 0);
+    psd_chunk_hdr_t *h;
+    ck_assert_int_eq(psd_store_chunk_reserve(&tx, t, c, 1000, 2, &h), 0);
+    *h = (psd_chunk_hdr_t){.version = version, .n = 1000, .nstate = 2};
+    for (int i = 0; i < 3000; i++) psd_chunk_params(h)[i] = base + (float)i;
+    ck_assert_int_eq(psd_store_commit(&tx), 0);
+}
+
+static int ntensors, nchunks;
+static uint64_t seen_version;
+static void count_tensor(void *arg, const ps_decl_t *d)
+{
+    ntensors++;
+    ck_assert_str_eq(d->name, "w");
+}
+static void count_chunk(void *arg, uint32_t t, uint32_t c, const psd_chunk_hdr_t *h)
+{
+    nchunks++;
+    seen_version = h->version;
+}
+
+START_TEST(survives_reopen)
+{
+    psd_store_t st;
+    char err[512];
+    ck_assert_int_eq(open_store(&st, "demo", 4000, 2, err), 0);
+    psd_wtxn_t tx;
+    ck_assert_int_eq(psd_store_begin(&st, &tx), 0);
+    ps_decl_t d = {.name = "w", .ndim = 1, .shape = {1000}, .id = 0};
+    ck_assert_int_eq(psd_store_put_tensor(&tx, &d), 0);
+    ck_assert_int_eq(psd_store_commit(&tx), 0);
+    write_chunk(&st, 0, 0, 5, 1.0f);
+    psd_store_close(&st);
+
+    ck_assert_int_eq(open_store(&st, "demo", 4000, 2, err), 0);
+    ntensors = nchunks = 0;
+    ck_assert_int_eq(psd_store_load(&st, count_tensor, count_chunk, NULL), 0);
+    ck_assert_int_eq(ntensors, 1);
+    ck_assert_int_eq(nchunks, 1);
+    ck_assert_uint_eq(seen_version, 5);
+    MDB_txn *snap;
+    ck_assert_int_eq(psd_store_snapshot(&st, &snap), 0);
+    const psd_chunk_hdr_t *h;
+    ck_assert_int_eq(psd_store_chunk_get(&st, snap, 0, 0, &h), 0);
+    const float *p = psd_chunk_params((psd_chunk_hdr_t *)h);
+    /* parameters and both optimizer state vectors */
+    ck_assert_float_eq(p[0], 1.0f);
+    ck_assert_float_eq(p[1999], 2000.0f);
+    ck_assert_float_eq(p[2999], 3000.0f);
+    ck_assert_int_eq(psd_store_chunk_get(&st, snap, 0, 1, &h), PS_ENOENT);
+    mdb_txn_abort(snap);
+    psd_store_close(&st);
+}
+END_TEST
+
+START_TEST(snapshot_is_stable)
+{
+    psd_store_t st;
+    char err[512];
+    ck_assert_int_eq(open_store(&st, "demo", 4000, 2, err), 0);
+    write_chunk(&st, 1, 0, 1, 10.0f);
+    MDB_txn *snap;
+    ck_assert_int_eq(psd_store_snapshot(&st, &snap), 0);
+    const psd_chunk_hdr_t *old;
+    ck_assert_int_eq(psd_store_chunk_get(&st, snap, 1, 0, &old), 0);
+    /* An update old -> new: the snapshot keeps seeing the old record. */
+    psd_wtxn_t tx;
+    ck_assert_int_eq(psd_store_begin(&st, &tx), 0);
+    const psd_chunk_hdr_t *cur;
+    ck_assert_int_eq(psd_store_chunk_get(&st, tx.r, 1, 0, &cur), 0);
+    psd_chunk_hdr_t *h;
+    ck_assert_int_eq(psd_store_chunk_reserve(&tx, 1, 0, 1000, 2, &h), 0);
+    *h = *cur;
+    h->version++;
+    for (int i = 0; i < 3000; i++) psd_chunk_params(h)[i] = psd_chunk_params((psd_chunk_hdr_t *)cur)[i] * 2;
+    ck_assert_int_eq(psd_store_commit(&tx), 0);
+    ck_assert_uint_eq(old->version, 1);
+    ck_assert_float_eq(psd_chunk_params((psd_chunk_hdr_t *)old)[3], 13.0f);
+    mdb_txn_abort(snap);
+    ck_assert_int_eq(psd_store_snapshot(&st, &snap), 0);
+    ck_assert_int_eq(psd_store_chunk_get(&st, snap, 1, 0, &cur), 0);
+    ck_assert_uint_eq(cur->version, 2);
+    ck_assert_float_eq(psd_chunk_params((psd_chunk_hdr_t *)cur)[3], 26.0f);
+    mdb_txn_abort(snap);
+    psd_store_close(&st);
+}
+END_TEST
+
+START_TEST(second_open_refused)
+{
+    psd_store_t a, b;
+    char err[512];
+    ck_assert_int_eq(open_store(&a, "demo", 4000, 2, err), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        /* flock is per open file description: another process is refused. */
+        int rc = open_store(&b, "demo", 4000, 2, err);
+        _exit(rc == PS_EBUSY && strstr(err, "in use by another psd") ? 0 : 1);
+    }
+    int st;
+    waitpid(pid, &st, 0);
+    ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    psd_store_close(&a);
+    ck_assert_int_eq(open_store(&b, "demo", 4000, 2, err), 0);
+    psd_store_close(&b);
+}
+END_TEST
+
+START_TEST(identity_checked)
+{
+    psd_store_t st;
+    char err[512];
+    ck_assert_int_eq(open_store(&st, "demo", 4000, 2, err), 0);
+    psd_store_close(&st);
+    ck_assert_int_eq(open_store(&st, "other", 4000, 2, err), PS_ECONFIG);
+    ck_assert_ptr_nonnull(strstr(err, "cluster"));
+    ck_assert_int_eq(open_store(&st, "demo", 8000, 2, err), PS_ECONFIG);
+    ck_assert_ptr_nonnull(strstr(err, "chunk_bytes"));
+    ck_assert_int_eq(open_store(&st, "demo", 4000, 0, err), PS_ECONFIG);
+    ck_assert_int_eq(open_store(&st, "demo", 4000, 2, err), 0);
+    psd_store_close(&st);
+}
+END_TEST
+
+Suite *ps_test_suite(void)
+{
+    Suite *s = suite_create("store");
+    TCase *tc = tcase_create("store");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, survives_reopen);
+    tcase_add_test(tc, snapshot_is_stable);
+    tcase_add_test(tc, second_open_refused);
+    tcase_add_test(tc, identity_checked);
+    suite_add_tcase(s, tc);
+    return s;
+}

@@ -1,0 +1,156 @@
+/* test_wire.c: message header encoding, and rejection of truncated and garbage input. */
+#include <check.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ps/ps_error.h"
+#include "wire.h"
+
+static ps_msg_t sample(void)
+{
+    ps_msg_t m = {.type = PS_MSG_DECLARE, .req_id = 0x123456789abcull, .epoch = 7, .rank = 3,
+                  .tensor = 11, .chunk = 2, .step = 99, .length = 4096, .status = PS_ECONFLICT,
+                  .pid = 4242, .workers = 4, .shard = 1, .has_decl = 1};
+    strcpy(m.error, "tensor 'x' declared with shape [1] but exists with shape [2]");
+    strcpy(m.cluster, "demo");
+    strcpy(m.decl.name, "fc1.weight");
+    m.decl.ndim = 2;
+    m.decl.shape[0] = 784;
+    m.decl.shape[1] = 256;
+    m.decl.init = 3;
+    m.decl.seed = 1;
+    m.decl.id = 5;
+    m.decl.first_chunk = 17;
+    m.decl.total_steps = 2340;
+    m.decl.assigned = 1;
+    return m;
+}
+
+START_TEST(roundtrip)
+{
+    ps_msg_t m = sample(), d;
+    uint8_t buf[PS_WIRE_HDR_MAX];
+    size_t len;
+    char err[256];
+    ck_assert_int_eq(ps_msg_encode(&m, buf, sizeof buf, &len), 0);
+    ck_assert_int_eq(ps_msg_decode(&d, buf, len, err, sizeof err), 0);
+    ck_assert_int_eq(d.type, m.type);
+    ck_assert_uint_eq(d.req_id, m.req_id);
+    ck_assert_uint_eq(d.epoch, 7);
+    ck_assert_int_eq(d.rank, 3);
+    ck_assert_uint_eq(d.tensor, 11);
+    ck_assert_uint_eq(d.chunk, 2);
+    ck_assert_uint_eq(d.step, 99);
+    ck_assert_uint_eq(d.length, 4096);
+    ck_assert_int_eq(d.status, PS_ECONFLICT);
+    ck_assert_str_eq(d.error, m.error);
+    ck_assert_str_eq(d.cluster, "demo");
+    ck_assert(d.has_decl);
+    ck_assert_str_eq(d.decl.name, "fc1.weight");
+    ck_assert_int_eq(d.decl.ndim, 2);
+    ck_assert_uint_eq(d.decl.shape[1], 256);
+    ck_assert_uint_eq(d.decl.first_chunk, 17);
+    ck_assert_uint_eq(d.decl.total_steps, 2340);
+    ck_assert(d.decl.assigned);
+    ck_assert_uint_eq(ps_decl_numel(&d.decl), 784 * 256);
+}
+END_TEST
+
+START_TEST(small_push_header)
+{
+    ps_msg_t m = {.type = PS_MSG_PUSH, .req_id = 1ull << 40, .rank = 3, .tensor = 5,
+                  .chunk = 100, .step = 1u << 20, .length = 1 << 20};
+    uint8_t buf[128];
+    size_t len;
+    ck_assert_int_eq(ps_msg_encode(&m, buf, sizeof buf, &len), 0);
+    ck_assert_uint_lt(len, 64); /* data headers stay small */
+    ck_assert_int_eq(ps_msg_encode(&m, buf, 4, &len), PS_EINVAL);
+}
+END_TEST
+
+START_TEST(truncated_rejected)
+{
+    ps_msg_t m = sample(), d;
+    uint8_t buf[PS_WIRE_HDR_MAX];
+    size_t len;
+    char err[256];
+    ck_assert_int_eq(ps_msg_encode(&m, buf, sizeof buf, &len), 0);
+    int rejected = 0;
+    for (size_t cut = 0; cut < len; cut++)
+        rejected += ps_msg_decode(&d, buf, cut, err, sizeof err) == PS_EPROTO;
+    /* Every cut inside a field fails; a cut at a field boundary may decode, but then
+     * the version/type checks or missing fields still hold it to a valid message. */
+    ck_assert_uint_gt(rejected, len / 2);
+    ck_assert_int_eq(ps_msg_decode(&d, buf, 0, err, sizeof err), PS_EPROTO);
+    ck_assert_ptr_nonnull(strstr(err, "empty"));
+}
+END_TEST
+
+START_TEST(garbage_rejected)
+{
+    ps_msg_t d;
+    char err[256];
+    srand(7);
+    uint8_t buf[512];
+    for (int round = 0; round < 2000; round++) {
+        size_t len = 1 + (size_t)(rand() % (int)sizeof buf);
+        for (size_t i = 0; i < len; i++) buf[i] = (uint8_t)rand();
+        int rc = ps_msg_decode(&d, buf, len, err, sizeof err);
+        ck_assert(rc == 0 || rc == PS_EPROTO);
+        if (rc == 0) ck_assert(d.type > PS_MSG_INVALID && d.type < PS_MSG_MAX_);
+    }
+    const uint8_t junk[] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01};
+    ck_assert_int_eq(ps_msg_decode(&d, junk, sizeof junk, err, sizeof err), PS_EPROTO);
+}
+END_TEST
+
+START_TEST(invalid_fields_rejected)
+{
+    uint8_t buf[PS_WIRE_HDR_MAX];
+    size_t len;
+    char err[256];
+    ps_msg_t m = sample(), d;
+    m.decl.ndim = 0; /* no dimensions */
+    ck_assert_int_eq(ps_msg_encode(&m, buf, sizeof buf, &len), 0);
+    ck_assert_int_eq(ps_msg_decode(&d, buf, len, err, sizeof err), PS_EPROTO);
+    ck_assert_ptr_nonnull(strstr(err, "dimensions"));
+
+    m = sample();
+    m.decl.shape[1] = 0;
+    ck_assert_int_eq(ps_msg_encode(&m, buf, sizeof buf, &len), 0);
+    ck_assert_int_eq(ps_msg_decode(&d, buf, len, err, sizeof err), PS_EPROTO);
+    ck_assert_ptr_nonnull(strstr(err, "zero dimension"));
+
+    m = sample();
+    m.type = (ps_msg_type_t)42;
+    ck_assert_int_eq(ps_msg_encode(&m, buf, sizeof buf, &len), 0);
+    ck_assert_int_eq(ps_msg_decode(&d, buf, len, err, sizeof err), PS_EPROTO);
+    ck_assert_ptr_nonnull(strstr(err, "unknown message type"));
+
+    m = sample();
+    m.decl.name[0] = '\0';
+    ck_assert_int_eq(ps_msg_encode(&m, buf, sizeof buf, &len), 0);
+    ck_assert_int_eq(ps_msg_decode(&d, buf, len, err, sizeof err), PS_EPROTO);
+
+    /* A header from a newer protocol version is refused by name. */
+    m = sample();
+    ck_assert_int_eq(ps_msg_encode(&m, buf, sizeof buf, &len), 0);
+    ck_assert_uint_eq(buf[0], 0x08); /* field 1, varint */
+    buf[1] = PS_WIRE_VERSION + 1;
+    ck_assert_int_eq(ps_msg_decode(&d, buf, len, err, sizeof err), PS_EPROTO);
+    ck_assert_ptr_nonnull(strstr(err, "wire version"));
+}
+END_TEST
+
+Suite *ps_test_suite(void)
+{
+    Suite *s = suite_create("wire");
+    TCase *tc = tcase_create("wire");
+    tcase_add_test(tc, roundtrip);
+    tcase_add_test(tc, small_push_header);
+    tcase_add_test(tc, truncated_rejected);
+    tcase_add_test(tc, garbage_rejected);
+    tcase_add_test(tc, invalid_fields_rejected);
+    suite_add_tcase(s, tc);
+    return s;
+}

@@ -1,0 +1,704 @@
+/* client.c: libps. A communication thread owns the UCP worker and a libuv loop;
+ * the caller's thread submits operations through a locked queue and an async
+ * handle and waits on a condition variable. */
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <netdb.h>
+
+#include "manifest.h"
+#include "place.h"
+#include "ps/ps_client.h"
+#include "ps/ps_log.h"
+#include "ucx_loop.h"
+#include "wire.h"
+
+enum { OP_HELLO = 1, OP_DECLARE, OP_PUSH, OP_PULL, OP_LEAVE, OP_SHUTDOWN };
+
+typedef struct {
+    ps_op_t *op;
+    uint32_t chunk;    /* chunk index within the tensor (or 0 for control ops) */
+    uint32_t shard;
+    int pending;       /* waiting for its reply */
+    uint8_t hdr[128];  /* the header bytes UCX reads until the send completes */
+} part_t;
+
+typedef struct {
+    uint32_t id;
+    uint64_t numel;
+    uint32_t nchunks;
+    uint64_t first_chunk;
+} ctensor_t;
+
+typedef struct {
+    ucp_ep_h ep;
+    int dead;          /* endpoint failed: close it, fail its parts */
+    int close_queued;
+} cshard_t;
+
+struct ps_op_s {
+    ps_client_t *c;
+    int type;
+    uint64_t req_id;
+    uint32_t tensor;
+    float *buf;
+    uint64_t step;
+    uint32_t nparts, remaining;
+    int ucx_refs;      /* UCX requests still referencing this op */
+    int status;
+    int done;
+    uint64_t min_version;
+    ps_msg_t reply;    /* hello / declare: the reply */
+    ps_msg_t req;      /* hello / declare: the request */
+    char err[256];
+    ps_op_t *next;
+    part_t parts[];
+};
+
+struct ps_client_s {
+    ps_manifest_t m;
+    uint32_t nshards;
+    uint64_t chunk_elems;
+    int rank;
+    uint32_t workers;
+    uint64_t next_req;
+
+    pthread_t thread;
+    uv_loop_t loop;
+    uv_async_t wake;
+    ps_ucx_t ucx;
+    cshard_t *shards;
+    ps_op_t *inflight;          /* comm thread only */
+
+    pthread_mutex_t mu;         /* guards submit queue and op completion */
+    pthread_cond_t cv;
+    ps_op_t *submit_head, *submit_tail;
+    int started, start_rc;
+
+    ctensor_t *tensors;         /* indexed by id */
+    uint32_t cap_tensors;
+    ps_client_stats_t stats;
+    char err[512];
+};
+
+/* ---- comm thread: completion ---------------------------------------------- */
+
+static void op_maybe_complete(ps_op_t *op)
+{
+    if (op->remaining > 0 || op->ucx_refs > 0 || op->done) return;
+    ps_client_t *c = op->c;
+    for (ps_op_t **pp = &c->inflight; *pp; pp = &(*pp)->next)
+        if (*pp == op) {
+            *pp = op->next;
+            break;
+        }
+    pthread_mutex_lock(&c->mu);
+    op->done = 1;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void op_fail(ps_op_t *op, int status, const char *fmt, ...)
+{
+    if (op->status == 0) {
+        op->status = status;
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(op->err, sizeof op->err, fmt, ap);
+        va_end(ap);
+    }
+    for (uint32_t i = 0; i < op->nparts; i++)
+        if (op->parts[i].pending) {
+            op->parts[i].pending = 0;
+            op->remaining--;
+        }
+    op_maybe_complete(op);
+}
+
+static void part_done(part_t *p)
+{
+    if (!p->pending) return;
+    p->pending = 0;
+    p->op->remaining--;
+    op_maybe_complete(p->op);
+}
+
+static void on_sent(void *request, ucs_status_t status, void *user_data)
+{
+    part_t *p = user_data;
+    ps_op_t *op = p->op;
+    op->ucx_refs--;
+    if (status != UCS_OK && p->pending)
+        op_fail(op, ps_ucx_err(status), "send to shard %u failed: %s", p->shard,
+                ucs_status_string(status));
+    op_maybe_complete(op);
+    if (request) ucp_request_free(request);
+}
+
+static void on_pull_recv(void *request, ucs_status_t status, size_t length, void *user_data)
+{
+    part_t *p = user_data;
+    ps_op_t *op = p->op;
+    op->ucx_refs--;
+    if (status != UCS_OK)
+        op_fail(op, ps_ucx_err(status), "pull data from shard %u lost: %s", p->shard,
+                ucs_status_string(status));
+    else {
+        __atomic_add_fetch(&op->c->stats.bytes_pulled, length, __ATOMIC_RELAXED);
+        part_done(p);
+    }
+    if (request) ucp_request_free(request);
+}
+
+static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    cshard_t *s = arg;
+    s->dead = 1;
+    s->close_queued = 1;
+}
+
+/* ---- comm thread: sending -------------------------------------------------- */
+
+static void send_part(ps_client_t *c, part_t *p, const ps_msg_t *m, const void *data, size_t len,
+                      unsigned am_id)
+{
+    ps_op_t *op = p->op;
+    cshard_t *s = &c->shards[p->shard];
+    if (s->ep == NULL || s->dead) {
+        op_fail(op, PS_ETRANSPORT, "shard %u (%s:%u) is not connected", p->shard,
+                c->m.servers[p->shard].host, c->m.servers[p->shard].port);
+        return;
+    }
+    size_t hlen;
+    if (ps_msg_encode(m, p->hdr, sizeof p->hdr, &hlen)) {
+        op_fail(op, PS_EINVAL, "request header too large");
+        return;
+    }
+    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                               UCP_OP_ATTR_FIELD_USER_DATA |
+                                               UCP_OP_ATTR_FIELD_FLAGS,
+                               .flags = UCP_AM_SEND_FLAG_REPLY,
+                               .cb.send = on_sent, .user_data = p};
+    op->ucx_refs++;
+    void *req = ucp_am_send_nbx(s->ep, am_id, p->hdr, hlen, data, len, &prm);
+    if (req == NULL)
+        on_sent(NULL, UCS_OK, p);
+    else if (UCS_PTR_IS_ERR(req))
+        on_sent(NULL, UCS_PTR_STATUS(req), p);
+}
+
+static int connect_shard(ps_client_t *c, uint32_t i)
+{
+    cshard_t *s = &c->shards[i];
+    if (s->ep && !s->dead) return 0;
+    const ps_server_conf_t *sc = &c->m.servers[i];
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res;
+    char port[8];
+    snprintf(port, sizeof port, "%u", sc->port);
+    if (getaddrinfo(sc->host, port, &hints, &res) != 0) return PS_ECONFIG;
+    ucp_ep_params_t ep = {
+        .field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+        .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
+        .sockaddr = {.addr = res->ai_addr, .addrlen = res->ai_addrlen},
+        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+        .err_handler = {.cb = on_ep_error, .arg = s},
+    };
+    ucs_status_t st = ucp_ep_create(c->ucx.worker, &ep, &s->ep);
+    freeaddrinfo(res);
+    if (st != UCS_OK) {
+        s->ep = NULL;
+        return PS_ETRANSPORT;
+    }
+    s->dead = 0;
+    return 0;
+}
+
+static void close_ep(ps_client_t *c, cshard_t *s, int force)
+{
+    if (s->ep == NULL) return;
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                             .flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0};
+    void *req = ucp_ep_close_nbx(s->ep, &p);
+    if (req && !UCS_PTR_IS_ERR(req)) ps_ucx_wait(&c->ucx, req);
+    s->ep = NULL;
+}
+
+static void start_op(ps_client_t *c, ps_op_t *op)
+{
+    op->next = c->inflight;
+    c->inflight = op;
+    switch (op->type) {
+    case OP_HELLO:
+    case OP_DECLARE: {
+        part_t *p = &op->parts[0];
+        if (op->type == OP_HELLO && connect_shard(c, p->shard)) {
+            op_fail(op, PS_ETRANSPORT, "cannot reach shard %u", p->shard);
+            return;
+        }
+        send_part(c, p, &op->req, NULL, 0, PS_AM_CTRL);
+        break;
+    }
+    case OP_LEAVE: {
+        ps_msg_t m = {.type = PS_MSG_LEAVE, .req_id = op->req_id, .rank = c->rank};
+        for (uint32_t i = 0; i < op->nparts; i++) {
+            op->parts[i].pending = 0; /* no reply expected: done when sent */
+            op->remaining--;
+            if (c->shards[i].ep && !c->shards[i].dead) send_part(c, &op->parts[i], &m, NULL, 0, PS_AM_CTRL);
+        }
+        op_maybe_complete(op);
+        break;
+    }
+    case OP_PUSH:
+    case OP_PULL: {
+        const ctensor_t *t = &c->tensors[op->tensor];
+        for (uint32_t i = 0; i < op->nparts; i++) {
+            part_t *p = &op->parts[i];
+            uint64_t len = ps_chunk_len(t->numel, c->chunk_elems, p->chunk);
+            ps_msg_t m = {.req_id = op->req_id, .rank = c->rank, .tensor = t->id,
+                          .chunk = p->chunk, .step = op->step};
+            if (op->type == OP_PUSH) {
+                m.type = PS_MSG_PUSH;
+                m.length = len * 4;
+                __atomic_add_fetch(&c->stats.bytes_pushed, len * 4, __ATOMIC_RELAXED);
+                __atomic_add_fetch(&c->stats.pushes, 1, __ATOMIC_RELAXED);
+                send_part(c, p, &m, op->buf + (uint64_t)p->chunk * c->chunk_elems, len * 4,
+                          PS_AM_DATA);
+            } else {
+                m.type = PS_MSG_PULL;
+                __atomic_add_fetch(&c->stats.pulls, 1, __ATOMIC_RELAXED);
+                send_part(c, p, &m, NULL, 0, PS_AM_CTRL);
+            }
+            if (op->done || op->status) break;
+        }
+        break;
+    }
+    }
+    op_maybe_complete(op);
+}
+
+/* Deferred hook: take submitted ops, close failed endpoints (outside UCX callbacks). */
+static int on_deferred(ps_ucx_t *u)
+{
+    ps_client_t *c = u->data;
+    int did = 0;
+    for (uint32_t i = 0; i < c->nshards; i++) {
+        cshard_t *s = &c->shards[i];
+        if (!s->close_queued) continue;
+        s->close_queued = 0;
+        did = 1;
+        PS_LOG(PS_LOG_WARN, "libps", "lost shard %u (%s:%u)", i, c->m.servers[i].host,
+               c->m.servers[i].port);
+        for (ps_op_t *op = c->inflight, *nx; op; op = nx) {
+            nx = op->next;
+            for (uint32_t k = 0; k < op->nparts; k++)
+                if (op->parts[k].pending && op->parts[k].shard == i) {
+                    op_fail(op, PS_ETRANSPORT, "lost the connection to shard %u (%s:%u)", i,
+                            c->m.servers[i].host, c->m.servers[i].port);
+                    break;
+                }
+        }
+        close_ep(c, s, 1);
+    }
+    pthread_mutex_lock(&c->mu);
+    ps_op_t *list = c->submit_head;
+    c->submit_head = c->submit_tail = NULL;
+    pthread_mutex_unlock(&c->mu);
+    while (list) {
+        ps_op_t *op = list;
+        list = op->next;
+        did = 1;
+        if (op->type == OP_SHUTDOWN) {
+            for (uint32_t i = 0; i < c->nshards; i++) close_ep(c, &c->shards[i], 0);
+            uv_stop(&c->loop);
+            pthread_mutex_lock(&c->mu);
+            op->done = 1;
+            pthread_cond_broadcast(&c->cv);
+            pthread_mutex_unlock(&c->mu);
+            continue;
+        }
+        start_op(c, op);
+    }
+    return did;
+}
+
+static void on_wake(uv_async_t *h) { ps_ucx_progress(h->data); }
+
+/* ---- comm thread: receiving ------------------------------------------------- */
+
+static ps_op_t *find_op(ps_client_t *c, uint64_t req_id)
+{
+    for (ps_op_t *op = c->inflight; op; op = op->next)
+        if (op->req_id == req_id) return op;
+    return NULL;
+}
+
+static ucs_status_t on_am(void *arg, const void *header, size_t header_length, void *data,
+                          size_t length, const ucp_am_recv_param_t *param)
+{
+    ps_client_t *c = arg;
+    ps_msg_t m;
+    char err[256];
+    if (ps_msg_decode(&m, header, header_length, err, sizeof err)) {
+        PS_LOG(PS_LOG_WARN, "libps", "dropped a message: %s", err);
+        return UCS_OK;
+    }
+    ps_op_t *op = find_op(c, m.req_id);
+    if (op == NULL) {
+        if (m.type == PS_MSG_ERROR)
+            PS_LOG(PS_LOG_WARN, "libps", "shard %u: %s", m.shard, m.error);
+        return UCS_OK;
+    }
+    switch (m.type) {
+    case PS_MSG_ERROR:
+        op_fail(op, m.status < 0 ? m.status : PS_EPROTO, "shard %u: %s", m.shard, m.error);
+        return UCS_OK;
+    case PS_MSG_HELLO_REPLY:
+    case PS_MSG_DECLARE_REPLY:
+        if ((op->type == OP_HELLO) != (m.type == PS_MSG_HELLO_REPLY) || op->parts[0].shard != m.shard)
+            return UCS_OK;
+        op->reply = m;
+        part_done(&op->parts[0]);
+        return UCS_OK;
+    case PS_MSG_PUSH_ACK:
+    case PS_MSG_PULL_REPLY: {
+        int is_pull = m.type == PS_MSG_PULL_REPLY;
+        if (op->type != (is_pull ? OP_PULL : OP_PUSH) || m.tensor != c->tensors[op->tensor].id)
+            return UCS_OK;
+        const ctensor_t *t = &c->tensors[op->tensor];
+        part_t *p = NULL;
+        for (uint32_t i = 0; i < op->nparts; i++)
+            if (op->parts[i].chunk == m.chunk && op->parts[i].pending) p = &op->parts[i];
+        if (p == NULL || p->shard != m.shard) return UCS_OK;
+        if (m.step < op->min_version) op->min_version = m.step;
+        if (!is_pull) {
+            part_done(p);
+            return UCS_OK;
+        }
+        uint64_t want = ps_chunk_len(t->numel, c->chunk_elems, m.chunk) * 4;
+        if (length != want || m.length != want) {
+            op_fail(op, PS_EPROTO, "shard %u sent %zu bytes for chunk %u of tensor %u, expected %llu",
+                    m.shard, length, m.chunk, m.tensor, (unsigned long long)want);
+            return UCS_OK;
+        }
+        void *dst = op->buf + (uint64_t)m.chunk * c->chunk_elems;
+        if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+            memcpy(dst, data, length);
+            __atomic_add_fetch(&c->stats.bytes_pulled, length, __ATOMIC_RELAXED);
+            part_done(p);
+            return UCS_OK;
+        }
+        /* Rendezvous: the parameters land directly in the caller's buffer. */
+        ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                                   UCP_OP_ATTR_FIELD_USER_DATA,
+                                   .cb.recv_am = on_pull_recv, .user_data = p};
+        op->ucx_refs++;
+        void *req = ucp_am_recv_data_nbx(c->ucx.worker, data, dst, length, &prm);
+        if (req == NULL)
+            on_pull_recv(NULL, UCS_OK, length, p);
+        else if (UCS_PTR_IS_ERR(req))
+            on_pull_recv(NULL, UCS_PTR_STATUS(req), 0, p);
+        return UCS_OK;
+    }
+    default:
+        return UCS_OK;
+    }
+}
+
+static void *comm_main(void *arg)
+{
+    ps_client_t *c = arg;
+    int rc = uv_loop_init(&c->loop);
+    if (rc == 0) rc = ps_ucx_init(&c->ucx, &c->loop);
+    if (rc == 0) {
+        c->ucx.deferred = on_deferred;
+        c->ucx.data = c;
+        ucp_am_handler_param_t hp = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
+                                                   UCP_AM_HANDLER_PARAM_FIELD_CB |
+                                                   UCP_AM_HANDLER_PARAM_FIELD_ARG,
+                                     .cb = on_am, .arg = c};
+        hp.id = PS_AM_CTRL;
+        ucp_worker_set_am_recv_handler(c->ucx.worker, &hp);
+        hp.id = PS_AM_DATA;
+        ucp_worker_set_am_recv_handler(c->ucx.worker, &hp);
+        uv_async_init(&c->loop, &c->wake, on_wake);
+        c->wake.data = &c->ucx;
+    }
+    pthread_mutex_lock(&c->mu);
+    c->started = 1;
+    c->start_rc = rc;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    if (rc) return NULL;
+    uv_run(&c->loop, UV_RUN_DEFAULT);
+    uv_close((uv_handle_t *)&c->wake, NULL);
+    ps_ucx_close(&c->ucx);
+    uv_run(&c->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&c->loop);
+    return NULL;
+}
+
+/* ---- caller's thread ------------------------------------------------------ */
+
+static ps_op_t *op_new(ps_client_t *c, int type, uint32_t nparts)
+{
+    ps_op_t *op = calloc(1, sizeof *op + nparts * sizeof(part_t));
+    if (op == NULL) return NULL;
+    op->c = c;
+    op->type = type;
+    op->req_id = ++c->next_req;
+    op->nparts = op->remaining = nparts;
+    op->min_version = UINT64_MAX;
+    for (uint32_t i = 0; i < nparts; i++) {
+        op->parts[i].op = op;
+        op->parts[i].pending = 1;
+    }
+    return op;
+}
+
+static void submit(ps_client_t *c, ps_op_t *op)
+{
+    op->next = NULL;
+    pthread_mutex_lock(&c->mu);
+    if (c->submit_tail)
+        c->submit_tail->next = op;
+    else
+        c->submit_head = op;
+    c->submit_tail = op;
+    pthread_mutex_unlock(&c->mu);
+    uv_async_send(&c->wake);
+}
+
+int ps_op_wait(ps_op_t *op, uint64_t *version)
+{
+    ps_client_t *c = op->c;
+    pthread_mutex_lock(&c->mu);
+    while (!op->done) pthread_cond_wait(&c->cv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+    int rc = op->status;
+    if (rc) snprintf(c->err, sizeof c->err, "%s", op->err);
+    if (version) *version = op->min_version == UINT64_MAX ? 0 : op->min_version;
+    free(op);
+    return rc;
+}
+
+/* Send one control request to one shard and wait for its reply. */
+static int ctrl_call(ps_client_t *c, int type, uint32_t shard, ps_msg_t *req, ps_msg_t *reply)
+{
+    ps_op_t *op = op_new(c, type, 1);
+    if (op == NULL) return PS_ENOMEM;
+    op->parts[0].shard = shard;
+    req->req_id = op->req_id;
+    op->req = *req;
+    submit(c, op);
+    pthread_mutex_lock(&c->mu);
+    while (!op->done) pthread_cond_wait(&c->cv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+    *reply = op->reply;
+    return ps_op_wait(op, NULL);
+}
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static int join(ps_client_t *c, uint32_t timeout_ms)
+{
+    uint64_t deadline = now_ms() + timeout_ms;
+    uint32_t backoff = 50;
+    for (uint32_t i = 0; i < c->nshards; i++) {
+        for (;;) {
+            ps_msg_t req = {.type = PS_MSG_HELLO, .rank = c->rank, .pid = (uint32_t)getpid()}, rep;
+            snprintf(req.cluster, sizeof req.cluster, "%s", c->m.cluster);
+            int rc = ctrl_call(c, OP_HELLO, i, &req, &rep);
+            if (rc == 0) {
+                if (i == 0) {
+                    c->rank = rep.rank;
+                    c->workers = rep.workers;
+                }
+                break;
+            }
+            if ((rc != PS_ETRANSPORT && rc != PS_ETIMEDOUT) || now_ms() >= deadline) {
+                char why[256];
+                snprintf(why, sizeof why, "%.200s", c->err);
+                snprintf(c->err, sizeof c->err, "cannot join shard %u (%.64s:%u): %s", i,
+                         c->m.servers[i].host, c->m.servers[i].port, why);
+                return rc;
+            }
+            usleep(backoff * 1000);
+            backoff = backoff * 2 > 1000 ? 1000 : backoff * 2;
+        }
+    }
+    return 0;
+}
+
+int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts, ps_client_t **out,
+                     char *err, size_t errlen)
+{
+    *out = NULL;
+    ps_client_t *c = calloc(1, sizeof *c);
+    if (c == NULL) return PS_ENOMEM;
+    char e[1024] = "";
+    int rc = ps_manifest_load(&c->m, manifest_path, e, sizeof e);
+    if (rc) {
+        if (err) snprintf(err, errlen, "%s", e);
+        free(c);
+        return rc;
+    }
+    c->nshards = (uint32_t)c->m.nservers;
+    c->chunk_elems = c->m.chunk_bytes / 4;
+    c->rank = -1;
+    c->shards = calloc(c->nshards, sizeof *c->shards);
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    if (c->shards == NULL || pthread_create(&c->thread, NULL, comm_main, c) != 0) {
+        free(c->shards);
+        free(c);
+        return PS_ENOMEM;
+    }
+    pthread_mutex_lock(&c->mu);
+    while (!c->started) pthread_cond_wait(&c->cv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+    if (c->start_rc) {
+        rc = c->start_rc;
+        pthread_join(c->thread, NULL);
+        if (err) snprintf(err, errlen, "cannot start the UCX transport: %s", ps_strerror(rc));
+        free(c->shards);
+        free(c);
+        return rc;
+    }
+    uint32_t timeout = 30000;
+    if (opts && (opts->field_mask & PS_CLIENT_OPT_CONNECT_TIMEOUT)) timeout = opts->connect_timeout_ms;
+    rc = join(c, timeout);
+    if (rc) {
+        if (err) snprintf(err, errlen, "%s", c->err);
+        ps_client_destroy(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+void ps_client_destroy(ps_client_t *c)
+{
+    if (c == NULL) return;
+    if (c->rank >= 0) {
+        ps_op_t *op = op_new(c, OP_LEAVE, c->nshards);
+        if (op) {
+            for (uint32_t i = 0; i < c->nshards; i++) op->parts[i].shard = i;
+            submit(c, op);
+            ps_op_wait(op, NULL);
+        }
+    }
+    ps_op_t *op = op_new(c, OP_SHUTDOWN, 0);
+    if (op) {
+        submit(c, op);
+        pthread_mutex_lock(&c->mu);
+        while (!op->done) pthread_cond_wait(&c->cv, &c->mu);
+        pthread_mutex_unlock(&c->mu);
+        free(op);
+    }
+    pthread_join(c->thread, NULL);
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
+    free(c->tensors);
+    free(c->shards);
+    free(c);
+}
+
+int ps_client_rank(const ps_client_t *c) { return c->rank; }
+uint32_t ps_client_workers(const ps_client_t *c) { return c->workers; }
+uint32_t ps_client_shards(const ps_client_t *c) { return c->nshards; }
+const char *ps_client_error(const ps_client_t *c) { return c->err; }
+
+void ps_client_stats(const ps_client_t *c, ps_client_stats_t *out)
+{
+    out->bytes_pushed = __atomic_load_n(&c->stats.bytes_pushed, __ATOMIC_RELAXED);
+    out->bytes_pulled = __atomic_load_n(&c->stats.bytes_pulled, __ATOMIC_RELAXED);
+    out->pushes = __atomic_load_n(&c->stats.pushes, __ATOMIC_RELAXED);
+    out->pulls = __atomic_load_n(&c->stats.pulls, __ATOMIC_RELAXED);
+}
+
+int ps_client_declare(ps_client_t *c, const ps_tensor_desc_t *desc, uint32_t *id)
+{
+    if (desc->name == NULL || strlen(desc->name) >= PS_NAME_MAX || desc->ndim < 1 ||
+        desc->ndim > PS_MAX_DIMS) {
+        snprintf(c->err, sizeof c->err, "invalid tensor description");
+        return PS_EINVAL;
+    }
+    ps_msg_t req = {.type = PS_MSG_DECLARE, .rank = c->rank, .has_decl = 1}, rep;
+    snprintf(req.decl.name, sizeof req.decl.name, "%s", desc->name);
+    memcpy(req.decl.shape, desc->shape, sizeof req.decl.shape);
+    req.decl.ndim = desc->ndim;
+    req.decl.init = (uint32_t)desc->init;
+    req.decl.init_arg = desc->init_arg;
+    req.decl.seed = desc->seed;
+    req.decl.total_steps = desc->total_steps;
+    /* Shard 0 numbers the tensor; the others create their chunks with that numbering. */
+    int rc = ctrl_call(c, OP_DECLARE, 0, &req, &rep);
+    if (rc) return rc;
+    if (!rep.has_decl || !rep.decl.assigned) {
+        snprintf(c->err, sizeof c->err, "shard 0 answered a declaration without an id");
+        return PS_EPROTO;
+    }
+    req.decl = rep.decl;
+    for (uint32_t i = 1; i < c->nshards; i++) {
+        ps_msg_t r2;
+        if ((rc = ctrl_call(c, OP_DECLARE, i, &req, &r2)) != 0) return rc;
+    }
+    uint32_t tid = rep.decl.id;
+    if (tid >= c->cap_tensors) {
+        uint32_t cap = c->cap_tensors ? c->cap_tensors : 16;
+        while (cap <= tid) cap *= 2;
+        ctensor_t *t = realloc(c->tensors, cap * sizeof *t);
+        if (t == NULL) return PS_ENOMEM;
+        memset(t + c->cap_tensors, 0, (cap - c->cap_tensors) * sizeof *t);
+        c->tensors = t;
+        c->cap_tensors = cap;
+    }
+    ctensor_t *t = &c->tensors[tid];
+    t->id = tid;
+    t->numel = ps_decl_numel(&rep.decl);
+    t->nchunks = ps_chunk_count(t->numel, c->chunk_elems);
+    t->first_chunk = rep.decl.first_chunk;
+    *id = tid;
+    return 0;
+}
+
+static int data_op(ps_client_t *c, int type, uint32_t id, float *buf, uint64_t step, ps_op_t **out)
+{
+    if (id >= c->cap_tensors || c->tensors[id].nchunks == 0) {
+        snprintf(c->err, sizeof c->err, "tensor %u was not declared by this client", id);
+        return PS_EINVAL;
+    }
+    const ctensor_t *t = &c->tensors[id];
+    ps_op_t *op = op_new(c, type, t->nchunks);
+    if (op == NULL) return PS_ENOMEM;
+    op->tensor = id;
+    op->buf = buf;
+    op->step = step;
+    for (uint32_t i = 0; i < t->nchunks; i++) {
+        op->parts[i].chunk = i;
+        op->parts[i].shard = ps_place_shard(t->first_chunk + i, c->nshards);
+    }
+    submit(c, op);
+    *out = op;
+    return 0;
+}
+
+int ps_client_push(ps_client_t *c, uint32_t id, const float *grad, uint64_t step, ps_op_t **op)
+{
+    return data_op(c, OP_PUSH, id, (float *)grad, step, op); /* only read */
+}
+
+int ps_client_pull(ps_client_t *c, uint32_t id, float *dst, uint64_t min_version, ps_op_t **op)
+{
+    return data_op(c, OP_PULL, id, dst, min_version, op);
+}

@@ -1,0 +1,338 @@
+/* fmnist.c: Fashion-MNIST reader (gzip IDX files via zlib) and the per-epoch shuffle. */
+#include "fmnist.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zlib.h>
+
+#include "ps/ps_error.h"
+
+#define IDX_IMAGES_MAGIC 2051u /* 0x00000803: unsigned bytes, 3 dimensions */
+#define IDX_LABELS_MAGIC 2049u /* 0x00000801: unsigned bytes, 1 dimension */
+#define FMNIST_CLASSES 10
+#define FMNIST_MEAN 0.2860f
+#define FMNIST_STD 0.3530f
+#define READ_CHUNK 65536
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (err == NULL || errlen == 0)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+static uint32_t be32(const unsigned char *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
+}
+
+static int open_gz(gzFile *out, const char *path, char *err, size_t errlen)
+{
+    errno = 0;
+    *out = gzopen(path, "rb");
+    if (*out != NULL)
+        return 0;
+    if (errno == ENOENT) {
+        set_err(err, errlen,
+                "%s: not found (Debian package dataset-fashion-mnist provides it: "
+                "apt-get install dataset-fashion-mnist)",
+                path);
+        return PS_ENOENT;
+    }
+    if (errno == 0) { /* zlib could not allocate its state */
+        set_err(err, errlen, "%s: out of memory", path);
+        return PS_ENOMEM;
+    }
+    int e = errno;
+    set_err(err, errlen, "%s: %s", path, strerror(e));
+    return -e;
+}
+
+/* Reads up to n bytes. Returns the count read (short only at end of data), or a
+ * negative PS_E* code with err set when the file or its gzip stream is bad. */
+static long long read_bytes(gzFile f, const char *path, void *buf, size_t n, char *err,
+                            size_t errlen)
+{
+    size_t got = 0;
+    while (got < n) {
+        size_t want = n - got < READ_CHUNK ? n - got : READ_CHUNK;
+        int r = gzread(f, (unsigned char *)buf + got, (unsigned)want);
+        if (r < 0) {
+            int zerr;
+            const char *msg = gzerror(f, &zerr);
+            if (zerr == Z_ERRNO) {
+                int e = errno != 0 ? errno : EIO;
+                set_err(err, errlen, "%s: %s", path, strerror(e));
+                return -e;
+            }
+            if (zerr == Z_MEM_ERROR) {
+                set_err(err, errlen, "%s: out of memory", path);
+                return PS_ENOMEM;
+            }
+            set_err(err, errlen, "%s: corrupt gzip data (%s)", path, msg);
+            return PS_EDATA;
+        }
+        if (r == 0)
+            break;
+        got += (size_t)r;
+    }
+    return (long long)got;
+}
+
+/* Fails with PS_EDATA when anything follows the last item. */
+static int expect_eof(gzFile f, const char *path, const char *what, char *err, size_t errlen)
+{
+    unsigned char extra;
+    long long r = read_bytes(f, path, &extra, 1, err, errlen);
+    if (r < 0)
+        return (int)r;
+    if (r > 0) {
+        set_err(err, errlen, "%s: unexpected data after the last %s", path, what);
+        return PS_EDATA;
+    }
+    return 0;
+}
+
+/* Reads an IDX3 image file into d->images (standardized) and sets n and dim. */
+static int load_images(ps_dataset_t *d, const char *path, char *err, size_t errlen)
+{
+    gzFile f;
+    int rc = open_gz(&f, path, err, errlen);
+    if (rc < 0)
+        return rc;
+
+    unsigned char hdr[16];
+    unsigned char *chunk = NULL;
+    long long r = read_bytes(f, path, hdr, sizeof(hdr), err, errlen);
+    if (r < 0) {
+        rc = (int)r;
+        goto out;
+    }
+    if (r < (long long)sizeof(hdr)) {
+        set_err(err, errlen, "%s: truncated IDX header (%lld of 16 bytes)", path, r);
+        rc = PS_EDATA;
+        goto out;
+    }
+    uint32_t magic = be32(hdr), n = be32(hdr + 4), rows = be32(hdr + 8), cols = be32(hdr + 12);
+    if (magic != IDX_IMAGES_MAGIC) {
+        set_err(err, errlen, "%s: bad magic number %u (an IDX image file has %u)", path, magic,
+                IDX_IMAGES_MAGIC);
+        rc = PS_EDATA;
+        goto out;
+    }
+    uint64_t dim = (uint64_t)rows * cols;
+    if (dim == 0 || dim > UINT32_MAX || (uint64_t)n * dim > SIZE_MAX / sizeof(float)) {
+        set_err(err, errlen, "%s: implausible dimensions %u x %u x %u", path, n, rows, cols);
+        rc = PS_EDATA;
+        goto out;
+    }
+
+    size_t total = (size_t)n * dim;
+    d->images = malloc(total > 0 ? total * sizeof(float) : 1);
+    chunk = malloc(READ_CHUNK);
+    if (d->images == NULL || chunk == NULL) {
+        set_err(err, errlen, "%s: out of memory for %u images", path, n);
+        rc = PS_ENOMEM;
+        goto out;
+    }
+
+    float lut[256];
+    for (int p = 0; p < 256; p++)
+        lut[p] = ((float)p / 255.0f - FMNIST_MEAN) / FMNIST_STD;
+    for (size_t done = 0; done < total;) {
+        size_t want = total - done < READ_CHUNK ? total - done : READ_CHUNK;
+        r = read_bytes(f, path, chunk, want, err, errlen);
+        if (r < 0) {
+            rc = (int)r;
+            goto out;
+        }
+        for (long long i = 0; i < r; i++)
+            d->images[done + (size_t)i] = lut[chunk[i]];
+        done += (size_t)r;
+        if ((size_t)r < want) {
+            set_err(err, errlen, "%s: truncated: %u images of %ux%u need %zu bytes of pixels, "
+                    "found %zu", path, n, rows, cols, total, done);
+            rc = PS_EDATA;
+            goto out;
+        }
+    }
+    rc = expect_eof(f, path, "image", err, errlen);
+    if (rc < 0)
+        goto out;
+    d->n = n;
+    d->dim = (uint32_t)dim;
+
+out:
+    free(chunk);
+    if (rc < 0) {
+        free(d->images);
+        d->images = NULL;
+    }
+    gzclose(f);
+    return rc;
+}
+
+/* Reads an IDX1 label file into *labels (each checked < 10) and its count into *n. */
+static int load_labels(uint8_t **labels, uint32_t *n, const char *path, char *err,
+                       size_t errlen)
+{
+    gzFile f;
+    int rc = open_gz(&f, path, err, errlen);
+    if (rc < 0)
+        return rc;
+
+    unsigned char hdr[8];
+    uint8_t *lab = NULL;
+    long long r = read_bytes(f, path, hdr, sizeof(hdr), err, errlen);
+    if (r < 0) {
+        rc = (int)r;
+        goto out;
+    }
+    if (r < (long long)sizeof(hdr)) {
+        set_err(err, errlen, "%s: truncated IDX header (%lld of 8 bytes)", path, r);
+        rc = PS_EDATA;
+        goto out;
+    }
+    uint32_t magic = be32(hdr), count = be32(hdr + 4);
+    if (magic != IDX_LABELS_MAGIC) {
+        set_err(err, errlen, "%s: bad magic number %u (an IDX label file has %u)", path, magic,
+                IDX_LABELS_MAGIC);
+        rc = PS_EDATA;
+        goto out;
+    }
+    lab = malloc(count > 0 ? count : 1);
+    if (lab == NULL) {
+        set_err(err, errlen, "%s: out of memory for %u labels", path, count);
+        rc = PS_ENOMEM;
+        goto out;
+    }
+    r = read_bytes(f, path, lab, count, err, errlen);
+    if (r < 0) {
+        rc = (int)r;
+        goto out;
+    }
+    if (r < (long long)count) {
+        set_err(err, errlen, "%s: truncated: %u labels announced, %lld found", path, count, r);
+        rc = PS_EDATA;
+        goto out;
+    }
+    for (uint32_t i = 0; i < count; i++) {
+        if (lab[i] >= FMNIST_CLASSES) {
+            set_err(err, errlen, "%s: label %u of sample %u is not below %d", path, lab[i], i,
+                    FMNIST_CLASSES);
+            rc = PS_EDATA;
+            goto out;
+        }
+    }
+    rc = expect_eof(f, path, "label", err, errlen);
+    if (rc < 0)
+        goto out;
+    *labels = lab;
+    *n = count;
+    lab = NULL;
+
+out:
+    free(lab);
+    gzclose(f);
+    return rc;
+}
+
+/* Loads one split: <prefix>-images-idx3-ubyte.gz and <prefix>-labels-idx1-ubyte.gz. */
+static int load_split(ps_dataset_t *d, const char *dir, const char *prefix, char *err,
+                      size_t errlen)
+{
+    char ipath[4096], lpath[4096];
+    int ni = snprintf(ipath, sizeof(ipath), "%s/%s-images-idx3-ubyte.gz", dir, prefix);
+    int nl = snprintf(lpath, sizeof(lpath), "%s/%s-labels-idx1-ubyte.gz", dir, prefix);
+    if (ni < 0 || nl < 0 || (size_t)ni >= sizeof(ipath) || (size_t)nl >= sizeof(lpath)) {
+        set_err(err, errlen, "%s: directory name too long", dir);
+        return PS_EINVAL;
+    }
+
+    int rc = load_images(d, ipath, err, errlen);
+    if (rc < 0)
+        return rc;
+    uint32_t nlabels = 0;
+    rc = load_labels(&d->labels, &nlabels, lpath, err, errlen);
+    if (rc == 0 && nlabels != d->n) {
+        set_err(err, errlen, "%s: %u labels, but %s has %u images", lpath, nlabels, ipath, d->n);
+        rc = PS_EDATA;
+    }
+    if (rc < 0)
+        ps_dataset_free(d);
+    return rc;
+}
+
+int ps_fmnist_load(ps_dataset_t *train, ps_dataset_t *test, const char *dir, char *err,
+                   size_t errlen)
+{
+    memset(train, 0, sizeof(*train));
+    memset(test, 0, sizeof(*test));
+    set_err(err, errlen, "%s", "");
+
+    int rc = load_split(train, dir, "train", err, errlen);
+    if (rc < 0)
+        return rc;
+    rc = load_split(test, dir, "t10k", err, errlen);
+    if (rc == 0 && test->dim != train->dim) {
+        set_err(err, errlen, "%s/t10k-images-idx3-ubyte.gz: %u pixels per image, but the "
+                "training images have %u", dir, test->dim, train->dim);
+        rc = PS_EDATA;
+    }
+    if (rc < 0) {
+        ps_dataset_free(test);
+        ps_dataset_free(train);
+    }
+    return rc;
+}
+
+void ps_dataset_free(ps_dataset_t *d)
+{
+    if (d == NULL)
+        return;
+    free(d->images);
+    free(d->labels);
+    memset(d, 0, sizeof(*d));
+}
+
+static uint64_t splitmix64(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+void ps_permutation(uint32_t *perm, uint32_t n, uint64_t seed, uint32_t epoch)
+{
+    /* Every worker must derive the same order from (seed, epoch), so only integer
+     * arithmetic with fixed widths is used. Mixing the epoch through one splitmix64
+     * step keeps nearby (seed, epoch) pairs from yielding overlapping streams. */
+    uint64_t state = seed ^ 0x6A09E667F3BCC909ull;
+    state = splitmix64(&state) ^ epoch;
+    for (uint32_t i = 0; i < n; i++)
+        perm[i] = i;
+    for (uint32_t i = n; i > 1; i--) {
+        /* j uniform in [0, i): the top 32 random bits scaled by i (bias below 2^-32 * n). */
+        uint32_t j = (uint32_t)(((splitmix64(&state) >> 32) * i) >> 32);
+        uint32_t tmp = perm[i - 1];
+        perm[i - 1] = perm[j];
+        perm[j] = tmp;
+    }
+}
+
+void ps_dataset_gather(const ps_dataset_t *d, const uint32_t *idx, uint32_t B, float *x,
+                       uint8_t *y)
+{
+    for (uint32_t i = 0; i < B; i++) {
+        memcpy(x + (size_t)i * d->dim, d->images + (size_t)idx[i] * d->dim,
+               (size_t)d->dim * sizeof(float));
+        y[i] = d->labels[idx[i]];
+    }
+}

@@ -1,0 +1,43 @@
+/* fmnist.h: Fashion-MNIST (gzip IDX files) reader and the per-epoch shuffle. */
+#ifndef PS_FMNIST_H
+#define PS_FMNIST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    uint32_t n;          /* samples */
+    uint32_t dim;        /* rows * cols (784) */
+    float *images;       /* [n, dim], standardized: (pixel/255 - 0.2860) / 0.3530 */
+    uint8_t *labels;     /* [n], each < 10 */
+} ps_dataset_t;
+
+/**
+ * @brief Load train-{images,labels}-idx*-ubyte.gz and t10k-* from @p dir.
+ * Checks magic numbers (2051 images, 2049 labels), that the files hold exactly the
+ * announced items, that image and label counts agree, that train and test images have
+ * the same size, and that every label is < 10.
+ * @param[out] err  one line (no newline), or "" on success; on failure it names the file
+ *                  and what is wrong; when a file is missing it says that Debian's package
+ *                  dataset-fashion-mnist provides it. May be NULL when errlen is 0.
+ * @return 0, PS_ENOENT (missing), PS_EDATA (bad content or corrupt gzip), PS_ENOMEM,
+ *         PS_EINVAL (@p dir too long for a path), or another -errno when a file cannot be
+ *         read (e.g. -EACCES).
+ * @note Both datasets own their arrays; free with ps_dataset_free (a no-op on NULL). On
+ *       failure both are zeroed and own nothing.
+ */
+int ps_fmnist_load(ps_dataset_t *train, ps_dataset_t *test, const char *dir, char *err,
+                   size_t errlen);
+void ps_dataset_free(ps_dataset_t *d);
+
+/**
+ * @brief perm[0..n-1] = a permutation of 0..n-1 fixed by (seed, epoch): Fisher-Yates
+ * driven by splitmix64. Integer arithmetic only, so every worker computes the same one.
+ */
+void ps_permutation(uint32_t *perm, uint32_t n, uint64_t seed, uint32_t epoch);
+
+/** @brief Gather samples idx[0..B-1] into x [B, dim] and y [B]. */
+void ps_dataset_gather(const ps_dataset_t *d, const uint32_t *idx, uint32_t B, float *x,
+                       uint8_t *y);
+
+#endif

@@ -1,0 +1,101 @@
+/* ps_client.h: libps, the worker-side client of a psd cluster.
+ *
+ * A client connects to every shard of a manifest, declares tensors and pushes
+ * gradients / pulls parameters asynchronously. Its own thread owns the UCP
+ * worker; calls from the training thread only enqueue requests and wait on
+ * completion handles, so the caller never spins on UCX.
+ *
+ * Thread safety: every function may be called from any one thread at a time
+ * per client (the training thread); handles may be waited on from that thread. */
+#ifndef PS_CLIENT_H
+#define PS_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ps/ps_error.h"
+
+typedef struct ps_client_s ps_client_t;
+typedef struct ps_op_s ps_op_t;
+
+#define PS_CLIENT_OPT_CONNECT_TIMEOUT (1u << 0)
+
+typedef struct {
+    uint64_t field_mask;           /* PS_CLIENT_OPT_* of the fields set below */
+    uint32_t connect_timeout_ms;   /* how long to retry unreachable shards (default 30000) */
+} ps_client_opts_t;
+
+typedef struct {
+    const char *name;        /* unique in the cluster, < 128 bytes */
+    uint32_t shape[4];
+    int ndim;                /* 1..4 */
+    int init;                /* 0 zeros, 1 normal(init_arg = std), 2 uniform(init_arg = a), 3 xavier */
+    float init_arg;
+    uint64_t seed;
+    uint64_t total_steps;    /* the job's planned steps, for the learning-rate schedule */
+} ps_tensor_desc_t;
+
+typedef struct {
+    uint64_t bytes_pushed, bytes_pulled;   /* payload bytes sent / received */
+    uint64_t pushes, pulls;                /* chunk messages */
+} ps_client_stats_t;
+
+/**
+ * @brief Connect to every shard of the manifest at @p manifest_path and join.
+ * Retries unreachable shards with capped backoff until the connect timeout.
+ * @param opts may be NULL (defaults).
+ * @param[out] out the client; release with ps_client_destroy.
+ * @return 0, PS_ECONFIG (bad manifest), PS_ETRANSPORT / PS_ETIMEDOUT (unreachable),
+ *         PS_EFULL (no free rank) or another PS_E* with ps_client_error() telling why.
+ * @note On failure *out is NULL and nothing is left to release; the reason is
+ *       written to @p err (may be NULL).
+ */
+int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts,
+                     ps_client_t **out, char *err, size_t errlen);
+
+/** @brief Leave the cluster, close the connections, stop the thread and free the client.
+ *  Outstanding handles must have been waited on. NULL is a no-op. */
+void ps_client_destroy(ps_client_t *c);
+
+/** @brief This worker's rank (from shard 0), the number of workers a step expects,
+ *  the number of shards and the cluster's step when this client joined. */
+int ps_client_rank(const ps_client_t *c);
+uint32_t ps_client_workers(const ps_client_t *c);
+uint32_t ps_client_shards(const ps_client_t *c);
+
+/**
+ * @brief Declare a tensor on the shards (blocking). The first declaration creates it;
+ * a later one must have the same shape.
+ * @param[out] id the tensor's id for push and pull.
+ * @return 0, PS_ECONFLICT (shape differs; ps_client_error() names both shapes), PS_E*.
+ */
+int ps_client_declare(ps_client_t *c, const ps_tensor_desc_t *desc, uint32_t *id);
+
+/**
+ * @brief Push the gradient of tensor @p id for @p step (asynchronous).
+ * @param grad numel floats; borrowed: must stay unchanged until the handle completes.
+ * @param[out] op the handle to ps_op_wait on.
+ */
+int ps_client_push(ps_client_t *c, uint32_t id, const float *grad, uint64_t step, ps_op_t **op);
+
+/**
+ * @brief Pull the parameters of tensor @p id once every chunk reached @p min_version
+ * (under bsp: the step the caller is about to compute; 0 = whatever is there).
+ * @param dst numel floats; written until the handle completes.
+ */
+int ps_client_pull(ps_client_t *c, uint32_t id, float *dst, uint64_t min_version, ps_op_t **op);
+
+/**
+ * @brief Wait for @p op to complete and release it.
+ * @param[out] version may be NULL; for pulls the lowest chunk version received.
+ * @return the operation's status (0 or PS_E*; ps_client_error() says why).
+ */
+int ps_op_wait(ps_op_t *op, uint64_t *version);
+
+/** @brief The last error text of the client (valid until the next call on it). */
+const char *ps_client_error(const ps_client_t *c);
+
+/** @brief Payload traffic so far. */
+void ps_client_stats(const ps_client_t *c, ps_client_stats_t *out);
+
+#endif

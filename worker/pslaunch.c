@@ -1,0 +1,135 @@
+/* pslaunch.c: start N local psworker processes for a manifest, forward
+ * SIGINT/SIGTERM to them, wait, and fail if any worker failed. */
+#include <errno.h>
+#include <getopt.h>
+#include <libgen.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static volatile sig_atomic_t g_sig;
+static void on_signal(int sig) { g_sig = sig; }
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: pslaunch --manifest FILE --workers N [--metrics-dir DIR] [--psworker PATH]\n"
+               "Start N psworker processes; with --metrics-dir, worker i writes\n"
+               "DIR/worker-i.jsonl. Exits non-zero if any worker fails.\n");
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {{"manifest", required_argument, 0, 'm'},
+                                         {"workers", required_argument, 0, 'n'},
+                                         {"metrics-dir", required_argument, 0, 'd'},
+                                         {"psworker", required_argument, 0, 'w'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    const char *manifest = NULL, *metrics_dir = NULL, *worker = NULL;
+    long n = -1;
+    int o;
+    while ((o = getopt_long(argc, argv, "m:n:d:w:h", opts, NULL)) != -1) {
+        switch (o) {
+        case 'm': manifest = optarg; break;
+        case 'n': {
+            char *end;
+            n = strtol(optarg, &end, 10);
+            if (*optarg == '\0' || *end != '\0' || n < 1 || n > 4096) {
+                fprintf(stderr, "pslaunch: --workers %s: expected 1..4096\n", optarg);
+                return 2;
+            }
+            break;
+        }
+        case 'd': metrics_dir = optarg; break;
+        case 'w': worker = optarg; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (manifest == NULL || n < 1 || optind != argc) {
+        usage(stderr);
+        return 2;
+    }
+    char self[PATH_MAX], path[PATH_MAX + 16];
+    if (worker == NULL) {
+        /* psworker is installed (and built) beside pslaunch. */
+        ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+        if (len < 0) {
+            fprintf(stderr, "pslaunch: /proc/self/exe: %s\n", strerror(errno));
+            return 1;
+        }
+        self[len] = '\0';
+        snprintf(path, sizeof path, "%s/psworker", dirname(self));
+        worker = path;
+    }
+    if (access(worker, X_OK) != 0) {
+        fprintf(stderr, "pslaunch: %s: %s\n", worker, strerror(errno));
+        return 1;
+    }
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+
+    pid_t *pids = calloc((size_t)n, sizeof *pids);
+    if (pids == NULL) return 1;
+    long started = 0;
+    for (long i = 0; i < n && !g_sig; i++) {
+        char mpath[PATH_MAX];
+        pid_t pid = fork();
+        if (pid < 0) {
+            fprintf(stderr, "pslaunch: fork: %s\n", strerror(errno));
+            break;
+        }
+        if (pid == 0) {
+            signal(SIGINT, SIG_DFL);
+            signal(SIGTERM, SIG_DFL);
+            if (metrics_dir) {
+                snprintf(mpath, sizeof mpath, "%s/worker-%ld.jsonl", metrics_dir, i);
+                execl(worker, "psworker", "--manifest", manifest, "--metrics-out", mpath,
+                      (char *)NULL);
+            } else {
+                execl(worker, "psworker", "--manifest", manifest, (char *)NULL);
+            }
+            fprintf(stderr, "pslaunch: exec %s: %s\n", worker, strerror(errno));
+            _exit(127);
+        }
+        pids[started++] = pid;
+    }
+    int failed = started < n, forwarded = 0;
+    long left = started;
+    while (left > 0) {
+        if (g_sig && !forwarded) {
+            for (long i = 0; i < started; i++)
+                if (pids[i] > 0) kill(pids[i], g_sig);
+            forwarded = 1;
+        }
+        int st;
+        pid_t pid = waitpid(-1, &st, 0);
+        if (pid < 0) {
+            if (errno == EINTR) continue;
+            break;
+        }
+        for (long i = 0; i < started; i++)
+            if (pids[i] == pid) {
+                pids[i] = -1;
+                left--;
+                if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+                    failed = 1;
+                    if (WIFSIGNALED(st))
+                        fprintf(stderr, "pslaunch: worker %ld (pid %d) killed by signal %d\n", i,
+                                (int)pid, WTERMSIG(st));
+                    else
+                        fprintf(stderr, "pslaunch: worker %ld (pid %d) exited with %d\n", i,
+                                (int)pid, WEXITSTATUS(st));
+                }
+            }
+    }
+    free(pids);
+    if (g_sig) return 128 + g_sig;
+    return failed ? 1 : 0;
+}
