@@ -53,7 +53,6 @@ int ps_ucx_init(ps_ucx_t *u, uv_loop_t *loop)
      * (PLATFORM-NOTES.md section 1); without them a local cluster silently runs on TCP. */
     setenv("UCX_MM_ERROR_HANDLING", "y", 0);
     setenv("UCX_CMA_MEMORY_INVALIDATE", "y", 0);
-    setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
 
     ucp_config_t *config;
     ucs_status_t s = ucp_config_read(NULL, NULL, &config);
