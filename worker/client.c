@@ -87,6 +87,9 @@ struct ps_client_s {
 
 /* ---- comm thread: completion ---------------------------------------------- */
 
+/* Completion is the last thing the comm thread does with an op: once done is
+ * set, the caller's thread may free it. So op_fail and part_done only record,
+ * and every comm-thread entry point calls op_maybe_complete as its final use. */
 static void op_maybe_complete(ps_op_t *op)
 {
     if (op->remaining > 0 || op->ucx_refs > 0 || op->done) return;
@@ -116,7 +119,6 @@ static void op_fail(ps_op_t *op, int status, const char *fmt, ...)
             op->parts[i].pending = 0;
             op->remaining--;
         }
-    op_maybe_complete(op);
 }
 
 static void part_done(part_t *p)
@@ -124,7 +126,6 @@ static void part_done(part_t *p)
     if (!p->pending) return;
     p->pending = 0;
     p->op->remaining--;
-    op_maybe_complete(p->op);
 }
 
 static void on_sent(void *request, ucs_status_t status, void *user_data)
@@ -135,8 +136,8 @@ static void on_sent(void *request, ucs_status_t status, void *user_data)
     if (status != UCS_OK && p->pending)
         op_fail(op, ps_ucx_err(status), "send to shard %u failed: %s", p->shard,
                 ucs_status_string(status));
-    op_maybe_complete(op);
     if (request) ucp_request_free(request);
+    op_maybe_complete(op);
 }
 
 static void on_pull_recv(void *request, ucs_status_t status, size_t length, void *user_data)
@@ -152,6 +153,7 @@ static void on_pull_recv(void *request, ucs_status_t status, size_t length, void
         part_done(p);
     }
     if (request) ucp_request_free(request);
+    op_maybe_complete(op);
 }
 
 static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
@@ -185,10 +187,13 @@ static void send_part(ps_client_t *c, part_t *p, const ps_msg_t *m, const void *
                                .cb.send = on_sent, .user_data = p};
     op->ucx_refs++;
     void *req = ucp_am_send_nbx(s->ep, am_id, p->hdr, hlen, data, len, &prm);
-    if (req == NULL)
-        on_sent(NULL, UCS_OK, p);
-    else if (UCS_PTR_IS_ERR(req))
-        on_sent(NULL, UCS_PTR_STATUS(req), p);
+    if (req == NULL || UCS_PTR_IS_ERR(req)) {
+        ucs_status_t st = req ? UCS_PTR_STATUS(req) : UCS_OK;
+        op->ucx_refs--;
+        if (st != UCS_OK && p->pending)
+            op_fail(op, ps_ucx_err(st), "send to shard %u failed: %s", p->shard,
+                    ucs_status_string(st));
+    }
 }
 
 static int connect_shard(ps_client_t *c, uint32_t i)
@@ -232,6 +237,7 @@ static void start_op(ps_client_t *c, ps_op_t *op)
 {
     op->next = c->inflight;
     c->inflight = op;
+    op->ucx_refs++; /* held until the end: nothing completes the op halfway */
     switch (op->type) {
     case OP_HELLO:
     case OP_DECLARE: {
@@ -248,9 +254,9 @@ static void start_op(ps_client_t *c, ps_op_t *op)
         for (uint32_t i = 0; i < op->nparts; i++) {
             op->parts[i].pending = 0; /* no reply expected: done when sent */
             op->remaining--;
-            if (c->shards[i].ep && !c->shards[i].dead) send_part(c, &op->parts[i], &m, NULL, 0, PS_AM_CTRL);
+            if (c->shards[i].ep && !c->shards[i].dead)
+                send_part(c, &op->parts[i], &m, NULL, 0, PS_AM_CTRL);
         }
-        op_maybe_complete(op);
         break;
     }
     case OP_PUSH:
@@ -273,11 +279,12 @@ static void start_op(ps_client_t *c, ps_op_t *op)
                 __atomic_add_fetch(&c->stats.pulls, 1, __ATOMIC_RELAXED);
                 send_part(c, p, &m, NULL, 0, PS_AM_CTRL);
             }
-            if (op->done || op->status) break;
+            if (op->status) break;
         }
         break;
     }
     }
+    op->ucx_refs--;
     op_maybe_complete(op);
 }
 
@@ -299,6 +306,7 @@ static int on_deferred(ps_ucx_t *u)
                 if (op->parts[k].pending && op->parts[k].shard == i) {
                     op_fail(op, PS_ETRANSPORT, "lost the connection to shard %u (%s:%u)", i,
                             c->m.servers[i].host, c->m.servers[i].port);
+                    op_maybe_complete(op);
                     break;
                 }
         }
@@ -356,14 +364,14 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     switch (m.type) {
     case PS_MSG_ERROR:
         op_fail(op, m.status < 0 ? m.status : PS_EPROTO, "shard %u: %s", m.shard, m.error);
-        return UCS_OK;
+        break;
     case PS_MSG_HELLO_REPLY:
     case PS_MSG_DECLARE_REPLY:
         if ((op->type == OP_HELLO) != (m.type == PS_MSG_HELLO_REPLY) || op->parts[0].shard != m.shard)
             return UCS_OK;
         op->reply = m;
         part_done(&op->parts[0]);
-        return UCS_OK;
+        break;
     case PS_MSG_PUSH_ACK:
     case PS_MSG_PULL_REPLY: {
         int is_pull = m.type == PS_MSG_PULL_REPLY;
@@ -377,20 +385,20 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
         if (m.step < op->min_version) op->min_version = m.step;
         if (!is_pull) {
             part_done(p);
-            return UCS_OK;
+            break;
         }
         uint64_t want = ps_chunk_len(t->numel, c->chunk_elems, m.chunk) * 4;
         if (length != want || m.length != want) {
             op_fail(op, PS_EPROTO, "shard %u sent %zu bytes for chunk %u of tensor %u, expected %llu",
                     m.shard, length, m.chunk, m.tensor, (unsigned long long)want);
-            return UCS_OK;
+            break;
         }
         void *dst = op->buf + (uint64_t)m.chunk * c->chunk_elems;
         if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
             memcpy(dst, data, length);
             __atomic_add_fetch(&c->stats.bytes_pulled, length, __ATOMIC_RELAXED);
             part_done(p);
-            return UCS_OK;
+            break;
         }
         /* Rendezvous: the parameters land directly in the caller's buffer. */
         ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
@@ -399,7 +407,7 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
         op->ucx_refs++;
         void *req = ucp_am_recv_data_nbx(c->ucx.worker, data, dst, length, &prm);
         if (req == NULL)
-            on_pull_recv(NULL, UCS_OK, length, p);
+            on_pull_recv(NULL, UCS_OK, length, p); /* completes the op if it was the last */
         else if (UCS_PTR_IS_ERR(req))
             on_pull_recv(NULL, UCS_PTR_STATUS(req), 0, p);
         return UCS_OK;
@@ -407,6 +415,8 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     default:
         return UCS_OK;
     }
+    op_maybe_complete(op);
+    return UCS_OK;
 }
 
 static void *comm_main(void *arg)

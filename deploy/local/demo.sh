@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# demo.sh: a local psd cluster on 127.0.0.1 — 2 shards and 4 workers train
+# the Fashion-MNIST MLP for 10 epochs with BSP and Adam, printing progress.
+# Data lives in a temporary directory; everything stops cleanly at the end
+# or on Ctrl-C. Options: --workers N, --shards N, --epochs N, --keep (keep the
+# temporary directory).
+set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+workers=4 shards=2 epochs=10 keep=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --workers) workers=$2; shift 2 ;;
+    --shards) shards=$2; shift 2 ;;
+    --epochs) epochs=$2; shift 2 ;;
+    --keep) keep=1; shift ;;
+    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
+    *) echo "demo: unknown option $1" >&2; exit 2 ;;
+    esac
+done
+"$root/deploy/local/setup.sh" || exit 1
+bin="$root/build"
+export OPENBLAS_NUM_THREADS=1   # two cores are shared by every process of the cluster
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/psd-demo.XXXXXX")
+pids=()
+launcher=""
+cleanup() {
+    trap - EXIT INT TERM
+    [ -n "$launcher" ] && kill -TERM "$launcher" 2>/dev/null && wait "$launcher" 2>/dev/null
+    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+    for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
+    if [ "$keep" = 1 ]; then echo "demo: kept $tmp"; else rm -rf "$tmp"; fi
+}
+trap cleanup EXIT
+trap 'echo; echo "demo: interrupted, stopping the cluster"; exit 130' INT TERM
+
+# A free port: nothing answers a connect on it.
+free_port() {
+    local p
+    while :; do
+        p=$((20000 + RANDOM % 40000))
+        (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
+    done
+}
+
+{
+    echo "cluster: demo"
+    echo "chunk_bytes: 1048576"
+    echo "servers:"
+    for ((i = 0; i < shards; i++)); do
+        echo "  - {host: 127.0.0.1, port: $(free_port), data_dir: $tmp/shard$i}"
+    done
+    cat <<YAML
+job:
+  model: mlp
+  layers: [784, 256, 128, 10]
+  dataset: /usr/share/datasets/fashion-mnist
+  batch_size: 64
+  epochs: $epochs
+  seed: 1
+  workers: $workers
+  consistency: bsp
+  optimizer: {name: adam, lr: 0.001, beta1: 0.9, beta2: 0.999, eps: 1.0e-8}
+YAML
+} >"$tmp/manifest.yaml"
+echo "demo: manifest and data in $tmp"
+
+for ((i = 0; i < shards; i++)); do
+    "$bin/server/psd" --manifest "$tmp/manifest.yaml" --shard "$i" >"$tmp/psd$i.out" 2>"$tmp/psd$i.log" &
+    pids+=($!)
+done
+for ((i = 0; i < shards; i++)); do
+    for _ in $(seq 100); do
+        grep -q listening "$tmp/psd$i.out" 2>/dev/null && break
+        kill -0 "${pids[$i]}" 2>/dev/null || break
+        sleep 0.1
+    done
+    if ! grep -q listening "$tmp/psd$i.out" 2>/dev/null; then
+        echo "demo: psd shard $i did not start:" >&2
+        cat "$tmp/psd$i.log" >&2
+        exit 1
+    fi
+    cat "$tmp/psd$i.out"
+done
+
+mkdir -p "$tmp/metrics"
+"$bin/worker/pslaunch" --manifest "$tmp/manifest.yaml" --workers "$workers" \
+    --metrics-dir "$tmp/metrics" &
+launcher=$!
+wait "$launcher"
+rc=$?
+launcher=""
+if [ $rc -ne 0 ]; then
+    echo "demo: a worker failed (exit $rc); shard logs:" >&2
+    tail -n 5 "$tmp"/psd*.log >&2
+    exit $rc
+fi
+acc=$(grep -h '"final": true' "$tmp"/metrics/*.jsonl | head -1 | sed 's/.*"test_accuracy": \([0-9.]*\).*/\1/')
+echo "demo: done — $workers workers x $shards shards, final test accuracy $acc"

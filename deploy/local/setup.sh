@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# setup.sh: install what psd needs from Debian 12's packages (only what is
+# missing; silent and fast when everything is present), then configure and
+# build into ./build. Idempotent: run it as often as you like.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+
+pkgs=(gcc pkg-config meson ninja-build libuv1-dev libucx-dev liblmdb-dev libprotobuf-c-dev
+      protobuf-c-compiler check libopenblas-dev libyaml-dev libxxhash-dev zlib1g-dev
+      dataset-fashion-mnist ucx-utils)
+missing=()
+for p in "${pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "setup: installing ${missing[*]}"
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    export DEBIAN_FRONTEND=noninteractive
+    $sudo apt-get update -qq
+    $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+cd "$root"
+if [ ! -f build/build.ninja ]; then
+    meson setup build >/dev/null || { echo "setup: meson setup failed (see build/meson-logs)"; exit 1; }
+fi
+ninja -C build >/dev/null || { ninja -C build; exit 1; }

@@ -1,0 +1,979 @@
+/* codec.c: CPU reference for the gradient codecs; the payload formats are in codec.h. */
+#include "codec.h"
+
+#include "ps/ps_error.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/*
+ * Payload arrays are read and written with memcpy, which compiles to plain (unaligned) loads
+ * and stores and lets the loops vectorize, but writes host byte order: the format is
+ * little-endian, so the host must be too.
+ */
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "codec.c assumes a little-endian host (the payload format is little-endian)"
+#endif
+
+/*
+ * What the compiler needs: as for optim.c, GCC 12 at -O2 vectorizes the loops only with
+ * -fvect-cost-model=cheap (or -O3). No loop relies on -ffast-math: the conversions use
+ * integer bit tricks and the FPU's round-to-nearest-even, so the results are the same with
+ * and without vectorization. They assume the default rounding mode and no flush-to-zero.
+ */
+
+#define TOPK_BINS 2048 /* radix select: 11 + 11 + 9 bits of the 31-bit magnitude */
+#define MAG_MASK 0x7fffffffu
+#define INF_BITS 0x7f800000u
+
+/* ---- bits and little-endian access ---- */
+
+static inline uint32_t f32_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static inline float f32_from_bits(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint16_t ld16(const uint8_t *p)
+{
+    uint16_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline uint32_t ld32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline uint64_t ld64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline float ldf32(const uint8_t *p)
+{
+    float v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void st16(uint8_t *p, uint16_t v)
+{
+    memcpy(p, &v, sizeof v);
+}
+
+static inline void st32(uint8_t *p, uint32_t v)
+{
+    memcpy(p, &v, sizeof v);
+}
+
+static inline void st64(uint8_t *p, uint64_t v)
+{
+    memcpy(p, &v, sizeof v);
+}
+
+static inline void stf32(uint8_t *p, float v)
+{
+    memcpy(p, &v, sizeof v);
+}
+
+/* ---- fp16 and bf16 ---- */
+
+/*
+ * fp32 -> fp16, round to nearest even, branch-free (the method of Marat Dukhan's FP16
+ * library). For |f| with exponent e (at least -14, the smallest fp16 exponent), adding
+ * 2^(e + 15) to 4|f| makes the FPU round 4|f| to a multiple of 2^(e - 8), i.e. |f| to a
+ * multiple of fp16's spacing 2^(e - 10), with ties to even. The sum's exponent field,
+ * taken mod 32, plus its top mantissa bit (fp16's implicit 1, carried into the exponent by
+ * the addition below) is then the fp16 exponent, and its low mantissa bits are fp16's
+ * mantissa; a rounding carry moves into the exponent by itself. Multiplying by 2^112 and
+ * then 2^-110 (= 4) sends |f| >= 2^16 to infinity, and 65520 <= |f| < 2^16 rounds up to
+ * 2^16, whose fp16 exponent field is 31: both give fp16 infinity. NaN becomes the quiet NaN
+ * 0x7e00 with the sign kept.
+ */
+static inline uint16_t f16_from_f32(float f)
+{
+    uint32_t w = f32_bits(f);
+    uint32_t shl1 = w + w; /* exponent and mantissa, sign shifted out */
+    uint32_t sign = w & 0x80000000u;
+    float base = (fabsf(f) * 0x1.0p+112f) * 0x1.0p-110f;
+    uint32_t bias = shl1 & 0xff000000u;
+    bias = bias < 0x71000000u ? 0x71000000u : bias; /* fp16 subnormals: exponent -14 */
+    base = f32_from_bits((bias >> 1) + 0x07800000u) + base;
+    uint32_t bits = f32_bits(base);
+    uint32_t nonsign = ((bits >> 13) & 0x7c00u) + (bits & 0x0fffu);
+    uint32_t nan = 0u - (uint32_t)(shl1 > 0xff000000u); /* all ones for NaN */
+    return (uint16_t)((sign >> 16) | (0x7e00u & nan) | (nonsign & ~nan));
+}
+
+/*
+ * fp16 -> fp32, exact. Normal values and inf/NaN: move exponent and mantissa into fp32's
+ * fields, add 224 to the exponent (so 31 becomes 255: inf and NaN stay so) and scale by
+ * 2^-112 to correct the finite ones (224 - 112 = 127 - 15). Subnormals: put the 10-bit
+ * mantissa m under 0.5's exponent, giving 0.5 + m * 2^-24, and subtract 0.5.
+ */
+static inline float f32_from_f16(uint16_t h)
+{
+    uint32_t w = (uint32_t)h << 16;
+    uint32_t sign = w & 0x80000000u;
+    uint32_t two_w = w + w;
+    float normal = f32_from_bits((two_w >> 4) + (0xe0u << 23)) * 0x1.0p-112f;
+    float subnormal = f32_from_bits((two_w >> 17) | (126u << 23)) - 0.5f;
+    uint32_t sub = 0u - (uint32_t)(two_w < (1u << 27)); /* all ones for subnormals */
+    return f32_from_bits(sign | (f32_bits(subnormal) & sub) | (f32_bits(normal) & ~sub));
+}
+
+/*
+ * fp32 -> bf16, round to nearest even: add 0x7fff plus the lowest kept bit, then truncate.
+ * A carry out of the mantissa rounds into the exponent, so values near FLT_MAX correctly
+ * become infinity; inf stays inf. NaN is kept as a quiet NaN (it could otherwise round to
+ * inf), with the sign and the top payload bits.
+ */
+static inline uint16_t bf16_from_f32(float f)
+{
+    uint32_t u = f32_bits(f);
+    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    uint32_t nan = (u >> 16) | 0x0040u;
+    return (uint16_t)((u & MAG_MASK) > INF_BITS ? nan : rounded);
+}
+
+static inline float f32_from_bf16(uint16_t h)
+{
+    return f32_from_bits((uint32_t)h << 16);
+}
+
+/* ---- hashing (counter-based, as in init.c) ---- */
+
+#define GOLDEN_GAMMA 0x9e3779b97f4a7c15ull
+
+/* splitmix64's finalizer: a bijection that avalanches every input bit. */
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* The c-th output of splitmix64 seeded with seed. */
+static uint64_t hash64(uint64_t seed, uint64_t c)
+{
+    return mix64(seed + (c + 1) * GOLDEN_GAMMA);
+}
+
+/*
+ * Chris Wellons' lowbias32: a 32-bit bijection with good avalanche. It is used per element
+ * for stochastic rounding because 32-bit multiplies vectorize where 64-bit ones do not.
+ */
+static inline uint32_t hash32(uint32_t x)
+{
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    x ^= x >> 16;
+    return x;
+}
+
+/* ---- codec parameters and sizes ---- */
+
+static int is_sparse(psk_codec_kind_t kind)
+{
+    return kind == PSK_CODEC_TOPK || kind == PSK_CODEC_RANDOMK;
+}
+
+static int codec_valid(const psk_codec_t *c)
+{
+    switch (c->kind) {
+    case PSK_CODEC_NONE:
+    case PSK_CODEC_FP16:
+    case PSK_CODEC_BF16:
+        return 1;
+    case PSK_CODEC_INT8:
+    case PSK_CODEC_SIGN:
+        return c->block >= 1;
+    case PSK_CODEC_TOPK:
+    case PSK_CODEC_RANDOMK:
+        return c->fraction > 0.0f && c->fraction <= 1.0f; /* false for NaN */
+    }
+    return 0;
+}
+
+static size_t ceil_div(size_t a, size_t b)
+{
+    return a / b + (a % b != 0);
+}
+
+size_t psk_codec_k(const psk_codec_t *c, size_t n)
+{
+    if (!codec_valid(c))
+        return 0;
+    if (!is_sparse(c->kind))
+        return n;
+    if (n == 0)
+        return 0;
+    /*
+     * A fraction parsed from "0.1" is 0.1f = 0.100000001, so a plain ceil would send 101 of
+     * 1000 values. A product within float's representation error of an integer is taken as
+     * that integer. Done in double with IEEE operations, so both sides agree.
+     */
+    double p = (double)c->fraction * (double)n;
+    double r = nearbyint(p);
+    double k = fabs(p - r) <= p * 0x1.0p-23 ? r : ceil(p);
+    if (k < 1.0)
+        k = 1.0;
+    if (k > (double)n)
+        k = (double)n;
+    return (size_t)k;
+}
+
+/* Bytes per sparse value. */
+static size_t value_bytes(const psk_codec_t *c)
+{
+    return c->fp16_values ? 2 : 4;
+}
+
+/* Payload size for a valid codec and n <= UINT32_MAX. */
+static size_t payload_bytes(const psk_codec_t *c, size_t n)
+{
+    size_t h = PSK_CODEC_HEADER_BYTES;
+    switch (c->kind) {
+    case PSK_CODEC_NONE:
+        return h + 4 * n;
+    case PSK_CODEC_FP16:
+    case PSK_CODEC_BF16:
+        return h + 2 * n;
+    case PSK_CODEC_INT8:
+        return h + 4 * ceil_div(n, c->block) + n;
+    case PSK_CODEC_SIGN:
+        return h + 4 * ceil_div(n, c->block) + ceil_div(n, 8);
+    case PSK_CODEC_TOPK:
+        return h + psk_codec_k(c, n) * (4 + value_bytes(c));
+    case PSK_CODEC_RANDOMK:
+        return h + 8 + psk_codec_k(c, n) * value_bytes(c);
+    }
+    return 0;
+}
+
+size_t psk_codec_max_bytes(const psk_codec_t *c, size_t n)
+{
+    if (!codec_valid(c) || n > UINT32_MAX)
+        return 0;
+    return payload_bytes(c, n);
+}
+
+size_t psk_codec_scratch_bytes(const psk_codec_t *c, size_t n)
+{
+    if (!codec_valid(c) || c->kind != PSK_CODEC_TOPK)
+        return 0;
+    return 4 * (4 * TOPK_BINS + n + 1);
+}
+
+/* The 16-byte header that (c, n) implies; encode writes it and decode compares against it. */
+static void header_make(uint8_t h[PSK_CODEC_HEADER_BYTES], const psk_codec_t *c, size_t n)
+{
+    uint32_t param = 0;
+    uint8_t flags = 0;
+    if (is_sparse(c->kind)) {
+        param = (uint32_t)psk_codec_k(c, n);
+        flags = c->fp16_values ? 1 : 0;
+    } else if (c->kind == PSK_CODEC_INT8 || c->kind == PSK_CODEC_SIGN) {
+        param = c->block;
+    }
+    memset(h, 0, PSK_CODEC_HEADER_BYTES);
+    h[0] = (uint8_t)c->kind;
+    h[1] = flags;
+    st32(h + 4, (uint32_t)n);
+    st32(h + 8, param);
+}
+
+/* ---- sparse values and randomk indices ---- */
+
+/* v[k] (fp32 or fp16) = x[idx[j]] for the k indices at idx (u32, payload bytes). */
+static void gather_values(uint8_t *restrict v, const float *restrict x,
+                          const uint8_t *restrict idx, size_t k, int fp16)
+{
+    if (fp16) {
+        for (size_t j = 0; j < k; j++)
+            st16(v + 2 * j, f16_from_f32(x[ld32(idx + 4 * j)]));
+    } else {
+        for (size_t j = 0; j < k; j++)
+            stf32(v + 4 * j, x[ld32(idx + 4 * j)]);
+    }
+}
+
+static inline float value_at(const uint8_t *v, size_t j, int fp16)
+{
+    return fp16 ? f32_from_f16(ld16(v + 2 * j)) : ldf32(v + 4 * j);
+}
+
+/*
+ * The randomk strata, walked in order: stratum j is [lo, lo + width) with lo = floor(j n / k).
+ * Width is q or q + 1 (q = n / k, r = n % k); the extra element comes when (j r mod k) + r
+ * reaches k, a Bresenham step, so the walk needs no division per index. A parallel
+ * implementation computes floor(j n / k) directly; the two agree exactly.
+ */
+typedef struct {
+    uint64_t seed, lo, q, r, k, acc;
+} strata_t;
+
+static void strata_init(strata_t *s, uint64_t seed, size_t n, size_t k)
+{
+    *s = (strata_t){.seed = seed, .lo = 0, .q = n / k, .r = n % k, .k = k, .acc = 0};
+}
+
+/* Index j (the j-th call): uniform in stratum j by the top 32 bits of hash64(seed, j). */
+static inline uint32_t strata_next(strata_t *s, uint64_t j)
+{
+    uint64_t width = s->q;
+    s->acc += s->r;
+    if (s->acc >= s->k) {
+        s->acc -= s->k;
+        width++;
+    }
+    uint64_t h = hash64(s->seed, j) >> 32;
+    uint64_t i = s->lo + ((h * width) >> 32); /* width <= n < 2^32: no overflow */
+    s->lo += width;
+    return (uint32_t)i;
+}
+
+void psk_codec_randomk_indices(uint32_t *idx, uint64_t seed, size_t n, size_t k)
+{
+    if (k == 0)
+        return;
+    strata_t s;
+    strata_init(&s, seed, n, k);
+    for (size_t j = 0; j < k; j++)
+        idx[j] = strata_next(&s, j);
+}
+
+/* ---- topk: radix select on the magnitude bits ---- */
+
+/*
+ * For a non-negative float the IEEE bit pattern orders like the value, so |x| is compared as
+ * the 31-bit integer bits(x) & 0x7fffffff (NaN above inf). The k-th largest key T is found
+ * one digit at a time, 11 + 11 + 9 bits, each from a 2048-bin histogram:
+ *   level 1 over all n: digit bin b1 holding the k-th largest; every element of a higher bin
+ *     is selected. One more pass writes those indices (ascending) to the payload and
+ *     collects bin b1's indices (ascending) in the scratch: the candidates.
+ *   levels 2 and 3 over the candidates narrow T down to one key.
+ * The candidates above T are selected, and of those equal to T the lowest-indexed ones
+ * that are still needed. Merging the two ascending lists from the back, in place in the
+ * payload, gives the k indices in order. Two passes over n plus passes over the candidates
+ * (all n only when most magnitudes share their top 11 bits); no sort.
+ */
+
+static inline uint32_t mag_key(float x)
+{
+    return f32_bits(x) & MAG_MASK;
+}
+
+/* Largest magnitude key of x[n]: an integer max, which vectorizes (fmaxf would not). */
+static uint32_t absmax_key(const float *x, size_t n)
+{
+    uint32_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t key = mag_key(x[i]);
+        m = key > m ? key : m;
+    }
+    return m;
+}
+
+/*
+ * Highest bin b with hist[b] >= *need after taking every bin above it whole; *need becomes
+ * the count still to take from bin b. The caller guarantees sum(hist) >= *need >= 1.
+ */
+static uint32_t find_bin(const uint32_t *hist, uint32_t nbins, size_t *need)
+{
+    for (uint32_t b = nbins; b-- > 0;) {
+        if (hist[b] >= *need)
+            return b;
+        *need -= hist[b];
+    }
+    return 0; /* not reached */
+}
+
+/*
+ * idx_out: [k] u32 payload indices; x: [n]; scratch: [4 * TOPK_BINS + n + 1] u32.
+ * 1 <= k <= n.
+ */
+static void topk_select(uint8_t *restrict idx_out, const float *restrict x, size_t n, size_t k,
+                        uint32_t *restrict scratch)
+{
+    uint32_t *hist = scratch;
+    uint32_t *cand = scratch + 4 * TOPK_BINS;
+    size_t need = k;
+
+    /*
+     * Level 1 counts into four histograms in turn: gradients crowd into a few bins, and
+     * consecutive increments of one counter would wait on each other.
+     */
+    memset(hist, 0, 4 * TOPK_BINS * sizeof *hist);
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        hist[mag_key(x[i]) >> 20]++;
+        hist[TOPK_BINS + (mag_key(x[i + 1]) >> 20)]++;
+        hist[2 * TOPK_BINS + (mag_key(x[i + 2]) >> 20)]++;
+        hist[3 * TOPK_BINS + (mag_key(x[i + 3]) >> 20)]++;
+    }
+    for (; i < n; i++)
+        hist[mag_key(x[i]) >> 20]++;
+    for (uint32_t b = 0; b < TOPK_BINS; b++)
+        hist[b] += hist[TOPK_BINS + b] + hist[2 * TOPK_BINS + b] + hist[3 * TOPK_BINS + b];
+    uint32_t b1 = find_bin(hist, TOPK_BINS, &need);
+
+    /*
+     * The split skips runs of 16 whose largest key is below bin b1 (a vectorized max), which
+     * for a small fraction is most of them.
+     */
+    size_t ns = 0, nc = 0;
+    uint32_t lo = b1 << 20;
+    for (i = 0; i < n; i += 16) {
+        size_t len = n - i < 16 ? n - i : 16;
+        if (absmax_key(x + i, len) < lo)
+            continue;
+        /*
+         * Branch-free: write both slots, advance the one that applies. The spare writes stay
+         * in bounds: ns ends below k (level 1 left at least one to take from bin b1), and
+         * the candidate list has room for n + 1.
+         */
+        for (size_t l = i; l < i + len; l++) {
+            uint32_t d = mag_key(x[l]) >> 20;
+            st32(idx_out + 4 * ns, (uint32_t)l);
+            cand[nc] = (uint32_t)l;
+            ns += d > b1;
+            nc += d == b1;
+        }
+    }
+
+    memset(hist, 0, TOPK_BINS * sizeof *hist);
+    for (size_t j = 0; j < nc; j++)
+        hist[(mag_key(x[cand[j]]) >> 9) & 0x7ffu]++;
+    uint32_t b2 = find_bin(hist, TOPK_BINS, &need);
+
+    memset(hist, 0, 512 * sizeof *hist);
+    for (size_t j = 0; j < nc; j++) {
+        uint32_t key = mag_key(x[cand[j]]);
+        if (((key >> 9) & 0x7ffu) == b2)
+            hist[key & 0x1ffu]++;
+    }
+    uint32_t b3 = find_bin(hist, 512, &need);
+    uint32_t t = (b1 << 20) | (b2 << 9) | b3;
+
+    /* Keep the candidates above t and the first `need` equal to t, in index order. */
+    size_t m = 0;
+    for (size_t j = 0; j < nc; j++) {
+        uint32_t key = mag_key(x[cand[j]]);
+        if (key > t || (key == t && need > 0)) {
+            need -= key == t;
+            cand[m++] = cand[j];
+        }
+    }
+
+    /* Merge sure[0, ns) (in the payload) and cand[0, m) into [0, ns + m) from the back. */
+    size_t j = m, w = ns + m;
+    i = ns;
+    while (j > 0) {
+        uint32_t a = i > 0 ? ld32(idx_out + 4 * (i - 1)) : 0;
+        if (i > 0 && a > cand[j - 1]) {
+            st32(idx_out + 4 * --w, a);
+            i--;
+        } else {
+            st32(idx_out + 4 * --w, cand[--j]);
+        }
+    }
+}
+
+/* ---- encode ---- */
+
+/* x[n] -> f16 or bf16 at body[2n]. */
+static void encode_fp16(uint8_t *restrict body, const float *restrict x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        st16(body + 2 * i, f16_from_f32(x[i]));
+}
+
+static void encode_bf16(uint8_t *restrict body, const float *restrict x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        st16(body + 2 * i, bf16_from_f32(x[i]));
+}
+
+/*
+ * q[n] = round(x[n] * inv) to nearest even, clamped to [-127, 127]. Adding and subtracting
+ * 1.5 * 2^23 rounds any |v| < 2^22 to an integer with the FPU's ties-to-even (SSE2 has no
+ * vector round instruction); the clamp catches x * inv just above 127.
+ */
+static void quantize_nearest(uint8_t *restrict q, const float *restrict x, size_t n, float inv)
+{
+    for (size_t i = 0; i < n; i++) {
+        float r = (x[i] * inv + 0x1.8p23f) - 0x1.8p23f;
+        int32_t v = (int32_t)r;
+        v = v > 127 ? 127 : v;
+        v = v < -127 ? -127 : v;
+        q[i] = (uint8_t)(int8_t)v;
+    }
+}
+
+/*
+ * q[n] = floor(x[n] * inv + u), u uniform in [0, 1) on a 2^-24 grid from hash32 of
+ * (element index first + i) ^ key: unbiased, E[q] = x * inv. v + 128 is positive, so the
+ * conversion (truncation) is the floor.
+ */
+static void quantize_stochastic(uint8_t *restrict q, const float *restrict x, size_t n,
+                                float inv, uint32_t key, uint32_t first)
+{
+    for (size_t i = 0; i < n; i++) {
+        float u = (float)(hash32((first + (uint32_t)i) ^ key) >> 8) * 0x1.0p-24f;
+        float v = x[i] * inv + u;
+        int32_t f = (int32_t)(v + 128.0f) - 128;
+        f = f > 127 ? 127 : f;
+        f = f < -127 ? -127 : f;
+        q[i] = (uint8_t)(int8_t)f;
+    }
+}
+
+/* body: f32 scale[nb] then i8 q[n]. */
+static int encode_int8(uint8_t *restrict body, const float *restrict x, size_t n,
+                       const psk_codec_t *c)
+{
+    size_t block = c->block;
+    size_t nb = ceil_div(n, block);
+    uint8_t *q = body + 4 * nb;
+    uint32_t key = (uint32_t)mix64(c->seed + GOLDEN_GAMMA);
+
+    for (size_t b = 0; b < nb; b++) {
+        size_t s = b * block;
+        size_t len = n - s < block ? n - s : block;
+        uint32_t mk = absmax_key(x + s, len);
+        if (mk >= INF_BITS)
+            return PS_EINVAL;
+        float m = f32_from_bits(mk);
+        float scale = m / 127.0f;
+        /* A subnormal scale is coarse: round it up so that 127 steps still reach m. */
+        if (scale < FLT_MIN && (double)scale * 127.0 < (double)m)
+            scale = nextafterf(scale, INFINITY);
+        stf32(body + 4 * b, scale);
+        if (m >= 0x1.0p-100f) {
+            /* 127 / m is finite and the products stay in [-127, 127] (give or take an ulp). */
+            float inv = 127.0f / m;
+            if (c->stochastic)
+                quantize_stochastic(q + s, x + s, len, inv, key, (uint32_t)s);
+            else
+                quantize_nearest(q + s, x + s, len, inv);
+        } else {
+            /*
+             * Tiny block: 127 / m may overflow float and scale may be subnormal, so round
+             * x / scale in double, against the scale actually sent. Rare (and nearest
+             * rounding only): such gradients are zero for every practical purpose.
+             */
+            for (size_t i = 0; i < len; i++) {
+                double v = scale > 0.0f ? nearbyint((double)x[s + i] / (double)scale) : 0.0;
+                v = v > 127.0 ? 127.0 : v < -127.0 ? -127.0 : v;
+                q[s + i] = (uint8_t)(int8_t)v;
+            }
+        }
+    }
+    return 0;
+}
+
+/*
+ * body: f32 scale[nb] then the sign bits. The block's mean |x| is summed in double over 8
+ * lanes: no overflow for finite input, NaN or inf show up in the sum, and a fixed
+ * summation order keeps the result identical everywhere.
+ */
+static int encode_sign(uint8_t *restrict body, const float *restrict x, size_t n,
+                       const psk_codec_t *c)
+{
+    size_t block = c->block;
+    size_t nb = ceil_div(n, block);
+    uint8_t *bits = body + 4 * nb;
+
+    for (size_t b = 0; b < nb; b++) {
+        size_t s = b * block;
+        size_t len = n - s < block ? n - s : block;
+        const float *xb = x + s;
+        double acc[8] = {0};
+        size_t i = 0;
+        for (; i + 8 <= len; i += 8)
+            for (size_t l = 0; l < 8; l++)
+                acc[l] += fabs((double)xb[i + l]);
+        for (; i < len; i++)
+            acc[i % 8] += fabs((double)xb[i]);
+        double sum =
+            ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+        if (!isfinite(sum))
+            return PS_EINVAL;
+        stf32(body + 4 * b, (float)(sum / (double)len));
+    }
+
+    /*
+     * Four bytes at a time: all-ones for a set sign bit, masked to its bit by a table (SSE2
+     * has no per-lane shift), OR-reduced; the compiler vectorizes the loop over 32 values.
+     */
+    static const uint32_t bit[32] = {
+        1u << 0,  1u << 1,  1u << 2,  1u << 3,  1u << 4,  1u << 5,  1u << 6,  1u << 7,
+        1u << 8,  1u << 9,  1u << 10, 1u << 11, 1u << 12, 1u << 13, 1u << 14, 1u << 15,
+        1u << 16, 1u << 17, 1u << 18, 1u << 19, 1u << 20, 1u << 21, 1u << 22, 1u << 23,
+        1u << 24, 1u << 25, 1u << 26, 1u << 27, 1u << 28, 1u << 29, 1u << 30, 1u << 31,
+    };
+    size_t words = n / 32;
+    for (size_t j = 0; j < words; j++) {
+        uint32_t v = 0;
+        for (uint32_t l = 0; l < 32; l++)
+            v |= (0u - (f32_bits(x[32 * j + l]) >> 31)) & bit[l];
+        st32(bits + 4 * j, v); /* little-endian: value l is bit l % 8 of byte 4j + l / 8 */
+    }
+    size_t full = n / 8;
+    for (size_t j = 4 * words; j < full; j++) {
+        uint32_t v = 0;
+        for (uint32_t l = 0; l < 8; l++)
+            v |= (f32_bits(x[8 * j + l]) >> 31) << l;
+        bits[j] = (uint8_t)v;
+    }
+    if (n % 8) {
+        uint32_t v = 0;
+        for (uint32_t l = 0; l < n % 8; l++)
+            v |= (f32_bits(x[8 * full + l]) >> 31) << l;
+        bits[full] = (uint8_t)v;
+    }
+    return 0;
+}
+
+static int encode_args_check(size_t cap, size_t n, const psk_codec_t *c, const void *scratch)
+{
+    if (!codec_valid(c) || n > UINT32_MAX)
+        return PS_EINVAL;
+    if (cap < payload_bytes(c, n))
+        return PS_EINVAL;
+    if (psk_codec_scratch_bytes(c, n) > 0 && scratch == NULL)
+        return PS_EINVAL;
+    return 0;
+}
+
+/* Header and body for valid arguments. */
+static int encode(uint8_t *out, const float *in, size_t n, const psk_codec_t *c, void *scratch)
+{
+    uint8_t *body = out + PSK_CODEC_HEADER_BYTES;
+    size_t k = psk_codec_k(c, n);
+
+    header_make(out, c, n);
+    switch (c->kind) {
+    case PSK_CODEC_NONE:
+        memcpy(body, in, 4 * n);
+        return 0;
+    case PSK_CODEC_FP16:
+        encode_fp16(body, in, n);
+        return 0;
+    case PSK_CODEC_BF16:
+        encode_bf16(body, in, n);
+        return 0;
+    case PSK_CODEC_INT8:
+        return encode_int8(body, in, n, c);
+    case PSK_CODEC_SIGN:
+        return encode_sign(body, in, n, c);
+    case PSK_CODEC_TOPK:
+        if (k > 0) {
+            topk_select(body, in, n, k, scratch);
+            gather_values(body + 4 * k, in, body, k, c->fp16_values);
+        }
+        return 0;
+    case PSK_CODEC_RANDOMK: {
+        st64(body, c->seed);
+        uint8_t *v = body + 8;
+        if (k == 0)
+            return 0;
+        strata_t s;
+        strata_init(&s, c->seed, n, k);
+        for (size_t j = 0; j < k; j++) {
+            float x = in[strata_next(&s, j)];
+            if (c->fp16_values)
+                st16(v + 2 * j, f16_from_f32(x));
+            else
+                stf32(v + 4 * j, x);
+        }
+        return 0;
+    }
+    }
+    return PS_EINVAL; /* not reached: codec_valid */
+}
+
+int psk_codec_encode_cpu(uint8_t *out, size_t cap, size_t *len, const float *in, size_t n,
+                         const psk_codec_t *c, void *scratch)
+{
+    int rc = encode_args_check(cap, n, c, scratch);
+    if (rc != 0)
+        return rc;
+    rc = encode(out, in, n, c, scratch);
+    if (rc != 0)
+        return rc;
+    *len = payload_bytes(c, n);
+    return 0;
+}
+
+/* ---- decode ---- */
+
+/* Scales: finite and >= 0 (NaN fails the comparison). Returns nonzero if any is bad. */
+static int scales_bad(const uint8_t *scales, size_t nb)
+{
+    int bad = 0;
+    for (size_t b = 0; b < nb; b++) {
+        float s = ldf32(scales + 4 * b);
+        bad |= !(s >= 0.0f && s <= FLT_MAX);
+    }
+    return bad;
+}
+
+/* The body checks beyond the header and length; 0 if the payload is well formed. */
+static int body_check(const uint8_t *body, size_t n, const psk_codec_t *c)
+{
+    switch (c->kind) {
+    case PSK_CODEC_NONE:
+    case PSK_CODEC_FP16:
+    case PSK_CODEC_BF16:
+    case PSK_CODEC_RANDOMK:
+        return 0;
+    case PSK_CODEC_INT8: {
+        size_t nb = ceil_div(n, c->block);
+        const uint8_t *q = body + 4 * nb;
+        int bad = scales_bad(body, nb);
+        for (size_t i = 0; i < n; i++)
+            bad |= q[i] == 0x80; /* -128: never encoded, |q| <= 127 */
+        return bad;
+    }
+    case PSK_CODEC_SIGN: {
+        size_t nb = ceil_div(n, c->block);
+        int bad = scales_bad(body, nb);
+        if (n % 8)
+            bad |= (body[4 * nb + n / 8] >> (n % 8)) != 0;
+        return bad;
+    }
+    case PSK_CODEC_TOPK: {
+        /* Strictly increasing, and the last one (hence all) below n. */
+        size_t k = psk_codec_k(c, n);
+        if (k == 0)
+            return 0;
+        int bad = ld32(body + 4 * (k - 1)) >= n;
+        for (size_t j = 1; j < k; j++)
+            bad |= ld32(body + 4 * j) <= ld32(body + 4 * (j - 1));
+        return bad;
+    }
+    }
+    return 1;
+}
+
+/* out[n] += w * body values, for the dense fp32 / fp16 / bf16 bodies. */
+static void add_f32(float *restrict out, const uint8_t *restrict v, size_t n, float w)
+{
+    for (size_t i = 0; i < n; i++)
+        out[i] += w * ldf32(v + 4 * i);
+}
+
+static void add_f16(float *restrict out, const uint8_t *restrict v, size_t n, float w)
+{
+    for (size_t i = 0; i < n; i++)
+        out[i] += w * f32_from_f16(ld16(v + 2 * i));
+}
+
+static void add_bf16(float *restrict out, const uint8_t *restrict v, size_t n, float w)
+{
+    for (size_t i = 0; i < n; i++)
+        out[i] += w * f32_from_bf16(ld16(v + 2 * i));
+}
+
+/* out[n] += (w * scale[b]) * q[i] per block. */
+static void add_int8(float *restrict out, const uint8_t *restrict body, size_t n, size_t block,
+                     float w)
+{
+    size_t nb = ceil_div(n, block);
+    const uint8_t *q = body + 4 * nb;
+    for (size_t b = 0; b < nb; b++) {
+        size_t s = b * block;
+        size_t len = n - s < block ? n - s : block;
+        float sw = w * ldf32(body + 4 * b);
+        for (size_t i = s; i < s + len; i++)
+            out[i] += sw * (float)(int8_t)q[i];
+    }
+}
+
+/* The sign masks of four values from a nibble of sign bits (bit l -> value l). */
+#define NIB(v)                                                                           \
+    {((v)&1) ? 0x80000000u : 0u, ((v)&2) ? 0x80000000u : 0u, ((v)&4) ? 0x80000000u : 0u, \
+     ((v)&8) ? 0x80000000u : 0u}
+static const uint32_t SIGN_NIBBLE[16][4] = {
+    NIB(0), NIB(1), NIB(2),  NIB(3),  NIB(4),  NIB(5),  NIB(6),  NIB(7),
+    NIB(8), NIB(9), NIB(10), NIB(11), NIB(12), NIB(13), NIB(14), NIB(15),
+};
+#undef NIB
+
+/*
+ * out[n] += +-(w * scale[b]): the sign bit of x flips the sign bit of w * scale. Whole bytes
+ * go through SIGN_NIBBLE (SSE2 has no per-lane shift to pick the bits apart).
+ */
+static void add_sign(float *restrict out, const uint8_t *restrict body, size_t n, size_t block,
+                     float w)
+{
+    size_t nb = ceil_div(n, block);
+    const uint8_t *bits = body + 4 * nb;
+    for (size_t b = 0; b < nb; b++) {
+        size_t s = b * block;
+        size_t len = n - s < block ? n - s : block;
+        uint32_t sw = f32_bits(w * ldf32(body + 4 * b));
+        size_t i = s, e = s + len;
+        /* A block that does not start or end on a byte boundary has scalar edges. */
+        for (; i < e && (i & 7) != 0; i++)
+            out[i] += f32_from_bits(sw ^ (((uint32_t)(bits[i >> 3] >> (i & 7)) & 1u) << 31));
+        for (; i + 8 <= e; i += 8) {
+            const uint32_t *lo = SIGN_NIBBLE[bits[i >> 3] & 15];
+            const uint32_t *hi = SIGN_NIBBLE[bits[i >> 3] >> 4];
+            for (uint32_t l = 0; l < 4; l++)
+                out[i + l] += f32_from_bits(sw ^ lo[l]);
+            for (uint32_t l = 0; l < 4; l++)
+                out[i + 4 + l] += f32_from_bits(sw ^ hi[l]);
+        }
+        for (; i < e; i++)
+            out[i] += f32_from_bits(sw ^ (((uint32_t)(bits[i >> 3] >> (i & 7)) & 1u) << 31));
+    }
+}
+
+/* Accumulate a checked payload body: out[n] += w * decode(body). */
+static void decode_add(float *out, size_t n, const uint8_t *body, const psk_codec_t *c, float w)
+{
+    size_t k = psk_codec_k(c, n);
+    switch (c->kind) {
+    case PSK_CODEC_NONE:
+        add_f32(out, body, n, w);
+        return;
+    case PSK_CODEC_FP16:
+        add_f16(out, body, n, w);
+        return;
+    case PSK_CODEC_BF16:
+        add_bf16(out, body, n, w);
+        return;
+    case PSK_CODEC_INT8:
+        add_int8(out, body, n, c->block, w);
+        return;
+    case PSK_CODEC_SIGN:
+        add_sign(out, body, n, c->block, w);
+        return;
+    case PSK_CODEC_TOPK: {
+        const uint8_t *v = body + 4 * k;
+        for (size_t j = 0; j < k; j++)
+            out[ld32(body + 4 * j)] += w * value_at(v, j, c->fp16_values);
+        return;
+    }
+    case PSK_CODEC_RANDOMK: {
+        if (k == 0)
+            return;
+        const uint8_t *v = body + 8;
+        strata_t s;
+        strata_init(&s, ld64(body), n, k);
+        for (size_t j = 0; j < k; j++)
+            out[strata_next(&s, j)] += w * value_at(v, j, c->fp16_values);
+        return;
+    }
+    }
+}
+
+int psk_codec_decode_add_cpu(float *out, size_t n, const uint8_t *payload, size_t len,
+                             const psk_codec_t *c, float weight)
+{
+    if (!codec_valid(c) || n > UINT32_MAX)
+        return PS_EINVAL;
+    /* Length first: every valid payload is at least a header long, so the header is there. */
+    if (len != payload_bytes(c, n))
+        return PS_EPROTO;
+    uint8_t want[PSK_CODEC_HEADER_BYTES];
+    header_make(want, c, n);
+    if (memcmp(payload, want, sizeof want) != 0)
+        return PS_EPROTO;
+    const uint8_t *body = payload + PSK_CODEC_HEADER_BYTES;
+    if (body_check(body, n, c) != 0)
+        return PS_EPROTO;
+    decode_add(out, n, body, c, weight);
+    return 0;
+}
+
+/* r[n] += g[n] */
+static void add_into(float *restrict r, const float *restrict g, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        r[i] += g[i];
+}
+
+int psk_codec_encode_ef_cpu(uint8_t *out, size_t cap, size_t *len, const float *g,
+                            float *residual, size_t n, const psk_codec_t *c, void *scratch)
+{
+    int rc = encode_args_check(cap, n, c, scratch);
+    if (rc != 0)
+        return rc;
+    /* residual[n] = x = g + residual; encode x; residual = x - decode(x). */
+    add_into(residual, g, n);
+    rc = encode(out, residual, n, c, scratch);
+    if (rc != 0)
+        return rc;
+    decode_add(residual, n, out + PSK_CODEC_HEADER_BYTES, c, -1.0f);
+    *len = payload_bytes(c, n);
+    return 0;
+}
+
+/* ---- parse ---- */
+
+int psk_codec_parse(psk_codec_t *c, const char *text)
+{
+    static const struct {
+        const char *name;
+        psk_codec_kind_t kind;
+    } names[] = {
+        {"none", PSK_CODEC_NONE}, {"fp16", PSK_CODEC_FP16},   {"bf16", PSK_CODEC_BF16},
+        {"int8", PSK_CODEC_INT8}, {"topk", PSK_CODEC_TOPK},   {"randomk", PSK_CODEC_RANDOMK},
+        {"sign", PSK_CODEC_SIGN},
+    };
+
+    if (text == NULL)
+        return PS_EINVAL;
+    const char *colon = strchr(text, ':');
+    size_t len = colon != NULL ? (size_t)(colon - text) : strlen(text);
+    psk_codec_t r = {.block = PSK_CODEC_BLOCK_DEFAULT};
+    size_t i = 0;
+    for (; i < sizeof names / sizeof names[0]; i++)
+        if (strlen(names[i].name) == len && memcmp(names[i].name, text, len) == 0)
+            break;
+    if (i == sizeof names / sizeof names[0])
+        return PS_EINVAL;
+    r.kind = names[i].kind;
+
+    if (is_sparse(r.kind)) {
+        if (colon == NULL)
+            return PS_EINVAL;
+        const char *arg = colon + 1;
+        /* strtod alone would also take leading spaces, signs, "nan" and "inf". */
+        if (!((*arg >= '0' && *arg <= '9') || *arg == '.'))
+            return PS_EINVAL;
+        char *end;
+        double f = strtod(arg, &end);
+        if (end == arg || *end != '\0' || !(f > 0.0 && f <= 1.0))
+            return PS_EINVAL;
+        r.fraction = (float)f;
+        if (!(r.fraction > 0.0f)) /* underflowed */
+            return PS_EINVAL;
+    } else if (colon != NULL) {
+        return PS_EINVAL;
+    }
+    *c = r;
+    return 0;
+}

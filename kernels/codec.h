@@ -1,0 +1,146 @@
+/* codec.h: gradient compression for fp32 chunks (one C signature per operation, CPU
+ * reference in codec.c): a worker encodes its gradient chunk into a payload, the shard
+ * decodes it and adds it to the chunk's gradient sum.
+ *
+ * Payload format, little-endian, no alignment required. A 16-byte header:
+ *   u8  kind     psk_codec_kind_t
+ *   u8  flags    bit 0: values are fp16 (topk, randomk only); other bits 0
+ *   u16 zero
+ *   u32 n        values in the chunk
+ *   u32 param    topk, randomk: k (psk_codec_k); int8, sign: block; otherwise 0
+ *   u32 zero
+ * then the body (nb = ceil(n / block) blocks, vs = 2 with fp16 values, else 4):
+ *   none     f32 x[n]
+ *   fp16     f16 x[n]                  round to nearest even; NaN stays NaN, |x| >= 65520 -> inf
+ *   bf16     bf16 x[n]                 round to nearest even; NaN stays NaN
+ *   int8     f32 scale[nb], i8 q[n]    scale = absmax(block) / 127, x ~ q * scale, |q| <= 127
+ *   topk     u32 index[k], value[k]    the k largest |x| (values vs bytes each), indices
+ *                                      strictly increasing
+ *   randomk  u64 seed, value[k]        indices from psk_codec_randomk_indices(seed, n, k);
+ *                                      decode takes the seed from here, not from its codec
+ *   sign     f32 scale[nb], u8 bits[ceil(n / 8)]
+ *                                      scale = mean |x| of the block; bit i (byte i / 8,
+ *                                      bit i % 8) is x's sign bit; x ~ bit ? -scale : scale;
+ *                                      unused bits of the last byte are 0
+ * The payload size follows from (codec, n) alone; psk_codec_max_bytes gives it. */
+#ifndef PSK_CODEC_H
+#define PSK_CODEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum {
+    PSK_CODEC_NONE = 0,
+    PSK_CODEC_FP16 = 1,
+    PSK_CODEC_BF16 = 2,
+    PSK_CODEC_INT8 = 3,
+    PSK_CODEC_TOPK = 4,
+    PSK_CODEC_RANDOMK = 5,
+    PSK_CODEC_SIGN = 6
+} psk_codec_kind_t;
+
+#define PSK_CODEC_HEADER_BYTES 16
+#define PSK_CODEC_BLOCK_DEFAULT 256
+
+/*
+ * Both sides of a transfer use the same psk_codec_t (the codec is part of the tensor's
+ * declaration); decode rejects a payload whose header disagrees with it.
+ */
+typedef struct {
+    psk_codec_kind_t kind;
+    float fraction;     /* topk, randomk: share of values sent, in (0, 1] */
+    uint32_t block;     /* int8, sign: values per scale, >= 1 */
+    int fp16_values;    /* topk, randomk: send the values as fp16 (half the value bytes) */
+    int stochastic;     /* int8: stochastic rounding (unbiased) instead of nearest */
+    uint64_t seed;      /* randomk indices, int8 stochastic rounding: vary it per step and
+                           per chunk (e.g. hash of step, tensor, chunk); encode only */
+} psk_codec_t;
+
+/**
+ * @brief Parse a codec name: "none", "fp16", "bf16", "int8", "sign", "topk:F", "randomk:F"
+ * with F a decimal fraction in (0, 1] ("topk:0.01").
+ * @param[out] c filled on success: block PSK_CODEC_BLOCK_DEFAULT, fp16_values, stochastic and
+ *               seed 0 (set them afterwards); untouched on failure.
+ * @return 0, or PS_EINVAL for anything else (unknown name, F missing, <= 0, > 1, not a
+ *         number, trailing characters).
+ * @note F goes through strtod, so it needs the "C" numeric locale (the default).
+ */
+int psk_codec_parse(psk_codec_t *c, const char *text);
+
+/**
+ * @brief Values a sparse codec sends for a chunk of n: k = ceil(fraction * n), at least 1 and
+ * at most n (0 when n is 0); a product within float rounding (2^-23 relative) of an integer
+ * counts as that integer, so topk:0.1 of 1000 values is 100, not 101.
+ * @return k for topk and randomk, n for the other codecs, 0 if @p c is invalid.
+ */
+size_t psk_codec_k(const psk_codec_t *c, size_t n);
+
+/**
+ * @brief Payload bytes for a chunk of n values (exact for every codec here: encode writes
+ * this many, decode accepts only this many).
+ * @return the size, or 0 if @p c is invalid or n > UINT32_MAX.
+ */
+size_t psk_codec_max_bytes(const psk_codec_t *c, size_t n);
+
+/**
+ * @brief Scratch bytes psk_codec_encode_cpu and psk_codec_encode_ef_cpu need for n values:
+ * topk 4 * n + 32772 (histograms and candidate list), 0 for the other codecs. The scratch
+ * must be 4-byte aligned.
+ */
+size_t psk_codec_scratch_bytes(const psk_codec_t *c, size_t n);
+
+/**
+ * @brief Encode in[n] into out.
+ * @param[out] out     [cap] payload
+ * @param[out] len     bytes written (psk_codec_max_bytes), set on success only
+ * @param[in]  in      [n] values
+ * @param[in]  scratch [psk_codec_scratch_bytes] bytes, NULL when that is 0
+ * @return 0; PS_EINVAL if @p c is invalid, n > UINT32_MAX, cap is too small, scratch is
+ *         missing, or (int8, sign) a block holds a NaN or an infinity (its scale would not
+ *         be finite). On error out may be partly written.
+ * @note topk selects the k largest |x| by a radix select on the magnitude bits (three
+ *       histogram levels, O(n), no sort); NaN counts as the largest magnitude, and ties go to
+ *       the lower index. Encoding is deterministic: same input and codec, same bytes.
+ */
+int psk_codec_encode_cpu(uint8_t *out, size_t cap, size_t *len, const float *in, size_t n,
+                         const psk_codec_t *c, void *scratch);
+
+/**
+ * @brief Decode a payload and accumulate it: out[i] += weight * decode(payload)[i].
+ * topk and randomk add only their k values (no dense temporary).
+ * @param[in,out] out [n] accumulator
+ * @return 0; PS_EINVAL if @p c is invalid; PS_EPROTO if the payload is malformed: header
+ *         disagrees with (c, n), len differs from psk_codec_max_bytes, topk indices out of
+ *         range or not strictly increasing, an int8 or sign scale negative or not finite, an
+ *         int8 q of -128, or sign padding bits set. The payload is checked in full before
+ *         anything is written: on error out is unchanged.
+ * @note Values themselves (none, fp16, bf16, topk, randomk) may be NaN or infinite; they are
+ *       added as they are, like an uncompressed gradient.
+ */
+int psk_codec_decode_add_cpu(float *out, size_t n, const uint8_t *payload, size_t len,
+                             const psk_codec_t *c, float weight);
+
+/**
+ * @brief Encode with error feedback: x = g + residual; encode x into out;
+ * residual = x - decode(x). The residual starts at zeros and carries, per chunk, what
+ * earlier steps did not send, so the sum of everything sent plus the residual equals the sum
+ * of the gradients (up to float rounding).
+ * @param[in]     g        [n] this step's gradient
+ * @param[in,out] residual [n] error-feedback state; must not overlap g
+ * @return as psk_codec_encode_cpu. Argument errors leave residual unchanged; a non-finite
+ *         block (int8, sign) is found after residual already holds x = g + residual.
+ * @note residual holds x during the encode, so no n-sized temporary is needed.
+ */
+int psk_codec_encode_ef_cpu(uint8_t *out, size_t cap, size_t *len, const float *g,
+                            float *residual, size_t n, const psk_codec_t *c, void *scratch);
+
+/**
+ * @brief The randomk index set: idx[k], strictly increasing, in [0, n), a function of
+ * (seed, n, k) only. Stratified: [0, n) is cut into k nearly equal strata
+ * [j * n / k, (j + 1) * n / k) and index j is uniform in stratum j, by a counter-based hash
+ * of (seed, j). Each element is sent with probability about k / n, but two elements of one
+ * stratum never travel together (not a uniform k-subset). Requires k <= n <= UINT32_MAX.
+ */
+void psk_codec_randomk_indices(uint32_t *idx, uint64_t seed, size_t n, size_t k);
+
+#endif

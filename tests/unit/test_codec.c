@@ -1,0 +1,992 @@
+/* test_codec.c: gradient codecs: round-trip error bounds, topk/randomk selection, error
+ * feedback, decode-and-accumulate, payload validation and codec-name parsing. */
+#include "codec.h"
+
+#include "ps/ps_error.h"
+
+#include <check.h>
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define N 1001    /* values per chunk: not a multiple of BLOCK or 8, so partial blocks occur */
+#define BLOCK 64  /* int8 and sign block size in the tests */
+#define STEPS 200 /* error-feedback steps */
+
+/* One codec of each kind and variant; the loop tests index this table. */
+static const psk_codec_t CODECS[] = {
+    {.kind = PSK_CODEC_NONE},
+    {.kind = PSK_CODEC_FP16},
+    {.kind = PSK_CODEC_BF16},
+    {.kind = PSK_CODEC_INT8, .block = BLOCK},
+    {.kind = PSK_CODEC_INT8, .block = BLOCK, .stochastic = 1, .seed = 7},
+    {.kind = PSK_CODEC_TOPK, .fraction = 0.05f},
+    {.kind = PSK_CODEC_TOPK, .fraction = 0.05f, .fp16_values = 1},
+    {.kind = PSK_CODEC_RANDOMK, .fraction = 0.05f, .seed = 11},
+    {.kind = PSK_CODEC_RANDOMK, .fraction = 0.05f, .fp16_values = 1, .seed = 11},
+    {.kind = PSK_CODEC_SIGN, .block = BLOCK},
+};
+#define NCODECS ((int)(sizeof CODECS / sizeof CODECS[0]))
+
+/* ---- helpers ---- */
+
+static uint64_t rng_state;
+
+static uint64_t rng_next(void)
+{
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in (0, 1). */
+static double rng_unit(void)
+{
+    return ((double)(rng_next() >> 11) + 0.5) * 0x1.0p-53;
+}
+
+/* x[n] ~ N(0, std^2). */
+static void fill_normal(float *x, size_t n, uint64_t seed, double std)
+{
+    rng_state = seed;
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)(std * sqrt(-2.0 * log(rng_unit())) * cos(6.283185307179586 * rng_unit()));
+}
+
+static void *xmalloc(size_t bytes)
+{
+    void *p = malloc(bytes > 0 ? bytes : 1);
+    ck_assert_ptr_nonnull(p);
+    return p;
+}
+
+static float *zeros(size_t n)
+{
+    float *p = xmalloc(n * sizeof(float));
+    memset(p, 0, n * sizeof(float));
+    return p;
+}
+
+typedef struct {
+    uint8_t *p; /* exactly len bytes, so that ASan or valgrind catch an overrun */
+    size_t len;
+} payload_t;
+
+/* Encode x[n] into a fresh payload (checked to succeed with the exact advertised size). */
+static payload_t encode(const psk_codec_t *c, const float *x, size_t n)
+{
+    size_t cap = psk_codec_max_bytes(c, n);
+    ck_assert_uint_ge(cap, PSK_CODEC_HEADER_BYTES);
+    payload_t pl = {.p = xmalloc(cap), .len = 0};
+    void *scratch = xmalloc(psk_codec_scratch_bytes(c, n));
+    ck_assert_int_eq(psk_codec_encode_cpu(pl.p, cap, &pl.len, x, n, c, scratch), 0);
+    ck_assert_uint_eq(pl.len, cap);
+    free(scratch);
+    return pl;
+}
+
+/*
+ * decode(x) as a fresh dense array: decode_add into -0.0, the exact additive identity
+ * (+0.0 would turn a decoded -0.0 into +0.0).
+ */
+static float *round_trip(const psk_codec_t *c, const float *x, size_t n)
+{
+    payload_t pl = encode(c, x, n);
+    float *y = xmalloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        y[i] = -0.0f;
+    ck_assert_int_eq(psk_codec_decode_add_cpu(y, n, pl.p, pl.len, c, 1.0f), 0);
+    free(pl.p);
+    return y;
+}
+
+static uint32_t bits_of(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static float float_of(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* ---- parse, sizes ---- */
+
+START_TEST(test_parse_accepts)
+{
+    static const struct {
+        const char *text;
+        psk_codec_kind_t kind;
+        float fraction;
+    } ok[] = {
+        {"none", PSK_CODEC_NONE, 0.0f},        {"fp16", PSK_CODEC_FP16, 0.0f},
+        {"bf16", PSK_CODEC_BF16, 0.0f},        {"int8", PSK_CODEC_INT8, 0.0f},
+        {"sign", PSK_CODEC_SIGN, 0.0f},        {"topk:0.01", PSK_CODEC_TOPK, 0.01f},
+        {"topk:1", PSK_CODEC_TOPK, 1.0f},      {"topk:.5", PSK_CODEC_TOPK, 0.5f},
+        {"topk:1e-3", PSK_CODEC_TOPK, 1e-3f},  {"randomk:0.01", PSK_CODEC_RANDOMK, 0.01f},
+        {"randomk:1.0", PSK_CODEC_RANDOMK, 1.0f},
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        psk_codec_t c;
+        memset(&c, 0xa5, sizeof c);
+        ck_assert_msg(psk_codec_parse(&c, ok[i].text) == 0, "%s rejected", ok[i].text);
+        ck_assert_int_eq(c.kind, ok[i].kind);
+        ck_assert(c.fraction == ok[i].fraction);
+        ck_assert_uint_eq(c.block, PSK_CODEC_BLOCK_DEFAULT);
+        ck_assert_int_eq(c.fp16_values, 0);
+        ck_assert_int_eq(c.stochastic, 0);
+        ck_assert_uint_eq(c.seed, 0);
+    }
+}
+END_TEST
+
+START_TEST(test_parse_rejects)
+{
+    static const char *bad[] = {
+        "",          "NONE",       "fp32",        "int4",        "topk",       "topk:",
+        "topk:0",    "topk:0.0",   "topk:1.5",    "topk:abc",    "topk:-0.1",  "topk: 0.1",
+        "topk:+0.1", "topk:0.1x",  "topk:nan",    "topk:inf",    "topk:1e-60", "topk:0.1:2",
+        "randomk:0", "randomk:2",  "randomk",     "int8:128",    "fp16:",      "sign:0.5",
+        "none ",     " none",      "topk0.1",     "topk:0x",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        psk_codec_t c = {.kind = PSK_CODEC_SIGN, .block = 99};
+        ck_assert_msg(psk_codec_parse(&c, bad[i]) == PS_EINVAL, "'%s' accepted", bad[i]);
+        ck_assert_int_eq(c.kind, PSK_CODEC_SIGN); /* untouched */
+        ck_assert_uint_eq(c.block, 99);
+    }
+    psk_codec_t c;
+    ck_assert_int_eq(psk_codec_parse(&c, NULL), PS_EINVAL);
+}
+END_TEST
+
+START_TEST(test_sizes)
+{
+    psk_codec_t topk = {.kind = PSK_CODEC_TOPK, .fraction = 0.1f};
+    ck_assert_uint_eq(psk_codec_k(&topk, 1000), 100); /* 0.1f * 1000 is 100.0000015 */
+    ck_assert_uint_eq(psk_codec_k(&topk, 1001), 101);
+    ck_assert_uint_eq(psk_codec_k(&topk, 1), 1);
+    ck_assert_uint_eq(psk_codec_k(&topk, 0), 0);
+    topk.fraction = 0.01f;
+    ck_assert_uint_eq(psk_codec_k(&topk, 1000000), 10000);
+    ck_assert_uint_eq(psk_codec_k(&topk, 5), 1);
+    topk.fraction = 1.0f;
+    ck_assert_uint_eq(psk_codec_k(&topk, 77), 77);
+
+    const size_t n = 1000, h = PSK_CODEC_HEADER_BYTES;
+    psk_codec_t c = {.kind = PSK_CODEC_NONE};
+    ck_assert_uint_eq(psk_codec_max_bytes(&c, n), h + 4000);
+    c.kind = PSK_CODEC_FP16;
+    ck_assert_uint_eq(psk_codec_max_bytes(&c, n), h + 2000);
+    c.kind = PSK_CODEC_BF16;
+    ck_assert_uint_eq(psk_codec_max_bytes(&c, n), h + 2000);
+    c = (psk_codec_t){.kind = PSK_CODEC_INT8, .block = 256};
+    ck_assert_uint_eq(psk_codec_max_bytes(&c, n), h + 4 * 4 + 1000);
+    c = (psk_codec_t){.kind = PSK_CODEC_SIGN, .block = 256};
+    ck_assert_uint_eq(psk_codec_max_bytes(&c, n), h + 4 * 4 + 125);
+    ck_assert_uint_eq(psk_codec_max_bytes(&c, 1001), h + 4 * 4 + 126);
+    c = (psk_codec_t){.kind = PSK_CODEC_TOPK, .fraction = 0.01f};
+    ck_assert_uint_eq(psk_codec_max_bytes(&c, n), h + 10 * 8);
+    c.fp16_values = 1;
+    ck_assert_uint_eq(psk_codec_max_bytes(&c, n), h + 10 * 6);
+    ck_assert_uint_eq(psk_codec_scratch_bytes(&c, n), 4 * n + 32772);
+    c = (psk_codec_t){.kind = PSK_CODEC_RANDOMK, .fraction = 0.01f};
+    ck_assert_uint_eq(psk_codec_max_bytes(&c, n), h + 8 + 10 * 4);
+    ck_assert_uint_eq(psk_codec_scratch_bytes(&c, n), 0);
+
+    /* Invalid codecs. */
+    c = (psk_codec_t){.kind = (psk_codec_kind_t)99};
+    ck_assert_uint_eq(psk_codec_max_bytes(&c, n), 0);
+    c = (psk_codec_t){.kind = PSK_CODEC_INT8, .block = 0};
+    ck_assert_uint_eq(psk_codec_max_bytes(&c, n), 0);
+    c = (psk_codec_t){.kind = PSK_CODEC_TOPK, .fraction = 0.0f};
+    ck_assert_uint_eq(psk_codec_max_bytes(&c, n), 0);
+    c = (psk_codec_t){.kind = PSK_CODEC_TOPK, .fraction = NAN};
+    ck_assert_uint_eq(psk_codec_max_bytes(&c, n), 0);
+}
+END_TEST
+
+/* ---- round trips ---- */
+
+START_TEST(test_none_exact)
+{
+    float x[N];
+    fill_normal(x, N, 1, 1.0);
+    float *y = round_trip(&CODECS[0], x, N);
+    ck_assert_mem_eq(y, x, sizeof x);
+    free(y);
+}
+END_TEST
+
+/* Values of both signs spread over fp16's normal range, 2^-14 .. 60000. */
+static void fill_log_uniform(float *x, size_t n, uint64_t seed, double lo, double hi)
+{
+    rng_state = seed;
+    for (size_t i = 0; i < n; i++) {
+        double m = exp(log(lo) + (log(hi) - log(lo)) * rng_unit());
+        x[i] = (float)((rng_next() & 1) ? m : -m);
+    }
+}
+
+START_TEST(test_fp16_round_trip)
+{
+    float x[N];
+    fill_log_uniform(x, N, 2, 0x1.0p-14, 60000.0);
+    float *y = round_trip(&CODECS[1], x, N);
+    for (size_t i = 0; i < N; i++)
+        ck_assert_msg(fabsf(y[i] - x[i]) <= 1e-3f * fabsf(x[i]), "x %g y %g", x[i], y[i]);
+    free(y);
+}
+END_TEST
+
+/* Every fp16 value survives fp16 -> fp32 -> fp16 exactly (NaN as NaN), which checks both
+ * conversions over the whole range at once; plus rounding at the edges. */
+START_TEST(test_fp16_exhaustive_and_special)
+{
+    const psk_codec_t *c = &CODECS[1];
+    const size_t n = 65536;
+    uint8_t *pl = xmalloc(psk_codec_max_bytes(c, n));
+    float *x = xmalloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        x[i] = -0.0f; /* see round_trip */
+    /* A valid fp16 payload (header from encoding zeros) holding all 65536 bit patterns. */
+    size_t len;
+    ck_assert_int_eq(psk_codec_encode_cpu(pl, psk_codec_max_bytes(c, n), &len, x, n, c, NULL), 0);
+    for (size_t h = 0; h < n; h++) {
+        uint16_t v = (uint16_t)h;
+        memcpy(pl + PSK_CODEC_HEADER_BYTES + 2 * h, &v, 2);
+    }
+    ck_assert_int_eq(psk_codec_decode_add_cpu(x, n, pl, len, c, 1.0f), 0);
+    payload_t back = encode(c, x, n);
+    for (size_t h = 0; h < n; h++) {
+        uint16_t v;
+        memcpy(&v, back.p + PSK_CODEC_HEADER_BYTES + 2 * h, 2);
+        if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff) != 0) {
+            ck_assert_msg(isnan(x[h]), "half %04zx: %g", h, x[h]);
+            ck_assert_uint_eq(v, (h & 0x8000) | 0x7e00);
+        } else {
+            ck_assert_msg(v == h, "half %04zx -> %g -> %04x", h, x[h], v);
+        }
+    }
+    ck_assert(x[0x3c00] == 1.0f && x[0x7bff] == 65504.0f && x[0x0001] == 0x1.0p-24f);
+    free(back.p);
+
+    /* Ties to even, overflow, subnormal rounding, signed zero. */
+    float in[] = {1.0f + 0x1.0p-11f, 1.0f + 3 * 0x1.0p-11f, 65504.0f, 65519.0f, 65520.0f,
+                  -1e6f,             0x1.8p-25f,          0x1.0p-25f, -0.0f,   INFINITY,
+                  -INFINITY,         NAN};
+    float want[] = {1.0f,      1.0f + 0x1.0p-9f, 65504.0f, 65504.0f, INFINITY,
+                    -INFINITY, 0x1.0p-24f,       0.0f,     -0.0f,    INFINITY,
+                    -INFINITY, NAN};
+    size_t m = sizeof in / sizeof in[0];
+    float *y = round_trip(c, in, m);
+    for (size_t i = 0; i < m; i++) {
+        if (isnan(want[i]))
+            ck_assert(isnan(y[i]));
+        else
+            ck_assert_msg(bits_of(y[i]) == bits_of(want[i]), "%a -> %a, want %a", in[i], y[i],
+                          want[i]);
+    }
+    free(y);
+    free(x);
+    free(pl);
+}
+END_TEST
+
+START_TEST(test_bf16_round_trip)
+{
+    float x[N];
+    fill_log_uniform(x, N, 3, 1e-30, 1e30);
+    float *y = round_trip(&CODECS[2], x, N);
+    for (size_t i = 0; i < N; i++)
+        ck_assert_msg(fabsf(y[i] - x[i]) <= 8e-3f * fabsf(x[i]), "x %g y %g", x[i], y[i]);
+    free(y);
+
+    /* Ties to even, overflow near FLT_MAX, NaN with only low payload bits stays NaN. */
+    float in[] = {float_of(0x3f808000u), float_of(0x3f818000u), float_of(0x3f808001u),
+                  FLT_MAX,               -FLT_MAX,              INFINITY,
+                  -INFINITY,             float_of(0x7f800001u), float_of(0xff800001u),
+                  -0.0f,                 float_of(0x00000001u)};
+    uint32_t want[] = {0x3f800000u, 0x3f820000u, 0x3f810000u, 0x7f800000u,
+                       0xff800000u, 0x7f800000u, 0xff800000u, 0,
+                       0,           0x80000000u, 0x00000000u};
+    size_t m = sizeof in / sizeof in[0];
+    y = round_trip(&CODECS[2], in, m);
+    for (size_t i = 0; i < m; i++) {
+        if (bits_of(in[i]) == 0x7f800001u || bits_of(in[i]) == 0xff800001u) {
+            ck_assert(isnan(y[i]));
+            ck_assert_uint_eq(bits_of(y[i]) >> 31, bits_of(in[i]) >> 31);
+        } else {
+            ck_assert_msg(bits_of(y[i]) == want[i], "%a -> %a", in[i], y[i]);
+        }
+    }
+    free(y);
+}
+END_TEST
+
+/* absmax of x[s, s + len). */
+static float absmax(const float *x, size_t s, size_t len)
+{
+    float m = 0;
+    for (size_t i = s; i < s + len; i++)
+        m = fabsf(x[i]) > m ? fabsf(x[i]) : m;
+    return m;
+}
+
+/* Block sizes for the int8 and sign round trips: byte-aligned, odd, one, a partial chunk. */
+static const uint32_t BLOCKS[] = {BLOCK, 13, 1, 256};
+
+START_TEST(test_int8_round_trip)
+{
+    psk_codec_t c = CODECS[3];
+    c.block = BLOCKS[_i];
+    float x[N];
+    fill_normal(x, N, 4, 3.0);
+    for (size_t i = 128; i < 192; i++) /* one all-zero block */
+        x[i] = 0.0f;
+    for (size_t i = 192; i < 256; i++) /* one block of tiny values */
+        x[i] *= 1e-40f;
+    float *y = round_trip(&c, x, N);
+    for (size_t s = 0; s < N; s += c.block) {
+        size_t len = N - s < c.block ? N - s : c.block;
+        float step = absmax(x, s, len) / 127.0f;
+        for (size_t i = s; i < s + len; i++)
+            ck_assert_msg(fabsf(y[i] - x[i]) <= 0.5f * step * (1.0f + 1e-4f) + 1e-44f,
+                          "i %zu x %g y %g step %g", i, x[i], y[i], step);
+    }
+    for (size_t i = 128; i < 192; i++)
+        ck_assert(y[i] == 0.0f);
+    free(y);
+}
+END_TEST
+
+START_TEST(test_int8_stochastic)
+{
+    float x[N];
+    fill_normal(x, N, 5, 1.0);
+    psk_codec_t c = CODECS[4];
+    double *mean = xmalloc(N * sizeof(double));
+    memset(mean, 0, N * sizeof(double));
+    const int trials = 400;
+    for (int t = 0; t < trials; t++) {
+        c.seed = (uint64_t)t * 7919u + 1;
+        float *y = round_trip(&c, x, N);
+        for (size_t s = 0; s < N; s += BLOCK) {
+            size_t len = N - s < BLOCK ? N - s : BLOCK;
+            float step = absmax(x, s, len) / 127.0f;
+            for (size_t i = s; i < s + len; i++) {
+                ck_assert_msg(fabsf(y[i] - x[i]) <= step * (1.0f + 1e-4f), "x %g y %g", x[i],
+                              y[i]);
+                mean[i] += y[i];
+            }
+        }
+        free(y);
+    }
+    /* Unbiased: the mean over seeds approaches x (std of the mean <= step / 2 / sqrt(400)). */
+    for (size_t s = 0; s < N; s += BLOCK) {
+        size_t len = N - s < BLOCK ? N - s : BLOCK;
+        float step = absmax(x, s, len) / 127.0f;
+        for (size_t i = s; i < s + len; i++)
+            ck_assert_msg(fabs(mean[i] / trials - x[i]) <= 0.15 * step, "i %zu", i);
+    }
+    /* Same seed, same bytes; another seed, other bytes. */
+    c.seed = 42;
+    payload_t a = encode(&c, x, N), b = encode(&c, x, N);
+    ck_assert_mem_eq(a.p, b.p, a.len);
+    c.seed = 43;
+    payload_t d = encode(&c, x, N);
+    ck_assert(memcmp(a.p, d.p, a.len) != 0);
+    free(a.p);
+    free(b.p);
+    free(d.p);
+    free(mean);
+}
+END_TEST
+
+START_TEST(test_sign_round_trip)
+{
+    psk_codec_t c = CODECS[9];
+    c.block = BLOCKS[_i];
+    float x[N];
+    fill_normal(x, N, 6, 2.0);
+    x[5] = 0.0f;
+    float *y = round_trip(&c, x, N);
+    for (size_t s = 0; s < N; s += c.block) {
+        size_t len = N - s < c.block ? N - s : c.block;
+        double mean = 0;
+        for (size_t i = s; i < s + len; i++)
+            mean += fabs((double)x[i]);
+        mean /= (double)len;
+        for (size_t i = s; i < s + len; i++) {
+            ck_assert_msg(fabs(fabs((double)y[i]) - mean) <= 1e-6 * mean, "i %zu", i);
+            ck_assert(signbit(y[i]) == signbit(x[i])); /* +0 -> +scale */
+        }
+    }
+    free(y);
+}
+END_TEST
+
+/* Reference topk: sort indices by (|x| desc, index asc), take k. */
+static const float *ref_x;
+static int by_mag_desc(const void *a, const void *b)
+{
+    uint32_t i = *(const uint32_t *)a, j = *(const uint32_t *)b;
+    uint32_t ki = bits_of(ref_x[i]) & 0x7fffffffu, kj = bits_of(ref_x[j]) & 0x7fffffffu;
+    if (ki != kj)
+        return ki > kj ? -1 : 1;
+    return i < j ? -1 : 1;
+}
+
+/* Checks topk on x[n]: exactly the reference indices, values x there (or their fp16), zeros
+ * elsewhere, indices in the payload ascending. */
+static void check_topk(const psk_codec_t *c, const float *x, size_t n)
+{
+    size_t k = psk_codec_k(c, n);
+    uint32_t *order = xmalloc(n * sizeof(uint32_t));
+    for (size_t i = 0; i < n; i++)
+        order[i] = (uint32_t)i;
+    ref_x = x;
+    qsort(order, n, sizeof *order, by_mag_desc);
+    char *chosen = xmalloc(n);
+    memset(chosen, 0, n);
+    for (size_t j = 0; j < k; j++)
+        chosen[order[j]] = 1;
+
+    payload_t pl = encode(c, x, n);
+    uint32_t prev = 0;
+    for (size_t j = 0; j < k; j++) {
+        uint32_t idx;
+        memcpy(&idx, pl.p + PSK_CODEC_HEADER_BYTES + 4 * j, 4);
+        ck_assert_msg(idx < n && chosen[idx], "payload index %u not in the top %zu", idx, k);
+        ck_assert(j == 0 || idx > prev);
+        prev = idx;
+    }
+    float *y = zeros(n);
+    ck_assert_int_eq(psk_codec_decode_add_cpu(y, n, pl.p, pl.len, c, 1.0f), 0);
+    for (size_t i = 0; i < n; i++) {
+        if (!chosen[i])
+            ck_assert_msg(bits_of(y[i]) == 0, "y[%zu] = %g, not sent", i, y[i]);
+        else if (c->fp16_values)
+            ck_assert_msg(fabsf(y[i] - x[i]) <= 1e-3f * fabsf(x[i]), "y[%zu]", i);
+        else
+            ck_assert_msg(bits_of(y[i]) == bits_of(x[i]) || x[i] == 0.0f, "y[%zu]", i);
+    }
+    free(y);
+    free(pl.p);
+    free(chosen);
+    free(order);
+}
+
+START_TEST(test_topk_selects_largest)
+{
+    const size_t n = 10007;
+    float *x = xmalloc(n * sizeof(float));
+    psk_codec_t c = CODECS[5 + _i % 2];
+    static const float fractions[] = {0.001f, 0.01f, 0.05f, 0.5f, 1.0f};
+
+    /* Normal values (the usual case: the threshold bin holds a few candidates). */
+    fill_normal(x, n, 7, 1.0);
+    for (size_t f = 0; f < sizeof fractions / sizeof fractions[0]; f++) {
+        c.fraction = fractions[f];
+        check_topk(&c, x, n);
+    }
+    /* Every magnitude in [1, 1 + 2^-12): one level-1 bin, decided by the lower levels. */
+    rng_state = 8;
+    for (size_t i = 0; i < n; i++)
+        x[i] = float_of(0x3f800000u | (uint32_t)(rng_next() % 2048)) * ((i & 1) ? -1 : 1);
+    c.fraction = 0.01f;
+    check_topk(&c, x, n);
+    /* Heavy ties: only three magnitudes; ties go to the lowest indices. */
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)(i % 3) * ((i & 4) ? -1.0f : 1.0f);
+    for (size_t f = 0; f < sizeof fractions / sizeof fractions[0]; f++) {
+        c.fraction = fractions[f];
+        check_topk(&c, x, n);
+    }
+    /* All zeros, a single element. */
+    memset(x, 0, n * sizeof(float));
+    c.fraction = 0.01f;
+    check_topk(&c, x, n);
+    x[0] = -3.0f;
+    check_topk(&c, x, 1);
+    free(x);
+}
+END_TEST
+
+START_TEST(test_topk_deterministic)
+{
+    float x[N];
+    for (size_t i = 0; i < N; i++)
+        x[i] = (float)(i % 7);
+    payload_t a = encode(&CODECS[5], x, N), b = encode(&CODECS[5], x, N);
+    ck_assert_mem_eq(a.p, b.p, a.len);
+    free(a.p);
+    free(b.p);
+}
+END_TEST
+
+START_TEST(test_randomk_indices)
+{
+    static const size_t ns[] = {1, 7, 1000, 10007};
+    static const double fractions[] = {0.001, 0.05, 0.3, 1.0};
+    for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++) {
+        for (size_t f = 0; f < sizeof fractions / sizeof fractions[0]; f++) {
+            size_t n = ns[a];
+            psk_codec_t c = {.kind = PSK_CODEC_RANDOMK, .fraction = (float)fractions[f]};
+            size_t k = psk_codec_k(&c, n);
+            uint32_t *idx = xmalloc(k * sizeof(uint32_t));
+            uint32_t *again = xmalloc(k * sizeof(uint32_t));
+            psk_codec_randomk_indices(idx, 1234, n, k);
+            psk_codec_randomk_indices(again, 1234, n, k);
+            ck_assert_mem_eq(idx, again, k * sizeof(uint32_t));
+            for (size_t j = 0; j < k; j++) {
+                ck_assert_uint_lt(idx[j], n);
+                ck_assert(j == 0 || idx[j] > idx[j - 1]); /* sorted, hence distinct */
+                /* In its stratum [j n / k, (j + 1) n / k). */
+                ck_assert_uint_ge(idx[j], (uint64_t)j * n / k);
+                ck_assert_uint_lt(idx[j], (uint64_t)(j + 1) * n / k);
+            }
+            if (k == n)
+                for (size_t j = 0; j < k; j++)
+                    ck_assert_uint_eq(idx[j], j);
+            free(idx);
+            free(again);
+        }
+    }
+    /* Other seeds give other sets; each element is picked about k / n of the time. */
+    const size_t n = 1000, k = 50, seeds = 2000;
+    uint32_t idx[50], first[50];
+    unsigned hits[1000] = {0};
+    int differ = 0;
+    psk_codec_randomk_indices(first, 0, n, k);
+    for (uint64_t s = 0; s < seeds; s++) {
+        psk_codec_randomk_indices(idx, s, n, k);
+        differ += memcmp(idx, first, sizeof idx) != 0;
+        for (size_t j = 0; j < k; j++)
+            hits[idx[j]]++;
+    }
+    ck_assert_int_eq(differ, seeds - 1);
+    for (size_t i = 0; i < n; i++) /* expected 100, std about 9.7 */
+        ck_assert_msg(hits[i] > 50 && hits[i] < 150, "element %zu picked %u times", i, hits[i]);
+}
+END_TEST
+
+START_TEST(test_randomk_round_trip)
+{
+    float x[N];
+    fill_normal(x, N, 9, 1.0);
+    psk_codec_t c = CODECS[7 + _i];
+    size_t k = psk_codec_k(&c, N);
+    uint32_t idx[N];
+    psk_codec_randomk_indices(idx, c.seed, N, k);
+
+    payload_t pl = encode(&c, x, N);
+    /* Only the values travel: the payload's (fp32) values are x at the shared indices. */
+    for (size_t j = 0; j < k && !c.fp16_values; j++) {
+        float v;
+        memcpy(&v, pl.p + PSK_CODEC_HEADER_BYTES + 8 + 4 * j, 4);
+        ck_assert(v == x[idx[j]]);
+    }
+    /* The receiver adds exactly there, whatever its own psk_codec_t.seed says. */
+    psk_codec_t receiver = c;
+    receiver.seed = 999;
+    float *y = zeros(N);
+    ck_assert_int_eq(psk_codec_decode_add_cpu(y, N, pl.p, pl.len, &receiver, 1.0f), 0);
+    size_t j = 0;
+    for (size_t i = 0; i < N; i++) {
+        if (j < k && idx[j] == i) {
+            ck_assert_msg(fabsf(y[i] - x[i]) <= (c.fp16_values ? 1e-3f : 0.0f) * fabsf(x[i]),
+                          "y[%zu]", i);
+            j++;
+        } else {
+            ck_assert(bits_of(y[i]) == 0);
+        }
+    }
+    free(y);
+    free(pl.p);
+}
+END_TEST
+
+/* Every codec handles an empty chunk: a bare header. */
+START_TEST(test_empty_chunk)
+{
+    const psk_codec_t *c = &CODECS[_i];
+    float x[1] = {0}, y[1] = {5.0f};
+    uint8_t pl[64];
+    size_t len = 0;
+    uint32_t scratch[8193];
+    size_t want = PSK_CODEC_HEADER_BYTES + (c->kind == PSK_CODEC_RANDOMK ? 8 : 0);
+    ck_assert_uint_eq(psk_codec_max_bytes(c, 0), want);
+    ck_assert_int_eq(psk_codec_encode_cpu(pl, sizeof pl, &len, x, 0, c, scratch), 0);
+    ck_assert_uint_eq(len, want);
+    ck_assert_int_eq(psk_codec_decode_add_cpu(y, 0, pl, len, c, 1.0f), 0);
+    ck_assert(y[0] == 5.0f);
+}
+END_TEST
+
+/* ---- decode_add accumulates ---- */
+
+START_TEST(test_decode_add_weight)
+{
+    const psk_codec_t *c = &CODECS[_i];
+    float x[N], base[N];
+    fill_normal(x, N, 10, 1.0);
+    fill_normal(base, N, 11, 5.0);
+    float *d = round_trip(c, x, N);
+
+    payload_t pl = encode(c, x, N);
+    float out[N];
+    memcpy(out, base, sizeof out);
+    ck_assert_int_eq(psk_codec_decode_add_cpu(out, N, pl.p, pl.len, c, 0.25f), 0);
+    ck_assert_int_eq(psk_codec_decode_add_cpu(out, N, pl.p, pl.len, c, -1.5f), 0);
+    for (size_t i = 0; i < N; i++) {
+        float want = (base[i] + 0.25f * d[i]) + -1.5f * d[i];
+        ck_assert_msg(fabsf(out[i] - want) <= 1e-6f * (fabsf(base[i]) + fabsf(d[i])),
+                      "out[%zu] %g want %g", i, out[i], want);
+    }
+    free(pl.p);
+    free(d);
+}
+END_TEST
+
+/* ---- error feedback ---- */
+
+/*
+ * Over STEPS steps of fresh gradients: everything decoded so far plus the residual equals
+ * the sum of the gradients, element by element, up to float rounding; the tolerance grows
+ * with the magnitudes that went through float additions.
+ */
+START_TEST(test_error_feedback_invariant)
+{
+    psk_codec_t c = CODECS[_i];
+    float *g = zeros(N), *r = zeros(N), *acc = zeros(N);
+    double *gsum = xmalloc(N * sizeof(double)), *mag = xmalloc(N * sizeof(double));
+    memset(gsum, 0, N * sizeof(double));
+    memset(mag, 0, N * sizeof(double));
+    size_t cap = psk_codec_max_bytes(&c, N);
+    uint8_t *pl = xmalloc(cap);
+    void *scratch = xmalloc(psk_codec_scratch_bytes(&c, N));
+    float *d = zeros(N);
+
+    for (int t = 0; t < STEPS; t++) {
+        fill_normal(g, N, 1000 + (uint64_t)t, 1.0);
+        c.seed = CODECS[_i].seed + (uint64_t)t; /* a fresh sample per step */
+        size_t len = 0;
+        ck_assert_int_eq(psk_codec_encode_ef_cpu(pl, cap, &len, g, r, N, &c, scratch), 0);
+        ck_assert_uint_eq(len, cap);
+        memset(d, 0, N * sizeof(float));
+        ck_assert_int_eq(psk_codec_decode_add_cpu(d, N, pl, len, &c, 1.0f), 0);
+        for (size_t i = 0; i < N; i++) {
+            acc[i] += d[i];
+            gsum[i] += g[i];
+            mag[i] += fabs((double)g[i]) + fabs((double)d[i]) + fabs((double)r[i]) +
+                      fabs((double)acc[i]);
+        }
+    }
+    for (size_t i = 0; i < N; i++) {
+        double err = fabs((double)acc[i] + (double)r[i] - gsum[i]);
+        ck_assert_msg(err <= 1e-6 * mag[i] + 1e-6, "i %zu: sent %g + residual %g vs %g", i,
+                      acc[i], r[i], gsum[i]);
+    }
+    if (c.kind == PSK_CODEC_NONE)
+        for (size_t i = 0; i < N; i++)
+            ck_assert(r[i] == 0.0f);
+    free(d);
+    free(scratch);
+    free(pl);
+    free(mag);
+    free(gsum);
+    free(acc);
+    free(r);
+    free(g);
+}
+END_TEST
+
+/* Error feedback really feeds back: topk with it sends, over time, what it held back. */
+START_TEST(test_error_feedback_residual_sent)
+{
+    psk_codec_t c = {.kind = PSK_CODEC_TOPK, .fraction = 0.01f};
+    float g[N], r[N] = {0};
+    uint8_t pl[PSK_CODEC_HEADER_BYTES + 11 * 8]; /* k = ceil(0.01 * 1001) = 11 */
+    ck_assert_uint_eq(psk_codec_max_bytes(&c, N), sizeof pl);
+    void *scratch = xmalloc(psk_codec_scratch_bytes(&c, N));
+    for (size_t i = 0; i < N; i++)
+        g[i] = 1.0f + (float)i * 1e-4f; /* constant gradient: every element must get a turn */
+    float acc[N] = {0};
+    for (int t = 0; t < 150; t++) {
+        size_t len;
+        ck_assert_int_eq(psk_codec_encode_ef_cpu(pl, sizeof pl, &len, g, r, N, &c, scratch), 0);
+        ck_assert_int_eq(psk_codec_decode_add_cpu(acc, N, pl, len, &c, 1.0f), 0);
+    }
+    for (size_t i = 0; i < N; i++)
+        ck_assert_msg(acc[i] > 0.0f, "element %zu never sent", i);
+    free(scratch);
+}
+END_TEST
+
+/* ---- malformed payloads and bad arguments ---- */
+
+/* Decode must fail with rc and leave out untouched. */
+static void expect_reject(const psk_codec_t *c, const uint8_t *p, size_t len, size_t n, int rc)
+{
+    float *out = xmalloc(n * sizeof(float) + 4);
+    for (size_t i = 0; i < n; i++)
+        out[i] = (float)i * 0.5f - 3.0f;
+    float *copy = xmalloc(n * sizeof(float) + 4);
+    memcpy(copy, out, n * sizeof(float));
+    ck_assert_int_eq(psk_codec_decode_add_cpu(out, n, p, len, c, 1.0f), rc);
+    ck_assert_mem_eq(out, copy, n * sizeof(float));
+    free(copy);
+    free(out);
+}
+
+/* A payload of c for N normal values, and a scratch copy to corrupt. */
+static payload_t sample_payload(const psk_codec_t *c)
+{
+    float x[N];
+    fill_normal(x, N, 12, 1.0);
+    return encode(c, x, N);
+}
+
+START_TEST(test_reject_length_and_header)
+{
+    const psk_codec_t *c = &CODECS[_i];
+    payload_t pl = sample_payload(c);
+    uint8_t *bad = xmalloc(pl.len + 1);
+
+    expect_reject(c, pl.p, pl.len - 1, N, PS_EPROTO); /* short */
+    memcpy(bad, pl.p, pl.len);
+    bad[pl.len] = 0;
+    expect_reject(c, bad, pl.len + 1, N, PS_EPROTO); /* long */
+    expect_reject(c, pl.p, 0, N, PS_EPROTO); /* empty */
+    expect_reject(c, pl.p, PSK_CODEC_HEADER_BYTES - 1, N, PS_EPROTO);
+    expect_reject(c, pl.p, pl.len, N - 1, PS_EPROTO); /* n disagrees */
+    static const size_t flip[] = {0, 1, 2, 3, 4, 7, 8, 11, 12, 15};
+    for (size_t f = 0; f < sizeof flip / sizeof flip[0]; f++) {
+        memcpy(bad, pl.p, pl.len);
+        bad[flip[f]] ^= 0x10;
+        expect_reject(c, bad, pl.len, N, PS_EPROTO);
+    }
+    /* Invalid codec on the receiving side. */
+    psk_codec_t inval = *c;
+    inval.kind = (psk_codec_kind_t)99;
+    expect_reject(&inval, pl.p, pl.len, N, PS_EINVAL);
+    /* Unchanged, it still decodes. */
+    float *y = zeros(N);
+    ck_assert_int_eq(psk_codec_decode_add_cpu(y, N, pl.p, pl.len, c, 1.0f), 0);
+    free(y);
+    free(bad);
+    free(pl.p);
+}
+END_TEST
+
+/* Decoding with a different configuration than the sender's is a protocol error. */
+START_TEST(test_reject_codec_mismatch)
+{
+    psk_codec_t a = {.kind = PSK_CODEC_TOPK, .fraction = 0.01f};
+    payload_t pl = sample_payload(&a);
+    psk_codec_t b = a;
+    b.fraction = 0.02f;
+    expect_reject(&b, pl.p, pl.len, N, PS_EPROTO);
+    b = a;
+    b.kind = PSK_CODEC_RANDOMK;
+    expect_reject(&b, pl.p, pl.len, N, PS_EPROTO);
+    free(pl.p);
+
+    a = (psk_codec_t){.kind = PSK_CODEC_RANDOMK, .fraction = 0.01f, .fp16_values = 1};
+    pl = sample_payload(&a);
+    b = a;
+    b.fp16_values = 0;
+    expect_reject(&b, pl.p, pl.len, N, PS_EPROTO);
+    free(pl.p);
+
+    a = (psk_codec_t){.kind = PSK_CODEC_INT8, .block = 256};
+    pl = sample_payload(&a);
+    b = a;
+    b.block = 128;
+    expect_reject(&b, pl.p, pl.len, N, PS_EPROTO);
+    b = (psk_codec_t){.kind = PSK_CODEC_SIGN, .block = 256};
+    expect_reject(&b, pl.p, pl.len, N, PS_EPROTO);
+    free(pl.p);
+}
+END_TEST
+
+static void put_u32(uint8_t *p, uint32_t v)
+{
+    memcpy(p, &v, 4);
+}
+
+static uint32_t get_u32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+START_TEST(test_reject_topk_indices)
+{
+    const psk_codec_t *c = &CODECS[5 + _i];
+    payload_t pl = sample_payload(c);
+    size_t k = psk_codec_k(c, N);
+    uint8_t *idx0 = pl.p + PSK_CODEC_HEADER_BYTES;
+    uint8_t *bad = xmalloc(pl.len);
+    uint8_t *idx = bad + PSK_CODEC_HEADER_BYTES;
+    ck_assert_uint_ge(k, 3);
+
+    memcpy(bad, pl.p, pl.len); /* last index out of range */
+    put_u32(idx + 4 * (k - 1), N);
+    expect_reject(c, bad, pl.len, N, PS_EPROTO);
+    memcpy(bad, pl.p, pl.len); /* far out of range */
+    put_u32(idx + 4 * (k - 1), 0xffffffffu);
+    expect_reject(c, bad, pl.len, N, PS_EPROTO);
+    memcpy(bad, pl.p, pl.len); /* repeated index */
+    put_u32(idx + 4, get_u32(idx0));
+    expect_reject(c, bad, pl.len, N, PS_EPROTO);
+    memcpy(bad, pl.p, pl.len); /* decreasing: swap two */
+    put_u32(idx + 4, get_u32(idx0 + 8));
+    put_u32(idx + 8, get_u32(idx0 + 4));
+    expect_reject(c, bad, pl.len, N, PS_EPROTO);
+    memcpy(bad, pl.p, pl.len); /* in range but out of order at the start */
+    put_u32(idx, get_u32(idx0 + 4 * (k - 1)));
+    expect_reject(c, bad, pl.len, N, PS_EPROTO);
+    free(bad);
+    free(pl.p);
+}
+END_TEST
+
+START_TEST(test_reject_bad_scales)
+{
+    /* _i: 0 int8, 1 sign. */
+    const psk_codec_t *c = &CODECS[_i == 0 ? 3 : 9];
+    payload_t pl = sample_payload(c);
+    uint8_t *bad = xmalloc(pl.len);
+    size_t nb = (N + BLOCK - 1) / BLOCK;
+    const float scales[] = {NAN, -NAN, INFINITY, -INFINITY, -1.0f};
+    for (size_t s = 0; s < sizeof scales / sizeof scales[0]; s++) {
+        for (size_t b = 0; b < nb; b += nb - 1) { /* first and last block */
+            memcpy(bad, pl.p, pl.len);
+            memcpy(bad + PSK_CODEC_HEADER_BYTES + 4 * b, &scales[s], 4);
+            expect_reject(c, bad, pl.len, N, PS_EPROTO);
+        }
+    }
+    memcpy(bad, pl.p, pl.len);
+    uint8_t *body = bad + PSK_CODEC_HEADER_BYTES + 4 * nb;
+    if (c->kind == PSK_CODEC_INT8) {
+        body[N / 2] = 0x80; /* q = -128 */
+    } else {
+        ck_assert(N % 8 != 0);
+        body[N / 8] |= 0x80; /* a padding bit */
+    }
+    expect_reject(c, bad, pl.len, N, PS_EPROTO);
+    free(bad);
+    free(pl.p);
+}
+END_TEST
+
+START_TEST(test_encode_errors)
+{
+    float x[N];
+    fill_normal(x, N, 13, 1.0);
+    uint8_t *pl = xmalloc(8 * N);
+    size_t len = 12345;
+    psk_codec_t c = {.kind = PSK_CODEC_FP16};
+    /* Too small an output. */
+    ck_assert_int_eq(psk_codec_encode_cpu(pl, psk_codec_max_bytes(&c, N) - 1, &len, x, N, &c,
+                                          NULL),
+                     PS_EINVAL);
+    ck_assert_uint_eq(len, 12345);
+    /* topk without its scratch. */
+    c = (psk_codec_t){.kind = PSK_CODEC_TOPK, .fraction = 0.01f};
+    ck_assert_int_eq(psk_codec_encode_cpu(pl, 8 * N, &len, x, N, &c, NULL), PS_EINVAL);
+    /* Invalid codecs. */
+    c = (psk_codec_t){.kind = PSK_CODEC_INT8, .block = 0};
+    ck_assert_int_eq(psk_codec_encode_cpu(pl, 8 * N, &len, x, N, &c, NULL), PS_EINVAL);
+    c = (psk_codec_t){.kind = PSK_CODEC_RANDOMK, .fraction = 1.5f};
+    ck_assert_int_eq(psk_codec_encode_cpu(pl, 8 * N, &len, x, N, &c, NULL), PS_EINVAL);
+    /* A block with a NaN or inf has no finite scale (int8, sign); the others carry it. */
+    static const float specials[] = {NAN, INFINITY, -INFINITY};
+    for (size_t s = 0; s < 3; s++) {
+        float y[N];
+        memcpy(y, x, sizeof y);
+        y[N - 1] = specials[s];
+        c = (psk_codec_t){.kind = PSK_CODEC_INT8, .block = BLOCK};
+        ck_assert_int_eq(psk_codec_encode_cpu(pl, 8 * N, &len, y, N, &c, NULL), PS_EINVAL);
+        c = (psk_codec_t){.kind = PSK_CODEC_SIGN, .block = BLOCK};
+        ck_assert_int_eq(psk_codec_encode_cpu(pl, 8 * N, &len, y, N, &c, NULL), PS_EINVAL);
+        c = (psk_codec_t){.kind = PSK_CODEC_TOPK, .fraction = 0.01f};
+        float *z = round_trip(&c, y, N); /* a NaN or inf is the largest magnitude */
+        ck_assert(bits_of(z[N - 1]) == bits_of(y[N - 1]) || (isnan(z[N - 1]) && isnan(y[N - 1])));
+        free(z);
+    }
+    ck_assert_uint_eq(len, 12345);
+
+    /* Error feedback: argument errors leave the residual alone. */
+    float r[N];
+    fill_normal(r, N, 14, 1.0);
+    float r0[N];
+    memcpy(r0, r, sizeof r);
+    c = (psk_codec_t){.kind = PSK_CODEC_TOPK, .fraction = 0.01f};
+    ck_assert_int_eq(psk_codec_encode_ef_cpu(pl, 8 * N, &len, x, r, N, &c, NULL), PS_EINVAL);
+    ck_assert_int_eq(psk_codec_encode_ef_cpu(pl, 10, &len, x, r, N, &c, pl), PS_EINVAL);
+    ck_assert_mem_eq(r, r0, sizeof r);
+    free(pl);
+}
+END_TEST
+
+Suite *ps_test_suite(void)
+{
+    Suite *s = suite_create("codec");
+    TCase *tc;
+
+    tc = tcase_create("parse");
+    tcase_add_test(tc, test_parse_accepts);
+    tcase_add_test(tc, test_parse_rejects);
+    tcase_add_test(tc, test_sizes);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("round_trip");
+    tcase_add_test(tc, test_none_exact);
+    tcase_add_test(tc, test_fp16_round_trip);
+    tcase_add_test(tc, test_fp16_exhaustive_and_special);
+    tcase_add_test(tc, test_bf16_round_trip);
+    tcase_add_loop_test(tc, test_int8_round_trip, 0, 4);
+    tcase_add_test(tc, test_int8_stochastic);
+    tcase_add_loop_test(tc, test_sign_round_trip, 0, 4);
+    tcase_add_loop_test(tc, test_empty_chunk, 0, NCODECS);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("topk");
+    tcase_add_loop_test(tc, test_topk_selects_largest, 0, 2);
+    tcase_add_test(tc, test_topk_deterministic);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("randomk");
+    tcase_add_test(tc, test_randomk_indices);
+    tcase_add_loop_test(tc, test_randomk_round_trip, 0, 2);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("decode_add");
+    tcase_add_loop_test(tc, test_decode_add_weight, 0, NCODECS);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("error_feedback");
+    tcase_add_loop_test(tc, test_error_feedback_invariant, 0, NCODECS);
+    tcase_add_test(tc, test_error_feedback_residual_sent);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("malformed");
+    tcase_add_loop_test(tc, test_reject_length_and_header, 0, NCODECS);
+    tcase_add_test(tc, test_reject_codec_mismatch);
+    tcase_add_loop_test(tc, test_reject_topk_indices, 0, 2);
+    tcase_add_loop_test(tc, test_reject_bad_scales, 0, 2);
+    tcase_add_test(tc, test_encode_errors);
+    suite_add_tcase(s, tc);
+
+    return s;
+}
