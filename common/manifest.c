@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <fnmatch.h>
 #include <string.h>
 #include <unistd.h>
 #include <yaml.h>
@@ -438,6 +439,40 @@ static int check_name(ctx_t *c, const field_t *f, yaml_node_t *n, char *base, co
     return 0;
 }
 
+bool ps_codec_name_valid(const char *t)
+{
+    static const char *plain[] = {"none", "fp16", "bf16", "int8", "sign"};
+    for (size_t i = 0; i < sizeof plain / sizeof plain[0]; i++)
+        if (strcmp(t, plain[i]) == 0) return true;
+    const char *f = NULL;
+    if (strncmp(t, "topk:", 5) == 0) f = t + 5;
+    else if (strncmp(t, "randomk:", 8) == 0) f = t + 8;
+    if (f == NULL || *f == '\0' || strspn(f, "0123456789.eE-+") != strlen(f)) return false;
+    char *end;
+    double v = strtod(f, &end);
+    return *end == '\0' && v > 0 && v <= 1;
+}
+
+const char *ps_compression_codec_for(const ps_compression_conf_t *cc, const char *name,
+                                     uint64_t bytes)
+{
+    for (int i = 0; i < cc->nrules; i++)
+        if (fnmatch(cc->rules[i].match, name, 0) == 0) return cc->rules[i].codec;
+    if (bytes < cc->min_bytes || cc->codec[0] == '\0') return "none";
+    return cc->codec;
+}
+
+static int check_codec(ctx_t *c, const field_t *f, yaml_node_t *n, char *base, const char *path)
+{
+    const char *s = base + f->off;
+    char buf[96];
+    if (!ps_codec_name_valid(s))
+        return fail(c, n, path,
+                    "must be none|fp16|bf16|int8|sign|topk:F|randomk:F with F in (0, 1], got '%s'",
+                    clip(n, buf, sizeof buf));
+    return 0;
+}
+
 static int check_multiple_of_4(ctx_t *c, const field_t *f, yaml_node_t *n, char *base,
                                const char *path)
 {
@@ -497,6 +532,26 @@ static const field_t optim_fields[] = {
     {0},
 };
 
+#define CMP(m) AT(ps_compression_conf_t, m)
+#define RULE(m) AT(ps_codec_rule_t, m)
+static const char *const pull_names[] = {"none", "fp16", "bf16", NULL};
+
+static const field_t rule_fields[] = {
+    {RULE(match), .type = T_STR, .flags = F_REQ},
+    {RULE(codec), .type = T_STR, .flags = F_REQ, .check = check_codec},
+    {0},
+};
+
+static const field_t compression_fields[] = {
+    {CMP(codec), .type = T_STR, .check = check_codec},
+    {CMP(error_feedback), .type = T_BOOL},
+    {CMP(min_bytes), .type = T_INT, .min = 0, .max = NOMAX},
+    {CMP(rules), .type = T_LIST, .sub = rule_fields, .elem = sizeof(ps_codec_rule_t),
+     .count_off = offsetof(ps_compression_conf_t, nrules)},
+    {CMP(pull), .type = T_STR, .names = pull_names},
+    {0},
+};
+
 static const field_t job_fields[] = {
     {JOB(model), .type = T_STR, .flags = F_REQ, .names = model_names},
     {JOB(layers), .type = T_LIST, .min = 1, .max = 1 << 20, .elem = sizeof(uint32_t),
@@ -509,6 +564,7 @@ static const field_t job_fields[] = {
     {JOB(consistency), .type = T_ENUM, .names = consist_names},
     {JOB(max_steps), .type = T_INT, .min = 0, .max = NOMAX},
     {JOB(optimizer), .type = T_MAP, .flags = F_REQ, .sub = optim_fields},
+    {JOB(compression), .type = T_MAP, .sub = compression_fields},
     {0},
 };
 
@@ -554,6 +610,11 @@ static void set_defaults(ps_manifest_t *m, const char *name)
     o->eps = 1e-8f;
     o->momentum = 0.9f;
     o->schedule = PS_SCHED_CONSTANT;
+    ps_compression_conf_t *cc = &j->compression;
+    snprintf(cc->codec, sizeof cc->codec, "none");
+    cc->error_feedback = true;
+    cc->min_bytes = 16384;
+    snprintf(cc->pull, sizeof cc->pull, "none");
 }
 
 /* ---- entry points ------------------------------------------------------------------------ */

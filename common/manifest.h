@@ -39,6 +39,24 @@ typedef struct {
     float min_lr;            /* default 0: where cosine ends, >= 0 */
 } ps_optim_conf_t;
 
+#define PS_MAX_CODEC_RULES 16
+
+typedef struct {
+    char match[128];               /* fnmatch(3) pattern on the tensor name, e.g. "*.bias" */
+    char codec[32];                /* required */
+} ps_codec_rule_t;
+
+/* Gradient compression (job.compression). Codec names: none | fp16 | bf16 | int8 |
+ * sign | topk:F | randomk:F with F in (0, 1]. */
+typedef struct {
+    char codec[32];                /* default "none" */
+    bool error_feedback;           /* default true */
+    uint64_t min_bytes;            /* default 16384: smaller tensors travel uncompressed */
+    ps_codec_rule_t rules[PS_MAX_CODEC_RULES]; /* first match wins over codec */
+    int nrules;
+    char pull[8];                  /* none (default) | fp16 | bf16: parameters on the way back */
+} ps_compression_conf_t;
+
 typedef struct {
     char model[32];                /* required: "mlp" */
     uint32_t layers[PS_MAX_LAYERS]; /* default 784,256,128,10 */
@@ -51,6 +69,7 @@ typedef struct {
     ps_consistency_t consistency;  /* default bsp */
     uint64_t max_steps;            /* default 0 = no limit; stops the run early */
     ps_optim_conf_t optimizer;     /* required */
+    ps_compression_conf_t compression; /* optional */
 } ps_job_conf_t;
 
 typedef struct {
@@ -84,5 +103,14 @@ int ps_manifest_parse(ps_manifest_t *m, const char *name, const char *text, size
 /** @brief Name of an optimizer / consistency mode, for logs (static storage). */
 const char *ps_optim_name(ps_optim_kind_t k);
 const char *ps_consistency_name(ps_consistency_t c);
+
+/** @brief True if @p text names a codec (none, fp16, bf16, int8, sign, topk:F, randomk:F with
+ *  F a decimal in (0, 1]). The kernels parse it; this only checks the spelling. */
+bool ps_codec_name_valid(const char *text);
+
+/** @brief The codec for tensor @p name of @p bytes fp32 bytes under @p cc: the first rule
+ *  whose pattern matches, else "none" below min_bytes, else cc->codec (static or cc's storage). */
+const char *ps_compression_codec_for(const ps_compression_conf_t *cc, const char *name,
+                                     uint64_t bytes);
 
 #endif

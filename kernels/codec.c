@@ -889,8 +889,7 @@ static void decode_add(float *out, size_t n, const uint8_t *body, const psk_code
     }
 }
 
-int psk_codec_decode_add_cpu(float *out, size_t n, const uint8_t *payload, size_t len,
-                             const psk_codec_t *c, float weight)
+int psk_codec_check(const uint8_t *payload, size_t len, size_t n, const psk_codec_t *c)
 {
     if (!codec_valid(c) || n > UINT32_MAX)
         return PS_EINVAL;
@@ -901,10 +900,18 @@ int psk_codec_decode_add_cpu(float *out, size_t n, const uint8_t *payload, size_
     header_make(want, c, n);
     if (memcmp(payload, want, sizeof want) != 0)
         return PS_EPROTO;
-    const uint8_t *body = payload + PSK_CODEC_HEADER_BYTES;
-    if (body_check(body, n, c) != 0)
+    if (body_check(payload + PSK_CODEC_HEADER_BYTES, n, c) != 0)
         return PS_EPROTO;
-    decode_add(out, n, body, c, weight);
+    return 0;
+}
+
+int psk_codec_decode_add_cpu(float *out, size_t n, const uint8_t *payload, size_t len,
+                             const psk_codec_t *c, float weight)
+{
+    int rc = psk_codec_check(payload, len, n, c);
+    if (rc != 0)
+        return rc;
+    decode_add(out, n, payload + PSK_CODEC_HEADER_BYTES, c, weight);
     return 0;
 }
 

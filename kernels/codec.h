@@ -121,6 +121,12 @@ int psk_codec_decode_add_cpu(float *out, size_t n, const uint8_t *payload, size_
                              const psk_codec_t *c, float weight);
 
 /**
+ * @brief Validate a payload without decoding it (the same checks as psk_codec_decode_add_cpu).
+ * @return 0, PS_EINVAL if @p c is invalid, PS_EPROTO if the payload is malformed.
+ */
+int psk_codec_check(const uint8_t *payload, size_t len, size_t n, const psk_codec_t *c);
+
+/**
  * @brief Encode with error feedback: x = g + residual; encode x into out;
  * residual = x - decode(x). The residual starts at zeros and carries, per chunk, what
  * earlier steps did not send, so the sum of everything sent plus the residual equals the sum

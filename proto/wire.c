@@ -52,6 +52,9 @@ int ps_msg_encode(const ps_msg_t *m, uint8_t *buf, size_t cap, size_t *len)
     h.workers = m->workers;
     h.shard = m->shard;
     h.consistency = m->consistency;
+    h.codec_fraction = m->codec_fraction;
+    h.codec_block = m->codec_block;
+    h.codec_flags = m->codec_flags;
     /* Strings are only read by pack; the casts drop const for protobuf-c's API. */
     h.error = (char *)(m->error[0] ? m->error : "");
     h.cluster = (char *)(m->cluster[0] ? m->cluster : "");
@@ -136,6 +139,9 @@ int ps_msg_decode(ps_msg_t *m, const void *buf, size_t len, char *err, size_t er
     m->workers = h->workers;
     m->shard = h->shard;
     m->consistency = h->consistency;
+    m->codec_fraction = h->codec_fraction;
+    m->codec_block = h->codec_block;
+    m->codec_flags = h->codec_flags;
     if (copy_str(m->error, sizeof m->error, h->error)) FAIL("error text too long");
     if (copy_str(m->cluster, sizeof m->cluster, h->cluster)) FAIL("cluster name too long");
     if (h->decl) {

@@ -61,6 +61,9 @@ typedef struct {
     uint32_t workers;
     uint32_t shard;
     uint32_t consistency;
+    float codec_fraction;
+    uint32_t codec_block;
+    uint32_t codec_flags;
     char error[256];
     char cluster[128];
     int has_decl;

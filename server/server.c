@@ -152,7 +152,7 @@ void psd_send_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
     psd_send_t *s = srv->free_sends;
     if (s)
         srv->free_sends = s->next_free;
-    else if ((s = malloc(sizeof *s)) == NULL)
+    else if ((s = calloc(1, sizeof *s)) == NULL)
         return;
     s->srv = srv;
     s->conn = conn;
@@ -325,6 +325,8 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, char *err, size_t err
                  ps_strerror(rc));
         goto fail_shard;
     }
+    /* A restarted psd must get its port back even while old connections sit in TIME_WAIT. */
+    setenv("UCX_TCP_CM_REUSEADDR", "y", 0);
     if ((rc = ps_ucx_init(&srv->ucx, srv->loop)) != 0) {
         snprintf(err, errlen, "cannot initialize UCX: %s", ps_strerror(rc));
         goto fail_shard;
@@ -401,6 +403,7 @@ fail_store:
     }
     for (psd_send_t *sd = srv->free_sends, *nx; sd; sd = nx) {
         nx = sd->next_free;
+        free(sd->payload);
         free(sd);
     }
     free(srv->rank_owner);

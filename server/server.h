@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "codec.h"
 #include "optim.h"
 #include "manifest.h"
 #include "store.h"
@@ -39,6 +40,7 @@ typedef struct psd_wait_s {
     psd_conn_t *conn;
     uint64_t req_id;
     uint64_t min_version;
+    uint32_t codec;            /* pulls: the reply's encoding (none, fp16, bf16) */
     struct psd_wait_s *next;
 } psd_wait_t;
 
@@ -53,7 +55,11 @@ struct psd_chunk_s {
     uint32_t tensor, chunk;
     uint32_t n;                /* values */
     uint64_t version;          /* steps applied (committed) */
-    float **slots;             /* [workers] gradient buffers by rank, allocated on first use */
+    uint8_t **slots;           /* [workers] push payloads by rank (raw fp32 or a codec's), on first use */
+    size_t *slot_cap;          /* [workers] bytes allocated */
+    size_t *slot_len;          /* [workers] bytes received */
+    psk_codec_t *slot_codec;   /* [workers] payload encoding (PSK_CODEC_NONE: raw fp32) */
+    float *agg;                /* [n] decode-and-sum buffer, allocated on the first compressed push */
     uint8_t *slot_state;       /* [workers] SLOT_* */
     uint64_t *slot_req;        /* [workers] req_id to acknowledge */
     psd_conn_t **slot_conn;    /* [workers] who to acknowledge */
@@ -85,6 +91,8 @@ typedef struct psd_send_s {
     psd_server_t *srv;
     psd_conn_t *conn;
     psd_snap_t *snap;
+    uint8_t *payload;          /* encoded pull reply (compressed pulls), kept with the struct */
+    size_t payload_cap;
     uint8_t hdr[PS_WIRE_HDR_MAX];
     struct psd_send_s *next_free;
 } psd_send_t;

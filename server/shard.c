@@ -34,12 +34,19 @@ static psd_chunk_t *chunk_new(psd_server_t *srv, uint32_t t, uint32_t c, uint32_
     ch->chunk = c;
     ch->n = n;
     ch->slots = calloc(w, sizeof *ch->slots);
+    ch->slot_cap = calloc(w, sizeof *ch->slot_cap);
+    ch->slot_len = calloc(w, sizeof *ch->slot_len);
+    ch->slot_codec = calloc(w, sizeof *ch->slot_codec);
     ch->slot_state = calloc(w, 1);
     ch->slot_req = calloc(w, sizeof *ch->slot_req);
     ch->slot_conn = calloc(w, sizeof *ch->slot_conn);
     ch->slot_ref = calloc(w, sizeof *ch->slot_ref);
-    if (!ch->slots || !ch->slot_state || !ch->slot_req || !ch->slot_conn || !ch->slot_ref) {
+    if (!ch->slots || !ch->slot_state || !ch->slot_req || !ch->slot_conn || !ch->slot_ref ||
+        !ch->slot_cap || !ch->slot_len || !ch->slot_codec) {
         free(ch->slots);
+        free(ch->slot_cap);
+        free(ch->slot_len);
+        free(ch->slot_codec);
         free(ch->slot_state);
         free(ch->slot_req);
         free(ch->slot_conn);
@@ -54,6 +61,10 @@ static psd_chunk_t *chunk_new(psd_server_t *srv, uint32_t t, uint32_t c, uint32_
 static void chunk_free(psd_chunk_t *ch)
 {
     if (ch == NULL) return;
+    free(ch->slot_cap);
+    free(ch->slot_len);
+    free(ch->slot_codec);
+    free(ch->agg);
     free(ch->slot_state);
     free(ch->slot_req);
     free(ch->slot_conn);
@@ -159,11 +170,12 @@ bool psd_shard_idle(psd_server_t *srv)
 
 /* ---- waiting requests ---------------------------------------------------- */
 
-static int wait_add(psd_wait_t **list, psd_conn_t *conn, uint64_t req_id, uint64_t min_version)
+static int wait_add(psd_wait_t **list, psd_conn_t *conn, uint64_t req_id, uint64_t min_version,
+                    uint32_t codec)
 {
     psd_wait_t *w = malloc(sizeof *w);
     if (w == NULL) return PS_ENOMEM;
-    *w = (psd_wait_t){conn, req_id, min_version, *list};
+    *w = (psd_wait_t){conn, req_id, min_version, codec, *list};
     *list = w;
     psd_conn_ref(conn);
     return 0;
@@ -261,7 +273,7 @@ void psd_shard_on_declare(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *m
         }
         if (t->ready)
             reply_declare(srv, conn, msg->req_id, t);
-        else if (wait_add(&t->declares, conn, msg->req_id, 0))
+        else if (wait_add(&t->declares, conn, msg->req_id, 0, 0))
             psd_send_error(srv, conn, msg->req_id, PS_ENOMEM, "out of memory");
         return;
     }
@@ -283,7 +295,7 @@ void psd_shard_on_declare(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *m
         return;
     }
     int rc = tensor_add(srv, &d, false);
-    if (rc == 0) rc = wait_add(&srv->tensors[d.id].declares, conn, msg->req_id, 0);
+    if (rc == 0) rc = wait_add(&srv->tensors[d.id].declares, conn, msg->req_id, 0, 0);
     if (rc == 0) rc = queue_create(srv, d.id);
     if (rc) {
         psd_send_error(srv, conn, msg->req_id, rc, "cannot create tensor '%s': %s", d.name,
@@ -319,7 +331,8 @@ static void on_pull_sent(void *request, ucs_status_t status, void *user_data)
     if (request) ucp_request_free(request);
 }
 
-static void send_pull_reply(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id, psd_chunk_t *ch)
+static void send_pull_reply(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id, psd_chunk_t *ch,
+                            uint32_t codec)
 {
     if (conn->dead) return;
     if (srv->snap == NULL) {
@@ -341,24 +354,44 @@ static void send_pull_reply(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id
     psd_send_t *s = srv->free_sends;
     if (s)
         srv->free_sends = s->next_free;
-    else if ((s = malloc(sizeof *s)) == NULL)
+    else if ((s = calloc(1, sizeof *s)) == NULL)
         return;
+    const float *params = psd_chunk_params((psd_chunk_hdr_t *)h);
+    const void *data = params;
+    size_t dlen = (size_t)h->n * 4;
+    psk_codec_t c = {.kind = (psk_codec_kind_t)codec};
+    if (codec != PSK_CODEC_NONE) {
+        /* Compressed pull: encode from the snapshot into this send's own buffer. */
+        dlen = psk_codec_max_bytes(&c, h->n);
+        if (dlen > s->payload_cap) {
+            uint8_t *b = realloc(s->payload, dlen);
+            if (b == NULL) {
+                s->next_free = srv->free_sends;
+                srv->free_sends = s;
+                psd_send_error(srv, conn, req_id, PS_ENOMEM, "out of memory");
+                return;
+            }
+            s->payload = b;
+            s->payload_cap = dlen;
+        }
+        psk_codec_encode_cpu(s->payload, s->payload_cap, &dlen, params, h->n, &c, NULL);
+        data = s->payload;
+    }
     s->srv = srv;
     s->conn = conn;
     s->snap = srv->snap;
     s->snap->refs++;
     psd_conn_ref(conn);
     ps_msg_t r = {.type = PS_MSG_PULL_REPLY, .req_id = req_id, .tensor = ch->tensor,
-                  .chunk = ch->chunk, .step = h->version, .length = (uint64_t)h->n * 4,
-                  .shard = srv->shard};
+                  .chunk = ch->chunk, .step = h->version, .length = dlen,
+                  .codec = codec, .shard = srv->shard};
     size_t len;
     ps_msg_encode(&r, s->hdr, sizeof s->hdr, &len);
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                                              UCP_OP_ATTR_FIELD_USER_DATA,
                              .cb.send = on_pull_sent, .user_data = s};
     /* The data is the committed record in the snapshot: immutable until released. */
-    void *req = ucp_am_send_nbx(conn->ep, PS_AM_DATA, s->hdr, len,
-                                psd_chunk_params((psd_chunk_hdr_t *)h), r.length, &p);
+    void *req = ucp_am_send_nbx(conn->ep, PS_AM_DATA, s->hdr, len, data, dlen, &p);
     if (req == NULL)
         on_pull_sent(NULL, UCS_OK, s);
     else if (UCS_PTR_IS_ERR(req))
@@ -387,8 +420,15 @@ void psd_shard_on_pull(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
 {
     psd_chunk_t *ch = find_chunk(srv, conn, msg);
     if (ch == NULL) return;
+    if (msg->codec != PSK_CODEC_NONE && msg->codec != PSK_CODEC_FP16 &&
+        msg->codec != PSK_CODEC_BF16) {
+        psd_send_error(srv, conn, msg->req_id, PS_EPROTO,
+                       "pull of %u/%u: parameters travel as none, fp16 or bf16, not codec %u",
+                       ch->tensor, ch->chunk, msg->codec);
+        return;
+    }
     if (ch->version >= msg->step || srv->m.job.consistency == PS_CONSIST_ASP) {
-        send_pull_reply(srv, conn, msg->req_id, ch);
+        send_pull_reply(srv, conn, msg->req_id, ch, msg->codec);
         return;
     }
     if (msg->step > ch->version + 1) {
@@ -397,7 +437,7 @@ void psd_shard_on_pull(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
                        ch->chunk, (unsigned long long)msg->step, (unsigned long long)ch->version);
         return;
     }
-    if (wait_add(&ch->pulls, conn, msg->req_id, msg->step))
+    if (wait_add(&ch->pulls, conn, msg->req_id, msg->step, msg->codec))
         psd_send_error(srv, conn, msg->req_id, PS_ENOMEM, "out of memory");
 }
 
@@ -429,6 +469,19 @@ static void push_received(psd_chunk_t *ch, uint32_t rank, ucs_status_t status)
         ch->slot_conn[rank] = NULL;
         return;
     }
+    if (ch->slot_codec[rank].kind != PSK_CODEC_NONE &&
+        psk_codec_check(ch->slots[rank], ch->slot_len[rank], ch->n, &ch->slot_codec[rank])) {
+        /* Never applied: the sender hears why, the step waits for a good push. */
+        PS_LOG(PS_LOG_WARN, "shard", "rejected a malformed %u/%u payload from rank %u",
+               ch->tensor, ch->chunk, rank);
+        psd_send_error(srv, ch->slot_conn[rank], ch->slot_req[rank], PS_EPROTO,
+                       "push of %u/%u: malformed payload (length, indices or scales)",
+                       ch->tensor, ch->chunk);
+        ch->slot_state[rank] = SLOT_EMPTY;
+        psd_conn_unref(ch->slot_conn[rank]);
+        ch->slot_conn[rank] = NULL;
+        return;
+    }
     ch->slot_state[rank] = SLOT_FULL;
     ch->nfull++;
     srv->pushes++;
@@ -453,15 +506,23 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
     psd_chunk_t *ch = find_chunk(srv, conn, msg);
     if (ch == NULL) return UCS_OK;
     uint32_t rank = (uint32_t)conn->rank;
-    if (msg->codec != 0) {
-        psd_send_error(srv, conn, msg->req_id, PS_EPROTO, "unknown codec %u", msg->codec);
+    psk_codec_t codec = {.kind = (psk_codec_kind_t)msg->codec, .fraction = msg->codec_fraction,
+                         .block = msg->codec_block, .fp16_values = msg->codec_flags & 1};
+    /* Raw fp32 travels without a codec header; every codec's size follows from (codec, n). */
+    uint64_t want = msg->codec == PSK_CODEC_NONE ? (uint64_t)ch->n * 4
+                                                 : psk_codec_max_bytes(&codec, ch->n);
+    if (want == 0 || msg->codec > PSK_CODEC_SIGN) {
+        psd_send_error(srv, conn, msg->req_id, PS_EPROTO,
+                       "push of %u/%u: unknown or invalid codec %u (fraction %g, block %u)",
+                       ch->tensor, ch->chunk, msg->codec, (double)msg->codec_fraction,
+                       msg->codec_block);
         return UCS_OK;
     }
-    if (msg->length != (uint64_t)ch->n * 4 || length != msg->length) {
+    if (msg->length != want || length != msg->length) {
         psd_send_error(srv, conn, msg->req_id, PS_EPROTO,
                        "push of %u/%u carries %zu bytes (header says %llu), expected %llu",
                        ch->tensor, ch->chunk, length, (unsigned long long)msg->length,
-                       (unsigned long long)ch->n * 4);
+                       (unsigned long long)want);
         return UCS_OK;
     }
     if (srv->m.job.consistency == PS_CONSIST_BSP && msg->step != ch->version) {
@@ -476,10 +537,24 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
                        rank, (unsigned long long)msg->step);
         return UCS_OK;
     }
-    if (ch->slots[rank] == NULL && (ch->slots[rank] = malloc((size_t)ch->n * 4)) == NULL) {
+    if (ch->slot_cap[rank] < length) {
+        /* Sized for raw fp32 (or a larger codec payload) once; reused every step. */
+        size_t cap = length > (size_t)ch->n * 4 ? length : (size_t)ch->n * 4;
+        uint8_t *b = realloc(ch->slots[rank], cap);
+        if (b == NULL) {
+            psd_send_error(srv, conn, msg->req_id, PS_ENOMEM, "out of memory");
+            return UCS_OK;
+        }
+        ch->slots[rank] = b;
+        ch->slot_cap[rank] = cap;
+    }
+    if (codec.kind != PSK_CODEC_NONE && ch->agg == NULL &&
+        (ch->agg = malloc((size_t)ch->n * 4)) == NULL) {
         psd_send_error(srv, conn, msg->req_id, PS_ENOMEM, "out of memory");
         return UCS_OK;
     }
+    ch->slot_codec[rank] = codec;
+    ch->slot_len[rank] = length;
     ch->slot_state[rank] = SLOT_RECEIVING;
     ch->slot_req[rank] = msg->req_id;
     ch->slot_conn[rank] = conn;
@@ -539,6 +614,30 @@ static int run_create(psd_job_t *job, psd_wtxn_t *tx)
     return rc;
 }
 
+/* The sum of a BSP step's pushes, in rank order. Raw pushes are summed into rank 0's
+ * slot; compressed ones are decoded straight into the chunk's one aggregation buffer
+ * (sparse adds for top-k and random-k). Payloads were validated on receipt. */
+static const float *slot_sum(psd_server_t *srv, psd_chunk_t *ch)
+{
+    bool raw = true;
+    for (uint32_t r = 0; r < srv->workers; r++) raw &= ch->slot_codec[r].kind == PSK_CODEC_NONE;
+    if (raw) {
+        float *sum = (float *)ch->slots[0];
+        for (uint32_t r = 1; r < srv->workers; r++)
+            psk_add_cpu(sum, (const float *)ch->slots[r], ch->n);
+        return sum;
+    }
+    memset(ch->agg, 0, (size_t)ch->n * 4);
+    for (uint32_t r = 0; r < srv->workers; r++) {
+        if (ch->slot_codec[r].kind == PSK_CODEC_NONE)
+            psk_add_cpu(ch->agg, (const float *)ch->slots[r], ch->n);
+        else
+            psk_codec_decode_add_cpu(ch->agg, ch->n, ch->slots[r], ch->slot_len[r],
+                                     &ch->slot_codec[r], 1.0f);
+    }
+    return ch->agg;
+}
+
 static int run_apply(psd_job_t *job, psd_wtxn_t *tx)
 {
     psd_server_t *srv = job->srv;
@@ -559,8 +658,7 @@ static int run_apply(psd_job_t *job, psd_wtxn_t *tx)
         float *p = psd_chunk_params(h), *s = psd_chunk_state(h);
         if (bsp) {
             /* Sum in rank order, so the result does not depend on arrival order. */
-            float *sum = ch->slots[0];
-            for (uint32_t r = 1; r < srv->workers; r++) psk_add_cpu(sum, ch->slots[r], ch->n);
+            const float *sum = slot_sum(srv, ch);
             psk_optim_t o = optim_at(srv, h->version, total);
             psk_optim_apply_cpu(p, s, p_in, s_in, sum, 1.0f / (float)srv->workers, ch->n,
                                 h->version + 1, &o);
@@ -569,8 +667,14 @@ static int run_apply(psd_job_t *job, psd_wtxn_t *tx)
             for (uint32_t r = 0; r < srv->workers; r++) {
                 if (ch->slot_state[r] != SLOT_APPLYING) continue;
                 psk_optim_t o = optim_at(srv, h->version, total);
-                psk_optim_apply_cpu(p, s, p_in, s_in, ch->slots[r], 1.0f, ch->n, h->version + 1,
-                                    &o);
+                const float *g = (const float *)ch->slots[r];
+                if (ch->slot_codec[r].kind != PSK_CODEC_NONE) {
+                    memset(ch->agg, 0, (size_t)ch->n * 4);
+                    psk_codec_decode_add_cpu(ch->agg, ch->n, ch->slots[r], ch->slot_len[r],
+                                             &ch->slot_codec[r], 1.0f);
+                    g = ch->agg;
+                }
+                psk_optim_apply_cpu(p, s, p_in, s_in, g, 1.0f, ch->n, h->version + 1, &o);
                 p_in = p; /* later updates of this batch go in place on the new record */
                 s_in = s;
                 h->version++;
@@ -600,7 +704,7 @@ static void answer_pulls(psd_server_t *srv, psd_chunk_t *ch)
         psd_wait_t *w = *pp;
         if (w->min_version <= ch->version) {
             *pp = w->next;
-            send_pull_reply(srv, w->conn, w->req_id, ch);
+            send_pull_reply(srv, w->conn, w->req_id, ch, w->codec);
             psd_conn_unref(w->conn);
             free(w);
         } else {

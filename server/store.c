@@ -162,9 +162,16 @@ int psd_store_load(psd_store_t *st, psd_store_tensor_cb on_tensor, psd_store_chu
     }
     MDB_val k, v;
     int ret = 0;
+    /* Two passes: tensors first ('T' keys sort after 'C'), so chunks find their tensor. */
+    for (int pass = 0; pass < 2 && ret == 0; pass++)
     for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0;
          rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
         const uint8_t *kp = k.mv_data;
+        if (pass == 0) {
+            if (k.mv_size != 5 || kp[0] != 'T') continue;
+        } else if (kp[0] == 'T') {
+            continue;
+        }
         if (k.mv_size == 5 && kp[0] == 'T') {
             if (v.mv_size != sizeof(ps_decl_t)) {
                 ret = PS_ESTORE;

@@ -1,0 +1,274 @@
+/* test_cluster.c: the real psd and psworker, several processes on 127.0.0.1: BSP training
+ * matches the single-process reference, a data_dir serves one psd, a worker with another shape
+ * is refused without harming the job, a SIGTERM'd cluster restarts where it stopped and
+ * resumes training from there, and a bad manifest is refused with FILE:LINE: KEY.
+ *
+ * The tests assert behaviour, never timings: every wait is generous and only bounds a hang
+ * (see CL_BUDGET_S in cluster.h). */
+#include <check.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cluster.h"
+
+/* Upper bounds for one wait; a test's budget (CL_BUDGET_S) caps them all. */
+#define READY_S 30.0 /* psd: listening */
+#define RUN_S 45.0   /* a worker's whole run, a psd's exit */
+
+#define EXPECT_EXIT(p, code)                                                                       \
+    do {                                                                                           \
+        int st_ = cl_wait((p), RUN_S);                                                             \
+        ck_assert_msg(st_ == (code),                                                               \
+                      "%s exited with status %d, want %d (-1: still running at the deadline); "    \
+                      "its log: %s",                                                               \
+                      (p)->name, st_, (code), cl_tail(p));                                         \
+    } while (0)
+
+#define EXPECT_LOG(p, needle)                                                                      \
+    do {                                                                                           \
+        char *log_ = cl_log(p);                                                                    \
+        int has_ = strstr(log_, (needle)) != NULL;                                                 \
+        free(log_);                                                                                \
+        ck_assert_msg(has_, "%s's log lacks \"%s\"; its log: %s", (p)->name, (needle),             \
+                      cl_tail(p));                                                                 \
+    } while (0)
+
+/* SIGTERM each psd; each must finish and exit 0. */
+static void stop_all(cl_proc_t **psd, int n)
+{
+    for (int i = 0; i < n; i++)
+        ck_assert_int_eq(cl_signal(psd[i], SIGTERM), 0);
+    for (int i = 0; i < n; i++)
+        EXPECT_EXIT(psd[i], 0);
+}
+
+static void expect_same_params(const char *a, const char *b, double rtol, double atol)
+{
+    char why[512];
+    int rc = cl_params_compare_files(a, b, rtol, atol, why, sizeof why);
+    ck_assert_msg(rc == 0, "%s vs %s: %s", a, b, why);
+}
+
+/* (a) Two shards, two BSP workers: each ends with the parameters the single-process reference
+ * computes from the same global batches (bit-identical today; the test allows float reordering). */
+START_TEST(test_bsp_matches_local)
+{
+    cl_conf_t k = {.shards = 2,
+                   .workers = 2,
+                   .consistency = "bsp",
+                   .optimizer = "{name: sgd, lr: 0.05}",
+                   .max_steps = 50,
+                   .batch_size = 64};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    cl_proc_t *w[2] = {cl_worker_start(c, NULL, "w0.params", false),
+                       cl_worker_start(c, NULL, "w1.params", false)};
+    EXPECT_EXIT(w[0], 0);
+    EXPECT_EXIT(w[1], 0);
+
+    /* Both ranks were handed out, one to each worker. */
+    char *l0 = cl_log(w[0]), *l1 = cl_log(w[1]);
+    const char *r0 = "psworker: rank 0 of 2 joined at step 0 of 50";
+    const char *r1 = "psworker: rank 1 of 2 joined at step 0 of 50";
+    int ok = (strstr(l0, r0) && strstr(l1, r1)) || (strstr(l0, r1) && strstr(l1, r0));
+    free(l0);
+    free(l1);
+    ck_assert_msg(ok, "want ranks 0 and 1 joined at step 0 of 50; logs: %s: %s; %s: %s", w[0]->name,
+                  cl_tail(w[0]), w[1]->name, cl_tail(w[1]));
+
+    cl_proc_t *ref = cl_worker_start(c, NULL, "local.params", true);
+    EXPECT_EXIT(ref, 0);
+    expect_same_params(w[0]->params, ref->params, 1e-5, 1e-7);
+    expect_same_params(w[1]->params, ref->params, 1e-5, 1e-7);
+
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+/* (b) A second psd on a data_dir in use is refused, naming the dir; the first one keeps
+ * serving. */
+START_TEST(test_data_dir_in_use)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1, .max_steps = 5};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *first = cl_psd_start(c, 0, NULL, READY_S);
+
+    cl_proc_t *second = cl_psd_spawn(c, 0, NULL);
+    ck_assert_msg(cl_psd_wait_ready(second, READY_S) != 0,
+                  "a second psd on %s said it is listening", c->data_dir[0]);
+    int st = cl_wait(second, RUN_S);
+    ck_assert_msg(st > 0 && st < 128, "the second psd: status %d, want an exit > 0; its log: %s",
+                  st, cl_tail(second));
+    EXPECT_LOG(second, c->data_dir[0]);
+    EXPECT_LOG(second, "in use by another psd");
+
+    ck_assert_msg(cl_alive(first), "the first psd died; its log: %s", cl_tail(first));
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    EXPECT_EXIT(w, 0);
+    EXPECT_LOG(w, "psworker: rank 0 of 1 joined at step 0 of 5");
+    stop_all(&first, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+/* (c) A worker whose model has another shape is refused with both shapes named; the job goes
+ * on, and the rank it held is given to the next worker. */
+START_TEST(test_conflicting_shape)
+{
+    cl_conf_t k = {.shards = 2, .workers = 2, .consistency = "bsp", .max_steps = 20};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+
+    cl_proc_t *a = cl_worker_start(c, NULL, NULL, false);
+    ck_assert_msg(cl_wait_log(a, "joined at step", RUN_S) == 0, "%s did not join; its log: %s",
+                  a->name, cl_tail(a));
+    EXPECT_LOG(a, "psworker: rank 0 of 2 joined at step 0 of 20");
+
+    /* Same cluster, only job.layers differs: fc1.weight is [784, 128], not [784, 256]. */
+    cl_conf_t kb = k;
+    kb.layers = "[784, 128, 10]";
+    char mb[CL_PATH];
+    cl_manifest_write(c, "manifest-b.yaml", &kb, mb, sizeof mb);
+    cl_proc_t *b = cl_worker_start(c, mb, NULL, false);
+    int st = cl_wait(b, RUN_S);
+    ck_assert_msg(st > 0 && st < 128, "%s (other shape): status %d, want an exit > 0; its log: %s",
+                  b->name, st, cl_tail(b));
+    EXPECT_LOG(b, "'fc1.weight'");
+    EXPECT_LOG(b, "[784, 128]");
+    EXPECT_LOG(b, "[784, 256]");
+
+    /* Its rank is free again once shard 0 has seen it go. */
+    char left[96];
+    snprintf(left, sizeof left, "rank 1 (pid %ld) left", (long)b->pid);
+    ck_assert_msg(cl_wait_log(psd[0], left, RUN_S) == 0, "psd0 never logged \"%s\"; its log: %s",
+                  left, cl_tail(psd[0]));
+    ck_assert_msg(cl_alive(a), "%s died with the refused worker; its log: %s", a->name, cl_tail(a));
+
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    EXPECT_EXIT(a, 0);
+    EXPECT_EXIT(w, 0);
+    EXPECT_LOG(w, "psworker: rank 1 of 2 joined at step 0 of 20");
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+/* (d) SIGTERM stops both shards cleanly; restarted on the same data_dirs, they serve the
+ * parameters they stopped with, at the step they stopped at. */
+START_TEST(test_sigterm_restart)
+{
+    cl_conf_t k = {.shards = 2,
+                   .workers = 2,
+                   .consistency = "bsp",
+                   .optimizer = "{name: adam, lr: 0.001}",
+                   .max_steps = 30};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    cl_proc_t *w[2] = {cl_worker_start(c, NULL, "w0.params", false),
+                       cl_worker_start(c, NULL, "w1.params", false)};
+    EXPECT_EXIT(w[0], 0);
+    EXPECT_EXIT(w[1], 0);
+    cl_params_t p;
+    char err[512];
+    ck_assert_msg(cl_params_read(&p, w[0]->params, err, sizeof err) == 0, "%s", err);
+    ck_assert_uint_eq(p.step, 30);
+    cl_params_free(&p);
+
+    stop_all(psd, 2);
+    psd[0] = cl_psd_start(c, 0, NULL, READY_S);
+    psd[1] = cl_psd_start(c, 1, NULL, READY_S);
+
+    cl_proc_t *again = cl_worker_start(c, NULL, "again.params", false);
+    EXPECT_EXIT(again, 0);
+    EXPECT_LOG(again, "joined at step 30 of 30");
+    /* The very values stored at step 30: nothing is recomputed. */
+    expect_same_params(again->params, w[0]->params, 0, 0);
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+/* (f) A restarted cluster resumes: stopped at step 30, given max_steps 40, two workers carry on
+ * from step 30 and end where an uninterrupted single-process run of 40 steps ends (the adam
+ * state and the step count survive the restart). */
+START_TEST(test_restart_resumes)
+{
+    cl_conf_t k = {.shards = 2,
+                   .workers = 2,
+                   .consistency = "bsp",
+                   .optimizer = "{name: adam, lr: 0.001}",
+                   .max_steps = 30};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    cl_proc_t *w[2] = {cl_worker_start(c, NULL, NULL, false),
+                       cl_worker_start(c, NULL, NULL, false)};
+    EXPECT_EXIT(w[0], 0);
+    EXPECT_EXIT(w[1], 0);
+    stop_all(psd, 2);
+
+    cl_conf_t k40 = k;
+    k40.max_steps = 40;
+    char m40[CL_PATH];
+    cl_manifest_write(c, "manifest-40.yaml", &k40, m40, sizeof m40);
+    psd[0] = cl_psd_start(c, 0, m40, READY_S);
+    psd[1] = cl_psd_start(c, 1, m40, READY_S);
+    w[0] = cl_worker_start(c, m40, "w0.params", false);
+    w[1] = cl_worker_start(c, m40, "w1.params", false);
+    EXPECT_EXIT(w[0], 0);
+    EXPECT_EXIT(w[1], 0);
+    EXPECT_LOG(w[0], "joined at step 30 of 40");
+    EXPECT_LOG(w[1], "joined at step 30 of 40");
+
+    cl_proc_t *ref = cl_worker_start(c, m40, "local.params", true);
+    EXPECT_EXIT(ref, 0);
+    expect_same_params(w[0]->params, ref->params, 1e-5, 1e-7);
+    expect_same_params(w[1]->params, ref->params, 1e-5, 1e-7);
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+/* (e) An unknown manifest key: psd (and psworker) exit 2 naming FILE:LINE: KEY. */
+START_TEST(test_bad_manifest)
+{
+    cl_conf_t k = {.shards = 1, .job_extra = "  learning_rate: 0.1\n"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    int line = cl_line_of(c->manifest, "learning_rate");
+    ck_assert_int_gt(line, 0);
+    char want[CL_PATH + 96];
+    snprintf(want, sizeof want, "%s:%d: job.learning_rate: unknown key", c->manifest, line);
+
+    cl_proc_t *s = cl_psd_spawn(c, 0, NULL);
+    EXPECT_EXIT(s, 2);
+    EXPECT_LOG(s, want);
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    EXPECT_EXIT(w, 2);
+    EXPECT_LOG(w, want);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+static TCase *tcase(const char *name, const TTest *t)
+{
+    TCase *tc = tcase_create(name);
+    tcase_add_unchecked_fixture(tc, cl_base_setup, cl_base_teardown);
+    /* Only a backstop: each test bounds its own waits by CL_BUDGET_S. */
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, t);
+    return tc;
+}
+
+Suite *ps_test_suite(void)
+{
+    Suite *s = suite_create("cluster");
+    suite_add_tcase(s, tcase("bsp_matches_local", test_bsp_matches_local));
+    suite_add_tcase(s, tcase("data_dir_in_use", test_data_dir_in_use));
+    suite_add_tcase(s, tcase("conflicting_shape", test_conflicting_shape));
+    suite_add_tcase(s, tcase("sigterm_restart", test_sigterm_restart));
+    suite_add_tcase(s, tcase("restart_resumes", test_restart_resumes));
+    suite_add_tcase(s, tcase("bad_manifest", test_bad_manifest));
+    return s;
+}
