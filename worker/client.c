@@ -10,6 +10,7 @@
 #include <unistd.h>
 #include <netdb.h>
 
+#include "codec.h"
 #include "manifest.h"
 #include "place.h"
 #include "ps/ps_client.h"
@@ -24,6 +25,8 @@ typedef struct {
     uint32_t chunk;    /* chunk index within the tensor (or 0 for control ops) */
     uint32_t shard;
     int pending;       /* waiting for its reply */
+    const void *data;  /* push: the payload (raw fp32 slice or encoded chunk) */
+    size_t len;
     uint8_t hdr[128];  /* the header bytes UCX reads until the send completes */
 } part_t;
 
@@ -32,6 +35,15 @@ typedef struct {
     uint64_t numel;
     uint32_t nchunks;
     uint64_t first_chunk;
+    psk_codec_t codec;      /* pushes */
+    int error_feedback;
+    float *residual;        /* [numel] error feedback, with a lossy codec */
+    uint8_t *payload;       /* [nchunks * chunk_cap] encoded chunks of the push in flight */
+    size_t chunk_cap;
+    void *scratch;          /* encoder scratch for one chunk */
+    psk_codec_t pull_codec; /* pulls: none, fp16 or bf16 */
+    uint8_t *pull_buf;      /* [nchunks * pull_cap] compressed parameters on their way in */
+    size_t pull_cap;
 } ctensor_t;
 
 typedef struct {
@@ -140,14 +152,33 @@ static void on_sent(void *request, ucs_status_t status, void *user_data)
     op_maybe_complete(op);
 }
 
+/* Compressed parameters: dst = decode(payload). */
+static int pull_decode(ps_client_t *c, ps_op_t *op, uint32_t chunk, const uint8_t *payload,
+                       size_t len)
+{
+    const ctensor_t *t = &c->tensors[op->tensor];
+    size_t n = ps_chunk_len(t->numel, c->chunk_elems, chunk);
+    float *dst = op->buf + (uint64_t)chunk * c->chunk_elems;
+    if (psk_codec_check(payload, len, n, &t->pull_codec)) return PS_EPROTO;
+    memset(dst, 0, n * 4);
+    psk_codec_decode_add_cpu(dst, n, payload, len, &t->pull_codec, 1.0f);
+    return 0;
+}
+
 static void on_pull_recv(void *request, ucs_status_t status, size_t length, void *user_data)
 {
     part_t *p = user_data;
     ps_op_t *op = p->op;
+    ps_client_t *c = op->c;
+    const ctensor_t *t = &c->tensors[op->tensor];
     op->ucx_refs--;
     if (status != UCS_OK)
         op_fail(op, ps_ucx_err(status), "pull data from shard %u lost: %s", p->shard,
                 ucs_status_string(status));
+    else if (t->pull_codec.kind != PSK_CODEC_NONE &&
+             pull_decode(c, op, p->chunk, t->pull_buf + p->chunk * t->pull_cap, length))
+        op_fail(op, PS_EPROTO, "shard %u sent malformed parameters for chunk %u", p->shard,
+                p->chunk);
     else {
         __atomic_add_fetch(&op->c->stats.bytes_pulled, length, __ATOMIC_RELAXED);
         part_done(p);
@@ -269,13 +300,18 @@ static void start_op(ps_client_t *c, ps_op_t *op)
                           .chunk = p->chunk, .step = op->step};
             if (op->type == OP_PUSH) {
                 m.type = PS_MSG_PUSH;
-                m.length = len * 4;
-                __atomic_add_fetch(&c->stats.bytes_pushed, len * 4, __ATOMIC_RELAXED);
+                m.length = p->len;
+                m.codec = t->codec.kind;
+                m.codec_fraction = t->codec.fraction;
+                m.codec_block = t->codec.block;
+                m.codec_flags = t->codec.fp16_values ? 1 : 0;
+                __atomic_add_fetch(&c->stats.bytes_pushed, p->len, __ATOMIC_RELAXED);
+                __atomic_add_fetch(&c->stats.bytes_pushed_raw, len * 4, __ATOMIC_RELAXED);
                 __atomic_add_fetch(&c->stats.pushes, 1, __ATOMIC_RELAXED);
-                send_part(c, p, &m, op->buf + (uint64_t)p->chunk * c->chunk_elems, len * 4,
-                          PS_AM_DATA);
+                send_part(c, p, &m, p->data, p->len, PS_AM_DATA);
             } else {
                 m.type = PS_MSG_PULL;
+                m.codec = t->pull_codec.kind;
                 __atomic_add_fetch(&c->stats.pulls, 1, __ATOMIC_RELAXED);
                 send_part(c, p, &m, NULL, 0, PS_AM_CTRL);
             }
@@ -387,14 +423,25 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
             part_done(p);
             break;
         }
-        uint64_t want = ps_chunk_len(t->numel, c->chunk_elems, m.chunk) * 4;
-        if (length != want || m.length != want) {
+        uint64_t n = ps_chunk_len(t->numel, c->chunk_elems, m.chunk);
+        uint64_t want = t->pull_codec.kind == PSK_CODEC_NONE ? n * 4
+                                                             : psk_codec_max_bytes(&t->pull_codec, n);
+        if (length != want || m.length != want || m.codec != t->pull_codec.kind) {
             op_fail(op, PS_EPROTO, "shard %u sent %zu bytes for chunk %u of tensor %u, expected %llu",
                     m.shard, length, m.chunk, m.tensor, (unsigned long long)want);
             break;
         }
         void *dst = op->buf + (uint64_t)m.chunk * c->chunk_elems;
+        if (t->pull_codec.kind != PSK_CODEC_NONE) dst = t->pull_buf + m.chunk * t->pull_cap;
         if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+            if (t->pull_codec.kind != PSK_CODEC_NONE) {
+                if (pull_decode(c, op, m.chunk, data, length))
+                    op_fail(op, PS_EPROTO, "shard %u sent malformed parameters for chunk %u",
+                            m.shard, m.chunk);
+                else
+                    part_done(p);
+                break;
+            }
             memcpy(dst, data, length);
             __atomic_add_fetch(&c->stats.bytes_pulled, length, __ATOMIC_RELAXED);
             part_done(p);
@@ -618,6 +665,12 @@ void ps_client_destroy(ps_client_t *c)
     pthread_join(c->thread, NULL);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
+    for (uint32_t i = 0; i < c->cap_tensors; i++) {
+        free(c->tensors[i].residual);
+        free(c->tensors[i].payload);
+        free(c->tensors[i].scratch);
+        free(c->tensors[i].pull_buf);
+    }
     free(c->tensors);
     free(c->shards);
     free(c);
@@ -632,6 +685,7 @@ void ps_client_stats(const ps_client_t *c, ps_client_stats_t *out)
 {
     out->bytes_pushed = __atomic_load_n(&c->stats.bytes_pushed, __ATOMIC_RELAXED);
     out->bytes_pulled = __atomic_load_n(&c->stats.bytes_pulled, __ATOMIC_RELAXED);
+    out->bytes_pushed_raw = __atomic_load_n(&c->stats.bytes_pushed_raw, __ATOMIC_RELAXED);
     out->pushes = __atomic_load_n(&c->stats.pushes, __ATOMIC_RELAXED);
     out->pulls = __atomic_load_n(&c->stats.pulls, __ATOMIC_RELAXED);
 }
@@ -688,18 +742,96 @@ static int data_op(ps_client_t *c, int type, uint32_t id, float *buf, uint64_t s
         snprintf(c->err, sizeof c->err, "tensor %u was not declared by this client", id);
         return PS_EINVAL;
     }
-    const ctensor_t *t = &c->tensors[id];
+    ctensor_t *t = &c->tensors[id];
     ps_op_t *op = op_new(c, type, t->nchunks);
     if (op == NULL) return PS_ENOMEM;
     op->tensor = id;
     op->buf = buf;
     op->step = step;
     for (uint32_t i = 0; i < t->nchunks; i++) {
-        op->parts[i].chunk = i;
-        op->parts[i].shard = ps_place_shard(t->first_chunk + i, c->nshards);
+        part_t *p = &op->parts[i];
+        p->chunk = i;
+        p->shard = ps_place_shard(t->first_chunk + i, c->nshards);
+        if (type != OP_PUSH) continue;
+        size_t n = ps_chunk_len(t->numel, c->chunk_elems, i);
+        const float *g = buf + (uint64_t)i * c->chunk_elems;
+        if (t->codec.kind == PSK_CODEC_NONE) {
+            p->data = g;
+            p->len = n * 4;
+            continue;
+        }
+        /* Compress on the caller's thread, before the gradient leaves. */
+        psk_codec_t cc = t->codec;
+        cc.seed = psk_codec_push_seed(step, id, i);
+        uint8_t *out = t->payload + (size_t)i * t->chunk_cap;
+        int rc = t->error_feedback
+                     ? psk_codec_encode_ef_cpu(out, t->chunk_cap, &p->len, g,
+                                               t->residual + (uint64_t)i * c->chunk_elems, n, &cc,
+                                               t->scratch)
+                     : psk_codec_encode_cpu(out, t->chunk_cap, &p->len, g, n, &cc, t->scratch);
+        if (rc) {
+            snprintf(c->err, sizeof c->err, "cannot encode chunk %u of tensor %u: %s", i, id,
+                     ps_strerror(rc));
+            free(op);
+            return rc;
+        }
+        p->data = out;
     }
     submit(c, op);
     *out = op;
+    return 0;
+}
+
+int ps_client_set_compression(ps_client_t *c, uint32_t id, const char *codec, int error_feedback,
+                              const char *pull_codec)
+{
+    if (id >= c->cap_tensors || c->tensors[id].nchunks == 0) {
+        snprintf(c->err, sizeof c->err, "tensor %u was not declared by this client", id);
+        return PS_EINVAL;
+    }
+    ctensor_t *t = &c->tensors[id];
+    psk_codec_t pc, pl;
+    if (psk_codec_parse(&pc, codec ? codec : "none")) {
+        snprintf(c->err, sizeof c->err, "unknown codec '%s'", codec);
+        return PS_EINVAL;
+    }
+    if (psk_codec_parse(&pl, pull_codec ? pull_codec : "none") ||
+        (pl.kind != PSK_CODEC_NONE && pl.kind != PSK_CODEC_FP16 && pl.kind != PSK_CODEC_BF16)) {
+        snprintf(c->err, sizeof c->err, "parameters travel as none, fp16 or bf16, not '%s'",
+                 pull_codec);
+        return PS_EINVAL;
+    }
+    size_t n = t->numel < c->chunk_elems ? t->numel : c->chunk_elems; /* the largest chunk */
+    if (pc.kind != PSK_CODEC_NONE) {
+        size_t cap = psk_codec_max_bytes(&pc, n), scr = psk_codec_scratch_bytes(&pc, n);
+        uint8_t *payload = malloc(cap * t->nchunks);
+        void *scratch = scr ? malloc(scr) : NULL;
+        float *res = error_feedback ? calloc(t->numel, sizeof *res) : NULL;
+        if (!payload || (scr && !scratch) || (error_feedback && !res)) {
+            free(payload);
+            free(scratch);
+            free(res);
+            return PS_ENOMEM;
+        }
+        free(t->payload);
+        free(t->scratch);
+        free(t->residual);
+        t->payload = payload;
+        t->scratch = scratch;
+        t->residual = res;
+        t->chunk_cap = cap;
+    }
+    if (pl.kind != PSK_CODEC_NONE) {
+        size_t cap = psk_codec_max_bytes(&pl, n);
+        uint8_t *b = malloc(cap * t->nchunks);
+        if (b == NULL) return PS_ENOMEM;
+        free(t->pull_buf);
+        t->pull_buf = b;
+        t->pull_cap = cap;
+    }
+    t->codec = pc;
+    t->error_feedback = error_feedback && pc.kind != PSK_CODEC_NONE;
+    t->pull_codec = pl;
     return 0;
 }
 

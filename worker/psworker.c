@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "fmnist.h"
+#include "local.h"
 #include "manifest.h"
 #include "mlp.h"
 #include "optim.h"
@@ -26,9 +27,7 @@ typedef struct {
     uint64_t step;
     int failed;
     char err[512];
-    /* --local: the server's work done in-process */
-    float *sum, *state;
-    uint32_t nstate;
+    ps_local_t local;        /* --local: the cluster's work done in-process */
 } trainer_t;
 
 static volatile sig_atomic_t g_stop;
@@ -86,18 +85,6 @@ static int pull_all(trainer_t *tr, uint64_t min_version, uint64_t *version)
     return tr->failed;
 }
 
-static psk_optim_t local_optim(const ps_manifest_t *m, uint64_t step, uint64_t total)
-{
-    const ps_optim_conf_t *o = &m->job.optimizer;
-    uint64_t decay = o->decay_steps ? o->decay_steps : total;
-    return (psk_optim_t){
-        .kind = (psk_optim_kind_t)o->name,
-        .lr = psk_lr_at(o->schedule == PS_SCHED_COSINE, o->lr, o->min_lr, o->warmup_steps, decay,
-                        step),
-        .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps, .momentum = o->momentum,
-        .nesterov = o->nesterov, .weight_decay = o->weight_decay};
-}
-
 static int write_params(const trainer_t *tr, const char *path, uint64_t step)
 {
     FILE *f = fopen(path, "wb");
@@ -122,11 +109,14 @@ static int write_params(const trainer_t *tr, const char *path, uint64_t step)
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: psworker --manifest FILE [--metrics-out FILE] [--params-out FILE] [--local]\n"
+            "usage: psworker --manifest FILE [--metrics-out FILE] [--params-out FILE]\n"
+            "                [--codec CODEC] [--local [--rank-codec R=CODEC]...]\n"
             "  --metrics-out FILE  JSON lines: one per epoch and a final one\n"
             "  --params-out FILE   write the final parameters (PSPARAM1 format)\n"
+            "  --codec CODEC       this worker pushes with CODEC instead of job.compression.codec\n"
             "  --local             train alone, computing every rank's share in this process\n"
-            "                      and applying the optimizer here (the reference run)\n");
+            "                      and applying the optimizer here (the reference run)\n"
+            "  --rank-codec R=C    with --local: rank R pushes with codec C\n");
 }
 
 int main(int argc, char **argv)
@@ -135,13 +125,34 @@ int main(int argc, char **argv)
                                          {"metrics-out", required_argument, 0, 'o'},
                                          {"params-out", required_argument, 0, 'p'},
                                          {"local", no_argument, 0, 'L'},
+                                         {"codec", required_argument, 0, 'c'},
+                                         {"rank-codec", required_argument, 0, 'r'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     const char *manifest = NULL, *metrics_path = NULL, *params_path = NULL;
     int local = 0, o;
+    const char *codec_override = NULL;
+    static const char *rank_codec[4096];
     ps_log_set_level(NULL);
-    while ((o = getopt_long(argc, argv, "m:o:p:Lh", opts, NULL)) != -1) {
+    while ((o = getopt_long(argc, argv, "m:o:p:Lc:r:h", opts, NULL)) != -1) {
         switch (o) {
+        case 'c':
+            if (!ps_codec_name_valid(optarg)) {
+                fprintf(stderr, "psworker: --codec %s: unknown codec\n", optarg);
+                return 2;
+            }
+            codec_override = optarg;
+            break;
+        case 'r': {
+            char *eq = strchr(optarg, '='), *end;
+            unsigned long r = strtoul(optarg, &end, 10);
+            if (eq == NULL || end != eq || r >= 4096 || !ps_codec_name_valid(eq + 1)) {
+                fprintf(stderr, "psworker: --rank-codec %s: expected RANK=CODEC\n", optarg);
+                return 2;
+            }
+            rank_codec[r] = eq + 1;
+            break;
+        }
         case 'm': manifest = optarg; break;
         case 'o': metrics_path = optarg; break;
         case 'p': params_path = optarg; break;
@@ -197,12 +208,15 @@ int main(int argc, char **argv)
         fprintf(stderr, "psworker: %s: %s\n", metrics_path, strerror(errno));
         goto out;
     }
+    if (codec_override)
+        snprintf(m.job.compression.codec, sizeof m.job.compression.codec, "%s", codec_override);
     if (local) {
         ps_mlp_init_params(&tr.mlp, m.job.seed);
-        tr.nstate = (uint32_t)psk_optim_state_count((psk_optim_kind_t)m.job.optimizer.name);
-        tr.sum = calloc(tr.mlp.nparams, 4);
-        tr.state = calloc(tr.mlp.nparams * (tr.nstate ? tr.nstate : 1), 4);
-        if (!tr.sum || !tr.state) goto out;
+        if ((rc = ps_local_create(&tr.local, &m, &tr.mlp, rank_codec, total)) != 0) {
+            fprintf(stderr, "psworker: --local: %s\n", ps_strerror(rc));
+            goto out;
+        }
+        ps_local_pull(&tr.local, &tr.mlp);
     } else {
         rc = ps_client_create(manifest, NULL, &tr.client, err, sizeof err);
         if (rc) {
@@ -218,6 +232,13 @@ int main(int argc, char **argv)
             if ((rc = ps_client_declare(tr.client, &d, &tr.ids[t])) != 0) {
                 fprintf(stderr, "psworker: rank %d: declare %s: %s\n", rank, mt->name,
                         ps_client_error(tr.client));
+                goto out;
+            }
+            const ps_compression_conf_t *cc = &m.job.compression;
+            const char *codec = ps_compression_codec_for(cc, mt->name, mt->numel * 4);
+            if ((rc = ps_client_set_compression(tr.client, tr.ids[t], codec, cc->error_feedback,
+                                                cc->pull)) != 0) {
+                fprintf(stderr, "psworker: %s: %s\n", mt->name, ps_client_error(tr.client));
                 goto out;
             }
         }
@@ -250,22 +271,10 @@ int main(int argc, char **argv)
                 ps_dataset_gather(&train, perm + (k * W + r) * B, B, x, y);
                 loss_sum += ps_mlp_train_step(&tr.mlp, x, y, B, NULL, NULL);
                 loss_n++;
-                float *g = tr.mlp.grads[0];
-                if (r == 0)
-                    memcpy(tr.sum, g, tr.mlp.nparams * 4);
-                else
-                    psk_add_cpu(tr.sum, g, tr.mlp.nparams);
+                ps_local_push(&tr.local, r, &tr.mlp, step);
             }
-            psk_optim_t oc = local_optim(&m, step, total);
-            size_t off = 0;
-            for (int t = 0; t < tr.mlp.ntensors; t++) {
-                size_t n = tr.mlp.tensors[t].numel;
-                float *s = tr.state + off * tr.nstate;
-                psk_optim_apply_cpu(tr.mlp.params[t], tr.nstate ? s : NULL, tr.mlp.params[t],
-                                    tr.nstate ? s : NULL, tr.sum + off, 1.0f / (float)W, n,
-                                    step + 1, &oc);
-                off += n;
-            }
+            ps_local_apply(&tr.local, &tr.mlp, step);
+            ps_local_pull(&tr.local, &tr.mlp);
             samples += (uint64_t)W * B;
             epoch_samples += (uint64_t)W * B;
         } else {
@@ -310,11 +319,13 @@ int main(int argc, char **argv)
                 fprintf(metrics,
                         "{\"epoch\": %llu, \"step\": %llu, \"train_loss\": %.6f, "
                         "\"test_accuracy\": %s, \"samples_per_s\": %.1f, \"bytes_pushed\": %llu, "
-                        "\"bytes_pulled\": %llu, \"wall_s\": %.3f}\n",
+                        "\"bytes_pushed_raw\": %llu, \"bytes_pulled\": %llu, \"wall_s\": %.3f}\n",
                         (unsigned long long)epoch + 1, (unsigned long long)step + 1,
                         loss_sum / (double)(loss_n ? loss_n : 1), accs,
                         (double)epoch_samples / (ew > 0 ? ew : 1e-9),
-                        (unsigned long long)st.bytes_pushed, (unsigned long long)st.bytes_pulled,
+                        (unsigned long long)st.bytes_pushed,
+                        (unsigned long long)(tr.client ? st.bytes_pushed_raw : 0),
+                        (unsigned long long)st.bytes_pulled,
                         now_s() - t0);
                 fflush(metrics);
             }
@@ -354,8 +365,7 @@ out:
         if (tr.push_ops[t]) ps_op_wait(tr.push_ops[t], NULL);
     ps_client_destroy(tr.client);
     if (metrics) fclose(metrics);
-    free(tr.sum);
-    free(tr.state);
+    ps_local_destroy(&tr.local);
     ps_mlp_destroy(&tr.mlp);
     ps_dataset_free(&train);
     ps_dataset_free(&test);

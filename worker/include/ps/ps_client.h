@@ -37,6 +37,7 @@ typedef struct {
 
 typedef struct {
     uint64_t bytes_pushed, bytes_pulled;   /* payload bytes sent / received */
+    uint64_t bytes_pushed_raw;             /* what the pushes would have been as fp32 */
     uint64_t pushes, pulls;                /* chunk messages */
 } ps_client_stats_t;
 
@@ -70,6 +71,18 @@ uint32_t ps_client_shards(const ps_client_t *c);
  * @return 0, PS_ECONFLICT (shape differs; ps_client_error() names both shapes), PS_E*.
  */
 int ps_client_declare(ps_client_t *c, const ps_tensor_desc_t *desc, uint32_t *id);
+
+/**
+ * @brief Compress tensor @p id's pushes with @p codec ("none", "fp16", "bf16", "int8",
+ * "sign", "topk:F", "randomk:F") and ask for its parameters as @p pull_codec ("none", "fp16",
+ * "bf16"). With @p error_feedback the client keeps, per tensor, what the codec dropped and
+ * adds it to the next push.
+ * @return 0 or PS_EINVAL (unknown codec name or tensor; ps_client_error() says which).
+ * @note With a codec other than none, the encoded chunks live in one buffer per tensor:
+ *       wait for a push before pushing the same tensor again.
+ */
+int ps_client_set_compression(ps_client_t *c, uint32_t id, const char *codec, int error_feedback,
+                              const char *pull_codec);
 
 /**
  * @brief Push the gradient of tensor @p id for @p step (asynchronous).
