@@ -22,34 +22,22 @@ bin="$root/build"
 export OPENBLAS_NUM_THREADS=1   # two cores are shared by every process of the cluster
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/psd-demo.XXXXXX")
-pids=()
+. "$root/deploy/local/cluster-lib.sh"
+psd_pids=()
 launcher=""
 cleanup() {
     trap - EXIT INT TERM
     [ -n "$launcher" ] && kill -TERM "$launcher" 2>/dev/null && wait "$launcher" 2>/dev/null
-    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
-    for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
+    stop_shards
     if [ "$keep" = 1 ]; then echo "demo: kept $tmp"; else rm -rf "$tmp"; fi
 }
 trap cleanup EXIT
 trap 'echo; echo "demo: interrupted, stopping the cluster"; exit 130' INT TERM
 
-# A free port: nothing answers a connect on it.
-free_port() {
-    local p
-    while :; do
-        p=$((20000 + RANDOM % 40000))
-        (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
-    done
-}
-
 {
     echo "cluster: demo"
     echo "chunk_bytes: 1048576"
-    echo "servers:"
-    for ((i = 0; i < shards; i++)); do
-        echo "  - {host: 127.0.0.1, port: $(free_port), data_dir: $tmp/shard$i}"
-    done
+    write_servers "$shards" "$tmp"
     cat <<YAML
 job:
   model: mlp
@@ -64,24 +52,8 @@ job:
 YAML
 } >"$tmp/manifest.yaml"
 echo "demo: manifest and data in $tmp"
-
-for ((i = 0; i < shards; i++)); do
-    "$bin/server/psd" --manifest "$tmp/manifest.yaml" --shard "$i" >"$tmp/psd$i.out" 2>"$tmp/psd$i.log" &
-    pids+=($!)
-done
-for ((i = 0; i < shards; i++)); do
-    for _ in $(seq 100); do
-        grep -q listening "$tmp/psd$i.out" 2>/dev/null && break
-        kill -0 "${pids[$i]}" 2>/dev/null || break
-        sleep 0.1
-    done
-    if ! grep -q listening "$tmp/psd$i.out" 2>/dev/null; then
-        echo "demo: psd shard $i did not start:" >&2
-        cat "$tmp/psd$i.log" >&2
-        exit 1
-    fi
-    cat "$tmp/psd$i.out"
-done
+start_shards "$tmp/manifest.yaml" "$shards" || exit 1
+cat "$tmp"/psd*.out
 
 mkdir -p "$tmp/metrics"
 "$bin/worker/pslaunch" --manifest "$tmp/manifest.yaml" --workers "$workers" \

@@ -1,0 +1,51 @@
+# cluster-lib.sh: shell helpers to run a local psd cluster (sourced by demo.sh and
+# bench scripts). Expects $bin (the build dir) and $tmp (a scratch dir); keeps
+# the started psd pids in the array psd_pids.
+
+# A free port: nothing answers a connect on it.
+free_port() {
+    local p
+    while :; do
+        p=$((20000 + RANDOM % 40000))
+        (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
+    done
+}
+
+# write_servers NSHARDS DIR: the manifest's servers: block, data under DIR.
+write_servers() {
+    local i
+    echo "servers:"
+    for ((i = 0; i < $1; i++)); do
+        echo "  - {host: 127.0.0.1, port: $(free_port), data_dir: $2/shard$i}"
+    done
+}
+
+# start_shards MANIFEST NSHARDS: start every psd and wait for its "listening" line.
+start_shards() {
+    local i
+    psd_pids=()
+    for ((i = 0; i < $2; i++)); do
+        "$bin/server/psd" --manifest "$1" --shard "$i" >"$tmp/psd$i.out" 2>"$tmp/psd$i.log" &
+        psd_pids+=($!)
+    done
+    for ((i = 0; i < $2; i++)); do
+        for _ in $(seq 100); do
+            grep -q listening "$tmp/psd$i.out" 2>/dev/null && break
+            kill -0 "${psd_pids[$i]}" 2>/dev/null || break
+            sleep 0.1
+        done
+        if ! grep -q listening "$tmp/psd$i.out" 2>/dev/null; then
+            echo "psd shard $i did not start:" >&2
+            cat "$tmp/psd$i.log" >&2
+            return 1
+        fi
+    done
+}
+
+# stop_shards: SIGTERM every psd started by start_shards and wait for it.
+stop_shards() {
+    local p
+    for p in "${psd_pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+    for p in "${psd_pids[@]}"; do wait "$p" 2>/dev/null; done
+    psd_pids=()
+}
