@@ -84,6 +84,7 @@ typedef struct psd_snap_s {
     MDB_txn *txn;
     int refs;
     bool stale;
+    struct psd_snap_s *next_free; /* retired snapshots keep their reset txn for reuse */
 } psd_snap_t;
 
 /* One send with the header bytes UCX 1.13 reads until completion. */
@@ -137,7 +138,9 @@ struct psd_server_s {
     uint32_t cap_items;        /* capacity of job.items */
     bool job_running;
     psd_snap_t *snap;          /* current pull snapshot, NULL until needed */
+    psd_snap_t *free_snaps;
     psd_send_t *free_sends;
+    psd_wait_t *free_waits;
 
     uv_signal_t sigint, sigterm;
     bool stopping;

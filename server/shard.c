@@ -147,6 +147,17 @@ void psd_shard_free(psd_server_t *srv)
         }
         free(t->chunks);
     }
+    for (psd_wait_t *w = srv->free_waits, *nx; w; w = nx) {
+        nx = w->next;
+        free(w);
+    }
+    for (psd_snap_t *s = srv->free_snaps, *nx; s; s = nx) {
+        nx = s->next_free;
+        mdb_txn_abort(s->txn);
+        free(s);
+    }
+    srv->free_waits = NULL;
+    srv->free_snaps = NULL;
     free(srv->tensors);
     free(srv->create_queue);
     free(srv->job.items);
@@ -170,25 +181,35 @@ bool psd_shard_idle(psd_server_t *srv)
 
 /* ---- waiting requests ---------------------------------------------------- */
 
-static int wait_add(psd_wait_t **list, psd_conn_t *conn, uint64_t req_id, uint64_t min_version,
-                    uint32_t codec)
+/* Waiting requests come from a free list: a BSP pull waits every step. */
+static void wait_put(psd_server_t *srv, psd_wait_t *w)
 {
-    psd_wait_t *w = malloc(sizeof *w);
-    if (w == NULL) return PS_ENOMEM;
+    w->next = srv->free_waits;
+    srv->free_waits = w;
+}
+
+static int wait_add(psd_server_t *srv, psd_wait_t **list, psd_conn_t *conn, uint64_t req_id,
+                    uint64_t min_version, uint32_t codec)
+{
+    psd_wait_t *w = srv->free_waits;
+    if (w)
+        srv->free_waits = w->next;
+    else if ((w = malloc(sizeof *w)) == NULL)
+        return PS_ENOMEM;
     *w = (psd_wait_t){conn, req_id, min_version, codec, *list};
     *list = w;
     psd_conn_ref(conn);
     return 0;
 }
 
-static void drop_from(psd_wait_t **list, psd_conn_t *conn)
+static void drop_from(psd_server_t *srv, psd_wait_t **list, psd_conn_t *conn)
 {
     while (*list) {
         psd_wait_t *w = *list;
         if (w->conn == conn) {
             *list = w->next;
             psd_conn_unref(conn);
-            free(w);
+            wait_put(srv, w);
         } else {
             list = &w->next;
         }
@@ -200,9 +221,9 @@ void psd_shard_drop_conn(psd_server_t *srv, psd_conn_t *conn)
     for (uint32_t i = 0; i < srv->ntensors; i++) {
         psd_tensor_t *t = &srv->tensors[i];
         if (!t->present) continue;
-        drop_from(&t->declares, conn);
+        drop_from(srv, &t->declares, conn);
         for (uint32_t c = 0; c < t->nchunks; c++)
-            if (t->chunks[c]) drop_from(&t->chunks[c]->pulls, conn);
+            if (t->chunks[c]) drop_from(srv, &t->chunks[c]->pulls, conn);
     }
 }
 
@@ -273,7 +294,7 @@ void psd_shard_on_declare(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *m
         }
         if (t->ready)
             reply_declare(srv, conn, msg->req_id, t);
-        else if (wait_add(&t->declares, conn, msg->req_id, 0, 0))
+        else if (wait_add(srv, &t->declares, conn, msg->req_id, 0, 0))
             psd_send_error(srv, conn, msg->req_id, PS_ENOMEM, "out of memory");
         return;
     }
@@ -295,7 +316,7 @@ void psd_shard_on_declare(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *m
         return;
     }
     int rc = tensor_add(srv, &d, false);
-    if (rc == 0) rc = wait_add(&srv->tensors[d.id].declares, conn, msg->req_id, 0, 0);
+    if (rc == 0) rc = wait_add(srv, &srv->tensors[d.id].declares, conn, msg->req_id, 0, 0);
     if (rc == 0) rc = queue_create(srv, d.id);
     if (rc) {
         psd_send_error(srv, conn, msg->req_id, rc, "cannot create tensor '%s': %s", d.name,
@@ -309,12 +330,42 @@ void psd_shard_on_declare(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *m
 
 /* ---- pull --------------------------------------------------------------- */
 
+/* A retired snapshot's read transaction is reset, not freed, and renewed for the next one. */
+static void snap_retire(psd_server_t *srv, psd_snap_t *s)
+{
+    mdb_txn_reset(s->txn);
+    s->next_free = srv->free_snaps;
+    srv->free_snaps = s;
+}
+
 static void snap_release(psd_server_t *srv, psd_snap_t *s)
 {
-    if (--s->refs == 0 && s->stale) {
-        mdb_txn_abort(s->txn);
-        free(s);
+    if (--s->refs == 0 && s->stale) snap_retire(srv, s);
+}
+
+static psd_snap_t *snap_current(psd_server_t *srv)
+{
+    if (srv->snap) return srv->snap;
+    psd_snap_t *s = srv->free_snaps;
+    if (s) {
+        srv->free_snaps = s->next_free;
+        if (psd_store_snapshot_renew(s->txn)) {
+            mdb_txn_abort(s->txn);
+            free(s);
+            s = NULL;
+        }
     }
+    if (s == NULL) {
+        s = calloc(1, sizeof *s);
+        if (s == NULL || psd_store_snapshot(&srv->store, &s->txn)) {
+            free(s);
+            return NULL;
+        }
+    }
+    s->refs = 0;
+    s->stale = false;
+    srv->snap = s;
+    return s;
 }
 
 static void on_pull_sent(void *request, ucs_status_t status, void *user_data)
@@ -335,14 +386,9 @@ static void send_pull_reply(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id
                             uint32_t codec)
 {
     if (conn->dead) return;
-    if (srv->snap == NULL) {
-        psd_snap_t *s = calloc(1, sizeof *s);
-        if (s == NULL || psd_store_snapshot(&srv->store, &s->txn)) {
-            free(s);
-            psd_send_error(srv, conn, req_id, PS_ESTORE, "cannot open a store snapshot");
-            return;
-        }
-        srv->snap = s;
+    if (snap_current(srv) == NULL) {
+        psd_send_error(srv, conn, req_id, PS_ESTORE, "cannot open a store snapshot");
+        return;
     }
     const psd_chunk_hdr_t *h;
     int rc = psd_store_chunk_get(&srv->store, srv->snap->txn, ch->tensor, ch->chunk, &h);
@@ -437,7 +483,7 @@ void psd_shard_on_pull(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
                        ch->chunk, (unsigned long long)msg->step, (unsigned long long)ch->version);
         return;
     }
-    if (wait_add(&ch->pulls, conn, msg->req_id, msg->step, msg->codec))
+    if (wait_add(srv, &ch->pulls, conn, msg->req_id, msg->step, msg->codec))
         psd_send_error(srv, conn, msg->req_id, PS_ENOMEM, "out of memory");
 }
 
@@ -706,7 +752,7 @@ static void answer_pulls(psd_server_t *srv, psd_chunk_t *ch)
             *pp = w->next;
             send_pull_reply(srv, w->conn, w->req_id, ch, w->codec);
             psd_conn_unref(w->conn);
-            free(w);
+            wait_put(srv, w);
         } else {
             pp = &w->next;
         }
@@ -719,10 +765,7 @@ static void snapshot_stale(psd_server_t *srv)
     if (s == NULL) return;
     srv->snap = NULL;
     s->stale = true;
-    if (s->refs == 0) {
-        mdb_txn_abort(s->txn);
-        free(s);
-    }
+    if (s->refs == 0) snap_retire(srv, s);
 }
 
 static void ack_slot(psd_server_t *srv, psd_chunk_t *ch, uint32_t r, int rc, uint64_t version)
@@ -760,7 +803,7 @@ static void job_done(uv_work_t *w, int status)
             else
                 reply_declare(srv, d->conn, d->req_id, t);
             psd_conn_unref(d->conn);
-            free(d);
+            wait_put(srv, d);
         }
         t->declares = NULL;
     } else {

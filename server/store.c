@@ -138,6 +138,10 @@ fail:
 
 void psd_store_close(psd_store_t *st)
 {
+    if (st->rcache) {
+        mdb_txn_abort(st->rcache);
+        st->rcache = NULL;
+    }
     if (st->env) {
         mdb_env_sync(st->env, 1);
         mdb_env_close(st->env);
@@ -199,8 +203,18 @@ int psd_store_begin(psd_store_t *st, psd_wtxn_t *tx)
 {
     tx->st = st;
     tx->w = tx->r = NULL;
-    int rc = mdb_txn_begin(st->env, NULL, MDB_RDONLY, &tx->r);
-    if (rc) return mdb_err(rc);
+    int rc;
+    if (st->rcache) {
+        tx->r = st->rcache; /* renewed, not reallocated: one job at a time uses it */
+        st->rcache = NULL;
+        rc = mdb_txn_renew(tx->r);
+        if (rc) {
+            mdb_txn_abort(tx->r);
+            tx->r = NULL;
+        }
+    }
+    if (tx->r == NULL && (rc = mdb_txn_begin(st->env, NULL, MDB_RDONLY, &tx->r)) != 0)
+        return mdb_err(rc);
     rc = mdb_txn_begin(st->env, NULL, 0, &tx->w);
     if (rc) {
         mdb_txn_abort(tx->r);
@@ -210,19 +224,30 @@ int psd_store_begin(psd_store_t *st, psd_wtxn_t *tx)
     return 0;
 }
 
+static void release_read(psd_wtxn_t *tx)
+{
+    if (tx->r == NULL) return;
+    mdb_txn_reset(tx->r);
+    if (tx->st->rcache == NULL)
+        tx->st->rcache = tx->r;
+    else
+        mdb_txn_abort(tx->r);
+    tx->r = NULL;
+}
+
 int psd_store_commit(psd_wtxn_t *tx)
 {
     int rc = mdb_txn_commit(tx->w);
-    mdb_txn_abort(tx->r);
-    tx->w = tx->r = NULL;
+    release_read(tx);
+    tx->w = NULL;
     return mdb_err(rc);
 }
 
 void psd_store_abort(psd_wtxn_t *tx)
 {
     if (tx->w) mdb_txn_abort(tx->w);
-    if (tx->r) mdb_txn_abort(tx->r);
-    tx->w = tx->r = NULL;
+    release_read(tx);
+    tx->w = NULL;
 }
 
 int psd_store_put_tensor(psd_wtxn_t *tx, const ps_decl_t *d)
@@ -265,4 +290,9 @@ int psd_store_chunk_get(psd_store_t *st, MDB_txn *txn, uint32_t t, uint32_t c,
 int psd_store_snapshot(psd_store_t *st, MDB_txn **out)
 {
     return mdb_err(mdb_txn_begin(st->env, NULL, MDB_RDONLY, out));
+}
+
+int psd_store_snapshot_renew(MDB_txn *txn)
+{
+    return mdb_err(mdb_txn_renew(txn));
 }

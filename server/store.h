@@ -39,6 +39,7 @@ typedef struct {
     MDB_env *env;
     MDB_dbi dbi;
     int lockfd;
+    MDB_txn *rcache;  /* the write job's read snapshot, reset between jobs (no malloc) */
     char dir[1024];
 } psd_store_t;
 
@@ -91,7 +92,9 @@ int psd_store_chunk_reserve(psd_wtxn_t *tx, uint32_t t, uint32_t c, uint32_t n, 
 int psd_store_chunk_get(psd_store_t *st, MDB_txn *txn, uint32_t t, uint32_t c,
                         const psd_chunk_hdr_t **out);
 
-/** @brief Begin a read-only snapshot (for pull replies); end it with mdb_txn_abort. */
+/** @brief Begin a read-only snapshot (for pull replies); end it with mdb_txn_abort, or
+ *  mdb_txn_reset it and later psd_store_snapshot_renew it to skip LMDB's allocation. */
 int psd_store_snapshot(psd_store_t *st, MDB_txn **out);
+int psd_store_snapshot_renew(MDB_txn *txn);
 
 #endif

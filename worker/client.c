@@ -44,6 +44,7 @@ typedef struct {
     psk_codec_t pull_codec; /* pulls: none, fp16 or bf16 */
     uint8_t *pull_buf;      /* [nchunks * pull_cap] compressed parameters on their way in */
     size_t pull_cap;
+    ps_op_t *spare[2];      /* a finished push and pull op kept for reuse (caller's thread) */
 } ctensor_t;
 
 typedef struct {
@@ -501,10 +502,9 @@ static void *comm_main(void *arg)
 
 /* ---- caller's thread ------------------------------------------------------ */
 
-static ps_op_t *op_new(ps_client_t *c, int type, uint32_t nparts)
+static ps_op_t *op_init(ps_op_t *op, ps_client_t *c, int type, uint32_t nparts)
 {
-    ps_op_t *op = calloc(1, sizeof *op + nparts * sizeof(part_t));
-    if (op == NULL) return NULL;
+    memset(op, 0, sizeof *op); /* the parts are all rewritten below */
     op->c = c;
     op->type = type;
     op->req_id = ++c->next_req;
@@ -513,8 +513,16 @@ static ps_op_t *op_new(ps_client_t *c, int type, uint32_t nparts)
     for (uint32_t i = 0; i < nparts; i++) {
         op->parts[i].op = op;
         op->parts[i].pending = 1;
+        op->parts[i].data = NULL;
+        op->parts[i].len = 0;
     }
     return op;
+}
+
+static ps_op_t *op_new(ps_client_t *c, int type, uint32_t nparts)
+{
+    ps_op_t *op = malloc(sizeof *op + nparts * sizeof(part_t));
+    return op ? op_init(op, c, type, nparts) : NULL;
 }
 
 static void submit(ps_client_t *c, ps_op_t *op)
@@ -539,7 +547,14 @@ int ps_op_wait(ps_op_t *op, uint64_t *version)
     int rc = op->status;
     if (rc) snprintf(c->err, sizeof c->err, "%s", op->err);
     if (version) *version = op->min_version == UINT64_MAX ? 0 : op->min_version;
-    free(op);
+    /* Keep one push and one pull op per tensor: steady training allocates nothing. */
+    ps_op_t **spare = NULL;
+    if (op->type == OP_PUSH || op->type == OP_PULL)
+        spare = &c->tensors[op->tensor].spare[op->type == OP_PULL];
+    if (spare && *spare == NULL)
+        *spare = op;
+    else
+        free(op);
     return rc;
 }
 
@@ -670,6 +685,8 @@ void ps_client_destroy(ps_client_t *c)
         free(c->tensors[i].payload);
         free(c->tensors[i].scratch);
         free(c->tensors[i].pull_buf);
+        free(c->tensors[i].spare[0]);
+        free(c->tensors[i].spare[1]);
     }
     free(c->tensors);
     free(c->shards);
@@ -743,8 +760,13 @@ static int data_op(ps_client_t *c, int type, uint32_t id, float *buf, uint64_t s
         return PS_EINVAL;
     }
     ctensor_t *t = &c->tensors[id];
-    ps_op_t *op = op_new(c, type, t->nchunks);
-    if (op == NULL) return PS_ENOMEM;
+    ps_op_t *op = t->spare[type == OP_PULL];
+    if (op) {
+        t->spare[type == OP_PULL] = NULL;
+        op_init(op, c, type, t->nchunks);
+    } else if ((op = op_new(c, type, t->nchunks)) == NULL) {
+        return PS_ENOMEM;
+    }
     op->tensor = id;
     op->buf = buf;
     op->step = step;
