@@ -222,8 +222,20 @@ void psd_shard_drop_conn(psd_server_t *srv, psd_conn_t *conn)
         psd_tensor_t *t = &srv->tensors[i];
         if (!t->present) continue;
         drop_from(srv, &t->declares, conn);
-        for (uint32_t c = 0; c < t->nchunks; c++)
-            if (t->chunks[c]) drop_from(srv, &t->chunks[c]->pulls, conn);
+        for (uint32_t c = 0; c < t->nchunks; c++) {
+            psd_chunk_t *ch = t->chunks[c];
+            if (ch == NULL) continue;
+            drop_from(srv, &ch->pulls, conn);
+            /* Its pushes for a step not yet applied are discarded: the worker that takes
+             * over its rank pushes that step again. */
+            for (uint32_t r = 0; r < srv->workers; r++)
+                if (ch->slot_conn[r] == conn && ch->slot_state[r] == SLOT_FULL) {
+                    ch->slot_state[r] = SLOT_EMPTY;
+                    ch->slot_conn[r] = NULL;
+                    ch->nfull--;
+                    psd_conn_unref(conn);
+                }
+        }
     }
 }
 
@@ -569,6 +581,14 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
                        "push of %u/%u carries %zu bytes (header says %llu), expected %llu",
                        ch->tensor, ch->chunk, length, (unsigned long long)msg->length,
                        (unsigned long long)want);
+        return UCS_OK;
+    }
+    if (srv->m.job.consistency == PS_CONSIST_BSP && msg->step < ch->version) {
+        /* The step was applied without this push (its rank was taken over mid-step):
+         * acknowledge and drop it, the worker's next pull catches up. */
+        ps_msg_t a = {.type = PS_MSG_PUSH_ACK, .req_id = msg->req_id, .tensor = ch->tensor,
+                      .chunk = ch->chunk, .step = ch->version, .shard = srv->shard};
+        psd_send_msg(srv, conn, &a);
         return UCS_OK;
     }
     if (srv->m.job.consistency == PS_CONSIST_BSP && msg->step != ch->version) {
