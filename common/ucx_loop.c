@@ -1,4 +1,5 @@
 /* ucx_loop.c: drive a UCP worker from a libuv loop (see ucx_loop.h). */
+#include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -120,6 +121,31 @@ ucs_status_t ps_ucx_wait(ps_ucx_t *u, void *req)
     while ((s = ucp_request_check_status(req)) == UCS_INPROGRESS) ucp_worker_progress(u->worker);
     ucp_request_free(req);
     return s;
+}
+
+void ps_ucx_set_am_handler(ps_ucx_t *u, ucp_am_recv_callback_t cb, void *arg)
+{
+    /* The ids match proto/wire.h: PS_AM_CTRL = 1, PS_AM_DATA = 2. */
+    for (unsigned id = 1; id <= 2; id++) {
+        ucp_am_handler_param_t hp = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
+                                                   UCP_AM_HANDLER_PARAM_FIELD_CB |
+                                                   UCP_AM_HANDLER_PARAM_FIELD_ARG,
+                                     .id = id, .cb = cb, .arg = arg};
+        ucp_worker_set_am_recv_handler(u->worker, &hp);
+    }
+}
+
+int ps_sockaddr_resolve(const char *host, uint16_t port, struct sockaddr_storage *ss,
+                        socklen_t *len)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res;
+    char ps[8];
+    snprintf(ps, sizeof ps, "%u", port);
+    if (getaddrinfo(host, ps, &hints, &res) != 0) return PS_ECONFIG;
+    memcpy(ss, res->ai_addr, res->ai_addrlen);
+    *len = res->ai_addrlen;
+    freeaddrinfo(res);
+    return 0;
 }
 
 void ps_ucx_ep_lanes(ucp_ep_h ep, char *buf, size_t len)

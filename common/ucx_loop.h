@@ -54,6 +54,14 @@ ucs_status_t ps_ucx_wait(ps_ucx_t *u, void *req);
 /** @brief A short description of the transports an endpoint uses ("tcp", "sysv,cma", ...). */
 void ps_ucx_ep_lanes(ucp_ep_h ep, char *buf, size_t len);
 
+/** @brief Route both psd Active Message ids (control and data) to @p cb with @p arg. */
+void ps_ucx_set_am_handler(ps_ucx_t *u, ucp_am_recv_callback_t cb, void *arg);
+
+/** @brief Resolve @p host : @p port into @p ss (first address found).
+ *  @return 0 or PS_ECONFIG when the host does not resolve. */
+int ps_sockaddr_resolve(const char *host, uint16_t port, struct sockaddr_storage *ss,
+                        socklen_t *len);
+
 /** @brief Map a UCS status to a PS_E* code. */
 int ps_ucx_err(ucs_status_t s);
 

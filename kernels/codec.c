@@ -1,5 +1,6 @@
 /* codec.c: CPU reference for the gradient codecs; the payload formats are in codec.h. */
 #include "codec.h"
+#include "hash.h"
 
 #include "ps/ps_error.h"
 
@@ -157,23 +158,7 @@ static inline float f32_from_bf16(uint16_t h)
     return f32_from_bits((uint32_t)h << 16);
 }
 
-/* ---- hashing (counter-based, as in init.c) ---- */
-
-#define GOLDEN_GAMMA 0x9e3779b97f4a7c15ull
-
-/* splitmix64's finalizer: a bijection that avalanches every input bit. */
-static uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-/* The c-th output of splitmix64 seeded with seed. */
-static uint64_t hash64(uint64_t seed, uint64_t c)
-{
-    return mix64(seed + (c + 1) * GOLDEN_GAMMA);
-}
+/* ---- hashing: kernels/hash.h ---- */
 
 /*
  * Chris Wellons' lowbias32: a 32-bit bijection with good avalanche. It is used per element
@@ -336,7 +321,7 @@ static void strata_init(strata_t *s, uint64_t seed, size_t n, size_t k)
     *s = (strata_t){.seed = seed, .lo = 0, .q = n / k, .r = n % k, .k = k, .acc = 0};
 }
 
-/* Index j (the j-th call): uniform in stratum j by the top 32 bits of hash64(seed, j). */
+/* Index j (the j-th call): uniform in stratum j by the top 32 bits of psk_hash64(seed, j). */
 static inline uint32_t strata_next(strata_t *s, uint64_t j)
 {
     uint64_t width = s->q;
@@ -345,7 +330,7 @@ static inline uint32_t strata_next(strata_t *s, uint64_t j)
         s->acc -= s->k;
         width++;
     }
-    uint64_t h = hash64(s->seed, j) >> 32;
+    uint64_t h = psk_hash64(s->seed, j) >> 32;
     uint64_t i = s->lo + ((h * width) >> 32); /* width <= n < 2^32: no overflow */
     s->lo += width;
     return (uint32_t)i;
@@ -554,7 +539,7 @@ static int encode_int8(uint8_t *restrict body, const float *restrict x, size_t n
     size_t block = c->block;
     size_t nb = ceil_div(n, block);
     uint8_t *q = body + 4 * nb;
-    uint32_t key = (uint32_t)mix64(c->seed + GOLDEN_GAMMA);
+    uint32_t key = (uint32_t)psk_mix64(c->seed + PSK_GOLDEN_GAMMA);
 
     for (size_t b = 0; b < nb; b++) {
         size_t s = b * block;

@@ -153,7 +153,7 @@ void psk_codec_randomk_indices(uint32_t *idx, uint64_t seed, size_t n, size_t k)
  *  different for every (step, tensor, chunk), the same in every process. */
 static inline uint64_t psk_codec_push_seed(uint64_t step, uint32_t tensor, uint32_t chunk)
 {
-    return (step + 1) * 0x9E3779B97F4A7C15ull ^ ((uint64_t)tensor << 32 | chunk);
+    return (step + 1) * 0x9E3779B97F4A7C15ull ^ ((uint64_t)tensor << 32 | chunk); /* golden gamma */
 }
 
 #endif

@@ -1,5 +1,6 @@
 /* init.c: CPU reference for the deterministic, chunk-independent tensor initializers. */
 #include "init.h"
+#include "hash.h"
 
 #include <assert.h>
 #include <math.h>
@@ -10,21 +11,6 @@
  * without generating the elements before it. The hash is splitmix64's output function
  * applied to counter c of the stream that starts at seed, i.e. the c-th splitmix64 output.
  */
-#define GOLDEN_GAMMA 0x9e3779b97f4a7c15ull
-
-/* splitmix64's finalizer (Stafford's Mix13): a bijection that avalanches every input bit. */
-static uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-/* The c-th output of splitmix64 seeded with seed. */
-static uint64_t hash64(uint64_t seed, uint64_t c)
-{
-    return mix64(seed + (c + 1) * GOLDEN_GAMMA);
-}
 
 /* Uniform in [0, 1) on a 2^-24 grid: exact in float, and 2u - 1 is exact too. */
 static float unit24(uint64_t h)
@@ -45,7 +31,7 @@ static double unit53_open0(uint64_t h)
 static void fill_uniform(float *out, size_t n, uint64_t first, uint64_t seed, float a)
 {
     for (size_t j = 0; j < n; j++) {
-        float u = unit24(hash64(seed, first + j));
+        float u = unit24(psk_hash64(seed, first + j));
         out[j] = (2.0f * u - 1.0f) * a;
     }
 }
@@ -62,8 +48,8 @@ static void fill_normal(float *out, size_t n, uint64_t first, uint64_t seed, flo
 
     for (size_t j = 0; j < n; j++) {
         uint64_t i = first + j;
-        double u1 = unit53_open0(hash64(seed, 2 * i));
-        double u2 = (double)unit24(hash64(seed, 2 * i + 1));
+        double u1 = unit53_open0(psk_hash64(seed, 2 * i));
+        double u2 = (double)unit24(psk_hash64(seed, 2 * i + 1));
         out[j] = (float)((double)std * sqrt(-2.0 * log(u1)) * cos(two_pi * u2));
     }
 }
@@ -101,5 +87,5 @@ uint64_t psk_init_seed(const char *name, uint64_t seed)
         h *= 0x100000001b3ull; /* FNV-1a 64-bit prime */
     }
     /* Mix the seed first, so small structured seeds (0, 1, 2) differ in many bits. */
-    return mix64(h ^ mix64(seed + GOLDEN_GAMMA));
+    return psk_mix64(h ^ psk_mix64(seed + PSK_GOLDEN_GAMMA));
 }

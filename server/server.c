@@ -289,18 +289,6 @@ static void on_signal(uv_signal_t *h, int signum)
     psd_server_maybe_stop(srv);
 }
 
-static int resolve(const char *host, uint16_t port, struct sockaddr_storage *ss, socklen_t *len)
-{
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res;
-    char ps[8];
-    snprintf(ps, sizeof ps, "%u", port);
-    if (getaddrinfo(host, ps, &hints, &res) != 0) return PS_EINVAL;
-    memcpy(ss, res->ai_addr, res->ai_addrlen);
-    *len = res->ai_addrlen;
-    freeaddrinfo(res);
-    return 0;
-}
-
 int psd_server_run(const ps_manifest_t *m, uint32_t shard, char *err, size_t errlen)
 {
     psd_server_t *srv = calloc(1, sizeof *srv);
@@ -333,18 +321,11 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, char *err, size_t err
     }
     srv->ucx.deferred = on_deferred;
     srv->ucx.data = srv;
-    ucp_am_handler_param_t hp = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
-                                               UCP_AM_HANDLER_PARAM_FIELD_CB |
-                                               UCP_AM_HANDLER_PARAM_FIELD_ARG,
-                                 .cb = on_am, .arg = srv};
-    hp.id = PS_AM_CTRL;
-    ucp_worker_set_am_recv_handler(srv->ucx.worker, &hp);
-    hp.id = PS_AM_DATA;
-    ucp_worker_set_am_recv_handler(srv->ucx.worker, &hp);
+    ps_ucx_set_am_handler(&srv->ucx, on_am, srv);
 
     struct sockaddr_storage ss;
     socklen_t sslen;
-    if (resolve(sc->host, sc->port, &ss, &sslen)) {
+    if (ps_sockaddr_resolve(sc->host, sc->port, &ss, &sslen)) {
         snprintf(err, errlen, "cannot resolve host '%s' of shard %u", sc->host, shard);
         rc = PS_ECONFIG;
         goto fail_ucx;

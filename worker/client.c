@@ -233,20 +233,18 @@ static int connect_shard(ps_client_t *c, uint32_t i)
     cshard_t *s = &c->shards[i];
     if (s->ep && !s->dead) return 0;
     const ps_server_conf_t *sc = &c->m.servers[i];
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res;
-    char port[8];
-    snprintf(port, sizeof port, "%u", sc->port);
-    if (getaddrinfo(sc->host, port, &hints, &res) != 0) return PS_ECONFIG;
+    struct sockaddr_storage ss;
+    socklen_t sslen;
+    if (ps_sockaddr_resolve(sc->host, sc->port, &ss, &sslen)) return PS_ECONFIG;
     ucp_ep_params_t ep = {
         .field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
         .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
-        .sockaddr = {.addr = res->ai_addr, .addrlen = res->ai_addrlen},
+        .sockaddr = {.addr = (const struct sockaddr *)&ss, .addrlen = sslen},
         .err_mode = UCP_ERR_HANDLING_MODE_PEER,
         .err_handler = {.cb = on_ep_error, .arg = s},
     };
     ucs_status_t st = ucp_ep_create(c->ucx.worker, &ep, &s->ep);
-    freeaddrinfo(res);
     if (st != UCS_OK) {
         s->ep = NULL;
         return PS_ETRANSPORT;
@@ -475,14 +473,7 @@ static void *comm_main(void *arg)
     if (rc == 0) {
         c->ucx.deferred = on_deferred;
         c->ucx.data = c;
-        ucp_am_handler_param_t hp = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
-                                                   UCP_AM_HANDLER_PARAM_FIELD_CB |
-                                                   UCP_AM_HANDLER_PARAM_FIELD_ARG,
-                                     .cb = on_am, .arg = c};
-        hp.id = PS_AM_CTRL;
-        ucp_worker_set_am_recv_handler(c->ucx.worker, &hp);
-        hp.id = PS_AM_DATA;
-        ucp_worker_set_am_recv_handler(c->ucx.worker, &hp);
+        ps_ucx_set_am_handler(&c->ucx, on_am, c);
         uv_async_init(&c->loop, &c->wake, on_wake);
         c->wake.data = &c->ucx;
     }
