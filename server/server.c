@@ -197,13 +197,18 @@ static void on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
     }
     int32_t rank = msg->rank;
     if (srv->shard == 0 && c->rank < 0) {
-        /* The coordinator hands out the lowest free rank. */
+        /* A worker reconnecting after a restart of this shard asks for its rank back;
+         * otherwise the coordinator hands out the lowest free rank. */
         rank = -1;
-        for (uint32_t r = 0; r < srv->workers; r++)
+        if (msg->rank >= 0 && (uint32_t)msg->rank < srv->workers &&
+            srv->rank_owner[msg->rank] == NULL) {
+            rank = msg->rank;
+            srv->rank_owner[rank] = c;
+        }
+        for (uint32_t r = 0; rank < 0 && r < srv->workers; r++)
             if (srv->rank_owner[r] == NULL) {
                 rank = (int32_t)r;
                 srv->rank_owner[r] = c;
-                break;
             }
         if (rank < 0) {
             psd_send_error(srv, c, msg->req_id, PS_EFULL,

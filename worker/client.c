@@ -25,6 +25,7 @@ typedef struct {
     uint32_t chunk;    /* chunk index within the tensor (or 0 for control ops) */
     uint32_t shard;
     int pending;       /* waiting for its reply */
+    int resend;        /* its shard went away: send again once it is back */
     const void *data;  /* push: the payload (raw fp32 slice or encoded chunk) */
     size_t len;
     uint8_t hdr[128];  /* the header bytes UCX reads until the send completes */
@@ -48,9 +49,16 @@ typedef struct {
 } ctensor_t;
 
 typedef struct {
+    ps_client_t *c;
+    uint32_t index;
     ucp_ep_h ep;
-    int dead;          /* endpoint failed: close it, fail its parts */
+    int dead;          /* endpoint failed: close it */
     int close_queued;
+    int down;          /* lost after the join: reconnecting, pushes and pulls wait */
+    int gone;          /* gave up on it: its parts fail */
+    uint64_t down_since_ms;
+    uint32_t backoff_ms;
+    uv_timer_t timer;  /* the next reconnect attempt */
 } cshard_t;
 
 struct ps_op_s {
@@ -65,6 +73,7 @@ struct ps_op_s {
     int status;
     int done;
     uint64_t min_version;
+    void (*on_done)(ps_op_t *op); /* internal ops (re-hello): run on the comm thread, then freed */
     ps_msg_t reply;    /* hello / declare: the reply */
     ps_msg_t req;      /* hello / declare: the request */
     char err[256];
@@ -91,6 +100,8 @@ struct ps_client_s {
     pthread_cond_t cv;
     ps_op_t *submit_head, *submit_tail;
     int started, start_rc;
+    int joined;                 /* past the first hello: lost shards are reconnected */
+    uint32_t reconnect_ms;      /* how long a lost shard may stay away */
 
     ctensor_t *tensors;         /* indexed by id */
     uint32_t cap_tensors;
@@ -112,6 +123,12 @@ static void op_maybe_complete(ps_op_t *op)
             *pp = op->next;
             break;
         }
+    if (op->on_done) {
+        op->done = 1;
+        op->on_done(op);
+        free(op);
+        return;
+    }
     pthread_mutex_lock(&c->mu);
     op->done = 1;
     pthread_cond_broadcast(&c->cv);
@@ -141,12 +158,30 @@ static void part_done(part_t *p)
     p->op->remaining--;
 }
 
+static void shard_lost(ps_client_t *c, uint32_t i);
+
+/* A data part whose transport failed waits for its shard to come back, once the client
+ * has joined; anything else fails. Returns 1 if the part will be sent again. */
+static int part_defer(ps_client_t *c, part_t *p)
+{
+    if (!__atomic_load_n(&c->joined, __ATOMIC_ACQUIRE) || !p->pending ||
+        c->shards[p->shard].gone || (p->op->type != OP_PUSH && p->op->type != OP_PULL))
+        return 0;
+    p->resend = 1;
+    cshard_t *s = &c->shards[p->shard];
+    if (!s->down && !s->dead) { /* the endpoint broke before UCX told us */
+        s->dead = 1;
+        s->close_queued = 1;
+    }
+    return 1;
+}
+
 static void on_sent(void *request, ucs_status_t status, void *user_data)
 {
     part_t *p = user_data;
     ps_op_t *op = p->op;
     op->ucx_refs--;
-    if (status != UCS_OK && p->pending)
+    if (status != UCS_OK && p->pending && !part_defer(op->c, p))
         op_fail(op, ps_ucx_err(status), "send to shard %u failed: %s", p->shard,
                 ucs_status_string(status));
     if (request) ucp_request_free(request);
@@ -173,9 +208,11 @@ static void on_pull_recv(void *request, ucs_status_t status, size_t length, void
     ps_client_t *c = op->c;
     const ctensor_t *t = &c->tensors[op->tensor];
     op->ucx_refs--;
-    if (status != UCS_OK)
-        op_fail(op, ps_ucx_err(status), "pull data from shard %u lost: %s", p->shard,
-                ucs_status_string(status));
+    if (status != UCS_OK) {
+        if (!part_defer(c, p))
+            op_fail(op, ps_ucx_err(status), "pull data from shard %u lost: %s", p->shard,
+                    ucs_status_string(status));
+    }
     else if (t->pull_codec.kind != PSK_CODEC_NONE &&
              pull_decode(c, op, p->chunk, t->pull_buf + p->chunk * t->pull_cap, length))
         op_fail(op, PS_EPROTO, "shard %u sent malformed parameters for chunk %u", p->shard,
@@ -202,7 +239,8 @@ static void send_part(ps_client_t *c, part_t *p, const ps_msg_t *m, const void *
 {
     ps_op_t *op = p->op;
     cshard_t *s = &c->shards[p->shard];
-    if (s->ep == NULL || s->dead) {
+    if (s->ep == NULL || s->dead || (s->down && op->type != OP_HELLO)) {
+        if (part_defer(c, p)) return;
         op_fail(op, PS_ETRANSPORT, "shard %u (%s:%u) is not connected", p->shard,
                 c->m.servers[p->shard].host, c->m.servers[p->shard].port);
         return;
@@ -263,6 +301,33 @@ static void close_ep(ps_client_t *c, cshard_t *s, int force)
     s->ep = NULL;
 }
 
+/* Send (or send again) one chunk of a push or pull. */
+static void send_data_part(ps_client_t *c, ps_op_t *op, part_t *p)
+{
+    const ctensor_t *t = &c->tensors[op->tensor];
+    uint64_t len = ps_chunk_len(t->numel, c->chunk_elems, p->chunk);
+    ps_msg_t m = {.req_id = op->req_id, .rank = c->rank, .tensor = t->id, .chunk = p->chunk,
+                  .step = op->step};
+    p->resend = 0;
+    if (op->type == OP_PUSH) {
+        m.type = PS_MSG_PUSH;
+        m.length = p->len;
+        m.codec = t->codec.kind;
+        m.codec_fraction = t->codec.fraction;
+        m.codec_block = t->codec.block;
+        m.codec_flags = t->codec.fp16_values ? 1 : 0;
+        __atomic_add_fetch(&c->stats.bytes_pushed, p->len, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&c->stats.bytes_pushed_raw, len * 4, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&c->stats.pushes, 1, __ATOMIC_RELAXED);
+        send_part(c, p, &m, p->data, p->len, PS_AM_DATA);
+    } else {
+        m.type = PS_MSG_PULL;
+        m.codec = t->pull_codec.kind;
+        __atomic_add_fetch(&c->stats.pulls, 1, __ATOMIC_RELAXED);
+        send_part(c, p, &m, NULL, 0, PS_AM_CTRL);
+    }
+}
+
 static void start_op(ps_client_t *c, ps_op_t *op)
 {
     op->next = c->inflight;
@@ -272,11 +337,10 @@ static void start_op(ps_client_t *c, ps_op_t *op)
     case OP_HELLO:
     case OP_DECLARE: {
         part_t *p = &op->parts[0];
-        if (op->type == OP_HELLO && connect_shard(c, p->shard)) {
+        if (op->type == OP_HELLO && connect_shard(c, p->shard))
             op_fail(op, PS_ETRANSPORT, "cannot reach shard %u", p->shard);
-            return;
-        }
-        send_part(c, p, &op->req, NULL, 0, PS_AM_CTRL);
+        else
+            send_part(c, p, &op->req, NULL, 0, PS_AM_CTRL);
         break;
     }
     case OP_LEAVE: {
@@ -291,36 +355,126 @@ static void start_op(ps_client_t *c, ps_op_t *op)
     }
     case OP_PUSH:
     case OP_PULL: {
-        const ctensor_t *t = &c->tensors[op->tensor];
-        for (uint32_t i = 0; i < op->nparts; i++) {
-            part_t *p = &op->parts[i];
-            uint64_t len = ps_chunk_len(t->numel, c->chunk_elems, p->chunk);
-            ps_msg_t m = {.req_id = op->req_id, .rank = c->rank, .tensor = t->id,
-                          .chunk = p->chunk, .step = op->step};
-            if (op->type == OP_PUSH) {
-                m.type = PS_MSG_PUSH;
-                m.length = p->len;
-                m.codec = t->codec.kind;
-                m.codec_fraction = t->codec.fraction;
-                m.codec_block = t->codec.block;
-                m.codec_flags = t->codec.fp16_values ? 1 : 0;
-                __atomic_add_fetch(&c->stats.bytes_pushed, p->len, __ATOMIC_RELAXED);
-                __atomic_add_fetch(&c->stats.bytes_pushed_raw, len * 4, __ATOMIC_RELAXED);
-                __atomic_add_fetch(&c->stats.pushes, 1, __ATOMIC_RELAXED);
-                send_part(c, p, &m, p->data, p->len, PS_AM_DATA);
-            } else {
-                m.type = PS_MSG_PULL;
-                m.codec = t->pull_codec.kind;
-                __atomic_add_fetch(&c->stats.pulls, 1, __ATOMIC_RELAXED);
-                send_part(c, p, &m, NULL, 0, PS_AM_CTRL);
-            }
-            if (op->status) break;
-        }
+        for (uint32_t i = 0; i < op->nparts && op->status == 0; i++)
+            send_data_part(c, op, &op->parts[i]);
         break;
     }
     }
     op->ucx_refs--;
     op_maybe_complete(op);
+}
+
+/* ---- comm thread: losing and regaining a shard ----------------------------------- */
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* Fail (give_up) or keep for resending every pending part on shard i. */
+static void parts_on_shard(ps_client_t *c, uint32_t i, int give_up)
+{
+    for (ps_op_t *op = c->inflight, *nx; op; op = nx) {
+        nx = op->next;
+        int hit = 0;
+        for (uint32_t k = 0; k < op->nparts; k++) {
+            part_t *p = &op->parts[k];
+            if (!p->pending || p->shard != i) continue;
+            if (give_up || !part_defer(c, p)) {
+                op_fail(op, PS_ETRANSPORT, "lost the connection to shard %u (%s:%u)", i,
+                        c->m.servers[i].host, c->m.servers[i].port);
+                hit = 1;
+                break;
+            }
+        }
+        if (hit) op_maybe_complete(op); /* the op may be gone after this */
+    }
+}
+
+static void on_reconnect_timer(uv_timer_t *h);
+
+static void on_rehello(ps_op_t *op)
+{
+    ps_client_t *c = op->c;
+    uint32_t i = op->parts[0].shard;
+    cshard_t *s = &c->shards[i];
+    if (op->status == 0 && op->reply.rank != c->rank) {
+        PS_LOG(PS_LOG_ERROR, "libps", "shard %u gave rank %d back, not %d", i, op->reply.rank,
+               c->rank);
+        s->gone = 1;
+        op->status = PS_EPROTO;
+    }
+    if (op->status == 0) {
+        PS_LOG(PS_LOG_INFO, "libps", "shard %u (%s:%u) is back after %llu ms", i,
+               c->m.servers[i].host, c->m.servers[i].port,
+               (unsigned long long)(now_ms() - s->down_since_ms));
+        s->down = 0;
+        /* Send again whatever it had not answered: a push it already applied is acked
+         * and dropped, so every step is applied exactly once. */
+        for (ps_op_t *o = c->inflight; o; o = o->next)
+            for (uint32_t k = 0; k < o->nparts; k++)
+                if (o->parts[k].resend && o->parts[k].shard == i && o->parts[k].pending)
+                    send_data_part(c, o, &o->parts[k]);
+        return;
+    }
+    /* Refused or unreachable: close this endpoint (from the deferred hook, never from
+     * inside a UCX callback); shard_lost then schedules the next attempt. */
+    if (s->ep && !s->dead) {
+        s->dead = 1;
+        s->close_queued = 1;
+    }
+}
+
+static void on_reconnect_timer(uv_timer_t *h)
+{
+    cshard_t *s = h->data;
+    ps_client_t *c = s->c;
+    ps_op_t *op = calloc(1, sizeof *op + sizeof(part_t));
+    if (op == NULL) return;
+    op->c = c;
+    op->type = OP_HELLO;
+    op->req_id = ++c->next_req;
+    op->nparts = op->remaining = 1;
+    op->min_version = UINT64_MAX;
+    op->on_done = on_rehello;
+    op->parts[0] = (part_t){.op = op, .shard = s->index, .pending = 1};
+    op->req = (ps_msg_t){.type = PS_MSG_HELLO, .rank = c->rank, .pid = (uint32_t)getpid()};
+    snprintf(op->req.cluster, sizeof op->req.cluster, "%s", c->m.cluster);
+    op->req.req_id = op->req_id;
+    start_op(c, op);
+    ps_ucx_progress(&c->ucx);
+}
+
+/* Shard i's endpoint is gone. Before the join that is an error; after it, pushes and
+ * pulls wait while the client reconnects with capped backoff (50 ms doubling to 1 s)
+ * until the connect timeout, then they fail. */
+static void shard_lost(ps_client_t *c, uint32_t i)
+{
+    cshard_t *s = &c->shards[i];
+    s->dead = 0;
+    if (!__atomic_load_n(&c->joined, __ATOMIC_ACQUIRE) || s->gone) {
+        parts_on_shard(c, i, 1);
+        return;
+    }
+    if (!s->down) {
+        PS_LOG(PS_LOG_WARN, "libps", "lost shard %u (%s:%u); reconnecting", i,
+               c->m.servers[i].host, c->m.servers[i].port);
+        s->down = 1;
+        s->down_since_ms = now_ms();
+        s->backoff_ms = 50;
+    } else if (now_ms() - s->down_since_ms >= c->reconnect_ms) {
+        PS_LOG(PS_LOG_ERROR, "libps", "shard %u (%s:%u) did not come back in %u ms", i,
+               c->m.servers[i].host, c->m.servers[i].port, c->reconnect_ms);
+        s->gone = 1;
+        parts_on_shard(c, i, 1);
+        return;
+    } else {
+        s->backoff_ms = s->backoff_ms * 2 > 1000 ? 1000 : s->backoff_ms * 2;
+    }
+    uv_timer_start(&s->timer, on_reconnect_timer, s->backoff_ms, 0);
+    parts_on_shard(c, i, 0);
 }
 
 /* Deferred hook: take submitted ops, close failed endpoints (outside UCX callbacks). */
@@ -333,19 +487,8 @@ static int on_deferred(ps_ucx_t *u)
         if (!s->close_queued) continue;
         s->close_queued = 0;
         did = 1;
-        PS_LOG(PS_LOG_WARN, "libps", "lost shard %u (%s:%u)", i, c->m.servers[i].host,
-               c->m.servers[i].port);
-        for (ps_op_t *op = c->inflight, *nx; op; op = nx) {
-            nx = op->next;
-            for (uint32_t k = 0; k < op->nparts; k++)
-                if (op->parts[k].pending && op->parts[k].shard == i) {
-                    op_fail(op, PS_ETRANSPORT, "lost the connection to shard %u (%s:%u)", i,
-                            c->m.servers[i].host, c->m.servers[i].port);
-                    op_maybe_complete(op);
-                    break;
-                }
-        }
         close_ep(c, s, 1);
+        shard_lost(c, i);
     }
     pthread_mutex_lock(&c->mu);
     ps_op_t *list = c->submit_head;
@@ -474,6 +617,12 @@ static void *comm_main(void *arg)
         c->ucx.deferred = on_deferred;
         c->ucx.data = c;
         ps_ucx_set_am_handler(&c->ucx, on_am, c);
+        for (uint32_t i = 0; i < c->nshards; i++) {
+            c->shards[i].c = c;
+            c->shards[i].index = i;
+            uv_timer_init(&c->loop, &c->shards[i].timer);
+            c->shards[i].timer.data = &c->shards[i];
+        }
         uv_async_init(&c->loop, &c->wake, on_wake);
         c->wake.data = &c->ucx;
     }
@@ -485,6 +634,7 @@ static void *comm_main(void *arg)
     if (rc) return NULL;
     uv_run(&c->loop, UV_RUN_DEFAULT);
     uv_close((uv_handle_t *)&c->wake, NULL);
+    for (uint32_t i = 0; i < c->nshards; i++) uv_close((uv_handle_t *)&c->shards[i].timer, NULL);
     ps_ucx_close(&c->ucx);
     uv_run(&c->loop, UV_RUN_DEFAULT);
     uv_loop_close(&c->loop);
@@ -565,13 +715,6 @@ static int ctrl_call(ps_client_t *c, int type, uint32_t shard, ps_msg_t *req, ps
     return ps_op_wait(op, NULL);
 }
 
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
 static int join(ps_client_t *c, uint32_t timeout_ms)
 {
     uint64_t deadline = now_ms() + timeout_ms;
@@ -639,12 +782,14 @@ int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts, ps
     }
     uint32_t timeout = 30000;
     if (opts && (opts->field_mask & PS_CLIENT_OPT_CONNECT_TIMEOUT)) timeout = opts->connect_timeout_ms;
+    c->reconnect_ms = timeout;
     rc = join(c, timeout);
     if (rc) {
         if (err) snprintf(err, errlen, "%s", c->err);
         ps_client_destroy(c);
         return rc;
     }
+    __atomic_store_n(&c->joined, 1, __ATOMIC_RELEASE);
     *out = c;
     return 0;
 }
