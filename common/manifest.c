@@ -563,6 +563,7 @@ static const field_t job_fields[] = {
     {JOB(workers), .type = T_INT, .flags = F_REQ, .min = 1, .max = 4096},
     {JOB(consistency), .type = T_ENUM, .names = consist_names},
     {JOB(max_steps), .type = T_INT, .min = 0, .max = NOMAX},
+    {JOB(heartbeat_timeout_ms), .type = T_INT, .min = 100, .max = 3600000},
     {JOB(optimizer), .type = T_MAP, .flags = F_REQ, .sub = optim_fields},
     {JOB(compression), .type = T_MAP, .sub = compression_fields},
     {0},
@@ -604,6 +605,7 @@ static void set_defaults(ps_manifest_t *m, const char *name)
     snprintf(j->dataset, sizeof j->dataset, "%s", "/usr/share/datasets/fashion-mnist");
     j->seed = 1;
     j->consistency = PS_CONSIST_BSP;
+    j->heartbeat_timeout_ms = 3000;
     ps_optim_conf_t *o = &j->optimizer;
     o->beta1 = 0.9f;
     o->beta2 = 0.999f;

@@ -68,6 +68,7 @@ typedef struct {
     uint32_t workers;              /* required, 1..4096 */
     ps_consistency_t consistency;  /* default bsp */
     uint64_t max_steps;            /* default 0 = no limit; stops the run early */
+    uint32_t heartbeat_timeout_ms; /* default 3000, 100..3600000: a silent worker is dropped */
     ps_optim_conf_t optimizer;     /* required */
     ps_compression_conf_t compression; /* optional */
 } ps_job_conf_t;

@@ -29,7 +29,8 @@ typedef enum {
     PS_MSG_PULL_REPLY = 8,
     PS_MSG_ERROR = 9,
     PS_MSG_LEAVE = 10,
-    PS_MSG_MAX_ = 11
+    PS_MSG_HEARTBEAT = 11,
+    PS_MSG_MAX_ = 12
 } ps_msg_type_t;
 
 typedef struct {

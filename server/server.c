@@ -240,6 +240,7 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) return UCS_OK;
     psd_conn_t *c = conn_by_ep(srv, param->reply_ep);
     if (c == NULL || c->dead) return UCS_OK;
+    c->last_seen_ms = uv_now(srv->loop);
     ps_msg_t msg;
     char err[256];
     if (ps_msg_decode(&msg, header, header_length, err, sizeof err)) {
@@ -262,6 +263,7 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     case PS_MSG_DECLARE: psd_shard_on_declare(srv, c, &msg); break;
     case PS_MSG_PUSH: return psd_shard_on_push(srv, c, &msg, data, length, param);
     case PS_MSG_PULL: psd_shard_on_pull(srv, c, &msg); break;
+    case PS_MSG_HEARTBEAT: break;
     case PS_MSG_LEAVE:
         PS_LOG(PS_LOG_INFO, "server", "rank %d (pid %u) says leave", c->rank, c->pid);
         conn_release_rank(srv, c);
@@ -271,6 +273,26 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
                        ps_msg_type_name(msg.type));
     }
     return UCS_OK;
+}
+
+/* The cron: a joined worker that said nothing (not even a heartbeat) for
+ * job.heartbeat_timeout_ms is hung or cut off; drop it like a dead one, so its rank and
+ * its unapplied pushes are released. */
+static void on_cron(uv_timer_t *h)
+{
+    psd_server_t *srv = h->data;
+    uint64_t now = uv_now(srv->loop), limit = srv->m.job.heartbeat_timeout_ms;
+    int dropped = 0;
+    for (psd_conn_t *c = srv->conns; c; c = c->next) {
+        if (c->dead || c->rank < 0 || c->ep == NULL || now - c->last_seen_ms <= limit) continue;
+        PS_LOG(PS_LOG_WARN, "server", "rank %d (pid %u) silent for %llu ms (heartbeat timeout "
+               "%llu ms): dropping it", c->rank, c->pid,
+               (unsigned long long)(now - c->last_seen_ms), (unsigned long long)limit);
+        c->dead = true;
+        c->close_queued = true;
+        dropped = 1;
+    }
+    if (dropped) ps_ucx_progress(&srv->ucx);
 }
 
 /* ---- start and stop ----------------------------------------------------- */
@@ -352,6 +374,10 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, char *err, size_t err
     srv->sigint.data = srv->sigterm.data = srv;
     uv_signal_start(&srv->sigint, on_signal, SIGINT);
     uv_signal_start(&srv->sigterm, on_signal, SIGTERM);
+    uv_timer_init(srv->loop, &srv->cron);
+    srv->cron.data = srv;
+    uint64_t tick = m->job.heartbeat_timeout_ms / 4;
+    uv_timer_start(&srv->cron, on_cron, tick, tick);
 
     printf("psd shard %u listening on %s:%u\n", shard, sc->host, sc->port);
     fflush(stdout);
@@ -375,6 +401,7 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, char *err, size_t err
     srv->snap = NULL;
     uv_close((uv_handle_t *)&srv->sigint, NULL);
     uv_close((uv_handle_t *)&srv->sigterm, NULL);
+    uv_close((uv_handle_t *)&srv->cron, NULL);
     rc = 0;
 fail_ucx:
     ps_ucx_close(&srv->ucx);

@@ -29,6 +29,7 @@ typedef struct psd_conn_s {
     uint32_t pid;
     int refs;                        /* pending acks, pulls and sends that name this conn */
     bool dead;                       /* endpoint failed or closed: send nothing more */
+    uint64_t last_seen_ms;           /* any message from it (heartbeats included) */
     bool close_queued;
     char peer[64];
     struct psd_conn_s *next;
@@ -143,6 +144,7 @@ struct psd_server_s {
     psd_wait_t *free_waits;
 
     uv_signal_t sigint, sigterm;
+    uv_timer_t cron;           /* heartbeat checks */
     bool stopping;
     uint64_t applied_updates, pushes, pulls;
 };

@@ -59,6 +59,8 @@ typedef struct {
     uint64_t down_since_ms;
     uint32_t backoff_ms;
     uv_timer_t timer;  /* the next reconnect attempt */
+    int hb_inflight;   /* a heartbeat send not completed yet */
+    uint8_t hb_hdr[64];
 } cshard_t;
 
 struct ps_op_s {
@@ -95,6 +97,7 @@ struct ps_client_s {
     ps_ucx_t ucx;
     cshard_t *shards;
     ps_op_t *inflight;          /* comm thread only */
+    uv_timer_t heartbeat;       /* tells every shard this worker is alive */
 
     pthread_mutex_t mu;         /* guards submit queue and op completion */
     pthread_cond_t cv;
@@ -477,6 +480,36 @@ static void shard_lost(ps_client_t *c, uint32_t i)
     parts_on_shard(c, i, 0);
 }
 
+static void on_heartbeat_sent(void *request, ucs_status_t status, void *user_data)
+{
+    cshard_t *s = user_data;
+    s->hb_inflight = 0;
+    if (request) ucp_request_free(request);
+}
+
+/* Every heartbeat_timeout_ms / 4, from the comm thread, so a worker busy computing is
+ * still heard; a hung (stopped) process falls silent and its shards drop it. */
+static void on_heartbeat(uv_timer_t *h)
+{
+    ps_client_t *c = h->data;
+    if (!__atomic_load_n(&c->joined, __ATOMIC_ACQUIRE)) return;
+    for (uint32_t i = 0; i < c->nshards; i++) {
+        cshard_t *s = &c->shards[i];
+        if (s->ep == NULL || s->dead || s->down || s->hb_inflight) continue;
+        ps_msg_t m = {.type = PS_MSG_HEARTBEAT, .rank = c->rank};
+        size_t len;
+        if (ps_msg_encode(&m, s->hb_hdr, sizeof s->hb_hdr, &len)) continue;
+        ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                                   UCP_OP_ATTR_FIELD_USER_DATA |
+                                                   UCP_OP_ATTR_FIELD_FLAGS,
+                                   .flags = UCP_AM_SEND_FLAG_REPLY,
+                                   .cb.send = on_heartbeat_sent, .user_data = s};
+        void *req = ucp_am_send_nbx(s->ep, PS_AM_CTRL, s->hb_hdr, len, NULL, 0, &prm);
+        s->hb_inflight = req != NULL && !UCS_PTR_IS_ERR(req);
+    }
+    ps_ucx_progress(&c->ucx);
+}
+
 /* Deferred hook: take submitted ops, close failed endpoints (outside UCX callbacks). */
 static int on_deferred(ps_ucx_t *u)
 {
@@ -623,6 +656,10 @@ static void *comm_main(void *arg)
             uv_timer_init(&c->loop, &c->shards[i].timer);
             c->shards[i].timer.data = &c->shards[i];
         }
+        uint64_t tick = c->m.job.heartbeat_timeout_ms / 4;
+        uv_timer_init(&c->loop, &c->heartbeat);
+        c->heartbeat.data = c;
+        uv_timer_start(&c->heartbeat, on_heartbeat, tick, tick);
         uv_async_init(&c->loop, &c->wake, on_wake);
         c->wake.data = &c->ucx;
     }
@@ -635,6 +672,7 @@ static void *comm_main(void *arg)
     uv_run(&c->loop, UV_RUN_DEFAULT);
     uv_close((uv_handle_t *)&c->wake, NULL);
     for (uint32_t i = 0; i < c->nshards; i++) uv_close((uv_handle_t *)&c->shards[i].timer, NULL);
+    uv_close((uv_handle_t *)&c->heartbeat, NULL);
     ps_ucx_close(&c->ucx);
     uv_run(&c->loop, UV_RUN_DEFAULT);
     uv_loop_close(&c->loop);
