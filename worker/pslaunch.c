@@ -14,11 +14,36 @@
 static volatile sig_atomic_t g_sig;
 static void on_signal(int sig) { g_sig = sig; }
 
+/* Start worker i: psworker --manifest M [--metrics-out DIR/worker-i.jsonl]. */
+static pid_t spawn(const char *worker, const char *manifest, const char *metrics_dir, long i)
+{
+    char mpath[PATH_MAX];
+    pid_t pid = fork();
+    if (pid < 0) {
+        fprintf(stderr, "pslaunch: fork: %s\n", strerror(errno));
+        return -1;
+    }
+    if (pid > 0) return pid;
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    if (metrics_dir) {
+        snprintf(mpath, sizeof mpath, "%s/worker-%ld.jsonl", metrics_dir, i);
+        execl(worker, "psworker", "--manifest", manifest, "--metrics-out", mpath, (char *)NULL);
+    } else {
+        execl(worker, "psworker", "--manifest", manifest, (char *)NULL);
+    }
+    fprintf(stderr, "pslaunch: exec %s: %s\n", worker, strerror(errno));
+    _exit(127);
+}
+
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: pslaunch --manifest FILE --workers N [--metrics-dir DIR] [--psworker PATH]\n"
+    fprintf(f, "usage: pslaunch --manifest FILE --workers N [--metrics-dir DIR] [--respawn N]\n"
+               "                [--psworker PATH]\n"
                "Start N psworker processes; with --metrics-dir, worker i writes\n"
-               "DIR/worker-i.jsonl. Exits non-zero if any worker fails.\n");
+               "DIR/worker-i.jsonl. With --respawn N, a worker that dies (a signal or a\n"
+               "non-zero exit) is replaced, up to N times in all; the replacement takes over\n"
+               "its rank at the step in flight. Exits non-zero if a worker failed for good.\n");
 }
 
 int main(int argc, char **argv)
@@ -27,13 +52,23 @@ int main(int argc, char **argv)
                                          {"workers", required_argument, 0, 'n'},
                                          {"metrics-dir", required_argument, 0, 'd'},
                                          {"psworker", required_argument, 0, 'w'},
+                                         {"respawn", required_argument, 0, 'r'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     const char *manifest = NULL, *metrics_dir = NULL, *worker = NULL;
-    long n = -1;
+    long n = -1, respawn = 0;
     int o;
-    while ((o = getopt_long(argc, argv, "m:n:d:w:h", opts, NULL)) != -1) {
+    while ((o = getopt_long(argc, argv, "m:n:d:w:r:h", opts, NULL)) != -1) {
         switch (o) {
+        case 'r': {
+            char *end;
+            respawn = strtol(optarg, &end, 10);
+            if (*optarg == '\0' || *end != '\0' || respawn < 0 || respawn > 1000000) {
+                fprintf(stderr, "pslaunch: --respawn %s: expected 0..1000000\n", optarg);
+                return 2;
+            }
+            break;
+        }
         case 'm': manifest = optarg; break;
         case 'n': {
             char *end;
@@ -79,26 +114,8 @@ int main(int argc, char **argv)
     if (pids == NULL) return 1;
     long started = 0;
     for (long i = 0; i < n && !g_sig; i++) {
-        char mpath[PATH_MAX];
-        pid_t pid = fork();
-        if (pid < 0) {
-            fprintf(stderr, "pslaunch: fork: %s\n", strerror(errno));
-            break;
-        }
-        if (pid == 0) {
-            signal(SIGINT, SIG_DFL);
-            signal(SIGTERM, SIG_DFL);
-            if (metrics_dir) {
-                snprintf(mpath, sizeof mpath, "%s/worker-%ld.jsonl", metrics_dir, i);
-                execl(worker, "psworker", "--manifest", manifest, "--metrics-out", mpath,
-                      (char *)NULL);
-            } else {
-                execl(worker, "psworker", "--manifest", manifest, (char *)NULL);
-            }
-            fprintf(stderr, "pslaunch: exec %s: %s\n", worker, strerror(errno));
-            _exit(127);
-        }
-        pids[started++] = pid;
+        if ((pids[i] = spawn(worker, manifest, metrics_dir, i)) < 0) break;
+        started++;
     }
     int failed = started < n, forwarded = 0;
     long left = started;
@@ -118,6 +135,16 @@ int main(int argc, char **argv)
             if (pids[i] == pid) {
                 pids[i] = -1;
                 left--;
+                if ((!WIFEXITED(st) || WEXITSTATUS(st) != 0) && !g_sig && respawn > 0) {
+                    fprintf(stderr, "pslaunch: worker %ld (pid %d) %s %d; starting a replacement\n",
+                            i, (int)pid, WIFSIGNALED(st) ? "killed by signal" : "exited with",
+                            WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+                    respawn--;
+                    if ((pids[i] = spawn(worker, manifest, metrics_dir, i)) > 0) {
+                        left++;
+                        continue;
+                    }
+                }
                 if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
                     failed = 1;
                     if (WIFSIGNALED(st))
