@@ -277,7 +277,7 @@ double cl_left(const cl_cluster_t *c)
 
 /* ---- processes ----------------------------------------------------------------------------- */
 
-static const char *binary(const char *var)
+const char *cl_binary(const char *var)
 {
     const char *p = getenv(var);
     ck_assert_msg(p != NULL && *p, "%s is not set: run the tests through meson", var);
@@ -339,7 +339,7 @@ cl_proc_t *cl_psd_spawn(cl_cluster_t *c, int shard, const char *manifest)
     else
         snprintf(name, sizeof name, "psd%d", shard);
     snprintf(shard_s, sizeof shard_s, "%d", shard);
-    char *argv[] = {(char *)binary("PSD"),
+    char *argv[] = {(char *)cl_binary("PSD"),
                     "--manifest",
                     (char *)(manifest ? manifest : c->manifest),
                     "--shard",
@@ -396,11 +396,17 @@ cl_proc_t *cl_psd_start(cl_cluster_t *c, int shard, const char *manifest, double
 
 cl_proc_t *cl_worker_start(cl_cluster_t *c, const char *manifest, const char *params, bool local)
 {
+    return cl_worker_spawn(c, manifest, params, local, NULL);
+}
+
+cl_proc_t *cl_worker_spawn(cl_cluster_t *c, const char *manifest, const char *params, bool local,
+                           const char *const *extra)
+{
     char name[32], params_path[CL_PATH];
     snprintf(name, sizeof name, "worker%d", c->nworkers_started++);
-    char *argv[8];
+    char *argv[24];
     int k = 0;
-    argv[k++] = (char *)binary("PSWORKER");
+    argv[k++] = (char *)cl_binary("PSWORKER");
     argv[k++] = "--manifest";
     argv[k++] = (char *)(manifest ? manifest : c->manifest);
     if (params) {
@@ -409,10 +415,24 @@ cl_proc_t *cl_worker_start(cl_cluster_t *c, const char *manifest, const char *pa
         argv[k++] = params_path;
     }
     if (local) argv[k++] = "--local";
+    for (int i = 0; extra && extra[i]; i++) {
+        ck_assert_msg(k + 1 < (int)(sizeof argv / sizeof *argv), "too many worker arguments");
+        argv[k++] = (char *)extra[i];
+    }
     argv[k] = NULL;
     cl_proc_t *p = spawn(c, name, argv, false);
     if (params) snprintf(p->params, sizeof p->params, "%s", params_path);
     return p;
+}
+
+cl_proc_t *cl_spawn(cl_cluster_t *c, const char *name, char *const argv[])
+{
+    return spawn(c, name, argv, false);
+}
+
+void cl_path(const cl_cluster_t *c, const char *file, char *out, size_t len)
+{
+    path_join(out, len, c->dir, file);
 }
 
 static bool try_reap(cl_proc_t *p)

@@ -10,7 +10,8 @@
  * cl_cluster_destroy(), the end of a CK_FORK=no run), and first destroys any cluster a failed
  * test left in this process (CK_FORK=no).
  *
- * The binaries come from the environment: PSD, PSWORKER (set by tests/integration/meson.build).
+ * The binaries come from the environment: PSD, PSWORKER, EVIL_PEER (set by
+ * tests/integration/meson.build).
  * The helpers fail fast through Check's assertions where a test could do nothing useful on error
  * (no temp dir, no port, cannot fork). Names use the cl_ prefix: test code, not part of psd. */
 #ifndef PS_TEST_CLUSTER_H
@@ -129,6 +130,26 @@ cl_proc_t *cl_psd_start(cl_cluster_t *c, int shard, const char *manifest, double
  * @param params    a file name inside the cluster's dir, or NULL for no --params-out.
  */
 cl_proc_t *cl_worker_start(cl_cluster_t *c, const char *manifest, const char *params, bool local);
+
+/**
+ * @brief cl_worker_start() with more arguments: @p extra, a NULL-terminated list (NULL for
+ *  none), goes after the others, e.g. {"--codec", "int8", NULL}. At most 16 of them.
+ */
+cl_proc_t *cl_worker_spawn(cl_cluster_t *c, const char *manifest, const char *params, bool local,
+                           const char *const *extra);
+
+/**
+ * @brief Start any program: @p argv (argv[0] its path, NULL-terminated), named @p name, stdin
+ *  from /dev/null, stdout and stderr to dir/NAME.log. Does not wait.
+ */
+cl_proc_t *cl_spawn(cl_cluster_t *c, const char *name, char *const argv[]);
+
+/** @brief The path of a test binary from environment variable @p var (PSD, PSWORKER,
+ *  EVIL_PEER, ...); fails the test when it is not set. */
+const char *cl_binary(const char *var);
+
+/** @brief @p file inside the cluster's dir, into @p out. */
+void cl_path(const cl_cluster_t *c, const char *file, char *out, size_t len);
 
 /** @brief Wait up to @p timeout_s for @p p to exit and reap it.
  *  @return its exit code, 128 + the signal that killed it, or -1 on timeout. */

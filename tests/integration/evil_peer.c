@@ -1,0 +1,643 @@
+/* evil_peer.c: a hostile worker for the compression integration test (test_compression.c).
+ *
+ *   evil_peer --manifest FILE [--case NAME]
+ *
+ * Speaks psd's wire protocol itself (proto/wire.h over UCX Active Messages, as libps does):
+ * connects to shard 0 (client-server sockaddr, PEER error handling), says hello, declares the
+ * model's last weight exactly as psworker does (worker/mlp.h: "fc<L>.weight", shape
+ * [layers[L-1], layers[L]], xavier, job.seed), pulls chunk 0, and then pushes chunk 0 at the
+ * chunk's version:
+ *   - a well-formed topk push, which must be acknowledged (the framing below is right);
+ *   - one malformed push per case (cases[] below), each of which must get MSG_ERROR with
+ *     PS_EPROTO and a text naming the problem, never an acknowledgement;
+ *   - a well-formed int8 push, which must be acknowledged (the refusals left the rank's slot
+ *     free);
+ * and pulls chunk 0 again: every value must be finite. Both well-formed pushes carry a zero
+ * gradient. One line per step on stdout; psd's error text is quoted.
+ *
+ * Exit status: 0 when every check held, 1 when one did not, 2 on bad usage. Every wait is
+ * bounded (WAIT_S). A test program: it reports, it never retries. */
+#include <getopt.h>
+#include <math.h>
+#include <netdb.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "codec.h"
+#include "init.h"
+#include "manifest.h"
+#include "place.h"
+#include "ps/ps_error.h"
+#include "ucx_loop.h"
+#include "wire.h"
+
+#define WAIT_S 20.0          /* one reply, at most */
+#define FMNIST_TRAIN_N 60000 /* training samples: psworker's steps per epoch follow from it */
+
+typedef struct {
+    uv_loop_t loop;
+    ps_ucx_t ucx;
+    uv_timer_t timer;
+    ucp_ep_h ep;
+    int ep_failed;
+    ucs_status_t ep_status;
+    uint64_t next_req;
+    uint64_t want_req; /* the request whose reply we wait for */
+    int got_reply;
+    ps_msg_t reply;
+    uint8_t *data; /* the reply's data (pull replies), [data_cap] */
+    size_t data_cap, data_len;
+    int data_pending; /* a rendezvous receive is in flight */
+    int data_failed;
+} peer_t;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static double g_t0;
+
+/* One line on stdout, with the seconds since the start (for reading a log, never asserted). */
+static void say(const char *fmt, ...)
+{
+    printf("[%7.3f] ", now_s() - g_t0);
+    va_list ap;
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    putchar('\n');
+    fflush(stdout);
+}
+
+/* ---- UCX ------------------------------------------------------------------------------------ */
+
+static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    peer_t *p = arg;
+    p->ep_failed = 1;
+    p->ep_status = status;
+    uv_stop(&p->loop);
+}
+
+static void on_data(void *request, ucs_status_t status, size_t length, void *user_data)
+{
+    peer_t *p = user_data;
+    p->data_pending = 0;
+    if (status != UCS_OK)
+        p->data_failed = 1;
+    else
+        p->data_len = length;
+    if (request) ucp_request_free(request);
+    uv_stop(&p->loop);
+}
+
+static ucs_status_t on_am(void *arg, const void *header, size_t header_length, void *data,
+                          size_t length, const ucp_am_recv_param_t *param)
+{
+    peer_t *p = arg;
+    ps_msg_t m;
+    char err[256];
+    if (ps_msg_decode(&m, header, header_length, err, sizeof err)) {
+        say("evil_peer: dropped an undecodable message: %s", err);
+        return UCS_OK;
+    }
+    if (m.req_id != p->want_req || p->got_reply) {
+        say("evil_peer: unexpected %s for request %llu%s%s", ps_msg_type_name(m.type),
+            (unsigned long long)m.req_id, m.type == PS_MSG_ERROR ? ": " : "",
+            m.type == PS_MSG_ERROR ? m.error : "");
+        return UCS_OK;
+    }
+    p->reply = m;
+    p->got_reply = 1;
+    uv_stop(&p->loop); /* see wait_flag() */
+    p->data_len = 0;
+    if (length == 0) return UCS_OK;
+    if (length > p->data_cap) {
+        p->data_failed = 1;
+        return UCS_OK;
+    }
+    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+        memcpy(p->data, data, length);
+        p->data_len = length;
+        return UCS_OK;
+    }
+    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                               UCP_OP_ATTR_FIELD_USER_DATA,
+                               .cb.recv_am = on_data, .user_data = p};
+    p->data_pending = 1;
+    void *req = ucp_am_recv_data_nbx(p->ucx.worker, data, p->data, length, &prm);
+    if (req == NULL)
+        on_data(NULL, UCS_OK, length, p);
+    else if (UCS_PTR_IS_ERR(req))
+        on_data(NULL, UCS_PTR_STATUS(req), 0, p);
+    return UCS_OK;
+}
+
+static void on_timer(uv_timer_t *t) { (void)t; }
+
+/* Run the loop until *flag is set (and no receive is pending), the endpoint fails, or
+ * timeout_s passes. Returns 0 when the flag was set.
+ * Whatever sets a flag also calls uv_stop(): the flag may be set by the progress the loop makes
+ * before it blocks (ucx_loop.c's prepare hook), and without uv_stop() uv_run(UV_RUN_ONCE) would
+ * then still block for I/O that has already been handled, until the timer. */
+static int wait_flag(peer_t *p, const int *flag, double timeout_s)
+{
+    double end = now_s() + timeout_s;
+    while (!(*flag && !p->data_pending) && !p->ep_failed) {
+        double left = end - now_s();
+        if (left <= 0) return -1;
+        uv_timer_start(&p->timer, on_timer, (uint64_t)(left * 1000) + 1, 0);
+        uv_run(&p->loop, UV_RUN_ONCE);
+        uv_timer_stop(&p->timer);
+    }
+    return *flag && !p->data_pending ? 0 : -1;
+}
+
+typedef struct {
+    int done;
+    ucs_status_t status;
+    uv_loop_t *loop;
+} sent_t;
+
+static void on_sent(void *request, ucs_status_t status, void *user_data)
+{
+    sent_t *s = user_data;
+    s->done = 1;
+    s->status = status;
+    if (request) ucp_request_free(request);
+    uv_stop(s->loop);
+}
+
+/*
+ * Send @p m (req_id set here) with @p data on AM id @p am and wait for its reply into p->reply.
+ * @return 0 when a reply came; -1 (with a line said) when the send failed or no reply came.
+ */
+static int call(peer_t *p, ps_msg_t *m, const void *data, size_t len, unsigned am)
+{
+    static uint8_t hdr[PS_WIRE_HDR_MAX];
+    size_t hlen;
+    m->req_id = ++p->next_req;
+    if (ps_msg_encode(m, hdr, sizeof hdr, &hlen)) {
+        say("evil_peer: cannot encode a %s header", ps_msg_type_name(m->type));
+        return -1;
+    }
+    p->want_req = m->req_id;
+    p->got_reply = 0;
+    p->data_failed = 0;
+    /* static: a send cancelled at a timeout completes later, after this call has returned */
+    static sent_t sent;
+    sent = (sent_t){.loop = &p->loop};
+    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                               UCP_OP_ATTR_FIELD_USER_DATA |
+                                               UCP_OP_ATTR_FIELD_FLAGS,
+                               .flags = UCP_AM_SEND_FLAG_REPLY,
+                               .cb.send = on_sent, .user_data = &sent};
+    void *req = ucp_am_send_nbx(p->ep, am, hdr, hlen, data, len, &prm);
+    if (req == NULL) {
+        sent.done = 1;
+    } else if (UCS_PTR_IS_ERR(req)) {
+        say("evil_peer: sending %s: %s", ps_msg_type_name(m->type),
+            ucs_status_string(UCS_PTR_STATUS(req)));
+        return -1;
+    }
+    /* The header and the data must stay put until the send completes: wait for both. */
+    int rc = wait_flag(p, &sent.done, WAIT_S);
+    if (rc == 0 && sent.status != UCS_OK) {
+        say("evil_peer: sending %s: %s", ps_msg_type_name(m->type),
+            ucs_status_string(sent.status));
+        return -1;
+    }
+    if (rc == 0) rc = wait_flag(p, &p->got_reply, WAIT_S);
+    if (rc != 0) {
+        if (p->ep_failed)
+            say("evil_peer: %s: the connection to shard 0 failed: %s", ps_msg_type_name(m->type),
+                ucs_status_string(p->ep_status));
+        else
+            say("evil_peer: %s: no reply within %.0f s", ps_msg_type_name(m->type), WAIT_S);
+        if (!sent.done) ucp_request_cancel(p->ucx.worker, req);
+        return -1;
+    }
+    if (p->data_failed) {
+        say("evil_peer: %s: the reply's data was lost or too large", ps_msg_type_name(m->type));
+        return -1;
+    }
+    return 0;
+}
+
+static int connect_shard0(peer_t *p, const ps_manifest_t *m)
+{
+    const ps_server_conf_t *sc = &m->servers[0];
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res;
+    char port[8];
+    snprintf(port, sizeof port, "%u", sc->port);
+    if (getaddrinfo(sc->host, port, &hints, &res) != 0) {
+        say("evil_peer: cannot resolve %s", sc->host);
+        return -1;
+    }
+    ucp_ep_params_t ep = {
+        .field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+        .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
+        .sockaddr = {.addr = res->ai_addr, .addrlen = res->ai_addrlen},
+        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+        .err_handler = {.cb = on_ep_error, .arg = p},
+    };
+    ucs_status_t st = ucp_ep_create(p->ucx.worker, &ep, &p->ep);
+    freeaddrinfo(res);
+    if (st != UCS_OK) {
+        say("evil_peer: cannot connect to %s:%u: %s", sc->host, sc->port, ucs_status_string(st));
+        p->ep = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- the protocol ---------------------------------------------------------------------------- */
+
+typedef struct {
+    int rank;
+    uint32_t tensor;
+    uint32_t n; /* values in chunk 0 */
+    uint64_t version;
+} target_t;
+
+/* Pull chunk 0 raw; every value must be finite. Returns 0, or -1 with a line said. */
+static int pull_chunk0(peer_t *p, target_t *t, const char *when)
+{
+    ps_msg_t m = {.type = PS_MSG_PULL, .rank = t->rank, .tensor = t->tensor, .chunk = 0,
+                  .step = 0, .codec = PSK_CODEC_NONE};
+    if (call(p, &m, NULL, 0, PS_AM_CTRL)) return -1;
+    if (p->reply.type != PS_MSG_PULL_REPLY) {
+        say("evil_peer: pull %s: got %s: %s", when, ps_msg_type_name(p->reply.type),
+            p->reply.error);
+        return -1;
+    }
+    if (p->data_len != (size_t)t->n * 4) {
+        say("evil_peer: pull %s: %zu bytes, want %zu", when, p->data_len, (size_t)t->n * 4);
+        return -1;
+    }
+    const float *v = (const float *)p->data;
+    uint32_t bad = 0;
+    for (uint32_t i = 0; i < t->n; i++)
+        bad += !isfinite(v[i]);
+    if (bad) {
+        say("evil_peer: pull %s: %u of %u values of chunk 0 are not finite", when, bad, t->n);
+        return -1;
+    }
+    t->version = p->reply.step;
+    say("evil_peer: pull %s: chunk 0 at version %llu, %u values, all finite", when,
+        (unsigned long long)t->version, t->n);
+    return 0;
+}
+
+/* A push header for chunk 0 of the target under codec @p c (kind may be any number). */
+static ps_msg_t push_msg(const target_t *t, uint32_t kind, const psk_codec_t *c, uint64_t length)
+{
+    return (ps_msg_t){.type = PS_MSG_PUSH, .rank = t->rank, .tensor = t->tensor, .chunk = 0,
+                      .step = t->version, .codec = kind, .length = length,
+                      .codec_fraction = c ? c->fraction : 0, .codec_block = c ? c->block : 0,
+                      .codec_flags = c && c->fp16_values ? 1 : 0};
+}
+
+/* A well-formed push of a zero gradient under @p c: it must be acknowledged. */
+static int push_good(peer_t *p, target_t *t, const psk_codec_t *c, const char *what)
+{
+    size_t n = t->n, cap = psk_codec_max_bytes(c, n), len = 0;
+    size_t scr = psk_codec_scratch_bytes(c, n);
+    float *zeros = calloc(n, sizeof *zeros);
+    uint8_t *buf = malloc(cap);
+    void *scratch = scr ? malloc(scr) : NULL;
+    int rc = -1;
+    if (!zeros || !buf || (scr && !scratch) ||
+        psk_codec_encode_cpu(buf, cap, &len, zeros, n, c, scratch) != 0) {
+        say("evil_peer: %s: cannot encode", what);
+        goto out;
+    }
+    ps_msg_t m = push_msg(t, c->kind, c, len);
+    if (call(p, &m, buf, len, PS_AM_DATA)) goto out;
+    if (p->reply.type != PS_MSG_PUSH_ACK) {
+        say("evil_peer: %s: FAILED: got %s (status %d): %s", what,
+            ps_msg_type_name(p->reply.type), p->reply.status, p->reply.error);
+        goto out;
+    }
+    say("evil_peer: %s: acknowledged at version %llu", what, (unsigned long long)p->reply.step);
+    t->version = p->reply.step;
+    rc = 0;
+out:
+    free(zeros);
+    free(buf);
+    free(scratch);
+    return rc;
+}
+
+/* ---- the malformed pushes -------------------------------------------------------------------- */
+
+typedef struct {
+    const char *name;
+    uint32_t kind;     /* the header's codec number */
+    psk_codec_t codec; /* encodes the payload first (kind NONE: raw fp32) */
+    /* Spoil the payload: buf[*len] (room for 8 more bytes); may change *len and *hdr_len
+     * (the length the header claims). */
+    void (*spoil)(uint8_t *buf, size_t *len, uint64_t *hdr_len, uint32_t n, const psk_codec_t *c);
+    const char *expect; /* printf format of what psd's error must contain; %u: n, %zu: bytes */
+} bad_case_t;
+
+static void st32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+static void stf32(uint8_t *p, float v) { memcpy(p, &v, 4); }
+
+/* 4 bytes more data than the header says (the header's length is the right one). */
+static void spoil_longer(uint8_t *b, size_t *len, uint64_t *hdr_len, uint32_t n,
+                         const psk_codec_t *c)
+{
+    memset(b + *len, 0, 4);
+    *len += 4;
+}
+/* The codec header's n (bytes 4..7) one more than the chunk's. */
+static void spoil_header_n(uint8_t *b, size_t *len, uint64_t *hdr_len, uint32_t n,
+                           const psk_codec_t *c)
+{
+    st32(b + 4, n + 1);
+}
+/* The last topk index is n: strictly increasing still, but out of range. */
+static void spoil_index_range(uint8_t *b, size_t *len, uint64_t *hdr_len, uint32_t n,
+                              const psk_codec_t *c)
+{
+    size_t k = psk_codec_k(c, n);
+    st32(b + PSK_CODEC_HEADER_BYTES + 4 * (k - 1), n);
+}
+/* The second topk index repeats the first. */
+static void spoil_index_repeat(uint8_t *b, size_t *len, uint64_t *hdr_len, uint32_t n,
+                               const psk_codec_t *c)
+{
+    memcpy(b + PSK_CODEC_HEADER_BYTES + 4, b + PSK_CODEC_HEADER_BYTES, 4);
+}
+/* The first block's scale (int8, sign) is NaN / +inf / negative. */
+static void spoil_scale_nan(uint8_t *b, size_t *len, uint64_t *hdr_len, uint32_t n,
+                            const psk_codec_t *c)
+{
+    stf32(b + PSK_CODEC_HEADER_BYTES, NAN);
+}
+static void spoil_scale_inf(uint8_t *b, size_t *len, uint64_t *hdr_len, uint32_t n,
+                            const psk_codec_t *c)
+{
+    stf32(b + PSK_CODEC_HEADER_BYTES, INFINITY);
+}
+static void spoil_scale_neg(uint8_t *b, size_t *len, uint64_t *hdr_len, uint32_t n,
+                            const psk_codec_t *c)
+{
+    stf32(b + PSK_CODEC_HEADER_BYTES, -1.0f);
+}
+/* The first int8 value is -128, which the encoder never writes. */
+static void spoil_q_min(uint8_t *b, size_t *len, uint64_t *hdr_len, uint32_t n,
+                        const psk_codec_t *c)
+{
+    size_t nb = (n + c->block - 1) / c->block;
+    b[PSK_CODEC_HEADER_BYTES + 4 * nb] = 0x80;
+}
+/* Raw fp32, 4 bytes short, the header agreeing with the data. */
+static void spoil_raw_short(uint8_t *b, size_t *len, uint64_t *hdr_len, uint32_t n,
+                            const psk_codec_t *c)
+{
+    *len -= 4;
+    *hdr_len = *len;
+}
+
+#define TOPK {.kind = PSK_CODEC_TOPK, .fraction = 0.1f}
+#define INT8 {.kind = PSK_CODEC_INT8, .block = PSK_CODEC_BLOCK_DEFAULT}
+#define SIGN {.kind = PSK_CODEC_SIGN, .block = PSK_CODEC_BLOCK_DEFAULT}
+#define MALFORMED "malformed payload"
+
+static const bad_case_t cases[] = {
+    {"length-mismatch", PSK_CODEC_TOPK, TOPK, spoil_longer, "carries %zu bytes (header says"},
+    {"header-n", PSK_CODEC_TOPK, TOPK, spoil_header_n, MALFORMED},
+    {"topk-index-range", PSK_CODEC_TOPK, TOPK, spoil_index_range, MALFORMED},
+    {"topk-index-repeat", PSK_CODEC_TOPK, TOPK, spoil_index_repeat, MALFORMED},
+    {"int8-scale-nan", PSK_CODEC_INT8, INT8, spoil_scale_nan, MALFORMED},
+    {"int8-scale-negative", PSK_CODEC_INT8, INT8, spoil_scale_neg, MALFORMED},
+    {"int8-q-128", PSK_CODEC_INT8, INT8, spoil_q_min, MALFORMED},
+    {"sign-scale-inf", PSK_CODEC_SIGN, SIGN, spoil_scale_inf, MALFORMED},
+    {"unknown-codec-9", 9, TOPK, NULL, "unknown or invalid codec 9"},
+    {"raw-short", PSK_CODEC_NONE, {.kind = PSK_CODEC_NONE}, spoil_raw_short,
+     "carries %zu bytes (header says %zu), expected %u"},
+};
+
+/* Malformed payloads whose refusal comes after receipt (psk_codec_check): psd logs each as
+ * "rejected a malformed T/0 payload from rank R". The test counts these lines. */
+static int after_receipt(const bad_case_t *bc)
+{
+    return strcmp(bc->expect, MALFORMED) == 0;
+}
+
+static int push_bad(peer_t *p, const target_t *t, const bad_case_t *bc)
+{
+    uint32_t n = t->n;
+    const psk_codec_t *c = &bc->codec;
+    size_t cap = (c->kind == PSK_CODEC_NONE ? (size_t)n * 4 : psk_codec_max_bytes(c, n)) + 8;
+    size_t scr = psk_codec_scratch_bytes(c, n), len = 0;
+    float *g = malloc((size_t)n * sizeof *g);
+    uint8_t *buf = calloc(1, cap);
+    void *scratch = scr ? malloc(scr) : NULL;
+    int rc = -1;
+    if (!g || !buf || (scr && !scratch)) {
+        say("evil_peer: %s: out of memory", bc->name);
+        goto out;
+    }
+    for (uint32_t i = 0; i < n; i++) /* any finite gradient: these pushes must never apply */
+        g[i] = (float)(1e-3 * sin(0.37 * i));
+    if (c->kind == PSK_CODEC_NONE) {
+        memcpy(buf, g, (size_t)n * 4);
+        len = (size_t)n * 4;
+    } else if (psk_codec_encode_cpu(buf, cap, &len, g, n, c, scratch) != 0) {
+        say("evil_peer: %s: cannot encode", bc->name);
+        goto out;
+    }
+    uint64_t hdr_len = len;
+    if (bc->spoil) bc->spoil(buf, &len, &hdr_len, n, c);
+    char want[160];
+    /* Only the formats below are used: "%zu ... %zu ... %u" or a prefix of it. */
+    snprintf(want, sizeof want, bc->expect, len, (size_t)hdr_len, n * 4);
+    ps_msg_t m = push_msg(t, bc->kind, c, hdr_len);
+    if (call(p, &m, buf, len, PS_AM_DATA)) {
+        say("evil_peer: case %s: FAILED: no reply", bc->name);
+        goto out;
+    }
+    const ps_msg_t *r = &p->reply;
+    if (r->type != PS_MSG_ERROR) {
+        say("evil_peer: case %s: FAILED: got %s, not an error", bc->name,
+            ps_msg_type_name(r->type));
+        goto out;
+    }
+    if (r->status != PS_EPROTO || strstr(r->error, want) == NULL) {
+        say("evil_peer: case %s: FAILED: error %d (%s) \"%s\", want %d and \"%s\"", bc->name,
+            r->status, ps_err_name(r->status), r->error, PS_EPROTO, want);
+        goto out;
+    }
+    say("evil_peer: case %s: refused (%s): %s", bc->name, ps_err_name(r->status), r->error);
+    rc = 0;
+out:
+    free(g);
+    free(buf);
+    free(scratch);
+    return rc;
+}
+
+/* ---- main ---------------------------------------------------------------------------------- */
+
+static int run(peer_t *p, const ps_manifest_t *m, const char *only)
+{
+    if (connect_shard0(p, m)) return -1;
+
+    /* Hello: shard 0 hands out the rank. */
+    ps_msg_t hello = {.type = PS_MSG_HELLO, .rank = -1, .pid = (uint32_t)getpid()};
+    snprintf(hello.cluster, sizeof hello.cluster, "%s", m->cluster);
+    if (call(p, &hello, NULL, 0, PS_AM_CTRL)) return -1;
+    if (p->reply.type != PS_MSG_HELLO_REPLY) {
+        say("evil_peer: hello: got %s: %s", ps_msg_type_name(p->reply.type), p->reply.error);
+        return -1;
+    }
+    target_t t = {.rank = p->reply.rank};
+    char lanes[128];
+    ps_ucx_ep_lanes(p->ep, lanes, sizeof lanes);
+    say("evil_peer: hello: rank %d of %u (transports %s)", t.rank, p->reply.workers, lanes);
+
+    /* Declare the last weight as psworker does (worker/mlp.h, worker/psworker.c). */
+    const ps_job_conf_t *j = &m->job;
+    int nlin = j->nlayers - 1;
+    uint64_t spe = FMNIST_TRAIN_N / ((uint64_t)j->workers * j->batch_size);
+    uint64_t total = spe * j->epochs;
+    if (j->max_steps && j->max_steps < total) total = j->max_steps;
+    ps_msg_t decl = {.type = PS_MSG_DECLARE, .rank = t.rank, .has_decl = 1};
+    snprintf(decl.decl.name, sizeof decl.decl.name, "fc%d.weight", nlin);
+    decl.decl.ndim = 2;
+    decl.decl.shape[0] = j->layers[nlin - 1];
+    decl.decl.shape[1] = j->layers[nlin];
+    decl.decl.init = PSK_INIT_XAVIER;
+    decl.decl.seed = j->seed;
+    decl.decl.total_steps = total;
+    if (call(p, &decl, NULL, 0, PS_AM_CTRL)) return -1;
+    if (p->reply.type != PS_MSG_DECLARE_REPLY || !p->reply.has_decl || !p->reply.decl.assigned) {
+        say("evil_peer: declare %s: got %s: %s", decl.decl.name, ps_msg_type_name(p->reply.type),
+            p->reply.error);
+        return -1;
+    }
+    const ps_decl_t *d = &p->reply.decl;
+    if (ps_place_shard(d->first_chunk, (uint32_t)m->nservers) != 0) {
+        say("evil_peer: chunk 0 of %s is not on shard 0: use a single-shard manifest", d->name);
+        return -1;
+    }
+    uint64_t chunk_elems = m->chunk_bytes / 4;
+    t.tensor = d->id;
+    t.n = (uint32_t)ps_chunk_len(ps_decl_numel(d), chunk_elems, 0);
+    say("evil_peer: declared %s [%u, %u]: tensor %u, chunk 0 of %u values", d->name, d->shape[0],
+        d->shape[1], t.tensor, t.n);
+    free(p->data);
+    p->data_cap = (size_t)t.n * 4;
+    if ((p->data = malloc(p->data_cap)) == NULL) return -1;
+
+    if (pull_chunk0(p, &t, "before")) return -1;
+    psk_codec_t topk = TOPK, int8 = INT8;
+    if (push_good(p, &t, &topk, "well-formed topk push")) return -1;
+    int failed = 0, nreceipt = 0;
+    int ncases = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (only && strcmp(only, cases[i].name) != 0) continue;
+        ncases++;
+        /* Each at the chunk's current version: "the right step". */
+        if (push_bad(p, &t, &cases[i])) failed++;
+        nreceipt += after_receipt(&cases[i]);
+        if (p->ep_failed) break;
+    }
+    say("evil_peer: %d of %d malformed pushes refused as expected (%d after receipt)",
+        ncases - failed, ncases, nreceipt);
+    if (push_good(p, &t, &int8, "well-formed int8 push after them")) failed++;
+    if (pull_chunk0(p, &t, "after")) failed++;
+
+    /* Leave as libps does: no reply. */
+    ps_msg_t leave = {.type = PS_MSG_LEAVE, .rank = t.rank, .req_id = ++p->next_req};
+    uint8_t hdr[PS_WIRE_HDR_MAX];
+    size_t hlen;
+    if (ps_msg_encode(&leave, hdr, sizeof hdr, &hlen) == 0 && !p->ep_failed) {
+        static sent_t sent; /* see call() */
+        sent = (sent_t){.loop = &p->loop};
+        ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                                   UCP_OP_ATTR_FIELD_USER_DATA |
+                                                   UCP_OP_ATTR_FIELD_FLAGS,
+                                   .flags = UCP_AM_SEND_FLAG_REPLY,
+                                   .cb.send = on_sent, .user_data = &sent};
+        void *req = ucp_am_send_nbx(p->ep, PS_AM_CTRL, hdr, hlen, NULL, 0, &prm);
+        if (req == NULL) sent.done = 1;
+        if (!UCS_PTR_IS_ERR(req) && wait_flag(p, &sent.done, WAIT_S) != 0 && !sent.done)
+            ucp_request_cancel(p->ucx.worker, req);
+    }
+    return failed ? -1 : 0;
+}
+
+int main(int argc, char **argv)
+{
+    g_t0 = now_s();
+    static const struct option opts[] = {{"manifest", required_argument, 0, 'm'},
+                                         {"case", required_argument, 0, 'c'},
+                                         {0, 0, 0, 0}};
+    const char *manifest = NULL, *only = NULL;
+    int o;
+    while ((o = getopt_long(argc, argv, "m:c:", opts, NULL)) != -1) {
+        if (o == 'm')
+            manifest = optarg;
+        else if (o == 'c')
+            only = optarg;
+        else
+            manifest = NULL, optind = argc + 1;
+    }
+    if (manifest == NULL || optind != argc) {
+        fprintf(stderr, "usage: evil_peer --manifest FILE [--case NAME]\n");
+        return 2;
+    }
+    static ps_manifest_t m;
+    char err[1024];
+    if (ps_manifest_load(&m, manifest, err, sizeof err)) {
+        fprintf(stderr, "evil_peer: %s\n", err);
+        return 2;
+    }
+    if (m.job.nlayers < 2) {
+        fprintf(stderr, "evil_peer: %s: job.layers too short\n", manifest);
+        return 2;
+    }
+    static peer_t p;
+    if (uv_loop_init(&p.loop) != 0) return 1;
+    if (ps_ucx_init(&p.ucx, &p.loop) != 0) {
+        fprintf(stderr, "evil_peer: cannot start UCX\n");
+        return 1;
+    }
+    uv_timer_init(&p.loop, &p.timer);
+    ucp_am_handler_param_t hp = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
+                                               UCP_AM_HANDLER_PARAM_FIELD_CB |
+                                               UCP_AM_HANDLER_PARAM_FIELD_ARG,
+                                 .cb = on_am, .arg = &p};
+    hp.id = PS_AM_CTRL;
+    ucp_worker_set_am_recv_handler(p.ucx.worker, &hp);
+    hp.id = PS_AM_DATA;
+    ucp_worker_set_am_recv_handler(p.ucx.worker, &hp);
+
+    int rc = run(&p, &m, only);
+
+    if (p.ep) {
+        ucp_request_param_t cp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                                  .flags = UCP_EP_CLOSE_FLAG_FORCE};
+        void *req = ucp_ep_close_nbx(p.ep, &cp);
+        if (req && !UCS_PTR_IS_ERR(req)) ps_ucx_wait(&p.ucx, req);
+    }
+    uv_close((uv_handle_t *)&p.timer, NULL);
+    ps_ucx_close(&p.ucx);
+    uv_run(&p.loop, UV_RUN_DEFAULT);
+    uv_loop_close(&p.loop);
+    free(p.data);
+    say("evil_peer: %s", rc == 0 ? "every check held" : "FAILED");
+    return rc == 0 ? 0 : 1;
+}

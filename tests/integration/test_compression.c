@@ -1,0 +1,311 @@
+/* test_compression.c: gradient compression across real processes on 127.0.0.1: workers
+ * pushing with different codecs end with the parameters of the single-process reference that
+ * encodes each rank's gradient the same way, compression cuts the bytes pushed, a hostile peer's
+ * malformed payloads are refused one by one without harming the job, and bad job.compression
+ * keys are refused with FILE:LINE: KEY.
+ *
+ * The tests assert behaviour and byte counts, never timings: every wait is generous and only
+ * bounds a hang (see CL_BUDGET_S in cluster.h). */
+#include <check.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cluster.h"
+
+/* Upper bounds for one wait; a test's budget (CL_BUDGET_S) caps them all. */
+#define READY_S 30.0 /* psd: listening */
+#define RUN_S 45.0   /* a worker's whole run, a psd's exit */
+
+#define EXPECT_EXIT(p, code)                                                                       \
+    do {                                                                                           \
+        int st_ = cl_wait((p), RUN_S);                                                             \
+        ck_assert_msg(st_ == (code),                                                               \
+                      "%s exited with status %d, want %d (-1: still running at the deadline); "    \
+                      "its log: %s",                                                               \
+                      (p)->name, st_, (code), cl_tail(p));                                         \
+    } while (0)
+
+#define EXPECT_LOG(p, needle)                                                                      \
+    do {                                                                                           \
+        char *log_ = cl_log(p);                                                                    \
+        int has_ = strstr(log_, (needle)) != NULL;                                                 \
+        free(log_);                                                                                \
+        ck_assert_msg(has_, "%s's log lacks \"%s\"; its log: %s", (p)->name, (needle),             \
+                      cl_tail(p));                                                                 \
+    } while (0)
+
+/* SIGTERM each psd; each must finish and exit 0. */
+static void stop_all(cl_proc_t **psd, int n)
+{
+    for (int i = 0; i < n; i++)
+        ck_assert_int_eq(cl_signal(psd[i], SIGTERM), 0);
+    for (int i = 0; i < n; i++)
+        EXPECT_EXIT(psd[i], 0);
+}
+
+static void expect_same_params(const char *a, const char *b, double rtol, double atol)
+{
+    char why[512];
+    int rc = cl_params_compare_files(a, b, rtol, atol, why, sizeof why);
+    ck_assert_msg(rc == 0, "%s vs %s: %s", a, b, why);
+}
+
+/* How many times @p needle occurs in @p p's log. */
+static int count_in_log(const cl_proc_t *p, const char *needle)
+{
+    char *log = cl_log(p);
+    int n = 0;
+    for (const char *s = log; (s = strstr(s, needle)) != NULL; s += strlen(needle))
+        n++;
+    free(log);
+    return n;
+}
+
+/* ---- (a) mixed codecs equal the reference ------------------------------------------------ */
+
+/*
+ * Two shards, two BSP workers under job.compression @p compression: worker A (rank 0) pushes
+ * with the manifest's codec, worker B (rank 1) with `--codec CODEC_B`. Both end with the
+ * parameters of `psworker --local --rank-codec 1=CODEC_B` (bit-identical today; the test allows
+ * 1e-6 relative), and not with those of the reference where rank 1 uses the manifest's codec
+ * too: B's codec was used.
+ */
+static void mixed_codecs(const char *compression, const char *codec_b)
+{
+    char extra[256];
+    snprintf(extra, sizeof extra, "  compression: %s\n", compression);
+    cl_conf_t k = {.shards = 2,
+                   .workers = 2,
+                   .consistency = "bsp",
+                   .optimizer = "{name: adam, lr: 0.001}",
+                   .max_steps = 30,
+                   .batch_size = 32,
+                   .chunk_bytes = 65536,
+                   .job_extra = extra};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+
+    /* A first, joined before B starts, so that A is rank 0 and B rank 1. */
+    cl_proc_t *a = cl_worker_start(c, NULL, "a.params", false);
+    ck_assert_msg(cl_wait_log(a, "joined at step", RUN_S) == 0, "%s did not join; its log: %s",
+                  a->name, cl_tail(a));
+    EXPECT_LOG(a, "psworker: rank 0 of 2 joined at step 0 of 30");
+    const char *xb[] = {"--codec", codec_b, NULL};
+    cl_proc_t *b = cl_worker_spawn(c, NULL, "b.params", false, xb);
+    EXPECT_EXIT(a, 0);
+    EXPECT_EXIT(b, 0);
+    EXPECT_LOG(b, "psworker: rank 1 of 2 joined at step 0 of 30");
+
+    char rank_codec[64];
+    snprintf(rank_codec, sizeof rank_codec, "1=%s", codec_b);
+    const char *xr[] = {"--rank-codec", rank_codec, NULL};
+    cl_proc_t *ref = cl_worker_spawn(c, NULL, "local.params", true, xr);
+    EXPECT_EXIT(ref, 0);
+    expect_same_params(a->params, ref->params, 1e-6, 0);
+    expect_same_params(b->params, ref->params, 1e-6, 0);
+
+    cl_proc_t *uniform = cl_worker_start(c, NULL, "local-uniform.params", true);
+    EXPECT_EXIT(uniform, 0);
+    char why[512];
+    int rc = cl_params_compare_files(a->params, uniform->params, 1e-6, 0, why, sizeof why);
+    ck_assert_msg(rc == 1,
+                  "the cluster also matches the reference where rank 1 pushes with the manifest's "
+                  "codec (compare: %d, %s): did --codec %s take effect?",
+                  rc, why, codec_b);
+
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+
+START_TEST(test_mixed_topk_int8)
+{
+    mixed_codecs("{codec: \"topk:0.1\", pull: bf16}", "int8");
+}
+END_TEST
+
+START_TEST(test_mixed_randomk_sign)
+{
+    mixed_codecs("{codec: \"randomk:0.05\", error_feedback: true, pull: fp16}", "sign");
+}
+END_TEST
+
+/* ---- (b) compression cuts the bytes pushed ----------------------------------------------- */
+
+/* The value of "KEY": N in a JSON line, or -1. */
+static long long json_uint(const char *line, const char *key)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\": ", key);
+    const char *s = strstr(line, pat);
+    if (s == NULL) return -1;
+    char *end;
+    long long v = strtoll(s + strlen(pat), &end, 10);
+    return end == s + strlen(pat) ? -1 : v;
+}
+
+/* topk:0.01 on the two weights above min_bytes: the last epoch line of --metrics-out counts
+ * every step's raw bytes, and under a tenth of them on the wire. */
+START_TEST(test_topk_cuts_bytes)
+{
+    const uint64_t steps = 20;
+    cl_conf_t k = {.shards = 1,
+                   .workers = 1,
+                   .optimizer = "{name: adam, lr: 0.001}",
+                   .max_steps = steps,
+                   .batch_size = 32,
+                   .layers = "[784, 256, 128, 10]",
+                   .job_extra = "  compression: {codec: \"topk:0.01\"}\n"};
+    /* 784*256 + 256 + 256*128 + 128 + 128*10 + 10 parameters, 4 bytes each, every step. */
+    const long long raw_per_step = 4LL * 235146;
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    char metrics[CL_PATH];
+    cl_path(c, "metrics.jsonl", metrics, sizeof metrics);
+    const char *x[] = {"--metrics-out", metrics, NULL};
+    cl_proc_t *w = cl_worker_spawn(c, NULL, NULL, false, x);
+    EXPECT_EXIT(w, 0);
+    stop_all(&psd, 1);
+
+    char *text = cl_read_file(metrics, NULL);
+    ck_assert_msg(text != NULL, "%s: cannot read", metrics);
+    char *last = NULL;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n"))
+        if (strstr(line, "\"epoch\": ")) last = line;
+    ck_assert_msg(last != NULL, "%s has no epoch line", metrics);
+    long long pushed = json_uint(last, "bytes_pushed");
+    long long raw = json_uint(last, "bytes_pushed_raw");
+    long long step = json_uint(last, "step");
+    char line[512];
+    snprintf(line, sizeof line, "%s", last);
+    free(text);
+    ck_assert_msg(step == (long long)steps, "last epoch line at step %lld, want %llu: %s", step,
+                  (unsigned long long)steps, line);
+    ck_assert_msg(raw == (long long)steps * raw_per_step,
+                  "bytes_pushed_raw %lld, want %llu steps x %lld: %s", raw,
+                  (unsigned long long)steps, raw_per_step, line);
+    ck_assert_msg(pushed > 0 && pushed * 10 < raw,
+                  "bytes_pushed %lld is not under a tenth of bytes_pushed_raw %lld: %s", pushed,
+                  raw, line);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+/* ---- (c) a hostile peer ------------------------------------------------------------------ */
+
+/*
+ * One shard, job.workers 2 under ASP: a real worker (rank 0) trains alone while evil_peer
+ * (rank 1, see evil_peer.c) sends one malformed push of fc3.weight's chunk 0 per case, each of
+ * which must come back as an error naming the problem; a well-formed push before and after is
+ * acknowledged, and chunk 0 stays finite. The worker finishes, psd survives and stops cleanly,
+ * and psd logged a rejection for each payload refused after receipt (never applied).
+ */
+START_TEST(test_hostile_peer)
+{
+    cl_conf_t k = {.shards = 1,
+                   .workers = 2,
+                   .consistency = "asp",
+                   .optimizer = "{name: adam, lr: 0.001}",
+                   .max_steps = 300,
+                   .batch_size = 32,
+                   .layers = "[784, 256, 128, 10]"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    cl_proc_t *w = cl_worker_start(c, NULL, "w.params", false);
+    ck_assert_msg(cl_wait_log(w, "joined at step", RUN_S) == 0, "%s did not join; its log: %s",
+                  w->name, cl_tail(w));
+    EXPECT_LOG(w, "psworker: rank 0 of 2 joined at step 0 of 300");
+
+    char *argv[] = {(char *)cl_binary("EVIL_PEER"), "--manifest", c->manifest, NULL};
+    cl_proc_t *evil = cl_spawn(c, "evil_peer", argv);
+    EXPECT_EXIT(evil, 0);
+    EXPECT_LOG(evil, "evil_peer: 10 of 10 malformed pushes refused as expected (7 after receipt)");
+    EXPECT_LOG(evil, "evil_peer: every check held");
+    EXPECT_EXIT(w, 0);
+    EXPECT_LOG(w, "after 300 steps");
+
+    /* fc3.weight is tensor 4 (the worker declared fc1.weight .. fc3.bias in order). */
+    int rejected = count_in_log(psd, "rejected a malformed 4/0 payload from rank");
+    ck_assert_msg(rejected == 7, "psd logged %d rejected payloads, want 7; its log: %s", rejected,
+                  cl_tail(psd));
+    ck_assert_int_eq(count_in_log(psd, "rejected a malformed"), 7);
+    ck_assert_msg(cl_alive(psd), "psd died; its log: %s", cl_tail(psd));
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+/* ---- (d) bad compression settings -------------------------------------------------------- */
+
+/* psd and psworker exit 2 naming FILE:LINE: job.compression.KEY and the value. */
+static void bad_compression(const char *key, const char *value)
+{
+    char extra[128];
+    snprintf(extra, sizeof extra, "  compression:\n    %s: \"%s\"\n", key, value);
+    cl_conf_t k = {.shards = 1, .job_extra = extra};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    char at[32];
+    snprintf(at, sizeof at, "%s: \"%s\"", key, value);
+    int line = cl_line_of(c->manifest, at);
+    ck_assert_int_gt(line, 0);
+    char want[CL_PATH + 96];
+    snprintf(want, sizeof want, "%s:%d: job.compression.%s: ", c->manifest, line, key);
+
+    cl_proc_t *s = cl_psd_spawn(c, 0, NULL);
+    EXPECT_EXIT(s, 2);
+    EXPECT_LOG(s, want);
+    EXPECT_LOG(s, value);
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    EXPECT_EXIT(w, 2);
+    EXPECT_LOG(w, want);
+    cl_cluster_destroy(c);
+}
+
+START_TEST(test_bad_codec)
+{
+    bad_compression("codec", "topk:2");
+}
+END_TEST
+
+START_TEST(test_bad_pull)
+{
+    bad_compression("pull", "int8");
+}
+END_TEST
+
+/* psworker --codec with a bad name: exit 2 naming it, before anything starts. */
+START_TEST(test_bad_codec_flag)
+{
+    cl_conf_t k = {.shards = 1};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    const char *x[] = {"--codec", "topk:2", NULL};
+    cl_proc_t *w = cl_worker_spawn(c, NULL, NULL, false, x);
+    EXPECT_EXIT(w, 2);
+    EXPECT_LOG(w, "--codec topk:2: unknown codec");
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+static TCase *tcase(const char *name, const TTest *t)
+{
+    TCase *tc = tcase_create(name);
+    tcase_add_unchecked_fixture(tc, cl_base_setup, cl_base_teardown);
+    /* Only a backstop: each test bounds its own waits by CL_BUDGET_S. */
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, t);
+    return tc;
+}
+
+Suite *ps_test_suite(void)
+{
+    Suite *s = suite_create("compression");
+    suite_add_tcase(s, tcase("mixed_topk_int8", test_mixed_topk_int8));
+    suite_add_tcase(s, tcase("mixed_randomk_sign", test_mixed_randomk_sign));
+    suite_add_tcase(s, tcase("topk_cuts_bytes", test_topk_cuts_bytes));
+    suite_add_tcase(s, tcase("hostile_peer", test_hostile_peer));
+    suite_add_tcase(s, tcase("bad_codec", test_bad_codec));
+    suite_add_tcase(s, tcase("bad_pull", test_bad_pull));
+    suite_add_tcase(s, tcase("bad_codec_flag", test_bad_codec_flag));
+    return s;
+}

@@ -1,0 +1,129 @@
+/* test_faults.c: failures during a BSP run, with real processes on 127.0.0.1:
+ * a psd killed with SIGKILL and started again, a worker killed and replaced by pslaunch,
+ * and a worker stopped (SIGSTOP) past the heartbeat timeout then resumed. In each case the
+ * run completes; where no sample changes hands, the parameters equal an uninterrupted run. */
+#include <check.h>
+#include <signal.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "cluster.h"
+#include "expect.h"
+
+/* Sleep until the worker's log shows progress past its join (it pulled, so it trains). */
+static void wait_training(cl_proc_t *w)
+{
+    ck_assert_msg(cl_wait_log(w, "joined at step", RUN_S) == 0, "%s never joined: %s", w->name,
+                  cl_tail(w));
+    struct timespec ts = {0, 300 * 1000 * 1000}; /* a few dozen steps */
+    nanosleep(&ts, NULL);
+}
+
+/* kill -9 one shard mid-run (the coordinator in one case, another shard in the other), start
+ * it again with the same command: the workers reconnect and resend what it had not committed,
+ * and every step is applied exactly once: the result equals the single-process reference. */
+static void psd_crash(int victim)
+{
+    cl_conf_t k = {.shards = 2, .workers = 2, .optimizer = "{name: sgd, lr: 0.05}",
+                   .max_steps = 300, .batch_size = 32};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    cl_proc_t *w[2] = {cl_worker_start(c, NULL, "w0.params", false),
+                       cl_worker_start(c, NULL, "w1.params", false)};
+    wait_training(w[0]);
+    ck_assert_int_eq(cl_signal(psd[victim], SIGKILL), 0);
+    cl_wait(psd[victim], RUN_S);
+    psd[victim] = cl_psd_start(c, victim, NULL, READY_S);
+    EXPECT_EXIT(w[0], 0);
+    EXPECT_EXIT(w[1], 0);
+    EXPECT_LOG(w[0], "reconnecting");
+    EXPECT_LOG(w[0], "is back after");
+    cl_proc_t *ref = cl_worker_start(c, NULL, "ref.params", true);
+    EXPECT_EXIT(ref, 0);
+    expect_same_params(w[0]->params, ref->params, 0, 0);
+    expect_same_params(w[1]->params, ref->params, 0, 0);
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+
+START_TEST(test_psd_crash_coordinator) { psd_crash(0); }
+END_TEST
+
+START_TEST(test_psd_crash_shard) { psd_crash(1); }
+END_TEST
+
+/* A stopped worker falls silent: the shards drop it after job.heartbeat_timeout_ms. Once it
+ * resumes it reconnects with its rank and the run completes as if nothing happened (nobody
+ * could take a step without it, so the parameters equal the reference). */
+START_TEST(test_sigstop_worker)
+{
+    cl_conf_t k = {.shards = 2, .workers = 2, .optimizer = "{name: sgd, lr: 0.05}",
+                   .max_steps = 1500, .batch_size = 32,
+                   .job_extra = "  heartbeat_timeout_ms: 500\n"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    cl_proc_t *w[2] = {cl_worker_start(c, NULL, "w0.params", false),
+                       cl_worker_start(c, NULL, "w1.params", false)};
+    wait_training(w[1]);
+    ck_assert_int_eq(cl_signal(w[1], SIGSTOP), 0);
+    ck_assert_msg(cl_wait_log(psd[0], "dropping it", RUN_S) == 0,
+                  "shard 0 never dropped the stopped worker: %s", cl_tail(psd[0]));
+    ck_assert_int_eq(cl_signal(w[1], SIGCONT), 0);
+    EXPECT_EXIT(w[0], 0);
+    EXPECT_EXIT(w[1], 0);
+    EXPECT_LOG(w[1], "is back after");
+    cl_proc_t *ref = cl_worker_start(c, NULL, "ref.params", true);
+    EXPECT_EXIT(ref, 0);
+    expect_same_params(w[0]->params, ref->params, 0, 0);
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+/* pslaunch --respawn: kill -9 one of three workers; a replacement takes over its rank at the
+ * step in flight and every worker reaches the last step. */
+START_TEST(test_worker_killed_and_replaced)
+{
+    cl_conf_t k = {.shards = 2, .workers = 3, .optimizer = "{name: sgd, lr: 0.05}",
+                   .max_steps = 200, .batch_size = 32};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    char metrics[CL_PATH];
+    cl_path(c, "metrics", metrics, sizeof metrics);
+    ck_assert_int_eq(mkdir(metrics, 0700), 0);
+    char *argv[] = {(char *)cl_binary("PSLAUNCH"), "--manifest", c->manifest, "--workers", "3",
+                    "--respawn", "2", "--metrics-dir", metrics, NULL};
+    cl_proc_t *launch = cl_spawn(c, "pslaunch", argv);
+    ck_assert_msg(cl_wait_log(launch, "joined at step", RUN_S) == 0, "no worker joined: %s",
+                  cl_tail(launch));
+    struct timespec ts = {0, 500 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    /* The victim: pslaunch's newest child (a psworker). */
+    char cmd[64];
+    snprintf(cmd, sizeof cmd, "pkill -KILL -n -P %d", (int)launch->pid);
+    ck_assert_int_eq(system(cmd), 0);
+    EXPECT_EXIT(launch, 0);
+    EXPECT_LOG(launch, "starting a replacement");
+    for (int i = 0; i < 3; i++) {
+        char f[CL_PATH + 32];
+        snprintf(f, sizeof f, "%s/worker-%d.jsonl", metrics, i);
+        char *text = cl_read_file(f, NULL);
+        ck_assert_msg(text && strstr(text, "\"final\": true, \"step\": 200"),
+                      "%s: no final line at step 200", f);
+        free(text);
+    }
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+Suite *ps_test_suite(void)
+{
+    Suite *s = suite_create("faults");
+    suite_add_tcase(s, tcase("psd_crash_coordinator", test_psd_crash_coordinator));
+    suite_add_tcase(s, tcase("psd_crash_shard", test_psd_crash_shard));
+    suite_add_tcase(s, tcase("sigstop_worker", test_sigstop_worker));
+    suite_add_tcase(s, tcase("worker_killed_and_replaced", test_worker_killed_and_replaced));
+    return s;
+}
