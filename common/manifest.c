@@ -549,6 +549,9 @@ static const field_t compression_fields[] = {
     {CMP(rules), .type = T_LIST, .sub = rule_fields, .elem = sizeof(ps_codec_rule_t),
      .count_off = offsetof(ps_compression_conf_t, nrules)},
     {CMP(pull), .type = T_STR, .names = pull_names},
+    {CMP(block), .type = T_INT, .min = 1, .max = 1048576},
+    {CMP(stochastic), .type = T_BOOL},
+    {CMP(fp16_values), .type = T_BOOL},
     {0},
 };
 
@@ -616,6 +619,7 @@ static void set_defaults(ps_manifest_t *m, const char *name)
     snprintf(cc->codec, sizeof cc->codec, "none");
     cc->error_feedback = true;
     cc->min_bytes = 16384;
+    cc->block = 256;
     snprintf(cc->pull, sizeof cc->pull, "none");
 }
 

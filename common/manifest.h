@@ -55,6 +55,9 @@ typedef struct {
     ps_codec_rule_t rules[PS_MAX_CODEC_RULES]; /* first match wins over codec */
     int nrules;
     char pull[8];                  /* none (default) | fp16 | bf16: parameters on the way back */
+    uint32_t block;                /* int8, sign: values per scale, default 256, 1..1048576 */
+    bool stochastic;               /* int8: stochastic rounding, default false */
+    bool fp16_values;              /* topk, randomk: values travel as fp16, default false */
 } ps_compression_conf_t;
 
 typedef struct {

@@ -978,9 +978,10 @@ static int data_op(ps_client_t *c, int type, uint32_t id, float *buf, uint64_t s
     return 0;
 }
 
-int ps_client_set_compression(ps_client_t *c, uint32_t id, const char *codec, int error_feedback,
-                              const char *pull_codec)
+int ps_client_set_compression(ps_client_t *c, uint32_t id, const ps_compression_t *cfg)
 {
+    const char *codec = cfg->codec, *pull_codec = cfg->pull;
+    int error_feedback = cfg->error_feedback;
     if (id >= c->cap_tensors || c->tensors[id].nchunks == 0) {
         snprintf(c->err, sizeof c->err, "tensor %u was not declared by this client", id);
         return PS_EINVAL;
@@ -991,6 +992,15 @@ int ps_client_set_compression(ps_client_t *c, uint32_t id, const char *codec, in
         snprintf(c->err, sizeof c->err, "unknown codec '%s'", codec);
         return PS_EINVAL;
     }
+    if (cfg->field_mask & PS_COMPRESSION_BLOCK) {
+        if (cfg->block == 0) {
+            snprintf(c->err, sizeof c->err, "codec block size must be at least 1");
+            return PS_EINVAL;
+        }
+        pc.block = cfg->block;
+    }
+    if (cfg->field_mask & PS_COMPRESSION_STOCHASTIC) pc.stochastic = cfg->stochastic != 0;
+    if (cfg->field_mask & PS_COMPRESSION_FP16_VALUES) pc.fp16_values = cfg->fp16_values != 0;
     if (psk_codec_parse(&pl, pull_codec ? pull_codec : "none") ||
         (pl.kind != PSK_CODEC_NONE && pl.kind != PSK_CODEC_FP16 && pl.kind != PSK_CODEC_BF16)) {
         snprintf(c->err, sizeof c->err, "parameters travel as none, fp16 or bf16, not '%s'",

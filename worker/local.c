@@ -41,6 +41,9 @@ int ps_local_create(ps_local_t *l, const ps_manifest_t *m, const ps_mlp_t *mlp,
             rc = PS_EINVAL;
             if (psk_codec_parse(c, ps_compression_codec_for(&rc_conf, mt->name, mt->numel * 4)))
                 goto fail;
+            c->block = cc->block;
+            c->stochastic = cc->stochastic;
+            c->fp16_values = cc->fp16_values;
             size_t cn = mt->numel < n ? mt->numel : n;
             if (psk_codec_max_bytes(c, cn) > cap) cap = psk_codec_max_bytes(c, cn);
             if (psk_codec_scratch_bytes(c, cn) > scr) scr = psk_codec_scratch_bytes(c, cn);

@@ -236,8 +236,12 @@ int main(int argc, char **argv)
             }
             const ps_compression_conf_t *cc = &m.job.compression;
             const char *codec = ps_compression_codec_for(cc, mt->name, mt->numel * 4);
-            if ((rc = ps_client_set_compression(tr.client, tr.ids[t], codec, cc->error_feedback,
-                                                cc->pull)) != 0) {
+            ps_compression_t comp = {
+                .field_mask = PS_COMPRESSION_BLOCK | PS_COMPRESSION_STOCHASTIC |
+                              PS_COMPRESSION_FP16_VALUES,
+                .codec = codec, .error_feedback = cc->error_feedback, .pull = cc->pull,
+                .block = cc->block, .stochastic = cc->stochastic, .fp16_values = cc->fp16_values};
+            if ((rc = ps_client_set_compression(tr.client, tr.ids[t], &comp)) != 0) {
                 fprintf(stderr, "psworker: %s: %s\n", mt->name, ps_client_error(tr.client));
                 goto out;
             }

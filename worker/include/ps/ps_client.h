@@ -72,17 +72,28 @@ uint32_t ps_client_shards(const ps_client_t *c);
  */
 int ps_client_declare(ps_client_t *c, const ps_tensor_desc_t *desc, uint32_t *id);
 
+#define PS_COMPRESSION_BLOCK (1u << 0)
+#define PS_COMPRESSION_STOCHASTIC (1u << 1)
+#define PS_COMPRESSION_FP16_VALUES (1u << 2)
+
+typedef struct {
+    uint64_t field_mask;     /* PS_COMPRESSION_* of the optional fields set below */
+    const char *codec;       /* "none", "fp16", "bf16", "int8", "sign", "topk:F", "randomk:F" */
+    int error_feedback;      /* keep what the codec dropped and add it to the next push */
+    const char *pull;        /* parameters as "none", "fp16" or "bf16" (NULL: none) */
+    uint32_t block;          /* int8, sign: values per scale (default 256) */
+    int stochastic;          /* int8: stochastic rounding */
+    int fp16_values;         /* topk, randomk: values travel as fp16 */
+} ps_compression_t;
+
 /**
- * @brief Compress tensor @p id's pushes with @p codec ("none", "fp16", "bf16", "int8",
- * "sign", "topk:F", "randomk:F") and ask for its parameters as @p pull_codec ("none", "fp16",
- * "bf16"). With @p error_feedback the client keeps, per tensor, what the codec dropped and
- * adds it to the next push.
- * @return 0 or PS_EINVAL (unknown codec name or tensor; ps_client_error() says which).
+ * @brief Compress tensor @p id's pushes and pulls as @p cfg says.
+ * @return 0 or PS_EINVAL (unknown codec name, block 0, or an undeclared tensor;
+ *         ps_client_error() says which), PS_ENOMEM.
  * @note With a codec other than none, the encoded chunks live in one buffer per tensor:
  *       wait for a push before pushing the same tensor again.
  */
-int ps_client_set_compression(ps_client_t *c, uint32_t id, const char *codec, int error_feedback,
-                              const char *pull_codec);
+int ps_client_set_compression(ps_client_t *c, uint32_t id, const ps_compression_t *cfg);
 
 /**
  * @brief Push the gradient of tensor @p id for @p step (asynchronous).
