@@ -303,6 +303,69 @@ static const struct {
     {L1 "? [a, b]\n: c\n", "demo.yaml:2: keys must be scalars, got a sequence"},
 };
 
+/* job.compression: values, defaults, the codec for each tensor, and errors. */
+START_TEST(test_compression)
+{
+    ck_assert_int_eq(parse(minimal), 0);
+    const ps_compression_conf_t *cc = &m.job.compression;
+    ck_assert_str_eq(cc->codec, "none");
+    ck_assert(cc->error_feedback);
+    ck_assert_uint_eq(cc->min_bytes, 16384);
+    ck_assert_uint_eq(cc->block, 256);
+    ck_assert_str_eq(cc->pull, "none");
+    ck_assert_str_eq(ps_compression_codec_for(cc, "fc1.weight", 1 << 20), "none");
+
+    const char *text = "cluster: c\n"
+                       "servers: [{host: h, port: 1, data_dir: /d}]\n"
+                       "job:\n"
+                       "  model: mlp\n  batch_size: 1\n  epochs: 1\n  workers: 1\n"
+                       "  optimizer: {name: sgd, lr: 0.5}\n"
+                       "  compression:\n"
+                       "    codec: topk:0.01\n"
+                       "    error_feedback: false\n"
+                       "    min_bytes: 1024\n"
+                       "    rules: [{match: \"*.bias\", codec: none}, {match: \"fc3.*\", codec: int8}]\n"
+                       "    pull: bf16\n"
+                       "    block: 64\n"
+                       "    stochastic: true\n"
+                       "    fp16_values: true\n";
+    ck_assert_msg(parse(text) == 0, "%s", err);
+    ck_assert_str_eq(cc->codec, "topk:0.01");
+    ck_assert(!cc->error_feedback);
+    ck_assert_int_eq(cc->nrules, 2);
+    ck_assert_str_eq(cc->pull, "bf16");
+    ck_assert_uint_eq(cc->block, 64);
+    ck_assert(cc->stochastic && cc->fp16_values);
+    ck_assert_str_eq(ps_compression_codec_for(cc, "fc1.bias", 1 << 20), "none");
+    ck_assert_str_eq(ps_compression_codec_for(cc, "fc3.weight", 1 << 20), "int8");
+    ck_assert_str_eq(ps_compression_codec_for(cc, "fc2.weight", 1 << 20), "topk:0.01");
+    ck_assert_str_eq(ps_compression_codec_for(cc, "fc2.weight", 512), "none");
+
+    static const char *bad_codecs[] = {"topk:2", "topk:0", "topk:", "randomk:abc", "gzip", "int8:3"};
+    for (size_t i = 0; i < sizeof bad_codecs / sizeof *bad_codecs; i++) {
+        char t2[512];
+        snprintf(t2, sizeof t2,
+                 "cluster: c\nservers: [{host: h, port: 1, data_dir: /d}]\n"
+                 "job: {model: mlp, batch_size: 1, epochs: 1, workers: 1,\n"
+                 "      optimizer: {name: sgd, lr: 0.5}, compression: {codec: \"%s\"}}\n",
+                 bad_codecs[i]);
+        ck_assert_int_eq(parse(t2), PS_ECONFIG);
+        ck_assert_msg(strstr(err, "demo.yaml:4: job.compression.codec: must be") != NULL,
+                      "%s: %s", bad_codecs[i], err);
+    }
+    ck_assert_int_eq(parse("cluster: c\nservers: [{host: h, port: 1, data_dir: /d}]\n"
+                           "job: {model: mlp, batch_size: 1, epochs: 1, workers: 1,\n"
+                           "      optimizer: {name: sgd, lr: 0.5}, compression: {pull: int8}}\n"),
+                     PS_ECONFIG);
+    ck_assert_str_eq(err, "demo.yaml:4: job.compression.pull: must be one of none|fp16|bf16, got 'int8'");
+    ck_assert_int_eq(parse("cluster: c\nservers: [{host: h, port: 1, data_dir: /d}]\n"
+                           "job: {model: mlp, batch_size: 1, epochs: 1, workers: 1,\n"
+                           "      optimizer: {name: sgd, lr: 0.5}, compression: {block: 0}}\n"),
+                     PS_ECONFIG);
+    ck_assert_ptr_nonnull(strstr(err, "job.compression.block: must be in [1, 1048576], got 0"));
+}
+END_TEST
+
 START_TEST(test_invalid)
 {
     const char *want = bad[_i].msg;
@@ -437,6 +500,7 @@ Suite *ps_test_suite(void)
     tcase_add_test(tc, test_defaults);
     tcase_add_test(tc, test_block_style_all_keys);
     tcase_add_test(tc, test_names);
+    tcase_add_test(tc, test_compression);
     suite_add_tcase(s, tc);
     tc = tcase_create("invalid");
     tcase_add_loop_test(tc, test_invalid, 0, (int)(sizeof bad / sizeof bad[0]));
