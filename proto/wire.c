@@ -26,7 +26,8 @@ const char *ps_msg_type_name(int type)
 {
     static const char *names[] = {"invalid", "hello",      "hello_reply", "declare",
                                   "declare_reply", "push", "push_ack",    "pull",
-                                  "pull_reply",    "error", "leave",       "heartbeat"};
+                                  "pull_reply",    "error", "leave",       "heartbeat",
+                                  "status",        "status_reply"};
     return type >= 0 && type < PS_MSG_MAX_ ? names[type] : "unknown";
 }
 

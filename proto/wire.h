@@ -30,7 +30,9 @@ typedef enum {
     PS_MSG_ERROR = 9,
     PS_MSG_LEAVE = 10,
     PS_MSG_HEARTBEAT = 11,
-    PS_MSG_MAX_ = 12
+    PS_MSG_STATUS = 12,
+    PS_MSG_STATUS_REPLY = 13,
+    PS_MSG_MAX_ = 14
 } ps_msg_type_t;
 
 typedef struct {

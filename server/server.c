@@ -233,6 +233,78 @@ static void on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
     psd_send_msg(srv, c, &r);
 }
 
+static void on_status_sent(void *request, ucs_status_t status, void *user_data)
+{
+    psd_send_t *s = user_data;
+    psd_conn_unref(s->conn);
+    s->next_free = s->srv->free_sends;
+    s->srv->free_sends = s;
+    if (request) ucp_request_free(request);
+}
+
+/* MSG_STATUS: one JSON object describing this shard, as the reply's data. */
+static void send_status(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
+{
+    psd_send_t *s = srv->free_sends;
+    if (s)
+        srv->free_sends = s->next_free;
+    else if ((s = calloc(1, sizeof *s)) == NULL)
+        return;
+    size_t cap = 4096 + 160 * (size_t)srv->workers;
+    if (s->payload_cap < cap) {
+        uint8_t *b = realloc(s->payload, cap);
+        if (b == NULL) {
+            s->next_free = srv->free_sends;
+            srv->free_sends = s;
+            return;
+        }
+        s->payload = b;
+        s->payload_cap = cap;
+    }
+    char *out = (char *)s->payload;
+    size_t len = 0;
+    const ps_server_conf_t *sc = &srv->m.servers[srv->shard];
+    len += (size_t)snprintf(out, cap,
+                            "{\"shard\": %u, \"address\": \"%s:%u\", \"cluster\": \"%s\", "
+                            "\"step\": %llu, \"consistency\": \"%s\", \"optimizer\": \"%s\", "
+                            "\"workers_expected\": %u, \"pushes\": %llu, \"pulls\": %llu, "
+                            "\"updates_applied\": %llu, \"stopping\": %s, ",
+                            srv->shard, sc->host, sc->port, srv->m.cluster,
+                            (unsigned long long)psd_shard_step(srv),
+                            ps_consistency_name(srv->m.job.consistency),
+                            ps_optim_name(srv->m.job.optimizer.name), srv->workers,
+                            (unsigned long long)srv->pushes, (unsigned long long)srv->pulls,
+                            (unsigned long long)srv->applied_updates,
+                            srv->stopping ? "true" : "false");
+    psd_shard_status_json(srv, out, cap, &len);
+    len += (size_t)snprintf(out + len, cap - len, ", \"members\": [");
+    uint64_t now = uv_now(srv->loop);
+    int first = 1;
+    for (psd_conn_t *m = srv->conns; m && len + 200 < cap; m = m->next) {
+        if (m->rank < 0 || m->dead) continue;
+        len += (size_t)snprintf(out + len, cap - len,
+                                "%s{\"rank\": %d, \"pid\": %u, \"peer\": \"%s\", "
+                                "\"last_heard_ms\": %llu}",
+                                first ? "" : ", ", m->rank, m->pid, m->peer,
+                                (unsigned long long)(now - m->last_seen_ms));
+        first = 0;
+    }
+    len += (size_t)snprintf(out + len, cap - len, "]}");
+    ps_msg_t r = {.type = PS_MSG_STATUS_REPLY, .req_id = msg->req_id, .shard = srv->shard,
+                  .length = len};
+    size_t hlen;
+    ps_msg_encode(&r, s->hdr, sizeof s->hdr, &hlen);
+    s->srv = srv;
+    s->conn = c;
+    s->snap = NULL;
+    psd_conn_ref(c);
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                             UCP_OP_ATTR_FIELD_USER_DATA,
+                             .cb.send = on_status_sent, .user_data = s};
+    void *req = ucp_am_send_nbx(c->ep, PS_AM_CTRL, s->hdr, hlen, out, len, &p);
+    if (req == NULL || UCS_PTR_IS_ERR(req)) on_status_sent(NULL, UCS_OK, s);
+}
+
 static ucs_status_t on_am(void *arg, const void *header, size_t header_length, void *data,
                           size_t length, const ucp_am_recv_param_t *param)
 {
@@ -246,6 +318,10 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     if (ps_msg_decode(&msg, header, header_length, err, sizeof err)) {
         PS_LOG(PS_LOG_WARN, "server", "from %s: %s", c->peer, err);
         psd_send_error(srv, c, 0, PS_EPROTO, "%s", err);
+        return UCS_OK;
+    }
+    if (msg.type == PS_MSG_STATUS) {
+        send_status(srv, c, &msg);
         return UCS_OK;
     }
     if (msg.type != PS_MSG_HELLO && c->rank < 0) {

@@ -174,6 +174,8 @@ void psd_shard_on_pull(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
 void psd_shard_drop_conn(psd_server_t *srv, psd_conn_t *conn);
 /** @brief True when no store job runs or waits. */
 bool psd_shard_idle(psd_server_t *srv);
+/** @brief Append this shard's tensors and chunks as JSON members to @p out (status). */
+void psd_shard_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len);
 /** @brief Lowest chunk version of this shard (its step), or 0 with no chunks. */
 uint64_t psd_shard_step(psd_server_t *srv);
 

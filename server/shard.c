@@ -174,6 +174,28 @@ uint64_t psd_shard_step(psd_server_t *srv)
     return step == UINT64_MAX ? 0 : step;
 }
 
+void psd_shard_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len)
+{
+    uint64_t chunks = 0, bytes = 0, vmin = UINT64_MAX, vmax = 0;
+    for (uint32_t i = 0; i < srv->ntensors; i++)
+        for (uint32_t c = 0; srv->tensors[i].present && c < srv->tensors[i].nchunks; c++) {
+            const psd_chunk_t *ch = srv->tensors[i].chunks[c];
+            if (ch == NULL) continue;
+            chunks++;
+            bytes += psd_chunk_bytes(ch->n, srv->nstate);
+            if (ch->version < vmin) vmin = ch->version;
+            if (ch->version > vmax) vmax = ch->version;
+        }
+    uint32_t ntensors = 0;
+    for (uint32_t i = 0; i < srv->ntensors; i++) ntensors += srv->tensors[i].present;
+    int n = snprintf(out + *len, cap - *len,
+                     "\"tensors\": %u, \"chunks\": %llu, \"state_bytes\": %llu, "
+                     "\"version_min\": %llu, \"version_max\": %llu",
+                     ntensors, (unsigned long long)chunks, (unsigned long long)bytes,
+                     (unsigned long long)(chunks ? vmin : 0), (unsigned long long)vmax);
+    if (n > 0 && (size_t)n < cap - *len) *len += (size_t)n;
+}
+
 bool psd_shard_idle(psd_server_t *srv)
 {
     return !srv->job_running && srv->ready_head == NULL && srv->ncreate == 0;

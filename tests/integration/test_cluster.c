@@ -261,6 +261,35 @@ static TCase *tcase(const char *name, const TTest *t)
     return tc;
 }
 
+/* psctl status: every shard answers with its step, tensors, chunks and members. */
+START_TEST(test_psctl_status)
+{
+    cl_conf_t k = {.shards = 2, .workers = 1, .max_steps = 20};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    EXPECT_EXIT(w, 0);
+    char *argv[] = {(char *)cl_binary("PSCTL"), "--manifest", c->manifest, "status", "--json",
+                    NULL};
+    cl_proc_t *ctl = cl_spawn(c, "psctl", argv);
+    EXPECT_EXIT(ctl, 0);
+    EXPECT_LOG(ctl, "{\"shard\": 0, ");
+    EXPECT_LOG(ctl, "{\"shard\": 1, ");
+    EXPECT_LOG(ctl, "\"step\": 20, ");
+    EXPECT_LOG(ctl, "\"tensors\": 6, ");
+    /* One shard down: psctl names it and fails. */
+    ck_assert_int_eq(cl_signal(psd[1], SIGTERM), 0);
+    EXPECT_EXIT(psd[1], 0);
+    char *argv2[] = {(char *)cl_binary("PSCTL"), "--manifest", c->manifest, "status",
+                     "--timeout", "2", NULL};
+    cl_proc_t *ctl2 = cl_spawn(c, "psctl2", argv2);
+    EXPECT_EXIT(ctl2, 1);
+    EXPECT_LOG(ctl2, "psctl: shard 1 (127.0.0.1:");
+    stop_all(psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("cluster");
@@ -270,5 +299,6 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("sigterm_restart", test_sigterm_restart));
     suite_add_tcase(s, tcase("restart_resumes", test_restart_resumes));
     suite_add_tcase(s, tcase("bad_manifest", test_bad_manifest));
+    suite_add_tcase(s, tcase("psctl_status", test_psctl_status));
     return s;
 }

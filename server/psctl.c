@@ -1,0 +1,251 @@
+/* psctl.c: the operator's command line: `psctl --manifest M status [--json]` asks
+ * every shard of the cluster for its state and prints a table (or the JSON). */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "manifest.h"
+#include "ps/ps_error.h"
+#include "ps/ps_log.h"
+#include "ucx_loop.h"
+#include "wire.h"
+
+typedef struct {
+    ucp_ep_h ep;
+    int failed;
+    char *reply;           /* the shard's JSON, NUL-terminated */
+    size_t len;
+    uint8_t hdr[128];
+    char why[256];
+} shard_t;
+
+typedef struct {
+    ps_manifest_t m;
+    ps_ucx_t ucx;
+    uv_loop_t loop;
+    shard_t *shards;
+    int pending;
+    uv_timer_t timeout;
+} ctl_t;
+
+static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    shard_t *s = arg;
+    if (!s->failed && s->reply == NULL) {
+        s->failed = 1;
+        snprintf(s->why, sizeof s->why, "%s", ucs_status_string(status));
+    }
+}
+
+static void on_recv(void *request, ucs_status_t status, size_t length, void *user_data)
+{
+    shard_t *s = user_data;
+    if (status != UCS_OK) {
+        s->failed = 1;
+        snprintf(s->why, sizeof s->why, "%s", ucs_status_string(status));
+    }
+    if (request) ucp_request_free(request);
+}
+
+static ucs_status_t on_am(void *arg, const void *header, size_t header_length, void *data,
+                          size_t length, const ucp_am_recv_param_t *param)
+{
+    ctl_t *ctl = arg;
+    ps_msg_t m;
+    char err[256];
+    if (ps_msg_decode(&m, header, header_length, err, sizeof err) ||
+        m.shard >= (uint32_t)ctl->m.nservers || m.type != PS_MSG_STATUS_REPLY ||
+        m.length != length || length > (1u << 24))
+        return UCS_OK;
+    shard_t *s = &ctl->shards[m.shard];
+    if (s->reply) return UCS_OK;
+    s->reply = calloc(1, length + 1);
+    if (s->reply == NULL) return UCS_OK;
+    s->len = length;
+    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+        memcpy(s->reply, data, length);
+        return UCS_OK;
+    }
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                             UCP_OP_ATTR_FIELD_USER_DATA,
+                             .cb.recv_am = on_recv, .user_data = s};
+    void *req = ucp_am_recv_data_nbx(ctl->ucx.worker, data, s->reply, length, &p);
+    if (UCS_PTR_IS_ERR(req)) on_recv(NULL, UCS_PTR_STATUS(req), 0, s);
+    return UCS_OK;
+}
+
+static void on_timeout(uv_timer_t *h) { uv_stop(h->loop); }
+
+/* Stops the loop once every shard answered or failed. */
+static void on_check(uv_timer_t *h)
+{
+    ctl_t *ctl = h->data;
+    for (int i = 0; i < ctl->m.nservers; i++)
+        if (!ctl->shards[i].failed && ctl->shards[i].reply == NULL) return;
+    uv_stop(h->loop);
+}
+
+/* Pull "key": value (number or string) out of a flat JSON object; good enough for our own. */
+static const char *field(const char *json, const char *key, char *buf, size_t len)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\": ", key);
+    const char *p = json ? strstr(json, pat) : NULL;
+    if (p == NULL) return "-";
+    p += strlen(pat);
+    if (*p == '"') p++;
+    size_t n = strcspn(p, "\",}");
+    if (n >= len) n = len - 1;
+    memcpy(buf, p, n);
+    buf[n] = '\0';
+    return buf;
+}
+
+static int status(ctl_t *ctl, int json, double timeout_s)
+{
+    int n = ctl->m.nservers;
+    for (int i = 0; i < n; i++) {
+        shard_t *s = &ctl->shards[i];
+        struct sockaddr_storage ss;
+        socklen_t sslen;
+        if (ps_sockaddr_resolve(ctl->m.servers[i].host, ctl->m.servers[i].port, &ss, &sslen)) {
+            s->failed = 1;
+            snprintf(s->why, sizeof s->why, "cannot resolve %s", ctl->m.servers[i].host);
+            continue;
+        }
+        ucp_ep_params_t ep = {
+            .field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                          UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+            .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
+            .sockaddr = {.addr = (const struct sockaddr *)&ss, .addrlen = sslen},
+            .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+            .err_handler = {.cb = on_ep_error, .arg = s},
+        };
+        if (ucp_ep_create(ctl->ucx.worker, &ep, &s->ep) != UCS_OK) {
+            s->ep = NULL;
+            s->failed = 1;
+            snprintf(s->why, sizeof s->why, "cannot create an endpoint");
+            continue;
+        }
+        ps_msg_t m = {.type = PS_MSG_STATUS, .req_id = (uint64_t)i + 1, .rank = -1};
+        size_t hlen;
+        ps_msg_encode(&m, s->hdr, sizeof s->hdr, &hlen);
+        ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                                 .flags = UCP_AM_SEND_FLAG_REPLY};
+        void *req = ucp_am_send_nbx(s->ep, PS_AM_CTRL, s->hdr, hlen, NULL, 0, &p);
+        if (req && !UCS_PTR_IS_ERR(req)) ucp_request_free(req); /* the header is ours */
+    }
+    uv_timer_t check;
+    uv_timer_init(&ctl->loop, &check);
+    check.data = ctl;
+    uv_timer_start(&check, on_check, 10, 10);
+    uv_timer_init(&ctl->loop, &ctl->timeout);
+    uv_timer_start(&ctl->timeout, on_timeout, (uint64_t)(timeout_s * 1000), 0);
+    uv_run(&ctl->loop, UV_RUN_DEFAULT);
+    uv_close((uv_handle_t *)&check, NULL);
+    uv_close((uv_handle_t *)&ctl->timeout, NULL);
+
+    int bad = 0;
+    if (json) printf("[");
+    for (int i = 0; i < n; i++) {
+        shard_t *s = &ctl->shards[i];
+        const ps_server_conf_t *sc = &ctl->m.servers[i];
+        if (s->reply == NULL) {
+            bad = 1;
+            if (json)
+                printf("%s{\"shard\": %d, \"address\": \"%s:%u\", \"error\": \"%s\"}", i ? ", " : "",
+                       i, sc->host, sc->port, s->failed ? s->why : "no answer");
+            else
+                fprintf(stderr, "psctl: shard %d (%s:%u): %s\n", i, sc->host, sc->port,
+                        s->failed ? s->why : "no answer");
+            continue;
+        }
+        if (json) {
+            printf("%s%s", i ? ", " : "", s->reply);
+            continue;
+        }
+        char b[8][64];
+        if (i == 0)
+            printf("%-5s %-21s %-8s %-7s %-7s %-11s %-8s %s\n", "shard", "address", "step",
+                   "tensors", "chunks", "state_MiB", "updates", "members (rank:pid)");
+        double mib = atof(field(s->reply, "state_bytes", b[0], sizeof b[0])) / (1 << 20);
+        printf("%-5d %-21s %-8s %-7s %-7s %-11.1f %-8s ", i, field(s->reply, "address", b[1], 64),
+               field(s->reply, "step", b[2], 64), field(s->reply, "tensors", b[3], 64),
+               field(s->reply, "chunks", b[4], 64), mib,
+               field(s->reply, "updates_applied", b[5], 64));
+        /* members: each {"rank": R, "pid": P, ...} */
+        const char *p = strstr(s->reply, "\"members\": [");
+        int any = 0;
+        while (p && (p = strstr(p, "{\"rank\": ")) != NULL) {
+            int rank = atoi(p + 9);
+            const char *pid = strstr(p, "\"pid\": ");
+            printf("%s%d:%d", any ? " " : "", rank, pid ? atoi(pid + 7) : 0);
+            any = 1;
+            p++;
+        }
+        printf("%s\n", any ? "" : "none");
+    }
+    if (json) printf("]\n");
+    return bad;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: psctl --manifest FILE status [--json] [--timeout S]\n"
+               "  status   every shard's step, tensors, chunks, state size and members\n");
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {{"manifest", required_argument, 0, 'm'},
+                                         {"json", no_argument, 0, 'j'},
+                                         {"timeout", required_argument, 0, 't'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    const char *manifest = NULL;
+    int json = 0, o;
+    double timeout = 5;
+    ps_log_set_level(NULL);
+    while ((o = getopt_long(argc, argv, "m:jt:h", opts, NULL)) != -1) {
+        switch (o) {
+        case 'm': manifest = optarg; break;
+        case 'j': json = 1; break;
+        case 't': timeout = atof(optarg); break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (manifest == NULL || optind + 1 != argc || strcmp(argv[optind], "status") != 0 ||
+        timeout <= 0) {
+        usage(stderr);
+        return 2;
+    }
+    static ctl_t ctl;
+    char err[1024];
+    if (ps_manifest_load(&ctl.m, manifest, err, sizeof err)) {
+        fprintf(stderr, "psctl: %s\n", err);
+        return 2;
+    }
+    ctl.shards = calloc((size_t)ctl.m.nservers, sizeof *ctl.shards);
+    if (ctl.shards == NULL || uv_loop_init(&ctl.loop) || ps_ucx_init(&ctl.ucx, &ctl.loop)) {
+        fprintf(stderr, "psctl: cannot start the UCX transport\n");
+        return 1;
+    }
+    ps_ucx_set_am_handler(&ctl.ucx, on_am, &ctl);
+    int bad = status(&ctl, json, timeout);
+    for (int i = 0; i < ctl.m.nservers; i++) {
+        shard_t *s = &ctl.shards[i];
+        if (s->ep) {
+            ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                                     .flags = UCP_EP_CLOSE_FLAG_FORCE};
+            ps_ucx_wait(&ctl.ucx, ucp_ep_close_nbx(s->ep, &p));
+        }
+        free(s->reply);
+    }
+    ps_ucx_close(&ctl.ucx);
+    uv_run(&ctl.loop, UV_RUN_DEFAULT);
+    uv_loop_close(&ctl.loop);
+    free(ctl.shards);
+    return bad;
+}
