@@ -99,6 +99,9 @@ static int on_deferred(ps_ucx_t *u)
 {
     psd_server_t *srv = u->data;
     int did = 0;
+again:
+    /* Closing an endpoint progresses the worker, whose callbacks may free other conns:
+     * after each close, walk the list again from its head. */
     for (psd_conn_t *c = srv->conns, *nx; c; c = nx) {
         nx = c->next;
         if (c->conn_request) {
@@ -122,6 +125,7 @@ static int on_deferred(ps_ucx_t *u)
         } else if (c->close_queued) {
             conn_close_ep(srv, c);
             did = 1;
+            goto again;
         }
     }
     return did;
@@ -462,14 +466,19 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, char *err, size_t err
            ps_optim_name(m->job.optimizer.name));
     uv_run(srv->loop, UV_RUN_DEFAULT);
 
-    /* Stopping: no new work is accepted; the store is idle. */
+    /* Stopping: pushes and declares are no longer taken. A job started in this last loop
+     * iteration must end before anything it reads is freed. */
+    while (srv->job_running) uv_run(srv->loop, UV_RUN_ONCE);
     ucp_listener_destroy(srv->listener);
-    for (psd_conn_t *c = srv->conns, *nx; c; c = nx) {
-        nx = c->next;
-        c->refs++; /* keep it while closing */
-        if (c->ep) conn_close_ep(srv, c);
+    for (;;) {
+        psd_conn_t *c = srv->conns;
+        while (c && c->ep == NULL) c = c->next;
+        if (c == NULL) break;
+        c->refs++; /* keep it while closing; the walk restarts from the head */
+        conn_close_ep(srv, c);
         c->refs--;
     }
+    while (srv->job_running) uv_run(srv->loop, UV_RUN_ONCE);
     for (psd_snap_t *sn = srv->snap; sn; sn = NULL) {
         mdb_txn_abort(sn->txn);
         free(sn);

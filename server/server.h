@@ -56,6 +56,7 @@ struct psd_chunk_s {
     uint32_t tensor, chunk;
     uint32_t n;                /* values */
     uint64_t version;          /* steps applied (committed) */
+    uint64_t total_steps;      /* the tensor's planned steps (lr schedule); read by jobs */
     uint8_t **slots;           /* [workers] push payloads by rank (raw fp32 or a codec's), on first use */
     size_t *slot_cap;          /* [workers] bytes allocated */
     size_t *slot_len;          /* [workers] bytes received */
@@ -107,6 +108,8 @@ typedef struct {
     int kind;                  /* JOB_CREATE or JOB_APPLY */
     uint32_t tensor;           /* JOB_CREATE */
     ps_decl_t decl;            /* JOB_CREATE: a copy the thread may read */
+    psd_chunk_t **chunks;      /* JOB_CREATE: the tensor's chunk table (fixed while it runs) */
+    uint32_t nchunks;
     psd_chunk_t **items;       /* JOB_APPLY: chunks whose SLOT_APPLYING slots to apply */
     uint32_t nitems;
     int rc;
@@ -114,6 +117,8 @@ typedef struct {
 } psd_job_t;
 
 enum { JOB_CREATE = 1, JOB_APPLY = 2 };
+
+#define PSD_MAX_TENSORS 65536 /* tensors per cluster */
 
 struct psd_server_s {
     ps_manifest_t m;

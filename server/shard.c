@@ -87,6 +87,7 @@ static int tensor_add(psd_server_t *srv, const ps_decl_t *d, bool ready)
         if (ps_place_shard(d->first_chunk + c, srv->nshards) != srv->shard) continue;
         t->chunks[c] = chunk_new(srv, d->id, c, (uint32_t)ps_chunk_len(t->numel, srv->chunk_elems, c));
         if (t->chunks[c] == NULL) return PS_ENOMEM;
+        t->chunks[c]->total_steps = d->total_steps;
     }
     t->present = true;
     t->ready = ready;
@@ -248,13 +249,11 @@ void psd_shard_drop_conn(psd_server_t *srv, psd_conn_t *conn)
             psd_chunk_t *ch = t->chunks[c];
             if (ch == NULL) continue;
             drop_from(srv, &ch->pulls, conn);
-            /* Its pushes for a step not yet applied are discarded: the worker that takes
-             * over its rank pushes that step again. */
+            /* Its pushes already received stay: each is a whole gradient for its step and
+             * is applied with it. Only the acknowledgement has nowhere to go. */
             for (uint32_t r = 0; r < srv->workers; r++)
                 if (ch->slot_conn[r] == conn && ch->slot_state[r] == SLOT_FULL) {
-                    ch->slot_state[r] = SLOT_EMPTY;
                     ch->slot_conn[r] = NULL;
-                    ch->nfull--;
                     psd_conn_unref(conn);
                 }
         }
@@ -295,6 +294,7 @@ static int queue_create(psd_server_t *srv, uint32_t id)
 
 void psd_shard_on_declare(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
 {
+    if (srv->stopping) return; /* the endpoint closes next; the worker sees that */
     if (!msg->has_decl) {
         psd_send_error(srv, conn, msg->req_id, PS_EPROTO, "declare without a tensor");
         return;
@@ -332,6 +332,12 @@ void psd_shard_on_declare(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *m
             psd_send_error(srv, conn, msg->req_id, PS_ENOMEM, "out of memory");
         return;
     }
+    if (srv->shard == 0 && srv->ntensors >= PSD_MAX_TENSORS) {
+        psd_send_error(srv, conn, msg->req_id, PS_EINVAL,
+                       "cannot declare '%s': the cluster already holds %u tensors", d.name,
+                       PSD_MAX_TENSORS);
+        return;
+    }
     if (srv->shard == 0) {
         /* The coordinator numbers tensors and their chunks in declaration order. */
         d.id = srv->ntensors;
@@ -345,7 +351,7 @@ void psd_shard_on_declare(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *m
         psd_send_error(srv, conn, msg->req_id, PS_ECONFLICT, "tensor id %u is '%s', not '%s'",
                        d.id, srv->tensors[d.id].decl.name, d.name);
         return;
-    } else if (d.id > 1u << 20) {
+    } else if (d.id >= PSD_MAX_TENSORS) {
         psd_send_error(srv, conn, msg->req_id, PS_EPROTO, "tensor id %u out of range", d.id);
         return;
     }
@@ -578,6 +584,7 @@ static void on_push_recv(void *request, ucs_status_t status, size_t length, void
 ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg,
                                void *data, size_t length, const ucp_am_recv_param_t *param)
 {
+    if (srv->stopping) return UCS_OK; /* not received, not acked: sent again after a restart */
     if (conn->rank < 0 || msg->rank != conn->rank) {
         psd_send_error(srv, conn, msg->req_id, PS_EPROTO, "push from rank %d, but this peer is rank %d",
                        msg->rank, conn->rank);
@@ -617,6 +624,14 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
         psd_send_error(srv, conn, msg->req_id, PS_ESTALE,
                        "push of %u/%u for step %llu, but the chunk is at step %llu", ch->tensor,
                        ch->chunk, (unsigned long long)msg->step, (unsigned long long)ch->version);
+        return UCS_OK;
+    }
+    if (ch->slot_state[rank] == SLOT_FULL && ch->slot_conn[rank] == NULL) {
+        /* This rank's previous holder died after pushing this step: its gradient stands,
+         * the newcomer's copy of the step is acknowledged and dropped. */
+        ps_msg_t a = {.type = PS_MSG_PUSH_ACK, .req_id = msg->req_id, .tensor = ch->tensor,
+                      .chunk = ch->chunk, .step = ch->version, .shard = srv->shard};
+        psd_send_msg(srv, conn, &a);
         return UCS_OK;
     }
     if (ch->slot_state[rank] != SLOT_EMPTY) {
@@ -682,15 +697,14 @@ static int run_create(psd_job_t *job, psd_wtxn_t *tx)
 {
     psd_server_t *srv = job->srv;
     const ps_decl_t *d = &job->decl;
-    psd_tensor_t *t = &srv->tensors[job->tensor]; /* chunks[] is fixed while the job runs */
     int rc = psd_store_put_tensor(tx, d);
     uint32_t dims1 = 1;
     for (int i = 1; i < d->ndim; i++) dims1 *= d->shape[i];
     psk_init_t init = {.kind = (psk_init_kind_t)d->init, .arg = d->init_arg,
                        .seed = psk_init_seed(d->name, d->seed), .fan_in = d->shape[0],
                        .fan_out = d->ndim > 1 ? dims1 : 1};
-    for (uint32_t c = 0; rc == 0 && c < t->nchunks; c++) {
-        psd_chunk_t *ch = t->chunks[c];
+    for (uint32_t c = 0; rc == 0 && c < job->nchunks; c++) {
+        psd_chunk_t *ch = job->chunks[c];
         if (ch == NULL) continue;
         psd_chunk_hdr_t *h;
         rc = psd_store_chunk_reserve(tx, d->id, c, ch->n, srv->nstate, &h);
@@ -739,7 +753,7 @@ static int run_apply(psd_job_t *job, psd_wtxn_t *tx)
         psd_chunk_hdr_t *h;
         rc = psd_store_chunk_reserve(tx, ch->tensor, ch->chunk, ch->n, srv->nstate, &h);
         if (rc) return rc;
-        uint64_t total = srv->tensors[ch->tensor].decl.total_steps;
+        uint64_t total = ch->total_steps;
         const float *p_in = psd_chunk_params((psd_chunk_hdr_t *)old);
         const float *s_in = psd_chunk_state((psd_chunk_hdr_t *)old);
         *h = *old;
@@ -813,15 +827,16 @@ static void snapshot_stale(psd_server_t *srv)
 static void ack_slot(psd_server_t *srv, psd_chunk_t *ch, uint32_t r, int rc, uint64_t version)
 {
     psd_conn_t *conn = ch->slot_conn[r];
-    if (rc)
+    if (conn == NULL) { /* its sender died; the update stands */
+    } else if (rc) {
         psd_send_error(srv, conn, ch->slot_req[r], rc, "update of %u/%u failed: %s", ch->tensor,
                        ch->chunk, ps_strerror(rc));
-    else {
+    } else {
         ps_msg_t a = {.type = PS_MSG_PUSH_ACK, .req_id = ch->slot_req[r], .tensor = ch->tensor,
                       .chunk = ch->chunk, .step = version, .shard = srv->shard};
         psd_send_msg(srv, conn, &a);
     }
-    psd_conn_unref(conn);
+    if (conn) psd_conn_unref(conn);
     ch->slot_conn[r] = NULL;
     ch->slot_state[r] = SLOT_EMPTY;
 }
@@ -830,13 +845,30 @@ static void job_done(uv_work_t *w, int status)
 {
     psd_job_t *job = w->data;
     psd_server_t *srv = job->srv;
-    srv->job_running = false;
+    /* job_running stays set until the end: chunk_maybe_ready below must not start the
+     * next job in this struct while its items are still being finished. */
     if (job->rc)
         PS_LOG(PS_LOG_ERROR, "shard", "store job failed: %s", ps_strerror(job->rc));
     snapshot_stale(srv);
     if (job->kind == JOB_CREATE) {
         psd_tensor_t *t = &srv->tensors[job->tensor];
         t->ready = job->rc == 0;
+        if (job->rc) {
+            /* Not created: forget it, so a later declaration tries again. */
+            t->present = false;
+            for (uint32_t c = 0; c < t->nchunks; c++) {
+                if (t->chunks[c] == NULL) continue;
+                free(t->chunks[c]->slots);
+                chunk_free(t->chunks[c]);
+            }
+            free(t->chunks);
+            t->chunks = NULL;
+            t->nchunks = 0;
+            if (srv->shard == 0 && job->tensor + 1 == srv->ntensors) {
+                srv->ntensors--; /* the id and its chunk ordinals are handed out again */
+                srv->next_chunk = job->decl.first_chunk;
+            }
+        }
         for (psd_wait_t *d = t->declares, *nx; d; d = nx) {
             nx = d->next;
             if (job->rc)
@@ -860,10 +892,22 @@ static void job_done(uv_work_t *w, int status)
                 if (ch->slot_state[r] == SLOT_APPLYING) ack_slot(srv, ch, r, job->rc, ch->version);
             ch->queued = false;
             srv->applied_updates += applied;
+            if (job->rc) {
+                for (psd_wait_t *w = ch->pulls, *nx; w; w = nx) {
+                    nx = w->next;
+                    psd_send_error(srv, w->conn, w->req_id, job->rc,
+                                   "update of %u/%u failed: %s", ch->tensor, ch->chunk,
+                                   ps_strerror(job->rc));
+                    psd_conn_unref(w->conn);
+                    wait_put(srv, w);
+                }
+                ch->pulls = NULL;
+            }
             answer_pulls(srv, ch);
             chunk_maybe_ready(srv, ch);
         }
     }
+    srv->job_running = false;
     job_start_next(srv);
     if (!srv->job_running) psd_server_maybe_stop(srv);
 }
@@ -881,6 +925,8 @@ static void job_start_next(psd_server_t *srv)
         memmove(srv->create_queue, srv->create_queue + 1, (srv->ncreate - 1) * sizeof(uint32_t));
         srv->ncreate--;
         job->decl = srv->tensors[job->tensor].decl;
+        job->chunks = srv->tensors[job->tensor].chunks;
+        job->nchunks = srv->tensors[job->tensor].nchunks;
     } else if (srv->ready_head) {
         job->kind = JOB_APPLY;
         job->nitems = 0;
@@ -893,7 +939,12 @@ static void job_start_next(psd_server_t *srv)
             job->items = items;
             srv->cap_items = cap;
         }
+        bool bsp = srv->m.job.consistency == PS_CONSIST_BSP;
         for (psd_chunk_t *c = srv->ready_head; c; c = c->next_ready) {
+            if (bsp ? c->nfull != srv->workers : c->nfull == 0) {
+                c->queued = false; /* no longer ready; queued again when it is */
+                continue;
+            }
             job->items[job->nitems++] = c;
             for (uint32_t r = 0; r < srv->workers; r++)
                 if (c->slot_state[r] == SLOT_FULL) {
@@ -902,6 +953,7 @@ static void job_start_next(psd_server_t *srv)
                 }
         }
         srv->ready_head = srv->ready_tail = NULL;
+        if (job->nitems == 0) return;
     } else {
         return;
     }

@@ -18,6 +18,8 @@
 #include "ucx_loop.h"
 #include "wire.h"
 
+#define PS_CLIENT_MAX_TENSORS 65536 /* as psd's PSD_MAX_TENSORS */
+
 enum { OP_HELLO = 1, OP_DECLARE, OP_PUSH, OP_PULL, OP_LEAVE, OP_SHUTDOWN };
 
 typedef struct {
@@ -28,7 +30,7 @@ typedef struct {
     int resend;        /* its shard went away: send again once it is back */
     const void *data;  /* push: the payload (raw fp32 slice or encoded chunk) */
     size_t len;
-    uint8_t hdr[128];  /* the header bytes UCX reads until the send completes */
+    uint8_t hdr[256];  /* the header bytes UCX reads until the send completes (names < 128) */
 } part_t;
 
 typedef struct {
@@ -106,8 +108,8 @@ struct ps_client_s {
     int joined;                 /* past the first hello: lost shards are reconnected */
     uint32_t reconnect_ms;      /* how long a lost shard may stay away */
 
-    ctensor_t *tensors;         /* indexed by id */
-    uint32_t cap_tensors;
+    ctensor_t **tensors;        /* [PS_CLIENT_MAX_TENSORS] by id; entries never move, so the
+                                   comm thread may read them while the caller declares more */
     ps_client_stats_t stats;
     char err[512];
 };
@@ -195,7 +197,7 @@ static void on_sent(void *request, ucs_status_t status, void *user_data)
 static int pull_decode(ps_client_t *c, ps_op_t *op, uint32_t chunk, const uint8_t *payload,
                        size_t len)
 {
-    const ctensor_t *t = &c->tensors[op->tensor];
+    const ctensor_t *t = c->tensors[op->tensor];
     size_t n = ps_chunk_len(t->numel, c->chunk_elems, chunk);
     float *dst = op->buf + (uint64_t)chunk * c->chunk_elems;
     if (psk_codec_check(payload, len, n, &t->pull_codec)) return PS_EPROTO;
@@ -209,7 +211,7 @@ static void on_pull_recv(void *request, ucs_status_t status, size_t length, void
     part_t *p = user_data;
     ps_op_t *op = p->op;
     ps_client_t *c = op->c;
-    const ctensor_t *t = &c->tensors[op->tensor];
+    const ctensor_t *t = c->tensors[op->tensor];
     op->ucx_refs--;
     if (status != UCS_OK) {
         if (!part_defer(c, p))
@@ -263,7 +265,7 @@ static void send_part(ps_client_t *c, part_t *p, const ps_msg_t *m, const void *
     if (req == NULL || UCS_PTR_IS_ERR(req)) {
         ucs_status_t st = req ? UCS_PTR_STATUS(req) : UCS_OK;
         op->ucx_refs--;
-        if (st != UCS_OK && p->pending)
+        if (st != UCS_OK && p->pending && !part_defer(c, p))
             op_fail(op, ps_ucx_err(st), "send to shard %u failed: %s", p->shard,
                     ucs_status_string(st));
     }
@@ -307,7 +309,7 @@ static void close_ep(ps_client_t *c, cshard_t *s, int force)
 /* Send (or send again) one chunk of a push or pull. */
 static void send_data_part(ps_client_t *c, ps_op_t *op, part_t *p)
 {
-    const ctensor_t *t = &c->tensors[op->tensor];
+    const ctensor_t *t = c->tensors[op->tensor];
     uint64_t len = ps_chunk_len(t->numel, c->chunk_elems, p->chunk);
     ps_msg_t m = {.req_id = op->req_id, .rank = c->rank, .tensor = t->id, .chunk = p->chunk,
                   .step = op->step};
@@ -416,17 +418,26 @@ static void on_rehello(ps_op_t *op)
         s->down = 0;
         /* Send again whatever it had not answered: a push it already applied is acked
          * and dropped, so every step is applied exactly once. */
-        for (ps_op_t *o = c->inflight; o; o = o->next)
+        for (ps_op_t *o = c->inflight, *nx; o; o = nx) {
+            nx = o->next;
+            int sent = 0;
             for (uint32_t k = 0; k < o->nparts; k++)
-                if (o->parts[k].resend && o->parts[k].shard == i && o->parts[k].pending)
+                if (o->parts[k].resend && o->parts[k].shard == i && o->parts[k].pending) {
                     send_data_part(c, o, &o->parts[k]);
+                    sent = 1;
+                }
+            if (sent) op_maybe_complete(o); /* a resend that failed at once may finish it */
+        }
         return;
     }
     /* Refused or unreachable: close this endpoint (from the deferred hook, never from
-     * inside a UCX callback); shard_lost then schedules the next attempt. */
+     * inside a UCX callback); shard_lost then schedules the next attempt. Without an
+     * endpoint (the address did not resolve), schedule it here. */
     if (s->ep && !s->dead) {
         s->dead = 1;
         s->close_queued = 1;
+    } else if (s->ep == NULL) {
+        shard_lost(c, i);
     }
 }
 
@@ -435,10 +446,13 @@ static void on_reconnect_timer(uv_timer_t *h)
     cshard_t *s = h->data;
     ps_client_t *c = s->c;
     ps_op_t *op = calloc(1, sizeof *op + sizeof(part_t));
-    if (op == NULL) return;
+    if (op == NULL) {
+        uv_timer_start(&s->timer, on_reconnect_timer, 1000, 0); /* try again later */
+        return;
+    }
     op->c = c;
     op->type = OP_HELLO;
-    op->req_id = ++c->next_req;
+    op->req_id = __atomic_add_fetch(&c->next_req, 1, __ATOMIC_RELAXED);
     op->nparts = op->remaining = 1;
     op->min_version = UINT64_MAX;
     op->on_done = on_rehello;
@@ -586,9 +600,9 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     case PS_MSG_PUSH_ACK:
     case PS_MSG_PULL_REPLY: {
         int is_pull = m.type == PS_MSG_PULL_REPLY;
-        if (op->type != (is_pull ? OP_PULL : OP_PUSH) || m.tensor != c->tensors[op->tensor].id)
+        if (op->type != (is_pull ? OP_PULL : OP_PUSH) || m.tensor != c->tensors[op->tensor]->id)
             return UCS_OK;
-        const ctensor_t *t = &c->tensors[op->tensor];
+        const ctensor_t *t = c->tensors[op->tensor];
         part_t *p = NULL;
         for (uint32_t i = 0; i < op->nparts; i++)
             if (op->parts[i].chunk == m.chunk && op->parts[i].pending) p = &op->parts[i];
@@ -686,7 +700,7 @@ static ps_op_t *op_init(ps_op_t *op, ps_client_t *c, int type, uint32_t nparts)
     memset(op, 0, sizeof *op); /* the parts are all rewritten below */
     op->c = c;
     op->type = type;
-    op->req_id = ++c->next_req;
+    op->req_id = __atomic_add_fetch(&c->next_req, 1, __ATOMIC_RELAXED);
     op->nparts = op->remaining = nparts;
     op->min_version = UINT64_MAX;
     for (uint32_t i = 0; i < nparts; i++) {
@@ -729,7 +743,7 @@ int ps_op_wait(ps_op_t *op, uint64_t *version)
     /* Keep one push and one pull op per tensor: steady training allocates nothing. */
     ps_op_t **spare = NULL;
     if (op->type == OP_PUSH || op->type == OP_PULL)
-        spare = &c->tensors[op->tensor].spare[op->type == OP_PULL];
+        spare = &c->tensors[op->tensor]->spare[op->type == OP_PULL];
     if (spare && *spare == NULL)
         *spare = op;
     else
@@ -800,10 +814,13 @@ int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts, ps
     c->chunk_elems = c->m.chunk_bytes / 4;
     c->rank = -1;
     c->shards = calloc(c->nshards, sizeof *c->shards);
+    c->tensors = calloc(PS_CLIENT_MAX_TENSORS, sizeof *c->tensors);
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
-    if (c->shards == NULL || pthread_create(&c->thread, NULL, comm_main, c) != 0) {
+    if (c->shards == NULL || c->tensors == NULL ||
+        pthread_create(&c->thread, NULL, comm_main, c) != 0) {
         free(c->shards);
+        free(c->tensors);
         free(c);
         return PS_ENOMEM;
     }
@@ -815,6 +832,7 @@ int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts, ps
         pthread_join(c->thread, NULL);
         if (err) snprintf(err, errlen, "cannot start the UCX transport: %s", ps_strerror(rc));
         free(c->shards);
+        free(c->tensors);
         free(c);
         return rc;
     }
@@ -854,13 +872,16 @@ void ps_client_destroy(ps_client_t *c)
     pthread_join(c->thread, NULL);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
-    for (uint32_t i = 0; i < c->cap_tensors; i++) {
-        free(c->tensors[i].residual);
-        free(c->tensors[i].payload);
-        free(c->tensors[i].scratch);
-        free(c->tensors[i].pull_buf);
-        free(c->tensors[i].spare[0]);
-        free(c->tensors[i].spare[1]);
+    for (uint32_t i = 0; c->tensors && i < PS_CLIENT_MAX_TENSORS; i++) {
+        ctensor_t *t = c->tensors[i];
+        if (t == NULL) continue;
+        free(t->residual);
+        free(t->payload);
+        free(t->scratch);
+        free(t->pull_buf);
+        free(t->spare[0]);
+        free(t->spare[1]);
+        free(t);
     }
     free(c->tensors);
     free(c->shards);
@@ -909,16 +930,13 @@ int ps_client_declare(ps_client_t *c, const ps_tensor_desc_t *desc, uint32_t *id
         if ((rc = ctrl_call(c, OP_DECLARE, i, &req, &r2)) != 0) return rc;
     }
     uint32_t tid = rep.decl.id;
-    if (tid >= c->cap_tensors) {
-        uint32_t cap = c->cap_tensors ? c->cap_tensors : 16;
-        while (cap <= tid) cap *= 2;
-        ctensor_t *t = realloc(c->tensors, cap * sizeof *t);
-        if (t == NULL) return PS_ENOMEM;
-        memset(t + c->cap_tensors, 0, (cap - c->cap_tensors) * sizeof *t);
-        c->tensors = t;
-        c->cap_tensors = cap;
+    if (tid >= PS_CLIENT_MAX_TENSORS) {
+        snprintf(c->err, sizeof c->err, "tensor id %u out of range", tid);
+        return PS_EPROTO;
     }
-    ctensor_t *t = &c->tensors[tid];
+    if (c->tensors[tid] == NULL && (c->tensors[tid] = calloc(1, sizeof(ctensor_t))) == NULL)
+        return PS_ENOMEM;
+    ctensor_t *t = c->tensors[tid];
     t->id = tid;
     t->numel = ps_decl_numel(&rep.decl);
     t->nchunks = ps_chunk_count(t->numel, c->chunk_elems);
@@ -929,11 +947,11 @@ int ps_client_declare(ps_client_t *c, const ps_tensor_desc_t *desc, uint32_t *id
 
 static int data_op(ps_client_t *c, int type, uint32_t id, float *buf, uint64_t step, ps_op_t **out)
 {
-    if (id >= c->cap_tensors || c->tensors[id].nchunks == 0) {
+    if (id >= PS_CLIENT_MAX_TENSORS || c->tensors[id] == NULL || c->tensors[id]->nchunks == 0) {
         snprintf(c->err, sizeof c->err, "tensor %u was not declared by this client", id);
         return PS_EINVAL;
     }
-    ctensor_t *t = &c->tensors[id];
+    ctensor_t *t = c->tensors[id];
     ps_op_t *op = t->spare[type == OP_PULL];
     if (op) {
         t->spare[type == OP_PULL] = NULL;
@@ -982,11 +1000,11 @@ int ps_client_set_compression(ps_client_t *c, uint32_t id, const ps_compression_
 {
     const char *codec = cfg->codec, *pull_codec = cfg->pull;
     int error_feedback = cfg->error_feedback;
-    if (id >= c->cap_tensors || c->tensors[id].nchunks == 0) {
+    if (id >= PS_CLIENT_MAX_TENSORS || c->tensors[id] == NULL || c->tensors[id]->nchunks == 0) {
         snprintf(c->err, sizeof c->err, "tensor %u was not declared by this client", id);
         return PS_EINVAL;
     }
-    ctensor_t *t = &c->tensors[id];
+    ctensor_t *t = c->tensors[id];
     psk_codec_t pc, pl;
     if (psk_codec_parse(&pc, codec ? codec : "none")) {
         snprintf(c->err, sizeof c->err, "unknown codec '%s'", codec);

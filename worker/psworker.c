@@ -285,9 +285,11 @@ int main(int argc, char **argv)
             ps_dataset_gather(&train, perm + (k * W + (uint32_t)rank) * B, B, x, y);
             loss_sum += ps_mlp_train_step(&tr.mlp, x, y, B, push_grad, &tr);
             loss_n++;
-            uint64_t want = m.job.consistency == PS_CONSIST_BSP ? step + 1 : 0;
-            pull_all(&tr, want, NULL);
+            /* Pushes complete when their step is applied; a refused push ends the run
+             * here instead of leaving the pulls for that step waiting. */
             for (int t = 0; t < tr.mlp.ntensors; t++) wait_op(&tr, &tr.push_ops[t], "push", t, NULL);
+            uint64_t want = m.job.consistency == PS_CONSIST_BSP ? step + 1 : 0;
+            if (!tr.failed) pull_all(&tr, want, NULL);
             if (tr.failed) {
                 fprintf(stderr, "psworker: rank %d: step %llu: %s\n", rank,
                         (unsigned long long)step, tr.err);

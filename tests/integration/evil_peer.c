@@ -13,7 +13,8 @@
  *   - a well-formed int8 push, which must be acknowledged (the refusals left the rank's slot
  *     free);
  * and pulls chunk 0 again: every value must be finite. Both well-formed pushes carry a zero
- * gradient. One line per step on stdout; psd's error text is quoted.
+ * gradient. One line per step on stdout (seconds since the start first); psd's error text is
+ * quoted. --case NAME sends only that malformed push (for reproducing one case by hand).
  *
  * Exit status: 0 when every check held, 1 when one did not, 2 on bad usage. Every wait is
  * bounded (WAIT_S). A test program: it reports, it never retries. */
@@ -503,9 +504,7 @@ static int run(peer_t *p, const ps_manifest_t *m, const char *only)
         return -1;
     }
     target_t t = {.rank = p->reply.rank};
-    char lanes[128];
-    ps_ucx_ep_lanes(p->ep, lanes, sizeof lanes);
-    say("evil_peer: hello: rank %d of %u (transports %s)", t.rank, p->reply.workers, lanes);
+    say("evil_peer: hello: rank %d of %u", t.rank, p->reply.workers);
 
     /* Declare the last weight as psworker does (worker/mlp.h, worker/psworker.c). */
     const ps_job_conf_t *j = &m->job;

@@ -1,56 +1,20 @@
 /* test_compression.c: gradient compression across real processes on 127.0.0.1: workers
  * pushing with different codecs end with the parameters of the single-process reference that
  * encodes each rank's gradient the same way, compression cuts the bytes pushed, a hostile peer's
- * malformed payloads are refused one by one without harming the job, and bad job.compression
- * keys are refused with FILE:LINE: KEY.
+ * malformed payloads are refused one by one without harming the job, two ASP workers with
+ * different codecs both finish, and bad job.compression keys are refused with FILE:LINE: KEY.
  *
  * The tests assert behaviour and byte counts, never timings: every wait is generous and only
  * bounds a hang (see CL_BUDGET_S in cluster.h). */
 #include <check.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cluster.h"
-
-/* Upper bounds for one wait; a test's budget (CL_BUDGET_S) caps them all. */
-#define READY_S 30.0 /* psd: listening */
-#define RUN_S 45.0   /* a worker's whole run, a psd's exit */
-
-#define EXPECT_EXIT(p, code)                                                                       \
-    do {                                                                                           \
-        int st_ = cl_wait((p), RUN_S);                                                             \
-        ck_assert_msg(st_ == (code),                                                               \
-                      "%s exited with status %d, want %d (-1: still running at the deadline); "    \
-                      "its log: %s",                                                               \
-                      (p)->name, st_, (code), cl_tail(p));                                         \
-    } while (0)
-
-#define EXPECT_LOG(p, needle)                                                                      \
-    do {                                                                                           \
-        char *log_ = cl_log(p);                                                                    \
-        int has_ = strstr(log_, (needle)) != NULL;                                                 \
-        free(log_);                                                                                \
-        ck_assert_msg(has_, "%s's log lacks \"%s\"; its log: %s", (p)->name, (needle),             \
-                      cl_tail(p));                                                                 \
-    } while (0)
-
-/* SIGTERM each psd; each must finish and exit 0. */
-static void stop_all(cl_proc_t **psd, int n)
-{
-    for (int i = 0; i < n; i++)
-        ck_assert_int_eq(cl_signal(psd[i], SIGTERM), 0);
-    for (int i = 0; i < n; i++)
-        EXPECT_EXIT(psd[i], 0);
-}
-
-static void expect_same_params(const char *a, const char *b, double rtol, double atol)
-{
-    char why[512];
-    int rc = cl_params_compare_files(a, b, rtol, atol, why, sizeof why);
-    ck_assert_msg(rc == 0, "%s vs %s: %s", a, b, why);
-}
+#include "expect.h"
 
 /* How many times @p needle occurs in @p p's log. */
 static int count_in_log(const cl_proc_t *p, const char *needle)
@@ -236,6 +200,54 @@ START_TEST(test_hostile_peer)
 }
 END_TEST
 
+/* ---- (e) ASP with compressed pushes from two workers ------------------------------------ */
+
+/* Every value of a PSPARAM1 file is finite. */
+static void expect_finite(const char *path)
+{
+    cl_params_t p;
+    char err[512];
+    ck_assert_msg(cl_params_read(&p, path, err, sizeof err) == 0, "%s", err);
+    for (uint32_t t = 0; t < p.ntensors; t++) {
+        uint64_t bad = 0;
+        for (uint64_t i = 0; i < p.t[t].numel; i++)
+            bad += !isfinite(p.t[t].v[i]);
+        ck_assert_msg(bad == 0, "%s: %s has %llu values that are not finite", path, p.t[t].name,
+                      (unsigned long long)bad);
+    }
+    cl_params_free(&p);
+}
+
+/* One shard, two ASP workers pushing the same chunks at once, rank 0 with topk:0.1 and rank 1
+ * with int8: shard updates overlap with pushes arriving for the chunks being updated. Both
+ * finish every step and end with finite parameters (ASP results depend on arrival order, so
+ * nothing more is compared). */
+START_TEST(test_asp_mixed_codecs)
+{
+    cl_conf_t k = {.shards = 1,
+                   .workers = 2,
+                   .consistency = "asp",
+                   .optimizer = "{name: adam, lr: 0.001}",
+                   .max_steps = 100,
+                   .batch_size = 32,
+                   .job_extra = "  compression: {codec: \"topk:0.1\", min_bytes: 0}\n"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    cl_proc_t *a = cl_worker_start(c, NULL, "a.params", false);
+    const char *xb[] = {"--codec", "int8", NULL};
+    cl_proc_t *b = cl_worker_spawn(c, NULL, "b.params", false, xb);
+    EXPECT_EXIT(a, 0);
+    EXPECT_EXIT(b, 0);
+    EXPECT_LOG(a, "after 100 steps");
+    EXPECT_LOG(b, "after 100 steps");
+    expect_finite(a->params);
+    expect_finite(b->params);
+    ck_assert_msg(cl_alive(psd), "psd died; its log: %s", cl_tail(psd));
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* ---- (d) bad compression settings -------------------------------------------------------- */
 
 /* psd and psworker exit 2 naming FILE:LINE: job.compression.KEY and the value. */
@@ -287,16 +299,6 @@ START_TEST(test_bad_codec_flag)
 }
 END_TEST
 
-static TCase *tcase(const char *name, const TTest *t)
-{
-    TCase *tc = tcase_create(name);
-    tcase_add_unchecked_fixture(tc, cl_base_setup, cl_base_teardown);
-    /* Only a backstop: each test bounds its own waits by CL_BUDGET_S. */
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, t);
-    return tc;
-}
-
 Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("compression");
@@ -304,6 +306,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("mixed_randomk_sign", test_mixed_randomk_sign));
     suite_add_tcase(s, tcase("topk_cuts_bytes", test_topk_cuts_bytes));
     suite_add_tcase(s, tcase("hostile_peer", test_hostile_peer));
+    suite_add_tcase(s, tcase("asp_mixed_codecs", test_asp_mixed_codecs));
     suite_add_tcase(s, tcase("bad_codec", test_bad_codec));
     suite_add_tcase(s, tcase("bad_pull", test_bad_pull));
     suite_add_tcase(s, tcase("bad_codec_flag", test_bad_codec_flag));
