@@ -155,12 +155,16 @@ int ps_msg_decode(ps_msg_t *m, const void *buf, size_t len, char *err, size_t er
             FAIL("tensor '%s' has %zu dimensions (1..%d allowed)", m->decl.name, d->n_shape,
                  PS_MAX_DIMS);
         m->decl.ndim = (int)d->n_shape;
+        uint64_t numel = 1;
         for (size_t i = 0; i < d->n_shape; i++) {
             if (d->shape[i] == 0) FAIL("tensor '%s' has a zero dimension", m->decl.name);
             m->decl.shape[i] = d->shape[i];
+            /* Checked at every factor: a product may not wrap past the limit. */
+            if (__builtin_mul_overflow(numel, (uint64_t)d->shape[i], &numel) ||
+                numel > PS_MAX_TENSOR_VALUES)
+                FAIL("tensor '%s' is larger than %llu values", m->decl.name,
+                     (unsigned long long)PS_MAX_TENSOR_VALUES);
         }
-        if (ps_decl_numel(&m->decl) > (1ull << 34))
-            FAIL("tensor '%s' is larger than 2^34 values", m->decl.name);
         if (d->init > 3) FAIL("tensor '%s' has unknown initializer %u", m->decl.name, d->init);
         m->decl.init = d->init;
         m->decl.init_arg = d->init_arg;

@@ -13,6 +13,7 @@
 #define PS_WIRE_HDR_MAX 1024 /* largest header we send or accept (UCX allows 8100 B) */
 #define PS_NAME_MAX 128
 #define PS_MAX_DIMS 4
+#define PS_MAX_TENSOR_VALUES (1ull << 34) /* per tensor (64 GiB of fp32) */
 
 /* UCP Active Message ids. */
 enum { PS_AM_CTRL = 1, PS_AM_DATA = 2 };

@@ -121,6 +121,14 @@ START_TEST(invalid_fields_rejected)
     ck_assert_int_eq(ps_msg_decode(&d, buf, len, err, sizeof err), PS_EPROTO);
     ck_assert_ptr_nonnull(strstr(err, "zero dimension"));
 
+    /* 65536^4 wraps a 64-bit product to 0: refused, not taken for an empty tensor. */
+    m = sample();
+    m.decl.ndim = 4;
+    for (int i = 0; i < 4; i++) m.decl.shape[i] = 65536;
+    ck_assert_int_eq(ps_msg_encode(&m, buf, sizeof buf, &len), 0);
+    ck_assert_int_eq(ps_msg_decode(&d, buf, len, err, sizeof err), PS_EPROTO);
+    ck_assert_ptr_nonnull(strstr(err, "larger than"));
+
     m = sample();
     m.type = (ps_msg_type_t)42;
     ck_assert_int_eq(ps_msg_encode(&m, buf, sizeof buf, &len), 0);
