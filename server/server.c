@@ -35,8 +35,7 @@ void psd_conn_unref(psd_conn_t *c)
 
 static void conn_release_rank(psd_server_t *srv, psd_conn_t *c)
 {
-    if (srv->shard == 0 && c->rank >= 0 && (uint32_t)c->rank < srv->workers &&
-        srv->rank_owner[c->rank] == c) {
+    if (c->rank >= 0 && (uint32_t)c->rank < srv->workers && srv->rank_owner[c->rank] == c) {
         srv->rank_owner[c->rank] = NULL;
         PS_LOG(PS_LOG_INFO, "server", "rank %d (pid %u) left", c->rank, c->pid);
     }
@@ -226,6 +225,17 @@ static void on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
         psd_send_error(srv, c, msg->req_id, PS_EPROTO, "rank %d out of range [0, %u)", rank,
                        srv->workers);
         return;
+    } else {
+        /* Shard 0 granted this rank: an older connection claiming it is stale (its worker
+         * was dropped and replaced); the newest hello wins. */
+        psd_conn_t *old = srv->rank_owner[rank];
+        if (old && old != c && !old->dead) {
+            PS_LOG(PS_LOG_WARN, "server", "rank %d moves from pid %u to pid %u; dropping the old "
+                   "connection", rank, old->pid, msg->pid);
+            old->dead = true;
+            old->close_queued = true;
+        }
+        srv->rank_owner[rank] = c;
     }
     c->rank = rank;
     c->pid = msg->pid;
@@ -347,6 +357,7 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     case PS_MSG_LEAVE:
         PS_LOG(PS_LOG_INFO, "server", "rank %d (pid %u) says leave", c->rank, c->pid);
         conn_release_rank(srv, c);
+        c->rank = -1; /* it may not push for that rank any more */
         break;
     default:
         psd_send_error(srv, c, msg.req_id, PS_EPROTO, "unexpected %s",
