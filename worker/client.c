@@ -2,6 +2,7 @@
  * the caller's thread submits operations through a locked queue and an async
  * handle and waits on a condition variable. */
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -105,6 +106,7 @@ struct ps_client_s {
     pthread_cond_t cv;
     ps_op_t *submit_head, *submit_tail;
     int started, start_rc;
+    volatile sig_atomic_t interrupted; /* ps_client_interrupt: pushes and pulls now fail */
     int joined;                 /* past the first hello: lost shards are reconnected */
     uint32_t reconnect_ms;      /* how long a lost shard may stay away */
 
@@ -338,6 +340,10 @@ static void start_op(ps_client_t *c, ps_op_t *op)
     op->next = c->inflight;
     c->inflight = op;
     op->ucx_refs++; /* held until the end: nothing completes the op halfway */
+    if (c->interrupted && op->type != OP_LEAVE && op->on_done == NULL) {
+        op_fail(op, PS_ECANCELED, "interrupted");
+        goto done;
+    }
     switch (op->type) {
     case OP_HELLO:
     case OP_DECLARE: {
@@ -365,6 +371,7 @@ static void start_op(ps_client_t *c, ps_op_t *op)
         break;
     }
     }
+done:
     op->ucx_refs--;
     op_maybe_complete(op);
 }
@@ -559,7 +566,21 @@ static int on_deferred(ps_ucx_t *u)
     return did;
 }
 
-static void on_wake(uv_async_t *h) { ps_ucx_progress(h->data); }
+static void on_wake(uv_async_t *h)
+{
+    ps_ucx_t *u = h->data;
+    ps_client_t *c = u->data;
+    if (c->interrupted) {
+        /* Everything in flight fails now (start_op fails what comes later). */
+        for (ps_op_t *op = c->inflight, *nx; op; op = nx) {
+            nx = op->next;
+            if (op->on_done) continue;
+            op_fail(op, PS_ECANCELED, "interrupted");
+            op_maybe_complete(op);
+        }
+    }
+    ps_ucx_progress(u);
+}
 
 /* ---- comm thread: receiving ------------------------------------------------- */
 
@@ -886,6 +907,12 @@ void ps_client_destroy(ps_client_t *c)
     free(c->tensors);
     free(c->shards);
     free(c);
+}
+
+void ps_client_interrupt(ps_client_t *c)
+{
+    c->interrupted = 1;
+    uv_async_send(&c->wake); /* async-signal-safe */
 }
 
 int ps_client_rank(const ps_client_t *c) { return c->rank; }

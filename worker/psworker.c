@@ -31,7 +31,13 @@ typedef struct {
 } trainer_t;
 
 static volatile sig_atomic_t g_stop;
-static void on_signal(int sig) { g_stop = sig; }
+static ps_client_t *volatile g_client;
+/* The step in flight is abandoned: its waits return at once and the worker leaves. */
+static void on_signal(int sig)
+{
+    g_stop = sig;
+    if (g_client) ps_client_interrupt(g_client);
+}
 
 static double now_s(void)
 {
@@ -224,6 +230,7 @@ int main(int argc, char **argv)
             goto out;
         }
         rank = ps_client_rank(tr.client);
+        g_client = tr.client;
         for (int t = 0; t < tr.mlp.ntensors; t++) {
             const ps_mlp_tensor_t *mt = &tr.mlp.tensors[t];
             ps_tensor_desc_t d = {.name = mt->name, .ndim = mt->ndim, .init = (int)mt->init,
@@ -290,6 +297,7 @@ int main(int argc, char **argv)
             for (int t = 0; t < tr.mlp.ntensors; t++) wait_op(&tr, &tr.push_ops[t], "push", t, NULL);
             uint64_t want = m.job.consistency == PS_CONSIST_BSP ? step + 1 : 0;
             if (!tr.failed) pull_all(&tr, want, NULL);
+            if (tr.failed && g_stop) break; /* abandoned the step: leave below */
             if (tr.failed) {
                 fprintf(stderr, "psworker: rank %d: step %llu: %s\n", rank,
                         (unsigned long long)step, tr.err);
@@ -369,6 +377,7 @@ out_free:
 out:
     for (int t = 0; t < tr.mlp.ntensors; t++)
         if (tr.push_ops[t]) ps_op_wait(tr.push_ops[t], NULL);
+    g_client = NULL;
     ps_client_destroy(tr.client);
     if (metrics) fclose(metrics);
     ps_local_destroy(&tr.local);

@@ -118,6 +118,24 @@ START_TEST(test_worker_killed_and_replaced)
 }
 END_TEST
 
+/* SIGTERM reaches a worker that waits on a step nobody can complete (the second worker of
+ * a BSP job never came): it abandons the step, says leave and exits 128 + SIGTERM. */
+START_TEST(test_sigterm_stuck_worker)
+{
+    cl_conf_t k = {.shards = 1, .workers = 2, .max_steps = 100};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    ck_assert_msg(cl_wait_log(w, "joined at step", RUN_S) == 0, "never joined: %s", cl_tail(w));
+    ck_assert_int_eq(cl_signal(w, SIGTERM), 0);
+    EXPECT_EXIT(w, 128 + SIGTERM);
+    EXPECT_LOG(w, "stopped by signal at step 0");
+    ck_assert_msg(cl_wait_log(psd, "says leave", RUN_S) == 0, "no leave: %s", cl_tail(psd));
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("faults");
@@ -125,5 +143,6 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("psd_crash_shard", test_psd_crash_shard));
     suite_add_tcase(s, tcase("sigstop_worker", test_sigstop_worker));
     suite_add_tcase(s, tcase("worker_killed_and_replaced", test_worker_killed_and_replaced));
+    suite_add_tcase(s, tcase("sigterm_stuck_worker", test_sigterm_stuck_worker));
     return s;
 }

@@ -54,6 +54,14 @@ typedef struct {
 int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts,
                      ps_client_t **out, char *err, size_t errlen);
 
+/**
+ * @brief Fail every operation in flight, and every one started later, with PS_ECANCELED (their
+ * waits return at once), e.g. to stop a worker waiting on a cluster that cannot make progress.
+ * Safe to call from a signal handler. Afterwards the client is only good for
+ * ps_client_destroy (which still says leave).
+ */
+void ps_client_interrupt(ps_client_t *c);
+
 /** @brief Leave the cluster, close the connections, stop the thread and free the client.
  *  Outstanding handles must have been waited on. NULL is a no-op. */
 void ps_client_destroy(ps_client_t *c);
