@@ -106,6 +106,10 @@ awk -F'\t' -v epochs="$epochs" -v seeds="$seeds" '
             c = names[i]; m = s[c] / n[c]; bb = b[c] / n[c]
             printf "| %s | %.4f | %.4f..%.4f | %+.2f | %.0f | %.1f%% | %.2f |\n", c, m, lo[c], hi[c], (m - acc0) * 100, bb, (1 - bb / base) * 100, t[c] / n[c]
         }
+        printf "\nEvery codec runs the same seeds as fp32, so \"vs fp32\" is the mean paired difference. "
+        printf "The seeds alone spread fp32 over %.2f pp (min..max), so differences of a tenth of a "
+        printf "point need more seeds to resolve. Bytes are exact counts from the workers; seconds "
+        printf "per epoch are wall time on a shared 2-core machine and move with whatever else runs.\n", (hi["fp32"] - lo["fp32"]) * 100
     }' "$results" >"$out"
 echo "wrote $out"
 cat "$out"
