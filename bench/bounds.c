@@ -1,0 +1,266 @@
+/* bounds.c: the limits psbench compares psd with (see bounds.h). */
+#include "bounds.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "proc.h"
+#include "ps/ps_error.h"
+#include "report.h"
+#include "store.h"
+
+/* ---- ucx_perftest -------------------------------------------------------------------------- */
+
+int pb_perftest_run(const char *perftest, const char *test, uint64_t size, uint64_t iters,
+                    double percentile, bool sleep_mode, double timeout_s, char *const env[],
+                    double *out, char *err, size_t errlen)
+{
+    char port[16], sz[32], n[32], w[32], pct[32];
+    snprintf(port, sizeof port, "%u", pb_pick_port());
+    snprintf(sz, sizeof sz, "%llu", (unsigned long long)size);
+    snprintf(n, sizeof n, "%llu", (unsigned long long)iters);
+    snprintf(w, sizeof w, "%llu", (unsigned long long)(iters / 10 + 1));
+    snprintf(pct, sizeof pct, "%g", percentile);
+    bool lat = strstr(test, "lat") != NULL;
+    /* Both sides get the same options; -e: endpoints with error handling (PEER), as psd's. */
+    char *srv_argv[16], *cli_argv[24];
+    int ns = 0, nc = 0;
+    srv_argv[ns++] = (char *)perftest;
+    cli_argv[nc++] = (char *)perftest;
+    cli_argv[nc++] = "127.0.0.1";
+    char *common[] = {"-p", port, "-t", (char *)test, "-s", sz, "-n", n, "-w", w, "-e"};
+    for (size_t i = 0; i < sizeof common / sizeof *common; i++)
+        srv_argv[ns++] = cli_argv[nc++] = common[i];
+    if (sleep_mode) {
+        /* Wait on the worker's event fd instead of polling (needs the wakeup feature). */
+        char *wait[] = {"-E", "sleep", "-I"};
+        for (size_t i = 0; i < 3; i++)
+            srv_argv[ns++] = cli_argv[nc++] = wait[i];
+    }
+    srv_argv[ns] = NULL;
+    cli_argv[nc++] = "-f";
+    cli_argv[nc++] = "-v";
+    if (lat) {
+        cli_argv[nc++] = "-R";
+        cli_argv[nc++] = pct;
+    }
+    cli_argv[nc] = NULL;
+    pb_proc_t *srv = pb_spawn("perftest-server", srv_argv, env, false, false);
+    double end = pb_now() + 10;
+    while (!pb_port_listening((uint16_t)atoi(port))) {
+        if (pb_proc_wait(srv, 0.005) >= 0 || pb_now() > end) {
+            snprintf(err, errlen, "ucx_perftest server did not listen on port %s: %s", port,
+                     pb_proc_tail(srv, 600));
+            pb_proc_free(srv);
+            return -1;
+        }
+    }
+    pb_proc_t *cli = pb_spawn("perftest-client", cli_argv, env, false, true);
+    char line[512], last[512] = "";
+    bool to;
+    double end_by = pb_now() + timeout_s;
+    while (pb_proc_readline(cli, line, sizeof line, end_by - pb_now(), &to) == 0) {
+        const char *l = line + strspn(line, " \t");
+        if (*l >= '0' && *l <= '9' && strchr(l, ',')) snprintf(last, sizeof last, "%s", l);
+    }
+    if (to) {
+        snprintf(err, errlen, "ucx_perftest %s -s %s -n %s: no result within %.0f s", test, sz, n,
+                 timeout_s);
+        pb_proc_free(cli);
+        pb_proc_free(srv);
+        return -2;
+    }
+    int rc = 0;
+    /* iterations,50.0_percentile_lat,avg_lat,overall_lat,avg_bw,overall_bw,avg_mr,overall_mr
+     * latencies in us (one way for *_lat tests), bandwidths in MB/s of 2^20 bytes. */
+    double it, p50, avg_lat, all_lat, avg_bw, all_bw;
+    if (sscanf(last, "%lf,%lf,%lf,%lf,%lf,%lf", &it, &p50, &avg_lat, &all_lat, &avg_bw, &all_bw) !=
+        6) {
+        snprintf(err, errlen, "ucx_perftest %s -s %s: no result line; client log: %s", test, sz,
+                 pb_proc_tail(cli, 600));
+        rc = -1;
+    } else {
+        *out = lat ? p50 : all_bw * 1048576.0 / 1e9;
+    }
+    if (pb_proc_wait(cli, 10) != 0 && rc == 0) {
+        snprintf(err, errlen, "ucx_perftest client failed: %s", pb_proc_tail(cli, 600));
+        rc = -1;
+    }
+    pb_proc_wait(srv, 5);
+    pb_proc_free(cli);
+    pb_proc_free(srv);
+    return rc;
+}
+
+/* ---- memcpy -------------------------------------------------------------------------------- */
+
+static void *xmalloc_touched(size_t n, int byte)
+{
+    void *p = malloc(n ? n : 1);
+    if (p == NULL) pb_die("out of memory (%zu bytes)", n);
+    memset(p, byte, n);
+    return p;
+}
+
+/* Keeps the compiler from dropping copies nobody reads. */
+static volatile unsigned char g_sink;
+
+double pb_memcpy_gbps(uint64_t size, double seconds)
+{
+    unsigned char *src = xmalloc_touched(size, 1), *dst = xmalloc_touched(size, 2);
+    /* Batches of copies between clock reads, so that 4 KiB copies are not timed one by one. */
+    uint64_t batch = (64u << 20) / size;
+    if (batch < 1) batch = 1;
+    uint64_t copies = 0;
+    double t0 = pb_now(), t;
+    do {
+        for (uint64_t i = 0; i < batch; i++) {
+            memcpy(dst, src, size);
+            src[i % size] ^= dst[(i * 7) % size]; /* a dependency: each copy happens */
+        }
+        copies += batch;
+        if (pb_interrupted) pb_die("interrupted");
+        t = pb_now();
+    } while (t - t0 < seconds || copies < 3);
+    g_sink = dst[size / 2];
+    free(src);
+    free(dst);
+    return (double)copies * (double)size / (t - t0) / 1e9;
+}
+
+/* ---- optimizers in RAM --------------------------------------------------------------------- */
+
+static psk_optim_t optim_conf(psk_optim_kind_t kind)
+{
+    return (psk_optim_t){.kind = kind,
+                         .lr = 1e-3f,
+                         .beta1 = 0.9f,
+                         .beta2 = 0.999f,
+                         .eps = 1e-8f,
+                         .momentum = 0.9f,
+                         .weight_decay = kind == PSK_ADAMW ? 0.01f : 0.0f};
+}
+
+static float *floats(size_t n, float v)
+{
+    float *p = malloc((n ? n : 1) * sizeof *p);
+    if (p == NULL) pb_die("out of memory (%zu floats)", n);
+    for (size_t i = 0; i < n; i++)
+        p[i] = v;
+    return p;
+}
+
+double pb_optim_ram_gbps(psk_optim_kind_t kind, uint64_t size, double seconds, bool out_of_place)
+{
+    size_t n = size / 4, k = (size_t)psk_optim_state_count(kind);
+    float *p[2] = {floats(n, 0.01f), out_of_place ? floats(n, 0.01f) : NULL};
+    float *s[2] = {k ? floats(k * n, 0.0f) : NULL, k && out_of_place ? floats(k * n, 0.0f) : NULL};
+    float *g = floats(n, 1e-3f);
+    psk_optim_t o = optim_conf(kind);
+    uint64_t steps = 0;
+    double t0 = pb_now(), t;
+    do {
+        int a = out_of_place ? (int)(steps & 1) : 0, b = out_of_place ? 1 - a : 0;
+        psk_optim_apply_cpu(p[b], s[b], p[a], s[a], g, 1.0f, n, steps + 1, &o);
+        steps++;
+        if (pb_interrupted) pb_die("interrupted");
+        t = pb_now();
+    } while (t - t0 < seconds || steps < 3);
+    for (int i = 0; i < 2; i++) {
+        free(p[i]);
+        free(s[i]);
+    }
+    free(g);
+    return (double)steps * (double)size / (t - t0) / 1e9;
+}
+
+/* ---- optimizers through the store ---------------------------------------------------------- */
+
+int pb_store_apply(const char *dir, psk_optim_kind_t kind, uint64_t size, uint64_t chunk_bytes,
+                   double seconds, pb_store_apply_t *out, char *err, size_t errlen)
+{
+    uint32_t nstate = (uint32_t)psk_optim_state_count(kind);
+    uint64_t numel = size / 4, chunk_elems = chunk_bytes / 4;
+    uint32_t nchunks = (uint32_t)((numel + chunk_elems - 1) / chunk_elems);
+    /* Copy-on-write keeps about three versions of each record (PLATFORM-NOTES.md section 4). */
+    uint64_t map_mb = (size * (1 + nstate) * 4 >> 20) + 64;
+    psd_store_t st;
+    int rc = psd_store_open(&st, dir, map_mb, "psbench", chunk_bytes, nstate, err, errlen);
+    if (rc) return -1;
+    float *g = floats(chunk_elems, 1e-3f);
+    psk_optim_t o = optim_conf(kind);
+    psd_wtxn_t tx;
+    /* Create the records, as a declaration does. */
+    rc = psd_store_begin(&st, &tx);
+    for (uint32_t c = 0; rc == 0 && c < nchunks; c++) {
+        uint32_t n = (uint32_t)(numel - (uint64_t)c * chunk_elems < chunk_elems
+                                    ? numel - (uint64_t)c * chunk_elems
+                                    : chunk_elems);
+        psd_chunk_hdr_t *h;
+        rc = psd_store_chunk_reserve(&tx, 0, c, n, nstate, &h);
+        if (rc) break;
+        *h = (psd_chunk_hdr_t){.version = 0, .n = n, .nstate = nstate};
+        memset(psd_chunk_params(h), 0, (size_t)n * (1 + nstate) * 4);
+    }
+    if (rc == 0) rc = psd_store_commit(&tx);
+    double *times = NULL;
+    size_t ntimes = 0, cap = 0;
+    double t_kernel = 0, t_commit = 0, t_total = 0;
+    double start = pb_now();
+    /* Warm-up steps first: the first steps grow the map (PLATFORM-NOTES.md section 4). */
+    const int warm = 3;
+    for (uint64_t step = 0; rc == 0; step++) {
+        double t0 = pb_now(), tk = 0;
+        rc = psd_store_begin(&st, &tx);
+        for (uint32_t c = 0; rc == 0 && c < nchunks; c++) {
+            const psd_chunk_hdr_t *old;
+            psd_chunk_hdr_t *h;
+            rc = psd_store_chunk_get(&st, tx.r, 0, c, &old);
+            if (rc == 0) rc = psd_store_chunk_reserve(&tx, 0, c, old->n, nstate, &h);
+            if (rc) break;
+            *h = *old;
+            double k0 = pb_now();
+            psk_optim_apply_cpu(
+                psd_chunk_params(h), psd_chunk_state(h), psd_chunk_params((psd_chunk_hdr_t *)old),
+                psd_chunk_state((psd_chunk_hdr_t *)old), g, 1.0f, old->n, h->version + 1, &o);
+            tk += pb_now() - k0;
+            h->version++;
+        }
+        double c0 = pb_now();
+        if (rc == 0)
+            rc = psd_store_commit(&tx);
+        else
+            psd_store_abort(&tx);
+        double t1 = pb_now();
+        if (rc) break;
+        if (step >= warm) {
+            if (ntimes == cap) {
+                cap = cap ? 2 * cap : 64;
+                double *nt = realloc(times, cap * sizeof *nt);
+                if (nt == NULL) pb_die("out of memory");
+                times = nt;
+            }
+            times[ntimes++] = t1 - t0;
+            t_kernel += tk;
+            t_commit += t1 - c0;
+            t_total += t1 - t0;
+        }
+        if (pb_interrupted) pb_die("interrupted");
+        if (step >= warm + 2 && t1 - start >= seconds) break;
+    }
+    if (rc) snprintf(err, errlen, "%s: store apply failed: %s", dir, ps_strerror(rc));
+    psd_store_close(&st);
+    free(g);
+    if (rc == 0) {
+        out->steps = ntimes;
+        out->gbps = (double)ntimes * (double)size / t_total / 1e9;
+        out->step_us = pb_quantile(times, ntimes, 0.5) * 1e6;
+        out->kernel_share = t_kernel / t_total;
+        out->commit_share = t_commit / t_total;
+    }
+    free(times);
+    return rc ? -1 : 0;
+}

@@ -1,0 +1,61 @@
+/* bounds.h: what psbench compares psd with, measured in the same run: ucx_perftest on the
+ * transport psd uses, memcpy bandwidth, the optimizers' fused loops on one thread in RAM, and
+ * the optimizer applied through psd's own LMDB store module in this process (no transport),
+ * the way a shard applies a step. */
+#ifndef PB_BOUNDS_H
+#define PB_BOUNDS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "optim.h"
+
+typedef struct {
+    double bw_gbps; /* ucp_am_bw: overall bandwidth, 10^9 B/s */
+    double lat_p50; /* ucp_am_lat: one-way latency (half a round trip), us */
+    double lat_p99;
+} pb_perftest_t;
+
+/**
+ * @brief Run ucx_perftest (a server and a client on 127.0.0.1) for @p test ("ucp_am_bw" or
+ *  "ucp_am_lat") with @p size byte messages, error handling PEER (-e) as psd uses, and the
+ *  UCX environment @p env ("NAME=VALUE", NULL-terminated).
+ * @param percentile for latency tests: the rank to report (50, 99).
+ * @param sleep_mode wait on the event fd (-E sleep -I) instead of busy polling.
+ * @param timeout_s how long the run may take; both processes are killed after it.
+ * @param[out] out bandwidth in GB/s, or latency in us.
+ * @return 0, -2 on timeout, or -1 (failed); @p err says why.
+ */
+int pb_perftest_run(const char *perftest, const char *test, uint64_t size, uint64_t iters,
+                    double percentile, bool sleep_mode, double timeout_s, char *const env[],
+                    double *out, char *err, size_t errlen);
+
+/** @brief memcpy bandwidth (bytes copied per second, 10^9) of @p size byte buffers, for about
+ *  @p seconds. */
+double pb_memcpy_gbps(uint64_t size, double seconds);
+
+/** @brief The fused optimizer loop on malloc'd arrays of @p size parameter bytes, one thread:
+ *  parameter bytes per second (10^9). In place, or (@p out_of_place) alternating between two
+ *  sets of buffers as a copy-on-write store does. */
+double pb_optim_ram_gbps(psk_optim_kind_t kind, uint64_t size, double seconds, bool out_of_place);
+
+typedef struct {
+    double gbps;         /* parameter bytes applied per second, the whole step */
+    double step_us;      /* median step time */
+    double kernel_share; /* fraction of the step spent in psk_optim_apply_cpu */
+    double commit_share; /* fraction spent in mdb_txn_commit */
+    uint64_t steps;
+} pb_store_apply_t;
+
+/**
+ * @brief Apply @p kind to a @p size byte tensor through psd's store (server/store.h) in
+ *  @p dir: per step one write transaction; per chunk of @p chunk_bytes the old record from the
+ *  read snapshot, a new one from MDB_RESERVE, psk_optim_apply_cpu old -> new, then commit.
+ *  That is what a shard's apply job does for one worker (shard.c run_apply).
+ * @return 0, or -1 with @p err filled.
+ */
+int pb_store_apply(const char *dir, psk_optim_kind_t kind, uint64_t size, uint64_t chunk_bytes,
+                   double seconds, pb_store_apply_t *out, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,204 @@
+/* client.c: psbench's client role (see client.h). */
+#include "client.h"
+
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ps/ps_client.h"
+#include "ps/ps_log.h"
+
+#define MAX_SIZES 32
+
+typedef struct {
+    ps_client_t *c;
+    uint64_t size[MAX_SIZES];
+    uint32_t id[MAX_SIZES];
+    int nsizes;
+    float *grad, *dst; /* sized for the largest tensor used so far */
+    uint64_t cap;
+    uint64_t version; /* round: the tensor's current step */
+} client_t;
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* The protocol's stream: the original stdout. Anything else that writes to stdout (UCX prints
+ * its warnings there) goes to stderr instead. */
+static FILE *g_out;
+
+static void fail(client_t *k, const char *what, int rc)
+{
+    fprintf(g_out, "error %s: %s (%s)\n", what, k->c ? ps_client_error(k->c) : "", ps_strerror(rc));
+    fflush(g_out);
+    exit(1); /* the shards see the connection drop; psbench stops everything */
+}
+
+static int tensor_index(client_t *k, uint64_t size)
+{
+    for (int i = 0; i < k->nsizes; i++)
+        if (k->size[i] == size) return i;
+    return -1;
+}
+
+static void ensure_buffers(client_t *k, uint64_t size)
+{
+    if (size <= k->cap) return;
+    free(k->grad);
+    free(k->dst);
+    size_t n = size / 4;
+    k->grad = malloc(size);
+    k->dst = malloc(size);
+    if (k->grad == NULL || k->dst == NULL) fail(k, "buffers", PS_ENOMEM);
+    for (size_t i = 0; i < n; i++) {
+        k->grad[i] = 1e-3f;
+        k->dst[i] = 0.0f; /* touched now, not inside the timed loop */
+    }
+    k->cap = size;
+}
+
+/* One iteration of @p op on tensor @p id. */
+static void one(client_t *k, const char *op, uint32_t id)
+{
+    ps_op_t *a, *b;
+    int rc;
+    if (strcmp(op, "push") == 0) {
+        if ((rc = ps_client_push(k->c, id, k->grad, k->version, &a)) != 0) fail(k, "push", rc);
+        if ((rc = ps_op_wait(a, NULL)) != 0) fail(k, "push", rc);
+        k->version++; /* bsp: the ack means the step is committed; asp ignores the step */
+    } else if (strcmp(op, "pull") == 0) {
+        if ((rc = ps_client_pull(k->c, id, k->dst, 0, &a)) != 0) fail(k, "pull", rc);
+        if ((rc = ps_op_wait(a, NULL)) != 0) fail(k, "pull", rc);
+    } else {
+        if ((rc = ps_client_push(k->c, id, k->grad, k->version, &a)) != 0)
+            fail(k, "round push", rc);
+        if ((rc = ps_client_pull(k->c, id, k->dst, k->version + 1, &b)) != 0) {
+            ps_op_wait(a, NULL);
+            fail(k, "round pull", rc);
+        }
+        int ra = ps_op_wait(a, NULL), rb = ps_op_wait(b, NULL);
+        if (ra) fail(k, "round push", ra);
+        if (rb) fail(k, "round pull", rb);
+        k->version++;
+    }
+}
+
+int pb_client_main(int argc, char **argv)
+{
+    static const struct option opts[] = {{"client", no_argument, 0, 'c'},
+                                         {"manifest", required_argument, 0, 'm'},
+                                         {"sizes", required_argument, 0, 's'},
+                                         {0, 0, 0, 0}};
+    client_t k = {0};
+    const char *manifest = NULL;
+    int o;
+    while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        if (o == 'm') manifest = optarg;
+        if (o == 's') {
+            char *save = NULL, *list = strdup(optarg);
+            for (char *t = strtok_r(list, ",", &save); t && k.nsizes < MAX_SIZES;
+                 t = strtok_r(NULL, ",", &save))
+                k.size[k.nsizes++] = strtoull(t, NULL, 10);
+            free(list);
+        }
+        if (o == '?') return 2;
+    }
+    if (manifest == NULL || k.nsizes == 0) {
+        fprintf(stderr, "psbench --client: --manifest and --sizes are required\n");
+        return 2;
+    }
+    int proto = dup(1);
+    if (proto < 0 || dup2(2, 1) < 0 || (g_out = fdopen(proto, "w")) == NULL) {
+        perror("psbench --client: stdout");
+        return 1;
+    }
+    if (getenv("PS_LOG_LEVEL") == NULL) ps_log_set_level("warn");
+    char err[1024];
+    ps_client_opts_t co = {.field_mask = PS_CLIENT_OPT_CONNECT_TIMEOUT,
+                           .connect_timeout_ms = 30000};
+    int rc = ps_client_create(manifest, &co, &k.c, err, sizeof err);
+    if (rc) {
+        fprintf(g_out, "error cannot join: %s\n", err);
+        return 1;
+    }
+    for (int i = 0; i < k.nsizes; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "psbench.%" PRIu64, k.size[i]);
+        ps_tensor_desc_t d = {.name = name,
+                              .shape = {(uint32_t)(k.size[i] / 4)},
+                              .ndim = 1,
+                              .init = 0,
+                              .seed = 1,
+                              .total_steps = 1000000};
+        if ((rc = ps_client_declare(k.c, &d, &k.id[i])) != 0) fail(&k, "declare", rc);
+    }
+    fprintf(g_out, "ready %d\n", ps_client_rank(k.c));
+    fflush(g_out);
+
+    char line[256], op[16] = "";
+    int cur = -1;
+    while (fgets(line, sizeof line, stdin)) {
+        uint64_t size, warm, iters;
+        if (sscanf(line, "case %15s %" SCNu64 " %" SCNu64, op, &size, &warm) == 3) {
+            cur = tensor_index(&k, size);
+            if (cur < 0 || (strcmp(op, "push") && strcmp(op, "pull") && strcmp(op, "round"))) {
+                fprintf(g_out, "error bad case: %s", line);
+                fflush(g_out);
+                break;
+            }
+            ensure_buffers(&k, size);
+            if (strcmp(op, "pull") != 0) {
+                ps_op_t *a;
+                if ((rc = ps_client_pull(k.c, k.id[cur], k.dst, 0, &a)) != 0 ||
+                    (rc = ps_op_wait(a, &k.version)) != 0)
+                    fail(&k, "pull for the version", rc);
+            }
+            /* The mean of the second half: the first iterations fault pages in. */
+            uint64_t t0 = now_ns();
+            for (uint64_t i = 0; i < warm; i++) {
+                if (i == warm / 2) t0 = now_ns();
+                one(&k, op, k.id[cur]);
+            }
+            uint64_t half = warm - warm / 2;
+            fprintf(g_out, "warm %" PRIu64 "\n", half ? (now_ns() - t0) / half : 0);
+            fflush(g_out);
+        } else if (sscanf(line, "run %" SCNu64, &iters) == 1 && cur >= 0) {
+            uint64_t *lat = malloc((iters ? iters : 1) * sizeof *lat);
+            if (lat == NULL) fail(&k, "latencies", PS_ENOMEM);
+            uint64_t t0 = now_ns();
+            for (uint64_t i = 0; i < iters; i++) {
+                uint64_t s = now_ns();
+                one(&k, op, k.id[cur]);
+                lat[i] = now_ns() - s;
+            }
+            uint64_t t1 = now_ns();
+            for (uint64_t i = 0; i < iters; i += 500) {
+                fputs("lat", g_out);
+                for (uint64_t j = i; j < iters && j < i + 500; j++)
+                    fprintf(g_out, " %" PRIu64, lat[j]);
+                fputc('\n', g_out);
+            }
+            fprintf(g_out, "res %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", t0, t1, iters);
+            fflush(g_out);
+            free(lat);
+        } else if (strncmp(line, "quit", 4) == 0) {
+            break;
+        } else {
+            fprintf(g_out, "error unknown command: %s", line);
+            fflush(g_out);
+            break;
+        }
+    }
+    ps_client_destroy(k.c);
+    free(k.grad);
+    free(k.dst);
+    return 0;
+}

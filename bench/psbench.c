@@ -1,0 +1,710 @@
+/* psbench.c: psd's benchmark. Starts its own psd shards and client processes on 127.0.0.1 and
+ * measures push, pull and the BSP round (push + pull) of one dense tensor split over the
+ * shards, the optimizers' apply, and a full BSP step with adam; the same run measures the
+ * limits they are compared with (ucx_perftest with psd's UCX settings, memcpy, the optimizers
+ * in RAM). Prints a table and optionally writes JSON. See docs/PERFORMANCE.md. */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/utsname.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bounds.h"
+#include "client.h"
+#include "cluster.h"
+#include "manifest.h"
+#include "proc.h"
+#include "report.h"
+
+#ifndef PSBENCH_PSD
+#define PSBENCH_PSD "psd"
+#endif
+
+#define MIB (1024u * 1024u)
+
+static const char *const optim_names[] = {"sgd", "momentum", "adam", "adamw"};
+
+enum { PART_LIMITS = 1, PART_OPS = 2, PART_APPLY = 4, PART_STEP = 8, PART_ALL = 15 };
+
+typedef struct {
+    bool quick;
+    bool asp_push; /* push under asp (as the issue suggests) instead of bsp */
+    unsigned only; /* PART_* bits to run */
+    uint64_t sizes[PB_MAX_SIZES];
+    int nsizes;
+    int layouts[4][2]; /* shards, workers */
+    int nlayouts;
+    const char *transports[2];
+    int ntransports;
+    uint64_t chunk_bytes, map_size_mb;
+    const char *json, *markdown, *psd, *perftest;
+    char self[PB_PATH];
+    /* Timing. */
+    double case_s; /* target time of one timed case */
+    uint64_t min_iters, max_iters;
+    double limit_s;          /* memcpy / in-RAM loops per measurement */
+    uint64_t perftest_bytes; /* ucp_am_bw: bytes per run (ucp_am_lat: 1/16 of it) */
+    uint64_t apply_size;     /* the tensor of the apply measurements */
+    uint64_t step_size;      /* the BSP step's model */
+    int cluster_id;
+} bench_t;
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: psbench [--manifest FILE | --shards S --workers W] [--sizes LIST]\n"
+               "               [--transports shm,tcp] [--json FILE] [--markdown FILE] [--quick]\n"
+               "               [--asp-push] [--only limits,ops,apply,step] [--psd PATH]\n"
+               "               [--perftest PATH]\n"
+               "Starts psd shards and client processes on 127.0.0.1 (data under /dev/shm) and\n"
+               "measures push, pull and push+pull rounds of one dense tensor, the optimizers'\n"
+               "apply and a BSP step with adam, beside ucx_perftest, memcpy and the optimizers in\n"
+               "RAM measured in the same run. LIST: sizes like 4K,64K,1M (bytes, multiples of 4).\n"
+               "Without --manifest/--shards the layouts are 1x1, 2x2, 4x4 (shards x workers).\n"
+               "--manifest takes its shards, job.workers, chunk_bytes and map_size_mb (psbench\n"
+               "still starts its own processes, on its own ports and data_dirs).\n"
+               "--quick: sizes up to 16 MiB, layouts 1x1 and 2x2, fewer iterations (< 2 min).\n"
+               "--asp-push: measure push (and pull) in an asp cluster, each push applied on\n"
+               "arrival, instead of bsp steps without pulls.\n"
+               "--only: run some parts (default all); ratios need the limits part.\n");
+}
+
+static uint64_t parse_size(const char *s)
+{
+    char *end;
+    double v = strtod(s, &end);
+    uint64_t mult = 1;
+    if (*end == 'K' || *end == 'k')
+        mult = 1024, end++;
+    else if (*end == 'M' || *end == 'm')
+        mult = MIB, end++;
+    else if (*end == 'G' || *end == 'g')
+        mult = 1024u * MIB, end++;
+    if (*end == 'i') end++;
+    if (*end == 'B') end++;
+    uint64_t b = (uint64_t)(v * (double)mult);
+    if (end == s || *end != '\0' || b < 4 || b % 4 != 0 || b > 1024u * MIB)
+        pb_die("bad size '%s': bytes (K, M suffixes), a multiple of 4, at most 1 GiB", s);
+    return b;
+}
+
+static uint64_t clampu(uint64_t v, uint64_t lo, uint64_t hi)
+{
+    return v < lo ? lo : v > hi ? hi : v;
+}
+
+/* ---- limits -------------------------------------------------------------------------------- */
+
+static void progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void progress(const char *fmt, ...)
+{
+    static double t0;
+    if (t0 == 0) t0 = pb_now();
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "psbench: [%5.1fs] ", pb_now() - t0);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+/* One ucx_perftest measurement. A busy-polling ping-pong crawls when the host is busy (each
+ * side waits for a scheduler slice), so a run that overstays its time is retried with an
+ * eighth of the iterations, twice at most. */
+static double perftest(bench_t *b, const char *test, uint64_t size, uint64_t *iters, double pct,
+                       bool sleep_mode, char *const env[])
+{
+    char err[2048];
+    for (int attempt = 0;; attempt++) {
+        double v;
+        int rc = pb_perftest_run(b->perftest, test, size, *iters, pct, sleep_mode,
+                                 b->quick ? 5 : 30, env, &v, err, sizeof err);
+        if (rc == 0) return v;
+        if (rc != -2 || attempt == 2) pb_die("%s", err);
+        progress("%s; again with fewer iterations", err);
+        *iters = *iters / 8 > 5 ? *iters / 8 : 5;
+    }
+}
+
+static void measure_limits(bench_t *b)
+{
+    for (int i = 0; i < b->nsizes; i++) {
+        uint64_t s = b->sizes[i];
+        double v = pb_memcpy_gbps(s, b->limit_s / 2);
+        pb_result_t *r = pb_result_add("memcpy", PB_THROUGHPUT, s, 0, 0, "ram", v);
+        snprintf(r->note, sizeof r->note, "one thread, bytes copied per second");
+    }
+    progress("memcpy done");
+    char err[2048];
+    for (int t = 0; t < b->ntransports; t++) {
+        const char *tr = b->transports[t];
+        char *const *env = pb_transport_env(tr);
+        for (int i = 0; i < b->nsizes; i++) {
+            uint64_t s = b->sizes[i];
+            double bw, p50, p99;
+            uint64_t n_bw = clampu(b->perftest_bytes / s, 20, b->quick ? 10000 : 50000);
+            uint64_t n_lat = clampu(b->perftest_bytes / 16 / s, 10, b->quick ? 1000 : 10000);
+            /* A limit is the best the transport does: the best of a few runs (this host is
+             * shared; one run can be several times slower than the next). Busy-polling
+             * ping-pongs slow down badly when the two processes do not get a CPU each, hence
+             * the modest latency iteration counts. */
+            int reps = b->quick ? 2 : 3;
+            bw = 0;
+            p50 = p99 = INFINITY;
+            for (int rep = 0; rep < reps; rep++) {
+                double v = perftest(b, "ucp_am_bw", s, &n_bw, 50, false, env);
+                if (v > bw) bw = v;
+                v = perftest(b, "ucp_am_lat", s, &n_lat, 50, false, env);
+                if (v < p50) p50 = v;
+                v = perftest(b, "ucp_am_lat", s, &n_lat, 99, false, env);
+                if (v < p99) p99 = v;
+            }
+            pb_result_t *r = pb_result_add("ucp_am_bw", PB_THROUGHPUT, s, 0, 0, tr, bw);
+            r->iters = n_bw;
+            snprintf(r->note, sizeof r->note,
+                     "ucx_perftest -t ucp_am_bw -e (busy polling), best of %d runs, one pair",
+                     reps);
+            pb_result_t *m = pb_result_find("memcpy", PB_THROUGHPUT, s, "ram", NULL);
+            if (m) pb_result_limit(r, m->value, "memcpy");
+            r = pb_result_add("ucp_am_lat", PB_P50, s, 0, 0, tr, p50);
+            r->iters = n_lat;
+            snprintf(r->note, sizeof r->note,
+                     "ucx_perftest -t ucp_am_lat -e (busy polling): one way (half a round trip), "
+                     "best of %d runs",
+                     reps);
+            r = pb_result_add("ucp_am_lat", PB_P99, s, 0, 0, tr, p99);
+            r->iters = n_lat;
+            if (i == 0) {
+                /* Context: the same ping-pong when both sides sleep on the worker's event fd,
+                 * as psd and libps do. Not used as a limit. */
+                double v50 = INFINITY, v99 = INFINITY, v;
+                uint64_t n_w = n_lat;
+                for (int rep = 0; rep < reps; rep++) {
+                    v = perftest(b, "ucp_am_lat", s, &n_w, 50, true, env);
+                    if (v < v50) v50 = v;
+                    v = perftest(b, "ucp_am_lat", s, &n_w, 99, true, env);
+                    if (v < v99) v99 = v;
+                }
+                r = pb_result_add("ucp_am_lat_wakeup", PB_P50, s, 0, 0, tr, v50);
+                r->iters = n_w;
+                snprintf(r->note, sizeof r->note,
+                         "ucx_perftest -t ucp_am_lat -e -E sleep -I: one way, sleeping on the "
+                         "event fd as psd does; context, not a limit");
+                r = pb_result_add("ucp_am_lat_wakeup", PB_P99, s, 0, 0, tr, v99);
+                r->iters = n_w;
+            }
+        }
+        progress("ucx_perftest %s done", tr);
+    }
+    for (int k = 0; k < 4; k++) {
+        double in = pb_optim_ram_gbps((psk_optim_kind_t)k, b->apply_size, b->limit_s, false);
+        double out = pb_optim_ram_gbps((psk_optim_kind_t)k, b->apply_size, b->limit_s, true);
+        pb_result_t *r = pb_result_add("optim_ram", PB_THROUGHPUT, b->apply_size, 0, 0, "ram", in);
+        snprintf(r->optimizer, sizeof r->optimizer, "%s", optim_names[k]);
+        snprintf(r->note, sizeof r->note,
+                 "psk_optim_apply_cpu in place, one thread, malloc'd arrays");
+        r = pb_result_add("optim_ram_oop", PB_THROUGHPUT, b->apply_size, 0, 0, "ram", out);
+        snprintf(r->optimizer, sizeof r->optimizer, "%s", optim_names[k]);
+        snprintf(r->note, sizeof r->note, "out of place (copy, then update), as a store step does");
+        pb_result_limit(r, in, "optim_ram");
+    }
+    progress("optimizers in RAM done");
+    for (int k = 0; k < 4; k++) {
+        char dir[PB_PATH];
+        snprintf(dir, sizeof dir, "%s/store-%s", pb_tmpdir(), optim_names[k]);
+        pb_store_apply_t a;
+        if (pb_store_apply(dir, (psk_optim_kind_t)k, b->apply_size, b->chunk_bytes, b->limit_s * 2,
+                           &a, err, sizeof err))
+            pb_die("%s", err);
+        pb_rm_rf(dir);
+        pb_result_t *r =
+            pb_result_add("apply_store", PB_THROUGHPUT, b->apply_size, 1, 1, "ram", a.gbps);
+        snprintf(r->optimizer, sizeof r->optimizer, "%s", optim_names[k]);
+        r->iters = a.steps;
+        snprintf(r->note, sizeof r->note,
+                 "psd's store in-process, one txn per step, %s chunks: kernel %.0f%%, commit "
+                 "%.0f%%, step %.0f us",
+                 pb_size_str(b->chunk_bytes), 100 * a.kernel_share, 100 * a.commit_share,
+                 a.step_us);
+        pb_result_t *lim =
+            pb_result_find("optim_ram", PB_THROUGHPUT, b->apply_size, "ram", optim_names[k]);
+        if (lim) pb_result_limit(r, lim->value, "optim_ram");
+    }
+    progress("optimizers through the store done");
+}
+
+/* ---- psd cases ----------------------------------------------------------------------------- */
+
+static double perftest_value(const char *op, pb_metric_t m, uint64_t size, const char *tr)
+{
+    pb_result_t *r = pb_result_find(op, m, size, tr, NULL);
+    return r ? r->value : -1;
+}
+
+/* Record a case: throughput of tensor bytes over every worker, p50 and p99 of one iteration. */
+static void record(bench_t *b, const char *op, const pb_cluster_t *cl, uint64_t size, pb_case_t *c,
+                   const char *optimizer, const char *note)
+{
+    int w = cl->conf.workers, s = cl->conf.shards;
+    const char *tr = cl->conf.transport;
+    double tensor_bytes = (double)size * (double)c->iters * (double)w;
+    double gbps = tensor_bytes / c->seconds / 1e9;
+    double p50 = pb_quantile(c->lat_us, c->nlat, 0.50);
+    double p99 = pb_quantile(c->lat_us, c->nlat, 0.99);
+    pb_result_t *rt = pb_result_add(op, PB_THROUGHPUT, size, s, w, tr, gbps);
+    pb_result_t *r5 = pb_result_add(op, PB_P50, size, s, w, tr, p50);
+    pb_result_t *r9 = pb_result_add(op, PB_P99, size, s, w, tr, p99);
+    pb_result_t *all[3] = {rt, r5, r9};
+    for (int i = 0; i < 3; i++) {
+        all[i]->iters = c->nlat;
+        if (optimizer) snprintf(all[i]->optimizer, sizeof all[i]->optimizer, "%s", optimizer);
+        if (note) snprintf(all[i]->note, sizeof all[i]->note, "%s", note);
+    }
+    if (strcmp(op, "round") == 0) rt->extra = 2 * gbps;
+    /* Limits: the transport alone, one pair of processes.
+     * Bandwidth: ucp_am_bw at the tensor's size, or at psd's chunk size when that is better
+     * (psd sends a tensor as chunk_bytes messages, all in flight at once). A round moves the
+     * tensor both ways, so its tensor rate is limited to half the bandwidth.
+     * Latency: a push or pull sends the data one way and a small message back: the one-way
+     * latency at the size plus the one-way latency of the smallest size measured. A round's
+     * pull reply can only leave once the push arrived and was applied: two one-way latencies
+     * at the size. */
+    double bw = perftest_value("ucp_am_bw", PB_THROUGHPUT, size, tr);
+    char bw_of[48] = "ucp_am_bw";
+    if (size > b->chunk_bytes) {
+        double bc = perftest_value("ucp_am_bw", PB_THROUGHPUT, b->chunk_bytes, tr);
+        if (bc > bw) {
+            bw = bc;
+            snprintf(bw_of, sizeof bw_of, "ucp_am_bw(%s)", pb_size_str(b->chunk_bytes));
+        }
+    }
+    double l50 = perftest_value("ucp_am_lat", PB_P50, size, tr);
+    double l99 = perftest_value("ucp_am_lat", PB_P99, size, tr);
+    double s50 = perftest_value("ucp_am_lat", PB_P50, b->sizes[0], tr);
+    double s99 = perftest_value("ucp_am_lat", PB_P99, b->sizes[0], tr);
+    bool round = strcmp(op, "round") == 0;
+    if (round) {
+        char of[64];
+        snprintf(of, sizeof of, "%s/2", bw_of);
+        pb_result_limit(rt, bw / 2, of);
+        pb_result_limit(r5, 2 * l50, "2 x ucp_am_lat p50");
+        pb_result_limit(r9, 2 * l99, "2 x ucp_am_lat p99");
+    } else if (strcmp(op, "push") == 0 || strcmp(op, "pull") == 0) {
+        pb_result_limit(rt, bw, bw_of);
+        if (l50 > 0 && s50 > 0) pb_result_limit(r5, l50 + s50, "ucp_am_lat p50 there+back");
+        if (l99 > 0 && s99 > 0) pb_result_limit(r9, l99 + s99, "ucp_am_lat p99 there+back");
+    }
+}
+
+static void cluster_conf(bench_t *b, pb_cluster_conf_t *k, int shards, int workers,
+                         const char *consistency, const char *optimizer, const char *transport)
+{
+    memset(k, 0, sizeof *k);
+    k->shards = shards;
+    k->workers = workers;
+    k->consistency = consistency;
+    k->optimizer = optimizer;
+    k->transport = transport;
+    k->chunk_bytes = b->chunk_bytes;
+    k->map_size_mb = b->map_size_mb;
+    k->psd = b->psd;
+    k->self = b->self;
+}
+
+static uint64_t warm_iters(bench_t *b, uint64_t size)
+{
+    return b->quick ? clampu((8u * MIB) / size, 2, 20) : clampu((64u * MIB) / size, 3, 100);
+}
+
+static void run_case(bench_t *b, pb_cluster_t *cl, const char *op, uint64_t size,
+                     const char *optimizer, const char *note)
+{
+    pb_case_t c;
+    pb_cluster_case(cl, op, size, warm_iters(b, size), b->case_s, b->min_iters, b->max_iters, &c);
+    record(b, op, cl, size, &c, optimizer, note);
+    pb_case_free(&c);
+    progress("%-5s %dx%d %s %-8s %d x %" PRIu64 " iterations in %.2f s", op, cl->conf.shards,
+             cl->conf.workers, cl->conf.transport, pb_size_str(size), cl->conf.workers, c.iters,
+             c.seconds);
+}
+
+static void measure_psd(bench_t *b)
+{
+    for (int l = 0; l < b->nlayouts; l++)
+        for (int t = 0; t < b->ntransports; t++) {
+            int s = b->layouts[l][0], w = b->layouts[l][1];
+            const char *tr = b->transports[t];
+            pb_cluster_conf_t k;
+            pb_cluster_t cl;
+            /* One bsp cluster with sgd (the cheapest apply) for all three ops: a push is acked
+             * once every worker pushed the step and it is committed; pull(min_version 0) never
+             * waits. With --asp-push, pushes and pulls run in an asp cluster instead (each push
+             * applied on arrival), and the rounds in a second, bsp one. */
+            cluster_conf(b, &k, s, w, b->asp_push ? "asp" : "bsp", "sgd", tr);
+            memcpy(k.sizes, b->sizes, sizeof k.sizes);
+            k.nsizes = b->nsizes;
+            pb_cluster_start(&cl, &k, b->cluster_id++);
+            for (int i = 0; i < b->nsizes; i++)
+                run_case(b, &cl, "push", b->sizes[i], "sgd",
+                         b->asp_push ? "asp: acked once its sgd apply commits"
+                                     : "bsp: acked once every worker pushed and sgd commits");
+            for (int i = 0; i < b->nsizes; i++)
+                run_case(b, &cl, "pull", b->sizes[i], NULL, "pull(min_version 0)");
+            if (b->asp_push) {
+                pb_cluster_stop(&cl);
+                cluster_conf(b, &k, s, w, "bsp", "sgd", tr);
+                memcpy(k.sizes, b->sizes, sizeof k.sizes);
+                k.nsizes = b->nsizes;
+                pb_cluster_start(&cl, &k, b->cluster_id++);
+            }
+            for (int i = 0; i < b->nsizes; i++)
+                run_case(b, &cl, "round", b->sizes[i], "sgd",
+                         "bsp, sgd applied every step: push(s) + pull(min_version s+1)");
+            pb_cluster_stop(&cl);
+        }
+}
+
+/* Each optimizer applied by psd: asp pushes on 1 shard x 1 worker over shared memory, so each
+ * push is received, applied and committed before it is acknowledged. */
+static void measure_apply(bench_t *b)
+{
+    for (int k = 0; k < 4; k++) {
+        pb_cluster_conf_t kc;
+        pb_cluster_t cl;
+        cluster_conf(b, &kc, 1, 1, "asp", optim_names[k], "shm");
+        kc.sizes[0] = b->apply_size;
+        kc.nsizes = 1;
+        pb_cluster_start(&cl, &kc, b->cluster_id++);
+        pb_case_t c;
+        pb_cluster_case(&cl, "push", b->apply_size, b->quick ? 3 : 5, b->case_s * 2, b->min_iters,
+                        b->max_iters, &c);
+        record(b, "apply", &cl, b->apply_size, &c, optim_names[k],
+               "asp push through psd (transfer + apply + commit + ack)");
+        pb_result_t *rt =
+            pb_result_find("apply", PB_THROUGHPUT, b->apply_size, "shm", optim_names[k]);
+        pb_result_t *lim =
+            pb_result_find("optim_ram", PB_THROUGHPUT, b->apply_size, "ram", optim_names[k]);
+        if (rt && lim) pb_result_limit(rt, lim->value, "optim_ram");
+        pb_case_free(&c);
+        pb_cluster_stop(&cl);
+        progress("apply %s done", optim_names[k]);
+    }
+}
+
+/* The nearest measured size to @p want (ucp_am_bw at psd's chunk size). */
+static uint64_t nearest_size(bench_t *b, uint64_t want)
+{
+    uint64_t best = b->sizes[0];
+    for (int i = 0; i < b->nsizes; i++)
+        if (fabs(log((double)b->sizes[i] / (double)want)) < fabs(log((double)best / (double)want)))
+            best = b->sizes[i];
+    return best;
+}
+
+/* A full BSP step with adam: 2 shards x 2 workers, push(s) + pull(s+1) of the whole model. */
+static void measure_step(bench_t *b)
+{
+    pb_cluster_conf_t kc;
+    pb_cluster_t cl;
+    cluster_conf(b, &kc, 2, 2, "bsp", "adam", "shm");
+    kc.sizes[0] = b->step_size;
+    kc.nsizes = 1;
+    pb_cluster_start(&cl, &kc, b->cluster_id++);
+    pb_case_t c;
+    pb_cluster_case(&cl, "round", b->step_size, 3, b->case_s * 4, b->quick ? 5 : 10, b->max_iters,
+                    &c);
+    double step_us = pb_quantile(c.lat_us, c.nlat, 0.5);
+    double m = (double)b->step_size;
+    pb_result_t *rt = pb_result_add("bsp_step", PB_THROUGHPUT, b->step_size, 2, 2, "shm",
+                                    m / (step_us * 1e-6) / 1e9);
+    pb_result_t *r5 = pb_result_add("bsp_step", PB_P50, b->step_size, 2, 2, "shm", step_us);
+    pb_result_t *r9 = pb_result_add("bsp_step", PB_P99, b->step_size, 2, 2, "shm",
+                                    pb_quantile(c.lat_us, c.nlat, 0.99));
+    /* The model: every byte the step moves (W pushes and W pulls of the model) at the
+     * transport's bandwidth for psd's message size (one chunk), plus the model's adam update
+     * at the in-RAM rate of one thread. The shards' applies and the transfers could overlap and
+     * run on two cores, so this is not a lower bound on this 2-core host, but the rate a step
+     * would have if psd added no cost of its own. */
+    uint64_t cs = nearest_size(b, b->chunk_bytes);
+    double bw = perftest_value("ucp_am_bw", PB_THROUGHPUT, cs, "shm");
+    pb_result_t *lim = pb_result_find("optim_ram", PB_THROUGHPUT, b->apply_size, "ram", "adam");
+    double t_model = -1;
+    if (bw > 0 && lim) t_model = 2.0 * 2 * m / (bw * 1e9) + m / (lim->value * 1e9);
+    pb_result_t *all[3] = {rt, r5, r9};
+    for (int i = 0; i < 3; i++) {
+        snprintf(all[i]->optimizer, sizeof all[i]->optimizer, "adam");
+        all[i]->iters = c.nlat;
+        snprintf(all[i]->note, sizeof all[i]->note,
+                 "model: 2*W*M / ucp_am_bw(%s) + M / optim_ram(adam) = %.0f us", pb_size_str(cs),
+                 t_model * 1e6);
+    }
+    if (t_model > 0) {
+        pb_result_limit(rt, m / t_model / 1e9, "model");
+        pb_result_limit(r5, t_model * 1e6, "model");
+    }
+    progress("bsp step: p50 %.0f us (%" PRIu64 " steps)", step_us, c.iters);
+    pb_case_free(&c);
+    pb_cluster_stop(&cl);
+}
+
+/* ---- main ---------------------------------------------------------------------------------- */
+
+/* The 1-minute load average: other work on the host makes every figure noisier. */
+static double loadavg(void)
+{
+    double l = -1;
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f) {
+        if (fscanf(f, "%lf", &l) != 1) l = -1;
+        fclose(f);
+    }
+    return l;
+}
+
+static void meta_json(bench_t *b, double load0, double load1, char *out, size_t len)
+{
+    struct utsname u;
+    uname(&u);
+    time_t now = time(NULL);
+    char date[64];
+    strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+    snprintf(out, len,
+             "\"tool\": \"psbench\", \"date\": \"%s\", \"host\": \"%s\", \"kernel\": \"%s\", "
+             "\"cpus\": %ld, \"loadavg_start\": %.2f, \"loadavg_end\": %.2f, \"quick\": %s, "
+             "\"chunk_bytes\": %" PRIu64 ", \"push\": \"%s\", "
+             "\"units\": \"GB/s = 1e9 bytes/s of tensor bytes; us = microseconds\", "
+             "\"ratio\": \"value/limit for throughput, limit/value for times: 1 = at the limit\"",
+             date, u.nodename, u.release, sysconf(_SC_NPROCESSORS_ONLN), load0, load1,
+             b->quick ? "true" : "false", b->chunk_bytes, b->asp_push ? "asp" : "bsp");
+}
+
+static const char *find_perftest(void)
+{
+    static char path[PB_PATH];
+    const char *env = getenv("PATH");
+    char *copy = strdup(env ? env : "/usr/bin:/bin"), *save = NULL;
+    for (char *d = strtok_r(copy, ":", &save); d; d = strtok_r(NULL, ":", &save)) {
+        snprintf(path, sizeof path, "%s/ucx_perftest", d);
+        if (access(path, X_OK) == 0) {
+            free(copy);
+            return path;
+        }
+    }
+    free(copy);
+    return "/usr/bin/ucx_perftest";
+}
+
+int main(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--client") == 0) return pb_client_main(argc, argv);
+
+    static const struct option opts[] = {{"manifest", required_argument, 0, 'f'},
+                                         {"shards", required_argument, 0, 'S'},
+                                         {"workers", required_argument, 0, 'W'},
+                                         {"sizes", required_argument, 0, 's'},
+                                         {"transports", required_argument, 0, 't'},
+                                         {"json", required_argument, 0, 'j'},
+                                         {"markdown", required_argument, 0, 'M'},
+                                         {"quick", no_argument, 0, 'q'},
+                                         {"asp-push", no_argument, 0, 'a'},
+                                         {"only", required_argument, 0, 'o'},
+                                         {"psd", required_argument, 0, 'p'},
+                                         {"perftest", required_argument, 0, 'P'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    static bench_t b;
+    const char *manifest = NULL, *sizes = NULL, *transports = "shm,tcp";
+    int shards = 0, workers = 0, o;
+    b.chunk_bytes = MIB;
+    b.psd = getenv("PSD") ? getenv("PSD") : PSBENCH_PSD;
+    b.perftest = find_perftest();
+    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (o) {
+        case 'f':
+            manifest = optarg;
+            break;
+        case 'S':
+            shards = atoi(optarg);
+            break;
+        case 'W':
+            workers = atoi(optarg);
+            break;
+        case 's':
+            sizes = optarg;
+            break;
+        case 't':
+            transports = optarg;
+            break;
+        case 'j':
+            b.json = optarg;
+            break;
+        case 'M':
+            b.markdown = optarg;
+            break;
+        case 'q':
+            b.quick = true;
+            break;
+        case 'a':
+            b.asp_push = true;
+            break;
+        case 'o': {
+            char *copy = strdup(optarg), *save = NULL;
+            for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+                if (strcmp(t, "limits") == 0)
+                    b.only |= PART_LIMITS;
+                else if (strcmp(t, "ops") == 0)
+                    b.only |= PART_OPS;
+                else if (strcmp(t, "apply") == 0)
+                    b.only |= PART_APPLY;
+                else if (strcmp(t, "step") == 0)
+                    b.only |= PART_STEP;
+                else {
+                    fprintf(stderr, "psbench: --only %s: limits, ops, apply, step\n", t);
+                    return 2;
+                }
+            }
+            free(copy);
+            break;
+        }
+        case 'p':
+            b.psd = optarg;
+            break;
+        case 'P':
+            b.perftest = optarg;
+            break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (optind != argc || (manifest && (shards || workers)) || (!shards != !workers)) {
+        usage(stderr);
+        return 2;
+    }
+    if (shards < 0 || shards > PB_MAX_SHARDS || workers < 0 || workers > PB_MAX_WORKERS) {
+        fprintf(stderr, "psbench: at most %d shards and %d workers\n", PB_MAX_SHARDS,
+                PB_MAX_WORKERS);
+        return 2;
+    }
+    ssize_t n = readlink("/proc/self/exe", b.self, sizeof b.self - 1);
+    if (n <= 0) {
+        fprintf(stderr, "psbench: readlink /proc/self/exe: %s\n", strerror(errno));
+        return 1;
+    }
+    b.self[n] = '\0';
+    if (access(b.psd, X_OK) != 0) {
+        fprintf(stderr, "psbench: no psd at '%s' (--psd PATH or PSD=PATH)\n", b.psd);
+        return 2;
+    }
+    if (access(b.perftest, X_OK) != 0) {
+        fprintf(stderr, "psbench: no ucx_perftest at '%s' (package ucx-utils; --perftest PATH)\n",
+                b.perftest);
+        return 2;
+    }
+
+    /* Shard data on tmpfs, as PLATFORM-NOTES.md section 4 recommends. */
+    struct stat st;
+    pb_proc_init(stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode) ? "/dev/shm" : "/tmp");
+
+    if (manifest) {
+        static ps_manifest_t m;
+        char err[1024];
+        if (ps_manifest_load(&m, manifest, err, sizeof err)) pb_die("%s", err);
+        shards = m.nservers;
+        workers = (int)m.job.workers;
+        if (shards > PB_MAX_SHARDS || workers > PB_MAX_WORKERS)
+            pb_die("%s: psbench runs at most %d shards and %d workers", manifest, PB_MAX_SHARDS,
+                   PB_MAX_WORKERS);
+        b.chunk_bytes = m.chunk_bytes;
+        b.map_size_mb = m.map_size_mb;
+    }
+    if (shards) {
+        b.layouts[0][0] = shards;
+        b.layouts[0][1] = workers;
+        b.nlayouts = 1;
+    } else {
+        static const int all[3][2] = {{1, 1}, {2, 2}, {4, 4}};
+        b.nlayouts = b.quick ? 2 : 3;
+        memcpy(b.layouts, all, sizeof all);
+    }
+    if (sizes) {
+        char *copy = strdup(sizes), *save = NULL;
+        for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+            if (b.nsizes == PB_MAX_SIZES) pb_die("at most %d sizes", PB_MAX_SIZES);
+            b.sizes[b.nsizes++] = parse_size(t);
+        }
+        free(copy);
+    } else {
+        static const uint64_t all[] = {4096, 65536, MIB, 4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB};
+        for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+            if (!b.quick || all[i] <= 16 * MIB) b.sizes[b.nsizes++] = all[i];
+    }
+    if (b.nsizes == 0) pb_die("no sizes");
+    for (int i = 1; i < b.nsizes; i++) /* ascending: sizes[0] is the smallest */
+        for (int j = i; j > 0 && b.sizes[j] < b.sizes[j - 1]; j--) {
+            uint64_t t = b.sizes[j];
+            b.sizes[j] = b.sizes[j - 1];
+            b.sizes[j - 1] = t;
+        }
+    {
+        char *copy = strdup(transports), *save = NULL;
+        for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+            if (strcmp(t, "shm") && strcmp(t, "tcp")) pb_die("transport '%s': shm or tcp", t);
+            if (b.ntransports < 2) b.transports[b.ntransports++] = strcmp(t, "shm") ? "tcp" : "shm";
+        }
+        free(copy);
+        if (b.ntransports == 0) pb_die("no transports");
+    }
+    b.case_s = b.quick ? 0.35 : 1.5;
+    b.min_iters = b.quick ? 4 : 10;
+    b.max_iters = b.quick ? 3000 : 20000;
+    b.limit_s = b.quick ? 0.15 : 0.5;
+    b.perftest_bytes = b.quick ? 256u * MIB : 2048u * MIB;
+    b.apply_size = b.quick ? 16 * MIB : 64 * MIB;
+    b.step_size = 64 * MIB;
+
+    double t0 = pb_now(), load0 = loadavg();
+    if (b.only == 0) b.only = PART_ALL;
+    if (b.only & PART_LIMITS) measure_limits(&b);
+    if (b.only & PART_OPS) measure_psd(&b);
+    if (b.only & PART_APPLY) measure_apply(&b);
+    if (b.only & PART_STEP) measure_step(&b);
+    double took = pb_now() - t0, load1 = loadavg();
+
+    printf("psbench: GB/s = 1e9 tensor bytes/s over all workers; us = microseconds per "
+           "operation (p50/p99 over every worker's samples).\n"
+           "push: %s; pull: min_version 0; round (the BSP "
+           "step with sgd, the cheapest apply): push(s) + pull(min_version s+1) together, the "
+           "transport moves 2x the tensor bytes (in parentheses).\n"
+           "ratio = value/limit (throughput), limit/value (latency): 1.0 = at the limit.\n\n",
+           b.asp_push ? "asp, acked after its sgd apply commits"
+                      : "bsp without pulls, acked once every worker pushed and sgd commits");
+    pb_report_table();
+    size_t nres;
+    pb_results(&nres);
+    printf("\n%zu results, %d clusters, %.1f s; load average %.2f at the start, %.2f at the end "
+           "(%ld CPUs)\n",
+           nres, b.cluster_id, took, load0, load1, sysconf(_SC_NPROCESSORS_ONLN));
+    char meta[1536];
+    meta_json(&b, load0, load1, meta, sizeof meta);
+    if (b.json) {
+        int rc = pb_report_json(b.json, meta);
+        if (rc) pb_die("%s: %s", b.json, strerror(-rc));
+    }
+    if (b.markdown) {
+        int rc = pb_report_markdown(b.markdown);
+        if (rc) pb_die("%s: %s", b.markdown, strerror(-rc));
+    }
+    pb_proc_cleanup();
+    return 0;
+}
