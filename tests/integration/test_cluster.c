@@ -12,44 +12,7 @@
 #include <string.h>
 
 #include "cluster.h"
-
-/* Upper bounds for one wait; a test's budget (CL_BUDGET_S) caps them all. */
-#define READY_S 30.0 /* psd: listening */
-#define RUN_S 45.0   /* a worker's whole run, a psd's exit */
-
-#define EXPECT_EXIT(p, code)                                                                       \
-    do {                                                                                           \
-        int st_ = cl_wait((p), RUN_S);                                                             \
-        ck_assert_msg(st_ == (code),                                                               \
-                      "%s exited with status %d, want %d (-1: still running at the deadline); "    \
-                      "its log: %s",                                                               \
-                      (p)->name, st_, (code), cl_tail(p));                                         \
-    } while (0)
-
-#define EXPECT_LOG(p, needle)                                                                      \
-    do {                                                                                           \
-        char *log_ = cl_log(p);                                                                    \
-        int has_ = strstr(log_, (needle)) != NULL;                                                 \
-        free(log_);                                                                                \
-        ck_assert_msg(has_, "%s's log lacks \"%s\"; its log: %s", (p)->name, (needle),             \
-                      cl_tail(p));                                                                 \
-    } while (0)
-
-/* SIGTERM each psd; each must finish and exit 0. */
-static void stop_all(cl_proc_t **psd, int n)
-{
-    for (int i = 0; i < n; i++)
-        ck_assert_int_eq(cl_signal(psd[i], SIGTERM), 0);
-    for (int i = 0; i < n; i++)
-        EXPECT_EXIT(psd[i], 0);
-}
-
-static void expect_same_params(const char *a, const char *b, double rtol, double atol)
-{
-    char why[512];
-    int rc = cl_params_compare_files(a, b, rtol, atol, why, sizeof why);
-    ck_assert_msg(rc == 0, "%s vs %s: %s", a, b, why);
-}
+#include "expect.h"
 
 /* (a) Two shards, two BSP workers: each ends with the parameters the single-process reference
  * computes from the same global batches (bit-identical today; the test allows float reordering). */
@@ -251,15 +214,6 @@ START_TEST(test_bad_manifest)
 }
 END_TEST
 
-static TCase *tcase(const char *name, const TTest *t)
-{
-    TCase *tc = tcase_create(name);
-    tcase_add_unchecked_fixture(tc, cl_base_setup, cl_base_teardown);
-    /* Only a backstop: each test bounds its own waits by CL_BUDGET_S. */
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, t);
-    return tc;
-}
 
 /* psctl status: every shard answers with its step, tensors, chunks and members. */
 START_TEST(test_psctl_status)
