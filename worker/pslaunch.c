@@ -11,8 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static volatile sig_atomic_t g_sig;
-static void on_signal(int sig) { g_sig = sig; }
+static int g_sig; /* SIGINT or SIGTERM once received (forwarded to the workers) */
 
 /* Start worker i: psworker --manifest M [--metrics-out DIR/worker-i.jsonl]. */
 static pid_t spawn(const char *worker, const char *manifest, const char *metrics_dir, long i)
@@ -24,8 +23,9 @@ static pid_t spawn(const char *worker, const char *manifest, const char *metrics
         return -1;
     }
     if (pid > 0) return pid;
-    signal(SIGINT, SIG_DFL);
-    signal(SIGTERM, SIG_DFL);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
     if (metrics_dir) {
         snprintf(mpath, sizeof mpath, "%s/worker-%ld.jsonl", metrics_dir, i);
         execl(worker, "psworker", "--manifest", manifest, "--metrics-out", mpath, (char *)NULL);
@@ -105,10 +105,14 @@ int main(int argc, char **argv)
         fprintf(stderr, "pslaunch: %s: %s\n", worker, strerror(errno));
         return 1;
     }
-    struct sigaction sa = {.sa_handler = on_signal};
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
+    /* SIGINT, SIGTERM and SIGCHLD stay blocked and are taken with sigwaitinfo: no signal
+     * can slip in between a check and the wait (the children get an empty mask). */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &set, NULL);
 
     pid_t *pids = calloc((size_t)n, sizeof *pids);
     if (pids == NULL) return 1;
@@ -126,7 +130,12 @@ int main(int argc, char **argv)
             forwarded = 1;
         }
         int st;
-        pid_t pid = waitpid(-1, &st, 0);
+        pid_t pid = waitpid(-1, &st, WNOHANG);
+        if (pid == 0) { /* nobody exited yet: sleep until a child does or a signal comes */
+            int sig = sigwaitinfo(&set, NULL);
+            if (sig == SIGINT || sig == SIGTERM) g_sig = sig;
+            continue;
+        }
         if (pid < 0) {
             if (errno == EINTR) continue;
             break;
