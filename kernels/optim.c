@@ -62,21 +62,40 @@ static void momentum_step(float *restrict p, float *restrict v, const float *res
  * with step_size = lr / (1 - b1^t) and bc2_sqrt = sqrt(1 - b2^t), which equals
  * p -= lr * mhat / (sqrt(vhat) + eps).
  */
-static void adam_step(float *restrict p, float *restrict m, float *restrict v,
-                      const float *restrict grad, size_t n, float scale, float l2, float decay,
-                      float b1, float b2, float eps, float step_size, float bc2_sqrt)
+typedef struct {
+    float scale, l2, decay, b1, b2, one_b1, one_b2, eps, step_size, bc2_sqrt;
+} adam_k_t;
+
+/* One element: (p, m, v) -> (*po, *mo, *vo). Written once, used by both loops below. */
+static inline __attribute__((always_inline)) void adam_elem(float p, float m, float v, float gr,
+                                                              const adam_k_t *k, float *po,
+                                                              float *mo, float *vo)
 {
-    float one_b1 = 1.0f - b1;
-    float one_b2 = 1.0f - b2;
-    for (size_t i = 0; i < n; i++) {
-        float pi = p[i];
-        float g = grad[i] * scale + l2 * pi;
-        float mi = b1 * m[i] + one_b1 * g;
-        float vi = b2 * v[i] + one_b2 * g * g;
-        m[i] = mi;
-        v[i] = vi;
-        p[i] = pi * decay - step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
-    }
+    float g = gr * k->scale + k->l2 * p;
+    float mi = k->b1 * m + k->one_b1 * g;
+    float vi = k->b2 * v + k->one_b2 * g * g;
+    *mo = mi;
+    *vo = vi;
+    *po = p * k->decay - k->step_size * mi / (sqrtf(vi) / k->bc2_sqrt + k->eps);
+}
+
+/* In place: p[n], m[n], v[n] updated where they are. */
+static void adam_step(float *restrict p, float *restrict m, float *restrict v,
+                      const float *restrict grad, size_t n, const adam_k_t *k)
+{
+    for (size_t i = 0; i < n; i++)
+        adam_elem(p[i], m[i], v[i], grad[i], k, &p[i], &m[i], &v[i]);
+}
+
+/* Old -> new in one pass (the shards' copy-on-write records): no copy first, every array read
+ * and written once. The two sets must not overlap. */
+static void adam_step_oop(float *restrict po, float *restrict mo, float *restrict vo,
+                          const float *restrict p, const float *restrict m,
+                          const float *restrict v, const float *restrict grad, size_t n,
+                          const adam_k_t *k)
+{
+    for (size_t i = 0; i < n; i++)
+        adam_elem(p[i], m[i], v[i], grad[i], k, &po[i], &mo[i], &vo[i]);
 }
 
 int psk_optim_state_count(psk_optim_kind_t kind)
@@ -101,11 +120,18 @@ void psk_optim_apply_cpu(float *p_out, float *s_out, const float *p_in, const fl
     assert(k >= 0);
     assert(k == 0 || (s_out != NULL && s_in != NULL));
 
-    /* memmove, not memcpy: identical buffers are the common (in-place) case. */
-    if (p_out != p_in)
-        memmove(p_out, p_in, n * sizeof(float));
-    if (k > 0 && s_out != s_in)
-        memmove(s_out, s_in, (size_t)k * n * sizeof(float));
+    int adam = o->kind == PSK_ADAM || o->kind == PSK_ADAMW;
+    /* The fused loop needs two disjoint sets; any shared buffer takes the in-place path. */
+    int in_place = p_out == p_in || (k > 0 && s_out == s_in);
+    /* SGD and momentum copy first and update in place (cheap); Adam has a fused old -> new
+     * loop. memmove, not memcpy: identical buffers are the common (in-place) case. */
+    if (!adam || in_place) {
+        if (p_out != p_in)
+            memmove(p_out, p_in, n * sizeof(float));
+        if (k > 0 && s_out != s_in)
+            memmove(s_out, s_in, (size_t)k * n * sizeof(float));
+        in_place = 1;
+    }
 
     switch (o->kind) {
     case PSK_SGD:
@@ -126,8 +152,13 @@ void psk_optim_apply_cpu(float *p_out, float *s_out, const float *p_in, const fl
         int decoupled = o->kind == PSK_ADAMW;
         float l2 = decoupled ? 0.0f : o->weight_decay;
         float decay = decoupled ? 1.0f - o->lr * o->weight_decay : 1.0f;
-        adam_step(p_out, s_out, s_out + n, grad, n, grad_scale, l2, decay, o->beta1, o->beta2,
-                  o->eps, step_size, bc2_sqrt);
+        adam_k_t ak = {.scale = grad_scale, .l2 = l2, .decay = decay, .b1 = o->beta1,
+                       .b2 = o->beta2, .one_b1 = 1.0f - o->beta1, .one_b2 = 1.0f - o->beta2,
+                       .eps = o->eps, .step_size = step_size, .bc2_sqrt = bc2_sqrt};
+        if (in_place)
+            adam_step(p_out, s_out, s_out + n, grad, n, &ak);
+        else
+            adam_step_oop(p_out, s_out, s_out + n, p_in, s_in, s_in + n, grad, n, &ak);
         break;
     }
     }
