@@ -8,24 +8,37 @@
 /*
  * Each optimizer's arithmetic is written once. The pointers are restrict-qualified, so the
  * compiler vectorizes the loops without runtime alias checks. The shards update out of place
- * (copy-on-write LMDB records), so Adam/AdamW, the costly ones, also have a fused old -> new
- * loop over the same per-element function (psbench measured the copy-first version at 32% of
- * an apply's samples in memmove); SGD and momentum copy the old values first, then update in
- * place.
+ * (copy-on-write LMDB records), so each optimizer also has a fused old -> new loop over the
+ * same per-element function (psbench measured the copy-first version at 32% of an apply's
+ * samples in memmove).
  *
  * What the compiler needs: GCC 12 at -O2 uses the very-cheap vectorizer cost model, which
  * skips loops of unknown length (-fvect-cost-model=cheap or -O3 lifts that), and Adam's
  * sqrtf vectorizes only with -fno-math-errno; neither changes a result.
  */
 
-/* p[n] -= lr * (grad[n] * scale + wd * p[n]) */
+/* SGD, one element: p - lr * (grad * scale + wd * p). */
+static inline __attribute__((always_inline)) void sgd_elem(float p, float gr, float scale,
+                                                             float lr, float wd, float *po)
+{
+    float g = gr * scale + wd * p;
+    *po = p - lr * g;
+}
+
+/* In place on p[n]. */
 static void sgd_step(float *restrict p, const float *restrict grad, size_t n, float scale,
                      float lr, float wd)
 {
-    for (size_t i = 0; i < n; i++) {
-        float g = grad[i] * scale + wd * p[i];
-        p[i] -= lr * g;
-    }
+    for (size_t i = 0; i < n; i++)
+        sgd_elem(p[i], grad[i], scale, lr, wd, &p[i]);
+}
+
+/* Old p[n] -> new po[n] in one pass (disjoint buffers). */
+static void sgd_step_oop(float *restrict po, const float *restrict p, const float *restrict grad,
+                         size_t n, float scale, float lr, float wd)
+{
+    for (size_t i = 0; i < n; i++)
+        sgd_elem(p[i], grad[i], scale, lr, wd, &po[i]);
 }
 
 /*
@@ -33,24 +46,30 @@ static void sgd_step(float *restrict p, const float *restrict grad, size_t n, fl
  * as PyTorch's first-step buffer does.
  *   g = grad * scale + wd * p;  v = mu * v + g;  p -= lr * (nesterov ? g + mu * v : v)
  */
+static inline __attribute__((always_inline)) void momentum_elem(float p, float v, float gr,
+                                                                  float scale, float lr, float wd,
+                                                                  float mu, int nesterov,
+                                                                  float *po, float *vo)
+{
+    float g = gr * scale + wd * p;
+    float vi = mu * v + g;
+    *vo = vi;
+    *po = p - lr * (nesterov ? g + mu * vi : vi);
+}
+
 static void momentum_step(float *restrict p, float *restrict v, const float *restrict grad,
                           size_t n, float scale, float lr, float wd, float mu, int nesterov)
 {
-    if (nesterov) {
-        for (size_t i = 0; i < n; i++) {
-            float g = grad[i] * scale + wd * p[i];
-            float vi = mu * v[i] + g;
-            v[i] = vi;
-            p[i] -= lr * (g + mu * vi);
-        }
-    } else {
-        for (size_t i = 0; i < n; i++) {
-            float g = grad[i] * scale + wd * p[i];
-            float vi = mu * v[i] + g;
-            v[i] = vi;
-            p[i] -= lr * vi;
-        }
-    }
+    for (size_t i = 0; i < n; i++)
+        momentum_elem(p[i], v[i], grad[i], scale, lr, wd, mu, nesterov, &p[i], &v[i]);
+}
+
+static void momentum_step_oop(float *restrict po, float *restrict vo, const float *restrict p,
+                              const float *restrict v, const float *restrict grad, size_t n,
+                              float scale, float lr, float wd, float mu, int nesterov)
+{
+    for (size_t i = 0; i < n; i++)
+        momentum_elem(p[i], v[i], grad[i], scale, lr, wd, mu, nesterov, &po[i], &vo[i]);
 }
 
 /*
@@ -121,26 +140,30 @@ void psk_optim_apply_cpu(float *p_out, float *s_out, const float *p_in, const fl
     assert(k >= 0);
     assert(k == 0 || (s_out != NULL && s_in != NULL));
 
-    int adam = o->kind == PSK_ADAM || o->kind == PSK_ADAMW;
-    /* The fused loop needs two disjoint sets; any shared buffer takes the in-place path. */
+    /* The fused loops need two disjoint sets; a call sharing only one buffer copies the
+     * other set's old values over first and runs in place. */
     int in_place = p_out == p_in || (k > 0 && s_out == s_in);
-    /* SGD and momentum copy first and update in place (cheap); Adam has a fused old -> new
-     * loop. memmove, not memcpy: identical buffers are the common (in-place) case. */
-    if (!adam || in_place) {
+    if (in_place) {
         if (p_out != p_in)
             memmove(p_out, p_in, n * sizeof(float));
         if (k > 0 && s_out != s_in)
             memmove(s_out, s_in, (size_t)k * n * sizeof(float));
-        in_place = 1;
     }
 
     switch (o->kind) {
     case PSK_SGD:
-        sgd_step(p_out, grad, n, grad_scale, o->lr, o->weight_decay);
+        if (in_place)
+            sgd_step(p_out, grad, n, grad_scale, o->lr, o->weight_decay);
+        else
+            sgd_step_oop(p_out, p_in, grad, n, grad_scale, o->lr, o->weight_decay);
         break;
     case PSK_MOMENTUM:
-        momentum_step(p_out, s_out, grad, n, grad_scale, o->lr, o->weight_decay, o->momentum,
-                      o->nesterov);
+        if (in_place)
+            momentum_step(p_out, s_out, grad, n, grad_scale, o->lr, o->weight_decay, o->momentum,
+                          o->nesterov);
+        else
+            momentum_step_oop(p_out, s_out, p_in, s_in, grad, n, grad_scale, o->lr,
+                              o->weight_decay, o->momentum, o->nesterov);
         break;
     case PSK_ADAM:
     case PSK_ADAMW: {

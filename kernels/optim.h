@@ -35,9 +35,8 @@ int psk_optim_state_count(psk_optim_kind_t kind);
  * @param grad    [n] summed gradient; the kernel uses grad * grad_scale (1/workers for a mean)
  * @param t       1-based step number of this update (Adam's bias correction); must be >= 1
  * @note p_out may be p_in and s_out may be s_in (in-place update); otherwise the outputs must
- *       not overlap the inputs. Out of place, Adam and AdamW run one fused old -> new pass (each
- *       array read and written once, as the shards' copy-on-write records need); SGD and
- *       momentum copy the old values first, then update in place.
+ *       not overlap the inputs. Out of place, every optimizer runs one fused old -> new pass
+ *       (each array read and written once, as the shards' copy-on-write records need).
  */
 void psk_optim_apply_cpu(float *p_out, float *s_out, const float *p_in, const float *s_in,
                          const float *grad, float grad_scale, size_t n, uint64_t t,
