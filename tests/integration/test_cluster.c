@@ -119,9 +119,9 @@ START_TEST(test_conflicting_shape)
 }
 END_TEST
 
-/* (d) SIGTERM stops both shards cleanly; restarted on the same data_dirs, they serve the
- * parameters they stopped with, at the step they stopped at. */
-START_TEST(test_sigterm_restart)
+/* Two shards and two BSP adam workers train 30 steps (worker 0 writes @p params0, may be
+ * NULL), then SIGTERM stops both shards, which must exit 0. */
+static cl_cluster_t *train_30_and_stop(cl_proc_t **psd, const char *params0)
 {
     cl_conf_t k = {.shards = 2,
                    .workers = 2,
@@ -129,18 +129,30 @@ START_TEST(test_sigterm_restart)
                    .optimizer = "{name: adam, lr: 0.001}",
                    .max_steps = 30};
     cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
-    cl_proc_t *w[2] = {cl_worker_start(c, NULL, "w0.params", false),
-                       cl_worker_start(c, NULL, "w1.params", false)};
+    psd[0] = cl_psd_start(c, 0, NULL, READY_S);
+    psd[1] = cl_psd_start(c, 1, NULL, READY_S);
+    cl_proc_t *w[2] = {cl_worker_start(c, NULL, params0, false),
+                       cl_worker_start(c, NULL, NULL, false)};
     EXPECT_EXIT(w[0], 0);
     EXPECT_EXIT(w[1], 0);
+    stop_all(psd, 2);
+    return c;
+}
+
+/* (d) SIGTERM stops both shards cleanly; restarted on the same data_dirs, they serve the
+ * parameters they stopped with, at the step they stopped at. */
+START_TEST(test_sigterm_restart)
+{
+    cl_proc_t *psd[2];
+    cl_cluster_t *c = train_30_and_stop(psd, "w0.params");
+    char w0[CL_PATH];
+    cl_path(c, "w0.params", w0, sizeof w0);
     cl_params_t p;
     char err[512];
-    ck_assert_msg(cl_params_read(&p, w[0]->params, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(cl_params_read(&p, w0, err, sizeof err) == 0, "%s", err);
     ck_assert_uint_eq(p.step, 30);
     cl_params_free(&p);
 
-    stop_all(psd, 2);
     psd[0] = cl_psd_start(c, 0, NULL, READY_S);
     psd[1] = cl_psd_start(c, 1, NULL, READY_S);
 
@@ -148,7 +160,7 @@ START_TEST(test_sigterm_restart)
     EXPECT_EXIT(again, 0);
     EXPECT_LOG(again, "joined at step 30 of 30");
     /* The very values stored at step 30: nothing is recomputed. */
-    expect_same_params(again->params, w[0]->params, 0, 0);
+    expect_same_params(again->params, w0, 0, 0);
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }
@@ -159,20 +171,10 @@ END_TEST
  * state and the step count survive the restart). */
 START_TEST(test_restart_resumes)
 {
-    cl_conf_t k = {.shards = 2,
-                   .workers = 2,
-                   .consistency = "bsp",
-                   .optimizer = "{name: adam, lr: 0.001}",
-                   .max_steps = 30};
-    cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
-    cl_proc_t *w[2] = {cl_worker_start(c, NULL, NULL, false),
-                       cl_worker_start(c, NULL, NULL, false)};
-    EXPECT_EXIT(w[0], 0);
-    EXPECT_EXIT(w[1], 0);
-    stop_all(psd, 2);
+    cl_proc_t *psd[2], *w[2];
+    cl_cluster_t *c = train_30_and_stop(psd, NULL);
 
-    cl_conf_t k40 = k;
+    cl_conf_t k40 = c->conf;
     k40.max_steps = 40;
     char m40[CL_PATH];
     cl_manifest_write(c, "manifest-40.yaml", &k40, m40, sizeof m40);
