@@ -140,6 +140,11 @@ int pb_client_main(int argc, char **argv)
                               .total_steps = 1000000};
         if ((rc = ps_client_declare(k.c, &d, &k.id[i])) != 0) fail(&k, "declare", rc);
     }
+    /* Become a member of the coordinator's step: from it on, the shards wait for this
+     * client's pushes (the benchmark then pushes steps on its own, without batches). */
+    ps_batch_info_t batch;
+    if ((rc = ps_client_next_batch(k.c, 1ull << 40, NULL, &batch)) != 0)
+        fail(&k, "join the step", rc);
     fprintf(g_out, "ready %d\n", ps_client_rank(k.c));
     fflush(g_out);
 

@@ -24,13 +24,14 @@
 
 /* Names indexed by the enum values in manifest.h; NULL-terminated for the tables. */
 static const char *const optim_names[] = {"sgd", "momentum", "adam", "adamw", NULL};
-static const char *const consist_names[] = {"bsp", "asp", NULL};
+static const char *const consist_names[] = {"bsp", "asp", "ssp", NULL};
 static const char *const sched_names[] = {"constant", "cosine", NULL};
 static const char *const model_names[] = {"mlp", NULL};
 
 _Static_assert(PS_OPT_SGD == 0 && PS_OPT_MOMENTUM == 1 && PS_OPT_ADAM == 2 && PS_OPT_ADAMW == 3,
                "optim_names follows ps_optim_kind_t");
-_Static_assert(PS_CONSIST_BSP == 0 && PS_CONSIST_ASP == 1, "consist_names follows the enum");
+_Static_assert(PS_CONSIST_BSP == 0 && PS_CONSIST_ASP == 1 && PS_CONSIST_SSP == 2,
+               "consist_names follows the enum");
 _Static_assert(PS_SCHED_CONSTANT == 0 && PS_SCHED_COSINE == 1, "sched_names follows the enum");
 
 typedef enum {
@@ -560,11 +561,13 @@ static const field_t job_fields[] = {
     {JOB(layers), .type = T_LIST, .min = 1, .max = 1 << 20, .elem = sizeof(uint32_t),
      .count_off = offsetof(ps_job_conf_t, nlayers), .min_count = 2},
     {JOB(dataset), .type = T_STR},
+    {JOB(train_samples), .type = T_INT, .min = 0, .max = NOMAX},
     {JOB(batch_size), .type = T_INT, .flags = F_REQ, .min = 1, .max = 1048576},
     {JOB(epochs), .type = T_INT, .flags = F_REQ, .min = 1, .max = 100000},
     {JOB(seed), .type = T_INT, .min = 0, .max = NOMAX},
-    {JOB(workers), .type = T_INT, .flags = F_REQ, .min = 1, .max = 4096},
+    {JOB(workers), .type = T_INT, .flags = F_REQ, .min = 1, .max = 64},
     {JOB(consistency), .type = T_ENUM, .names = consist_names},
+    {JOB(staleness), .type = T_INT, .min = 0, .max = 1000000},
     {JOB(max_steps), .type = T_INT, .min = 0, .max = NOMAX},
     {JOB(heartbeat_timeout_ms), .type = T_INT, .min = 100, .max = 3600000},
     {JOB(optimizer), .type = T_MAP, .flags = F_REQ, .sub = optim_fields},
@@ -609,6 +612,7 @@ static void set_defaults(ps_manifest_t *m, const char *name)
     j->seed = 1;
     j->consistency = PS_CONSIST_BSP;
     j->heartbeat_timeout_ms = 3000;
+    j->staleness = 4;
     ps_optim_conf_t *o = &j->optimizer;
     o->beta1 = 0.9f;
     o->beta2 = 0.999f;

@@ -16,7 +16,7 @@
 #define PS_HOST_MAX 256
 #define PS_PATH_MAX 1024
 
-typedef enum { PS_CONSIST_BSP = 0, PS_CONSIST_ASP = 1 } ps_consistency_t;
+typedef enum { PS_CONSIST_BSP = 0, PS_CONSIST_ASP = 1, PS_CONSIST_SSP = 2 } ps_consistency_t;
 typedef enum { PS_OPT_SGD = 0, PS_OPT_MOMENTUM, PS_OPT_ADAM, PS_OPT_ADAMW } ps_optim_kind_t;
 typedef enum { PS_SCHED_CONSTANT = 0, PS_SCHED_COSINE = 1 } ps_sched_kind_t;
 
@@ -65,11 +65,13 @@ typedef struct {
     uint32_t layers[PS_MAX_LAYERS]; /* default 784,256,128,10 */
     int nlayers;                   /* 2..PS_MAX_LAYERS */
     char dataset[PS_PATH_MAX];     /* default /usr/share/datasets/fashion-mnist */
+    uint64_t train_samples;        /* default 0 = all: train on the first N samples only */
     uint32_t batch_size;           /* required, 1..1048576 */
     uint32_t epochs;               /* required, 1..100000 */
     uint64_t seed;                 /* default 1 */
-    uint32_t workers;              /* required, 1..4096 */
-    ps_consistency_t consistency;  /* default bsp */
+    uint32_t workers;              /* required, 1..64: the initial desired number of workers */
+    ps_consistency_t consistency;  /* default bsp | asp | ssp */
+    uint32_t staleness;            /* ssp: steps a worker may run ahead of the slowest, default 4 */
     uint64_t max_steps;            /* default 0 = no limit; stops the run early */
     uint32_t heartbeat_timeout_ms; /* default 3000, 100..3600000: a silent worker is dropped */
     ps_optim_conf_t optimizer;     /* required */

@@ -53,6 +53,15 @@ void psk_optim_apply_cpu(float *p_out, float *s_out, const float *p_in, const fl
 float psk_lr_at(int schedule, float lr, float min_lr, uint64_t warmup_steps,
                 uint64_t decay_steps, uint64_t step);
 
+/** @brief The schedule position of a step that starts after @p samples applied samples, with
+ *  @p workers x @p batch samples a planned step: samples / (workers * batch). A run whose
+ *  steps are smaller (fewer workers) moves through the schedule by data, not by steps. */
+static inline uint64_t psk_lr_pos(uint64_t samples, uint32_t workers, uint32_t batch)
+{
+    uint64_t per = (uint64_t)workers * batch;
+    return per ? samples / per : 0;
+}
+
 /** @brief out[i] += in[i] for n elements (gradient aggregation); in may equal out. */
 void psk_add_cpu(float *out, const float *in, size_t n);
 

@@ -27,7 +27,9 @@ const char *ps_msg_type_name(int type)
     static const char *names[] = {"invalid", "hello",      "hello_reply", "declare",
                                   "declare_reply", "push", "push_ack",    "pull",
                                   "pull_reply",    "error", "leave",       "heartbeat",
-                                  "status",        "status_reply"};
+                                  "status",        "status_reply", "batch",
+                                  "batch_reply",   "epoch", "scale",       "scale_reply",
+                                  "launch",        "launch_reply"};
     return type >= 0 && type < PS_MSG_MAX_ ? names[type] : "unknown";
 }
 
@@ -56,6 +58,13 @@ int ps_msg_encode(const ps_msg_t *m, uint8_t *buf, size_t cap, size_t *len)
     h.codec_fraction = m->codec_fraction;
     h.codec_block = m->codec_block;
     h.codec_flags = m->codec_flags;
+    h.members = m->members;
+    h.data_epoch = m->data_epoch;
+    h.batch_offset = m->batch_offset;
+    h.batch_count = m->batch_count;
+    h.samples = m->samples;
+    h.flags = m->flags;
+    h.host = (char *)(m->host[0] ? m->host : "");
     /* Strings are only read by pack; the casts drop const for protobuf-c's API. */
     h.error = (char *)(m->error[0] ? m->error : "");
     h.cluster = (char *)(m->cluster[0] ? m->cluster : "");
@@ -143,6 +152,13 @@ int ps_msg_decode(ps_msg_t *m, const void *buf, size_t len, char *err, size_t er
     m->codec_fraction = h->codec_fraction;
     m->codec_block = h->codec_block;
     m->codec_flags = h->codec_flags;
+    m->members = h->members;
+    m->data_epoch = h->data_epoch;
+    m->batch_offset = h->batch_offset;
+    m->batch_count = h->batch_count;
+    m->samples = h->samples;
+    m->flags = h->flags;
+    if (copy_str(m->host, sizeof m->host, h->host)) FAIL("host name too long");
     if (copy_str(m->error, sizeof m->error, h->error)) FAIL("error text too long");
     if (copy_str(m->cluster, sizeof m->cluster, h->cluster)) FAIL("cluster name too long");
     if (h->decl) {

@@ -15,6 +15,16 @@
 #define PS_MAX_DIMS 4
 #define PS_MAX_TENSOR_VALUES (1ull << 34) /* per tensor (64 GiB of fp32) */
 
+#define PS_MAX_RANKS 64 /* worker ranks: a step's members travel as a 64-bit bitmap */
+
+/* ps_msg_t.flags */
+enum {
+    PS_FLAG_FINISHED = 1, /* batch reply: the job is complete (step = the final step) */
+    PS_FLAG_DONE = 2,     /* batch request: the batch in the message was pushed and acked */
+    PS_FLAG_REMOVED = 4,  /* error / epoch: this worker is no longer a member */
+    PS_FLAG_PROGRESS = 8, /* push: `samples` = samples applied before its step (lr schedule) */
+};
+
 /* UCP Active Message ids. */
 enum { PS_AM_CTRL = 1, PS_AM_DATA = 2 };
 
@@ -33,7 +43,14 @@ typedef enum {
     PS_MSG_HEARTBEAT = 11,
     PS_MSG_STATUS = 12,
     PS_MSG_STATUS_REPLY = 13,
-    PS_MSG_MAX_ = 14
+    PS_MSG_BATCH = 14,
+    PS_MSG_BATCH_REPLY = 15,
+    PS_MSG_EPOCH = 16,
+    PS_MSG_SCALE = 17,
+    PS_MSG_SCALE_REPLY = 18,
+    PS_MSG_LAUNCH = 19,
+    PS_MSG_LAUNCH_REPLY = 20,
+    PS_MSG_MAX_ = 21
 } ps_msg_type_t;
 
 typedef struct {
@@ -68,6 +85,13 @@ typedef struct {
     float codec_fraction;
     uint32_t codec_block;
     uint32_t codec_flags;
+    uint64_t members;     /* bitmap of ranks (PS_MAX_RANKS = 64) */
+    uint64_t data_epoch;
+    uint64_t batch_offset;
+    uint32_t batch_count;
+    uint64_t samples;
+    uint32_t flags;       /* PS_FLAG_* */
+    char host[64];
     char error[256];
     char cluster[128];
     int has_decl;

@@ -1,10 +1,13 @@
-/* psctl.c: the operator's command line: `psctl --manifest M status [--json]` asks
- * every shard of the cluster for its state and prints a table (or the JSON). */
+/* psctl.c: the operator's command line.
+ *   psctl --manifest M status [--json]  asks every shard for its state and prints the job
+ *                                       (coordinator), the shards and the members
+ *   psctl --manifest M scale N          sets the job's desired number of workers */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "ctl.h"
 #include "manifest.h"
 #include "ps/ps_error.h"
 #include "ps/ps_log.h"
@@ -102,6 +105,17 @@ static const char *field(const char *json, const char *key, char *buf, size_t le
     return buf;
 }
 
+/* The applied count of the last pass listed in "passes". */
+static const char *last_pass_applied(const char *json, char *buf, size_t len)
+{
+    const char *p = strstr(json, "\"passes\": ["), *last = NULL;
+    while (p && (p = strstr(p, "\"applied\": ")) != NULL && strchr("0123456789", p[11])) {
+        last = p;
+        p++;
+    }
+    return last ? field(last, "applied", buf, len) : "-";
+}
+
 static int status(ctl_t *ctl, int json, double timeout_s)
 {
     int n = ctl->m.nservers;
@@ -167,24 +181,34 @@ static int status(ctl_t *ctl, int json, double timeout_s)
         }
         char b[8][64];
         if (i == 0)
-            printf("%-5s %-21s %-8s %-7s %-7s %-11s %-8s %s\n", "shard", "address", "step",
-                   "tensors", "chunks", "state_MiB", "updates", "members (rank:pid)");
+            printf("%-5s %-21s %-8s %-7s %-7s %-11s %s\n", "shard", "address", "step", "tensors",
+                   "chunks", "state_MiB", "updates");
         double mib = atof(field(s->reply, "state_bytes", b[0], sizeof b[0])) / (1 << 20);
-        printf("%-5d %-21s %-8s %-7s %-7s %-11.1f %-8s ", i, field(s->reply, "address", b[1], 64),
+        printf("%-5d %-21s %-8s %-7s %-7s %-11.1f %s\n", i, field(s->reply, "address", b[1], 64),
                field(s->reply, "step", b[2], 64), field(s->reply, "tensors", b[3], 64),
                field(s->reply, "chunks", b[4], 64), mib,
                field(s->reply, "updates_applied", b[5], 64));
-        /* members: each {"rank": R, "pid": P, ...} */
-        const char *p = strstr(s->reply, "\"members\": [");
-        int any = 0;
+    }
+    const char *j = ctl->shards[0].reply;
+    if (!json && j) {
+        char b[8][64];
+        printf("\njob: epoch %s, open step %s, workers %s desired / %s actual, %s of %s "
+               "samples applied in the current pass%s\n",
+               field(j, "epoch", b[0], 64), field(j, "open_step", b[1], 64),
+               field(j, "desired_workers", b[2], 64), field(j, "actual_workers", b[3], 64),
+               last_pass_applied(j, b[4], 64), field(j, "samples", b[5], 64),
+               strcmp(field(j, "finished", b[6], 64), "true") == 0 ? " (finished)" : "");
+        printf("%-5s %-24s %-8s %-8s %-9s %s\n", "rank", "host", "pid", "steps", "steps/s",
+               "last_heard_ms");
+        const char *p = strstr(j, "\"members\": [");
         while (p && (p = strstr(p, "{\"rank\": ")) != NULL) {
-            int rank = atoi(p + 9);
-            const char *pid = strstr(p, "\"pid\": ");
-            printf("%s%d:%d", any ? " " : "", rank, pid ? atoi(pid + 7) : 0);
-            any = 1;
+            char m[6][64];
+            printf("%-5s %-24s %-8s %-8s %-9s %s\n", field(p, "rank", m[0], 64),
+                   field(p, "host", m[1], 64), field(p, "pid", m[2], 64),
+                   field(p, "steps", m[3], 64), field(p, "steps_per_s", m[4], 64),
+                   field(p, "last_heard_ms", m[5], 64));
             p++;
         }
-        printf("%s\n", any ? "" : "none");
     }
     if (json) printf("]\n");
     return bad;
@@ -193,7 +217,11 @@ static int status(ctl_t *ctl, int json, double timeout_s)
 static void usage(FILE *f)
 {
     fprintf(f, "usage: psctl --manifest FILE status [--json] [--timeout S]\n"
-               "  status   every shard's step, tensors, chunks, state size and members\n");
+               "       psctl --manifest FILE scale N [--timeout S]\n"
+               "  status   the job (epoch, step, desired and actual workers, members) and every\n"
+               "           shard's step, tensors, chunks and state size\n"
+               "  scale    set the desired number of workers (0..%d); pslaunch instances\n"
+               "           started with --follow start or stop workers to match\n", PS_MAX_RANKS);
 }
 
 int main(int argc, char **argv)
@@ -216,8 +244,18 @@ int main(int argc, char **argv)
         default: usage(stderr); return 2;
         }
     }
-    if (manifest == NULL || optind + 1 != argc || strcmp(argv[optind], "status") != 0 ||
-        timeout <= 0) {
+    int scale = -1;
+    if (manifest && optind + 2 == argc && strcmp(argv[optind], "scale") == 0) {
+        char *end;
+        long n = strtol(argv[optind + 1], &end, 10);
+        if (*end != '\0' || n < 0 || n > PS_MAX_RANKS) {
+            fprintf(stderr, "psctl: scale %s: expected a number of workers in [0, %d]\n",
+                    argv[optind + 1], PS_MAX_RANKS);
+            return 2;
+        }
+        scale = (int)n;
+    } else if (manifest == NULL || optind + 1 != argc || strcmp(argv[optind], "status") != 0 ||
+               timeout <= 0) {
         usage(stderr);
         return 2;
     }
@@ -226,6 +264,23 @@ int main(int argc, char **argv)
     if (ps_manifest_load(&ctl.m, manifest, err, sizeof err)) {
         fprintf(stderr, "psctl: %s\n", err);
         return 2;
+    }
+    if (scale >= 0) {
+        ps_ctl_t *cc;
+        if (ps_ctl_open(&cc, &ctl.m, 0)) {
+            fprintf(stderr, "psctl: cannot start the UCX transport\n");
+            return 1;
+        }
+        ps_msg_t req = {.type = PS_MSG_SCALE, .workers = (uint32_t)scale, .rank = -1}, rep;
+        int rc = ps_ctl_call(cc, &req, &rep, (uint32_t)(timeout * 1000));
+        ps_ctl_close(cc);
+        if (rc) {
+            fprintf(stderr, "psctl: shard 0 (%s:%u): %s\n", ctl.m.servers[0].host,
+                    ctl.m.servers[0].port, rc == PS_ETIMEDOUT ? "no answer" : rep.type == PS_MSG_ERROR ? rep.error : ps_strerror(rc));
+            return 1;
+        }
+        printf("desired workers: %d (now %u)\n", scale, rep.workers);
+        return 0;
     }
     ctl.shards = calloc((size_t)ctl.m.nservers, sizeof *ctl.shards);
     if (ctl.shards == NULL || uv_loop_init(&ctl.loop) || ps_ucx_init(&ctl.ucx, &ctl.loop)) {

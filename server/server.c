@@ -33,11 +33,13 @@ void psd_conn_unref(psd_conn_t *c)
     conn_free_if_done(c);
 }
 
-static void conn_release_rank(psd_server_t *srv, psd_conn_t *c)
+static void conn_release_rank(psd_server_t *srv, psd_conn_t *c, const char *why)
 {
-    if (c->rank >= 0 && (uint32_t)c->rank < srv->workers && srv->rank_owner[c->rank] == c) {
+    if (srv->coord) {
+        psd_coord_on_gone(srv, c, why);
+    } else if (c->rank >= 0 && c->rank < PS_MAX_RANKS && srv->rank_owner[c->rank] == c) {
         srv->rank_owner[c->rank] = NULL;
-        PS_LOG(PS_LOG_INFO, "server", "rank %d (pid %u) left", c->rank, c->pid);
+        PS_LOG(PS_LOG_INFO, "server", "rank %d (pid %u) left: %s", c->rank, c->pid, why);
     }
 }
 
@@ -57,7 +59,7 @@ static void conn_close_ep(psd_server_t *srv, psd_conn_t *c)
 {
     c->close_queued = false;
     c->dead = true;
-    conn_release_rank(srv, c);
+    conn_release_rank(srv, c, c->silent ? "missed heartbeats" : "its connection closed");
     psd_shard_drop_conn(srv, c);
     if (c->ep) {
         ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
@@ -198,32 +200,14 @@ static void on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
         psd_send_error(srv, c, msg->req_id, PS_EBUSY, "shard %u is shutting down", srv->shard);
         return;
     }
+    if (srv->coord) {
+        psd_coord_on_hello(srv, c, msg);
+        return;
+    }
     int32_t rank = msg->rank;
-    if (srv->shard == 0 && c->rank < 0) {
-        /* A worker reconnecting after a restart of this shard asks for its rank back;
-         * otherwise the coordinator hands out the lowest free rank. */
-        rank = -1;
-        if (msg->rank >= 0 && (uint32_t)msg->rank < srv->workers &&
-            srv->rank_owner[msg->rank] == NULL) {
-            rank = msg->rank;
-            srv->rank_owner[rank] = c;
-        }
-        for (uint32_t r = 0; rank < 0 && r < srv->workers; r++)
-            if (srv->rank_owner[r] == NULL) {
-                rank = (int32_t)r;
-                srv->rank_owner[r] = c;
-            }
-        if (rank < 0) {
-            psd_send_error(srv, c, msg->req_id, PS_EFULL,
-                           "all %u worker ranks are taken (job.workers = %u)", srv->workers,
-                           srv->workers);
-            return;
-        }
-    } else if (srv->shard == 0) {
-        rank = c->rank;
-    } else if (rank < 0 || (uint32_t)rank >= srv->workers) {
-        psd_send_error(srv, c, msg->req_id, PS_EPROTO, "rank %d out of range [0, %u)", rank,
-                       srv->workers);
+    if (rank < 0 || rank >= PS_MAX_RANKS) {
+        psd_send_error(srv, c, msg->req_id, PS_EPROTO, "rank %d out of range [0, %d): say hello "
+                       "to shard 0 first", rank, PS_MAX_RANKS);
         return;
     } else {
         /* Shard 0 granted this rank: an older connection claiming it is stale (its worker
@@ -241,7 +225,7 @@ static void on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
     c->pid = msg->pid;
     PS_LOG(PS_LOG_INFO, "server", "worker pid %u from %s is rank %d", c->pid, c->peer, rank);
     ps_msg_t r = {.type = PS_MSG_HELLO_REPLY, .req_id = msg->req_id, .rank = rank,
-                  .workers = srv->workers, .epoch = srv->epoch, .shard = srv->shard,
+                  .epoch = psd_shard_epoch(srv), .shard = srv->shard,
                   .consistency = (uint32_t)srv->m.job.consistency,
                   .step = psd_shard_step(srv)};
     psd_send_msg(srv, c, &r);
@@ -264,7 +248,7 @@ static void send_status(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
         srv->free_sends = s->next_free;
     else if ((s = calloc(1, sizeof *s)) == NULL)
         return;
-    size_t cap = 4096 + 160 * (size_t)srv->workers;
+    size_t cap = 8192 + 256 * (size_t)PS_MAX_RANKS + 48 * (size_t)PS_PASS_RING;
     if (s->payload_cap < cap) {
         uint8_t *b = realloc(s->payload, cap);
         if (b == NULL) {
@@ -281,16 +265,22 @@ static void send_status(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
     len += (size_t)snprintf(out, cap,
                             "{\"shard\": %u, \"address\": \"%s:%u\", \"cluster\": \"%s\", "
                             "\"step\": %llu, \"consistency\": \"%s\", \"optimizer\": \"%s\", "
-                            "\"workers_expected\": %u, \"pushes\": %llu, \"pulls\": %llu, "
+                            "\"pushes\": %llu, \"pulls\": %llu, "
                             "\"updates_applied\": %llu, \"stopping\": %s, ",
                             srv->shard, sc->host, sc->port, srv->m.cluster,
                             (unsigned long long)psd_shard_step(srv),
                             ps_consistency_name(srv->m.job.consistency),
-                            ps_optim_name(srv->m.job.optimizer.name), srv->workers,
+                            ps_optim_name(srv->m.job.optimizer.name),
                             (unsigned long long)srv->pushes, (unsigned long long)srv->pulls,
                             (unsigned long long)srv->applied_updates,
                             srv->stopping ? "true" : "false");
     psd_shard_status_json(srv, out, cap, &len);
+    if (srv->coord) {
+        len += (size_t)snprintf(out + len, cap - len, ", ");
+        psd_coord_status_json(srv, out, cap, &len);
+        len += (size_t)snprintf(out + len, cap - len, "}");
+        goto send;
+    }
     len += (size_t)snprintf(out + len, cap - len, ", \"members\": [");
     uint64_t now = uv_now(srv->loop);
     int first = 1;
@@ -304,6 +294,8 @@ static void send_status(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
         first = 0;
     }
     len += (size_t)snprintf(out + len, cap - len, "]}");
+send:
+    if (len >= cap) len = cap - 1;
     ps_msg_t r = {.type = PS_MSG_STATUS_REPLY, .req_id = msg->req_id, .shard = srv->shard,
                   .length = len};
     size_t hlen;
@@ -338,6 +330,17 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
         send_status(srv, c, &msg);
         return UCS_OK;
     }
+    if ((msg.type == PS_MSG_SCALE || msg.type == PS_MSG_LAUNCH) && length == 0) {
+        /* Operator requests: no hello needed, like status. */
+        if (srv->coord == NULL)
+            psd_send_error(srv, c, msg.req_id, PS_EPROTO, "%s goes to shard 0, not shard %u",
+                           ps_msg_type_name(msg.type), srv->shard);
+        else if (msg.type == PS_MSG_SCALE)
+            psd_coord_on_scale(srv, c, &msg);
+        else
+            psd_coord_on_launch(srv, c, &msg);
+        return UCS_OK;
+    }
     if (msg.type != PS_MSG_HELLO && c->rank < 0) {
         psd_send_error(srv, c, msg.req_id, PS_EPROTO, "%s before hello",
                        ps_msg_type_name(msg.type));
@@ -354,9 +357,20 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     case PS_MSG_PUSH: return psd_shard_on_push(srv, c, &msg, data, length, param);
     case PS_MSG_PULL: psd_shard_on_pull(srv, c, &msg); break;
     case PS_MSG_HEARTBEAT: break;
+    case PS_MSG_BATCH:
+        if (srv->coord)
+            psd_coord_on_batch(srv, c, &msg);
+        else
+            psd_send_error(srv, c, msg.req_id, PS_EPROTO, "batches come from shard 0");
+        break;
+    case PS_MSG_EPOCH:
+        /* Forwarded by a member: the coordinator changed the open step's members. */
+        if (srv->coord == NULL && msg.members != 0 && msg.epoch != 0)
+            psd_shard_learn_view(srv, msg.epoch, msg.step, msg.members);
+        break;
     case PS_MSG_LEAVE:
         PS_LOG(PS_LOG_INFO, "server", "rank %d (pid %u) says leave", c->rank, c->pid);
-        conn_release_rank(srv, c);
+        conn_release_rank(srv, c, "it said leave");
         c->rank = -1; /* it may not push for that rank any more */
         break;
     default:
@@ -380,9 +394,11 @@ static void on_cron(uv_timer_t *h)
                "%llu ms): dropping it", c->rank, c->pid,
                (unsigned long long)(now - c->last_seen_ms), (unsigned long long)limit);
         c->dead = true;
+        c->silent = true;
         c->close_queued = true;
         dropped = 1;
     }
+    if (srv->coord) psd_coord_tick(srv);
     if (dropped) ps_ucx_progress(&srv->ucx);
 }
 
@@ -415,12 +431,11 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, char *err, size_t err
     srv->m = *m;
     srv->shard = shard;
     srv->nshards = (uint32_t)m->nservers;
-    srv->workers = m->job.workers;
     srv->chunk_elems = m->chunk_bytes / 4;
     srv->optim = (psk_optim_kind_t)m->job.optimizer.name;
     srv->nstate = (uint32_t)psk_optim_state_count(srv->optim);
     srv->loop = uv_default_loop();
-    srv->rank_owner = calloc(srv->workers, sizeof *srv->rank_owner);
+    srv->rank_owner = calloc(PS_MAX_RANKS, sizeof *srv->rank_owner);
     const ps_server_conf_t *sc = &m->servers[shard];
 
     rc = psd_store_open(&srv->store, sc->data_dir, m->map_size_mb, m->cluster, m->chunk_bytes,
@@ -430,6 +445,16 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, char *err, size_t err
         snprintf(err, errlen, "%s: cannot read the shard store: %s", sc->data_dir,
                  ps_strerror(rc));
         goto fail_shard;
+    }
+    if (shard == 0) {
+        /* The coordinator's state, as the last apply job committed it. */
+        static uint8_t saved[65536];
+        size_t saved_len = 0;
+        if (psd_store_get_blob(&srv->store, "job", saved, sizeof saved, &saved_len)) saved_len = 0;
+        if ((rc = psd_coord_create(srv, saved_len ? saved : NULL, saved_len)) != 0) {
+            snprintf(err, errlen, "cannot create the coordinator: %s", ps_strerror(rc));
+            goto fail_shard;
+        }
     }
     /* A restarted psd must get its port back even while old connections sit in TIME_WAIT. */
     setenv("UCX_TCP_CM_REUSEADDR", "y", 0);
@@ -472,8 +497,8 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, char *err, size_t err
 
     printf("psd shard %u listening on %s:%u\n", shard, sc->host, sc->port);
     fflush(stdout);
-    PS_LOG(PS_LOG_INFO, "server", "cluster '%s', %u shards, %u workers, %s, %s", m->cluster,
-           srv->nshards, srv->workers, ps_consistency_name(m->job.consistency),
+    PS_LOG(PS_LOG_INFO, "server", "cluster '%s', %u shards, %u workers wanted, %s, %s", m->cluster,
+           srv->nshards, m->job.workers, ps_consistency_name(m->job.consistency),
            ps_optim_name(m->job.optimizer.name));
     uv_run(srv->loop, UV_RUN_DEFAULT);
 
@@ -503,6 +528,7 @@ fail_ucx:
     ps_ucx_close(&srv->ucx);
     uv_run(srv->loop, UV_RUN_NOWAIT);
 fail_shard:
+    psd_coord_free(srv);
     psd_shard_free(srv);
     psd_store_close(&srv->store);
 fail_store:

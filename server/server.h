@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "batches.h"
 #include "codec.h"
 #include "optim.h"
 #include "manifest.h"
@@ -31,6 +32,7 @@ typedef struct psd_conn_s {
     bool dead;                       /* endpoint failed or closed: send nothing more */
     uint64_t last_seen_ms;           /* any message from it (heartbeats included) */
     bool close_queued;
+    bool silent;                     /* dropped for missed heartbeats */
     char peer[64];
     struct psd_conn_s *next;
 } psd_conn_t;
@@ -57,16 +59,21 @@ struct psd_chunk_s {
     uint32_t n;                /* values */
     uint64_t version;          /* steps applied (committed) */
     uint64_t total_steps;      /* the tensor's planned steps (lr schedule); read by jobs */
-    uint8_t **slots;           /* [workers] push payloads by rank (raw fp32 or a codec's), on first use */
-    size_t *slot_cap;          /* [workers] bytes allocated */
-    size_t *slot_len;          /* [workers] bytes received */
-    psk_codec_t *slot_codec;   /* [workers] payload encoding (PSK_CODEC_NONE: raw fp32) */
+    /* Per-rank arrays have PS_MAX_RANKS entries; a slot's buffer is allocated on first use. */
+    uint8_t **slots;           /* push payloads by rank (raw fp32 or a codec's) */
+    size_t *slot_cap;          /* bytes allocated */
+    size_t *slot_len;          /* bytes received */
+    psk_codec_t *slot_codec;   /* payload encoding (PSK_CODEC_NONE: raw fp32) */
     float *agg;                /* [n] decode-and-sum buffer, allocated on the first compressed push */
-    uint8_t *slot_state;       /* [workers] SLOT_* */
-    uint64_t *slot_req;        /* [workers] req_id to acknowledge */
-    psd_conn_t **slot_conn;    /* [workers] who to acknowledge */
-    psd_slot_ref_t *slot_ref;  /* [workers] receive-callback contexts */
+    uint8_t *slot_state;       /* SLOT_* */
+    uint64_t *slot_req;        /* req_id to acknowledge */
+    psd_conn_t **slot_conn;    /* who to acknowledge */
+    psd_slot_ref_t *slot_ref;  /* receive-callback contexts */
     uint32_t nfull;            /* slots in SLOT_FULL */
+    uint64_t full_mask;        /* bit r: slot r is SLOT_FULL */
+    uint64_t apply_members;    /* bsp: the ranks whose slots the running job sums */
+    uint64_t progress;         /* bsp: samples applied before this step (0: use the version) */
+    bool has_progress;
     bool queued;               /* on the ready list or in the running job */
     psd_wait_t *pulls;         /* pulls waiting for a higher version */
     psd_chunk_t *next_ready;
@@ -112,6 +119,8 @@ typedef struct {
     uint32_t nchunks;
     psd_chunk_t **items;       /* JOB_APPLY: chunks whose SLOT_APPLYING slots to apply */
     uint32_t nitems;
+    void *coord_state;         /* JOB_APPLY on shard 0: the coordinator's state to commit */
+    size_t coord_len;
     int rc;
     char err[256];
 } psd_job_t;
@@ -119,10 +128,20 @@ typedef struct {
 enum { JOB_CREATE = 1, JOB_APPLY = 2 };
 
 #define PSD_MAX_TENSORS 65536 /* tensors per cluster */
+#define PSD_VIEWS 16          /* membership epochs a shard remembers */
+
+/* A membership epoch as a shard knows it: from step `from_step` on (until a higher epoch
+ * takes over), a bsp step is complete when every rank in `members` pushed. Shard 0 makes
+ * them (coord.c); the other shards learn them from pushes and from MSG_EPOCH. */
+typedef struct {
+    uint64_t epoch, from_step, members;
+} psd_view_t;
+
+typedef struct psd_coord_s psd_coord_t;
 
 struct psd_server_s {
     ps_manifest_t m;
-    uint32_t shard, nshards, workers;
+    uint32_t shard, nshards;
     uint64_t chunk_elems;
     psk_optim_kind_t optim;
     uint32_t nstate;
@@ -131,8 +150,10 @@ struct psd_server_s {
     ucp_listener_h listener;
     psd_store_t store;
     psd_conn_t *conns;
-    psd_conn_t **rank_owner;   /* [workers] coordinator: who holds each rank */
-    uint64_t epoch;
+    psd_conn_t **rank_owner;   /* [PS_MAX_RANKS] shards > 0: the connection of each rank */
+    psd_coord_t *coord;        /* shard 0: membership, steps and batches (coord.c) */
+    psd_view_t views[PSD_VIEWS]; /* known membership epochs, any order */
+    uint32_t nviews;
 
     psd_tensor_t *tensors;     /* [cap_tensors], indexed by id */
     uint32_t cap_tensors, ntensors; /* ntensors: 1 + highest present id */
@@ -183,5 +204,32 @@ bool psd_shard_idle(psd_server_t *srv);
 void psd_shard_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len);
 /** @brief Lowest chunk version of this shard (its step), or 0 with no chunks. */
 uint64_t psd_shard_step(psd_server_t *srv);
+/** @brief Learn membership epoch @p epoch (members from @p from_step on); chunks that became
+ *  complete under it are applied. Older or known epochs only lower their from_step. */
+void psd_shard_learn_view(psd_server_t *srv, uint64_t epoch, uint64_t from_step, uint64_t members);
+/** @brief The members of bsp step @p step as this shard knows them (0: none known). */
+uint64_t psd_shard_members(const psd_server_t *srv, uint64_t step, uint64_t *epoch);
+/** @brief Highest membership epoch this shard knows (0: none). */
+uint64_t psd_shard_epoch(const psd_server_t *srv);
+
+/* coord.c (shard 0 only) */
+/** @brief Create the coordinator; restores its state from @p saved (NULL: a fresh job).
+ *  @return 0 or PS_ENOMEM. */
+int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len);
+void psd_coord_free(psd_server_t *srv);
+/** @brief A worker said hello: admit it (a new rank) or take it back (its rank, after a
+ *  restart of this shard). Sends the reply or an error. */
+void psd_coord_on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg);
+void psd_coord_on_batch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg);
+void psd_coord_on_scale(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg);
+void psd_coord_on_launch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg);
+/** @brief @p c left (leave), died or fell silent: its rank leaves the job. */
+void psd_coord_on_gone(psd_server_t *srv, psd_conn_t *c, const char *why);
+/** @brief Every cron tick: members that did not come back after a restart, launch grants. */
+void psd_coord_tick(psd_server_t *srv);
+/** @brief Append the coordinator's members, epoch, step and batches as JSON members. */
+void psd_coord_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len);
+/** @brief The coordinator's state as bytes for the store (written with each apply). */
+const void *psd_coord_state(psd_server_t *srv, size_t *len);
 
 #endif

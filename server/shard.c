@@ -27,7 +27,7 @@ static int table_reserve(psd_server_t *srv, uint32_t id)
 
 static psd_chunk_t *chunk_new(psd_server_t *srv, uint32_t t, uint32_t c, uint32_t n)
 {
-    uint32_t w = srv->workers;
+    uint32_t w = PS_MAX_RANKS;
     psd_chunk_t *ch = calloc(1, sizeof *ch);
     if (ch == NULL) return NULL;
     ch->tensor = t;
@@ -134,7 +134,7 @@ void psd_shard_free(psd_server_t *srv)
         for (uint32_t c = 0; t->present && c < t->nchunks; c++) {
             psd_chunk_t *ch = t->chunks[c];
             if (ch == NULL) continue;
-            for (uint32_t r = 0; r < srv->workers; r++) free(ch->slots[r]);
+            for (uint32_t r = 0; r < PS_MAX_RANKS; r++) free(ch->slots[r]);
             free(ch->slots);
             for (psd_wait_t *w = ch->pulls, *nx; w; w = nx) {
                 nx = w->next;
@@ -162,6 +162,7 @@ void psd_shard_free(psd_server_t *srv)
     free(srv->tensors);
     free(srv->create_queue);
     free(srv->job.items);
+    free(srv->job.coord_state);
     srv->tensors = NULL;
 }
 
@@ -195,6 +196,58 @@ void psd_shard_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len
                      ntensors, (unsigned long long)chunks, (unsigned long long)bytes,
                      (unsigned long long)(chunks ? vmin : 0), (unsigned long long)vmax);
     if (n > 0 && (size_t)n < cap - *len) *len += (size_t)n;
+}
+
+/* ---- membership views --------------------------------------------------- */
+
+uint64_t psd_shard_members(const psd_server_t *srv, uint64_t step, uint64_t *epoch)
+{
+    const psd_view_t *best = NULL;
+    for (uint32_t i = 0; i < srv->nviews; i++) {
+        const psd_view_t *v = &srv->views[i];
+        if (v->from_step <= step && (best == NULL || v->epoch > best->epoch)) best = v;
+    }
+    if (epoch) *epoch = best ? best->epoch : 0;
+    return best ? best->members : 0;
+}
+
+uint64_t psd_shard_epoch(const psd_server_t *srv)
+{
+    uint64_t e = 0;
+    for (uint32_t i = 0; i < srv->nviews; i++)
+        if (srv->views[i].epoch > e) e = srv->views[i].epoch;
+    return e;
+}
+
+static void chunk_maybe_ready(psd_server_t *srv, psd_chunk_t *ch);
+
+void psd_shard_learn_view(psd_server_t *srv, uint64_t epoch, uint64_t from_step, uint64_t members)
+{
+    psd_view_t *v = NULL;
+    for (uint32_t i = 0; i < srv->nviews; i++)
+        if (srv->views[i].epoch == epoch) v = &srv->views[i];
+    if (v) {
+        if (v->from_step <= from_step) return; /* nothing new */
+        v->from_step = from_step;
+    } else {
+        if (srv->nviews == PSD_VIEWS) { /* forget the oldest epoch */
+            uint32_t old = 0;
+            for (uint32_t i = 1; i < srv->nviews; i++)
+                if (srv->views[i].epoch < srv->views[old].epoch) old = i;
+            if (srv->views[old].epoch > epoch) return;
+            v = &srv->views[old];
+        } else {
+            v = &srv->views[srv->nviews++];
+        }
+        *v = (psd_view_t){epoch, from_step, members};
+        PS_LOG(PS_LOG_DEBUG, "shard", "epoch %llu from step %llu: members %#llx",
+               (unsigned long long)epoch, (unsigned long long)from_step,
+               (unsigned long long)members);
+    }
+    /* A step waiting for a member that left may be complete now. */
+    for (uint32_t i = 0; i < srv->ntensors; i++)
+        for (uint32_t c = 0; srv->tensors[i].present && c < srv->tensors[i].nchunks; c++)
+            if (srv->tensors[i].chunks[c]) chunk_maybe_ready(srv, srv->tensors[i].chunks[c]);
 }
 
 bool psd_shard_idle(psd_server_t *srv)
@@ -251,7 +304,7 @@ void psd_shard_drop_conn(psd_server_t *srv, psd_conn_t *conn)
             drop_from(srv, &ch->pulls, conn);
             /* Its pushes already received stay: each is a whole gradient for its step and
              * is applied with it. Only the acknowledgement has nowhere to go. */
-            for (uint32_t r = 0; r < srv->workers; r++)
+            for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
                 if (ch->slot_conn[r] == conn && ch->slot_state[r] == SLOT_FULL) {
                     ch->slot_conn[r] = NULL;
                     psd_conn_unref(conn);
@@ -513,7 +566,7 @@ void psd_shard_on_pull(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
                        ch->tensor, ch->chunk, msg->codec);
         return;
     }
-    if (ch->version >= msg->step || srv->m.job.consistency == PS_CONSIST_ASP) {
+    if (ch->version >= msg->step || srv->m.job.consistency != PS_CONSIST_BSP) {
         send_pull_reply(srv, conn, msg->req_id, ch, msg->codec);
         return;
     }
@@ -531,8 +584,13 @@ void psd_shard_on_pull(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
 
 static void chunk_maybe_ready(psd_server_t *srv, psd_chunk_t *ch)
 {
-    bool ready = srv->m.job.consistency == PS_CONSIST_ASP ? ch->nfull > 0
-                                                          : ch->nfull == srv->workers;
+    bool ready;
+    if (srv->m.job.consistency != PS_CONSIST_BSP) {
+        ready = ch->nfull > 0;
+    } else {
+        uint64_t members = psd_shard_members(srv, ch->version, NULL);
+        ready = members != 0 && (ch->full_mask & members) == members;
+    }
     if (!ready || ch->queued) return;
     ch->queued = true;
     ch->next_ready = NULL;
@@ -570,6 +628,7 @@ static void push_received(psd_chunk_t *ch, uint32_t rank, ucs_status_t status)
     }
     ch->slot_state[rank] = SLOT_FULL;
     ch->nfull++;
+    ch->full_mask |= 1ull << rank;
     srv->pushes++;
     chunk_maybe_ready(srv, ch);
 }
@@ -612,26 +671,40 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
                        (unsigned long long)want);
         return UCS_OK;
     }
-    if (srv->m.job.consistency == PS_CONSIST_BSP && msg->step < ch->version) {
-        /* The step was applied without this push (its rank was taken over mid-step):
-         * acknowledge and drop it, the worker's next pull catches up. */
+    bool bsp = srv->m.job.consistency == PS_CONSIST_BSP;
+    if (bsp && msg->step < ch->version) {
+        /* The step was applied already (this is a resend after a reconnect, or the push
+         * of a rank removed mid-step): acknowledge and drop it. */
         ps_msg_t a = {.type = PS_MSG_PUSH_ACK, .req_id = msg->req_id, .tensor = ch->tensor,
                       .chunk = ch->chunk, .step = ch->version, .shard = srv->shard};
         psd_send_msg(srv, conn, &a);
         return UCS_OK;
     }
-    if (srv->m.job.consistency == PS_CONSIST_BSP && msg->step != ch->version) {
+    if (bsp && msg->step != ch->version) {
         psd_send_error(srv, conn, msg->req_id, PS_ESTALE,
                        "push of %u/%u for step %llu, but the chunk is at step %llu", ch->tensor,
                        ch->chunk, (unsigned long long)msg->step, (unsigned long long)ch->version);
         return UCS_OK;
     }
+    if (bsp) {
+        /* The push says which members its step has, as the coordinator told its sender. */
+        if (msg->epoch && msg->members) psd_shard_learn_view(srv, msg->epoch, msg->step, msg->members);
+        uint64_t epoch, members = psd_shard_members(srv, msg->step, &epoch);
+        if (!(members >> rank & 1)) {
+            psd_send_error(srv, conn, msg->req_id, PS_ENOTMEMBER,
+                           "push of %u/%u for step %llu: rank %u is not a member of that step "
+                           "(epoch %llu)", ch->tensor, ch->chunk, (unsigned long long)msg->step,
+                           rank, (unsigned long long)epoch);
+            return UCS_OK;
+        }
+    }
     if (ch->slot_state[rank] == SLOT_FULL && ch->slot_conn[rank] == NULL) {
-        /* This rank's previous holder died after pushing this step: its gradient stands,
-         * the newcomer's copy of the step is acknowledged and dropped. */
-        ps_msg_t a = {.type = PS_MSG_PUSH_ACK, .req_id = msg->req_id, .tensor = ch->tensor,
-                      .chunk = ch->chunk, .step = ch->version, .shard = srv->shard};
-        psd_send_msg(srv, conn, &a);
+        /* The same rank's push of this step is here already: its connection broke and it
+         * sent the push again. Ranks are not reused within a step, so this is the same
+         * gradient; acknowledge this copy when the step is applied. */
+        ch->slot_conn[rank] = conn;
+        ch->slot_req[rank] = msg->req_id;
+        psd_conn_ref(conn);
         return UCS_OK;
     }
     if (ch->slot_state[rank] != SLOT_EMPTY) {
@@ -658,6 +731,10 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
     }
     ch->slot_codec[rank] = codec;
     ch->slot_len[rank] = length;
+    ch->has_progress = (msg->flags & PS_FLAG_PROGRESS) != 0; /* every member's push says the same */
+    ch->progress = msg->samples;
+    ch->has_progress = (msg->flags & PS_FLAG_PROGRESS) != 0; /* every member's push says the same */
+    ch->progress = msg->samples;
     ch->slot_state[rank] = SLOT_RECEIVING;
     ch->slot_req[rank] = msg->req_id;
     ch->slot_conn[rank] = conn;
@@ -721,16 +798,20 @@ static int run_create(psd_job_t *job, psd_wtxn_t *tx)
  * (sparse adds for top-k and random-k). Payloads were validated on receipt. */
 static const float *slot_sum(psd_server_t *srv, psd_chunk_t *ch)
 {
+    uint64_t mem = ch->apply_members;
     bool raw = true;
-    for (uint32_t r = 0; r < srv->workers; r++) raw &= ch->slot_codec[r].kind == PSK_CODEC_NONE;
+    for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
+        if (mem >> r & 1) raw &= ch->slot_codec[r].kind == PSK_CODEC_NONE;
     if (raw) {
-        float *sum = (float *)ch->slots[0];
-        for (uint32_t r = 1; r < srv->workers; r++)
-            psk_add_cpu(sum, (const float *)ch->slots[r], ch->n);
+        uint32_t first = (uint32_t)__builtin_ctzll(mem);
+        float *sum = (float *)ch->slots[first];
+        for (uint32_t r = first + 1; r < PS_MAX_RANKS; r++)
+            if (mem >> r & 1) psk_add_cpu(sum, (const float *)ch->slots[r], ch->n);
         return sum;
     }
     memset(ch->agg, 0, (size_t)ch->n * 4);
-    for (uint32_t r = 0; r < srv->workers; r++) {
+    for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
+        if (!(mem >> r & 1)) continue;
         if (ch->slot_codec[r].kind == PSK_CODEC_NONE)
             psk_add_cpu(ch->agg, (const float *)ch->slots[r], ch->n);
         else
@@ -761,12 +842,19 @@ static int run_apply(psd_job_t *job, psd_wtxn_t *tx)
         if (bsp) {
             /* Sum in rank order, so the result does not depend on arrival order. */
             const float *sum = slot_sum(srv, ch);
-            psk_optim_t o = optim_at(srv, h->version, total);
-            psk_optim_apply_cpu(p, s, p_in, s_in, sum, 1.0f / (float)srv->workers, ch->n,
+            /* The schedule follows the data: the position is the samples applied before this
+             * step over a planned step's samples (job.workers x batch_size), so a run with
+             * fewer workers (more, smaller steps) decays its rate over the same data. */
+            uint64_t pos = ch->has_progress ? psk_lr_pos(ch->progress, srv->m.job.workers,
+                                                         srv->m.job.batch_size)
+                                            : h->version;
+            psk_optim_t o = optim_at(srv, pos, total);
+            float scale = 1.0f / (float)__builtin_popcountll(ch->apply_members);
+            psk_optim_apply_cpu(p, s, p_in, s_in, sum, scale, ch->n,
                                 h->version + 1, &o);
             h->version++;
         } else {
-            for (uint32_t r = 0; r < srv->workers; r++) {
+            for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
                 if (ch->slot_state[r] != SLOT_APPLYING) continue;
                 psk_optim_t o = optim_at(srv, h->version, total);
                 const float *g = (const float *)ch->slots[r];
@@ -793,6 +881,8 @@ static void job_work(uv_work_t *w)
     job->rc = psd_store_begin(&job->srv->store, &tx);
     if (job->rc) return;
     job->rc = job->kind == JOB_CREATE ? run_create(job, &tx) : run_apply(job, &tx);
+    if (job->rc == 0 && job->kind == JOB_APPLY && job->coord_len)
+        job->rc = psd_store_put_blob(&tx, "job", job->coord_state, job->coord_len);
     if (job->rc)
         psd_store_abort(&tx);
     else
@@ -884,11 +974,11 @@ static void job_done(uv_work_t *w, int status)
         for (uint32_t i = 0; i < job->nitems; i++) {
             psd_chunk_t *ch = job->items[i];
             uint32_t applied = 0;
-            for (uint32_t r = 0; r < srv->workers; r++)
+            for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
                 applied += ch->slot_state[r] == SLOT_APPLYING;
             if (job->rc == 0)
                 ch->version += srv->m.job.consistency == PS_CONSIST_BSP ? 1 : applied;
-            for (uint32_t r = 0; r < srv->workers; r++)
+            for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
                 if (ch->slot_state[r] == SLOT_APPLYING) ack_slot(srv, ch, r, job->rc, ch->version);
             ch->queued = false;
             srv->applied_updates += applied;
@@ -910,6 +1000,13 @@ static void job_done(uv_work_t *w, int status)
     srv->job_running = false;
     job_start_next(srv);
     if (!srv->job_running) psd_server_maybe_stop(srv);
+}
+
+static void drop_slot(psd_chunk_t *ch, uint32_t r)
+{
+    if (ch->slot_conn[r]) psd_conn_unref(ch->slot_conn[r]);
+    ch->slot_conn[r] = NULL;
+    ch->slot_state[r] = SLOT_EMPTY;
 }
 
 static void job_start_next(psd_server_t *srv)
@@ -941,19 +1038,42 @@ static void job_start_next(psd_server_t *srv)
         }
         bool bsp = srv->m.job.consistency == PS_CONSIST_BSP;
         for (psd_chunk_t *c = srv->ready_head; c; c = c->next_ready) {
-            if (bsp ? c->nfull != srv->workers : c->nfull == 0) {
+            uint64_t members = bsp ? psd_shard_members(srv, c->version, NULL) : ~0ull;
+            if (bsp ? members == 0 || (c->full_mask & members) != members : c->nfull == 0) {
                 c->queued = false; /* no longer ready; queued again when it is */
                 continue;
             }
             job->items[job->nitems++] = c;
-            for (uint32_t r = 0; r < srv->workers; r++)
-                if (c->slot_state[r] == SLOT_FULL) {
+            c->apply_members = members;
+            for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
+                if (c->slot_state[r] != SLOT_FULL) continue;
+                c->nfull--;
+                c->full_mask &= ~(1ull << r);
+                if (members >> r & 1) {
                     c->slot_state[r] = SLOT_APPLYING;
-                    c->nfull--;
+                } else {
+                    /* Pushed by a rank that left the step (removed mid-step): never applied. */
+                    if (c->slot_conn[r])
+                        psd_send_error(srv, c->slot_conn[r], c->slot_req[r], PS_ENOTMEMBER,
+                                       "push of %u/%u for step %llu: rank %u is not a member of "
+                                       "that step any more", c->tensor, c->chunk,
+                                       (unsigned long long)c->version, r);
+                    drop_slot(c, r);
                 }
+            }
         }
         srv->ready_head = srv->ready_tail = NULL;
         if (job->nitems == 0) return;
+        if (srv->coord) {
+            /* The coordinator's step, members and cursor commit with the updates. */
+            size_t len;
+            const void *st = psd_coord_state(srv, &len);
+            if (job->coord_state == NULL) job->coord_state = malloc(len);
+            if (job->coord_state) {
+                memcpy(job->coord_state, st, len);
+                job->coord_len = len;
+            }
+        }
     } else {
         return;
     }

@@ -296,3 +296,29 @@ int psd_store_snapshot_renew(MDB_txn *txn)
 {
     return mdb_err(mdb_txn_renew(txn));
 }
+
+int psd_store_put_blob(psd_wtxn_t *tx, const char *name, const void *data, size_t len)
+{
+    char kb[64];
+    snprintf(kb, sizeof kb, "M%s", name);
+    MDB_val k = {strlen(kb), kb}, v = {len, (void *)data};
+    return mdb_err(mdb_put(tx->w, tx->st->dbi, &k, &v, 0));
+}
+
+int psd_store_get_blob(psd_store_t *st, const char *name, void *buf, size_t cap, size_t *len)
+{
+    char kb[64];
+    snprintf(kb, sizeof kb, "M%s", name);
+    MDB_txn *txn;
+    int rc = mdb_txn_begin(st->env, NULL, MDB_RDONLY, &txn);
+    if (rc) return mdb_err(rc);
+    MDB_val k = {strlen(kb), kb}, v;
+    rc = mdb_get(txn, st->dbi, &k, &v);
+    if (rc == 0) {
+        *len = v.mv_size;
+        if (v.mv_size <= cap) memcpy(buf, v.mv_data, v.mv_size);
+        else rc = PS_ESTORE;
+    }
+    mdb_txn_abort(txn);
+    return rc == MDB_NOTFOUND ? PS_ENOENT : rc > 0 ? mdb_err(rc) : rc;
+}

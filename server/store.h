@@ -97,4 +97,10 @@ int psd_store_chunk_get(psd_store_t *st, MDB_txn *txn, uint32_t t, uint32_t c,
 int psd_store_snapshot(psd_store_t *st, MDB_txn **out);
 int psd_store_snapshot_renew(MDB_txn *txn);
 
+/** @brief Store @p len bytes under metadata key "M"@p name in @p tx (copied). */
+int psd_store_put_blob(psd_wtxn_t *tx, const char *name, const void *data, size_t len);
+/** @brief Copy the committed blob @p name into @p buf (at most @p cap bytes); *len = its size.
+ *  @return 0, PS_ENOENT (never stored), PS_ESTORE (larger than cap), PS_E*. */
+int psd_store_get_blob(psd_store_t *st, const char *name, void *buf, size_t cap, size_t *len);
+
 #endif

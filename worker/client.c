@@ -21,7 +21,7 @@
 
 #define PS_CLIENT_MAX_TENSORS 65536 /* as psd's PSD_MAX_TENSORS */
 
-enum { OP_HELLO = 1, OP_DECLARE, OP_PUSH, OP_PULL, OP_LEAVE, OP_SHUTDOWN };
+enum { OP_HELLO = 1, OP_DECLARE, OP_PUSH, OP_PULL, OP_LEAVE, OP_SHUTDOWN, OP_BATCH };
 
 typedef struct {
     ps_op_t *op;
@@ -92,6 +92,7 @@ struct ps_client_s {
     uint64_t chunk_elems;
     int rank;
     uint32_t workers;
+    uint64_t join_step;         /* the coordinator's step at the join */
     uint64_t next_req;
 
     pthread_t thread;
@@ -108,6 +109,11 @@ struct ps_client_s {
     int started, start_rc;
     volatile sig_atomic_t interrupted; /* ps_client_interrupt: pushes and pulls now fail */
     int joined;                 /* past the first hello: lost shards are reconnected */
+    int removed;                /* the coordinator removed this worker: everything fails */
+    uint64_t epoch, members;    /* comm thread: membership of the step pushes are for */
+    uint64_t epoch_from;        /* the step that membership starts at */
+    uint64_t progress;          /* comm thread: the current batch's samples-applied-before */
+    int has_progress;
     uint32_t reconnect_ms;      /* how long a lost shard may stay away */
 
     ctensor_t **tensors;        /* [PS_CLIENT_MAX_TENSORS] by id; entries never move, so the
@@ -172,7 +178,8 @@ static void shard_lost(ps_client_t *c, uint32_t i);
 static int part_defer(ps_client_t *c, part_t *p)
 {
     if (!__atomic_load_n(&c->joined, __ATOMIC_ACQUIRE) || !p->pending ||
-        c->shards[p->shard].gone || (p->op->type != OP_PUSH && p->op->type != OP_PULL))
+        c->shards[p->shard].gone ||
+        (p->op->type != OP_PUSH && p->op->type != OP_PULL && p->op->type != OP_BATCH))
         return 0;
     p->resend = 1;
     cshard_t *s = &c->shards[p->shard];
@@ -323,6 +330,12 @@ static void send_data_part(ps_client_t *c, ps_op_t *op, part_t *p)
         m.codec_fraction = t->codec.fraction;
         m.codec_block = t->codec.block;
         m.codec_flags = t->codec.fp16_values ? 1 : 0;
+        m.epoch = c->epoch;
+        m.members = c->members;
+        if (c->has_progress) {
+            m.samples = c->progress;
+            m.flags |= PS_FLAG_PROGRESS;
+        }
         __atomic_add_fetch(&c->stats.bytes_pushed, p->len, __ATOMIC_RELAXED);
         __atomic_add_fetch(&c->stats.bytes_pushed_raw, len * 4, __ATOMIC_RELAXED);
         __atomic_add_fetch(&c->stats.pushes, 1, __ATOMIC_RELAXED);
@@ -344,8 +357,13 @@ static void start_op(ps_client_t *c, ps_op_t *op)
         op_fail(op, PS_ECANCELED, "interrupted");
         goto done;
     }
+    if (c->removed && op->type != OP_LEAVE && op->on_done == NULL) {
+        op_fail(op, PS_ENOTMEMBER, "this worker was removed from the job");
+        goto done;
+    }
     switch (op->type) {
     case OP_HELLO:
+    case OP_BATCH:
     case OP_DECLARE: {
         part_t *p = &op->parts[0];
         if (op->type == OP_HELLO && connect_shard(c, p->shard))
@@ -356,12 +374,13 @@ static void start_op(ps_client_t *c, ps_op_t *op)
     }
     case OP_LEAVE: {
         ps_msg_t m = {.type = PS_MSG_LEAVE, .req_id = op->req_id, .rank = c->rank};
-        for (uint32_t i = 0; i < op->nparts; i++) {
-            op->parts[i].pending = 0; /* no reply expected: done when sent */
-            op->remaining--;
-            if (c->shards[i].ep && !c->shards[i].dead)
+        /* No reply expected: done when sent. All parts first, so that a failed send
+         * (op_fail) finds no pending part to count again. */
+        for (uint32_t i = 0; i < op->nparts; i++) op->parts[i].pending = 0;
+        op->remaining = 0;
+        for (uint32_t i = 0; i < op->nparts; i++)
+            if (c->shards[i].ep && !c->shards[i].dead && !c->shards[i].down)
                 send_part(c, &op->parts[i], &m, NULL, 0, PS_AM_CTRL);
-        }
         break;
     }
     case OP_PUSH:
@@ -407,11 +426,70 @@ static void parts_on_shard(ps_client_t *c, uint32_t i, int give_up)
 
 static void on_reconnect_timer(uv_timer_t *h);
 
+static void on_forward_sent(void *request, ucs_status_t status, void *user_data)
+{
+    free(user_data);
+    if (request) ucp_request_free(request);
+}
+
+/* Tell shard i the membership this worker knows (MSG_EPOCH, fire and forget). */
+static void forward_view(ps_client_t *c, uint32_t i)
+{
+    cshard_t *s = &c->shards[i];
+    if (c->epoch == 0 || s->ep == NULL || s->dead || s->down) return;
+    ps_msg_t m = {.type = PS_MSG_EPOCH, .epoch = c->epoch, .step = c->epoch_from,
+                  .members = c->members, .rank = c->rank};
+    uint8_t *hdr = malloc(128);
+    size_t len;
+    if (hdr == NULL || ps_msg_encode(&m, hdr, 128, &len)) {
+        free(hdr);
+        return;
+    }
+    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                               UCP_OP_ATTR_FIELD_USER_DATA |
+                                               UCP_OP_ATTR_FIELD_FLAGS,
+                               .flags = UCP_AM_SEND_FLAG_REPLY,
+                               .cb.send = on_forward_sent, .user_data = hdr};
+    void *req = ucp_am_send_nbx(s->ep, PS_AM_CTRL, hdr, len, NULL, 0, &prm);
+    if (req == NULL || UCS_PTR_IS_ERR(req)) free(hdr);
+}
+
+/* Adopt a newer membership (from a batch reply or MSG_EPOCH); @p forward: tell the others. */
+static void learn_view(ps_client_t *c, uint64_t epoch, uint64_t from, uint64_t members, int forward)
+{
+    if (epoch <= c->epoch) return;
+    c->epoch = epoch;
+    c->epoch_from = from;
+    c->members = members;
+    if (forward)
+        for (uint32_t i = 1; i < c->nshards; i++) forward_view(c, i);
+}
+
+/* The coordinator no longer counts this worker as a member: fail everything now, and
+ * every later operation, with PS_ENOTMEMBER (the caller joins again with a new client). */
+static void mark_removed(ps_client_t *c)
+{
+    if (c->removed) return;
+    c->removed = 1;
+    PS_LOG(PS_LOG_WARN, "libps", "rank %d was removed from the job", c->rank);
+    for (ps_op_t *op = c->inflight, *nx; op; op = nx) {
+        nx = op->next;
+        if (op->on_done) continue;
+        op_fail(op, PS_ENOTMEMBER, "this worker (rank %d) was removed from the job", c->rank);
+        op_maybe_complete(op);
+    }
+}
+
 static void on_rehello(ps_op_t *op)
 {
     ps_client_t *c = op->c;
     uint32_t i = op->parts[0].shard;
     cshard_t *s = &c->shards[i];
+    if (op->status == PS_ENOTMEMBER) {
+        PS_LOG(PS_LOG_WARN, "libps", "shard %u: %s", i, op->err);
+        mark_removed(c);
+        return;
+    }
     if (op->status == 0 && op->reply.rank != c->rank) {
         PS_LOG(PS_LOG_ERROR, "libps", "shard %u gave rank %d back, not %d", i, op->reply.rank,
                c->rank);
@@ -423,6 +501,7 @@ static void on_rehello(ps_op_t *op)
                c->m.servers[i].host, c->m.servers[i].port,
                (unsigned long long)(now_ms() - s->down_since_ms));
         s->down = 0;
+        if (i > 0) forward_view(c, i); /* a restarted shard learns the step's members */
         /* Send again whatever it had not answered: a push it already applied is acked
          * and dropped, so every step is applied exactly once. */
         for (ps_op_t *o = c->inflight, *nx; o; o = nx) {
@@ -430,7 +509,11 @@ static void on_rehello(ps_op_t *op)
             int sent = 0;
             for (uint32_t k = 0; k < o->nparts; k++)
                 if (o->parts[k].resend && o->parts[k].shard == i && o->parts[k].pending) {
-                    send_data_part(c, o, &o->parts[k]);
+                    o->parts[k].resend = 0;
+                    if (o->type == OP_BATCH)
+                        send_part(c, &o->parts[k], &o->req, NULL, 0, PS_AM_CTRL);
+                    else
+                        send_data_part(c, o, &o->parts[k]);
                     sent = 1;
                 }
             if (sent) op_maybe_complete(o); /* a resend that failed at once may finish it */
@@ -601,6 +684,10 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
         PS_LOG(PS_LOG_WARN, "libps", "dropped a message: %s", err);
         return UCS_OK;
     }
+    if (m.type == PS_MSG_EPOCH) {
+        if (m.shard == 0) learn_view(c, m.epoch, m.step, m.members, 1);
+        return UCS_OK;
+    }
     ps_op_t *op = find_op(c, m.req_id);
     if (op == NULL) {
         if (m.type == PS_MSG_ERROR)
@@ -610,6 +697,21 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     switch (m.type) {
     case PS_MSG_ERROR:
         op_fail(op, m.status < 0 ? m.status : PS_EPROTO, "shard %u: %s", m.shard, m.error);
+        if (m.status == PS_ENOTMEMBER) {
+            op_maybe_complete(op);
+            mark_removed(c);
+            return UCS_OK;
+        }
+        break;
+    case PS_MSG_BATCH_REPLY:
+        if (op->type != OP_BATCH || m.shard != 0) return UCS_OK;
+        op->reply = m;
+        if (!(m.flags & PS_FLAG_FINISHED)) {
+            learn_view(c, m.epoch, m.step, m.members, 0);
+            c->progress = m.samples;
+            c->has_progress = 1;
+        }
+        part_done(&op->parts[0]);
         break;
     case PS_MSG_HELLO_REPLY:
     case PS_MSG_DECLARE_REPLY:
@@ -796,11 +898,13 @@ static int join(ps_client_t *c, uint32_t timeout_ms)
         for (;;) {
             ps_msg_t req = {.type = PS_MSG_HELLO, .rank = c->rank, .pid = (uint32_t)getpid()}, rep;
             snprintf(req.cluster, sizeof req.cluster, "%s", c->m.cluster);
+            gethostname(req.host, sizeof req.host - 1);
             int rc = ctrl_call(c, OP_HELLO, i, &req, &rep);
             if (rc == 0) {
                 if (i == 0) {
                     c->rank = rep.rank;
                     c->workers = rep.workers;
+                    c->join_step = rep.step;
                 }
                 break;
             }
@@ -917,6 +1021,7 @@ void ps_client_interrupt(ps_client_t *c)
 
 int ps_client_rank(const ps_client_t *c) { return c->rank; }
 uint32_t ps_client_workers(const ps_client_t *c) { return c->workers; }
+uint64_t ps_client_join_step(const ps_client_t *c) { return c->join_step; }
 uint32_t ps_client_shards(const ps_client_t *c) { return c->nshards; }
 const char *ps_client_error(const ps_client_t *c) { return c->err; }
 
@@ -1083,6 +1188,30 @@ int ps_client_set_compression(ps_client_t *c, uint32_t id, const ps_compression_
     t->codec = pc;
     t->error_feedback = error_feedback && pc.kind != PSK_CODEC_NONE;
     t->pull_codec = pl;
+    return 0;
+}
+
+int ps_client_next_batch(ps_client_t *c, uint64_t samples, const ps_batch_info_t *done,
+                         ps_batch_info_t *out)
+{
+    ps_msg_t req = {.type = PS_MSG_BATCH, .rank = c->rank, .samples = samples}, rep;
+    if (done) {
+        req.flags = PS_FLAG_DONE;
+        req.step = done->step;
+        req.data_epoch = done->pass;
+        req.batch_offset = done->offset;
+        req.batch_count = done->count;
+    }
+    int rc = ctrl_call(c, OP_BATCH, 0, &req, &rep);
+    if (rc) return rc;
+    *out = (ps_batch_info_t){.step = rep.step, .pass = rep.data_epoch,
+                             .offset = rep.batch_offset, .count = rep.batch_count,
+                             .members = (uint32_t)__builtin_popcountll(rep.members),
+                             .epoch = rep.epoch, .finished = (rep.flags & PS_FLAG_FINISHED) != 0};
+    if (!out->finished && out->count == 0) {
+        snprintf(c->err, sizeof c->err, "shard 0 handed out an empty batch");
+        return PS_EPROTO;
+    }
     return 0;
 }
 

@@ -125,14 +125,15 @@ void ps_local_push(ps_local_t *l, uint32_t rank, const ps_mlp_t *mlp, uint64_t s
     }
 }
 
-void ps_local_apply(ps_local_t *l, const ps_mlp_t *mlp, uint64_t step)
+void ps_local_apply(ps_local_t *l, const ps_mlp_t *mlp, uint64_t step, uint32_t members,
+                    uint64_t progress)
 {
     const ps_optim_conf_t *o = &l->m->job.optimizer;
     uint64_t decay = o->decay_steps ? o->decay_steps : l->total_steps;
     psk_optim_t oc = {
         .kind = (psk_optim_kind_t)o->name,
         .lr = psk_lr_at(o->schedule == PS_SCHED_COSINE, o->lr, o->min_lr, o->warmup_steps, decay,
-                        step),
+                        psk_lr_pos(progress, l->m->job.workers, l->m->job.batch_size)),
         .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps, .momentum = o->momentum,
         .nesterov = o->nesterov, .weight_decay = o->weight_decay};
     size_t off = 0;
@@ -140,7 +141,7 @@ void ps_local_apply(ps_local_t *l, const ps_mlp_t *mlp, uint64_t step)
         size_t n = mlp->tensors[t].numel;
         float *s = l->nstate ? l->state + off * l->nstate : NULL;
         psk_optim_apply_cpu(l->master + off, s, l->master + off, s, l->sum + off,
-                            1.0f / (float)l->workers, n, step + 1, &oc);
+                            1.0f / (float)members, n, step + 1, &oc);
         off += n;
     }
     memset(l->sum, 0, l->nparams * 4);

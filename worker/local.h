@@ -47,7 +47,10 @@ void ps_local_pull(ps_local_t *l, ps_mlp_t *mlp);
  *  libps would send them and the shards decode them. Call for ranks 0, 1, ... in order. */
 void ps_local_push(ps_local_t *l, uint32_t rank, const ps_mlp_t *mlp, uint64_t step);
 
-/** @brief Apply the step: masters -= optimizer(sum / workers); clears the sum. */
-void ps_local_apply(ps_local_t *l, const ps_mlp_t *mlp, uint64_t step);
+/** @brief Apply the step: masters -= optimizer(sum / members), @p members = the ranks that
+ *  pushed this step, @p progress = samples applied before it (the learning-rate schedule's
+ *  position, as the shards compute it); clears the sum. */
+void ps_local_apply(ps_local_t *l, const ps_mlp_t *mlp, uint64_t step, uint32_t members,
+                    uint64_t progress);
 
 #endif

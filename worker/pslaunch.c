@@ -1,5 +1,8 @@
-/* pslaunch.c: start N local psworker processes for a manifest, forward
- * SIGINT/SIGTERM to them, wait, and fail if any worker failed. */
+/* pslaunch.c: start local psworker processes for a manifest, forward SIGINT/SIGTERM
+ * to them and wait. Either N of them (--workers N, failing if one fails), or as many
+ * as the coordinator asks for (--follow): every poll it reports how many run here and
+ * starts or stops (SIGTERM) workers as told, so that `psctl scale N` takes effect and
+ * several pslaunch instances share the count. */
 #include <errno.h>
 #include <getopt.h>
 #include <libgen.h>
@@ -9,7 +12,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
+
+#include "ctl.h"
+#include "manifest.h"
+#include "ps/ps_error.h"
 
 static int g_sig; /* SIGINT or SIGTERM once received (forwarded to the workers) */
 
@@ -36,14 +44,105 @@ static pid_t spawn(const char *worker, const char *manifest, const char *metrics
     _exit(127);
 }
 
+#define FOLLOW_MAX 256 /* worker processes alive at once, stopping ones included */
+
+/* --follow: poll the coordinator with this host's running count; start or stop as told. */
+static int follow(const char *manifest, const char *worker, const char *metrics_dir, long poll_ms,
+                  const sigset_t *set)
+{
+    static ps_manifest_t m;
+    char err[1024], host[64] = "";
+    if (ps_manifest_load(&m, manifest, err, sizeof err)) {
+        fprintf(stderr, "pslaunch: %s\n", err);
+        return 2;
+    }
+    gethostname(host, sizeof host - 1);
+    ps_ctl_t *ctl;
+    if (ps_ctl_open(&ctl, &m, 0)) {
+        fprintf(stderr, "pslaunch: cannot start the UCX transport\n");
+        return 1;
+    }
+    pid_t pids[FOLLOW_MAX];
+    int stopping[FOLLOW_MAX];
+    int nlive = 0, finished = 0, failures = 0;
+    long next_index = 0;
+    struct timespec ts = {poll_ms / 1000, (poll_ms % 1000) * 1000000L};
+    while (!(finished && nlive == 0)) {
+        if (g_sig) { /* forward once, then wait for everyone */
+            for (int i = 0; i < nlive; i++)
+                if (!stopping[i]) kill(pids[i], g_sig), stopping[i] = 1;
+            finished = 1;
+        }
+        if (!finished) {
+            int running = 0;
+            for (int i = 0; i < nlive; i++) running += !stopping[i];
+            ps_msg_t req = {.type = PS_MSG_LAUNCH, .workers = (uint32_t)running,
+                            .pid = (uint32_t)getpid(), .rank = -1}, rep;
+            snprintf(req.host, sizeof req.host, "%s", host);
+            snprintf(req.cluster, sizeof req.cluster, "%s", m.cluster);
+            int rc = ps_ctl_call(ctl, &req, &rep, 2000);
+            if (rc == 0 && (rep.flags & PS_FLAG_FINISHED)) {
+                fprintf(stderr, "pslaunch: the job is complete\n");
+                finished = 1;
+            } else if (rc == 0) {
+                for (int k = 0; k < rep.status && nlive < FOLLOW_MAX; k++) {
+                    pid_t pid = spawn(worker, manifest, metrics_dir, next_index++);
+                    if (pid < 0) break;
+                    pids[nlive] = pid;
+                    stopping[nlive++] = 0;
+                }
+                /* Stop the newest first: the oldest have the most warmed-up state. */
+                for (int k = 0, i = nlive - 1; k < -rep.status && i >= 0; i--)
+                    if (!stopping[i]) {
+                        kill(pids[i], SIGTERM);
+                        stopping[i] = 1;
+                        k++;
+                    }
+                if (rep.status)
+                    fprintf(stderr, "pslaunch: %s %d worker(s) (desired %u)\n",
+                            rep.status > 0 ? "starting" : "stopping",
+                            rep.status > 0 ? rep.status : -rep.status, rep.workers);
+            }
+        }
+        int sig = sigtimedwait(set, NULL, &ts);
+        if (sig == SIGINT || sig == SIGTERM) g_sig = sig;
+        int st;
+        pid_t pid;
+        while ((pid = waitpid(-1, &st, WNOHANG)) > 0)
+            for (int i = 0; i < nlive; i++) {
+                if (pids[i] != pid) continue;
+                if (!stopping[i] && (!WIFEXITED(st) || WEXITSTATUS(st) != 0)) {
+                    failures++;
+                    fprintf(stderr, "pslaunch: worker pid %d %s %d\n", (int)pid,
+                            WIFSIGNALED(st) ? "killed by signal" : "exited with",
+                            WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+                }
+                /* Keep the start order (the newest last). */
+                memmove(pids + i, pids + i + 1, (size_t)(nlive - i - 1) * sizeof *pids);
+                memmove(stopping + i, stopping + i + 1, (size_t)(nlive - i - 1) * sizeof *stopping);
+                nlive--;
+                break;
+            }
+    }
+    ps_ctl_close(ctl);
+    if (failures) fprintf(stderr, "pslaunch: %d worker(s) died; the coordinator had them "
+                                  "replaced\n", failures);
+    return g_sig ? 128 + g_sig : 0;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f, "usage: pslaunch --manifest FILE --workers N [--metrics-dir DIR] [--respawn N]\n"
                "                [--psworker PATH]\n"
+               "       pslaunch --manifest FILE --follow [--poll-ms MS] [--metrics-dir DIR]\n"
+               "                [--psworker PATH]\n"
                "Start N psworker processes; with --metrics-dir, worker i writes\n"
                "DIR/worker-i.jsonl. With --respawn N, a worker that dies (a signal or a\n"
-               "non-zero exit) is replaced, up to N times in all; the replacement takes over\n"
-               "its rank at the step in flight. Exits non-zero if a worker failed for good.\n");
+               "non-zero exit) is replaced, up to N times in all. Exits non-zero if a worker\n"
+               "failed for good.\n"
+               "With --follow, start and stop (SIGTERM) workers as the coordinator says until\n"
+               "the job has the number `psctl scale` set (initially job.workers); exits 0 when\n"
+               "the job is complete and its workers have exited.\n");
 }
 
 int main(int argc, char **argv)
@@ -53,13 +152,25 @@ int main(int argc, char **argv)
                                          {"metrics-dir", required_argument, 0, 'd'},
                                          {"psworker", required_argument, 0, 'w'},
                                          {"respawn", required_argument, 0, 'r'},
+                                         {"follow", no_argument, 0, 'f'},
+                                         {"poll-ms", required_argument, 0, 'p'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     const char *manifest = NULL, *metrics_dir = NULL, *worker = NULL;
-    long n = -1, respawn = 0;
-    int o;
-    while ((o = getopt_long(argc, argv, "m:n:d:w:r:h", opts, NULL)) != -1) {
+    long n = -1, respawn = 0, poll_ms = 250;
+    int o, follow_mode = 0;
+    while ((o = getopt_long(argc, argv, "m:n:d:w:r:fp:h", opts, NULL)) != -1) {
         switch (o) {
+        case 'f': follow_mode = 1; break;
+        case 'p': {
+            char *end;
+            poll_ms = strtol(optarg, &end, 10);
+            if (*optarg == '\0' || *end != '\0' || poll_ms < 10 || poll_ms > 600000) {
+                fprintf(stderr, "pslaunch: --poll-ms %s: expected 10..600000\n", optarg);
+                return 2;
+            }
+            break;
+        }
         case 'r': {
             char *end;
             respawn = strtol(optarg, &end, 10);
@@ -85,7 +196,7 @@ int main(int argc, char **argv)
         default: usage(stderr); return 2;
         }
     }
-    if (manifest == NULL || n < 1 || optind != argc) {
+    if (manifest == NULL || (n < 1) == !follow_mode || optind != argc) {
         usage(stderr);
         return 2;
     }
@@ -114,6 +225,7 @@ int main(int argc, char **argv)
     sigaddset(&set, SIGCHLD);
     sigprocmask(SIG_BLOCK, &set, NULL);
 
+    if (follow_mode) return follow(manifest, worker, metrics_dir, poll_ms, &set);
     pid_t *pids = calloc((size_t)n, sizeof *pids);
     if (pids == NULL) return 1;
     long started = 0;

@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "batches.h"
 #include "fmnist.h"
 #include "local.h"
 #include "manifest.h"
@@ -24,7 +25,9 @@ typedef struct {
     ps_client_t *client;     /* NULL with --local */
     uint32_t ids[PS_MLP_MAX_TENSORS];
     ps_op_t *push_ops[PS_MLP_MAX_TENSORS];
+    ps_op_t *pull_ops[PS_MLP_MAX_TENSORS];
     uint64_t step;
+    uint64_t total;          /* planned steps (learning-rate schedule) */
     int failed;
     char err[512];
     ps_local_t local;        /* --local: the cluster's work done in-process */
@@ -73,22 +76,134 @@ static int wait_op(trainer_t *tr, ps_op_t **op, const char *what, int t, uint64_
     return rc;
 }
 
-/* Pull every tensor at version >= min_version, first layers first. */
-static int pull_all(trainer_t *tr, uint64_t min_version, uint64_t *version)
+/* Start pulling every tensor at version >= min_version, first layers first. */
+static int pull_start(trainer_t *tr, uint64_t min_version)
 {
-    ps_op_t *ops[PS_MLP_MAX_TENSORS] = {0};
-    uint64_t lowest = UINT64_MAX;
     for (int t = 0; t < tr->mlp.ntensors && !tr->failed; t++)
-        if (ps_client_pull(tr->client, tr->ids[t], tr->mlp.params[t], min_version, &ops[t])) {
+        if (ps_client_pull(tr->client, tr->ids[t], tr->mlp.params[t], min_version,
+                           &tr->pull_ops[t])) {
             tr->failed = PS_EIO;
+            tr->pull_ops[t] = NULL;
             snprintf(tr->err, sizeof tr->err, "pull: %s", ps_client_error(tr->client));
         }
+    return tr->failed;
+}
+
+/* Wait for the pulls; *version = the lowest chunk version received. */
+static int pull_finish(trainer_t *tr, uint64_t *version)
+{
+    uint64_t lowest = UINT64_MAX;
     for (int t = 0; t < tr->mlp.ntensors; t++) {
         uint64_t v = 0;
-        if (ops[t] && wait_op(tr, &ops[t], "pull", t, &v) == 0 && v < lowest) lowest = v;
+        if (tr->pull_ops[t] && wait_op(tr, &tr->pull_ops[t], "pull", t, &v) == 0 && v < lowest)
+            lowest = v;
     }
-    if (version) *version = lowest == UINT64_MAX ? 0 : lowest;
+    if (version) *version = lowest;
     return tr->failed;
+}
+
+static int pull_all(trainer_t *tr, uint64_t min_version, uint64_t *version)
+{
+    pull_start(tr, min_version);
+    return pull_finish(tr, version);
+}
+
+/* Connect, declare the model's tensors and set their compression. */
+static int join_cluster(trainer_t *tr, const char *manifest, char *err, size_t errlen)
+{
+    const ps_manifest_t *m = tr->m;
+    int rc = ps_client_create(manifest, NULL, &tr->client, err, errlen);
+    if (rc) return rc;
+    g_client = tr->client;
+    int rank = ps_client_rank(tr->client);
+    for (int t = 0; t < tr->mlp.ntensors; t++) {
+        const ps_mlp_tensor_t *mt = &tr->mlp.tensors[t];
+        ps_tensor_desc_t d = {.name = mt->name, .ndim = mt->ndim, .init = (int)mt->init,
+                              .seed = m->job.seed, .total_steps = tr->total};
+        memcpy(d.shape, mt->shape, sizeof d.shape);
+        if ((rc = ps_client_declare(tr->client, &d, &tr->ids[t])) != 0) {
+            snprintf(err, errlen, "rank %d: declare %s: %s", rank, mt->name,
+                     ps_client_error(tr->client));
+            return rc;
+        }
+        const ps_compression_conf_t *cc = &m->job.compression;
+        const char *codec = ps_compression_codec_for(cc, mt->name, mt->numel * 4);
+        ps_compression_t comp = {
+            .field_mask = PS_COMPRESSION_BLOCK | PS_COMPRESSION_STOCHASTIC |
+                          PS_COMPRESSION_FP16_VALUES,
+            .codec = codec, .error_feedback = cc->error_feedback, .pull = cc->pull,
+            .block = cc->block, .stochastic = cc->stochastic, .fp16_values = cc->fp16_values};
+        if ((rc = ps_client_set_compression(tr->client, tr->ids[t], &comp)) != 0) {
+            snprintf(err, errlen, "%s: %s", mt->name, ps_client_error(tr->client));
+            return rc;
+        }
+    }
+    fprintf(stderr, "psworker: rank %d of %u joined at step %llu of %llu\n", rank, m->job.workers,
+            (unsigned long long)ps_client_join_step(tr->client), (unsigned long long)tr->total);
+    return 0;
+}
+
+/* Per-pass progress: a metrics line when the batches move on to the next pass. */
+typedef struct {
+    FILE *metrics;
+    const ps_dataset_t *test;
+    double t0, epoch_t0, last_print;
+    double loss_sum;
+    uint64_t loss_n, samples, samples_total;
+    int64_t pass;
+} epoch_log_t;
+
+static void epoch_log_pass(epoch_log_t *l, trainer_t *tr, int64_t pass, uint64_t step, int eval)
+{
+    if (pass == l->pass) return;
+    if (l->pass >= 0 && l->loss_n > 0) {
+        double acc = -1;
+        if (eval)
+            acc = ps_mlp_eval(&tr->mlp, l->test->images, l->test->labels, l->test->n) /
+                  (double)l->test->n;
+        ps_client_stats_t st = {0};
+        if (tr->client) ps_client_stats(tr->client, &st);
+        double ew = now_s() - l->epoch_t0;
+        if (acc >= 0)
+            fprintf(stderr, "epoch %lld done  loss %.4f  test accuracy %.4f  %.1f s\n",
+                    (long long)l->pass + 1, l->loss_sum / (double)l->loss_n, acc, ew);
+        if (l->metrics) {
+            char accs[32];
+            if (acc >= 0)
+                snprintf(accs, sizeof accs, "%.4f", acc);
+            else
+                snprintf(accs, sizeof accs, "null");
+            fprintf(l->metrics,
+                    "{\"epoch\": %lld, \"step\": %llu, \"train_loss\": %.6f, "
+                    "\"test_accuracy\": %s, \"samples\": %llu, \"samples_per_s\": %.1f, "
+                    "\"bytes_pushed\": %llu, \"bytes_pushed_raw\": %llu, \"bytes_pulled\": %llu, "
+                    "\"wall_s\": %.3f}\n",
+                    (long long)l->pass + 1, (unsigned long long)step,
+                    l->loss_sum / (double)l->loss_n, accs, (unsigned long long)l->samples,
+                    (double)l->samples / (ew > 0 ? ew : 1e-9),
+                    (unsigned long long)st.bytes_pushed, (unsigned long long)st.bytes_pushed_raw,
+                    (unsigned long long)st.bytes_pulled, now_s() - l->t0);
+            fflush(l->metrics);
+        }
+    }
+    l->samples_total += l->samples;
+    l->pass = pass;
+    l->loss_sum = 0;
+    l->loss_n = 0;
+    l->samples = 0;
+    l->epoch_t0 = now_s();
+}
+
+static void epoch_log_tick(epoch_log_t *l, trainer_t *tr, uint64_t step)
+{
+    double now = now_s();
+    if (now - l->last_print < 1.0) return;
+    fprintf(stderr, "rank %d  pass %lld  step %llu/%llu  loss %.4f  %.0f samples/s\n",
+            tr->client ? ps_client_rank(tr->client) : 0, (long long)l->pass + 1,
+            (unsigned long long)step + 1, (unsigned long long)tr->total,
+            l->loss_sum / (double)(l->loss_n ? l->loss_n : 1),
+            (double)(l->samples_total + l->samples) / (now - l->t0));
+    l->last_print = now;
 }
 
 static int write_params(const trainer_t *tr, const char *path, uint64_t step)
@@ -190,32 +305,34 @@ int main(int argc, char **argv)
         fprintf(stderr, "psworker: %s\n", err);
         return 1;
     }
+    if (m.job.train_samples && m.job.train_samples < train.n) train.n = (uint32_t)m.job.train_samples;
     const uint32_t W = m.job.workers, B = m.job.batch_size;
-    if ((uint64_t)W * B > train.n) {
-        fprintf(stderr, "psworker: %s: job.workers x job.batch_size = %llu exceeds the %u "
-                        "training samples\n", manifest, (unsigned long long)W * B, train.n);
-        return 2;
-    }
-    const uint64_t spe = train.n / ((uint64_t)W * B); /* steps per epoch */
-    uint64_t total = spe * m.job.epochs;
+    /* The learning-rate schedule's length: the steps job.workers workers would take. */
+    uint64_t total = ps_cursor_planned_steps(train.n, B, m.job.epochs, W);
     if (m.job.max_steps && m.job.max_steps < total) total = m.job.max_steps;
 
-    trainer_t tr = {.m = &m};
+    trainer_t tr = {.m = &m, .total = total};
     int rc = ps_mlp_create(&tr.mlp, m.job.layers, m.job.nlayers, B > 1000 ? B : 1000);
     if (rc) {
         fprintf(stderr, "psworker: cannot build the mlp: %s\n", ps_strerror(rc));
         return 1;
     }
-    int rank = 0;
     uint64_t step = 0;
     FILE *metrics = NULL;
     int exit_code = 1;
+    uint32_t *perm = malloc(train.n * sizeof *perm);
+    float *x = malloc((size_t)B * train.dim * sizeof *x);
+    uint8_t *y = malloc(B);
+    if (!perm || !x || !y) goto out;
     if (metrics_path && (metrics = fopen(metrics_path, "w")) == NULL) {
         fprintf(stderr, "psworker: %s: %s\n", metrics_path, strerror(errno));
         goto out;
     }
     if (codec_override)
         snprintf(m.job.compression.codec, sizeof m.job.compression.codec, "%s", codec_override);
+    epoch_log_t log = {.metrics = metrics, .test = &test, .t0 = now_s(), .pass = -1};
+    log.epoch_t0 = log.t0;
+    int64_t perm_pass = -1;
     if (local) {
         ps_mlp_init_params(&tr.mlp, m.job.seed);
         if ((rc = ps_local_create(&tr.local, &m, &tr.mlp, rank_codec, total)) != 0) {
@@ -223,158 +340,149 @@ int main(int argc, char **argv)
             goto out;
         }
         ps_local_pull(&tr.local, &tr.mlp);
+        /* The coordinator's hand-out with job.workers steady members: each step, ranks 0..W-1
+         * take the next batches in order; the shards sum them in rank order. */
+        ps_cursor_t cur;
+        ps_cursor_init(&cur, train.n, B, m.job.epochs);
+        uint64_t progress = 0, next_progress = 0; /* samples applied before the step */
+        for (; !(m.job.max_steps && step >= m.job.max_steps) && !g_stop; step++) {
+            uint32_t nm = 0;
+            ps_batch_t b;
+            for (uint32_t r = 0; r < W && ps_cursor_take(&cur, &b); r++, nm++) {
+                epoch_log_pass(&log, &tr, (int64_t)b.pass, step, 0);
+                if ((int64_t)b.pass != perm_pass) {
+                    ps_permutation(perm, train.n, m.job.seed, (uint32_t)b.pass);
+                    perm_pass = (int64_t)b.pass;
+                }
+                ps_dataset_gather(&train, perm + b.offset, b.count, x, y);
+                log.loss_sum += ps_mlp_train_step(&tr.mlp, x, y, b.count, NULL, NULL);
+                log.loss_n++;
+                log.samples += b.count;
+                next_progress += b.count;
+                ps_local_push(&tr.local, r, &tr.mlp, step);
+            }
+            if (nm == 0) break;
+            ps_local_apply(&tr.local, &tr.mlp, step, nm, progress);
+            progress = next_progress;
+            ps_local_pull(&tr.local, &tr.mlp);
+            epoch_log_tick(&log, &tr, step);
+        }
     } else {
-        rc = ps_client_create(manifest, NULL, &tr.client, err, sizeof err);
-        if (rc) {
+        if (join_cluster(&tr, manifest, err, sizeof err)) {
             fprintf(stderr, "psworker: %s\n", err);
             goto out;
         }
-        rank = ps_client_rank(tr.client);
-        g_client = tr.client;
-        for (int t = 0; t < tr.mlp.ntensors; t++) {
-            const ps_mlp_tensor_t *mt = &tr.mlp.tensors[t];
-            ps_tensor_desc_t d = {.name = mt->name, .ndim = mt->ndim, .init = (int)mt->init,
-                                  .seed = m.job.seed, .total_steps = total};
-            memcpy(d.shape, mt->shape, sizeof d.shape);
-            if ((rc = ps_client_declare(tr.client, &d, &tr.ids[t])) != 0) {
-                fprintf(stderr, "psworker: rank %d: declare %s: %s\n", rank, mt->name,
-                        ps_client_error(tr.client));
+        ps_batch_info_t b, done = {0};
+        int have_done = 0, pulled_ahead = 0;
+        uint64_t pulled_version = UINT64_MAX;
+        for (;;) {
+            if (g_stop) break;
+            rc = ps_client_next_batch(tr.client, train.n, have_done ? &done : NULL, &b);
+            if (rc == 0 && !b.finished) {
+                /* Under bsp the parameters of the batch's step; pulled already when the
+                 * step is the one after the last (the usual case). */
+                uint64_t want = m.job.consistency == PS_CONSIST_BSP ? b.step : 0;
+                if (pulled_ahead) rc = pull_finish(&tr, &pulled_version);
+                pulled_ahead = 0;
+                if (rc == 0 && (pulled_version == UINT64_MAX || pulled_version < want)) {
+                    if ((rc = pull_start(&tr, want)) == 0) rc = pull_finish(&tr, &pulled_version);
+                }
+            }
+            if (rc == PS_ENOTMEMBER && !g_stop) {
+                /* Dropped (e.g. stopped past the heartbeat timeout): join again as new. */
+                fprintf(stderr, "psworker: rank %d was removed from the job; joining again\n",
+                        ps_client_rank(tr.client));
+                if (pulled_ahead) pull_finish(&tr, NULL);
+                pulled_ahead = have_done = 0;
+                pulled_version = UINT64_MAX;
+                tr.failed = 0;
+                g_client = NULL;
+                ps_client_destroy(tr.client);
+                tr.client = NULL;
+                if (join_cluster(&tr, manifest, err, sizeof err)) {
+                    fprintf(stderr, "psworker: %s\n", err);
+                    goto out;
+                }
+                continue;
+            }
+            if (rc) {
+                if (g_stop) break;
+                fprintf(stderr, "psworker: rank %d: batch: %s\n", ps_client_rank(tr.client),
+                        tr.failed ? tr.err : ps_client_error(tr.client));
                 goto out;
             }
-            const ps_compression_conf_t *cc = &m.job.compression;
-            const char *codec = ps_compression_codec_for(cc, mt->name, mt->numel * 4);
-            ps_compression_t comp = {
-                .field_mask = PS_COMPRESSION_BLOCK | PS_COMPRESSION_STOCHASTIC |
-                              PS_COMPRESSION_FP16_VALUES,
-                .codec = codec, .error_feedback = cc->error_feedback, .pull = cc->pull,
-                .block = cc->block, .stochastic = cc->stochastic, .fp16_values = cc->fp16_values};
-            if ((rc = ps_client_set_compression(tr.client, tr.ids[t], &comp)) != 0) {
-                fprintf(stderr, "psworker: %s: %s\n", mt->name, ps_client_error(tr.client));
-                goto out;
+            if (b.finished) {
+                step = b.step;
+                break;
             }
-        }
-        if (pull_all(&tr, 0, &step)) {
-            fprintf(stderr, "psworker: rank %d: %s\n", rank, tr.err);
-            goto out;
-        }
-        fprintf(stderr, "psworker: rank %d of %u joined at step %llu of %llu\n", rank, W,
-                (unsigned long long)step, (unsigned long long)total);
-    }
-
-    uint32_t *perm = malloc(train.n * sizeof *perm);
-    float *x = malloc((size_t)B * train.dim * sizeof *x);
-    uint8_t *y = malloc(B);
-    if (!perm || !x || !y) goto out_free;
-    int64_t cur_epoch = -1;
-    double t0 = now_s(), last_print = t0, epoch_t0 = t0;
-    double loss_sum = 0;
-    uint64_t loss_n = 0, samples = 0, epoch_samples = 0;
-    for (; step < total && !g_stop; step++) {
-        uint64_t epoch = step / spe, k = step % spe;
-        if ((int64_t)epoch != cur_epoch) {
-            ps_permutation(perm, train.n, m.job.seed, (uint32_t)epoch);
-            cur_epoch = (int64_t)epoch;
-        }
-        tr.step = step;
-        if (local) {
-            /* Every rank's share, summed in rank order as the shards do. */
-            for (uint32_t r = 0; r < W; r++) {
-                ps_dataset_gather(&train, perm + (k * W + r) * B, B, x, y);
-                loss_sum += ps_mlp_train_step(&tr.mlp, x, y, B, NULL, NULL);
-                loss_n++;
-                ps_local_push(&tr.local, r, &tr.mlp, step);
+            step = b.step;
+            tr.step = b.step;
+            epoch_log_pass(&log, &tr, (int64_t)b.pass, step, ps_client_rank(tr.client) == 0);
+            if ((int64_t)b.pass != perm_pass) {
+                ps_permutation(perm, train.n, m.job.seed, (uint32_t)b.pass);
+                perm_pass = (int64_t)b.pass;
             }
-            ps_local_apply(&tr.local, &tr.mlp, step);
-            ps_local_pull(&tr.local, &tr.mlp);
-            samples += (uint64_t)W * B;
-            epoch_samples += (uint64_t)W * B;
-        } else {
-            ps_dataset_gather(&train, perm + (k * W + (uint32_t)rank) * B, B, x, y);
-            loss_sum += ps_mlp_train_step(&tr.mlp, x, y, B, push_grad, &tr);
-            loss_n++;
-            /* Pushes complete when their step is applied; a refused push ends the run
-             * here instead of leaving the pulls for that step waiting. */
+            ps_dataset_gather(&train, perm + b.offset, b.count, x, y);
+            log.loss_sum += ps_mlp_train_step(&tr.mlp, x, y, b.count, push_grad, &tr);
+            log.loss_n++;
+            /* Pushes complete when their step is applied on every shard. */
             for (int t = 0; t < tr.mlp.ntensors; t++) wait_op(&tr, &tr.push_ops[t], "push", t, NULL);
-            uint64_t want = m.job.consistency == PS_CONSIST_BSP ? step + 1 : 0;
-            if (!tr.failed) pull_all(&tr, want, NULL);
-            if (tr.failed && g_stop) break; /* abandoned the step: leave below */
             if (tr.failed) {
-                fprintf(stderr, "psworker: rank %d: step %llu: %s\n", rank,
+                rc = tr.failed;
+                if (g_stop) break;
+                if (rc == PS_ENOTMEMBER) {
+                    /* The next request fails the same way and joins again. */
+                    have_done = 0;
+                    tr.failed = 0;
+                    continue;
+                }
+                fprintf(stderr, "psworker: rank %d: step %llu: %s\n", ps_client_rank(tr.client),
                         (unsigned long long)step, tr.err);
-                goto out_free;
+                goto out;
             }
-            samples += B;
-            epoch_samples += B;
+            log.samples += b.count;
+            done = b;
+            have_done = 1;
+            /* Fetch the next step's parameters while the coordinator answers. */
+            pulled_version = UINT64_MAX;
+            if (pull_start(&tr, m.job.consistency == PS_CONSIST_BSP ? b.step + 1 : 0) == 0)
+                pulled_ahead = 1;
+            epoch_log_tick(&log, &tr, step);
         }
-        double now = now_s();
-        if (now - last_print >= 1.0) {
-            fprintf(stderr, "rank %d  epoch %llu  step %llu/%llu  loss %.4f  %.0f samples/s\n",
-                    rank, (unsigned long long)epoch + 1, (unsigned long long)step + 1,
-                    (unsigned long long)total, loss_sum / (double)(loss_n ? loss_n : 1),
-                    (double)samples / (now - t0));
-            last_print = now;
-        }
-        if (k == spe - 1 || step + 1 == total) {
-            double acc = -1;
-            if (rank == 0) acc = ps_mlp_eval(&tr.mlp, test.images, test.labels, test.n) / (double)test.n;
-            ps_client_stats_t st = {0};
-            if (tr.client) ps_client_stats(tr.client, &st);
-            double ew = now_s() - epoch_t0;
-            if (rank == 0)
-                fprintf(stderr, "rank 0  epoch %llu done  loss %.4f  test accuracy %.4f  %.1f s\n",
-                        (unsigned long long)epoch + 1, loss_sum / (double)(loss_n ? loss_n : 1),
-                        acc, ew);
-            if (metrics) {
-                char accs[32];
-                if (acc >= 0)
-                    snprintf(accs, sizeof accs, "%.4f", acc);
-                else
-                    snprintf(accs, sizeof accs, "null");
-                fprintf(metrics,
-                        "{\"epoch\": %llu, \"step\": %llu, \"train_loss\": %.6f, "
-                        "\"test_accuracy\": %s, \"samples_per_s\": %.1f, \"bytes_pushed\": %llu, "
-                        "\"bytes_pushed_raw\": %llu, \"bytes_pulled\": %llu, \"wall_s\": %.3f}\n",
-                        (unsigned long long)epoch + 1, (unsigned long long)step + 1,
-                        loss_sum / (double)(loss_n ? loss_n : 1), accs,
-                        (double)epoch_samples / (ew > 0 ? ew : 1e-9),
-                        (unsigned long long)st.bytes_pushed,
-                        (unsigned long long)(tr.client ? st.bytes_pushed_raw : 0),
-                        (unsigned long long)st.bytes_pulled,
-                        now_s() - t0);
-                fflush(metrics);
-            }
-            loss_sum = 0;
-            loss_n = 0;
-            epoch_samples = 0;
-            epoch_t0 = now_s();
+        if (pulled_ahead) pull_finish(&tr, NULL);
+        if (!g_stop && pull_all(&tr, m.job.consistency == PS_CONSIST_BSP ? step : 0, NULL)) {
+            fprintf(stderr, "psworker: final pull: %s\n", tr.err);
+            goto out;
         }
     }
     if (g_stop) {
-        fprintf(stderr, "psworker: rank %d: stopped by signal at step %llu\n", rank,
-                (unsigned long long)step);
+        fprintf(stderr, "psworker: rank %d: stopped by signal at step %llu\n",
+                tr.client ? ps_client_rank(tr.client) : 0, (unsigned long long)step);
         exit_code = 128 + g_stop;
-        goto out_free;
+        goto out;
     }
     {
+        int rank = tr.client ? ps_client_rank(tr.client) : 0;
+        epoch_log_pass(&log, &tr, INT64_MAX, step, rank == 0);
         double acc = ps_mlp_eval(&tr.mlp, test.images, test.labels, test.n) / (double)test.n;
         fprintf(stderr, "rank %d  final test accuracy %.4f after %llu steps (%.1f s)\n", rank, acc,
-                (unsigned long long)step, now_s() - t0);
+                (unsigned long long)step, now_s() - log.t0);
         if (metrics) {
             fprintf(metrics, "{\"final\": true, \"step\": %llu, \"test_accuracy\": %.4f, "
-                             "\"wall_s\": %.3f}\n",
-                    (unsigned long long)step, acc, now_s() - t0);
+                             "\"samples\": %llu, \"wall_s\": %.3f}\n",
+                    (unsigned long long)step, acc, (unsigned long long)log.samples_total,
+                    now_s() - log.t0);
         }
         if (params_path && (rc = write_params(&tr, params_path, step)) != 0) {
             fprintf(stderr, "psworker: %s: %s\n", params_path, strerror(-rc));
-            goto out_free;
+            goto out;
         }
         exit_code = 0;
     }
-out_free:
+out:
     free(perm);
     free(x);
     free(y);
-out:
     for (int t = 0; t < tr.mlp.ntensors; t++)
         if (tr.push_ops[t]) ps_op_wait(tr.push_ops[t], NULL);
     g_client = NULL;

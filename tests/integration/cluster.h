@@ -23,7 +23,7 @@
 #include <sys/types.h>
 
 #define CL_MAX_SHARDS 8
-#define CL_MAX_PROCS 32
+#define CL_MAX_PROCS 128
 #define CL_PATH 1024
 
 /* How long one test may wait in all, in seconds (PS_INTEG_BUDGET_S overrides it). Every wait

@@ -132,7 +132,7 @@ START_TEST(test_block_style_all_keys)
                        "  batch_size: 1048576\n"
                        "  epochs: 100000\n"
                        "  seed: 18446744073709551615\n"
-                       "  workers: 4096\n"
+                       "  workers: 64\n"
                        "  consistency: asp\n"
                        "  max_steps: 500\n"
                        "  optimizer:\n"
@@ -233,7 +233,7 @@ static const struct {
         "  - {host: h, port: 70000, data_dir: /d/1}\n" L5 L6_9 L10,
      "demo.yaml:4: servers[1].port: must be in [1, 65535], got 70000"},
     {L1 L2_4 L5 "  model: mlp\n  batch_size: 64\n  epochs: 10\n  workers: -2\n" L10,
-     "demo.yaml:9: job.workers: must be in [1, 4096], got -2"},
+     "demo.yaml:9: job.workers: must be in [1, 64], got -2"},
     {BASE "  max_steps: -1\n",
      "demo.yaml:11: job.max_steps: must be in [0, 18446744073709551615], got -1"},
     {BASE "  seed: 18446744073709551616\n",
@@ -258,8 +258,10 @@ static const struct {
     {L1 "chunk_bytes: 512\n" L2_4 L5 L6_9 L10,
      "demo.yaml:2: chunk_bytes: must be in [1024, 1073741824], got 512"},
     /* enums and names */
-    {BASE "  consistency: ssp\n",
-     "demo.yaml:11: job.consistency: must be one of bsp|asp, got 'ssp'"},
+    {BASE "  consistency: hogwild\n",
+     "demo.yaml:11: job.consistency: must be one of bsp|asp|ssp, got 'hogwild'"},
+    {BASE "  staleness: -1\n",
+     "demo.yaml:11: job.staleness: must be in [0, 1000000], got -1"},
     {L1 L2_4 L5 L6_9 "  optimizer: {name: rmsprop, lr: 0.1}\n",
      "demo.yaml:10: job.optimizer.name: must be one of sgd|momentum|adam|adamw, got 'rmsprop'"},
     {L1 L2_4 L5 L6_9 "  optimizer: {name: sgd, lr: 0.1, schedule: linear}\n",
@@ -442,6 +444,7 @@ START_TEST(test_names)
     ck_assert_str_eq(ps_optim_name((ps_optim_kind_t)42), "unknown");
     ck_assert_str_eq(ps_consistency_name(PS_CONSIST_BSP), "bsp");
     ck_assert_str_eq(ps_consistency_name(PS_CONSIST_ASP), "asp");
+    ck_assert_str_eq(ps_consistency_name(PS_CONSIST_SSP), "ssp");
     ck_assert_str_eq(ps_consistency_name((ps_consistency_t)-1), "unknown");
 }
 END_TEST

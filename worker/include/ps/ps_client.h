@@ -66,11 +66,12 @@ void ps_client_interrupt(ps_client_t *c);
  *  Outstanding handles must have been waited on. NULL is a no-op. */
 void ps_client_destroy(ps_client_t *c);
 
-/** @brief This worker's rank (from shard 0), the number of workers a step expects,
- *  the number of shards and the cluster's step when this client joined. */
+/** @brief This worker's rank (from shard 0), the job's members when it joined, the number
+ *  of shards and the coordinator's step when this client joined. */
 int ps_client_rank(const ps_client_t *c);
 uint32_t ps_client_workers(const ps_client_t *c);
 uint32_t ps_client_shards(const ps_client_t *c);
+uint64_t ps_client_join_step(const ps_client_t *c);
 
 /**
  * @brief Declare a tensor on the shards (blocking). The first declaration creates it;
@@ -129,5 +130,29 @@ const char *ps_client_error(const ps_client_t *c);
 
 /** @brief Payload traffic so far. */
 void ps_client_stats(const ps_client_t *c, ps_client_stats_t *out);
+
+/* A batch of the training set, as the coordinator hands it out: positions
+ * [offset, offset + count) of pass `pass`'s permutation, to be computed as step `step`. */
+typedef struct {
+    uint64_t step;           /* the step to push for (bsp: the cluster's step) */
+    uint64_t pass, offset;
+    uint32_t count;          /* samples */
+    uint32_t members;        /* workers in this step (bsp), or in the job */
+    uint64_t epoch;          /* membership epoch */
+    int finished;            /* the job is complete: step = the final step; no batch */
+} ps_batch_info_t;
+
+/**
+ * @brief Ask the coordinator for the next batch (blocking until it is this worker's turn:
+ * under bsp the next step, under ssp within the staleness bound).
+ * @param samples the training set's size (the coordinator checks every worker agrees).
+ * @param done    the batch this worker just finished (its pushes all acknowledged), or NULL.
+ * @param[out] out the batch, or out->finished.
+ * @return 0, PS_ENOTMEMBER (this worker was removed from the job, e.g. after missing
+ *         heartbeats: create a new client to join again), PS_ECANCELED, PS_E*.
+ * @note Pushes sent after this call carry the returned membership epoch.
+ */
+int ps_client_next_batch(ps_client_t *c, uint64_t samples, const ps_batch_info_t *done,
+                         ps_batch_info_t *out);
 
 #endif

@@ -1,0 +1,64 @@
+/* batches.c: see batches.h. */
+#include "batches.h"
+
+#include <string.h>
+
+void ps_cursor_init(ps_cursor_t *c, uint64_t n, uint32_t batch, uint64_t passes)
+{
+    memset(c, 0, sizeof *c);
+    c->n = n;
+    c->batch = batch ? batch : 1;
+    c->passes = passes;
+}
+
+bool ps_cursor_take(ps_cursor_t *c, ps_batch_t *out)
+{
+    if (c->nrehand > 0) {
+        *out = c->rehand[0];
+        memmove(c->rehand, c->rehand + 1, (c->nrehand - 1) * sizeof *c->rehand);
+        c->nrehand--;
+        c->handed_again++;
+        return true;
+    }
+    if (c->n == 0 || c->pass >= c->passes) return false;
+    uint64_t left = c->n - c->offset;
+    *out = (ps_batch_t){.pass = c->pass, .offset = c->offset,
+                        .count = (uint32_t)(left < c->batch ? left : c->batch)};
+    c->offset += out->count;
+    if (c->offset == c->n) {
+        c->pass++;
+        c->offset = 0;
+        c->applied[c->pass % PS_PASS_RING] = 0; /* the slot of a pass 64 passes back */
+    }
+    return true;
+}
+
+int ps_cursor_give_back(ps_cursor_t *c, const ps_batch_t *b)
+{
+    if (c->nrehand == PS_REHAND_MAX) return -1;
+    c->rehand[c->nrehand++] = *b;
+    return 0;
+}
+
+void ps_cursor_applied(ps_cursor_t *c, const ps_batch_t *b)
+{
+    c->applied[b->pass % PS_PASS_RING] += b->count;
+    c->applied_total += b->count;
+}
+
+uint64_t ps_cursor_pass_applied(const ps_cursor_t *c, uint64_t pass)
+{
+    if (pass > c->pass || c->pass - pass >= PS_PASS_RING) return 0;
+    return c->applied[pass % PS_PASS_RING];
+}
+
+bool ps_cursor_exhausted(const ps_cursor_t *c)
+{
+    return c->nrehand == 0 && (c->n == 0 ? false : c->pass >= c->passes);
+}
+
+uint64_t ps_cursor_planned_steps(uint64_t n, uint32_t batch, uint64_t passes, uint32_t workers)
+{
+    uint64_t per_step = (uint64_t)batch * (workers ? workers : 1);
+    return (passes * n + per_step - 1) / per_step;
+}

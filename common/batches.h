@@ -1,0 +1,65 @@
+/* batches.h: the coordinator's hand-out of the training set in batches.
+ *
+ * Each pass (data epoch) over the n training samples follows its own seeded
+ * permutation; a batch is a range [offset, offset + count) of one pass's
+ * permutation. The cursor hands out fresh ranges in order, but first any batch
+ * given back (its worker died before the batch was applied), so every sample of
+ * a pass goes into exactly one applied gradient. The coordinator (server/coord.c)
+ * and the single-process reference (worker/local.c) share this code, so a
+ * cluster with stable membership trains on exactly the reference's batches. */
+#ifndef PS_BATCHES_H
+#define PS_BATCHES_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define PS_REHAND_MAX 256 /* batches waiting to be handed out again */
+#define PS_PASS_RING 64   /* passes whose applied counts are kept */
+
+typedef struct {
+    uint64_t pass;    /* data epoch */
+    uint64_t offset;  /* first position in that pass's permutation */
+    uint32_t count;   /* samples, >= 1 */
+} ps_batch_t;
+
+/* Plain data (stored as is by the coordinator): no pointers. */
+typedef struct {
+    uint64_t n;                 /* training-set size, 0 until known */
+    uint32_t batch;             /* samples per batch */
+    uint64_t passes;            /* the job's epochs: the cursor is exhausted at pass == passes */
+    uint64_t pass, offset;      /* the next fresh sample */
+    ps_batch_t rehand[PS_REHAND_MAX];
+    uint32_t nrehand;
+    uint64_t applied[PS_PASS_RING]; /* samples applied, pass p at [p % PS_PASS_RING] */
+    uint64_t applied_total;
+    uint64_t handed_again;      /* batches given back and handed out again */
+} ps_cursor_t;
+
+/** @brief A cursor over @p passes passes of @p n samples in batches of @p batch. */
+void ps_cursor_init(ps_cursor_t *c, uint64_t n, uint32_t batch, uint64_t passes);
+
+/**
+ * @brief Take the next batch: a given-back one first, else the next fresh range
+ * (a pass's last batch may be short; a batch never spans two passes).
+ * @return true with *out set, false when nothing is left to hand out.
+ */
+bool ps_cursor_take(ps_cursor_t *c, ps_batch_t *out);
+
+/** @brief Give back a batch that was handed out but never applied.
+ *  @return 0, or -1 when the re-hand queue is full (the batch is lost; logged by callers). */
+int ps_cursor_give_back(ps_cursor_t *c, const ps_batch_t *b);
+
+/** @brief Count @p b as applied (its gradient is in a committed step). */
+void ps_cursor_applied(ps_cursor_t *c, const ps_batch_t *b);
+
+/** @brief Samples of pass @p pass applied so far (0 for passes out of the ring). */
+uint64_t ps_cursor_pass_applied(const ps_cursor_t *c, uint64_t pass);
+
+/** @brief True when every fresh range was handed out and nothing waits to go again. */
+bool ps_cursor_exhausted(const ps_cursor_t *c);
+
+/** @brief Steps of a run with @p workers workers that each take one batch a step:
+ *  ceil(passes * n / (workers * batch)). */
+uint64_t ps_cursor_planned_steps(uint64_t n, uint32_t batch, uint64_t passes, uint32_t workers);
+
+#endif

@@ -1,0 +1,589 @@
+/* coord.c: shard 0's coordinator: the job's members, membership epochs, the bsp
+ * step and the hand-out of the training set in batches.
+ *
+ * bsp: the open step has a member set (a bitmap of ranks). At the step's close —
+ * the first member that reports its batch done, which it does only once every
+ * shard acknowledged its pushes, so the step is applied everywhere — every
+ * member's batch counts as applied, the step advances, and every member of the
+ * job (joiners included) gets the next batch, in rank order. A member that goes
+ * away (leave, endpoint error, missed heartbeats) is taken out of the open step
+ * in a new epoch; its batch is given back and handed out again; the shards learn
+ * the epoch from the remaining members (MSG_EPOCH, forwarded by libps), so the
+ * step completes without it. When no member is left, the step waits for the
+ * next worker.
+ * asp / ssp: each request is served from the cursor at once (ssp: not more than
+ * `staleness` steps ahead of the slowest member).
+ *
+ * The persistent part (coord_saved_t) is written by every apply job on shard 0,
+ * so a restarted coordinator resumes the open step, its batches and the cursor. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "batches.h"
+#include "ps/ps_error.h"
+#include "ps/ps_log.h"
+#include "server.h"
+
+#define COORD_MAGIC 0x32445243u /* "CRD2" */
+#define GAP_RING 4096
+#define MAX_LAUNCHERS 32
+#define GRANT_TTL_MS 15000
+
+typedef struct {
+    uint32_t pid;
+    char host[64];
+    uint8_t has_batch;
+    ps_batch_t batch;
+    uint64_t batch_step;      /* bsp: the step of the batch; asp/ssp: the member's step */
+    uint64_t steps_done;
+    uint64_t progress;        /* samples applied before the batch's step (lr schedule) */
+} saved_member_t;
+
+typedef struct {
+    uint32_t magic;
+    uint32_t desired;
+    uint64_t epoch;
+    uint64_t step;            /* bsp: the open step */
+    uint64_t step_members;    /* bsp: members of the open step */
+    uint64_t active;          /* ranks in the job */
+    uint64_t final_step;
+    uint8_t finished;
+    saved_member_t m[PS_MAX_RANKS];
+    ps_cursor_t cur;
+} coord_saved_t;
+
+typedef struct {
+    psd_conn_t *conn;         /* NULL while a member is expected back after a restart */
+    int parked;               /* a batch request waits for an answer */
+    uint64_t park_req;
+    uint64_t joined_ms, last_done_ms;
+} member_rt_t;
+
+typedef struct {
+    char host[64];
+    uint32_t pid;
+    uint32_t running;
+    uint64_t last_ms;
+} launcher_t;
+
+struct psd_coord_s {
+    coord_saved_t s;
+    member_rt_t rt[PS_MAX_RANKS];
+    uint64_t removed_in_step;  /* bsp: ranks not handed out again before the next close */
+    uint64_t started_ms;       /* this process's start: members of a restored state must
+                                  come back within heartbeat_timeout_ms */
+    uint64_t waiting_since_ms; /* bsp: members wait for a step with no members (0: none) */
+    uint64_t gaps[GAP_RING];   /* close-to-close times in ms */
+    uint64_t ngaps, last_close_ms;
+    launcher_t launchers[MAX_LAUNCHERS];
+    int32_t grant_start, grant_stop; /* launches granted and not seen yet */
+    uint64_t grant_ms;
+};
+
+static bool is_bsp(const psd_server_t *srv) { return srv->m.job.consistency == PS_CONSIST_BSP; }
+static uint32_t popcount(uint64_t x) { return (uint32_t)__builtin_popcountll(x); }
+
+/* ---- replies ----------------------------------------------------------------- */
+
+static void reply_batch(psd_server_t *srv, uint32_t r)
+{
+    psd_coord_t *co = srv->coord;
+    member_rt_t *rt = &co->rt[r];
+    saved_member_t *m = &co->s.m[r];
+    rt->parked = 0;
+    if (rt->conn == NULL) return;
+    ps_msg_t a = {.type = PS_MSG_BATCH_REPLY, .req_id = rt->park_req, .shard = 0, .rank = (int32_t)r,
+                  .epoch = co->s.epoch, .workers = popcount(co->s.active)};
+    if (!m->has_batch) {
+        a.flags = PS_FLAG_FINISHED;
+        a.step = is_bsp(srv) ? co->s.final_step : m->steps_done;
+    } else {
+        a.step = m->batch_step;
+        a.members = is_bsp(srv) ? co->s.step_members : 1ull << r;
+        a.data_epoch = m->batch.pass;
+        a.batch_offset = m->batch.offset;
+        a.batch_count = m->batch.count;
+        a.samples = m->progress;
+    }
+    psd_send_msg(srv, rt->conn, &a);
+}
+
+/* Tell every member the open step's members changed; libps forwards it to the other shards. */
+static void broadcast_epoch(psd_server_t *srv)
+{
+    psd_coord_t *co = srv->coord;
+    ps_msg_t e = {.type = PS_MSG_EPOCH, .epoch = co->s.epoch, .step = co->s.step,
+                  .members = co->s.step_members, .shard = 0};
+    for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
+        if ((co->s.active >> r & 1) && co->rt[r].conn) psd_send_msg(srv, co->rt[r].conn, &e);
+}
+
+/* ---- bsp steps ------------------------------------------------------------------ */
+
+static bool can_start(psd_server_t *srv)
+{
+    psd_coord_t *co = srv->coord;
+    uint32_t n = popcount(co->s.active);
+    if (n == 0) return false;
+    if (n >= co->s.desired) return true;
+    /* Fewer than desired: start after a grace period rather than wait forever. */
+    return co->waiting_since_ms &&
+           uv_now(srv->loop) - co->waiting_since_ms >= srv->m.job.heartbeat_timeout_ms;
+}
+
+static void set_members(psd_server_t *srv, uint64_t members)
+{
+    psd_coord_t *co = srv->coord;
+    if (members != co->s.step_members || co->s.epoch == 0) {
+        co->s.epoch++;
+        co->s.step_members = members;
+        PS_LOG(PS_LOG_INFO, "coord", "epoch %llu: step %llu has %u members (%#llx)",
+               (unsigned long long)co->s.epoch, (unsigned long long)co->s.step, popcount(members),
+               (unsigned long long)members);
+    }
+    psd_shard_learn_view(srv, co->s.epoch, co->s.step, members);
+}
+
+static void serve_parked(psd_server_t *srv);
+
+/* Hand every member of the job a batch of the open step, in rank order. */
+static void hand_out(psd_server_t *srv)
+{
+    psd_coord_t *co = srv->coord;
+    uint64_t members = 0;
+    uint64_t max = srv->m.job.max_steps;
+    for (uint32_t r = 0; r < PS_MAX_RANKS && !(max && co->s.step >= max); r++) {
+        saved_member_t *m = &co->s.m[r];
+        if (!(co->s.active >> r & 1) || (co->removed_in_step >> r & 1)) continue;
+        if (!m->has_batch && !ps_cursor_take(&co->s.cur, &m->batch)) break;
+        if (!(co->s.step_members >> r & 1) && m->steps_done == 0)
+            PS_LOG(PS_LOG_INFO, "coord", "rank %u takes part from step %llu", r,
+                   (unsigned long long)co->s.step);
+        m->has_batch = 1;
+        m->batch_step = co->s.step;
+        m->progress = co->s.cur.applied_total;
+        members |= 1ull << r;
+    }
+    if (members == 0 && !co->s.finished &&
+        (ps_cursor_exhausted(&co->s.cur) || (max && co->s.step >= max))) {
+        co->s.finished = 1;
+        co->s.final_step = co->s.step;
+        PS_LOG(PS_LOG_INFO, "coord", "job complete at step %llu: %llu samples applied",
+               (unsigned long long)co->s.step, (unsigned long long)co->s.cur.applied_total);
+    }
+    set_members(srv, members);
+    co->waiting_since_ms = 0;
+    serve_parked(srv);
+}
+
+/* The open step is applied everywhere: count its batches, advance, hand out the next. */
+static void close_step(psd_server_t *srv)
+{
+    psd_coord_t *co = srv->coord;
+    for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
+        saved_member_t *m = &co->s.m[r];
+        if (!(co->s.step_members >> r & 1) || !m->has_batch || m->batch_step != co->s.step)
+            continue;
+        ps_cursor_applied(&co->s.cur, &m->batch);
+        m->has_batch = 0;
+        m->steps_done++;
+        co->rt[r].last_done_ms = uv_now(srv->loop);
+    }
+    co->s.step++;
+    co->removed_in_step = 0;
+    uint64_t now = uv_now(srv->loop);
+    if (co->last_close_ms) co->gaps[co->ngaps++ % GAP_RING] = now - co->last_close_ms;
+    co->last_close_ms = now;
+    hand_out(srv);
+}
+
+/* A step with no members left: hand it out again once workers are there. */
+static void maybe_restart_step(psd_server_t *srv)
+{
+    psd_coord_t *co = srv->coord;
+    if (!is_bsp(srv) || co->s.step_members != 0 || co->s.finished) return;
+    if (popcount(co->s.active) > 0 && co->waiting_since_ms == 0)
+        co->waiting_since_ms = uv_now(srv->loop);
+    if (!can_start(srv)) return;
+    co->removed_in_step = 0; /* nobody's slot holds data of a member: nothing to confuse */
+    hand_out(srv);
+}
+
+/* ---- asp / ssp ------------------------------------------------------------------- */
+
+static uint64_t slowest(const psd_coord_t *co)
+{
+    uint64_t low = UINT64_MAX;
+    for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
+        if ((co->s.active >> r & 1) && co->s.m[r].steps_done < low) low = co->s.m[r].steps_done;
+    return low == UINT64_MAX ? 0 : low;
+}
+
+static bool any_outstanding(const psd_coord_t *co)
+{
+    for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
+        if ((co->s.active >> r & 1) && co->s.m[r].has_batch) return true;
+    return false;
+}
+
+static void serve_async(psd_server_t *srv, uint32_t r)
+{
+    psd_coord_t *co = srv->coord;
+    saved_member_t *m = &co->s.m[r];
+    if (!m->has_batch) {
+        uint64_t max = srv->m.job.max_steps, total = co->s.cur.applied_total;
+        if (max && m->steps_done >= max) {
+            reply_batch(srv, r); /* asp / ssp: job.max_steps caps each worker's steps */
+            return;
+        }
+        if (srv->m.job.consistency == PS_CONSIST_SSP &&
+            m->steps_done > slowest(co) + srv->m.job.staleness)
+            return; /* too far ahead: wait for the slowest */
+        if (!ps_cursor_take(&co->s.cur, &m->batch)) {
+            if (any_outstanding(co)) return; /* may be handed out again */
+            if (!co->s.finished) {
+                co->s.finished = 1;
+                PS_LOG(PS_LOG_INFO, "coord", "job complete: %llu samples applied",
+                       (unsigned long long)total);
+            }
+            reply_batch(srv, r); /* finished */
+            return;
+        }
+        m->has_batch = 1;
+        m->batch_step = m->steps_done;
+        m->progress = co->s.cur.applied_total;
+    }
+    reply_batch(srv, r);
+}
+
+/* ---- requests ----------------------------------------------------------------------- */
+
+static void serve_parked(psd_server_t *srv)
+{
+    psd_coord_t *co = srv->coord;
+    for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
+        member_rt_t *rt = &co->rt[r];
+        if (!rt->parked || !(co->s.active >> r & 1)) continue;
+        if (!is_bsp(srv)) {
+            serve_async(srv, r);
+        } else if ((co->s.m[r].has_batch && co->s.m[r].batch_step == co->s.step) ||
+                   co->s.finished) {
+            reply_batch(srv, r);
+        }
+    }
+}
+
+static int member_of(psd_server_t *srv, psd_conn_t *c)
+{
+    psd_coord_t *co = srv->coord;
+    int r = c->rank;
+    if (r < 0 || r >= PS_MAX_RANKS || !(co->s.active >> r & 1) || co->rt[r].conn != c) return -1;
+    return r;
+}
+
+void psd_coord_on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
+{
+    psd_coord_t *co = srv->coord;
+    int32_t rank = -1;
+    if (c->rank >= 0) {
+        rank = c->rank; /* a second hello on the same connection */
+    } else if (msg->rank >= 0) {
+        /* A worker whose connection to this shard broke (or that this shard lost in a
+         * restart) asks for its rank back: only the same process gets it. */
+        int32_t r = msg->rank;
+        if (r >= PS_MAX_RANKS || !(co->s.active >> r & 1) || co->s.m[r].pid != msg->pid) {
+            psd_send_error(srv, c, msg->req_id, PS_ENOTMEMBER,
+                           "rank %d (pid %u) is not a member of the job any more (epoch %llu): "
+                           "join again", r, msg->pid, (unsigned long long)co->s.epoch);
+            return;
+        }
+        psd_conn_t *old = co->rt[r].conn;
+        if (old && old != c && !old->dead) {
+            old->rank = -1; /* replaced: its death must not remove the member */
+            old->dead = true;
+            old->close_queued = true;
+        }
+        rank = r;
+        co->rt[r].conn = c;
+        co->rt[r].parked = 0;
+    } else {
+        uint64_t taken = co->s.active | co->removed_in_step | co->s.step_members;
+        for (uint32_t r = 0; r < PS_MAX_RANKS && rank < 0; r++)
+            if (!(taken >> r & 1)) rank = (int32_t)r;
+        if (rank < 0) {
+            psd_send_error(srv, c, msg->req_id, PS_EFULL, "all %d worker ranks are taken",
+                           PS_MAX_RANKS);
+            return;
+        }
+        saved_member_t *m = &co->s.m[rank];
+        memset(m, 0, sizeof *m);
+        m->pid = msg->pid;
+        snprintf(m->host, sizeof m->host, "%s", msg->host[0] ? msg->host : c->peer);
+        co->rt[rank] = (member_rt_t){.conn = c, .joined_ms = uv_now(srv->loop)};
+        co->s.active |= 1ull << rank;
+        if (co->grant_start > 0) co->grant_start--;
+        PS_LOG(PS_LOG_INFO, "coord", "worker pid %u from %s joins as rank %d at step %llu "
+               "(%u members)", msg->pid, c->peer, rank, (unsigned long long)co->s.step,
+               popcount(co->s.active));
+    }
+    c->rank = rank;
+    c->pid = msg->pid;
+    ps_msg_t r = {.type = PS_MSG_HELLO_REPLY, .req_id = msg->req_id, .rank = rank,
+                  .workers = popcount(co->s.active), .epoch = co->s.epoch, .shard = 0,
+                  .consistency = (uint32_t)srv->m.job.consistency, .step = co->s.step,
+                  .members = co->s.step_members};
+    psd_send_msg(srv, c, &r);
+}
+
+void psd_coord_on_batch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
+{
+    psd_coord_t *co = srv->coord;
+    int r = member_of(srv, c);
+    if (r < 0) {
+        psd_send_error(srv, c, msg->req_id, PS_ENOTMEMBER,
+                       "rank %d is not a member of the job (epoch %llu): join again", c->rank,
+                       (unsigned long long)co->s.epoch);
+        return;
+    }
+    if (co->s.cur.n == 0 && msg->samples > 0) {
+        co->s.cur.n = msg->samples;
+    } else if (msg->samples != co->s.cur.n) {
+        psd_send_error(srv, c, msg->req_id, PS_ECONFIG,
+                       "this worker's training set has %llu samples, the job's has %llu",
+                       (unsigned long long)msg->samples, (unsigned long long)co->s.cur.n);
+        return;
+    }
+    saved_member_t *m = &co->s.m[r];
+    if (msg->flags & PS_FLAG_DONE) {
+        if (is_bsp(srv)) {
+            /* Its pushes of that step were acknowledged by every shard: the step is applied
+             * everywhere. (After a restart of this shard a report may be one step ahead.) */
+            while (!co->s.finished && co->s.step <= msg->step && (co->s.step_members >> r & 1))
+                close_step(srv);
+        } else if (m->has_batch && m->batch_step == msg->step) {
+            ps_cursor_applied(&co->s.cur, &m->batch);
+            m->has_batch = 0;
+            m->steps_done++;
+            co->rt[r].last_done_ms = uv_now(srv->loop);
+            if (co->s.step < m->steps_done) co->s.step = m->steps_done; /* the fastest */
+        }
+    }
+    co->rt[r].parked = 1;
+    co->rt[r].park_req = msg->req_id;
+    if (is_bsp(srv)) maybe_restart_step(srv);
+    serve_parked(srv);
+}
+
+static void member_remove(psd_server_t *srv, uint32_t r, const char *why)
+{
+    psd_coord_t *co = srv->coord;
+    saved_member_t *m = &co->s.m[r];
+    co->s.active &= ~(1ull << r);
+    if (co->s.step_members >> r & 1)
+        co->removed_in_step |= 1ull << r; /* its pushes of this step may sit in slots */
+    co->rt[r].parked = 0;
+    co->rt[r].conn = NULL;
+    if (co->grant_stop > 0) co->grant_stop--;
+    bool given_back = false;
+    if (m->has_batch) {
+        /* Not applied (bsp: its step is still open): someone else takes it. */
+        if (ps_cursor_give_back(&co->s.cur, &m->batch))
+            PS_LOG(PS_LOG_ERROR, "coord", "re-hand queue full: batch of pass %llu at %llu lost",
+                   (unsigned long long)m->batch.pass, (unsigned long long)m->batch.offset);
+        m->has_batch = 0;
+        given_back = true;
+        if (co->s.finished && !is_bsp(srv)) co->s.finished = 0;
+    }
+    PS_LOG(PS_LOG_INFO, "coord", "rank %u (pid %u) left at step %llu: %s%s (%u members)", r,
+           m->pid, (unsigned long long)co->s.step, why,
+           given_back ? "; its batch goes to another worker" : "", popcount(co->s.active));
+    if (is_bsp(srv) && (co->s.step_members >> r & 1)) {
+        set_members(srv, co->s.step_members & ~(1ull << r));
+        broadcast_epoch(srv);
+        maybe_restart_step(srv);
+    }
+    serve_parked(srv);
+}
+
+void psd_coord_on_gone(psd_server_t *srv, psd_conn_t *c, const char *why)
+{
+    int r = member_of(srv, c);
+    if (r >= 0) member_remove(srv, (uint32_t)r, why);
+}
+
+void psd_coord_tick(psd_server_t *srv)
+{
+    psd_coord_t *co = srv->coord;
+    uint64_t now = uv_now(srv->loop);
+    if (now - co->started_ms > srv->m.job.heartbeat_timeout_ms)
+        for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
+            if ((co->s.active >> r & 1) && co->rt[r].conn == NULL)
+                member_remove(srv, r, "did not come back after the coordinator restarted");
+    if (co->grant_ms && now - co->grant_ms > GRANT_TTL_MS) {
+        co->grant_start = co->grant_stop = 0; /* launches that never showed up */
+        co->grant_ms = 0;
+    }
+    if (is_bsp(srv)) maybe_restart_step(srv);
+}
+
+/* ---- scaling -------------------------------------------------------------------- */
+
+void psd_coord_on_scale(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
+{
+    psd_coord_t *co = srv->coord;
+    if (msg->workers > PS_MAX_RANKS) {
+        psd_send_error(srv, c, msg->req_id, PS_EINVAL, "cannot scale to %u workers (at most %d)",
+                       msg->workers, PS_MAX_RANKS);
+        return;
+    }
+    PS_LOG(PS_LOG_INFO, "coord", "desired workers %u -> %u", co->s.desired, msg->workers);
+    co->s.desired = msg->workers;
+    co->grant_start = co->grant_stop = 0;
+    ps_msg_t a = {.type = PS_MSG_SCALE_REPLY, .req_id = msg->req_id, .shard = 0,
+                  .workers = popcount(co->s.active)};
+    psd_send_msg(srv, c, &a);
+    if (is_bsp(srv)) maybe_restart_step(srv);
+}
+
+/* A launcher reports its running workers; the answer says how many to start (> 0) or to
+ * stop (< 0). Grants are counted until the workers join or leave, so several launchers
+ * asking at once share the difference instead of each filling it. */
+void psd_coord_on_launch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
+{
+    psd_coord_t *co = srv->coord;
+    uint64_t now = uv_now(srv->loop);
+    launcher_t *l = NULL, *free_l = NULL;
+    for (int i = 0; i < MAX_LAUNCHERS; i++) {
+        launcher_t *x = &co->launchers[i];
+        if (x->pid == msg->pid && strcmp(x->host, msg->host) == 0) l = x;
+        if (free_l == NULL && (x->pid == 0 || now - x->last_ms > GRANT_TTL_MS)) free_l = x;
+    }
+    if (l == NULL && (l = free_l) != NULL) {
+        memset(l, 0, sizeof *l);
+        snprintf(l->host, sizeof l->host, "%s", msg->host);
+        l->pid = msg->pid;
+    }
+    if (l) {
+        l->running = msg->workers;
+        l->last_ms = now;
+    }
+    int32_t actual = (int32_t)popcount(co->s.active), want = (int32_t)co->s.desired, delta = 0;
+    if (!co->s.finished) {
+        if (want > actual + co->grant_start) {
+            delta = want - actual - co->grant_start;
+            co->grant_start += delta;
+            co->grant_ms = now;
+        } else if (want < actual - co->grant_stop && msg->workers > 0) {
+            delta = actual - co->grant_stop - want;
+            if (delta > (int32_t)msg->workers) delta = (int32_t)msg->workers;
+            co->grant_stop += delta;
+            co->grant_ms = now;
+            delta = -delta;
+        }
+    }
+    ps_msg_t a = {.type = PS_MSG_LAUNCH_REPLY, .req_id = msg->req_id, .shard = 0,
+                  .status = delta, .workers = co->s.desired,
+                  .flags = co->s.finished ? PS_FLAG_FINISHED : 0};
+    psd_send_msg(srv, c, &a);
+}
+
+/* ---- state ---------------------------------------------------------------------- */
+
+int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len)
+{
+    psd_coord_t *co = calloc(1, sizeof *co);
+    if (co == NULL) return PS_ENOMEM;
+    srv->coord = co;
+    co->started_ms = uv_now(srv->loop);
+    const ps_job_conf_t *j = &srv->m.job;
+    if (saved && saved_len == sizeof co->s &&
+        ((const coord_saved_t *)saved)->magic == COORD_MAGIC) {
+        memcpy(&co->s, saved, sizeof co->s);
+        /* Members are expected back (libps reconnects with their rank). */
+        PS_LOG(PS_LOG_INFO, "coord", "restored: epoch %llu, step %llu, %u members, %llu samples "
+               "applied", (unsigned long long)co->s.epoch, (unsigned long long)co->s.step,
+               popcount(co->s.active), (unsigned long long)co->s.cur.applied_total);
+        if (is_bsp(srv)) {
+            /* A restored open step's members are in the view the pushes are checked with. */
+            psd_shard_learn_view(srv, co->s.epoch, co->s.step, co->s.step_members);
+            /* The state was saved when the step's apply began; if that apply committed here,
+             * every member had pushed the step: it counts, and the next step is open. */
+            uint64_t applied = psd_shard_step(srv);
+            while (co->s.step < applied && !co->s.finished) close_step(srv);
+        }
+    } else {
+        co->s.magic = COORD_MAGIC;
+        co->s.desired = j->workers;
+        co->s.step = psd_shard_step(srv);
+        ps_cursor_init(&co->s.cur, 0, j->batch_size, j->epochs);
+    }
+    return 0;
+}
+
+void psd_coord_free(psd_server_t *srv)
+{
+    free(srv->coord);
+    srv->coord = NULL;
+}
+
+const void *psd_coord_state(psd_server_t *srv, size_t *len)
+{
+    *len = sizeof srv->coord->s;
+    return &srv->coord->s;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+#define OUT(...)                                                                      \
+    do {                                                                              \
+        int n_ = snprintf(out + *len, cap - *len, __VA_ARGS__);                       \
+        if (n_ > 0) *len = *len + (size_t)n_ < cap ? *len + (size_t)n_ : cap - 1;     \
+    } while (0)
+
+void psd_coord_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len)
+{
+    psd_coord_t *co = srv->coord;
+    uint64_t now = uv_now(srv->loop);
+    uint64_t n = co->ngaps < GAP_RING ? co->ngaps : GAP_RING, gmax = 0, gmed = 0;
+    static uint64_t sorted[GAP_RING];
+    memcpy(sorted, co->gaps, n * sizeof *sorted);
+    qsort(sorted, n, sizeof *sorted, cmp_u64);
+    if (n) {
+        gmax = sorted[n - 1];
+        gmed = sorted[n / 2];
+    }
+    OUT("\"epoch\": %llu, \"open_step\": %llu, \"desired_workers\": %u, \"actual_workers\": %u, "
+        "\"finished\": %s, \"samples\": %llu, \"samples_applied\": %llu, \"batches_handed_again\": "
+        "%llu, \"step_gap_ms_max\": %llu, \"step_gap_ms_median\": %llu, \"step_gaps\": %llu, ",
+        (unsigned long long)co->s.epoch, (unsigned long long)co->s.step, co->s.desired,
+        popcount(co->s.active), co->s.finished ? "true" : "false",
+        (unsigned long long)co->s.cur.n, (unsigned long long)co->s.cur.applied_total,
+        (unsigned long long)co->s.cur.handed_again, (unsigned long long)gmax,
+        (unsigned long long)gmed, (unsigned long long)n);
+    OUT("\"passes\": [");
+    uint64_t first = co->s.cur.pass >= PS_PASS_RING ? co->s.cur.pass - PS_PASS_RING + 1 : 0;
+    for (uint64_t p = first; p <= co->s.cur.pass && p < co->s.cur.passes; p++)
+        OUT("%s{\"pass\": %llu, \"applied\": %llu}", p == first ? "" : ", ",
+            (unsigned long long)p, (unsigned long long)ps_cursor_pass_applied(&co->s.cur, p));
+    OUT("], \"members\": [");
+    int firstm = 1;
+    for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
+        if (!(co->s.active >> r & 1)) continue;
+        const saved_member_t *m = &co->s.m[r];
+        const member_rt_t *rt = &co->rt[r];
+        double up = (double)(now - rt->joined_ms) / 1000.0;
+        OUT("%s{\"rank\": %u, \"pid\": %u, \"host\": \"%s\", \"steps\": %llu, "
+            "\"steps_per_s\": %.2f, \"last_heard_ms\": %lld, \"in_step\": %s}",
+            firstm ? "" : ", ", r, m->pid, m->host, (unsigned long long)m->steps_done,
+            up > 0 ? (double)m->steps_done / up : 0.0,
+            rt->conn ? (long long)(now - rt->conn->last_seen_ms) : -1LL,
+            (co->s.step_members >> r & 1) ? "true" : "false");
+        firstm = 0;
+    }
+    OUT("]");
+}
