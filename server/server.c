@@ -185,6 +185,16 @@ void psd_send_error(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id, int st
     psd_send_msg(srv, conn, &m);
 }
 
+void psd_send_crc_error(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id, uint32_t tensor,
+                        uint32_t chunk, const char *what)
+{
+    ps_msg_t m = {.type = PS_MSG_ERROR, .req_id = req_id, .status = PS_ECRC,
+                  .shard = srv->shard, .tensor = tensor, .chunk = chunk};
+    snprintf(m.error, sizeof m.error, "%s of %u/%u: CRC-32C mismatch, payload rejected", what,
+             tensor, chunk);
+    psd_send_msg(srv, conn, &m);
+}
+
 /* ---- messages ----------------------------------------------------------- */
 
 static void on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
@@ -282,14 +292,14 @@ static void send_status(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
                             "{\"shard\": %u, \"address\": \"%s:%u\", \"cluster\": \"%s\", "
                             "\"step\": %llu, \"consistency\": \"%s\", \"optimizer\": \"%s\", "
                             "\"workers_expected\": %u, \"pushes\": %llu, \"pulls\": %llu, "
-                            "\"updates_applied\": %llu, \"stopping\": %s, ",
+                            "\"updates_applied\": %llu, \"crc_errors\": %llu, \"stopping\": %s, ",
                             srv->shard, sc->host, sc->port, srv->m.cluster,
                             (unsigned long long)psd_shard_step(srv),
                             ps_consistency_name(srv->m.job.consistency),
                             ps_optim_name(srv->m.job.optimizer.name), srv->workers,
                             (unsigned long long)srv->pushes, (unsigned long long)srv->pulls,
                             (unsigned long long)srv->applied_updates,
-                            srv->stopping ? "true" : "false");
+                            (unsigned long long)srv->crc_errors, srv->stopping ? "true" : "false");
     psd_shard_status_json(srv, out, cap, &len);
     len += (size_t)snprintf(out + len, cap - len, ", \"members\": [");
     uint64_t now = uv_now(srv->loop);
@@ -422,6 +432,13 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, char *err, size_t err
     srv->loop = uv_default_loop();
     srv->rank_owner = calloc(srv->workers, sizeof *srv->rank_owner);
     const ps_server_conf_t *sc = &m->servers[shard];
+    const char *tc = getenv("PS_TEST_CORRUPT_PULL");
+    if (tc && atoi(tc) > 0) {
+        srv->test_corrupt_pull = (uint32_t)atoi(tc);
+        PS_LOG(PS_LOG_WARN, "server", "PS_TEST_CORRUPT_PULL=%u: every %uth pull reply is "
+               "corrupted on purpose (a test hook)", srv->test_corrupt_pull,
+               srv->test_corrupt_pull);
+    }
 
     rc = psd_store_open(&srv->store, sc->data_dir, m->map_size_mb, m->cluster, m->chunk_bytes,
                         srv->nstate, err, errlen);

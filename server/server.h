@@ -64,6 +64,7 @@ struct psd_chunk_s {
     float *agg;                /* [n] decode-and-sum buffer, allocated on the first compressed push */
     uint8_t *slot_state;       /* [workers] SLOT_* */
     uint64_t *slot_req;        /* [workers] req_id to acknowledge */
+    uint32_t *slot_crc;        /* [workers] the push header's CRC-32C of its payload */
     psd_conn_t **slot_conn;    /* [workers] who to acknowledge */
     psd_slot_ref_t *slot_ref;  /* [workers] receive-callback contexts */
     uint32_t nfull;            /* slots in SLOT_FULL */
@@ -152,6 +153,9 @@ struct psd_server_s {
     uv_timer_t cron;           /* heartbeat checks */
     bool stopping;
     uint64_t applied_updates, pushes, pulls;
+    uint64_t crc_errors;       /* pushes rejected for a checksum mismatch */
+    uint32_t test_corrupt_pull; /* PS_TEST_CORRUPT_PULL (tests only): corrupt every Nth pull reply */
+    uint64_t test_pull_count;
 };
 
 /* server.c */
@@ -160,6 +164,10 @@ void psd_send_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg);
 /** @brief Send MSG_ERROR for request @p req_id. */
 void psd_send_error(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id, int status,
                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/** @brief Send MSG_ERROR with status PS_ECRC naming chunk (@p tensor, @p chunk), so the peer
+ *  can tell which part of request @p req_id to send again; @p what is "push" or the like. */
+void psd_send_crc_error(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id, uint32_t tensor,
+                        uint32_t chunk, const char *what);
 void psd_conn_ref(psd_conn_t *c);
 void psd_conn_unref(psd_conn_t *c);
 /** @brief The shutdown check: called when the store goes idle. */

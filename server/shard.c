@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "crc32c.h"
 #include "init.h"
 #include "place.h"
 #include "ps/ps_error.h"
@@ -39,16 +40,18 @@ static psd_chunk_t *chunk_new(psd_server_t *srv, uint32_t t, uint32_t c, uint32_
     ch->slot_codec = calloc(w, sizeof *ch->slot_codec);
     ch->slot_state = calloc(w, 1);
     ch->slot_req = calloc(w, sizeof *ch->slot_req);
+    ch->slot_crc = calloc(w, sizeof *ch->slot_crc);
     ch->slot_conn = calloc(w, sizeof *ch->slot_conn);
     ch->slot_ref = calloc(w, sizeof *ch->slot_ref);
     if (!ch->slots || !ch->slot_state || !ch->slot_req || !ch->slot_conn || !ch->slot_ref ||
-        !ch->slot_cap || !ch->slot_len || !ch->slot_codec) {
+        !ch->slot_cap || !ch->slot_len || !ch->slot_codec || !ch->slot_crc) {
         free(ch->slots);
         free(ch->slot_cap);
         free(ch->slot_len);
         free(ch->slot_codec);
         free(ch->slot_state);
         free(ch->slot_req);
+        free(ch->slot_crc);
         free(ch->slot_conn);
         free(ch->slot_ref);
         free(ch);
@@ -67,6 +70,7 @@ static void chunk_free(psd_chunk_t *ch)
     free(ch->agg);
     free(ch->slot_state);
     free(ch->slot_req);
+    free(ch->slot_crc);
     free(ch->slot_conn);
     free(ch->slot_ref);
     free(ch);
@@ -422,6 +426,24 @@ static void on_pull_sent(void *request, ucs_status_t status, void *user_data)
     if (request) ucp_request_free(request);
 }
 
+/* The PS_TEST_CORRUPT_PULL hook: a copy of the reply's data with one byte flipped, in the
+ * send's own buffer (the snapshot is never written). NULL when out of memory. */
+static const void *test_corrupt(psd_send_t *s, const void *data, size_t dlen)
+{
+    if (dlen == 0) return data;
+    if (data != s->payload) {
+        if (dlen > s->payload_cap) {
+            uint8_t *b = realloc(s->payload, dlen);
+            if (b == NULL) return NULL;
+            s->payload = b;
+            s->payload_cap = dlen;
+        }
+        memcpy(s->payload, data, dlen);
+    }
+    s->payload[dlen / 2] ^= 0x10;
+    return s->payload;
+}
+
 static void send_pull_reply(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id, psd_chunk_t *ch,
                             uint32_t codec)
 {
@@ -463,14 +485,21 @@ static void send_pull_reply(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id
         psk_codec_encode_cpu(s->payload, s->payload_cap, &dlen, params, h->n, &c, NULL);
         data = s->payload;
     }
+    ps_msg_t r = {.type = PS_MSG_PULL_REPLY, .req_id = req_id, .tensor = ch->tensor,
+                  .chunk = ch->chunk, .step = h->version, .length = dlen,
+                  .codec = codec, .shard = srv->shard, .crc32c = ps_crc32c(0, data, dlen)};
+    if (srv->test_corrupt_pull && ++srv->test_pull_count % srv->test_corrupt_pull == 0 &&
+        (data = test_corrupt(s, data, dlen)) == NULL) {
+        s->next_free = srv->free_sends;
+        srv->free_sends = s;
+        psd_send_error(srv, conn, req_id, PS_ENOMEM, "out of memory");
+        return;
+    }
     s->srv = srv;
     s->conn = conn;
     s->snap = srv->snap;
     s->snap->refs++;
     psd_conn_ref(conn);
-    ps_msg_t r = {.type = PS_MSG_PULL_REPLY, .req_id = req_id, .tensor = ch->tensor,
-                  .chunk = ch->chunk, .step = h->version, .length = dlen,
-                  .codec = codec, .shard = srv->shard};
     size_t len;
     ps_msg_encode(&r, s->hdr, sizeof s->hdr, &len);
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
@@ -550,6 +579,18 @@ static void push_received(psd_chunk_t *ch, uint32_t rank, ucs_status_t status)
     if (status != UCS_OK) {
         PS_LOG(PS_LOG_WARN, "shard", "push of %u/%u from rank %u lost: %s", ch->tensor, ch->chunk,
                rank, ucs_status_string(status));
+        ch->slot_state[rank] = SLOT_EMPTY;
+        psd_conn_unref(ch->slot_conn[rank]);
+        ch->slot_conn[rank] = NULL;
+        return;
+    }
+    if (ps_crc32c(0, ch->slots[rank], ch->slot_len[rank]) != ch->slot_crc[rank]) {
+        /* Corrupted in transit: never applied; the sender sends it again. */
+        srv->crc_errors++;
+        PS_LOG(PS_LOG_WARN, "shard", "checksum mismatch on the %u/%u push from rank %u: rejected",
+               ch->tensor, ch->chunk, rank);
+        psd_send_crc_error(srv, ch->slot_conn[rank], ch->slot_req[rank], ch->tensor, ch->chunk,
+                           "push");
         ch->slot_state[rank] = SLOT_EMPTY;
         psd_conn_unref(ch->slot_conn[rank]);
         ch->slot_conn[rank] = NULL;
@@ -660,6 +701,7 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
     ch->slot_len[rank] = length;
     ch->slot_state[rank] = SLOT_RECEIVING;
     ch->slot_req[rank] = msg->req_id;
+    ch->slot_crc[rank] = msg->crc32c;
     ch->slot_conn[rank] = conn;
     psd_conn_ref(conn);
     if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {

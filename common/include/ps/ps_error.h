@@ -22,7 +22,8 @@
     XX(ECONFIG, -10005, "invalid configuration")                            \
     XX(ESTALE, -10006, "step does not match the chunk's version")           \
     XX(EFULL, -10007, "no free worker rank")                                \
-    XX(EDATA, -10008, "invalid dataset file")
+    XX(EDATA, -10008, "invalid dataset file")                               \
+    XX(ECRC, -10009, "checksum mismatch: data corrupted in transit")
 
 enum {
 #define XX(name, val, msg) PS_##name = (val),

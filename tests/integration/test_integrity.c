@@ -1,0 +1,111 @@
+/* test_integrity.c: integrity of psd's data, with real processes on 127.0.0.1.
+ *
+ * (a) CRC-32C on the wire: a test hook corrupts pushes (libps, PS_TEST_CORRUPT_PUSH=N) or pull
+ *     replies (psd, PS_TEST_CORRUPT_PULL=N) after their CRC was computed; the receiver rejects
+ *     each one, it is sent again, and the run ends with exactly the parameters of the
+ *     single-process reference. Corruption on every try fails the op with a clear error.
+ *
+ * The tests assert behaviour, never timings (see CL_BUDGET_S in cluster.h). */
+#include <check.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cluster.h"
+#include "expect.h"
+
+static int count_in_log(const cl_proc_t *p, const char *needle)
+{
+    char *log = cl_log(p);
+    int n = 0;
+    for (const char *s = log; (s = strstr(s, needle)) != NULL; s += strlen(needle)) n++;
+    free(log);
+    return n;
+}
+
+/* Two shards, two BSP workers (sgd): the cluster's result against psworker --local. */
+static const cl_conf_t crc_conf = {.shards = 2, .workers = 2, .optimizer = "{name: sgd, lr: 0.05}",
+                                   .max_steps = 60, .batch_size = 32};
+
+/* (a) Every 7th push leaves libps with one byte flipped after its CRC was computed: the shard
+ * refuses it (never applied), libps sends it again, and the result equals the reference. */
+START_TEST(test_crc_corrupt_push)
+{
+    cl_cluster_t *c = cl_cluster_create(&crc_conf);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    setenv("PS_TEST_CORRUPT_PUSH", "7", 1); /* inherited by the workers only */
+    cl_proc_t *w[2] = {cl_worker_start(c, NULL, "w0.params", false),
+                       cl_worker_start(c, NULL, "w1.params", false)};
+    unsetenv("PS_TEST_CORRUPT_PUSH");
+    EXPECT_EXIT(w[0], 0);
+    EXPECT_EXIT(w[1], 0);
+    int rejected = count_in_log(psd[0], "checksum mismatch on the") +
+                   count_in_log(psd[1], "checksum mismatch on the");
+    int resent = count_in_log(w[0], "CRC-32C mismatch, sending again") +
+                 count_in_log(w[1], "CRC-32C mismatch, sending again");
+    ck_assert_msg(rejected > 0, "no push was rejected; psd0: %s", cl_tail(psd[0]));
+    ck_assert_msg(rejected == resent, "%d pushes rejected but %d sent again", rejected, resent);
+    cl_proc_t *ref = cl_worker_start(c, NULL, "ref.params", true);
+    EXPECT_EXIT(ref, 0);
+    expect_same_params(w[0]->params, ref->params, 0, 0);
+    expect_same_params(w[1]->params, ref->params, 0, 0);
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+/* (a) Every 5th pull reply leaves psd with one byte flipped: libps notices, asks again, and the
+ * result equals the reference. */
+START_TEST(test_crc_corrupt_pull)
+{
+    cl_cluster_t *c = cl_cluster_create(&crc_conf);
+    setenv("PS_TEST_CORRUPT_PULL", "5", 1); /* inherited by the shards only */
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    unsetenv("PS_TEST_CORRUPT_PULL");
+    cl_proc_t *w[2] = {cl_worker_start(c, NULL, "w0.params", false),
+                       cl_worker_start(c, NULL, "w1.params", false)};
+    EXPECT_EXIT(w[0], 0);
+    EXPECT_EXIT(w[1], 0);
+    int again = count_in_log(w[0], "pull of chunk") + count_in_log(w[1], "pull of chunk");
+    ck_assert_msg(again > 0, "no corrupted pull reply was noticed; %s: %s", w[0]->name,
+                  cl_tail(w[0]));
+    cl_proc_t *ref = cl_worker_start(c, NULL, "ref.params", true);
+    EXPECT_EXIT(ref, 0);
+    expect_same_params(w[0]->params, ref->params, 0, 0);
+    expect_same_params(w[1]->params, ref->params, 0, 0);
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+/* (a) Every push corrupted: after PS_CRC_TRIES resends the push fails, the worker says why and
+ * exits 1; psd applied none of it and stops cleanly. */
+START_TEST(test_crc_always_corrupt_fails)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1, .max_steps = 20};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    setenv("PS_TEST_CORRUPT_PUSH", "1", 1);
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    unsetenv("PS_TEST_CORRUPT_PUSH");
+    EXPECT_EXIT(w, 1);
+    EXPECT_LOG(w, "CRC-32C mismatch 6 times in a row; giving up");
+    char *argv[] = {(char *)cl_binary("PSCTL"), "--manifest", c->manifest, "status", "--json",
+                    NULL};
+    cl_proc_t *ctl = cl_spawn(c, "psctl", argv);
+    EXPECT_EXIT(ctl, 0);
+    EXPECT_LOG(ctl, "\"updates_applied\": 0, ");
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+Suite *ps_test_suite(void)
+{
+    Suite *s = suite_create("integrity");
+    suite_add_tcase(s, tcase("crc_corrupt_push", test_crc_corrupt_push));
+    suite_add_tcase(s, tcase("crc_corrupt_pull", test_crc_corrupt_pull));
+    suite_add_tcase(s, tcase("crc_always_corrupt_fails", test_crc_always_corrupt_fails));
+    return s;
+}
