@@ -6,7 +6,10 @@
  * cache-resident) and a large one (--mib, default 256, memory-bound) it times memcpy, CRC-32C
  * (the implementation ps_crc32c() picked, and the portable slicing-by-8 one) and XXH3-64, and
  * prints one JSON object per size: GB/s of each and each checksum's speed as a fraction of
- * memcpy's. Best of R repetitions. Not a test: nothing asserts a figure. */
+ * memcpy's. A third object compares what psd's apply job does per chunk: the fused Adam kernel
+ * (old record -> new record, 1 MiB of parameters) and psd_store_chunk_seal() on the new record
+ * (CRC-32C of the params + XXH3-64 of params and state). Best of R repetitions. Not a test:
+ * nothing asserts a figure. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +17,8 @@
 #include <xxhash.h>
 
 #include "crc32c.h"
+#include "optim.h"
+#include "store.h"
 
 static double now(void)
 {
@@ -85,6 +90,36 @@ int main(int argc, char **argv)
                "\"xxh3_GBps\": %.2f, \"xxh3_vs_memcpy\": %.2f}\n",
                len, mc, ps_crc32c_impl(), crc, crc / mc, sw, xx, xx / mc);
     }
+    /* One Adam chunk: params + m + v, as psd's records hold them. */
+    uint32_t n = 1u << 18;
+    size_t rec = psd_chunk_bytes(n, 2);
+    psd_chunk_hdr_t *a = calloc(1, rec), *b = calloc(1, rec);
+    float *g = malloc((size_t)n * 4);
+    for (uint32_t i = 0; i < n; i++) g[i] = (float)((int)(i % 97) - 48) * 1e-3f;
+    *a = (psd_chunk_hdr_t){.n = n, .nstate = 2};
+    *b = *a;
+    psk_optim_t o = {.kind = PSK_ADAM, .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f,
+                     .eps = 1e-8f};
+    double best_apply = 1e9, best_seal = 1e9;
+    for (int r = 0; r < reps * 4; r++) {
+        double t0 = now();
+        psk_optim_apply_cpu(psd_chunk_params(b), psd_chunk_state(b), psd_chunk_params(a),
+                            psd_chunk_state(a), g, 1.0f, n, (uint64_t)r + 1, &o);
+        double t1 = now();
+        psd_store_chunk_seal(b);
+        double t2 = now();
+        if (t1 - t0 < best_apply) best_apply = t1 - t0;
+        if (t2 - t1 < best_seal) best_seal = t2 - t1;
+        psd_chunk_hdr_t *t = a;
+        a = b;
+        b = t;
+    }
+    printf("{\"chunk_values\": %u, \"record_bytes\": %zu, \"adam_apply_us\": %.1f, "
+           "\"seal_us\": %.1f, \"seal_vs_apply\": %.2f}\n",
+           n, rec, best_apply * 1e6, best_seal * 1e6, best_seal / best_apply);
+    free(a);
+    free(b);
+    free(g);
     free(src);
     free(dst);
     return 0;

@@ -167,13 +167,15 @@ static int status(ctl_t *ctl, int json, double timeout_s)
         }
         char b[8][64];
         if (i == 0)
-            printf("%-5s %-21s %-8s %-7s %-7s %-11s %-8s %s\n", "shard", "address", "step",
-                   "tensors", "chunks", "state_MiB", "updates", "members (rank:pid)");
+            printf("%-5s %-21s %-8s %-7s %-7s %-11s %-8s %-16s %s\n", "shard", "address", "step",
+                   "tensors", "chunks", "state_MiB", "updates", "merkle_root",
+                   "members (rank:pid)");
         double mib = atof(field(s->reply, "state_bytes", b[0], sizeof b[0])) / (1 << 20);
-        printf("%-5d %-21s %-8s %-7s %-7s %-11.1f %-8s ", i, field(s->reply, "address", b[1], 64),
-               field(s->reply, "step", b[2], 64), field(s->reply, "tensors", b[3], 64),
-               field(s->reply, "chunks", b[4], 64), mib,
-               field(s->reply, "updates_applied", b[5], 64));
+        printf("%-5d %-21s %-8s %-7s %-7s %-11.1f %-8s %-16s ", i,
+               field(s->reply, "address", b[1], 64), field(s->reply, "step", b[2], 64),
+               field(s->reply, "tensors", b[3], 64), field(s->reply, "chunks", b[4], 64), mib,
+               field(s->reply, "updates_applied", b[5], 64),
+               field(s->reply, "merkle_root", b[6], 64));
         /* members: each {"rank": R, "pid": P, ...} */
         const char *p = strstr(s->reply, "\"members\": [");
         int any = 0;

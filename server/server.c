@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "ps/ps_error.h"
+#include "integrity.h"
 #include "ps/ps_log.h"
 #include "server.h"
 
@@ -301,6 +302,7 @@ static void send_status(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
                             (unsigned long long)srv->applied_updates,
                             (unsigned long long)srv->crc_errors, srv->stopping ? "true" : "false");
     psd_shard_status_json(srv, out, cap, &len);
+    psd_integrity_status_json(srv, out, cap, &len);
     len += (size_t)snprintf(out + len, cap - len, ", \"members\": [");
     uint64_t now = uv_now(srv->loop);
     int first = 1;

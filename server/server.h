@@ -14,6 +14,7 @@
 #include "codec.h"
 #include "optim.h"
 #include "manifest.h"
+#include "merkle.h"
 #include "store.h"
 #include "ucx_loop.h"
 #include "wire.h"
@@ -70,6 +71,8 @@ struct psd_chunk_s {
     uint32_t nfull;            /* slots in SLOT_FULL */
     bool queued;               /* on the ready list or in the running job */
     psd_wait_t *pulls;         /* pulls waiting for a higher version */
+    uint64_t hash;             /* the committed record's XXH3-64 (integrity.c) */
+    uint32_t leaf;             /* its leaf in the shard's Merkle tree */
     psd_chunk_t *next_ready;
 };
 
@@ -113,6 +116,8 @@ typedef struct {
     uint32_t nchunks;
     psd_chunk_t **items;       /* JOB_APPLY: chunks whose SLOT_APPLYING slots to apply */
     uint32_t nitems;
+    uint64_t *hashes;          /* [nitems or nchunks] the records' new hashes, for job_done */
+    uint32_t cap_hashes;
     int rc;
     char err[256];
 } psd_job_t;
@@ -145,6 +150,7 @@ struct psd_server_s {
     uint32_t cap_items;        /* capacity of job.items */
     bool job_running;
     psd_snap_t *snap;          /* current pull snapshot, NULL until needed */
+    ps_merkle_t merkle;        /* over the chunk hashes (integrity.c) */
     psd_snap_t *free_snaps;
     psd_send_t *free_sends;
     psd_wait_t *free_waits;

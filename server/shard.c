@@ -4,6 +4,7 @@
 
 #include "crc32c.h"
 #include "init.h"
+#include "integrity.h"
 #include "place.h"
 #include "ps/ps_error.h"
 #include "ps/ps_log.h"
@@ -112,10 +113,12 @@ static void on_load_chunk(void *arg, uint32_t t, uint32_t c, const psd_chunk_hdr
 {
     psd_server_t *srv = arg;
     if (t < srv->ntensors && srv->tensors[t].present && c < srv->tensors[t].nchunks &&
-        srv->tensors[t].chunks[c])
+        srv->tensors[t].chunks[c]) {
         srv->tensors[t].chunks[c]->version = h->version;
-    else
+        srv->tensors[t].chunks[c]->hash = h->hash;
+    } else {
         PS_LOG(PS_LOG_WARN, "shard", "stored chunk %u/%u belongs to no tensor of this shard", t, c);
+    }
 }
 
 int psd_shard_load(psd_server_t *srv)
@@ -126,6 +129,7 @@ int psd_shard_load(psd_server_t *srv)
     for (uint32_t i = 0; i < srv->ntensors; i++)
         for (uint32_t c = 0; srv->tensors[i].present && c < srv->tensors[i].nchunks; c++)
             nchunks += srv->tensors[i].chunks[c] != NULL;
+    if ((rc = psd_integrity_rebuild(srv)) != 0) return rc;
     PS_LOG(PS_LOG_INFO, "shard", "store holds %u tensors, %llu chunks here, step %llu",
            srv->ntensors, (unsigned long long)nchunks, (unsigned long long)psd_shard_step(srv));
     return 0;
@@ -166,6 +170,8 @@ void psd_shard_free(psd_server_t *srv)
     free(srv->tensors);
     free(srv->create_queue);
     free(srv->job.items);
+    free(srv->job.hashes);
+    psd_integrity_free(srv);
     srv->tensors = NULL;
 }
 
@@ -487,7 +493,8 @@ static void send_pull_reply(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id
     }
     ps_msg_t r = {.type = PS_MSG_PULL_REPLY, .req_id = req_id, .tensor = ch->tensor,
                   .chunk = ch->chunk, .step = h->version, .length = dlen,
-                  .codec = codec, .shard = srv->shard, .crc32c = ps_crc32c(0, data, dlen)};
+                  .codec = codec, .shard = srv->shard,
+                  .crc32c = data == params ? h->crc32c : ps_crc32c(0, data, dlen)};
     if (srv->test_corrupt_pull && ++srv->test_pull_count % srv->test_corrupt_pull == 0 &&
         (data = test_corrupt(s, data, dlen)) == NULL) {
         s->next_free = srv->free_sends;
@@ -754,6 +761,8 @@ static int run_create(psd_job_t *job, psd_wtxn_t *tx)
         *h = (psd_chunk_hdr_t){.version = 0, .n = ch->n, .nstate = srv->nstate};
         psk_init_cpu(psd_chunk_params(h), ch->n, (uint64_t)c * srv->chunk_elems, &init);
         memset(psd_chunk_state(h), 0, (size_t)ch->n * srv->nstate * 4);
+        psd_store_chunk_seal(h);
+        job->hashes[c] = h->hash;
     }
     return rc;
 }
@@ -824,6 +833,9 @@ static int run_apply(psd_job_t *job, psd_wtxn_t *tx)
                 h->version++;
             }
         }
+        /* Hash the record while it is still in cache, in the same transaction. */
+        psd_store_chunk_seal(h);
+        job->hashes[i] = h->hash;
     }
     return 0;
 }
@@ -895,6 +907,11 @@ static void job_done(uv_work_t *w, int status)
     if (job->kind == JOB_CREATE) {
         psd_tensor_t *t = &srv->tensors[job->tensor];
         t->ready = job->rc == 0;
+        if (job->rc == 0) {
+            for (uint32_t c = 0; c < t->nchunks; c++)
+                if (t->chunks[c]) t->chunks[c]->hash = job->hashes[c];
+            psd_integrity_rebuild(srv);
+        }
         if (job->rc) {
             /* Not created: forget it, so a later declaration tries again. */
             t->present = false;
@@ -928,8 +945,10 @@ static void job_done(uv_work_t *w, int status)
             uint32_t applied = 0;
             for (uint32_t r = 0; r < srv->workers; r++)
                 applied += ch->slot_state[r] == SLOT_APPLYING;
-            if (job->rc == 0)
+            if (job->rc == 0) {
                 ch->version += srv->m.job.consistency == PS_CONSIST_BSP ? 1 : applied;
+                psd_integrity_chunk_hashed(srv, ch, job->hashes[i]);
+            }
             for (uint32_t r = 0; r < srv->workers; r++)
                 if (ch->slot_state[r] == SLOT_APPLYING) ack_slot(srv, ch, r, job->rc, ch->version);
             ch->queued = false;
@@ -954,6 +973,17 @@ static void job_done(uv_work_t *w, int status)
     if (!srv->job_running) psd_server_maybe_stop(srv);
 }
 
+/* Room for @p n hashes in the job (grows only: steady training allocates nothing). */
+static int job_hashes_reserve(psd_job_t *job, uint32_t n)
+{
+    if (n <= job->cap_hashes) return 0;
+    uint64_t *h = realloc(job->hashes, n * sizeof *h);
+    if (h == NULL) return PS_ENOMEM;
+    job->hashes = h;
+    job->cap_hashes = n;
+    return 0;
+}
+
 static void job_start_next(psd_server_t *srv)
 {
     if (srv->job_running) return;
@@ -969,6 +999,10 @@ static void job_start_next(psd_server_t *srv)
         job->decl = srv->tensors[job->tensor].decl;
         job->chunks = srv->tensors[job->tensor].chunks;
         job->nchunks = srv->tensors[job->tensor].nchunks;
+        if (job_hashes_reserve(job, job->nchunks)) {
+            srv->create_queue[srv->ncreate++] = job->tensor; /* tried again after the next job */
+            return;
+        }
     } else if (srv->ready_head) {
         job->kind = JOB_APPLY;
         job->nitems = 0;
@@ -981,6 +1015,7 @@ static void job_start_next(psd_server_t *srv)
             job->items = items;
             srv->cap_items = cap;
         }
+        if (job_hashes_reserve(job, cap)) return;
         bool bsp = srv->m.job.consistency == PS_CONSIST_BSP;
         for (psd_chunk_t *c = srv->ready_head; c; c = c->next_ready) {
             if (bsp ? c->nfull != srv->workers : c->nfull == 0) {

@@ -5,6 +5,10 @@
  *     each one, it is sent again, and the run ends with exactly the parameters of the
  *     single-process reference. Corruption on every try fails the op with a clear error.
  *
+ * (b) Chunk hashes and the Merkle root: each shard reports a root over its chunk hashes in
+ *     psctl status; a shard restarted from its store reports the same root (hashes committed
+ *     with the records equal the ones kept in memory).
+ *
  * The tests assert behaviour, never timings (see CL_BUDGET_S in cluster.h). */
 #include <check.h>
 #include <signal.h>
@@ -101,11 +105,73 @@ START_TEST(test_crc_always_corrupt_fails)
 }
 END_TEST
 
+/* Run psctl with @p args (NULL-terminated, after --manifest M) and wait for exit code @p code;
+ * returns the process (its log holds the output). */
+static cl_proc_t *psctl(cl_cluster_t *c, const char *name, int code, const char *const *args)
+{
+    char *argv[24] = {(char *)cl_binary("PSCTL"), "--manifest", c->manifest};
+    int n = 3;
+    for (; args[n - 3] && n < 23; n++) argv[n] = (char *)args[n - 3];
+    argv[n] = NULL;
+    cl_proc_t *p = cl_spawn(c, name, argv);
+    EXPECT_EXIT(p, code);
+    return p;
+}
+
+/* The "merkle_root" of shard @p shard in psctl status --json output @p p, into @p out[17]. */
+static void root_of(const cl_proc_t *p, int shard, char *out)
+{
+    char *log = cl_log(p), pat[32];
+    snprintf(pat, sizeof pat, "{\"shard\": %d, ", shard);
+    const char *s = strstr(log, pat);
+    ck_assert_msg(s != NULL, "no shard %d in %s", shard, log);
+    s = strstr(s, "\"merkle_root\": \"");
+    ck_assert_msg(s != NULL, "no merkle_root for shard %d in %s", shard, log);
+    s += strlen("\"merkle_root\": \"");
+    memcpy(out, s, 16);
+    out[16] = '\0';
+    ck_assert_msg(strspn(out, "0123456789abcdef") == 16, "bad root '%s'", out);
+    free(log);
+}
+
+/* (b) The roots survive a restart; the text form shows them too. */
+START_TEST(test_merkle_root_survives_restart)
+{
+    cl_conf_t k = {.shards = 2, .workers = 1, .optimizer = "{name: adam, lr: 0.001}",
+                   .max_steps = 20};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    EXPECT_EXIT(w, 0);
+    const char *json[] = {"status", "--json", NULL}, *text[] = {"status", NULL};
+    cl_proc_t *before = psctl(c, "status1", 0, json);
+    char r0[17], r1[17], a0[17], a1[17];
+    root_of(before, 0, r0);
+    root_of(before, 1, r1);
+    ck_assert_str_ne(r0, "0000000000000000");
+    ck_assert_str_ne(r0, r1);
+    cl_proc_t *t = psctl(c, "status-text", 0, text);
+    EXPECT_LOG(t, "merkle_root");
+    EXPECT_LOG(t, r0);
+    stop_all(psd, 2);
+    psd[0] = cl_psd_start(c, 0, NULL, READY_S);
+    psd[1] = cl_psd_start(c, 1, NULL, READY_S);
+    cl_proc_t *after = psctl(c, "status2", 0, json);
+    root_of(after, 0, a0);
+    root_of(after, 1, a1);
+    ck_assert_str_eq(a0, r0);
+    ck_assert_str_eq(a1, r1);
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("integrity");
     suite_add_tcase(s, tcase("crc_corrupt_push", test_crc_corrupt_push));
     suite_add_tcase(s, tcase("crc_corrupt_pull", test_crc_corrupt_pull));
     suite_add_tcase(s, tcase("crc_always_corrupt_fails", test_crc_always_corrupt_fails));
+    suite_add_tcase(s, tcase("merkle_root_survives_restart", test_merkle_root_survives_restart));
     return s;
 }

@@ -1,10 +1,14 @@
 /* test_integrity.c: CRC-32C (common/crc32c.c): known values, the hardware and portable
- * versions agree at every length and alignment, and CRCs continue across calls. */
+ * versions agree at every length and alignment, and CRCs continue across calls; the Merkle
+ * tree (common/merkle.c): its root by definition, and updates equal a rebuild. */
 #include <check.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <xxhash.h>
+
 #include "crc32c.h"
+#include "merkle.h"
 
 START_TEST(crc_known_values)
 {
@@ -47,6 +51,45 @@ START_TEST(crc_hw_matches_sw)
 }
 END_TEST
 
+static uint64_t pair(uint64_t l, uint64_t r)
+{
+    uint64_t b[2] = {l, r}; /* little-endian machine: the byte order merkle.h defines */
+    return XXH3_64bits(b, sizeof b);
+}
+
+START_TEST(merkle_definition)
+{
+    uint64_t l[5] = {11, 22, 33, 44, 55};
+    ck_assert_uint_eq(ps_merkle_root_of(l, 0), 0);
+    ck_assert_uint_eq(ps_merkle_root_of(l, 1), 11);
+    ck_assert_uint_eq(ps_merkle_root_of(l, 2), pair(11, 22));
+    /* Three leaves: the third moves up unchanged. */
+    ck_assert_uint_eq(ps_merkle_root_of(l, 3), pair(pair(11, 22), 33));
+    ck_assert_uint_eq(ps_merkle_root_of(l, 5),
+                      pair(pair(pair(11, 22), pair(33, 44)), 55));
+}
+END_TEST
+
+START_TEST(merkle_set_equals_rebuild)
+{
+    for (size_t n = 1; n < 40; n++) {
+        uint64_t l[40];
+        for (size_t i = 0; i < n; i++) l[i] = 1000 + i;
+        ps_merkle_t t = {0};
+        ck_assert_int_eq(ps_merkle_build(&t, l, n), 0);
+        for (size_t i = 0; i < n; i += 3) {
+            l[i] = 7 * i + 5;
+            ps_merkle_set(&t, i, l[i]);
+            ck_assert_uint_eq(ps_merkle_root(&t), ps_merkle_root_of(l, n));
+        }
+        uint64_t before = ps_merkle_root(&t);
+        ps_merkle_set(&t, n - 1, l[n - 1] ^ 1);
+        ck_assert_uint_ne(ps_merkle_root(&t), before);
+        ps_merkle_close(&t);
+    }
+}
+END_TEST
+
 Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("integrity");
@@ -54,5 +97,9 @@ Suite *ps_test_suite(void)
     tcase_add_test(tc, crc_known_values);
     tcase_add_test(tc, crc_hw_matches_sw);
     suite_add_tcase(s, tc);
+    TCase *tm = tcase_create("merkle");
+    tcase_add_test(tm, merkle_definition);
+    tcase_add_test(tm, merkle_set_equals_rebuild);
+    suite_add_tcase(s, tm);
     return s;
 }
