@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "manifest.h"
+#include "psctl_client.h"
 #include "ps/ps_error.h"
 #include "ps/ps_log.h"
 #include "ucx_loop.h"
@@ -195,7 +196,11 @@ static int status(ctl_t *ctl, int json, double timeout_s)
 static void usage(FILE *f)
 {
     fprintf(f, "usage: psctl --manifest FILE status [--json] [--timeout S]\n"
-               "  status   every shard's step, tensors, chunks, state size and members\n");
+               "       psctl --manifest FILE export --out FILE [--wait S] [--timeout S]\n"
+               "       psctl --manifest FILE verify [--timeout S]\n"
+               "  status   every shard's step, tensors, chunks, state size, Merkle root, members\n"
+               "  export   every tensor's parameters at one step as a safetensors file\n"
+               "  verify   every shard rechecks its stored chunks against their hashes\n");
 }
 
 int main(int argc, char **argv)
@@ -204,23 +209,33 @@ int main(int argc, char **argv)
                                          {"json", no_argument, 0, 'j'},
                                          {"timeout", required_argument, 0, 't'},
                                          {"help", no_argument, 0, 'h'},
+                                         {"out", required_argument, 0, 'o'},
+                                         {"wait", required_argument, 0, 'w'},
                                          {0, 0, 0, 0}};
-    const char *manifest = NULL;
+    const char *manifest = NULL, *out = NULL;
+    double wait = 10;
     int json = 0, o;
     double timeout = 5;
     ps_log_set_level(NULL);
-    while ((o = getopt_long(argc, argv, "m:jt:h", opts, NULL)) != -1) {
+    while ((o = getopt_long(argc, argv, "m:jt:ho:w:", opts, NULL)) != -1) {
         switch (o) {
         case 'm': manifest = optarg; break;
         case 'j': json = 1; break;
         case 't': timeout = atof(optarg); break;
         case 'h': usage(stdout); return 0;
+        case 'o': out = optarg; break;
+        case 'w': wait = atof(optarg); break;
         default: usage(stderr); return 2;
         }
     }
-    if (manifest == NULL || optind + 1 != argc || strcmp(argv[optind], "status") != 0 ||
-        timeout <= 0) {
+    const char *verb = optind + 1 == argc ? argv[optind] : "";
+    if (manifest == NULL || timeout <= 0 || wait < 0 ||
+        (strcmp(verb, "status") && strcmp(verb, "export") && strcmp(verb, "verify"))) {
         usage(stderr);
+        return 2;
+    }
+    if ((out != NULL) != (strcmp(verb, "export") == 0)) {
+        fprintf(stderr, "psctl: %s\n", out ? "--out is for export only" : "export needs --out FILE");
         return 2;
     }
     static ctl_t ctl;
@@ -229,6 +244,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "psctl: %s\n", err);
         return 2;
     }
+    if (strcmp(verb, "export") == 0) return psctl_export(&ctl.m, out, timeout, wait);
+    if (strcmp(verb, "verify") == 0) return psctl_verify(&ctl.m, timeout);
     ctl.shards = calloc((size_t)ctl.m.nservers, sizeof *ctl.shards);
     if (ctl.shards == NULL || uv_loop_init(&ctl.loop) || ps_ucx_init(&ctl.ucx, &ctl.loop)) {
         fprintf(stderr, "psctl: cannot start the UCX transport\n");

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "ps/ps_error.h"
+#include "export.h"
 #include "integrity.h"
 #include "ps/ps_log.h"
 #include "server.h"
@@ -60,6 +61,7 @@ static void conn_close_ep(psd_server_t *srv, psd_conn_t *c)
     c->dead = true;
     conn_release_rank(srv, c);
     psd_shard_drop_conn(srv, c);
+    psd_export_drop_conn(srv, c);
     if (c->ep) {
         ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
                                  .flags = UCP_EP_CLOSE_FLAG_FORCE};
@@ -350,6 +352,10 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
         send_status(srv, c, &msg);
         return UCS_OK;
     }
+    if (msg.type >= PS_MSG_EXPORT_BEGIN) { /* psctl export / verify: no hello, no data */
+        psd_export_on_msg(srv, c, &msg);
+        return UCS_OK;
+    }
     if (msg.type != PS_MSG_HELLO && c->rank < 0) {
         psd_send_error(srv, c, msg.req_id, PS_EPROTO, "%s before hello",
                        ps_msg_type_name(msg.type));
@@ -402,7 +408,7 @@ static void on_cron(uv_timer_t *h)
 
 void psd_server_maybe_stop(psd_server_t *srv)
 {
-    if (!srv->stopping || !psd_shard_idle(srv)) return;
+    if (!srv->stopping || !psd_shard_idle(srv) || !psd_export_idle(srv)) return;
     PS_LOG(PS_LOG_INFO, "server", "shard %u stopping at step %llu", srv->shard,
            (unsigned long long)psd_shard_step(srv));
     uv_stop(srv->loop);
@@ -498,7 +504,7 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, char *err, size_t err
 
     /* Stopping: pushes and declares are no longer taken. A job started in this last loop
      * iteration must end before anything it reads is freed. */
-    while (srv->job_running) uv_run(srv->loop, UV_RUN_ONCE);
+    while (srv->job_running || !psd_export_idle(srv)) uv_run(srv->loop, UV_RUN_ONCE);
     ucp_listener_destroy(srv->listener);
     for (;;) {
         psd_conn_t *c = srv->conns;
@@ -522,6 +528,7 @@ fail_ucx:
     ps_ucx_close(&srv->ucx);
     uv_run(srv->loop, UV_RUN_NOWAIT);
 fail_shard:
+    psd_export_free(srv);
     psd_shard_free(srv);
     psd_store_close(&srv->store);
 fail_store:

@@ -151,6 +151,7 @@ struct psd_server_s {
     bool job_running;
     psd_snap_t *snap;          /* current pull snapshot, NULL until needed */
     ps_merkle_t merkle;        /* over the chunk hashes (integrity.c) */
+    struct psd_export_s *xp;   /* export sessions and verify jobs (export.c), NULL until used */
     psd_snap_t *free_snaps;
     psd_send_t *free_sends;
     psd_wait_t *free_waits;

@@ -308,6 +308,25 @@ int psd_store_load(psd_store_t *st, psd_store_tensor_cb on_tensor, psd_store_chu
     return ret;
 }
 
+int psd_store_chunks_each(psd_store_t *st, MDB_txn *txn, psd_store_record_cb cb, void *arg)
+{
+    MDB_cursor *cur;
+    int rc = mdb_cursor_open(txn, st->dbi, &cur);
+    if (rc) return mdb_err(rc);
+    MDB_val k = {1, "C"}, v;
+    int ret = 0;
+    for (rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE); rc == 0 && ret == 0;
+         rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+        const uint8_t *kp = k.mv_data;
+        if (k.mv_size < 1 || kp[0] != 'C') break;
+        if (k.mv_size != 9) continue;
+        ret = cb(arg, rd32(kp + 1), rd32(kp + 5), v.mv_data, v.mv_size);
+    }
+    if (ret == 0 && rc != 0 && rc != MDB_NOTFOUND) ret = mdb_err(rc);
+    mdb_cursor_close(cur);
+    return ret;
+}
+
 int psd_store_begin(psd_store_t *st, psd_wtxn_t *tx)
 {
     tx->st = st;

@@ -90,6 +90,17 @@ void psd_store_chunk_seal(psd_chunk_hdr_t *h);
 /** @brief XXH3-64 of a record's params and state as stored now (what seal writes into hash). */
 uint64_t psd_store_chunk_hash(const psd_chunk_hdr_t *h);
 
+typedef int (*psd_store_record_cb)(void *arg, uint32_t t, uint32_t c, const void *val,
+                                   size_t len);
+
+/**
+ * @brief Call @p cb for every chunk record in @p txn (a read snapshot), in key order, with the
+ *  raw record (not yet validated: @p len may not fit its header). Stops at the first nonzero
+ *  return of @p cb and returns it.
+ * @note @p val is read-only and valid until @p txn ends. Any thread (the env is MDB_NOTLS).
+ */
+int psd_store_chunks_each(psd_store_t *st, MDB_txn *txn, psd_store_record_cb cb, void *arg);
+
 /** @brief Begin a write transaction and its read snapshot (one writer at a time). */
 int psd_store_begin(psd_store_t *st, psd_wtxn_t *tx);
 /** @brief Commit; both transactions end whatever the result. */
