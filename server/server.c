@@ -12,6 +12,7 @@
 #include "integrity.h"
 #include "ps/ps_log.h"
 #include "server.h"
+#include "sync.h"
 
 /* ---- connections -------------------------------------------------------- */
 
@@ -305,6 +306,7 @@ static void send_status(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
                             (unsigned long long)srv->crc_errors, srv->stopping ? "true" : "false");
     psd_shard_status_json(srv, out, cap, &len);
     psd_integrity_status_json(srv, out, cap, &len);
+    psd_sync_status_json(srv, out, cap, &len);
     len += (size_t)snprintf(out + len, cap - len, ", \"members\": [");
     uint64_t now = uv_now(srv->loop);
     int first = 1;
@@ -402,13 +404,15 @@ static void on_cron(uv_timer_t *h)
         dropped = 1;
     }
     if (dropped) ps_ucx_progress(&srv->ucx);
+    psd_sync_cron(srv, now);
 }
 
 /* ---- start and stop ----------------------------------------------------- */
 
 void psd_server_maybe_stop(psd_server_t *srv)
 {
-    if (!srv->stopping || !psd_shard_idle(srv) || !psd_export_idle(srv)) return;
+    if (!srv->stopping || !psd_shard_idle(srv) || !psd_export_idle(srv) || !psd_sync_idle(srv))
+        return;
     PS_LOG(PS_LOG_INFO, "server", "shard %u stopping at step %llu", srv->shard,
            (unsigned long long)psd_shard_step(srv));
     uv_stop(srv->loop);
@@ -492,7 +496,9 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, char *err, size_t err
     uv_signal_start(&srv->sigterm, on_signal, SIGTERM);
     uv_timer_init(srv->loop, &srv->cron);
     srv->cron.data = srv;
+    srv->sync.opened_ms = uv_now(srv->loop);
     uint64_t tick = m->job.heartbeat_timeout_ms / 4;
+    if (m->sync_interval_s && m->sync_interval_s * 1000 < tick) tick = m->sync_interval_s * 1000;
     uv_timer_start(&srv->cron, on_cron, tick, tick);
 
     printf("psd shard %u listening on %s:%u\n", shard, sc->host, sc->port);
@@ -504,7 +510,8 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, char *err, size_t err
 
     /* Stopping: pushes and declares are no longer taken. A job started in this last loop
      * iteration must end before anything it reads is freed. */
-    while (srv->job_running || !psd_export_idle(srv)) uv_run(srv->loop, UV_RUN_ONCE);
+    while (srv->job_running || !psd_export_idle(srv) || !psd_sync_idle(srv))
+        uv_run(srv->loop, UV_RUN_ONCE);
     ucp_listener_destroy(srv->listener);
     for (;;) {
         psd_conn_t *c = srv->conns;

@@ -152,6 +152,12 @@ struct psd_server_s {
     psd_snap_t *snap;          /* current pull snapshot, NULL until needed */
     ps_merkle_t merkle;        /* over the chunk hashes (integrity.c) */
     struct psd_export_s *xp;   /* export sessions and verify jobs (export.c), NULL until used */
+    struct {                   /* sync.c: mdb_env_sync every m.sync_interval_s */
+        uv_work_t work;
+        bool running;
+        int rc;
+        uint64_t opened_ms, started_ms, last_ms; /* loop time; last_ms 0: not yet */
+    } sync;
     psd_snap_t *free_snaps;
     psd_send_t *free_sends;
     psd_wait_t *free_waits;
