@@ -73,6 +73,21 @@ static inline uint64_t load64(const unsigned char *p)
     return v;
 }
 
+/* CRCs of the blocks p[0, blk), p[blk, 2 blk), p[2 blk, 3 blk) side by side (the first one
+ * continuing c0), combined into the CRC of all three. */
+__attribute__((target("sse4.2"))) static inline uint64_t stripe(uint64_t c0, const unsigned char *p,
+                                                                 size_t blk, uint32_t t[4][256])
+{
+    uint64_t c1 = 0, c2 = 0;
+    for (const unsigned char *end = p + blk; p < end; p += 8) {
+        c0 = _mm_crc32_u64(c0, load64(p));
+        c1 = _mm_crc32_u64(c1, load64(p + blk));
+        c2 = _mm_crc32_u64(c2, load64(p + 2 * blk));
+    }
+    c0 = shift(t, (uint32_t)c0) ^ c1;
+    return shift(t, (uint32_t)c0) ^ c2;
+}
+
 __attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t crc, const void *buf,
                                                           size_t len)
 {
@@ -82,34 +97,9 @@ __attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t crc, const voi
         c0 = _mm_crc32_u8((uint32_t)c0, *p++);
         len--;
     }
-    while (len >= 3 * LONG) {
-        uint64_t c1 = 0, c2 = 0;
-        const unsigned char *end = p + LONG;
-        do {
-            c0 = _mm_crc32_u64(c0, load64(p));
-            c1 = _mm_crc32_u64(c1, load64(p + LONG));
-            c2 = _mm_crc32_u64(c2, load64(p + 2 * LONG));
-            p += 8;
-        } while (p < end);
-        c0 = shift(long_shift, (uint32_t)c0) ^ c1;
-        c0 = shift(long_shift, (uint32_t)c0) ^ c2;
-        p += 2 * LONG;
-        len -= 3 * LONG;
-    }
-    while (len >= 3 * SHORT) {
-        uint64_t c1 = 0, c2 = 0;
-        const unsigned char *end = p + SHORT;
-        do {
-            c0 = _mm_crc32_u64(c0, load64(p));
-            c1 = _mm_crc32_u64(c1, load64(p + SHORT));
-            c2 = _mm_crc32_u64(c2, load64(p + 2 * SHORT));
-            p += 8;
-        } while (p < end);
-        c0 = shift(short_shift, (uint32_t)c0) ^ c1;
-        c0 = shift(short_shift, (uint32_t)c0) ^ c2;
-        p += 2 * SHORT;
-        len -= 3 * SHORT;
-    }
+    for (; len >= 3 * LONG; p += 3 * LONG, len -= 3 * LONG) c0 = stripe(c0, p, LONG, long_shift);
+    for (; len >= 3 * SHORT; p += 3 * SHORT, len -= 3 * SHORT)
+        c0 = stripe(c0, p, SHORT, short_shift);
     for (; len >= 8; len -= 8, p += 8) c0 = _mm_crc32_u64(c0, load64(p));
     while (len--) c0 = _mm_crc32_u8((uint32_t)c0, *p++);
     return (uint32_t)c0 ^ 0xffffffffu;
