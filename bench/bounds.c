@@ -204,6 +204,7 @@ int pb_store_apply(const char *dir, psk_optim_kind_t kind, uint64_t size, uint64
         if (rc) break;
         *h = (psd_chunk_hdr_t){.version = 0, .n = n, .nstate = nstate};
         memset(psd_chunk_params(h), 0, (size_t)n * (1 + nstate) * 4);
+        psd_store_chunk_seal(h);
     }
     if (rc == 0) rc = psd_store_commit(&tx);
     double *times = NULL;
@@ -228,6 +229,7 @@ int pb_store_apply(const char *dir, psk_optim_kind_t kind, uint64_t size, uint64
                 psd_chunk_state((psd_chunk_hdr_t *)old), g, 1.0f, old->n, h->version + 1, &o);
             tk += pb_now() - k0;
             h->version++;
+            psd_store_chunk_seal(h); /* as psd's job does: hashes in the same transaction */
         }
         double c0 = pb_now();
         if (rc == 0)

@@ -586,6 +586,8 @@ static const field_t top_fields[] = {
     {TOP(cluster), .type = T_STR, .flags = F_REQ, .check = check_name},
     {TOP(chunk_bytes), .type = T_INT, .min = 1024, .max = 1 << 30, .check = check_multiple_of_4},
     {TOP(map_size_mb), .type = T_INT, .min = 16, .max = 1048576},
+    /* fsync cadence of each shard's store, seconds; 0: only at a clean shutdown (issue #6). */
+    {TOP(sync_interval_s), .type = T_INT, .min = 0, .max = 86400},
     {TOP(servers), .type = T_LIST, .flags = F_REQ, .sub = server_fields,
      .elem = sizeof(ps_server_conf_t), .count_off = offsetof(ps_manifest_t, nservers),
      .min_count = 1, .check = check_servers},

@@ -83,6 +83,8 @@ typedef struct {
     char cluster[128];        /* required, [A-Za-z0-9_.-]+ */
     uint64_t chunk_bytes;     /* default 1048576; multiple of 4 in [1024, 1 GiB] */
     uint64_t map_size_mb;     /* default 4096: LMDB map size per shard, 16..1048576 */
+    uint64_t sync_interval_s; /* default 0: fsync the store only at a clean shutdown; N in
+                                 1..86400: also every N seconds (power-loss safety) */
     ps_server_conf_t servers[PS_MAX_SERVERS];
     int nservers;             /* 1..PS_MAX_SERVERS */
     ps_job_conf_t job;        /* required */

@@ -30,6 +30,11 @@ const char *ps_msg_type_name(int type)
                                   "status",        "status_reply", "batch",
                                   "batch_reply",   "epoch", "scale",       "scale_reply",
                                   "launch",        "launch_reply"};
+    static const char *durable[] = {"export_begin", "export_begin_reply", "export_tensor",
+                                    "export_tensor_reply", "export_chunk", "export_chunk_reply",
+                                    "export_end", "verify", "verify_reply"};
+    if (type >= PS_MSG_EXPORT_BEGIN && type < PS_MSG_DURABLE_END_)
+        return durable[type - PS_MSG_EXPORT_BEGIN];
     return type >= 0 && type < PS_MSG_MAX_ ? names[type] : "unknown";
 }
 
@@ -65,6 +70,8 @@ int ps_msg_encode(const ps_msg_t *m, uint8_t *buf, size_t cap, size_t *len)
     h.samples = m->samples;
     h.flags = m->flags;
     h.host = (char *)(m->host[0] ? m->host : "");
+    h.step_max = m->step_max;
+    h.count = m->count;
     /* Strings are only read by pack; the casts drop const for protobuf-c's API. */
     h.error = (char *)(m->error[0] ? m->error : "");
     h.cluster = (char *)(m->cluster[0] ? m->cluster : "");
@@ -133,7 +140,7 @@ int ps_msg_decode(ps_msg_t *m, const void *buf, size_t len, char *err, size_t er
     /* The arena lives on this stack frame: copy out everything, then return. */
     if (h->version != PS_WIRE_VERSION)
         FAIL("wire version %u, this build speaks %d", h->version, PS_WIRE_VERSION);
-    if ((int)h->type <= 0 || (int)h->type >= PS_MSG_MAX_) FAIL("unknown message type %d", (int)h->type);
+    if (!ps_msg_type_valid((int)h->type)) FAIL("unknown message type %d", (int)h->type);
     m->type = (ps_msg_type_t)h->type;
     m->req_id = h->req_id;
     m->epoch = h->epoch;
@@ -159,6 +166,8 @@ int ps_msg_decode(ps_msg_t *m, const void *buf, size_t len, char *err, size_t er
     m->samples = h->samples;
     m->flags = h->flags;
     if (copy_str(m->host, sizeof m->host, h->host)) FAIL("host name too long");
+    m->step_max = h->step_max;
+    m->count = h->count;
     if (copy_str(m->error, sizeof m->error, h->error)) FAIL("error text too long");
     if (copy_str(m->cluster, sizeof m->cluster, h->cluster)) FAIL("cluster name too long");
     if (h->decl) {

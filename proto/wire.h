@@ -50,8 +50,26 @@ typedef enum {
     PS_MSG_SCALE_REPLY = 18,
     PS_MSG_LAUNCH = 19,
     PS_MSG_LAUNCH_REPLY = 20,
-    PS_MSG_MAX_ = 21
+    PS_MSG_MAX_ = 21, /* end of the core and membership range */
+    /* Durability (psctl -> shard; server/export.c): */
+    PS_MSG_EXPORT_BEGIN = 30,
+    PS_MSG_EXPORT_BEGIN_REPLY = 31,
+    PS_MSG_EXPORT_TENSOR = 32,
+    PS_MSG_EXPORT_TENSOR_REPLY = 33,
+    PS_MSG_EXPORT_CHUNK = 34,
+    PS_MSG_EXPORT_CHUNK_REPLY = 35,
+    PS_MSG_EXPORT_END = 36,
+    PS_MSG_VERIFY = 37,
+    PS_MSG_VERIFY_REPLY = 38,
+    PS_MSG_DURABLE_END_ = 39
 } ps_msg_type_t;
+
+/** @brief Whether @p type is a known message type. */
+static inline int ps_msg_type_valid(int type)
+{
+    return (type > 0 && type < PS_MSG_MAX_) ||
+           (type >= PS_MSG_EXPORT_BEGIN && type < PS_MSG_DURABLE_END_);
+}
 
 typedef struct {
     char name[PS_NAME_MAX];
@@ -92,6 +110,8 @@ typedef struct {
     uint64_t samples;
     uint32_t flags;       /* PS_FLAG_* */
     char host[64];
+    uint64_t step_max;
+    uint64_t count;
     char error[256];
     char cluster[128];
     int has_decl;

@@ -9,6 +9,7 @@
 
 #include "ctl.h"
 #include "manifest.h"
+#include "psctl_client.h"
 #include "ps/ps_error.h"
 #include "ps/ps_log.h"
 #include "ucx_loop.h"
@@ -181,13 +182,14 @@ static int status(ctl_t *ctl, int json, double timeout_s)
         }
         char b[8][64];
         if (i == 0)
-            printf("%-5s %-21s %-8s %-7s %-7s %-11s %s\n", "shard", "address", "step", "tensors",
-                   "chunks", "state_MiB", "updates");
+            printf("%-5s %-21s %-8s %-7s %-7s %-11s %-8s %s\n", "shard", "address", "step",
+                   "tensors", "chunks", "state_MiB", "updates", "merkle_root");
         double mib = atof(field(s->reply, "state_bytes", b[0], sizeof b[0])) / (1 << 20);
-        printf("%-5d %-21s %-8s %-7s %-7s %-11.1f %s\n", i, field(s->reply, "address", b[1], 64),
-               field(s->reply, "step", b[2], 64), field(s->reply, "tensors", b[3], 64),
-               field(s->reply, "chunks", b[4], 64), mib,
-               field(s->reply, "updates_applied", b[5], 64));
+        printf("%-5d %-21s %-8s %-7s %-7s %-11.1f %-8s %s\n", i,
+               field(s->reply, "address", b[1], 64), field(s->reply, "step", b[2], 64),
+               field(s->reply, "tensors", b[3], 64), field(s->reply, "chunks", b[4], 64), mib,
+               field(s->reply, "updates_applied", b[5], 64),
+               field(s->reply, "merkle_root", b[6], 64));
     }
     const char *j = ctl->shards[0].reply;
     if (!json && j) {
@@ -218,10 +220,15 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: psctl --manifest FILE status [--json] [--timeout S]\n"
                "       psctl --manifest FILE scale N [--timeout S]\n"
+               "       psctl --manifest FILE export --out FILE [--wait S] [--timeout S]\n"
+               "       psctl --manifest FILE verify [--timeout S]\n"
                "  status   the job (epoch, step, desired and actual workers, members) and every\n"
-               "           shard's step, tensors, chunks and state size\n"
+               "           shard's step, tensors, chunks, state size and Merkle root\n"
                "  scale    set the desired number of workers (0..%d); pslaunch instances\n"
-               "           started with --follow start or stop workers to match\n", PS_MAX_RANKS);
+               "           started with --follow start or stop workers to match\n"
+               "  export   every tensor's parameters at one step as a safetensors file\n"
+               "  verify   every shard rechecks its stored chunks against their hashes\n",
+            PS_MAX_RANKS);
 }
 
 int main(int argc, char **argv)
@@ -230,21 +237,27 @@ int main(int argc, char **argv)
                                          {"json", no_argument, 0, 'j'},
                                          {"timeout", required_argument, 0, 't'},
                                          {"help", no_argument, 0, 'h'},
+                                         {"out", required_argument, 0, 'o'},
+                                         {"wait", required_argument, 0, 'w'},
                                          {0, 0, 0, 0}};
-    const char *manifest = NULL;
+    const char *manifest = NULL, *out = NULL;
+    double wait = 10;
     int json = 0, o;
     double timeout = 5;
     ps_log_set_level(NULL);
-    while ((o = getopt_long(argc, argv, "m:jt:h", opts, NULL)) != -1) {
+    while ((o = getopt_long(argc, argv, "m:jt:ho:w:", opts, NULL)) != -1) {
         switch (o) {
         case 'm': manifest = optarg; break;
         case 'j': json = 1; break;
         case 't': timeout = atof(optarg); break;
         case 'h': usage(stdout); return 0;
+        case 'o': out = optarg; break;
+        case 'w': wait = atof(optarg); break;
         default: usage(stderr); return 2;
         }
     }
     int scale = -1;
+    const char *verb = optind + 1 == argc ? argv[optind] : "";
     if (manifest && optind + 2 == argc && strcmp(argv[optind], "scale") == 0) {
         char *end;
         long n = strtol(argv[optind + 1], &end, 10);
@@ -254,9 +267,14 @@ int main(int argc, char **argv)
             return 2;
         }
         scale = (int)n;
-    } else if (manifest == NULL || optind + 1 != argc || strcmp(argv[optind], "status") != 0 ||
-               timeout <= 0) {
+        verb = "scale";
+    } else if (manifest == NULL || timeout <= 0 || wait < 0 ||
+               (strcmp(verb, "status") && strcmp(verb, "export") && strcmp(verb, "verify"))) {
         usage(stderr);
+        return 2;
+    }
+    if ((out != NULL) != (strcmp(verb, "export") == 0)) {
+        fprintf(stderr, "psctl: %s\n", out ? "--out is for export only" : "export needs --out FILE");
         return 2;
     }
     static ctl_t ctl;
@@ -282,6 +300,8 @@ int main(int argc, char **argv)
         printf("desired workers: %d (now %u)\n", scale, rep.workers);
         return 0;
     }
+    if (strcmp(verb, "export") == 0) return psctl_export(&ctl.m, out, timeout, wait);
+    if (strcmp(verb, "verify") == 0) return psctl_verify(&ctl.m, timeout);
     ctl.shards = calloc((size_t)ctl.m.nservers, sizeof *ctl.shards);
     if (ctl.shards == NULL || uv_loop_init(&ctl.loop) || ps_ucx_init(&ctl.ucx, &ctl.loop)) {
         fprintf(stderr, "psctl: cannot start the UCX transport\n");

@@ -8,8 +8,11 @@
 #include <unistd.h>
 
 #include "ps/ps_error.h"
+#include "export.h"
+#include "integrity.h"
 #include "ps/ps_log.h"
 #include "server.h"
+#include "sync.h"
 
 /* ---- connections -------------------------------------------------------- */
 
@@ -61,6 +64,7 @@ static void conn_close_ep(psd_server_t *srv, psd_conn_t *c)
     c->dead = true;
     conn_release_rank(srv, c, c->silent ? "missed heartbeats" : "its connection closed");
     psd_shard_drop_conn(srv, c);
+    psd_export_drop_conn(srv, c);
     if (c->ep) {
         ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
                                  .flags = UCP_EP_CLOSE_FLAG_FORCE};
@@ -187,6 +191,16 @@ void psd_send_error(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id, int st
     psd_send_msg(srv, conn, &m);
 }
 
+void psd_send_crc_error(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id, uint32_t tensor,
+                        uint32_t chunk, const char *what)
+{
+    ps_msg_t m = {.type = PS_MSG_ERROR, .req_id = req_id, .status = PS_ECRC,
+                  .shard = srv->shard, .tensor = tensor, .chunk = chunk};
+    snprintf(m.error, sizeof m.error, "%s of %u/%u: CRC-32C mismatch, payload rejected", what,
+             tensor, chunk);
+    psd_send_msg(srv, conn, &m);
+}
+
 /* ---- messages ----------------------------------------------------------- */
 
 static void on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
@@ -266,15 +280,17 @@ static void send_status(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
                             "{\"shard\": %u, \"address\": \"%s:%u\", \"cluster\": \"%s\", "
                             "\"step\": %llu, \"consistency\": \"%s\", \"optimizer\": \"%s\", "
                             "\"pushes\": %llu, \"pulls\": %llu, "
-                            "\"updates_applied\": %llu, \"stopping\": %s, ",
+                            "\"updates_applied\": %llu, \"crc_errors\": %llu, \"stopping\": %s, ",
                             srv->shard, sc->host, sc->port, srv->m.cluster,
                             (unsigned long long)psd_shard_step(srv),
                             ps_consistency_name(srv->m.job.consistency),
                             ps_optim_name(srv->m.job.optimizer.name),
                             (unsigned long long)srv->pushes, (unsigned long long)srv->pulls,
                             (unsigned long long)srv->applied_updates,
-                            srv->stopping ? "true" : "false");
+                            (unsigned long long)srv->crc_errors, srv->stopping ? "true" : "false");
     psd_shard_status_json(srv, out, cap, &len);
+    psd_integrity_status_json(srv, out, cap, &len);
+    psd_sync_status_json(srv, out, cap, &len);
     if (srv->coord) {
         len += (size_t)snprintf(out + len, cap - len, ", ");
         psd_coord_status_json(srv, out, cap, &len);
@@ -341,6 +357,10 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
             psd_coord_on_launch(srv, c, &msg);
         return UCS_OK;
     }
+    if (msg.type >= PS_MSG_EXPORT_BEGIN) { /* psctl export / verify: no hello, no data */
+        psd_export_on_msg(srv, c, &msg);
+        return UCS_OK;
+    }
     if (msg.type != PS_MSG_HELLO && c->rank < 0) {
         psd_send_error(srv, c, msg.req_id, PS_EPROTO, "%s before hello",
                        ps_msg_type_name(msg.type));
@@ -400,13 +420,15 @@ static void on_cron(uv_timer_t *h)
     }
     if (srv->coord) psd_coord_tick(srv);
     if (dropped) ps_ucx_progress(&srv->ucx);
+    psd_sync_cron(srv, now);
 }
 
 /* ---- start and stop ----------------------------------------------------- */
 
 void psd_server_maybe_stop(psd_server_t *srv)
 {
-    if (!srv->stopping || !psd_shard_idle(srv)) return;
+    if (!srv->stopping || !psd_shard_idle(srv) || !psd_export_idle(srv) || !psd_sync_idle(srv))
+        return;
     PS_LOG(PS_LOG_INFO, "server", "shard %u stopping at step %llu", srv->shard,
            (unsigned long long)psd_shard_step(srv));
     uv_stop(srv->loop);
@@ -437,6 +459,13 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, char *err, size_t err
     srv->loop = uv_default_loop();
     srv->rank_owner = calloc(PS_MAX_RANKS, sizeof *srv->rank_owner);
     const ps_server_conf_t *sc = &m->servers[shard];
+    const char *tc = getenv("PS_TEST_CORRUPT_PULL");
+    if (tc && atoi(tc) > 0) {
+        srv->test_corrupt_pull = (uint32_t)atoi(tc);
+        PS_LOG(PS_LOG_WARN, "server", "PS_TEST_CORRUPT_PULL=%u: every %uth pull reply is "
+               "corrupted on purpose (a test hook)", srv->test_corrupt_pull,
+               srv->test_corrupt_pull);
+    }
 
     rc = psd_store_open(&srv->store, sc->data_dir, m->map_size_mb, m->cluster, m->chunk_bytes,
                         srv->nstate, err, errlen);
@@ -492,7 +521,9 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, char *err, size_t err
     uv_signal_start(&srv->sigterm, on_signal, SIGTERM);
     uv_timer_init(srv->loop, &srv->cron);
     srv->cron.data = srv;
+    srv->sync.opened_ms = uv_now(srv->loop);
     uint64_t tick = m->job.heartbeat_timeout_ms / 4;
+    if (m->sync_interval_s && m->sync_interval_s * 1000 < tick) tick = m->sync_interval_s * 1000;
     uv_timer_start(&srv->cron, on_cron, tick, tick);
 
     printf("psd shard %u listening on %s:%u\n", shard, sc->host, sc->port);
@@ -504,7 +535,8 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, char *err, size_t err
 
     /* Stopping: pushes and declares are no longer taken. A job started in this last loop
      * iteration must end before anything it reads is freed. */
-    while (srv->job_running) uv_run(srv->loop, UV_RUN_ONCE);
+    while (srv->job_running || !psd_export_idle(srv) || !psd_sync_idle(srv))
+        uv_run(srv->loop, UV_RUN_ONCE);
     ucp_listener_destroy(srv->listener);
     for (;;) {
         psd_conn_t *c = srv->conns;
@@ -529,6 +561,7 @@ fail_ucx:
     uv_run(srv->loop, UV_RUN_NOWAIT);
 fail_shard:
     psd_coord_free(srv);
+    psd_export_free(srv);
     psd_shard_free(srv);
     psd_store_close(&srv->store);
 fail_store:

@@ -15,6 +15,7 @@
 #include "codec.h"
 #include "optim.h"
 #include "manifest.h"
+#include "merkle.h"
 #include "store.h"
 #include "ucx_loop.h"
 #include "wire.h"
@@ -67,6 +68,7 @@ struct psd_chunk_s {
     float *agg;                /* [n] decode-and-sum buffer, allocated on the first compressed push */
     uint8_t *slot_state;       /* SLOT_* */
     uint64_t *slot_req;        /* req_id to acknowledge */
+    uint32_t *slot_crc;        /* the push header's CRC-32C of its payload */
     psd_conn_t **slot_conn;    /* who to acknowledge */
     psd_slot_ref_t *slot_ref;  /* receive-callback contexts */
     uint32_t nfull;            /* slots in SLOT_FULL */
@@ -76,6 +78,8 @@ struct psd_chunk_s {
     bool has_progress;
     bool queued;               /* on the ready list or in the running job */
     psd_wait_t *pulls;         /* pulls waiting for a higher version */
+    uint64_t hash;             /* the committed record's XXH3-64 (integrity.c) */
+    uint32_t leaf;             /* its leaf in the shard's Merkle tree */
     psd_chunk_t *next_ready;
 };
 
@@ -121,6 +125,8 @@ typedef struct {
     uint32_t nitems;
     void *coord_state;         /* JOB_APPLY on shard 0: the coordinator's state to commit */
     size_t coord_len;
+    uint64_t *hashes;          /* [nitems or nchunks] the records' new hashes, for job_done */
+    uint32_t cap_hashes;
     int rc;
     char err[256];
 } psd_job_t;
@@ -165,6 +171,14 @@ struct psd_server_s {
     uint32_t cap_items;        /* capacity of job.items */
     bool job_running;
     psd_snap_t *snap;          /* current pull snapshot, NULL until needed */
+    ps_merkle_t merkle;        /* over the chunk hashes (integrity.c) */
+    struct psd_export_s *xp;   /* export sessions and verify jobs (export.c), NULL until used */
+    struct {                   /* sync.c: mdb_env_sync every m.sync_interval_s */
+        uv_work_t work;
+        bool running;
+        int rc;
+        uint64_t opened_ms, started_ms, last_ms; /* loop time; last_ms 0: not yet */
+    } sync;
     psd_snap_t *free_snaps;
     psd_send_t *free_sends;
     psd_wait_t *free_waits;
@@ -173,6 +187,9 @@ struct psd_server_s {
     uv_timer_t cron;           /* heartbeat checks */
     bool stopping;
     uint64_t applied_updates, pushes, pulls;
+    uint64_t crc_errors;       /* pushes rejected for a checksum mismatch */
+    uint32_t test_corrupt_pull; /* PS_TEST_CORRUPT_PULL (tests only): corrupt every Nth pull reply */
+    uint64_t test_pull_count;
 };
 
 /* server.c */
@@ -181,6 +198,10 @@ void psd_send_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg);
 /** @brief Send MSG_ERROR for request @p req_id. */
 void psd_send_error(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id, int status,
                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/** @brief Send MSG_ERROR with status PS_ECRC naming chunk (@p tensor, @p chunk), so the peer
+ *  can tell which part of request @p req_id to send again; @p what is "push" or the like. */
+void psd_send_crc_error(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id, uint32_t tensor,
+                        uint32_t chunk, const char *what);
 void psd_conn_ref(psd_conn_t *c);
 void psd_conn_unref(psd_conn_t *c);
 /** @brief The shutdown check: called when the store goes idle. */

@@ -2,7 +2,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "crc32c.h"
 #include "init.h"
+#include "integrity.h"
 #include "place.h"
 #include "ps/ps_error.h"
 #include "ps/ps_log.h"
@@ -39,16 +41,18 @@ static psd_chunk_t *chunk_new(psd_server_t *srv, uint32_t t, uint32_t c, uint32_
     ch->slot_codec = calloc(w, sizeof *ch->slot_codec);
     ch->slot_state = calloc(w, 1);
     ch->slot_req = calloc(w, sizeof *ch->slot_req);
+    ch->slot_crc = calloc(w, sizeof *ch->slot_crc);
     ch->slot_conn = calloc(w, sizeof *ch->slot_conn);
     ch->slot_ref = calloc(w, sizeof *ch->slot_ref);
     if (!ch->slots || !ch->slot_state || !ch->slot_req || !ch->slot_conn || !ch->slot_ref ||
-        !ch->slot_cap || !ch->slot_len || !ch->slot_codec) {
+        !ch->slot_cap || !ch->slot_len || !ch->slot_codec || !ch->slot_crc) {
         free(ch->slots);
         free(ch->slot_cap);
         free(ch->slot_len);
         free(ch->slot_codec);
         free(ch->slot_state);
         free(ch->slot_req);
+        free(ch->slot_crc);
         free(ch->slot_conn);
         free(ch->slot_ref);
         free(ch);
@@ -67,6 +71,7 @@ static void chunk_free(psd_chunk_t *ch)
     free(ch->agg);
     free(ch->slot_state);
     free(ch->slot_req);
+    free(ch->slot_crc);
     free(ch->slot_conn);
     free(ch->slot_ref);
     free(ch);
@@ -108,10 +113,12 @@ static void on_load_chunk(void *arg, uint32_t t, uint32_t c, const psd_chunk_hdr
 {
     psd_server_t *srv = arg;
     if (t < srv->ntensors && srv->tensors[t].present && c < srv->tensors[t].nchunks &&
-        srv->tensors[t].chunks[c])
+        srv->tensors[t].chunks[c]) {
         srv->tensors[t].chunks[c]->version = h->version;
-    else
+        srv->tensors[t].chunks[c]->hash = h->hash;
+    } else {
         PS_LOG(PS_LOG_WARN, "shard", "stored chunk %u/%u belongs to no tensor of this shard", t, c);
+    }
 }
 
 int psd_shard_load(psd_server_t *srv)
@@ -122,6 +129,7 @@ int psd_shard_load(psd_server_t *srv)
     for (uint32_t i = 0; i < srv->ntensors; i++)
         for (uint32_t c = 0; srv->tensors[i].present && c < srv->tensors[i].nchunks; c++)
             nchunks += srv->tensors[i].chunks[c] != NULL;
+    if ((rc = psd_integrity_rebuild(srv)) != 0) return rc;
     PS_LOG(PS_LOG_INFO, "shard", "store holds %u tensors, %llu chunks here, step %llu",
            srv->ntensors, (unsigned long long)nchunks, (unsigned long long)psd_shard_step(srv));
     return 0;
@@ -163,6 +171,8 @@ void psd_shard_free(psd_server_t *srv)
     free(srv->create_queue);
     free(srv->job.items);
     free(srv->job.coord_state);
+    free(srv->job.hashes);
+    psd_integrity_free(srv);
     srv->tensors = NULL;
 }
 
@@ -475,6 +485,24 @@ static void on_pull_sent(void *request, ucs_status_t status, void *user_data)
     if (request) ucp_request_free(request);
 }
 
+/* The PS_TEST_CORRUPT_PULL hook: a copy of the reply's data with one byte flipped, in the
+ * send's own buffer (the snapshot is never written). NULL when out of memory. */
+static const void *test_corrupt(psd_send_t *s, const void *data, size_t dlen)
+{
+    if (dlen == 0) return data;
+    if (data != s->payload) {
+        if (dlen > s->payload_cap) {
+            uint8_t *b = realloc(s->payload, dlen);
+            if (b == NULL) return NULL;
+            s->payload = b;
+            s->payload_cap = dlen;
+        }
+        memcpy(s->payload, data, dlen);
+    }
+    s->payload[dlen / 2] ^= 0x10;
+    return s->payload;
+}
+
 static void send_pull_reply(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id, psd_chunk_t *ch,
                             uint32_t codec)
 {
@@ -516,14 +544,22 @@ static void send_pull_reply(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id
         psk_codec_encode_cpu(s->payload, s->payload_cap, &dlen, params, h->n, &c, NULL);
         data = s->payload;
     }
+    ps_msg_t r = {.type = PS_MSG_PULL_REPLY, .req_id = req_id, .tensor = ch->tensor,
+                  .chunk = ch->chunk, .step = h->version, .length = dlen,
+                  .codec = codec, .shard = srv->shard,
+                  .crc32c = data == params ? h->crc32c : ps_crc32c(0, data, dlen)};
+    if (srv->test_corrupt_pull && ++srv->test_pull_count % srv->test_corrupt_pull == 0 &&
+        (data = test_corrupt(s, data, dlen)) == NULL) {
+        s->next_free = srv->free_sends;
+        srv->free_sends = s;
+        psd_send_error(srv, conn, req_id, PS_ENOMEM, "out of memory");
+        return;
+    }
     s->srv = srv;
     s->conn = conn;
     s->snap = srv->snap;
     s->snap->refs++;
     psd_conn_ref(conn);
-    ps_msg_t r = {.type = PS_MSG_PULL_REPLY, .req_id = req_id, .tensor = ch->tensor,
-                  .chunk = ch->chunk, .step = h->version, .length = dlen,
-                  .codec = codec, .shard = srv->shard};
     size_t len;
     ps_msg_encode(&r, s->hdr, sizeof s->hdr, &len);
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
@@ -608,6 +644,18 @@ static void push_received(psd_chunk_t *ch, uint32_t rank, ucs_status_t status)
     if (status != UCS_OK) {
         PS_LOG(PS_LOG_WARN, "shard", "push of %u/%u from rank %u lost: %s", ch->tensor, ch->chunk,
                rank, ucs_status_string(status));
+        ch->slot_state[rank] = SLOT_EMPTY;
+        psd_conn_unref(ch->slot_conn[rank]);
+        ch->slot_conn[rank] = NULL;
+        return;
+    }
+    if (ps_crc32c(0, ch->slots[rank], ch->slot_len[rank]) != ch->slot_crc[rank]) {
+        /* Corrupted in transit: never applied; the sender sends it again. */
+        srv->crc_errors++;
+        PS_LOG(PS_LOG_WARN, "shard", "checksum mismatch on the %u/%u push from rank %u: rejected",
+               ch->tensor, ch->chunk, rank);
+        psd_send_crc_error(srv, ch->slot_conn[rank], ch->slot_req[rank], ch->tensor, ch->chunk,
+                           "push");
         ch->slot_state[rank] = SLOT_EMPTY;
         psd_conn_unref(ch->slot_conn[rank]);
         ch->slot_conn[rank] = NULL;
@@ -737,6 +785,7 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
     ch->progress = msg->samples;
     ch->slot_state[rank] = SLOT_RECEIVING;
     ch->slot_req[rank] = msg->req_id;
+    ch->slot_crc[rank] = msg->crc32c;
     ch->slot_conn[rank] = conn;
     psd_conn_ref(conn);
     if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
@@ -789,6 +838,8 @@ static int run_create(psd_job_t *job, psd_wtxn_t *tx)
         *h = (psd_chunk_hdr_t){.version = 0, .n = ch->n, .nstate = srv->nstate};
         psk_init_cpu(psd_chunk_params(h), ch->n, (uint64_t)c * srv->chunk_elems, &init);
         memset(psd_chunk_state(h), 0, (size_t)ch->n * srv->nstate * 4);
+        psd_store_chunk_seal(h);
+        job->hashes[c] = h->hash;
     }
     return rc;
 }
@@ -870,6 +921,9 @@ static int run_apply(psd_job_t *job, psd_wtxn_t *tx)
                 h->version++;
             }
         }
+        /* Hash the record while it is still in cache, in the same transaction. */
+        psd_store_chunk_seal(h);
+        job->hashes[i] = h->hash;
     }
     return 0;
 }
@@ -943,6 +997,11 @@ static void job_done(uv_work_t *w, int status)
     if (job->kind == JOB_CREATE) {
         psd_tensor_t *t = &srv->tensors[job->tensor];
         t->ready = job->rc == 0;
+        if (job->rc == 0) {
+            for (uint32_t c = 0; c < t->nchunks; c++)
+                if (t->chunks[c]) t->chunks[c]->hash = job->hashes[c];
+            psd_integrity_rebuild(srv);
+        }
         if (job->rc) {
             /* Not created: forget it, so a later declaration tries again. */
             t->present = false;
@@ -976,8 +1035,10 @@ static void job_done(uv_work_t *w, int status)
             uint32_t applied = 0;
             for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
                 applied += ch->slot_state[r] == SLOT_APPLYING;
-            if (job->rc == 0)
+            if (job->rc == 0) {
                 ch->version += srv->m.job.consistency == PS_CONSIST_BSP ? 1 : applied;
+                psd_integrity_chunk_hashed(srv, ch, job->hashes[i]);
+            }
             for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
                 if (ch->slot_state[r] == SLOT_APPLYING) ack_slot(srv, ch, r, job->rc, ch->version);
             ch->queued = false;
@@ -1009,6 +1070,17 @@ static void drop_slot(psd_chunk_t *ch, uint32_t r)
     ch->slot_state[r] = SLOT_EMPTY;
 }
 
+/* Room for @p n hashes in the job (grows only: steady training allocates nothing). */
+static int job_hashes_reserve(psd_job_t *job, uint32_t n)
+{
+    if (n <= job->cap_hashes) return 0;
+    uint64_t *h = realloc(job->hashes, n * sizeof *h);
+    if (h == NULL) return PS_ENOMEM;
+    job->hashes = h;
+    job->cap_hashes = n;
+    return 0;
+}
+
 static void job_start_next(psd_server_t *srv)
 {
     if (srv->job_running) return;
@@ -1024,6 +1096,10 @@ static void job_start_next(psd_server_t *srv)
         job->decl = srv->tensors[job->tensor].decl;
         job->chunks = srv->tensors[job->tensor].chunks;
         job->nchunks = srv->tensors[job->tensor].nchunks;
+        if (job_hashes_reserve(job, job->nchunks)) {
+            srv->create_queue[srv->ncreate++] = job->tensor; /* tried again after the next job */
+            return;
+        }
     } else if (srv->ready_head) {
         job->kind = JOB_APPLY;
         job->nitems = 0;
@@ -1036,6 +1112,7 @@ static void job_start_next(psd_server_t *srv)
             job->items = items;
             srv->cap_items = cap;
         }
+        if (job_hashes_reserve(job, cap)) return;
         bool bsp = srv->m.job.consistency == PS_CONSIST_BSP;
         for (psd_chunk_t *c = srv->ready_head; c; c = c->next_ready) {
             uint64_t members = bsp ? psd_shard_members(srv, c->version, NULL) : ~0ull;

@@ -1,11 +1,15 @@
 /* store.c: the shard's LMDB environment (see store.h). */
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <xxhash.h>
+
+#include "crc32c.h"
 #include "ps/ps_error.h"
 #include "ps/ps_log.h"
 #include "store.h"
@@ -66,6 +70,110 @@ static int meta_check(psd_store_t *st, MDB_txn *txn, const char *name, const voi
     return 0;
 }
 
+/* Format 1 records: the same first 16 bytes (version, n, nstate), then the data. */
+#define V1_HDR 16
+
+/* Make sure every chunk record is format 2: a store without "Mrecord_format" but with chunks
+ * was written by a psd before chunk hashes; its records are rewritten with the new header
+ * (and their hashes computed) in @p txn, so the upgrade commits whole or not at all. */
+static int record_format(psd_store_t *st, MDB_txn *txn, char *err, size_t errlen)
+{
+    const char *kname = "Mrecord_format";
+    MDB_val key = {strlen(kname), (void *)kname}, v;
+    uint64_t want = PSD_CHUNK_FORMAT;
+    int rc = mdb_get(txn, st->dbi, &key, &v);
+    if (rc == 0) {
+        uint64_t have = 0;
+        if (v.mv_size == 8) memcpy(&have, v.mv_data, 8);
+        if (have == want) return 0;
+        snprintf(err, errlen, "%s: chunk records are format %llu; this psd reads format %llu",
+                 st->dir, (unsigned long long)have, (unsigned long long)want);
+        return PS_ECONFIG;
+    }
+    if (rc != MDB_NOTFOUND) return mdb_err(rc);
+    /* Collect the format 1 chunk keys first: the cursor must not walk what we rewrite. */
+    MDB_cursor *cur;
+    if ((rc = mdb_cursor_open(txn, st->dbi, &cur)) != 0) return mdb_err(rc);
+    uint8_t *keys = NULL;
+    size_t nkeys = 0, cap = 0;
+    MDB_val k = {1, "C"};
+    int ret = 0;
+    for (rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE); rc == 0;
+         rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+        if (k.mv_size != 9 || ((const uint8_t *)k.mv_data)[0] != 'C') break;
+        if (nkeys == cap) {
+            cap = cap ? 2 * cap : 64;
+            uint8_t *nk = realloc(keys, cap * 9);
+            if (nk == NULL) {
+                ret = PS_ENOMEM;
+                break;
+            }
+            keys = nk;
+        }
+        memcpy(keys + 9 * nkeys++, k.mv_data, 9);
+    }
+    mdb_cursor_close(cur);
+    uint8_t *old = NULL;
+    for (size_t i = 0; ret == 0 && i < nkeys; i++) {
+        MDB_val ck = {9, keys + 9 * i}, cv;
+        if ((rc = mdb_get(txn, st->dbi, &ck, &cv)) != 0) {
+            ret = mdb_err(rc);
+            break;
+        }
+        uint32_t n, ns;
+        memcpy(&n, (const uint8_t *)cv.mv_data + 8, 4);
+        memcpy(&ns, (const uint8_t *)cv.mv_data + 12, 4);
+        size_t data = (size_t)n * (1 + ns) * 4;
+        if (cv.mv_size < V1_HDR || cv.mv_size != V1_HDR + data) {
+            snprintf(err, errlen, "%s: chunk record %u/%u is neither format 1 nor 2 (%zu bytes)",
+                     st->dir, rd32(keys + 9 * i + 1), rd32(keys + 9 * i + 5), cv.mv_size);
+            ret = PS_ESTORE;
+            break;
+        }
+        free(old); /* a copy: the put below may reuse the old record's pages */
+        if ((old = malloc(cv.mv_size)) == NULL) {
+            ret = PS_ENOMEM;
+            break;
+        }
+        memcpy(old, cv.mv_data, cv.mv_size);
+        MDB_val nv = {psd_chunk_bytes(n, ns), NULL};
+        if ((rc = mdb_put(txn, st->dbi, &ck, &nv, MDB_RESERVE)) != 0) {
+            ret = mdb_err(rc);
+            break;
+        }
+        psd_chunk_hdr_t *h = nv.mv_data;
+        memset(h, 0, sizeof *h);
+        memcpy(h, old, V1_HDR);
+        h->format = PSD_CHUNK_FORMAT;
+        memcpy(psd_chunk_params(h), old + V1_HDR, data);
+        psd_store_chunk_seal(h);
+    }
+    free(old);
+    free(keys);
+    if (ret == 0 && nkeys)
+        PS_LOG(PS_LOG_INFO, "store", "%s: upgraded %zu chunk records to format %d", st->dir,
+               nkeys, PSD_CHUNK_FORMAT);
+    if (ret) {
+        if (ret != PS_ESTORE) snprintf(err, errlen, "%s: cannot upgrade the chunk records: %s",
+                                       st->dir, ps_strerror(ret));
+        return ret;
+    }
+    MDB_val fv = {8, &want};
+    return mdb_err(mdb_put(txn, st->dbi, &key, &fv, 0));
+}
+
+void psd_store_chunk_seal(psd_chunk_hdr_t *h)
+{
+    h->format = PSD_CHUNK_FORMAT;
+    h->crc32c = ps_crc32c(0, psd_chunk_params(h), (size_t)h->n * 4);
+    h->hash = psd_store_chunk_hash(h);
+}
+
+uint64_t psd_store_chunk_hash(const psd_chunk_hdr_t *h)
+{
+    return XXH3_64bits(h + 1, (size_t)h->n * (1 + h->nstate) * 4);
+}
+
 int psd_store_open(psd_store_t *st, const char *dir, uint64_t map_mb, const char *meta_cluster,
                    uint64_t meta_chunk_bytes, uint32_t nstate, char *err, size_t errlen)
 {
@@ -118,6 +226,7 @@ int psd_store_open(psd_store_t *st, const char *dir, uint64_t map_mb, const char
                         errlen);
     uint64_t ns = nstate;
     if (rc == 0) rc = meta_check(st, txn, "optimizer state", &ns, sizeof ns, err, errlen);
+    if (rc == 0) rc = record_format(st, txn, err, errlen);
     if (rc) {
         mdb_txn_abort(txn);
         psd_store_close(st);
@@ -196,6 +305,25 @@ int psd_store_load(psd_store_t *st, psd_store_tensor_cb on_tensor, psd_store_chu
     if (ret == 0 && rc != MDB_NOTFOUND) ret = mdb_err(rc);
     mdb_cursor_close(cur);
     mdb_txn_abort(txn);
+    return ret;
+}
+
+int psd_store_chunks_each(psd_store_t *st, MDB_txn *txn, psd_store_record_cb cb, void *arg)
+{
+    MDB_cursor *cur;
+    int rc = mdb_cursor_open(txn, st->dbi, &cur);
+    if (rc) return mdb_err(rc);
+    MDB_val k = {1, "C"}, v;
+    int ret = 0;
+    for (rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE); rc == 0 && ret == 0;
+         rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+        const uint8_t *kp = k.mv_data;
+        if (k.mv_size < 1 || kp[0] != 'C') break;
+        if (k.mv_size != 9) continue;
+        ret = cb(arg, rd32(kp + 1), rd32(kp + 5), v.mv_data, v.mv_size);
+    }
+    if (ret == 0 && rc != 0 && rc != MDB_NOTFOUND) ret = mdb_err(rc);
+    mdb_cursor_close(cur);
     return ret;
 }
 
@@ -282,7 +410,9 @@ int psd_store_chunk_get(psd_store_t *st, MDB_txn *txn, uint32_t t, uint32_t c,
     if (rc == MDB_NOTFOUND) return PS_ENOENT;
     if (rc) return mdb_err(rc);
     const psd_chunk_hdr_t *h = v.mv_data;
-    if (v.mv_size < sizeof *h || v.mv_size != psd_chunk_bytes(h->n, h->nstate)) return PS_ESTORE;
+    if (v.mv_size < sizeof *h || v.mv_size != psd_chunk_bytes(h->n, h->nstate) ||
+        h->format != PSD_CHUNK_FORMAT)
+        return PS_ESTORE;
     *out = h;
     return 0;
 }

@@ -5,6 +5,12 @@
  *   "T" be32(id)      a tensor's declaration (ps_decl_t)
  *   "C" be32(t) be32(c)  a chunk record: psd_chunk_hdr_t, params[n], state[nstate * n]
  *
+ * Chunk records are format 2 (PSD_CHUNK_FORMAT): the header carries the CRC-32C of the
+ * parameters (what a raw pull sends) and the XXH3-64 of parameters and state, both written by
+ * psd_store_chunk_seal() in the transaction that writes the record. "Mrecord_format" holds the
+ * format; a store with chunk records but without that key is format 1 (16-byte header, no
+ * hashes) and psd_store_open() upgrades it in place, in one transaction.
+ *
  * The environment is opened WRITEMAP | NOSYNC | NOTLS: every committed
  * transaction survives a process crash (PLATFORM-NOTES.md section 4); power-loss
  * safety is a later setting. An update never writes through a pointer LMDB
@@ -20,10 +26,15 @@
 
 #include "wire.h"
 
+#define PSD_CHUNK_FORMAT 2
+
 typedef struct {
     uint64_t version; /* steps applied to this chunk */
     uint32_t n;       /* parameters */
     uint32_t nstate;  /* optimizer state floats per parameter */
+    uint32_t format;  /* PSD_CHUNK_FORMAT */
+    uint32_t crc32c;  /* CRC-32C of params[n] */
+    uint64_t hash;    /* XXH3-64 of params[n] and state[nstate * n], as stored */
 } psd_chunk_hdr_t;
 
 /** Parameters of a record (follow the header). */
@@ -68,6 +79,27 @@ typedef void (*psd_store_chunk_cb)(void *arg, uint32_t t, uint32_t c, const psd_
 /** @brief Walk every stored tensor, then every chunk header, in key order (startup). */
 int psd_store_load(psd_store_t *st, psd_store_tensor_cb on_tensor, psd_store_chunk_cb on_chunk,
                    void *arg);
+
+/**
+ * @brief Fill the header's crc32c and hash from the record's bytes (params and state as they
+ *  are now). Call it after writing the record's data, before the transaction commits.
+ * @note Reads n * (1 + nstate) * 4 bytes; runs on the job's thread.
+ */
+void psd_store_chunk_seal(psd_chunk_hdr_t *h);
+
+/** @brief XXH3-64 of a record's params and state as stored now (what seal writes into hash). */
+uint64_t psd_store_chunk_hash(const psd_chunk_hdr_t *h);
+
+typedef int (*psd_store_record_cb)(void *arg, uint32_t t, uint32_t c, const void *val,
+                                   size_t len);
+
+/**
+ * @brief Call @p cb for every chunk record in @p txn (a read snapshot), in key order, with the
+ *  raw record (not yet validated: @p len may not fit its header). Stops at the first nonzero
+ *  return of @p cb and returns it.
+ * @note @p val is read-only and valid until @p txn ends. Any thread (the env is MDB_NOTLS).
+ */
+int psd_store_chunks_each(psd_store_t *st, MDB_txn *txn, psd_store_record_cb cb, void *arg);
 
 /** @brief Begin a write transaction and its read snapshot (one writer at a time). */
 int psd_store_begin(psd_store_t *st, psd_wtxn_t *tx);

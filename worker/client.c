@@ -12,6 +12,7 @@
 #include <netdb.h>
 
 #include "codec.h"
+#include "crc32c.h"
 #include "manifest.h"
 #include "place.h"
 #include "ps/ps_client.h"
@@ -20,6 +21,7 @@
 #include "wire.h"
 
 #define PS_CLIENT_MAX_TENSORS 65536 /* as psd's PSD_MAX_TENSORS */
+#define PS_CRC_TRIES 5              /* a corrupted part is sent again at most this often in a row */
 
 enum { OP_HELLO = 1, OP_DECLARE, OP_PUSH, OP_PULL, OP_LEAVE, OP_SHUTDOWN, OP_BATCH };
 
@@ -32,6 +34,13 @@ typedef struct {
     const void *data;  /* push: the payload (raw fp32 slice or encoded chunk) */
     size_t len;
     uint8_t hdr[256];  /* the header bytes UCX reads until the send completes (names < 128) */
+    struct {
+        uint32_t crc;  /* push: CRC-32C of data; pull: the reply's CRC while its data lands */
+        uint8_t tries; /* times it came back corrupted */
+        uint8_t sending; /* a send of it has not completed: hdr (and copy) are in use */
+        uint8_t again; /* send it again once that send completes */
+        void *copy;    /* PS_TEST_CORRUPT_PUSH: the corrupted copy on the wire */
+    } ck;
 } part_t;
 
 typedef struct {
@@ -115,6 +124,8 @@ struct ps_client_s {
     uint64_t progress;          /* comm thread: the current batch's samples-applied-before */
     int has_progress;
     uint32_t reconnect_ms;      /* how long a lost shard may stay away */
+    uint32_t test_corrupt_push; /* PS_TEST_CORRUPT_PUSH=N (tests only): corrupt every Nth push */
+    uint32_t test_push_count;   /* comm thread */
 
     ctensor_t **tensors;        /* [PS_CLIENT_MAX_TENSORS] by id; entries never move, so the
                                    comm thread may read them while the caller declares more */
@@ -190,11 +201,45 @@ static int part_defer(ps_client_t *c, part_t *p)
     return 1;
 }
 
+static void send_data_part(ps_client_t *c, ps_op_t *op, part_t *p);
+
+/* A send of @p p completed: its header (and test copy) are free again; a resend that waited
+ * for that goes now. */
+static void part_sent(ps_client_t *c, part_t *p)
+{
+    p->ck.sending = 0;
+    free(p->ck.copy);
+    p->ck.copy = NULL;
+    if (p->ck.again && p->pending) {
+        p->ck.again = 0;
+        send_data_part(c, p->op, p);
+    }
+}
+
+/* Part @p p arrived corrupted (the shard answered PS_ECRC, or a pull reply's CRC-32C did not
+ * match): send it again, at most PS_CRC_TRIES times in a row, then fail the op. */
+static void part_crc_retry(ps_client_t *c, ps_op_t *op, part_t *p, const char *what)
+{
+    if (++p->ck.tries > PS_CRC_TRIES) {
+        op_fail(op, PS_ECRC, "%s of chunk %u of tensor %u (shard %u): CRC-32C mismatch %d times "
+                "in a row; giving up", what, p->chunk, op->tensor, p->shard, p->ck.tries);
+        return;
+    }
+    PS_LOG(PS_LOG_WARN, "libps", "%s of chunk %u of tensor %u (shard %u): CRC-32C mismatch, "
+           "sending again (%d of %d)", what, p->chunk, op->tensor, p->shard, p->ck.tries,
+           PS_CRC_TRIES);
+    if (p->ck.sending)
+        p->ck.again = 1;
+    else
+        send_data_part(c, op, p);
+}
+
 static void on_sent(void *request, ucs_status_t status, void *user_data)
 {
     part_t *p = user_data;
     ps_op_t *op = p->op;
     op->ucx_refs--;
+    part_sent(op->c, p);
     if (status != UCS_OK && p->pending && !part_defer(op->c, p))
         op_fail(op, ps_ucx_err(status), "send to shard %u failed: %s", p->shard,
                 ucs_status_string(status));
@@ -227,6 +272,11 @@ static void on_pull_recv(void *request, ucs_status_t status, size_t length, void
             op_fail(op, ps_ucx_err(status), "pull data from shard %u lost: %s", p->shard,
                     ucs_status_string(status));
     }
+    else if (ps_crc32c(0, t->pull_codec.kind != PSK_CODEC_NONE
+                              ? (const void *)(t->pull_buf + p->chunk * t->pull_cap)
+                              : (const void *)(op->buf + (uint64_t)p->chunk * c->chunk_elems),
+                          length) != p->ck.crc)
+        part_crc_retry(c, op, p, "pull");
     else if (t->pull_codec.kind != PSK_CODEC_NONE &&
              pull_decode(c, op, p->chunk, t->pull_buf + p->chunk * t->pull_cap, length))
         op_fail(op, PS_EPROTO, "shard %u sent malformed parameters for chunk %u", p->shard,
@@ -270,10 +320,12 @@ static void send_part(ps_client_t *c, part_t *p, const ps_msg_t *m, const void *
                                .flags = UCP_AM_SEND_FLAG_REPLY,
                                .cb.send = on_sent, .user_data = p};
     op->ucx_refs++;
+    p->ck.sending = 1;
     void *req = ucp_am_send_nbx(s->ep, am_id, p->hdr, hlen, data, len, &prm);
     if (req == NULL || UCS_PTR_IS_ERR(req)) {
         ucs_status_t st = req ? UCS_PTR_STATUS(req) : UCS_OK;
         op->ucx_refs--;
+        part_sent(c, p);
         if (st != UCS_OK && p->pending && !part_defer(c, p))
             op_fail(op, ps_ucx_err(st), "send to shard %u failed: %s", p->shard,
                     ucs_status_string(st));
@@ -315,6 +367,18 @@ static void close_ep(ps_client_t *c, cshard_t *s, int force)
     s->ep = NULL;
 }
 
+/* The PS_TEST_CORRUPT_PUSH hook: every Nth push leaves as a copy with one byte flipped (after
+ * its CRC was computed; the caller's data stays intact for the resend). */
+static const void *test_corrupt_push(ps_client_t *c, part_t *p)
+{
+    if (c->test_corrupt_push == 0 || p->len == 0 || p->ck.copy != NULL ||
+        ++c->test_push_count % c->test_corrupt_push != 0 || (p->ck.copy = malloc(p->len)) == NULL)
+        return p->data;
+    memcpy(p->ck.copy, p->data, p->len);
+    ((uint8_t *)p->ck.copy)[p->len / 2] ^= 0x10;
+    return p->ck.copy;
+}
+
 /* Send (or send again) one chunk of a push or pull. */
 static void send_data_part(ps_client_t *c, ps_op_t *op, part_t *p)
 {
@@ -339,7 +403,8 @@ static void send_data_part(ps_client_t *c, ps_op_t *op, part_t *p)
         __atomic_add_fetch(&c->stats.bytes_pushed, p->len, __ATOMIC_RELAXED);
         __atomic_add_fetch(&c->stats.bytes_pushed_raw, len * 4, __ATOMIC_RELAXED);
         __atomic_add_fetch(&c->stats.pushes, 1, __ATOMIC_RELAXED);
-        send_part(c, p, &m, p->data, p->len, PS_AM_DATA);
+        m.crc32c = p->ck.crc;
+        send_part(c, p, &m, test_corrupt_push(c, p), p->len, PS_AM_DATA);
     } else {
         m.type = PS_MSG_PULL;
         m.codec = t->pull_codec.kind;
@@ -695,14 +760,23 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
         return UCS_OK;
     }
     switch (m.type) {
-    case PS_MSG_ERROR:
-        op_fail(op, m.status < 0 ? m.status : PS_EPROTO, "shard %u: %s", m.shard, m.error);
+    case PS_MSG_ERROR: {
+        part_t *p = NULL;
+        for (uint32_t i = 0; m.status == PS_ECRC && op->type == OP_PUSH && i < op->nparts; i++)
+            if (op->parts[i].chunk == m.chunk && op->parts[i].shard == m.shard &&
+                op->parts[i].pending && m.tensor == c->tensors[op->tensor]->id)
+                p = &op->parts[i];
+        if (p)
+            part_crc_retry(c, op, p, "push");
+        else
+            op_fail(op, m.status < 0 ? m.status : PS_EPROTO, "shard %u: %s", m.shard, m.error);
         if (m.status == PS_ENOTMEMBER) {
             op_maybe_complete(op);
             mark_removed(c);
             return UCS_OK;
         }
         break;
+    }
     case PS_MSG_BATCH_REPLY:
         if (op->type != OP_BATCH || m.shard != 0) return UCS_OK;
         op->reply = m;
@@ -745,6 +819,12 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
         }
         void *dst = op->buf + (uint64_t)m.chunk * c->chunk_elems;
         if (t->pull_codec.kind != PSK_CODEC_NONE) dst = t->pull_buf + m.chunk * t->pull_cap;
+        p->ck.crc = m.crc32c;
+        if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) &&
+            ps_crc32c(0, data, length) != m.crc32c) {
+            part_crc_retry(c, op, p, "pull");
+            break;
+        }
         if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
             if (t->pull_codec.kind != PSK_CODEC_NONE) {
                 if (pull_decode(c, op, m.chunk, data, length))
@@ -831,6 +911,7 @@ static ps_op_t *op_init(ps_op_t *op, ps_client_t *c, int type, uint32_t nparts)
         op->parts[i].pending = 1;
         op->parts[i].data = NULL;
         op->parts[i].len = 0;
+        memset(&op->parts[i].ck, 0, sizeof op->parts[i].ck);
     }
     return op;
 }
@@ -938,6 +1019,12 @@ int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts, ps
     c->nshards = (uint32_t)c->m.nservers;
     c->chunk_elems = c->m.chunk_bytes / 4;
     c->rank = -1;
+    const char *tc = getenv("PS_TEST_CORRUPT_PUSH");
+    if (tc && atoi(tc) > 0) {
+        c->test_corrupt_push = (uint32_t)atoi(tc);
+        PS_LOG(PS_LOG_WARN, "libps", "PS_TEST_CORRUPT_PUSH=%u: every %uth push is corrupted on "
+               "purpose (a test hook)", c->test_corrupt_push, c->test_corrupt_push);
+    }
     c->shards = calloc(c->nshards, sizeof *c->shards);
     c->tensors = calloc(PS_CLIENT_MAX_TENSORS, sizeof *c->tensors);
     pthread_mutex_init(&c->mu, NULL);
@@ -1104,6 +1191,7 @@ static int data_op(ps_client_t *c, int type, uint32_t id, float *buf, uint64_t s
         if (t->codec.kind == PSK_CODEC_NONE) {
             p->data = g;
             p->len = n * 4;
+            p->ck.crc = ps_crc32c(0, g, p->len); /* on the caller's thread, as the encode */
             continue;
         }
         /* Compress on the caller's thread, before the gradient leaves. */
@@ -1122,6 +1210,7 @@ static int data_op(ps_client_t *c, int type, uint32_t id, float *buf, uint64_t s
             return rc;
         }
         p->data = out;
+        p->ck.crc = ps_crc32c(0, out, p->len);
     }
     submit(c, op);
     *out = op;

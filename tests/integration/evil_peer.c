@@ -12,7 +12,11 @@
  *     PS_EPROTO and a text naming the problem, never an acknowledgement;
  *   - a well-formed int8 push, which must be acknowledged (the refusals left the rank's slot
  *     free);
- * and pulls chunk 0 again: every value must be finite. Both well-formed pushes carry a zero
+ *   - a raw push whose header's CRC-32C does not match its payload, which must get MSG_ERROR
+ *     with PS_ECRC naming the chunk, and then the same push with the right CRC, acknowledged;
+ * and pulls chunk 0 again: every value must be finite. Every data message carries the CRC-32C
+ * of its payload (computed after a case spoils it: those payloads are malformed, not corrupted),
+ * and every pull reply's CRC is checked. Both well-formed pushes carry a zero
  * gradient. One line per step on stdout (seconds since the start first); psd's error text is
  * quoted. --case NAME sends only that malformed push (for reproducing one case by hand).
  *
@@ -29,6 +33,7 @@
 #include <unistd.h>
 
 #include "codec.h"
+#include "crc32c.h"
 #include "init.h"
 #include "manifest.h"
 #include "place.h"
@@ -54,6 +59,7 @@ typedef struct {
     size_t data_cap, data_len;
     int data_pending; /* a rendezvous receive is in flight */
     int data_failed;
+    uint32_t crc_xor; /* spoils the next data message's CRC (the bad-crc case) */
 } peer_t;
 
 static double now_s(void)
@@ -185,6 +191,7 @@ static int call(peer_t *p, ps_msg_t *m, const void *data, size_t len, unsigned a
     static uint8_t hdr[PS_WIRE_HDR_MAX];
     size_t hlen;
     m->req_id = ++p->next_req;
+    if (data) m->crc32c = ps_crc32c(0, data, len) ^ p->crc_xor;
     if (ps_msg_encode(m, hdr, sizeof hdr, &hlen)) {
         say("evil_peer: cannot encode a %s header", ps_msg_type_name(m->type));
         return -1;
@@ -227,6 +234,10 @@ static int call(peer_t *p, ps_msg_t *m, const void *data, size_t len, unsigned a
     }
     if (p->data_failed) {
         say("evil_peer: %s: the reply's data was lost or too large", ps_msg_type_name(m->type));
+        return -1;
+    }
+    if (p->data_len && ps_crc32c(0, p->data, p->data_len) != p->reply.crc32c) {
+        say("evil_peer: %s: the reply's CRC-32C does not match its data", ps_msg_type_name(m->type));
         return -1;
     }
     return 0;
@@ -489,6 +500,42 @@ out:
     return rc;
 }
 
+/* A raw zero-gradient push whose CRC is wrong must be refused with PS_ECRC naming chunk 0 and
+ * never applied; sent again with the right CRC it is acknowledged. */
+static int push_bad_crc(peer_t *p, target_t *t)
+{
+    uint32_t n = t->n;
+    float *zeros = calloc(n, sizeof *zeros);
+    int rc = -1;
+    if (zeros == NULL) return -1;
+    ps_msg_t m = push_msg(t, PSK_CODEC_NONE, NULL, (uint64_t)n * 4);
+    p->crc_xor = 0x1;
+    int sent = call(p, &m, zeros, (size_t)n * 4, PS_AM_DATA);
+    p->crc_xor = 0;
+    if (sent) goto out;
+    const ps_msg_t *r = &p->reply;
+    if (r->type != PS_MSG_ERROR || r->status != PS_ECRC || r->chunk != 0 ||
+        r->tensor != t->tensor || strstr(r->error, "CRC-32C mismatch") == NULL) {
+        say("evil_peer: case bad-crc: FAILED: got %s (status %d %s) \"%s\"",
+            ps_msg_type_name(r->type), r->status, ps_err_name(r->status), r->error);
+        goto out;
+    }
+    say("evil_peer: case bad-crc: refused (%s): %s", ps_err_name(r->status), r->error);
+    m = push_msg(t, PSK_CODEC_NONE, NULL, (uint64_t)n * 4);
+    if (call(p, &m, zeros, (size_t)n * 4, PS_AM_DATA)) goto out;
+    if (p->reply.type != PS_MSG_PUSH_ACK) {
+        say("evil_peer: bad-crc push sent again: FAILED: got %s: %s",
+            ps_msg_type_name(p->reply.type), p->reply.error);
+        goto out;
+    }
+    t->version = p->reply.step;
+    say("evil_peer: bad-crc push sent again with the right CRC: acknowledged");
+    rc = 0;
+out:
+    free(zeros);
+    return rc;
+}
+
 /* ---- main ---------------------------------------------------------------------------------- */
 
 static int run(peer_t *p, const ps_manifest_t *m, const char *only)
@@ -556,6 +603,7 @@ static int run(peer_t *p, const ps_manifest_t *m, const char *only)
     say("evil_peer: %d of %d malformed pushes refused as expected (%d after receipt)",
         ncases - failed, ncases, nreceipt);
     if (push_good(p, &t, &int8, "well-formed int8 push after them")) failed++;
+    if (push_bad_crc(p, &t)) failed++;
     if (pull_chunk0(p, &t, "after")) failed++;
 
     /* Leave as libps does: no reply. */

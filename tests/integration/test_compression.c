@@ -163,7 +163,8 @@ END_TEST
  * (rank 1, see evil_peer.c) sends one malformed push of fc3.weight's chunk 0 per case, each of
  * which must come back as an error naming the problem; a well-formed push before and after is
  * acknowledged, and chunk 0 stays finite. The worker finishes, psd survives and stops cleanly,
- * and psd logged a rejection for each payload refused after receipt (never applied).
+ * and psd logged a rejection for each payload refused after receipt (never applied). A push
+ * whose CRC-32C does not match its payload is refused with PS_ECRC and never applied.
  */
 START_TEST(test_hostile_peer)
 {
@@ -185,6 +186,8 @@ START_TEST(test_hostile_peer)
     cl_proc_t *evil = cl_spawn(c, "evil_peer", argv);
     EXPECT_EXIT(evil, 0);
     EXPECT_LOG(evil, "evil_peer: 10 of 10 malformed pushes refused as expected (7 after receipt)");
+    EXPECT_LOG(evil, "evil_peer: case bad-crc: refused (ECRC)");
+    EXPECT_LOG(evil, "evil_peer: bad-crc push sent again with the right CRC: acknowledged");
     EXPECT_LOG(evil, "evil_peer: every check held");
     EXPECT_EXIT(w, 0);
     EXPECT_LOG(w, "after 300 steps");
@@ -194,6 +197,7 @@ START_TEST(test_hostile_peer)
     ck_assert_msg(rejected == 7, "psd logged %d rejected payloads, want 7; its log: %s", rejected,
                   cl_tail(psd));
     ck_assert_int_eq(count_in_log(psd, "rejected a malformed"), 7);
+    ck_assert_int_eq(count_in_log(psd, "checksum mismatch on the 4/0 push from rank 1"), 1);
     ck_assert_msg(cl_alive(psd), "psd died; its log: %s", cl_tail(psd));
     stop_all(&psd, 1);
     cl_cluster_destroy(c);

@@ -119,6 +119,7 @@ START_TEST(test_block_style_all_keys)
     const char *text = "cluster: prod_2.eu-west\n"
                        "chunk_bytes: 4096\n"
                        "map_size_mb: 16\n"
+                       "sync_interval_s: 30\n"
                        "servers:\n"
                        "  - host: a\n"
                        "    port: 65535\n"
@@ -152,6 +153,7 @@ START_TEST(test_block_style_all_keys)
     ck_assert_str_eq(m.cluster, "prod_2.eu-west");
     ck_assert_uint_eq(m.chunk_bytes, 4096);
     ck_assert_uint_eq(m.map_size_mb, 16);
+    ck_assert_uint_eq(m.sync_interval_s, 30);
     ck_assert_uint_eq(m.servers[0].port, 65535);
     ck_assert_int_eq(m.job.nlayers, 2);
     ck_assert_uint_eq(m.job.layers[1], 1048576);
@@ -240,6 +242,10 @@ static const struct {
      "demo.yaml:11: job.seed: must be in [0, 18446744073709551615], got 18446744073709551616"},
     {L1 "map_size_mb: 8\n" L2_4 L5 L6_9 L10,
      "demo.yaml:2: map_size_mb: must be in [16, 1048576], got 8"},
+    {L1 "sync_interval_s: -1\n" L2_4 L5 L6_9 L10,
+     "demo.yaml:2: sync_interval_s: must be in [0, 86400], got -1"},
+    {L1 "sync_interval_s: 1.5\n" L2_4 L5 L6_9 L10,
+     "demo.yaml:2: sync_interval_s: expected an integer, got '1.5'"},
     {L1 L2_4 L5 L6_9 "  optimizer: {name: adam, lr: 0.001, beta1: 1.0}\n",
      "demo.yaml:10: job.optimizer.beta1: must be in [0, 1), got 1.0"},
     {L1 L2_4 L5 L6_9 "  optimizer: {name: adam, lr: 0}\n",

@@ -1,5 +1,6 @@
 /* test_store.c: the shard store: records survive close and reopen, the
- * data_dir lock, identity checks, and old -> new updates. */
+ * data_dir lock, identity checks, old -> new updates, the record hashes, and the upgrade of
+ * format 1 records. */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -7,6 +8,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <xxhash.h>
+
+#include "crc32c.h"
 #include "ps/ps_error.h"
 #include "store.h"
 
@@ -39,6 +43,7 @@ static void write_chunk(psd_store_t *st, uint32_t t, uint32_t c, uint64_t versio
     ck_assert_int_eq(psd_store_chunk_reserve(&tx, t, c, 1000, 2, &h), 0);
     *h = (psd_chunk_hdr_t){.version = version, .n = 1000, .nstate = 2};
     for (int i = 0; i < 3000; i++) psd_chunk_params(h)[i] = base + (float)i;
+    psd_store_chunk_seal(h);
     ck_assert_int_eq(psd_store_commit(&tx), 0);
 }
 
@@ -158,6 +163,70 @@ START_TEST(identity_checked)
 }
 END_TEST
 
+/* Seal writes the CRC-32C of the params and the XXH3-64 of params and state. */
+START_TEST(seal_hashes_record)
+{
+    psd_store_t st;
+    char err[512];
+    ck_assert_int_eq(open_store(&st, "demo", 4000, 2, err), 0);
+    write_chunk(&st, 1, 0, 3, 1.5f);
+    MDB_txn *snap;
+    ck_assert_int_eq(psd_store_snapshot(&st, &snap), 0);
+    const psd_chunk_hdr_t *h;
+    ck_assert_int_eq(psd_store_chunk_get(&st, snap, 1, 0, &h), 0);
+    ck_assert_uint_eq(h->format, PSD_CHUNK_FORMAT);
+    const float *p = psd_chunk_params((psd_chunk_hdr_t *)h);
+    ck_assert_uint_eq(h->crc32c, ps_crc32c(0, p, 1000 * 4));
+    ck_assert_uint_eq(h->hash, XXH3_64bits(p, 3000 * 4));
+    ck_assert_uint_eq(psd_store_chunk_hash(h), h->hash);
+    mdb_txn_abort(snap);
+    psd_store_close(&st);
+}
+END_TEST
+
+/* A store written before chunk hashes (format 1: 16-byte header, no "Mrecord_format") is
+ * upgraded at open: same version and values, hashes filled in. */
+START_TEST(format1_upgraded)
+{
+    psd_store_t st;
+    char err[512];
+    ck_assert_int_eq(open_store(&st, "demo", 4000, 2, err), 0);
+    MDB_txn *txn;
+    ck_assert_int_eq(mdb_txn_begin(st.env, NULL, 0, &txn), 0);
+    MDB_val fk = {14, "Mrecord_format"};
+    ck_assert_int_eq(mdb_del(txn, st.dbi, &fk, NULL), 0);
+    uint8_t key[9] = {'C', 0, 0, 0, 2, 0, 0, 0, 5};
+    size_t len = 16 + 3000 * 4;
+    uint8_t *rec = malloc(len);
+    uint64_t version = 7;
+    uint32_t n = 1000, ns = 2;
+    memcpy(rec, &version, 8);
+    memcpy(rec + 8, &n, 4);
+    memcpy(rec + 12, &ns, 4);
+    for (int i = 0; i < 3000; i++) {
+        float v = 0.25f * (float)i;
+        memcpy(rec + 16 + 4 * i, &v, 4);
+    }
+    MDB_val k = {9, key}, v = {len, rec};
+    ck_assert_int_eq(mdb_put(txn, st.dbi, &k, &v, 0), 0);
+    ck_assert_int_eq(mdb_txn_commit(txn), 0);
+    psd_store_close(&st);
+
+    ck_assert_int_eq(open_store(&st, "demo", 4000, 2, err), 0);
+    MDB_txn *snap;
+    ck_assert_int_eq(psd_store_snapshot(&st, &snap), 0);
+    const psd_chunk_hdr_t *h;
+    ck_assert_int_eq(psd_store_chunk_get(&st, snap, 2, 5, &h), 0);
+    ck_assert_uint_eq(h->version, 7);
+    ck_assert_uint_eq(h->n, 1000);
+    ck_assert_int_eq(memcmp(psd_chunk_params((psd_chunk_hdr_t *)h), rec + 16, 3000 * 4), 0);
+    ck_assert_uint_eq(h->hash, XXH3_64bits(rec + 16, 3000 * 4));
+    mdb_txn_abort(snap);
+    psd_store_close(&st);
+    free(rec);
+}
+END_TEST
+
 Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("store");
@@ -167,6 +236,8 @@ Suite *ps_test_suite(void)
     tcase_add_test(tc, snapshot_is_stable);
     tcase_add_test(tc, second_open_refused);
     tcase_add_test(tc, identity_checked);
+    tcase_add_test(tc, seal_hashes_record);
+    tcase_add_test(tc, format1_upgraded);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -23,6 +23,7 @@
     XX(ESTALE, -10006, "step does not match the chunk's version")           \
     XX(EFULL, -10007, "no free worker rank")                                \
     XX(EDATA, -10008, "invalid dataset file")                               \
+    XX(ECRC, -10009, "checksum mismatch: data corrupted in transit")                          \
     XX(ENOTMEMBER, -10020, "this worker was removed from the job; join again")
 
 enum {

@@ -1,0 +1,27 @@
+/* crc32c.h: CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), the checksum every data
+ * message carries in its header (proto/ps.proto, field crc32c).
+ *
+ * x86-64 CPUs with SSE4.2 compute it with the crc32 instruction, three streams interleaved
+ * and combined with precomputed shift tables (about one 8-byte word per cycle); elsewhere a
+ * slicing-by-8 table version runs. Both give the same value; the choice is made once, at the
+ * first call. */
+#ifndef PS_CRC32C_H
+#define PS_CRC32C_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/**
+ * @brief CRC-32C of @p len bytes at @p buf, continuing from @p crc (0 to start).
+ * @return the CRC; ps_crc32c(ps_crc32c(0, a, n), b, m) equals the CRC of a then b.
+ * @note Thread-safe; no allocation. "123456789" gives 0xE3069283.
+ */
+uint32_t ps_crc32c(uint32_t crc, const void *buf, size_t len);
+
+/** @brief The portable (slicing-by-8) implementation, for tests and benchmarks. */
+uint32_t ps_crc32c_sw(uint32_t crc, const void *buf, size_t len);
+
+/** @brief "sse4.2" when ps_crc32c() uses the crc32 instruction, else "slicing-by-8". */
+const char *ps_crc32c_impl(void);
+
+#endif

@@ -1,0 +1,234 @@
+/* psctl_client.c: psctl's synchronous request/reply channel (see psctl_client.h). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ps/ps_error.h"
+#include "psctl_client.h"
+#include "ucx_loop.h"
+
+typedef struct {
+    ucp_ep_h ep;
+    int failed;
+    ucs_status_t status;
+    uv_loop_t *loop;
+} cep_t;
+
+struct psctl_client_s {
+    const ps_manifest_t *m;
+    double timeout_s;
+    uv_loop_t loop;
+    ps_ucx_t ucx;
+    uv_timer_t timer;
+    cep_t *eps;
+    uint64_t next_req, want_req;
+    int got, pending, data_failed, timed_out;
+    int sending;         /* the request's send has not completed: hdr is in use */
+    ps_msg_t reply;
+    uint8_t *data;
+    size_t len;
+    uint8_t hdr[PS_WIRE_HDR_MAX];
+};
+
+static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    cep_t *e = arg;
+    e->failed = 1;
+    e->status = status;
+    uv_stop(e->loop);
+}
+
+static void on_data(void *request, ucs_status_t status, size_t length, void *user_data)
+{
+    psctl_client_t *c = user_data;
+    c->pending = 0;
+    if (status != UCS_OK) c->data_failed = 1;
+    if (request) ucp_request_free(request);
+    uv_stop(&c->loop);
+}
+
+static ucs_status_t on_am(void *arg, const void *header, size_t header_length, void *data,
+                          size_t length, const ucp_am_recv_param_t *param)
+{
+    psctl_client_t *c = arg;
+    ps_msg_t m;
+    char err[256];
+    if (ps_msg_decode(&m, header, header_length, err, sizeof err) || m.req_id != c->want_req ||
+        c->got)
+        return UCS_OK;
+    c->reply = m;
+    c->got = 1;
+    uv_stop(&c->loop);
+    if (length == 0) return UCS_OK;
+    if (length != m.length || (c->data = malloc(length)) == NULL) {
+        c->data_failed = 1;
+        return UCS_OK;
+    }
+    c->len = length;
+    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+        memcpy(c->data, data, length);
+        return UCS_OK;
+    }
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                             UCP_OP_ATTR_FIELD_USER_DATA,
+                             .cb.recv_am = on_data, .user_data = c};
+    c->pending = 1;
+    void *req = ucp_am_recv_data_nbx(c->ucx.worker, data, c->data, length, &p);
+    if (req == NULL)
+        on_data(NULL, UCS_OK, length, c);
+    else if (UCS_PTR_IS_ERR(req))
+        on_data(NULL, UCS_PTR_STATUS(req), 0, c);
+    return UCS_OK;
+}
+
+static void on_sent(void *request, ucs_status_t status, void *user_data)
+{
+    psctl_client_t *c = user_data;
+    c->sending = 0;
+    if (request) ucp_request_free(request);
+    uv_stop(&c->loop);
+}
+
+static void on_timer(uv_timer_t *t)
+{
+    psctl_client_t *c = t->data;
+    c->timed_out = 1;
+    uv_stop(&c->loop);
+}
+
+int psctl_client_open(const ps_manifest_t *m, double timeout_s, psctl_client_t **out, char *err,
+                      size_t errlen)
+{
+    psctl_client_t *c = calloc(1, sizeof *c);
+    if (c == NULL || (c->eps = calloc((size_t)m->nservers, sizeof *c->eps)) == NULL) {
+        free(c);
+        snprintf(err, errlen, "out of memory");
+        return PS_ENOMEM;
+    }
+    c->m = m;
+    c->timeout_s = timeout_s;
+    if (uv_loop_init(&c->loop) || ps_ucx_init(&c->ucx, &c->loop)) {
+        free(c->eps);
+        free(c);
+        snprintf(err, errlen, "cannot start the UCX transport");
+        return PS_ETRANSPORT;
+    }
+    ps_ucx_set_am_handler(&c->ucx, on_am, c);
+    uv_timer_init(&c->loop, &c->timer);
+    c->timer.data = c;
+    *out = c;
+    return 0;
+}
+
+static int connect_shard(psctl_client_t *c, uint32_t i, char *err, size_t errlen)
+{
+    cep_t *e = &c->eps[i];
+    if (e->ep && !e->failed) return 0;
+    e->loop = &c->loop;
+    const ps_server_conf_t *sc = &c->m->servers[i];
+    if (e->ep) {
+        snprintf(err, errlen, "shard %u (%s:%u): %s", i, sc->host, sc->port,
+                 ucs_status_string(e->status));
+        return PS_ETRANSPORT;
+    }
+    struct sockaddr_storage ss;
+    socklen_t sslen;
+    if (ps_sockaddr_resolve(sc->host, sc->port, &ss, &sslen)) {
+        snprintf(err, errlen, "shard %u: cannot resolve %s", i, sc->host);
+        return PS_ECONFIG;
+    }
+    ucp_ep_params_t ep = {
+        .field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+        .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
+        .sockaddr = {.addr = (const struct sockaddr *)&ss, .addrlen = sslen},
+        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+        .err_handler = {.cb = on_ep_error, .arg = e},
+    };
+    if (ucp_ep_create(c->ucx.worker, &ep, &e->ep) != UCS_OK) {
+        e->ep = NULL;
+        snprintf(err, errlen, "shard %u (%s:%u): cannot create an endpoint", i, sc->host,
+                 sc->port);
+        return PS_ETRANSPORT;
+    }
+    return 0;
+}
+
+int psctl_client_call(psctl_client_t *c, uint32_t shard, ps_msg_t *req, ps_msg_t *reply,
+                      void **data, size_t *len, char *err, size_t errlen)
+{
+    if (data) *data = NULL;
+    if (len) *len = 0;
+    int rc = connect_shard(c, shard, err, errlen);
+    if (rc) return rc;
+    cep_t *e = &c->eps[shard];
+    const ps_server_conf_t *sc = &c->m->servers[shard];
+    while (c->sending) ucp_worker_progress(c->ucx.worker); /* an old send after a timeout */
+    req->req_id = ++c->next_req;
+    size_t hlen;
+    if (ps_msg_encode(req, c->hdr, sizeof c->hdr, &hlen)) {
+        snprintf(err, errlen, "request header too large");
+        return PS_EINVAL;
+    }
+    c->want_req = req->req_id;
+    c->got = c->pending = c->data_failed = c->timed_out = 0;
+    free(c->data);
+    c->data = NULL;
+    c->len = 0;
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS |
+                                             UCP_OP_ATTR_FIELD_CALLBACK |
+                                             UCP_OP_ATTR_FIELD_USER_DATA,
+                             .flags = UCP_AM_SEND_FLAG_REPLY, .cb.send = on_sent,
+                             .user_data = c};
+    void *sreq = ucp_am_send_nbx(e->ep, PS_AM_CTRL, c->hdr, hlen, NULL, 0, &p);
+    c->sending = sreq != NULL && !UCS_PTR_IS_ERR(sreq);
+    uv_timer_start(&c->timer, on_timer, (uint64_t)(c->timeout_s * 1000), 0);
+    /* Wait for the send too: UCX 1.13 reads the header buffer until it completes. Whatever
+     * sets a flag also calls uv_stop(), so UV_RUN_ONCE never sleeps past it. */
+    while (!(c->got && !c->pending && !c->sending) && !e->failed && !c->timed_out)
+        uv_run(&c->loop, UV_RUN_ONCE);
+    uv_timer_stop(&c->timer);
+    if (!c->got || c->pending) {
+        if (e->failed)
+            snprintf(err, errlen, "shard %u (%s:%u): %s", shard, sc->host, sc->port,
+                     ucs_status_string(e->status));
+        else
+            snprintf(err, errlen, "shard %u (%s:%u): no answer within %g s", shard, sc->host,
+                     sc->port, c->timeout_s);
+        return e->failed ? PS_ETRANSPORT : PS_ETIMEDOUT;
+    }
+    if (c->data_failed) {
+        snprintf(err, errlen, "shard %u: the reply's data was lost", shard);
+        return PS_ETRANSPORT;
+    }
+    *reply = c->reply;
+    if (reply->type == PS_MSG_ERROR) {
+        snprintf(err, errlen, "shard %u: %s", shard, reply->error);
+        return reply->status < 0 ? reply->status : PS_EPROTO;
+    }
+    if (data) {
+        *data = c->data;
+        c->data = NULL;
+    }
+    if (len) *len = c->len;
+    return 0;
+}
+
+void psctl_client_close(psctl_client_t *c)
+{
+    if (c == NULL) return;
+    while (c->sending) ucp_worker_progress(c->ucx.worker);
+    for (int i = 0; i < c->m->nservers; i++)
+        if (c->eps[i].ep) {
+            ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                                     .flags = UCP_EP_CLOSE_FLAG_FORCE};
+            ps_ucx_wait(&c->ucx, ucp_ep_close_nbx(c->eps[i].ep, &p));
+        }
+    uv_close((uv_handle_t *)&c->timer, NULL);
+    ps_ucx_close(&c->ucx);
+    uv_run(&c->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&c->loop);
+    free(c->data);
+    free(c->eps);
+    free(c);
+}

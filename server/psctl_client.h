@@ -1,0 +1,41 @@
+/* psctl_client.h: psctl's synchronous request/reply channel to the shards of a manifest, for
+ * the verbs that move data (export, verify). One request at a time; endpoints are made on
+ * first use. A test-and-tool helper: every wait is bounded by the timeout given at open. */
+#ifndef PSCTL_CLIENT_H
+#define PSCTL_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "manifest.h"
+#include "wire.h"
+
+typedef struct psctl_client_s psctl_client_t;
+
+/**
+ * @brief Start UCX for talking to the shards of @p m (borrowed: it must outlive the client).
+ * @param timeout_s  the longest one call may wait for its reply.
+ * @return 0, or PS_ETRANSPORT / PS_ENOMEM with @p err set. Release with psctl_client_close().
+ */
+int psctl_client_open(const ps_manifest_t *m, double timeout_s, psctl_client_t **out, char *err,
+                      size_t errlen);
+
+/**
+ * @brief Send @p req (req_id set here) to shard @p shard and wait for its reply.
+ * @param[out] reply  the reply's header (an MSG_ERROR reply is returned as its status).
+ * @param[out] data   when not NULL: the reply's data, malloc'd (the caller frees it; NULL when
+ *                    there is none), its size in @p len.
+ * @return 0; the shard's negative status for MSG_ERROR (text in @p err); PS_ETIMEDOUT or
+ *  PS_ETRANSPORT when no reply came (@p err names the shard).
+ */
+int psctl_client_call(psctl_client_t *c, uint32_t shard, ps_msg_t *req, ps_msg_t *reply,
+                      void **data, size_t *len, char *err, size_t errlen);
+
+/** @brief Close the endpoints and stop UCX. NULL is a no-op. */
+void psctl_client_close(psctl_client_t *c);
+
+/* The verbs (psctl_export.c); each returns psctl's exit status and prints its own errors. */
+int psctl_export(const ps_manifest_t *m, const char *out, double timeout_s, double wait_s);
+int psctl_verify(const ps_manifest_t *m, double timeout_s);
+
+#endif

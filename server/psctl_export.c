@@ -1,0 +1,294 @@
+/* psctl_export.c: `psctl export --out FILE` (every tensor's parameters as one safetensors file,
+ * at one step) and `psctl verify` (every shard rechecks its stored chunk hashes).
+ *
+ * export: each shard opens one read snapshot (MSG_EXPORT_BEGIN) and reports the lowest and
+ * highest chunk version in it. Under bsp the export needs one step everywhere: when the shards'
+ * snapshots differ (training is between two steps), they are released and taken again every
+ * 50 ms for up to --wait seconds. Under asp there is no common step: each shard's chunks come
+ * from its one snapshot, and the metadata says step (the lowest version) and step_max. The
+ * tensor table comes from shard 0; each chunk is read from its owner's snapshot and its CRC-32C
+ * checked (asked again up to 5 times). The file is written as FILE.tmp, then renamed.
+ *
+ * verify: every shard rechecks its records from one snapshot on its thread pool (training goes
+ * on); the mismatches are printed by tensor name and chunk index; exit status 1 if any. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "crc32c.h"
+#include "place.h"
+#include "ps/ps_error.h"
+#include "psctl_client.h"
+
+typedef struct {
+    ps_decl_t d;
+    uint64_t numel;
+    uint64_t begin; /* byte offset in the data section */
+} xt_t;
+
+/* Append @p s to @p out as a JSON string body (quotes and backslashes escaped). */
+static size_t json_str(char *out, size_t cap, const char *s)
+{
+    size_t n = 0;
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        char esc[8];
+        int k;
+        if (ch == '"' || ch == '\\')
+            k = snprintf(esc, sizeof esc, "\\%c", ch);
+        else if (ch < 0x20)
+            k = snprintf(esc, sizeof esc, "\\u%04x", ch);
+        else
+            k = snprintf(esc, sizeof esc, "%c", ch);
+        if (n + (size_t)k < cap) memcpy(out + n, esc, (size_t)k);
+        n += (size_t)k;
+    }
+    if (n < cap) out[n] = '\0';
+    return n;
+}
+
+/* Open one snapshot per shard at one step (bsp) or as they are (asp).
+ * @return 0 with *step, *step_max and *ntensors; else psctl's exit status (message printed). */
+static int snapshots(psctl_client_t *cl, const ps_manifest_t *m, double wait_s, uint64_t *step,
+                     uint64_t *step_max, uint32_t *ntensors)
+{
+    int n = m->nservers;
+    char err[512], where[512];
+    for (double waited = 0;; waited += 0.05) {
+        uint64_t lo = UINT64_MAX, hi = 0;
+        int consistent = 1;
+        size_t wl = 0;
+        for (int i = 0; i < n; i++) {
+            ps_msg_t q = {.type = PS_MSG_EXPORT_BEGIN, .rank = -1}, r;
+            int rc = psctl_client_call(cl, (uint32_t)i, &q, &r, NULL, NULL, err, sizeof err);
+            if (rc == 0 && r.type != PS_MSG_EXPORT_BEGIN_REPLY) rc = PS_EPROTO;
+            if (rc) {
+                fprintf(stderr, "psctl: export: %s\n", err);
+                return 1;
+            }
+            if (i == 0) *ntensors = (uint32_t)r.count;
+            if (r.step == UINT64_MAX) continue; /* holds no chunk */
+            if (r.step != r.step_max || (lo != UINT64_MAX && (r.step != lo || r.step != hi)))
+                consistent = 0;
+            if (r.step < lo) lo = r.step;
+            if (r.step_max > hi) hi = r.step_max;
+            if (wl < sizeof where)
+                wl += (size_t)snprintf(where + wl, sizeof where - wl, "%sshard %d at %llu..%llu",
+                                       wl ? ", " : "", i, (unsigned long long)r.step,
+                                       (unsigned long long)r.step_max);
+        }
+        *step = lo == UINT64_MAX ? 0 : lo;
+        *step_max = hi;
+        if (consistent || m->job.consistency != PS_CONSIST_BSP) return 0;
+        if (waited >= wait_s) {
+            fprintf(stderr, "psctl: export: no common step within %g s (%s): training is "
+                    "between steps; try again, or with a longer --wait\n", wait_s, where);
+            return 1;
+        }
+        usleep(50 * 1000); /* a new BEGIN replaces each shard's snapshot */
+    }
+}
+
+int psctl_export(const ps_manifest_t *m, const char *out, double timeout_s, double wait_s)
+{
+    psctl_client_t *cl;
+    char err[512];
+    if (psctl_client_open(m, timeout_s, &cl, err, sizeof err)) {
+        fprintf(stderr, "psctl: %s\n", err);
+        return 1;
+    }
+    int ret = 1;
+    uint64_t step, step_max;
+    uint32_t nt = 0;
+    xt_t *t = NULL;
+    char *hdr = NULL, tmp[4200];
+    FILE *f = NULL;
+    void *data = NULL;
+    if ((ret = snapshots(cl, m, wait_s, &step, &step_max, &nt)) != 0) goto out;
+    ret = 1;
+    t = calloc(nt ? nt : 1, sizeof *t);
+    if (t == NULL) goto out;
+    /* The tensor table, from the coordinator. */
+    uint32_t k = 0;
+    uint64_t off = 0;
+    for (uint32_t id = 0; id < nt; id++) {
+        ps_msg_t q = {.type = PS_MSG_EXPORT_TENSOR, .rank = -1, .tensor = id}, r;
+        int rc = psctl_client_call(cl, 0, &q, &r, NULL, NULL, err, sizeof err);
+        if (rc == PS_ENOENT) continue; /* an id whose creation failed */
+        if (rc == 0 && (r.type != PS_MSG_EXPORT_TENSOR_REPLY || !r.has_decl)) rc = PS_EPROTO;
+        if (rc) {
+            fprintf(stderr, "psctl: export: tensor %u: %s\n", id, err);
+            goto out;
+        }
+        t[k].d = r.decl;
+        t[k].numel = ps_decl_numel(&r.decl);
+        t[k].begin = off;
+        off += t[k].numel * 4;
+        k++;
+    }
+    /* The header: JSON, padded with spaces to a multiple of 8 bytes. */
+    size_t cap = 256 + (size_t)k * (3 * PS_NAME_MAX + 200), hl = 0;
+    if ((hdr = malloc(cap)) == NULL) goto out;
+    hl += (size_t)snprintf(hdr + hl, cap - hl, "{\"__metadata__\": {\"step\": \"%llu\", ",
+                           (unsigned long long)step);
+    if (step_max != step)
+        hl += (size_t)snprintf(hdr + hl, cap - hl, "\"step_max\": \"%llu\", ",
+                               (unsigned long long)step_max);
+    hl += (size_t)snprintf(hdr + hl, cap - hl, "\"cluster\": \"");
+    hl += json_str(hdr + hl, cap - hl, m->cluster);
+    hl += (size_t)snprintf(hdr + hl, cap - hl, "\", \"consistency\": \"%s\", \"format\": \"pt\"}",
+                           ps_consistency_name(m->job.consistency));
+    for (uint32_t i = 0; i < k; i++) {
+        hl += (size_t)snprintf(hdr + hl, cap - hl, ", \"");
+        hl += json_str(hdr + hl, cap - hl, t[i].d.name);
+        hl += (size_t)snprintf(hdr + hl, cap - hl, "\": {\"dtype\": \"F32\", \"shape\": [");
+        for (int d = 0; d < t[i].d.ndim; d++)
+            hl += (size_t)snprintf(hdr + hl, cap - hl, "%s%u", d ? ", " : "", t[i].d.shape[d]);
+        hl += (size_t)snprintf(hdr + hl, cap - hl, "], \"data_offsets\": [%llu, %llu]}",
+                               (unsigned long long)t[i].begin,
+                               (unsigned long long)(t[i].begin + t[i].numel * 4));
+    }
+    hl += (size_t)snprintf(hdr + hl, cap - hl, "}");
+    while (hl % 8 && hl + 1 < cap) hdr[hl++] = ' ';
+    if (hl + 1 >= cap) goto out;
+    snprintf(tmp, sizeof tmp, "%s.tmp", out);
+    if ((f = fopen(tmp, "wb")) == NULL) {
+        fprintf(stderr, "psctl: export: %s: %s\n", tmp, strerror(errno));
+        goto out;
+    }
+    uint64_t hl64 = hl; /* little-endian, as safetensors wants (this machine's order) */
+    fwrite(&hl64, 8, 1, f);
+    fwrite(hdr, 1, hl, f);
+    uint64_t chunk_elems = m->chunk_bytes / 4, values = 0;
+    for (uint32_t i = 0; i < k; i++) {
+        uint32_t nc = ps_chunk_count(t[i].numel, chunk_elems);
+        for (uint32_t c = 0; c < nc; c++) {
+            uint32_t shard = ps_place_shard(t[i].d.first_chunk + c, (uint32_t)m->nservers);
+            uint64_t n = ps_chunk_len(t[i].numel, chunk_elems, c);
+            size_t len = 0;
+            ps_msg_t r;
+            int rc, tries = 0;
+            do {
+                free(data);
+                ps_msg_t q = {.type = PS_MSG_EXPORT_CHUNK, .rank = -1, .tensor = t[i].d.id,
+                              .chunk = c};
+                rc = psctl_client_call(cl, shard, &q, &r, &data, &len, err, sizeof err);
+                if (rc == 0 && (r.type != PS_MSG_EXPORT_CHUNK_REPLY || len != n * 4)) {
+                    snprintf(err, sizeof err, "shard %u sent %zu bytes, want %llu", shard, len,
+                             (unsigned long long)(n * 4));
+                    rc = PS_EPROTO;
+                }
+                if (rc == 0 && ps_crc32c(0, data, len) != r.crc32c) {
+                    snprintf(err, sizeof err, "shard %u: CRC-32C mismatch 6 times in a row",
+                             shard);
+                    rc = PS_ECRC;
+                }
+            } while (rc == PS_ECRC && ++tries <= 5);
+            if (rc == 0 && m->job.consistency == PS_CONSIST_BSP && r.step != step) {
+                snprintf(err, sizeof err, "shard %u has it at step %llu, not %llu", shard,
+                         (unsigned long long)r.step, (unsigned long long)step);
+                rc = PS_ESTALE;
+            }
+            if (rc) {
+                fprintf(stderr, "psctl: export: '%s' chunk %u: %s\n", t[i].d.name, c, err);
+                goto out;
+            }
+            if (fwrite(data, 1, len, f) != len) {
+                fprintf(stderr, "psctl: export: %s: %s\n", tmp, strerror(errno));
+                goto out;
+            }
+            values += n;
+        }
+    }
+    /* The snapshots are released when psctl_client_close() closes the endpoints. */
+    int bad = fflush(f) != 0 || fsync(fileno(f)) != 0;
+    bad |= fclose(f) != 0;
+    f = NULL;
+    if (bad || rename(tmp, out) != 0) {
+        fprintf(stderr, "psctl: export: %s: %s\n", out, strerror(errno));
+        unlink(tmp);
+        goto out;
+    }
+    printf("psctl: exported %u tensors (%llu values) at step %llu to %s\n", k,
+           (unsigned long long)values, (unsigned long long)step, out);
+    ret = 0;
+out:
+    if (f) {
+        fclose(f);
+        unlink(tmp);
+    }
+    free(data);
+    free(hdr);
+    free(t);
+    psctl_client_close(cl);
+    return ret;
+}
+
+/* The tensor table's names, by id (from shard 0), for verify's messages. names[id] is "" for
+ * an id that does not exist. @return the count, or -1 (message printed). */
+static int tensor_names(psctl_client_t *cl, char (**names)[PS_NAME_MAX])
+{
+    char err[512];
+    ps_msg_t q = {.type = PS_MSG_EXPORT_BEGIN, .rank = -1}, r;
+    if (psctl_client_call(cl, 0, &q, &r, NULL, NULL, err, sizeof err)) {
+        fprintf(stderr, "psctl: verify: %s\n", err);
+        return -1;
+    }
+    uint32_t nt = (uint32_t)r.count;
+    *names = calloc(nt ? nt : 1, PS_NAME_MAX);
+    if (*names == NULL) return -1;
+    for (uint32_t id = 0; id < nt; id++) {
+        ps_msg_t tq = {.type = PS_MSG_EXPORT_TENSOR, .rank = -1, .tensor = id};
+        if (psctl_client_call(cl, 0, &tq, &r, NULL, NULL, err, sizeof err) == 0 && r.has_decl)
+            snprintf((*names)[id], PS_NAME_MAX, "%s", r.decl.name);
+    }
+    return (int)nt;
+}
+
+int psctl_verify(const ps_manifest_t *m, double timeout_s)
+{
+    psctl_client_t *cl;
+    char err[512];
+    if (psctl_client_open(m, timeout_s, &cl, err, sizeof err)) {
+        fprintf(stderr, "psctl: %s\n", err);
+        return 1;
+    }
+    char(*names)[PS_NAME_MAX] = NULL;
+    int nt = tensor_names(cl, &names), failed = 0;
+    uint64_t checked = 0, bad = 0;
+    for (int i = 0; nt >= 0 && i < m->nservers; i++) {
+        ps_msg_t q = {.type = PS_MSG_VERIFY, .rank = -1}, r;
+        void *data = NULL;
+        size_t len = 0;
+        if (psctl_client_call(cl, (uint32_t)i, &q, &r, &data, &len, err, sizeof err) ||
+            r.type != PS_MSG_VERIFY_REPLY) {
+            fprintf(stderr, "psctl: verify: %s\n", err);
+            failed = 1;
+            free(data);
+            continue;
+        }
+        checked += r.count;
+        /* One line per mismatch: "T C version V stored H bytes H" or "T C malformed ...". */
+        for (char *line = data, *end = (char *)data + len; line && line < end;) {
+            char *nl = memchr(line, '\n', (size_t)(end - line));
+            if (nl) *nl = '\0';
+            unsigned t, c;
+            int at = 0;
+            if (sscanf(line, "%u %u %n", &t, &c, &at) == 2) {
+                bad++;
+                printf("psctl: verify: shard %d: tensor '%s' chunk %u: %s\n", i,
+                       (int)t < nt && names[t][0] ? names[t] : "?", c, line + at);
+            }
+            line = nl ? nl + 1 : NULL;
+        }
+        free(data);
+    }
+    if (nt >= 0 && !failed)
+        printf("psctl: verify: %llu chunks checked on %d shards, %llu %s\n",
+               (unsigned long long)checked, m->nservers, (unsigned long long)bad,
+               bad == 1 ? "mismatch" : "mismatches");
+    free(names);
+    psctl_client_close(cl);
+    return nt < 0 || failed || bad ? 1 : 0;
+}

@@ -1,0 +1,105 @@
+/* test_integrity.c: CRC-32C (common/crc32c.c): known values, the hardware and portable
+ * versions agree at every length and alignment, and CRCs continue across calls; the Merkle
+ * tree (common/merkle.c): its root by definition, and updates equal a rebuild. */
+#include <check.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <xxhash.h>
+
+#include "crc32c.h"
+#include "merkle.h"
+
+START_TEST(crc_known_values)
+{
+    ck_assert_uint_eq(ps_crc32c(0, "123456789", 9), 0xe3069283u);
+    ck_assert_uint_eq(ps_crc32c_sw(0, "123456789", 9), 0xe3069283u);
+    ck_assert_uint_eq(ps_crc32c(0, "", 0), 0);
+    uint8_t zeros[32] = {0}; /* RFC 3720 B.4: 32 bytes of zeros */
+    ck_assert_uint_eq(ps_crc32c(0, zeros, 32), 0x8a9136aau);
+    uint8_t ones[32];
+    memset(ones, 0xff, sizeof ones);
+    ck_assert_uint_eq(ps_crc32c(0, ones, 32), 0x62a8ab43u);
+}
+END_TEST
+
+START_TEST(crc_hw_matches_sw)
+{
+    size_t cap = 3 * 8192 * 2 + 1000;
+    uint8_t *b = malloc(cap);
+    uint64_t x = 88172645463325252ull;
+    for (size_t i = 0; i < cap; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        b[i] = (uint8_t)x;
+    }
+    const size_t lens[] = {0, 1, 7, 8, 9, 255, 256, 767, 768, 769, 3000, 24575, 24576, 24577,
+                           50000, cap - 8};
+    for (size_t k = 0; k < sizeof lens / sizeof lens[0]; k++)
+        for (size_t off = 0; off < 8; off++) {
+            uint32_t hw = ps_crc32c(0, b + off, lens[k]), sw = ps_crc32c_sw(0, b + off, lens[k]);
+            ck_assert_msg(hw == sw, "len %zu offset %zu: %08x vs %08x", lens[k], off, hw, sw);
+            /* Continuing: the CRC of a then b is the CRC of a continued over b. */
+            size_t cut = lens[k] / 3;
+            ck_assert_uint_eq(ps_crc32c(ps_crc32c(0, b + off, cut), b + off + cut, lens[k] - cut),
+                              hw);
+        }
+    /* One flipped bit changes it. */
+    uint32_t before = ps_crc32c(0, b, 4096);
+    b[1234] ^= 4;
+    ck_assert_uint_ne(ps_crc32c(0, b, 4096), before);
+    free(b);
+}
+END_TEST
+
+static uint64_t pair(uint64_t l, uint64_t r)
+{
+    uint64_t b[2] = {l, r}; /* little-endian machine: the byte order merkle.h defines */
+    return XXH3_64bits(b, sizeof b);
+}
+
+START_TEST(merkle_definition)
+{
+    uint64_t l[5] = {11, 22, 33, 44, 55};
+    ck_assert_uint_eq(ps_merkle_root_of(l, 0), 0);
+    ck_assert_uint_eq(ps_merkle_root_of(l, 1), 11);
+    ck_assert_uint_eq(ps_merkle_root_of(l, 2), pair(11, 22));
+    /* Three leaves: the third moves up unchanged. */
+    ck_assert_uint_eq(ps_merkle_root_of(l, 3), pair(pair(11, 22), 33));
+    ck_assert_uint_eq(ps_merkle_root_of(l, 5),
+                      pair(pair(pair(11, 22), pair(33, 44)), 55));
+}
+END_TEST
+
+START_TEST(merkle_set_equals_rebuild)
+{
+    for (size_t n = 1; n < 40; n++) {
+        uint64_t l[40];
+        for (size_t i = 0; i < n; i++) l[i] = 1000 + i;
+        ps_merkle_t t = {0};
+        ck_assert_int_eq(ps_merkle_build(&t, l, n), 0);
+        for (size_t i = 0; i < n; i += 3) {
+            l[i] = 7 * i + 5;
+            ps_merkle_set(&t, i, l[i]);
+            ck_assert_uint_eq(ps_merkle_root(&t), ps_merkle_root_of(l, n));
+        }
+        uint64_t before = ps_merkle_root(&t);
+        ps_merkle_set(&t, n - 1, l[n - 1] ^ 1);
+        ck_assert_uint_ne(ps_merkle_root(&t), before);
+        ps_merkle_close(&t);
+    }
+}
+END_TEST
+
+Suite *ps_test_suite(void)
+{
+    Suite *s = suite_create("integrity");
+    TCase *tc = tcase_create("crc32c");
+    tcase_add_test(tc, crc_known_values);
+    tcase_add_test(tc, crc_hw_matches_sw);
+    suite_add_tcase(s, tc);
+    TCase *tm = tcase_create("merkle");
+    tcase_add_test(tm, merkle_definition);
+    tcase_add_test(tm, merkle_set_equals_rebuild);
+    suite_add_tcase(s, tm);
+    return s;
+}
