@@ -76,6 +76,7 @@ struct psd_coord_s {
     uint64_t waiting_since_ms; /* bsp: members wait for a step with no members (0: none) */
     uint64_t gaps[GAP_RING];   /* close-to-close times in ms */
     uint64_t ngaps, last_close_ms;
+    struct { uint64_t ms, step; } top[16]; /* the longest gaps and the step that took them */
     launcher_t launchers[MAX_LAUNCHERS];
     int32_t grant_start, grant_stop; /* launches granted and not seen yet */
     uint64_t grant_ms;
@@ -193,7 +194,17 @@ static void close_step(psd_server_t *srv)
     co->s.step++;
     co->removed_in_step = 0;
     uint64_t now = uv_now(srv->loop);
-    if (co->last_close_ms) co->gaps[co->ngaps++ % GAP_RING] = now - co->last_close_ms;
+    if (co->last_close_ms) {
+        uint64_t g = now - co->last_close_ms;
+        co->gaps[co->ngaps++ % GAP_RING] = g;
+        int low = 0; /* replace the smallest of the top gaps */
+        for (int i = 1; i < 16; i++)
+            if (co->top[i].ms < co->top[low].ms) low = i;
+        if (g > co->top[low].ms) {
+            co->top[low].ms = g;
+            co->top[low].step = co->s.step - 1; /* the step that took this long */
+        }
+    }
     co->last_close_ms = now;
     hand_out(srv);
 }
@@ -565,7 +576,14 @@ void psd_coord_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len
         (unsigned long long)co->s.cur.n, (unsigned long long)co->s.cur.applied_total,
         (unsigned long long)co->s.cur.handed_again, (unsigned long long)gmax,
         (unsigned long long)gmed, (unsigned long long)n);
-    OUT("\"passes\": [");
+    OUT("\"step_gaps_top\": [");
+    for (int i = 0, f = 1; i < 16; i++)
+        if (co->top[i].ms) {
+            OUT("%s{\"step\": %llu, \"ms\": %llu}", f ? "" : ", ",
+                (unsigned long long)co->top[i].step, (unsigned long long)co->top[i].ms);
+            f = 0;
+        }
+    OUT("], \"passes\": [");
     uint64_t first = co->s.cur.pass >= PS_PASS_RING ? co->s.cur.pass - PS_PASS_RING + 1 : 0;
     for (uint64_t p = first; p <= co->s.cur.pass && p < co->s.cur.passes; p++)
         OUT("%s{\"pass\": %llu, \"applied\": %llu}", p == first ? "" : ", ",

@@ -522,7 +522,7 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, char *err, size_t err
     uv_timer_init(srv->loop, &srv->cron);
     srv->cron.data = srv;
     srv->sync.opened_ms = uv_now(srv->loop);
-    uint64_t tick = m->job.heartbeat_timeout_ms / 4;
+    uint64_t tick = m->job.heartbeat_timeout_ms / 8; /* a silent worker goes within timeout + tick */
     if (m->sync_interval_s && m->sync_interval_s * 1000 < tick) tick = m->sync_interval_s * 1000;
     uv_timer_start(&srv->cron, on_cron, tick, tick);
 
