@@ -280,7 +280,8 @@ static int expect_prompt_admission(const cl_proc_t *psd0)
     return joins;
 }
 
-/* pslaunch --follow keeps the workers at the number psctl scale sets: 2 -> 5 -> 1 -> 3. */
+/* Two pslaunch --follow instances keep the workers at the number psctl scale sets:
+ * 2 -> 5 -> 1 -> 3, without fighting: exactly 2 + 3 + 2 workers are ever started. */
 START_TEST(test_scale_2_5_1_3)
 {
     cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 16, .epochs = 10000,
@@ -289,7 +290,7 @@ START_TEST(test_scale_2_5_1_3)
     cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
     char *argv[] = {(char *)cl_binary("PSLAUNCH"), "--manifest", c->manifest, "--follow",
                     "--poll-ms", "100", NULL};
-    cl_proc_t *launch = cl_spawn(c, "pslaunch", argv);
+    cl_proc_t *launch[2] = {cl_spawn(c, "pslaunch0", argv), cl_spawn(c, "pslaunch1", argv)};
     coord_t co;
     coord_open(&co, c);
     static const int seq[] = {2, 5, 1, 3};
@@ -301,14 +302,17 @@ START_TEST(test_scale_2_5_1_3)
         ck_assert_int_gt(wait_num(&co, "open_step", s + 10, 0, 20), s + 9); /* no deadlock */
         fprintf(stderr, "scale: %d workers at step %lld\n", seq[i], s);
     }
-    ck_assert_int_eq(cl_signal(launch, SIGTERM), 0);
-    EXPECT_EXIT(launch, 128 + SIGTERM);
+    for (int i = 0; i < 2; i++) ck_assert_int_eq(cl_signal(launch[i], SIGTERM), 0);
+    for (int i = 0; i < 2; i++) EXPECT_EXIT(launch[i], 128 + SIGTERM);
     ck_assert_int_eq(wait_num(&co, "actual_workers", 0, 1, RUN_S), 0);
     char *j = coord_status(&co);
     long long passes = expect_passes(j, 3000, 0);
     expect_passes(j, 3000, jnum(j, "pass") >= 0 ? passes - 2 : 0);
     free(j);
     ck_assert_int_ge(expect_prompt_admission(psd[0]), 5);
+    int started = count_in_log(launch[0], "joined at step") + count_in_log(launch[1], "joined at step");
+    ck_assert_msg(started == 7, "the launchers started %d workers for 2 -> 5 -> 1 -> 3, not 7",
+                  started);
     coord_close(&co);
     stop_all(psd, 2);
     cl_cluster_destroy(c);
