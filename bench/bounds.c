@@ -1,5 +1,6 @@
 /* bounds.c: the limits psbench compares psd with (see bounds.h). */
 #include "bounds.h"
+#include "codec.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -265,4 +266,42 @@ int pb_store_apply(const char *dir, psk_optim_kind_t kind, uint64_t size, uint64
     }
     free(times);
     return rc ? -1 : 0;
+}
+
+/* ---- codecs ---------------------------------------------------------------------------- */
+
+double pb_codec_gbps(const char *codec, uint64_t size, double seconds, bool decode)
+{
+    psk_codec_t c;
+    if (psk_codec_parse(&c, codec)) pb_die("unknown codec '%s'", codec);
+    size_t n = size / 4, cap = psk_codec_max_bytes(&c, n), scr = psk_codec_scratch_bytes(&c, n);
+    float *g = floats(n, 0.0f), *res = floats(n, 0.0f), *out = floats(n, 0.0f);
+    for (size_t i = 0; i < n; i++) g[i] = (float)((i * 2654435761u) % 2001) * 1e-3f - 1.0f;
+    uint8_t *payload = xmalloc_touched(cap ? cap : 1, 0);
+    void *scratch = scr ? xmalloc_touched(scr, 0) : NULL;
+    size_t len = 0;
+    uint64_t reps = 0;
+    double t0 = pb_now(), t;
+    if (decode &&
+        psk_codec_encode_ef_cpu(payload, cap, &len, g, res, n, &c, scratch))
+        pb_die("encode %s failed", codec);
+    t0 = pb_now();
+    do {
+        /* Each encode uses the worker's path (error feedback); each decode the shard's
+         * (decode-and-add into an aggregation buffer). */
+        int rc = decode ? psk_codec_decode_add_cpu(out, n, payload, len, &c, 1.0f)
+                        : psk_codec_encode_ef_cpu(payload, cap, &len, g, res, n, &c, scratch);
+        if (rc) pb_die("%s %s failed", decode ? "decode" : "encode", codec);
+        c.seed++;
+        reps++;
+        if (pb_interrupted) pb_die("interrupted");
+        t = pb_now();
+    } while (t - t0 < seconds || reps < 3);
+    g_sink = payload[0] ^ (unsigned char)out[n / 2];
+    free(g);
+    free(res);
+    free(out);
+    free(payload);
+    free(scratch);
+    return (double)reps * (double)size / (t - t0) / 1e9;
 }

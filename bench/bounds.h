@@ -35,6 +35,11 @@ int pb_perftest_run(const char *perftest, const char *test, uint64_t size, uint6
  *  @p seconds. */
 double pb_memcpy_gbps(uint64_t size, double seconds);
 
+/** @brief Throughput in GB/s of fp32 gradient bytes of one thread encoding @p size bytes with
+ *  @p codec and error feedback (@p decode false, the worker's side), or decoding and adding
+ *  them into an aggregation buffer (@p decode true, the shard's side), for @p seconds. */
+double pb_codec_gbps(const char *codec, uint64_t size, double seconds, bool decode);
+
 /** @brief The fused optimizer loop on malloc'd arrays of @p size parameter bytes, one thread:
  *  parameter bytes per second (10^9). In place, or (@p out_of_place) alternating between two
  *  sets of buffers as a copy-on-write store does. */

@@ -31,7 +31,8 @@
 
 static const char *const optim_names[] = {"sgd", "momentum", "adam", "adamw"};
 
-enum { PART_LIMITS = 1, PART_OPS = 2, PART_APPLY = 4, PART_STEP = 8, PART_ALL = 15 };
+enum { PART_LIMITS = 1, PART_OPS = 2, PART_APPLY = 4, PART_STEP = 8, PART_CODECS = 16,
+       PART_ALL = 31 };
 
 typedef struct {
     bool quick;
@@ -61,12 +62,12 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: psbench [--manifest FILE | --shards S --workers W] [--sizes LIST]\n"
             "               [--transports shm,tcp] [--json FILE] [--markdown FILE] [--quick]\n"
-            "               [--bsp-push] [--only limits,ops,apply,step] [--psd PATH]\n"
+            "               [--bsp-push] [--only limits,ops,apply,step,codecs] [--psd PATH]\n"
             "               [--perftest PATH]\n"
             "Starts psd shards and client processes on 127.0.0.1 (data under /dev/shm) and\n"
             "measures push, pull and push+pull rounds of one dense tensor, the optimizers'\n"
-            "apply and a BSP step with adam, beside ucx_perftest, memcpy and the optimizers in\n"
-            "RAM measured in the same run. LIST: sizes like 4K,64K,1M (bytes, multiples of 4).\n"
+            "apply and a BSP step with adam, and each gradient codec's encode and decode, beside\n"
+            "ucx_perftest, memcpy and the optimizers in RAM measured in the same run. LIST: sizes like 4K,64K,1M (bytes, multiples of 4).\n"
             "Without --manifest/--shards the layouts are 1x1, 2x2, 4x4 (shards x workers).\n"
             "--manifest takes its shards, job.workers, chunk_bytes and map_size_mb (psbench\n"
             "still starts its own processes, on its own ports and data_dirs).\n"
@@ -473,6 +474,32 @@ static double loadavg(void)
     return l;
 }
 
+/* Each codec's encode (worker, with error feedback) and decode-add (shard) on one chunk,
+ * against memcpy of the same bytes measured right before. */
+static void measure_codecs(bench_t *b)
+{
+    static const char *codecs[] = {"fp16", "bf16", "int8", "sign", "topk:0.1", "topk:0.01",
+                                   "topk:0.001", "randomk:0.01"};
+    uint64_t size = b->chunk_bytes;
+    double mc = pb_memcpy_gbps(size, b->limit_s);
+    pb_result_t *m = pb_result_find("memcpy", PB_THROUGHPUT, size, "ram", NULL);
+    if (m == NULL) {
+        m = pb_result_add("memcpy", PB_THROUGHPUT, size, 0, 0, "ram", mc);
+        snprintf(m->note, sizeof m->note, "one thread, bytes copied per second");
+    }
+    for (size_t i = 0; i < sizeof codecs / sizeof *codecs; i++)
+        for (int d = 0; d < 2; d++) {
+            char op[32];
+            snprintf(op, sizeof op, "%s:%s", d ? "decode" : "encode", codecs[i]);
+            double v = pb_codec_gbps(codecs[i], size, b->limit_s, d);
+            pb_result_t *r = pb_result_add(op, PB_THROUGHPUT, size, 0, 0, "ram", v);
+            pb_result_limit(r, mc, "memcpy");
+            snprintf(r->note, sizeof r->note, "%s", d ? "shard: decode and add into the sum"
+                                                      : "worker: encode with error feedback");
+        }
+    progress("codecs done");
+}
+
 static void meta_json(bench_t *b, double load0, double load1, char *out, size_t len)
 {
     struct utsname u;
@@ -572,8 +599,10 @@ int main(int argc, char **argv)
                     b.only |= PART_APPLY;
                 else if (strcmp(t, "step") == 0)
                     b.only |= PART_STEP;
+                else if (strcmp(t, "codecs") == 0)
+                    b.only |= PART_CODECS;
                 else {
-                    fprintf(stderr, "psbench: --only %s: limits, ops, apply, step\n", t);
+                    fprintf(stderr, "psbench: --only %s: limits, ops, apply, step, codecs\n", t);
                     return 2;
                 }
             }
@@ -686,6 +715,7 @@ int main(int argc, char **argv)
     if (b.only & PART_OPS) measure_psd(&b);
     if (b.only & PART_APPLY) measure_apply(&b);
     if (b.only & PART_STEP) measure_step(&b);
+    if (b.only & PART_CODECS) measure_codecs(&b);
     double took = pb_now() - t0, load1 = loadavg();
 
     printf("psbench: GB/s = 1e9 tensor bytes/s over all workers; us = microseconds per "
