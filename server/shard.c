@@ -746,10 +746,12 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
             return UCS_OK;
         }
     }
-    if (ch->slot_state[rank] == SLOT_FULL && ch->slot_conn[rank] == NULL) {
-        /* The same rank's push of this step is here already: its connection broke and it
-         * sent the push again. Ranks are not reused within a step, so this is the same
-         * gradient; acknowledge this copy when the step is applied. */
+    if ((ch->slot_state[rank] == SLOT_FULL || ch->slot_state[rank] == SLOT_APPLYING) &&
+        (ch->slot_conn[rank] == NULL || ch->slot_conn[rank]->dead)) {
+        /* The same rank's push of this step is here already (maybe being applied): its
+         * connection broke and it sent the push again. Ranks are not reused within a step,
+         * so this is the same gradient; acknowledge this copy when the step is applied. */
+        if (ch->slot_conn[rank]) psd_conn_unref(ch->slot_conn[rank]);
         ch->slot_conn[rank] = conn;
         ch->slot_req[rank] = msg->req_id;
         psd_conn_ref(conn);
