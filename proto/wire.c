@@ -33,6 +33,10 @@ const char *ps_msg_type_name(int type)
     static const char *durable[] = {"export_begin", "export_begin_reply", "export_tensor",
                                     "export_tensor_reply", "export_chunk", "export_chunk_reply",
                                     "export_end", "verify", "verify_reply"};
+    static const char *ckpt[] = {"ckpt_begin", "ckpt_begin_reply", "ckpt_arm", "ckpt_arm_reply",
+                                 "ckpt_go", "ckpt_go_reply", "ckpt_status", "ckpt_status_reply",
+                                 "repair", "repair_reply"};
+    if (type >= PS_MSG_CKPT_BEGIN && type < PS_MSG_CKPT_END_) return ckpt[type - PS_MSG_CKPT_BEGIN];
     if (type >= PS_MSG_EXPORT_BEGIN && type < PS_MSG_DURABLE_END_)
         return durable[type - PS_MSG_EXPORT_BEGIN];
     return type >= 0 && type < PS_MSG_MAX_ ? names[type] : "unknown";

@@ -61,14 +61,27 @@ typedef enum {
     PS_MSG_EXPORT_END = 36,
     PS_MSG_VERIFY = 37,
     PS_MSG_VERIFY_REPLY = 38,
-    PS_MSG_DURABLE_END_ = 39
+    PS_MSG_DURABLE_END_ = 39,
+    /* Checkpoints and repair (psctl -> shard; server/checkpoint.c): */
+    PS_MSG_CKPT_BEGIN = 40,
+    PS_MSG_CKPT_BEGIN_REPLY = 41,
+    PS_MSG_CKPT_ARM = 42,
+    PS_MSG_CKPT_ARM_REPLY = 43,
+    PS_MSG_CKPT_GO = 44,
+    PS_MSG_CKPT_GO_REPLY = 45,
+    PS_MSG_CKPT_STATUS = 46,
+    PS_MSG_CKPT_STATUS_REPLY = 47,
+    PS_MSG_REPAIR = 48,
+    PS_MSG_REPAIR_REPLY = 49,
+    PS_MSG_CKPT_END_ = 50
 } ps_msg_type_t;
 
 /** @brief Whether @p type is a known message type. */
 static inline int ps_msg_type_valid(int type)
 {
     return (type > 0 && type < PS_MSG_MAX_) ||
-           (type >= PS_MSG_EXPORT_BEGIN && type < PS_MSG_DURABLE_END_);
+           (type >= PS_MSG_EXPORT_BEGIN && type < PS_MSG_DURABLE_END_) ||
+           (type >= PS_MSG_CKPT_BEGIN && type < PS_MSG_CKPT_END_);
 }
 
 typedef struct {

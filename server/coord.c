@@ -29,6 +29,7 @@
 #define GAP_RING 4096
 #define MAX_LAUNCHERS 32
 #define GRANT_TTL_MS 15000
+#define CKPT_HOLD_MS 10000 /* a checkpoint's hold of the next step ends by itself after this */
 
 typedef struct {
     uint32_t pid;
@@ -80,6 +81,9 @@ struct psd_coord_s {
     launcher_t launchers[MAX_LAUNCHERS];
     int32_t grant_start, grant_stop; /* launches granted and not seen yet */
     uint64_t grant_ms;
+    uint64_t hold_step;        /* psctl checkpoint: steps >= this are not handed out ... */
+    uint64_t hold_ms;          /* ... since this loop time (0: no hold) */
+    bool held;                 /* a hand-out waits for the hold to end */
 };
 
 static bool is_bsp(const psd_server_t *srv) { return srv->m.job.consistency == PS_CONSIST_BSP; }
@@ -152,6 +156,10 @@ static void serve_parked(psd_server_t *srv);
 static void hand_out(psd_server_t *srv)
 {
     psd_coord_t *co = srv->coord;
+    if (co->hold_ms && co->s.step >= co->hold_step) {
+        co->held = true; /* every shard must know the checkpoint's step first */
+        return;
+    }
     uint64_t members = 0;
     uint64_t max = srv->m.job.max_steps;
     for (uint32_t r = 0; r < PS_MAX_RANKS && !(max && co->s.step >= max); r++) {
@@ -435,7 +443,40 @@ void psd_coord_tick(psd_server_t *srv)
         co->grant_start = co->grant_stop = 0; /* launches that never showed up */
         co->grant_ms = 0;
     }
+    if (co->hold_ms && now - co->hold_ms > CKPT_HOLD_MS) {
+        PS_LOG(PS_LOG_WARN, "coord", "checkpoint hold of step %llu not released within %d ms: "
+               "releasing it", (unsigned long long)co->hold_step, CKPT_HOLD_MS);
+        psd_coord_ckpt_release(srv);
+    }
     if (is_bsp(srv)) maybe_restart_step(srv);
+}
+
+/* ---- checkpoints ---------------------------------------------------------------- */
+
+uint64_t psd_coord_ckpt_hold(psd_server_t *srv)
+{
+    psd_coord_t *co = srv->coord;
+    if (!is_bsp(srv)) return UINT64_MAX;
+    /* Steps before the open one are applied everywhere; the open one is being applied while it
+     * has members. Holding the hand-out of the step after it keeps every chunk at or below it. */
+    uint64_t step = co->s.step + (co->s.step_members != 0 && !co->s.finished ? 1 : 0);
+    co->hold_step = step;
+    co->hold_ms = uv_now(srv->loop);
+    if (co->hold_ms == 0) co->hold_ms = 1;
+    PS_LOG(PS_LOG_INFO, "coord", "checkpoint at step %llu: holding later steps until every "
+           "shard knows it", (unsigned long long)step);
+    return step;
+}
+
+void psd_coord_ckpt_release(psd_server_t *srv)
+{
+    psd_coord_t *co = srv->coord;
+    if (co == NULL || co->hold_ms == 0) return;
+    co->hold_ms = 0;
+    if (co->held) {
+        co->held = false;
+        hand_out(srv);
+    }
 }
 
 /* ---- scaling -------------------------------------------------------------------- */

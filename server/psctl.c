@@ -1,7 +1,9 @@
 /* psctl.c: the operator's command line.
  *   psctl --manifest M status [--json]  asks every shard for its state and prints the job
  *                                       (coordinator), the shards and the members
- *   psctl --manifest M scale N          sets the job's desired number of workers */
+ *   psctl --manifest M scale N          sets the job's desired number of workers
+ *   psctl --manifest M checkpoint | restore D | repair --from D | verify --against D
+ *                                       checkpoints (psctl_checkpoint.c) */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -221,13 +223,23 @@ static void usage(FILE *f)
     fprintf(f, "usage: psctl --manifest FILE status [--json] [--timeout S]\n"
                "       psctl --manifest FILE scale N [--timeout S]\n"
                "       psctl --manifest FILE export --out FILE [--wait S] [--timeout S]\n"
-               "       psctl --manifest FILE verify [--timeout S]\n"
+               "       psctl --manifest FILE verify [--against DIR] [--timeout S]\n"
+               "       psctl --manifest FILE checkpoint [--dir DIR] [--wait S] [--timeout S]\n"
+               "       psctl --manifest FILE repair --from DIR [--rollback] [--timeout S]\n"
+               "       psctl --manifest FILE restore DIR\n"
                "  status   the job (epoch, step, desired and actual workers, members) and every\n"
                "           shard's step, tensors, chunks, state size and Merkle root\n"
                "  scale    set the desired number of workers (0..%d); pslaunch instances\n"
                "           started with --follow start or stop workers to match\n"
                "  export   every tensor's parameters at one step as a safetensors file\n"
-               "  verify   every shard rechecks its stored chunks against their hashes\n",
+               "  verify   every shard rechecks its stored chunks against their hashes; with\n"
+               "           --against DIR, the checkpoint's files are rechecked here instead\n"
+               "  checkpoint  every shard copies its store at one step into DIR/shard-K\n"
+               "           (default DIR: <shard 0's data_dir>/../checkpoints/step-S) while\n"
+               "           training goes on; --wait: how long to wait for it (default 600 s)\n"
+               "  repair   rewrite the chunks verify names from checkpoint DIR where it holds\n"
+               "           their version; --rollback prints the commands that restore all\n"
+               "  restore  print the commands that start every shard from checkpoint DIR\n",
             PS_MAX_RANKS);
 }
 
@@ -239,13 +251,18 @@ int main(int argc, char **argv)
                                          {"help", no_argument, 0, 'h'},
                                          {"out", required_argument, 0, 'o'},
                                          {"wait", required_argument, 0, 'w'},
+                                         {"dir", required_argument, 0, 'd'},
+                                         {"against", required_argument, 0, 'a'},
+                                         {"from", required_argument, 0, 'f'},
+                                         {"rollback", no_argument, 0, 'r'},
                                          {0, 0, 0, 0}};
-    const char *manifest = NULL, *out = NULL;
-    double wait = 10;
+    const char *manifest = NULL, *out = NULL, *dir = NULL, *against = NULL, *from = NULL;
+    double wait = -1;
+    int rollback = 0;
     int json = 0, o;
     double timeout = 5;
     ps_log_set_level(NULL);
-    while ((o = getopt_long(argc, argv, "m:jt:ho:w:", opts, NULL)) != -1) {
+    while ((o = getopt_long(argc, argv, "m:jt:ho:w:d:a:f:r", opts, NULL)) != -1) {
         switch (o) {
         case 'm': manifest = optarg; break;
         case 'j': json = 1; break;
@@ -253,12 +270,19 @@ int main(int argc, char **argv)
         case 'h': usage(stdout); return 0;
         case 'o': out = optarg; break;
         case 'w': wait = atof(optarg); break;
+        case 'd': dir = optarg; break;
+        case 'a': against = optarg; break;
+        case 'f': from = optarg; break;
+        case 'r': rollback = 1; break;
         default: usage(stderr); return 2;
         }
     }
     int scale = -1;
-    const char *verb = optind + 1 == argc ? argv[optind] : "";
-    if (manifest && optind + 2 == argc && strcmp(argv[optind], "scale") == 0) {
+    const char *verb = optind + 1 == argc ? argv[optind] : "", *restore = NULL;
+    if (manifest && optind + 2 == argc && strcmp(argv[optind], "restore") == 0) {
+        restore = argv[optind + 1];
+        verb = "restore";
+    } else if (manifest && optind + 2 == argc && strcmp(argv[optind], "scale") == 0) {
         char *end;
         long n = strtol(argv[optind + 1], &end, 10);
         if (*end != '\0' || n < 0 || n > PS_MAX_RANKS) {
@@ -268,9 +292,24 @@ int main(int argc, char **argv)
         }
         scale = (int)n;
         verb = "scale";
-    } else if (manifest == NULL || timeout <= 0 || wait < 0 ||
-               (strcmp(verb, "status") && strcmp(verb, "export") && strcmp(verb, "verify"))) {
+    } else if (manifest == NULL || timeout <= 0 ||
+               (strcmp(verb, "status") && strcmp(verb, "export") && strcmp(verb, "verify") &&
+                strcmp(verb, "checkpoint") && strcmp(verb, "repair"))) {
         usage(stderr);
+        return 2;
+    }
+    if (wait < 0 && wait != -1) {
+        fprintf(stderr, "psctl: --wait %g: expected seconds >= 0\n", wait);
+        return 2;
+    }
+    const char *misplaced = dir && strcmp(verb, "checkpoint") ? "--dir is for checkpoint only"
+                          : against && strcmp(verb, "verify") ? "--against is for verify only"
+                          : from && strcmp(verb, "repair") ? "--from is for repair only"
+                          : rollback && strcmp(verb, "repair") ? "--rollback is for repair only"
+                          : !from && strcmp(verb, "repair") == 0 ? "repair needs --from DIR"
+                          : NULL;
+    if (misplaced) {
+        fprintf(stderr, "psctl: %s\n", misplaced);
         return 2;
     }
     if ((out != NULL) != (strcmp(verb, "export") == 0)) {
@@ -300,8 +339,13 @@ int main(int argc, char **argv)
         printf("desired workers: %d (now %u)\n", scale, rep.workers);
         return 0;
     }
-    if (strcmp(verb, "export") == 0) return psctl_export(&ctl.m, out, timeout, wait);
-    if (strcmp(verb, "verify") == 0) return psctl_verify(&ctl.m, timeout);
+    if (strcmp(verb, "export") == 0) return psctl_export(&ctl.m, out, timeout, wait < 0 ? 10 : wait);
+    if (strcmp(verb, "verify") == 0)
+        return against ? psctl_verify_against(&ctl.m, against) : psctl_verify(&ctl.m, timeout);
+    if (strcmp(verb, "checkpoint") == 0)
+        return psctl_checkpoint(&ctl.m, dir, timeout, wait < 0 ? 600 : wait);
+    if (strcmp(verb, "repair") == 0) return psctl_repair(&ctl.m, from, rollback, timeout);
+    if (strcmp(verb, "restore") == 0) return psctl_restore(&ctl.m, restore);
     ctl.shards = calloc((size_t)ctl.m.nservers, sizeof *ctl.shards);
     if (ctl.shards == NULL || uv_loop_init(&ctl.loop) || ps_ucx_init(&ctl.ucx, &ctl.loop)) {
         fprintf(stderr, "psctl: cannot start the UCX transport\n");

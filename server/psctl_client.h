@@ -34,8 +34,25 @@ int psctl_client_call(psctl_client_t *c, uint32_t shard, ps_msg_t *req, ps_msg_t
 /** @brief Close the endpoints and stop UCX. NULL is a no-op. */
 void psctl_client_close(psctl_client_t *c);
 
-/* The verbs (psctl_export.c); each returns psctl's exit status and prints its own errors. */
+/**
+ * @brief Every tensor's name by id, from shard 0 (psctl_export.c).
+ * @param[out] names  malloc'd array of the returned count (the caller frees it); an id whose
+ *  creation failed has an empty name.
+ * @return the number of ids, or -1 (message printed).
+ */
+int psctl_tensor_names(psctl_client_t *cl, char (**names)[PS_NAME_MAX]);
+
+/* The verbs (psctl_export.c, psctl_checkpoint.c); each returns psctl's exit status and prints
+ * its own errors. */
 int psctl_export(const ps_manifest_t *m, const char *out, double timeout_s, double wait_s);
 int psctl_verify(const ps_manifest_t *m, double timeout_s);
+/** @brief psctl checkpoint [--dir D]: @p dir NULL for the default (see psctl_checkpoint.c). */
+int psctl_checkpoint(const ps_manifest_t *m, const char *dir, double timeout_s, double wait_s);
+/** @brief psctl verify --against D: recheck a checkpoint's files here (no shard is asked). */
+int psctl_verify_against(const ps_manifest_t *m, const char *dir);
+/** @brief psctl repair --from D [--rollback]. */
+int psctl_repair(const ps_manifest_t *m, const char *dir, int rollback, double timeout_s);
+/** @brief psctl restore D: print the commands that start this manifest's shards from D. */
+int psctl_restore(const ps_manifest_t *m, const char *dir);
 
 #endif

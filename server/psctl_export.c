@@ -227,7 +227,7 @@ out:
 
 /* The tensor table's names, by id (from shard 0), for verify's messages. names[id] is "" for
  * an id that does not exist. @return the count, or -1 (message printed). */
-static int tensor_names(psctl_client_t *cl, char (**names)[PS_NAME_MAX])
+int psctl_tensor_names(psctl_client_t *cl, char (**names)[PS_NAME_MAX])
 {
     char err[512];
     ps_msg_t q = {.type = PS_MSG_EXPORT_BEGIN, .rank = -1}, r;
@@ -255,7 +255,7 @@ int psctl_verify(const ps_manifest_t *m, double timeout_s)
         return 1;
     }
     char(*names)[PS_NAME_MAX] = NULL;
-    int nt = tensor_names(cl, &names), failed = 0;
+    int nt = psctl_tensor_names(cl, &names), failed = 0;
     uint64_t checked = 0, bad = 0;
     for (int i = 0; nt >= 0 && i < m->nservers; i++) {
         ps_msg_t q = {.type = PS_MSG_VERIFY, .rank = -1}, r;

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "ps/ps_error.h"
+#include "checkpoint.h"
 #include "export.h"
 #include "integrity.h"
 #include "ps/ps_log.h"
@@ -357,6 +358,10 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
             psd_coord_on_launch(srv, c, &msg);
         return UCS_OK;
     }
+    if (msg.type >= PS_MSG_CKPT_BEGIN && length == 0) { /* psctl checkpoint / repair */
+        psd_ckpt_on_msg(srv, c, &msg);
+        return UCS_OK;
+    }
     if (msg.type >= PS_MSG_EXPORT_BEGIN) { /* psctl export / verify: no hello, no data */
         psd_export_on_msg(srv, c, &msg);
         return UCS_OK;
@@ -427,7 +432,8 @@ static void on_cron(uv_timer_t *h)
 
 void psd_server_maybe_stop(psd_server_t *srv)
 {
-    if (!srv->stopping || !psd_shard_idle(srv) || !psd_export_idle(srv) || !psd_sync_idle(srv))
+    if (!srv->stopping || !psd_shard_idle(srv) || !psd_export_idle(srv) || !psd_sync_idle(srv) ||
+        !psd_ckpt_idle(srv))
         return;
     PS_LOG(PS_LOG_INFO, "server", "shard %u stopping at step %llu", srv->shard,
            (unsigned long long)psd_shard_step(srv));
@@ -445,7 +451,8 @@ static void on_signal(uv_signal_t *h, int signum)
     psd_server_maybe_stop(srv);
 }
 
-int psd_server_run(const ps_manifest_t *m, uint32_t shard, char *err, size_t errlen)
+int psd_server_run(const ps_manifest_t *m, uint32_t shard, const char *restore, char *err,
+                   size_t errlen)
 {
     psd_server_t *srv = calloc(1, sizeof *srv);
     if (srv == NULL) return PS_ENOMEM;
@@ -467,9 +474,17 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, char *err, size_t err
                srv->test_corrupt_pull);
     }
 
+    if (restore &&
+        (rc = psd_restore_check(m, srv->nstate, sc->data_dir, restore, err, errlen)) != 0)
+        goto fail_store;
     rc = psd_store_open(&srv->store, sc->data_dir, m->map_size_mb, m->cluster, m->chunk_bytes,
                         srv->nstate, err, errlen);
     if (rc) goto fail_store;
+    if (restore && (rc = psd_restore_fill(srv, restore, err, errlen)) != 0) {
+        psd_store_close(&srv->store);
+        psd_restore_undo(sc->data_dir); /* empty again: the same command may be tried again */
+        goto fail_store;
+    }
     if ((rc = psd_shard_load(srv)) != 0) {
         snprintf(err, errlen, "%s: cannot read the shard store: %s", sc->data_dir,
                  ps_strerror(rc));
@@ -535,7 +550,8 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, char *err, size_t err
 
     /* Stopping: pushes and declares are no longer taken. A job started in this last loop
      * iteration must end before anything it reads is freed. */
-    while (srv->job_running || !psd_export_idle(srv) || !psd_sync_idle(srv))
+    while (srv->job_running || srv->slot_running || !psd_export_idle(srv) ||
+           !psd_sync_idle(srv) || !psd_ckpt_idle(srv))
         uv_run(srv->loop, UV_RUN_ONCE);
     ucp_listener_destroy(srv->listener);
     for (;;) {
@@ -546,7 +562,7 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, char *err, size_t err
         conn_close_ep(srv, c);
         c->refs--;
     }
-    while (srv->job_running) uv_run(srv->loop, UV_RUN_ONCE);
+    while (srv->job_running || srv->slot_running) uv_run(srv->loop, UV_RUN_ONCE);
     for (psd_snap_t *sn = srv->snap; sn; sn = NULL) {
         mdb_txn_abort(sn->txn);
         free(sn);
@@ -562,6 +578,7 @@ fail_ucx:
 fail_shard:
     psd_coord_free(srv);
     psd_export_free(srv);
+    psd_ckpt_free(srv);
     psd_shard_free(srv);
     psd_store_close(&srv->store);
 fail_store:

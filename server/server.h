@@ -145,6 +145,19 @@ typedef struct {
 
 typedef struct psd_coord_s psd_coord_t;
 
+/* Work that must run alone in the store-job slot (checkpoint snapshots, chunk repairs):
+ * queued with psd_shard_slot_queue(), it runs on the pool after the store job in progress and
+ * before any other store job. The caller owns the struct; it must live until done ran. */
+typedef struct psd_slot_work_s psd_slot_work_t;
+typedef void (*psd_slot_work_cb)(psd_slot_work_t *w);
+struct psd_slot_work_s {
+    uv_work_t work;
+    psd_server_t *srv;
+    psd_slot_work_cb run;      /* on a pool thread, while no store job runs */
+    psd_slot_work_cb done;     /* on the loop thread, after run */
+    psd_slot_work_t *next;
+};
+
 struct psd_server_s {
     ps_manifest_t m;
     uint32_t shard, nshards;
@@ -170,6 +183,9 @@ struct psd_server_s {
     psd_job_t job;
     uint32_t cap_items;        /* capacity of job.items */
     bool job_running;
+    psd_slot_work_t *slot_head, *slot_tail; /* psd_shard_slot_queue: waiting for the slot */
+    bool slot_running;
+    struct psd_ckpt_s *ckpt;   /* checkpoint and repair state (checkpoint.c), NULL until used */
     psd_snap_t *snap;          /* current pull snapshot, NULL until needed */
     ps_merkle_t merkle;        /* over the chunk hashes (integrity.c) */
     struct psd_export_s *xp;   /* export sessions and verify jobs (export.c), NULL until used */
@@ -219,6 +235,11 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
 void psd_shard_on_pull(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg);
 /** @brief Forget @p conn in waiting lists (it died). */
 void psd_shard_drop_conn(psd_server_t *srv, psd_conn_t *conn);
+/**
+ * @brief Queue @p w for the store-job slot (see psd_slot_work_t); w->srv, run and done must be
+ *  set. @note @p w is borrowed until its done callback has run.
+ */
+void psd_shard_slot_queue(psd_server_t *srv, psd_slot_work_t *w);
 /** @brief True when no store job runs or waits. */
 bool psd_shard_idle(psd_server_t *srv);
 /** @brief Append this shard's tensors and chunks as JSON members to @p out (status). */
@@ -250,6 +271,15 @@ void psd_coord_on_gone(psd_server_t *srv, psd_conn_t *c, const char *why);
 void psd_coord_tick(psd_server_t *srv);
 /** @brief Append the coordinator's members, epoch, step and batches as JSON members. */
 void psd_coord_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len);
+/**
+ * @brief psctl checkpoint: pick the checkpoint's step and hold the hand-out of later steps until
+ *  psd_coord_ckpt_release() (or CKPT_HOLD_MS), so that every shard learns the step before any
+ *  of its chunks can pass it. bsp: the open step + 1 while it has members, else the open step
+ *  (nothing is being applied). asp / ssp: UINT64_MAX (no common step: each shard now).
+ */
+uint64_t psd_coord_ckpt_hold(psd_server_t *srv);
+/** @brief Release the hold of psd_coord_ckpt_hold() (a no-op without one). */
+void psd_coord_ckpt_release(psd_server_t *srv);
 /** @brief The coordinator's state as bytes for the store (written with each apply). */
 const void *psd_coord_state(psd_server_t *srv, size_t *len);
 

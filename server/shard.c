@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checkpoint.h"
 #include "crc32c.h"
 #include "init.h"
 #include "integrity.h"
@@ -262,7 +263,8 @@ void psd_shard_learn_view(psd_server_t *srv, uint64_t epoch, uint64_t from_step,
 
 bool psd_shard_idle(psd_server_t *srv)
 {
-    return !srv->job_running && srv->ready_head == NULL && srv->ncreate == 0;
+    return !srv->job_running && !srv->slot_running && srv->slot_head == NULL &&
+           srv->ready_head == NULL && srv->ncreate == 0;
 }
 
 /* ---- waiting requests ---------------------------------------------------- */
@@ -1060,9 +1062,10 @@ static void job_done(uv_work_t *w, int status)
             chunk_maybe_ready(srv, ch);
         }
     }
+    psd_ckpt_after_job(srv); /* a checkpoint waiting for this step takes its snapshot next */
     srv->job_running = false;
     job_start_next(srv);
-    if (!srv->job_running) psd_server_maybe_stop(srv);
+    if (!srv->job_running && !srv->slot_running) psd_server_maybe_stop(srv);
 }
 
 static void drop_slot(psd_chunk_t *ch, uint32_t r)
@@ -1083,9 +1086,59 @@ static int job_hashes_reserve(psd_job_t *job, uint32_t n)
     return 0;
 }
 
+/* ---- the slot for other exclusive work ------------------------------------ */
+
+static void slot_work(uv_work_t *w)
+{
+    psd_slot_work_t *s = w->data;
+    s->run(s);
+}
+
+static void slot_done(uv_work_t *w, int status)
+{
+    psd_slot_work_t *s = w->data;
+    psd_server_t *srv = s->srv;
+    srv->slot_running = false;
+    s->done(s); /* may free s */
+    job_start_next(srv);
+    if (!srv->job_running && !srv->slot_running) psd_server_maybe_stop(srv);
+}
+
+void psd_shard_slot_queue(psd_server_t *srv, psd_slot_work_t *w)
+{
+    w->next = NULL;
+    if (srv->slot_tail)
+        srv->slot_tail->next = w;
+    else
+        srv->slot_head = w;
+    srv->slot_tail = w;
+    job_start_next(srv);
+}
+
+/* Run the first queued slot work if the slot is free. @return true when it started. */
+static bool slot_start(psd_server_t *srv)
+{
+    psd_slot_work_t *s = srv->slot_head;
+    if (s == NULL) return false;
+    srv->slot_head = s->next;
+    if (srv->slot_head == NULL) srv->slot_tail = NULL;
+    s->work.data = s;
+    srv->slot_running = true;
+    int rc = uv_queue_work(srv->loop, &s->work, slot_work, slot_done);
+    if (rc) { /* run it here rather than lose it: the slot is ours anyway */
+        PS_LOG(PS_LOG_ERROR, "shard", "uv_queue_work: %s", uv_strerror(rc));
+        s->run(s);
+        srv->slot_running = false;
+        s->done(s);
+        return false;
+    }
+    return true;
+}
+
 static void job_start_next(psd_server_t *srv)
 {
-    if (srv->job_running) return;
+    if (srv->job_running || srv->slot_running) return;
+    if (slot_start(srv)) return;
     psd_job_t *job = &srv->job;
     job->srv = srv;
     job->rc = 0;

@@ -34,7 +34,7 @@ static uint32_t rd32(const uint8_t *p)
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
 }
 
-static int mkdir_p(const char *dir)
+int psd_store_mkdir_p(const char *dir)
 {
     char tmp[1024];
     snprintf(tmp, sizeof tmp, "%s", dir);
@@ -180,7 +180,7 @@ int psd_store_open(psd_store_t *st, const char *dir, uint64_t map_mb, const char
     memset(st, 0, sizeof *st);
     st->lockfd = -1;
     snprintf(st->dir, sizeof st->dir, "%s", dir);
-    int rc = mkdir_p(dir);
+    int rc = psd_store_mkdir_p(dir);
     if (rc) {
         snprintf(err, errlen, "%s: cannot create data_dir: %s", dir, strerror(-rc));
         return rc;

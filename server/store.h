@@ -73,6 +73,9 @@ int psd_store_open(psd_store_t *st, const char *dir, uint64_t map_mb, const char
                    uint64_t meta_chunk_bytes, uint32_t nstate, char *err, size_t errlen);
 void psd_store_close(psd_store_t *st);
 
+/** @brief mkdir -p @p dir (mode 0700 for what it creates). @return 0 or -errno. */
+int psd_store_mkdir_p(const char *dir);
+
 typedef void (*psd_store_tensor_cb)(void *arg, const ps_decl_t *d);
 typedef void (*psd_store_chunk_cb)(void *arg, uint32_t t, uint32_t c, const psd_chunk_hdr_t *h);
 

@@ -19,6 +19,12 @@
  * (e) sync_interval_s: a shard fsyncs its store on that cadence and says when it last did in
  *     psctl status; without the key it reports interval 0 and no sync yet.
  *
+ * (f) Checkpoints: psctl checkpoint during training writes every shard's store at one step;
+ *     psd --restore fills fresh shards from it, onto 3 and onto 1 shards, with parameters equal
+ *     to psworker --local's at that step bit for bit, and training goes on from there; psctl
+ *     verify --against rechecks the files and reports the roots the live cluster reports at
+ *     that step; psctl repair --from rewrites a corrupted chunk from the checkpoint.
+ *
  * The tests assert behaviour, never timings (see CL_BUDGET_S in cluster.h). */
 #include <check.h>
 #include <lmdb.h>
@@ -117,17 +123,24 @@ START_TEST(test_crc_always_corrupt_fails)
 }
 END_TEST
 
-/* Run psctl with @p args (NULL-terminated, after --manifest M) and wait for exit code @p code;
- * returns the process (its log holds the output). */
-static cl_proc_t *psctl(cl_cluster_t *c, const char *name, int code, const char *const *args)
+/* Run psctl with @p args (NULL-terminated, after --manifest MANIFEST) and wait for exit code
+ * @p code; returns the process (its log holds the output). */
+static cl_proc_t *psctl_m(cl_cluster_t *c, const char *manifest, const char *name, int code,
+                          const char *const *args)
 {
-    char *argv[24] = {(char *)cl_binary("PSCTL"), "--manifest", c->manifest};
+    char *argv[24] = {(char *)cl_binary("PSCTL"), "--manifest", (char *)manifest};
     int n = 3;
     for (; args[n - 3] && n < 23; n++) argv[n] = (char *)args[n - 3];
     argv[n] = NULL;
     cl_proc_t *p = cl_spawn(c, name, argv);
     EXPECT_EXIT(p, code);
     return p;
+}
+
+/* psctl_m() with the cluster's manifest. */
+static cl_proc_t *psctl(cl_cluster_t *c, const char *name, int code, const char *const *args)
+{
+    return psctl_m(c, c->manifest, name, code, args);
 }
 
 /* The "merkle_root" of shard @p shard in psctl status --json output @p p, into @p out[17]. */
@@ -381,6 +394,244 @@ START_TEST(test_sync_interval_reported)
 }
 END_TEST
 
+/* ---- (f) checkpoints ---------------------------------------------------------------------- */
+
+/* Shard 0's "open_step" in psctl status --json. */
+static uint64_t open_step(cl_cluster_t *c, const char *manifest)
+{
+    const char *args[] = {"status", "--json", NULL};
+    cl_proc_t *p = psctl_m(c, manifest, "status-step", 0, args);
+    char *log = cl_log(p), v[32] = "0";
+    const char *o = strstr(log, "\"open_step\": ");
+    if (o) json_field(o, "open_step", v, sizeof v);
+    free(log);
+    return strtoull(v, NULL, 10);
+}
+
+/* The step in psctl checkpoint's last line "psctl: checkpoint at step S in ...". */
+static uint64_t ckpt_step(const cl_proc_t *p)
+{
+    char *log = cl_log(p);
+    const char *s = strstr(log, "psctl: checkpoint at step ");
+    ck_assert_msg(s != NULL, "no checkpoint line in %s", log);
+    uint64_t step = strtoull(s + strlen("psctl: checkpoint at step "), NULL, 10);
+    free(log);
+    return step;
+}
+
+/* Start shards 0..n-1 of @p manifest with --restore @p dir. */
+static void restore_start(cl_cluster_t *c, const char *manifest, int n, const char *dir,
+                          cl_proc_t **psd)
+{
+    for (int i = 0; i < n; i++) {
+        char shard[8];
+        snprintf(shard, sizeof shard, "%d", i);
+        char *argv[] = {(char *)cl_binary("PSD"), "--manifest", (char *)manifest, "--shard", shard,
+                        "--restore", (char *)dir, "--log-level", "info", NULL};
+        char name[32];
+        snprintf(name, sizeof name, "restored%d-%d", n, i);
+        psd[i] = cl_spawn(c, name, argv);
+    }
+    for (int i = 0; i < n; i++) ck_assert_int_eq(cl_wait_log(psd[i], "listening on", READY_S), 0);
+}
+
+/* Move the cluster's data_dirs aside (so that they are empty for a restore). */
+static void data_dirs_aside(cl_cluster_t *c, const char *tag)
+{
+    for (int i = 0; i < c->conf.shards; i++) {
+        char to[CL_PATH + 32];
+        snprintf(to, sizeof to, "%s.%s", c->data_dir[i], tag);
+        rename(c->data_dir[i], to);
+    }
+}
+
+START_TEST(test_checkpoint_restore_reshard)
+{
+    cl_conf_t k3 = {.shards = 3, .workers = 1, .optimizer = "{name: adam, lr: 0.001}",
+                    .layers = "[784, 64, 10]", .chunk_bytes = 16384, .batch_size = 32,
+                    .epochs = 3};
+    cl_cluster_t *c = cl_cluster_create(&k3);
+    cl_conf_t k2 = k3;
+    k2.shards = 2;
+    char train[CL_PATH], ckdir[CL_PATH];
+    cl_manifest_write(c, "train.yaml", &k2, train, sizeof train);
+    cl_path(c, "ckpt", ckdir, sizeof ckdir);
+    cl_proc_t *psd[3] = {cl_psd_start(c, 0, train, READY_S), cl_psd_start(c, 1, train, READY_S)};
+    cl_proc_t *w = cl_worker_start(c, train, NULL, false);
+    while (open_step(c, train) < 5 && cl_left(c) > 20) {
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    const char *ck[] = {"checkpoint", "--dir", ckdir, NULL};
+    cl_proc_t *cp = psctl_m(c, train, "checkpoint", 0, ck);
+    uint64_t s = ckpt_step(cp);
+    ck_assert_uint_ge(s, 5);
+    EXPECT_LOG(cp, "shard 1: step ");
+    /* Training goes on past the checkpoint, then stops. */
+    while (open_step(c, train) < s + 5 && cl_left(c) > 20) {
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    ck_assert_int_eq(cl_signal(w, SIGTERM), 0);
+    cl_wait(w, RUN_S);
+    stop_all(psd, 2);
+    data_dirs_aside(c, "trained");
+
+    /* The reference: one process computing every step up to s. */
+    cl_conf_t kr = k2;
+    kr.max_steps = s;
+    char refm[CL_PATH], out[CL_PATH];
+    cl_manifest_write(c, "ref.yaml", &kr, refm, sizeof refm);
+    cl_proc_t *ref = cl_worker_start(c, refm, "ref.params", true);
+    EXPECT_EXIT(ref, 0);
+
+    /* Onto 3 shards: the same parameters; then a worker joins and trains on to s + 10. */
+    cl_conf_t kc = k3;
+    kc.max_steps = s + 10;
+    char m3[CL_PATH];
+    cl_manifest_write(c, "three.yaml", &kc, m3, sizeof m3);
+    restore_start(c, m3, 3, ckdir, psd);
+    EXPECT_LOG(psd[0], "taken on 2 shards");
+    cl_path(c, "three.safetensors", out, sizeof out);
+    const char *ex[] = {"export", "--out", out, NULL};
+    psctl_m(c, m3, "export3", 0, ex);
+    expect_safetensors(out, ref->params, c->cluster_name);
+    cl_proc_t *w3 = cl_worker_start(c, m3, NULL, false);
+    EXPECT_EXIT(w3, 0);
+    ck_assert_uint_eq(open_step(c, m3), s + 10);
+    stop_all(psd, 3);
+    data_dirs_aside(c, "three");
+
+    /* Onto 1 shard: the same parameters again. */
+    cl_conf_t k1 = k3;
+    k1.shards = 1;
+    char m1[CL_PATH];
+    cl_manifest_write(c, "one.yaml", &k1, m1, sizeof m1);
+    restore_start(c, m1, 1, ckdir, psd);
+    cl_path(c, "one.safetensors", out, sizeof out);
+    psctl_m(c, m1, "export1", 0, ex);
+    expect_safetensors(out, ref->params, c->cluster_name);
+    stop_all(psd, 1);
+
+    /* Bad input: a data_dir that is not empty, another chunk size, another optimizer. */
+    char shard0[] = "0";
+    char *argv[] = {(char *)cl_binary("PSD"), "--manifest", m1, "--shard", shard0, "--restore",
+                    ckdir, NULL};
+    cl_proc_t *b = cl_spawn(c, "restore-nonempty", argv);
+    EXPECT_EXIT(b, 1);
+    EXPECT_LOG(b, "is not empty");
+    data_dirs_aside(c, "one");
+    cl_conf_t kb = k1;
+    kb.chunk_bytes = 32768;
+    char mb[CL_PATH];
+    cl_manifest_write(c, "bad-chunk.yaml", &kb, mb, sizeof mb);
+    argv[2] = mb;
+    b = cl_spawn(c, "restore-chunk", argv);
+    EXPECT_EXIT(b, 1);
+    EXPECT_LOG(b, "the checkpoint has chunk_bytes 16384, this manifest 32768");
+    kb = k1;
+    kb.optimizer = "{name: sgd, lr: 0.05}";
+    cl_manifest_write(c, "bad-opt.yaml", &kb, mb, sizeof mb);
+    b = cl_spawn(c, "restore-opt", argv);
+    EXPECT_EXIT(b, 1);
+    EXPECT_LOG(b, "the checkpoint's optimizer adam keeps 2 state floats per parameter");
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+/* Two shards (adam) trained by one worker to step 20, where the job stops. */
+static cl_cluster_t *trained_to_20(cl_proc_t **psd)
+{
+    cl_conf_t k = {.shards = 2, .workers = 1, .optimizer = "{name: adam, lr: 0.001}",
+                   .max_steps = 20};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    psd[0] = cl_psd_start(c, 0, NULL, READY_S);
+    psd[1] = cl_psd_start(c, 1, NULL, READY_S);
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    EXPECT_EXIT(w, 0);
+    return c;
+}
+
+/* A checkpoint at the step where training stopped has the roots the live shards report; verify
+ * --against rechecks the files and names a changed record. The default directory is used. */
+START_TEST(test_checkpoint_verify_against)
+{
+    cl_proc_t *psd[2];
+    cl_cluster_t *c = trained_to_20(psd);
+    const char *ck[] = {"checkpoint", NULL};
+    cl_proc_t *cp = psctl(c, "checkpoint", 0, ck);
+    ck_assert_uint_eq(ckpt_step(cp), 20);
+    char dir[CL_PATH + 64];
+    snprintf(dir, sizeof dir, "%s/../checkpoints/step-20", c->data_dir[0]);
+    char want[CL_PATH + 80];
+    snprintf(want, sizeof want, "in %s: ", dir);
+    EXPECT_LOG(cp, want);
+    /* A second checkpoint into the same directory is refused. */
+    cl_proc_t *again = psctl(c, "checkpoint-again", 1, ck);
+    EXPECT_LOG(again, "already holds a checkpoint");
+    const char *json[] = {"status", "--json", NULL};
+    cl_proc_t *st = psctl(c, "status", 0, json);
+    char r0[17], r1[17], line[128];
+    root_of(st, 0, r0);
+    root_of(st, 1, r1);
+    const char *va[] = {"verify", "--against", dir, NULL};
+    cl_proc_t *v = psctl(c, "verify-against", 0, va);
+    snprintf(line, sizeof line, "checkpoint shard 0: step 20, ");
+    EXPECT_LOG(v, line);
+    snprintf(line, sizeof line, "merkle_root %s (as recorded)", r0);
+    EXPECT_LOG(v, line);
+    snprintf(line, sizeof line, "merkle_root %s (as recorded)", r1);
+    EXPECT_LOG(v, line);
+    EXPECT_LOG(v, ", 0 mismatches\n");
+    stop_all(psd, 2);
+    /* Flip bytes of one record in the checkpoint's copy: verify --against names it. */
+    for (int j = 0; j < 2; j++) /* corrupt_chunk() changes the record in these */
+        snprintf(c->data_dir[j], sizeof c->data_dir[j], "%.900s/shard-%d", dir, j);
+    int s = corrupt_chunk(c, 0, 1);
+    cl_proc_t *v2 = psctl(c, "verify-against2", 1, va);
+    snprintf(line, sizeof line, "psctl: verify: checkpoint shard %d: tensor 'fc1.weight' chunk 1: "
+             "version 20 stored ", s);
+    EXPECT_LOG(v2, line);
+    EXPECT_LOG(v2, ", 1 mismatch\n");
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+/* One chunk's stored bytes changed (psd stopped): verify names it, repair --from a checkpoint
+ * at the same step rewrites it, and verify is clean again. */
+START_TEST(test_repair_from_checkpoint)
+{
+    cl_proc_t *psd[2];
+    cl_cluster_t *c = trained_to_20(psd);
+    char dir[CL_PATH];
+    cl_path(c, "ckpt", dir, sizeof dir);
+    const char *ck[] = {"checkpoint", "--dir", dir, NULL};
+    psctl(c, "checkpoint", 0, ck);
+    stop_all(psd, 2);
+    int s = corrupt_chunk(c, 0, 1);
+    psd[0] = cl_psd_start(c, 0, NULL, READY_S);
+    psd[1] = cl_psd_start(c, 1, NULL, READY_S);
+    const char *vf[] = {"verify", NULL};
+    cl_proc_t *v1 = psctl(c, "verify1", 1, vf);
+    ck_assert_int_eq(count_in_log(v1, "psctl: verify: shard "), 1);
+    const char *rp[] = {"repair", "--from", dir, NULL};
+    cl_proc_t *r = psctl(c, "repair", 0, rp);
+    char want[256];
+    snprintf(want, sizeof want, "psctl: repair: shard %d: tensor 'fc1.weight' chunk 1 repaired at "
+             "version 20 from ", s);
+    EXPECT_LOG(r, want);
+    EXPECT_LOG(r, "psctl: repair: 1 chunk repaired, 0 not repairable");
+    cl_proc_t *v2 = psctl(c, "verify2", 0, vf);
+    EXPECT_LOG(v2, ", 0 mismatches\n");
+    /* Bad input: repair without --from. */
+    const char *bad[] = {"repair", NULL};
+    cl_proc_t *b = psctl(c, "repair-bad", 2, bad);
+    EXPECT_LOG(b, "repair needs --from DIR");
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("integrity");
@@ -391,5 +642,8 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("export_matches_local", test_export_matches_local));
     suite_add_tcase(s, tcase("verify_names_corrupt_chunk", test_verify_names_corrupt_chunk));
     suite_add_tcase(s, tcase("sync_interval_reported", test_sync_interval_reported));
+    suite_add_tcase(s, tcase("checkpoint_restore_reshard", test_checkpoint_restore_reshard));
+    suite_add_tcase(s, tcase("checkpoint_verify_against", test_checkpoint_verify_against));
+    suite_add_tcase(s, tcase("repair_from_checkpoint", test_repair_from_checkpoint));
     return s;
 }

@@ -1,0 +1,615 @@
+/* checkpoint.c: consistent checkpoints and chunk repair, the shard's side (see checkpoint.h). */
+#include <errno.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <xxhash.h>
+
+#include "checkpoint.h"
+#include "integrity.h"
+#include "ps/ps_error.h"
+#include "ps/ps_log.h"
+
+#define COPY_COMMIT_BYTES (64u << 20) /* commit the copy every this many bytes */
+
+enum { CK_IDLE = 0, CK_ARMED, CK_SNAP, CK_COPYING, CK_DONE, CK_FAILED };
+
+typedef struct {
+    uint32_t t, c;
+    uint64_t version, hash;
+} ck_chunk_t;
+
+typedef struct {
+    uint32_t id;
+    ps_decl_t d;
+} ck_tensor_t;
+
+struct psd_ckpt_s {
+    psd_server_t *srv;
+    int state;                 /* CK_* */
+    uint64_t step;             /* the version every chunk must reach; UINT64_MAX: now */
+    char dir[1100];            /* D/shard-K */
+    psd_slot_work_t slot;      /* takes the snapshot */
+    uv_work_t copy;
+    MDB_txn *txn;              /* the snapshot, from the slot job until the copy ends */
+    uint64_t t0_ms, ms;        /* arm time; arm to done */
+    uint64_t bytes, nchunks, vmin, vmax;
+    int rc;
+    char err[512];
+    int repairing;             /* repair jobs queued or running */
+};
+
+typedef struct {
+    psd_slot_work_t slot;
+    psd_server_t *srv;
+    psd_conn_t *conn;
+    uint64_t req_id, version, hash;
+    uint32_t t, c;
+    char from[256];            /* the checkpoint's directory */
+    uint32_t from_shard;       /* its shard-J that holds the chunk */
+    int rc;
+    char err[400];
+} repair_t;
+
+static struct psd_ckpt_s *state(psd_server_t *srv)
+{
+    if (srv->ckpt == NULL && (srv->ckpt = calloc(1, sizeof *srv->ckpt)) != NULL)
+        srv->ckpt->srv = srv;
+    return srv->ckpt;
+}
+
+bool psd_ckpt_idle(psd_server_t *srv)
+{
+    struct psd_ckpt_s *ck = srv->ckpt;
+    return ck == NULL || ((ck->state != CK_SNAP && ck->state != CK_COPYING) && !ck->repairing);
+}
+
+void psd_ckpt_free(psd_server_t *srv)
+{
+    if (srv->ckpt && srv->ckpt->txn) mdb_txn_abort(srv->ckpt->txn);
+    free(srv->ckpt);
+    srv->ckpt = NULL;
+}
+
+static void fail(struct psd_ckpt_s *ck, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void fail(struct psd_ckpt_s *ck, int rc, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ck->err, sizeof ck->err, fmt, ap);
+    va_end(ap);
+    ck->rc = rc;
+}
+
+/* ---- the copy (pool thread) ------------------------------------------------------------ */
+
+typedef struct {
+    ck_chunk_t *chunks;
+    size_t nchunks, cap;
+    ck_tensor_t *tensors;
+    size_t ntensors, tcap;
+    bool has_job;
+} inventory_t;
+
+static int grow(void **p, size_t *cap, size_t n, size_t elem)
+{
+    if (n < *cap) return 0;
+    size_t nc = *cap ? 2 * *cap : 256;
+    void *q = realloc(*p, nc * elem);
+    if (q == NULL) return PS_ENOMEM;
+    *p = q;
+    *cap = nc;
+    return 0;
+}
+
+static uint64_t first_chunk_of(const inventory_t *inv, uint32_t t)
+{
+    for (size_t i = 0; i < inv->ntensors; i++)
+        if (inv->tensors[i].id == t) return inv->tensors[i].d.first_chunk;
+    return UINT64_MAX;
+}
+
+static const inventory_t *sort_inv;
+static int by_ordinal(const void *a, const void *b)
+{
+    const ck_chunk_t *x = a, *y = b;
+    uint64_t ox = first_chunk_of(sort_inv, x->t) + x->c, oy = first_chunk_of(sort_inv, y->t) + y->c;
+    return ox < oy ? -1 : ox > oy;
+}
+
+/* The Merkle root over the inventory's chunk hashes in global ordinal order, as the shard's
+ * tree computes it (integrity.c). Sorts inv->chunks. */
+static uint64_t inv_root(inventory_t *inv)
+{
+    sort_inv = inv; /* one copy runs at a time per process */
+    qsort(inv->chunks, inv->nchunks, sizeof *inv->chunks, by_ordinal);
+    uint64_t *h = malloc((inv->nchunks ? inv->nchunks : 1) * sizeof *h);
+    if (h == NULL) return 0;
+    for (size_t i = 0; i < inv->nchunks; i++) h[i] = inv->chunks[i].hash;
+    uint64_t root = ps_merkle_root_of(h, inv->nchunks);
+    free(h);
+    return root;
+}
+
+static uint64_t file_xxh3(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) return 0;
+    XXH3_state_t *s = XXH3_createState();
+    XXH3_64bits_reset(s);
+    char buf[65536];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) XXH3_64bits_update(s, buf, n);
+    uint64_t h = XXH3_64bits_digest(s);
+    XXH3_freeState(s);
+    fclose(f);
+    return h;
+}
+
+/* A JSON string body: names are [printable ASCII] in practice; anything else becomes '?'. */
+static void json_safe(char *out, size_t cap, const char *s)
+{
+    size_t n = 0;
+    for (; *s && n + 3 < cap; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\') out[n++] = '\\';
+        out[n++] = ch < 0x20 || ch > 0x7e ? '?' : (char)ch;
+    }
+    out[n] = '\0';
+}
+
+/*
+ * meta.json: {"format": 1, "step", "step_max" (lowest and highest chunk version: equal under
+ * bsp), "consistency", "cluster", "manifest" (its path) and "manifest_xxh3" (of its bytes),
+ * "shard", "nshards", "chunk_bytes", "optimizer", "optimizer_state" (floats per parameter),
+ * "coordinator" (the job blob is in this copy), "records_bytes", "merkle_root",
+ * "tensors": [{"id", "name", "shape", "first_chunk"}], "chunks": [[tensor, chunk, version,
+ * "xxh3"], ...] one per line, in ordinal order}. Written as meta.json.tmp, fsynced, renamed.
+ */
+static int meta_write(psd_server_t *srv, struct psd_ckpt_s *ck, inventory_t *inv,
+                      uint64_t rec_bytes)
+{
+    char path[1200], tmp[1210], name[2 * PS_NAME_MAX + 2], cl[300], mp[2100];
+    uint64_t root = inv_root(inv);
+    snprintf(path, sizeof path, "%s/%s", ck->dir, PSD_CKPT_META);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (f == NULL) return -errno;
+    json_safe(cl, sizeof cl, srv->m.cluster);
+    json_safe(mp, sizeof mp, srv->m.path);
+    fprintf(f,
+            "{\"format\": 1, \"step\": %llu, \"step_max\": %llu, \"consistency\": \"%s\", "
+            "\"cluster\": \"%s\", \"manifest\": \"%s\", \"manifest_xxh3\": \"%016llx\", "
+            "\"shard\": %u, \"nshards\": %u, \"chunk_bytes\": %llu, \"optimizer\": \"%s\", "
+            "\"optimizer_state\": %u, \"coordinator\": %s, \"records_bytes\": %llu, "
+            "\"merkle_root\": \"%016llx\",\n\"tensors\": [",
+            (unsigned long long)ck->vmin, (unsigned long long)ck->vmax,
+            ps_consistency_name(srv->m.job.consistency), cl, mp,
+            (unsigned long long)file_xxh3(srv->m.path), srv->shard, srv->nshards,
+            (unsigned long long)srv->m.chunk_bytes, ps_optim_name(srv->m.job.optimizer.name),
+            srv->nstate, inv->has_job ? "true" : "false", (unsigned long long)rec_bytes,
+            (unsigned long long)root);
+    for (size_t i = 0; i < inv->ntensors; i++) {
+        const ps_decl_t *d = &inv->tensors[i].d;
+        json_safe(name, sizeof name, d->name);
+        fprintf(f, "%s\n {\"id\": %u, \"name\": \"%s\", \"shape\": [", i ? "," : "", d->id, name);
+        for (int k = 0; k < d->ndim; k++) fprintf(f, "%s%u", k ? ", " : "", d->shape[k]);
+        fprintf(f, "], \"first_chunk\": %llu}", (unsigned long long)d->first_chunk);
+    }
+    fprintf(f, "],\n\"chunks\": [");
+    for (size_t i = 0; i < inv->nchunks; i++) {
+        const ck_chunk_t *c = &inv->chunks[i];
+        fprintf(f, "%s\n [%u, %u, %llu, \"%016llx\"]", i ? "," : "", c->t, c->c,
+                (unsigned long long)c->version, (unsigned long long)c->hash);
+    }
+    fprintf(f, "]}\n");
+    int rc = fflush(f) || fsync(fileno(f)) ? -errno : 0;
+    if (fclose(f) && rc == 0) rc = -errno;
+    if (rc == 0 && rename(tmp, path)) rc = -errno;
+    return rc;
+}
+
+static void copy_work(uv_work_t *w)
+{
+    struct psd_ckpt_s *ck = w->data;
+    psd_server_t *srv = ck->srv;
+    inventory_t inv = {0};
+    MDB_env *dst = NULL;
+    MDB_txn *dt = NULL;
+    MDB_dbi ddbi;
+    MDB_cursor *cur = NULL;
+    uint64_t rec_bytes = 0, pending = 0;
+    int rc = psd_store_mkdir_p(ck->dir);
+    if (rc) {
+        fail(ck, rc, "%s: cannot create it: %s", ck->dir, strerror(-rc));
+        goto out;
+    }
+    if ((rc = mdb_env_create(&dst)) != 0 ||
+        (rc = mdb_env_set_mapsize(dst, (size_t)srv->m.map_size_mb << 20)) != 0 ||
+        (rc = mdb_env_open(dst, ck->dir, MDB_NOSYNC, 0600)) != 0 ||
+        (rc = mdb_txn_begin(dst, NULL, 0, &dt)) != 0 || (rc = mdb_dbi_open(dt, NULL, 0, &ddbi)) != 0 ||
+        (rc = mdb_cursor_open(ck->txn, srv->store.dbi, &cur)) != 0) {
+        fail(ck, PS_ESTORE, "%s: cannot write the copy: %s", ck->dir, mdb_strerror(rc));
+        goto out;
+    }
+    MDB_val k, v;
+    ck->vmin = UINT64_MAX;
+    ck->vmax = 0;
+    for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0;
+         rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+        const uint8_t *kp = k.mv_data;
+        if (k.mv_size == 9 && kp[0] == 'C') {
+            const psd_chunk_hdr_t *h = v.mv_data;
+            uint32_t t = psd_ckpt_rd32(kp + 1), c = psd_ckpt_rd32(kp + 5);
+            if (v.mv_size < sizeof *h || v.mv_size != psd_chunk_bytes(h->n, h->nstate) ||
+                h->format != PSD_CHUNK_FORMAT) {
+                fail(ck, PS_ESTORE, "chunk %u/%u: malformed record of %zu bytes", t, c, v.mv_size);
+                goto out;
+            }
+            /* Never checkpoint corruption at rest: the bytes must still match their hash. */
+            if (psd_store_chunk_hash(h) != h->hash) {
+                fail(ck, PS_ESTORE, "chunk %u/%u (version %llu): stored bytes do not match "
+                     "their hash; run psctl verify and repair first", t, c,
+                     (unsigned long long)h->version);
+                goto out;
+            }
+            if ((rc = grow((void **)&inv.chunks, &inv.cap, inv.nchunks, sizeof *inv.chunks))) {
+                fail(ck, rc, "out of memory");
+                goto out;
+            }
+            inv.chunks[inv.nchunks++] = (ck_chunk_t){t, c, h->version, h->hash};
+            if (h->version < ck->vmin) ck->vmin = h->version;
+            if (h->version > ck->vmax) ck->vmax = h->version;
+            rec_bytes += v.mv_size;
+        } else if (k.mv_size == 5 && kp[0] == 'T' && v.mv_size == sizeof(ps_decl_t)) {
+            if ((rc = grow((void **)&inv.tensors, &inv.tcap, inv.ntensors, sizeof *inv.tensors))) {
+                fail(ck, rc, "out of memory");
+                goto out;
+            }
+            ck_tensor_t *tt = &inv.tensors[inv.ntensors++];
+            memcpy(&tt->d, v.mv_data, sizeof tt->d);
+            tt->id = psd_ckpt_rd32(kp + 1);
+        } else if (k.mv_size == 4 && memcmp(kp, "Mjob", 4) == 0) {
+            inv.has_job = true;
+        }
+        if ((rc = mdb_put(dt, ddbi, &k, &v, MDB_APPEND)) != 0) {
+            fail(ck, PS_ESTORE, "%s: cannot write the copy: %s", ck->dir, mdb_strerror(rc));
+            goto out;
+        }
+        pending += v.mv_size;
+        if (pending >= COPY_COMMIT_BYTES) { /* bounded dirty memory in the copy's writer */
+            pending = 0;
+            if ((rc = mdb_txn_commit(dt)) != 0 || (rc = mdb_txn_begin(dst, NULL, 0, &dt)) != 0) {
+                dt = NULL;
+                fail(ck, PS_ESTORE, "%s: cannot write the copy: %s", ck->dir, mdb_strerror(rc));
+                goto out;
+            }
+        }
+    }
+    if (inv.nchunks == 0) ck->vmin = ck->vmax = ck->step == UINT64_MAX ? 0 : ck->step;
+    rc = mdb_txn_commit(dt);
+    dt = NULL;
+    if (rc == 0) rc = mdb_env_sync(dst, 1);
+    if (rc) {
+        fail(ck, PS_ESTORE, "%s: cannot write the copy: %s", ck->dir, mdb_strerror(rc));
+        goto out;
+    }
+    if ((rc = meta_write(srv, ck, &inv, rec_bytes)) != 0) {
+        fail(ck, rc, "%s/%s: cannot write: %s", ck->dir, PSD_CKPT_META, strerror(-rc));
+        goto out;
+    }
+    char path[1200];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/data.mdb", ck->dir);
+    ck->bytes = stat(path, &st) == 0 ? (uint64_t)st.st_size : rec_bytes;
+    ck->nchunks = inv.nchunks;
+    ck->rc = 0;
+out:
+    if (cur) mdb_cursor_close(cur);
+    if (dt) mdb_txn_abort(dt);
+    if (dst) mdb_env_close(dst);
+    mdb_txn_abort(ck->txn); /* MDB_NOTLS: any thread may end it */
+    ck->txn = NULL;
+    free(inv.chunks);
+    free(inv.tensors);
+}
+
+static void copy_done(uv_work_t *w, int status)
+{
+    struct psd_ckpt_s *ck = w->data;
+    psd_server_t *srv = ck->srv;
+    ck->ms = uv_now(srv->loop) - ck->t0_ms;
+    ck->state = ck->rc ? CK_FAILED : CK_DONE;
+    if (ck->rc)
+        PS_LOG(PS_LOG_ERROR, "ckpt", "checkpoint into %s failed: %s", ck->dir, ck->err);
+    else
+        PS_LOG(PS_LOG_INFO, "ckpt", "checkpoint at step %llu: %llu chunks, %llu bytes in %s "
+               "(%llu ms)", (unsigned long long)ck->vmin, (unsigned long long)ck->nchunks,
+               (unsigned long long)ck->bytes, ck->dir, (unsigned long long)ck->ms);
+    psd_server_maybe_stop(srv);
+}
+
+/* ---- the snapshot (store-job slot) ----------------------------------------------------- */
+
+static void snap_run(psd_slot_work_t *w)
+{
+    struct psd_ckpt_s *ck = (struct psd_ckpt_s *)((char *)w - offsetof(struct psd_ckpt_s, slot));
+    ck->rc = psd_store_snapshot(&w->srv->store, &ck->txn);
+}
+
+static void snap_done(psd_slot_work_t *w)
+{
+    struct psd_ckpt_s *ck = (struct psd_ckpt_s *)((char *)w - offsetof(struct psd_ckpt_s, slot));
+    psd_server_t *srv = w->srv;
+    if (ck->rc) {
+        fail(ck, ck->rc, "cannot open a store snapshot: %s", ps_strerror(ck->rc));
+        ck->state = CK_FAILED;
+        return;
+    }
+    /* The copy runs on the pool beside the store jobs: training goes on. */
+    ck->state = CK_COPYING;
+    ck->copy.data = ck;
+    int rc = uv_queue_work(srv->loop, &ck->copy, copy_work, copy_done);
+    if (rc) {
+        mdb_txn_abort(ck->txn);
+        ck->txn = NULL;
+        fail(ck, PS_EIO, "cannot start the copy: %s", uv_strerror(rc));
+        ck->state = CK_FAILED;
+    }
+}
+
+/* Every chunk of this shard at the armed step: 1; some below: 0; one above: -1. */
+static int at_step(psd_server_t *srv, uint64_t step, uint64_t *vmax)
+{
+    int below = 0;
+    *vmax = 0;
+    for (uint32_t i = 0; i < srv->ntensors; i++)
+        for (uint32_t c = 0; srv->tensors[i].present && c < srv->tensors[i].nchunks; c++) {
+            const psd_chunk_t *ch = srv->tensors[i].chunks[c];
+            if (ch == NULL) continue;
+            if (ch->version > *vmax) *vmax = ch->version;
+            if (ch->version > step) return -1;
+            below |= ch->version < step;
+        }
+    return below ? 0 : 1;
+}
+
+void psd_ckpt_after_job(psd_server_t *srv)
+{
+    struct psd_ckpt_s *ck = srv->ckpt;
+    if (ck == NULL || ck->state != CK_ARMED) return;
+    uint64_t vmax;
+    int at = ck->step == UINT64_MAX ? 1 : at_step(srv, ck->step, &vmax);
+    if (at < 0) {
+        fail(ck, PS_ECONFLICT, "shard %u passed step %llu (at %llu) before its snapshot",
+             srv->shard, (unsigned long long)ck->step, (unsigned long long)vmax);
+        ck->state = CK_FAILED;
+    } else if (at > 0) {
+        ck->state = CK_SNAP;
+        ck->slot.srv = srv;
+        ck->slot.run = snap_run;
+        ck->slot.done = snap_done;
+        psd_shard_slot_queue(srv, &ck->slot); /* before the next store job */
+    }
+}
+
+/* ---- requests -------------------------------------------------------------------------- */
+
+static void on_arm(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
+{
+    struct psd_ckpt_s *ck = state(srv);
+    if (ck == NULL) {
+        psd_send_error(srv, conn, msg->req_id, PS_ENOMEM, "out of memory");
+        return;
+    }
+    if (ck->state == CK_ARMED || ck->state == CK_SNAP || ck->state == CK_COPYING) {
+        psd_send_error(srv, conn, msg->req_id, PS_EBUSY, "shard %u: a checkpoint into %s is in "
+                       "progress", srv->shard, ck->dir);
+        return;
+    }
+    if (msg->error[0] != '/') {
+        psd_send_error(srv, conn, msg->req_id, PS_EINVAL, "checkpoint directory '%s' is not an "
+                       "absolute path", msg->error);
+        return;
+    }
+    char dir[1100], probe[1200];
+    snprintf(dir, sizeof dir, "%s/shard-%u", msg->error, srv->shard);
+    snprintf(probe, sizeof probe, "%s/data.mdb", dir);
+    struct stat st;
+    if (stat(probe, &st) == 0) {
+        psd_send_error(srv, conn, msg->req_id, -EEXIST, "%s already holds a checkpoint", dir);
+        return;
+    }
+    uint64_t vmax;
+    if (msg->step != UINT64_MAX && at_step(srv, msg->step, &vmax) < 0) {
+        psd_send_error(srv, conn, msg->req_id, PS_ECONFLICT, "shard %u is already past step %llu "
+                       "(at %llu)", srv->shard, (unsigned long long)msg->step,
+                       (unsigned long long)vmax);
+        return;
+    }
+    snprintf(ck->dir, sizeof ck->dir, "%s", dir);
+    ck->step = msg->step;
+    ck->state = CK_ARMED;
+    ck->rc = 0;
+    ck->err[0] = '\0';
+    ck->bytes = ck->nchunks = ck->ms = 0;
+    ck->t0_ms = uv_now(srv->loop);
+    ps_msg_t r = {.type = PS_MSG_CKPT_ARM_REPLY, .req_id = msg->req_id, .shard = srv->shard,
+                  .step = msg->step};
+    psd_send_msg(srv, conn, &r);
+    if (!srv->job_running) psd_ckpt_after_job(srv); /* else when the running job is done */
+}
+
+static void on_status(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
+{
+    struct psd_ckpt_s *ck = srv->ckpt;
+    if (ck == NULL || ck->state == CK_IDLE) {
+        psd_send_error(srv, conn, msg->req_id, PS_ENOENT, "shard %u has no checkpoint",
+                       srv->shard);
+        return;
+    }
+    if (ck->state == CK_FAILED) {
+        psd_send_error(srv, conn, msg->req_id, ck->rc ? ck->rc : PS_EIO, "shard %u: %s",
+                       srv->shard, ck->err);
+        return;
+    }
+    ps_msg_t r = {.type = PS_MSG_CKPT_STATUS_REPLY, .req_id = msg->req_id, .shard = srv->shard,
+                  .flags = ck->state == CK_DONE, .step = ck->vmin, .step_max = ck->ms,
+                  .count = ck->bytes, .chunk = (uint32_t)ck->nchunks};
+    psd_send_msg(srv, conn, &r);
+}
+
+/* ---- repair ---------------------------------------------------------------------------- */
+
+static void repair_run(psd_slot_work_t *w)
+{
+    repair_t *r = (repair_t *)w;
+    psd_server_t *srv = w->srv;
+    psd_ckpt_src_t ck = {0};
+    psd_wtxn_t tx = {0};
+    int rc;
+    if ((rc = psd_ckpt_src_open(&ck, r->from, r->from_shard, srv->m.map_size_mb)) != 0) {
+        snprintf(r->err, sizeof r->err, "%s/shard-%u: cannot open the checkpoint: %s", r->from,
+                 r->from_shard, mdb_strerror(rc));
+        r->rc = PS_ESTORE;
+        goto out;
+    }
+    uint8_t kb[9] = {'C', (uint8_t)(r->t >> 24), (uint8_t)(r->t >> 16), (uint8_t)(r->t >> 8),
+                     (uint8_t)r->t, (uint8_t)(r->c >> 24), (uint8_t)(r->c >> 16),
+                     (uint8_t)(r->c >> 8), (uint8_t)r->c};
+    MDB_val k = {sizeof kb, kb}, v;
+    if ((rc = mdb_get(ck.txn, ck.dbi, &k, &v)) != 0) {
+        snprintf(r->err, sizeof r->err, "%s/shard-%u holds no chunk %u/%u", r->from,
+                 r->from_shard, r->t, r->c);
+        r->rc = PS_ENOENT;
+        goto out;
+    }
+    const psd_chunk_hdr_t *src = v.mv_data;
+    if (v.mv_size < sizeof *src || v.mv_size != psd_chunk_bytes(src->n, src->nstate) ||
+        src->format != PSD_CHUNK_FORMAT || psd_store_chunk_hash(src) != src->hash) {
+        snprintf(r->err, sizeof r->err, "%s/shard-%u: its chunk %u/%u does not match its own "
+                 "hash", r->from, r->from_shard, r->t, r->c);
+        r->rc = PS_ESTORE;
+        goto out;
+    }
+    if ((r->rc = psd_store_begin(&srv->store, &tx)) != 0) {
+        snprintf(r->err, sizeof r->err, "cannot begin a transaction: %s", ps_strerror(r->rc));
+        goto out;
+    }
+    const psd_chunk_hdr_t *live;
+    r->rc = psd_store_chunk_get(&srv->store, tx.r, r->t, r->c, &live);
+    if (r->rc == 0 && (live->version != r->version || src->version != r->version ||
+                       live->n != src->n || live->nstate != src->nstate)) {
+        snprintf(r->err, sizeof r->err, "chunk %u/%u is at version %llu here and %llu in the "
+                 "checkpoint (repair asked for %llu): not repaired", r->t, r->c,
+                 (unsigned long long)live->version, (unsigned long long)src->version,
+                 (unsigned long long)r->version);
+        r->rc = PS_ECONFLICT;
+    } else if (r->rc) {
+        snprintf(r->err, sizeof r->err, "chunk %u/%u: %s", r->t, r->c, ps_strerror(r->rc));
+    }
+    psd_chunk_hdr_t *h;
+    if (r->rc == 0) r->rc = psd_store_chunk_reserve(&tx, r->t, r->c, src->n, src->nstate, &h);
+    if (r->rc == 0) {
+        memcpy(h, src, v.mv_size);
+        psd_store_chunk_seal(h);
+        r->hash = h->hash;
+        r->rc = psd_store_commit(&tx);
+        if (r->rc) snprintf(r->err, sizeof r->err, "commit: %s", ps_strerror(r->rc));
+    } else {
+        psd_store_abort(&tx);
+    }
+out:
+    psd_ckpt_src_close(&ck);
+}
+
+static void repair_done(psd_slot_work_t *w)
+{
+    repair_t *r = (repair_t *)w;
+    psd_server_t *srv = w->srv;
+    srv->ckpt->repairing--;
+    if (r->rc == 0) {
+        psd_tensor_t *t = &srv->tensors[r->t];
+        psd_integrity_chunk_hashed(srv, t->chunks[r->c], r->hash);
+        PS_LOG(PS_LOG_WARN, "ckpt", "chunk %u/%u repaired at version %llu from %s/shard-%u",
+               r->t, r->c, (unsigned long long)r->version, r->from, r->from_shard);
+        ps_msg_t a = {.type = PS_MSG_REPAIR_REPLY, .req_id = r->req_id, .shard = srv->shard,
+                      .tensor = r->t, .chunk = r->c, .step = r->version};
+        psd_send_msg(srv, r->conn, &a);
+    } else {
+        psd_send_error(srv, r->conn, r->req_id, r->rc, "shard %u: %s", srv->shard, r->err);
+    }
+    psd_conn_unref(r->conn);
+    free(r);
+}
+
+static void on_repair(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
+{
+    if (msg->tensor >= srv->ntensors || !srv->tensors[msg->tensor].present ||
+        !srv->tensors[msg->tensor].ready || msg->chunk >= srv->tensors[msg->tensor].nchunks ||
+        srv->tensors[msg->tensor].chunks[msg->chunk] == NULL) {
+        psd_send_error(srv, conn, msg->req_id, PS_ENOENT, "shard %u holds no chunk %u/%u",
+                       srv->shard, msg->tensor, msg->chunk);
+        return;
+    }
+    repair_t *r = calloc(1, sizeof *r);
+    if (state(srv) == NULL || r == NULL) {
+        free(r);
+        psd_send_error(srv, conn, msg->req_id, PS_ENOMEM, "out of memory");
+        return;
+    }
+    r->srv = srv;
+    r->conn = conn;
+    r->req_id = msg->req_id;
+    r->t = msg->tensor;
+    r->c = msg->chunk;
+    r->version = msg->step;
+    snprintf(r->from, sizeof r->from, "%s", msg->error);
+    r->from_shard = msg->workers;
+    r->slot.srv = srv;
+    r->slot.run = repair_run;
+    r->slot.done = repair_done;
+    psd_conn_ref(conn);
+    srv->ckpt->repairing++;
+    psd_shard_slot_queue(srv, &r->slot);
+}
+
+void psd_ckpt_on_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
+{
+    if (srv->stopping && msg->type != PS_MSG_CKPT_STATUS) {
+        psd_send_error(srv, conn, msg->req_id, PS_EBUSY, "shard %u is shutting down", srv->shard);
+        return;
+    }
+    if ((msg->type == PS_MSG_CKPT_BEGIN || msg->type == PS_MSG_CKPT_GO) && srv->coord == NULL) {
+        psd_send_error(srv, conn, msg->req_id, PS_EPROTO, "%s goes to shard 0, not shard %u",
+                       ps_msg_type_name(msg->type), srv->shard);
+        return;
+    }
+    switch (msg->type) {
+    case PS_MSG_CKPT_BEGIN: {
+        ps_msg_t r = {.type = PS_MSG_CKPT_BEGIN_REPLY, .req_id = msg->req_id, .shard = 0,
+                      .step = psd_coord_ckpt_hold(srv),
+                      .consistency = (uint32_t)srv->m.job.consistency};
+        psd_send_msg(srv, conn, &r);
+        break;
+    }
+    case PS_MSG_CKPT_ARM: on_arm(srv, conn, msg); break;
+    case PS_MSG_CKPT_GO: {
+        psd_coord_ckpt_release(srv);
+        ps_msg_t r = {.type = PS_MSG_CKPT_GO_REPLY, .req_id = msg->req_id, .shard = 0};
+        psd_send_msg(srv, conn, &r);
+        break;
+    }
+    case PS_MSG_CKPT_STATUS: on_status(srv, conn, msg); break;
+    case PS_MSG_REPAIR: on_repair(srv, conn, msg); break;
+    default:
+        psd_send_error(srv, conn, msg->req_id, PS_EPROTO, "unexpected %s",
+                       ps_msg_type_name(msg->type));
+    }
+}

@@ -1,0 +1,57 @@
+/* checkpoint.h: the shard's side of psctl checkpoint and psctl repair (MSG_CKPT_*, MSG_REPAIR).
+ *
+ * checkpoint: psctl asks shard 0 for a step (MSG_CKPT_BEGIN: the coordinator picks it and holds
+ * the hand-out of later steps), tells every shard "checkpoint at step S into D" (MSG_CKPT_ARM),
+ * releases the hold (MSG_CKPT_GO) and polls each shard (MSG_CKPT_STATUS) until it is done.
+ * A shard takes a read snapshot the moment all its chunks are at version S, in the store-job
+ * slot (so no apply of step S + 1 can come first), and a pool thread copies every record of
+ * that snapshot into a new compact LMDB environment D/shard-K/ (keys in order, MDB_APPEND)
+ * while training goes on; LMDB's MVCC keeps the snapshot as it was. Each chunk's hash is
+ * checked while it is copied. Then D/shard-K/meta.json is written (see psd_ckpt_meta_write in
+ * checkpoint.c for its fields) and the snapshot released. asp / ssp have no common step: S is
+ * UINT64_MAX and each shard snapshots at once (its chunks' versions are in meta.json).
+ *
+ * repair: MSG_REPAIR names a chunk, the version the shard holds, and a checkpoint shard
+ * directory; a slot job copies that record from there if it is at the same version and its
+ * bytes match its hash. Loop thread only, except the work functions. */
+#ifndef PSD_CHECKPOINT_H
+#define PSD_CHECKPOINT_H
+
+#include "ckpt_meta.h"
+#include "server.h"
+
+
+/** @brief Handle one MSG_CKPT_* or MSG_REPAIR request from @p conn (psctl; no hello). */
+void psd_ckpt_on_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg);
+
+/** @brief A store job just finished (loop thread, before the next one starts): take an armed
+ *  checkpoint's snapshot if every chunk has reached its step. */
+void psd_ckpt_after_job(psd_server_t *srv);
+
+/** @brief True when no checkpoint copy or repair runs (the shutdown check waits for them). */
+bool psd_ckpt_idle(psd_server_t *srv);
+
+/** @brief Free the state (at exit, once idle). */
+void psd_ckpt_free(psd_server_t *srv);
+
+/**
+ * @brief Fill this shard's empty, freshly opened store from checkpoint @p dir (server/restore.c):
+ *  the tensor table, every chunk this shard owns under the current manifest (from whichever
+ *  checkpoint shard held it) and, on shard 0, the coordinator's blob. One transaction.
+ * @param[out] err  names what is wrong (identity mismatch, missing chunk, bad hash, ...).
+ * @return 0, PS_ECONFIG (the checkpoint does not fit this manifest), PS_ESTORE, PS_E*.
+ */
+int psd_restore_fill(psd_server_t *srv, const char *dir, char *err, size_t errlen);
+
+/**
+ * @brief Check, before the store is opened, that @p data_dir is empty or absent and that
+ *  checkpoint @p dir fits this manifest (cluster, chunk_bytes, optimizer state).
+ * @return 0 or PS_ECONFIG / PS_EEXIST with @p err naming what differs.
+ */
+int psd_restore_check(const ps_manifest_t *m, uint32_t nstate, const char *data_dir,
+                      const char *dir, char *err, size_t errlen);
+
+/** @brief Remove what psd_store_open created in @p data_dir (after a failed restore). */
+void psd_restore_undo(const char *data_dir);
+
+#endif

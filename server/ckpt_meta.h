@@ -1,0 +1,47 @@
+/* ckpt_meta.h: reading a checkpoint's files (DIR/shard-J/meta.json and the LMDB environment
+ * beside it), shared by psd --restore (restore.c) and psctl (psctl_checkpoint.c). Plain
+ * functions on files; no psd state. meta.json is psd's own flat JSON (see checkpoint.c). */
+#ifndef PSD_CKPT_META_H
+#define PSD_CKPT_META_H
+
+#include <lmdb.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define PSD_CKPT_META "meta.json"
+
+/** @brief DIR/shard-@p j/meta.json as a NUL-terminated string (malloc'd: the caller frees it),
+ *  or NULL with errno set. */
+char *psd_ckpt_meta_read(const char *dir, uint32_t j);
+
+/** @brief The value of top-level "@p key" in @p json (a number, or a string's body) into
+ *  @p out. @return 0, or -1 when absent or longer than @p cap - 1. */
+int psd_ckpt_meta_field(const char *json, const char *key, char *out, size_t cap);
+
+/** @brief psd_ckpt_meta_field() as an unsigned number; UINT64_MAX when absent. */
+uint64_t psd_ckpt_meta_u64(const char *json, const char *key);
+
+/** A read-only view of DIR/shard-J's environment. */
+typedef struct {
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+} psd_ckpt_src_t;
+
+/**
+ * @brief Open DIR/shard-@p j read-only (MDB_RDONLY | MDB_NOLOCK: nothing is written there)
+ *  with one read transaction.
+ * @return 0 or an LMDB code (mdb_strerror); on failure nothing is left open.
+ * @note Release with psd_ckpt_src_close(); values read stay valid until then.
+ */
+int psd_ckpt_src_open(psd_ckpt_src_t *s, const char *dir, uint32_t j, uint64_t map_mb);
+/** @brief Close what psd_ckpt_src_open() opened; a zeroed @p s is a no-op. */
+void psd_ckpt_src_close(psd_ckpt_src_t *s);
+
+/** @brief The big-endian u32 at @p p (chunk and tensor keys). */
+static inline uint32_t psd_ckpt_rd32(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+#endif

@@ -1,0 +1,437 @@
+/* psctl_checkpoint.c: `psctl checkpoint [--dir D]`, `psctl verify --against D`,
+ * `psctl repair --from D [--rollback]` and `psctl restore D`.
+ *
+ * checkpoint: shard 0 picks the step (MSG_CKPT_BEGIN; bsp: the step after the open one, whose
+ * hand-out it holds), every shard is told to checkpoint at that step into D/shard-K
+ * (MSG_CKPT_ARM), the hold is released (MSG_CKPT_GO), and each shard is asked every 20 ms how
+ * it is going (MSG_CKPT_STATUS) until all are done or --wait seconds passed. D defaults to
+ * <parent of shard 0's data_dir>/checkpoints/step-S (asp / ssp: step-<unix time>); a relative
+ * D is made absolute here, since psd runs elsewhere.
+ *
+ * verify --against: reads D/shard-J for every J here (the files, no shard is asked):
+ * recomputes each record's XXH3-64 and compares it with the record's header and with
+ * meta.json, and the Merkle root of the recomputed hashes with meta.json's.
+ *
+ * repair --from: asks every shard to verify itself (MSG_VERIFY); each chunk named is rewritten
+ * from the checkpoint (MSG_REPAIR, a store job on its shard) only where the checkpoint holds
+ * the same version of it; otherwise psctl says so and, with --rollback, prints the commands
+ * that roll the whole cluster back to the checkpoint. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <xxhash.h>
+
+#include "ckpt_meta.h"
+#include "merkle.h"
+#include "ps/ps_error.h"
+#include "psctl_client.h"
+#include "store.h"
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* @p dir made absolute (psd resolves paths against its own working directory). */
+static void absolute(char *out, size_t cap, const char *dir)
+{
+    char cwd[1024];
+    if (dir[0] == '/' || getcwd(cwd, sizeof cwd) == NULL)
+        snprintf(out, cap, "%s", dir);
+    else
+        snprintf(out, cap, "%.500s/%.500s", cwd, dir);
+}
+
+/* ---- checkpoint ------------------------------------------------------------------------ */
+
+int psctl_checkpoint(const ps_manifest_t *m, const char *dir, double timeout_s, double wait_s)
+{
+    psctl_client_t *cl;
+    char err[512], d[1024];
+    if (psctl_client_open(m, timeout_s, &cl, err, sizeof err)) {
+        fprintf(stderr, "psctl: %s\n", err);
+        return 1;
+    }
+    int ret = 1, n = m->nservers;
+    double t0 = mono_s();
+    ps_msg_t q = {.type = PS_MSG_CKPT_BEGIN, .rank = -1}, r;
+    if (psctl_client_call(cl, 0, &q, &r, NULL, NULL, err, sizeof err)) {
+        fprintf(stderr, "psctl: checkpoint: %s\n", err);
+        goto out;
+    }
+    uint64_t step = r.step;
+    if (dir) {
+        absolute(d, sizeof d, dir);
+    } else {
+        char base[PS_PATH_MAX + 32];
+        snprintf(base, sizeof base, "%s/../checkpoints", m->servers[0].data_dir);
+        char tmp[PS_PATH_MAX + 64];
+        if (step == UINT64_MAX)
+            snprintf(tmp, sizeof tmp, "%s/time-%lld", base, (long long)time(NULL));
+        else
+            snprintf(tmp, sizeof tmp, "%s/step-%llu", base, (unsigned long long)step);
+        absolute(d, sizeof d, tmp);
+    }
+    if (strlen(d) >= 200) {
+        fprintf(stderr, "psctl: checkpoint: directory '%s' is longer than 199 bytes\n", d);
+        goto release;
+    }
+    int armed = 1;
+    for (int i = 0; i < n && armed; i++) {
+        ps_msg_t a = {.type = PS_MSG_CKPT_ARM, .rank = -1, .step = step};
+        snprintf(a.error, sizeof a.error, "%.255s", d);
+        if (psctl_client_call(cl, (uint32_t)i, &a, &r, NULL, NULL, err, sizeof err)) {
+            fprintf(stderr, "psctl: checkpoint: %s\n", err);
+            armed = 0;
+        }
+    }
+release:;
+    ps_msg_t g = {.type = PS_MSG_CKPT_GO, .rank = -1};
+    if (psctl_client_call(cl, 0, &g, &r, NULL, NULL, err, sizeof err))
+        fprintf(stderr, "psctl: checkpoint: releasing the hold: %s\n", err);
+    if (strlen(d) >= 200 || !armed) goto out;
+    /* Each shard copies on its own; wait for all of them. */
+    uint64_t total = 0;
+    ps_msg_t *st = calloc((size_t)n, sizeof *st);
+    int done = 0, failed = 0;
+    while (st && done + failed < n) {
+        done = failed = 0;
+        for (int i = 0; i < n; i++) {
+            if (st[i].flags & 1 || st[i].status) {
+                done += !st[i].status;
+                failed += st[i].status != 0;
+                continue;
+            }
+            ps_msg_t s = {.type = PS_MSG_CKPT_STATUS, .rank = -1};
+            int rc = psctl_client_call(cl, (uint32_t)i, &s, &st[i], NULL, NULL, err, sizeof err);
+            if (rc) {
+                fprintf(stderr, "psctl: checkpoint: %s\n", err);
+                st[i].status = rc;
+                failed++;
+            } else if (st[i].flags & 1) {
+                done++;
+            }
+        }
+        if (done + failed == n) break;
+        if (mono_s() - t0 > wait_s) {
+            fprintf(stderr, "psctl: checkpoint: %d of %d shards not done within %g s (bsp: the "
+                    "step must be reached first; is training running?); they go on\n",
+                    n - done - failed, n, wait_s);
+            failed = 1;
+            break;
+        }
+        usleep(20 * 1000);
+    }
+    if (st && failed == 0) {
+        for (int i = 0; i < n; i++) {
+            printf("shard %d: step %llu, %u chunks, %llu bytes, %llu ms: %s/shard-%d\n", i,
+                   (unsigned long long)st[i].step, st[i].chunk, (unsigned long long)st[i].count,
+                   (unsigned long long)st[i].step_max, d, i);
+            total += st[i].count;
+        }
+        if (step == UINT64_MAX) step = st[0].step;
+        printf("psctl: checkpoint at step %llu in %s: %llu bytes on %d shards in %.3f s\n",
+               (unsigned long long)step, d, (unsigned long long)total, n, mono_s() - t0);
+        ret = 0;
+    }
+    free(st);
+out:
+    psctl_client_close(cl);
+    return ret;
+}
+
+/* ---- verify --against ------------------------------------------------------------------ */
+
+typedef struct {
+    uint32_t t, c;
+    uint64_t version, hash, ordinal;
+} vchunk_t;
+
+static int by_ordinal(const void *a, const void *b)
+{
+    uint64_t x = ((const vchunk_t *)a)->ordinal, y = ((const vchunk_t *)b)->ordinal;
+    return x < y ? -1 : x > y;
+}
+
+/* meta.json's "chunks" entry for (t, c): its version and hash. @return 0, -1 if absent. */
+static int meta_chunk(const char *json, uint32_t t, uint32_t c, uint64_t *version, uint64_t *hash)
+{
+    char pat[48];
+    int n = snprintf(pat, sizeof pat, "\n [%u, %u, ", t, c);
+    const char *p = strstr(json, "\"chunks\": [");
+    if (p == NULL || (p = strstr(p, pat)) == NULL) return -1;
+    unsigned long long v, h;
+    if (sscanf(p + n, "%llu, \"%llx\"", &v, &h) != 2) return -1;
+    *version = v;
+    *hash = h;
+    return 0;
+}
+
+/* Recheck DIR/shard-J; prints its mismatches. @return mismatches, or -1 if unreadable. */
+static long verify_one(const ps_manifest_t *m, const char *dir, uint32_t j, uint64_t *checked,
+                       char *root_out, int *root_bad)
+{
+    char *meta = psd_ckpt_meta_read(dir, j);
+    if (meta == NULL) {
+        fprintf(stderr, "psctl: verify: %s/shard-%u/%s: cannot read it\n", dir, j, PSD_CKPT_META);
+        return -1;
+    }
+    psd_ckpt_src_t s;
+    int rc = psd_ckpt_src_open(&s, dir, j, m->map_size_mb);
+    if (rc) {
+        fprintf(stderr, "psctl: verify: %s/shard-%u: %s\n", dir, j, mdb_strerror(rc));
+        free(meta);
+        return -1;
+    }
+    long bad = 0;
+    size_t nc = 0, cap = 0;
+    vchunk_t *vc = NULL;
+    MDB_cursor *cur;
+    MDB_val k, v;
+    char name[PS_NAME_MAX + 8];
+    mdb_cursor_open(s.txn, s.dbi, &cur);
+    for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0;
+         rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+        const uint8_t *kp = k.mv_data;
+        if (k.mv_size != 9 || kp[0] != 'C') continue;
+        uint32_t t = psd_ckpt_rd32(kp + 1), c = psd_ckpt_rd32(kp + 5);
+        uint8_t tk[5] = {'T', kp[1], kp[2], kp[3], kp[4]};
+        MDB_val tkey = {5, tk}, tval;
+        ps_decl_t d = {0};
+        if (mdb_get(s.txn, s.dbi, &tkey, &tval) == 0 && tval.mv_size == sizeof d)
+            memcpy(&d, tval.mv_data, sizeof d);
+        snprintf(name, sizeof name, "%s", d.name[0] ? d.name : "?");
+        const psd_chunk_hdr_t *h = v.mv_data;
+        (*checked)++;
+        if (v.mv_size < sizeof *h || v.mv_size != psd_chunk_bytes(h->n, h->nstate)) {
+            printf("psctl: verify: checkpoint shard %u: tensor '%s' chunk %u: malformed record "
+                   "of %zu bytes\n", j, name, c, v.mv_size);
+            bad++;
+            continue;
+        }
+        /* What psd_store_chunk_hash() computes (store.c is not linked into psctl). */
+        uint64_t now = XXH3_64bits(h + 1, (size_t)h->n * (1 + h->nstate) * 4), mv = 0, mh = 0;
+        if (now != h->hash) {
+            printf("psctl: verify: checkpoint shard %u: tensor '%s' chunk %u: version %llu stored "
+                   "%016llx bytes %016llx\n", j, name, c, (unsigned long long)h->version,
+                   (unsigned long long)h->hash, (unsigned long long)now);
+            bad++;
+        } else if (meta_chunk(meta, t, c, &mv, &mh) || mv != h->version || mh != h->hash) {
+            printf("psctl: verify: checkpoint shard %u: tensor '%s' chunk %u: version %llu hash "
+                   "%016llx, but %s says version %llu hash %016llx\n", j, name, c,
+                   (unsigned long long)h->version, (unsigned long long)h->hash, PSD_CKPT_META,
+                   (unsigned long long)mv, (unsigned long long)mh);
+            bad++;
+        }
+        if (nc == cap) {
+            cap = cap ? 2 * cap : 256;
+            vchunk_t *nv = realloc(vc, cap * sizeof *vc);
+            if (nv == NULL) break;
+            vc = nv;
+        }
+        vc[nc++] = (vchunk_t){t, c, h->version, now, d.first_chunk + c};
+    }
+    mdb_cursor_close(cur);
+    qsort(vc, nc, sizeof *vc, by_ordinal);
+    uint64_t *leaves = malloc((nc ? nc : 1) * sizeof *leaves);
+    for (size_t i = 0; leaves && i < nc; i++) leaves[i] = vc[i].hash;
+    uint64_t root = leaves ? ps_merkle_root_of(leaves, nc) : 0;
+    char want[32] = "";
+    psd_ckpt_meta_field(meta, "merkle_root", want, sizeof want);
+    snprintf(root_out, 17, "%016llx", (unsigned long long)root);
+    uint64_t listed = 0;
+    for (const char *p = strstr(meta, "\"chunks\": ["); p && (p = strstr(p, "\n [")); p++) listed++;
+    if (listed != nc) {
+        printf("psctl: verify: checkpoint shard %u: %s lists %llu chunks, the store holds %zu\n",
+               j, PSD_CKPT_META, (unsigned long long)listed, nc);
+        bad++;
+    }
+    if (strcmp(want, root_out) != 0) {
+        printf("psctl: verify: checkpoint shard %u: Merkle root of the bytes %s, %s says %s\n", j,
+               root_out, PSD_CKPT_META, want);
+        (*root_bad)++; /* reported apart: a changed chunk changes the root as well */
+    }
+    printf("checkpoint shard %u: step %llu, %zu chunks, merkle_root %s%s\n", j,
+           (unsigned long long)psd_ckpt_meta_u64(meta, "step"), nc, root_out,
+           strcmp(want, root_out) == 0 ? " (as recorded)" : "");
+    free(leaves);
+    free(vc);
+    psd_ckpt_src_close(&s);
+    free(meta);
+    return bad;
+}
+
+int psctl_verify_against(const ps_manifest_t *m, const char *dir)
+{
+    char *meta = psd_ckpt_meta_read(dir, 0);
+    if (meta == NULL) {
+        fprintf(stderr, "psctl: verify: %s: no checkpoint there (no shard-0/%s)\n", dir,
+                PSD_CKPT_META);
+        return 1;
+    }
+    uint64_t n = psd_ckpt_meta_u64(meta, "nshards"), step = psd_ckpt_meta_u64(meta, "step");
+    free(meta);
+    uint64_t checked = 0;
+    long bad = 0;
+    int failed = 0, root_bad = 0;
+    char root[17];
+    for (uint32_t j = 0; j < n; j++) {
+        long b = verify_one(m, dir, j, &checked, root, &root_bad);
+        if (b < 0) failed = 1;
+        else bad += b;
+    }
+    if (!failed)
+        printf("psctl: verify: checkpoint %s (step %llu): %llu chunks checked on %llu shards, %ld "
+               "%s\n", dir, (unsigned long long)step, (unsigned long long)checked,
+               (unsigned long long)n, bad, bad == 1 ? "mismatch" : "mismatches");
+    if (!failed && root_bad)
+        printf("psctl: verify: the Merkle roots of %d shards differ from their %s\n", root_bad,
+               PSD_CKPT_META);
+    return failed || bad || root_bad ? 1 : 0;
+}
+
+/* ---- repair ---------------------------------------------------------------------------- */
+
+/* Which checkpoint shard holds (t, c), and at which version. @return 0, -1 if none. */
+static int ckpt_find(char **metas, uint32_t n, uint32_t t, uint32_t c, uint32_t *j,
+                     uint64_t *version)
+{
+    uint64_t h;
+    for (uint32_t k = 0; k < n; k++)
+        if (metas[k] && meta_chunk(metas[k], t, c, version, &h) == 0) {
+            *j = k;
+            return 0;
+        }
+    return -1;
+}
+
+static void print_rollback(const ps_manifest_t *m, const char *dir, uint64_t step)
+{
+    printf("psctl: repair: to roll the whole cluster back to step %llu of %s: stop every psd "
+           "and every worker, then on each shard's host run:\n", (unsigned long long)step, dir);
+    for (int i = 0; i < m->nservers; i++)
+        printf("  mv %s %s.before-rollback && psd --manifest %s --shard %d --restore %s\n",
+               m->servers[i].data_dir, m->servers[i].data_dir, m->path, i, dir);
+}
+
+int psctl_repair(const ps_manifest_t *m, const char *dir_in, int rollback, double timeout_s)
+{
+    char dir[1024], err[512];
+    absolute(dir, sizeof dir, dir_in);
+    char *meta0 = psd_ckpt_meta_read(dir, 0);
+    if (meta0 == NULL) {
+        fprintf(stderr, "psctl: repair: %s: no checkpoint there (no shard-0/%s)\n", dir,
+                PSD_CKPT_META);
+        return 1;
+    }
+    uint32_t n = (uint32_t)psd_ckpt_meta_u64(meta0, "nshards");
+    uint64_t step = psd_ckpt_meta_u64(meta0, "step");
+    char **metas = calloc(n ? n : 1, sizeof *metas);
+    for (uint32_t j = 0; metas && j < n; j++) metas[j] = j ? psd_ckpt_meta_read(dir, j) : meta0;
+    psctl_client_t *cl = NULL;
+    char(*names)[PS_NAME_MAX] = NULL;
+    int ret = 1, nt;
+    if (metas == NULL || psctl_client_open(m, timeout_s, &cl, err, sizeof err)) {
+        fprintf(stderr, "psctl: repair: %s\n", metas ? err : "out of memory");
+        goto out;
+    }
+    if ((nt = psctl_tensor_names(cl, &names)) < 0) goto out;
+    int repaired = 0, stuck = 0, failed = 0;
+    for (int i = 0; i < m->nservers; i++) {
+        ps_msg_t q = {.type = PS_MSG_VERIFY, .rank = -1}, r;
+        void *data = NULL;
+        size_t len = 0;
+        if (psctl_client_call(cl, (uint32_t)i, &q, &r, &data, &len, err, sizeof err)) {
+            fprintf(stderr, "psctl: repair: verify of shard %d: %s\n", i, err);
+            failed = 1;
+            continue;
+        }
+        for (char *line = data, *end = (char *)data + len; line && line < end;) {
+            char *nl = memchr(line, '\n', (size_t)(end - line));
+            if (nl) *nl = '\0';
+            unsigned t, c;
+            unsigned long long ver;
+            int has_version = sscanf(line, "%u %u version %llu", &t, &c, &ver) == 3;
+            if (has_version || sscanf(line, "%u %u", &t, &c) == 2) {
+                const char *nm = (int)t < nt && names[t][0] ? names[t] : "?";
+                uint32_t j;
+                uint64_t cv;
+                if (!has_version) {
+                    printf("psctl: repair: shard %d: tensor '%s' chunk %u: its record is "
+                           "malformed (version unknown): not repaired\n", i, nm, c);
+                    stuck++;
+                } else if (ckpt_find(metas, n, t, c, &j, &cv)) {
+                    printf("psctl: repair: shard %d: tensor '%s' chunk %u (version %llu): the "
+                           "checkpoint does not hold it: not repaired\n", i, nm, c, ver);
+                    stuck++;
+                } else if (cv != ver) {
+                    printf("psctl: repair: shard %d: tensor '%s' chunk %u is at version %llu, "
+                           "the checkpoint holds version %llu: not repaired (it would be at "
+                           "another step than its neighbours)\n", i, nm, c, ver,
+                           (unsigned long long)cv);
+                    stuck++;
+                } else {
+                    ps_msg_t rq = {.type = PS_MSG_REPAIR, .rank = -1, .tensor = t, .chunk = c,
+                                   .step = ver, .workers = j};
+                    snprintf(rq.error, sizeof rq.error, "%.255s", dir);
+                    if (psctl_client_call(cl, (uint32_t)i, &rq, &r, NULL, NULL, err,
+                                          sizeof err)) {
+                        printf("psctl: repair: shard %d: tensor '%s' chunk %u: %s\n", i, nm, c,
+                               err);
+                        stuck++;
+                    } else {
+                        printf("psctl: repair: shard %d: tensor '%s' chunk %u repaired at "
+                               "version %llu from %s/shard-%u\n", i, nm, c, ver, dir, j);
+                        repaired++;
+                    }
+                }
+            }
+            line = nl ? nl + 1 : NULL;
+        }
+        free(data);
+    }
+    if (failed) goto out;
+    printf("psctl: repair: %d %s repaired, %d not repairable from %s\n", repaired,
+           repaired == 1 ? "chunk" : "chunks", stuck, dir);
+    if (stuck) {
+        if (rollback)
+            print_rollback(m, dir, step);
+        else
+            printf("psctl: repair: `psctl --manifest %s repair --from %s --rollback` prints the "
+                   "commands that roll the whole cluster back to step %llu\n", m->path, dir,
+                   (unsigned long long)step);
+        goto out;
+    }
+    ret = 0;
+out:
+    for (uint32_t j = 0; metas && j < n; j++) free(metas[j]);
+    if (metas == NULL) free(meta0);
+    free(metas);
+    free(names);
+    psctl_client_close(cl);
+    return ret;
+}
+
+int psctl_restore(const ps_manifest_t *m, const char *dir_in)
+{
+    char dir[1024];
+    absolute(dir, sizeof dir, dir_in);
+    char *meta = psd_ckpt_meta_read(dir, 0);
+    if (meta == NULL) {
+        fprintf(stderr, "psctl: restore: %s: no checkpoint there (no shard-0/%s)\n", dir,
+                PSD_CKPT_META);
+        return 1;
+    }
+    printf("# checkpoint at step %llu of %llu shards; start each shard of %s on an empty "
+           "data_dir:\n", (unsigned long long)psd_ckpt_meta_u64(meta, "step"),
+           (unsigned long long)psd_ckpt_meta_u64(meta, "nshards"), m->path);
+    for (int i = 0; i < m->nservers; i++)
+        printf("psd --manifest %s --shard %d --restore %s\n", m->path, i, dir);
+    free(meta);
+    return 0;
+}

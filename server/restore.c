@@ -1,0 +1,221 @@
+/* restore.c: psd --restore DIR: fill an empty data_dir from a checkpoint (see checkpoint.h).
+ *
+ * A checkpoint is DIR/shard-J/ (a compact LMDB environment and meta.json) for every shard J of
+ * the cluster that took it. Its number of shards may differ from this manifest's: every
+ * chunk is placed again with ps_place_shard(first_chunk + c, nshards of this manifest), and
+ * each shard reads every DIR/shard-J for the chunks it owns now. The records are copied byte
+ * for byte (version, hashes, parameters and optimizer state), each checked against its hash
+ * first. Runs on the loop thread before the loop starts. */
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "checkpoint.h"
+#include "ckpt_meta.h"
+#include "place.h"
+#include "ps/ps_error.h"
+#include "ps/ps_log.h"
+
+int psd_restore_check(const ps_manifest_t *m, uint32_t nstate, const char *data_dir,
+                      const char *dir, char *err, size_t errlen)
+{
+    DIR *d = opendir(data_dir);
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d)) != NULL)
+            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) break;
+        if (e) {
+            snprintf(err, errlen, "--restore %s: data_dir %s is not empty (it holds '%s'); a "
+                     "restore fills only an empty or missing data_dir", dir, data_dir, e->d_name);
+            closedir(d);
+            return -EEXIST;
+        }
+        closedir(d);
+    }
+    char *j0 = psd_ckpt_meta_read(dir, 0);
+    if (j0 == NULL) {
+        snprintf(err, errlen, "--restore %s: no checkpoint there (cannot read shard-0/%s: %s)",
+                 dir, PSD_CKPT_META, strerror(errno));
+        return PS_ECONFIG;
+    }
+    char cl[256] = "", opt[64] = "";
+    psd_ckpt_meta_field(j0, "cluster", cl, sizeof cl);
+    psd_ckpt_meta_field(j0, "optimizer", opt, sizeof opt);
+    uint64_t n = psd_ckpt_meta_u64(j0, "nshards"), step = psd_ckpt_meta_u64(j0, "step");
+    uint64_t cb = psd_ckpt_meta_u64(j0, "chunk_bytes"), ns = psd_ckpt_meta_u64(j0, "optimizer_state");
+    int rc = 0;
+    if (strcmp(cl, m->cluster) != 0)
+        snprintf(err, errlen, "--restore %s: the checkpoint is of cluster '%s', this manifest's "
+                 "cluster is '%s'", dir, cl, m->cluster), rc = PS_ECONFIG;
+    else if (cb != m->chunk_bytes)
+        snprintf(err, errlen, "--restore %s: the checkpoint has chunk_bytes %llu, this manifest "
+                 "%llu", dir, (unsigned long long)cb, (unsigned long long)m->chunk_bytes),
+            rc = PS_ECONFIG;
+    else if (ns != nstate)
+        snprintf(err, errlen, "--restore %s: the checkpoint's optimizer %s keeps %llu state "
+                 "floats per parameter, this manifest's %s keeps %u", dir, opt,
+                 (unsigned long long)ns, ps_optim_name(m->job.optimizer.name), nstate),
+            rc = PS_ECONFIG;
+    else if (n == 0 || n == UINT64_MAX)
+        snprintf(err, errlen, "--restore %s: shard-0/%s has no nshards", dir, PSD_CKPT_META),
+            rc = PS_ECONFIG;
+    for (uint32_t k = 1; rc == 0 && k < n; k++) {
+        char *jk = psd_ckpt_meta_read(dir, k);
+        if (jk == NULL)
+            snprintf(err, errlen, "--restore %s: shard-%u/%s is missing (the checkpoint was "
+                     "taken on %llu shards): incomplete checkpoint", dir, k, PSD_CKPT_META,
+                     (unsigned long long)n), rc = PS_ECONFIG;
+        else if (psd_ckpt_meta_u64(jk, "nshards") != n ||
+                 (m->job.consistency == PS_CONSIST_BSP && psd_ckpt_meta_u64(jk, "step") != step &&
+                  psd_ckpt_meta_u64(jk, "records_bytes") != 0))
+            snprintf(err, errlen, "--restore %s: shard-%u is at step %llu of %llu shards, shard-0 "
+                     "at step %llu of %llu: not one checkpoint", dir, k,
+                     (unsigned long long)psd_ckpt_meta_u64(jk, "step"),
+                     (unsigned long long)psd_ckpt_meta_u64(jk, "nshards"), (unsigned long long)step,
+                     (unsigned long long)n), rc = PS_ECONFIG;
+        free(jk);
+    }
+    free(j0);
+    return rc;
+}
+
+void psd_restore_undo(const char *data_dir)
+{
+    static const char *files[] = {"data.mdb", "lock.mdb", "psd.lock"};
+    char path[1200];
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        snprintf(path, sizeof path, "%s/%s", data_dir, files[i]);
+        unlink(path);
+    }
+}
+
+int psd_restore_fill(psd_server_t *srv, const char *dir, char *err, size_t errlen)
+{
+    char *j0 = psd_ckpt_meta_read(dir, 0);
+    if (j0 == NULL) {
+        snprintf(err, errlen, "--restore %s: cannot read shard-0/%s", dir, PSD_CKPT_META);
+        return PS_ECONFIG;
+    }
+    uint32_t nold = (uint32_t)psd_ckpt_meta_u64(j0, "nshards");
+    uint64_t step = psd_ckpt_meta_u64(j0, "step");
+    free(j0);
+    bool bsp = srv->m.job.consistency == PS_CONSIST_BSP;
+    ps_decl_t *decl = NULL; /* by id; name[0] == 0: absent */
+    uint32_t ndecl = 0;
+    uint64_t want = 0, got = 0, bytes = 0;
+    psd_wtxn_t tx;
+    psd_ckpt_src_t s = {0};
+    int rc = psd_store_begin(&srv->store, &tx), mrc;
+    if (rc) {
+        snprintf(err, errlen, "cannot begin a transaction: %s", ps_strerror(rc));
+        return rc;
+    }
+    for (uint32_t j = 0; rc == 0 && j < nold; j++) {
+        if ((mrc = psd_ckpt_src_open(&s, dir, j, srv->m.map_size_mb)) != 0) {
+            snprintf(err, errlen, "--restore %s: cannot open shard-%u: %s", dir, j,
+                     mdb_strerror(mrc));
+            rc = PS_ESTORE;
+            break;
+        }
+        MDB_cursor *cur;
+        if ((mrc = mdb_cursor_open(s.txn, s.dbi, &cur)) != 0) {
+            snprintf(err, errlen, "--restore %s: shard-%u: %s", dir, j, mdb_strerror(mrc));
+            rc = PS_ESTORE;
+            break;
+        }
+        MDB_val k, v;
+        if (j == 0) { /* the tensor table and the coordinator's blob come from shard 0 */
+            for (mrc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0 && mrc == 0;
+                 mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+                const uint8_t *kp = k.mv_data;
+                if (k.mv_size == 5 && kp[0] == 'T' && v.mv_size == sizeof(ps_decl_t)) {
+                    ps_decl_t d;
+                    memcpy(&d, v.mv_data, sizeof d);
+                    if (d.id >= PSD_MAX_TENSORS) continue;
+                    if (d.id >= ndecl) {
+                        ps_decl_t *nd = realloc(decl, (d.id + 1) * sizeof *nd);
+                        if (nd == NULL) {
+                            rc = PS_ENOMEM;
+                            break;
+                        }
+                        memset(nd + ndecl, 0, (d.id + 1 - ndecl) * sizeof *nd);
+                        decl = nd;
+                        ndecl = d.id + 1;
+                    }
+                    decl[d.id] = d;
+                    rc = psd_store_put_tensor(&tx, &d);
+                    uint64_t numel = ps_decl_numel(&d);
+                    uint32_t nc = ps_chunk_count(numel, srv->chunk_elems);
+                    for (uint32_t c = 0; c < nc; c++)
+                        want += ps_place_shard(d.first_chunk + c, srv->nshards) == srv->shard;
+                } else if (srv->shard == 0 && k.mv_size == 4 && memcmp(kp, "Mjob", 4) == 0) {
+                    rc = psd_store_put_blob(&tx, "job", v.mv_data, v.mv_size);
+                }
+            }
+        }
+        for (mrc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0 && mrc == 0;
+             mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+            const uint8_t *kp = k.mv_data;
+            if (k.mv_size != 9 || kp[0] != 'C') continue;
+            uint32_t t = psd_ckpt_rd32(kp + 1), c = psd_ckpt_rd32(kp + 5);
+            const psd_chunk_hdr_t *h = v.mv_data;
+            if (t >= ndecl || decl[t].name[0] == '\0') {
+                snprintf(err, errlen, "--restore %s: shard-%u holds chunk %u/%u of no tensor", dir,
+                         j, t, c);
+                rc = PS_ESTORE;
+                break;
+            }
+            if (ps_place_shard(decl[t].first_chunk + c, srv->nshards) != srv->shard) continue;
+            if (v.mv_size < sizeof *h || v.mv_size != psd_chunk_bytes(h->n, h->nstate) ||
+                h->format != PSD_CHUNK_FORMAT || h->nstate != srv->nstate ||
+                h->n != ps_chunk_len(ps_decl_numel(&decl[t]), srv->chunk_elems, c) ||
+                psd_store_chunk_hash(h) != h->hash) {
+                snprintf(err, errlen, "--restore %s: shard-%u: tensor '%s' chunk %u is malformed "
+                         "or does not match its hash (psctl verify --against says more)", dir, j,
+                         decl[t].name, c);
+                rc = PS_ESTORE;
+                break;
+            }
+            if (bsp && h->version != step) {
+                snprintf(err, errlen, "--restore %s: shard-%u: tensor '%s' chunk %u is at version "
+                         "%llu, the checkpoint's step is %llu", dir, j, decl[t].name, c,
+                         (unsigned long long)h->version, (unsigned long long)step);
+                rc = PS_ESTORE;
+                break;
+            }
+            psd_chunk_hdr_t *out;
+            if ((rc = psd_store_chunk_reserve(&tx, t, c, h->n, h->nstate, &out)) != 0) {
+                snprintf(err, errlen, "cannot store chunk %u/%u: %s", t, c, ps_strerror(rc));
+                break;
+            }
+            memcpy(out, h, v.mv_size);
+            got++;
+            bytes += v.mv_size;
+        }
+        mdb_cursor_close(cur);
+        psd_ckpt_src_close(&s);
+    }
+    psd_ckpt_src_close(&s);
+    if (rc == 0 && got != want) {
+        snprintf(err, errlen, "--restore %s: the checkpoint holds %llu of the %llu chunks this "
+                 "shard owns: incomplete checkpoint", dir, (unsigned long long)got,
+                 (unsigned long long)want);
+        rc = PS_ESTORE;
+    }
+    free(decl);
+    if (rc) {
+        psd_store_abort(&tx);
+        return rc;
+    }
+    if ((rc = psd_store_commit(&tx)) != 0) {
+        snprintf(err, errlen, "cannot commit the restored store: %s", ps_strerror(rc));
+        return rc;
+    }
+    PS_LOG(PS_LOG_INFO, "restore", "shard %u restored from %s (step %llu, taken on %u shards): "
+           "%llu chunks, %llu bytes", srv->shard, dir, (unsigned long long)step, nold,
+           (unsigned long long)got, (unsigned long long)bytes);
+    return 0;
+}
