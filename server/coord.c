@@ -50,6 +50,7 @@ typedef struct {
     uint64_t active;          /* ranks in the job */
     uint64_t final_step;
     uint8_t finished;
+    uint8_t started;          /* asp / ssp: the first batches went out */
     saved_member_t m[PS_MAX_RANKS];
     ps_cursor_t cur;
 } coord_saved_t;
@@ -225,7 +226,7 @@ static void maybe_restart_step(psd_server_t *srv)
     if (popcount(co->s.active) > 0 && co->waiting_since_ms == 0)
         co->waiting_since_ms = uv_now(srv->loop);
     if (!can_start(srv)) return;
-    co->removed_in_step = 0; /* nobody's slot holds data of a member: nothing to confuse */
+    /* removed_in_step stays: slots may still hold pushes of the ranks that left this step. */
     hand_out(srv);
 }
 
@@ -250,6 +251,14 @@ static void serve_async(psd_server_t *srv, uint32_t r)
 {
     psd_coord_t *co = srv->coord;
     saved_member_t *m = &co->s.m[r];
+    if (!co->s.started) {
+        /* As under bsp, the job starts with job.workers workers (or, with fewer, after one
+         * heartbeat timeout), so the first worker does not run away with the first batches. */
+        if (co->waiting_since_ms == 0) co->waiting_since_ms = uv_now(srv->loop);
+        if (!can_start(srv)) return;
+        co->s.started = 1;
+        co->waiting_since_ms = 0;
+    }
     if (!m->has_batch) {
         uint64_t max = srv->m.job.max_steps, total = co->s.cur.applied_total;
         if (max && m->steps_done >= max) {
@@ -305,7 +314,7 @@ void psd_coord_on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
 {
     psd_coord_t *co = srv->coord;
     int32_t rank = -1;
-    if (c->rank >= 0) {
+    if (c->rank >= 0 && (co->s.active >> c->rank & 1) && co->rt[c->rank].conn == c) {
         rank = c->rank; /* a second hello on the same connection */
     } else if (msg->rank >= 0) {
         /* A worker whose connection to this shard broke (or that this shard lost in a
@@ -448,7 +457,10 @@ void psd_coord_tick(psd_server_t *srv)
                "releasing it", (unsigned long long)co->hold_step, CKPT_HOLD_MS);
         psd_coord_ckpt_release(srv);
     }
-    if (is_bsp(srv)) maybe_restart_step(srv);
+    if (is_bsp(srv))
+        maybe_restart_step(srv);
+    else if (!co->s.started)
+        serve_parked(srv); /* the start's grace may have run out */
 }
 
 /* ---- checkpoints ---------------------------------------------------------------- */
@@ -552,6 +564,9 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len)
     if (saved && saved_len == sizeof co->s &&
         ((const coord_saved_t *)saved)->magic == COORD_MAGIC) {
         memcpy(&co->s, saved, sizeof co->s);
+        /* Epochs made after the save (joins, removals) are lost with the crash, but the
+         * other shards know them: jump past anything that can have been handed out. */
+        co->s.epoch = (co->s.epoch | 0xFFFFFull) + 1;
         /* Members are expected back (libps reconnects with their rank). */
         PS_LOG(PS_LOG_INFO, "coord", "restored: epoch %llu, step %llu, %u members, %llu samples "
                "applied", (unsigned long long)co->s.epoch, (unsigned long long)co->s.step,
@@ -640,7 +655,7 @@ void psd_coord_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len
             "\"steps_per_s\": %.2f, \"last_heard_ms\": %lld, \"in_step\": %s}",
             firstm ? "" : ", ", r, m->pid, m->host, (unsigned long long)m->steps_done,
             up > 0 ? (double)m->steps_done / up : 0.0,
-            rt->conn ? (long long)(now - rt->conn->last_seen_ms) : -1LL,
+            rt->conn ? (long long)psd_now_ms() - (long long)rt->conn->last_seen_ms : -1LL,
             (co->s.step_members >> r & 1) ? "true" : "false");
         firstm = 0;
     }

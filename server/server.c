@@ -299,7 +299,7 @@ static void send_status(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
         goto send;
     }
     len += (size_t)snprintf(out + len, cap - len, ", \"members\": [");
-    uint64_t now = uv_now(srv->loop);
+    uint64_t now = psd_now_ms();
     int first = 1;
     for (psd_conn_t *m = srv->conns; m && len + 200 < cap; m = m->next) {
         if (m->rank < 0 || m->dead) continue;
@@ -335,7 +335,7 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) return UCS_OK;
     psd_conn_t *c = conn_by_ep(srv, param->reply_ep);
     if (c == NULL || c->dead) return UCS_OK;
-    c->last_seen_ms = uv_now(srv->loop);
+    c->last_seen_ms = psd_now_ms(); /* not the loop's cached time: the loop may have stalled */
     ps_msg_t msg;
     char err[256];
     if (ps_msg_decode(&msg, header, header_length, err, sizeof err)) {
@@ -366,6 +366,13 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
         psd_export_on_msg(srv, c, &msg);
         return UCS_OK;
     }
+    if (msg.type == PS_MSG_EPOCH && length == 0) {
+        /* Forwarded by a member (maybe before its hello here): the coordinator changed the
+         * open step's members. Carries no rank state, so no hello is needed. */
+        if (srv->coord == NULL && msg.members != 0 && msg.epoch != 0)
+            psd_shard_learn_view(srv, msg.epoch, msg.step, msg.members);
+        return UCS_OK;
+    }
     if (msg.type != PS_MSG_HELLO && c->rank < 0) {
         psd_send_error(srv, c, msg.req_id, PS_EPROTO, "%s before hello",
                        ps_msg_type_name(msg.type));
@@ -388,11 +395,6 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
         else
             psd_send_error(srv, c, msg.req_id, PS_EPROTO, "batches come from shard 0");
         break;
-    case PS_MSG_EPOCH:
-        /* Forwarded by a member: the coordinator changed the open step's members. */
-        if (srv->coord == NULL && msg.members != 0 && msg.epoch != 0)
-            psd_shard_learn_view(srv, msg.epoch, msg.step, msg.members);
-        break;
     case PS_MSG_LEAVE:
         PS_LOG(PS_LOG_INFO, "server", "rank %d (pid %u) says leave", c->rank, c->pid);
         conn_release_rank(srv, c, "it said leave");
@@ -411,8 +413,19 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
 static void on_cron(uv_timer_t *h)
 {
     psd_server_t *srv = h->data;
-    uint64_t now = uv_now(srv->loop), limit = srv->m.job.heartbeat_timeout_ms;
+    uint64_t limit = srv->m.job.heartbeat_timeout_ms;
+    /* Read what is queued first: after a stall of this loop the heartbeats wait unread. */
+    ps_ucx_progress(&srv->ucx);
+    uint64_t now = psd_now_ms();
     int dropped = 0;
+    bool stalled = srv->last_cron_ms && now - srv->last_cron_ms > limit / 2;
+    srv->last_cron_ms = now;
+    if (stalled) {
+        /* This loop itself did not run for a while (a long close, the host descheduled us):
+         * silence then says nothing about the peers; give them one more period. */
+        PS_LOG(PS_LOG_WARN, "server", "cron ran late; heartbeat checks skipped once");
+        for (psd_conn_t *c = srv->conns; c; c = c->next) c->last_seen_ms = now;
+    }
     for (psd_conn_t *c = srv->conns; c; c = c->next) {
         if (c->dead || c->rank < 0 || c->ep == NULL || now - c->last_seen_ms <= limit) continue;
         PS_LOG(PS_LOG_WARN, "server", "rank %d (pid %u) silent for %llu ms (heartbeat timeout "
@@ -425,7 +438,7 @@ static void on_cron(uv_timer_t *h)
     }
     if (srv->coord) psd_coord_tick(srv);
     if (dropped) ps_ucx_progress(&srv->ucx);
-    psd_sync_cron(srv, now);
+    psd_sync_cron(srv, uv_now(srv->loop));
 }
 
 /* ---- start and stop ----------------------------------------------------- */

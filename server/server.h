@@ -69,6 +69,8 @@ struct psd_chunk_s {
     uint8_t *slot_state;       /* SLOT_* */
     uint64_t *slot_req;        /* req_id to acknowledge */
     uint32_t *slot_crc;        /* the push header's CRC-32C of its payload */
+    uint64_t *slot_step;       /* the step the push is for */
+    uint32_t *slot_pid;        /* the process that pushed it */
     psd_conn_t **slot_conn;    /* who to acknowledge */
     psd_slot_ref_t *slot_ref;  /* receive-callback contexts */
     uint32_t nfull;            /* slots in SLOT_FULL */
@@ -202,11 +204,15 @@ struct psd_server_s {
     uv_signal_t sigint, sigterm;
     uv_timer_t cron;           /* heartbeat checks */
     bool stopping;
+    uint64_t last_cron_ms;     /* psd_now_ms() of the last heartbeat check */
     uint64_t applied_updates, pushes, pulls;
     uint64_t crc_errors;       /* pushes rejected for a checksum mismatch */
     uint32_t test_corrupt_pull; /* PS_TEST_CORRUPT_PULL (tests only): corrupt every Nth pull reply */
     uint64_t test_pull_count;
 };
+
+/** @brief Milliseconds of a monotonic clock read now (not the loop's cached time). */
+static inline uint64_t psd_now_ms(void) { return uv_hrtime() / 1000000u; }
 
 /* server.c */
 /** @brief Send a reply header (no data) to @p conn; drops it if the conn is dead. */

@@ -12,6 +12,7 @@
 #include "server.h"
 
 static void job_start_next(psd_server_t *srv);
+static void drop_slot(psd_chunk_t *ch, uint32_t r);
 
 /* ---- tensor table ------------------------------------------------------ */
 
@@ -43,10 +44,15 @@ static psd_chunk_t *chunk_new(psd_server_t *srv, uint32_t t, uint32_t c, uint32_
     ch->slot_state = calloc(w, 1);
     ch->slot_req = calloc(w, sizeof *ch->slot_req);
     ch->slot_crc = calloc(w, sizeof *ch->slot_crc);
+    ch->slot_step = calloc(w, sizeof *ch->slot_step);
+    ch->slot_pid = calloc(w, sizeof *ch->slot_pid);
     ch->slot_conn = calloc(w, sizeof *ch->slot_conn);
     ch->slot_ref = calloc(w, sizeof *ch->slot_ref);
     if (!ch->slots || !ch->slot_state || !ch->slot_req || !ch->slot_conn || !ch->slot_ref ||
-        !ch->slot_cap || !ch->slot_len || !ch->slot_codec || !ch->slot_crc) {
+        !ch->slot_cap || !ch->slot_len || !ch->slot_codec || !ch->slot_crc || !ch->slot_step ||
+        !ch->slot_pid) {
+        free(ch->slot_step);
+        free(ch->slot_pid);
         free(ch->slots);
         free(ch->slot_cap);
         free(ch->slot_len);
@@ -73,6 +79,8 @@ static void chunk_free(psd_chunk_t *ch)
     free(ch->slot_state);
     free(ch->slot_req);
     free(ch->slot_crc);
+    free(ch->slot_step);
+    free(ch->slot_pid);
     free(ch->slot_conn);
     free(ch->slot_ref);
     free(ch);
@@ -651,6 +659,16 @@ static void push_received(psd_chunk_t *ch, uint32_t rank, ucs_status_t status)
         ch->slot_conn[rank] = NULL;
         return;
     }
+    if (srv->m.job.consistency == PS_CONSIST_BSP && ch->slot_step[rank] != ch->version) {
+        /* The step was applied while this push was landing (its rank had left it): stale. */
+        PS_LOG(PS_LOG_DEBUG, "shard", "push of %u/%u from rank %u for step %llu landed at %llu",
+               ch->tensor, ch->chunk, rank, (unsigned long long)ch->slot_step[rank],
+               (unsigned long long)ch->version);
+        ch->slot_state[rank] = SLOT_EMPTY;
+        psd_conn_unref(ch->slot_conn[rank]);
+        ch->slot_conn[rank] = NULL;
+        return;
+    }
     if (ps_crc32c(0, ch->slots[rank], ch->slot_len[rank]) != ch->slot_crc[rank]) {
         /* Corrupted in transit: never applied; the sender sends it again. */
         srv->crc_errors++;
@@ -748,8 +766,17 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
             return UCS_OK;
         }
     }
-    if ((ch->slot_state[rank] == SLOT_FULL || ch->slot_state[rank] == SLOT_APPLYING) &&
-        (ch->slot_conn[rank] == NULL || ch->slot_conn[rank]->dead)) {
+    bool orphan = (ch->slot_state[rank] == SLOT_FULL || ch->slot_state[rank] == SLOT_APPLYING) &&
+                  (ch->slot_conn[rank] == NULL || ch->slot_conn[rank]->dead);
+    if (orphan && ch->slot_state[rank] == SLOT_FULL &&
+        (ch->slot_pid[rank] != conn->pid || ch->slot_step[rank] != msg->step)) {
+        /* Left by another process that held this rank (it is gone): not this push's data. */
+        ch->nfull--;
+        ch->full_mask &= ~(1ull << rank);
+        drop_slot(ch, rank);
+        orphan = false;
+    }
+    if (orphan && ch->slot_pid[rank] == conn->pid && ch->slot_step[rank] == msg->step) {
         /* The same rank's push of this step is here already (maybe being applied): its
          * connection broke and it sent the push again. Ranks are not reused within a step,
          * so this is the same gradient; acknowledge this copy when the step is applied. */
@@ -785,11 +812,11 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
     ch->slot_len[rank] = length;
     ch->has_progress = (msg->flags & PS_FLAG_PROGRESS) != 0; /* every member's push says the same */
     ch->progress = msg->samples;
-    ch->has_progress = (msg->flags & PS_FLAG_PROGRESS) != 0; /* every member's push says the same */
-    ch->progress = msg->samples;
     ch->slot_state[rank] = SLOT_RECEIVING;
     ch->slot_req[rank] = msg->req_id;
     ch->slot_crc[rank] = msg->crc32c;
+    ch->slot_step[rank] = msg->step;
+    ch->slot_pid[rank] = conn->pid;
     ch->slot_conn[rank] = conn;
     psd_conn_ref(conn);
     if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
@@ -1045,6 +1072,14 @@ static void job_done(uv_work_t *w, int status)
             }
             for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
                 if (ch->slot_state[r] == SLOT_APPLYING) ack_slot(srv, ch, r, job->rc, ch->version);
+            for (uint32_t r = 0; srv->m.job.consistency == PS_CONSIST_BSP && r < PS_MAX_RANKS; r++)
+                if (ch->slot_state[r] == SLOT_FULL && ch->slot_step[r] < ch->version) {
+                    /* Landed during the apply for the step just applied without it (its rank
+                     * had left the step): acknowledged and dropped, like any stale push. */
+                    ch->nfull--;
+                    ch->full_mask &= ~(1ull << r);
+                    ack_slot(srv, ch, r, 0, ch->version);
+                }
             ch->queued = false;
             srv->applied_updates += applied;
             if (job->rc) {

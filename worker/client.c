@@ -567,6 +567,8 @@ static void on_rehello(ps_op_t *op)
                (unsigned long long)(now_ms() - s->down_since_ms));
         s->down = 0;
         if (i > 0) forward_view(c, i); /* a restarted shard learns the step's members */
+        else if (op->reply.members) /* the coordinator's current membership, missed while away */
+            learn_view(c, op->reply.epoch, op->reply.step, op->reply.members, 1);
         /* Send again whatever it had not answered: a push it already applied is acked
          * and dropped, so every step is applied exactly once. */
         for (ps_op_t *o = c->inflight, *nx; o; o = nx) {
