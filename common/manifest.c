@@ -509,6 +509,21 @@ static int check_servers(ctx_t *c, const field_t *f, yaml_node_t *n, char *base,
     return 0;
 }
 
+/* checkpoint: a map that says when; every_steps and every_s cannot both be 0. */
+static int check_checkpoint(ctx_t *c, const field_t *f, yaml_node_t *n, char *base,
+                            const char *path)
+{
+    ps_checkpoint_conf_t *ck = (ps_checkpoint_conf_t *)(base + f->off);
+    if (ck->every_steps == 0 && ck->every_s == 0) {
+        char sub[PATH_LEN];
+        child_path(sub, path, "every_steps", -1);
+        return fail(c, map_get(c, n, "every_steps"), sub,
+                    "every_steps or every_s must be > 0 (when to checkpoint)");
+    }
+    ck->present = true;
+    return 0;
+}
+
 /* ---- tables: one row per key ------------------------------------------------------------- */
 
 #define AT(T, m) .key = #m, .off = offsetof(T, m), .size = sizeof(((T *)0)->m)
@@ -582,6 +597,15 @@ static const field_t server_fields[] = {
     {0},
 };
 
+#define CKP(m) AT(ps_checkpoint_conf_t, m)
+static const field_t checkpoint_fields[] = {
+    {CKP(every_steps), .type = T_INT, .min = 0, .max = NOMAX},
+    {CKP(every_s), .type = T_INT, .min = 0, .max = 31536000},
+    {CKP(dir), .type = T_STR},
+    {CKP(keep), .type = T_INT, .min = 1, .max = 1000000},
+    {0},
+};
+
 static const field_t top_fields[] = {
     {TOP(cluster), .type = T_STR, .flags = F_REQ, .check = check_name},
     {TOP(chunk_bytes), .type = T_INT, .min = 1024, .max = 1 << 30, .check = check_multiple_of_4},
@@ -592,6 +616,8 @@ static const field_t top_fields[] = {
      .elem = sizeof(ps_server_conf_t), .count_off = offsetof(ps_manifest_t, nservers),
      .min_count = 1, .check = check_servers},
     {TOP(job), .type = T_MAP, .flags = F_REQ, .sub = job_fields},
+    /* periodic checkpoints, run by shard 0's psctl checkpoint --follow (issue #6) */
+    {TOP(checkpoint), .type = T_MAP, .sub = checkpoint_fields, .check = check_checkpoint},
     {0},
 };
 
@@ -627,6 +653,7 @@ static void set_defaults(ps_manifest_t *m, const char *name)
     cc->min_bytes = 16384;
     cc->block = 256;
     snprintf(cc->pull, sizeof cc->pull, "none");
+    m->checkpoint.keep = 3;
 }
 
 /* ---- entry points ------------------------------------------------------------------------ */

@@ -78,6 +78,17 @@ typedef struct {
     ps_compression_conf_t compression; /* optional */
 } ps_job_conf_t;
 
+/* Periodic checkpoints (top-level `checkpoint:`): shard 0 runs `psctl checkpoint --follow`,
+ * which checkpoints into dir/step-S every every_steps steps (bsp: S a multiple of it) and/or
+ * every every_s seconds, and keeps the newest `keep` of them. */
+typedef struct {
+    bool present;             /* the manifest has a checkpoint section */
+    uint64_t every_steps;     /* default 0; at least one of every_steps, every_s is > 0 */
+    uint64_t every_s;         /* default 0 */
+    char dir[PS_PATH_MAX];    /* default "": <parent of servers[0].data_dir>/checkpoints */
+    uint32_t keep;            /* default 3, 1..1000000 */
+} ps_checkpoint_conf_t;
+
 typedef struct {
     char path[PS_PATH_MAX];   /* the file it came from */
     char cluster[128];        /* required, [A-Za-z0-9_.-]+ */
@@ -88,6 +99,7 @@ typedef struct {
     ps_server_conf_t servers[PS_MAX_SERVERS];
     int nservers;             /* 1..PS_MAX_SERVERS */
     ps_job_conf_t job;        /* required */
+    ps_checkpoint_conf_t checkpoint; /* optional */
 } ps_manifest_t;
 
 /**

@@ -593,15 +593,24 @@ void psd_ckpt_on_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
     }
     switch (msg->type) {
     case PS_MSG_CKPT_BEGIN: {
+        /* step 0: now; step S > 0: at step S (psctl checkpoint --follow), maybe later. */
         ps_msg_t r = {.type = PS_MSG_CKPT_BEGIN_REPLY, .req_id = msg->req_id, .shard = 0,
-                      .step = psd_coord_ckpt_hold(srv),
-                      .consistency = (uint32_t)srv->m.job.consistency};
-        psd_send_msg(srv, conn, &r);
+                      .step = msg->step, .consistency = (uint32_t)srv->m.job.consistency};
+        char why[200];
+        int rc = 0;
+        if (msg->step == 0)
+            r.step = psd_coord_ckpt_hold(srv);
+        else
+            rc = psd_coord_ckpt_hold_at(srv, msg->step, &r.flags, why, sizeof why);
+        if (rc)
+            psd_send_error(srv, conn, msg->req_id, rc, "%s", why);
+        else
+            psd_send_msg(srv, conn, &r);
         break;
     }
     case PS_MSG_CKPT_ARM: on_arm(srv, conn, msg); break;
     case PS_MSG_CKPT_GO: {
-        psd_coord_ckpt_release(srv);
+        psd_coord_ckpt_release_until(srv, msg->step); /* step: the next checkpoint's, or 0 */
         ps_msg_t r = {.type = PS_MSG_CKPT_GO_REPLY, .req_id = msg->req_id, .shard = 0};
         psd_send_msg(srv, conn, &r);
         break;

@@ -85,6 +85,8 @@ struct psd_coord_s {
     uint64_t hold_step;        /* psctl checkpoint: steps >= this are not handed out ... */
     uint64_t hold_ms;          /* ... since this loop time (0: no hold) */
     bool held;                 /* a hand-out waits for the hold to end */
+    bool hold_ahead;           /* a hold at a step not reached yet (psctl checkpoint --follow):
+                                  hold_ms is set when the job gets there */
 };
 
 static bool is_bsp(const psd_server_t *srv) { return srv->m.job.consistency == PS_CONSIST_BSP; }
@@ -157,8 +159,14 @@ static void serve_parked(psd_server_t *srv);
 static void hand_out(psd_server_t *srv)
 {
     psd_coord_t *co = srv->coord;
-    if (co->hold_ms && co->s.step >= co->hold_step) {
+    if ((co->hold_ms || co->hold_ahead) && co->s.step >= co->hold_step) {
         co->held = true; /* every shard must know the checkpoint's step first */
+        if (co->hold_ahead) { /* the 10 s limit runs from here */
+            co->hold_ahead = false;
+            co->hold_ms = uv_now(srv->loop) ? uv_now(srv->loop) : 1;
+            PS_LOG(PS_LOG_INFO, "coord", "step %llu reached: held for its checkpoint",
+                   (unsigned long long)co->s.step);
+        }
         return;
     }
     uint64_t members = 0;
@@ -465,14 +473,31 @@ void psd_coord_tick(psd_server_t *srv)
 
 /* ---- checkpoints ---------------------------------------------------------------- */
 
+/* The step a checkpoint asked for now would have: the steps before the open one are applied
+ * everywhere, and the open one is being applied while it has members (unless it is held). */
+static uint64_t natural_step(const psd_coord_t *co)
+{
+    return co->s.step + (co->s.step_members != 0 && !co->s.finished && !co->held ? 1 : 0);
+}
+
+static void hold_ahead(psd_server_t *srv, uint64_t step)
+{
+    psd_coord_t *co = srv->coord;
+    co->hold_step = step;
+    co->hold_ms = 0;
+    co->hold_ahead = true;
+    PS_LOG(PS_LOG_INFO, "coord", "checkpoint at step %llu requested: the step will be held "
+           "when reached", (unsigned long long)step);
+}
+
 uint64_t psd_coord_ckpt_hold(psd_server_t *srv)
 {
     psd_coord_t *co = srv->coord;
     if (!is_bsp(srv)) return UINT64_MAX;
-    /* Steps before the open one are applied everywhere; the open one is being applied while it
-     * has members. Holding the hand-out of the step after it keeps every chunk at or below it. */
-    uint64_t step = co->s.step + (co->s.step_members != 0 && !co->s.finished ? 1 : 0);
+    /* Holding the hand-out of the natural step keeps every chunk at or below it. */
+    uint64_t step = natural_step(co);
     co->hold_step = step;
+    co->hold_ahead = false;
     co->hold_ms = uv_now(srv->loop);
     if (co->hold_ms == 0) co->hold_ms = 1;
     PS_LOG(PS_LOG_INFO, "coord", "checkpoint at step %llu: holding later steps until every "
@@ -480,15 +505,55 @@ uint64_t psd_coord_ckpt_hold(psd_server_t *srv)
     return step;
 }
 
+int psd_coord_ckpt_hold_at(psd_server_t *srv, uint64_t step, uint32_t *flags, char *err,
+                           size_t errlen)
+{
+    psd_coord_t *co = srv->coord;
+    *flags = 0;
+    if (!is_bsp(srv)) {
+        snprintf(err, errlen, "a checkpoint at a given step needs bsp (this job is %s)",
+                 ps_consistency_name(srv->m.job.consistency));
+        return PS_EINVAL;
+    }
+    uint64_t now = natural_step(co);
+    if (step < now) {
+        snprintf(err, errlen, "the job is past step %llu (a checkpoint now would be at step "
+                 "%llu)", (unsigned long long)step, (unsigned long long)now);
+        return PS_ECONFLICT;
+    }
+    if (step == now) {
+        psd_coord_ckpt_hold(srv);
+        return 0;
+    }
+    if (co->s.finished) { /* it will never get there */
+        *flags = PS_FLAG_FINISHED;
+        return 0;
+    }
+    if (co->held && co->hold_step < step) psd_coord_ckpt_release(srv);
+    if (!co->hold_ahead || co->hold_step != step) hold_ahead(srv, step);
+    *flags = PS_FLAG_PENDING;
+    return 0;
+}
+
 void psd_coord_ckpt_release(psd_server_t *srv)
 {
     psd_coord_t *co = srv->coord;
-    if (co == NULL || co->hold_ms == 0) return;
+    if (co == NULL) return;
+    co->hold_ahead = false;
+    if (co->hold_ms == 0) return;
     co->hold_ms = 0;
     if (co->held) {
         co->held = false;
         hand_out(srv);
     }
+}
+
+void psd_coord_ckpt_release_until(psd_server_t *srv, uint64_t next)
+{
+    psd_coord_t *co = srv->coord;
+    psd_coord_ckpt_release(srv);
+    if (co && next && is_bsp(srv) && !co->s.finished && next > natural_step(co))
+        hold_ahead(srv, next);
 }
 
 /* ---- scaling -------------------------------------------------------------------- */

@@ -3,7 +3,9 @@
  *                                       (coordinator), the shards and the members
  *   psctl --manifest M scale N          sets the job's desired number of workers
  *   psctl --manifest M checkpoint | restore D | repair --from D | verify --against D
- *                                       checkpoints (psctl_checkpoint.c) */
+ *                                       checkpoints (psctl_checkpoint.c)
+ *   psctl --manifest M checkpoint --follow  the manifest's periodic checkpoints until the job
+ *                                       is finished (psctl_follow.c; psd shard 0 runs it) */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -225,6 +227,7 @@ static void usage(FILE *f)
                "       psctl --manifest FILE export --out FILE [--wait S] [--timeout S]\n"
                "       psctl --manifest FILE verify [--against DIR] [--timeout S]\n"
                "       psctl --manifest FILE checkpoint [--dir DIR] [--wait S] [--timeout S]\n"
+               "       psctl --manifest FILE checkpoint --follow [--wait S] [--timeout S]\n"
                "       psctl --manifest FILE repair --from DIR [--rollback] [--timeout S]\n"
                "       psctl --manifest FILE restore DIR\n"
                "  status   the job (epoch, step, desired and actual workers, members) and every\n"
@@ -236,7 +239,10 @@ static void usage(FILE *f)
                "           --against DIR, the checkpoint's files are rechecked here instead\n"
                "  checkpoint  every shard copies its store at one step into DIR/shard-K\n"
                "           (default DIR: <shard 0's data_dir>/../checkpoints/step-S) while\n"
-               "           training goes on; --wait: how long to wait for it (default 600 s)\n"
+               "           training goes on; --wait: how long to wait for it (default 600 s);\n"
+               "           --follow: the manifest's periodic checkpoints (checkpoint: section)\n"
+               "           until the job is finished, keeping the newest `keep` (psd shard 0\n"
+               "           starts this itself)\n"
                "  repair   rewrite the chunks verify names from checkpoint DIR where it holds\n"
                "           their version; --rollback prints the commands that restore all\n"
                "  restore  print the commands that start every shard from checkpoint DIR\n",
@@ -255,10 +261,11 @@ int main(int argc, char **argv)
                                          {"against", required_argument, 0, 'a'},
                                          {"from", required_argument, 0, 'f'},
                                          {"rollback", no_argument, 0, 'r'},
+                                         {"follow", no_argument, 0, 'F'},
                                          {0, 0, 0, 0}};
     const char *manifest = NULL, *out = NULL, *dir = NULL, *against = NULL, *from = NULL;
     double wait = -1;
-    int rollback = 0;
+    int rollback = 0, follow = 0;
     int json = 0, o;
     double timeout = 5;
     ps_log_set_level(NULL);
@@ -274,6 +281,7 @@ int main(int argc, char **argv)
         case 'a': against = optarg; break;
         case 'f': from = optarg; break;
         case 'r': rollback = 1; break;
+        case 'F': follow = 1; break;
         default: usage(stderr); return 2;
         }
     }
@@ -306,6 +314,8 @@ int main(int argc, char **argv)
                           : against && strcmp(verb, "verify") ? "--against is for verify only"
                           : from && strcmp(verb, "repair") ? "--from is for repair only"
                           : rollback && strcmp(verb, "repair") ? "--rollback is for repair only"
+                          : follow && strcmp(verb, "checkpoint") ? "--follow is for checkpoint only"
+                          : follow && dir ? "--follow takes the directory from the manifest"
                           : !from && strcmp(verb, "repair") == 0 ? "repair needs --from DIR"
                           : NULL;
     if (misplaced) {
@@ -342,6 +352,8 @@ int main(int argc, char **argv)
     if (strcmp(verb, "export") == 0) return psctl_export(&ctl.m, out, timeout, wait < 0 ? 10 : wait);
     if (strcmp(verb, "verify") == 0)
         return against ? psctl_verify_against(&ctl.m, against) : psctl_verify(&ctl.m, timeout);
+    if (strcmp(verb, "checkpoint") == 0 && follow)
+        return psctl_checkpoint_follow(&ctl.m, timeout, wait < 0 ? 600 : wait);
     if (strcmp(verb, "checkpoint") == 0)
         return psctl_checkpoint(&ctl.m, dir, timeout, wait < 0 ? 600 : wait);
     if (strcmp(verb, "repair") == 0) return psctl_repair(&ctl.m, from, rollback, timeout);

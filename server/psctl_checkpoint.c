@@ -30,7 +30,7 @@
 #include "psctl_client.h"
 #include "store.h"
 
-static double mono_s(void)
+double psctl_mono_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -38,7 +38,7 @@ static double mono_s(void)
 }
 
 /* @p dir made absolute (psd resolves paths against its own working directory). */
-static void absolute(char *out, size_t cap, const char *dir)
+void psctl_absolute(char *out, size_t cap, const char *dir)
 {
     char cwd[1024];
     if (dir[0] == '/' || getcwd(cwd, sizeof cwd) == NULL)
@@ -49,39 +49,30 @@ static void absolute(char *out, size_t cap, const char *dir)
 
 /* ---- checkpoint ------------------------------------------------------------------------ */
 
-int psctl_checkpoint(const ps_manifest_t *m, const char *dir, double timeout_s, double wait_s)
+int psctl_checkpoint_dir(const ps_manifest_t *m, const char *base_in, uint64_t step, char *out,
+                         size_t cap)
 {
-    psctl_client_t *cl;
-    char err[512], d[1024];
-    if (psctl_client_open(m, timeout_s, &cl, err, sizeof err)) {
-        fprintf(stderr, "psctl: %s\n", err);
-        return 1;
-    }
-    int ret = 1, n = m->nservers;
-    double t0 = mono_s();
-    ps_msg_t q = {.type = PS_MSG_CKPT_BEGIN, .rank = -1}, r;
-    if (psctl_client_call(cl, 0, &q, &r, NULL, NULL, err, sizeof err)) {
-        fprintf(stderr, "psctl: checkpoint: %s\n", err);
-        goto out;
-    }
-    uint64_t step = r.step;
-    if (dir) {
-        absolute(d, sizeof d, dir);
-    } else {
-        char base[PS_PATH_MAX + 32];
+    char tmp[PS_PATH_MAX + 64], base[PS_PATH_MAX + 32];
+    if (base_in && base_in[0])
+        snprintf(base, sizeof base, "%s", base_in);
+    else
         snprintf(base, sizeof base, "%s/../checkpoints", m->servers[0].data_dir);
-        char tmp[PS_PATH_MAX + 64];
-        if (step == UINT64_MAX)
-            snprintf(tmp, sizeof tmp, "%s/time-%lld", base, (long long)time(NULL));
-        else
-            snprintf(tmp, sizeof tmp, "%s/step-%llu", base, (unsigned long long)step);
-        absolute(d, sizeof d, tmp);
-    }
-    if (strlen(d) >= 200) {
-        fprintf(stderr, "psctl: checkpoint: directory '%s' is longer than 199 bytes\n", d);
-        goto release;
-    }
-    int armed = 1;
+    if (step == UINT64_MAX)
+        snprintf(tmp, sizeof tmp, "%s/time-%lld", base, (long long)time(NULL));
+    else
+        snprintf(tmp, sizeof tmp, "%s/step-%llu", base, (unsigned long long)step);
+    psctl_absolute(out, cap, tmp);
+    return strlen(out) < 200 ? 0 : PS_EINVAL;
+}
+
+int psctl_checkpoint_run(psctl_client_t *cl, const ps_manifest_t *m, uint64_t step,
+                         const char *d, uint64_t next, double wait_s, double t0)
+{
+    int ret = 1, n = m->nservers;
+    char err[512];
+    ps_msg_t r;
+    int armed = strlen(d) < 200;
+    if (!armed) fprintf(stderr, "psctl: checkpoint: directory '%s' is longer than 199 bytes\n", d);
     for (int i = 0; i < n && armed; i++) {
         ps_msg_t a = {.type = PS_MSG_CKPT_ARM, .rank = -1, .step = step};
         snprintf(a.error, sizeof a.error, "%.255s", d);
@@ -90,11 +81,11 @@ int psctl_checkpoint(const ps_manifest_t *m, const char *dir, double timeout_s, 
             armed = 0;
         }
     }
-release:;
-    ps_msg_t g = {.type = PS_MSG_CKPT_GO, .rank = -1};
+    /* Release the hold (and, for --follow, hold the next checkpoint's step ahead). */
+    ps_msg_t g = {.type = PS_MSG_CKPT_GO, .rank = -1, .step = next};
     if (psctl_client_call(cl, 0, &g, &r, NULL, NULL, err, sizeof err))
         fprintf(stderr, "psctl: checkpoint: releasing the hold: %s\n", err);
-    if (strlen(d) >= 200 || !armed) goto out;
+    if (!armed) return 1;
     /* Each shard copies on its own; wait for all of them. */
     uint64_t total = 0;
     ps_msg_t *st = calloc((size_t)n, sizeof *st);
@@ -118,7 +109,7 @@ release:;
             }
         }
         if (done + failed == n) break;
-        if (mono_s() - t0 > wait_s) {
+        if (psctl_mono_s() - t0 > wait_s) {
             fprintf(stderr, "psctl: checkpoint: %d of %d shards not done within %g s (bsp: the "
                     "step must be reached first; is training running?); they go on\n",
                     n - done - failed, n, wait_s);
@@ -136,10 +127,34 @@ release:;
         }
         if (step == UINT64_MAX) step = st[0].step;
         printf("psctl: checkpoint at step %llu in %s: %llu bytes on %d shards in %.3f s\n",
-               (unsigned long long)step, d, (unsigned long long)total, n, mono_s() - t0);
+               (unsigned long long)step, d, (unsigned long long)total, n, psctl_mono_s() - t0);
+        fflush(stdout);
         ret = 0;
     }
     free(st);
+    return ret;
+}
+
+int psctl_checkpoint(const ps_manifest_t *m, const char *dir, double timeout_s, double wait_s)
+{
+    psctl_client_t *cl;
+    char err[512], d[1024];
+    if (psctl_client_open(m, timeout_s, &cl, err, sizeof err)) {
+        fprintf(stderr, "psctl: %s\n", err);
+        return 1;
+    }
+    int ret = 1;
+    double t0 = psctl_mono_s();
+    ps_msg_t q = {.type = PS_MSG_CKPT_BEGIN, .rank = -1}, r;
+    if (psctl_client_call(cl, 0, &q, &r, NULL, NULL, err, sizeof err)) {
+        fprintf(stderr, "psctl: checkpoint: %s\n", err);
+        goto out;
+    }
+    if (dir)
+        psctl_absolute(d, sizeof d, dir);
+    else
+        psctl_checkpoint_dir(m, NULL, r.step, d, sizeof d);
+    ret = psctl_checkpoint_run(cl, m, r.step, d, 0, wait_s, t0);
 out:
     psctl_client_close(cl);
     return ret;
@@ -322,7 +337,7 @@ static void print_rollback(const ps_manifest_t *m, const char *dir, uint64_t ste
 int psctl_repair(const ps_manifest_t *m, const char *dir_in, int rollback, double timeout_s)
 {
     char dir[1024], err[512];
-    absolute(dir, sizeof dir, dir_in);
+    psctl_absolute(dir, sizeof dir, dir_in);
     char *meta0 = psd_ckpt_meta_read(dir, 0);
     if (meta0 == NULL) {
         fprintf(stderr, "psctl: repair: %s: no checkpoint there (no shard-0/%s)\n", dir,
@@ -420,7 +435,7 @@ out:
 int psctl_restore(const ps_manifest_t *m, const char *dir_in)
 {
     char dir[1024];
-    absolute(dir, sizeof dir, dir_in);
+    psctl_absolute(dir, sizeof dir, dir_in);
     char *meta = psd_ckpt_meta_read(dir, 0);
     if (meta == NULL) {
         fprintf(stderr, "psctl: restore: %s: no checkpoint there (no shard-0/%s)\n", dir,

@@ -48,6 +48,25 @@ int psctl_export(const ps_manifest_t *m, const char *out, double timeout_s, doub
 int psctl_verify(const ps_manifest_t *m, double timeout_s);
 /** @brief psctl checkpoint [--dir D]: @p dir NULL for the default (see psctl_checkpoint.c). */
 int psctl_checkpoint(const ps_manifest_t *m, const char *dir, double timeout_s, double wait_s);
+/** @brief psctl checkpoint --follow: periodic checkpoints from the manifest's checkpoint section
+ *  until the job is finished or SIGTERM / SIGINT (psctl_follow.c). */
+int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wait_s);
+/**
+ * @brief The second half of a checkpoint, once shard 0 picked @p step (MSG_CKPT_BEGIN): arm
+ *  every shard for @p step into @p dir, release the hold (MSG_CKPT_GO with @p next: a step to
+ *  hold ahead, or 0), wait up to @p wait_s from @p t0 for every shard, print the result.
+ * @return psctl's exit status (errors printed).
+ */
+int psctl_checkpoint_run(psctl_client_t *cl, const ps_manifest_t *m, uint64_t step,
+                         const char *dir, uint64_t next, double wait_s, double t0);
+/** @brief The absolute directory of a checkpoint at @p step (UINT64_MAX: time-<now>) under
+ *  @p base (NULL or "": <shard 0's data_dir>/../checkpoints). @return 0, PS_EINVAL if too long. */
+int psctl_checkpoint_dir(const ps_manifest_t *m, const char *base, uint64_t step, char *out,
+                         size_t cap);
+/** @brief @p dir made absolute against the working directory, into @p out. */
+void psctl_absolute(char *out, size_t cap, const char *dir);
+/** @brief CLOCK_MONOTONIC in seconds. */
+double psctl_mono_s(void);
 /** @brief psctl verify --against D: recheck a checkpoint's files here (no shard is asked). */
 int psctl_verify_against(const ps_manifest_t *m, const char *dir);
 /** @brief psctl repair --from D [--rollback]. */

@@ -13,6 +13,7 @@
 #include "integrity.h"
 #include "ps/ps_log.h"
 #include "server.h"
+#include "follower.h"
 #include "sync.h"
 
 /* ---- connections -------------------------------------------------------- */
@@ -439,6 +440,7 @@ static void on_cron(uv_timer_t *h)
     if (srv->coord) psd_coord_tick(srv);
     if (dropped) ps_ucx_progress(&srv->ucx);
     psd_sync_cron(srv, uv_now(srv->loop));
+    psd_follower_cron(srv, uv_now(srv->loop));
 }
 
 /* ---- start and stop ----------------------------------------------------- */
@@ -460,6 +462,7 @@ static void on_signal(uv_signal_t *h, int signum)
     PS_LOG(PS_LOG_INFO, "server", "%s: finishing what is in flight",
            signum == SIGINT ? "SIGINT" : "SIGTERM");
     srv->stopping = true;
+    psd_follower_signal(srv);
     /* Complete steps still being applied; partial steps are left for a restart. */
     psd_server_maybe_stop(srv);
 }
@@ -559,7 +562,9 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, const char *restore, 
     PS_LOG(PS_LOG_INFO, "server", "cluster '%s', %u shards, %u workers wanted, %s, %s", m->cluster,
            srv->nshards, m->job.workers, ps_consistency_name(m->job.consistency),
            ps_optim_name(m->job.optimizer.name));
+    psd_follower_start(srv);
     uv_run(srv->loop, UV_RUN_DEFAULT);
+    psd_follower_reap(srv);
 
     /* Stopping: pushes and declares are no longer taken. A job started in this last loop
      * iteration must end before anything it reads is freed. */

@@ -197,6 +197,12 @@ struct psd_server_s {
         int rc;
         uint64_t opened_ms, started_ms, last_ms; /* loop time; last_ms 0: not yet */
     } sync;
+    struct {                   /* follower.c: shard 0's psctl checkpoint --follow child */
+        pid_t pid;             /* 0: none running */
+        uint64_t started_ms;   /* loop time of the last start */
+        uint32_t starts;
+        bool done;             /* it finished (the job is complete) or cannot run */
+    } follower;
     psd_snap_t *free_snaps;
     psd_send_t *free_sends;
     psd_wait_t *free_waits;
@@ -284,8 +290,20 @@ void psd_coord_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len
  *  (nothing is being applied). asp / ssp: UINT64_MAX (no common step: each shard now).
  */
 uint64_t psd_coord_ckpt_hold(psd_server_t *srv);
-/** @brief Release the hold of psd_coord_ckpt_hold() (a no-op without one). */
+/** @brief Release the hold of psd_coord_ckpt_hold() (a no-op without one), and a hold ahead. */
 void psd_coord_ckpt_release(psd_server_t *srv);
+/**
+ * @brief bsp: a checkpoint at @p step (psctl checkpoint --follow). At the natural step, as
+ *  psd_coord_ckpt_hold(); later, a hold ahead: the hand-out of @p step waits when the job gets
+ *  there (the CKPT_HOLD_MS limit runs from then), and @p flags gets PS_FLAG_PENDING (ask again);
+ *  the job finished before it: PS_FLAG_FINISHED, nothing held.
+ * @return 0; PS_ECONFLICT when the job is past @p step, PS_EINVAL under asp / ssp (@p err).
+ */
+int psd_coord_ckpt_hold_at(psd_server_t *srv, uint64_t step, uint32_t *flags, char *err,
+                           size_t errlen);
+/** @brief psd_coord_ckpt_release(), then a hold ahead at step @p next when it is > 0 and not
+ *  reached yet (so the job cannot pass the follower's next checkpoint unnoticed). */
+void psd_coord_ckpt_release_until(psd_server_t *srv, uint64_t next);
 /** @brief The coordinator's state as bytes for the store (written with each apply). */
 const void *psd_coord_state(psd_server_t *srv, size_t *len);
 

@@ -173,6 +173,7 @@ void cl_manifest_write(cl_cluster_t *c, const char *file, const cl_conf_t *conf,
             (unsigned long long)k.chunk_bytes);
     for (int i = 0; i < k.shards; i++)
         fprintf(f, "  - {host: 127.0.0.1, port: %u, data_dir: %s}\n", c->port[i], c->data_dir[i]);
+    fputs(k.top_extra ? k.top_extra : "", f);
     fprintf(f,
             "job:\n"
             "  model: mlp\n"

@@ -45,6 +45,7 @@ typedef struct {
     uint32_t epochs;         /* [1] job.epochs */
     uint64_t chunk_bytes;    /* [65536] chunk_bytes */
     const char *job_extra;   /* [none] more lines inside job:, each "  key: value\n" */
+    const char *top_extra;   /* [none] more top-level lines, each "key: value\n" */
 } cl_conf_t;
 
 /* One child process. */

@@ -25,8 +25,14 @@
  *     verify --against rechecks the files and reports the roots the live cluster reports at
  *     that step; psctl repair --from rewrites a corrupted chunk from the checkpoint.
  *
+ * (g) Periodic checkpoints (manifest `checkpoint:`): psd shard 0 runs psctl checkpoint
+ *     --follow, restarts it when it dies, and a job leaves exactly the newest `keep`
+ *     checkpoints, at the last multiples of every_steps, each verifying clean.
+ *
  * The tests assert behaviour, never timings (see CL_BUDGET_S in cluster.h). */
 #include <check.h>
+#include <dirent.h>
+#include <errno.h>
 #include <lmdb.h>
 #include <signal.h>
 #include <stdio.h>
@@ -632,6 +638,97 @@ START_TEST(test_repair_from_checkpoint)
 }
 END_TEST
 
+/* ---- (g) periodic checkpoints ------------------------------------------------------------ */
+
+/* The pid in psd's "... (pid N)" log line that follows @p needle. */
+static pid_t follower_pid(const cl_proc_t *p, const char *needle)
+{
+    char *log = cl_log(p);
+    const char *s = strstr(log, needle);
+    ck_assert_msg(s != NULL, "no \"%s\" in %s", needle, cl_tail(p));
+    s = strstr(s, "(pid ");
+    ck_assert_msg(s != NULL, "no pid after \"%s\"", needle);
+    pid_t pid = (pid_t)atoi(s + 5);
+    free(log);
+    ck_assert_int_gt(pid, 0);
+    return pid;
+}
+
+/* Whether @p dir (a name in the checkpoints dir) is in @p names[n]. */
+static int listed(char names[][64], int n, const char *dir)
+{
+    for (int i = 0; i < n; i++)
+        if (strcmp(names[i], dir) == 0) return 1;
+    return 0;
+}
+
+START_TEST(test_periodic_checkpoints)
+{
+    cl_conf_t k = {.shards = 2, .workers = 1, .optimizer = "{name: adam, lr: 0.001}",
+                   .layers = "[784, 32, 10]", .chunk_bytes = 16384, .batch_size = 16,
+                   .max_steps = 50, .top_extra = "checkpoint: {every_steps: 10, keep: 2}\n"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    /* The follower asks for step 10 before any worker runs: no multiple can be missed. */
+    ck_assert_int_eq(cl_wait_log(psd[0], "checkpoint at step 10 requested", READY_S), 0);
+    /* Killed, it is started again (and asks for the same step). */
+    pid_t first = follower_pid(psd[0], "started `");
+    ck_assert_int_eq(kill(first, SIGKILL), 0);
+    ck_assert_int_eq(cl_wait_log(psd[0], "killed by signal 9: starting it again", READY_S), 0);
+    ck_assert_int_eq(cl_wait_log(psd[0], "follow: checkpoints of cluster", READY_S), 0);
+    while (count_in_log(psd[0], "psctl: follow: checkpoints of cluster") < 2 && cl_left(c) > 20) {
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    ck_assert_int_eq(count_in_log(psd[0], "psctl: follow: checkpoints of cluster"), 2);
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    EXPECT_EXIT(w, 0);
+    /* The job is finished: the follower takes step 50's checkpoint, prunes, and exits 0. */
+    ck_assert_msg(cl_wait_log(psd[0], "exited: the job is finished", RUN_S) == 0,
+                  "the follower did not finish; psd0: %s", cl_tail(psd[0]));
+    for (int s = 10; s <= 50; s += 10) {
+        char line[64];
+        snprintf(line, sizeof line, "psctl: checkpoint at step %d in ", s);
+        EXPECT_LOG(psd[0], line);
+    }
+    EXPECT_LOG(psd[0], "psctl: follow: the job is finished: stopping after 5 checkpoints");
+    ck_assert_int_eq(count_in_log(psd[0], "psctl: follow: removed checkpoint "), 3);
+
+    /* Exactly the two newest remain, and each verifies clean. */
+    char base[CL_PATH + 32], names[16][64];
+    snprintf(base, sizeof base, "%s/../checkpoints", c->data_dir[0]);
+    DIR *d = opendir(base);
+    ck_assert_msg(d != NULL, "no %s", base);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL && n < 16;)
+        if (e->d_name[0] != '.') snprintf(names[n++], sizeof names[0], "%.60s", e->d_name);
+    closedir(d);
+    ck_assert_msg(n == 2 && listed(names, n, "step-40") && listed(names, n, "step-50"),
+                  "%d entries in %s, want step-40 and step-50 (first: %s)", n, base,
+                  n ? names[0] : "-");
+    for (int s = 40; s <= 50; s += 10) {
+        char dir[CL_PATH + 64], line[64];
+        snprintf(dir, sizeof dir, "%s/step-%d", base, s);
+        const char *va[] = {"verify", "--against", dir, NULL};
+        cl_proc_t *v = psctl(c, s == 40 ? "verify-40" : "verify-50", 0, va);
+        snprintf(line, sizeof line, "checkpoint shard 1: step %d, ", s);
+        EXPECT_LOG(v, line);
+        EXPECT_LOG(v, ", 0 mismatches\n");
+    }
+    /* psd stops cleanly and no follower is left. */
+    stop_all(psd, 2);
+    char *log = cl_log(psd[0]);
+    for (const char *s = log; (s = strstr(s, "started `")) != NULL; s++) {
+        const char *p = strstr(s, "(pid ");
+        ck_assert_ptr_nonnull(p);
+        pid_t pid = (pid_t)atoi(p + 5);
+        ck_assert_msg(kill(pid, 0) == -1 && errno == ESRCH, "follower %d still runs", (int)pid);
+    }
+    free(log);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("integrity");
@@ -645,5 +742,6 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("checkpoint_restore_reshard", test_checkpoint_restore_reshard));
     suite_add_tcase(s, tcase("checkpoint_verify_against", test_checkpoint_verify_against));
     suite_add_tcase(s, tcase("repair_from_checkpoint", test_repair_from_checkpoint));
+    suite_add_tcase(s, tcase("periodic_checkpoints", test_periodic_checkpoints));
     return s;
 }

@@ -374,6 +374,71 @@ START_TEST(test_compression)
 }
 END_TEST
 
+/* A minimal manifest with `checkpoint: VALUE` on line 5. */
+static int parse_ckpt(const char *value)
+{
+    static char t[512];
+    snprintf(t, sizeof t, "%scheckpoint: %s\n", minimal, value);
+    return parse(t);
+}
+
+START_TEST(test_checkpoint)
+{
+    ck_assert_int_eq(parse(minimal), 0);
+    ck_assert(!m.checkpoint.present);
+    ck_assert_uint_eq(m.checkpoint.keep, 3);
+    ck_assert_msg(parse_ckpt("{every_steps: 500}") == 0, "%s", err);
+    ck_assert(m.checkpoint.present);
+    ck_assert_uint_eq(m.checkpoint.every_steps, 500);
+    ck_assert_uint_eq(m.checkpoint.every_s, 0);
+    ck_assert_str_eq(m.checkpoint.dir, "");
+    ck_assert_uint_eq(m.checkpoint.keep, 3);
+    ck_assert_msg(parse_ckpt("{every_steps: 0, every_s: 600, dir: /ck, keep: 1}") == 0, "%s", err);
+    ck_assert_uint_eq(m.checkpoint.every_s, 600);
+    ck_assert_str_eq(m.checkpoint.dir, "/ck");
+    ck_assert_uint_eq(m.checkpoint.keep, 1);
+    const char *text = "cluster: c\n"
+                       "servers: [{host: h, port: 1, data_dir: /d}]\n"
+                       "checkpoint:\n"
+                       "  every_steps: 10\n"
+                       "  every_s: 30\n"
+                       "  keep: 2\n"
+                       "job: {model: mlp, batch_size: 1, epochs: 1, workers: 1,\n"
+                       "      optimizer: {name: sgd, lr: 0.5}}\n";
+    ck_assert_msg(parse(text) == 0, "%s", err);
+    ck_assert(m.checkpoint.present && m.checkpoint.every_steps == 10 && m.checkpoint.every_s == 30);
+    ck_assert_uint_eq(m.checkpoint.keep, 2);
+
+    static const struct {
+        const char *value, *msg;
+    } bad_ckpt[] = {
+        {"{}", "demo.yaml:5: checkpoint.every_steps: every_steps or every_s must be > 0 (when to "
+               "checkpoint)"},
+        {"{every_steps: 0, every_s: 0}", "demo.yaml:5: checkpoint.every_steps: every_steps or "
+                                          "every_s must be > 0 (when to checkpoint)"},
+        {"{every_steps: 10, keep: 0}", "demo.yaml:5: checkpoint.keep: must be in [1, 1000000], "
+                                        "got 0"},
+        {"{every_steps: -1}", "demo.yaml:5: checkpoint.every_steps: must be..."},
+        {"{every_steps: ten}", "demo.yaml:5: checkpoint.every_steps: expected an integer, got 'ten'"},
+        {"{every_s: 1.5}", "demo.yaml:5: checkpoint.every_s: expected an integer, got '1.5'"},
+        {"{every_steps: 10, dir: \"\"}", "demo.yaml:5: checkpoint.dir: ..."},
+        {"{every_steps: 10, every: 3}", "demo.yaml:5: checkpoint.every: unknown key"},
+        {"500", "demo.yaml:5: checkpoint: expected a mapping, got '500'"},
+        {"{every_steps: 10, keep: 2, keep: 3}", "demo.yaml:5: checkpoint.keep: duplicate key..."},
+    };
+    for (size_t i = 0; i < sizeof bad_ckpt / sizeof *bad_ckpt; i++) {
+        ck_assert_msg(parse_ckpt(bad_ckpt[i].value) == PS_ECONFIG, "%s: accepted",
+                      bad_ckpt[i].value);
+        const char *want = bad_ckpt[i].msg;
+        size_t n = strlen(want);
+        if (n > 3 && strcmp(want + n - 3, "...") == 0)
+            ck_assert_msg(strncmp(err, want, n - 3) == 0, "%s: got \"%s\"", bad_ckpt[i].value, err);
+        else
+            ck_assert_msg(strcmp(err, want) == 0, "%s: got \"%s\"", bad_ckpt[i].value, err);
+    }
+}
+END_TEST
+
 START_TEST(test_invalid)
 {
     const char *want = bad[_i].msg;
@@ -510,6 +575,7 @@ Suite *ps_test_suite(void)
     tcase_add_test(tc, test_block_style_all_keys);
     tcase_add_test(tc, test_names);
     tcase_add_test(tc, test_compression);
+    tcase_add_test(tc, test_checkpoint);
     suite_add_tcase(s, tc);
     tc = tcase_create("invalid");
     tcase_add_loop_test(tc, test_invalid, 0, (int)(sizeof bad / sizeof bad[0]));

@@ -1,0 +1,278 @@
+/* psctl_follow.c: `psctl checkpoint --follow`, the periodic checkpoints of the manifest's
+ * `checkpoint: {every_steps, every_s, dir, keep}` section. psd shard 0 starts it as a child
+ * (server/follower.c); it may also be run by hand.
+ *
+ * bsp with every_steps N: the checkpoints are at the steps that are multiples of N. The follower
+ * asks shard 0 for a checkpoint at the next multiple S (MSG_CKPT_BEGIN with step S); until the
+ * job gets there the coordinator answers PS_FLAG_PENDING and holds the hand-out of step S when
+ * it is reached, so the job cannot pass S before the follower asked again (every POLL_MS). Then
+ * the checkpoint runs as psctl checkpoint's does, and its MSG_CKPT_GO names the next multiple,
+ * which is held ahead at once: no multiple is skipped however long a copy takes. A follower
+ * that dies leaves at most one hold, which the coordinator ends after CKPT_HOLD_MS.
+ * every_s T: a checkpoint at the coordinator's step once T seconds passed since the last one
+ * (asp / ssp: also every_steps, counted on shard 0's open_step, at the steps they happen at).
+ *
+ * After each checkpoint the oldest complete ones beyond `keep` are removed: only directories
+ * named step-N or time-N under the checkpoint dir whose every shard-J/meta.json (J < nshards)
+ * names this cluster, and in them only the files a checkpoint writes; anything else is left. */
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ckpt_meta.h"
+#include "ps/ps_error.h"
+#include "psctl_client.h"
+
+#define POLL_MS 20        /* how often a pending step is asked for again */
+#define STATUS_POLL_MS 200 /* how often shard 0's status is read otherwise */
+
+static volatile sig_atomic_t g_stop;
+
+static void on_signal(int sig)
+{
+    g_stop = sig;
+}
+
+static void sleep_ms(int ms)
+{
+    for (; ms > 0 && !g_stop; ms -= 10) usleep(10 * 1000);
+}
+
+/* Shard 0's open_step and finished, from its status JSON. @return 0, or -1 (message printed). */
+static int job_status(psctl_client_t *cl, uint64_t *open_step, int *finished)
+{
+    ps_msg_t q = {.type = PS_MSG_STATUS, .rank = -1}, r;
+    void *data = NULL;
+    size_t len = 0;
+    char err[512], v[32] = "";
+    if (psctl_client_call(cl, 0, &q, &r, &data, &len, err, sizeof err)) {
+        fprintf(stderr, "psctl: follow: status: %s\n", err);
+        return -1;
+    }
+    char *json = calloc(1, len + 1);
+    if (json && data) memcpy(json, data, len);
+    free(data);
+    if (json == NULL) return -1;
+    int rc = psd_ckpt_meta_field(json, "open_step", v, sizeof v);
+    *open_step = strtoull(v, NULL, 10);
+    v[0] = '\0';
+    psd_ckpt_meta_field(json, "finished", v, sizeof v);
+    *finished = strcmp(v, "true") == 0;
+    free(json);
+    return rc ? -1 : 0;
+}
+
+/* ---- keeping the last K ----------------------------------------------------------------- */
+
+typedef struct {
+    char name[64];
+    uint64_t step;
+} kept_t;
+
+static int by_step(const void *a, const void *b)
+{
+    const kept_t *x = a, *y = b;
+    if (x->step != y->step) return x->step < y->step ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+/* A complete checkpoint of this cluster: every shard's meta.json is there and names it.
+ * @return its step, or UINT64_MAX when @p dir is not one. */
+static uint64_t recognise(const ps_manifest_t *m, const char *dir)
+{
+    char *meta = psd_ckpt_meta_read(dir, 0), cl[sizeof m->cluster + 8] = "";
+    if (meta == NULL) return UINT64_MAX;
+    uint64_t n = psd_ckpt_meta_u64(meta, "nshards"), step = psd_ckpt_meta_u64(meta, "step");
+    psd_ckpt_meta_field(meta, "cluster", cl, sizeof cl);
+    free(meta);
+    if (strcmp(cl, m->cluster) != 0 || n == 0 || n == UINT64_MAX) return UINT64_MAX;
+    for (uint32_t j = 1; j < n; j++) {
+        char c2[sizeof cl] = "";
+        if ((meta = psd_ckpt_meta_read(dir, j)) == NULL) return UINT64_MAX;
+        psd_ckpt_meta_field(meta, "cluster", c2, sizeof c2);
+        free(meta);
+        if (strcmp(c2, m->cluster) != 0) return UINT64_MAX;
+    }
+    return step;
+}
+
+/* Remove checkpoint @p dir: the files a checkpoint writes in each shard-J, then the (now
+ * empty) directories. Anything else in them makes rmdir fail, and it is left. */
+static int remove_checkpoint(const char *dir)
+{
+    static const char *const files[] = {"data.mdb", "lock.mdb", PSD_CKPT_META, PSD_CKPT_META ".tmp"};
+    char path[PS_PATH_MAX + 192];
+    for (uint32_t j = 0;; j++) {
+        snprintf(path, sizeof path, "%.1100s/shard-%u", dir, j);
+        if (access(path, F_OK) != 0) break;
+        for (size_t f = 0; f < sizeof files / sizeof *files; f++) {
+            char fp[sizeof path + 32];
+            snprintf(fp, sizeof fp, "%.1200s/%s", path, files[f]);
+            if (unlink(fp) != 0 && errno != ENOENT) return -errno;
+        }
+        if (rmdir(path) != 0) return -errno;
+    }
+    return rmdir(dir) != 0 ? -errno : 0;
+}
+
+/* Keep the newest @p keep complete checkpoints of this cluster in @p base; remove the rest. */
+static void prune(const ps_manifest_t *m, const char *base, uint32_t keep)
+{
+    DIR *d = opendir(base);
+    if (d == NULL) return;
+    kept_t *all = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        const char *nm = e->d_name, *num = strncmp(nm, "step-", 5) == 0   ? nm + 5
+                                          : strncmp(nm, "time-", 5) == 0 ? nm + 5
+                                                                         : NULL;
+        if (num == NULL || *num == '\0' || strspn(num, "0123456789") != strlen(num) ||
+            strlen(nm) >= sizeof all->name)
+            continue;
+        char dir[PS_PATH_MAX + 128];
+        snprintf(dir, sizeof dir, "%s/%s", base, nm);
+        uint64_t step = recognise(m, dir);
+        if (step == UINT64_MAX) continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            kept_t *na = realloc(all, cap * sizeof *all);
+            if (na == NULL) break;
+            all = na;
+        }
+        snprintf(all[n].name, sizeof all[n].name, "%s", nm);
+        all[n++].step = step;
+    }
+    closedir(d);
+    if (n > keep) qsort(all, n, sizeof *all, by_step);
+    for (size_t i = 0; i + keep < n; i++) {
+        char dir[PS_PATH_MAX + 128];
+        snprintf(dir, sizeof dir, "%s/%s", base, all[i].name);
+        int rc = remove_checkpoint(dir);
+        if (rc)
+            fprintf(stderr, "psctl: follow: cannot remove old checkpoint %s: %s (left as it is)\n",
+                    dir, strerror(-rc));
+        else
+            printf("psctl: follow: removed checkpoint %s (step %llu): keeping the newest %u\n",
+                   dir, (unsigned long long)all[i].step, keep);
+    }
+    fflush(stdout);
+    free(all);
+}
+
+/* ---- the loop ------------------------------------------------------------------------------ */
+
+static uint64_t next_multiple(uint64_t step, uint64_t every)
+{
+    return (step / every + 1) * every;
+}
+
+int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wait_s)
+{
+    const ps_checkpoint_conf_t *ck = &m->checkpoint;
+    if (!ck->present) {
+        fprintf(stderr, "psctl: checkpoint --follow: %s has no checkpoint section\n", m->path);
+        return 2;
+    }
+    struct sigaction sa = {.sa_handler = on_signal}; /* no SA_RESTART: waits end early */
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    char base[PS_PATH_MAX + 32], dir[1024], err[512];
+    if (ck->dir[0])
+        psctl_absolute(base, sizeof base, ck->dir);
+    else {
+        char tmp[PS_PATH_MAX + 32];
+        snprintf(tmp, sizeof tmp, "%s/../checkpoints", m->servers[0].data_dir);
+        psctl_absolute(base, sizeof base, tmp);
+    }
+    psctl_client_t *cl;
+    if (psctl_client_open(m, timeout_s, &cl, err, sizeof err)) {
+        fprintf(stderr, "psctl: %s\n", err);
+        return 1;
+    }
+    const int bsp = m->job.consistency == PS_CONSIST_BSP;
+    const uint64_t every = ck->every_steps;
+    printf("psctl: follow: checkpoints of cluster '%s' every %llu steps, every %llu s (0: not "
+           "by that) into %s, keeping the newest %u\n", m->cluster, (unsigned long long)every,
+           (unsigned long long)ck->every_s, base, ck->keep);
+    fflush(stdout);
+    double last = psctl_mono_s();
+    uint64_t target = 0; /* the next multiple of every (0: not known yet) */
+    int ret = 0, taken = 0;
+    while (!g_stop) {
+        uint64_t open = 0;
+        int finished = 0;
+        if (target == 0 || !bsp || every == 0) {
+            if (job_status(cl, &open, &finished)) {
+                sleep_ms(1000); /* shard 0 is busy or restarting: ask again */
+                continue;
+            }
+            if (finished) break;
+            if (every && target == 0) target = next_multiple(open, every);
+        }
+        int due_time = ck->every_s && psctl_mono_s() - last >= (double)ck->every_s;
+        uint64_t want; /* the step asked for: 0 for now */
+        if (due_time)
+            want = 0;
+        else if (every && bsp)
+            want = target;
+        else if (every && open >= target)
+            want = 0; /* asp / ssp: the count passed a multiple */
+        else {
+            sleep_ms(STATUS_POLL_MS);
+            continue;
+        }
+        double t0 = psctl_mono_s();
+        ps_msg_t q = {.type = PS_MSG_CKPT_BEGIN, .rank = -1, .step = want}, r;
+        int rc = psctl_client_call(cl, 0, &q, &r, NULL, NULL, err, sizeof err);
+        if (rc == PS_ECONFLICT) { /* past it (a restarted follower): take the next one */
+            printf("psctl: follow: %s; waiting for the next multiple of %llu\n", err,
+                   (unsigned long long)every);
+            target = 0;
+            continue;
+        }
+        if (rc) {
+            fprintf(stderr, "psctl: follow: %s\n", err);
+            sleep_ms(1000);
+            continue;
+        }
+        if (r.flags & PS_FLAG_FINISHED) break;
+        if (r.flags & PS_FLAG_PENDING) {
+            sleep_ms(POLL_MS);
+            continue;
+        }
+        uint64_t step = r.step;
+        if (psctl_checkpoint_dir(m, base, step, dir, sizeof dir)) {
+            fprintf(stderr, "psctl: follow: checkpoint directory under %s is too long\n", base);
+            ret = 1;
+            break;
+        }
+        uint64_t next = every && bsp && step != UINT64_MAX ? next_multiple(step, every) : 0;
+        printf("psctl: follow: checkpoint at step %llu into %s\n", (unsigned long long)step, dir);
+        fflush(stdout);
+        if (psctl_checkpoint_run(cl, m, step, dir, next, wait_s, t0) == 0) {
+            taken++;
+            prune(m, base, ck->keep);
+        } else {
+            fprintf(stderr, "psctl: follow: the checkpoint at step %llu failed; going on\n",
+                    (unsigned long long)step);
+        }
+        last = psctl_mono_s();
+        if (every) target = next ? next : next_multiple(open, every);
+    }
+    /* A hold ahead must not outlive us (the coordinator would end it after 10 s anyway). */
+    if (g_stop) {
+        ps_msg_t g = {.type = PS_MSG_CKPT_GO, .rank = -1}, r;
+        psctl_client_call(cl, 0, &g, &r, NULL, NULL, err, sizeof err);
+    }
+    printf("psctl: follow: %s after %d %s\n",
+           g_stop ? (g_stop == SIGTERM ? "SIGTERM: stopping" : "SIGINT: stopping")
+                  : "the job is finished: stopping",
+           taken, taken == 1 ? "checkpoint" : "checkpoints");
+    psctl_client_close(cl);
+    return ret;
+}
