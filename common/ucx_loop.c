@@ -171,3 +171,25 @@ void ps_ucx_ep_lanes(ucp_ep_h ep, char *buf, size_t len)
     if (off == 0) snprintf(buf, len, "unknown");
     free(text);
 }
+
+int ps_ucx_connect(ps_ucx_t *u, const char *host, uint16_t port, ucp_err_handler_cb_t cb,
+                   void *arg, ucp_ep_h *ep)
+{
+    struct sockaddr_storage ss;
+    socklen_t sslen;
+    *ep = NULL;
+    if (ps_sockaddr_resolve(host, port, &ss, &sslen)) return PS_ECONFIG;
+    ucp_ep_params_t p = {
+        .field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+        .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
+        .sockaddr = {.addr = (const struct sockaddr *)&ss, .addrlen = sslen},
+        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+        .err_handler = {.cb = cb, .arg = arg},
+    };
+    if (ucp_ep_create(u->worker, &p, ep) != UCS_OK) {
+        *ep = NULL;
+        return PS_ETRANSPORT;
+    }
+    return 0;
+}

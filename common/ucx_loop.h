@@ -62,6 +62,14 @@ void ps_ucx_set_am_handler(ps_ucx_t *u, ucp_am_recv_callback_t cb, void *arg);
 int ps_sockaddr_resolve(const char *host, uint16_t port, struct sockaddr_storage *ss,
                         socklen_t *len);
 
+/**
+ * @brief Create a client endpoint to @p host : @p port (sockaddr connection, peer error
+ * handling; @p cb with @p arg is called on the loop thread if the endpoint fails).
+ * @return 0, PS_ECONFIG (@p host does not resolve) or PS_ETRANSPORT (*ep is NULL then).
+ */
+int ps_ucx_connect(ps_ucx_t *u, const char *host, uint16_t port, ucp_err_handler_cb_t cb,
+                   void *arg, ucp_ep_h *ep);
+
 /** @brief Map a UCS status to a PS_E* code. */
 int ps_ucx_err(ucs_status_t s);
 

@@ -114,22 +114,7 @@ static int connect_ep(ps_ctl_t *c)
     drop_ep(c);
     c->failed = 0;
     const ps_server_conf_t *sc = &c->m.servers[c->shard];
-    struct sockaddr_storage ss;
-    socklen_t sslen;
-    if (ps_sockaddr_resolve(sc->host, sc->port, &ss, &sslen)) return PS_ECONFIG;
-    ucp_ep_params_t ep = {
-        .field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
-        .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
-        .sockaddr = {.addr = (const struct sockaddr *)&ss, .addrlen = sslen},
-        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-        .err_handler = {.cb = on_ep_error, .arg = c},
-    };
-    if (ucp_ep_create(c->ucx.worker, &ep, &c->ep) != UCS_OK) {
-        c->ep = NULL;
-        return PS_ETRANSPORT;
-    }
-    return 0;
+    return ps_ucx_connect(&c->ucx, sc->host, sc->port, on_ep_error, c, &c->ep);
 }
 
 int ps_ctl_call(ps_ctl_t *c, ps_msg_t *req, ps_msg_t *reply, uint32_t timeout_ms)

@@ -126,25 +126,13 @@ static int status(ctl_t *ctl, int json, double timeout_s)
     int n = ctl->m.nservers;
     for (int i = 0; i < n; i++) {
         shard_t *s = &ctl->shards[i];
-        struct sockaddr_storage ss;
-        socklen_t sslen;
-        if (ps_sockaddr_resolve(ctl->m.servers[i].host, ctl->m.servers[i].port, &ss, &sslen)) {
+        int rc = ps_ucx_connect(&ctl->ucx, ctl->m.servers[i].host, ctl->m.servers[i].port,
+                                on_ep_error, s, &s->ep);
+        if (rc) {
             s->failed = 1;
-            snprintf(s->why, sizeof s->why, "cannot resolve %s", ctl->m.servers[i].host);
-            continue;
-        }
-        ucp_ep_params_t ep = {
-            .field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                          UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
-            .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
-            .sockaddr = {.addr = (const struct sockaddr *)&ss, .addrlen = sslen},
-            .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-            .err_handler = {.cb = on_ep_error, .arg = s},
-        };
-        if (ucp_ep_create(ctl->ucx.worker, &ep, &s->ep) != UCS_OK) {
-            s->ep = NULL;
-            s->failed = 1;
-            snprintf(s->why, sizeof s->why, "cannot create an endpoint");
+            snprintf(s->why, sizeof s->why, rc == PS_ECONFIG ? "cannot resolve %s"
+                                                             : "cannot create an endpoint to %s",
+                     ctl->m.servers[i].host);
             continue;
         }
         ps_msg_t m = {.type = PS_MSG_STATUS, .req_id = (uint64_t)i + 1, .rank = -1};

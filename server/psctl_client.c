@@ -131,27 +131,13 @@ static int connect_shard(psctl_client_t *c, uint32_t i, char *err, size_t errlen
                  ucs_status_string(e->status));
         return PS_ETRANSPORT;
     }
-    struct sockaddr_storage ss;
-    socklen_t sslen;
-    if (ps_sockaddr_resolve(sc->host, sc->port, &ss, &sslen)) {
+    int rc = ps_ucx_connect(&c->ucx, sc->host, sc->port, on_ep_error, e, &e->ep);
+    if (rc == PS_ECONFIG)
         snprintf(err, errlen, "shard %u: cannot resolve %s", i, sc->host);
-        return PS_ECONFIG;
-    }
-    ucp_ep_params_t ep = {
-        .field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
-        .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
-        .sockaddr = {.addr = (const struct sockaddr *)&ss, .addrlen = sslen},
-        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-        .err_handler = {.cb = on_ep_error, .arg = e},
-    };
-    if (ucp_ep_create(c->ucx.worker, &ep, &e->ep) != UCS_OK) {
-        e->ep = NULL;
+    else if (rc)
         snprintf(err, errlen, "shard %u (%s:%u): cannot create an endpoint", i, sc->host,
                  sc->port);
-        return PS_ETRANSPORT;
-    }
-    return 0;
+    return rc;
 }
 
 int psctl_client_call(psctl_client_t *c, uint32_t shard, ps_msg_t *req, ps_msg_t *reply,

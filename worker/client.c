@@ -337,24 +337,9 @@ static int connect_shard(ps_client_t *c, uint32_t i)
     cshard_t *s = &c->shards[i];
     if (s->ep && !s->dead) return 0;
     const ps_server_conf_t *sc = &c->m.servers[i];
-    struct sockaddr_storage ss;
-    socklen_t sslen;
-    if (ps_sockaddr_resolve(sc->host, sc->port, &ss, &sslen)) return PS_ECONFIG;
-    ucp_ep_params_t ep = {
-        .field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
-        .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
-        .sockaddr = {.addr = (const struct sockaddr *)&ss, .addrlen = sslen},
-        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-        .err_handler = {.cb = on_ep_error, .arg = s},
-    };
-    ucs_status_t st = ucp_ep_create(c->ucx.worker, &ep, &s->ep);
-    if (st != UCS_OK) {
-        s->ep = NULL;
-        return PS_ETRANSPORT;
-    }
-    s->dead = 0;
-    return 0;
+    int rc = ps_ucx_connect(&c->ucx, sc->host, sc->port, on_ep_error, s, &s->ep);
+    if (rc == 0) s->dead = 0;
+    return rc;
 }
 
 static void close_ep(ps_client_t *c, cshard_t *s, int force)

@@ -246,26 +246,9 @@ static int call(peer_t *p, ps_msg_t *m, const void *data, size_t len, unsigned a
 static int connect_shard0(peer_t *p, const ps_manifest_t *m)
 {
     const ps_server_conf_t *sc = &m->servers[0];
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res;
-    char port[8];
-    snprintf(port, sizeof port, "%u", sc->port);
-    if (getaddrinfo(sc->host, port, &hints, &res) != 0) {
-        say("evil_peer: cannot resolve %s", sc->host);
-        return -1;
-    }
-    ucp_ep_params_t ep = {
-        .field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
-        .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
-        .sockaddr = {.addr = res->ai_addr, .addrlen = res->ai_addrlen},
-        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-        .err_handler = {.cb = on_ep_error, .arg = p},
-    };
-    ucs_status_t st = ucp_ep_create(p->ucx.worker, &ep, &p->ep);
-    freeaddrinfo(res);
-    if (st != UCS_OK) {
-        say("evil_peer: cannot connect to %s:%u: %s", sc->host, sc->port, ucs_status_string(st));
-        p->ep = NULL;
+    int rc = ps_ucx_connect(&p->ucx, sc->host, sc->port, on_ep_error, p, &p->ep);
+    if (rc) {
+        say("evil_peer: cannot connect to %s:%u: %s", sc->host, sc->port, ps_strerror(rc));
         return -1;
     }
     return 0;
