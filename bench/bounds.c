@@ -225,12 +225,11 @@ int pb_store_apply(const char *dir, psk_optim_kind_t kind, uint64_t size, uint64
             if (rc) break;
             *h = *old;
             double k0 = pb_now();
-            psk_optim_apply_cpu(
-                psd_chunk_params(h), psd_chunk_state(h), psd_chunk_params((psd_chunk_hdr_t *)old),
-                psd_chunk_state((psd_chunk_hdr_t *)old), g, 1.0f, old->n, h->version + 1, &o);
+            /* As psd's job does: the update and the record's hashes in one blocked pass. */
+            psd_store_chunk_update(h, psd_chunk_params((psd_chunk_hdr_t *)old),
+                                   psd_chunk_state((psd_chunk_hdr_t *)old), g, 1.0f, &o, NULL,
+                                   NULL);
             tk += pb_now() - k0;
-            h->version++;
-            psd_store_chunk_seal(h); /* as psd's job does: hashes in the same transaction */
         }
         double c0 = pb_now();
         if (rc == 0)

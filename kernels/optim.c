@@ -136,6 +136,13 @@ void psk_optim_apply_cpu(float *p_out, float *s_out, const float *p_in, const fl
                          const float *grad, float grad_scale, size_t n, uint64_t t,
                          const psk_optim_t *o)
 {
+    psk_optim_apply_strided_cpu(p_out, s_out, p_in, s_in, grad, grad_scale, n, n, t, o);
+}
+
+void psk_optim_apply_strided_cpu(float *p_out, float *s_out, const float *p_in,
+                                 const float *s_in, const float *grad, float grad_scale,
+                                 size_t n, size_t stride, uint64_t t, const psk_optim_t *o)
+{
     int k = psk_optim_state_count(o->kind);
     assert(k >= 0);
     assert(k == 0 || (s_out != NULL && s_in != NULL));
@@ -146,8 +153,8 @@ void psk_optim_apply_cpu(float *p_out, float *s_out, const float *p_in, const fl
     if (in_place) {
         if (p_out != p_in)
             memmove(p_out, p_in, n * sizeof(float));
-        if (k > 0 && s_out != s_in)
-            memmove(s_out, s_in, (size_t)k * n * sizeof(float));
+        for (int c = 0; c < k && s_out != s_in; c++)
+            memmove(s_out + (size_t)c * stride, s_in + (size_t)c * stride, n * sizeof(float));
     }
 
     switch (o->kind) {
@@ -180,9 +187,9 @@ void psk_optim_apply_cpu(float *p_out, float *s_out, const float *p_in, const fl
                        .b2 = o->beta2, .one_b1 = 1.0f - o->beta1, .one_b2 = 1.0f - o->beta2,
                        .eps = o->eps, .step_size = step_size, .bc2_sqrt = bc2_sqrt};
         if (in_place)
-            adam_step(p_out, s_out, s_out + n, grad, n, &ak);
+            adam_step(p_out, s_out, s_out + stride, grad, n, &ak);
         else
-            adam_step_oop(p_out, s_out, s_out + n, p_in, s_in, s_in + n, grad, n, &ak);
+            adam_step_oop(p_out, s_out, s_out + stride, p_in, s_in, s_in + stride, grad, n, &ak);
         break;
     }
     }

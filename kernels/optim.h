@@ -43,6 +43,15 @@ void psk_optim_apply_cpu(float *p_out, float *s_out, const float *p_in, const fl
                          const psk_optim_t *o);
 
 /**
+ * @brief psk_optim_apply_cpu on a slice: state component c of element i is at
+ * s[c * stride + i] (stride >= n), so a caller can walk a record [p | m | v] of stride values
+ * each in cache-sized blocks, hashing each block right after it is written.
+ */
+void psk_optim_apply_strided_cpu(float *p_out, float *s_out, const float *p_in,
+                                 const float *s_in, const float *grad, float grad_scale,
+                                 size_t n, size_t stride, uint64_t t, const psk_optim_t *o);
+
+/**
  * @brief Learning rate at 0-based step @p step: constant, or linear warm-up over
  * warmup_steps then cosine from lr to min_lr until decay_steps (constant min_lr after).
  * Warm-up gives lr * (step + 1) / warmup_steps, so step 0 already trains and step

@@ -24,6 +24,8 @@
 
 #include <xxhash.h>
 
+#include "rechash.h"
+
 #include "ckpt_meta.h"
 #include "merkle.h"
 #include "ps/ps_error.h"
@@ -230,7 +232,7 @@ static long verify_one(const ps_manifest_t *m, const char *dir, uint32_t j, uint
             continue;
         }
         /* What psd_store_chunk_hash() computes (store.c is not linked into psctl). */
-        uint64_t now = XXH3_64bits(h + 1, (size_t)h->n * (1 + h->nstate) * 4), mv = 0, mh = 0;
+        uint64_t now = psd_rechash((const float *)(h + 1), h->n, h->nstate), mv = 0, mh = 0;
         if (now != h->hash) {
             printf("psctl: verify: checkpoint shard %u: tensor '%s' chunk %u: version %llu stored "
                    "%016llx bytes %016llx\n", j, name, c, (unsigned long long)h->version,

@@ -4,7 +4,9 @@
 
 #include "checkpoint.h"
 #include "crc32c.h"
+#include "crc32c.h"
 #include "init.h"
+#include "rechash.h"
 #include "integrity.h"
 #include "place.h"
 #include "ps/ps_error.h"
@@ -885,11 +887,8 @@ static const float *slot_sum(psd_server_t *srv, psd_chunk_t *ch)
     for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
         if (mem >> r & 1) raw &= ch->slot_codec[r].kind == PSK_CODEC_NONE;
     if (raw) {
-        uint32_t first = (uint32_t)__builtin_ctzll(mem);
-        float *sum = (float *)ch->slots[first];
-        for (uint32_t r = first + 1; r < PS_MAX_RANKS; r++)
-            if (mem >> r & 1) psk_add_cpu(sum, (const float *)ch->slots[r], ch->n);
-        return sum;
+        /* Summed block by block in apply_sealed, right before each block is applied. */
+        return NULL;
     }
     memset(ch->agg, 0, (size_t)ch->n * 4);
     for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
@@ -901,6 +900,21 @@ static const float *slot_sum(psd_server_t *srv, psd_chunk_t *ch)
                                      &ch->slot_codec[r], 1.0f);
     }
     return ch->agg;
+}
+
+/* Before each block is applied: sum the members' raw pushes of the block in rank order. */
+typedef struct {
+    psd_chunk_t *ch;
+    float *acc;       /* the first member's slot: the sum */
+    uint32_t first;
+} blocksum_t;
+
+static void sum_block(void *arg, size_t off, size_t len)
+{
+    blocksum_t *b = arg;
+    uint64_t mem = b->ch->apply_members;
+    for (uint32_t r = b->first + 1; r < PS_MAX_RANKS; r++)
+        if (mem >> r & 1) psk_add_cpu(b->acc + off, (const float *)b->ch->slots[r] + off, len);
 }
 
 static int run_apply(psd_job_t *job, psd_wtxn_t *tx)
@@ -932,10 +946,18 @@ static int run_apply(psd_job_t *job, psd_wtxn_t *tx)
                                             : h->version;
             psk_optim_t o = optim_at(srv, pos, total);
             float scale = 1.0f / (float)__builtin_popcountll(ch->apply_members);
-            psk_optim_apply_cpu(p, s, p_in, s_in, sum, scale, ch->n,
-                                h->version + 1, &o);
-            h->version++;
+            blocksum_t bs = {.ch = ch, .first = (uint32_t)__builtin_ctzll(ch->apply_members)};
+            if (sum == NULL) { /* raw pushes: summed block by block in the update's pass */
+                bs.acc = (float *)ch->slots[bs.first];
+                sum = bs.acc;
+            }
+            psd_store_chunk_update(h, p_in, s_in, sum, scale, &o, bs.acc ? sum_block : NULL, &bs);
+            job->hashes[i] = h->hash;
+            continue;
         } else {
+            uint32_t left = 0;
+            for (uint32_t r = 0; r < PS_MAX_RANKS; r++) left += ch->slot_state[r] == SLOT_APPLYING;
+            if (left == 0) psd_store_chunk_seal(h); /* nothing to apply (not expected) */
             for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
                 if (ch->slot_state[r] != SLOT_APPLYING) continue;
                 psk_optim_t o = optim_at(srv, h->version, total);
@@ -946,11 +968,17 @@ static int run_apply(psd_job_t *job, psd_wtxn_t *tx)
                                              &ch->slot_codec[r], 1.0f);
                     g = ch->agg;
                 }
+                if (--left == 0) { /* the last one seals the record in its pass */
+                    psd_store_chunk_update(h, p_in, s_in, g, 1.0f, &o, NULL, NULL);
+                    break;
+                }
                 psk_optim_apply_cpu(p, s, p_in, s_in, g, 1.0f, ch->n, h->version + 1, &o);
                 p_in = p; /* later updates of this batch go in place on the new record */
                 s_in = s;
                 h->version++;
             }
+            job->hashes[i] = h->hash;
+            continue;
         }
         /* Hash the record while it is still in cache, in the same transaction. */
         psd_store_chunk_seal(h);

@@ -9,6 +9,8 @@
 
 #include <xxhash.h>
 
+#include "rechash.h"
+
 #include "crc32c.h"
 #include "ps/ps_error.h"
 #include "ps/ps_log.h"
@@ -73,24 +75,31 @@ static int meta_check(psd_store_t *st, MDB_txn *txn, const char *name, const voi
 /* Format 1 records: the same first 16 bytes (version, n, nstate), then the data. */
 #define V1_HDR 16
 
-/* Make sure every chunk record is format 2: a store without "Mrecord_format" but with chunks
- * was written by a psd before chunk hashes; its records are rewritten with the new header
- * (and their hashes computed) in @p txn, so the upgrade commits whole or not at all. */
+/* Make sure every chunk record is the current format: a store without "Mrecord_format" but
+ * with chunks was written by a psd before chunk hashes (format 1), format 2 hashed the record in
+ * one run; the records are rewritten with the current header and hash in @p txn, so the
+ * upgrade commits whole or not at all. */
 static int record_format(psd_store_t *st, MDB_txn *txn, char *err, size_t errlen)
 {
     const char *kname = "Mrecord_format";
     MDB_val key = {strlen(kname), (void *)kname}, v;
     uint64_t want = PSD_CHUNK_FORMAT;
     int rc = mdb_get(txn, st->dbi, &key, &v);
+    uint64_t have = 1; /* no key: records from before chunk hashes */
     if (rc == 0) {
-        uint64_t have = 0;
+        have = 0;
         if (v.mv_size == 8) memcpy(&have, v.mv_data, 8);
         if (have == want) return 0;
-        snprintf(err, errlen, "%s: chunk records are format %llu; this psd reads format %llu",
-                 st->dir, (unsigned long long)have, (unsigned long long)want);
-        return PS_ECONFIG;
+        if (have != 2) {
+            snprintf(err, errlen, "%s: chunk records are format %llu; this psd reads format %llu",
+                     st->dir, (unsigned long long)have, (unsigned long long)want);
+            return PS_ECONFIG;
+        }
+    } else if (rc != MDB_NOTFOUND) {
+        return mdb_err(rc);
     }
-    if (rc != MDB_NOTFOUND) return mdb_err(rc);
+    /* Format 2 records have this header; only their hash runs in another order. */
+    const size_t from_hdr = have == 2 ? sizeof(psd_chunk_hdr_t) : V1_HDR;
     /* Collect the format 1 chunk keys first: the cursor must not walk what we rewrite. */
     MDB_cursor *cur;
     if ((rc = mdb_cursor_open(txn, st->dbi, &cur)) != 0) return mdb_err(rc);
@@ -124,9 +133,10 @@ static int record_format(psd_store_t *st, MDB_txn *txn, char *err, size_t errlen
         memcpy(&n, (const uint8_t *)cv.mv_data + 8, 4);
         memcpy(&ns, (const uint8_t *)cv.mv_data + 12, 4);
         size_t data = (size_t)n * (1 + ns) * 4;
-        if (cv.mv_size < V1_HDR || cv.mv_size != V1_HDR + data) {
-            snprintf(err, errlen, "%s: chunk record %u/%u is neither format 1 nor 2 (%zu bytes)",
-                     st->dir, rd32(keys + 9 * i + 1), rd32(keys + 9 * i + 5), cv.mv_size);
+        if (cv.mv_size < from_hdr || cv.mv_size != from_hdr + data) {
+            snprintf(err, errlen, "%s: chunk record %u/%u is not format %llu (%zu bytes)",
+                     st->dir, rd32(keys + 9 * i + 1), rd32(keys + 9 * i + 5),
+                     (unsigned long long)have, cv.mv_size);
             ret = PS_ESTORE;
             break;
         }
@@ -143,9 +153,9 @@ static int record_format(psd_store_t *st, MDB_txn *txn, char *err, size_t errlen
         }
         psd_chunk_hdr_t *h = nv.mv_data;
         memset(h, 0, sizeof *h);
-        memcpy(h, old, V1_HDR);
+        memcpy(h, old, V1_HDR); /* version, n, nstate: the same in formats 1 and 2 */
         h->format = PSD_CHUNK_FORMAT;
-        memcpy(psd_chunk_params(h), old + V1_HDR, data);
+        memcpy(psd_chunk_params(h), old + from_hdr, data);
         psd_store_chunk_seal(h);
     }
     free(old);
@@ -171,7 +181,7 @@ void psd_store_chunk_seal(psd_chunk_hdr_t *h)
 
 uint64_t psd_store_chunk_hash(const psd_chunk_hdr_t *h)
 {
-    return XXH3_64bits(h + 1, (size_t)h->n * (1 + h->nstate) * 4);
+    return psd_rechash((const float *)(h + 1), h->n, h->nstate);
 }
 
 int psd_store_open(psd_store_t *st, const char *dir, uint64_t map_mb, const char *meta_cluster,
@@ -451,4 +461,28 @@ int psd_store_get_blob(psd_store_t *st, const char *name, void *buf, size_t cap,
     }
     mdb_txn_abort(txn);
     return rc == MDB_NOTFOUND ? PS_ENOENT : rc > 0 ? mdb_err(rc) : rc;
+}
+
+void psd_store_chunk_update(psd_chunk_hdr_t *h, const float *p_in, const float *s_in,
+                            const float *g, float scale, const psk_optim_t *o,
+                            void (*before)(void *arg, size_t off, size_t len), void *arg)
+{
+    uint32_t n = h->n, ns = h->nstate;
+    float *p = psd_chunk_params(h), *s = psd_chunk_state(h);
+    XXH3_state_t hs;
+    XXH3_64bits_reset(&hs);
+    uint32_t crc = 0;
+    for (size_t off = 0; off < n; off += PSD_HASH_BLOCK) {
+        size_t len = n - off < PSD_HASH_BLOCK ? n - off : PSD_HASH_BLOCK;
+        if (before) before(arg, off, len);
+        psk_optim_apply_strided_cpu(p + off, ns ? s + off : NULL, p_in + off,
+                                    ns ? s_in + off : NULL, g + off, scale, len, n,
+                                    h->version + 1, o);
+        psd_rechash_block(&hs, p, n, ns, off, len);
+        crc = ps_crc32c(crc, p + off, len * sizeof(float));
+    }
+    h->version++;
+    h->format = PSD_CHUNK_FORMAT;
+    h->crc32c = crc;
+    h->hash = XXH3_64bits_digest(&hs);
 }

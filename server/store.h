@@ -5,11 +5,12 @@
  *   "T" be32(id)      a tensor's declaration (ps_decl_t)
  *   "C" be32(t) be32(c)  a chunk record: psd_chunk_hdr_t, params[n], state[nstate * n]
  *
- * Chunk records are format 2 (PSD_CHUNK_FORMAT): the header carries the CRC-32C of the
- * parameters (what a raw pull sends) and the XXH3-64 of parameters and state, both written by
- * psd_store_chunk_seal() in the transaction that writes the record. "Mrecord_format" holds the
- * format; a store with chunk records but without that key is format 1 (16-byte header, no
- * hashes) and psd_store_open() upgrades it in place, in one transaction.
+ * Chunk records are format 3 (PSD_CHUNK_FORMAT): the header carries the CRC-32C of the
+ * parameters (what a raw pull sends) and the XXH3-64 of parameters and state in blocks
+ * (rechash.h), both written in the transaction that writes the record (by the apply pass
+ * itself, or psd_store_chunk_seal()). "Mrecord_format" holds the format; a store with chunk
+ * records but without that key is format 1 (16-byte header, no hashes), and format 2 hashed
+ * params then state in one run: psd_store_open() upgrades either in place, in one transaction.
  *
  * The environment is opened WRITEMAP | NOSYNC | NOTLS: every committed
  * transaction survives a process crash (PLATFORM-NOTES.md section 4); power-loss
@@ -24,9 +25,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "optim.h"
 #include "wire.h"
 
-#define PSD_CHUNK_FORMAT 2
+#define PSD_CHUNK_FORMAT 3
 
 typedef struct {
     uint64_t version; /* steps applied to this chunk */
@@ -34,7 +36,7 @@ typedef struct {
     uint32_t nstate;  /* optimizer state floats per parameter */
     uint32_t format;  /* PSD_CHUNK_FORMAT */
     uint32_t crc32c;  /* CRC-32C of params[n] */
-    uint64_t hash;    /* XXH3-64 of params[n] and state[nstate * n], as stored */
+    uint64_t hash;    /* XXH3-64 of params[n] and state[nstate * n] in blocks (rechash.h) */
 } psd_chunk_hdr_t;
 
 /** Parameters of a record (follow the header). */
@@ -89,6 +91,18 @@ int psd_store_load(psd_store_t *st, psd_store_tensor_cb on_tensor, psd_store_chu
  * @note Reads n * (1 + nstate) * 4 bytes; runs on the job's thread.
  */
 void psd_store_chunk_seal(psd_chunk_hdr_t *h);
+
+/**
+ * @brief One optimizer step on the record @p h (old values @p p_in, @p s_in, e.g. the previous
+ * record) in a single pass of PSD_HASH_BLOCK-value blocks: @p before (may be NULL) prepares the
+ * block's gradient (e.g. sums pushes into @p g), the optimizer writes the block, and the block
+ * is folded into the CRC-32C and XXH3-64 right away, while it is in cache. Ends like
+ * psd_store_chunk_seal(): version + 1, format, crc32c and hash set.
+ * @note @p h must be the writable record (MDB_RESERVE); nothing is allocated.
+ */
+void psd_store_chunk_update(psd_chunk_hdr_t *h, const float *p_in, const float *s_in,
+                            const float *g, float scale, const psk_optim_t *o,
+                            void (*before)(void *arg, size_t off, size_t len), void *arg);
 
 /** @brief XXH3-64 of a record's params and state as stored now (what seal writes into hash). */
 uint64_t psd_store_chunk_hash(const psd_chunk_hdr_t *h);

@@ -227,6 +227,81 @@ START_TEST(format1_upgraded)
 }
 END_TEST
 
+/* Format 2 records (hash over params then state in one run) are rehashed at open to the
+ * blocked order; values and version stay. */
+START_TEST(format2_upgraded)
+{
+    psd_store_t st;
+    char err[512];
+    ck_assert_int_eq(open_store(&st, "demo", 4000, 1, err), 0);
+    MDB_txn *txn;
+    ck_assert_int_eq(mdb_txn_begin(st.env, NULL, 0, &txn), 0);
+    MDB_val fk = {14, "Mrecord_format"}, fv = {8, (uint64_t[]){2}};
+    ck_assert_int_eq(mdb_put(txn, st.dbi, &fk, &fv, 0), 0);
+    uint32_t n = 10000; /* several hash blocks */
+    size_t len = psd_chunk_bytes(n, 1);
+    psd_chunk_hdr_t *rec = calloc(1, len);
+    *rec = (psd_chunk_hdr_t){.version = 3, .n = n, .nstate = 1, .format = 2};
+    for (uint32_t i = 0; i < 2 * n; i++) psd_chunk_params(rec)[i] = 0.5f * (float)i;
+    rec->hash = XXH3_64bits(rec + 1, (size_t)2 * n * 4); /* the format 2 definition */
+    uint8_t key[9] = {'C', 0, 0, 0, 1, 0, 0, 0, 0};
+    MDB_val k = {9, key}, v = {len, rec};
+    ck_assert_int_eq(mdb_put(txn, st.dbi, &k, &v, 0), 0);
+    ck_assert_int_eq(mdb_txn_commit(txn), 0);
+    psd_store_close(&st);
+
+    ck_assert_int_eq(open_store(&st, "demo", 4000, 1, err), 0);
+    MDB_txn *snap;
+    ck_assert_int_eq(psd_store_snapshot(&st, &snap), 0);
+    const psd_chunk_hdr_t *h;
+    ck_assert_int_eq(psd_store_chunk_get(&st, snap, 1, 0, &h), 0);
+    ck_assert_uint_eq(h->version, 3);
+    ck_assert_uint_eq(h->format, PSD_CHUNK_FORMAT);
+    ck_assert_int_eq(memcmp(h + 1, rec + 1, (size_t)2 * n * 4), 0);
+    ck_assert_uint_eq(h->hash, psd_store_chunk_hash(h));
+    ck_assert_uint_ne(h->hash, rec->hash); /* blocked order differs for n > PSD_HASH_BLOCK */
+    mdb_txn_abort(snap);
+    psd_store_close(&st);
+    free(rec);
+}
+END_TEST
+
+/* The fused update writes what the plain kernel writes, and seals the record with the hash
+ * and CRC that recomputing them from the stored bytes gives. */
+START_TEST(update_seals_like_recompute)
+{
+    uint32_t n = 3 * 4096 + 123;
+    size_t len = psd_chunk_bytes(n, 2);
+    psd_chunk_hdr_t *old = calloc(1, len), *a = calloc(1, len), *b = calloc(1, len);
+    *old = (psd_chunk_hdr_t){.version = 4, .n = n, .nstate = 2};
+    float *g = malloc(n * 4);
+    for (uint32_t i = 0; i < n; i++) {
+        psd_chunk_params(old)[i] = 0.01f * (float)(i % 97);
+        psd_chunk_state(old)[i] = 0.001f * (float)(i % 13);
+        psd_chunk_state(old)[n + i] = 0.0001f * (float)(i % 7);
+        g[i] = 0.1f - 0.002f * (float)(i % 101);
+    }
+    psk_optim_t o = {.kind = PSK_ADAM, .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
+    *a = *old;
+    psd_store_chunk_update(a, psd_chunk_params(old), psd_chunk_state(old), g, 0.5f, &o, NULL,
+                           NULL);
+    *b = *old;
+    psk_optim_apply_cpu(psd_chunk_params(b), psd_chunk_state(b), psd_chunk_params(old),
+                        psd_chunk_state(old), g, 0.5f, n, old->version + 1, &o);
+    b->version++;
+    psd_store_chunk_seal(b);
+    ck_assert_uint_eq(a->version, 5);
+    ck_assert_int_eq(memcmp(a + 1, b + 1, len - sizeof *a), 0);
+    ck_assert_uint_eq(a->hash, b->hash);
+    ck_assert_uint_eq(a->crc32c, b->crc32c);
+    ck_assert_uint_eq(a->format, b->format);
+    free(old);
+    free(a);
+    free(b);
+    free(g);
+}
+END_TEST
+
 Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("store");
@@ -238,6 +313,8 @@ Suite *ps_test_suite(void)
     tcase_add_test(tc, identity_checked);
     tcase_add_test(tc, seal_hashes_record);
     tcase_add_test(tc, format1_upgraded);
+    tcase_add_test(tc, format2_upgraded);
+    tcase_add_test(tc, update_seals_like_recompute);
     suite_add_tcase(s, tc);
     return s;
 }

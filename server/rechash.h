@@ -1,0 +1,39 @@
+/* rechash.h: the XXH3-64 of a chunk record (format 3), shared by psd and psctl.
+ *
+ * A record is params[n] then nstate state arrays of n floats. Its hash runs over the record in
+ * blocks of PSD_HASH_BLOCK values: for each block, the block of params, then the same block of
+ * every state array. That order lets the apply job hash each block right after the optimizer
+ * wrote it, while it is still in cache (shard.c), and gives the same value as recomputing it
+ * from the stored record (verify, checkpoints, repair). */
+#ifndef PSD_RECHASH_H
+#define PSD_RECHASH_H
+
+#include <stddef.h>
+#include <stdint.h>
+#ifndef XXH_STATIC_LINKING_ONLY
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack (xxhash.h may be included again) */
+#endif
+#include <xxhash.h>
+
+#define PSD_HASH_BLOCK 4096 /* values per block (16 KiB of each array) */
+
+/** @brief Feed block [off, off + len) of the record (@p rec = params, state follows) to @p st. */
+static inline void psd_rechash_block(XXH3_state_t *st, const float *rec, uint32_t n,
+                                     uint32_t nstate, size_t off, size_t len)
+{
+    for (uint32_t c = 0; c <= nstate; c++)
+        XXH3_64bits_update(st, rec + (size_t)c * n + off, len * sizeof(float));
+}
+
+/** @brief The record hash of params[n] and state[nstate * n] laid out from @p rec. */
+static inline uint64_t psd_rechash(const float *rec, uint32_t n, uint32_t nstate)
+{
+    XXH3_state_t st;
+    XXH3_64bits_reset(&st);
+    for (size_t off = 0; off < n; off += PSD_HASH_BLOCK)
+        psd_rechash_block(&st, rec, n, nstate, off,
+                          n - off < PSD_HASH_BLOCK ? n - off : PSD_HASH_BLOCK);
+    return XXH3_64bits_digest(&st);
+}
+
+#endif
