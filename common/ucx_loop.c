@@ -163,9 +163,11 @@ void ps_ucx_ep_lanes(ucp_ep_h ep, char *buf, size_t len)
                                 "sysv",    "posix",    "xpmem",   "cma",     "knem",
                                 "tcp",     "self",     "cuda_copy", "cuda_ipc", "gdr_copy"};
     for (size_t i = 0; i < sizeof tls / sizeof tls[0]; i++) {
-        char pat[32];
+        /* Lines read "lane[1]:  3:sysv/memory.0 md[2] -> ..." (1.13) or " sysv/..." */
+        char pat[32], pat2[32];
         snprintf(pat, sizeof pat, " %s/", tls[i]);
-        if (text && strstr(text, pat) && off + strlen(tls[i]) + 2 < len)
+        snprintf(pat2, sizeof pat2, ":%s/", tls[i]);
+        if (text && (strstr(text, pat) || strstr(text, pat2)) && off + strlen(tls[i]) + 2 < len)
             off += (size_t)snprintf(buf + off, len - off, "%s%s", off ? "," : "", tls[i]);
     }
     if (off == 0) snprintf(buf, len, "unknown");

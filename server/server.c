@@ -329,6 +329,63 @@ send:
     if (req == NULL || UCS_PTR_IS_ERR(req)) on_status_sent(NULL, UCS_OK, s);
 }
 
+/* MSG_ECHO (psworker --self-test): receive the data into a scratch buffer (its contents do not
+ * matter, several echoes may share it) and answer once it is all here. */
+typedef struct {
+    psd_server_t *srv;
+    psd_conn_t *conn;
+    uint64_t req_id;
+} echo_t;
+
+static void echo_done(void *request, ucs_status_t status, size_t length, void *user_data)
+{
+    echo_t *e = user_data;
+    ps_msg_t r = {.type = PS_MSG_ECHO_REPLY, .req_id = e->req_id, .shard = e->srv->shard,
+                  .length = length, .status = status == UCS_OK ? 0 : ps_ucx_err(status)};
+    psd_send_msg(e->srv, e->conn, &r);
+    psd_conn_unref(e->conn);
+    free(e);
+    if (request) ucp_request_free(request);
+}
+
+#define PSD_ECHO_MAX (64u << 20)
+
+static ucs_status_t echo_recv(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg,
+                              void *data, size_t length, const ucp_am_recv_param_t *param)
+{
+    echo_t *e = malloc(sizeof *e);
+    if (length > PSD_ECHO_MAX || e == NULL) {
+        free(e);
+        psd_send_error(srv, c, msg->req_id, PS_EINVAL, "echo of %zu bytes (at most %u)", length,
+                       PSD_ECHO_MAX);
+        return UCS_OK;
+    }
+    *e = (echo_t){srv, c, msg->req_id};
+    psd_conn_ref(c);
+    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+        echo_done(NULL, UCS_OK, length, e);
+        return UCS_OK;
+    }
+    if (srv->echo_cap < length) {
+        void *b = realloc(srv->echo_buf, length);
+        if (b == NULL) {
+            echo_done(NULL, UCS_ERR_NO_MEMORY, 0, e);
+            return UCS_OK;
+        }
+        srv->echo_buf = b;
+        srv->echo_cap = length;
+    }
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                             UCP_OP_ATTR_FIELD_USER_DATA,
+                             .cb.recv_am = echo_done, .user_data = e};
+    void *req = ucp_am_recv_data_nbx(srv->ucx.worker, data, srv->echo_buf, length, &p);
+    if (req == NULL)
+        echo_done(NULL, UCS_OK, length, e);
+    else if (UCS_PTR_IS_ERR(req))
+        echo_done(NULL, UCS_PTR_STATUS(req), 0, e);
+    return UCS_OK;
+}
+
 static ucs_status_t on_am(void *arg, const void *header, size_t header_length, void *data,
                           size_t length, const ucp_am_recv_param_t *param)
 {
@@ -379,10 +436,15 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
                        ps_msg_type_name(msg.type));
         return UCS_OK;
     }
+    if (msg.type == PS_MSG_ECHO) return echo_recv(srv, c, &msg, data, length, param);
     if (msg.type != PS_MSG_PUSH && length > 0) {
         psd_send_error(srv, c, msg.req_id, PS_EPROTO, "%s carries unexpected data",
                        ps_msg_type_name(msg.type));
         return UCS_OK;
+    }
+    if (msg.type == PS_MSG_HELLO && c->lanes[0] == '\0' && c->ep) {
+        ps_ucx_ep_lanes(c->ep, c->lanes, sizeof c->lanes);
+        PS_LOG(PS_LOG_INFO, "server", "peer %s (pid %u) over %s", c->peer, msg.pid, c->lanes);
     }
     switch (msg.type) {
     case PS_MSG_HELLO: on_hello(srv, c, &msg); break;
@@ -610,6 +672,7 @@ fail_store:
         free(sd);
     }
     free(srv->rank_owner);
+    free(srv->echo_buf);
     free(srv);
     return rc;
 }

@@ -35,6 +35,7 @@ typedef struct psd_conn_s {
     bool close_queued;
     bool silent;                     /* dropped for missed heartbeats */
     char peer[64];
+    char lanes[64];                  /* transports of the endpoint, found at its hello */
     struct psd_conn_s *next;
 } psd_conn_t;
 
@@ -211,6 +212,8 @@ struct psd_server_s {
     uv_timer_t cron;           /* heartbeat checks */
     bool stopping;
     uint64_t last_cron_ms;     /* psd_now_ms() of the last heartbeat check */
+    void *echo_buf;            /* MSG_ECHO's landing place (contents dropped) */
+    size_t echo_cap;
     uint64_t applied_updates, pushes, pulls;
     uint64_t crc_errors;       /* pushes rejected for a checksum mismatch */
     uint32_t test_corrupt_pull; /* PS_TEST_CORRUPT_PULL (tests only): corrupt every Nth pull reply */

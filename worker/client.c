@@ -23,7 +23,7 @@
 #define PS_CLIENT_MAX_TENSORS 65536 /* as psd's PSD_MAX_TENSORS */
 #define PS_CRC_TRIES 5              /* a corrupted part is sent again at most this often in a row */
 
-enum { OP_HELLO = 1, OP_DECLARE, OP_PUSH, OP_PULL, OP_LEAVE, OP_SHUTDOWN, OP_BATCH };
+enum { OP_HELLO = 1, OP_DECLARE, OP_PUSH, OP_PULL, OP_LEAVE, OP_SHUTDOWN, OP_BATCH, OP_ECHO };
 
 typedef struct {
     ps_op_t *op;
@@ -72,6 +72,7 @@ typedef struct {
     uint32_t backoff_ms;
     uv_timer_t timer;  /* the next reconnect attempt */
     int hb_inflight;   /* a heartbeat send not completed yet */
+    char lanes[64];    /* the transports the endpoint uses ("sysv,cma", "tcp", "rc_mlx5") */
     uint8_t hb_hdr[64];
 } cshard_t;
 
@@ -412,6 +413,9 @@ static void start_op(ps_client_t *c, ps_op_t *op)
         goto done;
     }
     switch (op->type) {
+    case OP_ECHO:
+        send_part(c, &op->parts[0], &op->req, op->buf, op->req.length, PS_AM_DATA);
+        break;
     case OP_HELLO:
     case OP_BATCH:
     case OP_DECLARE: {
@@ -764,6 +768,11 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
         }
         break;
     }
+    case PS_MSG_ECHO_REPLY:
+        if (op->type != OP_ECHO || op->parts[0].shard != m.shard) return UCS_OK;
+        if (m.status) op_fail(op, m.status, "shard %u: echo failed", m.shard);
+        part_done(&op->parts[0]);
+        break;
     case PS_MSG_BATCH_REPLY:
         if (op->type != OP_BATCH || m.shard != 0) return UCS_OK;
         op->reply = m;
@@ -778,6 +787,14 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     case PS_MSG_DECLARE_REPLY:
         if ((op->type == OP_HELLO) != (m.type == PS_MSG_HELLO_REPLY) || op->parts[0].shard != m.shard)
             return UCS_OK;
+        if (op->type == OP_HELLO && c->shards[m.shard].ep) {
+            /* Which transports the connection ended up on: said once, so that a cluster
+             * that fell back to TCP is seen at once. */
+            cshard_t *s = &c->shards[m.shard];
+            ps_ucx_ep_lanes(s->ep, s->lanes, sizeof s->lanes);
+            PS_LOG(PS_LOG_INFO, "libps", "shard %u (%s:%u) over %s", m.shard,
+                   c->m.servers[m.shard].host, c->m.servers[m.shard].port, s->lanes);
+        }
         op->reply = m;
         part_done(&op->parts[0]);
         break;
@@ -1288,6 +1305,47 @@ int ps_client_next_batch(ps_client_t *c, uint64_t samples, const ps_batch_info_t
         snprintf(c->err, sizeof c->err, "shard 0 handed out an empty batch");
         return PS_EPROTO;
     }
+    return 0;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int ps_client_self_test(ps_client_t *c, uint32_t shard, size_t bytes, int reps, double *gbps,
+                        char *lanes, size_t lanes_len)
+{
+    if (shard >= c->nshards || bytes == 0 || bytes > (64u << 20) || reps < 1) {
+        snprintf(c->err, sizeof c->err, "self-test: shard %u, %zu bytes, %d reps: out of range",
+                 shard, bytes, reps);
+        return PS_EINVAL;
+    }
+    float *buf = calloc(1, bytes);
+    if (buf == NULL) return PS_ENOMEM;
+    int rc = 0;
+    double t0 = 0;
+    for (int i = 0; i <= reps && rc == 0; i++) { /* the first one warms the path up */
+        if (i == 1) t0 = now_s();
+        ps_op_t *op = op_new(c, OP_ECHO, 1);
+        if (op == NULL) {
+            rc = PS_ENOMEM;
+            break;
+        }
+        op->parts[0].shard = shard;
+        op->buf = buf;
+        op->req = (ps_msg_t){.type = PS_MSG_ECHO, .req_id = op->req_id, .rank = c->rank,
+                             .length = bytes};
+        submit(c, op);
+        rc = ps_op_wait(op, NULL);
+    }
+    double secs = now_s() - t0;
+    free(buf);
+    if (rc) return rc;
+    *gbps = secs > 0 ? (double)bytes * reps / secs / 1e9 : 0;
+    if (lanes) snprintf(lanes, lanes_len, "%s", c->shards[shard].lanes);
     return 0;
 }
 

@@ -227,17 +227,48 @@ static int write_params(const trainer_t *tr, const char *path, uint64_t step)
     return fclose(f) == 0 ? 0 : -errno;
 }
 
+/* --self-test: join, then measure the path to every shard (transports and bandwidth), leave. */
+static int run_self_test(const char *manifest, const ps_manifest_t *m)
+{
+    char err[1024];
+    ps_client_t *c;
+    int rc = ps_client_create(manifest, NULL, &c, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "psworker: %s\n", err);
+        return 1;
+    }
+    int bad = 0;
+    for (uint32_t i = 0; i < ps_client_shards(c); i++) {
+        double small = 0, big = 0;
+        char lanes[64] = "";
+        rc = ps_client_self_test(c, i, 4096, 200, &small, NULL, 0);
+        if (rc == 0) rc = ps_client_self_test(c, i, 4u << 20, 16, &big, lanes, sizeof lanes);
+        if (rc) {
+            fprintf(stderr, "psworker: self-test: shard %u: %s\n", i, ps_client_error(c));
+            bad = 1;
+            continue;
+        }
+        printf("shard %u (%s:%u) over %s: %.2f GB/s with 4 MiB messages, %.0f us per 4 KiB "
+               "message and reply\n", i, m->servers[i].host, m->servers[i].port, lanes, big,
+               4096.0 / (small * 1e9) * 1e6);
+    }
+    ps_client_destroy(c);
+    return bad;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f,
             "usage: psworker --manifest FILE [--metrics-out FILE] [--params-out FILE]\n"
-            "                [--codec CODEC] [--local [--rank-codec R=CODEC]...]\n"
+            "                [--codec CODEC] [--local [--rank-codec R=CODEC]...] [--self-test]\n"
             "  --metrics-out FILE  JSON lines: one per epoch and a final one\n"
             "  --params-out FILE   write the final parameters (PSPARAM1 format)\n"
             "  --codec CODEC       this worker pushes with CODEC instead of job.compression.codec\n"
             "  --local             train alone, computing every rank's share in this process\n"
             "                      and applying the optimizer here (the reference run)\n"
-            "  --rank-codec R=C    with --local: rank R pushes with codec C\n");
+            "  --rank-codec R=C    with --local: rank R pushes with codec C\n"
+            "  --self-test         join, print each shard's transports and measured bandwidth\n"
+            "                      and round-trip time, leave (no training)\n");
 }
 
 int main(int argc, char **argv)
@@ -248,6 +279,7 @@ int main(int argc, char **argv)
                                          {"local", no_argument, 0, 'L'},
                                          {"codec", required_argument, 0, 'c'},
                                          {"rank-codec", required_argument, 0, 'r'},
+                                         {"self-test", no_argument, 0, 'T'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     const char *manifest = NULL, *metrics_path = NULL, *params_path = NULL;
@@ -255,8 +287,10 @@ int main(int argc, char **argv)
     const char *codec_override = NULL;
     static const char *rank_codec[4096];
     ps_log_set_level(NULL);
-    while ((o = getopt_long(argc, argv, "m:o:p:Lc:r:h", opts, NULL)) != -1) {
+    int self_test = 0;
+    while ((o = getopt_long(argc, argv, "m:o:p:Lc:r:Th", opts, NULL)) != -1) {
         switch (o) {
+        case 'T': self_test = 1; break;
         case 'c':
             if (!ps_codec_name_valid(optarg)) {
                 fprintf(stderr, "psworker: --codec %s: unknown codec\n", optarg);
@@ -299,6 +333,7 @@ int main(int argc, char **argv)
     }
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
+    if (self_test) return run_self_test(manifest, &m);
 
     ps_dataset_t train, test;
     if (ps_fmnist_load(&train, &test, m.job.dataset, err, sizeof err)) {

@@ -246,6 +246,28 @@ START_TEST(test_psctl_status)
 }
 END_TEST
 
+/* psworker --self-test: every shard's transports and measured bandwidth, then it leaves. psd
+ * logs the transports of each peer at its hello. */
+START_TEST(test_self_test)
+{
+    cl_conf_t k = {.shards = 2, .workers = 1};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    char *argv[] = {(char *)cl_binary("PSWORKER"), "--manifest", c->manifest, "--self-test", NULL};
+    cl_proc_t *t = cl_spawn(c, "selftest", argv);
+    EXPECT_EXIT(t, 0);
+    EXPECT_LOG(t, "shard 0 (127.0.0.1:");
+    EXPECT_LOG(t, "shard 1 (127.0.0.1:");
+    EXPECT_LOG(t, "GB/s with 4 MiB messages");
+    char *log = cl_log(t);
+    ck_assert_msg(strstr(log, "over unknown") == NULL, "transports not recognised: %s", log);
+    free(log);
+    EXPECT_LOG(psd[0], ") over ");
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("cluster");
@@ -256,5 +278,6 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("restart_resumes", test_restart_resumes));
     suite_add_tcase(s, tcase("bad_manifest", test_bad_manifest));
     suite_add_tcase(s, tcase("psctl_status", test_psctl_status));
+    suite_add_tcase(s, tcase("self_test", test_self_test));
     return s;
 }

@@ -131,6 +131,16 @@ const char *ps_client_error(const ps_client_t *c);
 /** @brief Payload traffic so far. */
 void ps_client_stats(const ps_client_t *c, ps_client_stats_t *out);
 
+/**
+ * @brief Measure the path to shard @p shard: @p reps messages of @p bytes (at most 64 MiB), each
+ * sent after the shard acknowledged the previous one (after one unmeasured warm-up).
+ * @param[out] gbps  payload bytes per second / 1e9
+ * @param[out] lanes the transports of the connection ("sysv,cma", "tcp", ...); may be NULL
+ * @return 0, PS_EINVAL, PS_ENOMEM or the transport's error.
+ */
+int ps_client_self_test(ps_client_t *c, uint32_t shard, size_t bytes, int reps, double *gbps,
+                        char *lanes, size_t lanes_len);
+
 /* A batch of the training set, as the coordinator hands it out: positions
  * [offset, offset + count) of pass `pass`'s permutation, to be computed as step `step`. */
 typedef struct {
