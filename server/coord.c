@@ -39,6 +39,7 @@ typedef struct {
     uint64_t batch_step;      /* bsp: the step of the batch; asp/ssp: the member's step */
     uint64_t steps_done;
     uint64_t progress;        /* samples applied before the batch's step (lr schedule) */
+    uint64_t join_serial;     /* orders claims of one rank on the other shards */
 } saved_member_t;
 
 typedef struct {
@@ -51,6 +52,7 @@ typedef struct {
     uint64_t final_step;
     uint8_t finished;
     uint8_t started;          /* asp / ssp: the first batches went out */
+    uint64_t joins;           /* join serials handed out (each new member gets the next) */
     saved_member_t m[PS_MAX_RANKS];
     ps_cursor_t cur;
 } coord_saved_t;
@@ -355,6 +357,7 @@ void psd_coord_on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
         saved_member_t *m = &co->s.m[rank];
         memset(m, 0, sizeof *m);
         m->pid = msg->pid;
+        m->join_serial = ++co->s.joins;
         snprintf(m->host, sizeof m->host, "%s", msg->host[0] ? msg->host : c->peer);
         co->rt[rank] = (member_rt_t){.conn = c, .joined_ms = uv_now(srv->loop)};
         co->s.active |= 1ull << rank;
@@ -368,7 +371,7 @@ void psd_coord_on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
     ps_msg_t r = {.type = PS_MSG_HELLO_REPLY, .req_id = msg->req_id, .rank = rank,
                   .workers = popcount(co->s.active), .epoch = co->s.epoch, .shard = 0,
                   .consistency = (uint32_t)srv->m.job.consistency, .step = co->s.step,
-                  .members = co->s.step_members};
+                  .members = co->s.step_members, .samples = co->s.m[rank].join_serial};
     psd_send_msg(srv, c, &r);
 }
 

@@ -226,9 +226,17 @@ static void on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
                        "to shard 0 first", rank, PS_MAX_RANKS);
         return;
     } else {
-        /* Shard 0 granted this rank: an older connection claiming it is stale (its worker
-         * was dropped and replaced); the newest hello wins. */
+        /* Shard 0 granted this rank with a join serial (samples field). A claim from an older
+         * join (a removed worker that came back) is refused: it learns it was removed. A newer
+         * one replaces the old connection (its worker was dropped and the rank handed on). */
         psd_conn_t *old = srv->rank_owner[rank];
+        if (old && old != c && !old->dead && msg->samples < old->join_serial) {
+            psd_send_error(srv, c, msg->req_id, PS_ENOTMEMBER,
+                           "rank %d now belongs to a later worker (join %llu, this one %llu)",
+                           rank, (unsigned long long)old->join_serial,
+                           (unsigned long long)msg->samples);
+            return;
+        }
         if (old && old != c && !old->dead) {
             PS_LOG(PS_LOG_WARN, "server", "rank %d moves from pid %u to pid %u; dropping the old "
                    "connection", rank, old->pid, msg->pid);
@@ -239,6 +247,7 @@ static void on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
     }
     c->rank = rank;
     c->pid = msg->pid;
+    c->join_serial = msg->samples;
     PS_LOG(PS_LOG_INFO, "server", "worker pid %u from %s is rank %d", c->pid, c->peer, rank);
     ps_msg_t r = {.type = PS_MSG_HELLO_REPLY, .req_id = msg->req_id, .rank = rank,
                   .epoch = psd_shard_epoch(srv), .shard = srv->shard,

@@ -103,6 +103,7 @@ struct ps_client_s {
     int rank;
     uint32_t workers;
     uint64_t join_step;         /* the coordinator's step at the join */
+    uint64_t join_serial;       /* shard 0's serial of this join: hellos to the others carry it */
     uint64_t next_req;
 
     pthread_t thread;
@@ -603,7 +604,8 @@ static void on_reconnect_timer(uv_timer_t *h)
     op->min_version = UINT64_MAX;
     op->on_done = on_rehello;
     op->parts[0] = (part_t){.op = op, .shard = s->index, .pending = 1};
-    op->req = (ps_msg_t){.type = PS_MSG_HELLO, .rank = c->rank, .pid = (uint32_t)getpid()};
+    op->req = (ps_msg_t){.type = PS_MSG_HELLO, .rank = c->rank, .pid = (uint32_t)getpid(),
+                         .samples = c->join_serial};
     snprintf(op->req.cluster, sizeof op->req.cluster, "%s", c->m.cluster);
     op->req.req_id = op->req_id;
     start_op(c, op);
@@ -981,7 +983,8 @@ static int join(ps_client_t *c, uint32_t timeout_ms)
     uint32_t backoff = 50;
     for (uint32_t i = 0; i < c->nshards; i++) {
         for (;;) {
-            ps_msg_t req = {.type = PS_MSG_HELLO, .rank = c->rank, .pid = (uint32_t)getpid()}, rep;
+            ps_msg_t req = {.type = PS_MSG_HELLO, .rank = c->rank, .pid = (uint32_t)getpid(),
+                            .samples = c->join_serial}, rep;
             snprintf(req.cluster, sizeof req.cluster, "%s", c->m.cluster);
             gethostname(req.host, sizeof req.host - 1);
             int rc = ctrl_call(c, OP_HELLO, i, &req, &rep);
@@ -990,6 +993,7 @@ static int join(ps_client_t *c, uint32_t timeout_ms)
                     c->rank = rep.rank;
                     c->workers = rep.workers;
                     c->join_step = rep.step;
+                    c->join_serial = rep.samples;
                 }
                 break;
             }
