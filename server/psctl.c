@@ -11,7 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ctl.h"
 #include "manifest.h"
 #include "psctl_client.h"
 #include "ps/ps_error.h"
@@ -321,17 +320,16 @@ int main(int argc, char **argv)
         return 2;
     }
     if (scale >= 0) {
-        ps_ctl_t *cc;
-        if (ps_ctl_open(&cc, &ctl.m, 0)) {
-            fprintf(stderr, "psctl: cannot start the UCX transport\n");
+        ps_req_t *cc;
+        if (ps_req_open(&ctl.m, timeout, &cc, err, sizeof err)) {
+            fprintf(stderr, "psctl: %s\n", err);
             return 1;
         }
         ps_msg_t req = {.type = PS_MSG_SCALE, .workers = (uint32_t)scale, .rank = -1}, rep;
-        int rc = ps_ctl_call(cc, &req, &rep, (uint32_t)(timeout * 1000));
-        ps_ctl_close(cc);
+        int rc = ps_req_call(cc, 0, &req, &rep, NULL, NULL, err, sizeof err);
+        ps_req_close(cc);
         if (rc) {
-            fprintf(stderr, "psctl: shard 0 (%s:%u): %s\n", ctl.m.servers[0].host,
-                    ctl.m.servers[0].port, rc == PS_ETIMEDOUT ? "no answer" : rep.type == PS_MSG_ERROR ? rep.error : ps_strerror(rc));
+            fprintf(stderr, "psctl: %s\n", err);
             return 1;
         }
         printf("desired workers: %d (now %u)\n", scale, rep.workers);

@@ -67,7 +67,7 @@ int psctl_checkpoint_dir(const ps_manifest_t *m, const char *base_in, uint64_t s
     return strlen(out) < 200 ? 0 : PS_EINVAL;
 }
 
-int psctl_checkpoint_run(psctl_client_t *cl, const ps_manifest_t *m, uint64_t step,
+int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step,
                          const char *d, uint64_t next, double wait_s, double t0)
 {
     int ret = 1, n = m->nservers;
@@ -78,14 +78,14 @@ int psctl_checkpoint_run(psctl_client_t *cl, const ps_manifest_t *m, uint64_t st
     for (int i = 0; i < n && armed; i++) {
         ps_msg_t a = {.type = PS_MSG_CKPT_ARM, .rank = -1, .step = step};
         snprintf(a.error, sizeof a.error, "%.255s", d);
-        if (psctl_client_call(cl, (uint32_t)i, &a, &r, NULL, NULL, err, sizeof err)) {
+        if (ps_req_call(cl, (uint32_t)i, &a, &r, NULL, NULL, err, sizeof err)) {
             fprintf(stderr, "psctl: checkpoint: %s\n", err);
             armed = 0;
         }
     }
     /* Release the hold (and, for --follow, hold the next checkpoint's step ahead). */
     ps_msg_t g = {.type = PS_MSG_CKPT_GO, .rank = -1, .step = next};
-    if (psctl_client_call(cl, 0, &g, &r, NULL, NULL, err, sizeof err))
+    if (ps_req_call(cl, 0, &g, &r, NULL, NULL, err, sizeof err))
         fprintf(stderr, "psctl: checkpoint: releasing the hold: %s\n", err);
     if (!armed) return 1;
     /* Each shard copies on its own; wait for all of them. */
@@ -101,7 +101,7 @@ int psctl_checkpoint_run(psctl_client_t *cl, const ps_manifest_t *m, uint64_t st
                 continue;
             }
             ps_msg_t s = {.type = PS_MSG_CKPT_STATUS, .rank = -1};
-            int rc = psctl_client_call(cl, (uint32_t)i, &s, &st[i], NULL, NULL, err, sizeof err);
+            int rc = ps_req_call(cl, (uint32_t)i, &s, &st[i], NULL, NULL, err, sizeof err);
             if (rc) {
                 fprintf(stderr, "psctl: checkpoint: %s\n", err);
                 st[i].status = rc;
@@ -139,16 +139,16 @@ int psctl_checkpoint_run(psctl_client_t *cl, const ps_manifest_t *m, uint64_t st
 
 int psctl_checkpoint(const ps_manifest_t *m, const char *dir, double timeout_s, double wait_s)
 {
-    psctl_client_t *cl;
+    ps_req_t *cl;
     char err[512], d[1024];
-    if (psctl_client_open(m, timeout_s, &cl, err, sizeof err)) {
+    if (ps_req_open(m, timeout_s, &cl, err, sizeof err)) {
         fprintf(stderr, "psctl: %s\n", err);
         return 1;
     }
     int ret = 1;
     double t0 = psctl_mono_s();
     ps_msg_t q = {.type = PS_MSG_CKPT_BEGIN, .rank = -1}, r;
-    if (psctl_client_call(cl, 0, &q, &r, NULL, NULL, err, sizeof err)) {
+    if (ps_req_call(cl, 0, &q, &r, NULL, NULL, err, sizeof err)) {
         fprintf(stderr, "psctl: checkpoint: %s\n", err);
         goto out;
     }
@@ -158,7 +158,7 @@ int psctl_checkpoint(const ps_manifest_t *m, const char *dir, double timeout_s, 
         psctl_checkpoint_dir(m, NULL, r.step, d, sizeof d);
     ret = psctl_checkpoint_run(cl, m, r.step, d, 0, wait_s, t0);
 out:
-    psctl_client_close(cl);
+    ps_req_close(cl);
     return ret;
 }
 
@@ -350,10 +350,10 @@ int psctl_repair(const ps_manifest_t *m, const char *dir_in, int rollback, doubl
     uint64_t step = psd_ckpt_meta_u64(meta0, "step");
     char **metas = calloc(n ? n : 1, sizeof *metas);
     for (uint32_t j = 0; metas && j < n; j++) metas[j] = j ? psd_ckpt_meta_read(dir, j) : meta0;
-    psctl_client_t *cl = NULL;
+    ps_req_t *cl = NULL;
     char(*names)[PS_NAME_MAX] = NULL;
     int ret = 1, nt;
-    if (metas == NULL || psctl_client_open(m, timeout_s, &cl, err, sizeof err)) {
+    if (metas == NULL || ps_req_open(m, timeout_s, &cl, err, sizeof err)) {
         fprintf(stderr, "psctl: repair: %s\n", metas ? err : "out of memory");
         goto out;
     }
@@ -363,7 +363,7 @@ int psctl_repair(const ps_manifest_t *m, const char *dir_in, int rollback, doubl
         ps_msg_t q = {.type = PS_MSG_VERIFY, .rank = -1}, r;
         void *data = NULL;
         size_t len = 0;
-        if (psctl_client_call(cl, (uint32_t)i, &q, &r, &data, &len, err, sizeof err)) {
+        if (ps_req_call(cl, (uint32_t)i, &q, &r, &data, &len, err, sizeof err)) {
             fprintf(stderr, "psctl: repair: verify of shard %d: %s\n", i, err);
             failed = 1;
             continue;
@@ -396,7 +396,7 @@ int psctl_repair(const ps_manifest_t *m, const char *dir_in, int rollback, doubl
                     ps_msg_t rq = {.type = PS_MSG_REPAIR, .rank = -1, .tensor = t, .chunk = c,
                                    .step = ver, .workers = j};
                     snprintf(rq.error, sizeof rq.error, "%.255s", dir);
-                    if (psctl_client_call(cl, (uint32_t)i, &rq, &r, NULL, NULL, err,
+                    if (ps_req_call(cl, (uint32_t)i, &rq, &r, NULL, NULL, err,
                                           sizeof err)) {
                         printf("psctl: repair: shard %d: tensor '%s' chunk %u: %s\n", i, nm, c,
                                err);
@@ -430,7 +430,7 @@ out:
     if (metas == NULL) free(meta0);
     free(metas);
     free(names);
-    psctl_client_close(cl);
+    ps_req_close(cl);
     return ret;
 }
 

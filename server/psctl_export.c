@@ -50,7 +50,7 @@ static size_t json_str(char *out, size_t cap, const char *s)
 
 /* Open one snapshot per shard at one step (bsp) or as they are (asp).
  * @return 0 with *step, *step_max and *ntensors; else psctl's exit status (message printed). */
-static int snapshots(psctl_client_t *cl, const ps_manifest_t *m, double wait_s, uint64_t *step,
+static int snapshots(ps_req_t *cl, const ps_manifest_t *m, double wait_s, uint64_t *step,
                      uint64_t *step_max, uint32_t *ntensors)
 {
     int n = m->nservers;
@@ -61,7 +61,7 @@ static int snapshots(psctl_client_t *cl, const ps_manifest_t *m, double wait_s, 
         size_t wl = 0;
         for (int i = 0; i < n; i++) {
             ps_msg_t q = {.type = PS_MSG_EXPORT_BEGIN, .rank = -1}, r;
-            int rc = psctl_client_call(cl, (uint32_t)i, &q, &r, NULL, NULL, err, sizeof err);
+            int rc = ps_req_call(cl, (uint32_t)i, &q, &r, NULL, NULL, err, sizeof err);
             if (rc == 0 && r.type != PS_MSG_EXPORT_BEGIN_REPLY) rc = PS_EPROTO;
             if (rc) {
                 fprintf(stderr, "psctl: export: %s\n", err);
@@ -92,9 +92,9 @@ static int snapshots(psctl_client_t *cl, const ps_manifest_t *m, double wait_s, 
 
 int psctl_export(const ps_manifest_t *m, const char *out, double timeout_s, double wait_s)
 {
-    psctl_client_t *cl;
+    ps_req_t *cl;
     char err[512];
-    if (psctl_client_open(m, timeout_s, &cl, err, sizeof err)) {
+    if (ps_req_open(m, timeout_s, &cl, err, sizeof err)) {
         fprintf(stderr, "psctl: %s\n", err);
         return 1;
     }
@@ -114,7 +114,7 @@ int psctl_export(const ps_manifest_t *m, const char *out, double timeout_s, doub
     uint64_t off = 0;
     for (uint32_t id = 0; id < nt; id++) {
         ps_msg_t q = {.type = PS_MSG_EXPORT_TENSOR, .rank = -1, .tensor = id}, r;
-        int rc = psctl_client_call(cl, 0, &q, &r, NULL, NULL, err, sizeof err);
+        int rc = ps_req_call(cl, 0, &q, &r, NULL, NULL, err, sizeof err);
         if (rc == PS_ENOENT) continue; /* an id whose creation failed */
         if (rc == 0 && (r.type != PS_MSG_EXPORT_TENSOR_REPLY || !r.has_decl)) rc = PS_EPROTO;
         if (rc) {
@@ -173,7 +173,7 @@ int psctl_export(const ps_manifest_t *m, const char *out, double timeout_s, doub
                 free(data);
                 ps_msg_t q = {.type = PS_MSG_EXPORT_CHUNK, .rank = -1, .tensor = t[i].d.id,
                               .chunk = c};
-                rc = psctl_client_call(cl, shard, &q, &r, &data, &len, err, sizeof err);
+                rc = ps_req_call(cl, shard, &q, &r, &data, &len, err, sizeof err);
                 if (rc == 0 && (r.type != PS_MSG_EXPORT_CHUNK_REPLY || len != n * 4)) {
                     snprintf(err, sizeof err, "shard %u sent %zu bytes, want %llu", shard, len,
                              (unsigned long long)(n * 4));
@@ -201,7 +201,7 @@ int psctl_export(const ps_manifest_t *m, const char *out, double timeout_s, doub
             values += n;
         }
     }
-    /* The snapshots are released when psctl_client_close() closes the endpoints. */
+    /* The snapshots are released when ps_req_close() closes the endpoints. */
     int bad = fflush(f) != 0 || fsync(fileno(f)) != 0;
     bad |= fclose(f) != 0;
     f = NULL;
@@ -221,17 +221,17 @@ out:
     free(data);
     free(hdr);
     free(t);
-    psctl_client_close(cl);
+    ps_req_close(cl);
     return ret;
 }
 
 /* The tensor table's names, by id (from shard 0), for verify's messages. names[id] is "" for
  * an id that does not exist. @return the count, or -1 (message printed). */
-int psctl_tensor_names(psctl_client_t *cl, char (**names)[PS_NAME_MAX])
+int psctl_tensor_names(ps_req_t *cl, char (**names)[PS_NAME_MAX])
 {
     char err[512];
     ps_msg_t q = {.type = PS_MSG_EXPORT_BEGIN, .rank = -1}, r;
-    if (psctl_client_call(cl, 0, &q, &r, NULL, NULL, err, sizeof err)) {
+    if (ps_req_call(cl, 0, &q, &r, NULL, NULL, err, sizeof err)) {
         fprintf(stderr, "psctl: verify: %s\n", err);
         return -1;
     }
@@ -240,7 +240,7 @@ int psctl_tensor_names(psctl_client_t *cl, char (**names)[PS_NAME_MAX])
     if (*names == NULL) return -1;
     for (uint32_t id = 0; id < nt; id++) {
         ps_msg_t tq = {.type = PS_MSG_EXPORT_TENSOR, .rank = -1, .tensor = id};
-        if (psctl_client_call(cl, 0, &tq, &r, NULL, NULL, err, sizeof err) == 0 && r.has_decl)
+        if (ps_req_call(cl, 0, &tq, &r, NULL, NULL, err, sizeof err) == 0 && r.has_decl)
             snprintf((*names)[id], PS_NAME_MAX, "%s", r.decl.name);
     }
     return (int)nt;
@@ -248,9 +248,9 @@ int psctl_tensor_names(psctl_client_t *cl, char (**names)[PS_NAME_MAX])
 
 int psctl_verify(const ps_manifest_t *m, double timeout_s)
 {
-    psctl_client_t *cl;
+    ps_req_t *cl;
     char err[512];
-    if (psctl_client_open(m, timeout_s, &cl, err, sizeof err)) {
+    if (ps_req_open(m, timeout_s, &cl, err, sizeof err)) {
         fprintf(stderr, "psctl: %s\n", err);
         return 1;
     }
@@ -261,7 +261,7 @@ int psctl_verify(const ps_manifest_t *m, double timeout_s)
         ps_msg_t q = {.type = PS_MSG_VERIFY, .rank = -1}, r;
         void *data = NULL;
         size_t len = 0;
-        if (psctl_client_call(cl, (uint32_t)i, &q, &r, &data, &len, err, sizeof err) ||
+        if (ps_req_call(cl, (uint32_t)i, &q, &r, &data, &len, err, sizeof err) ||
             r.type != PS_MSG_VERIFY_REPLY) {
             fprintf(stderr, "psctl: verify: %s\n", err);
             failed = 1;
@@ -289,6 +289,6 @@ int psctl_verify(const ps_manifest_t *m, double timeout_s)
                (unsigned long long)checked, m->nservers, (unsigned long long)bad,
                bad == 1 ? "mismatch" : "mismatches");
     free(names);
-    psctl_client_close(cl);
+    ps_req_close(cl);
     return nt < 0 || failed || bad ? 1 : 0;
 }

@@ -43,13 +43,13 @@ static void sleep_ms(int ms)
 }
 
 /* Shard 0's open_step and finished, from its status JSON. @return 0, or -1 (message printed). */
-static int job_status(psctl_client_t *cl, uint64_t *open_step, int *finished)
+static int job_status(ps_req_t *cl, uint64_t *open_step, int *finished)
 {
     ps_msg_t q = {.type = PS_MSG_STATUS, .rank = -1}, r;
     void *data = NULL;
     size_t len = 0;
     char err[512], v[32] = "";
-    if (psctl_client_call(cl, 0, &q, &r, &data, &len, err, sizeof err)) {
+    if (ps_req_call(cl, 0, &q, &r, &data, &len, err, sizeof err)) {
         fprintf(stderr, "psctl: follow: status: %s\n", err);
         return -1;
     }
@@ -189,8 +189,8 @@ int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wai
         snprintf(tmp, sizeof tmp, "%s/../checkpoints", m->servers[0].data_dir);
         psctl_absolute(base, sizeof base, tmp);
     }
-    psctl_client_t *cl;
-    if (psctl_client_open(m, timeout_s, &cl, err, sizeof err)) {
+    ps_req_t *cl;
+    if (ps_req_open(m, timeout_s, &cl, err, sizeof err)) {
         fprintf(stderr, "psctl: %s\n", err);
         return 1;
     }
@@ -228,7 +228,7 @@ int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wai
         }
         double t0 = psctl_mono_s();
         ps_msg_t q = {.type = PS_MSG_CKPT_BEGIN, .rank = -1, .step = want}, r;
-        int rc = psctl_client_call(cl, 0, &q, &r, NULL, NULL, err, sizeof err);
+        int rc = ps_req_call(cl, 0, &q, &r, NULL, NULL, err, sizeof err);
         if (rc == PS_ECONFLICT) { /* past it (a restarted follower): take the next one */
             printf("psctl: follow: %s; waiting for the next multiple of %llu\n", err,
                    (unsigned long long)every);
@@ -267,12 +267,12 @@ int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wai
     /* A hold ahead must not outlive us (the coordinator would end it after 10 s anyway). */
     if (g_stop) {
         ps_msg_t g = {.type = PS_MSG_CKPT_GO, .rank = -1}, r;
-        psctl_client_call(cl, 0, &g, &r, NULL, NULL, err, sizeof err);
+        ps_req_call(cl, 0, &g, &r, NULL, NULL, err, sizeof err);
     }
     printf("psctl: follow: %s after %d %s\n",
            g_stop ? (g_stop == SIGTERM ? "SIGTERM: stopping" : "SIGINT: stopping")
                   : "the job is finished: stopping",
            taken, taken == 1 ? "checkpoint" : "checkpoints");
-    psctl_client_close(cl);
+    ps_req_close(cl);
     return ret;
 }

@@ -15,7 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ctl.h"
+#include "reqclient.h"
 #include "manifest.h"
 #include "ps/ps_error.h"
 
@@ -57,9 +57,9 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
         return 2;
     }
     gethostname(host, sizeof host - 1);
-    ps_ctl_t *ctl;
-    if (ps_ctl_open(&ctl, &m, 0)) {
-        fprintf(stderr, "pslaunch: cannot start the UCX transport\n");
+    ps_req_t *ctl;
+    if (ps_req_open(&m, 2.0, &ctl, err, sizeof err)) {
+        fprintf(stderr, "pslaunch: %s\n", err);
         return 1;
     }
     pid_t pids[FOLLOW_MAX];
@@ -80,7 +80,7 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
                             .pid = (uint32_t)getpid(), .rank = -1}, rep;
             snprintf(req.host, sizeof req.host, "%s", host);
             snprintf(req.cluster, sizeof req.cluster, "%s", m.cluster);
-            int rc = ps_ctl_call(ctl, &req, &rep, 2000);
+            int rc = ps_req_call(ctl, 0, &req, &rep, NULL, NULL, err, sizeof err);
             if (rc == 0 && (rep.flags & PS_FLAG_FINISHED)) {
                 fprintf(stderr, "pslaunch: the job is complete\n");
                 finished = 1;
@@ -124,7 +124,7 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
                 break;
             }
     }
-    ps_ctl_close(ctl);
+    ps_req_close(ctl);
     if (failures) fprintf(stderr, "pslaunch: %d worker(s) died; the coordinator had them "
                                   "replaced\n", failures);
     return g_sig ? 128 + g_sig : 0;

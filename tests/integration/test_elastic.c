@@ -11,7 +11,7 @@
 #include <time.h>
 
 #include "cluster.h"
-#include "ctl.h"
+#include "reqclient.h"
 #include "expect.h"
 #include "manifest.h"
 #include "ps/ps_error.h"
@@ -20,26 +20,34 @@
 
 typedef struct {
     ps_manifest_t m;
-    ps_ctl_t *ctl;
+    ps_req_t *ctl;
 } coord_t;
 
 static void coord_open(coord_t *co, cl_cluster_t *c)
 {
     char err[1024];
     ck_assert_msg(ps_manifest_load(&co->m, c->manifest, err, sizeof err) == 0, "%s", err);
-    ck_assert_int_eq(ps_ctl_open(&co->ctl, &co->m, 0), 0);
+    ck_assert_msg(ps_req_open(&co->m, 5.0, &co->ctl, err, sizeof err) == 0, "%s", err);
 }
 
-static void coord_close(coord_t *co) { ps_ctl_close(co->ctl); }
+static void coord_close(coord_t *co) { ps_req_close(co->ctl); }
 
-/* Shard 0's status JSON (malloc'd), or NULL when it did not answer. */
+/* Shard 0's status JSON (malloc'd, NUL-terminated), or NULL when it did not answer. */
 static char *coord_status(coord_t *co)
 {
     ps_msg_t req = {.type = PS_MSG_STATUS, .rank = -1}, rep;
-    if (ps_ctl_call(co->ctl, &req, &rep, 5000)) return NULL;
-    size_t len;
-    const char *d = ps_ctl_reply_data(co->ctl, &len);
-    return d ? strdup(d) : NULL;
+    void *data = NULL;
+    size_t len = 0;
+    char err[256];
+    if (ps_req_call(co->ctl, 0, &req, &rep, &data, &len, err, sizeof err) || data == NULL)
+        return NULL;
+    char *j = realloc(data, len + 1);
+    if (j == NULL) {
+        free(data);
+        return NULL;
+    }
+    j[len] = '\0';
+    return j;
 }
 
 /* The first "key": number in @p json (-1 if absent). */

@@ -1,10 +1,10 @@
-/* psctl_client.c: psctl's synchronous request/reply channel (see psctl_client.h). */
+/* reqclient.c: a synchronous request/reply channel to the shards (see reqclient.h). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ps/ps_error.h"
-#include "psctl_client.h"
+#include "reqclient.h"
 #include "ucx_loop.h"
 
 typedef struct {
@@ -14,12 +14,12 @@ typedef struct {
     uv_loop_t *loop;
 } cep_t;
 
-struct psctl_client_s {
+struct ps_req_s {
     const ps_manifest_t *m;
     double timeout_s;
     uv_loop_t loop;
     ps_ucx_t ucx;
-    uv_timer_t timer;
+    uv_timer_t timer, tick;
     cep_t *eps;
     uint64_t next_req, want_req;
     int got, pending, data_failed, timed_out;
@@ -40,7 +40,7 @@ static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
 
 static void on_data(void *request, ucs_status_t status, size_t length, void *user_data)
 {
-    psctl_client_t *c = user_data;
+    ps_req_t *c = user_data;
     c->pending = 0;
     if (status != UCS_OK) c->data_failed = 1;
     if (request) ucp_request_free(request);
@@ -50,7 +50,7 @@ static void on_data(void *request, ucs_status_t status, size_t length, void *use
 static ucs_status_t on_am(void *arg, const void *header, size_t header_length, void *data,
                           size_t length, const ucp_am_recv_param_t *param)
 {
-    psctl_client_t *c = arg;
+    ps_req_t *c = arg;
     ps_msg_t m;
     char err[256];
     if (ps_msg_decode(&m, header, header_length, err, sizeof err) || m.req_id != c->want_req ||
@@ -83,23 +83,25 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
 
 static void on_sent(void *request, ucs_status_t status, void *user_data)
 {
-    psctl_client_t *c = user_data;
+    ps_req_t *c = user_data;
     c->sending = 0;
     if (request) ucp_request_free(request);
     uv_stop(&c->loop);
 }
 
+static void on_tick(uv_timer_t *h) {} /* wakes the loop: see ps_req_call */
+
 static void on_timer(uv_timer_t *t)
 {
-    psctl_client_t *c = t->data;
+    ps_req_t *c = t->data;
     c->timed_out = 1;
     uv_stop(&c->loop);
 }
 
-int psctl_client_open(const ps_manifest_t *m, double timeout_s, psctl_client_t **out, char *err,
+int ps_req_open(const ps_manifest_t *m, double timeout_s, ps_req_t **out, char *err,
                       size_t errlen)
 {
-    psctl_client_t *c = calloc(1, sizeof *c);
+    ps_req_t *c = calloc(1, sizeof *c);
     if (c == NULL || (c->eps = calloc((size_t)m->nservers, sizeof *c->eps)) == NULL) {
         free(c);
         snprintf(err, errlen, "out of memory");
@@ -115,12 +117,13 @@ int psctl_client_open(const ps_manifest_t *m, double timeout_s, psctl_client_t *
     }
     ps_ucx_set_am_handler(&c->ucx, on_am, c);
     uv_timer_init(&c->loop, &c->timer);
+    uv_timer_init(&c->loop, &c->tick);
     c->timer.data = c;
     *out = c;
     return 0;
 }
 
-static int connect_shard(psctl_client_t *c, uint32_t i, char *err, size_t errlen)
+static int connect_shard(ps_req_t *c, uint32_t i, char *err, size_t errlen)
 {
     cep_t *e = &c->eps[i];
     if (e->ep && !e->failed) return 0;
@@ -140,7 +143,7 @@ static int connect_shard(psctl_client_t *c, uint32_t i, char *err, size_t errlen
     return rc;
 }
 
-int psctl_client_call(psctl_client_t *c, uint32_t shard, ps_msg_t *req, ps_msg_t *reply,
+int ps_req_call(ps_req_t *c, uint32_t shard, ps_msg_t *req, ps_msg_t *reply,
                       void **data, size_t *len, char *err, size_t errlen)
 {
     if (data) *data = NULL;
@@ -169,11 +172,15 @@ int psctl_client_call(psctl_client_t *c, uint32_t shard, ps_msg_t *req, ps_msg_t
     void *sreq = ucp_am_send_nbx(e->ep, PS_AM_CTRL, c->hdr, hlen, NULL, 0, &p);
     c->sending = sreq != NULL && !UCS_PTR_IS_ERR(sreq);
     uv_timer_start(&c->timer, on_timer, (uint64_t)(c->timeout_s * 1000), 0);
+    /* A rendezvous reply's completion does not always wake the worker's event fd (seen with
+     * shared memory): a 2 ms tick keeps the loop progressing while a call waits. */
+    uv_timer_start(&c->tick, on_tick, 2, 2);
     /* Wait for the send too: UCX 1.13 reads the header buffer until it completes. Whatever
      * sets a flag also calls uv_stop(), so UV_RUN_ONCE never sleeps past it. */
     while (!(c->got && !c->pending && !c->sending) && !e->failed && !c->timed_out)
         uv_run(&c->loop, UV_RUN_ONCE);
     uv_timer_stop(&c->timer);
+    uv_timer_stop(&c->tick);
     if (!c->got || c->pending) {
         if (e->failed)
             snprintf(err, errlen, "shard %u (%s:%u): %s", shard, sc->host, sc->port,
@@ -200,7 +207,7 @@ int psctl_client_call(psctl_client_t *c, uint32_t shard, ps_msg_t *req, ps_msg_t
     return 0;
 }
 
-void psctl_client_close(psctl_client_t *c)
+void ps_req_close(ps_req_t *c)
 {
     if (c == NULL) return;
     while (c->sending) ucp_worker_progress(c->ucx.worker);
@@ -211,6 +218,7 @@ void psctl_client_close(psctl_client_t *c)
             ps_ucx_wait(&c->ucx, ucp_ep_close_nbx(c->eps[i].ep, &p));
         }
     uv_close((uv_handle_t *)&c->timer, NULL);
+    uv_close((uv_handle_t *)&c->tick, NULL);
     ps_ucx_close(&c->ucx);
     uv_run(&c->loop, UV_RUN_DEFAULT);
     uv_loop_close(&c->loop);

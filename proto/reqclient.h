@@ -1,0 +1,39 @@
+/* reqclient.h: a synchronous request/reply channel to the shards of a manifest, for the
+ * operator tools (psctl's verbs, pslaunch --follow) and tests. One request at a time; an
+ * endpoint per shard is made on first use and made again after it failed. Owns its own libuv
+ * loop and UCP worker. Every wait is bounded by the timeout given at open. Not for the training
+ * path (that is libps). */
+#ifndef PS_REQCLIENT_H
+#define PS_REQCLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "manifest.h"
+#include "wire.h"
+
+typedef struct ps_req_s ps_req_t;
+
+/**
+ * @brief Start UCX for talking to the shards of @p m (borrowed: it must outlive the client).
+ * @param timeout_s  the longest one call may wait for its reply.
+ * @return 0, or PS_ETRANSPORT / PS_ENOMEM with @p err set. Release with ps_req_close().
+ */
+int ps_req_open(const ps_manifest_t *m, double timeout_s, ps_req_t **out, char *err,
+                size_t errlen);
+
+/**
+ * @brief Send @p req (req_id set here) to shard @p shard and wait for its reply.
+ * @param[out] reply  the reply's header (an MSG_ERROR reply is returned as its status).
+ * @param[out] data   when not NULL: the reply's data, malloc'd (the caller frees it; NULL when
+ *                    there is none), its size in @p len.
+ * @return 0; the shard's negative status for MSG_ERROR (text in @p err); PS_ETIMEDOUT or
+ *  PS_ETRANSPORT when no reply came (@p err names the shard; the next call connects again).
+ */
+int ps_req_call(ps_req_t *c, uint32_t shard, ps_msg_t *req, ps_msg_t *reply, void **data,
+                size_t *len, char *err, size_t errlen);
+
+/** @brief Close the endpoints and stop UCX. NULL is a no-op. */
+void ps_req_close(ps_req_t *c);
+
+#endif
