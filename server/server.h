@@ -139,6 +139,7 @@ enum { JOB_CREATE = 1, JOB_APPLY = 2 };
 
 #define PSD_MAX_TENSORS 65536 /* tensors per cluster */
 #define PSD_VIEWS 16          /* membership epochs a shard remembers */
+#define PSD_INLINE_APPLY_BYTES (64u << 10) /* apply jobs up to this size run on the loop */
 
 /* A membership epoch as a shard knows it: from step `from_step` on (until a higher epoch
  * takes over), a bsp step is complete when every rank in `members` pushed. Shard 0 makes
@@ -187,6 +188,7 @@ struct psd_server_s {
     psd_job_t job;
     uint32_t cap_items;        /* capacity of job.items */
     bool job_running;
+    bool job_inline;           /* a small apply job runs on the loop thread right now */
     psd_slot_work_t *slot_head, *slot_tail; /* psd_shard_slot_queue: waiting for the slot */
     bool slot_running;
     struct psd_ckpt_s *ckpt;   /* checkpoint and repair state (checkpoint.c), NULL until used */

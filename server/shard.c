@@ -1198,6 +1198,15 @@ static bool slot_start(psd_server_t *srv)
     return true;
 }
 
+/* The record bytes an apply job reads and writes (its items' params and state). */
+static size_t job_bytes(const psd_server_t *srv, const psd_job_t *job)
+{
+    size_t b = 0;
+    for (uint32_t i = 0; i < job->nitems; i++)
+        b += psd_chunk_bytes(job->items[i]->n, srv->nstate);
+    return b;
+}
+
 static void job_start_next(psd_server_t *srv)
 {
     if (srv->job_running || srv->slot_running) return;
@@ -1273,6 +1282,16 @@ static void job_start_next(psd_server_t *srv)
         return;
     }
     srv->job_running = true;
+    if (job->kind == JOB_APPLY && !srv->job_inline && job_bytes(srv, job) <= PSD_INLINE_APPLY_BYTES) {
+        /* A small update costs less than the two thread hand-offs of the pool (measured:
+         * ~45 us each on a 2-vCPU VM): run it here, on the loop thread. Not nested: a job
+         * that becomes ready while this one finishes goes to the pool. */
+        srv->job_inline = true;
+        job_work(&job->work);
+        job_done(&job->work, 0);
+        srv->job_inline = false;
+        return;
+    }
     int rc = uv_queue_work(srv->loop, &job->work, job_work, job_done);
     if (rc) {
         PS_LOG(PS_LOG_ERROR, "shard", "uv_queue_work: %s", uv_strerror(rc));
