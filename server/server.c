@@ -129,6 +129,11 @@ again:
                 conn_free_if_done(c);
             }
             did = 1;
+        } else if (c->want_lanes && c->ep && !c->dead) {
+            c->want_lanes = false;
+            ps_ucx_ep_lanes(c->ep, c->lanes, sizeof c->lanes);
+            PS_LOG(PS_LOG_INFO, "server", "peer %s (pid %u) over %s", c->peer, c->pid, c->lanes);
+            did = 1;
         } else if (c->close_queued) {
             conn_close_ep(srv, c);
             did = 1;
@@ -451,10 +456,7 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
                        ps_msg_type_name(msg.type));
         return UCS_OK;
     }
-    if (msg.type == PS_MSG_HELLO && c->lanes[0] == '\0' && c->ep) {
-        ps_ucx_ep_lanes(c->ep, c->lanes, sizeof c->lanes);
-        PS_LOG(PS_LOG_INFO, "server", "peer %s (pid %u) over %s", c->peer, msg.pid, c->lanes);
-    }
+    if (msg.type == PS_MSG_HELLO && c->lanes[0] == '\0') c->want_lanes = true; /* on_deferred */
     switch (msg.type) {
     case PS_MSG_HELLO: on_hello(srv, c, &msg); break;
     case PS_MSG_DECLARE: psd_shard_on_declare(srv, c, &msg); break;

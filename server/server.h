@@ -36,6 +36,7 @@ typedef struct psd_conn_s {
     bool silent;                     /* dropped for missed heartbeats */
     char peer[64];
     char lanes[64];                  /* transports of the endpoint, found at its hello */
+    bool want_lanes;                 /* hello seen: find the lanes outside UCX callbacks */
     uint64_t join_serial;            /* shards > 0: the join (from shard 0) this rank is held by */
     struct psd_conn_s *next;
 } psd_conn_t;

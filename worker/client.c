@@ -73,6 +73,7 @@ typedef struct {
     uv_timer_t timer;  /* the next reconnect attempt */
     int hb_inflight;   /* a heartbeat send not completed yet */
     char lanes[64];    /* the transports the endpoint uses ("sysv,cma", "tcp", "rc_mlx5") */
+    int want_lanes;    /* the first hello was answered: find and log the lanes */
     uint8_t hb_hdr[64];
 } cshard_t;
 
@@ -679,6 +680,14 @@ static int on_deferred(ps_ucx_t *u)
     int did = 0;
     for (uint32_t i = 0; i < c->nshards; i++) {
         cshard_t *s = &c->shards[i];
+        if (s->want_lanes && s->ep && !s->dead) {
+            /* Which transports the connection ended up on: said once, so that a cluster
+             * that fell back to TCP is seen at once. */
+            s->want_lanes = 0;
+            ps_ucx_ep_lanes(s->ep, s->lanes, sizeof s->lanes);
+            PS_LOG(PS_LOG_INFO, "libps", "shard %u (%s:%u) over %s", i, c->m.servers[i].host,
+                   c->m.servers[i].port, s->lanes);
+        }
         if (!s->close_queued) continue;
         s->close_queued = 0;
         did = 1;
@@ -789,14 +798,8 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     case PS_MSG_DECLARE_REPLY:
         if ((op->type == OP_HELLO) != (m.type == PS_MSG_HELLO_REPLY) || op->parts[0].shard != m.shard)
             return UCS_OK;
-        if (op->type == OP_HELLO && c->shards[m.shard].ep) {
-            /* Which transports the connection ended up on: said once, so that a cluster
-             * that fell back to TCP is seen at once. */
-            cshard_t *s = &c->shards[m.shard];
-            ps_ucx_ep_lanes(s->ep, s->lanes, sizeof s->lanes);
-            PS_LOG(PS_LOG_INFO, "libps", "shard %u (%s:%u) over %s", m.shard,
-                   c->m.servers[m.shard].host, c->m.servers[m.shard].port, s->lanes);
-        }
+        if (op->type == OP_HELLO && c->shards[m.shard].lanes[0] == '\0')
+            c->shards[m.shard].want_lanes = 1; /* found in on_deferred, outside UCX callbacks */
         op->reply = m;
         part_done(&op->parts[0]);
         break;
