@@ -299,6 +299,40 @@ START_TEST(test_fp16_exhaustive_and_special)
 }
 END_TEST
 
+/* fp16 encoding of random finite floats (all exponents, so overflow and subnormals too) equals
+ * the compiler's own float -> _Float16 conversion (round to nearest even), whichever path the
+ * kernel takes (F16C or scalar). */
+START_TEST(test_fp16_matches_compiler)
+{
+#if defined(__FLT16_MAX__)
+    const psk_codec_t *c = &CODECS[1];
+    const size_t n = 100003; /* not a multiple of 8: the scalar tail runs too */
+    float *x = xmalloc(n * sizeof(float));
+    uint32_t s = 12345;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t b;
+        do {
+            s = s * 1664525u + 1013904223u;
+            b = s;
+        } while ((b & 0x7f800000u) == 0x7f800000u); /* finite only */
+        /* bias the exponents towards fp16's range, where the rounding matters */
+        if (i % 2) b = (b & 0x807fffffu) | ((uint32_t)(100 + (b >> 24) % 60) << 23);
+        memcpy(&x[i], &b, 4);
+    }
+    payload_t p = encode(c, x, n);
+    for (size_t i = 0; i < n; i++) {
+        _Float16 h = (_Float16)x[i];
+        uint16_t want, got;
+        memcpy(&want, &h, 2);
+        memcpy(&got, p.p + PSK_CODEC_HEADER_BYTES + 2 * i, 2);
+        ck_assert_msg(got == want, "%a -> %04x, want %04x", x[i], got, want);
+    }
+    free(p.p);
+    free(x);
+#endif
+}
+END_TEST
+
 START_TEST(test_bf16_round_trip)
 {
     float x[N];
@@ -954,6 +988,7 @@ Suite *ps_test_suite(void)
     tcase_add_test(tc, test_none_exact);
     tcase_add_test(tc, test_fp16_round_trip);
     tcase_add_test(tc, test_fp16_exhaustive_and_special);
+    tcase_add_test(tc, test_fp16_matches_compiler);
     tcase_add_test(tc, test_bf16_round_trip);
     tcase_add_loop_test(tc, test_int8_round_trip, 0, 4);
     tcase_add_test(tc, test_int8_stochastic);
