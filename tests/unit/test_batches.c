@@ -1,0 +1,92 @@
+/* test_batches.c: the coordinator's hand-out of the training set (common/batches.c). */
+#include <check.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "batches.h"
+
+/* Fresh ranges in order; a pass's last batch is short; batches never span passes; the cursor is
+ * exhausted after `passes` passes. */
+START_TEST(test_ranges_in_order)
+{
+    ps_cursor_t c;
+    ps_cursor_init(&c, 10, 4, 2);
+    static const ps_batch_t want[] = {{0, 0, 4}, {0, 4, 4}, {0, 8, 2},
+                                      {1, 0, 4}, {1, 4, 4}, {1, 8, 2}};
+    ps_batch_t b;
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+        ck_assert(!ps_cursor_exhausted(&c));
+        ck_assert(ps_cursor_take(&c, &b));
+        ck_assert_uint_eq(b.pass, want[i].pass);
+        ck_assert_uint_eq(b.offset, want[i].offset);
+        ck_assert_uint_eq(b.count, want[i].count);
+    }
+    ck_assert(!ps_cursor_take(&c, &b));
+    ck_assert(ps_cursor_exhausted(&c));
+}
+END_TEST
+
+/* A batch given back goes out again before any fresh one, also after the passes ran out. */
+START_TEST(test_given_back_first)
+{
+    ps_cursor_t c;
+    ps_cursor_init(&c, 8, 4, 1);
+    ps_batch_t a, b, x;
+    ck_assert(ps_cursor_take(&c, &a));
+    ck_assert(ps_cursor_take(&c, &b));
+    ck_assert(ps_cursor_exhausted(&c));
+    ck_assert_int_eq(ps_cursor_give_back(&c, &a), 0);
+    ck_assert(!ps_cursor_exhausted(&c));
+    ck_assert(ps_cursor_take(&c, &x));
+    ck_assert(memcmp(&x, &a, sizeof x) == 0);
+    ck_assert_uint_eq(c.handed_again, 1);
+    ck_assert(ps_cursor_exhausted(&c));
+}
+END_TEST
+
+/* Applied counts per pass: every sample once makes exactly n; the ring forgets old passes. */
+START_TEST(test_applied_per_pass)
+{
+    ps_cursor_t c;
+    ps_cursor_init(&c, 10, 3, 70);
+    ps_batch_t b;
+    while (ps_cursor_take(&c, &b)) ps_cursor_applied(&c, &b);
+    ck_assert_uint_eq(c.applied_total, 700);
+    for (uint64_t p = 70 - PS_PASS_RING + 1; p < 70; p++)
+        ck_assert_uint_eq(ps_cursor_pass_applied(&c, p), 10);
+    ck_assert_uint_eq(ps_cursor_pass_applied(&c, 0), 0); /* out of the ring */
+}
+END_TEST
+
+/* The re-hand queue is bounded and says so. */
+START_TEST(test_give_back_full)
+{
+    ps_cursor_t *c = malloc(sizeof *c);
+    ps_cursor_init(c, 1000000, 1, 1);
+    ps_batch_t b = {0, 0, 1};
+    for (int i = 0; i < PS_REHAND_MAX; i++) ck_assert_int_eq(ps_cursor_give_back(c, &b), 0);
+    ck_assert_int_eq(ps_cursor_give_back(c, &b), -1);
+    free(c);
+}
+END_TEST
+
+START_TEST(test_planned_steps)
+{
+    ck_assert_uint_eq(ps_cursor_planned_steps(60000, 64, 10, 4), 2344); /* 600000 / 256 up */
+    ck_assert_uint_eq(ps_cursor_planned_steps(10, 4, 2, 1), 5);
+    ck_assert_uint_eq(ps_cursor_planned_steps(10, 4, 2, 0), 5); /* 0 workers counts as 1 */
+}
+END_TEST
+
+Suite *ps_test_suite(void)
+{
+    Suite *s = suite_create("batches");
+    TCase *tc = tcase_create("cursor");
+    tcase_add_test(tc, test_ranges_in_order);
+    tcase_add_test(tc, test_given_back_first);
+    tcase_add_test(tc, test_applied_per_pass);
+    tcase_add_test(tc, test_give_back_full);
+    tcase_add_test(tc, test_planned_steps);
+    suite_add_tcase(s, tc);
+    return s;
+}
