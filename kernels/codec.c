@@ -539,6 +539,26 @@ __attribute__((target("avx,f16c"))) static size_t add_f16_f16c(float *restrict o
     }
     return i;
 }
+
+/* Error feedback for fp16 in one pass: x = r + g, h = f16(x), r = x + (-1 * f32(h)); the same
+ * operations, in the same order, as add_into + encode_fp16 + add_f16(w = -1). */
+__attribute__((target("avx,f16c"))) static size_t ef_fp16_f16c(uint8_t *restrict body,
+                                                              const float *restrict g,
+                                                              float *restrict r, size_t n)
+{
+    size_t i = 0;
+    const __m256 minus1 = _mm256_set1_ps(-1.0f);
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_add_ps(_mm256_loadu_ps(r + i), _mm256_loadu_ps(g + i));
+        if (_mm256_movemask_ps(_mm256_cmp_ps(x, x, _CMP_UNORD_Q))) break; /* scalar from here */
+        __m128i h = _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m128i e = _mm_and_si128(h, _mm_set1_epi16(0x7c00));
+        if (_mm_movemask_epi8(_mm_cmpeq_epi16(e, _mm_set1_epi16(0x7c00)))) break; /* inf */
+        _mm_storeu_si128((__m128i *)(void *)(body + 2 * i), h);
+        _mm256_storeu_ps(r + i, _mm256_add_ps(x, _mm256_mul_ps(minus1, _mm256_cvtph_ps(h))));
+    }
+    return i;
+}
 #endif
 
 /* x[n] -> f16 or bf16 at body[2n]. */
@@ -978,6 +998,21 @@ int psk_codec_encode_ef_cpu(uint8_t *out, size_t cap, size_t *len, const float *
     if (rc != 0)
         return rc;
     /* residual[n] = x = g + residual; encode x; residual = x - decode(x). */
+#ifdef PSK_HAVE_F16C
+    if (c->kind == PSK_CODEC_FP16 && f16c_ok()) {
+        /* One pass where F16C runs it; a group with a NaN or infinity, and the tail, take the
+         * three passes below (the same arithmetic). */
+        header_make(out, c, n);
+        size_t i = ef_fp16_f16c(out + PSK_CODEC_HEADER_BYTES, g, residual, n);
+        if (i < n) {
+            add_into(residual + i, g + i, n - i);
+            encode_fp16(out + PSK_CODEC_HEADER_BYTES + 2 * i, residual + i, n - i);
+            add_f16(residual + i, out + PSK_CODEC_HEADER_BYTES + 2 * i, n - i, -1.0f);
+        }
+        *len = payload_bytes(c, n);
+        return 0;
+    }
+#endif
     add_into(residual, g, n);
     rc = encode(out, residual, n, c, scratch);
     if (rc != 0)

@@ -333,6 +333,45 @@ START_TEST(test_fp16_matches_compiler)
 }
 END_TEST
 
+/* fp16 with error feedback (one fused pass where F16C runs it) gives the payload and residual
+ * of the plain definition: x = r + g, payload = fp16(x), r = x - decode(payload); with NaN,
+ * infinities and overflow among the values, and a tail that is not a multiple of 8. */
+START_TEST(test_fp16_ef_matches_definition)
+{
+    const psk_codec_t *c = &CODECS[1];
+    const size_t n = 4099;
+    float *g = xmalloc(n * 4), *r = xmalloc(n * 4), *r2 = xmalloc(n * 4);
+    for (size_t i = 0; i < n; i++) {
+        g[i] = (float)((i * 2654435761u) % 20001) * 1e-3f - 10.0f;
+        r[i] = (float)((i * 40503u) % 1001) * 1e-7f;
+    }
+    g[100] = NAN;
+    g[2000] = INFINITY;
+    g[3000] = 1e6f; /* overflows fp16 */
+    memcpy(r2, r, n * 4);
+    size_t cap = psk_codec_max_bytes(c, n), len, len2;
+    uint8_t *p = xmalloc(cap), *p2 = xmalloc(cap);
+    for (int step = 0; step < 3; step++) {
+        ck_assert_int_eq(psk_codec_encode_ef_cpu(p, cap, &len, g, r, n, c, NULL), 0);
+        /* the definition, by hand */
+        for (size_t i = 0; i < n; i++) r2[i] += g[i];
+        ck_assert_int_eq(psk_codec_encode_cpu(p2, cap, &len2, r2, n, c, NULL), 0);
+        ck_assert_int_eq(psk_codec_decode_add_cpu(r2, n, p2, len2, c, -1.0f), 0);
+        ck_assert_uint_eq(len, len2);
+        ck_assert_int_eq(memcmp(p, p2, len), 0);
+        for (size_t i = 0; i < n; i++)
+            ck_assert_msg(bits_of(r[i]) == bits_of(r2[i]) || (isnan(r[i]) && isnan(r2[i])),
+                          "step %d value %zu: residual %a, want %a", step, i, r[i], r2[i]);
+        g[100] = 0.5f; /* later steps: the NaN is gone from the gradient, not the residual */
+    }
+    free(g);
+    free(r);
+    free(r2);
+    free(p);
+    free(p2);
+}
+END_TEST
+
 START_TEST(test_bf16_round_trip)
 {
     float x[N];
@@ -989,6 +1028,7 @@ Suite *ps_test_suite(void)
     tcase_add_test(tc, test_fp16_round_trip);
     tcase_add_test(tc, test_fp16_exhaustive_and_special);
     tcase_add_test(tc, test_fp16_matches_compiler);
+    tcase_add_test(tc, test_fp16_ef_matches_definition);
     tcase_add_test(tc, test_bf16_round_trip);
     tcase_add_loop_test(tc, test_int8_round_trip, 0, 4);
     tcase_add_test(tc, test_int8_stochastic);
