@@ -283,14 +283,21 @@ static long verify_one(const ps_manifest_t *m, const char *dir, uint32_t j, uint
     return bad;
 }
 
-int psctl_verify_against(const ps_manifest_t *m, const char *dir)
+/* Shard 0's meta.json of the checkpoint in @p dir (malloc'd), or NULL with the reason printed
+ * for @p verb. */
+static char *meta0_or_say(const char *verb, const char *dir)
 {
     char *meta = psd_ckpt_meta_read(dir, 0);
-    if (meta == NULL) {
-        fprintf(stderr, "psctl: verify: %s: no checkpoint there (no shard-0/%s)\n", dir,
+    if (meta == NULL)
+        fprintf(stderr, "psctl: %s: %s: no checkpoint there (no shard-0/%s)\n", verb, dir,
                 PSD_CKPT_META);
-        return 1;
-    }
+    return meta;
+}
+
+int psctl_verify_against(const ps_manifest_t *m, const char *dir)
+{
+    char *meta = meta0_or_say("verify", dir);
+    if (meta == NULL) return 1;
     uint64_t n = psd_ckpt_meta_u64(meta, "nshards"), step = psd_ckpt_meta_u64(meta, "step");
     free(meta);
     uint64_t checked = 0;
@@ -340,12 +347,8 @@ int psctl_repair(const ps_manifest_t *m, const char *dir_in, int rollback, doubl
 {
     char dir[1024], err[512];
     psctl_absolute(dir, sizeof dir, dir_in);
-    char *meta0 = psd_ckpt_meta_read(dir, 0);
-    if (meta0 == NULL) {
-        fprintf(stderr, "psctl: repair: %s: no checkpoint there (no shard-0/%s)\n", dir,
-                PSD_CKPT_META);
-        return 1;
-    }
+    char *meta0 = meta0_or_say("repair", dir);
+    if (meta0 == NULL) return 1;
     uint32_t n = (uint32_t)psd_ckpt_meta_u64(meta0, "nshards");
     uint64_t step = psd_ckpt_meta_u64(meta0, "step");
     char **metas = calloc(n ? n : 1, sizeof *metas);
@@ -438,12 +441,8 @@ int psctl_restore(const ps_manifest_t *m, const char *dir_in)
 {
     char dir[1024];
     psctl_absolute(dir, sizeof dir, dir_in);
-    char *meta = psd_ckpt_meta_read(dir, 0);
-    if (meta == NULL) {
-        fprintf(stderr, "psctl: restore: %s: no checkpoint there (no shard-0/%s)\n", dir,
-                PSD_CKPT_META);
-        return 1;
-    }
+    char *meta = meta0_or_say("restore", dir);
+    if (meta == NULL) return 1;
     printf("# checkpoint at step %llu of %llu shards; start each shard of %s on an empty "
            "data_dir:\n", (unsigned long long)psd_ckpt_meta_u64(meta, "step"),
            (unsigned long long)psd_ckpt_meta_u64(meta, "nshards"), m->path);
