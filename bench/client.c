@@ -2,6 +2,7 @@
 #include "client.h"
 
 #include <getopt.h>
+#include <stdbool.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +14,7 @@
 #include "ps/ps_log.h"
 
 #define MAX_SIZES 32
+#define MANY 32 /* the many_* ops: this many tensors of the case's size, as one step */
 
 typedef struct {
     ps_client_t *c;
@@ -22,6 +24,9 @@ typedef struct {
     float *grad, *dst; /* sized for the largest tensor used so far */
     uint64_t cap;
     uint64_t version; /* round: the tensor's current step */
+    uint32_t many_id[MANY];
+    uint64_t many_size; /* the size the many tensors were declared with (0: none yet) */
+    ps_op_t *many_ops[2 * MANY];
 } client_t;
 
 static uint64_t now_ns(void)
@@ -65,12 +70,49 @@ static void ensure_buffers(client_t *k, uint64_t size)
     k->cap = size;
 }
 
+/* The many_* ops' tensors: MANY of @p size bytes (declared on first use of the size). */
+static void ensure_many(client_t *k, uint64_t size)
+{
+    if (k->many_size == size) return;
+    for (int i = 0; i < MANY; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "psbench.many.%" PRIu64 ".%d", size, i);
+        ps_tensor_desc_t d = {.name = name, .shape = {(uint32_t)(size / 4)}, .ndim = 1,
+                              .seed = 1, .total_steps = 1000000};
+        int rc = ps_client_declare(k->c, &d, &k->many_id[i]);
+        if (rc) fail(k, "declare", rc);
+    }
+    k->many_size = size;
+}
+
+/* A BSP step of MANY small tensors: every push and the next version's pull, started as one
+ * group (fused per shard) for round_many, or one message each for round_many_single. */
+static void many(client_t *k, const char *op)
+{
+    int rc;
+    ps_client_set_fusion(k->c, strcmp(op, "round_many") == 0 ? 65536 : 0);
+    ps_client_group_begin(k->c);
+    for (int i = 0; i < MANY; i++) {
+        if ((rc = ps_client_push(k->c, k->many_id[i], k->grad, k->version, &k->many_ops[i])))
+            fail(k, "many push", rc);
+        if ((rc = ps_client_pull(k->c, k->many_id[i], k->dst + (size_t)i * (k->many_size / 4),
+                                 k->version + 1, &k->many_ops[MANY + i])))
+            fail(k, "many pull", rc);
+    }
+    ps_client_group_end(k->c);
+    for (int i = 0; i < 2 * MANY; i++)
+        if ((rc = ps_op_wait(k->many_ops[i], NULL))) fail(k, "many wait", rc);
+    k->version++;
+}
+
 /* One iteration of @p op on tensor @p id. */
 static void one(client_t *k, const char *op, uint32_t id)
 {
     ps_op_t *a, *b;
     int rc;
-    if (strcmp(op, "push") == 0) {
+    if (strncmp(op, "round_many", 10) == 0) {
+        many(k, op);
+    } else if (strcmp(op, "push") == 0) {
         if ((rc = ps_client_push(k->c, id, k->grad, k->version, &a)) != 0) fail(k, "push", rc);
         if ((rc = ps_op_wait(a, NULL)) != 0) fail(k, "push", rc);
         k->version++; /* bsp: the ack means the step is committed; asp ignores the step */
@@ -148,19 +190,27 @@ int pb_client_main(int argc, char **argv)
     fprintf(g_out, "ready %d\n", ps_client_rank(k.c));
     fflush(g_out);
 
-    char line[256], op[16] = "";
+    char line[256], op[24] = "";
     int cur = -1;
     while (fgets(line, sizeof line, stdin)) {
         uint64_t size, warm, iters;
-        if (sscanf(line, "case %15s %" SCNu64 " %" SCNu64, op, &size, &warm) == 3) {
-            cur = tensor_index(&k, size);
-            if (cur < 0 || (strcmp(op, "push") && strcmp(op, "pull") && strcmp(op, "round"))) {
+        if (sscanf(line, "case %23s %" SCNu64 " %" SCNu64, op, &size, &warm) == 3) {
+            bool is_many = strcmp(op, "round_many") == 0 || strcmp(op, "round_many_single") == 0;
+            cur = is_many ? 0 : tensor_index(&k, size);
+            if (cur < 0 || (strcmp(op, "push") && strcmp(op, "pull") && strcmp(op, "round") &&
+                            !is_many)) {
                 fprintf(g_out, "error bad case: %s", line);
                 fflush(g_out);
                 break;
             }
-            ensure_buffers(&k, size);
-            if (strcmp(op, "pull") != 0) {
+            ensure_buffers(&k, is_many ? size * MANY : size);
+            if (is_many) {
+                ensure_many(&k, size);
+                ps_op_t *a;
+                if ((rc = ps_client_pull(k.c, k.many_id[0], k.dst, 0, &a)) != 0 ||
+                    (rc = ps_op_wait(a, &k.version)) != 0)
+                    fail(&k, "pull for the version", rc);
+            } else if (strcmp(op, "pull") != 0) {
                 ps_op_t *a;
                 if ((rc = ps_client_pull(k.c, k.id[cur], k.dst, 0, &a)) != 0 ||
                     (rc = ps_op_wait(a, &k.version)) != 0)

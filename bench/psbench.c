@@ -341,6 +341,43 @@ static void run_case(bench_t *b, pb_cluster_t *cl, const char *op, uint64_t size
              c.seconds);
 }
 
+#define MANY 32 /* bench/client.c: the many_* ops' tensors per step */
+
+/* A BSP step of 32 small tensors (biases, norms): fused into one message per shard (and the
+ * replies too), against the same step with one message per tensor, in the same cluster. */
+static void run_many(bench_t *b, pb_cluster_t *cl, uint64_t size)
+{
+    const char *ops[2] = {"round_many_single", "round_many"};
+    double p50[2] = {0, 0};
+    pb_result_t *r[2][2] = {{0}};
+    for (int i = 0; i < 2; i++) {
+        pb_case_t c;
+        pb_cluster_case(cl, ops[i], size, 20, b->case_s, b->min_iters, b->max_iters, &c);
+        int w = cl->conf.workers, s = cl->conf.shards;
+        double bytes = (double)size * MANY * (double)c.iters * w;
+        p50[i] = pb_quantile(c.lat_us, c.nlat, 0.5);
+        r[i][0] = pb_result_add(ops[i], PB_THROUGHPUT, size, s, w, cl->conf.transport,
+                                bytes / c.seconds / 1e9);
+        r[i][1] = pb_result_add(ops[i], PB_P50, size, s, w, cl->conf.transport, p50[i]);
+        pb_result_t *r9 = pb_result_add(ops[i], PB_P99, size, s, w, cl->conf.transport,
+                                        pb_quantile(c.lat_us, c.nlat, 0.99));
+        pb_result_t *all[3] = {r[i][0], r[i][1], r9};
+        for (int j = 0; j < 3; j++) {
+            all[j]->iters = c.nlat;
+            snprintf(all[j]->optimizer, sizeof all[j]->optimizer, "sgd");
+            snprintf(all[j]->note, sizeof all[j]->note, "bsp step of %d tensors of this size: %s",
+                     MANY, i ? "fused (one message per shard each way)"
+                             : "one message per tensor each way");
+        }
+        progress("%-17s %dx%d %s %-8s %d x %" PRIu64 " iterations in %.2f s", ops[i], s, w,
+                 cl->conf.transport, pb_size_str(size), w, c.iters, c.seconds);
+        pb_case_free(&c);
+    }
+    /* The unfused step is the baseline: ratio > 1 is the gain of fusion. */
+    pb_result_limit(r[1][0], r[0][0]->value, "round_many_single");
+    pb_result_limit(r[1][1], p50[0], "round_many_single");
+}
+
 static void measure_psd(bench_t *b)
 {
     for (int l = 0; l < b->nlayouts; l++)
@@ -373,6 +410,7 @@ static void measure_psd(bench_t *b)
             for (int i = 0; i < b->nsizes; i++)
                 run_case(b, &cl, "round", b->sizes[i], "sgd",
                          "bsp, sgd applied every step: push(s) + pull(min_version s+1)");
+            run_many(b, &cl, 1024);
             pb_cluster_stop(&cl);
         }
 }

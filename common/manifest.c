@@ -482,6 +482,14 @@ static int check_multiple_of_4(ctx_t *c, const field_t *f, yaml_node_t *n, char 
     return 0;
 }
 
+static int check_fusion(ctx_t *c, const field_t *f, yaml_node_t *n, char *base, const char *path)
+{
+    uint64_t v = *(uint64_t *)(base + f->off);
+    if (v != 0 && v < 4096)
+        return fail(c, n, path, "must be 0 (no fusion) or at least 4096, got %" PRIu64, v);
+    return 0;
+}
+
 /* Two servers may not share an address or a data directory. */
 static int check_servers(ctx_t *c, const field_t *f, yaml_node_t *n, char *base, const char *path)
 {
@@ -612,6 +620,8 @@ static const field_t top_fields[] = {
     {TOP(map_size_mb), .type = T_INT, .min = 16, .max = 1048576},
     /* fsync cadence of each shard's store, seconds; 0: only at a clean shutdown (issue #6). */
     {TOP(sync_interval_s), .type = T_INT, .min = 0, .max = 86400},
+    /* bundle size for fusing small messages (issue #3); 0: off */
+    {TOP(fusion_bytes), .type = T_INT, .min = 0, .max = 1 << 20, .check = check_fusion},
     {TOP(servers), .type = T_LIST, .flags = F_REQ, .sub = server_fields,
      .elem = sizeof(ps_server_conf_t), .count_off = offsetof(ps_manifest_t, nservers),
      .min_count = 1, .check = check_servers},
@@ -632,6 +642,7 @@ static void set_defaults(ps_manifest_t *m, const char *name)
     snprintf(m->path, sizeof m->path, "%s", name);
     m->chunk_bytes = 1048576;
     m->map_size_mb = 4096;
+    m->fusion_bytes = 65536;
     ps_job_conf_t *j = &m->job;
     static const uint32_t layers[] = {784, 256, 128, 10};
     memcpy(j->layers, layers, sizeof layers);

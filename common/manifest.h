@@ -96,6 +96,9 @@ typedef struct {
     uint64_t map_size_mb;     /* default 4096: LMDB map size per shard, 16..1048576 */
     uint64_t sync_interval_s; /* default 0: fsync the store only at a clean shutdown; N in
                                  1..86400: also every N seconds (power-loss safety) */
+    uint64_t fusion_bytes;    /* default 65536: small pushes, pulls and their replies to one
+                                 peer travel fused in bundles of at most this many bytes
+                                 (proto/bundle.h); 0 turns fusion off; else 4096..1 MiB */
     ps_server_conf_t servers[PS_MAX_SERVERS];
     int nservers;             /* 1..PS_MAX_SERVERS */
     ps_job_conf_t job;        /* required */

@@ -13,6 +13,7 @@
 #include "integrity.h"
 #include "ps/ps_log.h"
 #include "server.h"
+#include "bundle.h"
 #include "follower.h"
 #include "sync.h"
 
@@ -165,6 +166,8 @@ static void on_ctrl_sent(void *request, ucs_status_t status, void *user_data)
 void psd_send_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
 {
     if (conn->dead || conn->ep == NULL) return;
+    if (psd_outbox_add(srv, conn, msg, NULL, 0) == 0) return;
+    psd_outbox_flush(srv, conn); /* what was collected for it goes first */
     psd_send_t *s = srv->free_sends;
     if (s)
         srv->free_sends = s->next_free;
@@ -296,12 +299,15 @@ static void send_status(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
                             "{\"shard\": %u, \"address\": \"%s:%u\", \"cluster\": \"%s\", "
                             "\"step\": %llu, \"consistency\": \"%s\", \"optimizer\": \"%s\", "
                             "\"pushes\": %llu, \"pulls\": %llu, "
+                            "\"bundles_received\": %llu, \"bundles_sent\": %llu, "
                             "\"updates_applied\": %llu, \"crc_errors\": %llu, \"stopping\": %s, ",
                             srv->shard, sc->host, sc->port, srv->m.cluster,
                             (unsigned long long)psd_shard_step(srv),
                             ps_consistency_name(srv->m.job.consistency),
                             ps_optim_name(srv->m.job.optimizer.name),
                             (unsigned long long)srv->pushes, (unsigned long long)srv->pulls,
+                            (unsigned long long)srv->bundles_received,
+                            (unsigned long long)srv->bundles_sent,
                             (unsigned long long)srv->applied_updates,
                             (unsigned long long)srv->crc_errors, srv->stopping ? "true" : "false");
     psd_shard_status_json(srv, out, cap, &len);
@@ -400,6 +406,55 @@ static ucs_status_t echo_recv(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *
     return UCS_OK;
 }
 
+/* A worker's fused pushes and pulls: each entry is handled as if it came alone; the replies
+ * they cause (and those of any apply they complete) go back bundled. */
+static void on_bundle(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg, void *data,
+                      size_t length, const ucp_am_recv_param_t *param)
+{
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+        psd_send_error(srv, c, msg->req_id, PS_EPROTO, "bundle sent by rendezvous, not eagerly");
+        return;
+    }
+    if (msg->length != length || msg->count == 0 || msg->count > PS_BUNDLE_MAX_ENTRIES) {
+        psd_send_error(srv, c, msg->req_id, PS_EPROTO,
+                       "bundle of %llu entries in %zu bytes (header says %llu)",
+                       (unsigned long long)msg->count, length, (unsigned long long)msg->length);
+        return;
+    }
+    char err[256];
+    if (ps_bundle_check(data, length, (uint32_t)msg->count, err, sizeof err)) {
+        /* Refused whole: none of its entries is acted on. */
+        PS_LOG(PS_LOG_WARN, "server", "from %s: %s", c->peer, err);
+        psd_send_error(srv, c, msg->req_id, PS_EPROTO, "%s", err);
+        return;
+    }
+    c->fuses = true;
+    srv->bundles_received++;
+    ucp_am_recv_param_t eager = {.recv_attr = 0};
+    ps_bundle_iter_t it;
+    ps_bundle_iter_init(&it, data, length, (uint32_t)msg->count);
+    psd_outbox_begin(srv);
+    ps_msg_t m;
+    const void *d;
+    size_t dlen;
+    int rc;
+    while ((rc = ps_bundle_next(&it, &m, &d, &dlen, err, sizeof err)) != 0 && !c->dead) {
+        if (rc < 0) { /* that entry only */
+            PS_LOG(PS_LOG_WARN, "server", "from %s: %s", c->peer, err);
+            psd_send_error(srv, c, msg->req_id, PS_EPROTO, "%s", err);
+        } else if (m.type == PS_MSG_PUSH) {
+            psd_shard_on_push(srv, c, &m, (void *)d, dlen, &eager);
+        } else if (m.type == PS_MSG_PULL && dlen == 0) {
+            psd_shard_on_pull(srv, c, &m);
+        } else {
+            psd_send_error(srv, c, m.req_id, PS_EPROTO, "a bundle carries pushes and pulls, "
+                           "not %s with %zu bytes", ps_msg_type_name(m.type), dlen);
+        }
+    }
+    psd_shard_kick(srv); /* what the pushes made ready: one job, its acks in the bundle */
+    psd_outbox_end(srv);
+}
+
 static ucs_status_t on_am(void *arg, const void *header, size_t header_length, void *data,
                           size_t length, const ucp_am_recv_param_t *param)
 {
@@ -451,6 +506,10 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
         return UCS_OK;
     }
     if (msg.type == PS_MSG_ECHO) return echo_recv(srv, c, &msg, data, length, param);
+    if (msg.type == PS_MSG_BUNDLE) {
+        on_bundle(srv, c, &msg, data, length, param);
+        return UCS_OK;
+    }
     if (msg.type != PS_MSG_PUSH && length > 0) {
         psd_send_error(srv, c, msg.req_id, PS_EPROTO, "%s carries unexpected data",
                        ps_msg_type_name(msg.type));

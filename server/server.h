@@ -38,6 +38,10 @@ typedef struct psd_conn_s {
     char lanes[64];                  /* transports of the endpoint, found at its hello */
     bool want_lanes;                 /* hello seen: find the lanes outside UCX callbacks */
     uint64_t join_serial;            /* shards > 0: the join (from shard 0) this rank is held by */
+    bool fuses;                      /* it sent a bundle: its small replies may be bundled */
+    struct psd_send_s *outbox;       /* outbox.c: the bundle being filled for it */
+    bool in_outbox_list;
+    struct psd_conn_s *outbox_next;  /* srv->outbox_conns */
     struct psd_conn_s *next;
 } psd_conn_t;
 
@@ -112,6 +116,8 @@ typedef struct psd_send_s {
     psd_snap_t *snap;
     uint8_t *payload;          /* encoded pull reply (compressed pulls), kept with the struct */
     size_t payload_cap;
+    size_t len;                /* outbox bundles: bytes of payload in use */
+    uint32_t count;            /* outbox bundles: entries */
     uint8_t hdr[PS_WIRE_HDR_MAX];
     struct psd_send_s *next_free;
 } psd_send_t;
@@ -211,6 +217,9 @@ struct psd_server_s {
     psd_snap_t *free_snaps;
     psd_send_t *free_sends;
     psd_wait_t *free_waits;
+    int bundling;              /* outbox.c: depth of psd_outbox_begin */
+    psd_conn_t *outbox_conns;  /* connections with a bundle being filled */
+    uint64_t bundles_sent, bundles_received;
 
     uv_signal_t sigint, sigterm;
     uv_timer_t cron;           /* heartbeat checks */
@@ -226,6 +235,22 @@ struct psd_server_s {
 
 /** @brief Milliseconds of a monotonic clock read now (not the loop's cached time). */
 static inline uint64_t psd_now_ms(void) { return uv_hrtime() / 1000000u; }
+
+/* outbox.c */
+/** @brief From now until the matching psd_outbox_end, small messages to workers that fuse are
+ *  collected per connection (nests). */
+void psd_outbox_begin(psd_server_t *srv);
+/** @brief End one psd_outbox_begin; the outermost sends every collected bundle. */
+void psd_outbox_end(psd_server_t *srv);
+/**
+ * @brief Append @p msg (and @p dlen bytes of @p data, copied) to @p conn's bundle.
+ * @return 0 when it is queued; otherwise nothing was queued and the caller sends it alone
+ *         (not inside begin/end, fusion off, the peer does not fuse, or too large).
+ */
+int psd_outbox_add(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg, const void *data,
+                   size_t dlen);
+/** @brief Send @p conn's collected bundle now (before a message that must follow it). */
+void psd_outbox_flush(psd_server_t *srv, psd_conn_t *conn);
 
 /* server.c */
 /** @brief Send a reply header (no data) to @p conn; drops it if the conn is dead. */
@@ -259,6 +284,10 @@ void psd_shard_drop_conn(psd_server_t *srv, psd_conn_t *conn);
  *  set. @note @p w is borrowed until its done callback has run.
  */
 void psd_shard_slot_queue(psd_server_t *srv, psd_slot_work_t *w);
+/** @brief Start the next store job if none runs (chunks made ready inside a bundle wait for
+ *  this, so that they are applied in one transaction). */
+void psd_shard_kick(psd_server_t *srv);
+
 /** @brief True when no store job runs or waits. */
 bool psd_shard_idle(psd_server_t *srv);
 /** @brief Append this shard's tensors and chunks as JSON members to @p out (status). */

@@ -567,6 +567,13 @@ static void send_pull_reply(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id
         psd_send_error(srv, conn, req_id, PS_ENOMEM, "out of memory");
         return;
     }
+    if (psd_outbox_add(srv, conn, &r, data, dlen) == 0) { /* copied into the bundle */
+        s->next_free = srv->free_sends;
+        srv->free_sends = s;
+        srv->pulls++;
+        return;
+    }
+    psd_outbox_flush(srv, conn);
     s->srv = srv;
     s->conn = conn;
     s->snap = srv->snap;
@@ -647,8 +654,12 @@ static void chunk_maybe_ready(psd_server_t *srv, psd_chunk_t *ch)
     else
         srv->ready_head = ch;
     srv->ready_tail = ch;
-    job_start_next(srv);
+    /* Inside a bundle or a job's end, more chunks may become ready: they go in one job
+     * (one transaction) started at the end (psd_shard_kick). */
+    if (srv->bundling == 0) job_start_next(srv);
 }
+
+void psd_shard_kick(psd_server_t *srv) { job_start_next(srv); }
 
 static void push_received(psd_chunk_t *ch, uint32_t rank, ucs_status_t status)
 {
@@ -1052,6 +1063,7 @@ static void job_done(uv_work_t *w, int status)
      * next job in this struct while its items are still being finished. */
     if (job->rc)
         PS_LOG(PS_LOG_ERROR, "shard", "store job failed: %s", ps_strerror(job->rc));
+    psd_outbox_begin(srv); /* the acks and pull replies of this job leave bundled */
     snapshot_stale(srv);
     if (job->kind == JOB_CREATE) {
         psd_tensor_t *t = &srv->tensors[job->tensor];
@@ -1126,6 +1138,7 @@ static void job_done(uv_work_t *w, int status)
         }
     }
     psd_ckpt_after_job(srv); /* a checkpoint waiting for this step takes its snapshot next */
+    psd_outbox_end(srv);
     srv->job_running = false;
     job_start_next(srv);
     if (!srv->job_running && !srv->slot_running) psd_server_maybe_stop(srv);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 #include <netdb.h>
 
+#include "bundle.h"
 #include "codec.h"
 #include "crc32c.h"
 #include "manifest.h"
@@ -72,10 +73,26 @@ typedef struct {
     uint32_t backoff_ms;
     uv_timer_t timer;  /* the next reconnect attempt */
     int hb_inflight;   /* a heartbeat send not completed yet */
+    struct bundle_s *open; /* the bundle being filled for this shard (on_deferred) */
     char lanes[64];    /* the transports the endpoint uses ("sysv,cma", "tcp", "rc_mlx5") */
     int want_lanes;    /* the first hello was answered: find and log the lanes */
     uint8_t hb_hdr[64];
 } cshard_t;
+
+/* Small pushes and pulls to one shard started together, fused into one eager message
+ * (proto/bundle.h). It holds a copy of their headers and data, and a reference on each op
+ * until its send completes. Reused: steady training allocates none. */
+typedef struct bundle_s {
+    ps_client_t *c;
+    uint32_t shard;
+    uint8_t *buf;      /* [fusion_bytes] */
+    size_t len, cap;
+    uint32_t count;
+    part_t **parts;    /* [count] the parts it carries */
+    uint32_t cap_parts;
+    uint8_t hdr[128];
+    struct bundle_s *next_free;
+} bundle_t;
 
 struct ps_op_s {
     ps_client_t *c;
@@ -118,6 +135,11 @@ struct ps_client_s {
     pthread_mutex_t mu;         /* guards submit queue and op completion */
     pthread_cond_t cv;
     ps_op_t *submit_head, *submit_tail;
+    ps_op_t *group_head, *group_tail; /* caller's thread: ops held by ps_client_group_begin */
+    int grouping;
+    uint64_t fusion_bytes;      /* bundle size (0: no fusion); ps_client_set_fusion */
+    int fusing;                 /* comm thread: small parts go into bundles now */
+    bundle_t *free_bundles;     /* comm thread */
     int started, start_rc;
     volatile sig_atomic_t interrupted; /* ps_client_interrupt: pushes and pulls now fail */
     int joined;                 /* past the first hello: lost shards are reconnected */
@@ -301,6 +323,8 @@ static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
 
 /* ---- comm thread: sending -------------------------------------------------- */
 
+static void bundle_flush(ps_client_t *c, uint32_t i);
+
 static void send_part(ps_client_t *c, part_t *p, const ps_msg_t *m, const void *data, size_t len,
                       unsigned am_id)
 {
@@ -312,6 +336,7 @@ static void send_part(ps_client_t *c, part_t *p, const ps_msg_t *m, const void *
                 c->m.servers[p->shard].host, c->m.servers[p->shard].port);
         return;
     }
+    if (s->open) bundle_flush(c, p->shard); /* what was bundled for the shard goes first */
     size_t hlen;
     if (ps_msg_encode(m, p->hdr, sizeof p->hdr, &hlen)) {
         op_fail(op, PS_EINVAL, "request header too large");
@@ -367,6 +392,103 @@ static const void *test_corrupt_push(ps_client_t *c, part_t *p)
     return p->ck.copy;
 }
 
+/* ---- comm thread: fusion --------------------------------------------------------- */
+
+static void on_bundle_sent(void *request, ucs_status_t status, void *user_data)
+{
+    bundle_t *b = user_data;
+    ps_client_t *c = b->c;
+    uint32_t n = b->count;
+    b->count = 0;
+    b->len = 0;
+    b->next_free = c->free_bundles; /* reusable now: the parts' data was copied */
+    c->free_bundles = b;
+    for (uint32_t i = 0; i < n; i++) {
+        part_t *p = b->parts[i];
+        ps_op_t *op = p->op;
+        op->ucx_refs--;
+        if (status != UCS_OK && p->pending && !part_defer(c, p))
+            op_fail(op, ps_ucx_err(status), "send to shard %u failed: %s", p->shard,
+                    ucs_status_string(status));
+        op_maybe_complete(op); /* the last use of op: it may be freed from here on */
+    }
+    if (request) ucp_request_free(request);
+}
+
+/* Send shard @p i's open bundle. */
+static void bundle_flush(ps_client_t *c, uint32_t i)
+{
+    cshard_t *s = &c->shards[i];
+    bundle_t *b = s->open;
+    if (b == NULL) return;
+    s->open = NULL;
+    ps_msg_t m = {.type = PS_MSG_BUNDLE, .rank = c->rank, .count = b->count, .length = b->len};
+    size_t hlen;
+    ucs_status_t st = UCS_ERR_NOT_CONNECTED;
+    void *req = NULL;
+    if (s->ep && !s->dead && !s->down && ps_msg_encode(&m, b->hdr, sizeof b->hdr, &hlen) == 0) {
+        ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                                   UCP_OP_ATTR_FIELD_USER_DATA |
+                                                   UCP_OP_ATTR_FIELD_FLAGS,
+                                   .flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER,
+                                   .cb.send = on_bundle_sent, .user_data = b};
+        req = ucp_am_send_nbx(s->ep, PS_AM_DATA, b->hdr, hlen, b->buf, b->len, &prm);
+        st = req == NULL ? UCS_OK : UCS_PTR_IS_ERR(req) ? UCS_PTR_STATUS(req) : UCS_INPROGRESS;
+    }
+    if (st != UCS_INPROGRESS) on_bundle_sent(NULL, st, b);
+}
+
+/* Inside on_deferred, put a small part into its shard's bundle instead of sending it alone.
+ * @return 0 when it is in a bundle; otherwise the caller sends it alone. */
+static int bundle_part(ps_client_t *c, part_t *p, const ps_msg_t *m, const void *data, size_t len)
+{
+    cshard_t *s = &c->shards[p->shard];
+    size_t cap = __atomic_load_n(&c->fusion_bytes, __ATOMIC_RELAXED);
+    if (!c->fusing || cap == 0 || len > PS_BUNDLE_PART_MAX || s->ep == NULL || s->dead ||
+        s->down || ps_bundle_entry_bytes(sizeof p->hdr, len) > cap)
+        return -1;
+    for (int tries = 0; tries < 2; tries++) {
+        bundle_t *b = s->open;
+        if (b == NULL) {
+            if ((b = c->free_bundles) != NULL)
+                c->free_bundles = b->next_free;
+            else if ((b = calloc(1, sizeof *b)) == NULL)
+                return -1;
+            if (b->cap < cap) {
+                uint8_t *nb = realloc(b->buf, cap);
+                if (nb == NULL) {
+                    b->next_free = c->free_bundles;
+                    c->free_bundles = b;
+                    return -1;
+                }
+                b->buf = nb;
+                b->cap = cap;
+            }
+            b->c = c;
+            b->shard = p->shard;
+            b->len = 0;
+            b->count = 0;
+            s->open = b;
+        }
+        if (b->count == b->cap_parts) {
+            uint32_t nc = b->cap_parts ? 2 * b->cap_parts : 64;
+            part_t **np = realloc(b->parts, nc * sizeof *np);
+            if (np == NULL) return -1;
+            b->parts = np;
+            b->cap_parts = nc;
+        }
+        if (b->count < PS_BUNDLE_MAX_ENTRIES &&
+            ps_bundle_add(b->buf, b->cap, &b->len, m, data, len) == 0) {
+            b->parts[b->count++] = p;
+            p->op->ucx_refs++;
+            return 0;
+        }
+        if (b->count == 0) return -1;
+        bundle_flush(c, p->shard); /* full: send it and start the next */
+    }
+    return -1;
+}
+
 /* Send (or send again) one chunk of a push or pull. */
 static void send_data_part(ps_client_t *c, ps_op_t *op, part_t *p)
 {
@@ -392,11 +514,18 @@ static void send_data_part(ps_client_t *c, ps_op_t *op, part_t *p)
         __atomic_add_fetch(&c->stats.bytes_pushed_raw, len * 4, __ATOMIC_RELAXED);
         __atomic_add_fetch(&c->stats.pushes, 1, __ATOMIC_RELAXED);
         m.crc32c = p->ck.crc;
-        send_part(c, p, &m, test_corrupt_push(c, p), p->len, PS_AM_DATA);
+        const void *data = test_corrupt_push(c, p);
+        if (bundle_part(c, p, &m, data, p->len) == 0) {
+            free(p->ck.copy); /* the bundle has its own copy */
+            p->ck.copy = NULL;
+            return;
+        }
+        send_part(c, p, &m, data, p->len, PS_AM_DATA);
     } else {
         m.type = PS_MSG_PULL;
         m.codec = t->pull_codec.kind;
         __atomic_add_fetch(&c->stats.pulls, 1, __ATOMIC_RELAXED);
+        if (bundle_part(c, p, &m, NULL, 0) == 0) return;
         send_part(c, p, &m, NULL, 0, PS_AM_CTRL);
     }
 }
@@ -698,11 +827,13 @@ static int on_deferred(ps_ucx_t *u)
     ps_op_t *list = c->submit_head;
     c->submit_head = c->submit_tail = NULL;
     pthread_mutex_unlock(&c->mu);
+    c->fusing = list != NULL;
     while (list) {
         ps_op_t *op = list;
         list = op->next;
         did = 1;
         if (op->type == OP_SHUTDOWN) {
+            for (uint32_t i = 0; i < c->nshards; i++) bundle_flush(c, i);
             for (uint32_t i = 0; i < c->nshards; i++) close_ep(c, &c->shards[i], 0);
             uv_stop(&c->loop);
             pthread_mutex_lock(&c->mu);
@@ -713,6 +844,8 @@ static int on_deferred(ps_ucx_t *u)
         }
         start_op(c, op);
     }
+    c->fusing = 0;
+    for (uint32_t i = 0; i < c->nshards; i++) bundle_flush(c, i);
     return did;
 }
 
@@ -741,16 +874,11 @@ static ps_op_t *find_op(ps_client_t *c, uint64_t req_id)
     return NULL;
 }
 
-static ucs_status_t on_am(void *arg, const void *header, size_t header_length, void *data,
-                          size_t length, const ucp_am_recv_param_t *param)
+/* One message from a shard (alone, or an entry of a bundle with @p param saying eager). */
+static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, size_t length,
+                               const ucp_am_recv_param_t *param)
 {
-    ps_client_t *c = arg;
-    ps_msg_t m;
-    char err[256];
-    if (ps_msg_decode(&m, header, header_length, err, sizeof err)) {
-        PS_LOG(PS_LOG_WARN, "libps", "dropped a message: %s", err);
-        return UCS_OK;
-    }
+    ps_msg_t m = *mp;
     if (m.type == PS_MSG_EPOCH) {
         if (m.shard == 0) learn_view(c, m.epoch, m.step, m.members, 1);
         return UCS_OK;
@@ -867,6 +995,40 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     return UCS_OK;
 }
 
+static ucs_status_t on_am(void *arg, const void *header, size_t header_length, void *data,
+                          size_t length, const ucp_am_recv_param_t *param)
+{
+    ps_client_t *c = arg;
+    ps_msg_t m;
+    char err[256];
+    if (ps_msg_decode(&m, header, header_length, err, sizeof err)) {
+        PS_LOG(PS_LOG_WARN, "libps", "dropped a message: %s", err);
+        return UCS_OK;
+    }
+    if (m.type != PS_MSG_BUNDLE) return handle_msg(c, &m, data, length, param);
+    /* A shard's replies fused into one message (proto/bundle.h): one at a time. */
+    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || m.length != length ||
+        m.count == 0 || m.count > PS_BUNDLE_MAX_ENTRIES) {
+        PS_LOG(PS_LOG_WARN, "libps", "dropped a malformed bundle from shard %u (%llu entries, "
+               "%zu bytes)", m.shard, (unsigned long long)m.count, length);
+        return UCS_OK;
+    }
+    ps_bundle_iter_t it;
+    ps_bundle_iter_init(&it, data, length, (uint32_t)m.count);
+    ucp_am_recv_param_t eager = {.recv_attr = 0};
+    ps_msg_t e;
+    const void *d;
+    size_t dlen;
+    int rc;
+    while ((rc = ps_bundle_next(&it, &e, &d, &dlen, err, sizeof err)) != 0) {
+        if (rc > 0)
+            handle_msg(c, &e, (void *)d, dlen, &eager);
+        else
+            PS_LOG(PS_LOG_WARN, "libps", "shard %u: %s", m.shard, err);
+    }
+    return UCS_OK;
+}
+
 static void *comm_main(void *arg)
 {
     ps_client_t *c = arg;
@@ -934,6 +1096,15 @@ static ps_op_t *op_new(ps_client_t *c, int type, uint32_t nparts)
 static void submit(ps_client_t *c, ps_op_t *op)
 {
     op->next = NULL;
+    if (c->grouping && (op->type == OP_PUSH || op->type == OP_PULL)) {
+        /* Held until ps_client_group_end hands the group over at once. */
+        if (c->group_tail)
+            c->group_tail->next = op;
+        else
+            c->group_head = op;
+        c->group_tail = op;
+        return;
+    }
     pthread_mutex_lock(&c->mu);
     if (c->submit_tail)
         c->submit_tail->next = op;
@@ -944,9 +1115,40 @@ static void submit(ps_client_t *c, ps_op_t *op)
     uv_async_send(&c->wake);
 }
 
+void ps_client_group_begin(ps_client_t *c) { c->grouping++; }
+
+/* Hand over what a group holds now (a wait inside the group would wait for ever). */
+static void ps_client_group_end_all(ps_client_t *c)
+{
+    int depth = c->grouping;
+    c->grouping = 1;
+    ps_client_group_end(c);
+    c->grouping = depth;
+}
+
+void ps_client_group_end(ps_client_t *c)
+{
+    if (c->grouping == 0 || --c->grouping > 0 || c->group_head == NULL) return;
+    pthread_mutex_lock(&c->mu);
+    if (c->submit_tail)
+        c->submit_tail->next = c->group_head;
+    else
+        c->submit_head = c->group_head;
+    c->submit_tail = c->group_tail;
+    pthread_mutex_unlock(&c->mu);
+    c->group_head = c->group_tail = NULL;
+    uv_async_send(&c->wake);
+}
+
+void ps_client_set_fusion(ps_client_t *c, uint64_t bytes)
+{
+    __atomic_store_n(&c->fusion_bytes, bytes, __ATOMIC_RELAXED);
+}
+
 int ps_op_wait(ps_op_t *op, uint64_t *version)
 {
     ps_client_t *c = op->c;
+    if (c->grouping && c->group_head) ps_client_group_end_all(c); /* never wait on a held op */
     pthread_mutex_lock(&c->mu);
     while (!op->done) pthread_cond_wait(&c->cv, &c->mu);
     pthread_mutex_unlock(&c->mu);
@@ -1029,6 +1231,7 @@ int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts, ps
     }
     c->nshards = (uint32_t)c->m.nservers;
     c->chunk_elems = c->m.chunk_bytes / 4;
+    c->fusion_bytes = c->m.fusion_bytes;
     c->rank = -1;
     const char *tc = getenv("PS_TEST_CORRUPT_PUSH");
     if (tc && atoi(tc) > 0) {
@@ -1108,6 +1311,12 @@ void ps_client_destroy(ps_client_t *c)
     }
     free(c->tensors);
     free(c->shards);
+    for (bundle_t *b = c->free_bundles, *nx; b; b = nx) {
+        nx = b->next_free;
+        free(b->buf);
+        free(b->parts);
+        free(b);
+    }
     free(c);
 }
 

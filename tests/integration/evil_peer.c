@@ -39,6 +39,7 @@
 #include "place.h"
 #include "ps/ps_error.h"
 #include "ucx_loop.h"
+#include "bundle.h"
 #include "wire.h"
 
 #define WAIT_S 20.0          /* one reply, at most */
@@ -60,6 +61,7 @@ typedef struct {
     int data_pending; /* a rendezvous receive is in flight */
     int data_failed;
     uint32_t crc_xor; /* spoils the next data message's CRC (the bad-crc case) */
+    int bundles_in;   /* bundles received from psd */
 } peer_t;
 
 static double now_s(void)
@@ -105,16 +107,9 @@ static void on_data(void *request, ucs_status_t status, size_t length, void *use
     uv_stop(&p->loop);
 }
 
-static ucs_status_t on_am(void *arg, const void *header, size_t header_length, void *data,
-                          size_t length, const ucp_am_recv_param_t *param)
+static ucs_status_t on_msg(peer_t *p, ps_msg_t m, void *data, size_t length,
+                           const ucp_am_recv_param_t *param)
 {
-    peer_t *p = arg;
-    ps_msg_t m;
-    char err[256];
-    if (ps_msg_decode(&m, header, header_length, err, sizeof err)) {
-        say("evil_peer: dropped an undecodable message: %s", err);
-        return UCS_OK;
-    }
     if (m.req_id != p->want_req || p->got_reply) {
         say("evil_peer: unexpected %s for request %llu%s%s", ps_msg_type_name(m.type),
             (unsigned long long)m.req_id, m.type == PS_MSG_ERROR ? ": " : "",
@@ -144,6 +139,39 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
         on_data(NULL, UCS_OK, length, p);
     else if (UCS_PTR_IS_ERR(req))
         on_data(NULL, UCS_PTR_STATUS(req), 0, p);
+    return UCS_OK;
+}
+
+/* A message, or a bundle of them (proto/bundle.h: psd bundles its replies to a peer that sent
+ * one): each entry is taken as if it came alone. */
+static ucs_status_t on_am(void *arg, const void *header, size_t header_length, void *data,
+                          size_t length, const ucp_am_recv_param_t *param)
+{
+    peer_t *p = arg;
+    ps_msg_t m;
+    char err[256];
+    if (ps_msg_decode(&m, header, header_length, err, sizeof err)) {
+        say("evil_peer: dropped an undecodable message: %s", err);
+        return UCS_OK;
+    }
+    if (m.type != PS_MSG_BUNDLE) return on_msg(p, m, data, length, param);
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+        say("evil_peer: a bundle came by rendezvous");
+        return UCS_OK;
+    }
+    p->bundles_in++;
+    ps_bundle_iter_t it;
+    ps_bundle_iter_init(&it, data, length, (uint32_t)m.count);
+    ucp_am_recv_param_t eager = {.recv_attr = 0};
+    const void *d;
+    size_t dlen;
+    int rc;
+    while ((rc = ps_bundle_next(&it, &m, &d, &dlen, err, sizeof err)) != 0) {
+        if (rc > 0)
+            on_msg(p, m, (void *)d, dlen, &eager);
+        else
+            say("evil_peer: a malformed bundle from psd: %s", err);
+    }
     return UCS_OK;
 }
 
@@ -519,6 +547,125 @@ out:
     return rc;
 }
 
+/* ---- bundles (proto/bundle.h) ------------------------------------------------------------ */
+
+/* One entry's bytes, written by hand (a malformed one needs lengths the writer refuses). */
+static size_t put_entry(uint8_t *b, const ps_msg_t *m, uint32_t claim_dlen, const void *data,
+                        size_t dlen)
+{
+    uint8_t hdr[PS_WIRE_HDR_MAX];
+    size_t hlen = 0;
+    ps_msg_encode(m, hdr, sizeof hdr, &hlen);
+    uint32_t h32 = (uint32_t)hlen;
+    memcpy(b, &h32, 4);
+    memcpy(b + 4, &claim_dlen, 4);
+    memcpy(b + 8, hdr, hlen);
+    size_t at = 8 + ((hlen + 7) & ~(size_t)7);
+    if (dlen) memcpy(b + at, data, dlen);
+    return at + ((dlen + 7) & ~(size_t)7);
+}
+
+/* Send a bundle of @p count entries (@p len bytes at @p buf) eagerly and wait for the reply to
+ * request @p req (the bundle's own id, which call() gives it). */
+static int call_bundle(peer_t *p, uint64_t count, const uint8_t *buf, size_t len)
+{
+    ps_msg_t m = {.type = PS_MSG_BUNDLE, .count = count, .length = len};
+    return call(p, &m, len ? buf : NULL, len, PS_AM_DATA);
+}
+
+/* Malformed bundles are refused (PS_EPROTO, naming the problem) and apply nothing; a
+ * well-formed one with a zero-gradient push is acknowledged, the ack coming back bundled. */
+static int bundles(peer_t *p, target_t *t)
+{
+    uint32_t n = t->n;
+    size_t cap = 4096 + (size_t)n * 4;
+    uint8_t *b = calloc(1, cap);
+    float *zeros = calloc(n, sizeof *zeros);
+    int failed = 0;
+    if (b == NULL || zeros == NULL) {
+        free(b);
+        free(zeros);
+        return -1;
+    }
+    uint64_t req = p->next_req + 1; /* the id call() gives the bundle: entries' errors carry it */
+    ps_msg_t pull = {.type = PS_MSG_PULL, .rank = t->rank, .tensor = t->tensor, .chunk = 0};
+    ps_msg_t hello = {.type = PS_MSG_HELLO, .rank = t->rank};
+    ps_msg_t nested = {.type = PS_MSG_BUNDLE, .count = 1};
+    size_t len = 0;
+    int k = 0;
+    for (int c = 0; c < 5; c++) {
+        req = p->next_req + 1;
+        pull.req_id = hello.req_id = nested.req_id = req;
+        memset(b, 0, cap);
+        const char *name = NULL, *expect = NULL;
+        uint64_t count = 1;
+        switch (c) {
+        case 0:
+            name = "bundle-truncated";
+            len = put_entry(b, &pull, 1u << 20, NULL, 0);
+            expect = "has header";
+            break;
+        case 1:
+            name = "bundle-trailing-bytes";
+            len = put_entry(b, &pull, 0, NULL, 0) + 8;
+            expect = "8 bytes after the last entry";
+            break;
+        case 2:
+            name = "bundle-nested";
+            len = put_entry(b, &nested, 0, NULL, 0);
+            expect = "is a bundle itself";
+            break;
+        case 3:
+            name = "bundle-hello-inside";
+            len = put_entry(b, &hello, 0, NULL, 0);
+            expect = "a bundle carries pushes and pulls, not hello";
+            break;
+        case 4:
+            name = "bundle-count-zero";
+            len = put_entry(b, &pull, 0, NULL, 0);
+            count = 0;
+            expect = "bundle of 0 entries";
+            break;
+        }
+        k++;
+        if (call_bundle(p, count, b, len)) {
+            say("evil_peer: case %s: FAILED: no reply", name);
+            failed++;
+            continue;
+        }
+        const ps_msg_t *r = &p->reply;
+        if (r->type != PS_MSG_ERROR || r->status != PS_EPROTO || strstr(r->error, expect) == NULL) {
+            say("evil_peer: case %s: FAILED: got %s (status %d) \"%s\", want \"%s\"", name,
+                ps_msg_type_name(r->type), r->status, r->error, expect);
+            failed++;
+            continue;
+        }
+        say("evil_peer: case %s: refused (%s): %s", name, ps_err_name(r->status), r->error);
+    }
+    say("evil_peer: %d of %d malformed bundles refused as expected", k - failed, k);
+    /* Well-formed: one zero-gradient push of chunk 0 at its version. */
+    req = p->next_req + 1;
+    ps_msg_t push = push_msg(t, PSK_CODEC_NONE, NULL, (uint64_t)n * 4);
+    push.req_id = req;
+    push.crc32c = ps_crc32c(0, zeros, (size_t)n * 4);
+    len = 0;
+    int in0 = p->bundles_in;
+    if (ps_bundle_add(b, cap, &len, &push, zeros, (size_t)n * 4) || call_bundle(p, 1, b, len)) {
+        say("evil_peer: well-formed bundle: FAILED: no reply");
+        failed++;
+    } else if (p->reply.type != PS_MSG_PUSH_ACK || p->bundles_in == in0) {
+        say("evil_peer: well-formed bundle: FAILED: got %s%s (%s)", ps_msg_type_name(p->reply.type),
+            p->bundles_in == in0 ? " not bundled" : "", p->reply.error);
+        failed++;
+    } else {
+        t->version = p->reply.step;
+        say("evil_peer: well-formed bundle with a push: acknowledged in a bundle");
+    }
+    free(b);
+    free(zeros);
+    return failed ? -1 : 0;
+}
+
 /* ---- main ---------------------------------------------------------------------------------- */
 
 static int run(peer_t *p, const ps_manifest_t *m, const char *only)
@@ -587,6 +734,7 @@ static int run(peer_t *p, const ps_manifest_t *m, const char *only)
         ncases - failed, ncases, nreceipt);
     if (push_good(p, &t, &int8, "well-formed int8 push after them")) failed++;
     if (push_bad_crc(p, &t)) failed++;
+    if (!only && bundles(p, &t)) failed++;
     if (pull_chunk0(p, &t, "after")) failed++;
 
     /* Leave as libps does: no reply. */

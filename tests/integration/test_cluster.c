@@ -14,6 +14,18 @@
 #include "cluster.h"
 #include "expect.h"
 
+/* The sum of every "KEY": N in @p p's log (each shard's status line has one). */
+static unsigned long long sum_field(const cl_proc_t *p, const char *key)
+{
+    char *log = cl_log(p), want[64];
+    snprintf(want, sizeof want, "\"%s\": ", key);
+    unsigned long long sum = 0;
+    for (const char *at = log; at && (at = strstr(at, want)) != NULL; at += strlen(want))
+        sum += strtoull(at + strlen(want), NULL, 10);
+    free(log);
+    return sum;
+}
+
 /* (a) Two shards, two BSP workers: each ends with the parameters the single-process reference
  * computes from the same global batches (bit-identical today; the test allows float reordering). */
 START_TEST(test_bsp_matches_local)
@@ -46,6 +58,39 @@ START_TEST(test_bsp_matches_local)
     expect_same_params(w[0]->params, ref->params, 1e-5, 1e-7);
     expect_same_params(w[1]->params, ref->params, 1e-5, 1e-7);
 
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+/* (a') fusion_bytes: 0: every small tensor travels alone, the result is the same, and the
+ * shards saw no bundle. */
+START_TEST(test_fusion_off_matches_local)
+{
+    cl_conf_t k = {.shards = 2,
+                   .workers = 2,
+                   .consistency = "bsp",
+                   .optimizer = "{name: sgd, lr: 0.05}",
+                   .max_steps = 30,
+                   .batch_size = 64,
+                   .top_extra = "fusion_bytes: 0\n"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    cl_proc_t *w[2] = {cl_worker_start(c, NULL, "w0.params", false),
+                       cl_worker_start(c, NULL, "w1.params", false)};
+    EXPECT_EXIT(w[0], 0);
+    EXPECT_EXIT(w[1], 0);
+    cl_proc_t *ref = cl_worker_start(c, NULL, "local.params", true);
+    EXPECT_EXIT(ref, 0);
+    expect_same_params(w[0]->params, ref->params, 1e-5, 1e-7);
+    expect_same_params(w[1]->params, ref->params, 1e-5, 1e-7);
+    char *argv[] = {(char *)cl_binary("PSCTL"), "--manifest", c->manifest, "status", "--json",
+                    NULL};
+    cl_proc_t *ctl = cl_spawn(c, "psctl", argv);
+    EXPECT_EXIT(ctl, 0);
+    ck_assert_msg(sum_field(ctl, "bundles_received") == 0 && sum_field(ctl, "bundles_sent") == 0,
+                  "bundles with fusion off: %s", cl_tail(ctl));
+    ck_assert_msg(sum_field(ctl, "pushes") > 0, "no pushes counted: %s", cl_tail(ctl));
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }
@@ -233,6 +278,9 @@ START_TEST(test_psctl_status)
     EXPECT_LOG(ctl, "{\"shard\": 1, ");
     EXPECT_LOG(ctl, "\"step\": 20, ");
     EXPECT_LOG(ctl, "\"tensors\": 6, ");
+    /* The small tensors (biases, the last layer) went fused: both ways. */
+    ck_assert_msg(sum_field(ctl, "bundles_received") > 0 && sum_field(ctl, "bundles_sent") > 0,
+                  "no bundles in the status: %s", cl_tail(ctl));
     /* One shard down: psctl names it and fails. */
     ck_assert_int_eq(cl_signal(psd[1], SIGTERM), 0);
     EXPECT_EXIT(psd[1], 0);
@@ -272,6 +320,7 @@ Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("cluster");
     suite_add_tcase(s, tcase("bsp_matches_local", test_bsp_matches_local));
+    suite_add_tcase(s, tcase("fusion_off_matches_local", test_fusion_off_matches_local));
     suite_add_tcase(s, tcase("data_dir_in_use", test_data_dir_in_use));
     suite_add_tcase(s, tcase("conflicting_shape", test_conflicting_shape));
     suite_add_tcase(s, tcase("sigterm_restart", test_sigterm_restart));

@@ -188,6 +188,8 @@ START_TEST(test_hostile_peer)
     EXPECT_LOG(evil, "evil_peer: 10 of 10 malformed pushes refused as expected (7 after receipt)");
     EXPECT_LOG(evil, "evil_peer: case bad-crc: refused (ECRC)");
     EXPECT_LOG(evil, "evil_peer: bad-crc push sent again with the right CRC: acknowledged");
+    EXPECT_LOG(evil, "evil_peer: 5 of 5 malformed bundles refused as expected");
+    EXPECT_LOG(evil, "evil_peer: well-formed bundle with a push: acknowledged in a bundle");
     EXPECT_LOG(evil, "evil_peer: every check held");
     EXPECT_EXIT(w, 0);
     EXPECT_LOG(w, "after 300 steps");

@@ -87,6 +87,7 @@ START_TEST(test_defaults)
 {
     ck_assert_int_eq(parse(minimal), 0);
     ck_assert_uint_eq(m.chunk_bytes, 1048576);
+    ck_assert_uint_eq(m.fusion_bytes, 65536);
     ck_assert_uint_eq(m.map_size_mb, 4096);
     ck_assert_int_eq(m.nservers, 1);
     ck_assert_int_eq(m.job.nlayers, 4);
@@ -120,6 +121,7 @@ START_TEST(test_block_style_all_keys)
                        "chunk_bytes: 4096\n"
                        "map_size_mb: 16\n"
                        "sync_interval_s: 30\n"
+                       "fusion_bytes: 0\n"
                        "servers:\n"
                        "  - host: a\n"
                        "    port: 65535\n"
@@ -154,6 +156,7 @@ START_TEST(test_block_style_all_keys)
     ck_assert_uint_eq(m.chunk_bytes, 4096);
     ck_assert_uint_eq(m.map_size_mb, 16);
     ck_assert_uint_eq(m.sync_interval_s, 30);
+    ck_assert_uint_eq(m.fusion_bytes, 0);
     ck_assert_uint_eq(m.servers[0].port, 65535);
     ck_assert_int_eq(m.job.nlayers, 2);
     ck_assert_uint_eq(m.job.layers[1], 1048576);
@@ -246,6 +249,10 @@ static const struct {
      "demo.yaml:2: sync_interval_s: must be in [0, 86400], got -1"},
     {L1 "sync_interval_s: 1.5\n" L2_4 L5 L6_9 L10,
      "demo.yaml:2: sync_interval_s: expected an integer, got '1.5'"},
+    {L1 "fusion_bytes: 100\n" L2_4 L5 L6_9 L10,
+     "demo.yaml:2: fusion_bytes: must be 0 (no fusion) or at least 4096, got 100"},
+    {L1 "fusion_bytes: 2097152\n" L2_4 L5 L6_9 L10,
+     "demo.yaml:2: fusion_bytes: must be in [0, 1048576], got 2097152"},
     {L1 L2_4 L5 L6_9 "  optimizer: {name: adam, lr: 0.001, beta1: 1.0}\n",
      "demo.yaml:10: job.optimizer.beta1: must be in [0, 1), got 1.0"},
     {L1 L2_4 L5 L6_9 "  optimizer: {name: adam, lr: 0}\n",

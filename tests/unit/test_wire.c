@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "ps/ps_error.h"
+#include "bundle.h"
 #include "wire.h"
 
 static ps_msg_t sample(void)
@@ -150,6 +151,90 @@ START_TEST(invalid_fields_rejected)
 }
 END_TEST
 
+/* Entries come back as written: headers, data, 8-byte aligned data, and the end. */
+START_TEST(bundle_roundtrip)
+{
+    uint8_t buf[4096];
+    size_t used = 0;
+    float g[3] = {1.5f, -2.0f, 3.25f};
+    ps_msg_t push = {.type = PS_MSG_PUSH, .req_id = 7, .tensor = 2, .chunk = 1, .length = 12};
+    ps_msg_t pull = {.type = PS_MSG_PULL, .req_id = 8, .tensor = 3};
+    ck_assert_int_eq(ps_bundle_add(buf, sizeof buf, &used, &push, g, sizeof g), 0);
+    ck_assert_int_eq(ps_bundle_add(buf, sizeof buf, &used, &pull, NULL, 0), 0);
+    ck_assert_uint_eq(used % 8, 0);
+    char err[256];
+    ck_assert_int_eq(ps_bundle_check(buf, used, 2, err, sizeof err), 0);
+    ps_bundle_iter_t it;
+    ps_bundle_iter_init(&it, buf, used, 2);
+    ps_msg_t m;
+    const void *d;
+    size_t dl;
+    ck_assert_int_eq(ps_bundle_next(&it, &m, &d, &dl, err, sizeof err), 1);
+    ck_assert_int_eq(m.type, PS_MSG_PUSH);
+    ck_assert_uint_eq(m.req_id, 7);
+    ck_assert_uint_eq(dl, sizeof g);
+    ck_assert_uint_eq(((const uint8_t *)d - buf) % 8, 0);
+    ck_assert_int_eq(memcmp(d, g, sizeof g), 0);
+    ck_assert_int_eq(ps_bundle_next(&it, &m, &d, &dl, err, sizeof err), 1);
+    ck_assert_int_eq(m.type, PS_MSG_PULL);
+    ck_assert_uint_eq(dl, 0);
+    ck_assert_int_eq(ps_bundle_next(&it, &m, &d, &dl, err, sizeof err), 0);
+    /* Full: refused, nothing written. */
+    size_t small = 0;
+    ck_assert_int_eq(ps_bundle_add(buf, 16, &small, &push, g, sizeof g), PS_EINVAL);
+    ck_assert_uint_eq(small, 0);
+}
+END_TEST
+
+/* Broken framing is named, and refused whole by the check; a spoiled header spoils only its
+ * entry; a bundle inside a bundle is refused. */
+START_TEST(bundle_malformed)
+{
+    uint8_t buf[4096];
+    size_t used = 0;
+    char err[256];
+    ps_msg_t pull = {.type = PS_MSG_PULL, .req_id = 8, .tensor = 3};
+    ps_msg_t nested = {.type = PS_MSG_BUNDLE, .count = 1};
+    ck_assert_int_eq(ps_bundle_add(buf, sizeof buf, &used, &pull, NULL, 0), 0);
+    size_t one = used;
+    ck_assert_int_eq(ps_bundle_add(buf, sizeof buf, &used, &nested, NULL, 0), 0);
+    ck_assert_int_eq(ps_bundle_add(buf, sizeof buf, &used, &pull, NULL, 0), 0);
+    /* count says more, or fewer, than there are */
+    ck_assert_int_eq(ps_bundle_check(buf, used, 4, err, sizeof err), PS_EPROTO);
+    ck_assert_ptr_nonnull(strstr(err, "truncated"));
+    ck_assert_int_eq(ps_bundle_check(buf, used, 2, err, sizeof err), PS_EPROTO);
+    ck_assert_ptr_nonnull(strstr(err, "bytes after the last entry"));
+    /* cut short inside an entry */
+    ck_assert_int_eq(ps_bundle_check(buf, one - 1, 1, err, sizeof err), PS_EPROTO);
+    ck_assert_ptr_nonnull(strstr(err, "bytes left"));
+    /* the nested one is refused, the next one still read */
+    ps_bundle_iter_t it;
+    ps_bundle_iter_init(&it, buf, used, 3);
+    ps_msg_t m;
+    const void *d;
+    size_t dl;
+    ck_assert_int_eq(ps_bundle_next(&it, &m, &d, &dl, err, sizeof err), 1);
+    ck_assert_int_eq(ps_bundle_next(&it, &m, &d, &dl, err, sizeof err), PS_EPROTO);
+    ck_assert_ptr_nonnull(strstr(err, "is a bundle itself"));
+    ck_assert_int_eq(ps_bundle_next(&it, &m, &d, &dl, err, sizeof err), 1);
+    ck_assert_int_eq(m.type, PS_MSG_PULL);
+    ck_assert_int_eq(ps_bundle_next(&it, &m, &d, &dl, err, sizeof err), 0);
+    /* a garbage header: its entry refused, the framing intact */
+    buf[one + 8] ^= 0xff;
+    buf[one + 9] ^= 0xff;
+    ps_bundle_iter_init(&it, buf, used, 3);
+    ck_assert_int_eq(ps_bundle_next(&it, &m, &d, &dl, err, sizeof err), 1);
+    ck_assert_int_eq(ps_bundle_next(&it, &m, &d, &dl, err, sizeof err), PS_EPROTO);
+    ck_assert_int_eq(ps_bundle_next(&it, &m, &d, &dl, err, sizeof err), 1);
+    /* a length field out of range ends the bundle */
+    uint32_t huge = 1u << 30;
+    memcpy(buf + 4, &huge, 4);
+    ps_bundle_iter_init(&it, buf, used, 3);
+    ck_assert_int_eq(ps_bundle_next(&it, &m, &d, &dl, err, sizeof err), PS_EPROTO);
+    ck_assert_int_eq(ps_bundle_next(&it, &m, &d, &dl, err, sizeof err), 0);
+}
+END_TEST
+
 Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("wire");
@@ -159,6 +244,8 @@ Suite *ps_test_suite(void)
     tcase_add_test(tc, truncated_rejected);
     tcase_add_test(tc, garbage_rejected);
     tcase_add_test(tc, invalid_fields_rejected);
+    tcase_add_test(tc, bundle_roundtrip);
+    tcase_add_test(tc, bundle_malformed);
     suite_add_tcase(s, tc);
     return s;
 }

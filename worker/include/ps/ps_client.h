@@ -55,6 +55,20 @@ int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts,
                      ps_client_t **out, char *err, size_t errlen);
 
 /**
+ * @brief Start a group: pushes and pulls started until ps_client_group_end are handed to the
+ * communication thread together, so that the small ones (chunks up to 16 KiB) bound for one
+ * shard travel fused in one message (manifest `fusion_bytes`), and their replies come back
+ * fused too. Groups nest; only the outermost end hands them over. Waiting on an op of an
+ * open group hands the group over first. Nothing is allocated or copied by the caller.
+ */
+void ps_client_group_begin(ps_client_t *c);
+/** @brief End a group begun by ps_client_group_begin (see there). */
+void ps_client_group_end(ps_client_t *c);
+/** @brief Bundle size for fusing small messages from now on (0: each part alone); the
+ *  manifest's `fusion_bytes` is the default. For benchmarks and tuning. */
+void ps_client_set_fusion(ps_client_t *c, uint64_t bytes);
+
+/**
  * @brief Fail every operation in flight, and every one started later, with PS_ECANCELED (their
  * waits return at once), e.g. to stop a worker waiting on a cluster that cannot make progress.
  * Safe to call from a signal handler. Afterwards the client is only good for
