@@ -723,6 +723,7 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, const char *restore, 
     uv_close((uv_handle_t *)&srv->cron, NULL);
     rc = 0;
 fail_ucx:
+    psd_shard_unregister(srv);
     ps_ucx_close(&srv->ucx);
     uv_run(srv->loop, UV_RUN_NOWAIT);
 fail_shard:

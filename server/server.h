@@ -69,6 +69,7 @@ struct psd_chunk_s {
     uint64_t total_steps;      /* the tensor's planned steps (lr schedule); read by jobs */
     /* Per-rank arrays have PS_MAX_RANKS entries; a slot's buffer is allocated on first use. */
     uint8_t **slots;           /* push payloads by rank (raw fp32 or a codec's) */
+    ucp_mem_h *slot_memh;      /* each slot registered once with UCX (NULL: not registered) */
     size_t *slot_cap;          /* bytes allocated */
     size_t *slot_len;          /* bytes received */
     psk_codec_t *slot_codec;   /* payload encoding (PSK_CODEC_NONE: raw fp32) */
@@ -284,6 +285,8 @@ void psd_shard_drop_conn(psd_server_t *srv, psd_conn_t *conn);
  *  set. @note @p w is borrowed until its done callback has run.
  */
 void psd_shard_slot_queue(psd_server_t *srv, psd_slot_work_t *w);
+/** @brief Release the UCX registrations of the push slots (before the UCX context goes). */
+void psd_shard_unregister(psd_server_t *srv);
 /** @brief Start the next store job if none runs (chunks made ready inside a bundle wait for
  *  this, so that they are applied in one transaction). */
 void psd_shard_kick(psd_server_t *srv);

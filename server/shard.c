@@ -40,6 +40,7 @@ static psd_chunk_t *chunk_new(psd_server_t *srv, uint32_t t, uint32_t c, uint32_
     ch->chunk = c;
     ch->n = n;
     ch->slots = calloc(w, sizeof *ch->slots);
+    ch->slot_memh = calloc(w, sizeof *ch->slot_memh);
     ch->slot_cap = calloc(w, sizeof *ch->slot_cap);
     ch->slot_len = calloc(w, sizeof *ch->slot_len);
     ch->slot_codec = calloc(w, sizeof *ch->slot_codec);
@@ -50,12 +51,13 @@ static psd_chunk_t *chunk_new(psd_server_t *srv, uint32_t t, uint32_t c, uint32_
     ch->slot_pid = calloc(w, sizeof *ch->slot_pid);
     ch->slot_conn = calloc(w, sizeof *ch->slot_conn);
     ch->slot_ref = calloc(w, sizeof *ch->slot_ref);
-    if (!ch->slots || !ch->slot_state || !ch->slot_req || !ch->slot_conn || !ch->slot_ref ||
+    if (!ch->slots || !ch->slot_memh || !ch->slot_state || !ch->slot_req || !ch->slot_conn || !ch->slot_ref ||
         !ch->slot_cap || !ch->slot_len || !ch->slot_codec || !ch->slot_crc || !ch->slot_step ||
         !ch->slot_pid) {
         free(ch->slot_step);
         free(ch->slot_pid);
         free(ch->slots);
+        free(ch->slot_memh);
         free(ch->slot_cap);
         free(ch->slot_len);
         free(ch->slot_codec);
@@ -74,6 +76,7 @@ static psd_chunk_t *chunk_new(psd_server_t *srv, uint32_t t, uint32_t c, uint32_
 static void chunk_free(psd_chunk_t *ch)
 {
     if (ch == NULL) return;
+    free(ch->slot_memh); /* unmapped by psd_shard_unregister, or never mapped */
     free(ch->slot_cap);
     free(ch->slot_len);
     free(ch->slot_codec);
@@ -144,6 +147,21 @@ int psd_shard_load(psd_server_t *srv)
     PS_LOG(PS_LOG_INFO, "shard", "store holds %u tensors, %llu chunks here, step %llu",
            srv->ntensors, (unsigned long long)nchunks, (unsigned long long)psd_shard_step(srv));
     return 0;
+}
+
+void psd_shard_unregister(psd_server_t *srv)
+{
+    for (uint32_t i = 0; i < srv->ntensors; i++) {
+        psd_tensor_t *t = &srv->tensors[i];
+        for (uint32_t c = 0; t->present && c < t->nchunks; c++) {
+            psd_chunk_t *ch = t->chunks[c];
+            for (uint32_t r = 0; ch && r < PS_MAX_RANKS; r++)
+                if (ch->slot_memh[r]) {
+                    ucp_mem_unmap(srv->ucx.context, ch->slot_memh[r]);
+                    ch->slot_memh[r] = NULL;
+                }
+        }
+    }
 }
 
 void psd_shard_free(psd_server_t *srv)
@@ -808,6 +826,10 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
     if (ch->slot_cap[rank] < length) {
         /* Sized for raw fp32 (or a larger codec payload) once; reused every step. */
         size_t cap = length > (size_t)ch->n * 4 ? length : (size_t)ch->n * 4;
+        if (ch->slot_memh[rank]) {
+            ucp_mem_unmap(srv->ucx.context, ch->slot_memh[rank]);
+            ch->slot_memh[rank] = NULL;
+        }
         uint8_t *b = realloc(ch->slots[rank], cap);
         if (b == NULL) {
             psd_send_error(srv, conn, msg->req_id, PS_ENOMEM, "out of memory");
@@ -815,6 +837,13 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
         }
         ch->slots[rank] = b;
         ch->slot_cap[rank] = cap;
+        /* Registered once, here: every rendezvous into it reuses the registration (RDMA lands
+         * without a registration-cache lookup). Without one UCX registers on the fly. */
+        ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
+                                                 UCP_MEM_MAP_PARAM_FIELD_LENGTH,
+                                   .address = b, .length = cap};
+        if (ucp_mem_map(srv->ucx.context, &mp, &ch->slot_memh[rank]) != UCS_OK)
+            ch->slot_memh[rank] = NULL;
     }
     if (codec.kind != PSK_CODEC_NONE && ch->agg == NULL &&
         (ch->agg = malloc((size_t)ch->n * 4)) == NULL) {
@@ -841,6 +870,10 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                                              UCP_OP_ATTR_FIELD_USER_DATA,
                              .cb.recv_am = on_push_recv, .user_data = &ch->slot_ref[rank]};
+    if (ch->slot_memh[rank]) {
+        p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+        p.memh = ch->slot_memh[rank];
+    }
     void *req = ucp_am_recv_data_nbx(srv->ucx.worker, data, ch->slots[rank], length, &p);
     if (req == NULL)
         push_received(ch, rank, UCS_OK);

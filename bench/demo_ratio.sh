@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# demo_ratio.sh: the training demo's samples/s on a local cluster (W workers x S shards, BSP,
+# Adam, Fashion-MNIST MLP) against one process alone (psworker --local computing every rank's
+# share), in the same run; the cluster twice: with fusion of small messages (the default) and
+# without (fusion_bytes: 0). Each configuration runs --reps times, alternating; the median
+# wall time of each is reported, and the ratios.
+# Usage: bench/demo_ratio.sh [--epochs N] [--workers W] [--shards S] [--reps R]
+set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+epochs=3 workers=4 shards=2 reps=3
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --epochs) epochs=$2; shift 2 ;;
+    --workers) workers=$2; shift 2 ;;
+    --shards) shards=$2; shift 2 ;;
+    --reps) reps=$2; shift 2 ;;
+    *) echo "usage: $0 [--epochs N] [--workers W] [--shards S] [--reps R]" >&2; exit 2 ;;
+    esac
+done
+"$root/deploy/local/setup.sh" >/dev/null || exit 1
+bin="$root/build"
+export OPENBLAS_NUM_THREADS=1
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/psd-ratio.XXXXXX")
+. "$root/deploy/local/cluster-lib.sh"
+psd_pids=()
+cleanup() {
+    stop_shards
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# manifest FILE FUSION: the demo's job for this run.
+manifest() {
+    {
+        echo "cluster: ratio-$$-$RANDOM"
+        echo "chunk_bytes: 1048576"
+        echo "fusion_bytes: $2"
+        write_servers "$shards" "$tmp/data-$RANDOM"
+        cat <<YAML
+job:
+  model: mlp
+  layers: [784, 256, 128, 10]
+  dataset: /usr/share/datasets/fashion-mnist
+  batch_size: 64
+  epochs: $epochs
+  seed: 1
+  workers: $workers
+  consistency: bsp
+  optimizer: {name: adam, lr: 0.001}
+YAML
+    } >"$1"
+}
+
+now() { date +%s.%N; }
+
+# run_local / run_cluster FUSION: print the wall seconds of the training.
+run_local() {
+    manifest "$tmp/m.yaml" 65536
+    local t0 t1
+    t0=$(now)
+    "$bin/worker/psworker" --manifest "$tmp/m.yaml" --local >"$tmp/local.log" 2>&1 ||
+        { cat "$tmp/local.log" >&2; return 1; }
+    t1=$(now)
+    awk -v a="$t0" -v b="$t1" 'BEGIN {print b - a}'
+}
+run_cluster() {
+    manifest "$tmp/m.yaml" "$1"
+    start_shards "$tmp/m.yaml" "$shards" || return 1
+    local t0 t1 rc
+    t0=$(now)
+    "$bin/worker/pslaunch" --manifest "$tmp/m.yaml" --workers "$workers" >"$tmp/launch.log" 2>&1
+    rc=$?
+    t1=$(now)
+    stop_shards
+    rm -rf "$tmp"/data-*
+    [ "$rc" = 0 ] || { tail -20 "$tmp/launch.log" >&2; return 1; }
+    awk -v a="$t0" -v b="$t1" 'BEGIN {print b - a}'
+}
+median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+
+: >"$tmp/local.t"; : >"$tmp/fused.t"; : >"$tmp/single.t"
+for ((r = 1; r <= reps; r++)); do
+    run_local >>"$tmp/local.t" || exit 1
+    run_cluster 65536 >>"$tmp/fused.t" || exit 1
+    run_cluster 0 >>"$tmp/single.t" || exit 1
+    echo "demo_ratio: round $r of $reps: local $(tail -1 "$tmp/local.t") s, cluster" \
+         "$(tail -1 "$tmp/fused.t") s fused, $(tail -1 "$tmp/single.t") s unfused" >&2
+done
+tl=$(median <"$tmp/local.t"); tf=$(median <"$tmp/fused.t"); ts=$(median <"$tmp/single.t")
+samples=$((60000 * epochs))
+printf 'demo_ratio: %d epochs, %d workers x %d shards, median of %d (load average %s)\n' \
+    "$epochs" "$workers" "$shards" "$reps" "$(cut -d' ' -f1 /proc/loadavg)"
+printf '  one process alone (psworker --local): %6.2f s  %8.0f samples/s\n' "$tl" \
+    "$(awk -v s="$samples" -v t="$tl" 'BEGIN {print s / t}')"
+printf '  cluster, fused (default)            : %6.2f s  %8.0f samples/s  ratio %.2f\n' "$tf" \
+    "$(awk -v s="$samples" -v t="$tf" 'BEGIN {print s / t}')" "$(awk -v a="$tl" -v b="$tf" 'BEGIN {print a / b}')"
+printf '  cluster, fusion_bytes: 0            : %6.2f s  %8.0f samples/s  ratio %.2f\n' "$ts" \
+    "$(awk -v s="$samples" -v t="$ts" 'BEGIN {print s / t}')" "$(awk -v a="$tl" -v b="$ts" 'BEGIN {print a / b}')"
