@@ -138,6 +138,9 @@ typedef struct {
     void *coord_state;         /* JOB_APPLY on shard 0: the coordinator's state to commit */
     size_t coord_len;
     uint64_t *hashes;          /* [nitems or nchunks] the records' new hashes, for job_done */
+    uint64_t *bad;             /* [nitems] ranks whose raw push failed its CRC-32C (checked in
+                                  the apply pass): that push, or under bsp the whole chunk's
+                                  step, was not applied */
     uint32_t cap_hashes;
     int rc;
     char err[256];

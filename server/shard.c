@@ -201,6 +201,7 @@ void psd_shard_free(psd_server_t *srv)
     free(srv->job.items);
     free(srv->job.coord_state);
     free(srv->job.hashes);
+    free(srv->job.bad);
     psd_integrity_free(srv);
     srv->tensors = NULL;
 }
@@ -700,7 +701,10 @@ static void push_received(psd_chunk_t *ch, uint32_t rank, ucs_status_t status)
         ch->slot_conn[rank] = NULL;
         return;
     }
-    if (ps_crc32c(0, ch->slots[rank], ch->slot_len[rank]) != ch->slot_crc[rank]) {
+    /* A raw push's CRC-32C is checked in the apply pass, block by block while the sum reads it
+     * (run_apply): one pass over the gradient less. A codec's payload is checked here. */
+    if (ch->slot_codec[rank].kind != PSK_CODEC_NONE &&
+        ps_crc32c(0, ch->slots[rank], ch->slot_len[rank]) != ch->slot_crc[rank]) {
         /* Corrupted in transit: never applied; the sender sends it again. */
         srv->crc_errors++;
         PS_LOG(PS_LOG_WARN, "shard", "checksum mismatch on the %u/%u push from rank %u: rejected",
@@ -924,6 +928,17 @@ static int run_create(psd_job_t *job, psd_wtxn_t *tx)
 /* The sum of a BSP step's pushes, in rank order. Raw pushes are summed into rank 0's
  * slot; compressed ones are decoded straight into the chunk's one aggregation buffer
  * (sparse adds for top-k and random-k). Payloads were validated on receipt. */
+/* The ranks among @p mask whose raw push's CRC-32C does not match (a separate pass). */
+static uint64_t raw_crc_bad(const psd_chunk_t *ch, uint64_t mask)
+{
+    uint64_t bad = 0;
+    for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
+        if ((mask >> r & 1) && ch->slot_codec[r].kind == PSK_CODEC_NONE &&
+            ps_crc32c(0, ch->slots[r], ch->slot_len[r]) != ch->slot_crc[r])
+            bad |= 1ull << r;
+    return bad;
+}
+
 static const float *slot_sum(psd_server_t *srv, psd_chunk_t *ch)
 {
     uint64_t mem = ch->apply_members;
@@ -946,17 +961,22 @@ static const float *slot_sum(psd_server_t *srv, psd_chunk_t *ch)
     return ch->agg;
 }
 
-/* Before each block is applied: sum the members' raw pushes of the block in rank order. */
+/* Before each block is applied: fold the members' raw pushes of the block into their CRC-32Cs
+ * (the first member's before the others are added into it), then sum them in rank order. */
 typedef struct {
     psd_chunk_t *ch;
     float *acc;       /* the first member's slot: the sum */
     uint32_t first;
+    uint32_t crc[PS_MAX_RANKS];
 } blocksum_t;
 
 static void sum_block(void *arg, size_t off, size_t len)
 {
     blocksum_t *b = arg;
     uint64_t mem = b->ch->apply_members;
+    for (uint32_t r = b->first; r < PS_MAX_RANKS; r++)
+        if (mem >> r & 1)
+            b->crc[r] = ps_crc32c(b->crc[r], (const float *)b->ch->slots[r] + off, len * 4);
     for (uint32_t r = b->first + 1; r < PS_MAX_RANKS; r++)
         if (mem >> r & 1) psk_add_cpu(b->acc + off, (const float *)b->ch->slots[r] + off, len);
 }
@@ -967,6 +987,7 @@ static int run_apply(psd_job_t *job, psd_wtxn_t *tx)
     bool bsp = srv->m.job.consistency == PS_CONSIST_BSP;
     for (uint32_t i = 0; i < job->nitems; i++) {
         psd_chunk_t *ch = job->items[i];
+        job->bad[i] = 0;
         const psd_chunk_hdr_t *old;
         int rc = psd_store_chunk_get(&srv->store, tx->r, ch->tensor, ch->chunk, &old);
         if (rc) return rc;
@@ -994,16 +1015,28 @@ static int run_apply(psd_job_t *job, psd_wtxn_t *tx)
             if (sum == NULL) { /* raw pushes: summed block by block in the update's pass */
                 bs.acc = (float *)ch->slots[bs.first];
                 sum = bs.acc;
+            } else {
+                job->bad[i] = raw_crc_bad(ch, ch->apply_members);
             }
-            psd_store_chunk_update(h, p_in, s_in, sum, scale, &o, bs.acc ? sum_block : NULL, &bs);
+            if (job->bad[i] == 0)
+                psd_store_chunk_update(h, p_in, s_in, sum, scale, &o, bs.acc ? sum_block : NULL,
+                                       &bs);
+            for (uint32_t r = 0; bs.acc && r < PS_MAX_RANKS; r++)
+                if ((ch->apply_members >> r & 1) && bs.crc[r] != ch->slot_crc[r])
+                    job->bad[i] |= 1ull << r;
+            if (job->bad[i]) /* not applied: the new record is the old one again */
+                memcpy(h, old, psd_chunk_bytes(ch->n, srv->nstate));
             job->hashes[i] = h->hash;
             continue;
         } else {
-            uint32_t left = 0;
-            for (uint32_t r = 0; r < PS_MAX_RANKS; r++) left += ch->slot_state[r] == SLOT_APPLYING;
-            if (left == 0) psd_store_chunk_seal(h); /* nothing to apply (not expected) */
+            uint64_t applying = 0;
+            for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
+                if (ch->slot_state[r] == SLOT_APPLYING) applying |= 1ull << r;
+            job->bad[i] = raw_crc_bad(ch, applying); /* those are skipped */
+            uint32_t left = (uint32_t)__builtin_popcountll(applying & ~job->bad[i]);
+            if (left == 0) psd_store_chunk_seal(h); /* nothing to apply */
             for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
-                if (ch->slot_state[r] != SLOT_APPLYING) continue;
+                if (ch->slot_state[r] != SLOT_APPLYING || (job->bad[i] >> r & 1)) continue;
                 psk_optim_t o = optim_at(srv, h->version, total);
                 const float *g = (const float *)ch->slots[r];
                 if (ch->slot_codec[r].kind != PSK_CODEC_NONE) {
@@ -1134,13 +1167,34 @@ static void job_done(uv_work_t *w, int status)
         }
         t->declares = NULL;
     } else {
+        bool bsp = srv->m.job.consistency == PS_CONSIST_BSP;
         for (uint32_t i = 0; i < job->nitems; i++) {
             psd_chunk_t *ch = job->items[i];
+            uint64_t bad = job->rc == 0 ? job->bad[i] : 0;
+            if (bad) {
+                /* Corrupted in transit: never applied; the senders send again. Under bsp the
+                 * step's sum was built in one member's slot, so every member sends again. */
+                uint64_t refuse = 0;
+                for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
+                    if (ch->slot_state[r] == SLOT_APPLYING && (bsp || (bad >> r & 1)))
+                        refuse |= 1ull << r;
+                srv->crc_errors += (uint64_t)__builtin_popcountll(bad);
+                PS_LOG(PS_LOG_WARN, "shard", "checksum mismatch on the %u/%u push from rank %d: "
+                       "rejected%s", ch->tensor, ch->chunk, __builtin_ctzll(bad),
+                       bsp ? " (the step's other pushes of the chunk are asked for again)" : "");
+                for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
+                    if (!(refuse >> r & 1)) continue;
+                    if (ch->slot_conn[r])
+                        psd_send_crc_error(srv, ch->slot_conn[r], ch->slot_req[r], ch->tensor,
+                                           ch->chunk, "push");
+                    drop_slot(ch, r);
+                }
+            }
             uint32_t applied = 0;
             for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
                 applied += ch->slot_state[r] == SLOT_APPLYING;
-            if (job->rc == 0) {
-                ch->version += srv->m.job.consistency == PS_CONSIST_BSP ? 1 : applied;
+            if (job->rc == 0 && !(bsp && bad)) {
+                ch->version += bsp ? 1 : applied;
                 psd_integrity_chunk_hashed(srv, ch, job->hashes[i]);
             }
             for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
@@ -1191,6 +1245,9 @@ static int job_hashes_reserve(psd_job_t *job, uint32_t n)
     uint64_t *h = realloc(job->hashes, n * sizeof *h);
     if (h == NULL) return PS_ENOMEM;
     job->hashes = h;
+    uint64_t *b = realloc(job->bad, n * sizeof *b);
+    if (b == NULL) return PS_ENOMEM;
+    job->bad = b;
     job->cap_hashes = n;
     return 0;
 }
