@@ -89,6 +89,8 @@ typedef struct {
     uint32_t keep;            /* default 3, 1..1000000 */
 } ps_checkpoint_conf_t;
 
+#define PS_SPIN_US_DEFAULT 50
+
 typedef struct {
     char path[PS_PATH_MAX];   /* the file it came from */
     char cluster[128];        /* required, [A-Za-z0-9_.-]+ */
@@ -96,6 +98,9 @@ typedef struct {
     uint64_t map_size_mb;     /* default 4096: LMDB map size per shard, 16..1048576 */
     uint64_t sync_interval_s; /* default 0: fsync the store only at a clean shutdown; N in
                                  1..86400: also every N seconds (power-loss safety) */
+    uint32_t spin_us;         /* default 50, 0..10000: psd's loop, libps's comm thread and a
+                                 waiting caller busy-poll this long after activity before
+                                 they sleep (PS_SPIN_US overrides; 0: never) */
     ps_server_conf_t servers[PS_MAX_SERVERS];
     int nservers;             /* 1..PS_MAX_SERVERS */
     ps_job_conf_t job;        /* required */
