@@ -622,6 +622,8 @@ static const field_t top_fields[] = {
     {TOP(sync_interval_s), .type = T_INT, .min = 0, .max = 86400},
     /* bundle size for fusing small messages (issue #3); 0: off */
     {TOP(fusion_bytes), .type = T_INT, .min = 0, .max = 1 << 20, .check = check_fusion},
+    /* busy-poll window after activity, microseconds (issue #3: small-op latency) */
+    {TOP(spin_us), .type = T_INT, .min = 0, .max = 10000},
     {TOP(servers), .type = T_LIST, .flags = F_REQ, .sub = server_fields,
      .elem = sizeof(ps_server_conf_t), .count_off = offsetof(ps_manifest_t, nservers),
      .min_count = 1, .check = check_servers},
@@ -643,6 +645,7 @@ static void set_defaults(ps_manifest_t *m, const char *name)
     m->chunk_bytes = 1048576;
     m->map_size_mb = 4096;
     m->fusion_bytes = 65536;
+    m->spin_us = PS_SPIN_US_DEFAULT;
     ps_job_conf_t *j = &m->job;
     static const uint32_t layers[] = {784, 256, 128, 10};
     memcpy(j->layers, layers, sizeof layers);

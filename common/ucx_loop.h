@@ -13,6 +13,7 @@
 
 typedef struct ps_ucx_s ps_ucx_t;
 
+
 /** Runs on the loop thread outside UCX callbacks; returns nonzero if it did work. */
 typedef int (*ps_ucx_deferred_cb)(ps_ucx_t *u);
 
@@ -25,6 +26,14 @@ struct ps_ucx_s {
     int efd;
     int closing;
     ps_ucx_deferred_cb deferred; /* may be NULL */
+    uint64_t spin_ns;            /* busy-poll this long after the last activity; 0: never */
+    uint64_t last_active_ns;
+    int spin_stop;               /* set by ps_ucx_spin_stop (any thread) */
+    int spinning;                /* 1 while ps_ucx_progress busy-polls; read by other threads
+                                    (atomics): before it sleeps it clears this and runs the
+                                    deferred hook once more, so work queued under a lock the
+                                    hook takes, by a thread that then saw spinning == 1, is
+                                    found without a wake-up */
     void *data;                  /* the owner's */
 };
 
@@ -37,8 +46,20 @@ struct ps_ucx_s {
  */
 int ps_ucx_init(ps_ucx_t *u, uv_loop_t *loop);
 
+/** @brief Busy-poll @p us microseconds after activity before arming and sleeping (0: never;
+ *  the default is 0); the environment variable PS_SPIN_US, when set, wins. Loop thread, or
+ *  before other threads look at the handle. */
+void ps_ucx_set_spin(ps_ucx_t *u, uint32_t us);
+
 /** @brief Progress the worker until idle and re-arm it (loop thread only). */
 void ps_ucx_progress(ps_ucx_t *u);
+
+/** @brief From any thread: another event source of the loop (a uv_queue_work job, an
+ *  uv_async) is about to fire, so stop busy-polling and let the loop run it. */
+static inline void ps_ucx_spin_stop(ps_ucx_t *u)
+{
+    __atomic_store_n(&u->spin_stop, 1, __ATOMIC_RELEASE);
+}
 
 /** @brief Stop the uv handles (closed asynchronously with the loop) and destroy the worker
  *  and context. Endpoints must be closed first. */

@@ -655,6 +655,7 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, const char *restore, 
         goto fail_shard;
     }
     srv->ucx.deferred = on_deferred;
+    ps_ucx_set_spin(&srv->ucx, srv->m.spin_us);
     srv->ucx.data = srv;
     ps_ucx_set_am_handler(&srv->ucx, on_am, srv);
 

@@ -1077,6 +1077,8 @@ static void job_work(uv_work_t *w)
         psd_store_abort(&tx);
     else
         job->rc = psd_store_commit(&tx);
+    /* From the pool, job_done comes next through an uv_async: stop the loop's busy-poll. */
+    if (!job->srv->job_inline) ps_ucx_spin_stop(&job->srv->ucx);
 }
 
 static void answer_pulls(psd_server_t *srv, psd_chunk_t *ch)
@@ -1258,6 +1260,7 @@ static void slot_work(uv_work_t *w)
 {
     psd_slot_work_t *s = w->data;
     s->run(s);
+    ps_ucx_spin_stop(&s->srv->ucx);
 }
 
 static void slot_done(uv_work_t *w, int status)

@@ -2,6 +2,7 @@
  * the caller's thread submits operations through a locked queue and an async
  * handle and waits on a condition variable. */
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -134,6 +135,7 @@ struct ps_client_s {
 
     pthread_mutex_t mu;         /* guards submit queue and op completion */
     pthread_cond_t cv;
+    int sleepers;               /* callers in pthread_cond_wait for an op (under mu) */
     ps_op_t *submit_head, *submit_tail;
     ps_op_t *group_head, *group_tail; /* caller's thread: ops held by ps_client_group_begin */
     int grouping;
@@ -160,6 +162,18 @@ struct ps_client_s {
 
 /* ---- comm thread: completion ---------------------------------------------- */
 
+/* Set op->done (release: the caller may read the op's results without the lock once it sees
+ * it) and wake the caller if it sleeps; a caller still spinning in op_wait_done needs no
+ * futex wake. */
+static void op_publish_done(ps_op_t *op)
+{
+    ps_client_t *c = op->c;
+    pthread_mutex_lock(&c->mu);
+    __atomic_store_n(&op->done, 1, __ATOMIC_RELEASE);
+    if (c->sleepers) pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
 /* Completion is the last thing the comm thread does with an op: once done is
  * set, the caller's thread may free it. So op_fail and part_done only record,
  * and every comm-thread entry point calls op_maybe_complete as its final use. */
@@ -178,10 +192,7 @@ static void op_maybe_complete(ps_op_t *op)
         free(op);
         return;
     }
-    pthread_mutex_lock(&c->mu);
-    op->done = 1;
-    pthread_cond_broadcast(&c->cv);
-    pthread_mutex_unlock(&c->mu);
+    op_publish_done(op);
 }
 
 static void op_fail(ps_op_t *op, int status, const char *fmt, ...)
@@ -836,10 +847,7 @@ static int on_deferred(ps_ucx_t *u)
             for (uint32_t i = 0; i < c->nshards; i++) bundle_flush(c, i);
             for (uint32_t i = 0; i < c->nshards; i++) close_ep(c, &c->shards[i], 0);
             uv_stop(&c->loop);
-            pthread_mutex_lock(&c->mu);
-            op->done = 1;
-            pthread_cond_broadcast(&c->cv);
-            pthread_mutex_unlock(&c->mu);
+            op_publish_done(op);
             continue;
         }
         start_op(c, op);
@@ -1036,6 +1044,7 @@ static void *comm_main(void *arg)
     if (rc == 0) rc = ps_ucx_init(&c->ucx, &c->loop);
     if (rc == 0) {
         c->ucx.deferred = on_deferred;
+        ps_ucx_set_spin(&c->ucx, c->m.spin_us);
         c->ucx.data = c;
         ps_ucx_set_am_handler(&c->ucx, on_am, c);
         for (uint32_t i = 0; i < c->nshards; i++) {
@@ -1111,8 +1120,34 @@ static void submit(ps_client_t *c, ps_op_t *op)
     else
         c->submit_head = op;
     c->submit_tail = op;
+    /* A comm thread busy-polling runs on_deferred again before it sleeps (ucx_loop.h). */
+    int spinning = __atomic_load_n(&c->ucx.spinning, __ATOMIC_SEQ_CST);
     pthread_mutex_unlock(&c->mu);
-    uv_async_send(&c->wake);
+    if (!spinning) uv_async_send(&c->wake);
+}
+
+/* Wait for the comm thread to complete op: spin for the loop's busy-poll window first (a
+ * small op completes within tens of microseconds, less than a wake-up costs on a VM), then
+ * sleep on the condition variable. */
+static void op_wait_done(ps_client_t *c, ps_op_t *op)
+{
+    if (c->ucx.spin_ns && !__atomic_load_n(&op->done, __ATOMIC_ACQUIRE)) {
+        struct timespec t0, t;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        for (;;) {
+            sched_yield();
+            if (__atomic_load_n(&op->done, __ATOMIC_ACQUIRE)) return;
+            clock_gettime(CLOCK_MONOTONIC, &t);
+            uint64_t ns = (uint64_t)(t.tv_sec - t0.tv_sec) * 1000000000u + (uint64_t)t.tv_nsec -
+                          (uint64_t)t0.tv_nsec;
+            if (ns >= c->ucx.spin_ns) break;
+        }
+    }
+    pthread_mutex_lock(&c->mu);
+    c->sleepers++;
+    while (!op->done) pthread_cond_wait(&c->cv, &c->mu);
+    c->sleepers--;
+    pthread_mutex_unlock(&c->mu);
 }
 
 void ps_client_group_begin(ps_client_t *c) { c->grouping++; }
@@ -1135,9 +1170,10 @@ void ps_client_group_end(ps_client_t *c)
     else
         c->submit_head = c->group_head;
     c->submit_tail = c->group_tail;
+    int spinning = __atomic_load_n(&c->ucx.spinning, __ATOMIC_SEQ_CST); /* as in submit() */
     pthread_mutex_unlock(&c->mu);
     c->group_head = c->group_tail = NULL;
-    uv_async_send(&c->wake);
+    if (!spinning) uv_async_send(&c->wake);
 }
 
 void ps_client_set_fusion(ps_client_t *c, uint64_t bytes)
@@ -1149,9 +1185,7 @@ int ps_op_wait(ps_op_t *op, uint64_t *version)
 {
     ps_client_t *c = op->c;
     if (c->grouping && c->group_head) ps_client_group_end_all(c); /* never wait on a held op */
-    pthread_mutex_lock(&c->mu);
-    while (!op->done) pthread_cond_wait(&c->cv, &c->mu);
-    pthread_mutex_unlock(&c->mu);
+    op_wait_done(c, op);
     int rc = op->status;
     if (rc) snprintf(c->err, sizeof c->err, "%s", op->err);
     if (version) *version = op->min_version == UINT64_MAX ? 0 : op->min_version;
@@ -1175,9 +1209,7 @@ static int ctrl_call(ps_client_t *c, int type, uint32_t shard, ps_msg_t *req, ps
     req->req_id = op->req_id;
     op->req = *req;
     submit(c, op);
-    pthread_mutex_lock(&c->mu);
-    while (!op->done) pthread_cond_wait(&c->cv, &c->mu);
-    pthread_mutex_unlock(&c->mu);
+    op_wait_done(c, op);
     *reply = op->reply;
     return ps_op_wait(op, NULL);
 }
@@ -1290,9 +1322,7 @@ void ps_client_destroy(ps_client_t *c)
     ps_op_t *op = op_new(c, OP_SHUTDOWN, 0);
     if (op) {
         submit(c, op);
-        pthread_mutex_lock(&c->mu);
-        while (!op->done) pthread_cond_wait(&c->cv, &c->mu);
-        pthread_mutex_unlock(&c->mu);
+        op_wait_done(c, op);
         free(op);
     }
     pthread_join(c->thread, NULL);

@@ -89,6 +89,7 @@ START_TEST(test_defaults)
     ck_assert_uint_eq(m.chunk_bytes, 1048576);
     ck_assert_uint_eq(m.fusion_bytes, 65536);
     ck_assert_uint_eq(m.map_size_mb, 4096);
+    ck_assert_uint_eq(m.spin_us, PS_SPIN_US_DEFAULT);
     ck_assert_int_eq(m.nservers, 1);
     ck_assert_int_eq(m.job.nlayers, 4);
     const uint32_t layers[] = {784, 256, 128, 10};
@@ -122,6 +123,7 @@ START_TEST(test_block_style_all_keys)
                        "map_size_mb: 16\n"
                        "sync_interval_s: 30\n"
                        "fusion_bytes: 0\n"
+                       "spin_us: 0\n"
                        "servers:\n"
                        "  - host: a\n"
                        "    port: 65535\n"
@@ -157,6 +159,7 @@ START_TEST(test_block_style_all_keys)
     ck_assert_uint_eq(m.map_size_mb, 16);
     ck_assert_uint_eq(m.sync_interval_s, 30);
     ck_assert_uint_eq(m.fusion_bytes, 0);
+    ck_assert_uint_eq(m.spin_us, 0);
     ck_assert_uint_eq(m.servers[0].port, 65535);
     ck_assert_int_eq(m.job.nlayers, 2);
     ck_assert_uint_eq(m.job.layers[1], 1048576);
@@ -247,6 +250,8 @@ static const struct {
      "demo.yaml:2: map_size_mb: must be in [16, 1048576], got 8"},
     {L1 "sync_interval_s: -1\n" L2_4 L5 L6_9 L10,
      "demo.yaml:2: sync_interval_s: must be in [0, 86400], got -1"},
+    {L1 "spin_us: 10001\n" L2_4 L5 L6_9 L10,
+     "demo.yaml:2: spin_us: must be in [0, 10000], got 10001"},
     {L1 "sync_interval_s: 1.5\n" L2_4 L5 L6_9 L10,
      "demo.yaml:2: sync_interval_s: expected an integer, got '1.5'"},
     {L1 "fusion_bytes: 100\n" L2_4 L5 L6_9 L10,
