@@ -4,21 +4,30 @@
 # share), in the same run; the cluster twice: with fusion of small messages (the default) and
 # without (fusion_bytes: 0). Each configuration runs --reps times, alternating; the median
 # wall time of each is reported, and the ratios.
-# Usage: bench/demo_ratio.sh [--epochs N] [--workers W] [--shards S] [--reps R]
+# Usage: bench/demo_ratio.sh [--epochs N] [--workers W] [--shards S] [--reps R] [--build DIR]
+#        [--fused-only]
+# (--build: the build directory whose binaries run, default build/ of this checkout;
+# --fused-only: skip the fusion_bytes: 0 runs, e.g. for a build that predates fusion)
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-epochs=3 workers=4 shards=2 reps=3
+epochs=3 workers=4 shards=2 reps=3 build="" unfused=1
 while [ $# -gt 0 ]; do
     case "$1" in
     --epochs) epochs=$2; shift 2 ;;
     --workers) workers=$2; shift 2 ;;
     --shards) shards=$2; shift 2 ;;
     --reps) reps=$2; shift 2 ;;
-    *) echo "usage: $0 [--epochs N] [--workers W] [--shards S] [--reps R]" >&2; exit 2 ;;
+    --build) build=$(cd "$2" && pwd); shift 2 ;;
+    --fused-only) unfused=0; shift ;;
+    *) echo "usage: $0 [--epochs N] [--workers W] [--shards S] [--reps R] [--build DIR] [--fused-only]" >&2
+       exit 2 ;;
     esac
 done
-"$root/deploy/local/setup.sh" >/dev/null || exit 1
-bin="$root/build"
+if [ -z "$build" ]; then
+    "$root/deploy/local/setup.sh" >/dev/null || exit 1
+    build="$root/build"
+fi
+bin="$build"
 export OPENBLAS_NUM_THREADS=1
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/psd-ratio.XXXXXX")
 . "$root/deploy/local/cluster-lib.sh"
@@ -35,7 +44,7 @@ manifest() {
     {
         echo "cluster: ratio-$$-$RANDOM"
         echo "chunk_bytes: 1048576"
-        echo "fusion_bytes: $2"
+        [ "$2" = default ] || echo "fusion_bytes: $2"
         write_servers "$shards" "$tmp/data-$RANDOM"
         cat <<YAML
 job:
@@ -56,7 +65,7 @@ now() { date +%s.%N; }
 
 # run_local / run_cluster FUSION: print the wall seconds of the training.
 run_local() {
-    manifest "$tmp/m.yaml" 65536
+    manifest "$tmp/m.yaml" default
     local t0 t1
     t0=$(now)
     "$bin/worker/psworker" --manifest "$tmp/m.yaml" --local >"$tmp/local.log" 2>&1 ||
@@ -64,7 +73,15 @@ run_local() {
     t1=$(now)
     awk -v a="$t0" -v b="$t1" 'BEGIN {print b - a}'
 }
+# user + system seconds of every child this shell reaped so far, into $tmp/cpu.$1 ("times"
+# must run in this shell: a command substitution would be a subshell with no children)
+child_cpu() {
+    times >"$tmp/times"
+    tail -1 "$tmp/times" | awk '{for (i = 1; i <= 2; i++) {split($i, a, "m"); c += a[1] * 60 + a[2]}}
+                                END {printf "%.3f", c}' >"$tmp/cpu.$1"
+}
 run_cluster() {
+    child_cpu 0
     manifest "$tmp/m.yaml" "$1"
     start_shards "$tmp/m.yaml" "$shards" || return 1
     local t0 t1 rc
@@ -75,25 +92,36 @@ run_cluster() {
     stop_shards
     rm -rf "$tmp"/data-*
     [ "$rc" = 0 ] || { tail -20 "$tmp/launch.log" >&2; return 1; }
+    # CPU seconds of every process of the run (psd, pslaunch and its workers: all reaped)
+    child_cpu 1
+    awk -v a="$(cat "$tmp/cpu.0")" -v b="$(cat "$tmp/cpu.1")" 'BEGIN {printf "%.3f ", b - a}' \
+        >"$tmp/cpu.last"
     awk -v a="$t0" -v b="$t1" 'BEGIN {print b - a}'
 }
 median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 
-: >"$tmp/local.t"; : >"$tmp/fused.t"; : >"$tmp/single.t"
+: >"$tmp/local.t"; : >"$tmp/fused.t"; : >"$tmp/single.t"; : >"$tmp/fused.cpu"; : >"$tmp/single.cpu"
 for ((r = 1; r <= reps; r++)); do
     run_local >>"$tmp/local.t" || exit 1
-    run_cluster 65536 >>"$tmp/fused.t" || exit 1
-    run_cluster 0 >>"$tmp/single.t" || exit 1
+    run_cluster default >>"$tmp/fused.t" || exit 1
+    cat "$tmp/cpu.last" >>"$tmp/fused.cpu"
+    if [ "$unfused" = 1 ]; then
+        run_cluster 0 >>"$tmp/single.t" || exit 1
+        cat "$tmp/cpu.last" >>"$tmp/single.cpu"
+    fi
     echo "demo_ratio: round $r of $reps: local $(tail -1 "$tmp/local.t") s, cluster" \
-         "$(tail -1 "$tmp/fused.t") s fused, $(tail -1 "$tmp/single.t") s unfused" >&2
+         "$(tail -1 "$tmp/fused.t") s (default), $(tail -1 "$tmp/single.t") s (fusion off)" >&2
 done
 tl=$(median <"$tmp/local.t"); tf=$(median <"$tmp/fused.t"); ts=$(median <"$tmp/single.t")
+[ -n "$ts" ] || ts=1
+cf=$(tr ' ' '\n' <"$tmp/fused.cpu" | grep . | median); cs=$(tr ' ' '\n' <"$tmp/single.cpu" | grep . | median)
 samples=$((60000 * epochs))
 printf 'demo_ratio: %d epochs, %d workers x %d shards, median of %d (load average %s)\n' \
     "$epochs" "$workers" "$shards" "$reps" "$(cut -d' ' -f1 /proc/loadavg)"
 printf '  one process alone (psworker --local): %6.2f s  %8.0f samples/s\n' "$tl" \
     "$(awk -v s="$samples" -v t="$tl" 'BEGIN {print s / t}')"
-printf '  cluster, fused (default)            : %6.2f s  %8.0f samples/s  ratio %.2f\n' "$tf" \
-    "$(awk -v s="$samples" -v t="$tf" 'BEGIN {print s / t}')" "$(awk -v a="$tl" -v b="$tf" 'BEGIN {print a / b}')"
-printf '  cluster, fusion_bytes: 0            : %6.2f s  %8.0f samples/s  ratio %.2f\n' "$ts" \
-    "$(awk -v s="$samples" -v t="$ts" 'BEGIN {print s / t}')" "$(awk -v a="$tl" -v b="$ts" 'BEGIN {print a / b}')"
+printf '  cluster, fused (default)            : %6.2f s  %8.0f samples/s  ratio %.2f  (%.1f CPU s)\n' "$tf" \
+    "$(awk -v s="$samples" -v t="$tf" 'BEGIN {print s / t}')" "$(awk -v a="$tl" -v b="$tf" 'BEGIN {print a / b}')" "$cf"
+[ "$unfused" = 1 ] && printf '  cluster, fusion_bytes: 0            : %6.2f s  %8.0f samples/s  ratio %.2f  (%.1f CPU s)\n' "$ts" \
+    "$(awk -v s="$samples" -v t="$ts" 'BEGIN {print s / t}')" "$(awk -v a="$tl" -v b="$ts" 'BEGIN {print a / b}')" "$cs"
+exit 0

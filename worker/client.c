@@ -1102,10 +1102,23 @@ static ps_op_t *op_new(ps_client_t *c, int type, uint32_t nparts)
     return op ? op_init(op, c, type, nparts) : NULL;
 }
 
+/* Whether every part of push or pull @p op is small enough to travel in a bundle. */
+static int op_fusable(const ps_client_t *c, const ps_op_t *op)
+{
+    if (op->type != OP_PUSH && op->type != OP_PULL) return 0;
+    const ctensor_t *t = c->tensors[op->tensor];
+    for (uint32_t i = 0; i < op->nparts; i++) {
+        size_t len = op->type == OP_PUSH ? op->parts[i].len
+                                         : ps_chunk_len(t->numel, c->chunk_elems, i) * 4;
+        if (len > PS_BUNDLE_PART_MAX) return 0;
+    }
+    return 1;
+}
+
 static void submit(ps_client_t *c, ps_op_t *op)
 {
     op->next = NULL;
-    if (c->grouping && (op->type == OP_PUSH || op->type == OP_PULL)) {
+    if (c->grouping && op_fusable(c, op)) {
         /* Held until ps_client_group_end hands the group over at once. */
         if (c->group_tail)
             c->group_tail->next = op;

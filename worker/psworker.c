@@ -28,8 +28,6 @@ typedef struct {
     ps_op_t *pull_ops[PS_MLP_MAX_TENSORS];
     uint64_t step;
     uint64_t total;          /* planned steps (learning-rate schedule) */
-    int grouping;            /* small gradients are being held to leave fused */
-    uint64_t group_bytes;
     int failed;
     char err[512];
     ps_local_t local;        /* --local: the cluster's work done in-process */
@@ -51,30 +49,13 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* Hand the held small gradients over (they leave in one message per shard). */
-static void push_group_end(trainer_t *tr)
-{
-    if (!tr->grouping) return;
-    ps_client_group_end(tr->client);
-    tr->grouping = 0;
-    tr->group_bytes = 0;
-}
-
-/* Backward-pass callback: push each tensor's gradient as soon as it exists. Small ones (biases,
- * the last layers) are held in a group until a bundle's worth is there or a large one comes,
- * so they travel fused; a large one leaves at once, overlapping the rest of the backward pass. */
+/* Backward-pass callback: push each tensor's gradient as soon as it exists. The backward pass
+ * runs inside a group (see the training loop): the small gradients (biases, the last layers) are
+ * held and leave fused at its end, a large one leaves at once, overlapping the rest. */
 static void push_grad(int t, void *arg)
 {
     trainer_t *tr = arg;
     if (tr->client == NULL || tr->failed) return;
-    uint64_t bytes = tr->mlp.tensors[t].numel * 4, fuse = tr->m->fusion_bytes;
-    if (bytes <= fuse / 4 && !tr->grouping) {
-        ps_client_group_begin(tr->client);
-        tr->grouping = 1;
-    } else if (bytes > fuse / 4) {
-        push_group_end(tr);
-    }
-    if (tr->grouping) tr->group_bytes += bytes;
     int rc = ps_client_push(tr->client, tr->ids[t], tr->mlp.grads[t], tr->step, &tr->push_ops[t]);
     if (rc) {
         tr->failed = rc;
@@ -82,7 +63,6 @@ static void push_grad(int t, void *arg)
         snprintf(tr->err, sizeof tr->err, "push of %s: %s", tr->mlp.tensors[t].name,
                  ps_client_error(tr->client));
     }
-    if (tr->grouping && tr->group_bytes >= fuse / 2) push_group_end(tr);
 }
 
 static int wait_op(trainer_t *tr, ps_op_t **op, const char *what, int t, uint64_t *version)
@@ -482,8 +462,9 @@ int main(int argc, char **argv)
                 perm_pass = (int64_t)b.pass;
             }
             ps_dataset_gather(&train, perm + b.offset, b.count, x, y);
+            ps_client_group_begin(tr.client); /* the small gradients leave fused, at the end */
             log.loss_sum += ps_mlp_train_step(&tr.mlp, x, y, b.count, push_grad, &tr);
-            push_group_end(&tr);
+            ps_client_group_end(tr.client);
             log.loss_n++;
             /* Pushes complete when their step is applied on every shard. */
             for (int t = 0; t < tr.mlp.ntensors; t++) wait_op(&tr, &tr.push_ops[t], "push", t, NULL);

@@ -55,11 +55,13 @@ int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts,
                      ps_client_t **out, char *err, size_t errlen);
 
 /**
- * @brief Start a group: pushes and pulls started until ps_client_group_end are handed to the
- * communication thread together, so that the small ones (chunks up to 16 KiB) bound for one
- * shard travel fused in one message (manifest `fusion_bytes`), and their replies come back
- * fused too. Groups nest; only the outermost end hands them over. Waiting on an op of an
- * open group hands the group over first. Nothing is allocated or copied by the caller.
+ * @brief Start a group: small pushes and pulls (every chunk at most 16 KiB) started until
+ * ps_client_group_end are held and then handed to the communication thread together, so that
+ * those bound for one shard travel fused in one message (manifest `fusion_bytes`), and their
+ * replies come back fused too. A larger push or pull leaves at once, as outside a group (so a
+ * backward pass can keep a group open: its large gradients overlap the rest of it). Groups
+ * nest; only the outermost end hands the held ones over. Waiting on an op of an open group
+ * hands the group over first. Nothing is allocated or copied by the caller.
  */
 void ps_client_group_begin(ps_client_t *c);
 /** @brief End a group begun by ps_client_group_begin (see there). */
