@@ -68,7 +68,8 @@ run_local() {
     manifest "$tmp/m.yaml" default
     local t0 t1
     t0=$(now)
-    "$bin/worker/psworker" --manifest "$tmp/m.yaml" --local >"$tmp/local.log" 2>&1 ||
+    "$bin/worker/psworker" --manifest "$tmp/m.yaml" --local --metrics-out "$tmp/local.jsonl" \
+        >"$tmp/local.log" 2>&1 ||
         { cat "$tmp/local.log" >&2; return 1; }
     t1=$(now)
     awk -v a="$t0" -v b="$t1" 'BEGIN {print b - a}'
@@ -86,7 +87,10 @@ run_cluster() {
     start_shards "$tmp/m.yaml" "$shards" || return 1
     local t0 t1 rc
     t0=$(now)
-    "$bin/worker/pslaunch" --manifest "$tmp/m.yaml" --workers "$workers" >"$tmp/launch.log" 2>&1
+    rm -rf "$tmp/metrics"
+    mkdir -p "$tmp/metrics"
+    "$bin/worker/pslaunch" --manifest "$tmp/m.yaml" --workers "$workers" \
+        --metrics-dir "$tmp/metrics" >"$tmp/launch.log" 2>&1
     rc=$?
     t1=$(now)
     stop_shards
@@ -98,16 +102,30 @@ run_cluster() {
         >"$tmp/cpu.last"
     awk -v a="$t0" -v b="$t1" 'BEGIN {print b - a}'
 }
+# steady FILES...: samples per second over epochs 2.., summed over the files' workers (each
+# worker's epoch lines: samples it trained in the epoch and the epoch's wall time): the rate
+# once every process has loaded its data and warmed up.
+steady() {
+    cat "$@" | awk '/"epoch"/ && !/"final"/ {
+        e = $0; sub(/.*"epoch": /, "", e); sub(/,.*/, "", e)
+        r = $0; sub(/.*"samples_per_s": /, "", r); sub(/,.*/, "", r)
+        if (e + 0 >= 2) { sum[e] += r; n[e] = 1 } }
+        END { t = 0; k = 0; for (e in sum) { t += sum[e]; k++ } printf "%.0f", k ? t / k : 0 }'
+}
 median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 
+: >"$tmp/local.r"; : >"$tmp/fused.r"; : >"$tmp/single.r"
 : >"$tmp/local.t"; : >"$tmp/fused.t"; : >"$tmp/single.t"; : >"$tmp/fused.cpu"; : >"$tmp/single.cpu"
 for ((r = 1; r <= reps; r++)); do
     run_local >>"$tmp/local.t" || exit 1
+    echo "$(steady "$tmp/local.jsonl")" >>"$tmp/local.r"
     run_cluster default >>"$tmp/fused.t" || exit 1
     cat "$tmp/cpu.last" >>"$tmp/fused.cpu"
+    echo "$(steady "$tmp"/metrics/*.jsonl)" >>"$tmp/fused.r"
     if [ "$unfused" = 1 ]; then
         run_cluster 0 >>"$tmp/single.t" || exit 1
         cat "$tmp/cpu.last" >>"$tmp/single.cpu"
+        echo "$(steady "$tmp"/metrics/*.jsonl)" >>"$tmp/single.r"
     fi
     echo "demo_ratio: round $r of $reps: local $(tail -1 "$tmp/local.t") s, cluster" \
          "$(tail -1 "$tmp/fused.t") s (default), $(tail -1 "$tmp/single.t") s (fusion off)" >&2
@@ -116,12 +134,17 @@ tl=$(median <"$tmp/local.t"); tf=$(median <"$tmp/fused.t"); ts=$(median <"$tmp/s
 [ -n "$ts" ] || ts=1
 cf=$(tr ' ' '\n' <"$tmp/fused.cpu" | grep . | median); cs=$(tr ' ' '\n' <"$tmp/single.cpu" | grep . | median)
 samples=$((60000 * epochs))
+rl=$(median <"$tmp/local.r"); rf=$(median <"$tmp/fused.r"); rs=$(median <"$tmp/single.r")
 printf 'demo_ratio: %d epochs, %d workers x %d shards, median of %d (load average %s)\n' \
     "$epochs" "$workers" "$shards" "$reps" "$(cut -d' ' -f1 /proc/loadavg)"
-printf '  one process alone (psworker --local): %6.2f s  %8.0f samples/s\n' "$tl" \
-    "$(awk -v s="$samples" -v t="$tl" 'BEGIN {print s / t}')"
-printf '  cluster, fused (default)            : %6.2f s  %8.0f samples/s  ratio %.2f  (%.1f CPU s)\n' "$tf" \
-    "$(awk -v s="$samples" -v t="$tf" 'BEGIN {print s / t}')" "$(awk -v a="$tl" -v b="$tf" 'BEGIN {print a / b}')" "$cf"
-[ "$unfused" = 1 ] && printf '  cluster, fusion_bytes: 0            : %6.2f s  %8.0f samples/s  ratio %.2f  (%.1f CPU s)\n' "$ts" \
-    "$(awk -v s="$samples" -v t="$ts" 'BEGIN {print s / t}')" "$(awk -v a="$tl" -v b="$ts" 'BEGIN {print a / b}')" "$cs"
+printf '  %-36s %10s %14s %8s %14s %8s %8s\n' "" "wall s" "samples/s" "ratio" \
+    "steady samp/s" "ratio" "CPU s"
+row() { # name wall steady cpu
+    awk -v n="$1" -v t="$2" -v r="$3" -v c="$4" -v tl="$tl" -v rl="$rl" -v s="$samples" \
+        'BEGIN {printf "  %-36s %10.2f %14.0f %8.2f %14.0f %8.2f %8s\n", n, t, s / t, tl / t, r,
+                (rl > 0 ? r / rl : 0), c}'
+}
+row "one process alone (psworker --local)" "$tl" "$rl" "-"
+row "cluster (default: fusion on)" "$tf" "$rf" "$cf"
+[ "$unfused" = 1 ] && row "cluster, fusion_bytes: 0" "$ts" "$rs" "$cs"
 exit 0
