@@ -14,12 +14,13 @@
 static uint32_t sw_table[8][256];
 
 #if defined(__x86_64__)
+#include <immintrin.h>
 #include <nmmintrin.h>
 #define HAVE_HW 1
 #define LONG 8192
 #define SHORT 256
 static uint32_t long_shift[4][256], short_shift[4][256];
-static int use_hw;
+static int use_hw, use_clmul;
 
 /* Multiply a 32x32 GF(2) matrix by a vector. */
 static uint32_t gf2_times(const uint32_t *mat, uint32_t vec)
@@ -88,11 +89,77 @@ __attribute__((target("sse4.2"))) static inline uint64_t stripe(uint64_t c0, con
     return shift(t, (uint32_t)c0) ^ c2;
 }
 
+/*
+ * Long buffers on CPUs with 512-bit VPCLMULQDQ: carry-less multiplication folding (Intel, "Fast
+ * CRC Computation for Generic Polynomials Using PCLMULQDQ", 2009). Folding a 16-byte
+ * accumulator A forward by d bytes gives A' = A.lo * k_lo ^ A.hi * k_hi (carry-less) with the
+ * same CRC contribution, where k_lo, k_hi are the bit-reflected x^(8d + 31) and x^(8d - 33)
+ * mod P (the exponents were found by checking candidates against this file's table CRC). Four
+ * 64-byte accumulators 256 bytes apart are folded per step, then into one (d = 64), then its four
+ * lanes into the last (d = 16), which is 16 bytes of message after a zero state: the crc32
+ * instruction finishes it. hashbench, 1 MiB: 62 GB/s against 31.5 for the three crc32 streams.
+ * The 128-bit PCLMULQDQ version of the same loop ran at 16 GB/s here (two multiplies per 16
+ * bytes at one per cycle), so the crc32 streams stay the path without VPCLMULQDQ.
+ */
+#define CLMUL_MIN 1024 /* below this the crc32 streams are as fast */
+
+#define CLMUL_TARGET "sse4.2,pclmul,avx512f,avx512vl,vpclmulqdq"
+
+__attribute__((target(CLMUL_TARGET))) static inline __m128i fold16(__m128i a, __m128i k)
+{
+    return _mm_xor_si128(_mm_clmulepi64_si128(a, k, 0x00), _mm_clmulepi64_si128(a, k, 0x11));
+}
+
+__attribute__((target(CLMUL_TARGET))) static inline __m512i fold64(__m512i a, __m512i k)
+{
+    return _mm512_xor_si512(_mm512_clmulepi64_epi128(a, k, 0x00),
+                            _mm512_clmulepi64_epi128(a, k, 0x11));
+}
+
+/* The CRC state (not inverted) after the whole 256-byte groups of p[len], len >= 256, from
+ * state c0; *done = the bytes taken (the caller does the rest, < 256 bytes). */
+__attribute__((target(CLMUL_TARGET))) static uint64_t crc_clmul(uint64_t c0,
+                                                                const unsigned char *p,
+                                                                size_t len, size_t *done)
+{
+    const __m512i k256 = _mm512_broadcast_i32x4(_mm_set_epi64x(0xb9e02b86, 0xdcb17aa4));
+    const __m512i k64 = _mm512_broadcast_i32x4(_mm_set_epi64x(0x9e4addf8, 0x740eef02));
+    const __m128i k16 = _mm_set_epi64x(0x493c7d27, 0xf20c0dfe);
+    __m512i x0 = _mm512_loadu_si512(p), x1 = _mm512_loadu_si512(p + 64);
+    __m512i x2 = _mm512_loadu_si512(p + 128), x3 = _mm512_loadu_si512(p + 192);
+    /* The state enters as the first 4 bytes' XOR. */
+    x0 = _mm512_xor_si512(x0, _mm512_castsi128_si512(_mm_cvtsi32_si128((int)(uint32_t)c0)));
+    size_t i = 256;
+    for (; i + 256 <= len; i += 256) {
+        x0 = _mm512_xor_si512(fold64(x0, k256), _mm512_loadu_si512(p + i));
+        x1 = _mm512_xor_si512(fold64(x1, k256), _mm512_loadu_si512(p + i + 64));
+        x2 = _mm512_xor_si512(fold64(x2, k256), _mm512_loadu_si512(p + i + 128));
+        x3 = _mm512_xor_si512(fold64(x3, k256), _mm512_loadu_si512(p + i + 192));
+    }
+    x1 = _mm512_xor_si512(x1, fold64(x0, k64));
+    x2 = _mm512_xor_si512(x2, fold64(x1, k64));
+    x3 = _mm512_xor_si512(x3, fold64(x2, k64));
+    __m128i a = _mm512_extracti32x4_epi32(x3, 0);
+    a = _mm_xor_si128(_mm512_extracti32x4_epi32(x3, 1), fold16(a, k16));
+    a = _mm_xor_si128(_mm512_extracti32x4_epi32(x3, 2), fold16(a, k16));
+    a = _mm_xor_si128(_mm512_extracti32x4_epi32(x3, 3), fold16(a, k16));
+    uint64_t c = _mm_crc32_u64(0, (uint64_t)_mm_cvtsi128_si64(a));
+    c = _mm_crc32_u64(c, (uint64_t)_mm_extract_epi64(a, 1));
+    *done = i;
+    return c;
+}
+
 __attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t crc, const void *buf,
                                                           size_t len)
 {
     const unsigned char *p = buf;
     uint64_t c0 = crc ^ 0xffffffffu;
+    if (use_clmul && len >= CLMUL_MIN) {
+        size_t done;
+        c0 = crc_clmul(c0, p, len, &done);
+        p += done;
+        len -= done;
+    }
     while (len && ((uintptr_t)p & 7)) {
         c0 = _mm_crc32_u8((uint32_t)c0, *p++);
         len--;
@@ -125,6 +192,8 @@ static void init(void)
     zeros_table(short_shift, SHORT);
     __builtin_cpu_init();
     use_hw = __builtin_cpu_supports("sse4.2");
+    use_clmul = use_hw && __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("avx512f") &&
+                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("vpclmulqdq");
 #endif
 }
 
@@ -163,6 +232,7 @@ const char *ps_crc32c_impl(void)
 {
     pthread_once(&once, init);
 #if HAVE_HW
+    if (use_clmul) return "sse4.2+vpclmulqdq";
     if (use_hw) return "sse4.2";
 #endif
     return "slicing-by-8";

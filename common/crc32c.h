@@ -2,8 +2,9 @@
  * message carries in its header (proto/ps.proto, field crc32c).
  *
  * x86-64 CPUs with SSE4.2 compute it with the crc32 instruction, three streams interleaved
- * and combined with precomputed shift tables (about one 8-byte word per cycle); elsewhere a
- * slicing-by-8 table version runs. Both give the same value; the choice is made once, at the
+ * and combined with precomputed shift tables (about one 8-byte word per cycle), and from 1 KiB
+ * with 512-bit VPCLMULQDQ folding (256 bytes per step) where the CPU has it; elsewhere a
+ * slicing-by-8 table version runs. All give the same value; the choice is made once, at the
  * first call. */
 #ifndef PS_CRC32C_H
 #define PS_CRC32C_H
@@ -21,7 +22,8 @@ uint32_t ps_crc32c(uint32_t crc, const void *buf, size_t len);
 /** @brief The portable (slicing-by-8) implementation, for tests and benchmarks. */
 uint32_t ps_crc32c_sw(uint32_t crc, const void *buf, size_t len);
 
-/** @brief "sse4.2" when ps_crc32c() uses the crc32 instruction, else "slicing-by-8". */
+/** @brief "sse4.2+vpclmulqdq" (512-bit carry-less multiply folding from 1 KiB, crc32 below),
+ *  "sse4.2" (the crc32 instruction) or "slicing-by-8": what ps_crc32c() uses. */
 const char *ps_crc32c_impl(void);
 
 #endif

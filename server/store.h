@@ -94,9 +94,9 @@ void psd_store_chunk_seal(psd_chunk_hdr_t *h);
 
 /**
  * @brief One optimizer step on the record @p h (old values @p p_in, @p s_in, e.g. the previous
- * record) in a single pass of PSD_HASH_BLOCK-value blocks: @p before (may be NULL) prepares the
- * block's gradient (e.g. sums pushes into @p g), the optimizer writes the block, and the block
- * is folded into the CRC-32C and XXH3-64 right away, while it is in cache. Ends like
+ * record) in a single pass of spans of a few PSD_HASH_BLOCK-value blocks: @p before (may be NULL)
+ * prepares the span's gradient (e.g. sums pushes into @p g), the optimizer writes the span, and
+ * the span is folded into the CRC-32C and XXH3-64 right away, while it is in cache. Ends like
  * psd_store_chunk_seal(): version + 1, format, crc32c and hash set.
  * @note @p h must be the writable record (MDB_RESERVE); nothing is allocated.
  */

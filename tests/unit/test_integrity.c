@@ -32,8 +32,11 @@ START_TEST(crc_hw_matches_sw)
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         b[i] = (uint8_t)x;
     }
-    const size_t lens[] = {0, 1, 7, 8, 9, 255, 256, 767, 768, 769, 3000, 24575, 24576, 24577,
-                           50000, cap - 8};
+    /* Around the three-stream blocks (3 x 256, 3 x 8192) and the folding path's edges (from
+     * 1 KiB, 256-byte groups, a tail of 0-255 bytes). */
+    const size_t lens[] = {0,    1,    7,    8,    9,    255,   256,   767,   768,   769,
+                           1023, 1024, 1025, 1279, 1280, 1281,  1535,  3000,  24575, 24576,
+                           24577, 50000, cap - 8};
     for (size_t k = 0; k < sizeof lens / sizeof lens[0]; k++)
         for (size_t off = 0; off < 8; off++) {
             uint32_t hw = ps_crc32c(0, b + off, lens[k]), sw = ps_crc32c_sw(0, b + off, lens[k]);

@@ -266,39 +266,64 @@ START_TEST(format2_upgraded)
 }
 END_TEST
 
+/* A `before` callback: writes the gradient of [off, off + len) only when asked, so the update
+ * must call it for every value before using it, and counts the values it covered. */
+typedef struct {
+    float *g;
+    size_t covered;
+} lazy_grad_t;
+
+static void fill_grad(void *arg, size_t off, size_t len)
+{
+    lazy_grad_t *lg = arg;
+    for (size_t i = off; i < off + len; i++) lg->g[i] = 0.1f - 0.002f * (float)(i % 101);
+    lg->covered += len;
+}
+
 /* The fused update writes what the plain kernel writes, and seals the record with the hash
- * and CRC that recomputing them from the stored bytes gives. */
+ * and CRC that recomputing them from the stored bytes gives: every optimizer, a record inside
+ * one span of the update's loop and one over several spans with a partial hash block. */
 START_TEST(update_seals_like_recompute)
 {
-    uint32_t n = 3 * 4096 + 123;
-    size_t len = psd_chunk_bytes(n, 2);
-    psd_chunk_hdr_t *old = calloc(1, len), *a = calloc(1, len), *b = calloc(1, len);
-    *old = (psd_chunk_hdr_t){.version = 4, .n = n, .nstate = 2};
-    float *g = malloc(n * 4);
-    for (uint32_t i = 0; i < n; i++) {
-        psd_chunk_params(old)[i] = 0.01f * (float)(i % 97);
-        psd_chunk_state(old)[i] = 0.001f * (float)(i % 13);
-        psd_chunk_state(old)[n + i] = 0.0001f * (float)(i % 7);
-        g[i] = 0.1f - 0.002f * (float)(i % 101);
+    static const uint32_t sizes[] = {3 * 4096 + 123, 70001};
+    for (int kind = PSK_SGD; kind <= PSK_ADAMW; kind++) {
+        for (size_t z = 0; z < sizeof sizes / sizeof *sizes; z++) {
+            uint32_t n = sizes[z], ns = (uint32_t)psk_optim_state_count(kind);
+            size_t len = psd_chunk_bytes(n, ns);
+            psd_chunk_hdr_t *old = calloc(1, len), *a = calloc(1, len), *b = calloc(1, len);
+            *old = (psd_chunk_hdr_t){.version = 4, .n = n, .nstate = ns};
+            float *g = malloc(n * 4), *g2 = calloc(n, 4);
+            for (uint32_t i = 0; i < n; i++) {
+                psd_chunk_params(old)[i] = 0.01f * (float)(i % 97);
+                for (uint32_t c = 0; c < ns; c++)
+                    psd_chunk_state(old)[(size_t)c * n + i] = 0.001f * (float)(i % (13 + c));
+                g[i] = 0.1f - 0.002f * (float)(i % 101);
+            }
+            psk_optim_t o = {.kind = kind, .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f,
+                             .eps = 1e-8f, .momentum = 0.9f, .weight_decay = 0.01f};
+            *a = *old;
+            lazy_grad_t lg = {.g = g2};
+            psd_store_chunk_update(a, psd_chunk_params(old), ns ? psd_chunk_state(old) : NULL,
+                                   g2, 0.5f, &o, fill_grad, &lg);
+            ck_assert_uint_eq(lg.covered, n);
+            *b = *old;
+            psk_optim_apply_cpu(psd_chunk_params(b), ns ? psd_chunk_state(b) : NULL,
+                                psd_chunk_params(old), ns ? psd_chunk_state(old) : NULL, g, 0.5f,
+                                n, old->version + 1, &o);
+            b->version++;
+            psd_store_chunk_seal(b);
+            ck_assert_uint_eq(a->version, 5);
+            ck_assert_msg(memcmp(a + 1, b + 1, len - sizeof *a) == 0, "kind %d n %u", kind, n);
+            ck_assert_uint_eq(a->hash, b->hash);
+            ck_assert_uint_eq(a->crc32c, b->crc32c);
+            ck_assert_uint_eq(a->format, b->format);
+            free(old);
+            free(a);
+            free(b);
+            free(g);
+            free(g2);
+        }
     }
-    psk_optim_t o = {.kind = PSK_ADAM, .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
-    *a = *old;
-    psd_store_chunk_update(a, psd_chunk_params(old), psd_chunk_state(old), g, 0.5f, &o, NULL,
-                           NULL);
-    *b = *old;
-    psk_optim_apply_cpu(psd_chunk_params(b), psd_chunk_state(b), psd_chunk_params(old),
-                        psd_chunk_state(old), g, 0.5f, n, old->version + 1, &o);
-    b->version++;
-    psd_store_chunk_seal(b);
-    ck_assert_uint_eq(a->version, 5);
-    ck_assert_int_eq(memcmp(a + 1, b + 1, len - sizeof *a), 0);
-    ck_assert_uint_eq(a->hash, b->hash);
-    ck_assert_uint_eq(a->crc32c, b->crc32c);
-    ck_assert_uint_eq(a->format, b->format);
-    free(old);
-    free(a);
-    free(b);
-    free(g);
 }
 END_TEST
 
