@@ -12,16 +12,6 @@
 #include "ps/ps_error.h"
 #include "server.h"
 
-static void on_bundle_sent(void *request, ucs_status_t status, void *user_data)
-{
-    psd_send_t *s = user_data;
-    psd_server_t *srv = s->srv;
-    psd_conn_unref(s->conn);
-    s->next_free = srv->free_sends;
-    srv->free_sends = s;
-    if (request) ucp_request_free(request);
-}
-
 void psd_outbox_begin(psd_server_t *srv) { srv->bundling++; }
 
 void psd_outbox_flush(psd_server_t *srv, psd_conn_t *conn)
@@ -30,23 +20,23 @@ void psd_outbox_flush(psd_server_t *srv, psd_conn_t *conn)
     if (s == NULL) return;
     conn->outbox = NULL;
     if (conn->dead || conn->ep == NULL) {
-        on_bundle_sent(NULL, UCS_OK, s);
+        psd_send_done(NULL, UCS_OK, s);
         return;
     }
     ps_msg_t m = {.type = PS_MSG_BUNDLE, .count = s->count, .length = s->len,
                   .shard = srv->shard};
     size_t hlen;
     if (ps_msg_encode(&m, s->hdr, sizeof s->hdr, &hlen)) {
-        on_bundle_sent(NULL, UCS_OK, s);
+        psd_send_done(NULL, UCS_OK, s);
         return;
     }
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                                              UCP_OP_ATTR_FIELD_USER_DATA |
                                              UCP_OP_ATTR_FIELD_FLAGS,
                              .flags = UCP_AM_SEND_FLAG_EAGER,
-                             .cb.send = on_bundle_sent, .user_data = s};
+                             .cb.send = psd_send_done, .user_data = s};
     void *req = ucp_am_send_nbx(conn->ep, PS_AM_DATA, s->hdr, hlen, s->payload, s->len, &p);
-    if (req == NULL || UCS_PTR_IS_ERR(req)) on_bundle_sent(NULL, UCS_OK, s);
+    if (req == NULL || UCS_PTR_IS_ERR(req)) psd_send_done(NULL, UCS_OK, s);
     srv->bundles_sent++;
 }
 

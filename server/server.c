@@ -153,7 +153,7 @@ static psd_conn_t *conn_by_ep(psd_server_t *srv, ucp_ep_h ep)
 
 /* ---- sending ------------------------------------------------------------ */
 
-static void on_ctrl_sent(void *request, ucs_status_t status, void *user_data)
+void psd_send_done(void *request, ucs_status_t status, void *user_data)
 {
     psd_send_t *s = user_data;
     psd_server_t *srv = s->srv;
@@ -179,14 +179,14 @@ void psd_send_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
     psd_conn_ref(conn);
     size_t len;
     if (ps_msg_encode(msg, s->hdr, sizeof s->hdr, &len)) {
-        on_ctrl_sent(NULL, UCS_OK, s);
+        psd_send_done(NULL, UCS_OK, s);
         return;
     }
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                                              UCP_OP_ATTR_FIELD_USER_DATA,
-                             .cb.send = on_ctrl_sent, .user_data = s};
+                             .cb.send = psd_send_done, .user_data = s};
     void *req = ucp_am_send_nbx(conn->ep, PS_AM_CTRL, s->hdr, len, NULL, 0, &p);
-    if (req == NULL || UCS_PTR_IS_ERR(req)) on_ctrl_sent(NULL, UCS_OK, s);
+    if (req == NULL || UCS_PTR_IS_ERR(req)) psd_send_done(NULL, UCS_OK, s);
 }
 
 void psd_send_error(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id, int status,

@@ -151,6 +151,7 @@ enum { JOB_CREATE = 1, JOB_APPLY = 2 };
 #define PSD_MAX_TENSORS 65536 /* tensors per cluster */
 #define PSD_VIEWS 16          /* membership epochs a shard remembers */
 #define PSD_INLINE_APPLY_BYTES (64u << 10) /* apply jobs up to this size run on the loop */
+#define PSD_JOB_MAX_BYTES (8u << 20)      /* records one apply job takes at most */
 
 /* A membership epoch as a shard knows it: from step `from_step` on (until a higher epoch
  * takes over), a bsp step is complete when every rank in `members` pushed. Shard 0 makes
@@ -257,6 +258,9 @@ int psd_outbox_add(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg, con
 void psd_outbox_flush(psd_server_t *srv, psd_conn_t *conn);
 
 /* server.c */
+/** @brief UCX send callback of a psd_send_t without a snapshot (a header, a bundle): drops its
+ *  connection reference and returns it to srv->free_sends (its payload buffer kept). */
+void psd_send_done(void *request, ucs_status_t status, void *user_data);
 /** @brief Send a reply header (no data) to @p conn; drops it if the conn is dead. */
 void psd_send_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg);
 /** @brief Send MSG_ERROR for request @p req_id. */

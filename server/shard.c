@@ -1336,7 +1336,7 @@ static void job_start_next(psd_server_t *srv)
     } else if (srv->ready_head) {
         job->kind = JOB_APPLY;
         job->nitems = 0;
-        /* Take every ready chunk: one transaction, one commit for the batch. */
+        /* Take the ready chunks (up to PSD_JOB_MAX_BYTES): one transaction, one commit. */
         uint32_t cap = 0;
         for (psd_chunk_t *c = srv->ready_head; c; c = c->next_ready) cap++;
         if (cap > srv->cap_items) {
@@ -1347,13 +1347,19 @@ static void job_start_next(psd_server_t *srv)
         }
         if (job_hashes_reserve(job, cap)) return;
         bool bsp = srv->m.job.consistency == PS_CONSIST_BSP;
-        for (psd_chunk_t *c = srv->ready_head; c; c = c->next_ready) {
+        size_t bytes = 0;
+        psd_chunk_t *c = srv->ready_head;
+        for (; c; c = c->next_ready) {
+            /* At most PSD_JOB_MAX_BYTES of records per job: its acks and the pulls waiting for
+             * its chunks go out at its commit, while the rest is applied in the next one. */
+            if (job->nitems > 0 && bytes >= PSD_JOB_MAX_BYTES) break;
             uint64_t members = bsp ? psd_shard_members(srv, c->version, NULL) : ~0ull;
             if (bsp ? members == 0 || (c->full_mask & members) != members : c->nfull == 0) {
                 c->queued = false; /* no longer ready; queued again when it is */
                 continue;
             }
             job->items[job->nitems++] = c;
+            bytes += psd_chunk_bytes(c->n, srv->nstate);
             c->apply_members = members;
             for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
                 if (c->slot_state[r] != SLOT_FULL) continue;
@@ -1372,7 +1378,8 @@ static void job_start_next(psd_server_t *srv)
                 }
             }
         }
-        srv->ready_head = srv->ready_tail = NULL;
+        srv->ready_head = c; /* the chunks left for the next job, still queued */
+        if (c == NULL) srv->ready_tail = NULL;
         if (job->nitems == 0) return;
         if (srv->coord) {
             /* The coordinator's step, members and cursor commit with the updates. */
