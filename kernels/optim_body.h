@@ -65,19 +65,29 @@ static inline __attribute__((always_inline)) void momentum_elem(float p, float v
     *po = p - lr * (nesterov ? g + mu * vi : vi);
 }
 
+/* Each loop is written once per nesterov value: with the choice inside, GCC does not vectorize
+ * it ("control flow in loop"). The per-element arithmetic is the same. */
 static void momentum_step(float *restrict p, float *restrict v, const float *restrict grad,
                           size_t n, float scale, float lr, float wd, float mu, int nesterov)
 {
-    for (size_t i = 0; i < n; i++)
-        momentum_elem(p[i], v[i], grad[i], scale, lr, wd, mu, nesterov, &p[i], &v[i]);
+    if (nesterov)
+        for (size_t i = 0; i < n; i++)
+            momentum_elem(p[i], v[i], grad[i], scale, lr, wd, mu, 1, &p[i], &v[i]);
+    else
+        for (size_t i = 0; i < n; i++)
+            momentum_elem(p[i], v[i], grad[i], scale, lr, wd, mu, 0, &p[i], &v[i]);
 }
 
 static void momentum_step_oop(float *restrict po, float *restrict vo, const float *restrict p,
                               const float *restrict v, const float *restrict grad, size_t n,
                               float scale, float lr, float wd, float mu, int nesterov)
 {
-    for (size_t i = 0; i < n; i++)
-        momentum_elem(p[i], v[i], grad[i], scale, lr, wd, mu, nesterov, &po[i], &vo[i]);
+    if (nesterov)
+        for (size_t i = 0; i < n; i++)
+            momentum_elem(p[i], v[i], grad[i], scale, lr, wd, mu, 1, &po[i], &vo[i]);
+    else
+        for (size_t i = 0; i < n; i++)
+            momentum_elem(p[i], v[i], grad[i], scale, lr, wd, mu, 0, &po[i], &vo[i]);
 }
 
 /*
