@@ -1,5 +1,6 @@
 /* optim.h: optimizer update kernels applied by the shards (one C signature,
- * CPU reference in optim.c). Formulas follow PyTorch's SGD, Adam and AdamW.
+ * CPU reference in optim.c; the same loops built with AVX2 in optim_avx2.c, picked at run
+ * time, give identical bits). Formulas follow PyTorch's SGD, Adam and AdamW.
  *
  * State layout per parameter element, stored after the parameters of a chunk:
  *   sgd: none; momentum: v[n]; adam/adamw: m[n] then v[n]. */
@@ -37,6 +38,9 @@ int psk_optim_state_count(psk_optim_kind_t kind);
  * @note p_out may be p_in and s_out may be s_in (in-place update); otherwise the outputs must
  *       not overlap the inputs. Out of place, every optimizer runs one fused old -> new pass
  *       (each array read and written once, as the shards' copy-on-write records need).
+ *       Nothing is kept: all buffers are borrowed for the call only, and it is thread-safe.
+ * @note On x86-64 CPUs with AVX2 the loops run in their AVX2 build (checked once, on the first
+ *       call); the results are bit-identical to the baseline build, the reference.
  */
 void psk_optim_apply_cpu(float *p_out, float *s_out, const float *p_in, const float *s_in,
                          const float *grad, float grad_scale, size_t n, uint64_t t,
