@@ -44,8 +44,20 @@ void ps_ucx_progress(ps_ucx_t *u)
     uint64_t start = 0;
     int spin = u->spin_ns != 0;
     for (;;) {
-        int active = 0;
-        while (ucp_worker_progress(u->worker)) active = 1;
+        int active = 0, to_loop = 0;
+        while (ucp_worker_progress(u->worker)) {
+            active = 1;
+            /* A pool job finished (ps_ucx_spin_stop): go back to the loop after each step, so
+             * that its completion runs (and starts the next job) instead of waiting until
+             * every transfer in flight has landed. Not armed: the completion's async wakes
+             * the loop at once; its callback resumes (ps_ucx_spin_resume) and the prepare
+             * hook brings the loop back here. */
+            if (__atomic_load_n(&u->spin_stop, __ATOMIC_ACQUIRE)) {
+                to_loop = 1;
+                break;
+            }
+        }
+        if (to_loop) break;
         if (u->deferred && u->deferred(u)) active = 1;
         if (u->closing) break;
         /* Busy-poll for a while after the last activity: a reply or the next request usually
@@ -58,7 +70,7 @@ void ps_ucx_progress(ps_ucx_t *u)
             uint64_t now = now_ns();
             if (start == 0) start = now;
             if (active) u->last_active_ns = now;
-            if (__atomic_exchange_n(&u->spin_stop, 0, __ATOMIC_ACQUIRE) ||
+            if (__atomic_load_n(&u->spin_stop, __ATOMIC_ACQUIRE) ||
                 now - start >= 2 * u->spin_ns) {
                 spin = 0;
                 u->last_active_ns = now - u->spin_ns;

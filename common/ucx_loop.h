@@ -28,7 +28,8 @@ struct ps_ucx_s {
     ps_ucx_deferred_cb deferred; /* may be NULL */
     uint64_t spin_ns;            /* busy-poll this long after the last activity; 0: never */
     uint64_t last_active_ns;
-    int spin_stop;               /* set by ps_ucx_spin_stop (any thread) */
+    int spin_stop;               /* set by ps_ucx_spin_stop (any thread), cleared by
+                                    ps_ucx_spin_resume (loop thread) */
     int spinning;                /* 1 while ps_ucx_progress busy-polls; read by other threads
                                     (atomics): before it sleeps it clears this and runs the
                                     deferred hook once more, so work queued under a lock the
@@ -55,10 +56,19 @@ void ps_ucx_set_spin(ps_ucx_t *u, uint32_t us);
 void ps_ucx_progress(ps_ucx_t *u);
 
 /** @brief From any thread: another event source of the loop (a uv_queue_work job, an
- *  uv_async) is about to fire, so stop busy-polling and let the loop run it. */
+ *  uv_async) is about to fire, so stop busy-polling and let the loop run it: until
+ *  ps_ucx_spin_resume, ps_ucx_progress returns to the loop after each progress step instead
+ *  of draining every transfer first. Whoever calls it must make sure the loop then runs a
+ *  callback that calls ps_ucx_spin_resume (the job's done callback). */
 static inline void ps_ucx_spin_stop(ps_ucx_t *u)
 {
     __atomic_store_n(&u->spin_stop, 1, __ATOMIC_RELEASE);
+}
+
+/** @brief Loop thread, from the callback ps_ucx_spin_stop announced: progress as usual again. */
+static inline void ps_ucx_spin_resume(ps_ucx_t *u)
+{
+    __atomic_store_n(&u->spin_stop, 0, __ATOMIC_RELAXED);
 }
 
 /** @brief Stop the uv handles (closed asynchronously with the loop) and destroy the worker

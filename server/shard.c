@@ -1127,6 +1127,7 @@ static void job_done(uv_work_t *w, int status)
 {
     psd_job_t *job = w->data;
     psd_server_t *srv = job->srv;
+    if (!srv->job_inline) ps_ucx_spin_resume(&srv->ucx); /* job_work stopped it */
     /* job_running stays set until the end: chunk_maybe_ready below must not start the
      * next job in this struct while its items are still being finished. */
     if (job->rc)
@@ -1267,6 +1268,7 @@ static void slot_done(uv_work_t *w, int status)
 {
     psd_slot_work_t *s = w->data;
     psd_server_t *srv = s->srv;
+    ps_ucx_spin_resume(&srv->ucx); /* slot_work stopped it */
     srv->slot_running = false;
     s->done(s); /* may free s */
     job_start_next(srv);
