@@ -302,6 +302,15 @@ static void record(bench_t *b, const char *op, const pb_cluster_t *cl, uint64_t 
         pb_result_limit(rt, bw / 2, of);
         pb_result_limit(r5, 2 * l50, "2 x ucp_am_lat p50");
         pb_result_limit(r9, 2 * l99, "2 x ucp_am_lat p99");
+        /* psd and libps sleep on the worker's event fd between bursts: against UCX doing the
+         * same (ucp_am_lat_wakeup, measured at the smallest size) as a second reading. */
+        double w50 = perftest_value("ucp_am_lat_wakeup", PB_P50, size, tr);
+        if (w50 > 0 && p50 > 0) {
+            size_t used = strlen(r5->note);
+            snprintf(r5->note + used, sizeof r5->note - used,
+                     "%sevent-driven UCX round trip (2 x ucp_am_lat_wakeup) %.1f us: %.2fx",
+                     used ? "; " : "", 2 * w50, p50 / (2 * w50));
+        }
     } else if (strcmp(op, "push") == 0 || strcmp(op, "pull") == 0) {
         pb_result_limit(rt, bw, bw_of);
         if (l50 > 0 && s50 > 0) pb_result_limit(r5, l50 + s50, "ucp_am_lat p50 there+back");
