@@ -89,7 +89,8 @@ int psd_outbox_add(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg, con
                 srv->outbox_conns = conn;
             }
         }
-        if (ps_bundle_add(s->payload, cap, &s->len, msg, data, dlen) == 0) {
+        if (s->count < PS_BUNDLE_MAX_ENTRIES &&
+            ps_bundle_add(s->payload, cap, &s->len, msg, data, dlen) == 0) {
             s->count++;
             return 0;
         }

@@ -137,6 +137,7 @@ typedef struct {
     uint32_t nitems;
     void *coord_state;         /* JOB_APPLY on shard 0: the coordinator's state to commit */
     size_t coord_len;
+    bool pooled;               /* runs on the libuv pool (not inline on the loop) */
     uint64_t *hashes;          /* [nitems or nchunks] the records' new hashes, for job_done */
     uint64_t *bad;             /* [nitems] ranks whose raw push failed its CRC-32C (checked in
                                   the apply pass): that push, or under bsp the whole chunk's

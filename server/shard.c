@@ -1034,7 +1034,8 @@ static int run_apply(psd_job_t *job, psd_wtxn_t *tx)
                 if (ch->slot_state[r] == SLOT_APPLYING) applying |= 1ull << r;
             job->bad[i] = raw_crc_bad(ch, applying); /* those are skipped */
             uint32_t left = (uint32_t)__builtin_popcountll(applying & ~job->bad[i]);
-            if (left == 0) psd_store_chunk_seal(h); /* nothing to apply */
+            if (left == 0) /* nothing to apply (every push refused): the old record again */
+                memcpy(h, old, psd_chunk_bytes(ch->n, srv->nstate));
             for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
                 if (ch->slot_state[r] != SLOT_APPLYING || (job->bad[i] >> r & 1)) continue;
                 psk_optim_t o = optim_at(srv, h->version, total);
@@ -1078,7 +1079,7 @@ static void job_work(uv_work_t *w)
     else
         job->rc = psd_store_commit(&tx);
     /* From the pool, job_done comes next through an uv_async: stop the loop's busy-poll. */
-    if (!job->srv->job_inline) ps_ucx_spin_stop(&job->srv->ucx);
+    if (job->pooled) ps_ucx_spin_stop(&job->srv->ucx);
 }
 
 static void answer_pulls(psd_server_t *srv, psd_chunk_t *ch)
@@ -1127,7 +1128,7 @@ static void job_done(uv_work_t *w, int status)
 {
     psd_job_t *job = w->data;
     psd_server_t *srv = job->srv;
-    if (!srv->job_inline) ps_ucx_spin_resume(&srv->ucx); /* job_work stopped it */
+    if (job->pooled) ps_ucx_spin_resume(&srv->ucx); /* job_work stopped it */
     /* job_running stays set until the end: chunk_maybe_ready below must not start the
      * next job in this struct while its items are still being finished. */
     if (job->rc)
@@ -1402,11 +1403,13 @@ static void job_start_next(psd_server_t *srv)
          * ~45 us each on a 2-vCPU VM): run it here, on the loop thread. Not nested: a job
          * that becomes ready while this one finishes goes to the pool. */
         srv->job_inline = true;
+        job->pooled = false;
         job_work(&job->work);
         job_done(&job->work, 0);
         srv->job_inline = false;
         return;
     }
+    job->pooled = true; /* read by job_work on the pool thread: set before it is queued */
     int rc = uv_queue_work(srv->loop, &job->work, job_work, job_done);
     if (rc) {
         PS_LOG(PS_LOG_ERROR, "shard", "uv_queue_work: %s", uv_strerror(rc));

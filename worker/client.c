@@ -484,7 +484,14 @@ static int bundle_part(ps_client_t *c, part_t *p, const ps_msg_t *m, const void 
         if (b->count == b->cap_parts) {
             uint32_t nc = b->cap_parts ? 2 * b->cap_parts : 64;
             part_t **np = realloc(b->parts, nc * sizeof *np);
-            if (np == NULL) return -1;
+            if (np == NULL) {
+                if (b->count == 0) { /* nothing in it: back to the free list, not sent */
+                    s->open = NULL;
+                    b->next_free = c->free_bundles;
+                    c->free_bundles = b;
+                }
+                return -1;
+            }
             b->parts = np;
             b->cap_parts = nc;
         }

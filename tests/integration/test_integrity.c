@@ -87,6 +87,31 @@ START_TEST(test_crc_corrupt_push)
 }
 END_TEST
 
+/* (a') asp, one worker, chunks on LMDB overflow pages: a corrupted push is refused while no
+ * other push of its chunk is being applied (the apply job then has nothing to apply and must
+ * keep the old record), sent again, and the result equals the reference. */
+START_TEST(test_crc_corrupt_push_asp)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1, .consistency = "asp",
+                   .optimizer = "{name: sgd, lr: 0.05}", .max_steps = 40, .batch_size = 32};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    setenv("PS_TEST_CORRUPT_PUSH", "3", 1); /* inherited by the worker only */
+    cl_proc_t *w = cl_worker_start(c, NULL, "w.params", false);
+    unsetenv("PS_TEST_CORRUPT_PUSH");
+    EXPECT_EXIT(w, 0);
+    int rejected = count_in_log(psd, "checksum mismatch on the");
+    int resent = count_in_log(w, "CRC-32C mismatch, sending again");
+    ck_assert_msg(rejected > 0, "no push was rejected; psd: %s", cl_tail(psd));
+    ck_assert_msg(rejected == resent, "%d pushes rejected but %d sent again", rejected, resent);
+    cl_proc_t *ref = cl_worker_start(c, NULL, "ref.params", true);
+    EXPECT_EXIT(ref, 0);
+    expect_same_params(w->params, ref->params, 0, 0);
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* (a) Every 5th pull reply leaves psd with one byte flipped: libps notices, asks again, and the
  * result equals the reference. */
 START_TEST(test_crc_corrupt_pull)
@@ -737,6 +762,7 @@ Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("integrity");
     suite_add_tcase(s, tcase("crc_corrupt_push", test_crc_corrupt_push));
+    suite_add_tcase(s, tcase("crc_corrupt_push_asp", test_crc_corrupt_push_asp));
     suite_add_tcase(s, tcase("crc_corrupt_pull", test_crc_corrupt_pull));
     suite_add_tcase(s, tcase("crc_always_corrupt_fails", test_crc_always_corrupt_fails));
     suite_add_tcase(s, tcase("merkle_root_survives_restart", test_merkle_root_survives_restart));
