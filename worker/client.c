@@ -1223,6 +1223,7 @@ int ps_op_wait(ps_op_t *op, uint64_t *version)
 /* Send one control request to one shard and wait for its reply. */
 static int ctrl_call(ps_client_t *c, int type, uint32_t shard, ps_msg_t *req, ps_msg_t *reply)
 {
+    if (c->group_head) ps_client_group_end_all(c); /* held pushes and pulls go first */
     ps_op_t *op = op_new(c, type, 1);
     if (op == NULL) return PS_ENOMEM;
     op->parts[0].shard = shard;
@@ -1331,6 +1332,7 @@ int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts, ps
 void ps_client_destroy(ps_client_t *c)
 {
     if (c == NULL) return;
+    if (c->group_head) ps_client_group_end_all(c); /* nothing held is left unsent */
     if (c->rank >= 0) {
         ps_op_t *op = op_new(c, OP_LEAVE, c->nshards);
         if (op) {

@@ -60,8 +60,10 @@ int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts,
  * those bound for one shard travel fused in one message (manifest `fusion_bytes`), and their
  * replies come back fused too. A larger push or pull leaves at once, as outside a group (so a
  * backward pass can keep a group open: its large gradients overlap the rest of it). Groups
- * nest; only the outermost end hands the held ones over. Waiting on an op of an open group
- * hands the group over first. Nothing is allocated or copied by the caller.
+ * nest; only the outermost end hands the held ones over. Waiting on an op of an open group,
+ * a call that asks a shard something (declare, next batch, self-test) and ps_client_destroy
+ * hand the group over first, so nothing held runs after them. Nothing is allocated or copied
+ * by the caller.
  */
 void ps_client_group_begin(ps_client_t *c);
 /** @brief End a group begun by ps_client_group_begin (see there). */
