@@ -171,6 +171,9 @@ int ps_req_call(ps_req_t *c, uint32_t shard, ps_msg_t *req, ps_msg_t *reply,
                              .user_data = c};
     void *sreq = ucp_am_send_nbx(e->ep, PS_AM_CTRL, c->hdr, hlen, NULL, 0, &p);
     c->sending = sreq != NULL && !UCS_PTR_IS_ERR(sreq);
+    /* The loop's clock stood still while nobody ran it (between calls): without this the
+     * timeout is due at once after an idle spell longer than itself. */
+    uv_update_time(&c->loop);
     uv_timer_start(&c->timer, on_timer, (uint64_t)(c->timeout_s * 1000), 0);
     /* A rendezvous reply's completion does not always wake the worker's event fd (seen with
      * shared memory): a 2 ms tick keeps the loop progressing while a call waits. */

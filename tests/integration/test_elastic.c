@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cluster.h"
 #include "reqclient.h"
@@ -32,37 +33,26 @@ static void coord_open(coord_t *co, cl_cluster_t *c)
 
 static void coord_close(coord_t *co) { ps_req_close(co->ctl); }
 
-/* Shard 0's status JSON (malloc'd, NUL-terminated), or NULL when it did not answer. A call that
- * fails (said on stderr, with why) is tried again on a new connection, twice: one lost status
- * request on a loaded host is not what these tests are about. */
+/* Shard 0's status JSON (malloc'd, NUL-terminated), or NULL (said on stderr, with why) when it
+ * did not answer. */
 static char *coord_status(coord_t *co)
 {
-    for (int tries = 0; tries < 3; tries++) {
-        ps_msg_t req = {.type = PS_MSG_STATUS, .rank = -1}, rep;
-        void *data = NULL;
-        size_t len = 0;
-        char err[1024] = "";
-        if (co->ctl == NULL && ps_req_open(&co->m, 5.0, &co->ctl, err, sizeof err)) {
-            fprintf(stderr, "coord_status: %s\n", err);
-            co->ctl = NULL;
-            continue;
-        }
-        if (ps_req_call(co->ctl, 0, &req, &rep, &data, &len, err, sizeof err) == 0 && data) {
-            char *j = realloc(data, len + 1);
-            if (j == NULL) {
-                free(data);
-                return NULL;
-            }
-            j[len] = '\0';
-            return j;
-        }
+    ps_msg_t req = {.type = PS_MSG_STATUS, .rank = -1}, rep;
+    void *data = NULL;
+    size_t len = 0;
+    char err[1024] = "";
+    if (ps_req_call(co->ctl, 0, &req, &rep, &data, &len, err, sizeof err) || data == NULL) {
+        fprintf(stderr, "coord_status: shard 0 did not answer (%s)\n", err);
         free(data);
-        fprintf(stderr, "coord_status: shard 0 did not answer (%s)%s\n", err,
-                tries < 2 ? "; asking again on a new connection" : "");
-        ps_req_close(co->ctl);
-        co->ctl = NULL; /* opened again by the next try */
+        return NULL;
     }
-    return NULL;
+    char *j = realloc(data, len + 1);
+    if (j == NULL) {
+        free(data);
+        return NULL;
+    }
+    j[len] = '\0';
+    return j;
 }
 
 /* The first "key": number in @p json (-1 if absent). */
@@ -228,6 +218,33 @@ START_TEST(test_sigstop_rejoins)
     free(j);
     coord_close(&co);
     stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+/* A request connection left idle for longer than its timeout still gets answers (its loop's
+ * clock stood still meanwhile: every call used to time out at once after such a spell). */
+START_TEST(test_status_after_idle)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    ps_manifest_t m;
+    char err[1024];
+    ck_assert_msg(ps_manifest_load(&m, c->manifest, err, sizeof err) == 0, "%s", err);
+    ps_req_t *ctl;
+    ck_assert_msg(ps_req_open(&m, 1.0, &ctl, err, sizeof err) == 0, "%s", err);
+    for (int i = 0; i < 2; i++) {
+        if (i) sleep(2); /* idle: twice the timeout */
+        ps_msg_t req = {.type = PS_MSG_STATUS, .rank = -1}, rep;
+        void *data = NULL;
+        size_t len = 0;
+        int rc = ps_req_call(ctl, 0, &req, &rep, &data, &len, err, sizeof err);
+        free(data);
+        ck_assert_msg(rc == 0, "status call %d: %s", i, err);
+    }
+    ps_req_close(ctl);
+    stop_all(&psd, 1);
     cl_cluster_destroy(c);
 }
 END_TEST
@@ -489,5 +506,6 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("scale_2_5_1_3", test_scale_2_5_1_3));
     suite_add_tcase(s, tcase("ssp_staleness", test_ssp_staleness));
     suite_add_tcase(s, tcase("chaos", test_chaos));
+    suite_add_tcase(s, tcase("status_after_idle", test_status_after_idle));
     return s;
 }
