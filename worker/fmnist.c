@@ -6,8 +6,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <zlib.h>
 
+#include "dscache.h"
 #include "ps/ps_error.h"
 
 #define IDX_IMAGES_MAGIC 2051u /* 0x00000803: unsigned bytes, 3 dimensions */
@@ -255,6 +257,10 @@ static int load_split(ps_dataset_t *d, const char *dir, const char *prefix, char
         return PS_EINVAL;
     }
 
+    char cpath[4200];
+    int cached = ps_dscache_path(ipath, lpath, cpath, sizeof cpath) == 0;
+    if (cached && ps_dscache_load(d, cpath) == 0)
+        return 0; /* checked when it was written, and its CRC-32C just now */
     int rc = load_images(d, ipath, err, errlen);
     if (rc < 0)
         return rc;
@@ -266,6 +272,8 @@ static int load_split(ps_dataset_t *d, const char *dir, const char *prefix, char
     }
     if (rc < 0)
         ps_dataset_free(d);
+    else if (cached)
+        ps_dscache_save(d, cpath); /* best effort: the next worker maps it */
     return rc;
 }
 
@@ -296,8 +304,12 @@ void ps_dataset_free(ps_dataset_t *d)
 {
     if (d == NULL)
         return;
-    free(d->images);
-    free(d->labels);
+    if (d->map) {
+        munmap(d->map, d->map_len);
+    } else {
+        free(d->images);
+        free(d->labels);
+    }
     memset(d, 0, sizeof(*d));
 }
 

@@ -80,7 +80,11 @@ void cl_base_setup(void)
     if (mkdtemp(g_base) == NULL) {
         fprintf(stderr, "cluster: mkdtemp %s: %s\n", g_base, strerror(errno));
         g_base[0] = '\0';
+        return;
     }
+    /* The workers' decoded dataset copy (worker/dscache.h) goes with the rest, removed at the
+     * end: the first worker of a test writes it, the others map it. */
+    setenv("PS_DATASET_CACHE", g_base, 1);
 }
 
 void cl_base_teardown(void)

@@ -1,0 +1,111 @@
+/* test_dscache.c: the decoded dataset cache (worker/dscache.c): a saved split maps back byte for
+ * byte, a damaged or cut file is a miss, the name follows the sources, and "off" turns it off. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dscache.h"
+
+static char dir[256], ipath[300], lpath[300];
+
+static void setup(void)
+{
+    snprintf(dir, sizeof dir, "%s/dscache.XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    setenv("PS_DATASET_CACHE", dir, 1);
+    snprintf(ipath, sizeof ipath, "%s/images.gz", dir);
+    snprintf(lpath, sizeof lpath, "%s/labels.gz", dir);
+    FILE *f = fopen(ipath, "w");
+    fputs("images", f);
+    fclose(f);
+    f = fopen(lpath, "w");
+    fputs("labels", f);
+    fclose(f);
+}
+
+static void teardown(void)
+{
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(cmd), 0);
+    unsetenv("PS_DATASET_CACHE");
+}
+
+static float images[3 * 5];
+static uint8_t labels[3] = {1, 9, 0};
+
+static ps_dataset_t sample(void)
+{
+    for (int i = 0; i < 15; i++) images[i] = (float)i * 0.25f - 1.0f;
+    return (ps_dataset_t){.n = 3, .dim = 5, .images = images, .labels = labels};
+}
+
+START_TEST(test_roundtrip)
+{
+    char path[4200];
+    ck_assert_int_eq(ps_dscache_path(ipath, lpath, path, sizeof path), 0);
+    ck_assert_ptr_nonnull(strstr(path, dir));
+    ps_dataset_t d = sample(), m = {0};
+    ck_assert_int_eq(ps_dscache_load(&m, path), -1); /* nothing there yet */
+    ck_assert_int_eq(ps_dscache_save(&d, path), 0);
+    ck_assert_int_eq(ps_dscache_load(&m, path), 0);
+    ck_assert_ptr_nonnull(m.map);
+    ck_assert_uint_eq(m.n, 3);
+    ck_assert_uint_eq(m.dim, 5);
+    ck_assert_int_eq(memcmp(m.images, images, sizeof images), 0);
+    ck_assert_int_eq(memcmp(m.labels, labels, sizeof labels), 0);
+    ps_dataset_free(&m);
+    ck_assert_ptr_null(m.map);
+}
+END_TEST
+
+START_TEST(test_damage_is_a_miss)
+{
+    char path[4200];
+    ck_assert_int_eq(ps_dscache_path(ipath, lpath, path, sizeof path), 0);
+    ps_dataset_t d = sample(), m = {0};
+    ck_assert_int_eq(ps_dscache_save(&d, path), 0);
+    /* one bit of one image value */
+    FILE *f = fopen(path, "r+");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(fseek(f, 4096 + 7, SEEK_SET), 0);
+    int c = fgetc(f);
+    ck_assert_int_eq(fseek(f, 4096 + 7, SEEK_SET), 0);
+    fputc(c ^ 1, f);
+    fclose(f);
+    ck_assert_int_eq(ps_dscache_load(&m, path), -1);
+    /* saved again, then cut short */
+    ck_assert_int_eq(ps_dscache_save(&d, path), 0);
+    ck_assert_int_eq(truncate(path, 4096 + 20), 0);
+    ck_assert_int_eq(ps_dscache_load(&m, path), -1);
+    ck_assert_ptr_null(m.map);
+}
+END_TEST
+
+START_TEST(test_name_follows_sources)
+{
+    char a[4200], b[4200];
+    ck_assert_int_eq(ps_dscache_path(ipath, lpath, a, sizeof a), 0);
+    FILE *f = fopen(lpath, "a");
+    fputs("more", f);
+    fclose(f);
+    ck_assert_int_eq(ps_dscache_path(ipath, lpath, b, sizeof b), 0);
+    ck_assert_str_ne(a, b);
+    setenv("PS_DATASET_CACHE", "off", 1);
+    ck_assert_int_eq(ps_dscache_path(ipath, lpath, b, sizeof b), -1);
+}
+END_TEST
+
+Suite *ps_test_suite(void)
+{
+    Suite *s = suite_create("dscache");
+    TCase *tc = tcase_create("dscache");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_roundtrip);
+    tcase_add_test(tc, test_damage_is_a_miss);
+    tcase_add_test(tc, test_name_follows_sources);
+    suite_add_tcase(s, tc);
+    return s;
+}

@@ -1,0 +1,32 @@
+/* dscache.h: a decoded copy of a dataset split in one file, mapped read-only and shared by every
+ * worker on a host, so that only the first one pays for gunzip and normalisation. */
+#ifndef PS_DSCACHE_H
+#define PS_DSCACHE_H
+
+#include "fmnist.h"
+
+/**
+ * @brief The cache file for the split whose sources are @p ipath and @p lpath, in the
+ * directory $PS_DATASET_CACHE (default $TMPDIR, else /tmp); named by a hash of both paths,
+ * sizes and modification times, so a changed source gets a new file.
+ * @return 0 with the path in @p out; -1 when caching is off (PS_DATASET_CACHE=off), a source
+ *         cannot be stat'ed or the path does not fit.
+ */
+int ps_dscache_path(const char *ipath, const char *lpath, char *out, size_t len);
+
+/**
+ * @brief Map the cache file at @p path into @p d if it is whole and intact (magic, sizes, and
+ * the CRC-32C of its contents, checked on every open).
+ * @return 0 with d->images / d->labels pointing into the read-only mapping (d->map owns it:
+ *         release with ps_dataset_free), or -1 (a miss: @p d untouched).
+ */
+int ps_dscache_load(ps_dataset_t *d, const char *path);
+
+/**
+ * @brief Write @p d to @p path (a temporary file renamed into place, so readers never see
+ * half of it). Best effort: on failure nothing is left behind and 0 is not returned.
+ * @return 0 or -1.
+ */
+int ps_dscache_save(const ps_dataset_t *d, const char *path);
+
+#endif
