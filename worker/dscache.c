@@ -68,12 +68,23 @@ int ps_dscache_load(ps_dataset_t *d, const char *path)
         munmap(map, (size_t)st.st_size);
         return -1;
     }
+    /* Copied out of the page cache (see dscache.h). */
+    size_t img = (size_t)h->n * h->dim * sizeof(float);
+    float *images = malloc(img);
+    uint8_t *labels = malloc(h->n);
+    if (images == NULL || labels == NULL) {
+        free(images);
+        free(labels);
+        munmap(map, (size_t)st.st_size);
+        return -1;
+    }
+    memcpy(images, payload, img);
+    memcpy(labels, payload + img, h->n);
     d->n = h->n;
     d->dim = h->dim;
-    d->images = (float *)payload;
-    d->labels = (uint8_t *)payload + (size_t)h->n * h->dim * sizeof(float);
-    d->map = map;
-    d->map_len = (size_t)st.st_size;
+    d->images = images;
+    d->labels = labels;
+    munmap(map, (size_t)st.st_size);
     return 0;
 }
 

@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <zlib.h>
 
 #include "dscache.h"
@@ -304,12 +303,8 @@ void ps_dataset_free(ps_dataset_t *d)
 {
     if (d == NULL)
         return;
-    if (d->map) {
-        munmap(d->map, d->map_len);
-    } else {
-        free(d->images);
-        free(d->labels);
-    }
+    free(d->images);
+    free(d->labels);
     memset(d, 0, sizeof(*d));
 }
 

@@ -10,9 +10,6 @@ typedef struct {
     uint32_t dim;        /* rows * cols (784) */
     float *images;       /* [n, dim], standardized: (pixel/255 - 0.2860) / 0.3530 */
     uint8_t *labels;     /* [n], each < 10 */
-    void *map;           /* a read-only mapping of a cached copy both point into (dscache.h),
-                            or NULL when they are malloc'd */
-    size_t map_len;
 } ps_dataset_t;
 
 /**
@@ -27,9 +24,9 @@ typedef struct {
  *         PS_EINVAL (@p dir too long for a path), or another -errno when a file cannot be
  *         read (e.g. -EACCES).
  * @note Both datasets own their arrays; free with ps_dataset_free (a no-op on NULL). On
- *       failure both are zeroed and own nothing. The arrays may be a read-only mapping of the
- *       decoded copy a previous load left in the dataset cache (dscache.h: the first load on
- *       a host writes it; later ones only check its CRC-32C): never write to them.
+ *       failure both are zeroed and own nothing. A previous load on the host may have left a
+ *       decoded copy in the dataset cache (dscache.h): then this one reads that instead of
+ *       the gzip files (checking its CRC-32C).
  */
 int ps_fmnist_load(ps_dataset_t *train, ps_dataset_t *test, const char *dir, char *err,
                    size_t errlen);
