@@ -46,18 +46,7 @@ manifest() {
         echo "chunk_bytes: 1048576"
         [ "$2" = default ] || echo "fusion_bytes: $2"
         write_servers "$shards" "$tmp/data-$RANDOM"
-        cat <<YAML
-job:
-  model: mlp
-  layers: [784, 256, 128, 10]
-  dataset: /usr/share/datasets/fashion-mnist
-  batch_size: 64
-  epochs: $epochs
-  seed: 1
-  workers: $workers
-  consistency: bsp
-  optimizer: {name: adam, lr: 0.001}
-YAML
+        write_demo_job "$workers" "$epochs"
     } >"$1"
 }
 
@@ -141,8 +130,10 @@ printf '  %-36s %10s %14s %8s %14s %8s %8s\n' "" "wall s" "samples/s" "ratio" \
     "steady samp/s" "ratio" "CPU s"
 row() { # name wall steady cpu
     awk -v n="$1" -v t="$2" -v r="$3" -v c="$4" -v tl="$tl" -v rl="$rl" -v s="$samples" \
-        'BEGIN {printf "  %-36s %10.2f %14.0f %8.2f %14.0f %8.2f %8s\n", n, t, s / t, tl / t, r,
-                (rl > 0 ? r / rl : 0), c}'
+        'BEGIN {if (r > 0 && rl > 0) printf "  %-36s %10.2f %14.0f %8.2f %14.0f %8.2f %8s\n",
+                                          n, t, s / t, tl / t, r, r / rl, c;
+                else printf "  %-36s %10.2f %14.0f %8.2f %14s %8s %8s\n", n, t, s / t, tl / t,
+                            "- (1 epoch)", "-", c}'
 }
 row "one process alone (psworker --local)" "$tl" "$rl" "-"
 row "cluster (default: fusion on)" "$tf" "$rf" "$cf"

@@ -20,6 +20,22 @@ write_servers() {
     done
 }
 
+# write_demo_job WORKERS EPOCHS: the demo's job: block (Fashion-MNIST MLP, BSP, Adam).
+write_demo_job() {
+    cat <<YAML
+job:
+  model: mlp
+  layers: [784, 256, 128, 10]
+  dataset: /usr/share/datasets/fashion-mnist
+  batch_size: 64
+  epochs: $2
+  seed: 1
+  workers: $1
+  consistency: bsp
+  optimizer: {name: adam, lr: 0.001, beta1: 0.9, beta2: 0.999, eps: 1.0e-8}
+YAML
+}
+
 # start_shards MANIFEST NSHARDS: start every psd and wait for its "listening" line.
 start_shards() {
     local i

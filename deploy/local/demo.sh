@@ -38,18 +38,7 @@ trap 'echo; echo "demo: interrupted, stopping the cluster"; exit 130' INT TERM
     echo "cluster: demo"
     echo "chunk_bytes: 1048576"
     write_servers "$shards" "$tmp"
-    cat <<YAML
-job:
-  model: mlp
-  layers: [784, 256, 128, 10]
-  dataset: /usr/share/datasets/fashion-mnist
-  batch_size: 64
-  epochs: $epochs
-  seed: 1
-  workers: $workers
-  consistency: bsp
-  optimizer: {name: adam, lr: 0.001, beta1: 0.9, beta2: 0.999, eps: 1.0e-8}
-YAML
+    write_demo_job "$workers" "$epochs"
 } >"$tmp/manifest.yaml"
 echo "demo: manifest and data in $tmp"
 start_shards "$tmp/manifest.yaml" "$shards" || exit 1

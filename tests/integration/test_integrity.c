@@ -56,34 +56,46 @@ static int count_in_log(const cl_proc_t *p, const char *needle)
 static const cl_conf_t crc_conf = {.shards = 2, .workers = 2, .optimizer = "{name: sgd, lr: 0.05}",
                                    .max_steps = 60, .batch_size = 32};
 
-/* (a) Every 7th push leaves libps with one byte flipped after its CRC was computed: the shard
- * refuses the step's pushes of that chunk (never applied), libps sends them again, and the result
- * equals the reference. */
-START_TEST(test_crc_corrupt_push)
+/* Run @p k with every @p every-th push corrupted by libps after its CRC was computed: the shards
+ * refuse and never apply those (psd logs each refused chunk), libps sends them again (
+ * @p resends_each per refused chunk), and every worker ends with the reference's parameters. */
+static void corrupt_push_run(const cl_conf_t *k, const char *every, int resends_each)
 {
-    cl_cluster_t *c = cl_cluster_create(&crc_conf);
-    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
-    setenv("PS_TEST_CORRUPT_PUSH", "7", 1); /* inherited by the workers only */
-    cl_proc_t *w[2] = {cl_worker_start(c, NULL, "w0.params", false),
-                       cl_worker_start(c, NULL, "w1.params", false)};
+    cl_cluster_t *c = cl_cluster_create(k);
+    cl_proc_t *psd[CL_MAX_SHARDS], *w[8];
+    int ns = k->shards, nw = (int)k->workers;
+    for (int i = 0; i < ns; i++) psd[i] = cl_psd_start(c, i, NULL, READY_S);
+    setenv("PS_TEST_CORRUPT_PUSH", every, 1); /* inherited by the workers only */
+    for (int i = 0; i < nw; i++) {
+        char params[32];
+        snprintf(params, sizeof params, "w%d.params", i);
+        w[i] = cl_worker_start(c, NULL, params, false);
+    }
     unsetenv("PS_TEST_CORRUPT_PUSH");
-    EXPECT_EXIT(w[0], 0);
-    EXPECT_EXIT(w[1], 0);
-    int rejected = count_in_log(psd[0], "checksum mismatch on the") +
-                   count_in_log(psd[1], "checksum mismatch on the");
-    int resent = count_in_log(w[0], "CRC-32C mismatch, sending again") +
-                 count_in_log(w[1], "CRC-32C mismatch, sending again");
+    int rejected = 0, resent = 0;
+    for (int i = 0; i < nw; i++) {
+        EXPECT_EXIT(w[i], 0);
+        resent += count_in_log(w[i], "CRC-32C mismatch, sending again");
+    }
+    for (int i = 0; i < ns; i++) rejected += count_in_log(psd[i], "checksum mismatch on the");
     ck_assert_msg(rejected > 0, "no push was rejected; psd0: %s", cl_tail(psd[0]));
-    /* A raw push's CRC is checked in the apply pass, where the step's sum is built in one
-     * member's slot: a corrupted push makes both members of the step send that chunk again. */
-    ck_assert_msg(2 * rejected == resent, "%d chunks rejected but %d pushes sent again (want 2 "
-                  "per chunk)", rejected, resent);
+    ck_assert_msg(resends_each * rejected == resent, "%d chunks rejected but %d pushes sent "
+                  "again (want %d per chunk)", rejected, resent, resends_each);
     cl_proc_t *ref = cl_worker_start(c, NULL, "ref.params", true);
     EXPECT_EXIT(ref, 0);
-    expect_same_params(w[0]->params, ref->params, 0, 0);
-    expect_same_params(w[1]->params, ref->params, 0, 0);
-    stop_all(psd, 2);
+    for (int i = 0; i < nw; i++) expect_same_params(w[i]->params, ref->params, 0, 0);
+    stop_all(psd, ns);
     cl_cluster_destroy(c);
+}
+
+/* (a) Every 7th push leaves libps with one byte flipped after its CRC was computed: the shard
+ * refuses the step's pushes of that chunk (never applied), libps sends them again, and the result
+ * equals the reference. A raw push's CRC is checked in the apply pass, where the step's sum is
+ * built in one member's slot: a corrupted push makes both members of the step send that chunk
+ * again. */
+START_TEST(test_crc_corrupt_push)
+{
+    corrupt_push_run(&crc_conf, "7", 2);
 }
 END_TEST
 
@@ -94,21 +106,7 @@ START_TEST(test_crc_corrupt_push_asp)
 {
     cl_conf_t k = {.shards = 1, .workers = 1, .consistency = "asp",
                    .optimizer = "{name: sgd, lr: 0.05}", .max_steps = 40, .batch_size = 32};
-    cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
-    setenv("PS_TEST_CORRUPT_PUSH", "3", 1); /* inherited by the worker only */
-    cl_proc_t *w = cl_worker_start(c, NULL, "w.params", false);
-    unsetenv("PS_TEST_CORRUPT_PUSH");
-    EXPECT_EXIT(w, 0);
-    int rejected = count_in_log(psd, "checksum mismatch on the");
-    int resent = count_in_log(w, "CRC-32C mismatch, sending again");
-    ck_assert_msg(rejected > 0, "no push was rejected; psd: %s", cl_tail(psd));
-    ck_assert_msg(rejected == resent, "%d pushes rejected but %d sent again", rejected, resent);
-    cl_proc_t *ref = cl_worker_start(c, NULL, "ref.params", true);
-    EXPECT_EXIT(ref, 0);
-    expect_same_params(w->params, ref->params, 0, 0);
-    stop_all(&psd, 1);
-    cl_cluster_destroy(c);
+    corrupt_push_run(&k, "3", 1);
 }
 END_TEST
 
