@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "fanout.h"
 #include "proc.h"
 #include "ps/ps_error.h"
 #include "report.h"
@@ -180,8 +181,28 @@ double pb_optim_ram_gbps(psk_optim_kind_t kind, uint64_t size, double seconds, b
 
 /* ---- optimizers through the store ---------------------------------------------------------- */
 
+/* One step's updates, as psd's apply job hands them to its fan-out. */
+typedef struct {
+    const psd_chunk_hdr_t **old;
+    psd_chunk_hdr_t **rec;
+    const float *g;
+    psk_optim_t o;
+} store_step_t;
+
+static void store_update(void *arg, size_t c)
+{
+    store_step_t *s = arg;
+    psd_chunk_hdr_t *h = s->rec[c];
+    *h = *s->old[c];
+    /* As psd's job does: the update and the record's hashes in one blocked pass. */
+    psd_store_chunk_update(h, psd_chunk_params((psd_chunk_hdr_t *)s->old[c]),
+                           psd_chunk_state((psd_chunk_hdr_t *)s->old[c]), s->g, 1.0f, &s->o,
+                           NULL, NULL);
+}
+
 int pb_store_apply(const char *dir, psk_optim_kind_t kind, uint64_t size, uint64_t chunk_bytes,
-                   double seconds, pb_store_apply_t *out, char *err, size_t errlen)
+                   unsigned threads, double seconds, pb_store_apply_t *out, char *err,
+                   size_t errlen)
 {
     uint32_t nstate = (uint32_t)psk_optim_state_count(kind);
     uint64_t numel = size / 4, chunk_elems = chunk_bytes / 4;
@@ -191,8 +212,16 @@ int pb_store_apply(const char *dir, psk_optim_kind_t kind, uint64_t size, uint64
     psd_store_t st;
     int rc = psd_store_open(&st, dir, map_mb, "psbench", chunk_bytes, nstate, err, errlen);
     if (rc) return -1;
+    psd_fanout_t fan;
+    if ((rc = psd_fanout_init(&fan, threads)) != 0) {
+        snprintf(err, errlen, "cannot start %u threads: %s", threads, ps_strerror(rc));
+        psd_store_close(&st);
+        return -1;
+    }
     float *g = floats(chunk_elems, 1e-3f);
-    psk_optim_t o = optim_conf(kind);
+    store_step_t ss = {.old = calloc(nchunks, sizeof *ss.old),
+                       .rec = calloc(nchunks, sizeof *ss.rec), .g = g, .o = optim_conf(kind)};
+    if (ss.old == NULL || ss.rec == NULL) pb_die("out of memory");
     psd_wtxn_t tx;
     /* Create the records, as a declaration does. */
     rc = psd_store_begin(&st, &tx);
@@ -217,18 +246,25 @@ int pb_store_apply(const char *dir, psk_optim_kind_t kind, uint64_t size, uint64
     for (uint64_t step = 0; rc == 0; step++) {
         double t0 = pb_now(), tk = 0;
         rc = psd_store_begin(&st, &tx);
+        /* Every record reserved first, then the updates on the fan-out; a record smaller
+         * than a page is updated at once, as psd does (psd_store_record_stable). */
+        uint32_t ndefer = 0;
         for (uint32_t c = 0; rc == 0 && c < nchunks; c++) {
-            const psd_chunk_hdr_t *old;
-            psd_chunk_hdr_t *h;
-            rc = psd_store_chunk_get(&st, tx.r, 0, c, &old);
-            if (rc == 0) rc = psd_store_chunk_reserve(&tx, 0, c, old->n, nstate, &h);
+            rc = psd_store_chunk_get(&st, tx.r, 0, c, &ss.old[ndefer]);
+            if (rc == 0)
+                rc = psd_store_chunk_reserve(&tx, 0, c, ss.old[ndefer]->n, nstate,
+                                             &ss.rec[ndefer]);
             if (rc) break;
-            *h = *old;
             double k0 = pb_now();
-            /* As psd's job does: the update and the record's hashes in one blocked pass. */
-            psd_store_chunk_update(h, psd_chunk_params((psd_chunk_hdr_t *)old),
-                                   psd_chunk_state((psd_chunk_hdr_t *)old), g, 1.0f, &o, NULL,
-                                   NULL);
+            if (!psd_store_record_stable(&st, ss.old[ndefer]->n, nstate))
+                store_update(&ss, ndefer);
+            else
+                ndefer++;
+            tk += pb_now() - k0;
+        }
+        if (rc == 0) {
+            double k0 = pb_now();
+            psd_fanout_run(&fan, ndefer, store_update, &ss);
             tk += pb_now() - k0;
         }
         double c0 = pb_now();
@@ -255,6 +291,9 @@ int pb_store_apply(const char *dir, psk_optim_kind_t kind, uint64_t size, uint64
     }
     if (rc) snprintf(err, errlen, "%s: store apply failed: %s", dir, ps_strerror(rc));
     psd_store_close(&st);
+    psd_fanout_close(&fan);
+    free(ss.old);
+    free(ss.rec);
     free(g);
     if (rc == 0) {
         out->steps = ntimes;

@@ -48,7 +48,7 @@ double pb_optim_ram_gbps(psk_optim_kind_t kind, uint64_t size, double seconds, b
 typedef struct {
     double gbps;         /* parameter bytes applied per second, the whole step */
     double step_us;      /* median step time */
-    double kernel_share; /* fraction of the step spent in psk_optim_apply_cpu */
+    double kernel_share; /* fraction of the step spent in the updates (the fan-out's batch) */
     double commit_share; /* fraction spent in mdb_txn_commit */
     uint64_t steps;
 } pb_store_apply_t;
@@ -56,11 +56,13 @@ typedef struct {
 /**
  * @brief Apply @p kind to a @p size byte tensor through psd's store (server/store.h) in
  *  @p dir: per step one write transaction; per chunk of @p chunk_bytes the old record from the
- *  read snapshot, a new one from MDB_RESERVE, psk_optim_apply_cpu old -> new, then commit.
- *  That is what a shard's apply job does for one worker (shard.c run_apply).
+ *  read snapshot and a new one from MDB_RESERVE, then the updates old -> new
+ *  (psd_store_chunk_update) on a fan-out of @p threads threads (0: psd's default), then
+ *  commit. That is what a shard's apply job does for one worker (shard.c run_apply).
  * @return 0, or -1 with @p err filled.
  */
 int pb_store_apply(const char *dir, psk_optim_kind_t kind, uint64_t size, uint64_t chunk_bytes,
-                   double seconds, pb_store_apply_t *out, char *err, size_t errlen);
+                   unsigned threads, double seconds, pb_store_apply_t *out, char *err,
+                   size_t errlen);
 
 #endif

@@ -624,6 +624,7 @@ static const field_t top_fields[] = {
     {TOP(fusion_bytes), .type = T_INT, .min = 0, .max = 1 << 20, .check = check_fusion},
     /* busy-poll window after activity, microseconds (issue #3: small-op latency) */
     {TOP(spin_us), .type = T_INT, .min = 0, .max = 10000},
+    {TOP(apply_threads), .type = T_INT, .min = 0, .max = 64},
     {TOP(servers), .type = T_LIST, .flags = F_REQ, .sub = server_fields,
      .elem = sizeof(ps_server_conf_t), .count_off = offsetof(ps_manifest_t, nservers),
      .min_count = 1, .check = check_servers},

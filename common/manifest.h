@@ -104,6 +104,9 @@ typedef struct {
     uint32_t spin_us;         /* default 50, 0..10000: psd's loop, libps's comm thread and a
                                  waiting caller busy-poll this long after activity before
                                  they sleep (PS_SPIN_US overrides; 0: never) */
+    uint32_t apply_threads;   /* default 0 = the online CPUs, at most 8; 1..64: threads each psd
+                                 updates an apply job's records on at once (PS_APPLY_THREADS
+                                 overrides; 1: the job's one pool thread alone) */
     ps_server_conf_t servers[PS_MAX_SERVERS];
     int nservers;             /* 1..PS_MAX_SERVERS */
     ps_job_conf_t job;        /* required */

@@ -622,6 +622,24 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, const char *restore, 
                srv->test_corrupt_pull);
     }
 
+    unsigned threads = m->apply_threads;
+    const char *at = getenv("PS_APPLY_THREADS");
+    if (at && *at) {
+        char *end;
+        unsigned long v = strtoul(at, &end, 10);
+        if (*end || v > PSD_FANOUT_MAX_THREADS) {
+            snprintf(err, errlen, "PS_APPLY_THREADS: must be a number in [0, %d], got '%s'",
+                     PSD_FANOUT_MAX_THREADS, at);
+            rc = PS_ECONFIG;
+            goto fail_store;
+        }
+        threads = (unsigned)v;
+    }
+    if ((rc = psd_fanout_init(&srv->fanout, threads)) != 0) {
+        snprintf(err, errlen, "cannot start %u apply threads: %s", psd_fanout_threads(threads),
+                 ps_strerror(rc));
+        goto fail_store;
+    }
     if (restore &&
         (rc = psd_restore_check(m, srv->nstate, sc->data_dir, restore, err, errlen)) != 0)
         goto fail_store;
@@ -692,9 +710,10 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, const char *restore, 
 
     printf("psd shard %u listening on %s:%u\n", shard, sc->host, sc->port);
     fflush(stdout);
-    PS_LOG(PS_LOG_INFO, "server", "cluster '%s', %u shards, %u workers wanted, %s, %s", m->cluster,
+    PS_LOG(PS_LOG_INFO, "server",
+           "cluster '%s', %u shards, %u workers wanted, %s, %s, %u apply threads", m->cluster,
            srv->nshards, m->job.workers, ps_consistency_name(m->job.consistency),
-           ps_optim_name(m->job.optimizer.name));
+           ps_optim_name(m->job.optimizer.name), srv->fanout.nthreads);
     psd_follower_start(srv);
     uv_run(srv->loop, UV_RUN_DEFAULT);
     psd_follower_reap(srv);
@@ -734,6 +753,7 @@ fail_shard:
     psd_shard_free(srv);
     psd_store_close(&srv->store);
 fail_store:
+    psd_fanout_close(&srv->fanout);
     for (psd_conn_t *c = srv->conns, *nx; c; c = nx) {
         nx = c->next;
         free(c);

@@ -16,6 +16,7 @@
 #include "optim.h"
 #include "manifest.h"
 #include "merkle.h"
+#include "fanout.h"
 #include "store.h"
 #include "ucx_loop.h"
 #include "wire.h"
@@ -142,7 +143,10 @@ typedef struct {
     uint64_t *bad;             /* [nitems] ranks whose raw push failed its CRC-32C (checked in
                                   the apply pass): that push, or under bsp the whole chunk's
                                   step, was not applied */
-    uint32_t cap_hashes;
+    const psd_chunk_hdr_t **olds; /* [nitems] JOB_APPLY: old records (read snapshot) */
+    psd_chunk_hdr_t **recs;    /* [nitems] JOB_APPLY: their reserved new records */
+    uint32_t *deferred;        /* items whose update runs on the fan-out (run_apply) */
+    uint32_t cap_hashes;       /* capacity of hashes, bad, olds, recs, deferred */
     int rc;
     char err[256];
 } psd_job_t;
@@ -152,7 +156,8 @@ enum { JOB_CREATE = 1, JOB_APPLY = 2 };
 #define PSD_MAX_TENSORS 65536 /* tensors per cluster */
 #define PSD_VIEWS 16          /* membership epochs a shard remembers */
 #define PSD_INLINE_APPLY_BYTES (64u << 10) /* apply jobs up to this size run on the loop */
-#define PSD_JOB_MAX_BYTES (8u << 20)      /* records one apply job takes at most */
+#define PSD_JOB_MAX_BYTES (8u << 20)      /* records one apply job takes at most, per thread
+                                             of the fan-out */
 
 /* A membership epoch as a shard knows it: from step `from_step` on (until a higher epoch
  * takes over), a bsp step is complete when every rank in `members` pushed. Shard 0 makes
@@ -186,6 +191,7 @@ struct psd_server_s {
     ps_ucx_t ucx;
     ucp_listener_h listener;
     psd_store_t store;
+    psd_fanout_t fanout;       /* apply jobs' record updates run on its threads (run_apply) */
     psd_conn_t *conns;
     psd_conn_t **rank_owner;   /* [PS_MAX_RANKS] shards > 0: the connection of each rank */
     psd_coord_t *coord;        /* shard 0: membership, steps and batches (coord.c) */

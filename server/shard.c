@@ -202,6 +202,9 @@ void psd_shard_free(psd_server_t *srv)
     free(srv->job.coord_state);
     free(srv->job.hashes);
     free(srv->job.bad);
+    free(srv->job.olds);
+    free(srv->job.recs);
+    free(srv->job.deferred);
     psd_integrity_free(srv);
     srv->tensors = NULL;
 }
@@ -981,13 +984,97 @@ static void sum_block(void *arg, size_t off, size_t len)
         if (mem >> r & 1) psk_add_cpu(b->acc + off, (const float *)b->ch->slots[r] + off, len);
 }
 
+/* Apply item @p i of @p job: the old record @p old -> the reserved @p h. Touches only that chunk
+ * and the job's entries i, so items run on any thread of the fan-out at once. */
+static void apply_item(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, psd_chunk_hdr_t *h)
+{
+    psd_server_t *srv = job->srv;
+    psd_chunk_t *ch = job->items[i];
+    job->bad[i] = 0;
+    uint64_t total = ch->total_steps;
+    const float *p_in = psd_chunk_params((psd_chunk_hdr_t *)old);
+    const float *s_in = psd_chunk_state((psd_chunk_hdr_t *)old);
+    *h = *old;
+    float *p = psd_chunk_params(h), *s = psd_chunk_state(h);
+    if (srv->m.job.consistency == PS_CONSIST_BSP) {
+        /* Sum in rank order, so the result does not depend on arrival order. */
+        const float *sum = slot_sum(srv, ch);
+        /* The schedule follows the data: the position is the samples applied before this
+         * step over a planned step's samples (job.workers x batch_size), so a run with
+         * fewer workers (more, smaller steps) decays its rate over the same data. */
+        uint64_t pos = ch->has_progress ? psk_lr_pos(ch->progress, srv->m.job.workers,
+                                                     srv->m.job.batch_size)
+                                        : h->version;
+        psk_optim_t o = optim_at(srv, pos, total);
+        float scale = 1.0f / (float)__builtin_popcountll(ch->apply_members);
+        blocksum_t bs = {.ch = ch, .first = (uint32_t)__builtin_ctzll(ch->apply_members)};
+        if (sum == NULL) { /* raw pushes: summed block by block in the update's pass */
+            bs.acc = (float *)ch->slots[bs.first];
+            sum = bs.acc;
+        } else {
+            job->bad[i] = raw_crc_bad(ch, ch->apply_members);
+        }
+        if (job->bad[i] == 0)
+            psd_store_chunk_update(h, p_in, s_in, sum, scale, &o, bs.acc ? sum_block : NULL,
+                                   &bs);
+        for (uint32_t r = 0; bs.acc && r < PS_MAX_RANKS; r++)
+            if ((ch->apply_members >> r & 1) && bs.crc[r] != ch->slot_crc[r])
+                job->bad[i] |= 1ull << r;
+        if (job->bad[i]) /* not applied: the new record is the old one again */
+            memcpy(h, old, psd_chunk_bytes(ch->n, srv->nstate));
+        job->hashes[i] = h->hash;
+        return;
+    }
+    uint64_t applying = 0;
+    for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
+        if (ch->slot_state[r] == SLOT_APPLYING) applying |= 1ull << r;
+    job->bad[i] = raw_crc_bad(ch, applying); /* those are skipped */
+    uint32_t left = (uint32_t)__builtin_popcountll(applying & ~job->bad[i]);
+    if (left == 0) /* nothing to apply (every push refused): the old record again */
+        memcpy(h, old, psd_chunk_bytes(ch->n, srv->nstate));
+    for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
+        if (ch->slot_state[r] != SLOT_APPLYING || (job->bad[i] >> r & 1)) continue;
+        psk_optim_t o = optim_at(srv, h->version, total);
+        const float *g = (const float *)ch->slots[r];
+        if (ch->slot_codec[r].kind != PSK_CODEC_NONE) {
+            memset(ch->agg, 0, (size_t)ch->n * 4);
+            psk_codec_decode_add_cpu(ch->agg, ch->n, ch->slots[r], ch->slot_len[r],
+                                     &ch->slot_codec[r], 1.0f);
+            g = ch->agg;
+        }
+        if (--left == 0) { /* the last one seals the record in its pass */
+            psd_store_chunk_update(h, p_in, s_in, g, 1.0f, &o, NULL, NULL);
+            break;
+        }
+        psk_optim_apply_cpu(p, s, p_in, s_in, g, 1.0f, ch->n, h->version + 1, &o);
+        p_in = p; /* later updates of this batch go in place on the new record */
+        s_in = s;
+        h->version++;
+    }
+    job->hashes[i] = h->hash;
+}
+
+/* The fan-out's item: the deferred record d of the job. */
+static void apply_deferred(void *arg, size_t d)
+{
+    psd_job_t *job = arg;
+    uint32_t i = job->deferred[d];
+    apply_item(job, i, job->olds[i], job->recs[i]);
+}
+
+/*
+ * Every record of the job is reserved first (LMDB has one writer: this thread). A record on
+ * overflow pages keeps its address while later records are reserved (PLATFORM-NOTES.md
+ * section 4; psd_store_chunk_reserve), so those updates wait and then run at once on the
+ * fan-out's threads; a small record, which later puts may move within its leaf page, is
+ * updated right away. An inline job (small, on the loop thread) runs everything here.
+ */
 static int run_apply(psd_job_t *job, psd_wtxn_t *tx)
 {
     psd_server_t *srv = job->srv;
-    bool bsp = srv->m.job.consistency == PS_CONSIST_BSP;
+    uint32_t ndeferred = 0;
     for (uint32_t i = 0; i < job->nitems; i++) {
         psd_chunk_t *ch = job->items[i];
-        job->bad[i] = 0;
         const psd_chunk_hdr_t *old;
         int rc = psd_store_chunk_get(&srv->store, tx->r, ch->tensor, ch->chunk, &old);
         if (rc) return rc;
@@ -995,73 +1082,15 @@ static int run_apply(psd_job_t *job, psd_wtxn_t *tx)
         psd_chunk_hdr_t *h;
         rc = psd_store_chunk_reserve(tx, ch->tensor, ch->chunk, ch->n, srv->nstate, &h);
         if (rc) return rc;
-        uint64_t total = ch->total_steps;
-        const float *p_in = psd_chunk_params((psd_chunk_hdr_t *)old);
-        const float *s_in = psd_chunk_state((psd_chunk_hdr_t *)old);
-        *h = *old;
-        float *p = psd_chunk_params(h), *s = psd_chunk_state(h);
-        if (bsp) {
-            /* Sum in rank order, so the result does not depend on arrival order. */
-            const float *sum = slot_sum(srv, ch);
-            /* The schedule follows the data: the position is the samples applied before this
-             * step over a planned step's samples (job.workers x batch_size), so a run with
-             * fewer workers (more, smaller steps) decays its rate over the same data. */
-            uint64_t pos = ch->has_progress ? psk_lr_pos(ch->progress, srv->m.job.workers,
-                                                         srv->m.job.batch_size)
-                                            : h->version;
-            psk_optim_t o = optim_at(srv, pos, total);
-            float scale = 1.0f / (float)__builtin_popcountll(ch->apply_members);
-            blocksum_t bs = {.ch = ch, .first = (uint32_t)__builtin_ctzll(ch->apply_members)};
-            if (sum == NULL) { /* raw pushes: summed block by block in the update's pass */
-                bs.acc = (float *)ch->slots[bs.first];
-                sum = bs.acc;
-            } else {
-                job->bad[i] = raw_crc_bad(ch, ch->apply_members);
-            }
-            if (job->bad[i] == 0)
-                psd_store_chunk_update(h, p_in, s_in, sum, scale, &o, bs.acc ? sum_block : NULL,
-                                       &bs);
-            for (uint32_t r = 0; bs.acc && r < PS_MAX_RANKS; r++)
-                if ((ch->apply_members >> r & 1) && bs.crc[r] != ch->slot_crc[r])
-                    job->bad[i] |= 1ull << r;
-            if (job->bad[i]) /* not applied: the new record is the old one again */
-                memcpy(h, old, psd_chunk_bytes(ch->n, srv->nstate));
-            job->hashes[i] = h->hash;
-            continue;
+        if (job->pooled && psd_store_record_stable(&srv->store, ch->n, srv->nstate)) {
+            job->olds[i] = old;
+            job->recs[i] = h;
+            job->deferred[ndeferred++] = i;
         } else {
-            uint64_t applying = 0;
-            for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
-                if (ch->slot_state[r] == SLOT_APPLYING) applying |= 1ull << r;
-            job->bad[i] = raw_crc_bad(ch, applying); /* those are skipped */
-            uint32_t left = (uint32_t)__builtin_popcountll(applying & ~job->bad[i]);
-            if (left == 0) /* nothing to apply (every push refused): the old record again */
-                memcpy(h, old, psd_chunk_bytes(ch->n, srv->nstate));
-            for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
-                if (ch->slot_state[r] != SLOT_APPLYING || (job->bad[i] >> r & 1)) continue;
-                psk_optim_t o = optim_at(srv, h->version, total);
-                const float *g = (const float *)ch->slots[r];
-                if (ch->slot_codec[r].kind != PSK_CODEC_NONE) {
-                    memset(ch->agg, 0, (size_t)ch->n * 4);
-                    psk_codec_decode_add_cpu(ch->agg, ch->n, ch->slots[r], ch->slot_len[r],
-                                             &ch->slot_codec[r], 1.0f);
-                    g = ch->agg;
-                }
-                if (--left == 0) { /* the last one seals the record in its pass */
-                    psd_store_chunk_update(h, p_in, s_in, g, 1.0f, &o, NULL, NULL);
-                    break;
-                }
-                psk_optim_apply_cpu(p, s, p_in, s_in, g, 1.0f, ch->n, h->version + 1, &o);
-                p_in = p; /* later updates of this batch go in place on the new record */
-                s_in = s;
-                h->version++;
-            }
-            job->hashes[i] = h->hash;
-            continue;
+            apply_item(job, i, old, h);
         }
-        /* Hash the record while it is still in cache, in the same transaction. */
-        psd_store_chunk_seal(h);
-        job->hashes[i] = h->hash;
     }
+    psd_fanout_run(&srv->fanout, ndeferred, apply_deferred, job);
     return 0;
 }
 
@@ -1252,6 +1281,15 @@ static int job_hashes_reserve(psd_job_t *job, uint32_t n)
     uint64_t *b = realloc(job->bad, n * sizeof *b);
     if (b == NULL) return PS_ENOMEM;
     job->bad = b;
+    const psd_chunk_hdr_t **o = realloc(job->olds, n * sizeof *o);
+    if (o == NULL) return PS_ENOMEM;
+    job->olds = o;
+    psd_chunk_hdr_t **r = realloc(job->recs, n * sizeof *r);
+    if (r == NULL) return PS_ENOMEM;
+    job->recs = r;
+    uint32_t *d = realloc(job->deferred, n * sizeof *d);
+    if (d == NULL) return PS_ENOMEM;
+    job->deferred = d;
     job->cap_hashes = n;
     return 0;
 }
@@ -1339,7 +1377,7 @@ static void job_start_next(psd_server_t *srv)
     } else if (srv->ready_head) {
         job->kind = JOB_APPLY;
         job->nitems = 0;
-        /* Take the ready chunks (up to PSD_JOB_MAX_BYTES): one transaction, one commit. */
+        /* Take the ready chunks (up to max_bytes): one transaction, one commit. */
         uint32_t cap = 0;
         for (psd_chunk_t *c = srv->ready_head; c; c = c->next_ready) cap++;
         if (cap > srv->cap_items) {
@@ -1350,12 +1388,13 @@ static void job_start_next(psd_server_t *srv)
         }
         if (job_hashes_reserve(job, cap)) return;
         bool bsp = srv->m.job.consistency == PS_CONSIST_BSP;
-        size_t bytes = 0;
+        size_t bytes = 0, max_bytes = (size_t)PSD_JOB_MAX_BYTES * srv->fanout.nthreads;
         psd_chunk_t *c = srv->ready_head;
         for (; c; c = c->next_ready) {
-            /* At most PSD_JOB_MAX_BYTES of records per job: its acks and the pulls waiting for
-             * its chunks go out at its commit, while the rest is applied in the next one. */
-            if (job->nitems > 0 && bytes >= PSD_JOB_MAX_BYTES) break;
+            /* At most PSD_JOB_MAX_BYTES of records per job and thread: its acks and the pulls
+             * waiting for its chunks go out at its commit, while the rest is applied in the
+             * next one. */
+            if (job->nitems > 0 && bytes >= max_bytes) break;
             uint64_t members = bsp ? psd_shard_members(srv, c->version, NULL) : ~0ull;
             if (bsp ? members == 0 || (c->full_mask & members) != members : c->nfull == 0) {
                 c->queued = false; /* no longer ready; queued again when it is */

@@ -228,6 +228,9 @@ int psd_store_open(psd_store_t *st, const char *dir, uint64_t map_mb, const char
     if (rc) goto fail;
     int dead = 0;
     mdb_reader_check(st->env, &dead);
+    MDB_stat stat;
+    if ((rc = mdb_env_stat(st->env, &stat)) != 0) goto fail;
+    st->psize = stat.ms_psize;
     if ((rc = mdb_txn_begin(st->env, NULL, 0, &txn)) != 0) goto fail;
     if ((rc = mdb_dbi_open(txn, NULL, 0, &st->dbi)) != 0) goto fail;
     rc = meta_check(st, txn, "cluster", meta_cluster, strlen(meta_cluster), err, errlen);

@@ -22,6 +22,7 @@
 #define PSD_STORE_H
 
 #include <lmdb.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -53,6 +54,7 @@ typedef struct {
     MDB_dbi dbi;
     int lockfd;
     MDB_txn *rcache;  /* the write job's read snapshot, reset between jobs (no malloc) */
+    size_t psize;     /* LMDB's page size */
     char dir[1024];
 } psd_store_t;
 
@@ -129,10 +131,20 @@ int psd_store_put_tensor(psd_wtxn_t *tx, const ps_decl_t *d);
 
 /**
  * @brief Reserve a new record for chunk (t, c) in @p tx and return where to write it.
- * @note *out is valid until the transaction ends; write every byte of it.
+ * @note Write every byte of *out. A record for which psd_store_record_stable() holds lives on
+ *       overflow pages of its own and *out stays valid until the transaction ends, also across
+ *       later puts; a smaller one sits in a leaf page that a later put in @p tx may reorganise,
+ *       so it must be written before the next put.
  */
 int psd_store_chunk_reserve(psd_wtxn_t *tx, uint32_t t, uint32_t c, uint32_t n, uint32_t nstate,
                             psd_chunk_hdr_t **out);
+
+/** @brief True if a record of @p n params and @p nstate state arrays is stored on overflow pages
+ *  (at least one page long), so its reserved space does not move within its transaction. */
+static inline bool psd_store_record_stable(const psd_store_t *st, uint32_t n, uint32_t nstate)
+{
+    return psd_chunk_bytes(n, nstate) >= st->psize;
+}
 
 /**
  * @brief The committed record of chunk (t, c) as of @p txn (a read snapshot).

@@ -90,6 +90,7 @@ START_TEST(test_defaults)
     ck_assert_uint_eq(m.fusion_bytes, 65536);
     ck_assert_uint_eq(m.map_size_mb, 4096);
     ck_assert_uint_eq(m.spin_us, PS_SPIN_US_DEFAULT);
+    ck_assert_uint_eq(m.apply_threads, 0);
     ck_assert_int_eq(m.nservers, 1);
     ck_assert_int_eq(m.job.nlayers, 4);
     const uint32_t layers[] = {784, 256, 128, 10};
@@ -124,6 +125,7 @@ START_TEST(test_block_style_all_keys)
                        "sync_interval_s: 30\n"
                        "fusion_bytes: 0\n"
                        "spin_us: 0\n"
+                       "apply_threads: 3\n"
                        "servers:\n"
                        "  - host: a\n"
                        "    port: 65535\n"
@@ -160,6 +162,7 @@ START_TEST(test_block_style_all_keys)
     ck_assert_uint_eq(m.sync_interval_s, 30);
     ck_assert_uint_eq(m.fusion_bytes, 0);
     ck_assert_uint_eq(m.spin_us, 0);
+    ck_assert_uint_eq(m.apply_threads, 3);
     ck_assert_uint_eq(m.servers[0].port, 65535);
     ck_assert_int_eq(m.job.nlayers, 2);
     ck_assert_uint_eq(m.job.layers[1], 1048576);
@@ -252,6 +255,8 @@ static const struct {
      "demo.yaml:2: sync_interval_s: must be in [0, 86400], got -1"},
     {L1 "spin_us: 10001\n" L2_4 L5 L6_9 L10,
      "demo.yaml:2: spin_us: must be in [0, 10000], got 10001"},
+    {L1 "apply_threads: 65\n" L2_4 L5 L6_9 L10,
+     "demo.yaml:2: apply_threads: must be in [0, 64], got 65"},
     {L1 "sync_interval_s: 1.5\n" L2_4 L5 L6_9 L10,
      "demo.yaml:2: sync_interval_s: expected an integer, got '1.5'"},
     {L1 "fusion_bytes: 100\n" L2_4 L5 L6_9 L10,

@@ -327,6 +327,61 @@ START_TEST(update_seals_like_recompute)
 }
 END_TEST
 
+/* What run_apply relies on: a record psd_store_record_stable() calls stable may be written after
+ * many later puts in the same transaction (small records that split leaf pages among them), and
+ * what was written is what commits. */
+START_TEST(stable_reserve_survives_later_puts)
+{
+    psd_store_t st;
+    char err[512];
+    ck_assert_int_eq(open_store(&st, "demo", 4096, 2, err), 0);
+    ck_assert(!psd_store_record_stable(&st, 16, 2));
+    ck_assert(psd_store_record_stable(&st, 1024, 2));
+    enum { NBIG = 40, NSMALL = 400 };
+    psd_wtxn_t tx;
+    ck_assert_int_eq(psd_store_begin(&st, &tx), 0);
+    psd_chunk_hdr_t *big[NBIG];
+    for (uint32_t i = 0; i < NBIG; i++) {
+        ck_assert_int_eq(psd_store_chunk_reserve(&tx, 1, i, 1024, 2, &big[i]), 0);
+        for (uint32_t j = 0; j < NSMALL / NBIG; j++) { /* small records around it, written now */
+            psd_chunk_hdr_t *h;
+            uint32_t c = i * (NSMALL / NBIG) + j;
+            ck_assert_int_eq(psd_store_chunk_reserve(&tx, 0, c, 16, 2, &h), 0);
+            *h = (psd_chunk_hdr_t){.version = c, .n = 16, .nstate = 2};
+            for (int k = 0; k < 48; k++) psd_chunk_params(h)[k] = (float)c;
+            psd_store_chunk_seal(h);
+        }
+    }
+    for (uint32_t i = 0; i < NBIG; i++) { /* written only now */
+        *big[i] = (psd_chunk_hdr_t){.version = 1000 + i, .n = 1024, .nstate = 2};
+        for (int k = 0; k < 3 * 1024; k++) psd_chunk_params(big[i])[k] = (float)(i * 7 + k);
+        psd_store_chunk_seal(big[i]);
+    }
+    ck_assert_int_eq(psd_store_commit(&tx), 0);
+    psd_store_close(&st);
+
+    ck_assert_int_eq(open_store(&st, "demo", 4096, 2, err), 0);
+    MDB_txn *r;
+    ck_assert_int_eq(psd_store_snapshot(&st, &r), 0);
+    for (uint32_t i = 0; i < NBIG; i++) {
+        const psd_chunk_hdr_t *h;
+        ck_assert_int_eq(psd_store_chunk_get(&st, r, 1, i, &h), 0);
+        ck_assert_uint_eq(h->version, 1000 + i);
+        for (int k = 0; k < 3 * 1024; k++)
+            ck_assert_float_eq(psd_chunk_params((psd_chunk_hdr_t *)h)[k], (float)(i * 7 + k));
+        ck_assert_uint_eq(h->hash, psd_store_chunk_hash(h));
+    }
+    for (uint32_t c = 0; c < NSMALL; c++) {
+        const psd_chunk_hdr_t *h;
+        ck_assert_int_eq(psd_store_chunk_get(&st, r, 0, c, &h), 0);
+        ck_assert_uint_eq(h->version, c);
+        ck_assert_float_eq(psd_chunk_params((psd_chunk_hdr_t *)h)[47], (float)c);
+    }
+    mdb_txn_abort(r);
+    psd_store_close(&st);
+}
+END_TEST
+
 Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("store");
@@ -340,6 +395,7 @@ Suite *ps_test_suite(void)
     tcase_add_test(tc, format1_upgraded);
     tcase_add_test(tc, format2_upgraded);
     tcase_add_test(tc, update_seals_like_recompute);
+    tcase_add_test(tc, stable_reserve_survives_later_puts);
     suite_add_tcase(s, tc);
     return s;
 }
