@@ -225,8 +225,9 @@ static void measure_limits(bench_t *b)
     progress("optimizers in RAM done");
     /* As psd runs it (PS_APPLY_THREADS, else the online CPUs up to 8), and for adam on one
      * thread too, the limit's own terms. */
-    const char *at = getenv("PS_APPLY_THREADS");
-    unsigned threads = psd_fanout_threads(at && *at ? (unsigned)strtoul(at, NULL, 10) : 0);
+    unsigned threads;
+    if (psd_fanout_threads_env(0, &threads, err, sizeof err)) pb_die("%s", err);
+    threads = psd_fanout_threads(threads);
     for (int k = 0; k < 5; k++) {
         int kind = k < 4 ? k : PSK_ADAM;
         unsigned nt = k < 4 ? threads : 1;

@@ -9,6 +9,8 @@
 #include "fanout.h"
 
 #include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include "ps/ps_error.h"
@@ -19,6 +21,22 @@ unsigned psd_fanout_threads(unsigned want)
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     if (n < 1) return 1;
     return n > 8 ? 8 : (unsigned)n;
+}
+
+int psd_fanout_threads_env(unsigned conf, unsigned *out, char *err, size_t errlen)
+{
+    const char *at = getenv("PS_APPLY_THREADS");
+    *out = conf;
+    if (at == NULL || *at == '\0') return 0;
+    char *end;
+    unsigned long v = strtoul(at, &end, 10);
+    if (*end || v > PSD_FANOUT_MAX_THREADS) {
+        snprintf(err, errlen, "PS_APPLY_THREADS: must be a number in [0, %d], got '%s'",
+                 PSD_FANOUT_MAX_THREADS, at);
+        return PS_ECONFIG;
+    }
+    *out = (unsigned)v;
+    return 0;
 }
 
 /* Take and run items until the batch has none left. */

@@ -57,4 +57,9 @@ void psd_fanout_close(psd_fanout_t *f);
  *  at 8 (1 when they cannot be counted). */
 unsigned psd_fanout_threads(unsigned want);
 
+/** @brief The thread count psd uses given the manifest's @p conf: PS_APPLY_THREADS when set (a
+ *  number in [0, PSD_FANOUT_MAX_THREADS]), else @p conf; 0 stays 0 (the online CPUs).
+ *  @return 0, or PS_ECONFIG with one line in @p err naming the bad value. */
+int psd_fanout_threads_env(unsigned conf, unsigned *out, char *err, size_t errlen);
+
 #endif

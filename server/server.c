@@ -622,19 +622,9 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, const char *restore, 
                srv->test_corrupt_pull);
     }
 
-    unsigned threads = m->apply_threads;
-    const char *at = getenv("PS_APPLY_THREADS");
-    if (at && *at) {
-        char *end;
-        unsigned long v = strtoul(at, &end, 10);
-        if (*end || v > PSD_FANOUT_MAX_THREADS) {
-            snprintf(err, errlen, "PS_APPLY_THREADS: must be a number in [0, %d], got '%s'",
-                     PSD_FANOUT_MAX_THREADS, at);
-            rc = PS_ECONFIG;
-            goto fail_store;
-        }
-        threads = (unsigned)v;
-    }
+    unsigned threads;
+    if ((rc = psd_fanout_threads_env(m->apply_threads, &threads, err, errlen)) != 0)
+        goto fail_store;
     if ((rc = psd_fanout_init(&srv->fanout, threads)) != 0) {
         snprintf(err, errlen, "cannot start %u apply threads: %s", psd_fanout_threads(threads),
                  ps_strerror(rc));

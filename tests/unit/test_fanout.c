@@ -3,6 +3,7 @@
  * items of one batch really run at once on different threads. */
 #include <check.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
@@ -101,6 +102,18 @@ START_TEST(thread_counts)
     psd_fanout_t f;
     ck_assert_int_ne(psd_fanout_init(&f, PSD_FANOUT_MAX_THREADS + 1), 0);
     psd_fanout_close(NULL);
+    unsigned t;
+    char err[128];
+    unsetenv("PS_APPLY_THREADS");
+    ck_assert_int_eq(psd_fanout_threads_env(5, &t, err, sizeof err), 0);
+    ck_assert_uint_eq(t, 5);
+    setenv("PS_APPLY_THREADS", "2", 1);
+    ck_assert_int_eq(psd_fanout_threads_env(5, &t, err, sizeof err), 0);
+    ck_assert_uint_eq(t, 2);
+    setenv("PS_APPLY_THREADS", "2x", 1);
+    ck_assert_int_ne(psd_fanout_threads_env(5, &t, err, sizeof err), 0);
+    ck_assert_str_eq(err, "PS_APPLY_THREADS: must be a number in [0, 64], got '2x'");
+    unsetenv("PS_APPLY_THREADS");
 }
 END_TEST
 
