@@ -41,6 +41,11 @@ static uint64_t now_ns(void)
 void ps_ucx_progress(ps_ucx_t *u)
 {
     if (u->worker == NULL) return;
+    /* A pool job finished and its completion is on its way (ps_ucx_spin_stop): let the loop
+     * reach it first. One progress call can copy a whole rendezvous chunk (CMA: ~0.1 ms per
+     * MiB), and the completion starts the next job and sends the replies, so it goes first;
+     * the completion's resume brings the loop back here. */
+    if (__atomic_load_n(&u->spin_stop, __ATOMIC_ACQUIRE)) return;
     uint64_t start = 0;
     int spin = u->spin_ns != 0;
     for (;;) {

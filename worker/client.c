@@ -38,6 +38,7 @@ typedef struct {
     uint8_t hdr[256];  /* the header bytes UCX reads until the send completes (names < 128) */
     struct {
         uint32_t crc;  /* push: CRC-32C of data; pull: the reply's CRC while its data lands */
+        uint8_t have_crc; /* push: crc is computed (at the first send, on the comm thread) */
         uint8_t tries; /* times it came back corrupted */
         uint8_t sending; /* a send of it has not completed: hdr (and copy) are in use */
         uint8_t again; /* send it again once that send completes */
@@ -531,6 +532,14 @@ static void send_data_part(ps_client_t *c, ps_op_t *op, part_t *p)
         __atomic_add_fetch(&c->stats.bytes_pushed, p->len, __ATOMIC_RELAXED);
         __atomic_add_fetch(&c->stats.bytes_pushed_raw, len * 4, __ATOMIC_RELAXED);
         __atomic_add_fetch(&c->stats.pushes, 1, __ATOMIC_RELAXED);
+        if (!p->ck.have_crc) {
+            /* Here, just before the chunk's first send, rather than for every chunk on the
+             * caller's thread before the op is submitted: the first chunk leaves at once and
+             * the later chunks' checksums overlap the earlier ones' transfers. A resend
+             * carries the same bytes, so the same CRC. */
+            p->ck.crc = ps_crc32c(0, p->data, p->len);
+            p->ck.have_crc = 1;
+        }
         m.crc32c = p->ck.crc;
         const void *data = test_corrupt_push(c, p);
         if (bundle_part(c, p, &m, data, p->len) == 0) {
@@ -1462,8 +1471,7 @@ static int data_op(ps_client_t *c, int type, uint32_t id, float *buf, uint64_t s
         const float *g = buf + (uint64_t)i * c->chunk_elems;
         if (t->codec.kind == PSK_CODEC_NONE) {
             p->data = g;
-            p->len = n * 4;
-            p->ck.crc = ps_crc32c(0, g, p->len); /* on the caller's thread, as the encode */
+            p->len = n * 4; /* its CRC-32C: at its first send (send_data_part) */
             continue;
         }
         /* Compress on the caller's thread, before the gradient leaves. */
@@ -1482,7 +1490,6 @@ static int data_op(ps_client_t *c, int type, uint32_t id, float *buf, uint64_t s
             return rc;
         }
         p->data = out;
-        p->ck.crc = ps_crc32c(0, out, p->len);
     }
     submit(c, op);
     *out = op;
