@@ -52,14 +52,16 @@ int ps_ucx_init(ps_ucx_t *u, uv_loop_t *loop);
  *  before other threads look at the handle. */
 void ps_ucx_set_spin(ps_ucx_t *u, uint32_t us);
 
-/** @brief Progress the worker until idle and re-arm it (loop thread only). */
+/** @brief Progress the worker until idle and re-arm it (loop thread only); returns at once
+ *  while ps_ucx_spin_stop is in effect. */
 void ps_ucx_progress(ps_ucx_t *u);
 
 /** @brief From any thread: another event source of the loop (a uv_queue_work job, an
  *  uv_async) is about to fire, so stop busy-polling and let the loop run it: until
- *  ps_ucx_spin_resume, ps_ucx_progress returns to the loop after each progress step instead
- *  of draining every transfer first. Whoever calls it must make sure the loop then runs a
- *  callback that calls ps_ucx_spin_resume (the job's done callback). */
+ *  ps_ucx_spin_resume, ps_ucx_progress does not start a progress call (one can copy a whole
+ *  rendezvous chunk) and returns to the loop after the one it is in, instead of draining
+ *  every transfer first. Whoever calls it must make sure the loop then runs a callback that
+ *  calls ps_ucx_spin_resume (the job's done callback): the worker is not re-armed meanwhile. */
 static inline void ps_ucx_spin_stop(ps_ucx_t *u)
 {
     __atomic_store_n(&u->spin_stop, 1, __ATOMIC_RELEASE);
