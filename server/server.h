@@ -13,6 +13,7 @@
 
 #include "batches.h"
 #include "codec.h"
+#include "init.h"
 #include "optim.h"
 #include "manifest.h"
 #include "merkle.h"
@@ -132,6 +133,8 @@ typedef struct {
     int kind;                  /* JOB_CREATE or JOB_APPLY */
     uint32_t tensor;           /* JOB_CREATE */
     ps_decl_t decl;            /* JOB_CREATE: a copy the thread may read */
+    psk_init_t init;           /* JOB_CREATE: its initializer (run_create) */
+    uint64_t start_ns;         /* JOB_CREATE: when it was started (uv_hrtime), for the log */
     psd_chunk_t **chunks;      /* JOB_CREATE: the tensor's chunk table (fixed while it runs) */
     uint32_t nchunks;
     psd_chunk_t **items;       /* JOB_APPLY: chunks whose SLOT_APPLYING slots to apply */
@@ -144,8 +147,9 @@ typedef struct {
                                   the apply pass): that push, or under bsp the whole chunk's
                                   step, was not applied */
     const psd_chunk_hdr_t **olds; /* [nitems] JOB_APPLY: old records (read snapshot) */
-    psd_chunk_hdr_t **recs;    /* [nitems] JOB_APPLY: their reserved new records */
-    uint32_t *deferred;        /* items whose update runs on the fan-out (run_apply) */
+    psd_chunk_hdr_t **recs;    /* [nitems] JOB_APPLY: their reserved new records;
+                                  [nchunks] JOB_CREATE: the deferred chunks' records */
+    uint32_t *deferred;        /* items (chunks) whose update runs on the fan-out */
     uint32_t cap_hashes;       /* capacity of hashes, bad, olds, recs, deferred */
     int rc;
     char err[256];

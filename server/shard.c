@@ -903,6 +903,28 @@ static psk_optim_t optim_at(psd_server_t *srv, uint64_t step, uint64_t total_ste
         .nesterov = o->nesterov, .weight_decay = o->weight_decay};
 }
 
+/* Chunk @p c's first record into @p h: initialized parameters, zero optimizer state. */
+static void create_item(psd_job_t *job, uint32_t c, psd_chunk_hdr_t *h)
+{
+    const psd_server_t *srv = job->srv;
+    uint32_t n = job->chunks[c]->n;
+    *h = (psd_chunk_hdr_t){.version = 0, .n = n, .nstate = srv->nstate};
+    psk_init_cpu(psd_chunk_params(h), n, (uint64_t)c * srv->chunk_elems, &job->init);
+    memset(psd_chunk_state(h), 0, (size_t)n * srv->nstate * 4);
+    psd_store_chunk_seal(h);
+    job->hashes[c] = h->hash;
+}
+
+static void create_deferred(void *arg, size_t d)
+{
+    psd_job_t *job = arg;
+    uint32_t c = job->deferred[d];
+    create_item(job, c, job->recs[c]);
+}
+
+/* Every chunk's record is reserved first and filled on the fan-out when it sits on overflow
+ * pages (stable), as run_apply does; the initializer is counter-based (the chunk's offset),
+ * so the order does not matter. */
 static int run_create(psd_job_t *job, psd_wtxn_t *tx)
 {
     psd_server_t *srv = job->srv;
@@ -910,21 +932,24 @@ static int run_create(psd_job_t *job, psd_wtxn_t *tx)
     int rc = psd_store_put_tensor(tx, d);
     uint32_t dims1 = 1;
     for (int i = 1; i < d->ndim; i++) dims1 *= d->shape[i];
-    psk_init_t init = {.kind = (psk_init_kind_t)d->init, .arg = d->init_arg,
-                       .seed = psk_init_seed(d->name, d->seed), .fan_in = d->shape[0],
-                       .fan_out = d->ndim > 1 ? dims1 : 1};
+    job->init = (psk_init_t){.kind = (psk_init_kind_t)d->init, .arg = d->init_arg,
+                             .seed = psk_init_seed(d->name, d->seed), .fan_in = d->shape[0],
+                             .fan_out = d->ndim > 1 ? dims1 : 1};
+    uint32_t ndeferred = 0;
     for (uint32_t c = 0; rc == 0 && c < job->nchunks; c++) {
         psd_chunk_t *ch = job->chunks[c];
         if (ch == NULL) continue;
         psd_chunk_hdr_t *h;
         rc = psd_store_chunk_reserve(tx, d->id, c, ch->n, srv->nstate, &h);
         if (rc) break;
-        *h = (psd_chunk_hdr_t){.version = 0, .n = ch->n, .nstate = srv->nstate};
-        psk_init_cpu(psd_chunk_params(h), ch->n, (uint64_t)c * srv->chunk_elems, &init);
-        memset(psd_chunk_state(h), 0, (size_t)ch->n * srv->nstate * 4);
-        psd_store_chunk_seal(h);
-        job->hashes[c] = h->hash;
+        if (job->pooled && psd_store_record_stable(&srv->store, ch->n, srv->nstate)) {
+            job->recs[c] = h;
+            job->deferred[ndeferred++] = c;
+        } else {
+            create_item(job, c, h);
+        }
     }
+    if (rc == 0) psd_fanout_run(&srv->fanout, ndeferred, create_deferred, job);
     return rc;
 }
 
@@ -1168,9 +1193,16 @@ static void job_done(uv_work_t *w, int status)
         psd_tensor_t *t = &srv->tensors[job->tensor];
         t->ready = job->rc == 0;
         if (job->rc == 0) {
+            uint64_t here = 0;
             for (uint32_t c = 0; c < t->nchunks; c++)
-                if (t->chunks[c]) t->chunks[c]->hash = job->hashes[c];
+                if (t->chunks[c]) {
+                    t->chunks[c]->hash = job->hashes[c];
+                    here += t->chunks[c]->n;
+                }
             psd_integrity_rebuild(srv);
+            PS_LOG(PS_LOG_INFO, "shard", "tensor %u '%s' initialized: %.1f MiB of parameters here "
+                   "in %.1f ms", job->tensor, t->decl.name, (double)here * 4 / (1 << 20),
+                   (double)(uv_hrtime() - job->start_ns) / 1e6);
         }
         if (job->rc) {
             /* Not created: forget it, so a later declaration tries again. */
@@ -1364,6 +1396,7 @@ static void job_start_next(psd_server_t *srv)
     job->work.data = job;
     if (srv->ncreate > 0) {
         job->kind = JOB_CREATE;
+        job->start_ns = uv_hrtime();
         job->tensor = srv->create_queue[0];
         memmove(srv->create_queue, srv->create_queue + 1, (srv->ncreate - 1) * sizeof(uint32_t));
         srv->ncreate--;
