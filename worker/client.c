@@ -23,6 +23,11 @@
 #include "wire.h"
 
 #define PS_CLIENT_MAX_TENSORS 65536 /* as psd's PSD_MAX_TENSORS */
+/* Rendezvous push chunks of one op in flight to one shard at a time, where the transport
+ * interleaves concurrent transfers (tcp, RDMA): with all of them in flight every chunk lands at
+ * the end, and the shard can apply none of them before the last byte. CMA reads one rendezvous
+ * after the other anyway, so a window would only add hand-shakes there. */
+#define PS_PUSH_WINDOW 2
 #define PS_CRC_TRIES 5              /* a corrupted part is sent again at most this often in a row */
 
 enum { OP_HELLO = 1, OP_DECLARE, OP_PUSH, OP_PULL, OP_LEAVE, OP_SHUTDOWN, OP_BATCH, OP_ECHO };
@@ -33,6 +38,7 @@ typedef struct {
     uint32_t shard;
     int pending;       /* waiting for its reply */
     int resend;        /* its shard went away: send again once it is back */
+    int held;          /* push: waits for an earlier chunk to the same shard (PS_PUSH_WINDOW) */
     const void *data;  /* push: the payload (raw fp32 slice or encoded chunk) */
     size_t len;
     uint8_t hdr[256];  /* the header bytes UCX reads until the send completes (names < 128) */
@@ -78,6 +84,8 @@ typedef struct {
     struct bundle_s *open; /* the bundle being filled for this shard (on_deferred) */
     char lanes[64];    /* the transports the endpoint uses ("sysv,cma", "tcp", "rc_mlx5") */
     int want_lanes;    /* the first hello was answered: find and log the lanes */
+    int windowed;      /* its lanes interleave rendezvous transfers (not cma): PS_PUSH_WINDOW */
+    uint32_t in_window; /* start_op's count of an op's pushes started to this shard */
     uint8_t hb_hdr[64];
 } cshard_t;
 
@@ -277,6 +285,11 @@ static void on_sent(void *request, ucs_status_t status, void *user_data)
     ps_op_t *op = p->op;
     op->ucx_refs--;
     part_sent(op->c, p);
+    for (uint32_t i = 0; op->type == OP_PUSH && op->status == 0 && i < op->nparts; i++)
+        if (op->parts[i].held && op->parts[i].shard == p->shard) {
+            send_data_part(op->c, op, &op->parts[i]); /* the window's next chunk */
+            break;
+        }
     if (status != UCS_OK && p->pending && !part_defer(op->c, p))
         op_fail(op, ps_ucx_err(status), "send to shard %u failed: %s", p->shard,
                 ucs_status_string(status));
@@ -516,6 +529,7 @@ static void send_data_part(ps_client_t *c, ps_op_t *op, part_t *p)
     ps_msg_t m = {.req_id = op->req_id, .rank = c->rank, .tensor = t->id, .chunk = p->chunk,
                   .step = op->step};
     p->resend = 0;
+    p->held = 0;
     if (op->type == OP_PUSH) {
         m.type = PS_MSG_PUSH;
         m.length = p->len;
@@ -597,8 +611,17 @@ static void start_op(ps_client_t *c, ps_op_t *op)
     }
     case OP_PUSH:
     case OP_PULL: {
-        for (uint32_t i = 0; i < op->nparts && op->status == 0; i++)
-            send_data_part(c, op, &op->parts[i]);
+        for (uint32_t i = 0; i < op->nparts; i++) c->shards[op->parts[i].shard].in_window = 0;
+        for (uint32_t i = 0; i < op->nparts && op->status == 0; i++) {
+            part_t *p = &op->parts[i];
+            cshard_t *s = &c->shards[p->shard];
+            if (op->type == OP_PUSH && s->windowed && p->len > PS_BUNDLE_PART_MAX &&
+                s->in_window++ >= PS_PUSH_WINDOW) {
+                p->held = 1; /* sent when an earlier one completes (on_sent) */
+                continue;
+            }
+            send_data_part(c, op, p);
+        }
         break;
     }
     }
@@ -841,6 +864,7 @@ static int on_deferred(ps_ucx_t *u)
              * that fell back to TCP is seen at once. */
             s->want_lanes = 0;
             ps_ucx_ep_lanes(s->ep, s->lanes, sizeof s->lanes);
+            s->windowed = strstr(s->lanes, "cma") == NULL;
             PS_LOG(PS_LOG_INFO, "libps", "shard %u (%s:%u) over %s", i, c->m.servers[i].host,
                    c->m.servers[i].port, s->lanes);
         }

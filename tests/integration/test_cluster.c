@@ -96,6 +96,38 @@ START_TEST(test_fusion_off_matches_local)
 }
 END_TEST
 
+/* (a'') Over TCP only (UCX_TLS=tcp for every process): libps keeps at most PS_PUSH_WINDOW
+ * rendezvous chunks of a push in flight to a shard there and sends the next as one completes;
+ * 32 KiB chunks give every shard several chunks of the larger tensors, and training still
+ * ends with the reference's parameters. */
+START_TEST(test_tcp_matches_local)
+{
+    setenv("UCX_TLS", "tcp", 1); /* this test's process (forked) and what it starts */
+    setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 1); /* the shm settings psd sets go unused */
+    cl_conf_t k = {.shards = 2,
+                   .workers = 2,
+                   .consistency = "bsp",
+                   .optimizer = "{name: adam, lr: 0.01}",
+                   .max_steps = 20,
+                   .batch_size = 64,
+                   .chunk_bytes = 32768};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    cl_proc_t *w[2] = {cl_worker_start(c, NULL, "w0.params", false),
+                       cl_worker_start(c, NULL, "w1.params", false)};
+    EXPECT_EXIT(w[0], 0);
+    EXPECT_EXIT(w[1], 0);
+    EXPECT_LOG(psd[0], ") over tcp");
+    EXPECT_LOG(psd[1], ") over tcp");
+    cl_proc_t *ref = cl_worker_start(c, NULL, "local.params", true);
+    EXPECT_EXIT(ref, 0);
+    expect_same_params(w[0]->params, ref->params, 1e-5, 1e-7);
+    expect_same_params(w[1]->params, ref->params, 1e-5, 1e-7);
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* (b) A second psd on a data_dir in use is refused, naming the dir; the first one keeps
  * serving. */
 START_TEST(test_data_dir_in_use)
@@ -321,6 +353,7 @@ Suite *ps_test_suite(void)
     Suite *s = suite_create("cluster");
     suite_add_tcase(s, tcase("bsp_matches_local", test_bsp_matches_local));
     suite_add_tcase(s, tcase("fusion_off_matches_local", test_fusion_off_matches_local));
+    suite_add_tcase(s, tcase("tcp_matches_local", test_tcp_matches_local));
     suite_add_tcase(s, tcase("data_dir_in_use", test_data_dir_in_use));
     suite_add_tcase(s, tcase("conflicting_shape", test_conflicting_shape));
     suite_add_tcase(s, tcase("sigterm_restart", test_sigterm_restart));
