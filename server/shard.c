@@ -4,7 +4,6 @@
 
 #include "checkpoint.h"
 #include "crc32c.h"
-#include "crc32c.h"
 #include "init.h"
 #include "rechash.h"
 #include "integrity.h"
