@@ -26,6 +26,22 @@ static unsigned long long sum_field(const cl_proc_t *p, const char *key)
     return sum;
 }
 
+/* Start two shards and two workers on @p c, wait for the workers, and check that both end
+ * with the parameters of the single-process reference. The shards keep running: psd[]. */
+static void two_by_two_matches_local(cl_cluster_t *c, cl_proc_t *psd[2], cl_proc_t *w[2])
+{
+    psd[0] = cl_psd_start(c, 0, NULL, READY_S);
+    psd[1] = cl_psd_start(c, 1, NULL, READY_S);
+    w[0] = cl_worker_start(c, NULL, "w0.params", false);
+    w[1] = cl_worker_start(c, NULL, "w1.params", false);
+    EXPECT_EXIT(w[0], 0);
+    EXPECT_EXIT(w[1], 0);
+    cl_proc_t *ref = cl_worker_start(c, NULL, "local.params", true);
+    EXPECT_EXIT(ref, 0);
+    expect_same_params(w[0]->params, ref->params, 1e-5, 1e-7);
+    expect_same_params(w[1]->params, ref->params, 1e-5, 1e-7);
+}
+
 /* (a) Two shards, two BSP workers: each ends with the parameters the single-process reference
  * computes from the same global batches (bit-identical today; the test allows float reordering). */
 START_TEST(test_bsp_matches_local)
@@ -37,11 +53,8 @@ START_TEST(test_bsp_matches_local)
                    .max_steps = 50,
                    .batch_size = 64};
     cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
-    cl_proc_t *w[2] = {cl_worker_start(c, NULL, "w0.params", false),
-                       cl_worker_start(c, NULL, "w1.params", false)};
-    EXPECT_EXIT(w[0], 0);
-    EXPECT_EXIT(w[1], 0);
+    cl_proc_t *psd[2], *w[2];
+    two_by_two_matches_local(c, psd, w);
 
     /* Both ranks were handed out, one to each worker. */
     char *l0 = cl_log(w[0]), *l1 = cl_log(w[1]);
@@ -52,12 +65,6 @@ START_TEST(test_bsp_matches_local)
     free(l1);
     ck_assert_msg(ok, "want ranks 0 and 1 joined at step 0 of 50; logs: %s: %s; %s: %s", w[0]->name,
                   cl_tail(w[0]), w[1]->name, cl_tail(w[1]));
-
-    cl_proc_t *ref = cl_worker_start(c, NULL, "local.params", true);
-    EXPECT_EXIT(ref, 0);
-    expect_same_params(w[0]->params, ref->params, 1e-5, 1e-7);
-    expect_same_params(w[1]->params, ref->params, 1e-5, 1e-7);
-
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }
@@ -75,15 +82,8 @@ START_TEST(test_fusion_off_matches_local)
                    .batch_size = 64,
                    .top_extra = "fusion_bytes: 0\n"};
     cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
-    cl_proc_t *w[2] = {cl_worker_start(c, NULL, "w0.params", false),
-                       cl_worker_start(c, NULL, "w1.params", false)};
-    EXPECT_EXIT(w[0], 0);
-    EXPECT_EXIT(w[1], 0);
-    cl_proc_t *ref = cl_worker_start(c, NULL, "local.params", true);
-    EXPECT_EXIT(ref, 0);
-    expect_same_params(w[0]->params, ref->params, 1e-5, 1e-7);
-    expect_same_params(w[1]->params, ref->params, 1e-5, 1e-7);
+    cl_proc_t *psd[2], *w[2];
+    two_by_two_matches_local(c, psd, w);
     char *argv[] = {(char *)cl_binary("PSCTL"), "--manifest", c->manifest, "status", "--json",
                     NULL};
     cl_proc_t *ctl = cl_spawn(c, "psctl", argv);
@@ -112,17 +112,10 @@ START_TEST(test_tcp_matches_local)
                    .batch_size = 64,
                    .chunk_bytes = 32768};
     cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
-    cl_proc_t *w[2] = {cl_worker_start(c, NULL, "w0.params", false),
-                       cl_worker_start(c, NULL, "w1.params", false)};
-    EXPECT_EXIT(w[0], 0);
-    EXPECT_EXIT(w[1], 0);
+    cl_proc_t *psd[2], *w[2];
+    two_by_two_matches_local(c, psd, w);
     EXPECT_LOG(psd[0], ") over tcp");
     EXPECT_LOG(psd[1], ") over tcp");
-    cl_proc_t *ref = cl_worker_start(c, NULL, "local.params", true);
-    EXPECT_EXIT(ref, 0);
-    expect_same_params(w[0]->params, ref->params, 1e-5, 1e-7);
-    expect_same_params(w[1]->params, ref->params, 1e-5, 1e-7);
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }
