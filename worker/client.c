@@ -85,7 +85,7 @@ typedef struct {
     char lanes[64];    /* the transports the endpoint uses ("sysv,cma", "tcp", "rc_mlx5") */
     int want_lanes;    /* the first hello was answered: find and log the lanes */
     int windowed;      /* its lanes interleave rendezvous transfers (not cma): PS_PUSH_WINDOW */
-    uint32_t in_window; /* start_op's count of an op's pushes started to this shard */
+    uint32_t in_window; /* start_op's count of an op's pushes in flight to this shard */
     uint8_t hb_hdr[64];
 } cshard_t;
 
@@ -248,17 +248,24 @@ static int part_defer(ps_client_t *c, part_t *p)
 
 static void send_data_part(ps_client_t *c, ps_op_t *op, part_t *p);
 
-/* A send of @p p completed: its header (and test copy) are free again; a resend that waited
- * for that goes now. */
+/* A send of @p p completed (in its callback, or at once): its header (and test copy) are free
+ * again; a resend that waited for that goes now, and so does the push window's next chunk to
+ * the same shard. */
 static void part_sent(ps_client_t *c, part_t *p)
 {
+    ps_op_t *op = p->op;
     p->ck.sending = 0;
     free(p->ck.copy);
     p->ck.copy = NULL;
     if (p->ck.again && p->pending) {
         p->ck.again = 0;
-        send_data_part(c, p->op, p);
+        send_data_part(c, op, p);
     }
+    for (uint32_t i = 0; op->type == OP_PUSH && op->status == 0 && i < op->nparts; i++)
+        if (op->parts[i].held && op->parts[i].shard == p->shard) {
+            send_data_part(c, op, &op->parts[i]);
+            break;
+        }
 }
 
 /* Part @p p arrived corrupted (the shard answered PS_ECRC, or a pull reply's CRC-32C did not
@@ -285,11 +292,6 @@ static void on_sent(void *request, ucs_status_t status, void *user_data)
     ps_op_t *op = p->op;
     op->ucx_refs--;
     part_sent(op->c, p);
-    for (uint32_t i = 0; op->type == OP_PUSH && op->status == 0 && i < op->nparts; i++)
-        if (op->parts[i].held && op->parts[i].shard == p->shard) {
-            send_data_part(op->c, op, &op->parts[i]); /* the window's next chunk */
-            break;
-        }
     if (status != UCS_OK && p->pending && !part_defer(op->c, p))
         op_fail(op, ps_ucx_err(status), "send to shard %u failed: %s", p->shard,
                 ucs_status_string(status));
@@ -616,11 +618,12 @@ static void start_op(ps_client_t *c, ps_op_t *op)
             part_t *p = &op->parts[i];
             cshard_t *s = &c->shards[p->shard];
             if (op->type == OP_PUSH && s->windowed && p->len > PS_BUNDLE_PART_MAX &&
-                s->in_window++ >= PS_PUSH_WINDOW) {
-                p->held = 1; /* sent when an earlier one completes (on_sent) */
+                s->in_window >= PS_PUSH_WINDOW) {
+                p->held = 1; /* sent when an earlier one's send completes (part_sent) */
                 continue;
             }
             send_data_part(c, op, p);
+            if (p->ck.sending) s->in_window++; /* not completed at once (eager) */
         }
         break;
     }
@@ -1129,6 +1132,8 @@ static ps_op_t *op_init(ps_op_t *op, ps_client_t *c, int type, uint32_t nparts)
     for (uint32_t i = 0; i < nparts; i++) {
         op->parts[i].op = op;
         op->parts[i].pending = 1;
+        op->parts[i].resend = 0; /* malloc'd or a spare: never stale */
+        op->parts[i].held = 0;
         op->parts[i].data = NULL;
         op->parts[i].len = 0;
         memset(&op->parts[i].ck, 0, sizeof op->parts[i].ck);

@@ -99,11 +99,13 @@ END_TEST
 /* (a'') Over TCP only (UCX_TLS=tcp for every process): libps keeps at most PS_PUSH_WINDOW
  * rendezvous chunks of a push in flight to a shard there and sends the next as one completes;
  * 32 KiB chunks give every shard several chunks of the larger tensors, and training still
- * ends with the reference's parameters. */
-START_TEST(test_tcp_matches_local)
+ * ends with the reference's parameters. With @p eager (UCX_RNDV_THRESH=inf) sends complete at
+ * once instead of in a callback, which the window must follow as well. */
+static void tcp_matches_local(bool eager)
 {
     setenv("UCX_TLS", "tcp", 1); /* this test's process (forked) and what it starts */
     setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 1); /* the shm settings psd sets go unused */
+    if (eager) setenv("UCX_RNDV_THRESH", "inf", 1);
     cl_conf_t k = {.shards = 2,
                    .workers = 2,
                    .consistency = "bsp",
@@ -119,6 +121,11 @@ START_TEST(test_tcp_matches_local)
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }
+
+START_TEST(test_tcp_matches_local) { tcp_matches_local(false); }
+END_TEST
+
+START_TEST(test_tcp_eager_matches_local) { tcp_matches_local(true); }
 END_TEST
 
 /* (b) A second psd on a data_dir in use is refused, naming the dir; the first one keeps
@@ -347,6 +354,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("bsp_matches_local", test_bsp_matches_local));
     suite_add_tcase(s, tcase("fusion_off_matches_local", test_fusion_off_matches_local));
     suite_add_tcase(s, tcase("tcp_matches_local", test_tcp_matches_local));
+    suite_add_tcase(s, tcase("tcp_eager_matches_local", test_tcp_eager_matches_local));
     suite_add_tcase(s, tcase("data_dir_in_use", test_data_dir_in_use));
     suite_add_tcase(s, tcase("conflicting_shape", test_conflicting_shape));
     suite_add_tcase(s, tcase("sigterm_restart", test_sigterm_restart));
