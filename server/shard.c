@@ -902,6 +902,19 @@ static psk_optim_t optim_at(psd_server_t *srv, uint64_t step, uint64_t total_ste
         .nesterov = o->nesterov, .weight_decay = o->weight_decay};
 }
 
+/* Whether item @p i's reserved record @p h (of @p n params) waits for the job's fan-out: only
+ * in a pooled job, and only a record on overflow pages (psd_store_record_stable), which later
+ * reserves in the transaction do not move; the caller fills any other at once. */
+static bool job_defer(psd_job_t *job, uint32_t i, uint32_t n, psd_chunk_hdr_t *h,
+                      uint32_t *ndeferred)
+{
+    if (!job->pooled || !psd_store_record_stable(&job->srv->store, n, job->srv->nstate))
+        return false;
+    job->recs[i] = h;
+    job->deferred[(*ndeferred)++] = i;
+    return true;
+}
+
 /* Chunk @p c's first record into @p h: initialized parameters, zero optimizer state. */
 static void create_item(psd_job_t *job, uint32_t c, psd_chunk_hdr_t *h)
 {
@@ -941,12 +954,7 @@ static int run_create(psd_job_t *job, psd_wtxn_t *tx)
         psd_chunk_hdr_t *h;
         rc = psd_store_chunk_reserve(tx, d->id, c, ch->n, srv->nstate, &h);
         if (rc) break;
-        if (job->pooled && psd_store_record_stable(&srv->store, ch->n, srv->nstate)) {
-            job->recs[c] = h;
-            job->deferred[ndeferred++] = c;
-        } else {
-            create_item(job, c, h);
-        }
+        if (!job_defer(job, c, ch->n, h, &ndeferred)) create_item(job, c, h);
     }
     if (rc == 0) psd_fanout_run(&srv->fanout, ndeferred, create_deferred, job);
     return rc;
@@ -1106,13 +1114,8 @@ static int run_apply(psd_job_t *job, psd_wtxn_t *tx)
         psd_chunk_hdr_t *h;
         rc = psd_store_chunk_reserve(tx, ch->tensor, ch->chunk, ch->n, srv->nstate, &h);
         if (rc) return rc;
-        if (job->pooled && psd_store_record_stable(&srv->store, ch->n, srv->nstate)) {
-            job->olds[i] = old;
-            job->recs[i] = h;
-            job->deferred[ndeferred++] = i;
-        } else {
-            apply_item(job, i, old, h);
-        }
+        job->olds[i] = old;
+        if (!job_defer(job, i, ch->n, h, &ndeferred)) apply_item(job, i, old, h);
     }
     psd_fanout_run(&srv->fanout, ndeferred, apply_deferred, job);
     return 0;

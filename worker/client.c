@@ -261,7 +261,9 @@ static void part_sent(ps_client_t *c, part_t *p)
         p->ck.again = 0;
         send_data_part(c, op, p);
     }
-    for (uint32_t i = 0; op->type == OP_PUSH && op->status == 0 && i < op->nparts; i++)
+    /* Held parts follow every sent one of their shard (start_op holds in index order). */
+    if (op->type != OP_PUSH || op->status != 0 || !c->shards[p->shard].windowed) return;
+    for (uint32_t i = (uint32_t)(p - op->parts) + 1; i < op->nparts; i++)
         if (op->parts[i].held && op->parts[i].shard == p->shard) {
             send_data_part(c, op, &op->parts[i]);
             break;
