@@ -57,11 +57,11 @@ static int tensor_index(client_t *k, uint64_t size)
 static void ensure_buffers(client_t *k, uint64_t size)
 {
     if (size <= k->cap) return;
-    free(k->grad);
-    free(k->dst);
+    ps_buffer_free(k->grad, k->cap);
+    ps_buffer_free(k->dst, k->cap);
     size_t n = size / 4;
-    k->grad = malloc(size);
-    k->dst = malloc(size);
+    k->grad = ps_buffer_alloc(size); /* 2 MiB pages: cheaper same-host transfers */
+    k->dst = ps_buffer_alloc(size);
     if (k->grad == NULL || k->dst == NULL) fail(k, "buffers", PS_ENOMEM);
     for (size_t i = 0; i < n; i++) {
         k->grad[i] = 1e-3f;

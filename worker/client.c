@@ -1394,7 +1394,7 @@ void ps_client_destroy(ps_client_t *c)
         ctensor_t *t = c->tensors[i];
         if (t == NULL) continue;
         free(t->residual);
-        free(t->payload);
+        ps_buffer_free(t->payload, t->chunk_cap * t->nchunks);
         free(t->scratch);
         free(t->pull_buf);
         free(t->spare[0]);
@@ -1559,16 +1559,16 @@ int ps_client_set_compression(ps_client_t *c, uint32_t id, const ps_compression_
     size_t n = t->numel < c->chunk_elems ? t->numel : c->chunk_elems; /* the largest chunk */
     if (pc.kind != PSK_CODEC_NONE) {
         size_t cap = psk_codec_max_bytes(&pc, n), scr = psk_codec_scratch_bytes(&pc, n);
-        uint8_t *payload = malloc(cap * t->nchunks);
+        uint8_t *payload = ps_buffer_alloc(cap * t->nchunks); /* read by the shards */
         void *scratch = scr ? malloc(scr) : NULL;
         float *res = error_feedback ? calloc(t->numel, sizeof *res) : NULL;
         if (!payload || (scr && !scratch) || (error_feedback && !res)) {
-            free(payload);
+            ps_buffer_free(payload, cap * t->nchunks);
             free(scratch);
             free(res);
             return PS_ENOMEM;
         }
-        free(t->payload);
+        ps_buffer_free(t->payload, t->chunk_cap * t->nchunks);
         free(t->scratch);
         free(t->residual);
         t->payload = payload;

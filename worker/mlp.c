@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ps/ps_client.h" /* ps_buffer_alloc */
 #include "ps/ps_error.h"
 
 /* Activation scratch layout, per layer l = 1..L (L = nlin), for B <= max_batch rows:
@@ -61,12 +62,13 @@ int ps_mlp_create(ps_mlp_t *m, const uint32_t *sizes, int nsizes, uint32_t max_b
     if (nparams > SIZE_MAX / (2 * sizeof(float)) || nact > SIZE_MAX / sizeof(float) / max_batch)
         return PS_EINVAL;
 
-    /* params then grads, each contiguous, in one zeroed allocation. */
-    float *mem = calloc(2 * nparams, sizeof(float));
+    /* params then grads, each contiguous, in one zeroed allocation that moves to and from
+     * the shards cheaply (2 MiB pages when large). */
+    float *mem = ps_buffer_alloc(2 * nparams * sizeof(float));
     float *act = malloc(nact * max_batch * sizeof(float));
     if (mem == NULL || act == NULL) {
         free(act);
-        free(mem);
+        ps_buffer_free(mem, 2 * nparams * sizeof(float));
         return PS_ENOMEM;
     }
 
@@ -107,7 +109,7 @@ void ps_mlp_destroy(ps_mlp_t *m)
     if (m == NULL)
         return;
     free(m->act);
-    free(m->mem);
+    ps_buffer_free(m->mem, 2 * m->nparams * sizeof(float));
     memset(m, 0, sizeof(*m));
 }
 
