@@ -12,12 +12,15 @@
 #include "ps/ps_client.h"
 
 #define HUGE_BYTES ((size_t)2 << 20)
+/* From here up a buffer gets whole huge pages of its own: a 1 MiB one takes a 2 MiB page
+ * (1 MiB round 1x1 shm +22%, push +33% against 4 KiB pages, psbench). */
+#define MAPPED_MIN ((size_t)1 << 20)
 
 /* Large buffers are mapped whole (zeroed pages, faulted in on first touch), so the size
  * tells ps_buffer_free which kind it is. */
 static size_t mapped_len(size_t bytes)
 {
-    return bytes < HUGE_BYTES ? 0 : (bytes + HUGE_BYTES - 1) & ~(HUGE_BYTES - 1);
+    return bytes < MAPPED_MIN ? 0 : (bytes + HUGE_BYTES - 1) & ~(HUGE_BYTES - 1);
 }
 
 void *ps_buffer_alloc(size_t bytes)

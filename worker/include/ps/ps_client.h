@@ -83,9 +83,10 @@ void ps_client_interrupt(ps_client_t *c);
 /**
  * @brief Allocate @p bytes of zeroed memory for a tensor's gradients or parameters. Any memory
  * works for push and pull; this kind is cheaper to move between processes of one host: from
- * 2 MiB up it is 2 MiB-aligned and advised to transparent huge pages (where the kernel's THP
- * setting is "madvise" or "always"), so a same-host transfer (cma), which pins the sending
- * process's pages, pins one page per 2 MiB instead of 512.
+ * 1 MiB up it is mapped alone in whole 2 MiB pages (a 1 MiB buffer takes 2 MiB), 2 MiB-aligned
+ * and advised to transparent huge pages (where the kernel's THP setting is "madvise" or
+ * "always"), so a same-host transfer (cma), which pins the sending process's pages, pins one
+ * page per 2 MiB instead of 512. Below 1 MiB it is plain heap memory.
  * @return the buffer, owned by the caller; release it with ps_buffer_free and the same
  *         @p bytes. NULL when out of memory.
  */
