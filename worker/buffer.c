@@ -25,6 +25,7 @@ static size_t mapped_len(size_t bytes)
 
 void *ps_buffer_alloc(size_t bytes)
 {
+    if (bytes > SIZE_MAX - 2 * HUGE_BYTES) return NULL; /* the rounding below would wrap */
     size_t len = mapped_len(bytes);
     if (len == 0) return calloc(1, bytes ? bytes : 1);
     /* Map one huge page more and trim, so the buffer starts on a 2 MiB boundary. */
@@ -35,7 +36,8 @@ void *ps_buffer_alloc(size_t bytes)
     size_t head = (size_t)(p - m); /* < HUGE_BYTES, so the tail is never empty */
     if (head) munmap(m, head);
     munmap(p + len, HUGE_BYTES - head);
-    /* Advice only: where THP is off (or "never"), this fails and 4 KiB pages serve. */
+    /* Advice only: it fails on a kernel without THP, and with THP "never" it is ignored;
+     * either way 4 KiB pages serve. */
     (void)madvise(p, len, MADV_HUGEPAGE);
     return p;
 }

@@ -50,6 +50,8 @@ START_TEST(test_sizes_zeroed_writable)
         }
         ps_buffer_free(b, n);
     }
+    ck_assert_ptr_null(ps_buffer_alloc(SIZE_MAX)); /* refused, not wrapped to a small map */
+    ck_assert_ptr_null(ps_buffer_alloc(SIZE_MAX - (1u << 20)));
     ps_buffer_free(NULL, 0);
     ps_buffer_free(NULL, 64 * MIB);
 }
