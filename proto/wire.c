@@ -77,6 +77,8 @@ int ps_msg_encode(const ps_msg_t *m, uint8_t *buf, size_t cap, size_t *len)
     h.host = (char *)(m->host[0] ? m->host : "");
     h.step_max = m->step_max;
     h.count = m->count;
+    h.store_id = m->store_id;
+    h.store = (char *)(m->store[0] ? m->store : "");
     /* Strings are only read by pack; the casts drop const for protobuf-c's API. */
     h.error = (char *)(m->error[0] ? m->error : "");
     h.cluster = (char *)(m->cluster[0] ? m->cluster : "");
@@ -173,6 +175,8 @@ int ps_msg_decode(ps_msg_t *m, const void *buf, size_t len, char *err, size_t er
     if (copy_str(m->host, sizeof m->host, h->host)) FAIL("host name too long");
     m->step_max = h->step_max;
     m->count = h->count;
+    m->store_id = h->store_id;
+    if (copy_str(m->store, sizeof m->store, h->store)) FAIL("store path too long");
     if (copy_str(m->error, sizeof m->error, h->error)) FAIL("error text too long");
     if (copy_str(m->cluster, sizeof m->cluster, h->cluster)) FAIL("cluster name too long");
     if (h->decl) {

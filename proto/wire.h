@@ -25,6 +25,8 @@ enum {
     PS_FLAG_PROGRESS = 8, /* push: `samples` = samples applied before its step (lr schedule) */
     PS_FLAG_PENDING = 16, /* checkpoint begin reply: the step asked for is not reached yet; it
                              will be held when it is: ask again */
+    PS_FLAG_DIRECT = 32,  /* pull: the worker reads the shard's store itself (the hello reply's
+                             store); pull reply: no data, read version `step` from the store */
 };
 
 /* UCP Active Message ids. */
@@ -130,6 +132,8 @@ typedef struct {
     char host[64];
     uint64_t step_max;
     uint64_t count;
+    uint64_t store_id;
+    char store[256];
     char error[256];
     char cluster[128];
     int has_decl;

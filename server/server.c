@@ -261,6 +261,7 @@ static void on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
                   .epoch = psd_shard_epoch(srv), .shard = srv->shard,
                   .consistency = (uint32_t)srv->m.job.consistency,
                   .step = psd_shard_step(srv)};
+    psd_hello_store(srv, &r);
     psd_send_msg(srv, c, &r);
 }
 
@@ -298,7 +299,7 @@ static void send_status(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
     len += (size_t)snprintf(out, cap,
                             "{\"shard\": %u, \"address\": \"%s:%u\", \"cluster\": \"%s\", "
                             "\"step\": %llu, \"consistency\": \"%s\", \"optimizer\": \"%s\", "
-                            "\"pushes\": %llu, \"pulls\": %llu, "
+                            "\"pushes\": %llu, \"pulls\": %llu, \"direct_pulls\": %llu, "
                             "\"bundles_received\": %llu, \"bundles_sent\": %llu, "
                             "\"updates_applied\": %llu, \"crc_errors\": %llu, \"stopping\": %s, ",
                             srv->shard, sc->host, sc->port, srv->m.cluster,
@@ -306,6 +307,7 @@ static void send_status(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
                             ps_consistency_name(srv->m.job.consistency),
                             ps_optim_name(srv->m.job.optimizer.name),
                             (unsigned long long)srv->pushes, (unsigned long long)srv->pulls,
+                            (unsigned long long)srv->direct_pulls,
                             (unsigned long long)srv->bundles_received,
                             (unsigned long long)srv->bundles_sent,
                             (unsigned long long)srv->applied_updates,
@@ -641,6 +643,7 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, const char *restore, 
         psd_restore_undo(sc->data_dir); /* empty again: the same command may be tried again */
         goto fail_store;
     }
+    psd_direct_init(srv, sc->data_dir);
     if ((rc = psd_shard_load(srv)) != 0) {
         snprintf(err, errlen, "%s: cannot read the shard store: %s", sc->data_dir,
                  ps_strerror(rc));

@@ -55,6 +55,7 @@ typedef struct psd_wait_s {
     uint64_t min_version;
     uint32_t codec;            /* pulls: the reply's encoding (none, fp16, bf16) */
     struct psd_wait_s *next;
+    uint32_t flags;            /* pulls: PS_FLAG_DIRECT (the worker reads the store itself) */
 } psd_wait_t;
 
 enum { SLOT_EMPTY = 0, SLOT_RECEIVING, SLOT_FULL, SLOT_APPLYING };
@@ -195,6 +196,9 @@ struct psd_server_s {
     ps_ucx_t ucx;
     ucp_listener_h listener;
     psd_store_t store;
+    char store_path[256];      /* the store's absolute directory, told to workers for direct
+                                  pulls (storeview.h); "" when PS_DIRECT_PULL=0 or too long */
+    uint64_t store_id;         /* ps_storeview_file_id of its data file */
     psd_fanout_t fanout;       /* apply jobs' record updates run on its threads (run_apply) */
     psd_conn_t *conns;
     psd_conn_t **rank_owner;   /* [PS_MAX_RANKS] shards > 0: the connection of each rank */
@@ -243,7 +247,7 @@ struct psd_server_s {
     uint64_t last_cron_ms;     /* psd_now_ms() of the last heartbeat check */
     void *echo_buf;            /* MSG_ECHO's landing place (contents dropped) */
     size_t echo_cap;
-    uint64_t applied_updates, pushes, pulls;
+    uint64_t applied_updates, pushes, pulls, direct_pulls;
     uint64_t crc_errors;       /* pushes rejected for a checksum mismatch */
     uint32_t test_corrupt_pull; /* PS_TEST_CORRUPT_PULL (tests only): corrupt every Nth pull reply */
     uint64_t test_pull_count;
@@ -267,6 +271,16 @@ int psd_outbox_add(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg, con
                    size_t dlen);
 /** @brief Send @p conn's collected bundle now (before a message that must follow it). */
 void psd_outbox_flush(psd_server_t *srv, psd_conn_t *conn);
+
+/* direct.c */
+/** @brief Decide whether workers may read this shard's store in @p data_dir directly (not when
+ *  PS_DIRECT_PULL=0): sets store_path and store_id. Call once the store is open. */
+void psd_direct_init(psd_server_t *srv, const char *data_dir);
+/** @brief Fill a hello reply's store and store_id (empty when direct pulls are off). */
+void psd_hello_store(const psd_server_t *srv, ps_msg_t *reply);
+/** @brief Free the LMDB read slots of processes that exited while reading the store (a worker
+ *  killed during a direct pull would otherwise keep old pages from reuse). Loop thread. */
+void psd_direct_reap(psd_server_t *srv);
 
 /* server.c */
 /** @brief UCX send callback of a psd_send_t without a snapshot (a header, a bundle): drops its

@@ -308,14 +308,14 @@ static void wait_put(psd_server_t *srv, psd_wait_t *w)
 }
 
 static int wait_add(psd_server_t *srv, psd_wait_t **list, psd_conn_t *conn, uint64_t req_id,
-                    uint64_t min_version, uint32_t codec)
+                    uint64_t min_version, uint32_t codec, uint32_t flags)
 {
     psd_wait_t *w = srv->free_waits;
     if (w)
         srv->free_waits = w->next;
     else if ((w = malloc(sizeof *w)) == NULL)
         return PS_ENOMEM;
-    *w = (psd_wait_t){conn, req_id, min_version, codec, *list};
+    *w = (psd_wait_t){conn, req_id, min_version, codec, *list, flags};
     *list = w;
     psd_conn_ref(conn);
     return 0;
@@ -337,6 +337,7 @@ static void drop_from(psd_server_t *srv, psd_wait_t **list, psd_conn_t *conn)
 
 void psd_shard_drop_conn(psd_server_t *srv, psd_conn_t *conn)
 {
+    psd_direct_reap(srv);
     for (uint32_t i = 0; i < srv->ntensors; i++) {
         psd_tensor_t *t = &srv->tensors[i];
         if (!t->present) continue;
@@ -424,7 +425,7 @@ void psd_shard_on_declare(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *m
         }
         if (t->ready)
             reply_declare(srv, conn, msg->req_id, t);
-        else if (wait_add(srv, &t->declares, conn, msg->req_id, 0, 0))
+        else if (wait_add(srv, &t->declares, conn, msg->req_id, 0, 0, 0))
             psd_send_error(srv, conn, msg->req_id, PS_ENOMEM, "out of memory");
         return;
     }
@@ -452,7 +453,7 @@ void psd_shard_on_declare(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *m
         return;
     }
     int rc = tensor_add(srv, &d, false);
-    if (rc == 0) rc = wait_add(srv, &srv->tensors[d.id].declares, conn, msg->req_id, 0, 0);
+    if (rc == 0) rc = wait_add(srv, &srv->tensors[d.id].declares, conn, msg->req_id, 0, 0, 0);
     if (rc == 0) rc = queue_create(srv, d.id);
     if (rc) {
         psd_send_error(srv, conn, msg->req_id, rc, "cannot create tensor '%s': %s", d.name,
@@ -537,7 +538,7 @@ static const void *test_corrupt(psd_send_t *s, const void *data, size_t dlen)
 }
 
 static void send_pull_reply(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id, psd_chunk_t *ch,
-                            uint32_t codec)
+                            uint32_t codec, uint32_t flags)
 {
     if (conn->dead) return;
     if (snap_current(srv) == NULL) {
@@ -549,6 +550,16 @@ static void send_pull_reply(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id
     if (rc) {
         psd_send_error(srv, conn, req_id, rc, "chunk %u/%u unreadable: %s", ch->tensor, ch->chunk,
                        ps_strerror(rc));
+        return;
+    }
+    if (flags & PS_FLAG_DIRECT) {
+        /* The committed version and its CRC; the worker reads that record or a later one. */
+        ps_msg_t r = {.type = PS_MSG_PULL_REPLY, .req_id = req_id, .tensor = ch->tensor,
+                      .chunk = ch->chunk, .step = h->version, .shard = srv->shard,
+                      .crc32c = h->crc32c, .flags = PS_FLAG_DIRECT};
+        if (psd_outbox_add(srv, conn, &r, NULL, 0) != 0) psd_send_msg(srv, conn, &r);
+        srv->pulls++;
+        srv->direct_pulls++;
         return;
     }
     psd_send_t *s = srv->free_sends;
@@ -642,8 +653,12 @@ void psd_shard_on_pull(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
                        ch->tensor, ch->chunk, msg->codec);
         return;
     }
+    /* A raw pull from a worker that opened this shard's store (PS_FLAG_DIRECT) is answered
+     * with the version alone: the worker copies the record itself (storeview.h). */
+    uint32_t direct = srv->store_path[0] && msg->codec == PSK_CODEC_NONE
+                          ? msg->flags & PS_FLAG_DIRECT : 0;
     if (ch->version >= msg->step || srv->m.job.consistency != PS_CONSIST_BSP) {
-        send_pull_reply(srv, conn, msg->req_id, ch, msg->codec);
+        send_pull_reply(srv, conn, msg->req_id, ch, msg->codec, direct);
         return;
     }
     if (msg->step > ch->version + 1) {
@@ -652,7 +667,7 @@ void psd_shard_on_pull(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
                        ch->chunk, (unsigned long long)msg->step, (unsigned long long)ch->version);
         return;
     }
-    if (wait_add(srv, &ch->pulls, conn, msg->req_id, msg->step, msg->codec))
+    if (wait_add(srv, &ch->pulls, conn, msg->req_id, msg->step, msg->codec, direct))
         psd_send_error(srv, conn, msg->req_id, PS_ENOMEM, "out of memory");
 }
 
@@ -1145,7 +1160,7 @@ static void answer_pulls(psd_server_t *srv, psd_chunk_t *ch)
         psd_wait_t *w = *pp;
         if (w->min_version <= ch->version) {
             *pp = w->next;
-            send_pull_reply(srv, w->conn, w->req_id, ch, w->codec);
+            send_pull_reply(srv, w->conn, w->req_id, ch, w->codec, w->flags);
             psd_conn_unref(w->conn);
             wait_put(srv, w);
         } else {

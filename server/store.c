@@ -402,9 +402,8 @@ int psd_store_put_tensor(psd_wtxn_t *tx, const ps_decl_t *d)
 int psd_store_chunk_reserve(psd_wtxn_t *tx, uint32_t t, uint32_t c, uint32_t n, uint32_t nstate,
                             psd_chunk_hdr_t **out)
 {
-    uint8_t kb[9] = {'C'};
-    be32(kb + 1, t);
-    be32(kb + 5, c);
+    uint8_t kb[PS_CHUNK_KEY_LEN];
+    ps_chunk_key(kb, t, c);
     MDB_val k = {sizeof kb, kb}, v = {psd_chunk_bytes(n, nstate), NULL};
     int rc = mdb_put(tx->w, tx->st->dbi, &k, &v, MDB_RESERVE);
     if (rc) return mdb_err(rc);
@@ -415,9 +414,8 @@ int psd_store_chunk_reserve(psd_wtxn_t *tx, uint32_t t, uint32_t c, uint32_t n, 
 int psd_store_chunk_get(psd_store_t *st, MDB_txn *txn, uint32_t t, uint32_t c,
                         const psd_chunk_hdr_t **out)
 {
-    uint8_t kb[9] = {'C'};
-    be32(kb + 1, t);
-    be32(kb + 5, c);
+    uint8_t kb[PS_CHUNK_KEY_LEN];
+    ps_chunk_key(kb, t, c);
     MDB_val k = {sizeof kb, kb}, v;
     int rc = mdb_get(txn, st->dbi, &k, &v);
     if (rc == MDB_NOTFOUND) return PS_ENOENT;

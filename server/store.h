@@ -26,19 +26,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "chunkrec.h"
 #include "optim.h"
 #include "wire.h"
 
-#define PSD_CHUNK_FORMAT 3
+#define PSD_CHUNK_FORMAT PS_CHUNK_FORMAT
 
-typedef struct {
-    uint64_t version; /* steps applied to this chunk */
-    uint32_t n;       /* parameters */
-    uint32_t nstate;  /* optimizer state floats per parameter */
-    uint32_t format;  /* PSD_CHUNK_FORMAT */
-    uint32_t crc32c;  /* CRC-32C of params[n] */
-    uint64_t hash;    /* XXH3-64 of params[n] and state[nstate * n] in blocks (rechash.h) */
-} psd_chunk_hdr_t;
+typedef ps_chunk_hdr_t psd_chunk_hdr_t; /* chunkrec.h: shared with libps's same-host reader */
 
 /** Parameters of a record (follow the header). */
 static inline float *psd_chunk_params(psd_chunk_hdr_t *h) { return (float *)(h + 1); }
@@ -46,7 +40,7 @@ static inline float *psd_chunk_params(psd_chunk_hdr_t *h) { return (float *)(h +
 static inline float *psd_chunk_state(psd_chunk_hdr_t *h) { return (float *)(h + 1) + h->n; }
 static inline size_t psd_chunk_bytes(uint32_t n, uint32_t nstate)
 {
-    return sizeof(psd_chunk_hdr_t) + (size_t)n * (1 + nstate) * sizeof(float);
+    return ps_chunk_rec_bytes(n, nstate);
 }
 
 typedef struct {

@@ -19,6 +19,7 @@
 #include "place.h"
 #include "ps/ps_client.h"
 #include "ps/ps_log.h"
+#include "storeview.h"
 #include "ucx_loop.h"
 #include "wire.h"
 
@@ -87,6 +88,12 @@ typedef struct {
     int windowed;      /* its lanes interleave rendezvous transfers (not cma): PS_PUSH_WINDOW */
     uint32_t in_window; /* start_op's count of an op's pushes in flight to this shard */
     uint8_t hb_hdr[64];
+    /* Direct pulls (storeview.h): the shard's store, as its hello reply named it. */
+    char store[256];
+    uint64_t store_id;   /* 0: none offered */
+    uint64_t view_tried; /* the store_id last tried: a failed open is not tried again */
+    int view_open;       /* pulls carry PS_FLAG_DIRECT and read from view */
+    ps_storeview_t view; /* comm thread */
 } cshard_t;
 
 /* Small pushes and pulls to one shard started together, fused into one eager message
@@ -162,6 +169,7 @@ struct ps_client_s {
     uint32_t reconnect_ms;      /* how long a lost shard may stay away */
     uint32_t test_corrupt_push; /* PS_TEST_CORRUPT_PUSH=N (tests only): corrupt every Nth push */
     uint32_t test_push_count;   /* comm thread */
+    int direct;                 /* direct pulls allowed (PS_DIRECT_PULL is not "0") */
 
     ctensor_t **tensors;        /* [PS_CLIENT_MAX_TENSORS] by id; entries never move, so the
                                    comm thread may read them while the caller declares more */
@@ -569,6 +577,7 @@ static void send_data_part(ps_client_t *c, ps_op_t *op, part_t *p)
     } else {
         m.type = PS_MSG_PULL;
         m.codec = t->pull_codec.kind;
+        if (c->shards[p->shard].view_open && m.codec == PSK_CODEC_NONE) m.flags |= PS_FLAG_DIRECT;
         __atomic_add_fetch(&c->stats.pulls, 1, __ATOMIC_RELAXED);
         if (bundle_part(c, p, &m, NULL, 0) == 0) return;
         send_part(c, p, &m, NULL, 0, PS_AM_CTRL);
@@ -857,6 +866,61 @@ static void on_heartbeat(uv_timer_t *h)
     ps_ucx_progress(&c->ucx);
 }
 
+/* Open the view of shard @p s's store that its hello reply offered, or close one it no longer
+ * offers (a restarted shard names its store again: a new file is opened anew). */
+static void view_update(ps_client_t *c, cshard_t *s)
+{
+    if (s->view_open && s->view.id != s->store_id) {
+        ps_storeview_close(&s->view);
+        s->view_open = 0;
+    }
+    if (s->view_open || !c->direct || s->store_id == 0 || s->view_tried == s->store_id) return;
+    s->view_tried = s->store_id;
+    char err[512];
+    uint32_t i = (uint32_t)(s - c->shards);
+    if (ps_storeview_open(&s->view, s->store, s->store_id, err, sizeof err) == 0) {
+        s->view_open = 1;
+        PS_LOG(PS_LOG_INFO, "libps", "shard %u: pulls read its store %s directly", i, s->store);
+    } else {
+        /* Expected when the shard runs on another host. */
+        PS_LOG(PS_LOG_DEBUG, "libps", "shard %u: pulls over the transport (%s)", i, err);
+    }
+}
+
+/* A direct pull's reply: copy version >= m->step of the chunk from the shard's store. */
+static void direct_pull(ps_client_t *c, ps_op_t *op, part_t *p, const ps_msg_t *m, uint64_t n)
+{
+    cshard_t *s = &c->shards[p->shard];
+    int rc = PS_EPROTO;
+    if (s->view_open && m->length == 0)
+        rc = ps_storeview_read(&s->view, m->tensor, m->chunk, m->step,
+                               op->buf + (uint64_t)m->chunk * c->chunk_elems, (uint32_t)n, NULL,
+                               NULL);
+    if (rc == 0) {
+        __atomic_add_fetch(&c->stats.bytes_pulled, n * 4, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&c->stats.bytes_pulled_direct, n * 4, __ATOMIC_RELAXED);
+        part_done(p);
+        return;
+    }
+    if (rc == PS_ECRC) {
+        part_crc_retry(c, op, p, "direct pull");
+        return;
+    }
+    /* The view no longer serves this shard (or the reply was not one we could use): pull this
+     * part, and the rest from now on, over the transport. */
+    if (s->view_open) {
+        PS_LOG(PS_LOG_WARN, "libps", "shard %u: reading chunk %u of tensor %u from its store "
+               "failed (%s); pulling over the transport from now on", p->shard, m->chunk,
+               m->tensor, ps_strerror(rc));
+        ps_storeview_close(&s->view);
+        s->view_open = 0;
+    }
+    if (p->ck.sending)
+        p->ck.again = 1;
+    else
+        send_data_part(c, op, p);
+}
+
 /* Deferred hook: take submitted ops, close failed endpoints (outside UCX callbacks). */
 static int on_deferred(ps_ucx_t *u)
 {
@@ -873,6 +937,7 @@ static int on_deferred(ps_ucx_t *u)
             PS_LOG(PS_LOG_INFO, "libps", "shard %u (%s:%u) over %s", i, c->m.servers[i].host,
                    c->m.servers[i].port, s->lanes);
         }
+        view_update(c, s);
         if (!s->close_queued) continue;
         s->close_queued = 0;
         did = 1;
@@ -981,6 +1046,11 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
             return UCS_OK;
         if (op->type == OP_HELLO && c->shards[m.shard].lanes[0] == '\0')
             c->shards[m.shard].want_lanes = 1; /* found in on_deferred, outside UCX callbacks */
+        if (op->type == OP_HELLO) {
+            cshard_t *s = &c->shards[m.shard];
+            memcpy(s->store, m.store, sizeof s->store);
+            s->store_id = m.store[0] ? m.store_id : 0; /* opened in on_deferred (view_update) */
+        }
         op->reply = m;
         part_done(&op->parts[0]);
         break;
@@ -1000,6 +1070,10 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
             break;
         }
         uint64_t n = ps_chunk_len(t->numel, c->chunk_elems, m.chunk);
+        if ((m.flags & PS_FLAG_DIRECT) && t->pull_codec.kind == PSK_CODEC_NONE && length == 0) {
+            direct_pull(c, op, p, &m, n);
+            break;
+        }
         uint64_t want = t->pull_codec.kind == PSK_CODEC_NONE ? n * 4
                                                              : psk_codec_max_bytes(&t->pull_codec, n);
         if (length != want || m.length != want || m.codec != t->pull_codec.kind) {
@@ -1326,6 +1400,8 @@ int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts, ps
     c->chunk_elems = c->m.chunk_bytes / 4;
     c->fusion_bytes = c->m.fusion_bytes;
     c->rank = -1;
+    const char *dp = getenv("PS_DIRECT_PULL");
+    c->direct = !(dp && strcmp(dp, "0") == 0);
     const char *tc = getenv("PS_TEST_CORRUPT_PUSH");
     if (tc && atoi(tc) > 0) {
         c->test_corrupt_push = (uint32_t)atoi(tc);
@@ -1402,6 +1478,7 @@ void ps_client_destroy(ps_client_t *c)
         free(t);
     }
     free(c->tensors);
+    for (uint32_t i = 0; c->shards && i < c->nshards; i++) ps_storeview_close(&c->shards[i].view);
     free(c->shards);
     for (bundle_t *b = c->free_bundles, *nx; b; b = nx) {
         nx = b->next_free;

@@ -26,6 +26,16 @@ static unsigned long long sum_field(const cl_proc_t *p, const char *key)
     return sum;
 }
 
+/* psctl status --json of every shard of @p c, finished. */
+static cl_proc_t *status_json(cl_cluster_t *c, const char *name)
+{
+    char *argv[] = {(char *)cl_binary("PSCTL"), "--manifest", c->manifest, "status", "--json",
+                    NULL};
+    cl_proc_t *ctl = cl_spawn(c, name, argv);
+    EXPECT_EXIT(ctl, 0);
+    return ctl;
+}
+
 /* Start two shards and two workers on @p c with @p manifest (NULL: the cluster's), wait for the
  * workers, and check that both end with the parameters of the single-process reference run
  * with the same manifest. The shards keep running: psd[]. */
@@ -67,6 +77,12 @@ START_TEST(test_bsp_matches_local)
     free(l1);
     ck_assert_msg(ok, "want ranks 0 and 1 joined at step 0 of 50; logs: %s: %s; %s: %s", w[0]->name,
                   cl_tail(w[0]), w[1]->name, cl_tail(w[1]));
+    /* On one host every pull was direct: the workers read the shards' stores themselves. */
+    EXPECT_LOG(w[0], "shard 1: pulls read its store ");
+    cl_proc_t *ctl = status_json(c, "psctl");
+    unsigned long long pulls = sum_field(ctl, "pulls"), direct = sum_field(ctl, "direct_pulls");
+    ck_assert_msg(pulls > 0 && direct == pulls, "%llu pulls, %llu direct: %s", pulls, direct,
+                  cl_tail(ctl));
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }
@@ -86,10 +102,7 @@ START_TEST(test_fusion_off_matches_local)
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd[2], *w[2];
     two_by_two_matches_local(c, NULL, psd, w);
-    char *argv[] = {(char *)cl_binary("PSCTL"), "--manifest", c->manifest, "status", "--json",
-                    NULL};
-    cl_proc_t *ctl = cl_spawn(c, "psctl", argv);
-    EXPECT_EXIT(ctl, 0);
+    cl_proc_t *ctl = status_json(c, "psctl");
     ck_assert_msg(sum_field(ctl, "bundles_received") == 0 && sum_field(ctl, "bundles_sent") == 0,
                   "bundles with fusion off: %s", cl_tail(ctl));
     ck_assert_msg(sum_field(ctl, "pushes") > 0, "no pushes counted: %s", cl_tail(ctl));
@@ -98,7 +111,30 @@ START_TEST(test_fusion_off_matches_local)
 }
 END_TEST
 
-/* (a'') Over TCP only (UCX_TLS=tcp for every process): libps keeps at most PS_PUSH_WINDOW
+/* (a'') PS_DIRECT_PULL=0 (shards and workers): every pull crosses the transport, and the result
+ * is the same. */
+START_TEST(test_direct_off_matches_local)
+{
+    setenv("PS_DIRECT_PULL", "0", 1); /* this test's process (forked) and what it starts */
+    cl_conf_t k = {.shards = 2,
+                   .workers = 2,
+                   .consistency = "bsp",
+                   .optimizer = "{name: adam, lr: 0.01}",
+                   .max_steps = 30,
+                   .batch_size = 64};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2], *w[2];
+    two_by_two_matches_local(c, NULL, psd, w);
+    EXPECT_LOG(psd[0], "direct pulls off (PS_DIRECT_PULL=0)");
+    cl_proc_t *ctl = status_json(c, "psctl");
+    ck_assert_msg(sum_field(ctl, "pulls") > 0 && sum_field(ctl, "direct_pulls") == 0,
+                  "direct pulls with PS_DIRECT_PULL=0: %s", cl_tail(ctl));
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+/* (a''') Over TCP only (UCX_TLS=tcp for every process): libps keeps at most PS_PUSH_WINDOW
  * rendezvous chunks of a push in flight to a shard there and sends the next as one completes;
  * 32 KiB chunks give every shard several chunks of the larger tensors, and training still
  * ends with the reference's parameters. With @p eager (UCX_RNDV_THRESH=inf) sends complete at
@@ -106,6 +142,7 @@ END_TEST
 static void tcp_matches_local(bool eager)
 {
     setenv("UCX_TLS", "tcp", 1); /* this test's process (forked) and what it starts */
+    setenv("PS_DIRECT_PULL", "0", 1); /* pulls cross tcp too, not the shards' stores */
     setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 1); /* the shm settings psd sets go unused */
     if (eager) setenv("UCX_RNDV_THRESH", "inf", 1);
     cl_conf_t k = {.shards = 2,
@@ -345,6 +382,7 @@ Suite *ps_test_suite(void)
     Suite *s = suite_create("cluster");
     suite_add_tcase(s, tcase("bsp_matches_local", test_bsp_matches_local));
     suite_add_tcase(s, tcase("fusion_off_matches_local", test_fusion_off_matches_local));
+    suite_add_tcase(s, tcase("direct_off_matches_local", test_direct_off_matches_local));
     suite_add_tcase(s, tcase("tcp_matches_local", test_tcp_matches_local));
     suite_add_tcase(s, tcase("tcp_eager_matches_local", test_tcp_eager_matches_local));
     suite_add_tcase(s, tcase("data_dir_in_use", test_data_dir_in_use));

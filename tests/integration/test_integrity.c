@@ -111,13 +111,16 @@ START_TEST(test_crc_corrupt_push_asp)
 END_TEST
 
 /* (a) Every 5th pull reply leaves psd with one byte flipped: libps notices, asks again, and the
- * result equals the reference. */
+ * result equals the reference. The shards offer no direct pulls (PS_DIRECT_PULL=0), so every
+ * reply crosses the transport (storeview's own check is unit-tested in test_storeview.c). */
 START_TEST(test_crc_corrupt_pull)
 {
     cl_cluster_t *c = cl_cluster_create(&crc_conf);
     setenv("PS_TEST_CORRUPT_PULL", "5", 1); /* inherited by the shards only */
+    setenv("PS_DIRECT_PULL", "0", 1);
     cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
     unsetenv("PS_TEST_CORRUPT_PULL");
+    unsetenv("PS_DIRECT_PULL");
     cl_proc_t *w[2] = {cl_worker_start(c, NULL, "w0.params", false),
                        cl_worker_start(c, NULL, "w1.params", false)};
     EXPECT_EXIT(w[0], 0);

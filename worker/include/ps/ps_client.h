@@ -39,6 +39,8 @@ typedef struct {
     uint64_t bytes_pushed, bytes_pulled;   /* payload bytes sent / received */
     uint64_t bytes_pushed_raw;             /* what the pushes would have been as fp32 */
     uint64_t pushes, pulls;                /* chunk messages */
+    uint64_t bytes_pulled_direct;          /* of bytes_pulled: read from a shard's store on this
+                                              host (direct pulls, PS_DIRECT_PULL) */
 } ps_client_stats_t;
 
 /**

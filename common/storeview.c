@@ -1,0 +1,102 @@
+/* storeview.c: read-only same-host view of a shard's store (storeview.h). */
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "chunkrec.h"
+#include "crc32c.h"
+#include "ps/ps_error.h"
+#include "storeview.h"
+
+/* Copied and checksummed in blocks this size: the checksum reads each block right after the
+ * copy wrote it, from cache, instead of the whole chunk again from memory. */
+#define VIEW_BLOCK (64u << 10)
+
+uint64_t ps_storeview_file_id(int fd)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0) return 0;
+    uint64_t id = (uint64_t)st.st_dev * 0x9e3779b97f4a7c15ull ^ (uint64_t)st.st_ino;
+    return id ? id : 1;
+}
+
+int ps_storeview_open(ps_storeview_t *v, const char *dir, uint64_t want_id, char *err,
+                      size_t errlen)
+{
+    memset(v, 0, sizeof *v);
+    int rc = mdb_env_create(&v->env);
+    if (rc == 0) rc = mdb_env_set_maxreaders(v->env, 1024); /* as psd, if this opens it first */
+    if (rc == 0) rc = mdb_env_open(v->env, dir, MDB_RDONLY | MDB_NOTLS | MDB_NORDAHEAD, 0600);
+    if (rc) {
+        snprintf(err, errlen, "%s: cannot open the shard store read-only: %s", dir,
+                 mdb_strerror(rc));
+        ps_storeview_close(v);
+        return rc > 0 && rc < 4096 ? -rc : PS_ESTORE;
+    }
+    int fd;
+    if (mdb_env_get_fd(v->env, &fd) == 0) v->id = ps_storeview_file_id(fd);
+    if (v->id == 0 || v->id != want_id) {
+        snprintf(err, errlen, "%s: not the shard's store (identity %016llx, the shard's %016llx)",
+                 dir, (unsigned long long)v->id, (unsigned long long)want_id);
+        ps_storeview_close(v);
+        return PS_ESTALE;
+    }
+    if ((rc = mdb_txn_begin(v->env, NULL, MDB_RDONLY, &v->txn)) == 0 &&
+        (rc = mdb_dbi_open(v->txn, NULL, 0, &v->dbi)) == 0) {
+        mdb_txn_reset(v->txn);
+        return 0;
+    }
+    snprintf(err, errlen, "%s: cannot read the shard store: %s", dir, mdb_strerror(rc));
+    ps_storeview_close(v);
+    return PS_ESTORE;
+}
+
+/* Renew the view's read transaction; a map the shard has grown since is adopted first. */
+static int view_renew(ps_storeview_t *v)
+{
+    int rc = mdb_txn_renew(v->txn);
+    if (rc == MDB_MAP_RESIZED && mdb_env_set_mapsize(v->env, 0) == 0) rc = mdb_txn_renew(v->txn);
+    return rc ? PS_ESTORE : 0;
+}
+
+int ps_storeview_read(ps_storeview_t *v, uint32_t t, uint32_t c, uint64_t min_version,
+                      float *dst, uint32_t n, uint64_t *version, uint32_t *crc)
+{
+    int rc = view_renew(v);
+    if (rc) return rc;
+    uint8_t kb[PS_CHUNK_KEY_LEN];
+    ps_chunk_key(kb, t, c);
+    MDB_val k = {sizeof kb, kb}, val;
+    int mrc = mdb_get(v->txn, v->dbi, &k, &val);
+    const ps_chunk_hdr_t *h = val.mv_data;
+    if (mrc == MDB_NOTFOUND)
+        rc = PS_ENOENT;
+    else if (mrc || val.mv_size < sizeof *h || val.mv_size != ps_chunk_rec_bytes(h->n, h->nstate) ||
+             h->format != PS_CHUNK_FORMAT || h->n != n)
+        rc = PS_ESTORE;
+    else if (h->version < min_version)
+        rc = PS_ESTALE;
+    if (rc == 0) {
+        const uint8_t *src = (const uint8_t *)(h + 1);
+        uint8_t *out = (uint8_t *)dst;
+        size_t len = (size_t)n * 4;
+        uint32_t sum = 0;
+        for (size_t off = 0; off < len; off += VIEW_BLOCK) {
+            size_t b = len - off < VIEW_BLOCK ? len - off : VIEW_BLOCK;
+            memcpy(out + off, src + off, b);
+            sum = ps_crc32c(sum, out + off, b);
+        }
+        if (sum != h->crc32c) rc = PS_ECRC;
+        if (version) *version = h->version;
+        if (crc) *crc = h->crc32c;
+    }
+    mdb_txn_reset(v->txn);
+    return rc;
+}
+
+void ps_storeview_close(ps_storeview_t *v)
+{
+    if (v->txn) mdb_txn_abort(v->txn);
+    if (v->env) mdb_env_close(v->env);
+    memset(v, 0, sizeof *v);
+}
