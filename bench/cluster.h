@@ -16,7 +16,8 @@ typedef struct {
     int shards, workers;
     const char *consistency; /* "asp" | "bsp" */
     const char *optimizer;   /* "sgd" | "momentum" | "adam" | "adamw" */
-    const char *transport;   /* "shm" (UCX defaults, as psd sets them) | "tcp" (UCX_TLS=tcp) */
+    const char *transport;   /* "shm" (UCX defaults, as psd sets them) | "tcp" (UCX_TLS=tcp), both
+                                with PS_DIRECT_PULL=0 | "direct" (shm, pulls read from the store) */
     uint64_t chunk_bytes;
     uint64_t map_size_mb;         /* at least (0: computed from the sizes and the optimizer) */
     uint64_t sizes[PB_MAX_SIZES]; /* one tensor "psbench.SIZE" per size */
@@ -59,5 +60,7 @@ void pb_cluster_stop(pb_cluster_t *cl);
 
 /** @brief The UCX environment of @p transport ("NAME=VALUE" strings, NULL-terminated, static). */
 char *const *pb_transport_env(const char *transport);
+/** @brief The UCX transport whose ucx_perftest limits apply to @p transport ("direct": "shm"). */
+const char *pb_transport_ucx(const char *transport);
 
 #endif

@@ -43,7 +43,7 @@ typedef struct {
     int nsizes;
     int layouts[4][2]; /* shards, workers */
     int nlayouts;
-    const char *transports[2];
+    const char *transports[3];
     int ntransports;
     uint64_t chunk_bytes, map_size_mb;
     const char *json, *markdown, *psd, *perftest;
@@ -62,7 +62,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: psbench [--manifest FILE | --shards S --workers W] [--sizes LIST]\n"
-            "               [--transports shm,tcp] [--json FILE] [--markdown FILE] [--quick]\n"
+            "               [--transports shm,tcp,direct] [--json FILE] [--markdown FILE] [--quick]\n"
             "               [--bsp-push] [--only limits,ops,apply,step,codecs] [--psd PATH]\n"
             "               [--perftest PATH]\n"
             "Starts psd shards and client processes on 127.0.0.1 (data under /dev/shm) and\n"
@@ -146,7 +146,11 @@ static void measure_limits(bench_t *b)
     progress("memcpy done");
     char err[2048];
     for (int t = 0; t < b->ntransports; t++) {
-        const char *tr = b->transports[t];
+        /* The UCX transports' limits, once each ("direct" is judged against shm's). */
+        const char *tr = pb_transport_ucx(b->transports[t]);
+        bool seen = false;
+        for (int u = 0; u < t; u++) seen |= strcmp(pb_transport_ucx(b->transports[u]), tr) == 0;
+        if (seen) continue;
         char *const *env = pb_transport_env(tr);
         for (int i = 0; i < b->nsizes; i++) {
             uint64_t s = b->sizes[i];
@@ -268,14 +272,14 @@ static void record(bench_t *b, const char *op, const pb_cluster_t *cl, uint64_t 
                    const char *optimizer, const char *note)
 {
     int w = cl->conf.workers, s = cl->conf.shards;
-    const char *tr = cl->conf.transport;
+    const char *label = cl->conf.transport, *tr = pb_transport_ucx(label);
     double tensor_bytes = (double)size * (double)c->iters * (double)w;
     double gbps = tensor_bytes / c->seconds / 1e9;
     double p50 = pb_quantile(c->lat_us, c->nlat, 0.50);
     double p99 = pb_quantile(c->lat_us, c->nlat, 0.99);
-    pb_result_t *rt = pb_result_add(op, PB_THROUGHPUT, size, s, w, tr, gbps);
-    pb_result_t *r5 = pb_result_add(op, PB_P50, size, s, w, tr, p50);
-    pb_result_t *r9 = pb_result_add(op, PB_P99, size, s, w, tr, p99);
+    pb_result_t *rt = pb_result_add(op, PB_THROUGHPUT, size, s, w, label, gbps);
+    pb_result_t *r5 = pb_result_add(op, PB_P50, size, s, w, label, p50);
+    pb_result_t *r9 = pb_result_add(op, PB_P99, size, s, w, label, p99);
     pb_result_t *all[3] = {rt, r5, r9};
     for (int i = 0; i < 3; i++) {
         all[i]->iters = c->nlat;
@@ -471,11 +475,11 @@ static uint64_t nearest_size(bench_t *b, uint64_t want)
 }
 
 /* A full BSP step with adam: 2 shards x 2 workers, push(s) + pull(s+1) of the whole model. */
-static void measure_step(bench_t *b)
+static void measure_step_on(bench_t *b, const char *tr)
 {
     pb_cluster_conf_t kc;
     pb_cluster_t cl;
-    cluster_conf(b, &kc, 2, 2, "bsp", "adam", "shm");
+    cluster_conf(b, &kc, 2, 2, "bsp", "adam", tr);
     kc.sizes[0] = b->step_size;
     kc.nsizes = 1;
     pb_cluster_start(&cl, &kc, b->cluster_id++);
@@ -484,10 +488,10 @@ static void measure_step(bench_t *b)
                     &c);
     double step_us = pb_quantile(c.lat_us, c.nlat, 0.5);
     double m = (double)b->step_size;
-    pb_result_t *rt = pb_result_add("bsp_step", PB_THROUGHPUT, b->step_size, 2, 2, "shm",
+    pb_result_t *rt = pb_result_add("bsp_step", PB_THROUGHPUT, b->step_size, 2, 2, tr,
                                     m / (step_us * 1e-6) / 1e9);
-    pb_result_t *r5 = pb_result_add("bsp_step", PB_P50, b->step_size, 2, 2, "shm", step_us);
-    pb_result_t *r9 = pb_result_add("bsp_step", PB_P99, b->step_size, 2, 2, "shm",
+    pb_result_t *r5 = pb_result_add("bsp_step", PB_P50, b->step_size, 2, 2, tr, step_us);
+    pb_result_t *r9 = pb_result_add("bsp_step", PB_P99, b->step_size, 2, 2, tr,
                                     pb_quantile(c.lat_us, c.nlat, 0.99));
     /* The model: every byte the step moves (W pushes and W pulls of the model) at the
      * transport's bandwidth for psd's message size (one chunk), plus the model's adam update
@@ -511,9 +515,16 @@ static void measure_step(bench_t *b)
         pb_result_limit(rt, m / t_model / 1e9, "model");
         pb_result_limit(r5, t_model * 1e6, "model");
     }
-    progress("bsp step: p50 %.0f us (%" PRIu64 " steps)", step_us, c.iters);
+    progress("bsp step (%s): p50 %.0f us (%" PRIu64 " steps)", tr, step_us, c.iters);
     pb_case_free(&c);
     pb_cluster_stop(&cl);
+}
+
+/* The step over shm alone and with direct pulls (whichever --transports names). */
+static void measure_step(bench_t *b)
+{
+    for (int t = 0; t < b->ntransports; t++)
+        if (strcmp(b->transports[t], "tcp") != 0) measure_step_on(b, b->transports[t]);
 }
 
 /* ---- main ---------------------------------------------------------------------------------- */
@@ -609,7 +620,7 @@ int main(int argc, char **argv)
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     static bench_t b;
-    const char *manifest = NULL, *sizes = NULL, *transports = "shm,tcp";
+    const char *manifest = NULL, *sizes = NULL, *transports = "shm,tcp,direct";
     int shards = 0, workers = 0, o;
     b.chunk_bytes = MIB;
     b.asp_push = true;
@@ -751,8 +762,13 @@ int main(int argc, char **argv)
     {
         char *copy = strdup(transports), *save = NULL;
         for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-            if (strcmp(t, "shm") && strcmp(t, "tcp")) pb_die("transport '%s': shm or tcp", t);
-            if (b.ntransports < 2) b.transports[b.ntransports++] = strcmp(t, "shm") ? "tcp" : "shm";
+            static const char *known[] = {"shm", "tcp", "direct"};
+            int k = 0;
+            while (k < 3 && strcmp(t, known[k])) k++;
+            if (k == 3) pb_die("transport '%s': shm, tcp or direct", t);
+            bool dup = false;
+            for (int u = 0; u < b.ntransports; u++) dup |= b.transports[u] == known[k];
+            if (!dup) b.transports[b.ntransports++] = known[k];
         }
         free(copy);
         if (b.ntransports == 0) pb_die("no transports");
