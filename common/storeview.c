@@ -12,11 +12,28 @@
  * copy wrote it, from cache, instead of the whole chunk again from memory. */
 #define VIEW_BLOCK (64u << 10)
 
+/* This boot of this host's kernel: /proc/sys/kernel/random/boot_id, hashed (0 if unreadable).
+ * Processes on one host share it, also across containers; another host has another. */
+static uint64_t boot_id(void)
+{
+    char b[64] = "";
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
+    if (f) {
+        if (fgets(b, sizeof b, f) == NULL) b[0] = '\0';
+        fclose(f);
+    }
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
+    for (const char *p = b; *p; p++) h = (h ^ (uint8_t)*p) * 0x100000001b3ull;
+    return b[0] ? h : 0;
+}
+
 uint64_t ps_storeview_file_id(int fd)
 {
     struct stat st;
     if (fstat(fd, &st) != 0) return 0;
-    uint64_t id = (uint64_t)st.st_dev * 0x9e3779b97f4a7c15ull ^ (uint64_t)st.st_ino;
+    uint64_t id = ((uint64_t)st.st_dev * 0x9e3779b97f4a7c15ull ^ (uint64_t)st.st_ino) *
+                      0xff51afd7ed558ccdull ^
+                  boot_id();
     return id ? id : 1;
 }
 

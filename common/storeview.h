@@ -23,9 +23,11 @@ typedef struct {
 } ps_storeview_t;
 
 /**
- * @brief The identity of the LMDB data file open on @p fd: its device and inode, mixed into one
- *  value (0 if fstat fails). psd sends it with its store's path; a view opens only a store with
- *  the same identity, so a same-named directory on another host or a replaced file never passes.
+ * @brief The identity of the LMDB data file open on @p fd: its device and inode and this host's
+ *  boot id, mixed into one value (0 if fstat fails). psd sends it with its store's path; a view
+ *  opens only a store with the same identity, so a same-named directory on another host (a
+ *  shared filesystem included: LMDB's locks and map do not work across hosts) or a replaced
+ *  file never passes.
  */
 uint64_t ps_storeview_file_id(int fd);
 

@@ -170,6 +170,8 @@ struct ps_client_s {
     uint32_t test_corrupt_push; /* PS_TEST_CORRUPT_PUSH=N (tests only): corrupt every Nth push */
     uint32_t test_push_count;   /* comm thread */
     int direct;                 /* direct pulls allowed (PS_DIRECT_PULL is not "0") */
+    uint32_t test_direct_fail;  /* PS_TEST_DIRECT_FAIL=N (tests only): the Nth direct read fails */
+    uint32_t test_direct_count; /* comm thread */
 
     ctensor_t **tensors;        /* [PS_CLIENT_MAX_TENSORS] by id; entries never move, so the
                                    comm thread may read them while the caller declares more */
@@ -896,18 +898,17 @@ static void direct_pull(ps_client_t *c, ps_op_t *op, part_t *p, const ps_msg_t *
         rc = ps_storeview_read(&s->view, m->tensor, m->chunk, m->step,
                                op->buf + (uint64_t)m->chunk * c->chunk_elems, (uint32_t)n, NULL,
                                NULL);
+    if (rc == 0 && c->test_direct_fail && ++c->test_direct_count == c->test_direct_fail)
+        rc = PS_ESTORE; /* the test hook: as if the store could not be read */
     if (rc == 0) {
         __atomic_add_fetch(&c->stats.bytes_pulled, n * 4, __ATOMIC_RELAXED);
         __atomic_add_fetch(&c->stats.bytes_pulled_direct, n * 4, __ATOMIC_RELAXED);
         part_done(p);
         return;
     }
-    if (rc == PS_ECRC) {
-        part_crc_retry(c, op, p, "direct pull");
-        return;
-    }
-    /* The view no longer serves this shard (or the reply was not one we could use): pull this
-     * part, and the rest from now on, over the transport. */
+    /* The view no longer serves this shard, or the reply was not one it could use (a record
+     * that fails its CRC included: the transport's own check then decides): pull this part,
+     * and the rest from now on, over the transport. */
     if (s->view_open) {
         PS_LOG(PS_LOG_WARN, "libps", "shard %u: reading chunk %u of tensor %u from its store "
                "failed (%s); pulling over the transport from now on", p->shard, m->chunk,
@@ -1402,6 +1403,12 @@ int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts, ps
     c->rank = -1;
     const char *dp = getenv("PS_DIRECT_PULL");
     c->direct = !(dp && strcmp(dp, "0") == 0);
+    const char *tf = getenv("PS_TEST_DIRECT_FAIL");
+    if (tf && atoi(tf) > 0) {
+        c->test_direct_fail = (uint32_t)atoi(tf);
+        PS_LOG(PS_LOG_WARN, "libps", "PS_TEST_DIRECT_FAIL=%u: direct read %u fails on purpose "
+               "(a test hook)", c->test_direct_fail, c->test_direct_fail);
+    }
     const char *tc = getenv("PS_TEST_CORRUPT_PUSH");
     if (tc && atoi(tc) > 0) {
         c->test_corrupt_push = (uint32_t)atoi(tc);

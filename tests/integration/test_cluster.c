@@ -134,7 +134,41 @@ START_TEST(test_direct_off_matches_local)
 }
 END_TEST
 
-/* (a''') Over TCP only (UCX_TLS=tcp for every process): libps keeps at most PS_PUSH_WINDOW
+/* (a''') A worker whose read of a shard's store fails mid-run (PS_TEST_DIRECT_FAIL: its 40th
+ * direct read) says so, pulls that chunk and every later one from that shard over the
+ * transport, and still ends with the reference's parameters. */
+START_TEST(test_direct_fails_over)
+{
+    cl_conf_t k = {.shards = 2,
+                   .workers = 2,
+                   .consistency = "bsp",
+                   .optimizer = "{name: sgd, lr: 0.05}",
+                   .max_steps = 30,
+                   .batch_size = 64};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    setenv("PS_TEST_DIRECT_FAIL", "40", 1); /* the workers' only */
+    cl_proc_t *w[2] = {cl_worker_start(c, NULL, "w0.params", false),
+                       cl_worker_start(c, NULL, "w1.params", false)};
+    unsetenv("PS_TEST_DIRECT_FAIL");
+    EXPECT_EXIT(w[0], 0);
+    EXPECT_EXIT(w[1], 0);
+    EXPECT_LOG(w[0], "from its store failed (shard store error); pulling over the transport");
+    EXPECT_LOG(w[1], "from its store failed (shard store error); pulling over the transport");
+    cl_proc_t *ref = cl_worker_start(c, NULL, "ref.params", true);
+    EXPECT_EXIT(ref, 0);
+    expect_same_params(w[0]->params, ref->params, 1e-5, 1e-7);
+    expect_same_params(w[1]->params, ref->params, 1e-5, 1e-7);
+    cl_proc_t *ctl = status_json(c, "psctl");
+    unsigned long long pulls = sum_field(ctl, "pulls"), direct = sum_field(ctl, "direct_pulls");
+    ck_assert_msg(direct > 0 && direct < pulls, "%llu pulls, %llu direct: %s", pulls, direct,
+                  cl_tail(ctl));
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+/* (a'''') Over TCP only (UCX_TLS=tcp for every process): libps keeps at most PS_PUSH_WINDOW
  * rendezvous chunks of a push in flight to a shard there and sends the next as one completes;
  * 32 KiB chunks give every shard several chunks of the larger tensors, and training still
  * ends with the reference's parameters. With @p eager (UCX_RNDV_THRESH=inf) sends complete at
@@ -383,6 +417,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("bsp_matches_local", test_bsp_matches_local));
     suite_add_tcase(s, tcase("fusion_off_matches_local", test_fusion_off_matches_local));
     suite_add_tcase(s, tcase("direct_off_matches_local", test_direct_off_matches_local));
+    suite_add_tcase(s, tcase("direct_fails_over", test_direct_fails_over));
     suite_add_tcase(s, tcase("tcp_matches_local", test_tcp_matches_local));
     suite_add_tcase(s, tcase("tcp_eager_matches_local", test_tcp_eager_matches_local));
     suite_add_tcase(s, tcase("data_dir_in_use", test_data_dir_in_use));
