@@ -19,6 +19,14 @@
  */
 uint32_t ps_crc32c(uint32_t crc, const void *buf, size_t len);
 
+/**
+ * @brief Copy @p len bytes from @p src to @p dst (not overlapping) and return the CRC of them
+ *  continuing @p crc, as ps_crc32c(crc, src, len) would: one pass over the data where the CPU
+ *  folds the CRC in vector registers (VPCLMULQDQ), else a copy and then the CRC of @p dst.
+ * @note Thread-safe; no allocation.
+ */
+uint32_t ps_crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len);
+
 /** @brief The portable (slicing-by-8) implementation, for tests and benchmarks. */
 uint32_t ps_crc32c_sw(uint32_t crc, const void *buf, size_t len);
 

@@ -8,10 +8,6 @@
 #include "ps/ps_error.h"
 #include "storeview.h"
 
-/* Copied and checksummed in blocks this size: the checksum reads each block right after the
- * copy wrote it, from cache, instead of the whole chunk again from memory. */
-#define VIEW_BLOCK (64u << 10)
-
 /* This boot of this host's kernel: /proc/sys/kernel/random/boot_id, hashed (0 if unreadable).
  * Processes on one host share it, also across containers; another host has another. */
 static uint64_t boot_id(void)
@@ -94,16 +90,8 @@ int ps_storeview_read(ps_storeview_t *v, uint32_t t, uint32_t c, uint64_t min_ve
     else if (h->version < min_version)
         rc = PS_ESTALE;
     if (rc == 0) {
-        const uint8_t *src = (const uint8_t *)(h + 1);
-        uint8_t *out = (uint8_t *)dst;
-        size_t len = (size_t)n * 4;
-        uint32_t sum = 0;
-        for (size_t off = 0; off < len; off += VIEW_BLOCK) {
-            size_t b = len - off < VIEW_BLOCK ? len - off : VIEW_BLOCK;
-            memcpy(out + off, src + off, b);
-            sum = ps_crc32c(sum, out + off, b);
-        }
-        if (sum != h->crc32c) rc = PS_ECRC;
+        /* Copied and checksummed in one pass (the CRC is folded from the copy's registers). */
+        if (ps_crc32c_copy(0, dst, h + 1, (size_t)n * 4) != h->crc32c) rc = PS_ECRC;
         if (version) *version = h->version;
         if (crc) *crc = h->crc32c;
     }

@@ -26,8 +26,10 @@ static void wait_training(cl_proc_t *w)
  * and every step is applied exactly once: the result equals the single-process reference. */
 static void psd_crash(int victim)
 {
+    /* Long enough that the kill lands mid-run: a step takes about 1.3 ms here (with direct
+     * pulls; 300 steps were over before the 300 ms nap ended). */
     cl_conf_t k = {.shards = 2, .workers = 2, .optimizer = "{name: sgd, lr: 0.05}",
-                   .max_steps = 300, .batch_size = 32};
+                   .max_steps = 1500, .batch_size = 32};
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
     cl_proc_t *w[2] = {cl_worker_start(c, NULL, "w0.params", false),
@@ -63,7 +65,7 @@ END_TEST
 START_TEST(test_worker_killed_and_replaced)
 {
     cl_conf_t k = {.shards = 2, .workers = 3, .optimizer = "{name: sgd, lr: 0.05}",
-                   .max_steps = 200, .batch_size = 32};
+                   .max_steps = 600, .batch_size = 32};
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
     char metrics[CL_PATH];
@@ -86,8 +88,8 @@ START_TEST(test_worker_killed_and_replaced)
         char f[CL_PATH + 32];
         snprintf(f, sizeof f, "%s/worker-%d.jsonl", metrics, i);
         char *text = cl_read_file(f, NULL);
-        ck_assert_msg(text && strstr(text, "\"final\": true, \"step\": 200"),
-                      "%s: no final line at step 200", f);
+        ck_assert_msg(text && strstr(text, "\"final\": true, \"step\": 600"),
+                      "%s: no final line at step 600", f);
         free(text);
     }
     stop_all(psd, 2);
