@@ -1,16 +1,19 @@
 /* storeview.c: read-only same-host view of a shard's store (storeview.h). */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 
 #include "chunkrec.h"
 #include "crc32c.h"
 #include "ps/ps_error.h"
 #include "storeview.h"
 
-/* This boot of this host's kernel: /proc/sys/kernel/random/boot_id, hashed (0 if unreadable).
- * Processes on one host share it, also across containers; another host has another. */
-static uint64_t boot_id(void)
+/* This boot of this host's kernel (/proc/sys/kernel/random/boot_id: processes on one host share
+ * it, another host has another) and this process's pid namespace (LMDB tells live readers from
+ * dead ones by pid, which only works within one namespace), hashed; 0 if neither is readable. */
+static uint64_t host_id(void)
 {
     char b[64] = "";
     FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
@@ -20,23 +23,52 @@ static uint64_t boot_id(void)
     }
     uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
     for (const char *p = b; *p; p++) h = (h ^ (uint8_t)*p) * 0x100000001b3ull;
-    return b[0] ? h : 0;
+    struct stat ns;
+    if (stat("/proc/self/ns/pid", &ns) == 0)
+        h = (h ^ (uint64_t)ns.st_ino) * 0x100000001b3ull;
+    return h;
+}
+
+static uint64_t stat_id(const struct stat *st)
+{
+    uint64_t id = ((uint64_t)st->st_dev * 0x9e3779b97f4a7c15ull ^ (uint64_t)st->st_ino) *
+                      0xff51afd7ed558ccdull ^
+                  host_id();
+    return id ? id : 1;
 }
 
 uint64_t ps_storeview_file_id(int fd)
 {
     struct stat st;
-    if (fstat(fd, &st) != 0) return 0;
-    uint64_t id = ((uint64_t)st.st_dev * 0x9e3779b97f4a7c15ull ^ (uint64_t)st.st_ino) *
-                      0xff51afd7ed558ccdull ^
-                  boot_id();
-    return id ? id : 1;
+    return fstat(fd, &st) == 0 ? stat_id(&st) : 0;
 }
 
 int ps_storeview_open(ps_storeview_t *v, const char *dir, uint64_t want_id, char *err,
                       size_t errlen)
 {
     memset(v, 0, sizeof *v);
+    /* Checked before LMDB opens anything: opening creates lock.mdb and takes locks, which must
+     * not happen in a directory that is not the shard's (or in one this process has open). */
+    char path[1100];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/data.mdb", dir);
+    if (stat(path, &st) != 0) {
+        int e = errno;
+        snprintf(err, errlen, "%s: %s", path, strerror(e));
+        return -e;
+    }
+    if (stat_id(&st) != want_id) {
+        snprintf(err, errlen, "%s: not the shard's store (another file, host or pid namespace)",
+                 dir);
+        return PS_ESTALE;
+    }
+    /* On a read-only mount LMDB reads without a reader slot (it cannot open lock.mdb for
+     * writing and goes on without it): psd could then reuse pages under a read. */
+    struct statvfs fs;
+    if (statvfs(dir, &fs) == 0 && (fs.f_flag & ST_RDONLY)) {
+        snprintf(err, errlen, "%s: mounted read-only here: reads would not be protected", dir);
+        return PS_ESTALE;
+    }
     int rc = mdb_env_create(&v->env);
     if (rc == 0) rc = mdb_env_set_maxreaders(v->env, 1024); /* as psd, if this opens it first */
     if (rc == 0) rc = mdb_env_open(v->env, dir, MDB_RDONLY | MDB_NOTLS | MDB_NORDAHEAD, 0600);

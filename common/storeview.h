@@ -23,18 +23,22 @@ typedef struct {
 } ps_storeview_t;
 
 /**
- * @brief The identity of the LMDB data file open on @p fd: its device and inode and this host's
- *  boot id, mixed into one value (0 if fstat fails). psd sends it with its store's path; a view
- *  opens only a store with the same identity, so a same-named directory on another host (a
- *  shared filesystem included: LMDB's locks and map do not work across hosts) or a replaced
- *  file never passes.
+ * @brief The identity of the LMDB data file open on @p fd: its device and inode, this host's
+ *  boot id and this process's pid namespace, mixed into one value (0 if fstat fails). psd sends
+ *  it with its store's path; a view opens only a store with the same identity, so a same-named
+ *  directory on another host (a shared filesystem included: LMDB's locks and map do not work
+ *  across hosts), a replaced file, or a process in another pid namespace (LMDB tells dead
+ *  readers by pid) never passes.
  */
 uint64_t ps_storeview_file_id(int fd);
 
 /**
- * @brief Open the store in @p dir read-only, if its data file's identity is @p want_id.
+ * @brief Open the store in @p dir read-only, if its data file's identity is @p want_id (checked
+ *  before LMDB touches the directory) and the directory is not on a read-only mount here (LMDB
+ *  would read there without a reader slot, unprotected from page reuse).
  * @param[out] err one line naming the directory and the problem.
- * @return 0, PS_ESTALE (another store: identity differs), PS_ESTORE or -errno (cannot open).
+ * @return 0, PS_ESTALE (another store, host or pid namespace, or a read-only mount), PS_ESTORE
+ *  or -errno (cannot open).
  * @note On failure nothing is left open; on success release with ps_storeview_close. The view
  *  is used by one thread at a time (any thread: the environment is MDB_NOTLS).
  */

@@ -572,6 +572,7 @@ static void on_cron(uv_timer_t *h)
         dropped = 1;
     }
     if (srv->coord) psd_coord_tick(srv);
+    psd_direct_reap(srv); /* also a reader that exited unnoticed: its slot would pin pages */
     if (dropped) ps_ucx_progress(&srv->ucx);
     psd_sync_cron(srv, uv_now(srv->loop));
     psd_follower_cron(srv, uv_now(srv->loop));

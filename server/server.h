@@ -279,7 +279,8 @@ void psd_direct_init(psd_server_t *srv, const char *data_dir);
 /** @brief Fill a hello reply's store and store_id (empty when direct pulls are off). */
 void psd_hello_store(const psd_server_t *srv, ps_msg_t *reply);
 /** @brief Free the LMDB read slots of processes that exited while reading the store (a worker
- *  killed during a direct pull would otherwise keep old pages from reuse). Loop thread. */
+ *  killed during a direct pull would otherwise keep old pages from reuse). Loop thread: on
+ *  every dropped connection and every cron tick. */
 void psd_direct_reap(psd_server_t *srv);
 
 /* server.c */

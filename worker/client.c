@@ -49,6 +49,7 @@ typedef struct {
         uint8_t tries; /* times it came back corrupted */
         uint8_t sending; /* a send of it has not completed: hdr (and copy) are in use */
         uint8_t again; /* send it again once that send completes */
+        uint8_t direct; /* pull: its last request asked for a direct reply (PS_FLAG_DIRECT) */
         void *copy;    /* PS_TEST_CORRUPT_PUSH: the corrupted copy on the wire */
     } ck;
 } part_t;
@@ -580,6 +581,7 @@ static void send_data_part(ps_client_t *c, ps_op_t *op, part_t *p)
         m.type = PS_MSG_PULL;
         m.codec = t->pull_codec.kind;
         if (c->shards[p->shard].view_open && m.codec == PSK_CODEC_NONE) m.flags |= PS_FLAG_DIRECT;
+        p->ck.direct = (m.flags & PS_FLAG_DIRECT) != 0;
         __atomic_add_fetch(&c->stats.pulls, 1, __ATOMIC_RELAXED);
         if (bundle_part(c, p, &m, NULL, 0) == 0) return;
         send_part(c, p, &m, NULL, 0, PS_AM_CTRL);
@@ -872,7 +874,7 @@ static void on_heartbeat(uv_timer_t *h)
  * offers (a restarted shard names its store again: a new file is opened anew). */
 static void view_update(ps_client_t *c, cshard_t *s)
 {
-    if (s->view_open && s->view.id != s->store_id) {
+    if (s->view.env && (!s->view_open || s->view.id != s->store_id)) {
         ps_storeview_close(&s->view);
         s->view_open = 0;
     }
@@ -889,18 +891,23 @@ static void view_update(ps_client_t *c, cshard_t *s)
     }
 }
 
-/* A direct pull's reply: copy version >= m->step of the chunk from the shard's store. */
+/* A direct pull's reply: copy version >= m->step of the chunk from the shard's store. The record
+ * read must be the one psd named (its CRC) when it is at that version. */
 static void direct_pull(ps_client_t *c, ps_op_t *op, part_t *p, const ps_msg_t *m, uint64_t n)
 {
     cshard_t *s = &c->shards[p->shard];
     int rc = PS_EPROTO;
-    if (s->view_open && m->length == 0)
+    uint64_t version = 0;
+    uint32_t crc = 0;
+    if (s->view_open && s->view.id == s->store_id && m->length == 0)
         rc = ps_storeview_read(&s->view, m->tensor, m->chunk, m->step,
-                               op->buf + (uint64_t)m->chunk * c->chunk_elems, (uint32_t)n, NULL,
-                               NULL);
+                               op->buf + (uint64_t)m->chunk * c->chunk_elems, (uint32_t)n,
+                               &version, &crc);
+    if (rc == 0 && version == m->step && crc != m->crc32c) rc = PS_ESTALE;
     if (rc == 0 && c->test_direct_fail && ++c->test_direct_count == c->test_direct_fail)
         rc = PS_ESTORE; /* the test hook: as if the store could not be read */
     if (rc == 0) {
+        if (version < op->min_version) op->min_version = version;
         __atomic_add_fetch(&c->stats.bytes_pulled, n * 4, __ATOMIC_RELAXED);
         __atomic_add_fetch(&c->stats.bytes_pulled_direct, n * 4, __ATOMIC_RELAXED);
         part_done(p);
@@ -1051,6 +1058,9 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
             cshard_t *s = &c->shards[m.shard];
             memcpy(s->store, m.store, sizeof s->store);
             s->store_id = m.store[0] ? m.store_id : 0; /* opened in on_deferred (view_update) */
+            /* Another store (a restored shard): no pull may read the old one from now on, not
+             * even those resent before on_deferred closes it. */
+            if (s->view_open && s->view.id != s->store_id) s->view_open = 0;
         }
         op->reply = m;
         part_done(&op->parts[0]);
@@ -1065,16 +1075,23 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
         for (uint32_t i = 0; i < op->nparts; i++)
             if (op->parts[i].chunk == m.chunk && op->parts[i].pending) p = &op->parts[i];
         if (p == NULL || p->shard != m.shard) return UCS_OK;
+        if (is_pull && (m.flags & PS_FLAG_DIRECT)) {
+            /* Only a pull that asked for it gets a direct reply: one that did not would be
+             * sent again and again. direct_pull records the version it reads. */
+            if (!p->ck.direct || length != 0 || t->pull_codec.kind != PSK_CODEC_NONE) {
+                op_fail(op, PS_EPROTO, "shard %u answered the pull of chunk %u of tensor %u "
+                        "with a direct reply it was not asked for", m.shard, m.chunk, m.tensor);
+                break;
+            }
+            direct_pull(c, op, p, &m, ps_chunk_len(t->numel, c->chunk_elems, m.chunk));
+            break;
+        }
         if (m.step < op->min_version) op->min_version = m.step;
         if (!is_pull) {
             part_done(p);
             break;
         }
         uint64_t n = ps_chunk_len(t->numel, c->chunk_elems, m.chunk);
-        if ((m.flags & PS_FLAG_DIRECT) && t->pull_codec.kind == PSK_CODEC_NONE && length == 0) {
-            direct_pull(c, op, p, &m, n);
-            break;
-        }
         uint64_t want = t->pull_codec.kind == PSK_CODEC_NONE ? n * 4
                                                              : psk_codec_max_bytes(&t->pull_codec, n);
         if (length != want || m.length != want || m.codec != t->pull_codec.kind) {

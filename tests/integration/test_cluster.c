@@ -111,11 +111,22 @@ START_TEST(test_fusion_off_matches_local)
 }
 END_TEST
 
-/* (a'') PS_DIRECT_PULL=0 (shards and workers): every pull crosses the transport, and the result
- * is the same. */
+/* "KEY": N of shard @p shard in psctl status --json output @p p (-1: not found). */
+static long long shard_field(const cl_proc_t *p, int shard, const char *key)
+{
+    char *log = cl_log(p), want[64], at_shard[32];
+    snprintf(at_shard, sizeof at_shard, "{\"shard\": %d, ", shard);
+    snprintf(want, sizeof want, "\"%s\": ", key);
+    const char *o = log ? strstr(log, at_shard) : NULL, *v = o ? strstr(o, want) : NULL;
+    long long n = v ? strtoll(v + strlen(want), NULL, 10) : -1;
+    free(log);
+    return n;
+}
+
+/* (a'') PS_DIRECT_PULL=0 on either side: shard 0 offers no store; worker 0 opens none. Only
+ * worker 1's pulls to shard 1 are direct, and the result is the same. */
 START_TEST(test_direct_off_matches_local)
 {
-    setenv("PS_DIRECT_PULL", "0", 1); /* this test's process (forked) and what it starts */
     cl_conf_t k = {.shards = 2,
                    .workers = 2,
                    .consistency = "bsp",
@@ -123,12 +134,36 @@ START_TEST(test_direct_off_matches_local)
                    .max_steps = 30,
                    .batch_size = 64};
     cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd[2], *w[2];
-    two_by_two_matches_local(c, NULL, psd, w);
+    setenv("PS_DIRECT_PULL", "0", 1); /* inherited by what starts while it is set */
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), NULL};
+    cl_proc_t *w[2] = {NULL, NULL};
+    unsetenv("PS_DIRECT_PULL");
+    psd[1] = cl_psd_start(c, 1, NULL, READY_S);
+    setenv("PS_DIRECT_PULL", "0", 1);
+    w[0] = cl_worker_start(c, NULL, "w0.params", false);
+    unsetenv("PS_DIRECT_PULL");
+    w[1] = cl_worker_start(c, NULL, "w1.params", false);
+    EXPECT_EXIT(w[0], 0);
+    EXPECT_EXIT(w[1], 0);
+    cl_proc_t *ref = cl_worker_start(c, NULL, "local.params", true);
+    EXPECT_EXIT(ref, 0);
+    expect_same_params(w[0]->params, ref->params, 1e-5, 1e-7);
+    expect_same_params(w[1]->params, ref->params, 1e-5, 1e-7);
     EXPECT_LOG(psd[0], "direct pulls off (PS_DIRECT_PULL=0)");
+    EXPECT_LOG(w[1], "shard 1: pulls read its store ");
+    char *l0 = cl_log(w[0]), *l1 = cl_log(w[1]);
+    int w0_direct = strstr(l0, "pulls read its store") != NULL;
+    int w1_shard0 = strstr(l1, "shard 0: pulls read its store") != NULL;
+    free(l0);
+    free(l1);
+    ck_assert_msg(!w0_direct && !w1_shard0, "a direct view where it was switched off: %s: %s",
+                  w[0]->name, cl_tail(w[0]));
     cl_proc_t *ctl = status_json(c, "psctl");
-    ck_assert_msg(sum_field(ctl, "pulls") > 0 && sum_field(ctl, "direct_pulls") == 0,
-                  "direct pulls with PS_DIRECT_PULL=0: %s", cl_tail(ctl));
+    long long p0 = shard_field(ctl, 0, "pulls"), d0 = shard_field(ctl, 0, "direct_pulls");
+    long long p1 = shard_field(ctl, 1, "pulls"), d1 = shard_field(ctl, 1, "direct_pulls");
+    ck_assert_msg(p0 > 0 && d0 == 0 && d1 > 0 && d1 < p1,
+                  "shard 0: %lld pulls, %lld direct; shard 1: %lld, %lld: %s", p0, d0, p1, d1,
+                  cl_tail(ctl));
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }
