@@ -15,14 +15,18 @@ char *const *pb_transport_env(const char *transport)
 {
     /* psd and libps set the first two themselves (PLATFORM-NOTES.md section 1); they are set
      * here too so that ucx_perftest runs with exactly the same settings. "shm" and "tcp" keep
-     * every byte on the UCX transport (PS_DIRECT_PULL=0); "direct" is shm with the product's
-     * default on one host: workers read their pulls from the shards' stores. */
+     * every byte on the UCX transport (PS_DIRECT_PULL=0, PS_DIRECT_PUSH=0); "direct" is shm
+     * with the product's default on one host: workers read their pulls from the shards' stores
+     * and write their pushes into the shards' push areas. */
     static char *shm[] = {"UCX_MM_ERROR_HANDLING=y", "UCX_CMA_MEMORY_INVALIDATE=y",
-                          "UCX_WARN_UNUSED_ENV_VARS=n", "PS_DIRECT_PULL=0", NULL};
+                          "UCX_WARN_UNUSED_ENV_VARS=n", "PS_DIRECT_PULL=0", "PS_DIRECT_PUSH=0",
+                          NULL};
     static char *tcp[] = {"UCX_MM_ERROR_HANDLING=y", "UCX_CMA_MEMORY_INVALIDATE=y",
-                          "UCX_WARN_UNUSED_ENV_VARS=n", "UCX_TLS=tcp", "PS_DIRECT_PULL=0", NULL};
+                          "UCX_WARN_UNUSED_ENV_VARS=n", "UCX_TLS=tcp", "PS_DIRECT_PULL=0",
+                          "PS_DIRECT_PUSH=0", NULL};
     static char *direct[] = {"UCX_MM_ERROR_HANDLING=y", "UCX_CMA_MEMORY_INVALIDATE=y",
-                             "UCX_WARN_UNUSED_ENV_VARS=n", "PS_DIRECT_PULL=1", NULL};
+                             "UCX_WARN_UNUSED_ENV_VARS=n", "PS_DIRECT_PULL=1",
+                             "PS_DIRECT_PUSH=1", NULL};
     if (strcmp(transport, "tcp") == 0) return tcp;
     return strcmp(transport, "direct") == 0 ? direct : shm;
 }

@@ -78,6 +78,10 @@ int ps_msg_encode(const ps_msg_t *m, uint8_t *buf, size_t cap, size_t *len)
     h.step_max = m->step_max;
     h.count = m->count;
     h.store_id = m->store_id;
+    h.area_fd = m->area_fd;
+    h.area_id = m->area_id;
+    h.area_size = m->area_size;
+    h.area_offset = m->area_offset;
     h.store = (char *)(m->store[0] ? m->store : "");
     /* Strings are only read by pack; the casts drop const for protobuf-c's API. */
     h.error = (char *)(m->error[0] ? m->error : "");
@@ -176,6 +180,10 @@ int ps_msg_decode(ps_msg_t *m, const void *buf, size_t len, char *err, size_t er
     m->step_max = h->step_max;
     m->count = h->count;
     m->store_id = h->store_id;
+    m->area_fd = h->area_fd;
+    m->area_id = h->area_id;
+    m->area_size = h->area_size;
+    m->area_offset = h->area_offset;
     if (copy_str(m->store, sizeof m->store, h->store)) FAIL("store path too long");
     if (copy_str(m->error, sizeof m->error, h->error)) FAIL("error text too long");
     if (copy_str(m->cluster, sizeof m->cluster, h->cluster)) FAIL("cluster name too long");

@@ -26,7 +26,8 @@ enum {
     PS_FLAG_PENDING = 16, /* checkpoint begin reply: the step asked for is not reached yet; it
                              will be held when it is: ask again */
     PS_FLAG_DIRECT = 32,  /* pull: the worker reads the shard's store itself (the hello reply's
-                             store); pull reply: no data, read version `step` from the store */
+                             store); pull reply: no data, read version `step` from the store;
+                             push: no data, the gradient is at area_offset of the push area */
 };
 
 /* UCP Active Message ids. */
@@ -133,6 +134,8 @@ typedef struct {
     uint64_t step_max;
     uint64_t count;
     uint64_t store_id;
+    uint32_t area_fd;
+    uint64_t area_id, area_size, area_offset;
     char store[256];
     char error[256];
     char cluster[128];

@@ -30,6 +30,7 @@ static void conn_free_if_done(psd_conn_t *c)
             *pp = c->next;
             break;
         }
+    psd_area_unref(c->area);
     free(c);
 }
 
@@ -262,6 +263,7 @@ static void on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
                   .consistency = (uint32_t)srv->m.job.consistency,
                   .step = psd_shard_step(srv)};
     psd_hello_store(srv, &r);
+    psd_hello_area(srv, c, &r);
     psd_send_msg(srv, c, &r);
 }
 
@@ -300,6 +302,7 @@ static void send_status(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
                             "{\"shard\": %u, \"address\": \"%s:%u\", \"cluster\": \"%s\", "
                             "\"step\": %llu, \"consistency\": \"%s\", \"optimizer\": \"%s\", "
                             "\"pushes\": %llu, \"pulls\": %llu, \"direct_pulls\": %llu, "
+                            "\"direct_pushes\": %llu, "
                             "\"bundles_received\": %llu, \"bundles_sent\": %llu, "
                             "\"updates_applied\": %llu, \"crc_errors\": %llu, \"stopping\": %s, ",
                             srv->shard, sc->host, sc->port, srv->m.cluster,
@@ -308,6 +311,7 @@ static void send_status(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
                             ps_optim_name(srv->m.job.optimizer.name),
                             (unsigned long long)srv->pushes, (unsigned long long)srv->pulls,
                             (unsigned long long)srv->direct_pulls,
+                            (unsigned long long)srv->direct_pushes,
                             (unsigned long long)srv->bundles_received,
                             (unsigned long long)srv->bundles_sent,
                             (unsigned long long)srv->applied_updates,
@@ -645,6 +649,7 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, const char *restore, 
         goto fail_store;
     }
     psd_direct_init(srv, sc->data_dir);
+    srv->push_direct = psd_push_direct_enabled();
     if ((rc = psd_shard_load(srv)) != 0) {
         snprintf(err, errlen, "%s: cannot read the shard store: %s", sc->data_dir,
                  ps_strerror(rc));

@@ -25,8 +25,11 @@
 typedef struct psd_server_s psd_server_t;
 typedef struct psd_chunk_s psd_chunk_t;
 
+typedef struct psd_area_s psd_area_t; /* pushshm.c */
+
 typedef struct psd_conn_s {
     psd_server_t *srv;
+    psd_area_t *area;                /* its push area (direct pushes), from its hello; or NULL */
     ucp_ep_h ep;
     ucp_conn_request_h conn_request; /* until the endpoint is created */
     int32_t rank;                    /* -1 until hello */
@@ -65,6 +68,12 @@ typedef struct {
     uint32_t rank;
 } psd_slot_ref_t;
 
+/* A slot filled by a direct push: its data is in the pusher's area (pushshm.c), referenced. */
+typedef struct {
+    const uint8_t *data;
+    psd_area_t *area;
+} psd_slot_ext_t;
+
 struct psd_chunk_s {
     uint32_t tensor, chunk;
     uint32_t n;                /* values */
@@ -72,11 +81,13 @@ struct psd_chunk_s {
     uint64_t total_steps;      /* the tensor's planned steps (lr schedule); read by jobs */
     /* Per-rank arrays have PS_MAX_RANKS entries; a slot's buffer is allocated on first use. */
     uint8_t **slots;           /* push payloads by rank (raw fp32 or a codec's) */
+    psd_slot_ext_t *slot_ext;  /* a direct push's data instead (slot_data()); never written */
     ucp_mem_h *slot_memh;      /* each slot registered once with UCX (NULL: not registered) */
     size_t *slot_cap;          /* bytes allocated */
     size_t *slot_len;          /* bytes received */
     psk_codec_t *slot_codec;   /* payload encoding (PSK_CODEC_NONE: raw fp32) */
-    float *agg;                /* [n] decode-and-sum buffer, allocated on the first compressed push */
+    float *agg;                /* [n] decode-and-sum buffer, allocated on the first compressed
+                                  or direct push */
     uint8_t *slot_state;       /* SLOT_* */
     uint64_t *slot_req;        /* req_id to acknowledge */
     uint32_t *slot_crc;        /* the push header's CRC-32C of its payload */
@@ -247,7 +258,8 @@ struct psd_server_s {
     uint64_t last_cron_ms;     /* psd_now_ms() of the last heartbeat check */
     void *echo_buf;            /* MSG_ECHO's landing place (contents dropped) */
     size_t echo_cap;
-    uint64_t applied_updates, pushes, pulls, direct_pulls;
+    uint64_t applied_updates, pushes, pulls, direct_pulls, direct_pushes;
+    bool push_direct;          /* workers here may push through areas (PS_DIRECT_PUSH is not 0) */
     uint64_t crc_errors;       /* pushes rejected for a checksum mismatch */
     uint32_t test_corrupt_pull; /* PS_TEST_CORRUPT_PULL (tests only): corrupt every Nth pull reply */
     uint64_t test_pull_count;
@@ -282,6 +294,19 @@ void psd_hello_store(const psd_server_t *srv, ps_msg_t *reply);
  *  killed during a direct pull would otherwise keep old pages from reuse). Loop thread: on
  *  every dropped connection and every cron tick. */
 void psd_direct_reap(psd_server_t *srv);
+
+/* pushshm.c */
+/** @brief Whether direct pushes are allowed here (PS_DIRECT_PUSH is not "0"). */
+bool psd_push_direct_enabled(void);
+/** @brief Give @p c a push area if it has none (when srv->push_direct) and name it in the hello
+ *  @p reply (pid, area_fd, area_id, area_size); nothing when none could be made. */
+void psd_hello_area(psd_server_t *srv, psd_conn_t *c, ps_msg_t *reply);
+/** @brief @p len bytes at @p offset of @p c's area, or NULL when it has none or they are out of
+ *  it (or @p offset is not 64-byte aligned). *@p area: the area (for psd_area_ref). */
+const uint8_t *psd_area_data(psd_conn_t *c, uint64_t offset, uint64_t len, psd_area_t **area);
+void psd_area_ref(psd_area_t *a);
+/** @brief Drop a reference; the last one unmaps and closes it. NULL is ignored. */
+void psd_area_unref(psd_area_t *a);
 
 /* server.c */
 /** @brief UCX send callback of a psd_send_t without a snapshot (a header, a bundle): drops its

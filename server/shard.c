@@ -50,7 +50,8 @@ static psd_chunk_t *chunk_new(psd_server_t *srv, uint32_t t, uint32_t c, uint32_
     ch->slot_pid = calloc(w, sizeof *ch->slot_pid);
     ch->slot_conn = calloc(w, sizeof *ch->slot_conn);
     ch->slot_ref = calloc(w, sizeof *ch->slot_ref);
-    if (!ch->slots || !ch->slot_memh || !ch->slot_state || !ch->slot_req || !ch->slot_conn || !ch->slot_ref ||
+    ch->slot_ext = calloc(w, sizeof *ch->slot_ext);
+    if (!ch->slot_ext || !ch->slots || !ch->slot_memh || !ch->slot_state || !ch->slot_req || !ch->slot_conn || !ch->slot_ref ||
         !ch->slot_cap || !ch->slot_len || !ch->slot_codec || !ch->slot_crc || !ch->slot_step ||
         !ch->slot_pid) {
         free(ch->slot_step);
@@ -65,6 +66,7 @@ static psd_chunk_t *chunk_new(psd_server_t *srv, uint32_t t, uint32_t c, uint32_
         free(ch->slot_crc);
         free(ch->slot_conn);
         free(ch->slot_ref);
+        free(ch->slot_ext);
         free(ch);
         return NULL;
     }
@@ -87,7 +89,24 @@ static void chunk_free(psd_chunk_t *ch)
     free(ch->slot_pid);
     free(ch->slot_conn);
     free(ch->slot_ref);
+    if (ch->slot_ext)
+        for (uint32_t r = 0; r < PS_MAX_RANKS; r++) psd_area_unref(ch->slot_ext[r].area);
+    free(ch->slot_ext);
     free(ch);
+}
+
+/* Slot @p r's data: a direct push's place in its area, or the slot's own buffer. */
+static inline const uint8_t *slot_data(const psd_chunk_t *ch, uint32_t r)
+{
+    return ch->slot_ext[r].data ? ch->slot_ext[r].data : ch->slots[r];
+}
+
+/* Slot @p r is free again; a direct push's area reference is dropped. */
+static void slot_empty(psd_chunk_t *ch, uint32_t r)
+{
+    ch->slot_state[r] = SLOT_EMPTY;
+    if (ch->slot_ext[r].area) psd_area_unref(ch->slot_ext[r].area);
+    ch->slot_ext[r] = (psd_slot_ext_t){NULL, NULL};
 }
 
 /* Enter tensor @p d into the table with chunk states for the chunks this shard owns. */
@@ -703,7 +722,7 @@ static void push_received(psd_chunk_t *ch, uint32_t rank, ucs_status_t status)
     if (status != UCS_OK) {
         PS_LOG(PS_LOG_WARN, "shard", "push of %u/%u from rank %u lost: %s", ch->tensor, ch->chunk,
                rank, ucs_status_string(status));
-        ch->slot_state[rank] = SLOT_EMPTY;
+        slot_empty(ch, rank);
         psd_conn_unref(ch->slot_conn[rank]);
         ch->slot_conn[rank] = NULL;
         return;
@@ -713,7 +732,7 @@ static void push_received(psd_chunk_t *ch, uint32_t rank, ucs_status_t status)
         PS_LOG(PS_LOG_DEBUG, "shard", "push of %u/%u from rank %u for step %llu landed at %llu",
                ch->tensor, ch->chunk, rank, (unsigned long long)ch->slot_step[rank],
                (unsigned long long)ch->version);
-        ch->slot_state[rank] = SLOT_EMPTY;
+        slot_empty(ch, rank);
         psd_conn_unref(ch->slot_conn[rank]);
         ch->slot_conn[rank] = NULL;
         return;
@@ -728,7 +747,7 @@ static void push_received(psd_chunk_t *ch, uint32_t rank, ucs_status_t status)
                ch->tensor, ch->chunk, rank);
         psd_send_crc_error(srv, ch->slot_conn[rank], ch->slot_req[rank], ch->tensor, ch->chunk,
                            "push");
-        ch->slot_state[rank] = SLOT_EMPTY;
+        slot_empty(ch, rank);
         psd_conn_unref(ch->slot_conn[rank]);
         ch->slot_conn[rank] = NULL;
         return;
@@ -741,7 +760,7 @@ static void push_received(psd_chunk_t *ch, uint32_t rank, ucs_status_t status)
         psd_send_error(srv, ch->slot_conn[rank], ch->slot_req[rank], PS_EPROTO,
                        "push of %u/%u: malformed payload (length, indices or scales)",
                        ch->tensor, ch->chunk);
-        ch->slot_state[rank] = SLOT_EMPTY;
+        slot_empty(ch, rank);
         psd_conn_unref(ch->slot_conn[rank]);
         ch->slot_conn[rank] = NULL;
         return;
@@ -784,7 +803,19 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
                        msg->codec_block);
         return UCS_OK;
     }
-    if (msg->length != want || length != msg->length) {
+    /* A direct push carries no data: the gradient is at area_offset of the sender's area. */
+    bool direct = (msg->flags & PS_FLAG_DIRECT) != 0;
+    const uint8_t *ext = NULL;
+    psd_area_t *area = NULL;
+    if (direct && (msg->codec != PSK_CODEC_NONE || length != 0 ||
+                   (ext = psd_area_data(conn, msg->area_offset, want, &area)) == NULL)) {
+        psd_send_error(srv, conn, msg->req_id, PS_EPROTO,
+                       "direct push of %u/%u: no push area here, or %llu bytes at offset %llu "
+                       "are not in it (or not raw fp32, or data attached)", ch->tensor, ch->chunk,
+                       (unsigned long long)want, (unsigned long long)msg->area_offset);
+        return UCS_OK;
+    }
+    if (msg->length != want || (!direct && length != msg->length)) {
         psd_send_error(srv, conn, msg->req_id, PS_EPROTO,
                        "push of %u/%u carries %zu bytes (header says %llu), expected %llu",
                        ch->tensor, ch->chunk, length, (unsigned long long)msg->length,
@@ -844,7 +875,15 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
                        rank, (unsigned long long)msg->step);
         return UCS_OK;
     }
-    if (ch->slot_cap[rank] < length) {
+    if (direct) {
+        if (ch->agg == NULL && (ch->agg = malloc((size_t)ch->n * 4)) == NULL) {
+            psd_send_error(srv, conn, msg->req_id, PS_ENOMEM, "out of memory");
+            return UCS_OK;
+        }
+        psd_area_ref(area);
+        ch->slot_ext[rank] = (psd_slot_ext_t){ext, area};
+        length = (size_t)want;
+    } else if (ch->slot_cap[rank] < length) {
         /* Sized for raw fp32 (or a larger codec payload) once; reused every step. */
         size_t cap = length > (size_t)ch->n * 4 ? length : (size_t)ch->n * 4;
         if (ch->slot_memh[rank]) {
@@ -882,6 +921,11 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
     ch->slot_pid[rank] = conn->pid;
     ch->slot_conn[rank] = conn;
     psd_conn_ref(conn);
+    if (direct) { /* written by the sender before it sent the header */
+        srv->direct_pushes++;
+        push_received(ch, rank, UCS_OK);
+        return UCS_OK;
+    }
     if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
         memcpy(ch->slots[rank], data, length); /* small chunk sent eagerly */
         push_received(ch, rank, UCS_OK);
@@ -984,7 +1028,7 @@ static uint64_t raw_crc_bad(const psd_chunk_t *ch, uint64_t mask)
     uint64_t bad = 0;
     for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
         if ((mask >> r & 1) && ch->slot_codec[r].kind == PSK_CODEC_NONE &&
-            ps_crc32c(0, ch->slots[r], ch->slot_len[r]) != ch->slot_crc[r])
+            ps_crc32c(0, slot_data(ch, r), ch->slot_len[r]) != ch->slot_crc[r])
             bad |= 1ull << r;
     return bad;
 }
@@ -1003,7 +1047,7 @@ static const float *slot_sum(psd_server_t *srv, psd_chunk_t *ch)
     for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
         if (!(mem >> r & 1)) continue;
         if (ch->slot_codec[r].kind == PSK_CODEC_NONE)
-            psk_add_cpu(ch->agg, (const float *)ch->slots[r], ch->n);
+            psk_add_cpu(ch->agg, (const float *)slot_data(ch, r), ch->n);
         else
             psk_codec_decode_add_cpu(ch->agg, ch->n, ch->slots[r], ch->slot_len[r],
                                      &ch->slot_codec[r], 1.0f);
@@ -1024,11 +1068,17 @@ static void sum_block(void *arg, size_t off, size_t len)
 {
     blocksum_t *b = arg;
     uint64_t mem = b->ch->apply_members;
-    for (uint32_t r = b->first; r < PS_MAX_RANKS; r++)
-        if (mem >> r & 1)
-            b->crc[r] = ps_crc32c(b->crc[r], (const float *)b->ch->slots[r] + off, len * 4);
+    const float *first = (const float *)slot_data(b->ch, b->first);
+    if (b->acc != first) /* a direct push's area is never written: the sum goes to agg */
+        b->crc[b->first] = ps_crc32c_copy(b->crc[b->first], b->acc + off, first + off, len * 4);
+    else
+        b->crc[b->first] = ps_crc32c(b->crc[b->first], first + off, len * 4);
     for (uint32_t r = b->first + 1; r < PS_MAX_RANKS; r++)
-        if (mem >> r & 1) psk_add_cpu(b->acc + off, (const float *)b->ch->slots[r] + off, len);
+        if (mem >> r & 1)
+            b->crc[r] = ps_crc32c(b->crc[r], (const float *)slot_data(b->ch, r) + off, len * 4);
+    for (uint32_t r = b->first + 1; r < PS_MAX_RANKS; r++)
+        if (mem >> r & 1)
+            psk_add_cpu(b->acc + off, (const float *)slot_data(b->ch, r) + off, len);
 }
 
 /* Apply item @p i of @p job: the old record @p old -> the reserved @p h. Touches only that chunk
@@ -1056,7 +1106,7 @@ static void apply_item(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, p
         float scale = 1.0f / (float)__builtin_popcountll(ch->apply_members);
         blocksum_t bs = {.ch = ch, .first = (uint32_t)__builtin_ctzll(ch->apply_members)};
         if (sum == NULL) { /* raw pushes: summed block by block in the update's pass */
-            bs.acc = (float *)ch->slots[bs.first];
+            bs.acc = ch->slot_ext[bs.first].data ? ch->agg : (float *)ch->slots[bs.first];
             sum = bs.acc;
         } else {
             job->bad[i] = raw_crc_bad(ch, ch->apply_members);
@@ -1082,7 +1132,7 @@ static void apply_item(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, p
     for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
         if (ch->slot_state[r] != SLOT_APPLYING || (job->bad[i] >> r & 1)) continue;
         psk_optim_t o = optim_at(srv, h->version, total);
-        const float *g = (const float *)ch->slots[r];
+        const float *g = (const float *)slot_data(ch, r);
         if (ch->slot_codec[r].kind != PSK_CODEC_NONE) {
             memset(ch->agg, 0, (size_t)ch->n * 4);
             psk_codec_decode_add_cpu(ch->agg, ch->n, ch->slots[r], ch->slot_len[r],
@@ -1192,7 +1242,7 @@ static void ack_slot(psd_server_t *srv, psd_chunk_t *ch, uint32_t r, int rc, uin
     }
     if (conn) psd_conn_unref(conn);
     ch->slot_conn[r] = NULL;
-    ch->slot_state[r] = SLOT_EMPTY;
+    slot_empty(ch, r);
 }
 
 static void job_done(uv_work_t *w, int status)
@@ -1317,7 +1367,7 @@ static void drop_slot(psd_chunk_t *ch, uint32_t r)
 {
     if (ch->slot_conn[r]) psd_conn_unref(ch->slot_conn[r]);
     ch->slot_conn[r] = NULL;
-    ch->slot_state[r] = SLOT_EMPTY;
+    slot_empty(ch, r);
 }
 
 /* Room for @p n hashes in the job (grows only: steady training allocates nothing). */

@@ -11,6 +11,8 @@
 #include <time.h>
 #include <unistd.h>
 #include <netdb.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 
 #include "bundle.h"
 #include "codec.h"
@@ -49,7 +51,8 @@ typedef struct {
         uint8_t tries; /* times it came back corrupted */
         uint8_t sending; /* a send of it has not completed: hdr (and copy) are in use */
         uint8_t again; /* send it again once that send completes */
-        uint8_t direct; /* pull: its last request asked for a direct reply (PS_FLAG_DIRECT) */
+        uint8_t direct; /* its last request was direct (PS_FLAG_DIRECT): a pull asked for a
+                           direct reply; a push was written into the shard's area */
         void *copy;    /* PS_TEST_CORRUPT_PUSH: the corrupted copy on the wire */
     } ck;
 } part_t;
@@ -66,6 +69,10 @@ typedef struct {
     size_t chunk_cap;
     void *scratch;          /* encoder scratch for one chunk */
     psk_codec_t pull_codec; /* pulls: none, fp16 or bf16 */
+    uint64_t *area_off;     /* [nchunks] direct pushes: each chunk's place in its shard's area */
+    uint32_t *area_gen;     /* [nchunks] the area (cshard_t.area_gen) area_off is in */
+    uint8_t *area_busy;     /* [nchunks] psd may still read it: written again only once the
+                               push that filled it was acknowledged (or refused for its CRC) */
     uint8_t *pull_buf;      /* [nchunks * pull_cap] compressed parameters on their way in */
     size_t pull_cap;
     ps_op_t *spare[2];      /* a finished push and pull op kept for reuse (caller's thread) */
@@ -95,6 +102,14 @@ typedef struct {
     uint64_t view_tried; /* the store_id last tried: a failed open is not tried again */
     int view_open;       /* pulls carry PS_FLAG_DIRECT and read from view */
     ps_storeview_t view; /* comm thread */
+    /* Direct pushes (server/pushshm.c): the area the shard's hello reply offered, and ours. */
+    uint32_t area_pid, area_fd;          /* offered: /proc/<pid>/fd/<fd> */
+    uint64_t area_offer_id, area_offer_size;
+    uint8_t *area;                       /* mapped (comm thread), or NULL */
+    size_t area_size;
+    uint64_t area_id, area_tried;        /* the mapped one; the last one tried */
+    uint64_t area_next;                  /* bump allocator of chunk places */
+    uint32_t area_gen;                   /* bumped at every mapping */
 } cshard_t;
 
 /* Small pushes and pulls to one shard started together, fused into one eager message
@@ -171,6 +186,7 @@ struct ps_client_s {
     uint32_t test_corrupt_push; /* PS_TEST_CORRUPT_PUSH=N (tests only): corrupt every Nth push */
     uint32_t test_push_count;   /* comm thread */
     int direct;                 /* direct pulls allowed (PS_DIRECT_PULL is not "0") */
+    int direct_push;            /* direct pushes allowed (PS_DIRECT_PUSH is not "0") */
     uint32_t test_direct_fail;  /* PS_TEST_DIRECT_FAIL=N (tests only): the Nth direct read fails */
     uint32_t test_direct_count; /* comm thread */
 
@@ -258,6 +274,7 @@ static int part_defer(ps_client_t *c, part_t *p)
 }
 
 static void send_data_part(ps_client_t *c, ps_op_t *op, part_t *p);
+static uint64_t area_place(cshard_t *s, ctensor_t *t, uint32_t chunk, uint64_t len);
 
 /* A send of @p p completed (in its callback, or at once): its header (and test copy) are free
  * again; a resend that waited for that goes now, and so does the push window's next chunk to
@@ -561,6 +578,29 @@ static void send_data_part(ps_client_t *c, ps_op_t *op, part_t *p)
         __atomic_add_fetch(&c->stats.bytes_pushed, p->len, __ATOMIC_RELAXED);
         __atomic_add_fetch(&c->stats.bytes_pushed_raw, len * 4, __ATOMIC_RELAXED);
         __atomic_add_fetch(&c->stats.pushes, 1, __ATOMIC_RELAXED);
+        p->ck.direct = 0;
+        uint64_t off = p->ck.have_crc || t->codec.kind != PSK_CODEC_NONE
+                           ? UINT64_MAX
+                           : area_place(&c->shards[p->shard], (ctensor_t *)t, p->chunk, p->len);
+        if (off != UINT64_MAX) {
+            /* A first send to a shard whose area is mapped here: the gradient is written into
+             * it with its CRC folded into the copy, and only the header travels. Resends go
+             * over the transport. */
+            uint8_t *dst = c->shards[p->shard].area + off;
+            p->ck.crc = ps_crc32c_copy(0, dst, p->data, p->len);
+            p->ck.have_crc = 1;
+            p->ck.direct = 1;
+            t->area_busy[p->chunk] = 1;
+            if (c->test_corrupt_push && p->len && ++c->test_push_count % c->test_corrupt_push == 0)
+                dst[p->len / 2] ^= 0x10; /* the test hook, after the CRC */
+            m.flags |= PS_FLAG_DIRECT;
+            m.area_offset = off;
+            m.crc32c = p->ck.crc;
+            __atomic_add_fetch(&c->stats.bytes_pushed_direct, p->len, __ATOMIC_RELAXED);
+            if (bundle_part(c, p, &m, NULL, 0) == 0) return;
+            send_part(c, p, &m, NULL, 0, PS_AM_CTRL);
+            return;
+        }
         if (!p->ck.have_crc) {
             /* Here, just before the chunk's first send, rather than for every chunk on the
              * caller's thread before the op is submitted: the first chunk leaves at once and
@@ -891,6 +931,61 @@ static void view_update(ps_client_t *c, cshard_t *s)
     }
 }
 
+static void area_unmap(cshard_t *s)
+{
+    if (s->area) munmap(s->area, s->area_size);
+    s->area = NULL;
+    s->area_size = 0;
+    s->area_id = 0;
+}
+
+/* Map the push area shard @p s offered (its own connection's: /proc/<psd pid>/fd/<fd>), if its
+ * identity is the one offered. */
+static void area_update(ps_client_t *c, cshard_t *s)
+{
+    if (s->area || !c->direct_push || s->area_offer_id == 0 || s->area_tried == s->area_offer_id)
+        return;
+    s->area_tried = s->area_offer_id;
+    uint32_t i = (uint32_t)(s - c->shards);
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%u/fd/%u", s->area_pid, s->area_fd);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    struct stat st;
+    void *a = MAP_FAILED;
+    if (fd >= 0 && ps_storeview_file_id(fd) == s->area_offer_id && fstat(fd, &st) == 0 &&
+        (uint64_t)st.st_size >= s->area_offer_size && s->area_offer_size > 0)
+        a = mmap(NULL, s->area_offer_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE,
+                 fd, 0);
+    if (fd >= 0) close(fd);
+    if (a == MAP_FAILED) {
+        PS_LOG(PS_LOG_DEBUG, "libps", "shard %u: pushes over the transport (no push area at %s)",
+               i, path);
+        return;
+    }
+    s->area = a;
+    s->area_size = s->area_offer_size;
+    s->area_id = s->area_offer_id;
+    s->area_next = 0;
+    s->area_gen++;
+    PS_LOG(PS_LOG_INFO, "libps", "shard %u: pushes write into its shared memory directly", i);
+}
+
+/* Where chunk @p chunk of @p t (@p len bytes) goes in shard @p s's area, or UINT64_MAX when it
+ * cannot go there now (no area, full, or its place may still be read by psd). */
+static uint64_t area_place(cshard_t *s, ctensor_t *t, uint32_t chunk, uint64_t len)
+{
+    if (s->area == NULL || t->area_off == NULL) return UINT64_MAX;
+    if (t->area_gen[chunk] != s->area_gen) {
+        uint64_t need = (len + 4095) & ~(uint64_t)4095; /* page-aligned places */
+        if (need > s->area_size - s->area_next) return UINT64_MAX;
+        t->area_off[chunk] = s->area_next;
+        t->area_gen[chunk] = s->area_gen;
+        t->area_busy[chunk] = 0;
+        s->area_next += need;
+    }
+    return t->area_busy[chunk] ? UINT64_MAX : t->area_off[chunk];
+}
+
 /* A direct pull's reply: copy version >= m->step of the chunk from the shard's store. The record
  * read must be the one psd named (its CRC) when it is at that version. */
 static void direct_pull(ps_client_t *c, ps_op_t *op, part_t *p, const ps_msg_t *m, uint64_t n)
@@ -946,6 +1041,7 @@ static int on_deferred(ps_ucx_t *u)
                    c->m.servers[i].port, s->lanes);
         }
         view_update(c, s);
+        area_update(c, s);
         if (!s->close_queued) continue;
         s->close_queued = 0;
         did = 1;
@@ -1022,6 +1118,10 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
             if (op->parts[i].chunk == m.chunk && op->parts[i].shard == m.shard &&
                 op->parts[i].pending && m.tensor == c->tensors[op->tensor]->id)
                 p = &op->parts[i];
+        if (p && p->ck.direct) { /* refused for its CRC: psd dropped it, the place is free */
+            c->tensors[op->tensor]->area_busy[m.chunk] = 0;
+            p->ck.direct = 0;
+        }
         if (p)
             part_crc_retry(c, op, p, "push");
         else
@@ -1061,6 +1161,11 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
             /* Another store (a restored shard): no pull may read the old one from now on, not
              * even those resent before on_deferred closes it. */
             if (s->view_open && s->view.id != s->store_id) s->view_open = 0;
+            s->area_pid = m.area_fd ? m.pid : 0;
+            s->area_fd = m.area_fd;
+            s->area_offer_id = m.area_fd ? m.area_id : 0;
+            s->area_offer_size = m.area_size;
+            if (s->area && s->area_id != s->area_offer_id) area_unmap(s); /* another connection */
         }
         op->reply = m;
         part_done(&op->parts[0]);
@@ -1087,6 +1192,10 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
             break;
         }
         if (m.step < op->min_version) op->min_version = m.step;
+        if (!is_pull && p->ck.direct) {
+            c->tensors[op->tensor]->area_busy[m.chunk] = 0; /* psd is done with its place */
+            p->ck.direct = 0;
+        }
         if (!is_pull) {
             part_done(p);
             break;
@@ -1420,6 +1529,8 @@ int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts, ps
     c->rank = -1;
     const char *dp = getenv("PS_DIRECT_PULL");
     c->direct = !(dp && strcmp(dp, "0") == 0);
+    const char *dq = getenv("PS_DIRECT_PUSH");
+    c->direct_push = !(dq && strcmp(dq, "0") == 0);
     const char *tf = getenv("PS_TEST_DIRECT_FAIL");
     if (tf && atoi(tf) > 0) {
         c->test_direct_fail = (uint32_t)atoi(tf);
@@ -1499,10 +1610,16 @@ void ps_client_destroy(ps_client_t *c)
         free(t->pull_buf);
         free(t->spare[0]);
         free(t->spare[1]);
+        free(t->area_off);
+        free(t->area_gen);
+        free(t->area_busy);
         free(t);
     }
     free(c->tensors);
-    for (uint32_t i = 0; c->shards && i < c->nshards; i++) ps_storeview_close(&c->shards[i].view);
+    for (uint32_t i = 0; c->shards && i < c->nshards; i++) {
+        ps_storeview_close(&c->shards[i].view);
+        area_unmap(&c->shards[i]);
+    }
     free(c->shards);
     for (bundle_t *b = c->free_bundles, *nx; b; b = nx) {
         nx = b->next_free;
@@ -1573,6 +1690,20 @@ int ps_client_declare(ps_client_t *c, const ps_tensor_desc_t *desc, uint32_t *id
     t->numel = ps_decl_numel(&rep.decl);
     t->nchunks = ps_chunk_count(t->numel, c->chunk_elems);
     t->first_chunk = rep.decl.first_chunk;
+    if (t->area_off == NULL && t->nchunks) {
+        /* Read by the comm thread only after this declare returns (entries never move). */
+        t->area_off = calloc(t->nchunks, sizeof *t->area_off);
+        t->area_gen = calloc(t->nchunks, sizeof *t->area_gen);
+        t->area_busy = calloc(t->nchunks, sizeof *t->area_busy);
+        if (!t->area_off || !t->area_gen || !t->area_busy) {
+            free(t->area_off);
+            free(t->area_gen);
+            free(t->area_busy);
+            t->area_off = NULL;
+            t->area_gen = NULL;
+            t->area_busy = NULL;
+        }
+    }
     *id = tid;
     return 0;
 }

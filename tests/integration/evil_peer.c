@@ -22,6 +22,7 @@
  *
  * Exit status: 0 when every check held, 1 when one did not, 2 on bad usage. Every wait is
  * bounded (WAIT_S). A test program: it reports, it never retries. */
+#include <fcntl.h>
 #include <getopt.h>
 #include <math.h>
 #include <netdb.h>
@@ -29,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -62,6 +64,7 @@ typedef struct {
     int data_failed;
     uint32_t crc_xor; /* spoils the next data message's CRC (the bad-crc case) */
     int bundles_in;   /* bundles received from psd */
+    ps_msg_t hello;   /* the hello reply (its push area, server/pushshm.c) */
 } peer_t;
 
 static double now_s(void)
@@ -547,6 +550,86 @@ out:
     return rc;
 }
 
+/* ---- direct pushes (server/pushshm.c) ----------------------------------------------------- */
+
+/* Send direct push @p m (no data) and expect an error with @p status whose text has @p want. */
+static int direct_refused(peer_t *p, ps_msg_t *m, int status, const char *want, const char *what)
+{
+    if (call(p, m, NULL, 0, PS_AM_CTRL)) return -1;
+    const ps_msg_t *r = &p->reply;
+    if (r->type != PS_MSG_ERROR || r->status != status || strstr(r->error, want) == NULL) {
+        say("evil_peer: direct push %s: FAILED: got %s (status %d %s) \"%s\"", what,
+            ps_msg_type_name(r->type), r->status, ps_err_name(r->status), r->error);
+        return -1;
+    }
+    say("evil_peer: direct push %s: refused (%s): %s", what, ps_err_name(r->status), r->error);
+    return 0;
+}
+
+/* Direct pushes that point outside the push area, at an unaligned place or carry a codec or
+ * data are refused; one whose bytes in the area do not match its CRC is refused with PS_ECRC;
+ * a right one is acknowledged. */
+static int direct_pushes(peer_t *p, target_t *t)
+{
+    const ps_msg_t *h = &p->hello;
+    if (h->area_fd == 0 || h->area_size < (uint64_t)t->n * 4) {
+        say("evil_peer: direct push: FAILED: the hello reply offered no push area");
+        return -1;
+    }
+    int failed = 0, refused = 0;
+    uint64_t len = (uint64_t)t->n * 4;
+    ps_msg_t m = push_msg(t, PSK_CODEC_NONE, NULL, len);
+    m.flags = PS_FLAG_DIRECT;
+    m.area_offset = h->area_size - len + 64; /* runs past the end */
+    refused += direct_refused(p, &m, PS_EPROTO, "are not in it", "past the area") == 0;
+    m.area_offset = ~0ull - 63;
+    refused += direct_refused(p, &m, PS_EPROTO, "are not in it", "at offset 2^64-64") == 0;
+    m.area_offset = 8;
+    refused += direct_refused(p, &m, PS_EPROTO, "are not in it", "unaligned") == 0;
+    psk_codec_t topk = TOPK;
+    m = push_msg(t, topk.kind, &topk, psk_codec_max_bytes(&topk, t->n));
+    m.flags = PS_FLAG_DIRECT;
+    refused += direct_refused(p, &m, PS_EPROTO, "not raw fp32", "with a codec") == 0;
+    say("evil_peer: %d of 4 malformed direct pushes refused as expected", refused);
+    failed += refused != 4;
+
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%u/fd/%u", h->pid, h->area_fd);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    uint8_t *area = fd < 0 ? MAP_FAILED
+                           : mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (fd >= 0) close(fd);
+    if (area == MAP_FAILED) {
+        say("evil_peer: direct push: FAILED: cannot map %s", path);
+        return -1;
+    }
+    memset(area, 0, len); /* a zero gradient at offset 0 */
+    m = push_msg(t, PSK_CODEC_NONE, NULL, len);
+    m.flags = PS_FLAG_DIRECT;
+    m.crc32c = ps_crc32c(0, area, len) ^ 1;
+    if (call(p, &m, NULL, 0, PS_AM_CTRL) || p->reply.type != PS_MSG_ERROR ||
+        p->reply.status != PS_ECRC) {
+        say("evil_peer: direct push with a wrong CRC: FAILED: got %s: %s",
+            ps_msg_type_name(p->reply.type), p->reply.error);
+        failed++;
+    } else {
+        say("evil_peer: direct push with a wrong CRC: refused (ECRC)");
+    }
+    m = push_msg(t, PSK_CODEC_NONE, NULL, len);
+    m.flags = PS_FLAG_DIRECT;
+    m.crc32c = ps_crc32c(0, area, len);
+    if (call(p, &m, NULL, 0, PS_AM_CTRL) || p->reply.type != PS_MSG_PUSH_ACK) {
+        say("evil_peer: direct push: FAILED: got %s: %s", ps_msg_type_name(p->reply.type),
+            p->reply.error);
+        failed++;
+    } else {
+        t->version = p->reply.step;
+        say("evil_peer: direct push: acknowledged");
+    }
+    munmap(area, len);
+    return failed ? -1 : 0;
+}
+
 /* ---- bundles (proto/bundle.h) ------------------------------------------------------------ */
 
 /* One entry's bytes, written by hand (a malformed one needs lengths the writer refuses). */
@@ -681,6 +764,7 @@ static int run(peer_t *p, const ps_manifest_t *m, const char *only)
         return -1;
     }
     target_t t = {.rank = p->reply.rank};
+    p->hello = p->reply;
     say("evil_peer: hello: rank %d of %u", t.rank, p->reply.workers);
 
     /* Declare the last weight as psworker does (worker/mlp.h, worker/psworker.c). */
@@ -734,6 +818,7 @@ static int run(peer_t *p, const ps_manifest_t *m, const char *only)
         ncases - failed, ncases, nreceipt);
     if (push_good(p, &t, &int8, "well-formed int8 push after them")) failed++;
     if (push_bad_crc(p, &t)) failed++;
+    if (!only && direct_pushes(p, &t)) failed++;
     if (!only && bundles(p, &t)) failed++;
     if (pull_chunk0(p, &t, "after")) failed++;
 

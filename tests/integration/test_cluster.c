@@ -77,11 +77,16 @@ START_TEST(test_bsp_matches_local)
     free(l1);
     ck_assert_msg(ok, "want ranks 0 and 1 joined at step 0 of 50; logs: %s: %s; %s: %s", w[0]->name,
                   cl_tail(w[0]), w[1]->name, cl_tail(w[1]));
-    /* On one host every pull was direct: the workers read the shards' stores themselves. */
+    /* On one host every pull and push was direct: the workers read the shards' stores and
+     * wrote into their push areas themselves. */
     EXPECT_LOG(w[0], "shard 1: pulls read its store ");
+    EXPECT_LOG(w[0], "shard 1: pushes write into its shared memory directly");
     cl_proc_t *ctl = status_json(c, "psctl");
     unsigned long long pulls = sum_field(ctl, "pulls"), direct = sum_field(ctl, "direct_pulls");
     ck_assert_msg(pulls > 0 && direct == pulls, "%llu pulls, %llu direct: %s", pulls, direct,
+                  cl_tail(ctl));
+    unsigned long long pushes = sum_field(ctl, "pushes"), dpush = sum_field(ctl, "direct_pushes");
+    ck_assert_msg(pushes > 0 && dpush == pushes, "%llu pushes, %llu direct: %s", pushes, dpush,
                   cl_tail(ctl));
     stop_all(psd, 2);
     cl_cluster_destroy(c);
@@ -123,8 +128,9 @@ static long long shard_field(const cl_proc_t *p, int shard, const char *key)
     return n;
 }
 
-/* (a'') PS_DIRECT_PULL=0 on either side: shard 0 offers no store; worker 0 opens none. Only
- * worker 1's pulls to shard 1 are direct, and the result is the same. */
+/* (a'') PS_DIRECT_PULL=0 and PS_DIRECT_PUSH=0 on either side: shard 0 offers no store and no
+ * push area; worker 0 opens none. Only worker 1's pulls from and pushes to shard 1 are direct,
+ * and the result is the same. */
 START_TEST(test_direct_off_matches_local)
 {
     cl_conf_t k = {.shards = 2,
@@ -135,13 +141,17 @@ START_TEST(test_direct_off_matches_local)
                    .batch_size = 64};
     cl_cluster_t *c = cl_cluster_create(&k);
     setenv("PS_DIRECT_PULL", "0", 1); /* inherited by what starts while it is set */
+    setenv("PS_DIRECT_PUSH", "0", 1);
     cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), NULL};
     cl_proc_t *w[2] = {NULL, NULL};
     unsetenv("PS_DIRECT_PULL");
+    unsetenv("PS_DIRECT_PUSH");
     psd[1] = cl_psd_start(c, 1, NULL, READY_S);
     setenv("PS_DIRECT_PULL", "0", 1);
+    setenv("PS_DIRECT_PUSH", "0", 1);
     w[0] = cl_worker_start(c, NULL, "w0.params", false);
     unsetenv("PS_DIRECT_PULL");
+    unsetenv("PS_DIRECT_PUSH");
     w[1] = cl_worker_start(c, NULL, "w1.params", false);
     EXPECT_EXIT(w[0], 0);
     EXPECT_EXIT(w[1], 0);
@@ -152,8 +162,10 @@ START_TEST(test_direct_off_matches_local)
     EXPECT_LOG(psd[0], "direct pulls off (PS_DIRECT_PULL=0)");
     EXPECT_LOG(w[1], "shard 1: pulls read its store ");
     char *l0 = cl_log(w[0]), *l1 = cl_log(w[1]);
-    int w0_direct = strstr(l0, "pulls read its store") != NULL;
-    int w1_shard0 = strstr(l1, "shard 0: pulls read its store") != NULL;
+    int w0_direct = strstr(l0, "pulls read its store") != NULL ||
+                    strstr(l0, "pushes write into") != NULL;
+    int w1_shard0 = strstr(l1, "shard 0: pulls read its store") != NULL ||
+                    strstr(l1, "shard 0: pushes write into") != NULL;
     free(l0);
     free(l1);
     ck_assert_msg(!w0_direct && !w1_shard0, "a direct view where it was switched off: %s: %s",
@@ -163,6 +175,11 @@ START_TEST(test_direct_off_matches_local)
     long long p1 = shard_field(ctl, 1, "pulls"), d1 = shard_field(ctl, 1, "direct_pulls");
     ck_assert_msg(p0 > 0 && d0 == 0 && d1 > 0 && d1 < p1,
                   "shard 0: %lld pulls, %lld direct; shard 1: %lld, %lld: %s", p0, d0, p1, d1,
+                  cl_tail(ctl));
+    p0 = shard_field(ctl, 0, "pushes"), d0 = shard_field(ctl, 0, "direct_pushes");
+    p1 = shard_field(ctl, 1, "pushes"), d1 = shard_field(ctl, 1, "direct_pushes");
+    ck_assert_msg(p0 > 0 && d0 == 0 && d1 > 0 && d1 < p1,
+                  "shard 0: %lld pushes, %lld direct; shard 1: %lld, %lld: %s", p0, d0, p1, d1,
                   cl_tail(ctl));
     stop_all(psd, 2);
     cl_cluster_destroy(c);
@@ -211,7 +228,8 @@ END_TEST
 static void tcp_matches_local(bool eager)
 {
     setenv("UCX_TLS", "tcp", 1); /* this test's process (forked) and what it starts */
-    setenv("PS_DIRECT_PULL", "0", 1); /* pulls cross tcp too, not the shards' stores */
+    setenv("PS_DIRECT_PULL", "0", 1); /* pulls and pushes cross tcp too, not shared memory */
+    setenv("PS_DIRECT_PUSH", "0", 1);
     setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 1); /* the shm settings psd sets go unused */
     if (eager) setenv("UCX_RNDV_THRESH", "inf", 1);
     cl_conf_t k = {.shards = 2,

@@ -164,7 +164,9 @@ END_TEST
  * which must come back as an error naming the problem; a well-formed push before and after is
  * acknowledged, and chunk 0 stays finite. The worker finishes, psd survives and stops cleanly,
  * and psd logged a rejection for each payload refused after receipt (never applied). A push
- * whose CRC-32C does not match its payload is refused with PS_ECRC and never applied.
+ * whose CRC-32C does not match its payload is refused with PS_ECRC and never applied. Direct
+ * pushes (server/pushshm.c) that point outside the peer's push area, at an unaligned place or
+ * carry a codec are refused; one whose bytes do not match its CRC too; a right one is acked.
  */
 START_TEST(test_hostile_peer)
 {
@@ -188,6 +190,9 @@ START_TEST(test_hostile_peer)
     EXPECT_LOG(evil, "evil_peer: 10 of 10 malformed pushes refused as expected (7 after receipt)");
     EXPECT_LOG(evil, "evil_peer: case bad-crc: refused (ECRC)");
     EXPECT_LOG(evil, "evil_peer: bad-crc push sent again with the right CRC: acknowledged");
+    EXPECT_LOG(evil, "evil_peer: 4 of 4 malformed direct pushes refused as expected");
+    EXPECT_LOG(evil, "evil_peer: direct push with a wrong CRC: refused (ECRC)");
+    EXPECT_LOG(evil, "evil_peer: direct push: acknowledged");
     EXPECT_LOG(evil, "evil_peer: 5 of 5 malformed bundles refused as expected");
     EXPECT_LOG(evil, "evil_peer: well-formed bundle with a push: acknowledged in a bundle");
     EXPECT_LOG(evil, "evil_peer: every check held");
@@ -199,7 +204,8 @@ START_TEST(test_hostile_peer)
     ck_assert_msg(rejected == 7, "psd logged %d rejected payloads, want 7; its log: %s", rejected,
                   cl_tail(psd));
     ck_assert_int_eq(count_in_log(psd, "rejected a malformed"), 7);
-    ck_assert_int_eq(count_in_log(psd, "checksum mismatch on the 4/0 push from rank 1"), 1);
+    /* The bad-crc push and the direct push with a wrong CRC. */
+    ck_assert_int_eq(count_in_log(psd, "checksum mismatch on the 4/0 push from rank 1"), 2);
     ck_assert_msg(cl_alive(psd), "psd died; its log: %s", cl_tail(psd));
     stop_all(&psd, 1);
     cl_cluster_destroy(c);

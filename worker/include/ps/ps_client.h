@@ -41,6 +41,8 @@ typedef struct {
     uint64_t pushes, pulls;                /* chunk messages */
     uint64_t bytes_pulled_direct;          /* of bytes_pulled: read from a shard's store on this
                                               host (direct pulls, PS_DIRECT_PULL) */
+    uint64_t bytes_pushed_direct;          /* of bytes_pushed: written into a shard's shared
+                                              memory on this host (direct pushes, PS_DIRECT_PUSH) */
 } ps_client_stats_t;
 
 /**

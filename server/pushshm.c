@@ -1,0 +1,85 @@
+/* pushshm.c: direct pushes, psd's side.
+ *
+ * A worker on this shard's host may write a raw gradient chunk into shared memory and send only
+ * the header (PS_FLAG_DIRECT, area_offset): no rendezvous, no CMA read on psd's loop thread, and
+ * the worker folds the CRC-32C into its copy (ps_crc32c_copy) instead of reading the gradient
+ * once more. Each worker connection gets its own area, a sealed memfd (it cannot shrink under
+ * psd) that psd maps read-only and the worker opens through /proc/<psd pid>/fd/<fd>. A slot
+ * filled that way points into the area and holds a reference on it, so the area outlives a
+ * dropped connection for as long as a push of it waits to be applied; a confused or late peer
+ * can only write into its own area, which reaches nothing but its own pushes. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "ps/ps_log.h"
+#include "server.h"
+#include "storeview.h"
+
+struct psd_area_s {
+    uint8_t *base; /* mapped read-only */
+    size_t size;
+    int fd;
+    int refs;
+    uint64_t id; /* ps_storeview_file_id of the memfd */
+};
+
+bool psd_push_direct_enabled(void)
+{
+    const char *e = getenv("PS_DIRECT_PUSH");
+    return !(e && strcmp(e, "0") == 0);
+}
+
+static psd_area_t *area_new(size_t size)
+{
+    psd_area_t *a = calloc(1, sizeof *a);
+    if (a == NULL) return NULL;
+    a->fd = memfd_create("psd-push-area", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (a->fd < 0 || ftruncate(a->fd, (off_t)size) != 0 ||
+        fcntl(a->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
+        (a->id = ps_storeview_file_id(a->fd)) == 0)
+        goto fail;
+    a->base = mmap(NULL, size, PROT_READ, MAP_SHARED | MAP_NORESERVE, a->fd, 0);
+    if (a->base == MAP_FAILED) goto fail;
+    a->size = size;
+    a->refs = 1;
+    return a;
+fail:
+    PS_LOG(PS_LOG_WARN, "server", "no push area (%s): this worker pushes over the transport",
+           strerror(errno));
+    if (a->fd >= 0) close(a->fd);
+    free(a);
+    return NULL;
+}
+
+void psd_area_ref(psd_area_t *a) { a->refs++; }
+
+void psd_area_unref(psd_area_t *a)
+{
+    if (a == NULL || --a->refs > 0) return;
+    munmap(a->base, a->size);
+    close(a->fd);
+    free(a);
+}
+
+void psd_hello_area(psd_server_t *srv, psd_conn_t *c, ps_msg_t *reply)
+{
+    if (c->area == NULL && srv->push_direct)
+        c->area = area_new((size_t)srv->m.map_size_mb << 20);
+    if (c->area == NULL) return;
+    reply->pid = (uint32_t)getpid();
+    reply->area_fd = (uint32_t)c->area->fd;
+    reply->area_id = c->area->id;
+    reply->area_size = c->area->size;
+}
+
+const uint8_t *psd_area_data(psd_conn_t *c, uint64_t offset, uint64_t len, psd_area_t **area)
+{
+    psd_area_t *a = c->area;
+    if (a == NULL || offset % 64 != 0 || offset > a->size || len > a->size - offset) return NULL;
+    *area = a;
+    return a->base + offset;
+}
