@@ -13,34 +13,39 @@
 /* This boot of this host's kernel (/proc/sys/kernel/random/boot_id: processes on one host share
  * it, another host has another) and this process's pid namespace (LMDB tells live readers from
  * dead ones by pid, which only works within one namespace), hashed; 0 if neither is readable. */
-static uint64_t host_id(void)
+uint64_t ps_storeview_host_id(void)
 {
+    static uint64_t cached; /* computed once; a race computes the same value twice */
+    uint64_t h = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+    if (h) return h;
     char b[64] = "";
     FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
     if (f) {
         if (fgets(b, sizeof b, f) == NULL) b[0] = '\0';
         fclose(f);
     }
-    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
+    h = 0xcbf29ce484222325ull; /* FNV-1a */
     for (const char *p = b; *p; p++) h = (h ^ (uint8_t)*p) * 0x100000001b3ull;
     struct stat ns;
     if (stat("/proc/self/ns/pid", &ns) == 0)
         h = (h ^ (uint64_t)ns.st_ino) * 0x100000001b3ull;
+    if (h == 0) h = 1;
+    __atomic_store_n(&cached, h, __ATOMIC_RELAXED);
     return h;
 }
 
-static uint64_t stat_id(const struct stat *st)
+uint64_t ps_storeview_stat_id(const struct stat *st)
 {
     uint64_t id = ((uint64_t)st->st_dev * 0x9e3779b97f4a7c15ull ^ (uint64_t)st->st_ino) *
                       0xff51afd7ed558ccdull ^
-                  host_id();
+                  ps_storeview_host_id();
     return id ? id : 1;
 }
 
 uint64_t ps_storeview_file_id(int fd)
 {
     struct stat st;
-    return fstat(fd, &st) == 0 ? stat_id(&st) : 0;
+    return fstat(fd, &st) == 0 ? ps_storeview_stat_id(&st) : 0;
 }
 
 int ps_storeview_open(ps_storeview_t *v, const char *dir, uint64_t want_id, char *err,
@@ -57,7 +62,7 @@ int ps_storeview_open(ps_storeview_t *v, const char *dir, uint64_t want_id, char
         snprintf(err, errlen, "%s: %s", path, strerror(e));
         return -e;
     }
-    if (stat_id(&st) != want_id) {
+    if (ps_storeview_stat_id(&st) != want_id) {
         snprintf(err, errlen, "%s: not the shard's store (another file, host or pid namespace)",
                  dir);
         return PS_ESTALE;

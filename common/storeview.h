@@ -14,6 +14,7 @@
 #include <lmdb.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/stat.h>
 
 typedef struct {
     MDB_env *env;
@@ -31,6 +32,14 @@ typedef struct {
  *  readers by pid) never passes.
  */
 uint64_t ps_storeview_file_id(int fd);
+
+/** @brief The same identity from a stat() of the file (0 never: 1 stands in). */
+uint64_t ps_storeview_stat_id(const struct stat *st);
+
+/** @brief This host's boot and this process's pid namespace, hashed: equal for two processes
+ *  exactly when they may share a store or a push area (workers send it in their hello, and a
+ *  shard offers both only to a worker whose value is its own). */
+uint64_t ps_storeview_host_id(void);
 
 /**
  * @brief Open the store in @p dir read-only, if its data file's identity is @p want_id (checked

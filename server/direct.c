@@ -29,10 +29,11 @@ void psd_direct_init(psd_server_t *srv, const char *data_dir)
     memcpy(srv->store_path, real, strlen(real) + 1);
 }
 
-void psd_hello_store(const psd_server_t *srv, ps_msg_t *reply)
+void psd_hello_store(const psd_server_t *srv, const ps_msg_t *hello, ps_msg_t *reply)
 {
+    if (!srv->store_path[0] || hello->store_id != ps_storeview_host_id()) return; /* elsewhere */
     memcpy(reply->store, srv->store_path, sizeof reply->store);
-    reply->store_id = srv->store_path[0] ? srv->store_id : 0;
+    reply->store_id = srv->store_id;
 }
 
 void psd_direct_reap(psd_server_t *srv)

@@ -65,10 +65,16 @@ void psd_area_unref(psd_area_t *a)
     free(a);
 }
 
-void psd_hello_area(psd_server_t *srv, psd_conn_t *c, ps_msg_t *reply)
+/* An area's bytes: the store's map size (more than the shard's parameters), at most 64 GiB of
+ * address space per connection (only what a worker writes takes memory). */
+#define AREA_MAX (64ull << 30)
+
+void psd_hello_area(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *hello, ps_msg_t *reply)
 {
-    if (c->area == NULL && srv->push_direct)
-        c->area = area_new((size_t)srv->m.map_size_mb << 20);
+    if (hello->store_id != ps_storeview_host_id()) return; /* a worker on another host */
+    uint64_t size = (uint64_t)srv->m.map_size_mb << 20;
+    if (size > AREA_MAX) size = AREA_MAX;
+    if (c->area == NULL && srv->push_direct) c->area = area_new((size_t)size);
     if (c->area == NULL) return;
     reply->pid = (uint32_t)getpid();
     reply->area_fd = (uint32_t)c->area->fd;
@@ -76,10 +82,19 @@ void psd_hello_area(psd_server_t *srv, psd_conn_t *c, ps_msg_t *reply)
     reply->area_size = c->area->size;
 }
 
-const uint8_t *psd_area_data(psd_conn_t *c, uint64_t offset, uint64_t len, psd_area_t **area)
+const uint8_t *psd_area_data(psd_conn_t *c, uint64_t offset, uint64_t len, psd_area_t **area,
+                             const char **why)
 {
     psd_area_t *a = c->area;
-    if (a == NULL || offset % 64 != 0 || offset > a->size || len > a->size - offset) return NULL;
-    *area = a;
-    return a->base + offset;
+    if (a == NULL)
+        *why = "this connection has no push area";
+    else if (offset % 64 != 0)
+        *why = "the offset is not 64-byte aligned";
+    else if (offset > a->size || len > a->size - offset)
+        *why = "the bytes are not inside the push area";
+    else {
+        *area = a;
+        return a->base + offset;
+    }
+    return NULL;
 }

@@ -262,8 +262,8 @@ static void on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
                   .epoch = psd_shard_epoch(srv), .shard = srv->shard,
                   .consistency = (uint32_t)srv->m.job.consistency,
                   .step = psd_shard_step(srv)};
-    psd_hello_store(srv, &r);
-    psd_hello_area(srv, c, &r);
+    psd_hello_store(srv, msg, &r);
+    psd_hello_area(srv, c, msg, &r);
     psd_send_msg(srv, c, &r);
 }
 

@@ -288,8 +288,9 @@ void psd_outbox_flush(psd_server_t *srv, psd_conn_t *conn);
 /** @brief Decide whether workers may read this shard's store in @p data_dir directly (not when
  *  PS_DIRECT_PULL=0): sets store_path and store_id. Call once the store is open. */
 void psd_direct_init(psd_server_t *srv, const char *data_dir);
-/** @brief Fill a hello reply's store and store_id (empty when direct pulls are off). */
-void psd_hello_store(const psd_server_t *srv, ps_msg_t *reply);
+/** @brief Fill a hello reply's store and store_id, for a worker on this host (@p hello's
+ *  store_id is its ps_storeview_host_id); nothing when direct pulls are off. */
+void psd_hello_store(const psd_server_t *srv, const ps_msg_t *hello, ps_msg_t *reply);
 /** @brief Free the LMDB read slots of processes that exited while reading the store (a worker
  *  killed during a direct pull would otherwise keep old pages from reuse). Loop thread: on
  *  every dropped connection and every cron tick. */
@@ -298,12 +299,14 @@ void psd_direct_reap(psd_server_t *srv);
 /* pushshm.c */
 /** @brief Whether direct pushes are allowed here (PS_DIRECT_PUSH is not "0"). */
 bool psd_push_direct_enabled(void);
-/** @brief Give @p c a push area if it has none (when srv->push_direct) and name it in the hello
- *  @p reply (pid, area_fd, area_id, area_size); nothing when none could be made. */
-void psd_hello_area(psd_server_t *srv, psd_conn_t *c, ps_msg_t *reply);
-/** @brief @p len bytes at @p offset of @p c's area, or NULL when it has none or they are out of
- *  it (or @p offset is not 64-byte aligned). *@p area: the area (for psd_area_ref). */
-const uint8_t *psd_area_data(psd_conn_t *c, uint64_t offset, uint64_t len, psd_area_t **area);
+/** @brief For a worker on this host (@p hello's store_id is its ps_storeview_host_id): give
+ *  @p c a push area if it has none (when srv->push_direct) and name it in the hello @p reply
+ *  (pid, area_fd, area_id, area_size); nothing when none could be made. */
+void psd_hello_area(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *hello, ps_msg_t *reply);
+/** @brief @p len bytes at @p offset of @p c's area, or NULL (with *@p why) when it has none, the
+ *  offset is not 64-byte aligned or the bytes are not all inside it. *@p area: the area. */
+const uint8_t *psd_area_data(psd_conn_t *c, uint64_t offset, uint64_t len, psd_area_t **area,
+                             const char **why);
 void psd_area_ref(psd_area_t *a);
 /** @brief Drop a reference; the last one unmaps and closes it. NULL is ignored. */
 void psd_area_unref(psd_area_t *a);

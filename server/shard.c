@@ -807,12 +807,18 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
     bool direct = (msg->flags & PS_FLAG_DIRECT) != 0;
     const uint8_t *ext = NULL;
     psd_area_t *area = NULL;
-    if (direct && (msg->codec != PSK_CODEC_NONE || length != 0 ||
-                   (ext = psd_area_data(conn, msg->area_offset, want, &area)) == NULL)) {
+    const char *why = NULL;
+    if (direct && msg->codec != PSK_CODEC_NONE)
+        why = "only raw fp32 pushes may be direct";
+    else if (direct && length != 0)
+        why = "a direct push carries no data";
+    else if (direct)
+        ext = psd_area_data(conn, msg->area_offset, want, &area, &why);
+    if (direct && ext == NULL) {
         psd_send_error(srv, conn, msg->req_id, PS_EPROTO,
-                       "direct push of %u/%u: no push area here, or %llu bytes at offset %llu "
-                       "are not in it (or not raw fp32, or data attached)", ch->tensor, ch->chunk,
-                       (unsigned long long)want, (unsigned long long)msg->area_offset);
+                       "direct push of %u/%u (%llu bytes at offset %llu): %s", ch->tensor,
+                       ch->chunk, (unsigned long long)want,
+                       (unsigned long long)msg->area_offset, why);
         return UCS_OK;
     }
     if (msg->length != want || (!direct && length != msg->length)) {

@@ -73,6 +73,8 @@ typedef struct {
     uint32_t *area_gen;     /* [nchunks] the area (cshard_t.area_gen) area_off is in */
     uint8_t *area_busy;     /* [nchunks] psd may still read it: written again only once the
                                push that filled it was acknowledged (or refused for its CRC) */
+    uint64_t *area_req;     /* [nchunks] the request of that push: a late ack (its op failed
+                               meanwhile) frees the place too */
     uint8_t *pull_buf;      /* [nchunks * pull_cap] compressed parameters on their way in */
     size_t pull_cap;
     ps_op_t *spare[2];      /* a finished push and pull op kept for reuse (caller's thread) */
@@ -591,6 +593,7 @@ static void send_data_part(ps_client_t *c, ps_op_t *op, part_t *p)
             p->ck.have_crc = 1;
             p->ck.direct = 1;
             t->area_busy[p->chunk] = 1;
+            t->area_req[p->chunk] = op->req_id;
             if (c->test_corrupt_push && p->len && ++c->test_push_count % c->test_corrupt_push == 0)
                 dst[p->len / 2] ^= 0x10; /* the test hook, after the CRC */
             m.flags |= PS_FLAG_DIRECT;
@@ -843,7 +846,7 @@ static void on_reconnect_timer(uv_timer_t *h)
     op->on_done = on_rehello;
     op->parts[0] = (part_t){.op = op, .shard = s->index, .pending = 1};
     op->req = (ps_msg_t){.type = PS_MSG_HELLO, .rank = c->rank, .pid = (uint32_t)getpid(),
-                         .samples = c->join_serial};
+                         .samples = c->join_serial, .store_id = ps_storeview_host_id()};
     snprintf(op->req.cluster, sizeof op->req.cluster, "%s", c->m.cluster);
     op->req.req_id = op->req_id;
     start_op(c, op);
@@ -949,10 +952,15 @@ static void area_update(ps_client_t *c, cshard_t *s)
     uint32_t i = (uint32_t)(s - c->shards);
     char path[64];
     snprintf(path, sizeof path, "/proc/%u/fd/%u", s->area_pid, s->area_fd);
-    int fd = open(path, O_RDWR | O_CLOEXEC);
+    /* What the path names is checked before it is opened: a regular file (a memfd) with the
+     * identity offered, never some other process's device or pipe. */
     struct stat st;
     void *a = MAP_FAILED;
-    if (fd >= 0 && ps_storeview_file_id(fd) == s->area_offer_id && fstat(fd, &st) == 0 &&
+    int fd = -1;
+    if (stat(path, &st) == 0 && S_ISREG(st.st_mode) &&
+        ps_storeview_stat_id(&st) == s->area_offer_id &&
+        (fd = open(path, O_RDWR | O_CLOEXEC | O_NOCTTY)) >= 0 &&
+        ps_storeview_file_id(fd) == s->area_offer_id && fstat(fd, &st) == 0 &&
         (uint64_t)st.st_size >= s->area_offer_size && s->area_offer_size > 0)
         a = mmap(NULL, s->area_offer_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE,
                  fd, 0);
@@ -1105,6 +1113,13 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
         if (m.shard == 0) learn_view(c, m.epoch, m.step, m.members, 1);
         return UCS_OK;
     }
+    if (m.type == PS_MSG_PUSH_ACK && m.tensor < PS_CLIENT_MAX_TENSORS) {
+        /* Whoever the ack is for now: psd is done with the place that push was written to. */
+        ctensor_t *t = c->tensors[m.tensor];
+        if (t && t->area_req && m.chunk < t->nchunks && t->area_busy[m.chunk] &&
+            t->area_req[m.chunk] == m.req_id)
+            t->area_busy[m.chunk] = 0;
+    }
     ps_op_t *op = find_op(c, m.req_id);
     if (op == NULL) {
         if (m.type == PS_MSG_ERROR)
@@ -1161,9 +1176,9 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
             /* Another store (a restored shard): no pull may read the old one from now on, not
              * even those resent before on_deferred closes it. */
             if (s->view_open && s->view.id != s->store_id) s->view_open = 0;
-            s->area_pid = m.area_fd ? m.pid : 0;
+            s->area_pid = m.pid;
             s->area_fd = m.area_fd;
-            s->area_offer_id = m.area_fd ? m.area_id : 0;
+            s->area_offer_id = m.area_id; /* 0: none offered */
             s->area_offer_size = m.area_size;
             if (s->area && s->area_id != s->area_offer_id) area_unmap(s); /* another connection */
         }
@@ -1483,7 +1498,7 @@ static int join(ps_client_t *c, uint32_t timeout_ms)
     for (uint32_t i = 0; i < c->nshards; i++) {
         for (;;) {
             ps_msg_t req = {.type = PS_MSG_HELLO, .rank = c->rank, .pid = (uint32_t)getpid(),
-                            .samples = c->join_serial}, rep;
+                            .samples = c->join_serial, .store_id = ps_storeview_host_id()}, rep;
             snprintf(req.cluster, sizeof req.cluster, "%s", c->m.cluster);
             gethostname(req.host, sizeof req.host - 1);
             int rc = ctrl_call(c, OP_HELLO, i, &req, &rep);
@@ -1613,6 +1628,7 @@ void ps_client_destroy(ps_client_t *c)
         free(t->area_off);
         free(t->area_gen);
         free(t->area_busy);
+        free(t->area_req);
         free(t);
     }
     free(c->tensors);
@@ -1649,6 +1665,8 @@ void ps_client_stats(const ps_client_t *c, ps_client_stats_t *out)
     out->bytes_pushed_raw = __atomic_load_n(&c->stats.bytes_pushed_raw, __ATOMIC_RELAXED);
     out->pushes = __atomic_load_n(&c->stats.pushes, __ATOMIC_RELAXED);
     out->pulls = __atomic_load_n(&c->stats.pulls, __ATOMIC_RELAXED);
+    out->bytes_pulled_direct = __atomic_load_n(&c->stats.bytes_pulled_direct, __ATOMIC_RELAXED);
+    out->bytes_pushed_direct = __atomic_load_n(&c->stats.bytes_pushed_direct, __ATOMIC_RELAXED);
 }
 
 int ps_client_declare(ps_client_t *c, const ps_tensor_desc_t *desc, uint32_t *id)
@@ -1695,13 +1713,16 @@ int ps_client_declare(ps_client_t *c, const ps_tensor_desc_t *desc, uint32_t *id
         t->area_off = calloc(t->nchunks, sizeof *t->area_off);
         t->area_gen = calloc(t->nchunks, sizeof *t->area_gen);
         t->area_busy = calloc(t->nchunks, sizeof *t->area_busy);
-        if (!t->area_off || !t->area_gen || !t->area_busy) {
+        t->area_req = calloc(t->nchunks, sizeof *t->area_req);
+        if (!t->area_off || !t->area_gen || !t->area_busy || !t->area_req) {
             free(t->area_off);
             free(t->area_gen);
             free(t->area_busy);
+            free(t->area_req);
             t->area_off = NULL;
             t->area_gen = NULL;
             t->area_busy = NULL;
+            t->area_req = NULL;
         }
     }
     *id = tid;

@@ -40,6 +40,7 @@
 #include "manifest.h"
 #include "place.h"
 #include "ps/ps_error.h"
+#include "storeview.h"
 #include "ucx_loop.h"
 #include "bundle.h"
 #include "wire.h"
@@ -566,13 +567,13 @@ static int direct_refused(peer_t *p, ps_msg_t *m, int status, const char *want, 
     return 0;
 }
 
-/* Direct pushes that point outside the push area, at an unaligned place or carry a codec or
- * data are refused; one whose bytes in the area do not match its CRC is refused with PS_ECRC;
- * a right one is acknowledged. */
+/* Direct pushes that point outside the push area, at an unaligned place, carry data or a codec
+ * are refused, each naming its reason; one whose bytes in the area do not match its CRC is
+ * refused with PS_ECRC; a right one is acknowledged. */
 static int direct_pushes(peer_t *p, target_t *t)
 {
     const ps_msg_t *h = &p->hello;
-    if (h->area_fd == 0 || h->area_size < (uint64_t)t->n * 4) {
+    if (h->area_id == 0 || h->area_size < (uint64_t)t->n * 4) {
         say("evil_peer: direct push: FAILED: the hello reply offered no push area");
         return -1;
     }
@@ -580,18 +581,28 @@ static int direct_pushes(peer_t *p, target_t *t)
     uint64_t len = (uint64_t)t->n * 4;
     ps_msg_t m = push_msg(t, PSK_CODEC_NONE, NULL, len);
     m.flags = PS_FLAG_DIRECT;
-    m.area_offset = h->area_size - len + 64; /* runs past the end */
-    refused += direct_refused(p, &m, PS_EPROTO, "are not in it", "past the area") == 0;
+    m.area_offset = (h->area_size - len + 64) & ~63ull; /* runs past the end */
+    refused += direct_refused(p, &m, PS_EPROTO, "not inside the push area", "past the area") == 0;
     m.area_offset = ~0ull - 63;
-    refused += direct_refused(p, &m, PS_EPROTO, "are not in it", "at offset 2^64-64") == 0;
+    refused += direct_refused(p, &m, PS_EPROTO, "not inside the push area", "at 2^64-64") == 0;
     m.area_offset = 8;
-    refused += direct_refused(p, &m, PS_EPROTO, "are not in it", "unaligned") == 0;
+    refused += direct_refused(p, &m, PS_EPROTO, "not 64-byte aligned", "unaligned") == 0;
+    m.area_offset = 0;
+    float zero[16] = {0};
+    if (call(p, &m, zero, sizeof zero, PS_AM_DATA) == 0 && p->reply.type == PS_MSG_ERROR &&
+        strstr(p->reply.error, "carries no data")) {
+        say("evil_peer: direct push with data: refused: %s", p->reply.error);
+        refused++;
+    } else {
+        say("evil_peer: direct push with data: FAILED: got %s: %s",
+            ps_msg_type_name(p->reply.type), p->reply.error);
+    }
     psk_codec_t topk = TOPK;
     m = push_msg(t, topk.kind, &topk, psk_codec_max_bytes(&topk, t->n));
     m.flags = PS_FLAG_DIRECT;
-    refused += direct_refused(p, &m, PS_EPROTO, "not raw fp32", "with a codec") == 0;
-    say("evil_peer: %d of 4 malformed direct pushes refused as expected", refused);
-    failed += refused != 4;
+    refused += direct_refused(p, &m, PS_EPROTO, "only raw fp32", "with a codec") == 0;
+    say("evil_peer: %d of 5 malformed direct pushes refused as expected", refused);
+    failed += refused != 5;
 
     char path[64];
     snprintf(path, sizeof path, "/proc/%u/fd/%u", h->pid, h->area_fd);
@@ -756,7 +767,8 @@ static int run(peer_t *p, const ps_manifest_t *m, const char *only)
     if (connect_shard0(p, m)) return -1;
 
     /* Hello: shard 0 hands out the rank. */
-    ps_msg_t hello = {.type = PS_MSG_HELLO, .rank = -1, .pid = (uint32_t)getpid()};
+    ps_msg_t hello = {.type = PS_MSG_HELLO, .rank = -1, .pid = (uint32_t)getpid(),
+                      .store_id = ps_storeview_host_id()}; /* this host: offer the push area */
     snprintf(hello.cluster, sizeof hello.cluster, "%s", m->cluster);
     if (call(p, &hello, NULL, 0, PS_AM_CTRL)) return -1;
     if (p->reply.type != PS_MSG_HELLO_REPLY) {

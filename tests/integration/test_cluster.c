@@ -186,7 +186,44 @@ START_TEST(test_direct_off_matches_local)
 }
 END_TEST
 
-/* (a''') A worker whose read of a shard's store fails mid-run (PS_TEST_DIRECT_FAIL: its 40th
+/* (a''') The first worker to join pushes directly, the second (PS_DIRECT_PUSH=0) over the
+ * transport: a step's sum then starts from a push in a push area (psd copies it into the
+ * chunk's sum buffer, never writing the area), and the result is the reference's. (The other
+ * order is direct_off_matches_local's.) */
+START_TEST(test_direct_push_mixed)
+{
+    cl_conf_t k = {.shards = 2,
+                   .workers = 2,
+                   .consistency = "bsp",
+                   .optimizer = "{name: adam, lr: 0.01}",
+                   .max_steps = 30,
+                   .batch_size = 64};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    cl_proc_t *w[2];
+    w[0] = cl_worker_start(c, NULL, "w0.params", false);
+    ck_assert_msg(cl_wait_log(w[0], "joined at step", RUN_S) == 0, "w0 never joined: %s",
+                  cl_tail(w[0]));
+    setenv("PS_DIRECT_PUSH", "0", 1);
+    w[1] = cl_worker_start(c, NULL, "w1.params", false);
+    unsetenv("PS_DIRECT_PUSH");
+    EXPECT_EXIT(w[0], 0);
+    EXPECT_EXIT(w[1], 0);
+    EXPECT_LOG(w[0], "rank 0 of 2 joined");
+    cl_proc_t *ref = cl_worker_start(c, NULL, "local.params", true);
+    EXPECT_EXIT(ref, 0);
+    expect_same_params(w[0]->params, ref->params, 1e-5, 1e-7);
+    expect_same_params(w[1]->params, ref->params, 1e-5, 1e-7);
+    cl_proc_t *ctl = status_json(c, "psctl");
+    unsigned long long pushes = sum_field(ctl, "pushes"), dpush = sum_field(ctl, "direct_pushes");
+    ck_assert_msg(dpush > 0 && dpush < pushes, "%llu pushes, %llu direct: %s", pushes, dpush,
+                  cl_tail(ctl));
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+/* (a'''') A worker whose read of a shard's store fails mid-run (PS_TEST_DIRECT_FAIL: its 40th
  * direct read) says so, pulls that chunk and every later one from that shard over the
  * transport, and still ends with the reference's parameters. */
 START_TEST(test_direct_fails_over)
@@ -220,7 +257,7 @@ START_TEST(test_direct_fails_over)
 }
 END_TEST
 
-/* (a'''') Over TCP only (UCX_TLS=tcp for every process): libps keeps at most PS_PUSH_WINDOW
+/* (a''''') Over TCP only (UCX_TLS=tcp for every process): libps keeps at most PS_PUSH_WINDOW
  * rendezvous chunks of a push in flight to a shard there and sends the next as one completes;
  * 32 KiB chunks give every shard several chunks of the larger tensors, and training still
  * ends with the reference's parameters. With @p eager (UCX_RNDV_THRESH=inf) sends complete at
@@ -470,6 +507,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("bsp_matches_local", test_bsp_matches_local));
     suite_add_tcase(s, tcase("fusion_off_matches_local", test_fusion_off_matches_local));
     suite_add_tcase(s, tcase("direct_off_matches_local", test_direct_off_matches_local));
+    suite_add_tcase(s, tcase("direct_push_mixed", test_direct_push_mixed));
     suite_add_tcase(s, tcase("direct_fails_over", test_direct_fails_over));
     suite_add_tcase(s, tcase("tcp_matches_local", test_tcp_matches_local));
     suite_add_tcase(s, tcase("tcp_eager_matches_local", test_tcp_eager_matches_local));

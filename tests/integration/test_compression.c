@@ -165,8 +165,9 @@ END_TEST
  * acknowledged, and chunk 0 stays finite. The worker finishes, psd survives and stops cleanly,
  * and psd logged a rejection for each payload refused after receipt (never applied). A push
  * whose CRC-32C does not match its payload is refused with PS_ECRC and never applied. Direct
- * pushes (server/pushshm.c) that point outside the peer's push area, at an unaligned place or
- * carry a codec are refused; one whose bytes do not match its CRC too; a right one is acked.
+ * pushes (server/pushshm.c) that point outside the peer's push area, at an unaligned place,
+ * carry data or a codec are refused; one whose bytes do not match its CRC too; a right one is
+ * acknowledged.
  */
 START_TEST(test_hostile_peer)
 {
@@ -190,7 +191,7 @@ START_TEST(test_hostile_peer)
     EXPECT_LOG(evil, "evil_peer: 10 of 10 malformed pushes refused as expected (7 after receipt)");
     EXPECT_LOG(evil, "evil_peer: case bad-crc: refused (ECRC)");
     EXPECT_LOG(evil, "evil_peer: bad-crc push sent again with the right CRC: acknowledged");
-    EXPECT_LOG(evil, "evil_peer: 4 of 4 malformed direct pushes refused as expected");
+    EXPECT_LOG(evil, "evil_peer: 5 of 5 malformed direct pushes refused as expected");
     EXPECT_LOG(evil, "evil_peer: direct push with a wrong CRC: refused (ECRC)");
     EXPECT_LOG(evil, "evil_peer: direct push: acknowledged");
     EXPECT_LOG(evil, "evil_peer: 5 of 5 malformed bundles refused as expected");
