@@ -86,8 +86,7 @@ struct psd_chunk_s {
     size_t *slot_cap;          /* bytes allocated */
     size_t *slot_len;          /* bytes received */
     psk_codec_t *slot_codec;   /* payload encoding (PSK_CODEC_NONE: raw fp32) */
-    float *agg;                /* [n] decode-and-sum buffer, allocated on the first compressed
-                                  or direct push */
+    float *agg;                /* [n] decode-and-sum buffer, allocated on the first compressed push */
     uint8_t *slot_state;       /* SLOT_* */
     uint64_t *slot_req;        /* req_id to acknowledge */
     uint32_t *slot_crc;        /* the push header's CRC-32C of its payload */

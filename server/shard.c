@@ -882,10 +882,6 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
         return UCS_OK;
     }
     if (direct) {
-        if (ch->agg == NULL && (ch->agg = malloc((size_t)ch->n * 4)) == NULL) {
-            psd_send_error(srv, conn, msg->req_id, PS_ENOMEM, "out of memory");
-            return UCS_OK;
-        }
         psd_area_ref(area);
         ch->slot_ext[rank] = (psd_slot_ext_t){ext, area};
         length = (size_t)want;
@@ -1061,30 +1057,33 @@ static const float *slot_sum(psd_server_t *srv, psd_chunk_t *ch)
     return ch->agg;
 }
 
-/* Before each block is applied: fold the members' raw pushes of the block into their CRC-32Cs
- * (the first member's before the others are added into it), then sum them in rank order. */
+/* Before each span is applied: fold the members' raw pushes of the span into their CRC-32Cs
+ * and sum them in rank order into a buffer of this thread's that stays in cache: neither a
+ * push area (never written) nor a slot is written, and the sum is never written to memory. */
 typedef struct {
     psd_chunk_t *ch;
-    float *acc;       /* the first member's slot: the sum */
     uint32_t first;
     uint32_t crc[PS_MAX_RANKS];
 } blocksum_t;
 
-static void sum_block(void *arg, size_t off, size_t len)
+static __thread float span_sum[PSD_APPLY_SPAN] __attribute__((aligned(64)));
+
+static const float *sum_block(void *arg, size_t off, size_t len)
 {
     blocksum_t *b = arg;
     uint64_t mem = b->ch->apply_members;
-    const float *first = (const float *)slot_data(b->ch, b->first);
-    if (b->acc != first) /* a direct push's area is never written: the sum goes to agg */
-        b->crc[b->first] = ps_crc32c_copy(b->crc[b->first], b->acc + off, first + off, len * 4);
-    else
-        b->crc[b->first] = ps_crc32c(b->crc[b->first], first + off, len * 4);
+    const float *first = (const float *)slot_data(b->ch, b->first) + off;
+    if (mem == 1ull << b->first) { /* one member: its push is the sum */
+        b->crc[b->first] = ps_crc32c(b->crc[b->first], first, len * 4);
+        return first;
+    }
+    b->crc[b->first] = ps_crc32c_copy(b->crc[b->first], span_sum, first, len * 4);
     for (uint32_t r = b->first + 1; r < PS_MAX_RANKS; r++)
         if (mem >> r & 1)
             b->crc[r] = ps_crc32c(b->crc[r], (const float *)slot_data(b->ch, r) + off, len * 4);
     for (uint32_t r = b->first + 1; r < PS_MAX_RANKS; r++)
-        if (mem >> r & 1)
-            psk_add_cpu(b->acc + off, (const float *)slot_data(b->ch, r) + off, len);
+        if (mem >> r & 1) psk_add_cpu(span_sum, (const float *)slot_data(b->ch, r) + off, len);
+    return span_sum;
 }
 
 /* Apply item @p i of @p job: the old record @p old -> the reserved @p h. Touches only that chunk
@@ -1111,16 +1110,11 @@ static void apply_item(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, p
         psk_optim_t o = optim_at(srv, pos, total);
         float scale = 1.0f / (float)__builtin_popcountll(ch->apply_members);
         blocksum_t bs = {.ch = ch, .first = (uint32_t)__builtin_ctzll(ch->apply_members)};
-        if (sum == NULL) { /* raw pushes: summed block by block in the update's pass */
-            bs.acc = ch->slot_ext[bs.first].data ? ch->agg : (float *)ch->slots[bs.first];
-            sum = bs.acc;
-        } else {
-            job->bad[i] = raw_crc_bad(ch, ch->apply_members);
-        }
+        bool raw = sum == NULL; /* raw pushes: summed span by span in the update's pass */
+        if (!raw) job->bad[i] = raw_crc_bad(ch, ch->apply_members);
         if (job->bad[i] == 0)
-            psd_store_chunk_update(h, p_in, s_in, sum, scale, &o, bs.acc ? sum_block : NULL,
-                                   &bs);
-        for (uint32_t r = 0; bs.acc && r < PS_MAX_RANKS; r++)
+            psd_store_chunk_update(h, p_in, s_in, sum, scale, &o, raw ? sum_block : NULL, &bs);
+        for (uint32_t r = 0; raw && r < PS_MAX_RANKS; r++)
             if ((ch->apply_members >> r & 1) && bs.crc[r] != ch->slot_crc[r])
                 job->bad[i] |= 1ull << r;
         if (job->bad[i]) /* not applied: the new record is the old one again */

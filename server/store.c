@@ -470,11 +470,11 @@ int psd_store_get_blob(psd_store_t *st, const char *name, void *buf, size_t cap,
  * (adam, 1 MiB chunks): each restart of the kernel's streams costs more than the extra cache
  * level the hash reads from.
  */
-#define APPLY_SPAN (8 * PSD_HASH_BLOCK)
+#define APPLY_SPAN PSD_APPLY_SPAN
 
 void psd_store_chunk_update(psd_chunk_hdr_t *h, const float *p_in, const float *s_in,
                             const float *g, float scale, const psk_optim_t *o,
-                            void (*before)(void *arg, size_t off, size_t len), void *arg)
+                            const float *(*before)(void *arg, size_t off, size_t len), void *arg)
 {
     uint32_t n = h->n, ns = h->nstate;
     float *p = psd_chunk_params(h), *s = psd_chunk_state(h);
@@ -483,10 +483,9 @@ void psd_store_chunk_update(psd_chunk_hdr_t *h, const float *p_in, const float *
     uint32_t crc = 0;
     for (size_t off = 0; off < n; off += APPLY_SPAN) {
         size_t len = n - off < APPLY_SPAN ? n - off : APPLY_SPAN;
-        if (before) before(arg, off, len);
+        const float *gs = before ? before(arg, off, len) : g + off;
         psk_optim_apply_strided_cpu(p + off, ns ? s + off : NULL, p_in + off,
-                                    ns ? s_in + off : NULL, g + off, scale, len, n,
-                                    h->version + 1, o);
+                                    ns ? s_in + off : NULL, gs, scale, len, n, h->version + 1, o);
         crc = ps_crc32c(crc, p + off, len * sizeof(float));
         /* The span's hash blocks, in the record's block order, while they are in cache. */
         for (size_t b = off; b < off + len; b += PSD_HASH_BLOCK)

@@ -27,6 +27,7 @@
 #include <stdint.h>
 
 #include "chunkrec.h"
+#include "rechash.h"
 #include "optim.h"
 #include "wire.h"
 
@@ -88,17 +89,22 @@ int psd_store_load(psd_store_t *st, psd_store_tensor_cb on_tensor, psd_store_chu
  */
 void psd_store_chunk_seal(psd_chunk_hdr_t *h);
 
+/** Values per span of psd_store_chunk_update (8 hash blocks: 128 KiB of each array). */
+#define PSD_APPLY_SPAN (8 * PSD_HASH_BLOCK)
+
 /**
  * @brief One optimizer step on the record @p h (old values @p p_in, @p s_in, e.g. the previous
- * record) in a single pass of spans of a few PSD_HASH_BLOCK-value blocks: @p before (may be NULL)
- * prepares the span's gradient (e.g. sums pushes into @p g), the optimizer writes the span, and
- * the span is folded into the CRC-32C and XXH3-64 right away, while it is in cache. Ends like
- * psd_store_chunk_seal(): version + 1, format, crc32c and hash set.
- * @note @p h must be the writable record (MDB_RESERVE); nothing is allocated.
+ * record) in a single pass of spans of PSD_APPLY_SPAN values: the span's gradient is @p g + off,
+ * or, with @p before, what before(arg, off, len) returns (it prepares the span's len values,
+ * e.g. sums pushes into a buffer that stays in cache, and may ignore @p g); the optimizer writes
+ * the span, and the span is folded into the CRC-32C and XXH3-64 right away, while it is in
+ * cache. Ends like psd_store_chunk_seal(): version + 1, format, crc32c and hash set.
+ * @note @p h must be the writable record (MDB_RESERVE); nothing is allocated. What @p before
+ *  returns must stay valid until its next call or the end of this one.
  */
 void psd_store_chunk_update(psd_chunk_hdr_t *h, const float *p_in, const float *s_in,
                             const float *g, float scale, const psk_optim_t *o,
-                            void (*before)(void *arg, size_t off, size_t len), void *arg);
+                            const float *(*before)(void *arg, size_t off, size_t len), void *arg);
 
 /** @brief XXH3-64 of a record's params and state as stored now (what seal writes into hash). */
 uint64_t psd_store_chunk_hash(const psd_chunk_hdr_t *h);

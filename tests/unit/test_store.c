@@ -273,11 +273,12 @@ typedef struct {
     size_t covered;
 } lazy_grad_t;
 
-static void fill_grad(void *arg, size_t off, size_t len)
+static const float *fill_grad(void *arg, size_t off, size_t len)
 {
     lazy_grad_t *lg = arg;
     for (size_t i = off; i < off + len; i++) lg->g[i] = 0.1f - 0.002f * (float)(i % 101);
     lg->covered += len;
+    return lg->g + off;
 }
 
 /* The fused update writes what the plain kernel writes, and seals the record with the hash
