@@ -1304,8 +1304,9 @@ static void job_done(uv_work_t *w, int status)
             psd_chunk_t *ch = job->items[i];
             uint64_t bad = job->rc == 0 ? job->bad[i] : 0;
             if (bad) {
-                /* Corrupted in transit: never applied; the senders send again. Under bsp the
-                 * step's sum was built in one member's slot, so every member sends again. */
+                /* Corrupted in transit: never applied; the senders send again. Under bsp every
+                 * member sends its push of the chunk again (the step is applied whole; only on
+                 * corruption, so kept simple). */
                 uint64_t refuse = 0;
                 for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
                     if (ch->slot_state[r] == SLOT_APPLYING && (bsp || (bad >> r & 1)))
