@@ -57,6 +57,16 @@ typedef struct {
     } ck;
 } part_t;
 
+/* Where a chunk's direct pushes are written in its shard's push area. */
+typedef struct area_place_s {
+    uint64_t off;  /* byte offset in the area */
+    uint64_t req;  /* the request of the push written there last: its ack, even a late one
+                      (its op failed meanwhile), frees the place */
+    uint32_t gen;  /* the area (cshard_t.area_gen) off is in; another one: no place yet */
+    uint8_t busy;  /* psd may still read it: written again only once that push was
+                      acknowledged or refused for its CRC */
+} area_place_t;
+
 typedef struct {
     uint32_t id;
     uint64_t numel;
@@ -69,12 +79,8 @@ typedef struct {
     size_t chunk_cap;
     void *scratch;          /* encoder scratch for one chunk */
     psk_codec_t pull_codec; /* pulls: none, fp16 or bf16 */
-    uint64_t *area_off;     /* [nchunks] direct pushes: each chunk's place in its shard's area */
-    uint32_t *area_gen;     /* [nchunks] the area (cshard_t.area_gen) area_off is in */
-    uint8_t *area_busy;     /* [nchunks] psd may still read it: written again only once the
-                               push that filled it was acknowledged (or refused for its CRC) */
-    uint64_t *area_req;     /* [nchunks] the request of that push: a late ack (its op failed
-                               meanwhile) frees the place too */
+    struct area_place_s *places; /* [nchunks] direct pushes: each chunk's place in the area of
+                                    its shard (NULL: none, pushes over the transport) */
     uint8_t *pull_buf;      /* [nchunks * pull_cap] compressed parameters on their way in */
     size_t pull_cap;
     ps_op_t *spare[2];      /* a finished push and pull op kept for reuse (caller's thread) */
@@ -592,8 +598,8 @@ static void send_data_part(ps_client_t *c, ps_op_t *op, part_t *p)
             p->ck.crc = ps_crc32c_copy(0, dst, p->data, p->len);
             p->ck.have_crc = 1;
             p->ck.direct = 1;
-            t->area_busy[p->chunk] = 1;
-            t->area_req[p->chunk] = op->req_id;
+            t->places[p->chunk].busy = 1;
+            t->places[p->chunk].req = op->req_id;
             if (c->test_corrupt_push && p->len && ++c->test_push_count % c->test_corrupt_push == 0)
                 dst[p->len / 2] ^= 0x10; /* the test hook, after the CRC */
             m.flags |= PS_FLAG_DIRECT;
@@ -982,16 +988,15 @@ static void area_update(ps_client_t *c, cshard_t *s)
  * cannot go there now (no area, full, or its place may still be read by psd). */
 static uint64_t area_place(cshard_t *s, ctensor_t *t, uint32_t chunk, uint64_t len)
 {
-    if (s->area == NULL || t->area_off == NULL) return UINT64_MAX;
-    if (t->area_gen[chunk] != s->area_gen) {
+    if (s->area == NULL || t->places == NULL) return UINT64_MAX;
+    area_place_t *pl = &t->places[chunk];
+    if (pl->gen != s->area_gen) {
         uint64_t need = (len + 4095) & ~(uint64_t)4095; /* page-aligned places */
         if (need > s->area_size - s->area_next) return UINT64_MAX;
-        t->area_off[chunk] = s->area_next;
-        t->area_gen[chunk] = s->area_gen;
-        t->area_busy[chunk] = 0;
+        *pl = (area_place_t){.off = s->area_next, .gen = s->area_gen};
         s->area_next += need;
     }
-    return t->area_busy[chunk] ? UINT64_MAX : t->area_off[chunk];
+    return pl->busy ? UINT64_MAX : pl->off;
 }
 
 /* A direct pull's reply: copy version >= m->step of the chunk from the shard's store. The record
@@ -1116,9 +1121,8 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
     if (m.type == PS_MSG_PUSH_ACK && m.tensor < PS_CLIENT_MAX_TENSORS) {
         /* Whoever the ack is for now: psd is done with the place that push was written to. */
         ctensor_t *t = c->tensors[m.tensor];
-        if (t && t->area_req && m.chunk < t->nchunks && t->area_busy[m.chunk] &&
-            t->area_req[m.chunk] == m.req_id)
-            t->area_busy[m.chunk] = 0;
+        if (t && t->places && m.chunk < t->nchunks && t->places[m.chunk].req == m.req_id)
+            t->places[m.chunk].busy = 0;
     }
     ps_op_t *op = find_op(c, m.req_id);
     if (op == NULL) {
@@ -1134,7 +1138,7 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
                 op->parts[i].pending && m.tensor == c->tensors[op->tensor]->id)
                 p = &op->parts[i];
         if (p && p->ck.direct) { /* refused for its CRC: psd dropped it, the place is free */
-            c->tensors[op->tensor]->area_busy[m.chunk] = 0;
+            c->tensors[op->tensor]->places[m.chunk].busy = 0;
             p->ck.direct = 0;
         }
         if (p)
@@ -1208,7 +1212,7 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
         }
         if (m.step < op->min_version) op->min_version = m.step;
         if (!is_pull && p->ck.direct) {
-            c->tensors[op->tensor]->area_busy[m.chunk] = 0; /* psd is done with its place */
+            c->tensors[op->tensor]->places[m.chunk].busy = 0; /* psd is done with its place */
             p->ck.direct = 0;
         }
         if (!is_pull) {
@@ -1625,10 +1629,7 @@ void ps_client_destroy(ps_client_t *c)
         free(t->pull_buf);
         free(t->spare[0]);
         free(t->spare[1]);
-        free(t->area_off);
-        free(t->area_gen);
-        free(t->area_busy);
-        free(t->area_req);
+        free(t->places);
         free(t);
     }
     free(c->tensors);
@@ -1708,23 +1709,9 @@ int ps_client_declare(ps_client_t *c, const ps_tensor_desc_t *desc, uint32_t *id
     t->numel = ps_decl_numel(&rep.decl);
     t->nchunks = ps_chunk_count(t->numel, c->chunk_elems);
     t->first_chunk = rep.decl.first_chunk;
-    if (t->area_off == NULL && t->nchunks) {
-        /* Read by the comm thread only after this declare returns (entries never move). */
-        t->area_off = calloc(t->nchunks, sizeof *t->area_off);
-        t->area_gen = calloc(t->nchunks, sizeof *t->area_gen);
-        t->area_busy = calloc(t->nchunks, sizeof *t->area_busy);
-        t->area_req = calloc(t->nchunks, sizeof *t->area_req);
-        if (!t->area_off || !t->area_gen || !t->area_busy || !t->area_req) {
-            free(t->area_off);
-            free(t->area_gen);
-            free(t->area_busy);
-            free(t->area_req);
-            t->area_off = NULL;
-            t->area_gen = NULL;
-            t->area_busy = NULL;
-            t->area_req = NULL;
-        }
-    }
+    if (t->places == NULL && t->nchunks) /* NULL when out of memory: no direct pushes */
+        t->places = calloc(t->nchunks, sizeof *t->places); /* read by the comm thread only
+                                                              after this declare returns */
     *id = tid;
     return 0;
 }

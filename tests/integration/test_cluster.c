@@ -36,6 +36,18 @@ static cl_proc_t *status_json(cl_cluster_t *c, const char *name)
     return ctl;
 }
 
+/* Wait for workers @p w and check that both end with the parameters of the single-process
+ * reference run with @p manifest (NULL: the cluster's). */
+static void matches_local(cl_cluster_t *c, const char *manifest, cl_proc_t *w[2])
+{
+    EXPECT_EXIT(w[0], 0);
+    EXPECT_EXIT(w[1], 0);
+    cl_proc_t *ref = cl_worker_start(c, manifest, "local.params", true);
+    EXPECT_EXIT(ref, 0);
+    expect_same_params(w[0]->params, ref->params, 1e-5, 1e-7);
+    expect_same_params(w[1]->params, ref->params, 1e-5, 1e-7);
+}
+
 /* Start two shards and two workers on @p c with @p manifest (NULL: the cluster's), wait for the
  * workers, and check that both end with the parameters of the single-process reference run
  * with the same manifest. The shards keep running: psd[]. */
@@ -46,12 +58,7 @@ static void two_by_two_matches_local(cl_cluster_t *c, const char *manifest, cl_p
     psd[1] = cl_psd_start(c, 1, manifest, READY_S);
     w[0] = cl_worker_start(c, manifest, "w0.params", false);
     w[1] = cl_worker_start(c, manifest, "w1.params", false);
-    EXPECT_EXIT(w[0], 0);
-    EXPECT_EXIT(w[1], 0);
-    cl_proc_t *ref = cl_worker_start(c, manifest, "local.params", true);
-    EXPECT_EXIT(ref, 0);
-    expect_same_params(w[0]->params, ref->params, 1e-5, 1e-7);
-    expect_same_params(w[1]->params, ref->params, 1e-5, 1e-7);
+    matches_local(c, manifest, w);
 }
 
 /* (a) Two shards, two BSP workers: each ends with the parameters the single-process reference
@@ -153,12 +160,7 @@ START_TEST(test_direct_off_matches_local)
     unsetenv("PS_DIRECT_PULL");
     unsetenv("PS_DIRECT_PUSH");
     w[1] = cl_worker_start(c, NULL, "w1.params", false);
-    EXPECT_EXIT(w[0], 0);
-    EXPECT_EXIT(w[1], 0);
-    cl_proc_t *ref = cl_worker_start(c, NULL, "local.params", true);
-    EXPECT_EXIT(ref, 0);
-    expect_same_params(w[0]->params, ref->params, 1e-5, 1e-7);
-    expect_same_params(w[1]->params, ref->params, 1e-5, 1e-7);
+    matches_local(c, NULL, w);
     EXPECT_LOG(psd[0], "direct pulls off (PS_DIRECT_PULL=0)");
     EXPECT_LOG(w[1], "shard 1: pulls read its store ");
     char *l0 = cl_log(w[0]), *l1 = cl_log(w[1]);
@@ -187,9 +189,9 @@ START_TEST(test_direct_off_matches_local)
 END_TEST
 
 /* (a''') The first worker to join pushes directly, the second (PS_DIRECT_PUSH=0) over the
- * transport: a step's sum then starts from a push in a push area (psd copies it into the
- * chunk's sum buffer, never writing the area), and the result is the reference's. (The other
- * order is direct_off_matches_local's.) */
+ * transport: a step's sum then starts from a push in a push area (psd sums into its apply
+ * thread's span buffer, never writing the area), and the result is the reference's. (The
+ * other order is direct_off_matches_local's.) */
 START_TEST(test_direct_push_mixed)
 {
     cl_conf_t k = {.shards = 2,
@@ -207,13 +209,8 @@ START_TEST(test_direct_push_mixed)
     setenv("PS_DIRECT_PUSH", "0", 1);
     w[1] = cl_worker_start(c, NULL, "w1.params", false);
     unsetenv("PS_DIRECT_PUSH");
-    EXPECT_EXIT(w[0], 0);
-    EXPECT_EXIT(w[1], 0);
+    matches_local(c, NULL, w);
     EXPECT_LOG(w[0], "rank 0 of 2 joined");
-    cl_proc_t *ref = cl_worker_start(c, NULL, "local.params", true);
-    EXPECT_EXIT(ref, 0);
-    expect_same_params(w[0]->params, ref->params, 1e-5, 1e-7);
-    expect_same_params(w[1]->params, ref->params, 1e-5, 1e-7);
     cl_proc_t *ctl = status_json(c, "psctl");
     unsigned long long pushes = sum_field(ctl, "pushes"), dpush = sum_field(ctl, "direct_pushes");
     ck_assert_msg(dpush > 0 && dpush < pushes, "%llu pushes, %llu direct: %s", pushes, dpush,
@@ -240,14 +237,9 @@ START_TEST(test_direct_fails_over)
     cl_proc_t *w[2] = {cl_worker_start(c, NULL, "w0.params", false),
                        cl_worker_start(c, NULL, "w1.params", false)};
     unsetenv("PS_TEST_DIRECT_FAIL");
-    EXPECT_EXIT(w[0], 0);
-    EXPECT_EXIT(w[1], 0);
+    matches_local(c, NULL, w);
     EXPECT_LOG(w[0], "from its store failed (shard store error); pulling over the transport");
     EXPECT_LOG(w[1], "from its store failed (shard store error); pulling over the transport");
-    cl_proc_t *ref = cl_worker_start(c, NULL, "ref.params", true);
-    EXPECT_EXIT(ref, 0);
-    expect_same_params(w[0]->params, ref->params, 1e-5, 1e-7);
-    expect_same_params(w[1]->params, ref->params, 1e-5, 1e-7);
     cl_proc_t *ctl = status_json(c, "psctl");
     unsigned long long pulls = sum_field(ctl, "pulls"), direct = sum_field(ctl, "direct_pulls");
     ck_assert_msg(direct > 0 && direct < pulls, "%llu pulls, %llu direct: %s", pulls, direct,
