@@ -1653,6 +1653,14 @@ void ps_client_interrupt(ps_client_t *c)
     uv_async_send(&c->wake); /* async-signal-safe */
 }
 
+int ps_client_direct(const ps_client_t *c, uint32_t shard)
+{
+    if (shard >= c->nshards) return 0;
+    const cshard_t *s = &c->shards[shard];
+    return (__atomic_load_n(&s->view_open, __ATOMIC_RELAXED) ? PS_DIRECT_PULLS : 0) |
+           (__atomic_load_n(&s->area, __ATOMIC_RELAXED) ? PS_DIRECT_PUSHES : 0);
+}
+
 int ps_client_rank(const ps_client_t *c) { return c->rank; }
 uint32_t ps_client_workers(const ps_client_t *c) { return c->workers; }
 uint64_t ps_client_join_step(const ps_client_t *c) { return c->join_step; }

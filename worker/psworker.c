@@ -252,9 +252,12 @@ static int run_self_test(const char *manifest, const ps_manifest_t *m)
             bad = 1;
             continue;
         }
+        int d = ps_client_direct(c, i);
         printf("shard %u (%s:%u) over %s: %.2f GB/s with 4 MiB messages, %.0f us per 4 KiB "
-               "message and reply\n", i, m->servers[i].host, m->servers[i].port, lanes, big,
-               4096.0 / (small * 1e9) * 1e6);
+               "message and reply; on this host: pulls %s, pushes %s\n", i, m->servers[i].host,
+               m->servers[i].port, lanes, big, 4096.0 / (small * 1e9) * 1e6,
+               d & PS_DIRECT_PULLS ? "read its store directly" : "over the transport",
+               d & PS_DIRECT_PUSHES ? "into its shared memory" : "over the transport");
     }
     ps_client_destroy(c);
     return bad;

@@ -484,6 +484,7 @@ START_TEST(test_self_test)
     EXPECT_LOG(t, "shard 0 (127.0.0.1:");
     EXPECT_LOG(t, "shard 1 (127.0.0.1:");
     EXPECT_LOG(t, "GB/s with 4 MiB messages");
+    EXPECT_LOG(t, "on this host: pulls read its store directly, pushes into its shared memory");
     char *log = cl_log(t);
     ck_assert_msg(strstr(log, "over unknown") == NULL, "transports not recognised: %s", log);
     free(log);

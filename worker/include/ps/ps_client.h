@@ -178,6 +178,16 @@ void ps_client_stats(const ps_client_t *c, ps_client_stats_t *out);
 int ps_client_self_test(ps_client_t *c, uint32_t shard, size_t bytes, int reps, double *gbps,
                         char *lanes, size_t lanes_len);
 
+enum { PS_DIRECT_PULLS = 1, PS_DIRECT_PUSHES = 2 };
+
+/**
+ * @brief Which direct paths to shard @p shard are in use now: PS_DIRECT_PULLS (pulls read its
+ *  store), PS_DIRECT_PUSHES (pushes are written into its shared memory); 0 when it is on another
+ *  host, when they are off (PS_DIRECT_PULL=0, PS_DIRECT_PUSH=0) or could not be opened.
+ * @note Any thread; a snapshot (a reconnect may change it).
+ */
+int ps_client_direct(const ps_client_t *c, uint32_t shard);
+
 /* A batch of the training set, as the coordinator hands it out: positions
  * [offset, offset + count) of pass `pass`'s permutation, to be computed as step `step`. */
 typedef struct {
