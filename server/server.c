@@ -190,23 +190,40 @@ void psd_send_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
     if (req == NULL || UCS_PTR_IS_ERR(req)) psd_send_done(NULL, UCS_OK, s);
 }
 
+static void send_error(psd_server_t *srv, psd_conn_t *conn, ps_msg_t *m, const char *fmt,
+                       va_list ap)
+{
+    vsnprintf(m->error, sizeof m->error, fmt, ap);
+    PS_LOG(PS_LOG_DEBUG, "server", "error to %s: %s", conn->peer, m->error);
+    psd_send_msg(srv, conn, m);
+}
+
 void psd_send_error(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id, int status,
                     const char *fmt, ...)
 {
     ps_msg_t m = {.type = PS_MSG_ERROR, .req_id = req_id, .status = status, .shard = srv->shard};
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(m.error, sizeof m.error, fmt, ap);
+    send_error(srv, conn, &m, fmt, ap);
     va_end(ap);
-    PS_LOG(PS_LOG_DEBUG, "server", "error to %s: %s", conn->peer, m.error);
-    psd_send_msg(srv, conn, &m);
+}
+
+void psd_send_chunk_error(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id, uint32_t tensor,
+                          uint32_t chunk, int status, const char *fmt, ...)
+{
+    ps_msg_t m = {.type = PS_MSG_ERROR, .req_id = req_id, .status = status, .shard = srv->shard,
+                  .tensor = tensor, .chunk = chunk, .flags = PS_FLAG_CHUNK};
+    va_list ap;
+    va_start(ap, fmt);
+    send_error(srv, conn, &m, fmt, ap);
+    va_end(ap);
 }
 
 void psd_send_crc_error(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id, uint32_t tensor,
                         uint32_t chunk, const char *what)
 {
     ps_msg_t m = {.type = PS_MSG_ERROR, .req_id = req_id, .status = PS_ECRC,
-                  .shard = srv->shard, .tensor = tensor, .chunk = chunk};
+                  .shard = srv->shard, .tensor = tensor, .chunk = chunk, .flags = PS_FLAG_CHUNK};
     snprintf(m.error, sizeof m.error, "%s of %u/%u: CRC-32C mismatch, payload rejected", what,
              tensor, chunk);
     psd_send_msg(srv, conn, &m);

@@ -319,6 +319,11 @@ void psd_send_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg);
 /** @brief Send MSG_ERROR for request @p req_id. */
 void psd_send_error(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id, int status,
                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/** @brief psd_send_error for a request about chunk (@p tensor, @p chunk) of a push: the reply
+ *  names the chunk (PS_FLAG_CHUNK), and says psd holds nothing of that push. */
+void psd_send_chunk_error(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id, uint32_t tensor,
+                          uint32_t chunk, int status, const char *fmt, ...)
+    __attribute__((format(printf, 7, 8)));
 /** @brief Send MSG_ERROR with status PS_ECRC naming chunk (@p tensor, @p chunk), so the peer
  *  can tell which part of request @p req_id to send again; @p what is "push" or the like. */
 void psd_send_crc_error(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id, uint32_t tensor,

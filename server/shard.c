@@ -757,7 +757,8 @@ static void push_received(psd_chunk_t *ch, uint32_t rank, ucs_status_t status)
         /* Never applied: the sender hears why, the step waits for a good push. */
         PS_LOG(PS_LOG_WARN, "shard", "rejected a malformed %u/%u payload from rank %u",
                ch->tensor, ch->chunk, rank);
-        psd_send_error(srv, ch->slot_conn[rank], ch->slot_req[rank], PS_EPROTO,
+        psd_send_chunk_error(srv, ch->slot_conn[rank], ch->slot_req[rank], ch->tensor, ch->chunk,
+                             PS_EPROTO,
                        "push of %u/%u: malformed payload (length, indices or scales)",
                        ch->tensor, ch->chunk);
         slot_empty(ch, rank);
@@ -797,7 +798,7 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
     uint64_t want = msg->codec == PSK_CODEC_NONE ? (uint64_t)ch->n * 4
                                                  : psk_codec_max_bytes(&codec, ch->n);
     if (want == 0 || msg->codec > PSK_CODEC_SIGN) {
-        psd_send_error(srv, conn, msg->req_id, PS_EPROTO,
+        psd_send_chunk_error(srv, conn, msg->req_id, ch->tensor, ch->chunk, PS_EPROTO,
                        "push of %u/%u: unknown or invalid codec %u (fraction %g, block %u)",
                        ch->tensor, ch->chunk, msg->codec, (double)msg->codec_fraction,
                        msg->codec_block);
@@ -815,14 +816,14 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
     else if (direct)
         ext = psd_area_data(conn, msg->area_offset, want, &area, &why);
     if (direct && ext == NULL) {
-        psd_send_error(srv, conn, msg->req_id, PS_EPROTO,
+        psd_send_chunk_error(srv, conn, msg->req_id, ch->tensor, ch->chunk, PS_EPROTO,
                        "direct push of %u/%u (%llu bytes at offset %llu): %s", ch->tensor,
                        ch->chunk, (unsigned long long)want,
                        (unsigned long long)msg->area_offset, why);
         return UCS_OK;
     }
     if (msg->length != want || (!direct && length != msg->length)) {
-        psd_send_error(srv, conn, msg->req_id, PS_EPROTO,
+        psd_send_chunk_error(srv, conn, msg->req_id, ch->tensor, ch->chunk, PS_EPROTO,
                        "push of %u/%u carries %zu bytes (header says %llu), expected %llu",
                        ch->tensor, ch->chunk, length, (unsigned long long)msg->length,
                        (unsigned long long)want);
@@ -838,7 +839,7 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
         return UCS_OK;
     }
     if (bsp && msg->step != ch->version) {
-        psd_send_error(srv, conn, msg->req_id, PS_ESTALE,
+        psd_send_chunk_error(srv, conn, msg->req_id, ch->tensor, ch->chunk, PS_ESTALE,
                        "push of %u/%u for step %llu, but the chunk is at step %llu", ch->tensor,
                        ch->chunk, (unsigned long long)msg->step, (unsigned long long)ch->version);
         return UCS_OK;
@@ -848,7 +849,7 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
         if (msg->epoch && msg->members) psd_shard_learn_view(srv, msg->epoch, msg->step, msg->members);
         uint64_t epoch, members = psd_shard_members(srv, msg->step, &epoch);
         if (!(members >> rank & 1)) {
-            psd_send_error(srv, conn, msg->req_id, PS_ENOTMEMBER,
+            psd_send_chunk_error(srv, conn, msg->req_id, ch->tensor, ch->chunk, PS_ENOTMEMBER,
                            "push of %u/%u for step %llu: rank %u is not a member of that step "
                            "(epoch %llu)", ch->tensor, ch->chunk, (unsigned long long)msg->step,
                            rank, (unsigned long long)epoch);
@@ -876,7 +877,7 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
         return UCS_OK;
     }
     if (ch->slot_state[rank] != SLOT_EMPTY) {
-        psd_send_error(srv, conn, msg->req_id, PS_EPROTO,
+        psd_send_chunk_error(srv, conn, msg->req_id, ch->tensor, ch->chunk, PS_EPROTO,
                        "second push of %u/%u from rank %u for step %llu", ch->tensor, ch->chunk,
                        rank, (unsigned long long)msg->step);
         return UCS_OK;
@@ -894,7 +895,7 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
         }
         uint8_t *b = realloc(ch->slots[rank], cap);
         if (b == NULL) {
-            psd_send_error(srv, conn, msg->req_id, PS_ENOMEM, "out of memory");
+            psd_send_chunk_error(srv, conn, msg->req_id, ch->tensor, ch->chunk, PS_ENOMEM, "out of memory");
             return UCS_OK;
         }
         ch->slots[rank] = b;
@@ -909,7 +910,7 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
     }
     if (codec.kind != PSK_CODEC_NONE && ch->agg == NULL &&
         (ch->agg = malloc((size_t)ch->n * 4)) == NULL) {
-        psd_send_error(srv, conn, msg->req_id, PS_ENOMEM, "out of memory");
+        psd_send_chunk_error(srv, conn, msg->req_id, ch->tensor, ch->chunk, PS_ENOMEM, "out of memory");
         return UCS_OK;
     }
     ch->slot_codec[rank] = codec;
@@ -1233,7 +1234,8 @@ static void ack_slot(psd_server_t *srv, psd_chunk_t *ch, uint32_t r, int rc, uin
     psd_conn_t *conn = ch->slot_conn[r];
     if (conn == NULL) { /* its sender died; the update stands */
     } else if (rc) {
-        psd_send_error(srv, conn, ch->slot_req[r], rc, "update of %u/%u failed: %s", ch->tensor,
+        psd_send_chunk_error(srv, conn, ch->slot_req[r], ch->tensor, ch->chunk, rc,
+                             "update of %u/%u failed: %s", ch->tensor,
                        ch->chunk, ps_strerror(rc));
     } else {
         ps_msg_t a = {.type = PS_MSG_PUSH_ACK, .req_id = ch->slot_req[r], .tensor = ch->tensor,

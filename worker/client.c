@@ -1118,8 +1118,10 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
         if (m.shard == 0) learn_view(c, m.epoch, m.step, m.members, 1);
         return UCS_OK;
     }
-    if (m.type == PS_MSG_PUSH_ACK && m.tensor < PS_CLIENT_MAX_TENSORS) {
-        /* Whoever the ack is for now: psd is done with the place that push was written to. */
+    if ((m.type == PS_MSG_PUSH_ACK || (m.type == PS_MSG_ERROR && (m.flags & PS_FLAG_CHUNK))) &&
+        m.tensor < PS_CLIENT_MAX_TENSORS) {
+        /* Whoever the ack (or the refusal naming the chunk) is for now, also one whose op has
+         * failed meanwhile: psd holds nothing of that push, so its place is free again. */
         ctensor_t *t = c->tensors[m.tensor];
         if (t && t->places && m.chunk < t->nchunks && t->places[m.chunk].req == m.req_id)
             t->places[m.chunk].busy = 0;
@@ -1137,10 +1139,6 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
             if (op->parts[i].chunk == m.chunk && op->parts[i].shard == m.shard &&
                 op->parts[i].pending && m.tensor == c->tensors[op->tensor]->id)
                 p = &op->parts[i];
-        if (p && p->ck.direct) { /* refused for its CRC: psd dropped it, the place is free */
-            c->tensors[op->tensor]->places[m.chunk].busy = 0;
-            p->ck.direct = 0;
-        }
         if (p)
             part_crc_retry(c, op, p, "push");
         else
