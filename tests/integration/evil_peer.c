@@ -553,14 +553,17 @@ out:
 
 /* ---- direct pushes (server/pushshm.c) ----------------------------------------------------- */
 
-/* Send direct push @p m (no data) and expect an error with @p status whose text has @p want. */
+/* Send direct push @p m (no data) and expect an error with @p status whose text has @p want,
+ * naming the push's chunk (PS_FLAG_CHUNK: libps then frees the push's place). */
 static int direct_refused(peer_t *p, ps_msg_t *m, int status, const char *want, const char *what)
 {
     if (call(p, m, NULL, 0, PS_AM_CTRL)) return -1;
     const ps_msg_t *r = &p->reply;
-    if (r->type != PS_MSG_ERROR || r->status != status || strstr(r->error, want) == NULL) {
-        say("evil_peer: direct push %s: FAILED: got %s (status %d %s) \"%s\"", what,
-            ps_msg_type_name(r->type), r->status, ps_err_name(r->status), r->error);
+    if (r->type != PS_MSG_ERROR || r->status != status || strstr(r->error, want) == NULL ||
+        !(r->flags & PS_FLAG_CHUNK) || r->tensor != m->tensor || r->chunk != m->chunk) {
+        say("evil_peer: direct push %s: FAILED: got %s (status %d %s, flags %u, %u/%u) \"%s\"",
+            what, ps_msg_type_name(r->type), r->status, ps_err_name(r->status), r->flags,
+            r->tensor, r->chunk, r->error);
         return -1;
     }
     say("evil_peer: direct push %s: refused (%s): %s", what, ps_err_name(r->status), r->error);
