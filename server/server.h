@@ -306,6 +306,8 @@ void psd_hello_area(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *hello, ps_
  *  offset is not 64-byte aligned or the bytes are not all inside it. *@p area: the area. */
 const uint8_t *psd_area_data(psd_conn_t *c, uint64_t offset, uint64_t len, psd_area_t **area,
                              const char **why);
+/** @brief Take a reference on @p a (a slot that points into it holds one until slot_empty);
+ *  loop thread only, like psd_area_unref. */
 void psd_area_ref(psd_area_t *a);
 /** @brief Drop a reference; the last one unmaps and closes it. NULL is ignored. */
 void psd_area_unref(psd_area_t *a);
