@@ -135,30 +135,55 @@ static long long shard_field(const cl_proc_t *p, int shard, const char *key)
     return n;
 }
 
+/* The direct-path tests' cluster: 2 shards, 2 bsp workers, 30 steps with @p optimizer. */
+static cl_cluster_t *direct_cluster(const char *optimizer)
+{
+    cl_conf_t k = {.shards = 2,
+                   .workers = 2,
+                   .consistency = "bsp",
+                   .optimizer = optimizer,
+                   .max_steps = 30,
+                   .batch_size = 64};
+    return cl_cluster_create(&k);
+}
+
+/* PS_DIRECT_PULL=0 and PS_DIRECT_PUSH=0 for what starts while @p off holds (inherited). */
+static void direct_off(bool off)
+{
+    if (off) {
+        setenv("PS_DIRECT_PULL", "0", 1);
+        setenv("PS_DIRECT_PUSH", "0", 1);
+    } else {
+        unsetenv("PS_DIRECT_PULL");
+        unsetenv("PS_DIRECT_PUSH");
+    }
+}
+
+/* Shard 0 served every one of @p key over the transport, shard 1 some (not all) directly. */
+static void expect_direct_on_shard1_only(const cl_proc_t *ctl, const char *key,
+                                         const char *direct_key)
+{
+    long long p0 = shard_field(ctl, 0, key), d0 = shard_field(ctl, 0, direct_key);
+    long long p1 = shard_field(ctl, 1, key), d1 = shard_field(ctl, 1, direct_key);
+    ck_assert_msg(p0 > 0 && d0 == 0 && d1 > 0 && d1 < p1,
+                  "shard 0: %lld %s, %lld direct; shard 1: %lld, %lld: %s", p0, key, d0, p1, d1,
+                  cl_tail(ctl));
+}
+
 /* (a'') PS_DIRECT_PULL=0 and PS_DIRECT_PUSH=0 on either side: shard 0 offers no store and no
  * push area; worker 0 opens none. Only worker 1's pulls from and pushes to shard 1 are direct,
  * and the result is the same. */
 START_TEST(test_direct_off_matches_local)
 {
-    cl_conf_t k = {.shards = 2,
-                   .workers = 2,
-                   .consistency = "bsp",
-                   .optimizer = "{name: adam, lr: 0.01}",
-                   .max_steps = 30,
-                   .batch_size = 64};
-    cl_cluster_t *c = cl_cluster_create(&k);
-    setenv("PS_DIRECT_PULL", "0", 1); /* inherited by what starts while it is set */
-    setenv("PS_DIRECT_PUSH", "0", 1);
+    cl_cluster_t *c = direct_cluster("{name: adam, lr: 0.01}");
+    direct_off(true);
     cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), NULL};
     cl_proc_t *w[2] = {NULL, NULL};
-    unsetenv("PS_DIRECT_PULL");
-    unsetenv("PS_DIRECT_PUSH");
+    direct_off(false);
     psd[1] = cl_psd_start(c, 1, NULL, READY_S);
-    setenv("PS_DIRECT_PULL", "0", 1);
-    setenv("PS_DIRECT_PUSH", "0", 1);
+    direct_off(true);
     w[0] = cl_worker_start(c, NULL, "w0.params", false);
-    unsetenv("PS_DIRECT_PULL");
-    unsetenv("PS_DIRECT_PUSH");
+    direct_off(false);
     w[1] = cl_worker_start(c, NULL, "w1.params", false);
     matches_local(c, NULL, w);
     EXPECT_LOG(psd[0], "direct pulls off (PS_DIRECT_PULL=0)");
@@ -173,16 +198,8 @@ START_TEST(test_direct_off_matches_local)
     ck_assert_msg(!w0_direct && !w1_shard0, "a direct view where it was switched off: %s: %s",
                   w[0]->name, cl_tail(w[0]));
     cl_proc_t *ctl = status_json(c, "psctl");
-    long long p0 = shard_field(ctl, 0, "pulls"), d0 = shard_field(ctl, 0, "direct_pulls");
-    long long p1 = shard_field(ctl, 1, "pulls"), d1 = shard_field(ctl, 1, "direct_pulls");
-    ck_assert_msg(p0 > 0 && d0 == 0 && d1 > 0 && d1 < p1,
-                  "shard 0: %lld pulls, %lld direct; shard 1: %lld, %lld: %s", p0, d0, p1, d1,
-                  cl_tail(ctl));
-    p0 = shard_field(ctl, 0, "pushes"), d0 = shard_field(ctl, 0, "direct_pushes");
-    p1 = shard_field(ctl, 1, "pushes"), d1 = shard_field(ctl, 1, "direct_pushes");
-    ck_assert_msg(p0 > 0 && d0 == 0 && d1 > 0 && d1 < p1,
-                  "shard 0: %lld pushes, %lld direct; shard 1: %lld, %lld: %s", p0, d0, p1, d1,
-                  cl_tail(ctl));
+    expect_direct_on_shard1_only(ctl, "pulls", "direct_pulls");
+    expect_direct_on_shard1_only(ctl, "pushes", "direct_pushes");
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }
@@ -194,13 +211,7 @@ END_TEST
  * other order is direct_off_matches_local's.) */
 START_TEST(test_direct_push_mixed)
 {
-    cl_conf_t k = {.shards = 2,
-                   .workers = 2,
-                   .consistency = "bsp",
-                   .optimizer = "{name: adam, lr: 0.01}",
-                   .max_steps = 30,
-                   .batch_size = 64};
-    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_cluster_t *c = direct_cluster("{name: adam, lr: 0.01}");
     cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
     cl_proc_t *w[2];
     w[0] = cl_worker_start(c, NULL, "w0.params", false);
@@ -225,13 +236,7 @@ END_TEST
  * transport, and still ends with the reference's parameters. */
 START_TEST(test_direct_fails_over)
 {
-    cl_conf_t k = {.shards = 2,
-                   .workers = 2,
-                   .consistency = "bsp",
-                   .optimizer = "{name: sgd, lr: 0.05}",
-                   .max_steps = 30,
-                   .batch_size = 64};
-    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_cluster_t *c = direct_cluster("{name: sgd, lr: 0.05}");
     cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
     setenv("PS_TEST_DIRECT_FAIL", "40", 1); /* the workers' only */
     cl_proc_t *w[2] = {cl_worker_start(c, NULL, "w0.params", false),
