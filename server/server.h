@@ -171,6 +171,7 @@ enum { JOB_CREATE = 1, JOB_APPLY = 2 };
 #define PSD_MAX_TENSORS 65536 /* tensors per cluster */
 #define PSD_VIEWS 16          /* membership epochs a shard remembers */
 #define PSD_INLINE_APPLY_BYTES (64u << 10) /* apply jobs up to this size run on the loop */
+#define PSD_INLINE_RECORD_BYTES (8u << 20) /* and those of one record up to this size */
 #define PSD_JOB_MAX_BYTES (8u << 20)      /* records one apply job takes at most, per thread
                                              of the fan-out */
 

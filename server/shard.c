@@ -1022,9 +1022,6 @@ static int run_create(psd_job_t *job, psd_wtxn_t *tx)
     return rc;
 }
 
-/* The sum of a BSP step's pushes, in rank order. Raw pushes are summed into rank 0's
- * slot; compressed ones are decoded straight into the chunk's one aggregation buffer
- * (sparse adds for top-k and random-k). Payloads were validated on receipt. */
 /* The ranks among @p mask whose raw push's CRC-32C does not match (a separate pass). */
 static uint64_t raw_crc_bad(const psd_chunk_t *ch, uint64_t mask)
 {
@@ -1036,6 +1033,10 @@ static uint64_t raw_crc_bad(const psd_chunk_t *ch, uint64_t mask)
     return bad;
 }
 
+/* The sum of a BSP step's pushes, in rank order, when a member's push is compressed: every
+ * push decoded or added straight into the chunk's one aggregation buffer (sparse adds for top-k
+ * and random-k; payloads were validated on receipt). NULL when all are raw: sum_block sums them
+ * span by span in the update's pass. */
 static const float *slot_sum(psd_server_t *srv, psd_chunk_t *ch)
 {
     uint64_t mem = ch->apply_members;
@@ -1043,7 +1044,7 @@ static const float *slot_sum(psd_server_t *srv, psd_chunk_t *ch)
     for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
         if (mem >> r & 1) raw &= ch->slot_codec[r].kind == PSK_CODEC_NONE;
     if (raw) {
-        /* Summed block by block in apply_sealed, right before each block is applied. */
+        /* Summed span by span in sum_block, right before each span is applied. */
         return NULL;
     }
     memset(ch->agg, 0, (size_t)ch->n * 4);
@@ -1306,19 +1307,24 @@ static void job_done(uv_work_t *w, int status)
             psd_chunk_t *ch = job->items[i];
             uint64_t bad = job->rc == 0 ? job->bad[i] : 0;
             if (bad) {
-                /* Corrupted in transit: never applied; the senders send again. Under bsp every
-                 * member sends its push of the chunk again (the step is applied whole; only on
-                 * corruption, so kept simple). */
-                uint64_t refuse = 0;
-                for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
-                    if (ch->slot_state[r] == SLOT_APPLYING && (bsp || (bad >> r & 1)))
-                        refuse |= 1ull << r;
+                /* Corrupted in transit: never applied; only its sender sends it again. Under
+                 * bsp the step's other pushes of the chunk were not applied either (the step
+                 * is applied whole): they are full again, unacknowledged (neither a slot nor a
+                 * push area was written by the sum), and the chunk is applied when the
+                 * corrupted ones are back. */
                 srv->crc_errors += (uint64_t)__builtin_popcountll(bad);
-                PS_LOG(PS_LOG_WARN, "shard", "checksum mismatch on the %u/%u push from rank %d: "
-                       "rejected%s", ch->tensor, ch->chunk, __builtin_ctzll(bad),
-                       bsp ? " (the step's other pushes of the chunk are asked for again)" : "");
                 for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
-                    if (!(refuse >> r & 1)) continue;
+                    if (ch->slot_state[r] != SLOT_APPLYING) continue;
+                    if (!(bad >> r & 1)) {
+                        if (bsp) {
+                            ch->slot_state[r] = SLOT_FULL;
+                            ch->nfull++;
+                            ch->full_mask |= 1ull << r;
+                        }
+                        continue;
+                    }
+                    PS_LOG(PS_LOG_WARN, "shard", "checksum mismatch on the %u/%u push from "
+                           "rank %u: rejected", ch->tensor, ch->chunk, r);
                     if (ch->slot_conn[r])
                         psd_send_crc_error(srv, ch->slot_conn[r], ch->slot_req[r], ch->tensor,
                                            ch->chunk, "push");
@@ -1540,10 +1546,16 @@ static void job_start_next(psd_server_t *srv)
         return;
     }
     srv->job_running = true;
-    if (job->kind == JOB_APPLY && !srv->job_inline && job_bytes(srv, job) <= PSD_INLINE_APPLY_BYTES) {
-        /* A small update costs less than the two thread hand-offs of the pool (measured:
-         * ~45 us each on a 2-vCPU VM): run it here, on the loop thread. Not nested: a job
-         * that becomes ready while this one finishes goes to the pool. */
+    /* Run an update on the loop thread when the pool buys nothing: a small one costs less than
+     * the pool's two thread hand-offs (~45 us each on a 2-vCPU VM), and one of a single record
+     * cannot be spread over the fan-out anyway. On that VM the single-record rule made psbench's
+     * 1x1 rounds 15-30 % faster at 4 and 16 MiB on shm and tcp (1 MiB sgd chunks: ~60 us of
+     * apply against ~90 us of hand-offs); records of several chunks still go to the pool, where
+     * the fan-out applies them in parallel. Not nested: a job that becomes ready while this one
+     * finishes goes to the pool. */
+    size_t bytes = job->kind == JOB_APPLY ? job_bytes(srv, job) : SIZE_MAX;
+    if (!srv->job_inline && (bytes <= PSD_INLINE_APPLY_BYTES ||
+                             (job->nitems == 1 && bytes <= PSD_INLINE_RECORD_BYTES))) {
         srv->job_inline = true;
         job->pooled = false;
         job_work(&job->work);
