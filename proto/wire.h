@@ -28,8 +28,9 @@ enum {
     PS_FLAG_DIRECT = 32,  /* pull: the worker reads the shard's store itself (the hello reply's
                              store); pull reply: no data, read version `step` from the store;
                              push: no data, the gradient is at area_offset of the push area */
-    PS_FLAG_CHUNK = 64,   /* error: about the push of (tensor, chunk) of request req_id, of which
-                             the shard holds nothing (its place may be written again) */
+    PS_FLAG_CHUNK = 64,   /* error: about the push (or pull) of (tensor, chunk) of request
+                             req_id, of which the shard holds nothing (a push's place may be
+                             written again) */
 };
 
 /* UCP Active Message ids. */

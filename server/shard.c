@@ -644,18 +644,22 @@ static void send_pull_reply(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id
     srv->pulls++;
 }
 
+/* The chunk @p msg names, or NULL after refusing it. The refusal names the chunk the message
+ * named (PS_FLAG_CHUNK): nothing of the message is held, so a push's place in the sender's
+ * push area is free again. */
 static psd_chunk_t *find_chunk(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
 {
     if (msg->tensor >= srv->ntensors || !srv->tensors[msg->tensor].present ||
         !srv->tensors[msg->tensor].ready) {
-        psd_send_error(srv, conn, msg->req_id, PS_ENOENT, "no tensor with id %u", msg->tensor);
+        psd_send_chunk_error(srv, conn, msg->req_id, msg->tensor, msg->chunk, PS_ENOENT,
+                             "no tensor with id %u", msg->tensor);
         return NULL;
     }
     psd_tensor_t *t = &srv->tensors[msg->tensor];
     if (msg->chunk >= t->nchunks || t->chunks[msg->chunk] == NULL) {
-        psd_send_error(srv, conn, msg->req_id, PS_EPROTO,
-                       "tensor '%s' has no chunk %u on shard %u", t->decl.name, msg->chunk,
-                       srv->shard);
+        psd_send_chunk_error(srv, conn, msg->req_id, msg->tensor, msg->chunk, PS_EPROTO,
+                             "tensor '%s' has no chunk %u on shard %u", t->decl.name,
+                             msg->chunk, srv->shard);
         return NULL;
     }
     return t->chunks[msg->chunk];
@@ -785,8 +789,9 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
 {
     if (srv->stopping) return UCS_OK; /* not received, not acked: sent again after a restart */
     if (conn->rank < 0 || msg->rank != conn->rank) {
-        psd_send_error(srv, conn, msg->req_id, PS_EPROTO, "push from rank %d, but this peer is rank %d",
-                       msg->rank, conn->rank);
+        psd_send_chunk_error(srv, conn, msg->req_id, msg->tensor, msg->chunk, PS_EPROTO,
+                             "push from rank %d, but this peer is rank %d", msg->rank,
+                             conn->rank);
         return UCS_OK;
     }
     psd_chunk_t *ch = find_chunk(srv, conn, msg);

@@ -604,8 +604,16 @@ static int direct_pushes(peer_t *p, target_t *t)
     m = push_msg(t, topk.kind, &topk, psk_codec_max_bytes(&topk, t->n));
     m.flags = PS_FLAG_DIRECT;
     refused += direct_refused(p, &m, PS_EPROTO, "only raw fp32", "with a codec") == 0;
-    say("evil_peer: %d of 5 malformed direct pushes refused as expected", refused);
-    failed += refused != 5;
+    /* Refused before psd finds a chunk: still named, so libps frees the place. */
+    m = push_msg(t, PSK_CODEC_NONE, NULL, len);
+    m.flags = PS_FLAG_DIRECT;
+    m.chunk = 1u << 30;
+    refused += direct_refused(p, &m, PS_EPROTO, "has no chunk", "of no chunk") == 0;
+    m.chunk = 0;
+    m.tensor = 1u << 20;
+    refused += direct_refused(p, &m, PS_ENOENT, "no tensor with id", "of no tensor") == 0;
+    say("evil_peer: %d of 7 malformed direct pushes refused as expected", refused);
+    failed += refused != 7;
 
     char path[64];
     snprintf(path, sizeof path, "/proc/%u/fd/%u", h->pid, h->area_fd);
