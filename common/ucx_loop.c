@@ -114,6 +114,17 @@ int ps_ucx_init(ps_ucx_t *u, uv_loop_t *loop)
 {
     memset(u, 0, sizeof *u);
     u->loop = loop;
+    u->tcp_eager_below = PS_TCP_EAGER_BELOW;
+    const char *eb = getenv("PS_TCP_EAGER_BYTES");
+    if (eb && *eb) {
+        char *end;
+        unsigned long v = strtoul(eb, &end, 10);
+        if (*end || v > (1ul << 30))
+            PS_LOG(PS_LOG_WARN, "ucx", "PS_TCP_EAGER_BYTES: want a byte count up to 2^30, got "
+                   "'%s'; keeping %u", eb, u->tcp_eager_below);
+        else
+            u->tcp_eager_below = (uint32_t)v;
+    }
     /* UCX 1.13 leaves shared memory out under PEER error handling unless these are set
      * (PLATFORM-NOTES.md section 1); without them a local cluster silently runs on TCP. */
     setenv("UCX_MM_ERROR_HANDLING", "y", 0);

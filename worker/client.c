@@ -410,7 +410,8 @@ static void send_part(ps_client_t *c, part_t *p, const ps_msg_t *m, const void *
     ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                                                UCP_OP_ATTR_FIELD_USER_DATA |
                                                UCP_OP_ATTR_FIELD_FLAGS,
-                               .flags = UCP_AM_SEND_FLAG_REPLY,
+                               .flags = UCP_AM_SEND_FLAG_REPLY |
+                                        ps_ucx_data_flags(&c->ucx, s->lanes, len),
                                .cb.send = on_sent, .user_data = p};
     op->ucx_refs++;
     p->ck.sending = 1;
@@ -1228,12 +1229,16 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
         void *dst = op->buf + (uint64_t)m.chunk * c->chunk_elems;
         if (t->pull_codec.kind != PSK_CODEC_NONE) dst = t->pull_buf + m.chunk * t->pull_cap;
         p->ck.crc = m.crc32c;
-        if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) &&
-            ps_crc32c(0, data, length) != m.crc32c) {
-            part_crc_retry(c, op, p, "pull");
-            break;
-        }
         if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+            /* Eager: raw parameters are copied into the caller's buffer with their CRC folded
+             * into the copy (a mismatch asks again, and the answer overwrites them). */
+            uint32_t crc = t->pull_codec.kind == PSK_CODEC_NONE
+                               ? ps_crc32c_copy(0, dst, data, length)
+                               : ps_crc32c(0, data, length);
+            if (crc != m.crc32c) {
+                part_crc_retry(c, op, p, "pull");
+                break;
+            }
             if (t->pull_codec.kind != PSK_CODEC_NONE) {
                 if (pull_decode(c, op, m.chunk, data, length))
                     op_fail(op, PS_EPROTO, "shard %u sent malformed parameters for chunk %u",
@@ -1242,7 +1247,6 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
                     part_done(p);
                 break;
             }
-            memcpy(dst, data, length);
             __atomic_add_fetch(&c->stats.bytes_pulled, length, __ATOMIC_RELAXED);
             part_done(p);
             break;

@@ -254,18 +254,20 @@ START_TEST(test_direct_fails_over)
 }
 END_TEST
 
-/* (a''''') Over TCP only (UCX_TLS=tcp for every process): libps keeps at most PS_PUSH_WINDOW
- * rendezvous chunks of a push in flight to a shard there and sends the next as one completes;
- * 32 KiB chunks give every shard several chunks of the larger tensors, and training still
- * ends with the reference's parameters. With @p eager (UCX_RNDV_THRESH=inf) sends complete at
- * once instead of in a callback, which the window must follow as well. */
+/* (a''''') Over TCP only (UCX_TLS=tcp for every process), 32 KiB chunks, so every shard gets
+ * several chunks of the larger tensors, and training still ends with the reference's
+ * parameters. With @p eager, psd's and libps's default: data messages under 512 KiB are sent
+ * eagerly on tcp (PS_TCP_EAGER_BELOW), and sends may complete at once instead of in a
+ * callback, which libps's push window must follow. Without, PS_TCP_EAGER_BYTES=0 leaves the
+ * choice to UCX, which sends these chunks by rendezvous: libps keeps at most PS_PUSH_WINDOW of
+ * them in flight to a shard and sends the next as one completes. */
 static void tcp_matches_local(bool eager)
 {
     setenv("UCX_TLS", "tcp", 1); /* this test's process (forked) and what it starts */
     setenv("PS_DIRECT_PULL", "0", 1); /* pulls and pushes cross tcp too, not shared memory */
     setenv("PS_DIRECT_PUSH", "0", 1);
     setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 1); /* the shm settings psd sets go unused */
-    if (eager) setenv("UCX_RNDV_THRESH", "inf", 1);
+    if (!eager) setenv("PS_TCP_EAGER_BYTES", "0", 1);
     cl_conf_t k = {.shards = 2,
                    .workers = 2,
                    .consistency = "bsp",
