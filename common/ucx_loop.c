@@ -1,5 +1,6 @@
 /* ucx_loop.c: drive a UCP worker from a libuv loop (see ucx_loop.h). */
 #include <netdb.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -114,16 +115,16 @@ int ps_ucx_init(ps_ucx_t *u, uv_loop_t *loop)
 {
     memset(u, 0, sizeof *u);
     u->loop = loop;
-    u->tcp_eager_below = PS_TCP_EAGER_BELOW;
-    const char *eb = getenv("PS_TCP_EAGER_BYTES");
+    u->eager_below = PS_EAGER_BELOW;
+    const char *eb = getenv("PS_EAGER_BYTES");
     if (eb && *eb) {
         char *end;
         unsigned long v = strtoul(eb, &end, 10);
         if (*end || v > (1ul << 30))
-            PS_LOG(PS_LOG_WARN, "ucx", "PS_TCP_EAGER_BYTES: want a byte count up to 2^30, got "
-                   "'%s'; keeping %u", eb, u->tcp_eager_below);
+            PS_LOG(PS_LOG_WARN, "ucx", "PS_EAGER_BYTES: want a byte count up to 2^30, got "
+                   "'%s'; keeping %u", eb, u->eager_below);
         else
-            u->tcp_eager_below = (uint32_t)v;
+            u->eager_below = (uint32_t)v;
     }
     /* UCX 1.13 leaves shared memory out under PEER error handling unless these are set
      * (PLATFORM-NOTES.md section 1); without them a local cluster silently runs on TCP. */
@@ -247,6 +248,21 @@ void ps_ucx_ep_lanes(ucp_ep_h ep, char *buf, size_t len)
     }
     if (off == 0) snprintf(buf, len, "unknown");
     free(text);
+}
+
+uint32_t ps_ucx_eager_below(const ps_ucx_t *u, const char *lanes)
+{
+    static const char *copying[] = {"tcp", "sysv", "posix", "cma"};
+    if (lanes[0] == '\0' || strcmp(lanes, "unknown") == 0) return 0;
+    for (const char *l = lanes; *l;) {
+        size_t n = strcspn(l, ",");
+        bool known = false;
+        for (size_t i = 0; i < sizeof copying / sizeof copying[0]; i++)
+            known |= strlen(copying[i]) == n && strncmp(l, copying[i], n) == 0;
+        if (!known) return 0;
+        l += n + (l[n] == ',');
+    }
+    return u->eager_below;
 }
 
 int ps_ucx_connect(ps_ucx_t *u, const char *host, uint16_t port, ucp_err_handler_cb_t cb,

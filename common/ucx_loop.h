@@ -8,7 +8,6 @@
 #ifndef PS_UCX_LOOP_H
 #define PS_UCX_LOOP_H
 
-#include <string.h>
 #include <ucp/api/ucp.h>
 #include <uv.h>
 
@@ -36,16 +35,17 @@ struct ps_ucx_s {
                                     deferred hook once more, so work queued under a lock the
                                     hook takes, by a thread that then saw spinning == 1, is
                                     found without a wake-up */
-    uint32_t tcp_eager_below;    /* ps_ucx_data_flags: PS_TCP_EAGER_BELOW or PS_TCP_EAGER_BYTES */
+    uint32_t eager_below;        /* PS_EAGER_BELOW, or PS_EAGER_BYTES (ps_ucx_eager_below) */
     void *data;                  /* the owner's */
 };
 
-/* Data messages shorter than this go eagerly on an endpoint whose one transport is tcp.
- * UCX 1.13 switches to rendezvous at ~20 KiB there (its "auto" threshold), which costs a
- * hand-shake per message and, without RDMA, still copies the data through the socket: on this
- * VM psbench's 64 KiB rounds were 2x faster eagerly, 256 KiB ones 15 % faster, 512 KiB the
- * same, 1 MiB ones 20 % slower. PS_TCP_EAGER_BYTES overrides (0: UCX decides). */
-#define PS_TCP_EAGER_BELOW (512u << 10)
+/* Data messages shorter than this go eagerly on an endpoint whose transports are all copying
+ * ones (tcp, shared memory, cma). UCX 1.13 switches to rendezvous at ~20 KiB on tcp (its "auto"
+ * threshold) and earlier on shared memory, which costs a hand-shake per message and, there,
+ * saves at most one copy: on this VM psbench's 64 KiB rounds were 2x faster eagerly on tcp and
+ * 1.3x on shared memory, 256 KiB ones 1.15x and 1.45x, 512 KiB ones even, 1 MiB ones slower on
+ * tcp. RDMA endpoints keep UCX's choice. PS_EAGER_BYTES overrides (0: UCX decides). */
+#define PS_EAGER_BELOW (512u << 10)
 
 /**
  * @brief Create the UCP context and worker and start driving them from @p loop.
@@ -96,15 +96,16 @@ ucs_status_t ps_ucx_wait(ps_ucx_t *u, void *req);
 /** @brief A short description of the transports an endpoint uses ("tcp", "sysv,cma", ...). */
 void ps_ucx_ep_lanes(ucp_ep_h ep, char *buf, size_t len);
 
-/** @brief Flags to add to ucp_am_send_nbx for a message of @p len data bytes to an endpoint
- *  whose transports are @p lanes (ps_ucx_ep_lanes; "" while unknown): UCP_AM_SEND_FLAG_EAGER
- *  when tcp is its one transport and @p len is under the tcp eager size (PS_TCP_EAGER_BELOW),
- *  else 0 (UCX chooses). */
-static inline uint32_t ps_ucx_data_flags(const ps_ucx_t *u, const char *lanes, size_t len)
+/** @brief The size under which data messages to an endpoint whose transports are @p lanes
+ *  (ps_ucx_ep_lanes) are sent eagerly (ps_ucx_eager_flag): PS_EAGER_BELOW when every one of
+ *  them copies (tcp, sysv, posix, cma), else 0 (UCX chooses; RDMA, or lanes still unknown). */
+uint32_t ps_ucx_eager_below(const ps_ucx_t *u, const char *lanes);
+
+/** @brief The flag to add to ucp_am_send_nbx for @p len data bytes to an endpoint whose
+ *  ps_ucx_eager_below() is @p below: UCP_AM_SEND_FLAG_EAGER when @p len is under it, else 0. */
+static inline uint32_t ps_ucx_eager_flag(uint32_t below, size_t len)
 {
-    return len < u->tcp_eager_below && lanes[0] == 't' && strcmp(lanes, "tcp") == 0
-               ? UCP_AM_SEND_FLAG_EAGER
-               : 0;
+    return len < below ? UCP_AM_SEND_FLAG_EAGER : 0;
 }
 
 /** @brief Route both psd Active Message ids (control and data) to @p cb with @p arg. */

@@ -134,6 +134,7 @@ again:
         } else if (c->want_lanes && c->ep && !c->dead) {
             c->want_lanes = false;
             ps_ucx_ep_lanes(c->ep, c->lanes, sizeof c->lanes);
+            c->eager_below = ps_ucx_eager_below(&srv->ucx, c->lanes);
             PS_LOG(PS_LOG_INFO, "server", "peer %s (pid %u) over %s", c->peer, c->pid, c->lanes);
             did = 1;
         } else if (c->close_queued) {

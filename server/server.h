@@ -42,6 +42,8 @@ typedef struct psd_conn_s {
     char peer[64];
     char lanes[64];                  /* transports of the endpoint, found at its hello */
     bool want_lanes;                 /* hello seen: find the lanes outside UCX callbacks */
+    uint32_t eager_below;            /* data messages under this size go eagerly
+                                        (ps_ucx_eager_below of lanes) */
     uint64_t join_serial;            /* shards > 0: the join (from shard 0) this rank is held by */
     bool fuses;                      /* it sent a bundle: its small replies may be bundled */
     struct psd_send_s *outbox;       /* outbox.c: the bundle being filled for it */

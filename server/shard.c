@@ -635,7 +635,7 @@ static void send_pull_reply(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                                              UCP_OP_ATTR_FIELD_USER_DATA |
                                              UCP_OP_ATTR_FIELD_FLAGS,
-                             .flags = ps_ucx_data_flags(&srv->ucx, conn->lanes, dlen),
+                             .flags = ps_ucx_eager_flag(conn->eager_below, dlen),
                              .cb.send = on_pull_sent, .user_data = s};
     /* The data is the committed record in the snapshot: immutable until released. */
     void *req = ucp_am_send_nbx(conn->ep, PS_AM_DATA, s->hdr, len, data, dlen, &p);

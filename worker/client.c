@@ -102,6 +102,7 @@ typedef struct {
     char lanes[64];    /* the transports the endpoint uses ("sysv,cma", "tcp", "rc_mlx5") */
     int want_lanes;    /* the first hello was answered: find and log the lanes */
     int windowed;      /* its lanes interleave rendezvous transfers (not cma): PS_PUSH_WINDOW */
+    uint32_t eager_below; /* data messages under this size go eagerly (ps_ucx_eager_below) */
     uint32_t in_window; /* start_op's count of an op's pushes in flight to this shard */
     uint8_t hb_hdr[64];
     /* Direct pulls (storeview.h): the shard's store, as its hello reply named it. */
@@ -411,7 +412,7 @@ static void send_part(ps_client_t *c, part_t *p, const ps_msg_t *m, const void *
                                                UCP_OP_ATTR_FIELD_USER_DATA |
                                                UCP_OP_ATTR_FIELD_FLAGS,
                                .flags = UCP_AM_SEND_FLAG_REPLY |
-                                        ps_ucx_data_flags(&c->ucx, s->lanes, len),
+                                        ps_ucx_eager_flag(s->eager_below, len),
                                .cb.send = on_sent, .user_data = p};
     op->ucx_refs++;
     p->ck.sending = 1;
@@ -1051,6 +1052,7 @@ static int on_deferred(ps_ucx_t *u)
             s->want_lanes = 0;
             ps_ucx_ep_lanes(s->ep, s->lanes, sizeof s->lanes);
             s->windowed = strstr(s->lanes, "cma") == NULL;
+            s->eager_below = ps_ucx_eager_below(&c->ucx, s->lanes);
             PS_LOG(PS_LOG_INFO, "libps", "shard %u (%s:%u) over %s", i, c->m.servers[i].host,
                    c->m.servers[i].port, s->lanes);
         }

@@ -257,9 +257,8 @@ END_TEST
 /* (a''''') Over TCP only (UCX_TLS=tcp for every process), 32 KiB chunks, so every shard gets
  * several chunks of the larger tensors, and training still ends with the reference's
  * parameters. With @p eager, psd's and libps's default: data messages under 512 KiB are sent
- * eagerly on tcp (PS_TCP_EAGER_BELOW), and sends may complete at once instead of in a
- * callback, which libps's push window must follow. Without, PS_TCP_EAGER_BYTES=0 leaves the
- * choice to UCX, which sends these chunks by rendezvous: libps keeps at most PS_PUSH_WINDOW of
+ * eagerly on tcp (PS_EAGER_BELOW), and sends may complete at once instead of in a callback,
+ * which libps's push window must follow. Without, PS_EAGER_BYTES=0 leaves the choice to UCX, which sends these chunks by rendezvous: libps keeps at most PS_PUSH_WINDOW of
  * them in flight to a shard and sends the next as one completes. */
 static void tcp_matches_local(bool eager)
 {
@@ -267,7 +266,7 @@ static void tcp_matches_local(bool eager)
     setenv("PS_DIRECT_PULL", "0", 1); /* pulls and pushes cross tcp too, not shared memory */
     setenv("PS_DIRECT_PUSH", "0", 1);
     setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 1); /* the shm settings psd sets go unused */
-    if (!eager) setenv("PS_TCP_EAGER_BYTES", "0", 1);
+    if (!eager) setenv("PS_EAGER_BYTES", "0", 1);
     cl_conf_t k = {.shards = 2,
                    .workers = 2,
                    .consistency = "bsp",
