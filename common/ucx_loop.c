@@ -224,9 +224,22 @@ int ps_sockaddr_resolve(const char *host, uint16_t port, struct sockaddr_storage
     return 0;
 }
 
+/* Whether the comma-separated list @p list has the name @p name (@p n bytes). */
+static bool lanes_has(const char *list, const char *name, size_t n)
+{
+    for (const char *l = list; *l;) {
+        size_t k = strcspn(l, ",");
+        if (k == n && strncmp(l, name, n) == 0) return true;
+        l += k + (l[k] == ',');
+    }
+    return false;
+}
+
 void ps_ucx_ep_lanes(ucp_ep_h ep, char *buf, size_t len)
 {
-    /* ucp_ep_print_info writes a table naming each lane's transport; keep the names. */
+    /* ucp_ep_print_info writes a table with a line per lane naming its transport:
+     * "lane[1]:  3:sysv/memory.0 md[2] -> ..." (1.13; older ones leave out "3:"). Keep each
+     * transport's name once, in the order of the lanes, whatever the transport. */
     buf[0] = '\0';
     char *text = NULL;
     size_t tlen = 0;
@@ -235,16 +248,19 @@ void ps_ucx_ep_lanes(ucp_ep_h ep, char *buf, size_t len)
     ucp_ep_print_info(ep, f);
     fclose(f);
     size_t off = 0;
-    static const char *tls[] = {"rc_mlx5", "rc_verbs", "dc_mlx5", "ud_mlx5", "ud_verbs",
-                                "sysv",    "posix",    "xpmem",   "cma",     "knem",
-                                "tcp",     "self",     "cuda_copy", "cuda_ipc", "gdr_copy"};
-    for (size_t i = 0; i < sizeof tls / sizeof tls[0]; i++) {
-        /* Lines read "lane[1]:  3:sysv/memory.0 md[2] -> ..." (1.13) or " sysv/..." */
-        char pat[32], pat2[32];
-        snprintf(pat, sizeof pat, " %s/", tls[i]);
-        snprintf(pat2, sizeof pat2, ":%s/", tls[i]);
-        if (text && (strstr(text, pat) || strstr(text, pat2)) && off + strlen(tls[i]) + 2 < len)
-            off += (size_t)snprintf(buf + off, len - off, "%s%s", off ? "," : "", tls[i]);
+    for (const char *l = text; l && (l = strstr(l, "lane[")) != NULL; l++) {
+        const char *p = strstr(l, "]:");
+        if (p == NULL) break;
+        p += 2;
+        p += strspn(p, " ");
+        if (*p >= '0' && *p <= '9') {
+            p += strspn(p, "0123456789");
+            if (*p++ != ':') continue;
+        }
+        size_t n = strspn(p, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_");
+        if (n == 0 || p[n] != '/' || n >= 32) continue;
+        if (lanes_has(buf, p, n) || off + n + 2 > len) continue; /* named already, or no room */
+        off += (size_t)snprintf(buf + off, len - off, "%s%.*s", off ? "," : "", (int)n, p);
     }
     if (off == 0) snprintf(buf, len, "unknown");
     free(text);
@@ -258,7 +274,7 @@ uint32_t ps_ucx_eager_below(const ps_ucx_t *u, const char *lanes)
         size_t n = strcspn(l, ",");
         bool known = false;
         for (size_t i = 0; i < sizeof copying / sizeof copying[0]; i++)
-            known |= strlen(copying[i]) == n && strncmp(l, copying[i], n) == 0;
+            known |= lanes_has(copying[i], l, n);
         if (!known) return 0;
         l += n + (l[n] == ',');
     }

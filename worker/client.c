@@ -1047,14 +1047,18 @@ static int on_deferred(ps_ucx_t *u)
     for (uint32_t i = 0; i < c->nshards; i++) {
         cshard_t *s = &c->shards[i];
         if (s->want_lanes && s->ep && !s->dead) {
-            /* Which transports the connection ended up on: said once, so that a cluster
-             * that fell back to TCP is seen at once. */
+            /* Which transports the connection ended up on: said when first found or when a
+             * reconnect changed them, so that a cluster that fell back to TCP is seen at
+             * once. */
             s->want_lanes = 0;
-            ps_ucx_ep_lanes(s->ep, s->lanes, sizeof s->lanes);
+            char lanes[sizeof s->lanes];
+            ps_ucx_ep_lanes(s->ep, lanes, sizeof lanes);
+            if (strcmp(lanes, s->lanes) != 0)
+                PS_LOG(PS_LOG_INFO, "libps", "shard %u (%s:%u) over %s", i,
+                       c->m.servers[i].host, c->m.servers[i].port, lanes);
+            memcpy(s->lanes, lanes, sizeof s->lanes);
             s->windowed = strstr(s->lanes, "cma") == NULL;
             s->eager_below = ps_ucx_eager_below(&c->ucx, s->lanes);
-            PS_LOG(PS_LOG_INFO, "libps", "shard %u (%s:%u) over %s", i, c->m.servers[i].host,
-                   c->m.servers[i].port, s->lanes);
         }
         view_update(c, s);
         area_update(c, s);
@@ -1172,7 +1176,7 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
     case PS_MSG_DECLARE_REPLY:
         if ((op->type == OP_HELLO) != (m.type == PS_MSG_HELLO_REPLY) || op->parts[0].shard != m.shard)
             return UCS_OK;
-        if (op->type == OP_HELLO && c->shards[m.shard].lanes[0] == '\0')
+        if (op->type == OP_HELLO) /* a new endpoint after a reconnect may use others */
             c->shards[m.shard].want_lanes = 1; /* found in on_deferred, outside UCX callbacks */
         if (op->type == OP_HELLO) {
             cshard_t *s = &c->shards[m.shard];

@@ -98,9 +98,10 @@ START_TEST(test_crc_corrupt_push)
 }
 END_TEST
 
-/* (a') asp, one worker, chunks on LMDB overflow pages: a corrupted push is refused while no
- * other push of its chunk is being applied (the apply job then has nothing to apply and must
- * keep the old record), sent again, and the result equals the reference. */
+/* (a') asp, one worker: a corrupted push is refused while no other push of its chunk is being
+ * applied (the apply job, on psd's loop thread for one record or on the pool for several, then
+ * has nothing to apply to that chunk and must keep its old record), sent again, and the result
+ * equals the reference. */
 START_TEST(test_crc_corrupt_push_asp)
 {
     cl_conf_t k = {.shards = 1, .workers = 1, .consistency = "asp",

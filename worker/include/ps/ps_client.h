@@ -151,7 +151,9 @@ int ps_client_push(ps_client_t *c, uint32_t id, const float *grad, uint64_t step
 /**
  * @brief Pull the parameters of tensor @p id once every chunk reached @p min_version
  * (under bsp: the step the caller is about to compute; 0 = whatever is there).
- * @param dst numel floats; written until the handle completes.
+ * @param dst numel floats; written until the handle completes. Chunks land in it before their
+ *  CRC-32C is checked (a mismatch asks again and overwrites them), so after a failed pull
+ *  (e.g. PS_ECRC after every retry) @p dst may hold partial or corrupted chunks.
  */
 int ps_client_pull(ps_client_t *c, uint32_t id, float *dst, uint64_t min_version, ps_op_t **op);
 
