@@ -4,7 +4,9 @@
  *
  * For a chunk-sized buffer (1 MiB, what one push or pull carries with the default chunk_bytes,
  * cache-resident) and a large one (--mib, default 256, memory-bound) it times memcpy, CRC-32C
- * (the implementation ps_crc32c() picked, and the portable slicing-by-8 one), XXH3-64, a copy
+ * (the implementation ps_crc32c() picked, and the portable slicing-by-8 one), XXH3-64 (the
+ * library's one-shot call, built for SSE2, and a record's hash as psd computes it: psd_rechash,
+ * block by block through the run-time dispatched update where libxxhash has it), a copy
  * with its CRC (memcpy then ps_crc32c per 64 KiB block, and the fused ps_crc32c_copy), and
  * prints one JSON object per size: GB/s of each and each checksum's speed as a fraction of
  * memcpy's. A third object compares what psd's apply job does per chunk: the fused Adam kernel
@@ -43,6 +45,7 @@ static double rate(int op, uint8_t *dst, const uint8_t *src, size_t len, int rep
             case 1: sink += ps_crc32c(0, src, len); break;
             case 2: sink += ps_crc32c_sw(0, src, len); break;
             case 3: sink += XXH3_64bits(src, len); break;
+            case 6: sink += psd_rechash((const float *)src, (uint32_t)(len / 4), 0); break;
             case 4: /* a copy, then the CRC of each 64 KiB block right after it is copied */
                 for (size_t off = 0, b; off < len; off += b) {
                     b = len - off < 65536 ? len - off : 65536;
@@ -95,11 +98,14 @@ int main(int argc, char **argv)
         double mc = rate(0, dst, src, len, reps), crc = rate(1, dst, src, len, reps);
         double sw = rate(2, dst, src, len, reps), xx = rate(3, dst, src, len, reps);
         double cc = rate(4, dst, src, len, reps), fused = rate(5, dst, src, len, reps);
+        double rh = rate(6, dst, src, len, reps);
         printf("{\"bytes\": %zu, \"memcpy_GBps\": %.2f, \"crc32c_impl\": \"%s\", "
                "\"crc32c_GBps\": %.2f, \"crc32c_vs_memcpy\": %.2f, \"crc32c_sw_GBps\": %.2f, "
-               "\"xxh3_GBps\": %.2f, \"xxh3_vs_memcpy\": %.2f, \"copy_then_crc_GBps\": %.2f, "
+               "\"xxh3_GBps\": %.2f, \"xxh3_vs_memcpy\": %.2f, \"rechash_GBps\": %.2f, "
+               "\"rechash_vs_memcpy\": %.2f, \"copy_then_crc_GBps\": %.2f, "
                "\"crc32c_copy_GBps\": %.2f, \"crc32c_copy_vs_memcpy\": %.2f}\n",
-               len, mc, ps_crc32c_impl(), crc, crc / mc, sw, xx, xx / mc, cc, fused, fused / mc);
+               len, mc, ps_crc32c_impl(), crc, crc / mc, sw, xx, xx / mc, rh, rh / mc, cc, fused,
+               fused / mc);
     }
     /* One Adam chunk: params + m + v, as psd's records hold them. */
     uint32_t n = 1u << 18;
