@@ -29,6 +29,7 @@
 #endif
 
 #define MIB (1024u * 1024u)
+#define PB_MAX_TRIALS 9 /* --trials */
 
 static const char *const optim_names[] = {"sgd", "momentum", "adam", "adamw"};
 
@@ -50,6 +51,7 @@ typedef struct {
     char self[PB_PATH];
     /* Timing. */
     double case_s; /* target time of one timed case */
+    int trials;    /* push, pull and round cases run this often; the median one counts */
     uint64_t min_iters, max_iters;
     double limit_s;          /* memcpy / in-RAM loops per measurement */
     uint64_t perftest_bytes; /* ucp_am_bw: bytes per run (ucp_am_lat: 1/16 of it) */
@@ -64,7 +66,7 @@ static void usage(FILE *f)
             "usage: psbench [--manifest FILE | --shards S --workers W] [--sizes LIST]\n"
             "               [--transports shm,tcp,direct] [--json FILE] [--markdown FILE] [--quick]\n"
             "               [--bsp-push] [--only limits,ops,apply,step,codecs] [--psd PATH]\n"
-            "               [--perftest PATH]\n"
+            "               [--perftest PATH] [--trials N]\n"
             "Starts psd shards and client processes on 127.0.0.1 (data under /dev/shm) and\n"
             "measures push, pull and push+pull rounds of one dense tensor, the optimizers'\n"
             "apply and a BSP step with adam, and each gradient codec's encode and decode, beside\n"
@@ -75,7 +77,10 @@ static void usage(FILE *f)
             "--quick: sizes up to 16 MiB, layouts 1x1 and 2x2, fewer iterations (< 2 min).\n"
             "--bsp-push: measure push (and pull) in a bsp cluster, steps without pulls, instead\n"
             "of asp (each push applied on arrival).\n"
-            "--only: run some parts (default all); ratios need the limits part.\n");
+            "--only: run some parts (default all); ratios need the limits part.\n"
+            "--trials N: run each push, pull and round case N times (1..%d, default 1) and\n"
+            "report the one with the median throughput (the note gives the range).\n",
+            PB_MAX_TRIALS);
 }
 
 static uint64_t parse_size(const char *s)
@@ -351,16 +356,33 @@ static uint64_t warm_iters(bench_t *b, uint64_t size)
     return b->quick ? clampu((8u * MIB) / size, 2, 20) : clampu((64u * MIB) / size, 3, 100);
 }
 
+/* Run @p op b->trials times and record the trial with the median throughput: this VM's runs
+ * swing by up to 2x now and then (a busy-polling process left without a CPU). */
 static void run_case(bench_t *b, pb_cluster_t *cl, const char *op, uint64_t size,
                      const char *optimizer, const char *note)
 {
-    pb_case_t c;
-    pb_cluster_case(cl, op, size, warm_iters(b, size), b->case_s, b->min_iters, b->max_iters, &c);
-    record(b, op, cl, size, &c, optimizer, note);
-    pb_case_free(&c);
-    progress("%-5s %dx%d %s %-8s %d x %" PRIu64 " iterations in %.2f s", op, cl->conf.shards,
-             cl->conf.workers, cl->conf.transport, pb_size_str(size), cl->conf.workers, c.iters,
-             c.seconds);
+    pb_case_t c[PB_MAX_TRIALS];
+    double gbps[PB_MAX_TRIALS];
+    int order[PB_MAX_TRIALS], n = b->trials;
+    for (int t = 0; t < n; t++) {
+        pb_cluster_case(cl, op, size, warm_iters(b, size), b->case_s, b->min_iters,
+                        b->max_iters, &c[t]);
+        gbps[t] = (double)size * (double)c[t].iters * cl->conf.workers / c[t].seconds / 1e9;
+        int j = t; /* insertion sort of the trials by throughput */
+        for (; j > 0 && gbps[order[j - 1]] > gbps[t]; j--) order[j] = order[j - 1];
+        order[j] = t;
+        progress("%-5s %dx%d %s %-8s %d x %" PRIu64 " iterations in %.2f s", op, cl->conf.shards,
+                 cl->conf.workers, cl->conf.transport, pb_size_str(size), cl->conf.workers,
+                 c[t].iters, c[t].seconds);
+    }
+    char full[256];
+    if (n > 1)
+        snprintf(full, sizeof full, "%s; median of %d trials (%.3g-%.3g GB/s)", note, n,
+                 gbps[order[0]], gbps[order[n - 1]]);
+    else
+        snprintf(full, sizeof full, "%s", note);
+    record(b, op, cl, size, &c[order[n / 2]], optimizer, full);
+    for (int t = 0; t < n; t++) pb_case_free(&c[t]);
 }
 
 #define MANY 32 /* bench/client.c: the many_* ops' tensors per step */
@@ -617,6 +639,7 @@ int main(int argc, char **argv)
                                          {"only", required_argument, 0, 'o'},
                                          {"psd", required_argument, 0, 'p'},
                                          {"perftest", required_argument, 0, 'P'},
+                                         {"trials", required_argument, 0, 'T'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     static bench_t b;
@@ -624,6 +647,7 @@ int main(int argc, char **argv)
     int shards = 0, workers = 0, o;
     b.chunk_bytes = MIB;
     b.asp_push = true;
+    b.trials = 1;
     b.psd = getenv("PSD") ? getenv("PSD") : PSBENCH_PSD;
     b.perftest = find_perftest();
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -682,6 +706,17 @@ int main(int argc, char **argv)
         case 'P':
             b.perftest = optarg;
             break;
+        case 'T': {
+            char *end;
+            long v = strtol(optarg, &end, 10);
+            if (*end || v < 1 || v > PB_MAX_TRIALS) {
+                fprintf(stderr, "psbench: --trials %s: a number from 1 to %d\n", optarg,
+                        PB_MAX_TRIALS);
+                return 2;
+            }
+            b.trials = (int)v;
+            break;
+        }
         case 'h':
             usage(stdout);
             return 0;

@@ -28,7 +28,7 @@ typedef struct {
     double ratio;      /* < 0: none */
     uint64_t iters;    /* samples behind the value (all workers together) */
     double extra;      /* round: transport GB/s (2 x tensor bytes); < 0: none */
-    char note[160];
+    char note[256];
 } pb_result_t;
 
 /** @brief A new zeroed result appended to the list (limit, ratio, extra = -1); the pointer
