@@ -140,16 +140,6 @@ static double perftest(bench_t *b, const char *test, uint64_t size, uint64_t *it
     }
 }
 
-/* The median of three values. */
-static double median3(const double v[3])
-{
-    double a = v[0], b = v[1], c = v[2];
-    if (a > b) { double t = a; a = b; b = t; }
-    if (b > c) { double t = b; b = c; c = t; }
-    if (a > b) { double t = a; a = b; b = t; }
-    return b;
-}
-
 static void measure_limits(bench_t *b)
 {
     for (int i = 0; i < b->nsizes; i++) {
@@ -218,12 +208,12 @@ static void measure_limits(bench_t *b)
                     w50[rep] = perftest(b, "ucp_am_lat", s, &n_w, 50, true, env);
                     w99[rep] = perftest(b, "ucp_am_lat", s, &n_w, 99, true, env);
                 }
-                double v50 = median3(w50), v99 = median3(w99);
+                double v50 = pb_quantile(w50, 3, 0.5), v99 = pb_quantile(w99, 3, 0.5);
                 r = pb_result_add("ucp_am_lat_wakeup", PB_P50, s, 0, 0, tr, v50);
                 r->iters = n_w;
                 snprintf(r->note, sizeof r->note,
                          "ucx_perftest -t ucp_am_lat -e -E sleep -I: one way, sleeping on the "
-                         "event fd as psd does; median of 3 runs (%.3g, %.3g, %.3g us); "
+                         "event fd as psd does; median of 3 runs (sorted: %.3g, %.3g, %.3g us); "
                          "context, not a limit%s",
                          w50[0], w50[1], w50[2],
                          v50 < p50 + 1 ? "; within 1 us of busy polling: the runs did not sleep"
