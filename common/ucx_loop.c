@@ -268,14 +268,10 @@ void ps_ucx_ep_lanes(ucp_ep_h ep, char *buf, size_t len)
 
 uint32_t ps_ucx_eager_below(const ps_ucx_t *u, const char *lanes)
 {
-    static const char *copying[] = {"tcp", "sysv", "posix", "cma"};
-    if (lanes[0] == '\0' || strcmp(lanes, "unknown") == 0) return 0;
-    for (const char *l = lanes; *l;) {
+    if (lanes[0] == '\0') return 0;
+    for (const char *l = lanes; *l;) { /* "unknown" is not a copying transport either */
         size_t n = strcspn(l, ",");
-        bool known = false;
-        for (size_t i = 0; i < sizeof copying / sizeof copying[0]; i++)
-            known |= lanes_has(copying[i], l, n);
-        if (!known) return 0;
+        if (!lanes_has("tcp,sysv,posix,cma", l, n)) return 0;
         l += n + (l[n] == ',');
     }
     return u->eager_below;
