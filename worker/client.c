@@ -84,6 +84,8 @@ typedef struct {
     uint8_t *pull_buf;      /* [nchunks * pull_cap] compressed parameters on their way in */
     size_t pull_cap;
     ps_op_t *spare[2];      /* a finished push and pull op kept for reuse (caller's thread) */
+    uint64_t took_ns[2];    /* push, pull: how long its ops take, submit to done, a moving
+                               average (caller's thread; op_wait_done) */
 } ctensor_t;
 
 typedef struct {
@@ -147,6 +149,7 @@ struct ps_op_s {
     int ucx_refs;      /* UCX requests still referencing this op */
     int status;
     int done;
+    uint64_t submit_ns, done_ns; /* CLOCK_MONOTONIC at submit and at done (push and pull) */
     uint64_t min_version;
     void (*on_done)(ps_op_t *op); /* internal ops (re-hello): run on the comm thread, then freed */
     ps_msg_t reply;    /* hello / declare: the reply */
@@ -205,6 +208,13 @@ struct ps_client_s {
     char err[512];
 };
 
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 /* ---- comm thread: completion ---------------------------------------------- */
 
 /* Set op->done (release: the caller may read the op's results without the lock once it sees
@@ -213,6 +223,7 @@ struct ps_client_s {
 static void op_publish_done(ps_op_t *op)
 {
     ps_client_t *c = op->c;
+    op->done_ns = mono_ns();
     pthread_mutex_lock(&c->mu);
     __atomic_store_n(&op->done, 1, __ATOMIC_RELEASE);
     if (c->sleepers) pthread_cond_broadcast(&c->cv);
@@ -701,12 +712,7 @@ done:
 
 /* ---- comm thread: losing and regaining a shard ----------------------------------- */
 
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
+static uint64_t now_ms(void) { return mono_ns() / 1000000; }
 
 /* Fail (give_up) or keep for resending every pending part on shard i. */
 static void parts_on_shard(ps_client_t *c, uint32_t i, int give_up)
@@ -1393,6 +1399,7 @@ static int op_fusable(const ps_client_t *c, const ps_op_t *op)
 static void submit(ps_client_t *c, ps_op_t *op)
 {
     op->next = NULL;
+    op->submit_ns = mono_ns();
     if (c->grouping && op_fusable(c, op)) {
         /* Held until ps_client_group_end hands the group over at once. */
         if (c->group_tail)
@@ -1416,15 +1423,22 @@ static void submit(ps_client_t *c, ps_op_t *op)
 
 /* Wait for the comm thread to complete op: spin for the loop's busy-poll window first (a
  * small op completes within tens of microseconds, less than a wake-up costs on a VM), then
- * sleep on the condition variable. */
+ * sleep on the condition variable. A push or pull of a tensor whose ops take longer than the
+ * window sleeps at once: spinning would only take CPU time from the comm thread, which copies
+ * and sends the op's data meanwhile, and from psd (on a 2-CPU host, a push's copy then ran at
+ * half speed beside the spinning caller while the other CPU idled). */
 static void op_wait_done(ps_client_t *c, ps_op_t *op)
 {
-    if (c->ucx.spin_ns && !__atomic_load_n(&op->done, __ATOMIC_ACQUIRE)) {
+    uint64_t *took = NULL;
+    if (op->type == OP_PUSH || op->type == OP_PULL)
+        took = &c->tensors[op->tensor]->took_ns[op->type == OP_PULL];
+    if (c->ucx.spin_ns && !__atomic_load_n(&op->done, __ATOMIC_ACQUIRE) &&
+        (took == NULL || *took <= c->ucx.spin_ns)) {
         struct timespec t0, t;
         clock_gettime(CLOCK_MONOTONIC, &t0);
         for (;;) {
             sched_yield();
-            if (__atomic_load_n(&op->done, __ATOMIC_ACQUIRE)) return;
+            if (__atomic_load_n(&op->done, __ATOMIC_ACQUIRE)) goto done;
             clock_gettime(CLOCK_MONOTONIC, &t);
             uint64_t ns = (uint64_t)(t.tv_sec - t0.tv_sec) * 1000000000u + (uint64_t)t.tv_nsec -
                           (uint64_t)t0.tv_nsec;
@@ -1436,6 +1450,13 @@ static void op_wait_done(ps_client_t *c, ps_op_t *op)
     while (!op->done) pthread_cond_wait(&c->cv, &c->mu);
     c->sleepers--;
     pthread_mutex_unlock(&c->mu);
+done:
+    /* The op's own time, submit to done: the caller's wake-up is not in it, so a tensor whose
+     * ops got fast again is spun for again. */
+    if (took && op->done_ns > op->submit_ns) {
+        uint64_t ns = op->done_ns - op->submit_ns;
+        *took = *took ? (3 * *took + ns) / 4 : ns;
+    }
 }
 
 void ps_client_group_begin(ps_client_t *c) { c->grouping++; }
