@@ -619,7 +619,10 @@ static void send_data_part(ps_client_t *c, ps_op_t *op, part_t *p)
             m.area_offset = off;
             m.crc32c = p->ck.crc;
             __atomic_add_fetch(&c->stats.bytes_pushed_direct, p->len, __ATOMIC_RELAXED);
-            if (bundle_part(c, p, &m, NULL, 0) == 0) return;
+            /* Only a small gradient's header waits in a bundle: a large one's goes now, so psd
+             * applies this chunk while the next one is copied (a bundle leaves at the end of
+             * the batch, after every chunk's copy). */
+            if (p->len <= PS_BUNDLE_PART_MAX && bundle_part(c, p, &m, NULL, 0) == 0) return;
             send_part(c, p, &m, NULL, 0, PS_AM_CTRL);
             return;
         }
