@@ -149,7 +149,8 @@ struct ps_op_s {
     int ucx_refs;      /* UCX requests still referencing this op */
     int status;
     int done;
-    uint64_t submit_ns, done_ns; /* CLOCK_MONOTONIC at submit and at done (push and pull) */
+    uint64_t submit_ns, done_ns; /* CLOCK_MONOTONIC when handed to the comm thread, and at done
+                                    (op_wait_done times pushes and pulls with them) */
     uint64_t min_version;
     void (*on_done)(ps_op_t *op); /* internal ops (re-hello): run on the comm thread, then freed */
     ps_msg_t reply;    /* hello / declare: the reply */
@@ -621,7 +622,8 @@ static void send_data_part(ps_client_t *c, ps_op_t *op, part_t *p)
             __atomic_add_fetch(&c->stats.bytes_pushed_direct, p->len, __ATOMIC_RELAXED);
             /* Only a small gradient's header waits in a bundle: a large one's goes now, so psd
              * applies this chunk while the next one is copied (a bundle leaves at the end of
-             * the batch, after every chunk's copy). */
+             * the batch, after every chunk's copy). send_part sends the shard's open bundle
+             * first, so the shard still sees this connection's messages in order. */
             if (p->len <= PS_BUNDLE_PART_MAX && bundle_part(c, p, &m, NULL, 0) == 0) return;
             send_part(c, p, &m, NULL, 0, PS_AM_CTRL);
             return;
@@ -703,7 +705,8 @@ static void start_op(ps_client_t *c, ps_op_t *op)
                 continue;
             }
             send_data_part(c, op, p);
-            if (p->ck.sending) s->in_window++; /* not completed at once (eager) */
+            /* Not completed at once (eager); a direct push's header holds no data. */
+            if (p->ck.sending && !p->ck.direct) s->in_window++;
         }
         break;
     }
@@ -1424,16 +1427,24 @@ static void submit(ps_client_t *c, ps_op_t *op)
     if (!spinning) uv_async_send(&c->wake);
 }
 
+/* A push or pull of a tensor of at least this many bytes whose ops take longer than the
+ * busy-poll window waits asleep at once (op_wait_done). */
+#define PS_WAIT_SLEEP_BYTES (256u << 10)
+
 /* Wait for the comm thread to complete op: spin for the loop's busy-poll window first (a
  * small op completes within tens of microseconds, less than a wake-up costs on a VM), then
- * sleep on the condition variable. A push or pull of a tensor whose ops take longer than the
- * window sleeps at once: spinning would only take CPU time from the comm thread, which copies
- * and sends the op's data meanwhile, and from psd (on a 2-CPU host, a push's copy then ran at
- * half speed beside the spinning caller while the other CPU idled). */
+ * sleep on the condition variable. A push or pull of a large tensor whose ops take longer than
+ * the window sleeps at once: spinning would only take CPU time from the comm thread, which
+ * copies and sends the op's data meanwhile, and from psd (on a 2-CPU host, a push's copy then
+ * ran at half speed beside the spinning caller while the other CPU idled). Small tensors' ops
+ * keep the spin even when a batch of them takes longer than the window: there the comm thread
+ * has little to copy, and psbench's rounds of 32 unfused 1 KiB tensors ran at half the rate
+ * without it. */
 static void op_wait_done(ps_client_t *c, ps_op_t *op)
 {
     uint64_t *took = NULL;
-    if (op->type == OP_PUSH || op->type == OP_PULL)
+    if ((op->type == OP_PUSH || op->type == OP_PULL) &&
+        c->tensors[op->tensor]->numel * 4 >= PS_WAIT_SLEEP_BYTES)
         took = &c->tensors[op->tensor]->took_ns[op->type == OP_PULL];
     if (c->ucx.spin_ns && !__atomic_load_n(&op->done, __ATOMIC_ACQUIRE) &&
         (took == NULL || *took <= c->ucx.spin_ns)) {
@@ -1457,7 +1468,10 @@ done:
     /* The op's own time, submit to done: the caller's wake-up is not in it, so a tensor whose
      * ops got fast again is spun for again. */
     if (took && op->done_ns > op->submit_ns) {
-        uint64_t ns = op->done_ns - op->submit_ns;
+        /* Capped, so that one slow op (a reconnect, a resend, a bsp pull waiting for the
+         * step) does not keep a tensor's waits from spinning for long. */
+        uint64_t ns = op->done_ns - op->submit_ns, cap = 4 * c->ucx.spin_ns;
+        if (ns > cap) ns = cap;
         *took = *took ? (3 * *took + ns) / 4 : ns;
     }
 }
@@ -1476,6 +1490,8 @@ static void ps_client_group_end_all(ps_client_t *c)
 void ps_client_group_end(ps_client_t *c)
 {
     if (c->grouping == 0 || --c->grouping > 0 || c->group_head == NULL) return;
+    uint64_t now = mono_ns(); /* handed over now: the time held is the caller's, not the op's */
+    for (ps_op_t *op = c->group_head; op; op = op->next) op->submit_ns = now;
     pthread_mutex_lock(&c->mu);
     if (c->submit_tail)
         c->submit_tail->next = c->group_head;
