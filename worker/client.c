@@ -84,7 +84,7 @@ typedef struct {
     uint8_t *pull_buf;      /* [nchunks * pull_cap] compressed parameters on their way in */
     size_t pull_cap;
     ps_op_t *spare[2];      /* a finished push and pull op kept for reuse (caller's thread) */
-    uint64_t took_ns[2];    /* push, pull: how long its ops take, submit to done, a moving
+    uint64_t took_ns[2];    /* push, pull: how long its ops take, hand-over to done, a moving
                                average (caller's thread; op_wait_done) */
 } ctensor_t;
 
@@ -1448,15 +1448,11 @@ static void op_wait_done(ps_client_t *c, ps_op_t *op)
         took = &c->tensors[op->tensor]->took_ns[op->type == OP_PULL];
     if (c->ucx.spin_ns && !__atomic_load_n(&op->done, __ATOMIC_ACQUIRE) &&
         (took == NULL || *took <= c->ucx.spin_ns)) {
-        struct timespec t0, t;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
+        uint64_t t0 = mono_ns();
         for (;;) {
             sched_yield();
             if (__atomic_load_n(&op->done, __ATOMIC_ACQUIRE)) goto done;
-            clock_gettime(CLOCK_MONOTONIC, &t);
-            uint64_t ns = (uint64_t)(t.tv_sec - t0.tv_sec) * 1000000000u + (uint64_t)t.tv_nsec -
-                          (uint64_t)t0.tv_nsec;
-            if (ns >= c->ucx.spin_ns) break;
+            if (mono_ns() - t0 >= c->ucx.spin_ns) break;
         }
     }
     pthread_mutex_lock(&c->mu);
@@ -1465,8 +1461,8 @@ static void op_wait_done(ps_client_t *c, ps_op_t *op)
     c->sleepers--;
     pthread_mutex_unlock(&c->mu);
 done:
-    /* The op's own time, submit to done: the caller's wake-up is not in it, so a tensor whose
-     * ops got fast again is spun for again. */
+    /* The op's own time, hand-over to done: the caller's wake-up is not in it, so a tensor
+     * whose ops got fast again is spun for again. */
     if (took && op->done_ns > op->submit_ns) {
         /* Capped, so that one slow op (a reconnect, a resend, a bsp pull waiting for the
          * step) does not keep a tensor's waits from spinning for long. */
