@@ -167,6 +167,8 @@ void pb_cluster_case(pb_cluster_t *cl, const char *op, uint64_t size, uint64_t w
     if (iters < min_iters) iters = min_iters;
     if (iters > max_iters) iters = max_iters;
     snprintf(cmd, sizeof cmd, "run %" PRIu64 "\n", iters);
+    pb_cpustat_t cpu0, cpu1;
+    pb_cpustat_read(&cpu0);
     for (int i = 0; i < w; i++)
         if (pb_proc_write(cl->cli[i], cmd) != 0) die_with_log(cl, cl->cli[i], "is gone");
 
@@ -200,6 +202,9 @@ void pb_cluster_case(pb_cluster_t *cl, const char *op, uint64_t size, uint64_t w
         }
     }
     out->seconds = (double)(last - first) * 1e-9;
+    /* From "run" sent to the last result: the timed iterations plus a few ms of reporting. */
+    pb_cpustat_read(&cpu1);
+    out->ncpu = pb_cpustat_busy(&cpu0, &cpu1, out->cpu_busy);
 }
 
 void pb_case_free(pb_case_t *c)

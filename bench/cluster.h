@@ -6,6 +6,7 @@
 
 #include <stdint.h>
 
+#include "cpustat.h"
 #include "proc.h"
 
 #define PB_MAX_SHARDS 16
@@ -40,6 +41,8 @@ typedef struct {
     double seconds; /* first start to last end over every worker */
     double *lat_us; /* [iters * workers] every sample (malloc'd: pb_case_free) */
     uint64_t nlat;
+    int ncpu;                      /* CPUs in cpu_busy; 0: not measured */
+    float cpu_busy[PB_MAX_CPUS];   /* each CPU's busy fraction over the timed iterations */
 } pb_case_t;
 
 /** @brief Start the shards and the clients; returns when every client is ready. Dies on failure

@@ -295,6 +295,7 @@ static void record(bench_t *b, const char *op, const pb_cluster_t *cl, uint64_t 
         all[i]->iters = c->nlat;
         if (optimizer) snprintf(all[i]->optimizer, sizeof all[i]->optimizer, "%s", optimizer);
         if (note) snprintf(all[i]->note, sizeof all[i]->note, "%s", note);
+        pb_result_cpu(all[i], c->cpu_busy, c->ncpu);
     }
     if (strcmp(op, "round") == 0) rt->extra = 2 * gbps;
     /* Limits: the transport alone, one pair of processes.
@@ -413,6 +414,7 @@ static void run_many(bench_t *b, pb_cluster_t *cl, uint64_t size)
         pb_result_t *all[3] = {r[i][0], r[i][1], r9};
         for (int j = 0; j < 3; j++) {
             all[j]->iters = c.nlat;
+            pb_result_cpu(all[j], c.cpu_busy, c.ncpu);
             snprintf(all[j]->optimizer, sizeof all[j]->optimizer, "sgd");
             snprintf(all[j]->note, sizeof all[j]->note, "bsp step of %d tensors of this size: %s",
                      MANY, i ? "fused (one message per shard each way)"
@@ -534,6 +536,7 @@ static void measure_step_on(bench_t *b, const char *tr)
     for (int i = 0; i < 3; i++) {
         snprintf(all[i]->optimizer, sizeof all[i]->optimizer, "adam");
         all[i]->iters = c.nlat;
+        pb_result_cpu(all[i], c.cpu_busy, c.ncpu);
         snprintf(all[i]->note, sizeof all[i]->note,
                  "model: 2*W*M / ucp_am_bw(%s) + M / optim_ram(adam) = %.0f us", pb_size_str(cs),
                  t_model * 1e6);

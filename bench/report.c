@@ -65,6 +65,13 @@ void pb_result_limit(pb_result_t *r, double limit, const char *limit_of)
     r->ratio = r->metric == PB_THROUGHPUT ? r->value / limit : limit / r->value;
 }
 
+void pb_result_cpu(pb_result_t *r, const float *busy, int n)
+{
+    if (n < 0 || n > PB_MAX_CPUS) n = 0;
+    r->ncpu = n;
+    memcpy(r->cpu_busy, busy, (size_t)n * sizeof *busy);
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -159,6 +166,12 @@ int pb_report_json(const char *path, const char *meta_json)
             json_num(f, r->extra);
         }
         fprintf(f, ", \"iters\": %llu", (unsigned long long)r->iters);
+        if (r->ncpu) {
+            fprintf(f, ", \"cpu_busy\": [");
+            for (int c = 0; c < r->ncpu; c++) fprintf(f, "%s%.2f", c ? ", " : "", r->cpu_busy[c]);
+            fprintf(f, "], \"one_cpu\": %s", pb_cpustat_one_cpu(r->cpu_busy, r->ncpu) ? "true"
+                                                                                      : "false");
+        }
         if (r->note[0]) {
             fprintf(f, ", \"note\": ");
             json_str(f, r->note);
@@ -215,7 +228,8 @@ static void fmt_num(char *buf, size_t len, double v, int prec)
 
 /* The columns of one row, as strings. */
 typedef struct {
-    char op[48], layout[12], tr[8], size[16], gbps[16], p50[16], p99[16], limit[96], ratio[24];
+    char op[48], layout[12], tr[8], size[16], gbps[16], p50[16], p99[16], limit[96], ratio[24],
+        cpu[40];
 } cols_t;
 
 static void row_cols(const row_t *rw, cols_t *c)
@@ -236,6 +250,17 @@ static void row_cols(const row_t *rw, cols_t *c)
         size_t l = strlen(c->gbps);
         snprintf(c->gbps + l, sizeof c->gbps - l, " (%.2f)", rw->tp->extra);
     }
+    /* Each CPU's busy percentage, "!" when one of them sat idle (see cpustat.h). */
+    c->cpu[0] = 0;
+    for (int k = 0; k < any->ncpu; k++) {
+        size_t l = strlen(c->cpu);
+        snprintf(c->cpu + l, sizeof c->cpu - l, "%s%.0f", k ? "/" : "", 100 * any->cpu_busy[k]);
+    }
+    if (any->ncpu && pb_cpustat_one_cpu(any->cpu_busy, any->ncpu)) {
+        size_t l = strlen(c->cpu);
+        snprintf(c->cpu + l, sizeof c->cpu - l, " !");
+    }
+    if (c->cpu[0] == 0) snprintf(c->cpu, sizeof c->cpu, "-");
     fmt_num(c->p50, sizeof c->p50, rw->p50 ? rw->p50->value : -1, 1);
     fmt_num(c->p99, sizeof c->p99, rw->p99 ? rw->p99->value : -1, 1);
     /* The limit and ratio of the throughput, or of p50 when only latency has one. */
@@ -259,14 +284,26 @@ void pb_report_table(void)
     row_t *rw = calloc(g_n ? g_n : 1, sizeof *rw);
     if (rw == NULL) return;
     size_t n = rows(rw);
-    printf("%-18s %-6s %-4s %-8s %-16s %-10s %-10s %-32s %s\n", "op", "layout", "tr", "size",
-           "GB/s (transport)", "p50 us", "p99 us", "limit", "ratio (tp / p50)");
+    printf("%-18s %-6s %-4s %-8s %-16s %-10s %-10s %-32s %-18s %s\n", "op", "layout", "tr",
+           "size", "GB/s (transport)", "p50 us", "p99 us", "limit", "ratio (tp / p50)",
+           "CPUs busy %");
     for (size_t i = 0; i < n; i++) {
         cols_t c;
         row_cols(&rw[i], &c);
-        printf("%-18s %-6s %-4s %-8s %-16s %-10s %-10s %-32s %s\n", c.op, c.layout, c.tr, c.size,
-               c.gbps, c.p50, c.p99, c.limit, c.ratio);
+        printf("%-18s %-6s %-4s %-8s %-16s %-10s %-10s %-32s %-18s %s\n", c.op, c.layout, c.tr,
+               c.size, c.gbps, c.p50, c.p99, c.limit, c.ratio, c.cpu);
     }
+    size_t measured = 0, one = 0;
+    for (size_t i = 0; i < n; i++) {
+        const pb_result_t *any = rw[i].tp ? rw[i].tp : rw[i].p50 ? rw[i].p50 : rw[i].p99;
+        if (any->ncpu == 0) continue;
+        measured++;
+        one += pb_cpustat_one_cpu(any->cpu_busy, any->ncpu) != 0;
+    }
+    if (one)
+        printf("%zu of %zu cluster cases ran with one CPU (nearly) idle (!): the host parked a "
+               "vCPU or the case never needed two; compare them with care\n",
+               one, measured);
     free(rw);
 }
 
@@ -281,12 +318,12 @@ int pb_report_markdown(const char *path)
     }
     size_t n = rows(rw);
     fprintf(f, "| op | layout | tr | size | GB/s (transport) | p50 us | p99 us | limit | ratio "
-               "(tp / p50) |\n|---|---|---|---|---|---|---|---|---|\n");
+               "(tp / p50) | CPUs busy %% |\n|---|---|---|---|---|---|---|---|---|---|\n");
     for (size_t i = 0; i < n; i++) {
         cols_t c;
         row_cols(&rw[i], &c);
-        fprintf(f, "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", c.op, c.layout, c.tr, c.size,
-                c.gbps, c.p50, c.p99, c.limit, c.ratio);
+        fprintf(f, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", c.op, c.layout, c.tr,
+                c.size, c.gbps, c.p50, c.p99, c.limit, c.ratio, c.cpu);
     }
     free(rw);
     return fclose(f) == 0 ? 0 : -errno;

@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cpustat.h"
+
 typedef enum { PB_THROUGHPUT = 0, PB_P50, PB_P99 } pb_metric_t;
 
 typedef struct {
@@ -29,6 +31,8 @@ typedef struct {
     uint64_t iters;    /* samples behind the value (all workers together) */
     double extra;      /* round: transport GB/s (2 x tensor bytes); < 0: none */
     char note[256];
+    int ncpu;                    /* CPUs in cpu_busy; 0: not measured (limits, in-RAM loops) */
+    float cpu_busy[PB_MAX_CPUS]; /* each CPU's busy fraction while the case ran */
 } pb_result_t;
 
 /** @brief A new zeroed result appended to the list (limit, ratio, extra = -1); the pointer
@@ -45,6 +49,9 @@ pb_result_t *pb_result_find(const char *op, pb_metric_t metric, uint64_t size,
 const char *pb_unit(pb_metric_t m);
 /** @brief Set the limit and the ratio (see the header comment for its direction). */
 void pb_result_limit(pb_result_t *r, double limit, const char *limit_of);
+
+/** @brief Copy a case's per-CPU busy fractions (@p n of them, at most PB_MAX_CPUS) into @p r. */
+void pb_result_cpu(pb_result_t *r, const float *busy, int n);
 
 /** @brief The q-quantile (0..1, nearest rank) of @p v[n]; sorts @p v in place. */
 double pb_quantile(double *v, size_t n, double q);
