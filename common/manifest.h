@@ -89,7 +89,7 @@ typedef struct {
     uint32_t keep;            /* default 3, 1..1000000 */
 } ps_checkpoint_conf_t;
 
-#define PS_SPIN_US_DEFAULT 50
+#define PS_SPIN_US_DEFAULT 500
 
 typedef struct {
     char path[PS_PATH_MAX];   /* the file it came from */
@@ -101,7 +101,7 @@ typedef struct {
     uint64_t fusion_bytes;    /* default 65536: small pushes, pulls and their replies to one
                                  peer travel fused in bundles of at most this many bytes
                                  (proto/bundle.h); 0 turns fusion off; else 4096..1 MiB */
-    uint32_t spin_us;         /* default 50, 0..10000: psd's loop, libps's comm thread and a
+    uint32_t spin_us;         /* default 500, 0..10000: psd's loop, libps's comm thread and a
                                  waiting caller busy-poll this long after activity before
                                  they sleep (PS_SPIN_US overrides; 0: never) */
     uint32_t apply_threads;   /* default 0 = the online CPUs, at most 8; 1..64: threads each psd
