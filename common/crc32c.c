@@ -122,14 +122,19 @@ __attribute__((target(CLMUL_TARGET))) static inline __m512i fold64(__m512i a, __
 __attribute__((target(CLMUL_TARGET))) static inline uint64_t crc_clmul(uint64_t c0,
                                                                        const unsigned char *p,
                                                                        size_t len, size_t *done,
-                                                                       unsigned char *dst)
+                                                                       unsigned char *dst, int nt)
 {
     const __m512i k256 = _mm512_broadcast_i32x4(_mm_set_epi64x(0xb9e02b86, 0xdcb17aa4));
     const __m512i k64 = _mm512_broadcast_i32x4(_mm_set_epi64x(0x9e4addf8, 0x740eef02));
     const __m128i k16 = _mm_set_epi64x(0x493c7d27, 0xf20c0dfe);
     __m512i x0 = _mm512_loadu_si512(p), x1 = _mm512_loadu_si512(p + 64);
     __m512i x2 = _mm512_loadu_si512(p + 128), x3 = _mm512_loadu_si512(p + 192);
-    if (dst) {
+    if (dst && nt) {
+        _mm512_stream_si512((void *)dst, x0);
+        _mm512_stream_si512((void *)(dst + 64), x1);
+        _mm512_stream_si512((void *)(dst + 128), x2);
+        _mm512_stream_si512((void *)(dst + 192), x3);
+    } else if (dst) {
         _mm512_storeu_si512(dst, x0);
         _mm512_storeu_si512(dst + 64, x1);
         _mm512_storeu_si512(dst + 128, x2);
@@ -138,7 +143,21 @@ __attribute__((target(CLMUL_TARGET))) static inline uint64_t crc_clmul(uint64_t 
     /* The state enters as the first 4 bytes' XOR. */
     x0 = _mm512_xor_si512(x0, _mm512_castsi128_si512(_mm_cvtsi32_si128((int)(uint32_t)c0)));
     size_t i = 256;
-    if (dst) {
+    if (dst && nt) {
+        for (; i + 256 <= len; i += 256) {
+            __m512i y0 = _mm512_loadu_si512(p + i), y1 = _mm512_loadu_si512(p + i + 64);
+            __m512i y2 = _mm512_loadu_si512(p + i + 128), y3 = _mm512_loadu_si512(p + i + 192);
+            _mm512_stream_si512((void *)(dst + i), y0);
+            _mm512_stream_si512((void *)(dst + i + 64), y1);
+            _mm512_stream_si512((void *)(dst + i + 128), y2);
+            _mm512_stream_si512((void *)(dst + i + 192), y3);
+            x0 = _mm512_xor_si512(fold64(x0, k256), y0);
+            x1 = _mm512_xor_si512(fold64(x1, k256), y1);
+            x2 = _mm512_xor_si512(fold64(x2, k256), y2);
+            x3 = _mm512_xor_si512(fold64(x3, k256), y3);
+        }
+        _mm_sfence(); /* the streamed stores are ordered before what follows (the header) */
+    } else if (dst) {
         for (; i + 256 <= len; i += 256) {
             __m512i y0 = _mm512_loadu_si512(p + i), y1 = _mm512_loadu_si512(p + i + 64);
             __m512i y2 = _mm512_loadu_si512(p + i + 128), y3 = _mm512_loadu_si512(p + i + 192);
@@ -178,7 +197,7 @@ __attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t crc, const voi
     uint64_t c0 = crc ^ 0xffffffffu;
     if (use_clmul && len >= CLMUL_MIN) {
         size_t done;
-        c0 = crc_clmul(c0, p, len, &done, NULL);
+        c0 = crc_clmul(c0, p, len, &done, NULL, 0);
         p += done;
         len -= done;
     }
@@ -241,19 +260,32 @@ uint32_t ps_crc32c_sw(uint32_t crc, const void *buf, size_t len)
     return c ^ 0xffffffffu;
 }
 
-uint32_t ps_crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len)
+static uint32_t crc_copy(uint32_t crc, void *dst, const void *src, size_t len, int nt)
 {
     pthread_once(&once, init);
 #if HAVE_HW
+    /* Streaming stores need 64-byte aligned destinations. */
+    if (nt && ((uintptr_t)dst & 63)) nt = 0;
     if (use_clmul && len >= CLMUL_MIN) {
         size_t done;
-        uint32_t c = (uint32_t)crc_clmul(crc ^ 0xffffffffu, src, len, &done, dst) ^ 0xffffffffu;
+        uint32_t c =
+            (uint32_t)crc_clmul(crc ^ 0xffffffffu, src, len, &done, dst, nt) ^ 0xffffffffu;
         memcpy((unsigned char *)dst + done, (const unsigned char *)src + done, len - done);
         return ps_crc32c(c, (const unsigned char *)dst + done, len - done);
     }
 #endif
     memcpy(dst, src, len);
     return ps_crc32c(crc, dst, len);
+}
+
+uint32_t ps_crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len)
+{
+    return crc_copy(crc, dst, src, len, 0);
+}
+
+uint32_t ps_crc32c_copy_nt(uint32_t crc, void *dst, const void *src, size_t len)
+{
+    return crc_copy(crc, dst, src, len, 1);
 }
 
 uint32_t ps_crc32c(uint32_t crc, const void *buf, size_t len)

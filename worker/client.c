@@ -607,9 +607,11 @@ static void send_data_part(ps_client_t *c, ps_op_t *op, part_t *p)
         if (off != UINT64_MAX) {
             /* A first send to a shard whose area is mapped here: the gradient is written into
              * it with its CRC folded into the copy, and only the header travels. Resends go
-             * over the transport. */
+             * over the transport. Streaming stores: psd reads the chunk next, on another CPU,
+             * and this copy's lines would otherwise first be taken from that CPU's cache
+             * (where psd read the last step's) and then be taken back (ps_crc32c_copy_nt). */
             uint8_t *dst = c->shards[p->shard].area + off;
-            p->ck.crc = ps_crc32c_copy(0, dst, p->data, p->len);
+            p->ck.crc = ps_crc32c_copy_nt(0, dst, p->data, p->len);
             p->ck.have_crc = 1;
             p->ck.direct = 1;
             t->places[p->chunk].busy = 1;

@@ -62,24 +62,29 @@ static uint64_t pair(uint64_t l, uint64_t r)
 
 /* The fused copy gives ps_crc32c's value and an exact copy, at every length and alignment
  * around the 256-byte groups and the 1 KiB switch, continuing a CRC; it writes nothing past
- * the end. */
+ * the end. The same for the streaming-store copy (dst 64-byte aligned: streamed; else the
+ * plain path). */
 START_TEST(crc_copy_matches)
 {
     enum { MAX = 9000 };
-    static unsigned char src[MAX + 64], dst[MAX + 128];
+    static unsigned char src[MAX + 64];
+    static _Alignas(64) unsigned char dst[MAX + 128];
     for (size_t i = 0; i < sizeof src; i++) src[i] = (unsigned char)(i * 131 + 7);
-    size_t lens[] = {0, 1, 7, 255, 256, 1023, 1024, 1025, 1279, 1280, 4096, 4099, MAX};
-    for (size_t k = 0; k < sizeof lens / sizeof lens[0]; k++)
-        for (size_t so = 0; so < 3; so++)
-            for (size_t d = 0; d < 2; d++) {
-                memset(dst, 0xa5, sizeof dst);
-                size_t n = lens[k], doff = d * 5;
-                uint32_t want = ps_crc32c(0x1234u, src + so, n);
-                ck_assert_uint_eq(ps_crc32c_copy(0x1234u, dst + doff, src + so, n), want);
-                ck_assert_int_eq(memcmp(dst + doff, src + so, n), 0);
-                ck_assert_uint_eq(dst[doff + n], 0xa5);
-                if (doff) ck_assert_uint_eq(dst[doff - 1], 0xa5);
-            }
+    size_t lens[] = {0, 1, 7, 255, 256, 511, 512, 1023, 1024, 1025, 1279, 1280, 4096, 4099, MAX};
+    for (int nt = 0; nt < 2; nt++)
+        for (size_t k = 0; k < sizeof lens / sizeof lens[0]; k++)
+            for (size_t so = 0; so < 3; so++)
+                for (size_t d = 0; d < 3; d++) {
+                    memset(dst, 0xa5, sizeof dst);
+                    size_t n = lens[k], doff = d == 2 ? 64 : d * 5;
+                    uint32_t want = ps_crc32c(0x1234u, src + so, n);
+                    uint32_t got = nt ? ps_crc32c_copy_nt(0x1234u, dst + doff, src + so, n)
+                                      : ps_crc32c_copy(0x1234u, dst + doff, src + so, n);
+                    ck_assert_uint_eq(got, want);
+                    ck_assert_int_eq(memcmp(dst + doff, src + so, n), 0);
+                    ck_assert_uint_eq(dst[doff + n], 0xa5);
+                    if (doff) ck_assert_uint_eq(dst[doff - 1], 0xa5);
+                }
 }
 END_TEST
 
