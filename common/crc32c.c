@@ -264,8 +264,17 @@ static uint32_t crc_copy(uint32_t crc, void *dst, const void *src, size_t len, i
 {
     pthread_once(&once, init);
 #if HAVE_HW
-    /* Streaming stores need 64-byte aligned destinations. */
-    if (nt && ((uintptr_t)dst & 63)) nt = 0;
+    /* Streaming stores need 64-byte aligned destinations: the bytes before the first 64-byte
+     * boundary go the plain way. */
+    size_t head = nt ? (64 - ((uintptr_t)dst & 63)) & 63 : 0;
+    if (head && len >= CLMUL_MIN + head) {
+        crc = crc_copy(crc, dst, src, head, 0);
+        dst = (unsigned char *)dst + head;
+        src = (const unsigned char *)src + head;
+        len -= head;
+    } else if (head) {
+        nt = 0;
+    }
     if (use_clmul && len >= CLMUL_MIN) {
         size_t done;
         uint32_t c =

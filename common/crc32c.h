@@ -28,8 +28,8 @@ uint32_t ps_crc32c(uint32_t crc, const void *buf, size_t len);
 uint32_t ps_crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len);
 
 /**
- * @brief ps_crc32c_copy whose stores bypass the cache (streaming stores, where the folding
- *  path runs and @p dst is 64-byte aligned; else as ps_crc32c_copy), for a destination that
+ * @brief ps_crc32c_copy whose stores bypass the cache (streaming stores from the first 64-byte
+ *  boundary of @p dst on, where the folding path runs; else as ps_crc32c_copy), for a destination that
  *  another process reads next on another CPU: it then reads memory instead of taking the lines
  *  from this CPU's cache, and this CPU's stores do not first take the lines that reader left
  *  in its own cache (on the development VM, whose two vCPUs at times do not share a cache,

@@ -102,6 +102,8 @@ struct psd_chunk_s {
     uint64_t progress;         /* bsp: samples applied before this step (0: use the version) */
     bool has_progress;
     bool queued;               /* on the ready list or in the running job */
+    bool pulled_direct;        /* its last pull was read from the store by the worker (direct):
+                                  the update streams its params to memory (store.h) */
     psd_wait_t *pulls;         /* pulls waiting for a higher version */
     uint64_t hash;             /* the committed record's XXH3-64 (integrity.c) */
     uint32_t leaf;             /* its leaf in the shard's Merkle tree */

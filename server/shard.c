@@ -571,6 +571,7 @@ static void send_pull_reply(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id
                        ps_strerror(rc));
         return;
     }
+    ch->pulled_direct = (flags & PS_FLAG_DIRECT) != 0;
     if (flags & PS_FLAG_DIRECT) {
         /* The committed version and its CRC; the worker reads that record or a later one. */
         ps_msg_t r = {.type = PS_MSG_PULL_REPLY, .req_id = req_id, .tensor = ch->tensor,
@@ -1122,7 +1123,8 @@ static void apply_item(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, p
         bool raw = sum == NULL; /* raw pushes: summed span by span in the update's pass */
         if (!raw) job->bad[i] = raw_crc_bad(ch, ch->apply_members);
         if (job->bad[i] == 0)
-            psd_store_chunk_update(h, p_in, s_in, sum, scale, &o, raw ? sum_block : NULL, &bs);
+            psd_store_chunk_update(h, p_in, s_in, sum, scale, &o, raw ? sum_block : NULL, &bs,
+                                   ch->pulled_direct);
         for (uint32_t r = 0; raw && r < PS_MAX_RANKS; r++)
             if ((ch->apply_members >> r & 1) && bs.crc[r] != ch->slot_crc[r])
                 job->bad[i] |= 1ull << r;
@@ -1149,7 +1151,7 @@ static void apply_item(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, p
             g = ch->agg;
         }
         if (--left == 0) { /* the last one seals the record in its pass */
-            psd_store_chunk_update(h, p_in, s_in, g, 1.0f, &o, NULL, NULL);
+            psd_store_chunk_update(h, p_in, s_in, g, 1.0f, &o, NULL, NULL, ch->pulled_direct);
             break;
         }
         psk_optim_apply_cpu(p, s, p_in, s_in, g, 1.0f, ch->n, h->version + 1, &o);

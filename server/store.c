@@ -472,9 +472,13 @@ int psd_store_get_blob(psd_store_t *st, const char *name, void *buf, size_t cap,
  */
 #define APPLY_SPAN PSD_APPLY_SPAN
 
+/* A span's params on their way into a streamed record (psd_store_chunk_update's @p stream). */
+static __thread float span_params[APPLY_SPAN] __attribute__((aligned(64)));
+
 void psd_store_chunk_update(psd_chunk_hdr_t *h, const float *p_in, const float *s_in,
                             const float *g, float scale, const psk_optim_t *o,
-                            const float *(*before)(void *arg, size_t off, size_t len), void *arg)
+                            const float *(*before)(void *arg, size_t off, size_t len), void *arg,
+                            bool stream)
 {
     uint32_t n = h->n, ns = h->nstate;
     float *p = psd_chunk_params(h), *s = psd_chunk_state(h);
@@ -484,6 +488,22 @@ void psd_store_chunk_update(psd_chunk_hdr_t *h, const float *p_in, const float *
     for (size_t off = 0; off < n; off += APPLY_SPAN) {
         size_t len = n - off < APPLY_SPAN ? n - off : APPLY_SPAN;
         const float *gs = before ? before(arg, off, len) : g + off;
+        if (stream) {
+            /* The params span in cache here, hashed from it, then streamed into the record;
+             * the state arrays are written in place (no other process reads them). */
+            float *sp = span_params;
+            psk_optim_apply_strided_cpu(sp, ns ? s + off : NULL, p_in + off,
+                                        ns ? s_in + off : NULL, gs, scale, len, n,
+                                        h->version + 1, o);
+            crc = ps_crc32c_copy_nt(crc, p + off, sp, len * sizeof(float));
+            for (size_t b = off; b < off + len; b += PSD_HASH_BLOCK) {
+                size_t bl = off + len - b < PSD_HASH_BLOCK ? off + len - b : PSD_HASH_BLOCK;
+                PSD_XXH3_UPDATE(&hs, sp + (b - off), bl * sizeof(float));
+                for (uint32_t c = 1; c <= ns; c++)
+                    PSD_XXH3_UPDATE(&hs, p + (size_t)c * n + b, bl * sizeof(float));
+            }
+            continue;
+        }
         psk_optim_apply_strided_cpu(p + off, ns ? s + off : NULL, p_in + off,
                                     ns ? s_in + off : NULL, gs, scale, len, n, h->version + 1, o);
         crc = ps_crc32c(crc, p + off, len * sizeof(float));

@@ -283,15 +283,24 @@ static const float *fill_grad(void *arg, size_t off, size_t len)
 
 /* The fused update writes what the plain kernel writes, and seals the record with the hash
  * and CRC that recomputing them from the stored bytes gives: every optimizer, a record inside
- * one span of the update's loop and one over several spans with a partial hash block. */
+ * one span of the update's loop and one over several spans with a partial hash block, with
+ * the params written in place and streamed (the record sits 16 bytes into a 64-byte aligned
+ * buffer, as on an LMDB overflow page, so the streamed copy's unaligned head is covered). */
 START_TEST(update_seals_like_recompute)
 {
     static const uint32_t sizes[] = {3 * 4096 + 123, 70001};
-    for (int kind = PSK_SGD; kind <= PSK_ADAMW; kind++) {
+    for (int k = 0; k < 2 * (PSK_ADAMW + 1); k++) {
+        int kind = k % (PSK_ADAMW + 1);
+        bool stream = k > PSK_ADAMW;
         for (size_t z = 0; z < sizeof sizes / sizeof *sizes; z++) {
             uint32_t n = sizes[z], ns = (uint32_t)psk_optim_state_count(kind);
             size_t len = psd_chunk_bytes(n, ns);
-            psd_chunk_hdr_t *old = calloc(1, len), *a = calloc(1, len), *b = calloc(1, len);
+            /* a as on an overflow page: 16 bytes of page header, then the record. */
+            unsigned char *abuf = aligned_alloc(64, len + 64);
+            ck_assert_ptr_nonnull(abuf);
+            memset(abuf, 0, len + 64);
+            psd_chunk_hdr_t *old = calloc(1, len), *a = (psd_chunk_hdr_t *)(abuf + 16),
+                            *b = calloc(1, len);
             *old = (psd_chunk_hdr_t){.version = 4, .n = n, .nstate = ns};
             float *g = malloc(n * 4), *g2 = calloc(n, 4);
             for (uint32_t i = 0; i < n; i++) {
@@ -305,7 +314,7 @@ START_TEST(update_seals_like_recompute)
             *a = *old;
             lazy_grad_t lg = {.g = g2};
             psd_store_chunk_update(a, psd_chunk_params(old), ns ? psd_chunk_state(old) : NULL,
-                                   g2, 0.5f, &o, fill_grad, &lg);
+                                   g2, 0.5f, &o, fill_grad, &lg, stream);
             ck_assert_uint_eq(lg.covered, n);
             *b = *old;
             psk_optim_apply_cpu(psd_chunk_params(b), ns ? psd_chunk_state(b) : NULL,
@@ -314,12 +323,13 @@ START_TEST(update_seals_like_recompute)
             b->version++;
             psd_store_chunk_seal(b);
             ck_assert_uint_eq(a->version, 5);
-            ck_assert_msg(memcmp(a + 1, b + 1, len - sizeof *a) == 0, "kind %d n %u", kind, n);
+            ck_assert_msg(memcmp(a + 1, b + 1, len - sizeof *a) == 0, "kind %d n %u stream %d",
+                          kind, n, stream);
             ck_assert_uint_eq(a->hash, b->hash);
             ck_assert_uint_eq(a->crc32c, b->crc32c);
             ck_assert_uint_eq(a->format, b->format);
             free(old);
-            free(a);
+            free(abuf);
             free(b);
             free(g);
             free(g2);
