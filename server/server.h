@@ -103,7 +103,8 @@ struct psd_chunk_s {
     bool has_progress;
     bool queued;               /* on the ready list or in the running job */
     bool pulled_direct;        /* its last pull was read from the store by the worker (direct):
-                                  the update streams its params to memory (store.h) */
+                                  the update streams its params to memory (store.h); relaxed
+                                  atomics (set on the loop, read by apply jobs) */
     psd_wait_t *pulls;         /* pulls waiting for a higher version */
     uint64_t hash;             /* the committed record's XXH3-64 (integrity.c) */
     uint32_t leaf;             /* its leaf in the shard's Merkle tree */

@@ -571,7 +571,8 @@ static void send_pull_reply(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id
                        ps_strerror(rc));
         return;
     }
-    ch->pulled_direct = (flags & PS_FLAG_DIRECT) != 0;
+    /* Relaxed: an apply job on the pool may read it meanwhile; either value is correct. */
+    __atomic_store_n(&ch->pulled_direct, (flags & PS_FLAG_DIRECT) != 0, __ATOMIC_RELAXED);
     if (flags & PS_FLAG_DIRECT) {
         /* The committed version and its CRC; the worker reads that record or a later one. */
         ps_msg_t r = {.type = PS_MSG_PULL_REPLY, .req_id = req_id, .tensor = ch->tensor,
@@ -1124,7 +1125,7 @@ static void apply_item(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, p
         if (!raw) job->bad[i] = raw_crc_bad(ch, ch->apply_members);
         if (job->bad[i] == 0)
             psd_store_chunk_update(h, p_in, s_in, sum, scale, &o, raw ? sum_block : NULL, &bs,
-                                   ch->pulled_direct);
+                                   __atomic_load_n(&ch->pulled_direct, __ATOMIC_RELAXED));
         for (uint32_t r = 0; raw && r < PS_MAX_RANKS; r++)
             if ((ch->apply_members >> r & 1) && bs.crc[r] != ch->slot_crc[r])
                 job->bad[i] |= 1ull << r;
@@ -1151,7 +1152,8 @@ static void apply_item(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, p
             g = ch->agg;
         }
         if (--left == 0) { /* the last one seals the record in its pass */
-            psd_store_chunk_update(h, p_in, s_in, g, 1.0f, &o, NULL, NULL, ch->pulled_direct);
+            psd_store_chunk_update(h, p_in, s_in, g, 1.0f, &o, NULL, NULL,
+                                   __atomic_load_n(&ch->pulled_direct, __ATOMIC_RELAXED));
             break;
         }
         psk_optim_apply_cpu(p, s, p_in, s_in, g, 1.0f, ch->n, h->version + 1, &o);
