@@ -115,6 +115,25 @@ START_TEST(test_sigterm_stuck_worker)
 }
 END_TEST
 
+/* SIGTERM reaches a worker whose only shard is gone (killed while the job runs): it stops
+ * waiting for the shard to come back, and exits 128 + SIGTERM without saying leave. */
+START_TEST(test_sigterm_shard_gone)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1, .max_steps = 1000000};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    ck_assert_msg(cl_wait_log(w, "joined at step", RUN_S) == 0, "never joined: %s", cl_tail(w));
+    ck_assert_int_eq(cl_signal(psd, SIGKILL), 0);
+    ck_assert_int_eq(cl_wait(psd, RUN_S), 128 + SIGKILL);
+    ck_assert_msg(cl_wait_log(w, "reconnecting", RUN_S) == 0, "no reconnect: %s", cl_tail(w));
+    ck_assert_int_eq(cl_signal(w, SIGTERM), 0);
+    EXPECT_EXIT(w, 128 + SIGTERM);
+    EXPECT_LOG(w, "stopped by signal");
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("faults");
@@ -122,5 +141,6 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("psd_crash_shard", test_psd_crash_shard));
     suite_add_tcase(s, tcase("worker_killed_and_replaced", test_worker_killed_and_replaced));
     suite_add_tcase(s, tcase("sigterm_stuck_worker", test_sigterm_stuck_worker));
+    suite_add_tcase(s, tcase("sigterm_shard_gone", test_sigterm_shard_gone));
     return s;
 }
