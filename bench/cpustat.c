@@ -47,5 +47,5 @@ int pb_cpustat_one_cpu(const float *frac, int ncpu)
         if (frac[i] < lo) lo = frac[i];
         if (frac[i] > hi) hi = frac[i];
     }
-    return ncpu >= 2 && lo <= 0.10f && hi >= 0.50f;
+    return ncpu == 2 && lo <= 0.10f && hi >= 0.50f;
 }

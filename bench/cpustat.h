@@ -29,9 +29,10 @@ void pb_cpustat_read(pb_cpustat_t *s);
 int pb_cpustat_busy(const pb_cpustat_t *a, const pb_cpustat_t *b, float *frac);
 
 /**
- * @brief Whether a window with these busy fractions looks like one parked vCPU: some CPU
- *  at most 10% busy while another is at least 50% busy. Only meaningful for cases whose
- *  processes would keep every CPU partly busy (psd plus its clients).
+ * @brief Whether a window with these busy fractions looks like one parked vCPU: on a host of
+ *  two CPUs (the development VM's shape, where a local cluster keeps both partly busy), one
+ *  at most 10% busy while the other is at least 50% busy. Always 0 on other hosts, where
+ *  idle CPUs are expected.
  */
 int pb_cpustat_one_cpu(const float *frac, int ncpu);
 
