@@ -260,6 +260,38 @@ uint32_t ps_crc32c_sw(uint32_t crc, const void *buf, size_t len)
     return c ^ 0xffffffffu;
 }
 
+void ps_memcpy_nt(void *dst, const void *src, size_t len)
+{
+#if HAVE_HW
+    unsigned char *d = dst;
+    const unsigned char *s = src;
+    size_t head = (16 - ((uintptr_t)d & 15)) & 15;
+    if (len < 256 + head) {
+        memcpy(d, s, len);
+        return;
+    }
+    memcpy(d, s, head);
+    d += head;
+    s += head;
+    len -= head;
+    size_t i = 0;
+    for (; i + 64 <= len; i += 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)(s + i));
+        __m128i b = _mm_loadu_si128((const __m128i *)(s + i + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(s + i + 32));
+        __m128i e = _mm_loadu_si128((const __m128i *)(s + i + 48));
+        _mm_stream_si128((__m128i *)(d + i), a);
+        _mm_stream_si128((__m128i *)(d + i + 16), b);
+        _mm_stream_si128((__m128i *)(d + i + 32), c);
+        _mm_stream_si128((__m128i *)(d + i + 48), e);
+    }
+    _mm_sfence();
+    memcpy(d + i, s + i, len - i);
+#else
+    memcpy(dst, src, len);
+#endif
+}
+
 static uint32_t crc_copy(uint32_t crc, void *dst, const void *src, size_t len, int nt)
 {
     pthread_once(&once, init);
@@ -281,6 +313,13 @@ static uint32_t crc_copy(uint32_t crc, void *dst, const void *src, size_t len, i
             (uint32_t)crc_clmul(crc ^ 0xffffffffu, src, len, &done, dst, nt) ^ 0xffffffffu;
         memcpy((unsigned char *)dst + done, (const unsigned char *)src + done, len - done);
         return ps_crc32c(c, (const unsigned char *)dst + done, len - done);
+    }
+    if (nt) {
+        /* No folding copy on this CPU: the CRC from the source (in cache), then a streamed
+         * copy. */
+        uint32_t c = ps_crc32c(crc, src, len);
+        ps_memcpy_nt(dst, src, len);
+        return c;
     }
 #endif
     memcpy(dst, src, len);

@@ -29,7 +29,8 @@ uint32_t ps_crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len);
 
 /**
  * @brief ps_crc32c_copy whose stores bypass the cache (streaming stores from the first 64-byte
- *  boundary of @p dst on, where the folding path runs; else as ps_crc32c_copy), for a destination that
+ *  boundary of @p dst on; where the CPU has no folding copy, the CRC of @p src and then
+ *  ps_memcpy_nt), for a destination that
  *  another process reads next on another CPU: it then reads memory instead of taking the lines
  *  from this CPU's cache, and this CPU's stores do not first take the lines that reader left
  *  in its own cache (on the development VM, whose two vCPUs at times do not share a cache,
@@ -38,6 +39,14 @@ uint32_t ps_crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len);
  * @note Thread-safe; no allocation.
  */
 uint32_t ps_crc32c_copy_nt(uint32_t crc, void *dst, const void *src, size_t len);
+
+/**
+ * @brief memcpy (not overlapping) whose stores bypass the cache: SSE2 streaming stores from the
+ *  first 16-byte boundary of @p dst on (x86-64; plain memcpy elsewhere and under 256 bytes),
+ *  then sfence, so the bytes are ordered before any store that follows the call.
+ * @note Thread-safe; no allocation.
+ */
+void ps_memcpy_nt(void *dst, const void *src, size_t len);
 
 /** @brief The portable (slicing-by-8) implementation, for tests and benchmarks. */
 uint32_t ps_crc32c_sw(uint32_t crc, const void *buf, size_t len);

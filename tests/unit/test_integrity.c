@@ -88,6 +88,28 @@ START_TEST(crc_copy_matches)
 }
 END_TEST
 
+/* The streamed copy copies exactly, at every length and alignment around its 16-byte head,
+ * its 64-byte groups and the 256-byte plain-copy limit; it writes nothing past the end. */
+START_TEST(memcpy_nt_matches)
+{
+    enum { MAX = 5000 };
+    static unsigned char src[MAX + 64];
+    static _Alignas(64) unsigned char dst[MAX + 128];
+    for (size_t i = 0; i < sizeof src; i++) src[i] = (unsigned char)(i * 89 + 3);
+    size_t lens[] = {0, 1, 15, 255, 256, 270, 271, 272, 319, 320, 1024, 4099, MAX};
+    for (size_t k = 0; k < sizeof lens / sizeof lens[0]; k++)
+        for (size_t so = 0; so < 3; so++)
+            for (size_t doff = 0; doff < 17; doff += 4) {
+                memset(dst, 0xa5, sizeof dst);
+                size_t n = lens[k];
+                ps_memcpy_nt(dst + doff, src + so, n);
+                ck_assert_int_eq(memcmp(dst + doff, src + so, n), 0);
+                ck_assert_uint_eq(dst[doff + n], 0xa5);
+                if (doff) ck_assert_uint_eq(dst[doff - 1], 0xa5);
+            }
+}
+END_TEST
+
 START_TEST(merkle_definition)
 {
     uint64_t l[5] = {11, 22, 33, 44, 55};
@@ -128,6 +150,7 @@ Suite *ps_test_suite(void)
     tcase_add_test(tc, crc_known_values);
     tcase_add_test(tc, crc_hw_matches_sw);
     tcase_add_test(tc, crc_copy_matches);
+    tcase_add_test(tc, memcpy_nt_matches);
     suite_add_tcase(s, tc);
     TCase *tm = tcase_create("merkle");
     tcase_add_test(tm, merkle_definition);
