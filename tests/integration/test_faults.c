@@ -97,15 +97,25 @@ START_TEST(test_worker_killed_and_replaced)
 }
 END_TEST
 
+/* One shard of a job of @p workers workers and @p max_steps steps, and one worker that joined
+ * it: *psd and *w. */
+static cl_cluster_t *one_worker_joined(int workers, uint64_t max_steps, cl_proc_t **psd,
+                                       cl_proc_t **w)
+{
+    cl_conf_t k = {.shards = 1, .workers = workers, .max_steps = max_steps};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    *psd = cl_psd_start(c, 0, NULL, READY_S);
+    *w = cl_worker_start(c, NULL, NULL, false);
+    ck_assert_msg(cl_wait_log(*w, "joined at step", RUN_S) == 0, "never joined: %s", cl_tail(*w));
+    return c;
+}
+
 /* SIGTERM reaches a worker that waits on a step nobody can complete (the second worker of
  * a BSP job never came): it abandons the step, says leave and exits 128 + SIGTERM. */
 START_TEST(test_sigterm_stuck_worker)
 {
-    cl_conf_t k = {.shards = 1, .workers = 2, .max_steps = 100};
-    cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
-    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
-    ck_assert_msg(cl_wait_log(w, "joined at step", RUN_S) == 0, "never joined: %s", cl_tail(w));
+    cl_proc_t *psd, *w;
+    cl_cluster_t *c = one_worker_joined(2, 100, &psd, &w);
     ck_assert_int_eq(cl_signal(w, SIGTERM), 0);
     EXPECT_EXIT(w, 128 + SIGTERM);
     EXPECT_LOG(w, "stopped by signal at step 0");
@@ -119,11 +129,8 @@ END_TEST
  * waiting for the shard to come back, and exits 128 + SIGTERM without saying leave. */
 START_TEST(test_sigterm_shard_gone)
 {
-    cl_conf_t k = {.shards = 1, .workers = 1, .max_steps = 1000000};
-    cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
-    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
-    ck_assert_msg(cl_wait_log(w, "joined at step", RUN_S) == 0, "never joined: %s", cl_tail(w));
+    cl_proc_t *psd, *w;
+    cl_cluster_t *c = one_worker_joined(1, 1000000, &psd, &w);
     ck_assert_int_eq(cl_signal(psd, SIGKILL), 0);
     ck_assert_int_eq(cl_wait(psd, RUN_S), 128 + SIGKILL);
     ck_assert_msg(cl_wait_log(w, "reconnecting", RUN_S) == 0, "no reconnect: %s", cl_tail(w));
