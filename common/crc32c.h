@@ -28,14 +28,14 @@ uint32_t ps_crc32c(uint32_t crc, const void *buf, size_t len);
 uint32_t ps_crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len);
 
 /**
- * @brief ps_crc32c_copy whose stores bypass the cache (streaming stores from the first 64-byte
- *  boundary of @p dst on; where the CPU has no folding copy, the CRC of @p src and then
- *  ps_memcpy_nt), for a destination that
- *  another process reads next on another CPU: it then reads memory instead of taking the lines
- *  from this CPU's cache, and this CPU's stores do not first take the lines that reader left
- *  in its own cache (on the development VM, whose two vCPUs at times do not share a cache,
- *  a 1 MiB copy into memory the other CPU read took ~140 us with plain stores, ~22 us so).
- *  The streamed bytes are ordered (sfence) before any store that follows the call.
+ * @brief ps_crc32c_copy whose stores bypass the cache, for a destination that another process
+ *  reads next on another CPU: it then reads memory instead of taking the lines from this CPU's
+ *  cache, and this CPU's stores do not first take back the lines that reader left in its own
+ *  cache (on the development VM, whose two vCPUs at times do not share a cache, a 1 MiB copy
+ *  into memory the other CPU had read took ~140 us with plain stores, ~22 us streamed).
+ *  Streaming stores from the first 64-byte boundary of @p dst on; on a CPU without the folding
+ *  copy, the CRC of @p src and then ps_memcpy_nt. The streamed bytes are ordered (sfence)
+ *  before any store that follows the call.
  * @note Thread-safe; no allocation.
  */
 uint32_t ps_crc32c_copy_nt(uint32_t crc, void *dst, const void *src, size_t len);
