@@ -116,9 +116,28 @@ __attribute__((target(CLMUL_TARGET))) static inline __m512i fold64(__m512i a, __
                             _mm512_clmulepi64_epi128(a, k, 0x11));
 }
 
+/* Store one 256-byte group at @p d: streamed (64-byte aligned @p d) or plain. */
+__attribute__((target(CLMUL_TARGET))) static inline void put256(unsigned char *d, __m512i a,
+                                                                __m512i b, __m512i c, __m512i e,
+                                                                int nt)
+{
+    if (nt) {
+        _mm512_stream_si512((void *)d, a);
+        _mm512_stream_si512((void *)(d + 64), b);
+        _mm512_stream_si512((void *)(d + 128), c);
+        _mm512_stream_si512((void *)(d + 192), e);
+    } else {
+        _mm512_storeu_si512(d, a);
+        _mm512_storeu_si512(d + 64, b);
+        _mm512_storeu_si512(d + 128, c);
+        _mm512_storeu_si512(d + 192, e);
+    }
+}
+
 /* The CRC state (not inverted) after the whole 256-byte groups of p[len], len >= 256, from
  * state c0; *done = the bytes taken (the caller does the rest, < 256 bytes). With @p dst, the
- * bytes taken are also stored there as they are folded (ps_crc32c_copy). */
+ * bytes taken are also stored there as they are folded (ps_crc32c_copy), with streaming stores
+ * if @p nt (then fenced before returning). */
 __attribute__((target(CLMUL_TARGET))) static inline uint64_t crc_clmul(uint64_t c0,
                                                                        const unsigned char *p,
                                                                        size_t len, size_t *done,
@@ -129,54 +148,20 @@ __attribute__((target(CLMUL_TARGET))) static inline uint64_t crc_clmul(uint64_t 
     const __m128i k16 = _mm_set_epi64x(0x493c7d27, 0xf20c0dfe);
     __m512i x0 = _mm512_loadu_si512(p), x1 = _mm512_loadu_si512(p + 64);
     __m512i x2 = _mm512_loadu_si512(p + 128), x3 = _mm512_loadu_si512(p + 192);
-    if (dst && nt) {
-        _mm512_stream_si512((void *)dst, x0);
-        _mm512_stream_si512((void *)(dst + 64), x1);
-        _mm512_stream_si512((void *)(dst + 128), x2);
-        _mm512_stream_si512((void *)(dst + 192), x3);
-    } else if (dst) {
-        _mm512_storeu_si512(dst, x0);
-        _mm512_storeu_si512(dst + 64, x1);
-        _mm512_storeu_si512(dst + 128, x2);
-        _mm512_storeu_si512(dst + 192, x3);
-    }
+    if (dst) put256(dst, x0, x1, x2, x3, nt);
     /* The state enters as the first 4 bytes' XOR. */
     x0 = _mm512_xor_si512(x0, _mm512_castsi128_si512(_mm_cvtsi32_si128((int)(uint32_t)c0)));
     size_t i = 256;
-    if (dst && nt) {
-        for (; i + 256 <= len; i += 256) {
-            __m512i y0 = _mm512_loadu_si512(p + i), y1 = _mm512_loadu_si512(p + i + 64);
-            __m512i y2 = _mm512_loadu_si512(p + i + 128), y3 = _mm512_loadu_si512(p + i + 192);
-            _mm512_stream_si512((void *)(dst + i), y0);
-            _mm512_stream_si512((void *)(dst + i + 64), y1);
-            _mm512_stream_si512((void *)(dst + i + 128), y2);
-            _mm512_stream_si512((void *)(dst + i + 192), y3);
-            x0 = _mm512_xor_si512(fold64(x0, k256), y0);
-            x1 = _mm512_xor_si512(fold64(x1, k256), y1);
-            x2 = _mm512_xor_si512(fold64(x2, k256), y2);
-            x3 = _mm512_xor_si512(fold64(x3, k256), y3);
-        }
-        _mm_sfence(); /* the streamed stores are ordered before what follows (the header) */
-    } else if (dst) {
-        for (; i + 256 <= len; i += 256) {
-            __m512i y0 = _mm512_loadu_si512(p + i), y1 = _mm512_loadu_si512(p + i + 64);
-            __m512i y2 = _mm512_loadu_si512(p + i + 128), y3 = _mm512_loadu_si512(p + i + 192);
-            _mm512_storeu_si512(dst + i, y0);
-            _mm512_storeu_si512(dst + i + 64, y1);
-            _mm512_storeu_si512(dst + i + 128, y2);
-            _mm512_storeu_si512(dst + i + 192, y3);
-            x0 = _mm512_xor_si512(fold64(x0, k256), y0);
-            x1 = _mm512_xor_si512(fold64(x1, k256), y1);
-            x2 = _mm512_xor_si512(fold64(x2, k256), y2);
-            x3 = _mm512_xor_si512(fold64(x3, k256), y3);
-        }
-    }
     for (; i + 256 <= len; i += 256) {
-        x0 = _mm512_xor_si512(fold64(x0, k256), _mm512_loadu_si512(p + i));
-        x1 = _mm512_xor_si512(fold64(x1, k256), _mm512_loadu_si512(p + i + 64));
-        x2 = _mm512_xor_si512(fold64(x2, k256), _mm512_loadu_si512(p + i + 128));
-        x3 = _mm512_xor_si512(fold64(x3, k256), _mm512_loadu_si512(p + i + 192));
+        __m512i y0 = _mm512_loadu_si512(p + i), y1 = _mm512_loadu_si512(p + i + 64);
+        __m512i y2 = _mm512_loadu_si512(p + i + 128), y3 = _mm512_loadu_si512(p + i + 192);
+        if (dst) put256(dst + i, y0, y1, y2, y3, nt);
+        x0 = _mm512_xor_si512(fold64(x0, k256), y0);
+        x1 = _mm512_xor_si512(fold64(x1, k256), y1);
+        x2 = _mm512_xor_si512(fold64(x2, k256), y2);
+        x3 = _mm512_xor_si512(fold64(x3, k256), y3);
     }
+    if (dst && nt) _mm_sfence(); /* the streamed stores are ordered before what follows */
     x1 = _mm512_xor_si512(x1, fold64(x0, k64));
     x2 = _mm512_xor_si512(x2, fold64(x1, k64));
     x3 = _mm512_xor_si512(x3, fold64(x2, k64));

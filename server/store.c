@@ -488,29 +488,18 @@ void psd_store_chunk_update(psd_chunk_hdr_t *h, const float *p_in, const float *
     for (size_t off = 0; off < n; off += APPLY_SPAN) {
         size_t len = n - off < APPLY_SPAN ? n - off : APPLY_SPAN;
         const float *gs = before ? before(arg, off, len) : g + off;
-        if (stream) {
-            /* The params span in cache here, hashed from it, then streamed into the record;
-             * the state arrays are written in place (no other process reads them). */
-            float *sp = span_params;
-            psk_optim_apply_strided_cpu(sp, ns ? s + off : NULL, p_in + off,
-                                        ns ? s_in + off : NULL, gs, scale, len, n,
-                                        h->version + 1, o);
-            crc = ps_crc32c_copy_nt(crc, p + off, sp, len * sizeof(float));
-            for (size_t b = off; b < off + len; b += PSD_HASH_BLOCK) {
-                size_t bl = off + len - b < PSD_HASH_BLOCK ? off + len - b : PSD_HASH_BLOCK;
-                PSD_XXH3_UPDATE(&hs, sp + (b - off), bl * sizeof(float));
-                for (uint32_t c = 1; c <= ns; c++)
-                    PSD_XXH3_UPDATE(&hs, p + (size_t)c * n + b, bl * sizeof(float));
-            }
-            continue;
-        }
-        psk_optim_apply_strided_cpu(p + off, ns ? s + off : NULL, p_in + off,
-                                    ns ? s_in + off : NULL, gs, scale, len, n, h->version + 1, o);
-        crc = ps_crc32c(crc, p + off, len * sizeof(float));
+        /* Streamed: the params span is written into this thread's buffer, streamed into the
+         * record with its CRC folded in and hashed from the buffer; the state arrays are
+         * written in place either way (no other process reads them). */
+        float *po = stream ? span_params : p + off;
+        psk_optim_apply_strided_cpu(po, ns ? s + off : NULL, p_in + off, ns ? s_in + off : NULL,
+                                    gs, scale, len, n, h->version + 1, o);
+        crc = stream ? ps_crc32c_copy_nt(crc, p + off, po, len * sizeof(float))
+                     : ps_crc32c(crc, po, len * sizeof(float));
         /* The span's hash blocks, in the record's block order, while they are in cache. */
         for (size_t b = off; b < off + len; b += PSD_HASH_BLOCK)
-            psd_rechash_block(&hs, p, n, ns, b,
-                              off + len - b < PSD_HASH_BLOCK ? off + len - b : PSD_HASH_BLOCK);
+            psd_rechash_block_at(&hs, po + (b - off), s + b, n, ns,
+                                 off + len - b < PSD_HASH_BLOCK ? off + len - b : PSD_HASH_BLOCK);
     }
     h->version++;
     h->format = PSD_CHUNK_FORMAT;
