@@ -34,7 +34,7 @@
 static const char *const optim_names[] = {"sgd", "momentum", "adam", "adamw"};
 
 enum { PART_LIMITS = 1, PART_OPS = 2, PART_APPLY = 4, PART_STEP = 8, PART_CODECS = 16,
-       PART_ALL = 31 };
+       PART_STORE = 32, PART_ALL = 63 };
 
 typedef struct {
     bool quick;
@@ -65,7 +65,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: psbench [--manifest FILE | --shards S --workers W] [--sizes LIST]\n"
             "               [--transports shm,tcp,direct] [--json FILE] [--markdown FILE] [--quick]\n"
-            "               [--bsp-push] [--only limits,ops,apply,step,codecs] [--psd PATH]\n"
+            "               [--bsp-push] [--only limits,ops,apply,step,codecs,store] [--psd PATH]\n"
             "               [--perftest PATH] [--trials N]\n"
             "Starts psd shards and client processes on 127.0.0.1 (data under /dev/shm) and\n"
             "measures push, pull and push+pull rounds of one dense tensor, the optimizers'\n"
@@ -77,7 +77,8 @@ static void usage(FILE *f)
             "--quick: sizes up to 16 MiB, layouts 1x1 and 2x2, fewer iterations (< 2 min).\n"
             "--bsp-push: measure push (and pull) in a bsp cluster, steps without pulls, instead\n"
             "of asp (each push applied on arrival).\n"
-            "--only: run some parts (default all); ratios need the limits part.\n"
+            "--only: run some parts (default all); ratios need the limits part (store: the\n"
+            "optimizers in RAM and through psd's store alone, part of limits).\n"
             "--trials N: run each push, pull and round case N times (1..%d, default 1) and\n"
             "report the one with the median throughput (the note gives the range).\n",
             PB_MAX_TRIALS);
@@ -149,7 +150,6 @@ static void measure_limits(bench_t *b)
         snprintf(r->note, sizeof r->note, "one thread, bytes copied per second");
     }
     progress("memcpy done");
-    char err[2048];
     for (int t = 0; t < b->ntransports; t++) {
         /* The UCX transports' limits, once each ("direct" is judged against shm's). */
         const char *tr = pb_transport_ucx(b->transports[t]);
@@ -224,6 +224,13 @@ static void measure_limits(bench_t *b)
         }
         progress("ucx_perftest %s done", tr);
     }
+}
+
+/* The optimizers in RAM and through psd's store in-process (part of the limits, or alone with
+ * --only store: no transport, a few seconds). */
+static void measure_optimizers(bench_t *b)
+{
+    char err[2048];
     for (int k = 0; k < 4; k++) {
         double in = pb_optim_ram_gbps((psk_optim_kind_t)k, b->apply_size, b->limit_s, false);
         double out = pb_optim_ram_gbps((psk_optim_kind_t)k, b->apply_size, b->limit_s, true);
@@ -233,7 +240,8 @@ static void measure_limits(bench_t *b)
                  "psk_optim_apply_cpu in place, one thread, malloc'd arrays");
         r = pb_result_add("optim_ram_oop", PB_THROUGHPUT, b->apply_size, 0, 0, "ram", out);
         snprintf(r->optimizer, sizeof r->optimizer, "%s", optim_names[k]);
-        snprintf(r->note, sizeof r->note, "out of place (copy, then update), as a store step does");
+        snprintf(r->note, sizeof r->note,
+                 "out of place (one fused old -> new pass), as a store step does");
         pb_result_limit(r, in, "optim_ram");
     }
     progress("optimizers in RAM done");
@@ -700,8 +708,11 @@ int main(int argc, char **argv)
                     b.only |= PART_STEP;
                 else if (strcmp(t, "codecs") == 0)
                     b.only |= PART_CODECS;
+                else if (strcmp(t, "store") == 0)
+                    b.only |= PART_STORE;
                 else {
-                    fprintf(stderr, "psbench: --only %s: limits, ops, apply, step, codecs\n", t);
+                    fprintf(stderr, "psbench: --only %s: limits, ops, apply, step, codecs, store\n",
+                            t);
                     return 2;
                 }
             }
@@ -827,6 +838,7 @@ int main(int argc, char **argv)
     double t0 = pb_now(), load0 = loadavg();
     if (b.only == 0) b.only = PART_ALL;
     if (b.only & PART_LIMITS) measure_limits(&b);
+    if (b.only & (PART_LIMITS | PART_STORE)) measure_optimizers(&b);
     if (b.only & PART_OPS) measure_psd(&b);
     if (b.only & PART_APPLY) measure_apply(&b);
     if (b.only & PART_STEP) measure_step(&b);
