@@ -38,7 +38,7 @@ const char *pb_transport_ucx(const char *transport)
 
 static int nstate_of(const char *optimizer)
 {
-    if (strcmp(optimizer, "momentum") == 0) return 1;
+    if (strcmp(optimizer, "momentum") == 0 || strcmp(optimizer, "adagrad") == 0) return 1;
     if (strncmp(optimizer, "adam", 4) == 0) return 2;
     return 0;
 }

@@ -31,7 +31,9 @@
 #define MIB (1024u * 1024u)
 #define PB_MAX_TRIALS 9 /* --trials */
 
-static const char *const optim_names[] = {"sgd", "momentum", "adam", "adamw"};
+static const char *const optim_names[] = {"sgd", "momentum", "adam", "adamw", "adagrad"};
+_Static_assert(sizeof optim_names / sizeof *optim_names == PSK_OPTIM_KINDS,
+               "optim_names follows psk_optim_kind_t");
 
 enum { PART_LIMITS = 1, PART_OPS = 2, PART_APPLY = 4, PART_STEP = 8, PART_CODECS = 16,
        PART_STORE = 32, PART_ALL = 63 };
@@ -231,7 +233,7 @@ static void measure_limits(bench_t *b)
 static void measure_optimizers(bench_t *b)
 {
     char err[2048];
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < PSK_OPTIM_KINDS; k++) {
         double in = pb_optim_ram_gbps((psk_optim_kind_t)k, b->apply_size, b->limit_s, false);
         double out = pb_optim_ram_gbps((psk_optim_kind_t)k, b->apply_size, b->limit_s, true);
         pb_result_t *r = pb_result_add("optim_ram", PB_THROUGHPUT, b->apply_size, 0, 0, "ram", in);
@@ -250,10 +252,11 @@ static void measure_optimizers(bench_t *b)
     unsigned threads;
     if (psd_fanout_threads_env(0, &threads, err, sizeof err)) pb_die("%s", err);
     threads = psd_fanout_threads(threads);
-    for (int k = 0; k < 5; k++) {
-        int kind = k < 4 ? k : PSK_ADAM;
-        unsigned nt = k < 4 ? threads : 1;
-        if (k == 4 && threads == 1) break;
+    for (int k = 0; k <= PSK_OPTIM_KINDS; k++) {
+        bool one = k == PSK_OPTIM_KINDS; /* last: adam on one thread */
+        int kind = one ? PSK_ADAM : k;
+        unsigned nt = one ? 1 : threads;
+        if (one && threads == 1) break;
         char dir[PB_PATH];
         snprintf(dir, sizeof dir, "%s/store-%s", pb_tmpdir(), optim_names[kind]);
         pb_store_apply_t a;
@@ -261,7 +264,7 @@ static void measure_optimizers(bench_t *b)
                            b->limit_s * 2, &a, err, sizeof err))
             pb_die("%s", err);
         pb_rm_rf(dir);
-        pb_result_t *r = pb_result_add(k < 4 ? "apply_store" : "apply_store_1t", PB_THROUGHPUT,
+        pb_result_t *r = pb_result_add(one ? "apply_store_1t" : "apply_store", PB_THROUGHPUT,
                                        b->apply_size, 1, 1, "ram", a.gbps);
         snprintf(r->optimizer, sizeof r->optimizer, "%s", optim_names[kind]);
         r->iters = a.steps;
@@ -478,7 +481,7 @@ static void measure_psd(bench_t *b)
  * push is received, applied and committed before it is acknowledged. */
 static void measure_apply(bench_t *b)
 {
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < PSK_OPTIM_KINDS; k++) {
         pb_cluster_conf_t kc;
         pb_cluster_t cl;
         cluster_conf(b, &kc, 1, 1, "asp", optim_names[k], "shm");

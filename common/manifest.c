@@ -23,12 +23,13 @@
 #define NOMAX INFINITY
 
 /* Names indexed by the enum values in manifest.h; NULL-terminated for the tables. */
-static const char *const optim_names[] = {"sgd", "momentum", "adam", "adamw", NULL};
+static const char *const optim_names[] = {"sgd", "momentum", "adam", "adamw", "adagrad", NULL};
 static const char *const consist_names[] = {"bsp", "asp", "ssp", NULL};
 static const char *const sched_names[] = {"constant", "cosine", NULL};
 static const char *const model_names[] = {"mlp", NULL};
 
-_Static_assert(PS_OPT_SGD == 0 && PS_OPT_MOMENTUM == 1 && PS_OPT_ADAM == 2 && PS_OPT_ADAMW == 3,
+_Static_assert(PS_OPT_SGD == 0 && PS_OPT_MOMENTUM == 1 && PS_OPT_ADAM == 2 && PS_OPT_ADAMW == 3 &&
+                   PS_OPT_ADAGRAD == 4,
                "optim_names follows ps_optim_kind_t");
 _Static_assert(PS_CONSIST_BSP == 0 && PS_CONSIST_ASP == 1 && PS_CONSIST_SSP == 2,
                "consist_names follows the enum");
@@ -549,6 +550,8 @@ static const field_t optim_fields[] = {
     {OPT(momentum), .type = T_FLOAT, .flags = F_LT_MAX, .min = 0, .max = 1},
     {OPT(nesterov), .type = T_BOOL},
     {OPT(weight_decay), .type = T_FLOAT, .min = 0, .max = NOMAX},
+    {OPT(lr_decay), .type = T_FLOAT, .min = 0, .max = NOMAX},
+    {OPT(initial_accumulator_value), .type = T_FLOAT, .min = 0, .max = NOMAX},
     {OPT(schedule), .type = T_ENUM, .names = sched_names},
     {OPT(warmup_steps), .type = T_INT, .min = 0, .max = NOMAX},
     {OPT(decay_steps), .type = T_INT, .min = 0, .max = NOMAX},
@@ -659,7 +662,7 @@ static void set_defaults(ps_manifest_t *m, const char *name)
     ps_optim_conf_t *o = &j->optimizer;
     o->beta1 = 0.9f;
     o->beta2 = 0.999f;
-    o->eps = 1e-8f;
+    o->eps = NAN; /* until parsed: its default depends on the optimizer (ps_manifest_parse) */
     o->momentum = 0.9f;
     o->schedule = PS_SCHED_CONSTANT;
     ps_compression_conf_t *cc = &j->compression;
@@ -729,6 +732,8 @@ int ps_manifest_parse(ps_manifest_t *m, const char *name, const char *text, size
     else
         rc = parse_map(&c, top_fields, root, (char *)tmp, "");
     if (rc) goto out_doc;
+    ps_optim_conf_t *o = &tmp->job.optimizer;
+    if (isnan(o->eps)) o->eps = o->name == PS_OPT_ADAGRAD ? 1e-10f : 1e-8f; /* PyTorch's */
     /* A second document would be silently ignored; refuse it (and any syntax error in it). */
     if (!yaml_parser_load(&parser, &extra)) {
         rc = syntax_error(&c, &parser, text, len);

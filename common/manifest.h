@@ -17,7 +17,13 @@
 #define PS_PATH_MAX 1024
 
 typedef enum { PS_CONSIST_BSP = 0, PS_CONSIST_ASP = 1, PS_CONSIST_SSP = 2 } ps_consistency_t;
-typedef enum { PS_OPT_SGD = 0, PS_OPT_MOMENTUM, PS_OPT_ADAM, PS_OPT_ADAMW } ps_optim_kind_t;
+typedef enum {
+    PS_OPT_SGD = 0,
+    PS_OPT_MOMENTUM,
+    PS_OPT_ADAM,
+    PS_OPT_ADAMW,
+    PS_OPT_ADAGRAD
+} ps_optim_kind_t;
 typedef enum { PS_SCHED_CONSTANT = 0, PS_SCHED_COSINE = 1 } ps_sched_kind_t;
 
 typedef struct {
@@ -27,12 +33,15 @@ typedef struct {
 } ps_server_conf_t;
 
 typedef struct {
-    ps_optim_kind_t name;    /* required: sgd | momentum | adam | adamw */
+    ps_optim_kind_t name;    /* required: sgd | momentum | adam | adamw | adagrad */
     float lr;                /* required, > 0 */
-    float beta1, beta2, eps; /* defaults 0.9, 0.999, 1e-8; betas in [0,1), eps > 0 */
+    float beta1, beta2, eps; /* defaults 0.9, 0.999, 1e-8 (adagrad: 1e-10); betas in [0,1),
+                                eps > 0 */
     float momentum;          /* default 0.9, in [0,1) */
     bool nesterov;           /* default false */
     float weight_decay;      /* default 0, >= 0 */
+    float lr_decay;          /* adagrad: default 0, >= 0 (lr / (1 + (t - 1) * lr_decay)) */
+    float initial_accumulator_value; /* adagrad: default 0, >= 0 */
     ps_sched_kind_t schedule; /* constant (default) | cosine ("linear warm-up then cosine") */
     uint64_t warmup_steps;   /* default 0 */
     uint64_t decay_steps;    /* default 0: the workers' epochs x steps per epoch */

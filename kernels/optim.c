@@ -20,12 +20,38 @@ int psk_optim_state_count(psk_optim_kind_t kind)
     case PSK_SGD:
         return 0;
     case PSK_MOMENTUM:
+    case PSK_ADAGRAD:
         return 1;
     case PSK_ADAM:
     case PSK_ADAMW:
         return 2;
     }
     return -1; /* not a psk_optim_kind_t: a programmer error the caller asserts on */
+}
+
+const char *psk_optim_state_name(psk_optim_kind_t kind)
+{
+    switch (kind) {
+    case PSK_SGD:
+        return "none";
+    case PSK_MOMENTUM:
+        return "momentum velocity";
+    case PSK_ADAM:
+    case PSK_ADAMW:
+        return "adam moments";
+    case PSK_ADAGRAD:
+        return "adagrad squared-gradient sums";
+    }
+    return NULL;
+}
+
+void psk_optim_state_init_cpu(float *s, size_t n, const psk_optim_t *o)
+{
+    int k = psk_optim_state_count(o->kind);
+    assert(k >= 0);
+    float v = o->kind == PSK_ADAGRAD ? o->initial_accumulator : 0.0f;
+    for (size_t i = 0; i < (size_t)k * n; i++)
+        s[i] = v;
 }
 
 void psk_optim_apply_cpu(float *p_out, float *s_out, const float *p_in, const float *s_in,
@@ -109,6 +135,13 @@ void psk__optim_apply_body(psk__optim_body_t body, float *p_out, float *s_out, c
                                  .b2 = o->beta2, .one_b1 = 1.0f - o->beta1,
                                  .one_b2 = 1.0f - o->beta2, .eps = o->eps,
                                  .step_size = step_size, .bc2_sqrt = bc2_sqrt};
+    }
+    if (o->kind == PSK_ADAGRAD) {
+        /* PyTorch computes clr in double (a Python float) and applies it as a float. */
+        assert(t >= 1);
+        float clr = (float)((double)o->lr / (1.0 + (double)(t - 1) * (double)o->lr_decay));
+        a.adagrad = (psk__adagrad_k_t){
+            .scale = grad_scale, .wd = o->weight_decay, .clr = clr, .eps = o->eps};
     }
 
     switch (body) {

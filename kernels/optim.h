@@ -1,16 +1,25 @@
 /* optim.h: optimizer update kernels applied by the shards (one C signature,
  * CPU reference in optim.c; the same loops built with AVX2 in optim_avx2.c, picked at run
- * time, give identical bits). Formulas follow PyTorch's SGD, Adam and AdamW.
+ * time, give identical bits). Formulas follow PyTorch's SGD, Adam, AdamW and Adagrad.
  *
  * State layout per parameter element, stored after the parameters of a chunk:
- *   sgd: none; momentum: v[n]; adam/adamw: m[n] then v[n]. */
+ *   sgd: none; momentum: v[n]; adam/adamw: m[n] then v[n]; adagrad: sum[n] (of squared
+ *   gradients). */
 #ifndef PSK_OPTIM_H
 #define PSK_OPTIM_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum { PSK_SGD = 0, PSK_MOMENTUM = 1, PSK_ADAM = 2, PSK_ADAMW = 3 } psk_optim_kind_t;
+typedef enum {
+    PSK_SGD = 0,
+    PSK_MOMENTUM = 1,
+    PSK_ADAM = 2,
+    PSK_ADAMW = 3,
+    PSK_ADAGRAD = 4
+} psk_optim_kind_t;
+
+#define PSK_OPTIM_KINDS 5 /* psk_optim_kind_t values: 0 .. PSK_OPTIM_KINDS - 1 */
 
 typedef struct {
     psk_optim_kind_t kind;
@@ -19,22 +28,40 @@ typedef struct {
     float momentum;
     int nesterov;
     float weight_decay;
+    float lr_decay;            /* adagrad: lr / (1 + (t - 1) * lr_decay) at step t */
+    float initial_accumulator; /* adagrad: the sum's value before step 1 */
 } psk_optim_t;
 
 /**
- * @brief State floats per parameter: 0 (sgd), 1 (momentum), 2 (adam, adamw).
+ * @brief State floats per parameter: 0 (sgd), 1 (momentum, adagrad), 2 (adam, adamw).
  * @return the count, or -1 if @p kind is not a psk_optim_kind_t.
  */
 int psk_optim_state_count(psk_optim_kind_t kind);
+
+/**
+ * @brief What an optimizer's state holds, in a few words: "none" (sgd), "momentum velocity",
+ * "adam moments" (adam and adamw share it), "adagrad squared-gradient sums". Two optimizers may
+ * take over each other's state exactly when these are equal (a store or checkpoint made with
+ * one and opened with the other). A static string; NULL if @p kind is not a psk_optim_kind_t.
+ */
+const char *psk_optim_state_name(psk_optim_kind_t kind);
+
+/**
+ * @brief Fill the state of @p n parameters before their first step: zeros, except adagrad's
+ * sum, which starts at o->initial_accumulator (PyTorch's initial_accumulator_value).
+ * @param s [k*n] (k = psk_optim_state_count); not touched when k == 0. Nothing is kept.
+ */
+void psk_optim_state_init_cpu(float *s, size_t n, const psk_optim_t *o);
 
 /**
  * @brief One optimizer step on n elements, old -> new (may be the same buffers).
  * @param p_out   [n] new parameters
  * @param s_out   [k*n] new state (k = psk_optim_state_count), NULL when k == 0
  * @param p_in    [n] old parameters
- * @param s_in    [k*n] old state; for step 1 it must hold zeros
+ * @param s_in    [k*n] old state; for step 1 what psk_optim_state_init_cpu() wrote
  * @param grad    [n] summed gradient; the kernel uses grad * grad_scale (1/workers for a mean)
- * @param t       1-based step number of this update (Adam's bias correction); must be >= 1
+ * @param t       1-based step number of this update (Adam's bias correction, Adagrad's lr
+ *                decay); must be >= 1
  * @note p_out may be p_in and s_out may be s_in (in-place update); otherwise the outputs must
  *       not overlap the inputs. Out of place, every optimizer runs one fused old -> new pass
  *       (each array read and written once, as the shards' copy-on-write records need).

@@ -132,6 +132,35 @@ static void adam_step_oop(float *restrict po, float *restrict mo, float *restric
         adam_elem(p[i], m[i], v[i], grad[i], k, &po[i], &mo[i], &vo[i]);
 }
 
+/*
+ * Adagrad on p[n], sum[n], as PyTorch's single-tensor Adagrad:
+ *   g = grad * scale + wd * p;  sum += g * g;  p -= clr * g / (sqrt(sum) + eps)
+ * with clr = lr / (1 + (t - 1) * lr_decay), computed once per call.
+ */
+static inline __attribute__((always_inline)) void
+adagrad_elem(float p, float s, float gr, const psk__adagrad_k_t *k, float *po, float *so)
+{
+    float g = gr * k->scale + k->wd * p;
+    float si = s + g * g;
+    *so = si;
+    *po = p - k->clr * g / (sqrtf(si) + k->eps);
+}
+
+static void adagrad_step(float *restrict p, float *restrict s, const float *restrict grad, size_t n,
+                         const psk__adagrad_k_t *k)
+{
+    for (size_t i = 0; i < n; i++)
+        adagrad_elem(p[i], s[i], grad[i], k, &p[i], &s[i]);
+}
+
+static void adagrad_step_oop(float *restrict po, float *restrict so, const float *restrict p,
+                             const float *restrict s, const float *restrict grad, size_t n,
+                             const psk__adagrad_k_t *k)
+{
+    for (size_t i = 0; i < n; i++)
+        adagrad_elem(p[i], s[i], grad[i], k, &po[i], &so[i]);
+}
+
 void PSK_OPTIM_CAT(psk__optim_loop_, PSK_OPTIM_SUFFIX)(const psk__optim_loop_t *a)
 {
     switch (a->kind) {
@@ -156,6 +185,12 @@ void PSK_OPTIM_CAT(psk__optim_loop_, PSK_OPTIM_SUFFIX)(const psk__optim_loop_t *
         else
             adam_step_oop(a->p_out, a->s_out, a->s_out + a->stride, a->p_in, a->s_in,
                           a->s_in + a->stride, a->grad, a->n, &a->adam);
+        break;
+    case PSK_ADAGRAD:
+        if (a->in_place)
+            adagrad_step(a->p_out, a->s_out, a->grad, a->n, &a->adagrad);
+        else
+            adagrad_step_oop(a->p_out, a->s_out, a->p_in, a->s_in, a->grad, a->n, &a->adagrad);
         break;
     }
 }

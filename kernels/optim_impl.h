@@ -12,6 +12,11 @@ typedef struct {
     float scale, l2, decay, b1, b2, one_b1, one_b2, eps, step_size, bc2_sqrt;
 } psk__adam_k_t;
 
+/* Adagrad's per-call constants (see adagrad_elem in optim_body.h). */
+typedef struct {
+    float scale, wd, clr, eps;
+} psk__adagrad_k_t;
+
 /* One call's loop: the arrays as in psk_optim_apply_strided_cpu, after its copies. in_place: the
  * update runs on p_out / s_out alone (p_in and s_in are not read); otherwise p_out and s_out
  * get the new values of p_in and s_in in one pass, and the two sets do not overlap. */
@@ -24,6 +29,7 @@ typedef struct {
     float scale, lr, wd, mu; /* sgd and momentum */
     int nesterov;
     psk__adam_k_t adam; /* adam and adamw */
+    psk__adagrad_k_t adagrad;
 } psk__optim_loop_t;
 
 /* The compiled bodies of optim_body.h. */

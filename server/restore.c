@@ -19,6 +19,22 @@
 #include "ps/ps_error.h"
 #include "ps/ps_log.h"
 
+/* What the state of optimizer @p name (a checkpoint's meta.json) holds; "unknown" for a name
+ * this psd does not know. */
+static const char *state_of(const char *name)
+{
+    for (int k = 0; k < PSK_OPTIM_KINDS; k++)
+        if (strcmp(name, ps_optim_name((ps_optim_kind_t)k)) == 0)
+            return psk_optim_state_name((psk_optim_kind_t)k);
+    return "unknown";
+}
+
+/* Whether the checkpoint's optimizer @p name keeps the state that @p kind's updates read. */
+static bool same_state(const char *name, ps_optim_kind_t kind)
+{
+    return strcmp(state_of(name), psk_optim_state_name((psk_optim_kind_t)kind)) == 0;
+}
+
 int psd_restore_check(const ps_manifest_t *m, uint32_t nstate, const char *data_dir,
                       const char *dir, char *err, size_t errlen)
 {
@@ -58,6 +74,12 @@ int psd_restore_check(const ps_manifest_t *m, uint32_t nstate, const char *data_
         snprintf(err, errlen, "--restore %s: the checkpoint's optimizer %s keeps %llu state "
                  "floats per parameter, this manifest's %s keeps %u", dir, opt,
                  (unsigned long long)ns, ps_optim_name(m->job.optimizer.name), nstate),
+            rc = PS_ECONFIG;
+    else if (!same_state(opt, m->job.optimizer.name))
+        snprintf(err, errlen, "--restore %s: the checkpoint's optimizer %s keeps %s, this "
+                 "manifest's %s keeps %s", dir, opt, state_of(opt),
+                 ps_optim_name(m->job.optimizer.name),
+                 psk_optim_state_name((psk_optim_kind_t)m->job.optimizer.name)),
             rc = PS_ECONFIG;
     else if (n == 0 || n == UINT64_MAX)
         snprintf(err, errlen, "--restore %s: shard-0/%s has no nshards", dir, PSD_CKPT_META),

@@ -661,6 +661,13 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, const char *restore, 
     rc = psd_store_open(&srv->store, sc->data_dir, m->map_size_mb, m->cluster, m->chunk_bytes,
                         srv->nstate, err, errlen);
     if (rc) goto fail_store;
+    /* The state count alone lets momentum's velocity pass for adagrad's sums. */
+    rc = psd_store_identity(&srv->store, "optimizer state kind", psk_optim_state_name(srv->optim),
+                            err, errlen);
+    if (rc) {
+        psd_store_close(&srv->store);
+        goto fail_store;
+    }
     if (restore && (rc = psd_restore_fill(srv, restore, err, errlen)) != 0) {
         psd_store_close(&srv->store);
         psd_restore_undo(sc->data_dir); /* empty again: the same command may be tried again */

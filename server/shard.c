@@ -7,6 +7,7 @@
 #include "init.h"
 #include "rechash.h"
 #include "integrity.h"
+#include "optim_conf.h"
 #include "place.h"
 #include "ps/ps_error.h"
 #include "ps/ps_log.h"
@@ -965,12 +966,8 @@ static psk_optim_t optim_at(psd_server_t *srv, uint64_t step, uint64_t total_ste
 {
     const ps_optim_conf_t *o = &srv->m.job.optimizer;
     uint64_t decay = o->decay_steps ? o->decay_steps : total_steps;
-    return (psk_optim_t){
-        .kind = srv->optim,
-        .lr = psk_lr_at(o->schedule == PS_SCHED_COSINE, o->lr, o->min_lr, o->warmup_steps, decay,
-                        step),
-        .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps, .momentum = o->momentum,
-        .nesterov = o->nesterov, .weight_decay = o->weight_decay};
+    return ps_optim_kernel_conf(o, psk_lr_at(o->schedule == PS_SCHED_COSINE, o->lr, o->min_lr,
+                                             o->warmup_steps, decay, step));
 }
 
 /* Whether item @p i's reserved record @p h (of @p n params) waits for the job's fan-out: only
@@ -986,14 +983,16 @@ static bool job_defer(psd_job_t *job, uint32_t i, uint32_t n, psd_chunk_hdr_t *h
     return true;
 }
 
-/* Chunk @p c's first record into @p h: initialized parameters, zero optimizer state. */
+/* Chunk @p c's first record into @p h: initialized parameters, the optimizer's initial state
+ * (zeros; adagrad's initial_accumulator_value). */
 static void create_item(psd_job_t *job, uint32_t c, psd_chunk_hdr_t *h)
 {
     const psd_server_t *srv = job->srv;
     uint32_t n = job->chunks[c]->n;
     *h = (psd_chunk_hdr_t){.version = 0, .n = n, .nstate = srv->nstate};
     psk_init_cpu(psd_chunk_params(h), n, (uint64_t)c * srv->chunk_elems, &job->init);
-    memset(psd_chunk_state(h), 0, (size_t)n * srv->nstate * 4);
+    psk_optim_t o = ps_optim_kernel_conf(&srv->m.job.optimizer, srv->m.job.optimizer.lr);
+    psk_optim_state_init_cpu(psd_chunk_state(h), n, &o);
     psd_store_chunk_seal(h);
     job->hashes[c] = h->hash;
 }

@@ -184,6 +184,20 @@ uint64_t psd_store_chunk_hash(const psd_chunk_hdr_t *h)
     return psd_rechash((const float *)(h + 1), h->n, h->nstate);
 }
 
+int psd_store_identity(psd_store_t *st, const char *name, const char *value, char *err,
+                       size_t errlen)
+{
+    MDB_txn *txn;
+    int rc = mdb_txn_begin(st->env, NULL, 0, &txn);
+    if (rc) return mdb_err(rc);
+    rc = meta_check(st, txn, name, value, strlen(value), err, errlen);
+    if (rc) {
+        mdb_txn_abort(txn);
+        return rc;
+    }
+    return mdb_err(mdb_txn_commit(txn));
+}
+
 int psd_store_open(psd_store_t *st, const char *dir, uint64_t map_mb, const char *meta_cluster,
                    uint64_t meta_chunk_bytes, uint32_t nstate, char *err, size_t errlen)
 {

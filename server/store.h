@@ -70,6 +70,17 @@ typedef struct {
  */
 int psd_store_open(psd_store_t *st, const char *dir, uint64_t map_mb, const char *meta_cluster,
                    uint64_t meta_chunk_bytes, uint32_t nstate, char *err, size_t errlen);
+
+/**
+ * @brief Check a named identity string of the store against @p value, or record it when the
+ *  store has none yet (a new store, or one made before the name was checked): e.g. what the
+ *  optimizer's state holds, so a store made with momentum is not opened as adagrad's.
+ * @param[out] err one line naming the directory, the name and the stored value.
+ * @return 0, PS_ECONFIG (the store holds another value), or an LMDB error mapped to PS_*.
+ * @note Runs its own write transaction; @p name and @p value are only read during the call.
+ */
+int psd_store_identity(psd_store_t *st, const char *name, const char *value, char *err,
+                       size_t errlen);
 void psd_store_close(psd_store_t *st);
 
 /** @brief mkdir -p @p dir (mode 0700 for what it creates). @return 0 or -errno. */

@@ -6,6 +6,7 @@
 
 #include "local.h"
 #include "optim.h"
+#include "optim_conf.h"
 #include "place.h"
 #include "ps/ps_error.h"
 
@@ -30,6 +31,8 @@ int ps_local_create(ps_local_t *l, const ps_manifest_t *m, const ps_mlp_t *mlp,
     int rc = PS_ENOMEM;
     if (!l->master || !l->state || !l->sum || !l->codecs || !l->residual) goto fail;
     memcpy(l->master, mlp->params[0], l->nparams * 4); /* the views are one allocation */
+    psk_optim_t o0 = ps_optim_kernel_conf(&m->job.optimizer, m->job.optimizer.lr);
+    psk_optim_state_init_cpu(l->state, l->nparams, &o0); /* the shards' first records' state */
     size_t n = l->chunk_elems, cap = 0, scr = 0;
     for (uint32_t r = 0; r < l->workers; r++) {
         ps_compression_conf_t rc_conf = *cc;
@@ -130,12 +133,9 @@ void ps_local_apply(ps_local_t *l, const ps_mlp_t *mlp, uint64_t step, uint32_t 
 {
     const ps_optim_conf_t *o = &l->m->job.optimizer;
     uint64_t decay = o->decay_steps ? o->decay_steps : l->total_steps;
-    psk_optim_t oc = {
-        .kind = (psk_optim_kind_t)o->name,
-        .lr = psk_lr_at(o->schedule == PS_SCHED_COSINE, o->lr, o->min_lr, o->warmup_steps, decay,
-                        psk_lr_pos(progress, l->m->job.workers, l->m->job.batch_size)),
-        .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps, .momentum = o->momentum,
-        .nesterov = o->nesterov, .weight_decay = o->weight_decay};
+    psk_optim_t oc = ps_optim_kernel_conf(
+        o, psk_lr_at(o->schedule == PS_SCHED_COSINE, o->lr, o->min_lr, o->warmup_steps, decay,
+                     psk_lr_pos(progress, l->m->job.workers, l->m->job.batch_size)));
     size_t off = 0;
     for (int t = 0; t < mlp->ntensors; t++) {
         size_t n = mlp->tensors[t].numel;

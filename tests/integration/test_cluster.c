@@ -147,6 +147,31 @@ static cl_cluster_t *direct_cluster(const char *optimizer)
     return cl_cluster_create(&k);
 }
 
+/* adagrad (its lr decay, weight decay and initial accumulator all on) trains on two shards to
+ * the single-process reference's parameters. Its store then refuses a manifest whose optimizer
+ * keeps as many state floats but another kind of state (momentum's velocity). */
+START_TEST(test_adagrad_matches_local)
+{
+    cl_cluster_t *c = direct_cluster("{name: adagrad, lr: 0.05, lr_decay: 0.01, "
+                                     "weight_decay: 0.0001, initial_accumulator_value: 0.1}");
+    cl_proc_t *psd[2], *w[2];
+    two_by_two_matches_local(c, NULL, psd, w);
+    EXPECT_LOG(psd[0], "adagrad");
+    stop_all(psd, 2);
+
+    cl_conf_t km = c->conf;
+    km.optimizer = "{name: momentum, lr: 0.05}";
+    char mm[CL_PATH], shard0[] = "0";
+    cl_manifest_write(c, "momentum.yaml", &km, mm, sizeof mm);
+    char *argv[] = {(char *)cl_binary("PSD"), "--manifest", mm, "--shard", shard0, NULL};
+    cl_proc_t *b = cl_spawn(c, "psd-momentum", argv);
+    EXPECT_EXIT(b, 1);
+    EXPECT_LOG(b, "data_dir was made with another optimizer state kind (stored 'adagrad "
+                  "squared-gradient sums')");
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* PS_DIRECT_PULL=0 and PS_DIRECT_PUSH=0 for what starts while @p off holds (inherited). */
 static void direct_off(bool off)
 {
@@ -508,6 +533,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("direct_off_matches_local", test_direct_off_matches_local));
     suite_add_tcase(s, tcase("direct_push_mixed", test_direct_push_mixed));
     suite_add_tcase(s, tcase("direct_fails_over", test_direct_fails_over));
+    suite_add_tcase(s, tcase("adagrad_matches_local", test_adagrad_matches_local));
     suite_add_tcase(s, tcase("tcp_matches_local", test_tcp_matches_local));
     suite_add_tcase(s, tcase("tcp_eager_matches_local", test_tcp_eager_matches_local));
     suite_add_tcase(s, tcase("data_dir_in_use", test_data_dir_in_use));

@@ -113,6 +113,38 @@ START_TEST(test_defaults)
     ck_assert_uint_eq(o->warmup_steps, 0);
     ck_assert_uint_eq(o->decay_steps, 0);
     ck_assert_float_eq(o->min_lr, 0.0f);
+    ck_assert_float_eq(o->lr_decay, 0.0f);
+    ck_assert_float_eq(o->initial_accumulator_value, 0.0f);
+}
+END_TEST
+
+/* adagrad: its own keys, and PyTorch's eps default (1e-10) unless eps is given. */
+START_TEST(test_adagrad)
+{
+    static const char head[] = "cluster: c\n"
+                               "servers: [{host: h, port: 1, data_dir: /d}]\n"
+                               "job: {model: mlp, batch_size: 1, epochs: 1, workers: 1,\n";
+    char text[512];
+    snprintf(text, sizeof text, "%s      optimizer: {name: adagrad, lr: 0.01}}\n", head);
+    ck_assert_msg(parse(text) == 0, "%s", err);
+    const ps_optim_conf_t *o = &m.job.optimizer;
+    ck_assert_int_eq(o->name, PS_OPT_ADAGRAD);
+    ck_assert_float_eq(o->eps, 1e-10f);
+    ck_assert_float_eq(o->lr_decay, 0.0f);
+    ck_assert_float_eq(o->initial_accumulator_value, 0.0f);
+    snprintf(text, sizeof text,
+             "%s      optimizer: {name: adagrad, lr: 0.01, eps: 1.0e-6, lr_decay: 0.01,\n"
+             "                  initial_accumulator_value: 0.1, weight_decay: 0.001}}\n",
+             head);
+    ck_assert_msg(parse(text) == 0, "%s", err);
+    ck_assert_float_eq(o->eps, 1e-6f);
+    ck_assert_float_eq(o->lr_decay, 0.01f);
+    ck_assert_float_eq(o->initial_accumulator_value, 0.1f);
+    ck_assert_float_eq(o->weight_decay, 0.001f);
+    /* adam keeps its own default. */
+    snprintf(text, sizeof text, "%s      optimizer: {name: adam, lr: 0.01}}\n", head);
+    ck_assert_msg(parse(text) == 0, "%s", err);
+    ck_assert_float_eq(o->eps, 1e-8f);
 }
 END_TEST
 
@@ -205,8 +237,8 @@ static const struct {
 } bad[] = {
     /* unknown keys */
     {BASE "colour: red\n", "demo.yaml:11: colour: unknown key"},
-    {L1 L2_4 L5 L6_9 "  optimizer: {name: adam, lr: 0.001, lr_decay: 0.5}\n",
-     "demo.yaml:10: job.optimizer.lr_decay: unknown key"},
+    {L1 L2_4 L5 L6_9 "  optimizer: {name: adam, lr: 0.001, amsgrad: true}\n",
+     "demo.yaml:10: job.optimizer.amsgrad: unknown key"},
     {L1 "servers:\n  - {host: h, port: 1, data_dir: /d, user: x}\n" L5 L6_9 L10,
      "demo.yaml:3: servers[0].user: unknown key"},
     /* missing required keys: the line of the enclosing mapping */
@@ -275,6 +307,10 @@ static const struct {
      "demo.yaml:10: job.optimizer.weight_decay: must be >= 0, got -0.1"},
     {L1 L2_4 L5 L6_9 "  optimizer: {name: adam, lr: 0.1, eps: 0.0}\n",
      "demo.yaml:10: job.optimizer.eps: must be > 0, got 0.0"},
+    {L1 L2_4 L5 L6_9 "  optimizer: {name: adagrad, lr: 0.1, lr_decay: -1}\n",
+     "demo.yaml:10: job.optimizer.lr_decay: must be >= 0, got -1"},
+    {L1 L2_4 L5 L6_9 "  optimizer: {name: adagrad, lr: 0.1, initial_accumulator_value: -0.5}\n",
+     "demo.yaml:10: job.optimizer.initial_accumulator_value: must be >= 0, got -0.5"},
     /* chunk_bytes */
     {L1 "chunk_bytes: 1026\n" L2_4 L5 L6_9 L10,
      "demo.yaml:2: chunk_bytes: must be a multiple of 4, got 1026"},
@@ -283,10 +319,10 @@ static const struct {
     /* enums and names */
     {BASE "  consistency: hogwild\n",
      "demo.yaml:11: job.consistency: must be one of bsp|asp|ssp, got 'hogwild'"},
-    {BASE "  staleness: -1\n",
-     "demo.yaml:11: job.staleness: must be in [0, 1000000], got -1"},
+    {BASE "  staleness: -1\n", "demo.yaml:11: job.staleness: must be in [0, 1000000], got -1"},
     {L1 L2_4 L5 L6_9 "  optimizer: {name: rmsprop, lr: 0.1}\n",
-     "demo.yaml:10: job.optimizer.name: must be one of sgd|momentum|adam|adamw, got 'rmsprop'"},
+     "demo.yaml:10: job.optimizer.name: must be one of sgd|momentum|adam|adamw|adagrad, got "
+     "'rmsprop'"},
     {L1 L2_4 L5 L6_9 "  optimizer: {name: sgd, lr: 0.1, schedule: linear}\n",
      "demo.yaml:10: job.optimizer.schedule: must be one of constant|cosine, got 'linear'"},
     {L1 L2_4 L5 "  model: cnn\n  batch_size: 64\n  epochs: 10\n  workers: 4\n" L10,
@@ -529,6 +565,7 @@ START_TEST(test_names)
     ck_assert_str_eq(ps_optim_name(PS_OPT_MOMENTUM), "momentum");
     ck_assert_str_eq(ps_optim_name(PS_OPT_ADAM), "adam");
     ck_assert_str_eq(ps_optim_name(PS_OPT_ADAMW), "adamw");
+    ck_assert_str_eq(ps_optim_name(PS_OPT_ADAGRAD), "adagrad");
     ck_assert_str_eq(ps_optim_name((ps_optim_kind_t)42), "unknown");
     ck_assert_str_eq(ps_consistency_name(PS_CONSIST_BSP), "bsp");
     ck_assert_str_eq(ps_consistency_name(PS_CONSIST_ASP), "asp");
@@ -589,6 +626,7 @@ Suite *ps_test_suite(void)
     TCase *tc = tcase_create("valid");
     tcase_add_test(tc, test_example);
     tcase_add_test(tc, test_defaults);
+    tcase_add_test(tc, test_adagrad);
     tcase_add_test(tc, test_block_style_all_keys);
     tcase_add_test(tc, test_names);
     tcase_add_test(tc, test_compression);

@@ -1,5 +1,5 @@
 /* test_optim.c: optimizer kernels against hand-computed updates, every compiled body of them
- * against the baseline reference bit for bit, plus the lr schedule and add. */
+ * against the baseline reference bit for bit, plus the lr schedule, the initial state and add. */
 #include "optim.h"
 #include "optim_impl.h"
 
@@ -249,6 +249,75 @@ START_TEST(test_adamw)
 }
 END_TEST
 
+/*
+ * adagrad, lr 0.1, eps 1e-10: sum += g * g;  p -= 0.1 * g / (sqrt(sum) + eps)
+ *   t1: sum = 0.01, 0.04, 0.16;  each update is 0.1 * sign(g): p = 0.4, -1.15, 1.9
+ *   t2: sum = 0.05, 0.05, 0.25;  updates 0.0894427, -0.0447214, 0.06:
+ *       p = 0.3105573, -1.1052786, 1.84
+ *   t3: sum = 0.0525, 0.14, 0.3125;  updates 0.0218218, -0.0801784, 0.0447214:
+ *       p = 0.2887355, -1.0251003, 1.7952786
+ */
+START_TEST(test_adagrad)
+{
+    psk_optim_t o = {.kind = PSK_ADAGRAD, .lr = 0.1f, .eps = 1e-10f};
+    float p[LEN], s[2 * LEN];
+    run_steps(&o, p, s);
+    expect_close("p", p, (const double[N]){0.288735489, -1.02510026, 1.79527864});
+    expect_close("sum", s, (const double[N]){0.0525000016, 0.140000009, 0.312500012});
+}
+END_TEST
+
+/*
+ * adagrad, lr 0.1, weight decay 0.1, lr_decay 0.5, initial accumulator 0.1:
+ * clr = 0.1 / (1 + (t - 1) * 0.5) = 0.1, 0.0666667, 0.05;  g = grad + 0.1 * p
+ *   t1: g = 0.15, -0.325, 0.6;  sum = 0.1225, 0.205625, 0.46;
+ *       updates 0.0428571, -0.0716713, 0.0884652: p = 0.4571429, -1.1783287, 1.9115348
+ *   t2: g = 0.2457143, -0.2178329, 0.4911535;  sum = 0.1828755, 0.2530762, 0.7012318;
+ *       updates 0.0383055, -0.0288673, 0.0391017: p = 0.4188373, -1.1494614, 1.8724332
+ *   t3: g = 0.0918837, -0.4149461, 0.4372433;  sum = 0.1913181, 0.4252565, 0.8924135;
+ *       updates 0.0105034, -0.0318153, 0.0231425: p = 0.4083339, -1.1176460, 1.8492907
+ */
+START_TEST(test_adagrad_decays)
+{
+    psk_optim_t o = {.kind = PSK_ADAGRAD,
+                     .lr = 0.1f,
+                     .eps = 1e-10f,
+                     .weight_decay = 0.1f,
+                     .lr_decay = 0.5f,
+                     .initial_accumulator = 0.1f};
+    float p[LEN], s[2 * LEN], g[LEN];
+    fill_start(p, s);
+    psk_optim_state_init_cpu(s, LEN, &o);
+    for (size_t i = 0; i < LEN; i++)
+        ck_assert_float_eq(s[i], 0.1f);
+    ck_assert_float_eq(s[LEN], 0.0f); /* one state array: nothing past it written */
+    for (uint64_t t = 1; t <= STEPS; t++) {
+        fill_grad(g, t, 1.0f);
+        psk_optim_apply_cpu(p, s, p, s, g, 1.0f, LEN, t, &o);
+    }
+    expect_close("p", p, (const double[N]){0.408333918, -1.11764603, 1.84929067});
+    expect_close("sum", s, (const double[N]){0.191318135, 0.425256471, 0.89241349});
+}
+END_TEST
+
+/* Every optimizer's state before step 1: zeros, adagrad's initial accumulator. */
+START_TEST(test_state_init)
+{
+    for (int k = 0; k < PSK_OPTIM_KINDS; k++) {
+        psk_optim_t o = {.kind = (psk_optim_kind_t)k, .initial_accumulator = 0.25f};
+        float s[2 * LEN + 1];
+        for (size_t i = 0; i < 2 * LEN + 1; i++)
+            s[i] = -7.0f;
+        psk_optim_state_init_cpu(s, LEN, &o);
+        size_t n = (size_t)psk_optim_state_count(o.kind) * LEN;
+        for (size_t i = 0; i < n; i++)
+            ck_assert_float_eq(s[i], k == PSK_ADAGRAD ? 0.25f : 0.0f);
+        for (size_t i = n; i < 2 * LEN + 1; i++)
+            ck_assert_float_eq(s[i], -7.0f);
+    }
+}
+END_TEST
+
 /* One optimizer of each kind, with every term (weight decay, nesterov) switched on. */
 static const psk_optim_t KINDS[] = {
     {.kind = PSK_SGD, .lr = 0.1f, .weight_decay = 0.01f},
@@ -257,6 +326,7 @@ static const psk_optim_t KINDS[] = {
      .weight_decay = 0.1f},
     {.kind = PSK_ADAMW, .lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
      .weight_decay = 0.1f},
+    {.kind = PSK_ADAGRAD, .lr = 0.1f, .eps = 1e-10f, .weight_decay = 0.01f, .lr_decay = 0.1f},
 };
 
 /* Out of place (alternating between two buffer pairs) gives the in-place bits exactly. */
@@ -324,6 +394,8 @@ static const psk_optim_t BODY_KINDS[] = {
      .weight_decay = 0.1f},
     {.kind = PSK_ADAMW, .lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
      .weight_decay = 0.1f},
+    {.kind = PSK_ADAGRAD, .lr = 0.1f, .eps = 1e-10f},
+    {.kind = PSK_ADAGRAD, .lr = 0.1f, .eps = 1e-10f, .weight_decay = 0.1f, .lr_decay = 0.5f},
 };
 
 /* Which buffers a call shares between its input and output (see psk_optim_apply_cpu). */
@@ -427,6 +499,8 @@ START_TEST(test_state_count)
     ck_assert_int_eq(psk_optim_state_count(PSK_MOMENTUM), 1);
     ck_assert_int_eq(psk_optim_state_count(PSK_ADAM), 2);
     ck_assert_int_eq(psk_optim_state_count(PSK_ADAMW), 2);
+    ck_assert_int_eq(psk_optim_state_count(PSK_ADAGRAD), 1);
+    ck_assert_int_eq(psk_optim_state_count((psk_optim_kind_t)PSK_OPTIM_KINDS), -1);
 }
 END_TEST
 
@@ -512,6 +586,12 @@ Suite *ps_test_suite(void)
     tcase_add_test(tc, test_adam);
     tcase_add_test(tc, test_adam_wd);
     tcase_add_test(tc, test_adamw);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("adagrad");
+    tcase_add_test(tc, test_adagrad);
+    tcase_add_test(tc, test_adagrad_decays);
+    tcase_add_test(tc, test_state_init);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("aliasing");

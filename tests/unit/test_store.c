@@ -289,9 +289,9 @@ static const float *fill_grad(void *arg, size_t off, size_t len)
 START_TEST(update_seals_like_recompute)
 {
     static const uint32_t sizes[] = {3 * 4096 + 123, 70001};
-    for (int k = 0; k < 2 * (PSK_ADAMW + 1); k++) {
-        int kind = k % (PSK_ADAMW + 1);
-        bool stream = k > PSK_ADAMW;
+    for (int k = 0; k < 2 * PSK_OPTIM_KINDS; k++) {
+        int kind = k % PSK_OPTIM_KINDS;
+        bool stream = k >= PSK_OPTIM_KINDS;
         for (size_t z = 0; z < sizeof sizes / sizeof *sizes; z++) {
             uint32_t n = sizes[z], ns = (uint32_t)psk_optim_state_count(kind);
             size_t len = psd_chunk_bytes(n, ns);
