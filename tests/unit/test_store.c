@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 
 #include "crc32c.h"
 #include "ps/ps_error.h"
+#include "checkpoint.h"
 #include "store.h"
 
 static char g_dir[256];
@@ -160,6 +162,79 @@ START_TEST(identity_checked)
     ck_assert_int_eq(open_store(&st, "demo", 4000, 0, err), PS_ECONFIG);
     ck_assert_int_eq(open_store(&st, "demo", 4000, 2, err), 0);
     psd_store_close(&st);
+}
+END_TEST
+
+/* A named identity string is recorded by the first open that checks it, kept across reopens,
+ * and a different value is refused with the stored one named. */
+START_TEST(identity_string_checked)
+{
+    psd_store_t st;
+    char err[512];
+    ck_assert_int_eq(open_store(&st, "demo", 4000, 1, err), 0);
+    ck_assert_int_eq(psd_store_identity(&st, "optimizer state kind", "momentum velocity", err,
+                                        sizeof err),
+                     0);
+    ck_assert_int_eq(psd_store_identity(&st, "optimizer state kind", "momentum velocity", err,
+                                        sizeof err),
+                     0);
+    psd_store_close(&st);
+    ck_assert_int_eq(open_store(&st, "demo", 4000, 1, err), 0);
+    ck_assert_int_eq(psd_store_identity(&st, "optimizer state kind",
+                                        "adagrad squared-gradient sums", err, sizeof err),
+                     PS_ECONFIG);
+    ck_assert_msg(strstr(err, "data_dir was made with another optimizer state kind (stored "
+                              "'momentum velocity')") != NULL,
+                  "%s", err);
+    psd_store_close(&st);
+}
+END_TEST
+
+/* psd --restore refuses a checkpoint whose optimizer state is another kind, even when it keeps
+ * as many floats per parameter; adam's and adamw's moments are the same state. */
+START_TEST(restore_checks_state_kind)
+{
+    char ck[300], shard[320], meta[340], data_dir[300];
+    snprintf(ck, sizeof ck, "%s/ck", g_dir);
+    snprintf(shard, sizeof shard, "%s/shard-0", ck);
+    snprintf(meta, sizeof meta, "%s/%s", shard, PSD_CKPT_META);
+    snprintf(data_dir, sizeof data_dir, "%s/data", g_dir); /* missing: a restore may fill it */
+    ck_assert_int_eq(mkdir(ck, 0700), 0);
+    ck_assert_int_eq(mkdir(shard, 0700), 0);
+    static const struct {
+        const char *ck;
+        int nstate;
+        ps_optim_kind_t now;
+        int rc;
+    } cases[] = {
+        {"momentum", 1, PS_OPT_ADAGRAD, PS_ECONFIG},
+        {"adagrad", 1, PS_OPT_MOMENTUM, PS_ECONFIG},
+        {"adagrad", 1, PS_OPT_ADAGRAD, 0},
+        {"adam", 2, PS_OPT_ADAMW, 0},
+    };
+    static ps_manifest_t m; /* large: off the stack */
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        FILE *f = fopen(meta, "w");
+        ck_assert_ptr_nonnull(f);
+        fprintf(f,
+                "{\"format\": 1, \"step\": 5, \"cluster\": \"demo\", \"shard\": 0, "
+                "\"nshards\": 1, \"chunk_bytes\": 4096, \"optimizer\": \"%s\", "
+                "\"optimizer_state\": %d, \"records_bytes\": 0}\n",
+                cases[i].ck, cases[i].nstate);
+        ck_assert_int_eq(fclose(f), 0);
+        memset(&m, 0, sizeof m);
+        snprintf(m.cluster, sizeof m.cluster, "demo");
+        m.chunk_bytes = 4096;
+        m.job.optimizer.name = cases[i].now;
+        char err[512] = "";
+        int rc = psd_restore_check(&m, (uint32_t)cases[i].nstate, data_dir, ck, err, sizeof err);
+        ck_assert_msg(rc == cases[i].rc, "case %zu: rc %d: %s", i, rc, err);
+        if (rc)
+            ck_assert_msg(strstr(err, "keeps") && strstr(err, cases[i].ck), "case %zu: %s", i,
+                          err);
+    }
+    ck_assert_str_eq(psk_optim_state_name(PSK_ADAM), psk_optim_state_name(PSK_ADAMW));
+    ck_assert_ptr_null(psk_optim_state_name((psk_optim_kind_t)PSK_OPTIM_KINDS));
 }
 END_TEST
 
@@ -402,6 +477,8 @@ Suite *ps_test_suite(void)
     tcase_add_test(tc, snapshot_is_stable);
     tcase_add_test(tc, second_open_refused);
     tcase_add_test(tc, identity_checked);
+    tcase_add_test(tc, identity_string_checked);
+    tcase_add_test(tc, restore_checks_state_kind);
     tcase_add_test(tc, seal_hashes_record);
     tcase_add_test(tc, format1_upgraded);
     tcase_add_test(tc, format2_upgraded);
