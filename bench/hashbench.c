@@ -7,7 +7,8 @@
  * (the implementation ps_crc32c() picked, and the portable slicing-by-8 one), XXH3-64 (the
  * library's one-shot call, built for SSE2, and a record's hash as psd computes it: psd_rechash,
  * block by block through the run-time dispatched update where libxxhash has it), a copy
- * with its CRC (memcpy then ps_crc32c per 64 KiB block, and the fused ps_crc32c_copy), and
+ * with its CRC (memcpy then ps_crc32c per 64 KiB block, the fused ps_crc32c_copy, and the
+ * streamed ps_crc32c_copy_nt, also as it runs on a CPU without the folding copy), and
  * prints one JSON object per size: GB/s of each and each checksum's speed as a fraction of
  * memcpy's. A third object compares what psd's apply job does per chunk: the fused Adam kernel
  * (old record -> new record, 1 MiB of parameters) and psd_store_chunk_seal() on the new record
@@ -54,6 +55,7 @@ static double rate(int op, uint8_t *dst, const uint8_t *src, size_t len, int rep
                 }
                 break;
             case 5: sink += ps_crc32c_copy(0, dst, src, len); break;
+            case 7: sink += ps_crc32c_copy_nt(0, dst, src, len); break;
             }
             iters++;
         } while ((t = now() - t0) < 0.05);
@@ -98,14 +100,22 @@ int main(int argc, char **argv)
         double mc = rate(0, dst, src, len, reps), crc = rate(1, dst, src, len, reps);
         double sw = rate(2, dst, src, len, reps), xx = rate(3, dst, src, len, reps);
         double cc = rate(4, dst, src, len, reps), fused = rate(5, dst, src, len, reps);
-        double rh = rate(6, dst, src, len, reps);
+        double rh = rate(6, dst, src, len, reps), nt = rate(7, dst, src, len, reps);
+        /* The streamed copy where the CPU has no folding copy: the CRC of the source, then
+         * ps_memcpy_nt (-1 where this CPU lacks sse4.2). */
+        double nt42 = -1;
+        if (ps_crc32c_use("sse4.2") == 0) {
+            nt42 = rate(7, dst, src, len, reps);
+            ps_crc32c_use(NULL);
+        }
         printf("{\"bytes\": %zu, \"memcpy_GBps\": %.2f, \"crc32c_impl\": \"%s\", "
                "\"crc32c_GBps\": %.2f, \"crc32c_vs_memcpy\": %.2f, \"crc32c_sw_GBps\": %.2f, "
                "\"xxh3_GBps\": %.2f, \"xxh3_vs_memcpy\": %.2f, \"rechash_GBps\": %.2f, "
                "\"rechash_vs_memcpy\": %.2f, \"copy_then_crc_GBps\": %.2f, "
-               "\"crc32c_copy_GBps\": %.2f, \"crc32c_copy_vs_memcpy\": %.2f}\n",
+               "\"crc32c_copy_GBps\": %.2f, \"crc32c_copy_vs_memcpy\": %.2f, "
+               "\"crc32c_copy_nt_GBps\": %.2f, \"crc32c_copy_nt_sse42_GBps\": %.2f}\n",
                len, mc, ps_crc32c_impl(), crc, crc / mc, sw, xx, xx / mc, rh, rh / mc, cc, fused,
-               fused / mc);
+               fused / mc, nt, nt42);
     }
     /* One Adam chunk: params + m + v, as psd's records hold them. */
     uint32_t n = 1u << 18;

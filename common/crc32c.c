@@ -4,6 +4,7 @@
  * crc32 instruction has a latency of 3 cycles and a throughput of 1, so three independent
  * streams over adjacent blocks keep it busy; their CRCs are then combined by "shifting" each
  * one over the bytes that follow it (a linear map, precomputed as four 256-entry tables). */
+#include <errno.h>
 #include <pthread.h>
 #include <string.h>
 
@@ -21,6 +22,7 @@ static uint32_t sw_table[8][256];
 #define SHORT 256
 static uint32_t long_shift[4][256], short_shift[4][256];
 static int use_hw, use_clmul;
+static int have_hw, have_clmul; /* what this CPU has (use_*: what ps_crc32c_use left on) */
 
 /* Multiply a 32x32 GF(2) matrix by a vector. */
 static uint32_t gf2_times(const uint32_t *mat, uint32_t vec)
@@ -221,6 +223,27 @@ static void init(void)
     use_clmul = use_hw && __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("avx512f") &&
                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("vpclmulqdq");
 #endif
+    have_hw = use_hw;
+    have_clmul = use_clmul;
+}
+
+int ps_crc32c_use(const char *impl)
+{
+    pthread_once(&once, init);
+    int hw = have_hw, clmul = have_clmul;
+    if (impl == NULL || strcmp(impl, "sse4.2+vpclmulqdq") == 0) {
+        if (impl && !clmul) return -EINVAL;
+    } else if (strcmp(impl, "sse4.2") == 0) {
+        if (!hw) return -EINVAL;
+        clmul = 0;
+    } else if (strcmp(impl, "slicing-by-8") == 0) {
+        hw = clmul = 0;
+    } else {
+        return -EINVAL;
+    }
+    use_hw = hw;
+    use_clmul = clmul;
+    return 0;
 }
 
 uint32_t ps_crc32c_sw(uint32_t crc, const void *buf, size_t len)
@@ -300,11 +323,16 @@ static uint32_t crc_copy(uint32_t crc, void *dst, const void *src, size_t len, i
         return ps_crc32c(c, (const unsigned char *)dst + done, len - done);
     }
     if (nt) {
-        /* No folding copy on this CPU: the CRC from the source (in cache), then a streamed
-         * copy. */
-        uint32_t c = ps_crc32c(crc, src, len);
-        ps_memcpy_nt(dst, src, len);
-        return c;
+        /* No folding copy on this CPU: per 64 KiB block, the CRC of the source, then the
+         * block streamed from cache (one pass over the source in memory, not two). */
+        const unsigned char *s = src;
+        unsigned char *d = dst;
+        for (size_t off = 0, b; off < len; off += b) {
+            b = len - off < 65536 ? len - off : 65536;
+            crc = ps_crc32c(crc, s + off, b);
+            ps_memcpy_nt(d + off, s + off, b);
+        }
+        return crc;
     }
 #endif
     memcpy(dst, src, len);

@@ -55,4 +55,15 @@ uint32_t ps_crc32c_sw(uint32_t crc, const void *buf, size_t len);
  *  "sse4.2" (the crc32 instruction) or "slicing-by-8": what ps_crc32c() uses. */
 const char *ps_crc32c_impl(void);
 
+/**
+ * @brief Make ps_crc32c() and the copies use @p impl, one of the names ps_crc32c_impl() gives,
+ *  or a slower one than this CPU's best, so that tests and benchmarks reach every path (the
+ *  CRC-then-streamed-copy path of ps_crc32c_copy_nt, for one, runs only where the folding copy
+ *  does not). @p impl NULL restores the best.
+ * @return 0, or -EINVAL (PS_EINVAL) for a name this CPU or build does not have; nothing
+ *  changes then.
+ * @note Not thread-safe: call it while no other thread computes a CRC.
+ */
+int ps_crc32c_use(const char *impl);
+
 #endif
