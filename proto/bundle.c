@@ -76,6 +76,7 @@ int ps_bundle_next(ps_bundle_iter_t *it, ps_msg_t *m, const void **data, size_t 
     if (it->left == 0) {
         if (it->off == it->len) return 0;
         snprintf(err, errlen, "bundle: %zu bytes after the last entry", it->len - it->off);
+        it->off = it->len; /* said once: the next call ends the bundle */
         return PS_EPROTO;
     }
     uint32_t h32, d32;

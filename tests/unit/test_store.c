@@ -371,9 +371,10 @@ START_TEST(update_seals_like_recompute)
             uint32_t n = sizes[z], ns = (uint32_t)psk_optim_state_count(kind);
             size_t len = psd_chunk_bytes(n, ns);
             /* a as on an overflow page: 16 bytes of page header, then the record. */
-            unsigned char *abuf = aligned_alloc(64, len + 64);
+            size_t alen = (len + 64 + 63) & ~(size_t)63; /* aligned_alloc: a multiple */
+            unsigned char *abuf = aligned_alloc(64, alen);
             ck_assert_ptr_nonnull(abuf);
-            memset(abuf, 0, len + 64);
+            memset(abuf, 0, alen);
             psd_chunk_hdr_t *old = calloc(1, len), *a = (psd_chunk_hdr_t *)(abuf + 16),
                             *b = calloc(1, len);
             *old = (psd_chunk_hdr_t){.version = 4, .n = n, .nstate = ns};

@@ -219,6 +219,15 @@ START_TEST(bundle_malformed)
     ck_assert_int_eq(ps_bundle_next(&it, &m, &d, &dl, err, sizeof err), 1);
     ck_assert_int_eq(m.type, PS_MSG_PULL);
     ck_assert_int_eq(ps_bundle_next(&it, &m, &d, &dl, err, sizeof err), 0);
+    /* bytes after the entries the count announced: named once, then the end (a reader
+     * looping until 0, as libps does without ps_bundle_check, stops) */
+    ps_bundle_iter_init(&it, buf, used, 2);
+    ck_assert_int_eq(ps_bundle_next(&it, &m, &d, &dl, err, sizeof err), 1);
+    ck_assert_int_eq(ps_bundle_next(&it, &m, &d, &dl, err, sizeof err), PS_EPROTO);
+    ck_assert_ptr_nonnull(strstr(err, "is a bundle itself"));
+    ck_assert_int_eq(ps_bundle_next(&it, &m, &d, &dl, err, sizeof err), PS_EPROTO);
+    ck_assert_ptr_nonnull(strstr(err, "bytes after the last entry"));
+    ck_assert_int_eq(ps_bundle_next(&it, &m, &d, &dl, err, sizeof err), 0);
     /* a garbage header: its entry refused, the framing intact */
     buf[one + 8] ^= 0xff;
     buf[one + 9] ^= 0xff;
