@@ -556,7 +556,7 @@ const char *cl_tail(const cl_proc_t *p)
     if (len > keep) o += (size_t)snprintf(out, sizeof bufs[0], "... ");
     for (; *from && o + 4 < sizeof bufs[0]; from++) {
         if (*from == '\n') {
-            if (from[1]) memcpy(out + o, " | ", 3), o += 3;
+            if (from[1]) out[o++] = ' ', out[o++] = '|', out[o++] = ' ';
         } else {
             out[o++] = *from;
         }
