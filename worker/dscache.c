@@ -6,11 +6,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "crc32c.h"
+#include "ps/ps_client.h"
+
+#define READ_BLOCK ((size_t)4 << 20) /* bytes per read: in cache when its CRC is taken */
 
 #define DSC_MAGIC "PSDSC001"
 #define DSC_HDR 4096
@@ -50,42 +52,55 @@ int ps_dscache_path(const char *ipath, const char *lpath, char *out, size_t len)
     return n > 0 && (size_t)n < len ? 0 : -1;
 }
 
+/* Read @p len bytes at @p off of @p fd into @p dst in blocks, folding each into the CRC right
+ * after it arrives (in cache). @return 0, or -1 on a read error or a short file. */
+static int read_crc(int fd, void *dst, size_t len, off_t off, uint32_t *crc)
+{
+    uint8_t *b = dst;
+    for (size_t done = 0; done < len;) {
+        size_t want = len - done < READ_BLOCK ? len - done : READ_BLOCK;
+        ssize_t r = pread(fd, b + done, want, off + (off_t)done);
+        if (r <= 0) return -1;
+        *crc = ps_crc32c(*crc, b + done, (size_t)r);
+        done += (size_t)r;
+    }
+    return 0;
+}
+
 int ps_dscache_load(ps_dataset_t *d, const char *path)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return -1;
     struct stat st;
-    void *map = MAP_FAILED;
-    if (fstat(fd, &st) == 0 && st.st_size > DSC_HDR)
-        map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    dsc_hdr_t h;
+    float *images = NULL;
+    uint8_t *labels = NULL;
+    size_t img = 0;
+    uint32_t crc = 0;
+    if (fstat(fd, &st) != 0 || pread(fd, &h, sizeof h, 0) != (ssize_t)sizeof h) goto miss;
+    uint64_t want = (uint64_t)h.n * h.dim * sizeof(float) + h.n;
+    if (memcmp(h.magic, DSC_MAGIC, 8) != 0 || h.n == 0 || h.dim == 0 || h.bytes != want ||
+        (uint64_t)st.st_size != DSC_HDR + want)
+        goto miss;
+    /* Read into private memory on 2 MiB pages (see dscache.h), each block's CRC taken as it
+     * arrives. */
+    img = (size_t)h.n * h.dim * sizeof(float);
+    images = ps_buffer_alloc(img);
+    labels = malloc(h.n);
+    if (images == NULL || labels == NULL || read_crc(fd, images, img, DSC_HDR, &crc) ||
+        read_crc(fd, labels, h.n, DSC_HDR + (off_t)img, &crc) || crc != h.crc)
+        goto miss;
     close(fd);
-    if (map == MAP_FAILED) return -1;
-    const dsc_hdr_t *h = map;
-    const uint8_t *payload = (const uint8_t *)map + DSC_HDR;
-    uint64_t want = (uint64_t)h->n * h->dim * sizeof(float) + h->n;
-    if (memcmp(h->magic, DSC_MAGIC, 8) != 0 || h->n == 0 || h->dim == 0 || h->bytes != want ||
-        (uint64_t)st.st_size != DSC_HDR + want || ps_crc32c(0, payload, h->bytes) != h->crc) {
-        munmap(map, (size_t)st.st_size);
-        return -1;
-    }
-    /* Copied out of the page cache (see dscache.h). */
-    size_t img = (size_t)h->n * h->dim * sizeof(float);
-    float *images = malloc(img);
-    uint8_t *labels = malloc(h->n);
-    if (images == NULL || labels == NULL) {
-        free(images);
-        free(labels);
-        munmap(map, (size_t)st.st_size);
-        return -1;
-    }
-    memcpy(images, payload, img);
-    memcpy(labels, payload + img, h->n);
-    d->n = h->n;
-    d->dim = h->dim;
+    d->n = h.n;
+    d->dim = h.dim;
     d->images = images;
     d->labels = labels;
-    munmap(map, (size_t)st.st_size);
     return 0;
+miss:
+    ps_buffer_free(images, img);
+    free(labels);
+    close(fd);
+    return -1;
 }
 
 static int write_all(int fd, const void *p, size_t n)

@@ -9,6 +9,7 @@
 #include <zlib.h>
 
 #include "dscache.h"
+#include "ps/ps_client.h"
 #include "ps/ps_error.h"
 
 #define IDX_IMAGES_MAGIC 2051u /* 0x00000803: unsigned bytes, 3 dimensions */
@@ -110,6 +111,7 @@ static int load_images(ps_dataset_t *d, const char *path, char *err, size_t errl
 
     unsigned char hdr[16];
     unsigned char *chunk = NULL;
+    size_t total = 0; /* values in d->images, once allocated */
     long long r = read_bytes(f, path, hdr, sizeof(hdr), err, errlen);
     if (r < 0) {
         rc = (int)r;
@@ -134,8 +136,8 @@ static int load_images(ps_dataset_t *d, const char *path, char *err, size_t errl
         goto out;
     }
 
-    size_t total = (size_t)n * dim;
-    d->images = malloc(total > 0 ? total * sizeof(float) : 1);
+    total = (size_t)n * dim;
+    d->images = ps_buffer_alloc(total * sizeof(float)); /* 2 MiB pages: see dscache.h */
     chunk = malloc(READ_CHUNK);
     if (d->images == NULL || chunk == NULL) {
         set_err(err, errlen, "%s: out of memory for %u images", path, n);
@@ -172,7 +174,7 @@ static int load_images(ps_dataset_t *d, const char *path, char *err, size_t errl
 out:
     free(chunk);
     if (rc < 0) {
-        free(d->images);
+        ps_buffer_free(d->images, total * sizeof(float));
         d->images = NULL;
     }
     gzclose(f);
@@ -303,7 +305,7 @@ void ps_dataset_free(ps_dataset_t *d)
 {
     if (d == NULL)
         return;
-    free(d->images);
+    ps_buffer_free(d->images, (size_t)d->n * d->dim * sizeof(float));
     free(d->labels);
     memset(d, 0, sizeof(*d));
 }

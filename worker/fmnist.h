@@ -8,7 +8,8 @@
 typedef struct {
     uint32_t n;          /* samples */
     uint32_t dim;        /* rows * cols (784) */
-    float *images;       /* [n, dim], standardized: (pixel/255 - 0.2860) / 0.3530 */
+    float *images;       /* [n, dim], standardized: (pixel/255 - 0.2860) / 0.3530; from
+                            ps_buffer_alloc (2 MiB pages), released by ps_dataset_free */
     uint8_t *labels;     /* [n], each < 10 */
 } ps_dataset_t;
 
