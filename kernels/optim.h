@@ -43,6 +43,8 @@ int psk_optim_state_count(psk_optim_kind_t kind);
  * "adam moments" (adam and adamw share it), "adagrad squared-gradient sums". Two optimizers may
  * take over each other's state exactly when these are equal (a store or checkpoint made with
  * one and opened with the other). A static string; NULL if @p kind is not a psk_optim_kind_t.
+ * psd records it in every shard's store and compares it byte for byte when the store is opened
+ * again: never reword one.
  */
 const char *psk_optim_state_name(psk_optim_kind_t kind);
 

@@ -51,22 +51,33 @@ int psd_store_mkdir_p(const char *dir)
 }
 
 /* Check a metadata value against the expected one, storing it on first use. */
+/* Metadata "M<name>" in @p txn: recorded if absent, else compared with @p val. @p text: the
+ * value is a string (named in the error as such), else a binary number. */
 static int meta_check(psd_store_t *st, MDB_txn *txn, const char *name, const void *val,
-                      size_t len, char *err, size_t errlen)
+                      size_t len, bool text, char *err, size_t errlen)
 {
     char k[64];
     snprintf(k, sizeof k, "M%s", name);
     MDB_val key = {strlen(k), k}, v;
     int rc = mdb_get(txn, st->dbi, &key, &v);
-    if (rc == MDB_NOTFOUND) {
+    bool recorded = rc == MDB_NOTFOUND;
+    if (recorded) {
         MDB_val nv = {len, (void *)val};
-        return mdb_err(mdb_put(txn, st->dbi, &key, &nv, 0));
+        rc = mdb_put(txn, st->dbi, &key, &nv, 0);
     }
-    if (rc) return mdb_err(rc);
+    if (rc) {
+        snprintf(err, errlen, "%s: cannot record the store's %s: %s", st->dir, name,
+                 mdb_strerror(rc));
+        return mdb_err(rc);
+    }
+    if (recorded) return 0;
     if (v.mv_size != len || memcmp(v.mv_data, val, len) != 0) {
-        snprintf(err, errlen, "%s: data_dir was made with another %s (stored %s%.*s%s)", st->dir,
-                 name, len == 8 ? "" : "'", len == 8 ? 0 : (int)v.mv_size,
-                 len == 8 ? "" : (const char *)v.mv_data, len == 8 ? "value" : "'");
+        if (text)
+            snprintf(err, errlen, "%s: data_dir was made with another %s (stored '%.*s')", st->dir,
+                     name, (int)(v.mv_size < 200 ? v.mv_size : 200), (const char *)v.mv_data);
+        else
+            snprintf(err, errlen, "%s: data_dir was made with another %s (stored value)", st->dir,
+                     name);
         return PS_ECONFIG;
     }
     return 0;
@@ -189,13 +200,17 @@ int psd_store_identity(psd_store_t *st, const char *name, const char *value, cha
 {
     MDB_txn *txn;
     int rc = mdb_txn_begin(st->env, NULL, 0, &txn);
-    if (rc) return mdb_err(rc);
-    rc = meta_check(st, txn, name, value, strlen(value), err, errlen);
-    if (rc) {
-        mdb_txn_abort(txn);
-        return rc;
+    if (rc == 0) {
+        rc = meta_check(st, txn, name, value, strlen(value), true, err, errlen);
+        if (rc) {
+            mdb_txn_abort(txn);
+            return rc;
+        }
+        rc = mdb_txn_commit(txn);
     }
-    return mdb_err(mdb_txn_commit(txn));
+    if (rc) snprintf(err, errlen, "%s: cannot record the store's %s: %s", st->dir, name,
+                     mdb_strerror(rc));
+    return mdb_err(rc);
 }
 
 int psd_store_open(psd_store_t *st, const char *dir, uint64_t map_mb, const char *meta_cluster,
@@ -247,12 +262,12 @@ int psd_store_open(psd_store_t *st, const char *dir, uint64_t map_mb, const char
     st->psize = stat.ms_psize;
     if ((rc = mdb_txn_begin(st->env, NULL, 0, &txn)) != 0) goto fail;
     if ((rc = mdb_dbi_open(txn, NULL, 0, &st->dbi)) != 0) goto fail;
-    rc = meta_check(st, txn, "cluster", meta_cluster, strlen(meta_cluster), err, errlen);
+    rc = meta_check(st, txn, "cluster", meta_cluster, strlen(meta_cluster), true, err, errlen);
     if (rc == 0)
-        rc = meta_check(st, txn, "chunk_bytes", &meta_chunk_bytes, sizeof meta_chunk_bytes, err,
-                        errlen);
+        rc = meta_check(st, txn, "chunk_bytes", &meta_chunk_bytes, sizeof meta_chunk_bytes, false,
+                        err, errlen);
     uint64_t ns = nstate;
-    if (rc == 0) rc = meta_check(st, txn, "optimizer state", &ns, sizeof ns, err, errlen);
+    if (rc == 0) rc = meta_check(st, txn, "optimizer state", &ns, sizeof ns, false, err, errlen);
     if (rc == 0) rc = record_format(st, txn, err, errlen);
     if (rc) {
         mdb_txn_abort(txn);

@@ -74,9 +74,14 @@ int psd_store_open(psd_store_t *st, const char *dir, uint64_t map_mb, const char
 /**
  * @brief Check a named identity string of the store against @p value, or record it when the
  *  store has none yet (a new store, or one made before the name was checked): e.g. what the
- *  optimizer's state holds, so a store made with momentum is not opened as adagrad's.
- * @param[out] err one line naming the directory, the name and the stored value.
- * @return 0, PS_ECONFIG (the store holds another value), or an LMDB error mapped to PS_*.
+ *  optimizer's state holds, so a store made with momentum is not opened as adagrad's. A store
+ *  made before psd checked @p name takes whatever the first open records.
+ * @param name  at most 62 bytes (the key is "M" + name); @p value any string, compared byte
+ *              for byte, so a value once recorded must never be reworded.
+ * @param[out] err one line naming the directory, the name and the stored value, or the LMDB
+ *             error.
+ * @return 0, PS_ECONFIG (the store holds another value), or the LMDB error as mdb_err() maps
+ *         it (-errno for system errors, PS_ESTORE for LMDB's own).
  * @note Runs its own write transaction; @p name and @p value are only read during the call.
  */
 int psd_store_identity(psd_store_t *st, const char *name, const char *value, char *err,

@@ -78,7 +78,10 @@ int ps_dscache_load(ps_dataset_t *d, const char *path)
     size_t img = 0;
     uint32_t crc = 0;
     if (fstat(fd, &st) != 0 || pread(fd, &h, sizeof h, 0) != (ssize_t)sizeof h) goto miss;
-    uint64_t want = (uint64_t)h.n * h.dim * sizeof(float) + h.n;
+    uint64_t want; /* images and labels; a product that wraps is no cache of ours */
+    if (__builtin_mul_overflow((uint64_t)h.n, (uint64_t)h.dim * sizeof(float), &want) ||
+        __builtin_add_overflow(want, (uint64_t)h.n, &want) || want > SIZE_MAX / 2)
+        goto miss;
     if (memcmp(h.magic, DSC_MAGIC, 8) != 0 || h.n == 0 || h.dim == 0 || h.bytes != want ||
         (uint64_t)st.st_size != DSC_HDR + want)
         goto miss;
@@ -94,6 +97,7 @@ int ps_dscache_load(ps_dataset_t *d, const char *path)
     d->n = h.n;
     d->dim = h.dim;
     d->images = images;
+    d->images_bytes = img;
     d->labels = labels;
     return 0;
 miss:

@@ -170,6 +170,7 @@ static int load_images(ps_dataset_t *d, const char *path, char *err, size_t errl
         goto out;
     d->n = n;
     d->dim = (uint32_t)dim;
+    d->images_bytes = total * sizeof(float);
 
 out:
     free(chunk);
@@ -305,7 +306,7 @@ void ps_dataset_free(ps_dataset_t *d)
 {
     if (d == NULL)
         return;
-    ps_buffer_free(d->images, (size_t)d->n * d->dim * sizeof(float));
+    ps_buffer_free(d->images, d->images_bytes);
     free(d->labels);
     memset(d, 0, sizeof(*d));
 }

@@ -11,6 +11,8 @@ typedef struct {
     float *images;       /* [n, dim], standardized: (pixel/255 - 0.2860) / 0.3530; from
                             ps_buffer_alloc (2 MiB pages), released by ps_dataset_free */
     uint8_t *labels;     /* [n], each < 10 */
+    size_t images_bytes; /* what images was allocated with (n may be lowered after loading,
+                            e.g. job.train_samples; this stays) */
 } ps_dataset_t;
 
 /**

@@ -156,7 +156,7 @@ START_TEST(test_adagrad_matches_local)
                                      "weight_decay: 0.0001, initial_accumulator_value: 0.1}");
     cl_proc_t *psd[2], *w[2];
     two_by_two_matches_local(c, NULL, psd, w);
-    EXPECT_LOG(psd[0], "adagrad");
+    EXPECT_LOG(psd[0], "workers wanted, bsp, adagrad, "); /* its start-up line */
     stop_all(psd, 2);
 
     cl_conf_t km = c->conf;

@@ -1,6 +1,7 @@
 /* test_dscache.c: the decoded dataset cache (worker/dscache.c): a saved split reads back byte for
  * byte, a damaged or cut file is a miss, the name follows the sources, and "off" turns it off. */
 #include <check.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,6 +85,51 @@ START_TEST(test_damage_is_a_miss)
 }
 END_TEST
 
+/* A split larger than one read block and than the 2 MiB-page threshold reads back exactly,
+ * the damaged last block is a miss, and a dataset whose n was lowered after loading (as
+ * job.train_samples does) is released whole; a header whose sizes wrap is a miss. */
+START_TEST(test_large_split)
+{
+    enum { N = 3001, DIM = 784 }; /* 9.4 MB of images: three 4 MiB reads */
+    char path[4200];
+    ck_assert_int_eq(ps_dscache_path(ipath, lpath, path, sizeof path), 0);
+    ps_dataset_t d = {.n = N, .dim = DIM, .images = malloc((size_t)N * DIM * sizeof(float)),
+                      .labels = malloc(N)};
+    ck_assert(d.images && d.labels);
+    for (size_t i = 0; i < (size_t)N * DIM; i++) d.images[i] = (float)(i % 1000) * 0.5f;
+    for (size_t i = 0; i < N; i++) d.labels[i] = (uint8_t)(i % 10);
+    ck_assert_int_eq(ps_dscache_save(&d, path), 0);
+    ps_dataset_t m = {0};
+    ck_assert_int_eq(ps_dscache_load(&m, path), 0);
+    ck_assert_uint_eq(m.n, N);
+    ck_assert_uint_eq(m.images_bytes, (size_t)N * DIM * sizeof(float));
+    ck_assert_int_eq(memcmp(m.images, d.images, m.images_bytes), 0);
+    ck_assert_int_eq(memcmp(m.labels, d.labels, N), 0);
+    m.n = 10; /* job.train_samples */
+    ps_dataset_free(&m);
+    ck_assert_ptr_null(m.images);
+    /* the last label flipped: a miss, nothing kept */
+    FILE *f = fopen(path, "r+");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(fseek(f, -1, SEEK_END), 0);
+    fputc(d.labels[N - 1] ^ 1, f);
+    fclose(f);
+    ck_assert_int_eq(ps_dscache_load(&m, path), -1);
+    ck_assert_ptr_null(m.images);
+    /* n and dim whose product wraps around 2^64 */
+    ck_assert_int_eq(ps_dscache_save(&d, path), 0);
+    f = fopen(path, "r+");
+    ck_assert_ptr_nonnull(f);
+    uint32_t huge[2] = {0x80000000u, 0x80000000u};
+    ck_assert_int_eq(fseek(f, 8, SEEK_SET), 0); /* after the magic: n, dim */
+    ck_assert_uint_eq(fwrite(huge, sizeof huge, 1, f), 1);
+    fclose(f);
+    ck_assert_int_eq(ps_dscache_load(&m, path), -1);
+    free(d.images);
+    free(d.labels);
+}
+END_TEST
+
 START_TEST(test_name_follows_sources)
 {
     char a[4200], b[4200];
@@ -105,6 +151,7 @@ Suite *ps_test_suite(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_roundtrip);
     tcase_add_test(tc, test_damage_is_a_miss);
+    tcase_add_test(tc, test_large_split);
     tcase_add_test(tc, test_name_follows_sources);
     suite_add_tcase(s, tc);
     return s;

@@ -447,8 +447,9 @@ START_TEST(test_bodies_identical)
     ck_assert_ptr_nonnull(ref);
     ck_assert_ptr_nonnull(got);
 
-    /* Params, gradients and state of either sign, some exact zeros; Adam's v (made >= 0 below
-     * where each call's stride puts it) would otherwise give NaN, equal in every body. */
+    /* Params, gradients and state of either sign, some exact zeros; Adam's v and Adagrad's sum
+     * (made >= 0 below where each call's stride puts them) would otherwise give NaN, equal in
+     * every body. */
     rng_state = 0x9E3779B97F4A7C15ull + (uint64_t)_i;
     for (size_t j = 0; j < 5 * BODY_SLOT; j++)
         start[j] = j % 97 == 0 ? 0.0f : rnd(-2.0f, 2.0f);
@@ -464,9 +465,11 @@ START_TEST(test_bodies_identical)
                         size_t n = lens[li];
                         size_t stride = strided ? BODY_MAXN + BODY_PAD : n;
                         float scale = ti % 2 ? 1.0f : 1.0f / 3.0f;
+                        /* The square-rooted state: adagrad's first array, adam's second. */
+                        size_t sq = o->kind == PSK_ADAGRAD ? 0 : stride;
                         for (size_t j = 0; j < n; j++)
                             for (int slot = 1; slot <= 3; slot += 2) {
-                                float *v = &start[slot * BODY_SLOT + BODY_OFF + stride + j];
+                                float *v = &start[slot * BODY_SLOT + BODY_OFF + sq + j];
                                 *v = fabsf(*v) * 0.01f;
                             }
                         run_body(PSK__OPTIM_BASE, ref, start, o, layout, n, stride, steps[ti],
