@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -428,6 +429,28 @@ int psd_store_put_tensor(psd_wtxn_t *tx, const ps_decl_t *d)
     return mdb_err(mdb_put(tx->w, tx->st->dbi, &k, &v, 0));
 }
 
+/*
+ * Map a reserved record's pages past the end of those this process populated before, in one
+ * system call (MADV_POPULATE_WRITE, Linux 5.14; elsewhere a no-op) instead of a page fault
+ * per 4 KiB page as the update writes them: the map grows at its end (new records and the
+ * first versions of copy-on-write), while a freed page LMDB hands out again lies below and is
+ * mapped already. On the development VM a fault costs ~10-15 us; writing 128 MiB of fresh
+ * tmpfs pages took 380-394 ms faulted in and 194 ms populated first.
+ */
+static void populate(psd_store_t *st, void *data, size_t len)
+{
+#ifdef MADV_POPULATE_WRITE
+    uintptr_t page = (uintptr_t)st->psize, end = ((uintptr_t)data + len + page - 1) & ~(page - 1);
+    if (len < st->psize || end <= st->populated) return;
+    uintptr_t from = (uintptr_t)data & ~(page - 1);
+    if (from < st->populated) from = st->populated;
+    (void)madvise((void *)from, end - from, MADV_POPULATE_WRITE); /* advice: faults serve too */
+    st->populated = end;
+#else
+    (void)st, (void)data, (void)len;
+#endif
+}
+
 int psd_store_chunk_reserve(psd_wtxn_t *tx, uint32_t t, uint32_t c, uint32_t n, uint32_t nstate,
                             psd_chunk_hdr_t **out)
 {
@@ -436,6 +459,7 @@ int psd_store_chunk_reserve(psd_wtxn_t *tx, uint32_t t, uint32_t c, uint32_t n, 
     MDB_val k = {sizeof kb, kb}, v = {psd_chunk_bytes(n, nstate), NULL};
     int rc = mdb_put(tx->w, tx->st->dbi, &k, &v, MDB_RESERVE);
     if (rc) return mdb_err(rc);
+    populate(tx->st, v.mv_data, v.mv_size);
     *out = v.mv_data;
     return 0;
 }

@@ -50,6 +50,7 @@ typedef struct {
     int lockfd;
     MDB_txn *rcache;  /* the write job's read snapshot, reset between jobs (no malloc) */
     size_t psize;     /* LMDB's page size */
+    uintptr_t populated; /* end of the map's pages this process has populated (reserve) */
     char dir[1024];
 } psd_store_t;
 

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -235,6 +236,35 @@ START_TEST(restore_checks_state_kind)
     }
     ck_assert_str_eq(psk_optim_state_name(PSK_ADAM), psk_optim_state_name(PSK_ADAMW));
     ck_assert_ptr_null(psk_optim_state_name((psk_optim_kind_t)PSK_OPTIM_KINDS));
+}
+END_TEST
+
+/* A record on overflow pages is populated when reserved: the store's high-water mark covers
+ * it, only grows, and a record smaller than a page leaves it alone. */
+START_TEST(reserve_populates_new_pages)
+{
+    psd_store_t st;
+    char err[512];
+    ck_assert_int_eq(open_store(&st, "demo", 1 << 20, 2, err), 0);
+    ck_assert_uint_eq(st.populated, 0);
+    psd_wtxn_t tx;
+    ck_assert_int_eq(psd_store_begin(&st, &tx), 0);
+    psd_chunk_hdr_t *a, *b, *small;
+    ck_assert_int_eq(psd_store_chunk_reserve(&tx, 0, 0, 65536, 2, &a), 0);
+    uintptr_t after_a = st.populated;
+#ifdef MADV_POPULATE_WRITE
+    ck_assert_uint_ge(after_a, (uintptr_t)a + psd_chunk_bytes(65536, 2));
+#endif
+    ck_assert_int_eq(psd_store_chunk_reserve(&tx, 0, 1, 8, 2, &small), 0);
+    ck_assert_uint_eq(st.populated, after_a);
+    ck_assert_int_eq(psd_store_chunk_reserve(&tx, 0, 2, 65536, 2, &b), 0);
+    ck_assert_uint_ge(st.populated, after_a);
+    /* the pages are writable as before */
+    memset(a, 0, psd_chunk_bytes(65536, 2));
+    memset(b, 0, psd_chunk_bytes(65536, 2));
+    memset(small, 0, psd_chunk_bytes(8, 2));
+    psd_store_abort(&tx);
+    psd_store_close(&st);
 }
 END_TEST
 
@@ -479,6 +509,7 @@ Suite *ps_test_suite(void)
     tcase_add_test(tc, second_open_refused);
     tcase_add_test(tc, identity_checked);
     tcase_add_test(tc, identity_string_checked);
+    tcase_add_test(tc, reserve_populates_new_pages);
     tcase_add_test(tc, restore_checks_state_kind);
     tcase_add_test(tc, seal_hashes_record);
     tcase_add_test(tc, format1_upgraded);
