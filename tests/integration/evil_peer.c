@@ -1,6 +1,6 @@
 /* evil_peer.c: a hostile worker for the compression integration test (test_compression.c).
  *
- *   evil_peer --manifest FILE [--case NAME]
+ *   evil_peer --manifest FILE [--case NAME | --fuzz N [--seed S]]
  *
  * Speaks psd's wire protocol itself (proto/wire.h over UCX Active Messages, as libps does):
  * connects to shard 0 (client-server sockaddr, PEER error handling), says hello, declares the
@@ -16,9 +16,13 @@
  *     with PS_ECRC naming the chunk, and then the same push with the right CRC, acknowledged;
  * and pulls chunk 0 again: every value must be finite. Every data message carries the CRC-32C
  * of its payload (computed after a case spoils it: those payloads are malformed, not corrupted),
- * and every pull reply's CRC is checked. Both well-formed pushes carry a zero
- * gradient. One line per step on stdout (seconds since the start first); psd's error text is
- * quoted. --case NAME sends only that malformed push (for reproducing one case by hand).
+ * and every pull reply's CRC is checked. Both well-formed pushes carry a zero gradient. One line
+ * per step on stdout (seconds since the start first); psd's error text is quoted. --case NAME
+ * sends only that malformed push (for reproducing one case by hand).
+ *
+ * With --fuzz N it sends instead, after the first pull, N messages made at random from valid
+ * ones (fuzz() below; a fixed seed, or --seed S), and then psd must still answer a pull of
+ * chunk 0 and acknowledge a well-formed int8 push.
  *
  * Exit status: 0 when every check held, 1 when one did not, 2 on bad usage. Every wait is
  * bounded (WAIT_S). A test program: it reports, it never retries. */
@@ -66,6 +70,8 @@ typedef struct {
     uint32_t crc_xor; /* spoils the next data message's CRC (the bad-crc case) */
     int bundles_in;   /* bundles received from psd */
     ps_msg_t hello;   /* the hello reply (its push area, server/pushshm.c) */
+    int quiet;        /* --fuzz: replies to what was sent without waiting are not said */
+    long unexpected;  /* replies nobody waited for */
 } peer_t;
 
 static double now_s(void)
@@ -115,6 +121,8 @@ static ucs_status_t on_msg(peer_t *p, ps_msg_t m, void *data, size_t length,
                            const ucp_am_recv_param_t *param)
 {
     if (m.req_id != p->want_req || p->got_reply) {
+        p->unexpected++;
+        if (p->quiet) return UCS_OK;
         say("evil_peer: unexpected %s for request %llu%s%s", ps_msg_type_name(m.type),
             (unsigned long long)m.req_id, m.type == PS_MSG_ERROR ? ": " : "",
             m.type == PS_MSG_ERROR ? m.error : "");
@@ -773,7 +781,144 @@ static int bundles(peer_t *p, target_t *t)
 
 /* ---- main ---------------------------------------------------------------------------------- */
 
-static int run(peer_t *p, const ps_manifest_t *m, const char *only)
+/* ---- random messages (--fuzz N) -------------------------------------------------------------- */
+
+static uint64_t fz_state = 0x9E3779B97F4A7C15ull;
+
+static uint64_t fz(void)
+{
+    fz_state ^= fz_state << 13;
+    fz_state ^= fz_state >> 7;
+    fz_state ^= fz_state << 17;
+    return fz_state;
+}
+
+/* Send @p m with @p data on AM id @p am without waiting for a reply (whatever comes is counted
+ * in p->unexpected); waits only for the send itself. Returns 0, or -1 when it failed. */
+static int send_only(peer_t *p, ps_msg_t *m, const void *data, size_t len, unsigned am)
+{
+    static uint8_t hdr[PS_WIRE_HDR_MAX];
+    size_t hlen;
+    if (ps_msg_encode(m, hdr, sizeof hdr, &hlen)) return 0; /* not encodable: nothing sent */
+    p->want_req = 0;
+    static sent_t sent; /* see call() */
+    sent = (sent_t){.loop = &p->loop};
+    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                               UCP_OP_ATTR_FIELD_USER_DATA |
+                                               UCP_OP_ATTR_FIELD_FLAGS,
+                               .flags = UCP_AM_SEND_FLAG_REPLY,
+                               .cb.send = on_sent, .user_data = &sent};
+    void *req = ucp_am_send_nbx(p->ep, am, hdr, hlen, data, len, &prm);
+    if (req == NULL) sent.done = 1;
+    else if (UCS_PTR_IS_ERR(req)) return -1;
+    if (wait_flag(p, &sent.done, WAIT_S) != 0) {
+        if (!sent.done) ucp_request_cancel(p->ucx.worker, req);
+        return -1;
+    }
+    uv_run(&p->loop, UV_RUN_NOWAIT); /* take in what came back meanwhile */
+    return 0;
+}
+
+/* Connect again and say hello after psd dropped the connection; the new rank goes to @p t. */
+static int rejoin(peer_t *p, const ps_manifest_t *m, target_t *t)
+{
+    if (p->ep) {
+        ucp_request_param_t cp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                                  .flags = UCP_EP_CLOSE_FLAG_FORCE};
+        void *req = ucp_ep_close_nbx(p->ep, &cp);
+        if (req && !UCS_PTR_IS_ERR(req)) ps_ucx_wait(&p->ucx, req);
+        p->ep = NULL;
+    }
+    p->ep_failed = 0;
+    if (connect_shard0(p, m)) return -1;
+    ps_msg_t hello = {.type = PS_MSG_HELLO, .rank = -1, .pid = (uint32_t)getpid()};
+    snprintf(hello.cluster, sizeof hello.cluster, "%s", m->cluster);
+    if (call(p, &hello, NULL, 0, PS_AM_CTRL) || p->reply.type != PS_MSG_HELLO_REPLY) {
+        say("evil_peer: hello again: %s", p->reply.error);
+        return -1;
+    }
+    t->rank = p->reply.rank;
+    return 0;
+}
+
+/*
+ * @p n messages of the kinds a worker (or a confused peer) sends, each made from a valid one
+ * with up to four fields set at random (rank, tensor, chunk, step, length, codec and its
+ * parameters, flags, epoch, count, the push area's offset, a declaration's shape), with no
+ * data, data of the length the header claims, or of another length, on either AM id. What
+ * comes back is not checked: psd must only keep serving, which run() checks afterwards.
+ * Raw payloads are small finite floats (a peer may push any gradient; this one keeps the
+ * model usable for the worker training beside it).
+ */
+static int fuzz(peer_t *p, const ps_manifest_t *m, target_t *t, long n)
+{
+    static const ps_msg_type_t types[] = {
+        PS_MSG_HELLO,     PS_MSG_HELLO_REPLY, PS_MSG_DECLARE,   PS_MSG_DECLARE_REPLY,
+        PS_MSG_PUSH,      PS_MSG_PUSH,        PS_MSG_PUSH,      PS_MSG_PUSH_ACK,
+        PS_MSG_PULL,      PS_MSG_PULL,        PS_MSG_PULL_REPLY, PS_MSG_ERROR,
+        PS_MSG_HEARTBEAT, PS_MSG_STATUS,      PS_MSG_STATUS_REPLY, PS_MSG_BATCH,
+        PS_MSG_BATCH_REPLY, PS_MSG_EPOCH,     PS_MSG_ECHO,      PS_MSG_ECHO_REPLY,
+        PS_MSG_BUNDLE};
+    size_t cap = (size_t)t->n * 8 + 64;
+    uint8_t *buf = malloc(cap);
+    if (buf == NULL) return -1;
+    p->quiet = 1;
+    long sent = 0, rejoins = 0;
+    for (long i = 0; i < n; i++) {
+        if (p->ep_failed) {
+            if (rejoin(p, m, t)) break;
+            rejoins++;
+        }
+        ps_msg_t msg = {.type = types[fz() % (sizeof types / sizeof *types)],
+                        .req_id = ++p->next_req, .rank = t->rank, .tensor = t->tensor,
+                        .step = t->version, .length = (uint64_t)t->n * 4};
+        for (int k = (int)(fz() % 5); k > 0; k--) {
+            switch (fz() % 14) {
+            case 0: msg.rank = (int32_t)(fz() % 72) - 4; break;
+            case 1: msg.tensor = fz() % 3 ? (uint32_t)(fz() % 12) : (uint32_t)fz(); break;
+            case 2: msg.chunk = fz() % 3 ? (uint32_t)(fz() % 4) : (uint32_t)fz(); break;
+            case 3: msg.step = fz() % 2 ? t->version + fz() % 5 - 2 : fz(); break;
+            case 4: msg.length = fz() % 2 ? fz() % cap : fz(); break;
+            case 5: msg.codec = (uint32_t)(fz() % 9); break;
+            case 6: msg.codec_fraction = (float)(fz() % 2000) / 1000.0f - 0.5f; break;
+            case 7: msg.codec_block = (uint32_t)(fz() % 3 ? fz() % 512 : fz()); break;
+            case 8: msg.flags = (uint32_t)fz(); break;
+            case 9: msg.epoch = fz() % 4; break;
+            case 10: msg.count = fz() % 3 ? fz() % 70 : fz(); break;
+            case 11: msg.area_offset = fz(), msg.area_size = fz() % 4 ? fz() % cap : fz(); break;
+            case 12:
+                msg.has_decl = 1;
+                snprintf(msg.decl.name, sizeof msg.decl.name, "fz%u", (unsigned)(fz() % 6));
+                msg.decl.ndim = 1 + (int)(fz() % PS_MAX_DIMS);
+                /* At most a few million values: psd creates what it accepts. */
+                for (int d = 0; d < msg.decl.ndim; d++)
+                    msg.decl.shape[d] = 1 + (uint32_t)(fz() % (d == 0 && fz() % 4 == 0 ? 70000
+                                                                                     : 40));
+                msg.decl.init = (uint32_t)(fz() % 4);
+                break;
+            default: msg.members = fz(); break;
+            }
+        }
+        size_t len = fz() % 3 == 0 ? 0 : fz() % 2 ? (size_t)(msg.length < cap ? msg.length : 0)
+                                                  : (size_t)(fz() % cap);
+        for (size_t b = 0; b + 4 <= len; b += 4)
+            stf32(buf + b, msg.codec ? (float)(int)(fz() % 200) * 1e-4f - 0.01f
+                                     : (float)(int)(fz() % 2001) * 1e-6f - 1e-3f);
+        if (msg.codec && fz() % 2)
+            for (size_t b = 0; b < len; b++) buf[b] = (uint8_t)fz(); /* any bytes */
+        msg.crc32c = len ? ps_crc32c(0, buf, len) : (uint32_t)fz();
+        if (send_only(p, &msg, len ? buf : NULL, len, fz() % 2 ? PS_AM_DATA : PS_AM_CTRL) == 0)
+            sent++;
+    }
+    p->quiet = 0;
+    free(buf);
+    say("evil_peer: %ld random messages sent, %ld replies taken in, %ld reconnects", sent,
+        p->unexpected, rejoins);
+    if (p->ep_failed && rejoin(p, m, t)) return -1;
+    return sent == n ? 0 : -1;
+}
+
+static int run(peer_t *p, const ps_manifest_t *m, const char *only, long nfuzz)
 {
     if (connect_shard0(p, m)) return -1;
 
@@ -826,6 +971,13 @@ static int run(peer_t *p, const ps_manifest_t *m, const char *only)
 
     if (pull_chunk0(p, &t, "before")) return -1;
     psk_codec_t topk = TOPK, int8 = INT8;
+    if (nfuzz > 0) {
+        /* Random messages, then psd must still answer a pull and acknowledge a push. */
+        int bad = fuzz(p, m, &t, nfuzz);
+        if (!bad) bad = pull_chunk0(p, &t, "after the random messages");
+        if (!bad) bad = push_good(p, &t, &int8, "well-formed push after the random messages");
+        return bad ? -1 : 0;
+    }
     if (push_good(p, &t, &topk, "well-formed topk push")) return -1;
     int failed = 0, nreceipt = 0;
     int ncases = 0;
@@ -870,19 +1022,26 @@ int main(int argc, char **argv)
     g_t0 = now_s();
     static const struct option opts[] = {{"manifest", required_argument, 0, 'm'},
                                          {"case", required_argument, 0, 'c'},
+                                         {"fuzz", required_argument, 0, 'f'},
+                                         {"seed", required_argument, 0, 's'},
                                          {0, 0, 0, 0}};
     const char *manifest = NULL, *only = NULL;
+    long nfuzz = 0;
     int o;
-    while ((o = getopt_long(argc, argv, "m:c:", opts, NULL)) != -1) {
+    while ((o = getopt_long(argc, argv, "m:c:f:s:", opts, NULL)) != -1) {
         if (o == 'm')
             manifest = optarg;
         else if (o == 'c')
             only = optarg;
+        else if (o == 'f')
+            nfuzz = atol(optarg);
+        else if (o == 's')
+            fz_state ^= strtoull(optarg, NULL, 0) * 0xBF58476D1CE4E5B9ull; /* never 0 for 0 */
         else
             manifest = NULL, optind = argc + 1;
     }
-    if (manifest == NULL || optind != argc) {
-        fprintf(stderr, "usage: evil_peer --manifest FILE [--case NAME]\n");
+    if (manifest == NULL || optind != argc || nfuzz < 0) {
+        fprintf(stderr, "usage: evil_peer --manifest FILE [--case NAME | --fuzz N [--seed S]]\n");
         return 2;
     }
     static ps_manifest_t m;
@@ -911,7 +1070,7 @@ int main(int argc, char **argv)
     hp.id = PS_AM_DATA;
     ucp_worker_set_am_recv_handler(p.ucx.worker, &hp);
 
-    int rc = run(&p, &m, only);
+    int rc = run(&p, &m, only, nfuzz);
 
     if (p.ep) {
         ucp_request_param_t cp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,

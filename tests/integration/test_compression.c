@@ -213,6 +213,39 @@ START_TEST(test_hostile_peer)
 }
 END_TEST
 
+/* A peer sending 3000 messages made at random from valid ones (evil_peer --fuzz: wrong ranks,
+ * tensors, chunks, steps, lengths, codecs, flags, declarations, replies sent to the server,
+ * data on the wrong AM id) while a worker trains: psd keeps serving both, answers the peer's
+ * pull and acknowledges its push afterwards, and the worker finishes. */
+START_TEST(test_random_peer)
+{
+    cl_conf_t k = {.shards = 1,
+                   .workers = 2,
+                   .consistency = "asp",
+                   .optimizer = "{name: adam, lr: 0.001}",
+                   .max_steps = 200,
+                   .batch_size = 32,
+                   .layers = "[784, 256, 128, 10]"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    cl_proc_t *w = cl_worker_start(c, NULL, "w.params", false);
+    ck_assert_msg(cl_wait_log(w, "joined at step", RUN_S) == 0, "%s did not join; its log: %s",
+                  w->name, cl_tail(w));
+    char n[] = "3000";
+    char *argv[] = {(char *)cl_binary("EVIL_PEER"), "--manifest", c->manifest, "--fuzz", n, NULL};
+    cl_proc_t *evil = cl_spawn(c, "evil_peer", argv);
+    EXPECT_EXIT(evil, 0);
+    EXPECT_LOG(evil, "evil_peer: 3000 random messages sent");
+    EXPECT_LOG(evil, "evil_peer: pull after the random messages: chunk 0 at version");
+    EXPECT_LOG(evil, "evil_peer: well-formed push after the random messages: acknowledged");
+    EXPECT_EXIT(w, 0);
+    EXPECT_LOG(w, "after 200 steps");
+    ck_assert_msg(cl_alive(psd), "psd died; its log: %s", cl_tail(psd));
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* ---- (e) ASP with compressed pushes from two workers ------------------------------------ */
 
 /* Every value of a PSPARAM1 file is finite. */
@@ -319,6 +352,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("mixed_randomk_sign", test_mixed_randomk_sign));
     suite_add_tcase(s, tcase("topk_cuts_bytes", test_topk_cuts_bytes));
     suite_add_tcase(s, tcase("hostile_peer", test_hostile_peer));
+    suite_add_tcase(s, tcase("random_peer", test_random_peer));
     suite_add_tcase(s, tcase("asp_mixed_codecs", test_asp_mixed_codecs));
     suite_add_tcase(s, tcase("bad_codec", test_bad_codec));
     suite_add_tcase(s, tcase("bad_pull", test_bad_pull));
