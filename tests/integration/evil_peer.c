@@ -222,6 +222,30 @@ static void on_sent(void *request, ucs_status_t status, void *user_data)
     uv_stop(s->loop);
 }
 
+/* Send the encoded header @p hdr and @p data on AM id @p am and wait (WAIT_S at most) until
+ * UCX is done with both. Returns UCS_OK, the send's failure, or UCS_ERR_TIMED_OUT (the send is
+ * cancelled then). Both buffers must stay put until it returns. */
+static ucs_status_t send_am(peer_t *p, const uint8_t *hdr, size_t hlen, const void *data,
+                            size_t len, unsigned am)
+{
+    /* static: a send cancelled at a timeout completes later, after this call has returned */
+    static sent_t sent;
+    sent = (sent_t){.loop = &p->loop};
+    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                               UCP_OP_ATTR_FIELD_USER_DATA |
+                                               UCP_OP_ATTR_FIELD_FLAGS,
+                               .flags = UCP_AM_SEND_FLAG_REPLY,
+                               .cb.send = on_sent, .user_data = &sent};
+    void *req = ucp_am_send_nbx(p->ep, am, hdr, hlen, data, len, &prm);
+    if (req == NULL) return UCS_OK;
+    if (UCS_PTR_IS_ERR(req)) return UCS_PTR_STATUS(req);
+    if (wait_flag(p, &sent.done, WAIT_S) != 0) {
+        if (!sent.done) ucp_request_cancel(p->ucx.worker, req);
+        return UCS_ERR_TIMED_OUT;
+    }
+    return sent.status;
+}
+
 /*
  * Send @p m (req_id set here) with @p data on AM id @p am and wait for its reply into p->reply.
  * @return 0 when a reply came; -1 (with a line said) when the send failed or no reply came.
@@ -239,37 +263,17 @@ static int call(peer_t *p, ps_msg_t *m, const void *data, size_t len, unsigned a
     p->want_req = m->req_id;
     p->got_reply = 0;
     p->data_failed = 0;
-    /* static: a send cancelled at a timeout completes later, after this call has returned */
-    static sent_t sent;
-    sent = (sent_t){.loop = &p->loop};
-    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
-                                               UCP_OP_ATTR_FIELD_USER_DATA |
-                                               UCP_OP_ATTR_FIELD_FLAGS,
-                               .flags = UCP_AM_SEND_FLAG_REPLY,
-                               .cb.send = on_sent, .user_data = &sent};
-    void *req = ucp_am_send_nbx(p->ep, am, hdr, hlen, data, len, &prm);
-    if (req == NULL) {
-        sent.done = 1;
-    } else if (UCS_PTR_IS_ERR(req)) {
-        say("evil_peer: sending %s: %s", ps_msg_type_name(m->type),
-            ucs_status_string(UCS_PTR_STATUS(req)));
+    ucs_status_t st = send_am(p, hdr, hlen, data, len, am);
+    if (st != UCS_OK && st != UCS_ERR_TIMED_OUT) {
+        say("evil_peer: sending %s: %s", ps_msg_type_name(m->type), ucs_status_string(st));
         return -1;
     }
-    /* The header and the data must stay put until the send completes: wait for both. */
-    int rc = wait_flag(p, &sent.done, WAIT_S);
-    if (rc == 0 && sent.status != UCS_OK) {
-        say("evil_peer: sending %s: %s", ps_msg_type_name(m->type),
-            ucs_status_string(sent.status));
-        return -1;
-    }
-    if (rc == 0) rc = wait_flag(p, &p->got_reply, WAIT_S);
-    if (rc != 0) {
+    if (st != UCS_OK || wait_flag(p, &p->got_reply, WAIT_S) != 0) {
         if (p->ep_failed)
             say("evil_peer: %s: the connection to shard 0 failed: %s", ps_msg_type_name(m->type),
                 ucs_status_string(p->ep_status));
         else
             say("evil_peer: %s: no reply within %.0f s", ps_msg_type_name(m->type), WAIT_S);
-        if (!sent.done) ucp_request_cancel(p->ucx.worker, req);
         return -1;
     }
     if (p->data_failed) {
@@ -801,20 +805,7 @@ static int send_only(peer_t *p, ps_msg_t *m, const void *data, size_t len, unsig
     size_t hlen;
     if (ps_msg_encode(m, hdr, sizeof hdr, &hlen)) return 0; /* not encodable: nothing sent */
     p->want_req = 0;
-    static sent_t sent; /* see call() */
-    sent = (sent_t){.loop = &p->loop};
-    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
-                                               UCP_OP_ATTR_FIELD_USER_DATA |
-                                               UCP_OP_ATTR_FIELD_FLAGS,
-                               .flags = UCP_AM_SEND_FLAG_REPLY,
-                               .cb.send = on_sent, .user_data = &sent};
-    void *req = ucp_am_send_nbx(p->ep, am, hdr, hlen, data, len, &prm);
-    if (req == NULL) sent.done = 1;
-    else if (UCS_PTR_IS_ERR(req)) return -1;
-    if (wait_flag(p, &sent.done, WAIT_S) != 0) {
-        if (!sent.done) ucp_request_cancel(p->ucx.worker, req);
-        return -1;
-    }
+    if (send_am(p, hdr, hlen, data, len, am) != UCS_OK) return -1;
     uv_run(&p->loop, UV_RUN_NOWAIT); /* take in what came back meanwhile */
     return 0;
 }
@@ -999,21 +990,7 @@ static int run(peer_t *p, const ps_manifest_t *m, const char *only, long nfuzz)
 
     /* Leave as libps does: no reply. */
     ps_msg_t leave = {.type = PS_MSG_LEAVE, .rank = t.rank, .req_id = ++p->next_req};
-    uint8_t hdr[PS_WIRE_HDR_MAX];
-    size_t hlen;
-    if (ps_msg_encode(&leave, hdr, sizeof hdr, &hlen) == 0 && !p->ep_failed) {
-        static sent_t sent; /* see call() */
-        sent = (sent_t){.loop = &p->loop};
-        ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
-                                                   UCP_OP_ATTR_FIELD_USER_DATA |
-                                                   UCP_OP_ATTR_FIELD_FLAGS,
-                                   .flags = UCP_AM_SEND_FLAG_REPLY,
-                                   .cb.send = on_sent, .user_data = &sent};
-        void *req = ucp_am_send_nbx(p->ep, PS_AM_CTRL, hdr, hlen, NULL, 0, &prm);
-        if (req == NULL) sent.done = 1;
-        if (!UCS_PTR_IS_ERR(req) && wait_flag(p, &sent.done, WAIT_S) != 0 && !sent.done)
-            ucp_request_cancel(p->ucx.worker, req);
-    }
+    if (!p->ep_failed) (void)send_only(p, &leave, NULL, 0, PS_AM_CTRL);
     return failed ? -1 : 0;
 }
 

@@ -169,20 +169,29 @@ END_TEST
  * carry data or a codec are refused; one whose bytes do not match its CRC too; a right one is
  * acknowledged.
  */
-START_TEST(test_hostile_peer)
+/* One asp shard of two ranks with a worker training @p steps joined as rank 0; the other rank
+ * is left for evil_peer. */
+static cl_cluster_t *shard_with_worker(uint64_t steps, cl_proc_t **psd, cl_proc_t **w)
 {
     cl_conf_t k = {.shards = 1,
                    .workers = 2,
                    .consistency = "asp",
                    .optimizer = "{name: adam, lr: 0.001}",
-                   .max_steps = 300,
+                   .max_steps = steps,
                    .batch_size = 32,
                    .layers = "[784, 256, 128, 10]"};
     cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
-    cl_proc_t *w = cl_worker_start(c, NULL, "w.params", false);
-    ck_assert_msg(cl_wait_log(w, "joined at step", RUN_S) == 0, "%s did not join; its log: %s",
-                  w->name, cl_tail(w));
+    *psd = cl_psd_start(c, 0, NULL, READY_S);
+    *w = cl_worker_start(c, NULL, "w.params", false);
+    ck_assert_msg(cl_wait_log(*w, "joined at step", RUN_S) == 0, "%s did not join; its log: %s",
+                  (*w)->name, cl_tail(*w));
+    return c;
+}
+
+START_TEST(test_hostile_peer)
+{
+    cl_proc_t *psd, *w;
+    cl_cluster_t *c = shard_with_worker(300, &psd, &w);
     EXPECT_LOG(w, "psworker: rank 0 of 2 joined at step 0 of 300");
 
     char *argv[] = {(char *)cl_binary("EVIL_PEER"), "--manifest", c->manifest, NULL};
@@ -219,18 +228,8 @@ END_TEST
  * pull and acknowledges its push afterwards, and the worker finishes. */
 START_TEST(test_random_peer)
 {
-    cl_conf_t k = {.shards = 1,
-                   .workers = 2,
-                   .consistency = "asp",
-                   .optimizer = "{name: adam, lr: 0.001}",
-                   .max_steps = 200,
-                   .batch_size = 32,
-                   .layers = "[784, 256, 128, 10]"};
-    cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
-    cl_proc_t *w = cl_worker_start(c, NULL, "w.params", false);
-    ck_assert_msg(cl_wait_log(w, "joined at step", RUN_S) == 0, "%s did not join; its log: %s",
-                  w->name, cl_tail(w));
+    cl_proc_t *psd, *w;
+    cl_cluster_t *c = shard_with_worker(200, &psd, &w);
     char n[] = "3000";
     char *argv[] = {(char *)cl_binary("EVIL_PEER"), "--manifest", c->manifest, "--fuzz", n, NULL};
     cl_proc_t *evil = cl_spawn(c, "evil_peer", argv);
