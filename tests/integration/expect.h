@@ -32,6 +32,17 @@
                       cl_tail(p));                                                                 \
     } while (0)
 
+/* How many times @p needle occurs in @p p's log. */
+static inline int count_in_log(const cl_proc_t *p, const char *needle)
+{
+    char *log = cl_log(p);
+    int n = 0;
+    for (const char *s = log; (s = strstr(s, needle)) != NULL; s += strlen(needle))
+        n++;
+    free(log);
+    return n;
+}
+
 /* SIGTERM each psd; each must finish and exit 0. */
 static inline void stop_all(cl_proc_t **psd, int n)
 {

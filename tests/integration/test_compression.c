@@ -16,17 +16,6 @@
 #include "cluster.h"
 #include "expect.h"
 
-/* How many times @p needle occurs in @p p's log. */
-static int count_in_log(const cl_proc_t *p, const char *needle)
-{
-    char *log = cl_log(p);
-    int n = 0;
-    for (const char *s = log; (s = strstr(s, needle)) != NULL; s += strlen(needle))
-        n++;
-    free(log);
-    return n;
-}
-
 /* ---- (a) mixed codecs equal the reference ------------------------------------------------ */
 
 /*

@@ -130,15 +130,6 @@ static double final_accuracy(const cl_proc_t *w)
     return acc;
 }
 
-static int count_in_log(const cl_proc_t *p, const char *needle)
-{
-    char *log = cl_log(p);
-    int n = 0;
-    for (const char *s = log; (s = strstr(s, needle)) != NULL; s++) n++;
-    free(log);
-    return n;
-}
-
 /* ---- kill -9 --------------------------------------------------------------------------- */
 
 /* Four workers, one killed with SIGKILL mid-epoch: the run completes with three; the step

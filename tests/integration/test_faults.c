@@ -5,7 +5,9 @@
  * (kill -9, SIGSTOP, scaling) are in test_elastic.c. */
 #include <check.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 #include <time.h>
 
@@ -23,8 +25,12 @@ static void wait_training(cl_proc_t *w)
 
 /* kill -9 one shard mid-run (the coordinator in one case, another shard in the other), start
  * it again with the same command: the workers reconnect and resend what it had not committed,
- * and every step is applied exactly once: the result equals the single-process reference. */
-static void psd_crash(int victim)
+ * and every step is applied exactly once: the result equals the single-process reference.
+ * With @p new_file the shard's store is copied into a new file first (its data_dir moved aside
+ * and copied back, as a restore or a repair that replaces data.mdb would leave it): the workers'
+ * direct-pull views still map the old file, and the hello names another store, so each closes
+ * its view and opens one of the new file. */
+static void psd_crash(int victim, bool new_file)
 {
     /* Long enough that the kill lands mid-run: a step takes about 1.3 ms here (with direct
      * pulls; 300 steps were over before the 300 ms nap ended). */
@@ -37,11 +43,23 @@ static void psd_crash(int victim)
     wait_training(w[0]);
     ck_assert_int_eq(cl_signal(psd[victim], SIGKILL), 0);
     cl_wait(psd[victim], RUN_S);
+    if (new_file) {
+        char cmd[4 * CL_PATH + 64];
+        snprintf(cmd, sizeof cmd, "mv '%s' '%s.old' && cp -a '%s.old' '%s'", c->data_dir[victim],
+                 c->data_dir[victim], c->data_dir[victim], c->data_dir[victim]);
+        ck_assert_int_eq(system(cmd), 0);
+    }
     psd[victim] = cl_psd_start(c, victim, NULL, READY_S);
     EXPECT_EXIT(w[0], 0);
     EXPECT_EXIT(w[1], 0);
     EXPECT_LOG(w[0], "reconnecting");
     EXPECT_LOG(w[0], "is back after");
+    char view[64];
+    snprintf(view, sizeof view, "shard %d: pulls read its store ", victim);
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg(count_in_log(w[i], view) == (new_file ? 2 : 1),
+                      "%s opened its view of shard %d %d times, want %d: %s", w[i]->name, victim,
+                      count_in_log(w[i], view), new_file ? 2 : 1, cl_tail(w[i]));
     cl_proc_t *ref = cl_worker_start(c, NULL, "ref.params", true);
     EXPECT_EXIT(ref, 0);
     expect_same_params(w[0]->params, ref->params, 0, 0);
@@ -50,10 +68,13 @@ static void psd_crash(int victim)
     cl_cluster_destroy(c);
 }
 
-START_TEST(test_psd_crash_coordinator) { psd_crash(0); }
+START_TEST(test_psd_crash_coordinator) { psd_crash(0, false); }
 END_TEST
 
-START_TEST(test_psd_crash_shard) { psd_crash(1); }
+START_TEST(test_psd_crash_shard) { psd_crash(1, false); }
+END_TEST
+
+START_TEST(test_psd_crash_new_store_file) { psd_crash(1, true); }
 END_TEST
 
 /* A stopped worker (SIGSTOP past the heartbeat timeout) is dropped and rejoins as a new
@@ -146,6 +167,7 @@ Suite *ps_test_suite(void)
     Suite *s = suite_create("faults");
     suite_add_tcase(s, tcase("psd_crash_coordinator", test_psd_crash_coordinator));
     suite_add_tcase(s, tcase("psd_crash_shard", test_psd_crash_shard));
+    suite_add_tcase(s, tcase("psd_crash_new_store_file", test_psd_crash_new_store_file));
     suite_add_tcase(s, tcase("worker_killed_and_replaced", test_worker_killed_and_replaced));
     suite_add_tcase(s, tcase("sigterm_stuck_worker", test_sigterm_stuck_worker));
     suite_add_tcase(s, tcase("sigterm_shard_gone", test_sigterm_shard_gone));

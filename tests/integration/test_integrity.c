@@ -43,15 +43,6 @@
 #include "cluster.h"
 #include "expect.h"
 
-static int count_in_log(const cl_proc_t *p, const char *needle)
-{
-    char *log = cl_log(p);
-    int n = 0;
-    for (const char *s = log; (s = strstr(s, needle)) != NULL; s += strlen(needle)) n++;
-    free(log);
-    return n;
-}
-
 /* Two shards, two BSP workers (sgd): the cluster's result against psworker --local. */
 static const cl_conf_t crc_conf = {.shards = 2, .workers = 2, .optimizer = "{name: sgd, lr: 0.05}",
                                    .max_steps = 60, .batch_size = 32};
