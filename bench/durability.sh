@@ -83,7 +83,7 @@ until grep -q listening "$W/psd2.out"; do sleep 0.001; done
 t_listen=$(now)
 until ctl status --json >/dev/null 2>&1; do sleep 0.001; done
 t_status=$(now)
-ctl export --out "$W/params.safetensors" --timeout 60 >/dev/null
+ctl export --out "$W/params.safetensors" --timeout 60 --wait 60 >/dev/null
 t_export=$(now)
 data_bytes=$(stat -c %s "$W/data0/data.mdb")
 data_du=$(du -B1 "$W/data0/data.mdb" | cut -f1)
