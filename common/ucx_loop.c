@@ -199,6 +199,15 @@ ucs_status_t ps_ucx_wait(ps_ucx_t *u, void *req)
     return s;
 }
 
+void ps_ucx_ep_close(ps_ucx_t *u, ucp_ep_h *ep, int force)
+{
+    if (*ep == NULL) return;
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                             .flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0};
+    ps_ucx_wait(u, ucp_ep_close_nbx(*ep, &p));
+    *ep = NULL;
+}
+
 void ps_ucx_set_am_handler(ps_ucx_t *u, ucp_am_recv_callback_t cb, void *arg)
 {
     /* The ids match proto/wire.h: PS_AM_CTRL = 1, PS_AM_DATA = 2. */

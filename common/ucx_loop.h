@@ -93,6 +93,13 @@ void ps_ucx_close(ps_ucx_t *u);
  */
 ucs_status_t ps_ucx_wait(ps_ucx_t *u, void *req);
 
+/**
+ * @brief Close *@p ep (nothing when it is NULL), wait for the close on this thread as
+ * ps_ucx_wait() does, and set *@p ep to NULL. @p force: UCP_EP_CLOSE_FLAG_FORCE (the peer is
+ * gone or not worth a flush). For teardown and reconnects, never from a UCX callback.
+ */
+void ps_ucx_ep_close(ps_ucx_t *u, ucp_ep_h *ep, int force);
+
 /** @brief A short description of the transports an endpoint uses ("tcp", "sysv,cma", ...). */
 void ps_ucx_ep_lanes(ucp_ep_h ep, char *buf, size_t len);
 

@@ -214,12 +214,7 @@ void ps_req_close(ps_req_t *c)
 {
     if (c == NULL) return;
     while (c->sending) ucp_worker_progress(c->ucx.worker);
-    for (int i = 0; i < c->m->nservers; i++)
-        if (c->eps[i].ep) {
-            ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-                                     .flags = UCP_EP_CLOSE_FLAG_FORCE};
-            ps_ucx_wait(&c->ucx, ucp_ep_close_nbx(c->eps[i].ep, &p));
-        }
+    for (int i = 0; i < c->m->nservers; i++) ps_ucx_ep_close(&c->ucx, &c->eps[i].ep, 1);
     uv_close((uv_handle_t *)&c->timer, NULL);
     uv_close((uv_handle_t *)&c->tick, NULL);
     ps_ucx_close(&c->ucx);

@@ -353,11 +353,7 @@ int main(int argc, char **argv)
     int bad = status(&ctl, json, timeout);
     for (int i = 0; i < ctl.m.nservers; i++) {
         shard_t *s = &ctl.shards[i];
-        if (s->ep) {
-            ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-                                     .flags = UCP_EP_CLOSE_FLAG_FORCE};
-            ps_ucx_wait(&ctl.ucx, ucp_ep_close_nbx(s->ep, &p));
-        }
+        ps_ucx_ep_close(&ctl.ucx, &s->ep, 1);
         free(s->reply);
     }
     ps_ucx_close(&ctl.ucx);

@@ -69,13 +69,7 @@ static void conn_close_ep(psd_server_t *srv, psd_conn_t *c)
     conn_release_rank(srv, c, c->silent ? "missed heartbeats" : "its connection closed");
     psd_shard_drop_conn(srv, c);
     psd_export_drop_conn(srv, c);
-    if (c->ep) {
-        ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-                                 .flags = UCP_EP_CLOSE_FLAG_FORCE};
-        void *req = ucp_ep_close_nbx(c->ep, &p);
-        if (req && !UCS_PTR_IS_ERR(req)) ps_ucx_wait(&srv->ucx, req);
-        c->ep = NULL;
-    }
+    ps_ucx_ep_close(&srv->ucx, &c->ep, 1);
     conn_free_if_done(c);
 }
 

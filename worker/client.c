@@ -449,16 +449,6 @@ static int connect_shard(ps_client_t *c, uint32_t i)
     return rc;
 }
 
-static void close_ep(ps_client_t *c, cshard_t *s, int force)
-{
-    if (s->ep == NULL) return;
-    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-                             .flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0};
-    void *req = ucp_ep_close_nbx(s->ep, &p);
-    if (req && !UCS_PTR_IS_ERR(req)) ps_ucx_wait(&c->ucx, req);
-    s->ep = NULL;
-}
-
 /* The PS_TEST_CORRUPT_PUSH hook: every Nth push leaves as a copy with one byte flipped (after
  * its CRC was computed; the caller's data stays intact for the resend). */
 static const void *test_corrupt_push(ps_client_t *c, part_t *p)
@@ -1079,7 +1069,7 @@ static int on_deferred(ps_ucx_t *u)
         if (!s->close_queued) continue;
         s->close_queued = 0;
         did = 1;
-        close_ep(c, s, 1);
+        ps_ucx_ep_close(&c->ucx, &s->ep, 1);
         shard_lost(c, i);
     }
     pthread_mutex_lock(&c->mu);
@@ -1093,7 +1083,7 @@ static int on_deferred(ps_ucx_t *u)
         did = 1;
         if (op->type == OP_SHUTDOWN) {
             for (uint32_t i = 0; i < c->nshards; i++) bundle_flush(c, i);
-            for (uint32_t i = 0; i < c->nshards; i++) close_ep(c, &c->shards[i], 0);
+            for (uint32_t i = 0; i < c->nshards; i++) ps_ucx_ep_close(&c->ucx, &c->shards[i].ep, 0);
             uv_stop(&c->loop);
             op_publish_done(op);
             continue;

@@ -813,13 +813,7 @@ static int send_only(peer_t *p, ps_msg_t *m, const void *data, size_t len, unsig
 /* Connect again and say hello after psd dropped the connection; the new rank goes to @p t. */
 static int rejoin(peer_t *p, const ps_manifest_t *m, target_t *t)
 {
-    if (p->ep) {
-        ucp_request_param_t cp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-                                  .flags = UCP_EP_CLOSE_FLAG_FORCE};
-        void *req = ucp_ep_close_nbx(p->ep, &cp);
-        if (req && !UCS_PTR_IS_ERR(req)) ps_ucx_wait(&p->ucx, req);
-        p->ep = NULL;
-    }
+    ps_ucx_ep_close(&p->ucx, &p->ep, 1);
     p->ep_failed = 0;
     if (connect_shard0(p, m)) return -1;
     ps_msg_t hello = {.type = PS_MSG_HELLO, .rank = -1, .pid = (uint32_t)getpid()};
@@ -1049,12 +1043,7 @@ int main(int argc, char **argv)
 
     int rc = run(&p, &m, only, nfuzz);
 
-    if (p.ep) {
-        ucp_request_param_t cp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-                                  .flags = UCP_EP_CLOSE_FLAG_FORCE};
-        void *req = ucp_ep_close_nbx(p.ep, &cp);
-        if (req && !UCS_PTR_IS_ERR(req)) ps_ucx_wait(&p.ucx, req);
-    }
+    ps_ucx_ep_close(&p.ucx, &p.ep, 1);
     uv_close((uv_handle_t *)&p.timer, NULL);
     ps_ucx_close(&p.ucx);
     uv_run(&p.loop, UV_RUN_DEFAULT);
