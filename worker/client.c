@@ -277,13 +277,16 @@ static void part_done(part_t *p)
 
 static void shard_lost(ps_client_t *c, uint32_t i);
 
-/* A data part whose transport failed waits for its shard to come back, once the client
- * has joined; anything else fails. Returns 1 if the part will be sent again. */
+/* A part whose transport failed waits for its shard to come back, once the client has
+ * joined, if it is a push, a pull, a batch request or a declaration (psd takes a tensor's
+ * second declaration as the first, so sending one again is safe); anything else fails.
+ * Returns 1 if the part will be sent again. */
 static int part_defer(ps_client_t *c, part_t *p)
 {
     if (!__atomic_load_n(&c->joined, __ATOMIC_ACQUIRE) || !p->pending ||
         c->shards[p->shard].gone ||
-        (p->op->type != OP_PUSH && p->op->type != OP_PULL && p->op->type != OP_BATCH))
+        (p->op->type != OP_PUSH && p->op->type != OP_PULL && p->op->type != OP_BATCH &&
+         p->op->type != OP_DECLARE))
         return 0;
     p->resend = 1;
     cshard_t *s = &c->shards[p->shard];
@@ -820,7 +823,7 @@ static void on_rehello(ps_op_t *op)
             for (uint32_t k = 0; k < o->nparts; k++)
                 if (o->parts[k].resend && o->parts[k].shard == i && o->parts[k].pending) {
                     o->parts[k].resend = 0;
-                    if (o->type == OP_BATCH)
+                    if (o->type == OP_BATCH || o->type == OP_DECLARE)
                         send_part(c, &o->parts[k], &o->req, NULL, 0, PS_AM_CTRL);
                     else
                         send_data_part(c, o, &o->parts[k]);
