@@ -1265,7 +1265,10 @@ static void job_done(uv_work_t *w, int status)
     if (job->pooled) ps_ucx_spin_resume(&srv->ucx); /* job_work stopped it */
     /* job_running stays set until the end: chunk_maybe_ready below must not start the
      * next job in this struct while its items are still being finished. */
-    if (job->rc)
+    if (job->rc == PS_ESTOREFULL)
+        PS_LOG(PS_LOG_ERROR, "shard", "store job failed: %s (map_size_mb is %llu)",
+               ps_strerror(job->rc), (unsigned long long)srv->m.map_size_mb);
+    else if (job->rc)
         PS_LOG(PS_LOG_ERROR, "shard", "store job failed: %s", ps_strerror(job->rc));
     psd_outbox_begin(srv); /* the acks and pull replies of this job leave bundled */
     snapshot_stale(srv);

@@ -20,6 +20,7 @@
 static int mdb_err(int rc)
 {
     if (rc == 0) return 0;
+    if (rc == MDB_MAP_FULL) return PS_ESTOREFULL;
     if (rc > 0 && rc < 4096) return -rc; /* an errno */
     return PS_ESTORE;
 }

@@ -268,6 +268,31 @@ START_TEST(reserve_populates_new_pages)
 }
 END_TEST
 
+/* A store whose map is full says so (PS_ESTOREFULL, whose text names map_size_mb), not a bare
+ * "shard store error"; what was committed before stays readable. */
+START_TEST(full_map_named)
+{
+    psd_store_t st;
+    char err[512];
+    ck_assert_int_eq(open_store(&st, "demo", 1 << 20, 2, err), 0); /* a 64 MiB map */
+    write_chunk(&st, 0, 0, 7, 1.0f);
+    psd_wtxn_t tx;
+    ck_assert_int_eq(psd_store_begin(&st, &tx), 0);
+    int rc = 0;
+    psd_chunk_hdr_t *h;
+    for (uint32_t c = 1; c < 16 && rc == 0; c++) /* 12 MiB records */
+        rc = psd_store_chunk_reserve(&tx, 0, c, 1u << 20, 2, &h);
+    ck_assert_int_eq(rc, PS_ESTOREFULL);
+    ck_assert_ptr_nonnull(strstr(ps_strerror(rc), "map_size_mb"));
+    psd_store_abort(&tx);
+    nchunks = 0;
+    ck_assert_int_eq(psd_store_load(&st, NULL, count_chunk, NULL), 0);
+    ck_assert_int_eq(nchunks, 1);
+    ck_assert_uint_eq(seen_version, 7);
+    psd_store_close(&st);
+}
+END_TEST
+
 /* Seal writes the CRC-32C of the params and the XXH3-64 of params and state. */
 START_TEST(seal_hashes_record)
 {
@@ -507,6 +532,7 @@ Suite *ps_test_suite(void)
     tcase_add_test(tc, survives_reopen);
     tcase_add_test(tc, snapshot_is_stable);
     tcase_add_test(tc, second_open_refused);
+    tcase_add_test(tc, full_map_named);
     tcase_add_test(tc, identity_checked);
     tcase_add_test(tc, identity_string_checked);
     tcase_add_test(tc, reserve_populates_new_pages);

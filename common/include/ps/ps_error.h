@@ -24,6 +24,7 @@
     XX(EFULL, -10007, "no free worker rank")                                \
     XX(EDATA, -10008, "invalid dataset file")                               \
     XX(ECRC, -10009, "checksum mismatch: data corrupted in transit")                          \
+    XX(ESTOREFULL, -10010, "the shard store is full: raise map_size_mb")    \
     XX(ENOTMEMBER, -10020, "this worker was removed from the job; join again")
 
 enum {
