@@ -32,12 +32,26 @@ static void on_prepare(uv_prepare_t *h)
     ps_ucx_progress(h->data);
 }
 
+/* Runs while the worker stays busy (ps_ucx_progress): an active idle handle keeps the loop from
+ * sleeping, and its prepare hook progresses the worker again. (Not progressed from here: a
+ * handle that restarts itself from its own callback would keep the loop's timers waiting.) */
+static void on_busy_idle(uv_idle_t *h)
+{
+    (void)h;
+}
+
 static uint64_t now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
+
+/* How long ps_ucx_progress keeps calling a busy ucp_worker_arm, with nothing progressed, before
+ * it lets the loop run its timers once (and comes back at once), and how long the worker may
+ * go without being armed, so leaving it again and again, before that is said (once). */
+#define PS_UCX_BUSY_NS 1000000ull
+#define PS_UCX_BUSY_WARN_NS 1000000000ull
 
 void ps_ucx_progress(ps_ucx_t *u)
 {
@@ -49,6 +63,7 @@ void ps_ucx_progress(ps_ucx_t *u)
     if (__atomic_load_n(&u->spin_stop, __ATOMIC_ACQUIRE)) return;
     uint64_t start = 0;
     int spin = u->spin_ns != 0;
+    uint64_t busy_since = 0;
     for (;;) {
         int active = 0, to_loop = 0;
         while (ucp_worker_progress(u->worker)) {
@@ -87,7 +102,10 @@ void ps_ucx_progress(ps_ucx_t *u)
                 continue;
             }
         }
-        if (active) continue;
+        if (active) {
+            busy_since = 0;
+            continue;
+        }
         if (__atomic_load_n(&u->spinning, __ATOMIC_RELAXED)) {
             /* Other threads skip their wake-up while we spin (see spinning): clear the flag,
              * then look at their queue once more before sleeping. */
@@ -95,9 +113,33 @@ void ps_ucx_progress(ps_ucx_t *u)
             continue;
         }
         ucs_status_t s = ucp_worker_arm(u->worker);
-        if (s == UCS_OK) break;
+        if (s == UCS_OK) {
+            if (u->busy_since_ns) uv_idle_stop(&u->busy_idle);
+            u->busy_since_ns = 0;
+            break;
+        }
         if (s != UCS_ERR_BUSY) {
             PS_LOG(PS_LOG_ERROR, "ucx", "ucp_worker_arm: %s", ucs_status_string(s));
+            break;
+        }
+        /* Busy: events wait, or a transfer is under way (a CMA copy progresses a segment per
+         * call and counts only when it completes); progress again. UCX 1.13 can also stay busy
+         * for good with nothing that progress takes: a worker whose shard was killed mid-run
+         * (faults:psd_crash_coordinator, about 1 run in 150) spun here, and its timers
+         * (heartbeats, reconnects) never ran again. So after PS_UCX_BUSY_NS go back to the loop,
+         * which runs its timers and comes back without sleeping (busy_idle) until it can arm. */
+        uint64_t now = now_ns();
+        if (busy_since == 0) busy_since = now;
+        if (now - busy_since >= PS_UCX_BUSY_NS) {
+            u->busy_polls++;
+            if (u->busy_since_ns == 0) u->busy_since_ns = busy_since;
+            if (!u->busy_warned && now - u->busy_since_ns >= PS_UCX_BUSY_WARN_NS) {
+                u->busy_warned = 1;
+                PS_LOG(PS_LOG_WARN, "ucx", "the UCX worker could not be put to sleep for %.1f s "
+                       "(busy, with nothing progressed for 1 ms at a time); the loop keeps "
+                       "polling it", (double)(now - u->busy_since_ns) / 1e9);
+            }
+            uv_idle_start(&u->busy_idle, on_busy_idle);
             break;
         }
     }
@@ -158,6 +200,8 @@ int ps_ucx_init(ps_ucx_t *u, uv_loop_t *loop)
     u->poll.data = u;
     uv_prepare_init(loop, &u->prepare);
     u->prepare.data = u;
+    uv_idle_init(loop, &u->busy_idle);
+    u->busy_idle.data = u;
     uv_poll_start(&u->poll, UV_READABLE, on_efd);
     uv_prepare_start(&u->prepare, on_prepare);
     return 0;
@@ -182,8 +226,10 @@ void ps_ucx_close(ps_ucx_t *u)
     u->closing = 1;
     uv_poll_stop(&u->poll);
     uv_prepare_stop(&u->prepare);
+    uv_idle_stop(&u->busy_idle);
     uv_close((uv_handle_t *)&u->poll, NULL);
     uv_close((uv_handle_t *)&u->prepare, NULL);
+    uv_close((uv_handle_t *)&u->busy_idle, NULL);
     ucp_worker_destroy(u->worker);
     ucp_cleanup(u->context);
     u->worker = NULL;

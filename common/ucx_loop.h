@@ -35,6 +35,11 @@ struct ps_ucx_s {
                                     deferred hook once more, so work queued under a lock the
                                     hook takes, by a thread that then saw spinning == 1, is
                                     found without a wake-up */
+    uv_idle_t busy_idle;         /* active while the worker stays busy: the loop does not sleep */
+    uint64_t busy_polls;         /* times ps_ucx_progress left a busy worker for the loop */
+    uint64_t busy_since_ns;      /* when the first of those since the worker was last armed
+                                    began (0: none) */
+    int busy_warned;             /* said once that it stays busy */
     uint32_t eager_below;        /* PS_EAGER_BELOW, or PS_EAGER_BYTES (ps_ucx_eager_below) */
     void *data;                  /* the owner's */
 };

@@ -1,5 +1,6 @@
 /* test_ucx.c: which endpoints send data messages eagerly (ps_ucx_eager_below) and the
- * PS_EAGER_BYTES override. */
+ * PS_EAGER_BYTES override; the loop keeps running while UCX cannot be armed (the test is
+ * linked with -Wl,--wrap=ucp_worker_arm, so it decides what arming returns). */
 #include <check.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,12 +61,74 @@ START_TEST(eager_bytes_env)
 }
 END_TEST
 
+/* ---- a worker that stays busy ---------------------------------------------------------- */
+
+ucs_status_t __real_ucp_worker_arm(ucp_worker_h worker);
+ucs_status_t __wrap_ucp_worker_arm(ucp_worker_h worker);
+
+static int arm_busy; /* 1: every arm says UCS_ERR_BUSY, as UCX 1.13 once did for good */
+
+ucs_status_t __wrap_ucp_worker_arm(ucp_worker_h worker)
+{
+    return arm_busy ? UCS_ERR_BUSY : __real_ucp_worker_arm(worker);
+}
+
+static void on_tick(uv_timer_t *h)
+{
+    int *ticks = h->data;
+    if (++*ticks == 3) uv_stop(h->loop);
+}
+
+/* Three ticks of a 2 ms timer, then the loop stops: returns the ticks seen. */
+static int run_ticks(uv_loop_t *loop)
+{
+    int ticks = 0;
+    uv_timer_t t;
+    uv_timer_init(loop, &t);
+    t.data = &ticks;
+    uv_timer_start(&t, on_tick, 2, 2);
+    uv_run(loop, UV_RUN_DEFAULT);
+    uv_close((uv_handle_t *)&t, NULL);
+    uv_run(loop, UV_RUN_NOWAIT);
+    return ticks;
+}
+
+/* While ucp_worker_arm says busy and progress finds nothing, ps_ucx_progress goes back to the
+ * loop every millisecond (its timers still run) and the loop comes back without sleeping; once
+ * arming works, the loop sleeps on the worker's event fd again. Before, the loop spun inside
+ * ps_ucx_progress for good: this test then hits its timeout. */
+START_TEST(busy_arm_keeps_the_loop_running)
+{
+    uv_loop_t loop;
+    ck_assert_int_eq(uv_loop_init(&loop), 0);
+    ps_ucx_t u;
+    ck_assert_int_eq(ps_ucx_init(&u, &loop), 0);
+    arm_busy = 1;
+    ck_assert_int_eq(run_ticks(&loop), 3);
+    uint64_t polls = u.busy_polls;
+    ck_assert_uint_gt(polls, 0);
+    arm_busy = 0;
+    ck_assert_int_eq(run_ticks(&loop), 3);
+    uint64_t settled = u.busy_polls;
+    ck_assert_uint_le(settled, polls + 1); /* at most the timer started before */
+    ck_assert_int_eq(run_ticks(&loop), 3);
+    ck_assert_uint_eq(u.busy_polls, settled);
+    ps_ucx_close(&u);
+    uv_run(&loop, UV_RUN_NOWAIT);
+    ck_assert_int_eq(uv_loop_close(&loop), 0);
+}
+END_TEST
+
 Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("ucx");
     TCase *tc = tcase_create("eager");
     tcase_add_test(tc, eager_only_on_copying_lanes);
     tcase_add_test(tc, eager_bytes_env);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("busy");
+    tcase_set_timeout(tc, 10);
+    tcase_add_test(tc, busy_arm_keeps_the_loop_running);
     suite_add_tcase(s, tc);
     return s;
 }
