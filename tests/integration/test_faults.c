@@ -14,12 +14,16 @@
 #include "cluster.h"
 #include "expect.h"
 
-/* Sleep until the worker's log shows progress past its join (it pulled, so it trains). */
-static void wait_training(cl_proc_t *w)
+/* Sleep until both workers have finished a step (the coordinator has committed a step with
+ * both as members, so a restarted coordinator knows them), and a few dozen more. Before that
+ * a crash of the coordinator would forget them: they would join again, which is
+ * test_elastic.c's matter, not this file's. */
+static void wait_training(cl_proc_t *w[2])
 {
-    ck_assert_msg(cl_wait_log(w, "joined at step", RUN_S) == 0, "%s never joined: %s", w->name,
-                  cl_tail(w));
-    struct timespec ts = {0, 300 * 1000 * 1000}; /* a few dozen steps */
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg(cl_wait_log(w[i], "step 1/", RUN_S) == 0, "%s never finished a step: %s",
+                      w[i]->name, cl_tail(w[i]));
+    struct timespec ts = {0, 50 * 1000 * 1000};
     nanosleep(&ts, NULL);
 }
 
@@ -40,7 +44,7 @@ static void psd_crash(int victim, bool new_file)
     cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
     cl_proc_t *w[2] = {cl_worker_start(c, NULL, "w0.params", false),
                        cl_worker_start(c, NULL, "w1.params", false)};
-    wait_training(w[0]);
+    wait_training(w);
     ck_assert_int_eq(cl_signal(psd[victim], SIGKILL), 0);
     cl_wait(psd[victim], RUN_S);
     if (new_file) {
@@ -131,6 +135,35 @@ static cl_cluster_t *one_worker_joined(int workers, uint64_t max_steps, cl_proc_
     return c;
 }
 
+/* kill -9 a shard right after a worker's hello to it, while the worker declares its tensors:
+ * each declaration to that shard waits for it to come back and is sent again, as pushes and
+ * pulls are, and the worker trains to the end. (Before, the declaration failed at once with
+ * "is not connected" and the worker exited 1.) The log is read every millisecond: the worker
+ * takes ~100 ms for its six declarations. */
+START_TEST(test_psd_crash_during_declare)
+{
+    cl_conf_t k = {.shards = 2, .workers = 1, .max_steps = 20};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    char hello[64]; /* logged once shard 1 answered the hello */
+    snprintf(hello, sizeof hello, "shard 1 (127.0.0.1:%u) over", c->port[1]);
+    struct timespec ms = {0, 1000 * 1000};
+    for (int i = 0; i < (int)(RUN_S * 1000) && count_in_log(w, hello) == 0; i++) nanosleep(&ms, NULL);
+    ck_assert_int_eq(cl_signal(psd[1], SIGKILL), 0);
+    ck_assert_msg(count_in_log(w, "joined at step") == 0,
+                  "the worker finished declaring before the kill: %s", cl_tail(w));
+    cl_wait(psd[1], RUN_S);
+    psd[1] = cl_psd_start(c, 1, NULL, READY_S);
+    EXPECT_EXIT(w, 0);
+    EXPECT_LOG(w, "lost shard 1");
+    EXPECT_LOG(w, "is back after");
+    EXPECT_LOG(w, "joined at step");
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* SIGTERM reaches a worker that waits on a step nobody can complete (the second worker of
  * a BSP job never came): it abandons the step, says leave and exits 128 + SIGTERM. */
 START_TEST(test_sigterm_stuck_worker)
@@ -168,6 +201,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("psd_crash_coordinator", test_psd_crash_coordinator));
     suite_add_tcase(s, tcase("psd_crash_shard", test_psd_crash_shard));
     suite_add_tcase(s, tcase("psd_crash_new_store_file", test_psd_crash_new_store_file));
+    suite_add_tcase(s, tcase("psd_crash_during_declare", test_psd_crash_during_declare));
     suite_add_tcase(s, tcase("worker_killed_and_replaced", test_worker_killed_and_replaced));
     suite_add_tcase(s, tcase("sigterm_stuck_worker", test_sigterm_stuck_worker));
     suite_add_tcase(s, tcase("sigterm_shard_gone", test_sigterm_shard_gone));
