@@ -51,11 +51,15 @@ static uint64_t now_ns(void)
  * it lets the loop run its timers once (and comes back at once), and how long the worker may
  * go without being armed, so leaving it again and again, before that is said (once). */
 #define PS_UCX_BUSY_NS 1000000ull
+#define PS_UCX_CLOSE_NS 2000000000ull /* ps_ucx_ep_close waits at most this long */
 #define PS_UCX_BUSY_WARN_NS 1000000000ull
 
 void ps_ucx_progress(ps_ucx_t *u)
 {
-    if (u->worker == NULL) return;
+    if (u->worker == NULL) { /* a failed ps_ucx_restart: the owner's queued work still runs */
+        if (u->deferred && !u->closing) u->deferred(u);
+        return;
+    }
     /* A pool job finished and its completion is on its way (ps_ucx_spin_stop): let the loop
      * reach it first. One progress call can copy a whole rendezvous chunk (CMA: ~0.1 ms per
      * MiB), and the completion starts the next job and sends the replies, so it goes first;
@@ -120,6 +124,8 @@ void ps_ucx_progress(ps_ucx_t *u)
         }
         if (s != UCS_ERR_BUSY) {
             PS_LOG(PS_LOG_ERROR, "ucx", "ucp_worker_arm: %s", ucs_status_string(s));
+            if (u->busy_since_ns) uv_idle_stop(&u->busy_idle);
+            u->busy_since_ns = 0;
             break;
         }
         /* Busy: events wait, or a transfer is under way (a CMA copy progresses a segment per
@@ -151,6 +157,38 @@ void ps_ucx_set_spin(ps_ucx_t *u, uint32_t us)
     const char *env = getenv("PS_SPIN_US");
     if (env && *env) us = (uint32_t)strtoul(env, NULL, 10);
     u->spin_ns = (uint64_t)us * 1000u;
+}
+
+/* Create the UCP worker of u->context and watch its event fd from u->loop. */
+static int worker_start(ps_ucx_t *u)
+{
+    ucp_worker_params_t wp = {
+        .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+        .thread_mode = UCS_THREAD_MODE_SINGLE,
+    };
+    ucs_status_t s = ucp_worker_create(u->context, &wp, &u->worker);
+    if (s != UCS_OK) {
+        u->worker = NULL;
+        PS_LOG(PS_LOG_ERROR, "ucx", "worker setup: %s", ucs_status_string(s));
+        return PS_ETRANSPORT;
+    }
+    s = ucp_worker_get_efd(u->worker, &u->efd);
+    int rc = s == UCS_OK ? 0 : PS_ETRANSPORT;
+    if (rc == 0 && (u->poll = malloc(sizeof *u->poll)) == NULL) rc = PS_ENOMEM;
+    if (rc == 0 && (rc = uv_poll_init(u->loop, u->poll, u->efd)) != 0) {
+        free(u->poll);
+        u->poll = NULL;
+    }
+    if (rc) {
+        PS_LOG(PS_LOG_ERROR, "ucx", "worker setup: %s",
+               s != UCS_OK ? ucs_status_string(s) : ps_strerror(rc));
+        ucp_worker_destroy(u->worker);
+        u->worker = NULL;
+        return rc;
+    }
+    u->poll->data = u;
+    uv_poll_start(u->poll, UV_READABLE, on_efd);
+    return 0;
 }
 
 int ps_ucx_init(ps_ucx_t *u, uv_loop_t *loop)
@@ -185,54 +223,61 @@ int ps_ucx_init(ps_ucx_t *u, uv_loop_t *loop)
     ucp_config_release(config);
     if (s != UCS_OK) {
         PS_LOG(PS_LOG_ERROR, "ucx", "ucp_init: %s", ucs_status_string(s));
+        u->context = NULL;
         return PS_ETRANSPORT;
     }
-    ucp_worker_params_t wp = {
-        .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
-        .thread_mode = UCS_THREAD_MODE_SINGLE,
-    };
-    s = ucp_worker_create(u->context, &wp, &u->worker);
-    if (s != UCS_OK) goto fail_ctx;
-    s = ucp_worker_get_efd(u->worker, &u->efd);
-    if (s != UCS_OK) goto fail_worker;
-    int rc = uv_poll_init(loop, &u->poll, u->efd);
-    if (rc) goto fail_worker_rc;
-    u->poll.data = u;
+    int rc = worker_start(u);
+    if (rc) {
+        ucp_cleanup(u->context);
+        u->context = NULL;
+        return rc;
+    }
     uv_prepare_init(loop, &u->prepare);
     u->prepare.data = u;
     uv_idle_init(loop, &u->busy_idle);
     u->busy_idle.data = u;
-    uv_poll_start(&u->poll, UV_READABLE, on_efd);
     uv_prepare_start(&u->prepare, on_prepare);
     return 0;
+}
 
-fail_worker_rc:
+static void free_handle(uv_handle_t *h)
+{
+    free(h);
+}
+
+/* Destroy the UCP worker (with whatever endpoints are left) and stop watching its event fd. */
+static void worker_stop(ps_ucx_t *u)
+{
+    uv_poll_stop(u->poll);
+    uv_close((uv_handle_t *)u->poll, free_handle);
+    u->poll = NULL;
     ucp_worker_destroy(u->worker);
-    ucp_cleanup(u->context);
     u->worker = NULL;
-    return rc;
-fail_worker:
-    ucp_worker_destroy(u->worker);
-    u->worker = NULL;
-fail_ctx:
-    PS_LOG(PS_LOG_ERROR, "ucx", "worker setup: %s", ucs_status_string(s));
-    ucp_cleanup(u->context);
-    return PS_ETRANSPORT;
 }
 
 void ps_ucx_close(ps_ucx_t *u)
 {
-    if (u->worker == NULL) return;
+    if (u->context == NULL) return;
     u->closing = 1;
-    uv_poll_stop(&u->poll);
     uv_prepare_stop(&u->prepare);
     uv_idle_stop(&u->busy_idle);
-    uv_close((uv_handle_t *)&u->poll, NULL);
     uv_close((uv_handle_t *)&u->prepare, NULL);
     uv_close((uv_handle_t *)&u->busy_idle, NULL);
-    ucp_worker_destroy(u->worker);
+    if (u->worker) worker_stop(u);
     ucp_cleanup(u->context);
-    u->worker = NULL;
+    u->context = NULL;
+}
+
+int ps_ucx_restart(ps_ucx_t *u)
+{
+    if (u->worker) worker_stop(u);
+    uv_idle_stop(&u->busy_idle);
+    u->busy_since_ns = 0;
+    u->busy_warned = 0;
+    u->last_active_ns = 0;
+    int rc = worker_start(u);
+    if (rc == 0 && u->am_cb) ps_ucx_set_am_handler(u, u->am_cb, u->am_arg);
+    return rc;
 }
 
 ucs_status_t ps_ucx_wait(ps_ucx_t *u, void *req)
@@ -250,12 +295,28 @@ void ps_ucx_ep_close(ps_ucx_t *u, ucp_ep_h *ep, int force)
     if (*ep == NULL) return;
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
                              .flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0};
-    ps_ucx_wait(u, ucp_ep_close_nbx(*ep, &p));
+    void *req = ucp_ep_close_nbx(*ep, &p);
     *ep = NULL;
+    if (req == NULL || UCS_PTR_IS_ERR(req)) return;
+    /* Bounded: a close that waits on a peer that never answers (a flush to a dead process, or
+     * a worker UCX left wedged) must not hold the loop for good. The request is released by
+     * UCX if it ever completes. */
+    uint64_t t0 = now_ns();
+    while (ucp_request_check_status(req) == UCS_INPROGRESS) {
+        if (now_ns() - t0 > PS_UCX_CLOSE_NS) {
+            PS_LOG(PS_LOG_WARN, "ucx", "an endpoint's close did not complete in %llu ms; left "
+                   "to finish in the background", (unsigned long long)(PS_UCX_CLOSE_NS / 1000000));
+            break;
+        }
+        ucp_worker_progress(u->worker);
+    }
+    ucp_request_free(req);
 }
 
 void ps_ucx_set_am_handler(ps_ucx_t *u, ucp_am_recv_callback_t cb, void *arg)
 {
+    u->am_cb = cb; /* set again on the worker ps_ucx_restart makes */
+    u->am_arg = arg;
     /* The ids match proto/wire.h: PS_AM_CTRL = 1, PS_AM_DATA = 2. */
     for (unsigned id = 1; id <= 2; id++) {
         ucp_am_handler_param_t hp = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
@@ -338,6 +399,7 @@ int ps_ucx_connect(ps_ucx_t *u, const char *host, uint16_t port, ucp_err_handler
     struct sockaddr_storage ss;
     socklen_t sslen;
     *ep = NULL;
+    if (u->worker == NULL) return PS_ETRANSPORT; /* a failed ps_ucx_restart */
     if (ps_sockaddr_resolve(host, port, &ss, &sslen)) return PS_ECONFIG;
     ucp_ep_params_t p = {
         .field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |

@@ -21,7 +21,7 @@ struct ps_ucx_s {
     ucp_context_h context;
     ucp_worker_h worker;
     uv_loop_t *loop;
-    uv_poll_t poll;
+    uv_poll_t *poll;             /* the worker's event fd (a new handle for a new worker) */
     uv_prepare_t prepare;
     int efd;
     int closing;
@@ -41,6 +41,8 @@ struct ps_ucx_s {
                                     began (0: none) */
     int busy_warned;             /* said once that it stays busy */
     uint32_t eager_below;        /* PS_EAGER_BELOW, or PS_EAGER_BYTES (ps_ucx_eager_below) */
+    ucp_am_recv_callback_t am_cb; /* ps_ucx_set_am_handler's, for a restarted worker */
+    void *am_arg;
     void *data;                  /* the owner's */
 };
 
@@ -100,10 +102,25 @@ ucs_status_t ps_ucx_wait(ps_ucx_t *u, void *req);
 
 /**
  * @brief Close *@p ep (nothing when it is NULL), wait for the close on this thread as
- * ps_ucx_wait() does, and set *@p ep to NULL. @p force: UCP_EP_CLOSE_FLAG_FORCE (the peer is
- * gone or not worth a flush). For teardown and reconnects, never from a UCX callback.
+ * ps_ucx_wait() does but for at most 2 s (then say so and leave the request to UCX), and set
+ * *@p ep to NULL. @p force: UCP_EP_CLOSE_FLAG_FORCE (the peer is gone or not worth a flush).
+ * For teardown and reconnects, never from a UCX callback.
  */
 void ps_ucx_ep_close(ps_ucx_t *u, ucp_ep_h *ep, int force);
+
+/**
+ * @brief Replace the UCP worker with a new one of the same context, for a worker UCX left
+ * wedged (ps_ucx_progress's busy state; libps calls this when a restarted shard's answer never
+ * arrives). Every endpoint and request of the old worker is gone afterwards, and no callback of
+ * it runs any more: the caller closes its endpoints first (ps_ucx_ep_close with force, which
+ * completes their requests if the close finishes) and releases whatever the old worker's
+ * requests still held. The AM handlers are set again on the new one. Not from a UCX callback
+ * nor from inside ps_ucx_progress (a libuv timer callback is fine).
+ * @return 0, or PS_ETRANSPORT / PS_ENOMEM / a libuv error: then there is no worker;
+ *  ps_ucx_progress then only runs the deferred hook, ps_ucx_connect fails, and the caller
+ *  should fail what it had in flight.
+ */
+int ps_ucx_restart(ps_ucx_t *u);
 
 /** @brief A short description of the transports an endpoint uses ("tcp", "sysv,cma", ...). */
 void ps_ucx_ep_lanes(ucp_ep_h ep, char *buf, size_t len);

@@ -6,8 +6,9 @@
  * shard acknowledged its pushes, so the step is applied everywhere — every
  * member's batch counts as applied, the step advances, and every member of the
  * job (joiners included) gets the next batch, in rank order. A member that goes
- * away (leave, endpoint error, missed heartbeats) is taken out of the open step
- * in a new epoch; its batch is given back and handed out again; the shards learn
+ * away (leave, missed heartbeats, its process gone; a connection that closes while
+ * the process may live keeps the rank for heartbeat_timeout_ms, for the same process to
+ * come back) is taken out of the open step in a new epoch; its batch is given back and handed out again; the shards learn
  * the epoch from the remaining members (MSG_EPOCH, forwarded by libps), so the
  * step completes without it. When no member is left, the step waits for the
  * next worker.
@@ -19,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "batches.h"
 #include "ps/ps_error.h"
@@ -58,7 +60,9 @@ typedef struct {
 } coord_saved_t;
 
 typedef struct {
-    psd_conn_t *conn;         /* NULL while a member is expected back after a restart */
+    psd_conn_t *conn;         /* NULL while a member is expected back: after a restart of
+                                 this shard, or after its connection closed (lost_ms) */
+    uint64_t lost_ms;         /* when its connection closed (0: it did not) */
     int parked;               /* a batch request waits for an answer */
     uint64_t park_req;
     uint64_t joined_ms, last_done_ms;
@@ -342,9 +346,13 @@ void psd_coord_on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
             old->dead = true;
             old->close_queued = true;
         }
+        if (co->rt[r].lost_ms)
+            PS_LOG(PS_LOG_INFO, "coord", "rank %d (pid %u) is back after %llu ms", r, msg->pid,
+                   (unsigned long long)(uv_now(srv->loop) - co->rt[r].lost_ms));
         rank = r;
         co->rt[r].conn = c;
         co->rt[r].parked = 0;
+        co->rt[r].lost_ms = 0;
     } else {
         uint64_t taken = co->s.active | co->removed_in_step | co->s.step_members;
         for (uint32_t r = 0; r < PS_MAX_RANKS && rank < 0; r++)
@@ -425,6 +433,7 @@ static void member_remove(psd_server_t *srv, uint32_t r, const char *why)
         co->removed_in_step |= 1ull << r; /* its pushes of this step may sit in slots */
     co->rt[r].parked = 0;
     co->rt[r].conn = NULL;
+    co->rt[r].lost_ms = 0;
     if (co->grant_stop > 0) co->grant_stop--;
     bool given_back = false;
     if (m->has_batch) {
@@ -447,20 +456,58 @@ static void member_remove(psd_server_t *srv, uint32_t r, const char *why)
     serve_parked(srv);
 }
 
-void psd_coord_on_gone(psd_server_t *srv, psd_conn_t *c, const char *why)
+/* Whether a member's process may still run: 0 only when it ran on this host (by name) and
+ * /proc shows its pid gone or a zombie. Elsewhere (or in another pid namespace that shares
+ * the host name: then this may err either way) it cannot be told. */
+static int may_live(const saved_member_t *m)
 {
+    char host[sizeof m->host];
+    if (gethostname(host, sizeof host) != 0 || strncmp(host, m->host, sizeof host) != 0) return 1;
+    char path[64], stat[256];
+    snprintf(path, sizeof path, "/proc/%u/stat", m->pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) return 0;
+    size_t n = fread(stat, 1, sizeof stat - 1, f);
+    fclose(f);
+    stat[n] = '\0';
+    const char *paren = strrchr(stat, ')'); /* "pid (comm) S ...": comm may hold spaces */
+    return !(paren && paren[1] == ' ' && paren[2] == 'Z');
+}
+
+void psd_coord_on_gone(psd_server_t *srv, psd_conn_t *c, const char *why, bool may_return)
+{
+    psd_coord_t *co = srv->coord;
     int r = member_of(srv, c);
-    if (r >= 0) member_remove(srv, (uint32_t)r, why);
+    if (r < 0) return;
+    /* A connection that closed while its process may live (its transport was started again,
+     * the network broke): the same process gets its rank back if it says hello within
+     * heartbeat_timeout_ms (psd_coord_tick). Meanwhile the open step waits for it. */
+    if (may_return && may_live(&co->s.m[r])) {
+        co->rt[r].conn = NULL;
+        co->rt[r].parked = 0; /* that request went with the connection: it asks again */
+        co->rt[r].lost_ms = uv_now(srv->loop);
+        PS_LOG(PS_LOG_INFO, "coord", "rank %d (pid %u): %s; its rank waits %llu ms for it to "
+               "come back", r, co->s.m[r].pid, why,
+               (unsigned long long)srv->m.job.heartbeat_timeout_ms);
+        return;
+    }
+    member_remove(srv, (uint32_t)r, why);
 }
 
 void psd_coord_tick(psd_server_t *srv)
 {
     psd_coord_t *co = srv->coord;
     uint64_t now = uv_now(srv->loop);
-    if (now - co->started_ms > srv->m.job.heartbeat_timeout_ms)
-        for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
-            if ((co->s.active >> r & 1) && co->rt[r].conn == NULL)
-                member_remove(srv, r, "did not come back after the coordinator restarted");
+    uint64_t limit = srv->m.job.heartbeat_timeout_ms;
+    for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
+        if (!(co->s.active >> r & 1) || co->rt[r].conn != NULL) continue;
+        if (co->rt[r].lost_ms && !may_live(&co->s.m[r])) /* exited since */
+            member_remove(srv, r, "its connection closed and its process ended");
+        else if (co->rt[r].lost_ms && now - co->rt[r].lost_ms > limit)
+            member_remove(srv, r, "its connection closed and it did not come back");
+        else if (co->rt[r].lost_ms == 0 && now - co->started_ms > limit)
+            member_remove(srv, r, "did not come back after the coordinator restarted");
+    }
     if (co->grant_ms && now - co->grant_ms > GRANT_TTL_MS) {
         co->grant_start = co->grant_stop = 0; /* launches that never showed up */
         co->grant_ms = 0;

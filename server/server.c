@@ -40,10 +40,10 @@ void psd_conn_unref(psd_conn_t *c)
     conn_free_if_done(c);
 }
 
-static void conn_release_rank(psd_server_t *srv, psd_conn_t *c, const char *why)
+static void conn_release_rank(psd_server_t *srv, psd_conn_t *c, const char *why, bool may_return)
 {
     if (srv->coord) {
-        psd_coord_on_gone(srv, c, why);
+        psd_coord_on_gone(srv, c, why, may_return);
     } else if (c->rank >= 0 && c->rank < PS_MAX_RANKS && srv->rank_owner[c->rank] == c) {
         srv->rank_owner[c->rank] = NULL;
         PS_LOG(PS_LOG_INFO, "server", "rank %d (pid %u) left: %s", c->rank, c->pid, why);
@@ -66,7 +66,8 @@ static void conn_close_ep(psd_server_t *srv, psd_conn_t *c)
 {
     c->close_queued = false;
     c->dead = true;
-    conn_release_rank(srv, c, c->silent ? "missed heartbeats" : "its connection closed");
+    conn_release_rank(srv, c, c->silent ? "missed heartbeats" : "its connection closed",
+                      !c->silent);
     psd_shard_drop_conn(srv, c);
     psd_export_drop_conn(srv, c);
     ps_ucx_ep_close(&srv->ucx, &c->ep, 1);
@@ -236,6 +237,22 @@ static void on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
     if (srv->stopping) {
         psd_send_error(srv, c, msg->req_id, PS_EBUSY, "shard %u is shutting down", srv->shard);
         return;
+    }
+    if (msg->rank >= 0 && srv->test_drop_hello > 0) { /* one hello of each of N workers */
+        bool seen = false;
+        for (uint32_t i = 0; i < 8 && srv->test_dropped_pid[i]; i++)
+            seen |= srv->test_dropped_pid[i] == msg->pid;
+        if (!seen) {
+            for (uint32_t i = 0; i < 8; i++)
+                if (srv->test_dropped_pid[i] == 0) {
+                    srv->test_dropped_pid[i] = msg->pid;
+                    break;
+                }
+            srv->test_drop_hello--;
+            PS_LOG(PS_LOG_WARN, "server", "hello of rank %d from %s dropped unanswered "
+                   "(PS_TEST_DROP_HELLO)", msg->rank, c->peer);
+            return;
+        }
     }
     if (srv->coord) {
         psd_coord_on_hello(srv, c, msg);
@@ -548,7 +565,7 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
         break;
     case PS_MSG_LEAVE:
         PS_LOG(PS_LOG_INFO, "server", "rank %d (pid %u) says leave", c->rank, c->pid);
-        conn_release_rank(srv, c, "it said leave");
+        conn_release_rank(srv, c, "it said leave", false);
         c->rank = -1; /* it may not push for that rank any more */
         break;
     default:
@@ -639,6 +656,14 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, const char *restore, 
         PS_LOG(PS_LOG_WARN, "server", "PS_TEST_CORRUPT_PULL=%u: every %uth pull reply is "
                "corrupted on purpose (a test hook)", srv->test_corrupt_pull,
                srv->test_corrupt_pull);
+    }
+    const char *td = getenv("PS_TEST_DROP_HELLO");
+    if (td && atoi(td) > 0) {
+        srv->test_drop_hello = (uint32_t)atoi(td);
+        if (srv->test_drop_hello > 8) srv->test_drop_hello = 8;
+        PS_LOG(PS_LOG_WARN, "server", "PS_TEST_DROP_HELLO=%u: the first hello of each of %u "
+               "returning workers goes unanswered on purpose (a test hook)",
+               srv->test_drop_hello, srv->test_drop_hello);
     }
 
     unsigned threads;

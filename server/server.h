@@ -268,6 +268,9 @@ struct psd_server_s {
     uint64_t crc_errors;       /* pushes rejected for a checksum mismatch */
     uint32_t test_corrupt_pull; /* PS_TEST_CORRUPT_PULL (tests only): corrupt every Nth pull reply */
     uint64_t test_pull_count;
+    uint32_t test_drop_hello;   /* PS_TEST_DROP_HELLO (tests only): returning workers (hello
+                                   with rank >= 0) whose first such hello is still to drop */
+    uint32_t test_dropped_pid[8]; /* the workers whose hello was dropped */
 };
 
 /** @brief Milliseconds of a monotonic clock read now (not the loop's cached time). */
@@ -389,9 +392,13 @@ void psd_coord_on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg);
 void psd_coord_on_batch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg);
 void psd_coord_on_scale(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg);
 void psd_coord_on_launch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg);
-/** @brief @p c left (leave), died or fell silent: its rank leaves the job. */
-void psd_coord_on_gone(psd_server_t *srv, psd_conn_t *c, const char *why);
-/** @brief Every cron tick: members that did not come back after a restart, launch grants. */
+/** @brief @p c left (leave), died or fell silent: its rank leaves the job. With
+ *  @p may_return (its connection closed; it did not say leave nor fall silent) a member whose
+ *  process may still run keeps its rank for heartbeat_timeout_ms, for that process to say
+ *  hello again. */
+void psd_coord_on_gone(psd_server_t *srv, psd_conn_t *c, const char *why, bool may_return);
+/** @brief Every cron tick: members that did not come back after a restart of this shard or
+ *  after their connection closed (or whose process ended since), launch grants. */
 void psd_coord_tick(psd_server_t *srv);
 /** @brief Append the coordinator's members, epoch, step and batches as JSON members. */
 void psd_coord_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len);

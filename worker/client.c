@@ -196,6 +196,7 @@ struct ps_client_s {
     uint64_t progress;          /* comm thread: the current batch's samples-applied-before */
     int has_progress;
     uint32_t reconnect_ms;      /* how long a lost shard may stay away */
+    uint32_t hello_deadline_ms; /* a reconnect's hello unanswered this long: hello_overdue */
     uint32_t test_corrupt_push; /* PS_TEST_CORRUPT_PUSH=N (tests only): corrupt every Nth push */
     uint32_t test_push_count;   /* comm thread */
     int direct;                 /* direct pulls allowed (PS_DIRECT_PULL is not "0") */
@@ -859,6 +860,7 @@ static void on_reconnect_timer(uv_timer_t *h)
     op->nparts = op->remaining = 1;
     op->min_version = UINT64_MAX;
     op->on_done = on_rehello;
+    op->submit_ns = mono_ns(); /* hello_overdue: unanswered for hello_deadline_ms */
     op->parts[0] = (part_t){.op = op, .shard = s->index, .pending = 1};
     op->req = (ps_msg_t){.type = PS_MSG_HELLO, .rank = c->rank, .pid = (uint32_t)getpid(),
                          .samples = c->join_serial, .store_id = ps_storeview_host_id()};
@@ -898,6 +900,79 @@ static void shard_lost(ps_client_t *c, uint32_t i)
     parts_on_shard(c, i, 0);
 }
 
+/* Start this worker's transport again (ps_ucx_restart) and reconnect every shard: what was
+ * pending on any of them waits and is sent again, as after a lost shard. For a worker whose
+ * UCX was left wedged by a shard killed mid-send (see hello_overdue). */
+static void transport_restart(ps_client_t *c)
+{
+    for (uint32_t i = 0; i < c->nshards; i++) /* their requests complete now, canceled */
+        ps_ucx_ep_close(&c->ucx, &c->shards[i].ep, 1);
+    /* The reconnects' hellos went out on the old endpoints: each fails, and its on_rehello
+     * (no endpoint now) schedules the next attempt. Completing one may complete others: the
+     * walk starts again from the head each time. */
+again:
+    for (ps_op_t *op = c->inflight; op; op = op->next)
+        if (op->type == OP_HELLO && op->on_done && op->parts[0].pending) {
+            op_fail(op, PS_ETIMEDOUT, "the transport was started again");
+            op_maybe_complete(op);
+            goto again;
+        }
+    int rc = ps_ucx_restart(&c->ucx);
+    /* No callback of the old worker comes any more: what its requests still held (a send a
+     * close did not finish, a rendezvous receive) is released here; shard_lost below marks
+     * every part still waiting to be sent again once its shard is back. A bundle in flight is
+     * left to leak. */
+    for (ps_op_t *op = c->inflight; op; op = op->next) {
+        op->ucx_refs = 0;
+        for (uint32_t k = 0; k < op->nparts; k++) {
+            part_t *p = &op->parts[k];
+            p->ck.sending = p->ck.again = 0;
+            p->held = 0;
+        }
+    }
+    for (uint32_t i = 0; i < c->nshards; i++) {
+        cshard_t *s = &c->shards[i];
+        s->open = NULL;
+        s->dead = s->close_queued = s->hb_inflight = 0;
+        s->backoff_ms = 25; /* a shard already down: its next try in 50 ms */
+        if (rc) { /* no transport: everything fails from now on */
+            s->gone = 1;
+            uv_timer_stop(&s->timer);
+        }
+        shard_lost(c, i);
+    }
+    if (rc)
+        PS_LOG(PS_LOG_ERROR, "libps", "cannot start the transport again: %s", ps_strerror(rc));
+again_done:
+    for (ps_op_t *op = c->inflight; op; op = op->next)
+        if (op->remaining == 0 && !op->done) {
+            op_maybe_complete(op);
+            goto again_done;
+        }
+}
+
+/* A reconnect's hello that its shard took but did not answer within hello_deadline_ms. A
+ * restarted psd answers at once; what was seen instead (faults:psd_crash_coordinator, about 1
+ * run in 150): a shard killed while it was sending to this worker over shared memory left
+ * UCX 1.13's transport here wedged (ucp_worker_arm busy for good, and the new shard's answer
+ * never came), and after heartbeat_timeout_ms the shard dropped this worker. So the worker's
+ * transport starts again (transport_restart), well before that. */
+static void hello_overdue(ps_client_t *c)
+{
+    uint64_t now = mono_ns(), limit = (uint64_t)c->hello_deadline_ms * 1000000u;
+    for (ps_op_t *op = c->inflight; op; op = op->next) {
+        if (op->type != OP_HELLO || op->on_done == NULL || !op->parts[0].pending ||
+            now - op->submit_ns < limit)
+            continue;
+        uint32_t i = op->parts[0].shard;
+        PS_LOG(PS_LOG_WARN, "libps", "shard %u (%s:%u) did not answer the hello of a reconnect "
+               "in %u ms: starting this worker's transport again and reconnecting every shard",
+               i, c->m.servers[i].host, c->m.servers[i].port, c->hello_deadline_ms);
+        transport_restart(c);
+        return;
+    }
+}
+
 static void on_heartbeat_sent(void *request, ucs_status_t status, void *user_data)
 {
     cshard_t *s = user_data;
@@ -911,6 +986,7 @@ static void on_heartbeat(uv_timer_t *h)
 {
     ps_client_t *c = h->data;
     if (!__atomic_load_n(&c->joined, __ATOMIC_ACQUIRE)) return;
+    hello_overdue(c);
     for (uint32_t i = 0; i < c->nshards; i++) {
         cshard_t *s = &c->shards[i];
         if (s->ep == NULL || s->dead || s->down || s->hb_inflight) continue;
@@ -1627,6 +1703,9 @@ int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts, ps
     uint32_t timeout = 30000;
     if (opts && (opts->field_mask & PS_CLIENT_OPT_CONNECT_TIMEOUT)) timeout = opts->connect_timeout_ms;
     c->reconnect_ms = timeout;
+    /* A third of the heartbeat timeout: the shard must hear from the restarted transport
+     * before it drops this worker as silent. */
+    c->hello_deadline_ms = c->m.job.heartbeat_timeout_ms / 3;
     rc = join(c, timeout);
     if (rc) {
         if (err) snprintf(err, errlen, "%s", c->err);

@@ -34,7 +34,7 @@ static void wait_training(cl_proc_t *w[2])
  * and copied back, as a restore or a repair that replaces data.mdb would leave it): the workers'
  * direct-pull views still map the old file, and the hello names another store, so each closes
  * its view and opens one of the new file. */
-static void psd_crash(int victim, bool new_file)
+static void psd_crash(int victim, bool new_file, int drop_hellos)
 {
     /* Long enough that the kill lands mid-run: a step takes about 1.3 ms here (with direct
      * pulls; 300 steps were over before the 300 ms nap ended). */
@@ -53,11 +53,24 @@ static void psd_crash(int victim, bool new_file)
                  c->data_dir[victim], c->data_dir[victim], c->data_dir[victim]);
         ck_assert_int_eq(system(cmd), 0);
     }
+    if (drop_hellos) {
+        char n[16];
+        snprintf(n, sizeof n, "%d", drop_hellos);
+        setenv("PS_TEST_DROP_HELLO", n, 1);
+    }
     psd[victim] = cl_psd_start(c, victim, NULL, READY_S);
+    unsetenv("PS_TEST_DROP_HELLO");
     EXPECT_EXIT(w[0], 0);
     EXPECT_EXIT(w[1], 0);
     EXPECT_LOG(w[0], "reconnecting");
     EXPECT_LOG(w[0], "is back after");
+    if (drop_hellos) {
+        ck_assert_int_eq(count_in_log(psd[victim], "dropped unanswered"), drop_hellos);
+        for (int i = 0; i < 2; i++)
+            EXPECT_LOG(w[i], "did not answer the hello of a reconnect");
+        if (victim != 0) /* the coordinator kept each rank while its connection was away */
+            ck_assert_int_eq(count_in_log(psd[0], "its rank waits"), 2);
+    }
     char view[64];
     snprintf(view, sizeof view, "shard %d: pulls read its store ", victim);
     for (int i = 0; i < 2; i++)
@@ -72,13 +85,24 @@ static void psd_crash(int victim, bool new_file)
     cl_cluster_destroy(c);
 }
 
-START_TEST(test_psd_crash_coordinator) { psd_crash(0, false); }
+START_TEST(test_psd_crash_coordinator) { psd_crash(0, false, 0); }
 END_TEST
 
-START_TEST(test_psd_crash_shard) { psd_crash(1, false); }
+START_TEST(test_psd_crash_shard) { psd_crash(1, false, 0); }
 END_TEST
 
-START_TEST(test_psd_crash_new_store_file) { psd_crash(1, true); }
+START_TEST(test_psd_crash_new_store_file) { psd_crash(1, true, 0); }
+END_TEST
+
+/* The restarted shard takes each worker's first hello back and never answers it
+ * (PS_TEST_DROP_HELLO), as a worker whose transport UCX left wedged sees it: the worker starts
+ * its transport again and reconnects every shard, in time to keep its rank, and the run still
+ * equals the reference. With shard 1 the victim, the coordinator sees each worker's healthy
+ * connection close and keeps its rank until it says hello again. */
+START_TEST(test_psd_crash_hello_unanswered_coordinator) { psd_crash(0, false, 2); }
+END_TEST
+
+START_TEST(test_psd_crash_hello_unanswered_shard) { psd_crash(1, false, 2); }
 END_TEST
 
 /* A stopped worker (SIGSTOP past the heartbeat timeout) is dropped and rejoins as a new
@@ -201,6 +225,10 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("psd_crash_coordinator", test_psd_crash_coordinator));
     suite_add_tcase(s, tcase("psd_crash_shard", test_psd_crash_shard));
     suite_add_tcase(s, tcase("psd_crash_new_store_file", test_psd_crash_new_store_file));
+    suite_add_tcase(s, tcase("psd_crash_hello_unanswered_coordinator",
+                             test_psd_crash_hello_unanswered_coordinator));
+    suite_add_tcase(s, tcase("psd_crash_hello_unanswered_shard",
+                             test_psd_crash_hello_unanswered_shard));
     suite_add_tcase(s, tcase("psd_crash_during_declare", test_psd_crash_during_declare));
     suite_add_tcase(s, tcase("worker_killed_and_replaced", test_worker_killed_and_replaced));
     suite_add_tcase(s, tcase("sigterm_stuck_worker", test_sigterm_stuck_worker));

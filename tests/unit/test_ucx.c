@@ -1,6 +1,7 @@
 /* test_ucx.c: which endpoints send data messages eagerly (ps_ucx_eager_below) and the
  * PS_EAGER_BYTES override; the loop keeps running while UCX cannot be armed (the test is
- * linked with -Wl,--wrap=ucp_worker_arm, so it decides what arming returns). */
+ * linked with -Wl,--wrap=ucp_worker_arm, so it decides what arming returns); a restarted
+ * worker is driven and released like the first. */
 #include <check.h>
 #include <stdlib.h>
 #include <string.h>
@@ -119,6 +120,27 @@ START_TEST(busy_arm_keeps_the_loop_running)
 }
 END_TEST
 
+/* ps_ucx_restart makes a new worker (and event-fd watch) the loop drives as before; closing
+ * afterwards releases every handle (uv_loop_close would refuse otherwise). */
+START_TEST(restart_replaces_the_worker)
+{
+    uv_loop_t loop;
+    ck_assert_int_eq(uv_loop_init(&loop), 0);
+    ps_ucx_t u;
+    ck_assert_int_eq(ps_ucx_init(&u, &loop), 0);
+    uv_poll_t *old_poll = u.poll;
+    ck_assert_int_eq(ps_ucx_restart(&u), 0);
+    ck_assert_ptr_nonnull(u.worker);
+    ck_assert_ptr_ne(u.poll, old_poll); /* the old handle is closing */
+    ck_assert_int_eq(run_ticks(&loop), 3);
+    ck_assert_int_eq(ps_ucx_restart(&u), 0);
+    ck_assert_int_eq(run_ticks(&loop), 3);
+    ps_ucx_close(&u);
+    uv_run(&loop, UV_RUN_NOWAIT);
+    ck_assert_int_eq(uv_loop_close(&loop), 0);
+}
+END_TEST
+
 Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("ucx");
@@ -129,6 +151,7 @@ Suite *ps_test_suite(void)
     tc = tcase_create("busy");
     tcase_set_timeout(tc, 10);
     tcase_add_test(tc, busy_arm_keeps_the_loop_running);
+    tcase_add_test(tc, restart_replaces_the_worker);
     suite_add_tcase(s, tc);
     return s;
 }
