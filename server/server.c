@@ -238,7 +238,7 @@ static void on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
         psd_send_error(srv, c, msg->req_id, PS_EBUSY, "shard %u is shutting down", srv->shard);
         return;
     }
-    if (msg->rank >= 0 && srv->test_drop_hello > 0) { /* one hello of each of N workers */
+    if (srv->test_drop_hello > 0) { /* the first hello of each of N workers */
         bool seen = false;
         for (uint32_t i = 0; i < 8 && srv->test_dropped_pid[i]; i++)
             seen |= srv->test_dropped_pid[i] == msg->pid;
@@ -662,7 +662,7 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, const char *restore, 
         srv->test_drop_hello = (uint32_t)atoi(td);
         if (srv->test_drop_hello > 8) srv->test_drop_hello = 8;
         PS_LOG(PS_LOG_WARN, "server", "PS_TEST_DROP_HELLO=%u: the first hello of each of %u "
-               "returning workers goes unanswered on purpose (a test hook)",
+               "workers goes unanswered on purpose (a test hook)",
                srv->test_drop_hello, srv->test_drop_hello);
     }
 

@@ -268,8 +268,8 @@ struct psd_server_s {
     uint64_t crc_errors;       /* pushes rejected for a checksum mismatch */
     uint32_t test_corrupt_pull; /* PS_TEST_CORRUPT_PULL (tests only): corrupt every Nth pull reply */
     uint64_t test_pull_count;
-    uint32_t test_drop_hello;   /* PS_TEST_DROP_HELLO (tests only): returning workers (hello
-                                   with rank >= 0) whose first such hello is still to drop */
+    uint32_t test_drop_hello;   /* PS_TEST_DROP_HELLO (tests only): workers (by pid) whose
+                                   first hello is still to drop unanswered */
     uint32_t test_dropped_pid[8]; /* the workers whose hello was dropped */
 };
 

@@ -960,14 +960,26 @@ again_done:
 static void hello_overdue(ps_client_t *c)
 {
     uint64_t now = mono_ns(), limit = (uint64_t)c->hello_deadline_ms * 1000000u;
+again:
     for (ps_op_t *op = c->inflight; op; op = op->next) {
-        if (op->type != OP_HELLO || op->on_done == NULL || !op->parts[0].pending ||
-            now - op->submit_ns < limit)
+        if (op->type != OP_HELLO || !op->parts[0].pending || now - op->submit_ns < limit)
             continue;
         uint32_t i = op->parts[0].shard;
+        const ps_server_conf_t *sc = &c->m.servers[i];
+        if (op->on_done == NULL) {
+            /* A join's hello: it fails (join() tries again until its timeout) and its
+             * endpoint is closed, so a shard that took the connection but never answers
+             * cannot hold the join for good. */
+            op_fail(op, PS_ETIMEDOUT, "shard %u (%s:%u) did not answer its hello in %u ms", i,
+                    sc->host, sc->port, c->hello_deadline_ms);
+            cshard_t *s = &c->shards[i];
+            if (s->ep && !s->dead) s->dead = s->close_queued = 1;
+            op_maybe_complete(op);
+            goto again;
+        }
         PS_LOG(PS_LOG_WARN, "libps", "shard %u (%s:%u) did not answer the hello of a reconnect "
                "in %u ms: starting this worker's transport again and reconnecting every shard",
-               i, c->m.servers[i].host, c->m.servers[i].port, c->hello_deadline_ms);
+               i, sc->host, sc->port, c->hello_deadline_ms);
         transport_restart(c);
         return;
     }
@@ -985,8 +997,8 @@ static void on_heartbeat_sent(void *request, ucs_status_t status, void *user_dat
 static void on_heartbeat(uv_timer_t *h)
 {
     ps_client_t *c = h->data;
-    if (!__atomic_load_n(&c->joined, __ATOMIC_ACQUIRE)) return;
     hello_overdue(c);
+    if (!__atomic_load_n(&c->joined, __ATOMIC_ACQUIRE)) return;
     for (uint32_t i = 0; i < c->nshards; i++) {
         cshard_t *s = &c->shards[i];
         if (s->ep == NULL || s->dead || s->down || s->hb_inflight) continue;

@@ -188,6 +188,25 @@ START_TEST(test_psd_crash_during_declare)
 }
 END_TEST
 
+/* A shard that takes a worker's first hello and never answers it (PS_TEST_DROP_HELLO): the
+ * join's hello fails after heartbeat_timeout_ms / 3, the worker connects again, joins and
+ * trains to the end. Before, the join waited for that answer for good. */
+START_TEST(test_join_hello_unanswered)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1, .max_steps = 20};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    setenv("PS_TEST_DROP_HELLO", "1", 1);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    unsetenv("PS_TEST_DROP_HELLO");
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    EXPECT_EXIT(w, 0);
+    ck_assert_int_eq(count_in_log(psd, "dropped unanswered"), 1);
+    EXPECT_LOG(w, "joined at step");
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* SIGTERM reaches a worker that waits on a step nobody can complete (the second worker of
  * a BSP job never came): it abandons the step, says leave and exits 128 + SIGTERM. */
 START_TEST(test_sigterm_stuck_worker)
@@ -229,6 +248,7 @@ Suite *ps_test_suite(void)
                              test_psd_crash_hello_unanswered_coordinator));
     suite_add_tcase(s, tcase("psd_crash_hello_unanswered_shard",
                              test_psd_crash_hello_unanswered_shard));
+    suite_add_tcase(s, tcase("join_hello_unanswered", test_join_hello_unanswered));
     suite_add_tcase(s, tcase("psd_crash_during_declare", test_psd_crash_during_declare));
     suite_add_tcase(s, tcase("worker_killed_and_replaced", test_worker_killed_and_replaced));
     suite_add_tcase(s, tcase("sigterm_stuck_worker", test_sigterm_stuck_worker));
