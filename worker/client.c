@@ -196,7 +196,7 @@ struct ps_client_s {
     uint64_t progress;          /* comm thread: the current batch's samples-applied-before */
     int has_progress;
     uint32_t reconnect_ms;      /* how long a lost shard may stay away */
-    uint32_t hello_deadline_ms; /* a reconnect's hello unanswered this long: hello_overdue */
+    uint32_t hello_deadline_ms; /* a hello unanswered this long: hello_overdue */
     uint32_t test_corrupt_push; /* PS_TEST_CORRUPT_PUSH=N (tests only): corrupt every Nth push */
     uint32_t test_push_count;   /* comm thread */
     int direct;                 /* direct pulls allowed (PS_DIRECT_PULL is not "0") */
@@ -951,8 +951,8 @@ again_done:
         }
 }
 
-/* A reconnect's hello that its shard took but did not answer within hello_deadline_ms. A
- * restarted psd answers at once; what was seen instead (faults:psd_crash_coordinator, about 1
+/* Hellos unanswered for hello_deadline_ms. A join's fails and is tried again (below). A
+ * reconnect's: a restarted psd answers at once; what was seen instead (faults:psd_crash_coordinator, about 1
  * run in 150): a shard killed while it was sending to this worker over shared memory left
  * UCX 1.13's transport here wedged (ucp_worker_arm busy for good, and the new shard's answer
  * never came), and after heartbeat_timeout_ms the shard dropped this worker. So the worker's
