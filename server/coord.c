@@ -7,8 +7,9 @@
  * member's batch counts as applied, the step advances, and every member of the
  * job (joiners included) gets the next batch, in rank order. A member that goes
  * away (leave, missed heartbeats, its process gone; a connection that closes while
- * the process may live keeps the rank for heartbeat_timeout_ms, for the same process to
- * come back) is taken out of the open step in a new epoch; its batch is given back and handed out again; the shards learn
+ * the process may live keeps the rank for heartbeat_timeout_ms, at most 15 s, for
+ * the same process to come back) is taken out of the open step in a new epoch; its
+ * batch is given back and handed out again; the shards learn
  * the epoch from the remaining members (MSG_EPOCH, forwarded by libps), so the
  * step completes without it. When no member is left, the step waits for the
  * next worker.
@@ -96,6 +97,15 @@ struct psd_coord_s {
 };
 
 static bool is_bsp(const psd_server_t *srv) { return srv->m.job.consistency == PS_CONSIST_BSP; }
+
+/* How long a member whose connection closed keeps its rank (psd_coord_on_gone): the heartbeat
+ * timeout, but no longer than launch grants live, so scaling never counts a member that is
+ * away past its grants. */
+static uint64_t grace_ms(const psd_server_t *srv)
+{
+    uint64_t hb = srv->m.job.heartbeat_timeout_ms;
+    return hb < GRANT_TTL_MS ? hb : GRANT_TTL_MS;
+}
 static uint32_t popcount(uint64_t x) { return (uint32_t)__builtin_popcountll(x); }
 
 /* ---- replies ----------------------------------------------------------------- */
@@ -481,14 +491,13 @@ void psd_coord_on_gone(psd_server_t *srv, psd_conn_t *c, const char *why, bool m
     if (r < 0) return;
     /* A connection that closed while its process may live (its transport was started again,
      * the network broke): the same process gets its rank back if it says hello within
-     * heartbeat_timeout_ms (psd_coord_tick). Meanwhile the open step waits for it. */
+     * grace_ms (psd_coord_tick). Meanwhile the open step waits for it. */
     if (may_return && may_live(&co->s.m[r])) {
         co->rt[r].conn = NULL;
         co->rt[r].parked = 0; /* that request went with the connection: it asks again */
         co->rt[r].lost_ms = uv_now(srv->loop);
         PS_LOG(PS_LOG_INFO, "coord", "rank %d (pid %u): %s; its rank waits %llu ms for it to "
-               "come back", r, co->s.m[r].pid, why,
-               (unsigned long long)srv->m.job.heartbeat_timeout_ms);
+               "come back", r, co->s.m[r].pid, why, (unsigned long long)grace_ms(srv));
         return;
     }
     member_remove(srv, (uint32_t)r, why);
@@ -503,7 +512,7 @@ void psd_coord_tick(psd_server_t *srv)
         if (!(co->s.active >> r & 1) || co->rt[r].conn != NULL) continue;
         if (co->rt[r].lost_ms && !may_live(&co->s.m[r])) /* exited since */
             member_remove(srv, r, "its connection closed and its process ended");
-        else if (co->rt[r].lost_ms && now - co->rt[r].lost_ms > limit)
+        else if (co->rt[r].lost_ms && now - co->rt[r].lost_ms > grace_ms(srv))
             member_remove(srv, r, "its connection closed and it did not come back");
         else if (co->rt[r].lost_ms == 0 && now - co->started_ms > limit)
             member_remove(srv, r, "did not come back after the coordinator restarted");
