@@ -341,17 +341,20 @@ START_TEST(test_data_dir_in_use)
 END_TEST
 
 /* (c) A worker whose model has another shape is refused with both shapes named; the job goes
- * on, and the rank it held is given to the next worker. */
+ * on, and the rank it held is given to the next worker. The job wants 3 workers: with 2, the
+ * refused one's hello could complete the first step's members, and the first worker then
+ * trained all 20 steps alone after it left (1 run in 40), before the next one joined. With 3
+ * the first step waits for the next one (or a heartbeat timeout). */
 START_TEST(test_conflicting_shape)
 {
-    cl_conf_t k = {.shards = 2, .workers = 2, .consistency = "bsp", .max_steps = 20};
+    cl_conf_t k = {.shards = 2, .workers = 3, .consistency = "bsp", .max_steps = 20};
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
 
     cl_proc_t *a = cl_worker_start(c, NULL, NULL, false);
     ck_assert_msg(cl_wait_log(a, "joined at step", RUN_S) == 0, "%s did not join; its log: %s",
                   a->name, cl_tail(a));
-    EXPECT_LOG(a, "psworker: rank 0 of 2 joined at step 0 of 20");
+    EXPECT_LOG(a, "psworker: rank 0 of 3 joined at step 0 of 20");
 
     /* Same cluster, only job.layers differs: fc1.weight is [784, 128], not [784, 256]. */
     cl_conf_t kb = k;
@@ -376,7 +379,7 @@ START_TEST(test_conflicting_shape)
     cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
     EXPECT_EXIT(a, 0);
     EXPECT_EXIT(w, 0);
-    EXPECT_LOG(w, "psworker: rank 1 of 2 joined at step 0 of 20");
+    EXPECT_LOG(w, "psworker: rank 1 of 3 joined at step 0 of 20");
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }
