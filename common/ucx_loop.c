@@ -40,6 +40,13 @@ static void on_busy_idle(uv_idle_t *h)
     (void)h;
 }
 
+/* The worker could be armed (or will not be tried again): the loop may sleep again. */
+static void busy_end(ps_ucx_t *u)
+{
+    uv_idle_stop(&u->busy_idle);
+    u->busy_since_ns = 0;
+}
+
 static uint64_t now_ns(void)
 {
     struct timespec ts;
@@ -117,15 +124,10 @@ void ps_ucx_progress(ps_ucx_t *u)
             continue;
         }
         ucs_status_t s = ucp_worker_arm(u->worker);
-        if (s == UCS_OK) {
-            if (u->busy_since_ns) uv_idle_stop(&u->busy_idle);
-            u->busy_since_ns = 0;
-            break;
-        }
         if (s != UCS_ERR_BUSY) {
-            PS_LOG(PS_LOG_ERROR, "ucx", "ucp_worker_arm: %s", ucs_status_string(s));
-            if (u->busy_since_ns) uv_idle_stop(&u->busy_idle);
-            u->busy_since_ns = 0;
+            if (s != UCS_OK)
+                PS_LOG(PS_LOG_ERROR, "ucx", "ucp_worker_arm: %s", ucs_status_string(s));
+            busy_end(u);
             break;
         }
         /* Busy: events wait, or a transfer is under way (a CMA copy progresses a segment per
@@ -271,8 +273,7 @@ void ps_ucx_close(ps_ucx_t *u)
 int ps_ucx_restart(ps_ucx_t *u)
 {
     if (u->worker) worker_stop(u);
-    uv_idle_stop(&u->busy_idle);
-    u->busy_since_ns = 0;
+    busy_end(u);
     u->busy_warned = 0;
     u->last_active_ns = 0;
     int rc = worker_start(u);
@@ -280,14 +281,23 @@ int ps_ucx_restart(ps_ucx_t *u)
     return rc;
 }
 
-ucs_status_t ps_ucx_wait(ps_ucx_t *u, void *req)
+/* Progress until @p req completes or @p limit_ns passes (then UCS_INPROGRESS), and release it
+ * (UCX frees one still in flight when it completes). */
+static ucs_status_t wait_req(ps_ucx_t *u, void *req, uint64_t limit_ns)
 {
     if (req == NULL) return UCS_OK;
     if (UCS_PTR_IS_ERR(req)) return UCS_PTR_STATUS(req);
+    uint64_t t0 = now_ns();
     ucs_status_t s;
-    while ((s = ucp_request_check_status(req)) == UCS_INPROGRESS) ucp_worker_progress(u->worker);
+    while ((s = ucp_request_check_status(req)) == UCS_INPROGRESS && now_ns() - t0 < limit_ns)
+        ucp_worker_progress(u->worker);
     ucp_request_free(req);
     return s;
+}
+
+ucs_status_t ps_ucx_wait(ps_ucx_t *u, void *req)
+{
+    return wait_req(u, req, UINT64_MAX);
 }
 
 void ps_ucx_ep_close(ps_ucx_t *u, ucp_ep_h *ep, int force)
@@ -297,20 +307,11 @@ void ps_ucx_ep_close(ps_ucx_t *u, ucp_ep_h *ep, int force)
                              .flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0};
     void *req = ucp_ep_close_nbx(*ep, &p);
     *ep = NULL;
-    if (req == NULL || UCS_PTR_IS_ERR(req)) return;
     /* Bounded: a close that waits on a peer that never answers (a flush to a dead process, or
-     * a worker UCX left wedged) must not hold the loop for good. The request is released by
-     * UCX if it ever completes. */
-    uint64_t t0 = now_ns();
-    while (ucp_request_check_status(req) == UCS_INPROGRESS) {
-        if (now_ns() - t0 > PS_UCX_CLOSE_NS) {
-            PS_LOG(PS_LOG_WARN, "ucx", "an endpoint's close did not complete in %llu ms; left "
-                   "to finish in the background", (unsigned long long)(PS_UCX_CLOSE_NS / 1000000));
-            break;
-        }
-        ucp_worker_progress(u->worker);
-    }
-    ucp_request_free(req);
+     * a worker UCX left wedged) must not hold the loop for good. */
+    if (wait_req(u, req, PS_UCX_CLOSE_NS) == UCS_INPROGRESS)
+        PS_LOG(PS_LOG_WARN, "ucx", "an endpoint's close did not complete in %llu ms; left to "
+               "finish in the background", (unsigned long long)(PS_UCX_CLOSE_NS / 1000000));
 }
 
 void ps_ucx_set_am_handler(ps_ucx_t *u, ucp_am_recv_callback_t cb, void *arg)
