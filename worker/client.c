@@ -1716,8 +1716,12 @@ int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts, ps
     if (opts && (opts->field_mask & PS_CLIENT_OPT_CONNECT_TIMEOUT)) timeout = opts->connect_timeout_ms;
     c->reconnect_ms = timeout;
     /* A third of the heartbeat timeout: the shard must hear from the restarted transport
-     * before it drops this worker as silent. */
+     * before it drops this worker as silent. At least 1 s: with a short heartbeat timeout
+     * (elastic:sigstop_rejoins has 500 ms) a shard busy for a moment would otherwise make
+     * hellos time out again and again, each a transport restart; there the shard drops the
+     * worker first and it joins again. */
     c->hello_deadline_ms = c->m.job.heartbeat_timeout_ms / 3;
+    if (c->hello_deadline_ms < 1000) c->hello_deadline_ms = 1000;
     rc = join(c, timeout);
     if (rc) {
         if (err) snprintf(err, errlen, "%s", c->err);
