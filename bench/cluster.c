@@ -98,8 +98,15 @@ void pb_cluster_start(pb_cluster_t *cl, const pb_cluster_conf_t *conf, int id)
         char name[32], shard[16];
         snprintf(name, sizeof name, "c%d-psd%d", id, i);
         snprintf(shard, sizeof shard, "%d", i);
+        char trace[PB_PATH];
         char *argv[] = {(char *)conf->psd, "--manifest", cl->manifest, "--shard", shard,
-                        "--log-level",     "warn",       NULL};
+                        "--log-level",     "warn",       NULL,         NULL,      NULL};
+        if (conf->trace_dir) {
+            snprintf(trace, sizeof trace, "%s/c%d-%dx%d-%s-shard%d.json", conf->trace_dir, id,
+                     conf->shards, conf->workers, conf->transport, i);
+            argv[7] = "--trace";
+            argv[8] = trace;
+        }
         cl->psd[i] = pb_spawn(name, argv, env, false, true);
     }
     for (int i = 0; i < conf->shards; i++) {

@@ -49,7 +49,7 @@ typedef struct {
     const char *transports[3];
     int ntransports;
     uint64_t chunk_bytes, map_size_mb;
-    const char *json, *markdown, *psd, *perftest;
+    const char *json, *markdown, *psd, *perftest, *trace_dir;
     char self[PB_PATH];
     /* Timing. */
     double case_s; /* target time of one timed case */
@@ -68,7 +68,7 @@ static void usage(FILE *f)
             "usage: psbench [--manifest FILE | --shards S --workers W] [--sizes LIST]\n"
             "               [--transports shm,tcp,direct] [--json FILE] [--markdown FILE] [--quick]\n"
             "               [--bsp-push] [--only limits,ops,apply,step,codecs,store] [--psd PATH]\n"
-            "               [--perftest PATH] [--trials N]\n"
+            "               [--perftest PATH] [--trials N] [--trace DIR]\n"
             "Starts psd shards and client processes on 127.0.0.1 (data under /dev/shm) and\n"
             "measures push, pull and push+pull rounds of one dense tensor, the optimizers'\n"
             "apply and a BSP step with adam, and each gradient codec's encode and decode, beside\n"
@@ -82,7 +82,10 @@ static void usage(FILE *f)
             "--only: run some parts (default all); ratios need the limits part (store: the\n"
             "optimizers in RAM and through psd's store alone, part of limits).\n"
             "--trials N: run each push, pull and round case N times (1..%d, default 1) and\n"
-            "report the one with the median throughput (the note gives the range).\n",
+            "report the one with the median throughput (the note gives the range).\n"
+            "--trace DIR: each psd writes its timeline (psd --trace: pushes landing, apply jobs,\n"
+            "pulls) to DIR/cID-SxW-TRANSPORT-shardN.json, for chrome://tracing or Perfetto\n"
+            "(tracing costs some speed: compare figures only between runs without it).\n",
             PB_MAX_TRIALS);
 }
 
@@ -365,6 +368,7 @@ static void cluster_conf(bench_t *b, pb_cluster_conf_t *k, int shards, int worke
     k->chunk_bytes = b->chunk_bytes;
     k->map_size_mb = b->map_size_mb;
     k->psd = b->psd;
+    k->trace_dir = b->trace_dir;
     k->self = b->self;
 }
 
@@ -659,6 +663,7 @@ int main(int argc, char **argv)
                                          {"psd", required_argument, 0, 'p'},
                                          {"perftest", required_argument, 0, 'P'},
                                          {"trials", required_argument, 0, 'T'},
+                                         {"trace", required_argument, 0, 'R'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     static bench_t b;
@@ -727,6 +732,9 @@ int main(int argc, char **argv)
             break;
         case 'P':
             b.perftest = optarg;
+            break;
+        case 'R':
+            b.trace_dir = optarg;
             break;
         case 'T': {
             char *end;

@@ -8,16 +8,18 @@
 #include "ps/ps_error.h"
 #include "ps/ps_log.h"
 
-int psd_server_run(const ps_manifest_t *m, uint32_t shard, const char *restore, char *err,
-                   size_t errlen);
+int psd_server_run(const ps_manifest_t *m, uint32_t shard, const char *restore,
+                   const char *trace, char *err, size_t errlen);
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: psd --manifest FILE --shard N [--restore DIR] "
+    fprintf(f, "usage: psd --manifest FILE --shard N [--restore DIR] [--trace FILE] "
                "[--log-level debug|info|warn|error]\n"
                "Serve shard N of the cluster described by FILE until SIGINT or SIGTERM.\n"
                "  --restore DIR  first fill the (empty) data_dir from the checkpoint in DIR\n"
-               "                 (psctl checkpoint), placing its chunks for this manifest\n");
+               "                 (psctl checkpoint), placing its chunks for this manifest\n"
+               "  --trace FILE   write a timeline of pushes landing, apply jobs and pulls to\n"
+               "                 FILE (Chrome trace format: chrome://tracing, ui.perfetto.dev)\n");
 }
 
 int main(int argc, char **argv)
@@ -26,16 +28,18 @@ int main(int argc, char **argv)
                                          {"shard", required_argument, 0, 's'},
                                          {"log-level", required_argument, 0, 'l'},
                                          {"restore", required_argument, 0, 'r'},
+                                         {"trace", required_argument, 0, 't'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
-    const char *manifest = NULL, *shard_s = NULL, *restore = NULL;
+    const char *manifest = NULL, *shard_s = NULL, *restore = NULL, *trace = NULL;
     ps_log_set_level(NULL);
     int o;
-    while ((o = getopt_long(argc, argv, "m:s:l:r:h", opts, NULL)) != -1) {
+    while ((o = getopt_long(argc, argv, "m:s:l:r:t:h", opts, NULL)) != -1) {
         switch (o) {
         case 'm': manifest = optarg; break;
         case 's': shard_s = optarg; break;
         case 'r': restore = optarg; break;
+        case 't': trace = optarg; break;
         case 'l':
             if (ps_log_set_level(optarg)) {
                 fprintf(stderr, "psd: unknown log level '%s'\n", optarg);
@@ -63,7 +67,7 @@ int main(int argc, char **argv)
                 m.nservers - 1);
         return 2;
     }
-    int rc = psd_server_run(&m, (uint32_t)shard, restore, err, sizeof err);
+    int rc = psd_server_run(&m, (uint32_t)shard, restore, trace, err, sizeof err);
     if (rc) {
         fprintf(stderr, "psd: shard %lu: %s\n", shard, err);
         return 1;

@@ -635,8 +635,8 @@ static void on_signal(uv_signal_t *h, int signum)
     psd_server_maybe_stop(srv);
 }
 
-int psd_server_run(const ps_manifest_t *m, uint32_t shard, const char *restore, char *err,
-                   size_t errlen)
+int psd_server_run(const ps_manifest_t *m, uint32_t shard, const char *restore,
+                   const char *trace, char *err, size_t errlen)
 {
     psd_server_t *srv = calloc(1, sizeof *srv);
     if (srv == NULL) return PS_ENOMEM;
@@ -666,6 +666,8 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, const char *restore, 
                srv->test_drop_hello, srv->test_drop_hello);
     }
 
+    if (trace && (rc = psd_trace_open(&srv->trace, trace, shard, err, errlen)) != 0)
+        goto fail_store;
     unsigned threads;
     if ((rc = psd_fanout_threads_env(m->apply_threads, &threads, err, errlen)) != 0)
         goto fail_store;
@@ -797,6 +799,7 @@ fail_shard:
     psd_store_close(&srv->store);
 fail_store:
     psd_fanout_close(&srv->fanout);
+    psd_trace_close(srv->trace);
     for (psd_conn_t *c = srv->conns, *nx; c; c = nx) {
         nx = c->next;
         free(c);

@@ -19,6 +19,7 @@
 #include "merkle.h"
 #include "fanout.h"
 #include "store.h"
+#include "trace.h"
 #include "ucx_loop.h"
 #include "wire.h"
 
@@ -61,6 +62,7 @@ typedef struct psd_wait_s {
     uint32_t codec;            /* pulls: the reply's encoding (none, fp16, bf16) */
     struct psd_wait_s *next;
     uint32_t flags;            /* pulls: PS_FLAG_DIRECT (the worker reads the store itself) */
+    uint64_t asked_ns;         /* pulls, with --trace: when the request came (else 0) */
 } psd_wait_t;
 
 enum { SLOT_EMPTY = 0, SLOT_RECEIVING, SLOT_FULL, SLOT_APPLYING };
@@ -68,6 +70,7 @@ enum { SLOT_EMPTY = 0, SLOT_RECEIVING, SLOT_FULL, SLOT_APPLYING };
 typedef struct {
     psd_chunk_t *chunk;
     uint32_t rank;
+    uint64_t arrived_ns;       /* with --trace: when the push's header came (else 0) */
 } psd_slot_ref_t;
 
 /* A slot filled by a direct push: its data is in the pusher's area (pushshm.c), referenced. */
@@ -139,6 +142,9 @@ typedef struct psd_send_s {
     uint32_t count;            /* outbox bundles: entries */
     uint8_t hdr[PS_WIRE_HDR_MAX];
     struct psd_send_s *next_free;
+    /* Pull replies, with --trace: what psd_trace_pull says when the transfer ends. */
+    uint32_t tensor, chunk;
+    uint64_t version, asked_ns, answered_ns;
 } psd_send_t;
 
 /* A store job: create tensors' chunks, or apply a batch of ready chunks. Runs on
@@ -151,6 +157,7 @@ typedef struct {
     ps_decl_t decl;            /* JOB_CREATE: a copy the thread may read */
     psk_init_t init;           /* JOB_CREATE: its initializer (run_create) */
     uint64_t start_ns;         /* JOB_CREATE: when it was started (uv_hrtime), for the log */
+    uint64_t begin_ns, end_ns; /* JOB_APPLY with --trace: its work (psd_trace_now), else 0 */
     psd_chunk_t **chunks;      /* JOB_CREATE: the tensor's chunk table (fixed while it runs) */
     uint32_t nchunks;
     psd_chunk_t **items;       /* JOB_APPLY: chunks whose SLOT_APPLYING slots to apply */
@@ -253,6 +260,7 @@ struct psd_server_s {
     psd_snap_t *free_snaps;
     psd_send_t *free_sends;
     psd_wait_t *free_waits;
+    psd_trace_t *trace;        /* psd --trace FILE, or NULL */
     int bundling;              /* outbox.c: depth of psd_outbox_begin */
     psd_conn_t *outbox_conns;  /* connections with a bundle being filled */
     uint64_t bundles_sent, bundles_received;

@@ -14,6 +14,7 @@
 #include "server.h"
 
 static void job_start_next(psd_server_t *srv);
+static size_t job_bytes(const psd_server_t *srv, const psd_job_t *job);
 static void drop_slot(psd_chunk_t *ch, uint32_t r);
 
 /* ---- tensor table ------------------------------------------------------ */
@@ -328,14 +329,14 @@ static void wait_put(psd_server_t *srv, psd_wait_t *w)
 }
 
 static int wait_add(psd_server_t *srv, psd_wait_t **list, psd_conn_t *conn, uint64_t req_id,
-                    uint64_t min_version, uint32_t codec, uint32_t flags)
+                    uint64_t min_version, uint32_t codec, uint32_t flags, uint64_t asked_ns)
 {
     psd_wait_t *w = srv->free_waits;
     if (w)
         srv->free_waits = w->next;
     else if ((w = malloc(sizeof *w)) == NULL)
         return PS_ENOMEM;
-    *w = (psd_wait_t){conn, req_id, min_version, codec, *list, flags};
+    *w = (psd_wait_t){conn, req_id, min_version, codec, *list, flags, asked_ns};
     *list = w;
     psd_conn_ref(conn);
     return 0;
@@ -445,7 +446,7 @@ void psd_shard_on_declare(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *m
         }
         if (t->ready)
             reply_declare(srv, conn, msg->req_id, t);
-        else if (wait_add(srv, &t->declares, conn, msg->req_id, 0, 0, 0))
+        else if (wait_add(srv, &t->declares, conn, msg->req_id, 0, 0, 0, 0))
             psd_send_error(srv, conn, msg->req_id, PS_ENOMEM, "out of memory");
         return;
     }
@@ -473,7 +474,7 @@ void psd_shard_on_declare(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *m
         return;
     }
     int rc = tensor_add(srv, &d, false);
-    if (rc == 0) rc = wait_add(srv, &srv->tensors[d.id].declares, conn, msg->req_id, 0, 0, 0);
+    if (rc == 0) rc = wait_add(srv, &srv->tensors[d.id].declares, conn, msg->req_id, 0, 0, 0, 0);
     if (rc == 0) rc = queue_create(srv, d.id);
     if (rc) {
         psd_send_error(srv, conn, msg->req_id, rc, "cannot create tensor '%s': %s", d.name,
@@ -532,6 +533,9 @@ static void on_pull_sent(void *request, ucs_status_t status, void *user_data)
     if (status != UCS_OK && !s->conn->dead)
         PS_LOG(PS_LOG_WARN, "shard", "pull reply to %s failed: %s", s->conn->peer,
                ucs_status_string(status));
+    else if (srv->trace)
+        psd_trace_pull(srv->trace, s->tensor, s->chunk, s->version, s->asked_ns, s->answered_ns,
+                       psd_trace_now(), false);
     snap_release(srv, s->snap);
     psd_conn_unref(s->conn);
     s->next_free = srv->free_sends;
@@ -558,7 +562,7 @@ static const void *test_corrupt(psd_send_t *s, const void *data, size_t dlen)
 }
 
 static void send_pull_reply(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id, psd_chunk_t *ch,
-                            uint32_t codec, uint32_t flags)
+                            uint32_t codec, uint32_t flags, uint64_t asked_ns)
 {
     if (conn->dead) return;
     if (snap_current(srv) == NULL) {
@@ -582,6 +586,11 @@ static void send_pull_reply(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id
         if (psd_outbox_add(srv, conn, &r, NULL, 0) != 0) psd_send_msg(srv, conn, &r);
         srv->pulls++;
         srv->direct_pulls++;
+        if (srv->trace) {
+            uint64_t now = psd_trace_now();
+            psd_trace_pull(srv->trace, ch->tensor, ch->chunk, h->version, asked_ns, now, now,
+                           true);
+        }
         return;
     }
     psd_send_t *s = srv->free_sends;
@@ -625,6 +634,11 @@ static void send_pull_reply(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id
         s->next_free = srv->free_sends;
         srv->free_sends = s;
         srv->pulls++;
+        if (srv->trace) {
+            uint64_t now = psd_trace_now();
+            psd_trace_pull(srv->trace, ch->tensor, ch->chunk, h->version, asked_ns, now, now,
+                           false);
+        }
         return;
     }
     psd_outbox_flush(srv, conn);
@@ -633,6 +647,13 @@ static void send_pull_reply(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id
     s->snap = srv->snap;
     s->snap->refs++;
     psd_conn_ref(conn);
+    if (srv->trace) {
+        s->tensor = ch->tensor;
+        s->chunk = ch->chunk;
+        s->version = h->version;
+        s->asked_ns = asked_ns;
+        s->answered_ns = psd_trace_now();
+    }
     size_t len;
     ps_msg_encode(&r, s->hdr, sizeof s->hdr, &len);
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
@@ -674,6 +695,7 @@ void psd_shard_on_pull(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
 {
     psd_chunk_t *ch = find_chunk(srv, conn, msg);
     if (ch == NULL) return;
+    uint64_t asked = srv->trace ? psd_trace_now() : 0;
     if (msg->codec != PSK_CODEC_NONE && msg->codec != PSK_CODEC_FP16 &&
         msg->codec != PSK_CODEC_BF16) {
         psd_send_error(srv, conn, msg->req_id, PS_EPROTO,
@@ -686,7 +708,7 @@ void psd_shard_on_pull(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
     uint32_t direct = srv->store_path[0] && msg->codec == PSK_CODEC_NONE
                           ? msg->flags & PS_FLAG_DIRECT : 0;
     if (ch->version >= msg->step || srv->m.job.consistency != PS_CONSIST_BSP) {
-        send_pull_reply(srv, conn, msg->req_id, ch, msg->codec, direct);
+        send_pull_reply(srv, conn, msg->req_id, ch, msg->codec, direct, asked);
         return;
     }
     if (msg->step > ch->version + 1) {
@@ -695,7 +717,7 @@ void psd_shard_on_pull(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
                        ch->chunk, (unsigned long long)msg->step, (unsigned long long)ch->version);
         return;
     }
-    if (wait_add(srv, &ch->pulls, conn, msg->req_id, msg->step, msg->codec, direct))
+    if (wait_add(srv, &ch->pulls, conn, msg->req_id, msg->step, msg->codec, direct, asked))
         psd_send_error(srv, conn, msg->req_id, PS_ENOMEM, "out of memory");
 }
 
@@ -779,6 +801,10 @@ static void push_received(psd_chunk_t *ch, uint32_t rank, ucs_status_t status)
     ch->nfull++;
     ch->full_mask |= 1ull << rank;
     srv->pushes++;
+    if (srv->trace)
+        psd_trace_push(srv->trace, ch->tensor, ch->chunk, rank, ch->slot_step[rank],
+                       ch->slot_ref[rank].arrived_ns, psd_trace_now(),
+                       ch->slot_ext && ch->slot_ext[rank].data != NULL);
     chunk_maybe_ready(srv, ch);
 }
 
@@ -934,6 +960,9 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
     ch->slot_pid[rank] = conn->pid;
     ch->slot_conn[rank] = conn;
     psd_conn_ref(conn);
+    if (srv->trace) /* a rendezvous receive's span starts now; any other push is an instant */
+        ch->slot_ref[rank].arrived_ns =
+            !direct && (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ? psd_trace_now() : 0;
     if (direct) { /* written by the sender before it sent the header */
         srv->direct_pushes++;
         push_received(ch, rank, UCS_OK);
@@ -1202,15 +1231,18 @@ static void job_work(uv_work_t *w)
 {
     psd_job_t *job = w->data;
     psd_wtxn_t tx;
+    job->begin_ns = job->srv->trace ? psd_trace_now() : 0; /* read by job_done, after us */
     job->rc = psd_store_begin(&job->srv->store, &tx);
-    if (job->rc) return;
-    job->rc = job->kind == JOB_CREATE ? run_create(job, &tx) : run_apply(job, &tx);
-    if (job->rc == 0 && job->kind == JOB_APPLY && job->coord_len)
-        job->rc = psd_store_put_blob(&tx, "job", job->coord_state, job->coord_len);
-    if (job->rc)
-        psd_store_abort(&tx);
-    else
-        job->rc = psd_store_commit(&tx);
+    if (job->rc == 0) {
+        job->rc = job->kind == JOB_CREATE ? run_create(job, &tx) : run_apply(job, &tx);
+        if (job->rc == 0 && job->kind == JOB_APPLY && job->coord_len)
+            job->rc = psd_store_put_blob(&tx, "job", job->coord_state, job->coord_len);
+        if (job->rc)
+            psd_store_abort(&tx);
+        else
+            job->rc = psd_store_commit(&tx);
+    }
+    job->end_ns = job->begin_ns ? psd_trace_now() : 0;
     /* From the pool, job_done comes next through an uv_async: stop the loop's busy-poll. */
     if (job->pooled) ps_ucx_spin_stop(&job->srv->ucx);
 }
@@ -1222,7 +1254,7 @@ static void answer_pulls(psd_server_t *srv, psd_chunk_t *ch)
         psd_wait_t *w = *pp;
         if (w->min_version <= ch->version) {
             *pp = w->next;
-            send_pull_reply(srv, w->conn, w->req_id, ch, w->codec, w->flags);
+            send_pull_reply(srv, w->conn, w->req_id, ch, w->codec, w->flags, w->asked_ns);
             psd_conn_unref(w->conn);
             wait_put(srv, w);
         } else {
@@ -1270,6 +1302,10 @@ static void job_done(uv_work_t *w, int status)
                ps_strerror(job->rc), (unsigned long long)srv->m.map_size_mb);
     else if (job->rc)
         PS_LOG(PS_LOG_ERROR, "shard", "store job failed: %s", ps_strerror(job->rc));
+    if (srv->trace && job->kind == JOB_APPLY && job->nitems > 0)
+        psd_trace_apply(srv->trace, job->begin_ns, job->end_ns, job->nitems,
+                        job->items[0]->tensor, job->items[0]->chunk, job_bytes(srv, job),
+                        job->pooled);
     psd_outbox_begin(srv); /* the acks and pull replies of this job leave bundled */
     snapshot_stale(srv);
     if (job->kind == JOB_CREATE) {

@@ -334,6 +334,12 @@ static cl_proc_t *spawn(cl_cluster_t *c, const char *name, char *const argv[], b
 
 cl_proc_t *cl_psd_spawn(cl_cluster_t *c, int shard, const char *manifest)
 {
+    return cl_psd_spawn_with(c, shard, manifest, NULL);
+}
+
+cl_proc_t *cl_psd_spawn_with(cl_cluster_t *c, int shard, const char *manifest,
+                             const char *const *extra)
+{
     int again = 0;
     for (int i = 0; i < c->nprocs; i++)
         if (strncmp(c->procs[i].name, "psd", 3) == 0 && atoi(c->procs[i].name + 3) == shard)
@@ -344,14 +350,15 @@ cl_proc_t *cl_psd_spawn(cl_cluster_t *c, int shard, const char *manifest)
     else
         snprintf(name, sizeof name, "psd%d", shard);
     snprintf(shard_s, sizeof shard_s, "%d", shard);
-    char *argv[] = {(char *)cl_binary("PSD"),
-                    "--manifest",
-                    (char *)(manifest ? manifest : c->manifest),
-                    "--shard",
-                    shard_s,
-                    "--log-level",
-                    "info",
-                    NULL};
+    char *argv[16] = {(char *)cl_binary("PSD"),
+                      "--manifest",
+                      (char *)(manifest ? manifest : c->manifest),
+                      "--shard",
+                      shard_s,
+                      "--log-level",
+                      "info",
+                      NULL};
+    for (int i = 7, k = 0; extra && extra[k] && i < 15; i++, k++) argv[i] = (char *)extra[k];
     return spawn(c, name, argv, true);
 }
 

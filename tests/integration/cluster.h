@@ -113,6 +113,11 @@ double cl_left(const cl_cluster_t *c);
  */
 cl_proc_t *cl_psd_spawn(cl_cluster_t *c, int shard, const char *manifest);
 
+/** @brief cl_psd_spawn with more arguments: @p extra, a NULL-terminated list (at most 8) that
+ *  goes after psd's usual ones (NULL: none). The strings must live until the call returns. */
+cl_proc_t *cl_psd_spawn_with(cl_cluster_t *c, int shard, const char *manifest,
+                             const char *const *extra);
+
 /**
  * @brief Read @p p's stdout until its "psd shard N listening on HOST:PORT" line.
  * @return 0 when it came and names the manifest's port; -1 when the process closed its stdout

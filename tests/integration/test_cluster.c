@@ -528,6 +528,144 @@ START_TEST(test_self_test)
 }
 END_TEST
 
+/* The value of "KEY": in one line of a psd --trace file, into @p out (a string's characters,
+ * or a number's text); "" when the line has no such key. */
+static void trace_field(const char *line, const char *key, char *out, size_t cap)
+{
+    char want[32];
+    snprintf(want, sizeof want, "\"%s\":", key);
+    const char *at = strstr(line, want);
+    out[0] = '\0';
+    if (at == NULL) return;
+    at += strlen(want);
+    size_t n = 0;
+    if (*at == '"')
+        for (at++; *at && *at != '"' && n + 1 < cap; at++) out[n++] = *at;
+    else
+        for (; *at && *at != ',' && *at != '}' && n + 1 < cap; at++) out[n++] = *at;
+    out[n] = '\0';
+}
+
+/* psd --trace FILE: the shard's timeline in Chrome's trace event format. With one worker
+ * pushing and pulling directly and one over UCX, FILE is a JSON array of one event per line;
+ * it holds one push event per push the shard took and one pull span per pull it answered (as
+ * psctl status counts them), of both kinds; the UCX pushes' rendezvous receives are spans;
+ * every span ends at or after its start; and each step's update is an apply job on its own
+ * lane. */
+START_TEST(test_trace_timeline)
+{
+    cl_conf_t k = {.shards = 1,
+                   .workers = 2,
+                   .consistency = "bsp",
+                   .optimizer = "{name: sgd, lr: 0.05}",
+                   .max_steps = 20,
+                   .batch_size = 64,
+                   .chunk_bytes = 1 << 20}; /* the first layer's 784 KiB go by rendezvous */
+    cl_cluster_t *c = cl_cluster_create(&k);
+    char trace[CL_PATH];
+    cl_path(c, "psd0.trace.json", trace, sizeof trace);
+    const char *extra[] = {"--trace", trace, NULL};
+    cl_proc_t *psd = cl_psd_spawn_with(c, 0, NULL, extra);
+    ck_assert_msg(cl_psd_wait_ready(psd, READY_S) == 0, "psd --trace did not start: %s",
+                  cl_tail(psd));
+    cl_proc_t *w0 = cl_worker_start(c, NULL, NULL, false);
+    ck_assert_msg(cl_wait_log(w0, "joined at step", RUN_S) == 0, "w0 never joined: %s",
+                  cl_tail(w0));
+    setenv("PS_DIRECT_PUSH", "0", 1);
+    setenv("PS_DIRECT_PULL", "0", 1);
+    cl_proc_t *w1 = cl_worker_start(c, NULL, NULL, false);
+    unsetenv("PS_DIRECT_PUSH");
+    unsetenv("PS_DIRECT_PULL");
+    EXPECT_EXIT(w0, 0);
+    EXPECT_EXIT(w1, 0);
+    cl_proc_t *ctl = status_json(c, "psctl");
+    unsigned long long pushes = sum_field(ctl, "pushes"), pulls = sum_field(ctl, "pulls");
+    stop_all(&psd, 1);
+
+    size_t len;
+    char *text = cl_read_file(trace, &len);
+    ck_assert_msg(text != NULL && len > 0, "no trace at %s", trace);
+    size_t nlines = 1;
+    for (size_t i = 0; i < len; i++) nlines += text[i] == '\n';
+    double *begun = calloc(nlines + 1, sizeof *begun); /* by async span id */
+    ck_assert_ptr_nonnull(begun);
+    unsigned long long push_ev = 0, push_direct = 0, push_span = 0, pull_ev = 0,
+                       pull_direct = 0, ended = 0, applies = 0, names = 0;
+    char *save = NULL, ph[8], name[64], cat[16], direct[8], num[32];
+    int lineno = 0;
+    bool closed = false;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        lineno++;
+        if (lineno == 1) {
+            ck_assert_msg(strcmp(line, "[") == 0, "%s: line 1 is not '[': %s", trace, line);
+            continue;
+        }
+        if (strcmp(line, "]") == 0) {
+            closed = true;
+            continue;
+        }
+        size_t n = strlen(line);
+        if (n && line[n - 1] == ',') line[--n] = '\0';
+        ck_assert_msg(!closed && n > 2 && line[0] == '{' && line[n - 1] == '}',
+                      "%s: line %d is not one event: %s", trace, lineno, line);
+        trace_field(line, "ph", ph, sizeof ph);
+        trace_field(line, "name", name, sizeof name);
+        trace_field(line, "cat", cat, sizeof cat);
+        trace_field(line, "direct", direct, sizeof direct);
+        trace_field(line, "ts", num, sizeof num);
+        double ts = atof(num);
+        trace_field(line, "id", num, sizeof num);
+        unsigned long long id = strtoull(num, NULL, 10);
+        ck_assert_msg(ph[0] == 'M' || ts > 0, "%s: line %d has no time: %s", trace, lineno, line);
+        if (ph[0] == 'M') {
+            names++;
+        } else if (strncmp(name, "push ", 5) == 0 && (ph[0] == 'i' || ph[0] == 'b')) {
+            push_ev++;
+            push_direct += strcmp(direct, "true") == 0;
+            push_span += ph[0] == 'b';
+        } else if (strncmp(name, "pull ", 5) == 0 && ph[0] == 'b') {
+            pull_ev++;
+            pull_direct += strcmp(direct, "true") == 0;
+        } else if (strcmp(name, "apply") == 0 && ph[0] == 'X') {
+            trace_field(line, "dur", num, sizeof num);
+            ck_assert_msg(num[0] && atof(num) >= 0, "%s: line %d: %s", trace, lineno, line);
+            applies++;
+        } else if (ph[0] != 'e') {
+            ck_abort_msg("%s: line %d is no event psd writes: %s", trace, lineno, line);
+        }
+        if (ph[0] == 'b') {
+            ck_assert_msg(id > 0 && id <= nlines && begun[id] == 0 && strcmp(cat, "") != 0,
+                          "%s: line %d: a span's id is not new: %s", trace, lineno, line);
+            begun[id] = ts;
+        } else if (ph[0] == 'e') {
+            ck_assert_msg(id > 0 && id <= nlines && begun[id] > 0 && ts >= begun[id],
+                          "%s: line %d ends a span that did not start before it: %s", trace,
+                          lineno, line);
+            begun[id] = -1;
+            ended++;
+        }
+    }
+    free(begun);
+    free(text);
+    ck_assert_msg(closed, "%s: no closing ']' after psd exited", trace);
+    ck_assert_msg(names == 4, "%s: %llu lane names, want the process and 3 lanes", trace, names);
+    ck_assert_msg(pushes > 0 && push_ev == pushes,
+                  "%s: %llu push events, psctl status counted %llu pushes", trace, push_ev,
+                  pushes);
+    ck_assert_msg(pulls > 0 && pull_ev == pulls,
+                  "%s: %llu pull spans, psctl status counted %llu pulls", trace, pull_ev, pulls);
+    ck_assert_msg(ended == pull_ev + push_span, "%s: %llu spans ended of %llu", trace, ended,
+                  pull_ev + push_span);
+    ck_assert_msg(push_direct > 0 && push_direct < push_ev && push_span > 0,
+                  "%s: %llu pushes, %llu direct, %llu rendezvous spans: want both kinds", trace,
+                  push_ev, push_direct, push_span);
+    ck_assert_msg(pull_direct > 0 && pull_direct < pull_ev,
+                  "%s: %llu pulls, %llu direct: want both kinds", trace, pull_ev, pull_direct);
+    ck_assert_msg(applies >= 20, "%s: %llu apply jobs for 20 steps", trace, applies);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("cluster");
@@ -546,5 +684,6 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("bad_manifest", test_bad_manifest));
     suite_add_tcase(s, tcase("psctl_status", test_psctl_status));
     suite_add_tcase(s, tcase("self_test", test_self_test));
+    suite_add_tcase(s, tcase("trace_timeline", test_trace_timeline));
     return s;
 }
