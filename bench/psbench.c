@@ -735,6 +735,10 @@ int main(int argc, char **argv)
             break;
         case 'R':
             b.trace_dir = optarg;
+            if (mkdir(optarg, 0755) != 0 && errno != EEXIST) {
+                fprintf(stderr, "psbench: --trace %s: %s\n", optarg, strerror(errno));
+                return 2;
+            }
             break;
         case 'T': {
             char *end;

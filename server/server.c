@@ -666,8 +666,6 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, const char *restore,
                srv->test_drop_hello, srv->test_drop_hello);
     }
 
-    if (trace && (rc = psd_trace_open(&srv->trace, trace, shard, err, errlen)) != 0)
-        goto fail_store;
     unsigned threads;
     if ((rc = psd_fanout_threads_env(m->apply_threads, &threads, err, errlen)) != 0)
         goto fail_store;
@@ -685,6 +683,8 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, const char *restore,
     /* The state count alone lets momentum's velocity pass for adagrad's sums. */
     rc = psd_store_identity(&srv->store, "optimizer state kind", psk_optim_state_name(srv->optim),
                             err, errlen);
+    /* Once the data_dir is ours: a second psd of this shard must not truncate a live trace. */
+    if (rc == 0 && trace) rc = psd_trace_open(&srv->trace, trace, shard, err, errlen);
     if (rc) {
         psd_store_close(&srv->store);
         goto fail_store;

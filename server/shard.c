@@ -533,9 +533,9 @@ static void on_pull_sent(void *request, ucs_status_t status, void *user_data)
     if (status != UCS_OK && !s->conn->dead)
         PS_LOG(PS_LOG_WARN, "shard", "pull reply to %s failed: %s", s->conn->peer,
                ucs_status_string(status));
-    else if (srv->trace)
+    if (srv->trace) /* every reply counted in srv->pulls, failed or not */
         psd_trace_pull(srv->trace, s->tensor, s->chunk, s->version, s->asked_ns, s->answered_ns,
-                       psd_trace_now(), false);
+                       psd_trace_now(), false, status == UCS_OK);
     snap_release(srv, s->snap);
     psd_conn_unref(s->conn);
     s->next_free = srv->free_sends;
@@ -589,7 +589,7 @@ static void send_pull_reply(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id
         if (srv->trace) {
             uint64_t now = psd_trace_now();
             psd_trace_pull(srv->trace, ch->tensor, ch->chunk, h->version, asked_ns, now, now,
-                           true);
+                           true, true);
         }
         return;
     }
@@ -637,7 +637,7 @@ static void send_pull_reply(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id
         if (srv->trace) {
             uint64_t now = psd_trace_now();
             psd_trace_pull(srv->trace, ch->tensor, ch->chunk, h->version, asked_ns, now, now,
-                           false);
+                           false, true);
         }
         return;
     }
@@ -1305,7 +1305,7 @@ static void job_done(uv_work_t *w, int status)
     if (srv->trace && job->kind == JOB_APPLY && job->nitems > 0)
         psd_trace_apply(srv->trace, job->begin_ns, job->end_ns, job->nitems,
                         job->items[0]->tensor, job->items[0]->chunk, job_bytes(srv, job),
-                        job->pooled);
+                        job->pooled, job->rc == 0);
     psd_outbox_begin(srv); /* the acks and pull replies of this job leave bundled */
     snapshot_stale(srv);
     if (job->kind == JOB_CREATE) {

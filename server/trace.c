@@ -95,9 +95,10 @@ void psd_trace_close(psd_trace_t *t)
 {
     if (t == NULL) return;
     fputs("\n]\n", t->f);
-    if (fclose(t->f) != 0)
-        PS_LOG(PS_LOG_WARN, "trace", "%s: the last events were not written: %s", t->path,
-               strerror(errno));
+    bool lost = ferror(t->f) != 0; /* a write that failed during the run */
+    if (fclose(t->f) != 0 || lost)
+        PS_LOG(PS_LOG_WARN, "trace", "%s: some events were not written: %s", t->path,
+               lost ? "a write failed during the run" : strerror(errno));
     free(t);
 }
 
@@ -124,17 +125,19 @@ void psd_trace_push(psd_trace_t *t, uint32_t tensor, uint32_t chunk, uint32_t ra
 }
 
 void psd_trace_apply(psd_trace_t *t, uint64_t begin_ns, uint64_t end_ns, uint32_t nitems,
-                     uint32_t tensor, uint32_t chunk, uint64_t bytes, bool pooled)
+                     uint32_t tensor, uint32_t chunk, uint64_t bytes, bool pooled, bool ok)
 {
     if (!room(t)) return;
     event(t, "{\"name\":\"apply\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,\"pid\":%u,\"tid\":%d,"
-             "\"args\":{\"chunks\":%u,\"first\":\"%u/%u\",\"bytes\":%" PRIu64 ",\"on\":\"%s\"}}",
+             "\"args\":{\"chunks\":%u,\"first\":\"%u/%u\",\"bytes\":%" PRIu64 ",\"on\":\"%s\","
+             "\"ok\":%s}}",
           us(begin_ns), us(end_ns > begin_ns ? end_ns - begin_ns : 0), t->shard, LANE_APPLY,
-          nitems, tensor, chunk, bytes, pooled ? "pool" : "loop");
+          nitems, tensor, chunk, bytes, pooled ? "pool" : "loop", ok ? "true" : "false");
 }
 
 void psd_trace_pull(psd_trace_t *t, uint32_t tensor, uint32_t chunk, uint64_t version,
-                    uint64_t asked_ns, uint64_t answered_ns, uint64_t done_ns, bool direct)
+                    uint64_t asked_ns, uint64_t answered_ns, uint64_t done_ns, bool direct,
+                    bool ok)
 {
     if (!room(t)) return;
     if (done_ns < answered_ns) done_ns = answered_ns;
@@ -142,9 +145,9 @@ void psd_trace_pull(psd_trace_t *t, uint32_t tensor, uint32_t chunk, uint64_t ve
     uint64_t id = ++t->next_id;
     event(t, "{\"name\":\"pull %u/%u\",\"cat\":\"pull\",\"ph\":\"b\",\"id\":%" PRIu64
              ",\"ts\":%.3f,\"pid\":%u,\"tid\":%d,\"args\":{\"version\":%" PRIu64
-             ",\"waited_us\":%.3f,\"direct\":%s}}",
+             ",\"waited_us\":%.3f,\"direct\":%s,\"ok\":%s}}",
           tensor, chunk, id, us(asked_ns), t->shard, LANE_PULL, version,
-          us(answered_ns - asked_ns), direct ? "true" : "false");
+          us(answered_ns - asked_ns), direct ? "true" : "false", ok ? "true" : "false");
     event(t, "{\"name\":\"pull %u/%u\",\"cat\":\"pull\",\"ph\":\"e\",\"id\":%" PRIu64
              ",\"ts\":%.3f,\"pid\":%u,\"tid\":%d}",
           tensor, chunk, id, us(done_ns), t->shard, LANE_PULL);

@@ -4,7 +4,7 @@
  * It shows where a step's time goes on the shard: when each chunk's push landed (a rendezvous
  * receive as a span from its header to its data), each apply job (a span on the loop thread or
  * on the pool, with its chunks and bytes), and each pull from its request to its answer (and,
- * for a reply that travels over UCX, to the end of its transfer). Timestamps are
+ * for a reply sent alone over UCX, to the end of its transfer). Timestamps are
  * CLOCK_MONOTONIC microseconds, so the traces of the shards of one host line up.
  *
  * The file is a JSON array with one event per line ("ph" X: a span, i: an instant, b/e: the
@@ -13,8 +13,8 @@
  * is flushed every PSD_TRACE_FLUSH events and at exit). It stops after PSD_TRACE_MAX_EVENTS
  * events, saying so in psd's log, so a long run cannot fill the disk.
  *
- * Every function is called on the loop thread only; each does nothing when @p t is NULL (no
- * --trace), and the callers take no timestamp then. */
+ * Every function but psd_trace_now (any thread) is called on the loop thread only; each does
+ * nothing when @p t is NULL (no --trace), and the callers take no timestamp then. */
 #ifndef PSD_TRACE_H
 #define PSD_TRACE_H
 
@@ -27,13 +27,15 @@
 
 typedef struct psd_trace_s psd_trace_t;
 
-/** @brief Create (truncate) @p path and write the shard's lane names.
- *  @return 0 and *out (owned by the caller: psd_trace_close), or PS_EIO with @p err naming
- *  the path and the reason. */
+/** @brief Create (truncate) @p path and write the shard's lane names. Called once the shard
+ *  holds its data_dir, so that a second psd started by mistake cannot truncate a live trace.
+ *  @return 0 and *out (owned by the caller: psd_trace_close), or PS_EIO (PS_ENOMEM) with
+ *  @p err naming the path and the reason. */
 int psd_trace_open(psd_trace_t **out, const char *path, uint32_t shard, char *err,
                    size_t errlen);
 
-/** @brief Flush, close the array and free @p t (NULL: nothing). */
+/** @brief Flush, close the array and free @p t (NULL: nothing). A write that failed during
+ *  the run (a full disk) is reported in psd's log here. */
 void psd_trace_close(psd_trace_t *t);
 
 /** @brief A push of chunk @p tensor/@p chunk from @p rank for @p step landed at @p landed_ns.
@@ -43,15 +45,18 @@ void psd_trace_push(psd_trace_t *t, uint32_t tensor, uint32_t chunk, uint32_t ra
                     uint64_t step, uint64_t arrived_ns, uint64_t landed_ns, bool direct);
 
 /** @brief An apply job ran from @p begin_ns to @p end_ns: @p nitems chunks from
- *  @p tensor/@p chunk (the first), @p bytes of records, on the pool or on the loop thread. */
+ *  @p tensor/@p chunk (the first), @p bytes of records, on the pool or on the loop thread;
+ *  @p ok false: it failed (nothing was committed). */
 void psd_trace_apply(psd_trace_t *t, uint64_t begin_ns, uint64_t end_ns, uint32_t nitems,
-                     uint32_t tensor, uint32_t chunk, uint64_t bytes, bool pooled);
+                     uint32_t tensor, uint32_t chunk, uint64_t bytes, bool pooled, bool ok);
 
 /** @brief A pull of chunk @p tensor/@p chunk asked at @p asked_ns was answered at
- *  @p answered_ns with @p version and done at @p done_ns (its reply's transfer ended; equal
- *  to @p answered_ns for a direct pull, which the worker reads from the store itself). */
+ *  @p answered_ns with @p version and done at @p done_ns: when a reply sent alone over UCX
+ *  finished its transfer; @p answered_ns for a direct pull (the worker reads the store itself)
+ *  and for a small reply copied into a bundle. @p ok false: the reply's send failed. */
 void psd_trace_pull(psd_trace_t *t, uint32_t tensor, uint32_t chunk, uint64_t version,
-                    uint64_t asked_ns, uint64_t answered_ns, uint64_t done_ns, bool direct);
+                    uint64_t asked_ns, uint64_t answered_ns, uint64_t done_ns, bool direct,
+                    bool ok);
 
 /** @brief CLOCK_MONOTONIC in nanoseconds (the traces' clock). */
 uint64_t psd_trace_now(void);

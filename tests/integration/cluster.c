@@ -358,7 +358,10 @@ cl_proc_t *cl_psd_spawn_with(cl_cluster_t *c, int shard, const char *manifest,
                       "--log-level",
                       "info",
                       NULL};
-    for (int i = 7, k = 0; extra && extra[k] && i < 15; i++, k++) argv[i] = (char *)extra[k];
+    for (int i = 7, k = 0; extra && extra[k]; i++, k++) {
+        ck_assert_msg(i < 15, "cl_psd_spawn_with: more than 8 extra arguments");
+        argv[i] = (char *)extra[k];
+    }
     return spawn(c, name, argv, true);
 }
 
