@@ -129,7 +129,19 @@ void pb_cluster_start(pb_cluster_t *cl, const pb_cluster_conf_t *conf, int id)
         snprintf(name, sizeof name, "c%d-client%d", id, i);
         char *argv[] = {(char *)conf->self, "--client", "--manifest", cl->manifest,
                         "--sizes",          sizes,      NULL};
-        cl->cli[i] = pb_spawn(name, argv, env, true, true);
+        /* With --trace the clients' libps writes a timeline too (PS_TRACE); putenv keeps the
+         * string, so each one lives in the child it is spawned into. */
+        char *cenv[16];
+        int ne = 0;
+        for (; env && env[ne] && ne < 14; ne++) cenv[ne] = env[ne];
+        char trace[PB_PATH + 16];
+        if (conf->trace_dir) {
+            snprintf(trace, sizeof trace, "PS_TRACE=%s/c%d-%dx%d-%s-client%d.json",
+                     conf->trace_dir, id, conf->shards, conf->workers, conf->transport, i);
+            cenv[ne++] = trace;
+        }
+        cenv[ne] = NULL;
+        cl->cli[i] = pb_spawn(name, argv, cenv, true, true);
     }
     for (int i = 0; i < conf->workers; i++) {
         char line[1024];

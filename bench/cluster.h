@@ -24,7 +24,8 @@ typedef struct {
     uint64_t sizes[PB_MAX_SIZES]; /* one tensor "psbench.SIZE" per size */
     int nsizes;
     const char *psd;  /* path of the psd binary */
-    const char *trace_dir; /* psd --trace into DIR/cID-SxW-TRANSPORT-shardN.json, or NULL */
+    const char *trace_dir; /* psd --trace into DIR/cID-SxW-TRANSPORT-shardN.json and the
+                              clients' PS_TRACE into ...-clientN.json, or NULL */
     const char *self; /* path of psbench (for the client role) */
 } pb_cluster_conf_t;
 

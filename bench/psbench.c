@@ -84,7 +84,8 @@ static void usage(FILE *f)
             "--trials N: run each push, pull and round case N times (1..%d, default 1) and\n"
             "report the one with the median throughput (the note gives the range).\n"
             "--trace DIR: each psd writes its timeline (psd --trace: pushes landing, apply jobs,\n"
-            "pulls) to DIR/cID-SxW-TRANSPORT-shardN.json, for chrome://tracing or Perfetto\n"
+            "pulls) to DIR/cID-SxW-TRANSPORT-shardN.json, each client its own (libps's PS_TRACE:\n"
+            "ops and their chunks) to ...-clientN.json, for chrome://tracing or Perfetto\n"
             "(tracing costs some speed: compare figures only between runs without it).\n",
             PB_MAX_TRIALS);
 }

@@ -7,11 +7,7 @@
  * for a reply sent alone over UCX, to the end of its transfer). Timestamps are
  * CLOCK_MONOTONIC microseconds, so the traces of the shards of one host line up.
  *
- * The file is a JSON array with one event per line ("ph" X: a span, i: an instant, b/e: the
- * two ends of an async span, M: the lanes' names). Chrome accepts it without the closing "]",
- * so a shard killed mid-run leaves a readable trace up to its last flushed event (the buffer
- * is flushed every PSD_TRACE_FLUSH events and at exit). It stops after PSD_TRACE_MAX_EVENTS
- * events, saying so in psd's log, so a long run cannot fill the disk.
+ * The file's format, flushing and size limit are common/tracefile.h's (ps_trace_t).
  *
  * Every function but psd_trace_now (any thread) is called on the loop thread only; each does
  * nothing when @p t is NULL (no --trace), and the callers take no timestamp then. */
@@ -22,10 +18,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PSD_TRACE_MAX_EVENTS 1000000u
-#define PSD_TRACE_FLUSH 4096u
+#include "tracefile.h"
 
-typedef struct psd_trace_s psd_trace_t;
+typedef ps_trace_t psd_trace_t;
 
 /** @brief Create (truncate) @p path and write the shard's lane names. Called once the shard
  *  holds its data_dir, so that a second psd started by mistake cannot truncate a live trace.

@@ -1,6 +1,7 @@
 /* client.c: libps. A communication thread owns the UCP worker and a libuv loop;
  * the caller's thread submits operations through a locked queue and an async
  * handle and waits on a condition variable. */
+#include <inttypes.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -22,6 +23,7 @@
 #include "ps/ps_client.h"
 #include "ps/ps_log.h"
 #include "storeview.h"
+#include "tracefile.h"
 #include "ucx_loop.h"
 #include "wire.h"
 
@@ -207,6 +209,7 @@ struct ps_client_s {
     ctensor_t **tensors;        /* [PS_CLIENT_MAX_TENSORS] by id; entries never move, so the
                                    comm thread may read them while the caller declares more */
     ps_client_stats_t stats;
+    ps_trace_t *trace;          /* PS_TRACE: the comm thread's timeline (trace_op), or NULL */
     char err[512];
 };
 
@@ -215,6 +218,48 @@ static uint64_t mono_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- comm thread: the timeline (PS_TRACE) ---------------------------------- */
+
+/* Lanes of a libps trace: what an op moves. */
+enum { TLANE_PUSH = 1, TLANE_PULL = 2, TLANE_CTRL = 3 };
+
+static const char *op_name(int type)
+{
+    static const char *const names[] = {"?",     "hello", "declare", "push",
+                                        "pull",  "leave", "shutdown", "batch", "echo"};
+    return type > 0 && type <= OP_ECHO ? names[type] : "?";
+}
+
+static int op_lane(int type)
+{
+    return type == OP_PUSH ? TLANE_PUSH : type == OP_PULL ? TLANE_PULL : TLANE_CTRL;
+}
+
+/* The op's span, from the hand-over to the comm thread to now (its completion): written before
+ * the caller may free it. Pushes and pulls name their tensor and step and count their chunks
+ * and the chunks that went directly (through the shard's shared memory). */
+static void trace_op(ps_client_t *c, const ps_op_t *op)
+{
+    if (!ps_trace_room(c->trace, 2)) return;
+    uint64_t now = mono_ns(), id = ps_trace_next_id(c->trace);
+    uint64_t from = op->submit_ns && op->submit_ns <= now ? op->submit_ns : now;
+    uint32_t pid = ps_trace_pid(c->trace), direct = 0;
+    char name[32];
+    if (op->type == OP_PUSH || op->type == OP_PULL)
+        snprintf(name, sizeof name, "%s %u", op_name(op->type), op->tensor);
+    else
+        snprintf(name, sizeof name, "%s", op_name(op->type));
+    for (uint32_t i = 0; i < op->nparts; i++) direct += op->parts[i].ck.direct;
+    ps_trace_event(c->trace, "{\"name\":\"%s\",\"cat\":\"op\",\"ph\":\"b\",\"id\":%" PRIu64
+                             ",\"ts\":%.3f,\"pid\":%u,\"tid\":%d,\"args\":{\"step\":%" PRIu64
+                             ",\"chunks\":%u,\"direct\":%u,\"ok\":%s}}",
+                   name, id, ps_trace_us(from), pid, op_lane(op->type), op->step, op->nparts,
+                   direct, op->status == 0 ? "true" : "false");
+    ps_trace_event(c->trace, "{\"name\":\"%s\",\"cat\":\"op\",\"ph\":\"e\",\"id\":%" PRIu64
+                             ",\"ts\":%.3f,\"pid\":%u,\"tid\":%d}",
+                   name, id, ps_trace_us(now), pid, op_lane(op->type));
 }
 
 /* ---- comm thread: completion ---------------------------------------------- */
@@ -244,6 +289,7 @@ static void op_maybe_complete(ps_op_t *op)
             *pp = op->next;
             break;
         }
+    if (c->trace && op->type != OP_SHUTDOWN) trace_op(c, op);
     if (op->on_done) {
         op->done = 1;
         op->on_done(op);
@@ -274,6 +320,17 @@ static void part_done(part_t *p)
     if (!p->pending) return;
     p->pending = 0;
     p->op->remaining--;
+    ps_client_t *c = p->op->c;
+    if (c->trace && (p->op->type == OP_PUSH || p->op->type == OP_PULL) &&
+        ps_trace_room(c->trace, 1))
+        /* A push's chunk acknowledged, a pull's chunk here: an instant on the op's lane. */
+        ps_trace_event(c->trace, "{\"name\":\"%s %u/%u\",\"ph\":\"i\",\"s\":\"t\","
+                                 "\"ts\":%.3f,\"pid\":%u,\"tid\":%d,\"args\":{\"shard\":%u,"
+                                 "\"direct\":%s,\"ok\":%s}}",
+                       p->op->type == OP_PUSH ? "acked" : "landed", p->op->tensor, p->chunk,
+                       ps_trace_us(mono_ns()), ps_trace_pid(c->trace), op_lane(p->op->type),
+                       p->shard, p->ck.direct ? "true" : "false",
+                       p->op->status == 0 ? "true" : "false");
 }
 
 static void shard_lost(ps_client_t *c, uint32_t i);
@@ -1689,6 +1746,18 @@ int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts, ps
         PS_LOG(PS_LOG_WARN, "libps", "PS_TEST_CORRUPT_PUSH=%u: every %uth push is corrupted on "
                "purpose (a test hook)", c->test_corrupt_push, c->test_corrupt_push);
     }
+    const char *tr = getenv("PS_TRACE");
+    if (tr && *tr) {
+        static const char *const lanes[] = {"pushes", "pulls", "control"};
+        char process[48];
+        snprintf(process, sizeof process, "libps pid %ld", (long)getpid());
+        rc = ps_trace_open(&c->trace, tr, (uint32_t)getpid(), process, lanes, 3, e, sizeof e);
+        if (rc) {
+            if (err) snprintf(err, errlen, "PS_TRACE: %s", e);
+            free(c);
+            return rc;
+        }
+    }
     c->shards = calloc(c->nshards, sizeof *c->shards);
     c->tensors = calloc(PS_CLIENT_MAX_TENSORS, sizeof *c->tensors);
     pthread_mutex_init(&c->mu, NULL);
@@ -1697,6 +1766,7 @@ int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts, ps
         pthread_create(&c->thread, NULL, comm_main, c) != 0) {
         free(c->shards);
         free(c->tensors);
+        ps_trace_close(c->trace);
         free(c);
         return PS_ENOMEM;
     }
@@ -1709,6 +1779,7 @@ int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts, ps
         if (err) snprintf(err, errlen, "cannot start the UCX transport: %s", ps_strerror(rc));
         free(c->shards);
         free(c->tensors);
+        ps_trace_close(c->trace);
         free(c);
         return rc;
     }
@@ -1752,6 +1823,7 @@ void ps_client_destroy(ps_client_t *c)
         free(op);
     }
     pthread_join(c->thread, NULL);
+    ps_trace_close(c->trace); /* the comm thread, its only writer, has ended */
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
     for (uint32_t i = 0; c->tensors && i < PS_CLIENT_MAX_TENSORS; i++) {

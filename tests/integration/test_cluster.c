@@ -528,8 +528,8 @@ START_TEST(test_self_test)
 }
 END_TEST
 
-/* The value of "KEY": in one line of a psd --trace file, into @p out (a string's characters,
- * or a number's text); "" when the line has no such key. */
+/* The value of "KEY": in one line of a trace file, into @p out (a string's characters, or a
+ * number's text); "" when the line has no such key. */
 static void trace_field(const char *line, const char *key, char *out, size_t cap)
 {
     char want[32];
@@ -546,12 +546,108 @@ static void trace_field(const char *line, const char *key, char *out, size_t cap
     out[n] = '\0';
 }
 
-/* psd --trace FILE: the shard's timeline in Chrome's trace event format. With one worker
- * pushing and pulling directly and one over UCX, FILE is a JSON array of one event per line;
- * it holds one push event per push the shard took and one pull span per pull it answered (as
- * psctl status counts them), of both kinds; the UCX pushes' rendezvous receives are spans;
- * every span ends at or after its start; and each step's update is an apply job on its own
- * lane. */
+/* What a test counts in a trace file (psd --trace, libps PS_TRACE). */
+typedef struct {
+    unsigned long long names;       /* "ph" M: the process and its lanes */
+    unsigned long long push, push_direct, push_span; /* psd: pushes landed ("push T/C") */
+    unsigned long long pull, pull_direct;            /* psd: pull spans ("pull T/C") */
+    unsigned long long applies;     /* psd: apply jobs */
+    unsigned long long push_ops, pull_ops, acked, landed; /* libps: ops, chunks */
+    unsigned long long spans, ended;
+} trace_count_t;
+
+/* Read trace @p path and check its form: a JSON array, one event per line, each one psd or
+ * libps writes, every async span's end at or after its start; count what it holds. */
+static trace_count_t trace_read(const char *path)
+{
+    trace_count_t k = {0};
+    size_t len;
+    char *text = cl_read_file(path, &len);
+    ck_assert_msg(text != NULL && len > 0, "no trace at %s", path);
+    size_t nlines = 1;
+    for (size_t i = 0; i < len; i++) nlines += text[i] == '\n';
+    double *begun = calloc(nlines + 1, sizeof *begun); /* by async span id */
+    ck_assert_ptr_nonnull(begun);
+    char *save = NULL, ph[8], name[64], cat[16], direct[8], num[32];
+    int lineno = 0;
+    bool closed = false;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        lineno++;
+        if (lineno == 1) {
+            ck_assert_msg(strcmp(line, "[") == 0, "%s: line 1 is not '[': %s", path, line);
+            continue;
+        }
+        if (strcmp(line, "]") == 0) {
+            closed = true;
+            continue;
+        }
+        size_t n = strlen(line);
+        if (n && line[n - 1] == ',') line[--n] = '\0';
+        ck_assert_msg(!closed && n > 2 && line[0] == '{' && line[n - 1] == '}',
+                      "%s: line %d is not one event: %s", path, lineno, line);
+        trace_field(line, "ph", ph, sizeof ph);
+        trace_field(line, "name", name, sizeof name);
+        trace_field(line, "cat", cat, sizeof cat);
+        trace_field(line, "direct", direct, sizeof direct);
+        trace_field(line, "ts", num, sizeof num);
+        double ts = atof(num);
+        trace_field(line, "id", num, sizeof num);
+        unsigned long long id = strtoull(num, NULL, 10);
+        ck_assert_msg(ph[0] == 'M' || ts > 0, "%s: line %d has no time: %s", path, lineno, line);
+        bool is_direct = strcmp(direct, "true") == 0;
+        if (ph[0] == 'M') {
+            k.names++;
+        } else if (strncmp(name, "push ", 5) == 0 && strcmp(cat, "op") == 0) {
+            k.push_ops += ph[0] == 'b';
+        } else if (strncmp(name, "pull ", 5) == 0 && strcmp(cat, "op") == 0) {
+            k.pull_ops += ph[0] == 'b';
+        } else if (strncmp(name, "push ", 5) == 0 && (ph[0] == 'i' || ph[0] == 'b')) {
+            k.push++;
+            k.push_direct += is_direct;
+            k.push_span += ph[0] == 'b';
+        } else if (strncmp(name, "pull ", 5) == 0 && ph[0] == 'b') {
+            k.pull++;
+            k.pull_direct += is_direct;
+        } else if (strcmp(name, "apply") == 0 && ph[0] == 'X') {
+            trace_field(line, "dur", num, sizeof num);
+            ck_assert_msg(num[0] && atof(num) >= 0, "%s: line %d: %s", path, lineno, line);
+            k.applies++;
+        } else if (strncmp(name, "acked ", 6) == 0 && ph[0] == 'i') {
+            k.acked++;
+        } else if (strncmp(name, "landed ", 7) == 0 && ph[0] == 'i') {
+            k.landed++;
+        } else if (ph[0] != 'e' && strcmp(cat, "op") != 0) {
+            ck_abort_msg("%s: line %d is no event psd or libps writes: %s", path, lineno, line);
+        }
+        if (ph[0] == 'b') {
+            ck_assert_msg(id > 0 && id <= nlines && begun[id] == 0 && cat[0] != '\0',
+                          "%s: line %d: a span's id is not new: %s", path, lineno, line);
+            begun[id] = ts;
+            k.spans++;
+        } else if (ph[0] == 'e') {
+            ck_assert_msg(id > 0 && id <= nlines && begun[id] > 0 && ts >= begun[id],
+                          "%s: line %d ends a span that did not start before it: %s", path,
+                          lineno, line);
+            begun[id] = -1;
+            k.ended++;
+        }
+    }
+    free(begun);
+    free(text);
+    ck_assert_msg(closed, "%s: no closing ']' after the process exited", path);
+    ck_assert_msg(k.names == 4, "%s: %llu lane names, want the process and 3 lanes", path,
+                  k.names);
+    ck_assert_msg(k.ended == k.spans, "%s: %llu spans ended of %llu", path, k.ended, k.spans);
+    return k;
+}
+
+/* psd --trace FILE and libps's PS_TRACE: timelines in Chrome's trace event format. One worker
+ * pushes and pulls directly, one over UCX; each trace is a JSON array of one event per line
+ * whose spans all end after they start. psd's holds one push event per push it took and one
+ * pull span per pull it answered (as psctl status counts them), of both kinds, the UCX pushes'
+ * rendezvous receives as spans, and each step's update as an apply job. The workers' traces
+ * ("%p": one file each) hold their push and pull ops, and as many chunks acknowledged and
+ * landed as psd took pushes and answered pulls. */
 START_TEST(test_trace_timeline)
 {
     cl_conf_t k = {.shards = 1,
@@ -562,106 +658,56 @@ START_TEST(test_trace_timeline)
                    .batch_size = 64,
                    .chunk_bytes = 1 << 20}; /* the first layer's 784 KiB go by rendezvous */
     cl_cluster_t *c = cl_cluster_create(&k);
-    char trace[CL_PATH];
+    char trace[CL_PATH], wtrace[CL_PATH];
     cl_path(c, "psd0.trace.json", trace, sizeof trace);
+    cl_path(c, "w%p.trace.json", wtrace, sizeof wtrace);
     const char *extra[] = {"--trace", trace, NULL};
     cl_proc_t *psd = cl_psd_spawn_with(c, 0, NULL, extra);
     ck_assert_msg(cl_psd_wait_ready(psd, READY_S) == 0, "psd --trace did not start: %s",
                   cl_tail(psd));
-    cl_proc_t *w0 = cl_worker_start(c, NULL, NULL, false);
-    ck_assert_msg(cl_wait_log(w0, "joined at step", RUN_S) == 0, "w0 never joined: %s",
-                  cl_tail(w0));
+    setenv("PS_TRACE", wtrace, 1);
+    cl_proc_t *w[2];
+    w[0] = cl_worker_start(c, NULL, NULL, false);
+    ck_assert_msg(cl_wait_log(w[0], "joined at step", RUN_S) == 0, "w0 never joined: %s",
+                  cl_tail(w[0]));
     setenv("PS_DIRECT_PUSH", "0", 1);
     setenv("PS_DIRECT_PULL", "0", 1);
-    cl_proc_t *w1 = cl_worker_start(c, NULL, NULL, false);
+    w[1] = cl_worker_start(c, NULL, NULL, false);
     unsetenv("PS_DIRECT_PUSH");
     unsetenv("PS_DIRECT_PULL");
-    EXPECT_EXIT(w0, 0);
-    EXPECT_EXIT(w1, 0);
+    unsetenv("PS_TRACE");
+    EXPECT_EXIT(w[0], 0);
+    EXPECT_EXIT(w[1], 0);
     cl_proc_t *ctl = status_json(c, "psctl");
     unsigned long long pushes = sum_field(ctl, "pushes"), pulls = sum_field(ctl, "pulls");
     stop_all(&psd, 1);
 
-    size_t len;
-    char *text = cl_read_file(trace, &len);
-    ck_assert_msg(text != NULL && len > 0, "no trace at %s", trace);
-    size_t nlines = 1;
-    for (size_t i = 0; i < len; i++) nlines += text[i] == '\n';
-    double *begun = calloc(nlines + 1, sizeof *begun); /* by async span id */
-    ck_assert_ptr_nonnull(begun);
-    unsigned long long push_ev = 0, push_direct = 0, push_span = 0, pull_ev = 0,
-                       pull_direct = 0, ended = 0, applies = 0, names = 0;
-    char *save = NULL, ph[8], name[64], cat[16], direct[8], num[32];
-    int lineno = 0;
-    bool closed = false;
-    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-        lineno++;
-        if (lineno == 1) {
-            ck_assert_msg(strcmp(line, "[") == 0, "%s: line 1 is not '[': %s", trace, line);
-            continue;
-        }
-        if (strcmp(line, "]") == 0) {
-            closed = true;
-            continue;
-        }
-        size_t n = strlen(line);
-        if (n && line[n - 1] == ',') line[--n] = '\0';
-        ck_assert_msg(!closed && n > 2 && line[0] == '{' && line[n - 1] == '}',
-                      "%s: line %d is not one event: %s", trace, lineno, line);
-        trace_field(line, "ph", ph, sizeof ph);
-        trace_field(line, "name", name, sizeof name);
-        trace_field(line, "cat", cat, sizeof cat);
-        trace_field(line, "direct", direct, sizeof direct);
-        trace_field(line, "ts", num, sizeof num);
-        double ts = atof(num);
-        trace_field(line, "id", num, sizeof num);
-        unsigned long long id = strtoull(num, NULL, 10);
-        ck_assert_msg(ph[0] == 'M' || ts > 0, "%s: line %d has no time: %s", trace, lineno, line);
-        if (ph[0] == 'M') {
-            names++;
-        } else if (strncmp(name, "push ", 5) == 0 && (ph[0] == 'i' || ph[0] == 'b')) {
-            push_ev++;
-            push_direct += strcmp(direct, "true") == 0;
-            push_span += ph[0] == 'b';
-        } else if (strncmp(name, "pull ", 5) == 0 && ph[0] == 'b') {
-            pull_ev++;
-            pull_direct += strcmp(direct, "true") == 0;
-        } else if (strcmp(name, "apply") == 0 && ph[0] == 'X') {
-            trace_field(line, "dur", num, sizeof num);
-            ck_assert_msg(num[0] && atof(num) >= 0, "%s: line %d: %s", trace, lineno, line);
-            applies++;
-        } else if (ph[0] != 'e') {
-            ck_abort_msg("%s: line %d is no event psd writes: %s", trace, lineno, line);
-        }
-        if (ph[0] == 'b') {
-            ck_assert_msg(id > 0 && id <= nlines && begun[id] == 0 && strcmp(cat, "") != 0,
-                          "%s: line %d: a span's id is not new: %s", trace, lineno, line);
-            begun[id] = ts;
-        } else if (ph[0] == 'e') {
-            ck_assert_msg(id > 0 && id <= nlines && begun[id] > 0 && ts >= begun[id],
-                          "%s: line %d ends a span that did not start before it: %s", trace,
-                          lineno, line);
-            begun[id] = -1;
-            ended++;
-        }
-    }
-    free(begun);
-    free(text);
-    ck_assert_msg(closed, "%s: no closing ']' after psd exited", trace);
-    ck_assert_msg(names == 4, "%s: %llu lane names, want the process and 3 lanes", trace, names);
-    ck_assert_msg(pushes > 0 && push_ev == pushes,
-                  "%s: %llu push events, psctl status counted %llu pushes", trace, push_ev,
-                  pushes);
-    ck_assert_msg(pulls > 0 && pull_ev == pulls,
-                  "%s: %llu pull spans, psctl status counted %llu pulls", trace, pull_ev, pulls);
-    ck_assert_msg(ended == pull_ev + push_span, "%s: %llu spans ended of %llu", trace, ended,
-                  pull_ev + push_span);
-    ck_assert_msg(push_direct > 0 && push_direct < push_ev && push_span > 0,
+    trace_count_t t = trace_read(trace);
+    ck_assert_msg(pushes > 0 && t.push == pushes,
+                  "%s: %llu push events, psctl status counted %llu pushes", trace, t.push, pushes);
+    ck_assert_msg(pulls > 0 && t.pull == pulls,
+                  "%s: %llu pull spans, psctl status counted %llu pulls", trace, t.pull, pulls);
+    ck_assert_msg(t.push_direct > 0 && t.push_direct < t.push && t.push_span > 0,
                   "%s: %llu pushes, %llu direct, %llu rendezvous spans: want both kinds", trace,
-                  push_ev, push_direct, push_span);
-    ck_assert_msg(pull_direct > 0 && pull_direct < pull_ev,
-                  "%s: %llu pulls, %llu direct: want both kinds", trace, pull_ev, pull_direct);
-    ck_assert_msg(applies >= 20, "%s: %llu apply jobs for 20 steps", trace, applies);
+                  t.push, t.push_direct, t.push_span);
+    ck_assert_msg(t.pull_direct > 0 && t.pull_direct < t.pull,
+                  "%s: %llu pulls, %llu direct: want both kinds", trace, t.pull, t.pull_direct);
+    ck_assert_msg(t.applies >= 20, "%s: %llu apply jobs for 20 steps", trace, t.applies);
+    unsigned long long acked = 0, landed = 0;
+    for (int i = 0; i < 2; i++) {
+        char name[64], path[CL_PATH];
+        snprintf(name, sizeof name, "w%ld.trace.json", (long)w[i]->pid);
+        cl_path(c, name, path, sizeof path);
+        trace_count_t u = trace_read(path);
+        ck_assert_msg(u.push_ops >= 20 && u.pull_ops >= 20,
+                      "%s: %llu push and %llu pull ops for 20 steps", path, u.push_ops,
+                      u.pull_ops);
+        acked += u.acked;
+        landed += u.landed;
+    }
+    ck_assert_msg(acked == pushes && landed == pulls,
+                  "the workers' traces: %llu chunks acknowledged, %llu landed; psd took %llu "
+                  "pushes and answered %llu pulls", acked, landed, pushes, pulls);
     cl_cluster_destroy(c);
 }
 END_TEST

@@ -51,9 +51,13 @@ typedef struct {
  * @param opts may be NULL (defaults).
  * @param[out] out the client; release with ps_client_destroy.
  * @return 0, PS_ECONFIG (bad manifest), PS_ETRANSPORT / PS_ETIMEDOUT (unreachable),
- *         PS_EFULL (no free rank) or another PS_E* with ps_client_error() telling why.
+ *         PS_EFULL (no free rank), PS_EIO (PS_TRACE cannot be written) or another PS_E* with
+ *         ps_client_error() telling why.
  * @note On failure *out is NULL and nothing is left to release; the reason is
  *       written to @p err (may be NULL).
+ * @note With PS_TRACE=FILE in the environment the client writes a timeline of its ops to
+ *       FILE ("%p" in it: this process's id) in Chrome's trace format, until
+ *       ps_client_destroy (docs/DESIGN-NOTES.md, "Timelines").
  */
 int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts,
                      ps_client_t **out, char *err, size_t errlen);
