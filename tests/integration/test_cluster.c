@@ -693,12 +693,15 @@ START_TEST(test_trace_timeline)
     ck_assert_msg(t.pull_direct > 0 && t.pull_direct < t.pull,
                   "%s: %llu pulls, %llu direct: want both kinds", trace, t.pull, t.pull_direct);
     ck_assert_msg(t.applies >= 20, "%s: %llu apply jobs for 20 steps", trace, t.applies);
-    unsigned long long acked = 0, landed = 0;
+    unsigned long long acked = 0, landed = 0, events = t.spans * 2 + t.push - t.push_span +
+                                                     t.applies + t.names;
+    char wpath[2][CL_PATH];
     for (int i = 0; i < 2; i++) {
-        char name[64], path[CL_PATH];
+        char name[64], *path = wpath[i];
         snprintf(name, sizeof name, "w%ld.trace.json", (long)w[i]->pid);
-        cl_path(c, name, path, sizeof path);
+        cl_path(c, name, path, CL_PATH);
         trace_count_t u = trace_read(path);
+        events += u.spans * 2 + u.acked + u.landed + u.names;
         ck_assert_msg(u.push_ops >= 20 && u.pull_ops >= 20,
                       "%s: %llu push and %llu pull ops for 20 steps", path, u.push_ops,
                       u.pull_ops);
@@ -708,6 +711,26 @@ START_TEST(test_trace_timeline)
     ck_assert_msg(acked == pushes && landed == pulls,
                   "the workers' traces: %llu chunks acknowledged, %llu landed; psd took %llu "
                   "pushes and answered %llu pulls", acked, landed, pushes, pulls);
+    /* bench/trace_merge.sh makes one trace of the three: every event, one array. */
+    char merged[CL_PATH];
+    cl_path(c, "merged.json", merged, sizeof merged);
+    char *argv[] = {(char *)cl_binary("TRACE_MERGE"), merged, trace, wpath[0], wpath[1], NULL};
+    EXPECT_EXIT(cl_spawn(c, "merge", argv), 0);
+    size_t len;
+    char *text = cl_read_file(merged, &len);
+    ck_assert_msg(text && len > 4 && strncmp(text, "[\n", 2) == 0 &&
+                      strcmp(text + len - 2, "]\n") == 0,
+                  "%s is not one array", merged);
+    unsigned long long objects = 0, commas = 0;
+    for (char *l = text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+        objects += *l == '{';
+        commas += *l == '{' && strchr(l, '\n') && strchr(l, '\n')[-1] == ',';
+        commas += *l == ',';
+    }
+    free(text);
+    ck_assert_msg(objects == events && commas == events - 1,
+                  "%s: %llu events, %llu commas; the traces hold %llu events", merged, objects,
+                  commas, events);
     cl_cluster_destroy(c);
 }
 END_TEST
