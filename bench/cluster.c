@@ -133,7 +133,10 @@ void pb_cluster_start(pb_cluster_t *cl, const pb_cluster_conf_t *conf, int id)
          * string, so each one lives in the child it is spawned into. */
         char *cenv[16];
         int ne = 0;
-        for (; env && env[ne] && ne < 14; ne++) cenv[ne] = env[ne];
+        for (; env && env[ne]; ne++) {
+            if (ne == 14) pb_die("too many environment variables for a client");
+            cenv[ne] = env[ne];
+        }
         char trace[PB_PATH + 16];
         if (conf->trace_dir) {
             snprintf(trace, sizeof trace, "PS_TRACE=%s/c%d-%dx%d-%s-client%d.json",

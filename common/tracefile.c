@@ -81,7 +81,7 @@ int ps_trace_open(ps_trace_t **out, const char *path, uint32_t pid, const char *
         free(t);
         return PS_EIO;
     }
-    if ((t->f = fopen(t->path, "w")) == NULL) {
+    if ((t->f = fopen(t->path, "we")) == NULL) { /* not inherited by a program run later */
         snprintf(err, errlen, "cannot write the trace %s: %s", t->path, strerror(errno));
         free(t);
         return PS_EIO;

@@ -14,6 +14,7 @@
 #ifndef PS_TRACEFILE_H
 #define PS_TRACEFILE_H
 
+#include <inttypes.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -46,8 +47,13 @@ void ps_trace_event(ps_trace_t *t, const char *fmt, ...) __attribute__((format(p
 /** @brief The "pid" given to ps_trace_open. */
 uint32_t ps_trace_pid(const ps_trace_t *t);
 
-/** @brief A new id for an async span ("ph" b and e of one "cat" and "name"). */
+/** @brief A new id for an async span ("ph" b and e of one "cat" and "name"), written with
+ *  PS_TRACE_ID: an id of this process's (Chrome's "id2" local), so that the same ids of other
+ *  processes in a merged trace do not pair with it. */
 uint64_t ps_trace_next_id(ps_trace_t *t);
+
+/** @brief The format of an async span's id (one uint64_t argument), inside an event. */
+#define PS_TRACE_ID "\"id2\":{\"local\":\"0x%" PRIx64 "\"}"
 
 /** @brief CLOCK_MONOTONIC in nanoseconds (any thread). */
 uint64_t ps_trace_now(void);

@@ -27,12 +27,12 @@ void psd_trace_push(psd_trace_t *t, uint32_t tensor, uint32_t chunk, uint32_t ra
     uint32_t pid = ps_trace_pid(t);
     if (arrived_ns && arrived_ns < landed_ns) {
         uint64_t id = ps_trace_next_id(t);
-        ps_trace_event(t, "{\"name\":\"push %u/%u\",\"cat\":\"push\",\"ph\":\"b\",\"id\":%" PRIu64
+        ps_trace_event(t, "{\"name\":\"push %u/%u\",\"cat\":\"push\",\"ph\":\"b\"," PS_TRACE_ID
                           ",\"ts\":%.3f,\"pid\":%u,\"tid\":%d,\"args\":{\"rank\":%u,\"step\":%"
                           PRIu64 ",\"direct\":%s}}",
                        tensor, chunk, id, ps_trace_us(arrived_ns), pid, LANE_PUSH, rank, step,
                        direct ? "true" : "false");
-        ps_trace_event(t, "{\"name\":\"push %u/%u\",\"cat\":\"push\",\"ph\":\"e\",\"id\":%" PRIu64
+        ps_trace_event(t, "{\"name\":\"push %u/%u\",\"cat\":\"push\",\"ph\":\"e\"," PS_TRACE_ID
                           ",\"ts\":%.3f,\"pid\":%u,\"tid\":%d}",
                        tensor, chunk, id, ps_trace_us(landed_ns), pid, LANE_PUSH);
         return;
@@ -64,13 +64,13 @@ void psd_trace_pull(psd_trace_t *t, uint32_t tensor, uint32_t chunk, uint64_t ve
     if (asked_ns == 0 || asked_ns > answered_ns) asked_ns = answered_ns;
     uint64_t id = ps_trace_next_id(t);
     uint32_t pid = ps_trace_pid(t);
-    ps_trace_event(t, "{\"name\":\"pull %u/%u\",\"cat\":\"pull\",\"ph\":\"b\",\"id\":%" PRIu64
+    ps_trace_event(t, "{\"name\":\"pull %u/%u\",\"cat\":\"pull\",\"ph\":\"b\"," PS_TRACE_ID
                       ",\"ts\":%.3f,\"pid\":%u,\"tid\":%d,\"args\":{\"version\":%" PRIu64
                       ",\"waited_us\":%.3f,\"direct\":%s,\"ok\":%s}}",
                    tensor, chunk, id, ps_trace_us(asked_ns), pid, LANE_PULL, version,
                    ps_trace_us(answered_ns - asked_ns), direct ? "true" : "false",
                    ok ? "true" : "false");
-    ps_trace_event(t, "{\"name\":\"pull %u/%u\",\"cat\":\"pull\",\"ph\":\"e\",\"id\":%" PRIu64
+    ps_trace_event(t, "{\"name\":\"pull %u/%u\",\"cat\":\"pull\",\"ph\":\"e\"," PS_TRACE_ID
                       ",\"ts\":%.3f,\"pid\":%u,\"tid\":%d}",
                    tensor, chunk, id, ps_trace_us(done_ns), pid, LANE_PULL);
 }

@@ -55,6 +55,7 @@ typedef struct {
         uint8_t again; /* send it again once that send completes */
         uint8_t direct; /* its last request was direct (PS_FLAG_DIRECT): a pull asked for a
                            direct reply; a push was written into the shard's area */
+        uint8_t went_direct; /* PS_TRACE: done directly (part_done: direct as it was then) */
         void *copy;    /* PS_TEST_CORRUPT_PUSH: the corrupted copy on the wire */
     } ck;
 } part_t;
@@ -251,13 +252,13 @@ static void trace_op(ps_client_t *c, const ps_op_t *op)
         snprintf(name, sizeof name, "%s %u", op_name(op->type), op->tensor);
     else
         snprintf(name, sizeof name, "%s", op_name(op->type));
-    for (uint32_t i = 0; i < op->nparts; i++) direct += op->parts[i].ck.direct;
-    ps_trace_event(c->trace, "{\"name\":\"%s\",\"cat\":\"op\",\"ph\":\"b\",\"id\":%" PRIu64
+    for (uint32_t i = 0; i < op->nparts; i++) direct += op->parts[i].ck.went_direct;
+    ps_trace_event(c->trace, "{\"name\":\"%s\",\"cat\":\"op\",\"ph\":\"b\"," PS_TRACE_ID
                              ",\"ts\":%.3f,\"pid\":%u,\"tid\":%d,\"args\":{\"step\":%" PRIu64
                              ",\"chunks\":%u,\"direct\":%u,\"ok\":%s}}",
                    name, id, ps_trace_us(from), pid, op_lane(op->type), op->step, op->nparts,
                    direct, op->status == 0 ? "true" : "false");
-    ps_trace_event(c->trace, "{\"name\":\"%s\",\"cat\":\"op\",\"ph\":\"e\",\"id\":%" PRIu64
+    ps_trace_event(c->trace, "{\"name\":\"%s\",\"cat\":\"op\",\"ph\":\"e\"," PS_TRACE_ID
                              ",\"ts\":%.3f,\"pid\":%u,\"tid\":%d}",
                    name, id, ps_trace_us(now), pid, op_lane(op->type));
 }
@@ -320,6 +321,7 @@ static void part_done(part_t *p)
     if (!p->pending) return;
     p->pending = 0;
     p->op->remaining--;
+    p->ck.went_direct = p->ck.direct;
     ps_client_t *c = p->op->c;
     if (c->trace && (p->op->type == OP_PUSH || p->op->type == OP_PULL) &&
         ps_trace_room(c->trace, 1))
@@ -1368,14 +1370,15 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
             break;
         }
         if (m.step < op->min_version) op->min_version = m.step;
-        if (!is_pull && p->ck.direct) {
-            c->tensors[op->tensor]->places[m.chunk].busy = 0; /* psd is done with its place */
-            p->ck.direct = 0;
-        }
         if (!is_pull) {
             part_done(p);
+            if (p->ck.direct) {
+                c->tensors[op->tensor]->places[m.chunk].busy = 0; /* psd is done with it */
+                p->ck.direct = 0;
+            }
             break;
         }
+        p->ck.direct = 0; /* asked for a direct reply or not, this one came over UCX */
         uint64_t n = ps_chunk_len(t->numel, c->chunk_elems, m.chunk);
         uint64_t want = t->pull_codec.kind == PSK_CODEC_NONE ? n * 4
                                                              : psk_codec_max_bytes(&t->pull_codec, n);
@@ -1748,10 +1751,18 @@ int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts, ps
     }
     const char *tr = getenv("PS_TRACE");
     if (tr && *tr) {
+        /* A process's later clients (a worker that joins again) write FILE.2, FILE.3, ...:
+         * the trace up to the rejoin is what one wants to read. */
+        static int clients;
+        int n = __atomic_add_fetch(&clients, 1, __ATOMIC_RELAXED);
         static const char *const lanes[] = {"pushes", "pulls", "control"};
-        char process[48];
+        char process[48], path[1024];
         snprintf(process, sizeof process, "libps pid %ld", (long)getpid());
-        rc = ps_trace_open(&c->trace, tr, (uint32_t)getpid(), process, lanes, 3, e, sizeof e);
+        if (n > 1)
+            snprintf(path, sizeof path, "%s.%d", tr, n);
+        else
+            snprintf(path, sizeof path, "%s", tr);
+        rc = ps_trace_open(&c->trace, path, (uint32_t)getpid(), process, lanes, 3, e, sizeof e);
         if (rc) {
             if (err) snprintf(err, errlen, "PS_TRACE: %s", e);
             free(c);

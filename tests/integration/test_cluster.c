@@ -591,8 +591,8 @@ static trace_count_t trace_read(const char *path)
         trace_field(line, "direct", direct, sizeof direct);
         trace_field(line, "ts", num, sizeof num);
         double ts = atof(num);
-        trace_field(line, "id", num, sizeof num);
-        unsigned long long id = strtoull(num, NULL, 10);
+        trace_field(line, "local", num, sizeof num); /* "id2":{"local":"0x..."} */
+        unsigned long long id = strtoull(num, NULL, 0);
         ck_assert_msg(ph[0] == 'M' || ts > 0, "%s: line %d has no time: %s", path, lineno, line);
         bool is_direct = strcmp(direct, "true") == 0;
         if (ph[0] == 'M') {
