@@ -56,8 +56,8 @@ typedef struct {
  * @note On failure *out is NULL and nothing is left to release; the reason is
  *       written to @p err (may be NULL).
  * @note With PS_TRACE=FILE in the environment the client writes a timeline of its ops to
- *       FILE ("%p" in it: this process's id) in Chrome's trace format, until
- *       ps_client_destroy (docs/DESIGN-NOTES.md, "Timelines").
+ *       FILE ("%p" in it: this process's id; the process's second client FILE.2, ...) in
+ *       Chrome's trace format, until ps_client_destroy (docs/DESIGN-NOTES.md, "Timelines").
  */
 int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts,
                      ps_client_t **out, char *err, size_t errlen);
