@@ -139,6 +139,8 @@ typedef struct bundle_s {
     uint32_t cap_parts;
     uint8_t hdr[128];
     struct bundle_s *next_free;
+    struct bundle_s *fly_prev, *fly_next; /* on c->flying while its send is in flight */
+    uint8_t flying;
 } bundle_t;
 
 struct ps_op_s {
@@ -190,6 +192,8 @@ struct ps_client_s {
     uint64_t fusion_bytes;      /* bundle size (0: no fusion); ps_client_set_fusion */
     int fusing;                 /* comm thread: small parts go into bundles now */
     bundle_t *free_bundles;     /* comm thread */
+    bundle_t *flying;           /* comm thread: bundles whose send has not completed (a
+                                   transport restart takes them back: transport_restart) */
     int started, start_rc;
     volatile sig_atomic_t interrupted; /* ps_client_interrupt: pushes and pulls now fail */
     int joined;                 /* past the first hello: lost shards are reconnected */
@@ -526,10 +530,29 @@ static const void *test_corrupt_push(ps_client_t *c, part_t *p)
 
 /* ---- comm thread: fusion --------------------------------------------------------- */
 
+/* Put bundle @p b on, or take it off, c->flying. */
+static void bundle_fly(ps_client_t *c, bundle_t *b, int on)
+{
+    if (on) {
+        b->fly_prev = NULL;
+        b->fly_next = c->flying;
+        if (c->flying) c->flying->fly_prev = b;
+        c->flying = b;
+    } else {
+        if (b->fly_prev)
+            b->fly_prev->fly_next = b->fly_next;
+        else
+            c->flying = b->fly_next;
+        if (b->fly_next) b->fly_next->fly_prev = b->fly_prev;
+    }
+    b->flying = (uint8_t)on;
+}
+
 static void on_bundle_sent(void *request, ucs_status_t status, void *user_data)
 {
     bundle_t *b = user_data;
     ps_client_t *c = b->c;
+    if (b->flying) bundle_fly(c, b, 0);
     uint32_t n = b->count;
     b->count = 0;
     b->len = 0;
@@ -567,7 +590,10 @@ static void bundle_flush(ps_client_t *c, uint32_t i)
         req = ucp_am_send_nbx(s->ep, PS_AM_DATA, b->hdr, hlen, b->buf, b->len, &prm);
         st = req == NULL ? UCS_OK : UCS_PTR_IS_ERR(req) ? UCS_PTR_STATUS(req) : UCS_INPROGRESS;
     }
-    if (st != UCS_INPROGRESS) on_bundle_sent(NULL, st, b);
+    if (st != UCS_INPROGRESS)
+        on_bundle_sent(NULL, st, b);
+    else
+        bundle_fly(c, b, 1);
 }
 
 /* Inside on_deferred, put a small part into its shard's bundle instead of sending it alone.
@@ -978,9 +1004,17 @@ again:
         }
     int rc = ps_ucx_restart(&c->ucx);
     /* No callback of the old worker comes any more: what its requests still held (a send a
-     * close did not finish, a rendezvous receive) is released here; shard_lost below marks
-     * every part still waiting to be sent again once its shard is back. A bundle in flight is
-     * left to leak. */
+     * close did not finish, a rendezvous receive, a bundle in flight) is released here;
+     * shard_lost below marks every part still waiting to be sent again once its shard is
+     * back. */
+    while (c->flying) {
+        bundle_t *b = c->flying;
+        bundle_fly(c, b, 0);
+        b->count = 0;
+        b->len = 0;
+        b->next_free = c->free_bundles;
+        c->free_bundles = b;
+    }
     for (ps_op_t *op = c->inflight; op; op = op->next) {
         op->ucx_refs = 0;
         for (uint32_t k = 0; k < op->nparts; k++) {
@@ -1855,6 +1889,12 @@ void ps_client_destroy(ps_client_t *c)
         area_unmap(&c->shards[i]);
     }
     free(c->shards);
+    while (c->flying) { /* none: closing the endpoints completed every send */
+        bundle_t *b = c->flying;
+        bundle_fly(c, b, 0);
+        b->next_free = c->free_bundles;
+        c->free_bundles = b;
+    }
     for (bundle_t *b = c->free_bundles, *nx; b; b = nx) {
         nx = b->next_free;
         free(b->buf);
