@@ -29,11 +29,8 @@ uint64_t ps_trace_now(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-uint32_t ps_trace_pid(const ps_trace_t *t) { return t->pid; }
-
-uint64_t ps_trace_next_id(ps_trace_t *t) { return ++t->next_id; }
-
-bool ps_trace_room(ps_trace_t *t, unsigned n)
+/* Room for @p n more events? The first refusal of a full trace says so in the log. */
+static bool room(ps_trace_t *t, unsigned n)
 {
     if (t == NULL || t->full) return false;
     if (t->events + n <= PS_TRACE_MAX_EVENTS) return true;
@@ -43,7 +40,9 @@ bool ps_trace_room(ps_trace_t *t, unsigned n)
     return false;
 }
 
-void ps_trace_event(ps_trace_t *t, const char *fmt, ...)
+/* Append one event: the JSON object @p fmt makes, after a comma (the first after "["). */
+static void event(ps_trace_t *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void event(ps_trace_t *t, const char *fmt, ...)
 {
     va_list ap;
     fputs(t->events ? ",\n" : "[\n", t->f);
@@ -51,6 +50,44 @@ void ps_trace_event(ps_trace_t *t, const char *fmt, ...)
     vfprintf(t->f, fmt, ap);
     va_end(ap);
     if (++t->events % PS_TRACE_FLUSH == 0) fflush(t->f);
+}
+
+static double us(uint64_t ns) { return (double)ns / 1000.0; }
+
+/* ",\"args\":{...}" or nothing. */
+#define ARGS_FMT "%s%s"
+#define ARGS(a) (a) ? ",\"args\":" : "", (a) ? (a) : ""
+
+void ps_trace_span(ps_trace_t *t, int lane, const char *cat, const char *name,
+                   uint64_t begin_ns, uint64_t end_ns, const char *args)
+{
+    if (!room(t, 2)) return;
+    uint64_t id = ++t->next_id;
+    if (end_ns < begin_ns) end_ns = begin_ns;
+    event(t, "{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"b\",\"id2\":{\"local\":\"0x%" PRIx64
+             "\"},\"ts\":%.3f,\"pid\":%u,\"tid\":%d" ARGS_FMT "}",
+          name, cat, id, us(begin_ns), t->pid, lane, ARGS(args));
+    event(t, "{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"e\",\"id2\":{\"local\":\"0x%" PRIx64
+             "\"},\"ts\":%.3f,\"pid\":%u,\"tid\":%d}",
+          name, cat, id, us(end_ns), t->pid, lane);
+}
+
+void ps_trace_complete(ps_trace_t *t, int lane, const char *name, uint64_t begin_ns,
+                       uint64_t end_ns, const char *args)
+{
+    if (!room(t, 1)) return;
+    event(t, "{\"name\":\"%s\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,\"pid\":%u,\"tid\":%d"
+             ARGS_FMT "}",
+          name, us(begin_ns), us(end_ns > begin_ns ? end_ns - begin_ns : 0), t->pid, lane,
+          ARGS(args));
+}
+
+void ps_trace_instant(ps_trace_t *t, int lane, const char *name, uint64_t ns, const char *args)
+{
+    if (!room(t, 1)) return;
+    event(t, "{\"name\":\"%s\",\"ph\":\"i\",\"s\":\"t\",\"ts\":%.3f,\"pid\":%u,\"tid\":%d"
+             ARGS_FMT "}",
+          name, us(ns), t->pid, lane, ARGS(args));
 }
 
 /* @p path with "%p" replaced by this process's id, into @p out. */
@@ -88,13 +125,13 @@ int ps_trace_open(ps_trace_t **out, const char *path, uint32_t pid, const char *
     }
     t->pid = pid;
     setvbuf(t->f, NULL, _IOFBF, 1 << 20);
-    ps_trace_event(t, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%u,\"tid\":0,"
-                      "\"args\":{\"name\":\"%s\"}}",
-                   pid, process);
+    event(t, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%u,\"tid\":0,"
+             "\"args\":{\"name\":\"%s\"}}",
+          pid, process);
     for (int l = 0; l < nlanes; l++)
-        ps_trace_event(t, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%u,\"tid\":%d,"
-                          "\"args\":{\"name\":\"%s\"}}",
-                       pid, l + 1, lanes[l]);
+        event(t, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%u,\"tid\":%d,"
+                 "\"args\":{\"name\":\"%s\"}}",
+              pid, l + 1, lanes[l]);
     if (fflush(t->f) != 0 || ferror(t->f)) {
         snprintf(err, errlen, "cannot write the trace %s: %s", t->path, strerror(errno));
         fclose(t->f);

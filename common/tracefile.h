@@ -3,18 +3,17 @@
  * libps's PS_TRACE (worker/client.c).
  *
  * The file is a JSON array with one event per line: first the process's and its lanes' names
- * ("ph" M), then what the caller writes (ps_trace_event). Chrome accepts it without the closing
+ * ("ph" M), then the caller's spans and instants. Chrome accepts it without the closing
  * "]", so a process killed mid-run leaves a readable trace up to its last flushed event (the
  * buffer is flushed every PS_TRACE_FLUSH events and at close). After PS_TRACE_MAX_EVENTS
  * events it stops, saying so in the log, so a long run cannot fill the disk. Timestamps are
- * CLOCK_MONOTONIC microseconds (ps_trace_us of ps_trace_now), so the traces of the processes of
- * one host line up: concatenate their arrays to see them in one view.
+ * CLOCK_MONOTONIC (callers pass ps_trace_now's nanoseconds; the file holds microseconds), so the
+ * traces of one host's processes line up: bench/trace_merge.sh joins them into one view.
  *
  * Not thread-safe: one thread owns a ps_trace_t from open to close (ps_trace_now excepted). */
 #ifndef PS_TRACEFILE_H
 #define PS_TRACEFILE_H
 
-#include <inttypes.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -36,29 +35,24 @@ int ps_trace_open(ps_trace_t **out, const char *path, uint32_t pid, const char *
  *  the run (a full disk) is reported in the log here. */
 void ps_trace_close(ps_trace_t *t);
 
-/** @brief Whether @p t takes @p n more events (false for NULL, or once the trace is full:
- *  the first refusal says so in the log). Call before writing an event's lines. */
-bool ps_trace_room(ps_trace_t *t, unsigned n);
+/* The events a trace holds, each on lane @p lane ("tid") of the process, named @p name (no
+ * characters that need escaping in JSON), with @p args the text of a JSON object or NULL. Each
+ * does nothing when @p t is NULL or full. */
 
-/** @brief Append one event: the JSON object @p fmt makes (no newline, no comma: the writer
- *  adds them). Its strings must need no escaping (names and numbers the caller makes). */
-void ps_trace_event(ps_trace_t *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/** @brief A span that may overlap others on its lane (an async "b" / "e" pair of category
+ *  @p cat with an id of this process's, Chrome's "id2" local: equal ids of other processes in
+ *  a merged trace do not pair with it). @p args go on its beginning. */
+void ps_trace_span(ps_trace_t *t, int lane, const char *cat, const char *name,
+                   uint64_t begin_ns, uint64_t end_ns, const char *args);
 
-/** @brief The "pid" given to ps_trace_open. */
-uint32_t ps_trace_pid(const ps_trace_t *t);
+/** @brief A span that nests with the others of its lane ("ph" X): one at a time there. */
+void ps_trace_complete(ps_trace_t *t, int lane, const char *name, uint64_t begin_ns,
+                       uint64_t end_ns, const char *args);
 
-/** @brief A new id for an async span ("ph" b and e of one "cat" and "name"), written with
- *  PS_TRACE_ID: an id of this process's (Chrome's "id2" local), so that the same ids of other
- *  processes in a merged trace do not pair with it. */
-uint64_t ps_trace_next_id(ps_trace_t *t);
-
-/** @brief The format of an async span's id (one uint64_t argument), inside an event. */
-#define PS_TRACE_ID "\"id2\":{\"local\":\"0x%" PRIx64 "\"}"
+/** @brief A moment ("ph" i, thread-scoped). */
+void ps_trace_instant(ps_trace_t *t, int lane, const char *name, uint64_t ns, const char *args);
 
 /** @brief CLOCK_MONOTONIC in nanoseconds (any thread). */
 uint64_t ps_trace_now(void);
-
-/** @brief Nanoseconds as the format's microseconds. */
-static inline double ps_trace_us(uint64_t ns) { return (double)ns / 1000.0; }
 
 #endif

@@ -799,7 +799,7 @@ fail_shard:
     psd_store_close(&srv->store);
 fail_store:
     psd_fanout_close(&srv->fanout);
-    psd_trace_close(srv->trace);
+    ps_trace_close(srv->trace);
     for (psd_conn_t *c = srv->conns, *nx; c; c = nx) {
         nx = c->next;
         free(c);

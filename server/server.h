@@ -157,7 +157,7 @@ typedef struct {
     ps_decl_t decl;            /* JOB_CREATE: a copy the thread may read */
     psk_init_t init;           /* JOB_CREATE: its initializer (run_create) */
     uint64_t start_ns;         /* JOB_CREATE: when it was started (uv_hrtime), for the log */
-    uint64_t begin_ns, end_ns; /* JOB_APPLY with --trace: its work (psd_trace_now), else 0 */
+    uint64_t begin_ns, end_ns; /* JOB_APPLY with --trace: its work (ps_trace_now), else 0 */
     psd_chunk_t **chunks;      /* JOB_CREATE: the tensor's chunk table (fixed while it runs) */
     uint32_t nchunks;
     psd_chunk_t **items;       /* JOB_APPLY: chunks whose SLOT_APPLYING slots to apply */
@@ -260,7 +260,7 @@ struct psd_server_s {
     psd_snap_t *free_snaps;
     psd_send_t *free_sends;
     psd_wait_t *free_waits;
-    psd_trace_t *trace;        /* psd --trace FILE, or NULL */
+    ps_trace_t *trace;        /* psd --trace FILE, or NULL */
     int bundling;              /* outbox.c: depth of psd_outbox_begin */
     psd_conn_t *outbox_conns;  /* connections with a bundle being filled */
     uint64_t bundles_sent, bundles_received;

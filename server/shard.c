@@ -535,7 +535,7 @@ static void on_pull_sent(void *request, ucs_status_t status, void *user_data)
                ucs_status_string(status));
     if (srv->trace) /* every reply counted in srv->pulls, failed or not */
         psd_trace_pull(srv->trace, s->tensor, s->chunk, s->version, s->asked_ns, s->answered_ns,
-                       psd_trace_now(), false, status == UCS_OK);
+                       ps_trace_now(), false, status == UCS_OK);
     snap_release(srv, s->snap);
     psd_conn_unref(s->conn);
     s->next_free = srv->free_sends;
@@ -587,7 +587,7 @@ static void send_pull_reply(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id
         srv->pulls++;
         srv->direct_pulls++;
         if (srv->trace) {
-            uint64_t now = psd_trace_now();
+            uint64_t now = ps_trace_now();
             psd_trace_pull(srv->trace, ch->tensor, ch->chunk, h->version, asked_ns, now, now,
                            true, true);
         }
@@ -635,7 +635,7 @@ static void send_pull_reply(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id
         srv->free_sends = s;
         srv->pulls++;
         if (srv->trace) {
-            uint64_t now = psd_trace_now();
+            uint64_t now = ps_trace_now();
             psd_trace_pull(srv->trace, ch->tensor, ch->chunk, h->version, asked_ns, now, now,
                            false, true);
         }
@@ -652,7 +652,7 @@ static void send_pull_reply(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id
         s->chunk = ch->chunk;
         s->version = h->version;
         s->asked_ns = asked_ns;
-        s->answered_ns = psd_trace_now();
+        s->answered_ns = ps_trace_now();
     }
     size_t len;
     ps_msg_encode(&r, s->hdr, sizeof s->hdr, &len);
@@ -695,7 +695,7 @@ void psd_shard_on_pull(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
 {
     psd_chunk_t *ch = find_chunk(srv, conn, msg);
     if (ch == NULL) return;
-    uint64_t asked = srv->trace ? psd_trace_now() : 0;
+    uint64_t asked = srv->trace ? ps_trace_now() : 0;
     if (msg->codec != PSK_CODEC_NONE && msg->codec != PSK_CODEC_FP16 &&
         msg->codec != PSK_CODEC_BF16) {
         psd_send_error(srv, conn, msg->req_id, PS_EPROTO,
@@ -803,7 +803,7 @@ static void push_received(psd_chunk_t *ch, uint32_t rank, ucs_status_t status)
     srv->pushes++;
     if (srv->trace)
         psd_trace_push(srv->trace, ch->tensor, ch->chunk, rank, ch->slot_step[rank],
-                       ch->slot_ref[rank].arrived_ns, psd_trace_now(),
+                       ch->slot_ref[rank].arrived_ns, ps_trace_now(),
                        ch->slot_ext && ch->slot_ext[rank].data != NULL);
     chunk_maybe_ready(srv, ch);
 }
@@ -962,7 +962,7 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
     psd_conn_ref(conn);
     if (srv->trace) /* a rendezvous receive's span starts now; any other push is an instant */
         ch->slot_ref[rank].arrived_ns =
-            !direct && (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ? psd_trace_now() : 0;
+            !direct && (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ? ps_trace_now() : 0;
     if (direct) { /* written by the sender before it sent the header */
         srv->direct_pushes++;
         push_received(ch, rank, UCS_OK);
@@ -1231,7 +1231,7 @@ static void job_work(uv_work_t *w)
 {
     psd_job_t *job = w->data;
     psd_wtxn_t tx;
-    job->begin_ns = job->srv->trace ? psd_trace_now() : 0; /* read by job_done, after us */
+    job->begin_ns = job->srv->trace ? ps_trace_now() : 0; /* read by job_done, after us */
     job->rc = psd_store_begin(&job->srv->store, &tx);
     if (job->rc == 0) {
         job->rc = job->kind == JOB_CREATE ? run_create(job, &tx) : run_apply(job, &tx);
@@ -1242,7 +1242,7 @@ static void job_work(uv_work_t *w)
         else
             job->rc = psd_store_commit(&tx);
     }
-    job->end_ns = job->begin_ns ? psd_trace_now() : 0;
+    job->end_ns = job->begin_ns ? ps_trace_now() : 0;
     /* From the pool, job_done comes next through an uv_async: stop the loop's busy-poll. */
     if (job->pooled) ps_ucx_spin_stop(&job->srv->ucx);
 }

@@ -218,12 +218,8 @@ struct ps_client_s {
     char err[512];
 };
 
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
+/* CLOCK_MONOTONIC in nanoseconds: the clock of ops' times and of the PS_TRACE timeline. */
+static uint64_t mono_ns(void) { return ps_trace_now(); }
 
 /* ---- comm thread: the timeline (PS_TRACE) ---------------------------------- */
 
@@ -247,24 +243,18 @@ static int op_lane(int type)
  * and the chunks that went directly (through the shard's shared memory). */
 static void trace_op(ps_client_t *c, const ps_op_t *op)
 {
-    if (!ps_trace_room(c->trace, 2)) return;
-    uint64_t now = mono_ns(), id = ps_trace_next_id(c->trace);
-    uint64_t from = op->submit_ns && op->submit_ns <= now ? op->submit_ns : now;
-    uint32_t pid = ps_trace_pid(c->trace), direct = 0;
-    char name[32];
+    uint64_t now = mono_ns();
+    uint32_t direct = 0;
+    char name[32], args[96];
     if (op->type == OP_PUSH || op->type == OP_PULL)
         snprintf(name, sizeof name, "%s %u", op_name(op->type), op->tensor);
     else
         snprintf(name, sizeof name, "%s", op_name(op->type));
     for (uint32_t i = 0; i < op->nparts; i++) direct += op->parts[i].ck.went_direct;
-    ps_trace_event(c->trace, "{\"name\":\"%s\",\"cat\":\"op\",\"ph\":\"b\"," PS_TRACE_ID
-                             ",\"ts\":%.3f,\"pid\":%u,\"tid\":%d,\"args\":{\"step\":%" PRIu64
-                             ",\"chunks\":%u,\"direct\":%u,\"ok\":%s}}",
-                   name, id, ps_trace_us(from), pid, op_lane(op->type), op->step, op->nparts,
-                   direct, op->status == 0 ? "true" : "false");
-    ps_trace_event(c->trace, "{\"name\":\"%s\",\"cat\":\"op\",\"ph\":\"e\"," PS_TRACE_ID
-                             ",\"ts\":%.3f,\"pid\":%u,\"tid\":%d}",
-                   name, id, ps_trace_us(now), pid, op_lane(op->type));
+    snprintf(args, sizeof args, "{\"step\":%" PRIu64 ",\"chunks\":%u,\"direct\":%u,\"ok\":%s}",
+             op->step, op->nparts, direct, op->status == 0 ? "true" : "false");
+    ps_trace_span(c->trace, op_lane(op->type), "op", name,
+                  op->submit_ns && op->submit_ns <= now ? op->submit_ns : now, now, args);
 }
 
 /* ---- comm thread: completion ---------------------------------------------- */
@@ -327,16 +317,15 @@ static void part_done(part_t *p)
     p->op->remaining--;
     p->ck.went_direct = p->ck.direct;
     ps_client_t *c = p->op->c;
-    if (c->trace && (p->op->type == OP_PUSH || p->op->type == OP_PULL) &&
-        ps_trace_room(c->trace, 1))
+    if (c->trace && (p->op->type == OP_PUSH || p->op->type == OP_PULL)) {
         /* A push's chunk acknowledged, a pull's chunk here: an instant on the op's lane. */
-        ps_trace_event(c->trace, "{\"name\":\"%s %u/%u\",\"ph\":\"i\",\"s\":\"t\","
-                                 "\"ts\":%.3f,\"pid\":%u,\"tid\":%d,\"args\":{\"shard\":%u,"
-                                 "\"direct\":%s,\"ok\":%s}}",
-                       p->op->type == OP_PUSH ? "acked" : "landed", p->op->tensor, p->chunk,
-                       ps_trace_us(mono_ns()), ps_trace_pid(c->trace), op_lane(p->op->type),
-                       p->shard, p->ck.direct ? "true" : "false",
-                       p->op->status == 0 ? "true" : "false");
+        char name[40], args[64];
+        snprintf(name, sizeof name, "%s %u/%u", p->op->type == OP_PUSH ? "acked" : "landed",
+                 p->op->tensor, p->chunk);
+        snprintf(args, sizeof args, "{\"shard\":%u,\"direct\":%s,\"ok\":%s}", p->shard,
+                 p->ck.direct ? "true" : "false", p->op->status == 0 ? "true" : "false");
+        ps_trace_instant(c->trace, op_lane(p->op->type), name, mono_ns(), args);
+    }
 }
 
 static void shard_lost(ps_client_t *c, uint32_t i);

@@ -721,11 +721,11 @@ START_TEST(test_trace_timeline)
     ck_assert_msg(text && len > 4 && strncmp(text, "[\n", 2) == 0 &&
                       strcmp(text + len - 2, "]\n") == 0,
                   "%s is not one array", merged);
-    unsigned long long objects = 0, commas = 0;
-    for (char *l = text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
-        objects += *l == '{';
-        commas += *l == '{' && strchr(l, '\n') && strchr(l, '\n')[-1] == ',';
-        commas += *l == ',';
+    unsigned long long objects = 0, commas = 0; /* events, and lines ending in a comma */
+    char *save = NULL;
+    for (char *l = strtok_r(text, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+        objects += l[0] == '{';
+        commas += l[strlen(l) - 1] == ',';
     }
     free(text);
     ck_assert_msg(objects == events && commas == events - 1,
