@@ -31,7 +31,7 @@
 #define MIB (1024u * 1024u)
 #define PB_MAX_TRIALS 9 /* --trials */
 
-static const char *const optim_names[] = {"sgd", "momentum", "adam", "adamw", "adagrad"};
+static const char *const optim_names[] = {"sgd", "momentum", "adam", "adamw", "adagrad", "mean"};
 _Static_assert(sizeof optim_names / sizeof *optim_names == PSK_OPTIM_KINDS,
                "optim_names follows psk_optim_kind_t");
 
@@ -50,6 +50,7 @@ typedef struct {
     int ntransports;
     uint64_t chunk_bytes, map_size_mb;
     const char *json, *markdown, *psd, *perftest, *trace_dir;
+    const char *round_optim; /* the rounds' bsp cluster (--round-optimizer; default mean) */
     char self[PB_PATH];
     /* Timing. */
     double case_s; /* target time of one timed case */
@@ -69,6 +70,7 @@ static void usage(FILE *f)
             "               [--transports shm,tcp,direct] [--json FILE] [--markdown FILE] [--quick]\n"
             "               [--bsp-push] [--only limits,ops,apply,step,codecs,store] [--psd PATH]\n"
             "               [--perftest PATH] [--trials N] [--trace DIR]\n"
+            "               [--round-optimizer NAME]\n"
             "Starts psd shards and client processes on 127.0.0.1 (data under /dev/shm) and\n"
             "measures push, pull and push+pull rounds of one dense tensor, the optimizers'\n"
             "apply and a BSP step with adam, and each gradient codec's encode and decode, beside\n"
@@ -86,7 +88,10 @@ static void usage(FILE *f)
             "--trace DIR: each psd writes its timeline (psd --trace: pushes landing, apply jobs,\n"
             "pulls) to DIR/cID-SxW-TRANSPORT-shardN.json, each client its own (libps's PS_TRACE:\n"
             "ops and their chunks) to ...-clientN.json, for chrome://tracing or Perfetto\n"
-            "(tracing costs some speed: compare figures only between runs without it).\n",
+            "(tracing costs some speed: compare figures only between runs without it).\n"
+            "--round-optimizer NAME: psd's optimizer in the rounds' bsp cluster (with --bsp-push\n"
+            "in the pushes' too): mean (default; the server sums, no optimizer), sgd, momentum,\n"
+            "adam, adamw or adagrad.\n",
             PB_MAX_TRIALS);
 }
 
@@ -431,7 +436,7 @@ static void run_many(bench_t *b, pb_cluster_t *cl, uint64_t size)
         for (int j = 0; j < 3; j++) {
             all[j]->iters = c.nlat;
             pb_result_cpu(all[j], c.cpu_busy, c.ncpu);
-            snprintf(all[j]->optimizer, sizeof all[j]->optimizer, "sgd");
+            snprintf(all[j]->optimizer, sizeof all[j]->optimizer, "%s", cl->conf.optimizer);
             snprintf(all[j]->note, sizeof all[j]->note, "bsp step of %d tensors of this size: %s",
                      MANY, i ? "fused (one message per shard each way)"
                              : "one message per tensor each way");
@@ -453,30 +458,38 @@ static void measure_psd(bench_t *b)
             const char *tr = b->transports[t];
             pb_cluster_conf_t k;
             pb_cluster_t cl;
-            /* sgd everywhere (the cheapest apply). Pushes and pulls in an asp cluster: each
-             * push is applied on arrival and acked once committed; pull(min_version 0) never
-             * waits. Rounds in a bsp cluster. With --bsp-push, one bsp cluster for all three:
-             * a push is acked once every worker pushed the step and it is committed. */
-            cluster_conf(b, &k, s, w, b->asp_push ? "asp" : "bsp", "sgd", tr);
+            /* Pushes and pulls in an asp cluster with sgd (the cheapest optimizer): each push
+             * is applied on arrival and acked once committed; pull(min_version 0) never waits.
+             * Rounds in a bsp cluster with --round-optimizer, by default mean: the BSP step
+             * without an optimizer, the server sums (and scales by 1/W). With --bsp-push, one
+             * bsp cluster for all three: a push is acked once every worker pushed the step and
+             * its update is committed. */
+            const char *popt = b->asp_push ? "sgd" : b->round_optim;
+            char note[160];
+            cluster_conf(b, &k, s, w, b->asp_push ? "asp" : "bsp", popt, tr);
             memcpy(k.sizes, b->sizes, sizeof k.sizes);
             k.nsizes = b->nsizes;
             pb_cluster_start(&cl, &k, b->cluster_id++);
-            for (int i = 0; i < b->nsizes; i++)
-                run_case(b, &cl, "push", b->sizes[i], "sgd",
-                         b->asp_push ? "asp: acked once its sgd apply commits"
-                                     : "bsp: acked once every worker pushed and sgd commits");
+            if (b->asp_push)
+                snprintf(note, sizeof note, "asp: acked once its sgd apply commits");
+            else
+                snprintf(note, sizeof note, "bsp: acked once every worker pushed and %s commits",
+                         popt);
+            for (int i = 0; i < b->nsizes; i++) run_case(b, &cl, "push", b->sizes[i], popt, note);
             for (int i = 0; i < b->nsizes; i++)
                 run_case(b, &cl, "pull", b->sizes[i], NULL, "pull(min_version 0)");
             if (b->asp_push) {
                 pb_cluster_stop(&cl);
-                cluster_conf(b, &k, s, w, "bsp", "sgd", tr);
+                cluster_conf(b, &k, s, w, "bsp", b->round_optim, tr);
                 memcpy(k.sizes, b->sizes, sizeof k.sizes);
                 k.nsizes = b->nsizes;
                 pb_cluster_start(&cl, &k, b->cluster_id++);
             }
+            snprintf(note, sizeof note, "bsp, %s every step: push(s) + pull(min_version s+1)",
+                     strcmp(b->round_optim, "mean") == 0 ? "the pushes' mean kept"
+                                                          : "the optimizer applied");
             for (int i = 0; i < b->nsizes; i++)
-                run_case(b, &cl, "round", b->sizes[i], "sgd",
-                         "bsp, sgd applied every step: push(s) + pull(min_version s+1)");
+                run_case(b, &cl, "round", b->sizes[i], b->round_optim, note);
             run_many(b, &cl, 1024);
             pb_cluster_stop(&cl);
         }
@@ -489,7 +502,8 @@ static void measure_apply(bench_t *b)
     for (int k = 0; k < PSK_OPTIM_KINDS; k++) {
         pb_cluster_conf_t kc;
         pb_cluster_t cl;
-        cluster_conf(b, &kc, 1, 1, "asp", optim_names[k], "shm");
+        /* mean needs bsp; with one worker a bsp push is acked once applied too. */
+        cluster_conf(b, &kc, 1, 1, k == PSK_MEAN ? "bsp" : "asp", optim_names[k], "shm");
         kc.sizes[0] = b->apply_size;
         kc.nsizes = 1;
         pb_cluster_start(&cl, &kc, b->cluster_id++);
@@ -623,11 +637,12 @@ static void meta_json(bench_t *b, double load0, double load1, char *out, size_t 
     snprintf(out, len,
              "\"tool\": \"psbench\", \"date\": \"%s\", \"host\": \"%s\", \"kernel\": \"%s\", "
              "\"cpus\": %ld, \"loadavg_start\": %.2f, \"loadavg_end\": %.2f, \"quick\": %s, "
-             "\"chunk_bytes\": %" PRIu64 ", \"push\": \"%s\", "
+             "\"chunk_bytes\": %" PRIu64 ", \"push\": \"%s\", \"round_optimizer\": \"%s\", "
              "\"units\": \"GB/s = 1e9 bytes/s of tensor bytes; us = microseconds\", "
              "\"ratio\": \"value/limit for throughput, limit/value for times: 1 = at the limit\"",
              date, u.nodename, u.release, sysconf(_SC_NPROCESSORS_ONLN), load0, load1,
-             b->quick ? "true" : "false", b->chunk_bytes, b->asp_push ? "asp" : "bsp");
+             b->quick ? "true" : "false", b->chunk_bytes, b->asp_push ? "asp" : "bsp",
+             b->round_optim);
 }
 
 static const char *find_perftest(void)
@@ -665,6 +680,7 @@ int main(int argc, char **argv)
                                          {"perftest", required_argument, 0, 'P'},
                                          {"trials", required_argument, 0, 'T'},
                                          {"trace", required_argument, 0, 'R'},
+                                         {"round-optimizer", required_argument, 0, 'O'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     static bench_t b;
@@ -673,6 +689,7 @@ int main(int argc, char **argv)
     b.chunk_bytes = MIB;
     b.asp_push = true;
     b.trials = 1;
+    b.round_optim = "mean";
     b.psd = getenv("PSD") ? getenv("PSD") : PSBENCH_PSD;
     b.perftest = find_perftest();
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -741,6 +758,18 @@ int main(int argc, char **argv)
                 return 2;
             }
             break;
+        case 'O': {
+            int k = 0;
+            while (k < PSK_OPTIM_KINDS && strcmp(optarg, optim_names[k]) != 0) k++;
+            if (k == PSK_OPTIM_KINDS) {
+                fprintf(stderr, "psbench: --round-optimizer %s: one of", optarg);
+                for (k = 0; k < PSK_OPTIM_KINDS; k++) fprintf(stderr, " %s", optim_names[k]);
+                fputc('\n', stderr);
+                return 2;
+            }
+            b.round_optim = optim_names[k];
+            break;
+        }
         case 'T': {
             char *end;
             long v = strtol(optarg, &end, 10);
@@ -863,12 +892,14 @@ int main(int argc, char **argv)
 
     printf("psbench: GB/s = 1e9 tensor bytes/s over all workers; us = microseconds per "
            "operation (p50/p99 over every worker's samples).\n"
-           "push: %s; pull: min_version 0; round (the BSP "
-           "step with sgd, the cheapest apply): push(s) + pull(min_version s+1) together, the "
-           "transport moves 2x the tensor bytes (in parentheses).\n"
+           "push: %s%s%s; pull: min_version 0; round (the BSP step with optimizer %s%s): "
+           "push(s) + pull(min_version s+1) together, the transport moves 2x the tensor bytes "
+           "(in parentheses).\n"
            "ratio = value/limit (throughput), limit/value (latency): 1.0 = at the limit.\n\n",
            b.asp_push ? "asp, acked after its sgd apply commits"
-                      : "bsp without pulls, acked once every worker pushed and sgd commits");
+                      : "bsp without pulls, acked once every worker pushed and its ",
+           b.asp_push ? "" : b.round_optim, b.asp_push ? "" : " update commits", b.round_optim,
+           strcmp(b.round_optim, "mean") == 0 ? ": no optimizer, the server sums" : "");
     pb_report_table();
     size_t nres;
     pb_results(&nres);

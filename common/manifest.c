@@ -23,13 +23,14 @@
 #define NOMAX INFINITY
 
 /* Names indexed by the enum values in manifest.h; NULL-terminated for the tables. */
-static const char *const optim_names[] = {"sgd", "momentum", "adam", "adamw", "adagrad", NULL};
+static const char *const optim_names[] = {"sgd",     "momentum", "adam", "adamw",
+                                          "adagrad", "mean",     NULL};
 static const char *const consist_names[] = {"bsp", "asp", "ssp", NULL};
 static const char *const sched_names[] = {"constant", "cosine", NULL};
 static const char *const model_names[] = {"mlp", NULL};
 
 _Static_assert(PS_OPT_SGD == 0 && PS_OPT_MOMENTUM == 1 && PS_OPT_ADAM == 2 && PS_OPT_ADAMW == 3 &&
-                   PS_OPT_ADAGRAD == 4,
+                   PS_OPT_ADAGRAD == 4 && PS_OPT_MEAN == 5,
                "optim_names follows ps_optim_kind_t");
 _Static_assert(PS_CONSIST_BSP == 0 && PS_CONSIST_ASP == 1 && PS_CONSIST_SSP == 2,
                "consist_names follows the enum");
@@ -533,6 +534,35 @@ static int check_checkpoint(ctx_t *c, const field_t *f, yaml_node_t *n, char *ba
     return 0;
 }
 
+/* lr is required by every optimizer but mean, which has none. */
+static int check_optimizer(ctx_t *c, const field_t *f, yaml_node_t *n, char *base,
+                           const char *path)
+{
+    const ps_optim_conf_t *o = (const ps_optim_conf_t *)(base + f->off);
+    if (o->name != PS_OPT_MEAN && map_get(c, n, "lr") == n) {
+        char sub[PATH_LEN];
+        child_path(sub, path, "lr", -1);
+        return fail(c, n, sub, "missing required key");
+    }
+    return 0;
+}
+
+/* optimizer mean keeps a step's mean gradient: only a BSP step has one (asp and ssp apply each
+ * push alone, and a mean of one push is not what the workers would pull). */
+static int check_job(ctx_t *c, const field_t *f, yaml_node_t *n, char *base, const char *path)
+{
+    const ps_job_conf_t *j = (const ps_job_conf_t *)(base + f->off);
+    if (j->optimizer.name == PS_OPT_MEAN && j->consistency != PS_CONSIST_BSP) {
+        char sub[PATH_LEN];
+        child_path(sub, path, "consistency", -1);
+        return fail(c, map_get(c, n, "consistency"), sub,
+                    "optimizer mean (psd keeps each step's mean gradient) needs consistency bsp, "
+                    "got %s",
+                    ps_consistency_name(j->consistency));
+    }
+    return 0;
+}
+
 /* ---- tables: one row per key ------------------------------------------------------------- */
 
 #define AT(T, m) .key = #m, .off = offsetof(T, m), .size = sizeof(((T *)0)->m)
@@ -543,7 +573,7 @@ static int check_checkpoint(ctx_t *c, const field_t *f, yaml_node_t *n, char *ba
 
 static const field_t optim_fields[] = {
     {OPT(name), .type = T_ENUM, .flags = F_REQ, .names = optim_names},
-    {OPT(lr), .type = T_FLOAT, .flags = F_REQ | F_GT_MIN, .min = 0, .max = NOMAX},
+    {OPT(lr), .type = T_FLOAT, .flags = F_GT_MIN, .min = 0, .max = NOMAX}, /* check_optimizer */
     {OPT(beta1), .type = T_FLOAT, .flags = F_LT_MAX, .min = 0, .max = 1},
     {OPT(beta2), .type = T_FLOAT, .flags = F_LT_MAX, .min = 0, .max = 1},
     {OPT(eps), .type = T_FLOAT, .flags = F_GT_MIN, .min = 0, .max = NOMAX},
@@ -596,7 +626,7 @@ static const field_t job_fields[] = {
     {JOB(staleness), .type = T_INT, .min = 0, .max = 1000000},
     {JOB(max_steps), .type = T_INT, .min = 0, .max = NOMAX},
     {JOB(heartbeat_timeout_ms), .type = T_INT, .min = 100, .max = 3600000},
-    {JOB(optimizer), .type = T_MAP, .flags = F_REQ, .sub = optim_fields},
+    {JOB(optimizer), .type = T_MAP, .flags = F_REQ, .sub = optim_fields, .check = check_optimizer},
     {JOB(compression), .type = T_MAP, .sub = compression_fields},
     {0},
 };
@@ -631,7 +661,7 @@ static const field_t top_fields[] = {
     {TOP(servers), .type = T_LIST, .flags = F_REQ, .sub = server_fields,
      .elem = sizeof(ps_server_conf_t), .count_off = offsetof(ps_manifest_t, nservers),
      .min_count = 1, .check = check_servers},
-    {TOP(job), .type = T_MAP, .flags = F_REQ, .sub = job_fields},
+    {TOP(job), .type = T_MAP, .flags = F_REQ, .sub = job_fields, .check = check_job},
     /* periodic checkpoints, run by shard 0's psctl checkpoint --follow (issue #6) */
     {TOP(checkpoint), .type = T_MAP, .sub = checkpoint_fields, .check = check_checkpoint},
     {0},

@@ -22,7 +22,8 @@ typedef enum {
     PS_OPT_MOMENTUM,
     PS_OPT_ADAM,
     PS_OPT_ADAMW,
-    PS_OPT_ADAGRAD
+    PS_OPT_ADAGRAD,
+    PS_OPT_MEAN /* no optimizer: psd keeps each step's mean gradient (job.consistency bsp only) */
 } ps_optim_kind_t;
 typedef enum { PS_SCHED_CONSTANT = 0, PS_SCHED_COSINE = 1 } ps_sched_kind_t;
 

@@ -9,7 +9,8 @@
 
 _Static_assert(PS_OPT_SGD == (int)PSK_SGD && PS_OPT_MOMENTUM == (int)PSK_MOMENTUM &&
                    PS_OPT_ADAM == (int)PSK_ADAM && PS_OPT_ADAMW == (int)PSK_ADAMW &&
-                   PS_OPT_ADAGRAD == (int)PSK_ADAGRAD && PSK_OPTIM_KINDS == 5,
+                   PS_OPT_ADAGRAD == (int)PSK_ADAGRAD && PS_OPT_MEAN == (int)PSK_MEAN &&
+                   PSK_OPTIM_KINDS == 6,
                "ps_optim_kind_t and psk_optim_kind_t name the same optimizers");
 
 /** @brief The kernels' settings for manifest optimizer @p o at learning rate @p lr (the

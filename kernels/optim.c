@@ -18,6 +18,7 @@ int psk_optim_state_count(psk_optim_kind_t kind)
 {
     switch (kind) {
     case PSK_SGD:
+    case PSK_MEAN:
         return 0;
     case PSK_MOMENTUM:
     case PSK_ADAGRAD:
@@ -33,6 +34,7 @@ const char *psk_optim_state_name(psk_optim_kind_t kind)
 {
     switch (kind) {
     case PSK_SGD:
+    case PSK_MEAN:
         return "none";
     case PSK_MOMENTUM:
         return "momentum velocity";

@@ -4,7 +4,12 @@
  *
  * State layout per parameter element, stored after the parameters of a chunk:
  *   sgd: none; momentum: v[n]; adam/adamw: m[n] then v[n]; adagrad: sum[n] (of squared
- *   gradients). */
+ *   gradients); mean: none.
+ *
+ * PSK_MEAN is the server that only aggregates (as BytePS's summation servers do): a step's new
+ * "parameters" are the step's summed gradient times grad_scale (1/workers: the mean), and the
+ * workers run their own optimizer on what they pull. It reads no old parameters, so it is also
+ * the cheapest update a shard can make. */
 #ifndef PSK_OPTIM_H
 #define PSK_OPTIM_H
 
@@ -16,10 +21,11 @@ typedef enum {
     PSK_MOMENTUM = 1,
     PSK_ADAM = 2,
     PSK_ADAMW = 3,
-    PSK_ADAGRAD = 4
+    PSK_ADAGRAD = 4,
+    PSK_MEAN = 5 /* no optimizer: the new params are the gradient's mean, grad * grad_scale */
 } psk_optim_kind_t;
 
-#define PSK_OPTIM_KINDS 5 /* psk_optim_kind_t values: 0 .. PSK_OPTIM_KINDS - 1 */
+#define PSK_OPTIM_KINDS 6 /* psk_optim_kind_t values: 0 .. PSK_OPTIM_KINDS - 1 */
 
 typedef struct {
     psk_optim_kind_t kind;
@@ -33,13 +39,13 @@ typedef struct {
 } psk_optim_t;
 
 /**
- * @brief State floats per parameter: 0 (sgd), 1 (momentum, adagrad), 2 (adam, adamw).
+ * @brief State floats per parameter: 0 (sgd, mean), 1 (momentum, adagrad), 2 (adam, adamw).
  * @return the count, or -1 if @p kind is not a psk_optim_kind_t.
  */
 int psk_optim_state_count(psk_optim_kind_t kind);
 
 /**
- * @brief What an optimizer's state holds, in a few words: "none" (sgd), "momentum velocity",
+ * @brief What an optimizer's state holds, in a few words: "none" (sgd, mean), "momentum velocity",
  * "adam moments" (adam and adamw share it), "adagrad squared-gradient sums". Two optimizers may
  * take over each other's state exactly when these are equal (a store or checkpoint made with
  * one and opened with the other). A static string; NULL if @p kind is not a psk_optim_kind_t.

@@ -132,6 +132,14 @@ static void adam_step_oop(float *restrict po, float *restrict mo, float *restric
         adam_elem(p[i], m[i], v[i], grad[i], k, &po[i], &mo[i], &vo[i]);
 }
 
+/* No optimizer: p = grad * scale, the step's mean gradient. The old parameters are not read, in
+ * place or out of place (the same loop serves both). */
+static void mean_step(float *restrict po, const float *restrict grad, size_t n, float scale)
+{
+    for (size_t i = 0; i < n; i++)
+        po[i] = grad[i] * scale;
+}
+
 /*
  * Adagrad on p[n], sum[n], as PyTorch's single-tensor Adagrad:
  *   g = grad * scale + wd * p;  sum += g * g;  p -= clr * g / (sqrt(sum) + eps)
@@ -191,6 +199,9 @@ void PSK_OPTIM_CAT(psk__optim_loop_, PSK_OPTIM_SUFFIX)(const psk__optim_loop_t *
             adagrad_step(a->p_out, a->s_out, a->grad, a->n, &a->adagrad);
         else
             adagrad_step_oop(a->p_out, a->s_out, a->p_in, a->s_in, a->grad, a->n, &a->adagrad);
+        break;
+    case PSK_MEAN:
+        mean_step(a->p_out, a->grad, a->n, a->scale);
         break;
     }
 }

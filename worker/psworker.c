@@ -338,6 +338,15 @@ int main(int argc, char **argv)
                 m.job.model);
         return 2;
     }
+    if (m.job.optimizer.name == PS_OPT_MEAN && !self_test) {
+        /* psd would hold the step's mean gradient, not the model: nothing to train or join. */
+        fprintf(stderr,
+                "psworker: %s: job.optimizer.name mean keeps no model on the shards (each step's "
+                "mean gradient only), so psworker cannot train with it; it is for libps clients "
+                "that run their own optimizer. Use sgd, momentum, adam, adamw or adagrad\n",
+                manifest);
+        return 2;
+    }
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     if (self_test) return run_self_test(manifest, &m);

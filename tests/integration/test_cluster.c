@@ -184,6 +184,46 @@ static void direct_off(bool off)
     }
 }
 
+/* optimizer mean: two libps workers (one over UCX only, one direct) push different gradients
+ * for 6 steps of a tensor of 3 chunks on 2 shards; every pull is the exact mean of the step's
+ * pushes (mean_client.c checks the bits), never a sum over steps. psworker refuses such a
+ * manifest: the shards keep no model to train. */
+START_TEST(test_mean_keeps_the_mean)
+{
+    cl_conf_t k = {.shards = 2,
+                   .workers = 2,
+                   .consistency = "bsp",
+                   .optimizer = "{name: mean}",
+                   .job_extra = "  heartbeat_timeout_ms: 10000\n"}; /* both join step 0 */
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2];
+    psd[0] = cl_psd_start(c, 0, NULL, READY_S);
+    psd[1] = cl_psd_start(c, 1, NULL, READY_S);
+    EXPECT_LOG(psd[0], "workers wanted, bsp, mean, "); /* its start-up line */
+    char numel[] = "40000", steps[] = "6"; /* 160000 bytes: 3 chunks of 64 KiB at most */
+    char *argv[] = {(char *)cl_binary("MEAN_CLIENT"), c->manifest, numel, steps, NULL};
+    direct_off(true);
+    cl_proc_t *a = cl_spawn(c, "mean-ucx", argv);
+    direct_off(false);
+    cl_proc_t *b = cl_spawn(c, "mean-direct", argv);
+    EXPECT_EXIT(a, 0);
+    EXPECT_EXIT(b, 0);
+    EXPECT_LOG(a, "6 steps, every pull the exact mean");
+    EXPECT_LOG(b, "6 steps, every pull the exact mean");
+    /* Both paths carried pushes: over UCX (worker a) and into the push areas (worker b). */
+    cl_proc_t *ctl = status_json(c, "psctl");
+    unsigned long long pushes = sum_field(ctl, "pushes"), dpush = sum_field(ctl, "direct_pushes");
+    ck_assert_msg(dpush > 0 && dpush < pushes, "%llu pushes, %llu direct: %s", pushes, dpush,
+                  cl_tail(ctl));
+
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    EXPECT_EXIT(w, 2);
+    EXPECT_LOG(w, "job.optimizer.name mean keeps no model on the shards");
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* Shard 0 served every one of @p key over the transport, shard 1 some (not all) directly. */
 static void expect_direct_on_shard1_only(const cl_proc_t *ctl, const char *key,
                                          const char *direct_key)
@@ -744,6 +784,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("direct_push_mixed", test_direct_push_mixed));
     suite_add_tcase(s, tcase("direct_fails_over", test_direct_fails_over));
     suite_add_tcase(s, tcase("adagrad_matches_local", test_adagrad_matches_local));
+    suite_add_tcase(s, tcase("mean_keeps_the_mean", test_mean_keeps_the_mean));
     suite_add_tcase(s, tcase("tcp_matches_local", test_tcp_matches_local));
     suite_add_tcase(s, tcase("tcp_eager_matches_local", test_tcp_eager_matches_local));
     suite_add_tcase(s, tcase("data_dir_in_use", test_data_dir_in_use));

@@ -148,6 +148,40 @@ START_TEST(test_adagrad)
 }
 END_TEST
 
+/* mean: no optimizer, so no lr needed (an lr given is accepted and unused); bsp only. */
+START_TEST(test_mean)
+{
+    static const char head[] = "cluster: c\n"
+                               "servers: [{host: h, port: 1, data_dir: /d}]\n"
+                               "job: {model: mlp, batch_size: 1, epochs: 1, workers: 2,\n";
+    char text[512];
+    snprintf(text, sizeof text, "%s      optimizer: {name: mean}}\n", head);
+    ck_assert_msg(parse(text) == 0, "%s", err);
+    ck_assert_int_eq(m.job.optimizer.name, PS_OPT_MEAN);
+    ck_assert_int_eq(m.job.consistency, PS_CONSIST_BSP);
+    ck_assert_str_eq(ps_optim_name(PS_OPT_MEAN), "mean");
+    snprintf(text, sizeof text, "%s      consistency: bsp, optimizer: {name: mean, lr: 0.1}}\n",
+             head);
+    ck_assert_msg(parse(text) == 0, "%s", err);
+    static const char *const refused[] = {"asp", "ssp"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(text, sizeof text, "%s      consistency: %s,\n      optimizer: {name: mean}}\n",
+                 head, refused[i]);
+        ck_assert_int_eq(parse(text), PS_ECONFIG);
+        char want[160];
+        snprintf(want, sizeof want,
+                 "demo.yaml:4: job.consistency: optimizer mean (psd keeps each step's mean "
+                 "gradient) needs consistency bsp, got %s",
+                 refused[i]);
+        ck_assert_str_eq(err, want);
+    }
+    /* Every other optimizer still needs its lr. */
+    snprintf(text, sizeof text, "%s      optimizer: {name: sgd}}\n", head);
+    ck_assert_int_eq(parse(text), PS_ECONFIG);
+    ck_assert_str_eq(err, "demo.yaml:4: job.optimizer.lr: missing required key");
+}
+END_TEST
+
 /* Block style everywhere, every optional key set to a non-default value. */
 START_TEST(test_block_style_all_keys)
 {
@@ -321,7 +355,7 @@ static const struct {
      "demo.yaml:11: job.consistency: must be one of bsp|asp|ssp, got 'hogwild'"},
     {BASE "  staleness: -1\n", "demo.yaml:11: job.staleness: must be in [0, 1000000], got -1"},
     {L1 L2_4 L5 L6_9 "  optimizer: {name: rmsprop, lr: 0.1}\n",
-     "demo.yaml:10: job.optimizer.name: must be one of sgd|momentum|adam|adamw|adagrad, got "
+     "demo.yaml:10: job.optimizer.name: must be one of sgd|momentum|adam|adamw|adagrad|mean, got "
      "'rmsprop'"},
     {L1 L2_4 L5 L6_9 "  optimizer: {name: sgd, lr: 0.1, schedule: linear}\n",
      "demo.yaml:10: job.optimizer.schedule: must be one of constant|cosine, got 'linear'"},
@@ -627,6 +661,7 @@ Suite *ps_test_suite(void)
     tcase_add_test(tc, test_example);
     tcase_add_test(tc, test_defaults);
     tcase_add_test(tc, test_adagrad);
+    tcase_add_test(tc, test_mean);
     tcase_add_test(tc, test_block_style_all_keys);
     tcase_add_test(tc, test_names);
     tcase_add_test(tc, test_compression);

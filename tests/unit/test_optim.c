@@ -300,6 +300,32 @@ START_TEST(test_adagrad_decays)
 }
 END_TEST
 
+/* mean: the new params are grad * scale whatever the old ones were (they are not read: NaN in
+ * them changes nothing), in place and out of place; no state. */
+START_TEST(test_mean)
+{
+    const psk_optim_t o = {.kind = PSK_MEAN, .lr = 0.5f, .weight_decay = 0.1f};
+    float p_in[LEN], p_out[LEN], g[LEN];
+    ck_assert_int_eq(psk_optim_state_count(PSK_MEAN), 0);
+    ck_assert_str_eq(psk_optim_state_name(PSK_MEAN), psk_optim_state_name(PSK_SGD));
+    for (uint64_t t = 1; t <= STEPS; t++) {
+        fill_grad(g, t, 1.0f);
+        for (size_t i = 0; i < LEN; i++) {
+            p_in[i] = NAN;
+            p_out[i] = -7.0f;
+        }
+        psk_optim_apply_cpu(p_out, NULL, p_in, NULL, g, 1.0f / 3.0f, LEN, t, &o);
+        for (size_t i = 0; i < LEN; i++) {
+            ck_assert(isnan(p_in[i]));
+            ck_assert_float_eq(p_out[i], g[i] * (1.0f / 3.0f));
+        }
+        psk_optim_apply_cpu(p_in, NULL, p_in, NULL, g, 0.5f, LEN, t, &o);
+        for (size_t i = 0; i < LEN; i++)
+            ck_assert_float_eq(p_in[i], g[i] * 0.5f);
+    }
+}
+END_TEST
+
 /* Every optimizer's state before step 1: zeros, adagrad's initial accumulator. */
 START_TEST(test_state_init)
 {
@@ -327,6 +353,7 @@ static const psk_optim_t KINDS[] = {
     {.kind = PSK_ADAMW, .lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
      .weight_decay = 0.1f},
     {.kind = PSK_ADAGRAD, .lr = 0.1f, .eps = 1e-10f, .weight_decay = 0.01f, .lr_decay = 0.1f},
+    {.kind = PSK_MEAN, .lr = 0.1f}, /* lr unused */
 };
 
 /* Out of place (alternating between two buffer pairs) gives the in-place bits exactly. */
@@ -396,6 +423,7 @@ static const psk_optim_t BODY_KINDS[] = {
      .weight_decay = 0.1f},
     {.kind = PSK_ADAGRAD, .lr = 0.1f, .eps = 1e-10f},
     {.kind = PSK_ADAGRAD, .lr = 0.1f, .eps = 1e-10f, .weight_decay = 0.1f, .lr_decay = 0.5f},
+    {.kind = PSK_MEAN},
 };
 
 /* Which buffers a call shares between its input and output (see psk_optim_apply_cpu). */
@@ -503,6 +531,7 @@ START_TEST(test_state_count)
     ck_assert_int_eq(psk_optim_state_count(PSK_ADAM), 2);
     ck_assert_int_eq(psk_optim_state_count(PSK_ADAMW), 2);
     ck_assert_int_eq(psk_optim_state_count(PSK_ADAGRAD), 1);
+    ck_assert_int_eq(psk_optim_state_count(PSK_MEAN), 0);
     ck_assert_int_eq(psk_optim_state_count((psk_optim_kind_t)PSK_OPTIM_KINDS), -1);
 }
 END_TEST
@@ -595,6 +624,7 @@ Suite *ps_test_suite(void)
     tcase_add_test(tc, test_adagrad);
     tcase_add_test(tc, test_adagrad_decays);
     tcase_add_test(tc, test_state_init);
+    tcase_add_test(tc, test_mean);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("aliasing");

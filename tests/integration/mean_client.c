@@ -1,0 +1,122 @@
+/* mean_client.c: a libps worker for the test of optimizer mean (test_cluster.c, mean_*).
+ *
+ *   mean_client MANIFEST NUMEL STEPS
+ *
+ * Joins the cluster, declares tensor "mean.t" of NUMEL floats (zeros), checks that it reads
+ * zeros before any push, and then for each step s (from the coordinator, as any bsp worker
+ * takes it: ps_client_next_batch) pushes a gradient that depends on its rank, s and the
+ * element, pulls the step's result and checks it bit for bit against the mean psd must have
+ * kept: the members' gradients summed in rank order, times 1/members. Every worker must be a
+ * member of every step (ranks 0 .. members-1). Exit 0 when every pull matched, 1 with the first mismatch on stdout
+ * otherwise. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ps/ps_client.h"
+
+/* Rank r's gradient of step s, element i: a few distinct float values per rank and step. */
+static float grad_of(uint32_t r, uint64_t s, uint64_t i)
+{
+    return (float)(r + 1) * 0.1f * (float)(i % 7 + 1) - (float)(s % 5) * 0.03f +
+           (float)(i % 11) * 1e-3f;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 4) {
+        fprintf(stderr, "usage: mean_client MANIFEST NUMEL STEPS\n");
+        return 2;
+    }
+    uint64_t n = strtoull(argv[2], NULL, 10), steps = strtoull(argv[3], NULL, 10);
+    if (n == 0 || n > (1u << 26) || steps == 0) {
+        fprintf(stderr, "mean_client: NUMEL in [1, 2^26], STEPS >= 1\n");
+        return 2;
+    }
+    char err[512];
+    ps_client_t *c;
+    int rc = ps_client_create(argv[1], NULL, &c, err, sizeof err);
+    if (rc) {
+        printf("mean_client: join: %s\n", err);
+        return 1;
+    }
+    uint32_t rank = (uint32_t)ps_client_rank(c), w = 0; /* the members, from the first step */
+    ps_tensor_desc_t d = {.name = "mean.t", .shape = {(uint32_t)n}, .ndim = 1, .init = 0};
+    uint32_t id;
+    float *g = malloc(n * sizeof *g), *got = malloc(n * sizeof *got),
+          *want = malloc(n * sizeof *want);
+    int bad = g == NULL || got == NULL || want == NULL;
+    if (!bad && (rc = ps_client_declare(c, &d, &id)) != 0) {
+        printf("mean_client: declare: %s\n", ps_client_error(c));
+        bad = 1;
+    }
+    ps_op_t *op;
+    uint64_t version = 0;
+    if (!bad) { /* zeros (init 0) before the first step */
+        rc = ps_client_pull(c, id, got, 0, &op);
+        if (rc == 0) rc = ps_op_wait(op, NULL);
+        for (uint64_t i = 0; rc == 0 && !bad && i < n; i++)
+            if (got[i] != 0.0f) {
+                printf("mean_client: rank %u: before any push element %" PRIu64 " is %.9g\n",
+                       rank, i, (double)got[i]);
+                bad = 1;
+            }
+        if (rc) {
+            printf("mean_client: first pull: %s\n", ps_client_error(c));
+            bad = 1;
+        }
+    }
+    ps_batch_info_t b, prev;
+    for (uint64_t k = 0; k < steps && !bad; k++) {
+        rc = ps_client_next_batch(c, 1ull << 40, k ? &prev : NULL, &b);
+        if (k == 0 && rc == 0) w = b.members;
+        if (rc || b.finished || b.step != k || b.members != w || rank >= w) {
+            printf("mean_client: rank %u: batch %" PRIu64 ": %s (step %" PRIu64
+                   ", %u members, finished %d)\n",
+                   rank, k, rc ? ps_client_error(c) : "not the step wanted", b.step, b.members,
+                   b.finished);
+            bad = 1;
+            break;
+        }
+        prev = b;
+        uint64_t s = b.step;
+        for (uint64_t i = 0; i < n; i++) {
+            g[i] = grad_of(rank, s, i);
+            float sum = grad_of(0, s, i); /* psd sums in rank order, then scales */
+            for (uint32_t r = 1; r < w; r++) sum += grad_of(r, s, i);
+            want[i] = sum * (1.0f / (float)w);
+        }
+        ps_op_t *push, *pull;
+        rc = ps_client_push(c, id, g, s, &push);
+        if (rc == 0) rc = ps_op_wait(push, NULL);
+        if (rc == 0) rc = ps_client_pull(c, id, got, s + 1, &pull);
+        if (rc == 0) rc = ps_op_wait(pull, &version);
+        if (rc) {
+            printf("mean_client: rank %u step %" PRIu64 ": %s\n", rank, s, ps_client_error(c));
+            bad = 1;
+            break;
+        }
+        if (version != s + 1) {
+            printf("mean_client: rank %u step %" PRIu64 ": pulled version %" PRIu64 "\n", rank,
+                   s, version);
+            bad = 1;
+        }
+        for (uint64_t i = 0; i < n && !bad; i++)
+            if (memcmp(&got[i], &want[i], sizeof(float)) != 0) {
+                printf("mean_client: rank %u step %" PRIu64 ": element %" PRIu64
+                       " is %.9g, the mean is %.9g\n",
+                       rank, s, i, (double)got[i], (double)want[i]);
+                bad = 1;
+            }
+    }
+    if (!bad)
+        printf("mean_client: rank %u of %u: %" PRIu64 " steps, every pull the exact mean\n", rank,
+               w, steps);
+    fflush(stdout);
+    ps_client_destroy(c);
+    free(g);
+    free(got);
+    free(want);
+    return bad;
+}
