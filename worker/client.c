@@ -37,13 +37,17 @@
 
 enum { OP_HELLO = 1, OP_DECLARE, OP_PUSH, OP_PULL, OP_LEAVE, OP_SHUTDOWN, OP_BATCH, OP_ECHO };
 
+/* Why a push's part waits in start_op (part_t.held). */
+enum { HELD_WINDOW = 1, HELD_COPY = 2 };
+
 typedef struct {
     ps_op_t *op;
     uint32_t chunk;    /* chunk index within the tensor (or 0 for control ops) */
     uint32_t shard;
     int pending;       /* waiting for its reply */
     int resend;        /* its shard went away: send again once it is back */
-    int held;          /* push: waits for an earlier chunk to the same shard (PS_PUSH_WINDOW) */
+    int held;          /* push: waits for an earlier chunk to the same shard (HELD_WINDOW), or
+                          for its turn on the comm thread's loop (HELD_COPY) */
     const void *data;  /* push: the payload (raw fp32 slice or encoded chunk) */
     size_t len;
     uint8_t hdr[256];  /* the header bytes UCX reads until the send completes (names < 128) */
@@ -162,6 +166,8 @@ struct ps_op_s {
     ps_msg_t req;      /* hello / declare: the request */
     char err[256];
     ps_op_t *next;
+    ps_op_t *copy_next; /* on c->copy_head's list (copy_turn) */
+    uint32_t copy_at;   /* the first of its parts copy_turn has not looked at */
     part_t parts[];
 };
 
@@ -194,6 +200,8 @@ struct ps_client_s {
     bundle_t *free_bundles;     /* comm thread */
     bundle_t *flying;           /* comm thread: bundles whose send has not completed (a
                                    transport restart takes them back: transport_restart) */
+    ps_op_t *copy_head, *copy_tail; /* comm thread: pushes with HELD_COPY parts (copy_turn),
+                                       each holding a ucx_ref */
     int started, start_rc;
     volatile sig_atomic_t interrupted; /* ps_client_interrupt: pushes and pulls now fail */
     int joined;                 /* past the first hello: lost shards are reconnected */
@@ -369,7 +377,7 @@ static void part_sent(ps_client_t *c, part_t *p)
     /* Held parts follow every sent one of their shard (start_op holds in index order). */
     if (op->type != OP_PUSH || op->status != 0 || !c->shards[p->shard].windowed) return;
     for (uint32_t i = (uint32_t)(p - op->parts) + 1; i < op->nparts; i++)
-        if (op->parts[i].held && op->parts[i].shard == p->shard) {
+        if (op->parts[i].held == HELD_WINDOW && op->parts[i].shard == p->shard) {
             send_data_part(c, op, &op->parts[i]);
             break;
         }
@@ -765,18 +773,35 @@ static void start_op(ps_client_t *c, ps_op_t *op)
     }
     case OP_PUSH:
     case OP_PULL: {
+        int copied = 0, later = 0;
         for (uint32_t i = 0; i < op->nparts; i++) c->shards[op->parts[i].shard].in_window = 0;
         for (uint32_t i = 0; i < op->nparts && op->status == 0; i++) {
             part_t *p = &op->parts[i];
             cshard_t *s = &c->shards[p->shard];
             if (op->type == OP_PUSH && s->windowed && p->len > PS_BUNDLE_PART_MAX &&
                 s->in_window >= PS_PUSH_WINDOW) {
-                p->held = 1; /* sent when an earlier one's send completes (part_sent) */
+                p->held = HELD_WINDOW; /* sent when an earlier one's send completes (part_sent) */
+                continue;
+            }
+            if (op->type == OP_PUSH && copied && p->len > PS_BUNDLE_PART_MAX) {
+                p->held = HELD_COPY; /* copied on a later turn of the loop (copy_turn) */
+                later = 1;
                 continue;
             }
             send_data_part(c, op, p);
+            copied |= p->ck.direct && p->len > PS_BUNDLE_PART_MAX;
             /* Not completed at once (eager); a direct push's header holds no data. */
             if (p->ck.sending && !p->ck.direct) s->in_window++;
+        }
+        if (later) {
+            op->ucx_refs++; /* released by copy_turn once every held part went */
+            op->copy_at = 0;
+            op->copy_next = NULL;
+            if (c->copy_tail)
+                c->copy_tail->copy_next = op;
+            else
+                c->copy_head = op;
+            c->copy_tail = op;
         }
         break;
     }
@@ -1004,6 +1029,7 @@ again:
         b->next_free = c->free_bundles;
         c->free_bundles = b;
     }
+    c->copy_head = c->copy_tail = NULL; /* their refs go too; shard_lost resends the parts */
     for (ps_op_t *op = c->inflight; op; op = op->next) {
         op->ucx_refs = 0;
         for (uint32_t k = 0; k < op->nparts; k++) {
@@ -1216,6 +1242,40 @@ static void direct_pull(ps_client_t *c, ps_op_t *op, part_t *p, const ps_msg_t *
         send_data_part(c, op, p);
 }
 
+/*
+ * One turn of the direct pushes' copies: the next HELD_COPY part of the first push on the list
+ * goes (send_data_part copies it into its shard's area, or sends it over the transport). A push
+ * whose first large chunk was written directly leaves its other large chunks to these turns,
+ * one per turn of the comm thread's loop, so that what arrives meanwhile is handled between
+ * two copies instead of after all of them: the replies of the pulls started with the push
+ * (each read from the store as soon as psd applied its chunk), acknowledgements, control
+ * messages. A part that is no longer held (sent again after its shard came back) or no longer
+ * pending (its op failed) is skipped. Returns 1 if a part went.
+ */
+static int copy_turn(ps_client_t *c)
+{
+    while (c->copy_head) {
+        ps_op_t *op = c->copy_head;
+        part_t *p = NULL;
+        while (p == NULL && op->copy_at < op->nparts && op->status == 0) {
+            part_t *q = &op->parts[op->copy_at++];
+            if (q->held == HELD_COPY && q->pending && !q->resend) p = q;
+        }
+        int more = 0;
+        for (uint32_t i = op->copy_at; p && i < op->nparts && !more; i++)
+            more = op->parts[i].held == HELD_COPY;
+        if (p) send_data_part(c, op, p);
+        if (p && more && op->status == 0) return 1;
+        /* Done with this op: off the list, and its ref released (which may complete it). */
+        c->copy_head = op->copy_next;
+        if (c->copy_head == NULL) c->copy_tail = NULL;
+        op->ucx_refs--;
+        op_maybe_complete(op);
+        if (p) return 1;
+    }
+    return 0;
+}
+
 /* Deferred hook: take submitted ops, close failed endpoints (outside UCX callbacks). */
 static int on_deferred(ps_ucx_t *u)
 {
@@ -1265,6 +1325,7 @@ static int on_deferred(ps_ucx_t *u)
     }
     c->fusing = 0;
     for (uint32_t i = 0; i < c->nshards; i++) bundle_flush(c, i);
+    did |= copy_turn(c);
     return did;
 }
 
