@@ -16,7 +16,7 @@
 typedef struct {
     int shards, workers;
     const char *consistency; /* "asp" | "bsp" */
-    const char *optimizer;   /* "sgd" | "momentum" | "adam" | "adamw" | "adagrad" */
+    const char *optimizer;   /* "sgd" | "momentum" | "adam" | "adamw" | "adagrad" | "mean" */
     const char *transport;   /* "shm" (UCX defaults, as psd sets them) | "tcp" (UCX_TLS=tcp), both
                                 with PS_DIRECT_PULL=0 | "direct" (shm, pulls read from the store) */
     uint64_t chunk_bytes;

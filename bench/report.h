@@ -23,7 +23,7 @@ typedef struct {
     uint64_t size_bytes; /* tensor (or message) bytes */
     int shards, workers; /* 0 when not a cluster measurement */
     char transport[8];   /* shm | tcp | ram */
-    char optimizer[12];  /* sgd | momentum | adam | adamw | adagrad, or "" */
+    char optimizer[12];  /* sgd | momentum | adam | adamw | adagrad | mean, or "" */
     double value;
     double limit;      /* < 0: none */
     char limit_of[64]; /* what the limit is, e.g. "ucp_am_bw/2" */

@@ -34,8 +34,8 @@ typedef struct {
 } ps_server_conf_t;
 
 typedef struct {
-    ps_optim_kind_t name;    /* required: sgd | momentum | adam | adamw | adagrad */
-    float lr;                /* required, > 0 */
+    ps_optim_kind_t name;    /* required: sgd | momentum | adam | adamw | adagrad | mean */
+    float lr;                /* required (but for mean, which ignores it), > 0 */
     float beta1, beta2, eps; /* defaults 0.9, 0.999, 1e-8 (adagrad: 1e-10); betas in [0,1),
                                 eps > 0 */
     float momentum;          /* default 0.9, in [0,1) */

@@ -34,8 +34,9 @@ const char *psk_optim_state_name(psk_optim_kind_t kind)
 {
     switch (kind) {
     case PSK_SGD:
-    case PSK_MEAN:
         return "none";
+    case PSK_MEAN:
+        return "mean gradients, no model";
     case PSK_MOMENTUM:
         return "momentum velocity";
     case PSK_ADAM:

@@ -45,8 +45,9 @@ typedef struct {
 int psk_optim_state_count(psk_optim_kind_t kind);
 
 /**
- * @brief What an optimizer's state holds, in a few words: "none" (sgd, mean), "momentum velocity",
- * "adam moments" (adam and adamw share it), "adagrad squared-gradient sums". Two optimizers may
+ * @brief What an optimizer's state holds, in a few words: "none" (sgd), "momentum velocity",
+ * "adam moments" (adam and adamw share it), "adagrad squared-gradient sums", "mean gradients,
+ * no model" (mean: its records hold gradients, so no other optimizer takes them over). Two optimizers may
  * take over each other's state exactly when these are equal (a store or checkpoint made with
  * one and opened with the other). A static string; NULL if @p kind is not a psk_optim_kind_t.
  * psd records it in every shard's store and compares it byte for byte when the store is opened

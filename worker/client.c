@@ -783,8 +783,11 @@ static void start_op(ps_client_t *c, ps_op_t *op)
                 p->held = HELD_WINDOW; /* sent when an earlier one's send completes (part_sent) */
                 continue;
             }
-            if (op->type == OP_PUSH && copied && p->len > PS_BUNDLE_PART_MAX) {
-                p->held = HELD_COPY; /* copied on a later turn of the loop (copy_turn) */
+            if (op->type == OP_PUSH && copied && p->len > PS_BUNDLE_PART_MAX && s->area) {
+                /* A later large chunk bound for a mapped area: copied on a later turn of the
+                 * loop (copy_turn). One for a shard without (another host's) goes now, under
+                 * the push window where that applies. */
+                p->held = HELD_COPY;
                 later = 1;
                 continue;
             }
@@ -1244,8 +1247,9 @@ static void direct_pull(ps_client_t *c, ps_op_t *op, part_t *p, const ps_msg_t *
 
 /*
  * One turn of the direct pushes' copies: the next HELD_COPY part of the first push on the list
- * goes (send_data_part copies it into its shard's area, or sends it over the transport). A push
- * whose first large chunk was written directly leaves its other large chunks to these turns,
+ * goes (send_data_part copies it into its shard's area, or sends it over the transport if the
+ * area cannot take it now). Once a push's large chunk was written directly, its later large
+ * chunks bound for a mapped area are left to these turns,
  * one per turn of the comm thread's loop, so that what arrives meanwhile is handled between
  * two copies instead of after all of them: the replies of the pulls started with the push
  * (each read from the store as soon as psd applied its chunk), acknowledgements, control

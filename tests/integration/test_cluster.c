@@ -210,16 +210,28 @@ START_TEST(test_mean_keeps_the_mean)
     EXPECT_EXIT(b, 0);
     EXPECT_LOG(a, "6 steps, every pull the exact mean");
     EXPECT_LOG(b, "6 steps, every pull the exact mean");
-    /* Both paths carried pushes: over UCX (worker a) and into the push areas (worker b). */
+    /* Each worker pushed 6 steps x 3 chunks: a's over UCX, every one of b's into the push areas
+     * (its first chunk of each push at once, the others on the comm thread's later turns). */
     cl_proc_t *ctl = status_json(c, "psctl");
     unsigned long long pushes = sum_field(ctl, "pushes"), dpush = sum_field(ctl, "direct_pushes");
-    ck_assert_msg(dpush > 0 && dpush < pushes, "%llu pushes, %llu direct: %s", pushes, dpush,
-                  cl_tail(ctl));
+    ck_assert_msg(pushes == 36 && dpush == 18, "%llu pushes, %llu direct, want 36 and 18: %s",
+                  pushes, dpush, cl_tail(ctl));
 
     cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
     EXPECT_EXIT(w, 2);
     EXPECT_LOG(w, "job.optimizer.name mean keeps no model on the shards");
     stop_all(psd, 2);
+
+    /* Its records are gradients: the data_dir does not open as sgd's model. */
+    cl_conf_t ks = c->conf;
+    ks.optimizer = "{name: sgd, lr: 0.05}";
+    char ms[CL_PATH], shard0[] = "0";
+    cl_manifest_write(c, "sgd.yaml", &ks, ms, sizeof ms);
+    char *argv_sgd[] = {(char *)cl_binary("PSD"), "--manifest", ms, "--shard", shard0, NULL};
+    cl_proc_t *bad = cl_spawn(c, "psd-sgd", argv_sgd);
+    EXPECT_EXIT(bad, 1);
+    EXPECT_LOG(bad, "data_dir was made with another optimizer state kind (stored 'mean "
+                    "gradients, no model')");
     cl_cluster_destroy(c);
 }
 END_TEST
