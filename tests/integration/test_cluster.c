@@ -147,6 +147,22 @@ static cl_cluster_t *direct_cluster(const char *optimizer)
     return cl_cluster_create(&k);
 }
 
+/* Shard 0 of @p c (stopped) refuses to start on its data_dir with optimizer @p optimizer (a YAML
+ * flow mapping), whose state is of another kind than the stored @p stored. */
+static void expect_state_refused(cl_cluster_t *c, const char *optimizer, const char *stored)
+{
+    cl_conf_t k = c->conf;
+    k.optimizer = optimizer;
+    char path[CL_PATH], shard0[] = "0", want[256];
+    cl_manifest_write(c, "other-optimizer.yaml", &k, path, sizeof path);
+    char *argv[] = {(char *)cl_binary("PSD"), "--manifest", path, "--shard", shard0, NULL};
+    cl_proc_t *b = cl_spawn(c, "psd-other-optimizer", argv);
+    EXPECT_EXIT(b, 1);
+    snprintf(want, sizeof want, "data_dir was made with another optimizer state kind (stored '%s')",
+             stored);
+    EXPECT_LOG(b, want);
+}
+
 /* adagrad (its lr decay, weight decay and initial accumulator all on) trains on two shards to
  * the single-process reference's parameters. Its store then refuses a manifest whose optimizer
  * keeps as many state floats but another kind of state (momentum's velocity). */
@@ -159,15 +175,7 @@ START_TEST(test_adagrad_matches_local)
     EXPECT_LOG(psd[0], "workers wanted, bsp, adagrad, "); /* its start-up line */
     stop_all(psd, 2);
 
-    cl_conf_t km = c->conf;
-    km.optimizer = "{name: momentum, lr: 0.05}";
-    char mm[CL_PATH], shard0[] = "0";
-    cl_manifest_write(c, "momentum.yaml", &km, mm, sizeof mm);
-    char *argv[] = {(char *)cl_binary("PSD"), "--manifest", mm, "--shard", shard0, NULL};
-    cl_proc_t *b = cl_spawn(c, "psd-momentum", argv);
-    EXPECT_EXIT(b, 1);
-    EXPECT_LOG(b, "data_dir was made with another optimizer state kind (stored 'adagrad "
-                  "squared-gradient sums')");
+    expect_state_refused(c, "{name: momentum, lr: 0.05}", "adagrad squared-gradient sums");
     cl_cluster_destroy(c);
 }
 END_TEST
@@ -223,15 +231,7 @@ START_TEST(test_mean_keeps_the_mean)
     stop_all(psd, 2);
 
     /* Its records are gradients: the data_dir does not open as sgd's model. */
-    cl_conf_t ks = c->conf;
-    ks.optimizer = "{name: sgd, lr: 0.05}";
-    char ms[CL_PATH], shard0[] = "0";
-    cl_manifest_write(c, "sgd.yaml", &ks, ms, sizeof ms);
-    char *argv_sgd[] = {(char *)cl_binary("PSD"), "--manifest", ms, "--shard", shard0, NULL};
-    cl_proc_t *bad = cl_spawn(c, "psd-sgd", argv_sgd);
-    EXPECT_EXIT(bad, 1);
-    EXPECT_LOG(bad, "data_dir was made with another optimizer state kind (stored 'mean "
-                    "gradients, no model')");
+    expect_state_refused(c, "{name: sgd, lr: 0.05}", "mean gradients, no model");
     cl_cluster_destroy(c);
 }
 END_TEST
