@@ -1249,33 +1249,29 @@ static void direct_pull(ps_client_t *c, ps_op_t *op, part_t *p, const ps_msg_t *
  * One turn of the direct pushes' copies: the next HELD_COPY part of the first push on the list
  * goes (send_data_part copies it into its shard's area, or sends it over the transport if the
  * area cannot take it now). Once a push's large chunk was written directly, its later large
- * chunks bound for a mapped area are left to these turns,
- * one per turn of the comm thread's loop, so that what arrives meanwhile is handled between
- * two copies instead of after all of them: the replies of the pulls started with the push
- * (each read from the store as soon as psd applied its chunk), acknowledgements, control
- * messages. A part that is no longer held (sent again after its shard came back) or no longer
- * pending (its op failed) is skipped. Returns 1 if a part went.
+ * chunks bound for a mapped area are left to these turns, one per turn of the comm thread's
+ * loop, so that what arrives meanwhile is handled between two copies instead of after all of
+ * them: the replies of the pulls started with the push (each read from the store as soon as
+ * psd applied its chunk), acknowledgements, control messages. A part that is no longer held
+ * (sent again after its shard came back) or no longer pending (its op failed) is skipped; a
+ * push with nothing left leaves the list and releases its ref (which may complete it).
+ * Returns 1 if a part went.
  */
 static int copy_turn(ps_client_t *c)
 {
     while (c->copy_head) {
         ps_op_t *op = c->copy_head;
-        part_t *p = NULL;
-        while (p == NULL && op->copy_at < op->nparts && op->status == 0) {
-            part_t *q = &op->parts[op->copy_at++];
-            if (q->held == HELD_COPY && q->pending && !q->resend) p = q;
+        while (op->copy_at < op->nparts && op->status == 0) {
+            part_t *p = &op->parts[op->copy_at++];
+            if (p->held == HELD_COPY && p->pending && !p->resend) {
+                send_data_part(c, op, p);
+                return 1;
+            }
         }
-        int more = 0;
-        for (uint32_t i = op->copy_at; p && i < op->nparts && !more; i++)
-            more = op->parts[i].held == HELD_COPY;
-        if (p) send_data_part(c, op, p);
-        if (p && more && op->status == 0) return 1;
-        /* Done with this op: off the list, and its ref released (which may complete it). */
         c->copy_head = op->copy_next;
         if (c->copy_head == NULL) c->copy_tail = NULL;
         op->ucx_refs--;
         op_maybe_complete(op);
-        if (p) return 1;
     }
     return 0;
 }
