@@ -3,6 +3,7 @@
 #include "codec.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,80 +21,135 @@ int pb_perftest_run(const char *perftest, const char *test, uint64_t size, uint6
                     double percentile, bool sleep_mode, double timeout_s, char *const env[],
                     double *out, char *err, size_t errlen)
 {
-    char port[16], sz[32], n[32], w[32], pct[32];
-    snprintf(port, sizeof port, "%u", pb_pick_port());
+    return pb_perftest_pairs(perftest, test, size, iters, percentile, sleep_mode, timeout_s, env,
+                             1, out, err, errlen);
+}
+
+/* A ucx_perftest command line: the server's, or the client's (@p client) that connects to
+ * 127.0.0.1 and prints CSV. Both sides get the same options; -e: endpoints with error handling
+ * (PEER), as psd's. */
+static void perftest_argv(char *argv[24], bool client, const char *perftest, char *port,
+                          const char *test, char *sz, char *n, char *w, char *pct,
+                          bool sleep_mode)
+{
+    int k = 0;
+    argv[k++] = (char *)perftest;
+    if (client) argv[k++] = "127.0.0.1";
+    char *common[] = {"-p", port, "-t", (char *)test, "-s", sz, "-n", n, "-w", w, "-e"};
+    for (size_t i = 0; i < sizeof common / sizeof *common; i++) argv[k++] = common[i];
+    if (sleep_mode) {
+        /* Wait on the worker's event fd instead of polling (needs the wakeup feature). */
+        argv[k++] = "-E";
+        argv[k++] = "sleep";
+        argv[k++] = "-I";
+    }
+    if (client) {
+        argv[k++] = "-f";
+        argv[k++] = "-v";
+        if (strstr(test, "lat")) {
+            argv[k++] = "-R";
+            argv[k++] = pct;
+        }
+    }
+    argv[k] = NULL;
+}
+
+int pb_perftest_pairs(const char *perftest, const char *test, uint64_t size, uint64_t iters,
+                      double percentile, bool sleep_mode, double timeout_s, char *const env[],
+                      int npairs, double *out, char *err, size_t errlen)
+{
+    char port[PB_PERFTEST_PAIRS][16], sz[32], n[32], w[32], pct[32];
+    bool lat = strstr(test, "lat") != NULL;
+    if (npairs < 1 || npairs > PB_PERFTEST_PAIRS || (lat && npairs != 1)) {
+        snprintf(err, errlen, "ucx_perftest %s: %d pairs (1..%d, latency 1)", test, npairs,
+                 PB_PERFTEST_PAIRS);
+        return -1;
+    }
     snprintf(sz, sizeof sz, "%llu", (unsigned long long)size);
     snprintf(n, sizeof n, "%llu", (unsigned long long)iters);
     snprintf(w, sizeof w, "%llu", (unsigned long long)(iters / 10 + 1));
     snprintf(pct, sizeof pct, "%g", percentile);
-    bool lat = strstr(test, "lat") != NULL;
-    /* Both sides get the same options; -e: endpoints with error handling (PEER), as psd's. */
-    char *srv_argv[16], *cli_argv[24];
-    int ns = 0, nc = 0;
-    srv_argv[ns++] = (char *)perftest;
-    cli_argv[nc++] = (char *)perftest;
-    cli_argv[nc++] = "127.0.0.1";
-    char *common[] = {"-p", port, "-t", (char *)test, "-s", sz, "-n", n, "-w", w, "-e"};
-    for (size_t i = 0; i < sizeof common / sizeof *common; i++)
-        srv_argv[ns++] = cli_argv[nc++] = common[i];
-    if (sleep_mode) {
-        /* Wait on the worker's event fd instead of polling (needs the wakeup feature). */
-        char *wait[] = {"-E", "sleep", "-I"};
-        for (size_t i = 0; i < 3; i++)
-            srv_argv[ns++] = cli_argv[nc++] = wait[i];
-    }
-    srv_argv[ns] = NULL;
-    cli_argv[nc++] = "-f";
-    cli_argv[nc++] = "-v";
-    if (lat) {
-        cli_argv[nc++] = "-R";
-        cli_argv[nc++] = pct;
-    }
-    cli_argv[nc] = NULL;
-    pb_proc_t *srv = pb_spawn("perftest-server", srv_argv, env, false, false);
-    double end = pb_now() + 10;
-    while (!pb_port_listening((uint16_t)atoi(port))) {
-        if (pb_proc_wait(srv, 0.005) >= 0 || pb_now() > end) {
-            snprintf(err, errlen, "ucx_perftest server did not listen on port %s: %s", port,
-                     pb_proc_tail(srv, 600));
-            pb_proc_free(srv);
-            return -1;
+    pb_proc_t *srv[PB_PERFTEST_PAIRS] = {0}, *cli[PB_PERFTEST_PAIRS] = {0};
+    int rc = 0;
+    /* Every server listens before the first client starts: the pairs run side by side. */
+    for (int i = 0; i < npairs && rc == 0; i++) {
+        snprintf(port[i], sizeof port[i], "%u", pb_pick_port());
+        char *argv[24], name[32];
+        perftest_argv(argv, false, perftest, port[i], test, sz, n, w, pct, sleep_mode);
+        snprintf(name, sizeof name, npairs == 1 ? "perftest-server" : "perftest-server-%d", i);
+        srv[i] = pb_spawn(name, argv, env, false, false);
+        double end = pb_now() + 10;
+        while (!pb_port_listening((uint16_t)atoi(port[i]))) {
+            if (pb_proc_wait(srv[i], 0.005) >= 0 || pb_now() > end) {
+                snprintf(err, errlen, "ucx_perftest server did not listen on port %s: %s",
+                         port[i], pb_proc_tail(srv[i], 600));
+                rc = -1;
+                break;
+            }
         }
     }
-    pb_proc_t *cli = pb_spawn("perftest-client", cli_argv, env, false, true);
-    char line[512], last[512] = "";
-    bool to;
-    double end_by = pb_now() + timeout_s;
-    while (pb_proc_readline(cli, line, sizeof line, end_by - pb_now(), &to) == 0) {
-        const char *l = line + strspn(line, " \t");
-        if (*l >= '0' && *l <= '9' && strchr(l, ',')) snprintf(last, sizeof last, "%s", l);
+    for (int i = 0; i < npairs && rc == 0; i++) {
+        char *argv[24], name[32];
+        perftest_argv(argv, true, perftest, port[i], test, sz, n, w, pct, sleep_mode);
+        snprintf(name, sizeof name, npairs == 1 ? "perftest-client" : "perftest-client-%d", i);
+        cli[i] = pb_spawn(name, argv, env, false, true);
     }
-    if (to) {
-        snprintf(err, errlen, "ucx_perftest %s -s %s -n %s: no result within %.0f s", test, sz, n,
-                 timeout_s);
-        pb_proc_free(cli);
-        pb_proc_free(srv);
-        return -2;
+    /* Read the clients in turn (none blocks on its pipe: a few lines each), noting when each
+     * one's output ends: its measured run ends then, and began its own duration earlier. */
+    char last[PB_PERFTEST_PAIRS][512] = {{0}};
+    double ended[PB_PERFTEST_PAIRS] = {0}, end_by = pb_now() + timeout_s;
+    for (int open = rc == 0 ? npairs : 0; open > 0;) {
+        if (pb_now() > end_by) {
+            snprintf(err, errlen, "ucx_perftest %s -s %s -n %s: no result within %.0f s", test,
+                     sz, n, timeout_s);
+            rc = -2;
+            break;
+        }
+        for (int i = 0; i < npairs; i++) {
+            char line[512];
+            bool to = false;
+            if (ended[i] > 0) continue;
+            while (pb_proc_readline(cli[i], line, sizeof line, 0.002, &to) == 0) {
+                const char *l = line + strspn(line, " \t");
+                if (*l >= '0' && *l <= '9' && strchr(l, ',')) snprintf(last[i], 512, "%s", l);
+            }
+            if (!to) {
+                ended[i] = pb_now();
+                open--;
+            }
+        }
     }
-    int rc = 0;
     /* iterations,50.0_percentile_lat,avg_lat,overall_lat,avg_bw,overall_bw,avg_mr,overall_mr
-     * latencies in us (one way for *_lat tests), bandwidths in MB/s of 2^20 bytes. */
-    double it, p50, avg_lat, all_lat, avg_bw, all_bw;
-    if (sscanf(last, "%lf,%lf,%lf,%lf,%lf,%lf", &it, &p50, &avg_lat, &all_lat, &avg_bw, &all_bw) !=
-        6) {
-        snprintf(err, errlen, "ucx_perftest %s -s %s: no result line; client log: %s", test, sz,
-                 pb_proc_tail(cli, 600));
-        rc = -1;
-    } else {
-        *out = lat ? p50 : all_bw * 1048576.0 / 1e9;
+     * latencies in us (one way for *_lat tests), bandwidths in MB/s of 2^20 bytes. Several
+     * pairs: every pair's bytes over the span from the first one's start to the last one's
+     * end, so that pairs that did not overlap count for what they are, not as their sum. */
+    double first = INFINITY, lastend = 0, bytes = 0;
+    for (int i = 0; i < npairs && rc == 0; i++) {
+        double it, p50, avg_lat, all_lat, avg_bw, all_bw;
+        if (sscanf(last[i], "%lf,%lf,%lf,%lf,%lf,%lf", &it, &p50, &avg_lat, &all_lat, &avg_bw,
+                   &all_bw) != 6 || !(all_bw > 0)) {
+            snprintf(err, errlen, "ucx_perftest %s -s %s: no result line; client log: %s", test,
+                     sz, pb_proc_tail(cli[i], 600));
+            rc = -1;
+        } else if (pb_proc_wait(cli[i], 10) != 0) {
+            snprintf(err, errlen, "ucx_perftest client failed: %s", pb_proc_tail(cli[i], 600));
+            rc = -1;
+        } else if (lat) {
+            *out = p50;
+        } else {
+            double b_i = it * (double)size, took = b_i / (all_bw * 1048576.0);
+            bytes += b_i;
+            if (ended[i] - took < first) first = ended[i] - took;
+            if (ended[i] > lastend) lastend = ended[i];
+            if (npairs == 1) *out = all_bw * 1048576.0 / 1e9;
+        }
     }
-    if (pb_proc_wait(cli, 10) != 0 && rc == 0) {
-        snprintf(err, errlen, "ucx_perftest client failed: %s", pb_proc_tail(cli, 600));
-        rc = -1;
+    if (rc == 0 && !lat && npairs > 1) *out = bytes / (lastend - first) / 1e9;
+    for (int i = 0; i < npairs; i++) {
+        if (srv[i] && rc == 0) pb_proc_wait(srv[i], 5);
+        if (cli[i]) pb_proc_free(cli[i]);
+        if (srv[i]) pb_proc_free(srv[i]);
     }
-    pb_proc_wait(srv, 5);
-    pb_proc_free(cli);
-    pb_proc_free(srv);
     return rc;
 }
 

@@ -31,6 +31,20 @@ int pb_perftest_run(const char *perftest, const char *test, uint64_t size, uint6
                     double percentile, bool sleep_mode, double timeout_s, char *const env[],
                     double *out, char *err, size_t errlen);
 
+#define PB_PERFTEST_PAIRS 8 /* pb_perftest_pairs runs at most this many pairs at once */
+
+/**
+ * @brief pb_perftest_run with @p npairs pairs (1..PB_PERFTEST_PAIRS) side by side, each on its
+ *  own port: every server is started and listening, each client starts as soon as its server
+ *  listens. For "ucp_am_bw", @p out gets the sum of the pairs' bandwidths (GB/s), what the
+ *  transport moves with as many busy processes as a cluster of 2 x @p npairs; latency tests
+ *  take one pair only. Every process is reaped before it returns.
+ * @return 0, -2 on timeout, or -1 (failed); @p err says why.
+ */
+int pb_perftest_pairs(const char *perftest, const char *test, uint64_t size, uint64_t iters,
+                      double percentile, bool sleep_mode, double timeout_s, char *const env[],
+                      int npairs, double *out, char *err, size_t errlen);
+
 /** @brief memcpy bandwidth (bytes copied per second, 10^9) of @p size byte buffers, for about
  *  @p seconds. */
 double pb_memcpy_gbps(uint64_t size, double seconds);

@@ -152,6 +152,71 @@ static double perftest(bench_t *b, const char *test, uint64_t size, uint64_t *it
     }
 }
 
+static double perftest_value(const char *op, pb_metric_t m, uint64_t size, const char *tr)
+{
+    pb_result_t *r = pb_result_find(op, m, size, tr, NULL);
+    return r ? r->value : -1;
+}
+
+/* Processes of an SxW layout, in ucx_perftest pairs (2x2: 2 pairs); 1 for 1x1. */
+static int layout_pairs(int shards, int workers)
+{
+    int p = (shards + workers + 1) / 2;
+    return p < PB_PERFTEST_PAIRS ? p : PB_PERFTEST_PAIRS;
+}
+
+/* The size the concurrent pairs run at: psd's chunk, what it sends a large tensor as, or the
+ * largest size measured when every size is smaller. */
+static uint64_t pairs_size(const bench_t *b)
+{
+    uint64_t s = b->sizes[b->nsizes - 1];
+    return s < b->chunk_bytes ? s : b->chunk_bytes;
+}
+
+/* Context for the layouts with more than one pair of processes: ucp_am_bw with that many
+ * pairs side by side on transport @p tr (the sum of their bandwidths), at pairs_size, as
+ * ucp_am_bw_pairs with shards = workers = pairs. On the 2-vCPU VM, two pairs over tcp move
+ * ~0.7 of what one pair moves: four busy processes share two CPUs. The target's limit stays
+ * the single pair; this says how much of the gap the transport itself has. */
+static void measure_pairs(bench_t *b, const char *tr, char *const env[])
+{
+    uint64_t s = pairs_size(b);
+    double one = perftest_value("ucp_am_bw", PB_THROUGHPUT, s, tr);
+    for (int l = 0; l < b->nlayouts; l++) {
+        int p = layout_pairs(b->layouts[l][0], b->layouts[l][1]);
+        bool seen = p < 2;
+        for (int k = 0; k < l; k++)
+            seen |= layout_pairs(b->layouts[k][0], b->layouts[k][1]) == p;
+        if (seen) continue;
+        uint64_t n = clampu(b->perftest_bytes / s, 20, b->quick ? 10000 : 50000);
+        int reps = b->quick ? 1 : 3; /* quick: one run polling, one sleeping (the < 2 min) */
+        double bw = 0;
+        char err[2048];
+        for (int rep = 0; rep < 2 * reps; rep++) {
+            double v;
+            /* Polling and sleeping, best of all (as for one pair). */
+            int rc = pb_perftest_pairs(b->perftest, "ucp_am_bw", s, n, 50, rep % 2 == 1,
+                                       b->quick ? 5 : 30, env, p, &v, err, sizeof err);
+            if (rc == -2) {
+                progress("%s; again with fewer iterations", err);
+                n = n / 8 > 5 ? n / 8 : 5;
+                continue;
+            }
+            if (rc) pb_die("%s", err);
+            if (v > bw) bw = v;
+        }
+        if (bw <= 0) pb_die("ucx_perftest %d pairs on %s: no run finished", p, tr);
+        pb_result_t *r = pb_result_add("ucp_am_bw_pairs", PB_THROUGHPUT, s, p, p, tr, bw);
+        r->iters = n;
+        snprintf(r->note, sizeof r->note,
+                 "%d ucx_perftest -t ucp_am_bw -e pairs side by side (%d processes, as a %dx%d "
+                 "cluster has), the sum of their bandwidths, best of %d runs polling and %d "
+                 "sleeping; context for those layouts, not the target's limit",
+                 p, 2 * p, b->layouts[l][0], b->layouts[l][1], reps, reps);
+        pb_result_limit(r, one, "ucp_am_bw (one pair)");
+    }
+}
+
 static void measure_limits(bench_t *b)
 {
     for (int i = 0; i < b->nsizes; i++) {
@@ -233,6 +298,7 @@ static void measure_limits(bench_t *b)
                 r->iters = n_w;
             }
         }
+        measure_pairs(b, tr, env);
         progress("ucx_perftest %s done", tr);
     }
 }
@@ -291,12 +357,6 @@ static void measure_optimizers(bench_t *b)
 
 /* ---- psd cases ----------------------------------------------------------------------------- */
 
-static double perftest_value(const char *op, pb_metric_t m, uint64_t size, const char *tr)
-{
-    pb_result_t *r = pb_result_find(op, m, size, tr, NULL);
-    return r ? r->value : -1;
-}
-
 /* Record a case: throughput of tensor bytes over every worker, p50 and p99 of one iteration. */
 static void record(bench_t *b, const char *op, const pb_cluster_t *cl, uint64_t size, pb_case_t *c,
                    const char *optimizer, const char *note)
@@ -335,6 +395,19 @@ static void record(bench_t *b, const char *op, const pb_cluster_t *cl, uint64_t 
             snprintf(bw_of, sizeof bw_of, "ucp_am_bw(%s)", pb_size_str(b->chunk_bytes));
         }
     }
+    /* Context: the same transport with as many busy processes as this layout has. */
+    double pairs_bw = -1;
+    int np = layout_pairs(s, w);
+    if (np > 1 && size >= pairs_size(b)) {
+        size_t nres;
+        pb_result_t *res = pb_results(&nres);
+        for (size_t i = 0; i < nres; i++)
+            if (strcmp(res[i].op, "ucp_am_bw_pairs") == 0 && res[i].shards == np &&
+                strcmp(res[i].transport, tr) == 0)
+                pairs_bw = res[i].value;
+    }
+    char pairs_of[48];
+    snprintf(pairs_of, sizeof pairs_of, "ucp_am_bw_pairs(%d)", np);
     double l50 = perftest_value("ucp_am_lat", PB_P50, size, tr);
     double l99 = perftest_value("ucp_am_lat", PB_P99, size, tr);
     double s50 = perftest_value("ucp_am_lat", PB_P50, b->sizes[0], tr);
@@ -344,6 +417,8 @@ static void record(bench_t *b, const char *op, const pb_cluster_t *cl, uint64_t 
         char of[64];
         snprintf(of, sizeof of, "%s/2", bw_of);
         pb_result_limit(rt, bw / 2, of);
+        snprintf(of, sizeof of, "%s/2", pairs_of);
+        pb_result_concurrent(rt, pairs_bw / 2, of);
         pb_result_limit(r5, 2 * l50, "2 x ucp_am_lat p50");
         pb_result_limit(r9, 2 * l99, "2 x ucp_am_lat p99");
         /* psd and libps sleep on the worker's event fd between bursts: against UCX doing the
@@ -357,6 +432,7 @@ static void record(bench_t *b, const char *op, const pb_cluster_t *cl, uint64_t 
         }
     } else if (strcmp(op, "push") == 0 || strcmp(op, "pull") == 0) {
         pb_result_limit(rt, bw, bw_of);
+        pb_result_concurrent(rt, pairs_bw, pairs_of);
         if (l50 > 0 && s50 > 0) pb_result_limit(r5, l50 + s50, "ucp_am_lat p50 there+back");
         if (l99 > 0 && s99 > 0) pb_result_limit(r9, l99 + s99, "ucp_am_lat p99 there+back");
     }
@@ -897,7 +973,9 @@ int main(int argc, char **argv)
            "push: %s%s%s; pull: min_version 0; round (the BSP step with optimizer %s%s): "
            "push(s) + pull(min_version s+1) together, the transport moves 2x the tensor bytes "
            "(in parentheses).\n"
-           "ratio = value/limit (throughput), limit/value (latency): 1.0 = at the limit.\n\n",
+           "ratio = value/limit (throughput), limit/value (latency): 1.0 = at the limit. "
+           "[pairs]: throughput against ucp_am_bw_pairs, the transport with as many busy "
+           "processes as the layout (context, not the limit).\n\n",
            b.asp_push ? "asp, acked after its sgd apply commits"
                       : "bsp without pulls, acked once every worker pushed and its ",
            b.asp_push ? "" : b.round_optim, b.asp_push ? "" : " update commits", b.round_optim,

@@ -28,7 +28,7 @@ pb_result_t *pb_result_add(const char *op, pb_metric_t metric, uint64_t size, in
     r->workers = workers;
     snprintf(r->transport, sizeof r->transport, "%s", transport);
     r->value = value;
-    r->limit = r->ratio = r->extra = -1;
+    r->limit = r->ratio = r->extra = r->concurrent_limit = r->concurrent_ratio = -1;
     return r;
 }
 
@@ -63,6 +63,14 @@ void pb_result_limit(pb_result_t *r, double limit, const char *limit_of)
     r->limit = limit;
     snprintf(r->limit_of, sizeof r->limit_of, "%s", limit_of);
     r->ratio = r->metric == PB_THROUGHPUT ? r->value / limit : limit / r->value;
+}
+
+void pb_result_concurrent(pb_result_t *r, double limit, const char *limit_of)
+{
+    if (!(limit > 0) || !(r->value > 0) || r->metric != PB_THROUGHPUT) return;
+    r->concurrent_limit = limit;
+    snprintf(r->concurrent_of, sizeof r->concurrent_of, "%s", limit_of);
+    r->concurrent_ratio = r->value / limit;
 }
 
 void pb_result_cpu(pb_result_t *r, const float *busy, int n)
@@ -161,6 +169,14 @@ int pb_report_json(const char *path, const char *meta_json)
             fprintf(f, "null");
         fprintf(f, ", \"ratio\": ");
         json_num(f, r->ratio);
+        if (r->concurrent_limit > 0) {
+            fprintf(f, ", \"concurrent_limit\": ");
+            json_num(f, r->concurrent_limit);
+            fprintf(f, ", \"concurrent_limit_of\": ");
+            json_str(f, r->concurrent_of);
+            fprintf(f, ", \"concurrent_ratio\": ");
+            json_num(f, r->concurrent_ratio);
+        }
         if (r->extra >= 0) {
             fprintf(f, ", \"transport_gbps\": ");
             json_num(f, r->extra);
@@ -228,7 +244,7 @@ static void fmt_num(char *buf, size_t len, double v, int prec)
 
 /* The columns of one row, as strings. */
 typedef struct {
-    char op[48], layout[12], tr[8], size[16], gbps[16], p50[16], p99[16], limit[96], ratio[24],
+    char op[48], layout[12], tr[8], size[16], gbps[16], p50[16], p99[16], limit[96], ratio[32],
         cpu[40];
 } cols_t;
 
@@ -273,6 +289,11 @@ static void row_cols(const row_t *rw, cols_t *c)
             size_t l = strlen(c->ratio);
             snprintf(c->ratio + l, sizeof c->ratio - l, " / %.2g", rw->p50->ratio);
         }
+        if (rw->tp && rw->tp->concurrent_limit > 0) {
+            /* [against the same transport with as many busy processes] */
+            size_t l = strlen(c->ratio);
+            snprintf(c->ratio + l, sizeof c->ratio - l, " [%.2g]", rw->tp->concurrent_ratio);
+        }
     } else {
         snprintf(c->limit, sizeof c->limit, "-");
         snprintf(c->ratio, sizeof c->ratio, "-");
@@ -284,13 +305,13 @@ void pb_report_table(void)
     row_t *rw = calloc(g_n ? g_n : 1, sizeof *rw);
     if (rw == NULL) return;
     size_t n = rows(rw);
-    printf("%-18s %-6s %-4s %-8s %-16s %-10s %-10s %-32s %-18s %s\n", "op", "layout", "tr",
-           "size", "GB/s (transport)", "p50 us", "p99 us", "limit", "ratio (tp / p50)",
+    printf("%-18s %-6s %-4s %-8s %-16s %-10s %-10s %-32s %-24s %s\n", "op", "layout", "tr",
+           "size", "GB/s (transport)", "p50 us", "p99 us", "limit", "ratio (tp / p50 [pairs])",
            "CPUs busy %");
     for (size_t i = 0; i < n; i++) {
         cols_t c;
         row_cols(&rw[i], &c);
-        printf("%-18s %-6s %-4s %-8s %-16s %-10s %-10s %-32s %-18s %s\n", c.op, c.layout, c.tr,
+        printf("%-18s %-6s %-4s %-8s %-16s %-10s %-10s %-32s %-24s %s\n", c.op, c.layout, c.tr,
                c.size, c.gbps, c.p50, c.p99, c.limit, c.ratio, c.cpu);
     }
     size_t measured = 0, one = 0;
@@ -318,7 +339,7 @@ int pb_report_markdown(const char *path)
     }
     size_t n = rows(rw);
     fprintf(f, "| op | layout | tr | size | GB/s (transport) | p50 us | p99 us | limit | ratio "
-               "(tp / p50) | CPUs busy %% |\n|---|---|---|---|---|---|---|---|---|---|\n");
+               "(tp / p50 [pairs]) | CPUs busy %% |\n|---|---|---|---|---|---|---|---|---|---|\n");
     for (size_t i = 0; i < n; i++) {
         cols_t c;
         row_cols(&rw[i], &c);

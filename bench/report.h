@@ -28,6 +28,11 @@ typedef struct {
     double limit;      /* < 0: none */
     char limit_of[64]; /* what the limit is, e.g. "ucp_am_bw/2" */
     double ratio;      /* < 0: none */
+    /* Context for layouts of more than two processes: the same transport with as many busy
+     * processes (ucp_am_bw_pairs), and value / that; < 0: none. */
+    double concurrent_limit;
+    char concurrent_of[48];
+    double concurrent_ratio;
     uint64_t iters;    /* samples behind the value (all workers together) */
     double extra;      /* round: transport GB/s (2 x tensor bytes); < 0: none */
     char note[256];
@@ -35,7 +40,7 @@ typedef struct {
     float cpu_busy[PB_MAX_CPUS]; /* each CPU's busy fraction while the case ran */
 } pb_result_t;
 
-/** @brief A new zeroed result appended to the list (limit, ratio, extra = -1); the pointer
+/** @brief A new zeroed result appended to the list (limit, ratio, extra, concurrent_* = -1); the pointer
  *  stays valid until the process exits. Dies past 4096 results. */
 pb_result_t *pb_result_add(const char *op, pb_metric_t metric, uint64_t size, int shards,
                            int workers, const char *transport, double value);
@@ -49,6 +54,9 @@ pb_result_t *pb_result_find(const char *op, pb_metric_t metric, uint64_t size,
 const char *pb_unit(pb_metric_t m);
 /** @brief Set the limit and the ratio (see the header comment for its direction). */
 void pb_result_limit(pb_result_t *r, double limit, const char *limit_of);
+
+/** @brief Set the concurrent limit (context, beside the limit) and its ratio, for throughputs. */
+void pb_result_concurrent(pb_result_t *r, double limit, const char *limit_of);
 
 /** @brief Copy a case's per-CPU busy fractions (@p n of them, at most PB_MAX_CPUS) into @p r. */
 void pb_result_cpu(pb_result_t *r, const float *busy, int n);
