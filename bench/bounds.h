@@ -35,11 +35,15 @@ int pb_perftest_run(const char *perftest, const char *test, uint64_t size, uint6
 
 /**
  * @brief pb_perftest_run with @p npairs pairs (1..PB_PERFTEST_PAIRS) side by side, each on its
- *  own port: every server is started and listening, each client starts as soon as its server
- *  listens. For "ucp_am_bw", @p out gets the sum of the pairs' bandwidths (GB/s), what the
- *  transport moves with as many busy processes as a cluster of 2 x @p npairs; latency tests
- *  take one pair only. Every process is reaped before it returns.
- * @return 0, -2 on timeout, or -1 (failed); @p err says why.
+ *  own port: every server is started and listening before the first client starts. For
+ *  "ucp_am_bw", @p out gets every pair's measured bytes over the span from the first pair's
+ *  measured start (its exit minus its own run time) to the last pair's exit, in GB/s: what
+ *  the transport moves with 2 x @p npairs busy processes (pairs that did not overlap count for
+ *  what they moved, not as a sum). Latency tests take one pair only. Give each pair a run of a
+ *  few hundred ms at least: the exits are timed to a few ms.
+ * @param env borrowed, as @p err; nothing is kept. Every process is reaped before it returns.
+ * @return 0 (then *@p out is set, and only then), -2 on timeout, or -1 (failed); @p err says
+ *  why.
  */
 int pb_perftest_pairs(const char *perftest, const char *test, uint64_t size, uint64_t iters,
                       double percentile, bool sleep_mode, double timeout_s, char *const env[],

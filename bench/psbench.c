@@ -174,10 +174,12 @@ static uint64_t pairs_size(const bench_t *b)
 }
 
 /* Context for the layouts with more than one pair of processes: ucp_am_bw with that many
- * pairs side by side on transport @p tr (the sum of their bandwidths), at pairs_size, as
- * ucp_am_bw_pairs with shards = workers = pairs. On the 2-vCPU VM, two pairs over tcp move
- * ~0.7 of what one pair moves: four busy processes share two CPUs. The target's limit stays
- * the single pair; this says how much of the gap the transport itself has. */
+ * pairs side by side on transport @p tr, at pairs_size, as ucp_am_bw_pairs with shards =
+ * workers = pairs (pb_perftest_pairs: their bytes over the span they ran). On the 2-vCPU VM,
+ * two pairs over tcp move ~0.7 of what one pair moves: four busy processes share two CPUs.
+ * The target's limit stays the single pair; this says how much of the gap the transport
+ * itself has. Each run lasts ~0.3 s at one pair's rate, so that the pairs overlap and their
+ * exits, timed to a few ms, weigh little. A failed run is skipped: this is context only. */
 static void measure_pairs(bench_t *b, const char *tr, char *const env[])
 {
     uint64_t s = pairs_size(b);
@@ -188,31 +190,44 @@ static void measure_pairs(bench_t *b, const char *tr, char *const env[])
         for (int k = 0; k < l; k++)
             seen |= layout_pairs(b->layouts[k][0], b->layouts[k][1]) == p;
         if (seen) continue;
-        uint64_t n = clampu(b->perftest_bytes / s, 20, b->quick ? 10000 : 50000);
-        int reps = b->quick ? 1 : 3; /* quick: one run polling, one sleeping (the < 2 min) */
+        uint64_t n0 = one > 0 ? (uint64_t)(0.3 * one * 1e9 / (double)s) : b->perftest_bytes / s;
+        n0 = clampu(n0, 20, 50000);
+        int reps = b->quick ? 1 : 3, ran[2] = {0, 0};
         double bw = 0;
+        uint64_t best_n = n0;
         char err[2048];
-        for (int rep = 0; rep < 2 * reps; rep++) {
-            double v;
-            /* Polling and sleeping, best of all (as for one pair). */
-            int rc = pb_perftest_pairs(b->perftest, "ucp_am_bw", s, n, 50, rep % 2 == 1,
-                                       b->quick ? 5 : 30, env, p, &v, err, sizeof err);
-            if (rc == -2) {
-                progress("%s; again with fewer iterations", err);
-                n = n / 8 > 5 ? n / 8 : 5;
-                continue;
+        for (int mode = 0; mode < 2; mode++) /* busy polling, then sleeping */
+            for (int rep = 0; rep < reps; rep++) {
+                uint64_t n = n0;
+                double v = 0;
+                int rc;
+                /* A run that overstays its time: again with an eighth, twice at most. */
+                for (int attempt = 0;; attempt++) {
+                    rc = pb_perftest_pairs(b->perftest, "ucp_am_bw", s, n, 50, mode == 1,
+                                           b->quick ? 10 : 30, env, p, &v, err, sizeof err);
+                    if (rc != -2 || attempt == 2) break;
+                    progress("%s; again with fewer iterations", err);
+                    n = n / 8 > 5 ? n / 8 : 5;
+                }
+                if (rc) {
+                    progress("ucx_perftest %d pairs on %s skipped: %s", p, tr, err);
+                    continue;
+                }
+                ran[mode]++;
+                if (v > bw) {
+                    bw = v;
+                    best_n = n;
+                }
             }
-            if (rc) pb_die("%s", err);
-            if (v > bw) bw = v;
-        }
-        if (bw <= 0) pb_die("ucx_perftest %d pairs on %s: no run finished", p, tr);
+        if (bw <= 0) continue;
         pb_result_t *r = pb_result_add("ucp_am_bw_pairs", PB_THROUGHPUT, s, p, p, tr, bw);
-        r->iters = n;
+        r->iters = best_n;
         snprintf(r->note, sizeof r->note,
-                 "%d ucx_perftest -t ucp_am_bw -e pairs side by side (%d processes, as a %dx%d "
-                 "cluster has), the sum of their bandwidths, best of %d runs polling and %d "
-                 "sleeping; context for those layouts, not the target's limit",
-                 p, 2 * p, b->layouts[l][0], b->layouts[l][1], reps, reps);
+                 "%d ucx_perftest -t ucp_am_bw -e pairs side by side (%d processes; the %dx%d "
+                 "layout has %d): all their bytes over the span they ran, best of %d runs "
+                 "polling and %d sleeping; context, not the target's limit",
+                 p, 2 * p, b->layouts[l][0], b->layouts[l][1],
+                 b->layouts[l][0] + b->layouts[l][1], ran[0], ran[1]);
         pb_result_limit(r, one, "ucp_am_bw (one pair)");
     }
 }

@@ -33,15 +33,15 @@ typedef struct {
     double concurrent_limit;
     char concurrent_of[48];
     double concurrent_ratio;
-    uint64_t iters;    /* samples behind the value (all workers together) */
-    double extra;      /* round: transport GB/s (2 x tensor bytes); < 0: none */
+    uint64_t iters; /* samples behind the value (all workers together) */
+    double extra;   /* round: transport GB/s (2 x tensor bytes); < 0: none */
     char note[256];
     int ncpu;                    /* CPUs in cpu_busy; 0: not measured (limits, in-RAM loops) */
     float cpu_busy[PB_MAX_CPUS]; /* each CPU's busy fraction while the case ran */
 } pb_result_t;
 
-/** @brief A new zeroed result appended to the list (limit, ratio, extra, concurrent_* = -1); the pointer
- *  stays valid until the process exits. Dies past 4096 results. */
+/** @brief A new zeroed result appended to the list (limit, ratio, extra and concurrent_* -1);
+ *  the pointer stays valid until the process exits. Dies past 4096 results. */
 pb_result_t *pb_result_add(const char *op, pb_metric_t metric, uint64_t size, int shards,
                            int workers, const char *transport, double value);
 /** @brief The results so far; *n gets the count. */
@@ -55,7 +55,8 @@ const char *pb_unit(pb_metric_t m);
 /** @brief Set the limit and the ratio (see the header comment for its direction). */
 void pb_result_limit(pb_result_t *r, double limit, const char *limit_of);
 
-/** @brief Set the concurrent limit (context, beside the limit) and its ratio, for throughputs. */
+/** @brief Set the concurrent limit (context, beside the limit) and ratio = value / limit; does
+ *  nothing when @p limit <= 0 or @p r is not a throughput. @p limit_of is copied. */
 void pb_result_concurrent(pb_result_t *r, double limit, const char *limit_of);
 
 /** @brief Copy a case's per-CPU busy fractions (@p n of them, at most PB_MAX_CPUS) into @p r. */
