@@ -18,14 +18,6 @@
 
 /* ---- ucx_perftest -------------------------------------------------------------------------- */
 
-int pb_perftest_run(const char *perftest, const char *test, uint64_t size, uint64_t iters,
-                    double percentile, bool sleep_mode, double timeout_s, char *const env[],
-                    double *out, char *err, size_t errlen)
-{
-    return pb_perftest_pairs(perftest, test, size, iters, percentile, sleep_mode, timeout_s, env, 1,
-                             out, err, errlen);
-}
-
 /* A ucx_perftest command line: the server's, or the client's (@p client) that connects to
  * 127.0.0.1 and prints CSV. Both sides get the same options; -e: endpoints with error handling
  * (PEER), as psd's. */

@@ -17,31 +17,24 @@ typedef struct {
     double lat_p99;
 } pb_perftest_t;
 
-/**
- * @brief Run ucx_perftest (a server and a client on 127.0.0.1) for @p test ("ucp_am_bw" or
- *  "ucp_am_lat") with @p size byte messages, error handling PEER (-e) as psd uses, and the
- *  UCX environment @p env ("NAME=VALUE", NULL-terminated).
- * @param percentile for latency tests: the rank to report (50, 99).
- * @param sleep_mode wait on the event fd (-E sleep -I) instead of busy polling.
- * @param timeout_s how long the run may take; both processes are killed after it.
- * @param[out] out bandwidth in GB/s, or latency in us.
- * @return 0, -2 on timeout, or -1 (failed); @p err says why.
- */
-int pb_perftest_run(const char *perftest, const char *test, uint64_t size, uint64_t iters,
-                    double percentile, bool sleep_mode, double timeout_s, char *const env[],
-                    double *out, char *err, size_t errlen);
-
 #define PB_PERFTEST_PAIRS 8 /* pb_perftest_pairs runs at most this many pairs at once */
 
 /**
- * @brief pb_perftest_run with @p npairs pairs (1..PB_PERFTEST_PAIRS) side by side, each on its
- *  own port: every server is started and listening before the first client starts. For
- *  "ucp_am_bw", @p out gets every pair's measured bytes over the span from the first pair's
- *  measured start (its exit minus its own run time) to the last pair's exit, in GB/s: what
- *  the transport moves with 2 x @p npairs busy processes (pairs that did not overlap count for
- *  what they moved, not as a sum). Latency tests take one pair only. Give each pair a run of a
- *  few hundred ms at least: the exits are timed to a few ms.
- * @param env borrowed, as @p err; nothing is kept. Every process is reaped before it returns.
+ * @brief Run ucx_perftest for @p test ("ucp_am_bw" or "ucp_am_lat") with @p size byte
+ *  messages, error handling PEER (-e) as psd uses, and the UCX environment @p env
+ *  ("NAME=VALUE", NULL-terminated): @p npairs pairs (1..PB_PERFTEST_PAIRS; latency tests 1) of
+ *  a server and a client on 127.0.0.1, side by side, each on its own port; every server is
+ *  started and listening before the first client starts.
+ * @param percentile for latency tests: the rank to report (50, 99).
+ * @param sleep_mode wait on the event fd (-E sleep -I) instead of busy polling.
+ * @param timeout_s how long the run may take; every process is killed after it.
+ * @param[out] out latency in us, or bandwidth in GB/s: for one pair its own figure; for
+ *  several, every pair's measured bytes over the span from the first pair's measured start
+ *  (its exit minus its own run time) to the last pair's exit, what the transport moves with
+ *  2 x @p npairs busy processes (pairs that did not overlap count for what they moved, not as
+ *  a sum). Give each pair a run of a few hundred ms at least: the exits are timed to a few ms.
+ * @note @p env and @p err are borrowed; nothing is kept. Every process is reaped before it
+ *  returns.
  * @return 0 (then *@p out is set, and only then), -2 on timeout, or -1 (failed); @p err says
  *  why.
  */

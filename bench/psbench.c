@@ -134,22 +134,32 @@ static void progress(const char *fmt, ...)
     va_end(ap);
 }
 
-/* One ucx_perftest measurement. A busy-polling ping-pong crawls when the host is busy (each
- * side waits for a scheduler slice), so a run that overstays its time is retried with an
- * eighth of the iterations, twice at most. */
+/* One ucx_perftest measurement with @p npairs pairs. A busy-polling ping-pong crawls when the
+ * host is busy (each side waits for a scheduler slice), so a run that overstays its time is
+ * retried with an eighth of the iterations (*@p iters), twice at most. 0, or pb_perftest_pairs'
+ * error. */
+static int perftest_try(bench_t *b, const char *test, uint64_t size, uint64_t *iters, double pct,
+                        bool sleep_mode, char *const env[], int npairs, double *out, char *err,
+                        size_t errlen)
+{
+    for (int attempt = 0;; attempt++) {
+        int rc = pb_perftest_pairs(b->perftest, test, size, *iters, pct, sleep_mode,
+                                   b->quick ? 5 : 30, env, npairs, out, err, errlen);
+        if (rc != -2 || attempt == 2) return rc;
+        progress("%s; again with fewer iterations", err);
+        *iters = *iters / 8 > 5 ? *iters / 8 : 5;
+    }
+}
+
+/* One pair's measurement, or psbench dies: every limit needs it. */
 static double perftest(bench_t *b, const char *test, uint64_t size, uint64_t *iters, double pct,
                        bool sleep_mode, char *const env[])
 {
     char err[2048];
-    for (int attempt = 0;; attempt++) {
-        double v;
-        int rc = pb_perftest_run(b->perftest, test, size, *iters, pct, sleep_mode,
-                                 b->quick ? 5 : 30, env, &v, err, sizeof err);
-        if (rc == 0) return v;
-        if (rc != -2 || attempt == 2) pb_die("%s", err);
-        progress("%s; again with fewer iterations", err);
-        *iters = *iters / 8 > 5 ? *iters / 8 : 5;
-    }
+    double v;
+    if (perftest_try(b, test, size, iters, pct, sleep_mode, env, 1, &v, err, sizeof err))
+        pb_die("%s", err);
+    return v;
 }
 
 static double perftest_value(const char *op, pb_metric_t m, uint64_t size, const char *tr)
@@ -200,16 +210,8 @@ static void measure_pairs(bench_t *b, const char *tr, char *const env[])
             for (int rep = 0; rep < reps; rep++) {
                 uint64_t n = n0;
                 double v = 0;
-                int rc;
-                /* A run that overstays its time: again with an eighth, twice at most. */
-                for (int attempt = 0;; attempt++) {
-                    rc = pb_perftest_pairs(b->perftest, "ucp_am_bw", s, n, 50, mode == 1,
-                                           b->quick ? 10 : 30, env, p, &v, err, sizeof err);
-                    if (rc != -2 || attempt == 2) break;
-                    progress("%s; again with fewer iterations", err);
-                    n = n / 8 > 5 ? n / 8 : 5;
-                }
-                if (rc) {
+                if (perftest_try(b, "ucp_am_bw", s, &n, 50, mode == 1, env, p, &v, err,
+                                 sizeof err)) {
                     progress("ucx_perftest %d pairs on %s skipped: %s", p, tr, err);
                     continue;
                 }
