@@ -38,31 +38,22 @@ static void gf2_square(uint32_t *sq, const uint32_t *mat)
     for (int n = 0; n < 32; n++) sq[n] = gf2_times(mat, mat[n]);
 }
 
-/* The operator that appends @p len (> 0) zero bytes to a CRC: the one-byte operator raised to
- * the power len, by squaring (any len; the powers of one operator commute). */
-static void zeros_op(uint32_t *op, size_t len)
+/* The operator that appends len zero bytes to a CRC (len a power of two). */
+static void zeros_op(uint32_t *even, size_t len)
 {
-    uint32_t sq[32], tmp[32];
-    sq[0] = POLY; /* one zero bit */
-    for (int n = 1; n < 32; n++) sq[n] = 1u << (n - 1);
-    for (int b = 0; b < 3; b++) { /* one zero byte: eight bits */
-        gf2_square(tmp, sq);
-        memcpy(sq, tmp, sizeof tmp);
-    }
-    int have = 0;
-    for (; len; len >>= 1) {
-        if (len & 1) {
-            if (!have) {
-                memcpy(op, sq, sizeof sq);
-                have = 1;
-            } else {
-                for (int n = 0; n < 32; n++) tmp[n] = gf2_times(sq, op[n]);
-                memcpy(op, tmp, sizeof tmp);
-            }
-        }
-        gf2_square(tmp, sq);
-        memcpy(sq, tmp, sizeof tmp);
-    }
+    uint32_t odd[32];
+    odd[0] = POLY; /* one zero bit */
+    for (int n = 1; n < 32; n++) odd[n] = 1u << (n - 1);
+    gf2_square(even, odd); /* two zero bits */
+    gf2_square(odd, even); /* four */
+    do {
+        gf2_square(even, odd); /* one zero byte first, then doubling */
+        len >>= 1;
+        if (len == 0) return;
+        gf2_square(odd, even);
+        len >>= 1;
+    } while (len);
+    memcpy(even, odd, sizeof odd);
 }
 
 static void zeros_table(uint32_t t[4][256], size_t len)
@@ -127,14 +118,6 @@ __attribute__((target(CLMUL_TARGET))) static inline __m512i fold64(__m512i a, __
                             _mm512_clmulepi64_epi128(a, k, 0x11));
 }
 
-/* fold64(a, k) ^ y in one three-way XOR. */
-__attribute__((target(CLMUL_TARGET))) static inline __m512i fold64_xor(__m512i a, __m512i k,
-                                                                       __m512i y)
-{
-    return _mm512_ternarylogic_epi64(_mm512_clmulepi64_epi128(a, k, 0x00),
-                                     _mm512_clmulepi64_epi128(a, k, 0x11), y, 0x96);
-}
-
 /* Store one 256-byte group at @p d: streamed (64-byte aligned @p d) or plain. */
 __attribute__((target(CLMUL_TARGET))) static inline void put256(unsigned char *d, __m512i a,
                                                                 __m512i b, __m512i c, __m512i e,
@@ -153,25 +136,6 @@ __attribute__((target(CLMUL_TARGET))) static inline void put256(unsigned char *d
     }
 }
 
-/* The raw CRC of a message whose folded state is x0..x3 (d = 64, then the four lanes of the
- * last register, d = 16, which is 16 bytes of message after a zero state: the crc32
- * instruction finishes it). */
-__attribute__((target(CLMUL_TARGET))) static inline uint64_t clmul_reduce(__m512i x0, __m512i x1,
-                                                                          __m512i x2, __m512i x3)
-{
-    const __m512i k64 = _mm512_broadcast_i32x4(_mm_set_epi64x(0x9e4addf8, 0x740eef02));
-    const __m128i k16 = _mm_set_epi64x(0x493c7d27, 0xf20c0dfe);
-    x1 = _mm512_xor_si512(x1, fold64(x0, k64));
-    x2 = _mm512_xor_si512(x2, fold64(x1, k64));
-    x3 = _mm512_xor_si512(x3, fold64(x2, k64));
-    __m128i a = _mm512_extracti32x4_epi32(x3, 0);
-    a = _mm_xor_si128(_mm512_extracti32x4_epi32(x3, 1), fold16(a, k16));
-    a = _mm_xor_si128(_mm512_extracti32x4_epi32(x3, 2), fold16(a, k16));
-    a = _mm_xor_si128(_mm512_extracti32x4_epi32(x3, 3), fold16(a, k16));
-    uint64_t c = _mm_crc32_u64(0, (uint64_t)_mm_cvtsi128_si64(a));
-    return _mm_crc32_u64(c, (uint64_t)_mm_extract_epi64(a, 1));
-}
-
 /* The CRC state (not inverted) after the whole 256-byte groups of p[len], len >= 256, from
  * state c0; *done = the bytes taken (the caller does the rest, < 256 bytes). With @p dst, the
  * bytes taken are also stored there as they are folded (ps_crc32c_copy), with streaming stores
@@ -182,6 +146,8 @@ __attribute__((target(CLMUL_TARGET))) static inline uint64_t crc_clmul(uint64_t 
                                                                        unsigned char *dst, int nt)
 {
     const __m512i k256 = _mm512_broadcast_i32x4(_mm_set_epi64x(0xb9e02b86, 0xdcb17aa4));
+    const __m512i k64 = _mm512_broadcast_i32x4(_mm_set_epi64x(0x9e4addf8, 0x740eef02));
+    const __m128i k16 = _mm_set_epi64x(0x493c7d27, 0xf20c0dfe);
     __m512i x0 = _mm512_loadu_si512(p), x1 = _mm512_loadu_si512(p + 64);
     __m512i x2 = _mm512_loadu_si512(p + 128), x3 = _mm512_loadu_si512(p + 192);
     if (dst) put256(dst, x0, x1, x2, x3, nt);
@@ -192,74 +158,23 @@ __attribute__((target(CLMUL_TARGET))) static inline uint64_t crc_clmul(uint64_t 
         __m512i y0 = _mm512_loadu_si512(p + i), y1 = _mm512_loadu_si512(p + i + 64);
         __m512i y2 = _mm512_loadu_si512(p + i + 128), y3 = _mm512_loadu_si512(p + i + 192);
         if (dst) put256(dst + i, y0, y1, y2, y3, nt);
-        x0 = fold64_xor(x0, k256, y0);
-        x1 = fold64_xor(x1, k256, y1);
-        x2 = fold64_xor(x2, k256, y2);
-        x3 = fold64_xor(x3, k256, y3);
+        x0 = _mm512_xor_si512(fold64(x0, k256), y0);
+        x1 = _mm512_xor_si512(fold64(x1, k256), y1);
+        x2 = _mm512_xor_si512(fold64(x2, k256), y2);
+        x3 = _mm512_xor_si512(fold64(x3, k256), y3);
     }
     if (dst && nt) _mm_sfence(); /* the streamed stores are ordered before what follows */
+    x1 = _mm512_xor_si512(x1, fold64(x0, k64));
+    x2 = _mm512_xor_si512(x2, fold64(x1, k64));
+    x3 = _mm512_xor_si512(x3, fold64(x2, k64));
+    __m128i a = _mm512_extracti32x4_epi32(x3, 0);
+    a = _mm_xor_si128(_mm512_extracti32x4_epi32(x3, 1), fold16(a, k16));
+    a = _mm_xor_si128(_mm512_extracti32x4_epi32(x3, 2), fold16(a, k16));
+    a = _mm_xor_si128(_mm512_extracti32x4_epi32(x3, 3), fold16(a, k16));
+    uint64_t c = _mm_crc32_u64(0, (uint64_t)_mm_cvtsi128_si64(a));
+    c = _mm_crc32_u64(c, (uint64_t)_mm_extract_epi64(a, 1));
     *done = i;
-    return clmul_reduce(x0, x1, x2, x3);
-}
-
-/*
- * The folding above is bound by the carry-less multiplier (~55 GB/s in cache on the
- * development VM, with 4 or 8 accumulators alike), while the crc32 instruction runs on other
- * execution units. So a plain CRC of a long buffer goes in blocks of HYB_BLOCK bytes: the
- * first HYB_VEC folded in vector registers while three crc32 streams take the three
- * HYB_STREAM-byte parts that follow, HYB_WORDS 8-byte words each per 256-byte vector step; the
- * four CRCs are combined with a precomputed shift (stream_shift) and the blocks chained with
- * another (block_shift). 1 MiB in cache: 61-68 GB/s against 54-55 folded alone (see
- * docs/PERFORMANCE.md, session 16). The copies (crc_clmul with a destination) stay folded
- * alone: storing the streams' bytes apart made them slower.
- */
-#define HYB_STEPS 32                           /* 256-byte vector steps per block */
-#define HYB_WORDS 5                            /* words per crc32 stream and vector step */
-#define HYB_VEC (256 * HYB_STEPS)              /* 8 KiB folded */
-#define HYB_STREAM (8 * HYB_WORDS * HYB_STEPS) /* three crc32 streams of 1280 bytes each */
-#define HYB_BLOCK (HYB_VEC + 3 * HYB_STREAM)   /* 12032 bytes */
-static uint32_t stream_shift[4][256], block_shift[4][256];
-
-/* The raw CRC (from a zero state) of the HYB_BLOCK bytes at @p p. */
-__attribute__((target(CLMUL_TARGET))) static inline uint32_t crc_hyb_block(const unsigned char *p)
-{
-    const __m512i k256 = _mm512_broadcast_i32x4(_mm_set_epi64x(0xb9e02b86, 0xdcb17aa4));
-    const unsigned char *s = p + HYB_VEC;
-    uint64_t s0 = 0, s1 = 0, s2 = 0;
-    __m512i x0 = _mm512_loadu_si512(p), x1 = _mm512_loadu_si512(p + 64);
-    __m512i x2 = _mm512_loadu_si512(p + 128), x3 = _mm512_loadu_si512(p + 192);
-    for (size_t i = 256;; i += 256, s += 8 * HYB_WORDS) {
-        for (int w = 0; w < HYB_WORDS; w++) {
-            s0 = _mm_crc32_u64(s0, load64(s + 8 * w));
-            s1 = _mm_crc32_u64(s1, load64(s + HYB_STREAM + 8 * w));
-            s2 = _mm_crc32_u64(s2, load64(s + 2 * HYB_STREAM + 8 * w));
-        }
-        if (i == HYB_VEC) break;
-        x0 = fold64_xor(x0, k256, _mm512_loadu_si512(p + i));
-        x1 = fold64_xor(x1, k256, _mm512_loadu_si512(p + i + 64));
-        x2 = fold64_xor(x2, k256, _mm512_loadu_si512(p + i + 128));
-        x3 = fold64_xor(x3, k256, _mm512_loadu_si512(p + i + 192));
-    }
-    uint32_t c = (uint32_t)clmul_reduce(x0, x1, x2, x3);
-    c = shift(stream_shift, c) ^ (uint32_t)s0;
-    c = shift(stream_shift, c) ^ (uint32_t)s1;
-    return shift(stream_shift, c) ^ (uint32_t)s2;
-}
-
-/* crc_clmul's contract without a destination (len >= 256), whole HYB_BLOCKs taken first. */
-__attribute__((target(CLMUL_TARGET))) static uint64_t crc_fold(uint64_t c0, const unsigned char *p,
-                                                               size_t len, size_t *done)
-{
-    size_t o = 0;
-    for (; len - o >= HYB_BLOCK; o += HYB_BLOCK)
-        c0 = shift(block_shift, (uint32_t)c0) ^ crc_hyb_block(p + o);
-    if (len - o >= 256) {
-        size_t d;
-        c0 = crc_clmul(c0, p + o, len - o, &d, NULL, 0);
-        o += d;
-    }
-    *done = o;
-    return c0;
+    return c;
 }
 
 __attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t crc, const void *buf,
@@ -269,7 +184,7 @@ __attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t crc, const voi
     uint64_t c0 = crc ^ 0xffffffffu;
     if (use_clmul && len >= CLMUL_MIN) {
         size_t done;
-        c0 = crc_fold(c0, p, len, &done);
+        c0 = crc_clmul(c0, p, len, &done, NULL, 0);
         p += done;
         len -= done;
     }
@@ -303,8 +218,6 @@ static void init(void)
 #if HAVE_HW
     zeros_table(long_shift, LONG);
     zeros_table(short_shift, SHORT);
-    zeros_table(stream_shift, HYB_STREAM);
-    zeros_table(block_shift, HYB_BLOCK);
     __builtin_cpu_init();
     use_hw = __builtin_cpu_supports("sse4.2");
     use_clmul = use_hw && __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("avx512f") &&

@@ -3,9 +3,9 @@
  *
  * x86-64 CPUs with SSE4.2 compute it with the crc32 instruction, three streams interleaved
  * and combined with precomputed shift tables (about one 8-byte word per cycle), and from 1 KiB
- * with 512-bit VPCLMULQDQ folding (256 bytes per step) where the CPU has it, from 12032 bytes
- * with three crc32 streams running beside the folding; elsewhere a slicing-by-8 table version
- * runs. All give the same value; the choice is made once, at the first call. */
+ * with 512-bit VPCLMULQDQ folding (256 bytes per step) where the CPU has it; elsewhere a
+ * slicing-by-8 table version runs. All give the same value; the choice is made once, at the
+ * first call. */
 #ifndef PS_CRC32C_H
 #define PS_CRC32C_H
 
