@@ -187,6 +187,9 @@ struct ps_client_s {
     ps_ucx_t ucx;
     cshard_t *shards;
     ps_op_t *inflight;          /* comm thread only */
+    ps_op_t *ctrl_spare;        /* a finished one-part control op kept for reuse (caller's
+                                   thread): a training loop's ps_client_next_batch allocates
+                                   nothing */
     uv_timer_t heartbeat;       /* tells every shard this worker is alive */
 
     pthread_mutex_t mu;         /* guards submit queue and op completion */
@@ -1740,10 +1743,13 @@ int ps_op_wait(ps_op_t *op, uint64_t *version)
     int rc = op->status;
     if (rc) snprintf(c->err, sizeof c->err, "%s", op->err);
     if (version) *version = op->min_version == UINT64_MAX ? 0 : op->min_version;
-    /* Keep one push and one pull op per tensor: steady training allocates nothing. */
+    /* Keep one push and one pull op per tensor, and one control op (a batch request, a
+     * declaration): steady training allocates nothing. */
     ps_op_t **spare = NULL;
     if (op->type == OP_PUSH || op->type == OP_PULL)
         spare = &c->tensors[op->tensor]->spare[op->type == OP_PULL];
+    else if (op->nparts == 1)
+        spare = &c->ctrl_spare;
     if (spare && *spare == NULL)
         *spare = op;
     else
@@ -1755,8 +1761,13 @@ int ps_op_wait(ps_op_t *op, uint64_t *version)
 static int ctrl_call(ps_client_t *c, int type, uint32_t shard, ps_msg_t *req, ps_msg_t *reply)
 {
     if (c->group_head) ps_client_group_end_all(c); /* held pushes and pulls go first */
-    ps_op_t *op = op_new(c, type, 1);
-    if (op == NULL) return PS_ENOMEM;
+    ps_op_t *op = c->ctrl_spare; /* ps_op_wait below keeps it again */
+    if (op) {
+        c->ctrl_spare = NULL;
+        op_init(op, c, type, 1);
+    } else if ((op = op_new(c, type, 1)) == NULL) {
+        return PS_ENOMEM;
+    }
     op->parts[0].shard = shard;
     req->req_id = op->req_id;
     op->req = *req;
@@ -1934,6 +1945,7 @@ void ps_client_destroy(ps_client_t *c)
         free(t);
     }
     free(c->tensors);
+    free(c->ctrl_spare);
     for (uint32_t i = 0; c->shards && i < c->nshards; i++) {
         ps_storeview_close(&c->shards[i].view);
         area_unmap(&c->shards[i]);
