@@ -13,7 +13,7 @@
 
 #include <stdint.h>
 
-#define ALLOC_COUNT_SITES 32
+#define ALLOC_COUNT_SITES 512 /* distinct sites; psd makes ~100 while it starts */
 
 typedef struct {
     uint64_t magic;    /* ALLOC_COUNT_MAGIC once the object was found and counting began */

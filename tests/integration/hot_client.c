@@ -6,7 +6,7 @@
  * Joins, declares "hot.big" (NUMEL floats, several chunks) and "hot.small" (64 floats, fused
  * with the big one's parts), and runs WARM + STEPS bsp steps as a training loop does: the
  * step from the coordinator, both pushes in one group, both pulls of the step's result in
- * another. After the WARM steps and again at the end it reads the allocation counts of its own
+ * another (with HOT_CODEC set, compressed: see main). After the WARM steps and again at the end it reads the allocation counts of its own
  * code, libps included (libps is a static library; the file in ALLOC_COUNT_FILE, kept by
  * alloc_count.so with ALLOC_COUNT_OBJ empty), and of every COUNTS file (psd's),
  * and prints how many allocations each made during the STEPS steps, with the sites.
@@ -144,12 +144,38 @@ int main(int argc, char **argv)
             printf("hot_client: declare: %s\n", ps_client_error(c));
             bad = 1;
         }
+    /* HOT_CODEC: the big tensor's pushes in that codec with error feedback and its pulls in
+     * bf16, the small one's pushes in int8. */
+    const char *codec = getenv("HOT_CODEC");
+    if (!bad && codec && *codec) {
+        ps_compression_t big = {.codec = codec, .error_feedback = 1, .pull = "bf16"},
+                         small = {.codec = "int8"};
+        if (ps_client_set_compression(c, id[0], &big) ||
+            ps_client_set_compression(c, id[1], &small)) {
+            printf("hot_client: compression: %s\n", ps_client_error(c));
+            bad = 1;
+        }
+    }
     ps_batch_info_t b = {0};
     alloc_count_t before[MAX_COUNTS + 1], after[MAX_COUNTS + 1];
     for (uint64_t k = 0; k < warm + steps && !bad; k++) {
         if (k == warm)
             for (int i = 0; i < ncounts; i++) counts_copy(&before[i], cnt[i]);
         bad = step(c, id, g, got, &b, k);
+    }
+    if (!bad && codec && *codec) { /* the settings took: bf16 pulls end in 16 zero bits */
+        uint64_t wide = 0, nonzero = 0;
+        for (uint64_t i = 0; i < n; i++) {
+            uint32_t u;
+            memcpy(&u, &got[0][i], 4);
+            wide += (u & 0xffffu) != 0;
+            nonzero += got[0][i] != 0.0f;
+        }
+        printf("hot_client: %" PRIu64 " of hot.big's pulled values are not bf16\n", wide);
+        if (nonzero == 0) {
+            printf("hot_client: hot.big pulled all zeros: the steps changed nothing\n");
+            bad = 1;
+        }
     }
     uint64_t total = 0;
     if (!bad) {
