@@ -369,7 +369,7 @@ static void tcp_matches_local(bool eager)
  * is theirs (alloc_count.h). hot_client reads the counts between the steps and names the sites. */
 static void hot_path_allocations(const char *mode)
 {
-    if (strcmp(mode, "direct") != 0 && strcmp(mode, "topk") != 0) direct_off(true);
+    if (strcmp(mode, "shm") == 0 || strcmp(mode, "tcp") == 0) direct_off(true);
     if (strcmp(mode, "topk") == 0) setenv("HOT_CODEC", "topk:0.05", 1);
     if (strcmp(mode, "tcp") == 0) {
         setenv("UCX_TLS", "tcp", 1);
@@ -377,7 +377,7 @@ static void hot_path_allocations(const char *mode)
     }
     cl_conf_t k = {.shards = 2,
                    .workers = 1,
-                   .consistency = "bsp",
+                   .consistency = strcmp(mode, "asp") == 0 ? "asp" : "bsp",
                    .optimizer = "{name: adam, lr: 0.001}",
                    .chunk_bytes = 65536};
     cl_cluster_t *c = cl_cluster_create(&k);
@@ -404,7 +404,7 @@ static void hot_path_allocations(const char *mode)
     EXPECT_LOG(w, "psd0.counts made 0 allocations in 200 steps");
     EXPECT_LOG(w, "psd1.counts made 0 allocations in 200 steps");
     if (strcmp(mode, "topk") == 0) EXPECT_LOG(w, " 0 of hot.big's pulled values are not bf16");
-    if (strcmp(mode, "direct") == 0) { /* the steps took the direct path */
+    if (strcmp(mode, "direct") == 0 || strcmp(mode, "asp") == 0) { /* the direct path */
         cl_proc_t *ctl = status_json(c, "psctl");
         ck_assert_msg(sum_field(ctl, "direct_pushes") > 0, "no direct pushes: %s", cl_tail(ctl));
     }
@@ -424,6 +424,10 @@ END_TEST
 /* The same with compression: top-k pushes with error feedback and bf16 pulls, int8 pushes of
  * the small tensor. */
 START_TEST(test_hot_path_allocations_topk) { hot_path_allocations("topk"); }
+END_TEST
+
+/* And under asp, where each push is applied on its own as it lands (direct path). */
+START_TEST(test_hot_path_allocations_asp) { hot_path_allocations("asp"); }
 END_TEST
 
 START_TEST(test_tcp_matches_local) { tcp_matches_local(false); }
@@ -869,6 +873,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("hot_path_allocations_shm", test_hot_path_allocations_shm));
     suite_add_tcase(s, tcase("hot_path_allocations_tcp", test_hot_path_allocations_tcp));
     suite_add_tcase(s, tcase("hot_path_allocations_topk", test_hot_path_allocations_topk));
+    suite_add_tcase(s, tcase("hot_path_allocations_asp", test_hot_path_allocations_asp));
     suite_add_tcase(s, tcase("data_dir_in_use", test_data_dir_in_use));
     suite_add_tcase(s, tcase("conflicting_shape", test_conflicting_shape));
     suite_add_tcase(s, tcase("sigterm_restart", test_sigterm_restart));
