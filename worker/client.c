@@ -1595,7 +1595,7 @@ static void *comm_main(void *arg)
 
 static ps_op_t *op_init(ps_op_t *op, ps_client_t *c, int type, uint32_t nparts)
 {
-    memset(op, 0, sizeof *op); /* the parts are all rewritten below */
+    memset(op, 0, sizeof *op); /* each part's state is reset below (the caller sets the rest) */
     op->c = c;
     op->type = type;
     op->req_id = __atomic_add_fetch(&c->next_req, 1, __ATOMIC_RELAXED);

@@ -4,7 +4,8 @@
  *
  * It forwards to glibc's __libc_* entry points, so it needs no dlsym (which may allocate) and
  * works from the first call on. Nothing is counted until the constructor found the object and
- * mapped the counter file; a process without ALLOC_COUNT_FILE runs as if it were not loaded. */
+ * mapped the counter file (a new one: it refuses a file that exists); a process without
+ * ALLOC_COUNT_FILE runs as if it were not loaded. */
 #include <errno.h>
 #include <fcntl.h>
 #include <link.h>
@@ -84,7 +85,9 @@ int posix_memalign(void **out, size_t align, size_t n)
 {
     count(__builtin_return_address(0));
     if (align < sizeof(void *) || (align & (align - 1)) != 0) return EINVAL;
+    int saved = errno; /* posix_memalign leaves errno alone */
     void *p = __libc_memalign(align, n);
+    errno = saved;
     if (p == NULL) return ENOMEM;
     *out = p;
     return 0;
@@ -114,8 +117,11 @@ __attribute__((constructor)) static void alloc_count_start(void)
     const char *path = getenv("ALLOC_COUNT_FILE"), *obj = getenv("ALLOC_COUNT_OBJ");
     if (path == NULL || *path == '\0') return;
     dl_iterate_phdr(find_object, (void *)(obj ? obj : ""));
+    /* Not into the processes this one starts (psd's checkpoint follower): they would count
+     * their own allocations. And a file of this process's only: O_EXCL. */
+    unsetenv("LD_PRELOAD");
     if (nranges == 0) return; /* the reader sees no magic and says the object was not found */
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0) return;
     void *m = MAP_FAILED;
     if (ftruncate(fd, sizeof(alloc_count_t)) == 0)

@@ -4,13 +4,16 @@
  *   hot_client MANIFEST NUMEL WARM STEPS [COUNTS...]
  *
  * Joins, declares "hot.big" (NUMEL floats, several chunks) and "hot.small" (64 floats, fused
- * with the big one's parts), and runs WARM + STEPS bsp steps as a training loop does: the
+ * with the big one's parts), and runs WARM + STEPS steps (the manifest's consistency; one
+ * worker) as a training loop does: the
  * step from the coordinator, both pushes in one group, both pulls of the step's result in
  * another (with HOT_CODEC set, compressed: see main). After the WARM steps and again at the end it reads the allocation counts of its own
  * code, libps included (libps is a static library; the file in ALLOC_COUNT_FILE, kept by
  * alloc_count.so with ALLOC_COUNT_OBJ empty), and of every COUNTS file (psd's),
- * and prints how many allocations each made during the STEPS steps, with the sites.
- * Exit 0 when none did, 3 when one did, 1 when the steps or a count could not be had. */
+ * and prints how many allocations each made during the STEPS steps, with the sites; a process
+ * that counted none before them is not being counted (exit 1). With HOT_CODEC, hot.big's pulls
+ * must come back in bf16 and not all zero.
+ * Exit 0 when none allocated, 3 when one did, 1 when the steps or a count could not be had. */
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -45,10 +48,16 @@ static const alloc_count_t *counts_map(const char *path)
     return m;
 }
 
+/* A snapshot of @p src, which the counting process updates meanwhile (atomics). */
 static void counts_copy(alloc_count_t *dst, const alloc_count_t *src)
 {
-    memcpy(dst, src, sizeof *dst); /* racy against the counting process: read twice below */
-    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    dst->magic = __atomic_load_n(&src->magic, __ATOMIC_ACQUIRE);
+    dst->calls = __atomic_load_n(&src->calls, __ATOMIC_ACQUIRE);
+    dst->overflow = __atomic_load_n(&src->overflow, __ATOMIC_ACQUIRE);
+    for (int i = 0; i < ALLOC_COUNT_SITES; i++) {
+        dst->site[i].off = __atomic_load_n(&src->site[i].off, __ATOMIC_ACQUIRE);
+        dst->site[i].n = __atomic_load_n(&src->site[i].n, __ATOMIC_ACQUIRE);
+    }
 }
 
 /* Print what @p name allocated between @p a and @p b; return the count. */
@@ -172,12 +181,19 @@ int main(int argc, char **argv)
             nonzero += got[0][i] != 0.0f;
         }
         printf("hot_client: %" PRIu64 " of hot.big's pulled values are not bf16\n", wide);
+        if (wide) bad = 1;
         if (nonzero == 0) {
             printf("hot_client: hot.big pulled all zeros: the steps changed nothing\n");
             bad = 1;
         }
     }
     uint64_t total = 0;
+    for (int i = 0; i < ncounts && !bad; i++)
+        if (before[i].calls == 0) { /* both allocate as they start: is anything counted? */
+            printf("hot_client: %s counted no allocation before the steps: not counting\n",
+                   names[i]);
+            bad = 1;
+        }
     if (!bad) {
         for (int i = 0; i < ncounts; i++) counts_copy(&after[i], cnt[i]);
         for (int i = 0; i < ncounts; i++)
