@@ -1619,6 +1619,16 @@ static ps_op_t *op_new(ps_client_t *c, int type, uint32_t nparts)
     return op ? op_init(op, c, type, nparts) : NULL;
 }
 
+/* The op kept in @p spare (ps_op_wait keeps finished ones there; it has room for @p nparts),
+ * taken out and reset, else a new one; NULL when out of memory. Caller's thread. */
+static ps_op_t *op_reuse(ps_client_t *c, ps_op_t **spare, int type, uint32_t nparts)
+{
+    ps_op_t *op = *spare;
+    if (op == NULL) return op_new(c, type, nparts);
+    *spare = NULL;
+    return op_init(op, c, type, nparts);
+}
+
 /* Whether every part of push or pull @p op is small enough to travel in a bundle. */
 static int op_fusable(const ps_client_t *c, const ps_op_t *op)
 {
@@ -1761,13 +1771,8 @@ int ps_op_wait(ps_op_t *op, uint64_t *version)
 static int ctrl_call(ps_client_t *c, int type, uint32_t shard, ps_msg_t *req, ps_msg_t *reply)
 {
     if (c->group_head) ps_client_group_end_all(c); /* held pushes and pulls go first */
-    ps_op_t *op = c->ctrl_spare; /* ps_op_wait below keeps it again */
-    if (op) {
-        c->ctrl_spare = NULL;
-        op_init(op, c, type, 1);
-    } else if ((op = op_new(c, type, 1)) == NULL) {
-        return PS_ENOMEM;
-    }
+    ps_op_t *op = op_reuse(c, &c->ctrl_spare, type, 1); /* ps_op_wait below keeps it again */
+    if (op == NULL) return PS_ENOMEM;
     op->parts[0].shard = shard;
     req->req_id = op->req_id;
     op->req = *req;
@@ -2050,13 +2055,8 @@ static int data_op(ps_client_t *c, int type, uint32_t id, float *buf, uint64_t s
         return PS_EINVAL;
     }
     ctensor_t *t = c->tensors[id];
-    ps_op_t *op = t->spare[type == OP_PULL];
-    if (op) {
-        t->spare[type == OP_PULL] = NULL;
-        op_init(op, c, type, t->nchunks);
-    } else if ((op = op_new(c, type, t->nchunks)) == NULL) {
-        return PS_ENOMEM;
-    }
+    ps_op_t *op = op_reuse(c, &t->spare[type == OP_PULL], type, t->nchunks);
+    if (op == NULL) return PS_ENOMEM;
     op->tensor = id;
     op->buf = buf;
     op->step = step;
@@ -2202,7 +2202,7 @@ int ps_client_self_test(ps_client_t *c, uint32_t shard, size_t bytes, int reps, 
     double t0 = 0;
     for (int i = 0; i <= reps && rc == 0; i++) { /* the first one warms the path up */
         if (i == 1) t0 = now_s();
-        ps_op_t *op = op_new(c, OP_ECHO, 1);
+        ps_op_t *op = op_reuse(c, &c->ctrl_spare, OP_ECHO, 1);
         if (op == NULL) {
             rc = PS_ENOMEM;
             break;
