@@ -185,9 +185,22 @@ int pb_client_main(int argc, char **argv)
     /* Become a member of the coordinator's step: from it on, the shards wait for this
      * client's pushes (the benchmark then pushes steps on its own, without batches). */
     ps_batch_info_t batch;
-    if ((rc = ps_client_next_batch(k.c, 1ull << 40, NULL, &batch)) != 0)
+    if ((rc = ps_client_next_batch(k.c, PB_CLIENT_SAMPLES, NULL, &batch)) != 0)
         fail(&k, "join the step", rc);
-    fprintf(g_out, "ready %d\n", ps_client_rank(k.c));
+    /* Which transports each shard's connection uses, and the direct paths (psbench shows
+     * them: a cluster that fell back to tcp is seen at once). */
+    fprintf(g_out, "ready %d lanes:", ps_client_rank(k.c));
+    for (uint32_t s = 0; s < ps_client_shards(k.c); s++) {
+        char lanes[64];
+        ps_client_lanes(k.c, s, lanes, sizeof lanes);
+        int d = ps_client_direct(k.c, s);
+        fprintf(g_out, "%s shard %u over %s%s", s ? ";" : "", s, lanes[0] ? lanes : "?",
+                d == (PS_DIRECT_PULLS | PS_DIRECT_PUSHES) ? " + direct pulls and pushes"
+                : d == PS_DIRECT_PULLS                    ? " + direct pulls"
+                : d == PS_DIRECT_PUSHES                   ? " + direct pushes"
+                                                          : "");
+    }
+    fputc('\n', g_out);
     fflush(g_out);
 
     char line[256], op[24] = "";

@@ -2,7 +2,8 @@
  * and stdout (psbench runs itself with --client).
  *
  * Protocol, one line each way (the client writes nothing else to stdout):
- *   client: "ready RANK"                      connected, every tensor declared
+ *   client: "ready RANK lanes: shard 0 over LANES[ + direct ...]; shard 1 over ..."
+ *                                             connected, every tensor declared
  *   psbench: "case OP SIZE WARM"              OP: push | pull | round
  *   client: "warm MEAN_NS"                    after WARM untimed iterations (MEAN_NS: the
  *                                             mean of their second half)
@@ -22,6 +23,11 @@
  * s starts at the tensor's version, learnt by a pull(min_version 0) when a case begins. */
 #ifndef PB_CLIENT_H
 #define PB_CLIENT_H
+
+/* The training-set size a client gives the coordinator when it joins the step (it pushes steps
+ * on its own and takes no batch). A cluster whose job registered another size is a job's, and
+ * psbench --attach refuses it. */
+#define PB_CLIENT_SAMPLES (1ull << 40)
 
 /** @brief Run the client role: `psbench --client --manifest M --sizes LIST`.
  *  @return the process exit code. */

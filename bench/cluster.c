@@ -33,7 +33,9 @@ char *const *pb_transport_env(const char *transport)
 
 const char *pb_transport_ucx(const char *transport)
 {
-    return strcmp(transport, "direct") == 0 ? "shm" : transport;
+    /* "ucx" is shm's settings under the name for shards on other hosts (UCX picks RDMA or tcp
+     * there); on one host it is shm. */
+    return strcmp(transport, "direct") == 0 || strcmp(transport, "ucx") == 0 ? "shm" : transport;
 }
 
 static int nstate_of(const char *optimizer)
@@ -83,6 +85,48 @@ static void die_with_log(pb_cluster_t *cl, pb_proc_t *p, const char *what)
     pb_die("%s %s; the end of its log (%s):\n%s", p->name, what, p->log, pb_proc_tail(p, 2000));
 }
 
+/* Start the W clients on cl->manifest with the transport's environment and wait until each
+ * is ready (connected, tensors declared, a member of the coordinator's step). */
+static void start_clients(pb_cluster_t *cl, int id)
+{
+    const pb_cluster_conf_t *conf = &cl->conf;
+    char *const *env = pb_transport_env(conf->transport);
+    char sizes[512] = "";
+    for (int i = 0, off = 0; i < conf->nsizes; i++)
+        off += snprintf(sizes + off, sizeof sizes - (size_t)off, "%s%" PRIu64, i ? "," : "",
+                        conf->sizes[i]);
+    for (int i = 0; i < conf->workers; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "c%d-client%d", id, i);
+        char *argv[] = {(char *)conf->self, "--client", "--manifest", cl->manifest,
+                        "--sizes",          sizes,      NULL};
+        /* With --trace the clients' libps writes a timeline too (PS_TRACE); putenv keeps the
+         * string, so each one lives in the child it is spawned into. */
+        char *cenv[16];
+        int ne = 0;
+        for (; env && env[ne]; ne++) {
+            if (ne == 14) pb_die("too many environment variables for a client");
+            cenv[ne] = env[ne];
+        }
+        char trace[PB_PATH + 16];
+        if (conf->trace_dir) {
+            snprintf(trace, sizeof trace, "PS_TRACE=%s/c%d-%dx%d-%s-client%d.json",
+                     conf->trace_dir, id, conf->shards, conf->workers, conf->transport, i);
+            cenv[ne++] = trace;
+        }
+        cenv[ne] = NULL;
+        cl->cli[i] = pb_spawn(name, argv, cenv, true, true);
+    }
+    for (int i = 0; i < conf->workers; i++) {
+        char line[1024];
+        if (pb_proc_readline(cl->cli[i], line, sizeof line, 120, NULL) != 0)
+            die_with_log(cl, cl->cli[i], "did not become ready");
+        if (strncmp(line, "ready ", 6) != 0) pb_die("%s: %s", cl->cli[i]->name, line);
+        const char *l = strstr(line, " lanes: ");
+        if (i == 0 && l) snprintf(cl->lanes, sizeof cl->lanes, "%s", l + 8);
+    }
+}
+
 void pb_cluster_start(pb_cluster_t *cl, const pb_cluster_conf_t *conf, int id)
 {
     memset(cl, 0, sizeof *cl);
@@ -120,38 +164,18 @@ void pb_cluster_start(pb_cluster_t *cl, const pb_cluster_conf_t *conf, int id)
             pb_die("%s said '%s', expected '%s'", cl->psd[i]->name, line, want);
     }
 
-    char sizes[512] = "";
-    for (int i = 0, off = 0; i < conf->nsizes; i++)
-        off += snprintf(sizes + off, sizeof sizes - (size_t)off, "%s%" PRIu64, i ? "," : "",
-                        conf->sizes[i]);
-    for (int i = 0; i < conf->workers; i++) {
-        char name[32];
-        snprintf(name, sizeof name, "c%d-client%d", id, i);
-        char *argv[] = {(char *)conf->self, "--client", "--manifest", cl->manifest,
-                        "--sizes",          sizes,      NULL};
-        /* With --trace the clients' libps writes a timeline too (PS_TRACE); putenv keeps the
-         * string, so each one lives in the child it is spawned into. */
-        char *cenv[16];
-        int ne = 0;
-        for (; env && env[ne]; ne++) {
-            if (ne == 14) pb_die("too many environment variables for a client");
-            cenv[ne] = env[ne];
-        }
-        char trace[PB_PATH + 16];
-        if (conf->trace_dir) {
-            snprintf(trace, sizeof trace, "PS_TRACE=%s/c%d-%dx%d-%s-client%d.json",
-                     conf->trace_dir, id, conf->shards, conf->workers, conf->transport, i);
-            cenv[ne++] = trace;
-        }
-        cenv[ne] = NULL;
-        cl->cli[i] = pb_spawn(name, argv, cenv, true, true);
-    }
-    for (int i = 0; i < conf->workers; i++) {
-        char line[1024];
-        if (pb_proc_readline(cl->cli[i], line, sizeof line, 120, NULL) != 0)
-            die_with_log(cl, cl->cli[i], "did not become ready");
-        if (strncmp(line, "ready ", 6) != 0) pb_die("%s: %s", cl->cli[i]->name, line);
-    }
+    start_clients(cl, id);
+}
+
+void pb_cluster_attach(pb_cluster_t *cl, const pb_cluster_conf_t *conf, const char *manifest,
+                       int id)
+{
+    memset(cl, 0, sizeof *cl);
+    cl->conf = *conf;
+    cl->attached = true;
+    if (snprintf(cl->manifest, sizeof cl->manifest, "%s", manifest) >= (int)sizeof cl->manifest)
+        pb_die("%s: path too long", manifest);
+    start_clients(cl, id);
 }
 
 /* Read one line from client @p i; die on an error line, a closed pipe or a timeout. */
@@ -163,8 +187,9 @@ static void client_line(pb_cluster_t *cl, int i, char *line, size_t len, double 
     if (strncmp(line, "error", 5) == 0) {
         /* The shard's side of the story is in its log. */
         for (int s = 0; s < cl->conf.shards; s++)
-            fprintf(stderr, "psbench: %s log:\n%s\n", cl->psd[s]->name,
-                    pb_proc_tail(cl->psd[s], 800));
+            if (cl->psd[s]) /* an attached cluster's logs are its own */
+                fprintf(stderr, "psbench: %s log:\n%s\n", cl->psd[s]->name,
+                        pb_proc_tail(cl->psd[s], 800));
         pb_die("%s: %s", cl->cli[i]->name, line);
     }
 }
@@ -255,6 +280,7 @@ void pb_cluster_stop(pb_cluster_t *cl)
         pb_proc_free(cl->psd[i]);
         cl->psd[i] = NULL;
     }
+    if (cl->attached) return;
     const char *keep = getenv("PSBENCH_KEEP");
     if (!(keep && *keep && strcmp(keep, "0") != 0)) pb_rm_rf(cl->dir);
 }

@@ -4,6 +4,7 @@
 #ifndef PB_CLUSTER_H
 #define PB_CLUSTER_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "cpustat.h"
@@ -18,7 +19,8 @@ typedef struct {
     const char *consistency; /* "asp" | "bsp" */
     const char *optimizer;   /* "sgd" | "momentum" | "adam" | "adamw" | "adagrad" | "mean" */
     const char *transport;   /* "shm" (UCX defaults, as psd sets them) | "tcp" (UCX_TLS=tcp), both
-                                with PS_DIRECT_PULL=0 | "direct" (shm, pulls read from the store) */
+                                with PS_DIRECT_PULL=0 | "direct" (shm, pulls read from the store)
+                                | "ucx" (shm's settings, for shards on other hosts) */
     uint64_t chunk_bytes;
     uint64_t map_size_mb;         /* at least (0: computed from the sizes and the optimizer) */
     uint64_t sizes[PB_MAX_SIZES]; /* one tensor "psbench.SIZE" per size */
@@ -31,11 +33,13 @@ typedef struct {
 
 typedef struct {
     pb_cluster_conf_t conf;
+    bool attached; /* pb_cluster_attach: the shards are someone else's (psd[] stays NULL) */
     char dir[PB_PATH - 64];
     char manifest[PB_PATH];
     uint16_t port[PB_MAX_SHARDS];
     pb_proc_t *psd[PB_MAX_SHARDS];
     pb_proc_t *cli[PB_MAX_WORKERS];
+    char lanes[512]; /* client 0's "shard 0 over sysv,cma + direct ...; shard 1 over ..." */
 } pb_cluster_t;
 
 typedef struct {
@@ -52,6 +56,16 @@ typedef struct {
 void pb_cluster_start(pb_cluster_t *cl, const pb_cluster_conf_t *conf, int id);
 
 /**
+ * @brief Attach to running shards: start only the W clients (conf->workers), with the
+ *  transport's environment, on @p manifest (the cluster's own; psbench writes no manifest and
+ *  starts no psd). conf->shards must be the manifest's server count; conf->psd is not used.
+ *  Returns when every client is ready; dies on failure (with the client's log).
+ * @note pb_cluster_stop() then lets the clients leave and leaves the shards running.
+ */
+void pb_cluster_attach(pb_cluster_t *cl, const pb_cluster_conf_t *conf, const char *manifest,
+                       int id);
+
+/**
  * @brief Run @p op on the tensor of @p size on every client at once: @p warm untimed iterations,
  *  then as many timed ones as fit in @p target_s (judged from the warm-up), within
  *  [min_iters, max_iters]; every client runs the same count (BSP needs them all).
@@ -60,12 +74,14 @@ void pb_cluster_case(pb_cluster_t *cl, const char *op, uint64_t size, uint64_t w
                      double target_s, uint64_t min_iters, uint64_t max_iters, pb_case_t *out);
 void pb_case_free(pb_case_t *c);
 
-/** @brief Let the clients leave, stop the shards (SIGTERM, then SIGKILL), remove the data. */
+/** @brief Let the clients leave, stop the shards (SIGTERM, then SIGKILL), remove the data;
+ *  an attached cluster's shards and data are left as they are. */
 void pb_cluster_stop(pb_cluster_t *cl);
 
 /** @brief The UCX environment of @p transport ("NAME=VALUE" strings, NULL-terminated, static). */
 char *const *pb_transport_env(const char *transport);
-/** @brief The UCX transport whose ucx_perftest limits apply to @p transport ("direct": "shm"). */
+/** @brief The UCX transport whose ucx_perftest limits apply to @p transport ("direct", "ucx":
+ *  "shm"). */
 const char *pb_transport_ucx(const char *transport);
 
 #endif

@@ -5,12 +5,16 @@
  * in RAM). Prints a table and optionally writes JSON. See docs/PERFORMANCE.md. */
 #include <errno.h>
 #include <getopt.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/utsname.h>
 #include <time.h>
@@ -46,11 +50,17 @@ typedef struct {
     int nsizes;
     int layouts[4][2]; /* shards, workers */
     int nlayouts;
-    const char *transports[3];
+    const char *transports[4];
     int ntransports;
     uint64_t chunk_bytes, map_size_mb;
     const char *json, *markdown, *psd, *perftest, *trace_dir;
     const char *round_optim; /* the rounds' bsp cluster (--round-optimizer; default mean) */
+    const char *push_optim;  /* the asp pushes' optimizer (sgd; an attached cluster's own) */
+    /* --attach: the running cluster of the manifest, as `psctl status` described it. */
+    const char *attach;      /* its manifest, or NULL: psbench starts its own clusters */
+    int attach_shards;
+    bool attach_local;       /* every shard on this host: the limits apply */
+    char attach_cluster[128], attach_consistency[8], attach_optimizer[16];
     char self[PB_PATH];
     /* Timing. */
     double case_s; /* target time of one timed case */
@@ -67,10 +77,12 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: psbench [--manifest FILE | --shards S --workers W] [--sizes LIST]\n"
-            "               [--transports shm,tcp,direct] [--json FILE] [--markdown FILE] [--quick]\n"
+            "               [--transports shm,tcp,direct,ucx] [--json FILE] [--markdown FILE] [--quick]\n"
             "               [--bsp-push] [--only limits,ops,apply,step,codecs,store] [--psd PATH]\n"
             "               [--perftest PATH] [--trials N] [--trace DIR]\n"
             "               [--round-optimizer NAME]\n"
+            "       psbench --attach --manifest FILE [--workers W] [--sizes LIST] [--transports LIST]\n"
+            "               [--only limits,ops] [--json FILE] [--markdown FILE] [--quick] [--trials N]\n"
             "Starts psd shards and client processes on 127.0.0.1 (data under /dev/shm) and\n"
             "measures push, pull and push+pull rounds of one dense tensor, the optimizers'\n"
             "apply and a BSP step with adam, and each gradient codec's encode and decode, beside\n"
@@ -78,6 +90,14 @@ static void usage(FILE *f)
             "Without --manifest/--shards the layouts are 1x1, 2x2, 4x4 (shards x workers).\n"
             "--manifest takes its shards, job.workers, chunk_bytes and map_size_mb (psbench\n"
             "still starts its own processes, on its own ports and data_dirs).\n"
+            "--attach: measure the running shards of --manifest instead (a cluster no job uses:\n"
+            "psbench checks with psctl status that it has no workers and no job's training set).\n"
+            "W clients (default job.workers) on this host join it and declare tensors psbench.*,\n"
+            "which stay in its store. Push and pull under the cluster's consistency and optimizer;\n"
+            "rounds when it is bsp. Limits only when every shard is on this host.\n"
+            "Transports: shm (UCX's own choice, on one host shared memory), tcp (UCX_TLS=tcp),\n"
+            "direct (shm plus psd's direct pulls and pushes on one host), ucx (as shm, the name\n"
+            "for shards on other hosts: RDMA or tcp, as UCX picks).\n"
             "--quick: sizes up to 16 MiB, layouts 1x1 and 2x2, fewer iterations (< 2 min).\n"
             "--bsp-push: measure push (and pull) in a bsp cluster, steps without pulls, instead\n"
             "of asp (each push applied on arrival).\n"
@@ -563,6 +583,7 @@ static void measure_psd(bench_t *b)
             memcpy(k.sizes, b->sizes, sizeof k.sizes);
             k.nsizes = b->nsizes;
             pb_cluster_start(&cl, &k, b->cluster_id++);
+            progress("%dx%d %s: %s", s, w, tr, cl.lanes);
             if (b->asp_push)
                 snprintf(note, sizeof note, "asp: acked once its sgd apply commits");
             else
@@ -586,6 +607,152 @@ static void measure_psd(bench_t *b)
             run_many(b, &cl, 1024);
             pb_cluster_stop(&cl);
         }
+}
+
+/* ---- --attach: shards someone else started ------------------------------------------------ */
+
+/* Whether @p host names this machine: a loopback address or one of its interfaces'. */
+static bool host_is_local(const char *host)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
+    if (getaddrinfo(host, NULL, &hints, &res) != 0) return false;
+    struct ifaddrs *ifs = NULL;
+    if (getifaddrs(&ifs) != 0) ifs = NULL;
+    bool local = false;
+    for (struct addrinfo *a = res; a && !local; a = a->ai_next) {
+        if (a->ai_family == AF_INET) {
+            const struct in_addr *in = &((const struct sockaddr_in *)a->ai_addr)->sin_addr;
+            if ((ntohl(in->s_addr) >> 24) == 127) local = true;
+            for (struct ifaddrs *i = ifs; i && !local; i = i->ifa_next)
+                if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET &&
+                    ((const struct sockaddr_in *)i->ifa_addr)->sin_addr.s_addr == in->s_addr)
+                    local = true;
+        } else if (a->ai_family == AF_INET6) {
+            const struct in6_addr *in = &((const struct sockaddr_in6 *)a->ai_addr)->sin6_addr;
+            if (IN6_IS_ADDR_LOOPBACK(in)) local = true;
+            for (struct ifaddrs *i = ifs; i && !local; i = i->ifa_next)
+                if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET6 &&
+                    memcmp(&((const struct sockaddr_in6 *)i->ifa_addr)->sin6_addr, in,
+                           sizeof *in) == 0)
+                    local = true;
+        }
+    }
+    if (ifs) freeifaddrs(ifs);
+    freeaddrinfo(res);
+    return local;
+}
+
+/* The string value of "key": "..." in @p j (from @p j on) into @p out; false when absent. */
+static bool json_str(const char *j, const char *key, char *out, size_t len)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\": \"", key);
+    const char *p = strstr(j, pat);
+    if (p == NULL) return false;
+    p += strlen(pat);
+    size_t n = strcspn(p, "\"");
+    if (n >= len) n = len - 1;
+    memcpy(out, p, n);
+    out[n] = '\0';
+    return true;
+}
+
+/* The number of "key": N in @p j; -1 when absent. */
+static long long json_num(const char *j, const char *key)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\": ", key);
+    const char *p = strstr(j, pat);
+    return p ? strtoll(p + strlen(pat), NULL, 10) : -1;
+}
+
+/* Ask the running cluster of @p manifest (`psctl --manifest M status --json`, psctl beside
+ * psd or $PSCTL) what it is, and refuse it unless no job uses it: psbench's clients join the
+ * coordinator's step, so a job's workers would wait for their pushes, and a job's training set
+ * could not be registered beside psbench's. Fills b->attach_*. Dies with the reason. */
+static void attach_check(bench_t *b, const ps_manifest_t *m, const char *manifest)
+{
+    char psctl[PB_PATH];
+    const char *env = getenv("PSCTL");
+    if (env && *env) {
+        snprintf(psctl, sizeof psctl, "%s", env);
+    } else {
+        const char *slash = strrchr(b->psd, '/');
+        snprintf(psctl, sizeof psctl, "%.*spsctl", slash ? (int)(slash - b->psd + 1) : 0, b->psd);
+    }
+    if (access(psctl, X_OK) != 0) pb_die("--attach: no psctl at '%s' (PSCTL=PATH)", psctl);
+    char *argv[] = {psctl, "--manifest", (char *)manifest, "status", "--json", NULL};
+    pb_proc_t *p = pb_spawn("psctl-status", argv, NULL, false, true);
+    static char j[262144];
+    int rc = pb_proc_readline(p, j, sizeof j, 60, NULL), st = pb_proc_wait(p, 30);
+    if (rc != 0 || st != 0 || j[0] != '[')
+        pb_die("--attach: psctl --manifest %s status failed (exit %d):\n%s", manifest, st,
+               pb_proc_tail(p, 2000));
+    pb_proc_free(p);
+    int n = 0;
+    for (const char *q = j; (q = strstr(q, "\"shard\": ")) != NULL; q++) n++;
+    if (n != m->nservers)
+        pb_die("--attach: %s names %d shards, %d answered psctl status", manifest, m->nservers, n);
+    if (!json_str(j, "cluster", b->attach_cluster, sizeof b->attach_cluster) ||
+        !json_str(j, "consistency", b->attach_consistency, sizeof b->attach_consistency) ||
+        !json_str(j, "optimizer", b->attach_optimizer, sizeof b->attach_optimizer))
+        pb_die("--attach: psctl status did not name the cluster, consistency and optimizer");
+    long long workers = json_num(j, "actual_workers"), samples = json_num(j, "samples"),
+              applied = json_num(j, "samples_applied");
+    if (workers != 0)
+        pb_die("--attach: cluster %s has %lld workers in its job: psbench's clients would join "
+               "its steps; attach only to shards no job uses",
+               b->attach_cluster, workers);
+    if (applied > 0 || (samples > 0 && (unsigned long long)samples != PB_CLIENT_SAMPLES))
+        pb_die("--attach: cluster %s holds a job (a training set of %lld samples, %lld applied): "
+               "attach only to shards no job uses (fresh data_dirs)",
+               b->attach_cluster, samples, applied);
+    b->attach = manifest;
+    b->attach_shards = m->nservers;
+    b->attach_local = true;
+    for (int i = 0; i < m->nservers; i++) b->attach_local &= host_is_local(m->servers[i].host);
+}
+
+/* Push, pull and (under bsp) the round on the attached cluster, once per transport: W clients
+ * join, run the cases, leave; the shards keep running. */
+static void measure_attached(bench_t *b)
+{
+    bool bsp = strcmp(b->attach_consistency, "bsp") == 0;
+    int w = b->layouts[0][1];
+    for (int t = 0; t < b->ntransports; t++) {
+        pb_cluster_conf_t k;
+        pb_cluster_t cl;
+        cluster_conf(b, &k, b->attach_shards, w, b->attach_consistency, b->attach_optimizer,
+                     b->transports[t]);
+        memcpy(k.sizes, b->sizes, sizeof k.sizes);
+        k.nsizes = b->nsizes;
+        pb_cluster_attach(&cl, &k, b->attach, b->cluster_id++);
+        progress("attached to %s over %s: %s", b->attach_cluster, b->transports[t], cl.lanes);
+        char note[1024];
+        snprintf(note, sizeof note, "cluster %s (attached), %s: %s; %s", b->attach_cluster,
+                 b->attach_consistency,
+                 bsp ? "acked once every worker pushed the step and its update commits"
+                     : "acked once its update commits",
+                 cl.lanes);
+        for (int i = 0; i < b->nsizes; i++)
+            run_case(b, &cl, "push", b->sizes[i], b->attach_optimizer, note);
+        char pull_note[600];
+        snprintf(pull_note, sizeof pull_note, "pull(min_version 0); %s", cl.lanes);
+        for (int i = 0; i < b->nsizes; i++)
+            run_case(b, &cl, "pull", b->sizes[i], NULL, pull_note);
+        if (bsp) {
+            snprintf(note, sizeof note,
+                     "cluster %s (attached), bsp: push(s) + pull(min_version s+1); %s",
+                     b->attach_cluster, cl.lanes);
+            for (int i = 0; i < b->nsizes; i++)
+                run_case(b, &cl, "round", b->sizes[i], b->attach_optimizer, note);
+            run_many(b, &cl, 1024);
+        } else if (t == 0) {
+            progress("no rounds: cluster %s is %s (a round is a bsp step)", b->attach_cluster,
+                     b->attach_consistency);
+        }
+        pb_cluster_stop(&cl);
+    }
 }
 
 /* Each optimizer applied by psd: asp pushes on 1 shard x 1 worker over shared memory, so each
@@ -729,15 +896,19 @@ static void meta_json(bench_t *b, double load0, double load1, char *out, size_t 
     time_t now = time(NULL);
     char date[64];
     strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+    /* The attached cluster's name as psctl printed it (already JSON, quotes excluded). */
+    char attached[160] = "null";
+    if (b->attach) snprintf(attached, sizeof attached, "\"%s\"", b->attach_cluster);
     snprintf(out, len,
              "\"tool\": \"psbench\", \"date\": \"%s\", \"host\": \"%s\", \"kernel\": \"%s\", "
              "\"cpus\": %ld, \"loadavg_start\": %.2f, \"loadavg_end\": %.2f, \"quick\": %s, "
              "\"chunk_bytes\": %" PRIu64 ", \"push\": \"%s\", \"round_optimizer\": \"%s\", "
              "\"units\": \"GB/s = 1e9 bytes/s of tensor bytes; us = microseconds\", "
-             "\"ratio\": \"value/limit for throughput, limit/value for times: 1 = at the limit\"",
+             "\"ratio\": \"value/limit for throughput, limit/value for times: 1 = at the limit\", "
+             "\"attached\": %s",
              date, u.nodename, u.release, sysconf(_SC_NPROCESSORS_ONLN), load0, load1,
              b->quick ? "true" : "false", b->chunk_bytes, b->asp_push ? "asp" : "bsp",
-             b->round_optim);
+             b->round_optim, attached);
 }
 
 static const char *find_perftest(void)
@@ -776,15 +947,19 @@ int main(int argc, char **argv)
                                          {"trials", required_argument, 0, 'T'},
                                          {"trace", required_argument, 0, 'R'},
                                          {"round-optimizer", required_argument, 0, 'O'},
+                                         {"attach", no_argument, 0, 'A'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     static bench_t b;
     const char *manifest = NULL, *sizes = NULL, *transports = "shm,tcp,direct";
+    bool transports_default = true;
     int shards = 0, workers = 0, o;
+    bool attach = false, pick_optim = false; /* --attach; --bsp-push or --round-optimizer */
     b.chunk_bytes = MIB;
     b.asp_push = true;
     b.trials = 1;
     b.round_optim = "mean";
+    b.push_optim = "sgd";
     b.psd = getenv("PSD") ? getenv("PSD") : PSBENCH_PSD;
     b.perftest = find_perftest();
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -803,6 +978,7 @@ int main(int argc, char **argv)
             break;
         case 't':
             transports = optarg;
+            transports_default = false;
             break;
         case 'j':
             b.json = optarg;
@@ -815,6 +991,10 @@ int main(int argc, char **argv)
             break;
         case 'a':
             b.asp_push = false;
+            pick_optim = true;
+            break;
+        case 'A':
+            attach = true;
             break;
         case 'o': {
             char *copy = strdup(optarg), *save = NULL;
@@ -863,6 +1043,7 @@ int main(int argc, char **argv)
                 return 2;
             }
             b.round_optim = optim_names[k];
+            pick_optim = true;
             break;
         }
         case 'T': {
@@ -884,8 +1065,18 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (optind != argc || (manifest && (shards || workers)) || (!shards != !workers)) {
+    bool bad = optind != argc;
+    if (manifest)
+        bad |= shards || (workers && !attach);
+    else
+        bad |= attach || !shards != !workers;
+    if (bad) {
         usage(stderr);
+        return 2;
+    }
+    if (attach && pick_optim) {
+        fprintf(stderr, "psbench: --attach measures the cluster as it runs: its consistency and "
+                        "optimizer, not --bsp-push or --round-optimizer\n");
         return 2;
     }
     if (shards < 0 || shards > PB_MAX_SHARDS || workers < 0 || workers > PB_MAX_WORKERS) {
@@ -899,13 +1090,8 @@ int main(int argc, char **argv)
         return 1;
     }
     b.self[n] = '\0';
-    if (access(b.psd, X_OK) != 0) {
+    if (!attach && access(b.psd, X_OK) != 0) {
         fprintf(stderr, "psbench: no psd at '%s' (--psd PATH or PSD=PATH)\n", b.psd);
-        return 2;
-    }
-    if (access(b.perftest, X_OK) != 0) {
-        fprintf(stderr, "psbench: no ucx_perftest at '%s' (package ucx-utils; --perftest PATH)\n",
-                b.perftest);
         return 2;
     }
 
@@ -918,13 +1104,33 @@ int main(int argc, char **argv)
         char err[1024];
         if (ps_manifest_load(&m, manifest, err, sizeof err)) pb_die("%s", err);
         shards = m.nservers;
-        workers = (int)m.job.workers;
+        if (workers == 0) workers = m.job.workers ? (int)m.job.workers : 1;
         if (shards > PB_MAX_SHARDS || workers > PB_MAX_WORKERS)
             pb_die("%s: psbench runs at most %d shards and %d workers", manifest, PB_MAX_SHARDS,
                    PB_MAX_WORKERS);
         b.chunk_bytes = m.chunk_bytes;
         b.map_size_mb = m.map_size_mb;
+        if (attach) attach_check(&b, &m, manifest);
     }
+    if (b.attach) {
+        /* Its own consistency and optimizer; the parts that start clusters of their own or
+         * measure only this host's CPU do not apply. */
+        bool bsp = strcmp(b.attach_consistency, "bsp") == 0;
+        b.asp_push = !bsp;
+        b.push_optim = b.round_optim = b.attach_optimizer;
+        if (b.only & (PART_APPLY | PART_STEP | PART_CODECS | PART_STORE))
+            pb_die("--attach: --only limits,ops (apply, step, codecs and store start clusters of "
+                   "their own or measure this host alone)");
+        if (b.only == 0) b.only = PART_LIMITS | PART_OPS;
+        if ((b.only & PART_LIMITS) && !b.attach_local) {
+            progress("limits skipped: shards on other hosts (ucx_perftest runs on this host)");
+            b.only &= ~(unsigned)PART_LIMITS;
+        }
+        if (transports_default) transports = b.attach_local ? "shm,tcp,direct" : "ucx";
+    }
+    if (b.only == 0) b.only = PART_ALL;
+    if ((b.only & PART_LIMITS) && access(b.perftest, X_OK) != 0)
+        pb_die("no ucx_perftest at '%s' (package ucx-utils; --perftest PATH)", b.perftest);
     if (shards) {
         b.layouts[0][0] = shards;
         b.layouts[0][1] = workers;
@@ -956,10 +1162,12 @@ int main(int argc, char **argv)
     {
         char *copy = strdup(transports), *save = NULL;
         for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-            static const char *known[] = {"shm", "tcp", "direct"};
+            static const char *known[] = {"shm", "tcp", "direct", "ucx"};
             int k = 0;
-            while (k < 3 && strcmp(t, known[k])) k++;
-            if (k == 3) pb_die("transport '%s': shm, tcp or direct", t);
+            while (k < 4 && strcmp(t, known[k])) k++;
+            if (k == 4) pb_die("transport '%s': shm, tcp, direct or ucx", t);
+            if (b.attach && !b.attach_local && k != 3 && k != 1)
+                pb_die("transport '%s': the shards are not all on this host (ucx or tcp)", t);
             bool dup = false;
             for (int u = 0; u < b.ntransports; u++) dup |= b.transports[u] == known[k];
             if (!dup) b.transports[b.ntransports++] = known[k];
@@ -976,10 +1184,14 @@ int main(int argc, char **argv)
     b.step_size = 64 * MIB;
 
     double t0 = pb_now(), load0 = loadavg();
-    if (b.only == 0) b.only = PART_ALL;
     if (b.only & PART_LIMITS) measure_limits(&b);
-    if (b.only & (PART_LIMITS | PART_STORE)) measure_optimizers(&b);
-    if (b.only & PART_OPS) measure_psd(&b);
+    if ((b.only & PART_STORE) || ((b.only & PART_LIMITS) && !b.attach)) measure_optimizers(&b);
+    if (b.only & PART_OPS) {
+        if (b.attach)
+            measure_attached(&b);
+        else
+            measure_psd(&b);
+    }
     if (b.only & PART_APPLY) measure_apply(&b);
     if (b.only & PART_STEP) measure_step(&b);
     if (b.only & PART_CODECS) measure_codecs(&b);
@@ -987,15 +1199,18 @@ int main(int argc, char **argv)
 
     printf("psbench: GB/s = 1e9 tensor bytes/s over all workers; us = microseconds per "
            "operation (p50/p99 over every worker's samples).\n"
-           "push: %s%s%s; pull: min_version 0; round (the BSP step with optimizer %s%s): "
+           "%s%s%spush: %s%s%s; pull: min_version 0; round (the BSP step with optimizer %s%s): "
            "push(s) + pull(min_version s+1) together, the transport moves 2x the tensor bytes "
            "(in parentheses).\n"
            "ratio = value/limit (throughput), limit/value (latency): 1.0 = at the limit. "
            "[pairs]: throughput against ucp_am_bw_pairs, the transport with as many busy "
            "processes as the layout (context, not the limit).\n\n",
-           b.asp_push ? "asp, acked after its sgd apply commits"
-                      : "bsp without pulls, acked once every worker pushed and its ",
-           b.asp_push ? "" : b.round_optim, b.asp_push ? "" : " update commits", b.round_optim,
+           b.attach ? "attached to cluster " : "", b.attach ? b.attach_cluster : "",
+           b.attach ? " (its own shards; psbench started only the clients).\n" : "",
+           b.asp_push ? "asp, acked after its " : "bsp without pulls, acked once every worker "
+                                                  "pushed and its ",
+           b.asp_push ? b.push_optim : b.round_optim,
+           b.asp_push ? " apply commits" : " update commits", b.round_optim,
            strcmp(b.round_optim, "mean") == 0 ? ": no optimizer, the server sums" : "");
     pb_report_table();
     size_t nres;
@@ -1003,6 +1218,10 @@ int main(int argc, char **argv)
     printf("\n%zu results, %d clusters, %.1f s; load average %.2f at the start, %.2f at the end "
            "(%ld CPUs)\n",
            nres, b.cluster_id, took, load0, load1, sysconf(_SC_NPROCESSORS_ONLN));
+    if (b.attach)
+        printf("cluster %s keeps psbench's tensors (psbench.*) and its clients' training-set size "
+               "in its store: a job needs shards on fresh data_dirs\n",
+               b.attach_cluster);
     char meta[1536];
     meta_json(&b, load0, load1, meta, sizeof meta);
     if (b.json) {

@@ -2222,6 +2222,14 @@ int ps_client_self_test(ps_client_t *c, uint32_t shard, size_t bytes, int reps, 
     return 0;
 }
 
+int ps_client_lanes(const ps_client_t *c, uint32_t shard, char *out, size_t len)
+{
+    if (len) out[0] = '\0';
+    if (shard >= c->nshards) return PS_EINVAL;
+    if (len) snprintf(out, len, "%s", c->shards[shard].lanes);
+    return 0;
+}
+
 int ps_client_push(ps_client_t *c, uint32_t id, const float *grad, uint64_t step, ps_op_t **op)
 {
     return data_op(c, OP_PUSH, id, (float *)grad, step, op); /* only read */

@@ -864,6 +864,108 @@ START_TEST(test_trace_timeline)
 }
 END_TEST
 
+/* The throughput row of @p op at @p size over @p tr with @p shards x @p workers in psbench's
+ * JSON @p j: its value, or -1 when there is none. */
+static double bench_value(const char *j, const char *op, unsigned size, int shards, int workers,
+                          const char *tr)
+{
+    char want[256];
+    snprintf(want, sizeof want,
+             "{\"op\": \"%s\", \"metric\": \"throughput\", \"size_bytes\": %u, \"shards\": %d, "
+             "\"workers\": %d, \"transport\": \"%s\", ",
+             op, size, shards, workers, tr);
+    const char *at = strstr(j, want), *v = at ? strstr(at, "\"value\": ") : NULL;
+    return v ? strtod(v + 9, NULL) : -1;
+}
+
+/* psbench --attach on @p c's running shards with @p extra arguments (NULL-terminated, at most
+ * 8), its JSON into dir/NAME.json. Not waited for. */
+static cl_proc_t *psbench_attach(cl_cluster_t *c, const char *name, const char *const *extra)
+{
+    static char json[CL_PATH]; /* lives until the spawn returns */
+    char file[64];
+    snprintf(file, sizeof file, "%s.json", name);
+    cl_path(c, file, json, sizeof json);
+    char *argv[24] = {(char *)cl_binary("PSBENCH"), "--attach", "--manifest", c->manifest,
+                      "--json", json};
+    int n = 6;
+    for (int i = 0; extra && extra[i] && i < 8; i++) argv[n++] = (char *)extra[i];
+    argv[n] = NULL;
+    return cl_spawn(c, name, argv);
+}
+
+/* psbench --attach measures shards it did not start: push, pull and the bsp round over UCX
+ * and over psd's direct paths, with the cluster's own optimizer, as 2 shards x the manifest's
+ * 2 workers. The shards keep running and served the clients (their counters say so), and the
+ * clients left. A cluster that a job uses is refused, with the reason: while its worker is a
+ * member, and after it, for the job's training set. */
+START_TEST(test_psbench_attach)
+{
+    cl_conf_t k = {.shards = 2,
+                   .workers = 2,
+                   .consistency = "bsp",
+                   .optimizer = "{name: mean}",
+                   .job_extra = "  heartbeat_timeout_ms: 10000\n"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    const char *args[] = {"--quick", "--only", "ops", "--sizes", "4K,256K", "--transports",
+                          "shm,direct", NULL};
+    cl_proc_t *b = psbench_attach(c, "psbench", args);
+    EXPECT_EXIT(b, 0);
+    EXPECT_LOG(b, "attached to cluster ");
+    char json[CL_PATH];
+    cl_path(c, "psbench.json", json, sizeof json);
+    char *j = cl_read_file(json, NULL);
+    ck_assert_msg(j != NULL, "no %s: %s", json, cl_tail(b));
+    char want[160];
+    snprintf(want, sizeof want, "\"attached\": \"%s\"", c->cluster_name);
+    ck_assert_msg(strstr(j, want) != NULL, "%s lacks %s", json, want);
+    static const char *const ops[] = {"push", "pull", "round"}, *const trs[] = {"shm", "direct"};
+    for (int t = 0; t < 2; t++)
+        for (int o = 0; o < 3; o++)
+            for (unsigned size = 4096; size <= 262144; size *= 64) {
+                double v = bench_value(j, ops[o], size, 2, 2, trs[t]);
+                ck_assert_msg(v > 0, "no %s of %u bytes over %s, 2x2, in %s", ops[o], size,
+                              trs[t], json);
+            }
+    ck_assert_msg(strstr(j, "\"optimizer\": \"mean\"") != NULL, "the cluster's optimizer");
+    /* The notes name each shard's transports, and the direct paths where they were used. */
+    ck_assert_msg(strstr(j, "; shard 0 over ") && strstr(j, "; shard 1 over ") &&
+                      strstr(j, " + direct pulls and pushes"),
+                  "%s: no shard's transports in the notes", json);
+    free(j);
+    ck_assert(cl_alive(psd[0]) && cl_alive(psd[1]));
+    cl_proc_t *ctl = status_json(c, "psctl");
+    EXPECT_LOG(ctl, "\"actual_workers\": 0, ");
+    ck_assert_msg(sum_field(ctl, "pushes") > sum_field(ctl, "direct_pushes") &&
+                      sum_field(ctl, "direct_pushes") > 0 && sum_field(ctl, "direct_pulls") > 0,
+                  "the shards served no UCX or no direct pushes: %s", cl_tail(ctl));
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+
+    /* A job's cluster: refused while its worker trains, and after it. */
+    cl_conf_t kj = {.shards = 1, .workers = 1, .consistency = "asp", .epochs = 50};
+    c = cl_cluster_create(&kj);
+    psd[0] = cl_psd_start(c, 0, NULL, READY_S);
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    ck_assert_msg(cl_wait_log(psd[0], "joins as rank 0", RUN_S) == 0, "the worker did not join: %s",
+                  cl_tail(psd[0]));
+    const char *ops_only[] = {"--only", "ops", "--sizes", "4K", NULL};
+    b = psbench_attach(c, "psbench-member", ops_only);
+    EXPECT_EXIT(b, 1);
+    EXPECT_LOG(b, "workers in its job: psbench's clients would join its steps");
+    ck_assert_int_eq(cl_signal(w, SIGKILL), 0);
+    ck_assert_int_eq(cl_wait(w, RUN_S), 128 + SIGKILL);
+    ck_assert_msg(cl_wait_log(psd[0], "left at step", RUN_S) == 0, "the worker was not removed: %s",
+                  cl_tail(psd[0]));
+    b = psbench_attach(c, "psbench-job", ops_only);
+    EXPECT_EXIT(b, 1);
+    EXPECT_LOG(b, "holds a job (a training set of ");
+    stop_all(psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("cluster");
@@ -889,5 +991,6 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("psctl_status", test_psctl_status));
     suite_add_tcase(s, tcase("self_test", test_self_test));
     suite_add_tcase(s, tcase("trace_timeline", test_trace_timeline));
+    suite_add_tcase(s, tcase("psbench_attach", test_psbench_attach));
     return s;
 }
