@@ -515,7 +515,7 @@ static void run_case(bench_t *b, pb_cluster_t *cl, const char *op, uint64_t size
                  cl->conf.workers, cl->conf.transport, pb_size_str(size), cl->conf.workers,
                  c[t].iters, c[t].seconds);
     }
-    char full[256];
+    char full[640];
     if (n > 1)
         snprintf(full, sizeof full, "%s; median of %d trials (%.3g-%.3g GB/s)", note, n,
                  gbps[order[0]], gbps[order[n - 1]]);
@@ -681,13 +681,18 @@ static void attach_check(bench_t *b, const ps_manifest_t *m, const char *manifes
         snprintf(psctl, sizeof psctl, "%.*spsctl", slash ? (int)(slash - b->psd + 1) : 0, b->psd);
     }
     if (access(psctl, X_OK) != 0) pb_die("--attach: no psctl at '%s' (PSCTL=PATH)", psctl);
-    char *argv[] = {psctl, "--manifest", (char *)manifest, "status", "--json", NULL};
+    char *argv[] = {psctl, "--manifest", (char *)manifest, "status", "--json", "--timeout", "15",
+                    NULL};
     pb_proc_t *p = pb_spawn("psctl-status", argv, NULL, false, true);
     static char j[262144];
-    int rc = pb_proc_readline(p, j, sizeof j, 60, NULL), st = pb_proc_wait(p, 30);
-    if (rc != 0 || st != 0 || j[0] != '[')
-        pb_die("--attach: psctl --manifest %s status failed (exit %d):\n%s", manifest, st,
-               pb_proc_tail(p, 2000));
+    int rc;
+    do /* UCX writes its warnings to stdout too: skip them */
+        rc = pb_proc_readline(p, j, sizeof j, 60, NULL);
+    while (rc == 0 && j[0] != '[');
+    int st = pb_proc_wait(p, 30);
+    if (rc != 0 || st != 0) /* a shard's error is in the JSON, anything else in the log */
+        pb_die("--attach: psctl --manifest %s status failed (exit %d): %.2000s\n%s", manifest,
+               st, rc == 0 ? j : "", pb_proc_tail(p, 2000));
     pb_proc_free(p);
     int n = 0;
     for (const char *q = j; (q = strstr(q, "\"shard\": ")) != NULL; q++) n++;
@@ -699,6 +704,9 @@ static void attach_check(bench_t *b, const ps_manifest_t *m, const char *manifes
         pb_die("--attach: psctl status did not name the cluster, consistency and optimizer");
     long long workers = json_num(j, "actual_workers"), samples = json_num(j, "samples"),
               applied = json_num(j, "samples_applied");
+    if (workers < 0 || samples < 0 || applied < 0)
+        pb_die("--attach: psctl status did not give the job's workers and samples (%s)",
+               psctl);
     if (workers != 0)
         pb_die("--attach: cluster %s has %lld workers in its job: psbench's clients would join "
                "its steps; attach only to shards no job uses",
@@ -907,8 +915,9 @@ static void meta_json(bench_t *b, double load0, double load1, char *out, size_t 
              "\"ratio\": \"value/limit for throughput, limit/value for times: 1 = at the limit\", "
              "\"attached\": %s",
              date, u.nodename, u.release, sysconf(_SC_NPROCESSORS_ONLN), load0, load1,
-             b->quick ? "true" : "false", b->chunk_bytes, b->asp_push ? "asp" : "bsp",
-             b->round_optim, attached);
+             b->quick ? "true" : "false", b->chunk_bytes,
+             b->attach ? b->attach_consistency : b->asp_push ? "asp" : "bsp", b->round_optim,
+             attached);
 }
 
 static const char *find_perftest(void)
@@ -1099,38 +1108,18 @@ int main(int argc, char **argv)
     struct stat st;
     pb_proc_init(stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode) ? "/dev/shm" : "/tmp");
 
+    static ps_manifest_t m;
     if (manifest) {
-        static ps_manifest_t m;
         char err[1024];
         if (ps_manifest_load(&m, manifest, err, sizeof err)) pb_die("%s", err);
         shards = m.nservers;
         if (workers == 0) workers = m.job.workers ? (int)m.job.workers : 1;
         if (shards > PB_MAX_SHARDS || workers > PB_MAX_WORKERS)
-            pb_die("%s: psbench runs at most %d shards and %d workers", manifest, PB_MAX_SHARDS,
-                   PB_MAX_WORKERS);
+            pb_die("%s: psbench runs at most %d shards and %d workers%s", manifest,
+                   PB_MAX_SHARDS, PB_MAX_WORKERS, attach ? " (--workers W)" : "");
         b.chunk_bytes = m.chunk_bytes;
         b.map_size_mb = m.map_size_mb;
-        if (attach) attach_check(&b, &m, manifest);
     }
-    if (b.attach) {
-        /* Its own consistency and optimizer; the parts that start clusters of their own or
-         * measure only this host's CPU do not apply. */
-        bool bsp = strcmp(b.attach_consistency, "bsp") == 0;
-        b.asp_push = !bsp;
-        b.push_optim = b.round_optim = b.attach_optimizer;
-        if (b.only & (PART_APPLY | PART_STEP | PART_CODECS | PART_STORE))
-            pb_die("--attach: --only limits,ops (apply, step, codecs and store start clusters of "
-                   "their own or measure this host alone)");
-        if (b.only == 0) b.only = PART_LIMITS | PART_OPS;
-        if ((b.only & PART_LIMITS) && !b.attach_local) {
-            progress("limits skipped: shards on other hosts (ucx_perftest runs on this host)");
-            b.only &= ~(unsigned)PART_LIMITS;
-        }
-        if (transports_default) transports = b.attach_local ? "shm,tcp,direct" : "ucx";
-    }
-    if (b.only == 0) b.only = PART_ALL;
-    if ((b.only & PART_LIMITS) && access(b.perftest, X_OK) != 0)
-        pb_die("no ucx_perftest at '%s' (package ucx-utils; --perftest PATH)", b.perftest);
     if (shards) {
         b.layouts[0][0] = shards;
         b.layouts[0][1] = workers;
@@ -1159,6 +1148,24 @@ int main(int argc, char **argv)
             b.sizes[j] = b.sizes[j - 1];
             b.sizes[j - 1] = t;
         }
+    if (attach) {
+        attach_check(&b, &m, manifest);
+        /* Its own consistency and optimizer; the parts that start clusters of their own or
+         * measure only this host's CPU do not apply. */
+        bool bsp = strcmp(b.attach_consistency, "bsp") == 0;
+        b.asp_push = !bsp;
+        b.push_optim = b.round_optim = b.attach_optimizer;
+        if (b.only & (PART_APPLY | PART_STEP | PART_CODECS | PART_STORE))
+            pb_die("--attach: --only limits,ops (apply, step, codecs and store start clusters of "
+                   "their own or measure this host alone)");
+        if (b.only == 0) b.only = PART_LIMITS | PART_OPS;
+        if ((b.only & PART_LIMITS) && !b.attach_local) {
+            progress("limits skipped: shards on other hosts (ucx_perftest runs on this host)");
+            b.only &= ~(unsigned)PART_LIMITS;
+            if (b.only == 0) pb_die("--attach: nothing to measure (--only ops)");
+        }
+        if (transports_default) transports = b.attach_local ? "shm,tcp,direct" : "ucx";
+    }
     {
         char *copy = strdup(transports), *save = NULL;
         for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
@@ -1166,6 +1173,8 @@ int main(int argc, char **argv)
             int k = 0;
             while (k < 4 && strcmp(t, known[k])) k++;
             if (k == 4) pb_die("transport '%s': shm, tcp, direct or ucx", t);
+            if (k == 3 && !b.attach)
+                pb_die("transport 'ucx': for --attach to shards on other hosts (here: shm)");
             if (b.attach && !b.attach_local && k != 3 && k != 1)
                 pb_die("transport '%s': the shards are not all on this host (ucx or tcp)", t);
             bool dup = false;
@@ -1174,6 +1183,12 @@ int main(int argc, char **argv)
         }
         free(copy);
         if (b.ntransports == 0) pb_die("no transports");
+    }
+    if (b.only == 0) b.only = PART_ALL;
+    if ((b.only & PART_LIMITS) && access(b.perftest, X_OK) != 0) {
+        fprintf(stderr, "psbench: no ucx_perftest at '%s' (package ucx-utils; --perftest PATH)\n",
+                b.perftest);
+        return 2;
     }
     b.case_s = b.quick ? 0.35 : 1.5;
     b.min_iters = b.quick ? 4 : 10;
@@ -1197,21 +1212,34 @@ int main(int argc, char **argv)
     if (b.only & PART_CODECS) measure_codecs(&b);
     double took = pb_now() - t0, load1 = loadavg();
 
+    /* What push and round mean in this run (an attached asp or ssp cluster has no rounds). */
+    const char *cons = b.attach ? b.attach_consistency : b.asp_push ? "asp" : "bsp";
+    char push_is[160], round_is[200];
+    if (b.asp_push)
+        snprintf(push_is, sizeof push_is, "%s, acked after its %s apply commits", cons,
+                 b.push_optim);
+    else
+        snprintf(push_is, sizeof push_is,
+                 "bsp without pulls, acked once every worker pushed and its %s update commits",
+                 b.round_optim);
+    if (b.attach && b.asp_push)
+        snprintf(round_is, sizeof round_is, "no rounds: a round is a bsp step, cluster %s is %s",
+                 b.attach_cluster, cons);
+    else
+        snprintf(round_is, sizeof round_is,
+                 "round (the BSP step with optimizer %s%s): push(s) + pull(min_version s+1) "
+                 "together, the transport moves 2x the tensor bytes (in parentheses)",
+                 b.round_optim,
+                 strcmp(b.round_optim, "mean") == 0 ? ": no optimizer, the server sums" : "");
     printf("psbench: GB/s = 1e9 tensor bytes/s over all workers; us = microseconds per "
            "operation (p50/p99 over every worker's samples).\n"
-           "%s%s%spush: %s%s%s; pull: min_version 0; round (the BSP step with optimizer %s%s): "
-           "push(s) + pull(min_version s+1) together, the transport moves 2x the tensor bytes "
-           "(in parentheses).\n"
+           "%s%s%spush: %s; pull: min_version 0; %s.\n"
            "ratio = value/limit (throughput), limit/value (latency): 1.0 = at the limit. "
            "[pairs]: throughput against ucp_am_bw_pairs, the transport with as many busy "
            "processes as the layout (context, not the limit).\n\n",
            b.attach ? "attached to cluster " : "", b.attach ? b.attach_cluster : "",
-           b.attach ? " (its own shards; psbench started only the clients).\n" : "",
-           b.asp_push ? "asp, acked after its " : "bsp without pulls, acked once every worker "
-                                                  "pushed and its ",
-           b.asp_push ? b.push_optim : b.round_optim,
-           b.asp_push ? " apply commits" : " update commits", b.round_optim,
-           strcmp(b.round_optim, "mean") == 0 ? ": no optimizer, the server sums" : "");
+           b.attach ? " (its own shards; psbench started only the clients).\n" : "", push_is,
+           round_is);
     pb_report_table();
     size_t nres;
     pb_results(&nres);

@@ -35,7 +35,7 @@ typedef struct {
     double concurrent_ratio;
     uint64_t iters; /* samples behind the value (all workers together) */
     double extra;   /* round: transport GB/s (2 x tensor bytes); < 0: none */
-    char note[256];
+    char note[640]; /* attached clusters name every shard's transports here */
     int ncpu;                    /* CPUs in cpu_busy; 0: not measured (limits, in-RAM loops) */
     float cpu_busy[PB_MAX_CPUS]; /* each CPU's busy fraction while the case ran */
 } pb_result_t;

@@ -1296,7 +1296,9 @@ static int on_deferred(ps_ucx_t *u)
             if (strcmp(lanes, s->lanes) != 0)
                 PS_LOG(PS_LOG_INFO, "libps", "shard %u (%s:%u) over %s", i,
                        c->m.servers[i].host, c->m.servers[i].port, lanes);
+            pthread_mutex_lock(&c->mu); /* ps_client_lanes reads it from any thread */
             memcpy(s->lanes, lanes, sizeof s->lanes);
+            pthread_mutex_unlock(&c->mu);
             s->windowed = strstr(s->lanes, "cma") == NULL;
             s->eager_below = ps_ucx_eager_below(&c->ucx, s->lanes);
         }
@@ -2218,15 +2220,17 @@ int ps_client_self_test(ps_client_t *c, uint32_t shard, size_t bytes, int reps, 
     free(buf);
     if (rc) return rc;
     *gbps = secs > 0 ? (double)bytes * reps / secs / 1e9 : 0;
-    if (lanes) snprintf(lanes, lanes_len, "%s", c->shards[shard].lanes);
+    if (lanes) ps_client_lanes(c, shard, lanes, lanes_len);
     return 0;
 }
 
-int ps_client_lanes(const ps_client_t *c, uint32_t shard, char *out, size_t len)
+int ps_client_lanes(ps_client_t *c, uint32_t shard, char *out, size_t len)
 {
     if (len) out[0] = '\0';
     if (shard >= c->nshards) return PS_EINVAL;
+    pthread_mutex_lock(&c->mu); /* the comm thread rewrites it after a reconnect */
     if (len) snprintf(out, len, "%s", c->shards[shard].lanes);
+    pthread_mutex_unlock(&c->mu);
     return 0;
 }
 

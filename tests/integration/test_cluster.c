@@ -895,7 +895,8 @@ static cl_proc_t *psbench_attach(cl_cluster_t *c, const char *name, const char *
 }
 
 /* psbench --attach measures shards it did not start: push, pull and the bsp round over UCX
- * and over psd's direct paths, with the cluster's own optimizer, as 2 shards x the manifest's
+ * and over psd's direct paths, with the cluster's own optimizer (adagrad here, not psbench's
+ * default), as 2 shards x the manifest's
  * 2 workers. The shards keep running and served the clients (their counters say so), and the
  * clients left. A cluster that a job uses is refused, with the reason: while its worker is a
  * member, and after it, for the job's training set. */
@@ -904,7 +905,7 @@ START_TEST(test_psbench_attach)
     cl_conf_t k = {.shards = 2,
                    .workers = 2,
                    .consistency = "bsp",
-                   .optimizer = "{name: mean}",
+                   .optimizer = "{name: adagrad, lr: 0.01}",
                    .job_extra = "  heartbeat_timeout_ms: 10000\n"};
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
@@ -928,11 +929,16 @@ START_TEST(test_psbench_attach)
                 ck_assert_msg(v > 0, "no %s of %u bytes over %s, 2x2, in %s", ops[o], size,
                               trs[t], json);
             }
-    ck_assert_msg(strstr(j, "\"optimizer\": \"mean\"") != NULL, "the cluster's optimizer");
-    /* The notes name each shard's transports, and the direct paths where they were used. */
-    ck_assert_msg(strstr(j, "; shard 0 over ") && strstr(j, "; shard 1 over ") &&
-                      strstr(j, " + direct pulls and pushes"),
-                  "%s: no shard's transports in the notes", json);
+    for (int t = 0; t < 2; t++) {
+        snprintf(want, sizeof want, "\"workers\": 2, \"transport\": \"%s\", \"optimizer\": "
+                 "\"adagrad\", ", trs[t]);
+        ck_assert_msg(strstr(j, want) != NULL, "%s: no push or round with adagrad over %s", json,
+                      trs[t]);
+    }
+    /* The pushes' notes name each shard's transports, and the direct paths where used. */
+    ck_assert_msg(strstr(j, "update commits; shard 0 over ") != NULL &&
+                      strstr(j, " + direct pulls and pushes; shard 1 over ") != NULL,
+                  "%s: no shard's transports in the push notes", json);
     free(j);
     ck_assert(cl_alive(psd[0]) && cl_alive(psd[1]));
     cl_proc_t *ctl = status_json(c, "psctl");

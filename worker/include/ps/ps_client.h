@@ -196,12 +196,15 @@ int ps_client_direct(const ps_client_t *c, uint32_t shard);
 
 /**
  * @brief The transports of the connection to shard @p shard ("sysv,cma", "tcp", "rc_mlx5,...",
- *  as psworker --self-test prints them) into @p out: found once its first hello was answered
- *  (and again after a reconnect); "" before that.
+ *  as psworker --self-test prints them): found once its first hello was answered (and again
+ *  after a reconnect); "" before that.
+ * @param[out] out  the caller's buffer: always NUL-terminated, cut to @p len - 1 bytes; may be
+ *                  NULL only when @p len is 0.
  * @return 0, or PS_EINVAL for a shard out of range (@p out then "").
- * @note Any thread; a snapshot (a reconnect may change it).
+ * @note Any thread (it takes the client's lock for the copy); a snapshot (a reconnect may
+ *  change it).
  */
-int ps_client_lanes(const ps_client_t *c, uint32_t shard, char *out, size_t len);
+int ps_client_lanes(ps_client_t *c, uint32_t shard, char *out, size_t len);
 
 /* A batch of the training set, as the coordinator hands it out: positions
  * [offset, offset + count) of pass `pass`'s permutation, to be computed as step `step`. */
