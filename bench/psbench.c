@@ -24,6 +24,7 @@
 #include "client.h"
 #include "cluster.h"
 #include "fanout.h"
+#include "jsonfield.h"
 #include "manifest.h"
 #include "proc.h"
 #include "report.h"
@@ -642,28 +643,11 @@ static bool host_is_local(const char *host)
     return local;
 }
 
-/* The string value of "key": "..." in @p j (from @p j on) into @p out; false when absent. */
-static bool json_str(const char *j, const char *key, char *out, size_t len)
-{
-    char pat[64];
-    snprintf(pat, sizeof pat, "\"%s\": \"", key);
-    const char *p = strstr(j, pat);
-    if (p == NULL) return false;
-    p += strlen(pat);
-    size_t n = strcspn(p, "\"");
-    if (n >= len) n = len - 1;
-    memcpy(out, p, n);
-    out[n] = '\0';
-    return true;
-}
-
 /* The number of "key": N in @p j; -1 when absent. */
 static long long json_num(const char *j, const char *key)
 {
-    char pat[64];
-    snprintf(pat, sizeof pat, "\"%s\": ", key);
-    const char *p = strstr(j, pat);
-    return p ? strtoll(p + strlen(pat), NULL, 10) : -1;
+    char v[32];
+    return ps_json_field(j, key, v, sizeof v) ? strtoll(v, NULL, 10) : -1;
 }
 
 /* Ask the running cluster of @p manifest (`psctl --manifest M status --json`, psctl beside
@@ -698,9 +682,9 @@ static void attach_check(bench_t *b, const ps_manifest_t *m, const char *manifes
     for (const char *q = j; (q = strstr(q, "\"shard\": ")) != NULL; q++) n++;
     if (n != m->nservers)
         pb_die("--attach: %s names %d shards, %d answered psctl status", manifest, m->nservers, n);
-    if (!json_str(j, "cluster", b->attach_cluster, sizeof b->attach_cluster) ||
-        !json_str(j, "consistency", b->attach_consistency, sizeof b->attach_consistency) ||
-        !json_str(j, "optimizer", b->attach_optimizer, sizeof b->attach_optimizer))
+    if (!ps_json_field(j, "cluster", b->attach_cluster, sizeof b->attach_cluster) ||
+        !ps_json_field(j, "consistency", b->attach_consistency, sizeof b->attach_consistency) ||
+        !ps_json_field(j, "optimizer", b->attach_optimizer, sizeof b->attach_optimizer))
         pb_die("--attach: psctl status did not name the cluster, consistency and optimizer");
     long long workers = json_num(j, "actual_workers"), samples = json_num(j, "samples"),
               applied = json_num(j, "samples_applied");

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "jsonfield.h"
 #include "manifest.h"
 #include "psctl_client.h"
 #include "ps/ps_error.h"
@@ -96,17 +97,8 @@ static void on_check(uv_timer_t *h)
 /* Pull "key": value (number or string) out of a flat JSON object; good enough for our own. */
 static const char *field(const char *json, const char *key, char *buf, size_t len)
 {
-    char pat[64];
-    snprintf(pat, sizeof pat, "\"%s\": ", key);
-    const char *p = json ? strstr(json, pat) : NULL;
-    if (p == NULL) return "-";
-    p += strlen(pat);
-    if (*p == '"') p++;
-    size_t n = strcspn(p, "\",}");
-    if (n >= len) n = len - 1;
-    memcpy(buf, p, n);
-    buf[n] = '\0';
-    return buf;
+    const char *v = ps_json_field(json, key, buf, len);
+    return v ? v : "-";
 }
 
 /* The applied count of the last pass listed in "passes". */
