@@ -30,7 +30,7 @@ const char *ps_msg_type_name(int type)
                                   "status",        "status_reply", "batch",
                                   "batch_reply",   "epoch", "scale",       "scale_reply",
                                   "launch",        "launch_reply", "echo",      "echo_reply",
-                                  "bundle"};
+                                  "bundle",        "leave_reply"};
     static const char *durable[] = {"export_begin", "export_begin_reply", "export_tensor",
                                     "export_tensor_reply", "export_chunk", "export_chunk_reply",
                                     "export_end", "verify", "verify_reply"};

@@ -61,7 +61,8 @@ typedef enum {
     PS_MSG_ECHO = 21,
     PS_MSG_ECHO_REPLY = 22,
     PS_MSG_BUNDLE = 23, /* proto/bundle.h */
-    PS_MSG_MAX_ = 24, /* end of the core and membership range */
+    PS_MSG_LEAVE_REPLY = 24,
+    PS_MSG_MAX_ = 25, /* end of the core and membership range */
     /* Durability (psctl -> shard; server/export.c): */
     PS_MSG_EXPORT_BEGIN = 30,
     PS_MSG_EXPORT_BEGIN_REPLY = 31,

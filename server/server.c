@@ -567,6 +567,11 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
         PS_LOG(PS_LOG_INFO, "server", "rank %d (pid %u) says leave", c->rank, c->pid);
         conn_release_rank(srv, c, "it said leave", false);
         c->rank = -1; /* it may not push for that rank any more */
+        /* Answered: the worker closes its connection only after this, so the close cannot
+         * overtake the leave and make the rank wait for a process that said it goes
+         * (elastic:leave_while_coordinator_stopped). */
+        psd_send_msg(srv, c, &(ps_msg_t){.type = PS_MSG_LEAVE_REPLY, .req_id = msg.req_id,
+                                         .shard = srv->shard});
         break;
     default:
         psd_send_error(srv, c, msg.req_id, PS_EPROTO, "unexpected %s",

@@ -191,6 +191,7 @@ struct ps_client_s {
                                    thread): a training loop's ps_client_next_batch allocates
                                    nothing */
     uv_timer_t heartbeat;       /* tells every shard this worker is alive */
+    uv_timer_t leave_timer;     /* a leave unanswered for hello_deadline_ms ends anyway */
 
     pthread_mutex_t mu;         /* guards submit queue and op completion */
     pthread_cond_t cv;
@@ -337,6 +338,13 @@ static void part_done(part_t *p)
                  p->ck.direct ? "true" : "false", p->op->status == 0 ? "true" : "false");
         ps_trace_instant(c->trace, op_lane(p->op->type), name, mono_ns(), args);
     }
+}
+
+/* Every part of @p op bound for shard @p shard is done (a leave's answer). */
+static void parts_done_on_shard(ps_op_t *op, uint32_t shard)
+{
+    for (uint32_t i = 0; i < op->nparts; i++)
+        if (op->parts[i].shard == shard) part_done(&op->parts[i]);
 }
 
 static void shard_lost(ps_client_t *c, uint32_t i);
@@ -736,6 +744,8 @@ static void send_data_part(ps_client_t *c, ps_op_t *op, part_t *p)
     }
 }
 
+static void on_leave_timer(uv_timer_t *h);
+
 static void start_op(ps_client_t *c, ps_op_t *op)
 {
     op->next = c->inflight;
@@ -764,14 +774,20 @@ static void start_op(ps_client_t *c, ps_op_t *op)
         break;
     }
     case OP_LEAVE: {
+        /* Done when each shard it went to has answered (MSG_LEAVE_REPLY), or was lost, or
+         * after hello_deadline_ms (on_leave_timer). The caller closes the connections only
+         * then: a close that overtook the leave would make shard 0 hold the rank for a process
+         * that may come back (up to 15 s for one on another host). The parts of shards not
+         * reachable now go first, so that a failed send (op_fail) finds no part to count. */
         ps_msg_t m = {.type = PS_MSG_LEAVE, .req_id = op->req_id, .rank = c->rank};
-        /* No reply expected: done when sent. All parts first, so that a failed send
-         * (op_fail) finds no pending part to count again. */
-        for (uint32_t i = 0; i < op->nparts; i++) op->parts[i].pending = 0;
-        op->remaining = 0;
+        for (uint32_t i = 0; i < op->nparts; i++) {
+            cshard_t *s = &c->shards[op->parts[i].shard];
+            if (s->ep == NULL || s->dead || s->down) part_done(&op->parts[i]);
+        }
         for (uint32_t i = 0; i < op->nparts; i++)
-            if (c->shards[i].ep && !c->shards[i].dead && !c->shards[i].down)
-                send_part(c, &op->parts[i], &m, NULL, 0, PS_AM_CTRL);
+            if (op->parts[i].pending) send_part(c, &op->parts[i], &m, NULL, 0, PS_AM_CTRL);
+        if (op->remaining > 0)
+            uv_timer_start(&c->leave_timer, on_leave_timer, c->hello_deadline_ms, 0);
         break;
     }
     case OP_PUSH:
@@ -830,6 +846,11 @@ static void parts_on_shard(ps_client_t *c, uint32_t i, int give_up)
         for (uint32_t k = 0; k < op->nparts; k++) {
             part_t *p = &op->parts[k];
             if (!p->pending || p->shard != i) continue;
+            if (op->type == OP_LEAVE) { /* nobody there to answer: that shard drops this worker */
+                part_done(p);
+                hit = 1;
+                continue;
+            }
             if (give_up || !part_defer(c, p)) {
                 op_fail(op, PS_ETRANSPORT, "lost the connection to shard %u (%s:%u)", i,
                         c->m.servers[i].host, c->m.servers[i].port);
@@ -842,6 +863,27 @@ static void parts_on_shard(ps_client_t *c, uint32_t i, int give_up)
 }
 
 static void on_reconnect_timer(uv_timer_t *h);
+
+/* A leave some shard did not answer within hello_deadline_ms (a stopped or hung psd): it ends
+ * anyway; that shard drops this worker when the connection closes, or by its heartbeat
+ * timeout. */
+static void on_leave_timer(uv_timer_t *h)
+{
+    ps_client_t *c = h->data;
+again:
+    for (ps_op_t *op = c->inflight; op; op = op->next) {
+        if (op->type != OP_LEAVE || op->remaining == 0) continue;
+        for (uint32_t i = 0; i < op->nparts; i++)
+            if (op->parts[i].pending) {
+                uint32_t s = op->parts[i].shard;
+                PS_LOG(PS_LOG_WARN, "libps", "shard %u (%s:%u) did not answer the leave in %u ms",
+                       s, c->m.servers[s].host, c->m.servers[s].port, c->hello_deadline_ms);
+                part_done(&op->parts[i]);
+            }
+        op_maybe_complete(op); /* the op may be gone after this */
+        goto again;
+    }
+}
 
 static void on_forward_sent(void *request, ucs_status_t status, void *user_data)
 {
@@ -1342,7 +1384,7 @@ static void on_wake(uv_async_t *h)
         /* Everything in flight fails now (start_op fails what comes later). */
         for (ps_op_t *op = c->inflight, *nx; op; op = nx) {
             nx = op->next;
-            if (op->on_done) continue;
+            if (op->on_done || op->type == OP_LEAVE) continue; /* a leave is how it ends */
             op_fail(op, PS_ECANCELED, "interrupted");
             op_maybe_complete(op);
         }
@@ -1383,7 +1425,15 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
         return UCS_OK;
     }
     switch (m.type) {
+    case PS_MSG_LEAVE_REPLY:
+        if (op->type != OP_LEAVE) return UCS_OK;
+        parts_done_on_shard(op, m.shard);
+        break;
     case PS_MSG_ERROR: {
+        if (op->type == OP_LEAVE) { /* a refusal answers a leave too */
+            parts_done_on_shard(op, m.shard);
+            break;
+        }
         part_t *p = NULL;
         for (uint32_t i = 0; m.status == PS_ECRC && op->type == OP_PUSH && i < op->nparts; i++)
             if (op->parts[i].chunk == m.chunk && op->parts[i].shard == m.shard &&
@@ -1574,6 +1624,8 @@ static void *comm_main(void *arg)
         uv_timer_init(&c->loop, &c->heartbeat);
         c->heartbeat.data = c;
         uv_timer_start(&c->heartbeat, on_heartbeat, tick, tick);
+        uv_timer_init(&c->loop, &c->leave_timer);
+        c->leave_timer.data = c;
         uv_async_init(&c->loop, &c->wake, on_wake);
         c->wake.data = &c->ucx;
     }
@@ -1587,6 +1639,7 @@ static void *comm_main(void *arg)
     uv_close((uv_handle_t *)&c->wake, NULL);
     for (uint32_t i = 0; i < c->nshards; i++) uv_close((uv_handle_t *)&c->shards[i].timer, NULL);
     uv_close((uv_handle_t *)&c->heartbeat, NULL);
+    uv_close((uv_handle_t *)&c->leave_timer, NULL);
     ps_ucx_close(&c->ucx);
     uv_run(&c->loop, UV_RUN_DEFAULT);
     uv_loop_close(&c->loop);

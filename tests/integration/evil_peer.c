@@ -843,7 +843,7 @@ static int fuzz(peer_t *p, const ps_manifest_t *m, target_t *t, long n)
         PS_MSG_PULL,      PS_MSG_PULL,        PS_MSG_PULL_REPLY, PS_MSG_ERROR,
         PS_MSG_HEARTBEAT, PS_MSG_STATUS,      PS_MSG_STATUS_REPLY, PS_MSG_BATCH,
         PS_MSG_BATCH_REPLY, PS_MSG_EPOCH,     PS_MSG_ECHO,      PS_MSG_ECHO_REPLY,
-        PS_MSG_BUNDLE};
+        PS_MSG_BUNDLE,    PS_MSG_LEAVE_REPLY};
     size_t cap = (size_t)t->n * 8 + 64;
     uint8_t *buf = malloc(cap);
     if (buf == NULL) return -1;

@@ -240,6 +240,56 @@ START_TEST(test_status_after_idle)
 }
 END_TEST
 
+/* ---- a leave the coordinator takes late -------------------------------------------------- */
+
+/* A worker leaves (SIGTERM) while shard 0 is stopped: its leave waits in the transport, and its
+ * connection closes right behind it. Shard 0, running again, must take the leave (the rank goes
+ * at once, "says leave") rather than see a connection that closed and hold the rank for a
+ * process that may come back (grace: up to 15 s for a worker on another host). Then a leave
+ * that a stopped shard cannot answer ends after the hello deadline (a third of the heartbeat
+ * timeout): the worker exits while that shard is still stopped. */
+START_TEST(test_leave_while_coordinator_stopped)
+{
+    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 16, .epochs = 10000,
+                   .job_extra = "  heartbeat_timeout_ms: 6000\n  train_samples: 3000\n"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    cl_proc_t *w[2] = {cl_worker_start(c, NULL, NULL, false), cl_worker_start(c, NULL, NULL, false)};
+    coord_t co;
+    coord_open(&co, c);
+    ck_assert_int_ge(wait_num(&co, "open_step", 20, 0, RUN_S), 20);
+    ck_assert_int_eq(cl_signal(psd[0], SIGSTOP), 0);
+    ck_assert_int_eq(cl_signal(w[1], SIGTERM), 0);
+    nap_ms(500);
+    ck_assert_int_eq(cl_signal(psd[0], SIGCONT), 0);
+    EXPECT_EXIT(w[1], 128 + SIGTERM);
+    char want[64];
+    snprintf(want, sizeof want, "(pid %d) says leave", (int)w[1]->pid);
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg(cl_wait_log(psd[i], want, 5.0) == 0, "shard %d did not take the leave "
+                      "(\"%s\"): %s", i, want, cl_tail(psd[i]));
+    char *log = cl_log(psd[0]);
+    ck_assert_msg(strstr(log, "for it to come back") == NULL, "shard 0 held the rank of a worker "
+                  "that said leave: %s", cl_tail(psd[0]));
+    free(log);
+    ck_assert_int_eq(wait_num(&co, "actual_workers", 1, 1, RUN_S), 1);
+    long long s0 = coord_num(&co, "open_step");
+    ck_assert_int_gt(wait_num(&co, "open_step", s0 + 20, 0, RUN_S), s0 + 19); /* goes on alone */
+    ck_assert_int_eq(cl_signal(psd[1], SIGSTOP), 0);
+    ck_assert_int_eq(cl_signal(w[0], SIGTERM), 0);
+    int st = cl_wait(w[0], 15.0); /* 2 s for the leave, 2 s for each close */
+    ck_assert_msg(st == 128 + SIGTERM, "the last worker did not exit (%d) while shard 1 was "
+                  "stopped: %s", st, cl_tail(w[0]));
+    ck_assert_msg(cl_alive(psd[1]), "shard 1 exited");
+    EXPECT_LOG(w[0], "did not answer the leave in 2000 ms");
+    ck_assert_int_eq(cl_signal(psd[1], SIGCONT), 0);
+    ck_assert_int_eq(wait_num(&co, "actual_workers", 0, 1, RUN_S), 0);
+    coord_close(&co);
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* ---- everyone leaves ---------------------------------------------------------------------- */
 
 /* Both workers leave (SIGTERM); the cluster waits at its step; a new worker joins and finishes
@@ -494,6 +544,8 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("kill9_one_of_four", test_kill9_one_of_four));
     suite_add_tcase(s, tcase("sigstop_rejoins", test_sigstop_rejoins));
     suite_add_tcase(s, tcase("all_leave_then_one_joins", test_all_leave_then_one_joins));
+    suite_add_tcase(s, tcase("leave_while_coordinator_stopped",
+                             test_leave_while_coordinator_stopped));
     suite_add_tcase(s, tcase("scale_2_5_1_3", test_scale_2_5_1_3));
     suite_add_tcase(s, tcase("ssp_staleness", test_ssp_staleness));
     suite_add_tcase(s, tcase("chaos", test_chaos));
