@@ -191,7 +191,8 @@ struct ps_client_s {
                                    thread): a training loop's ps_client_next_batch allocates
                                    nothing */
     uv_timer_t heartbeat;       /* tells every shard this worker is alive */
-    uv_timer_t leave_timer;     /* a leave unanswered for hello_deadline_ms ends anyway */
+    uv_timer_t leave_timer;     /* a leave unanswered for leave_wait_ms ends anyway */
+    int leaving;                /* a leave was sent: no more heartbeats */
 
     pthread_mutex_t mu;         /* guards submit queue and op completion */
     pthread_cond_t cv;
@@ -369,6 +370,19 @@ static int part_defer(ps_client_t *c, part_t *p)
     return 1;
 }
 
+/* A part whose send failed or whose shard was lost, unless it fails its op: a leave's part is
+ * done (that shard drops this worker when the connection closes; the leave's other shards still
+ * get theirs), and one that can wait for its shard waits (part_defer), unless @p give_up.
+ * Returns 1 if the op goes on without failing. */
+static int part_spared(ps_client_t *c, part_t *p, int give_up)
+{
+    if (p->op->type == OP_LEAVE) {
+        part_done(p);
+        return 1;
+    }
+    return !give_up && part_defer(c, p);
+}
+
 static void send_data_part(ps_client_t *c, ps_op_t *op, part_t *p);
 static uint64_t area_place(cshard_t *s, ctensor_t *t, uint32_t chunk, uint64_t len);
 
@@ -418,7 +432,7 @@ static void on_sent(void *request, ucs_status_t status, void *user_data)
     ps_op_t *op = p->op;
     op->ucx_refs--;
     part_sent(op->c, p);
-    if (status != UCS_OK && p->pending && !part_defer(op->c, p))
+    if (status != UCS_OK && p->pending && !part_spared(op->c, p, 0))
         op_fail(op, ps_ucx_err(status), "send to shard %u failed: %s", p->shard,
                 ucs_status_string(status));
     if (request) ucp_request_free(request);
@@ -484,7 +498,7 @@ static void send_part(ps_client_t *c, part_t *p, const ps_msg_t *m, const void *
     ps_op_t *op = p->op;
     cshard_t *s = &c->shards[p->shard];
     if (s->ep == NULL || s->dead || (s->down && op->type != OP_HELLO)) {
-        if (part_defer(c, p)) return;
+        if (part_spared(c, p, 0)) return;
         op_fail(op, PS_ETRANSPORT, "shard %u (%s:%u) is not connected", p->shard,
                 c->m.servers[p->shard].host, c->m.servers[p->shard].port);
         return;
@@ -508,7 +522,7 @@ static void send_part(ps_client_t *c, part_t *p, const ps_msg_t *m, const void *
         ucs_status_t st = req ? UCS_PTR_STATUS(req) : UCS_OK;
         op->ucx_refs--;
         part_sent(c, p);
-        if (st != UCS_OK && p->pending && !part_defer(c, p))
+        if (st != UCS_OK && p->pending && !part_spared(c, p, 0))
             op_fail(op, ps_ucx_err(st), "send to shard %u failed: %s", p->shard,
                     ucs_status_string(st));
     }
@@ -746,6 +760,14 @@ static void send_data_part(ps_client_t *c, ps_op_t *op, part_t *p)
 
 static void on_leave_timer(uv_timer_t *h);
 
+/* How long a leave waits for the shards' answers: the hello deadline (a shard busy for a moment
+ * still answers), at most PS_LEAVE_WAIT_MS. */
+#define PS_LEAVE_WAIT_MS 5000u
+static uint32_t leave_wait_ms(const ps_client_t *c)
+{
+    return c->hello_deadline_ms < PS_LEAVE_WAIT_MS ? c->hello_deadline_ms : PS_LEAVE_WAIT_MS;
+}
+
 static void start_op(ps_client_t *c, ps_op_t *op)
 {
     op->next = c->inflight;
@@ -774,20 +796,17 @@ static void start_op(ps_client_t *c, ps_op_t *op)
         break;
     }
     case OP_LEAVE: {
-        /* Done when each shard it went to has answered (MSG_LEAVE_REPLY), or was lost, or
-         * after hello_deadline_ms (on_leave_timer). The caller closes the connections only
-         * then: a close that overtook the leave would make shard 0 hold the rank for a process
-         * that may come back (up to 15 s for one on another host). The parts of shards not
-         * reachable now go first, so that a failed send (op_fail) finds no part to count. */
+        /* Done when each shard has answered (MSG_LEAVE_REPLY), or was not reachable (its
+         * part is done: part_spared), or after leave_wait_ms (on_leave_timer). The caller
+         * closes the connections only then: a close that overtook the leave would make shard 0
+         * hold the rank for a process that may come back (up to 15 s for one on another host).
+         * No heartbeat follows a leave: a shard that took it would refuse one. */
         ps_msg_t m = {.type = PS_MSG_LEAVE, .req_id = op->req_id, .rank = c->rank};
-        for (uint32_t i = 0; i < op->nparts; i++) {
-            cshard_t *s = &c->shards[op->parts[i].shard];
-            if (s->ep == NULL || s->dead || s->down) part_done(&op->parts[i]);
-        }
+        c->leaving = 1;
         for (uint32_t i = 0; i < op->nparts; i++)
-            if (op->parts[i].pending) send_part(c, &op->parts[i], &m, NULL, 0, PS_AM_CTRL);
+            send_part(c, &op->parts[i], &m, NULL, 0, PS_AM_CTRL);
         if (op->remaining > 0)
-            uv_timer_start(&c->leave_timer, on_leave_timer, c->hello_deadline_ms, 0);
+            uv_timer_start(&c->leave_timer, on_leave_timer, leave_wait_ms(c), 0);
         break;
     }
     case OP_PUSH:
@@ -846,12 +865,8 @@ static void parts_on_shard(ps_client_t *c, uint32_t i, int give_up)
         for (uint32_t k = 0; k < op->nparts; k++) {
             part_t *p = &op->parts[k];
             if (!p->pending || p->shard != i) continue;
-            if (op->type == OP_LEAVE) { /* nobody there to answer: that shard drops this worker */
-                part_done(p);
-                hit = 1;
-                continue;
-            }
-            if (give_up || !part_defer(c, p)) {
+            hit |= op->type == OP_LEAVE; /* done (part_spared): it may complete the op */
+            if (!part_spared(c, p, give_up)) {
                 op_fail(op, PS_ETRANSPORT, "lost the connection to shard %u (%s:%u)", i,
                         c->m.servers[i].host, c->m.servers[i].port);
                 hit = 1;
@@ -864,7 +879,7 @@ static void parts_on_shard(ps_client_t *c, uint32_t i, int give_up)
 
 static void on_reconnect_timer(uv_timer_t *h);
 
-/* A leave some shard did not answer within hello_deadline_ms (a stopped or hung psd): it ends
+/* A leave some shard did not answer within leave_wait_ms (a stopped or hung psd): it ends
  * anyway; that shard drops this worker when the connection closes, or by its heartbeat
  * timeout. */
 static void on_leave_timer(uv_timer_t *h)
@@ -877,7 +892,7 @@ again:
             if (op->parts[i].pending) {
                 uint32_t s = op->parts[i].shard;
                 PS_LOG(PS_LOG_WARN, "libps", "shard %u (%s:%u) did not answer the leave in %u ms",
-                       s, c->m.servers[s].host, c->m.servers[s].port, c->hello_deadline_ms);
+                       s, c->m.servers[s].host, c->m.servers[s].port, leave_wait_ms(c));
                 part_done(&op->parts[i]);
             }
         op_maybe_complete(op); /* the op may be gone after this */
@@ -1154,7 +1169,7 @@ static void on_heartbeat(uv_timer_t *h)
 {
     ps_client_t *c = h->data;
     hello_overdue(c);
-    if (!__atomic_load_n(&c->joined, __ATOMIC_ACQUIRE)) return;
+    if (!__atomic_load_n(&c->joined, __ATOMIC_ACQUIRE) || c->leaving) return;
     for (uint32_t i = 0; i < c->nshards; i++) {
         cshard_t *s = &c->shards[i];
         if (s->ep == NULL || s->dead || s->down || s->hb_inflight) continue;

@@ -982,9 +982,14 @@ static int run(peer_t *p, const ps_manifest_t *m, const char *only, long nfuzz)
     if (!only && bundles(p, &t)) failed++;
     if (pull_chunk0(p, &t, "after")) failed++;
 
-    /* Leave as libps does: no reply. */
-    ps_msg_t leave = {.type = PS_MSG_LEAVE, .rank = t.rank, .req_id = ++p->next_req};
-    if (!p->ep_failed) (void)send_only(p, &leave, NULL, 0, PS_AM_CTRL);
+    /* Leave as libps does: the shard answers before the connection closes. */
+    ps_msg_t leave = {.type = PS_MSG_LEAVE, .rank = t.rank};
+    if (!p->ep_failed && call(p, &leave, NULL, 0, PS_AM_CTRL) != 0) {
+        failed++;
+    } else if (!p->ep_failed && p->reply.type != PS_MSG_LEAVE_REPLY) {
+        say("evil_peer: leave answered by %s, not leave_reply", ps_msg_type_name(p->reply.type));
+        failed++;
+    }
     return failed ? -1 : 0;
 }
 

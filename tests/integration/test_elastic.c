@@ -251,7 +251,7 @@ END_TEST
 START_TEST(test_leave_while_coordinator_stopped)
 {
     cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 16, .epochs = 10000,
-                   .job_extra = "  heartbeat_timeout_ms: 6000\n  train_samples: 3000\n"};
+                   .job_extra = "  heartbeat_timeout_ms: 12000\n  train_samples: 3000\n"};
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
     cl_proc_t *w[2] = {cl_worker_start(c, NULL, NULL, false), cl_worker_start(c, NULL, NULL, false)};
@@ -277,11 +277,11 @@ START_TEST(test_leave_while_coordinator_stopped)
     ck_assert_int_gt(wait_num(&co, "open_step", s0 + 20, 0, RUN_S), s0 + 19); /* goes on alone */
     ck_assert_int_eq(cl_signal(psd[1], SIGSTOP), 0);
     ck_assert_int_eq(cl_signal(w[0], SIGTERM), 0);
-    int st = cl_wait(w[0], 15.0); /* 2 s for the leave, 2 s for each close */
+    int st = cl_wait(w[0], 20.0); /* 4 s for the leave, 2 s for each close */
     ck_assert_msg(st == 128 + SIGTERM, "the last worker did not exit (%d) while shard 1 was "
                   "stopped: %s", st, cl_tail(w[0]));
     ck_assert_msg(cl_alive(psd[1]), "shard 1 exited");
-    EXPECT_LOG(w[0], "did not answer the leave in 2000 ms");
+    EXPECT_LOG(w[0], "did not answer the leave in 4000 ms");
     ck_assert_int_eq(cl_signal(psd[1], SIGCONT), 0);
     ck_assert_int_eq(wait_num(&co, "actual_workers", 0, 1, RUN_S), 0);
     coord_close(&co);
