@@ -130,6 +130,16 @@ static double final_accuracy(const cl_proc_t *w)
     return acc;
 }
 
+/* A cluster from @p k with 2 shards and 2 psworkers started, and shard 0's status connection. */
+static cl_cluster_t *start_2x2(const cl_conf_t *k, cl_proc_t *psd[2], cl_proc_t *w[2], coord_t *co)
+{
+    cl_cluster_t *c = cl_cluster_create(k);
+    for (int i = 0; i < 2; i++) psd[i] = cl_psd_start(c, i, NULL, READY_S);
+    for (int i = 0; i < 2; i++) w[i] = cl_worker_start(c, NULL, NULL, false);
+    coord_open(co, c);
+    return c;
+}
+
 /* ---- kill -9 --------------------------------------------------------------------------- */
 
 /* Four workers, one killed with SIGKILL mid-epoch: the run completes with three; the step
@@ -185,11 +195,9 @@ START_TEST(test_sigstop_rejoins)
 {
     cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 16, .epochs = 4,
                    .job_extra = "  heartbeat_timeout_ms: 500\n  train_samples: 12000\n"};
-    cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
-    cl_proc_t *w[2] = {cl_worker_start(c, NULL, NULL, false), cl_worker_start(c, NULL, NULL, false)};
+    cl_proc_t *psd[2], *w[2];
     coord_t co;
-    coord_open(&co, c);
+    cl_cluster_t *c = start_2x2(&k, psd, w, &co);
     long long at = wait_num(&co, "open_step", 30, 0, RUN_S);
     ck_assert_msg(at >= 30 && at < 700, "the stop should land mid-run, not at step %lld", at);
     ck_assert_int_eq(cl_signal(w[1], SIGSTOP), 0);
@@ -247,16 +255,14 @@ END_TEST
  * at once, "says leave") rather than see a connection that closed and hold the rank for a
  * process that may come back (grace: up to 15 s for a worker on another host). Then a leave
  * that a stopped shard cannot answer ends after the hello deadline (a third of the heartbeat
- * timeout): the worker exits while that shard is still stopped. */
+ * timeout, here 4 s): the worker exits while that shard is still stopped. */
 START_TEST(test_leave_while_coordinator_stopped)
 {
     cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 16, .epochs = 10000,
                    .job_extra = "  heartbeat_timeout_ms: 12000\n  train_samples: 3000\n"};
-    cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
-    cl_proc_t *w[2] = {cl_worker_start(c, NULL, NULL, false), cl_worker_start(c, NULL, NULL, false)};
+    cl_proc_t *psd[2], *w[2];
     coord_t co;
-    coord_open(&co, c);
+    cl_cluster_t *c = start_2x2(&k, psd, w, &co);
     ck_assert_int_ge(wait_num(&co, "open_step", 20, 0, RUN_S), 20);
     ck_assert_int_eq(cl_signal(psd[0], SIGSTOP), 0);
     ck_assert_int_eq(cl_signal(w[1], SIGTERM), 0);
@@ -298,11 +304,9 @@ START_TEST(test_all_leave_then_one_joins)
 {
     cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 16, .epochs = 2,
                    .job_extra = "  heartbeat_timeout_ms: 500\n  train_samples: 12000\n"};
-    cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
-    cl_proc_t *w[2] = {cl_worker_start(c, NULL, NULL, false), cl_worker_start(c, NULL, NULL, false)};
+    cl_proc_t *psd[2], *w[2];
     coord_t co;
-    coord_open(&co, c);
+    cl_cluster_t *c = start_2x2(&k, psd, w, &co);
     long long at = wait_num(&co, "open_step", 40, 0, RUN_S);
     ck_assert_msg(at >= 40 && at < 600, "the leave should land mid-run, not at step %lld", at);
     for (int i = 0; i < 2; i++) ck_assert_int_eq(cl_signal(w[i], SIGTERM), 0);
