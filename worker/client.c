@@ -803,6 +803,8 @@ static void start_op(ps_client_t *c, ps_op_t *op)
          * No heartbeat follows a leave: a shard that took it would refuse one. */
         ps_msg_t m = {.type = PS_MSG_LEAVE, .req_id = op->req_id, .rank = c->rank};
         c->leaving = 1;
+        for (uint32_t i = 0; i < c->nshards; i++) /* no reconnect either (shard_lost) */
+            uv_timer_stop(&c->shards[i].timer);
         for (uint32_t i = 0; i < op->nparts; i++)
             send_part(c, &op->parts[i], &m, NULL, 0, PS_AM_CTRL);
         if (op->remaining > 0)
@@ -881,7 +883,8 @@ static void on_reconnect_timer(uv_timer_t *h);
 
 /* A leave some shard did not answer within leave_wait_ms (a stopped or hung psd): it ends
  * anyway; that shard drops this worker when the connection closes, or by its heartbeat
- * timeout. */
+ * timeout. Its endpoint is closed now (on_deferred), so that a send UCX still holds (a full
+ * socket towards a stopped process) completes, canceled, and cannot hold the op. */
 static void on_leave_timer(uv_timer_t *h)
 {
     ps_client_t *c = h->data;
@@ -894,6 +897,8 @@ again:
                 PS_LOG(PS_LOG_WARN, "libps", "shard %u (%s:%u) did not answer the leave in %u ms",
                        s, c->m.servers[s].host, c->m.servers[s].port, leave_wait_ms(c));
                 part_done(&op->parts[i]);
+                if (c->shards[s].ep && !c->shards[s].dead)
+                    c->shards[s].dead = c->shards[s].close_queued = 1;
             }
         op_maybe_complete(op); /* the op may be gone after this */
         goto again;
@@ -1039,7 +1044,9 @@ static void shard_lost(ps_client_t *c, uint32_t i)
 {
     cshard_t *s = &c->shards[i];
     s->dead = 0;
-    if (!__atomic_load_n(&c->joined, __ATOMIC_ACQUIRE) || s->gone) {
+    /* Leaving: no reconnect, whose hello would take the rank back at shard 0 just before the
+     * connection closes for good. */
+    if (!__atomic_load_n(&c->joined, __ATOMIC_ACQUIRE) || s->gone || c->leaving) {
         parts_on_shard(c, i, 1);
         return;
     }
@@ -1148,6 +1155,7 @@ again:
             op_maybe_complete(op);
             goto again;
         }
+        if (c->leaving) continue; /* no reconnect any more (shard_lost) */
         PS_LOG(PS_LOG_WARN, "libps", "shard %u (%s:%u) did not answer the hello of a reconnect "
                "in %u ms: starting this worker's transport again and reconnecting every shard",
                i, sc->host, sc->port, c->hello_deadline_ms);
@@ -1439,16 +1447,14 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
             PS_LOG(PS_LOG_WARN, "libps", "shard %u: %s", m.shard, m.error);
         return UCS_OK;
     }
-    switch (m.type) {
-    case PS_MSG_LEAVE_REPLY:
-        if (op->type != OP_LEAVE) return UCS_OK;
-        parts_done_on_shard(op, m.shard);
-        break;
-    case PS_MSG_ERROR: {
-        if (op->type == OP_LEAVE) { /* a refusal answers a leave too */
+    if (op->type == OP_LEAVE) { /* a refusal answers a leave too */
+        if (m.type == PS_MSG_LEAVE_REPLY || m.type == PS_MSG_ERROR)
             parts_done_on_shard(op, m.shard);
-            break;
-        }
+        op_maybe_complete(op);
+        return UCS_OK;
+    }
+    switch (m.type) {
+    case PS_MSG_ERROR: {
         part_t *p = NULL;
         for (uint32_t i = 0; m.status == PS_ECRC && op->type == OP_PUSH && i < op->nparts; i++)
             if (op->parts[i].chunk == m.chunk && op->parts[i].shard == m.shard &&

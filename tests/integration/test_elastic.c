@@ -250,10 +250,10 @@ END_TEST
 
 /* ---- a leave the coordinator takes late -------------------------------------------------- */
 
-/* A worker leaves (SIGTERM) while shard 0 is stopped: its leave waits in the transport, and its
- * connection closes right behind it. Shard 0, running again, must take the leave (the rank goes
- * at once, "says leave") rather than see a connection that closed and hold the rank for a
- * process that may come back (grace: up to 15 s for a worker on another host). Then a leave
+/* A worker leaves (SIGTERM) while shard 0 is stopped: its leave waits in the transport. Shard 0,
+ * running again, must take the leave (the rank goes at once, "says leave") rather than see the
+ * connection close first and hold the rank for a process that may come back (grace: up to 15 s
+ * for a worker on another host), as it did when the worker closed right after sending. Then a leave
  * that a stopped shard cannot answer ends after the hello deadline (a third of the heartbeat
  * timeout, here 4 s): the worker exits while that shard is still stopped. */
 START_TEST(test_leave_while_coordinator_stopped)

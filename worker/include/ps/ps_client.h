@@ -104,7 +104,10 @@ void *ps_buffer_alloc(size_t bytes);
 void ps_buffer_free(void *p, size_t bytes);
 
 /** @brief Leave the cluster, close the connections, stop the thread and free the client.
- *  Outstanding handles must have been waited on. NULL is a no-op. */
+ *  Outstanding handles must have been waited on. NULL is a no-op.
+ *  @note The connections close only after every shard answered the leave (or its connection
+ *  failed), at most a third of job.heartbeat_timeout_ms (1 to 5 s) for a shard that does not
+ *  answer; each close then waits at most 2 s. */
 void ps_client_destroy(ps_client_t *c);
 
 /** @brief This worker's rank (from shard 0), the job's members when it joined, the number
