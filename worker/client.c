@@ -192,7 +192,7 @@ struct ps_client_s {
                                    nothing */
     uv_timer_t heartbeat;       /* tells every shard this worker is alive */
     uv_timer_t leave_timer;     /* a leave unanswered for leave_wait_ms ends anyway */
-    int leaving;                /* a leave was sent: no more heartbeats */
+    int leaving;                /* a leave was sent: no more heartbeats or reconnects */
 
     pthread_mutex_t mu;         /* guards submit queue and op completion */
     pthread_cond_t cv;
