@@ -386,6 +386,7 @@ void psd_coord_on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
     }
     c->rank = rank;
     c->pid = msg->pid;
+    c->host_id = msg->store_id;
     ps_msg_t r = {.type = PS_MSG_HELLO_REPLY, .req_id = msg->req_id, .rank = rank,
                   .workers = popcount(co->s.active), .epoch = co->s.epoch, .shard = 0,
                   .consistency = (uint32_t)srv->m.job.consistency, .step = co->s.step,
@@ -415,6 +416,14 @@ void psd_coord_on_batch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
     }
     saved_member_t *m = &co->s.m[r];
     if (msg->flags & PS_FLAG_DONE) {
+        if (is_bsp(srv) && msg->step > co->s.step + 1) {
+            /* Nothing has handed out that step: closing steps up to it would count batches no
+             * shard applied (and, held for a checkpoint, never end). */
+            psd_send_error(srv, c, msg->req_id, PS_EPROTO,
+                           "rank %d reports step %llu done, but the open step is %llu", r,
+                           (unsigned long long)msg->step, (unsigned long long)co->s.step);
+            return;
+        }
         if (is_bsp(srv)) {
             /* Its pushes of that step were acknowledged by every shard: the step is applied
              * everywhere. (After a restart of this shard a report may be one step ahead.) */

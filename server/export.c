@@ -12,6 +12,7 @@ typedef struct xsess_s {
     psd_conn_t *conn;    /* NULL once ended (END, a new BEGIN, or the conn went away) */
     MDB_txn *txn;
     int refs;            /* chunk replies in flight that send from txn */
+    uint64_t used_ms;    /* uv_now at its BEGIN or last chunk request (psd_export_cron) */
     struct xsess_s *next;
 } xsess_t;
 
@@ -78,6 +79,27 @@ static void sess_end(psd_server_t *srv, xsess_t *s)
 void psd_export_drop_conn(psd_server_t *srv, psd_conn_t *conn)
 {
     sess_end(srv, sess_of(srv, conn));
+}
+
+/* How long an export snapshot may go unused before psd ends it (PS_EXPORT_IDLE_MS overrides):
+ * a snapshot keeps LMDB from reusing the pages every later update frees, so one held by a
+ * stopped or stuck psctl would grow the store until it is full and training stops. psctl
+ * asks for a chunk right after the last one landed. */
+#define PSD_EXPORT_IDLE_MS 60000u
+
+void psd_export_cron(psd_server_t *srv, uint64_t now_ms)
+{
+    if (srv->xp == NULL || srv->xp->sessions == NULL) return;
+    const char *env = getenv("PS_EXPORT_IDLE_MS");
+    uint64_t limit = env && atoi(env) > 0 ? (uint64_t)atoi(env) : PSD_EXPORT_IDLE_MS;
+    for (xsess_t *s = srv->xp->sessions, *nx; s; s = nx) {
+        nx = s->next;
+        if (s->conn == NULL || now_ms - s->used_ms <= limit) continue;
+        PS_LOG(PS_LOG_WARN, "export", "the export snapshot of %s was unused for %llu ms (limit "
+               "%llu ms): ended, so that the store can reuse its pages", s->conn->peer,
+               (unsigned long long)(now_ms - s->used_ms), (unsigned long long)limit);
+        sess_end(srv, s); /* frees s now unless a reply still sends from it */
+    }
 }
 
 bool psd_export_idle(psd_server_t *srv) { return srv->xp == NULL || srv->xp->verifying == 0; }
@@ -154,6 +176,7 @@ static void on_begin(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
         return;
     }
     s->conn = conn;
+    s->used_ms = uv_now(srv->loop);
     psd_conn_ref(conn);
     s->next = srv->xp->sessions;
     srv->xp->sessions = s;
@@ -192,9 +215,11 @@ static void on_chunk(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
 {
     xsess_t *s = sess_of(srv, conn);
     if (s == NULL) {
-        psd_send_error(srv, conn, msg->req_id, PS_EPROTO, "export_chunk before export_begin");
+        psd_send_error(srv, conn, msg->req_id, PS_EPROTO, "export_chunk without a snapshot: "
+                       "none was begun, or it went unused too long and was ended");
         return;
     }
+    s->used_ms = uv_now(srv->loop);
     if (msg->tensor >= srv->ntensors || !srv->tensors[msg->tensor].present ||
         msg->chunk >= srv->tensors[msg->tensor].nchunks ||
         srv->tensors[msg->tensor].chunks[msg->chunk] == NULL) {

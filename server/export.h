@@ -3,7 +3,8 @@
  * export: a connection opens a read snapshot (MSG_EXPORT_BEGIN), reads the tensor table
  * (MSG_EXPORT_TENSOR) and its chunks' parameters from that one snapshot (MSG_EXPORT_CHUNK:
  * sent straight from the snapshot, which stays pinned while a reply is in flight), and
- * releases it (MSG_EXPORT_END or the end of the connection). Training goes on meanwhile.
+ * releases it (MSG_EXPORT_END, the end of the connection, or psd_export_cron when it went unused
+ * for a minute). Training goes on meanwhile.
  *
  * verify: a pool job opens its own read snapshot, recomputes the XXH3-64 of every chunk
  * record this shard holds and compares it to the hash stored in the record's header; the
@@ -18,6 +19,10 @@ void psd_export_on_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
 
 /** @brief @p conn is gone: release its export snapshot (once no reply uses it). */
 void psd_export_drop_conn(psd_server_t *srv, psd_conn_t *conn);
+
+/** @brief End the export snapshots unused for PS_EXPORT_IDLE_MS (default 60 s) as of @p now_ms
+ *  (uv_now): a held snapshot keeps the store from reusing pages. The cron calls it. */
+void psd_export_cron(psd_server_t *srv, uint64_t now_ms);
 
 /** @brief True when no verify job runs (the shutdown check waits for it). */
 bool psd_export_idle(psd_server_t *srv);

@@ -25,6 +25,9 @@ static void conn_free_if_done(psd_conn_t *c)
 {
     if (c->refs > 0 || !c->dead || c->ep != NULL) return;
     psd_server_t *srv = c->srv;
+    /* No rank may stay with a freed connection, whatever path its hello and close took. */
+    for (uint32_t r = 0; srv->rank_owner && r < PS_MAX_RANKS; r++)
+        if (srv->rank_owner[r] == c) srv->rank_owner[r] = NULL;
     for (psd_conn_t **pp = &srv->conns; *pp; pp = &(*pp)->next)
         if (*pp == c) {
             *pp = c->next;
@@ -263,6 +266,12 @@ static void on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
         psd_send_error(srv, c, msg->req_id, PS_EPROTO, "rank %d out of range [0, %d): say hello "
                        "to shard 0 first", rank, PS_MAX_RANKS);
         return;
+    } else if (c->rank >= 0 && c->rank != rank) {
+        /* One connection holds one rank: a second hello naming another would leave the first
+         * rank pointing at this connection after it closes. */
+        psd_send_error(srv, c, msg->req_id, PS_EPROTO, "this connection said hello as rank %d; "
+                       "rank %d needs a connection of its own", c->rank, rank);
+        return;
     } else {
         /* Shard 0 granted this rank with a join serial (samples field). A claim from an older
          * join (a removed worker that came back) is refused: it learns it was removed. A newer
@@ -285,6 +294,7 @@ static void on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
     }
     c->rank = rank;
     c->pid = msg->pid;
+    c->host_id = msg->store_id;
     c->join_serial = msg->samples;
     PS_LOG(PS_LOG_INFO, "server", "worker pid %u from %s is rank %d", c->pid, c->peer, rank);
     ps_msg_t r = {.type = PS_MSG_HELLO_REPLY, .req_id = msg->req_id, .rank = rank,
@@ -390,6 +400,7 @@ typedef struct {
     psd_server_t *srv;
     psd_conn_t *conn;
     uint64_t req_id;
+    void *own; /* its own landing place when the shared one was busy and too small */
 } echo_t;
 
 static void echo_done(void *request, ucs_status_t status, size_t length, void *user_data)
@@ -399,6 +410,8 @@ static void echo_done(void *request, ucs_status_t status, size_t length, void *u
                   .length = length, .status = status == UCS_OK ? 0 : ps_ucx_err(status)};
     psd_send_msg(e->srv, e->conn, &r);
     psd_conn_unref(e->conn);
+    if (e->own) free(e->own);
+    else if (request) e->srv->echo_busy--;
     free(e);
     if (request) ucp_request_free(request);
 }
@@ -421,23 +434,34 @@ static ucs_status_t echo_recv(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *
         echo_done(NULL, UCS_OK, length, e);
         return UCS_OK;
     }
-    if (srv->echo_cap < length) {
+    /* The shared buffer grows only while no receive lands in it; an echo that needs more
+     * meanwhile (several peers' self-tests, or a confused one) gets a buffer of its own. */
+    void *dst = srv->echo_buf;
+    if (srv->echo_cap < length && srv->echo_busy == 0) {
         void *b = realloc(srv->echo_buf, length);
         if (b == NULL) {
             echo_done(NULL, UCS_ERR_NO_MEMORY, 0, e);
             return UCS_OK;
         }
-        srv->echo_buf = b;
+        dst = srv->echo_buf = b;
         srv->echo_cap = length;
+    } else if (srv->echo_cap < length) {
+        if ((dst = e->own = malloc(length)) == NULL) {
+            echo_done(NULL, UCS_ERR_NO_MEMORY, 0, e);
+            return UCS_OK;
+        }
     }
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                                              UCP_OP_ATTR_FIELD_USER_DATA,
                              .cb.recv_am = echo_done, .user_data = e};
-    void *req = ucp_am_recv_data_nbx(srv->ucx.worker, data, srv->echo_buf, length, &p);
-    if (req == NULL)
+    void *req = ucp_am_recv_data_nbx(srv->ucx.worker, data, dst, length, &p);
+    if (req == NULL) {
         echo_done(NULL, UCS_OK, length, e);
-    else if (UCS_PTR_IS_ERR(req))
+    } else if (UCS_PTR_IS_ERR(req)) {
         echo_done(NULL, UCS_PTR_STATUS(req), 0, e);
+    } else if (e->own == NULL) {
+        srv->echo_busy++; /* until echo_done, called with the request */
+    }
     return UCS_OK;
 }
 
@@ -614,6 +638,7 @@ static void on_cron(uv_timer_t *h)
     if (dropped) ps_ucx_progress(&srv->ucx);
     psd_sync_cron(srv, uv_now(srv->loop));
     psd_follower_cron(srv, uv_now(srv->loop));
+    psd_export_cron(srv, uv_now(srv->loop));
 }
 
 /* ---- start and stop ----------------------------------------------------- */
@@ -640,6 +665,16 @@ static void on_signal(uv_signal_t *h, int signum)
     psd_server_maybe_stop(srv);
 }
 
+/* Test hook @p name's value from the environment: a positive count (at most @p max, when not 0),
+ * or 0 when it is not set. */
+static uint32_t test_hook(const char *name, uint32_t max)
+{
+    const char *v = getenv(name);
+    int n = v ? atoi(v) : 0;
+    if (n <= 0) return 0;
+    return max && (uint32_t)n > max ? max : (uint32_t)n;
+}
+
 int psd_server_run(const ps_manifest_t *m, uint32_t shard, const char *restore,
                    const char *trace, char *err, size_t errlen)
 {
@@ -655,21 +690,19 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, const char *restore,
     srv->loop = uv_default_loop();
     srv->rank_owner = calloc(PS_MAX_RANKS, sizeof *srv->rank_owner);
     const ps_server_conf_t *sc = &m->servers[shard];
-    const char *tc = getenv("PS_TEST_CORRUPT_PULL");
-    if (tc && atoi(tc) > 0) {
-        srv->test_corrupt_pull = (uint32_t)atoi(tc);
+    /* Test hooks (tests only; each logged as a warning). */
+    if ((srv->test_corrupt_pull = test_hook("PS_TEST_CORRUPT_PULL", 0)))
         PS_LOG(PS_LOG_WARN, "server", "PS_TEST_CORRUPT_PULL=%u: every %uth pull reply is "
                "corrupted on purpose (a test hook)", srv->test_corrupt_pull,
                srv->test_corrupt_pull);
-    }
-    const char *td = getenv("PS_TEST_DROP_HELLO");
-    if (td && atoi(td) > 0) {
-        srv->test_drop_hello = (uint32_t)atoi(td);
-        if (srv->test_drop_hello > 8) srv->test_drop_hello = 8;
+    if ((srv->test_lose_ack = test_hook("PS_TEST_LOSE_ACK", 0)))
+        PS_LOG(PS_LOG_WARN, "server", "PS_TEST_LOSE_ACK=%u: push acknowledgement %u is lost and "
+               "its connection closed on purpose (a test hook)", srv->test_lose_ack,
+               srv->test_lose_ack);
+    if ((srv->test_drop_hello = test_hook("PS_TEST_DROP_HELLO", 8)))
         PS_LOG(PS_LOG_WARN, "server", "PS_TEST_DROP_HELLO=%u: the first hello of each of %u "
                "workers goes unanswered on purpose (a test hook)",
                srv->test_drop_hello, srv->test_drop_hello);
-    }
 
     unsigned threads;
     if ((rc = psd_fanout_threads_env(m->apply_threads, &threads, err, errlen)) != 0)

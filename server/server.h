@@ -35,6 +35,7 @@ typedef struct psd_conn_s {
     ucp_conn_request_h conn_request; /* until the endpoint is created */
     int32_t rank;                    /* -1 until hello */
     uint32_t pid;
+    uint64_t host_id;                /* from its hello (store_id): its host and pid namespace */
     int refs;                        /* pending acks, pulls and sends that name this conn */
     bool dead;                       /* endpoint failed or closed: send nothing more */
     uint64_t last_seen_ms;           /* any message from it (heartbeats included) */
@@ -67,6 +68,18 @@ typedef struct psd_wait_s {
 
 enum { SLOT_EMPTY = 0, SLOT_RECEIVING, SLOT_FULL, SLOT_APPLYING };
 
+/* A process across hosts and pid namespaces (a container's pid alone is often 1 everywhere). */
+static inline uint64_t psd_conn_who(const psd_conn_t *c)
+{
+    return c->host_id * 0x9E3779B97F4A7C15ull ^ c->pid;
+}
+
+/* The push whose update a rank's slot of a chunk last committed: its sender and request. */
+typedef struct {
+    uint64_t who;
+    uint64_t req;
+} psd_done_t;
+
 typedef struct {
     psd_chunk_t *chunk;
     uint32_t rank;
@@ -97,6 +110,9 @@ struct psd_chunk_s {
     uint32_t *slot_crc;        /* the push header's CRC-32C of its payload */
     uint64_t *slot_step;       /* the step the push is for */
     uint32_t *slot_pid;        /* the process that pushed it */
+    uint64_t *slot_who;        /* psd_conn_who() of that process */
+    psd_done_t *done;          /* by rank: the last push applied (asp / ssp: a resend of it is
+                                  acknowledged, not applied again) */
     psd_conn_t **slot_conn;    /* who to acknowledge */
     psd_slot_ref_t *slot_ref;  /* receive-callback contexts */
     uint32_t nfull;            /* slots in SLOT_FULL */
@@ -271,11 +287,14 @@ struct psd_server_s {
     uint64_t last_cron_ms;     /* psd_now_ms() of the last heartbeat check */
     void *echo_buf;            /* MSG_ECHO's landing place (contents dropped) */
     size_t echo_cap;
+    uint32_t echo_busy;        /* receives landing in echo_buf now: it must not move */
     uint64_t applied_updates, pushes, pulls, direct_pulls, direct_pushes;
     bool push_direct;          /* workers here may push through areas (PS_DIRECT_PUSH is not 0) */
     uint64_t crc_errors;       /* pushes rejected for a checksum mismatch */
     uint32_t test_corrupt_pull; /* PS_TEST_CORRUPT_PULL (tests only): corrupt every Nth pull reply */
     uint64_t test_pull_count;
+    uint32_t test_lose_ack;     /* PS_TEST_LOSE_ACK (tests only): the Nth push acknowledgement
+                                   is not sent and its connection is closed */
     uint32_t test_drop_hello;   /* PS_TEST_DROP_HELLO (tests only): workers (by pid) whose
                                    first hello is still to drop unanswered */
     uint32_t test_dropped_pid[8]; /* the workers whose hello was dropped */

@@ -50,14 +50,18 @@ static psd_chunk_t *chunk_new(psd_server_t *srv, uint32_t t, uint32_t c, uint32_
     ch->slot_crc = calloc(w, sizeof *ch->slot_crc);
     ch->slot_step = calloc(w, sizeof *ch->slot_step);
     ch->slot_pid = calloc(w, sizeof *ch->slot_pid);
+    ch->slot_who = calloc(w, sizeof *ch->slot_who);
+    ch->done = calloc(w, sizeof *ch->done);
     ch->slot_conn = calloc(w, sizeof *ch->slot_conn);
     ch->slot_ref = calloc(w, sizeof *ch->slot_ref);
     ch->slot_ext = calloc(w, sizeof *ch->slot_ext);
     if (!ch->slot_ext || !ch->slots || !ch->slot_memh || !ch->slot_state || !ch->slot_req || !ch->slot_conn || !ch->slot_ref ||
         !ch->slot_cap || !ch->slot_len || !ch->slot_codec || !ch->slot_crc || !ch->slot_step ||
-        !ch->slot_pid) {
+        !ch->slot_pid || !ch->slot_who || !ch->done) {
         free(ch->slot_step);
         free(ch->slot_pid);
+        free(ch->slot_who);
+        free(ch->done);
         free(ch->slots);
         free(ch->slot_memh);
         free(ch->slot_cap);
@@ -89,6 +93,8 @@ static void chunk_free(psd_chunk_t *ch)
     free(ch->slot_crc);
     free(ch->slot_step);
     free(ch->slot_pid);
+    free(ch->slot_who);
+    free(ch->done);
     free(ch->slot_conn);
     free(ch->slot_ref);
     if (ch->slot_ext)
@@ -892,6 +898,18 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
             return UCS_OK;
         }
     }
+    if (!bsp && msg->req_id == ch->done[rank].req && psd_conn_who(conn) == ch->done[rank].who) {
+        /* asp / ssp: this push's update committed, but its acknowledgement was lost with the
+         * connection and the worker sent it again. bsp needs no record of it: the step check
+         * above acknowledges any push of a step the chunk passed. */
+        PS_LOG(PS_LOG_INFO, "shard", "push of %u/%u from rank %u (pid %u, request %llu) was "
+               "applied already: acknowledged again, not applied twice", ch->tensor, ch->chunk,
+               rank, conn->pid, (unsigned long long)msg->req_id);
+        ps_msg_t a = {.type = PS_MSG_PUSH_ACK, .req_id = msg->req_id, .tensor = ch->tensor,
+                      .chunk = ch->chunk, .step = ch->version, .shard = srv->shard};
+        psd_send_msg(srv, conn, &a);
+        return UCS_OK;
+    }
     bool orphan = (ch->slot_state[rank] == SLOT_FULL || ch->slot_state[rank] == SLOT_APPLYING) &&
                   (ch->slot_conn[rank] == NULL || ch->slot_conn[rank]->dead);
     if (orphan && ch->slot_state[rank] == SLOT_FULL &&
@@ -958,6 +976,7 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
     ch->slot_crc[rank] = msg->crc32c;
     ch->slot_step[rank] = msg->step;
     ch->slot_pid[rank] = conn->pid;
+    ch->slot_who[rank] = psd_conn_who(conn);
     ch->slot_conn[rank] = conn;
     psd_conn_ref(conn);
     if (srv->trace) /* a rendezvous receive's span starts now; any other push is an instant */
@@ -1275,7 +1294,14 @@ static void snapshot_stale(psd_server_t *srv)
 static void ack_slot(psd_server_t *srv, psd_chunk_t *ch, uint32_t r, int rc, uint64_t version)
 {
     psd_conn_t *conn = ch->slot_conn[r];
-    if (conn == NULL) { /* its sender died; the update stands */
+    if (rc == 0) ch->done[r] = (psd_done_t){ch->slot_who[r], ch->slot_req[r]};
+    if (conn && rc == 0 && srv->test_lose_ack && --srv->test_lose_ack == 0) {
+        PS_LOG(PS_LOG_WARN, "shard", "acknowledgement of %u/%u to rank %u lost and its "
+               "connection closed (PS_TEST_LOSE_ACK)", ch->tensor, ch->chunk, r);
+        conn->dead = true;
+        conn->close_queued = true;
+    }
+    if (conn == NULL || conn->dead) { /* its sender died or is cut off; the update stands */
     } else if (rc) {
         psd_send_chunk_error(srv, conn, ch->slot_req[r], ch->tensor, ch->chunk, rc,
                              "update of %u/%u failed: %s", ch->tensor,

@@ -192,6 +192,8 @@ struct ps_client_s {
                                    nothing */
     uv_timer_t heartbeat;       /* tells every shard this worker is alive */
     uv_timer_t leave_timer;     /* a leave unanswered for leave_wait_ms ends anyway */
+    uv_timer_t interrupt_timer; /* sends UCX still holds leave_wait_ms after an interrupt:
+                                   their connections are closed (on_interrupt_timer) */
     int leaving;                /* a leave was sent: no more heartbeats or reconnects */
 
     pthread_mutex_t mu;         /* guards submit queue and op completion */
@@ -1399,18 +1401,44 @@ static int on_deferred(ps_ucx_t *u)
     return did;
 }
 
+/* An interrupted op that UCX still holds (a rendezvous push to a shard that is stopped or
+ * cut off never completes): each shard it has a send in flight to (or, with none, every shard
+ * of its parts) gets its connection closed, which cancels the requests, so the caller's wait
+ * ends. Healthy shards finished theirs long before: their connections stay for the leave. */
+static void on_interrupt_timer(uv_timer_t *h)
+{
+    ps_client_t *c = h->data;
+    for (ps_op_t *op = c->inflight; op; op = op->next) {
+        if (op->on_done || op->type == OP_LEAVE || op->done || op->ucx_refs == 0) continue;
+        int sending = 0;
+        for (uint32_t i = 0; i < op->nparts; i++) sending |= op->parts[i].ck.sending;
+        for (uint32_t i = 0; i < op->nparts; i++) {
+            cshard_t *s = &c->shards[op->parts[i].shard];
+            if ((sending && !op->parts[i].ck.sending) || s->ep == NULL || s->dead) continue;
+            PS_LOG(PS_LOG_WARN, "libps", "shard %u (%s:%u) still holds a request %u ms after the "
+                   "interrupt: closing its connection", s->index, c->m.servers[s->index].host,
+                   c->m.servers[s->index].port, leave_wait_ms(c));
+            s->dead = s->close_queued = 1;
+        }
+    }
+}
+
 static void on_wake(uv_async_t *h)
 {
     ps_ucx_t *u = h->data;
     ps_client_t *c = u->data;
     if (c->interrupted) {
         /* Everything in flight fails now (start_op fails what comes later). */
+        int held = 0;
         for (ps_op_t *op = c->inflight, *nx; op; op = nx) {
             nx = op->next;
             if (op->on_done || op->type == OP_LEAVE) continue; /* a leave is how it ends */
             op_fail(op, PS_ECANCELED, "interrupted");
+            held |= op->ucx_refs > 0;
             op_maybe_complete(op);
         }
+        if (held && !uv_is_active((uv_handle_t *)&c->interrupt_timer))
+            uv_timer_start(&c->interrupt_timer, on_interrupt_timer, leave_wait_ms(c), 0);
     }
     ps_ucx_progress(u);
 }
@@ -1647,6 +1675,8 @@ static void *comm_main(void *arg)
         uv_timer_start(&c->heartbeat, on_heartbeat, tick, tick);
         uv_timer_init(&c->loop, &c->leave_timer);
         c->leave_timer.data = c;
+        uv_timer_init(&c->loop, &c->interrupt_timer);
+        c->interrupt_timer.data = c;
         uv_async_init(&c->loop, &c->wake, on_wake);
         c->wake.data = &c->ucx;
     }
@@ -1661,6 +1691,7 @@ static void *comm_main(void *arg)
     for (uint32_t i = 0; i < c->nshards; i++) uv_close((uv_handle_t *)&c->shards[i].timer, NULL);
     uv_close((uv_handle_t *)&c->heartbeat, NULL);
     uv_close((uv_handle_t *)&c->leave_timer, NULL);
+    uv_close((uv_handle_t *)&c->interrupt_timer, NULL);
     ps_ucx_close(&c->ucx);
     uv_run(&c->loop, UV_RUN_DEFAULT);
     uv_loop_close(&c->loop);

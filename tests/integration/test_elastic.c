@@ -248,6 +248,56 @@ START_TEST(test_status_after_idle)
 }
 END_TEST
 
+/* ---- a confused member ---------------------------------------------------------------------- */
+
+/* A member (the test itself, over the wire) that says more than a worker would:
+ * - on shard 0, after taking the batch of step 0, that a step a million ahead is done: refused
+ *   with the open step named. Before, shard 0 closed every step up to it, counting batches no
+ *   shard applied, and the job was over at once ("finished": true).
+ * - on shard 1, a second hello on the same connection that names another rank: refused. Before,
+ *   it was taken, and the first rank kept pointing at the connection after it was freed. */
+START_TEST(test_confused_member_refused)
+{
+    cl_conf_t k = {.shards = 2, .workers = 1, .max_steps = 50};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    coord_t co;
+    coord_open(&co, c);
+    char err[1024] = "";
+    ps_msg_t rep, hello = {.type = PS_MSG_HELLO, .rank = -1, .pid = (uint32_t)getpid()};
+    snprintf(hello.cluster, sizeof hello.cluster, "%s", co.m.cluster);
+    ck_assert_msg(ps_req_call(co.ctl, 0, &hello, &rep, NULL, NULL, err, sizeof err) == 0 &&
+                  rep.type == PS_MSG_HELLO_REPLY, "hello to shard 0: %s", err);
+    int32_t rank = rep.rank;
+    ps_msg_t batch = {.type = PS_MSG_BATCH, .rank = rank, .samples = 60000};
+    ck_assert_msg(ps_req_call(co.ctl, 0, &batch, &rep, NULL, NULL, err, sizeof err) == 0 &&
+                  rep.step == 0, "the batch of step 0: %s (step %llu)", err,
+                  (unsigned long long)rep.step);
+    batch.flags = PS_FLAG_DONE;
+    batch.step = 1000000;
+    int rc = ps_req_call(co.ctl, 0, &batch, &rep, NULL, NULL, err, sizeof err);
+    ck_assert_msg(rc == PS_EPROTO && strstr(err, "reports step 1000000 done, but the open step "
+                                                 "is 0"), "a step far ahead: %d %s", rc, err);
+    char *st = coord_status(&co);
+    ck_assert_msg(st && strstr(st, "\"finished\": false") && jnum(st, "open_step") == 0,
+                  "shard 0 after it: %s", st ? st : "(no status)");
+    free(st);
+
+    ps_msg_t h1 = hello;
+    h1.rank = 1;
+    ck_assert_msg(ps_req_call(co.ctl, 1, &h1, &rep, NULL, NULL, err, sizeof err) == 0 &&
+                  rep.type == PS_MSG_HELLO_REPLY && rep.rank == 1, "hello to shard 1: %s", err);
+    h1.rank = 2;
+    rc = ps_req_call(co.ctl, 1, &h1, &rep, NULL, NULL, err, sizeof err);
+    ck_assert_msg(rc == PS_EPROTO && strstr(err, "this connection said hello as rank 1"),
+                  "a second hello naming rank 2: %d %s", rc, err);
+    coord_close(&co);
+    for (int i = 0; i < 2; i++) ck_assert_msg(cl_alive(psd[i]), "psd%d: %s", i, cl_tail(psd[i]));
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* ---- a leave the coordinator takes late -------------------------------------------------- */
 
 /* A worker leaves (SIGTERM) while shard 0 is stopped: its leave waits in the transport. Shard 0,
@@ -548,6 +598,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("kill9_one_of_four", test_kill9_one_of_four));
     suite_add_tcase(s, tcase("sigstop_rejoins", test_sigstop_rejoins));
     suite_add_tcase(s, tcase("all_leave_then_one_joins", test_all_leave_then_one_joins));
+    suite_add_tcase(s, tcase("confused_member_refused", test_confused_member_refused));
     suite_add_tcase(s, tcase("leave_while_coordinator_stopped",
                              test_leave_while_coordinator_stopped));
     suite_add_tcase(s, tcase("scale_2_5_1_3", test_scale_2_5_1_3));

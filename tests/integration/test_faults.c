@@ -207,6 +207,35 @@ START_TEST(test_join_hello_unanswered)
 }
 END_TEST
 
+/* Under asp a push's update commits, then its acknowledgement is lost with the connection
+ * (PS_TEST_LOSE_ACK: each shard drops its 4th and closes that connection). The worker reconnects
+ * and sends the push again; the shard must acknowledge it without applying it a second time.
+ * asp_client pushes -1 everywhere 12 times (sgd, lr 1) over a tensor of 3 chunks on 2 shards
+ * and finds every value 12. Before, the resent chunks were applied twice (13). */
+START_TEST(test_lost_ack_asp_applied_once)
+{
+    cl_conf_t k = {.shards = 2, .workers = 1, .consistency = "asp",
+                   .optimizer = "{name: sgd, lr: 1.0}"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    setenv("PS_TEST_LOSE_ACK", "4", 1);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    unsetenv("PS_TEST_LOSE_ACK");
+    char numel[] = "40000", pushes[] = "12"; /* 160000 bytes: 3 chunks of 64 KiB at most */
+    char *argv[] = {(char *)cl_binary("ASP_CLIENT"), c->manifest, numel, pushes, NULL};
+    cl_proc_t *a = cl_spawn(c, "asp", argv);
+    EXPECT_EXIT(a, 0);
+    EXPECT_LOG(a, "12 pushes, each applied once");
+    EXPECT_LOG(a, "is back after");
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(count_in_log(psd[i], "connection closed (PS_TEST_LOSE_ACK)"), 1);
+        ck_assert_msg(count_in_log(psd[i], "applied already: acknowledged again") >= 1,
+                      "psd%d applied no resend only once: %s", i, cl_tail(psd[i]));
+    }
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* SIGTERM reaches a worker that waits on a step nobody can complete (the second worker of
  * a BSP job never came): it abandons the step, says leave and exits 128 + SIGTERM. */
 START_TEST(test_sigterm_stuck_worker)
@@ -238,6 +267,35 @@ START_TEST(test_sigterm_shard_gone)
 }
 END_TEST
 
+/* SIGTERM reaches a worker whose shard is stopped (SIGSTOP) while UCX holds one of its sends:
+ * pushes of 1 MiB chunks over UCX (PS_DIRECT_PUSH=0) go by rendezvous, which waits for the
+ * stopped shard to fetch the data. The interrupt fails the step at once, but the op stays
+ * until UCX lets go of its request: after the leave wait (a third of the heartbeat timeout,
+ * here 1 s) libps closes that shard's connection, which cancels it, and the worker exits while
+ * the shard is still stopped. Before, it waited for the shard to run again. */
+START_TEST(test_sigterm_shard_stopped)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1, .max_steps = 1000000, .chunk_bytes = 1 << 20};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    setenv("PS_DIRECT_PUSH", "0", 1);
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    unsetenv("PS_DIRECT_PUSH");
+    ck_assert_msg(cl_wait_log(w, "step 1/", RUN_S) == 0, "never trained: %s", cl_tail(w));
+    ck_assert_int_eq(cl_signal(psd, SIGSTOP), 0);
+    struct timespec ts = {0, 300 * 1000 * 1000}; /* its next push is on its way by then */
+    nanosleep(&ts, NULL);
+    ck_assert_int_eq(cl_signal(w, SIGTERM), 0);
+    int rc = cl_wait(w, 15.0);
+    cl_signal(psd, SIGCONT);
+    ck_assert_msg(rc == 128 + SIGTERM, "the worker exited %d (-1: still running after 15 s "
+                  "with its shard stopped): %s", rc, cl_tail(w));
+    EXPECT_LOG(w, "stopped by signal");
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("faults");
@@ -251,7 +309,9 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("join_hello_unanswered", test_join_hello_unanswered));
     suite_add_tcase(s, tcase("psd_crash_during_declare", test_psd_crash_during_declare));
     suite_add_tcase(s, tcase("worker_killed_and_replaced", test_worker_killed_and_replaced));
+    suite_add_tcase(s, tcase("lost_ack_asp_applied_once", test_lost_ack_asp_applied_once));
     suite_add_tcase(s, tcase("sigterm_stuck_worker", test_sigterm_stuck_worker));
     suite_add_tcase(s, tcase("sigterm_shard_gone", test_sigterm_shard_gone));
+    suite_add_tcase(s, tcase("sigterm_shard_stopped", test_sigterm_shard_stopped));
     return s;
 }

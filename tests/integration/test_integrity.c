@@ -42,6 +42,9 @@
 
 #include "cluster.h"
 #include "expect.h"
+#include "manifest.h"
+#include "ps/ps_error.h"
+#include "reqclient.h"
 
 /* Two shards, two BSP workers (sgd): the cluster's result against psworker --local. */
 static const cl_conf_t crc_conf = {.shards = 2, .workers = 2, .optimizer = "{name: sgd, lr: 0.05}",
@@ -380,6 +383,45 @@ START_TEST(test_verify_names_corrupt_chunk)
     EXPECT_LOG(v2, ", 1 mismatch\n");
     ck_assert_int_eq(count_in_log(v2, "psctl: verify: shard "), 1); /* that chunk only */
     stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+/* An export snapshot its psctl stopped using (stopped with ^Z, hung): psd ends it after
+ * PS_EXPORT_IDLE_MS (here 500 ms; a minute by default), since LMDB cannot reuse any page freed
+ * after a snapshot that is still open, and the store would grow with every update until it is
+ * full. A chunk asked for afterwards is refused with the reason. Before, it stayed open until
+ * the connection closed. */
+START_TEST(test_export_snapshot_left_open)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1, .max_steps = 20};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    setenv("PS_EXPORT_IDLE_MS", "500", 1);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    unsetenv("PS_EXPORT_IDLE_MS");
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    EXPECT_EXIT(w, 0);
+    ps_manifest_t m;
+    char err[1024] = "";
+    ck_assert_msg(ps_manifest_load(&m, c->manifest, err, sizeof err) == 0, "%s", err);
+    ps_req_t *ctl;
+    ck_assert_msg(ps_req_open(&m, 5.0, &ctl, err, sizeof err) == 0, "%s", err);
+    ps_msg_t q = {.type = PS_MSG_EXPORT_BEGIN, .rank = -1}, r;
+    ck_assert_msg(ps_req_call(ctl, 0, &q, &r, NULL, NULL, err, sizeof err) == 0 &&
+                  r.type == PS_MSG_EXPORT_BEGIN_REPLY && r.step == 20,
+                  "export_begin: %s (step %llu)", err, (unsigned long long)r.step);
+    ck_assert_msg(cl_wait_log(psd, "was unused for", RUN_S) == 0, "the snapshot stayed: %s",
+                  cl_tail(psd));
+    EXPECT_LOG(psd, "ended, so that the store can reuse its pages");
+    q = (ps_msg_t){.type = PS_MSG_EXPORT_CHUNK, .rank = -1, .tensor = 0, .chunk = 0};
+    void *data = NULL;
+    size_t len = 0;
+    int rc = ps_req_call(ctl, 0, &q, &r, &data, &len, err, sizeof err);
+    free(data);
+    ck_assert_msg(rc == PS_EPROTO && strstr(err, "without a snapshot"), "a chunk after it: %d %s",
+                  rc, err);
+    ps_req_close(ctl);
+    stop_all(&psd, 1);
     cl_cluster_destroy(c);
 }
 END_TEST
@@ -760,6 +802,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("merkle_root_survives_restart", test_merkle_root_survives_restart));
     suite_add_tcase(s, tcase("export_matches_local", test_export_matches_local));
     suite_add_tcase(s, tcase("verify_names_corrupt_chunk", test_verify_names_corrupt_chunk));
+    suite_add_tcase(s, tcase("export_snapshot_left_open", test_export_snapshot_left_open));
     suite_add_tcase(s, tcase("sync_interval_reported", test_sync_interval_reported));
     suite_add_tcase(s, tcase("checkpoint_restore_reshard", test_checkpoint_restore_reshard));
     suite_add_tcase(s, tcase("checkpoint_verify_against", test_checkpoint_verify_against));

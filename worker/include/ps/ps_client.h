@@ -83,8 +83,10 @@ void ps_client_set_fusion(ps_client_t *c, uint64_t bytes);
 /**
  * @brief Fail every operation in flight, and every one started later, with PS_ECANCELED (their
  * waits return at once), e.g. to stop a worker waiting on a cluster that cannot make progress.
- * Safe to call from a signal handler. Afterwards the client is only good for
- * ps_client_destroy (which still says leave).
+ * An operation whose data UCX is still sending (a rendezvous to a shard that is stopped or cut
+ * off) ends when the send does, or at the latest a third of job.heartbeat_timeout_ms (1 to 5 s)
+ * later, when libps closes the connection that holds it. Safe to call from a signal handler.
+ * Afterwards the client is only good for ps_client_destroy (which still says leave).
  */
 void ps_client_interrupt(ps_client_t *c);
 
