@@ -387,6 +387,7 @@ void psd_coord_on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
     c->rank = rank;
     c->pid = msg->pid;
     c->host_id = msg->store_id;
+    c->join_serial = co->s.m[rank].join_serial;
     ps_msg_t r = {.type = PS_MSG_HELLO_REPLY, .req_id = msg->req_id, .rank = rank,
                   .workers = popcount(co->s.active), .epoch = co->s.epoch, .shard = 0,
                   .consistency = (uint32_t)srv->m.job.consistency, .step = co->s.step,

@@ -95,9 +95,15 @@ void psd_export_cron(psd_server_t *srv, uint64_t now_ms)
     for (xsess_t *s = srv->xp->sessions, *nx; s; s = nx) {
         nx = s->next;
         if (s->conn == NULL || now_ms - s->used_ms <= limit) continue;
+        psd_conn_t *conn = s->conn;
         PS_LOG(PS_LOG_WARN, "export", "the export snapshot of %s was unused for %llu ms (limit "
-               "%llu ms): ended, so that the store can reuse its pages", s->conn->peer,
-               (unsigned long long)(now_ms - s->used_ms), (unsigned long long)limit);
+               "%llu ms): ended, so that the store can reuse its pages%s", conn->peer,
+               (unsigned long long)(now_ms - s->used_ms), (unsigned long long)limit,
+               s->refs ? "; its connection is closed (a reply to it is still on its way)" : "");
+        if (s->refs) { /* a peer that stopped mid-reply: the close cancels the send */
+            conn->dead = true;
+            conn->close_queued = true;
+        }
         sess_end(srv, s); /* frees s now unless a reply still sends from it */
     }
 }

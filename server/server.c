@@ -454,12 +454,13 @@ static ucs_status_t echo_recv(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                                              UCP_OP_ATTR_FIELD_USER_DATA,
                              .cb.recv_am = echo_done, .user_data = e};
+    bool shared = e->own == NULL; /* e is not read after the call: the callback frees it */
     void *req = ucp_am_recv_data_nbx(srv->ucx.worker, data, dst, length, &p);
     if (req == NULL) {
         echo_done(NULL, UCS_OK, length, e);
     } else if (UCS_PTR_IS_ERR(req)) {
         echo_done(NULL, UCS_PTR_STATUS(req), 0, e);
-    } else if (e->own == NULL) {
+    } else if (shared) {
         srv->echo_busy++; /* until echo_done, called with the request */
     }
     return UCS_OK;

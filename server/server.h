@@ -46,7 +46,8 @@ typedef struct psd_conn_s {
     bool want_lanes;                 /* hello seen: find the lanes outside UCX callbacks */
     uint32_t eager_below;            /* data messages under this size go eagerly
                                         (ps_ucx_eager_below of lanes) */
-    uint64_t join_serial;            /* shards > 0: the join (from shard 0) this rank is held by */
+    uint64_t join_serial;            /* the join (shard 0's serial; the others have it from the
+                                        hello) this rank is held by */
     bool fuses;                      /* it sent a bundle: its small replies may be bundled */
     struct psd_send_s *outbox;       /* outbox.c: the bundle being filled for it */
     bool in_outbox_list;
@@ -68,10 +69,12 @@ typedef struct psd_wait_s {
 
 enum { SLOT_EMPTY = 0, SLOT_RECEIVING, SLOT_FULL, SLOT_APPLYING };
 
-/* A process across hosts and pid namespaces (a container's pid alone is often 1 everywhere). */
+/* One join of one process: its host and pid namespace (a container's pid alone is often 1
+ * everywhere), its pid, and shard 0's serial of the join (a second client of the process, or a
+ * restarted container that reuses both, joins anew). A reconnect keeps all three. */
 static inline uint64_t psd_conn_who(const psd_conn_t *c)
 {
-    return c->host_id * 0x9E3779B97F4A7C15ull ^ c->pid;
+    return (c->host_id * 0x9E3779B97F4A7C15ull ^ c->pid) * 0xBF58476D1CE4E5B9ull ^ c->join_serial;
 }
 
 /* The push whose update a rank's slot of a chunk last committed: its sender and request. */
@@ -109,8 +112,7 @@ struct psd_chunk_s {
     uint64_t *slot_req;        /* req_id to acknowledge */
     uint32_t *slot_crc;        /* the push header's CRC-32C of its payload */
     uint64_t *slot_step;       /* the step the push is for */
-    uint32_t *slot_pid;        /* the process that pushed it */
-    uint64_t *slot_who;        /* psd_conn_who() of that process */
+    uint64_t *slot_who;        /* who pushed it: psd_conn_who() */
     psd_done_t *done;          /* by rank: the last push applied (asp / ssp: a resend of it is
                                   acknowledged, not applied again) */
     psd_conn_t **slot_conn;    /* who to acknowledge */

@@ -49,7 +49,6 @@ static psd_chunk_t *chunk_new(psd_server_t *srv, uint32_t t, uint32_t c, uint32_
     ch->slot_req = calloc(w, sizeof *ch->slot_req);
     ch->slot_crc = calloc(w, sizeof *ch->slot_crc);
     ch->slot_step = calloc(w, sizeof *ch->slot_step);
-    ch->slot_pid = calloc(w, sizeof *ch->slot_pid);
     ch->slot_who = calloc(w, sizeof *ch->slot_who);
     ch->done = calloc(w, sizeof *ch->done);
     ch->slot_conn = calloc(w, sizeof *ch->slot_conn);
@@ -57,9 +56,8 @@ static psd_chunk_t *chunk_new(psd_server_t *srv, uint32_t t, uint32_t c, uint32_
     ch->slot_ext = calloc(w, sizeof *ch->slot_ext);
     if (!ch->slot_ext || !ch->slots || !ch->slot_memh || !ch->slot_state || !ch->slot_req || !ch->slot_conn || !ch->slot_ref ||
         !ch->slot_cap || !ch->slot_len || !ch->slot_codec || !ch->slot_crc || !ch->slot_step ||
-        !ch->slot_pid || !ch->slot_who || !ch->done) {
+        !ch->slot_who || !ch->done) {
         free(ch->slot_step);
-        free(ch->slot_pid);
         free(ch->slot_who);
         free(ch->done);
         free(ch->slots);
@@ -92,7 +90,6 @@ static void chunk_free(psd_chunk_t *ch)
     free(ch->slot_req);
     free(ch->slot_crc);
     free(ch->slot_step);
-    free(ch->slot_pid);
     free(ch->slot_who);
     free(ch->done);
     free(ch->slot_conn);
@@ -898,7 +895,8 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
             return UCS_OK;
         }
     }
-    if (!bsp && msg->req_id == ch->done[rank].req && psd_conn_who(conn) == ch->done[rank].who) {
+    if (!bsp && msg->req_id != 0 && msg->req_id == ch->done[rank].req &&
+        psd_conn_who(conn) == ch->done[rank].who) {
         /* asp / ssp: this push's update committed, but its acknowledgement was lost with the
          * connection and the worker sent it again. bsp needs no record of it: the step check
          * above acknowledges any push of a step the chunk passed. */
@@ -913,14 +911,14 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
     bool orphan = (ch->slot_state[rank] == SLOT_FULL || ch->slot_state[rank] == SLOT_APPLYING) &&
                   (ch->slot_conn[rank] == NULL || ch->slot_conn[rank]->dead);
     if (orphan && ch->slot_state[rank] == SLOT_FULL &&
-        (ch->slot_pid[rank] != conn->pid || ch->slot_step[rank] != msg->step)) {
+        (ch->slot_who[rank] != psd_conn_who(conn) || ch->slot_step[rank] != msg->step)) {
         /* Left by another process that held this rank (it is gone): not this push's data. */
         ch->nfull--;
         ch->full_mask &= ~(1ull << rank);
         drop_slot(ch, rank);
         orphan = false;
     }
-    if (orphan && ch->slot_pid[rank] == conn->pid && ch->slot_step[rank] == msg->step) {
+    if (orphan && ch->slot_who[rank] == psd_conn_who(conn) && ch->slot_step[rank] == msg->step) {
         /* The same rank's push of this step is here already (maybe being applied): its
          * connection broke and it sent the push again. Ranks are not reused within a step,
          * so this is the same gradient; acknowledge this copy when the step is applied. */
@@ -975,7 +973,6 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
     ch->slot_req[rank] = msg->req_id;
     ch->slot_crc[rank] = msg->crc32c;
     ch->slot_step[rank] = msg->step;
-    ch->slot_pid[rank] = conn->pid;
     ch->slot_who[rank] = psd_conn_who(conn);
     ch->slot_conn[rank] = conn;
     psd_conn_ref(conn);

@@ -56,6 +56,7 @@ typedef struct {
         uint8_t have_crc; /* push: crc is computed (at the first send, on the comm thread) */
         uint8_t tries; /* times it came back corrupted */
         uint8_t sending; /* a send of it has not completed: hdr (and copy) are in use */
+        uint8_t receiving; /* pull: its reply's rendezvous is landing (on_pull_recv) */
         uint8_t again; /* send it again once that send completes */
         uint8_t direct; /* its last request was direct (PS_FLAG_DIRECT): a pull asked for a
                            direct reply; a push was written into the shard's area */
@@ -91,6 +92,9 @@ typedef struct {
     uint8_t *pull_buf;      /* [nchunks * pull_cap] compressed parameters on their way in */
     size_t pull_cap;
     ps_op_t *spare[2];      /* a finished push and pull op kept for reuse (caller's thread) */
+    uint32_t busy[2];       /* pushes, pulls handed over and not yet waited for (caller's
+                               thread): a second push, a second compressed pull (one landing
+                               buffer) and a change of compression wait for them */
     uint64_t took_ns[2];    /* push, pull: how long its ops take, hand-over to done, a moving
                                average (caller's thread; op_wait_done) */
 } ctensor_t;
@@ -461,6 +465,7 @@ static void on_pull_recv(void *request, ucs_status_t status, size_t length, void
     ps_client_t *c = op->c;
     const ctensor_t *t = c->tensors[op->tensor];
     op->ucx_refs--;
+    p->ck.receiving = 0;
     if (status != UCS_OK) {
         if (!part_defer(c, p))
             op_fail(op, ps_ucx_err(status), "pull data from shard %u lost: %s", p->shard,
@@ -1401,25 +1406,33 @@ static int on_deferred(ps_ucx_t *u)
     return did;
 }
 
+/* Close shard @p i's connection: it still holds a request of an interrupted op. */
+static void interrupt_close(ps_client_t *c, uint32_t i)
+{
+    cshard_t *s = &c->shards[i];
+    if (s->ep == NULL || s->dead) return;
+    PS_LOG(PS_LOG_WARN, "libps", "shard %u (%s:%u) still holds a request %u ms after the "
+           "interrupt: closing its connection", i, c->m.servers[i].host, c->m.servers[i].port,
+           leave_wait_ms(c));
+    s->dead = s->close_queued = 1;
+}
+
 /* An interrupted op that UCX still holds (a rendezvous push to a shard that is stopped or
- * cut off never completes): each shard it has a send in flight to (or, with none, every shard
- * of its parts) gets its connection closed, which cancels the requests, so the caller's wait
- * ends. Healthy shards finished theirs long before: their connections stay for the leave. */
+ * cut off never completes): each shard that holds one of its requests (a part's send or
+ * rendezvous receive, a bundle carrying one of its parts) gets its connection closed, which
+ * cancels them, so the caller's wait ends. Healthy shards finished theirs long before: their
+ * connections stay for the leave. */
 static void on_interrupt_timer(uv_timer_t *h)
 {
     ps_client_t *c = h->data;
     for (ps_op_t *op = c->inflight; op; op = op->next) {
         if (op->on_done || op->type == OP_LEAVE || op->done || op->ucx_refs == 0) continue;
-        int sending = 0;
-        for (uint32_t i = 0; i < op->nparts; i++) sending |= op->parts[i].ck.sending;
-        for (uint32_t i = 0; i < op->nparts; i++) {
-            cshard_t *s = &c->shards[op->parts[i].shard];
-            if ((sending && !op->parts[i].ck.sending) || s->ep == NULL || s->dead) continue;
-            PS_LOG(PS_LOG_WARN, "libps", "shard %u (%s:%u) still holds a request %u ms after the "
-                   "interrupt: closing its connection", s->index, c->m.servers[s->index].host,
-                   c->m.servers[s->index].port, leave_wait_ms(c));
-            s->dead = s->close_queued = 1;
-        }
+        for (uint32_t i = 0; i < op->nparts; i++)
+            if (op->parts[i].ck.sending || op->parts[i].ck.receiving)
+                interrupt_close(c, op->parts[i].shard);
+        for (bundle_t *b = c->flying; b; b = b->fly_next)
+            for (uint32_t k = 0; k < b->count; k++)
+                if (b->parts[k]->op == op) interrupt_close(c, b->shard);
     }
 }
 
@@ -1605,6 +1618,7 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
                                                    UCP_OP_ATTR_FIELD_USER_DATA,
                                    .cb.recv_am = on_pull_recv, .user_data = p};
         op->ucx_refs++;
+        p->ck.receiving = 1;
         void *req = ucp_am_recv_data_nbx(c->ucx.worker, data, dst, length, &prm);
         if (req == NULL)
             on_pull_recv(NULL, UCS_OK, length, p); /* completes the op if it was the last */
@@ -1863,8 +1877,11 @@ int ps_op_wait(ps_op_t *op, uint64_t *version)
     /* Keep one push and one pull op per tensor, and one control op (a batch request, a
      * declaration): steady training allocates nothing. */
     ps_op_t **spare = NULL;
-    if (op->type == OP_PUSH || op->type == OP_PULL)
-        spare = &c->tensors[op->tensor]->spare[op->type == OP_PULL];
+    if (op->type == OP_PUSH || op->type == OP_PULL) {
+        ctensor_t *t = c->tensors[op->tensor];
+        t->busy[op->type == OP_PULL]--;
+        spare = &t->spare[op->type == OP_PULL];
+    }
     else if (op->nparts == 1)
         spare = &c->ctrl_spare;
     if (spare && *spare == NULL)
@@ -2162,6 +2179,16 @@ static int data_op(ps_client_t *c, int type, uint32_t id, float *buf, uint64_t s
         return PS_EINVAL;
     }
     ctensor_t *t = c->tensors[id];
+    if (type == OP_PUSH && t->busy[0]) {
+        snprintf(c->err, sizeof c->err, "tensor %u: a push of it is in flight; wait for it "
+                 "before pushing it again", id);
+        return PS_EBUSY;
+    }
+    if (type == OP_PULL && t->busy[1] && t->pull_codec.kind != PSK_CODEC_NONE) {
+        snprintf(c->err, sizeof c->err, "tensor %u: a compressed pull of it is in flight (they "
+                 "land in one buffer); wait for it first", id);
+        return PS_EBUSY;
+    }
     ps_op_t *op = op_reuse(c, &t->spare[type == OP_PULL], type, t->nchunks);
     if (op == NULL) return PS_ENOMEM;
     op->tensor = id;
@@ -2196,6 +2223,7 @@ static int data_op(ps_client_t *c, int type, uint32_t id, float *buf, uint64_t s
         }
         p->data = out;
     }
+    t->busy[type == OP_PULL]++;
     submit(c, op);
     *out = op;
     return 0;
@@ -2210,6 +2238,11 @@ int ps_client_set_compression(ps_client_t *c, uint32_t id, const ps_compression_
         return PS_EINVAL;
     }
     ctensor_t *t = c->tensors[id];
+    if (t->busy[0] || t->busy[1]) {
+        snprintf(c->err, sizeof c->err, "tensor %u: a push or pull of it is in flight; wait for "
+                 "it before changing its compression", id);
+        return PS_EBUSY;
+    }
     psk_codec_t pc, pl;
     if (psk_codec_parse(&pc, codec ? codec : "none")) {
         snprintf(c->err, sizeof c->err, "unknown codec '%s'", codec);

@@ -1,24 +1,57 @@
 /* asp_client.c: a libps worker for the test of pushes applied exactly once under asp
  * (test_faults.c, lost_ack_*). Test code, not part of psd.
  *
- *   asp_client MANIFEST NUMEL PUSHES
+ *   asp_client MANIFEST NUMEL PUSHES [--interrupt]
  *
  * Joins the cluster (consistency asp, optimizer sgd with lr 1), declares tensor "asp.t" of
  * NUMEL floats (zeros), pushes a gradient of -1 everywhere PUSHES times, each push waited for
  * before the next, then pulls: every push applied exactly once leaves every value equal to
  * PUSHES (sgd: p - lr * g adds 1 per update, exactly, for any count a float holds). Exit 0
  * with "PUSHES pushes, each applied once" on stdout; 1 with the first element that is off
- * (how many times it was updated) or the libps error. */
+ * (how many times it was updated) or the libps error. While its first push is in flight, a
+ * second push of the tensor and a change of its compression must be refused (PS_EBUSY). */
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "ps/ps_client.h"
 
+static ps_client_t *g_client;
+
+static void on_sigterm(int sig)
+{
+    (void)sig;
+    if (g_client) ps_client_interrupt(g_client);
+}
+
+/* --interrupt: say "ready", wait for SIGUSR1, push once and wait; SIGTERM interrupts the wait
+ * (test_faults.c, sigterm_shard_stopped: the shard is stopped before SIGUSR1, so a rendezvous
+ * push stays with UCX). Exit 3 when the wait ended with PS_ECANCELED. */
+static int interrupted_push(ps_client_t *c, uint32_t id, const float *g)
+{
+    sigset_t usr1;
+    sigemptyset(&usr1);
+    sigaddset(&usr1, SIGUSR1);
+    sigprocmask(SIG_BLOCK, &usr1, NULL);
+    printf("asp_client: ready\n");
+    fflush(stdout);
+    int sig;
+    sigwait(&usr1, &sig);
+    ps_op_t *op;
+    int rc = ps_client_push(c, id, g, 0, &op);
+    if (rc == 0) rc = ps_op_wait(op, NULL);
+    printf("asp_client: push: %s\n", rc ? ps_client_error(c) : "acknowledged");
+    fflush(stdout);
+    return rc == PS_ECANCELED ? 3 : 1;
+}
+
 int main(int argc, char **argv)
 {
-    if (argc != 4) {
-        fprintf(stderr, "usage: asp_client MANIFEST NUMEL PUSHES\n");
+    int interrupt = argc == 5 && strcmp(argv[4], "--interrupt") == 0;
+    if (argc != 4 && !interrupt) {
+        fprintf(stderr, "usage: asp_client MANIFEST NUMEL PUSHES [--interrupt]\n");
         return 2;
     }
     uint64_t n = strtoull(argv[2], NULL, 10), pushes = strtoull(argv[3], NULL, 10);
@@ -41,9 +74,34 @@ int main(int argc, char **argv)
         rc = 1;
     }
     for (uint64_t i = 0; rc == 0 && i < n; i++) g[i] = -1.0f;
-    ps_op_t *op;
+    if (rc == 0 && interrupt) {
+        g_client = c;
+        struct sigaction sa = {.sa_handler = on_sigterm};
+        sigaction(SIGTERM, &sa, NULL);
+        rc = interrupted_push(c, id, g);
+        ps_client_destroy(c); /* says leave (the stopped shard cannot answer it) */
+        free(g);
+        free(got);
+        return rc;
+    }
+    ps_op_t *op, *again;
     for (uint64_t k = 0; rc == 0 && k < pushes; k++) {
-        if (ps_client_push(c, id, g, k, &op) != 0 || ps_op_wait(op, NULL) != 0) {
+        if (ps_client_push(c, id, g, k, &op) != 0) {
+            printf("asp_client: push %" PRIu64 ": %s\n", k, ps_client_error(c));
+            rc = 1;
+            break;
+        }
+        /* The first push not waited for yet: a second one, or a change of compression, is
+         * refused (they would share the push's buffers) and changes nothing. */
+        ps_compression_t fp16 = {.codec = "fp16"};
+        if (k == 0 && (ps_client_push(c, id, g, k, &again) != PS_EBUSY ||
+                       ps_client_set_compression(c, id, &fp16) != PS_EBUSY)) {
+            printf("asp_client: a second push or a compression change during a push was taken "
+                   "(%s)\n", ps_client_error(c));
+            rc = 1;
+        }
+        if (k == 0 && rc == 0) printf("asp_client: busy: %s\n", ps_client_error(c));
+        if (ps_op_wait(op, NULL) != 0) {
             printf("asp_client: push %" PRIu64 ": %s\n", k, ps_client_error(c));
             rc = 1;
         }

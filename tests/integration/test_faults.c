@@ -225,6 +225,8 @@ START_TEST(test_lost_ack_asp_applied_once)
     cl_proc_t *a = cl_spawn(c, "asp", argv);
     EXPECT_EXIT(a, 0);
     EXPECT_LOG(a, "12 pushes, each applied once");
+    EXPECT_LOG(a, "busy: tensor 0: a push or pull of it is in flight; wait for it before "
+                  "changing its compression");
     EXPECT_LOG(a, "is back after");
     for (int i = 0; i < 2; i++) {
         ck_assert_int_eq(count_in_log(psd[i], "connection closed (PS_TEST_LOSE_ACK)"), 1);
@@ -268,29 +270,34 @@ START_TEST(test_sigterm_shard_gone)
 END_TEST
 
 /* SIGTERM reaches a worker whose shard is stopped (SIGSTOP) while UCX holds one of its sends:
- * pushes of 1 MiB chunks over UCX (PS_DIRECT_PUSH=0) go by rendezvous, which waits for the
- * stopped shard to fetch the data. The interrupt fails the step at once, but the op stays
- * until UCX lets go of its request: after the leave wait (a third of the heartbeat timeout,
- * here 1 s) libps closes that shard's connection, which cancels it, and the worker exits while
- * the shard is still stopped. Before, it waited for the shard to run again. */
+ * asp_client --interrupt pushes 1.6 MB (chunks of 1 MiB) over UCX (PS_DIRECT_PUSH=0) only once
+ * the shard is stopped, so the push goes by rendezvous and waits for the shard to fetch it. The
+ * interrupt fails the push at once, but the op stays until UCX lets go of its request: after
+ * the leave wait (a third of the heartbeat timeout, here 1 s) libps closes that shard's
+ * connection, which cancels it, and the client exits while the shard is still stopped. Before,
+ * it waited for the shard to run again. */
 START_TEST(test_sigterm_shard_stopped)
 {
-    cl_conf_t k = {.shards = 1, .workers = 1, .max_steps = 1000000, .chunk_bytes = 1 << 20};
+    cl_conf_t k = {.shards = 1, .workers = 1, .consistency = "asp", .chunk_bytes = 1 << 20};
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    char numel[] = "400000", pushes[] = "1", mode[] = "--interrupt";
+    char *argv[] = {(char *)cl_binary("ASP_CLIENT"), c->manifest, numel, pushes, mode, NULL};
     setenv("PS_DIRECT_PUSH", "0", 1);
-    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    cl_proc_t *a = cl_spawn(c, "asp", argv);
     unsetenv("PS_DIRECT_PUSH");
-    ck_assert_msg(cl_wait_log(w, "step 1/", RUN_S) == 0, "never trained: %s", cl_tail(w));
+    ck_assert_msg(cl_wait_log(a, "asp_client: ready", RUN_S) == 0, "not ready: %s", cl_tail(a));
     ck_assert_int_eq(cl_signal(psd, SIGSTOP), 0);
-    struct timespec ts = {0, 300 * 1000 * 1000}; /* its next push is on its way by then */
+    ck_assert_int_eq(cl_signal(a, SIGUSR1), 0);
+    struct timespec ts = {0, 300 * 1000 * 1000}; /* the push is with UCX by then */
     nanosleep(&ts, NULL);
-    ck_assert_int_eq(cl_signal(w, SIGTERM), 0);
-    int rc = cl_wait(w, 15.0);
+    ck_assert_int_eq(cl_signal(a, SIGTERM), 0);
+    int rc = cl_wait(a, 15.0);
     cl_signal(psd, SIGCONT);
-    ck_assert_msg(rc == 128 + SIGTERM, "the worker exited %d (-1: still running after 15 s "
-                  "with its shard stopped): %s", rc, cl_tail(w));
-    EXPECT_LOG(w, "stopped by signal");
+    ck_assert_msg(rc == 3, "the client exited %d (-1: still running after 15 s with its shard "
+                  "stopped; 3: its push interrupted): %s", rc, cl_tail(a));
+    EXPECT_LOG(a, "asp_client: push: interrupted");
+    EXPECT_LOG(a, "still holds a request 1000 ms after the interrupt: closing its connection");
     stop_all(&psd, 1);
     cl_cluster_destroy(c);
 }

@@ -144,9 +144,11 @@ typedef struct {
 /**
  * @brief Compress tensor @p id's pushes and pulls as @p cfg says.
  * @return 0 or PS_EINVAL (unknown codec name, block 0, or an undeclared tensor;
- *         ps_client_error() says which), PS_ENOMEM.
- * @note With a codec other than none, the encoded chunks live in one buffer per tensor:
- *       wait for a push before pushing the same tensor again.
+ *         ps_client_error() says which), PS_ENOMEM, PS_EBUSY (a push or pull of the tensor
+ *         has not been waited for).
+ * @note With a codec other than none, the encoded chunks live in one buffer per tensor, as
+ *       do compressed pulls' landing chunks: ps_client_push refuses a second push of a tensor
+ *       before the first was waited for, ps_client_pull a second compressed pull.
  */
 int ps_client_set_compression(ps_client_t *c, uint32_t id, const ps_compression_t *cfg);
 
@@ -154,6 +156,8 @@ int ps_client_set_compression(ps_client_t *c, uint32_t id, const ps_compression_
  * @brief Push the gradient of tensor @p id for @p step (asynchronous).
  * @param grad numel floats; borrowed: must stay unchanged until the handle completes.
  * @param[out] op the handle to ps_op_wait on.
+ * @return 0; PS_EBUSY while an earlier push of the tensor has not been waited for; PS_EINVAL
+ *  (an undeclared tensor), PS_ENOMEM, or the codec's error.
  */
 int ps_client_push(ps_client_t *c, uint32_t id, const float *grad, uint64_t step, ps_op_t **op);
 
@@ -163,6 +167,8 @@ int ps_client_push(ps_client_t *c, uint32_t id, const float *grad, uint64_t step
  * @param dst numel floats; written until the handle completes. Chunks land in it before their
  *  CRC-32C is checked (a mismatch asks again and overwrites them), so after a failed pull
  *  (e.g. PS_ECRC after every retry) @p dst may hold partial or corrupted chunks.
+ * @return 0; PS_EBUSY while an earlier compressed pull (fp16, bf16) of the tensor has not been
+ *  waited for; PS_EINVAL (an undeclared tensor), PS_ENOMEM.
  */
 int ps_client_pull(ps_client_t *c, uint32_t id, float *dst, uint64_t min_version, ps_op_t **op);
 
