@@ -111,6 +111,7 @@ typedef struct {
     uint32_t backoff_ms;
     uv_timer_t timer;  /* the next reconnect attempt */
     int hb_inflight;   /* a heartbeat send not completed yet */
+    int losing;        /* shard_lost is running: an op it fails must not call it again */
     struct bundle_s *open; /* the bundle being filled for this shard (on_deferred) */
     char lanes[64];    /* the transports the endpoint uses ("sysv,cma", "tcp", "rc_mlx5") */
     int want_lanes;    /* the first hello was answered: find and log the lanes */
@@ -868,8 +869,8 @@ static uint64_t now_ms(void) { return mono_ns() / 1000000; }
 /* Fail (give_up) or keep for resending every pending part on shard i. */
 static void parts_on_shard(ps_client_t *c, uint32_t i, int give_up)
 {
-    for (ps_op_t *op = c->inflight, *nx; op; op = nx) {
-        nx = op->next;
+again:
+    for (ps_op_t *op = c->inflight; op; op = op->next) {
         int hit = 0;
         for (uint32_t k = 0; k < op->nparts; k++) {
             part_t *p = &op->parts[k];
@@ -882,7 +883,12 @@ static void parts_on_shard(ps_client_t *c, uint32_t i, int give_up)
                 break;
             }
         }
-        if (hit) op_maybe_complete(op); /* the op may be gone after this */
+        if (!hit) continue;
+        /* The op may be gone after this, and its completion may have run others (a re-hello's
+         * on_done): the list is walked again from its head. A part handled here is no longer
+         * pending (or waits with resend set, without completing anything), so this ends. */
+        op_maybe_complete(op);
+        goto again;
     }
 }
 
@@ -1044,6 +1050,8 @@ static void on_reconnect_timer(uv_timer_t *h)
     ps_ucx_progress(&c->ucx);
 }
 
+static void shard_lost_now(ps_client_t *c, uint32_t i);
+
 /* Shard i's endpoint is gone. Before the join that is an error; after it, pushes and
  * pulls wait while the client reconnects with capped backoff (50 ms doubling to 1 s)
  * until the connect timeout, then they fail. */
@@ -1051,6 +1059,15 @@ static void shard_lost(ps_client_t *c, uint32_t i)
 {
     cshard_t *s = &c->shards[i];
     s->dead = 0;
+    if (s->losing) return; /* a re-hello failed by the parts_on_shard below: handled there */
+    s->losing = 1;
+    shard_lost_now(c, i);
+    s->losing = 0;
+}
+
+static void shard_lost_now(ps_client_t *c, uint32_t i)
+{
+    cshard_t *s = &c->shards[i];
     /* Leaving: no reconnect, whose hello would take the rank back at shard 0 just before the
      * connection closes for good. */
     if (!__atomic_load_n(&c->joined, __ATOMIC_ACQUIRE) || s->gone || c->leaving) {
