@@ -776,6 +776,16 @@ static uint32_t leave_wait_ms(const ps_client_t *c)
     return c->hello_deadline_ms < PS_LEAVE_WAIT_MS ? c->hello_deadline_ms : PS_LEAVE_WAIT_MS;
 }
 
+static void on_rehello(ps_op_t *op);
+
+/* A reconnect's hello to shard @p i is on its way. */
+static int rehello_pending(const ps_client_t *c, uint32_t i)
+{
+    for (const ps_op_t *op = c->inflight; op; op = op->next)
+        if (op->on_done == on_rehello && op->parts[0].shard == i && op->parts[0].pending) return 1;
+    return 0;
+}
+
 static void start_op(ps_client_t *c, ps_op_t *op)
 {
     op->next = c->inflight;
@@ -809,12 +819,17 @@ static void start_op(ps_client_t *c, ps_op_t *op)
          * closes the connections only then: a close that overtook the leave would make shard 0
          * hold the rank for a process that may come back (up to 15 s for one on another host).
          * No heartbeat follows a leave: a shard that took it would refuse one. */
-        ps_msg_t m = {.type = PS_MSG_LEAVE, .req_id = op->req_id, .rank = c->rank};
+        op->req = (ps_msg_t){.type = PS_MSG_LEAVE, .req_id = op->req_id, .rank = c->rank};
         c->leaving = 1;
         for (uint32_t i = 0; i < c->nshards; i++) /* no reconnect either (shard_lost) */
             uv_timer_stop(&c->shards[i].timer);
-        for (uint32_t i = 0; i < op->nparts; i++)
-            send_part(c, &op->parts[i], &m, NULL, 0, PS_AM_CTRL);
+        for (uint32_t i = 0; i < op->nparts; i++) {
+            part_t *p = &op->parts[i];
+            if (c->shards[p->shard].down && rehello_pending(c, p->shard))
+                p->resend = 1; /* its answer takes the rank back: the leave follows it */
+            else
+                send_part(c, p, &op->req, NULL, 0, PS_AM_CTRL);
+        }
         if (op->remaining > 0)
             uv_timer_start(&c->leave_timer, on_leave_timer, leave_wait_ms(c), 0);
         break;
@@ -980,6 +995,7 @@ static void on_rehello(ps_op_t *op)
     if (op->status == PS_ENOTMEMBER) {
         PS_LOG(PS_LOG_WARN, "libps", "shard %u: %s", i, op->err);
         mark_removed(c);
+        if (c->leaving) parts_on_shard(c, i, 1); /* a leave waiting for this hello: not a member */
         return;
     }
     if (op->status == 0 && op->reply.rank != c->rank) {
@@ -1004,7 +1020,7 @@ static void on_rehello(ps_op_t *op)
             for (uint32_t k = 0; k < o->nparts; k++)
                 if (o->parts[k].resend && o->parts[k].shard == i && o->parts[k].pending) {
                     o->parts[k].resend = 0;
-                    if (o->type == OP_BATCH || o->type == OP_DECLARE)
+                    if (o->type == OP_BATCH || o->type == OP_DECLARE || o->type == OP_LEAVE)
                         send_part(c, &o->parts[k], &o->req, NULL, 0, PS_AM_CTRL);
                     else
                         send_data_part(c, o, &o->parts[k]);

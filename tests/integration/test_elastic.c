@@ -248,6 +248,38 @@ START_TEST(test_status_after_idle)
 }
 END_TEST
 
+/* A worker leaves (SIGTERM) while its reconnect's hello to a restarted shard 0 is on its way
+ * (shard 0 killed, started again and stopped at once, so the hello waits). The hello's answer
+ * gives the rank back, so the leave must follow it: shard 0, running again, logs the leave.
+ * Before, the leave skipped the shard that was down and the worker closed its connections; the
+ * hello, answered later or never, left shard 0 holding a rank for a worker that was gone. */
+START_TEST(test_leave_during_reconnect)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1, .batch_size = 16, .epochs = 10000,
+                   .job_extra = "  heartbeat_timeout_ms: 6000\n  train_samples: 3000\n"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    ck_assert_msg(cl_wait_log(w, "step 1/", RUN_S) == 0, "never trained: %s", cl_tail(w));
+    ck_assert_int_eq(cl_signal(psd, SIGKILL), 0);
+    cl_wait(psd, RUN_S);
+    ck_assert_msg(cl_wait_log(w, "lost shard 0", RUN_S) == 0, "no loss seen: %s", cl_tail(w));
+    psd = cl_psd_start(c, 0, NULL, READY_S);
+    ck_assert_int_eq(cl_signal(psd, SIGSTOP), 0);
+    nap_ms(1300); /* the reconnect backoff is at most 1 s: the hello is on its way */
+    ck_assert_int_eq(cl_signal(w, SIGTERM), 0);
+    nap_ms(300);
+    ck_assert_int_eq(cl_signal(psd, SIGCONT), 0);
+    EXPECT_EXIT(w, 128 + SIGTERM);
+    char want[64];
+    snprintf(want, sizeof want, "(pid %d) says leave", (int)w->pid);
+    ck_assert_msg(cl_wait_log(psd, want, 5.0) == 0, "shard 0 did not take the leave (\"%s\"): "
+                  "%s", want, cl_tail(psd));
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* ---- a confused member ---------------------------------------------------------------------- */
 
 /* A member (the test itself, over the wire) that says more than a worker would:
@@ -599,6 +631,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("sigstop_rejoins", test_sigstop_rejoins));
     suite_add_tcase(s, tcase("all_leave_then_one_joins", test_all_leave_then_one_joins));
     suite_add_tcase(s, tcase("confused_member_refused", test_confused_member_refused));
+    suite_add_tcase(s, tcase("leave_during_reconnect", test_leave_during_reconnect));
     suite_add_tcase(s, tcase("leave_while_coordinator_stopped",
                              test_leave_while_coordinator_stopped));
     suite_add_tcase(s, tcase("scale_2_5_1_3", test_scale_2_5_1_3));
