@@ -700,6 +700,10 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, const char *restore,
         PS_LOG(PS_LOG_WARN, "server", "PS_TEST_LOSE_ACK=%u: push acknowledgement %u is lost and "
                "its connection closed on purpose (a test hook)", srv->test_lose_ack,
                srv->test_lose_ack);
+    if ((srv->test_crash_after_apply = test_hook("PS_TEST_CRASH_AFTER_APPLY", 0)))
+        PS_LOG(PS_LOG_WARN, "server", "PS_TEST_CRASH_AFTER_APPLY=%u: this shard kills itself "
+               "after apply job %u commits (a test hook)", srv->test_crash_after_apply,
+               srv->test_crash_after_apply);
     if ((srv->test_drop_hello = test_hook("PS_TEST_DROP_HELLO", 8)))
         PS_LOG(PS_LOG_WARN, "server", "PS_TEST_DROP_HELLO=%u: the first hello of each of %u "
                "workers goes unanswered on purpose (a test hook)",

@@ -1,4 +1,5 @@
 /* shard.c: the tensor table, chunk aggregation, store jobs and pull snapshots. */
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -158,9 +159,22 @@ static void on_load_chunk(void *arg, uint32_t t, uint32_t c, const psd_chunk_hdr
     }
 }
 
+static void on_load_applied(void *arg, uint32_t t, uint32_t c, const void *val, size_t len)
+{
+    psd_server_t *srv = arg;
+    psd_chunk_t *ch = t < srv->ntensors && srv->tensors[t].present && c < srv->tensors[t].nchunks
+                          ? srv->tensors[t].chunks[c]
+                          : NULL;
+    if (ch && len == PS_MAX_RANKS * sizeof *ch->done)
+        memcpy(ch->done, val, len);
+    else
+        PS_LOG(PS_LOG_WARN, "shard", "stored applied-push record of %u/%u (%zu bytes) fits no "
+               "chunk of this shard: ignored", t, c, len);
+}
+
 int psd_shard_load(psd_server_t *srv)
 {
-    int rc = psd_store_load(&srv->store, on_load_tensor, on_load_chunk, srv);
+    int rc = psd_store_load(&srv->store, on_load_tensor, on_load_chunk, on_load_applied, srv);
     if (rc) return rc;
     uint64_t nchunks = 0;
     for (uint32_t i = 0; i < srv->ntensors; i++)
@@ -1240,6 +1254,23 @@ static int run_apply(psd_job_t *job, psd_wtxn_t *tx)
         if (!job_defer(job, i, ch->n, h, &ndeferred)) apply_item(job, i, old, h);
     }
     psd_fanout_run(&srv->fanout, ndeferred, apply_deferred, job);
+    if (srv->m.job.consistency == PS_CONSIST_BSP) return 0;
+    /* asp / ssp: which push each rank last applied goes into the same transaction, so that a
+     * resend after a crash between this commit and the acknowledgement is still known (a bsp
+     * resend is known by its step). ack_slot sets ch->done to the same after the commit. */
+    for (uint32_t i = 0; i < job->nitems; i++) {
+        psd_chunk_t *ch = job->items[i];
+        psd_done_t done[PS_MAX_RANKS];
+        memcpy(done, ch->done, sizeof done);
+        bool any = false;
+        for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
+            if (ch->slot_state[r] == SLOT_APPLYING && !(job->bad[i] >> r & 1)) {
+                done[r] = (psd_done_t){ch->slot_who[r], ch->slot_req[r]};
+                any = true;
+            }
+        int rc = any ? psd_store_put_applied(tx, ch->tensor, ch->chunk, done, sizeof done) : 0;
+        if (rc) return rc;
+    }
     return 0;
 }
 
@@ -1329,6 +1360,12 @@ static void job_done(uv_work_t *w, int status)
         psd_trace_apply(srv->trace, job->begin_ns, job->end_ns, job->nitems,
                         job->items[0]->tensor, job->items[0]->chunk, job_bytes(srv, job),
                         job->pooled, job->rc == 0);
+    if (job->kind == JOB_APPLY && job->rc == 0 && srv->test_crash_after_apply &&
+        --srv->test_crash_after_apply == 0) {
+        PS_LOG(PS_LOG_WARN, "shard", "killed after an apply committed, before its "
+               "acknowledgements (PS_TEST_CRASH_AFTER_APPLY)");
+        raise(SIGKILL);
+    }
     psd_outbox_begin(srv); /* the acks and pull replies of this job leave bundled */
     snapshot_stale(srv);
     if (job->kind == JOB_CREATE) {

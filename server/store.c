@@ -307,7 +307,7 @@ void psd_store_close(psd_store_t *st)
 }
 
 int psd_store_load(psd_store_t *st, psd_store_tensor_cb on_tensor, psd_store_chunk_cb on_chunk,
-                   void *arg)
+                   psd_store_applied_cb on_applied, void *arg)
 {
     MDB_txn *txn;
     int rc = mdb_txn_begin(st->env, NULL, MDB_RDONLY, &txn);
@@ -344,6 +344,8 @@ int psd_store_load(psd_store_t *st, psd_store_tensor_cb on_tensor, psd_store_chu
                 break;
             }
             on_chunk(arg, rd32(kp + 1), rd32(kp + 5), h);
+        } else if (k.mv_size == 9 && kp[0] == 'D') {
+            on_applied(arg, rd32(kp + 1), rd32(kp + 5), v.mv_data, v.mv_size);
         }
     }
     if (ret == 0 && rc != MDB_NOTFOUND) ret = mdb_err(rc);
@@ -497,6 +499,15 @@ int psd_store_put_blob(psd_wtxn_t *tx, const char *name, const void *data, size_
     char kb[64];
     snprintf(kb, sizeof kb, "M%s", name);
     MDB_val k = {strlen(kb), kb}, v = {len, (void *)data};
+    return mdb_err(mdb_put(tx->w, tx->st->dbi, &k, &v, 0));
+}
+
+int psd_store_put_applied(psd_wtxn_t *tx, uint32_t t, uint32_t c, const void *val, size_t len)
+{
+    uint8_t kb[PS_CHUNK_KEY_LEN];
+    ps_chunk_key(kb, t, c);
+    kb[0] = 'D';
+    MDB_val k = {sizeof kb, kb}, v = {len, (void *)val};
     return mdb_err(mdb_put(tx->w, tx->st->dbi, &k, &v, 0));
 }
 

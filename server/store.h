@@ -94,10 +94,13 @@ int psd_store_mkdir_p(const char *dir);
 
 typedef void (*psd_store_tensor_cb)(void *arg, const ps_decl_t *d);
 typedef void (*psd_store_chunk_cb)(void *arg, uint32_t t, uint32_t c, const psd_chunk_hdr_t *h);
+typedef void (*psd_store_applied_cb)(void *arg, uint32_t t, uint32_t c, const void *val,
+                                     size_t len);
 
-/** @brief Walk every stored tensor, then every chunk header, in key order (startup). */
+/** @brief Walk every stored tensor, then every chunk header and every chunk's applied-push
+ *  record (psd_store_put_applied), in key order (startup). @p val is valid during the call. */
 int psd_store_load(psd_store_t *st, psd_store_tensor_cb on_tensor, psd_store_chunk_cb on_chunk,
-                   void *arg);
+                   psd_store_applied_cb on_applied, void *arg);
 
 /**
  * @brief Fill the header's crc32c and hash from the record's bytes (params and state as they
@@ -184,6 +187,12 @@ int psd_store_snapshot_renew(MDB_txn *txn);
 
 /** @brief Store @p len bytes under metadata key "M"@p name in @p tx (copied). */
 int psd_store_put_blob(psd_wtxn_t *tx, const char *name, const void *data, size_t len);
+
+/** @brief Store chunk (@p t, @p c)'s record of the pushes last applied to it (asp and ssp:
+ *  shard.c's psd_done_t per rank, so that a restarted shard still knows a resend), @p len
+ *  bytes copied from @p val, in @p tx. Key 'D' be32(t) be32(c): chunk walks skip it.
+ *  @return 0 or PS_ESTOREFULL / PS_ESTORE. */
+int psd_store_put_applied(psd_wtxn_t *tx, uint32_t t, uint32_t c, const void *val, size_t len);
 /** @brief Copy the committed blob @p name into @p buf (at most @p cap bytes); *len = its size.
  *  @return 0, PS_ENOENT (never stored), PS_ESTORE (larger than cap), PS_E*. */
 int psd_store_get_blob(psd_store_t *st, const char *name, void *buf, size_t cap, size_t *len);

@@ -269,6 +269,33 @@ START_TEST(test_sigterm_shard_gone)
 }
 END_TEST
 
+/* The same across a crash: the shard kills itself right after its 4th apply commits, before
+ * the acknowledgement (PS_TEST_CRASH_AFTER_APPLY), and is started again. The client sends the
+ * unacknowledged push again; the restarted shard finds it in the chunk's applied-push record,
+ * committed with the update, and acknowledges it without applying it again. */
+START_TEST(test_psd_crash_asp_applied_once)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1, .consistency = "asp",
+                   .optimizer = "{name: sgd, lr: 1.0}"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    setenv("PS_TEST_CRASH_AFTER_APPLY", "4", 1);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    unsetenv("PS_TEST_CRASH_AFTER_APPLY");
+    char numel[] = "40000", pushes[] = "12";
+    char *argv[] = {(char *)cl_binary("ASP_CLIENT"), c->manifest, numel, pushes, NULL};
+    cl_proc_t *a = cl_spawn(c, "asp", argv);
+    ck_assert_int_eq(cl_wait(psd, RUN_S), 128 + SIGKILL);
+    EXPECT_LOG(psd, "killed after an apply committed, before its acknowledgements");
+    psd = cl_psd_start(c, 0, NULL, READY_S);
+    EXPECT_EXIT(a, 0);
+    EXPECT_LOG(a, "12 pushes, each applied once");
+    EXPECT_LOG(a, "is back after");
+    EXPECT_LOG(psd, "applied already: acknowledged again, not applied twice");
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* SIGTERM reaches a worker whose shard is stopped (SIGSTOP) while UCX holds one of its sends:
  * asp_client --interrupt pushes 1.6 MB (chunks of 1 MiB) over UCX (PS_DIRECT_PUSH=0) only once
  * the shard is stopped, so the push goes by rendezvous and waits for the shard to fetch it. The
@@ -317,6 +344,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("psd_crash_during_declare", test_psd_crash_during_declare));
     suite_add_tcase(s, tcase("worker_killed_and_replaced", test_worker_killed_and_replaced));
     suite_add_tcase(s, tcase("lost_ack_asp_applied_once", test_lost_ack_asp_applied_once));
+    suite_add_tcase(s, tcase("psd_crash_asp_applied_once", test_psd_crash_asp_applied_once));
     suite_add_tcase(s, tcase("sigterm_stuck_worker", test_sigterm_stuck_worker));
     suite_add_tcase(s, tcase("sigterm_shard_gone", test_sigterm_shard_gone));
     suite_add_tcase(s, tcase("sigterm_shard_stopped", test_sigterm_shard_stopped));
