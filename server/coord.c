@@ -271,6 +271,22 @@ static bool any_outstanding(const psd_coord_t *co)
     return false;
 }
 
+/* asp / ssp with job.max_steps (a cap on each worker's steps): once every member has done its
+ * steps, the job is complete, so that pslaunch --follow stops starting workers and status says
+ * so. A worker that joins later is told the job is finished. */
+static void async_maybe_finished(psd_server_t *srv)
+{
+    psd_coord_t *co = srv->coord;
+    uint64_t max = srv->m.job.max_steps;
+    if (is_bsp(srv) || max == 0 || co->s.finished || co->s.active == 0) return;
+    for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
+        if ((co->s.active >> r & 1) && (co->s.m[r].steps_done < max || co->s.m[r].has_batch))
+            return;
+    co->s.finished = 1;
+    PS_LOG(PS_LOG_INFO, "coord", "job complete: every worker did its %llu steps (%llu samples "
+           "applied)", (unsigned long long)max, (unsigned long long)co->s.cur.applied_total);
+}
+
 static void serve_async(psd_server_t *srv, uint32_t r)
 {
     psd_coord_t *co = srv->coord;
@@ -286,7 +302,12 @@ static void serve_async(psd_server_t *srv, uint32_t r)
     if (!m->has_batch) {
         uint64_t max = srv->m.job.max_steps, total = co->s.cur.applied_total;
         if (max && m->steps_done >= max) {
+            async_maybe_finished(srv);
             reply_batch(srv, r); /* asp / ssp: job.max_steps caps each worker's steps */
+            return;
+        }
+        if (max && co->s.finished) {
+            reply_batch(srv, r); /* joined after every member did its steps */
             return;
         }
         if (srv->m.job.consistency == PS_CONSIST_SSP &&
@@ -473,6 +494,7 @@ static void member_remove(psd_server_t *srv, uint32_t r, const char *why)
         broadcast_epoch(srv);
         maybe_restart_step(srv);
     }
+    async_maybe_finished(srv); /* the others may all have done their steps */
     serve_parked(srv);
 }
 

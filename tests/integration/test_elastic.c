@@ -280,6 +280,33 @@ START_TEST(test_leave_during_reconnect)
 }
 END_TEST
 
+/* asp with job.max_steps, which caps each worker's steps: once both workers did theirs, the job
+ * is complete (status "finished": true), so that pslaunch --follow starts no replacements, and
+ * a worker that joins afterwards is told so and trains nothing. Before, it stayed unfinished:
+ * every new worker got max_steps more. */
+START_TEST(test_asp_max_steps_finishes)
+{
+    cl_conf_t k = {.shards = 1, .workers = 2, .consistency = "asp", .max_steps = 30};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    cl_proc_t *w[2] = {cl_worker_start(c, NULL, NULL, false), cl_worker_start(c, NULL, NULL,
+                                                                              false)};
+    for (int i = 0; i < 2; i++) EXPECT_EXIT(w[i], 0);
+    EXPECT_LOG(psd, "job complete: every worker did its 30 steps");
+    coord_t co;
+    coord_open(&co, c);
+    char *st = coord_status(&co);
+    ck_assert_msg(st && strstr(st, "\"finished\": true"), "status: %s", st ? st : "(none)");
+    free(st);
+    cl_proc_t *late = cl_worker_start(c, NULL, NULL, false);
+    EXPECT_EXIT(late, 0);
+    EXPECT_LOG(late, "after 0 steps");
+    coord_close(&co);
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* ---- a confused member ---------------------------------------------------------------------- */
 
 /* A member (the test itself, over the wire) that says more than a worker would:
@@ -631,6 +658,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("sigstop_rejoins", test_sigstop_rejoins));
     suite_add_tcase(s, tcase("all_leave_then_one_joins", test_all_leave_then_one_joins));
     suite_add_tcase(s, tcase("confused_member_refused", test_confused_member_refused));
+    suite_add_tcase(s, tcase("asp_max_steps_finishes", test_asp_max_steps_finishes));
     suite_add_tcase(s, tcase("leave_during_reconnect", test_leave_during_reconnect));
     suite_add_tcase(s, tcase("leave_while_coordinator_stopped",
                              test_leave_while_coordinator_stopped));
