@@ -123,6 +123,10 @@ struct psd_chunk_s {
     uint64_t progress;         /* bsp: samples applied before this step (0: use the version) */
     bool has_progress;
     bool queued;               /* on the ready list or in the running job */
+    bool hash_checked;         /* its stored record matched its hash once since this psd
+                                  loaded it: the first apply job checks (run_apply), so that a
+                                  record damaged at rest is not sealed again with a fresh hash
+                                  (relaxed atomics: jobs of one chunk run one at a time) */
     bool pulled_direct;        /* its last pull was read from the store by the worker (direct):
                                   the update streams its params to memory (store.h); relaxed
                                   atomics (set on the loop, read by apply jobs) */

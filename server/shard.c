@@ -1247,6 +1247,17 @@ static int run_apply(psd_job_t *job, psd_wtxn_t *tx)
         int rc = psd_store_chunk_get(&srv->store, tx->r, ch->tensor, ch->chunk, &old);
         if (rc) return rc;
         if (old->n != ch->n || old->nstate != srv->nstate) return PS_ESTORE;
+        if (!__atomic_load_n(&ch->hash_checked, __ATOMIC_RELAXED)) {
+            /* The first update since psd loaded the store: an update reads the old record and
+             * seals the new one with a fresh hash, so bytes damaged at rest (on disk, before a
+             * restart) would pass every later check. One hash per chunk per run. */
+            if (psd_store_chunk_hash(old) != old->hash) {
+                snprintf(job->err, sizeof job->err, "chunk %u/%u (version %llu)", ch->tensor,
+                         ch->chunk, (unsigned long long)old->version);
+                return PS_ECORRUPT;
+            }
+            __atomic_store_n(&ch->hash_checked, true, __ATOMIC_RELAXED);
+        }
         psd_chunk_hdr_t *h;
         rc = psd_store_chunk_reserve(tx, ch->tensor, ch->chunk, ch->n, srv->nstate, &h);
         if (rc) return rc;
@@ -1355,7 +1366,9 @@ static void job_done(uv_work_t *w, int status)
         PS_LOG(PS_LOG_ERROR, "shard", "store job failed: %s (map_size_mb is %llu)",
                ps_strerror(job->rc), (unsigned long long)srv->m.map_size_mb);
     else if (job->rc)
-        PS_LOG(PS_LOG_ERROR, "shard", "store job failed: %s", ps_strerror(job->rc));
+        PS_LOG(PS_LOG_ERROR, "shard", "store job failed: %s%s%s", job->err[0] ? job->err : "",
+               job->err[0] ? ": " : "", ps_strerror(job->rc));
+    job->err[0] = '\0';
     if (srv->trace && job->kind == JOB_APPLY && job->nitems > 0)
         psd_trace_apply(srv->trace, job->begin_ns, job->end_ns, job->nitems,
                         job->items[0]->tensor, job->items[0]->chunk, job_bytes(srv, job),

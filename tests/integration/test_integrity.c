@@ -328,7 +328,17 @@ END_TEST
 
 /* Change 8 bytes of chunk (t, c)'s parameters in whichever shard's store holds it, leaving its
  * header (and so its stored hash) as it was. Returns the shard, or fails the test. */
+static int corrupt_chunk_at(cl_cluster_t *c, uint32_t t, uint32_t ch, long at);
+
+/* Flip 8 bytes of chunk (t, ch)'s parameters in the store of the shard that holds it (stopped);
+ * returns that shard. */
 static int corrupt_chunk(cl_cluster_t *c, uint32_t t, uint32_t ch)
+{
+    return corrupt_chunk_at(c, t, ch, 32 + 100); /* the header is 32 bytes */
+}
+
+/* The same @p at bytes into the record, or -@p at bytes before its end (the optimizer state). */
+static int corrupt_chunk_at(cl_cluster_t *c, uint32_t t, uint32_t ch, long at)
 {
     uint8_t key[9] = {'C', (uint8_t)(t >> 24), (uint8_t)(t >> 16), (uint8_t)(t >> 8), (uint8_t)t,
                       (uint8_t)(ch >> 24), (uint8_t)(ch >> 16), (uint8_t)(ch >> 8), (uint8_t)ch};
@@ -346,7 +356,8 @@ static int corrupt_chunk(cl_cluster_t *c, uint32_t t, uint32_t ch)
         if (found) {
             uint8_t *rec = malloc(v.mv_size);
             memcpy(rec, v.mv_data, v.mv_size);
-            for (int i = 0; i < 8; i++) rec[32 + 100 + i] ^= 0x5a; /* header is 32 bytes */
+            size_t off = at >= 0 ? (size_t)at : v.mv_size - (size_t)-at;
+            for (int i = 0; i < 8; i++) rec[off + i] ^= 0x5a;
             MDB_val nv = {v.mv_size, rec};
             ck_assert_int_eq(mdb_put(txn, dbi, &k, &nv, 0), 0);
             ck_assert_int_eq(mdb_txn_commit(txn), 0);
@@ -382,6 +393,40 @@ START_TEST(test_verify_names_corrupt_chunk)
     EXPECT_LOG(v2, want);
     EXPECT_LOG(v2, ", 1 mismatch\n");
     ck_assert_int_eq(count_in_log(v2, "psctl: verify: shard "), 1); /* that chunk only */
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+/* Bytes of the optimizer state damaged at rest while the shards were down (a pull checks the
+ * parameters' CRC, nothing reads the state but the update) must not be sealed again: the first
+ * update of each chunk after a start checks its stored hash, so the next worker's step is
+ * refused with the reason, psd names the chunk, and psctl verify still finds it. Before, the
+ * update sealed the damaged bytes with a fresh hash, training went on, and verify found
+ * nothing. */
+START_TEST(test_corrupt_at_rest_not_sealed_again)
+{
+    cl_conf_t k = {.shards = 2, .workers = 1, .optimizer = "{name: adam, lr: 0.001}",
+                   .max_steps = 1000000};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    ck_assert_msg(cl_wait_log(w, "step 1/", RUN_S) == 0, "never trained: %s", cl_tail(w));
+    ck_assert_int_eq(cl_signal(w, SIGTERM), 0);
+    EXPECT_EXIT(w, 128 + SIGTERM);
+    stop_all(psd, 2);
+    int s = corrupt_chunk_at(c, 0, 1, -100); /* fc1.weight, chunk 1: adam's v */
+    psd[0] = cl_psd_start(c, 0, NULL, READY_S);
+    psd[1] = cl_psd_start(c, 1, NULL, READY_S);
+    cl_proc_t *w2 = cl_worker_start(c, NULL, NULL, false);
+    EXPECT_EXIT(w2, 1);
+    EXPECT_LOG(w2, "stored data does not match its hash (corrupted at rest)");
+    EXPECT_LOG(psd[s], "store job failed: chunk 0/1 (version ");
+    const char *args[] = {"verify", NULL};
+    cl_proc_t *v = psctl(c, "verify", 1, args);
+    char want[128];
+    snprintf(want, sizeof want, "psctl: verify: shard %d: tensor 'fc1.weight' chunk 1: ", s);
+    EXPECT_LOG(v, want);
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }
@@ -803,6 +848,8 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("export_matches_local", test_export_matches_local));
     suite_add_tcase(s, tcase("verify_names_corrupt_chunk", test_verify_names_corrupt_chunk));
     suite_add_tcase(s, tcase("export_snapshot_left_open", test_export_snapshot_left_open));
+    suite_add_tcase(s, tcase("corrupt_at_rest_not_sealed_again",
+                             test_corrupt_at_rest_not_sealed_again));
     suite_add_tcase(s, tcase("sync_interval_reported", test_sync_interval_reported));
     suite_add_tcase(s, tcase("checkpoint_restore_reshard", test_checkpoint_restore_reshard));
     suite_add_tcase(s, tcase("checkpoint_verify_against", test_checkpoint_verify_against));

@@ -25,6 +25,8 @@
     XX(EDATA, -10008, "invalid dataset file")                               \
     XX(ECRC, -10009, "checksum mismatch: data corrupted in transit")                          \
     XX(ESTOREFULL, -10010, "the shard store is full: raise map_size_mb")    \
+    XX(ECORRUPT, -10011, "stored data does not match its hash (corrupted at rest): "      \
+                         "psctl verify names it, psctl repair rewrites it")               \
     XX(ENOTMEMBER, -10020, "this worker was removed from the job; join again")
 
 enum {
