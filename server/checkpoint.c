@@ -11,6 +11,7 @@
 #include <xxhash.h>
 
 #include "checkpoint.h"
+#include "durable.h"
 #include "integrity.h"
 #include "ps/ps_error.h"
 #include "ps/ps_log.h"
@@ -211,7 +212,7 @@ static int meta_write(psd_server_t *srv, struct psd_ckpt_s *ck, inventory_t *inv
     fprintf(f, "]}\n");
     int rc = fflush(f) || fsync(fileno(f)) ? -errno : 0;
     if (fclose(f) && rc == 0) rc = -errno;
-    if (rc == 0 && rename(tmp, path)) rc = -errno;
+    if (rc == 0) rc = ps_rename_durable(tmp, path); /* before a prune may remove the last one */
     return rc;
 }
 

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "crc32c.h"
+#include "durable.h"
 #include "place.h"
 #include "ps/ps_error.h"
 #include "psctl_client.h"
@@ -205,8 +206,9 @@ int psctl_export(const ps_manifest_t *m, const char *out, double timeout_s, doub
     int bad = fflush(f) != 0 || fsync(fileno(f)) != 0;
     bad |= fclose(f) != 0;
     f = NULL;
-    if (bad || rename(tmp, out) != 0) {
-        fprintf(stderr, "psctl: export: %s: %s\n", out, strerror(errno));
+    int rrc = bad ? (errno ? -errno : -EIO) : ps_rename_durable(tmp, out);
+    if (rrc) {
+        fprintf(stderr, "psctl: export: %s: %s\n", out, strerror(-rrc));
         unlink(tmp);
         goto out;
     }

@@ -1,0 +1,16 @@
+/* durable.h: putting a finished file in place so that a crash of the OS or a power loss keeps
+ * either the old state or the whole new file. */
+#ifndef PS_DURABLE_H
+#define PS_DURABLE_H
+
+/**
+ * @brief Rename @p tmp (written and fsynced by the caller) to @p path, then fsync the directory
+ *  that holds @p path, so that the rename itself reaches the disk before anything that trusts
+ *  it (a later prune of older files, a restart).
+ * @return 0, or -errno of the rename or of the directory's open or fsync (the rename may then
+ *  have happened but not be durable).
+ * @note Both paths are only read; they must name the same directory.
+ */
+int ps_rename_durable(const char *tmp, const char *path);
+
+#endif

@@ -1,0 +1,56 @@
+/* test_durable.c: ps_rename_durable puts a file in place and reports what failed. */
+#include <check.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "durable.h"
+
+static char dir[256];
+
+static void setup(void)
+{
+    const char *base = getenv("TMPDIR");
+    snprintf(dir, sizeof dir, "%s/ps-durable.XXXXXX", base && *base ? base : "/tmp");
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+}
+
+static void teardown(void)
+{
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "test_durable: could not remove %s\n", dir);
+}
+
+START_TEST(renames_into_place)
+{
+    char tmp[300], path[300];
+    snprintf(tmp, sizeof tmp, "%s/meta.json.tmp", dir);
+    snprintf(path, sizeof path, "%s/meta.json", dir);
+    FILE *f = fopen(tmp, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("{}\n", f);
+    ck_assert_int_eq(fclose(f), 0);
+    ck_assert_int_eq(ps_rename_durable(tmp, path), 0);
+    struct stat st;
+    ck_assert_int_eq(stat(path, &st), 0);
+    ck_assert_int_eq((int)st.st_size, 3);
+    ck_assert_int_eq(stat(tmp, &st), -1);
+    /* Nothing to rename: the rename's own error, and nothing is touched. */
+    ck_assert_int_eq(ps_rename_durable(tmp, path), -ENOENT);
+    ck_assert_int_eq(stat(path, &st), 0);
+}
+END_TEST
+
+Suite *ps_test_suite(void)
+{
+    Suite *s = suite_create("durable");
+    TCase *tc = tcase_create("durable");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, renames_into_place);
+    suite_add_tcase(s, tc);
+    return s;
+}
