@@ -418,6 +418,49 @@ void psd_coord_on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
     psd_send_msg(srv, c, &r);
 }
 
+/* A member's report that the batch of msg->step was applied everywhere (its pushes were all
+ * acknowledged): count it and, under bsp, close the steps up to it. A batch request or a leave
+ * carries it (PS_FLAG_DONE). Returns 0, or the error to answer. */
+static int batch_done(psd_server_t *srv, uint32_t r, const ps_msg_t *msg, char *err,
+                      size_t errlen)
+{
+    psd_coord_t *co = srv->coord;
+    saved_member_t *m = &co->s.m[r];
+    if (is_bsp(srv) && msg->step > co->s.step + 1) {
+        /* Nothing has handed out that step: closing steps up to it would count batches no
+         * shard applied (and, held for a checkpoint, never end). */
+        snprintf(err, errlen, "rank %u reports step %llu done, but the open step is %llu", r,
+                 (unsigned long long)msg->step, (unsigned long long)co->s.step);
+        return PS_EPROTO;
+    }
+    if (is_bsp(srv)) {
+        /* Its pushes of that step were acknowledged by every shard: the step is applied
+         * everywhere. (After a restart of this shard a report may be one step ahead.) */
+        while (!co->s.finished && co->s.step <= msg->step && (co->s.step_members >> r & 1))
+            close_step(srv);
+    } else if (m->has_batch && m->batch_step == msg->step) {
+        ps_cursor_applied(&co->s.cur, &m->batch);
+        m->has_batch = 0;
+        m->steps_done++;
+        co->rt[r].last_done_ms = uv_now(srv->loop);
+        if (co->s.step < m->steps_done) co->s.step = m->steps_done; /* the fastest */
+    }
+    return 0;
+}
+
+void psd_coord_on_leave_done(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
+{
+    psd_coord_t *co = srv->coord;
+    int r = member_of(srv, c);
+    char err[160];
+    if (r < 0 || msg->samples != co->s.cur.n) return; /* not a member, or not this job's set */
+    if (batch_done(srv, (uint32_t)r, msg, err, sizeof err))
+        PS_LOG(PS_LOG_WARN, "coord", "leave: %s", err);
+    else
+        PS_LOG(PS_LOG_INFO, "coord", "rank %d (pid %u) leaves with its batch of step %llu done",
+               r, c->pid, (unsigned long long)msg->step);
+}
+
 void psd_coord_on_batch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
 {
     psd_coord_t *co = srv->coord;
@@ -436,28 +479,10 @@ void psd_coord_on_batch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
                        (unsigned long long)msg->samples, (unsigned long long)co->s.cur.n);
         return;
     }
-    saved_member_t *m = &co->s.m[r];
-    if (msg->flags & PS_FLAG_DONE) {
-        if (is_bsp(srv) && msg->step > co->s.step + 1) {
-            /* Nothing has handed out that step: closing steps up to it would count batches no
-             * shard applied (and, held for a checkpoint, never end). */
-            psd_send_error(srv, c, msg->req_id, PS_EPROTO,
-                           "rank %d reports step %llu done, but the open step is %llu", r,
-                           (unsigned long long)msg->step, (unsigned long long)co->s.step);
-            return;
-        }
-        if (is_bsp(srv)) {
-            /* Its pushes of that step were acknowledged by every shard: the step is applied
-             * everywhere. (After a restart of this shard a report may be one step ahead.) */
-            while (!co->s.finished && co->s.step <= msg->step && (co->s.step_members >> r & 1))
-                close_step(srv);
-        } else if (m->has_batch && m->batch_step == msg->step) {
-            ps_cursor_applied(&co->s.cur, &m->batch);
-            m->has_batch = 0;
-            m->steps_done++;
-            co->rt[r].last_done_ms = uv_now(srv->loop);
-            if (co->s.step < m->steps_done) co->s.step = m->steps_done; /* the fastest */
-        }
+    char err[160];
+    if ((msg->flags & PS_FLAG_DONE) && batch_done(srv, (uint32_t)r, msg, err, sizeof err)) {
+        psd_send_error(srv, c, msg->req_id, PS_EPROTO, "%s", err);
+        return;
     }
     co->rt[r].parked = 1;
     co->rt[r].park_req = msg->req_id;

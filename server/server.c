@@ -590,6 +590,7 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
         break;
     case PS_MSG_LEAVE:
         PS_LOG(PS_LOG_INFO, "server", "rank %d (pid %u) says leave", c->rank, c->pid);
+        if (srv->coord && (msg.flags & PS_FLAG_DONE)) psd_coord_on_leave_done(srv, c, &msg);
         conn_release_rank(srv, c, "it said leave", false);
         c->rank = -1; /* it may not push for that rank any more */
         /* Answered: the worker closes its connection only after this, so the close cannot

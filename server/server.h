@@ -425,6 +425,9 @@ void psd_coord_free(psd_server_t *srv);
  *  restart of this shard). Sends the reply or an error. */
 void psd_coord_on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg);
 void psd_coord_on_batch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg);
+/** @brief A member's leave that carries its last batch done (PS_FLAG_DONE, as a batch request
+ *  would): count it before the member goes. Shard 0 only; answers nothing. */
+void psd_coord_on_leave_done(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg);
 void psd_coord_on_scale(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg);
 void psd_coord_on_launch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg);
 /** @brief @p c left (leave), died or fell silent: its rank leaves the job. With

@@ -200,6 +200,9 @@ struct ps_client_s {
     uv_timer_t interrupt_timer; /* sends UCX still holds leave_wait_ms after an interrupt:
                                    their connections are closed (on_interrupt_timer) */
     int leaving;                /* a leave was sent: no more heartbeats or reconnects */
+    ps_batch_info_t leave_done; /* caller's thread: a batch whose pushes were all acknowledged */
+    int has_leave_done;         /* and not yet reported by a batch request: the leave does */
+    uint64_t batch_samples;     /* the training set size the last batch request named */
 
     pthread_mutex_t mu;         /* guards submit queue and op completion */
     pthread_cond_t cv;
@@ -819,7 +822,9 @@ static void start_op(ps_client_t *c, ps_op_t *op)
          * closes the connections only then: a close that overtook the leave would make shard 0
          * hold the rank for a process that may come back (up to 15 s for one on another host).
          * No heartbeat follows a leave: a shard that took it would refuse one. */
-        op->req = (ps_msg_t){.type = PS_MSG_LEAVE, .req_id = op->req_id, .rank = c->rank};
+        op->req.type = PS_MSG_LEAVE; /* flags and step: a batch done (ps_client_batch_done) */
+        op->req.req_id = op->req_id;
+        op->req.rank = c->rank;
         c->leaving = 1;
         for (uint32_t i = 0; i < c->nshards; i++) /* no reconnect either (shard_lost) */
             uv_timer_stop(&c->shards[i].timer);
@@ -2080,6 +2085,14 @@ void ps_client_destroy(ps_client_t *c)
         ps_op_t *op = op_new(c, OP_LEAVE, c->nshards);
         if (op) {
             for (uint32_t i = 0; i < c->nshards; i++) op->parts[i].shard = i;
+            if (c->has_leave_done) { /* the coordinator counts the batch before the leave */
+                op->req.flags = PS_FLAG_DONE;
+                op->req.step = c->leave_done.step;
+                op->req.samples = c->batch_samples;
+                op->req.data_epoch = c->leave_done.pass;
+                op->req.batch_offset = c->leave_done.offset;
+                op->req.batch_count = c->leave_done.count;
+            }
             submit(c, op);
             ps_op_wait(op, NULL);
         }
@@ -2330,10 +2343,18 @@ int ps_client_set_compression(ps_client_t *c, uint32_t id, const ps_compression_
     return 0;
 }
 
+void ps_client_batch_done(ps_client_t *c, const ps_batch_info_t *done)
+{
+    c->leave_done = *done;
+    c->has_leave_done = 1;
+}
+
 int ps_client_next_batch(ps_client_t *c, uint64_t samples, const ps_batch_info_t *done,
                          ps_batch_info_t *out)
 {
     ps_msg_t req = {.type = PS_MSG_BATCH, .rank = c->rank, .samples = samples}, rep;
+    c->batch_samples = samples;
+    c->has_leave_done = 0; /* reported here, or superseded by a later batch */
     if (done) {
         req.flags = PS_FLAG_DONE;
         req.step = done->step;

@@ -496,6 +496,7 @@ int main(int argc, char **argv)
             log.samples += b.count;
             done = b;
             have_done = 1;
+            ps_client_batch_done(tr.client, &done); /* a leave before the next request says it */
             /* Fetch the next step's parameters while the coordinator answers. */
             pulled_version = UINT64_MAX;
             if (pull_start(&tr, m.job.consistency == PS_CONSIST_BSP ? b.step + 1 : 0) == 0)

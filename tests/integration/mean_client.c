@@ -102,6 +102,7 @@ int main(int argc, char **argv)
                    s, version);
             bad = 1;
         }
+        ps_client_batch_done(c, &b); /* the last one: the leave reports it */
         for (uint64_t i = 0; i < n && !bad; i++)
             if (memcmp(&got[i], &want[i], sizeof(float)) != 0) {
                 printf("mean_client: rank %u step %" PRIu64 ": element %" PRIu64

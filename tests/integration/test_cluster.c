@@ -224,6 +224,12 @@ START_TEST(test_mean_keeps_the_mean)
     unsigned long long pushes = sum_field(ctl, "pushes"), dpush = sum_field(ctl, "direct_pushes");
     ck_assert_msg(pushes == 36 && dpush == 18, "%llu pushes, %llu direct, want 36 and 18: %s",
                   pushes, dpush, cl_tail(ctl));
+    /* Both left right after their last step's pushes were acknowledged, without asking for
+     * another batch: the leave carried that batch (ps_client_batch_done), so all 6 steps x 2
+     * batches of 64 are counted. Before, the last step's 2 batches were handed out again. */
+    unsigned long long applied = sum_field(ctl, "samples_applied");
+    ck_assert_msg(applied == 768, "%llu samples applied, want 768: %s", applied, cl_tail(ctl));
+    EXPECT_LOG(psd[0], "leaves with its batch of step 5 done");
 
     cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
     EXPECT_EXIT(w, 2);

@@ -229,6 +229,15 @@ typedef struct {
 } ps_batch_info_t;
 
 /**
+ * @brief Say that @p done's pushes were all acknowledged (its step is applied everywhere). If
+ * the client leaves (ps_client_destroy) before a later ps_client_next_batch reports it, the
+ * leave carries it, so the coordinator counts the batch instead of handing it to another
+ * worker (whose gradient of it would then be applied a second time). Caller's thread; @p done
+ * is copied. Works after ps_client_interrupt too (the leave still goes out).
+ */
+void ps_client_batch_done(ps_client_t *c, const ps_batch_info_t *done);
+
+/**
  * @brief Ask the coordinator for the next batch (blocking until it is this worker's turn:
  * under bsp the next step, under ssp within the staleness bound).
  * @param samples the training set's size (the coordinator checks every worker agrees).
