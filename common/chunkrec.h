@@ -21,10 +21,16 @@ typedef struct {
     uint64_t hash;    /* XXH3-64 of params[n] and state[nstate * n] in blocks (rechash.h) */
 } ps_chunk_hdr_t;
 
-/** Bytes of a record of @p n params and @p nstate state arrays. */
+/* No optimizer keeps more state arrays; a header claiming more is damaged or forged. */
+#define PS_CHUNK_MAX_STATE 15
+
+/** Bytes of a record of @p n params and @p nstate state arrays; SIZE_MAX (no record has that
+ *  size) when @p nstate is beyond PS_CHUNK_MAX_STATE, so a damaged header cannot make a short
+ *  record pass a size check by wrapping the product. */
 static inline size_t ps_chunk_rec_bytes(uint32_t n, uint32_t nstate)
 {
-    return sizeof(ps_chunk_hdr_t) + (size_t)n * (1 + nstate) * sizeof(float);
+    if (nstate > PS_CHUNK_MAX_STATE) return SIZE_MAX;
+    return sizeof(ps_chunk_hdr_t) + (size_t)n * (1 + (size_t)nstate) * sizeof(float);
 }
 
 /** The key of chunk (@p t, @p c) into @p key. */

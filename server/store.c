@@ -145,8 +145,8 @@ static int record_format(psd_store_t *st, MDB_txn *txn, char *err, size_t errlen
         uint32_t n, ns;
         memcpy(&n, (const uint8_t *)cv.mv_data + 8, 4);
         memcpy(&ns, (const uint8_t *)cv.mv_data + 12, 4);
-        size_t data = (size_t)n * (1 + ns) * 4;
-        if (cv.mv_size < from_hdr || cv.mv_size != from_hdr + data) {
+        size_t data = (size_t)n * (1 + (size_t)ns) * 4;
+        if (ns > PS_CHUNK_MAX_STATE || cv.mv_size < from_hdr || cv.mv_size != from_hdr + data) {
             snprintf(err, errlen, "%s: chunk record %u/%u is not format %llu (%zu bytes)",
                      st->dir, rd32(keys + 9 * i + 1), rd32(keys + 9 * i + 5),
                      (unsigned long long)have, cv.mv_size);

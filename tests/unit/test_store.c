@@ -78,6 +78,18 @@ static int count_record(void *arg, uint32_t t, uint32_t c, const void *val, size
     return 0;
 }
 
+/* A header claiming an absurd number of state arrays names no record size: the product used
+ * to wrap in 32 bits (nstate 0xFFFFFFFF: 1 + nstate = 0), so a 32-byte record passed the size
+ * checks and its hash then read n floats past its end. */
+START_TEST(damaged_nstate_fits_no_record)
+{
+    ck_assert_uint_eq(psd_chunk_bytes(8, 0xFFFFFFFFu), SIZE_MAX);
+    ck_assert_uint_eq(psd_chunk_bytes(8, PS_CHUNK_MAX_STATE + 1), SIZE_MAX);
+    ck_assert_uint_eq(psd_chunk_bytes(8, 2), 32 + 8 * 3 * 4);
+    ck_assert_uint_eq(psd_chunk_bytes(0xFFFFFFFFu, 2), 32 + (size_t)0xFFFFFFFFu * 12);
+}
+END_TEST
+
 START_TEST(survives_reopen)
 {
     psd_store_t st;
@@ -556,6 +568,7 @@ Suite *ps_test_suite(void)
     TCase *tc = tcase_create("store");
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, survives_reopen);
+    tcase_add_test(tc, damaged_nstate_fits_no_record);
     tcase_add_test(tc, snapshot_is_stable);
     tcase_add_test(tc, second_open_refused);
     tcase_add_test(tc, full_map_named);
