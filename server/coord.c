@@ -393,9 +393,17 @@ void psd_coord_on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
                            PS_MAX_RANKS);
             return;
         }
+        /* ssp: a newcomer starts at the slowest member's clock; from 0 it would hold every
+         * other member back until it had done as many batches on its own. */
+        uint64_t clock = srv->m.job.consistency == PS_CONSIST_SSP && co->s.active ? slowest(co)
+                                                                                 : 0;
         saved_member_t *m = &co->s.m[rank];
         memset(m, 0, sizeof *m);
         m->pid = msg->pid;
+        m->steps_done = clock;
+        if (clock)
+            PS_LOG(PS_LOG_INFO, "coord", "rank %d starts at clock %llu, the slowest member's "
+                   "(ssp)", rank, (unsigned long long)clock);
         m->join_serial = ++co->s.joins;
         snprintf(m->host, sizeof m->host, "%s", msg->host[0] ? msg->host : c->peer);
         co->rt[rank] = (member_rt_t){.conn = c, .joined_ms = uv_now(srv->loop)};

@@ -307,6 +307,40 @@ START_TEST(test_asp_max_steps_finishes)
 }
 END_TEST
 
+/* ssp: a worker that joins a running job starts at the slowest member's clock. From 0, every
+ * other member would wait (staleness 2) until it had done as many batches on its own. */
+START_TEST(test_ssp_joiner_starts_at_slowest)
+{
+    cl_conf_t k = {.shards = 1, .workers = 2, .batch_size = 32, .epochs = 1,
+                   .consistency = "ssp",
+                   .job_extra = "  staleness: 2\n  train_samples: 30000\n"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    cl_proc_t *w[3] = {cl_worker_start(c, NULL, NULL, false), cl_worker_start(c, NULL, NULL,
+                                                                              false)};
+    coord_t co;
+    coord_open(&co, c);
+    ck_assert_int_ge(wait_num(&co, "samples_applied", 1280, 0, RUN_S), 1280); /* 40 batches */
+    w[2] = cl_worker_start(c, NULL, NULL, false);
+    ck_assert_msg(cl_wait_log(psd, "rank 2 starts at clock ", RUN_S) == 0, "no clock for the "
+                  "newcomer: %s", cl_tail(psd));
+    char *log = cl_log(psd);
+    const char *at = strstr(log, "rank 2 starts at clock ");
+    long long clock = at ? atoll(at + strlen("rank 2 starts at clock ")) : -1;
+    free(log);
+    ck_assert_msg(clock >= 15, "the newcomer started at clock %lld, want the slowest's (>= 15)",
+                  clock);
+    for (int i = 0; i < 3; i++) EXPECT_EXIT(w[i], 0);
+    char *j = coord_status(&co);
+    ck_assert_msg(j && strstr(j, "\"finished\": true"), "job not finished: %s", j ? j : "-");
+    expect_passes(j, 30000, 1);
+    free(j);
+    coord_close(&co);
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* ---- a confused member ---------------------------------------------------------------------- */
 
 /* A member (the test itself, over the wire) that says more than a worker would:
@@ -658,6 +692,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("sigstop_rejoins", test_sigstop_rejoins));
     suite_add_tcase(s, tcase("all_leave_then_one_joins", test_all_leave_then_one_joins));
     suite_add_tcase(s, tcase("confused_member_refused", test_confused_member_refused));
+    suite_add_tcase(s, tcase("ssp_joiner_starts_at_slowest", test_ssp_joiner_starts_at_slowest));
     suite_add_tcase(s, tcase("asp_max_steps_finishes", test_asp_max_steps_finishes));
     suite_add_tcase(s, tcase("leave_during_reconnect", test_leave_during_reconnect));
     suite_add_tcase(s, tcase("leave_while_coordinator_stopped",
