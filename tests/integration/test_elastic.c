@@ -121,6 +121,19 @@ static int expect_passes(const char *json, long long n, long long complete_befor
 }
 
 /* "final test accuracy X" from a worker's log (-1 if absent). */
+/* The job is finished and its one pass applied each of its @p n samples once; then close the
+ * status connection, stop shard 0 and remove the cluster. */
+static void end_finished(coord_t *co, cl_proc_t *psd, cl_cluster_t *c, long long n)
+{
+    char *j = coord_status(co);
+    ck_assert_msg(j && strstr(j, "\"finished\": true"), "job not finished: %s", j ? j : "-");
+    expect_passes(j, n, 1);
+    free(j);
+    coord_close(co);
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+
 static double final_accuracy(const cl_proc_t *w)
 {
     char *log = cl_log(w);
@@ -331,13 +344,7 @@ START_TEST(test_ssp_joiner_starts_at_slowest)
     ck_assert_msg(clock >= 15, "the newcomer started at clock %lld, want the slowest's (>= 15)",
                   clock);
     for (int i = 0; i < 3; i++) EXPECT_EXIT(w[i], 0);
-    char *j = coord_status(&co);
-    ck_assert_msg(j && strstr(j, "\"finished\": true"), "job not finished: %s", j ? j : "-");
-    expect_passes(j, 30000, 1);
-    free(j);
-    coord_close(&co);
-    stop_all(&psd, 1);
-    cl_cluster_destroy(c);
+    end_finished(&co, psd, c, 30000);
 }
 END_TEST
 
@@ -586,13 +593,7 @@ START_TEST(test_ssp_staleness)
     ck_assert_int_eq(cl_signal(w[1], SIGCONT), 0);
     EXPECT_EXIT(w[0], 0);
     EXPECT_EXIT(w[1], 0);
-    char *j = coord_status(&co);
-    ck_assert_msg(j && strstr(j, "\"finished\": true"), "job not finished: %s", j ? j : "-");
-    expect_passes(j, 6000, 1);
-    free(j);
-    coord_close(&co);
-    stop_all(&psd, 1);
-    cl_cluster_destroy(c);
+    end_finished(&co, psd, c, 6000);
 }
 END_TEST
 
