@@ -34,10 +34,16 @@ bool psd_ckpt_idle(psd_server_t *srv);
 /** @brief Free the state (at exit, once idle). */
 void psd_ckpt_free(psd_server_t *srv);
 
+/* Metadata key of a restore under way: the checkpoint's path, committed before the fill and
+ * deleted by the fill's own transaction. A store that still has it was left by a psd killed
+ * during its restore, and psd refuses to serve it. */
+#define PSD_RESTORING "restoring"
+
 /**
  * @brief Fill this shard's empty, freshly opened store from checkpoint @p dir (server/restore.c):
  *  the tensor table, every chunk this shard owns under the current manifest (from whichever
- *  checkpoint shard held it) and, on shard 0, the coordinator's blob. One transaction.
+ *  checkpoint shard held it) and, on shard 0, the coordinator's blob. One transaction (after
+ *  the one that marks the store PSD_RESTORING).
  * @param[out] err  names what is wrong (identity mismatch, missing chunk, bad hash, ...).
  * @return 0, PS_ECONFIG (the checkpoint does not fit this manifest), PS_ESTORE, PS_E*.
  */

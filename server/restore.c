@@ -8,6 +8,7 @@
  * first. Runs on the loop thread before the loop starts. */
 #include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -130,7 +131,12 @@ int psd_restore_fill(psd_server_t *srv, const char *dir, char *err, size_t errle
     uint64_t want = 0, got = 0, bytes = 0;
     psd_wtxn_t tx;
     psd_ckpt_src_t s = {0};
+    /* Committed before the fill and deleted in its transaction: a psd killed in between leaves
+     * it, and a later start refuses the half-made store (server.c) instead of serving it. */
     int rc = psd_store_begin(&srv->store, &tx), mrc;
+    if (rc == 0) rc = psd_store_put_blob(&tx, PSD_RESTORING, dir, strlen(dir));
+    if (rc == 0) rc = psd_store_commit(&tx);
+    if (rc == 0) rc = psd_store_begin(&srv->store, &tx);
     if (rc) {
         snprintf(err, errlen, "cannot begin a transaction: %s", ps_strerror(rc));
         return rc;
@@ -228,9 +234,16 @@ int psd_restore_fill(psd_server_t *srv, const char *dir, char *err, size_t errle
         rc = PS_ESTORE;
     }
     free(decl);
+    if (rc == 0) rc = psd_store_del_blob(&tx, PSD_RESTORING);
     if (rc) {
         psd_store_abort(&tx);
         return rc;
+    }
+    const char *crash = getenv("PS_TEST_CRASH_IN_RESTORE");
+    if (crash && atoi(crash) > 0) {
+        PS_LOG(PS_LOG_WARN, "restore", "killed before the restore commits "
+               "(PS_TEST_CRASH_IN_RESTORE, a test hook)");
+        raise(SIGKILL);
     }
     if ((rc = psd_store_commit(&tx)) != 0) {
         snprintf(err, errlen, "cannot commit the restored store: %s", ps_strerror(rc));

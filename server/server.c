@@ -733,6 +733,20 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, const char *restore,
         psd_store_close(&srv->store);
         goto fail_store;
     }
+    char restoring[PS_PATH_MAX];
+    size_t restoring_len = 0;
+    int brc = restore ? PS_ENOENT
+                      : psd_store_get_blob(&srv->store, PSD_RESTORING, restoring,
+                                           sizeof restoring - 1, &restoring_len);
+    if (brc == 0 || brc == PS_ESTORE) { /* PS_ESTORE: a longer path than fits here */
+        restoring[brc == 0 ? restoring_len : 0] = '\0';
+        snprintf(err, errlen, "%s holds a restore from %s that did not finish (psd stopped during "
+                 "it): remove the data_dir and run psd --restore again", sc->data_dir,
+                 restoring[0] ? restoring : "a checkpoint");
+        psd_store_close(&srv->store);
+        rc = PS_ECONFIG;
+        goto fail_store;
+    }
     if (restore && (rc = psd_restore_fill(srv, restore, err, errlen)) != 0) {
         psd_store_close(&srv->store);
         psd_restore_undo(sc->data_dir); /* empty again: the same command may be tried again */

@@ -502,6 +502,15 @@ int psd_store_put_blob(psd_wtxn_t *tx, const char *name, const void *data, size_
     return mdb_err(mdb_put(tx->w, tx->st->dbi, &k, &v, 0));
 }
 
+int psd_store_del_blob(psd_wtxn_t *tx, const char *name)
+{
+    char kb[64];
+    snprintf(kb, sizeof kb, "M%s", name);
+    MDB_val k = {strlen(kb), kb};
+    int rc = mdb_del(tx->w, tx->st->dbi, &k, NULL);
+    return rc == MDB_NOTFOUND ? 0 : mdb_err(rc);
+}
+
 int psd_store_put_applied(psd_wtxn_t *tx, uint32_t t, uint32_t c, const void *val, size_t len)
 {
     uint8_t kb[PS_CHUNK_KEY_LEN];

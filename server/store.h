@@ -187,6 +187,8 @@ int psd_store_snapshot_renew(MDB_txn *txn);
 
 /** @brief Store @p len bytes under metadata key "M"@p name in @p tx (copied). */
 int psd_store_put_blob(psd_wtxn_t *tx, const char *name, const void *data, size_t len);
+/** @brief Delete metadata key "M"@p name in @p tx (0 also when there was none). */
+int psd_store_del_blob(psd_wtxn_t *tx, const char *name);
 
 /** @brief Store chunk (@p t, @p c)'s record of the pushes last applied to it (asp and ssp:
  *  shard.c's psd_done_t per rank, so that a restarted shard still knows a resend), @p len

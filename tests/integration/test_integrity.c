@@ -649,6 +649,20 @@ START_TEST(test_checkpoint_restore_reshard)
     b = cl_spawn(c, "restore-opt", argv);
     EXPECT_EXIT(b, 1);
     EXPECT_LOG(b, "the checkpoint's optimizer adam keeps 2 state floats per parameter");
+    /* A restore killed before its fill committed (PS_TEST_CRASH_IN_RESTORE) leaves a store with
+     * its metadata and no tensors: started again without --restore, psd refuses it. Before, it
+     * served it as an empty shard (under asp, workers would declare its tensors afresh beside
+     * the other shards' restored ones). */
+    argv[2] = m1;
+    setenv("PS_TEST_CRASH_IN_RESTORE", "1", 1);
+    b = cl_spawn(c, "restore-killed", argv);
+    unsetenv("PS_TEST_CRASH_IN_RESTORE");
+    EXPECT_EXIT(b, 128 + SIGKILL);
+    char *plain[] = {(char *)cl_binary("PSD"), "--manifest", m1, "--shard", shard0, NULL};
+    b = cl_spawn(c, "after-killed-restore", plain);
+    EXPECT_EXIT(b, 1);
+    EXPECT_LOG(b, "that did not finish (psd stopped during it): remove the data_dir and run psd "
+                  "--restore again");
     cl_cluster_destroy(c);
 }
 END_TEST
