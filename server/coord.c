@@ -94,6 +94,9 @@ struct psd_coord_s {
     bool held;                 /* a hand-out waits for the hold to end */
     bool hold_ahead;           /* a hold at a step not reached yet (psctl checkpoint --follow):
                                   hold_ms is set when the job gets there */
+    bool capped;               /* asp / ssp: a member did its job.max_steps: pslaunch gets no
+                                  more starts (a replacement would do max_steps more), so the
+                                  job ends with the members it has */
 };
 
 static bool is_bsp(const psd_server_t *srv) { return srv->m.job.consistency == PS_CONSIST_BSP; }
@@ -302,6 +305,7 @@ static void serve_async(psd_server_t *srv, uint32_t r)
     if (!m->has_batch) {
         uint64_t max = srv->m.job.max_steps, total = co->s.cur.applied_total;
         if (max && m->steps_done >= max) {
+            co->capped = true;
             async_maybe_finished(srv);
             reply_batch(srv, r); /* asp / ssp: job.max_steps caps each worker's steps */
             return;
@@ -724,7 +728,7 @@ void psd_coord_on_launch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
         l->last_ms = now;
     }
     int32_t actual = (int32_t)popcount(co->s.active), want = (int32_t)co->s.desired, delta = 0;
-    if (!co->s.finished) {
+    if (!co->s.finished && !co->capped) {
         if (want > actual + co->grant_start) {
             delta = want - actual - co->grant_start;
             co->grant_start += delta;

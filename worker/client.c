@@ -2354,7 +2354,6 @@ int ps_client_next_batch(ps_client_t *c, uint64_t samples, const ps_batch_info_t
 {
     ps_msg_t req = {.type = PS_MSG_BATCH, .rank = c->rank, .samples = samples}, rep;
     c->batch_samples = samples;
-    c->has_leave_done = 0; /* reported here, or superseded by a later batch */
     if (done) {
         req.flags = PS_FLAG_DONE;
         req.step = done->step;
@@ -2363,7 +2362,8 @@ int ps_client_next_batch(ps_client_t *c, uint64_t samples, const ps_batch_info_t
         req.batch_count = done->count;
     }
     int rc = ctrl_call(c, OP_BATCH, 0, &req, &rep);
-    if (rc) return rc;
+    if (rc) return rc; /* a batch done stays for the leave: reporting it twice is harmless */
+    c->has_leave_done = 0; /* reported, or superseded by the batch handed out now */
     *out = (ps_batch_info_t){.step = rep.step, .pass = rep.data_epoch,
                              .offset = rep.batch_offset, .count = rep.batch_count,
                              .members = (uint32_t)__builtin_popcountll(rep.members),
