@@ -261,41 +261,6 @@ START_TEST(test_status_after_idle)
 }
 END_TEST
 
-/* A worker leaves (SIGTERM) while its reconnect's hello to a restarted shard 0 is on its way
- * (shard 0 killed, started again and stopped at once, so the hello waits). The hello's answer
- * gives the rank back, so the leave must follow it: shard 0, running again, logs the leave.
- * Before, the leave skipped the shard that was down and the worker closed its connections; the
- * hello, answered later or never, left shard 0 holding a rank for a worker that was gone. */
-START_TEST(test_leave_during_reconnect)
-{
-    cl_conf_t k = {.shards = 1, .workers = 1, .batch_size = 16, .epochs = 10000,
-                   .job_extra = "  heartbeat_timeout_ms: 12000\n  train_samples: 3000\n"};
-    cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
-    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
-    ck_assert_msg(cl_wait_log(w, "step 1/", RUN_S) == 0, "never trained: %s", cl_tail(w));
-    /* A hello waits for its answer a third of the heartbeat timeout (4 s) before libps starts
-     * over; its first reconnect attempt to the restarted shard comes within the 1 s backoff
-     * cap, so 2.5 s after the restart exactly one hello is on its way. */
-    ck_assert_int_eq(cl_signal(psd, SIGKILL), 0);
-    cl_wait(psd, RUN_S);
-    ck_assert_msg(cl_wait_log(w, "lost shard 0", RUN_S) == 0, "no loss seen: %s", cl_tail(w));
-    psd = cl_psd_start(c, 0, NULL, READY_S);
-    ck_assert_int_eq(cl_signal(psd, SIGSTOP), 0);
-    nap_ms(2500);
-    ck_assert_int_eq(cl_signal(w, SIGTERM), 0);
-    nap_ms(300);
-    ck_assert_int_eq(cl_signal(psd, SIGCONT), 0);
-    EXPECT_EXIT(w, 128 + SIGTERM);
-    char want[64];
-    snprintf(want, sizeof want, "(pid %d) says leave", (int)w->pid);
-    ck_assert_msg(cl_wait_log(psd, want, 5.0) == 0, "shard 0 did not take the leave (\"%s\"): "
-                  "%s; the worker: %s", want, cl_tail(psd), cl_tail(w));
-    stop_all(&psd, 1);
-    cl_cluster_destroy(c);
-}
-END_TEST
-
 /* asp with job.max_steps, which caps each worker's steps: once both workers did theirs, the job
  * is complete (status "finished": true), so that pslaunch --follow starts no replacements, and
  * a worker that joins afterwards is told so and trains nothing. Before, it stayed unfinished:
@@ -698,7 +663,6 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("confused_member_refused", test_confused_member_refused));
     suite_add_tcase(s, tcase("ssp_joiner_starts_at_slowest", test_ssp_joiner_starts_at_slowest));
     suite_add_tcase(s, tcase("asp_max_steps_finishes", test_asp_max_steps_finishes));
-    suite_add_tcase(s, tcase("leave_during_reconnect", test_leave_during_reconnect));
     suite_add_tcase(s, tcase("leave_while_coordinator_stopped",
                              test_leave_while_coordinator_stopped));
     suite_add_tcase(s, tcase("scale_2_5_1_3", test_scale_2_5_1_3));
