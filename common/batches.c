@@ -40,6 +40,17 @@ int ps_cursor_give_back(ps_cursor_t *c, const ps_batch_t *b)
     return 0;
 }
 
+int ps_batch_tag(ps_batch_t *b, uint64_t tag)
+{
+    int dropped = b->nreplay == PS_REPLAY_MAX;
+    if (dropped) {
+        memmove(b->replay, b->replay + 1, (PS_REPLAY_MAX - 1) * sizeof *b->replay);
+        b->nreplay--;
+    }
+    b->replay[b->nreplay++] = tag;
+    return dropped;
+}
+
 void ps_cursor_applied(ps_cursor_t *c, const ps_batch_t *b)
 {
     c->applied[b->pass % PS_PASS_RING] += b->count;

@@ -14,12 +14,18 @@
 #include <stdint.h>
 
 #define PS_REHAND_MAX 256 /* batches waiting to be handed out again */
+#define PS_REPLAY_MAX 4   /* replay tags a batch carries (its last departures mid-step) */
 #define PS_PASS_RING 64   /* passes whose applied counts are kept */
 
 typedef struct {
     uint64_t pass;    /* data epoch */
     uint64_t offset;  /* first position in that pass's permutation */
     uint32_t count;   /* samples, >= 1 */
+    /* bsp: the batch was handed out before, to members that left in the middle of its step
+     * (step << 6 | rank each, oldest first; proto/wire.h PS_REPLAY_TAG): a chunk that applied
+     * such a step with that rank's push has the batch already (server/shard.c). */
+    uint32_t nreplay;
+    uint64_t replay[PS_REPLAY_MAX];
 } ps_batch_t;
 
 /* Plain data (stored as is by the coordinator): no pointers. */
@@ -49,6 +55,9 @@ bool ps_cursor_take(ps_cursor_t *c, ps_batch_t *out);
  *  @return 0, or -1 when the re-hand queue is full (the batch is lost; logged by callers). */
 int ps_cursor_give_back(ps_cursor_t *c, const ps_batch_t *b);
 
+/** @brief Add replay tag @p tag (proto/wire.h PS_REPLAY_TAG) to @p b, dropping its oldest
+ *  when it has PS_REPLAY_MAX already. @return 1 when one was dropped, else 0. */
+int ps_batch_tag(ps_batch_t *b, uint64_t tag);
 /** @brief Count @p b as applied (its gradient is in a committed step). */
 void ps_cursor_applied(ps_cursor_t *c, const ps_batch_t *b);
 

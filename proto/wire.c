@@ -82,6 +82,11 @@ int ps_msg_encode(const ps_msg_t *m, uint8_t *buf, size_t cap, size_t *len)
     h.area_id = m->area_id;
     h.area_size = m->area_size;
     h.area_offset = m->area_offset;
+    uint64_t replay[PS_REPLAY_MAX];
+    if (m->nreplay > PS_REPLAY_MAX) return PS_EINVAL;
+    memcpy(replay, m->replay, m->nreplay * sizeof *replay);
+    h.n_replay = m->nreplay;
+    h.replay = replay;
     h.store = (char *)(m->store[0] ? m->store : "");
     /* Strings are only read by pack; the casts drop const for protobuf-c's API. */
     h.error = (char *)(m->error[0] ? m->error : "");
@@ -184,6 +189,10 @@ int ps_msg_decode(ps_msg_t *m, const void *buf, size_t len, char *err, size_t er
     m->area_id = h->area_id;
     m->area_size = h->area_size;
     m->area_offset = h->area_offset;
+    if (h->n_replay > PS_REPLAY_MAX)
+        FAIL("%zu replay tags (%d allowed)", h->n_replay, PS_REPLAY_MAX);
+    m->nreplay = (uint32_t)h->n_replay;
+    for (size_t i = 0; i < h->n_replay; i++) m->replay[i] = h->replay[i];
     if (copy_str(m->store, sizeof m->store, h->store)) FAIL("store path too long");
     if (copy_str(m->error, sizeof m->error, h->error)) FAIL("error text too long");
     if (copy_str(m->cluster, sizeof m->cluster, h->cluster)) FAIL("cluster name too long");

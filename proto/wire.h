@@ -9,6 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "batches.h" /* PS_REPLAY_MAX */
+
 #define PS_WIRE_VERSION 1
 #define PS_WIRE_HDR_MAX 1024 /* largest header we send or accept (UCX allows 8100 B) */
 #define PS_NAME_MAX 128
@@ -16,6 +18,12 @@
 #define PS_MAX_TENSOR_VALUES (1ull << 34) /* per tensor (64 GiB of fp32) */
 
 #define PS_MAX_RANKS 64 /* worker ranks: a step's members travel as a 64-bit bitmap */
+
+/* Replay tags (ps_msg_t.replay, common/batches.h): step << PS_REPLAY_RANK_BITS | rank. */
+#define PS_REPLAY_RANK_BITS 6
+#define PS_REPLAY_TAG(step, rank) ((uint64_t)(step) << PS_REPLAY_RANK_BITS | (uint64_t)(rank))
+#define PS_REPLAY_STEP(tag) ((tag) >> PS_REPLAY_RANK_BITS)
+#define PS_REPLAY_RANK(tag) ((uint32_t)((tag) & (PS_MAX_RANKS - 1)))
 
 /* ps_msg_t.flags */
 enum {
@@ -140,6 +148,8 @@ typedef struct {
     uint64_t store_id;
     uint32_t area_fd;
     uint64_t area_id, area_size, area_offset;
+    uint32_t nreplay;     /* bsp batch reply, push: replay tags in use (PS_REPLAY_MAX at most) */
+    uint64_t replay[PS_REPLAY_MAX];
     char store[256];
     char error[256];
     char cluster[128];

@@ -28,7 +28,7 @@
 #include "ps/ps_log.h"
 #include "server.h"
 
-#define COORD_MAGIC 0x32445243u /* "CRD2" */
+#define COORD_MAGIC 0x33445243u /* "CRD3" */
 #define GAP_RING 4096
 #define MAX_LAUNCHERS 32
 #define GRANT_TTL_MS 15000
@@ -132,6 +132,8 @@ static void reply_batch(psd_server_t *srv, uint32_t r)
         a.batch_offset = m->batch.offset;
         a.batch_count = m->batch.count;
         a.samples = m->progress;
+        a.nreplay = m->batch.nreplay; /* handed out before: where it may be applied already */
+        memcpy(a.replay, m->batch.replay, sizeof a.replay);
     }
     psd_send_msg(srv, rt->conn, &a);
 }
@@ -515,7 +517,15 @@ static void member_remove(psd_server_t *srv, uint32_t r, const char *why)
     if (co->grant_stop > 0) co->grant_stop--;
     bool given_back = false;
     if (m->has_batch) {
-        /* Not applied (bsp: its step is still open): someone else takes it. */
+        /* Not applied (bsp: its step is still open): someone else takes it. Under bsp some of
+         * its pushes may have been applied (a chunk applies the step once every member's push
+         * of it is there): the batch carries this step and rank, so those chunks do not apply
+         * it again (replayed_here in shard.c). */
+        if (is_bsp(srv) && m->batch_step == co->s.step && (co->s.step_members >> r & 1) &&
+            ps_batch_tag(&m->batch, PS_REPLAY_TAG(co->s.step, r)))
+            PS_LOG(PS_LOG_WARN, "coord", "batch of pass %llu at %llu left mid-step %d times: "
+                   "its oldest replay tag dropped", (unsigned long long)m->batch.pass,
+                   (unsigned long long)m->batch.offset, PS_REPLAY_MAX + 1);
         if (ps_cursor_give_back(&co->s.cur, &m->batch))
             PS_LOG(PS_LOG_ERROR, "coord", "re-hand queue full: batch of pass %llu at %llu lost",
                    (unsigned long long)m->batch.pass, (unsigned long long)m->batch.offset);

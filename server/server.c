@@ -343,7 +343,8 @@ static void send_status(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
                             "\"pushes\": %llu, \"pulls\": %llu, \"direct_pulls\": %llu, "
                             "\"direct_pushes\": %llu, "
                             "\"bundles_received\": %llu, \"bundles_sent\": %llu, "
-                            "\"updates_applied\": %llu, \"crc_errors\": %llu, \"stopping\": %s, ",
+                            "\"updates_applied\": %llu, \"crc_errors\": %llu, "
+                            "\"replays_skipped\": %llu, \"stopping\": %s, ",
                             srv->shard, sc->host, sc->port, srv->m.cluster,
                             (unsigned long long)psd_shard_step(srv),
                             ps_consistency_name(srv->m.job.consistency),
@@ -354,7 +355,9 @@ static void send_status(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
                             (unsigned long long)srv->bundles_received,
                             (unsigned long long)srv->bundles_sent,
                             (unsigned long long)srv->applied_updates,
-                            (unsigned long long)srv->crc_errors, srv->stopping ? "true" : "false");
+                            (unsigned long long)srv->crc_errors,
+                            (unsigned long long)srv->replays_skipped,
+                            srv->stopping ? "true" : "false");
     psd_shard_status_json(srv, out, cap, &len);
     psd_integrity_status_json(srv, out, cap, &len);
     psd_sync_status_json(srv, out, cap, &len);

@@ -95,6 +95,11 @@ typedef struct {
     psd_area_t *area;
 } psd_slot_ext_t;
 
+/* bsp: steps back a chunk remembers whose pushes each apply summed, so that a batch handed out
+ * again after its worker left mid-step is not applied twice (psd_shard_on_push). The
+ * coordinator hands such a batch out at the next step, so a few steps are plenty. */
+#define PSD_SUMMED_RING 8
+
 struct psd_chunk_s {
     uint32_t tensor, chunk;
     uint32_t n;                /* values */
@@ -119,7 +124,13 @@ struct psd_chunk_s {
     psd_slot_ref_t *slot_ref;  /* receive-callback contexts */
     uint32_t nfull;            /* slots in SLOT_FULL */
     uint64_t full_mask;        /* bit r: slot r is SLOT_FULL */
-    uint64_t apply_members;    /* bsp: the ranks whose slots the running job sums */
+    uint64_t sum_members;      /* bsp: the step's members whose pushes the running job sums
+                                  (skip_mask left out) */
+    uint64_t skip_mask;        /* bsp: bit r: rank r's push of this step replays a batch this
+                                  chunk applied already (psd_shard_on_push): acknowledged, not
+                                  summed */
+    uint64_t summed[PSD_SUMMED_RING]; /* bsp: the ranks step v's apply summed, at [v % ring] */
+    uint64_t summed_from;      /* the first step whose summed entry this psd wrote */
     uint64_t progress;         /* bsp: samples applied before this step (0: use the version) */
     bool has_progress;
     bool queued;               /* on the ready list or in the running job */
@@ -297,6 +308,9 @@ struct psd_server_s {
     uint64_t applied_updates, pushes, pulls, direct_pulls, direct_pushes;
     bool push_direct;          /* workers here may push through areas (PS_DIRECT_PUSH is not 0) */
     uint64_t crc_errors;       /* pushes rejected for a checksum mismatch */
+    uint64_t replays_skipped;  /* bsp: pushes of a batch handed out again that a chunk had
+                                  applied already (acknowledged, not applied again) */
+    uint64_t replay_warned;    /* the replay tag + 1 last logged as not remembered */
     uint32_t test_corrupt_pull; /* PS_TEST_CORRUPT_PULL (tests only): corrupt every Nth pull reply */
     uint64_t test_pull_count;
     uint32_t test_crash_after_apply; /* PS_TEST_CRASH_AFTER_APPLY (tests only): SIGKILL itself

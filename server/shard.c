@@ -153,6 +153,7 @@ static void on_load_chunk(void *arg, uint32_t t, uint32_t c, const psd_chunk_hdr
     if (t < srv->ntensors && srv->tensors[t].present && c < srv->tensors[t].nchunks &&
         srv->tensors[t].chunks[c]) {
         srv->tensors[t].chunks[c]->version = h->version;
+        srv->tensors[t].chunks[c]->summed_from = h->version; /* earlier steps: not known */
         srv->tensors[t].chunks[c]->hash = h->hash;
     } else {
         PS_LOG(PS_LOG_WARN, "shard", "stored chunk %u/%u belongs to no tensor of this shard", t, c);
@@ -825,6 +826,39 @@ static void push_received(psd_chunk_t *ch, uint32_t rank, ucs_status_t status)
     chunk_maybe_ready(srv, ch);
 }
 
+/* bsp: whether rank @p rank's push @p msg of this step, of a batch handed out again (its replay
+ * tags: the steps and ranks that had it before and left mid-step), brings a batch chunk @p ch
+ * applied already: some tagged step's apply here summed the tagged rank's push. A tagged step
+ * not applied here yet does not count (that rank's push, no longer a member's, is dropped); one
+ * too old to be remembered (or from before this psd loaded the store) is logged and counted as
+ * not applied here, as before replay tags. */
+static bool replayed_here(psd_server_t *srv, const psd_chunk_t *ch, uint32_t rank,
+                          const ps_msg_t *msg)
+{
+    for (uint32_t i = 0; i < msg->nreplay; i++) {
+        uint64_t s = PS_REPLAY_STEP(msg->replay[i]);
+        uint32_t r = PS_REPLAY_RANK(msg->replay[i]);
+        if (s >= ch->version) continue;
+        if (s < ch->summed_from || ch->version - s > PSD_SUMMED_RING) {
+            if (srv->replay_warned != msg->replay[i] + 1) /* once per tag, not per chunk */
+                PS_LOG(PS_LOG_WARN, "shard", "push of %u/%u from rank %u replays the batch rank "
+                       "%u had at step %llu, which this shard does not remember (at step %llu): "
+                       "applied", ch->tensor, ch->chunk, rank, r, (unsigned long long)s,
+                       (unsigned long long)ch->version);
+            srv->replay_warned = msg->replay[i] + 1;
+            continue;
+        }
+        if (ch->summed[s % PSD_SUMMED_RING] >> r & 1) {
+            PS_LOG(PS_LOG_DEBUG, "shard", "push of %u/%u from rank %u replays the batch rank %u "
+                   "had at step %llu, applied here then: not applied again", ch->tensor,
+                   ch->chunk, rank, r, (unsigned long long)s);
+            srv->replays_skipped++;
+            return true;
+        }
+    }
+    return false;
+}
+
 static void on_push_recv(void *request, ucs_status_t status, size_t length, void *user_data)
 {
     psd_slot_ref_t *ref = user_data;
@@ -909,6 +943,7 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
             return UCS_OK;
         }
     }
+    bool replay = bsp && msg->nreplay > 0 && replayed_here(srv, ch, rank, msg);
     if (!bsp && msg->req_id != 0 && msg->req_id == ch->done[rank].req &&
         psd_conn_who(conn) == ch->done[rank].who) {
         /* asp / ssp: this push's update committed, but its acknowledgement was lost with the
@@ -948,6 +983,10 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
                        rank, (unsigned long long)msg->step);
         return UCS_OK;
     }
+    if (replay)
+        ch->skip_mask |= 1ull << rank;
+    else
+        ch->skip_mask &= ~(1ull << rank);
     if (direct) {
         psd_area_ref(area);
         ch->slot_ext[rank] = (psd_slot_ext_t){ext, area};
@@ -1106,7 +1145,7 @@ static uint64_t raw_crc_bad(const psd_chunk_t *ch, uint64_t mask)
  * span by span in the update's pass. */
 static const float *slot_sum(psd_server_t *srv, psd_chunk_t *ch)
 {
-    uint64_t mem = ch->apply_members;
+    uint64_t mem = ch->sum_members;
     bool raw = true;
     for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
         if (mem >> r & 1) raw &= ch->slot_codec[r].kind == PSK_CODEC_NONE;
@@ -1140,7 +1179,7 @@ static __thread float span_sum[PSD_APPLY_SPAN] __attribute__((aligned(64)));
 static const float *sum_block(void *arg, size_t off, size_t len)
 {
     blocksum_t *b = arg;
-    uint64_t mem = b->ch->apply_members;
+    uint64_t mem = b->ch->sum_members;
     const float *first = (const float *)slot_data(b->ch, b->first) + off;
     if (mem == 1ull << b->first) { /* one member: its push is the sum */
         b->crc[b->first] = ps_crc32c(b->crc[b->first], first, len * 4);
@@ -1177,15 +1216,23 @@ static void apply_item(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, p
                                                      srv->m.job.batch_size)
                                         : h->version;
         psk_optim_t o = optim_at(srv, pos, total);
-        float scale = 1.0f / (float)__builtin_popcountll(ch->apply_members);
-        blocksum_t bs = {.ch = ch, .first = (uint32_t)__builtin_ctzll(ch->apply_members)};
+        if (ch->sum_members == 0) {
+            /* Every push of the step replays a batch applied here before: the step passes
+             * with the record as it was. */
+            memcpy(h, old, psd_chunk_bytes(ch->n, srv->nstate));
+            h->version++;
+            job->hashes[i] = h->hash;
+            return;
+        }
+        float scale = 1.0f / (float)__builtin_popcountll(ch->sum_members);
+        blocksum_t bs = {.ch = ch, .first = (uint32_t)__builtin_ctzll(ch->sum_members)};
         bool raw = sum == NULL; /* raw pushes: summed span by span in the update's pass */
-        if (!raw) job->bad[i] = raw_crc_bad(ch, ch->apply_members);
+        if (!raw) job->bad[i] = raw_crc_bad(ch, ch->sum_members);
         if (job->bad[i] == 0)
             psd_store_chunk_update(h, p_in, s_in, sum, scale, &o, raw ? sum_block : NULL, &bs,
                                    __atomic_load_n(&ch->pulled_direct, __ATOMIC_RELAXED));
         for (uint32_t r = 0; raw && r < PS_MAX_RANKS; r++)
-            if ((ch->apply_members >> r & 1) && bs.crc[r] != ch->slot_crc[r])
+            if ((ch->sum_members >> r & 1) && bs.crc[r] != ch->slot_crc[r])
                 job->bad[i] |= 1ull << r;
         if (job->bad[i]) /* not applied: the new record is the old one again */
             memcpy(h, old, psd_chunk_bytes(ch->n, srv->nstate));
@@ -1457,6 +1504,7 @@ static void job_done(uv_work_t *w, int status)
             for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
                 applied += ch->slot_state[r] == SLOT_APPLYING;
             if (job->rc == 0 && !(bsp && bad)) {
+                if (bsp) ch->summed[ch->version % PSD_SUMMED_RING] = ch->sum_members;
                 ch->version += bsp ? 1 : applied;
                 psd_integrity_chunk_hashed(srv, ch, job->hashes[i]);
             }
@@ -1633,7 +1681,7 @@ static void job_start_next(psd_server_t *srv)
             }
             job->items[job->nitems++] = c;
             bytes += psd_chunk_bytes(c->n, srv->nstate);
-            c->apply_members = members;
+            c->sum_members = members & ~c->skip_mask;
             for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
                 if (c->slot_state[r] != SLOT_FULL) continue;
                 c->nfull--;

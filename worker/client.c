@@ -225,6 +225,9 @@ struct ps_client_s {
     uint64_t epoch_from;        /* the step that membership starts at */
     uint64_t progress;          /* comm thread: the current batch's samples-applied-before */
     int has_progress;
+    uint64_t replay_step;       /* comm thread: the current batch's step and replay tags, */
+    uint32_t nreplay;           /* which that step's pushes carry (a batch handed out again) */
+    uint64_t replay[PS_REPLAY_MAX];
     uint32_t reconnect_ms;      /* how long a lost shard may stay away */
     uint32_t hello_deadline_ms; /* a hello unanswered this long: hello_overdue */
     uint32_t test_corrupt_push; /* PS_TEST_CORRUPT_PUSH=N (tests only): corrupt every Nth push */
@@ -708,6 +711,10 @@ static void send_data_part(ps_client_t *c, ps_op_t *op, part_t *p)
         if (c->has_progress) {
             m.samples = c->progress;
             m.flags |= PS_FLAG_PROGRESS;
+        }
+        if (c->nreplay && op->step == c->replay_step) {
+            m.nreplay = c->nreplay;
+            memcpy(m.replay, c->replay, sizeof m.replay);
         }
         __atomic_add_fetch(&c->stats.bytes_pushed, p->len, __ATOMIC_RELAXED);
         __atomic_add_fetch(&c->stats.bytes_pushed_raw, len * 4, __ATOMIC_RELAXED);
@@ -1562,6 +1569,9 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
             learn_view(c, m.epoch, m.step, m.members, 0);
             c->progress = m.samples;
             c->has_progress = 1;
+            c->replay_step = m.step;
+            c->nreplay = m.nreplay;
+            memcpy(c->replay, m.replay, sizeof c->replay);
         }
         part_done(&op->parts[0]);
         break;

@@ -199,6 +199,39 @@ START_TEST(test_kill9_one_of_four)
 }
 END_TEST
 
+/* bsp: a worker killed in the middle of its step, after its push of one tensor was applied
+ * (acknowledged) and before its push of the other (replay_client.c). Its batch goes to the
+ * survivor a step later, tagged with the step and rank that left: shard 0's chunk, which
+ * applied the batch with the dead worker's push, must not apply it again; shard 1's, which
+ * never had it, must. Before, the batch was applied twice on the first tensor. */
+START_TEST(test_kill9_mid_step_applied_once)
+{
+    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .optimizer = "{name: sgd, lr: 1}"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    char nb[] = "40", bs[] = "8", die[] = "5";
+    char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, die, NULL};
+    cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
+    int st[2] = {cl_wait(w[0], RUN_S), cl_wait(w[1], RUN_S)};
+    int victim = st[0] == 0 ? 1 : 0;
+    ck_assert_msg(st[victim] == 128 + SIGKILL && st[1 - victim] == 0,
+                  "exits %d and %d, want 0 and %d: %s / %s", st[0], st[1], 128 + SIGKILL,
+                  cl_tail(w[0]), cl_tail(w[1]));
+    EXPECT_LOG(w[victim], "dies at step 5");
+    EXPECT_LOG(w[1 - victim], "every batch applied once on both tensors");
+    EXPECT_LOG(psd[0], "its batch goes to another worker");
+    coord_t co;
+    coord_open(&co, c);
+    char *j = coord_status(&co);
+    ck_assert_msg(j && jnum(j, "replays_skipped") == 1, "shard 0 should have skipped one "
+                  "replayed push: %s", j ? j : "-");
+    free(j);
+    coord_close(&co);
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* ---- SIGSTOP -------------------------------------------------------------------------- */
 
 /* A stopped worker is dropped after the heartbeat timeout and the other carries on alone; on
@@ -658,6 +691,7 @@ Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("elastic");
     suite_add_tcase(s, tcase("kill9_one_of_four", test_kill9_one_of_four));
+    suite_add_tcase(s, tcase("kill9_mid_step_applied_once", test_kill9_mid_step_applied_once));
     suite_add_tcase(s, tcase("sigstop_rejoins", test_sigstop_rejoins));
     suite_add_tcase(s, tcase("all_leave_then_one_joins", test_all_leave_then_one_joins));
     suite_add_tcase(s, tcase("confused_member_refused", test_confused_member_refused));

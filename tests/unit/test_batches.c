@@ -70,6 +70,28 @@ START_TEST(test_give_back_full)
 }
 END_TEST
 
+/* A batch keeps its last PS_REPLAY_MAX replay tags, oldest first, through the re-hand queue. */
+START_TEST(test_replay_tags)
+{
+    ps_cursor_t *c = malloc(sizeof *c);
+    ps_cursor_init(c, 100, 10, 1);
+    ps_batch_t b, x;
+    ck_assert(ps_cursor_take(c, &b));
+    ck_assert_uint_eq(b.nreplay, 0);
+    for (uint64_t i = 0; i < PS_REPLAY_MAX; i++) ck_assert_int_eq(ps_batch_tag(&b, 100 + i), 0);
+    ck_assert_int_eq(ps_batch_tag(&b, 200), 1); /* full: the oldest goes */
+    ck_assert_int_eq(ps_cursor_give_back(c, &b), 0);
+    ck_assert(ps_cursor_take(c, &x));
+    ck_assert_uint_eq(x.offset, b.offset);
+    ck_assert_uint_eq(x.nreplay, PS_REPLAY_MAX);
+    ck_assert_uint_eq(x.replay[0], 101);
+    ck_assert_uint_eq(x.replay[PS_REPLAY_MAX - 1], 200);
+    ck_assert(ps_cursor_take(c, &x));
+    ck_assert_uint_eq(x.nreplay, 0); /* a fresh batch has none */
+    free(c);
+}
+END_TEST
+
 START_TEST(test_planned_steps)
 {
     ck_assert_uint_eq(ps_cursor_planned_steps(60000, 64, 10, 4), 2344); /* 600000 / 256 up */
@@ -86,6 +108,7 @@ Suite *ps_test_suite(void)
     tcase_add_test(tc, test_given_back_first);
     tcase_add_test(tc, test_applied_per_pass);
     tcase_add_test(tc, test_give_back_full);
+    tcase_add_test(tc, test_replay_tags);
     tcase_add_test(tc, test_planned_steps);
     suite_add_tcase(s, tc);
     return s;

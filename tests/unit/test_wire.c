@@ -151,6 +151,37 @@ START_TEST(invalid_fields_rejected)
 }
 END_TEST
 
+/* A push's replay tags travel as written; more than PS_REPLAY_MAX are refused both ways. */
+START_TEST(replay_tags)
+{
+    uint8_t buf[PS_WIRE_HDR_MAX];
+    size_t len;
+    char err[256];
+    ps_msg_t m = {.type = PS_MSG_PUSH, .rank = 2, .step = 41, .nreplay = 2,
+                  .replay = {PS_REPLAY_TAG(40, 1), PS_REPLAY_TAG(1ull << 40, 63)}},
+             d;
+    ck_assert_int_eq(ps_msg_encode(&m, buf, sizeof buf, &len), 0);
+    ck_assert_int_eq(ps_msg_decode(&d, buf, len, err, sizeof err), 0);
+    ck_assert_uint_eq(d.nreplay, 2);
+    ck_assert_uint_eq(PS_REPLAY_STEP(d.replay[0]), 40);
+    ck_assert_uint_eq(PS_REPLAY_RANK(d.replay[0]), 1);
+    ck_assert_uint_eq(PS_REPLAY_STEP(d.replay[1]), 1ull << 40);
+    ck_assert_uint_eq(PS_REPLAY_RANK(d.replay[1]), 63);
+    m.nreplay = PS_REPLAY_MAX + 1;
+    ck_assert_int_eq(ps_msg_encode(&m, buf, sizeof buf, &len), PS_EINVAL);
+    /* A peer's header with too many: field 57 (varint) appended PS_REPLAY_MAX + 1 times. */
+    m.nreplay = 0;
+    ck_assert_int_eq(ps_msg_encode(&m, buf, sizeof buf, &len), 0);
+    for (int i = 0; i <= PS_REPLAY_MAX; i++) {
+        buf[len++] = 0xc8; /* key 57 << 3 | 0 = 0x1c8 as a varint */
+        buf[len++] = 0x03;
+        buf[len++] = (uint8_t)i;
+    }
+    ck_assert_int_eq(ps_msg_decode(&d, buf, len, err, sizeof err), PS_EPROTO);
+    ck_assert_ptr_nonnull(strstr(err, "replay tags"));
+}
+END_TEST
+
 /* Entries come back as written: headers, data, 8-byte aligned data, and the end. */
 START_TEST(bundle_roundtrip)
 {
@@ -253,6 +284,7 @@ Suite *ps_test_suite(void)
     tcase_add_test(tc, truncated_rejected);
     tcase_add_test(tc, garbage_rejected);
     tcase_add_test(tc, invalid_fields_rejected);
+    tcase_add_test(tc, replay_tags);
     tcase_add_test(tc, bundle_roundtrip);
     tcase_add_test(tc, bundle_malformed);
     suite_add_tcase(s, tc);

@@ -1,0 +1,131 @@
+/* replay_client.c: a libps worker for the test of a bsp batch applied exactly once on every
+ * chunk when its worker dies in the middle of its step (test_elastic.c, kill9_mid_step_*).
+ * Test code, not part of psd.
+ *
+ *   replay_client MANIFEST NBATCH BATCH DIE_STEP
+ *
+ * Joins the cluster (bsp, optimizer sgd with lr 1), declares tensors "replay.a" and
+ * "replay.b" of NBATCH floats each (zeros; one chunk each, so on shards 0 and 1), and trains
+ * one pass of NBATCH batches of BATCH samples from the coordinator: for batch j (its offset /
+ * BATCH) it pushes a gradient of 1 at element j, 0 elsewhere, to both tensors. psd applies a
+ * step's mean, so a batch applied once leaves its element at -1 (alone in its step) or -1/2
+ * (with the other worker's); twice leaves it at -3/2 or below; never, at 0.
+ * The worker of rank 1, at step DIE_STEP, pushes only "replay.a", waits for its
+ * acknowledgement (the step is applied there, with its gradient) and kills itself (SIGKILL)
+ * before pushing "replay.b": its batch is handed to the survivor, whose push of it must be
+ * applied on "replay.b" and not again on "replay.a".
+ * Rank 0 pulls both tensors once the job is finished and checks every element: exit 0 with
+ * "every batch applied once on both tensors"; 1 with the first element that is off. */
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ps/ps_client.h"
+
+static int push_wait(ps_client_t *c, uint32_t id, const float *g, uint64_t step)
+{
+    ps_op_t *op;
+    int rc = ps_client_push(c, id, g, step, &op);
+    return rc ? rc : ps_op_wait(op, NULL);
+}
+
+/* Rank 0 at the end: every element of both tensors applied exactly once. */
+static int check(ps_client_t *c, const uint32_t id[2], uint64_t nb, uint64_t step, float *got)
+{
+    for (int t = 0; t < 2; t++) {
+        ps_op_t *op;
+        int rc = ps_client_pull(c, id[t], got, step, &op);
+        if (rc == 0) rc = ps_op_wait(op, NULL);
+        if (rc) {
+            printf("replay_client: pull: %s\n", ps_client_error(c));
+            return 1;
+        }
+        for (uint64_t j = 0; j < nb; j++)
+            if (!(got[j] >= -1.0f && got[j] <= -0.5f)) {
+                printf("replay_client: replay.%c[%" PRIu64 "] is %g: batch %" PRIu64
+                       " applied %s\n",
+                       "ab"[t], j, (double)got[j], j, got[j] == 0.0f ? "never" : "twice");
+                return 1;
+            }
+    }
+    printf("replay_client: every batch applied once on both tensors\n");
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 5) {
+        fprintf(stderr, "usage: replay_client MANIFEST NBATCH BATCH DIE_STEP\n");
+        return 2;
+    }
+    uint64_t nb = strtoull(argv[2], NULL, 10), batch = strtoull(argv[3], NULL, 10);
+    uint64_t die = strtoull(argv[4], NULL, 10);
+    if (nb == 0 || nb > 4096 || batch == 0) {
+        fprintf(stderr, "replay_client: NBATCH in [1, 4096], BATCH >= 1\n");
+        return 2;
+    }
+    char err[512];
+    ps_client_t *c;
+    int rc = ps_client_create(argv[1], NULL, &c, err, sizeof err);
+    if (rc) {
+        printf("replay_client: join: %s\n", err);
+        return 1;
+    }
+    int rank = ps_client_rank(c), bad = 0;
+    uint32_t id[2];
+    float *g = calloc(nb, sizeof *g), *got = calloc(nb, sizeof *got);
+    for (int t = 0; t < 2 && g && got && !bad; t++) {
+        ps_tensor_desc_t d = {.name = t ? "replay.b" : "replay.a", .shape = {(uint32_t)nb},
+                              .ndim = 1};
+        if (ps_client_declare(c, &d, &id[t])) {
+            printf("replay_client: declare: %s\n", ps_client_error(c));
+            bad = 1;
+        }
+    }
+    bad |= g == NULL || got == NULL;
+    ps_batch_info_t b, prev;
+    for (int k = 0; !bad; k++) {
+        rc = ps_client_next_batch(c, nb * batch, k ? &prev : NULL, &b);
+        if (rc) {
+            printf("replay_client: rank %d: next batch: %s\n", rank, ps_client_error(c));
+            bad = 1;
+            break;
+        }
+        if (b.finished) {
+            if (rank == 0) bad = check(c, id, nb, b.step, got);
+            break;
+        }
+        uint64_t j = b.offset / batch;
+        if (b.pass != 0 || j >= nb) {
+            printf("replay_client: batch of pass %" PRIu64 " at %" PRIu64 ": not in the pass\n",
+                   b.pass, b.offset);
+            bad = 1;
+            break;
+        }
+        memset(g, 0, nb * sizeof *g);
+        g[j] = 1.0f;
+        rc = push_wait(c, id[0], g, b.step);
+        if (rc == 0 && rank == 1 && b.step == die) {
+            printf("replay_client: rank 1 dies at step %" PRIu64 " with batch %" PRIu64
+                   " pushed to replay.a only\n", b.step, j);
+            fflush(stdout);
+            raise(SIGKILL);
+        }
+        if (rc == 0) rc = push_wait(c, id[1], g, b.step);
+        if (rc) {
+            printf("replay_client: rank %d step %" PRIu64 ": %s\n", rank, b.step,
+                   ps_client_error(c));
+            bad = 1;
+            break;
+        }
+        ps_client_batch_done(c, &b);
+        prev = b;
+    }
+    fflush(stdout);
+    ps_client_destroy(c);
+    free(g);
+    free(got);
+    return bad;
+}
