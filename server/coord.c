@@ -60,6 +60,13 @@ typedef struct {
     ps_cursor_t cur;
 } coord_saved_t;
 
+/* A write of the state on its own (coord_save), as slot work between store jobs. */
+typedef struct {
+    psd_slot_work_t slot;
+    coord_saved_t s;          /* the copy written, taken on the loop thread when queued */
+    int rc;
+} coord_save_t;
+
 typedef struct {
     psd_conn_t *conn;         /* NULL while a member is expected back: after a restart of
                                  this shard, or after its connection closed (lost_ms) */
@@ -97,9 +104,72 @@ struct psd_coord_s {
     bool capped;               /* asp / ssp: a member did its job.max_steps: pslaunch gets no
                                   more starts (a replacement would do max_steps more), so the
                                   job ends with the members it has */
+    coord_save_t save;         /* coord_save's slot work */
+    bool save_busy, save_again;
+    bool creating;             /* psd_coord_create saves once at its end, itself */
 };
 
 static bool is_bsp(const psd_server_t *srv) { return srv->m.job.consistency == PS_CONSIST_BSP; }
+
+/* ---- saving the state on its own --------------------------------------------------- */
+
+/* Every apply job commits the state with its updates. Changes that come without one (a new
+ * epoch, psctl scale, the epoch bump of a restart) are committed on their own, so that a
+ * restart of this shard does not take them back: a desired count would return to its old
+ * value, and an epoch number handed out since would be handed out again with other members
+ * (libps and the shards ignore an epoch no newer than one they know). The write is slot work:
+ * the loop thread never waits for the store's one writer. A slot runs only between store
+ * jobs, and a job copies the state when it starts, so the stored state never goes back. */
+static int save_now(psd_store_t *st, const coord_saved_t *s)
+{
+    psd_wtxn_t tx;
+    int rc = psd_store_begin(st, &tx);
+    if (rc) return rc;
+    rc = psd_store_put_blob(&tx, "job", s, sizeof *s);
+    if (rc) {
+        psd_store_abort(&tx);
+        return rc;
+    }
+    return psd_store_commit(&tx);
+}
+
+static void save_run(psd_slot_work_t *w)
+{
+    coord_save_t *sv = (coord_save_t *)w;
+    sv->rc = save_now(&w->srv->store, &sv->s);
+}
+
+static void coord_save(psd_server_t *srv);
+
+static void save_done(psd_slot_work_t *w)
+{
+    psd_server_t *srv = w->srv;
+    psd_coord_t *co = srv->coord;
+    co->save_busy = false;
+    if (co->save.rc)
+        PS_LOG(PS_LOG_ERROR, "coord", "cannot save the coordinator's state: %s (it is saved "
+               "again with the next step)", ps_strerror(co->save.rc));
+    if (co->save_again) {
+        co->save_again = false;
+        coord_save(srv);
+    }
+}
+
+static void coord_save(psd_server_t *srv)
+{
+    psd_coord_t *co = srv->coord;
+    if (co->creating) return;
+    if (co->save_busy) { /* its copy is taken: this change goes in the next write */
+        co->save_again = true;
+        return;
+    }
+    co->save_busy = true;
+    co->save.s = co->s;
+    co->save.slot.srv = srv;
+    co->save.slot.run = save_run;
+    co->save.slot.done = save_done;
+    psd_shard_slot_queue(srv, &co->save.slot);
+}
 
 /* How long a member whose connection closed keeps its rank (psd_coord_on_gone): the heartbeat
  * timeout, but no longer than launch grants live, so scaling never counts a member that is
@@ -170,6 +240,7 @@ static void set_members(psd_server_t *srv, uint64_t members)
         PS_LOG(PS_LOG_INFO, "coord", "epoch %llu: step %llu has %u members (%#llx)",
                (unsigned long long)co->s.epoch, (unsigned long long)co->s.step, popcount(members),
                (unsigned long long)members);
+        coord_save(srv);
     }
     psd_shard_learn_view(srv, co->s.epoch, co->s.step, members);
 }
@@ -708,6 +779,7 @@ void psd_coord_on_scale(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
     }
     PS_LOG(PS_LOG_INFO, "coord", "desired workers %u -> %u", co->s.desired, msg->workers);
     co->s.desired = msg->workers;
+    coord_save(srv);
     co->grant_start = co->grant_stop = 0;
     ps_msg_t a = {.type = PS_MSG_SCALE_REPLY, .req_id = msg->req_id, .shard = 0,
                   .workers = popcount(co->s.active)};
@@ -765,6 +837,7 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len)
     if (co == NULL) return PS_ENOMEM;
     srv->coord = co;
     co->started_ms = uv_now(srv->loop);
+    co->creating = true;
     const ps_job_conf_t *j = &srv->m.job;
     if (saved && saved_len == sizeof co->s &&
         ((const coord_saved_t *)saved)->magic == COORD_MAGIC) {
@@ -772,6 +845,15 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len)
         /* Epochs made after the save (joins, removals) are lost with the crash, but the
          * other shards know them: jump past anything that can have been handed out. */
         co->s.epoch = (co->s.epoch | 0xFFFFFull) + 1;
+        bool reopened = false;
+        if (co->s.finished && j->max_steps > co->s.step && !ps_cursor_exhausted(&co->s.cur)) {
+            /* Ended by a job.max_steps the manifest has raised since: it goes on. */
+            PS_LOG(PS_LOG_INFO, "coord", "the job ended at step %llu; job.max_steps is %llu now: "
+                   "it goes on", (unsigned long long)co->s.step,
+                   (unsigned long long)j->max_steps);
+            co->s.finished = 0;
+            reopened = true;
+        }
         /* Members are expected back (libps reconnects with their rank). */
         PS_LOG(PS_LOG_INFO, "coord", "restored: epoch %llu, step %llu, %u members, %llu samples "
                "applied", (unsigned long long)co->s.epoch, (unsigned long long)co->s.step,
@@ -783,6 +865,9 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len)
              * every member had pushed the step: it counts, and the next step is open. */
             uint64_t applied = psd_shard_step(srv);
             while (co->s.step < applied && !co->s.finished) close_step(srv);
+            /* The members it had get the open step's batches, as its close would have given
+             * them (they are expected back, or handed on when they are removed). */
+            if (reopened && co->s.step_members == 0) hand_out(srv);
         }
     } else {
         co->s.magic = COORD_MAGIC;
@@ -790,6 +875,13 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len)
         co->s.step = psd_shard_step(srv);
         ps_cursor_init(&co->s.cur, 0, j->batch_size, j->epochs);
     }
+    /* Saved before anything is handed out: a second restart bumps the epoch past this one's
+     * (no store job runs yet: the loop has not started). */
+    co->creating = false;
+    int rc = save_now(&srv->store, &co->s);
+    if (rc)
+        PS_LOG(PS_LOG_ERROR, "coord", "cannot save the coordinator's state: %s (a restart "
+               "before the next step may reuse epoch numbers)", ps_strerror(rc));
     return 0;
 }
 

@@ -558,6 +558,36 @@ END_TEST
 
 /* ---- ssp ---------------------------------------------------------------------------------- */
 
+/* The coordinator's state changes that come without a step (psctl scale, and the epoch bump
+ * of a restart) survive restarts of shard 0 with no worker: the desired count stays 5, and
+ * each restart's epoch is past the last one's. Before, both came back as they were before
+ * (only apply jobs saved the state): desired 2 again, and the same epoch twice. */
+START_TEST(test_coordinator_state_kept_without_steps)
+{
+    cl_conf_t k = {.shards = 1, .workers = 2};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    psctl_scale(c, 5);
+    ck_assert_int_eq(cl_signal(psd, SIGTERM), 0);
+    EXPECT_EXIT(psd, 0);
+    long long epoch[2];
+    for (int i = 0; i < 2; i++) {
+        psd = cl_psd_start(c, 0, NULL, READY_S);
+        coord_t co;
+        coord_open(&co, c);
+        char *j = coord_status(&co);
+        coord_close(&co);
+        ck_assert_msg(j && jnum(j, "desired_workers") == 5, "restart %d: %s", i + 1, j ? j : "-");
+        epoch[i] = jnum(j, "epoch");
+        free(j);
+        ck_assert_int_eq(cl_signal(psd, SIGKILL), 0); /* its start saved the state */
+        cl_wait(psd, RUN_S);
+    }
+    ck_assert_msg(epoch[1] > epoch[0], "epochs %lld then %lld", epoch[0], epoch[1]);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* ssp with staleness 2: with one worker stopped, the other runs at most 2 steps ahead of it
  * (plus the batch in its hands: 3 finished steps apart), then waits; both finish once it
  * resumes. */
@@ -700,6 +730,8 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("leave_while_coordinator_stopped",
                              test_leave_while_coordinator_stopped));
     suite_add_tcase(s, tcase("scale_2_5_1_3", test_scale_2_5_1_3));
+    suite_add_tcase(s, tcase("coordinator_state_kept_without_steps",
+                             test_coordinator_state_kept_without_steps));
     suite_add_tcase(s, tcase("ssp_staleness", test_ssp_staleness));
     suite_add_tcase(s, tcase("chaos", test_chaos));
     suite_add_tcase(s, tcase("status_after_idle", test_status_after_idle));
