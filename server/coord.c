@@ -861,10 +861,14 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len)
         if (is_bsp(srv)) {
             /* A restored open step's members are in the view the pushes are checked with. */
             psd_shard_learn_view(srv, co->s.epoch, co->s.step, co->s.step_members);
-            /* The state was saved when the step's apply began; if that apply committed here,
-             * every member had pushed the step: it counts, and the next step is open. */
-            uint64_t applied = psd_shard_step(srv);
-            while (co->s.step < applied && !co->s.finished) close_step(srv);
+            /* The state was saved when the step's apply began (or later). If that apply
+             * committed here, the step stays open all the same: another shard may not have
+             * applied it, and a member that does not come back must be taken out of that
+             * step there (a removal names the open step), not of the next one, or that
+             * shard would wait for it for good. The members close it as usual, when their
+             * pushes are all acknowledged. What this shard's chunks summed at the step is
+             * known: its members, so a batch handed on from it is not applied here again. */
+            psd_shard_seed_summed(srv, co->s.step, co->s.step_members);
             /* The members it had get the open step's batches, as its close would have given
              * them (they are expected back, or handed on when they are removed). */
             if (reopened && co->s.step_members == 0) hand_out(srv);

@@ -422,6 +422,10 @@ bool psd_shard_idle(psd_server_t *srv);
 void psd_shard_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len);
 /** @brief Lowest chunk version of this shard (its step), or 0 with no chunks. */
 uint64_t psd_shard_step(psd_server_t *srv);
+/** @brief bsp, at start: chunks already at version @p step + 1 summed the pushes of @p members
+ *  at @p step (the coordinator's restored open step, whose apply committed here before a
+ *  restart), so a batch handed on from that step is not applied again (replayed_here). */
+void psd_shard_seed_summed(psd_server_t *srv, uint64_t step, uint64_t members);
 /** @brief Learn membership epoch @p epoch (members from @p from_step on); chunks that became
  *  complete under it are applied. Older or known epochs only lower their from_step. */
 void psd_shard_learn_view(psd_server_t *srv, uint64_t epoch, uint64_t from_step, uint64_t members);

@@ -257,6 +257,17 @@ uint64_t psd_shard_step(psd_server_t *srv)
     return step == UINT64_MAX ? 0 : step;
 }
 
+void psd_shard_seed_summed(psd_server_t *srv, uint64_t step, uint64_t members)
+{
+    for (uint32_t i = 0; i < srv->ntensors; i++)
+        for (uint32_t c = 0; srv->tensors[i].present && c < srv->tensors[i].nchunks; c++) {
+            psd_chunk_t *ch = srv->tensors[i].chunks[c];
+            if (ch == NULL || ch->version != step + 1) continue;
+            ch->summed[step % PSD_SUMMED_RING] = members;
+            ch->summed_from = step;
+        }
+}
+
 void psd_shard_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len)
 {
     uint64_t chunks = 0, bytes = 0, vmin = UINT64_MAX, vmax = 0;
