@@ -67,6 +67,76 @@ typedef struct {
     int rc;
 } coord_save_t;
 
+/* The state as psd wrote it before replay tags ("CRD2": batches without them). Read and
+ * converted (state_from_v2), so that a psd upgraded on a running job's data_dir resumes its
+ * cursor and steps instead of starting the training set and the schedule over. */
+#define COORD_MAGIC_V2 0x32445243u
+typedef struct {
+    uint64_t pass, offset;
+    uint32_t count;
+} batch_v2_t;
+typedef struct {
+    uint32_t pid;
+    char host[64];
+    uint8_t has_batch;
+    batch_v2_t batch;
+    uint64_t batch_step, steps_done, progress, join_serial;
+} member_v2_t;
+typedef struct {
+    uint64_t n;
+    uint32_t batch;
+    uint64_t passes, pass, offset;
+    batch_v2_t rehand[PS_REHAND_MAX];
+    uint32_t nrehand;
+    uint64_t applied[PS_PASS_RING], applied_total, handed_again;
+} cursor_v2_t;
+typedef struct {
+    uint32_t magic, desired;
+    uint64_t epoch, step, step_members, active, final_step;
+    uint8_t finished, started;
+    uint64_t joins;
+    member_v2_t m[PS_MAX_RANKS];
+    cursor_v2_t cur;
+} saved_v2_t;
+
+static ps_batch_t batch_from_v2(const batch_v2_t *b)
+{
+    return (ps_batch_t){.pass = b->pass, .offset = b->offset, .count = b->count};
+}
+
+/* @p v2 (a CRD2 state) into @p s. */
+static void state_from_v2(coord_saved_t *s, const saved_v2_t *v2)
+{
+    *s = (coord_saved_t){.magic = COORD_MAGIC, .desired = v2->desired, .epoch = v2->epoch,
+                         .step = v2->step, .step_members = v2->step_members,
+                         .active = v2->active, .final_step = v2->final_step,
+                         .finished = v2->finished, .started = v2->started, .joins = v2->joins};
+    for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
+        const member_v2_t *o = &v2->m[r];
+        saved_member_t *m = &s->m[r];
+        m->pid = o->pid;
+        memcpy(m->host, o->host, sizeof m->host);
+        m->has_batch = o->has_batch;
+        m->batch = batch_from_v2(&o->batch);
+        m->batch_step = o->batch_step;
+        m->steps_done = o->steps_done;
+        m->progress = o->progress;
+        m->join_serial = o->join_serial;
+    }
+    const cursor_v2_t *oc = &v2->cur;
+    ps_cursor_t *c = &s->cur;
+    c->n = oc->n;
+    c->batch = oc->batch;
+    c->passes = oc->passes;
+    c->pass = oc->pass;
+    c->offset = oc->offset;
+    c->nrehand = oc->nrehand < PS_REHAND_MAX ? oc->nrehand : PS_REHAND_MAX;
+    for (uint32_t i = 0; i < c->nrehand; i++) c->rehand[i] = batch_from_v2(&oc->rehand[i]);
+    memcpy(c->applied, oc->applied, sizeof c->applied);
+    c->applied_total = oc->applied_total;
+    c->handed_again = oc->handed_again;
+}
+
 typedef struct {
     psd_conn_t *conn;         /* NULL while a member is expected back: after a restart of
                                  this shard, or after its connection closed (lost_ms) */
@@ -839,15 +909,35 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len)
     co->started_ms = uv_now(srv->loop);
     co->creating = true;
     const ps_job_conf_t *j = &srv->m.job;
-    if (saved && saved_len == sizeof co->s &&
-        ((const coord_saved_t *)saved)->magic == COORD_MAGIC) {
-        memcpy(&co->s, saved, sizeof co->s);
+    uint32_t magic = 0;
+    if (saved && saved_len >= sizeof magic) memcpy(&magic, saved, sizeof magic);
+    bool v2 = magic == COORD_MAGIC_V2 && saved_len == sizeof(saved_v2_t);
+    if (saved && !v2 && !(magic == COORD_MAGIC && saved_len == sizeof co->s))
+        PS_LOG(PS_LOG_WARN, "coord", "the stored coordinator state (%zu bytes, magic %#x) is not "
+               "one this psd reads: the job's steps and batches start over", saved_len, magic);
+    if (v2 || (saved && magic == COORD_MAGIC && saved_len == sizeof co->s)) {
+        saved_v2_t *old = v2 ? malloc(sizeof *old) : NULL; /* aligned, unlike @p saved */
+        if (v2 && old == NULL) {
+            free(co);
+            srv->coord = NULL;
+            return PS_ENOMEM;
+        }
+        if (v2) {
+            memcpy(old, saved, sizeof *old);
+            state_from_v2(&co->s, old);
+            free(old);
+            PS_LOG(PS_LOG_INFO, "coord", "the stored coordinator state is an older psd's "
+                   "(CRD2): converted");
+        } else {
+            memcpy(&co->s, saved, sizeof co->s);
+        }
         /* Epochs made after the save (joins, removals) are lost with the crash, but the
          * other shards know them: jump past anything that can have been handed out. */
         co->s.epoch = (co->s.epoch | 0xFFFFFull) + 1;
         bool reopened = false;
-        if (co->s.finished && j->max_steps > co->s.step && !ps_cursor_exhausted(&co->s.cur)) {
-            /* Ended by a job.max_steps the manifest has raised since: it goes on. */
+        if (co->s.finished && (j->max_steps == 0 || j->max_steps > co->s.step) &&
+            !ps_cursor_exhausted(&co->s.cur)) {
+            /* Ended by a job.max_steps the manifest has raised (or lifted) since: it goes on. */
             PS_LOG(PS_LOG_INFO, "coord", "the job ended at step %llu; job.max_steps is %llu now: "
                    "it goes on", (unsigned long long)co->s.step,
                    (unsigned long long)j->max_steps);
@@ -861,14 +951,12 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len)
         if (is_bsp(srv)) {
             /* A restored open step's members are in the view the pushes are checked with. */
             psd_shard_learn_view(srv, co->s.epoch, co->s.step, co->s.step_members);
-            /* The state was saved when the step's apply began (or later). If that apply
-             * committed here, the step stays open all the same: another shard may not have
-             * applied it, and a member that does not come back must be taken out of that
-             * step there (a removal names the open step), not of the next one, or that
-             * shard would wait for it for good. The members close it as usual, when their
-             * pushes are all acknowledged. What this shard's chunks summed at the step is
-             * known: its members, so a batch handed on from it is not applied here again. */
-            psd_shard_seed_summed(srv, co->s.step, co->s.step_members);
+            /* The state was saved when the step's apply began (or later); if that apply
+             * committed here, every member had pushed the step: it counts, and the next step
+             * is open. (Known limit: another shard that had not applied it yet waits for good
+             * for a member of it that does not come back: the removal names the next step.) */
+            uint64_t applied = psd_shard_step(srv);
+            while (co->s.step < applied && !co->s.finished) close_step(srv);
             /* The members it had get the open step's batches, as its close would have given
              * them (they are expected back, or handed on when they are removed). */
             if (reopened && co->s.step_members == 0) hand_out(srv);

@@ -129,7 +129,10 @@ struct psd_chunk_s {
     uint64_t skip_mask;        /* bsp: bit r: rank r's push of this step replays a batch this
                                   chunk applied already (psd_shard_on_push): acknowledged, not
                                   summed */
-    uint64_t summed[PSD_SUMMED_RING]; /* bsp: the ranks step v's apply summed, at [v % ring] */
+    uint64_t step_members;     /* bsp: the members of the step the running job applies */
+    uint64_t summed[PSD_SUMMED_RING]; /* bsp: the members of step v's apply, at [v % ring]: whose
+                                  batches the chunk has after it (summed then, or skipped as
+                                  a replay of one it had) */
     uint64_t summed_from;      /* the first step whose summed entry this psd wrote */
     uint64_t progress;         /* bsp: samples applied before this step (0: use the version) */
     bool has_progress;
@@ -422,10 +425,6 @@ bool psd_shard_idle(psd_server_t *srv);
 void psd_shard_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len);
 /** @brief Lowest chunk version of this shard (its step), or 0 with no chunks. */
 uint64_t psd_shard_step(psd_server_t *srv);
-/** @brief bsp, at start: chunks already at version @p step + 1 summed the pushes of @p members
- *  at @p step (the coordinator's restored open step, whose apply committed here before a
- *  restart), so a batch handed on from that step is not applied again (replayed_here). */
-void psd_shard_seed_summed(psd_server_t *srv, uint64_t step, uint64_t members);
 /** @brief Learn membership epoch @p epoch (members from @p from_step on); chunks that became
  *  complete under it are applied. Older or known epochs only lower their from_step. */
 void psd_shard_learn_view(psd_server_t *srv, uint64_t epoch, uint64_t from_step, uint64_t members);

@@ -257,17 +257,6 @@ uint64_t psd_shard_step(psd_server_t *srv)
     return step == UINT64_MAX ? 0 : step;
 }
 
-void psd_shard_seed_summed(psd_server_t *srv, uint64_t step, uint64_t members)
-{
-    for (uint32_t i = 0; i < srv->ntensors; i++)
-        for (uint32_t c = 0; srv->tensors[i].present && c < srv->tensors[i].nchunks; c++) {
-            psd_chunk_t *ch = srv->tensors[i].chunks[c];
-            if (ch == NULL || ch->version != step + 1) continue;
-            ch->summed[step % PSD_SUMMED_RING] = members;
-            ch->summed_from = step;
-        }
-}
-
 void psd_shard_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len)
 {
     uint64_t chunks = 0, bytes = 0, vmin = UINT64_MAX, vmax = 0;
@@ -839,7 +828,8 @@ static void push_received(psd_chunk_t *ch, uint32_t rank, ucs_status_t status)
 
 /* bsp: whether rank @p rank's push @p msg of this step, of a batch handed out again (its replay
  * tags: the steps and ranks that had it before and left mid-step), brings a batch chunk @p ch
- * applied already: some tagged step's apply here summed the tagged rank's push. A tagged step
+ * has already: the tagged rank was a member of the tagged step's apply here (its push summed,
+ * or itself skipped as a replay of a batch the chunk had). A tagged step
  * not applied here yet does not count (that rank's push, no longer a member's, is dropped); one
  * too old to be remembered (or from before this psd loaded the store) is logged and counted as
  * not applied here, as before replay tags. */
@@ -1515,7 +1505,7 @@ static void job_done(uv_work_t *w, int status)
             for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
                 applied += ch->slot_state[r] == SLOT_APPLYING;
             if (job->rc == 0 && !(bsp && bad)) {
-                if (bsp) ch->summed[ch->version % PSD_SUMMED_RING] = ch->sum_members;
+                if (bsp) ch->summed[ch->version % PSD_SUMMED_RING] = ch->step_members;
                 ch->version += bsp ? 1 : applied;
                 psd_integrity_chunk_hashed(srv, ch, job->hashes[i]);
             }
@@ -1692,6 +1682,7 @@ static void job_start_next(psd_server_t *srv)
             }
             job->items[job->nitems++] = c;
             bytes += psd_chunk_bytes(c->n, srv->nstate);
+            c->step_members = members;
             c->sum_members = members & ~c->skip_mask;
             for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
                 if (c->slot_state[r] != SLOT_FULL) continue;

@@ -232,39 +232,6 @@ START_TEST(test_kill9_mid_step_applied_once)
 }
 END_TEST
 
-/* The same, with shard 0 killed right after it committed that step (PS_TEST_CRASH_AFTER_APPLY:
- * its 6th apply is step 5 of "replay.a", its one chunk) and started again; the worker that
- * dies does so once its resent push is acknowledged, so it is gone while shard 0 is restarted,
- * and shard 1 has not applied step 5 (it waits for that worker's push of "replay.b"). The
- * restarted coordinator must not close step 5 on its own: the dead worker's removal must take
- * it out of step 5 on shard 1, and its batch, handed on, must not be applied again on shard 0.
- * Before, the restart closed step 5 and the removal named step 6 on: shard 1 waited for good. */
-START_TEST(test_coordinator_restart_mid_step)
-{
-    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .optimizer = "{name: sgd, lr: 1}"};
-    cl_cluster_t *c = cl_cluster_create(&k);
-    setenv("PS_TEST_CRASH_AFTER_APPLY", "6", 1);
-    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), NULL};
-    unsetenv("PS_TEST_CRASH_AFTER_APPLY");
-    psd[1] = cl_psd_start(c, 1, NULL, READY_S);
-    char nb[] = "40", bs[] = "8", die[] = "5";
-    char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, die, NULL};
-    cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
-    ck_assert_int_eq(cl_wait(psd[0], RUN_S), 128 + SIGKILL);
-    EXPECT_LOG(psd[0], "PS_TEST_CRASH_AFTER_APPLY");
-    psd[0] = cl_psd_start(c, 0, NULL, READY_S);
-    int st[2] = {cl_wait(w[0], RUN_S), cl_wait(w[1], RUN_S)};
-    int victim = st[0] == 0 ? 1 : 0;
-    ck_assert_msg(st[victim] == 128 + SIGKILL && st[1 - victim] == 0,
-                  "exits %d and %d, want 0 and %d: %s / %s", st[0], st[1], 128 + SIGKILL,
-                  cl_tail(w[0]), cl_tail(w[1]));
-    EXPECT_LOG(w[victim], "dies at step 5");
-    EXPECT_LOG(w[1 - victim], "every batch applied once on both tensors");
-    stop_all(psd, 2);
-    cl_cluster_destroy(c);
-}
-END_TEST
-
 /* ---- SIGSTOP -------------------------------------------------------------------------- */
 
 /* A stopped worker is dropped after the heartbeat timeout and the other carries on alone; on
@@ -755,7 +722,6 @@ Suite *ps_test_suite(void)
     Suite *s = suite_create("elastic");
     suite_add_tcase(s, tcase("kill9_one_of_four", test_kill9_one_of_four));
     suite_add_tcase(s, tcase("kill9_mid_step_applied_once", test_kill9_mid_step_applied_once));
-    suite_add_tcase(s, tcase("coordinator_restart_mid_step", test_coordinator_restart_mid_step));
     suite_add_tcase(s, tcase("sigstop_rejoins", test_sigstop_rejoins));
     suite_add_tcase(s, tcase("all_leave_then_one_joins", test_all_leave_then_one_joins));
     suite_add_tcase(s, tcase("confused_member_refused", test_confused_member_refused));

@@ -372,6 +372,77 @@ static int corrupt_chunk_at(cl_cluster_t *c, uint32_t t, uint32_t ch, long at)
     return -1;
 }
 
+/* The coordinator's state as a psd before replay tags stored it ("CRD2"), for the upgrade test:
+ * the same layout as server/coord.c's saved_v2_t. */
+typedef struct {
+    uint64_t pass, offset;
+    uint32_t count;
+} v2_batch_t;
+typedef struct {
+    uint32_t magic, desired;
+    uint64_t epoch, step, step_members, active, final_step;
+    uint8_t finished, started;
+    uint64_t joins;
+    struct {
+        uint32_t pid;
+        char host[64];
+        uint8_t has_batch;
+        v2_batch_t batch;
+        uint64_t batch_step, steps_done, progress, join_serial;
+    } m[64];
+    struct {
+        uint64_t n;
+        uint32_t batch;
+        uint64_t passes, pass, offset;
+        v2_batch_t rehand[256];
+        uint32_t nrehand;
+        uint64_t applied[64], applied_total, handed_again;
+    } cur;
+} v2_state_t;
+
+/* A psd upgraded on a data_dir whose coordinator state an older psd wrote (CRD2) resumes it:
+ * its step, desired workers, samples applied and a batch waiting to be handed out again.
+ * Before, it started the job's steps and training set over without a word. */
+START_TEST(test_coordinator_state_upgraded)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    ck_assert_int_eq(cl_signal(psd, SIGTERM), 0);
+    EXPECT_EXIT(psd, 0);
+    v2_state_t *o = calloc(1, sizeof *o);
+    o->magic = 0x32445243u;
+    o->desired = 3;
+    o->epoch = 5;
+    o->step = 7;
+    o->cur = (typeof(o->cur)){.n = 1000, .batch = 8, .passes = 1, .offset = 56, .nrehand = 1,
+                              .applied_total = 48, .handed_again = 0};
+    o->cur.rehand[0] = (v2_batch_t){0, 48, 8};
+    o->cur.applied[0] = 48;
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    ck_assert_int_eq(mdb_env_create(&env), 0);
+    ck_assert_int_eq(mdb_env_set_mapsize(env, (size_t)4096 << 20), 0);
+    ck_assert_int_eq(mdb_env_open(env, c->data_dir[0], 0, 0600), 0);
+    ck_assert_int_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    ck_assert_int_eq(mdb_dbi_open(txn, NULL, 0, &dbi), 0);
+    MDB_val key = {4, "Mjob"}, val = {sizeof *o, o};
+    ck_assert_int_eq(mdb_put(txn, dbi, &key, &val, 0), 0);
+    ck_assert_int_eq(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+    free(o);
+    psd = cl_psd_start(c, 0, NULL, READY_S);
+    EXPECT_LOG(psd, "is an older psd's (CRD2): converted");
+    EXPECT_LOG(psd, "restored: epoch 1048576, step 7, 0 members, 48 samples applied");
+    const char *args[] = {"status", "--json", NULL};
+    cl_proc_t *ctl = psctl(c, "psctl", 0, args);
+    EXPECT_LOG(ctl, "\"desired_workers\": 3, ");
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 START_TEST(test_verify_names_corrupt_chunk)
 {
     cl_conf_t k = {.shards = 2, .workers = 1, .optimizer = "{name: adam, lr: 0.001}",
@@ -860,6 +931,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("crc_always_corrupt_fails", test_crc_always_corrupt_fails));
     suite_add_tcase(s, tcase("merkle_root_survives_restart", test_merkle_root_survives_restart));
     suite_add_tcase(s, tcase("export_matches_local", test_export_matches_local));
+    suite_add_tcase(s, tcase("coordinator_state_upgraded", test_coordinator_state_upgraded));
     suite_add_tcase(s, tcase("verify_names_corrupt_chunk", test_verify_names_corrupt_chunk));
     suite_add_tcase(s, tcase("export_snapshot_left_open", test_export_snapshot_left_open));
     suite_add_tcase(s, tcase("corrupt_at_rest_not_sealed_again",
