@@ -95,10 +95,11 @@ typedef struct {
     psd_area_t *area;
 } psd_slot_ext_t;
 
-/* bsp: steps back a chunk remembers whose pushes each apply summed, so that a batch handed out
- * again after its worker left mid-step is not applied twice (psd_shard_on_push). The
- * coordinator hands such a batch out at the next step, so a few steps are plenty. */
-#define PSD_SUMMED_RING 8
+/* bsp: steps back a chunk remembers whose batches each apply had, so that a batch handed out
+ * again after its worker left mid-step is not applied twice (psd_shard_on_push). Re-handed
+ * batches go first, but after many departures at once (the queue is first in, first out, one
+ * batch per worker and step) one can wait many steps: 64 steps, 512 bytes a chunk. */
+#define PSD_SUMMED_RING 64
 
 struct psd_chunk_s {
     uint32_t tensor, chunk;
