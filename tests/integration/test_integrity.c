@@ -337,6 +337,16 @@ static int corrupt_chunk(cl_cluster_t *c, uint32_t t, uint32_t ch)
     return corrupt_chunk_at(c, t, ch, 32 + 100); /* the header is 32 bytes */
 }
 
+/* A write transaction on shard @p s's store (its psd stopped), its env and database. */
+static void store_write_txn(cl_cluster_t *c, int s, MDB_env **env, MDB_txn **txn, MDB_dbi *dbi)
+{
+    ck_assert_int_eq(mdb_env_create(env), 0);
+    ck_assert_int_eq(mdb_env_set_mapsize(*env, (size_t)4096 << 20), 0);
+    ck_assert_int_eq(mdb_env_open(*env, c->data_dir[s], 0, 0600), 0);
+    ck_assert_int_eq(mdb_txn_begin(*env, NULL, 0, txn), 0);
+    ck_assert_int_eq(mdb_dbi_open(*txn, NULL, 0, dbi), 0);
+}
+
 /* The same @p at bytes into the record, or -@p at bytes before its end (the optimizer state). */
 static int corrupt_chunk_at(cl_cluster_t *c, uint32_t t, uint32_t ch, long at)
 {
@@ -346,11 +356,7 @@ static int corrupt_chunk_at(cl_cluster_t *c, uint32_t t, uint32_t ch, long at)
         MDB_env *env;
         MDB_txn *txn;
         MDB_dbi dbi;
-        ck_assert_int_eq(mdb_env_create(&env), 0);
-        ck_assert_int_eq(mdb_env_set_mapsize(env, (size_t)4096 << 20), 0);
-        ck_assert_int_eq(mdb_env_open(env, c->data_dir[s], 0, 0600), 0);
-        ck_assert_int_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
-        ck_assert_int_eq(mdb_dbi_open(txn, NULL, 0, &dbi), 0);
+        store_write_txn(c, s, &env, &txn, &dbi);
         MDB_val k = {sizeof key, key}, v;
         int found = mdb_get(txn, dbi, &k, &v) == 0;
         if (found) {
@@ -422,11 +428,7 @@ START_TEST(test_coordinator_state_upgraded)
     MDB_env *env;
     MDB_txn *txn;
     MDB_dbi dbi;
-    ck_assert_int_eq(mdb_env_create(&env), 0);
-    ck_assert_int_eq(mdb_env_set_mapsize(env, (size_t)4096 << 20), 0);
-    ck_assert_int_eq(mdb_env_open(env, c->data_dir[0], 0, 0600), 0);
-    ck_assert_int_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
-    ck_assert_int_eq(mdb_dbi_open(txn, NULL, 0, &dbi), 0);
+    store_write_txn(c, 0, &env, &txn, &dbi);
     MDB_val key = {4, "Mjob"}, val = {sizeof *o, o};
     ck_assert_int_eq(mdb_put(txn, dbi, &key, &val, 0), 0);
     ck_assert_int_eq(mdb_txn_commit(txn), 0);
