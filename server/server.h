@@ -134,7 +134,8 @@ struct psd_chunk_s {
     uint64_t summed[PSD_SUMMED_RING]; /* bsp: the members of step v's apply, at [v % ring]: whose
                                   batches the chunk has after it (summed then, or skipped as
                                   a replay of one it had) */
-    uint64_t summed_from;      /* the first step whose summed entry this psd wrote */
+    uint64_t summed_from;      /* the first step whose summed entry is known (written by this
+                                  psd, or loaded: run_apply stores changes of the members) */
     uint64_t progress;         /* bsp: samples applied before this step (0: use the version) */
     bool has_progress;
     bool queued;               /* on the ready list or in the running job */

@@ -160,15 +160,31 @@ static void on_load_chunk(void *arg, uint32_t t, uint32_t c, const psd_chunk_hdr
     }
 }
 
+/* bsp: a chunk's apply members, stored (key 'D', as asp's applied-push record) when they differ
+ * from the step before's: from @c step on, every apply had @c members, so that a restarted
+ * shard still knows whose batches its chunks have (replayed_here). */
+typedef struct {
+    uint64_t step, members;
+} summed_rec_t;
+
 static void on_load_applied(void *arg, uint32_t t, uint32_t c, const void *val, size_t len)
 {
     psd_server_t *srv = arg;
     psd_chunk_t *ch = t < srv->ntensors && srv->tensors[t].present && c < srv->tensors[t].nchunks
                           ? srv->tensors[t].chunks[c]
                           : NULL;
-    if (ch && len == PS_MAX_RANKS * sizeof *ch->done)
+    summed_rec_t rec;
+    if (ch && len == PS_MAX_RANKS * sizeof *ch->done) {
         memcpy(ch->done, val, len);
-    else
+    } else if (ch && len == sizeof rec) {
+        /* bsp: the members of every apply from rec.step on (until the chunk's version). */
+        memcpy(&rec, val, sizeof rec);
+        if (rec.step >= ch->version) return; /* written by an apply that did not commit? */
+        uint64_t from = ch->version - rec.step > PSD_SUMMED_RING ? ch->version - PSD_SUMMED_RING
+                                                                 : rec.step;
+        for (uint64_t s = from; s < ch->version; s++) ch->summed[s % PSD_SUMMED_RING] = rec.members;
+        ch->summed_from = from;
+    } else
         PS_LOG(PS_LOG_WARN, "shard", "stored applied-push record of %u/%u (%zu bytes) fits no "
                "chunk of this shard: ignored", t, c, len);
 }
@@ -1313,7 +1329,22 @@ static int run_apply(psd_job_t *job, psd_wtxn_t *tx)
         if (!job_defer(job, i, ch->n, h, &ndeferred)) apply_item(job, i, old, h);
     }
     psd_fanout_run(&srv->fanout, ndeferred, apply_deferred, job);
-    if (srv->m.job.consistency == PS_CONSIST_BSP) return 0;
+    if (srv->m.job.consistency == PS_CONSIST_BSP) {
+        /* The members of this step's apply, where they differ from the step before's (or
+         * that is not known): nothing is written while the membership stays. */
+        for (uint32_t i = 0; i < job->nitems; i++) {
+            psd_chunk_t *ch = job->items[i];
+            uint64_t v = ch->version;
+            bool known = v > ch->summed_from;
+            if (job->bad[i] ||
+                (known && ch->summed[(v - 1) % PSD_SUMMED_RING] == ch->step_members))
+                continue;
+            summed_rec_t rec = {v, ch->step_members};
+            int rc = psd_store_put_applied(tx, ch->tensor, ch->chunk, &rec, sizeof rec);
+            if (rc) return rc;
+        }
+        return 0;
+    }
     /* asp / ssp: which push each rank last applied goes into the same transaction, so that a
      * resend after a crash between this commit and the acknowledgement is still known (a bsp
      * resend is known by its step). ack_slot sets ch->done to the same after the commit. */

@@ -2,7 +2,7 @@
  * chunk when its worker dies in the middle of its step (test_elastic.c, kill9_mid_step_*).
  * Test code, not part of psd.
  *
- *   replay_client MANIFEST NBATCH BATCH DIE_STEP
+ *   replay_client MANIFEST NBATCH BATCH DIE_STEP [ORDER]
  *
  * Joins the cluster (bsp, optimizer sgd with lr 1), declares tensors "replay.a" and
  * "replay.b" of NBATCH floats each (zeros; one chunk each, so on shards 0 and 1), and trains
@@ -15,7 +15,8 @@
  * before pushing "replay.b": its batch is handed to the survivor, whose push of it must be
  * applied on "replay.b" and not again on "replay.a".
  * Rank 0 pulls both tensors once the job is finished and checks every element: exit 0 with
- * "every batch applied once on both tensors"; 1 with the first element that is off. */
+ * "every batch applied once on both tensors"; 1 with the first element that is off.
+ * ORDER "ba": every worker pushes "replay.b" first (the dying one then skips "replay.a"). */
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
@@ -56,10 +57,11 @@ static int check(ps_client_t *c, const uint32_t id[2], uint64_t nb, uint64_t ste
 
 int main(int argc, char **argv)
 {
-    if (argc != 5) {
-        fprintf(stderr, "usage: replay_client MANIFEST NBATCH BATCH DIE_STEP\n");
+    if (argc != 5 && argc != 6) {
+        fprintf(stderr, "usage: replay_client MANIFEST NBATCH BATCH DIE_STEP [ab|ba]\n");
         return 2;
     }
+    int first = argc == 6 && strcmp(argv[5], "ba") == 0; /* the tensor pushed first */
     uint64_t nb = strtoull(argv[2], NULL, 10), batch = strtoull(argv[3], NULL, 10);
     uint64_t die = strtoull(argv[4], NULL, 10);
     if (nb == 0 || nb > 4096 || batch == 0) {
@@ -106,14 +108,14 @@ int main(int argc, char **argv)
         }
         memset(g, 0, nb * sizeof *g);
         g[j] = 1.0f;
-        rc = push_wait(c, id[0], g, b.step);
+        rc = push_wait(c, id[first], g, b.step);
         if (rc == 0 && rank == 1 && b.step == die) {
             printf("replay_client: rank 1 dies at step %" PRIu64 " with batch %" PRIu64
-                   " pushed to replay.a only\n", b.step, j);
+                   " pushed to replay.%c only\n", b.step, j, "ab"[first]);
             fflush(stdout);
             raise(SIGKILL);
         }
-        if (rc == 0) rc = push_wait(c, id[1], g, b.step);
+        if (rc == 0) rc = push_wait(c, id[1 - first], g, b.step);
         if (rc) {
             printf("replay_client: rank %d step %" PRIu64 ": %s\n", rank, b.step,
                    ps_client_error(c));

@@ -232,6 +232,37 @@ START_TEST(test_kill9_mid_step_applied_once)
 }
 END_TEST
 
+/* The same, with the other tensor first, and shard 1 (not the coordinator) killed right after
+ * it committed that step with the dying worker's push (PS_TEST_CRASH_AFTER_APPLY: its 6th apply
+ * is step 5 of "replay.b", its one chunk) and started again before the batch comes back: the
+ * restarted shard still knows whose batches its chunk has (the apply members it stored where
+ * they changed), so it does not apply the batch again. Before, it did not remember and did. */
+START_TEST(test_kill9_mid_step_shard_restarted)
+{
+    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .optimizer = "{name: sgd, lr: 1}"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), NULL};
+    setenv("PS_TEST_CRASH_AFTER_APPLY", "6", 1);
+    psd[1] = cl_psd_start(c, 1, NULL, READY_S);
+    unsetenv("PS_TEST_CRASH_AFTER_APPLY");
+    char nb[] = "40", bs[] = "8", die[] = "5", order[] = "ba";
+    char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, die, order, NULL};
+    cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
+    ck_assert_int_eq(cl_wait(psd[1], RUN_S), 128 + SIGKILL);
+    EXPECT_LOG(psd[1], "PS_TEST_CRASH_AFTER_APPLY");
+    psd[1] = cl_psd_start(c, 1, NULL, READY_S);
+    int st[2] = {cl_wait(w[0], RUN_S), cl_wait(w[1], RUN_S)};
+    int victim = st[0] == 0 ? 1 : 0;
+    ck_assert_msg(st[victim] == 128 + SIGKILL && st[1 - victim] == 0,
+                  "exits %d and %d, want 0 and %d: %s / %s", st[0], st[1], 128 + SIGKILL,
+                  cl_tail(w[0]), cl_tail(w[1]));
+    EXPECT_LOG(w[victim], "dies at step 5 with batch");
+    EXPECT_LOG(w[1 - victim], "every batch applied once on both tensors");
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* ---- SIGSTOP -------------------------------------------------------------------------- */
 
 /* A stopped worker is dropped after the heartbeat timeout and the other carries on alone; on
@@ -722,6 +753,8 @@ Suite *ps_test_suite(void)
     Suite *s = suite_create("elastic");
     suite_add_tcase(s, tcase("kill9_one_of_four", test_kill9_one_of_four));
     suite_add_tcase(s, tcase("kill9_mid_step_applied_once", test_kill9_mid_step_applied_once));
+    suite_add_tcase(s, tcase("kill9_mid_step_shard_restarted",
+                             test_kill9_mid_step_shard_restarted));
     suite_add_tcase(s, tcase("sigstop_rejoins", test_sigstop_rejoins));
     suite_add_tcase(s, tcase("all_leave_then_one_joins", test_all_leave_then_one_joins));
     suite_add_tcase(s, tcase("confused_member_refused", test_confused_member_refused));
