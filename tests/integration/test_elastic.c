@@ -199,6 +199,30 @@ START_TEST(test_kill9_one_of_four)
 }
 END_TEST
 
+/* Two replay_clients (replay_client.c): 40 batches of 8, rank 1 dies at step 5; @p order: which
+ * tensor each pushes first ("ab" or "ba"). */
+static void replay_start(cl_cluster_t *c, const char *order, cl_proc_t *w[2])
+{
+    char nb[] = "40", bs[] = "8", die[] = "5", ord[3];
+    snprintf(ord, sizeof ord, "%s", order);
+    char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, die, ord, NULL};
+    w[0] = cl_spawn(c, "replay0", argv);
+    w[1] = cl_spawn(c, "replay1", argv);
+}
+
+/* One replay_client died at step 5 as planned (SIGKILL), the other found every batch applied
+ * once on both tensors. */
+static void replay_expect(cl_proc_t *w[2])
+{
+    int st[2] = {cl_wait(w[0], RUN_S), cl_wait(w[1], RUN_S)};
+    int victim = st[0] == 0 ? 1 : 0;
+    ck_assert_msg(st[victim] == 128 + SIGKILL && st[1 - victim] == 0,
+                  "exits %d and %d, want 0 and %d: %s / %s", st[0], st[1], 128 + SIGKILL,
+                  cl_tail(w[0]), cl_tail(w[1]));
+    EXPECT_LOG(w[victim], "dies at step 5 with batch");
+    EXPECT_LOG(w[1 - victim], "every batch applied once on both tensors");
+}
+
 /* bsp: a worker killed in the middle of its step, after its push of one tensor was applied
  * (acknowledged) and before its push of the other (replay_client.c). Its batch goes to the
  * survivor a step later, tagged with the step and rank that left: shard 0's chunk, which
@@ -209,16 +233,9 @@ START_TEST(test_kill9_mid_step_applied_once)
     cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .optimizer = "{name: sgd, lr: 1}"};
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
-    char nb[] = "40", bs[] = "8", die[] = "5";
-    char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, die, NULL};
-    cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
-    int st[2] = {cl_wait(w[0], RUN_S), cl_wait(w[1], RUN_S)};
-    int victim = st[0] == 0 ? 1 : 0;
-    ck_assert_msg(st[victim] == 128 + SIGKILL && st[1 - victim] == 0,
-                  "exits %d and %d, want 0 and %d: %s / %s", st[0], st[1], 128 + SIGKILL,
-                  cl_tail(w[0]), cl_tail(w[1]));
-    EXPECT_LOG(w[victim], "dies at step 5");
-    EXPECT_LOG(w[1 - victim], "every batch applied once on both tensors");
+    cl_proc_t *w[2];
+    replay_start(c, "ab", w);
+    replay_expect(w);
     EXPECT_LOG(psd[0], "its batch goes to another worker");
     coord_t co;
     coord_open(&co, c);
@@ -245,19 +262,12 @@ START_TEST(test_kill9_mid_step_shard_restarted)
     setenv("PS_TEST_CRASH_AFTER_APPLY", "6", 1);
     psd[1] = cl_psd_start(c, 1, NULL, READY_S);
     unsetenv("PS_TEST_CRASH_AFTER_APPLY");
-    char nb[] = "40", bs[] = "8", die[] = "5", order[] = "ba";
-    char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, die, order, NULL};
-    cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
+    cl_proc_t *w[2];
+    replay_start(c, "ba", w);
     ck_assert_int_eq(cl_wait(psd[1], RUN_S), 128 + SIGKILL);
     EXPECT_LOG(psd[1], "PS_TEST_CRASH_AFTER_APPLY");
     psd[1] = cl_psd_start(c, 1, NULL, READY_S);
-    int st[2] = {cl_wait(w[0], RUN_S), cl_wait(w[1], RUN_S)};
-    int victim = st[0] == 0 ? 1 : 0;
-    ck_assert_msg(st[victim] == 128 + SIGKILL && st[1 - victim] == 0,
-                  "exits %d and %d, want 0 and %d: %s / %s", st[0], st[1], 128 + SIGKILL,
-                  cl_tail(w[0]), cl_tail(w[1]));
-    EXPECT_LOG(w[victim], "dies at step 5 with batch");
-    EXPECT_LOG(w[1 - victim], "every batch applied once on both tensors");
+    replay_expect(w);
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }
