@@ -45,6 +45,7 @@ static void busy_end(ps_ucx_t *u)
 {
     uv_idle_stop(&u->busy_idle);
     u->busy_since_ns = 0;
+    u->busy_spent_ns = 0;
 }
 
 static uint64_t now_ns(void)
@@ -140,6 +141,7 @@ void ps_ucx_progress(ps_ucx_t *u)
         if (busy_since == 0) busy_since = now;
         if (now - busy_since >= PS_UCX_BUSY_NS) {
             u->busy_polls++;
+            u->busy_spent_ns += now - busy_since;
             if (u->busy_since_ns == 0) u->busy_since_ns = busy_since;
             if (!u->busy_warned && now - u->busy_since_ns >= PS_UCX_BUSY_WARN_NS) {
                 u->busy_warned = 1;
@@ -152,6 +154,13 @@ void ps_ucx_progress(ps_ucx_t *u)
         }
     }
     __atomic_store_n(&u->spinning, 0, __ATOMIC_SEQ_CST);
+}
+
+uint64_t ps_ucx_stuck_ns(const ps_ucx_t *u)
+{
+    if (u->worker == NULL || u->busy_since_ns == 0) return 0;
+    uint64_t span = now_ns() - u->busy_since_ns;
+    return u->busy_spent_ns * 2 >= span ? span : 0;
 }
 
 void ps_ucx_set_spin(ps_ucx_t *u, uint32_t us)

@@ -39,6 +39,8 @@ struct ps_ucx_s {
     uint64_t busy_polls;         /* times ps_ucx_progress left a busy worker for the loop */
     uint64_t busy_since_ns;      /* when the first of those since the worker was last armed
                                     began (0: none) */
+    uint64_t busy_spent_ns;      /* of the time since busy_since_ns, how much went in those
+                                    episodes (busy, nothing progressed) */
     int busy_warned;             /* said once that it stays busy */
     uint32_t eager_below;        /* PS_EAGER_BELOW, or PS_EAGER_BYTES (ps_ucx_eager_below) */
     ucp_am_recv_callback_t am_cb; /* ps_ucx_set_am_handler's, for a restarted worker */
@@ -88,6 +90,17 @@ static inline void ps_ucx_spin_resume(ps_ucx_t *u)
 {
     __atomic_store_n(&u->spin_stop, 0, __ATOMIC_RELAXED);
 }
+
+/**
+ * @brief How long the worker has been stuck, or 0: it has not been armed since
+ * busy_since_ns, and at least half of that time went in ps_ucx_progress's episodes of a busy
+ * worker with nothing progressed. A healthy worker, however loaded, arms whenever it runs out
+ * of work and progresses whatever keeps it busy; what stays stuck is UCX 1.13's shared-memory
+ * receive FIFO after a sender was killed between taking a slot and marking it written: the
+ * reader waits on that slot for good, and every later message of every local peer sits behind
+ * it (the remedy is ps_ucx_restart). Loop thread.
+ */
+uint64_t ps_ucx_stuck_ns(const ps_ucx_t *u);
 
 /** @brief Stop the uv handles (closed asynchronously with the loop) and destroy the worker
  *  and context. Endpoints must be closed first. */

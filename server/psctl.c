@@ -22,6 +22,9 @@
 typedef struct {
     ucp_ep_h ep;
     int failed;
+    int lost;              /* its connection failed before the reply came: ask again */
+    int tries;             /* connections made so far */
+    double retry_at;       /* psctl_mono_s() of the next try; 0: none due */
     char *reply;           /* the shard's JSON, NUL-terminated */
     size_t len;
     uint8_t hdr[128];
@@ -37,11 +40,17 @@ typedef struct {
     uv_timer_t timeout;
 } ctl_t;
 
+/* Connections a status request makes to one shard, at most: a shard whose transport was
+ * started again (psd's transport_restart) closes the connection a request came on, and
+ * answers the next one. */
+#define STATUS_TRIES 4
+#define STATUS_RETRY_S 0.2
+
 static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
 {
     shard_t *s = arg;
     if (!s->failed && s->reply == NULL) {
-        s->failed = 1;
+        s->lost = 1; /* on_check closes the endpoint and tries again, or gives up */
         snprintf(s->why, sizeof s->why, "%s", ucs_status_string(status));
     }
 }
@@ -85,13 +94,51 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
 
 static void on_timeout(uv_timer_t *h) { uv_stop(h->loop); }
 
-/* Stops the loop once every shard answered or failed. */
+/* Connect to shard @p i and send it MSG_STATUS; the reply comes to on_am. */
+static void ask(ctl_t *ctl, int i)
+{
+    shard_t *s = &ctl->shards[i];
+    s->tries++;
+    s->retry_at = 0;
+    int rc = ps_ucx_connect(&ctl->ucx, ctl->m.servers[i].host, ctl->m.servers[i].port,
+                            on_ep_error, s, &s->ep);
+    if (rc) {
+        s->failed = 1;
+        snprintf(s->why, sizeof s->why, rc == PS_ECONFIG ? "cannot resolve %s"
+                                                         : "cannot create an endpoint to %s",
+                 ctl->m.servers[i].host);
+        return;
+    }
+    ps_msg_t m = {.type = PS_MSG_STATUS, .req_id = (uint64_t)i + 1, .rank = -1};
+    size_t hlen;
+    ps_msg_encode(&m, s->hdr, sizeof s->hdr, &hlen);
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                             .flags = UCP_AM_SEND_FLAG_REPLY};
+    void *req = ucp_am_send_nbx(s->ep, PS_AM_CTRL, s->hdr, hlen, NULL, 0, &p);
+    if (req && !UCS_PTR_IS_ERR(req)) ucp_request_free(req); /* the header is ours */
+}
+
+/* Asks again where a connection was lost (STATUS_TRIES at most); stops the loop once every
+ * shard answered or failed. */
 static void on_check(uv_timer_t *h)
 {
     ctl_t *ctl = h->data;
-    for (int i = 0; i < ctl->m.nservers; i++)
-        if (!ctl->shards[i].failed && ctl->shards[i].reply == NULL) return;
-    uv_stop(h->loop);
+    double now = psctl_mono_s();
+    int waiting = 0;
+    for (int i = 0; i < ctl->m.nservers; i++) {
+        shard_t *s = &ctl->shards[i];
+        if (s->lost) {
+            s->lost = 0;
+            ps_ucx_ep_close(&ctl->ucx, &s->ep, 1);
+            if (s->tries >= STATUS_TRIES)
+                s->failed = 1;
+            else
+                s->retry_at = now + STATUS_RETRY_S;
+        }
+        if (s->retry_at && now >= s->retry_at) ask(ctl, i);
+        waiting |= !s->failed && s->reply == NULL;
+    }
+    if (!waiting) uv_stop(h->loop);
 }
 
 /* Pull "key": value (number or string) out of a flat JSON object; good enough for our own. */
@@ -115,25 +162,7 @@ static const char *last_pass_applied(const char *json, char *buf, size_t len)
 static int status(ctl_t *ctl, int json, double timeout_s)
 {
     int n = ctl->m.nservers;
-    for (int i = 0; i < n; i++) {
-        shard_t *s = &ctl->shards[i];
-        int rc = ps_ucx_connect(&ctl->ucx, ctl->m.servers[i].host, ctl->m.servers[i].port,
-                                on_ep_error, s, &s->ep);
-        if (rc) {
-            s->failed = 1;
-            snprintf(s->why, sizeof s->why, rc == PS_ECONFIG ? "cannot resolve %s"
-                                                             : "cannot create an endpoint to %s",
-                     ctl->m.servers[i].host);
-            continue;
-        }
-        ps_msg_t m = {.type = PS_MSG_STATUS, .req_id = (uint64_t)i + 1, .rank = -1};
-        size_t hlen;
-        ps_msg_encode(&m, s->hdr, sizeof s->hdr, &hlen);
-        ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-                                 .flags = UCP_AM_SEND_FLAG_REPLY};
-        void *req = ucp_am_send_nbx(s->ep, PS_AM_CTRL, s->hdr, hlen, NULL, 0, &p);
-        if (req && !UCS_PTR_IS_ERR(req)) ucp_request_free(req); /* the header is ours */
-    }
+    for (int i = 0; i < n; i++) ask(ctl, i);
     uv_timer_t check;
     uv_timer_init(&ctl->loop, &check);
     check.data = ctl;

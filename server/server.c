@@ -344,7 +344,8 @@ static void send_status(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
                             "\"direct_pushes\": %llu, "
                             "\"bundles_received\": %llu, \"bundles_sent\": %llu, "
                             "\"updates_applied\": %llu, \"crc_errors\": %llu, "
-                            "\"replays_skipped\": %llu, \"stopping\": %s, ",
+                            "\"replays_skipped\": %llu, \"transport_restarts\": %llu, "
+                            "\"stopping\": %s, ",
                             srv->shard, sc->host, sc->port, srv->m.cluster,
                             (unsigned long long)psd_shard_step(srv),
                             ps_consistency_name(srv->m.job.consistency),
@@ -357,6 +358,7 @@ static void send_status(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
                             (unsigned long long)srv->applied_updates,
                             (unsigned long long)srv->crc_errors,
                             (unsigned long long)srv->replays_skipped,
+                            (unsigned long long)srv->transport_restarts,
                             srv->stopping ? "true" : "false");
     psd_shard_status_json(srv, out, cap, &len);
     psd_integrity_status_json(srv, out, cap, &len);
@@ -609,6 +611,103 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     return UCS_OK;
 }
 
+/* Listen on this shard's address with the current UCP worker. 0, or PS_ECONFIG /
+ * PS_ETRANSPORT with @p err said. */
+static int listen_start(psd_server_t *srv, char *err, size_t errlen)
+{
+    const ps_server_conf_t *sc = &srv->m.servers[srv->shard];
+    struct sockaddr_storage ss;
+    socklen_t sslen;
+    if (ps_sockaddr_resolve(sc->host, sc->port, &ss, &sslen)) {
+        snprintf(err, errlen, "cannot resolve host '%s' of shard %u", sc->host, srv->shard);
+        return PS_ECONFIG;
+    }
+    ucp_listener_params_t lp = {
+        .field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER,
+        .sockaddr = {.addr = (const struct sockaddr *)&ss, .addrlen = sslen},
+        .conn_handler = {.cb = on_conn_request, .arg = srv},
+    };
+    ucs_status_t s = ucp_listener_create(srv->ucx.worker, &lp, &srv->listener);
+    if (s != UCS_OK) {
+        srv->listener = NULL;
+        snprintf(err, errlen, "cannot listen on %s:%u: %s", sc->host, sc->port,
+                 ucs_status_string(s));
+        return PS_ETRANSPORT;
+    }
+    return 0;
+}
+
+/* Close every connection with an endpoint (their ranks may come back, as after any lost
+ * connection), for the shutdown and for transport_restart. */
+static void close_all_conns(psd_server_t *srv)
+{
+    for (;;) {
+        psd_conn_t *c = srv->conns;
+        while (c && c->ep == NULL) c = c->next;
+        if (c == NULL) break;
+        c->refs++; /* keep it while closing; the walk restarts from the head */
+        conn_close_ep(srv, c);
+        c->refs--;
+    }
+}
+
+/* How long this shard's UCP worker may stay stuck (ps_ucx_stuck_ns) before the transport is
+ * started again: a third of the heartbeat timeout, so that the workers it cannot hear meanwhile
+ * are not yet dropped as silent, within [250 ms, 2 s]. */
+static uint64_t stuck_limit_ns(const psd_server_t *srv)
+{
+    uint64_t ms = srv->m.job.heartbeat_timeout_ms / 3;
+    ms = ms < 250 ? 250 : ms > 2000 ? 2000 : ms;
+    return ms * 1000000u;
+}
+
+/* UCX 1.13 left this shard's transport stuck (ps_ucx_stuck_ns: a local peer killed while it
+ * wrote into the shared-memory receive FIFO; nothing any local peer sends arrives any more).
+ * Close every connection, start a new UCP worker and listen again on the same address: the
+ * workers see their connection fail and reconnect as after any lost shard (their ranks wait
+ * for them, their pushes not yet received are sent again), and this shard keeps its state.
+ * From the cron (a timer callback: no UCX callback is running). */
+static void transport_restart(psd_server_t *srv, uint64_t stuck_ns)
+{
+    srv->transport_restarts++;
+    PS_LOG(PS_LOG_WARN, "server", "the UCX transport has been stuck for %.1f s (busy, with "
+           "nothing to progress: a local peer killed while it wrote into this shard's shared "
+           "memory leaves it so for good): closing every connection and starting it again",
+           (double)stuck_ns / 1e9);
+    for (psd_conn_t *c = srv->conns, *nx; c; c = nx) { /* not taken yet: their peers retry */
+        nx = c->next;
+        if (c->conn_request == NULL) continue;
+        ucp_listener_reject(srv->listener, c->conn_request);
+        c->conn_request = NULL;
+        c->dead = true;
+        conn_free_if_done(c);
+    }
+    ucp_listener_destroy(srv->listener);
+    srv->listener = NULL;
+    close_all_conns(srv);
+    char err[256] = "";
+    int rc = ps_ucx_restart(&srv->ucx);
+    /* No callback of the old worker runs any more: what its receives held is released here. */
+    psd_shard_receives_lost(srv);
+    srv->echo_busy = 0;
+    if (rc == 0) rc = listen_start(srv, err, sizeof err);
+    if (rc) {
+        snprintf(srv->fatal, sizeof srv->fatal, "cannot start the transport again after it was "
+                 "stuck: %s", err[0] ? err : ps_strerror(rc));
+        PS_LOG(PS_LOG_ERROR, "server", "%s; stopping this shard", srv->fatal);
+        srv->stopping = true;
+        psd_server_maybe_stop(srv);
+        return;
+    }
+    int held = 0; /* by a request whose callback never ran: they stay (closed) for good */
+    for (psd_conn_t *c = srv->conns; c; c = c->next) held += c->ep == NULL && c->refs > 0;
+    if (held)
+        PS_LOG(PS_LOG_WARN, "server", "%d closed connections are still held by requests of the "
+               "old transport", held);
+    PS_LOG(PS_LOG_INFO, "server", "transport started again; listening on %s:%u",
+           srv->m.servers[srv->shard].host, srv->m.servers[srv->shard].port);
+}
+
 /* The cron: a joined worker that said nothing (not even a heartbeat) for
  * job.heartbeat_timeout_ms is hung or cut off; drop it like a dead one, so its rank and
  * its unapplied pushes are released. */
@@ -641,6 +740,8 @@ static void on_cron(uv_timer_t *h)
     if (srv->coord) psd_coord_tick(srv);
     psd_direct_reap(srv); /* also a reader that exited unnoticed: its slot would pin pages */
     if (dropped) ps_ucx_progress(&srv->ucx);
+    uint64_t stuck = ps_ucx_stuck_ns(&srv->ucx);
+    if (stuck >= stuck_limit_ns(srv) && !srv->stopping) transport_restart(srv, stuck);
     psd_sync_cron(srv, uv_now(srv->loop));
     psd_follower_cron(srv, uv_now(srv->loop));
     psd_export_cron(srv, uv_now(srv->loop));
@@ -783,25 +884,7 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, const char *restore,
     srv->ucx.data = srv;
     ps_ucx_set_am_handler(&srv->ucx, on_am, srv);
 
-    struct sockaddr_storage ss;
-    socklen_t sslen;
-    if (ps_sockaddr_resolve(sc->host, sc->port, &ss, &sslen)) {
-        snprintf(err, errlen, "cannot resolve host '%s' of shard %u", sc->host, shard);
-        rc = PS_ECONFIG;
-        goto fail_ucx;
-    }
-    ucp_listener_params_t lp = {
-        .field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER,
-        .sockaddr = {.addr = (const struct sockaddr *)&ss, .addrlen = sslen},
-        .conn_handler = {.cb = on_conn_request, .arg = srv},
-    };
-    ucs_status_t s = ucp_listener_create(srv->ucx.worker, &lp, &srv->listener);
-    if (s != UCS_OK) {
-        snprintf(err, errlen, "cannot listen on %s:%u: %s", sc->host, sc->port,
-                 ucs_status_string(s));
-        rc = PS_ETRANSPORT;
-        goto fail_ucx;
-    }
+    if ((rc = listen_start(srv, err, errlen)) != 0) goto fail_ucx;
     uv_signal_init(srv->loop, &srv->sigint);
     uv_signal_init(srv->loop, &srv->sigterm);
     srv->sigint.data = srv->sigterm.data = srv;
@@ -829,15 +912,8 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, const char *restore,
     while (srv->job_running || srv->slot_running || !psd_export_idle(srv) ||
            !psd_sync_idle(srv) || !psd_ckpt_idle(srv))
         uv_run(srv->loop, UV_RUN_ONCE);
-    ucp_listener_destroy(srv->listener);
-    for (;;) {
-        psd_conn_t *c = srv->conns;
-        while (c && c->ep == NULL) c = c->next;
-        if (c == NULL) break;
-        c->refs++; /* keep it while closing; the walk restarts from the head */
-        conn_close_ep(srv, c);
-        c->refs--;
-    }
+    if (srv->listener) ucp_listener_destroy(srv->listener);
+    close_all_conns(srv);
     while (srv->job_running || srv->slot_running) uv_run(srv->loop, UV_RUN_ONCE);
     for (psd_snap_t *sn = srv->snap; sn; sn = NULL) {
         mdb_txn_abort(sn->txn);
@@ -848,6 +924,10 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, const char *restore,
     uv_close((uv_handle_t *)&srv->sigterm, NULL);
     uv_close((uv_handle_t *)&srv->cron, NULL);
     rc = 0;
+    if (srv->fatal[0]) {
+        snprintf(err, errlen, "%s", srv->fatal);
+        rc = PS_ETRANSPORT;
+    }
 fail_ucx:
     psd_shard_unregister(srv);
     ps_ucx_close(&srv->ucx);

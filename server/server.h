@@ -313,6 +313,8 @@ struct psd_server_s {
     uint64_t applied_updates, pushes, pulls, direct_pulls, direct_pushes;
     bool push_direct;          /* workers here may push through areas (PS_DIRECT_PUSH is not 0) */
     uint64_t crc_errors;       /* pushes rejected for a checksum mismatch */
+    uint64_t transport_restarts; /* times UCX was left stuck and started again (on_cron) */
+    char fatal[256];           /* why this shard stopped on its own ("": it did not) */
     uint64_t replays_skipped;  /* bsp: pushes of a batch handed out again that a chunk had
                                   applied already (acknowledged, not applied again) */
     uint64_t replay_warned;    /* the replay tag + 1 last logged as not remembered */
@@ -410,6 +412,11 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
 void psd_shard_on_pull(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg);
 /** @brief Forget @p conn in waiting lists (it died). */
 void psd_shard_drop_conn(psd_server_t *srv, psd_conn_t *conn);
+
+/** @brief After ps_ucx_restart: every push whose rendezvous receive the old worker held and
+ *  never finished is failed (its slot is free again; the worker sends it again once it has
+ *  reconnected). Loop thread. */
+void psd_shard_receives_lost(psd_server_t *srv);
 /**
  * @brief Queue @p w for the store-job slot (see psd_slot_work_t); w->srv, run and done must be
  *  set. @note @p w is borrowed until its done callback has run.

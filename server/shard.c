@@ -883,6 +883,19 @@ static void on_push_recv(void *request, ucs_status_t status, size_t length, void
     if (request) ucp_request_free(request);
 }
 
+void psd_shard_receives_lost(psd_server_t *srv)
+{
+    for (uint32_t i = 0; i < srv->ntensors; i++) {
+        psd_tensor_t *t = &srv->tensors[i];
+        if (!t->present) continue;
+        for (uint32_t c = 0; c < t->nchunks; c++) {
+            psd_chunk_t *ch = t->chunks[c];
+            for (uint32_t r = 0; ch && r < PS_MAX_RANKS; r++)
+                if (ch->slot_state[r] == SLOT_RECEIVING) push_received(ch, r, UCS_ERR_CANCELED);
+        }
+    }
+}
+
 ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg,
                                void *data, size_t length, const ucp_am_recv_param_t *param)
 {

@@ -20,6 +20,10 @@
  * per step on stdout (seconds since the start first); psd's error text is quoted. --case NAME
  * sends only that malformed push (for reproducing one case by hand).
  *
+ * With --die-mid-send it asks shard 0 for its status and then kills itself (SIGKILL) in the
+ * middle of its next send, inside UCX (die_mid_send below): a test of what psd does when a local
+ * peer dies while writing into its shared memory.
+ *
  * With --fuzz N it sends instead, after the first pull, N messages made at random from valid
  * ones (fuzz() below; a fixed seed, or --seed S), and then psd must still answer a pull of
  * chunk 0 and acknowledge a well-formed int8 push.
@@ -30,6 +34,7 @@
 #include <getopt.h>
 #include <math.h>
 #include <netdb.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -912,9 +917,83 @@ static int fuzz(peer_t *p, const ps_manifest_t *m, target_t *t, long n)
     return sent == n ? 0 : -1;
 }
 
-static int run(peer_t *p, const ps_manifest_t *m, const char *only, long nfuzz)
+/* ---- dying in the middle of a send (--die-mid-send) ------------------------------------------ */
+
+/* A generic datatype whose pack callback kills this process: UCX calls it while it writes the
+ * message into the receiver's transport, over shared memory after claiming a slot of psd's
+ * receive FIFO and before marking it written. The slot stays claimed for good: a receiver that
+ * reads its FIFO in order reads nothing after it (what a worker SIGKILLed at that instant
+ * leaves; PLATFORM-NOTES.md). */
+static void *dm_start_pack(void *context, const void *buffer, size_t count)
+{
+    (void)buffer;
+    (void)count;
+    return context;
+}
+
+static size_t dm_packed_size(void *state)
+{
+    (void)state;
+    return 64;
+}
+
+static size_t dm_pack(void *state, size_t offset, void *dest, size_t max_length)
+{
+    (void)state;
+    (void)offset;
+    (void)dest;
+    (void)max_length;
+    say("evil_peer: dying in the middle of a send");
+    raise(SIGKILL);
+    return 0;
+}
+
+static void dm_finish(void *state)
+{
+    (void)state;
+}
+
+static int die_mid_send(peer_t *p)
+{
+    static const ucp_generic_dt_ops_t ops = {.start_pack = dm_start_pack,
+                                             .packed_size = dm_packed_size,
+                                             .pack = dm_pack,
+                                             .finish = dm_finish};
+    ucp_datatype_t dt;
+    if (ucp_dt_create_generic(&ops, p, &dt) != UCS_OK) {
+        say("evil_peer: cannot make a generic datatype");
+        return -1;
+    }
+    static uint8_t hdr[PS_WIRE_HDR_MAX];
+    ps_msg_t m = {.type = PS_MSG_STATUS, .req_id = ++p->next_req, .rank = -1};
+    size_t hlen;
+    ps_msg_encode(&m, hdr, sizeof hdr, &hlen);
+    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE |
+                                               UCP_OP_ATTR_FIELD_FLAGS,
+                               .datatype = dt,
+                               .flags = UCP_AM_SEND_FLAG_EAGER};
+    void *req = ucp_am_send_nbx(p->ep, PS_AM_CTRL, hdr, hlen, p, 1, &prm);
+    for (int i = 0; i < 1000 && req && !UCS_PTR_IS_ERR(req); i++) ucp_worker_progress(p->ucx.worker);
+    say("evil_peer: the send that should have killed this process did not pack its data");
+    return -1;
+}
+
+static int run(peer_t *p, const ps_manifest_t *m, const char *only, long nfuzz, int die)
 {
     if (connect_shard0(p, m)) return -1;
+    if (die) {
+        /* Not a member: a status request and its answer set the connection up (shared
+         * memory, where psd runs on this host), then the send that kills this process. */
+        p->data_cap = 1u << 20;
+        if ((p->data = malloc(p->data_cap)) == NULL) return -1;
+        ps_msg_t st = {.type = PS_MSG_STATUS, .rank = -1};
+        call(p, &st, NULL, 0, PS_AM_CTRL); /* its JSON carries no CRC: "does not match" */
+        if (!p->got_reply || p->reply.type != PS_MSG_STATUS_REPLY) {
+            say("evil_peer: status: no answer");
+            return -1;
+        }
+        return die_mid_send(p);
+    }
 
     /* Hello: shard 0 hands out the rank. */
     ps_msg_t hello = {.type = PS_MSG_HELLO, .rank = -1, .pid = (uint32_t)getpid(),
@@ -1009,10 +1088,11 @@ int main(int argc, char **argv)
                                          {"case", required_argument, 0, 'c'},
                                          {"fuzz", required_argument, 0, 'f'},
                                          {"seed", required_argument, 0, 's'},
+                                         {"die-mid-send", no_argument, 0, 'd'},
                                          {0, 0, 0, 0}};
     const char *manifest = NULL, *only = NULL;
     long nfuzz = 0;
-    int o;
+    int o, die = 0;
     while ((o = getopt_long(argc, argv, "m:c:f:s:", opts, NULL)) != -1) {
         if (o == 'm')
             manifest = optarg;
@@ -1020,13 +1100,15 @@ int main(int argc, char **argv)
             only = optarg;
         else if (o == 'f')
             nfuzz = atol(optarg);
+        else if (o == 'd')
+            die = 1;
         else if (o == 's')
             fz_state ^= strtoull(optarg, NULL, 0) * 0xBF58476D1CE4E5B9ull; /* never 0 for 0 */
         else
             manifest = NULL, optind = argc + 1;
     }
     if (manifest == NULL || optind != argc || nfuzz < 0) {
-        fprintf(stderr, "usage: evil_peer --manifest FILE [--case NAME | --fuzz N [--seed S]]\n");
+        fprintf(stderr, "usage: evil_peer --manifest FILE [--case NAME | --fuzz N [--seed S] | --die-mid-send]\n");
         return 2;
     }
     static ps_manifest_t m;
@@ -1055,7 +1137,7 @@ int main(int argc, char **argv)
     hp.id = PS_AM_DATA;
     ucp_worker_set_am_recv_handler(p.ucx.worker, &hp);
 
-    int rc = run(&p, &m, only, nfuzz);
+    int rc = run(&p, &m, only, nfuzz, die);
 
     ps_ucx_ep_close(&p.ucx, &p.ep, 1);
     uv_close((uv_handle_t *)&p.timer, NULL);

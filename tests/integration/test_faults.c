@@ -105,6 +105,53 @@ END_TEST
 START_TEST(test_psd_crash_hello_unanswered_shard) { psd_crash(1, false, 2); }
 END_TEST
 
+/* A local peer killed while it writes into a shard's shared memory (evil_peer --die-mid-send:
+ * it SIGKILLs itself inside UCX, after taking a slot of shard 0's receive FIFO and before
+ * marking it written) leaves UCX 1.13's transport there stuck for good: nothing any local peer
+ * sends reaches shard 0 any more, and the run hung (psd's loop spinning). Shard 0 sees its
+ * worker stuck (ps_ucx_stuck_ns), closes every connection and starts its transport again; the
+ * workers reconnect within their ranks' grace, their steps go on, and the run equals the
+ * single-process reference. psctl status, sent just after the kill, is answered (it asks again
+ * when its connection is closed under it), and shard 0 counts the restart. */
+START_TEST(test_peer_killed_mid_send)
+{
+    cl_conf_t k = {.shards = 2, .workers = 2, .optimizer = "{name: sgd, lr: 0.05}",
+                   .max_steps = 1500, .batch_size = 32};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    cl_proc_t *w[2] = {cl_worker_start(c, NULL, "w0.params", false),
+                       cl_worker_start(c, NULL, "w1.params", false)};
+    wait_training(w);
+    char *argv[] = {(char *)cl_binary("EVIL_PEER"), "--manifest", c->manifest, "--die-mid-send",
+                    NULL};
+    cl_proc_t *evil = cl_spawn(c, "evil_peer", argv);
+    EXPECT_EXIT(evil, 128 + SIGKILL);
+    EXPECT_LOG(evil, "dying in the middle of a send");
+    char *sargv[] = {(char *)cl_binary("PSCTL"), "--manifest", c->manifest, "status", "--json",
+                     NULL};
+    cl_proc_t *ctl = cl_spawn(c, "psctl", sargv);
+    EXPECT_EXIT(w[0], 0);
+    EXPECT_EXIT(w[1], 0);
+    EXPECT_EXIT(ctl, 0);
+    EXPECT_LOG(psd[0], "the UCX transport has been stuck for ");
+    EXPECT_LOG(psd[0], "transport started again");
+    for (int i = 0; i < 2; i++) EXPECT_LOG(w[i], "lost shard 0");
+    /* The ranks waited for them: both came back, no membership changed. */
+    ck_assert_msg(count_in_log(psd[0], "is back after") == 2 &&
+                      count_in_log(psd[0], "did not come back") == 0,
+                  "the workers did not come back as themselves: %s", cl_tail(psd[0]));
+    cl_proc_t *after = cl_spawn(c, "psctl-after", sargv);
+    EXPECT_EXIT(after, 0);
+    EXPECT_LOG(after, "\"transport_restarts\": 1, ");
+    cl_proc_t *ref = cl_worker_start(c, NULL, "ref.params", true);
+    EXPECT_EXIT(ref, 0);
+    expect_same_params(w[0]->params, ref->params, 0, 0);
+    expect_same_params(w[1]->params, ref->params, 0, 0);
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* A stopped worker (SIGSTOP past the heartbeat timeout) is dropped and rejoins as a new
  * member: test_elastic.c, sigstop_rejoins. */
 
@@ -343,6 +390,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("join_hello_unanswered", test_join_hello_unanswered));
     suite_add_tcase(s, tcase("psd_crash_during_declare", test_psd_crash_during_declare));
     suite_add_tcase(s, tcase("worker_killed_and_replaced", test_worker_killed_and_replaced));
+    suite_add_tcase(s, tcase("peer_killed_mid_send", test_peer_killed_mid_send));
     suite_add_tcase(s, tcase("lost_ack_asp_applied_once", test_lost_ack_asp_applied_once));
     suite_add_tcase(s, tcase("psd_crash_asp_applied_once", test_psd_crash_asp_applied_once));
     suite_add_tcase(s, tcase("sigterm_stuck_worker", test_sigterm_stuck_worker));
