@@ -129,11 +129,10 @@ static int connect_shard(ps_req_t *c, uint32_t i, char *err, size_t errlen)
     if (e->ep && !e->failed) return 0;
     e->loop = &c->loop;
     const ps_server_conf_t *sc = &c->m->servers[i];
-    if (e->ep) {
-        snprintf(err, errlen, "shard %u (%s:%u): %s", i, sc->host, sc->port,
-                 ucs_status_string(e->status));
-        return PS_ETRANSPORT;
-    }
+    /* A connection that failed (the call that saw it said so) is made again: a shard
+     * started again, or whose transport was (psd's transport_restart), answers a new one. */
+    ps_ucx_ep_close(&c->ucx, &e->ep, 1);
+    e->failed = 0;
     int rc = ps_ucx_connect(&c->ucx, sc->host, sc->port, on_ep_error, e, &e->ep);
     if (rc == PS_ECONFIG)
         snprintf(err, errlen, "shard %u: cannot resolve %s", i, sc->host);

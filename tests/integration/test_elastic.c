@@ -597,6 +597,39 @@ START_TEST(test_scale_2_5_1_3)
 }
 END_TEST
 
+/* pslaunch --follow outlives a restart of shard 0 (kill -9, started again): its next poll
+ * connects again (proto/reqclient.c), so a psctl scale after the restart is still followed.
+ * Before, every poll after the restart failed on the dead connection: the launcher never
+ * started another worker, nor learnt that the job ended. */
+START_TEST(test_launcher_survives_coordinator_restart)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1, .batch_size = 16, .epochs = 10000,
+                   .job_extra = "  train_samples: 3000\n"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    char *argv[] = {(char *)cl_binary("PSLAUNCH"), "--manifest", c->manifest, "--follow",
+                    "--poll-ms", "100", NULL};
+    cl_proc_t *launch = cl_spawn(c, "pslaunch", argv);
+    coord_t co;
+    coord_open(&co, c);
+    ck_assert_int_eq(wait_num(&co, "open_step", 5, 0, 20) >= 5, 1);
+    ck_assert_int_eq(cl_signal(psd, SIGKILL), 0);
+    cl_wait(psd, RUN_S);
+    psd = cl_psd_start(c, 0, NULL, READY_S);
+    /* The status connection failed with the shard: the helper's next call connects again. */
+    ck_assert_int_eq(wait_num(&co, "actual_workers", 1, 1, 20), 1);
+    psctl_scale(c, 2);
+    long long got = wait_num(&co, "actual_workers", 2, 1, 20);
+    ck_assert_msg(got == 2, "scaled to 2 after the restart, but %lld workers are members: %s",
+                  got, cl_tail(launch));
+    ck_assert_int_eq(cl_signal(launch, SIGTERM), 0);
+    EXPECT_EXIT(launch, 128 + SIGTERM);
+    coord_close(&co);
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* ---- ssp ---------------------------------------------------------------------------------- */
 
 /* The coordinator's state changes that come without a step (psctl scale, and the epoch bump
@@ -773,6 +806,8 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("leave_while_coordinator_stopped",
                              test_leave_while_coordinator_stopped));
     suite_add_tcase(s, tcase("scale_2_5_1_3", test_scale_2_5_1_3));
+    suite_add_tcase(s, tcase("launcher_survives_coordinator_restart",
+                             test_launcher_survives_coordinator_restart));
     suite_add_tcase(s, tcase("coordinator_state_kept_without_steps",
                              test_coordinator_state_kept_without_steps));
     suite_add_tcase(s, tcase("ssp_staleness", test_ssp_staleness));
