@@ -169,7 +169,8 @@ static void json_safe(char *out, size_t cap, const char *s)
  * meta.json: {"format": 1, "step", "step_max" (lowest and highest chunk version: equal under
  * bsp), "consistency", "cluster", "manifest" (its path) and "manifest_xxh3" (of its bytes),
  * "shard", "nshards", "chunk_bytes", "optimizer", "optimizer_state" (floats per parameter),
- * "coordinator" (the job blob is in this copy), "records_bytes", "merkle_root",
+ * "coordinator" (the job blob is in this copy), "records_bytes", "merkle_root", "run" (the
+ * store's run, run.h, as 16 hex digits) and "run_base_step",
  * "tensors": [{"id", "name", "shape", "first_chunk"}], "chunks": [[tensor, chunk, version,
  * "xxh3"], ...] one per line, in ordinal order}. Written as meta.json.tmp, fsynced, renamed.
  */
@@ -189,13 +190,15 @@ static int meta_write(psd_server_t *srv, struct psd_ckpt_s *ck, inventory_t *inv
             "\"cluster\": \"%s\", \"manifest\": \"%s\", \"manifest_xxh3\": \"%016llx\", "
             "\"shard\": %u, \"nshards\": %u, \"chunk_bytes\": %llu, \"optimizer\": \"%s\", "
             "\"optimizer_state\": %u, \"coordinator\": %s, \"records_bytes\": %llu, "
-            "\"merkle_root\": \"%016llx\",\n\"tensors\": [",
+            "\"merkle_root\": \"%016llx\", \"run\": \"%016llx\", \"run_base_step\": %llu,"
+            "\n\"tensors\": [",
             (unsigned long long)ck->vmin, (unsigned long long)ck->vmax,
             ps_consistency_name(srv->m.job.consistency), cl, mp,
             (unsigned long long)file_xxh3(srv->m.path), srv->shard, srv->nshards,
             (unsigned long long)srv->m.chunk_bytes, ps_optim_name(srv->m.job.optimizer.name),
             srv->nstate, inv->has_job ? "true" : "false", (unsigned long long)rec_bytes,
-            (unsigned long long)root);
+            (unsigned long long)root, (unsigned long long)srv->run.id,
+            (unsigned long long)srv->run.base_step);
     for (size_t i = 0; i < inv->ntensors; i++) {
         const ps_decl_t *d = &inv->tensors[i].d;
         json_safe(name, sizeof name, d->name);

@@ -14,7 +14,9 @@
  *
  * After each checkpoint the oldest complete ones beyond `keep` are removed: only directories
  * named step-N or time-N under the checkpoint dir whose every shard-J/meta.json (J < nshards)
- * names this cluster, and in them only the files a checkpoint writes; anything else is left. */
+ * names this cluster, and in them only the files a checkpoint writes; anything else is left.
+ * Before the first, checkpoints of another run past this run's start (server/run.h: a
+ * rollback's abandoned steps) are renamed out of the way (set_aside). */
 #include <dirent.h>
 #include <errno.h>
 #include <signal.h>
@@ -42,8 +44,11 @@ static void sleep_ms(int ms)
     for (; ms > 0 && !g_stop; ms -= 10) usleep(10 * 1000);
 }
 
-/* Shard 0's open_step and finished, from its status JSON. @return 0, or -1 (message printed). */
-static int job_status(ps_req_t *cl, uint64_t *open_step, int *finished)
+/* Shard 0's open_step and finished, and its run (run.h: *run the 16 hex digits, "" when
+ * shard 0 does not say; *run_base its base step), from its status JSON.
+ * @return 0, or -1 (message printed). */
+static int job_status(ps_req_t *cl, uint64_t *open_step, int *finished, char run[32],
+                      uint64_t *run_base)
 {
     ps_msg_t q = {.type = PS_MSG_STATUS, .rank = -1}, r;
     void *data = NULL;
@@ -62,6 +67,9 @@ static int job_status(ps_req_t *cl, uint64_t *open_step, int *finished)
     v[0] = '\0';
     psd_ckpt_meta_field(json, "finished", v, sizeof v);
     *finished = strcmp(v, "true") == 0;
+    run[0] = '\0';
+    psd_ckpt_meta_field(json, "run", run, 32);
+    *run_base = psd_ckpt_meta_u64(json, "run_base_step");
     free(json);
     return rc ? -1 : 0;
 }
@@ -119,6 +127,50 @@ static int remove_checkpoint(const char *dir)
     return rmdir(dir) != 0 ? -errno : 0;
 }
 
+/* Whether @p nm is a name the checkpoints take: step-N or time-N. */
+static int checkpoint_name(const char *nm)
+{
+    const char *num = strncmp(nm, "step-", 5) == 0 || strncmp(nm, "time-", 5) == 0 ? nm + 5
+                                                                                 : NULL;
+    return num && *num && strspn(num, "0123456789") == strlen(num) &&
+           strlen(nm) < sizeof(((kept_t *)0)->name);
+}
+
+/* Checkpoints of another run past this run's base step (a rollback's abandoned history, or a
+ * job that used the directory before this one) are renamed NAME.run-RUN, out of the names
+ * checkpoints take: a checkpoint of this run at the same step would be refused (its directory
+ * is there), and pruning by step would keep them and remove this run's older ones, the one it
+ * was restored from among them. Nothing is removed. @p run: shard 0's (""), @p run_base its
+ * base step. */
+static void set_aside(const ps_manifest_t *m, const char *base, const char *run,
+                      uint64_t run_base)
+{
+    if (run[0] == '\0') return; /* a shard 0 that does not say: nothing is known */
+    DIR *d = opendir(base);
+    if (d == NULL) return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (!checkpoint_name(e->d_name)) continue;
+        char dir[PS_PATH_MAX + 128], to[PS_PATH_MAX + 192], theirs[32] = "";
+        snprintf(dir, sizeof dir, "%s/%.60s", base, e->d_name);
+        uint64_t step = recognise(m, dir);
+        char *meta = step == UINT64_MAX ? NULL : psd_ckpt_meta_read(dir, 0);
+        if (meta == NULL) continue;
+        psd_ckpt_meta_field(meta, "run", theirs, sizeof theirs);
+        free(meta);
+        if (strcmp(theirs, run) == 0 || step <= run_base) continue; /* this run's history */
+        snprintf(to, sizeof to, "%s.run-%s", dir, theirs[0] ? theirs : "unknown");
+        if (rename(dir, to) != 0)
+            fprintf(stderr, "psctl: follow: cannot set aside %s: %s\n", dir, strerror(errno));
+        else
+            printf("psctl: follow: set aside checkpoint %s (step %llu of run %s, past step %llu "
+                   "where run %s began) as %s\n", dir, (unsigned long long)step,
+                   theirs[0] ? theirs : "unknown", (unsigned long long)run_base, run, to);
+    }
+    closedir(d);
+    fflush(stdout);
+}
+
 /* Keep the newest @p keep complete checkpoints of this cluster in @p base; remove the rest. */
 static void prune(const ps_manifest_t *m, const char *base, uint32_t keep)
 {
@@ -128,14 +180,10 @@ static void prune(const ps_manifest_t *m, const char *base, uint32_t keep)
     size_t n = 0, cap = 0;
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
-        const char *nm = e->d_name, *num = strncmp(nm, "step-", 5) == 0   ? nm + 5
-                                          : strncmp(nm, "time-", 5) == 0 ? nm + 5
-                                                                         : NULL;
-        if (num == NULL || *num == '\0' || strspn(num, "0123456789") != strlen(num) ||
-            strlen(nm) >= sizeof all->name)
-            continue;
+        const char *nm = e->d_name;
+        if (!checkpoint_name(nm)) continue;
         char dir[PS_PATH_MAX + 128];
-        snprintf(dir, sizeof dir, "%s/%s", base, nm);
+        snprintf(dir, sizeof dir, "%s/%.60s", base, nm);
         uint64_t step = recognise(m, dir);
         if (step == UINT64_MAX) continue;
         if (n == cap) {
@@ -144,7 +192,7 @@ static void prune(const ps_manifest_t *m, const char *base, uint32_t keep)
             if (na == NULL) break;
             all = na;
         }
-        snprintf(all[n].name, sizeof all[n].name, "%s", nm);
+        snprintf(all[n].name, sizeof all[n].name, "%.60s", nm);
         all[n++].step = step;
     }
     closedir(d);
@@ -202,15 +250,19 @@ int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wai
     fflush(stdout);
     double last = psctl_mono_s();
     uint64_t target = 0; /* the next multiple of every (0: not known yet) */
-    int ret = 0, taken = 0;
+    int ret = 0, taken = 0, aside = 0;
     while (!g_stop) {
-        uint64_t open = 0;
+        uint64_t open = 0, run_base = 0;
         int finished = 0;
+        char run[32];
         if (target == 0 || !bsp || every == 0) {
-            if (job_status(cl, &open, &finished)) {
+            if (job_status(cl, &open, &finished, run, &run_base)) {
                 sleep_ms(1000); /* shard 0 is busy or restarting: ask again */
                 continue;
             }
+            /* Once: shard 0's run changes only when shard 0 starts again, and so does this
+             * follower, its child. */
+            if (!aside++) set_aside(m, base, run, run_base);
             if (finished) break;
             if (every && target == 0) target = next_multiple(open, every);
         }

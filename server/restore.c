@@ -124,7 +124,13 @@ int psd_restore_fill(psd_server_t *srv, const char *dir, char *err, size_t errle
     }
     uint32_t nold = (uint32_t)psd_ckpt_meta_u64(j0, "nshards");
     uint64_t step = psd_ckpt_meta_u64(j0, "step");
+    char from[32] = "";
+    psd_ckpt_meta_field(j0, "run", from, sizeof from); /* absent before runs: parent 0 */
     free(j0);
+    /* A new run, from the checkpoint's step: checkpoints the old run took past it belong to
+     * another history (psctl_follow.c sets them aside). */
+    psd_run_t run = {.id = psd_run_new_id(), .parent = strtoull(from, NULL, 16),
+                     .base_step = step == UINT64_MAX ? 0 : step};
     bool bsp = srv->m.job.consistency == PS_CONSIST_BSP;
     ps_decl_t *decl = NULL; /* by id; name[0] == 0: absent */
     uint32_t ndecl = 0;
@@ -236,6 +242,7 @@ int psd_restore_fill(psd_server_t *srv, const char *dir, char *err, size_t errle
         rc = PS_ESTORE;
     }
     free(decl);
+    if (rc == 0) rc = psd_run_put(&tx, &run);
     if (rc == 0) rc = psd_store_del_blob(&tx, PSD_RESTORING);
     if (rc) {
         psd_store_abort(&tx);

@@ -345,6 +345,7 @@ static void send_status(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
                             "\"bundles_received\": %llu, \"bundles_sent\": %llu, "
                             "\"updates_applied\": %llu, \"crc_errors\": %llu, "
                             "\"replays_skipped\": %llu, \"transport_restarts\": %llu, "
+                            "\"run\": \"%016llx\", \"run_base_step\": %llu, "
                             "\"stopping\": %s, ",
                             srv->shard, sc->host, sc->port, srv->m.cluster,
                             (unsigned long long)psd_shard_step(srv),
@@ -359,7 +360,8 @@ static void send_status(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
                             (unsigned long long)srv->crc_errors,
                             (unsigned long long)srv->replays_skipped,
                             (unsigned long long)srv->transport_restarts,
-                            srv->stopping ? "true" : "false");
+                            (unsigned long long)srv->run.id,
+                            (unsigned long long)srv->run.base_step, srv->stopping ? "true" : "false");
     psd_shard_status_json(srv, out, cap, &len);
     psd_integrity_status_json(srv, out, cap, &len);
     psd_sync_status_json(srv, out, cap, &len);
@@ -863,6 +865,8 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, const char *restore,
                  ps_strerror(rc));
         goto fail_shard;
     }
+    if ((rc = psd_run_load(&srv->store, psd_shard_step(srv), &srv->run, err, errlen)) != 0)
+        goto fail_shard;
     if (shard == 0) {
         /* The coordinator's state, as the last apply job committed it. */
         static uint8_t saved[65536];

@@ -19,6 +19,7 @@
 #include "merkle.h"
 #include "fanout.h"
 #include "store.h"
+#include "run.h"
 #include "trace.h"
 #include "ucx_loop.h"
 #include "wire.h"
@@ -257,6 +258,7 @@ struct psd_server_s {
     ps_ucx_t ucx;
     ucp_listener_h listener;
     psd_store_t store;
+    psd_run_t run;             /* the store's run (run.h), read once it is loaded */
     char store_path[256];      /* the store's absolute directory, told to workers for direct
                                   pulls (storeview.h); "" when PS_DIRECT_PULL=0 or too long */
     uint64_t store_id;         /* ps_storeview_file_id of its data file */

@@ -924,6 +924,78 @@ START_TEST(test_periodic_checkpoints)
 }
 END_TEST
 
+/* The names in @p base (no dot entries) into names[16]; returns how many. */
+static int list_dir(const char *base, char names[16][64])
+{
+    DIR *d = opendir(base);
+    ck_assert_msg(d != NULL, "no %s", base);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL && n < 16;)
+        if (e->d_name[0] != '.') snprintf(names[n++], 64, "%.60s", e->d_name);
+    closedir(d);
+    return n;
+}
+
+/* After a rollback (psd --restore from step-20 of a run that went on to step 40), periodic
+ * checkpoints go on: the old run's step-30 and step-40 are set aside (renamed, never removed),
+ * the new run (server/run.h) takes its own step-30, -40 and -50, and pruning keeps this run's
+ * newest three. Before, the follower's checkpoints at steps 30 and 40 were refused (their
+ * directories were there), and pruning by step kept the abandoned ones over this run's. */
+START_TEST(test_checkpoints_after_rollback)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1, .optimizer = "{name: adam, lr: 0.001}",
+                   .layers = "[784, 32, 10]", .chunk_bytes = 16384, .batch_size = 16,
+                   .max_steps = 40, .top_extra = "checkpoint: {every_steps: 10, keep: 3}\n"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[1] = {cl_psd_start(c, 0, NULL, READY_S)};
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    EXPECT_EXIT(w, 0);
+    ck_assert_msg(cl_wait_log(psd[0], "exited: the job is finished", RUN_S) == 0,
+                  "the follower did not finish; psd0: %s", cl_tail(psd[0]));
+    stop_all(psd, 1);
+    data_dirs_aside(c, "first");
+    char base[CL_PATH], from[CL_PATH + 64], names[16][64];
+    cl_path(c, "checkpoints", base, sizeof base); /* beside the data_dirs */
+    snprintf(from, sizeof from, "%s/step-20", base);
+    int n = list_dir(base, names);
+    ck_assert_msg(n == 3 && listed(names, n, "step-20") && listed(names, n, "step-40"),
+                  "the first run left %d entries in %s (first: %s)", n, base, n ? names[0] : "-");
+
+    cl_conf_t k2 = k;
+    k2.max_steps = 50;
+    char more[CL_PATH];
+    cl_manifest_write(c, "more.yaml", &k2, more, sizeof more);
+    restore_start(c, more, 1, from, psd);
+    w = cl_worker_start(c, more, NULL, false);
+    EXPECT_EXIT(w, 0);
+    ck_assert_msg(cl_wait_log(psd[0], "exited: the job is finished", RUN_S) == 0,
+                  "the follower did not finish; psd0: %s", cl_tail(psd[0]));
+    ck_assert_int_eq(count_in_log(psd[0], "psctl: follow: set aside checkpoint "), 2);
+    for (int s = 30; s <= 50; s += 10) {
+        char line[64];
+        snprintf(line, sizeof line, "psctl: checkpoint at step %d in ", s);
+        EXPECT_LOG(psd[0], line);
+    }
+    EXPECT_LOG(psd[0], "psctl: follow: the job is finished: stopping after 3 checkpoints");
+    stop_all(psd, 1);
+    n = list_dir(base, names);
+    int aside = 0;
+    for (int i = 0; i < n; i++)
+        aside += strncmp(names[i], "step-30.run-", 12) == 0 || strncmp(names[i], "step-40.run-", 12) == 0;
+    ck_assert_msg(n == 5 && aside == 2 && listed(names, n, "step-30") &&
+                      listed(names, n, "step-40") && listed(names, n, "step-50"),
+                  "%d entries in %s (%d set aside), want step-30, -40, -50 and the old run's 30 "
+                  "and 40 set aside", n, base, aside);
+    /* The new step-40 is the new run's: its shard says so, and it verifies clean. */
+    char dir[CL_PATH + 64];
+    snprintf(dir, sizeof dir, "%s/step-40", base);
+    const char *va[] = {"verify", "--against", dir, NULL};
+    cl_proc_t *v = psctl_m(c, more, "verify-40", 0, va);
+    EXPECT_LOG(v, ", 0 mismatches\n");
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("integrity");
@@ -943,5 +1015,6 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("checkpoint_verify_against", test_checkpoint_verify_against));
     suite_add_tcase(s, tcase("repair_from_checkpoint", test_repair_from_checkpoint));
     suite_add_tcase(s, tcase("periodic_checkpoints", test_periodic_checkpoints));
+    suite_add_tcase(s, tcase("checkpoints_after_rollback", test_checkpoints_after_rollback));
     return s;
 }

@@ -1,0 +1,37 @@
+/* run.h: a shard store's run, the line of history its steps belong to.
+ *
+ * A store made empty starts a run at step 0; `psd --restore D` starts a new one at D's step,
+ * whose parent is the run D was taken in. Checkpoints carry their shard's run (meta.json
+ * "run"), so that `psctl checkpoint --follow` can tell a checkpoint of this run's history from
+ * one of a run abandoned by a rollback: same step numbers, another history (psctl_follow.c). */
+#ifndef PSD_RUN_H
+#define PSD_RUN_H
+
+#include <stdint.h>
+
+#include "store.h"
+
+#define PSD_RUN_BLOB "run" /* metadata key "Mrun": psd_run_t, host byte order */
+
+typedef struct {
+    uint64_t id;        /* random, never 0 */
+    uint64_t parent;    /* the run a restore's checkpoint was taken in (0: none or unknown) */
+    uint64_t base_step; /* the step this run started from: 0, the checkpoint's, or (a store
+                           older than runs) the step it had when it got one */
+} psd_run_t;
+
+/** @brief A new random run id (never 0). */
+uint64_t psd_run_new_id(void);
+
+/**
+ * @brief The run of @p st: the stored one, or (none stored: a new store, or one made before
+ * runs) a new one from @p step_now, committed in its own transaction. Loop thread, before
+ * any store job.
+ * @return 0, or PS_E* with @p err said.
+ */
+int psd_run_load(psd_store_t *st, uint64_t step_now, psd_run_t *out, char *err, size_t errlen);
+
+/** @brief Store @p r in @p tx (restore.c: the restored store's new run). 0 or PS_E*. */
+int psd_run_put(psd_wtxn_t *tx, const psd_run_t *r);
+
+#endif
