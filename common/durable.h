@@ -13,4 +13,13 @@
  */
 int ps_rename_durable(const char *tmp, const char *path);
 
+/**
+ * @brief mkdir -p @p dir (mode 0700), fsyncing the parent of every directory it creates, so
+ *  that a new path (a checkpoint's directories, a data_dir) survives a power loss along with
+ *  the files later made durable in it.
+ * @return 0 (also when all of it was there), or -errno (-ENAMETOOLONG past PATH_MAX).
+ * @note @p dir is only read.
+ */
+int ps_mkdir_durable(const char *dir);
+
 #endif

@@ -90,6 +90,27 @@ static void fail(struct psd_ckpt_s *ck, int rc, const char *fmt, ...)
 
 /* ---- the copy (pool thread) ------------------------------------------------------------ */
 
+/* A failed copy leaves nothing behind: the files it writes in @p dir (DIR/shard-K), then the
+ * directory, then DIR if no other shard's copy is in it (rmdir refuses a non-empty one), so a
+ * failing periodic checkpoint (a full disk, a corrupt chunk) does not leave a partial copy of
+ * the whole state each time. Anything else in them stays. */
+static void remove_partial(const char *dir)
+{
+    static const char *const files[] = {"data.mdb", "lock.mdb", PSD_CKPT_META ".tmp"};
+    char path[1300];
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        unlink(path);
+    }
+    if (rmdir(dir) != 0) return;
+    snprintf(path, sizeof path, "%s", dir);
+    char *slash = strrchr(path, '/');
+    if (slash && slash != path) {
+        *slash = '\0';
+        rmdir(path);
+    }
+}
+
 typedef struct {
     ck_chunk_t *chunks;
     size_t nchunks, cap;
@@ -229,11 +250,13 @@ static void copy_work(uv_work_t *w)
     MDB_dbi ddbi;
     MDB_cursor *cur = NULL;
     uint64_t rec_bytes = 0, pending = 0;
+    bool made = false;
     int rc = psd_store_mkdir_p(ck->dir);
     if (rc) {
         fail(ck, rc, "%s: cannot create it: %s", ck->dir, strerror(-rc));
         goto out;
     }
+    made = true; /* a failure from here on removes what this copy wrote */
     if ((rc = mdb_env_create(&dst)) != 0 ||
         (rc = mdb_env_set_mapsize(dst, (size_t)srv->m.map_size_mb << 20)) != 0 ||
         (rc = mdb_env_open(dst, ck->dir, MDB_NOSYNC, 0600)) != 0 ||
@@ -318,6 +341,7 @@ out:
     if (cur) mdb_cursor_close(cur);
     if (dt) mdb_txn_abort(dt);
     if (dst) mdb_env_close(dst);
+    if (ck->rc != 0 && made) remove_partial(ck->dir);
     mdb_txn_abort(ck->txn); /* MDB_NOTLS: any thread may end it */
     ck->txn = NULL;
     free(inv.chunks);

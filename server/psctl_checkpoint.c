@@ -16,6 +16,7 @@
  * from the checkpoint (MSG_REPAIR, a store job on its shard) only where the checkpoint holds
  * the same version of it; otherwise psctl says so and, with --rollback, prints the commands
  * that roll the whole cluster back to the checkpoint. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,6 +68,23 @@ int psctl_checkpoint_dir(const ps_manifest_t *m, const char *base_in, uint64_t s
     return strlen(out) < 200 ? 0 : PS_EINVAL;
 }
 
+int psctl_checkpoint_remove(const char *dir)
+{
+    static const char *const files[] = {"data.mdb", "lock.mdb", PSD_CKPT_META, PSD_CKPT_META ".tmp"};
+    char path[PS_PATH_MAX + 192];
+    for (uint32_t j = 0;; j++) {
+        snprintf(path, sizeof path, "%.1100s/shard-%u", dir, j);
+        if (access(path, F_OK) != 0) break;
+        for (size_t f = 0; f < sizeof files / sizeof *files; f++) {
+            char fp[sizeof path + 32];
+            snprintf(fp, sizeof fp, "%.1200s/%s", path, files[f]);
+            if (unlink(fp) != 0 && errno != ENOENT) return -errno;
+        }
+        if (rmdir(path) != 0) return -errno;
+    }
+    return rmdir(dir) != 0 ? -errno : 0;
+}
+
 int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step,
                          const char *d, uint64_t next, double wait_s, double t0)
 {
@@ -91,7 +109,7 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step,
     /* Each shard copies on its own; wait for all of them. */
     uint64_t total = 0;
     ps_msg_t *st = calloc((size_t)n, sizeof *st);
-    int done = 0, failed = 0;
+    int done = 0, failed = 0, unknown = 0; /* unknown: a shard that may still be copying */
     while (st && done + failed < n) {
         done = failed = 0;
         for (int i = 0; i < n; i++) {
@@ -106,6 +124,7 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step,
                 fprintf(stderr, "psctl: checkpoint: %s\n", err);
                 st[i].status = rc;
                 failed++;
+                unknown += rc == PS_ETRANSPORT || rc == PS_ETIMEDOUT; /* no answer: not known */
             } else if (st[i].flags & 1) {
                 done++;
             }
@@ -115,10 +134,20 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step,
             fprintf(stderr, "psctl: checkpoint: %d of %d shards not done within %g s (bsp: the "
                     "step must be reached first; is training running?); they go on\n",
                     n - done - failed, n, wait_s);
-            failed = 1;
+            failed = unknown = 1;
             break;
         }
         usleep(20 * 1000);
+    }
+    if (st && failed && !unknown) {
+        /* Every shard answered and one failed (its own copy removed itself): the others' parts
+         * make no checkpoint, and would stay for good (never complete, never pruned). */
+        int rc = psctl_checkpoint_remove(d);
+        if (rc == 0)
+            fprintf(stderr, "psctl: checkpoint: removed the incomplete checkpoint %s\n", d);
+        else if (rc != -ENOENT)
+            fprintf(stderr, "psctl: checkpoint: cannot remove the incomplete checkpoint %s: %s "
+                    "(left as it is)\n", d, strerror(-rc));
     }
     if (st && failed == 0) {
         for (int i = 0; i < n; i++) {

@@ -108,25 +108,6 @@ static uint64_t recognise(const ps_manifest_t *m, const char *dir)
     return step;
 }
 
-/* Remove checkpoint @p dir: the files a checkpoint writes in each shard-J, then the (now
- * empty) directories. Anything else in them makes rmdir fail, and it is left. */
-static int remove_checkpoint(const char *dir)
-{
-    static const char *const files[] = {"data.mdb", "lock.mdb", PSD_CKPT_META, PSD_CKPT_META ".tmp"};
-    char path[PS_PATH_MAX + 192];
-    for (uint32_t j = 0;; j++) {
-        snprintf(path, sizeof path, "%.1100s/shard-%u", dir, j);
-        if (access(path, F_OK) != 0) break;
-        for (size_t f = 0; f < sizeof files / sizeof *files; f++) {
-            char fp[sizeof path + 32];
-            snprintf(fp, sizeof fp, "%.1200s/%s", path, files[f]);
-            if (unlink(fp) != 0 && errno != ENOENT) return -errno;
-        }
-        if (rmdir(path) != 0) return -errno;
-    }
-    return rmdir(dir) != 0 ? -errno : 0;
-}
-
 /* Whether @p nm is a name the checkpoints take: step-N or time-N. */
 static int checkpoint_name(const char *nm)
 {
@@ -200,7 +181,7 @@ static void prune(const ps_manifest_t *m, const char *base, uint32_t keep)
     for (size_t i = 0; i + keep < n; i++) {
         char dir[PS_PATH_MAX + 128];
         snprintf(dir, sizeof dir, "%s/%s", base, all[i].name);
-        int rc = remove_checkpoint(dir);
+        int rc = psctl_checkpoint_remove(dir);
         if (rc)
             fprintf(stderr, "psctl: follow: cannot remove old checkpoint %s: %s (left as it is)\n",
                     dir, strerror(-rc));

@@ -15,6 +15,7 @@
 #include "crc32c.h"
 #include "ps/ps_error.h"
 #include "ps/ps_log.h"
+#include "durable.h"
 #include "store.h"
 
 static int mdb_err(int rc)
@@ -40,16 +41,7 @@ static uint32_t rd32(const uint8_t *p)
 
 int psd_store_mkdir_p(const char *dir)
 {
-    char tmp[1024];
-    snprintf(tmp, sizeof tmp, "%s", dir);
-    for (char *p = tmp + 1; *p; p++)
-        if (*p == '/') {
-            *p = '\0';
-            if (mkdir(tmp, 0700) && errno != EEXIST) return -errno;
-            *p = '/';
-        }
-    if (mkdir(tmp, 0700) && errno != EEXIST) return -errno;
-    return 0;
+    return ps_mkdir_durable(dir);
 }
 
 /* Check a metadata value against the expected one, storing it on first use. */

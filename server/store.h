@@ -89,7 +89,8 @@ int psd_store_identity(psd_store_t *st, const char *name, const char *value, cha
                        size_t errlen);
 void psd_store_close(psd_store_t *st);
 
-/** @brief mkdir -p @p dir (mode 0700 for what it creates). @return 0 or -errno. */
+/** @brief mkdir -p @p dir (mode 0700 for what it creates; ps_mkdir_durable: each new
+ *  directory's parent is fsynced). @return 0 or -errno (-ENOTDIR: a file is in the way). */
 int psd_store_mkdir_p(const char *dir);
 
 typedef void (*psd_store_tensor_cb)(void *arg, const ps_decl_t *d);

@@ -31,6 +31,7 @@
  *
  * The tests assert behaviour, never timings (see CL_BUDGET_S in cluster.h). */
 #include <check.h>
+#include <sys/stat.h>
 #include <dirent.h>
 #include <errno.h>
 #include <lmdb.h>
@@ -798,8 +799,9 @@ START_TEST(test_checkpoint_verify_against)
 }
 END_TEST
 
-/* One chunk's stored bytes changed (psd stopped): verify names it, repair --from a checkpoint
- * at the same step rewrites it, and verify is clean again. */
+/* One chunk's stored bytes changed (psd stopped): verify names it, a new checkpoint fails and
+ * leaves no directory, repair --from a checkpoint at the same step rewrites it, and verify is
+ * clean again. */
 START_TEST(test_repair_from_checkpoint)
 {
     cl_proc_t *psd[2];
@@ -815,6 +817,16 @@ START_TEST(test_repair_from_checkpoint)
     const char *vf[] = {"verify", NULL};
     cl_proc_t *v1 = psctl(c, "verify1", 1, vf);
     ck_assert_int_eq(count_in_log(v1, "psctl: verify: shard "), 1);
+    /* A checkpoint now fails on the damaged chunk and leaves nothing behind: the failing
+     * shard removes its partial copy, psctl the healthy shard's part. */
+    char badd[CL_PATH];
+    cl_path(c, "ckpt-bad", badd, sizeof badd);
+    const char *ckb[] = {"checkpoint", "--dir", badd, NULL};
+    cl_proc_t *cb = psctl(c, "checkpoint-bad", 1, ckb);
+    EXPECT_LOG(cb, "stored bytes do not match their hash");
+    EXPECT_LOG(cb, "removed the incomplete checkpoint");
+    struct stat sb;
+    ck_assert_msg(stat(badd, &sb) != 0, "the failed checkpoint left %s", badd);
     const char *rp[] = {"repair", "--from", dir, NULL};
     cl_proc_t *r = psctl(c, "repair", 0, rp);
     char want[256];

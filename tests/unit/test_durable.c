@@ -1,4 +1,5 @@
-/* test_durable.c: ps_rename_durable puts a file in place and reports what failed. */
+/* test_durable.c: ps_rename_durable puts a file in place and reports what failed;
+ * ps_mkdir_durable makes directories. */
 #include <check.h>
 #include <errno.h>
 #include <stdio.h>
@@ -45,12 +46,34 @@ START_TEST(renames_into_place)
 }
 END_TEST
 
+/* ps_mkdir_durable makes every missing level (a trailing slash too), is content with what is
+ * there, and refuses a file in the way of a directory. */
+START_TEST(makes_directories)
+{
+    char path[300], file[300];
+    snprintf(path, sizeof path, "%s/a/b/c/", dir);
+    ck_assert_int_eq(ps_mkdir_durable(path), 0);
+    struct stat st;
+    ck_assert_int_eq(stat(path, &st), 0);
+    ck_assert(S_ISDIR(st.st_mode));
+    ck_assert_int_eq(ps_mkdir_durable(path), 0); /* all there */
+    snprintf(file, sizeof file, "%s/a/f", dir);
+    FILE *f = fopen(file, "w");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(fclose(f), 0);
+    snprintf(path, sizeof path, "%s/a/f/g", dir);
+    ck_assert_int_eq(ps_mkdir_durable(path), -ENOTDIR);
+    ck_assert_int_eq(ps_mkdir_durable(file), -ENOTDIR);
+}
+END_TEST
+
 Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("durable");
     TCase *tc = tcase_create("durable");
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, renames_into_place);
+    tcase_add_test(tc, makes_directories);
     suite_add_tcase(s, tc);
     return s;
 }
