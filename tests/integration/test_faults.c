@@ -27,6 +27,31 @@ static void wait_training(cl_proc_t *w[2])
     nanosleep(&ts, NULL);
 }
 
+/* 2 shards x 2 workers training (sgd, 1500 steps at most: long enough that a fault lands
+ * mid-run; a step takes about 1.3 ms here with direct pulls), both past their first step:
+ * psd[2] and w[2] (writing w0.params and w1.params). */
+static cl_cluster_t *train_2x2(cl_proc_t *psd[2], cl_proc_t *w[2])
+{
+    cl_conf_t k = {.shards = 2, .workers = 2, .optimizer = "{name: sgd, lr: 0.05}",
+                   .max_steps = 1500, .batch_size = 32};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    psd[0] = cl_psd_start(c, 0, NULL, READY_S);
+    psd[1] = cl_psd_start(c, 1, NULL, READY_S);
+    w[0] = cl_worker_start(c, NULL, "w0.params", false);
+    w[1] = cl_worker_start(c, NULL, "w1.params", false);
+    wait_training(w);
+    return c;
+}
+
+/* Both workers (exited) end with the parameters of the single-process reference run. */
+static void expect_reference(cl_cluster_t *c, cl_proc_t *w[2])
+{
+    cl_proc_t *ref = cl_worker_start(c, NULL, "ref.params", true);
+    EXPECT_EXIT(ref, 0);
+    expect_same_params(w[0]->params, ref->params, 0, 0);
+    expect_same_params(w[1]->params, ref->params, 0, 0);
+}
+
 /* kill -9 one shard mid-run (the coordinator in one case, another shard in the other), start
  * it again with the same command: the workers reconnect and resend what it had not committed,
  * and every step is applied exactly once: the result equals the single-process reference.
@@ -36,15 +61,8 @@ static void wait_training(cl_proc_t *w[2])
  * its view and opens one of the new file. */
 static void psd_crash(int victim, bool new_file, int drop_hellos)
 {
-    /* Long enough that the kill lands mid-run: a step takes about 1.3 ms here (with direct
-     * pulls; 300 steps were over before the 300 ms nap ended). */
-    cl_conf_t k = {.shards = 2, .workers = 2, .optimizer = "{name: sgd, lr: 0.05}",
-                   .max_steps = 1500, .batch_size = 32};
-    cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
-    cl_proc_t *w[2] = {cl_worker_start(c, NULL, "w0.params", false),
-                       cl_worker_start(c, NULL, "w1.params", false)};
-    wait_training(w);
+    cl_proc_t *psd[2], *w[2];
+    cl_cluster_t *c = train_2x2(psd, w);
     ck_assert_int_eq(cl_signal(psd[victim], SIGKILL), 0);
     cl_wait(psd[victim], RUN_S);
     if (new_file) {
@@ -77,10 +95,7 @@ static void psd_crash(int victim, bool new_file, int drop_hellos)
         ck_assert_msg(count_in_log(w[i], view) == (new_file ? 2 : 1),
                       "%s opened its view of shard %d %d times, want %d: %s", w[i]->name, victim,
                       count_in_log(w[i], view), new_file ? 2 : 1, cl_tail(w[i]));
-    cl_proc_t *ref = cl_worker_start(c, NULL, "ref.params", true);
-    EXPECT_EXIT(ref, 0);
-    expect_same_params(w[0]->params, ref->params, 0, 0);
-    expect_same_params(w[1]->params, ref->params, 0, 0);
+    expect_reference(c, w);
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }
@@ -115,13 +130,8 @@ END_TEST
  * when its connection is closed under it), and shard 0 counts the restart. */
 START_TEST(test_peer_killed_mid_send)
 {
-    cl_conf_t k = {.shards = 2, .workers = 2, .optimizer = "{name: sgd, lr: 0.05}",
-                   .max_steps = 1500, .batch_size = 32};
-    cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
-    cl_proc_t *w[2] = {cl_worker_start(c, NULL, "w0.params", false),
-                       cl_worker_start(c, NULL, "w1.params", false)};
-    wait_training(w);
+    cl_proc_t *psd[2], *w[2];
+    cl_cluster_t *c = train_2x2(psd, w);
     char *argv[] = {(char *)cl_binary("EVIL_PEER"), "--manifest", c->manifest, "--die-mid-send",
                     NULL};
     cl_proc_t *evil = cl_spawn(c, "evil_peer", argv);
@@ -143,10 +153,7 @@ START_TEST(test_peer_killed_mid_send)
     cl_proc_t *after = cl_spawn(c, "psctl-after", sargv);
     EXPECT_EXIT(after, 0);
     EXPECT_LOG(after, "\"transport_restarts\": 1, ");
-    cl_proc_t *ref = cl_worker_start(c, NULL, "ref.params", true);
-    EXPECT_EXIT(ref, 0);
-    expect_same_params(w[0]->params, ref->params, 0, 0);
-    expect_same_params(w[1]->params, ref->params, 0, 0);
+    expect_reference(c, w);
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }
