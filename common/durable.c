@@ -24,6 +24,7 @@ int ps_mkdir_durable(const char *dir)
     char tmp[PATH_MAX];
     if (snprintf(tmp, sizeof tmp, "%s", dir) >= (int)sizeof tmp) return -ENAMETOOLONG;
     size_t len = strlen(tmp);
+    if (len == 0) return -ENOENT;
     while (len > 1 && tmp[len - 1] == '/') tmp[--len] = '\0';
     for (char *p = tmp + 1;; p++) {
         if (*p != '/' && *p != '\0') continue;

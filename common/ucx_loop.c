@@ -45,7 +45,8 @@ static void busy_end(ps_ucx_t *u)
 {
     uv_idle_stop(&u->busy_idle);
     u->busy_since_ns = 0;
-    u->busy_spent_ns = 0;
+    u->stuck_since_ns = 0;
+    u->stuck_spent_ns = 0;
 }
 
 static uint64_t now_ns(void)
@@ -90,8 +91,9 @@ void ps_ucx_progress(ps_ucx_t *u)
                 break;
             }
         }
+        if (u->deferred && !to_loop && u->deferred(u)) active = 1;
+        if (active) u->stuck_since_ns = u->stuck_spent_ns = 0; /* something moved: not stuck */
         if (to_loop) break;
-        if (u->deferred && u->deferred(u)) active = 1;
         if (u->closing) break;
         /* Busy-poll for a while after the last activity: a reply or the next request usually
          * follows within tens of microseconds, and sleeping on the event fd costs a wake-up
@@ -141,8 +143,9 @@ void ps_ucx_progress(ps_ucx_t *u)
         if (busy_since == 0) busy_since = now;
         if (now - busy_since >= PS_UCX_BUSY_NS) {
             u->busy_polls++;
-            u->busy_spent_ns += now - busy_since;
             if (u->busy_since_ns == 0) u->busy_since_ns = busy_since;
+            if (u->stuck_since_ns == 0) u->stuck_since_ns = busy_since;
+            u->stuck_spent_ns += now - busy_since;
             if (!u->busy_warned && now - u->busy_since_ns >= PS_UCX_BUSY_WARN_NS) {
                 u->busy_warned = 1;
                 PS_LOG(PS_LOG_WARN, "ucx", "the UCX worker could not be put to sleep for %.1f s "
@@ -158,9 +161,9 @@ void ps_ucx_progress(ps_ucx_t *u)
 
 uint64_t ps_ucx_stuck_ns(const ps_ucx_t *u)
 {
-    if (u->worker == NULL || u->busy_since_ns == 0) return 0;
-    uint64_t span = now_ns() - u->busy_since_ns;
-    return u->busy_spent_ns * 2 >= span ? span : 0;
+    if (u->worker == NULL || u->stuck_since_ns == 0) return 0;
+    uint64_t span = now_ns() - u->stuck_since_ns;
+    return u->stuck_spent_ns * 2 >= span ? span : 0;
 }
 
 void ps_ucx_set_spin(ps_ucx_t *u, uint32_t us)

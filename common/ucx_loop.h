@@ -39,8 +39,9 @@ struct ps_ucx_s {
     uint64_t busy_polls;         /* times ps_ucx_progress left a busy worker for the loop */
     uint64_t busy_since_ns;      /* when the first of those since the worker was last armed
                                     began (0: none) */
-    uint64_t busy_spent_ns;      /* of the time since busy_since_ns, how much went in those
-                                    episodes (busy, nothing progressed) */
+    uint64_t stuck_since_ns;     /* the first of those episodes since the worker last
+                                    progressed anything or was armed (0: none) */
+    uint64_t stuck_spent_ns;     /* of the time since stuck_since_ns, how much went in them */
     int busy_warned;             /* said once that it stays busy */
     uint32_t eager_below;        /* PS_EAGER_BELOW, or PS_EAGER_BYTES (ps_ucx_eager_below) */
     ucp_am_recv_callback_t am_cb; /* ps_ucx_set_am_handler's, for a restarted worker */
@@ -92,13 +93,14 @@ static inline void ps_ucx_spin_resume(ps_ucx_t *u)
 }
 
 /**
- * @brief How long the worker has been stuck, or 0: it has not been armed since
- * busy_since_ns, and at least half of that time went in ps_ucx_progress's episodes of a busy
- * worker with nothing progressed. A healthy worker, however loaded, arms whenever it runs out
- * of work and progresses whatever keeps it busy; what stays stuck is UCX 1.13's shared-memory
- * receive FIFO after a sender was killed between taking a slot and marking it written: the
- * reader waits on that slot for good, and every later message of every local peer sits behind
- * it (the remedy is ps_ucx_restart). Loop thread.
+ * @brief How long the worker has been stuck, or 0: since it last progressed anything (a
+ * message, a completion, the owner's deferred work) or was armed, ucp_worker_arm has said busy
+ * every time, and at least half of that time went in ps_ucx_progress's episodes of a busy
+ * worker with nothing progressed. What stays so for good is UCX 1.13's shared-memory receive
+ * FIFO after a sender was killed between taking a slot and marking it written: the reader
+ * waits on that slot, and every later message of every local peer sits behind it (the remedy
+ * is ps_ucx_restart). A loaded worker progresses; one whose only traffic is a local peer that
+ * stopped reading (SIGSTOP) with sends queued to it can look the same. Loop thread.
  */
 uint64_t ps_ucx_stuck_ns(const ps_ucx_t *u);
 

@@ -90,13 +90,15 @@ static void fail(struct psd_ckpt_s *ck, int rc, const char *fmt, ...)
 
 /* ---- the copy (pool thread) ------------------------------------------------------------ */
 
-/* A failed copy leaves nothing behind: the files it writes in @p dir (DIR/shard-K), then the
+/* A failed copy leaves nothing behind: the files it writes in @p dir (DIR/shard-K; meta.json
+ * too: its write can fail after the rename, at the directory's fsync), then the
  * directory, then DIR if no other shard's copy is in it (rmdir refuses a non-empty one), so a
  * failing periodic checkpoint (a full disk, a corrupt chunk) does not leave a partial copy of
  * the whole state each time. Anything else in them stays. */
 static void remove_partial(const char *dir)
 {
-    static const char *const files[] = {"data.mdb", "lock.mdb", PSD_CKPT_META ".tmp"};
+    static const char *const files[] = {"data.mdb", "lock.mdb", PSD_CKPT_META ".tmp",
+                                        PSD_CKPT_META};
     char path[1300];
     for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
         snprintf(path, sizeof path, "%s/%s", dir, files[i]);

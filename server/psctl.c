@@ -23,6 +23,7 @@ typedef struct {
     ucp_ep_h ep;
     int failed;
     int lost;              /* its connection failed before the reply came: ask again */
+    int got;               /* the reply is here whole (reply, len) */
     int tries;             /* connections made so far */
     double retry_at;       /* psctl_mono_s() of the next try; 0: none due */
     char *reply;           /* the shard's JSON, NUL-terminated */
@@ -49,7 +50,7 @@ typedef struct {
 static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
 {
     shard_t *s = arg;
-    if (!s->failed && s->reply == NULL) {
+    if (!s->failed && !s->got) {
         s->lost = 1; /* on_check closes the endpoint and tries again, or gives up */
         snprintf(s->why, sizeof s->why, "%s", ucs_status_string(status));
     }
@@ -58,8 +59,12 @@ static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
 static void on_recv(void *request, ucs_status_t status, size_t length, void *user_data)
 {
     shard_t *s = user_data;
-    if (status != UCS_OK) {
-        s->failed = 1;
+    if (status == UCS_OK) {
+        s->got = 1;
+    } else { /* (its connection failed under it) asked again, like a lost connection */
+        free(s->reply);
+        s->reply = NULL;
+        if (!s->failed) s->lost = 1;
         snprintf(s->why, sizeof s->why, "%s", ucs_status_string(status));
     }
     if (request) ucp_request_free(request);
@@ -82,6 +87,7 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     s->len = length;
     if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
         memcpy(s->reply, data, length);
+        s->got = 1;
         return UCS_OK;
     }
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
@@ -136,7 +142,7 @@ static void on_check(uv_timer_t *h)
                 s->retry_at = now + STATUS_RETRY_S;
         }
         if (s->retry_at && now >= s->retry_at) ask(ctl, i);
-        waiting |= !s->failed && s->reply == NULL;
+        waiting |= !s->failed && !s->got;
     }
     if (!waiting) uv_stop(h->loop);
 }
@@ -178,7 +184,7 @@ static int status(ctl_t *ctl, int json, double timeout_s)
     for (int i = 0; i < n; i++) {
         shard_t *s = &ctl->shards[i];
         const ps_server_conf_t *sc = &ctl->m.servers[i];
-        if (s->reply == NULL) {
+        if (!s->got) {
             bad = 1;
             if (json)
                 printf("%s{\"shard\": %d, \"address\": \"%s:%u\", \"error\": \"%s\"}", i ? ", " : "",
@@ -203,7 +209,7 @@ static int status(ctl_t *ctl, int json, double timeout_s)
                field(s->reply, "updates_applied", b[5], 64),
                field(s->reply, "merkle_root", b[6], 64));
     }
-    const char *j = ctl->shards[0].reply;
+    const char *j = ctl->shards[0].got ? ctl->shards[0].reply : NULL;
     if (!json && j) {
         char b[8][64];
         printf("\njob: epoch %s, open step %s, workers %s desired / %s actual, %s of %s "

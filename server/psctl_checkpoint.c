@@ -68,13 +68,13 @@ int psctl_checkpoint_dir(const ps_manifest_t *m, const char *base_in, uint64_t s
     return strlen(out) < 200 ? 0 : PS_EINVAL;
 }
 
-int psctl_checkpoint_remove(const char *dir)
+int psctl_checkpoint_remove(const char *dir, uint32_t nshards)
 {
     static const char *const files[] = {"data.mdb", "lock.mdb", PSD_CKPT_META, PSD_CKPT_META ".tmp"};
     char path[PS_PATH_MAX + 192];
-    for (uint32_t j = 0;; j++) {
+    for (uint32_t j = 0; j < nshards; j++) {
         snprintf(path, sizeof path, "%.1100s/shard-%u", dir, j);
-        if (access(path, F_OK) != 0) break;
+        if (access(path, F_OK) != 0) continue; /* never made, or its shard removed it */
         for (size_t f = 0; f < sizeof files / sizeof *files; f++) {
             char fp[sizeof path + 32];
             snprintf(fp, sizeof fp, "%.1200s/%s", path, files[f]);
@@ -84,6 +84,10 @@ int psctl_checkpoint_remove(const char *dir)
     }
     return rmdir(dir) != 0 ? -errno : 0;
 }
+
+/* Status polls of one shard in a row that may go unanswered (a lost connection: a shard whose
+ * transport was started again answers the next) before its checkpoint counts as failed. */
+#define STATUS_MISSES 5
 
 int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step,
                          const char *d, uint64_t next, double wait_s, double t0)
@@ -109,7 +113,12 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step,
     /* Each shard copies on its own; wait for all of them. */
     uint64_t total = 0;
     ps_msg_t *st = calloc((size_t)n, sizeof *st);
+    int *miss = calloc((size_t)n, sizeof *miss); /* status polls in a row without an answer */
     int done = 0, failed = 0, unknown = 0; /* unknown: a shard that may still be copying */
+    if (miss == NULL) {
+        free(st);
+        st = NULL;
+    }
     while (st && done + failed < n) {
         done = failed = 0;
         for (int i = 0; i < n; i++) {
@@ -120,11 +129,16 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step,
             }
             ps_msg_t s = {.type = PS_MSG_CKPT_STATUS, .rank = -1};
             int rc = ps_req_call(cl, (uint32_t)i, &s, &st[i], NULL, NULL, err, sizeof err);
+            bool lost = rc == PS_ETRANSPORT || rc == PS_ETIMEDOUT; /* no answer: not known */
+            if (lost && ++miss[i] < STATUS_MISSES) { /* the next call connects again */
+                st[i] = (ps_msg_t){0};
+                continue;
+            }
             if (rc) {
                 fprintf(stderr, "psctl: checkpoint: %s\n", err);
                 st[i].status = rc;
                 failed++;
-                unknown += rc == PS_ETRANSPORT || rc == PS_ETIMEDOUT; /* no answer: not known */
+                unknown += lost;
             } else if (st[i].flags & 1) {
                 done++;
             }
@@ -142,7 +156,7 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step,
     if (st && failed && !unknown) {
         /* Every shard answered and one failed (its own copy removed itself): the others' parts
          * make no checkpoint, and would stay for good (never complete, never pruned). */
-        int rc = psctl_checkpoint_remove(d);
+        int rc = psctl_checkpoint_remove(d, (uint32_t)n);
         if (rc == 0)
             fprintf(stderr, "psctl: checkpoint: removed the incomplete checkpoint %s\n", d);
         else if (rc != -ENOENT)
@@ -163,6 +177,7 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step,
         ret = 0;
     }
     free(st);
+    free(miss);
     return ret;
 }
 

@@ -35,10 +35,11 @@ int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wai
  */
 int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step,
                          const char *dir, uint64_t next, double wait_s, double t0);
-/** @brief Remove checkpoint @p dir: in each shard-J only the files a checkpoint writes
- *  (data.mdb, lock.mdb, meta.json, meta.json.tmp), then the directories; anything else in
- *  them makes rmdir fail, and it is left. @return 0 or -errno. */
-int psctl_checkpoint_remove(const char *dir);
+/** @brief Remove checkpoint @p dir of @p nshards shards: in each shard-J (J < nshards; one
+ *  missing is skipped) only the files a checkpoint writes (data.mdb, lock.mdb, meta.json,
+ *  meta.json.tmp), then the directories; anything else in them makes rmdir fail, and it is
+ *  left. @return 0 or -errno. */
+int psctl_checkpoint_remove(const char *dir, uint32_t nshards);
 /** @brief The absolute directory of a checkpoint at @p step (UINT64_MAX: time-<now>) under
  *  @p base (NULL or "": <shard 0's data_dir>/../checkpoints). @return 0, PS_EINVAL if too long. */
 int psctl_checkpoint_dir(const ps_manifest_t *m, const char *base, uint64_t step, char *out,

@@ -79,6 +79,7 @@ static int job_status(ps_req_t *cl, uint64_t *open_step, int *finished, char run
 typedef struct {
     char name[64];
     uint64_t step;
+    uint32_t nshards;
 } kept_t;
 
 static int by_step(const void *a, const void *b)
@@ -89,8 +90,9 @@ static int by_step(const void *a, const void *b)
 }
 
 /* A complete checkpoint of this cluster: every shard's meta.json is there and names it.
- * @return its step, or UINT64_MAX when @p dir is not one. */
-static uint64_t recognise(const ps_manifest_t *m, const char *dir)
+ * @return its step (*@p nshards its shard count, when not NULL), or UINT64_MAX when @p dir is
+ * not one. */
+static uint64_t recognise(const ps_manifest_t *m, const char *dir, uint32_t *nshards)
 {
     char *meta = psd_ckpt_meta_read(dir, 0), cl[sizeof m->cluster + 8] = "";
     if (meta == NULL) return UINT64_MAX;
@@ -105,6 +107,7 @@ static uint64_t recognise(const ps_manifest_t *m, const char *dir)
         free(meta);
         if (strcmp(c2, m->cluster) != 0) return UINT64_MAX;
     }
+    if (nshards) *nshards = (uint32_t)n;
     return step;
 }
 
@@ -134,7 +137,7 @@ static void set_aside(const ps_manifest_t *m, const char *base, const char *run,
         if (!checkpoint_name(e->d_name)) continue;
         char dir[PS_PATH_MAX + 128], to[PS_PATH_MAX + 192], theirs[32] = "";
         snprintf(dir, sizeof dir, "%s/%.60s", base, e->d_name);
-        uint64_t step = recognise(m, dir);
+        uint64_t step = recognise(m, dir, NULL);
         char *meta = step == UINT64_MAX ? NULL : psd_ckpt_meta_read(dir, 0);
         if (meta == NULL) continue;
         psd_ckpt_meta_field(meta, "run", theirs, sizeof theirs);
@@ -165,7 +168,8 @@ static void prune(const ps_manifest_t *m, const char *base, uint32_t keep)
         if (!checkpoint_name(nm)) continue;
         char dir[PS_PATH_MAX + 128];
         snprintf(dir, sizeof dir, "%s/%.60s", base, nm);
-        uint64_t step = recognise(m, dir);
+        uint32_t nsh = 0;
+        uint64_t step = recognise(m, dir, &nsh);
         if (step == UINT64_MAX) continue;
         if (n == cap) {
             cap = cap ? 2 * cap : 16;
@@ -174,6 +178,7 @@ static void prune(const ps_manifest_t *m, const char *base, uint32_t keep)
             all = na;
         }
         snprintf(all[n].name, sizeof all[n].name, "%.60s", nm);
+        all[n].nshards = nsh;
         all[n++].step = step;
     }
     closedir(d);
@@ -181,7 +186,7 @@ static void prune(const ps_manifest_t *m, const char *base, uint32_t keep)
     for (size_t i = 0; i + keep < n; i++) {
         char dir[PS_PATH_MAX + 128];
         snprintf(dir, sizeof dir, "%s/%s", base, all[i].name);
-        int rc = psctl_checkpoint_remove(dir);
+        int rc = psctl_checkpoint_remove(dir, all[i].nshards);
         if (rc)
             fprintf(stderr, "psctl: follow: cannot remove old checkpoint %s: %s (left as it is)\n",
                     dir, strerror(-rc));
@@ -231,7 +236,8 @@ int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wai
     fflush(stdout);
     double last = psctl_mono_s();
     uint64_t target = 0; /* the next multiple of every (0: not known yet) */
-    int ret = 0, taken = 0, aside = 0;
+    int ret = 0, taken = 0;
+    char seen_run[32] = ""; /* the run set_aside last ran for */
     while (!g_stop) {
         uint64_t open = 0, run_base = 0;
         int finished = 0;
@@ -241,9 +247,12 @@ int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wai
                 sleep_ms(1000); /* shard 0 is busy or restarting: ask again */
                 continue;
             }
-            /* Once: shard 0's run changes only when shard 0 starts again, and so does this
-             * follower, its child. */
-            if (!aside++) set_aside(m, base, run, run_base);
+            /* Shard 0's run changes only when shard 0 starts again (psd's own follower starts
+             * with it; one run by hand reconnects and sees the new run here). */
+            if (strcmp(run, seen_run) != 0) {
+                set_aside(m, base, run, run_base);
+                snprintf(seen_run, sizeof seen_run, "%s", run);
+            }
             if (finished) break;
             if (every && target == 0) target = next_multiple(open, every);
         }

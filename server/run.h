@@ -17,7 +17,8 @@ typedef struct {
     uint64_t id;        /* random, never 0 */
     uint64_t parent;    /* the run a restore's checkpoint was taken in (0: none or unknown) */
     uint64_t base_step; /* the step this run started from: 0, the checkpoint's, or (a store
-                           older than runs) the step it had when it got one */
+                           older than runs) the highest chunk version it had when it got one,
+                           so that every checkpoint it took before counts as its history */
 } psd_run_t;
 
 /** @brief A new random run id (never 0). */
@@ -25,7 +26,7 @@ uint64_t psd_run_new_id(void);
 
 /**
  * @brief The run of @p st: the stored one, or (none stored: a new store, or one made before
- * runs) a new one from @p step_now, committed in its own transaction. Loop thread, before
+ * runs) a new one based at @p step_now (the highest chunk version there), committed in its own transaction. Loop thread, before
  * any store job.
  * @return 0, or PS_E* with @p err said.
  */

@@ -865,7 +865,7 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, const char *restore,
                  ps_strerror(rc));
         goto fail_shard;
     }
-    if ((rc = psd_run_load(&srv->store, psd_shard_step(srv), &srv->run, err, errlen)) != 0)
+    if ((rc = psd_run_load(&srv->store, psd_shard_step_max(srv), &srv->run, err, errlen)) != 0)
         goto fail_shard;
     if (shard == 0) {
         /* The coordinator's state, as the last apply job committed it. */

@@ -435,6 +435,8 @@ bool psd_shard_idle(psd_server_t *srv);
 /** @brief Append this shard's tensors and chunks as JSON members to @p out (status). */
 void psd_shard_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len);
 /** @brief Lowest chunk version of this shard (its step), or 0 with no chunks. */
+/** @brief The highest version of any chunk here (0 when none). */
+uint64_t psd_shard_step_max(psd_server_t *srv);
 uint64_t psd_shard_step(psd_server_t *srv);
 /** @brief Learn membership epoch @p epoch (members from @p from_step on); chunks that became
  *  complete under it are applied. Older or known epochs only lower their from_step. */

@@ -273,6 +273,16 @@ uint64_t psd_shard_step(psd_server_t *srv)
     return step == UINT64_MAX ? 0 : step;
 }
 
+uint64_t psd_shard_step_max(psd_server_t *srv)
+{
+    uint64_t step = 0;
+    for (uint32_t i = 0; i < srv->ntensors; i++)
+        for (uint32_t c = 0; srv->tensors[i].present && c < srv->tensors[i].nchunks; c++)
+            if (srv->tensors[i].chunks[c] && srv->tensors[i].chunks[c]->version > step)
+                step = srv->tensors[i].chunks[c]->version;
+    return step;
+}
+
 void psd_shard_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len)
 {
     uint64_t chunks = 0, bytes = 0, vmin = UINT64_MAX, vmax = 0;
