@@ -57,7 +57,24 @@ int psd_restore_fill(psd_server_t *srv, const char *dir, char *err, size_t errle
 int psd_restore_check(const ps_manifest_t *m, uint32_t nstate, const char *data_dir,
                       const char *dir, char *err, size_t errlen);
 
-/** @brief Remove what psd_store_open created in @p data_dir (after a failed restore). */
+/** @brief Remove what psd_store_open created in @p data_dir, and the restore's mark (after a
+ *  failed restore). */
 void psd_restore_undo(const char *data_dir);
+
+/* The file a restore puts in the data_dir before the store exists and removes once its fill
+ * committed: a psd killed anywhere in between leaves it, and a start without --restore refuses
+ * the store (the "Mrestoring" metadata key covers the same span from inside the store). */
+#define PSD_RESTORE_MARK "restoring"
+
+/** @brief Create @p data_dir if needed and put the restore's mark there (durably), naming
+ *  checkpoint @p from. @return 0, or -errno with @p err said. */
+int psd_restore_mark(const char *data_dir, const char *from, char *err, size_t errlen);
+
+/** @brief 1 when @p data_dir holds a restore's mark (*@p from: the checkpoint it names, cut to
+ *  @p cap), else 0. */
+int psd_restore_marked(const char *data_dir, char *from, size_t cap);
+
+/** @brief Remove the restore's mark from @p data_dir (durably), once the fill committed. */
+void psd_restore_unmark(const char *data_dir);
 
 #endif

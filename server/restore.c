@@ -8,6 +8,7 @@
  * first. Runs on the loop thread before the loop starts. */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +16,7 @@
 #include <unistd.h>
 
 #include "checkpoint.h"
+#include "durable.h"
 #include "ckpt_meta.h"
 #include "place.h"
 #include "ps/ps_error.h"
@@ -105,9 +107,56 @@ int psd_restore_check(const ps_manifest_t *m, uint32_t nstate, const char *data_
     return rc;
 }
 
+int psd_restore_mark(const char *data_dir, const char *from, char *err, size_t errlen)
+{
+    char path[1200], tmp[1210];
+    int rc = ps_mkdir_durable(data_dir);
+    if (rc == 0) {
+        snprintf(path, sizeof path, "%s/%s", data_dir, PSD_RESTORE_MARK);
+        snprintf(tmp, sizeof tmp, "%s.tmp", path);
+        FILE *f = fopen(tmp, "w");
+        if (f == NULL) {
+            rc = -errno;
+        } else {
+            fprintf(f, "%s\n", from);
+            rc = fflush(f) || fsync(fileno(f)) ? -errno : 0;
+            fclose(f);
+            if (rc == 0) rc = ps_rename_durable(tmp, path);
+        }
+    }
+    if (rc) snprintf(err, errlen, "%s: cannot mark the restore under way: %s", data_dir,
+                     strerror(-rc));
+    return rc;
+}
+
+int psd_restore_marked(const char *data_dir, char *from, size_t cap)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s", data_dir, PSD_RESTORE_MARK);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) return 0;
+    if (cap && fgets(from, (int)cap, f) == NULL) from[0] = '\0';
+    fclose(f);
+    from[strcspn(from, "\n")] = '\0';
+    return 1;
+}
+
+void psd_restore_unmark(const char *data_dir)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s", data_dir, PSD_RESTORE_MARK);
+    if (unlink(path) == 0) {
+        int fd = open(data_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (fd >= 0) {
+            fsync(fd); /* a start after a crash must not find the mark of a finished restore */
+            close(fd);
+        }
+    }
+}
+
 void psd_restore_undo(const char *data_dir)
 {
-    static const char *files[] = {"data.mdb", "lock.mdb", "psd.lock"};
+    static const char *files[] = {"data.mdb", "lock.mdb", "psd.lock", PSD_RESTORE_MARK};
     char path[1200];
     for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
         snprintf(path, sizeof path, "%s/%s", data_dir, files[i]);
@@ -249,7 +298,7 @@ int psd_restore_fill(psd_server_t *srv, const char *dir, char *err, size_t errle
         return rc;
     }
     const char *crash = getenv("PS_TEST_CRASH_IN_RESTORE");
-    if (crash && atoi(crash) > 0) {
+    if (crash && atoi(crash) == 1) {
         PS_LOG(PS_LOG_WARN, "restore", "killed before the restore commits "
                "(PS_TEST_CRASH_IN_RESTORE, a test hook)");
         raise(SIGKILL);

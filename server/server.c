@@ -1,6 +1,7 @@
 /* server.c: psd's loop: UCX listener, connections, message dispatch, shutdown. */
 #include <arpa/inet.h>
 #include <netdb.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -827,9 +828,27 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, const char *restore,
     if (restore &&
         (rc = psd_restore_check(m, srv->nstate, sc->data_dir, restore, err, errlen)) != 0)
         goto fail_store;
+    char restoring[PS_PATH_MAX];
+    if (!restore && psd_restore_marked(sc->data_dir, restoring, sizeof restoring)) {
+        snprintf(err, errlen, "%s holds a restore from %s that did not finish (psd stopped during "
+                 "it): remove the data_dir and run psd --restore again", sc->data_dir,
+                 restoring[0] ? restoring : "a checkpoint");
+        rc = PS_ECONFIG;
+        goto fail_store;
+    }
+    if (restore && (rc = psd_restore_mark(sc->data_dir, restore, err, errlen)) != 0) goto fail_store;
     rc = psd_store_open(&srv->store, sc->data_dir, m->map_size_mb, m->cluster, m->chunk_bytes,
                         srv->nstate, err, errlen);
-    if (rc) goto fail_store;
+    if (rc) {
+        /* Only the mark: what is there may be another psd's that won the data_dir. */
+        if (restore) psd_restore_unmark(sc->data_dir);
+        goto fail_store;
+    }
+    if (restore && test_hook("PS_TEST_CRASH_IN_RESTORE", 0) == 2) {
+        PS_LOG(PS_LOG_WARN, "restore", "killed right after the store was made "
+               "(PS_TEST_CRASH_IN_RESTORE=2, a test hook)");
+        raise(SIGKILL);
+    }
     /* The state count alone lets momentum's velocity pass for adagrad's sums. */
     rc = psd_store_identity(&srv->store, "optimizer state kind", psk_optim_state_name(srv->optim),
                             err, errlen);
@@ -839,7 +858,6 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, const char *restore,
         psd_store_close(&srv->store);
         goto fail_store;
     }
-    char restoring[PS_PATH_MAX];
     size_t restoring_len = 0;
     int brc = restore ? PS_ENOENT
                       : psd_store_get_blob(&srv->store, PSD_RESTORING, restoring,
@@ -858,6 +876,7 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, const char *restore,
         psd_restore_undo(sc->data_dir); /* empty again: the same command may be tried again */
         goto fail_store;
     }
+    if (restore) psd_restore_unmark(sc->data_dir);
     psd_direct_init(srv, sc->data_dir);
     srv->push_direct = psd_push_direct_enabled();
     if ((rc = psd_shard_load(srv)) != 0) {

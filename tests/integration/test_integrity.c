@@ -723,7 +723,7 @@ START_TEST(test_checkpoint_restore_reshard)
     b = cl_spawn(c, "restore-opt", argv);
     EXPECT_EXIT(b, 1);
     EXPECT_LOG(b, "the checkpoint's optimizer adam keeps 2 state floats per parameter");
-    /* A restore killed before its fill committed (PS_TEST_CRASH_IN_RESTORE) leaves a store with
+    /* A restore killed before its fill committed (PS_TEST_CRASH_IN_RESTORE=1) leaves a store with
      * its metadata and no tensors: started again without --restore, psd refuses it. Before, it
      * served it as an empty shard (under asp, workers would declare its tensors afresh beside
      * the other shards' restored ones). */
@@ -734,6 +734,18 @@ START_TEST(test_checkpoint_restore_reshard)
     EXPECT_EXIT(b, 128 + SIGKILL);
     char *plain[] = {(char *)cl_binary("PSD"), "--manifest", m1, "--shard", shard0, NULL};
     b = cl_spawn(c, "after-killed-restore", plain);
+    EXPECT_EXIT(b, 1);
+    EXPECT_LOG(b, "that did not finish (psd stopped during it): remove the data_dir and run psd "
+                  "--restore again");
+    /* The same when it is killed right after the store was made, before the store could say
+     * so (PS_TEST_CRASH_IN_RESTORE=2): the data_dir's mark file does. */
+    data_dirs_aside(c, "killed1");
+    setenv("PS_TEST_CRASH_IN_RESTORE", "2", 1);
+    b = cl_spawn(c, "restore-killed2", argv);
+    unsetenv("PS_TEST_CRASH_IN_RESTORE");
+    EXPECT_EXIT(b, 128 + SIGKILL);
+    EXPECT_LOG(b, "killed right after the store was made");
+    b = cl_spawn(c, "after-killed-restore2", plain);
     EXPECT_EXIT(b, 1);
     EXPECT_LOG(b, "that did not finish (psd stopped during it): remove the data_dir and run psd "
                   "--restore again");
