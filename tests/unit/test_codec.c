@@ -333,12 +333,12 @@ START_TEST(test_fp16_matches_compiler)
 }
 END_TEST
 
-/* fp16 with error feedback (one fused pass where F16C runs it) gives the payload and residual
- * of the plain definition: x = r + g, payload = fp16(x), r = x - decode(payload); with NaN,
- * infinities and overflow among the values, and a tail that is not a multiple of 8. */
-START_TEST(test_fp16_ef_matches_definition)
+/* fp16 or bf16 (@p c) with error feedback (one fused pass where F16C or AVX2 runs it) gives
+ * the payload and residual of the plain definition: x = r + g, payload = enc(x),
+ * r = x - decode(payload); with NaN, infinities and overflow among the values, and a tail that
+ * is not a multiple of 8 or 16. */
+static void ef_matches_definition(const psk_codec_t *c)
 {
-    const psk_codec_t *c = &CODECS[1];
     const size_t n = 4099;
     float *g = xmalloc(n * 4), *r = xmalloc(n * 4), *r2 = xmalloc(n * 4);
     for (size_t i = 0; i < n; i++) {
@@ -347,7 +347,8 @@ START_TEST(test_fp16_ef_matches_definition)
     }
     g[100] = NAN;
     g[2000] = INFINITY;
-    g[3000] = 1e6f; /* overflows fp16 */
+    g[3000] = 1e6f;                     /* overflows fp16 */
+    g[3500] = float_of(0x7f7fffffu);    /* rounds to bf16 infinity */
     memcpy(r2, r, n * 4);
     size_t cap = psk_codec_max_bytes(c, n), len, len2;
     uint8_t *p = xmalloc(cap), *p2 = xmalloc(cap);
@@ -369,6 +370,51 @@ START_TEST(test_fp16_ef_matches_definition)
     free(r2);
     free(p);
     free(p2);
+}
+
+START_TEST(test_fp16_ef_matches_definition) { ef_matches_definition(&CODECS[1]); }
+END_TEST
+
+START_TEST(test_bf16_ef_matches_definition) { ef_matches_definition(&CODECS[2]); }
+END_TEST
+
+/* bf16 encoding and decoding of many values at once (AVX2 where the CPU has it) equal, bit for
+ * bit, the same values taken one at a time (the scalar reference): random bit patterns of every
+ * exponent, exact ties, NaNs (with payloads) and infinities among them, and a tail past the
+ * last 16. */
+START_TEST(test_bf16_bulk_matches_scalar)
+{
+    const psk_codec_t *c = &CODECS[2];
+    const size_t n = 100003;
+    float *x = xmalloc(n * sizeof(float)), *y = xmalloc(n * sizeof(float));
+    uint32_t st = 777;
+    for (size_t i = 0; i < n; i++) {
+        st = st * 1664525u + 1013904223u;
+        uint32_t b = st;
+        if (i % 997 == 5) b |= 0x7f800000u;                 /* infinities and NaNs */
+        if (i % 101 == 7) b = (b & 0xffff0000u) | 0x8000u;  /* ties: to even */
+        memcpy(&x[i], &b, 4);
+        y[i] = (float)(i % 7) - 3.0f;
+    }
+    payload_t bulk = encode(c, x, n);
+    float *acc = xmalloc(n * sizeof(float));
+    memcpy(acc, y, n * sizeof(float));
+    ck_assert_int_eq(psk_codec_decode_add_cpu(acc, n, bulk.p, bulk.len, c, 0.5f), 0);
+    for (size_t i = 0; i < n; i++) {
+        payload_t one = encode(c, &x[i], 1);
+        ck_assert_msg(memcmp(one.p + PSK_CODEC_HEADER_BYTES,
+                             bulk.p + PSK_CODEC_HEADER_BYTES + 2 * i, 2) == 0,
+                      "value %zu (%08x): bulk and scalar encodings differ", i, bits_of(x[i]));
+        float a = y[i];
+        ck_assert_int_eq(psk_codec_decode_add_cpu(&a, 1, one.p, one.len, c, 0.5f), 0);
+        ck_assert_msg(bits_of(a) == bits_of(acc[i]) || (isnan(a) && isnan(acc[i])),
+                      "value %zu: bulk decode %a, scalar %a", i, acc[i], a);
+        free(one.p);
+    }
+    free(bulk.p);
+    free(acc);
+    free(x);
+    free(y);
 }
 END_TEST
 
@@ -1030,6 +1076,8 @@ Suite *ps_test_suite(void)
     tcase_add_test(tc, test_fp16_matches_compiler);
     tcase_add_test(tc, test_fp16_ef_matches_definition);
     tcase_add_test(tc, test_bf16_round_trip);
+    tcase_add_test(tc, test_bf16_ef_matches_definition);
+    tcase_add_test(tc, test_bf16_bulk_matches_scalar);
     tcase_add_loop_test(tc, test_int8_round_trip, 0, 4);
     tcase_add_test(tc, test_int8_stochastic);
     tcase_add_loop_test(tc, test_sign_round_trip, 0, 4);
