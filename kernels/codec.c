@@ -649,6 +649,150 @@ __attribute__((target("avx2"))) static size_t ef_bf16_avx2(uint8_t *restrict bod
     }
     return i;
 }
+
+/*
+ * int8 with AVX2, 32 values at a time, bit for bit quantize_nearest / quantize_stochastic /
+ * add_int8 below: the same float operations in the same order (no fused multiply-add), the
+ * same truncating conversions and clamps. The block's values are finite (encode_int8 checks).
+ */
+
+/* 4 x 8 int32 in [-127, 127] -> 32 int8 in order. */
+__attribute__((target("avx2"))) static inline __m256i pack_i8x32(__m256i a, __m256i b, __m256i c,
+                                                                 __m256i d)
+{
+    /* packs works per 128-bit half: the 32-bit groups come out as a0 b0 c0 d0 a1 b1 c1 d1 */
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
+    return _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+__attribute__((target("avx2"))) static inline __m256i clamp127(__m256i v)
+{
+    return _mm256_max_epi32(_mm256_min_epi32(v, _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
+}
+
+__attribute__((target("avx2"))) static size_t quantize_nearest_avx2(uint8_t *restrict q,
+                                                                   const float *restrict x,
+                                                                   size_t n, float inv)
+{
+    size_t i = 0;
+    const __m256 iv = _mm256_set1_ps(inv), big = _mm256_set1_ps(0x1.8p23f);
+    for (; i + 32 <= n; i += 32) {
+        __m256i v[4];
+        for (int k = 0; k < 4; k++) {
+            __m256 r = _mm256_sub_ps(
+                _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * k), iv), big), big);
+            v[k] = clamp127(_mm256_cvttps_epi32(r));
+        }
+        _mm256_storeu_si256((__m256i *)(void *)(q + i), pack_i8x32(v[0], v[1], v[2], v[3]));
+    }
+    return i;
+}
+
+/* hash32 of 8 lanes at once. */
+__attribute__((target("avx2"))) static inline __m256i hash32x8(__m256i x)
+{
+    x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+    x = _mm256_mullo_epi32(x, _mm256_set1_epi32((int)0x7feb352du));
+    x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 15));
+    x = _mm256_mullo_epi32(x, _mm256_set1_epi32((int)0x846ca68bu));
+    return _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+}
+
+__attribute__((target("avx2"))) static size_t quantize_stochastic_avx2(uint8_t *restrict q,
+                                                                      const float *restrict x,
+                                                                      size_t n, float inv,
+                                                                      uint32_t key,
+                                                                      uint32_t first)
+{
+    size_t i = 0;
+    const __m256 iv = _mm256_set1_ps(inv), c128 = _mm256_set1_ps(128.0f);
+    const __m256 unit = _mm256_set1_ps(0x1.0p-24f);
+    const __m256i kv = _mm256_set1_epi32((int)key), lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (; i + 32 <= n; i += 32) {
+        __m256i v[4];
+        for (int k = 0; k < 4; k++) {
+            __m256i idx = _mm256_add_epi32(_mm256_set1_epi32((int)(first + (uint32_t)(i + 8 * k))),
+                                           lanes);
+            __m256i h = _mm256_srli_epi32(hash32x8(_mm256_xor_si256(idx, kv)), 8);
+            __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(h), unit); /* h < 2^24: exact */
+            __m256 val = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * k), iv), u);
+            __m256i f = _mm256_sub_epi32(_mm256_cvttps_epi32(_mm256_add_ps(val, c128)),
+                                         _mm256_set1_epi32(128));
+            v[k] = clamp127(f);
+        }
+        _mm256_storeu_si256((__m256i *)(void *)(q + i), pack_i8x32(v[0], v[1], v[2], v[3]));
+    }
+    return i;
+}
+
+/* absmax_key of x[n] (the largest magnitude's bit pattern): 16 lanes of unsigned max. */
+__attribute__((target("avx2"))) static uint32_t absmax_key_avx2(const float *x, size_t n)
+{
+    const __m256i mag = _mm256_set1_epi32((int)MAG_MASK);
+    __m256i m0 = _mm256_setzero_si256(), m1 = _mm256_setzero_si256();
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        m0 = _mm256_max_epu32(m0, _mm256_and_si256(
+                                      _mm256_loadu_si256((const __m256i *)(const void *)(x + i)), mag));
+        m1 = _mm256_max_epu32(m1, _mm256_and_si256(
+                                      _mm256_loadu_si256((const __m256i *)(const void *)(x + i + 8)), mag));
+    }
+    uint32_t lanes[8], m = 0;
+    _mm256_storeu_si256((__m256i *)(void *)lanes, _mm256_max_epu32(m0, m1));
+    for (int k = 0; k < 8; k++) m = lanes[k] > m ? lanes[k] : m;
+    for (; i < n; i++) {
+        uint32_t key = f32_bits(x[i]) & MAG_MASK;
+        m = key > m ? key : m;
+    }
+    return m;
+}
+
+/* The sign codec's per-lane sums: acc[l] += |x[i + l]| in double over x[0, 8 * (n / 8)), each
+ * lane in the scalar loop's order (so the same sums). Returns the values taken. */
+__attribute__((target("avx2"))) static size_t abs_sums8_avx2(const float *x, size_t n,
+                                                            double acc[8])
+{
+    const __m256d sign = _mm256_set1_pd(-0.0);
+    __m256d a0 = _mm256_loadu_pd(acc), a1 = _mm256_loadu_pd(acc + 4);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        a0 = _mm256_add_pd(a0, _mm256_andnot_pd(sign, _mm256_cvtps_pd(_mm256_castps256_ps128(v))));
+        a1 = _mm256_add_pd(a1, _mm256_andnot_pd(sign, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1))));
+    }
+    _mm256_storeu_pd(acc, a0);
+    _mm256_storeu_pd(acc + 4, a1);
+    return i;
+}
+
+/* The sign bits of x[0, 32 * words): value l of word j is bit l. */
+__attribute__((target("avx2"))) static void sign_bits_avx2(uint8_t *restrict bits,
+                                                          const float *restrict x, size_t words)
+{
+    for (size_t j = 0; j < words; j++) {
+        const float *p = x + 32 * j;
+        uint32_t v = (uint32_t)_mm256_movemask_ps(_mm256_loadu_ps(p)) |
+                     (uint32_t)_mm256_movemask_ps(_mm256_loadu_ps(p + 8)) << 8 |
+                     (uint32_t)_mm256_movemask_ps(_mm256_loadu_ps(p + 16)) << 16 |
+                     (uint32_t)_mm256_movemask_ps(_mm256_loadu_ps(p + 24)) << 24;
+        st32(bits + 4 * j, v);
+    }
+}
+
+/* out[i] += sw * q[i] for one block. */
+__attribute__((target("avx2"))) static size_t add_i8_avx2(float *restrict out,
+                                                         const uint8_t *restrict q, size_t n,
+                                                         float sw)
+{
+    size_t i = 0;
+    const __m256 wv = _mm256_set1_ps(sw);
+    for (; i + 8 <= n; i += 8) {
+        __m128i b = _mm_loadl_epi64((const __m128i *)(const void *)(q + i));
+        __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+        _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(out + i), _mm256_mul_ps(wv, f)));
+    }
+    return i;
+}
 #endif
 
 /* x[n] -> f16 or bf16 at body[2n]. */
@@ -679,7 +823,11 @@ static void encode_bf16(uint8_t *restrict body, const float *restrict x, size_t 
  */
 static void quantize_nearest(uint8_t *restrict q, const float *restrict x, size_t n, float inv)
 {
-    for (size_t i = 0; i < n; i++) {
+    size_t i = 0;
+#ifdef PSK_HAVE_F16C
+    if (avx2_ok()) i = quantize_nearest_avx2(q, x, n, inv);
+#endif
+    for (; i < n; i++) {
         float r = (x[i] * inv + 0x1.8p23f) - 0x1.8p23f;
         int32_t v = (int32_t)r;
         v = v > 127 ? 127 : v;
@@ -696,7 +844,11 @@ static void quantize_nearest(uint8_t *restrict q, const float *restrict x, size_
 static void quantize_stochastic(uint8_t *restrict q, const float *restrict x, size_t n,
                                 float inv, uint32_t key, uint32_t first)
 {
-    for (size_t i = 0; i < n; i++) {
+    size_t i = 0;
+#ifdef PSK_HAVE_F16C
+    if (avx2_ok()) i = quantize_stochastic_avx2(q, x, n, inv, key, first);
+#endif
+    for (; i < n; i++) {
         float u = (float)(hash32((first + (uint32_t)i) ^ key) >> 8) * 0x1.0p-24f;
         float v = x[i] * inv + u;
         int32_t f = (int32_t)(v + 128.0f) - 128;
@@ -718,7 +870,13 @@ static int encode_int8(uint8_t *restrict body, const float *restrict x, size_t n
     for (size_t b = 0; b < nb; b++) {
         size_t s = b * block;
         size_t len = n - s < block ? n - s : block;
-        uint32_t mk = absmax_key(x + s, len);
+        uint32_t mk;
+#ifdef PSK_HAVE_F16C
+        if (avx2_ok())
+            mk = absmax_key_avx2(x + s, len);
+        else
+#endif
+            mk = absmax_key(x + s, len);
         if (mk >= INF_BITS)
             return PS_EINVAL;
         float m = f32_from_bits(mk);
@@ -768,6 +926,9 @@ static int encode_sign(uint8_t *restrict body, const float *restrict x, size_t n
         const float *xb = x + s;
         double acc[8] = {0};
         size_t i = 0;
+#ifdef PSK_HAVE_F16C
+        if (avx2_ok()) i = abs_sums8_avx2(xb, len, acc);
+#endif
         for (; i + 8 <= len; i += 8)
             for (size_t l = 0; l < 8; l++)
                 acc[l] += fabs((double)xb[i + l]);
@@ -790,8 +951,14 @@ static int encode_sign(uint8_t *restrict body, const float *restrict x, size_t n
         1u << 16, 1u << 17, 1u << 18, 1u << 19, 1u << 20, 1u << 21, 1u << 22, 1u << 23,
         1u << 24, 1u << 25, 1u << 26, 1u << 27, 1u << 28, 1u << 29, 1u << 30, 1u << 31,
     };
-    size_t words = n / 32;
-    for (size_t j = 0; j < words; j++) {
+    size_t words = n / 32, j0 = 0;
+#ifdef PSK_HAVE_F16C
+    if (avx2_ok()) {
+        sign_bits_avx2(bits, x, words);
+        j0 = words;
+    }
+#endif
+    for (size_t j = j0; j < words; j++) {
         uint32_t v = 0;
         for (uint32_t l = 0; l < 32; l++)
             v |= (0u - (f32_bits(x[32 * j + l]) >> 31)) & bit[l];
@@ -972,7 +1139,11 @@ static void add_int8(float *restrict out, const uint8_t *restrict body, size_t n
         size_t s = b * block;
         size_t len = n - s < block ? n - s : block;
         float sw = w * ldf32(body + 4 * b);
-        for (size_t i = s; i < s + len; i++)
+        size_t i = s;
+#ifdef PSK_HAVE_F16C
+        if (avx2_ok()) i += add_i8_avx2(out + s, q + s, len, sw);
+#endif
+        for (; i < s + len; i++)
             out[i] += sw * (float)(int8_t)q[i];
     }
 }

@@ -449,6 +449,86 @@ START_TEST(test_bf16_round_trip)
 }
 END_TEST
 
+/* int8 (nearest and stochastic) over blocks of 256 (AVX2 where the CPU has it) equals, bit for
+ * bit, the same values over blocks of 7 (too short for the vector code: the scalar reference):
+ * every 7th value is +-M, the largest magnitude, so every block of either size has scale M/127,
+ * and stochastic rounding hashes the value's index in the chunk either way. Decoding-adds agree
+ * too. */
+START_TEST(test_int8_bulk_matches_scalar)
+{
+    const size_t n = 7 * 4099; /* blocks of 256 leave a tail */
+    float *x = xmalloc(n * sizeof(float));
+    uint32_t st = 99;
+    for (size_t i = 0; i < n; i++) {
+        st = st * 1664525u + 1013904223u;
+        x[i] = i % 7 == 0 ? (i % 14 ? 3.0f : -3.0f)
+                          : ((float)(st >> 8) * 0x1.0p-24f * 5.98f - 2.99f); /* |x| < 3 */
+    }
+    for (int stochastic = 0; stochastic < 2; stochastic++) {
+        psk_codec_t big = {.kind = PSK_CODEC_INT8, .block = 256, .stochastic = stochastic,
+                           .seed = 5},
+                    small = big;
+        small.block = 7;
+        payload_t pb = encode(&big, x, n), ps = encode(&small, x, n);
+        size_t nbb = (n + 255) / 256, nbs = n / 7;
+        for (size_t i = 0; i < n; i++)
+            ck_assert_msg(pb.p[PSK_CODEC_HEADER_BYTES + 4 * nbb + i] ==
+                              ps.p[PSK_CODEC_HEADER_BYTES + 4 * nbs + i],
+                          "stochastic %d value %zu (%a): %d in blocks of 256, %d in blocks of 7",
+                          stochastic, i, x[i], (int8_t)pb.p[PSK_CODEC_HEADER_BYTES + 4 * nbb + i],
+                          (int8_t)ps.p[PSK_CODEC_HEADER_BYTES + 4 * nbs + i]);
+        float *yb = xmalloc(n * sizeof(float)), *ys = xmalloc(n * sizeof(float));
+        for (size_t i = 0; i < n; i++) yb[i] = ys[i] = (float)(i % 5) - 2.0f;
+        ck_assert_int_eq(psk_codec_decode_add_cpu(yb, n, pb.p, pb.len, &big, -1.0f), 0);
+        ck_assert_int_eq(psk_codec_decode_add_cpu(ys, n, ps.p, ps.len, &small, -1.0f), 0);
+        for (size_t i = 0; i < n; i++)
+            ck_assert_msg(bits_of(yb[i]) == bits_of(ys[i]), "stochastic %d value %zu: %a, %a",
+                          stochastic, i, yb[i], ys[i]);
+        free(yb);
+        free(ys);
+        free(pb.p);
+        free(ps.p);
+    }
+    free(x);
+}
+END_TEST
+
+/* The sign payload (AVX2 where the CPU has it) equals, byte for byte, its definition computed
+ * here: per block the mean |x| summed in double over 8 lanes (lane l takes values l, l + 8, ...
+ * in order; the lanes added pairwise), then value i's sign as bit i % 8 of byte i / 8. Blocks
+ * of 256 and of 13, a chunk length past the last 32. */
+START_TEST(test_sign_matches_definition)
+{
+    const size_t n = 4099;
+    float *x = xmalloc(n * sizeof(float));
+    fill_log_uniform(x, n, 9, 1e-6, 1e3);
+    for (size_t i = 0; i < n; i += 3) x[i] = -x[i];
+    static const uint32_t blocks[] = {256, 13};
+    for (int bi = 0; bi < 2; bi++) {
+        psk_codec_t c = {.kind = PSK_CODEC_SIGN, .block = blocks[bi]};
+        payload_t p = encode(&c, x, n);
+        size_t nb = (n + c.block - 1) / c.block;
+        const uint8_t *body = p.p + PSK_CODEC_HEADER_BYTES;
+        for (size_t b = 0; b < nb; b++) {
+            size_t s0 = b * c.block, len = n - s0 < c.block ? n - s0 : c.block;
+            double acc[8] = {0};
+            for (size_t i = 0; i < len; i++) acc[i % 8] += fabs((double)x[s0 + i]);
+            double sum =
+                ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+            float want = (float)(sum / (double)len), got;
+            memcpy(&got, body + 4 * b, 4);
+            ck_assert_msg(bits_of(got) == bits_of(want), "block %u: scale %a, want %a",
+                          blocks[bi], got, want);
+        }
+        for (size_t i = 0; i < n; i++)
+            ck_assert_msg(((body[4 * nb + i / 8] >> (i % 8)) & 1) == (bits_of(x[i]) >> 31),
+                          "block %u value %zu: wrong sign bit", blocks[bi], i);
+        free(p.p);
+    }
+    free(x);
+}
+END_TEST
+
 /* absmax of x[s, s + len). */
 static float absmax(const float *x, size_t s, size_t len)
 {
@@ -1078,6 +1158,8 @@ Suite *ps_test_suite(void)
     tcase_add_test(tc, test_bf16_round_trip);
     tcase_add_test(tc, test_bf16_ef_matches_definition);
     tcase_add_test(tc, test_bf16_bulk_matches_scalar);
+    tcase_add_test(tc, test_int8_bulk_matches_scalar);
+    tcase_add_test(tc, test_sign_matches_definition);
     tcase_add_loop_test(tc, test_int8_round_trip, 0, 4);
     tcase_add_test(tc, test_int8_stochastic);
     tcase_add_loop_test(tc, test_sign_round_trip, 0, 4);
