@@ -91,10 +91,10 @@ static void fail(struct psd_ckpt_s *ck, int rc, const char *fmt, ...)
 /* ---- the copy (pool thread) ------------------------------------------------------------ */
 
 /* A failed copy leaves nothing behind: the files it writes in @p dir (DIR/shard-K; meta.json
- * too: its write can fail after the rename, at the directory's fsync), then the
- * directory, then DIR if no other shard's copy is in it (rmdir refuses a non-empty one), so a
- * failing periodic checkpoint (a full disk, a corrupt chunk) does not leave a partial copy of
- * the whole state each time. Anything else in them stays. */
+ * too: its write can fail after the rename, at the directory's fsync), then the directory, so
+ * a failing periodic checkpoint (a full disk, a corrupt chunk) does not leave a partial copy of
+ * the whole state each time. Anything else in it stays. DIR itself is psctl's to remove once
+ * every shard has answered: removed here it could vanish under another shard's mkdir. */
 static void remove_partial(const char *dir)
 {
     static const char *const files[] = {"data.mdb", "lock.mdb", PSD_CKPT_META ".tmp",
@@ -104,13 +104,7 @@ static void remove_partial(const char *dir)
         snprintf(path, sizeof path, "%s/%s", dir, files[i]);
         unlink(path);
     }
-    if (rmdir(dir) != 0) return;
-    snprintf(path, sizeof path, "%s", dir);
-    char *slash = strrchr(path, '/');
-    if (slash && slash != path) {
-        *slash = '\0';
-        rmdir(path);
-    }
+    rmdir(dir);
 }
 
 typedef struct {
