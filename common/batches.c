@@ -57,6 +57,13 @@ void ps_cursor_applied(ps_cursor_t *c, const ps_batch_t *b)
     c->applied_total += b->count;
 }
 
+void ps_cursor_unapplied(ps_cursor_t *c, const ps_batch_t *b)
+{
+    uint64_t *p = &c->applied[b->pass % PS_PASS_RING];
+    *p = *p >= b->count ? *p - b->count : 0;
+    c->applied_total = c->applied_total >= b->count ? c->applied_total - b->count : 0;
+}
+
 uint64_t ps_cursor_pass_applied(const ps_cursor_t *c, uint64_t pass)
 {
     if (pass > c->pass || c->pass - pass >= PS_PASS_RING) return 0;

@@ -61,6 +61,10 @@ int ps_batch_tag(ps_batch_t *b, uint64_t tag);
 /** @brief Count @p b as applied (its gradient is in a committed step). */
 void ps_cursor_applied(ps_cursor_t *c, const ps_batch_t *b);
 
+/** @brief Take back ps_cursor_applied(@p b): it was counted before its step was known to be
+ *  applied everywhere, and it is handed out again. */
+void ps_cursor_unapplied(ps_cursor_t *c, const ps_batch_t *b);
+
 /** @brief Samples of pass @p pass applied so far (0 for passes out of the ring). */
 uint64_t ps_cursor_pass_applied(const ps_cursor_t *c, uint64_t pass);
 

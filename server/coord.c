@@ -177,6 +177,15 @@ struct psd_coord_s {
     coord_save_t save;         /* coord_save's slot work */
     bool save_busy, save_again;
     bool creating;             /* psd_coord_create saves once at its end, itself */
+    /* bsp, after a restart of this shard that closed the saved open step because its apply
+     * had committed here (psd_coord_create): that step, rc_step, may still be unapplied on
+     * other shards. rc_pending: its members whose batch no report has shown applied
+     * everywhere yet (a report of rc_step from the member, or of a later step from anyone,
+     * clears them); rc_view: its members still counted as such; rc_batch: their batches. A
+     * member removed while pending: restore_closed_lost. Not saved: a second restart before
+     * the reports falls back to the old limit (DESIGN-NOTES, Persistence). */
+    uint64_t rc_step, rc_pending, rc_view;
+    ps_batch_t rc_batch[PS_MAX_RANKS];
 };
 
 static bool is_bsp(const psd_server_t *srv) { return srv->m.job.consistency == PS_CONSIST_BSP; }
@@ -286,6 +295,49 @@ static void broadcast_epoch(psd_server_t *srv)
                   .members = co->s.step_members, .shard = 0};
     for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
         if ((co->s.active >> r & 1) && co->rt[r].conn) psd_send_msg(srv, co->rt[r].conn, &e);
+}
+
+/* A new epoch for @p members from @p step (not necessarily the open one): learnt here and told to
+ * every member, whose libps forwards it to the other shards. */
+static void issue_view(psd_server_t *srv, uint64_t step, uint64_t members)
+{
+    psd_coord_t *co = srv->coord;
+    co->s.epoch++;
+    PS_LOG(PS_LOG_INFO, "coord", "epoch %llu: step %llu has %u members (%#llx)",
+           (unsigned long long)co->s.epoch, (unsigned long long)step, popcount(members),
+           (unsigned long long)members);
+    coord_save(srv);
+    psd_shard_learn_view(srv, co->s.epoch, step, members);
+    ps_msg_t e = {.type = PS_MSG_EPOCH, .epoch = co->s.epoch, .step = step, .members = members,
+                  .shard = 0};
+    for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
+        if ((co->s.active >> r & 1) && co->rt[r].conn) psd_send_msg(srv, co->rt[r].conn, &e);
+}
+
+/* Rank @p r (removed: no longer active) was a member of rc_step, which this shard's restart
+ * closed, and no report showed its batch of that step applied everywhere: another shard may
+ * wait for its push of that step for good. That step goes on without it there (a view of it
+ * without r; a shard past it ignores it), and its batch, counted at the restart, is uncounted
+ * and handed to another worker tagged with (rc_step, r): a chunk that applied the step with
+ * r's push does not apply it again (replayed_here), one that applied it without does. The
+ * caller issues the open step's view after this one, so that it stays the newest for the
+ * steps from the open one on. */
+static void restore_closed_lost(psd_server_t *srv, uint32_t r)
+{
+    psd_coord_t *co = srv->coord;
+    co->rc_pending &= ~(1ull << r);
+    co->rc_view &= ~(1ull << r);
+    ps_batch_t b = co->rc_batch[r];
+    ps_cursor_unapplied(&co->s.cur, &b);
+    ps_batch_tag(&b, PS_REPLAY_TAG(co->rc_step, r));
+    if (ps_cursor_give_back(&co->s.cur, &b))
+        PS_LOG(PS_LOG_ERROR, "coord", "re-hand queue full: batch of pass %llu at %llu lost",
+               (unsigned long long)b.pass, (unsigned long long)b.offset);
+    PS_LOG(PS_LOG_WARN, "coord", "rank %u left before every shard had applied its batch of "
+           "step %llu, which this shard closed when it started again: the step goes on without "
+           "it where it waits, and its batch goes to another worker", r,
+           (unsigned long long)co->rc_step);
+    issue_view(srv, co->rc_step, co->rc_view);
 }
 
 /* ---- bsp steps ------------------------------------------------------------------ */
@@ -588,6 +640,10 @@ static int batch_done(psd_server_t *srv, uint32_t r, const ps_msg_t *msg, char *
                  (unsigned long long)msg->step, (unsigned long long)co->s.step);
         return PS_EPROTO;
     }
+    if (is_bsp(srv) && co->rc_pending && msg->step >= co->rc_step) {
+        /* rc_step is applied everywhere with r's push; a later step with everyone's */
+        co->rc_pending &= msg->step > co->rc_step ? 0 : ~(1ull << r);
+    }
     if (is_bsp(srv)) {
         /* Its pushes of that step were acknowledged by every shard: the step is applied
          * everywhere. (After a restart of this shard a report may be one step ahead.) */
@@ -656,6 +712,8 @@ static void member_remove(psd_server_t *srv, uint32_t r, const char *why)
     co->rt[r].conn = NULL;
     co->rt[r].lost_ms = 0;
     if (co->grant_stop > 0) co->grant_stop--;
+    bool rc_lost = is_bsp(srv) && (co->rc_pending >> r & 1);
+    if (rc_lost) restore_closed_lost(srv, r);
     bool given_back = false;
     if (m->has_batch) {
         /* Not applied (bsp: its step is still open): someone else takes it. Under bsp some of
@@ -681,6 +739,8 @@ static void member_remove(psd_server_t *srv, uint32_t r, const char *why)
         set_members(srv, co->s.step_members & ~(1ull << r));
         broadcast_epoch(srv);
         maybe_restart_step(srv);
+    } else if (rc_lost) { /* the open step's view, newer than rc_step's */
+        issue_view(srv, co->s.step, co->s.step_members);
     }
     async_maybe_finished(srv); /* the others may all have done their steps */
     serve_parked(srv);
@@ -953,9 +1013,23 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len)
             psd_shard_learn_view(srv, co->s.epoch, co->s.step, co->s.step_members);
             /* The state was saved when the step's apply began (or later); if that apply
              * committed here, every member had pushed the step: it counts, and the next step
-             * is open. (Known limit: another shard that had not applied it yet waits for good
-             * for a member of it that does not come back: the removal names the next step.) */
+             * is open. Another shard may not have applied it yet: rc_step below. */
             uint64_t applied = psd_shard_step(srv);
+            /* A step of this run (not of the checkpoint a restore started it from: every shard
+             * has those) may wait elsewhere for a member that does not come back: remember
+             * whose batches it had (restore_closed_lost). */
+            if (applied == co->s.step + 1 && co->s.step >= srv->run.base_step && !co->s.finished) {
+                co->rc_step = co->s.step;
+                co->rc_view = co->s.step_members;
+                for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
+                    const saved_member_t *m = &co->s.m[r];
+                    if ((co->s.step_members >> r & 1) && m->has_batch &&
+                        m->batch_step == co->s.step) {
+                        co->rc_batch[r] = m->batch;
+                        co->rc_pending |= 1ull << r;
+                    }
+                }
+            }
             while (co->s.step < applied && !co->s.finished) close_step(srv);
             /* The members it had get the open step's batches, as its close would have given
              * them (they are expected back, or handed on when they are removed). */

@@ -273,6 +273,34 @@ START_TEST(test_kill9_mid_step_shard_restarted)
 }
 END_TEST
 
+/* Shard 0 (the coordinator) killed right after it committed step 5 with both workers' pushes of
+ * "replay.a" (PS_TEST_CRASH_AFTER_APPLY: its 6th apply), before its acknowledgements, and
+ * started again; then the worker of rank 1 dies before pushing "replay.b" of step 5. The restart
+ * closed step 5 (its apply had committed there) while shard 1 still waits for rank 1's push of
+ * it. Shard 0 remembers that step's members and batches until reports show it applied
+ * everywhere: rank 1's removal gives shard 1 a view of step 5 without it, and its batch goes to
+ * the survivor tagged (step 5, rank 1), so "replay.a" keeps it once and "replay.b" gets it once.
+ * Before, shard 1 waited for good (the removal named step 6 only) and the survivor hung. */
+START_TEST(test_kill9_mid_step_coordinator_restarted)
+{
+    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .optimizer = "{name: sgd, lr: 1}"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    setenv("PS_TEST_CRASH_AFTER_APPLY", "6", 1);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), NULL};
+    unsetenv("PS_TEST_CRASH_AFTER_APPLY");
+    psd[1] = cl_psd_start(c, 1, NULL, READY_S);
+    cl_proc_t *w[2];
+    replay_start(c, "ab", w);
+    ck_assert_int_eq(cl_wait(psd[0], RUN_S), 128 + SIGKILL);
+    EXPECT_LOG(psd[0], "PS_TEST_CRASH_AFTER_APPLY");
+    psd[0] = cl_psd_start(c, 0, NULL, READY_S);
+    replay_expect(w);
+    EXPECT_LOG(psd[0], "left before every shard had applied its batch of step 5");
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* ---- SIGSTOP -------------------------------------------------------------------------- */
 
 /* A stopped worker is dropped after the heartbeat timeout and the other carries on alone; on
@@ -798,6 +826,8 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("kill9_mid_step_applied_once", test_kill9_mid_step_applied_once));
     suite_add_tcase(s, tcase("kill9_mid_step_shard_restarted",
                              test_kill9_mid_step_shard_restarted));
+    suite_add_tcase(s, tcase("kill9_mid_step_coordinator_restarted",
+                             test_kill9_mid_step_coordinator_restarted));
     suite_add_tcase(s, tcase("sigstop_rejoins", test_sigstop_rejoins));
     suite_add_tcase(s, tcase("all_leave_then_one_joins", test_all_leave_then_one_joins));
     suite_add_tcase(s, tcase("confused_member_refused", test_confused_member_refused));
