@@ -179,11 +179,10 @@ struct psd_coord_s {
     bool creating;             /* psd_coord_create saves once at its end, itself */
     /* bsp, after a restart of this shard that closed the saved open step because its apply
      * had committed here (psd_coord_create): that step, rc_step, may still be unapplied on
-     * other shards. rc_pending: its members whose batch no report has shown applied
-     * everywhere yet (a report of rc_step from the member, or of a later step from anyone,
-     * clears them); rc_view: its members still counted as such; rc_batch: their batches. A
-     * member removed while pending: restore_closed_lost. Not saved: a second restart before
-     * the reports falls back to the old limit (DESIGN-NOTES, Persistence). */
+     * other shards. rc_pending: its members with a batch, until any report of rc_step or a
+     * later step shows it applied everywhere; rc_view: its members still counted as such;
+     * rc_batch: their batches. A member removed while pending: restore_closed_lost. Not
+     * saved (DESIGN-NOTES, Persistence, for what a second restart meanwhile leaves). */
     uint64_t rc_step, rc_pending, rc_view;
     ps_batch_t rc_batch[PS_MAX_RANKS];
 };
@@ -297,9 +296,9 @@ static void broadcast_epoch(psd_server_t *srv)
         if ((co->s.active >> r & 1) && co->rt[r].conn) psd_send_msg(srv, co->rt[r].conn, &e);
 }
 
-/* A new epoch for @p members from @p step (not necessarily the open one): learnt here and told to
- * every member, whose libps forwards it to the other shards. */
-static void issue_view(psd_server_t *srv, uint64_t step, uint64_t members)
+/* A new epoch for @p members from @p step (not necessarily the open one): told to every member,
+ * whose libps forwards it to the other shards, and learnt here with @p learn_here. */
+static void issue_view(psd_server_t *srv, uint64_t step, uint64_t members, bool learn_here)
 {
     psd_coord_t *co = srv->coord;
     co->s.epoch++;
@@ -307,7 +306,7 @@ static void issue_view(psd_server_t *srv, uint64_t step, uint64_t members)
            (unsigned long long)co->s.epoch, (unsigned long long)step, popcount(members),
            (unsigned long long)members);
     coord_save(srv);
-    psd_shard_learn_view(srv, co->s.epoch, step, members);
+    if (learn_here) psd_shard_learn_view(srv, co->s.epoch, step, members);
     ps_msg_t e = {.type = PS_MSG_EPOCH, .epoch = co->s.epoch, .step = step, .members = members,
                   .shard = 0};
     for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
@@ -329,15 +328,26 @@ static void restore_closed_lost(psd_server_t *srv, uint32_t r)
     co->rc_view &= ~(1ull << r);
     ps_batch_t b = co->rc_batch[r];
     ps_cursor_unapplied(&co->s.cur, &b);
-    ps_batch_tag(&b, PS_REPLAY_TAG(co->rc_step, r));
+    if (ps_batch_tag(&b, PS_REPLAY_TAG(co->rc_step, r)))
+        PS_LOG(PS_LOG_WARN, "coord", "batch of pass %llu at %llu left mid-step %d times: its "
+               "oldest replay tag dropped", (unsigned long long)b.pass,
+               (unsigned long long)b.offset, PS_REPLAY_MAX + 1);
     if (ps_cursor_give_back(&co->s.cur, &b))
         PS_LOG(PS_LOG_ERROR, "coord", "re-hand queue full: batch of pass %llu at %llu lost",
                (unsigned long long)b.pass, (unsigned long long)b.offset);
-    PS_LOG(PS_LOG_WARN, "coord", "rank %u left before every shard had applied its batch of "
-           "step %llu, which this shard closed when it started again: the step goes on without "
+    PS_LOG(PS_LOG_WARN, "coord", "rank %u left before any report showed step %llu applied "
+           "everywhere (this shard closed it when it started again): the step goes on without "
            "it where it waits, and its batch goes to another worker", r,
            (unsigned long long)co->rc_step);
-    issue_view(srv, co->rc_step, co->rc_view);
+    /* Not learnt here: every chunk of this shard is past that step, and for the open one
+     * this view would be the newest until the caller's. */
+    issue_view(srv, co->rc_step, co->rc_view, false);
+    /* The restart's close may have ended the job (no batch left): this one is left now. */
+    uint64_t max = srv->m.job.max_steps;
+    if (co->s.finished && !(max && co->s.step >= max)) {
+        co->s.finished = 0;
+        PS_LOG(PS_LOG_INFO, "coord", "the job goes on for that batch");
+    }
 }
 
 /* ---- bsp steps ------------------------------------------------------------------ */
@@ -640,9 +650,10 @@ static int batch_done(psd_server_t *srv, uint32_t r, const ps_msg_t *msg, char *
                  (unsigned long long)msg->step, (unsigned long long)co->s.step);
         return PS_EPROTO;
     }
-    if (is_bsp(srv) && co->rc_pending && msg->step >= co->rc_step) {
-        /* rc_step is applied everywhere with r's push; a later step with everyone's */
-        co->rc_pending &= msg->step > co->rc_step ? 0 : ~(1ull << r);
+    if (is_bsp(srv) && msg->step >= co->rc_step) {
+        /* Every shard acknowledged r's pushes of rc_step (or a later step): they ack a push at
+         * its step's apply, so rc_step is applied on every chunk, with whoever it had. */
+        co->rc_pending = 0;
     }
     if (is_bsp(srv)) {
         /* Its pushes of that step were acknowledged by every shard: the step is applied
@@ -740,7 +751,8 @@ static void member_remove(psd_server_t *srv, uint32_t r, const char *why)
         broadcast_epoch(srv);
         maybe_restart_step(srv);
     } else if (rc_lost) { /* the open step's view, newer than rc_step's */
-        issue_view(srv, co->s.step, co->s.step_members);
+        issue_view(srv, co->s.step, co->s.step_members, true);
+        maybe_restart_step(srv); /* a job the restart had ended: its batch */
     }
     async_maybe_finished(srv); /* the others may all have done their steps */
     serve_parked(srv);
