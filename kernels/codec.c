@@ -1268,26 +1268,23 @@ int psk_codec_encode_ef_cpu(uint8_t *out, size_t cap, size_t *len, const float *
         return rc;
     /* residual[n] = x = g + residual; encode x; residual = x - decode(x). */
 #ifdef PSK_HAVE_F16C
-    if (c->kind == PSK_CODEC_FP16 && f16c_ok()) {
-        /* One pass where F16C runs it; a group with a NaN or infinity, and the tail, take the
-         * three passes below (the same arithmetic). */
+    /* fp16 (F16C) and bf16 (AVX2) in one fused pass; a group with a NaN (fp16: or infinity),
+     * and the tail, take the three passes below it (the same arithmetic). */
+    size_t (*pass)(uint8_t *restrict, const float *restrict, float *restrict, size_t) = NULL;
+    void (*enc)(uint8_t *restrict, const float *restrict, size_t) = NULL;
+    void (*add)(float *restrict, const uint8_t *restrict, size_t, float) = NULL;
+    if (c->kind == PSK_CODEC_FP16 && f16c_ok())
+        pass = ef_fp16_f16c, enc = encode_fp16, add = add_f16;
+    else if (c->kind == PSK_CODEC_BF16 && avx2_ok())
+        pass = ef_bf16_avx2, enc = encode_bf16, add = add_bf16;
+    if (pass) {
         header_make(out, c, n);
-        size_t i = ef_fp16_f16c(out + PSK_CODEC_HEADER_BYTES, g, residual, n);
+        uint8_t *body = out + PSK_CODEC_HEADER_BYTES;
+        size_t i = pass(body, g, residual, n);
         if (i < n) {
             add_into(residual + i, g + i, n - i);
-            encode_fp16(out + PSK_CODEC_HEADER_BYTES + 2 * i, residual + i, n - i);
-            add_f16(residual + i, out + PSK_CODEC_HEADER_BYTES + 2 * i, n - i, -1.0f);
-        }
-        *len = payload_bytes(c, n);
-        return 0;
-    }
-    if (c->kind == PSK_CODEC_BF16 && avx2_ok()) { /* the same, with bf16 */
-        header_make(out, c, n);
-        size_t i = ef_bf16_avx2(out + PSK_CODEC_HEADER_BYTES, g, residual, n);
-        if (i < n) {
-            add_into(residual + i, g + i, n - i);
-            encode_bf16(out + PSK_CODEC_HEADER_BYTES + 2 * i, residual + i, n - i);
-            add_bf16(residual + i, out + PSK_CODEC_HEADER_BYTES + 2 * i, n - i, -1.0f);
+            enc(body + 2 * i, residual + i, n - i);
+            add(residual + i, body + 2 * i, n - i, -1.0f);
         }
         *len = payload_bytes(c, n);
         return 0;
