@@ -9,8 +9,7 @@
 
 #include "durable.h"
 
-/* fsync the directory @p dir. 0 or -errno. */
-static int sync_dir(const char *dir)
+int ps_fsync_dir(const char *dir)
 {
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) return -errno;
@@ -35,12 +34,12 @@ int ps_mkdir_durable(const char *dir)
             char *slash = strrchr(tmp, '/');
             int rc;
             if (slash == NULL) {
-                rc = sync_dir(".");
+                rc = ps_fsync_dir(".");
             } else if (slash == tmp) {
-                rc = sync_dir("/");
+                rc = ps_fsync_dir("/");
             } else {
                 *slash = '\0';
-                rc = sync_dir(tmp);
+                rc = ps_fsync_dir(tmp);
                 *slash = '/';
             }
             if (rc) return rc;
@@ -70,5 +69,5 @@ int ps_rename_durable(const char *tmp, const char *path)
         snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
     else
         return -ENAMETOOLONG;
-    return sync_dir(dir);
+    return ps_fsync_dir(dir);
 }

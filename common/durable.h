@@ -13,6 +13,10 @@
  */
 int ps_rename_durable(const char *tmp, const char *path);
 
+/** @brief fsync directory @p dir (its entries: a rename, an unlink, a new file in it).
+ *  @return 0 or -errno. */
+int ps_fsync_dir(const char *dir);
+
 /**
  * @brief mkdir -p @p dir (mode 0700), fsyncing the parent of every directory it creates, so
  *  that a new path (a checkpoint's directories, a data_dir) survives a power loss along with

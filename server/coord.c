@@ -286,14 +286,22 @@ static void reply_batch(psd_server_t *srv, uint32_t r)
     psd_send_msg(srv, rt->conn, &a);
 }
 
-/* Tell every member the open step's members changed; libps forwards it to the other shards. */
+/* Tell every member view (@p epoch, @p step, @p members); libps forwards it to the other
+ * shards. */
+static void send_view(psd_server_t *srv, uint64_t epoch, uint64_t step, uint64_t members)
+{
+    psd_coord_t *co = srv->coord;
+    ps_msg_t e = {.type = PS_MSG_EPOCH, .epoch = epoch, .step = step, .members = members,
+                  .shard = 0};
+    for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
+        if ((co->s.active >> r & 1) && co->rt[r].conn) psd_send_msg(srv, co->rt[r].conn, &e);
+}
+
+/* Tell every member the open step's members changed. */
 static void broadcast_epoch(psd_server_t *srv)
 {
     psd_coord_t *co = srv->coord;
-    ps_msg_t e = {.type = PS_MSG_EPOCH, .epoch = co->s.epoch, .step = co->s.step,
-                  .members = co->s.step_members, .shard = 0};
-    for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
-        if ((co->s.active >> r & 1) && co->rt[r].conn) psd_send_msg(srv, co->rt[r].conn, &e);
+    send_view(srv, co->s.epoch, co->s.step, co->s.step_members);
 }
 
 /* A new epoch for @p members from @p step (not necessarily the open one): told to every member,
@@ -307,10 +315,7 @@ static void issue_view(psd_server_t *srv, uint64_t step, uint64_t members, bool 
            (unsigned long long)members);
     coord_save(srv);
     if (learn_here) psd_shard_learn_view(srv, co->s.epoch, step, members);
-    ps_msg_t e = {.type = PS_MSG_EPOCH, .epoch = co->s.epoch, .step = step, .members = members,
-                  .shard = 0};
-    for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
-        if ((co->s.active >> r & 1) && co->rt[r].conn) psd_send_msg(srv, co->rt[r].conn, &e);
+    send_view(srv, co->s.epoch, step, members);
 }
 
 /* Rank @p r (removed: no longer active) was a member of rc_step, which this shard's restart

@@ -8,7 +8,6 @@
  * first. Runs on the loop thread before the loop starts. */
 #include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -145,13 +144,8 @@ void psd_restore_unmark(const char *data_dir)
 {
     char path[1200];
     snprintf(path, sizeof path, "%s/%s", data_dir, PSD_RESTORE_MARK);
-    if (unlink(path) == 0) {
-        int fd = open(data_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (fd >= 0) {
-            fsync(fd); /* a start after a crash must not find the mark of a finished restore */
-            close(fd);
-        }
-    }
+    if (unlink(path) == 0)
+        ps_fsync_dir(data_dir); /* a start after a crash must not find a finished restore's mark */
 }
 
 void psd_restore_undo(const char *data_dir)

@@ -409,6 +409,20 @@ cl_proc_t *cl_psd_start(cl_cluster_t *c, int shard, const char *manifest, double
     return p;
 }
 
+cl_proc_t *cl_psd_start_env(cl_cluster_t *c, int shard, double timeout_s, const char *name,
+                            const char *value)
+{
+    if (value) setenv(name, value, 1);
+    cl_proc_t *p = cl_psd_spawn(c, shard, NULL);
+    if (value) unsetenv(name); /* the spawned psd has its copy */
+    if (cl_psd_wait_ready(p, timeout_s) != 0) {
+        int st = cl_wait(p, 2);
+        ck_abort_msg("%s did not become ready (exit status %d, -1 = still running); its log: %s",
+                     p->name, st, cl_tail(p));
+    }
+    return p;
+}
+
 cl_proc_t *cl_worker_start(cl_cluster_t *c, const char *manifest, const char *params, bool local)
 {
     return cl_worker_spawn(c, manifest, params, local, NULL);

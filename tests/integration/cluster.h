@@ -129,6 +129,12 @@ int cl_psd_wait_ready(cl_proc_t *p, double timeout_s);
  *  shard becomes ready within @p timeout_s. */
 cl_proc_t *cl_psd_start(cl_cluster_t *c, int shard, const char *manifest, double timeout_s);
 
+/** @brief cl_psd_start() with the cluster's manifest and environment variable @p name set to
+ *  @p value for that psd alone (a test hook such as PS_TEST_CRASH_AFTER_APPLY); @p value NULL:
+ *  nothing set. */
+cl_proc_t *cl_psd_start_env(cl_cluster_t *c, int shard, double timeout_s, const char *name,
+                            const char *value);
+
 /**
  * @brief Start `psworker --manifest M [--params-out dir/PARAMS] [--local]`, stdout and stderr
  *  to dir/workerK.log. Does not wait.

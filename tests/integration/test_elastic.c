@@ -258,10 +258,8 @@ START_TEST(test_kill9_mid_step_shard_restarted)
 {
     cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .optimizer = "{name: sgd, lr: 1}"};
     cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), NULL};
-    setenv("PS_TEST_CRASH_AFTER_APPLY", "6", 1);
-    psd[1] = cl_psd_start(c, 1, NULL, READY_S);
-    unsetenv("PS_TEST_CRASH_AFTER_APPLY");
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S),
+                         cl_psd_start_env(c, 1, READY_S, "PS_TEST_CRASH_AFTER_APPLY", "6")};
     cl_proc_t *w[2];
     replay_start(c, "ba", w);
     ck_assert_int_eq(cl_wait(psd[1], RUN_S), 128 + SIGKILL);
@@ -285,10 +283,8 @@ START_TEST(test_kill9_mid_step_coordinator_restarted)
 {
     cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .optimizer = "{name: sgd, lr: 1}"};
     cl_cluster_t *c = cl_cluster_create(&k);
-    setenv("PS_TEST_CRASH_AFTER_APPLY", "6", 1);
-    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), NULL};
-    unsetenv("PS_TEST_CRASH_AFTER_APPLY");
-    psd[1] = cl_psd_start(c, 1, NULL, READY_S);
+    cl_proc_t *psd[2] = {cl_psd_start_env(c, 0, READY_S, "PS_TEST_CRASH_AFTER_APPLY", "6"),
+                         cl_psd_start(c, 1, NULL, READY_S)};
     cl_proc_t *w[2];
     replay_start(c, "ab", w);
     ck_assert_int_eq(cl_wait(psd[0], RUN_S), 128 + SIGKILL);

@@ -71,13 +71,10 @@ static void psd_crash(int victim, bool new_file, int drop_hellos)
                  c->data_dir[victim], c->data_dir[victim], c->data_dir[victim]);
         ck_assert_int_eq(system(cmd), 0);
     }
-    if (drop_hellos) {
-        char n[16];
-        snprintf(n, sizeof n, "%d", drop_hellos);
-        setenv("PS_TEST_DROP_HELLO", n, 1);
-    }
-    psd[victim] = cl_psd_start(c, victim, NULL, READY_S);
-    unsetenv("PS_TEST_DROP_HELLO");
+    char n[16];
+    snprintf(n, sizeof n, "%d", drop_hellos);
+    psd[victim] = cl_psd_start_env(c, victim, READY_S, "PS_TEST_DROP_HELLO",
+                                   drop_hellos ? n : NULL);
     EXPECT_EXIT(w[0], 0);
     EXPECT_EXIT(w[1], 0);
     EXPECT_LOG(w[0], "reconnecting");
@@ -249,9 +246,7 @@ START_TEST(test_join_hello_unanswered)
 {
     cl_conf_t k = {.shards = 1, .workers = 1, .max_steps = 20};
     cl_cluster_t *c = cl_cluster_create(&k);
-    setenv("PS_TEST_DROP_HELLO", "1", 1);
-    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
-    unsetenv("PS_TEST_DROP_HELLO");
+    cl_proc_t *psd = cl_psd_start_env(c, 0, READY_S, "PS_TEST_DROP_HELLO", "1");
     cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
     EXPECT_EXIT(w, 0);
     ck_assert_int_eq(count_in_log(psd, "dropped unanswered"), 1);
@@ -271,9 +266,8 @@ START_TEST(test_lost_ack_asp_applied_once)
     cl_conf_t k = {.shards = 2, .workers = 1, .consistency = "asp",
                    .optimizer = "{name: sgd, lr: 1.0}"};
     cl_cluster_t *c = cl_cluster_create(&k);
-    setenv("PS_TEST_LOSE_ACK", "4", 1);
-    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
-    unsetenv("PS_TEST_LOSE_ACK");
+    cl_proc_t *psd[2] = {cl_psd_start_env(c, 0, READY_S, "PS_TEST_LOSE_ACK", "4"),
+                         cl_psd_start_env(c, 1, READY_S, "PS_TEST_LOSE_ACK", "4")};
     char numel[] = "40000", pushes[] = "12"; /* 160000 bytes: 3 chunks of 64 KiB at most */
     char *argv[] = {(char *)cl_binary("ASP_CLIENT"), c->manifest, numel, pushes, NULL};
     cl_proc_t *a = cl_spawn(c, "asp", argv);
@@ -332,9 +326,7 @@ START_TEST(test_psd_crash_asp_applied_once)
     cl_conf_t k = {.shards = 1, .workers = 1, .consistency = "asp",
                    .optimizer = "{name: sgd, lr: 1.0}"};
     cl_cluster_t *c = cl_cluster_create(&k);
-    setenv("PS_TEST_CRASH_AFTER_APPLY", "4", 1);
-    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
-    unsetenv("PS_TEST_CRASH_AFTER_APPLY");
+    cl_proc_t *psd = cl_psd_start_env(c, 0, READY_S, "PS_TEST_CRASH_AFTER_APPLY", "4");
     char numel[] = "40000", pushes[] = "12";
     char *argv[] = {(char *)cl_binary("ASP_CLIENT"), c->manifest, numel, pushes, NULL};
     cl_proc_t *a = cl_spawn(c, "asp", argv);

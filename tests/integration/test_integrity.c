@@ -515,9 +515,7 @@ START_TEST(test_export_snapshot_left_open)
 {
     cl_conf_t k = {.shards = 1, .workers = 1, .max_steps = 20};
     cl_cluster_t *c = cl_cluster_create(&k);
-    setenv("PS_EXPORT_IDLE_MS", "500", 1);
-    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
-    unsetenv("PS_EXPORT_IDLE_MS");
+    cl_proc_t *psd = cl_psd_start_env(c, 0, READY_S, "PS_EXPORT_IDLE_MS", "500");
     cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
     EXPECT_EXIT(w, 0);
     ps_manifest_t m;
