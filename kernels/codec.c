@@ -393,11 +393,57 @@ static uint32_t find_bin(const uint32_t *hist, uint32_t nbins, size_t *need)
 }
 
 /*
- * idx_out: [k] u32 payload indices; x: [n]; scratch: [4 * TOPK_BINS + n + 1] u32.
- * 1 <= k <= n.
+ * Levels 2 and 3 and the output, once level 1 chose bin b1: idx_out[0, ns) holds the indices
+ * of the keys above bin b1 (ascending), cand[0, nc) those in it (ascending), of which `need`
+ * (>= 1) are still to take. hist: [TOPK_BINS] u32.
  */
-static void topk_select(uint8_t *restrict idx_out, const float *restrict x, size_t n, size_t k,
-                        uint32_t *restrict scratch)
+static void topk_finish(uint8_t *restrict idx_out, size_t ns, const float *restrict x,
+                        uint32_t *restrict cand, size_t nc, size_t need, uint32_t b1,
+                        uint32_t *restrict hist)
+{
+    memset(hist, 0, TOPK_BINS * sizeof *hist);
+    for (size_t j = 0; j < nc; j++)
+        hist[(mag_key(x[cand[j]]) >> 9) & 0x7ffu]++;
+    uint32_t b2 = find_bin(hist, TOPK_BINS, &need);
+
+    memset(hist, 0, 512 * sizeof *hist);
+    for (size_t j = 0; j < nc; j++) {
+        uint32_t key = mag_key(x[cand[j]]);
+        if (((key >> 9) & 0x7ffu) == b2)
+            hist[key & 0x1ffu]++;
+    }
+    uint32_t b3 = find_bin(hist, 512, &need);
+    uint32_t t = (b1 << 20) | (b2 << 9) | b3;
+
+    /* Keep the candidates above t and the first `need` equal to t, in index order. */
+    size_t m = 0;
+    for (size_t j = 0; j < nc; j++) {
+        uint32_t key = mag_key(x[cand[j]]);
+        if (key > t || (key == t && need > 0)) {
+            need -= key == t;
+            cand[m++] = cand[j];
+        }
+    }
+
+    /* Merge sure[0, ns) (in the payload) and cand[0, m) into [0, ns + m) from the back. */
+    size_t j = m, w = ns + m, i = ns;
+    while (j > 0) {
+        uint32_t a = i > 0 ? ld32(idx_out + 4 * (i - 1)) : 0;
+        if (i > 0 && a > cand[j - 1]) {
+            st32(idx_out + 4 * --w, a);
+            i--;
+        } else {
+            st32(idx_out + 4 * --w, cand[--j]);
+        }
+    }
+}
+
+/*
+ * The full path over all of x: idx_out: [k] u32 payload indices; x: [n]; scratch:
+ * [4 * TOPK_BINS + n + 1] u32. 1 <= k <= n.
+ */
+static void topk_select_full(uint8_t *restrict idx_out, const float *restrict x, size_t n,
+                             size_t k, uint32_t *restrict scratch)
 {
     uint32_t *hist = scratch;
     uint32_t *cand = scratch + 4 * TOPK_BINS;
@@ -444,43 +490,31 @@ static void topk_select(uint8_t *restrict idx_out, const float *restrict x, size
             nc += d == b1;
         }
     }
+    topk_finish(idx_out, ns, x, cand, nc, need, b1, hist);
+}
 
+/*
+ * The same over a candidate list cand[0, nc) (ascending) that holds the top k: level 1 over the
+ * candidates only, whose split compacts the list in place. hist: [TOPK_BINS] u32.
+ */
+static void topk_select_cand(uint8_t *restrict idx_out, const float *restrict x,
+                             uint32_t *restrict cand, size_t nc, size_t k,
+                             uint32_t *restrict hist)
+{
+    size_t need = k;
     memset(hist, 0, TOPK_BINS * sizeof *hist);
     for (size_t j = 0; j < nc; j++)
-        hist[(mag_key(x[cand[j]]) >> 9) & 0x7ffu]++;
-    uint32_t b2 = find_bin(hist, TOPK_BINS, &need);
-
-    memset(hist, 0, 512 * sizeof *hist);
-    for (size_t j = 0; j < nc; j++) {
-        uint32_t key = mag_key(x[cand[j]]);
-        if (((key >> 9) & 0x7ffu) == b2)
-            hist[key & 0x1ffu]++;
+        hist[mag_key(x[cand[j]]) >> 20]++;
+    uint32_t b1 = find_bin(hist, TOPK_BINS, &need);
+    size_t ns = 0, m = 0;
+    for (size_t j = 0; j < nc; j++) { /* m <= j: the list is read before it is written */
+        uint32_t l = cand[j], d = mag_key(x[l]) >> 20;
+        st32(idx_out + 4 * ns, l);
+        cand[m] = l;
+        ns += d > b1;
+        m += d == b1;
     }
-    uint32_t b3 = find_bin(hist, 512, &need);
-    uint32_t t = (b1 << 20) | (b2 << 9) | b3;
-
-    /* Keep the candidates above t and the first `need` equal to t, in index order. */
-    size_t m = 0;
-    for (size_t j = 0; j < nc; j++) {
-        uint32_t key = mag_key(x[cand[j]]);
-        if (key > t || (key == t && need > 0)) {
-            need -= key == t;
-            cand[m++] = cand[j];
-        }
-    }
-
-    /* Merge sure[0, ns) (in the payload) and cand[0, m) into [0, ns + m) from the back. */
-    size_t j = m, w = ns + m;
-    i = ns;
-    while (j > 0) {
-        uint32_t a = i > 0 ? ld32(idx_out + 4 * (i - 1)) : 0;
-        if (i > 0 && a > cand[j - 1]) {
-            st32(idx_out + 4 * --w, a);
-            i--;
-        } else {
-            st32(idx_out + 4 * --w, cand[--j]);
-        }
-    }
+    topk_finish(idx_out, ns, x, cand, m, need, b1, hist);
 }
 
 /* ---- encode ---- */
@@ -793,6 +827,34 @@ __attribute__((target("avx2"))) static size_t add_i8_avx2(float *restrict out,
     }
     return i;
 }
+
+/* topk_gather over x[0, 16 * (n / 16)), 16 values at a time; returns the count found. */
+__attribute__((target("avx2"))) static size_t topk_gather_avx2(uint32_t *restrict cand,
+                                                              float *restrict x,
+                                                              const float *restrict g, size_t n,
+                                                              uint32_t t)
+{
+    const __m256i mag = _mm256_set1_epi32((int)MAG_MASK), below = _mm256_set1_epi32((int)(t - 1));
+    size_t nc = 0;
+    for (size_t i = 0; i + 16 <= n; i += 16) {
+        __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8);
+        if (g) {
+            a = _mm256_add_ps(a, _mm256_loadu_ps(g + i));
+            b = _mm256_add_ps(b, _mm256_loadu_ps(g + i + 8));
+            _mm256_storeu_ps(x + i, a);
+            _mm256_storeu_ps(x + i + 8, b);
+        }
+        /* Keys are below 2^31, so a signed compare with t - 1 >= 0 is key >= t. */
+        __m256i ka = _mm256_and_si256(_mm256_castps_si256(a), mag);
+        __m256i kb = _mm256_and_si256(_mm256_castps_si256(b), mag);
+        uint32_t m = (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(ka, below))) |
+                     (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(kb, below)))
+                         << 8;
+        for (; m; m &= m - 1)
+            cand[nc++] = (uint32_t)(i + (size_t)__builtin_ctz(m));
+    }
+    return nc;
+}
 #endif
 
 /* x[n] -> f16 or bf16 at body[2n]. */
@@ -991,6 +1053,115 @@ static int encode_args_check(size_t cap, size_t n, const psk_codec_t *c, const v
     return 0;
 }
 
+/* r[n] += g[n]: error feedback's x = g + r, in place. */
+static void add_into(float *restrict r, const float *restrict g, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        r[i] += g[i];
+}
+
+/*
+ * ---- topk: the sampled path ----
+ *
+ * The full path reads all of x twice (level 1's histogram, then the split), and incrementing a
+ * histogram counter per value is what it spends its time on (session 22: 2-3 GB/s). For large
+ * chunks a sample guesses a threshold t below the k-th largest key; one vectorized pass
+ * collects the indices whose key is >= t, and the radix select runs over those only. It is
+ * exact whatever the guess: when the pass finds k or more, every key of the top k is >= t
+ * (they are the k largest), so the same k are chosen, ties included; when it finds fewer, the
+ * guess was too high and the full path runs. With error feedback the pass also adds g into
+ * the residual, so x = g + r costs no pass of its own.
+ */
+#define TOPK_FAST_MIN_N 32768 /* smaller chunks take the full path */
+#define TOPK_SAMPLE_RUNS 64   /* the sample: 64 runs of 64 values spread evenly over x */
+#define TOPK_SAMPLE_RUN 64
+
+/* Keys >= t among x[from, n) (x + g with g, stored into x) appended to cand at nc; new count. */
+static size_t topk_gather_scalar(uint32_t *restrict cand, size_t nc, float *restrict x,
+                                 const float *restrict g, size_t from, size_t n, uint32_t t)
+{
+    for (size_t i = from; i < n; i++) {
+        if (g)
+            x[i] += g[i];
+        cand[nc] = (uint32_t)i; /* branch-free; cand has room for n + 1 */
+        nc += mag_key(x[i]) >= t;
+    }
+    return nc;
+}
+
+/*
+ * The indices of x[n] (ascending) whose key is >= t (t >= 1) into cand[n + 1]; returns their
+ * count. With g, x[i] += g[i] first and stored (x is written only then).
+ */
+static size_t topk_gather(uint32_t *restrict cand, float *restrict x, const float *restrict g,
+                          size_t n, uint32_t t)
+{
+    size_t i = 0, nc = 0;
+#ifdef PSK_HAVE_F16C
+    if (avx2_ok()) {
+        nc = topk_gather_avx2(cand, x, g, n, t);
+        i = n & ~(size_t)15;
+    }
+#endif
+    return topk_gather_scalar(cand, nc, x, g, i, n, t);
+}
+
+/*
+ * A threshold for the top k of x[n] (x + g with g, read only here), n >= TOPK_FAST_MIN_N: the key
+ * of the sample (64 runs of 64) at its rank k/n of it, plus four standard deviations and 8 of
+ * margin, cut to its top 22 bits (levels 1 and 2 of the radix select on the sample), so that
+ * probably a bit more than k keys are >= it. 0 when that would take over a quarter of x (the
+ * full path is as fast then) or everything. keys: [4096] u32; hist: [TOPK_BINS] u32.
+ */
+static uint32_t topk_guess(const float *x, const float *g, size_t n, size_t k,
+                           uint32_t *restrict keys, uint32_t *restrict hist)
+{
+    const size_t ns = TOPK_SAMPLE_RUNS * TOPK_SAMPLE_RUN;
+    size_t m = 0;
+    for (size_t r = 0; r < TOPK_SAMPLE_RUNS; r++) {
+        size_t at = r * (n - TOPK_SAMPLE_RUN) / (TOPK_SAMPLE_RUNS - 1);
+        for (size_t l = at; l < at + TOPK_SAMPLE_RUN; l++)
+            keys[m++] = mag_key(g ? x[l] + g[l] : x[l]);
+    }
+    double ks = (double)k * (double)ns / (double)n;
+    size_t need = (size_t)(ks + 4.0 * sqrt(ks) + 8.0);
+    if (need > ns / 4)
+        return 0;
+    memset(hist, 0, TOPK_BINS * sizeof *hist);
+    for (size_t j = 0; j < ns; j++)
+        hist[keys[j] >> 20]++;
+    uint32_t b1 = find_bin(hist, TOPK_BINS, &need);
+    memset(hist, 0, TOPK_BINS * sizeof *hist);
+    for (size_t j = 0; j < ns; j++)
+        if (keys[j] >> 20 == b1)
+            hist[(keys[j] >> 9) & 0x7ffu]++;
+    uint32_t b2 = find_bin(hist, TOPK_BINS, &need);
+    return b1 << 20 | b2 << 9;
+}
+
+/*
+ * The top k of x[n] (1 <= k <= n) as ascending u32 indices at idx_out: the k largest
+ * magnitudes, of equal ones the lowest indices. With g (error feedback), x += g first: x is
+ * written then and only then. scratch: [4 * TOPK_BINS + n + 1] u32.
+ */
+static void topk_select(uint8_t *restrict idx_out, float *restrict x, const float *restrict g,
+                        size_t n, size_t k, uint32_t *restrict scratch)
+{
+    uint32_t *hist = scratch, *cand = scratch + 4 * TOPK_BINS;
+    uint32_t t = n >= TOPK_FAST_MIN_N ? topk_guess(x, g, n, k, cand, hist) : 0;
+    if (t == 0) {
+        if (g)
+            add_into(x, g, n);
+        topk_select_full(idx_out, x, n, k, scratch);
+        return;
+    }
+    size_t nc = topk_gather(cand, x, g, n, t);
+    if (nc >= k)
+        topk_select_cand(idx_out, x, cand, nc, k, hist);
+    else /* the guess was too high (x holds g now) */
+        topk_select_full(idx_out, x, n, k, scratch);
+}
+
 /* Header and body for valid arguments. */
 static int encode(uint8_t *out, const float *in, size_t n, const psk_codec_t *c, void *scratch)
 {
@@ -1014,7 +1185,8 @@ static int encode(uint8_t *out, const float *in, size_t n, const psk_codec_t *c,
         return encode_sign(body, in, n, c);
     case PSK_CODEC_TOPK:
         if (k > 0) {
-            topk_select(body, in, n, k, scratch);
+            /* x is only read: no g */
+            topk_select(body, (float *)(uintptr_t)in, NULL, n, k, scratch);
             gather_values(body + 4 * k, in, body, k, c->fp16_values);
         }
         return 0;
@@ -1254,12 +1426,6 @@ int psk_codec_decode_add_cpu(float *out, size_t n, const uint8_t *payload, size_
 }
 
 /* r[n] += g[n] */
-static void add_into(float *restrict r, const float *restrict g, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        r[i] += g[i];
-}
-
 int psk_codec_encode_ef_cpu(uint8_t *out, size_t cap, size_t *len, const float *g,
                             float *residual, size_t n, const psk_codec_t *c, void *scratch)
 {
@@ -1290,6 +1456,21 @@ int psk_codec_encode_ef_cpu(uint8_t *out, size_t cap, size_t *len, const float *
         return 0;
     }
 #endif
+    if (c->kind == PSK_CODEC_TOPK) {
+        /* The selection adds g into the residual in its own pass (topk_select). */
+        size_t k = psk_codec_k(c, n);
+        uint8_t *body = out + PSK_CODEC_HEADER_BYTES;
+        header_make(out, c, n);
+        if (k == 0) {
+            add_into(residual, g, n);
+        } else {
+            topk_select(body, residual, g, n, k, scratch);
+            gather_values(body + 4 * k, residual, body, k, c->fp16_values);
+            decode_add(residual, n, body, c, -1.0f);
+        }
+        *len = payload_bytes(c, n);
+        return 0;
+    }
     add_into(residual, g, n);
     rc = encode(out, residual, n, c, scratch);
     if (rc != 0)

@@ -7,6 +7,7 @@
 #include <check.h>
 #include <float.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -658,24 +659,33 @@ static void check_topk(const psk_codec_t *c, const float *x, size_t n)
         chosen[order[j]] = 1;
 
     payload_t pl = encode(c, x, n);
-    uint32_t prev = 0;
-    for (size_t j = 0; j < k; j++) {
+    size_t wrong = k; /* the first payload index not in the top k, or not ascending */
+    for (size_t j = 0, prev = 0; j < k && wrong == k; j++) {
         uint32_t idx;
         memcpy(&idx, pl.p + PSK_CODEC_HEADER_BYTES + 4 * j, 4);
-        ck_assert_msg(idx < n && chosen[idx], "payload index %u not in the top %zu", idx, k);
-        ck_assert(j == 0 || idx > prev);
+        wrong = idx < n && chosen[idx] && (j == 0 || idx > prev) ? k : j;
         prev = idx;
     }
+    ck_assert_msg(wrong == k, "payload index %zu of %zu not in the top k or not ascending", wrong,
+                  k);
     float *y = zeros(n);
     ck_assert_int_eq(psk_codec_decode_add_cpu(y, n, pl.p, pl.len, c, 1.0f), 0);
-    for (size_t i = 0; i < n; i++) {
+    /* One assertion after the loop: Check's assertions cost a system call each. */
+    size_t bad = n;
+    for (size_t i = n; i-- > 0;) {
+        bool ok;
         if (!chosen[i])
-            ck_assert_msg(bits_of(y[i]) == 0, "y[%zu] = %g, not sent", i, y[i]);
+            ok = bits_of(y[i]) == 0;
+        else if (isnan(x[i]) || isinf(x[i]))
+            ok = isnan(x[i]) ? isnan(y[i]) : y[i] == x[i];
         else if (c->fp16_values)
-            ck_assert_msg(fabsf(y[i] - x[i]) <= 1e-3f * fabsf(x[i]), "y[%zu]", i);
+            ok = fabsf(y[i] - x[i]) <= 1e-3f * fabsf(x[i]);
         else
-            ck_assert_msg(bits_of(y[i]) == bits_of(x[i]) || x[i] == 0.0f, "y[%zu]", i);
+            ok = bits_of(y[i]) == bits_of(x[i]) || x[i] == 0.0f;
+        bad = ok ? bad : i;
     }
+    ck_assert_msg(bad == n, "y[%zu] = %g for x %g (%s)", bad, bad < n ? y[bad] : 0.0f,
+                  bad < n ? x[bad] : 0.0f, bad < n && chosen[bad] ? "sent" : "not sent");
     free(y);
     free(pl.p);
     free(chosen);
@@ -714,6 +724,100 @@ START_TEST(test_topk_selects_largest)
     check_topk(&c, x, n);
     x[0] = -3.0f;
     check_topk(&c, x, 1);
+    free(x);
+}
+END_TEST
+
+/*
+ * Error feedback's topk (x = g + r summed inside the selection's pass) against the plain
+ * encode of the same x: the same payload byte for byte, and the residual x - decode(x).
+ */
+static void check_topk_ef(const psk_codec_t *c, const float *x, size_t n)
+{
+    float *g = xmalloc(n * sizeof(float)), *r = xmalloc(n * sizeof(float));
+    float *xs = xmalloc(n * sizeof(float));
+    fill_normal(g, n, 99, 0.5);
+    for (size_t i = 0; i < n; i++) {
+        r[i] = x[i] - g[i];
+        xs[i] = r[i] + g[i]; /* what the codec sees (x itself, to rounding) */
+    }
+    check_topk(c, xs, n);
+    payload_t want = encode(c, xs, n);
+    ck_assert_int_eq(psk_codec_decode_add_cpu(xs, n, want.p, want.len, c, -1.0f), 0);
+    uint8_t *got = xmalloc(want.len);
+    void *scratch = xmalloc(psk_codec_scratch_bytes(c, n));
+    size_t len = 0;
+    ck_assert_int_eq(psk_codec_encode_ef_cpu(got, want.len, &len, g, r, n, c, scratch), 0);
+    ck_assert_uint_eq(len, want.len);
+    ck_assert_mem_eq(got, want.p, len);
+    size_t bad = n;
+    for (size_t i = n; i-- > 0;)
+        bad = bits_of(r[i]) == bits_of(xs[i]) ? bad : i;
+    ck_assert_msg(bad == n, "residual %zu: %g, not %g", bad, bad < n ? r[bad] : 0.0f,
+                  bad < n ? xs[bad] : 0.0f);
+    free(scratch);
+    free(got);
+    free(want.p);
+    free(xs);
+    free(r);
+    free(g);
+}
+
+/*
+ * Chunks of 32768 values and more take the sampled path (a threshold guessed from 64 runs of
+ * 64 values, then one pass for the candidates): the same selection as the definition whether
+ * the guess is right, too high (fewer than k candidates: the full path again) or too low.
+ */
+START_TEST(test_topk_sampled_path)
+{
+    const size_t n = 262147; /* not a multiple of 16: the scalar tail */
+    float *x = xmalloc(n * sizeof(float));
+    psk_codec_t c = CODECS[5 + _i % 2];
+    static const float fractions[] = {0.001f, 0.01f, 0.1f, 0.2f, 0.3f};
+
+    fill_normal(x, n, 21, 1.0);
+    for (size_t f = 0; f < sizeof fractions / sizeof fractions[0]; f++) {
+        c.fraction = fractions[f];
+        check_topk(&c, x, n);
+    }
+    c.fraction = 0.01f;
+    check_topk_ef(&c, x, n);
+    /* NaNs and infinities among them (NaN magnitudes rank above infinity). */
+    for (size_t i = 0; i < n; i += 997)
+        x[i] = (i / 997) % 3 == 0 ? NAN : (i / 997) % 3 == 1 ? INFINITY : -INFINITY;
+    check_topk(&c, x, n);
+
+    /* The sample's runs (at r * (n - 64) / 63) large, the rest small: the guess is too high. */
+    fill_normal(x, n, 22, 1e-3);
+    for (size_t r = 0; r < 64; r++)
+        for (size_t l = r * (n - 64) / 63; l < r * (n - 64) / 63 + 64; l++)
+            x[l] = 1000.0f + (float)(l % 4096);
+    check_topk(&c, x, n);
+    check_topk_ef(&c, x, n);
+    /* The other way round: the guess is too low, nearly every value a candidate. */
+    fill_normal(x, n, 23, 1000.0);
+    for (size_t r = 0; r < 64; r++)
+        for (size_t l = r * (n - 64) / 63; l < r * (n - 64) / 63 + 64; l++)
+            x[l] = 1e-6f;
+    check_topk(&c, x, n);
+    check_topk_ef(&c, x, n);
+
+    /* Ties across the threshold: three magnitudes, the lowest indices of the tie win. */
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)(i % 3) * ((i & 4) ? -1.0f : 1.0f);
+    for (size_t f = 0; f < sizeof fractions / sizeof fractions[0]; f++) {
+        c.fraction = fractions[f];
+        check_topk(&c, x, n);
+    }
+    /* Magnitudes that share their top 22 bits, decided by the last 9. */
+    rng_state = 24;
+    for (size_t i = 0; i < n; i++)
+        x[i] = float_of(0x3f800000u | (uint32_t)(rng_next() % 512)) * ((i & 1) ? -1 : 1);
+    c.fraction = 0.01f;
+    check_topk(&c, x, n);
+    /* All zeros: no threshold above zero (the full path). */
+    memset(x, 0, n * sizeof(float));
+    check_topk(&c, x, n);
     free(x);
 }
 END_TEST
@@ -1169,6 +1273,7 @@ Suite *ps_test_suite(void)
     tc = tcase_create("topk");
     tcase_add_loop_test(tc, test_topk_selects_largest, 0, 2);
     tcase_add_test(tc, test_topk_deterministic);
+    tcase_add_loop_test(tc, test_topk_sampled_path, 0, 2);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("randomk");
