@@ -41,6 +41,13 @@ typedef struct {
     uint64_t handed_again;      /* batches given back and handed out again */
 } ps_cursor_t;
 
+/** @brief A batch's key: (pass, offset) packed, + 1 so that 0 means none; 0 also when they do not
+ *  fit (pass >= 2^23 or offset >= 2^40). A batch handed out again keeps its key. */
+static inline uint64_t ps_batch_key(uint64_t pass, uint64_t offset)
+{
+    return pass < (1ull << 23) && offset < (1ull << 40) ? (pass << 40 | offset) + 1 : 0;
+}
+
 /** @brief A cursor over @p passes passes of @p n samples in batches of @p batch. */
 void ps_cursor_init(ps_cursor_t *c, uint64_t n, uint32_t batch, uint64_t passes);
 

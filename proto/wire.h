@@ -19,7 +19,8 @@
 
 #define PS_MAX_RANKS 64 /* worker ranks: a step's members travel as a 64-bit bitmap */
 
-/* Replay tags (ps_msg_t.replay, common/batches.h): step << PS_REPLAY_RANK_BITS | rank. */
+/* Replay tags (ps_msg_t.replay, common/batches.h): step << PS_REPLAY_RANK_BITS | rank (asp and
+ * ssp: the step is that rank's clock, for logs only). */
 #define PS_REPLAY_RANK_BITS 6
 #define PS_REPLAY_TAG(step, rank) ((uint64_t)(step) << PS_REPLAY_RANK_BITS | (uint64_t)(rank))
 #define PS_REPLAY_STEP(tag) ((tag) >> PS_REPLAY_RANK_BITS)
@@ -39,6 +40,8 @@ enum {
     PS_FLAG_CHUNK = 64,   /* error: about the push (or pull) of (tensor, chunk) of request
                              req_id, of which the shard holds nothing (a push's place may be
                              written again) */
+    PS_FLAG_BATCH = 128,  /* asp / ssp batch reply: stamp the pushes of this batch with it;
+                             push: data_epoch and batch_offset name the batch it is for */
 };
 
 /* UCP Active Message ids. */
@@ -148,7 +151,7 @@ typedef struct {
     uint64_t store_id;
     uint32_t area_fd;
     uint64_t area_id, area_size, area_offset;
-    uint32_t nreplay;     /* bsp batch reply, push: replay tags in use (PS_REPLAY_MAX at most) */
+    uint32_t nreplay;     /* batch reply, push: replay tags in use (PS_REPLAY_MAX at most) */
     uint64_t replay[PS_REPLAY_MAX];
     char store[256];
     char error[256];

@@ -281,6 +281,7 @@ static void reply_batch(psd_server_t *srv, uint32_t r)
         a.batch_count = m->batch.count;
         a.samples = m->progress;
         a.nreplay = m->batch.nreplay; /* handed out before: where it may be applied already */
+        if (!is_bsp(srv)) a.flags = PS_FLAG_BATCH; /* pushes carry the batch (shard.c) */
         memcpy(a.replay, m->batch.replay, sizeof a.replay);
     }
     psd_send_msg(srv, rt->conn, &a);
@@ -732,12 +733,14 @@ static void member_remove(psd_server_t *srv, uint32_t r, const char *why)
     if (rc_lost) restore_closed_lost(srv, r);
     bool given_back = false;
     if (m->has_batch) {
-        /* Not applied (bsp: its step is still open): someone else takes it. Under bsp some of
-         * its pushes may have been applied (a chunk applies the step once every member's push
-         * of it is there): the batch carries this step and rank, so those chunks do not apply
-         * it again (replayed_here in shard.c). */
-        if (is_bsp(srv) && m->batch_step == co->s.step && (co->s.step_members >> r & 1) &&
-            ps_batch_tag(&m->batch, PS_REPLAY_TAG(co->s.step, r)))
+        /* Not applied (bsp: its step is still open): someone else takes it. Some of its pushes
+         * may have been applied (bsp: a chunk applies the step once every member's push of it
+         * is there; asp / ssp: each push on arrival): the batch carries this step (asp / ssp:
+         * this rank's clock) and rank, so those chunks do not apply it again (replayed_here
+         * and batch_applied_here in shard.c). */
+        bool tag = is_bsp(srv) ? m->batch_step == co->s.step && (co->s.step_members >> r & 1)
+                               : true;
+        if (tag && ps_batch_tag(&m->batch, PS_REPLAY_TAG(m->batch_step, r)))
             PS_LOG(PS_LOG_WARN, "coord", "batch of pass %llu at %llu left mid-step %d times: "
                    "its oldest replay tag dropped", (unsigned long long)m->batch.pass,
                    (unsigned long long)m->batch.offset, PS_REPLAY_MAX + 1);

@@ -78,10 +78,15 @@ static inline uint64_t psd_conn_who(const psd_conn_t *c)
     return (c->host_id * 0x9E3779B97F4A7C15ull ^ c->pid) * 0xBF58476D1CE4E5B9ull ^ c->join_serial;
 }
 
-/* The push whose update a rank's slot of a chunk last committed: its sender and request. */
+/* The push whose update a rank's slot of a chunk last committed: its sender and request, the
+ * batch it was for (ps_batch_key; 0: none said), and the batch of the last push of the sender
+ * before (a rank's new process replaced it), so that a batch handed out again after its worker
+ * died is not applied twice where it was (asp / ssp; shard.c batch_applied_here). */
 typedef struct {
     uint64_t who;
     uint64_t req;
+    uint64_t batch;
+    uint64_t prev_batch;
 } psd_done_t;
 
 typedef struct {
@@ -120,6 +125,7 @@ struct psd_chunk_s {
     uint32_t *slot_crc;        /* the push header's CRC-32C of its payload */
     uint64_t *slot_step;       /* the step the push is for */
     uint64_t *slot_who;        /* who pushed it: psd_conn_who() */
+    uint64_t *slot_batch;      /* asp / ssp: the batch it is for (ps_batch_key; 0: none said) */
     psd_done_t *done;          /* by rank: the last push applied (asp / ssp: a resend of it is
                                   acknowledged, not applied again) */
     psd_conn_t **slot_conn;    /* who to acknowledge */

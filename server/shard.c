@@ -51,15 +51,17 @@ static psd_chunk_t *chunk_new(psd_server_t *srv, uint32_t t, uint32_t c, uint32_
     ch->slot_crc = calloc(w, sizeof *ch->slot_crc);
     ch->slot_step = calloc(w, sizeof *ch->slot_step);
     ch->slot_who = calloc(w, sizeof *ch->slot_who);
+    ch->slot_batch = calloc(w, sizeof *ch->slot_batch);
     ch->done = calloc(w, sizeof *ch->done);
     ch->slot_conn = calloc(w, sizeof *ch->slot_conn);
     ch->slot_ref = calloc(w, sizeof *ch->slot_ref);
     ch->slot_ext = calloc(w, sizeof *ch->slot_ext);
     if (!ch->slot_ext || !ch->slots || !ch->slot_memh || !ch->slot_state || !ch->slot_req || !ch->slot_conn || !ch->slot_ref ||
         !ch->slot_cap || !ch->slot_len || !ch->slot_codec || !ch->slot_crc || !ch->slot_step ||
-        !ch->slot_who || !ch->done) {
+        !ch->slot_who || !ch->slot_batch || !ch->done) {
         free(ch->slot_step);
         free(ch->slot_who);
+        free(ch->slot_batch);
         free(ch->done);
         free(ch->slots);
         free(ch->slot_memh);
@@ -92,6 +94,7 @@ static void chunk_free(psd_chunk_t *ch)
     free(ch->slot_crc);
     free(ch->slot_step);
     free(ch->slot_who);
+    free(ch->slot_batch);
     free(ch->done);
     free(ch->slot_conn);
     free(ch->slot_ref);
@@ -176,6 +179,14 @@ static void on_load_applied(void *arg, uint32_t t, uint32_t c, const void *val, 
     summed_rec_t rec;
     if (ch && len == PS_MAX_RANKS * sizeof *ch->done) {
         memcpy(ch->done, val, len);
+    } else if (ch && len == PS_MAX_RANKS * 2 * sizeof(uint64_t)) {
+        /* Written before session 23: who and request only (no batches). */
+        const uint8_t *p = val;
+        for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
+            ch->done[r] = (psd_done_t){0};
+            memcpy(&ch->done[r].who, p + 16 * r, 8);
+            memcpy(&ch->done[r].req, p + 16 * r + 8, 8);
+        }
     } else if (ch && len == sizeof rec) {
         /* bsp: the members of every apply from rec.step on (until the chunk's version). */
         memcpy(&rec, val, sizeof rec);
@@ -886,6 +897,40 @@ static bool replayed_here(psd_server_t *srv, const psd_chunk_t *ch, uint32_t ran
     return false;
 }
 
+/* asp / ssp: rank @p r's record once its push in slot r committed: that push's sender, request
+ * and batch; the batch of the last push of the rank's process before, when another one pushed
+ * now (so that a replay of a dead worker's batch is still caught after its rank was taken). */
+static psd_done_t done_after(const psd_chunk_t *ch, uint32_t r)
+{
+    const psd_done_t *o = &ch->done[r];
+    return (psd_done_t){ch->slot_who[r], ch->slot_req[r], ch->slot_batch[r],
+                        o->who == ch->slot_who[r] ? o->prev_batch : o->batch};
+}
+
+/* asp / ssp: whether push @p msg from rank @p rank, of a batch handed out again (its replay tags
+ * name the ranks that had it and left), brings a batch chunk @p ch applied already: a tagged
+ * rank's record of the pushes it applied here holds the batch. Pushes are applied on arrival,
+ * so there is no step to tell; the batch's key is. A worker's pushes of one batch end before
+ * it asks for the next, so a dead rank's last push here is of its last batch. */
+static bool batch_applied_here(psd_server_t *srv, const psd_chunk_t *ch, uint32_t rank,
+                               const ps_msg_t *msg)
+{
+    uint64_t key = ps_batch_key(msg->data_epoch, msg->batch_offset);
+    if (key == 0) return false;
+    for (uint32_t i = 0; i < msg->nreplay; i++) {
+        uint32_t r = PS_REPLAY_RANK(msg->replay[i]);
+        if (r == rank || (ch->done[r].batch != key && ch->done[r].prev_batch != key)) continue;
+        PS_LOG(PS_LOG_DEBUG, "shard", "push of %u/%u from rank %u replays the batch of pass %llu "
+               "at %llu, which rank %u (clock %llu) applied here already: acknowledged, not "
+               "applied again", ch->tensor, ch->chunk, rank, (unsigned long long)msg->data_epoch,
+               (unsigned long long)msg->batch_offset, r,
+               (unsigned long long)PS_REPLAY_STEP(msg->replay[i]));
+        srv->replays_skipped++;
+        return true;
+    }
+    return false;
+}
+
 static void on_push_recv(void *request, ucs_status_t status, size_t length, void *user_data)
 {
     psd_slot_ref_t *ref = user_data;
@@ -997,6 +1042,13 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
         psd_send_msg(srv, conn, &a);
         return UCS_OK;
     }
+    if (!bsp && (msg->flags & PS_FLAG_BATCH) && msg->nreplay > 0 &&
+        batch_applied_here(srv, ch, rank, msg)) {
+        ps_msg_t a = {.type = PS_MSG_PUSH_ACK, .req_id = msg->req_id, .tensor = ch->tensor,
+                      .chunk = ch->chunk, .step = ch->version, .shard = srv->shard};
+        psd_send_msg(srv, conn, &a);
+        return UCS_OK;
+    }
     bool orphan = (ch->slot_state[rank] == SLOT_FULL || ch->slot_state[rank] == SLOT_APPLYING) &&
                   (ch->slot_conn[rank] == NULL || ch->slot_conn[rank]->dead);
     if (orphan && ch->slot_state[rank] == SLOT_FULL &&
@@ -1067,6 +1119,9 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
     ch->slot_crc[rank] = msg->crc32c;
     ch->slot_step[rank] = msg->step;
     ch->slot_who[rank] = psd_conn_who(conn);
+    ch->slot_batch[rank] = !bsp && (msg->flags & PS_FLAG_BATCH)
+                               ? ps_batch_key(msg->data_epoch, msg->batch_offset)
+                               : 0;
     ch->slot_conn[rank] = conn;
     psd_conn_ref(conn);
     if (srv->trace) /* a rendezvous receive's span starts now; any other push is an instant */
@@ -1378,7 +1433,7 @@ static int run_apply(psd_job_t *job, psd_wtxn_t *tx)
         bool any = false;
         for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
             if (ch->slot_state[r] == SLOT_APPLYING && !(job->bad[i] >> r & 1)) {
-                done[r] = (psd_done_t){ch->slot_who[r], ch->slot_req[r]};
+                done[r] = done_after(ch, r);
                 any = true;
             }
         int rc = any ? psd_store_put_applied(tx, ch->tensor, ch->chunk, done, sizeof done) : 0;
@@ -1435,7 +1490,7 @@ static void snapshot_stale(psd_server_t *srv)
 static void ack_slot(psd_server_t *srv, psd_chunk_t *ch, uint32_t r, int rc, uint64_t version)
 {
     psd_conn_t *conn = ch->slot_conn[r];
-    if (rc == 0) ch->done[r] = (psd_done_t){ch->slot_who[r], ch->slot_req[r]};
+    if (rc == 0) ch->done[r] = done_after(ch, r);
     if (conn && rc == 0 && srv->test_lose_ack && --srv->test_lose_ack == 0) {
         PS_LOG(PS_LOG_WARN, "shard", "acknowledgement of %u/%u to rank %u lost and its "
                "connection closed (PS_TEST_LOSE_ACK)", ch->tensor, ch->chunk, r);

@@ -228,6 +228,8 @@ struct ps_client_s {
     uint64_t replay_step;       /* comm thread: the current batch's step and replay tags, */
     uint32_t nreplay;           /* which that step's pushes carry (a batch handed out again) */
     uint64_t replay[PS_REPLAY_MAX];
+    int batch_stamp;            /* comm thread: asp / ssp: every push carries the current */
+    uint64_t batch_pass, batch_offset; /* batch and its replay tags (PS_FLAG_BATCH) */
     uint32_t reconnect_ms;      /* how long a lost shard may stay away */
     uint32_t hello_deadline_ms; /* a hello unanswered this long: hello_overdue */
     uint32_t test_corrupt_push; /* PS_TEST_CORRUPT_PUSH=N (tests only): corrupt every Nth push */
@@ -715,7 +717,12 @@ static void send_data_part(ps_client_t *c, ps_op_t *op, part_t *p)
             m.samples = c->progress;
             m.flags |= PS_FLAG_PROGRESS;
         }
-        if (c->nreplay && op->step == c->replay_step) {
+        if (c->batch_stamp) { /* asp / ssp: no step tells a batch's pushes */
+            m.flags |= PS_FLAG_BATCH;
+            m.data_epoch = c->batch_pass;
+            m.batch_offset = c->batch_offset;
+        }
+        if (c->nreplay && (c->batch_stamp || op->step == c->replay_step)) {
             m.nreplay = c->nreplay;
             memcpy(m.replay, c->replay, sizeof m.replay);
         }
@@ -1568,6 +1575,9 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
     case PS_MSG_BATCH_REPLY:
         if (op->type != OP_BATCH || m.shard != 0) return UCS_OK;
         op->reply = m;
+        c->batch_stamp = (m.flags & (PS_FLAG_BATCH | PS_FLAG_FINISHED)) == PS_FLAG_BATCH;
+        c->batch_pass = m.data_epoch;
+        c->batch_offset = m.batch_offset;
         if (!(m.flags & PS_FLAG_FINISHED)) {
             learn_view(c, m.epoch, m.step, m.members, 0);
             c->progress = m.samples;

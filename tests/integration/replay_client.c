@@ -1,5 +1,6 @@
-/* replay_client.c: a libps worker for the test of a bsp batch applied exactly once on every
- * chunk when its worker dies in the middle of its step (test_elastic.c, kill9_mid_step_*).
+/* replay_client.c: a libps worker for the test of a batch applied exactly once on every chunk
+ * when its worker dies in the middle of its step (test_elastic.c, kill9_mid_step_*, and under
+ * asp kill9_mid_batch_asp_applied_once).
  * Test code, not part of psd.
  *
  *   replay_client MANIFEST NBATCH BATCH DIE_STEP [ORDER]
@@ -8,8 +9,9 @@
  * "replay.b" of NBATCH floats each (zeros; one chunk each, so on shards 0 and 1), and trains
  * one pass of NBATCH batches of BATCH samples from the coordinator: for batch j (its offset /
  * BATCH) it pushes a gradient of 1 at element j, 0 elsewhere, to both tensors. psd applies a
- * step's mean, so a batch applied once leaves its element at -1 (alone in its step) or -1/2
- * (with the other worker's); twice leaves it at -3/2 or below; never, at 0.
+ * step's mean (bsp), so a batch applied once leaves its element at -1 (alone in its step) or
+ * -1/2 (with the other worker's; asp: each push alone, -1); twice leaves it at -3/2 or below;
+ * never, at 0.
  * The worker of rank 1, at step DIE_STEP, pushes only "replay.a", waits for its
  * acknowledgement (the step is applied there, with its gradient) and kills itself (SIGKILL)
  * before pushing "replay.b": its batch is handed to the survivor, whose push of it must be

@@ -249,6 +249,32 @@ START_TEST(test_kill9_mid_step_applied_once)
 }
 END_TEST
 
+/* The same under asp (each push applied on arrival, so no step tells a replay): the batch goes to
+ * the survivor tagged with the rank that left, and pushes carry their batch, which each chunk
+ * records per rank with the push it applied; shard 0's chunk has it from the dead rank and
+ * does not apply it again. Before, it did (replay.a's element at -2). */
+START_TEST(test_kill9_mid_batch_asp_applied_once)
+{
+    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = "asp",
+                   .optimizer = "{name: sgd, lr: 1}"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    cl_proc_t *w[2];
+    replay_start(c, "ab", w);
+    replay_expect(w);
+    EXPECT_LOG(psd[0], "its batch goes to another worker");
+    coord_t co;
+    coord_open(&co, c);
+    char *j = coord_status(&co);
+    ck_assert_msg(j && jnum(j, "replays_skipped") == 1, "shard 0 should have skipped one "
+                  "replayed push: %s", j ? j : "-");
+    free(j);
+    coord_close(&co);
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* The same, with the other tensor first, and shard 1 (not the coordinator) killed right after
  * it committed that step with the dying worker's push (PS_TEST_CRASH_AFTER_APPLY: its 6th apply
  * is step 5 of "replay.b", its one chunk) and started again before the batch comes back: the
@@ -820,6 +846,8 @@ Suite *ps_test_suite(void)
     Suite *s = suite_create("elastic");
     suite_add_tcase(s, tcase("kill9_one_of_four", test_kill9_one_of_four));
     suite_add_tcase(s, tcase("kill9_mid_step_applied_once", test_kill9_mid_step_applied_once));
+    suite_add_tcase(s, tcase("kill9_mid_batch_asp_applied_once",
+                             test_kill9_mid_batch_asp_applied_once));
     suite_add_tcase(s, tcase("kill9_mid_step_shard_restarted",
                              test_kill9_mid_step_shard_restarted));
     suite_add_tcase(s, tcase("kill9_mid_step_coordinator_restarted",
