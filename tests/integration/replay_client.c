@@ -18,7 +18,10 @@
  * applied on "replay.b" and not again on "replay.a".
  * Rank 0 pulls both tensors once the job is finished and checks every element: exit 0 with
  * "every batch applied once on both tensors"; 1 with the first element that is off.
- * ORDER "ba": every worker pushes "replay.b" first (the dying one then skips "replay.a"). */
+ * ORDER "ba": every worker pushes "replay.b" first (the dying one then skips "replay.a").
+ * A third character "+" ("ab+"): the dying one pushes both tensors (both acknowledged) and dies
+ * before it reports the batch done: its batch is handed out again, and neither chunk may apply
+ * it again. */
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
@@ -60,10 +63,11 @@ static int check(ps_client_t *c, const uint32_t id[2], uint64_t nb, uint64_t ste
 int main(int argc, char **argv)
 {
     if (argc != 5 && argc != 6) {
-        fprintf(stderr, "usage: replay_client MANIFEST NBATCH BATCH DIE_STEP [ab|ba]\n");
+        fprintf(stderr, "usage: replay_client MANIFEST NBATCH BATCH DIE_STEP [ab|ba|ab+|ba+]\n");
         return 2;
     }
-    int first = argc == 6 && strcmp(argv[5], "ba") == 0; /* the tensor pushed first */
+    int first = argc == 6 && strncmp(argv[5], "ba", 2) == 0; /* the tensor pushed first */
+    int both = argc == 6 && strcmp(argv[5] + 2, "+") == 0;  /* dies after both pushes */
     uint64_t nb = strtoull(argv[2], NULL, 10), batch = strtoull(argv[3], NULL, 10);
     uint64_t die = strtoull(argv[4], NULL, 10);
     if (nb == 0 || nb > 4096 || batch == 0) {
@@ -111,13 +115,20 @@ int main(int argc, char **argv)
         memset(g, 0, nb * sizeof *g);
         g[j] = 1.0f;
         rc = push_wait(c, id[first], g, b.step);
+        if (rc == 0 && both) rc = push_wait(c, id[1 - first], g, b.step);
+        if (rc == 0 && rank == 1 && b.step == die && both) {
+            printf("replay_client: rank 1 dies at step %" PRIu64 " with batch %" PRIu64
+                   " pushed to both, not reported\n", b.step, j);
+            fflush(stdout);
+            raise(SIGKILL);
+        }
         if (rc == 0 && rank == 1 && b.step == die) {
             printf("replay_client: rank 1 dies at step %" PRIu64 " with batch %" PRIu64
                    " pushed to replay.%c only\n", b.step, j, "ab"[first]);
             fflush(stdout);
             raise(SIGKILL);
         }
-        if (rc == 0) rc = push_wait(c, id[1 - first], g, b.step);
+        if (rc == 0 && !both) rc = push_wait(c, id[1 - first], g, b.step);
         if (rc) {
             printf("replay_client: rank %d step %" PRIu64 ": %s\n", rank, b.step,
                    ps_client_error(c));

@@ -203,7 +203,7 @@ END_TEST
  * tensor each pushes first ("ab" or "ba"). */
 static void replay_start(cl_cluster_t *c, const char *order, cl_proc_t *w[2])
 {
-    char nb[] = "40", bs[] = "8", die[] = "5", ord[3];
+    char nb[] = "40", bs[] = "8", die[] = "5", ord[4];
     snprintf(ord, sizeof ord, "%s", order);
     char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, die, ord, NULL};
     w[0] = cl_spawn(c, "replay0", argv);
@@ -270,6 +270,24 @@ START_TEST(test_kill9_mid_batch_asp_applied_once)
                   "replayed push: %s", j ? j : "-");
     free(j);
     coord_close(&co);
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+/* asp: the worker dies after both its pushes of the batch were applied, before it reported the
+ * batch done: the batch goes to the survivor, and neither chunk applies it again. Before, both
+ * did. */
+START_TEST(test_kill9_after_batch_asp_applied_once)
+{
+    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = "asp",
+                   .optimizer = "{name: sgd, lr: 1}"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    cl_proc_t *w[2];
+    replay_start(c, "ab+", w);
+    replay_expect(w);
+    EXPECT_LOG(psd[0], "its batch goes to another worker");
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }
@@ -848,6 +866,8 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("kill9_mid_step_applied_once", test_kill9_mid_step_applied_once));
     suite_add_tcase(s, tcase("kill9_mid_batch_asp_applied_once",
                              test_kill9_mid_batch_asp_applied_once));
+    suite_add_tcase(s, tcase("kill9_after_batch_asp_applied_once",
+                             test_kill9_after_batch_asp_applied_once));
     suite_add_tcase(s, tcase("kill9_mid_step_shard_restarted",
                              test_kill9_mid_step_shard_restarted));
     suite_add_tcase(s, tcase("kill9_mid_step_coordinator_restarted",
