@@ -64,6 +64,7 @@ typedef struct {
 typedef struct {
     psd_slot_work_t slot;
     coord_saved_t s;          /* the copy written, taken on the loop thread when queued */
+    uint64_t gen;             /* its number (coord_save_gen) */
     int rc;
 } coord_save_t;
 
@@ -144,6 +145,8 @@ typedef struct {
     int parked;               /* a batch request waits for an answer */
     uint64_t park_req;
     uint64_t joined_ms, last_done_ms;
+    uint64_t batch_gen;       /* asp / ssp: the state save that holds its batch's hand-out
+                                 (coord_save_gen): answered once that one is committed */
 } member_rt_t;
 
 typedef struct {
@@ -176,6 +179,8 @@ struct psd_coord_s {
                                   job ends with the members it has */
     coord_save_t save;         /* coord_save's slot work */
     bool save_busy, save_again;
+    uint64_t save_gen;         /* saves queued so far (the copy of the last: save.gen) */
+    uint64_t saved_gen;        /* the last save that ended */
     bool creating;             /* psd_coord_create saves once at its end, itself */
     /* bsp, after a restart of this shard that closed the saved open step because its apply
      * had committed here (psd_coord_create): that step, rc_step, may still be unapplied on
@@ -219,11 +224,14 @@ static void save_run(psd_slot_work_t *w)
 
 static void coord_save(psd_server_t *srv);
 
+static void serve_parked(psd_server_t *srv);
+
 static void save_done(psd_slot_work_t *w)
 {
     psd_server_t *srv = w->srv;
     psd_coord_t *co = srv->coord;
     co->save_busy = false;
+    co->saved_gen = co->save.gen; /* failed or not: a hand-out never waits for good */
     if (co->save.rc)
         PS_LOG(PS_LOG_ERROR, "coord", "cannot save the coordinator's state: %s (it is saved "
                "again with the next step)", ps_strerror(co->save.rc));
@@ -231,6 +239,7 @@ static void save_done(psd_slot_work_t *w)
         co->save_again = false;
         coord_save(srv);
     }
+    if (!is_bsp(srv)) serve_parked(srv); /* the hand-outs this save holds */
 }
 
 static void coord_save(psd_server_t *srv)
@@ -243,10 +252,22 @@ static void coord_save(psd_server_t *srv)
     }
     co->save_busy = true;
     co->save.s = co->s;
+    co->save.gen = ++co->save_gen;
     co->save.slot.srv = srv;
     co->save.slot.run = save_run;
     co->save.slot.done = save_done;
     psd_shard_slot_queue(srv, &co->save.slot);
+}
+
+/* Save the state with a change just made; returns the number of the save that holds it (0: none
+ * needed, while psd_coord_create runs: it saves at its end, before any answer). */
+static uint64_t coord_save_gen(psd_server_t *srv)
+{
+    psd_coord_t *co = srv->coord;
+    if (co->creating) return 0;
+    bool busy = co->save_busy; /* then the change goes into the next save */
+    coord_save(srv);
+    return busy ? co->save_gen + 1 : co->save_gen;
 }
 
 /* How long a member whose connection closed keeps its rank (psd_coord_on_gone): the heartbeat
@@ -282,6 +303,8 @@ static void reply_batch(psd_server_t *srv, uint32_t r)
         a.samples = m->progress;
         a.nreplay = m->batch.nreplay; /* handed out before: where it may be applied already */
         if (!is_bsp(srv)) a.flags = PS_FLAG_BATCH; /* pushes carry the batch (shard.c) */
+        if (srv->test_crash_after_batch && --srv->test_crash_after_batch == 0)
+            srv->test_crash_armed = true; /* psd_shard_on_push */
         memcpy(a.replay, m->batch.replay, sizeof a.replay);
     }
     psd_send_msg(srv, rt->conn, &a);
@@ -541,7 +564,13 @@ static void serve_async(psd_server_t *srv, uint32_t r)
         m->has_batch = 1;
         m->batch_step = m->steps_done;
         m->progress = co->s.cur.applied_total;
+        /* Answered once a committed state holds the hand-out: a restart of this shard before
+         * that would hand the same samples out again (and its worker the batch before), and
+         * they would be applied twice. Apply jobs copy the state when they start, so this
+         * save. */
+        co->rt[r].batch_gen = coord_save_gen(srv);
     }
+    if (co->rt[r].batch_gen > co->saved_gen) return; /* save_done answers */
     reply_batch(srv, r);
 }
 

@@ -812,6 +812,10 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, const char *restore,
         PS_LOG(PS_LOG_WARN, "server", "PS_TEST_CRASH_AFTER_APPLY=%u: this shard kills itself "
                "after apply job %u commits (a test hook)", srv->test_crash_after_apply,
                srv->test_crash_after_apply);
+    if ((srv->test_crash_after_batch = test_hook("PS_TEST_CRASH_AFTER_BATCH", 0)))
+        PS_LOG(PS_LOG_WARN, "server", "PS_TEST_CRASH_AFTER_BATCH=%u: this shard kills itself at "
+               "the first push after it handed out batch %u (a test hook)",
+               srv->test_crash_after_batch, srv->test_crash_after_batch);
     if ((srv->test_drop_hello = test_hook("PS_TEST_DROP_HELLO", 8)))
         PS_LOG(PS_LOG_WARN, "server", "PS_TEST_DROP_HELLO=%u: the first hello of each of %u "
                "workers goes unanswered on purpose (a test hook)",

@@ -330,6 +330,10 @@ struct psd_server_s {
     uint64_t test_pull_count;
     uint32_t test_crash_after_apply; /* PS_TEST_CRASH_AFTER_APPLY (tests only): SIGKILL itself
                                         after the Nth apply job commits, before its acks */
+    uint32_t test_crash_after_batch; /* PS_TEST_CRASH_AFTER_BATCH (tests only): SIGKILL itself
+                                        at the first push received after the Nth batch handed
+                                        out (test_crash_armed: that batch was handed out) */
+    bool test_crash_armed;
     uint32_t test_lose_ack;     /* PS_TEST_LOSE_ACK (tests only): the Nth push acknowledgement
                                    is not sent and its connection is closed */
     uint32_t test_drop_hello;   /* PS_TEST_DROP_HELLO (tests only): workers (by pid) whose

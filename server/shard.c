@@ -955,6 +955,11 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
                                void *data, size_t length, const ucp_am_recv_param_t *param)
 {
     if (srv->stopping) return UCS_OK; /* not received, not acked: sent again after a restart */
+    if (srv->test_crash_armed) {
+        PS_LOG(PS_LOG_WARN, "shard", "killed at a push after a batch was handed out "
+               "(PS_TEST_CRASH_AFTER_BATCH)");
+        raise(SIGKILL);
+    }
     if (conn->rank < 0 || msg->rank != conn->rank) {
         psd_send_chunk_error(srv, conn, msg->req_id, msg->tensor, msg->chunk, PS_EPROTO,
                              "push from rank %d, but this peer is rank %d", msg->rank,

@@ -293,6 +293,33 @@ START_TEST(test_kill9_after_batch_asp_applied_once)
 }
 END_TEST
 
+/* asp: shard 0 (the coordinator) killed right after it handed out a batch, at the next push it
+ * gets (PS_TEST_CRASH_AFTER_BATCH), and started again. The worker pushes that batch when the
+ * shard is back; the restarted coordinator must not hand the same samples out again (they would
+ * be applied twice) nor hand the worker its batch before it (the same). Hand-outs under asp and
+ * ssp are answered once the state holding them is committed. Before, the restart forgot the
+ * hand-out: replay.a's element of that batch ended at -2. */
+START_TEST(test_asp_coordinator_restart_after_handout)
+{
+    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = "asp",
+                   .optimizer = "{name: sgd, lr: 1}"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start_env(c, 0, READY_S, "PS_TEST_CRASH_AFTER_BATCH", "9"),
+                         cl_psd_start(c, 1, NULL, READY_S)};
+    char nb[] = "40", bs[] = "8", die[] = "1000000", ord[] = "ab";
+    char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, die, ord, NULL};
+    cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
+    ck_assert_int_eq(cl_wait(psd[0], RUN_S), 128 + SIGKILL);
+    EXPECT_LOG(psd[0], "PS_TEST_CRASH_AFTER_BATCH");
+    psd[0] = cl_psd_start(c, 0, NULL, READY_S);
+    EXPECT_EXIT(w[0], 0);
+    EXPECT_EXIT(w[1], 0);
+    EXPECT_LOG(w[0], "every batch applied once on both tensors");
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* The same, with the other tensor first, and shard 1 (not the coordinator) killed right after
  * it committed that step with the dying worker's push (PS_TEST_CRASH_AFTER_APPLY: its 6th apply
  * is step 5 of "replay.b", its one chunk) and started again before the batch comes back: the
@@ -868,6 +895,8 @@ Suite *ps_test_suite(void)
                              test_kill9_mid_batch_asp_applied_once));
     suite_add_tcase(s, tcase("kill9_after_batch_asp_applied_once",
                              test_kill9_after_batch_asp_applied_once));
+    suite_add_tcase(s, tcase("asp_coordinator_restart_after_handout",
+                             test_asp_coordinator_restart_after_handout));
     suite_add_tcase(s, tcase("kill9_mid_step_shard_restarted",
                              test_kill9_mid_step_shard_restarted));
     suite_add_tcase(s, tcase("kill9_mid_step_coordinator_restarted",
