@@ -314,7 +314,10 @@ START_TEST(test_asp_coordinator_restart_after_handout)
     psd[0] = cl_psd_start(c, 0, NULL, READY_S);
     EXPECT_EXIT(w[0], 0);
     EXPECT_EXIT(w[1], 0);
-    EXPECT_LOG(w[0], "every batch applied once on both tensors");
+    /* Rank 0 checks, whichever process joined first. */
+    ck_assert_int_eq(count_in_log(w[0], "every batch applied once on both tensors") +
+                         count_in_log(w[1], "every batch applied once on both tensors"),
+                     1);
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }
