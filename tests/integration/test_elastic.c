@@ -223,74 +223,49 @@ static void replay_expect(cl_proc_t *w[2])
     EXPECT_LOG(w[1 - victim], "every batch applied once on both tensors");
 }
 
-/* bsp: a worker killed in the middle of its step, after its push of one tensor was applied
- * (acknowledged) and before its push of the other (replay_client.c). Its batch goes to the
- * survivor a step later, tagged with the step and rank that left: shard 0's chunk, which
- * applied the batch with the dead worker's push, must not apply it again; shard 1's, which
- * never had it, must. Before, the batch was applied twice on the first tensor. */
-START_TEST(test_kill9_mid_step_applied_once)
+/* Two replay_clients (order @p order) on a 2x2 cluster of @p consistency with sgd lr 1; the
+ * dying one's batch goes to the survivor, which finds every batch applied once; shard 0 skipped
+ * @p skipped replayed pushes. */
+static void replay_run(const char *consistency, const char *order, long long skipped)
 {
-    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .optimizer = "{name: sgd, lr: 1}"};
+    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = consistency,
+                   .optimizer = "{name: sgd, lr: 1}"};
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
     cl_proc_t *w[2];
-    replay_start(c, "ab", w);
+    replay_start(c, order, w);
     replay_expect(w);
     EXPECT_LOG(psd[0], "its batch goes to another worker");
     coord_t co;
     coord_open(&co, c);
     char *j = coord_status(&co);
-    ck_assert_msg(j && jnum(j, "replays_skipped") == 1, "shard 0 should have skipped one "
-                  "replayed push: %s", j ? j : "-");
+    ck_assert_msg(j && jnum(j, "replays_skipped") == skipped, "shard 0 should have skipped %lld "
+                  "replayed pushes: %s", skipped, j ? j : "-");
     free(j);
     coord_close(&co);
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }
+
+/* bsp: a worker killed in the middle of its step, after its push of one tensor was applied
+ * (acknowledged) and before its push of the other (replay_client.c). Its batch goes to the
+ * survivor a step later, tagged with the step and rank that left: shard 0's chunk, which
+ * applied the batch with the dead worker's push, must not apply it again; shard 1's, which
+ * never had it, must. Before, the batch was applied twice on the first tensor. */
+START_TEST(test_kill9_mid_step_applied_once) { replay_run("bsp", "ab", 1); }
 END_TEST
 
 /* The same under asp (each push applied on arrival, so no step tells a replay): the batch goes to
  * the survivor tagged with the rank that left, and pushes carry their batch, which each chunk
  * records per rank with the push it applied; shard 0's chunk has it from the dead rank and
  * does not apply it again. Before, it did (replay.a's element at -2). */
-START_TEST(test_kill9_mid_batch_asp_applied_once)
-{
-    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = "asp",
-                   .optimizer = "{name: sgd, lr: 1}"};
-    cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
-    cl_proc_t *w[2];
-    replay_start(c, "ab", w);
-    replay_expect(w);
-    EXPECT_LOG(psd[0], "its batch goes to another worker");
-    coord_t co;
-    coord_open(&co, c);
-    char *j = coord_status(&co);
-    ck_assert_msg(j && jnum(j, "replays_skipped") == 1, "shard 0 should have skipped one "
-                  "replayed push: %s", j ? j : "-");
-    free(j);
-    coord_close(&co);
-    stop_all(psd, 2);
-    cl_cluster_destroy(c);
-}
+START_TEST(test_kill9_mid_batch_asp_applied_once) { replay_run("asp", "ab", 1); }
 END_TEST
 
 /* asp: the worker dies after both its pushes of the batch were applied, before it reported the
- * batch done: the batch goes to the survivor, and neither chunk applies it again. Before, both
- * did. */
-START_TEST(test_kill9_after_batch_asp_applied_once)
-{
-    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = "asp",
-                   .optimizer = "{name: sgd, lr: 1}"};
-    cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
-    cl_proc_t *w[2];
-    replay_start(c, "ab+", w);
-    replay_expect(w);
-    EXPECT_LOG(psd[0], "its batch goes to another worker");
-    stop_all(psd, 2);
-    cl_cluster_destroy(c);
-}
+ * batch done: the batch goes to the survivor, and neither chunk applies it again (shard 0 skips
+ * replay.a's push). Before, both did. */
+START_TEST(test_kill9_after_batch_asp_applied_once) { replay_run("asp", "ab+", 1); }
 END_TEST
 
 /* asp: shard 0 (the coordinator) killed right after it handed out a batch, at the next push it

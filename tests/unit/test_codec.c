@@ -692,37 +692,45 @@ static void check_topk(const psk_codec_t *c, const float *x, size_t n)
     free(order);
 }
 
+/*
+ * The selection cases for x[n] of any size: normal values, magnitudes in one level-1 bin
+ * (decided by the lower levels: @p low_bits of mantissa vary), heavy ties (three magnitudes;
+ * ties go to the lowest indices), all zeros; at each of @p fractions where the case depends
+ * on it. Leaves x zeroed.
+ */
+static void topk_cases(psk_codec_t *c, float *x, size_t n, const float *fractions, size_t nf,
+                       uint32_t low_bits, uint64_t seed)
+{
+    fill_normal(x, n, seed, 1.0);
+    for (size_t f = 0; f < nf; f++) {
+        c->fraction = fractions[f];
+        check_topk(c, x, n);
+    }
+    rng_state = seed + 1;
+    for (size_t i = 0; i < n; i++)
+        x[i] = float_of(0x3f800000u | (uint32_t)(rng_next() % low_bits)) * ((i & 1) ? -1 : 1);
+    c->fraction = 0.01f;
+    check_topk(c, x, n);
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)(i % 3) * ((i & 4) ? -1.0f : 1.0f);
+    for (size_t f = 0; f < nf; f++) {
+        c->fraction = fractions[f];
+        check_topk(c, x, n);
+    }
+    memset(x, 0, n * sizeof(float));
+    c->fraction = 0.01f;
+    check_topk(c, x, n);
+}
+
 START_TEST(test_topk_selects_largest)
 {
     const size_t n = 10007;
     float *x = xmalloc(n * sizeof(float));
     psk_codec_t c = CODECS[5 + _i % 2];
     static const float fractions[] = {0.001f, 0.01f, 0.05f, 0.5f, 1.0f};
-
-    /* Normal values (the usual case: the threshold bin holds a few candidates). */
-    fill_normal(x, n, 7, 1.0);
-    for (size_t f = 0; f < sizeof fractions / sizeof fractions[0]; f++) {
-        c.fraction = fractions[f];
-        check_topk(&c, x, n);
-    }
-    /* Every magnitude in [1, 1 + 2^-12): one level-1 bin, decided by the lower levels. */
-    rng_state = 8;
-    for (size_t i = 0; i < n; i++)
-        x[i] = float_of(0x3f800000u | (uint32_t)(rng_next() % 2048)) * ((i & 1) ? -1 : 1);
-    c.fraction = 0.01f;
-    check_topk(&c, x, n);
-    /* Heavy ties: only three magnitudes; ties go to the lowest indices. */
-    for (size_t i = 0; i < n; i++)
-        x[i] = (float)(i % 3) * ((i & 4) ? -1.0f : 1.0f);
-    for (size_t f = 0; f < sizeof fractions / sizeof fractions[0]; f++) {
-        c.fraction = fractions[f];
-        check_topk(&c, x, n);
-    }
-    /* All zeros, a single element. */
-    memset(x, 0, n * sizeof(float));
-    c.fraction = 0.01f;
-    check_topk(&c, x, n);
-    x[0] = -3.0f;
+    /* Every magnitude in [1, 1 + 2^-12) for the one-bin case. */
+    topk_cases(&c, x, n, fractions, sizeof fractions / sizeof fractions[0], 2048, 7);
+    x[0] = -3.0f; /* a single element */
     check_topk(&c, x, 1);
     free(x);
 }
@@ -776,10 +784,6 @@ START_TEST(test_topk_sampled_path)
     static const float fractions[] = {0.001f, 0.01f, 0.1f, 0.2f, 0.3f};
 
     fill_normal(x, n, 21, 1.0);
-    for (size_t f = 0; f < sizeof fractions / sizeof fractions[0]; f++) {
-        c.fraction = fractions[f];
-        check_topk(&c, x, n);
-    }
     c.fraction = 0.01f;
     check_topk_ef(&c, x, n);
     /* NaNs and infinities among them (NaN magnitudes rank above infinity). */
@@ -802,22 +806,9 @@ START_TEST(test_topk_sampled_path)
     check_topk(&c, x, n);
     check_topk_ef(&c, x, n);
 
-    /* Ties across the threshold: three magnitudes, the lowest indices of the tie win. */
-    for (size_t i = 0; i < n; i++)
-        x[i] = (float)(i % 3) * ((i & 4) ? -1.0f : 1.0f);
-    for (size_t f = 0; f < sizeof fractions / sizeof fractions[0]; f++) {
-        c.fraction = fractions[f];
-        check_topk(&c, x, n);
-    }
-    /* Magnitudes that share their top 22 bits, decided by the last 9. */
-    rng_state = 24;
-    for (size_t i = 0; i < n; i++)
-        x[i] = float_of(0x3f800000u | (uint32_t)(rng_next() % 512)) * ((i & 1) ? -1 : 1);
-    c.fraction = 0.01f;
-    check_topk(&c, x, n);
-    /* All zeros: no threshold above zero (the full path). */
-    memset(x, 0, n * sizeof(float));
-    check_topk(&c, x, n);
+    /* Ties across the threshold; magnitudes that share their top 22 bits, decided by the
+     * last 9; all zeros (no threshold above zero: the full path). */
+    topk_cases(&c, x, n, fractions, sizeof fractions / sizeof fractions[0], 512, 24);
     free(x);
 }
 END_TEST
