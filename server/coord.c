@@ -568,6 +568,7 @@ static void serve_async(psd_server_t *srv, uint32_t r)
          * that would hand the same samples out again (and its worker the batch before), and
          * they would be applied twice. Apply jobs copy the state when they start, so this
          * save. */
+        co->rt[r].batch_gen = UINT64_MAX; /* a save_done run inside coord_save must not answer */
         co->rt[r].batch_gen = coord_save_gen(srv);
     }
     if (co->rt[r].batch_gen > co->saved_gen) return; /* save_done answers */

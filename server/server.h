@@ -78,16 +78,26 @@ static inline uint64_t psd_conn_who(const psd_conn_t *c)
     return (c->host_id * 0x9E3779B97F4A7C15ull ^ c->pid) * 0xBF58476D1CE4E5B9ull ^ c->join_serial;
 }
 
-/* The push whose update a rank's slot of a chunk last committed: its sender and request, the
- * batch it was for (ps_batch_key; 0: none said), and the batch of the last push of the sender
- * before (a rank's new process replaced it), so that a batch handed out again after its worker
- * died is not applied twice where it was (asp / ssp; shard.c batch_applied_here). */
+/* The push whose update a rank's slot of a chunk last committed: its sender and request, and the
+ * batch it was for (ps_batch_key; 0: none said), so that a batch handed out again after its
+ * worker died is not applied twice where it was (asp / ssp; shard.c batch_applied_here). */
 typedef struct {
     uint64_t who;
     uint64_t req;
     uint64_t batch;
-    uint64_t prev_batch;
 } psd_done_t;
+
+/* asp / ssp: a chunk remembers the batch of the last push of each process whose rank another
+ * process took (it left or died) for this many such changes: a replay of a dead worker's batch
+ * that comes after its rank changed hands (even several times) is still known. */
+#define PSD_ORPHAN_RING 64
+
+/* A chunk's applied-push record as stored (key 'D'; asp / ssp): by rank, then the ring. */
+typedef struct {
+    psd_done_t done[PS_MAX_RANKS];
+    uint64_t orphan[PSD_ORPHAN_RING]; /* batch keys, 0: empty */
+    uint64_t orphan_next;             /* where the next one goes, mod PSD_ORPHAN_RING */
+} psd_applied_t;
 
 typedef struct {
     psd_chunk_t *chunk;
@@ -126,8 +136,8 @@ struct psd_chunk_s {
     uint64_t *slot_step;       /* the step the push is for */
     uint64_t *slot_who;        /* who pushed it: psd_conn_who() */
     uint64_t *slot_batch;      /* asp / ssp: the batch it is for (ps_batch_key; 0: none said) */
-    psd_done_t *done;          /* by rank: the last push applied (asp / ssp: a resend of it is
-                                  acknowledged, not applied again) */
+    psd_applied_t *applied;    /* asp / ssp: by rank, the last push applied (a resend of it is
+                                  acknowledged, not applied again), and the orphaned batches */
     psd_conn_t **slot_conn;    /* who to acknowledge */
     psd_slot_ref_t *slot_ref;  /* receive-callback contexts */
     uint32_t nfull;            /* slots in SLOT_FULL */

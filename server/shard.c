@@ -52,17 +52,17 @@ static psd_chunk_t *chunk_new(psd_server_t *srv, uint32_t t, uint32_t c, uint32_
     ch->slot_step = calloc(w, sizeof *ch->slot_step);
     ch->slot_who = calloc(w, sizeof *ch->slot_who);
     ch->slot_batch = calloc(w, sizeof *ch->slot_batch);
-    ch->done = calloc(w, sizeof *ch->done);
+    ch->applied = calloc(1, sizeof *ch->applied);
     ch->slot_conn = calloc(w, sizeof *ch->slot_conn);
     ch->slot_ref = calloc(w, sizeof *ch->slot_ref);
     ch->slot_ext = calloc(w, sizeof *ch->slot_ext);
     if (!ch->slot_ext || !ch->slots || !ch->slot_memh || !ch->slot_state || !ch->slot_req || !ch->slot_conn || !ch->slot_ref ||
         !ch->slot_cap || !ch->slot_len || !ch->slot_codec || !ch->slot_crc || !ch->slot_step ||
-        !ch->slot_who || !ch->slot_batch || !ch->done) {
+        !ch->slot_who || !ch->slot_batch || !ch->applied) {
         free(ch->slot_step);
         free(ch->slot_who);
         free(ch->slot_batch);
-        free(ch->done);
+        free(ch->applied);
         free(ch->slots);
         free(ch->slot_memh);
         free(ch->slot_cap);
@@ -95,7 +95,7 @@ static void chunk_free(psd_chunk_t *ch)
     free(ch->slot_step);
     free(ch->slot_who);
     free(ch->slot_batch);
-    free(ch->done);
+    free(ch->applied);
     free(ch->slot_conn);
     free(ch->slot_ref);
     if (ch->slot_ext)
@@ -177,15 +177,15 @@ static void on_load_applied(void *arg, uint32_t t, uint32_t c, const void *val, 
                           ? srv->tensors[t].chunks[c]
                           : NULL;
     summed_rec_t rec;
-    if (ch && len == PS_MAX_RANKS * sizeof *ch->done) {
-        memcpy(ch->done, val, len);
+    if (ch && len == sizeof *ch->applied) {
+        memcpy(ch->applied, val, len);
     } else if (ch && len == PS_MAX_RANKS * 2 * sizeof(uint64_t)) {
         /* Written before session 23: who and request only (no batches). */
         const uint8_t *p = val;
+        *ch->applied = (psd_applied_t){0};
         for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
-            ch->done[r] = (psd_done_t){0};
-            memcpy(&ch->done[r].who, p + 16 * r, 8);
-            memcpy(&ch->done[r].req, p + 16 * r + 8, 8);
+            memcpy(&ch->applied->done[r].who, p + 16 * r, 8);
+            memcpy(&ch->applied->done[r].req, p + 16 * r + 8, 8);
         }
     } else if (ch && len == sizeof rec) {
         /* bsp: the members of every apply from rec.step on (until the chunk's version). */
@@ -897,29 +897,41 @@ static bool replayed_here(psd_server_t *srv, const psd_chunk_t *ch, uint32_t ran
     return false;
 }
 
-/* asp / ssp: rank @p r's record once its push in slot r committed: that push's sender, request
- * and batch; the batch of the last push of the rank's process before, when another one pushed
- * now (so that a replay of a dead worker's batch is still caught after its rank was taken). */
-static psd_done_t done_after(const psd_chunk_t *ch, uint32_t r)
+/* Record @p a (a chunk's, or the copy an apply job stores) after the push in slot @p r of @p ch
+ * committed: that push's sender, request and batch. When another process pushed before on this
+ * rank, its last batch goes into the ring: a replay of a dead worker's batch is still known
+ * after its rank changed hands. */
+static void applied_commit(psd_applied_t *a, const psd_chunk_t *ch, uint32_t r)
 {
-    const psd_done_t *o = &ch->done[r];
-    return (psd_done_t){ch->slot_who[r], ch->slot_req[r], ch->slot_batch[r],
-                        o->who == ch->slot_who[r] ? o->prev_batch : o->batch};
+    psd_done_t *d = &a->done[r];
+    if (d->who != ch->slot_who[r] && d->batch != 0)
+        a->orphan[a->orphan_next++ % PSD_ORPHAN_RING] = d->batch;
+    *d = (psd_done_t){ch->slot_who[r], ch->slot_req[r], ch->slot_batch[r]};
 }
 
 /* asp / ssp: whether push @p msg from rank @p rank, of a batch handed out again (its replay tags
  * name the ranks that had it and left), brings a batch chunk @p ch applied already: a tagged
- * rank's record of the pushes it applied here holds the batch. Pushes are applied on arrival,
- * so there is no step to tell; the batch's key is. A worker's pushes of one batch end before
- * it asks for the next, so a dead rank's last push here is of its last batch. */
+ * rank's record of the pushes it applied here holds the batch (or its slot, the push waiting to
+ * be applied or being applied), or another process that held a rank here applied it last
+ * (the orphan ring). Pushes are applied on arrival, so there is no step to tell; the batch's
+ * key is. A worker's pushes of one batch end before it asks for the next, so a dead rank's
+ * last push here is of its last batch. @p who: the pusher's (psd_conn_who). */
 static bool batch_applied_here(psd_server_t *srv, const psd_chunk_t *ch, uint32_t rank,
-                               const ps_msg_t *msg)
+                               uint64_t who, const ps_msg_t *msg)
 {
     uint64_t key = ps_batch_key(msg->data_epoch, msg->batch_offset);
     if (key == 0) return false;
+    const psd_applied_t *a = ch->applied;
+    bool orphaned = false; /* a process whose rank changed hands applied it here last */
+    for (uint32_t o = 0; o < PSD_ORPHAN_RING; o++) orphaned |= a->orphan[o] == key;
     for (uint32_t i = 0; i < msg->nreplay; i++) {
         uint32_t r = PS_REPLAY_RANK(msg->replay[i]);
-        if (r == rank || (ch->done[r].batch != key && ch->done[r].prev_batch != key)) continue;
+        /* The pusher's own record does not count (a second push of the batch is the caller's
+         * choice); the tagged rank may be its own, held before by the process that died. */
+        bool in_slot = (ch->slot_state[r] == SLOT_FULL || ch->slot_state[r] == SLOT_APPLYING) &&
+                       ch->slot_batch[r] == key && ch->slot_who[r] != who; /* being applied */
+        if (!orphaned && !in_slot && (a->done[r].who == who || a->done[r].batch != key))
+            continue;
         PS_LOG(PS_LOG_DEBUG, "shard", "push of %u/%u from rank %u replays the batch of pass %llu "
                "at %llu, which rank %u (clock %llu) applied here already: acknowledged, not "
                "applied again", ch->tensor, ch->chunk, rank, (unsigned long long)msg->data_epoch,
@@ -1034,8 +1046,8 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
         }
     }
     bool replay = bsp && msg->nreplay > 0 && replayed_here(srv, ch, rank, msg);
-    if (!bsp && msg->req_id != 0 && msg->req_id == ch->done[rank].req &&
-        psd_conn_who(conn) == ch->done[rank].who) {
+    if (!bsp && msg->req_id != 0 && msg->req_id == ch->applied->done[rank].req &&
+        psd_conn_who(conn) == ch->applied->done[rank].who) {
         /* asp / ssp: this push's update committed, but its acknowledgement was lost with the
          * connection and the worker sent it again. bsp needs no record of it: the step check
          * above acknowledges any push of a step the chunk passed. */
@@ -1048,7 +1060,7 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
         return UCS_OK;
     }
     if (!bsp && (msg->flags & PS_FLAG_BATCH) && msg->nreplay > 0 &&
-        batch_applied_here(srv, ch, rank, msg)) {
+        batch_applied_here(srv, ch, rank, psd_conn_who(conn), msg)) {
         ps_msg_t a = {.type = PS_MSG_PUSH_ACK, .req_id = msg->req_id, .tensor = ch->tensor,
                       .chunk = ch->chunk, .step = ch->version, .shard = srv->shard};
         psd_send_msg(srv, conn, &a);
@@ -1430,18 +1442,18 @@ static int run_apply(psd_job_t *job, psd_wtxn_t *tx)
     }
     /* asp / ssp: which push each rank last applied goes into the same transaction, so that a
      * resend after a crash between this commit and the acknowledgement is still known (a bsp
-     * resend is known by its step). ack_slot sets ch->done to the same after the commit. */
+     * resend is known by its step). ack_slot makes ch->applied the same after the commit (in
+     * the same rank order; only the loop thread writes it, and not while this job runs). */
     for (uint32_t i = 0; i < job->nitems; i++) {
         psd_chunk_t *ch = job->items[i];
-        psd_done_t done[PS_MAX_RANKS];
-        memcpy(done, ch->done, sizeof done);
+        psd_applied_t a = *ch->applied;
         bool any = false;
         for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
             if (ch->slot_state[r] == SLOT_APPLYING && !(job->bad[i] >> r & 1)) {
-                done[r] = done_after(ch, r);
+                applied_commit(&a, ch, r);
                 any = true;
             }
-        int rc = any ? psd_store_put_applied(tx, ch->tensor, ch->chunk, done, sizeof done) : 0;
+        int rc = any ? psd_store_put_applied(tx, ch->tensor, ch->chunk, &a, sizeof a) : 0;
         if (rc) return rc;
     }
     return 0;
@@ -1495,7 +1507,7 @@ static void snapshot_stale(psd_server_t *srv)
 static void ack_slot(psd_server_t *srv, psd_chunk_t *ch, uint32_t r, int rc, uint64_t version)
 {
     psd_conn_t *conn = ch->slot_conn[r];
-    if (rc == 0) ch->done[r] = done_after(ch, r);
+    if (rc == 0) applied_commit(ch->applied, ch, r);
     if (conn && rc == 0 && srv->test_lose_ack && --srv->test_lose_ack == 0) {
         PS_LOG(PS_LOG_WARN, "shard", "acknowledgement of %u/%u to rank %u lost and its "
                "connection closed (PS_TEST_LOSE_ACK)", ch->tensor, ch->chunk, r);

@@ -166,6 +166,12 @@ struct ps_op_s {
     uint64_t submit_ns, done_ns; /* CLOCK_MONOTONIC when handed to the comm thread, and at done
                                     (op_wait_done times pushes and pulls with them) */
     uint64_t min_version;
+    /* push: its batch and replay tags, as the comm thread knew them when it started the op
+     * (start_op), so that a part sent again later carries the same ones */
+    int batch_stamp;
+    uint64_t batch_pass, batch_offset;
+    uint32_t nreplay;
+    uint64_t replay[PS_REPLAY_MAX];
     void (*on_done)(ps_op_t *op); /* internal ops (re-hello): run on the comm thread, then freed */
     ps_msg_t reply;    /* hello / declare: the reply */
     ps_msg_t req;      /* hello / declare: the request */
@@ -717,15 +723,13 @@ static void send_data_part(ps_client_t *c, ps_op_t *op, part_t *p)
             m.samples = c->progress;
             m.flags |= PS_FLAG_PROGRESS;
         }
-        if (c->batch_stamp) { /* asp / ssp: no step tells a batch's pushes */
+        if (op->batch_stamp) { /* asp / ssp: no step tells a batch's pushes */
             m.flags |= PS_FLAG_BATCH;
-            m.data_epoch = c->batch_pass;
-            m.batch_offset = c->batch_offset;
+            m.data_epoch = op->batch_pass;
+            m.batch_offset = op->batch_offset;
         }
-        if (c->nreplay && (c->batch_stamp || op->step == c->replay_step)) {
-            m.nreplay = c->nreplay;
-            memcpy(m.replay, c->replay, sizeof m.replay);
-        }
+        m.nreplay = op->nreplay;
+        memcpy(m.replay, op->replay, sizeof m.replay);
         __atomic_add_fetch(&c->stats.bytes_pushed, p->len, __ATOMIC_RELAXED);
         __atomic_add_fetch(&c->stats.bytes_pushed_raw, len * 4, __ATOMIC_RELAXED);
         __atomic_add_fetch(&c->stats.pushes, 1, __ATOMIC_RELAXED);
@@ -859,6 +863,15 @@ static void start_op(ps_client_t *c, ps_op_t *op)
     case OP_PUSH:
     case OP_PULL: {
         int copied = 0, later = 0;
+        if (op->type == OP_PUSH) { /* the batch it is for: the current one (bsp: of its step) */
+            op->batch_stamp = c->batch_stamp;
+            op->batch_pass = c->batch_pass;
+            op->batch_offset = c->batch_offset;
+            op->nreplay = c->nreplay && (c->batch_stamp || op->step == c->replay_step)
+                              ? c->nreplay
+                              : 0;
+            memcpy(op->replay, c->replay, sizeof op->replay);
+        }
         for (uint32_t i = 0; i < op->nparts; i++) c->shards[op->parts[i].shard].in_window = 0;
         for (uint32_t i = 0; i < op->nparts && op->status == 0; i++) {
             part_t *p = &op->parts[i];

@@ -21,7 +21,10 @@
  * ORDER "ba": every worker pushes "replay.b" first (the dying one then skips "replay.a").
  * A third character "+" ("ab+"): the dying one pushes both tensors (both acknowledged) and dies
  * before it reports the batch done: its batch is handed out again, and neither chunk may apply
- * it again. */
+ * it again.
+ * DIE_STEP "rand:P" (any rank): at each batch, with probability P percent, the worker kills
+ * itself before its first push, between its pushes or after both (before reporting the batch),
+ * one of the three at random (seeded by its pid). */
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
@@ -35,6 +38,15 @@ static int push_wait(ps_client_t *c, uint32_t id, const float *g, uint64_t step)
     ps_op_t *op;
     int rc = ps_client_push(c, id, g, step, &op);
     return rc ? rc : ps_op_wait(op, NULL);
+}
+
+/* rand:P mode: die (SIGKILL) after @p pushes of batch @p j's two. */
+static void random_death(int rank, uint64_t j, int pushes)
+{
+    printf("replay_client: rank %d dies with batch %" PRIu64 " after %d of its pushes\n", rank,
+           j, pushes);
+    fflush(stdout);
+    raise(SIGKILL);
 }
 
 /* Rank 0 at the end: every element of both tensors applied exactly once. */
@@ -67,9 +79,11 @@ int main(int argc, char **argv)
         return 2;
     }
     int first = argc == 6 && strncmp(argv[5], "ba", 2) == 0; /* the tensor pushed first */
-    int both = argc == 6 && strcmp(argv[5] + 2, "+") == 0;  /* dies after both pushes */
+    int both = argc == 6 && (strcmp(argv[5], "ab+") == 0 || strcmp(argv[5], "ba+") == 0);
     uint64_t nb = strtoull(argv[2], NULL, 10), batch = strtoull(argv[3], NULL, 10);
     uint64_t die = strtoull(argv[4], NULL, 10);
+    int die_pct = strncmp(argv[4], "rand:", 5) == 0 ? atoi(argv[4] + 5) : -1;
+    srand((unsigned)getpid());
     if (nb == 0 || nb > 4096 || batch == 0) {
         fprintf(stderr, "replay_client: NBATCH in [1, 4096], BATCH >= 1\n");
         return 2;
@@ -114,7 +128,14 @@ int main(int argc, char **argv)
         }
         memset(g, 0, nb * sizeof *g);
         g[j] = 1.0f;
+        if (die_pct > 0) /* for the post-mortem of a failed run: who had which batch */
+            printf("replay_client: pid %d rank %d got batch %" PRIu64 "\n", (int)getpid(), rank, j);
+        int at = die_pct > 0 && rand() % 100 < die_pct ? rand() % 3 : -1; /* pushes done first */
+        if (at == 0) random_death(rank, j, at);
         rc = push_wait(c, id[first], g, b.step);
+        if (rc == 0 && at == 1) random_death(rank, j, at);
+        if (rc == 0 && at == 2) rc = push_wait(c, id[1 - first], g, b.step);
+        if (rc == 0 && at == 2) random_death(rank, j, at);
         if (rc == 0 && both) rc = push_wait(c, id[1 - first], g, b.step);
         if (rc == 0 && rank == 1 && b.step == die && both) {
             printf("replay_client: rank 1 dies at step %" PRIu64 " with batch %" PRIu64

@@ -268,6 +268,54 @@ END_TEST
 START_TEST(test_kill9_after_batch_asp_applied_once) { replay_run("asp", "ab+", 1); }
 END_TEST
 
+/* asp: three replay_clients that each kill themselves at 5 % of their batches (before their
+ * first push, between their pushes or after both, before reporting the batch), replaced as they
+ * die, until the job has handed out and applied every batch; then a last one checks that every
+ * batch was applied exactly once on both tensors. */
+START_TEST(test_asp_random_deaths_applied_once)
+{
+    cl_conf_t k = {.shards = 2, .workers = 3, .batch_size = 8, .consistency = "asp",
+                   .optimizer = "{name: sgd, lr: 1}"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    char nb[] = "200", bs[] = "8", die[] = "rand:5", never[] = "1000000000", ord[] = "ab";
+    char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, die, ord, NULL};
+    coord_t co;
+    coord_open(&co, c);
+    cl_proc_t *live[3] = {NULL, NULL, NULL}, *all[100];
+    int nall = 0, finished = 0;
+    double t0 = now_s();
+    while (!finished && now_s() - t0 < 60 && nall < 100) {
+        for (int i = 0; i < 3; i++)
+            if (live[i] == NULL || !cl_alive(live[i])) {
+                char name[24];
+                snprintf(name, sizeof name, "replay%d", nall);
+                live[i] = all[nall++] = cl_spawn(c, name, argv);
+            }
+        char *j = coord_status(&co);
+        finished = j && strstr(j, "\"finished\": true") != NULL;
+        free(j);
+        nap_ms(50);
+    }
+    ck_assert_msg(finished, "the job did not finish in 60 s with %d workers started", nall);
+    int deaths = 0;
+    for (int i = 0; i < nall; i++) {
+        int st = cl_wait(all[i], RUN_S);
+        ck_assert_msg(st == 0 || st == 128 + SIGKILL, "%s exited %d: %s", all[i]->name, st,
+                      cl_tail(all[i]));
+        deaths += st == 128 + SIGKILL;
+    }
+    argv[4] = never;
+    cl_proc_t *check = cl_spawn(c, "check", argv);
+    EXPECT_EXIT(check, 0);
+    EXPECT_LOG(check, "every batch applied once on both tensors");
+    ck_assert_msg(deaths > 0, "no worker died (%d started)", nall);
+    coord_close(&co);
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* asp: shard 0 (the coordinator) killed right after it handed out a batch, at the next push it
  * gets (PS_TEST_CRASH_AFTER_BATCH), and started again. The worker pushes that batch when the
  * shard is back; the restarted coordinator must not hand the same samples out again (they would
@@ -873,6 +921,8 @@ Suite *ps_test_suite(void)
                              test_kill9_mid_batch_asp_applied_once));
     suite_add_tcase(s, tcase("kill9_after_batch_asp_applied_once",
                              test_kill9_after_batch_asp_applied_once));
+    suite_add_tcase(s, tcase("asp_random_deaths_applied_once",
+                             test_asp_random_deaths_applied_once));
     suite_add_tcase(s, tcase("asp_coordinator_restart_after_handout",
                              test_asp_coordinator_restart_after_handout));
     suite_add_tcase(s, tcase("kill9_mid_step_shard_restarted",
