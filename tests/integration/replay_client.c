@@ -24,7 +24,8 @@
  * it again.
  * DIE_STEP "rand:P" (any rank): at each batch, with probability P percent, the worker kills
  * itself before its first push, between its pushes or after both (before reporting the batch),
- * one of the three at random (seeded by its pid). */
+ * one of the three at random (seeded by its pid); one removed from the job (a restarted
+ * coordinator whose saved state predates its join) exits 3. */
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
@@ -83,6 +84,7 @@ int main(int argc, char **argv)
     uint64_t nb = strtoull(argv[2], NULL, 10), batch = strtoull(argv[3], NULL, 10);
     uint64_t die = strtoull(argv[4], NULL, 10);
     int die_pct = strncmp(argv[4], "rand:", 5) == 0 ? atoi(argv[4] + 5) : -1;
+    if (die_pct >= 0) die = UINT64_MAX; /* no planned death */
     srand((unsigned)getpid());
     if (nb == 0 || nb > 4096 || batch == 0) {
         fprintf(stderr, "replay_client: NBATCH in [1, 4096], BATCH >= 1\n");
@@ -101,15 +103,21 @@ int main(int argc, char **argv)
     for (int t = 0; t < 2 && g && got && !bad; t++) {
         ps_tensor_desc_t d = {.name = t ? "replay.b" : "replay.a", .shape = {(uint32_t)nb},
                               .ndim = 1};
-        if (ps_client_declare(c, &d, &id[t])) {
+        rc = ps_client_declare(c, &d, &id[t]);
+        if (rc) {
             printf("replay_client: declare: %s\n", ps_client_error(c));
-            bad = 1;
+            bad = rc == PS_ENOTMEMBER && die_pct >= 0 ? 3 : 1;
         }
     }
     bad |= g == NULL || got == NULL;
     ps_batch_info_t b, prev;
     for (int k = 0; !bad; k++) {
         rc = ps_client_next_batch(c, nb * batch, k ? &prev : NULL, &b);
+        if (rc == PS_ENOTMEMBER && die_pct >= 0) {
+            printf("replay_client: rank %d was removed from the job\n", rank);
+            bad = 3;
+            break;
+        }
         if (rc) {
             printf("replay_client: rank %d: next batch: %s\n", rank, ps_client_error(c));
             bad = 1;
@@ -153,7 +161,7 @@ int main(int argc, char **argv)
         if (rc) {
             printf("replay_client: rank %d step %" PRIu64 ": %s\n", rank, b.step,
                    ps_client_error(c));
-            bad = 1;
+            bad = rc == PS_ENOTMEMBER && die_pct >= 0 ? 3 : 1;
             break;
         }
         ps_client_batch_done(c, &b);
