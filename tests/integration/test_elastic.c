@@ -935,35 +935,28 @@ END_TEST
 Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("elastic");
-    suite_add_tcase(s, tcase("kill9_one_of_four", test_kill9_one_of_four));
-    suite_add_tcase(s, tcase("kill9_mid_step_applied_once", test_kill9_mid_step_applied_once));
-    suite_add_tcase(s, tcase("kill9_mid_batch_asp_applied_once",
-                             test_kill9_mid_batch_asp_applied_once));
-    suite_add_tcase(s, tcase("kill9_after_batch_asp_applied_once",
-                             test_kill9_after_batch_asp_applied_once));
-    suite_add_tcase(s, tcase("asp_random_deaths_applied_once",
-                             test_asp_random_deaths_applied_once));
-    suite_add_tcase(s, tcase("asp_random_deaths_shard_kills", test_asp_random_deaths_shard_kills));
-    suite_add_tcase(s, tcase("asp_coordinator_restart_after_handout",
-                             test_asp_coordinator_restart_after_handout));
-    suite_add_tcase(s, tcase("kill9_mid_step_shard_restarted",
-                             test_kill9_mid_step_shard_restarted));
-    suite_add_tcase(s, tcase("kill9_mid_step_coordinator_restarted",
-                             test_kill9_mid_step_coordinator_restarted));
-    suite_add_tcase(s, tcase("sigstop_rejoins", test_sigstop_rejoins));
-    suite_add_tcase(s, tcase("all_leave_then_one_joins", test_all_leave_then_one_joins));
-    suite_add_tcase(s, tcase("confused_member_refused", test_confused_member_refused));
-    suite_add_tcase(s, tcase("ssp_joiner_starts_at_slowest", test_ssp_joiner_starts_at_slowest));
-    suite_add_tcase(s, tcase("asp_max_steps_finishes", test_asp_max_steps_finishes));
-    suite_add_tcase(s, tcase("leave_while_coordinator_stopped",
-                             test_leave_while_coordinator_stopped));
-    suite_add_tcase(s, tcase("scale_2_5_1_3", test_scale_2_5_1_3));
-    suite_add_tcase(s, tcase("launcher_survives_coordinator_restart",
-                             test_launcher_survives_coordinator_restart));
-    suite_add_tcase(s, tcase("coordinator_state_kept_without_steps",
-                             test_coordinator_state_kept_without_steps));
-    suite_add_tcase(s, tcase("ssp_staleness", test_ssp_staleness));
-    suite_add_tcase(s, tcase("chaos", test_chaos));
-    suite_add_tcase(s, tcase("status_after_idle", test_status_after_idle));
+#define ADD(name) suite_add_tcase(s, tcase(#name, test_##name))
+    ADD(kill9_one_of_four);
+    ADD(kill9_mid_step_applied_once);
+    ADD(kill9_mid_batch_asp_applied_once);
+    ADD(kill9_after_batch_asp_applied_once);
+    ADD(asp_random_deaths_applied_once);
+    ADD(asp_random_deaths_shard_kills);
+    ADD(asp_coordinator_restart_after_handout);
+    ADD(kill9_mid_step_shard_restarted);
+    ADD(kill9_mid_step_coordinator_restarted);
+    ADD(sigstop_rejoins);
+    ADD(all_leave_then_one_joins);
+    ADD(confused_member_refused);
+    ADD(ssp_joiner_starts_at_slowest);
+    ADD(asp_max_steps_finishes);
+    ADD(leave_while_coordinator_stopped);
+    ADD(scale_2_5_1_3);
+    ADD(launcher_survives_coordinator_restart);
+    ADD(coordinator_state_kept_without_steps);
+    ADD(ssp_staleness);
+    ADD(chaos);
+    ADD(status_after_idle);
+#undef ADD
     return s;
 }
