@@ -268,16 +268,17 @@ END_TEST
 START_TEST(test_kill9_after_batch_asp_applied_once) { replay_run("asp", "ab+", 1); }
 END_TEST
 
-/* asp: three replay_clients that each kill themselves at 5 % of their batches (before their
- * first push, between their pushes or after both, before reporting the batch), replaced as they
- * die, until the job has handed out and applied every batch; then a last one checks that every
- * batch was applied exactly once on both tensors. With @p kill_shards, shards 0 and 1 are also
- * SIGKILLed and started again in turn, six times (a worker a restarted coordinator no longer
- * knows, having joined after its last save, exits 3: removed). */
-static void asp_random_deaths(bool kill_shards)
+/* asp or ssp (@p consistency; staleness 2): three replay_clients that each kill themselves at
+ * 5 % of their batches (before their first push, between their pushes or after both, before
+ * reporting the batch), replaced as they die, until the job has handed out and applied every
+ * batch; then a last one checks that every batch was applied exactly once on both tensors.
+ * With @p kill_shards, shards 0 and 1 are also SIGKILLed and started again in turn, six times
+ * (a worker a restarted coordinator no longer knows, having joined after its last save, exits
+ * 3: removed). */
+static void random_deaths(const char *consistency, bool kill_shards)
 {
-    cl_conf_t k = {.shards = 2, .workers = 3, .batch_size = 8, .consistency = "asp",
-                   .optimizer = "{name: sgd, lr: 1}"};
+    cl_conf_t k = {.shards = 2, .workers = 3, .batch_size = 8, .consistency = consistency,
+                   .optimizer = "{name: sgd, lr: 1}", .job_extra = "  staleness: 2\n"};
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
     char nb[] = "200", bs[] = "8", die[] = "rand:5", never[] = "1000000000", ord[] = "ab";
@@ -330,10 +331,13 @@ static void asp_random_deaths(bool kill_shards)
     cl_cluster_destroy(c);
 }
 
-START_TEST(test_asp_random_deaths_applied_once) { asp_random_deaths(false); }
+START_TEST(test_asp_random_deaths_applied_once) { random_deaths("asp", false); }
 END_TEST
 
-START_TEST(test_asp_random_deaths_shard_kills) { asp_random_deaths(true); }
+START_TEST(test_asp_random_deaths_shard_kills) { random_deaths("asp", true); }
+END_TEST
+
+START_TEST(test_ssp_random_deaths_shard_kills) { random_deaths("ssp", true); }
 END_TEST
 
 /* asp: shard 0 (the coordinator) killed right after it handed out a batch, at the next push it
@@ -942,6 +946,7 @@ Suite *ps_test_suite(void)
     ADD(kill9_after_batch_asp_applied_once);
     ADD(asp_random_deaths_applied_once);
     ADD(asp_random_deaths_shard_kills);
+    ADD(ssp_random_deaths_shard_kills);
     ADD(asp_coordinator_restart_after_handout);
     ADD(kill9_mid_step_shard_restarted);
     ADD(kill9_mid_step_coordinator_restarted);
