@@ -33,6 +33,26 @@ bool ps_cursor_take(ps_cursor_t *c, ps_batch_t *out)
     return true;
 }
 
+int ps_cursor_left_at(const ps_cursor_t *c, uint64_t step, unsigned rank_bits)
+{
+    for (uint32_t i = 0; i < c->nrehand; i++) {
+        const ps_batch_t *b = &c->rehand[i];
+        if (b->nreplay > 0 && b->replay[b->nreplay - 1] >> rank_bits == step) return (int)i;
+    }
+    return -1;
+}
+
+bool ps_cursor_take_left_at(ps_cursor_t *c, uint64_t step, unsigned rank_bits, ps_batch_t *out)
+{
+    int i = ps_cursor_left_at(c, step, rank_bits);
+    if (i < 0) return false;
+    *out = c->rehand[i];
+    memmove(c->rehand + i, c->rehand + i + 1, (c->nrehand - (uint32_t)i - 1) * sizeof *c->rehand);
+    c->nrehand--;
+    c->handed_again++;
+    return true;
+}
+
 int ps_cursor_give_back(ps_cursor_t *c, const ps_batch_t *b)
 {
     if (c->nrehand == PS_REHAND_MAX) return -1;

@@ -190,6 +190,8 @@ struct psd_coord_s {
      * saved (DESIGN-NOTES, Persistence, for what a second restart meanwhile leaves). */
     uint64_t rc_step, rc_pending, rc_view;
     ps_batch_t rc_batch[PS_MAX_RANKS];
+    uint64_t emptied_step1;    /* bsp: the open step + 1 when every member left it (runtime;
+                                  hand_out; DESIGN-NOTES, Membership, known gap) */
 };
 
 static bool is_bsp(const psd_server_t *srv) { return srv->m.job.consistency == PS_CONSIST_BSP; }
@@ -424,10 +426,20 @@ static void hand_out(psd_server_t *srv)
     }
     uint64_t members = 0;
     uint64_t max = srv->m.job.max_steps;
+    /* A step every member left goes out again with only the batches they had (tagged with
+     * it): a chunk that applied the step acknowledges and drops its pushes, so a fresh batch
+     * would be counted and never applied there. The workers without one wait for the next. */
+    bool again = co->emptied_step1 == co->s.step + 1;
+    if (again) /* none waiting (the re-hand queue was full): as any step */
+        again = ps_cursor_left_at(&co->s.cur, co->s.step, PS_REPLAY_RANK_BITS) >= 0;
     for (uint32_t r = 0; r < PS_MAX_RANKS && !(max && co->s.step >= max); r++) {
         saved_member_t *m = &co->s.m[r];
         if (!(co->s.active >> r & 1) || (co->removed_in_step >> r & 1)) continue;
-        if (!m->has_batch && !ps_cursor_take(&co->s.cur, &m->batch)) break;
+        if (!m->has_batch &&
+            !(again ? ps_cursor_take_left_at(&co->s.cur, co->s.step, PS_REPLAY_RANK_BITS,
+                                             &m->batch)
+                    : ps_cursor_take(&co->s.cur, &m->batch)))
+            break;
         if (!(co->s.step_members >> r & 1) && m->steps_done == 0)
             PS_LOG(PS_LOG_INFO, "coord", "rank %u takes part from step %llu", r,
                    (unsigned long long)co->s.step);
@@ -463,6 +475,7 @@ static void close_step(psd_server_t *srv)
     }
     co->s.step++;
     co->removed_in_step = 0;
+    co->emptied_step1 = 0;
     uint64_t now = uv_now(srv->loop);
     if (co->last_close_ms) {
         uint64_t g = now - co->last_close_ms;
@@ -786,6 +799,7 @@ static void member_remove(psd_server_t *srv, uint32_t r, const char *why)
            given_back ? "; its batch goes to another worker" : "", popcount(co->s.active));
     if (is_bsp(srv) && (co->s.step_members >> r & 1)) {
         set_members(srv, co->s.step_members & ~(1ull << r));
+        if (co->s.step_members == 0) co->emptied_step1 = co->s.step + 1; /* hand_out */
         broadcast_epoch(srv);
         maybe_restart_step(srv);
     } else if (rc_lost) { /* the open step's view, newer than rc_step's */
