@@ -11,13 +11,19 @@ void ps_cursor_init(ps_cursor_t *c, uint64_t n, uint32_t batch, uint64_t passes)
     c->passes = passes;
 }
 
+/* Take entry @p i of the re-hand queue into *out. */
+static void take_rehand(ps_cursor_t *c, uint32_t i, ps_batch_t *out)
+{
+    *out = c->rehand[i];
+    memmove(c->rehand + i, c->rehand + i + 1, (c->nrehand - i - 1) * sizeof *c->rehand);
+    c->nrehand--;
+    c->handed_again++;
+}
+
 bool ps_cursor_take(ps_cursor_t *c, ps_batch_t *out)
 {
     if (c->nrehand > 0) {
-        *out = c->rehand[0];
-        memmove(c->rehand, c->rehand + 1, (c->nrehand - 1) * sizeof *c->rehand);
-        c->nrehand--;
-        c->handed_again++;
+        take_rehand(c, 0, out);
         return true;
     }
     if (c->n == 0 || c->pass >= c->passes) return false;
@@ -46,10 +52,7 @@ bool ps_cursor_take_left_at(ps_cursor_t *c, uint64_t step, unsigned rank_bits, p
 {
     int i = ps_cursor_left_at(c, step, rank_bits);
     if (i < 0) return false;
-    *out = c->rehand[i];
-    memmove(c->rehand + i, c->rehand + i + 1, (c->nrehand - (uint32_t)i - 1) * sizeof *c->rehand);
-    c->nrehand--;
-    c->handed_again++;
+    take_rehand(c, (uint32_t)i, out);
     return true;
 }
 

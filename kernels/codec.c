@@ -393,6 +393,21 @@ static uint32_t find_bin(const uint32_t *hist, uint32_t nbins, size_t *need)
 }
 
 /*
+ * Level 1's split of index @p l (its key's top digit @p d): above bin b1 it is sure, appended to
+ * idx_out at *ns; in b1 a candidate, appended to cand at *nc. Branch-free: both slots are
+ * written, the one that applies advances. The spare writes stay in bounds: *ns ends below k
+ * (level 1 left at least one to take from b1), and cand has room for the indices split.
+ */
+static inline void topk_split(uint8_t *restrict idx_out, size_t *ns, uint32_t *restrict cand,
+                              size_t *nc, uint32_t l, uint32_t d, uint32_t b1)
+{
+    st32(idx_out + 4 * *ns, l);
+    cand[*nc] = l;
+    *ns += d > b1;
+    *nc += d == b1;
+}
+
+/*
  * Levels 2 and 3 and the output, once level 1 chose bin b1: idx_out[0, ns) holds the indices
  * of the keys above bin b1 (ascending), cand[0, nc) those in it (ascending), of which `need`
  * (>= 1) are still to take. hist: [TOPK_BINS] u32.
@@ -477,18 +492,8 @@ static void topk_select_full(uint8_t *restrict idx_out, const float *restrict x,
         size_t len = n - i < 16 ? n - i : 16;
         if (absmax_key(x + i, len) < lo)
             continue;
-        /*
-         * Branch-free: write both slots, advance the one that applies. The spare writes stay
-         * in bounds: ns ends below k (level 1 left at least one to take from bin b1), and
-         * the candidate list has room for n + 1.
-         */
-        for (size_t l = i; l < i + len; l++) {
-            uint32_t d = mag_key(x[l]) >> 20;
-            st32(idx_out + 4 * ns, (uint32_t)l);
-            cand[nc] = (uint32_t)l;
-            ns += d > b1;
-            nc += d == b1;
-        }
+        for (size_t l = i; l < i + len; l++)
+            topk_split(idx_out, &ns, cand, &nc, (uint32_t)l, mag_key(x[l]) >> 20, b1);
     }
     topk_finish(idx_out, ns, x, cand, nc, need, b1, hist);
 }
@@ -507,13 +512,8 @@ static void topk_select_cand(uint8_t *restrict idx_out, const float *restrict x,
         hist[mag_key(x[cand[j]]) >> 20]++;
     uint32_t b1 = find_bin(hist, TOPK_BINS, &need);
     size_t ns = 0, m = 0;
-    for (size_t j = 0; j < nc; j++) { /* m <= j: the list is read before it is written */
-        uint32_t l = cand[j], d = mag_key(x[l]) >> 20;
-        st32(idx_out + 4 * ns, l);
-        cand[m] = l;
-        ns += d > b1;
-        m += d == b1;
-    }
+    for (size_t j = 0; j < nc; j++) /* m <= j: the list is read before it is written */
+        topk_split(idx_out, &ns, cand, &m, cand[j], mag_key(x[cand[j]]) >> 20, b1);
     topk_finish(idx_out, ns, x, cand, m, need, b1, hist);
 }
 
