@@ -11,19 +11,13 @@ void ps_cursor_init(ps_cursor_t *c, uint64_t n, uint32_t batch, uint64_t passes)
     c->passes = passes;
 }
 
-/* Take entry @p i of the re-hand queue into *out. */
-static void take_rehand(ps_cursor_t *c, uint32_t i, ps_batch_t *out)
-{
-    *out = c->rehand[i];
-    memmove(c->rehand + i, c->rehand + i + 1, (c->nrehand - i - 1) * sizeof *c->rehand);
-    c->nrehand--;
-    c->handed_again++;
-}
-
 bool ps_cursor_take(ps_cursor_t *c, ps_batch_t *out)
 {
     if (c->nrehand > 0) {
-        take_rehand(c, 0, out);
+        *out = c->rehand[0];
+        memmove(c->rehand, c->rehand + 1, (c->nrehand - 1) * sizeof *c->rehand);
+        c->nrehand--;
+        c->handed_again++;
         return true;
     }
     if (c->n == 0 || c->pass >= c->passes) return false;
@@ -36,23 +30,6 @@ bool ps_cursor_take(ps_cursor_t *c, ps_batch_t *out)
         c->offset = 0;
         c->applied[c->pass % PS_PASS_RING] = 0; /* the slot of a pass 64 passes back */
     }
-    return true;
-}
-
-int ps_cursor_left_at(const ps_cursor_t *c, uint64_t step, unsigned rank_bits)
-{
-    for (uint32_t i = 0; i < c->nrehand; i++) {
-        const ps_batch_t *b = &c->rehand[i];
-        if (b->nreplay > 0 && b->replay[b->nreplay - 1] >> rank_bits == step) return (int)i;
-    }
-    return -1;
-}
-
-bool ps_cursor_take_left_at(ps_cursor_t *c, uint64_t step, unsigned rank_bits, ps_batch_t *out)
-{
-    int i = ps_cursor_left_at(c, step, rank_bits);
-    if (i < 0) return false;
-    take_rehand(c, (uint32_t)i, out);
     return true;
 }
 

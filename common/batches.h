@@ -58,14 +58,6 @@ void ps_cursor_init(ps_cursor_t *c, uint64_t n, uint32_t batch, uint64_t passes)
  */
 bool ps_cursor_take(ps_cursor_t *c, ps_batch_t *out);
 
-/** @brief Where the first batch waiting to go again is whose newest replay tag, shifted right
- *  by @p rank_bits (proto/wire.h PS_REPLAY_RANK_BITS), is @p step (its member left that step):
- *  its index in the re-hand queue, or -1 when none is waiting. */
-int ps_cursor_left_at(const ps_cursor_t *c, uint64_t step, unsigned rank_bits);
-
-/** @brief Take that batch (ps_cursor_left_at). @return true with *out set, false if none. */
-bool ps_cursor_take_left_at(ps_cursor_t *c, uint64_t step, unsigned rank_bits, ps_batch_t *out);
-
 /** @brief Give back a batch that was handed out but never applied.
  *  @return 0, or -1 when the re-hand queue is full (the batch is lost; logged by callers). */
 int ps_cursor_give_back(ps_cursor_t *c, const ps_batch_t *b);

@@ -42,6 +42,10 @@ enum {
                              written again) */
     PS_FLAG_BATCH = 128,  /* asp / ssp batch reply: stamp the pushes of this batch with it;
                              push: data_epoch and batch_offset name the batch it is for */
+    PS_FLAG_STALE = 256,  /* bsp push ack: the chunk had applied the push's step without its
+                             batch: dropped, not applied; batch request or leave with
+                             PS_FLAG_DONE: a push of that batch got such an ack, so the
+                             coordinator hands it out again */
 };
 
 /* UCP Active Message ids. */

@@ -191,7 +191,15 @@ struct psd_coord_s {
     uint64_t rc_step, rc_pending, rc_view;
     ps_batch_t rc_batch[PS_MAX_RANKS];
     uint64_t emptied_step1;    /* bsp: the open step + 1 when every member left it (runtime;
-                                  hand_out; DESIGN-NOTES, Membership, known gap) */
+                                  hand_out; DESIGN-NOTES, Membership, "A step every member
+                                  left") */
+    /* bsp: step late_step was handed out again after every member left it, so chunks that
+     * had applied it dropped its pushes. Its members' batches, counted at its close, wait for
+     * their own reports: one that says a push was acknowledged as not applied (PS_FLAG_STALE),
+     * a later report that skipped it, or the member's removal first gives the batch back
+     * tagged (late_step, rank) (late_resolve). Runtime only. */
+    uint64_t late_step, late_mask;
+    ps_batch_t late_batch[PS_MAX_RANKS];
 };
 
 static bool is_bsp(const psd_server_t *srv) { return srv->m.job.consistency == PS_CONSIST_BSP; }
@@ -344,12 +352,28 @@ static void issue_view(psd_server_t *srv, uint64_t step, uint64_t members, bool 
     send_view(srv, co->s.epoch, step, members);
 }
 
+/* Batch @p b, counted as applied, was not applied on every chunk: uncount it and give it back
+ * tagged @p tag (the step and rank that had it), so that a chunk that applied that step with
+ * that rank's push does not apply it again (replay_had in shard.c) and the others do. */
+static void regive(psd_server_t *srv, ps_batch_t b, uint64_t tag)
+{
+    psd_coord_t *co = srv->coord;
+    ps_cursor_unapplied(&co->s.cur, &b);
+    if (ps_batch_tag(&b, tag))
+        PS_LOG(PS_LOG_WARN, "coord", "batch of pass %llu at %llu left mid-step %d times: its "
+               "oldest replay tag dropped", (unsigned long long)b.pass,
+               (unsigned long long)b.offset, PS_REPLAY_MAX + 1);
+    if (ps_cursor_give_back(&co->s.cur, &b))
+        PS_LOG(PS_LOG_ERROR, "coord", "re-hand queue full: batch of pass %llu at %llu lost",
+               (unsigned long long)b.pass, (unsigned long long)b.offset);
+}
+
 /* Rank @p r (removed: no longer active) was a member of rc_step, which this shard's restart
  * closed, and no report showed its batch of that step applied everywhere: another shard may
  * wait for its push of that step for good. That step goes on without it there (a view of it
  * without r; a shard past it ignores it), and its batch, counted at the restart, is uncounted
  * and handed to another worker tagged with (rc_step, r): a chunk that applied the step with
- * r's push does not apply it again (replayed_here), one that applied it without does. The
+ * r's push does not apply it again (replay_had), one that applied it without does. The
  * caller issues the open step's view after this one, so that it stays the newest for the
  * steps from the open one on. */
 static void restore_closed_lost(psd_server_t *srv, uint32_t r)
@@ -357,15 +381,7 @@ static void restore_closed_lost(psd_server_t *srv, uint32_t r)
     psd_coord_t *co = srv->coord;
     co->rc_pending &= ~(1ull << r);
     co->rc_view &= ~(1ull << r);
-    ps_batch_t b = co->rc_batch[r];
-    ps_cursor_unapplied(&co->s.cur, &b);
-    if (ps_batch_tag(&b, PS_REPLAY_TAG(co->rc_step, r)))
-        PS_LOG(PS_LOG_WARN, "coord", "batch of pass %llu at %llu left mid-step %d times: its "
-               "oldest replay tag dropped", (unsigned long long)b.pass,
-               (unsigned long long)b.offset, PS_REPLAY_MAX + 1);
-    if (ps_cursor_give_back(&co->s.cur, &b))
-        PS_LOG(PS_LOG_ERROR, "coord", "re-hand queue full: batch of pass %llu at %llu lost",
-               (unsigned long long)b.pass, (unsigned long long)b.offset);
+    regive(srv, co->rc_batch[r], PS_REPLAY_TAG(co->rc_step, r));
     PS_LOG(PS_LOG_WARN, "coord", "rank %u left before any report showed step %llu applied "
            "everywhere (this shard closed it when it started again): the step goes on without "
            "it where it waits, and its batch goes to another worker", r,
@@ -379,6 +395,22 @@ static void restore_closed_lost(psd_server_t *srv, uint32_t r)
         co->s.finished = 0;
         PS_LOG(PS_LOG_INFO, "coord", "the job goes on for that batch");
     }
+}
+
+/* Member @p r's batch of late_step (a step handed out again after every member left it) is
+ * settled: with @p stale (a push of it was acknowledged as not applied, or nothing can tell any
+ * more) it goes out again, tagged (late_step, r): the chunks that applied that step with r's
+ * push skip it, the ones that had passed the step before do not. */
+static void late_resolve(psd_server_t *srv, uint32_t r, bool stale, const char *why)
+{
+    psd_coord_t *co = srv->coord;
+    co->late_mask &= ~(1ull << r);
+    if (!stale) return;
+    regive(srv, co->late_batch[r], PS_REPLAY_TAG(co->late_step, r));
+    PS_LOG(PS_LOG_INFO, "coord", "rank %u's batch of step %llu (pass %llu at %llu), handed out "
+           "again after every member had left that step: %s; it goes to another worker", r,
+           (unsigned long long)co->late_step, (unsigned long long)co->late_batch[r].pass,
+           (unsigned long long)co->late_batch[r].offset, why);
 }
 
 /* ---- bsp steps ------------------------------------------------------------------ */
@@ -426,20 +458,10 @@ static void hand_out(psd_server_t *srv)
     }
     uint64_t members = 0;
     uint64_t max = srv->m.job.max_steps;
-    /* A step every member left goes out again with only the batches they had (tagged with
-     * it): a chunk that applied the step acknowledges and drops its pushes, so a fresh batch
-     * would be counted and never applied there. The workers without one wait for the next. */
-    bool again = co->emptied_step1 == co->s.step + 1;
-    if (again) /* none waiting (the re-hand queue was full): as any step */
-        again = ps_cursor_left_at(&co->s.cur, co->s.step, PS_REPLAY_RANK_BITS) >= 0;
     for (uint32_t r = 0; r < PS_MAX_RANKS && !(max && co->s.step >= max); r++) {
         saved_member_t *m = &co->s.m[r];
         if (!(co->s.active >> r & 1) || (co->removed_in_step >> r & 1)) continue;
-        if (!m->has_batch &&
-            !(again ? ps_cursor_take_left_at(&co->s.cur, co->s.step, PS_REPLAY_RANK_BITS,
-                                             &m->batch)
-                    : ps_cursor_take(&co->s.cur, &m->batch)))
-            break;
+        if (!m->has_batch && !ps_cursor_take(&co->s.cur, &m->batch)) break;
         if (!(co->s.step_members >> r & 1) && m->steps_done == 0)
             PS_LOG(PS_LOG_INFO, "coord", "rank %u takes part from step %llu", r,
                    (unsigned long long)co->s.step);
@@ -448,7 +470,8 @@ static void hand_out(psd_server_t *srv)
         m->progress = co->s.cur.applied_total;
         members |= 1ull << r;
     }
-    if (members == 0 && !co->s.finished &&
+    /* Not while a batch of a step handed out again may still go out again (late_mask). */
+    if (members == 0 && !co->s.finished && co->late_mask == 0 &&
         (ps_cursor_exhausted(&co->s.cur) || (max && co->s.step >= max))) {
         co->s.finished = 1;
         co->s.final_step = co->s.step;
@@ -464,10 +487,18 @@ static void hand_out(psd_server_t *srv)
 static void close_step(psd_server_t *srv)
 {
     psd_coord_t *co = srv->coord;
+    bool again = co->emptied_step1 == co->s.step + 1; /* chunks may have passed it before */
+    for (uint32_t r = 0; again && r < PS_MAX_RANKS; r++)
+        if (co->late_mask >> r & 1) late_resolve(srv, r, true, "not reported before another");
+    if (again) co->late_step = co->s.step;
     for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
         saved_member_t *m = &co->s.m[r];
         if (!(co->s.step_members >> r & 1) || !m->has_batch || m->batch_step != co->s.step)
             continue;
+        if (again) {
+            co->late_batch[r] = m->batch;
+            co->late_mask |= 1ull << r;
+        }
         ps_cursor_applied(&co->s.cur, &m->batch);
         m->has_batch = 0;
         m->steps_done++;
@@ -709,6 +740,10 @@ static int batch_done(psd_server_t *srv, uint32_t r, const ps_msg_t *msg, char *
          * everywhere. (After a restart of this shard a report may be one step ahead.) */
         while (!co->s.finished && co->s.step <= msg->step && (co->s.step_members >> r & 1))
             close_step(srv);
+        if ((co->late_mask >> r & 1) && msg->step >= co->late_step)
+            late_resolve(srv, r, msg->step > co->late_step || (msg->flags & PS_FLAG_STALE),
+                         msg->step > co->late_step ? "a later step reported first"
+                                                   : "a shard had passed the step without it");
     } else if (m->has_batch && m->batch_step == msg->step) {
         ps_cursor_applied(&co->s.cur, &m->batch);
         m->has_batch = 0;
@@ -772,6 +807,7 @@ static void member_remove(psd_server_t *srv, uint32_t r, const char *why)
     co->rt[r].conn = NULL;
     co->rt[r].lost_ms = 0;
     if (co->grant_stop > 0) co->grant_stop--;
+    if (co->late_mask >> r & 1) late_resolve(srv, r, true, "the worker left before reporting it");
     bool rc_lost = is_bsp(srv) && (co->rc_pending >> r & 1);
     if (rc_lost) restore_closed_lost(srv, r);
     bool given_back = false;
@@ -779,7 +815,7 @@ static void member_remove(psd_server_t *srv, uint32_t r, const char *why)
         /* Not applied (bsp: its step is still open): someone else takes it. Some of its pushes
          * may have been applied (bsp: a chunk applies the step once every member's push of it
          * is there; asp / ssp: each push on arrival): the batch carries this step (asp / ssp:
-         * this rank's clock) and rank, so those chunks do not apply it again (replayed_here
+         * this rank's clock) and rank, so those chunks do not apply it again (replay_had
          * and batch_applied_here in shard.c). */
         bool tag = is_bsp(srv) ? m->batch_step == co->s.step && (co->s.step_members >> r & 1)
                                : true;
@@ -805,6 +841,8 @@ static void member_remove(psd_server_t *srv, uint32_t r, const char *why)
     } else if (rc_lost) { /* the open step's view, newer than rc_step's */
         issue_view(srv, co->s.step, co->s.step_members, true);
         maybe_restart_step(srv); /* a job the restart had ended: its batch */
+    } else {
+        maybe_restart_step(srv); /* a step without members waiting for late_mask: its batch */
     }
     async_maybe_finished(srv); /* the others may all have done their steps */
     serve_parked(srv);
@@ -1079,6 +1117,24 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len)
              * committed here, every member had pushed the step: it counts, and the next step
              * is open. Another shard may not have applied it yet: rc_step below. */
             uint64_t applied = psd_shard_step(srv);
+            /* The ranks that had a batch of the open step and left it (their batch_step stays):
+             * no joiner gets one before the step closes, since a chunk's apply of the step
+             * may name them (replay_had in shard.c). */
+            for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
+                const saved_member_t *m = &co->s.m[r];
+                if (!(co->s.active >> r & 1) && m->join_serial && m->batch_step == co->s.step)
+                    co->removed_in_step |= 1ull << r;
+            }
+            if (co->s.step_members == 0 && co->removed_in_step && !co->s.finished) {
+                /* Every member left the open step: a chunk may have applied it (here or on
+                 * another shard) while the others wait for it. It goes out again, as when
+                 * that happens while this shard runs (member_remove). */
+                co->emptied_step1 = co->s.step + 1;
+                PS_LOG(PS_LOG_INFO, "coord", "step %llu: every member had left it (applied "
+                       "here: %s); it goes out again", (unsigned long long)co->s.step,
+                       applied > co->s.step ? "yes" : "no");
+                applied = co->s.step; /* not closed */
+            }
             /* A step of this run (not of the checkpoint a restore started it from: every shard
              * has those) may wait elsewhere for a member that does not come back: remember
              * whose batches it had (restore_closed_lost). */

@@ -345,7 +345,8 @@ static void send_status(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
                             "\"direct_pushes\": %llu, "
                             "\"bundles_received\": %llu, \"bundles_sent\": %llu, "
                             "\"updates_applied\": %llu, \"crc_errors\": %llu, "
-                            "\"replays_skipped\": %llu, \"transport_restarts\": %llu, "
+                            "\"replays_skipped\": %llu, \"stale_acks\": %llu, "
+                            "\"transport_restarts\": %llu, "
                             "\"run\": \"%016llx\", \"run_base_step\": %llu, "
                             "\"stopping\": %s, ",
                             srv->shard, sc->host, sc->port, srv->m.cluster,
@@ -360,6 +361,7 @@ static void send_status(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
                             (unsigned long long)srv->applied_updates,
                             (unsigned long long)srv->crc_errors,
                             (unsigned long long)srv->replays_skipped,
+                            (unsigned long long)srv->stale_acks,
                             (unsigned long long)srv->transport_restarts,
                             (unsigned long long)srv->run.id,
                             (unsigned long long)srv->run.base_step, srv->stopping ? "true" : "false");

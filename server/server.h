@@ -335,6 +335,8 @@ struct psd_server_s {
     char fatal[256];           /* why this shard stopped on its own ("": it did not) */
     uint64_t replays_skipped;  /* bsp: pushes of a batch handed out again that a chunk had
                                   applied already (acknowledged, not applied again) */
+    uint64_t stale_acks;       /* bsp: pushes of a step a chunk had passed without their batch
+                                  (acknowledged with PS_FLAG_STALE, not applied) */
     uint64_t replay_warned;    /* the replay tag + 1 last logged as not remembered */
     uint32_t test_corrupt_pull; /* PS_TEST_CORRUPT_PULL (tests only): corrupt every Nth pull reply */
     uint64_t test_pull_count;

@@ -165,7 +165,7 @@ static void on_load_chunk(void *arg, uint32_t t, uint32_t c, const psd_chunk_hdr
 
 /* bsp: a chunk's apply members, stored (key 'D', as asp's applied-push record) when they differ
  * from the step before's: from @c step on, every apply had @c members, so that a restarted
- * shard still knows whose batches its chunks have (replayed_here). */
+ * shard still knows whose batches its chunks have (replay_had). */
 typedef struct {
     uint64_t step, members;
 } summed_rec_t;
@@ -863,38 +863,60 @@ static void push_received(psd_chunk_t *ch, uint32_t rank, ucs_status_t status)
     chunk_maybe_ready(srv, ch);
 }
 
-/* bsp: whether rank @p rank's push @p msg of this step, of a batch handed out again (its replay
- * tags: the steps and ranks that had it before and left mid-step), brings a batch chunk @p ch
- * has already: the tagged rank was a member of the tagged step's apply here (its push summed,
- * or itself skipped as a replay of a batch the chunk had). A tagged step
- * not applied here yet does not count (that rank's push, no longer a member's, is dropped); one
- * too old to be remembered (or from before this psd loaded the store) is logged and counted as
- * not applied here, as before replay tags. */
-static bool replayed_here(psd_server_t *srv, const psd_chunk_t *ch, uint32_t rank,
-                          const ps_msg_t *msg)
+/* bsp: whether chunk @p ch applied step @p s with rank @p r's batch (r a member of that apply:
+ * its push summed, or itself skipped as a replay of a batch the chunk had): 1, 0, or -1 when
+ * the chunk does not remember that step (too old, or from before this psd loaded the store).
+ * A step not applied here yet: 0. */
+static int step_had_rank(const psd_chunk_t *ch, uint64_t s, uint32_t r)
+{
+    if (s >= ch->version) return 0;
+    if (s < ch->summed_from || ch->version - s > PSD_SUMMED_RING) return -1;
+    return (int)(ch->summed[s % PSD_SUMMED_RING] >> r & 1);
+}
+
+/* bsp: whether rank @p rank's push @p msg, of a batch handed out again (its replay tags: the
+ * steps and ranks that had it before and left mid-step), brings a batch chunk @p ch has
+ * already (step_had_rank for a tag). A tagged step not applied here yet does not count (that
+ * rank's push, no longer a member's, is dropped); one not remembered is logged and counts as
+ * @p unknown_had (a replay at the open step: not had, applied, as before replay tags). */
+static bool replay_had(psd_server_t *srv, const psd_chunk_t *ch, uint32_t rank,
+                       const ps_msg_t *msg, bool unknown_had)
 {
     for (uint32_t i = 0; i < msg->nreplay; i++) {
         uint64_t s = PS_REPLAY_STEP(msg->replay[i]);
         uint32_t r = PS_REPLAY_RANK(msg->replay[i]);
-        if (s >= ch->version) continue;
-        if (s < ch->summed_from || ch->version - s > PSD_SUMMED_RING) {
+        int had = step_had_rank(ch, s, r);
+        if (had < 0) {
             if (srv->replay_warned != msg->replay[i] + 1) /* once per tag, not per chunk */
                 PS_LOG(PS_LOG_WARN, "shard", "push of %u/%u from rank %u replays the batch rank "
                        "%u had at step %llu, which this shard does not remember (at step %llu): "
-                       "applied", ch->tensor, ch->chunk, rank, r, (unsigned long long)s,
-                       (unsigned long long)ch->version);
+                       "%s", ch->tensor, ch->chunk, rank, r, (unsigned long long)s,
+                       (unsigned long long)ch->version, unknown_had ? "counted as had" : "applied");
             srv->replay_warned = msg->replay[i] + 1;
+            if (unknown_had) return true;
             continue;
         }
-        if (ch->summed[s % PSD_SUMMED_RING] >> r & 1) {
+        if (had) {
             PS_LOG(PS_LOG_DEBUG, "shard", "push of %u/%u from rank %u replays the batch rank %u "
-                   "had at step %llu, applied here then: not applied again", ch->tensor,
-                   ch->chunk, rank, r, (unsigned long long)s);
-            srv->replays_skipped++;
+                   "had at step %llu, applied here then", ch->tensor, ch->chunk, rank, r,
+                   (unsigned long long)s);
             return true;
         }
     }
     return false;
+}
+
+/* bsp: whether rank @p rank's push @p msg, of a step chunk @p ch applied already, brings a
+ * batch the chunk has: the push itself was in that apply (a resend), or its batch was by a
+ * replay tag (replay_had). A step the chunk does not remember counts as had (as before stale
+ * acknowledgements: nothing to tell). False only for a batch that step's apply here did not
+ * have: pushed by a member of the step handed out again after every member left it (or by a
+ * rank removed before this chunk's apply, whose batch went back already). */
+static bool stale_push_had(psd_server_t *srv, const psd_chunk_t *ch, uint32_t rank,
+                           const ps_msg_t *msg)
+{
+    int own = step_had_rank(ch, msg->step, rank);
+    return own != 0 || replay_had(srv, ch, rank, msg, true);
 }
 
 /* Record @p a (a chunk's, or the copy an apply job stores) after the push in slot @p r of @p ch
@@ -1020,10 +1042,20 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
     }
     bool bsp = srv->m.job.consistency == PS_CONSIST_BSP;
     if (bsp && msg->step < ch->version) {
-        /* The step was applied already (this is a resend after a reconnect, or the push
-         * of a rank removed mid-step): acknowledge and drop it. */
+        /* The step was applied already (this is a resend after a reconnect, the push of a
+         * rank removed mid-step, or one of a step handed out again after every member left
+         * it): acknowledge and drop it. When that apply did not have its batch, the ack says
+         * so: the worker reports it, and the coordinator hands the batch out again. */
         ps_msg_t a = {.type = PS_MSG_PUSH_ACK, .req_id = msg->req_id, .tensor = ch->tensor,
                       .chunk = ch->chunk, .step = ch->version, .shard = srv->shard};
+        if (!stale_push_had(srv, ch, rank, msg)) {
+            a.flags = PS_FLAG_STALE;
+            srv->stale_acks++;
+            PS_LOG(PS_LOG_INFO, "shard", "push of %u/%u from rank %u for step %llu: the chunk "
+                   "applied that step without its batch (it is at step %llu): not applied, and "
+                   "acknowledged as such", ch->tensor, ch->chunk, rank,
+                   (unsigned long long)msg->step, (unsigned long long)ch->version);
+        }
         psd_send_msg(srv, conn, &a);
         return UCS_OK;
     }
@@ -1045,7 +1077,8 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
             return UCS_OK;
         }
     }
-    bool replay = bsp && msg->nreplay > 0 && replayed_here(srv, ch, rank, msg);
+    bool replay = bsp && msg->nreplay > 0 && replay_had(srv, ch, rank, msg, false);
+    if (replay) srv->replays_skipped++;
     if (!bsp && msg->req_id != 0 && msg->req_id == ch->applied->done[rank].req &&
         psd_conn_who(conn) == ch->applied->done[rank].who) {
         /* asp / ssp: this push's update committed, but its acknowledgement was lost with the

@@ -209,6 +209,9 @@ struct ps_client_s {
     ps_batch_info_t leave_done; /* caller's thread: a batch whose pushes were all acknowledged */
     int has_leave_done;         /* and not yet reported by a batch request: the leave does */
     uint64_t batch_samples;     /* the training set size the last batch request named */
+    uint64_t stale_step1;       /* bsp: step + 1 of a push a shard acknowledged as not applied
+                                   (PS_FLAG_STALE; written by the comm thread): the report of
+                                   that step's batch says so */
 
     pthread_mutex_t mu;         /* guards submit queue and op completion */
     pthread_cond_t cv;
@@ -1645,6 +1648,12 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
             break;
         }
         if (m.step < op->min_version) op->min_version = m.step;
+        if (!is_pull && (m.flags & PS_FLAG_STALE)) {
+            PS_LOG(PS_LOG_INFO, "libps", "shard %u passed step %llu without this worker's batch "
+                   "(chunk %u of tensor %u): reported with the batch, which goes out again",
+                   m.shard, (unsigned long long)op->step, m.chunk, m.tensor);
+            __atomic_store_n(&c->stale_step1, op->step + 1, __ATOMIC_RELEASE);
+        }
         if (!is_pull) {
             part_done(p);
             if (p->ck.direct) {
@@ -2113,6 +2122,12 @@ int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts, ps
     return 0;
 }
 
+/* PS_FLAG_STALE when a push of step @p step was acknowledged as not applied, else 0. */
+static uint32_t stale_flag(ps_client_t *c, uint64_t step)
+{
+    return __atomic_load_n(&c->stale_step1, __ATOMIC_ACQUIRE) == step + 1 ? PS_FLAG_STALE : 0;
+}
+
 void ps_client_destroy(ps_client_t *c)
 {
     if (c == NULL) return;
@@ -2122,7 +2137,7 @@ void ps_client_destroy(ps_client_t *c)
         if (op) {
             for (uint32_t i = 0; i < c->nshards; i++) op->parts[i].shard = i;
             if (c->has_leave_done) { /* the coordinator counts the batch before the leave */
-                op->req.flags = PS_FLAG_DONE;
+                op->req.flags = PS_FLAG_DONE | stale_flag(c, c->leave_done.step);
                 op->req.step = c->leave_done.step;
                 op->req.samples = c->batch_samples;
                 op->req.data_epoch = c->leave_done.pass;
@@ -2391,7 +2406,7 @@ int ps_client_next_batch(ps_client_t *c, uint64_t samples, const ps_batch_info_t
     ps_msg_t req = {.type = PS_MSG_BATCH, .rank = c->rank, .samples = samples}, rep;
     c->batch_samples = samples;
     if (done) {
-        req.flags = PS_FLAG_DONE;
+        req.flags = PS_FLAG_DONE | stale_flag(c, done->step);
         req.step = done->step;
         req.data_epoch = done->pass;
         req.batch_offset = done->offset;

@@ -25,7 +25,11 @@
  * DIE_STEP "rand:P" (any rank): at each batch, with probability P percent, the worker kills
  * itself before its first push, between its pushes or after both (before reporting the batch),
  * one of the three at random (seeded by its pid); one removed from the job (a restarted
- * coordinator whose saved state predates its join) exits 3. */
+ * coordinator whose saved state predates its join) exits 3.
+ * DIE_STEP "plan:R@S/K[,R@S/K...]": the worker of rank R kills itself at step S after K of its
+ * pushes (0, 1 or 2; each waited for), before reporting the batch.
+ * DIE_STEP "check": no death, and the check at the end whatever this worker's rank (one that
+ * joins a finished job may find rank 0 still held by members a restarted coordinator awaits). */
 #include <inttypes.h>
 #include <math.h>
 #include <signal.h>
@@ -49,6 +53,19 @@ static void random_death(int rank, uint64_t j, int pushes)
            j, pushes);
     fflush(stdout);
     raise(SIGKILL);
+}
+
+/* DIE_STEP "plan:...": the pushes after which rank @p rank dies at step @p step, or -1. */
+static int planned_death(const char *plan, int rank, uint64_t step)
+{
+    for (const char *p = plan; p && *p;) {
+        int r, k;
+        unsigned long long s;
+        if (sscanf(p, "%d@%llu/%d", &r, &s, &k) == 3 && r == rank && s == step) return k;
+        p = strchr(p, ',');
+        if (p) p++;
+    }
+    return -1;
 }
 
 /* Whether an element was applied once: -1 / m for the m members whose mean its step applied
@@ -95,7 +112,9 @@ int main(int argc, char **argv)
     uint64_t nb = strtoull(argv[2], NULL, 10), batch = strtoull(argv[3], NULL, 10);
     uint64_t die = strtoull(argv[4], NULL, 10);
     int die_pct = strncmp(argv[4], "rand:", 5) == 0 ? atoi(argv[4] + 5) : -1;
-    if (die_pct >= 0) die = UINT64_MAX; /* no planned death */
+    const char *plan = strncmp(argv[4], "plan:", 5) == 0 ? argv[4] + 5 : NULL;
+    int check_any = strcmp(argv[4], "check") == 0;
+    if (die_pct >= 0 || plan || check_any) die = UINT64_MAX; /* no death at a step of rank 1's */
     srand((unsigned)getpid());
     if (nb == 0 || nb > 4096 || batch == 0) {
         fprintf(stderr, "replay_client: NBATCH in [1, 4096], BATCH >= 1\n");
@@ -135,7 +154,7 @@ int main(int argc, char **argv)
             break;
         }
         if (b.finished) {
-            if (rank == 0) bad = check(c, id, nb, b.step, got);
+            if (rank == 0 || check_any) bad = check(c, id, nb, b.step, got);
             break;
         }
         uint64_t j = b.offset / batch;
@@ -150,6 +169,11 @@ int main(int argc, char **argv)
         if (die_pct > 0) /* for the post-mortem of a failed run: who had which batch */
             printf("replay_client: pid %d rank %d got batch %" PRIu64 "\n", (int)getpid(), rank, j);
         int at = die_pct > 0 && rand() % 100 < die_pct ? rand() % 3 : -1; /* pushes done first */
+        if (plan) {
+            at = planned_death(plan, rank, b.step);
+            printf("replay_client: pid %d rank %d got batch %" PRIu64 " at step %" PRIu64 "\n",
+                   (int)getpid(), rank, j, b.step);
+        }
         if (at == 0) random_death(rank, j, at);
         rc = push_wait(c, id[first], g, b.step);
         if (rc == 0 && at == 1) random_death(rank, j, at);

@@ -281,7 +281,7 @@ static void random_deaths(const char *consistency, bool kill_shards)
                    .optimizer = "{name: sgd, lr: 1}", .job_extra = "  staleness: 2\n"};
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
-    char nb[] = "200", bs[] = "8", die[] = "rand:5", never[] = "1000000000", ord[] = "ab";
+    char nb[] = "200", bs[] = "8", die[] = "rand:5", never[] = "check", ord[] = "ab";
     char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, die, ord, NULL};
     coord_t co;
     coord_open(&co, c);
@@ -338,6 +338,56 @@ START_TEST(test_asp_random_deaths_shard_kills) { random_deaths("asp", true); }
 END_TEST
 
 START_TEST(test_ssp_random_deaths_shard_kills) { random_deaths("ssp", true); }
+END_TEST
+
+/* bsp: every member of a step dies after one chunk applied the step without one of their
+ * batches. Rank 0 dies at step 5 before any push; rank 1 pushes replay.a, whose chunk (shard 0)
+ * applies step 5 with rank 1 alone once rank 0 is removed, and dies before pushing replay.b.
+ * Two new workers take step 5 again with both batches; replay.a's chunk, past step 5, drops
+ * their pushes, and must say so for rank 0's batch, which it never had (PS_FLAG_STALE): the
+ * coordinator hands that batch out again and replay.a applies it, replay.b (which applied it in
+ * the restarted step) skips it. Before, that batch was applied never on replay.a. */
+START_TEST(test_bsp_step_emptied_after_partial_apply)
+{
+    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = "bsp",
+                   .optimizer = "{name: sgd, lr: 1}"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    char nb[] = "40", bs[] = "8", plan[] = "plan:0@5/0,1@5/1", never[] = "1000000000",
+         check_any[] = "check", ord[] = "ab";
+    char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, plan, ord, NULL};
+    cl_proc_t *w[4] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
+    for (int i = 0; i < 2; i++) {
+        EXPECT_EXIT(w[i], 128 + SIGKILL);
+        EXPECT_LOG(w[i], "at step 5");
+    }
+    argv[4] = never;
+    w[2] = cl_spawn(c, "replay2", argv);
+    w[3] = cl_spawn(c, "replay3", argv);
+    EXPECT_EXIT(w[2], 0);
+    EXPECT_EXIT(w[3], 0);
+    argv[4] = check_any;
+    cl_proc_t *check = cl_spawn(c, "check", argv);
+    EXPECT_EXIT(check, 0);
+    EXPECT_LOG(check, "every batch applied once on both tensors");
+    EXPECT_LOG(psd[0], "applied that step without its batch");
+    EXPECT_LOG(psd[0], "a shard had passed the step without it");
+    coord_t co;
+    coord_open(&co, c);
+    char *j = coord_status(&co);
+    ck_assert_msg(j && jnum(j, "stale_acks") == 1, "shard 0 should have acknowledged one push "
+                  "as not applied: %s", j ? j : "-");
+    free(j);
+    coord_close(&co);
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+START_TEST(test_bsp_random_deaths_applied_once) { random_deaths("bsp", false); }
+END_TEST
+
+START_TEST(test_bsp_random_deaths_shard_kills) { random_deaths("bsp", true); }
 END_TEST
 
 /* asp: shard 0 (the coordinator) killed right after it handed out a batch, at the next push it
@@ -947,6 +997,9 @@ Suite *ps_test_suite(void)
     ADD(asp_random_deaths_applied_once);
     ADD(asp_random_deaths_shard_kills);
     ADD(ssp_random_deaths_shard_kills);
+    ADD(bsp_step_emptied_after_partial_apply);
+    ADD(bsp_random_deaths_applied_once);
+    ADD(bsp_random_deaths_shard_kills);
     ADD(asp_coordinator_restart_after_handout);
     ADD(kill9_mid_step_shard_restarted);
     ADD(kill9_mid_step_coordinator_restarted);
