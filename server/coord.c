@@ -405,10 +405,12 @@ static void late_resolve(psd_server_t *srv, uint32_t r, bool stale, const char *
 {
     psd_coord_t *co = srv->coord;
     co->late_mask &= ~(1ull << r);
-    if (!stale) return;
+    /* The same batch waits in rc_pending (this shard's restart closed that step):
+     * restore_closed_lost gives it back if the member leaves before a report. */
+    if (!stale || (co->rc_step == co->late_step && (co->rc_pending >> r & 1))) return;
     regive(srv, co->late_batch[r], PS_REPLAY_TAG(co->late_step, r));
-    PS_LOG(PS_LOG_INFO, "coord", "rank %u's batch of step %llu (pass %llu at %llu), handed out "
-           "again after every member had left that step: %s; it goes to another worker", r,
+    PS_LOG(PS_LOG_INFO, "coord", "rank %u's batch of step %llu (pass %llu at %llu), a step "
+           "handed out again after members left it: %s; it goes to another worker", r,
            (unsigned long long)co->late_step, (unsigned long long)co->late_batch[r].pass,
            (unsigned long long)co->late_batch[r].offset, why);
 }
@@ -470,9 +472,11 @@ static void hand_out(psd_server_t *srv)
         m->progress = co->s.cur.applied_total;
         members |= 1ull << r;
     }
-    /* Not while a batch of a step handed out again may still go out again (late_mask). */
-    if (members == 0 && !co->s.finished && co->late_mask == 0 &&
-        (ps_cursor_exhausted(&co->s.cur) || (max && co->s.step >= max))) {
+    /* Not while a batch of a step handed out again may still go out again (late_mask), unless
+     * job.max_steps ends the job anyway. */
+    if (members == 0 && !co->s.finished &&
+        ((co->late_mask == 0 && ps_cursor_exhausted(&co->s.cur)) ||
+         (max && co->s.step >= max))) {
         co->s.finished = 1;
         co->s.final_step = co->s.step;
         PS_LOG(PS_LOG_INFO, "coord", "job complete at step %llu: %llu samples applied",
@@ -744,6 +748,12 @@ static int batch_done(psd_server_t *srv, uint32_t r, const ps_msg_t *msg, char *
             late_resolve(srv, r, msg->step > co->late_step || (msg->flags & PS_FLAG_STALE),
                          msg->step > co->late_step ? "a later step reported first"
                                                    : "a shard had passed the step without it");
+        else if (msg->flags & PS_FLAG_STALE)
+            PS_LOG(PS_LOG_WARN, "coord", "rank %u reports its batch of step %llu (pass %llu at "
+                   "%llu) dropped unapplied by a shard that had passed the step, which was not "
+                   "handed out again after its members left: counted as applied", r,
+                   (unsigned long long)msg->step, (unsigned long long)msg->data_epoch,
+                   (unsigned long long)msg->batch_offset);
     } else if (m->has_batch && m->batch_step == msg->step) {
         ps_cursor_applied(&co->s.cur, &m->batch);
         m->has_batch = 0;
@@ -1117,19 +1127,22 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len)
              * committed here, every member had pushed the step: it counts, and the next step
              * is open. Another shard may not have applied it yet: rc_step below. */
             uint64_t applied = psd_shard_step(srv);
-            /* The ranks that had a batch of the open step and left it (their batch_step stays):
-             * no joiner gets one before the step closes, since a chunk's apply of the step
-             * may name them (replay_had in shard.c). */
+            /* The ranks that had a batch of the open step and left it (their batch_step and
+             * batch stay): no joiner gets one before the step closes, since a chunk's apply of
+             * the step may name them (replay_had in shard.c). */
             for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
                 const saved_member_t *m = &co->s.m[r];
-                if (!(co->s.active >> r & 1) && m->join_serial && m->batch_step == co->s.step)
+                if (!(co->s.active >> r & 1) && m->batch.count && m->batch_step == co->s.step)
                     co->removed_in_step |= 1ull << r;
             }
+            /* With members gone from it, the step may have been handed out again after every
+             * member left (emptied_step1 is not saved): its close keeps its batches until
+             * their reports (late_mask), so that a stale one goes out again. */
+            if (co->removed_in_step && !co->s.finished) co->emptied_step1 = co->s.step + 1;
             if (co->s.step_members == 0 && co->removed_in_step && !co->s.finished) {
                 /* Every member left the open step: a chunk may have applied it (here or on
                  * another shard) while the others wait for it. It goes out again, as when
                  * that happens while this shard runs (member_remove). */
-                co->emptied_step1 = co->s.step + 1;
                 PS_LOG(PS_LOG_INFO, "coord", "step %llu: every member had left it (applied "
                        "here: %s); it goes out again", (unsigned long long)co->s.step,
                        applied > co->s.step ? "yes" : "no");

@@ -818,6 +818,10 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, const char *restore,
         PS_LOG(PS_LOG_WARN, "server", "PS_TEST_CRASH_AFTER_BATCH=%u: this shard kills itself at "
                "the first push after it handed out batch %u (a test hook)",
                srv->test_crash_after_batch, srv->test_crash_after_batch);
+    if ((srv->test_slow_apply = test_hook("PS_TEST_SLOW_APPLY", 0)))
+        PS_LOG(PS_LOG_WARN, "server", "PS_TEST_SLOW_APPLY=%u: the first apply job of step %u "
+               "takes 2 s longer on purpose (a test hook)", srv->test_slow_apply - 1,
+               srv->test_slow_apply - 1);
     if ((srv->test_drop_hello = test_hook("PS_TEST_DROP_HELLO", 8)))
         PS_LOG(PS_LOG_WARN, "server", "PS_TEST_DROP_HELLO=%u: the first hello of each of %u "
                "workers goes unanswered on purpose (a test hook)",

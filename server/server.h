@@ -148,6 +148,10 @@ struct psd_chunk_s {
                                   chunk applied already (psd_shard_on_push): acknowledged, not
                                   summed */
     uint64_t step_members;     /* bsp: the members of the step the running job applies */
+    uint64_t stale_lack;       /* bsp: bit r: slot r's push came while a job applied its step
+                                  without rank r, and that apply lacks its batch: if the step
+                                  passes, it is acknowledged with PS_FLAG_STALE */
+    bool applying;             /* a job holds this chunk (step_members is its members) */
     uint64_t summed[PSD_SUMMED_RING]; /* bsp: the members of step v's apply, at [v % ring]: whose
                                   batches the chunk has after it (summed then, or skipped as
                                   a replay of one it had) */
@@ -220,6 +224,7 @@ typedef struct {
     void *coord_state;         /* JOB_APPLY on shard 0: the coordinator's state to commit */
     size_t coord_len;
     bool pooled;               /* runs on the libuv pool (not inline on the loop) */
+    bool slow;                 /* PS_TEST_SLOW_APPLY (tests only): takes 2 s longer */
     uint64_t *hashes;          /* [nitems or nchunks] the records' new hashes, for job_done */
     uint64_t *bad;             /* [nitems] ranks whose raw push failed its CRC-32C (checked in
                                   the apply pass): that push, or under bsp the whole chunk's
@@ -346,6 +351,8 @@ struct psd_server_s {
                                         at the first push received after the Nth batch handed
                                         out (test_crash_armed: that batch was handed out) */
     bool test_crash_armed;
+    uint32_t test_slow_apply;   /* PS_TEST_SLOW_APPLY (tests only): step + 1 whose first bsp
+                                   apply job runs on the pool and takes 2 s longer (0: none) */
     uint32_t test_lose_ack;     /* PS_TEST_LOSE_ACK (tests only): the Nth push acknowledgement
                                    is not sent and its connection is closed */
     uint32_t test_drop_hello;   /* PS_TEST_DROP_HELLO (tests only): workers (by pid) whose

@@ -802,6 +802,8 @@ static void chunk_maybe_ready(psd_server_t *srv, psd_chunk_t *ch)
 
 void psd_shard_kick(psd_server_t *srv) { job_start_next(srv); }
 
+static void stale_slot_done(psd_server_t *srv, psd_chunk_t *ch, uint32_t r);
+
 static void push_received(psd_chunk_t *ch, uint32_t rank, ucs_status_t status)
 {
     psd_server_t *srv = ch->slot_conn[rank]->srv;
@@ -814,13 +816,8 @@ static void push_received(psd_chunk_t *ch, uint32_t rank, ucs_status_t status)
         return;
     }
     if (srv->m.job.consistency == PS_CONSIST_BSP && ch->slot_step[rank] != ch->version) {
-        /* The step was applied while this push was landing (its rank had left it): stale. */
-        PS_LOG(PS_LOG_DEBUG, "shard", "push of %u/%u from rank %u for step %llu landed at %llu",
-               ch->tensor, ch->chunk, rank, (unsigned long long)ch->slot_step[rank],
-               (unsigned long long)ch->version);
-        slot_empty(ch, rank);
-        psd_conn_unref(ch->slot_conn[rank]);
-        ch->slot_conn[rank] = NULL;
+        /* The step was applied while this push was landing, without its rank: stale. */
+        stale_slot_done(srv, ch, rank);
         return;
     }
     /* A raw push's CRC-32C is checked in the apply pass, block by block while the sum reads it
@@ -877,10 +874,10 @@ static int step_had_rank(const psd_chunk_t *ch, uint64_t s, uint32_t r)
 /* bsp: whether rank @p rank's push @p msg, of a batch handed out again (its replay tags: the
  * steps and ranks that had it before and left mid-step), brings a batch chunk @p ch has
  * already (step_had_rank for a tag). A tagged step not applied here yet does not count (that
- * rank's push, no longer a member's, is dropped); one not remembered is logged and counts as
- * @p unknown_had (a replay at the open step: not had, applied, as before replay tags). */
+ * rank's push, no longer a member's, is dropped); one not remembered is logged and counted as
+ * not applied here, as before replay tags. */
 static bool replay_had(psd_server_t *srv, const psd_chunk_t *ch, uint32_t rank,
-                       const ps_msg_t *msg, bool unknown_had)
+                       const ps_msg_t *msg)
 {
     for (uint32_t i = 0; i < msg->nreplay; i++) {
         uint64_t s = PS_REPLAY_STEP(msg->replay[i]);
@@ -890,33 +887,78 @@ static bool replay_had(psd_server_t *srv, const psd_chunk_t *ch, uint32_t rank,
             if (srv->replay_warned != msg->replay[i] + 1) /* once per tag, not per chunk */
                 PS_LOG(PS_LOG_WARN, "shard", "push of %u/%u from rank %u replays the batch rank "
                        "%u had at step %llu, which this shard does not remember (at step %llu): "
-                       "%s", ch->tensor, ch->chunk, rank, r, (unsigned long long)s,
-                       (unsigned long long)ch->version, unknown_had ? "counted as had" : "applied");
+                       "applied", ch->tensor, ch->chunk, rank, r, (unsigned long long)s,
+                       (unsigned long long)ch->version);
             srv->replay_warned = msg->replay[i] + 1;
-            if (unknown_had) return true;
-            continue;
-        }
-        if (had) {
+        } else if (had) {
             PS_LOG(PS_LOG_DEBUG, "shard", "push of %u/%u from rank %u replays the batch rank %u "
-                   "had at step %llu, applied here then", ch->tensor, ch->chunk, rank, r,
-                   (unsigned long long)s);
+                   "had at step %llu, applied here then: not applied again", ch->tensor,
+                   ch->chunk, rank, r, (unsigned long long)s);
             return true;
         }
     }
     return false;
 }
 
-/* bsp: whether rank @p rank's push @p msg, of a step chunk @p ch applied already, brings a
- * batch the chunk has: the push itself was in that apply (a resend), or its batch was by a
- * replay tag (replay_had). A step the chunk does not remember counts as had (as before stale
- * acknowledgements: nothing to tell). False only for a batch that step's apply here did not
- * have: pushed by a member of the step handed out again after every member left it (or by a
- * rank removed before this chunk's apply, whose batch went back already). */
-static bool stale_push_had(psd_server_t *srv, const psd_chunk_t *ch, uint32_t rank,
-                           const ps_msg_t *msg)
+/* bsp: whether an apply of step msg->step with members @p members (whose batches it has) has
+ * the batch of rank @p rank's push @p msg: the push's own rank is one of them (a resend), or a
+ * replay tag names one of them or a member of an earlier apply here (step_had_rank; a step not
+ * remembered counts as had: nothing to tell). */
+static bool apply_had_batch(const psd_chunk_t *ch, uint32_t rank, const ps_msg_t *msg,
+                            uint64_t members)
 {
-    int own = step_had_rank(ch, msg->step, rank);
-    return own != 0 || replay_had(srv, ch, rank, msg, true);
+    if (members >> rank & 1) return true;
+    for (uint32_t i = 0; i < msg->nreplay; i++) {
+        uint64_t s = PS_REPLAY_STEP(msg->replay[i]);
+        uint32_t r = PS_REPLAY_RANK(msg->replay[i]);
+        if (s == msg->step ? members >> r & 1 : step_had_rank(ch, s, r) != 0) return true;
+    }
+    return false;
+}
+
+/* bsp: whether chunk @p ch, past step msg->step, applied that step with the batch of rank
+ * @p rank's push @p msg (apply_had_batch with summed[]). A step it does not remember counts as
+ * had (as before stale acknowledgements). False only for a batch that apply did not have:
+ * pushed by a member of the step handed out again after every member left it (or by a rank
+ * removed before this chunk's apply, whose batch went back already). */
+static bool stale_push_had(const psd_chunk_t *ch, uint32_t rank, const ps_msg_t *msg)
+{
+    uint64_t s = msg->step;
+    if (s < ch->summed_from || ch->version - s > PSD_SUMMED_RING) return true;
+    return apply_had_batch(ch, rank, msg, ch->summed[s % PSD_SUMMED_RING]);
+}
+
+/* bsp: acknowledge a push of a step chunk @p ch has passed, not applied (@p req of @p conn,
+ * rank @p rank): with PS_FLAG_STALE when that step's apply did not have its batch (@p lacks),
+ * so that its worker reports it and the coordinator hands the batch out again. */
+static void send_stale_ack(psd_server_t *srv, psd_conn_t *conn, uint64_t req, psd_chunk_t *ch,
+                           uint32_t rank, uint64_t step, bool lacks)
+{
+    ps_msg_t a = {.type = PS_MSG_PUSH_ACK, .req_id = req, .tensor = ch->tensor,
+                  .chunk = ch->chunk, .step = ch->version, .shard = srv->shard};
+    if (lacks) {
+        a.flags = PS_FLAG_STALE;
+        srv->stale_acks++;
+        PS_LOG(PS_LOG_INFO, "shard", "push of %u/%u from rank %u for step %llu: the chunk "
+               "applied that step without its batch (it is at step %llu): not applied, and "
+               "acknowledged as such", ch->tensor, ch->chunk, rank, (unsigned long long)step,
+               (unsigned long long)ch->version);
+    }
+    if (conn && !conn->dead) psd_send_msg(srv, conn, &a);
+}
+
+/* bsp: slot @p r of @p ch holds a push of a step the chunk passed while it landed or waited
+ * (a job applied the step without its rank): acknowledged as stale (stale_lack) and dropped. */
+static void stale_slot_done(psd_server_t *srv, psd_chunk_t *ch, uint32_t r)
+{
+    PS_LOG(PS_LOG_INFO, "shard", "push of %u/%u from rank %u for step %llu came while the "
+           "chunk applied that step without it (now at %llu)", ch->tensor, ch->chunk, r,
+           (unsigned long long)ch->slot_step[r], (unsigned long long)ch->version);
+    send_stale_ack(srv, ch->slot_conn[r], ch->slot_req[r], ch, r, ch->slot_step[r],
+                   ch->stale_lack >> r & 1);
+    if (ch->slot_conn[r]) psd_conn_unref(ch->slot_conn[r]);
+    ch->slot_conn[r] = NULL;
+    slot_empty(ch, r);
 }
 
 /* Record @p a (a chunk's, or the copy an apply job stores) after the push in slot @p r of @p ch
@@ -1046,17 +1088,8 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
          * rank removed mid-step, or one of a step handed out again after every member left
          * it): acknowledge and drop it. When that apply did not have its batch, the ack says
          * so: the worker reports it, and the coordinator hands the batch out again. */
-        ps_msg_t a = {.type = PS_MSG_PUSH_ACK, .req_id = msg->req_id, .tensor = ch->tensor,
-                      .chunk = ch->chunk, .step = ch->version, .shard = srv->shard};
-        if (!stale_push_had(srv, ch, rank, msg)) {
-            a.flags = PS_FLAG_STALE;
-            srv->stale_acks++;
-            PS_LOG(PS_LOG_INFO, "shard", "push of %u/%u from rank %u for step %llu: the chunk "
-                   "applied that step without its batch (it is at step %llu): not applied, and "
-                   "acknowledged as such", ch->tensor, ch->chunk, rank,
-                   (unsigned long long)msg->step, (unsigned long long)ch->version);
-        }
-        psd_send_msg(srv, conn, &a);
+        send_stale_ack(srv, conn, msg->req_id, ch, rank, msg->step,
+                       !stale_push_had(ch, rank, msg));
         return UCS_OK;
     }
     if (bsp && msg->step != ch->version) {
@@ -1077,7 +1110,7 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
             return UCS_OK;
         }
     }
-    bool replay = bsp && msg->nreplay > 0 && replay_had(srv, ch, rank, msg, false);
+    bool replay = bsp && msg->nreplay > 0 && replay_had(srv, ch, rank, msg);
     if (replay) srv->replays_skipped++;
     if (!bsp && msg->req_id != 0 && msg->req_id == ch->applied->done[rank].req &&
         psd_conn_who(conn) == ch->applied->done[rank].who) {
@@ -1129,6 +1162,11 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
         ch->skip_mask |= 1ull << rank;
     else
         ch->skip_mask &= ~(1ull << rank);
+    /* A job applying this step without this rank (its member left, and the step went out
+     * again): if it passes the step, this push is stale; whether that apply has its batch is
+     * known now, from the push's tags (stale_slot_done). */
+    bool lacks = bsp && ch->applying && !apply_had_batch(ch, rank, msg, ch->step_members);
+    ch->stale_lack = (ch->stale_lack & ~(1ull << rank)) | (uint64_t)lacks << rank;
     if (direct) {
         psd_area_ref(area);
         ch->slot_ext[rank] = (psd_slot_ext_t){ext, area};
@@ -1500,6 +1538,7 @@ static void job_work(uv_work_t *w)
     job->rc = psd_store_begin(&job->srv->store, &tx);
     if (job->rc == 0) {
         job->rc = job->kind == JOB_CREATE ? run_create(job, &tx) : run_apply(job, &tx);
+        if (job->slow) uv_sleep(2000);
         if (job->rc == 0 && job->kind == JOB_APPLY && job->coord_len)
             job->rc = psd_store_put_blob(&tx, "job", job->coord_state, job->coord_len);
         if (job->rc)
@@ -1672,13 +1711,14 @@ static void job_done(uv_work_t *w, int status)
                 if (ch->slot_state[r] == SLOT_APPLYING) ack_slot(srv, ch, r, job->rc, ch->version);
             for (uint32_t r = 0; srv->m.job.consistency == PS_CONSIST_BSP && r < PS_MAX_RANKS; r++)
                 if (ch->slot_state[r] == SLOT_FULL && ch->slot_step[r] < ch->version) {
-                    /* Landed during the apply for the step just applied without it (its rank
-                     * had left the step): acknowledged and dropped, like any stale push. */
+                    /* Landed during the apply for the step just applied without it: dropped,
+                     * like any stale push. */
                     ch->nfull--;
                     ch->full_mask &= ~(1ull << r);
-                    ack_slot(srv, ch, r, 0, ch->version);
+                    stale_slot_done(srv, ch, r);
                 }
             ch->queued = false;
+            ch->applying = false;
             srv->applied_updates += applied;
             if (job->rc) {
                 for (psd_wait_t *w = ch->pulls, *nx; w; w = nx) {
@@ -1842,6 +1882,7 @@ static void job_start_next(psd_server_t *srv)
             job->items[job->nitems++] = c;
             bytes += psd_chunk_bytes(c->n, srv->nstate);
             c->step_members = members;
+            c->applying = true;
             c->sum_members = members & ~c->skip_mask;
             for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
                 if (c->slot_state[r] != SLOT_FULL) continue;
@@ -1885,7 +1926,10 @@ static void job_start_next(psd_server_t *srv)
      * the fan-out applies them in parallel. Not nested: a job that becomes ready while this one
      * finishes goes to the pool. */
     size_t bytes = job->kind == JOB_APPLY ? job_bytes(srv, job) : SIZE_MAX;
-    if (!srv->job_inline && (bytes <= PSD_INLINE_APPLY_BYTES ||
+    job->slow = job->kind == JOB_APPLY && srv->test_slow_apply &&
+                job->items[0]->version + 1 == srv->test_slow_apply;
+    if (job->slow) srv->test_slow_apply = 0; /* once; on the pool, so the loop goes on */
+    if (!srv->job_inline && !job->slow && (bytes <= PSD_INLINE_APPLY_BYTES ||
                              (job->nitems == 1 && bytes <= PSD_INLINE_RECORD_BYTES))) {
         srv->job_inline = true;
         job->pooled = false;

@@ -27,7 +27,8 @@
  * one of the three at random (seeded by its pid); one removed from the job (a restarted
  * coordinator whose saved state predates its join) exits 3.
  * DIE_STEP "plan:R@S/K[,R@S/K...]": the worker of rank R kills itself at step S after K of its
- * pushes (0, 1 or 2; each waited for), before reporting the batch.
+ * pushes (0, 1 or 2; each waited for), before reporting the batch. "R@S/1n": it sends its first
+ * push, does not wait for its acknowledgement, and dies 300 ms later.
  * DIE_STEP "check": no death, and the check at the end whatever this worker's rank (one that
  * joins a finished job may find rank 0 still held by members a restarted coordinator awaits). */
 #include <inttypes.h>
@@ -36,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "ps/ps_client.h"
 
@@ -44,6 +46,12 @@ static int push_wait(ps_client_t *c, uint32_t id, const float *g, uint64_t step)
     ps_op_t *op;
     int rc = ps_client_push(c, id, g, step, &op);
     return rc ? rc : ps_op_wait(op, NULL);
+}
+
+static void nap_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
 }
 
 /* rand:P mode: die (SIGKILL) after @p pushes of batch @p j's two. */
@@ -55,13 +63,17 @@ static void random_death(int rank, uint64_t j, int pushes)
     raise(SIGKILL);
 }
 
-/* DIE_STEP "plan:...": the pushes after which rank @p rank dies at step @p step, or -1. */
-static int planned_death(const char *plan, int rank, uint64_t step)
+/* DIE_STEP "plan:...": the pushes after which rank @p rank dies at step @p step, or -1;
+ * *@p nowait: the last of them is not waited for. */
+static int planned_death(const char *plan, int rank, uint64_t step, int *nowait)
 {
     for (const char *p = plan; p && *p;) {
-        int r, k;
+        int r, k, n = 0;
         unsigned long long s;
-        if (sscanf(p, "%d@%llu/%d", &r, &s, &k) == 3 && r == rank && s == step) return k;
+        if (sscanf(p, "%d@%llu/%d%n", &r, &s, &k, &n) == 3 && r == rank && s == step) {
+            *nowait = p[n] == 'n';
+            return k;
+        }
         p = strchr(p, ',');
         if (p) p++;
     }
@@ -169,12 +181,19 @@ int main(int argc, char **argv)
         if (die_pct > 0) /* for the post-mortem of a failed run: who had which batch */
             printf("replay_client: pid %d rank %d got batch %" PRIu64 "\n", (int)getpid(), rank, j);
         int at = die_pct > 0 && rand() % 100 < die_pct ? rand() % 3 : -1; /* pushes done first */
+        int nowait = 0;
         if (plan) {
-            at = planned_death(plan, rank, b.step);
+            at = planned_death(plan, rank, b.step, &nowait);
             printf("replay_client: pid %d rank %d got batch %" PRIu64 " at step %" PRIu64 "\n",
                    (int)getpid(), rank, j, b.step);
         }
         if (at == 0) random_death(rank, j, at);
+        if (at == 1 && nowait) { /* sent, not waited for: it lands, and this worker dies */
+            ps_op_t *op;
+            rc = ps_client_push(c, id[first], g, b.step, &op);
+            nap_ms(300);
+            random_death(rank, j, at);
+        }
         rc = push_wait(c, id[first], g, b.step);
         if (rc == 0 && at == 1) random_death(rank, j, at);
         if (rc == 0 && at == 2) rc = push_wait(c, id[1 - first], g, b.step);
