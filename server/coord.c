@@ -60,10 +60,38 @@ typedef struct {
     ps_cursor_t cur;
 } coord_saved_t;
 
+/* bsp: what member departures and restarts of this shard leave to settle across steps. It
+ * changes only then, so it is saved on its own ("jobrec", COORD_REC_MAGIC), with the next
+ * apply job or by coord_save when it changed (rec_changed), not with every step; a restart reads
+ * it back (a store without it: zeros, as before it was saved). */
+#define COORD_REC_MAGIC 0x31434552u /* "REC1" */
+typedef struct {
+    uint32_t magic;
+    uint64_t removed_in_step;  /* ranks not handed out again before the next close (they were
+                                  members of the open step and left) */
+    /* After a restart of this shard that closed the saved open step because its apply had
+     * committed here (psd_coord_create): that step, rc_step, may still be unapplied on other
+     * shards. rc_pending: its members with a batch, until any report of rc_step or a later
+     * step shows it applied everywhere; rc_view: its members still counted as such; rc_batch:
+     * their batches. A member removed while pending: restore_closed_lost. */
+    uint64_t rc_step, rc_pending, rc_view;
+    ps_batch_t rc_batch[PS_MAX_RANKS];
+    uint64_t emptied_step1;    /* the open step + 1 when every member left it (hand_out;
+                                  DESIGN-NOTES, Membership, "A step every member left") */
+    /* Step late_step was handed out again after every member left it, so chunks that had
+     * applied it dropped its pushes. Its members' batches, counted at its close, wait for
+     * their own reports: one that says a push was acknowledged as not applied (PS_FLAG_STALE),
+     * a later report that skipped it, or the member's removal first gives the batch back
+     * tagged (late_step, rank) (late_resolve). */
+    uint64_t late_step, late_mask;
+    ps_batch_t late_batch[PS_MAX_RANKS];
+} coord_rec_t;
+
 /* A write of the state on its own (coord_save), as slot work between store jobs. */
 typedef struct {
     psd_slot_work_t slot;
     coord_saved_t s;          /* the copy written, taken on the loop thread when queued */
+    coord_rec_t rec;          /* and of the recovery state (written with it) */
     uint64_t gen;             /* its number (coord_save_gen) */
     int rc;
 } coord_save_t;
@@ -159,7 +187,6 @@ typedef struct {
 struct psd_coord_s {
     coord_saved_t s;
     member_rt_t rt[PS_MAX_RANKS];
-    uint64_t removed_in_step;  /* bsp: ranks not handed out again before the next close */
     uint64_t started_ms;       /* this process's start: members of a restored state must
                                   come back within heartbeat_timeout_ms */
     uint64_t waiting_since_ms; /* bsp: members wait for a step with no members (0: none) */
@@ -182,24 +209,8 @@ struct psd_coord_s {
     uint64_t save_gen;         /* saves queued so far (the copy of the last: save.gen) */
     uint64_t saved_gen;        /* the last save that ended */
     bool creating;             /* psd_coord_create saves once at its end, itself */
-    /* bsp, after a restart of this shard that closed the saved open step because its apply
-     * had committed here (psd_coord_create): that step, rc_step, may still be unapplied on
-     * other shards. rc_pending: its members with a batch, until any report of rc_step or a
-     * later step shows it applied everywhere; rc_view: its members still counted as such;
-     * rc_batch: their batches. A member removed while pending: restore_closed_lost. Not
-     * saved (DESIGN-NOTES, Persistence, for what a second restart meanwhile leaves). */
-    uint64_t rc_step, rc_pending, rc_view;
-    ps_batch_t rc_batch[PS_MAX_RANKS];
-    uint64_t emptied_step1;    /* bsp: the open step + 1 when every member left it (runtime;
-                                  hand_out; DESIGN-NOTES, Membership, "A step every member
-                                  left") */
-    /* bsp: step late_step was handed out again after every member left it, so chunks that
-     * had applied it dropped its pushes. Its members' batches, counted at its close, wait for
-     * their own reports: one that says a push was acknowledged as not applied (PS_FLAG_STALE),
-     * a later report that skipped it, or the member's removal first gives the batch back
-     * tagged (late_step, rank) (late_resolve). Runtime only. */
-    uint64_t late_step, late_mask;
-    ps_batch_t late_batch[PS_MAX_RANKS];
+    coord_rec_t rec;           /* bsp: what failures leave to settle (saved as "jobrec") */
+    bool rec_dirty;            /* rec changed since a save took its copy (rec_changed) */
 };
 
 static bool is_bsp(const psd_server_t *srv) { return srv->m.job.consistency == PS_CONSIST_BSP; }
@@ -213,12 +224,16 @@ static bool is_bsp(const psd_server_t *srv) { return srv->m.job.consistency == P
  * (libps and the shards ignore an epoch no newer than one they know). The write is slot work:
  * the loop thread never waits for the store's one writer. A slot runs only between store
  * jobs, and a job copies the state when it starts, so the stored state never goes back. */
-static int save_now(psd_store_t *st, const coord_saved_t *s)
+/* The recovery state changed: the next apply job (psd_coord_rec) or coord_save writes it. */
+static void rec_changed(psd_coord_t *co) { co->rec_dirty = true; }
+
+static int save_now(psd_store_t *st, const coord_saved_t *s, const coord_rec_t *rec)
 {
     psd_wtxn_t tx;
     int rc = psd_store_begin(st, &tx);
     if (rc) return rc;
     rc = psd_store_put_blob(&tx, "job", s, sizeof *s);
+    if (rc == 0) rc = psd_store_put_blob(&tx, "jobrec", rec, sizeof *rec);
     if (rc) {
         psd_store_abort(&tx);
         return rc;
@@ -229,7 +244,7 @@ static int save_now(psd_store_t *st, const coord_saved_t *s)
 static void save_run(psd_slot_work_t *w)
 {
     coord_save_t *sv = (coord_save_t *)w;
-    sv->rc = save_now(&w->srv->store, &sv->s);
+    sv->rc = save_now(&w->srv->store, &sv->s, &sv->rec);
 }
 
 static void coord_save(psd_server_t *srv);
@@ -242,9 +257,11 @@ static void save_done(psd_slot_work_t *w)
     psd_coord_t *co = srv->coord;
     co->save_busy = false;
     co->saved_gen = co->save.gen; /* failed or not: a hand-out never waits for good */
-    if (co->save.rc)
+    if (co->save.rc) {
         PS_LOG(PS_LOG_ERROR, "coord", "cannot save the coordinator's state: %s (it is saved "
                "again with the next step)", ps_strerror(co->save.rc));
+        co->rec_dirty = true;
+    }
     if (co->save_again) {
         co->save_again = false;
         coord_save(srv);
@@ -262,6 +279,8 @@ static void coord_save(psd_server_t *srv)
     }
     co->save_busy = true;
     co->save.s = co->s;
+    co->save.rec = co->rec;
+    co->rec_dirty = false;
     co->save.gen = ++co->save_gen;
     co->save.slot.srv = srv;
     co->save.slot.run = save_run;
@@ -379,16 +398,17 @@ static void regive(psd_server_t *srv, ps_batch_t b, uint64_t tag)
 static void restore_closed_lost(psd_server_t *srv, uint32_t r)
 {
     psd_coord_t *co = srv->coord;
-    co->rc_pending &= ~(1ull << r);
-    co->rc_view &= ~(1ull << r);
-    regive(srv, co->rc_batch[r], PS_REPLAY_TAG(co->rc_step, r));
+    rec_changed(co);
+    co->rec.rc_pending &= ~(1ull << r);
+    co->rec.rc_view &= ~(1ull << r);
+    regive(srv, co->rec.rc_batch[r], PS_REPLAY_TAG(co->rec.rc_step, r));
     PS_LOG(PS_LOG_WARN, "coord", "rank %u left before any report showed step %llu applied "
            "everywhere (this shard closed it when it started again): the step goes on without "
            "it where it waits, and its batch goes to another worker", r,
-           (unsigned long long)co->rc_step);
+           (unsigned long long)co->rec.rc_step);
     /* Not learnt here: every chunk of this shard is past that step, and for the open one
      * this view would be the newest until the caller's. */
-    issue_view(srv, co->rc_step, co->rc_view, false);
+    issue_view(srv, co->rec.rc_step, co->rec.rc_view, false);
     /* The restart's close may have ended the job (no batch left): this one is left now. */
     uint64_t max = srv->m.job.max_steps;
     if (co->s.finished && !(max && co->s.step >= max)) {
@@ -404,15 +424,16 @@ static void restore_closed_lost(psd_server_t *srv, uint32_t r)
 static void late_resolve(psd_server_t *srv, uint32_t r, bool stale, const char *why)
 {
     psd_coord_t *co = srv->coord;
-    co->late_mask &= ~(1ull << r);
+    rec_changed(co);
+    co->rec.late_mask &= ~(1ull << r);
     /* The same batch waits in rc_pending (this shard's restart closed that step):
      * restore_closed_lost gives it back if the member leaves before a report. */
-    if (!stale || (co->rc_step == co->late_step && (co->rc_pending >> r & 1))) return;
-    regive(srv, co->late_batch[r], PS_REPLAY_TAG(co->late_step, r));
+    if (!stale || (co->rec.rc_step == co->rec.late_step && (co->rec.rc_pending >> r & 1))) return;
+    regive(srv, co->rec.late_batch[r], PS_REPLAY_TAG(co->rec.late_step, r));
     PS_LOG(PS_LOG_INFO, "coord", "rank %u's batch of step %llu (pass %llu at %llu), a step "
            "handed out again after members left it: %s; it goes to another worker", r,
-           (unsigned long long)co->late_step, (unsigned long long)co->late_batch[r].pass,
-           (unsigned long long)co->late_batch[r].offset, why);
+           (unsigned long long)co->rec.late_step, (unsigned long long)co->rec.late_batch[r].pass,
+           (unsigned long long)co->rec.late_batch[r].offset, why);
 }
 
 /* ---- bsp steps ------------------------------------------------------------------ */
@@ -462,7 +483,7 @@ static void hand_out(psd_server_t *srv)
     uint64_t max = srv->m.job.max_steps;
     for (uint32_t r = 0; r < PS_MAX_RANKS && !(max && co->s.step >= max); r++) {
         saved_member_t *m = &co->s.m[r];
-        if (!(co->s.active >> r & 1) || (co->removed_in_step >> r & 1)) continue;
+        if (!(co->s.active >> r & 1) || (co->rec.removed_in_step >> r & 1)) continue;
         if (!m->has_batch && !ps_cursor_take(&co->s.cur, &m->batch)) break;
         if (!(co->s.step_members >> r & 1) && m->steps_done == 0)
             PS_LOG(PS_LOG_INFO, "coord", "rank %u takes part from step %llu", r,
@@ -475,7 +496,7 @@ static void hand_out(psd_server_t *srv)
     /* Not while a batch of a step handed out again may still go out again (late_mask), unless
      * job.max_steps ends the job anyway. */
     if (members == 0 && !co->s.finished &&
-        ((co->late_mask == 0 && ps_cursor_exhausted(&co->s.cur)) ||
+        ((co->rec.late_mask == 0 && ps_cursor_exhausted(&co->s.cur)) ||
          (max && co->s.step >= max))) {
         co->s.finished = 1;
         co->s.final_step = co->s.step;
@@ -491,17 +512,18 @@ static void hand_out(psd_server_t *srv)
 static void close_step(psd_server_t *srv)
 {
     psd_coord_t *co = srv->coord;
-    bool again = co->emptied_step1 == co->s.step + 1; /* chunks may have passed it before */
+    bool again = co->rec.emptied_step1 == co->s.step + 1; /* chunks may have passed it before */
     for (uint32_t r = 0; again && r < PS_MAX_RANKS; r++)
-        if (co->late_mask >> r & 1) late_resolve(srv, r, true, "not reported before another");
-    if (again) co->late_step = co->s.step;
+        if (co->rec.late_mask >> r & 1) late_resolve(srv, r, true, "not reported before another");
+    if (again || co->rec.removed_in_step || co->rec.emptied_step1) rec_changed(co);
+    if (again) co->rec.late_step = co->s.step;
     for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
         saved_member_t *m = &co->s.m[r];
         if (!(co->s.step_members >> r & 1) || !m->has_batch || m->batch_step != co->s.step)
             continue;
         if (again) {
-            co->late_batch[r] = m->batch;
-            co->late_mask |= 1ull << r;
+            co->rec.late_batch[r] = m->batch;
+            co->rec.late_mask |= 1ull << r;
         }
         ps_cursor_applied(&co->s.cur, &m->batch);
         m->has_batch = 0;
@@ -509,8 +531,8 @@ static void close_step(psd_server_t *srv)
         co->rt[r].last_done_ms = uv_now(srv->loop);
     }
     co->s.step++;
-    co->removed_in_step = 0;
-    co->emptied_step1 = 0;
+    co->rec.removed_in_step = 0;
+    co->rec.emptied_step1 = 0;
     uint64_t now = uv_now(srv->loop);
     if (co->last_close_ms) {
         uint64_t g = now - co->last_close_ms;
@@ -678,7 +700,7 @@ void psd_coord_on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
         co->rt[r].parked = 0;
         co->rt[r].lost_ms = 0;
     } else {
-        uint64_t taken = co->s.active | co->removed_in_step | co->s.step_members;
+        uint64_t taken = co->s.active | co->rec.removed_in_step | co->s.step_members;
         for (uint32_t r = 0; r < PS_MAX_RANKS && rank < 0; r++)
             if (!(taken >> r & 1)) rank = (int32_t)r;
         if (rank < 0) {
@@ -734,19 +756,20 @@ static int batch_done(psd_server_t *srv, uint32_t r, const ps_msg_t *msg, char *
                  (unsigned long long)msg->step, (unsigned long long)co->s.step);
         return PS_EPROTO;
     }
-    if (is_bsp(srv) && msg->step >= co->rc_step) {
+    if (is_bsp(srv) && msg->step >= co->rec.rc_step) {
         /* Every shard acknowledged r's pushes of rc_step (or a later step): they ack a push at
          * its step's apply, so rc_step is applied on every chunk, with whoever it had. */
-        co->rc_pending = 0;
+        if (co->rec.rc_pending) rec_changed(co);
+        co->rec.rc_pending = 0;
     }
     if (is_bsp(srv)) {
         /* Its pushes of that step were acknowledged by every shard: the step is applied
          * everywhere. (After a restart of this shard a report may be one step ahead.) */
         while (!co->s.finished && co->s.step <= msg->step && (co->s.step_members >> r & 1))
             close_step(srv);
-        if ((co->late_mask >> r & 1) && msg->step >= co->late_step)
-            late_resolve(srv, r, msg->step > co->late_step || (msg->flags & PS_FLAG_STALE),
-                         msg->step > co->late_step ? "a later step reported first"
+        if ((co->rec.late_mask >> r & 1) && msg->step >= co->rec.late_step)
+            late_resolve(srv, r, msg->step > co->rec.late_step || (msg->flags & PS_FLAG_STALE),
+                         msg->step > co->rec.late_step ? "a later step reported first"
                                                    : "a shard had passed the step without it");
         else if (msg->flags & PS_FLAG_STALE)
             PS_LOG(PS_LOG_WARN, "coord", "rank %u reports its batch of step %llu (pass %llu at "
@@ -811,14 +834,15 @@ static void member_remove(psd_server_t *srv, uint32_t r, const char *why)
     psd_coord_t *co = srv->coord;
     saved_member_t *m = &co->s.m[r];
     co->s.active &= ~(1ull << r);
+    rec_changed(co);
     if (co->s.step_members >> r & 1)
-        co->removed_in_step |= 1ull << r; /* its pushes of this step may sit in slots */
+        co->rec.removed_in_step |= 1ull << r; /* its pushes of this step may sit in slots */
     co->rt[r].parked = 0;
     co->rt[r].conn = NULL;
     co->rt[r].lost_ms = 0;
     if (co->grant_stop > 0) co->grant_stop--;
-    if (co->late_mask >> r & 1) late_resolve(srv, r, true, "the worker left before reporting it");
-    bool rc_lost = is_bsp(srv) && (co->rc_pending >> r & 1);
+    if (co->rec.late_mask >> r & 1) late_resolve(srv, r, true, "the worker left before reporting it");
+    bool rc_lost = is_bsp(srv) && (co->rec.rc_pending >> r & 1);
     if (rc_lost) restore_closed_lost(srv, r);
     bool given_back = false;
     if (m->has_batch) {
@@ -845,7 +869,7 @@ static void member_remove(psd_server_t *srv, uint32_t r, const char *why)
            given_back ? "; its batch goes to another worker" : "", popcount(co->s.active));
     if (is_bsp(srv) && (co->s.step_members >> r & 1)) {
         set_members(srv, co->s.step_members & ~(1ull << r));
-        if (co->s.step_members == 0) co->emptied_step1 = co->s.step + 1; /* hand_out */
+        if (co->s.step_members == 0) co->rec.emptied_step1 = co->s.step + 1; /* hand_out */
         broadcast_epoch(srv);
         maybe_restart_step(srv);
     } else if (rc_lost) { /* the open step's view, newer than rc_step's */
@@ -1073,11 +1097,13 @@ void psd_coord_on_launch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
 
 /* ---- state ---------------------------------------------------------------------- */
 
-int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len)
+int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, const void *rec,
+                     size_t rec_len)
 {
     psd_coord_t *co = calloc(1, sizeof *co);
     if (co == NULL) return PS_ENOMEM;
     srv->coord = co;
+    co->rec.magic = COORD_REC_MAGIC;
     co->started_ms = uv_now(srv->loop);
     co->creating = true;
     const ps_job_conf_t *j = &srv->m.job;
@@ -1102,6 +1128,16 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len)
                    "(CRD2): converted");
         } else {
             memcpy(&co->s, saved, sizeof co->s);
+        }
+        /* What failures had left to settle, as last saved (with this state or before it). */
+        if (rec && rec_len == sizeof co->rec) {
+            memcpy(&co->rec, rec, sizeof co->rec);
+            if (co->rec.magic != COORD_REC_MAGIC) {
+                PS_LOG(PS_LOG_WARN, "coord", "the stored recovery state (magic %#x) is not one "
+                       "this psd reads: left out", co->rec.magic);
+                memset(&co->rec, 0, sizeof co->rec);
+                co->rec.magic = COORD_REC_MAGIC;
+            }
         }
         /* Epochs made after the save (joins, removals) are lost with the crash, but the
          * other shards know them: jump past anything that can have been handed out. */
@@ -1133,13 +1169,13 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len)
             for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
                 const saved_member_t *m = &co->s.m[r];
                 if (!(co->s.active >> r & 1) && m->batch.count && m->batch_step == co->s.step)
-                    co->removed_in_step |= 1ull << r;
+                    co->rec.removed_in_step |= 1ull << r;
             }
             /* With members gone from it, the step may have been handed out again after every
              * member left (emptied_step1 is not saved): its close keeps its batches until
              * their reports (late_mask), so that a stale one goes out again. */
-            if (co->removed_in_step && !co->s.finished) co->emptied_step1 = co->s.step + 1;
-            if (co->s.step_members == 0 && co->removed_in_step && !co->s.finished) {
+            if (co->rec.removed_in_step && !co->s.finished) co->rec.emptied_step1 = co->s.step + 1;
+            if (co->s.step_members == 0 && co->rec.removed_in_step && !co->s.finished) {
                 /* Every member left the open step: a chunk may have applied it (here or on
                  * another shard) while the others wait for it. It goes out again, as when
                  * that happens while this shard runs (member_remove). */
@@ -1152,14 +1188,14 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len)
              * has those) may wait elsewhere for a member that does not come back: remember
              * whose batches it had (restore_closed_lost). */
             if (applied == co->s.step + 1 && co->s.step >= srv->run.base_step && !co->s.finished) {
-                co->rc_step = co->s.step;
-                co->rc_view = co->s.step_members;
+                co->rec.rc_step = co->s.step;
+                co->rec.rc_view = co->s.step_members;
                 for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
                     const saved_member_t *m = &co->s.m[r];
                     if ((co->s.step_members >> r & 1) && m->has_batch &&
                         m->batch_step == co->s.step) {
-                        co->rc_batch[r] = m->batch;
-                        co->rc_pending |= 1ull << r;
+                        co->rec.rc_batch[r] = m->batch;
+                        co->rec.rc_pending |= 1ull << r;
                     }
                 }
             }
@@ -1177,7 +1213,8 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len)
     /* Saved before anything is handed out: a second restart bumps the epoch past this one's
      * (no store job runs yet: the loop has not started). */
     co->creating = false;
-    int rc = save_now(&srv->store, &co->s);
+    co->rec.magic = COORD_REC_MAGIC;
+    int rc = save_now(&srv->store, &co->s, &co->rec);
     if (rc)
         PS_LOG(PS_LOG_ERROR, "coord", "cannot save the coordinator's state: %s (a restart "
                "before the next step may reuse epoch numbers)", ps_strerror(rc));
@@ -1194,6 +1231,20 @@ const void *psd_coord_state(psd_server_t *srv, size_t *len)
 {
     *len = sizeof srv->coord->s;
     return &srv->coord->s;
+}
+
+const void *psd_coord_rec(psd_server_t *srv, size_t *len)
+{
+    psd_coord_t *co = srv->coord;
+    if (!co->rec_dirty) return NULL;
+    co->rec_dirty = false;
+    *len = sizeof co->rec;
+    return &co->rec;
+}
+
+void psd_coord_rec_unsaved(psd_server_t *srv)
+{
+    if (srv->coord) srv->coord->rec_dirty = true;
 }
 
 static int cmp_u64(const void *a, const void *b)

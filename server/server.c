@@ -898,10 +898,12 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, const char *restore,
         goto fail_shard;
     if (shard == 0) {
         /* The coordinator's state, as the last apply job committed it. */
-        static uint8_t saved[65536];
-        size_t saved_len = 0;
+        static uint8_t saved[65536], rec[16384];
+        size_t saved_len = 0, rec_len = 0;
         if (psd_store_get_blob(&srv->store, "job", saved, sizeof saved, &saved_len)) saved_len = 0;
-        if ((rc = psd_coord_create(srv, saved_len ? saved : NULL, saved_len)) != 0) {
+        if (psd_store_get_blob(&srv->store, "jobrec", rec, sizeof rec, &rec_len)) rec_len = 0;
+        if ((rc = psd_coord_create(srv, saved_len ? saved : NULL, saved_len,
+                                   rec_len ? rec : NULL, rec_len)) != 0) {
             snprintf(err, errlen, "cannot create the coordinator: %s", ps_strerror(rc));
             goto fail_shard;
         }

@@ -223,6 +223,8 @@ typedef struct {
     uint32_t nitems;
     void *coord_state;         /* JOB_APPLY on shard 0: the coordinator's state to commit */
     size_t coord_len;
+    void *coord_rec;           /* and its recovery state when it changed (psd_coord_rec) */
+    size_t coord_rec_len;      /* 0: unchanged, not written */
     bool pooled;               /* runs on the libuv pool (not inline on the loop) */
     bool slow;                 /* PS_TEST_SLOW_APPLY (tests only): takes 2 s longer */
     uint64_t *hashes;          /* [nitems or nchunks] the records' new hashes, for job_done */
@@ -476,9 +478,11 @@ uint64_t psd_shard_members(const psd_server_t *srv, uint64_t step, uint64_t *epo
 uint64_t psd_shard_epoch(const psd_server_t *srv);
 
 /* coord.c (shard 0 only) */
-/** @brief Create the coordinator; restores its state from @p saved (NULL: a fresh job).
- *  @return 0 or PS_ENOMEM. */
-int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len);
+/** @brief Create the coordinator; restores its state from @p saved (NULL: a fresh job) and
+ *  what failures had left to settle from @p rec (key "jobrec"; NULL: nothing). Both are
+ *  copied. @return 0 or PS_ENOMEM. */
+int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, const void *rec,
+                     size_t rec_len);
 void psd_coord_free(psd_server_t *srv);
 /** @brief A worker said hello: admit it (a new rank) or take it back (its rank, after a
  *  restart of this shard). Sends the reply or an error. */
@@ -522,5 +526,11 @@ int psd_coord_ckpt_hold_at(psd_server_t *srv, uint64_t step, uint32_t *flags, ch
 void psd_coord_ckpt_release_until(psd_server_t *srv, uint64_t next);
 /** @brief The coordinator's state as bytes for the store (written with each apply). */
 const void *psd_coord_state(psd_server_t *srv, size_t *len);
+/** @brief Its recovery state (key "jobrec") when it changed since a save took it, else NULL:
+ *  the caller's apply job writes it with the state; the bytes stay the coordinator's (copy
+ *  them now). */
+const void *psd_coord_rec(psd_server_t *srv, size_t *len);
+/** @brief The apply job that took psd_coord_rec's copy failed: the next one takes it again. */
+void psd_coord_rec_unsaved(psd_server_t *srv);
 
 #endif

@@ -265,6 +265,7 @@ void psd_shard_free(psd_server_t *srv)
     free(srv->create_queue);
     free(srv->job.items);
     free(srv->job.coord_state);
+    free(srv->job.coord_rec);
     free(srv->job.hashes);
     free(srv->job.bad);
     free(srv->job.olds);
@@ -327,6 +328,21 @@ uint64_t psd_shard_members(const psd_server_t *srv, uint64_t step, uint64_t *epo
     }
     if (epoch) *epoch = best ? best->epoch : 0;
     return best ? best->members : 0;
+}
+
+/* bsp: whether step @p step was closed by the coordinator with no member left: the view it
+ * has is empty and a newer view starts after it (restore_closed_lost in coord.c: a step this
+ * shard's restart of the coordinator closed, whose members all left before any showed it
+ * applied everywhere). A chunk still at it passes it as it is (run_apply: no member summed);
+ * its members' batches went out again, tagged. An open step every member left has no newer
+ * view after it: it waits to go out again. */
+static bool step_closed_empty(const psd_server_t *srv, uint64_t step)
+{
+    uint64_t epoch;
+    if (psd_shard_members(srv, step, &epoch) != 0 || epoch == 0) return false;
+    for (uint32_t i = 0; i < srv->nviews; i++)
+        if (srv->views[i].epoch > epoch && srv->views[i].from_step > step) return true;
+    return false;
 }
 
 uint64_t psd_shard_epoch(const psd_server_t *srv)
@@ -785,7 +801,8 @@ static void chunk_maybe_ready(psd_server_t *srv, psd_chunk_t *ch)
         ready = ch->nfull > 0;
     } else {
         uint64_t members = psd_shard_members(srv, ch->version, NULL);
-        ready = members != 0 && (ch->full_mask & members) == members;
+        ready = members != 0 ? (ch->full_mask & members) == members
+                             : step_closed_empty(srv, ch->version);
     }
     if (!ready || ch->queued) return;
     ch->queued = true;
@@ -1541,6 +1558,8 @@ static void job_work(uv_work_t *w)
         if (job->slow) uv_sleep(2000);
         if (job->rc == 0 && job->kind == JOB_APPLY && job->coord_len)
             job->rc = psd_store_put_blob(&tx, "job", job->coord_state, job->coord_len);
+        if (job->rc == 0 && job->kind == JOB_APPLY && job->coord_rec_len)
+            job->rc = psd_store_put_blob(&tx, "jobrec", job->coord_rec, job->coord_rec_len);
         if (job->rc)
             psd_store_abort(&tx);
         else
@@ -1615,6 +1634,7 @@ static void job_done(uv_work_t *w, int status)
         PS_LOG(PS_LOG_ERROR, "shard", "store job failed: %s%s%s", job->err[0] ? job->err : "",
                job->err[0] ? ": " : "", ps_strerror(job->rc));
     job->err[0] = '\0';
+    if (job->rc && job->coord_rec_len) psd_coord_rec_unsaved(srv); /* not committed */
     if (srv->trace && job->kind == JOB_APPLY && job->nitems > 0)
         psd_trace_apply(srv->trace, job->begin_ns, job->end_ns, job->nitems,
                         job->items[0]->tensor, job->items[0]->chunk, job_bytes(srv, job),
@@ -1875,7 +1895,9 @@ static void job_start_next(psd_server_t *srv)
              * next one. */
             if (job->nitems > 0 && bytes >= max_bytes) break;
             uint64_t members = bsp ? psd_shard_members(srv, c->version, NULL) : ~0ull;
-            if (bsp ? members == 0 || (c->full_mask & members) != members : c->nfull == 0) {
+            bool empty_ok = bsp && members == 0 && step_closed_empty(srv, c->version);
+            if (bsp ? (members == 0 && !empty_ok) || (c->full_mask & members) != members
+                    : c->nfull == 0) {
                 c->queued = false; /* no longer ready; queued again when it is */
                 continue;
             }
@@ -1912,6 +1934,15 @@ static void job_start_next(psd_server_t *srv)
             if (job->coord_state) {
                 memcpy(job->coord_state, st, len);
                 job->coord_len = len;
+            }
+            job->coord_rec_len = 0;
+            const void *rec = psd_coord_rec(srv, &len); /* only when it changed */
+            if (rec && job->coord_rec == NULL) job->coord_rec = malloc(len);
+            if (rec && job->coord_rec) {
+                memcpy(job->coord_rec, rec, len);
+                job->coord_rec_len = len;
+            } else if (rec) {
+                psd_coord_rec_unsaved(srv); /* no memory now: the next job takes it */
             }
         }
     } else {

@@ -401,6 +401,9 @@ END_TEST
 START_TEST(test_bsp_random_deaths_applied_once) { random_deaths("bsp", false); }
 END_TEST
 
+START_TEST(test_bsp_random_deaths_shard_kills) { random_deaths("bsp", true); }
+END_TEST
+
 
 /* asp: shard 0 (the coordinator) killed right after it handed out a batch, at the next push it
  * gets (PS_TEST_CRASH_AFTER_BATCH), and started again. The worker pushes that batch when the
@@ -1012,6 +1015,7 @@ Suite *ps_test_suite(void)
     ADD(bsp_step_emptied_after_partial_apply);
     ADD(bsp_step_emptied_during_apply);
     ADD(bsp_random_deaths_applied_once);
+    ADD(bsp_random_deaths_shard_kills);
     ADD(asp_coordinator_restart_after_handout);
     ADD(kill9_mid_step_shard_restarted);
     ADD(kill9_mid_step_coordinator_restarted);
