@@ -76,6 +76,9 @@ typedef struct {
      * their batches. A member removed while pending: restore_closed_lost. */
     uint64_t rc_step, rc_pending, rc_view;
     ps_batch_t rc_batch[PS_MAX_RANKS];
+    uint64_t rc_sent;          /* a view of rc_step went out (restore_closed_lost): until a
+                                  report of a later step shows every shard past rc_step, each
+                                  hand-out tells it again (hand_out) */
     uint64_t emptied_step1;    /* the open step + 1 when every member left it (hand_out;
                                   DESIGN-NOTES, Membership, "A step every member left") */
     /* Step late_step was handed out again after every member left it, so chunks that had
@@ -409,6 +412,7 @@ static void restore_closed_lost(psd_server_t *srv, uint32_t r)
     /* Not learnt here: every chunk of this shard is past that step, and for the open one
      * this view would be the newest until the caller's. */
     issue_view(srv, co->rec.rc_step, co->rec.rc_view, false);
+    co->rec.rc_sent = 1;
     /* The restart's close may have ended the job (no batch left): this one is left now. */
     uint64_t max = srv->m.job.max_steps;
     if (co->s.finished && !(max && co->s.step >= max)) {
@@ -502,6 +506,13 @@ static void hand_out(psd_server_t *srv)
         co->s.final_step = co->s.step;
         PS_LOG(PS_LOG_INFO, "coord", "job complete at step %llu: %llu samples applied",
                (unsigned long long)co->s.step, (unsigned long long)co->s.cur.applied_total);
+    }
+    if (co->rec.rc_sent && members) {
+        /* A shard may still wait at rc_step for the view its last member's removal issued,
+         * which no member may have been there to forward: told again, then this step's view,
+         * before the batches go out (step_closed_empty in shard.c needs both). */
+        issue_view(srv, co->rec.rc_step, co->rec.rc_view, false);
+        issue_view(srv, co->s.step, members, true);
     }
     set_members(srv, members);
     co->waiting_since_ms = 0;
@@ -762,6 +773,11 @@ static int batch_done(psd_server_t *srv, uint32_t r, const ps_msg_t *msg, char *
         if (co->rec.rc_pending) rec_changed(co);
         co->rec.rc_pending = 0;
     }
+    if (is_bsp(srv) && msg->step > co->rec.rc_step && co->rec.rc_sent) {
+        /* r's pushes of a later step were acknowledged everywhere: no shard is at rc_step. */
+        rec_changed(co);
+        co->rec.rc_sent = 0;
+    }
     if (is_bsp(srv)) {
         /* Its pushes of that step were acknowledged by every shard: the step is applied
          * everywhere. (After a restart of this shard a report may be one step ahead.) */
@@ -868,8 +884,9 @@ static void member_remove(psd_server_t *srv, uint32_t r, const char *why)
            m->pid, (unsigned long long)co->s.step, why,
            given_back ? "; its batch goes to another worker" : "", popcount(co->s.active));
     if (is_bsp(srv) && (co->s.step_members >> r & 1)) {
-        set_members(srv, co->s.step_members & ~(1ull << r));
-        if (co->s.step_members == 0) co->rec.emptied_step1 = co->s.step + 1; /* hand_out */
+        uint64_t left = co->s.step_members & ~(1ull << r);
+        if (left == 0) co->rec.emptied_step1 = co->s.step + 1; /* hand_out; saved with: */
+        set_members(srv, left);
         broadcast_epoch(srv);
         maybe_restart_step(srv);
     } else if (rc_lost) { /* the open step's view, newer than rc_step's */
@@ -1130,13 +1147,15 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
             memcpy(&co->s, saved, sizeof co->s);
         }
         /* What failures had left to settle, as last saved (with this state or before it). */
-        if (rec && rec_len == sizeof co->rec) {
+        bool rec_read = rec && rec_len == sizeof co->rec;
+        if (rec_read) {
             memcpy(&co->rec, rec, sizeof co->rec);
             if (co->rec.magic != COORD_REC_MAGIC) {
                 PS_LOG(PS_LOG_WARN, "coord", "the stored recovery state (magic %#x) is not one "
                        "this psd reads: left out", co->rec.magic);
                 memset(&co->rec, 0, sizeof co->rec);
                 co->rec.magic = COORD_REC_MAGIC;
+                rec_read = false;
             }
         }
         /* Epochs made after the save (joins, removals) are lost with the crash, but the
@@ -1171,10 +1190,13 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
                 if (!(co->s.active >> r & 1) && m->batch.count && m->batch_step == co->s.step)
                     co->rec.removed_in_step |= 1ull << r;
             }
-            /* With members gone from it, the step may have been handed out again after every
-             * member left (emptied_step1 is not saved): its close keeps its batches until
-             * their reports (late_mask), so that a stale one goes out again. */
-            if (co->rec.removed_in_step && !co->s.finished) co->rec.emptied_step1 = co->s.step + 1;
+            /* A step every member left goes out again (below); one with members gone may have
+             * gone out again already, which the saved emptied_step1 tells, and only a store
+             * without jobrec cannot: then its close keeps its batches until their reports
+             * (late_mask), so that a stale one goes out again. */
+            bool emptied = co->s.step_members == 0 && co->rec.removed_in_step;
+            if (!co->s.finished && (emptied || (!rec_read && co->rec.removed_in_step)))
+                co->rec.emptied_step1 = co->s.step + 1;
             if (co->s.step_members == 0 && co->rec.removed_in_step && !co->s.finished) {
                 /* Every member left the open step: a chunk may have applied it (here or on
                  * another shard) while the others wait for it. It goes out again, as when
@@ -1190,6 +1212,7 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
             if (applied == co->s.step + 1 && co->s.step >= srv->run.base_step && !co->s.finished) {
                 co->rec.rc_step = co->s.step;
                 co->rec.rc_view = co->s.step_members;
+                co->rec.rc_sent = 0;
                 for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
                     const saved_member_t *m = &co->s.m[r];
                     if ((co->s.step_members >> r & 1) && m->has_batch &&
@@ -1215,9 +1238,11 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
     co->creating = false;
     co->rec.magic = COORD_REC_MAGIC;
     int rc = save_now(&srv->store, &co->s, &co->rec);
-    if (rc)
+    if (rc) {
+        co->rec_dirty = true; /* the next apply job writes it */
         PS_LOG(PS_LOG_ERROR, "coord", "cannot save the coordinator's state: %s (a restart "
                "before the next step may reuse epoch numbers)", ps_strerror(rc));
+    }
     return 0;
 }
 

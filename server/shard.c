@@ -1110,6 +1110,9 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
         return UCS_OK;
     }
     if (bsp && msg->step != ch->version) {
+        /* Ahead of this chunk: its view (from its step on) may be what tells this shard that
+         * the coordinator closed the chunk's step (step_closed_empty). */
+        if (msg->epoch && msg->members) psd_shard_learn_view(srv, msg->epoch, msg->step, msg->members);
         psd_send_chunk_error(srv, conn, msg->req_id, ch->tensor, ch->chunk, PS_ESTALE,
                        "push of %u/%u for step %llu, but the chunk is at step %llu", ch->tensor,
                        ch->chunk, (unsigned long long)msg->step, (unsigned long long)ch->version);
@@ -1217,8 +1220,10 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
     }
     ch->slot_codec[rank] = codec;
     ch->slot_len[rank] = length;
-    ch->has_progress = (msg->flags & PS_FLAG_PROGRESS) != 0; /* every member's push says the same */
-    ch->progress = msg->samples;
+    if (!ch->applying) { /* every member's push of a step says the same; a job reads them */
+        ch->has_progress = (msg->flags & PS_FLAG_PROGRESS) != 0;
+        ch->progress = msg->samples;
+    }
     ch->slot_state[rank] = SLOT_RECEIVING;
     ch->slot_req[rank] = msg->req_id;
     ch->slot_crc[rank] = msg->crc32c;
@@ -1901,6 +1906,10 @@ static void job_start_next(psd_server_t *srv)
                 c->queued = false; /* no longer ready; queued again when it is */
                 continue;
             }
+            if (empty_ok)
+                PS_LOG(PS_LOG_INFO, "shard", "step %llu of %u/%u: the coordinator closed it with "
+                       "no member left; passed as it is", (unsigned long long)c->version,
+                       c->tensor, c->chunk);
             job->items[job->nitems++] = c;
             bytes += psd_chunk_bytes(c->n, srv->nstate);
             c->step_members = members;
@@ -1974,5 +1983,6 @@ static void job_start_next(psd_server_t *srv)
     if (rc) {
         PS_LOG(PS_LOG_ERROR, "shard", "uv_queue_work: %s", uv_strerror(rc));
         srv->job_running = false;
+        if (job->coord_rec_len) psd_coord_rec_unsaved(srv); /* its copy is not written */
     }
 }

@@ -25,7 +25,8 @@
  * DIE_STEP "rand:P" (any rank): at each batch, with probability P percent, the worker kills
  * itself before its first push, between its pushes or after both (before reporting the batch),
  * one of the three at random (seeded by its pid); one removed from the job (a restarted
- * coordinator whose saved state predates its join) exits 3.
+ * coordinator whose saved state predates its join), or one that cannot join (shard 0 is down
+ * and does not come back within the join's wait), exits 3.
  * DIE_STEP "plan:R@S/K[,R@S/K...]": the worker of rank R kills itself at step S after K of its
  * pushes (0, 1 or 2; each waited for), before reporting the batch. "R@S/1n": it sends its first
  * push, does not wait for its acknowledgement, and dies 300 ms later.
@@ -137,7 +138,7 @@ int main(int argc, char **argv)
     int rc = ps_client_create(argv[1], NULL, &c, err, sizeof err);
     if (rc) {
         printf("replay_client: join: %s\n", err);
-        return 1;
+        return die_pct >= 0 ? 3 : 1;
     }
     int rank = ps_client_rank(c), bad = 0;
     uint32_t id[2];

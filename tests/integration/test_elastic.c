@@ -273,8 +273,8 @@ END_TEST
  * reporting the batch), replaced as they die, until the job has handed out and applied every
  * batch; then a last one checks that every batch was applied exactly once on both tensors.
  * With @p kill_shards, shards 0 and 1 are also SIGKILLed and started again in turn, six times
- * (a worker a restarted coordinator no longer knows, having joined after its last save, exits
- * 3: removed). */
+ * (a worker a restarted coordinator no longer knows, having joined after its last save, or one
+ * that could not join while shard 0 was down, exits 3). */
 static void random_deaths(const char *consistency, bool kill_shards)
 {
     cl_conf_t k = {.shards = 2, .workers = 3, .batch_size = 8, .consistency = consistency,
@@ -316,7 +316,8 @@ static void random_deaths(const char *consistency, bool kill_shards)
     int deaths = 0;
     for (int i = 0; i < nall; i++) {
         int st = cl_wait(all[i], RUN_S);
-        /* 3: removed (a restarted coordinator's saved state predates its join) */
+        /* 3: removed (a restarted coordinator's saved state predates its join), or shard 0
+         * was down for the whole of its join's wait */
         ck_assert_msg(st == 0 || st == 128 + SIGKILL || (kill_shards && st == 3),
                       "%s exited %d: %s", all[i]->name, st, cl_tail(all[i]));
         deaths += st == 128 + SIGKILL;
@@ -478,6 +479,47 @@ START_TEST(test_kill9_mid_step_coordinator_restarted)
     psd[0] = cl_psd_start(c, 0, NULL, READY_S);
     replay_expect(w);
     EXPECT_LOG(psd[0], "left before any report showed step 5 applied everywhere");
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+/* The same crash of shard 0 right after it committed step 5 of "replay.a", but both workers die
+ * there, after their pushes of "replay.a" and before "replay.b": no member of step 5 is left.
+ * The restart closed step 5; shard 1, still at it, gets a view of it with no members followed
+ * by the next step's, passes it as it is, and the two batches, given back tagged (step 5, rank),
+ * are applied on "replay.b" and not again on "replay.a" by two new workers. Before, shard 1
+ * waited at step 5 for good (an empty view was not even learnt), refusing every push of step
+ * 6, and the workers failed one after another. */
+START_TEST(test_kill9_whole_step_coordinator_restarted)
+{
+    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .optimizer = "{name: sgd, lr: 1}",
+                   .job_extra = "  heartbeat_timeout_ms: 1000\n"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start_env(c, 0, READY_S, "PS_TEST_CRASH_AFTER_APPLY", "6"),
+                         cl_psd_start(c, 1, NULL, READY_S)};
+    char nb[] = "40", bs[] = "8", plan[] = "plan:0@5/1,1@5/1", never[] = "1000000000",
+         check_any[] = "check", ord[] = "ab";
+    char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, plan, ord, NULL};
+    cl_proc_t *w[4] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
+    ck_assert_int_eq(cl_wait(psd[0], RUN_S), 128 + SIGKILL);
+    EXPECT_LOG(psd[0], "PS_TEST_CRASH_AFTER_APPLY");
+    psd[0] = cl_psd_start(c, 0, NULL, READY_S);
+    for (int i = 0; i < 2; i++) {
+        EXPECT_EXIT(w[i], 128 + SIGKILL);
+        EXPECT_LOG(w[i], "at step 5");
+    }
+    argv[4] = never;
+    w[2] = cl_spawn(c, "replay2", argv);
+    w[3] = cl_spawn(c, "replay3", argv);
+    EXPECT_EXIT(w[2], 0);
+    EXPECT_EXIT(w[3], 0);
+    argv[4] = check_any;
+    cl_proc_t *check = cl_spawn(c, "check", argv);
+    EXPECT_EXIT(check, 0);
+    EXPECT_LOG(check, "every batch applied once on both tensors");
+    EXPECT_LOG(psd[0], "left before any report showed step 5 applied everywhere");
+    EXPECT_LOG(psd[1], "closed it with no member left");
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }
@@ -1019,6 +1061,7 @@ Suite *ps_test_suite(void)
     ADD(asp_coordinator_restart_after_handout);
     ADD(kill9_mid_step_shard_restarted);
     ADD(kill9_mid_step_coordinator_restarted);
+    ADD(kill9_whole_step_coordinator_restarted);
     ADD(sigstop_rejoins);
     ADD(all_leave_then_one_joins);
     ADD(confused_member_refused);
