@@ -1113,9 +1113,16 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
         /* Ahead of this chunk: its view (from its step on) may be what tells this shard that
          * the coordinator closed the chunk's step (step_closed_empty). */
         if (msg->epoch && msg->members) psd_shard_learn_view(srv, msg->epoch, msg->step, msg->members);
-        psd_send_chunk_error(srv, conn, msg->req_id, ch->tensor, ch->chunk, PS_ESTALE,
-                       "push of %u/%u for step %llu, but the chunk is at step %llu", ch->tensor,
-                       ch->chunk, (unsigned long long)msg->step, (unsigned long long)ch->version);
+        /* One step ahead: the chunk lags (a step a restarted shard 0 closed, passed as soon as
+         * its members' pushes or its view come): the worker sends it again (PS_FLAG_BEHIND). */
+        ps_msg_t e = {.type = PS_MSG_ERROR, .req_id = msg->req_id, .status = PS_ESTALE,
+                      .shard = srv->shard, .tensor = ch->tensor, .chunk = ch->chunk,
+                      .step = ch->version,
+                      .flags = PS_FLAG_CHUNK | (msg->step == ch->version + 1 ? PS_FLAG_BEHIND : 0)};
+        snprintf(e.error, sizeof e.error, "push of %u/%u for step %llu, but the chunk is at step "
+                 "%llu", ch->tensor, ch->chunk, (unsigned long long)msg->step,
+                 (unsigned long long)ch->version);
+        psd_send_msg(srv, conn, &e);
         return UCS_OK;
     }
     if (bsp) {

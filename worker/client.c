@@ -34,6 +34,7 @@
  * after the other anyway, so a window would only add hand-shakes there. */
 #define PS_PUSH_WINDOW 2
 #define PS_CRC_TRIES 5              /* a corrupted part is sent again at most this often in a row */
+#define PS_BEHIND_RETRY_MS 5        /* a push part ahead of its chunk is sent again this often */
 
 enum { OP_HELLO = 1, OP_DECLARE, OP_PUSH, OP_PULL, OP_LEAVE, OP_SHUTDOWN, OP_BATCH, OP_ECHO };
 
@@ -61,6 +62,9 @@ typedef struct {
         uint8_t direct; /* its last request was direct (PS_FLAG_DIRECT): a pull asked for a
                            direct reply; a push was written into the shard's area */
         uint8_t went_direct; /* PS_TRACE: done directly (part_done: direct as it was then) */
+        uint8_t behind; /* push: refused as ahead of its chunk (PS_FLAG_BEHIND): sent again by
+                           on_behind_timer */
+        uint64_t behind_ms; /* the first such refusal (comm loop time; 0: none) */
         void *copy;    /* PS_TEST_CORRUPT_PUSH: the corrupted copy on the wire */
     } ck;
 } part_t;
@@ -203,6 +207,7 @@ struct ps_client_s {
                                    nothing */
     uv_timer_t heartbeat;       /* tells every shard this worker is alive */
     uv_timer_t leave_timer;     /* a leave unanswered for leave_wait_ms ends anyway */
+    uv_timer_t behind_timer;    /* push parts ahead of their chunks go again (on_behind_timer) */
     uv_timer_t interrupt_timer; /* sends UCX still holds leave_wait_ms after an interrupt:
                                    their connections are closed (on_interrupt_timer) */
     int leaving;                /* a leave was sent: no more heartbeats or reconnects */
@@ -448,6 +453,44 @@ static void part_crc_retry(ps_client_t *c, ps_op_t *op, part_t *p, const char *w
         p->ck.again = 1;
     else
         send_data_part(c, op, p);
+}
+
+/* Every PS_BEHIND_RETRY_MS while some push part waits: each is sent again. */
+static void on_behind_timer(uv_timer_t *t)
+{
+    ps_client_t *c = t->data;
+    for (ps_op_t *op = c->inflight; op; op = op->next)
+        for (uint32_t i = 0; op->type == OP_PUSH && i < op->nparts; i++) {
+            part_t *p = &op->parts[i];
+            if (!p->ck.behind) continue;
+            p->ck.behind = 0;
+            if (!p->pending || p->resend) continue; /* done, failed, or waiting for its shard */
+            if (p->ck.sending)
+                p->ck.again = 1;
+            else
+                send_data_part(c, op, p);
+        }
+}
+
+/* Push part @p p was refused because its chunk has not reached the push's step (PS_FLAG_BEHIND:
+ * the shard is still at the step before, waiting for a view or for the pushes of members of a
+ * step a restarted shard 0 closed): sent again every PS_BEHIND_RETRY_MS until
+ * heartbeat_timeout_ms has passed since the first refusal, then the op fails with @p why. */
+static void part_behind_retry(ps_client_t *c, ps_op_t *op, part_t *p, const char *why)
+{
+    uint64_t now = uv_now(&c->loop) + 1; /* never 0 */
+    if (p->ck.behind_ms == 0) {
+        p->ck.behind_ms = now;
+        PS_LOG(PS_LOG_INFO, "libps", "shard %u: %s: sending it again until it gets there",
+               p->shard, why);
+    } else if (now - p->ck.behind_ms > c->m.job.heartbeat_timeout_ms) {
+        op_fail(op, PS_ESTALE, "shard %u: %s (for %llu ms)", p->shard, why,
+                (unsigned long long)(now - p->ck.behind_ms));
+        return;
+    }
+    p->ck.behind = 1;
+    if (!uv_is_active((uv_handle_t *)&c->behind_timer))
+        uv_timer_start(&c->behind_timer, on_behind_timer, PS_BEHIND_RETRY_MS, 0);
 }
 
 static void on_sent(void *request, ucs_status_t status, void *user_data)
@@ -1568,11 +1611,15 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
     switch (m.type) {
     case PS_MSG_ERROR: {
         part_t *p = NULL;
-        for (uint32_t i = 0; m.status == PS_ECRC && op->type == OP_PUSH && i < op->nparts; i++)
+        int behind = (m.flags & PS_FLAG_BEHIND) != 0;
+        for (uint32_t i = 0; (m.status == PS_ECRC || behind) && op->type == OP_PUSH &&
+                             i < op->nparts; i++)
             if (op->parts[i].chunk == m.chunk && op->parts[i].shard == m.shard &&
                 op->parts[i].pending && m.tensor == c->tensors[op->tensor]->id)
                 p = &op->parts[i];
-        if (p)
+        if (p && behind)
+            part_behind_retry(c, op, p, m.error);
+        else if (p)
             part_crc_retry(c, op, p, "push");
         else
             op_fail(op, m.status < 0 ? m.status : PS_EPROTO, "shard %u: %s", m.shard, m.error);
@@ -1774,6 +1821,8 @@ static void *comm_main(void *arg)
         c->leave_timer.data = c;
         uv_timer_init(&c->loop, &c->interrupt_timer);
         c->interrupt_timer.data = c;
+        uv_timer_init(&c->loop, &c->behind_timer);
+        c->behind_timer.data = c;
         uv_async_init(&c->loop, &c->wake, on_wake);
         c->wake.data = &c->ucx;
     }
@@ -1789,6 +1838,7 @@ static void *comm_main(void *arg)
     uv_close((uv_handle_t *)&c->heartbeat, NULL);
     uv_close((uv_handle_t *)&c->leave_timer, NULL);
     uv_close((uv_handle_t *)&c->interrupt_timer, NULL);
+    uv_close((uv_handle_t *)&c->behind_timer, NULL);
     ps_ucx_close(&c->ucx);
     uv_run(&c->loop, UV_RUN_DEFAULT);
     uv_loop_close(&c->loop);

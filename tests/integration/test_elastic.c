@@ -488,16 +488,17 @@ END_TEST
  * there, after their pushes of "replay.a" and before "replay.b": no member of step 5 is left.
  * The restart closed step 5; shard 1, still at it, gets a view of it with no members followed
  * by the next step's, passes it as it is, and the two batches, given back tagged (step 5, rank),
- * are applied on "replay.b" and not again on "replay.a" by two new workers. Before, shard 1
- * waited at step 5 for good (an empty view was not even learnt), refusing every push of step
- * 6, and the workers failed one after another. */
-START_TEST(test_kill9_whole_step_coordinator_restarted)
+ * are applied on "replay.b" and not again on "replay.a" by two new workers. With @p slow_pass,
+ * shard 1's pass takes 2 s (PS_TEST_SLOW_APPLY), so their pushes of step 6 come while it is at
+ * step 5: refused as ahead (PS_FLAG_BEHIND), they are sent again until it gets there. */
+static void whole_step_run(bool slow_pass)
 {
     cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .optimizer = "{name: sgd, lr: 1}",
-                   .job_extra = "  heartbeat_timeout_ms: 1000\n"};
+                   .job_extra = "  heartbeat_timeout_ms: 3000\n"};
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd[2] = {cl_psd_start_env(c, 0, READY_S, "PS_TEST_CRASH_AFTER_APPLY", "6"),
-                         cl_psd_start(c, 1, NULL, READY_S)};
+                         slow_pass ? cl_psd_start_env(c, 1, READY_S, "PS_TEST_SLOW_APPLY", "6")
+                                   : cl_psd_start(c, 1, NULL, READY_S)};
     char nb[] = "40", bs[] = "8", plan[] = "plan:0@5/1,1@5/1", never[] = "1000000000",
          check_any[] = "check", ord[] = "ab";
     char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, plan, ord, NULL};
@@ -520,9 +521,18 @@ START_TEST(test_kill9_whole_step_coordinator_restarted)
     EXPECT_LOG(check, "every batch applied once on both tensors");
     EXPECT_LOG(psd[0], "left before any report showed step 5 applied everywhere");
     EXPECT_LOG(psd[1], "closed it with no member left");
+    if (slow_pass) EXPECT_LOG(w[2], "sending it again until it gets there");
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }
+
+/* Before, shard 1 waited at step 5 for good (an empty view was not even learnt), refusing every
+ * push of step 6, and the workers failed one after another. */
+START_TEST(test_kill9_whole_step_coordinator_restarted) { whole_step_run(false); }
+END_TEST
+
+/* Before, the new workers' pushes of step 6 failed ("but the chunk is at step 5"). */
+START_TEST(test_kill9_whole_step_slow_pass) { whole_step_run(true); }
 END_TEST
 
 /* ---- SIGSTOP -------------------------------------------------------------------------- */
@@ -1062,6 +1072,7 @@ Suite *ps_test_suite(void)
     ADD(kill9_mid_step_shard_restarted);
     ADD(kill9_mid_step_coordinator_restarted);
     ADD(kill9_whole_step_coordinator_restarted);
+    ADD(kill9_whole_step_slow_pass);
     ADD(sigstop_rejoins);
     ADD(all_leave_then_one_joins);
     ADD(confused_member_refused);
