@@ -42,13 +42,16 @@ enum {
                              written again) */
     PS_FLAG_BATCH = 128,  /* asp / ssp batch reply: stamp the pushes of this batch with it;
                              push: data_epoch and batch_offset name the batch it is for */
-    PS_FLAG_BEHIND = 512, /* error (PS_ESTALE) about a bsp push: its chunk is at the step
-                             before the push's (`step`), which it has not passed yet; the
-                             worker sends the push again a little later */
     PS_FLAG_STALE = 256,  /* bsp push ack: the chunk had applied the push's step without its
                              batch: dropped, not applied; batch request or leave with
                              PS_FLAG_DONE: a push of that batch got such an ack, so the
                              coordinator hands it out again */
+    PS_FLAG_BEHIND = 512, /* error (PS_ESTALE) about a bsp push: its chunk is at the step before
+                             the push's (the error's `step`: the chunk's), which it has not
+                             passed yet; the worker sends the push again a little later */
+    PS_FLAG_CLOSED = 1024, /* epoch (bsp): the members of `step` only, a step the coordinator
+                             closed (after its restart) that a shard may not have applied yet;
+                             members forward it to the other shards and keep their own view */
 };
 
 /* UCP Active Message ids. */

@@ -65,6 +65,7 @@ typedef struct {
  * apply job or by coord_save when it changed (rec_changed), not with every step; a restart reads
  * it back (a store without it: zeros, as before it was saved). */
 #define COORD_REC_MAGIC 0x31434552u /* "REC1" */
+#define COORD_TOLD 4
 typedef struct {
     uint32_t magic;
     uint64_t removed_in_step;  /* ranks not handed out again before the next close (they were
@@ -76,9 +77,10 @@ typedef struct {
      * their batches. A member removed while pending: restore_closed_lost. */
     uint64_t rc_step, rc_pending, rc_view;
     ps_batch_t rc_batch[PS_MAX_RANKS];
-    uint64_t rc_sent;          /* a view of rc_step went out (restore_closed_lost): until a
-                                  report of a later step shows every shard past rc_step, each
-                                  hand-out tells it again (hand_out) */
+    /* Closed views of such steps that went out (restore_closed_lost): until a report of a
+     * later step shows every shard past that step, told again with each hand-out and cron
+     * tick (tell_closed), since no member may have been there to forward them. */
+    struct { uint64_t epoch, step, members; } told[COORD_TOLD];
     uint64_t emptied_step1;    /* the open step + 1 when every member left it (hand_out;
                                   DESIGN-NOTES, Membership, "A step every member left") */
     /* Step late_step was handed out again after every member left it, so chunks that had
@@ -342,13 +344,14 @@ static void reply_batch(psd_server_t *srv, uint32_t r)
     psd_send_msg(srv, rt->conn, &a);
 }
 
-/* Tell every member view (@p epoch, @p step, @p members); libps forwards it to the other
- * shards. */
-static void send_view(psd_server_t *srv, uint64_t epoch, uint64_t step, uint64_t members)
+/* Tell every member view (@p epoch, @p step, @p members; @p flags: PS_FLAG_CLOSED for a closed
+ * step's); libps forwards it to the other shards. */
+static void send_view(psd_server_t *srv, uint64_t epoch, uint64_t step, uint64_t members,
+                      uint32_t flags)
 {
     psd_coord_t *co = srv->coord;
     ps_msg_t e = {.type = PS_MSG_EPOCH, .epoch = epoch, .step = step, .members = members,
-                  .shard = 0};
+                  .shard = 0, .flags = flags};
     for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
         if ((co->s.active >> r & 1) && co->rt[r].conn) psd_send_msg(srv, co->rt[r].conn, &e);
 }
@@ -357,21 +360,17 @@ static void send_view(psd_server_t *srv, uint64_t epoch, uint64_t step, uint64_t
 static void broadcast_epoch(psd_server_t *srv)
 {
     psd_coord_t *co = srv->coord;
-    send_view(srv, co->s.epoch, co->s.step, co->s.step_members);
+    send_view(srv, co->s.epoch, co->s.step, co->s.step_members, 0);
 }
 
-/* A new epoch for @p members from @p step (not necessarily the open one): told to every member,
- * whose libps forwards it to the other shards, and learnt here with @p learn_here. */
-static void issue_view(psd_server_t *srv, uint64_t step, uint64_t members, bool learn_here)
+/* Tell the members again the closed views a shard may still wait for (rec.told). */
+static void tell_closed(psd_server_t *srv)
 {
     psd_coord_t *co = srv->coord;
-    co->s.epoch++;
-    PS_LOG(PS_LOG_INFO, "coord", "epoch %llu: step %llu has %u members (%#llx)",
-           (unsigned long long)co->s.epoch, (unsigned long long)step, popcount(members),
-           (unsigned long long)members);
-    coord_save(srv);
-    if (learn_here) psd_shard_learn_view(srv, co->s.epoch, step, members);
-    send_view(srv, co->s.epoch, step, members);
+    for (int i = 0; i < COORD_TOLD; i++)
+        if (co->rec.told[i].epoch)
+            send_view(srv, co->rec.told[i].epoch, co->rec.told[i].step, co->rec.told[i].members,
+                      PS_FLAG_CLOSED);
 }
 
 /* Batch @p b, counted as applied, was not applied on every chunk: uncount it and give it back
@@ -395,9 +394,8 @@ static void regive(psd_server_t *srv, ps_batch_t b, uint64_t tag)
  * wait for its push of that step for good. That step goes on without it there (a view of it
  * without r; a shard past it ignores it), and its batch, counted at the restart, is uncounted
  * and handed to another worker tagged with (rc_step, r): a chunk that applied the step with
- * r's push does not apply it again (replay_had), one that applied it without does. The
- * caller issues the open step's view after this one, so that it stays the newest for the
- * steps from the open one on. */
+ * r's push does not apply it again (replay_had), one that applied it without does. The view
+ * is a closed one (PS_FLAG_CLOSED), for that step only: it never stands for a later step. */
 static void restore_closed_lost(psd_server_t *srv, uint32_t r)
 {
     psd_coord_t *co = srv->coord;
@@ -409,10 +407,25 @@ static void restore_closed_lost(psd_server_t *srv, uint32_t r)
            "everywhere (this shard closed it when it started again): the step goes on without "
            "it where it waits, and its batch goes to another worker", r,
            (unsigned long long)co->rec.rc_step);
-    /* Not learnt here: every chunk of this shard is past that step, and for the open one
-     * this view would be the newest until the caller's. */
-    issue_view(srv, co->rec.rc_step, co->rec.rc_view, false);
-    co->rec.rc_sent = 1;
+    /* A closed view of that step (PS_FLAG_CLOSED: it covers that step only); not learnt
+     * here, where every chunk is past it. Kept in rec.told until every shard is past it. */
+    co->s.epoch++;
+    PS_LOG(PS_LOG_INFO, "coord", "epoch %llu: closed step %llu has %u members (%#llx)",
+           (unsigned long long)co->s.epoch, (unsigned long long)co->rec.rc_step,
+           popcount(co->rec.rc_view), (unsigned long long)co->rec.rc_view);
+    int slot = 0;
+    for (int i = 0; i < COORD_TOLD; i++) {
+        if (co->rec.told[i].step == co->rec.rc_step && co->rec.told[i].epoch) {
+            slot = i;
+            break;
+        }
+        if (co->rec.told[i].epoch < co->rec.told[slot].epoch) slot = i; /* free or oldest */
+    }
+    co->rec.told[slot].epoch = co->s.epoch;
+    co->rec.told[slot].step = co->rec.rc_step;
+    co->rec.told[slot].members = co->rec.rc_view;
+    coord_save(srv);
+    send_view(srv, co->s.epoch, co->rec.rc_step, co->rec.rc_view, PS_FLAG_CLOSED);
     /* The restart's close may have ended the job (no batch left): this one is left now. */
     uint64_t max = srv->m.job.max_steps;
     if (co->s.finished && !(max && co->s.step >= max)) {
@@ -464,7 +477,7 @@ static void set_members(psd_server_t *srv, uint64_t members)
                (unsigned long long)members);
         coord_save(srv);
     }
-    psd_shard_learn_view(srv, co->s.epoch, co->s.step, members);
+    psd_shard_learn_view(srv, co->s.epoch, co->s.step, members, false);
 }
 
 static void serve_parked(psd_server_t *srv);
@@ -507,13 +520,7 @@ static void hand_out(psd_server_t *srv)
         PS_LOG(PS_LOG_INFO, "coord", "job complete at step %llu: %llu samples applied",
                (unsigned long long)co->s.step, (unsigned long long)co->s.cur.applied_total);
     }
-    if (co->rec.rc_sent && members) {
-        /* A shard may still wait at rc_step for the view its last member's removal issued,
-         * which no member may have been there to forward: told again, then this step's view,
-         * before the batches go out (step_closed_empty in shard.c needs both). */
-        issue_view(srv, co->rec.rc_step, co->rec.rc_view, false);
-        issue_view(srv, co->s.step, members, true);
-    }
+    if (members) tell_closed(srv); /* before the batches, which lead to pushes */
     set_members(srv, members);
     co->waiting_since_ms = 0;
     serve_parked(srv);
@@ -773,11 +780,12 @@ static int batch_done(psd_server_t *srv, uint32_t r, const ps_msg_t *msg, char *
         if (co->rec.rc_pending) rec_changed(co);
         co->rec.rc_pending = 0;
     }
-    if (is_bsp(srv) && msg->step > co->rec.rc_step && co->rec.rc_sent) {
-        /* r's pushes of a later step were acknowledged everywhere: no shard is at rc_step. */
-        rec_changed(co);
-        co->rec.rc_sent = 0;
-    }
+    for (int i = 0; is_bsp(srv) && i < COORD_TOLD; i++)
+        if (co->rec.told[i].epoch && msg->step > co->rec.told[i].step) {
+            /* r's pushes of a later step were acknowledged everywhere: no shard is at it. */
+            rec_changed(co);
+            co->rec.told[i].epoch = 0;
+        }
     if (is_bsp(srv)) {
         /* Its pushes of that step were acknowledged by every shard: the step is applied
          * everywhere. (After a restart of this shard a report may be one step ahead.) */
@@ -889,9 +897,6 @@ static void member_remove(psd_server_t *srv, uint32_t r, const char *why)
         set_members(srv, left);
         broadcast_epoch(srv);
         maybe_restart_step(srv);
-    } else if (rc_lost) { /* the open step's view, newer than rc_step's */
-        issue_view(srv, co->s.step, co->s.step_members, true);
-        maybe_restart_step(srv); /* a job the restart had ended: its batch */
     } else {
         maybe_restart_step(srv); /* a step without members waiting for late_mask: its batch */
     }
@@ -959,9 +964,10 @@ void psd_coord_tick(psd_server_t *srv)
                "releasing it", (unsigned long long)co->hold_step, CKPT_HOLD_MS);
         psd_coord_ckpt_release(srv);
     }
-    if (is_bsp(srv))
+    if (is_bsp(srv)) {
+        tell_closed(srv); /* a shard that missed them, or restarted since */
         maybe_restart_step(srv);
-    else if (!co->s.started)
+    } else if (!co->s.started)
         serve_parked(srv); /* the start's grace may have run out */
 }
 
@@ -1148,6 +1154,9 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
         }
         /* What failures had left to settle, as last saved (with this state or before it). */
         bool rec_read = rec && rec_len == sizeof co->rec;
+        if (rec && !rec_read)
+            PS_LOG(PS_LOG_WARN, "coord", "the stored recovery state (%zu bytes) is not one this "
+                   "psd reads: left out", rec_len);
         if (rec_read) {
             memcpy(&co->rec, rec, sizeof co->rec);
             if (co->rec.magic != COORD_REC_MAGIC) {
@@ -1177,7 +1186,7 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
                popcount(co->s.active), (unsigned long long)co->s.cur.applied_total);
         if (is_bsp(srv)) {
             /* A restored open step's members are in the view the pushes are checked with. */
-            psd_shard_learn_view(srv, co->s.epoch, co->s.step, co->s.step_members);
+            psd_shard_learn_view(srv, co->s.epoch, co->s.step, co->s.step_members, false);
             /* The state was saved when the step's apply began (or later); if that apply
              * committed here, every member had pushed the step: it counts, and the next step
              * is open. Another shard may not have applied it yet: rc_step below. */
@@ -1212,7 +1221,6 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
             if (applied == co->s.step + 1 && co->s.step >= srv->run.base_step && !co->s.finished) {
                 co->rec.rc_step = co->s.step;
                 co->rec.rc_view = co->s.step_members;
-                co->rec.rc_sent = 0;
                 for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
                     const saved_member_t *m = &co->s.m[r];
                     if ((co->s.step_members >> r & 1) && m->has_batch &&

@@ -565,11 +565,12 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     }
     if (msg.type == PS_MSG_EPOCH && length == 0) {
         /* Forwarded by a member (maybe before its hello here): the coordinator changed the
-         * open step's members. Carries no rank state, so no hello is needed. A view with no
-         * members counts too: followed by a newer one, it is a step the coordinator closed
-         * with nobody left (step_closed_empty in shard.c), which a chunk still at it passes. */
-        if (srv->coord == NULL && msg.epoch != 0)
-            psd_shard_learn_view(srv, msg.epoch, msg.step, msg.members);
+         * open step's members, or told those of a step it closed (PS_FLAG_CLOSED; with no
+         * members, a chunk still at it passes it: step_closed_empty in shard.c). Carries no
+         * rank state, so no hello is needed. */
+        if (srv->coord == NULL && msg.epoch != 0 && (msg.members != 0 || (msg.flags & PS_FLAG_CLOSED)))
+            psd_shard_learn_view(srv, msg.epoch, msg.step, msg.members,
+                                 (msg.flags & PS_FLAG_CLOSED) != 0);
         return UCS_OK;
     }
     if (msg.type != PS_MSG_HELLO && c->rank < 0) {

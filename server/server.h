@@ -254,6 +254,7 @@ enum { JOB_CREATE = 1, JOB_APPLY = 2 };
  * them (coord.c); the other shards learn them from pushes and from MSG_EPOCH. */
 typedef struct {
     uint64_t epoch, from_step, members;
+    bool closed;               /* of a step the coordinator closed: covers from_step only */
 } psd_view_t;
 
 typedef struct psd_coord_s psd_coord_t;
@@ -469,9 +470,11 @@ void psd_shard_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len
 /** @brief The highest version of any chunk here (0 when none). */
 uint64_t psd_shard_step_max(psd_server_t *srv);
 uint64_t psd_shard_step(psd_server_t *srv);
-/** @brief Learn membership epoch @p epoch (members from @p from_step on); chunks that became
- *  complete under it are applied. Older or known epochs only lower their from_step. */
-void psd_shard_learn_view(psd_server_t *srv, uint64_t epoch, uint64_t from_step, uint64_t members);
+/** @brief Learn membership epoch @p epoch (members from @p from_step on; @p closed: of step
+ *  @p from_step only, which the coordinator closed, PS_FLAG_CLOSED); chunks that became
+ *  complete under it are applied. Known epochs only lower an open view's from_step. */
+void psd_shard_learn_view(psd_server_t *srv, uint64_t epoch, uint64_t from_step, uint64_t members,
+                          bool closed);
 /** @brief The members of bsp step @p step as this shard knows them (0: none known). */
 uint64_t psd_shard_members(const psd_server_t *srv, uint64_t step, uint64_t *epoch);
 /** @brief Highest membership epoch this shard knows (0: none). */

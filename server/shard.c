@@ -319,30 +319,35 @@ void psd_shard_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len
 
 /* ---- membership views --------------------------------------------------- */
 
-uint64_t psd_shard_members(const psd_server_t *srv, uint64_t step, uint64_t *epoch)
+/* The newest view that covers step @p step (a closed one only its own step), or NULL. */
+static const psd_view_t *view_of(const psd_server_t *srv, uint64_t step)
 {
     const psd_view_t *best = NULL;
     for (uint32_t i = 0; i < srv->nviews; i++) {
         const psd_view_t *v = &srv->views[i];
-        if (v->from_step <= step && (best == NULL || v->epoch > best->epoch)) best = v;
+        if (v->closed ? v->from_step != step : v->from_step > step) continue;
+        if (best == NULL || v->epoch > best->epoch) best = v;
     }
+    return best;
+}
+
+uint64_t psd_shard_members(const psd_server_t *srv, uint64_t step, uint64_t *epoch)
+{
+    const psd_view_t *best = view_of(srv, step);
     if (epoch) *epoch = best ? best->epoch : 0;
     return best ? best->members : 0;
 }
 
-/* bsp: whether step @p step was closed by the coordinator with no member left: the view it
- * has is empty and a newer view starts after it (restore_closed_lost in coord.c: a step this
- * shard's restart of the coordinator closed, whose members all left before any showed it
- * applied everywhere). A chunk still at it passes it as it is (run_apply: no member summed);
- * its members' batches went out again, tagged. An open step every member left has no newer
- * view after it: it waits to go out again. */
+/* bsp: whether step @p step was closed by the coordinator with no member left: its view is a
+ * closed one (PS_FLAG_CLOSED; restore_closed_lost in coord.c: a step this shard's restart of
+ * the coordinator closed, whose members all left before any showed it applied everywhere)
+ * with no members. A chunk still at it passes it as it is (run_apply: no member summed); its
+ * members' batches went out again, tagged. An open step every member left has an ordinary
+ * view with no members: it waits to go out again. */
 static bool step_closed_empty(const psd_server_t *srv, uint64_t step)
 {
-    uint64_t epoch;
-    if (psd_shard_members(srv, step, &epoch) != 0 || epoch == 0) return false;
-    for (uint32_t i = 0; i < srv->nviews; i++)
-        if (srv->views[i].epoch > epoch && srv->views[i].from_step > step) return true;
-    return false;
+    const psd_view_t *v = view_of(srv, step);
+    return v && v->closed && v->members == 0;
 }
 
 uint64_t psd_shard_epoch(const psd_server_t *srv)
@@ -355,13 +360,14 @@ uint64_t psd_shard_epoch(const psd_server_t *srv)
 
 static void chunk_maybe_ready(psd_server_t *srv, psd_chunk_t *ch);
 
-void psd_shard_learn_view(psd_server_t *srv, uint64_t epoch, uint64_t from_step, uint64_t members)
+void psd_shard_learn_view(psd_server_t *srv, uint64_t epoch, uint64_t from_step, uint64_t members,
+                          bool closed)
 {
     psd_view_t *v = NULL;
     for (uint32_t i = 0; i < srv->nviews; i++)
         if (srv->views[i].epoch == epoch) v = &srv->views[i];
     if (v) {
-        if (v->from_step <= from_step) return; /* nothing new */
+        if (v->closed || v->from_step <= from_step) return; /* nothing new */
         v->from_step = from_step;
     } else {
         if (srv->nviews == PSD_VIEWS) { /* forget the oldest epoch */
@@ -373,9 +379,9 @@ void psd_shard_learn_view(psd_server_t *srv, uint64_t epoch, uint64_t from_step,
         } else {
             v = &srv->views[srv->nviews++];
         }
-        *v = (psd_view_t){epoch, from_step, members};
-        PS_LOG(PS_LOG_DEBUG, "shard", "epoch %llu from step %llu: members %#llx",
-               (unsigned long long)epoch, (unsigned long long)from_step,
+        *v = (psd_view_t){epoch, from_step, members, closed};
+        PS_LOG(PS_LOG_DEBUG, "shard", "epoch %llu %s step %llu: members %#llx",
+               (unsigned long long)epoch, closed ? "closed" : "from", (unsigned long long)from_step,
                (unsigned long long)members);
     }
     /* A step waiting for a member that left may be complete now. */
@@ -1110,9 +1116,6 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
         return UCS_OK;
     }
     if (bsp && msg->step != ch->version) {
-        /* Ahead of this chunk: its view (from its step on) may be what tells this shard that
-         * the coordinator closed the chunk's step (step_closed_empty). */
-        if (msg->epoch && msg->members) psd_shard_learn_view(srv, msg->epoch, msg->step, msg->members);
         /* One step ahead: the chunk lags (a step a restarted shard 0 closed, passed as soon as
          * its members' pushes or its view come): the worker sends it again (PS_FLAG_BEHIND). */
         ps_msg_t e = {.type = PS_MSG_ERROR, .req_id = msg->req_id, .status = PS_ESTALE,
@@ -1127,7 +1130,7 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
     }
     if (bsp) {
         /* The push says which members its step has, as the coordinator told its sender. */
-        if (msg->epoch && msg->members) psd_shard_learn_view(srv, msg->epoch, msg->step, msg->members);
+        if (msg->epoch && msg->members) psd_shard_learn_view(srv, msg->epoch, msg->step, msg->members, false);
         uint64_t epoch, members = psd_shard_members(srv, msg->step, &epoch);
         if (!(members >> rank & 1)) {
             psd_send_chunk_error(srv, conn, msg->req_id, ch->tensor, ch->chunk, PS_ENOTMEMBER,

@@ -455,27 +455,33 @@ static void part_crc_retry(ps_client_t *c, ps_op_t *op, part_t *p, const char *w
         send_data_part(c, op, p);
 }
 
-/* Every PS_BEHIND_RETRY_MS while some push part waits: each is sent again. */
+/* PS_BEHIND_RETRY_MS after a refusal as ahead of its chunk: each such part is sent again. */
 static void on_behind_timer(uv_timer_t *t)
 {
     ps_client_t *c = t->data;
-    for (ps_op_t *op = c->inflight; op; op = op->next)
+    for (ps_op_t *op = c->inflight, *nx; op; op = nx) {
+        nx = op->next;
+        int touched = 0;
         for (uint32_t i = 0; op->type == OP_PUSH && i < op->nparts; i++) {
             part_t *p = &op->parts[i];
             if (!p->ck.behind) continue;
             p->ck.behind = 0;
+            touched = 1;
             if (!p->pending || p->resend) continue; /* done, failed, or waiting for its shard */
             if (p->ck.sending)
                 p->ck.again = 1;
             else
                 send_data_part(c, op, p);
         }
+        if (touched) op_maybe_complete(op); /* a send that failed it */
+    }
 }
 
 /* Push part @p p was refused because its chunk has not reached the push's step (PS_FLAG_BEHIND:
  * the shard is still at the step before, waiting for a view or for the pushes of members of a
- * step a restarted shard 0 closed): sent again every PS_BEHIND_RETRY_MS until
- * heartbeat_timeout_ms has passed since the first refusal, then the op fails with @p why. */
+ * step a restarted shard 0 closed): sent again PS_BEHIND_RETRY_MS after each refusal until
+ * twice heartbeat_timeout_ms has passed since the first (the shard may wait that long for the
+ * coordinator to drop a dead member), then the op fails with @p why. */
 static void part_behind_retry(ps_client_t *c, ps_op_t *op, part_t *p, const char *why)
 {
     uint64_t now = uv_now(&c->loop) + 1; /* never 0 */
@@ -483,7 +489,7 @@ static void part_behind_retry(ps_client_t *c, ps_op_t *op, part_t *p, const char
         p->ck.behind_ms = now;
         PS_LOG(PS_LOG_INFO, "libps", "shard %u: %s: sending it again until it gets there",
                p->shard, why);
-    } else if (now - p->ck.behind_ms > c->m.job.heartbeat_timeout_ms) {
+    } else if (now - p->ck.behind_ms > 2 * c->m.job.heartbeat_timeout_ms) {
         op_fail(op, PS_ESTALE, "shard %u: %s (for %llu ms)", p->shard, why,
                 (unsigned long long)(now - p->ck.behind_ms));
         return;
@@ -1021,12 +1027,22 @@ static void on_forward_sent(void *request, ucs_status_t status, void *user_data)
 }
 
 /* Tell shard i the membership this worker knows (MSG_EPOCH, fire and forget). */
+static void forward_msg(ps_client_t *c, uint32_t i, const ps_msg_t *view);
+
 static void forward_view(ps_client_t *c, uint32_t i)
 {
-    cshard_t *s = &c->shards[i];
-    if (c->epoch == 0 || s->ep == NULL || s->dead || s->down) return;
+    if (c->epoch == 0) return;
     ps_msg_t m = {.type = PS_MSG_EPOCH, .epoch = c->epoch, .step = c->epoch_from,
                   .members = c->members, .rank = c->rank};
+    forward_msg(c, i, &m);
+}
+
+/* Send view message @p view to shard @p i (when it is connected). */
+static void forward_msg(ps_client_t *c, uint32_t i, const ps_msg_t *view)
+{
+    cshard_t *s = &c->shards[i];
+    if (s->ep == NULL || s->dead || s->down) return;
+    ps_msg_t m = *view;
     uint8_t *hdr = malloc(128);
     size_t len;
     if (hdr == NULL || ps_msg_encode(&m, hdr, 128, &len)) {
@@ -1585,7 +1601,15 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
 {
     ps_msg_t m = *mp;
     if (m.type == PS_MSG_EPOCH) {
-        if (m.shard == 0) learn_view(c, m.epoch, m.step, m.members, 1);
+        if (m.shard == 0 && (m.flags & PS_FLAG_CLOSED)) {
+            /* A closed step's members, for the shards that may still be at it: forwarded,
+             * not this worker's view (it never stands for a later step). */
+            ps_msg_t f = {.type = PS_MSG_EPOCH, .epoch = m.epoch, .step = m.step,
+                          .members = m.members, .rank = c->rank, .flags = PS_FLAG_CLOSED};
+            for (uint32_t i = 1; i < c->nshards; i++) forward_msg(c, i, &f);
+        } else if (m.shard == 0) {
+            learn_view(c, m.epoch, m.step, m.members, 1);
+        }
         return UCS_OK;
     }
     if ((m.type == PS_MSG_PUSH_ACK || (m.type == PS_MSG_ERROR && (m.flags & PS_FLAG_CHUNK))) &&
