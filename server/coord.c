@@ -64,7 +64,7 @@ typedef struct {
  * changes only then, so it is saved on its own ("jobrec", COORD_REC_MAGIC), with the next
  * apply job or by coord_save when it changed (rec_changed), not with every step; a restart reads
  * it back (a store without it: zeros, as before it was saved). */
-#define COORD_REC_MAGIC 0x31434552u /* "REC1" */
+#define COORD_REC_MAGIC 0x32434552u /* "REC2" */
 #define COORD_TOLD 4
 typedef struct {
     uint32_t magic;
@@ -424,8 +424,13 @@ static void restore_closed_lost(psd_server_t *srv, uint32_t r)
     co->rec.told[slot].epoch = co->s.epoch;
     co->rec.told[slot].step = co->rec.rc_step;
     co->rec.told[slot].members = co->rec.rc_view;
-    coord_save(srv);
     send_view(srv, co->s.epoch, co->rec.rc_step, co->rec.rc_view, PS_FLAG_CLOSED);
+    /* The open step's view gets a newer epoch: no ordinary view may carry the closed one's
+     * number (batch and hello replies hand out the current epoch). */
+    co->s.epoch++;
+    coord_save(srv);
+    psd_shard_learn_view(srv, co->s.epoch, co->s.step, co->s.step_members, false);
+    broadcast_epoch(srv);
     /* The restart's close may have ended the job (no batch left): this one is left now. */
     uint64_t max = srv->m.job.max_steps;
     if (co->s.finished && !(max && co->s.step >= max)) {
@@ -517,6 +522,8 @@ static void hand_out(psd_server_t *srv)
          (max && co->s.step >= max))) {
         co->s.finished = 1;
         co->s.final_step = co->s.step;
+        memset(co->rec.told, 0, sizeof co->rec.told); /* no step is reported any more */
+        rec_changed(co);
         PS_LOG(PS_LOG_INFO, "coord", "job complete at step %llu: %llu samples applied",
                (unsigned long long)co->s.step, (unsigned long long)co->s.cur.applied_total);
     }

@@ -367,7 +367,8 @@ void psd_shard_learn_view(psd_server_t *srv, uint64_t epoch, uint64_t from_step,
     for (uint32_t i = 0; i < srv->nviews; i++)
         if (srv->views[i].epoch == epoch) v = &srv->views[i];
     if (v) {
-        if (v->closed || v->from_step <= from_step) return; /* nothing new */
+        /* nothing new (an epoch is either a closed step's or an ordinary one) */
+        if (v->closed || closed || v->from_step <= from_step) return;
         v->from_step = from_step;
     } else {
         if (srv->nviews == PSD_VIEWS) { /* forget the oldest epoch */

@@ -176,6 +176,8 @@ struct ps_op_s {
     uint64_t batch_pass, batch_offset;
     uint32_t nreplay;
     uint64_t replay[PS_REPLAY_MAX];
+    uint64_t view_epoch, view_members; /* push: the newest view for its step it was sent with:
+                                          a view from a later step never goes on it */
     void (*on_done)(ps_op_t *op); /* internal ops (re-hello): run on the comm thread, then freed */
     ps_msg_t reply;    /* hello / declare: the reply */
     ps_msg_t req;      /* hello / declare: the request */
@@ -769,8 +771,15 @@ static void send_data_part(ps_client_t *c, ps_op_t *op, part_t *p)
         m.codec_fraction = t->codec.fraction;
         m.codec_block = t->codec.block;
         m.codec_flags = t->codec.fp16_values ? 1 : 0;
-        m.epoch = c->epoch;
-        m.members = c->members;
+        /* The members of its step: the current view while it covers that step; once a later
+         * step's view came (the push is sent again), the last one it carried (a shard takes a
+         * push's view as starting at the push's step). */
+        if (c->epoch_from <= op->step || op->view_epoch == 0) {
+            op->view_epoch = c->epoch;
+            op->view_members = c->members;
+        }
+        m.epoch = op->view_epoch;
+        m.members = op->view_members;
         if (c->has_progress) {
             m.samples = c->progress;
             m.flags |= PS_FLAG_PROGRESS;
