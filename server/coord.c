@@ -83,13 +83,11 @@ typedef struct {
     struct { uint64_t epoch, step, members; } told[COORD_TOLD];
     uint64_t emptied_step1;    /* the open step + 1 when every member left it (hand_out;
                                   DESIGN-NOTES, Membership, "A step every member left") */
-    /* Step late_step was handed out again after every member left it, so chunks that had
-     * applied it dropped its pushes. Its members' batches, counted at its close, wait for
-     * their own reports: one that says a push was acknowledged as not applied (PS_FLAG_STALE),
-     * a later report that skipped it, or the member's removal first gives the batch back
-     * tagged (late_step, rank) (late_resolve). */
-    uint64_t late_step, late_mask;
-    ps_batch_t late_batch[PS_MAX_RANKS];
+    /* The open step went out again after every member left it (emptied_step1), so chunks that
+     * had applied it drop its pushes: it closes once every member reported it (or left), and
+     * a member whose report says a push was acknowledged as not applied (PS_FLAG_STALE) has
+     * its batch given back tagged (step, rank) instead of counted (close_step). */
+    uint64_t again_reported, again_stale;
 } coord_rec_t;
 
 /* A write of the state on its own (coord_save), as slot work between store jobs. */
@@ -373,13 +371,13 @@ static void tell_closed(psd_server_t *srv)
                       PS_FLAG_CLOSED);
 }
 
-/* Batch @p b, counted as applied, was not applied on every chunk: uncount it and give it back
- * tagged @p tag (the step and rank that had it), so that a chunk that applied that step with
- * that rank's push does not apply it again (replay_had in shard.c) and the others do. */
-static void regive(psd_server_t *srv, ps_batch_t b, uint64_t tag)
+/* Batch @p b was not applied on every chunk: give it back tagged @p tag (the step and rank
+ * that had it; uncounted first if @p counted), so that a chunk that applied that step with that
+ * rank's push does not apply it again (replay_had in shard.c) and the others do. */
+static void regive(psd_server_t *srv, ps_batch_t b, uint64_t tag, bool counted)
 {
     psd_coord_t *co = srv->coord;
-    ps_cursor_unapplied(&co->s.cur, &b);
+    if (counted) ps_cursor_unapplied(&co->s.cur, &b);
     if (ps_batch_tag(&b, tag))
         PS_LOG(PS_LOG_WARN, "coord", "batch of pass %llu at %llu left mid-step %d times: its "
                "oldest replay tag dropped", (unsigned long long)b.pass,
@@ -402,7 +400,7 @@ static void restore_closed_lost(psd_server_t *srv, uint32_t r)
     rec_changed(co);
     co->rec.rc_pending &= ~(1ull << r);
     co->rec.rc_view &= ~(1ull << r);
-    regive(srv, co->rec.rc_batch[r], PS_REPLAY_TAG(co->rec.rc_step, r));
+    regive(srv, co->rec.rc_batch[r], PS_REPLAY_TAG(co->rec.rc_step, r), true);
     PS_LOG(PS_LOG_WARN, "coord", "rank %u left before any report showed step %llu applied "
            "everywhere (this shard closed it when it started again): the step goes on without "
            "it where it waits, and its batch goes to another worker", r,
@@ -437,25 +435,6 @@ static void restore_closed_lost(psd_server_t *srv, uint32_t r)
         co->s.finished = 0;
         PS_LOG(PS_LOG_INFO, "coord", "the job goes on for that batch");
     }
-}
-
-/* Member @p r's batch of late_step (a step handed out again after every member left it) is
- * settled: with @p stale (a push of it was acknowledged as not applied, or nothing can tell any
- * more) it goes out again, tagged (late_step, r): the chunks that applied that step with r's
- * push skip it, the ones that had passed the step before do not. */
-static void late_resolve(psd_server_t *srv, uint32_t r, bool stale, const char *why)
-{
-    psd_coord_t *co = srv->coord;
-    rec_changed(co);
-    co->rec.late_mask &= ~(1ull << r);
-    /* The same batch waits in rc_pending (this shard's restart closed that step):
-     * restore_closed_lost gives it back if the member leaves before a report. */
-    if (!stale || (co->rec.rc_step == co->rec.late_step && (co->rec.rc_pending >> r & 1))) return;
-    regive(srv, co->rec.late_batch[r], PS_REPLAY_TAG(co->rec.late_step, r));
-    PS_LOG(PS_LOG_INFO, "coord", "rank %u's batch of step %llu (pass %llu at %llu), a step "
-           "handed out again after members left it: %s; it goes to another worker", r,
-           (unsigned long long)co->rec.late_step, (unsigned long long)co->rec.late_batch[r].pass,
-           (unsigned long long)co->rec.late_batch[r].offset, why);
 }
 
 /* ---- bsp steps ------------------------------------------------------------------ */
@@ -515,11 +494,8 @@ static void hand_out(psd_server_t *srv)
         m->progress = co->s.cur.applied_total;
         members |= 1ull << r;
     }
-    /* Not while a batch of a step handed out again may still go out again (late_mask), unless
-     * job.max_steps ends the job anyway. */
     if (members == 0 && !co->s.finished &&
-        ((co->rec.late_mask == 0 && ps_cursor_exhausted(&co->s.cur)) ||
-         (max && co->s.step >= max))) {
+        (ps_cursor_exhausted(&co->s.cur) || (max && co->s.step >= max))) {
         co->s.finished = 1;
         co->s.final_step = co->s.step;
         memset(co->rec.told, 0, sizeof co->rec.told); /* no step is reported any more */
@@ -538,19 +514,25 @@ static void close_step(psd_server_t *srv)
 {
     psd_coord_t *co = srv->coord;
     bool again = co->rec.emptied_step1 == co->s.step + 1; /* chunks may have passed it before */
-    for (uint32_t r = 0; again && r < PS_MAX_RANKS; r++)
-        if (co->rec.late_mask >> r & 1) late_resolve(srv, r, true, "not reported before another");
     if (again || co->rec.removed_in_step || co->rec.emptied_step1) rec_changed(co);
-    if (again) co->rec.late_step = co->s.step;
     for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
         saved_member_t *m = &co->s.m[r];
-        if (!(co->s.step_members >> r & 1) || !m->has_batch || m->batch_step != co->s.step)
+        /* A member that reported a step handed out again keeps its batch in m->batch with
+         * has_batch cleared (so that it is not handed the same batch again meanwhile). */
+        bool reported = again && (co->rec.again_reported >> r & 1);
+        if (!(co->s.step_members >> r & 1) ||
+            (!reported && (!m->has_batch || m->batch_step != co->s.step)))
             continue;
-        if (again) {
-            co->rec.late_batch[r] = m->batch;
-            co->rec.late_mask |= 1ull << r;
+        if (reported && (co->rec.again_stale >> r & 1)) {
+            /* A chunk that had passed the step dropped its push without having its batch. */
+            regive(srv, m->batch, PS_REPLAY_TAG(co->s.step, r), false);
+            PS_LOG(PS_LOG_INFO, "coord", "rank %u's batch of step %llu (pass %llu at %llu), a "
+                   "step handed out again after its members left: a shard had passed the step "
+                   "without it; it goes to another worker", r, (unsigned long long)co->s.step,
+                   (unsigned long long)m->batch.pass, (unsigned long long)m->batch.offset);
+        } else {
+            ps_cursor_applied(&co->s.cur, &m->batch);
         }
-        ps_cursor_applied(&co->s.cur, &m->batch);
         m->has_batch = 0;
         m->steps_done++;
         co->rt[r].last_done_ms = uv_now(srv->loop);
@@ -558,6 +540,7 @@ static void close_step(psd_server_t *srv)
     co->s.step++;
     co->rec.removed_in_step = 0;
     co->rec.emptied_step1 = 0;
+    co->rec.again_reported = co->rec.again_stale = 0;
     uint64_t now = uv_now(srv->loop);
     if (co->last_close_ms) {
         uint64_t g = now - co->last_close_ms;
@@ -781,6 +764,15 @@ static int batch_done(psd_server_t *srv, uint32_t r, const ps_msg_t *msg, char *
                  (unsigned long long)msg->step, (unsigned long long)co->s.step);
         return PS_EPROTO;
     }
+    if (is_bsp(srv) && msg->step == co->rec.rc_step && (msg->flags & PS_FLAG_STALE) &&
+        (co->rec.rc_pending >> r & 1)) {
+        /* A step this shard's restart closed, which a shard had passed without r's batch (it
+         * was one handed out again after its members left): counted at the restart, it goes
+         * out again. */
+        regive(srv, co->rec.rc_batch[r], PS_REPLAY_TAG(co->rec.rc_step, r), true);
+        PS_LOG(PS_LOG_INFO, "coord", "rank %u's batch of step %llu: a shard had passed the step "
+               "without it; it goes to another worker", r, (unsigned long long)msg->step);
+    }
     if (is_bsp(srv) && msg->step >= co->rec.rc_step) {
         /* Every shard acknowledged r's pushes of rc_step (or a later step): they ack a push at
          * its step's apply, so rc_step is applied on every chunk, with whoever it had. */
@@ -793,16 +785,26 @@ static int batch_done(psd_server_t *srv, uint32_t r, const ps_msg_t *msg, char *
             rec_changed(co);
             co->rec.told[i].epoch = 0;
         }
-    if (is_bsp(srv)) {
+    bool again = is_bsp(srv) && co->rec.emptied_step1 == co->s.step + 1 &&
+                 msg->step == co->s.step && (co->s.step_members >> r & 1) &&
+                 ((m->has_batch && m->batch_step == msg->step) ||
+                  (co->rec.again_reported >> r & 1));
+    if (again) {
+        /* A step handed out again after every member left: a chunk that had passed it
+         * acknowledges pushes without applying them, so one report does not show it applied
+         * everywhere. It closes once every member reported it (or left). */
+        rec_changed(co);
+        co->rec.again_reported |= 1ull << r;
+        if (msg->flags & PS_FLAG_STALE) co->rec.again_stale |= 1ull << r;
+        m->has_batch = 0; /* kept in m->batch for the close; not handed again meanwhile */
+        if (!co->s.finished && (co->s.step_members & ~co->rec.again_reported) == 0)
+            close_step(srv);
+    } else if (is_bsp(srv)) {
         /* Its pushes of that step were acknowledged by every shard: the step is applied
          * everywhere. (After a restart of this shard a report may be one step ahead.) */
         while (!co->s.finished && co->s.step <= msg->step && (co->s.step_members >> r & 1))
             close_step(srv);
-        if ((co->rec.late_mask >> r & 1) && msg->step >= co->rec.late_step)
-            late_resolve(srv, r, msg->step > co->rec.late_step || (msg->flags & PS_FLAG_STALE),
-                         msg->step > co->rec.late_step ? "a later step reported first"
-                                                   : "a shard had passed the step without it");
-        else if (msg->flags & PS_FLAG_STALE)
+        if ((msg->flags & PS_FLAG_STALE) && msg->step != co->rec.rc_step)
             PS_LOG(PS_LOG_WARN, "coord", "rank %u reports its batch of step %llu (pass %llu at "
                    "%llu) dropped unapplied by a shard that had passed the step, which was not "
                    "handed out again after its members left: counted as applied", r,
@@ -872,7 +874,15 @@ static void member_remove(psd_server_t *srv, uint32_t r, const char *why)
     co->rt[r].conn = NULL;
     co->rt[r].lost_ms = 0;
     if (co->grant_stop > 0) co->grant_stop--;
-    if (co->rec.late_mask >> r & 1) late_resolve(srv, r, true, "the worker left before reporting it");
+    bool again = is_bsp(srv) && co->rec.emptied_step1 == co->s.step + 1;
+    if (again && (co->rec.again_reported >> r & 1)) { /* its report settled its batch */
+        if (co->rec.again_stale >> r & 1)
+            regive(srv, m->batch, PS_REPLAY_TAG(co->s.step, r), false);
+        else
+            ps_cursor_applied(&co->s.cur, &m->batch);
+    }
+    co->rec.again_reported &= ~(1ull << r);
+    co->rec.again_stale &= ~(1ull << r);
     bool rc_lost = is_bsp(srv) && (co->rec.rc_pending >> r & 1);
     if (rc_lost) restore_closed_lost(srv, r);
     bool given_back = false;
@@ -903,9 +913,11 @@ static void member_remove(psd_server_t *srv, uint32_t r, const char *why)
         if (left == 0) co->rec.emptied_step1 = co->s.step + 1; /* hand_out; saved with: */
         set_members(srv, left);
         broadcast_epoch(srv);
+        if (again && left && (left & ~co->rec.again_reported) == 0)
+            close_step(srv); /* every member left reported the step handed out again */
         maybe_restart_step(srv);
     } else {
-        maybe_restart_step(srv); /* a step without members waiting for late_mask: its batch */
+        maybe_restart_step(srv);
     }
     async_maybe_finished(srv); /* the others may all have done their steps */
     serve_parked(srv);
@@ -1208,8 +1220,8 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
             }
             /* A step every member left goes out again (below); one with members gone may have
              * gone out again already, which the saved emptied_step1 tells, and only a store
-             * without jobrec cannot: then its close keeps its batches until their reports
-             * (late_mask), so that a stale one goes out again. */
+             * without jobrec cannot: then it closes only once every member reported it
+             * (again_reported), so that a stale batch goes out again. */
             bool emptied = co->s.step_members == 0 && co->rec.removed_in_step;
             if (!co->s.finished && (emptied || (!rec_read && co->rec.removed_in_step)))
                 co->rec.emptied_step1 = co->s.step + 1;

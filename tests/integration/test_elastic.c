@@ -399,6 +399,37 @@ END_TEST
 START_TEST(test_bsp_step_emptied_during_apply) { emptied_step_run("plan:0@5/0,1@5/1n", true); }
 END_TEST
 
+/* bsp: both members of the job's last step (5, of 12 batches) die after both their pushes were
+ * applied, before reporting; two new workers take the step again with the two batches (every
+ * chunk has them: acknowledged, not applied). The step closes only once both reported: before,
+ * the first report closed it, the job had nothing left to hand out, and the second worker,
+ * handed a batch it never got, kept the job from finishing for good. */
+START_TEST(test_bsp_step_emptied_at_the_end)
+{
+    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = "bsp",
+                   .optimizer = "{name: sgd, lr: 1}"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    char nb[] = "12", bs[] = "8", plan[] = "plan:0@5/2,1@5/2", never[] = "1000000000",
+         check_any[] = "check", ord[] = "ab";
+    char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, plan, ord, NULL};
+    cl_proc_t *w[4] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
+    for (int i = 0; i < 2; i++) EXPECT_EXIT(w[i], 128 + SIGKILL);
+    argv[4] = never;
+    w[2] = cl_spawn(c, "replay2", argv);
+    w[3] = cl_spawn(c, "replay3", argv);
+    EXPECT_EXIT(w[2], 0);
+    EXPECT_EXIT(w[3], 0);
+    argv[4] = check_any;
+    cl_proc_t *check = cl_spawn(c, "check", argv);
+    EXPECT_EXIT(check, 0);
+    EXPECT_LOG(check, "every batch applied once on both tensors");
+    EXPECT_LOG(psd[0], "job complete at step 6");
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 START_TEST(test_bsp_random_deaths_applied_once) { random_deaths("bsp", false); }
 END_TEST
 
@@ -1066,6 +1097,7 @@ Suite *ps_test_suite(void)
     ADD(ssp_random_deaths_shard_kills);
     ADD(bsp_step_emptied_after_partial_apply);
     ADD(bsp_step_emptied_during_apply);
+    ADD(bsp_step_emptied_at_the_end);
     ADD(bsp_random_deaths_applied_once);
     ADD(bsp_random_deaths_shard_kills);
     ADD(asp_coordinator_restart_after_handout);
