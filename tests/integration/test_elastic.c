@@ -341,6 +341,23 @@ END_TEST
 START_TEST(test_ssp_random_deaths_shard_kills) { random_deaths("ssp", true); }
 END_TEST
 
+/* Two new workers (no death; argv[4] is overwritten) take over from replay_clients that died and
+ * finish the job; then a checker finds every batch applied once on both tensors. Returns the
+ * first new worker. */
+static cl_proc_t *new_workers_finish(cl_cluster_t *c, char **argv)
+{
+    static char never[] = "1000000000", check_any[] = "check";
+    argv[4] = never;
+    cl_proc_t *w2 = cl_spawn(c, "replay2", argv), *w3 = cl_spawn(c, "replay3", argv);
+    EXPECT_EXIT(w2, 0);
+    EXPECT_EXIT(w3, 0);
+    argv[4] = check_any;
+    cl_proc_t *check = cl_spawn(c, "check", argv);
+    EXPECT_EXIT(check, 0);
+    EXPECT_LOG(check, "every batch applied once on both tensors");
+    return w2;
+}
+
 /* bsp: both members of step 5 die as @p plan says (replay_client's "plan:"), rank 0 before any
  * push and rank 1 after its push of replay.a, whose chunk (shard 0) applies step 5 with rank 1
  * alone; with @p slow that apply takes 2 s longer (PS_TEST_SLOW_APPLY). Two new workers take
@@ -356,24 +373,15 @@ static void emptied_step_run(const char *plan, bool slow)
     cl_proc_t *psd[2] = {slow ? cl_psd_start_env(c, 0, READY_S, "PS_TEST_SLOW_APPLY", "6")
                               : cl_psd_start(c, 0, NULL, READY_S),
                          cl_psd_start(c, 1, NULL, READY_S)};
-    char nb[] = "40", bs[] = "8", die[64], never[] = "1000000000", check_any[] = "check",
-         ord[] = "ab";
+    char nb[] = "40", bs[] = "8", die[64], ord[] = "ab";
     snprintf(die, sizeof die, "%s", plan);
     char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, die, ord, NULL};
-    cl_proc_t *w[4] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
+    cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
     for (int i = 0; i < 2; i++) {
         EXPECT_EXIT(w[i], 128 + SIGKILL);
         EXPECT_LOG(w[i], "at step 5");
     }
-    argv[4] = never;
-    w[2] = cl_spawn(c, "replay2", argv);
-    w[3] = cl_spawn(c, "replay3", argv);
-    EXPECT_EXIT(w[2], 0);
-    EXPECT_EXIT(w[3], 0);
-    argv[4] = check_any;
-    cl_proc_t *check = cl_spawn(c, "check", argv);
-    EXPECT_EXIT(check, 0);
-    EXPECT_LOG(check, "every batch applied once on both tensors");
+    new_workers_finish(c, argv);
     EXPECT_LOG(psd[0], "applied that step without its batch");
     EXPECT_LOG(psd[0], "a shard had passed the step without it");
     if (slow) EXPECT_LOG(psd[0], "came while the chunk applied that step without it");
@@ -410,20 +418,11 @@ START_TEST(test_bsp_step_emptied_at_the_end)
                    .optimizer = "{name: sgd, lr: 1}"};
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
-    char nb[] = "12", bs[] = "8", plan[] = "plan:0@5/2,1@5/2", never[] = "1000000000",
-         check_any[] = "check", ord[] = "ab";
+    char nb[] = "12", bs[] = "8", plan[] = "plan:0@5/2,1@5/2", ord[] = "ab";
     char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, plan, ord, NULL};
-    cl_proc_t *w[4] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
+    cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
     for (int i = 0; i < 2; i++) EXPECT_EXIT(w[i], 128 + SIGKILL);
-    argv[4] = never;
-    w[2] = cl_spawn(c, "replay2", argv);
-    w[3] = cl_spawn(c, "replay3", argv);
-    EXPECT_EXIT(w[2], 0);
-    EXPECT_EXIT(w[3], 0);
-    argv[4] = check_any;
-    cl_proc_t *check = cl_spawn(c, "check", argv);
-    EXPECT_EXIT(check, 0);
-    EXPECT_LOG(check, "every batch applied once on both tensors");
+    new_workers_finish(c, argv);
     EXPECT_LOG(psd[0], "job complete at step 6");
     stop_all(psd, 2);
     cl_cluster_destroy(c);
@@ -530,10 +529,9 @@ static void whole_step_run(bool slow_pass)
     cl_proc_t *psd[2] = {cl_psd_start_env(c, 0, READY_S, "PS_TEST_CRASH_AFTER_APPLY", "6"),
                          slow_pass ? cl_psd_start_env(c, 1, READY_S, "PS_TEST_SLOW_APPLY", "6")
                                    : cl_psd_start(c, 1, NULL, READY_S)};
-    char nb[] = "40", bs[] = "8", plan[] = "plan:0@5/1,1@5/1", never[] = "1000000000",
-         check_any[] = "check", ord[] = "ab";
+    char nb[] = "40", bs[] = "8", plan[] = "plan:0@5/1,1@5/1", ord[] = "ab";
     char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, plan, ord, NULL};
-    cl_proc_t *w[4] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
+    cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
     ck_assert_int_eq(cl_wait(psd[0], RUN_S), 128 + SIGKILL);
     EXPECT_LOG(psd[0], "PS_TEST_CRASH_AFTER_APPLY");
     psd[0] = cl_psd_start(c, 0, NULL, READY_S);
@@ -541,18 +539,10 @@ static void whole_step_run(bool slow_pass)
         EXPECT_EXIT(w[i], 128 + SIGKILL);
         EXPECT_LOG(w[i], "at step 5");
     }
-    argv[4] = never;
-    w[2] = cl_spawn(c, "replay2", argv);
-    w[3] = cl_spawn(c, "replay3", argv);
-    EXPECT_EXIT(w[2], 0);
-    EXPECT_EXIT(w[3], 0);
-    argv[4] = check_any;
-    cl_proc_t *check = cl_spawn(c, "check", argv);
-    EXPECT_EXIT(check, 0);
-    EXPECT_LOG(check, "every batch applied once on both tensors");
+    cl_proc_t *w2 = new_workers_finish(c, argv);
     EXPECT_LOG(psd[0], "left before any report showed step 5 applied everywhere");
     EXPECT_LOG(psd[1], "closed it with no member left");
-    if (slow_pass) EXPECT_LOG(w[2], "sending it again until it gets there");
+    if (slow_pass) EXPECT_LOG(w2, "sending it again until it gets there");
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }
