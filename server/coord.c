@@ -77,6 +77,10 @@ typedef struct {
      * their batches. A member removed while pending: restore_closed_lost. */
     uint64_t rc_step, rc_pending, rc_view;
     ps_batch_t rc_batch[PS_MAX_RANKS];
+    /* rc_step had gone out again after every member left (emptied_step1): a chunk past it may
+     * have dropped a member's push without its batch, which another member's report does not
+     * show. The members whose own report (or removal) has not settled their rc_batch yet. */
+    uint64_t rc_unsettled;
     /* Closed views of such steps that went out (restore_closed_lost): until a report of a
      * later step shows every shard past that step, told again with each hand-out and cron
      * tick (tell_closed), since no member may have been there to forward them. */
@@ -764,8 +768,21 @@ static int batch_done(psd_server_t *srv, uint32_t r, const ps_msg_t *msg, char *
                  (unsigned long long)msg->step, (unsigned long long)co->s.step);
         return PS_EPROTO;
     }
-    if (is_bsp(srv) && msg->step == co->rec.rc_step && (msg->flags & PS_FLAG_STALE) &&
-        (co->rec.rc_pending >> r & 1)) {
+    if (is_bsp(srv) && (co->rec.rc_unsettled >> r & 1) && msg->step >= co->rec.rc_step) {
+        /* Its own report of the restarted step rc_step settles its batch: a later step's
+         * (that report lost) cannot tell, and gives it back too. */
+        rec_changed(co);
+        co->rec.rc_unsettled &= ~(1ull << r);
+        if ((msg->flags & PS_FLAG_STALE) || msg->step > co->rec.rc_step) {
+            regive(srv, co->rec.rc_batch[r], PS_REPLAY_TAG(co->rec.rc_step, r), true);
+            PS_LOG(PS_LOG_INFO, "coord", "rank %u's batch of step %llu, a step handed out again "
+                   "after its members left: %s; it goes to another worker", r,
+                   (unsigned long long)co->rec.rc_step,
+                   msg->step > co->rec.rc_step ? "its report was lost"
+                                               : "a shard had passed the step without it");
+        }
+    } else if (is_bsp(srv) && msg->step == co->rec.rc_step && (msg->flags & PS_FLAG_STALE) &&
+               (co->rec.rc_pending >> r & 1)) {
         /* A step this shard's restart closed, which a shard had passed without r's batch (it
          * was one handed out again after its members left): counted at the restart, it goes
          * out again. */
@@ -797,6 +814,9 @@ static int batch_done(psd_server_t *srv, uint32_t r, const ps_msg_t *msg, char *
         co->rec.again_reported |= 1ull << r;
         if (msg->flags & PS_FLAG_STALE) co->rec.again_stale |= 1ull << r;
         m->has_batch = 0; /* kept in m->batch for the close; not handed again meanwhile */
+        /* No apply job may come before the close (every chunk may be past the step): saved
+         * now, so that a restart of this shard meanwhile still knows the report. */
+        coord_save(srv);
         if (!co->s.finished && (co->s.step_members & ~co->rec.again_reported) == 0)
             close_step(srv);
     } else if (is_bsp(srv)) {
@@ -884,6 +904,11 @@ static void member_remove(psd_server_t *srv, uint32_t r, const char *why)
     co->rec.again_reported &= ~(1ull << r);
     co->rec.again_stale &= ~(1ull << r);
     bool rc_lost = is_bsp(srv) && (co->rec.rc_pending >> r & 1);
+    if (is_bsp(srv) && (co->rec.rc_unsettled >> r & 1)) {
+        co->rec.rc_unsettled &= ~(1ull << r);
+        if (!rc_lost) /* else restore_closed_lost gives it back */
+            regive(srv, co->rec.rc_batch[r], PS_REPLAY_TAG(co->rec.rc_step, r), true);
+    }
     if (rc_lost) restore_closed_lost(srv, r);
     bool given_back = false;
     if (m->has_batch) {
@@ -1240,12 +1265,15 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
             if (applied == co->s.step + 1 && co->s.step >= srv->run.base_step && !co->s.finished) {
                 co->rec.rc_step = co->s.step;
                 co->rec.rc_view = co->s.step_members;
+                co->rec.rc_unsettled = 0;
+                bool restarted = co->rec.emptied_step1 == co->s.step + 1;
                 for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
                     const saved_member_t *m = &co->s.m[r];
                     if ((co->s.step_members >> r & 1) && m->has_batch &&
                         m->batch_step == co->s.step) {
                         co->rec.rc_batch[r] = m->batch;
                         co->rec.rc_pending |= 1ull << r;
+                        if (restarted) co->rec.rc_unsettled |= 1ull << r;
                     }
                 }
             }
