@@ -389,6 +389,12 @@ static void regive(psd_server_t *srv, ps_batch_t b, uint64_t tag, bool counted)
     if (ps_cursor_give_back(&co->s.cur, &b))
         PS_LOG(PS_LOG_ERROR, "coord", "re-hand queue full: batch of pass %llu at %llu lost",
                (unsigned long long)b.pass, (unsigned long long)b.offset);
+    /* A close that counted it may have ended the job (no batch left): this one is left now. */
+    uint64_t max = srv->m.job.max_steps;
+    if (counted && co->s.finished && !(max && co->s.step >= max)) {
+        co->s.finished = 0;
+        PS_LOG(PS_LOG_INFO, "coord", "the job goes on for that batch");
+    }
 }
 
 /* Rank @p r (removed: no longer active) was a member of rc_step, which this shard's restart
@@ -433,12 +439,6 @@ static void restore_closed_lost(psd_server_t *srv, uint32_t r)
     coord_save(srv);
     psd_shard_learn_view(srv, co->s.epoch, co->s.step, co->s.step_members, false);
     broadcast_epoch(srv);
-    /* The restart's close may have ended the job (no batch left): this one is left now. */
-    uint64_t max = srv->m.job.max_steps;
-    if (co->s.finished && !(max && co->s.step >= max)) {
-        co->s.finished = 0;
-        PS_LOG(PS_LOG_INFO, "coord", "the job goes on for that batch");
-    }
 }
 
 /* ---- bsp steps ------------------------------------------------------------------ */
@@ -1265,7 +1265,7 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
             if (applied == co->s.step + 1 && co->s.step >= srv->run.base_step && !co->s.finished) {
                 co->rec.rc_step = co->s.step;
                 co->rec.rc_view = co->s.step_members;
-                co->rec.rc_unsettled = 0;
+                co->rec.rc_unsettled = co->rec.rc_pending = 0;
                 bool restarted = co->rec.emptied_step1 == co->s.step + 1;
                 for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
                     const saved_member_t *m = &co->s.m[r];
