@@ -768,6 +768,7 @@ static int batch_done(psd_server_t *srv, uint32_t r, const ps_msg_t *msg, char *
                  (unsigned long long)msg->step, (unsigned long long)co->s.step);
         return PS_EPROTO;
     }
+    bool settled = false; /* a stale report taken care of here */
     if (is_bsp(srv) && (co->rec.rc_unsettled >> r & 1) && msg->step >= co->rec.rc_step) {
         /* Its own report of the restarted step rc_step settles its batch: a later step's
          * (that report lost) cannot tell, and gives it back too. */
@@ -781,14 +782,7 @@ static int batch_done(psd_server_t *srv, uint32_t r, const ps_msg_t *msg, char *
                    msg->step > co->rec.rc_step ? "its report was lost"
                                                : "a shard had passed the step without it");
         }
-    } else if (is_bsp(srv) && msg->step == co->rec.rc_step && (msg->flags & PS_FLAG_STALE) &&
-               (co->rec.rc_pending >> r & 1)) {
-        /* A step this shard's restart closed, which a shard had passed without r's batch (it
-         * was one handed out again after its members left): counted at the restart, it goes
-         * out again. */
-        regive(srv, co->rec.rc_batch[r], PS_REPLAY_TAG(co->rec.rc_step, r), true);
-        PS_LOG(PS_LOG_INFO, "coord", "rank %u's batch of step %llu: a shard had passed the step "
-               "without it; it goes to another worker", r, (unsigned long long)msg->step);
+        settled = true;
     }
     if (is_bsp(srv) && msg->step >= co->rec.rc_step) {
         /* Every shard acknowledged r's pushes of rc_step (or a later step): they ack a push at
@@ -824,7 +818,7 @@ static int batch_done(psd_server_t *srv, uint32_t r, const ps_msg_t *msg, char *
          * everywhere. (After a restart of this shard a report may be one step ahead.) */
         while (!co->s.finished && co->s.step <= msg->step && (co->s.step_members >> r & 1))
             close_step(srv);
-        if ((msg->flags & PS_FLAG_STALE) && msg->step != co->rec.rc_step)
+        if ((msg->flags & PS_FLAG_STALE) && !settled)
             PS_LOG(PS_LOG_WARN, "coord", "rank %u reports its batch of step %llu (pass %llu at "
                    "%llu) dropped unapplied by a shard that had passed the step, which was not "
                    "handed out again after its members left: counted as applied", r,

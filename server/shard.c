@@ -801,17 +801,23 @@ void psd_shard_on_pull(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
 
 /* ---- push --------------------------------------------------------------- */
 
+/* Whether @p ch can be applied now: asp / ssp, a push is there; bsp, every member of its step
+ * (*@p members) pushed, or the coordinator closed that step with none (step_closed_empty). */
+static bool chunk_ready(const psd_server_t *srv, const psd_chunk_t *ch, uint64_t *members)
+{
+    if (srv->m.job.consistency != PS_CONSIST_BSP) {
+        *members = ~0ull;
+        return ch->nfull > 0;
+    }
+    *members = psd_shard_members(srv, ch->version, NULL);
+    return *members != 0 ? (ch->full_mask & *members) == *members
+                         : step_closed_empty(srv, ch->version);
+}
+
 static void chunk_maybe_ready(psd_server_t *srv, psd_chunk_t *ch)
 {
-    bool ready;
-    if (srv->m.job.consistency != PS_CONSIST_BSP) {
-        ready = ch->nfull > 0;
-    } else {
-        uint64_t members = psd_shard_members(srv, ch->version, NULL);
-        ready = members != 0 ? (ch->full_mask & members) == members
-                             : step_closed_empty(srv, ch->version);
-    }
-    if (!ready || ch->queued) return;
+    uint64_t members;
+    if (!chunk_ready(srv, ch, &members) || ch->queued) return;
     ch->queued = true;
     ch->next_ready = NULL;
     if (srv->ready_tail)
@@ -952,11 +958,12 @@ static bool stale_push_had(const psd_chunk_t *ch, uint32_t rank, const ps_msg_t 
     return apply_had_batch(ch, rank, msg, ch->summed[s % PSD_SUMMED_RING]);
 }
 
-/* bsp: acknowledge a push of a step chunk @p ch has passed, not applied (@p req of @p conn,
- * rank @p rank): with PS_FLAG_STALE when that step's apply did not have its batch (@p lacks),
- * so that its worker reports it and the coordinator hands the batch out again. */
-static void send_stale_ack(psd_server_t *srv, psd_conn_t *conn, uint64_t req, psd_chunk_t *ch,
-                           uint32_t rank, uint64_t step, bool lacks)
+/* Acknowledge push @p req of @p conn (rank @p rank, for @p step) of chunk @p ch without applying
+ * it: applied before, or (bsp) of a step the chunk passed, with PS_FLAG_STALE when that step's
+ * apply did not have its batch (@p lacks), so that its worker reports it and the coordinator
+ * hands the batch out again. */
+static void send_push_ack(psd_server_t *srv, psd_conn_t *conn, uint64_t req, psd_chunk_t *ch,
+                          uint32_t rank, uint64_t step, bool lacks)
 {
     ps_msg_t a = {.type = PS_MSG_PUSH_ACK, .req_id = req, .tensor = ch->tensor,
                   .chunk = ch->chunk, .step = ch->version, .shard = srv->shard};
@@ -978,7 +985,7 @@ static void stale_slot_done(psd_server_t *srv, psd_chunk_t *ch, uint32_t r)
     PS_LOG(PS_LOG_INFO, "shard", "push of %u/%u from rank %u for step %llu came while the "
            "chunk applied that step without it (now at %llu)", ch->tensor, ch->chunk, r,
            (unsigned long long)ch->slot_step[r], (unsigned long long)ch->version);
-    send_stale_ack(srv, ch->slot_conn[r], ch->slot_req[r], ch, r, ch->slot_step[r],
+    send_push_ack(srv, ch->slot_conn[r], ch->slot_req[r], ch, r, ch->slot_step[r],
                    ch->stale_lack >> r & 1);
     if (ch->slot_conn[r]) psd_conn_unref(ch->slot_conn[r]);
     ch->slot_conn[r] = NULL;
@@ -1112,7 +1119,7 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
          * rank removed mid-step, or one of a step handed out again after every member left
          * it): acknowledge and drop it. When that apply did not have its batch, the ack says
          * so: the worker reports it, and the coordinator hands the batch out again. */
-        send_stale_ack(srv, conn, msg->req_id, ch, rank, msg->step,
+        send_push_ack(srv, conn, msg->req_id, ch, rank, msg->step,
                        !stale_push_had(ch, rank, msg));
         return UCS_OK;
     }
@@ -1151,16 +1158,12 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
         PS_LOG(PS_LOG_INFO, "shard", "push of %u/%u from rank %u (pid %u, request %llu) was "
                "applied already: acknowledged again, not applied twice", ch->tensor, ch->chunk,
                rank, conn->pid, (unsigned long long)msg->req_id);
-        ps_msg_t a = {.type = PS_MSG_PUSH_ACK, .req_id = msg->req_id, .tensor = ch->tensor,
-                      .chunk = ch->chunk, .step = ch->version, .shard = srv->shard};
-        psd_send_msg(srv, conn, &a);
+        send_push_ack(srv, conn, msg->req_id, ch, rank, msg->step, false);
         return UCS_OK;
     }
     if (!bsp && (msg->flags & PS_FLAG_BATCH) && msg->nreplay > 0 &&
         batch_applied_here(srv, ch, rank, psd_conn_who(conn), msg)) {
-        ps_msg_t a = {.type = PS_MSG_PUSH_ACK, .req_id = msg->req_id, .tensor = ch->tensor,
-                      .chunk = ch->chunk, .step = ch->version, .shard = srv->shard};
-        psd_send_msg(srv, conn, &a);
+        send_push_ack(srv, conn, msg->req_id, ch, rank, msg->step, false);
         return UCS_OK;
     }
     bool orphan = (ch->slot_state[rank] == SLOT_FULL || ch->slot_state[rank] == SLOT_APPLYING) &&
@@ -1910,14 +1913,12 @@ static void job_start_next(psd_server_t *srv)
              * waiting for its chunks go out at its commit, while the rest is applied in the
              * next one. */
             if (job->nitems > 0 && bytes >= max_bytes) break;
-            uint64_t members = bsp ? psd_shard_members(srv, c->version, NULL) : ~0ull;
-            bool empty_ok = bsp && members == 0 && step_closed_empty(srv, c->version);
-            if (bsp ? (members == 0 && !empty_ok) || (c->full_mask & members) != members
-                    : c->nfull == 0) {
+            uint64_t members;
+            if (!chunk_ready(srv, c, &members)) {
                 c->queued = false; /* no longer ready; queued again when it is */
                 continue;
             }
-            if (empty_ok)
+            if (bsp && members == 0)
                 PS_LOG(PS_LOG_INFO, "shard", "step %llu of %u/%u: the coordinator closed it with "
                        "no member left; passed as it is", (unsigned long long)c->version,
                        c->tensor, c->chunk);
