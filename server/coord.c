@@ -768,6 +768,9 @@ static int batch_done(psd_server_t *srv, uint32_t r, const ps_msg_t *msg, char *
                  (unsigned long long)msg->step, (unsigned long long)co->s.step);
         return PS_EPROTO;
     }
+    PS_LOG(PS_LOG_DEBUG, "coord", "rank %u reports step %llu done%s (open step %llu)", r,
+           (unsigned long long)msg->step, msg->flags & PS_FLAG_STALE ? ", stale" : "",
+           (unsigned long long)co->s.step);
     bool settled = false; /* a stale report taken care of here */
     if (is_bsp(srv) && (co->rec.rc_unsettled >> r & 1) && msg->step >= co->rec.rc_step) {
         /* Its own report of the restarted step rc_step settles its batch: a later step's

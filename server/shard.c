@@ -163,12 +163,21 @@ static void on_load_chunk(void *arg, uint32_t t, uint32_t c, const psd_chunk_hdr
     }
 }
 
-/* bsp: a chunk's apply members, stored (key 'D', as asp's applied-push record) when they differ
- * from the step before's: from @c step on, every apply had @c members, so that a restarted
- * shard still knows whose batches its chunks have (replay_had). */
+/* bsp: a chunk's apply members (its summed ring), stored (key 'D', as asp's applied-push record)
+ * by an apply whose members differ from the step before's: every apply after @c step had the
+ * same members as it, so that a restarted shard still knows whose batches its chunks have
+ * (replay_had, stale_push_had) for as many steps back as one that ran all along. */
+typedef struct {
+    uint64_t step;                     /* the apply that wrote it */
+    uint64_t from;                     /* the first step known then */
+    uint64_t members[PSD_SUMMED_RING]; /* at [s % ring] for s in [from, step], the last ring */
+} summed_rec_t;
+
+/* Written before session 25: from @c step on, every apply had @c members (earlier steps not
+ * known: a replay of a batch of one was applied again, a stale push counted as applied). */
 typedef struct {
     uint64_t step, members;
-} summed_rec_t;
+} summed_rec_v1_t;
 
 static void on_load_applied(void *arg, uint32_t t, uint32_t c, const void *val, size_t len)
 {
@@ -177,6 +186,7 @@ static void on_load_applied(void *arg, uint32_t t, uint32_t c, const void *val, 
                           ? srv->tensors[t].chunks[c]
                           : NULL;
     summed_rec_t rec;
+    summed_rec_v1_t v1;
     if (ch && len == sizeof *ch->applied) {
         memcpy(ch->applied, val, len);
     } else if (ch && len == PS_MAX_RANKS * 2 * sizeof(uint64_t)) {
@@ -188,12 +198,26 @@ static void on_load_applied(void *arg, uint32_t t, uint32_t c, const void *val, 
             memcpy(&ch->applied->done[r].req, p + 16 * r + 8, 8);
         }
     } else if (ch && len == sizeof rec) {
-        /* bsp: the members of every apply from rec.step on (until the chunk's version). */
+        /* bsp: the ring as the apply of rec.step left it; the applies after it had its members. */
         memcpy(&rec, val, sizeof rec);
         if (rec.step >= ch->version) return; /* written by an apply that did not commit? */
-        uint64_t from = ch->version - rec.step > PSD_SUMMED_RING ? ch->version - PSD_SUMMED_RING
-                                                                 : rec.step;
-        for (uint64_t s = from; s < ch->version; s++) ch->summed[s % PSD_SUMMED_RING] = rec.members;
+        uint64_t from = rec.from;
+        if (rec.step + 1 > PSD_SUMMED_RING && from < rec.step + 1 - PSD_SUMMED_RING)
+            from = rec.step + 1 - PSD_SUMMED_RING;
+        if (ch->version > PSD_SUMMED_RING && from < ch->version - PSD_SUMMED_RING)
+            from = ch->version - PSD_SUMMED_RING;
+        uint64_t last = rec.members[rec.step % PSD_SUMMED_RING];
+        for (uint64_t s = from; s < ch->version; s++)
+            ch->summed[s % PSD_SUMMED_RING] = s <= rec.step ? rec.members[s % PSD_SUMMED_RING]
+                                                            : last;
+        ch->summed_from = from;
+    } else if (ch && len == sizeof v1) {
+        /* The same, as stored before session 25: only the steps from v1.step on are known. */
+        memcpy(&v1, val, sizeof v1);
+        if (v1.step >= ch->version) return;
+        uint64_t from = ch->version - v1.step > PSD_SUMMED_RING ? ch->version - PSD_SUMMED_RING
+                                                                : v1.step;
+        for (uint64_t s = from; s < ch->version; s++) ch->summed[s % PSD_SUMMED_RING] = v1.members;
         ch->summed_from = from;
     } else
         PS_LOG(PS_LOG_WARN, "shard", "stored applied-push record of %u/%u (%zu bytes) fits no "
@@ -1115,6 +1139,9 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
     }
     bool bsp = srv->m.job.consistency == PS_CONSIST_BSP;
     if (bsp && msg->step < ch->version) {
+        PS_LOG(PS_LOG_DEBUG, "shard", "push of %u/%u from rank %u (pid %u) for step %llu: the "
+               "chunk is at step %llu", ch->tensor, ch->chunk, rank, conn->pid,
+               (unsigned long long)msg->step, (unsigned long long)ch->version);
         /* The step was applied already (this is a resend after a reconnect, the push of a
          * rank removed mid-step, or one of a step handed out again after every member left
          * it): acknowledge and drop it. When that apply did not have its batch, the ack says
@@ -1140,6 +1167,11 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
         /* The push says which members its step has, as the coordinator told its sender. */
         if (msg->epoch && msg->members) psd_shard_learn_view(srv, msg->epoch, msg->step, msg->members, false);
         uint64_t epoch, members = psd_shard_members(srv, msg->step, &epoch);
+        PS_LOG(PS_LOG_DEBUG, "shard", "push of %u/%u from rank %u (pid %u) for step %llu, its "
+               "view %llu (%#llx), this shard's %llu (%#llx), %u replay tags", ch->tensor,
+               ch->chunk, rank, conn->pid, (unsigned long long)msg->step,
+               (unsigned long long)msg->epoch, (unsigned long long)msg->members,
+               (unsigned long long)epoch, (unsigned long long)members, msg->nreplay);
         if (!(members >> rank & 1)) {
             psd_send_chunk_error(srv, conn, msg->req_id, ch->tensor, ch->chunk, PS_ENOTMEMBER,
                            "push of %u/%u for step %llu: rank %u is not a member of that step "
@@ -1532,8 +1564,9 @@ static int run_apply(psd_job_t *job, psd_wtxn_t *tx)
     }
     psd_fanout_run(&srv->fanout, ndeferred, apply_deferred, job);
     if (srv->m.job.consistency == PS_CONSIST_BSP) {
-        /* The members of this step's apply, where they differ from the step before's (or
-         * that is not known): nothing is written while the membership stays. */
+        /* The summed ring with this step's apply in it, where its members differ from the step
+         * before's (or that is not known): nothing is written while the membership stays. The
+         * loop thread writes ch->summed only in job_done, after this job. */
         for (uint32_t i = 0; i < job->nitems; i++) {
             psd_chunk_t *ch = job->items[i];
             uint64_t v = ch->version;
@@ -1541,7 +1574,9 @@ static int run_apply(psd_job_t *job, psd_wtxn_t *tx)
             if (job->bad[i] ||
                 (known && ch->summed[(v - 1) % PSD_SUMMED_RING] == ch->step_members))
                 continue;
-            summed_rec_t rec = {v, ch->step_members};
+            summed_rec_t rec = {.step = v, .from = ch->summed_from < v ? ch->summed_from : v};
+            memcpy(rec.members, ch->summed, sizeof rec.members);
+            rec.members[v % PSD_SUMMED_RING] = ch->step_members;
             int rc = psd_store_put_applied(tx, ch->tensor, ch->chunk, &rec, sizeof rec);
             if (rc) return rc;
         }
@@ -1922,6 +1957,10 @@ static void job_start_next(psd_server_t *srv)
                 PS_LOG(PS_LOG_INFO, "shard", "step %llu of %u/%u: the coordinator closed it with "
                        "no member left; passed as it is", (unsigned long long)c->version,
                        c->tensor, c->chunk);
+            PS_LOG(PS_LOG_DEBUG, "shard", "applies step %llu of %u/%u: members %#llx, pushed "
+                   "%#llx, replays skipped %#llx", (unsigned long long)c->version, c->tensor,
+                   c->chunk, (unsigned long long)members, (unsigned long long)c->full_mask,
+                   (unsigned long long)(c->skip_mask & members));
             job->items[job->nitems++] = c;
             bytes += psd_chunk_bytes(c->n, srv->nstate);
             c->step_members = members;

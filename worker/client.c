@@ -1126,6 +1126,8 @@ static void on_rehello(ps_op_t *op)
             for (uint32_t k = 0; k < o->nparts; k++)
                 if (o->parts[k].resend && o->parts[k].shard == i && o->parts[k].pending) {
                     o->parts[k].resend = 0;
+                    PS_LOG(PS_LOG_DEBUG, "libps", "shard %u: sends again part %u of op type %d "
+                           "(step %llu)", i, k, o->type, (unsigned long long)o->step);
                     if (o->type == OP_BATCH || o->type == OP_DECLARE || o->type == OP_LEAVE)
                         send_part(c, &o->parts[k], &o->req, NULL, 0, PS_AM_CTRL);
                     else
@@ -1728,6 +1730,10 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
             break;
         }
         if (m.step < op->min_version) op->min_version = m.step;
+        if (!is_pull)
+            PS_LOG(PS_LOG_DEBUG, "libps", "shard %u acks the push of chunk %u of tensor %u for "
+                   "step %llu (chunk at %llu, flags %#x)", m.shard, m.chunk, m.tensor,
+                   (unsigned long long)op->step, (unsigned long long)m.step, m.flags);
         if (!is_pull && (m.flags & PS_FLAG_STALE)) {
             PS_LOG(PS_LOG_INFO, "libps", "shard %u passed step %llu without this worker's batch "
                    "(chunk %u of tensor %u): reported with the batch, which goes out again",

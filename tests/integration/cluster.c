@@ -356,7 +356,7 @@ cl_proc_t *cl_psd_spawn_with(cl_cluster_t *c, int shard, const char *manifest,
                       "--shard",
                       shard_s,
                       "--log-level",
-                      "info",
+                      getenv("PS_LOG_LEVEL") ? getenv("PS_LOG_LEVEL") : "info",
                       NULL};
     for (int i = 7, k = 0; extra && extra[k]; i++, k++) {
         ck_assert_msg(i < 15, "cl_psd_spawn_with: more than 8 extra arguments");

@@ -41,6 +41,7 @@
 #include <time.h>
 
 #include "ps/ps_client.h"
+#include "ps/ps_log.h"
 
 static int push_wait(ps_client_t *c, uint32_t id, const float *g, uint64_t step)
 {
@@ -116,6 +117,8 @@ static int check(ps_client_t *c, const uint32_t id[2], uint64_t nb, uint64_t ste
 
 int main(int argc, char **argv)
 {
+    setvbuf(stdout, NULL, _IOLBF, 0); /* a killed client's last lines are in its log too */
+    ps_log_set_level(NULL);           /* PS_LOG_LEVEL, as psworker */
     if (argc != 5 && argc != 6) {
         fprintf(stderr, "usage: replay_client MANIFEST NBATCH BATCH DIE_STEP [ab|ba|ab+|ba+]\n");
         return 2;
