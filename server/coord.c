@@ -79,7 +79,9 @@ typedef struct {
     ps_batch_t rc_batch[PS_MAX_RANKS];
     /* rc_step had gone out again after every member left (emptied_step1): a chunk past it may
      * have dropped a member's push without its batch, which another member's report does not
-     * show. The members whose own report (or removal) has not settled their rc_batch yet. */
+     * show. The members whose own report (or removal) has not settled their rc_batch yet.
+     * Set by psds of session 24 only (a restart now keeps such a step open); still settled
+     * when a store they wrote is read. */
     uint64_t rc_unsettled;
     /* Closed views of such steps that went out (restore_closed_lost): until a report of a
      * later step shows every shard past that step, told again with each hand-out and cron
@@ -498,8 +500,13 @@ static void hand_out(psd_server_t *srv)
         m->progress = co->s.cur.applied_total;
         members |= 1ull << r;
     }
+    /* Every batch counted is not yet every batch applied: one that a restart of this shard
+     * counted with its step (rc_pending, rc_unsettled) goes out again if a shard turns out to
+     * lack it, so the job waits for those reports (or removals) before it is complete; a worker
+     * that asks meanwhile waits, rather than hear of an end that is taken back. */
+    bool unsettled = is_bsp(srv) && (co->rec.rc_pending || co->rec.rc_unsettled);
     if (members == 0 && !co->s.finished &&
-        (ps_cursor_exhausted(&co->s.cur) || (max && co->s.step >= max))) {
+        ((ps_cursor_exhausted(&co->s.cur) && !unsettled) || (max && co->s.step >= max))) {
         co->s.finished = 1;
         co->s.final_step = co->s.step;
         memset(co->rec.told, 0, sizeof co->rec.told); /* no step is reported any more */
@@ -1255,6 +1262,17 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
                        "here: %s); it goes out again", (unsigned long long)co->s.step,
                        applied > co->s.step ? "yes" : "no");
                 applied = co->s.step; /* not closed */
+            } else if (co->rec.emptied_step1 == co->s.step + 1 && !co->s.finished &&
+                       applied > co->s.step) {
+                /* A step handed out again after every member left it: this shard's chunks
+                 * passed it before, which says nothing of its members' pushes now (one may not
+                 * even have had its batch's reply). It closes as while this shard ran: once
+                 * every member reported it or left (again_reported, saved with each report).
+                 * Closed here, a member that never had its batch went on to the next step,
+                 * and a shard still at this one waited for its push for good. */
+                PS_LOG(PS_LOG_INFO, "coord", "step %llu went out again after its members left: "
+                       "it stays open until its members report it", (unsigned long long)co->s.step);
+                applied = co->s.step;
             }
             /* A step of this run (not of the checkpoint a restore started it from: every shard
              * has those) may wait elsewhere for a member that does not come back: remember
@@ -1263,14 +1281,12 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
                 co->rec.rc_step = co->s.step;
                 co->rec.rc_view = co->s.step_members;
                 co->rec.rc_unsettled = co->rec.rc_pending = 0;
-                bool restarted = co->rec.emptied_step1 == co->s.step + 1;
                 for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
                     const saved_member_t *m = &co->s.m[r];
                     if ((co->s.step_members >> r & 1) && m->has_batch &&
                         m->batch_step == co->s.step) {
                         co->rec.rc_batch[r] = m->batch;
                         co->rec.rc_pending |= 1ull << r;
-                        if (restarted) co->rec.rc_unsettled |= 1ull << r;
                     }
                 }
             }

@@ -34,6 +34,7 @@
  * after the other anyway, so a window would only add hand-shakes there. */
 #define PS_PUSH_WINDOW 2
 #define PS_CRC_TRIES 5              /* a corrupted part is sent again at most this often in a row */
+#define CLIENT_VIEWS 8        /* views a client keeps for the stamp of a push (send_data_part) */
 #define PS_BEHIND_RETRY_MS 5        /* a push part ahead of its chunk is sent again this often */
 
 enum { OP_HELLO = 1, OP_DECLARE, OP_PUSH, OP_PULL, OP_LEAVE, OP_SHUTDOWN, OP_BATCH, OP_ECHO };
@@ -239,6 +240,10 @@ struct ps_client_s {
     int removed;                /* the coordinator removed this worker: everything fails */
     uint64_t epoch, members;    /* comm thread: membership of the step pushes are for */
     uint64_t epoch_from;        /* the step that membership starts at */
+    struct { uint64_t epoch, from, members; } views[CLIENT_VIEWS]; /* comm thread: the last
+                                   views learnt (epoch, members, from that step); a push
+                                   carries the newest one that covers its step */
+    uint32_t nviews;            /* views learnt so far (the ring holds the last CLIENT_VIEWS) */
     uint64_t progress;          /* comm thread: the current batch's samples-applied-before */
     int has_progress;
     uint64_t replay_step;       /* comm thread: the current batch's step and replay tags, */
@@ -771,12 +776,18 @@ static void send_data_part(ps_client_t *c, ps_op_t *op, part_t *p)
         m.codec_fraction = t->codec.fraction;
         m.codec_block = t->codec.block;
         m.codec_flags = t->codec.fp16_values ? 1 : 0;
-        /* The members of its step: the current view while it covers that step; once a later
-         * step's view came (the push is sent again), the last one it carried (a shard takes a
-         * push's view as starting at the push's step). */
-        if (c->epoch_from <= op->step || op->view_epoch == 0) {
-            op->view_epoch = c->epoch;
-            op->view_members = c->members;
+        /* The members of its step: the newest view that covers that step. A later step's view
+         * may have come already, even before the first send (a restarted coordinator's hello
+         * reply names the step after the one this worker still pushes): a shard takes a push's
+         * view as starting at the push's step, so such a view never goes on it. None known
+         * (all older ones left the ring): the last one it carried, or none. */
+        for (uint32_t k = 0, n = c->nviews < CLIENT_VIEWS ? c->nviews : CLIENT_VIEWS; k < n; k++) {
+            uint32_t i = (c->nviews - 1 - k) % CLIENT_VIEWS; /* newest first */
+            if (c->views[i].from <= op->step) {
+                op->view_epoch = c->views[i].epoch;
+                op->view_members = c->views[i].members;
+                break;
+            }
         }
         m.epoch = op->view_epoch;
         m.members = op->view_members;
@@ -1074,6 +1085,10 @@ static void learn_view(ps_client_t *c, uint64_t epoch, uint64_t from, uint64_t m
     c->epoch = epoch;
     c->epoch_from = from;
     c->members = members;
+    uint32_t i = c->nviews++ % CLIENT_VIEWS;
+    c->views[i].epoch = epoch;
+    c->views[i].from = from;
+    c->views[i].members = members;
     if (forward)
         for (uint32_t i = 1; i < c->nshards; i++) forward_view(c, i);
 }
