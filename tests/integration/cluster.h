@@ -11,7 +11,9 @@
  * test left in this process (CK_FORK=no).
  *
  * The binaries come from the environment: PSD, PSWORKER, EVIL_PEER (set by
- * tests/integration/meson.build).
+ * tests/integration/meson.build). For a post-mortem: PS_INTEG_KEEP=1 keeps every cluster's
+ * directory (logs, stores), and PS_LOG_LEVEL=debug makes psd (its --log-level) and the test
+ * clients that read it log each push, apply, report and resend.
  * The helpers fail fast through Check's assertions where a test could do nothing useful on error
  * (no temp dir, no port, cannot fork). Names use the cl_ prefix: test code, not part of psd. */
 #ifndef PS_TEST_CLUSTER_H
