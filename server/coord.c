@@ -18,6 +18,7 @@
  *
  * The persistent part (coord_saved_t) is written by every apply job on shard 0,
  * so a restarted coordinator resumes the open step, its batches and the cursor. */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -217,6 +218,7 @@ struct psd_coord_s {
     bool save_busy, save_again;
     uint64_t save_gen;         /* saves queued so far (the copy of the last: save.gen) */
     uint64_t saved_gen;        /* the last save that ended */
+    uint64_t crash_gen;        /* PS_TEST_CRASH_CLOSE_SAVE: the save that kills this psd */
     uint64_t handout_gen;      /* bsp: the save that holds the hand-out after the close of a step
                                   handed out again (coord_save_gen; 0: none): batches and the
                                   end are answered once it is committed (serve_parked) */
@@ -256,6 +258,12 @@ static int save_now(psd_store_t *st, const coord_saved_t *s, const coord_rec_t *
 static void save_run(psd_slot_work_t *w)
 {
     coord_save_t *sv = (coord_save_t *)w;
+    if (w->srv->coord->crash_gen == sv->gen) { /* a test hook, on the pool thread */
+        usleep(200 * 1000); /* whatever the loop sends meanwhile leaves */
+        PS_LOG(PS_LOG_WARN, "coord", "killed in the save of a step's last report "
+               "(PS_TEST_CRASH_CLOSE_SAVE)");
+        raise(SIGKILL);
+    }
     sv->rc = save_now(&w->srv->store, &sv->s, &sv->rec);
 }
 
@@ -836,6 +844,9 @@ static int batch_done(psd_server_t *srv, uint32_t r, const ps_msg_t *msg, char *
         m->has_batch = 0; /* kept in m->batch for the close; not handed again meanwhile */
         /* No apply job may come before the close (every chunk may be past the step): saved
          * now, so that a restart of this shard meanwhile still knows the report. */
+        bool last = (co->s.step_members & ~co->rec.again_reported) == 0;
+        if (last && srv->test_crash_close_save && srv->test_crash_close_save-- == 1)
+            co->crash_gen = co->save_gen + 1; /* the one queued now (or next, when busy) */
         coord_save(srv);
         if (!co->s.finished && (co->s.step_members & ~co->rec.again_reported) == 0)
             close_step(srv);
