@@ -598,7 +598,10 @@ static void maybe_restart_step(psd_server_t *srv)
     if (!is_bsp(srv) || co->s.step_members != 0 || co->s.finished) return;
     if (popcount(co->s.active) > 0 && co->waiting_since_ms == 0)
         co->waiting_since_ms = uv_now(srv->loop);
-    if (!can_start(srv)) return;
+    /* Nothing left to hand out: the end needs no worker (the last report that settled a batch
+     * a restart counted may come with a leave). */
+    bool done = ps_cursor_exhausted(&co->s.cur) && !co->rec.rc_pending && !co->rec.rc_unsettled;
+    if (!can_start(srv) && !done) return;
     /* removed_in_step stays: slots may still hold pushes of the ranks that left this step. */
     hand_out(srv);
 }
