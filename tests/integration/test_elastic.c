@@ -1206,9 +1206,7 @@ Suite *ps_test_suite(void)
     ADD(bsp_step_emptied_coordinator_killed);
     ADD(bsp_step_emptied_close_not_saved);
     ADD(bsp_random_deaths_applied_once);
-    /* Not in the suite: about 1 run in 40 still loses a batch (docs/DESIGN-NOTES.md,
-     * "A step every member left", Limits); PS_TEST_BSP_SHARD_KILLS=1 runs it. */
-    if (getenv("PS_TEST_BSP_SHARD_KILLS")) ADD(bsp_random_deaths_shard_kills);
+    ADD(bsp_random_deaths_shard_kills);
     ADD(asp_coordinator_restart_after_handout);
     ADD(kill9_mid_step_shard_restarted);
     ADD(kill9_shard_restarted_after_members_changed);
