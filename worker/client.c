@@ -70,6 +70,11 @@ typedef struct {
     } ck;
 } part_t;
 
+/* A membership view the coordinator told: @c members take part from step @c from on. */
+typedef struct {
+    uint64_t epoch, from, members;
+} cview_t;
+
 /* Where a chunk's direct pushes are written in its shard's push area. */
 typedef struct area_place_s {
     uint64_t off;  /* byte offset in the area */
@@ -238,11 +243,10 @@ struct ps_client_s {
     volatile sig_atomic_t interrupted; /* ps_client_interrupt: pushes and pulls now fail */
     int joined;                 /* past the first hello: lost shards are reconnected */
     int removed;                /* the coordinator removed this worker: everything fails */
-    uint64_t epoch, members;    /* comm thread: membership of the step pushes are for */
-    uint64_t epoch_from;        /* the step that membership starts at */
-    struct { uint64_t epoch, from, members; } views[CLIENT_VIEWS]; /* comm thread: the last
-                                   views learnt (epoch, members, from that step); a push
-                                   carries the newest one that covers its step */
+    uint64_t epoch;             /* comm thread: the newest membership epoch learnt (0: none) */
+    cview_t views[CLIENT_VIEWS]; /* comm thread: the last views learnt, the newest at
+                                    [(nviews - 1) % CLIENT_VIEWS]; a push carries the newest
+                                    one that covers its step */
     uint32_t nviews;            /* views learnt so far (the ring holds the last CLIENT_VIEWS) */
     uint64_t progress;          /* comm thread: the current batch's samples-applied-before */
     int has_progress;
@@ -1051,9 +1055,10 @@ static void forward_msg(ps_client_t *c, uint32_t i, const ps_msg_t *view);
 
 static void forward_view(ps_client_t *c, uint32_t i)
 {
-    if (c->epoch == 0) return;
-    ps_msg_t m = {.type = PS_MSG_EPOCH, .epoch = c->epoch, .step = c->epoch_from,
-                  .members = c->members, .rank = c->rank};
+    if (c->nviews == 0) return;
+    const cview_t *v = &c->views[(c->nviews - 1) % CLIENT_VIEWS];
+    ps_msg_t m = {.type = PS_MSG_EPOCH, .epoch = v->epoch, .step = v->from,
+                  .members = v->members, .rank = c->rank};
     forward_msg(c, i, &m);
 }
 
@@ -1083,12 +1088,10 @@ static void learn_view(ps_client_t *c, uint64_t epoch, uint64_t from, uint64_t m
 {
     if (epoch <= c->epoch) return;
     c->epoch = epoch;
-    c->epoch_from = from;
-    c->members = members;
-    uint32_t i = c->nviews++ % CLIENT_VIEWS;
-    c->views[i].epoch = epoch;
-    c->views[i].from = from;
-    c->views[i].members = members;
+    uint32_t k = c->nviews++ % CLIENT_VIEWS;
+    c->views[k].epoch = epoch;
+    c->views[k].from = from;
+    c->views[k].members = members;
     if (forward)
         for (uint32_t i = 1; i < c->nshards; i++) forward_view(c, i);
 }
