@@ -197,9 +197,16 @@ static void on_load_applied(void *arg, uint32_t t, uint32_t c, const void *val, 
             memcpy(&ch->applied->done[r].who, p + 16 * r, 8);
             memcpy(&ch->applied->done[r].req, p + 16 * r + 8, 8);
         }
-    } else if (ch && len == sizeof rec) {
-        /* bsp: the ring as the apply of rec.step left it; the applies after it had its members. */
-        memcpy(&rec, val, sizeof rec);
+    } else if (ch && (len == sizeof rec || len == sizeof v1)) {
+        /* bsp: the ring as the apply of rec.step left it; the applies after it had its members.
+         * The form stored before session 25 is a ring that knows its own step only. */
+        if (len == sizeof rec) {
+            memcpy(&rec, val, sizeof rec);
+        } else {
+            memcpy(&v1, val, sizeof v1);
+            rec.step = rec.from = v1.step;
+            rec.members[v1.step % PSD_SUMMED_RING] = v1.members;
+        }
         if (rec.step >= ch->version) return; /* written by an apply that did not commit? */
         uint64_t from = rec.from;
         if (rec.step + 1 > PSD_SUMMED_RING && from < rec.step + 1 - PSD_SUMMED_RING)
@@ -210,14 +217,6 @@ static void on_load_applied(void *arg, uint32_t t, uint32_t c, const void *val, 
         for (uint64_t s = from; s < ch->version; s++)
             ch->summed[s % PSD_SUMMED_RING] = s <= rec.step ? rec.members[s % PSD_SUMMED_RING]
                                                             : last;
-        ch->summed_from = from;
-    } else if (ch && len == sizeof v1) {
-        /* The same, as stored before session 25: only the steps from v1.step on are known. */
-        memcpy(&v1, val, sizeof v1);
-        if (v1.step >= ch->version) return;
-        uint64_t from = ch->version - v1.step > PSD_SUMMED_RING ? ch->version - PSD_SUMMED_RING
-                                                                : v1.step;
-        for (uint64_t s = from; s < ch->version; s++) ch->summed[s % PSD_SUMMED_RING] = v1.members;
         ch->summed_from = from;
     } else
         PS_LOG(PS_LOG_WARN, "shard", "stored applied-push record of %u/%u (%zu bytes) fits no "
