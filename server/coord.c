@@ -218,7 +218,8 @@ struct psd_coord_s {
     bool save_busy, save_again;
     uint64_t save_gen;         /* saves queued so far (the copy of the last: save.gen) */
     uint64_t saved_gen;        /* the last save that ended */
-    uint64_t crash_gen;        /* PS_TEST_CRASH_CLOSE_SAVE: the save that kills this psd */
+    uint64_t crash_gen;        /* PS_TEST_CRASH_*_SAVE: the save that kills this psd ... */
+    const char *crash_hook;    /* ... and the hook's name, for the log */
     uint64_t handout_gen;      /* bsp: the save that holds the hand-out after the close of a step
                                   handed out again (coord_save_gen; 0: none): batches and the
                                   end are answered once it is committed (serve_parked) */
@@ -260,8 +261,8 @@ static void save_run(psd_slot_work_t *w)
     coord_save_t *sv = (coord_save_t *)w;
     if (w->srv->coord->crash_gen == sv->gen) { /* a test hook, on the pool thread */
         usleep(200 * 1000); /* whatever the loop sends meanwhile leaves */
-        PS_LOG(PS_LOG_WARN, "coord", "killed in the save of a step's last report "
-               "(PS_TEST_CRASH_CLOSE_SAVE)");
+        PS_LOG(PS_LOG_WARN, "coord", "killed in a save of the coordinator's state (%s)",
+               w->srv->coord->crash_hook);
         raise(SIGKILL);
     }
     sv->rc = save_now(&w->srv->store, &sv->s, &sv->rec);
@@ -471,12 +472,23 @@ static void set_members(psd_server_t *srv, uint64_t members)
 {
     psd_coord_t *co = srv->coord;
     if (members != co->s.step_members || co->s.epoch == 0) {
+        if ((members & ~co->s.step_members) && srv->test_crash_join_save &&
+            srv->test_crash_join_save-- == 1) {
+            co->crash_gen = co->save_gen + 1; /* the save below (or the next, when busy) */
+            co->crash_hook = "PS_TEST_CRASH_JOIN_SAVE";
+        }
         co->s.epoch++;
         co->s.step_members = members;
         PS_LOG(PS_LOG_INFO, "coord", "epoch %llu: step %llu has %u members (%#llx)",
                (unsigned long long)co->s.epoch, (unsigned long long)co->s.step, popcount(members),
                (unsigned long long)members);
-        coord_save(srv);
+        /* The batches of a step whose members changed are answered once a committed state
+         * holds them (serve_parked). A restart re-derives an unchanged step's hand-out from its
+         * chunks and its saved members, in rank order from the saved cursor, but not a changed
+         * one: a join it never saw (the join writes nothing) would lose its batch to the next
+         * member, after a shard applied it with the joiner's push, and be applied twice. */
+        uint64_t gen = coord_save_gen(srv);
+        if (gen > co->handout_gen) co->handout_gen = gen;
     }
     psd_shard_learn_view(srv, co->s.epoch, co->s.step, members, false);
 }
@@ -848,8 +860,10 @@ static int batch_done(psd_server_t *srv, uint32_t r, const ps_msg_t *msg, char *
         /* No apply job may come before the close (every chunk may be past the step): saved
          * now, so that a restart of this shard meanwhile still knows the report. */
         bool last = (co->s.step_members & ~co->rec.again_reported) == 0;
-        if (last && srv->test_crash_close_save && srv->test_crash_close_save-- == 1)
+        if (last && srv->test_crash_close_save && srv->test_crash_close_save-- == 1) {
             co->crash_gen = co->save_gen + 1; /* the one queued now (or next, when busy) */
+            co->crash_hook = "PS_TEST_CRASH_CLOSE_SAVE";
+        }
         coord_save(srv);
         if (!co->s.finished && (co->s.step_members & ~co->rec.again_reported) == 0)
             close_step(srv);

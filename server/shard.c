@@ -2018,7 +2018,11 @@ static void job_start_next(psd_server_t *srv)
     size_t bytes = job->kind == JOB_APPLY ? job_bytes(srv, job) : SIZE_MAX;
     job->slow = job->kind == JOB_APPLY && srv->test_slow_apply &&
                 job->items[0]->version + 1 == srv->test_slow_apply;
-    if (job->slow) srv->test_slow_apply = 0; /* once; on the pool, so the loop goes on */
+    if (job->slow) {
+        srv->test_slow_apply = 0; /* once; on the pool, so the loop goes on */
+        PS_LOG(PS_LOG_WARN, "shard", "the apply of step %llu takes 2 s longer "
+               "(PS_TEST_SLOW_APPLY)", (unsigned long long)job->items[0]->version);
+    }
     if (!srv->job_inline && !job->slow && (bytes <= PSD_INLINE_APPLY_BYTES ||
                              (job->nitems == 1 && bytes <= PSD_INLINE_RECORD_BYTES))) {
         srv->job_inline = true;
