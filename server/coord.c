@@ -220,9 +220,11 @@ struct psd_coord_s {
     uint64_t saved_gen;        /* the last save that ended */
     uint64_t crash_gen;        /* PS_TEST_CRASH_*_SAVE: the save that kills this psd ... */
     const char *crash_hook;    /* ... and the hook's name, for the log */
-    uint64_t handout_gen;      /* bsp: the save that holds the hand-out after the close of a step
-                                  handed out again (coord_save_gen; 0: none): batches and the
-                                  end are answered once it is committed (serve_parked) */
+    uint64_t handout_gen;      /* bsp: the save that holds the last change a restart could not
+                                  re-derive (the close of a step handed out again, a change of
+                                  the step's members, a batch given back; coord_save_gen; 0:
+                                  none): batches and the end are answered once it is committed
+                                  (serve_parked; a failed save counts, so it never sticks) */
     bool creating;             /* psd_coord_create saves once at its end, itself */
     coord_rec_t rec;           /* bsp: what failures leave to settle (saved as "jobrec") */
     bool rec_dirty;            /* rec changed since a save took its copy (rec_changed) */
@@ -320,6 +322,16 @@ static uint64_t coord_save_gen(psd_server_t *srv)
     return busy ? co->save_gen + 1 : co->save_gen;
 }
 
+/* bsp: a change a restart could not re-derive from the chunks and the last committed state (a
+ * step's members, a batch given back to the cursor): save it, and answer batches (and the end)
+ * only once that save is committed (handout_gen, serve_parked). */
+static void hold_handouts(psd_server_t *srv)
+{
+    psd_coord_t *co = srv->coord;
+    uint64_t gen = coord_save_gen(srv);
+    if (gen > co->handout_gen) co->handout_gen = gen;
+}
+
 /* How long a member whose connection closed keeps its rank (psd_coord_on_gone): the heartbeat
  * timeout, but no longer than launch grants live, so scaling never counts a member that is
  * away past its grants. */
@@ -403,6 +415,7 @@ static void regive(psd_server_t *srv, ps_batch_t b, uint64_t tag, bool counted)
     if (ps_cursor_give_back(&co->s.cur, &b))
         PS_LOG(PS_LOG_ERROR, "coord", "re-hand queue full: batch of pass %llu at %llu lost",
                (unsigned long long)b.pass, (unsigned long long)b.offset);
+    hold_handouts(srv); /* the next hand-out may take it, even with the same members */
     /* A close that counted it may have ended the job (no batch left): this one is left now. */
     uint64_t max = srv->m.job.max_steps;
     if (counted && co->s.finished && !(max && co->s.step >= max)) {
@@ -482,13 +495,12 @@ static void set_members(psd_server_t *srv, uint64_t members)
         PS_LOG(PS_LOG_INFO, "coord", "epoch %llu: step %llu has %u members (%#llx)",
                (unsigned long long)co->s.epoch, (unsigned long long)co->s.step, popcount(members),
                (unsigned long long)members);
-        /* The batches of a step whose members changed are answered once a committed state
-         * holds them (serve_parked). A restart re-derives an unchanged step's hand-out from its
-         * chunks and its saved members, in rank order from the saved cursor, but not a changed
-         * one: a join it never saw (the join writes nothing) would lose its batch to the next
-         * member, after a shard applied it with the joiner's push, and be applied twice. */
-        uint64_t gen = coord_save_gen(srv);
-        if (gen > co->handout_gen) co->handout_gen = gen;
+        /* The batches of a step whose members changed (a hand-out, or a removal mid-step) are
+         * answered once a committed state holds them. A restart re-derives an unchanged step's
+         * hand-out from its chunks and its saved members, in rank order from the saved cursor,
+         * but not a changed one: a join it never saw (the join writes nothing) lost its batch
+         * to another member, after a shard had applied it with the joiner's push. */
+        hold_handouts(srv);
     }
     psd_shard_learn_view(srv, co->s.epoch, co->s.step, members, false);
 }

@@ -682,9 +682,10 @@ END_TEST
  * that hand-out (PS_TEST_CRASH_JOIN_SAVE=2: the job's start was the first), then started again.
  * Its restart knows neither the join nor the newcomer's batch, so that batch must not have been
  * answered before the write was committed. Before, it was: the newcomer pushed it to replay.b
- * first, shard 1 applied step 6 with it, and the restart handed step 6 out without it
- * ("replay.a[j] is 0: batch j applied never"; the chaos test with shard kills lost a batch this
- * way, about 1 run in 2900). */
+ * first, shard 1 applied step 6 with it, and the restart handed step 6 out without the newcomer
+ * and its batch to the survivor at step 7 ("replay.b[7] is -1.5: batch 7 applied twice"; the
+ * chaos test with shard kills lost a batch the same way, "replay.a[49] is 0", about 1 run in
+ * 2900). */
 START_TEST(test_kill9_join_handout_not_saved)
 {
     cl_conf_t k = {.shards = 2, .workers = 1, .batch_size = 8, .consistency = "bsp",
@@ -702,7 +703,8 @@ START_TEST(test_kill9_join_handout_not_saved)
     argv[4] = removable;
     cl_proc_t *joiner = cl_spawn(c, "joiner", argv);
     ck_assert_int_eq(cl_wait(psd[0], RUN_S), 128 + SIGKILL);
-    EXPECT_LOG(psd[0], "PS_TEST_CRASH_JOIN_SAVE");
+    EXPECT_LOG(psd[0], "joins as rank 1 at step 5"); /* within the slowed apply */
+    EXPECT_LOG(psd[0], "killed in a save of the coordinator's state (PS_TEST_CRASH_JOIN_SAVE)");
     EXPECT_LOG(psd[0], "takes part from step 6");
     psd[0] = cl_psd_start(c, 0, NULL, READY_S);
     EXPECT_EXIT(w, 0);
