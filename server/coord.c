@@ -274,6 +274,14 @@ static void coord_save(psd_server_t *srv);
 
 static void serve_parked(psd_server_t *srv);
 
+/* A test hook (PS_TEST_CRASH_*_SAVE): the next save queued (now, or after the busy one) kills
+ * this psd in save_run, logging @p hook. */
+static void crash_in_next_save(psd_coord_t *co, const char *hook)
+{
+    co->crash_gen = co->save_gen + 1;
+    co->crash_hook = hook;
+}
+
 static void save_done(psd_slot_work_t *w)
 {
     psd_server_t *srv = w->srv;
@@ -486,10 +494,8 @@ static void set_members(psd_server_t *srv, uint64_t members)
     psd_coord_t *co = srv->coord;
     if (members != co->s.step_members || co->s.epoch == 0) {
         if ((members & ~co->s.step_members) && srv->test_crash_join_save &&
-            srv->test_crash_join_save-- == 1) {
-            co->crash_gen = co->save_gen + 1; /* the save below (or the next, when busy) */
-            co->crash_hook = "PS_TEST_CRASH_JOIN_SAVE";
-        }
+            srv->test_crash_join_save-- == 1)
+            crash_in_next_save(co, "PS_TEST_CRASH_JOIN_SAVE"); /* hold_handouts' save below */
         co->s.epoch++;
         co->s.step_members = members;
         PS_LOG(PS_LOG_INFO, "coord", "epoch %llu: step %llu has %u members (%#llx)",
@@ -872,10 +878,8 @@ static int batch_done(psd_server_t *srv, uint32_t r, const ps_msg_t *msg, char *
         /* No apply job may come before the close (every chunk may be past the step): saved
          * now, so that a restart of this shard meanwhile still knows the report. */
         bool last = (co->s.step_members & ~co->rec.again_reported) == 0;
-        if (last && srv->test_crash_close_save && srv->test_crash_close_save-- == 1) {
-            co->crash_gen = co->save_gen + 1; /* the one queued now (or next, when busy) */
-            co->crash_hook = "PS_TEST_CRASH_CLOSE_SAVE";
-        }
+        if (last && srv->test_crash_close_save && srv->test_crash_close_save-- == 1)
+            crash_in_next_save(co, "PS_TEST_CRASH_CLOSE_SAVE"); /* the coord_save below */
         coord_save(srv);
         if (!co->s.finished && (co->s.step_members & ~co->rec.again_reported) == 0)
             close_step(srv);

@@ -243,7 +243,6 @@ struct ps_client_s {
     volatile sig_atomic_t interrupted; /* ps_client_interrupt: pushes and pulls now fail */
     int joined;                 /* past the first hello: lost shards are reconnected */
     int removed;                /* the coordinator removed this worker: everything fails */
-    uint64_t epoch;             /* comm thread: the newest membership epoch learnt (0: none) */
     cview_t views[CLIENT_VIEWS]; /* comm thread: the last views learnt, the newest at
                                     [(nviews - 1) % CLIENT_VIEWS]; a push carries the newest
                                     one that covers its step */
@@ -1053,10 +1052,16 @@ static void on_forward_sent(void *request, ucs_status_t status, void *user_data)
 /* Tell shard i the membership this worker knows (MSG_EPOCH, fire and forget). */
 static void forward_msg(ps_client_t *c, uint32_t i, const ps_msg_t *view);
 
+/* The newest view learnt (the highest epoch: learn_view keeps only newer ones), or NULL. */
+static const cview_t *newest_view(const ps_client_t *c)
+{
+    return c->nviews ? &c->views[(c->nviews - 1) % CLIENT_VIEWS] : NULL;
+}
+
 static void forward_view(ps_client_t *c, uint32_t i)
 {
-    if (c->nviews == 0) return;
-    const cview_t *v = &c->views[(c->nviews - 1) % CLIENT_VIEWS];
+    const cview_t *v = newest_view(c);
+    if (v == NULL) return;
     ps_msg_t m = {.type = PS_MSG_EPOCH, .epoch = v->epoch, .step = v->from,
                   .members = v->members, .rank = c->rank};
     forward_msg(c, i, &m);
@@ -1086,8 +1091,8 @@ static void forward_msg(ps_client_t *c, uint32_t i, const ps_msg_t *view)
 /* Adopt a newer membership (from a batch reply or MSG_EPOCH); @p forward: tell the others. */
 static void learn_view(ps_client_t *c, uint64_t epoch, uint64_t from, uint64_t members, int forward)
 {
-    if (epoch <= c->epoch) return;
-    c->epoch = epoch;
+    const cview_t *v = newest_view(c);
+    if (v && epoch <= v->epoch) return;
     uint32_t k = c->nviews++ % CLIENT_VIEWS;
     c->views[k].epoch = epoch;
     c->views[k].from = from;
