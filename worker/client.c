@@ -25,6 +25,7 @@
 #include "storeview.h"
 #include "tracefile.h"
 #include "ucx_loop.h"
+#include "views.h"
 #include "wire.h"
 
 #define PS_CLIENT_MAX_TENSORS 65536 /* as psd's PSD_MAX_TENSORS */
@@ -34,7 +35,6 @@
  * after the other anyway, so a window would only add hand-shakes there. */
 #define PS_PUSH_WINDOW 2
 #define PS_CRC_TRIES 5              /* a corrupted part is sent again at most this often in a row */
-#define CLIENT_VIEWS 8        /* views a client keeps for the stamp of a push (send_data_part) */
 #define PS_BEHIND_RETRY_MS 5        /* a push part ahead of its chunk is sent again this often */
 
 enum { OP_HELLO = 1, OP_DECLARE, OP_PUSH, OP_PULL, OP_LEAVE, OP_SHUTDOWN, OP_BATCH, OP_ECHO };
@@ -69,11 +69,6 @@ typedef struct {
         void *copy;    /* PS_TEST_CORRUPT_PUSH: the corrupted copy on the wire */
     } ck;
 } part_t;
-
-/* A membership view the coordinator told: @c members take part from step @c from on. */
-typedef struct {
-    uint64_t epoch, from, members;
-} cview_t;
 
 /* Where a chunk's direct pushes are written in its shard's push area. */
 typedef struct area_place_s {
@@ -243,10 +238,7 @@ struct ps_client_s {
     volatile sig_atomic_t interrupted; /* ps_client_interrupt: pushes and pulls now fail */
     int joined;                 /* past the first hello: lost shards are reconnected */
     int removed;                /* the coordinator removed this worker: everything fails */
-    cview_t views[CLIENT_VIEWS]; /* comm thread: the last views learnt, the newest at
-                                    [(nviews - 1) % CLIENT_VIEWS]; a push carries the newest
-                                    one that covers its step */
-    uint32_t nviews;            /* views learnt so far (the ring holds the last CLIENT_VIEWS) */
+    ps_views_t views;           /* comm thread: the last membership views learnt (views.h) */
     uint64_t progress;          /* comm thread: the current batch's samples-applied-before */
     int has_progress;
     uint64_t replay_step;       /* comm thread: the current batch's step and replay tags, */
@@ -784,13 +776,10 @@ static void send_data_part(ps_client_t *c, ps_op_t *op, part_t *p)
          * reply names the step after the one this worker still pushes): a shard takes a push's
          * view as starting at the push's step, so such a view never goes on it. None known
          * (all older ones left the ring): the last one it carried, or none. */
-        for (uint32_t k = 0, n = c->nviews < CLIENT_VIEWS ? c->nviews : CLIENT_VIEWS; k < n; k++) {
-            uint32_t i = (c->nviews - 1 - k) % CLIENT_VIEWS; /* newest first */
-            if (c->views[i].from <= op->step) {
-                op->view_epoch = c->views[i].epoch;
-                op->view_members = c->views[i].members;
-                break;
-            }
+        const ps_view_t *v = ps_views_for_step(&c->views, op->step);
+        if (v) {
+            op->view_epoch = v->epoch;
+            op->view_members = v->members;
         }
         m.epoch = op->view_epoch;
         m.members = op->view_members;
@@ -1052,15 +1041,9 @@ static void on_forward_sent(void *request, ucs_status_t status, void *user_data)
 /* Tell shard i the membership this worker knows (MSG_EPOCH, fire and forget). */
 static void forward_msg(ps_client_t *c, uint32_t i, const ps_msg_t *view);
 
-/* The newest view learnt (the highest epoch: learn_view keeps only newer ones), or NULL. */
-static const cview_t *newest_view(const ps_client_t *c)
-{
-    return c->nviews ? &c->views[(c->nviews - 1) % CLIENT_VIEWS] : NULL;
-}
-
 static void forward_view(ps_client_t *c, uint32_t i)
 {
-    const cview_t *v = newest_view(c);
+    const ps_view_t *v = ps_views_newest(&c->views);
     if (v == NULL) return;
     ps_msg_t m = {.type = PS_MSG_EPOCH, .epoch = v->epoch, .step = v->from,
                   .members = v->members, .rank = c->rank};
@@ -1091,12 +1074,7 @@ static void forward_msg(ps_client_t *c, uint32_t i, const ps_msg_t *view)
 /* Adopt a newer membership (from a batch reply or MSG_EPOCH); @p forward: tell the others. */
 static void learn_view(ps_client_t *c, uint64_t epoch, uint64_t from, uint64_t members, int forward)
 {
-    const cview_t *v = newest_view(c);
-    if (v && epoch <= v->epoch) return;
-    uint32_t k = c->nviews++ % CLIENT_VIEWS;
-    c->views[k].epoch = epoch;
-    c->views[k].from = from;
-    c->views[k].members = members;
+    if (!ps_views_learn(&c->views, epoch, from, members)) return;
     if (forward)
         for (uint32_t i = 1; i < c->nshards; i++) forward_view(c, i);
 }
