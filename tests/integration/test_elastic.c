@@ -361,6 +361,13 @@ static cl_proc_t *new_workers_finish(cl_cluster_t *c, char **argv)
     return w2;
 }
 
+/* What a shard logs as a test hook kills it (the hook's name alone is in its start-up
+ * warning too, so tests look for these). */
+#define KILLED_AFTER_BATCH                                                                        \
+    "killed at a push after a batch was handed out (PS_TEST_CRASH_AFTER_BATCH)"
+#define KILLED_AFTER_APPLY                                                                        \
+    "killed after an apply committed, before its acknowledgements (PS_TEST_CRASH_AFTER_APPLY)"
+
 /* bsp: both members of step 5 die as @p plan says (replay_client's "plan:"), rank 0 before any
  * push and rank 1 after its push of replay.a, whose chunk (shard 0) applies step 5 with rank 1
  * alone. Two new workers take step 5 again with both batches. replay.a's chunk, past step 5,
@@ -412,7 +419,8 @@ static void emptied_step_run(const char *plan, bool slow)
  * says nothing of the new members' pushes. Before, the restart closed it and handed out step 6:
  * the worker that never had its step 5 batch went on to step 6, and shard 1, still at step 5,
  * waited for its push for good (the chaos test with shard kills hung this way). */
-static void emptied_coordinator_killed(const char *hook, const char *value, const char *want)
+static void emptied_coordinator_killed(const char *hook, const char *value, const char *killed,
+                                        const char *want)
 {
     cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = "bsp",
                    .optimizer = "{name: sgd, lr: 1}"};
@@ -430,7 +438,7 @@ static void emptied_coordinator_killed(const char *hook, const char *value, cons
     argv[4] = never;
     cl_proc_t *w2 = cl_spawn(c, "replay2", argv), *w3 = cl_spawn(c, "replay3", argv);
     ck_assert_int_eq(cl_wait(psd[0], RUN_S), 128 + SIGKILL);
-    EXPECT_LOG(psd[0], hook);
+    EXPECT_LOG(psd[0], killed);
     psd[0] = cl_psd_start(c, 0, NULL, READY_S);
     EXPECT_EXIT(w2, 0);
     EXPECT_EXIT(w3, 0);
@@ -445,7 +453,7 @@ static void emptied_coordinator_killed(const char *hook, const char *value, cons
 
 START_TEST(test_bsp_step_emptied_coordinator_killed)
 {
-    emptied_coordinator_killed("PS_TEST_CRASH_AFTER_BATCH", "13",
+    emptied_coordinator_killed("PS_TEST_CRASH_AFTER_BATCH", "13", KILLED_AFTER_BATCH,
                                "step 5 went out again after its members left: it stays open");
 }
 END_TEST
@@ -460,6 +468,8 @@ END_TEST
 START_TEST(test_bsp_step_emptied_close_not_saved)
 {
     emptied_coordinator_killed("PS_TEST_CRASH_CLOSE_SAVE", "1",
+                               "killed in a save of the coordinator's state "
+                               "(PS_TEST_CRASH_CLOSE_SAVE)",
                                "step 5 went out again after its members left: it stays open");
 }
 END_TEST
@@ -521,7 +531,7 @@ START_TEST(test_asp_coordinator_restart_after_handout)
     char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, die, ord, NULL};
     cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
     ck_assert_int_eq(cl_wait(psd[0], RUN_S), 128 + SIGKILL);
-    EXPECT_LOG(psd[0], "PS_TEST_CRASH_AFTER_BATCH");
+    EXPECT_LOG(psd[0], KILLED_AFTER_BATCH);
     psd[0] = cl_psd_start(c, 0, NULL, READY_S);
     EXPECT_EXIT(w[0], 0);
     EXPECT_EXIT(w[1], 0);
@@ -548,7 +558,7 @@ START_TEST(test_kill9_mid_step_shard_restarted)
     cl_proc_t *w[2];
     replay_start(c, "ba", w);
     ck_assert_int_eq(cl_wait(psd[1], RUN_S), 128 + SIGKILL);
-    EXPECT_LOG(psd[1], "PS_TEST_CRASH_AFTER_APPLY");
+    EXPECT_LOG(psd[1], KILLED_AFTER_APPLY);
     psd[1] = cl_psd_start(c, 1, NULL, READY_S);
     replay_expect(w);
     stop_all(psd, 2);
@@ -575,7 +585,7 @@ START_TEST(test_kill9_shard_restarted_after_members_changed)
     cl_proc_t *w[3] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv),
                        cl_spawn(c, "replay2", argv)};
     ck_assert_int_eq(cl_wait(psd[1], RUN_S), 128 + SIGKILL);
-    EXPECT_LOG(psd[1], "PS_TEST_CRASH_AFTER_APPLY");
+    EXPECT_LOG(psd[1], KILLED_AFTER_APPLY);
     psd[1] = cl_psd_start(c, 1, NULL, READY_S);
     int died = 0, checked = 0;
     for (int i = 0; i < 3; i++) {
@@ -609,7 +619,7 @@ START_TEST(test_kill9_mid_step_coordinator_restarted)
     cl_proc_t *w[2];
     replay_start(c, "ab", w);
     ck_assert_int_eq(cl_wait(psd[0], RUN_S), 128 + SIGKILL);
-    EXPECT_LOG(psd[0], "PS_TEST_CRASH_AFTER_APPLY");
+    EXPECT_LOG(psd[0], KILLED_AFTER_APPLY);
     psd[0] = cl_psd_start(c, 0, NULL, READY_S);
     replay_expect(w);
     EXPECT_LOG(psd[0], "left before any report showed step 5 applied everywhere");
@@ -638,7 +648,7 @@ static void whole_step_run(bool slow_pass, bool last)
     char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, plan, ord, NULL};
     cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
     ck_assert_int_eq(cl_wait(psd[0], RUN_S), 128 + SIGKILL);
-    EXPECT_LOG(psd[0], "PS_TEST_CRASH_AFTER_APPLY");
+    EXPECT_LOG(psd[0], KILLED_AFTER_APPLY);
     psd[0] = cl_psd_start(c, 0, NULL, READY_S);
     for (int i = 0; i < 2; i++) {
         EXPECT_EXIT(w[i], 128 + SIGKILL);
