@@ -217,14 +217,18 @@ struct psd_coord_s {
     coord_save_t save;         /* coord_save's slot work */
     bool save_busy, save_again;
     uint64_t save_gen;         /* saves queued so far (the copy of the last: save.gen) */
-    uint64_t saved_gen;        /* the last save that ended */
+    uint64_t saved_gen;        /* the last save that committed (a later save holds all an
+                                  earlier one did: it copies the whole state) */
+    bool save_retry;           /* a save failed: psd_coord_tick saves again */
+    uint32_t save_failures;    /* saves failed in a row (0 after one commits) */
     uint64_t crash_gen;        /* PS_TEST_CRASH_*_SAVE: the save that kills this psd ... */
     const char *crash_hook;    /* ... and the hook's name, for the log */
+    uint64_t fail_gen;         /* PS_TEST_FAIL_HANDOUT_SAVE: the save that fails (0: none) */
     uint64_t handout_gen;      /* bsp: the save that holds the last change a restart could not
                                   re-derive (the close of a step handed out again, a change of
                                   the step's members, a batch given back; coord_save_gen; 0:
                                   none): batches and the end are answered once it is committed
-                                  (serve_parked; a failed save counts, so it never sticks) */
+                                  (serve_parked; a failed save is retried: save_done) */
     bool creating;             /* psd_coord_create saves once at its end, itself */
     coord_rec_t rec;           /* bsp: what failures leave to settle (saved as "jobrec") */
     bool rec_dirty;            /* rec changed since a save took its copy (rec_changed) */
@@ -267,6 +271,11 @@ static void save_run(psd_slot_work_t *w)
                w->srv->coord->crash_hook);
         raise(SIGKILL);
     }
+    if (w->srv->coord->fail_gen == sv->gen) { /* a test hook: as if the store refused it */
+        PS_LOG(PS_LOG_WARN, "coord", "the save of a hand-out fails (PS_TEST_FAIL_HANDOUT_SAVE)");
+        sv->rc = PS_ESTORE;
+        return;
+    }
     sv->rc = save_now(&w->srv->store, &sv->s, &sv->rec);
 }
 
@@ -287,12 +296,28 @@ static void save_done(psd_slot_work_t *w)
     psd_server_t *srv = w->srv;
     psd_coord_t *co = srv->coord;
     co->save_busy = false;
-    co->saved_gen = co->save.gen; /* failed or not: a hand-out never waits for good */
     if (co->save.rc) {
-        PS_LOG(PS_LOG_ERROR, "coord", "cannot save the coordinator's state: %s (it is saved "
-               "again with the next step)", ps_strerror(co->save.rc));
+        /* Not committed: what waits for this save (hand-outs, the end, a step's batches) keeps
+         * waiting, and psd_coord_tick saves again. Answered before a committed state held
+         * them, a restart would hand out the same samples again, or count a batch a chunk
+         * never had: a store that commits nothing holds the job instead (pushes cannot commit
+         * either then). */
+        if (co->save_failures++ % 16 == 0)
+            PS_LOG(PS_LOG_ERROR, "coord", "cannot save the coordinator's state: %s (%u time%s in "
+                   "a row); batches wait until a save commits, tried again every %llu ms",
+                   ps_strerror(co->save.rc), co->save_failures, co->save_failures > 1 ? "s" : "",
+                   (unsigned long long)srv->m.job.heartbeat_timeout_ms / 8);
         co->rec_dirty = true;
+        co->save_retry = true;
+        co->save_again = false; /* the retry copies the whole state, this change with it */
+        return;
     }
+    if (co->save_failures) {
+        PS_LOG(PS_LOG_INFO, "coord", "the coordinator's state is saved again (after %u failed "
+               "save%s)", co->save_failures, co->save_failures > 1 ? "s" : "");
+        co->save_failures = 0;
+    }
+    co->saved_gen = co->save.gen;
     if (co->save_again) {
         co->save_again = false;
         coord_save(srv);
@@ -309,6 +334,7 @@ static void coord_save(psd_server_t *srv)
         return;
     }
     co->save_busy = true;
+    co->save_retry = false;
     co->save.s = co->s;
     co->save.rec = co->rec;
     co->rec_dirty = false;
@@ -715,6 +741,8 @@ static void serve_async(psd_server_t *srv, uint32_t r)
          * save. */
         co->rt[r].batch_gen = UINT64_MAX; /* a save_done run inside coord_save must not answer */
         co->rt[r].batch_gen = coord_save_gen(srv);
+        if (srv->test_fail_handout_save && srv->test_fail_handout_save-- == 1)
+            co->fail_gen = co->rt[r].batch_gen;
     }
     if (co->rt[r].batch_gen > co->saved_gen) return; /* save_done answers */
     reply_batch(srv, r);
@@ -1070,6 +1098,7 @@ void psd_coord_tick(psd_server_t *srv)
         else if (co->rt[r].lost_ms == 0 && now - co->started_ms > limit)
             member_remove(srv, r, "did not come back after the coordinator restarted");
     }
+    if (co->save_retry && !co->save_busy) coord_save(srv); /* a save failed (save_done) */
     if (co->grant_ms && now - co->grant_ms > GRANT_TTL_MS) {
         co->grant_start = co->grant_stop = 0; /* launches that never showed up */
         co->grant_ms = 0;
@@ -1380,6 +1409,7 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
     int rc = save_now(&srv->store, &co->s, &co->rec);
     if (rc) {
         co->rec_dirty = true; /* the next apply job writes it */
+        co->save_retry = true; /* and psd_coord_tick tries again */
         PS_LOG(PS_LOG_ERROR, "coord", "cannot save the coordinator's state: %s (a restart "
                "before the next step may reuse epoch numbers)", ps_strerror(rc));
     }
@@ -1438,12 +1468,13 @@ void psd_coord_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len
     }
     OUT("\"epoch\": %llu, \"open_step\": %llu, \"desired_workers\": %u, \"actual_workers\": %u, "
         "\"finished\": %s, \"samples\": %llu, \"samples_applied\": %llu, \"batches_handed_again\": "
-        "%llu, \"step_gap_ms_max\": %llu, \"step_gap_ms_median\": %llu, \"step_gaps\": %llu, ",
+        "%llu, \"step_gap_ms_max\": %llu, \"step_gap_ms_median\": %llu, \"step_gaps\": %llu, "
+        "\"state_save_failures\": %u, ",
         (unsigned long long)co->s.epoch, (unsigned long long)co->s.step, co->s.desired,
         popcount(co->s.active), co->s.finished ? "true" : "false",
         (unsigned long long)co->s.cur.n, (unsigned long long)co->s.cur.applied_total,
         (unsigned long long)co->s.cur.handed_again, (unsigned long long)gmax,
-        (unsigned long long)gmed, (unsigned long long)n);
+        (unsigned long long)gmed, (unsigned long long)n, co->save_failures);
     OUT("\"step_gaps_top\": [");
     for (int i = 0, f = 1; i < 16; i++)
         if (co->top[i].ms) {

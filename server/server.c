@@ -829,6 +829,10 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, const char *restore,
         PS_LOG(PS_LOG_WARN, "server", "PS_TEST_CRASH_JOIN_SAVE=%u: this shard kills itself in the "
                "save of bsp hand-out %u that brings in a new member (a test hook)",
                srv->test_crash_join_save, srv->test_crash_join_save);
+    if ((srv->test_fail_handout_save = test_hook("PS_TEST_FAIL_HANDOUT_SAVE", 0)))
+        PS_LOG(PS_LOG_WARN, "server", "PS_TEST_FAIL_HANDOUT_SAVE=%u: the save of hand-out %u "
+               "fails once on purpose (a test hook)", srv->test_fail_handout_save,
+               srv->test_fail_handout_save);
     if ((srv->test_slow_apply = test_hook("PS_TEST_SLOW_APPLY", 0)))
         PS_LOG(PS_LOG_WARN, "server", "PS_TEST_SLOW_APPLY=%u: the first apply job of step %u "
                "takes 2 s longer on purpose (a test hook)", srv->test_slow_apply - 1,

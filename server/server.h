@@ -360,6 +360,9 @@ struct psd_server_s {
     uint32_t test_crash_join_save; /* PS_TEST_CRASH_JOIN_SAVE (tests only): SIGKILL itself in the
                                    write of the coordinator's state that holds the Nth bsp
                                    hand-out bringing in a member the step before lacked */
+    uint32_t test_fail_handout_save; /* PS_TEST_FAIL_HANDOUT_SAVE (tests only): the write of the
+                                   coordinator's state that holds the Nth asp / ssp hand-out
+                                   fails (as if the store refused it), once */
     uint32_t test_slow_apply;   /* PS_TEST_SLOW_APPLY (tests only): step + 1 whose first bsp
                                    apply job runs on the pool and takes 2 s longer (0: none) */
     uint32_t test_lose_ack;     /* PS_TEST_LOSE_ACK (tests only): the Nth push acknowledgement

@@ -520,18 +520,21 @@ END_TEST
  * be applied twice) nor hand the worker its batch before it (the same). Hand-outs under asp and
  * ssp are answered once the state holding them is committed. Before, the restart forgot the
  * hand-out: replay.a's element of that batch ended at -2. */
-START_TEST(test_asp_coordinator_restart_after_handout)
+static void coordinator_restart_after_handout(bool save_fails)
 {
     cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = "asp",
                    .optimizer = "{name: sgd, lr: 1}"};
     cl_cluster_t *c = cl_cluster_create(&k);
+    if (save_fails) setenv("PS_TEST_FAIL_HANDOUT_SAVE", "9", 1);
     cl_proc_t *psd[2] = {cl_psd_start_env(c, 0, READY_S, "PS_TEST_CRASH_AFTER_BATCH", "9"),
                          cl_psd_start(c, 1, NULL, READY_S)};
+    unsetenv("PS_TEST_FAIL_HANDOUT_SAVE"); /* shard 0 has its copy */
     char nb[] = "40", bs[] = "8", die[] = "1000000", ord[] = "ab";
     char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, die, ord, NULL};
     cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
     ck_assert_int_eq(cl_wait(psd[0], RUN_S), 128 + SIGKILL);
     EXPECT_LOG(psd[0], KILLED_AFTER_BATCH);
+    cl_proc_t *killed = psd[0];
     psd[0] = cl_psd_start(c, 0, NULL, READY_S);
     EXPECT_EXIT(w[0], 0);
     EXPECT_EXIT(w[1], 0);
@@ -539,9 +542,23 @@ START_TEST(test_asp_coordinator_restart_after_handout)
     ck_assert_int_eq(count_in_log(w[0], "every batch applied once on both tensors") +
                          count_in_log(w[1], "every batch applied once on both tensors"),
                      1);
+    if (save_fails) { /* and the hand-out waited for the save that came after the failed one */
+        EXPECT_LOG(killed, "the save of a hand-out fails (PS_TEST_FAIL_HANDOUT_SAVE)");
+        EXPECT_LOG(killed, "batches wait until a save commits");
+        EXPECT_LOG(killed, "the coordinator's state is saved again (after 1 failed save)");
+    }
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }
+
+START_TEST(test_asp_coordinator_restart_after_handout) { coordinator_restart_after_handout(false); }
+END_TEST
+
+/* The same, with the save that holds that hand-out failing (PS_TEST_FAIL_HANDOUT_SAVE, as if
+ * the store refused the write). The batch must wait for a save that commits (psd_coord_tick
+ * tries again). Before, a failed save answered what waited for it ("a hand-out never waits for
+ * good"), the restart forgot the hand-out, and the batch was applied twice. */
+START_TEST(test_asp_handout_save_failed) { coordinator_restart_after_handout(true); }
 END_TEST
 
 /* The same, with the other tensor first, and shard 1 (not the coordinator) killed right after
@@ -1266,6 +1283,7 @@ Suite *ps_test_suite(void)
     ADD(bsp_random_deaths_applied_once);
     ADD(bsp_random_deaths_shard_kills);
     ADD(asp_coordinator_restart_after_handout);
+    ADD(asp_handout_save_failed);
     ADD(kill9_mid_step_shard_restarted);
     ADD(kill9_shard_restarted_after_members_changed);
     ADD(kill9_mid_step_coordinator_restarted);
