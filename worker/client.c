@@ -116,6 +116,8 @@ typedef struct {
     uint32_t backoff_ms;
     uv_timer_t timer;  /* the next reconnect attempt */
     int hb_inflight;   /* a heartbeat send not completed yet */
+    int greeted;       /* comm thread: a hello of the join was answered, so heartbeats go to it
+                          while the join waits for other shards (on_heartbeat) */
     int losing;        /* shard_lost is running: an op it fails must not call it again */
     struct bundle_s *open; /* the bundle being filled for this shard (on_deferred) */
     char lanes[64];    /* the transports the endpoint uses ("sysv,cma", "tcp", "rc_mlx5") */
@@ -1321,16 +1323,23 @@ static void on_heartbeat_sent(void *request, ucs_status_t status, void *user_dat
 }
 
 /* Every heartbeat_timeout_ms / 4, from the comm thread, so a worker busy computing is
- * still heard; a hung (stopped) process falls silent and its shards drop it. */
+ * still heard; a hung (stopped) process falls silent and its shards drop it. During the join,
+ * to the shards that answered its hello already: a join that waits for a shard starting late
+ * must not fall silent at shard 0, which would drop it as hung and give its rank away (the
+ * worker learnt at its first step that it was removed). */
 static void on_heartbeat(uv_timer_t *h)
 {
     ps_client_t *c = h->data;
     hello_overdue(c);
-    if (!__atomic_load_n(&c->joined, __ATOMIC_ACQUIRE) || c->leaving) return;
+    if (c->leaving) return;
+    int joined = __atomic_load_n(&c->joined, __ATOMIC_ACQUIRE);
     for (uint32_t i = 0; i < c->nshards; i++) {
         cshard_t *s = &c->shards[i];
-        if (s->ep == NULL || s->dead || s->down || s->hb_inflight) continue;
-        ps_msg_t m = {.type = PS_MSG_HEARTBEAT, .rank = c->rank};
+        if (s->ep == NULL || s->dead || s->down || s->hb_inflight || !(joined || s->greeted))
+            continue;
+        /* The rank is shard 0's answer, set by the joining thread; shards read none here. */
+        ps_msg_t m = {.type = PS_MSG_HEARTBEAT,
+                      .rank = __atomic_load_n(&c->rank, __ATOMIC_RELAXED)};
         size_t len;
         if (ps_msg_encode(&m, s->hb_hdr, sizeof s->hb_hdr, &len)) continue;
         ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
@@ -1695,6 +1704,7 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
             c->shards[m.shard].want_lanes = 1; /* found in on_deferred, outside UCX callbacks */
         if (op->type == OP_HELLO) {
             cshard_t *s = &c->shards[m.shard];
+            s->greeted = 1;
             memcpy(s->store, m.store, sizeof s->store);
             s->store_id = m.store[0] ? m.store_id : 0; /* opened in on_deferred (view_update) */
             /* Another store (a restored shard): no pull may read the old one from now on, not
@@ -2092,7 +2102,7 @@ static int join(ps_client_t *c, uint32_t timeout_ms)
             int rc = ctrl_call(c, OP_HELLO, i, &req, &rep);
             if (rc == 0) {
                 if (i == 0) {
-                    c->rank = rep.rank;
+                    __atomic_store_n(&c->rank, rep.rank, __ATOMIC_RELAXED); /* on_heartbeat */
                     c->workers = rep.workers;
                     c->join_step = rep.step;
                     c->join_serial = rep.samples;

@@ -256,6 +256,36 @@ START_TEST(test_join_hello_unanswered)
 }
 END_TEST
 
+/* Shard 1 starts late, after the worker's hello to shard 0 and more than the heartbeat timeout
+ * later: the worker's join waits for shard 1 and keeps shard 0 hearing from it meanwhile, so it
+ * stays the member it joined as and trains to the end. Before, the join sent no heartbeats:
+ * shard 0 dropped it as silent and gave its rank away, and the worker learnt at its first step
+ * that it had been removed (psworker then joined again as a new member). */
+START_TEST(test_shard_starts_late)
+{
+    cl_conf_t k = {.shards = 2, .workers = 1, .max_steps = 20,
+                   .job_extra = "  heartbeat_timeout_ms: 1000\n"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), NULL};
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    ck_assert_msg(cl_wait_log(psd[0], "joins as rank 0", RUN_S) == 0, "no hello at shard 0: %s",
+                  cl_tail(psd[0]));
+    struct timespec wait = {2, 500 * 1000 * 1000}; /* 2.5 heartbeat timeouts */
+    nanosleep(&wait, NULL);
+    ck_assert_msg(count_in_log(w, "joined at step") == 0, "joined without shard 1: %s",
+                  cl_tail(w));
+    psd[1] = cl_psd_start(c, 1, NULL, READY_S);
+    EXPECT_EXIT(w, 0);
+    EXPECT_LOG(w, "joined at step 0");
+    ck_assert_msg(count_in_log(psd[0], "dropping it") == 0, "shard 0 dropped the joining worker: "
+                  "%s", cl_tail(psd[0]));
+    ck_assert_msg(count_in_log(w, "was removed from the job") == 0, "the worker was removed: %s",
+                  cl_tail(w));
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* Under asp a push's update commits, then its acknowledgement is lost with the connection
  * (PS_TEST_LOSE_ACK: each shard drops its 4th and closes that connection). The worker reconnects
  * and sends the push again; the shard must acknowledge it without applying it a second time.
@@ -387,6 +417,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("psd_crash_hello_unanswered_shard",
                              test_psd_crash_hello_unanswered_shard));
     suite_add_tcase(s, tcase("join_hello_unanswered", test_join_hello_unanswered));
+    suite_add_tcase(s, tcase("shard_starts_late", test_shard_starts_late));
     suite_add_tcase(s, tcase("psd_crash_during_declare", test_psd_crash_during_declare));
     suite_add_tcase(s, tcase("worker_killed_and_replaced", test_worker_killed_and_replaced));
     suite_add_tcase(s, tcase("peer_killed_mid_send", test_peer_killed_mid_send));
