@@ -2248,12 +2248,11 @@ void ps_client_destroy(ps_client_t *c)
             ps_op_wait(op, NULL);
         }
     }
-    ps_op_t *op = op_new(c, OP_SHUTDOWN, 0);
-    if (op) {
-        submit(c, op);
-        op_wait_done(c, op);
-        free(op);
-    }
+    /* On the stack (it has no parts): a shutdown that failed to allocate would leave the join
+     * below waiting for a comm thread nobody stops. */
+    ps_op_t stop;
+    submit(c, op_init(&stop, c, OP_SHUTDOWN, 0));
+    op_wait_done(c, &stop);
     pthread_join(c->thread, NULL);
     ps_trace_close(c->trace); /* the comm thread, its only writer, has ended */
     pthread_mutex_destroy(&c->mu);
@@ -2460,18 +2459,28 @@ int ps_client_set_compression(ps_client_t *c, uint32_t id, const ps_compression_
                  pull_codec);
         return PS_EINVAL;
     }
+    /* Every buffer first, then the tensor changes at once: a failed allocation leaves it as
+     * it was (a half-changed one pushed with the old codec into the new buffers). */
     size_t n = t->numel < c->chunk_elems ? t->numel : c->chunk_elems; /* the largest chunk */
-    if (pc.kind != PSK_CODEC_NONE) {
-        size_t cap = psk_codec_max_bytes(&pc, n), scr = psk_codec_scratch_bytes(&pc, n);
-        uint8_t *payload = ps_buffer_alloc(cap * t->nchunks); /* read by the shards */
-        void *scratch = scr ? malloc(scr) : NULL;
-        float *res = error_feedback ? calloc(t->numel, sizeof *res) : NULL;
-        if (!payload || (scr && !scratch) || (error_feedback && !res)) {
-            ps_buffer_free(payload, cap * t->nchunks);
-            free(scratch);
-            free(res);
-            return PS_ENOMEM;
-        }
+    bool push = pc.kind != PSK_CODEC_NONE, pull = pl.kind != PSK_CODEC_NONE;
+    size_t cap = push ? psk_codec_max_bytes(&pc, n) : 0;
+    size_t scr = push ? psk_codec_scratch_bytes(&pc, n) : 0;
+    size_t pull_cap = pull ? psk_codec_max_bytes(&pl, n) : 0;
+    uint8_t *payload = push ? ps_buffer_alloc(cap * t->nchunks) : NULL; /* read by the shards */
+    void *scratch = scr ? malloc(scr) : NULL;
+    float *res = push && error_feedback ? calloc(t->numel, sizeof *res) : NULL;
+    uint8_t *pull_buf = pull ? malloc(pull_cap * t->nchunks) : NULL;
+    if ((push && !payload) || (scr && !scratch) || (push && error_feedback && !res) ||
+        (pull && !pull_buf)) {
+        ps_buffer_free(payload, cap * t->nchunks);
+        free(scratch);
+        free(res);
+        free(pull_buf);
+        snprintf(c->err, sizeof c->err, "tensor %u: out of memory for its compression buffers "
+                 "(its compression is unchanged)", id);
+        return PS_ENOMEM;
+    }
+    if (push) {
         ps_buffer_free(t->payload, t->chunk_cap * t->nchunks);
         free(t->scratch);
         free(t->residual);
@@ -2480,13 +2489,10 @@ int ps_client_set_compression(ps_client_t *c, uint32_t id, const ps_compression_
         t->residual = res;
         t->chunk_cap = cap;
     }
-    if (pl.kind != PSK_CODEC_NONE) {
-        size_t cap = psk_codec_max_bytes(&pl, n);
-        uint8_t *b = malloc(cap * t->nchunks);
-        if (b == NULL) return PS_ENOMEM;
+    if (pull) {
         free(t->pull_buf);
-        t->pull_buf = b;
-        t->pull_cap = cap;
+        t->pull_buf = pull_buf;
+        t->pull_cap = pull_cap;
     }
     t->codec = pc;
     t->error_feedback = error_feedback && pc.kind != PSK_CODEC_NONE;

@@ -28,14 +28,28 @@ static alloc_count_t *counts; /* NULL: not counting */
 static uintptr_t base, lo[MAX_RANGES], hi[MAX_RANGES];
 static int nranges;
 
-/* Count one allocation whose caller returns to @p ra, when that is in the object. */
-static void count(void *ra)
+/* alloc_count_fail_next: the next allocation this thread makes from the object fails. */
+static __thread int fail_next;
+
+/* For a test program that runs with this library preloaded (it declares the function weak, and
+ * calls it if it is there): the next allocation the calling thread makes from the object's code
+ * returns NULL with errno ENOMEM, as if memory ran out there. Counting must be on. */
+void alloc_count_fail_next(void);
+void alloc_count_fail_next(void) { fail_next = 1; }
+
+/* Count one allocation whose caller returns to @p ra, when that is in the object; true when it
+ * is to fail (alloc_count_fail_next). */
+static bool count(void *ra)
 {
     alloc_count_t *c = counts;
     uintptr_t a = (uintptr_t)ra;
     int in = 0;
     for (int i = 0; i < nranges && !in; i++) in = a >= lo[i] && a < hi[i];
-    if (c == NULL || !in) return;
+    if (c == NULL || !in) return false;
+    if (fail_next) {
+        fail_next = 0;
+        return true;
+    }
     __atomic_add_fetch(&c->calls, 1, __ATOMIC_RELAXED);
     uint64_t off = a - base;
     for (int i = 0; i < ALLOC_COUNT_SITES; i++) {
@@ -45,45 +59,53 @@ static void count(void *ra)
             cur = off;
         if (cur == off) {
             __atomic_add_fetch(&c->site[i].n, 1, __ATOMIC_RELAXED);
-            return;
+            return false;
         }
     }
     __atomic_add_fetch(&c->overflow, 1, __ATOMIC_RELAXED);
+    return false;
+}
+
+/* The NULL of an allocation made to fail. */
+static void *failed(void)
+{
+    errno = ENOMEM;
+    return NULL;
 }
 
 void *malloc(size_t n)
 {
-    count(__builtin_return_address(0));
+    if (count(__builtin_return_address(0))) return failed();
     return __libc_malloc(n);
 }
 
 void *calloc(size_t n, size_t size)
 {
-    count(__builtin_return_address(0));
+    if (count(__builtin_return_address(0))) return failed();
     return __libc_calloc(n, size);
 }
 
 void *realloc(void *p, size_t n)
 {
-    count(__builtin_return_address(0));
+    if (count(__builtin_return_address(0))) return failed();
     return __libc_realloc(p, n);
 }
 
 void *aligned_alloc(size_t align, size_t n)
 {
-    count(__builtin_return_address(0));
+    if (count(__builtin_return_address(0))) return failed();
     return __libc_memalign(align, n);
 }
 
 void *memalign(size_t align, size_t n)
 {
-    count(__builtin_return_address(0));
+    if (count(__builtin_return_address(0))) return failed();
     return __libc_memalign(align, n);
 }
 
 int posix_memalign(void **out, size_t align, size_t n)
 {
-    count(__builtin_return_address(0));
+    if (count(__builtin_return_address(0))) return ENOMEM;
     if (align < sizeof(void *) || (align & (align - 1)) != 0) return EINVAL;
     int saved = errno; /* posix_memalign leaves errno alone */
     void *p = __libc_memalign(align, n);

@@ -7,6 +7,8 @@
  * e.g. "libucp"; empty or unset: the main program). Allocations that the object's code leaves to
  * another library (UCX, LMDB, libuv, libc's strdup) are not counted. The counts live in the
  * file ALLOC_COUNT_FILE, mapped shared, so another process can read them while this one runs.
+ * A program that runs with it preloaded can also make the next allocation of its calling thread
+ * from the object fail (alloc_count_fail_next, declared weak there: faults' asp_client).
  */
 #ifndef PS_TEST_ALLOC_COUNT_H
 #define PS_TEST_ALLOC_COUNT_H

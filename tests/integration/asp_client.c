@@ -1,7 +1,7 @@
 /* asp_client.c: a libps worker for the test of pushes applied exactly once under asp
  * (test_faults.c, lost_ack_*). Test code, not part of psd.
  *
- *   asp_client MANIFEST NUMEL PUSHES [--interrupt]
+ *   asp_client MANIFEST NUMEL PUSHES [--interrupt | --enomem]
  *
  * Joins the cluster (consistency asp, optimizer sgd with lr 1), declares tensor "asp.t" of
  * NUMEL floats (zeros), pushes a gradient of -1 everywhere PUSHES times, each push waited for
@@ -9,7 +9,11 @@
  * PUSHES (sgd: p - lr * g adds 1 per update, exactly, for any count a float holds). Exit 0
  * with "PUSHES pushes, each applied once" on stdout; 1 with the first element that is off
  * (how many times it was updated) or the libps error. While its first push is in flight, a
- * second push of the tensor and a change of its compression must be refused (PS_EBUSY). */
+ * second push of the tensor and a change of its compression must be refused (PS_EBUSY).
+ * --enomem (with alloc_count.so preloaded and counting this program): the pushes go as fp16 with
+ * error feedback (exact for -1); after the first, a change of compression to bf16 both ways
+ * whose last allocation fails (alloc_count_fail_next) must fail with PS_ENOMEM and leave the
+ * tensor as it was, so the pushes after it go on as before. */
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
@@ -19,6 +23,25 @@
 #include "ps/ps_client.h"
 
 static ps_client_t *g_client;
+
+/* alloc_count.so's (alloc_count.c), when it is preloaded: the next allocation fails. */
+void alloc_count_fail_next(void) __attribute__((weak));
+
+/* --enomem, after the first push: a change of compression that runs out of memory at its last
+ * allocation (the pull buffer) must fail and change nothing. 0 when it did. */
+static int compression_change_fails(ps_client_t *c, uint32_t id)
+{
+    if (alloc_count_fail_next == NULL) {
+        printf("asp_client: --enomem: alloc_count.so is not preloaded\n");
+        return 1;
+    }
+    ps_compression_t bf16 = {.codec = "bf16", .pull = "bf16"};
+    alloc_count_fail_next();
+    int rc = ps_client_set_compression(c, id, &bf16);
+    printf("asp_client: compression change without memory: %s\n",
+           rc == PS_ENOMEM ? ps_client_error(c) : "not refused");
+    return rc == PS_ENOMEM ? 0 : 1;
+}
 
 static void on_sigterm(int sig)
 {
@@ -50,8 +73,9 @@ static int interrupted_push(ps_client_t *c, uint32_t id, const float *g)
 int main(int argc, char **argv)
 {
     int interrupt = argc == 5 && strcmp(argv[4], "--interrupt") == 0;
-    if (argc != 4 && !interrupt) {
-        fprintf(stderr, "usage: asp_client MANIFEST NUMEL PUSHES [--interrupt]\n");
+    int enomem = argc == 5 && strcmp(argv[4], "--enomem") == 0;
+    if (argc != 4 && !interrupt && !enomem) {
+        fprintf(stderr, "usage: asp_client MANIFEST NUMEL PUSHES [--interrupt | --enomem]\n");
         return 2;
     }
     uint64_t n = strtoull(argv[2], NULL, 10), pushes = strtoull(argv[3], NULL, 10);
@@ -74,6 +98,11 @@ int main(int argc, char **argv)
         rc = 1;
     }
     for (uint64_t i = 0; rc == 0 && i < n; i++) g[i] = -1.0f;
+    ps_compression_t fp16_ef = {.codec = "fp16", .error_feedback = 1};
+    if (rc == 0 && enomem && ps_client_set_compression(c, id, &fp16_ef) != 0) {
+        printf("asp_client: compression: %s\n", ps_client_error(c));
+        rc = 1;
+    }
     if (rc == 0 && interrupt) {
         g_client = c;
         struct sigaction sa = {.sa_handler = on_sigterm};
@@ -105,6 +134,7 @@ int main(int argc, char **argv)
             printf("asp_client: push %" PRIu64 ": %s\n", k, ps_client_error(c));
             rc = 1;
         }
+        if (rc == 0 && enomem && k == 0) rc = compression_change_fails(c, id);
     }
     if (rc == 0 && (ps_client_pull(c, id, got, 0, &op) != 0 || ps_op_wait(op, NULL) != 0)) {
         printf("asp_client: pull: %s\n", ps_client_error(c));

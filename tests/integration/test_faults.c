@@ -316,6 +316,39 @@ START_TEST(test_lost_ack_asp_applied_once)
 }
 END_TEST
 
+/* A change of compression that runs out of memory (alloc_count.so makes its last allocation,
+ * the pull buffer, fail) fails with PS_ENOMEM and leaves the tensor as it was: asp_client goes
+ * on pushing as fp16 with error feedback, and every push is applied once. Before, the push side
+ * had changed already (its error-feedback buffer freed, its codec not), and the next push
+ * crashed in the encoder. */
+START_TEST(test_compression_change_out_of_memory)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1, .consistency = "asp",
+                   .optimizer = "{name: sgd, lr: 1.0}"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    char counts[CL_PATH];
+    cl_path(c, "client.counts", counts, sizeof counts);
+    setenv("LD_PRELOAD", cl_binary("ALLOC_COUNT_SO"), 1);
+    setenv("ALLOC_COUNT_OBJ", "", 1); /* asp_client's own code, libps's with it */
+    setenv("ALLOC_COUNT_FILE", counts, 1);
+    /* bf16 pushes of 600000 values take 1.2 MB: mapped (ps_buffer_alloc), not allocated, so
+     * the allocation made to fail is the pull buffer's, after the push side's are had. */
+    char numel[] = "600000", pushes[] = "6", mode[] = "--enomem";
+    char *argv[] = {(char *)cl_binary("ASP_CLIENT"), c->manifest, numel, pushes, mode, NULL};
+    cl_proc_t *a = cl_spawn(c, "asp", argv);
+    unsetenv("LD_PRELOAD");
+    unsetenv("ALLOC_COUNT_OBJ");
+    unsetenv("ALLOC_COUNT_FILE");
+    EXPECT_EXIT(a, 0);
+    EXPECT_LOG(a, "compression change without memory: tensor 0: out of memory for its "
+                  "compression buffers (its compression is unchanged)");
+    EXPECT_LOG(a, "6 pushes, each applied once");
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* SIGTERM reaches a worker that waits on a step nobody can complete (the second worker of
  * a BSP job never came): it abandons the step, says leave and exits 128 + SIGTERM. */
 START_TEST(test_sigterm_stuck_worker)
@@ -422,6 +455,8 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("worker_killed_and_replaced", test_worker_killed_and_replaced));
     suite_add_tcase(s, tcase("peer_killed_mid_send", test_peer_killed_mid_send));
     suite_add_tcase(s, tcase("lost_ack_asp_applied_once", test_lost_ack_asp_applied_once));
+    suite_add_tcase(s, tcase("compression_change_out_of_memory",
+                             test_compression_change_out_of_memory));
     suite_add_tcase(s, tcase("psd_crash_asp_applied_once", test_psd_crash_asp_applied_once));
     suite_add_tcase(s, tcase("sigterm_stuck_worker", test_sigterm_stuck_worker));
     suite_add_tcase(s, tcase("sigterm_shard_gone", test_sigterm_shard_gone));
