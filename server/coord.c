@@ -1375,10 +1375,13 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
                  * committed, so nobody had it: close_step). */
                 if (!all) applied = co->s.step;
             }
-            /* A step of this run (not of the checkpoint a restore started it from: every shard
-             * has those) may wait elsewhere for a member that does not come back: remember
-             * whose batches it had (restore_closed_lost). */
-            if (applied == co->s.step + 1 && co->s.step >= srv->run.base_step && !co->s.finished) {
+            /* A step of this run may wait elsewhere for a member that does not come back:
+             * remember whose batches it had (restore_closed_lost). So may the last step of the
+             * checkpoint a restore started this run from (base_step - 1): a member may have
+             * left it part-way, its pushes applied on some chunks only (their records of whose
+             * pushes they applied came with them). The steps before are applied everywhere. */
+            if (applied == co->s.step + 1 && co->s.step + 1 >= srv->run.base_step &&
+                !co->s.finished) {
                 co->rec.rc_step = co->s.step;
                 co->rec.rc_view = co->s.step_members;
                 co->rec.rc_unsettled = co->rec.rc_pending = 0;

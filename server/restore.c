@@ -232,12 +232,31 @@ int psd_restore_fill(psd_server_t *srv, const char *dir, char *err, size_t errle
                         want += ps_place_shard(d.first_chunk + c, srv->nshards) == srv->shard;
                 } else if (srv->shard == 0 && k.mv_size == 4 && memcmp(kp, "Mjob", 4) == 0) {
                     rc = psd_store_put_blob(&tx, "job", v.mv_data, v.mv_size);
+                } else if (srv->shard == 0 && k.mv_size == 7 && memcmp(kp, "Mjobrec", 7) == 0) {
+                    /* what failures had left to settle when the checkpoint's state was saved */
+                    rc = psd_store_put_blob(&tx, "jobrec", v.mv_data, v.mv_size);
                 }
             }
         }
         for (mrc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0 && mrc == 0;
              mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
             const uint8_t *kp = k.mv_data;
+            if (k.mv_size == 9 && kp[0] == 'D') {
+                /* A chunk's record of whose pushes it applied (bsp: its apply members, asp:
+                 * each rank's last push), with the chunk wherever it goes now: a batch handed
+                 * out again after the restore is then applied where it was not, and skipped
+                 * where it was, as after a restart (shard.c, replay_had). Loaded and checked
+                 * like any stored one when psd opens the store. */
+                uint32_t t = psd_ckpt_rd32(kp + 1), c = psd_ckpt_rd32(kp + 5);
+                if (t < ndecl && decl[t].name[0] != '\0' &&
+                    ps_place_shard(decl[t].first_chunk + c, srv->nshards) == srv->shard &&
+                    (rc = psd_store_put_applied(&tx, t, c, v.mv_data, v.mv_size)) != 0) {
+                    snprintf(err, errlen, "cannot store the applied record of chunk %u/%u: %s", t,
+                             c, ps_strerror(rc));
+                    break;
+                }
+                continue;
+            }
             if (k.mv_size != 9 || kp[0] != 'C') continue;
             uint32_t t = psd_ckpt_rd32(kp + 1), c = psd_ckpt_rd32(kp + 5);
             const psd_chunk_hdr_t *h = v.mv_data;

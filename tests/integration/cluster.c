@@ -423,6 +423,31 @@ cl_proc_t *cl_psd_start_env(cl_cluster_t *c, int shard, double timeout_s, const 
     return p;
 }
 
+void cl_restore_start(cl_cluster_t *c, const char *manifest, int n, const char *dir,
+                      cl_proc_t **psd, double timeout_s)
+{
+    for (int i = 0; i < n; i++) {
+        char shard[16], name[48];
+        snprintf(shard, sizeof shard, "%d", i);
+        char *argv[] = {(char *)cl_binary("PSD"), "--manifest", (char *)manifest, "--shard", shard,
+                        "--restore", (char *)dir, "--log-level", "info", NULL};
+        snprintf(name, sizeof name, "restored%d-%d", n, i);
+        psd[i] = cl_spawn(c, name, argv);
+    }
+    for (int i = 0; i < n; i++)
+        ck_assert_msg(cl_wait_log(psd[i], "listening on", timeout_s) == 0,
+                      "%s did not start: %s", psd[i]->name, cl_tail(psd[i]));
+}
+
+void cl_data_dirs_aside(cl_cluster_t *c, const char *tag)
+{
+    for (int i = 0; i < c->conf.shards; i++) {
+        char to[CL_PATH + 32];
+        snprintf(to, sizeof to, "%s.%s", c->data_dir[i], tag);
+        rename(c->data_dir[i], to);
+    }
+}
+
 cl_proc_t *cl_worker_start(cl_cluster_t *c, const char *manifest, const char *params, bool local)
 {
     return cl_worker_spawn(c, manifest, params, local, NULL);

@@ -138,6 +138,18 @@ cl_proc_t *cl_psd_start_env(cl_cluster_t *c, int shard, double timeout_s, const 
                             const char *value);
 
 /**
+ * @brief Start shards 0..n-1 of @p manifest with `--restore @p dir` (named restoredN-I) into
+ *  @p psd[0..n-1], and wait up to @p timeout_s for each to listen (fails the test if one does
+ *  not). Their data_dirs must be empty or missing (cl_data_dirs_aside).
+ */
+void cl_restore_start(cl_cluster_t *c, const char *manifest, int n, const char *dir,
+                      cl_proc_t **psd, double timeout_s);
+
+/** @brief Rename the cluster's data_dirs to DATA_DIR.@p tag, so that they are empty for a
+ *  restore (the old stores stay there for a post-mortem). */
+void cl_data_dirs_aside(cl_cluster_t *c, const char *tag);
+
+/**
  * @brief Start `psworker --manifest M [--params-out dir/PARAMS] [--local]`, stdout and stderr
  *  to dir/workerK.log. Does not wait.
  * @param manifest  NULL for the cluster's manifest.

@@ -743,6 +743,60 @@ START_TEST(test_kill9_join_handout_not_saved)
 }
 END_TEST
 
+/* psd --restore from a checkpoint whose step a member left part-way (bsp): rank 1 pushed
+ * replay.a at step 4 and died before pushing replay.b, and the checkpoint (asked for while shard
+ * 0 applied step 4, slowed by PS_TEST_SLOW_APPLY, so at step 5) has replay.a with rank 1's batch
+ * and replay.b without it; the coordinator's state in it still names rank 1 as a member holding
+ * that batch. Restored, with new workers, every batch must still be applied once on both: the
+ * batch goes out again, and replay.a, which has it, skips it. Before, the restore kept only the
+ * chunks and the coordinator's state, not the chunks' records of whose pushes they summed
+ * (key 'D') nor the recovery state ("jobrec"), and the restarted coordinator counted the step
+ * as applied everywhere: "replay.b[...] is 0: batch ... applied never". */
+START_TEST(test_restore_after_member_left_mid_step)
+{
+    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = "bsp",
+                   .optimizer = "{name: sgd, lr: 1}",
+                   .job_extra = "  heartbeat_timeout_ms: 1000\n"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start_env(c, 0, READY_S, "PS_TEST_SLOW_APPLY", "5"),
+                         cl_psd_start(c, 1, NULL, READY_S)};
+    char nb[] = "40", bs[] = "8", plan[] = "plan:1@4/1", ord[] = "ab";
+    char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, plan, ord, NULL};
+    cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
+    ck_assert_int_eq(cl_wait_log(psd[0], "the apply of step 4 takes 2 s longer", RUN_S), 0);
+    char ckdir[CL_PATH];
+    cl_path(c, "ckpt", ckdir, sizeof ckdir);
+    char *ck[] = {(char *)cl_binary("PSCTL"), "--manifest", c->manifest, "checkpoint", "--dir",
+                  ckdir, NULL};
+    cl_proc_t *cp = cl_spawn(c, "psctl-checkpoint", ck);
+    EXPECT_EXIT(cp, 0);
+    EXPECT_LOG(cp, "checkpoint at step 5 ");
+    for (int i = 0; i < 2; i++) EXPECT_LOG(w[i], "at step 4");
+    /* Rank 1 (whichever process joined second) died; the run itself ends with every batch
+     * once (rank 0 checks). */
+    int st[2] = {cl_wait(w[0], RUN_S), cl_wait(w[1], RUN_S)};
+    ck_assert_msg(st[0] + st[1] == 128 + SIGKILL && (st[0] == 0 || st[1] == 0),
+                  "the workers exited %d and %d: %s | %s", st[0], st[1], cl_tail(w[0]),
+                  cl_tail(w[1]));
+    EXPECT_LOG(w[st[0] == 0 ? 0 : 1], "every batch applied once on both tensors");
+    stop_all(psd, 2);
+    cl_data_dirs_aside(c, "trained");
+
+    cl_restore_start(c, c->manifest, 2, ckdir, psd, READY_S);
+    static char never[] = "1000000000", check_any[] = "check";
+    argv[4] = never;
+    cl_proc_t *w2 = cl_spawn(c, "replay2", argv), *w3 = cl_spawn(c, "replay3", argv);
+    EXPECT_EXIT(w2, 0);
+    EXPECT_EXIT(w3, 0);
+    argv[4] = check_any;
+    cl_proc_t *check = cl_spawn(c, "check", argv);
+    EXPECT_EXIT(check, 0);
+    EXPECT_LOG(check, "every batch applied once on both tensors");
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* ---- SIGSTOP -------------------------------------------------------------------------- */
 
 /* A stopped worker is dropped after the heartbeat timeout and the other carries on alone; on
@@ -1291,6 +1345,7 @@ Suite *ps_test_suite(void)
     ADD(kill9_whole_step_slow_pass);
     ADD(kill9_last_step_coordinator_restarted);
     ADD(kill9_join_handout_not_saved);
+    ADD(restore_after_member_left_mid_step);
     ADD(sigstop_rejoins);
     ADD(all_leave_then_one_joins);
     ADD(confused_member_refused);

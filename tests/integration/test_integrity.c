@@ -605,32 +605,6 @@ static uint64_t ckpt_step(const cl_proc_t *p)
     return step;
 }
 
-/* Start shards 0..n-1 of @p manifest with --restore @p dir. */
-static void restore_start(cl_cluster_t *c, const char *manifest, int n, const char *dir,
-                          cl_proc_t **psd)
-{
-    for (int i = 0; i < n; i++) {
-        char shard[8];
-        snprintf(shard, sizeof shard, "%d", i);
-        char *argv[] = {(char *)cl_binary("PSD"), "--manifest", (char *)manifest, "--shard", shard,
-                        "--restore", (char *)dir, "--log-level", "info", NULL};
-        char name[32];
-        snprintf(name, sizeof name, "restored%d-%d", n, i);
-        psd[i] = cl_spawn(c, name, argv);
-    }
-    for (int i = 0; i < n; i++) ck_assert_int_eq(cl_wait_log(psd[i], "listening on", READY_S), 0);
-}
-
-/* Move the cluster's data_dirs aside (so that they are empty for a restore). */
-static void data_dirs_aside(cl_cluster_t *c, const char *tag)
-{
-    for (int i = 0; i < c->conf.shards; i++) {
-        char to[CL_PATH + 32];
-        snprintf(to, sizeof to, "%s.%s", c->data_dir[i], tag);
-        rename(c->data_dir[i], to);
-    }
-}
-
 START_TEST(test_checkpoint_restore_reshard)
 {
     cl_conf_t k3 = {.shards = 3, .workers = 1, .optimizer = "{name: adam, lr: 0.001}",
@@ -661,7 +635,7 @@ START_TEST(test_checkpoint_restore_reshard)
     ck_assert_int_eq(cl_signal(w, SIGTERM), 0);
     cl_wait(w, RUN_S);
     stop_all(psd, 2);
-    data_dirs_aside(c, "trained");
+    cl_data_dirs_aside(c, "trained");
 
     /* The reference: one process computing every step up to s. */
     cl_conf_t kr = k2;
@@ -676,7 +650,7 @@ START_TEST(test_checkpoint_restore_reshard)
     kc.max_steps = s + 10;
     char m3[CL_PATH];
     cl_manifest_write(c, "three.yaml", &kc, m3, sizeof m3);
-    restore_start(c, m3, 3, ckdir, psd);
+    cl_restore_start(c, m3, 3, ckdir, psd, READY_S);
     EXPECT_LOG(psd[0], "taken on 2 shards");
     cl_path(c, "three.safetensors", out, sizeof out);
     const char *ex[] = {"export", "--out", out, NULL};
@@ -686,14 +660,14 @@ START_TEST(test_checkpoint_restore_reshard)
     EXPECT_EXIT(w3, 0);
     ck_assert_uint_eq(open_step(c, m3), s + 10);
     stop_all(psd, 3);
-    data_dirs_aside(c, "three");
+    cl_data_dirs_aside(c, "three");
 
     /* Onto 1 shard: the same parameters again. */
     cl_conf_t k1 = k3;
     k1.shards = 1;
     char m1[CL_PATH];
     cl_manifest_write(c, "one.yaml", &k1, m1, sizeof m1);
-    restore_start(c, m1, 1, ckdir, psd);
+    cl_restore_start(c, m1, 1, ckdir, psd, READY_S);
     cl_path(c, "one.safetensors", out, sizeof out);
     psctl_m(c, m1, "export1", 0, ex);
     expect_safetensors(out, ref->params, c->cluster_name);
@@ -706,7 +680,7 @@ START_TEST(test_checkpoint_restore_reshard)
     cl_proc_t *b = cl_spawn(c, "restore-nonempty", argv);
     EXPECT_EXIT(b, 1);
     EXPECT_LOG(b, "is not empty");
-    data_dirs_aside(c, "one");
+    cl_data_dirs_aside(c, "one");
     cl_conf_t kb = k1;
     kb.chunk_bytes = 32768;
     char mb[CL_PATH];
@@ -737,7 +711,7 @@ START_TEST(test_checkpoint_restore_reshard)
                   "--restore again");
     /* The same when it is killed right after the store was made, before the store could say
      * so (PS_TEST_CRASH_IN_RESTORE=2): the data_dir's mark file does. */
-    data_dirs_aside(c, "killed1");
+    cl_data_dirs_aside(c, "killed1");
     setenv("PS_TEST_CRASH_IN_RESTORE", "2", 1);
     b = cl_spawn(c, "restore-killed2", argv);
     unsetenv("PS_TEST_CRASH_IN_RESTORE");
@@ -976,7 +950,7 @@ START_TEST(test_checkpoints_after_rollback)
     ck_assert_msg(cl_wait_log(psd[0], "exited: the job is finished", RUN_S) == 0,
                   "the follower did not finish; psd0: %s", cl_tail(psd[0]));
     stop_all(psd, 1);
-    data_dirs_aside(c, "first");
+    cl_data_dirs_aside(c, "first");
     char base[CL_PATH], from[CL_PATH + 64], names[16][64];
     cl_path(c, "checkpoints", base, sizeof base); /* beside the data_dirs */
     snprintf(from, sizeof from, "%s/step-20", base);
@@ -988,7 +962,7 @@ START_TEST(test_checkpoints_after_rollback)
     k2.max_steps = 50;
     char more[CL_PATH];
     cl_manifest_write(c, "more.yaml", &k2, more, sizeof more);
-    restore_start(c, more, 1, from, psd);
+    cl_restore_start(c, more, 1, from, psd, READY_S);
     w = cl_worker_start(c, more, NULL, false);
     EXPECT_EXIT(w, 0);
     ck_assert_msg(cl_wait_log(psd[0], "exited: the job is finished", RUN_S) == 0,
