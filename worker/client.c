@@ -612,7 +612,13 @@ static int connect_shard(ps_client_t *c, uint32_t i)
     if (s->ep && !s->dead) return 0;
     const ps_server_conf_t *sc = &c->m.servers[i];
     int rc = ps_ucx_connect(&c->ucx, sc->host, sc->port, on_ep_error, s, &s->ep);
-    if (rc == 0) s->dead = 0;
+    if (rc == 0) {
+        s->dead = 0;
+        /* A heartbeat of the old endpoint whose close was left to finish in the background
+         * (ps_ucx_ep_close) may never complete: the new one must not wait for it, or this
+         * shard would hear nothing more and drop the worker as silent. */
+        s->hb_inflight = 0;
+    }
     return rc;
 }
 
