@@ -304,9 +304,8 @@ static void save_done(psd_slot_work_t *w)
          * either then). */
         if (co->save_failures++ % 16 == 0)
             PS_LOG(PS_LOG_ERROR, "coord", "cannot save the coordinator's state: %s (%u time%s in "
-                   "a row); batches wait until a save commits, tried again every %llu ms",
-                   ps_strerror(co->save.rc), co->save_failures, co->save_failures > 1 ? "s" : "",
-                   (unsigned long long)srv->m.job.heartbeat_timeout_ms / 8);
+                   "a row); batches wait until a save commits, tried again at every cron tick",
+                   ps_strerror(co->save.rc), co->save_failures, co->save_failures > 1 ? "s" : "");
         co->rec_dirty = true;
         co->save_retry = true;
         co->save_again = false; /* the retry copies the whole state, this change with it */
@@ -740,9 +739,11 @@ static void serve_async(psd_server_t *srv, uint32_t r)
          * they would be applied twice. Apply jobs copy the state when they start, so this
          * save. */
         co->rt[r].batch_gen = UINT64_MAX; /* a save_done run inside coord_save must not answer */
-        co->rt[r].batch_gen = coord_save_gen(srv);
+        /* The test hook's save is the next one queued (now, or after the busy one), named
+         * before it is queued: a pool thread may run it at once. */
         if (srv->test_fail_handout_save && srv->test_fail_handout_save-- == 1)
-            co->fail_gen = co->rt[r].batch_gen;
+            co->fail_gen = co->save_gen + 1;
+        co->rt[r].batch_gen = coord_save_gen(srv);
     }
     if (co->rt[r].batch_gen > co->saved_gen) return; /* save_done answers */
     reply_batch(srv, r);
@@ -1412,7 +1413,8 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
     int rc = save_now(&srv->store, &co->s, &co->rec);
     if (rc) {
         co->rec_dirty = true; /* the next apply job writes it */
-        co->save_retry = true; /* and psd_coord_tick tries again */
+        co->save_retry = true; /* and psd_coord_tick tries again; bsp's batches and end wait */
+        co->handout_gen = co->save_gen + 1; /* for that save (what create decided is in it) */
         PS_LOG(PS_LOG_ERROR, "coord", "cannot save the coordinator's state: %s (a restart "
                "before the next step may reuse epoch numbers)", ps_strerror(rc));
     }

@@ -526,9 +526,9 @@ static void coordinator_restart_after_handout(bool save_fails)
                    .optimizer = "{name: sgd, lr: 1}"};
     cl_cluster_t *c = cl_cluster_create(&k);
     if (save_fails) setenv("PS_TEST_FAIL_HANDOUT_SAVE", "9", 1);
-    cl_proc_t *psd[2] = {cl_psd_start_env(c, 0, READY_S, "PS_TEST_CRASH_AFTER_BATCH", "9"),
-                         cl_psd_start(c, 1, NULL, READY_S)};
+    cl_proc_t *psd[2] = {cl_psd_start_env(c, 0, READY_S, "PS_TEST_CRASH_AFTER_BATCH", "9"), NULL};
     unsetenv("PS_TEST_FAIL_HANDOUT_SAVE"); /* shard 0 has its copy */
+    psd[1] = cl_psd_start(c, 1, NULL, READY_S);
     char nb[] = "40", bs[] = "8", die[] = "1000000", ord[] = "ab";
     char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, die, ord, NULL};
     cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
