@@ -278,6 +278,22 @@ static void on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
          * join (a removed worker that came back) is refused: it learns it was removed. A newer
          * one replaces the old connection (its worker was dropped and the rank handed on). */
         psd_conn_t *old = srv->rank_owner[rank];
+        if (srv->silent_join[rank] && msg->samples == srv->silent_join[rank] &&
+            srv->m.job.consistency != PS_CONSIST_BSP && srv->shard != 0) {
+            /* asp / ssp: the join this shard dropped as silent (its worker stopped, or cut off,
+             * past heartbeat_timeout_ms) comes back. Shard 0 dropped it too, or will: removed,
+             * its batch handed to another worker, which may have pushed it here already. A
+             * push it still holds would then apply that batch twice, and no step or view tells
+             * it apart here (bsp's pushes carry their step's members). It learns it was removed
+             * and joins again; its batch is handed on as for any departure. */
+            PS_LOG(PS_LOG_WARN, "server", "rank %d (pid %u, join %llu) is back after this shard "
+                   "dropped it as silent: refused (it was removed)", rank, msg->pid,
+                   (unsigned long long)msg->samples);
+            psd_send_error(srv, c, msg->req_id, PS_ENOTMEMBER,
+                           "rank %d (join %llu) fell silent past the heartbeat timeout and was "
+                           "dropped: join again", rank, (unsigned long long)msg->samples);
+            return;
+        }
         if (old && old != c && !old->dead && msg->samples < old->join_serial) {
             psd_send_error(srv, c, msg->req_id, PS_ENOTMEMBER,
                            "rank %d now belongs to a later worker (join %llu, this one %llu)",
@@ -744,6 +760,7 @@ static void on_cron(uv_timer_t *h)
         c->silent = true;
         c->close_queued = true;
         dropped = 1;
+        if (c->rank < PS_MAX_RANKS) srv->silent_join[c->rank] = c->join_serial;
     }
     if (srv->coord) psd_coord_tick(srv);
     psd_direct_reap(srv); /* also a reader that exited unnoticed: its slot would pin pages */

@@ -289,6 +289,9 @@ struct psd_server_s {
     psd_fanout_t fanout;       /* apply jobs' record updates run on its threads (run_apply) */
     psd_conn_t *conns;
     psd_conn_t **rank_owner;   /* [PS_MAX_RANKS] shards > 0: the connection of each rank */
+    uint64_t silent_join[PS_MAX_RANKS]; /* asp / ssp, shards > 0: the join (serial) of each
+                                   rank this shard last dropped as silent (0: none); a hello
+                                   claiming it again is refused (server.c) */
     psd_coord_t *coord;        /* shard 0: membership, steps and batches (coord.c) */
     psd_view_t views[PSD_VIEWS]; /* known membership epochs, any order */
     uint32_t nviews;

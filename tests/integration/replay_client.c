@@ -29,7 +29,8 @@
  * and does not come back within the join's wait), exits 3.
  * DIE_STEP "plan:R@S/K[,R@S/K...]": the worker of rank R kills itself at step S after K of its
  * pushes (0, 1 or 2; each waited for), before reporting the batch. "R@S/1n": it sends its first
- * push, does not wait for its acknowledgement, and dies 300 ms later.
+ * push, does not wait for its acknowledgement, and dies 300 ms later. "R@S/1s": after its first
+ * push it stops itself (SIGSTOP) and, once continued, goes on with the batch.
  * DIE_STEP "check": no death, and the check at the end whatever this worker's rank (one that
  * joins a finished job may find rank 0 still held by members a restarted coordinator awaits). */
 #include <inttypes.h>
@@ -66,14 +67,16 @@ static void random_death(int rank, uint64_t j, int pushes)
 }
 
 /* DIE_STEP "plan:...": the pushes after which rank @p rank dies at step @p step, or -1;
- * *@p nowait: the last of them is not waited for. */
-static int planned_death(const char *plan, int rank, uint64_t step, int *nowait)
+ * *@p nowait: the last of them is not waited for; *@p stop: it stops (SIGSTOP) instead of
+ * dying, and carries on when continued. */
+static int planned_death(const char *plan, int rank, uint64_t step, int *nowait, int *stop)
 {
     for (const char *p = plan; p && *p;) {
         int r, k, n = 0;
         unsigned long long s;
         if (sscanf(p, "%d@%llu/%d%n", &r, &s, &k, &n) == 3 && r == rank && s == step) {
             *nowait = p[n] == 'n';
+            *stop = p[n] == 's';
             return k;
         }
         p = strchr(p, ',');
@@ -185,9 +188,9 @@ int main(int argc, char **argv)
         if (die_pct > 0) /* for the post-mortem of a failed run: who had which batch */
             printf("replay_client: pid %d rank %d got batch %" PRIu64 "\n", (int)getpid(), rank, j);
         int at = die_pct > 0 && rand() % 100 < die_pct ? rand() % 3 : -1; /* pushes done first */
-        int nowait = 0;
+        int nowait = 0, stop = 0;
         if (plan) {
-            at = planned_death(plan, rank, b.step, &nowait);
+            at = planned_death(plan, rank, b.step, &nowait, &stop);
             printf("replay_client: pid %d rank %d got batch %" PRIu64 " at step %" PRIu64 "\n",
                    (int)getpid(), rank, j, b.step);
         }
@@ -199,6 +202,15 @@ int main(int argc, char **argv)
             random_death(rank, j, at);
         }
         rc = push_wait(c, id[first], g, b.step);
+        if (rc == 0 && at == 1 && stop) { /* stopped past the heartbeat timeout, then on */
+            printf("replay_client: rank %d stops at step %" PRIu64 " with batch %" PRIu64
+                   " after 1 of its pushes\n", rank, b.step, j);
+            fflush(stdout);
+            raise(SIGSTOP);
+            printf("replay_client: rank %d continued\n", rank);
+            fflush(stdout);
+            at = -1;
+        }
         if (rc == 0 && at == 1) random_death(rank, j, at);
         if (rc == 0 && at == 2) rc = push_wait(c, id[1 - first], g, b.step);
         if (rc == 0 && at == 2) random_death(rank, j, at);

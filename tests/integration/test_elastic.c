@@ -561,6 +561,63 @@ END_TEST
 START_TEST(test_asp_handout_save_failed) { coordinator_restart_after_handout(true); }
 END_TEST
 
+/* asp: rank 1 stops (SIGSTOP) between its two pushes of a batch, past the heartbeat timeout;
+ * both shards drop it, shard 0 hands its batch to rank 0, which pushes it to both tensors and
+ * finishes the job. Continued, rank 1's libps connects again and would push the batch's second
+ * tensor once more: shard 1 refuses the join it dropped as silent, so the stopped worker learns
+ * it was removed and that batch is applied once. Before, shard 1 took the old join back, and
+ * when its hello was answered before shard 0's refusal the push was applied a second time
+ * ("replay.b[...] is -2: batch ... applied twice"). */
+START_TEST(test_asp_stopped_member_refused)
+{
+    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = "asp",
+                   .optimizer = "{name: sgd, lr: 1}",
+                   .job_extra = "  heartbeat_timeout_ms: 1000\n"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    char nb[] = "40", bs[] = "8", plan[] = "plan:1@4/1s", ord[] = "ab";
+    char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, plan, ord, NULL};
+    cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
+    int stopped = -1;
+    for (int i = 0; stopped < 0 && i < (int)(RUN_S * 20); i++) {
+        for (int p = 0; p < 2 && stopped < 0; p++)
+            if (count_in_log(w[p], "stops at step 4")) stopped = p;
+        nap_ms(50);
+    }
+    ck_assert_msg(stopped >= 0, "rank 1 never stopped: %s | %s", cl_tail(w[0]), cl_tail(w[1]));
+    cl_proc_t *s = w[stopped], *other = w[1 - stopped];
+    EXPECT_EXIT(other, 0); /* the job done without it */
+    ck_assert_msg(cl_wait_log(psd[1], "dropping it", RUN_S) == 0, "shard 1 kept rank 1: %s",
+                  cl_tail(psd[1]));
+    /* Shard 0 stopped meanwhile, so that shard 1 answers the continued worker's hello first
+     * (else shard 0's refusal may come first, and nothing is pushed again either way). */
+    ck_assert_int_eq(cl_signal(psd[0], SIGSTOP), 0);
+    ck_assert_int_eq(cl_signal(s, SIGCONT), 0);
+    char back[64];
+    snprintf(back, sizeof back, "worker pid %d from", (int)s->pid);
+    for (int i = 0; i < (int)(RUN_S * 20); i++) { /* shard 1 refused it, or took it back */
+        if (count_in_log(psd[1], "dropped it as silent: refused") ||
+            count_in_log(psd[1], back) > 1)
+            break;
+        nap_ms(50);
+    }
+    nap_ms(200); /* a push sent again after a hello taken back lands */
+    ck_assert_int_eq(cl_signal(psd[0], SIGCONT), 0);
+    EXPECT_EXIT(s, 1);
+    EXPECT_LOG(s, "continued");
+    EXPECT_LOG(s, "was removed from the job");
+    static char check_any[] = "check";
+    argv[4] = check_any;
+    cl_proc_t *check = cl_spawn(c, "check", argv);
+    EXPECT_EXIT(check, 0);
+    EXPECT_LOG(check, "every batch applied once on both tensors");
+    EXPECT_LOG(psd[1], "is back after this shard dropped it as silent: refused");
+    EXPECT_LOG(s, "fell silent past the heartbeat timeout and was dropped: join again");
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* The same, with the other tensor first, and shard 1 (not the coordinator) killed right after
  * it committed that step with the dying worker's push (PS_TEST_CRASH_AFTER_APPLY: its 6th apply
  * is step 5 of "replay.b", its one chunk) and started again before the batch comes back: the
@@ -1338,6 +1395,7 @@ Suite *ps_test_suite(void)
     ADD(bsp_random_deaths_shard_kills);
     ADD(asp_coordinator_restart_after_handout);
     ADD(asp_handout_save_failed);
+    ADD(asp_stopped_member_refused);
     ADD(kill9_mid_step_shard_restarted);
     ADD(kill9_shard_restarted_after_members_changed);
     ADD(kill9_mid_step_coordinator_restarted);
