@@ -854,6 +854,59 @@ START_TEST(test_restore_after_member_left_mid_step)
 }
 END_TEST
 
+/* The same under asp: rank 1 stops (SIGSTOP) after its push of replay.a of a batch, and the
+ * checkpoint (asp: each shard at once) is taken meanwhile: replay.a has the batch, replay.b not,
+ * and the coordinator's state names rank 1 as holding it. Restored, with new workers, rank 1
+ * does not come back and its batch goes out again tagged: replay.a, whose record of each rank's
+ * last push came with it, skips it. Before, that record stayed behind: "replay.a[...] is -2:
+ * batch ... applied twice". */
+START_TEST(test_restore_asp_batch_part_pushed)
+{
+    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = "asp",
+                   .optimizer = "{name: sgd, lr: 1}",
+                   .job_extra = "  heartbeat_timeout_ms: 1000\n"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    char nb[] = "40", bs[] = "8", plan[] = "plan:1@4/1s", ord[] = "ab";
+    char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, plan, ord, NULL};
+    cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
+    int stopped = -1;
+    for (int i = 0; stopped < 0 && i < (int)(RUN_S * 20); i++) {
+        for (int p = 0; p < 2 && stopped < 0; p++)
+            if (count_in_log(w[p], "stops at step 4")) stopped = p;
+        nap_ms(20);
+    }
+    ck_assert_msg(stopped >= 0, "rank 1 never stopped: %s | %s", cl_tail(w[0]), cl_tail(w[1]));
+    ck_assert_int_eq(cl_signal(w[1 - stopped], SIGSTOP), 0); /* no more pushes either */
+    char ckdir[CL_PATH];
+    cl_path(c, "ckpt", ckdir, sizeof ckdir);
+    char *ck[] = {(char *)cl_binary("PSCTL"), "--manifest", c->manifest, "checkpoint", "--dir",
+                  ckdir, NULL};
+    cl_proc_t *cp = cl_spawn(c, "psctl-checkpoint", ck);
+    EXPECT_EXIT(cp, 0);
+    for (int p = 0; p < 2; p++) {
+        cl_signal(w[p], SIGKILL);
+        cl_signal(w[p], SIGCONT);
+        cl_wait(w[p], RUN_S);
+    }
+    stop_all(psd, 2);
+    cl_data_dirs_aside(c, "trained");
+
+    cl_restore_start(c, c->manifest, 2, ckdir, psd, READY_S);
+    static char never[] = "1000000000", check_any[] = "check";
+    argv[4] = never;
+    cl_proc_t *w2 = cl_spawn(c, "replay2", argv), *w3 = cl_spawn(c, "replay3", argv);
+    EXPECT_EXIT(w2, 0);
+    EXPECT_EXIT(w3, 0);
+    argv[4] = check_any;
+    cl_proc_t *check = cl_spawn(c, "check", argv);
+    EXPECT_EXIT(check, 0);
+    EXPECT_LOG(check, "every batch applied once on both tensors");
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* ---- SIGSTOP -------------------------------------------------------------------------- */
 
 /* A stopped worker is dropped after the heartbeat timeout and the other carries on alone; on
@@ -1404,6 +1457,7 @@ Suite *ps_test_suite(void)
     ADD(kill9_last_step_coordinator_restarted);
     ADD(kill9_join_handout_not_saved);
     ADD(restore_after_member_left_mid_step);
+    ADD(restore_asp_batch_part_pushed);
     ADD(sigstop_rejoins);
     ADD(all_leave_then_one_joins);
     ADD(confused_member_refused);
