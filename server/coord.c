@@ -1315,6 +1315,10 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
         /* Epochs made after the save (joins, removals) are lost with the crash, but the
          * other shards know them: jump past anything that can have been handed out. */
         co->s.epoch = (co->s.epoch | 0xFFFFFull) + 1;
+        /* Join serials likewise: a serial handed out after the save went to a worker the other
+         * shards may have seen (and dropped as silent: server.c refuses that join there), so
+         * a new worker must never get it again. */
+        co->s.joins = (co->s.joins | 0xFFFFFull) + 1;
         bool reopened = false;
         if (co->s.finished && (j->max_steps == 0 || j->max_steps > co->s.step) &&
             !ps_cursor_exhausted(&co->s.cur)) {

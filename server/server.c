@@ -281,11 +281,14 @@ static void on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
         if (srv->silent_join[rank] && msg->samples == srv->silent_join[rank] &&
             srv->m.job.consistency != PS_CONSIST_BSP && srv->shard != 0) {
             /* asp / ssp: the join this shard dropped as silent (its worker stopped, or cut off,
-             * past heartbeat_timeout_ms) comes back. Shard 0 dropped it too, or will: removed,
-             * its batch handed to another worker, which may have pushed it here already. A
-             * push it still holds would then apply that batch twice, and no step or view tells
-             * it apart here (bsp's pushes carry their step's members). It learns it was removed
-             * and joins again; its batch is handed on as for any departure. */
+             * past heartbeat_timeout_ms) comes back. Shard 0 dropped it too (within a cron
+             * tick), or will: removed, its batch handed to another worker, which may have
+             * pushed it here already. A push it still holds would then apply that batch twice,
+             * and no step or view tells it apart here (bsp's pushes carry their step's
+             * members). It learns it was removed and joins again; its batch is handed on as for
+             * any departure. Not covered: a worker continued after shard 0 dropped it but before
+             * this shard did (its connection here is still up), and a join dropped here before
+             * this psd restarted (DESIGN-NOTES.md, Failures). */
             PS_LOG(PS_LOG_WARN, "server", "rank %d (pid %u, join %llu) is back after this shard "
                    "dropped it as silent: refused (it was removed)", rank, msg->pid,
                    (unsigned long long)msg->samples);
