@@ -361,6 +361,30 @@ static cl_proc_t *new_workers_finish(cl_cluster_t *c, char **argv)
     return w2;
 }
 
+/* psctl checkpoint --dir CLUSTER/ckpt (into @p ckdir[CL_PATH]), waited for: exit 0. */
+static cl_proc_t *checkpoint_now(cl_cluster_t *c, char *ckdir)
+{
+    cl_path(c, "ckpt", ckdir, CL_PATH);
+    char *ck[] = {(char *)cl_binary("PSCTL"), "--manifest", c->manifest, "checkpoint", "--dir",
+                  ckdir, NULL};
+    cl_proc_t *cp = cl_spawn(c, "psctl-checkpoint", ck);
+    EXPECT_EXIT(cp, 0);
+    return cp;
+}
+
+/* Which of the two replay_clients @p w logged @p line (replay_client's plan "R@S/1s": the one
+ * that stopped itself); fails the test when neither does. */
+static int which_stopped(cl_proc_t *w[2], const char *line)
+{
+    for (int i = 0; i < (int)(RUN_S * 50); i++) {
+        for (int p = 0; p < 2; p++)
+            if (count_in_log(w[p], line)) return p;
+        nap_ms(20);
+    }
+    ck_abort_msg("no worker logged \"%s\": %s | %s", line, cl_tail(w[0]), cl_tail(w[1]));
+    return -1;
+}
+
 /* What a shard logs as a test hook kills it (the hook's name alone is in its start-up
  * warning too, so tests look for these). */
 #define KILLED_AFTER_BATCH                                                                        \
@@ -578,13 +602,7 @@ START_TEST(test_asp_stopped_member_refused)
     char nb[] = "40", bs[] = "8", plan[] = "plan:1@4/1s", ord[] = "ab";
     char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, plan, ord, NULL};
     cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
-    int stopped = -1;
-    for (int i = 0; stopped < 0 && i < (int)(RUN_S * 20); i++) {
-        for (int p = 0; p < 2 && stopped < 0; p++)
-            if (count_in_log(w[p], "stops at step 4")) stopped = p;
-        nap_ms(50);
-    }
-    ck_assert_msg(stopped >= 0, "rank 1 never stopped: %s | %s", cl_tail(w[0]), cl_tail(w[1]));
+    int stopped = which_stopped(w, "stops at step 4");
     cl_proc_t *s = w[stopped], *other = w[1 - stopped];
     EXPECT_EXIT(other, 0); /* the job done without it */
     ck_assert_msg(cl_wait_log(psd[1], "dropping it", RUN_S) == 0, "shard 1 kept rank 1: %s",
@@ -822,11 +840,7 @@ START_TEST(test_restore_after_member_left_mid_step)
     cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
     ck_assert_int_eq(cl_wait_log(psd[0], "the apply of step 4 takes 2 s longer", RUN_S), 0);
     char ckdir[CL_PATH];
-    cl_path(c, "ckpt", ckdir, sizeof ckdir);
-    char *ck[] = {(char *)cl_binary("PSCTL"), "--manifest", c->manifest, "checkpoint", "--dir",
-                  ckdir, NULL};
-    cl_proc_t *cp = cl_spawn(c, "psctl-checkpoint", ck);
-    EXPECT_EXIT(cp, 0);
+    cl_proc_t *cp = checkpoint_now(c, ckdir);
     EXPECT_LOG(cp, "checkpoint at step 5 ");
     for (int i = 0; i < 2; i++) EXPECT_LOG(w[i], "at step 4");
     /* Rank 1 (whichever process joined second) died; the run itself ends with every batch
@@ -840,15 +854,7 @@ START_TEST(test_restore_after_member_left_mid_step)
     cl_data_dirs_aside(c, "trained");
 
     cl_restore_start(c, c->manifest, 2, ckdir, psd, READY_S);
-    static char never[] = "1000000000", check_any[] = "check";
-    argv[4] = never;
-    cl_proc_t *w2 = cl_spawn(c, "replay2", argv), *w3 = cl_spawn(c, "replay3", argv);
-    EXPECT_EXIT(w2, 0);
-    EXPECT_EXIT(w3, 0);
-    argv[4] = check_any;
-    cl_proc_t *check = cl_spawn(c, "check", argv);
-    EXPECT_EXIT(check, 0);
-    EXPECT_LOG(check, "every batch applied once on both tensors");
+    new_workers_finish(c, argv);
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }
@@ -871,19 +877,9 @@ START_TEST(test_restore_asp_batch_part_pushed)
     char nb[] = "40", bs[] = "8", plan[] = "plan:1@4/1s", ord[] = "ab";
     char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, plan, ord, NULL};
     cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
-    int stopped = -1;
-    for (int i = 0; stopped < 0 && i < (int)(RUN_S * 20); i++) {
-        for (int p = 0; p < 2 && stopped < 0; p++)
-            if (count_in_log(w[p], "stops at step 4")) stopped = p;
-        nap_ms(20);
-    }
-    ck_assert_msg(stopped >= 0, "rank 1 never stopped: %s | %s", cl_tail(w[0]), cl_tail(w[1]));
+    which_stopped(w, "stops at step 4");
     char ckdir[CL_PATH];
-    cl_path(c, "ckpt", ckdir, sizeof ckdir);
-    char *ck[] = {(char *)cl_binary("PSCTL"), "--manifest", c->manifest, "checkpoint", "--dir",
-                  ckdir, NULL};
-    cl_proc_t *cp = cl_spawn(c, "psctl-checkpoint", ck);
-    EXPECT_EXIT(cp, 0);
+    checkpoint_now(c, ckdir);
     for (int p = 0; p < 2; p++) {
         cl_signal(w[p], SIGKILL);
         cl_signal(w[p], SIGCONT);
@@ -893,15 +889,7 @@ START_TEST(test_restore_asp_batch_part_pushed)
     cl_data_dirs_aside(c, "trained");
 
     cl_restore_start(c, c->manifest, 2, ckdir, psd, READY_S);
-    static char never[] = "1000000000", check_any[] = "check";
-    argv[4] = never;
-    cl_proc_t *w2 = cl_spawn(c, "replay2", argv), *w3 = cl_spawn(c, "replay3", argv);
-    EXPECT_EXIT(w2, 0);
-    EXPECT_EXIT(w3, 0);
-    argv[4] = check_any;
-    cl_proc_t *check = cl_spawn(c, "check", argv);
-    EXPECT_EXIT(check, 0);
-    EXPECT_LOG(check, "every batch applied once on both tensors");
+    new_workers_finish(c, argv);
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }
