@@ -29,8 +29,8 @@
  * and does not come back within the join's wait), exits 3.
  * DIE_STEP "plan:R@S/K[,R@S/K...]": the worker of rank R kills itself at step S after K of its
  * pushes (0, 1 or 2; each waited for), before reporting the batch. "R@S/1n": it sends its first
- * push, does not wait for its acknowledgement, and dies 300 ms later. "R@S/1s": after its first
- * push it stops itself (SIGSTOP) and, once continued, goes on with the batch.
+ * push, does not wait for its acknowledgement, and dies 300 ms later. "R@S/Ks" (K 0 or 1): after
+ * K pushes it stops itself (SIGSTOP) and, once continued, goes on with the batch.
  * DIE_STEP "check": no death, and the check at the end whatever this worker's rank (one that
  * joins a finished job may find rank 0 still held by members a restarted coordinator awaits). */
 #include <inttypes.h>
@@ -82,6 +82,19 @@ static int planned_death(const char *plan, int rank, uint64_t step, int *nowait,
         p = strchr(p, ',');
         if (p) p++;
     }
+    return -1;
+}
+
+/* DIE_STEP "plan:R@S/Ks": stop (SIGSTOP) after @p pushes of batch @p j's two, and carry on
+ * when continued. Returns -1 (no death after it). */
+static int stop_here(int rank, uint64_t step, uint64_t j, int pushes)
+{
+    printf("replay_client: rank %d stops at step %" PRIu64 " with batch %" PRIu64 " after %d of "
+           "its pushes\n", rank, step, j, pushes);
+    fflush(stdout);
+    raise(SIGSTOP);
+    printf("replay_client: rank %d continued\n", rank);
+    fflush(stdout);
     return -1;
 }
 
@@ -194,6 +207,7 @@ int main(int argc, char **argv)
             printf("replay_client: pid %d rank %d got batch %" PRIu64 " at step %" PRIu64 "\n",
                    (int)getpid(), rank, j, b.step);
         }
+        if (at == 0 && stop) at = stop_here(rank, b.step, j, 0);
         if (at == 0) random_death(rank, j, at);
         if (at == 1 && nowait) { /* sent, not waited for: it lands, and this worker dies */
             ps_op_t *op;
@@ -202,15 +216,7 @@ int main(int argc, char **argv)
             random_death(rank, j, at);
         }
         rc = push_wait(c, id[first], g, b.step);
-        if (rc == 0 && at == 1 && stop) { /* stopped past the heartbeat timeout, then on */
-            printf("replay_client: rank %d stops at step %" PRIu64 " with batch %" PRIu64
-                   " after 1 of its pushes\n", rank, b.step, j);
-            fflush(stdout);
-            raise(SIGSTOP);
-            printf("replay_client: rank %d continued\n", rank);
-            fflush(stdout);
-            at = -1;
-        }
+        if (rc == 0 && at == 1 && stop) at = stop_here(rank, b.step, j, 1);
         if (rc == 0 && at == 1) random_death(rank, j, at);
         if (rc == 0 && at == 2) rc = push_wait(c, id[1 - first], g, b.step);
         if (rc == 0 && at == 2) random_death(rank, j, at);
