@@ -286,9 +286,9 @@ static void on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
              * pushed it here already. A push it still holds would then apply that batch twice,
              * and no step or view tells it apart here (bsp's pushes carry their step's
              * members). It learns it was removed and joins again; its batch is handed on as for
-             * any departure. Not covered: a worker continued after shard 0 dropped it but before
-             * this shard did (its connection here is still up), and a join dropped here before
-             * this psd restarted (DESIGN-NOTES.md, Failures). */
+             * any departure. A worker continued after shard 0 dropped it but before this shard
+             * did says no hello: batch_taken_again (shard.c) knows its late push. Not covered:
+             * a join dropped here before this psd restarted (DESIGN-NOTES.md, Failures). */
             PS_LOG(PS_LOG_WARN, "server", "rank %d (pid %u, join %llu) is back after this shard "
                    "dropped it as silent: refused (it was removed)", rank, msg->pid,
                    (unsigned long long)msg->samples);

@@ -117,6 +117,10 @@ typedef struct {
  * batch per worker and step) one can wait many steps: 64 steps, 512 bytes a chunk. */
 #define PSD_SUMMED_RING 64
 
+/* asp / ssp: batches handed out again (tagged pushes) a chunk remembers taking, so that the
+ * late push of one from the worker that held it before is known (psd_shard_on_push). */
+#define PSD_AGAIN_RING 16
+
 struct psd_chunk_s {
     uint32_t tensor, chunk;
     uint32_t n;                /* values */
@@ -138,6 +142,10 @@ struct psd_chunk_s {
     uint64_t *slot_batch;      /* asp / ssp: the batch it is for (ps_batch_key; 0: none said) */
     psd_applied_t *applied;    /* asp / ssp: by rank, the last push applied (a resend of it is
                                   acknowledged, not applied again), and the orphaned batches */
+    uint64_t again_key[PSD_AGAIN_RING];   /* asp / ssp: batches taken from tagged pushes (a
+                                             batch handed out again; 0: empty), in memory only */
+    uint64_t again_ranks[PSD_AGAIN_RING]; /* the ranks their tags named (bit r) */
+    uint32_t again_next;                  /* where the next goes, mod PSD_AGAIN_RING */
     psd_conn_t **slot_conn;    /* who to acknowledge */
     psd_slot_ref_t *slot_ref;  /* receive-callback contexts */
     uint32_t nfull;            /* slots in SLOT_FULL */

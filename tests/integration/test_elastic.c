@@ -818,6 +818,52 @@ START_TEST(test_kill9_join_handout_not_saved)
 }
 END_TEST
 
+/* asp: the same stop, but the worker is continued while shard 1 still holds its connection
+ * (shard 1 was stopped until shard 0 had dropped the worker, and its late cron then skips one
+ * heartbeat check): no hello, so nothing refuses it, and its push of the batch's second tensor
+ * comes after rank 0, handed the batch again, pushed it there. Shard 1 remembers the tagged
+ * push it took and acknowledges the late one without applying it. Before, "replay.b[...] is
+ * -2: batch ... applied twice". */
+START_TEST(test_asp_stopped_member_late_push)
+{
+    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = "asp",
+                   .optimizer = "{name: sgd, lr: 1}",
+                   .job_extra = "  heartbeat_timeout_ms: 1000\n"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    char nb[] = "40", bs[] = "8", plan[] = "plan:1@4/1s", ord[] = "ab";
+    char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, plan, ord, NULL};
+    cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
+    int stopped = which_stopped(w, "stops at step 4");
+    cl_proc_t *s = w[stopped], *other = w[1 - stopped];
+    ck_assert_int_eq(cl_signal(psd[1], SIGSTOP), 0);
+    ck_assert_msg(cl_wait_log(psd[0], "missed heartbeats", RUN_S) == 0, "shard 0 kept rank 1: %s",
+                  cl_tail(psd[0]));
+    ck_assert_int_eq(cl_signal(psd[1], SIGCONT), 0);
+    char *log = cl_log(s);
+    const char *at = strstr(log, "stops at step 4 with batch ");
+    unsigned long long j = at ? strtoull(at + strlen("stops at step 4 with batch "), NULL, 10) : 0;
+    free(log);
+    char handed[64];
+    snprintf(handed, sizeof handed, "got batch %llu at step", j);
+    ck_assert_msg(cl_wait_log(other, handed, RUN_S) == 0, "batch %llu was not handed on: %s", j,
+                  cl_tail(other));
+    nap_ms(100); /* its pushes of that batch land */
+    ck_assert_int_eq(cl_signal(s, SIGCONT), 0);
+    EXPECT_EXIT(s, 1);
+    EXPECT_LOG(s, "was removed from the job");
+    EXPECT_EXIT(other, 0);
+    static char check_any[] = "check";
+    argv[4] = check_any;
+    cl_proc_t *check = cl_spawn(c, "check", argv);
+    EXPECT_EXIT(check, 0);
+    EXPECT_LOG(check, "every batch applied once on both tensors");
+    EXPECT_LOG(psd[1], "which this chunk took from the worker it was handed to again");
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* psd --restore from a checkpoint whose step a member left part-way (bsp): rank 1 pushed
  * replay.a at step 4 and died before pushing replay.b, and the checkpoint (asked for while shard
  * 0 applied step 4, slowed by PS_TEST_SLOW_APPLY, so at step 5) has replay.a with rank 1's batch
@@ -1441,6 +1487,7 @@ Suite *ps_test_suite(void)
     ADD(asp_coordinator_restart_after_handout);
     ADD(asp_handout_save_failed);
     ADD(asp_stopped_member_refused);
+    ADD(asp_stopped_member_late_push);
     ADD(kill9_mid_step_shard_restarted);
     ADD(kill9_shard_restarted_after_members_changed);
     ADD(kill9_mid_step_coordinator_restarted);
