@@ -142,10 +142,6 @@ struct psd_chunk_s {
     uint64_t *slot_batch;      /* asp / ssp: the batch it is for (ps_batch_key; 0: none said) */
     psd_applied_t *applied;    /* asp / ssp: by rank, the last push applied (a resend of it is
                                   acknowledged, not applied again), and the orphaned batches */
-    uint64_t again_key[PSD_AGAIN_RING];   /* asp / ssp: batches taken from tagged pushes (a
-                                             batch handed out again; 0: empty), in memory only */
-    uint64_t again_ranks[PSD_AGAIN_RING]; /* the ranks their tags named (bit r) */
-    uint32_t again_next;                  /* where the next goes, mod PSD_AGAIN_RING */
     psd_conn_t **slot_conn;    /* who to acknowledge */
     psd_slot_ref_t *slot_ref;  /* receive-callback contexts */
     uint32_t nfull;            /* slots in SLOT_FULL */
@@ -179,6 +175,10 @@ struct psd_chunk_s {
     uint64_t hash;             /* the committed record's XXH3-64 (integrity.c) */
     uint32_t leaf;             /* its leaf in the shard's Merkle tree */
     psd_chunk_t *next_ready;
+    uint64_t again_key[PSD_AGAIN_RING];   /* asp / ssp: batches taken from tagged pushes (a
+                                             batch handed out again; 0: empty), in memory only */
+    uint64_t again_ranks[PSD_AGAIN_RING]; /* the ranks their tags named (bit r) */
+    uint32_t again_next;                  /* where the next goes, mod PSD_AGAIN_RING */
 };
 
 typedef struct {

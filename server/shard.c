@@ -1027,35 +1027,37 @@ static void applied_commit(psd_applied_t *a, const psd_chunk_t *ch, uint32_t r)
     *d = (psd_done_t){ch->slot_who[r], ch->slot_req[r], ch->slot_batch[r]};
 }
 
-/* asp / ssp: the other half of batch_applied_here. A tagged push (a batch handed out again:
- * its tags name the ranks that had it and left) is remembered when this chunk takes it; an
- * untagged push of that batch from a rank its tags named is then the late push of the worker
- * that held it before (stopped or cut off past the heartbeat timeout, then continued while its
- * connection here was still up): acknowledged, not applied a second time. A batch's first
- * holder is the only one that pushes it untagged, so nobody else is turned away. True when
- * @p msg is such a late push; else, if it is a tagged one, it is remembered. */
+/* asp / ssp: the other half of batch_applied_here. A tagged push (a batch handed out again: its
+ * tags name the ranks that had it and left) is remembered when this chunk takes it. A push of
+ * that batch from a rank named there, whose own tags do not name its rank, is the late push of
+ * a worker that held the batch before (stopped or cut off past the heartbeat timeout, then
+ * continued while its connection here was still up): acknowledged, not applied a second time.
+ * That is the first holder (its push is untagged) or a later one that left too (its tags name
+ * only the ranks before it). A new process on a departed rank that is handed the batch pushes
+ * it with that rank among its tags, so it is not turned away. True when @p msg is such a late
+ * push; else, if it is tagged, it is remembered. */
 static bool batch_taken_again(psd_server_t *srv, psd_chunk_t *ch, uint32_t rank,
                               const ps_msg_t *msg)
 {
     uint64_t key = ps_batch_key(msg->data_epoch, msg->batch_offset);
     if (key == 0) return false;
-    if (msg->nreplay > 0) {
-        uint64_t ranks = 0;
-        for (uint32_t i = 0; i < msg->nreplay; i++) ranks |= 1ull << PS_REPLAY_RANK(msg->replay[i]);
+    uint64_t tagged = 0; /* the ranks this push's tags name */
+    for (uint32_t i = 0; i < msg->nreplay; i++) tagged |= 1ull << PS_REPLAY_RANK(msg->replay[i]);
+    if (!(tagged >> rank & 1))
+        for (uint32_t k = 0; k < PSD_AGAIN_RING; k++)
+            if (ch->again_key[k] == key && (ch->again_ranks[k] >> rank & 1)) {
+                PS_LOG(PS_LOG_INFO, "shard", "push of %u/%u from rank %u brings the batch of pass "
+                       "%llu at %llu, which this chunk took from the worker it was handed to "
+                       "again: acknowledged, not applied twice", ch->tensor, ch->chunk, rank,
+                       (unsigned long long)msg->data_epoch, (unsigned long long)msg->batch_offset);
+                srv->replays_skipped++;
+                return true;
+            }
+    if (tagged) {
         uint32_t k = ch->again_next++ % PSD_AGAIN_RING;
         ch->again_key[k] = key;
-        ch->again_ranks[k] = ranks;
-        return false;
+        ch->again_ranks[k] = tagged;
     }
-    for (uint32_t k = 0; k < PSD_AGAIN_RING; k++)
-        if (ch->again_key[k] == key && (ch->again_ranks[k] >> rank & 1)) {
-            PS_LOG(PS_LOG_INFO, "shard", "push of %u/%u from rank %u brings the batch of pass %llu "
-                   "at %llu, which this chunk took from the worker it was handed to again: "
-                   "acknowledged, not applied twice", ch->tensor, ch->chunk, rank,
-                   (unsigned long long)msg->data_epoch, (unsigned long long)msg->batch_offset);
-            srv->replays_skipped++;
-            return true;
-        }
     return false;
 }
 
