@@ -291,6 +291,10 @@ static void crash_in_next_save(psd_coord_t *co, const char *hook)
     co->crash_hook = hook;
 }
 
+/* A test hook (PS_TEST_FAIL_HANDOUT_SAVE): the next save queued fails in save_run, as if the
+ * store refused it. Named before the save is queued: a pool thread may run it at once. */
+static void fail_next_save(psd_coord_t *co) { co->fail_gen = co->save_gen + 1; }
+
 static void save_done(psd_slot_work_t *w)
 {
     psd_server_t *srv = w->srv;
@@ -739,10 +743,8 @@ static void serve_async(psd_server_t *srv, uint32_t r)
          * they would be applied twice. Apply jobs copy the state when they start, so this
          * save. */
         co->rt[r].batch_gen = UINT64_MAX; /* a save_done run inside coord_save must not answer */
-        /* The test hook's save is the next one queued (now, or after the busy one), named
-         * before it is queued: a pool thread may run it at once. */
         if (srv->test_fail_handout_save && srv->test_fail_handout_save-- == 1)
-            co->fail_gen = co->save_gen + 1;
+            fail_next_save(co); /* the save coord_save_gen queues */
         co->rt[r].batch_gen = coord_save_gen(srv);
     }
     if (co->rt[r].batch_gen > co->saved_gen) return; /* save_done answers */

@@ -1037,10 +1037,8 @@ static void applied_commit(psd_applied_t *a, const psd_chunk_t *ch, uint32_t r)
  * it with that rank among its tags, so it is not turned away. True when @p msg is such a late
  * push; else, if it is tagged, it is remembered. */
 static bool batch_taken_again(psd_server_t *srv, psd_chunk_t *ch, uint32_t rank,
-                              const ps_msg_t *msg)
+                              const ps_msg_t *msg, uint64_t key)
 {
-    uint64_t key = ps_batch_key(msg->data_epoch, msg->batch_offset);
-    if (key == 0) return false;
     uint64_t tagged = 0; /* the ranks this push's tags name */
     for (uint32_t i = 0; i < msg->nreplay; i++) tagged |= 1ull << PS_REPLAY_RANK(msg->replay[i]);
     if (!(tagged >> rank & 1))
@@ -1069,10 +1067,8 @@ static bool batch_taken_again(psd_server_t *srv, psd_chunk_t *ch, uint32_t rank,
  * key is. A worker's pushes of one batch end before it asks for the next, so a dead rank's
  * last push here is of its last batch. @p who: the pusher's (psd_conn_who). */
 static bool batch_applied_here(psd_server_t *srv, const psd_chunk_t *ch, uint32_t rank,
-                               uint64_t who, const ps_msg_t *msg)
+                               uint64_t who, const ps_msg_t *msg, uint64_t key)
 {
-    uint64_t key = ps_batch_key(msg->data_epoch, msg->batch_offset);
-    if (key == 0) return false;
     const psd_applied_t *a = ch->applied;
     bool orphaned = false; /* a process whose rank changed hands applied it here last */
     for (uint32_t o = 0; o < PSD_ORPHAN_RING; o++) orphaned |= a->orphan[o] == key;
@@ -1093,6 +1089,19 @@ static bool batch_applied_here(psd_server_t *srv, const psd_chunk_t *ch, uint32_
         return true;
     }
     return false;
+}
+
+/* asp / ssp: whether chunk @p ch has the batch of push @p msg (PS_FLAG_BATCH) from rank @p rank
+ * already: applied from an earlier holder, when the batch was handed out again (its tags:
+ * batch_applied_here), or taken from a later holder, when this is an earlier holder's late
+ * push (batch_taken_again, which also remembers a tagged push). @p who: psd_conn_who. */
+static bool batch_had(psd_server_t *srv, psd_chunk_t *ch, uint32_t rank, uint64_t who,
+                      const ps_msg_t *msg)
+{
+    uint64_t key = ps_batch_key(msg->data_epoch, msg->batch_offset);
+    if (key == 0) return false; /* no key to tell batches by */
+    if (msg->nreplay > 0 && batch_applied_here(srv, ch, rank, who, msg, key)) return true;
+    return batch_taken_again(srv, ch, rank, msg, key);
 }
 
 static void on_push_recv(void *request, ucs_status_t status, size_t length, void *user_data)
@@ -1226,12 +1235,7 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
         send_push_ack(srv, conn, msg->req_id, ch, rank, msg->step, false);
         return UCS_OK;
     }
-    if (!bsp && (msg->flags & PS_FLAG_BATCH) && msg->nreplay > 0 &&
-        batch_applied_here(srv, ch, rank, psd_conn_who(conn), msg)) {
-        send_push_ack(srv, conn, msg->req_id, ch, rank, msg->step, false);
-        return UCS_OK;
-    }
-    if (!bsp && (msg->flags & PS_FLAG_BATCH) && batch_taken_again(srv, ch, rank, msg)) {
+    if (!bsp && (msg->flags & PS_FLAG_BATCH) && batch_had(srv, ch, rank, psd_conn_who(conn), msg)) {
         send_push_ack(srv, conn, msg->req_id, ch, rank, msg->step, false);
         return UCS_OK;
     }

@@ -2501,7 +2501,7 @@ int ps_client_set_compression(ps_client_t *c, uint32_t id, const ps_compression_
         t->pull_cap = pull_cap;
     }
     t->codec = pc;
-    t->error_feedback = error_feedback && pc.kind != PSK_CODEC_NONE;
+    t->error_feedback = error_feedback && push;
     t->pull_codec = pl;
     return 0;
 }

@@ -347,17 +347,25 @@ END_TEST
 /* Two new workers (no death; argv[4] is overwritten) take over from replay_clients that died and
  * finish the job; then a checker finds every batch applied once on both tensors. Returns the
  * first new worker. */
-static cl_proc_t *new_workers_finish(cl_cluster_t *c, char **argv)
+/* A replay_client checker (argv[4] is overwritten with "check") finds every batch applied once
+ * on both tensors. */
+static void check_all(cl_cluster_t *c, char **argv)
 {
-    static char never[] = "1000000000", check_any[] = "check";
-    argv[4] = never;
-    cl_proc_t *w2 = cl_spawn(c, "replay2", argv), *w3 = cl_spawn(c, "replay3", argv);
-    EXPECT_EXIT(w2, 0);
-    EXPECT_EXIT(w3, 0);
+    static char check_any[] = "check";
     argv[4] = check_any;
     cl_proc_t *check = cl_spawn(c, "check", argv);
     EXPECT_EXIT(check, 0);
     EXPECT_LOG(check, "every batch applied once on both tensors");
+}
+
+static cl_proc_t *new_workers_finish(cl_cluster_t *c, char **argv)
+{
+    static char never[] = "1000000000";
+    argv[4] = never;
+    cl_proc_t *w2 = cl_spawn(c, "replay2", argv), *w3 = cl_spawn(c, "replay3", argv);
+    EXPECT_EXIT(w2, 0);
+    EXPECT_EXIT(w3, 0);
+    check_all(c, argv);
     return w2;
 }
 
@@ -383,6 +391,39 @@ static int which_stopped(cl_proc_t *w[2], const char *line)
     }
     ck_abort_msg("no worker logged \"%s\": %s | %s", line, cl_tail(w[0]), cl_tail(w[1]));
     return -1;
+}
+
+/* An asp cluster of 2 shards (sgd, lr 1, heartbeat_timeout_ms @p hb_ms) and two replay_clients
+ * with plan @p plan (tensors "ab"), the one of rank 1 stopping itself at step 4 ("1@4/1s"):
+ * @c stopped is that process, @c other rank 0's. @c argv stays for check_all and
+ * new_workers_finish. */
+typedef struct {
+    cl_cluster_t *c;
+    cl_proc_t *psd[2], *w[2], *stopped, *other;
+    char nb[8], bs[8], plan[48], ord[4], hb[48];
+    char *argv[7];
+} asp_stop_t;
+
+static void asp_stop_start(asp_stop_t *r, int hb_ms, const char *plan)
+{
+    snprintf(r->hb, sizeof r->hb, "  heartbeat_timeout_ms: %d\n", hb_ms);
+    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = "asp",
+                   .optimizer = "{name: sgd, lr: 1}", .job_extra = r->hb};
+    r->c = cl_cluster_create(&k);
+    r->psd[0] = cl_psd_start(r->c, 0, NULL, READY_S);
+    r->psd[1] = cl_psd_start(r->c, 1, NULL, READY_S);
+    snprintf(r->nb, sizeof r->nb, "40");
+    snprintf(r->bs, sizeof r->bs, "8");
+    snprintf(r->plan, sizeof r->plan, "%s", plan);
+    snprintf(r->ord, sizeof r->ord, "ab");
+    char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), r->c->manifest, r->nb, r->bs, r->plan,
+                    r->ord, NULL};
+    memcpy(r->argv, argv, sizeof argv);
+    r->w[0] = cl_spawn(r->c, "replay0", r->argv);
+    r->w[1] = cl_spawn(r->c, "replay1", r->argv);
+    int i = which_stopped(r->w, "stops at step 4");
+    r->stopped = r->w[i];
+    r->other = r->w[1 - i];
 }
 
 /* What a shard logs as a test hook kills it (the hook's name alone is in its start-up
@@ -458,7 +499,7 @@ static void emptied_coordinator_killed(const char *hook, const char *value, cons
         EXPECT_EXIT(w[i], 128 + SIGKILL);
         EXPECT_LOG(w[i], "at step 5");
     }
-    static char never[] = "1000000000", check_any[] = "check";
+    static char never[] = "1000000000";
     argv[4] = never;
     cl_proc_t *w2 = cl_spawn(c, "replay2", argv), *w3 = cl_spawn(c, "replay3", argv);
     ck_assert_int_eq(cl_wait(psd[0], RUN_S), 128 + SIGKILL);
@@ -467,10 +508,7 @@ static void emptied_coordinator_killed(const char *hook, const char *value, cons
     EXPECT_EXIT(w2, 0);
     EXPECT_EXIT(w3, 0);
     EXPECT_LOG(psd[0], want);
-    argv[4] = check_any;
-    cl_proc_t *check = cl_spawn(c, "check", argv);
-    EXPECT_EXIT(check, 0);
-    EXPECT_LOG(check, "every batch applied once on both tensors");
+    check_all(c, argv);
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }
@@ -594,17 +632,10 @@ END_TEST
  * ("replay.b[...] is -2: batch ... applied twice"). */
 START_TEST(test_asp_stopped_member_refused)
 {
-    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = "asp",
-                   .optimizer = "{name: sgd, lr: 1}",
-                   .job_extra = "  heartbeat_timeout_ms: 1000\n"};
-    cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
-    char nb[] = "40", bs[] = "8", plan[] = "plan:1@4/1s", ord[] = "ab";
-    char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, plan, ord, NULL};
-    cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
-    int stopped = which_stopped(w, "stops at step 4");
-    cl_proc_t *s = w[stopped], *other = w[1 - stopped];
-    EXPECT_EXIT(other, 0); /* the job done without it */
+    asp_stop_t r;
+    asp_stop_start(&r, 1000, "plan:1@4/1s");
+    cl_proc_t **psd = r.psd, *s = r.stopped;
+    EXPECT_EXIT(r.other, 0); /* the job done without it */
     ck_assert_msg(cl_wait_log(psd[1], "dropping it", RUN_S) == 0, "shard 1 kept rank 1: %s",
                   cl_tail(psd[1]));
     /* Shard 0 stopped meanwhile, so that shard 1 answers the continued worker's hello first
@@ -624,15 +655,11 @@ START_TEST(test_asp_stopped_member_refused)
     EXPECT_EXIT(s, 1);
     EXPECT_LOG(s, "continued");
     EXPECT_LOG(s, "was removed from the job");
-    static char check_any[] = "check";
-    argv[4] = check_any;
-    cl_proc_t *check = cl_spawn(c, "check", argv);
-    EXPECT_EXIT(check, 0);
-    EXPECT_LOG(check, "every batch applied once on both tensors");
+    check_all(r.c, r.argv);
     EXPECT_LOG(psd[1], "is back after this shard dropped it as silent: refused");
     EXPECT_LOG(s, "fell silent past the heartbeat timeout and was dropped: join again");
     stop_all(psd, 2);
-    cl_cluster_destroy(c);
+    cl_cluster_destroy(r.c);
 }
 END_TEST
 
@@ -826,16 +853,9 @@ END_TEST
  * -2: batch ... applied twice". */
 START_TEST(test_asp_stopped_member_late_push)
 {
-    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = "asp",
-                   .optimizer = "{name: sgd, lr: 1}",
-                   .job_extra = "  heartbeat_timeout_ms: 1000\n"};
-    cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
-    char nb[] = "40", bs[] = "8", plan[] = "plan:1@4/1s", ord[] = "ab";
-    char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, plan, ord, NULL};
-    cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
-    int stopped = which_stopped(w, "stops at step 4");
-    cl_proc_t *s = w[stopped], *other = w[1 - stopped];
+    asp_stop_t r;
+    asp_stop_start(&r, 1000, "plan:1@4/1s");
+    cl_proc_t **psd = r.psd, *s = r.stopped;
     ck_assert_int_eq(cl_signal(psd[1], SIGSTOP), 0);
     ck_assert_msg(cl_wait_log(psd[0], "missed heartbeats", RUN_S) == 0, "shard 0 kept rank 1: %s",
                   cl_tail(psd[0]));
@@ -846,21 +866,17 @@ START_TEST(test_asp_stopped_member_late_push)
     free(log);
     char handed[64];
     snprintf(handed, sizeof handed, "got batch %llu at step", j);
-    ck_assert_msg(cl_wait_log(other, handed, RUN_S) == 0, "batch %llu was not handed on: %s", j,
-                  cl_tail(other));
+    ck_assert_msg(cl_wait_log(r.other, handed, RUN_S) == 0, "batch %llu was not handed on: %s", j,
+                  cl_tail(r.other));
     nap_ms(100); /* its pushes of that batch land */
     ck_assert_int_eq(cl_signal(s, SIGCONT), 0);
     EXPECT_EXIT(s, 1);
     EXPECT_LOG(s, "was removed from the job");
-    EXPECT_EXIT(other, 0);
-    static char check_any[] = "check";
-    argv[4] = check_any;
-    cl_proc_t *check = cl_spawn(c, "check", argv);
-    EXPECT_EXIT(check, 0);
-    EXPECT_LOG(check, "every batch applied once on both tensors");
+    EXPECT_EXIT(r.other, 0);
+    check_all(r.c, r.argv);
     EXPECT_LOG(psd[1], "which this chunk took from the worker it was handed to again");
     stop_all(psd, 2);
-    cl_cluster_destroy(c);
+    cl_cluster_destroy(r.c);
 }
 END_TEST
 
@@ -915,33 +931,26 @@ END_TEST
  * batch ... applied twice". */
 START_TEST(test_restore_asp_batch_part_pushed)
 {
-    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = "asp",
-                   .optimizer = "{name: sgd, lr: 1}",
-                   .job_extra = "  heartbeat_timeout_ms: 3000\n"}; /* rank 1 stays a member */
-    cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
-    char nb[] = "40", bs[] = "8", plan[] = "plan:1@4/1s,0@6/0s", ord[] = "ab";
-    char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, plan, ord, NULL};
-    cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
+    asp_stop_t r; /* heartbeat 3 s: rank 1 stays a member through the checkpoint */
+    asp_stop_start(&r, 3000, "plan:1@4/1s,0@6/0s");
     /* Both stopped where they said (not inside a send): the shards' snapshots, taken one after
      * the other, see the same pushes (an asp checkpoint is no cut across shards). */
-    int one = which_stopped(w, "stops at step 4");
-    ck_assert_msg(cl_wait_log(w[1 - one], "stops at step 6", RUN_S) == 0, "rank 0 never stopped: "
-                  "%s", cl_tail(w[1 - one]));
+    ck_assert_msg(cl_wait_log(r.other, "stops at step 6", RUN_S) == 0, "rank 0 never stopped: %s",
+                  cl_tail(r.other));
     char ckdir[CL_PATH];
-    checkpoint_now(c, ckdir);
+    checkpoint_now(r.c, ckdir);
     for (int p = 0; p < 2; p++) {
-        cl_signal(w[p], SIGKILL);
-        cl_signal(w[p], SIGCONT);
-        cl_wait(w[p], RUN_S);
+        cl_signal(r.w[p], SIGKILL);
+        cl_signal(r.w[p], SIGCONT);
+        cl_wait(r.w[p], RUN_S);
     }
-    stop_all(psd, 2);
-    cl_data_dirs_aside(c, "trained");
+    stop_all(r.psd, 2);
+    cl_data_dirs_aside(r.c, "trained");
 
-    cl_restore_start(c, c->manifest, 2, ckdir, psd, READY_S);
-    new_workers_finish(c, argv);
-    stop_all(psd, 2);
-    cl_cluster_destroy(c);
+    cl_restore_start(r.c, r.c->manifest, 2, ckdir, r.psd, READY_S);
+    new_workers_finish(r.c, r.argv);
+    stop_all(r.psd, 2);
+    cl_cluster_destroy(r.c);
 }
 END_TEST
 
