@@ -60,6 +60,7 @@ typedef struct {
         uint8_t sending; /* a send of it has not completed: hdr (and copy) are in use */
         uint8_t receiving; /* pull: its reply's rendezvous is landing (on_pull_recv) */
         uint8_t again; /* send it again once that send completes */
+        uint32_t ep_gen; /* the shard's connection (cshard_t.ep_gen) its last send went on */
         uint8_t direct; /* its last request was direct (PS_FLAG_DIRECT): a pull asked for a
                            direct reply; a push was written into the shard's area */
         uint8_t went_direct; /* PS_TRACE: done directly (part_done: direct as it was then) */
@@ -116,6 +117,8 @@ typedef struct {
     uint32_t backoff_ms;
     uv_timer_t timer;  /* the next reconnect attempt */
     int hb_inflight;   /* a heartbeat send not completed yet */
+    uint32_t ep_gen;   /* bumped at every new endpoint: a send's completion from an older one
+                          (a close left to finish in the background) is not this one's */
     int greeted;       /* comm thread: a hello of the join was answered, so heartbeats go to it
                           while the join waits for other shards (on_heartbeat) */
     int losing;        /* shard_lost is running: an op it fails must not call it again */
@@ -234,6 +237,7 @@ struct ps_client_s {
     bundle_t *free_bundles;     /* comm thread */
     bundle_t *flying;           /* comm thread: bundles whose send has not completed (a
                                    transport restart takes them back: transport_restart) */
+    struct fwd_s *forwards;     /* comm thread: view messages whose send has not completed */
     ps_op_t *copy_head, *copy_tail; /* comm thread: pushes with HELD_COPY parts (copy_turn),
                                        each holding a ucx_ref */
     int started, start_rc;
@@ -417,7 +421,19 @@ static int part_spared(ps_client_t *c, part_t *p, int give_up)
 }
 
 static void send_data_part(ps_client_t *c, ps_op_t *op, part_t *p);
+static void send_part(ps_client_t *c, part_t *p, const ps_msg_t *m, const void *data, size_t len,
+                      unsigned am_id);
 static uint64_t area_place(cshard_t *s, ctensor_t *t, uint32_t chunk, uint64_t len);
+
+/* Send part @p p of @p op again: a control op's request as it was, a push or pull as
+ * send_data_part builds it. */
+static void part_send_again(ps_client_t *c, ps_op_t *op, part_t *p)
+{
+    if (op->type == OP_BATCH || op->type == OP_DECLARE || op->type == OP_LEAVE)
+        send_part(c, p, &op->req, NULL, 0, PS_AM_CTRL);
+    else
+        send_data_part(c, op, p);
+}
 
 /* A send of @p p completed (in its callback, or at once): its header (and test copy) are free
  * again; a resend that waited for that goes now, and so does the push window's next chunk to
@@ -430,7 +446,7 @@ static void part_sent(ps_client_t *c, part_t *p)
     p->ck.copy = NULL;
     if (p->ck.again && p->pending) {
         p->ck.again = 0;
-        send_data_part(c, op, p);
+        part_send_again(c, op, p);
     }
     /* Held parts follow every sent one of their shard (start_op holds in index order). */
     if (op->type != OP_PUSH || op->status != 0 || !c->shards[p->shard].windowed) return;
@@ -507,9 +523,13 @@ static void on_sent(void *request, ucs_status_t status, void *user_data)
 {
     part_t *p = user_data;
     ps_op_t *op = p->op;
+    /* A send on a connection that was replaced since (its close was left to finish in the
+     * background), whose part the new one takes (on_rehello left it to this completion:
+     * ck.again): its failure is the old connection's, not the new one's. */
+    int replaced = p->ck.again && p->ck.ep_gen != op->c->shards[p->shard].ep_gen;
     op->ucx_refs--;
     part_sent(op->c, p);
-    if (status != UCS_OK && p->pending && !part_spared(op->c, p, 0))
+    if (status != UCS_OK && !replaced && p->pending && !part_spared(op->c, p, 0))
         op_fail(op, ps_ucx_err(status), "send to shard %u failed: %s", p->shard,
                 ucs_status_string(status));
     if (request) ucp_request_free(request);
@@ -595,6 +615,7 @@ static void send_part(ps_client_t *c, part_t *p, const ps_msg_t *m, const void *
                                .cb.send = on_sent, .user_data = p};
     op->ucx_refs++;
     p->ck.sending = 1;
+    p->ck.ep_gen = s->ep_gen;
     void *req = ucp_am_send_nbx(s->ep, am_id, p->hdr, hlen, data, len, &prm);
     if (req == NULL || UCS_PTR_IS_ERR(req)) {
         ucs_status_t st = req ? UCS_PTR_STATUS(req) : UCS_OK;
@@ -614,6 +635,7 @@ static int connect_shard(ps_client_t *c, uint32_t i)
     int rc = ps_ucx_connect(&c->ucx, sc->host, sc->port, on_ep_error, s, &s->ep);
     if (rc == 0) {
         s->dead = 0;
+        s->ep_gen++;
         /* A heartbeat of the old endpoint whose close was left to finish in the background
          * (ps_ucx_ep_close) may never complete: the new one must not wait for it, or this
          * shard would hear nothing more and drop the worker as silent. */
@@ -1040,10 +1062,39 @@ again:
     }
 }
 
+/* A view message on its way (forward_msg): its header, which UCX reads until the send
+ * completes, on c->forwards until then, so that a transport restart or the comm thread's end,
+ * after which no completion comes, frees what is left (forwards_free). */
+typedef struct fwd_s {
+    ps_client_t *c;
+    struct fwd_s *prev, *next;
+    uint8_t hdr[128];
+} fwd_t;
+
+static void fwd_unlink(fwd_t *f)
+{
+    if (f->prev) f->prev->next = f->next;
+    else f->c->forwards = f->next;
+    if (f->next) f->next->prev = f->prev;
+}
+
 static void on_forward_sent(void *request, ucs_status_t status, void *user_data)
 {
-    free(user_data);
+    fwd_t *f = user_data;
+    fwd_unlink(f);
+    free(f);
     if (request) ucp_request_free(request);
+}
+
+/* Free the headers of view messages whose sends will never complete: call only once the UCX
+ * worker that held them is gone (transport_restart, the comm thread's end). */
+static void forwards_free(ps_client_t *c)
+{
+    while (c->forwards) {
+        fwd_t *f = c->forwards;
+        fwd_unlink(f);
+        free(f);
+    }
 }
 
 /* Tell shard i the membership this worker knows (MSG_EPOCH, fire and forget). */
@@ -1064,19 +1115,28 @@ static void forward_msg(ps_client_t *c, uint32_t i, const ps_msg_t *view)
     cshard_t *s = &c->shards[i];
     if (s->ep == NULL || s->dead || s->down) return;
     ps_msg_t m = *view;
-    uint8_t *hdr = malloc(128);
+    fwd_t *f = malloc(sizeof *f);
     size_t len;
-    if (hdr == NULL || ps_msg_encode(&m, hdr, 128, &len)) {
-        free(hdr);
+    if (f == NULL || ps_msg_encode(&m, f->hdr, sizeof f->hdr, &len)) {
+        free(f);
         return;
     }
     ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                                                UCP_OP_ATTR_FIELD_USER_DATA |
                                                UCP_OP_ATTR_FIELD_FLAGS,
                                .flags = UCP_AM_SEND_FLAG_REPLY,
-                               .cb.send = on_forward_sent, .user_data = hdr};
-    void *req = ucp_am_send_nbx(s->ep, PS_AM_CTRL, hdr, len, NULL, 0, &prm);
-    if (req == NULL || UCS_PTR_IS_ERR(req)) free(hdr);
+                               .cb.send = on_forward_sent, .user_data = f};
+    void *req = ucp_am_send_nbx(s->ep, PS_AM_CTRL, f->hdr, len, NULL, 0, &prm);
+    if (req == NULL || UCS_PTR_IS_ERR(req)) {
+        free(f);
+        return;
+    }
+    /* In flight (its completion comes from a later progress call, never from this one): */
+    f->c = c;
+    f->prev = NULL;
+    f->next = c->forwards;
+    if (c->forwards) c->forwards->prev = f;
+    c->forwards = f;
 }
 
 /* Adopt a newer membership (from a batch reply or MSG_EPOCH); @p forward: tell the others. */
@@ -1134,13 +1194,15 @@ static void on_rehello(ps_op_t *op)
             int sent = 0;
             for (uint32_t k = 0; k < o->nparts; k++)
                 if (o->parts[k].resend && o->parts[k].shard == i && o->parts[k].pending) {
-                    o->parts[k].resend = 0;
+                    part_t *p = &o->parts[k];
+                    p->resend = 0;
                     PS_LOG(PS_LOG_DEBUG, "libps", "shard %u: sends again part %u of op type %d "
                            "(step %llu)", i, k, o->type, (unsigned long long)o->step);
-                    if (o->type == OP_BATCH || o->type == OP_DECLARE || o->type == OP_LEAVE)
-                        send_part(c, &o->parts[k], &o->req, NULL, 0, PS_AM_CTRL);
-                    else
-                        send_data_part(c, o, &o->parts[k]);
+                    if (p->ck.sending) { /* the old connection's send still holds its header */
+                        p->ck.again = 1; /* part_sent sends it once that completes */
+                        continue;
+                    }
+                    part_send_again(c, o, p);
                     sent = 1;
                 }
             if (sent) op_maybe_complete(o); /* a resend that failed at once may finish it */
@@ -1257,11 +1319,12 @@ again:
         c->free_bundles = b;
     }
     c->copy_head = c->copy_tail = NULL; /* their refs go too; shard_lost resends the parts */
+    forwards_free(c);
     for (ps_op_t *op = c->inflight; op; op = op->next) {
         op->ucx_refs = 0;
         for (uint32_t k = 0; k < op->nparts; k++) {
             part_t *p = &op->parts[k];
-            p->ck.sending = p->ck.again = 0;
+            p->ck.sending = p->ck.receiving = p->ck.again = 0;
             p->held = 0;
         }
     }
@@ -1898,6 +1961,19 @@ static void *comm_main(void *arg)
     ps_ucx_close(&c->ucx);
     uv_run(&c->loop, UV_RUN_DEFAULT);
     uv_loop_close(&c->loop);
+    /* No UCX completion comes any more: what only this thread owned and was still waiting for
+     * one is freed (a view message whose close was left to finish in the background; a
+     * reconnect's hello the shutdown overtook). The callers' ops are theirs. */
+    forwards_free(c);
+    for (ps_op_t **pp = &c->inflight; *pp;) {
+        ps_op_t *op = *pp;
+        if (op->on_done == NULL) {
+            pp = &op->next;
+            continue;
+        }
+        *pp = op->next;
+        free(op);
+    }
     return NULL;
 }
 
