@@ -16,6 +16,7 @@
 #include "init.h"
 #include "optim.h"
 #include "manifest.h"
+#include "memberviews.h"
 #include "merkle.h"
 #include "fanout.h"
 #include "store.h"
@@ -251,19 +252,10 @@ typedef struct {
 enum { JOB_CREATE = 1, JOB_APPLY = 2 };
 
 #define PSD_MAX_TENSORS 65536 /* tensors per cluster */
-#define PSD_VIEWS 16          /* membership epochs a shard remembers */
 #define PSD_INLINE_APPLY_BYTES (64u << 10) /* apply jobs up to this size run on the loop */
 #define PSD_INLINE_RECORD_BYTES (8u << 20) /* and those of one record up to this size */
 #define PSD_JOB_MAX_BYTES (8u << 20)      /* records one apply job takes at most, per thread
                                              of the fan-out */
-
-/* A membership epoch as a shard knows it: from step `from_step` on (until a higher epoch
- * takes over), a bsp step is complete when every rank in `members` pushed. Shard 0 makes
- * them (coord.c); the other shards learn them from pushes and from MSG_EPOCH. */
-typedef struct {
-    uint64_t epoch, from_step, members;
-    bool closed;               /* of a step the coordinator closed: covers from_step only */
-} psd_view_t;
 
 typedef struct psd_coord_s psd_coord_t;
 
@@ -301,8 +293,7 @@ struct psd_server_s {
                                    rank this shard last dropped as silent (0: none); a hello
                                    claiming it again is refused (server.c) */
     psd_coord_t *coord;        /* shard 0: membership, steps and batches (coord.c) */
-    psd_view_t views[PSD_VIEWS]; /* known membership epochs, any order */
-    uint32_t nviews;
+    psd_views_t views;         /* known membership epochs (memberviews.h) */
 
     psd_tensor_t *tensors;     /* [cap_tensors], indexed by id */
     uint32_t cap_tensors, ntensors; /* ntensors: 1 + highest present id */

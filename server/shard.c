@@ -342,16 +342,9 @@ void psd_shard_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len
 
 /* ---- membership views --------------------------------------------------- */
 
-/* The newest view that covers step @p step (a closed one only its own step), or NULL. */
 static const psd_view_t *view_of(const psd_server_t *srv, uint64_t step)
 {
-    const psd_view_t *best = NULL;
-    for (uint32_t i = 0; i < srv->nviews; i++) {
-        const psd_view_t *v = &srv->views[i];
-        if (v->closed ? v->from_step != step : v->from_step > step) continue;
-        if (best == NULL || v->epoch > best->epoch) best = v;
-    }
-    return best;
+    return psd_views_of(&srv->views, step);
 }
 
 uint64_t psd_shard_members(const psd_server_t *srv, uint64_t step, uint64_t *epoch)
@@ -375,10 +368,19 @@ static bool step_closed_empty(const psd_server_t *srv, uint64_t step)
 
 uint64_t psd_shard_epoch(const psd_server_t *srv)
 {
-    uint64_t e = 0;
-    for (uint32_t i = 0; i < srv->nviews; i++)
-        if (srv->views[i].epoch > e) e = srv->views[i].epoch;
-    return e;
+    return psd_views_epoch(&srv->views);
+}
+
+/* The lowest step a chunk of this shard is at (0 without chunks): no view is looked up below
+ * it (a push for an earlier step is acknowledged as stale before its view is). */
+static uint64_t lowest_step(const psd_server_t *srv)
+{
+    uint64_t low = UINT64_MAX;
+    for (uint32_t i = 0; i < srv->ntensors; i++)
+        for (uint32_t c = 0; srv->tensors[i].present && c < srv->tensors[i].nchunks; c++)
+            if (srv->tensors[i].chunks[c] && srv->tensors[i].chunks[c]->version < low)
+                low = srv->tensors[i].chunks[c]->version;
+    return low == UINT64_MAX ? 0 : low;
 }
 
 static void chunk_maybe_ready(psd_server_t *srv, psd_chunk_t *ch);
@@ -386,23 +388,25 @@ static void chunk_maybe_ready(psd_server_t *srv, psd_chunk_t *ch);
 void psd_shard_learn_view(psd_server_t *srv, uint64_t epoch, uint64_t from_step, uint64_t members,
                           bool closed)
 {
-    psd_view_t *v = NULL;
-    for (uint32_t i = 0; i < srv->nviews; i++)
-        if (srv->views[i].epoch == epoch) v = &srv->views[i];
+    psd_view_t *v = psd_views_find(&srv->views, epoch);
     if (v) {
         /* nothing new (an epoch is either a closed step's or an ordinary one) */
         if (v->closed || closed || v->from_step <= from_step) return;
         v->from_step = from_step;
     } else {
-        if (srv->nviews == PSD_VIEWS) { /* forget the oldest epoch */
-            uint32_t old = 0;
-            for (uint32_t i = 1; i < srv->nviews; i++)
-                if (srv->views[i].epoch < srv->views[old].epoch) old = i;
-            if (srv->views[old].epoch > epoch) return;
-            v = &srv->views[old];
-        } else {
-            v = &srv->views[srv->nviews++];
+        bool full = srv->views.n == PSD_VIEWS;
+        uint64_t low = full ? lowest_step(srv) : 0;
+        v = psd_views_slot(&srv->views, epoch, low);
+        if (v == NULL) { /* older than every view known, and each of those still needed */
+            PS_LOG(closed && from_step >= low ? PS_LOG_WARN : PS_LOG_DEBUG, "shard",
+                   "epoch %llu (%s step %llu) not kept: the %d views known are newer and still "
+                   "needed", (unsigned long long)epoch, closed ? "closed" : "from",
+                   (unsigned long long)from_step, PSD_VIEWS);
+            return;
         }
+        if (full)
+            PS_LOG(PS_LOG_DEBUG, "shard", "epoch %llu forgotten for epoch %llu",
+                   (unsigned long long)v->epoch, (unsigned long long)epoch);
         *v = (psd_view_t){epoch, from_step, members, closed};
         PS_LOG(PS_LOG_DEBUG, "shard", "epoch %llu %s step %llu: members %#llx",
                (unsigned long long)epoch, closed ? "closed" : "from", (unsigned long long)from_step,
