@@ -666,6 +666,29 @@ static const void *test_corrupt(psd_send_t *s, const void *data, size_t dlen)
     return s->payload;
 }
 
+/* The first pull of a chunk since this psd loaded its store checks the record @p h against its
+ * stored hash, as the first update does (run_apply), so that a record damaged at rest is
+ * refused with the reason rather than sent: the worker's check of the parameters' CRC-32C
+ * would take the damage for the transport's, send again and give up saying "corrupted in
+ * transit". One hash per chunk per run, on the loop thread. Returns true (and says so once
+ * per chunk) for a damaged record. */
+static bool record_damaged(psd_server_t *srv, psd_chunk_t *ch, const psd_chunk_hdr_t *h)
+{
+    if (__atomic_load_n(&ch->hash_checked, __ATOMIC_RELAXED)) return false;
+    if (psd_store_chunk_hash(h) == h->hash) {
+        __atomic_store_n(&ch->hash_checked, true, __ATOMIC_RELAXED);
+        return false;
+    }
+    if (!ch->damage_logged)
+        PS_LOG(PS_LOG_ERROR, "shard", "chunk %u of tensor '%s' (version %llu) in this shard's "
+               "store does not match its hash (corrupted at rest): refused to every pull and "
+               "update; psctl verify names the damaged chunks, psctl repair --from CHECKPOINT "
+               "rewrites them", ch->chunk, srv->tensors[ch->tensor].decl.name,
+               (unsigned long long)h->version);
+    ch->damage_logged = true;
+    return true;
+}
+
 static void send_pull_reply(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id, psd_chunk_t *ch,
                             uint32_t codec, uint32_t flags, uint64_t asked_ns)
 {
@@ -679,6 +702,12 @@ static void send_pull_reply(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id
     if (rc) {
         psd_send_error(srv, conn, req_id, rc, "chunk %u/%u unreadable: %s", ch->tensor, ch->chunk,
                        ps_strerror(rc));
+        return;
+    }
+    if (record_damaged(srv, ch, h)) {
+        psd_send_error(srv, conn, req_id, PS_ECORRUPT, "pull of chunk %u of tensor '%s': %s on "
+                       "shard %u (psctl verify; psctl repair --from CHECKPOINT)", ch->chunk,
+                       srv->tensors[ch->tensor].decl.name, ps_strerror(PS_ECORRUPT), srv->shard);
         return;
     }
     /* Relaxed: an apply job on the pool may read it meanwhile; either value is correct. */
