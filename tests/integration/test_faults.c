@@ -161,16 +161,24 @@ END_TEST
 
 /* pslaunch --respawn: kill -9 one of three workers; the coordinator drops it (its batch goes
  * to another member), a replacement joins as a new member, and every worker reaches the last
- * step. */
+ * step. --metrics-dir names a directory two levels down that does not exist yet: pslaunch
+ * makes it (before, every worker failed to open its metrics file and pslaunch exited 1). A
+ * metrics dir that is a file is one error naming it. */
 START_TEST(test_worker_killed_and_replaced)
 {
     cl_conf_t k = {.shards = 2, .workers = 3, .optimizer = "{name: sgd, lr: 0.05}",
                    .max_steps = 600, .batch_size = 32};
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
-    char metrics[CL_PATH];
-    cl_path(c, "metrics", metrics, sizeof metrics);
-    ck_assert_int_eq(mkdir(metrics, 0700), 0);
+    char metrics[CL_PATH], file[CL_PATH];
+    cl_path(c, "metrics/run1", metrics, sizeof metrics);
+    cl_path(c, "manifest-as-dir", file, sizeof file);
+    ck_assert_int_eq(symlink(c->manifest, file), 0);
+    char *bad[] = {(char *)cl_binary("PSLAUNCH"), "--manifest", c->manifest, "--workers", "3",
+                   "--metrics-dir", file, NULL};
+    cl_proc_t *refused = cl_spawn(c, "pslaunch-bad", bad);
+    EXPECT_EXIT(refused, 1);
+    EXPECT_LOG(refused, "manifest-as-dir: Not a directory");
     char *argv[] = {(char *)cl_binary("PSLAUNCH"), "--manifest", c->manifest, "--workers", "3",
                     "--respawn", "2", "--metrics-dir", metrics, NULL};
     cl_proc_t *launch = cl_spawn(c, "pslaunch", argv);
