@@ -13,7 +13,12 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#define PS_REHAND_MAX 256 /* batches waiting to be handed out again */
+/* Batches waiting to be handed out again. Never full: a fresh range goes out only while the
+ * queue is empty (ps_cursor_take), so the batches out at once (held by members, queued, or
+ * counted at a restart of shard 0 and given back later) never outnumber those out when the last
+ * fresh range went: one held per rank plus one per member of the step a restart closed, at most
+ * 2 x PS_MAX_RANKS (128). */
+#define PS_REHAND_MAX 256
 #define PS_REPLAY_MAX 4   /* replay tags a batch carries (its last departures mid-step) */
 #define PS_PASS_RING 64   /* passes whose applied counts are kept */
 
