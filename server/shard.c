@@ -371,18 +371,6 @@ uint64_t psd_shard_epoch(const psd_server_t *srv)
     return psd_views_epoch(&srv->views);
 }
 
-/* The lowest step a chunk of this shard is at (0 without chunks): no view is looked up below
- * it (a push for an earlier step is acknowledged as stale before its view is). */
-static uint64_t lowest_step(const psd_server_t *srv)
-{
-    uint64_t low = UINT64_MAX;
-    for (uint32_t i = 0; i < srv->ntensors; i++)
-        for (uint32_t c = 0; srv->tensors[i].present && c < srv->tensors[i].nchunks; c++)
-            if (srv->tensors[i].chunks[c] && srv->tensors[i].chunks[c]->version < low)
-                low = srv->tensors[i].chunks[c]->version;
-    return low == UINT64_MAX ? 0 : low;
-}
-
 static void chunk_maybe_ready(psd_server_t *srv, psd_chunk_t *ch);
 
 void psd_shard_learn_view(psd_server_t *srv, uint64_t epoch, uint64_t from_step, uint64_t members,
@@ -395,7 +383,9 @@ void psd_shard_learn_view(psd_server_t *srv, uint64_t epoch, uint64_t from_step,
         v->from_step = from_step;
     } else {
         bool full = srv->views.n == PSD_VIEWS;
-        uint64_t low = full ? lowest_step(srv) : 0;
+        /* No view is looked up below the lowest chunk's step (a push for an earlier step is
+         * acknowledged as stale before its view is). */
+        uint64_t low = full ? psd_shard_step(srv) : 0;
         v = psd_views_slot(&srv->views, epoch, low);
         if (v == NULL) { /* older than every view known, and each of those still needed */
             PS_LOG(closed && from_step >= low ? PS_LOG_WARN : PS_LOG_DEBUG, "shard",
