@@ -24,6 +24,7 @@ struct ps_req_s {
     uint64_t next_req, want_req;
     int got, pending, data_failed, timed_out;
     int sending;         /* the request's send has not completed: hdr is in use */
+    uint32_t send_shard; /* the shard it goes to */
     ps_msg_t reply;
     uint8_t *data;
     size_t len;
@@ -123,6 +124,24 @@ int ps_req_open(const ps_manifest_t *m, double timeout_s, ps_req_t **out, char *
     return 0;
 }
 
+/* Let the last request's send complete (UCX 1.13 reads c->hdr until then) for at most the call
+ * timeout: a shard that stopped reading (SIGSTOP, a hung host) never completes it, and then its
+ * endpoint is closed, which cancels the send, so that no call or close waits for it for good. */
+static void send_settle(ps_req_t *c)
+{
+    if (!c->sending) return;
+    c->timed_out = 0;
+    uv_update_time(&c->loop);
+    uv_timer_start(&c->timer, on_timer, (uint64_t)(c->timeout_s * 1000), 0);
+    uv_timer_start(&c->tick, on_tick, 2, 2);
+    while (c->sending && !c->timed_out) uv_run(&c->loop, UV_RUN_ONCE);
+    uv_timer_stop(&c->timer);
+    uv_timer_stop(&c->tick);
+    if (!c->sending) return;
+    ps_ucx_ep_close(&c->ucx, &c->eps[c->send_shard].ep, 1); /* its callback: canceled */
+    c->sending = 0; /* a close left to finish in the background took the send with it */
+}
+
 static int connect_shard(ps_req_t *c, uint32_t i, char *err, size_t errlen)
 {
     cep_t *e = &c->eps[i];
@@ -147,11 +166,11 @@ int ps_req_call(ps_req_t *c, uint32_t shard, ps_msg_t *req, ps_msg_t *reply,
 {
     if (data) *data = NULL;
     if (len) *len = 0;
+    send_settle(c); /* an old send after a timeout (it may close that shard's endpoint) */
     int rc = connect_shard(c, shard, err, errlen);
     if (rc) return rc;
     cep_t *e = &c->eps[shard];
     const ps_server_conf_t *sc = &c->m->servers[shard];
-    while (c->sending) ucp_worker_progress(c->ucx.worker); /* an old send after a timeout */
     req->req_id = ++c->next_req;
     size_t hlen;
     if (ps_msg_encode(req, c->hdr, sizeof c->hdr, &hlen)) {
@@ -170,6 +189,7 @@ int ps_req_call(ps_req_t *c, uint32_t shard, ps_msg_t *req, ps_msg_t *reply,
                              .user_data = c};
     void *sreq = ucp_am_send_nbx(e->ep, PS_AM_CTRL, c->hdr, hlen, NULL, 0, &p);
     c->sending = sreq != NULL && !UCS_PTR_IS_ERR(sreq);
+    c->send_shard = shard;
     /* The loop's clock stood still while nobody ran it (between calls): without this the
      * timeout is due at once after an idle spell longer than itself. */
     uv_update_time(&c->loop);
@@ -212,7 +232,7 @@ int ps_req_call(ps_req_t *c, uint32_t shard, ps_msg_t *req, ps_msg_t *reply,
 void ps_req_close(ps_req_t *c)
 {
     if (c == NULL) return;
-    while (c->sending) ucp_worker_progress(c->ucx.worker);
+    send_settle(c);
     for (int i = 0; i < c->m->nservers; i++) ps_ucx_ep_close(&c->ucx, &c->eps[i].ep, 1);
     uv_close((uv_handle_t *)&c->timer, NULL);
     uv_close((uv_handle_t *)&c->tick, NULL);

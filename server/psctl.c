@@ -7,6 +7,8 @@
  *   psctl --manifest M checkpoint --follow  the manifest's periodic checkpoints until the job
  *                                       is finished (psctl_follow.c; psd shard 0 runs it) */
 #include <getopt.h>
+#include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -263,6 +265,22 @@ static void usage(FILE *f)
             PS_MAX_RANKS);
 }
 
+/* Option @p name's value @p arg as seconds into *@p out: a finite number, > 0 (>= 0 where
+ * @p zero_ok), at most a day; else says what is wrong and returns -1. */
+static int seconds_arg(const char *name, const char *arg, bool zero_ok, double *out)
+{
+    char *end;
+    double v = strtod(arg, &end);
+    if (end == arg || *end != '\0' || !isfinite(v) || v < 0 || (v == 0 && !zero_ok) ||
+        v > 86400) {
+        fprintf(stderr, "psctl: %s %s: expected seconds in %s0, 86400]\n", name, arg,
+                zero_ok ? "[" : "(");
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static const struct option opts[] = {{"manifest", required_argument, 0, 'm'},
@@ -287,10 +305,14 @@ int main(int argc, char **argv)
         switch (o) {
         case 'm': manifest = optarg; break;
         case 'j': json = 1; break;
-        case 't': timeout = atof(optarg); break;
+        case 't':
+            if (seconds_arg("--timeout", optarg, false, &timeout)) return 2;
+            break;
         case 'h': usage(stdout); return 0;
         case 'o': out = optarg; break;
-        case 'w': wait = atof(optarg); break;
+        case 'w':
+            if (seconds_arg("--wait", optarg, true, &wait)) return 2;
+            break;
         case 'd': dir = optarg; break;
         case 'a': against = optarg; break;
         case 'f': from = optarg; break;
@@ -305,23 +327,20 @@ int main(int argc, char **argv)
         restore = argv[optind + 1];
         verb = "restore";
     } else if (manifest && optind + 2 == argc && strcmp(argv[optind], "scale") == 0) {
+        const char *arg = argv[optind + 1];
         char *end;
-        long n = strtol(argv[optind + 1], &end, 10);
-        if (*end != '\0' || n < 0 || n > PS_MAX_RANKS) {
+        long n = strtol(arg, &end, 10);
+        if (arg[0] < '0' || arg[0] > '9' || *end != '\0' || n < 0 || n > PS_MAX_RANKS) {
             fprintf(stderr, "psctl: scale %s: expected a number of workers in [0, %d]\n",
                     argv[optind + 1], PS_MAX_RANKS);
             return 2;
         }
         scale = (int)n;
         verb = "scale";
-    } else if (manifest == NULL || timeout <= 0 ||
+    } else if (manifest == NULL ||
                (strcmp(verb, "status") && strcmp(verb, "export") && strcmp(verb, "verify") &&
                 strcmp(verb, "checkpoint") && strcmp(verb, "repair"))) {
         usage(stderr);
-        return 2;
-    }
-    if (wait < 0 && wait != -1) {
-        fprintf(stderr, "psctl: --wait %g: expected seconds >= 0\n", wait);
         return 2;
     }
     const char *misplaced = dir && strcmp(verb, "checkpoint") ? "--dir is for checkpoint only"

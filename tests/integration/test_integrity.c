@@ -541,6 +541,46 @@ START_TEST(test_corrupt_at_rest_push_refused)
 }
 END_TEST
 
+/* psctl against a shard that took its connection but does not answer (stopped): every verb
+ * gives up after its --timeout and says so. Before, a request whose send never completed held
+ * psctl for good (a busy loop with no deadline, at a call after a timeout and at the close):
+ * verify printed "no answer within 1 s" and never exited, scale printed nothing at all. Also
+ * the option checks: --timeout and --wait take a finite number of seconds (before, "abc" was
+ * 0, and scale with --timeout 0 reported no answer after applying the scale), and scale takes
+ * a plain number (before, "" was 0). */
+START_TEST(test_psctl_stopped_shard_bounded)
+{
+    cl_conf_t k = {.shards = 2, .workers = 1};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    const char *status[] = {"status", NULL};
+    psctl(c, "status", 0, status);
+    ck_assert_int_eq(cl_signal(psd[1], SIGSTOP), 0);
+    const char *verify[] = {"verify", "--timeout", "1", NULL};
+    cl_proc_t *v = psctl(c, "verify", 1, verify);
+    EXPECT_LOG(v, "no answer within 1 s");
+    ck_assert_int_eq(cl_signal(psd[1], SIGCONT), 0);
+    ck_assert_int_eq(cl_signal(psd[0], SIGSTOP), 0);
+    const char *scale[] = {"scale", "2", "--timeout", "1", NULL};
+    cl_proc_t *sc = psctl(c, "scale", 1, scale);
+    EXPECT_LOG(sc, "no answer within 1 s");
+    ck_assert_int_eq(cl_signal(psd[0], SIGCONT), 0);
+    const char *bad_timeout[] = {"status", "--timeout", "abc", NULL};
+    EXPECT_LOG(psctl(c, "bad_timeout", 2, bad_timeout), "--timeout abc: expected seconds in");
+    const char *zero_timeout[] = {"scale", "3", "--timeout", "0", NULL};
+    EXPECT_LOG(psctl(c, "zero_timeout", 2, zero_timeout), "--timeout 0: expected seconds in");
+    const char *bad_wait[] = {"export", "--out", "x", "--wait", "nan", NULL};
+    EXPECT_LOG(psctl(c, "bad_wait", 2, bad_wait), "--wait nan: expected seconds in");
+    const char *empty[] = {"scale", "", NULL};
+    EXPECT_LOG(psctl(c, "empty", 2, empty), "expected a number of workers in [0, 64]");
+    const char *json[] = {"status", "--json", NULL};
+    cl_proc_t *st = psctl(c, "status2", 0, json);
+    EXPECT_LOG(st, "\"desired_workers\": 1, "); /* no scale went through */
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* An export snapshot its psctl stopped using (stopped with ^Z, hung): psd ends it after
  * PS_EXPORT_IDLE_MS (here 500 ms; a minute by default), since LMDB cannot reuse any page freed
  * after a snapshot that is still open, and the store would grow with every update until it is
@@ -1043,6 +1083,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("corrupt_at_rest_not_sealed_again",
                              test_corrupt_at_rest_not_sealed_again));
     suite_add_tcase(s, tcase("corrupt_at_rest_push_refused", test_corrupt_at_rest_push_refused));
+    suite_add_tcase(s, tcase("psctl_stopped_shard_bounded", test_psctl_stopped_shard_bounded));
     suite_add_tcase(s, tcase("sync_interval_reported", test_sync_interval_reported));
     suite_add_tcase(s, tcase("checkpoint_restore_reshard", test_checkpoint_restore_reshard));
     suite_add_tcase(s, tcase("checkpoint_verify_against", test_checkpoint_verify_against));
