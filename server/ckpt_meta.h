@@ -21,6 +21,10 @@ int psd_ckpt_meta_field(const char *json, const char *key, char *out, size_t cap
 /** @brief psd_ckpt_meta_field() as an unsigned number; UINT64_MAX when absent. */
 uint64_t psd_ckpt_meta_u64(const char *json, const char *key);
 
+/** @brief The checkpoint's number of shards, "nshards" of a meta.json @p json: 1 to
+ *  PS_MAX_SERVERS, else 0 (absent, malformed or out of range: not a checkpoint psd took). */
+uint32_t psd_ckpt_meta_nshards(const char *json);
+
 /** A read-only view of DIR/shard-J's environment. */
 typedef struct {
     MDB_env *env;
@@ -31,6 +35,8 @@ typedef struct {
 /**
  * @brief Open DIR/shard-@p j read-only (MDB_RDONLY | MDB_NOLOCK: nothing is written there)
  *  with one read transaction.
+ *  A data file shorter than the pages its environment uses (a truncated copy, which would
+ *  fault, SIGBUS, when read) is refused with MDB_CORRUPTED.
  * @return 0 or an LMDB code (mdb_strerror); on failure nothing is left open.
  * @note Release with psd_ckpt_src_close(); values read stay valid until then.
  */

@@ -327,6 +327,15 @@ static long verify_one(const ps_manifest_t *m, const char *dir, uint32_t j, uint
     return bad;
 }
 
+/* For @p verb: shard 0's meta.json in @p dir names no number of shards psd could have taken
+ * it on (1 if said). */
+static int say_not_checkpoint(const char *verb, const char *dir)
+{
+    fprintf(stderr, "psctl: %s: %s: not a checkpoint (shard-0/%s has no valid \"nshards\", 1 to "
+            "%d)\n", verb, dir, PSD_CKPT_META, PS_MAX_SERVERS);
+    return 1;
+}
+
 /* Shard 0's meta.json of the checkpoint in @p dir (malloc'd), or NULL with the reason printed
  * for @p verb. */
 static char *meta0_or_say(const char *verb, const char *dir)
@@ -342,8 +351,9 @@ int psctl_verify_against(const ps_manifest_t *m, const char *dir)
 {
     char *meta = meta0_or_say("verify", dir);
     if (meta == NULL) return 1;
-    uint64_t n = psd_ckpt_meta_u64(meta, "nshards"), step = psd_ckpt_meta_u64(meta, "step");
+    uint64_t n = psd_ckpt_meta_nshards(meta), step = psd_ckpt_meta_u64(meta, "step");
     free(meta);
+    if (n == 0) return say_not_checkpoint("verify", dir);
     uint64_t checked = 0;
     long bad = 0;
     int failed = 0, root_bad = 0;
@@ -393,7 +403,11 @@ int psctl_repair(const ps_manifest_t *m, const char *dir_in, int rollback, doubl
     psctl_absolute(dir, sizeof dir, dir_in);
     char *meta0 = meta0_or_say("repair", dir);
     if (meta0 == NULL) return 1;
-    uint32_t n = (uint32_t)psd_ckpt_meta_u64(meta0, "nshards");
+    uint32_t n = psd_ckpt_meta_nshards(meta0);
+    if (n == 0) {
+        free(meta0);
+        return say_not_checkpoint("repair", dir);
+    }
     uint64_t step = psd_ckpt_meta_u64(meta0, "step");
     char **metas = calloc(n ? n : 1, sizeof *metas);
     for (uint32_t j = 0; metas && j < n; j++) metas[j] = j ? psd_ckpt_meta_read(dir, j) : meta0;
@@ -487,9 +501,22 @@ int psctl_restore(const ps_manifest_t *m, const char *dir_in)
     psctl_absolute(dir, sizeof dir, dir_in);
     char *meta = meta0_or_say("restore", dir);
     if (meta == NULL) return 1;
-    printf("# checkpoint at step %llu of %llu shards; start each shard of %s on an empty "
-           "data_dir:\n", (unsigned long long)psd_ckpt_meta_u64(meta, "step"),
-           (unsigned long long)psd_ckpt_meta_u64(meta, "nshards"), m->path);
+    char cl[256] = "";
+    uint32_t n = psd_ckpt_meta_nshards(meta);
+    uint64_t step = psd_ckpt_meta_u64(meta, "step");
+    psd_ckpt_meta_field(meta, "cluster", cl, sizeof cl);
+    if (n == 0 || step == UINT64_MAX) {
+        free(meta);
+        return say_not_checkpoint("restore", dir);
+    }
+    if (strcmp(cl, m->cluster) != 0) {
+        fprintf(stderr, "psctl: restore: %s is a checkpoint of cluster '%s', %s's cluster is "
+                "'%s'\n", dir, cl, m->path, m->cluster);
+        free(meta);
+        return 1;
+    }
+    printf("# checkpoint at step %llu of %u shards; start each shard of %s on an empty "
+           "data_dir:\n", (unsigned long long)step, n, m->path);
     for (int i = 0; i < m->nservers; i++)
         printf("psd --manifest %s --shard %d --restore %s\n", m->path, i, dir);
     free(meta);

@@ -62,7 +62,7 @@ int psd_restore_check(const ps_manifest_t *m, uint32_t nstate, const char *data_
     char cl[256] = "", opt[64] = "";
     psd_ckpt_meta_field(j0, "cluster", cl, sizeof cl);
     psd_ckpt_meta_field(j0, "optimizer", opt, sizeof opt);
-    uint64_t n = psd_ckpt_meta_u64(j0, "nshards"), step = psd_ckpt_meta_u64(j0, "step");
+    uint64_t n = psd_ckpt_meta_nshards(j0), step = psd_ckpt_meta_u64(j0, "step");
     uint64_t cb = psd_ckpt_meta_u64(j0, "chunk_bytes"), ns = psd_ckpt_meta_u64(j0, "optimizer_state");
     int rc = 0;
     if (strcmp(cl, m->cluster) != 0)
@@ -83,8 +83,9 @@ int psd_restore_check(const ps_manifest_t *m, uint32_t nstate, const char *data_
                  ps_optim_name(m->job.optimizer.name),
                  psk_optim_state_name((psk_optim_kind_t)m->job.optimizer.name)),
             rc = PS_ECONFIG;
-    else if (n == 0 || n == UINT64_MAX)
-        snprintf(err, errlen, "--restore %s: shard-0/%s has no nshards", dir, PSD_CKPT_META),
+    else if (n == 0)
+        snprintf(err, errlen, "--restore %s: shard-0/%s has no valid nshards (1 to %d)", dir,
+                 PSD_CKPT_META, PS_MAX_SERVERS),
             rc = PS_ECONFIG;
     for (uint32_t k = 1; rc == 0 && k < n; k++) {
         char *jk = psd_ckpt_meta_read(dir, k);

@@ -858,6 +858,48 @@ START_TEST(test_checkpoint_verify_against)
 }
 END_TEST
 
+/* A checkpoint whose files are damaged or not psd's is refused with the reason. A data.mdb cut
+ * short (a copy that did not finish): verify --against and psd --restore say it is corrupted.
+ * Before, both read pages past the end of the file and died of SIGBUS (exit 135), the restore
+ * leaving its data_dir marked "restoring". A meta.json without a valid "nshards": verify
+ * --against, restore and repair --from say it is not a checkpoint. Before, verify --against
+ * went on through shard-2, shard-3, ... for good, restore printed commands for 2^64 - 1 shards
+ * and exited 0, and repair tried to allocate 32 GiB. */
+START_TEST(test_checkpoint_damaged_files_refused)
+{
+    cl_proc_t *psd[2];
+    cl_cluster_t *c = trained_to_20(psd);
+    char dir[CL_PATH], f[CL_PATH + 64];
+    cl_path(c, "ck", dir, sizeof dir);
+    const char *ck[] = {"checkpoint", "--dir", dir, NULL};
+    psctl(c, "checkpoint", 0, ck);
+    stop_all(psd, 2);
+    cl_data_dirs_aside(c, "before");
+    snprintf(f, sizeof f, "%s/shard-1/data.mdb", dir);
+    ck_assert_int_eq(truncate(f, 8192), 0);
+    const char *va[] = {"verify", "--against", dir, NULL};
+    cl_proc_t *v = psctl(c, "verify-truncated", 1, va);
+    EXPECT_LOG(v, "/shard-1: MDB_CORRUPTED");
+    char *argv[] = {(char *)cl_binary("PSD"), "--manifest", c->manifest, "--shard", "0",
+                    "--restore", dir, NULL};
+    cl_proc_t *r = cl_spawn(c, "restore-truncated", argv);
+    EXPECT_EXIT(r, 1);
+    EXPECT_LOG(r, "MDB_CORRUPTED");
+    snprintf(f, sizeof f, "%s/shard-0/meta.json", dir);
+    FILE *m = fopen(f, "w");
+    ck_assert_ptr_nonnull(m);
+    fputs("{\"nshards\": 18446744073709551615, \"step\": 20}\n", m);
+    fclose(m);
+    cl_proc_t *v2 = psctl(c, "verify-garbage", 1, va);
+    EXPECT_LOG(v2, "not a checkpoint (shard-0/meta.json has no valid \"nshards\", 1 to 64)");
+    const char *rs[] = {"restore", dir, NULL};
+    EXPECT_LOG(psctl(c, "restore-garbage", 1, rs), "not a checkpoint");
+    const char *rp[] = {"repair", "--from", dir, NULL};
+    EXPECT_LOG(psctl(c, "repair-garbage", 1, rp), "not a checkpoint");
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* One chunk's stored bytes changed (psd stopped): verify names it, a new checkpoint fails and
  * leaves no directory, repair --from a checkpoint at the same step rewrites it, and verify is
  * clean again. */
@@ -1084,6 +1126,8 @@ Suite *ps_test_suite(void)
                              test_corrupt_at_rest_not_sealed_again));
     suite_add_tcase(s, tcase("corrupt_at_rest_push_refused", test_corrupt_at_rest_push_refused));
     suite_add_tcase(s, tcase("psctl_stopped_shard_bounded", test_psctl_stopped_shard_bounded));
+    suite_add_tcase(s, tcase("checkpoint_damaged_files_refused",
+                             test_checkpoint_damaged_files_refused));
     suite_add_tcase(s, tcase("sync_interval_reported", test_sync_interval_reported));
     suite_add_tcase(s, tcase("checkpoint_restore_reshard", test_checkpoint_restore_reshard));
     suite_add_tcase(s, tcase("checkpoint_verify_against", test_checkpoint_verify_against));
