@@ -14,7 +14,6 @@
 
 #define IDX_IMAGES_MAGIC 2051u /* 0x00000803: unsigned bytes, 3 dimensions */
 #define IDX_LABELS_MAGIC 2049u /* 0x00000801: unsigned bytes, 1 dimension */
-#define FMNIST_CLASSES 10
 #define FMNIST_MEAN 0.2860f
 #define FMNIST_STD 0.3530f
 #define READ_CHUNK 65536
@@ -227,9 +226,9 @@ static int load_labels(uint8_t **labels, uint32_t *n, const char *path, char *er
         goto out;
     }
     for (uint32_t i = 0; i < count; i++) {
-        if (lab[i] >= FMNIST_CLASSES) {
+        if (lab[i] >= PS_FMNIST_CLASSES) {
             set_err(err, errlen, "%s: label %u of sample %u is not below %d", path, lab[i], i,
-                    FMNIST_CLASSES);
+                    PS_FMNIST_CLASSES);
             rc = PS_EDATA;
             goto out;
         }

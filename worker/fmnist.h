@@ -5,6 +5,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#define PS_FMNIST_CLASSES 10 /* labels are 0..9 */
+
 typedef struct {
     uint32_t n;          /* samples */
     uint32_t dim;        /* rows * cols (784) */

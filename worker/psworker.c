@@ -356,6 +356,18 @@ int main(int argc, char **argv)
         fprintf(stderr, "psworker: %s\n", err);
         return 1;
     }
+    uint32_t first = m.job.layers[0], last = m.job.layers[m.job.nlayers - 1];
+    if (first != train.dim || last != PS_FMNIST_CLASSES) {
+        /* Before, the mlp read past each image (a larger first layer), read rows that were not
+         * images (a smaller one), or met a label its last layer has no output for (abort). */
+        fprintf(stderr, "psworker: %s: job.layers [%u, ..., %u]: the mlp takes the dataset's %u "
+                "pixels and gives its %d classes, so the first must be %u and the last %d\n",
+                manifest, first, last, train.dim, PS_FMNIST_CLASSES, train.dim,
+                PS_FMNIST_CLASSES);
+        ps_dataset_free(&train);
+        ps_dataset_free(&test);
+        return 2;
+    }
     if (m.job.train_samples && m.job.train_samples < train.n) train.n = (uint32_t)m.job.train_samples;
     const uint32_t W = m.job.workers, B = m.job.batch_size;
     /* The learning-rate schedule's length: the steps job.workers workers would take. */

@@ -604,6 +604,18 @@ START_TEST(test_bad_manifest)
     EXPECT_EXIT(w, 2);
     EXPECT_LOG(w, want);
     cl_cluster_destroy(c);
+    /* Layers the dataset does not fit: psworker says which (with --local too, no shard needed).
+     * Before, [784, 32, 5] aborted on the first label above 4, [4000, 32, 10] read past the
+     * images (SIGSEGV), and [100, 32, 10] trained on rows that were not images. */
+    const char *const bad[] = {"[784, 32, 5]", "[4000, 32, 10]", "[100, 32, 10]"};
+    for (int i = 0; i < 3; i++) {
+        cl_conf_t kl = {.shards = 1, .layers = bad[i], .max_steps = 3};
+        cl_cluster_t *cl = cl_cluster_create(&kl);
+        cl_proc_t *l = cl_worker_start(cl, NULL, NULL, true);
+        EXPECT_EXIT(l, 2);
+        EXPECT_LOG(l, "the first must be 784 and the last 10");
+        cl_cluster_destroy(cl);
+    }
 }
 END_TEST
 
