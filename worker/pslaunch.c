@@ -97,6 +97,7 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
     int stopping[FOLLOW_MAX];
     int nlive = 0, finished = 0, failures = 0;
     long next_index = 0;
+    time_t silent_since = 0, said = 0; /* the coordinator unreachable since, and said at */
     struct timespec ts = {poll_ms / 1000, (poll_ms % 1000) * 1000000L};
     while (!(finished && nlive == 0)) {
         if (g_sig) { /* forward once, then wait for everyone */
@@ -112,6 +113,21 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
             snprintf(req.host, sizeof req.host, "%s", host);
             snprintf(req.cluster, sizeof req.cluster, "%s", m.cluster);
             int rc = ps_req_call(ctl, 0, &req, &rep, NULL, NULL, err, sizeof err);
+            /* It keeps asking (a coordinator restarted answers again), and says so at the
+             * first failure and every 10 s, so that a cluster down or a wrong manifest is
+             * seen at once. */
+            time_t now = time(NULL);
+            if (rc && silent_since == 0) silent_since = now;
+            if (rc && (said == 0 || now - said >= 10)) {
+                fprintf(stderr, "pslaunch: the coordinator does not answer (for %lld s; asking "
+                        "again every %ld ms): %s\n", (long long)(now - silent_since), poll_ms,
+                        err);
+                said = now;
+            } else if (rc == 0 && silent_since) {
+                fprintf(stderr, "pslaunch: the coordinator answers again after %lld s\n",
+                        (long long)(now - silent_since));
+                silent_since = said = 0;
+            }
             if (rc == 0 && (rep.flags & PS_FLAG_FINISHED)) {
                 fprintf(stderr, "pslaunch: the job is complete\n");
                 finished = 1;

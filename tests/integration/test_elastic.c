@@ -1285,7 +1285,8 @@ END_TEST
 /* pslaunch --follow outlives a restart of shard 0 (kill -9, started again): its next poll
  * connects again (proto/reqclient.c), so a psctl scale after the restart is still followed.
  * Before, every poll after the restart failed on the dead connection: the launcher never
- * started another worker, nor learnt that the job ended. */
+ * started another worker, nor learnt that the job ended. It says when the coordinator stops
+ * answering and when it answers again. */
 START_TEST(test_launcher_survives_coordinator_restart)
 {
     cl_conf_t k = {.shards = 1, .workers = 1, .batch_size = 16, .epochs = 10000,
@@ -1309,6 +1310,10 @@ START_TEST(test_launcher_survives_coordinator_restart)
                   got, cl_tail(launch));
     ck_assert_int_eq(cl_signal(launch, SIGTERM), 0);
     EXPECT_EXIT(launch, 128 + SIGTERM);
+    /* It said that shard 0 was away, and that it was back (before, it said nothing). */
+    EXPECT_LOG(launch, "pslaunch: the coordinator does not answer (for 0 s; asking again every "
+                       "100 ms): ");
+    EXPECT_LOG(launch, "pslaunch: the coordinator answers again after ");
     coord_close(&co);
     stop_all(&psd, 1);
     cl_cluster_destroy(c);
