@@ -2171,7 +2171,17 @@ static int ctrl_call(ps_client_t *c, int type, uint32_t shard, ps_msg_t *req, ps
     return ps_op_wait(op, NULL);
 }
 
-static int join(ps_client_t *c, uint32_t timeout_ms)
+/* Sleep @p ms, in steps of 10 ms at most; returns 1 as soon as *@p cancel is set. */
+static int nap_or_cancel(uint32_t ms, const volatile sig_atomic_t *cancel)
+{
+    for (uint32_t slept = 0; slept < ms; slept += 10) {
+        if (cancel && *cancel) return 1;
+        usleep((ms - slept < 10 ? ms - slept : 10) * 1000);
+    }
+    return cancel && *cancel;
+}
+
+static int join(ps_client_t *c, uint32_t timeout_ms, const volatile sig_atomic_t *cancel)
 {
     uint64_t deadline = now_ms() + timeout_ms;
     uint32_t backoff = 50;
@@ -2198,7 +2208,12 @@ static int join(ps_client_t *c, uint32_t timeout_ms)
                          c->m.servers[i].host, c->m.servers[i].port, why);
                 return rc;
             }
-            usleep(backoff * 1000);
+            if (nap_or_cancel(backoff, cancel)) {
+                snprintf(c->err, sizeof c->err, "the join was canceled while shard %u (%.64s:%u) "
+                         "did not answer: %.200s", i, c->m.servers[i].host, c->m.servers[i].port,
+                         ps_strerror(rc));
+                return PS_ECANCELED;
+            }
             backoff = backoff * 2 > 1000 ? 1000 : backoff * 2;
         }
     }
@@ -2293,7 +2308,7 @@ int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts, ps
      * worker first and it joins again. */
     c->hello_deadline_ms = c->m.job.heartbeat_timeout_ms / 3;
     if (c->hello_deadline_ms < 1000) c->hello_deadline_ms = 1000;
-    rc = join(c, timeout);
+    rc = join(c, timeout, opts && (opts->field_mask & PS_CLIENT_OPT_CANCEL) ? opts->cancel : NULL);
     if (rc) {
         if (err) snprintf(err, errlen, "%s", c->err);
         ps_client_destroy(c);

@@ -116,7 +116,9 @@ static int pull_all(trainer_t *tr, uint64_t min_version, uint64_t *version)
 static int join_cluster(trainer_t *tr, const char *manifest, char *err, size_t errlen)
 {
     const ps_manifest_t *m = tr->m;
-    int rc = ps_client_create(manifest, NULL, &tr->client, err, errlen);
+    /* A SIGINT or SIGTERM while the join waits for a shard ends it (exit 128 + the signal). */
+    ps_client_opts_t o = {.field_mask = PS_CLIENT_OPT_CANCEL, .cancel = &g_stop};
+    int rc = ps_client_create(manifest, &o, &tr->client, err, errlen);
     if (rc) return rc;
     g_client = tr->client;
     int rank = ps_client_rank(tr->client);
@@ -433,6 +435,7 @@ int main(int argc, char **argv)
     } else {
         if (join_cluster(&tr, manifest, err, sizeof err)) {
             fprintf(stderr, "psworker: %s\n", err);
+            if (g_stop) exit_code = 128 + g_stop; /* a signal ended the join */
             goto out;
         }
         ps_batch_info_t b, done = {0};

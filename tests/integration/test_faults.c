@@ -447,6 +447,25 @@ START_TEST(test_sigterm_shard_stopped)
 }
 END_TEST
 
+/* A worker whose cluster is down keeps trying to join (for its connect timeout, 30 s); a SIGTERM
+ * meanwhile ends it at once, with 128 + SIGTERM and the reason. Before, the join went on to its
+ * timeout and the worker then exited 1, the signal ignored. */
+START_TEST(test_sigterm_while_joining)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false); /* no psd runs */
+    struct timespec ts = {1, 0}; /* past the dataset's load, in the join's retries */
+    nanosleep(&ts, NULL);
+    ck_assert_int_eq(cl_signal(w, SIGTERM), 0);
+    int rc = cl_wait(w, 5.0);
+    ck_assert_msg(rc == 128 + SIGTERM, "the worker exited %d (-1: still running 5 s after the "
+                  "SIGTERM): %s", rc, cl_tail(w));
+    EXPECT_LOG(w, "the join was canceled while shard 0 (127.0.0.1:");
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("faults");
@@ -469,5 +488,6 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("sigterm_stuck_worker", test_sigterm_stuck_worker));
     suite_add_tcase(s, tcase("sigterm_shard_gone", test_sigterm_shard_gone));
     suite_add_tcase(s, tcase("sigterm_shard_stopped", test_sigterm_shard_stopped));
+    suite_add_tcase(s, tcase("sigterm_while_joining", test_sigterm_while_joining));
     return s;
 }

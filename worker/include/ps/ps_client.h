@@ -11,6 +11,7 @@
 #define PS_CLIENT_H
 
 #include <stddef.h>
+#include <signal.h>
 #include <stdint.h>
 
 #include "ps/ps_error.h"
@@ -19,10 +20,15 @@ typedef struct ps_client_s ps_client_t;
 typedef struct ps_op_s ps_op_t;
 
 #define PS_CLIENT_OPT_CONNECT_TIMEOUT (1u << 0)
+#define PS_CLIENT_OPT_CANCEL (1u << 1)
 
 typedef struct {
     uint64_t field_mask;           /* PS_CLIENT_OPT_* of the fields set below */
     uint32_t connect_timeout_ms;   /* how long to retry unreachable shards (default 30000) */
+    /* A flag the join reads between its tries (every 10 ms at most while it waits to try
+     * again): nonzero (set by the caller's signal handler, say) gives up the join with
+     * PS_ECANCELED. The caller owns it; it must outlive ps_client_create. */
+    const volatile sig_atomic_t *cancel;
 } ps_client_opts_t;
 
 typedef struct {
