@@ -238,6 +238,22 @@ static void on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
                        "this shard serves cluster '%s', not '%s'", srv->m.cluster, msg->cluster);
         return;
     }
+    /* A worker's manifest that cuts tensors otherwise, or runs another consistency, would
+     * push and pull chunks this shard does not have, or wait on steps it does not keep. */
+    if ((msg->flags & PS_FLAG_CONF) && msg->length != srv->m.chunk_bytes) {
+        psd_send_error(srv, c, msg->req_id, PS_ECONFIG,
+                       "cluster '%s' has chunk_bytes %llu, the worker's manifest %llu",
+                       srv->m.cluster, (unsigned long long)srv->m.chunk_bytes,
+                       (unsigned long long)msg->length);
+        return;
+    }
+    if ((msg->flags & PS_FLAG_CONF) && msg->consistency != (uint32_t)srv->m.job.consistency) {
+        psd_send_error(srv, c, msg->req_id, PS_ECONFIG,
+                       "cluster '%s' runs job.consistency %s, the worker's manifest %s",
+                       srv->m.cluster, ps_consistency_name(srv->m.job.consistency),
+                       ps_consistency_name((ps_consistency_t)msg->consistency));
+        return;
+    }
     if (srv->stopping) {
         psd_send_error(srv, c, msg->req_id, PS_EBUSY, "shard %u is shutting down", srv->shard);
         return;

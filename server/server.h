@@ -168,9 +168,10 @@ struct psd_chunk_s {
     bool hash_checked;         /* its stored record matched its hash once since this psd
                                   loaded it: the first apply job checks (run_apply), so that a
                                   record damaged at rest is not sealed again with a fresh hash
-                                  (relaxed atomics: jobs of one chunk run one at a time); so
-                                  does its first pull (record_damaged) */
-    bool damage_logged;        /* loop thread: a pull found it damaged, and psd said so */
+                                  (relaxed atomics: jobs of one chunk run one at a time) */
+    bool params_checked;       /* loop thread: a pull found its stored params matching their
+                                  CRC-32C since this psd loaded it (params_damaged) */
+    bool damage_logged;        /* loop thread: a pull found them damaged, and psd said so */
     bool pulled_direct;        /* its last pull was read from the store by the worker (direct):
                                   the update streams its params to memory (store.h); relaxed
                                   atomics (set on the loop, read by apply jobs) */

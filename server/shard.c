@@ -656,24 +656,25 @@ static const void *test_corrupt(psd_send_t *s, const void *data, size_t dlen)
     return s->payload;
 }
 
-/* The first pull of a chunk since this psd loaded its store checks the record @p h against its
- * stored hash, as the first update does (run_apply), so that a record damaged at rest is
- * refused with the reason rather than sent: the worker's check of the parameters' CRC-32C
- * would take the damage for the transport's, send again and give up saying "corrupted in
- * transit". One hash per chunk per run, on the loop thread. Returns true (and says so once
- * per chunk) for a damaged record. */
-static bool record_damaged(psd_server_t *srv, psd_chunk_t *ch, const psd_chunk_hdr_t *h)
+/* The first pull of a chunk since this psd loaded its store checks the parameters of record
+ * @p h against their stored CRC-32C (what the worker checks them with), so that parameters
+ * damaged at rest are refused with the reason rather than sent: the worker would take the
+ * mismatch for the transport's, pull again and give up saying "corrupted in transit". A CRC of
+ * the params only, on the loop thread (the record's full hash, state included, is the first
+ * update's, on the apply threads: run_apply); once per chunk per run while it matches, at every
+ * pull while it does not. Returns true (and says so once per chunk) for damaged parameters. */
+static bool params_damaged(psd_server_t *srv, psd_chunk_t *ch, const psd_chunk_hdr_t *h)
 {
-    if (__atomic_load_n(&ch->hash_checked, __ATOMIC_RELAXED)) return false;
-    if (psd_store_chunk_hash(h) == h->hash) {
-        __atomic_store_n(&ch->hash_checked, true, __ATOMIC_RELAXED);
+    if (ch->params_checked) return false;
+    if (ps_crc32c(0, psd_chunk_params((psd_chunk_hdr_t *)h), (size_t)h->n * 4) == h->crc32c) {
+        ch->params_checked = true;
         return false;
     }
     if (!ch->damage_logged)
         PS_LOG(PS_LOG_ERROR, "shard", "chunk %u of tensor '%s' (version %llu) in this shard's "
-               "store does not match its hash (corrupted at rest): refused to every pull and "
-               "update; psctl verify names the damaged chunks, psctl repair --from CHECKPOINT "
-               "rewrites them", ch->chunk, srv->tensors[ch->tensor].decl.name,
+               "store: its parameters do not match their CRC-32C (corrupted at rest); refused "
+               "to every pull; psctl verify names the damaged chunks, psctl repair --from "
+               "CHECKPOINT rewrites them", ch->chunk, srv->tensors[ch->tensor].decl.name,
                (unsigned long long)h->version);
     ch->damage_logged = true;
     return true;
@@ -694,7 +695,7 @@ static void send_pull_reply(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id
                        ps_strerror(rc));
         return;
     }
-    if (record_damaged(srv, ch, h)) {
+    if (params_damaged(srv, ch, h)) {
         psd_send_error(srv, conn, req_id, PS_ECORRUPT, "pull of chunk %u of tensor '%s': %s on "
                        "shard %u (psctl verify; psctl repair --from CHECKPOINT)", ch->chunk,
                        srv->tensors[ch->tensor].decl.name, ps_strerror(PS_ECORRUPT), srv->shard);

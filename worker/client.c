@@ -60,7 +60,8 @@ typedef struct {
         uint8_t sending; /* a send of it has not completed: hdr (and copy) are in use */
         uint8_t receiving; /* pull: its reply's rendezvous is landing (on_pull_recv) */
         uint8_t again; /* send it again once that send completes */
-        uint32_t ep_gen; /* the shard's connection (cshard_t.ep_gen) its last send went on */
+        uint32_t ep_gen; /* the shard's connection (cshard_t.ep_gen) its last send went on, or
+                            its pull's reply came on (while receiving) */
         uint8_t direct; /* its last request was direct (PS_FLAG_DIRECT): a pull asked for a
                            direct reply; a push was written into the shard's area */
         uint8_t went_direct; /* PS_TRACE: done directly (part_done: direct as it was then) */
@@ -160,6 +161,7 @@ typedef struct bundle_s {
     struct bundle_s *next_free;
     struct bundle_s *fly_prev, *fly_next; /* on c->flying while its send is in flight */
     uint8_t flying;
+    uint32_t ep_gen;   /* the shard's connection (cshard_t.ep_gen) it was sent on */
 } bundle_t;
 
 struct ps_op_s {
@@ -387,19 +389,31 @@ static void parts_done_on_shard(ps_op_t *op, uint32_t shard)
 
 static void shard_lost(ps_client_t *c, uint32_t i);
 
+static void part_send_again(ps_client_t *c, ps_op_t *op, part_t *p);
+
 /* A part whose transport failed waits for its shard to come back, once the client has
  * joined, if it is a push, a pull, a batch request or a declaration (psd takes a tensor's
  * second declaration as the first, so sending one again is safe); anything else fails.
- * Returns 1 if the part will be sent again. */
-static int part_defer(ps_client_t *c, part_t *p)
+ * @p gen is the connection (cshard_t.ep_gen) the failed request was on: a connection's that
+ * was replaced since (its close left to finish in the background) says nothing of the new
+ * one, which took the part already (on_rehello) or takes it now (ck.again: on_rehello left it
+ * to the old request's end). Returns 1 if the part will be sent again. */
+static int part_defer(ps_client_t *c, part_t *p, uint32_t gen)
 {
     if (!__atomic_load_n(&c->joined, __ATOMIC_ACQUIRE) || !p->pending ||
         c->shards[p->shard].gone ||
         (p->op->type != OP_PUSH && p->op->type != OP_PULL && p->op->type != OP_BATCH &&
          p->op->type != OP_DECLARE))
         return 0;
-    p->resend = 1;
     cshard_t *s = &c->shards[p->shard];
+    if (gen != s->ep_gen && s->ep && !s->down && !s->dead) {
+        if (p->ck.again && !p->ck.sending) {
+            p->ck.again = 0;
+            part_send_again(c, p->op, p);
+        }
+        return 1;
+    }
+    p->resend = 1;
     if (!s->down && !s->dead) { /* the endpoint broke before UCX told us */
         s->dead = 1;
         s->close_queued = 1;
@@ -411,13 +425,13 @@ static int part_defer(ps_client_t *c, part_t *p)
  * done (that shard drops this worker when the connection closes; the leave's other shards still
  * get theirs), and one that can wait for its shard waits (part_defer), unless @p give_up.
  * Returns 1 if the op goes on without failing. */
-static int part_spared(ps_client_t *c, part_t *p, int give_up)
+static int part_spared(ps_client_t *c, part_t *p, int give_up, uint32_t gen)
 {
     if (p->op->type == OP_LEAVE) {
         part_done(p);
         return 1;
     }
-    return !give_up && part_defer(c, p);
+    return !give_up && part_defer(c, p, gen);
 }
 
 static void send_data_part(ps_client_t *c, ps_op_t *op, part_t *p);
@@ -523,13 +537,9 @@ static void on_sent(void *request, ucs_status_t status, void *user_data)
 {
     part_t *p = user_data;
     ps_op_t *op = p->op;
-    /* A send on a connection that was replaced since (its close was left to finish in the
-     * background), whose part the new one takes (on_rehello left it to this completion:
-     * ck.again): its failure is the old connection's, not the new one's. */
-    int replaced = p->ck.again && p->ck.ep_gen != op->c->shards[p->shard].ep_gen;
     op->ucx_refs--;
-    part_sent(op->c, p);
-    if (status != UCS_OK && !replaced && p->pending && !part_spared(op->c, p, 0))
+    part_sent(op->c, p); /* a part on_rehello left to this completion (ck.again) goes now */
+    if (status != UCS_OK && p->pending && !part_spared(op->c, p, 0, p->ck.ep_gen))
         op_fail(op, ps_ucx_err(status), "send to shard %u failed: %s", p->shard,
                 ucs_status_string(status));
     if (request) ucp_request_free(request);
@@ -558,7 +568,7 @@ static void on_pull_recv(void *request, ucs_status_t status, size_t length, void
     op->ucx_refs--;
     p->ck.receiving = 0;
     if (status != UCS_OK) {
-        if (!part_defer(c, p))
+        if (!part_defer(c, p, p->ck.ep_gen))
             op_fail(op, ps_ucx_err(status), "pull data from shard %u lost: %s", p->shard,
                     ucs_status_string(status));
     }
@@ -596,7 +606,7 @@ static void send_part(ps_client_t *c, part_t *p, const ps_msg_t *m, const void *
     ps_op_t *op = p->op;
     cshard_t *s = &c->shards[p->shard];
     if (s->ep == NULL || s->dead || (s->down && op->type != OP_HELLO)) {
-        if (part_spared(c, p, 0)) return;
+        if (part_spared(c, p, 0, s->ep_gen)) return;
         op_fail(op, PS_ETRANSPORT, "shard %u (%s:%u) is not connected", p->shard,
                 c->m.servers[p->shard].host, c->m.servers[p->shard].port);
         return;
@@ -621,7 +631,7 @@ static void send_part(ps_client_t *c, part_t *p, const ps_msg_t *m, const void *
         ucs_status_t st = req ? UCS_PTR_STATUS(req) : UCS_OK;
         op->ucx_refs--;
         part_sent(c, p);
-        if (st != UCS_OK && p->pending && !part_spared(c, p, 0))
+        if (st != UCS_OK && p->pending && !part_spared(c, p, 0, s->ep_gen))
             op_fail(op, ps_ucx_err(st), "send to shard %u failed: %s", p->shard,
                     ucs_status_string(st));
     }
@@ -693,7 +703,7 @@ static void on_bundle_sent(void *request, ucs_status_t status, void *user_data)
         part_t *p = b->parts[i];
         ps_op_t *op = p->op;
         op->ucx_refs--;
-        if (status != UCS_OK && p->pending && !part_defer(c, p))
+        if (status != UCS_OK && p->pending && !part_defer(c, p, b->ep_gen))
             op_fail(op, ps_ucx_err(status), "send to shard %u failed: %s", p->shard,
                     ucs_status_string(status));
         op_maybe_complete(op); /* the last use of op: it may be freed from here on */
@@ -718,6 +728,7 @@ static void bundle_flush(ps_client_t *c, uint32_t i)
                                                    UCP_OP_ATTR_FIELD_FLAGS,
                                    .flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER,
                                    .cb.send = on_bundle_sent, .user_data = b};
+        b->ep_gen = s->ep_gen;
         req = ucp_am_send_nbx(s->ep, PS_AM_DATA, b->hdr, hlen, b->buf, b->len, &prm);
         st = req == NULL ? UCS_OK : UCS_PTR_IS_ERR(req) ? UCS_PTR_STATUS(req) : UCS_INPROGRESS;
     }
@@ -1020,7 +1031,7 @@ again:
             part_t *p = &op->parts[k];
             if (!p->pending || p->shard != i) continue;
             hit |= op->type == OP_LEAVE; /* done (part_spared): it may complete the op */
-            if (!part_spared(c, p, give_up)) {
+            if (!part_spared(c, p, give_up, c->shards[i].ep_gen)) {
                 op_fail(op, PS_ETRANSPORT, "lost the connection to shard %u (%s:%u)", i,
                         c->m.servers[i].host, c->m.servers[i].port);
                 hit = 1;
@@ -1198,8 +1209,11 @@ static void on_rehello(ps_op_t *op)
                     p->resend = 0;
                     PS_LOG(PS_LOG_DEBUG, "libps", "shard %u: sends again part %u of op type %d "
                            "(step %llu)", i, k, o->type, (unsigned long long)o->step);
-                    if (p->ck.sending) { /* the old connection's send still holds its header */
-                        p->ck.again = 1; /* part_sent sends it once that completes */
+                    if (p->ck.sending || p->ck.receiving) {
+                        /* The old connection's send still holds its header, or its reply
+                         * still lands in the part's buffer: the part goes once that request
+                         * ends (part_sent; on_pull_recv's failure, part_defer), not now. */
+                        p->ck.again = 1;
                         continue;
                     }
                     part_send_again(c, o, p);
@@ -1868,6 +1882,7 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
                                    .cb.recv_am = on_pull_recv, .user_data = p};
         op->ucx_refs++;
         p->ck.receiving = 1;
+        p->ck.ep_gen = c->shards[p->shard].ep_gen; /* the reply's connection */
         void *req = ucp_am_recv_data_nbx(c->ucx.worker, data, dst, length, &prm);
         if (req == NULL)
             on_pull_recv(NULL, UCS_OK, length, p); /* completes the op if it was the last */
@@ -2188,7 +2203,9 @@ static int join(ps_client_t *c, uint32_t timeout_ms, const volatile sig_atomic_t
     for (uint32_t i = 0; i < c->nshards; i++) {
         for (;;) {
             ps_msg_t req = {.type = PS_MSG_HELLO, .rank = c->rank, .pid = (uint32_t)getpid(),
-                            .samples = c->join_serial, .store_id = ps_storeview_host_id()}, rep;
+                            .samples = c->join_serial, .store_id = ps_storeview_host_id(),
+                            .flags = PS_FLAG_CONF, .length = c->m.chunk_bytes,
+                            .consistency = (uint32_t)c->m.job.consistency}, rep;
             snprintf(req.cluster, sizeof req.cluster, "%s", c->m.cluster);
             gethostname(req.host, sizeof req.host - 1);
             int rc = ctrl_call(c, OP_HELLO, i, &req, &rep);

@@ -472,14 +472,46 @@ START_TEST(test_verify_names_corrupt_chunk)
 }
 END_TEST
 
-/* Parameters damaged at rest while the shards were down must be refused with the reason and
- * never sealed again: the first pull of each chunk after a start checks its stored hash (as the
- * first update does), so the next worker's first pull fails naming the damage, psd names the
- * chunk, and psctl verify still finds it. Before, psd sent the damaged parameters with their
- * stored CRC, the worker took the mismatch for damage in transit, pulled 5 times more and
- * gave up with "CRC-32C mismatch 6 times in a row", and psd said nothing. (Damage to the
- * optimizer state alone, which no pull sends, was caught by the first update's check only.) */
+/* Bytes of the optimizer state damaged at rest while the shards were down (a pull checks the
+ * parameters' CRC, nothing reads the state but the update) must not be sealed again: the first
+ * update of each chunk after a start checks its stored hash, so the next worker's step is
+ * refused with the reason, psd names the chunk, and psctl verify still finds it. Before, the
+ * update sealed the damaged bytes with a fresh hash, training went on, and verify found
+ * nothing. */
 START_TEST(test_corrupt_at_rest_not_sealed_again)
+{
+    cl_conf_t k = {.shards = 2, .workers = 1, .optimizer = "{name: adam, lr: 0.001}",
+                   .max_steps = 1000000};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    ck_assert_msg(cl_wait_log(w, "step 1/", RUN_S) == 0, "never trained: %s", cl_tail(w));
+    ck_assert_int_eq(cl_signal(w, SIGTERM), 0);
+    EXPECT_EXIT(w, 128 + SIGTERM);
+    stop_all(psd, 2);
+    int s = corrupt_chunk_at(c, 0, 1, -100); /* fc1.weight, chunk 1: adam's v */
+    psd[0] = cl_psd_start(c, 0, NULL, READY_S);
+    psd[1] = cl_psd_start(c, 1, NULL, READY_S);
+    cl_proc_t *w2 = cl_worker_start(c, NULL, NULL, false);
+    EXPECT_EXIT(w2, 1);
+    EXPECT_LOG(w2, "stored data does not match its hash (corrupted at rest)");
+    EXPECT_LOG(psd[s], "store job failed: chunk 0/1 (version ");
+    const char *args[] = {"verify", NULL};
+    cl_proc_t *v = psctl(c, "verify", 1, args);
+    char want[128];
+    snprintf(want, sizeof want, "psctl: verify: shard %d: tensor 'fc1.weight' chunk 1: ", s);
+    EXPECT_LOG(v, want);
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+/* Parameters damaged at rest: the first pull of each chunk after a start checks its params
+ * against their stored CRC-32C, so the next worker's first pull fails naming the damage and
+ * the chunk, psd names the chunk, and psctl verify still finds it. Before, psd sent the damaged
+ * params with their stored CRC, the worker took the mismatch for damage in transit, pulled 5
+ * times more and gave up with "CRC-32C mismatch 6 times in a row", and psd said nothing. */
+START_TEST(test_corrupt_params_at_rest_pull_refused)
 {
     cl_conf_t k = {.shards = 2, .workers = 1, .optimizer = "{name: adam, lr: 0.001}",
                    .max_steps = 1000000};
@@ -506,37 +538,6 @@ START_TEST(test_corrupt_at_rest_not_sealed_again)
     snprintf(want, sizeof want, "psctl: verify: shard %d: tensor 'fc1.weight' chunk 1: ", s);
     EXPECT_LOG(v, want);
     stop_all(psd, 2);
-    cl_cluster_destroy(c);
-}
-END_TEST
-
-/* The same for an update that comes before any pull (asp_client pushes first): the first update
- * of each chunk after a start checks the stored hash and refuses a damaged record, so the push
- * fails naming the damage, and the damage is not sealed with a fresh hash (verify finds it).
- * Before that check, the update sealed the damaged bytes, training went on, and verify found
- * nothing. */
-START_TEST(test_corrupt_at_rest_push_refused)
-{
-    cl_conf_t k = {.shards = 1, .workers = 1, .consistency = "asp",
-                   .optimizer = "{name: sgd, lr: 1.0}"};
-    cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
-    char numel[] = "1000", pushes[] = "2";
-    char *argv[] = {(char *)cl_binary("ASP_CLIENT"), c->manifest, numel, pushes, NULL};
-    cl_proc_t *a = cl_spawn(c, "asp", argv);
-    EXPECT_EXIT(a, 0);
-    stop_all(&psd, 1);
-    corrupt_chunk(c, 0, 0);
-    psd = cl_psd_start(c, 0, NULL, READY_S);
-    cl_proc_t *a2 = cl_spawn(c, "asp2", argv);
-    EXPECT_EXIT(a2, 1);
-    EXPECT_LOG(a2, "push 0: ");
-    EXPECT_LOG(a2, "stored data does not match its hash (corrupted at rest)");
-    EXPECT_LOG(psd, "store job failed: chunk 0/0 (version 2)");
-    const char *args[] = {"verify", NULL};
-    cl_proc_t *v = psctl(c, "verify", 1, args);
-    EXPECT_LOG(v, "psctl: verify: shard 0: tensor 'asp.t' chunk 0: ");
-    stop_all(&psd, 1);
     cl_cluster_destroy(c);
 }
 END_TEST
@@ -1124,7 +1125,8 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("export_snapshot_left_open", test_export_snapshot_left_open));
     suite_add_tcase(s, tcase("corrupt_at_rest_not_sealed_again",
                              test_corrupt_at_rest_not_sealed_again));
-    suite_add_tcase(s, tcase("corrupt_at_rest_push_refused", test_corrupt_at_rest_push_refused));
+    suite_add_tcase(s, tcase("corrupt_params_at_rest_pull_refused",
+                             test_corrupt_params_at_rest_pull_refused));
     suite_add_tcase(s, tcase("psctl_stopped_shard_bounded", test_psctl_stopped_shard_bounded));
     suite_add_tcase(s, tcase("checkpoint_damaged_files_refused",
                              test_checkpoint_damaged_files_refused));
