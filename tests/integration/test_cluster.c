@@ -475,6 +475,35 @@ START_TEST(test_data_dir_in_use)
 }
 END_TEST
 
+/* A worker whose manifest cuts tensors into other chunks, or runs another consistency, than
+ * the cluster's is refused at its hello with both values named (exit 1); the shard serves on.
+ * Before, the first was admitted and failed with ~25 "has no chunk N" warnings that never said
+ * why, and the second was admitted silently. */
+START_TEST(test_worker_manifest_mismatch_refused)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1, .max_steps = 5};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    char path[CL_PATH];
+    cl_conf_t other = c->conf;
+    other.chunk_bytes = 16384;
+    cl_manifest_write(c, "other-chunks.yaml", &other, path, sizeof path);
+    cl_proc_t *w = cl_worker_start(c, path, NULL, false);
+    EXPECT_EXIT(w, 1);
+    EXPECT_LOG(w, "has chunk_bytes 65536, the worker's manifest 16384");
+    other = c->conf;
+    other.consistency = "asp";
+    cl_manifest_write(c, "other-consistency.yaml", &other, path, sizeof path);
+    cl_proc_t *w2 = cl_worker_start(c, path, NULL, false);
+    EXPECT_EXIT(w2, 1);
+    EXPECT_LOG(w2, "runs job.consistency bsp, the worker's manifest asp");
+    cl_proc_t *w3 = cl_worker_start(c, NULL, NULL, false); /* and it still serves */
+    EXPECT_EXIT(w3, 0);
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* (c) A worker whose model has another shape is refused with both shapes named; the job goes
  * on, and the rank it held is given to the next worker. The job wants 3 workers: with 2, the
  * refused one's hello could complete the first step's members, and the first worker then
@@ -1009,6 +1038,8 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("hot_path_allocations_asp", test_hot_path_allocations_asp));
     suite_add_tcase(s, tcase("data_dir_in_use", test_data_dir_in_use));
     suite_add_tcase(s, tcase("conflicting_shape", test_conflicting_shape));
+    suite_add_tcase(s, tcase("worker_manifest_mismatch_refused",
+                             test_worker_manifest_mismatch_refused));
     suite_add_tcase(s, tcase("sigterm_restart", test_sigterm_restart));
     suite_add_tcase(s, tcase("restart_resumes", test_restart_resumes));
     suite_add_tcase(s, tcase("bad_manifest", test_bad_manifest));
