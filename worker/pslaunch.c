@@ -309,7 +309,10 @@ int main(int argc, char **argv)
             if (pids[i] == pid) {
                 pids[i] = -1;
                 left--;
-                if ((!WIFEXITED(st) || WEXITSTATUS(st) != 0) && !g_sig && respawn > 0) {
+                /* Exit 2 is psworker's for a manifest or an argument it refuses: a replacement
+                 * would be refused the same way. */
+                if ((!WIFEXITED(st) || (WEXITSTATUS(st) != 0 && WEXITSTATUS(st) != 2)) && !g_sig &&
+                    respawn > 0) {
                     fprintf(stderr, "pslaunch: worker %ld (pid %d) %s %d; starting a replacement\n",
                             i, (int)pid, WIFSIGNALED(st) ? "killed by signal" : "exited with",
                             WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
