@@ -673,8 +673,10 @@ static int listen_start(psd_server_t *srv, char *err, size_t errlen)
     ucs_status_t s = ucp_listener_create(srv->ucx.worker, &lp, &srv->listener);
     if (s != UCS_OK) {
         srv->listener = NULL;
-        snprintf(err, errlen, "cannot listen on %s:%u: %s", sc->host, sc->port,
-                 ucs_status_string(s));
+        snprintf(err, errlen, "cannot listen on %s:%u: %s%s", sc->host, sc->port,
+                 ucs_status_string(s),
+                 s == UCS_ERR_BUSY ? " (the port is in use: another psd, or another program)"
+                                   : "");
         return PS_ETRANSPORT;
     }
     return 0;

@@ -69,7 +69,13 @@ static int meta_check(psd_store_t *st, MDB_txn *txn, const char *name, const voi
         if (text)
             snprintf(err, errlen, "%s: data_dir was made with another %s (stored '%.*s')", st->dir,
                      name, (int)(v.mv_size < 200 ? v.mv_size : 200), (const char *)v.mv_data);
-        else
+        else if (len == sizeof(uint64_t) && v.mv_size == sizeof(uint64_t)) {
+            uint64_t had, want;
+            memcpy(&had, v.mv_data, sizeof had);
+            memcpy(&want, val, sizeof want);
+            snprintf(err, errlen, "%s: data_dir was made with %s %llu, this manifest has %llu",
+                     st->dir, name, (unsigned long long)had, (unsigned long long)want);
+        } else
             snprintf(err, errlen, "%s: data_dir was made with another %s (stored value)", st->dir,
                      name);
         return PS_ECONFIG;

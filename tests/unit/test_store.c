@@ -197,7 +197,8 @@ START_TEST(identity_checked)
     ck_assert_int_eq(open_store(&st, "other", 4000, 2, err), PS_ECONFIG);
     ck_assert_ptr_nonnull(strstr(err, "cluster"));
     ck_assert_int_eq(open_store(&st, "demo", 8000, 2, err), PS_ECONFIG);
-    ck_assert_ptr_nonnull(strstr(err, "chunk_bytes"));
+    ck_assert_msg(strstr(err, "data_dir was made with chunk_bytes 4000, this manifest has 8000"),
+                  "%s", err);
     ck_assert_int_eq(open_store(&st, "demo", 4000, 0, err), PS_ECONFIG);
     ck_assert_int_eq(open_store(&st, "demo", 4000, 2, err), 0);
     psd_store_close(&st);
