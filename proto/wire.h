@@ -52,9 +52,9 @@ enum {
     PS_FLAG_CLOSED = 1024, /* epoch (bsp): the members of `step` only, a step the coordinator
                              closed (after its restart) that a shard may not have applied yet;
                              members forward it to the other shards and keep their own view */
-    PS_FLAG_CONF = 2048,  /* hello: `length` is the worker's chunk_bytes and `consistency` its
-                             job.consistency (its manifest's), which the shard checks against
-                             its own */
+    PS_FLAG_CONF = 2048,  /* hello: `length` is the worker's chunk_bytes, `consistency` its
+                             job.consistency and `shard` the shard it means (its manifest's),
+                             which the shard checks against its own */
 };
 
 /* UCP Active Message ids. */

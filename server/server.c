@@ -247,6 +247,14 @@ static void on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
                        (unsigned long long)msg->length);
         return;
     }
+    if ((msg->flags & PS_FLAG_CONF) && msg->shard != srv->shard) {
+        psd_send_error(srv, c, msg->req_id, PS_ECONFIG,
+                       "%s:%u is shard %u of cluster '%s', the worker's manifest lists it as "
+                       "shard %u: its servers are in another order than the cluster's",
+                       srv->m.servers[srv->shard].host, srv->m.servers[srv->shard].port,
+                       srv->shard, srv->m.cluster, msg->shard);
+        return;
+    }
     if ((msg->flags & PS_FLAG_CONF) && msg->consistency != (uint32_t)srv->m.job.consistency) {
         psd_send_error(srv, c, msg->req_id, PS_ECONFIG,
                        "cluster '%s' runs job.consistency %s, the worker's manifest %s",

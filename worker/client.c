@@ -2205,7 +2205,7 @@ static int join(ps_client_t *c, uint32_t timeout_ms, const volatile sig_atomic_t
             ps_msg_t req = {.type = PS_MSG_HELLO, .rank = c->rank, .pid = (uint32_t)getpid(),
                             .samples = c->join_serial, .store_id = ps_storeview_host_id(),
                             .flags = PS_FLAG_CONF, .length = c->m.chunk_bytes,
-                            .consistency = (uint32_t)c->m.job.consistency}, rep;
+                            .consistency = (uint32_t)c->m.job.consistency, .shard = i}, rep;
             snprintf(req.cluster, sizeof req.cluster, "%s", c->m.cluster);
             gethostname(req.host, sizeof req.host - 1);
             int rc = ctrl_call(c, OP_HELLO, i, &req, &rep);

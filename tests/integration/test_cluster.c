@@ -501,6 +501,26 @@ START_TEST(test_worker_manifest_mismatch_refused)
     EXPECT_EXIT(w3, 0);
     stop_all(&psd, 1);
     cl_cluster_destroy(c);
+    /* The servers listed in another order: the first hello reaches shard 1 as "shard 0". */
+    cl_conf_t k2 = {.shards = 2, .workers = 1, .max_steps = 5};
+    c = cl_cluster_create(&k2);
+    cl_proc_t *two[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    char *text = cl_read_file(c->manifest, NULL);
+    char *a = strstr(text, "  - {host:"); /* the two server lines, swapped */
+    cl_path(c, "swapped.yaml", path, sizeof path);
+    ck_assert_ptr_nonnull(a);
+    char *b = strchr(a, '\n') + 1, *rest = strchr(b, '\n') + 1;
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "%.*s%.*s%.*s%s", (int)(a - text), text, (int)(rest - b), b, (int)(b - a), a, rest);
+    fclose(f);
+    free(text);
+    cl_proc_t *w4 = cl_worker_start(c, path, NULL, false);
+    EXPECT_EXIT(w4, 1);
+    EXPECT_LOG(w4, "is shard 1 of cluster");
+    EXPECT_LOG(w4, "the worker's manifest lists it as shard 0: its servers are in another order");
+    stop_all(two, 2);
+    cl_cluster_destroy(c);
 }
 END_TEST
 
