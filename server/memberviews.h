@@ -81,13 +81,15 @@ static inline bool psd_views_dead(const psd_views_t *t, uint32_t i, uint64_t low
 }
 
 /**
- * @brief Where a view of the new epoch @p epoch goes in @p t (not holding it yet): a free slot,
+ * @brief Where the new view @p nv (an epoch @p t does not hold yet) goes in @p t: a free slot,
  *  else a dead one (psd_views_dead, with @p low the lowest step a chunk of this shard is at),
- *  else the oldest epoch's when @p epoch is newer. @p low is read only when the table is full.
+ *  else the oldest epoch's when @p nv is newer and would not be dead itself. @p low is read
+ *  only when the table is full.
  * @return the slot (the caller fills it; a free one counted in t->n), or NULL: every view is
- *  still needed and newer than @p epoch, which is not kept.
+ *  still needed, and @p nv is older than all of them or would be dead on arrival (a late
+ *  message retelling a view newer ones cover): it is not kept.
  */
-static inline psd_view_t *psd_views_slot(psd_views_t *t, uint64_t epoch, uint64_t low)
+static inline psd_view_t *psd_views_slot(psd_views_t *t, const psd_view_t *nv, uint64_t low)
 {
     if (t->n < PSD_VIEWS) return &t->v[t->n++];
     uint32_t old = 0;
@@ -95,7 +97,13 @@ static inline psd_view_t *psd_views_slot(psd_views_t *t, uint64_t epoch, uint64_
         if (psd_views_dead(t, i, low)) return &t->v[i];
         if (t->v[i].epoch < t->v[old].epoch) old = i;
     }
-    return t->v[old].epoch < epoch ? &t->v[old] : NULL;
+    if (t->v[old].epoch > nv->epoch) return NULL;
+    if (nv->closed && nv->from_step < low) return NULL;
+    uint64_t first = nv->from_step > low ? nv->from_step : low;
+    for (uint32_t j = 0; !nv->closed && j < t->n; j++)
+        if (!t->v[j].closed && t->v[j].epoch > nv->epoch && t->v[j].from_step <= first)
+            return NULL;
+    return &t->v[old];
 }
 
 #endif

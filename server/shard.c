@@ -386,8 +386,9 @@ void psd_shard_learn_view(psd_server_t *srv, uint64_t epoch, uint64_t from_step,
         /* No view is looked up below the lowest chunk's step (a push for an earlier step is
          * acknowledged as stale before its view is). */
         uint64_t low = full ? psd_shard_step(srv) : 0;
-        v = psd_views_slot(&srv->views, epoch, low);
-        if (v == NULL) { /* older than every view known, and each of those still needed */
+        psd_view_t nv = {epoch, from_step, members, closed};
+        v = psd_views_slot(&srv->views, &nv, low);
+        if (v == NULL) { /* every view known still needed, and this one older or covered */
             PS_LOG(closed && from_step >= low ? PS_LOG_WARN : PS_LOG_DEBUG, "shard",
                    "epoch %llu (%s step %llu) not kept: the %d views known are newer and still "
                    "needed", (unsigned long long)epoch, closed ? "closed" : "from",

@@ -40,8 +40,12 @@ static int make_dirs(const char *dir)
         if (!end && *s != '/') continue;
         *s = '\0';
         struct stat st;
-        if (mkdir(p, 0755) != 0) {
-            if (errno != EEXIST || stat(p, &st) != 0) return -1;
+        if (mkdir(p, 0755) != 0) { /* there already (some file systems say EACCES first)? */
+            int e = errno;
+            if (stat(p, &st) != 0) {
+                errno = e;
+                return -1;
+            }
             if (!S_ISDIR(st.st_mode)) {
                 errno = ENOTDIR;
                 return -1;

@@ -9,9 +9,10 @@
 static int learn(psd_views_t *t, uint64_t epoch, uint64_t from, uint64_t members, bool closed,
                  uint64_t low)
 {
-    psd_view_t *v = psd_views_slot(t, epoch, low);
+    psd_view_t nv = {epoch, from, members, closed};
+    psd_view_t *v = psd_views_slot(t, &nv, low);
     if (v == NULL) return 0;
-    *v = (psd_view_t){epoch, from, members, closed};
+    *v = nv;
     return 1;
 }
 
@@ -90,16 +91,24 @@ START_TEST(open_view_needed_below_newer_ones)
 END_TEST
 
 /* Every view still needed (chunks lagging at each of PSD_VIEWS closed steps): the oldest epoch
- * goes for a newer view, and an older view than all of them is not kept. */
+ * goes for a newer view, and an older view than all of them is not kept; nor is a late
+ * retelling of a view that would be dead on arrival (it would push out a needed one for
+ * nothing): an open view a newer one covers, a closed one of a step every chunk passed. */
 START_TEST(all_needed_oldest_goes)
 {
     psd_views_t t = {0};
-    for (uint64_t e = 1; e <= PSD_VIEWS; e++) learn(&t, 10 + e, e, 0x1, true, 1);
+    for (uint64_t e = 1; e <= PSD_VIEWS; e++) learn(&t, 10 + 2 * e, e, 0x1, true, 1);
     ck_assert_int_eq(learn(&t, 5, 50, 0x1, true, 1), 0);
     ck_assert_ptr_null(psd_views_find(&t, 5));
+    ck_assert_int_eq(learn(&t, 43, 1, 0x3, false, 1), 1); /* open from step 1: needed */
+    ck_assert_ptr_null(psd_views_find(&t, 12));
+    ck_assert_int_eq(learn(&t, 41, 1, 0x3, false, 1), 0); /* 43 covers it */
+    ck_assert_int_eq(learn(&t, 100, 0, 0x1, true, 1), 0); /* closed, step 0 < 1 */
+    ck_assert_ptr_nonnull(psd_views_find(&t, 14));
     ck_assert_int_eq(learn(&t, 100, 50, 0x1, false, 1), 1);
-    ck_assert_ptr_null(psd_views_find(&t, 11));
-    ck_assert_ptr_nonnull(psd_views_find(&t, 12));
+    ck_assert_ptr_null(psd_views_find(&t, 14));
+    ck_assert_ptr_nonnull(psd_views_find(&t, 16));
+    ck_assert_uint_eq(psd_views_of(&t, 1)->epoch, 43); /* step 1's closed view went */
 }
 END_TEST
 
