@@ -479,8 +479,8 @@ static void on_status(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
         return;
     }
     if (ck->state == CK_FAILED) {
-        psd_send_error(srv, conn, msg->req_id, ck->rc ? ck->rc : PS_EIO, "shard %u: %s",
-                       srv->shard, ck->err);
+        /* psctl's request client names the shard it asked ("shard N: ..."). */
+        psd_send_error(srv, conn, msg->req_id, ck->rc ? ck->rc : PS_EIO, "%s", ck->err);
         return;
     }
     ps_msg_t r = {.type = PS_MSG_CKPT_STATUS_REPLY, .req_id = msg->req_id, .shard = srv->shard,
@@ -567,7 +567,7 @@ static void repair_done(psd_slot_work_t *w)
                       .tensor = r->t, .chunk = r->c, .step = r->version};
         psd_send_msg(srv, r->conn, &a);
     } else {
-        psd_send_error(srv, r->conn, r->req_id, r->rc, "shard %u: %s", srv->shard, r->err);
+        psd_send_error(srv, r->conn, r->req_id, r->rc, "%s", r->err);
     }
     psd_conn_unref(r->conn);
     free(r);

@@ -181,7 +181,7 @@ static int status(ctl_t *ctl, int json, double timeout_s)
     uv_close((uv_handle_t *)&check, NULL);
     uv_close((uv_handle_t *)&ctl->timeout, NULL);
 
-    int bad = 0;
+    int bad = 0, header = 0;
     if (json) printf("[");
     for (int i = 0; i < n; i++) {
         shard_t *s = &ctl->shards[i];
@@ -201,7 +201,7 @@ static int status(ctl_t *ctl, int json, double timeout_s)
             continue;
         }
         char b[8][64];
-        if (i == 0)
+        if (!header++) /* before the first shard that answered (shard 0 may not have) */
             printf("%-5s %-21s %-8s %-7s %-7s %-11s %-8s %s\n", "shard", "address", "step",
                    "tensors", "chunks", "state_MiB", "updates", "merkle_root");
         double mib = atof(field(s->reply, "state_bytes", b[0], sizeof b[0])) / (1 << 20);
