@@ -472,6 +472,35 @@ START_TEST(test_verify_names_corrupt_chunk)
 }
 END_TEST
 
+/* An adam cluster of 2 shards trained a step, its shards stopped, @p at bytes into chunk 1 of
+ * fc1.weight's record damaged (corrupt_chunk_at), and the shards started again into @p psd; a
+ * new worker then runs into the damage and exits 1, and psctl verify names the chunk. Returns
+ * the cluster; *@p shard is the damaged chunk's shard, *@p worker the new worker. */
+static cl_cluster_t *damaged_at_rest(long at, cl_proc_t **psd, int *shard, cl_proc_t **worker)
+{
+    cl_conf_t k = {.shards = 2, .workers = 1, .optimizer = "{name: adam, lr: 0.001}",
+                   .max_steps = 1000000};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    psd[0] = cl_psd_start(c, 0, NULL, READY_S);
+    psd[1] = cl_psd_start(c, 1, NULL, READY_S);
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    ck_assert_msg(cl_wait_log(w, "step 1/", RUN_S) == 0, "never trained: %s", cl_tail(w));
+    ck_assert_int_eq(cl_signal(w, SIGTERM), 0);
+    EXPECT_EXIT(w, 128 + SIGTERM);
+    stop_all(psd, 2);
+    *shard = corrupt_chunk_at(c, 0, 1, at);
+    psd[0] = cl_psd_start(c, 0, NULL, READY_S);
+    psd[1] = cl_psd_start(c, 1, NULL, READY_S);
+    *worker = cl_worker_start(c, NULL, NULL, false);
+    EXPECT_EXIT(*worker, 1);
+    const char *args[] = {"verify", NULL};
+    cl_proc_t *v = psctl(c, "verify", 1, args);
+    char want[128];
+    snprintf(want, sizeof want, "psctl: verify: shard %d: tensor 'fc1.weight' chunk 1: ", *shard);
+    EXPECT_LOG(v, want);
+    return c;
+}
+
 /* Bytes of the optimizer state damaged at rest while the shards were down (a pull checks the
  * parameters' CRC, nothing reads the state but the update) must not be sealed again: the first
  * update of each chunk after a start checks its stored hash, so the next worker's step is
@@ -480,27 +509,11 @@ END_TEST
  * nothing. */
 START_TEST(test_corrupt_at_rest_not_sealed_again)
 {
-    cl_conf_t k = {.shards = 2, .workers = 1, .optimizer = "{name: adam, lr: 0.001}",
-                   .max_steps = 1000000};
-    cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
-    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
-    ck_assert_msg(cl_wait_log(w, "step 1/", RUN_S) == 0, "never trained: %s", cl_tail(w));
-    ck_assert_int_eq(cl_signal(w, SIGTERM), 0);
-    EXPECT_EXIT(w, 128 + SIGTERM);
-    stop_all(psd, 2);
-    int s = corrupt_chunk_at(c, 0, 1, -100); /* fc1.weight, chunk 1: adam's v */
-    psd[0] = cl_psd_start(c, 0, NULL, READY_S);
-    psd[1] = cl_psd_start(c, 1, NULL, READY_S);
-    cl_proc_t *w2 = cl_worker_start(c, NULL, NULL, false);
-    EXPECT_EXIT(w2, 1);
-    EXPECT_LOG(w2, "stored data does not match its hash (corrupted at rest)");
+    cl_proc_t *psd[2], *w;
+    int s;
+    cl_cluster_t *c = damaged_at_rest(-100, psd, &s, &w); /* adam's v */
+    EXPECT_LOG(w, "stored data does not match its hash (corrupted at rest)");
     EXPECT_LOG(psd[s], "store job failed: chunk 0/1 (version ");
-    const char *args[] = {"verify", NULL};
-    cl_proc_t *v = psctl(c, "verify", 1, args);
-    char want[128];
-    snprintf(want, sizeof want, "psctl: verify: shard %d: tensor 'fc1.weight' chunk 1: ", s);
-    EXPECT_LOG(v, want);
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }
@@ -513,30 +526,14 @@ END_TEST
  * times more and gave up with "CRC-32C mismatch 6 times in a row", and psd said nothing. */
 START_TEST(test_corrupt_params_at_rest_pull_refused)
 {
-    cl_conf_t k = {.shards = 2, .workers = 1, .optimizer = "{name: adam, lr: 0.001}",
-                   .max_steps = 1000000};
-    cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
-    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
-    ck_assert_msg(cl_wait_log(w, "step 1/", RUN_S) == 0, "never trained: %s", cl_tail(w));
-    ck_assert_int_eq(cl_signal(w, SIGTERM), 0);
-    EXPECT_EXIT(w, 128 + SIGTERM);
-    stop_all(psd, 2);
-    int s = corrupt_chunk(c, 0, 1); /* fc1.weight, chunk 1: its parameters */
-    psd[0] = cl_psd_start(c, 0, NULL, READY_S);
-    psd[1] = cl_psd_start(c, 1, NULL, READY_S);
-    cl_proc_t *w2 = cl_worker_start(c, NULL, NULL, false);
-    EXPECT_EXIT(w2, 1);
-    EXPECT_LOG(w2, "pull of chunk 1 of tensor 'fc1.weight': stored data does not match its hash "
-                   "(corrupted at rest)");
-    ck_assert_msg(count_in_log(w2, "CRC-32C mismatch") == 0, "taken for damage in transit: %s",
-                  cl_tail(w2));
+    cl_proc_t *psd[2], *w;
+    int s;
+    cl_cluster_t *c = damaged_at_rest(32 + 100, psd, &s, &w); /* its params (after the header) */
+    EXPECT_LOG(w, "pull of chunk 1 of tensor 'fc1.weight': stored data does not match its hash "
+                  "(corrupted at rest)");
+    ck_assert_msg(count_in_log(w, "CRC-32C mismatch") == 0, "taken for damage in transit: %s",
+                  cl_tail(w));
     EXPECT_LOG(psd[s], "chunk 1 of tensor 'fc1.weight' (version ");
-    const char *args[] = {"verify", NULL};
-    cl_proc_t *v = psctl(c, "verify", 1, args);
-    char want[128];
-    snprintf(want, sizeof want, "psctl: verify: shard %d: tensor 'fc1.weight' chunk 1: ", s);
-    EXPECT_LOG(v, want);
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }
