@@ -78,12 +78,20 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     ctl_t *ctl = arg;
     ps_msg_t m;
     char err[256];
-    if (ps_msg_decode(&m, header, header_length, err, sizeof err) ||
-        m.shard >= (uint32_t)ctl->m.nservers || m.type != PS_MSG_STATUS_REPLY ||
+    /* The reply is the asked slot's (req_id i + 1: ask), whatever shard number it says. */
+    if (ps_msg_decode(&m, header, header_length, err, sizeof err) || m.req_id == 0 ||
+        m.req_id > (uint64_t)ctl->m.nservers || m.type != PS_MSG_STATUS_REPLY ||
         m.length != length || length > (1u << 24))
         return UCS_OK;
-    shard_t *s = &ctl->shards[m.shard];
-    if (s->reply) return UCS_OK;
+    uint32_t slot = (uint32_t)(m.req_id - 1);
+    shard_t *s = &ctl->shards[slot];
+    if (s->reply || s->failed) return UCS_OK;
+    if (m.shard != slot) {
+        s->failed = 1;
+        snprintf(s->why, sizeof s->why, "answered as shard %u: this manifest lists the "
+                 "cluster's servers in another order", m.shard);
+        return UCS_OK;
+    }
     s->reply = calloc(1, length + 1);
     if (s->reply == NULL) return UCS_OK;
     s->len = length;

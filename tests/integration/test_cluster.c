@@ -519,6 +519,11 @@ START_TEST(test_worker_manifest_mismatch_refused)
     EXPECT_EXIT(w4, 1);
     EXPECT_LOG(w4, "is shard 1 of cluster");
     EXPECT_LOG(w4, "the worker's manifest lists it as shard 0: its servers are in another order");
+    char *st[] = {(char *)cl_binary("PSCTL"), "--manifest", path, "status", NULL};
+    cl_proc_t *ctl = cl_spawn(c, "psctl-swapped", st); /* says so too (before: a normal table) */
+    EXPECT_EXIT(ctl, 1);
+    EXPECT_LOG(ctl, "answered as shard 1: this manifest lists the cluster's servers in another "
+                    "order");
     stop_all(two, 2);
     cl_cluster_destroy(c);
 }
