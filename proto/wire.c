@@ -1,10 +1,52 @@
 /* wire.c: ps_msg_t <-> packed ps.Header (the only user of protobuf-c). */
 #include <stdio.h>
+#include <math.h>
 #include <string.h>
 
 #include "ps.pb-c.h"
 #include "ps/ps_error.h"
 #include "wire.h"
+
+int ps_decl_check(const ps_decl_t *d, char *err, size_t errlen)
+{
+    if (memchr(d->name, '\0', sizeof d->name) == NULL) {
+        snprintf(err, errlen, "tensor name longer than %d bytes", PS_NAME_MAX - 1);
+        return PS_EINVAL;
+    }
+    if (d->name[0] == '\0') {
+        snprintf(err, errlen, "empty tensor name");
+        return PS_EINVAL;
+    }
+    if (d->ndim < 1 || d->ndim > PS_MAX_DIMS) {
+        snprintf(err, errlen, "tensor '%s' has %d dimensions (1..%d allowed)", d->name, d->ndim,
+                 PS_MAX_DIMS);
+        return PS_EINVAL;
+    }
+    uint64_t numel = 1;
+    for (int i = 0; i < d->ndim; i++) {
+        if (d->shape[i] == 0) {
+            snprintf(err, errlen, "tensor '%s' has a zero dimension (%d)", d->name, i);
+            return PS_EINVAL;
+        }
+        /* Checked at every factor: a product may not wrap past the limit. */
+        if (__builtin_mul_overflow(numel, (uint64_t)d->shape[i], &numel) ||
+            numel > PS_MAX_TENSOR_VALUES) {
+            snprintf(err, errlen, "tensor '%s' is larger than %llu values", d->name,
+                     (unsigned long long)PS_MAX_TENSOR_VALUES);
+            return PS_EINVAL;
+        }
+    }
+    if (d->init > 3) {
+        snprintf(err, errlen, "tensor '%s' has unknown initializer %u (0 zeros, 1 normal, "
+                 "2 uniform, 3 xavier)", d->name, d->init);
+        return PS_EINVAL;
+    }
+    if (!isfinite(d->init_arg)) {
+        snprintf(err, errlen, "tensor '%s' has a non-finite init_arg", d->name);
+        return PS_EINVAL;
+    }
+    return 0;
+}
 
 uint64_t ps_decl_numel(const ps_decl_t *d)
 {
@@ -201,24 +243,14 @@ int ps_msg_decode(ps_msg_t *m, const void *buf, size_t len, char *err, size_t er
         m->has_decl = 1;
         if (copy_str(m->decl.name, sizeof m->decl.name, d->name))
             FAIL("tensor name longer than %d bytes", PS_NAME_MAX - 1);
-        if (m->decl.name[0] == '\0') FAIL("empty tensor name");
         if (d->n_shape < 1 || d->n_shape > PS_MAX_DIMS)
             FAIL("tensor '%s' has %zu dimensions (1..%d allowed)", m->decl.name, d->n_shape,
                  PS_MAX_DIMS);
         m->decl.ndim = (int)d->n_shape;
-        uint64_t numel = 1;
-        for (size_t i = 0; i < d->n_shape; i++) {
-            if (d->shape[i] == 0) FAIL("tensor '%s' has a zero dimension", m->decl.name);
-            m->decl.shape[i] = d->shape[i];
-            /* Checked at every factor: a product may not wrap past the limit. */
-            if (__builtin_mul_overflow(numel, (uint64_t)d->shape[i], &numel) ||
-                numel > PS_MAX_TENSOR_VALUES)
-                FAIL("tensor '%s' is larger than %llu values", m->decl.name,
-                     (unsigned long long)PS_MAX_TENSOR_VALUES);
-        }
-        if (d->init > 3) FAIL("tensor '%s' has unknown initializer %u", m->decl.name, d->init);
+        for (size_t i = 0; i < d->n_shape; i++) m->decl.shape[i] = d->shape[i];
         m->decl.init = d->init;
         m->decl.init_arg = d->init_arg;
+        if (ps_decl_check(&m->decl, err, errlen)) return PS_EPROTO;
         m->decl.seed = d->seed;
         m->decl.id = d->id;
         m->decl.first_chunk = d->first_chunk;

@@ -53,8 +53,8 @@ enum {
                              closed (after its restart) that a shard may not have applied yet;
                              members forward it to the other shards and keep their own view */
     PS_FLAG_CONF = 2048,  /* hello: `length` is the worker's chunk_bytes, `consistency` its
-                             job.consistency and `shard` the shard it means (its manifest's),
-                             which the shard checks against its own */
+                             job.consistency, `count` its number of shards and `shard` the one
+                             it means (its manifest's), which the shard checks against its own */
 };
 
 /* UCP Active Message ids. */
@@ -175,6 +175,15 @@ typedef struct {
 
 /** @brief Product of the decl's dimensions; 0 when ndim is 0. */
 uint64_t ps_decl_numel(const ps_decl_t *d);
+
+/**
+ * @brief Whether @p d describes a tensor psd can hold: a non-empty name that fits, 1 to
+ *  PS_MAX_DIMS dimensions, none 0, at most PS_MAX_TENSOR_VALUES values (no product wraps),
+ *  initializer 0..3 and a finite init_arg.
+ * @return 0, or PS_EINVAL with one line naming the tensor and what is wrong in @p err.
+ * @note Both ends check: libps before it sends a declaration, ps_msg_decode on receipt.
+ */
+int ps_decl_check(const ps_decl_t *d, char *err, size_t errlen);
 
 /** @brief Format a shape as "[784, 256]" into @p buf. */
 void ps_shape_str(const uint32_t *shape, int ndim, char *buf, size_t len);

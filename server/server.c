@@ -247,6 +247,12 @@ static void on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
                        (unsigned long long)msg->length);
         return;
     }
+    if ((msg->flags & PS_FLAG_CONF) && msg->count != (uint64_t)srv->m.nservers) {
+        psd_send_error(srv, c, msg->req_id, PS_ECONFIG,
+                       "cluster '%s' has %d shards, the worker's manifest lists %llu",
+                       srv->m.cluster, srv->m.nservers, (unsigned long long)msg->count);
+        return;
+    }
     if ((msg->flags & PS_FLAG_CONF) && msg->shard != srv->shard) {
         psd_send_error(srv, c, msg->req_id, PS_ECONFIG,
                        "%s:%u is shard %u of cluster '%s', the worker's manifest lists it as "
@@ -580,7 +586,9 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     char err[256];
     if (ps_msg_decode(&msg, header, header_length, err, sizeof err)) {
         PS_LOG(PS_LOG_WARN, "server", "from %s: %s", c->peer, err);
-        psd_send_error(srv, c, 0, PS_EPROTO, "%s", err);
+        /* The request's id when the header got that far (0 otherwise), so that its sender's
+         * call ends with the reason instead of waiting for an answer. */
+        psd_send_error(srv, c, msg.req_id, PS_EPROTO, "%s", err);
         return UCS_OK;
     }
     if (msg.type == PS_MSG_STATUS) {

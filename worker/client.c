@@ -175,6 +175,7 @@ struct ps_op_s {
     int ucx_refs;      /* UCX requests still referencing this op */
     int status;
     int done;
+    int waited;        /* ps_op_wait returned it (kept for reuse): a second wait is refused */
     uint64_t submit_ns, done_ns; /* CLOCK_MONOTONIC when handed to the comm thread, and at done
                                     (op_wait_done times pushes and pulls with them) */
     uint64_t min_version;
@@ -2148,7 +2149,12 @@ void ps_client_set_fusion(ps_client_t *c, uint64_t bytes)
 
 int ps_op_wait(ps_op_t *op, uint64_t *version)
 {
+    if (op == NULL) return PS_EINVAL;
     ps_client_t *c = op->c;
+    if (op->waited) { /* kept for reuse after its wait (below), not handed out again yet */
+        snprintf(c->err, sizeof c->err, "this %s was waited for already", op_name(op->type));
+        return PS_EINVAL;
+    }
     if (c->grouping && c->group_head) ps_client_group_end_all(c); /* never wait on a held op */
     op_wait_done(c, op);
     int rc = op->status;
@@ -2164,6 +2170,7 @@ int ps_op_wait(ps_op_t *op, uint64_t *version)
     }
     else if (op->nparts == 1)
         spare = &c->ctrl_spare;
+    op->waited = 1;
     if (spare && *spare == NULL)
         *spare = op;
     else
@@ -2205,7 +2212,8 @@ static int join(ps_client_t *c, uint32_t timeout_ms, const volatile sig_atomic_t
             ps_msg_t req = {.type = PS_MSG_HELLO, .rank = c->rank, .pid = (uint32_t)getpid(),
                             .samples = c->join_serial, .store_id = ps_storeview_host_id(),
                             .flags = PS_FLAG_CONF, .length = c->m.chunk_bytes,
-                            .consistency = (uint32_t)c->m.job.consistency, .shard = i}, rep;
+                            .consistency = (uint32_t)c->m.job.consistency, .shard = i,
+                            .count = c->nshards}, rep;
             snprintf(req.cluster, sizeof req.cluster, "%s", c->m.cluster);
             gethostname(req.host, sizeof req.host - 1);
             int rc = ctrl_call(c, OP_HELLO, i, &req, &rep);
@@ -2407,6 +2415,7 @@ void ps_client_destroy(ps_client_t *c)
 
 void ps_client_interrupt(ps_client_t *c)
 {
+    if (c == NULL) return;
     c->interrupted = 1;
     uv_async_send(&c->wake); /* async-signal-safe */
 }
@@ -2423,7 +2432,7 @@ int ps_client_rank(const ps_client_t *c) { return c->rank; }
 uint32_t ps_client_workers(const ps_client_t *c) { return c->workers; }
 uint64_t ps_client_join_step(const ps_client_t *c) { return c->join_step; }
 uint32_t ps_client_shards(const ps_client_t *c) { return c->nshards; }
-const char *ps_client_error(const ps_client_t *c) { return c->err; }
+const char *ps_client_error(const ps_client_t *c) { return c ? c->err : "no client (NULL)"; }
 
 void ps_client_stats(const ps_client_t *c, ps_client_stats_t *out)
 {
@@ -2438,9 +2447,15 @@ void ps_client_stats(const ps_client_t *c, ps_client_stats_t *out)
 
 int ps_client_declare(ps_client_t *c, const ps_tensor_desc_t *desc, uint32_t *id)
 {
-    if (desc->name == NULL || strlen(desc->name) >= PS_NAME_MAX || desc->ndim < 1 ||
-        desc->ndim > PS_MAX_DIMS) {
-        snprintf(c->err, sizeof c->err, "invalid tensor description");
+    if (c == NULL) return PS_EINVAL;
+    if (desc == NULL || id == NULL || desc->name == NULL) {
+        snprintf(c->err, sizeof c->err, "declare: %s is NULL",
+                 desc == NULL ? "the description" : id == NULL ? "id" : "the name");
+        return PS_EINVAL;
+    }
+    if (strlen(desc->name) >= PS_NAME_MAX) {
+        snprintf(c->err, sizeof c->err, "declare: tensor name longer than %d bytes",
+                 PS_NAME_MAX - 1);
         return PS_EINVAL;
     }
     ps_msg_t req = {.type = PS_MSG_DECLARE, .rank = c->rank, .has_decl = 1}, rep;
@@ -2451,6 +2466,12 @@ int ps_client_declare(ps_client_t *c, const ps_tensor_desc_t *desc, uint32_t *id
     req.decl.init_arg = desc->init_arg;
     req.decl.seed = desc->seed;
     req.decl.total_steps = desc->total_steps;
+    /* The shards refuse what this refuses; checked here, the caller learns why at once. */
+    char why[256];
+    if (ps_decl_check(&req.decl, why, sizeof why)) {
+        snprintf(c->err, sizeof c->err, "declare: %s", why);
+        return PS_EINVAL;
+    }
     /* Shard 0 numbers the tensor; the others create their chunks with that numbering. */
     int rc = ctrl_call(c, OP_DECLARE, 0, &req, &rep);
     if (rc) return rc;
@@ -2484,6 +2505,12 @@ int ps_client_declare(ps_client_t *c, const ps_tensor_desc_t *desc, uint32_t *id
 
 static int data_op(ps_client_t *c, int type, uint32_t id, float *buf, uint64_t step, ps_op_t **out)
 {
+    if (c == NULL) return PS_EINVAL;
+    if (buf == NULL || out == NULL) {
+        snprintf(c->err, sizeof c->err, "%s of tensor %u: %s is NULL", op_name(type), id,
+                 buf == NULL ? (type == OP_PUSH ? "the gradient" : "the destination") : "op");
+        return PS_EINVAL;
+    }
     if (id >= PS_CLIENT_MAX_TENSORS || c->tensors[id] == NULL || c->tensors[id]->nchunks == 0) {
         snprintf(c->err, sizeof c->err, "tensor %u was not declared by this client", id);
         return PS_EINVAL;
@@ -2623,6 +2650,12 @@ void ps_client_batch_done(ps_client_t *c, const ps_batch_info_t *done)
 int ps_client_next_batch(ps_client_t *c, uint64_t samples, const ps_batch_info_t *done,
                          ps_batch_info_t *out)
 {
+    if (c == NULL) return PS_EINVAL;
+    if (samples == 0 || out == NULL) {
+        snprintf(c->err, sizeof c->err, "next batch: %s", out == NULL ? "out is NULL"
+                 : "a training set of 0 samples has no batch");
+        return PS_EINVAL;
+    }
     ps_msg_t req = {.type = PS_MSG_BATCH, .rank = c->rank, .samples = samples}, rep;
     c->batch_samples = samples;
     if (done) {
@@ -2689,8 +2722,13 @@ int ps_client_self_test(ps_client_t *c, uint32_t shard, size_t bytes, int reps, 
 
 int ps_client_lanes(ps_client_t *c, uint32_t shard, char *out, size_t len)
 {
-    if (len) out[0] = '\0';
-    if (shard >= c->nshards) return PS_EINVAL;
+    if (out && len) out[0] = '\0';
+    if (c == NULL || out == NULL) return PS_EINVAL;
+    if (shard >= c->nshards) {
+        snprintf(c->err, sizeof c->err, "lanes: shard %u: the cluster has shards 0..%u", shard,
+                 c->nshards - 1);
+        return PS_EINVAL;
+    }
     pthread_mutex_lock(&c->mu); /* the comm thread rewrites it after a reconnect */
     if (len) snprintf(out, len, "%s", c->shards[shard].lanes);
     pthread_mutex_unlock(&c->mu);

@@ -13,8 +13,13 @@
  * --enomem (with alloc_count.so preloaded and counting this program): the pushes go as fp16 with
  * error feedback (exact for -1); after the first, a change of compression to bf16 both ways
  * whose last allocation fails (alloc_count_fail_next) must fail with PS_ENOMEM and leave the
- * tensor as it was, so the pushes after it go on as before. */
+ * tensor as it was, so the pushes after it go on as before.
+ * --misuse: before the pushes, calls that misuse the API (declarations psd could not hold,
+ * NULL arguments, a batch of a training set of 0, a handle waited for twice) must each be
+ * refused with PS_EINVAL and the reason, and change nothing: the pushes then go on as usual.
+ * Prints "asp_client: misuse: N calls refused" or the first call that was not. */
 #include <inttypes.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,6 +46,59 @@ static int compression_change_fails(ps_client_t *c, uint32_t id)
     printf("asp_client: compression change without memory: %s\n",
            rc == PS_ENOMEM ? ps_client_error(c) : "not refused");
     return rc == PS_ENOMEM ? 0 : 1;
+}
+
+/* One misuse check: @p rc must be PS_EINVAL and ps_client_error() must hold @p why. */
+static int refused(ps_client_t *c, const char *what, int rc, const char *why, int *n)
+{
+    if (rc == PS_EINVAL && strstr(ps_client_error(c), why)) {
+        (*n)++;
+        return 0;
+    }
+    printf("asp_client: misuse: %s gave %d (%s), want PS_EINVAL with \"%s\"\n", what, rc,
+           ps_client_error(c), why);
+    return 1;
+}
+
+/* --misuse: see the top of the file. The tensor @p id is declared and nothing is in flight. */
+static int misuse(ps_client_t *c, uint32_t id, float *g, float *got)
+{
+    int n = 0, bad = 0;
+    uint32_t other;
+    ps_tensor_desc_t d = {.name = "bad", .shape = {4, 0}, .ndim = 2};
+    bad |= refused(c, "a zero dimension", ps_client_declare(c, &d, &other), "zero dimension", &n);
+    d = (ps_tensor_desc_t){.name = "bad", .shape = {1u << 20, 1u << 20}, .ndim = 2};
+    bad |= refused(c, "2^40 values", ps_client_declare(c, &d, &other), "larger than", &n);
+    d = (ps_tensor_desc_t){.name = "bad", .shape = {4}, .ndim = 1, .init = 7};
+    bad |= refused(c, "initializer 7", ps_client_declare(c, &d, &other), "initializer 7", &n);
+    d = (ps_tensor_desc_t){.name = "", .shape = {4}, .ndim = 1};
+    bad |= refused(c, "an empty name", ps_client_declare(c, &d, &other), "empty tensor name", &n);
+    d = (ps_tensor_desc_t){.name = "bad", .shape = {4}, .ndim = 1, .init = 1, .init_arg = NAN};
+    bad |= refused(c, "a NaN init_arg", ps_client_declare(c, &d, &other), "non-finite", &n);
+    d = (ps_tensor_desc_t){.name = "bad", .shape = {4}, .ndim = 1};
+    bad |= refused(c, "a NULL id", ps_client_declare(c, &d, NULL), "id is NULL", &n);
+    ps_op_t *op;
+    bad |= refused(c, "a NULL gradient", ps_client_push(c, id, NULL, 0, &op), "the gradient", &n);
+    bad |= refused(c, "a NULL destination", ps_client_pull(c, id, NULL, 0, &op),
+                   "the destination", &n);
+    bad |= refused(c, "a NULL op", ps_client_push(c, id, g, 0, NULL), "op is NULL", &n);
+    ps_batch_info_t b;
+    bad |= refused(c, "0 samples", ps_client_next_batch(c, 0, NULL, &b), "0 samples", &n);
+    char lanes[64];
+    bad |= refused(c, "shard 99", ps_client_lanes(c, 99, lanes, sizeof lanes), "shard 99", &n);
+    /* A handle waited for twice: the second wait is refused, and the tensor is not left busy. */
+    int rc = ps_client_pull(c, id, got, 0, &op);
+    if (rc == 0) rc = ps_op_wait(op, NULL);
+    if (rc) {
+        printf("asp_client: misuse: a pull: %s\n", ps_client_error(c));
+        bad = 1;
+    } else {
+        bad |= refused(c, "a second wait", ps_op_wait(op, NULL), "waited for already", &n);
+    }
+    if (ps_client_error(NULL) == NULL) bad = 1;
+    ps_client_interrupt(NULL);
+    if (!bad) printf("asp_client: misuse: %d calls refused\n", n);
+    return bad;
 }
 
 static void on_sigterm(int sig)
@@ -74,8 +132,10 @@ int main(int argc, char **argv)
 {
     int interrupt = argc == 5 && strcmp(argv[4], "--interrupt") == 0;
     int enomem = argc == 5 && strcmp(argv[4], "--enomem") == 0;
-    if (argc != 4 && !interrupt && !enomem) {
-        fprintf(stderr, "usage: asp_client MANIFEST NUMEL PUSHES [--interrupt | --enomem]\n");
+    int misused = argc == 5 && strcmp(argv[4], "--misuse") == 0;
+    if (argc != 4 && !interrupt && !enomem && !misused) {
+        fprintf(stderr, "usage: asp_client MANIFEST NUMEL PUSHES [--interrupt | --enomem | "
+                "--misuse]\n");
         return 2;
     }
     uint64_t n = strtoull(argv[2], NULL, 10), pushes = strtoull(argv[3], NULL, 10);
@@ -103,6 +163,7 @@ int main(int argc, char **argv)
         printf("asp_client: compression: %s\n", ps_client_error(c));
         rc = 1;
     }
+    if (rc == 0 && misused) rc = misuse(c, id, g, got);
     if (rc == 0 && interrupt) {
         g_client = c;
         struct sigaction sa = {.sa_handler = on_sigterm};

@@ -514,7 +514,16 @@ START_TEST(test_worker_manifest_mismatch_refused)
     ck_assert_ptr_nonnull(f);
     fprintf(f, "%.*s%.*s%.*s%s", (int)(a - text), text, (int)(rest - b), b, (int)(b - a), a, rest);
     fclose(f);
+    char one[CL_PATH]; /* shard 0's line alone: a manifest of one shard */
+    cl_path(c, "one-shard.yaml", one, sizeof one);
+    f = fopen(one, "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "%.*s%s", (int)(b - text), text, rest);
+    fclose(f);
     free(text);
+    cl_proc_t *w5 = cl_worker_start(c, one, NULL, false);
+    EXPECT_EXIT(w5, 1);
+    EXPECT_LOG(w5, "has 2 shards, the worker's manifest lists 1");
     cl_proc_t *w4 = cl_worker_start(c, path, NULL, false);
     EXPECT_EXIT(w4, 1);
     EXPECT_LOG(w4, "is shard 1 of cluster");

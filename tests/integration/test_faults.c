@@ -466,6 +466,30 @@ START_TEST(test_sigterm_while_joining)
 }
 END_TEST
 
+/* libps refuses calls that misuse its API with PS_EINVAL and the reason, before anything is
+ * sent (asp_client --misuse: declarations psd could not hold, NULL arguments, a batch of a
+ * training set of 0, a shard out of range, a handle waited for twice), and the client and the
+ * shards go on as before (the pushes after them are each applied once). Before: a declaration
+ * psd could not decode left ps_client_declare waiting for good (psd answered it with request
+ * id 0), NULL arguments crashed the comm thread, a second wait left the tensor busy for good
+ * (and the destroy aborted), and 0 samples reported the job finished. */
+START_TEST(test_api_misuse_refused)
+{
+    cl_conf_t k = {.shards = 2, .workers = 1, .consistency = "asp",
+                   .optimizer = "{name: sgd, lr: 1.0}"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    char numel[] = "40000", pushes[] = "3", mode[] = "--misuse";
+    char *argv[] = {(char *)cl_binary("ASP_CLIENT"), c->manifest, numel, pushes, mode, NULL};
+    cl_proc_t *a = cl_spawn(c, "asp", argv);
+    EXPECT_EXIT(a, 0);
+    EXPECT_LOG(a, "asp_client: misuse: 12 calls refused");
+    EXPECT_LOG(a, "3 pushes, each applied once");
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("faults");
@@ -489,5 +513,6 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("sigterm_shard_gone", test_sigterm_shard_gone));
     suite_add_tcase(s, tcase("sigterm_shard_stopped", test_sigterm_shard_stopped));
     suite_add_tcase(s, tcase("sigterm_while_joining", test_sigterm_while_joining));
+    suite_add_tcase(s, tcase("api_misuse_refused", test_api_misuse_refused));
     return s;
 }

@@ -6,7 +6,12 @@
  * completion handles, so the caller never spins on UCX.
  *
  * Thread safety: every function may be called from any one thread at a time
- * per client (the training thread); handles may be waited on from that thread. */
+ * per client (the training thread); handles may be waited on from that thread.
+ *
+ * Arguments: a NULL client, or a NULL pointer a function needs (a description, a buffer, an
+ * out parameter), is refused with PS_EINVAL (ps_client_error() names it when the client is
+ * not NULL); nothing is sent then. ps_client_destroy(NULL) and ps_client_interrupt(NULL) do
+ * nothing. */
 #ifndef PS_CLIENT_H
 #define PS_CLIENT_H
 
@@ -129,7 +134,13 @@ uint64_t ps_client_join_step(const ps_client_t *c);
  * @brief Declare a tensor on the shards (blocking). The first declaration creates it;
  * a later one must have the same shape.
  * @param[out] id the tensor's id for push and pull.
- * @return 0, PS_ECONFLICT (shape differs; ps_client_error() names both shapes), PS_E*.
+ * @return 0, PS_ECONFLICT (shape differs; ps_client_error() names both shapes), PS_EINVAL
+ *  (a description psd could not hold: an empty or too long name, 0 or more than 4 dimensions,
+ *  a dimension of 0, more than 2^34 values, an initializer outside 0..3, a non-finite
+ *  init_arg; ps_client_error() says which, and nothing is sent), PS_E*.
+ * @note Under bsp every chunk counts its own steps from 0: a tensor declared after the others
+ *  have been pushed for some steps takes pushes (and answers pulls) from step 0, not from the
+ *  others' step.
  */
 int ps_client_declare(ps_client_t *c, const ps_tensor_desc_t *desc, uint32_t *id);
 
@@ -182,6 +193,9 @@ int ps_client_pull(ps_client_t *c, uint32_t id, float *dst, uint64_t min_version
  * @brief Wait for @p op to complete and release it.
  * @param[out] version may be NULL; for pulls the lowest chunk version received.
  * @return the operation's status (0 or PS_E*; ps_client_error() says why).
+ * @note @p op is gone after this returns: wait for each handle once. A second wait on a
+ *  handle the client still keeps for reuse is refused with PS_EINVAL; one it freed or handed
+ *  out again is undefined behaviour.
  */
 int ps_op_wait(ps_op_t *op, uint64_t *version);
 
@@ -246,7 +260,7 @@ void ps_client_batch_done(ps_client_t *c, const ps_batch_info_t *done);
 /**
  * @brief Ask the coordinator for the next batch (blocking until it is this worker's turn:
  * under bsp the next step, under ssp within the staleness bound).
- * @param samples the training set's size (the coordinator checks every worker agrees).
+ * @param samples the training set's size, > 0 (the coordinator checks every worker agrees).
  * @param done    the batch this worker just finished (its pushes all acknowledged), or NULL.
  * @param[out] out the batch, or out->finished.
  * @return 0, PS_ENOTMEMBER (this worker was removed from the job, e.g. after missing
