@@ -30,13 +30,16 @@ typedef struct {
     MDB_env *env;
     MDB_txn *txn;
     MDB_dbi dbi;
+    int guarded; /* holds the SIGBUS guard (psd_ckpt_src_open) */
 } psd_ckpt_src_t;
 
 /**
  * @brief Open DIR/shard-@p j read-only (MDB_RDONLY | MDB_NOLOCK: nothing is written there)
  *  with one read transaction.
- *  A data file shorter than the pages its environment uses (a truncated copy, which would
- *  fault, SIGBUS, when read) is refused with MDB_CORRUPTED.
+ *  While it is open, a read past the end of a data file cut short (SIGBUS) ends the process
+ *  with exit 1 and "DIR/shard-J/data.mdb: a page lies past the end of the file ..." on stderr
+ *  instead of a crash (a process-wide SIGBUS handler, the previous one back when the last
+ *  source closes).
  * @return 0 or an LMDB code (mdb_strerror); on failure nothing is left open.
  * @note Release with psd_ckpt_src_close(); values read stay valid until then.
  */
