@@ -203,6 +203,12 @@ int ps_req_call(ps_req_t *c, uint32_t shard, ps_msg_t *req, ps_msg_t *reply,
         uv_run(&c->loop, UV_RUN_ONCE);
     uv_timer_stop(&c->timer);
     uv_timer_stop(&c->tick);
+    if (c->timed_out && c->sending) {
+        /* The shard does not take even the request (stopped, hung): its endpoint goes now, which
+         * cancels the send, rather than at the next call after a second timeout. */
+        ps_ucx_ep_close(&c->ucx, &e->ep, 1);
+        c->sending = 0;
+    }
     if (!c->got || c->pending) {
         if (e->failed)
             snprintf(err, errlen, "shard %u (%s:%u): %s", shard, sc->host, sc->port,

@@ -505,9 +505,15 @@ int psctl_restore(const ps_manifest_t *m, const char *dir_in)
     uint32_t n = psd_ckpt_meta_nshards(meta);
     uint64_t step = psd_ckpt_meta_u64(meta, "step");
     psd_ckpt_meta_field(meta, "cluster", cl, sizeof cl);
-    if (n == 0 || step == UINT64_MAX) {
+    if (n == 0) {
         free(meta);
         return say_not_checkpoint("restore", dir);
+    }
+    if (step == UINT64_MAX) {
+        fprintf(stderr, "psctl: restore: %s: not a checkpoint (shard-0/%s has no \"step\")\n",
+                dir, PSD_CKPT_META);
+        free(meta);
+        return 1;
     }
     if (strcmp(cl, m->cluster) != 0) {
         fprintf(stderr, "psctl: restore: %s is a checkpoint of cluster '%s', %s's cluster is "

@@ -538,9 +538,10 @@ static void on_sent(void *request, ucs_status_t status, void *user_data)
 {
     part_t *p = user_data;
     ps_op_t *op = p->op;
+    uint32_t gen = p->ck.ep_gen; /* this send's connection, before part_sent sends it again */
     op->ucx_refs--;
     part_sent(op->c, p); /* a part on_rehello left to this completion (ck.again) goes now */
-    if (status != UCS_OK && p->pending && !part_spared(op->c, p, 0, p->ck.ep_gen))
+    if (status != UCS_OK && p->pending && !part_spared(op->c, p, 0, gen))
         op_fail(op, ps_ucx_err(status), "send to shard %u failed: %s", p->shard,
                 ucs_status_string(status));
     if (request) ucp_request_free(request);
@@ -1185,6 +1186,15 @@ static void on_rehello(ps_op_t *op)
         if (c->leaving) parts_on_shard(c, i, 1); /* a leave waiting for this hello: not a member */
         return;
     }
+    if (op->status == PS_ECONFIG) {
+        /* The shard came back under another configuration (a restore onto another manifest):
+         * this worker's manifest no longer fits it, and asking again cannot change that. */
+        PS_LOG(PS_LOG_ERROR, "libps", "shard %u refused this worker back: %s", i, op->err);
+        s->gone = 1;
+        if (s->ep && !s->dead) s->dead = s->close_queued = 1;
+        parts_on_shard(c, i, 1);
+        return;
+    }
     if (op->status == 0 && op->reply.rank != c->rank) {
         PS_LOG(PS_LOG_ERROR, "libps", "shard %u gave rank %d back, not %d", i, op->reply.rank,
                c->rank);
@@ -1235,6 +1245,16 @@ static void on_rehello(ps_op_t *op)
     }
 }
 
+/* What a hello says of this worker's manifest (PS_FLAG_CONF), for shard @p i to check. */
+static void hello_conf(const ps_client_t *c, ps_msg_t *m, uint32_t i)
+{
+    m->flags |= PS_FLAG_CONF;
+    m->length = c->m.chunk_bytes;
+    m->consistency = (uint32_t)c->m.job.consistency;
+    m->shard = i;
+    m->count = c->nshards;
+}
+
 static void on_reconnect_timer(uv_timer_t *h)
 {
     cshard_t *s = h->data;
@@ -1254,6 +1274,7 @@ static void on_reconnect_timer(uv_timer_t *h)
     op->parts[0] = (part_t){.op = op, .shard = s->index, .pending = 1};
     op->req = (ps_msg_t){.type = PS_MSG_HELLO, .rank = c->rank, .pid = (uint32_t)getpid(),
                          .samples = c->join_serial, .store_id = ps_storeview_host_id()};
+    hello_conf(c, &op->req, s->index);
     snprintf(op->req.cluster, sizeof op->req.cluster, "%s", c->m.cluster);
     op->req.req_id = op->req_id;
     start_op(c, op);
@@ -2210,10 +2231,8 @@ static int join(ps_client_t *c, uint32_t timeout_ms, const volatile sig_atomic_t
     for (uint32_t i = 0; i < c->nshards; i++) {
         for (;;) {
             ps_msg_t req = {.type = PS_MSG_HELLO, .rank = c->rank, .pid = (uint32_t)getpid(),
-                            .samples = c->join_serial, .store_id = ps_storeview_host_id(),
-                            .flags = PS_FLAG_CONF, .length = c->m.chunk_bytes,
-                            .consistency = (uint32_t)c->m.job.consistency, .shard = i,
-                            .count = c->nshards}, rep;
+                            .samples = c->join_serial, .store_id = ps_storeview_host_id()}, rep;
+            hello_conf(c, &req, i);
             snprintf(req.cluster, sizeof req.cluster, "%s", c->m.cluster);
             gethostname(req.host, sizeof req.host - 1);
             int rc = ctrl_call(c, OP_HELLO, i, &req, &rep);
@@ -2723,7 +2742,7 @@ int ps_client_self_test(ps_client_t *c, uint32_t shard, size_t bytes, int reps, 
 int ps_client_lanes(ps_client_t *c, uint32_t shard, char *out, size_t len)
 {
     if (out && len) out[0] = '\0';
-    if (c == NULL || out == NULL) return PS_EINVAL;
+    if (c == NULL || (out == NULL && len)) return PS_EINVAL;
     if (shard >= c->nshards) {
         snprintf(c->err, sizeof c->err, "lanes: shard %u: the cluster has shards 0..%u", shard,
                  c->nshards - 1);

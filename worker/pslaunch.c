@@ -123,9 +123,10 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
             time_t now = time(NULL);
             if (rc && silent_since == 0) silent_since = now;
             if (rc && (said == 0 || now - said >= 10)) {
-                fprintf(stderr, "pslaunch: the coordinator does not answer (for %lld s; asking "
-                        "again every %ld ms): %s\n", (long long)(now - silent_since), poll_ms,
-                        err);
+                fprintf(stderr, "pslaunch: the coordinator %s (for %lld s; asking again every "
+                        "%ld ms): %s\n",
+                        rc == PS_ETRANSPORT || rc == PS_ETIMEDOUT ? "does not answer" : "refuses",
+                        (long long)(now - silent_since), poll_ms, err);
                 said = now;
             } else if (rc == 0 && silent_since) {
                 fprintf(stderr, "pslaunch: the coordinator answers again after %lld s\n",
@@ -188,9 +189,10 @@ static void usage(FILE *f)
                "       pslaunch --manifest FILE --follow [--poll-ms MS] [--metrics-dir DIR]\n"
                "                [--psworker PATH]\n"
                "Start N psworker processes; with --metrics-dir, worker i writes\n"
-               "DIR/worker-i.jsonl. With --respawn N, a worker that dies (a signal or a\n"
-               "non-zero exit) is replaced, up to N times in all. Exits non-zero if a worker\n"
-               "failed for good.\n"
+               "DIR/worker-i.jsonl (DIR is made if missing). With --respawn N, a worker that\n"
+               "dies (a signal or a non-zero exit other than 2, psworker's code for a manifest\n"
+               "or argument it refuses) is replaced, up to N times in all. Exits non-zero if a\n"
+               "worker failed for good.\n"
                "With --follow, start and stop (SIGTERM) workers as the coordinator says until\n"
                "the job has the number `psctl scale` set (initially job.workers); exits 0 when\n"
                "the job is complete and its workers have exited.\n");

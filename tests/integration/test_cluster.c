@@ -476,7 +476,8 @@ START_TEST(test_data_dir_in_use)
 END_TEST
 
 /* A worker whose manifest cuts tensors into other chunks, or runs another consistency, than
- * the cluster's is refused at its hello with both values named (exit 1); the shard serves on.
+ * the cluster's is refused at its hello with both values named (exit 2, a manifest error: not
+ * one pslaunch --respawn replaces); the shard serves on.
  * Before, the first was admitted and failed with ~25 "has no chunk N" warnings that never said
  * why, and the second was admitted silently. */
 START_TEST(test_worker_manifest_mismatch_refused)
@@ -489,13 +490,13 @@ START_TEST(test_worker_manifest_mismatch_refused)
     other.chunk_bytes = 16384;
     cl_manifest_write(c, "other-chunks.yaml", &other, path, sizeof path);
     cl_proc_t *w = cl_worker_start(c, path, NULL, false);
-    EXPECT_EXIT(w, 1);
+    EXPECT_EXIT(w, 2);
     EXPECT_LOG(w, "has chunk_bytes 65536, the worker's manifest 16384");
     other = c->conf;
     other.consistency = "asp";
     cl_manifest_write(c, "other-consistency.yaml", &other, path, sizeof path);
     cl_proc_t *w2 = cl_worker_start(c, path, NULL, false);
-    EXPECT_EXIT(w2, 1);
+    EXPECT_EXIT(w2, 2);
     EXPECT_LOG(w2, "runs job.consistency bsp, the worker's manifest asp");
     cl_proc_t *w3 = cl_worker_start(c, NULL, NULL, false); /* and it still serves */
     EXPECT_EXIT(w3, 0);
@@ -522,10 +523,10 @@ START_TEST(test_worker_manifest_mismatch_refused)
     fclose(f);
     free(text);
     cl_proc_t *w5 = cl_worker_start(c, one, NULL, false);
-    EXPECT_EXIT(w5, 1);
+    EXPECT_EXIT(w5, 2);
     EXPECT_LOG(w5, "has 2 shards, the worker's manifest lists 1");
     cl_proc_t *w4 = cl_worker_start(c, path, NULL, false);
-    EXPECT_EXIT(w4, 1);
+    EXPECT_EXIT(w4, 2);
     EXPECT_LOG(w4, "is shard 1 of cluster");
     EXPECT_LOG(w4, "the worker's manifest lists it as shard 0: its servers are in another order");
     char *st[] = {(char *)cl_binary("PSCTL"), "--manifest", path, "status", NULL};

@@ -8,10 +8,12 @@
  * Thread safety: every function may be called from any one thread at a time
  * per client (the training thread); handles may be waited on from that thread.
  *
- * Arguments: a NULL client, or a NULL pointer a function needs (a description, a buffer, an
- * out parameter), is refused with PS_EINVAL (ps_client_error() names it when the client is
- * not NULL); nothing is sent then. ps_client_destroy(NULL) and ps_client_interrupt(NULL) do
- * nothing. */
+ * Arguments: ps_client_declare, ps_client_push, ps_client_pull, ps_client_next_batch,
+ * ps_client_lanes and ps_op_wait refuse a NULL client, handle, or pointer they need (a
+ * description, a buffer, an out parameter) with PS_EINVAL (ps_client_error() names it when the
+ * client is not NULL); nothing is sent then. ps_client_destroy(NULL) and
+ * ps_client_interrupt(NULL) do nothing, and ps_client_error(NULL) says "no client". Other
+ * functions take their pointers as given. */
 #ifndef PS_CLIENT_H
 #define PS_CLIENT_H
 
@@ -61,9 +63,11 @@ typedef struct {
  * Retries unreachable shards with capped backoff until the connect timeout.
  * @param opts may be NULL (defaults).
  * @param[out] out the client; release with ps_client_destroy.
- * @return 0, PS_ECONFIG (bad manifest), PS_ETRANSPORT / PS_ETIMEDOUT (unreachable),
- *         PS_EFULL (no free rank), PS_EIO (PS_TRACE cannot be written) or another PS_E* with
- *         ps_client_error() telling why.
+ * @return 0, PS_ECONFIG (a bad manifest, or one the shards refuse: another cluster,
+ *         chunk_bytes, job.consistency, number or order of servers), PS_ETRANSPORT /
+ *         PS_ETIMEDOUT (unreachable), PS_ECANCELED (opts->cancel was set while the join
+ *         waited), PS_EFULL (no free rank), PS_EIO (PS_TRACE cannot be written) or another
+ *         PS_E* with ps_client_error() telling why.
  * @note On failure *out is NULL and nothing is left to release; the reason is
  *       written to @p err (may be NULL).
  * @note With PS_TRACE=FILE in the environment the client writes a timeline of its ops to
