@@ -1,6 +1,5 @@
 /* wire.c: ps_msg_t <-> packed ps.Header (the only user of protobuf-c). */
 #include <stdio.h>
-#include <math.h>
 #include <string.h>
 
 #include "ps.pb-c.h"
@@ -39,10 +38,6 @@ int ps_decl_check(const ps_decl_t *d, char *err, size_t errlen)
     if (d->init > 3) {
         snprintf(err, errlen, "tensor '%s' has unknown initializer %u (0 zeros, 1 normal, "
                  "2 uniform, 3 xavier)", d->name, d->init);
-        return PS_EINVAL;
-    }
-    if (!isfinite(d->init_arg)) {
-        snprintf(err, errlen, "tensor '%s' has a non-finite init_arg", d->name);
         return PS_EINVAL;
     }
     return 0;

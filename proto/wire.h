@@ -178,8 +178,8 @@ uint64_t ps_decl_numel(const ps_decl_t *d);
 
 /**
  * @brief Whether @p d describes a tensor psd can hold: a non-empty name that fits, 1 to
- *  PS_MAX_DIMS dimensions, none 0, at most PS_MAX_TENSOR_VALUES values (no product wraps),
- *  initializer 0..3 and a finite init_arg.
+ *  PS_MAX_DIMS dimensions, none 0, at most PS_MAX_TENSOR_VALUES values (no product wraps)
+ *  and initializer 0..3.
  * @return 0, or PS_EINVAL with one line naming the tensor and what is wrong in @p err.
  * @note Both ends check: libps before it sends a declaration, ps_msg_decode on receipt.
  */

@@ -2,6 +2,7 @@
  * the caller's thread submits operations through a locked queue and an async
  * handle and waits on a condition variable. */
 #include <inttypes.h>
+#include <math.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -2489,6 +2490,11 @@ int ps_client_declare(ps_client_t *c, const ps_tensor_desc_t *desc, uint32_t *id
     char why[256];
     if (ps_decl_check(&req.decl, why, sizeof why)) {
         snprintf(c->err, sizeof c->err, "declare: %s", why);
+        return PS_EINVAL;
+    }
+    if (!isfinite(desc->init_arg)) { /* its initializer would make every value NaN or inf */
+        snprintf(c->err, sizeof c->err, "declare: tensor '%s' has a non-finite init_arg",
+                 desc->name);
         return PS_EINVAL;
     }
     /* Shard 0 numbers the tensor; the others create their chunks with that numbering. */
