@@ -965,7 +965,12 @@ void psd_coord_on_batch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
                        (unsigned long long)co->s.epoch);
         return;
     }
-    if (co->s.cur.n == 0 && msg->samples > 0) {
+    if (msg->samples == 0) { /* libps refuses it first; a raw peer may not */
+        psd_send_error(srv, c, msg->req_id, PS_ECONFIG,
+                       "a batch request names a training set of 0 samples");
+        return;
+    }
+    if (co->s.cur.n == 0) {
         co->s.cur.n = msg->samples;
     } else if (msg->samples != co->s.cur.n) {
         psd_send_error(srv, c, msg->req_id, PS_ECONFIG,
