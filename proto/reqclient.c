@@ -23,13 +23,22 @@ struct ps_req_s {
     cep_t *eps;
     uint64_t next_req, want_req;
     int got, pending, data_failed, timed_out;
-    int sending;         /* the request's send has not completed: hdr is in use */
+    int sending;         /* the request's send has not completed */
     uint32_t send_shard; /* the shard it goes to */
+    struct send_s *send; /* that send (its header); NULL once it completed or was given up */
     ps_msg_t reply;
     uint8_t *data;
     size_t len;
-    uint8_t hdr[PS_WIRE_HDR_MAX];
 };
+
+/* One request's send: UCX reads the header until the send completes, so each send has its
+ * own, freed by its completion. A send given up (its endpoint force-closed after a timeout)
+ * is forgotten by the client; if its completion still comes, it frees the header and touches
+ * nothing else. */
+typedef struct send_s {
+    ps_req_t *c;
+    uint8_t hdr[PS_WIRE_HDR_MAX];
+} send_t;
 
 static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
 {
@@ -84,10 +93,22 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
 
 static void on_sent(void *request, ucs_status_t status, void *user_data)
 {
-    ps_req_t *c = user_data;
-    c->sending = 0;
+    send_t *snd = user_data;
+    ps_req_t *c = snd->c;
+    if (c->send == snd) { /* the send the client waits for, not one it gave up */
+        c->send = NULL;
+        c->sending = 0;
+        uv_stop(&c->loop);
+    }
+    free(snd);
     if (request) ucp_request_free(request);
-    uv_stop(&c->loop);
+}
+
+/* The client stops waiting for its send (force-closed with its endpoint). */
+static void send_forget(ps_req_t *c)
+{
+    c->send = NULL;
+    c->sending = 0;
 }
 
 static void on_tick(uv_timer_t *h) {} /* wakes the loop: see ps_req_call */
@@ -124,9 +145,10 @@ int ps_req_open(const ps_manifest_t *m, double timeout_s, ps_req_t **out, char *
     return 0;
 }
 
-/* Let the last request's send complete (UCX 1.13 reads c->hdr until then) for at most the call
- * timeout: a shard that stopped reading (SIGSTOP, a hung host) never completes it, and then its
- * endpoint is closed, which cancels the send, so that no call or close waits for it for good. */
+/* Let the last request's send complete (UCX 1.13 reads its header until then) for at most the
+ * call timeout: a shard that stopped reading (SIGSTOP, a hung host) never completes it, and then
+ * its endpoint is closed, which cancels the send, so that no call or close waits for it for
+ * good. */
 static void send_settle(ps_req_t *c)
 {
     if (!c->sending) return;
@@ -139,7 +161,7 @@ static void send_settle(ps_req_t *c)
     uv_timer_stop(&c->tick);
     if (!c->sending) return;
     ps_ucx_ep_close(&c->ucx, &c->eps[c->send_shard].ep, 1); /* its callback: canceled */
-    c->sending = 0; /* a close left to finish in the background took the send with it */
+    send_forget(c); /* a close left to finish in the background took the send with it */
 }
 
 static int connect_shard(ps_req_t *c, uint32_t i, char *err, size_t errlen)
@@ -173,7 +195,14 @@ int ps_req_call(ps_req_t *c, uint32_t shard, ps_msg_t *req, ps_msg_t *reply,
     const ps_server_conf_t *sc = &c->m->servers[shard];
     req->req_id = ++c->next_req;
     size_t hlen;
-    if (ps_msg_encode(req, c->hdr, sizeof c->hdr, &hlen)) {
+    send_t *snd = malloc(sizeof *snd);
+    if (snd == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return PS_ENOMEM;
+    }
+    snd->c = c;
+    if (ps_msg_encode(req, snd->hdr, sizeof snd->hdr, &hlen)) {
+        free(snd);
         snprintf(err, errlen, "request header too large");
         return PS_EINVAL;
     }
@@ -186,10 +215,14 @@ int ps_req_call(ps_req_t *c, uint32_t shard, ps_msg_t *req, ps_msg_t *reply,
                                              UCP_OP_ATTR_FIELD_CALLBACK |
                                              UCP_OP_ATTR_FIELD_USER_DATA,
                              .flags = UCP_AM_SEND_FLAG_REPLY, .cb.send = on_sent,
-                             .user_data = c};
-    void *sreq = ucp_am_send_nbx(e->ep, PS_AM_CTRL, c->hdr, hlen, NULL, 0, &p);
+                             .user_data = snd};
+    void *sreq = ucp_am_send_nbx(e->ep, PS_AM_CTRL, snd->hdr, hlen, NULL, 0, &p);
     c->sending = sreq != NULL && !UCS_PTR_IS_ERR(sreq);
     c->send_shard = shard;
+    if (c->sending)
+        c->send = snd; /* on_sent frees it */
+    else
+        free(snd); /* done at once (or failed): no callback comes */
     /* The loop's clock stood still while nobody ran it (between calls): without this the
      * timeout is due at once after an idle spell longer than itself. */
     uv_update_time(&c->loop);
@@ -207,7 +240,7 @@ int ps_req_call(ps_req_t *c, uint32_t shard, ps_msg_t *req, ps_msg_t *reply,
         /* The shard does not take even the request (stopped, hung): its endpoint goes now, which
          * cancels the send, rather than at the next call after a second timeout. */
         ps_ucx_ep_close(&c->ucx, &e->ep, 1);
-        c->sending = 0;
+        send_forget(c);
     }
     if (!c->got || c->pending) {
         if (e->failed)
