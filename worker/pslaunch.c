@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "reqclient.h"
+#include "wire.h"
 #include "manifest.h"
 #include "ps/ps_error.h"
 
@@ -237,8 +238,10 @@ int main(int argc, char **argv)
         case 'n': {
             char *end;
             n = strtol(optarg, &end, 10);
-            if (*optarg == '\0' || *end != '\0' || n < 1 || n > 4096) {
-                fprintf(stderr, "pslaunch: --workers %s: expected 1..4096\n", optarg);
+            if (*optarg == '\0' || *end != '\0' || n < 1 || n > PS_MAX_RANKS) {
+                /* A job has at most PS_MAX_RANKS members: more would be refused at the join. */
+                fprintf(stderr, "pslaunch: --workers %s: expected 1..%d (a job's most "
+                        "workers)\n", optarg, PS_MAX_RANKS);
                 return 2;
             }
             break;
