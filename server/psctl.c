@@ -6,6 +6,7 @@
  *                                       checkpoints (psctl_checkpoint.c)
  *   psctl --manifest M checkpoint --follow  the manifest's periodic checkpoints until the job
  *                                       is finished (psctl_follow.c; psd shard 0 runs it) */
+#include <ctype.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdbool.h>
@@ -309,6 +310,14 @@ int main(int argc, char **argv)
     int json = 0, o;
     double timeout = 5;
     ps_log_set_level(NULL);
+    /* "scale -1" would reach getopt as an option "-1": say what scale takes instead. */
+    for (int i = 1; i + 1 < argc; i++)
+        if (strcmp(argv[i], "scale") == 0 && argv[i + 1][0] == '-' &&
+            isdigit((unsigned char)argv[i + 1][1])) {
+            fprintf(stderr, "psctl: scale %s: expected a number of workers in [0, %d]\n",
+                    argv[i + 1], PS_MAX_RANKS);
+            return 2;
+        }
     while ((o = getopt_long(argc, argv, "m:jt:ho:w:d:a:f:r", opts, NULL)) != -1) {
         switch (o) {
         case 'm': manifest = optarg; break;

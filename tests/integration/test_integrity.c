@@ -571,6 +571,8 @@ START_TEST(test_psctl_stopped_shard_bounded)
     EXPECT_LOG(psctl(c, "bad_wait", 2, bad_wait), "--wait nan: expected seconds in");
     const char *empty[] = {"scale", "", NULL};
     EXPECT_LOG(psctl(c, "empty", 2, empty), "expected a number of workers in [0, 64]");
+    const char *negative[] = {"scale", "-1", NULL}; /* before: "invalid option -- '1'" */
+    EXPECT_LOG(psctl(c, "negative", 2, negative), "scale -1: expected a number of workers");
     const char *json[] = {"status", "--json", NULL};
     cl_proc_t *st = psctl(c, "status2", 0, json);
     EXPECT_LOG(st, "\"desired_workers\": 1, "); /* no scale went through */
