@@ -691,7 +691,9 @@ static int listen_start(psd_server_t *srv, char *err, size_t errlen)
         srv->listener = NULL;
         snprintf(err, errlen, "cannot listen on %s:%u: %s%s", sc->host, sc->port,
                  ucs_status_string(s),
-                 s == UCS_ERR_BUSY ? " (the port is in use: another psd, or another program)"
+                 s == UCS_ERR_BUSY ? " (the port is in use: another psd or program, or, for a "
+                                     "minute after a psd stopped, its connections' TIME_WAIT; "
+                                     "`ss -tan` tells which)"
                                    : "");
         return PS_ETRANSPORT;
     }

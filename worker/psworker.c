@@ -144,8 +144,11 @@ static int join_cluster(trainer_t *tr, const char *manifest, char *err, size_t e
             return rc;
         }
     }
-    fprintf(stderr, "psworker: rank %d of %u joined at step %llu of %llu\n", rank, m->job.workers,
-            (unsigned long long)ps_client_join_step(tr->client), (unsigned long long)tr->total);
+    /* The planned steps are the learning-rate schedule's, for job.workers workers; the job's
+     * actual members (psctl scale, joins, departures) change how many steps it takes. */
+    fprintf(stderr, "psworker: rank %d joined at step %llu of %llu planned (for job.workers %u; "
+            "%u members now)\n", rank, (unsigned long long)ps_client_join_step(tr->client),
+            (unsigned long long)tr->total, m->job.workers, ps_client_workers(tr->client));
     return 0;
 }
 

@@ -77,8 +77,8 @@ START_TEST(test_bsp_matches_local)
 
     /* Both ranks were handed out, one to each worker. */
     char *l0 = cl_log(w[0]), *l1 = cl_log(w[1]);
-    const char *r0 = "psworker: rank 0 of 2 joined at step 0 of 50";
-    const char *r1 = "psworker: rank 1 of 2 joined at step 0 of 50";
+    const char *r0 = "psworker: rank 0 joined at step 0 of 50 planned (for job.workers 2; ";
+    const char *r1 = "psworker: rank 1 joined at step 0 of 50 planned (for job.workers 2; ";
     int ok = (strstr(l0, r0) && strstr(l1, r1)) || (strstr(l0, r1) && strstr(l1, r0));
     free(l0);
     free(l1);
@@ -304,7 +304,7 @@ START_TEST(test_direct_push_mixed)
     w[1] = cl_worker_start(c, NULL, "w1.params", false);
     unsetenv("PS_DIRECT_PUSH");
     matches_local(c, NULL, w);
-    EXPECT_LOG(w[0], "rank 0 of 2 joined");
+    EXPECT_LOG(w[0], "rank 0 joined at step");
     cl_proc_t *ctl = status_json(c, "psctl");
     unsigned long long pushes = sum_field(ctl, "pushes"), dpush = sum_field(ctl, "direct_pushes");
     ck_assert_msg(dpush > 0 && dpush < pushes, "%llu pushes, %llu direct: %s", pushes, dpush,
@@ -469,7 +469,7 @@ START_TEST(test_data_dir_in_use)
     ck_assert_msg(cl_alive(first), "the first psd died; its log: %s", cl_tail(first));
     cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
     EXPECT_EXIT(w, 0);
-    EXPECT_LOG(w, "psworker: rank 0 of 1 joined at step 0 of 5");
+    EXPECT_LOG(w, "psworker: rank 0 joined at step 0 of 5 planned (for job.workers 1; ");
     stop_all(&first, 1);
     cl_cluster_destroy(c);
 }
@@ -553,7 +553,7 @@ START_TEST(test_conflicting_shape)
     cl_proc_t *a = cl_worker_start(c, NULL, NULL, false);
     ck_assert_msg(cl_wait_log(a, "joined at step", RUN_S) == 0, "%s did not join; its log: %s",
                   a->name, cl_tail(a));
-    EXPECT_LOG(a, "psworker: rank 0 of 3 joined at step 0 of 20");
+    EXPECT_LOG(a, "psworker: rank 0 joined at step 0 of 20 planned (for job.workers 3; ");
 
     /* Same cluster, only job.layers differs: fc1.weight is [784, 128], not [784, 256]. */
     cl_conf_t kb = k;
@@ -578,7 +578,7 @@ START_TEST(test_conflicting_shape)
     cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
     EXPECT_EXIT(a, 0);
     EXPECT_EXIT(w, 0);
-    EXPECT_LOG(w, "psworker: rank 1 of 3 joined at step 0 of 20");
+    EXPECT_LOG(w, "psworker: rank 1 joined at step 0 of 20 planned (for job.workers 3; ");
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }
