@@ -177,6 +177,7 @@ struct ps_op_s {
     int status;
     int done;
     int waited;        /* ps_op_wait returned it (kept for reuse): a second wait is refused */
+    int slow_said;     /* ops_overdue said it waits long (once per op) */
     uint64_t submit_ns, done_ns; /* CLOCK_MONOTONIC when handed to the comm thread, and at done
                                     (op_wait_done times pushes and pulls with them) */
     uint64_t min_version;
@@ -1428,6 +1429,36 @@ static void on_heartbeat_sent(void *request, ucs_status_t status, void *user_dat
     if (request) ucp_request_free(request);
 }
 
+/* The caller's ops (pushes, pulls, batch requests, declarations) that have waited for a shard
+ * longer than 4 heartbeat timeouts (at least 5 s) are said once each, naming the shard: a
+ * stopped or hung coordinator, or a step waiting for a member that does not push, would
+ * otherwise leave the worker silent (it waits, as it should, until the shard answers or is
+ * given up). */
+static void ops_overdue(ps_client_t *c)
+{
+    uint64_t now = mono_ns(), limit = (uint64_t)c->m.job.heartbeat_timeout_ms * 4000000u;
+    if (limit < 5000000000ull) limit = 5000000000ull;
+    for (ps_op_t *op = c->inflight; op; op = op->next) {
+        if (op->on_done || op->slow_said || op->done || op->submit_ns == 0 ||
+            now - op->submit_ns < limit)
+            continue;
+        for (uint32_t k = 0; k < op->nparts; k++) {
+            if (!op->parts[k].pending) continue;
+            uint32_t i = op->parts[k].shard;
+            op->slow_said = 1;
+            PS_LOG(PS_LOG_WARN, "libps", "a %s has waited %llu s for shard %u (%s:%u)%s; still "
+                   "waiting", op_name(op->type),
+                   (unsigned long long)((now - op->submit_ns) / 1000000000u), i,
+                   c->m.servers[i].host, c->m.servers[i].port,
+                   i == 0 && op->type == OP_BATCH
+                       ? " (the coordinator: its step waits for other members, or it is stopped "
+                         "or overloaded)"
+                       : "");
+            break;
+        }
+    }
+}
+
 /* Every heartbeat_timeout_ms / 4, from the comm thread, so a worker busy computing is
  * still heard; a hung (stopped) process falls silent and its shards drop it. During the join,
  * to the shards that answered its hello already: a join that waits for a shard starting late
@@ -1437,6 +1468,7 @@ static void on_heartbeat(uv_timer_t *h)
 {
     ps_client_t *c = h->data;
     hello_overdue(c);
+    ops_overdue(c);
     if (c->leaving) return;
     int joined = __atomic_load_n(&c->joined, __ATOMIC_ACQUIRE);
     for (uint32_t i = 0; i < c->nshards; i++) {

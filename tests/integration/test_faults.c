@@ -490,6 +490,27 @@ START_TEST(test_api_misuse_refused)
 }
 END_TEST
 
+/* A worker whose shard 0 stops answering (SIGSTOP) says so after 4 heartbeat timeouts (at least
+ * 5 s), naming the shard, and goes on waiting; before, it waited without a word. */
+START_TEST(test_worker_says_shard_silent)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1, .max_steps = 1000000,
+                   .job_extra = "  heartbeat_timeout_ms: 1000\n"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    ck_assert_msg(cl_wait_log(w, "step 1/", RUN_S) == 0, "never trained: %s", cl_tail(w));
+    ck_assert_int_eq(cl_signal(psd, SIGSTOP), 0);
+    int said = cl_wait_log(w, " has waited 5 s for shard 0 (127.0.0.1:", 15.0);
+    cl_signal(psd, SIGCONT);
+    ck_assert_msg(said == 0, "the worker said nothing of its silent shard: %s", cl_tail(w));
+    ck_assert_int_eq(cl_signal(w, SIGTERM), 0);
+    cl_wait(w, RUN_S);
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("faults");
@@ -514,5 +535,6 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("sigterm_shard_stopped", test_sigterm_shard_stopped));
     suite_add_tcase(s, tcase("sigterm_while_joining", test_sigterm_while_joining));
     suite_add_tcase(s, tcase("api_misuse_refused", test_api_misuse_refused));
+    suite_add_tcase(s, tcase("worker_says_shard_silent", test_worker_says_shard_silent));
     return s;
 }
