@@ -16,8 +16,11 @@ sed -e "s#/usr/local/bin/pslaunch #$build/worker/pslaunch #" -e "s/^User=psd/Use
 cp "$tmp/psd@.service" "$tmp/psd@0.service"
 out=$(cd "$tmp" && SYSTEMD_LOG_LEVEL=notice systemd-analyze verify ./psd@0.service \
       ./pslaunch.service 2>&1)
-if [ -n "$out" ]; then
-    echo "$out"
+# Only what is said of these units counts: a host without a running systemd may add lines of
+# its own (shown, not failed on).
+ours=$(printf '%s\n' "$out" | grep -E 'psd@|pslaunch\.service' || true)
+[ -n "$out" ] && printf '%s\n' "$out"
+if [ -n "$ours" ]; then
     echo "systemd units: FAILED"
     exit 1
 fi
