@@ -104,9 +104,11 @@ static void on_sent(void *request, ucs_status_t status, void *user_data)
     if (request) ucp_request_free(request);
 }
 
-/* The client stops waiting for its send (force-closed with its endpoint). */
-static void send_forget(ps_req_t *c)
+/* Give up the send in flight: its shard's endpoint is force-closed, which cancels it (its
+ * completion, if UCX still brings one, frees its header and touches nothing else: on_sent). */
+static void send_give_up(ps_req_t *c)
 {
+    ps_ucx_ep_close(&c->ucx, &c->eps[c->send_shard].ep, 1);
     c->send = NULL;
     c->sending = 0;
 }
@@ -159,9 +161,7 @@ static void send_settle(ps_req_t *c)
     while (c->sending && !c->timed_out) uv_run(&c->loop, UV_RUN_ONCE);
     uv_timer_stop(&c->timer);
     uv_timer_stop(&c->tick);
-    if (!c->sending) return;
-    ps_ucx_ep_close(&c->ucx, &c->eps[c->send_shard].ep, 1); /* its callback: canceled */
-    send_forget(c); /* a close left to finish in the background took the send with it */
+    if (c->sending) send_give_up(c);
 }
 
 static int connect_shard(ps_req_t *c, uint32_t i, char *err, size_t errlen)
@@ -239,8 +239,7 @@ int ps_req_call(ps_req_t *c, uint32_t shard, ps_msg_t *req, ps_msg_t *reply,
     if (c->timed_out && c->sending) {
         /* The shard does not take even the request (stopped, hung): its endpoint goes now, which
          * cancels the send, rather than at the next call after a second timeout. */
-        ps_ucx_ep_close(&c->ucx, &e->ep, 1);
-        send_forget(c);
+        send_give_up(c);
     }
     if (!c->got || c->pending) {
         if (e->failed)

@@ -64,13 +64,11 @@ static inline psd_view_t *psd_views_find(psd_views_t *t, uint64_t epoch)
     return NULL;
 }
 
-/** @brief Whether psd_views_of(@p t, s) can return view @p i for no step s >= @p low: a closed
- *  view of a step below @p low, or an open view that a newer open view covers wherever it
- *  covers a step from @p low on. The newest view is never dead (psd_views_epoch reports it). */
-static inline bool psd_views_dead(const psd_views_t *t, uint32_t i, uint64_t low)
+/* Whether a lookup from step @p low on could never return view @p v (in @p t or not) because
+ * of @p t's views: a closed view of a step below @p low, or an open view that a newer open
+ * view of @p t covers wherever @p v covers a step from @p low on. */
+static inline bool psd_views_covered(const psd_views_t *t, const psd_view_t *v, uint64_t low)
 {
-    const psd_view_t *v = &t->v[i];
-    if (v->epoch == psd_views_epoch(t)) return false;
     if (v->closed) return v->from_step < low;
     uint64_t first = v->from_step > low ? v->from_step : low; /* the first step it may decide */
     for (uint32_t j = 0; j < t->n; j++) {
@@ -78,6 +76,13 @@ static inline bool psd_views_dead(const psd_views_t *t, uint32_t i, uint64_t low
         if (!w->closed && w->epoch > v->epoch && w->from_step <= first) return true;
     }
     return false;
+}
+
+/** @brief Whether psd_views_of(@p t, s) can return view @p i for no step s >= @p low
+ *  (psd_views_covered). The newest view is never dead (psd_views_epoch reports it). */
+static inline bool psd_views_dead(const psd_views_t *t, uint32_t i, uint64_t low)
+{
+    return t->v[i].epoch != psd_views_epoch(t) && psd_views_covered(t, &t->v[i], low);
 }
 
 /**
@@ -97,12 +102,7 @@ static inline psd_view_t *psd_views_slot(psd_views_t *t, const psd_view_t *nv, u
         if (psd_views_dead(t, i, low)) return &t->v[i];
         if (t->v[i].epoch < t->v[old].epoch) old = i;
     }
-    if (t->v[old].epoch > nv->epoch) return NULL;
-    if (nv->closed && nv->from_step < low) return NULL;
-    uint64_t first = nv->from_step > low ? nv->from_step : low;
-    for (uint32_t j = 0; !nv->closed && j < t->n; j++)
-        if (!t->v[j].closed && t->v[j].epoch > nv->epoch && t->v[j].from_step <= first)
-            return NULL;
+    if (t->v[old].epoch > nv->epoch || psd_views_covered(t, nv, low)) return NULL;
     return &t->v[old];
 }
 

@@ -231,41 +231,43 @@ void psd_send_crc_error(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id, ui
 
 /* ---- messages ----------------------------------------------------------- */
 
+/* Whether hello @p msg comes from a worker whose manifest this shard's does not fit (cluster,
+ * and with PS_FLAG_CONF chunk_bytes, number of shards, which shard, consistency): a worker with
+ * another would push and pull chunks this shard does not have, or wait on steps it does not
+ * keep. The reason, naming both values, into @p why. */
+static bool hello_misfits(const psd_server_t *srv, const ps_msg_t *msg, char *why, size_t len)
+{
+    const ps_manifest_t *m = &srv->m;
+    const ps_server_conf_t *me = &m->servers[srv->shard];
+    if (strcmp(msg->cluster, m->cluster) != 0)
+        snprintf(why, len, "this shard serves cluster '%.100s', not '%.100s'", m->cluster,
+                 msg->cluster);
+    else if (!(msg->flags & PS_FLAG_CONF))
+        return false;
+    else if (msg->length != m->chunk_bytes)
+        snprintf(why, len, "cluster '%s' has chunk_bytes %llu, the worker's manifest %llu",
+                 m->cluster, (unsigned long long)m->chunk_bytes, (unsigned long long)msg->length);
+    else if (msg->count != (uint64_t)m->nservers)
+        snprintf(why, len, "cluster '%s' has %d shards, the worker's manifest lists %llu",
+                 m->cluster, m->nservers, (unsigned long long)msg->count);
+    else if (msg->shard != srv->shard)
+        snprintf(why, len, "%s:%u is shard %u of cluster '%s', the worker's manifest lists it as "
+                 "shard %u: its servers are in another order than the cluster's", me->host,
+                 me->port, srv->shard, m->cluster, msg->shard);
+    else if (msg->consistency != (uint32_t)m->job.consistency)
+        snprintf(why, len, "cluster '%s' runs job.consistency %s, the worker's manifest %s",
+                 m->cluster, ps_consistency_name(m->job.consistency),
+                 ps_consistency_name((ps_consistency_t)msg->consistency));
+    else
+        return false;
+    return true;
+}
+
 static void on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
 {
-    if (strcmp(msg->cluster, srv->m.cluster) != 0) {
-        psd_send_error(srv, c, msg->req_id, PS_ECONFIG,
-                       "this shard serves cluster '%s', not '%s'", srv->m.cluster, msg->cluster);
-        return;
-    }
-    /* A worker's manifest that cuts tensors otherwise, or runs another consistency, would
-     * push and pull chunks this shard does not have, or wait on steps it does not keep. */
-    if ((msg->flags & PS_FLAG_CONF) && msg->length != srv->m.chunk_bytes) {
-        psd_send_error(srv, c, msg->req_id, PS_ECONFIG,
-                       "cluster '%s' has chunk_bytes %llu, the worker's manifest %llu",
-                       srv->m.cluster, (unsigned long long)srv->m.chunk_bytes,
-                       (unsigned long long)msg->length);
-        return;
-    }
-    if ((msg->flags & PS_FLAG_CONF) && msg->count != (uint64_t)srv->m.nservers) {
-        psd_send_error(srv, c, msg->req_id, PS_ECONFIG,
-                       "cluster '%s' has %d shards, the worker's manifest lists %llu",
-                       srv->m.cluster, srv->m.nservers, (unsigned long long)msg->count);
-        return;
-    }
-    if ((msg->flags & PS_FLAG_CONF) && msg->shard != srv->shard) {
-        psd_send_error(srv, c, msg->req_id, PS_ECONFIG,
-                       "%s:%u is shard %u of cluster '%s', the worker's manifest lists it as "
-                       "shard %u: its servers are in another order than the cluster's",
-                       srv->m.servers[srv->shard].host, srv->m.servers[srv->shard].port,
-                       srv->shard, srv->m.cluster, msg->shard);
-        return;
-    }
-    if ((msg->flags & PS_FLAG_CONF) && msg->consistency != (uint32_t)srv->m.job.consistency) {
-        psd_send_error(srv, c, msg->req_id, PS_ECONFIG,
-                       "cluster '%s' runs job.consistency %s, the worker's manifest %s",
-                       srv->m.cluster, ps_consistency_name(srv->m.job.consistency),
-                       ps_consistency_name((ps_consistency_t)msg->consistency));
+    char why[sizeof msg->error];
+    if (hello_misfits(srv, msg, why, sizeof why)) {
+        psd_send_error(srv, c, msg->req_id, PS_ECONFIG, "%s", why);
         return;
     }
     if (srv->stopping) {

@@ -11,51 +11,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "durable.h"
 #include "reqclient.h"
 #include "wire.h"
 #include "manifest.h"
 #include "ps/ps_error.h"
 
 static int g_sig; /* SIGINT or SIGTERM once received (forwarded to the workers) */
-
-/* mkdir -p @p dir (mode 0755 for the directories made). Returns 0, or -1 with errno set (ENOTDIR
- * where a path component is not a directory). */
-static int make_dirs(const char *dir)
-{
-    char p[PATH_MAX];
-    if (dir[0] == '\0') {
-        errno = ENOENT;
-        return -1;
-    }
-    if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p) {
-        errno = ENAMETOOLONG;
-        return -1;
-    }
-    for (char *s = p + 1;; s++) {
-        int end = *s == '\0';
-        if (!end && *s != '/') continue;
-        *s = '\0';
-        struct stat st;
-        if (mkdir(p, 0755) != 0) { /* there already (some file systems say EACCES first)? */
-            int e = errno;
-            if (stat(p, &st) != 0) {
-                errno = e;
-                return -1;
-            }
-            if (!S_ISDIR(st.st_mode)) {
-                errno = ENOTDIR;
-                return -1;
-            }
-        }
-        if (end) return 0;
-        *s = '/';
-    }
-}
 
 /* Start worker i: psworker --manifest M [--metrics-out DIR/worker-i.jsonl]. */
 static pid_t spawn(const char *worker, const char *manifest, const char *metrics_dir, long i)
@@ -274,8 +240,9 @@ int main(int argc, char **argv)
     }
     /* The workers' metrics files go there: made now, so that a missing one is one clear error
      * here rather than every worker failing to open its file. */
-    if (metrics_dir && make_dirs(metrics_dir) != 0) {
-        fprintf(stderr, "pslaunch: --metrics-dir %s: %s\n", metrics_dir, strerror(errno));
+    int mrc = metrics_dir ? ps_mkdir_durable(metrics_dir) : 0;
+    if (mrc) {
+        fprintf(stderr, "pslaunch: --metrics-dir %s: %s\n", metrics_dir, strerror(-mrc));
         return 1;
     }
     /* SIGINT, SIGTERM and SIGCHLD stay blocked and are taken with sigwaitinfo: no signal
