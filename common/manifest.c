@@ -492,6 +492,48 @@ static int check_fusion(ctx_t *c, const field_t *f, yaml_node_t *n, char *base, 
     return 0;
 }
 
+/* Whether two listening addresses would take the same port: the same port on the same host
+ * name, or on a wildcard address. */
+static bool addr_clash(const char *h1, uint16_t p1, const char *h2, uint16_t p2)
+{
+    if (p1 != p2) return false;
+    return strcmp(h1, h2) == 0 || strcmp(h1, "0.0.0.0") == 0 || strcmp(h2, "0.0.0.0") == 0 ||
+           strcmp(h1, "::") == 0 || strcmp(h2, "::") == 0;
+}
+
+static const char *metrics_host_of(const ps_server_conf_t *s)
+{
+    return s->metrics_host[0] ? s->metrics_host : "127.0.0.1";
+}
+
+/* A server's metrics_port may take neither its own port nor any other server's port or
+ * metrics port. */
+static int check_metrics_ports(ctx_t *c, yaml_node_t *n, const ps_manifest_t *m, const char *path)
+{
+    for (int j = 0; j < m->nservers; j++) {
+        const ps_server_conf_t *b = &m->servers[j];
+        if (b->metrics_port == 0) continue;
+        const char *bh = metrics_host_of(b);
+        yaml_node_t *item = yaml_document_get_node(c->doc, n->data.sequence.items.start[j]);
+        char item_path[PATH_LEN], sub[PATH_LEN];
+        child_path(item_path, path, NULL, j);
+        child_path(sub, item_path, "metrics_port", -1);
+        for (int i = 0; i < m->nservers; i++) {
+            const ps_server_conf_t *a = &m->servers[i];
+            if (addr_clash(a->host, a->port, bh, b->metrics_port))
+                return fail(c, map_get(c, item, "metrics_port"), sub,
+                            "%s:%u is %s[%d]'s port for workers", bh, (unsigned)b->metrics_port,
+                            path, i);
+            if (i < j && a->metrics_port && addr_clash(metrics_host_of(a), a->metrics_port, bh,
+                                                       b->metrics_port))
+                return fail(c, map_get(c, item, "metrics_port"), sub,
+                            "same metrics address as %s[%d] (%s:%u)", path, i, bh,
+                            (unsigned)b->metrics_port);
+        }
+    }
+    return 0;
+}
+
 /* Two servers may not share an address or a data directory. */
 static int check_servers(ctx_t *c, const field_t *f, yaml_node_t *n, char *base, const char *path)
 {
@@ -516,7 +558,7 @@ static int check_servers(ctx_t *c, const field_t *f, yaml_node_t *n, char *base,
             }
         }
     }
-    return 0;
+    return check_metrics_ports(c, n, m, path);
 }
 
 /* checkpoint: a map that says when; every_steps and every_s cannot both be 0. */
@@ -635,6 +677,8 @@ static const field_t server_fields[] = {
     {SRV(host), .type = T_STR, .flags = F_REQ},
     {SRV(port), .type = T_INT, .flags = F_REQ, .min = 1, .max = 65535},
     {SRV(data_dir), .type = T_STR, .flags = F_REQ},
+    {SRV(metrics_port), .type = T_INT, .min = 0, .max = 65535},
+    {SRV(metrics_host), .type = T_STR},
     {0},
 };
 
@@ -794,6 +838,9 @@ int ps_manifest_parse(ps_manifest_t *m, const char *name, const char *text, size
     if (rc) goto out_doc;
     ps_optim_conf_t *o = &tmp->job.optimizer;
     if (isnan(o->eps)) o->eps = o->name == PS_OPT_ADAGRAD ? 1e-10f : 1e-8f; /* PyTorch's */
+    for (int i = 0; i < tmp->nservers; i++)
+        if (tmp->servers[i].metrics_host[0] == '\0')
+            snprintf(tmp->servers[i].metrics_host, PS_HOST_MAX, "127.0.0.1");
     /* A second document would be silently ignored; refuse it (and any syntax error in it). */
     if (!yaml_parser_load(&parser, &extra)) {
         rc = syntax_error(&c, &parser, text, len);

@@ -31,6 +31,8 @@ typedef struct {
     char host[PS_HOST_MAX];    /* required */
     uint16_t port;             /* required, 1..65535 */
     char data_dir[PS_PATH_MAX]; /* required */
+    uint16_t metrics_port;     /* default 0: no HTTP endpoint; else /metrics, /healthz, /status */
+    char metrics_host[PS_HOST_MAX]; /* default 127.0.0.1 (loopback only); 0.0.0.0: every address */
 } ps_server_conf_t;
 
 typedef struct {

@@ -1470,6 +1470,34 @@ static int cmp_u64(const void *a, const void *b)
         if (n_ > 0) *len = *len + (size_t)n_ < cap ? *len + (size_t)n_ : cap - 1;     \
     } while (0)
 
+void psd_coord_metrics(psd_server_t *srv, psd_prom_t *p)
+{
+    const psd_coord_t *co = srv->coord;
+    uint64_t n = co->ngaps < GAP_RING ? co->ngaps : GAP_RING, gmax = 0;
+    for (uint64_t i = 0; i < n; i++)
+        if (co->gaps[i] > gmax) gmax = co->gaps[i];
+    psd_prom_u64(p, "psd_job_membership_epoch", "gauge",
+                 "Membership epoch: grows at every join, leave, drop or scale", co->s.epoch);
+    psd_prom_u64(p, "psd_job_open_step", "gauge", "The step being handed out (bsp) or the "
+                 "highest reported (asp / ssp)", co->s.step);
+    psd_prom_u64(p, "psd_job_workers_desired", "gauge",
+                 "Workers wanted (job.workers, then psctl scale)", co->s.desired);
+    psd_prom_u64(p, "psd_job_workers", "gauge", "Workers that are members now",
+                 (uint64_t)popcount(co->s.active));
+    psd_prom_u64(p, "psd_job_finished", "gauge", "1 once every pass of the training set is "
+                 "applied", co->s.finished ? 1 : 0);
+    psd_prom_u64(p, "psd_job_samples_applied_total", "counter",
+                 "Training samples whose batches were applied, over all passes",
+                 co->s.cur.applied_total);
+    psd_prom_u64(p, "psd_job_batches_handed_again_total", "counter",
+                 "Batches handed out again after their worker left or died",
+                 co->s.cur.handed_again);
+    psd_prom_u64(p, "psd_job_state_save_failures_total", "counter",
+                 "Failed writes of the coordinator's state (each is retried)", co->save_failures);
+    psd_prom_f64(p, "psd_job_step_gap_max_seconds",
+                 "Longest gap between two consecutive steps among the last 4096 (bsp)", (double)gmax / 1e3);
+}
+
 void psd_coord_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len)
 {
     psd_coord_t *co = srv->coord;

@@ -12,6 +12,7 @@
 #include "checkpoint.h"
 #include "export.h"
 #include "integrity.h"
+#include "metrics.h"
 #include "ps/ps_log.h"
 #include "server.h"
 #include "bundle.h"
@@ -367,26 +368,13 @@ static void on_status_sent(void *request, ucs_status_t status, void *user_data)
     if (request) ucp_request_free(request);
 }
 
-/* MSG_STATUS: one JSON object describing this shard, as the reply's data. */
-static void send_status(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
+size_t psd_status_cap(void)
 {
-    psd_send_t *s = srv->free_sends;
-    if (s)
-        srv->free_sends = s->next_free;
-    else if ((s = calloc(1, sizeof *s)) == NULL)
-        return;
-    size_t cap = 8192 + 256 * (size_t)PS_MAX_RANKS + 48 * (size_t)PS_PASS_RING;
-    if (s->payload_cap < cap) {
-        uint8_t *b = realloc(s->payload, cap);
-        if (b == NULL) {
-            s->next_free = srv->free_sends;
-            srv->free_sends = s;
-            return;
-        }
-        s->payload = b;
-        s->payload_cap = cap;
-    }
-    char *out = (char *)s->payload;
+    return 8192 + 256 * (size_t)PS_MAX_RANKS + 48 * (size_t)PS_PASS_RING;
+}
+
+size_t psd_status_json(psd_server_t *srv, char *out, size_t cap)
+{
     size_t len = 0;
     const ps_server_conf_t *sc = &srv->m.servers[srv->shard];
     len += (size_t)snprintf(out, cap,
@@ -423,7 +411,7 @@ static void send_status(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
         len += (size_t)snprintf(out + len, cap - len, ", ");
         psd_coord_status_json(srv, out, cap, &len);
         len += (size_t)snprintf(out + len, cap - len, "}");
-        goto send;
+        return len >= cap ? cap - 1 : len;
     }
     len += (size_t)snprintf(out + len, cap - len, ", \"members\": [");
     uint64_t now = psd_now_ms();
@@ -438,8 +426,30 @@ static void send_status(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
         first = 0;
     }
     len += (size_t)snprintf(out + len, cap - len, "]}");
-send:
-    if (len >= cap) len = cap - 1;
+    return len >= cap ? cap - 1 : len;
+}
+
+/* MSG_STATUS: one JSON object describing this shard (psd_status_json), as the reply's data. */
+static void send_status(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
+{
+    psd_send_t *s = srv->free_sends;
+    if (s)
+        srv->free_sends = s->next_free;
+    else if ((s = calloc(1, sizeof *s)) == NULL)
+        return;
+    size_t cap = psd_status_cap();
+    if (s->payload_cap < cap) {
+        uint8_t *b = realloc(s->payload, cap);
+        if (b == NULL) {
+            s->next_free = srv->free_sends;
+            srv->free_sends = s;
+            return;
+        }
+        s->payload = b;
+        s->payload_cap = cap;
+    }
+    char *out = (char *)s->payload;
+    size_t len = psd_status_json(srv, out, cap);
     ps_msg_t r = {.type = PS_MSG_STATUS_REPLY, .req_id = msg->req_id, .shard = srv->shard,
                   .length = len};
     size_t hlen;
@@ -993,6 +1003,11 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, const char *restore,
     ps_ucx_set_am_handler(&srv->ucx, on_am, srv);
 
     if ((rc = listen_start(srv, err, errlen)) != 0) goto fail_ucx;
+    if ((rc = psd_metrics_start(srv, err, errlen)) != 0) {
+        ucp_listener_destroy(srv->listener);
+        srv->listener = NULL;
+        goto fail_ucx;
+    }
     uv_signal_init(srv->loop, &srv->sigint);
     uv_signal_init(srv->loop, &srv->sigterm);
     srv->sigint.data = srv->sigterm.data = srv;
@@ -1020,6 +1035,7 @@ int psd_server_run(const ps_manifest_t *m, uint32_t shard, const char *restore,
     while (srv->job_running || srv->slot_running || !psd_export_idle(srv) ||
            !psd_sync_idle(srv) || !psd_ckpt_idle(srv))
         uv_run(srv->loop, UV_RUN_ONCE);
+    psd_metrics_close(srv);
     if (srv->listener) ucp_listener_destroy(srv->listener);
     close_all_conns(srv);
     while (srv->job_running || srv->slot_running) uv_run(srv->loop, UV_RUN_ONCE);

@@ -15,6 +15,7 @@
 #include "codec.h"
 #include "init.h"
 #include "optim.h"
+#include "prom.h"
 #include "manifest.h"
 #include "memberviews.h"
 #include "merkle.h"
@@ -346,6 +347,8 @@ struct psd_server_s {
     uint64_t crc_errors;       /* pushes rejected for a checksum mismatch */
     uint64_t transport_restarts; /* times UCX was left stuck and started again (on_cron) */
     char fatal[256];           /* why this shard stopped on its own ("": it did not) */
+    struct psd_httpd_s *httpd; /* metrics.c: /metrics, /healthz, /status; NULL when off */
+    double started_unix;       /* time() at the start, for psd_start_time_seconds */
     uint64_t replays_skipped;  /* bsp: pushes of a batch handed out again that a chunk had
                                   applied already (acknowledged, not applied again) */
     uint64_t stale_acks;       /* bsp: pushes of a step a chunk had passed without their batch
@@ -376,6 +379,16 @@ struct psd_server_s {
                                    first hello is still to drop unanswered */
     uint32_t test_dropped_pid[8]; /* the workers whose hello was dropped */
 };
+
+/** @brief The buffer size psd_status_json needs at most. */
+size_t psd_status_cap(void);
+/**
+ * @brief This shard's status as one JSON object (what `psctl status --json` shows of it):
+ *  counters, store, integrity, sync, and shard 0's job and members.
+ * @param out  the caller's buffer of @p cap bytes (psd_status_cap()); NUL-terminated.
+ * @return its length (at most cap - 1: cut short when it did not fit).
+ */
+size_t psd_status_json(psd_server_t *srv, char *out, size_t cap);
 
 /** @brief Milliseconds of a monotonic clock read now (not the loop's cached time). */
 static inline uint64_t psd_now_ms(void) { return uv_hrtime() / 1000000u; }
@@ -478,6 +491,14 @@ void psd_shard_kick(psd_server_t *srv);
 
 /** @brief True when no store job runs or waits. */
 bool psd_shard_idle(psd_server_t *srv);
+/* What this shard holds (psd_shard_totals): status and /metrics. */
+typedef struct {
+    uint32_t tensors;
+    uint64_t chunks, state_bytes; /* state_bytes: params + optimizer state + record headers */
+    uint64_t version_min, version_max; /* 0 with no chunks */
+} psd_shard_totals_t;
+/** @brief Count this shard's tensors, chunks and state bytes into @p t (one walk of them). */
+void psd_shard_totals(const psd_server_t *srv, psd_shard_totals_t *t);
 /** @brief Append this shard's tensors and chunks as JSON members to @p out (status). */
 void psd_shard_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len);
 /** @brief Lowest chunk version of this shard (its step), or 0 with no chunks. */
@@ -520,6 +541,8 @@ void psd_coord_on_gone(psd_server_t *srv, psd_conn_t *c, const char *why, bool m
 void psd_coord_tick(psd_server_t *srv);
 /** @brief Append the coordinator's members, epoch, step and batches as JSON members. */
 void psd_coord_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len);
+/** @brief Append the job's metrics (membership, workers, samples applied...) to @p p. */
+void psd_coord_metrics(psd_server_t *srv, psd_prom_t *p);
 /**
  * @brief psctl checkpoint: pick the checkpoint's step and hold the hand-out of later steps until
  *  psd_coord_ckpt_release() (or CKPT_HOLD_MS), so that every shard learns the step before any

@@ -318,25 +318,33 @@ uint64_t psd_shard_step_max(psd_server_t *srv)
     return step;
 }
 
-void psd_shard_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len)
+void psd_shard_totals(const psd_server_t *srv, psd_shard_totals_t *t)
 {
-    uint64_t chunks = 0, bytes = 0, vmin = UINT64_MAX, vmax = 0;
-    for (uint32_t i = 0; i < srv->ntensors; i++)
+    memset(t, 0, sizeof *t);
+    uint64_t vmin = UINT64_MAX;
+    for (uint32_t i = 0; i < srv->ntensors; i++) {
+        t->tensors += srv->tensors[i].present;
         for (uint32_t c = 0; srv->tensors[i].present && c < srv->tensors[i].nchunks; c++) {
             const psd_chunk_t *ch = srv->tensors[i].chunks[c];
             if (ch == NULL) continue;
-            chunks++;
-            bytes += psd_chunk_bytes(ch->n, srv->nstate);
+            t->chunks++;
+            t->state_bytes += psd_chunk_bytes(ch->n, srv->nstate);
             if (ch->version < vmin) vmin = ch->version;
-            if (ch->version > vmax) vmax = ch->version;
+            if (ch->version > t->version_max) t->version_max = ch->version;
         }
-    uint32_t ntensors = 0;
-    for (uint32_t i = 0; i < srv->ntensors; i++) ntensors += srv->tensors[i].present;
+    }
+    t->version_min = t->chunks ? vmin : 0;
+}
+
+void psd_shard_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len)
+{
+    psd_shard_totals_t t;
+    psd_shard_totals(srv, &t);
     int n = snprintf(out + *len, cap - *len,
                      "\"tensors\": %u, \"chunks\": %llu, \"state_bytes\": %llu, "
                      "\"version_min\": %llu, \"version_max\": %llu",
-                     ntensors, (unsigned long long)chunks, (unsigned long long)bytes,
-                     (unsigned long long)(chunks ? vmin : 0), (unsigned long long)vmax);
+                     t.tensors, (unsigned long long)t.chunks, (unsigned long long)t.state_bytes,
+                     (unsigned long long)t.version_min, (unsigned long long)t.version_max);
     if (n > 0 && (size_t)n < cap - *len) *len += (size_t)n;
 }
 

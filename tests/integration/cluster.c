@@ -176,7 +176,12 @@ void cl_manifest_write(cl_cluster_t *c, const char *file, const cl_conf_t *conf,
     fprintf(f, "cluster: %s\nchunk_bytes: %llu\nmap_size_mb: 64\nservers:\n", c->cluster_name,
             (unsigned long long)k.chunk_bytes);
     for (int i = 0; i < k.shards; i++)
-        fprintf(f, "  - {host: 127.0.0.1, port: %u, data_dir: %s}\n", c->port[i], c->data_dir[i]);
+        if (k.metrics)
+            fprintf(f, "  - {host: 127.0.0.1, port: %u, metrics_port: %u, data_dir: %s}\n",
+                    c->port[i], c->metrics_port[i], c->data_dir[i]);
+        else
+            fprintf(f, "  - {host: 127.0.0.1, port: %u, data_dir: %s}\n", c->port[i],
+                    c->data_dir[i]);
     fputs(k.top_extra ? k.top_extra : "", f);
     fprintf(f,
             "job:\n"
@@ -235,16 +240,21 @@ cl_cluster_t *cl_cluster_create(const cl_conf_t *conf)
     snprintf(c->cluster_name, sizeof c->cluster_name, "itest-%ld-%s", (long)getpid(),
              strrchr(c->dir, '.') + 1);
 
-    int fds[CL_MAX_SHARDS];
+    int fds[CL_MAX_SHARDS], mfds[CL_MAX_SHARDS];
     for (int i = 0; i < c->conf.shards; i++) {
         fds[i] = pick_port(&c->port[i]);
         ck_assert_msg(fds[i] >= 0, "no free TCP port on 127.0.0.1: %s", strerror(errno));
+        mfds[i] = c->conf.metrics ? pick_port(&c->metrics_port[i]) : -1;
+        ck_assert_msg(!c->conf.metrics || mfds[i] >= 0, "no free TCP port on 127.0.0.1: %s",
+                      strerror(errno));
         char name[16];
         snprintf(name, sizeof name, "data%d", i);
         path_join(c->data_dir[i], sizeof c->data_dir[i], c->dir, name);
     }
-    for (int i = 0; i < c->conf.shards; i++)
+    for (int i = 0; i < c->conf.shards; i++) {
         close(fds[i]);
+        if (mfds[i] >= 0) close(mfds[i]);
+    }
     cl_manifest_write(c, "manifest.yaml", &c->conf, c->manifest, sizeof c->manifest);
     return c;
 }

@@ -48,6 +48,7 @@ typedef struct {
     uint64_t chunk_bytes;    /* [65536] chunk_bytes */
     const char *job_extra;   /* [none] more lines inside job:, each "  key: value\n" */
     const char *top_extra;   /* [none] more top-level lines, each "key: value\n" */
+    bool metrics;            /* [false] every server gets a free metrics_port (c->metrics_port) */
 } cl_conf_t;
 
 /* One child process. */
@@ -67,6 +68,7 @@ struct cl_cluster_s {
     char manifest[CL_PATH]; /* dir/manifest.yaml, written from conf */
     char data_dir[CL_MAX_SHARDS][CL_PATH];
     uint16_t port[CL_MAX_SHARDS];
+    uint16_t metrics_port[CL_MAX_SHARDS]; /* conf.metrics: each shard's HTTP port */
     char cluster_name[64]; /* unique per cluster, so a stray psd refuses workers */
     cl_conf_t conf;        /* with defaults filled in */
     double deadline;       /* CLOCK_MONOTONIC seconds: see CL_BUDGET_S */

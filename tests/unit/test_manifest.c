@@ -57,6 +57,8 @@ START_TEST(test_example)
     ck_assert_str_eq(m.servers[0].host, "127.0.0.1");
     ck_assert_uint_eq(m.servers[0].port, 7300);
     ck_assert_uint_eq(m.servers[1].port, 7301);
+    ck_assert_uint_eq(m.servers[1].metrics_port, 0); /* no HTTP endpoint by default */
+    ck_assert_str_eq(m.servers[1].metrics_host, "127.0.0.1");
     ck_assert_str_eq(m.servers[1].data_dir, "/tmp/psd-demo/1");
     ck_assert_str_eq(m.job.model, "mlp");
     ck_assert_int_eq(m.job.nlayers, 4);
@@ -196,6 +198,8 @@ START_TEST(test_block_style_all_keys)
                        "  - host: a\n"
                        "    port: 65535\n"
                        "    data_dir: /a\n"
+                       "    metrics_port: 9100\n"
+                       "    metrics_host: 0.0.0.0\n"
                        "job:\n"
                        "  model: \"mlp\"\n"
                        "  layers:\n"
@@ -230,6 +234,8 @@ START_TEST(test_block_style_all_keys)
     ck_assert_uint_eq(m.spin_us, 0);
     ck_assert_uint_eq(m.apply_threads, 3);
     ck_assert_uint_eq(m.servers[0].port, 65535);
+    ck_assert_uint_eq(m.servers[0].metrics_port, 9100);
+    ck_assert_str_eq(m.servers[0].metrics_host, "0.0.0.0");
     ck_assert_int_eq(m.job.nlayers, 2);
     ck_assert_uint_eq(m.job.layers[1], 1048576);
     ck_assert_uint_eq(m.job.seed, UINT64_MAX);
@@ -374,6 +380,22 @@ static const struct {
         "  - {host: h, port: 7300, data_dir: /d/0}\n"
         "  - {host: i, port: 7300, data_dir: /d/0}\n" L5 L6_9 L10,
      "demo.yaml:4: servers[1].data_dir: same data_dir as servers[0] ('/d/0')"},
+    {L1 "servers:\n"
+        "  - {host: h, port: 7300, data_dir: /d/0}\n"
+        "  - {host: 127.0.0.1, port: 7301, data_dir: /d/1, metrics_port: 70000}\n" L5 L6_9 L10,
+     "demo.yaml:4: servers[1].metrics_port: must be in [0, 65535], got 70000"},
+    {L1 "servers:\n"
+        "  - {host: 127.0.0.1, port: 7300, data_dir: /d/0}\n"
+        "  - {host: 127.0.0.1, port: 7301, data_dir: /d/1, metrics_port: 7300}\n" L5 L6_9 L10,
+     "demo.yaml:4: servers[1].metrics_port: 127.0.0.1:7300 is servers[0]'s port for workers"},
+    {L1 "servers:\n"
+        "  - {host: h, port: 7300, data_dir: /d/0, metrics_port: 7300, metrics_host: 0.0.0.0}\n"
+        L5 L6_9 L10,
+     "demo.yaml:3: servers[0].metrics_port: 0.0.0.0:7300 is servers[0]'s port for workers"},
+    {L1 "servers:\n"
+        "  - {host: h, port: 7300, data_dir: /d/0, metrics_port: 9100}\n"
+        "  - {host: h, port: 7301, data_dir: /d/1, metrics_port: 9100}\n" L5 L6_9 L10,
+     "demo.yaml:4: servers[1].metrics_port: same metrics address as servers[0] (127.0.0.1:9100)"},
     /* layers */
     {BASE "  layers: [784]\n", "demo.yaml:11: job.layers: must have 2 to 16 entries, got 1"},
     {BASE "  layers: [784, 0, 10]\n",

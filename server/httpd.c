@@ -1,0 +1,288 @@
+/* httpd.c: a small HTTP/1.1 server on a libuv loop (see httpd.h). */
+#include "httpd.h"
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ucx_loop.h" /* ps_sockaddr_resolve */
+
+typedef struct hconn_s {
+    uv_tcp_t tcp;
+    uv_timer_t timer;
+    psd_httpd_t *h;
+    int open_handles;      /* tcp and timer: freed when both are closed */
+    bool closing, answered;
+    size_t len;            /* bytes of head[] received */
+    char head[PSD_HTTP_HEAD_MAX + 1];
+    char hdr[256];         /* the status line and headers of the answer */
+    char *body;
+    uv_write_t wr;
+    uv_shutdown_t sh;
+    struct hconn_s *next, *prev;
+} hconn_t;
+
+struct psd_httpd_s {
+    uv_tcp_t listen;
+    psd_http_handler_cb cb;
+    void *arg;
+    uint16_t port;
+    bool closing;
+    int handles; /* the listener + every open connection: freed at 0 once closing */
+    int nconns;
+    hconn_t *conns;
+};
+
+static void httpd_unref(psd_httpd_t *h)
+{
+    if (--h->handles == 0 && h->closing) free(h);
+}
+
+static void on_conn_handle_closed(uv_handle_t *hd)
+{
+    hconn_t *c = hd->data;
+    if (--c->open_handles) return;
+    psd_httpd_t *h = c->h;
+    free(c->body);
+    free(c);
+    httpd_unref(h);
+}
+
+static void conn_close(hconn_t *c)
+{
+    if (c->closing) return;
+    c->closing = true;
+    psd_httpd_t *h = c->h;
+    if (c->prev)
+        c->prev->next = c->next;
+    else if (h->conns == c)
+        h->conns = c->next;
+    if (c->next) c->next->prev = c->prev;
+    c->next = c->prev = NULL;
+    h->nconns--;
+    uv_close((uv_handle_t *)&c->tcp, on_conn_handle_closed);
+    uv_close((uv_handle_t *)&c->timer, on_conn_handle_closed);
+}
+
+static const char *reason_of(int status)
+{
+    switch (status) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    case 503: return "Service Unavailable";
+    default: return "Unknown";
+    }
+}
+
+static void on_shutdown(uv_shutdown_t *sh, int status)
+{
+    (void)status;
+    conn_close(sh->data);
+}
+
+static void on_written(uv_write_t *w, int status)
+{
+    hconn_t *c = w->data;
+    if (c->closing) return;
+    if (status < 0 || uv_shutdown(&c->sh, (uv_stream_t *)&c->tcp, on_shutdown) != 0)
+        conn_close(c);
+}
+
+/* Send the answer (status line, headers, and the body unless @p head_only), then close. */
+static void answer(hconn_t *c, const psd_http_reply_t *r, bool head_only)
+{
+    c->answered = true;
+    uv_read_stop((uv_stream_t *)&c->tcp);
+    c->body = r->body; /* freed with the connection */
+    int n = snprintf(c->hdr, sizeof c->hdr,
+                     "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%s"
+                     "Cache-Control: no-store\r\nConnection: close\r\n\r\n",
+                     r->status, reason_of(r->status), r->type ? r->type : "text/plain",
+                     r->len, r->status == 405 ? "Allow: GET, HEAD\r\n" : "");
+    uv_buf_t b[2] = {uv_buf_init(c->hdr, (unsigned)n),
+                     uv_buf_init(r->body ? r->body : c->hdr, (unsigned)r->len)};
+    c->wr.data = c;
+    c->sh.data = c;
+    if (uv_write(&c->wr, (uv_stream_t *)&c->tcp, b, head_only || r->len == 0 ? 1 : 2,
+                 on_written) != 0)
+        conn_close(c);
+}
+
+/* An error answer with a one-line text body naming what is wrong. */
+static void answer_error(hconn_t *c, int status, const char *why)
+{
+    psd_http_reply_t r = {.status = status, .type = "text/plain; charset=utf-8"};
+    size_t cap = strlen(why) + 64;
+    if ((r.body = malloc(cap)) == NULL) {
+        conn_close(c);
+        return;
+    }
+    r.len = (size_t)snprintf(r.body, cap, "%d %s: %s\n", status, reason_of(status), why);
+    answer(c, &r, false);
+}
+
+/* The request head is complete in c->head (NUL-terminated at its end): check the request
+ * line, then hand the path to the handler. */
+static void handle_request(hconn_t *c)
+{
+    char *line = c->head;
+    size_t ll = strcspn(line, "\r\n");
+    line[ll] = '\0';
+    char *method = line, *sp1 = strchr(line, ' ');
+    if (sp1 == NULL) {
+        answer_error(c, 400, "the request line is not METHOD PATH HTTP/1.x");
+        return;
+    }
+    *sp1 = '\0';
+    char *target = sp1 + 1, *sp2 = strchr(target, ' ');
+    if (sp2 == NULL || strchr(sp2 + 1, ' ') ||
+        (strcmp(sp2 + 1, "HTTP/1.1") != 0 && strcmp(sp2 + 1, "HTTP/1.0") != 0)) {
+        answer_error(c, 400, "the request line is not METHOD PATH HTTP/1.x");
+        return;
+    }
+    *sp2 = '\0';
+    for (const char *p = method; *p; p++)
+        if (*p < 'A' || *p > 'Z') {
+            answer_error(c, 400, "the method is not a word in capitals");
+            return;
+        }
+    bool head_only = strcmp(method, "HEAD") == 0;
+    if (!head_only && strcmp(method, "GET") != 0) {
+        answer_error(c, 405, "only GET and HEAD are served");
+        return;
+    }
+    if (target[0] != '/') {
+        answer_error(c, 400, "the path does not start with '/'");
+        return;
+    }
+    for (const unsigned char *p = (const unsigned char *)target; *p; p++)
+        if (*p <= 0x20 || *p >= 0x7f) {
+            answer_error(c, 400, "the path holds a control or non-ASCII byte");
+            return;
+        }
+    target[strcspn(target, "?#")] = '\0';
+    psd_http_reply_t r = {.status = 500, .type = "text/plain; charset=utf-8"};
+    c->h->cb(c->h->arg, target, &r);
+    if (r.body == NULL && r.len) r.len = 0;
+    answer(c, &r, head_only);
+}
+
+static void on_alloc(uv_handle_t *hd, size_t suggested, uv_buf_t *buf)
+{
+    (void)suggested;
+    hconn_t *c = hd->data;
+    *buf = uv_buf_init(c->head + c->len, (unsigned)(PSD_HTTP_HEAD_MAX - c->len));
+}
+
+static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
+{
+    (void)buf;
+    hconn_t *c = s->data;
+    if (c->answered || c->closing) return;
+    if (n < 0) { /* EOF or an error before a whole head: nothing to answer */
+        conn_close(c);
+        return;
+    }
+    c->len += (size_t)n;
+    c->head[c->len] = '\0';
+    if (memchr(c->head, '\0', c->len)) {
+        answer_error(c, 400, "the request holds a NUL byte");
+        return;
+    }
+    if (strstr(c->head, "\r\n\r\n") || strstr(c->head, "\n\n")) {
+        handle_request(c);
+        return;
+    }
+    if (c->len >= PSD_HTTP_HEAD_MAX)
+        answer_error(c, 431, "the request head is longer than 8192 bytes");
+}
+
+static void on_idle(uv_timer_t *t)
+{
+    conn_close(t->data); /* slow, silent, or not reading its answer */
+}
+
+static void on_connection(uv_stream_t *server, int status)
+{
+    psd_httpd_t *h = server->data;
+    if (status < 0 || h->closing) return;
+    hconn_t *c = calloc(1, sizeof *c);
+    if (c == NULL) return; /* it waits in the backlog; tried again at the next connection */
+    c->h = h;
+    uv_tcp_init(server->loop, &c->tcp);
+    uv_timer_init(server->loop, &c->timer);
+    c->tcp.data = c->timer.data = c;
+    c->open_handles = 2;
+    h->handles++;
+    h->nconns++;
+    c->next = h->conns;
+    if (h->conns) h->conns->prev = c;
+    h->conns = c;
+    if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0 || h->nconns > PSD_HTTP_CONNS ||
+        uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) != 0) {
+        conn_close(c);
+        return;
+    }
+    uv_timer_start(&c->timer, on_idle, PSD_HTTP_IDLE_MS, 0);
+}
+
+static void on_listen_closed(uv_handle_t *hd)
+{
+    httpd_unref(hd->data);
+}
+
+psd_httpd_t *psd_httpd_start(uv_loop_t *loop, const char *host, uint16_t port,
+                             psd_http_handler_cb cb, void *arg, char *err, size_t errlen)
+{
+    struct sockaddr_storage ss;
+    socklen_t sslen;
+    if (ps_sockaddr_resolve(host, port, &ss, &sslen)) {
+        snprintf(err, errlen, "cannot resolve metrics host '%s'", host);
+        return NULL;
+    }
+    psd_httpd_t *h = calloc(1, sizeof *h);
+    if (h == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    h->cb = cb;
+    h->arg = arg;
+    h->handles = 1;
+    uv_tcp_init(loop, &h->listen);
+    h->listen.data = h;
+    int rc = uv_tcp_bind(&h->listen, (const struct sockaddr *)&ss, 0);
+    if (rc == 0) rc = uv_listen((uv_stream_t *)&h->listen, 64, on_connection);
+    struct sockaddr_storage got;
+    int gotlen = sizeof got;
+    if (rc == 0) rc = uv_tcp_getsockname(&h->listen, (struct sockaddr *)&got, &gotlen);
+    if (rc != 0) {
+        snprintf(err, errlen, "cannot listen on %s:%u for metrics: %s%s", host, port,
+                 uv_strerror(rc),
+                 rc == UV_EADDRINUSE ? " (another psd's or program's port: servers[].metrics_port "
+                                       "must be free)" : "");
+        h->closing = true;
+        uv_close((uv_handle_t *)&h->listen, on_listen_closed);
+        return NULL;
+    }
+    h->port = ntohs(got.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&got)->sin6_port
+                                              : ((struct sockaddr_in *)&got)->sin_port);
+    return h;
+}
+
+uint16_t psd_httpd_port(const psd_httpd_t *h)
+{
+    return h->port;
+}
+
+void psd_httpd_close(psd_httpd_t *h)
+{
+    if (h == NULL || h->closing) return;
+    h->closing = true;
+    while (h->conns) conn_close(h->conns);
+    uv_close((uv_handle_t *)&h->listen, on_listen_closed);
+}

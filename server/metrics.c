@@ -1,0 +1,157 @@
+/* metrics.c: psd's HTTP endpoint (servers[].metrics_port): /metrics (Prometheus text),
+ * /healthz and /status (the JSON of `psctl status --json` for this shard). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "httpd.h"
+#include "metrics.h"
+#include "prom.h"
+#include "ps/ps_error.h"
+#include "ps/ps_log.h"
+#include "server.h"
+
+static const char *const TEXT = "text/plain; charset=utf-8";
+
+/* Body text @p s (copied) into @p r with @p status. */
+static void reply_text(psd_http_reply_t *r, int status, const char *s)
+{
+    r->status = status;
+    r->type = TEXT;
+    r->len = strlen(s);
+    if ((r->body = malloc(r->len + 1)) == NULL) {
+        r->status = 500;
+        r->len = 0;
+        return;
+    }
+    memcpy(r->body, s, r->len + 1);
+}
+
+/* Why this shard does not serve ("" when it does). */
+static const char *unhealthy(const psd_server_t *srv)
+{
+    if (srv->fatal[0]) return srv->fatal;
+    if (srv->stopping) return "stopping";
+    if (srv->listener == NULL) return "not listening for workers";
+    return "";
+}
+
+static void metrics_text(psd_server_t *srv, psd_http_reply_t *r)
+{
+    psd_prom_t p;
+    psd_prom_init(&p, srv->m.cluster, srv->shard);
+    char more[256];
+    snprintf(more, sizeof more, "consistency=\"%s\",optimizer=\"%s\"",
+             ps_consistency_name(srv->m.job.consistency), ps_optim_name(srv->m.job.optimizer.name));
+    psd_prom_info(&p, "psd_info", "This shard's job settings", more);
+    psd_prom_f64(&p, "psd_start_time_seconds", "When this psd started (Unix time)",
+                 srv->started_unix);
+    psd_prom_u64(&p, "psd_serving", "gauge", "1 while this shard serves workers (/healthz 200)",
+                 unhealthy(srv)[0] == '\0');
+    psd_prom_u64(&p, "psd_step", "gauge", "This shard's step: its lowest chunk version",
+                 psd_shard_step(srv));
+    uint64_t conns = 0, members = 0;
+    for (const psd_conn_t *c = srv->conns; c; c = c->next) {
+        if (c->dead || c->ep == NULL) continue;
+        conns++;
+        members += c->rank >= 0;
+    }
+    psd_prom_u64(&p, "psd_connections", "gauge", "Open connections of workers and tools", conns);
+    psd_prom_u64(&p, "psd_member_connections", "gauge",
+                 "Connections of workers that hold a rank", members);
+    psd_shard_totals_t t;
+    psd_shard_totals(srv, &t);
+    psd_prom_u64(&p, "psd_tensors", "gauge", "Tensors with chunks on this shard", t.tensors);
+    psd_prom_u64(&p, "psd_chunks", "gauge", "Chunks held by this shard", t.chunks);
+    psd_prom_u64(&p, "psd_state_bytes", "gauge",
+                 "Bytes of parameters and optimizer state held by this shard", t.state_bytes);
+    psd_prom_u64(&p, "psd_chunk_version_min", "gauge", "Lowest chunk version", t.version_min);
+    psd_prom_u64(&p, "psd_chunk_version_max", "gauge", "Highest chunk version", t.version_max);
+    psd_prom_u64(&p, "psd_pushes_total", "counter", "Gradient pushes received", srv->pushes);
+    psd_prom_u64(&p, "psd_direct_pushes_total", "counter",
+                 "Pushes taken from a worker's shared-memory area on this host",
+                 srv->direct_pushes);
+    psd_prom_u64(&p, "psd_pulls_total", "counter", "Parameter pulls answered", srv->pulls);
+    psd_prom_u64(&p, "psd_direct_pulls_total", "counter",
+                 "Pulls answered by pointing a worker on this host at the store",
+                 srv->direct_pulls);
+    psd_prom_u64(&p, "psd_updates_applied_total", "counter",
+                 "Chunk updates applied by the optimizer", srv->applied_updates);
+    psd_prom_u64(&p, "psd_bundles_received_total", "counter",
+                 "Fused bundles of small messages received", srv->bundles_received);
+    psd_prom_u64(&p, "psd_bundles_sent_total", "counter", "Fused bundles of small replies sent",
+                 srv->bundles_sent);
+    psd_prom_u64(&p, "psd_crc_errors_total", "counter",
+                 "Pushes refused for a CRC-32C mismatch", srv->crc_errors);
+    psd_prom_u64(&p, "psd_replays_skipped_total", "counter",
+                 "bsp: pushes of a batch handed out again that a chunk had applied already",
+                 srv->replays_skipped);
+    psd_prom_u64(&p, "psd_stale_acks_total", "counter",
+                 "bsp: pushes of a step a chunk had passed, acknowledged and not applied",
+                 srv->stale_acks);
+    psd_prom_u64(&p, "psd_transport_restarts_total", "counter",
+                 "Times the UCX transport was found stuck and started again",
+                 srv->transport_restarts);
+    if (srv->sync.last_ms)
+        psd_prom_f64(&p, "psd_last_sync_age_seconds",
+                     "Seconds since the store was last synced to disk",
+                     (double)(uv_now(srv->loop) - srv->sync.last_ms) / 1e3);
+    if (srv->coord) psd_coord_metrics(srv, &p);
+    if (p.oom) {
+        free(p.buf);
+        reply_text(r, 500, "out of memory\n");
+        return;
+    }
+    r->status = 200;
+    r->type = "text/plain; version=0.0.4; charset=utf-8";
+    r->body = p.buf;
+    r->len = p.len;
+}
+
+static void on_request(void *arg, const char *path, psd_http_reply_t *r)
+{
+    psd_server_t *srv = arg;
+    if (strcmp(path, "/metrics") == 0) {
+        metrics_text(srv, r);
+    } else if (strcmp(path, "/healthz") == 0) {
+        const char *why = unhealthy(srv);
+        char text[300];
+        snprintf(text, sizeof text, "%s\n", why[0] ? why : "ok");
+        reply_text(r, why[0] ? 503 : 200, text);
+    } else if (strcmp(path, "/status") == 0) {
+        size_t cap = psd_status_cap();
+        if ((r->body = malloc(cap)) == NULL) {
+            reply_text(r, 500, "out of memory\n");
+            return;
+        }
+        r->len = psd_status_json(srv, r->body, cap);
+        r->status = 200;
+        r->type = "application/json";
+    } else if (strcmp(path, "/") == 0) {
+        reply_text(r, 200, "psd: /metrics (Prometheus), /healthz, /status (JSON)\n");
+    } else {
+        char text[PSD_HTTP_HEAD_MAX + 64];
+        snprintf(text, sizeof text, "no %s here: /metrics, /healthz or /status\n", path);
+        reply_text(r, 404, text);
+    }
+}
+
+int psd_metrics_start(psd_server_t *srv, char *err, size_t errlen)
+{
+    srv->started_unix = (double)time(NULL);
+    const ps_server_conf_t *sc = &srv->m.servers[srv->shard];
+    if (sc->metrics_port == 0) return 0;
+    srv->httpd = psd_httpd_start(srv->loop, sc->metrics_host, sc->metrics_port, on_request, srv,
+                                 err, errlen);
+    if (srv->httpd == NULL) return PS_ECONFIG;
+    PS_LOG(PS_LOG_INFO, "server", "metrics on http://%s:%u/metrics (and /healthz, /status)",
+           sc->metrics_host, psd_httpd_port(srv->httpd));
+    return 0;
+}
+
+void psd_metrics_close(psd_server_t *srv)
+{
+    psd_httpd_close(srv->httpd);
+    srv->httpd = NULL;
+}

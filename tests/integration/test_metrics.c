@@ -1,0 +1,302 @@
+/* test_metrics.c: psd's HTTP endpoint (servers[].metrics_port): /metrics in the Prometheus
+ * text format following a run, /healthz, /status, and requests a confused or hostile client
+ * sends, which get an error or a close while psd keeps serving workers and other clients. */
+#include <arpa/inet.h>
+#include <check.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cluster.h"
+#include "expect.h"
+
+/* A connected TCP socket to 127.0.0.1:@p port (fails the test otherwise). */
+static int http_connect(uint16_t port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_msg(fd >= 0, "socket: %s", strerror(errno));
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert_msg(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0,
+                  "connect to 127.0.0.1:%u: %s", port, strerror(errno));
+    return fd;
+}
+
+/* Read @p fd until EOF (at most 20 s and 1 MiB) into a malloc'd NUL-terminated string. */
+static char *read_all(int fd)
+{
+    size_t cap = 1 << 20, len = 0;
+    char *buf = malloc(cap + 1);
+    ck_assert(buf != NULL);
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        int r = poll(&p, 1, 20000);
+        ck_assert_msg(r > 0, "no answer or close from psd's metrics port within 20 s");
+        ssize_t n = read(fd, buf + len, cap - len);
+        if (n <= 0) break; /* EOF, or a reset: what came so far is the answer */
+        len += (size_t)n;
+        ck_assert_msg(len < cap, "an answer of more than 1 MiB");
+    }
+    buf[len] = '\0';
+    return buf;
+}
+
+/* Send @p req (@p len bytes) and read the whole answer. Returns its status code (0 when the
+ * connection closed without one); *@p answer (if not NULL) gets the malloc'd answer. */
+static int http_raw(uint16_t port, const char *req, size_t len, char **answer)
+{
+    int fd = http_connect(port);
+    ck_assert_msg(write(fd, req, len) == (ssize_t)len, "write: %s", strerror(errno));
+    char *a = read_all(fd);
+    close(fd);
+    int status = 0;
+    if (strncmp(a, "HTTP/1.1 ", 9) == 0) status = atoi(a + 9);
+    if (answer)
+        *answer = a;
+    else
+        free(a);
+    return status;
+}
+
+/* GET @p path; returns the status; *@p body gets the malloc'd body. */
+static int http_get(uint16_t port, const char *path, char **body)
+{
+    char req[256], *a;
+    int n = snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", path);
+    int status = http_raw(port, req, (size_t)n, &a);
+    const char *b = strstr(a, "\r\n\r\n");
+    *body = strdup(b ? b + 4 : "");
+    free(a);
+    return status;
+}
+
+/* The value of the sample of metric @p name in @p text (its labels start with cluster=); -1
+ * when it is missing. */
+static double metric(const char *text, const char *name)
+{
+    char needle[128];
+    snprintf(needle, sizeof needle, "\n%s{cluster=", name);
+    const char *p = strstr(text, needle);
+    if (p == NULL) return -1;
+    p = strchr(p, '}');
+    return p ? strtod(p + 1, NULL) : -1;
+}
+
+/* Every line is a # HELP, a # TYPE, or a sample `name{labels} value` whose metric had its
+ * HELP and TYPE (counter or gauge) just before, and whose labels start with this cluster and
+ * shard; a counter's name ends in _total. */
+static void check_format(const char *text, const char *cluster, int shard)
+{
+    char want[160], help_of[128] = "", type_of[128] = "", type[16] = "";
+    snprintf(want, sizeof want, "{cluster=\"%s\",shard=\"%d\"", cluster, shard);
+    int samples = 0;
+    for (const char *l = text; *l;) {
+        const char *e = strchr(l, '\n');
+        ck_assert_msg(e != NULL, "the last line does not end in a newline: %s", l);
+        char line[1024];
+        size_t n = (size_t)(e - l) < sizeof line - 1 ? (size_t)(e - l) : sizeof line - 1;
+        memcpy(line, l, n);
+        line[n] = '\0';
+        l = e + 1;
+        if (sscanf(line, "# HELP %127s", help_of) == 1) continue;
+        if (sscanf(line, "# TYPE %127s %15s", type_of, type) == 2) {
+            ck_assert_msg(strcmp(type_of, help_of) == 0, "TYPE without HELP: %s", line);
+            ck_assert_msg(strcmp(type, "counter") == 0 || strcmp(type, "gauge") == 0,
+                          "unknown type: %s", line);
+            continue;
+        }
+        char *brace = strchr(line, '{');
+        ck_assert_msg(brace != NULL, "not a sample: '%s'", line);
+        *brace = '\0';
+        ck_assert_msg(strcmp(line, type_of) == 0, "sample of %s after the TYPE of %s", line,
+                      type_of);
+        size_t nl = strlen(line);
+        ck_assert_msg(strcmp(type, "counter") != 0 || (nl > 6 && !strcmp(line + nl - 6, "_total")),
+                      "counter %s does not end in _total", line);
+        *brace = '{';
+        ck_assert_msg(strncmp(brace, want, strlen(want)) == 0, "labels of '%s' lack %s", line,
+                      want);
+        char *close = strchr(brace, '}'), *end;
+        ck_assert_msg(close && close[1] == ' ', "no value in '%s'", line);
+        strtod(close + 2, &end);
+        ck_assert_msg(end != close + 2 && *end == '\0', "value of '%s' is not a number", line);
+        samples++;
+    }
+    ck_assert_msg(samples >= 20, "only %d samples", samples);
+}
+
+/* A 2 x 1 run: /metrics of both shards follows it (pushes, updates, the job's samples, the
+ * same figures as /status), /healthz says ok, HEAD answers the headers alone. */
+START_TEST(test_metrics_follow_training)
+{
+    cl_conf_t k = {.shards = 2, .workers = 1, .max_steps = 20, .metrics = true};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    EXPECT_LOG(psd[0], "metrics on http://127.0.0.1:");
+    char *body;
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(http_get(c->metrics_port[i], "/healthz", &body), 200);
+        ck_assert_str_eq(body, "ok\n");
+        free(body);
+    }
+    ck_assert_int_eq(http_get(c->metrics_port[0], "/metrics", &body), 200);
+    check_format(body, c->cluster_name, 0);
+    ck_assert_msg(metric(body, "psd_pushes_total") == 0, "%s", body);
+    ck_assert_msg(metric(body, "psd_job_workers_desired") == 1, "%s", body);
+    ck_assert_msg(metric(body, "psd_job_finished") == 0, "%s", body);
+    free(body);
+
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    EXPECT_EXIT(w, 0);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(http_get(c->metrics_port[i], "/metrics", &body), 200);
+        check_format(body, c->cluster_name, i);
+        ck_assert_msg(metric(body, "psd_step") == 20, "shard %d: %s", i, body);
+        ck_assert_msg(metric(body, "psd_pushes_total") > 0, "shard %d: %s", i, body);
+        ck_assert_msg(metric(body, "psd_updates_applied_total") > 0, "shard %d: %s", i, body);
+        ck_assert_msg(metric(body, "psd_tensors") > 0 && metric(body, "psd_state_bytes") > 0,
+                      "shard %d: %s", i, body);
+        ck_assert_msg(metric(body, "psd_serving") == 1, "shard %d: %s", i, body);
+        /* The job is shard 0's alone. */
+        ck_assert_msg((metric(body, "psd_job_membership_epoch") >= 0) == (i == 0),
+                      "shard %d: %s", i, body);
+        double samples = metric(body, "psd_job_samples_applied_total");
+        double pushes = metric(body, "psd_pushes_total");
+        free(body);
+        ck_assert_int_eq(http_get(c->metrics_port[i], "/status", &body), 200);
+        char want[64];
+        snprintf(want, sizeof want, "{\"shard\": %d, ", i);
+        ck_assert_msg(strncmp(body, want, strlen(want)) == 0 && body[strlen(body) - 1] == '}',
+                      "shard %d: %s", i, body);
+        snprintf(want, sizeof want, "\"pushes\": %.0f, ", pushes);
+        ck_assert_msg(strstr(body, want), "/status lacks %s: %s", want, body);
+        if (i == 0) {
+            ck_assert_msg(samples == 20 * 64, "samples applied %.0f, want %d", samples, 20 * 64);
+            snprintf(want, sizeof want, "\"samples_applied\": %.0f, ", samples);
+            ck_assert_msg(strstr(body, want), "/status lacks %s: %s", want, body);
+        }
+        free(body);
+    }
+    /* HEAD: the headers alone, with the length GET would send. */
+    char *a;
+    const char head[] = "HEAD /healthz HTTP/1.0\r\n\r\n";
+    ck_assert_int_eq(http_raw(c->metrics_port[1], head, sizeof head - 1, &a), 200);
+    ck_assert_msg(strstr(a, "Content-Length: 3\r\n") && strcmp(strstr(a, "\r\n\r\n"), "\r\n\r\n") == 0,
+                  "%s", a);
+    free(a);
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+/* What a confused or hostile client sends gets a 4xx naming what is wrong or a close; idle
+ * connections (more than psd keeps) are closed after a while; meanwhile a worker trains to its
+ * end and psd keeps answering. */
+START_TEST(test_metrics_hostile_clients)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1, .max_steps = 30, .metrics = true};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    uint16_t port = c->metrics_port[0];
+    static const struct {
+        const char *req;
+        size_t len;
+        int status;
+        const char *says;
+    } bad[] = {
+#define R(s) s, sizeof s - 1
+        {R("garbage\r\n\r\n"), 400, "the request line is not METHOD PATH HTTP/1.x"},
+        {R("GET /metrics\r\n\r\n"), 400, "the request line is not METHOD PATH HTTP/1.x"},
+        {R("GET /metrics HTTP/2.0\r\n\r\n"), 400, "the request line is not METHOD PATH"},
+        {R("get /metrics HTTP/1.1\r\n\r\n"), 400, "the method is not a word in capitals"},
+        {R("POST /metrics HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc"), 405, "only GET and HEAD"},
+        {R("GET metrics HTTP/1.1\r\n\r\n"), 400, "the path does not start with '/'"},
+        {R("GET /a\x01 HTTP/1.1\r\n\r\n"), 400, "control or non-ASCII byte"},
+        {R("GET /metrics HTTP/1.1\r\nX: \0\r\n\r\n"), 400, "holds a NUL byte"},
+        {R("GET /secrets HTTP/1.1\r\n\r\n"), 404, "no /secrets here"},
+        {R("GET /metrics\r\n"), 0, NULL}, /* then EOF: no whole request, a close */
+#undef R
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        int fd = http_connect(port);
+        ck_assert(write(fd, bad[i].req, bad[i].len) == (ssize_t)bad[i].len);
+        shutdown(fd, SHUT_WR);
+        char *a = read_all(fd);
+        close(fd);
+        int status = strncmp(a, "HTTP/1.1 ", 9) == 0 ? atoi(a + 9) : 0;
+        ck_assert_msg(status == bad[i].status && (!bad[i].says || strstr(a, bad[i].says)),
+                      "request %zu: want %d \"%s\", got: %s", i, bad[i].status,
+                      bad[i].says ? bad[i].says : "", a);
+        free(a);
+    }
+    /* A head longer than 8 KiB: 431, whatever follows. */
+    static char big[20000];
+    memset(big, 'A', sizeof big);
+    memcpy(big, "GET /", 5);
+    char *a;
+    int fd = http_connect(port);
+    ck_assert(write(fd, big, 9000) == 9000);
+    a = read_all(fd);
+    close(fd);
+    ck_assert_msg(strncmp(a, "HTTP/1.1 431 ", 13) == 0, "%s", a);
+    free(a);
+
+    /* 40 connections that send nothing (psd keeps 32) while a worker trains to its end. */
+    int idle[40];
+    for (int i = 0; i < 40; i++) idle[i] = http_connect(port);
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    EXPECT_EXIT(w, 0);
+    for (int i = 0; i < 40; i++) { /* each is closed by psd: EOF, never an answer */
+        a = read_all(idle[i]);
+        ck_assert_msg(a[0] == '\0', "idle connection %d got an answer: %s", i, a);
+        free(a);
+        close(idle[i]);
+    }
+    char *body;
+    ck_assert_int_eq(http_get(port, "/metrics", &body), 200);
+    ck_assert_msg(metric(body, "psd_step") == 30, "%s", body);
+    free(body);
+    ck_assert_int_eq(http_get(port, "/healthz", &body), 200);
+    free(body);
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+/* The metrics port taken by another program: psd refuses to start and says which address. */
+START_TEST(test_metrics_port_in_use)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1, .metrics = true};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(c->metrics_port[0])};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert_msg(bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(fd, 1) == 0,
+                  "bind: %s", strerror(errno));
+    cl_proc_t *psd = cl_psd_spawn(c, 0, NULL);
+    EXPECT_EXIT(psd, 1);
+    char want[128];
+    snprintf(want, sizeof want, "cannot listen on 127.0.0.1:%u for metrics: address already in use",
+             c->metrics_port[0]);
+    EXPECT_LOG(psd, want);
+    close(fd);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+Suite *ps_test_suite(void)
+{
+    Suite *s = suite_create("metrics");
+    suite_add_tcase(s, tcase("metrics_follow_training", test_metrics_follow_training));
+    suite_add_tcase(s, tcase("metrics_hostile_clients", test_metrics_hostile_clients));
+    suite_add_tcase(s, tcase("metrics_port_in_use", test_metrics_port_in_use));
+    return s;
+}
