@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# verify.sh [BUILD_DIR]: runs deploy/slurm/psd.sbatch end to end on this host, with stand-ins
+# for Slurm's srun and scontrol (a "node list" of two 127.0.0.1 entries): the manifest made from
+# the nodes, two psd shards started by psd-shard.sh, one of them killed with SIGKILL mid-run and
+# started again, two `pslaunch --follow` training a small job to its end, every psd stopped.
+# Also: a template that has servers: is refused. Exit 0 when all of it holds.
+set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+build=$(cd "${1:-$root/build}" && pwd)
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/psd-slurm.XXXXXX")
+cleanup() {
+    pkill -KILL -f "$tmp/" 2>/dev/null
+    if [ -n "${PSD_VERIFY_KEEP:-}" ]; then echo "kept $tmp" >&2; else rm -rf "$tmp"; fi
+}
+trap cleanup EXIT
+fail() { echo "verify.sh: FAIL: $*" >&2; [ -f "$tmp/out" ] && tail -40 "$tmp/out" >&2; exit 1; }
+
+mkdir -p "$tmp/bin"
+# scontrol show hostnames LIST: one name a line (a comma-separated LIST only).
+cat > "$tmp/bin/scontrol" <<'S'
+#!/usr/bin/env bash
+[ "$1 $2" = "show hostnames" ] || { echo "scontrol stand-in: only 'show hostnames'" >&2; exit 1; }
+tr ',' '\n' <<< "$3"
+S
+# srun [--opt=value...] CMD ARGS: --ntasks copies of CMD on this host, SLURM_PROCID 0..n-1;
+# SIGTERM / SIGINT go to every task; the status is the highest task status.
+cat > "$tmp/bin/srun" <<'S'
+#!/usr/bin/env bash
+n=1
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --ntasks=*) n=${1#--ntasks=} ;;
+    --*) ;;
+    *) break ;;
+    esac
+    shift
+done
+pids=()
+for ((i = 0; i < n; i++)); do SLURM_PROCID=$i "$@" & pids+=($!); done
+trap 'kill -TERM "${pids[@]}" 2>/dev/null' TERM INT
+rc=0
+for p in "${pids[@]}"; do
+    while wait "$p"; s=$?; kill -0 "$p" 2>/dev/null; do :; done
+    [ "$s" -gt "$rc" ] && rc=$s
+done
+exit "$rc"
+S
+chmod +x "$tmp/bin/scontrol" "$tmp/bin/srun"
+export PATH=$tmp/bin:$PATH
+
+# Two free ports in a row for the shards, two for their metrics.
+free_pair() {
+    for _ in $(seq 100); do
+        p=$((20000 + RANDOM % 30000))
+        (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null && continue
+        (exec 3<>"/dev/tcp/127.0.0.1/$((p + 1))") 2>/dev/null && continue
+        echo "$p"
+        return
+    done
+    echo 0
+}
+port=$(free_pair)
+mport=$(free_pair)
+[ "$mport" -ne "$port" ] && [ "$mport" -ne $((port + 1)) ] && [ "$port" -ne $((mport + 1)) ] ||
+    mport=$(free_pair)
+
+cat > "$tmp/job.yaml" <<Y
+cluster: slurm-verify-$$
+chunk_bytes: 65536
+map_size_mb: 64
+job:
+  model: mlp
+  layers: [784, 64, 10]
+  batch_size: 32
+  epochs: 1
+  workers: 2
+  consistency: bsp
+  max_steps: 600
+  optimizer: {name: sgd, lr: 0.05}
+Y
+export SLURM_JOB_NODELIST=127.0.0.1,127.0.0.1 SLURM_JOB_ID=$$ SLURM_SUBMIT_DIR=$tmp
+export PSD_BUILD=$build PSD_PORT=$port PSD_METRICS_PORT=$mport PSD_DATA=$tmp/data
+export PSD_RUN_DIR=$tmp/run PSD_DATASET_CACHE=off
+
+"$root/deploy/slurm/psd.sbatch" "$tmp/job.yaml" > "$tmp/out" 2>&1 &
+job_pid=$!
+# Once training is under way, kill shard 1 with SIGKILL: psd-shard.sh must start it again.
+killed=0
+for _ in $(seq 600); do
+    kill -0 "$job_pid" 2>/dev/null || break
+    if [ "$killed" -eq 0 ]; then
+        st=$({ exec 3<>"/dev/tcp/127.0.0.1/$((mport + 1))" &&
+               printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3 && cat <&3; } 2>/dev/null)
+        step=$(sed -n 's/^psd_step{[^}]*} //p' <<< "$st" | tr -d '\r')
+        if [ -n "$step" ] && [ "$step" -ge 50 ]; then
+            pid=$(pgrep -f "$tmp/run/manifest.yaml --shard 1" | head -1)
+            [ -n "$pid" ] && kill -KILL "$pid" && killed=1
+        fi
+    fi
+    sleep 0.1
+done
+wait "$job_pid"
+rc=$?
+[ "$rc" -eq 0 ] || fail "psd.sbatch exited with status $rc"
+[ "$killed" -eq 1 ] || fail "shard 1 was never seen past step 50 on its /metrics"
+grep -q "psd-shard: shard 1 exited with status 137; starting it again" "$tmp/out" ||
+    fail "psd-shard.sh did not start shard 1 again"
+grep -q "pslaunch: the job is complete" "$tmp/out" || fail "pslaunch never said the job is complete"
+grep -q "^  - {host: 127.0.0.1, port: $((port + 1)), data_dir: $tmp/data/shard-1, metrics_port: $((mport + 1)), metrics_host: 0.0.0.0}$" \
+    "$tmp/run/manifest.yaml" || fail "unexpected manifest: $(cat "$tmp/run/manifest.yaml")"
+pgrep -f "$tmp/" > /dev/null && fail "processes left running: $(pgrep -af "$tmp/")"
+
+# A template with servers: is refused with exit 2 and a reason.
+printf 'servers:\n  - {host: a, port: 1, data_dir: /d}\n' >> "$tmp/job.yaml"
+"$root/deploy/slurm/psd.sbatch" "$tmp/job.yaml" > "$tmp/out2" 2>&1
+rc=$?
+[ "$rc" -eq 2 ] && grep -q "has a servers: section" "$tmp/out2" ||
+    fail "a template with servers: gave status $rc"
+echo "verify.sh: psd.sbatch ran a 2-shard job to its end through a psd kill -9"
