@@ -492,13 +492,18 @@ static int check_fusion(ctx_t *c, const field_t *f, yaml_node_t *n, char *base, 
     return 0;
 }
 
-/* Whether two listening addresses would take the same port: the same port on the same host
- * name, or on a wildcard address. */
-static bool addr_clash(const char *h1, uint16_t p1, const char *h2, uint16_t p2)
+static bool wildcard(const char *h)
 {
-    if (p1 != p2) return false;
-    return strcmp(h1, h2) == 0 || strcmp(h1, "0.0.0.0") == 0 || strcmp(h2, "0.0.0.0") == 0 ||
-           strcmp(h1, "::") == 0 || strcmp(h2, "::") == 0;
+    return strcmp(h, "0.0.0.0") == 0 || strcmp(h, "::") == 0;
+}
+
+/* Whether two listening sockets would take the same port: on one machine (the servers' `host`
+ * names the same), the same port, bound to the same address or either to every address. */
+static bool addr_clash(const char *machine1, const char *h1, uint16_t p1, const char *machine2,
+                       const char *h2, uint16_t p2)
+{
+    if (p1 != p2 || strcmp(machine1, machine2) != 0) return false;
+    return strcmp(h1, h2) == 0 || wildcard(h1) || wildcard(h2);
 }
 
 static const char *metrics_host_of(const ps_server_conf_t *s)
@@ -506,8 +511,8 @@ static const char *metrics_host_of(const ps_server_conf_t *s)
     return s->metrics_host[0] ? s->metrics_host : "127.0.0.1";
 }
 
-/* A server's metrics_port may take neither its own port nor any other server's port or
- * metrics port. */
+/* A server's metrics_port may take neither its own port nor the port or metrics port of
+ * another server on the same host. */
 static int check_metrics_ports(ctx_t *c, yaml_node_t *n, const ps_manifest_t *m, const char *path)
 {
     for (int j = 0; j < m->nservers; j++) {
@@ -520,12 +525,13 @@ static int check_metrics_ports(ctx_t *c, yaml_node_t *n, const ps_manifest_t *m,
         child_path(sub, item_path, "metrics_port", -1);
         for (int i = 0; i < m->nservers; i++) {
             const ps_server_conf_t *a = &m->servers[i];
-            if (addr_clash(a->host, a->port, bh, b->metrics_port))
+            if (addr_clash(a->host, a->host, a->port, b->host, bh, b->metrics_port))
                 return fail(c, map_get(c, item, "metrics_port"), sub,
                             "%s:%u is %s[%d]'s port for workers", bh, (unsigned)b->metrics_port,
                             path, i);
-            if (i < j && a->metrics_port && addr_clash(metrics_host_of(a), a->metrics_port, bh,
-                                                       b->metrics_port))
+            if (i < j && a->metrics_port &&
+                addr_clash(a->host, metrics_host_of(a), a->metrics_port, b->host, bh,
+                           b->metrics_port))
                 return fail(c, map_get(c, item, "metrics_port"), sub,
                             "same metrics address as %s[%d] (%s:%u)", path, i, bh,
                             (unsigned)b->metrics_port);

@@ -255,6 +255,7 @@ static void usage(FILE *f)
                "       psctl --manifest FILE checkpoint --follow [--wait S] [--timeout S]\n"
                "       psctl --manifest FILE repair --from DIR [--rollback] [--timeout S]\n"
                "       psctl --manifest FILE restore DIR\n"
+               "       psctl --manifest FILE check\n"
                "  status   the job (epoch, step, desired and actual workers, members) and every\n"
                "           shard's step, tensors, chunks, state size and Merkle root\n"
                "  scale    set the desired number of workers (0..%d); pslaunch instances\n"
@@ -270,7 +271,9 @@ static void usage(FILE *f)
                "           starts this itself)\n"
                "  repair   rewrite the chunks verify names from checkpoint DIR where it holds\n"
                "           their version; --rollback prints the commands that restore all\n"
-               "  restore  print the commands that start every shard from checkpoint DIR\n",
+               "  restore  print the commands that start every shard from checkpoint DIR\n"
+               "  check    parse and validate the manifest only (exit 2 with FILE:LINE: what is\n"
+               "           wrong), print what it sets up; contacts no shard\n",
             PS_MAX_RANKS);
 }
 
@@ -356,7 +359,7 @@ int main(int argc, char **argv)
         verb = "scale";
     } else if (manifest == NULL ||
                (strcmp(verb, "status") && strcmp(verb, "export") && strcmp(verb, "verify") &&
-                strcmp(verb, "checkpoint") && strcmp(verb, "repair"))) {
+                strcmp(verb, "checkpoint") && strcmp(verb, "repair") && strcmp(verb, "check"))) {
         usage(stderr);
         return 2;
     }
@@ -381,6 +384,20 @@ int main(int argc, char **argv)
     if (ps_manifest_load(&ctl.m, manifest, err, sizeof err)) {
         fprintf(stderr, "psctl: %s\n", err);
         return 2;
+    }
+    if (strcmp(verb, "check") == 0) {
+        printf("%s: cluster '%s', %s, %s, %u workers at the start, %d shard%s:\n", manifest,
+               ctl.m.cluster, ps_consistency_name(ctl.m.job.consistency),
+               ps_optim_name(ctl.m.job.optimizer.name), ctl.m.job.workers, ctl.m.nservers,
+               ctl.m.nservers == 1 ? "" : "s");
+        for (int i = 0; i < ctl.m.nservers; i++) {
+            const ps_server_conf_t *sc = &ctl.m.servers[i];
+            printf("  shard %d: %s:%u, data_dir %s", i, sc->host, sc->port, sc->data_dir);
+            if (sc->metrics_port)
+                printf(", metrics http://%s:%u/metrics", sc->metrics_host, sc->metrics_port);
+            printf("\n");
+        }
+        return 0;
     }
     if (scale >= 0) {
         ps_req_t *cc;

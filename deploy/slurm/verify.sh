@@ -116,4 +116,10 @@ printf 'servers:\n  - {host: a, port: 1, data_dir: /d}\n' >> "$tmp/job.yaml"
 rc=$?
 [ "$rc" -eq 2 ] && grep -q "has a servers: section" "$tmp/out2" ||
     fail "a template with servers: gave status $rc"
+# A template psctl check refuses: exit 2 with its FILE:LINE message.
+sed -e '/^servers:/,$d' -e 's/batch_size: 32/batch_size: lots/' "$tmp/job.yaml" > "$tmp/bad.yaml"
+"$root/deploy/slurm/psd.sbatch" "$tmp/bad.yaml" > "$tmp/out3" 2>&1
+rc=$?
+[ "$rc" -eq 2 ] && grep -q "manifest.yaml:[0-9]*: job.batch_size: " "$tmp/out3" ||
+    fail "a bad template gave status $rc: $(cat "$tmp/out3")"
 echo "verify.sh: psd.sbatch ran a 2-shard job to its end through a psd kill -9"

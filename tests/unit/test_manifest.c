@@ -271,6 +271,18 @@ END_TEST
 #define L10 "  optimizer: {name: adam, lr: 0.001}\n"
 #define BASE L1 L2_4 L5 L6_9 L10
 
+/* The same metrics port on every address of two hosts is no clash: a StatefulSet's pods. */
+START_TEST(test_metrics_ports_on_other_hosts)
+{
+    const char *text = L1 "servers:\n"
+        "  - {host: psd-0.psd, port: 7300, data_dir: /d, metrics_port: 9300, metrics_host: 0.0.0.0}\n"
+        "  - {host: psd-1.psd, port: 7300, data_dir: /e, metrics_port: 9300, metrics_host: 0.0.0.0}\n"
+        L5 L6_9 L10;
+    ck_assert_msg(parse(text) == 0, "%s", err);
+    ck_assert_uint_eq(m.servers[1].metrics_port, 9300);
+}
+END_TEST
+
 static const struct {
     const char *text;
     const char *msg; /* the whole message; a prefix when it ends in "..." */
@@ -394,6 +406,10 @@ static const struct {
      "demo.yaml:3: servers[0].metrics_port: 0.0.0.0:7300 is servers[0]'s port for workers"},
     {L1 "servers:\n"
         "  - {host: h, port: 7300, data_dir: /d/0, metrics_port: 9100}\n"
+        "  - {host: h, port: 7301, data_dir: /d/1, metrics_port: 9100}\n" L5 L6_9 L10,
+     "demo.yaml:4: servers[1].metrics_port: same metrics address as servers[0] (127.0.0.1:9100)"},
+    {L1 "servers:\n"
+        "  - {host: h, port: 7300, data_dir: /d/0, metrics_port: 9100, metrics_host: 0.0.0.0}\n"
         "  - {host: h, port: 7301, data_dir: /d/1, metrics_port: 9100}\n" L5 L6_9 L10,
      "demo.yaml:4: servers[1].metrics_port: same metrics address as servers[0] (127.0.0.1:9100)"},
     /* layers */
@@ -705,6 +721,7 @@ Suite *ps_test_suite(void)
     tcase_add_test(tc, test_adagrad);
     tcase_add_test(tc, test_mean);
     tcase_add_test(tc, test_block_style_all_keys);
+    tcase_add_test(tc, test_metrics_ports_on_other_hosts);
     tcase_add_test(tc, test_names);
     tcase_add_test(tc, test_deep_nesting);
     tcase_add_test(tc, test_compression);
