@@ -714,6 +714,8 @@ static const field_t top_fields[] = {
     {TOP(job), .type = T_MAP, .flags = F_REQ, .sub = job_fields, .check = check_job},
     /* periodic checkpoints, run by shard 0's psctl checkpoint --follow (issue #6) */
     {TOP(checkpoint), .type = T_MAP, .sub = checkpoint_fields, .check = check_checkpoint},
+    /* the cluster secret's file: every connection is authenticated with it (common/auth.h) */
+    {TOP(secret_file), .type = T_STR},
     {0},
 };
 

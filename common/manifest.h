@@ -123,6 +123,8 @@ typedef struct {
     int nservers;             /* 1..PS_MAX_SERVERS */
     ps_job_conf_t job;        /* required */
     ps_checkpoint_conf_t checkpoint; /* optional */
+    char secret_file[PS_PATH_MAX]; /* default "": no authentication; else every peer proves it
+                                      holds this file's bytes (common/auth.h) */
 } ps_manifest_t;
 
 /**

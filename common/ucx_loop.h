@@ -47,6 +47,10 @@ struct ps_ucx_s {
     ucp_am_recv_callback_t am_cb; /* ps_ucx_set_am_handler's, for a restarted worker */
     void *am_arg;
     void *data;                  /* the owner's */
+    /* Called by ps_ucx_connect on each endpoint it made, before the caller sends anything on
+     * it (proto/authmsg.h: the authentication proof); NULL: nothing. */
+    void (*connected)(ps_ucx_t *u, ucp_ep_h ep, void *arg);
+    void *connected_arg;
 };
 
 /* Data messages shorter than this go eagerly on an endpoint whose transports are all copying

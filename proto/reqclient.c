@@ -5,6 +5,8 @@
 
 #include "ps/ps_error.h"
 #include "reqclient.h"
+
+#include "authmsg.h"
 #include "ucx_loop.h"
 
 typedef struct {
@@ -16,6 +18,7 @@ typedef struct {
 
 struct ps_req_s {
     const ps_manifest_t *m;
+    ps_auth_t auth;
     double timeout_s;
     uv_loop_t loop;
     ps_ucx_t ucx;
@@ -133,6 +136,12 @@ int ps_req_open(const ps_manifest_t *m, double timeout_s, ps_req_t **out, char *
     }
     c->m = m;
     c->timeout_s = timeout_s;
+    int rc = ps_auth_load(&c->auth, m, err, errlen);
+    if (rc) {
+        free(c->eps);
+        free(c);
+        return rc;
+    }
     if (uv_loop_init(&c->loop) || ps_ucx_init(&c->ucx, &c->loop)) {
         free(c->eps);
         free(c);
@@ -140,6 +149,7 @@ int ps_req_open(const ps_manifest_t *m, double timeout_s, ps_req_t **out, char *
         return PS_ETRANSPORT;
     }
     ps_ucx_set_am_handler(&c->ucx, on_am, c);
+    ps_auth_attach(&c->ucx, &c->auth);
     uv_timer_init(&c->loop, &c->timer);
     uv_timer_init(&c->loop, &c->tick);
     c->timer.data = c;

@@ -67,7 +67,7 @@ const char *ps_msg_type_name(int type)
                                   "status",        "status_reply", "batch",
                                   "batch_reply",   "epoch", "scale",       "scale_reply",
                                   "launch",        "launch_reply", "echo",      "echo_reply",
-                                  "bundle",        "leave_reply"};
+                                  "bundle",        "leave_reply", "auth"};
     static const char *durable[] = {"export_begin", "export_begin_reply", "export_tensor",
                                     "export_tensor_reply", "export_chunk", "export_chunk_reply",
                                     "export_end", "verify", "verify_reply"};
@@ -128,6 +128,8 @@ int ps_msg_encode(const ps_msg_t *m, uint8_t *buf, size_t cap, size_t *len)
     /* Strings are only read by pack; the casts drop const for protobuf-c's API. */
     h.error = (char *)(m->error[0] ? m->error : "");
     h.cluster = (char *)(m->cluster[0] ? m->cluster : "");
+    h.auth.len = m->auth_len <= sizeof m->auth ? m->auth_len : 0;
+    h.auth.data = (uint8_t *)m->auth;
     if (m->has_decl) {
         d.name = (char *)m->decl.name;
         memcpy(shape, m->decl.shape, sizeof shape);
@@ -233,6 +235,10 @@ int ps_msg_decode(ps_msg_t *m, const void *buf, size_t len, char *err, size_t er
     if (copy_str(m->store, sizeof m->store, h->store)) FAIL("store path too long");
     if (copy_str(m->error, sizeof m->error, h->error)) FAIL("error text too long");
     if (copy_str(m->cluster, sizeof m->cluster, h->cluster)) FAIL("cluster name too long");
+    if (h->auth.len > sizeof m->auth) FAIL("auth proof of %zu bytes (at most %zu)", h->auth.len,
+                                           sizeof m->auth);
+    m->auth_len = (uint32_t)h->auth.len;
+    if (h->auth.len) memcpy(m->auth, h->auth.data, h->auth.len);
     if (h->decl) {
         Ps__TensorDecl *d = h->decl;
         m->has_decl = 1;

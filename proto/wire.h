@@ -86,7 +86,8 @@ typedef enum {
     PS_MSG_ECHO_REPLY = 22,
     PS_MSG_BUNDLE = 23, /* proto/bundle.h */
     PS_MSG_LEAVE_REPLY = 24,
-    PS_MSG_MAX_ = 25, /* end of the core and membership range */
+    PS_MSG_AUTH = 25, /* client -> shard, first on every connection: `auth` (common/auth.h) */
+    PS_MSG_MAX_ = 26, /* end of the core and membership range */
     /* Durability (psctl -> shard; server/export.c): */
     PS_MSG_EXPORT_BEGIN = 30,
     PS_MSG_EXPORT_BEGIN_REPLY = 31,
@@ -169,6 +170,8 @@ typedef struct {
     char store[256];
     char error[256];
     char cluster[128];
+    uint32_t auth_len;    /* MSG_AUTH: the proof's bytes */
+    uint8_t auth[64];
     int has_decl;
     ps_decl_t decl;
 } ps_msg_t;

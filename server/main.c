@@ -4,12 +4,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "auth.h"
 #include "manifest.h"
 #include "ps/ps_error.h"
 #include "ps/ps_log.h"
 
-int psd_server_run(const ps_manifest_t *m, uint32_t shard, const char *restore,
-                   const char *trace, char *err, size_t errlen);
+int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard,
+                   const char *restore, const char *trace, char *err, size_t errlen);
 
 static void usage(FILE *f)
 {
@@ -67,7 +68,13 @@ int main(int argc, char **argv)
                 m.nservers - 1);
         return 2;
     }
-    int rc = psd_server_run(&m, (uint32_t)shard, restore, trace, err, sizeof err);
+    static ps_auth_t auth;
+    if (ps_auth_load(&auth, &m, err, sizeof err)) {
+        fprintf(stderr, "psd: %s\n", err);
+        return 2;
+    }
+    int rc = psd_server_run(&m, &auth, (uint32_t)shard, restore, trace, err, sizeof err);
+    ps_auth_wipe(&auth);
     if (rc) {
         fprintf(stderr, "psd: shard %lu: %s\n", shard, err);
         return 1;

@@ -20,6 +20,7 @@
 #include "ps/ps_error.h"
 #include "ps/ps_log.h"
 #include "ucx_loop.h"
+#include "authmsg.h"
 #include "wire.h"
 
 typedef struct {
@@ -37,6 +38,7 @@ typedef struct {
 
 typedef struct {
     ps_manifest_t m;
+    ps_auth_t auth;
     ps_ucx_t ucx;
     uv_loop_t loop;
     shard_t *shards;
@@ -81,12 +83,18 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     char err[256];
     /* The reply is the asked slot's (req_id i + 1: ask), whatever shard number it says. */
     if (ps_msg_decode(&m, header, header_length, err, sizeof err) || m.req_id == 0 ||
-        m.req_id > (uint64_t)ctl->m.nservers || m.type != PS_MSG_STATUS_REPLY ||
-        m.length != length || length > (1u << 24))
+        m.req_id > (uint64_t)ctl->m.nservers)
         return UCS_OK;
     uint32_t slot = (uint32_t)(m.req_id - 1);
     shard_t *s = &ctl->shards[slot];
     if (s->reply || s->failed) return UCS_OK;
+    if (m.type == PS_MSG_ERROR) { /* refused (authentication): asking again changes nothing */
+        s->failed = 1;
+        snprintf(s->why, sizeof s->why, "%s", m.error[0] ? m.error : ps_strerror(m.status));
+        return UCS_OK;
+    }
+    if (m.type != PS_MSG_STATUS_REPLY || m.length != length || length > (1u << 24))
+        return UCS_OK;
     if (m.shard != slot) {
         s->failed = 1;
         snprintf(s->why, sizeof s->why, "answered as shard %u: this manifest lists the "
@@ -430,6 +438,11 @@ int main(int argc, char **argv)
         return 1;
     }
     ps_ucx_set_am_handler(&ctl.ucx, on_am, &ctl);
+    if (ps_auth_load(&ctl.auth, &ctl.m, err, sizeof err)) {
+        fprintf(stderr, "psctl: %s\n", err);
+        return 2;
+    }
+    ps_auth_attach(&ctl.ucx, &ctl.auth);
     int bad = status(&ctl, json, timeout);
     for (int i = 0; i < ctl.m.nservers; i++) {
         shard_t *s = &ctl.shards[i];

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ps/ps_error.h"
@@ -385,7 +386,8 @@ size_t psd_status_json(psd_server_t *srv, char *out, size_t cap)
                             "\"bundles_received\": %llu, \"bundles_sent\": %llu, "
                             "\"updates_applied\": %llu, \"crc_errors\": %llu, "
                             "\"replays_skipped\": %llu, \"stale_acks\": %llu, "
-                            "\"transport_restarts\": %llu, "
+                            "\"transport_restarts\": %llu, \"authentication\": %s, "
+                            "\"auth_refused\": %llu, "
                             "\"run\": \"%016llx\", \"run_base_step\": %llu, "
                             "\"stopping\": %s, ",
                             srv->shard, sc->host, sc->port, srv->m.cluster,
@@ -402,6 +404,8 @@ size_t psd_status_json(psd_server_t *srv, char *out, size_t cap)
                             (unsigned long long)srv->replays_skipped,
                             (unsigned long long)srv->stale_acks,
                             (unsigned long long)srv->transport_restarts,
+                            srv->auth->on ? "true" : "false",
+                            (unsigned long long)srv->auth_refused,
                             (unsigned long long)srv->run.id,
                             (unsigned long long)srv->run.base_step, srv->stopping ? "true" : "false");
     psd_shard_status_json(srv, out, cap, &len);
@@ -586,6 +590,41 @@ static void on_bundle(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg, voi
     psd_outbox_end(srv);
 }
 
+/* MSG_AUTH, the first message of a client's connection: its proof of the cluster secret. A
+ * shard without a secret takes any. A second proof on a connection changes nothing. */
+static void on_auth(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
+{
+    if (c->authed) return;
+    if (!srv->auth->on) {
+        c->authed = true;
+        return;
+    }
+    char why[sizeof c->auth_why];
+    if (ps_auth_check(srv->auth, &srv->auth_seen, msg->auth, msg->auth_len, (int64_t)time(NULL),
+                      why, sizeof why) == 0) {
+        c->authed = true;
+        c->auth_why[0] = '\0';
+        return;
+    }
+    snprintf(c->auth_why, sizeof c->auth_why, "%s", why);
+}
+
+/* A request on a connection that has not proved the cluster secret: refused with the reason
+ * (its sender's call ends with it), nothing else done; logged once per connection. */
+static void auth_refuse(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
+{
+    const char *why = c->auth_why[0] ? c->auth_why
+                                     : "no proof of the cluster secret came first (the peer's "
+                                       "manifest has no secret_file?)";
+    if (!c->auth_warned) {
+        c->auth_warned = true;
+        srv->auth_refused++;
+        PS_LOG(PS_LOG_WARN, "server", "peer %s: %s refused: %s", c->peer,
+               ps_msg_type_name(msg->type), why);
+    }
+    psd_send_error(srv, c, msg->req_id, PS_EAUTH, "authentication refused: %s", why);
+}
+
 static ucs_status_t on_am(void *arg, const void *header, size_t header_length, void *data,
                           size_t length, const ucp_am_recv_param_t *param)
 {
@@ -601,6 +640,14 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
         /* The request's id when the header got that far (0 otherwise), so that its sender's
          * call ends with the reason instead of waiting for an answer. */
         psd_send_error(srv, c, msg.req_id, PS_EPROTO, "%s", err);
+        return UCS_OK;
+    }
+    if (msg.type == PS_MSG_AUTH) {
+        on_auth(srv, c, &msg);
+        return UCS_OK;
+    }
+    if (!c->authed && srv->auth->on) { /* its data, if any, is dropped unread */
+        auth_refuse(srv, c, &msg);
         return UCS_OK;
     }
     if (msg.type == PS_MSG_STATUS) {
@@ -857,13 +904,14 @@ static uint32_t test_hook(const char *name, uint32_t max)
     return max && (uint32_t)n > max ? max : (uint32_t)n;
 }
 
-int psd_server_run(const ps_manifest_t *m, uint32_t shard, const char *restore,
-                   const char *trace, char *err, size_t errlen)
+int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard,
+                   const char *restore, const char *trace, char *err, size_t errlen)
 {
     psd_server_t *srv = calloc(1, sizeof *srv);
     if (srv == NULL) return PS_ENOMEM;
     int rc;
     srv->m = *m;
+    srv->auth = auth;
     srv->shard = shard;
     srv->nshards = (uint32_t)m->nservers;
     srv->chunk_elems = m->chunk_bytes / 4;

@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "auth.h"
 #include "batches.h"
 #include "codec.h"
 #include "init.h"
@@ -52,6 +53,9 @@ typedef struct psd_conn_s {
     uint64_t join_serial;            /* the join (shard 0's serial; the others have it from the
                                         hello) this rank is held by */
     bool fuses;                      /* it sent a bundle: its small replies may be bundled */
+    bool authed;                     /* it proved the cluster secret (or none is needed) */
+    bool auth_warned;                /* its refusal was logged */
+    char auth_why[160];              /* why its proof was refused ("": none came) */
     struct psd_send_s *outbox;       /* outbox.c: the bundle being filled for it */
     bool in_outbox_list;
     struct psd_conn_s *outbox_next;  /* srv->outbox_conns */
@@ -348,6 +352,10 @@ struct psd_server_s {
     uint64_t transport_restarts; /* times UCX was left stuck and started again (on_cron) */
     char fatal[256];           /* why this shard stopped on its own ("": it did not) */
     struct psd_httpd_s *httpd; /* metrics.c: /metrics, /healthz, /status; NULL when off */
+    const ps_auth_t *auth;     /* the cluster secret (main.c's); auth->on: every connection
+                                  must prove it first (on_auth) */
+    ps_auth_seen_t auth_seen;  /* proofs accepted, for replay refusal */
+    uint64_t auth_refused;     /* connections whose proof was refused or missing */
     double started_unix;       /* time() at the start, for psd_start_time_seconds */
     uint64_t replays_skipped;  /* bsp: pushes of a batch handed out again that a chunk had
                                   applied already (acknowledged, not applied again) */

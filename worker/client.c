@@ -27,6 +27,7 @@
 #include "tracefile.h"
 #include "ucx_loop.h"
 #include "views.h"
+#include "authmsg.h"
 #include "wire.h"
 
 #define PS_CLIENT_MAX_TENSORS 65536 /* as psd's PSD_MAX_TENSORS */
@@ -201,6 +202,7 @@ struct ps_op_s {
 
 struct ps_client_s {
     ps_manifest_t m;
+    ps_auth_t auth;             /* m's secret_file: proved first on every connection */
     uint32_t nshards;
     uint64_t chunk_elems;
     int rank;
@@ -1188,9 +1190,10 @@ static void on_rehello(ps_op_t *op)
         if (c->leaving) parts_on_shard(c, i, 1); /* a leave waiting for this hello: not a member */
         return;
     }
-    if (op->status == PS_ECONFIG) {
-        /* The shard came back under another configuration (a restore onto another manifest):
-         * this worker's manifest no longer fits it, and asking again cannot change that. */
+    if (op->status == PS_ECONFIG || op->status == PS_EAUTH) {
+        /* The shard came back under another configuration (a restore onto another manifest,
+         * another secret): this worker's manifest no longer fits it, and asking again cannot
+         * change that. */
         PS_LOG(PS_LOG_ERROR, "libps", "shard %u refused this worker back: %s", i, op->err);
         s->gone = 1;
         if (s->ep && !s->dead) s->dead = s->close_queued = 1;
@@ -1993,6 +1996,7 @@ static void *comm_main(void *arg)
     if (rc == 0) rc = ps_ucx_init(&c->ucx, &c->loop);
     if (rc == 0) {
         c->ucx.deferred = on_deferred;
+        ps_auth_attach(&c->ucx, &c->auth);
         ps_ucx_set_spin(&c->ucx, c->m.spin_us);
         c->ucx.data = c;
         ps_ucx_set_am_handler(&c->ucx, on_am, c);
@@ -2305,6 +2309,7 @@ int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts, ps
     if (c == NULL) return PS_ENOMEM;
     char e[1024] = "";
     int rc = ps_manifest_load(&c->m, manifest_path, e, sizeof e);
+    if (rc == 0) rc = ps_auth_load(&c->auth, &c->m, e, sizeof e);
     if (rc) {
         if (err) snprintf(err, errlen, "%s", e);
         free(c);

@@ -439,7 +439,8 @@ int main(int argc, char **argv)
         if ((rc = join_cluster(&tr, manifest, err, sizeof err)) != 0) {
             fprintf(stderr, "psworker: %s\n", err);
             if (g_stop) exit_code = 128 + g_stop; /* a signal ended the join */
-            else if (rc == PS_ECONFIG) exit_code = 2; /* a manifest the shards refuse */
+            else if (rc == PS_ECONFIG || rc == PS_EAUTH)
+                exit_code = 2; /* a manifest (or secret) the shards refuse */
             goto out;
         }
         ps_batch_info_t b, done = {0};

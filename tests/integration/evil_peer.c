@@ -52,6 +52,7 @@
 #include "storeview.h"
 #include "ucx_loop.h"
 #include "bundle.h"
+#include "authmsg.h"
 #include "wire.h"
 
 #define WAIT_S 20.0          /* one reply, at most */
@@ -1127,6 +1128,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "evil_peer: cannot start UCX\n");
         return 1;
     }
+    static ps_auth_t auth;
+    if (ps_auth_load(&auth, &m, err, sizeof err)) {
+        fprintf(stderr, "evil_peer: %s\n", err);
+        return 2;
+    }
+    ps_auth_attach(&p.ucx, &auth);
     uv_timer_init(&p.loop, &p.timer);
     ucp_am_handler_param_t hp = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
                                                UCP_AM_HANDLER_PARAM_FIELD_CB |

@@ -27,6 +27,7 @@
     XX(ESTOREFULL, -10010, "the shard store is full: raise map_size_mb")    \
     XX(ECORRUPT, -10011, "stored data does not match its hash (corrupted at rest): "      \
                          "psctl verify names it, psctl repair rewrites it")               \
+    XX(EAUTH, -10012, "authentication refused: the peers do not share the cluster's secret")  \
     XX(ENOTMEMBER, -10020, "this worker was removed from the job; join again")
 
 enum {

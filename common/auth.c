@@ -1,0 +1,140 @@
+/* auth.c: HMAC-SHA256 proofs of the cluster secret (see auth.h). */
+#include "auth.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ps/ps_error.h"
+
+int ps_auth_load(ps_auth_t *a, const ps_manifest_t *m, char *err, size_t errlen)
+{
+    memset(a, 0, sizeof *a);
+    snprintf(a->cluster, sizeof a->cluster, "%s", m->cluster);
+    if (m->secret_file[0] == '\0') return 0;
+    const char *f = m->secret_file;
+    int fd = open(f, O_RDONLY | O_CLOEXEC); /* may be a link: Kubernetes mounts secrets so */
+    if (fd < 0) {
+        snprintf(err, errlen, "secret_file %s: cannot open it: %s", f, strerror(errno));
+        return PS_ECONFIG;
+    }
+    struct stat st;
+    int rc = PS_ECONFIG;
+    if (fstat(fd, &st) != 0) {
+        snprintf(err, errlen, "secret_file %s: %s", f, strerror(errno));
+    } else if (!S_ISREG(st.st_mode)) {
+        snprintf(err, errlen, "secret_file %s: not a regular file", f);
+    } else if (st.st_mode & 077) {
+        snprintf(err, errlen, "secret_file %s: readable or writable by group or others (mode "
+                 "%03o): chmod 600 it", f, (unsigned)(st.st_mode & 0777));
+    } else if (st.st_size < PS_AUTH_KEY_MIN || st.st_size > PS_AUTH_KEY_MAX) {
+        snprintf(err, errlen, "secret_file %s: %lld bytes; it must hold %d to %d (e.g. head -c 32 "
+                 "/dev/urandom > FILE)", f, (long long)st.st_size, PS_AUTH_KEY_MIN,
+                 PS_AUTH_KEY_MAX);
+    } else {
+        size_t got = 0;
+        while (got < (size_t)st.st_size) {
+            ssize_t n = read(fd, a->key + got, (size_t)st.st_size - got);
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) break;
+            got += (size_t)n;
+        }
+        if (got != (size_t)st.st_size) {
+            snprintf(err, errlen, "secret_file %s: short read", f);
+        } else {
+            a->key_len = got;
+            a->on = true;
+            rc = 0;
+        }
+    }
+    close(fd);
+    if (rc) ps_auth_wipe(a);
+    return rc;
+}
+
+/* HMAC-SHA256(key, "psd-auth" 0 cluster 0 version time nonce) into @p mac. */
+static void sign(const ps_auth_t *a, const uint8_t *head, uint8_t mac[PS_AUTH_MAC])
+{
+    uint8_t msg[16 + sizeof a->cluster + 1 + 8 + PS_AUTH_NONCE];
+    size_t n = 0, cl = strlen(a->cluster);
+    memcpy(msg, "psd-auth", 9); /* with its NUL */
+    n = 9;
+    memcpy(msg + n, a->cluster, cl + 1);
+    n += cl + 1;
+    memcpy(msg + n, head, 1 + 8 + PS_AUTH_NONCE);
+    n += 1 + 8 + PS_AUTH_NONCE;
+    unsigned len = PS_AUTH_MAC;
+    HMAC(EVP_sha256(), a->key, (int)a->key_len, msg, n, mac, &len);
+}
+
+void ps_auth_prove(const ps_auth_t *a, uint8_t out[PS_AUTH_PROOF_LEN])
+{
+    out[0] = PS_AUTH_VERSION;
+    uint64_t t = (uint64_t)time(NULL);
+    for (int i = 0; i < 8; i++) out[1 + i] = (uint8_t)(t >> (56 - 8 * i));
+    size_t got = 0;
+    while (got < PS_AUTH_NONCE) { /* getrandom of 16 bytes does not come short once seeded */
+        ssize_t n = getrandom(out + 9 + got, PS_AUTH_NONCE - got, 0);
+        if (n > 0) got += (size_t)n;
+    }
+    sign(a, out, out + 9 + PS_AUTH_NONCE);
+}
+
+int ps_auth_check(const ps_auth_t *a, ps_auth_seen_t *seen, const uint8_t *proof, size_t len,
+                  int64_t now, char *why, size_t whylen)
+{
+    if (len != PS_AUTH_PROOF_LEN || proof[0] != PS_AUTH_VERSION) {
+        snprintf(why, whylen, "a proof of %zu bytes, version %u (this build: %d bytes, version %d)",
+                 len, len ? proof[0] : 0, PS_AUTH_PROOF_LEN, PS_AUTH_VERSION);
+        return PS_EAUTH;
+    }
+    uint8_t mac[PS_AUTH_MAC];
+    sign(a, proof, mac);
+    if (CRYPTO_memcmp(mac, proof + 9 + PS_AUTH_NONCE, PS_AUTH_MAC) != 0) {
+        snprintf(why, whylen, "the proof is not signed with this cluster's secret (another "
+                 "secret_file, or another cluster name)");
+        return PS_EAUTH;
+    }
+    uint64_t ut = 0;
+    for (int i = 0; i < 8; i++) ut = ut << 8 | proof[1 + i];
+    int64_t t = (int64_t)ut;
+    if (ut > INT64_MAX || t < now - PS_AUTH_SKEW_S || t > now + PS_AUTH_SKEW_S) {
+        snprintf(why, whylen, "the peer's clock is %lld s off this shard's (at most %d): "
+                 "synchronize the hosts' clocks", ut > INT64_MAX ? 0LL : (long long)(t - now),
+                 PS_AUTH_SKEW_S);
+        return PS_EAUTH;
+    }
+    if (t <= seen->floor) {
+        snprintf(why, whylen, "the proof is older than the replays this shard can still tell "
+                 "(many connections within %d s): connect again", PS_AUTH_SKEW_S);
+        return PS_EAUTH;
+    }
+    const uint8_t *nonce = proof + 9;
+    for (uint32_t i = 0; i < seen->n; i++)
+        if (memcmp(seen->e[i].nonce, nonce, PS_AUTH_NONCE) == 0) {
+            snprintf(why, whylen, "the proof was used before (a replayed connection)");
+            return PS_EAUTH;
+        }
+    if (seen->n == PS_AUTH_SEEN && seen->e[seen->next].t > seen->floor)
+        seen->floor = seen->e[seen->next].t;
+    seen->e[seen->next].t = t;
+    memcpy(seen->e[seen->next].nonce, nonce, PS_AUTH_NONCE);
+    seen->next = (seen->next + 1) % PS_AUTH_SEEN;
+    if (seen->n < PS_AUTH_SEEN) seen->n++;
+    return 0;
+}
+
+void ps_auth_wipe(ps_auth_t *a)
+{
+    OPENSSL_cleanse(a->key, sizeof a->key);
+    a->key_len = 0;
+    a->on = false;
+}

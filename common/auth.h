@@ -1,0 +1,69 @@
+/* auth.h: peer authentication with the cluster secret (manifest `secret_file`).
+ *
+ * Every connection a client opens to a shard starts with one proof (ps_auth_prove): a fresh
+ * random nonce and the client's clock, signed with HMAC-SHA256 under the cluster's secret and
+ * bound to the cluster name. The shard checks it (ps_auth_check) before it serves anything else
+ * on that connection: the signature (so the secret never travels), the clock (within
+ * PS_AUTH_SKEW_S of the shard's) and the nonce (not seen within that window: a recorded proof
+ * cannot be replayed). The secret is read from a file only its owner may read; it never
+ * appears in a log, an argument or an error. */
+#ifndef PS_AUTH_H
+#define PS_AUTH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "manifest.h"
+
+#define PS_AUTH_VERSION 1
+#define PS_AUTH_NONCE 16
+#define PS_AUTH_MAC 32
+/* version (1) + Unix time in seconds, big-endian (8) + nonce + HMAC-SHA256 */
+#define PS_AUTH_PROOF_LEN (1 + 8 + PS_AUTH_NONCE + PS_AUTH_MAC)
+#define PS_AUTH_SKEW_S 300      /* how far a peer's clock may be from this one */
+#define PS_AUTH_KEY_MIN 16      /* bytes of secret at least */
+#define PS_AUTH_KEY_MAX 4096
+#define PS_AUTH_SEEN 4096       /* nonces a shard remembers (ps_auth_seen_t) */
+
+typedef struct {
+    bool on;                     /* the manifest names a secret_file */
+    uint8_t key[PS_AUTH_KEY_MAX];
+    size_t key_len;
+    char cluster[128];
+} ps_auth_t;
+
+/* The nonces a shard has accepted, for replay refusal (loop thread). */
+typedef struct {
+    struct {
+        int64_t t;
+        uint8_t nonce[PS_AUTH_NONCE];
+    } e[PS_AUTH_SEEN];
+    uint32_t next, n;
+    int64_t floor; /* the time of the newest proof evicted: older ones cannot be checked */
+} ps_auth_seen_t;
+
+/**
+ * @brief Read @p m's secret_file into @p a (a->on false when the manifest has none).
+ * @return 0, or PS_ECONFIG with @p err naming the file and what is wrong (unreadable, not a
+ *  regular file, readable by group or others, shorter than PS_AUTH_KEY_MIN or longer than
+ *  PS_AUTH_KEY_MAX bytes); the secret's bytes never appear in it.
+ */
+int ps_auth_load(ps_auth_t *a, const ps_manifest_t *m, char *err, size_t errlen);
+
+/** @brief Write a fresh proof for now into @p out (PS_AUTH_PROOF_LEN bytes). @p a must be on. */
+void ps_auth_prove(const ps_auth_t *a, uint8_t out[PS_AUTH_PROOF_LEN]);
+
+/**
+ * @brief Check a peer's proof @p proof of @p len bytes at Unix time @p now; an accepted one's
+ *  nonce goes into @p seen.
+ * @return 0, or PS_EAUTH with @p why saying what is wrong (length or version, the signature,
+ *  the clock skew, a replayed or too old proof).
+ */
+int ps_auth_check(const ps_auth_t *a, ps_auth_seen_t *seen, const uint8_t *proof, size_t len,
+                  int64_t now, char *why, size_t whylen);
+
+/** @brief Zero the key in memory (at exit). */
+void ps_auth_wipe(ps_auth_t *a);
+
+#endif

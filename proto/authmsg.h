@@ -1,0 +1,15 @@
+/* authmsg.h: the client side of peer authentication on the wire (common/auth.h). */
+#ifndef PS_AUTHMSG_H
+#define PS_AUTHMSG_H
+
+#include "auth.h"
+#include "ucx_loop.h"
+
+/**
+ * @brief Make every endpoint @p u connects (ps_ucx_connect) send MSG_AUTH with a fresh proof
+ *  of @p a first, before anything the caller sends on it. Nothing when @p a is off.
+ * @p a is borrowed: it must outlive @p u's connections. Loop thread, before the first connect.
+ */
+void ps_auth_attach(ps_ucx_t *u, const ps_auth_t *a);
+
+#endif

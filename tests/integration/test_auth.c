@@ -1,0 +1,108 @@
+/* test_auth.c: a cluster with a secret_file. Its workers and psctl authenticate; a worker or
+ * psctl with another secret or none is refused with the reason (psworker exits 2), while the
+ * shards keep training the authenticated worker; psd refuses a secret file others may read. */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cluster.h"
+#include "expect.h"
+
+/* Write a secret file dir/@p name: 32 bytes of @p fill, mode @p mode. */
+static void write_secret(cl_cluster_t *c, const char *name, char fill, mode_t mode, char *path,
+                         size_t len)
+{
+    cl_path(c, name, path, len);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ck_assert_msg(fd >= 0, "%s: %s", path, strerror(errno));
+    char key[32];
+    memset(key, fill, sizeof key);
+    ck_assert(write(fd, key, sizeof key) == (ssize_t)sizeof key);
+    close(fd);
+    ck_assert_int_eq(chmod(path, mode), 0);
+}
+
+/* Write manifest dir/@p file: the cluster's, with `secret_file: @p secret` (none when NULL). */
+static void manifest_with(cl_cluster_t *c, const char *file, const char *secret, char *path,
+                          size_t len)
+{
+    char extra[CL_PATH + 32] = "";
+    if (secret) snprintf(extra, sizeof extra, "secret_file: %s\n", secret);
+    cl_conf_t k = c->conf;
+    k.top_extra = extra;
+    cl_manifest_write(c, file, &k, path, len);
+}
+
+START_TEST(test_secret_required)
+{
+    cl_conf_t k = {.shards = 2, .workers = 1, .max_steps = 300};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    char good[CL_PATH], wrong[CL_PATH], m_wrong[CL_PATH], m_none[CL_PATH], m_good[CL_PATH];
+    write_secret(c, "secret", 'k', 0600, good, sizeof good);
+    write_secret(c, "other-secret", 'j', 0600, wrong, sizeof wrong);
+    manifest_with(c, "manifest.yaml", good, m_good, sizeof m_good); /* the cluster's own */
+    manifest_with(c, "wrong.yaml", wrong, m_wrong, sizeof m_wrong);
+    manifest_with(c, "none.yaml", NULL, m_none, sizeof m_none);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    cl_proc_t *w = cl_worker_start(c, NULL, "w.params", false);
+    ck_assert_msg(cl_wait_log(w, "joined at step", RUN_S) == 0, "%s", cl_tail(w));
+
+    cl_proc_t *bad = cl_worker_start(c, m_wrong, NULL, false);
+    EXPECT_EXIT(bad, 2);
+    EXPECT_LOG(bad, "authentication refused: the proof is not signed with this cluster's secret");
+    cl_proc_t *none = cl_worker_start(c, m_none, NULL, false);
+    EXPECT_EXIT(none, 2);
+    EXPECT_LOG(none, "authentication refused: no proof of the cluster secret came first");
+    char *argv_none[] = {(char *)cl_binary("PSCTL"), "--manifest", m_none, "status", NULL};
+    cl_proc_t *ctl_none = cl_spawn(c, "psctl-none", argv_none);
+    EXPECT_EXIT(ctl_none, 1);
+    EXPECT_LOG(ctl_none, "shard 1 (127.0.0.1:");
+    EXPECT_LOG(ctl_none, "authentication refused: no proof of the cluster secret came first");
+
+    EXPECT_EXIT(w, 0); /* the authenticated worker trained on to its end meanwhile */
+    char *argv[] = {(char *)cl_binary("PSCTL"), "--manifest", m_good, "status", "--json", NULL};
+    cl_proc_t *ctl = cl_spawn(c, "psctl", argv);
+    EXPECT_EXIT(ctl, 0);
+    EXPECT_LOG(ctl, "\"step\": 300, ");
+    EXPECT_LOG(ctl, "\"authentication\": true, ");
+    /* Shard 0 refused both workers and psctl; shard 1 psctl only (the joins stop at shard 0). */
+    EXPECT_LOG(ctl, "{\"shard\": 0, ");
+    char *log = cl_log(ctl);
+    const char *s1 = strstr(log, "{\"shard\": 1, ");
+    ck_assert_msg(s1 && strstr(log, "\"auth_refused\": 3, ") < s1 &&
+                      strstr(s1, "\"auth_refused\": 1, "),
+                  "refusals: %s", log);
+    free(log);
+    EXPECT_LOG(psd[0], "hello refused: the proof is not signed with this cluster's secret");
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+/* A secret file its group or others may read: psd refuses to start (exit 2), naming it. */
+START_TEST(test_secret_file_mode)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    char secret[CL_PATH], m[CL_PATH];
+    write_secret(c, "secret", 'k', 0640, secret, sizeof secret);
+    manifest_with(c, "manifest.yaml", secret, m, sizeof m);
+    cl_proc_t *psd = cl_psd_spawn(c, 0, NULL);
+    EXPECT_EXIT(psd, 2);
+    EXPECT_LOG(psd, "readable or writable by group or others (mode 640): chmod 600 it");
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+Suite *ps_test_suite(void)
+{
+    Suite *s = suite_create("auth");
+    suite_add_tcase(s, tcase("secret_required", test_secret_required));
+    suite_add_tcase(s, tcase("secret_file_mode", test_secret_file_mode));
+    return s;
+}

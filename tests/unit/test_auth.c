@@ -1,0 +1,175 @@
+/* test_auth.c: the cluster secret's file checks and the proofs a shard accepts or refuses
+ * (common/auth.h). */
+#include <check.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "auth.h"
+#include "ps/ps_error.h"
+
+static char dir[64];
+static ps_manifest_t m;
+static char err[512];
+
+static void setup(void)
+{
+    snprintf(dir, sizeof dir, "/tmp/ps-auth-test.XXXXXX");
+    ck_assert(mkdtemp(dir) != NULL);
+    memset(&m, 0, sizeof m);
+    snprintf(m.cluster, sizeof m.cluster, "c1");
+}
+
+static void teardown(void)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+/* Write @p len bytes of @p fill as file @p name with @p mode; m.secret_file names it. */
+static void secret(const char *name, size_t len, char fill, mode_t mode)
+{
+    snprintf(m.secret_file, sizeof m.secret_file, "%s/%s", dir, name);
+    int fd = open(m.secret_file, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ck_assert(fd >= 0);
+    char buf[8192];
+    memset(buf, fill, sizeof buf);
+    ck_assert(write(fd, buf, len) == (ssize_t)len);
+    close(fd);
+    ck_assert_int_eq(chmod(m.secret_file, mode), 0);
+}
+
+START_TEST(no_secret_file_is_off)
+{
+    ps_auth_t a;
+    ck_assert_int_eq(ps_auth_load(&a, &m, err, sizeof err), 0);
+    ck_assert(!a.on);
+}
+END_TEST
+
+START_TEST(bad_files_refused)
+{
+    ps_auth_t a;
+    snprintf(m.secret_file, sizeof m.secret_file, "%s/missing", dir);
+    ck_assert_int_eq(ps_auth_load(&a, &m, err, sizeof err), PS_ECONFIG);
+    ck_assert_msg(strstr(err, "/missing: cannot open it: No such file"), "%s", err);
+    secret("shared", 32, 'k', 0644);
+    ck_assert_int_eq(ps_auth_load(&a, &m, err, sizeof err), PS_ECONFIG);
+    ck_assert_msg(strstr(err, "readable or writable by group or others (mode 644): chmod 600"),
+                  "%s", err);
+    secret("short", 15, 'k', 0600);
+    ck_assert_int_eq(ps_auth_load(&a, &m, err, sizeof err), PS_ECONFIG);
+    ck_assert_msg(strstr(err, "15 bytes; it must hold 16 to 4096"), "%s", err);
+    ck_assert(!strstr(err, "kkk")); /* never the secret's bytes */
+    secret("long", 4097, 'k', 0600);
+    ck_assert_int_eq(ps_auth_load(&a, &m, err, sizeof err), PS_ECONFIG);
+    snprintf(m.secret_file, sizeof m.secret_file, "%s", dir);
+    ck_assert_int_eq(ps_auth_load(&a, &m, err, sizeof err), PS_ECONFIG);
+    ck_assert_msg(strstr(err, "not a regular file"), "%s", err);
+    ck_assert(!a.on);
+}
+END_TEST
+
+START_TEST(proof_accepted_once)
+{
+    static ps_auth_t a;
+    static ps_auth_seen_t seen;
+    secret("ok", 32, 'k', 0400);
+    ck_assert_int_eq(ps_auth_load(&a, &m, err, sizeof err), 0);
+    ck_assert(a.on);
+    ck_assert_uint_eq(a.key_len, 32);
+    uint8_t p[PS_AUTH_PROOF_LEN], q[PS_AUTH_PROOF_LEN];
+    ps_auth_prove(&a, p);
+    ps_auth_prove(&a, q);
+    ck_assert(memcmp(p, q, sizeof p) != 0); /* fresh nonces */
+    int64_t now = (int64_t)time(NULL);
+    ck_assert_int_eq(ps_auth_check(&a, &seen, p, sizeof p, now, err, sizeof err), 0);
+    ck_assert_int_eq(ps_auth_check(&a, &seen, q, sizeof q, now, err, sizeof err), 0);
+    ck_assert_int_eq(ps_auth_check(&a, &seen, p, sizeof p, now, err, sizeof err), PS_EAUTH);
+    ck_assert_msg(strstr(err, "used before"), "%s", err);
+}
+END_TEST
+
+START_TEST(wrong_proofs_refused)
+{
+    static ps_auth_t a, other_key, other_cluster;
+    static ps_auth_seen_t seen;
+    secret("ok", 32, 'k', 0600);
+    ck_assert_int_eq(ps_auth_load(&a, &m, err, sizeof err), 0);
+    secret("other", 32, 'j', 0600);
+    ck_assert_int_eq(ps_auth_load(&other_key, &m, err, sizeof err), 0);
+    secret("ok", 32, 'k', 0600);
+    snprintf(m.cluster, sizeof m.cluster, "c2");
+    ck_assert_int_eq(ps_auth_load(&other_cluster, &m, err, sizeof err), 0);
+    int64_t now = (int64_t)time(NULL);
+    uint8_t p[PS_AUTH_PROOF_LEN];
+    ps_auth_prove(&other_key, p);
+    ck_assert_int_eq(ps_auth_check(&a, &seen, p, sizeof p, now, err, sizeof err), PS_EAUTH);
+    ck_assert_msg(strstr(err, "not signed with this cluster's secret"), "%s", err);
+    ps_auth_prove(&other_cluster, p);
+    ck_assert_int_eq(ps_auth_check(&a, &seen, p, sizeof p, now, err, sizeof err), PS_EAUTH);
+    ps_auth_prove(&a, p);
+    ck_assert_int_eq(ps_auth_check(&a, &seen, p, sizeof p - 1, now, err, sizeof err), PS_EAUTH);
+    ck_assert_msg(strstr(err, "a proof of 56 bytes"), "%s", err);
+    p[PS_AUTH_PROOF_LEN - 1] ^= 1; /* one bit of the signature */
+    ck_assert_int_eq(ps_auth_check(&a, &seen, p, sizeof p, now, err, sizeof err), PS_EAUTH);
+    p[PS_AUTH_PROOF_LEN - 1] ^= 1;
+    p[9] ^= 1; /* one bit of the nonce: the signature no longer fits */
+    ck_assert_int_eq(ps_auth_check(&a, &seen, p, sizeof p, now, err, sizeof err), PS_EAUTH);
+    p[9] ^= 1;
+    /* A clock too far either way. */
+    ck_assert_int_eq(ps_auth_check(&a, &seen, p, sizeof p, now + PS_AUTH_SKEW_S + 5, err,
+                                   sizeof err), PS_EAUTH);
+    ck_assert_msg(strstr(err, "clock is -30"), "%s", err);
+    ck_assert_int_eq(ps_auth_check(&a, &seen, p, sizeof p, now - PS_AUTH_SKEW_S - 5, err,
+                                   sizeof err), PS_EAUTH);
+    ck_assert_msg(strstr(err, "clock is 30"), "%s", err);
+    /* None of those was taken: the genuine proof still is, once. */
+    ck_assert_int_eq(ps_auth_check(&a, &seen, p, sizeof p, now, err, sizeof err), 0);
+}
+END_TEST
+
+/* Once more proofs came within the window than the shard remembers, one older than the newest
+ * it forgot is refused (it could be a replay of a forgotten one); newer ones still pass. */
+START_TEST(forgotten_window_refused)
+{
+    static ps_auth_t a;
+    static ps_auth_seen_t seen;
+    secret("ok", 32, 'k', 0600);
+    ck_assert_int_eq(ps_auth_load(&a, &m, err, sizeof err), 0);
+    int64_t now = (int64_t)time(NULL);
+    uint8_t first[PS_AUTH_PROOF_LEN], p[PS_AUTH_PROOF_LEN];
+    ps_auth_prove(&a, first);
+    ck_assert_int_eq(ps_auth_check(&a, &seen, first, sizeof first, now, err, sizeof err), 0);
+    for (int i = 0; i < PS_AUTH_SEEN; i++) {
+        ps_auth_prove(&a, p);
+        ck_assert_int_eq(ps_auth_check(&a, &seen, p, sizeof p, now, err, sizeof err), 0);
+    }
+    /* first was forgotten: its replay is refused, though not as "used before". */
+    ck_assert_int_eq(ps_auth_check(&a, &seen, first, sizeof first, now, err, sizeof err),
+                     PS_EAUTH);
+    ck_assert_msg(strstr(err, "older than the replays"), "%s", err);
+    sleep(1); /* a proof of a later second passes */
+    ps_auth_prove(&a, p);
+    ck_assert_int_eq(ps_auth_check(&a, &seen, p, sizeof p, now + 1, err, sizeof err), 0);
+}
+END_TEST
+
+Suite *ps_test_suite(void)
+{
+    Suite *s = suite_create("auth");
+    TCase *tc = tcase_create("auth");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, no_secret_file_is_off);
+    tcase_add_test(tc, bad_files_refused);
+    tcase_add_test(tc, proof_accepted_once);
+    tcase_add_test(tc, wrong_proofs_refused);
+    tcase_add_test(tc, forgotten_window_refused);
+    suite_add_tcase(s, tc);
+    return s;
+}
