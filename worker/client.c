@@ -2301,6 +2301,15 @@ static int join(ps_client_t *c, uint32_t timeout_ms, const volatile sig_atomic_t
     return 0;
 }
 
+void ps_client_job(const ps_client_t *c, ps_job_info_t *out)
+{
+    out->consistency = (int)c->m.job.consistency;
+    out->seed = c->m.job.seed;
+    out->batch_size = c->m.job.batch_size;
+    out->epochs = c->m.job.epochs;
+    out->max_steps = c->m.job.max_steps;
+}
+
 int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts, ps_client_t **out,
                      char *err, size_t errlen)
 {

@@ -37,12 +37,6 @@ int ps_fmnist_load(ps_dataset_t *train, ps_dataset_t *test, const char *dir, cha
                    size_t errlen);
 void ps_dataset_free(ps_dataset_t *d);
 
-/**
- * @brief perm[0..n-1] = a permutation of 0..n-1 fixed by (seed, epoch): Fisher-Yates
- * driven by splitmix64. Integer arithmetic only, so every worker computes the same one.
- */
-void ps_permutation(uint32_t *perm, uint32_t n, uint64_t seed, uint32_t epoch);
-
 /** @brief Gather samples idx[0..B-1] into x [B, dim] and y [B]. */
 void ps_dataset_gather(const ps_dataset_t *d, const uint32_t *idx, uint32_t B, float *x,
                        uint8_t *y);

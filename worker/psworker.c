@@ -419,7 +419,7 @@ int main(int argc, char **argv)
             for (uint32_t r = 0; r < W && ps_cursor_take(&cur, &b); r++, nm++) {
                 epoch_log_pass(&log, &tr, (int64_t)b.pass, step, 0);
                 if ((int64_t)b.pass != perm_pass) {
-                    ps_permutation(perm, train.n, m.job.seed, (uint32_t)b.pass);
+                    ps_batch_order(perm, train.n, m.job.seed, (uint32_t)b.pass);
                     perm_pass = (int64_t)b.pass;
                 }
                 ps_dataset_gather(&train, perm + b.offset, b.count, x, y);
@@ -490,7 +490,7 @@ int main(int argc, char **argv)
             tr.step = b.step;
             epoch_log_pass(&log, &tr, (int64_t)b.pass, step, ps_client_rank(tr.client) == 0);
             if ((int64_t)b.pass != perm_pass) {
-                ps_permutation(perm, train.n, m.job.seed, (uint32_t)b.pass);
+                ps_batch_order(perm, train.n, m.job.seed, (uint32_t)b.pass);
                 perm_pass = (int64_t)b.pass;
             }
             ps_dataset_gather(&train, perm + b.offset, b.count, x, y);

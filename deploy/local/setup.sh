@@ -7,7 +7,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 
 pkgs=(gcc pkg-config meson ninja-build libuv1-dev libucx-dev liblmdb-dev libprotobuf-c-dev
       protobuf-c-compiler check libopenblas-dev libyaml-dev libxxhash-dev zlib1g-dev
-      dataset-fashion-mnist ucx-utils libssl-dev)
+      dataset-fashion-mnist ucx-utils libssl-dev python3-torch)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

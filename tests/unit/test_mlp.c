@@ -10,6 +10,7 @@
 
 #include "fmnist.h"
 #include "mlp.h"
+#include "ps/ps_client.h"
 #include "ps/ps_error.h"
 
 #define FMNIST_DIR "/usr/share/datasets/fashion-mnist"
@@ -573,10 +574,10 @@ START_TEST(test_permutation)
 {
     enum { N = 1000 };
     static uint32_t a[N], b[N], c[N], d[N];
-    ps_permutation(a, N, 42, 0);
-    ps_permutation(b, N, 42, 0);
-    ps_permutation(c, N, 42, 1);
-    ps_permutation(d, N, 43, 0);
+    ps_batch_order(a, N, 42, 0);
+    ps_batch_order(b, N, 42, 0);
+    ps_batch_order(c, N, 42, 1);
+    ps_batch_order(d, N, 43, 0);
 
     static char seen[N];
     int moved = 0;
@@ -599,9 +600,9 @@ START_TEST(test_permutation)
     }
 
     uint32_t one = 7;
-    ps_permutation(&one, 1, 42, 3);
+    ps_batch_order(&one, 1, 42, 3);
     ck_assert_uint_eq(one, 0);
-    ps_permutation(NULL, 0, 42, 3);
+    ps_batch_order(NULL, 0, 42, 3);
 }
 END_TEST
 

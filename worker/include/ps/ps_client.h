@@ -130,6 +130,16 @@ void ps_client_destroy(ps_client_t *c);
 /** @brief This worker's rank (from shard 0), the job's members when it joined, the number
  *  of shards and the coordinator's step when this client joined. */
 int ps_client_rank(const ps_client_t *c);
+/* The manifest's job, as this client read it (for front ends that run their own loop). */
+typedef struct {
+    int consistency;      /* 0 bsp, 1 asp, 2 ssp */
+    uint64_t seed;        /* job.seed: ps_batch_order's */
+    uint32_t batch_size;  /* job.batch_size: samples per batch */
+    uint32_t epochs;      /* job.epochs: passes over the training set */
+    uint64_t max_steps;   /* job.max_steps (0: all epochs) */
+} ps_job_info_t;
+/** @brief Fill @p out with the manifest's job settings. */
+void ps_client_job(const ps_client_t *c, ps_job_info_t *out);
 uint32_t ps_client_workers(const ps_client_t *c);
 uint32_t ps_client_shards(const ps_client_t *c);
 uint64_t ps_client_join_step(const ps_client_t *c);
@@ -273,5 +283,14 @@ void ps_client_batch_done(ps_client_t *c, const ps_batch_info_t *done);
  */
 int ps_client_next_batch(ps_client_t *c, uint64_t samples, const ps_batch_info_t *done,
                          ps_batch_info_t *out);
+
+/**
+ * @brief The order of the training set in pass @p pass: perm[0..n-1] = a permutation of
+ * 0..n-1 fixed by (@p seed = the manifest's job.seed, @p pass); a batch's samples are
+ * perm[offset .. offset + count - 1] (ps_batch_info_t). Fisher-Yates driven by splitmix64,
+ * integer arithmetic only: every worker computes the same one. @p perm is the caller's, n
+ * entries (none when @p n is 0).
+ */
+void ps_batch_order(uint32_t *perm, uint32_t n, uint64_t seed, uint32_t pass);
 
 #endif

@@ -1,0 +1,264 @@
+"""psd's Python binding: libps (worker/include/ps/ps_client.h) through ctypes.
+
+    import psd
+    with psd.Client("cluster.yaml") as c:
+        tid = c.declare("w", (256, 784), init="xavier")
+        ...
+
+`psd.torch` trains a torch.nn.Module's parameters on the shards. The library is found as
+$PSD_LIBPS, else build/worker/libps.so of the checkout this file is in, else the system's
+libps.so (after `meson install`).
+"""
+import ctypes
+import ctypes.util
+import os
+from array import array
+
+__all__ = ["PsError", "Client", "Batch", "batch_order", "library"]
+
+_INITS = {"zeros": 0, "normal": 1, "uniform": 2, "xavier": 3}
+CONSISTENCY = ("bsp", "asp", "ssp")
+
+
+class PsError(RuntimeError):
+    """A libps call failed: `code` is its PS_E* value, `name` its symbol, the text its reason."""
+
+    def __init__(self, code, name, text):
+        super().__init__(f"{name}: {text}")
+        self.code = code
+        self.name = name
+
+
+class _Opts(ctypes.Structure):
+    _fields_ = [("field_mask", ctypes.c_uint64), ("connect_timeout_ms", ctypes.c_uint32),
+                ("cancel", ctypes.c_void_p)]
+
+
+class _Desc(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("shape", ctypes.c_uint32 * 4), ("ndim", ctypes.c_int),
+                ("init", ctypes.c_int), ("init_arg", ctypes.c_float), ("seed", ctypes.c_uint64),
+                ("total_steps", ctypes.c_uint64)]
+
+
+class _BatchInfo(ctypes.Structure):
+    _fields_ = [("step", ctypes.c_uint64), ("pass_", ctypes.c_uint64), ("offset", ctypes.c_uint64),
+                ("count", ctypes.c_uint32), ("members", ctypes.c_uint32), ("epoch", ctypes.c_uint64),
+                ("finished", ctypes.c_int)]
+
+
+class _JobInfo(ctypes.Structure):
+    _fields_ = [("consistency", ctypes.c_int), ("seed", ctypes.c_uint64),
+                ("batch_size", ctypes.c_uint32), ("epochs", ctypes.c_uint32),
+                ("max_steps", ctypes.c_uint64)]
+
+
+_lib = None
+
+
+def library():
+    """The loaded libps (ctypes.CDLL), loaded on first use."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    here = os.path.dirname(os.path.abspath(__file__))
+    candidates = [os.environ.get("PSD_LIBPS"),
+                  os.path.join(here, "..", "..", "..", "build", "worker", "libps.so"),
+                  ctypes.util.find_library("ps")]
+    tried = []
+    for path in candidates:
+        if not path:
+            continue
+        try:
+            lib = ctypes.CDLL(path)
+            break
+        except OSError as e:
+            tried.append(f"{path}: {e}")
+    else:
+        raise OSError("cannot load libps (set PSD_LIBPS to build/worker/libps.so): "
+                      + "; ".join(tried))
+    P, U32, U64, I = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int
+    sig = {
+        "ps_client_create": (I, [ctypes.c_char_p, ctypes.POINTER(_Opts), ctypes.POINTER(P),
+                                 ctypes.c_char_p, ctypes.c_size_t]),
+        "ps_client_destroy": (None, [P]),
+        "ps_client_rank": (I, [P]),
+        "ps_client_workers": (U32, [P]),
+        "ps_client_shards": (U32, [P]),
+        "ps_client_join_step": (U64, [P]),
+        "ps_client_job": (None, [P, ctypes.POINTER(_JobInfo)]),
+        "ps_client_declare": (I, [P, ctypes.POINTER(_Desc), ctypes.POINTER(U32)]),
+        "ps_client_push": (I, [P, U32, P, U64, ctypes.POINTER(P)]),
+        "ps_client_pull": (I, [P, U32, P, U64, ctypes.POINTER(P)]),
+        "ps_op_wait": (I, [P, ctypes.POINTER(U64)]),
+        "ps_client_error": (ctypes.c_char_p, [P]),
+        "ps_client_group_begin": (None, [P]),
+        "ps_client_group_end": (None, [P]),
+        "ps_client_next_batch": (I, [P, U64, ctypes.POINTER(_BatchInfo),
+                                     ctypes.POINTER(_BatchInfo)]),
+        "ps_client_batch_done": (None, [P, ctypes.POINTER(_BatchInfo)]),
+        "ps_batch_order": (None, [P, U32, U64, U32]),
+        "ps_err_name": (ctypes.c_char_p, [I]),
+        "ps_strerror": (ctypes.c_char_p, [I]),
+        "ps_log_set_level": (I, [ctypes.c_char_p]),
+    }
+    for name, (res, args) in sig.items():
+        f = getattr(lib, name)
+        f.restype, f.argtypes = res, args
+    lib.ps_log_set_level(None)  # PS_LOG_LEVEL, as the C tools read it
+    _lib = lib
+    return lib
+
+
+def _check(rc, text):
+    if rc != 0:
+        lib = library()
+        raise PsError(rc, lib.ps_err_name(rc).decode(), text or lib.ps_strerror(rc).decode())
+
+
+def batch_order(n, seed, pass_):
+    """The training set's order in pass `pass_` (ps_batch_order): an array of n indices."""
+    perm = array("I", bytes(4 * n))
+    if n:
+        addr, _ = perm.buffer_info()
+        library().ps_batch_order(addr, n, seed, pass_)
+    return perm
+
+
+class Batch:
+    """A batch as the coordinator hands it out: samples `indices` (positions offset .. offset +
+    count - 1 of pass `pass_`'s order), to compute as step `step`."""
+
+    __slots__ = ("step", "pass_", "offset", "count", "members", "epoch", "indices", "_info")
+
+    def __init__(self, info, indices):
+        self._info = info
+        self.step, self.pass_, self.offset = info.step, info.pass_, info.offset
+        self.count, self.members, self.epoch = info.count, info.members, info.epoch
+        self.indices = indices
+
+
+class Op:
+    """A push or pull in flight: wait() once. Keeps the buffer it reads or writes alive."""
+
+    __slots__ = ("_client", "_op", "_keep", "done")
+
+    def __init__(self, client, op, keep):
+        self._client, self._op, self._keep, self.done = client, op, keep, False
+
+    def wait(self):
+        """Wait for it; returns the lowest chunk version (pulls). Raises PsError on failure."""
+        if self.done:
+            raise ValueError("this operation was waited for already")
+        self.done = True
+        v = ctypes.c_uint64(0)
+        rc = library().ps_op_wait(self._op, ctypes.byref(v))
+        self._keep = None
+        _check(rc, self._client.error())
+        return v.value
+
+
+class Client:
+    """One libps client: joins the cluster of `manifest` (blocking; retries unreachable shards
+    for `connect_timeout_ms`), leaves at close()."""
+
+    def __init__(self, manifest, connect_timeout_ms=None):
+        lib = library()
+        opts = _Opts()
+        if connect_timeout_ms is not None:
+            opts.field_mask, opts.connect_timeout_ms = 1, int(connect_timeout_ms)
+        err = ctypes.create_string_buffer(1024)
+        h = ctypes.c_void_p()
+        rc = lib.ps_client_create(os.fsencode(manifest), ctypes.byref(opts), ctypes.byref(h), err,
+                                  len(err))
+        _check(rc, err.value.decode(errors="replace"))
+        self._h = h
+        job = _JobInfo()
+        lib.ps_client_job(h, ctypes.byref(job))
+        self.consistency = CONSISTENCY[job.consistency]
+        self.seed, self.batch_size = job.seed, job.batch_size
+        self.epochs, self.max_steps = job.epochs, job.max_steps
+
+    def error(self):
+        return library().ps_client_error(self._h).decode(errors="replace")
+
+    @property
+    def rank(self):
+        return library().ps_client_rank(self._h)
+
+    @property
+    def workers(self):
+        return library().ps_client_workers(self._h)
+
+    @property
+    def shards(self):
+        return library().ps_client_shards(self._h)
+
+    def declare(self, name, shape, init="zeros", init_arg=0.0, seed=0, total_steps=0):
+        """Declare tensor `name` of `shape` (1 to 4 dimensions) on the shards, initialized there
+        (init: zeros, normal (std init_arg), uniform (a = init_arg), xavier); returns its id."""
+        shape = tuple(int(s) for s in shape) or (1,)
+        if not 1 <= len(shape) <= 4:
+            raise ValueError(f"tensor {name}: {len(shape)} dimensions (psd holds 1 to 4)")
+        if init not in _INITS:
+            raise ValueError(f"tensor {name}: init {init!r} is not one of {sorted(_INITS)}")
+        d = _Desc(name=name.encode(), ndim=len(shape), init=_INITS[init], init_arg=init_arg,
+                  seed=seed, total_steps=total_steps)
+        for i, s in enumerate(shape):
+            d.shape[i] = s
+        tid = ctypes.c_uint32()
+        _check(library().ps_client_declare(self._h, ctypes.byref(d), ctypes.byref(tid)),
+               self.error())
+        return tid.value
+
+    def push(self, tid, addr, step, keep=None):
+        """Push the gradient at address `addr` (the tensor's numel float32s) for `step`; `keep`
+        (the object owning that memory) is held until the returned Op is waited for."""
+        op = ctypes.c_void_p()
+        _check(library().ps_client_push(self._h, tid, addr, step, ctypes.byref(op)),
+               self.error())
+        return Op(self, op, keep)
+
+    def pull(self, tid, addr, min_version, keep=None):
+        """Pull the parameters into address `addr` once every chunk reached `min_version`."""
+        op = ctypes.c_void_p()
+        _check(library().ps_client_pull(self._h, tid, addr, min_version, ctypes.byref(op)),
+               self.error())
+        return Op(self, op, keep)
+
+    def group_begin(self):
+        library().ps_client_group_begin(self._h)
+
+    def group_end(self):
+        library().ps_client_group_end(self._h)
+
+    def next_batch(self, samples, done=None):
+        """The next batch for a training set of `samples` (blocking until this worker's turn),
+        reporting `done` (the previous Batch, all its pushes acknowledged). None when the job is
+        finished (`final_step` then holds its step)."""
+        out = _BatchInfo()
+        d = ctypes.byref(done._info) if done is not None else None
+        _check(library().ps_client_next_batch(self._h, samples, d, ctypes.byref(out)),
+               self.error())
+        if out.finished:
+            self.final_step = out.step
+            return None
+        return Batch(out, None)
+
+    def batch_done(self, b):
+        library().ps_client_batch_done(self._h, ctypes.byref(b._info))
+
+    def close(self):
+        """Leave the cluster and free the client (every Op must have been waited for)."""
+        if self._h:
+            library().ps_client_destroy(self._h)
+            self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_h", None):
+            self.close()
