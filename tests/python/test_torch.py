@@ -3,6 +3,7 @@
   batches from the same start;
 - two workers share the passes (every sample once per pass), end with the same parameters and
   a lower loss;
+- a worker killed mid-run: the other finishes and every sample is applied once (/metrics);
 - errors come back as PsError / ValueError naming the problem.
 Run by meson (test torch_frontend) with PSD, PSD_LIBPS and PYTHONPATH set; exit 77 without torch.
 """
@@ -49,20 +50,25 @@ def free_port():
 class Cluster:
     """Two psd shards of a fresh manifest in a temp dir; stop() ends them (SIGTERM, exit 0)."""
 
-    def __init__(self, tmp, name, workers):
+    def __init__(self, tmp, name, workers, metrics=False):
         self.dir = os.path.join(tmp, name)
         os.makedirs(self.dir)
         self.manifest = os.path.join(self.dir, "manifest.yaml")
-        ports = [free_port(), free_port()]
-        while ports[1] == ports[0]:
-            ports[1] = free_port()
+        ports = []
+        while len(ports) < 4:  # two shards' ports, two metrics ports
+            p = free_port()
+            if p not in ports:
+                ports.append(p)
+        self.metrics_port = ports[2]
         with open(self.manifest, "w") as f:
             f.write(f"cluster: torch-{os.getpid()}-{name}\nchunk_bytes: 4096\nmap_size_mb: 64\n"
                     "servers:\n")
-            for i, p in enumerate(ports):
-                f.write(f"  - {{host: 127.0.0.1, port: {p}, data_dir: {self.dir}/data{i}}}\n")
+            for i in range(2):
+                m = f", metrics_port: {ports[2 + i]}" if metrics else ""
+                f.write(f"  - {{host: 127.0.0.1, port: {ports[i]}, data_dir: {self.dir}/data{i}"
+                        f"{m}}}\n")
             f.write(f"job:\n  model: mlp\n  batch_size: {BATCH}\n  epochs: {EPOCHS}\n"
-                    f"  workers: {workers}\n  consistency: bsp\n"
+                    f"  workers: {workers}\n  consistency: bsp\n  heartbeat_timeout_ms: 600\n"
                     f"  optimizer: {{name: sgd, lr: {LR}}}\n")
         self.procs = []
         for i in range(2):
@@ -72,6 +78,15 @@ class Cluster:
             self.procs.append(p)
             line = p.stdout.readline()
             assert "listening" in line, f"psd {i} did not start: {line!r}"
+
+    def metric(self, name):
+        """Shard 0's /metrics value of `name` (its first sample)."""
+        import urllib.request
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(name + "{"):
+                    return float(line.rsplit(" ", 1)[1])
+        raise AssertionError(f"no {name} in /metrics")
 
     def stop(self):
         for p in self.procs:
@@ -92,12 +107,15 @@ class Cluster:
                 p.wait()
 
 
-def train(manifest, record):
-    """One worker's run; returns (final state_dict, [(step, indices, params before it)])."""
+def train(manifest, record, die_after=0):
+    """One worker's run; returns (final state_dict, [(step, indices, params before it)]).
+    die_after > 0: SIGKILL itself after that many batches."""
     x, y = data()
     m = model()
     with psd.torch.ParameterServer(manifest, m) as ps:
-        for b in ps.batches(SAMPLES):
+        for n, b in enumerate(ps.batches(SAMPLES)):
+            if die_after and n == die_after:
+                os.kill(os.getpid(), signal.SIGKILL)
             if record is not None:
                 record.append((b.step, list(b.indices),
                                {k: v.clone() for k, v in m.state_dict().items()}))
@@ -145,7 +163,7 @@ def one_worker_matches_sgd(tmp):
 
 def worker_main(manifest, out):
     record = []
-    final, step = train(manifest, record)
+    final, step = train(manifest, record, int(os.environ.get("TEST_DIE_AFTER", "0")))
     with open(out, "w") as f:
         json.dump({"step": step, "indices": [idx for _, idx, _ in record],
                    "final": {k: v.flatten().tolist() for k, v in final.items()}}, f)
@@ -172,6 +190,25 @@ def two_workers_share(tmp):
     loss = torch.nn.functional.mse_loss(m(x), y).item()
     assert loss < 0.5, f"loss after training {loss}"
     print(f"two workers: {r[0]['step']} steps each, same parameters, loss {loss:.4f}")
+
+
+def worker_killed(tmp):
+    """Two workers, one killed with SIGKILL mid-run: the other finishes the job, and shard 0
+    counts every sample of every pass applied once (its batches went to the survivor)."""
+    c = Cluster(tmp, "kill", 2, metrics=True)
+    outs = [os.path.join(c.dir, f"w{i}.json") for i in range(2)]
+    try:
+        env = dict(os.environ, TEST_DIE_AFTER="5")
+        ws = [subprocess.Popen([sys.executable, __file__, "worker", c.manifest, outs[0]]),
+              subprocess.Popen([sys.executable, __file__, "worker", c.manifest, outs[1]], env=env)]
+        rcs = [w.wait(timeout=120) for w in ws]
+        assert rcs == [0, -signal.SIGKILL], f"workers exited with {rcs}"
+        applied = c.metric("psd_job_samples_applied_total")
+        assert applied == SAMPLES * EPOCHS, f"{applied} samples applied, want {SAMPLES * EPOCHS}"
+        assert c.metric("psd_job_finished") == 1
+    finally:
+        c.stop()
+    print(f"worker killed: the other finished; {applied:.0f} samples applied once each")
 
 
 def errors(tmp):
@@ -207,6 +244,7 @@ def main():
     try:
         one_worker_matches_sgd(tmp)
         two_workers_share(tmp)
+        worker_killed(tmp)
         errors(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
