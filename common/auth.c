@@ -6,9 +6,9 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
+#include <openssl/rand.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -75,17 +75,19 @@ static void sign(const ps_auth_t *a, const uint8_t *head, uint8_t mac[PS_AUTH_MA
     HMAC(EVP_sha256(), a->key, (int)a->key_len, msg, n, mac, &len);
 }
 
-void ps_auth_prove(const ps_auth_t *a, uint8_t out[PS_AUTH_PROOF_LEN])
+int ps_auth_prove(const ps_auth_t *a, uint8_t out[PS_AUTH_PROOF_LEN])
+{
+    return ps_auth_prove_at(a, (int64_t)time(NULL), out);
+}
+
+int ps_auth_prove_at(const ps_auth_t *a, int64_t when, uint8_t out[PS_AUTH_PROOF_LEN])
 {
     out[0] = PS_AUTH_VERSION;
-    uint64_t t = (uint64_t)time(NULL);
+    uint64_t t = (uint64_t)when;
     for (int i = 0; i < 8; i++) out[1 + i] = (uint8_t)(t >> (56 - 8 * i));
-    size_t got = 0;
-    while (got < PS_AUTH_NONCE) { /* getrandom of 16 bytes does not come short once seeded */
-        ssize_t n = getrandom(out + 9 + got, PS_AUTH_NONCE - got, 0);
-        if (n > 0) got += (size_t)n;
-    }
+    if (RAND_bytes(out + 9, PS_AUTH_NONCE) != 1) return PS_EIO;
     sign(a, out, out + 9 + PS_AUTH_NONCE);
+    return 0;
 }
 
 int ps_auth_check(const ps_auth_t *a, ps_auth_seen_t *seen, const uint8_t *proof, size_t len,
@@ -123,12 +125,17 @@ int ps_auth_check(const ps_auth_t *a, ps_auth_seen_t *seen, const uint8_t *proof
             snprintf(why, whylen, "the proof was used before (a replayed connection)");
             return PS_EAUTH;
         }
-    if (seen->n == PS_AUTH_SEEN && seen->e[seen->next].t > seen->floor)
-        seen->floor = seen->e[seen->next].t;
-    seen->e[seen->next].t = t;
-    memcpy(seen->e[seen->next].nonce, nonce, PS_AUTH_NONCE);
-    seen->next = (seen->next + 1) % PS_AUTH_SEEN;
-    if (seen->n < PS_AUTH_SEEN) seen->n++;
+    uint32_t slot = seen->n;
+    if (seen->n == PS_AUTH_SEEN) { /* full: forget the oldest proof; older ones are refused */
+        slot = 0;
+        for (uint32_t i = 1; i < PS_AUTH_SEEN; i++)
+            if (seen->e[i].t < seen->e[slot].t) slot = i;
+        if (seen->e[slot].t > seen->floor) seen->floor = seen->e[slot].t;
+    } else {
+        seen->n++;
+    }
+    seen->e[slot].t = t;
+    memcpy(seen->e[slot].nonce, nonce, PS_AUTH_NONCE);
     return 0;
 }
 

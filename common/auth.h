@@ -39,8 +39,9 @@ typedef struct {
         int64_t t;
         uint8_t nonce[PS_AUTH_NONCE];
     } e[PS_AUTH_SEEN];
-    uint32_t next, n;
-    int64_t floor; /* the time of the newest proof evicted: older ones cannot be checked */
+    uint32_t n;
+    int64_t floor; /* the time of the newest proof forgotten (always the oldest remembered at
+                      that moment): proofs no newer cannot be told from replays */
 } ps_auth_seen_t;
 
 /**
@@ -51,8 +52,11 @@ typedef struct {
  */
 int ps_auth_load(ps_auth_t *a, const ps_manifest_t *m, char *err, size_t errlen);
 
-/** @brief Write a fresh proof for now into @p out (PS_AUTH_PROOF_LEN bytes). @p a must be on. */
-void ps_auth_prove(const ps_auth_t *a, uint8_t out[PS_AUTH_PROOF_LEN]);
+/** @brief Write a fresh proof for now into @p out (PS_AUTH_PROOF_LEN bytes). @p a must be on.
+ *  @return 0, or PS_EIO when no random nonce could be had (OpenSSL's RAND_bytes failed). */
+int ps_auth_prove(const ps_auth_t *a, uint8_t out[PS_AUTH_PROOF_LEN]);
+/** @brief ps_auth_prove with the clock reading @p when (Unix seconds): for tests. */
+int ps_auth_prove_at(const ps_auth_t *a, int64_t when, uint8_t out[PS_AUTH_PROOF_LEN]);
 
 /**
  * @brief Check a peer's proof @p proof of @p len bytes at Unix time @p now; an accepted one's

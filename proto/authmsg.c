@@ -3,6 +3,7 @@
 
 #include <stdlib.h>
 
+#include "ps/ps_log.h"
 #include "wire.h"
 
 typedef struct {
@@ -23,8 +24,13 @@ static void send_proof(ps_ucx_t *u, ucp_ep_h ep, void *arg)
     auth_send_t *s = malloc(sizeof *s);
     if (s == NULL) return; /* the shard then refuses this connection's requests, saying why */
     ps_msg_t m = {.type = PS_MSG_AUTH, .rank = -1, .auth_len = PS_AUTH_PROOF_LEN};
-    ps_auth_prove(a, m.auth);
     size_t hlen;
+    if (ps_auth_prove(a, m.auth) != 0) {
+        PS_LOG(PS_LOG_ERROR, "auth", "no random bytes for a proof: the shard will refuse this "
+               "connection");
+        free(s);
+        return;
+    }
     if (ps_msg_encode(&m, s->hdr, sizeof s->hdr, &hlen)) {
         free(s);
         return;

@@ -289,5 +289,6 @@ void ps_req_close(ps_req_t *c)
     uv_loop_close(&c->loop);
     free(c->data);
     free(c->eps);
+    ps_auth_wipe(&c->auth);
     free(c);
 }

@@ -25,6 +25,8 @@ typedef struct hconn_s {
 
 struct psd_httpd_s {
     uv_tcp_t listen;
+    uv_tcp_t reject;   /* accepts and closes a connection when no memory for one is left */
+    bool reject_busy;
     psd_http_handler_cb cb;
     void *arg;
     uint16_t port;
@@ -188,13 +190,17 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
         conn_close(c);
         return;
     }
-    c->len += (size_t)n;
-    c->head[c->len] = '\0';
-    if (memchr(c->head, '\0', c->len)) {
+    /* Only the new bytes are looked at (and the 3 before them, where an end of the head may
+     * begin): a client sending a byte at a time costs linear time, not quadratic. */
+    size_t from = c->len > 3 ? c->len - 3 : 0;
+    if (memchr(c->head + c->len, '\0', (size_t)n)) {
+        c->len += (size_t)n;
         answer_error(c, 400, "the request holds a NUL byte");
         return;
     }
-    if (strstr(c->head, "\r\n\r\n") || strstr(c->head, "\n\n")) {
+    c->len += (size_t)n;
+    c->head[c->len] = '\0';
+    if (strstr(c->head + from, "\r\n\r\n") || strstr(c->head + from, "\n\n")) {
         handle_request(c);
         return;
     }
@@ -207,12 +213,30 @@ static void on_idle(uv_timer_t *t)
     conn_close(t->data); /* slow, silent, or not reading its answer */
 }
 
+static void on_reject_closed(uv_handle_t *hd)
+{
+    psd_httpd_t *h = hd->data;
+    h->reject_busy = false;
+    httpd_unref(h);
+}
+
 static void on_connection(uv_stream_t *server, int status)
 {
     psd_httpd_t *h = server->data;
     if (status < 0 || h->closing) return;
     hconn_t *c = calloc(1, sizeof *c);
-    if (c == NULL) return; /* it waits in the backlog; tried again at the next connection */
+    if (c == NULL) {
+        /* A connection left unaccepted would stop libuv from watching the listener: take it
+         * and close it (if even the spare handle is busy, the next close lets it be taken). */
+        if (h->reject_busy) return;
+        uv_tcp_init(server->loop, &h->reject);
+        h->reject.data = h;
+        h->reject_busy = true;
+        h->handles++;
+        uv_accept(server, (uv_stream_t *)&h->reject);
+        uv_close((uv_handle_t *)&h->reject, on_reject_closed);
+        return;
+    }
     c->h = h;
     uv_tcp_init(server->loop, &c->tcp);
     uv_timer_init(server->loop, &c->timer);

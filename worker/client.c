@@ -2308,6 +2308,7 @@ void ps_client_job(const ps_client_t *c, ps_job_info_t *out)
     out->batch_size = c->m.job.batch_size;
     out->epochs = c->m.job.epochs;
     out->max_steps = c->m.job.max_steps;
+    out->workers = c->m.job.workers;
 }
 
 int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts, ps_client_t **out,
@@ -2476,6 +2477,7 @@ void ps_client_destroy(ps_client_t *c)
         free(b->parts);
         free(b);
     }
+    ps_auth_wipe(&c->auth); /* the comm thread has ended: nothing reads it any more */
     free(c);
 }
 

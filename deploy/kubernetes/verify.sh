@@ -19,7 +19,9 @@ kinds = {d["kind"]: d for d in docs}
 def fail(msg):
     print("verify.sh: FAIL: " + msg, file=sys.stderr)
     sys.exit(1)
-for k in ("ConfigMap", "Secret", "Service", "StatefulSet", "Job"):
+if "Secret" in kinds:
+    fail("psd.yaml holds a Secret: a well-known cluster secret would be applied with it")
+for k in ("ConfigMap", "Service", "StatefulSet", "Job"):
     if k not in kinds:
         fail("no " + k)
 text = kinds["ConfigMap"]["data"]["cluster.yaml"]
@@ -44,10 +46,14 @@ for i, s in enumerate(servers):
         fail("servers[%d]'s ports are not the container's" % i)
     if s.get("metrics_host") != "0.0.0.0":
         fail("servers[%d].metrics_host must be 0.0.0.0 for the kubelet's probes" % i)
-for probe in ("readinessProbe", "livenessProbe"):
-    g = c[probe]["httpGet"]
-    if g["path"] != "/healthz" or g["port"] != servers[0]["metrics_port"]:
-        fail(probe + " is not /healthz on the metrics port")
+g = c["readinessProbe"]["httpGet"]
+if g["path"] != "/healthz" or g["port"] != servers[0]["metrics_port"]:
+    fail("the readiness probe is not /healthz on the metrics port")
+if c["livenessProbe"].get("tcpSocket", {}).get("port") != servers[0]["metrics_port"]:
+    fail("the liveness probe is not a TCP connect to the metrics port")
+vols = {v["name"]: v for v in pod["volumes"]}
+if vols.get("secret", {}).get("secret", {}).get("secretName") != "psd-secret":
+    fail("the secret volume is not Secret psd-secret")
 mounts = {v["mountPath"] for v in c["volumeMounts"]}
 secret_dir = m["secret_file"].rsplit("/", 1)[0]
 if "/etc/psd" not in mounts or secret_dir not in mounts:

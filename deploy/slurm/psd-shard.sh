@@ -19,6 +19,7 @@ trap on_signal TERM INT
 for ((n = 0; ; n++)); do
     "$psd" --manifest "$manifest" --shard "$shard" &
     child=$!
+    [ "$stop" -eq 1 ] && kill -TERM "$child" 2>/dev/null # a signal before child was set
     # wait returns early when a trapped signal arrives: wait again for psd itself.
     while wait "$child"; rc=$?; kill -0 "$child" 2>/dev/null; do :; done
     child=0
@@ -29,4 +30,5 @@ for ((n = 0; ; n++)); do
     fi
     echo "psd-shard: shard $shard exited with status $rc; starting it again" >&2
     sleep 1
+    [ "$stop" -eq 1 ] && exit 143 # stopped while it waited
 done

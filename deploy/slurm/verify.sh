@@ -110,6 +110,30 @@ grep -q "^  - {host: 127.0.0.1, port: $((port + 1)), data_dir: $tmp/data/shard-1
     "$tmp/run/manifest.yaml" || fail "unexpected manifest: $(cat "$tmp/run/manifest.yaml")"
 pgrep -f "$tmp/" > /dev/null && fail "processes left running: $(pgrep -af "$tmp/")"
 
+# SIGTERM to psd.sbatch mid-run (scancel): it stops the workers and the shards and exits 143,
+# leaving nothing running.
+sed -e 's/max_steps: 600/max_steps: 1000000/' -e "s/slurm-verify-$$/slurm-verify-$$-b/" \
+    "$tmp/job.yaml" > "$tmp/long.yaml"
+PSD_DATA=$tmp/data-long PSD_RUN_DIR=$tmp/run-long \
+    "$root/deploy/slurm/psd.sbatch" "$tmp/long.yaml" > "$tmp/out-long" 2>&1 &
+job_pid=$!
+for _ in $(seq 300); do
+    st=$({ exec 3<>"/dev/tcp/127.0.0.1/$mport" &&
+           printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3 && cat <&3; } 2>/dev/null)
+    step=$(sed -n 's/^psd_step{[^}]*} //p' <<< "$st" | tr -d '\r')
+    [ -n "$step" ] && [ "$step" -ge 20 ] && break
+    sleep 0.1
+done
+[ -n "$step" ] && [ "$step" -ge 20 ] || fail "the long job never reached step 20"
+kill -TERM "$job_pid"
+for _ in $(seq 300); do kill -0 "$job_pid" 2>/dev/null || break; sleep 0.1; done
+kill -0 "$job_pid" 2>/dev/null && fail "psd.sbatch still runs 30 s after SIGTERM"
+wait "$job_pid"
+rc=$?
+[ "$rc" -eq 143 ] || fail "psd.sbatch exited with $rc after SIGTERM, want 143: $(tail -5 "$tmp/out-long")"
+for _ in $(seq 100); do pgrep -f "$tmp/" > /dev/null || break; sleep 0.1; done
+pgrep -f "$tmp/" > /dev/null && fail "processes left after SIGTERM: $(pgrep -af "$tmp/")"
+
 # A template with servers: is refused with exit 2 and a reason.
 printf 'servers:\n  - {host: a, port: 1, data_dir: /d}\n' >> "$tmp/job.yaml"
 "$root/deploy/slurm/psd.sbatch" "$tmp/job.yaml" > "$tmp/out2" 2>&1

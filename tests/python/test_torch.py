@@ -1,6 +1,7 @@
 """The PyTorch front end (worker/python/psd) against real psd shards on 127.0.0.1:
 - one worker under bsp + sgd ends with the parameters plain torch SGD reaches on the same
-  batches from the same start;
+  batches from the same start, with a constant learning rate and with a cosine schedule over
+  the planned steps;
 - two workers share the passes (every sample once per pass), end with the same parameters and
   a lower loss;
 - a worker killed mid-run: the other finishes and every sample is applied once (/metrics);
@@ -8,6 +9,7 @@
 Run by meson (test torch_frontend) with PSD, PSD_LIBPS and PYTHONPATH set; exit 77 without torch.
 """
 import json
+import math
 import os
 import shutil
 import signal
@@ -50,7 +52,7 @@ def free_port():
 class Cluster:
     """Two psd shards of a fresh manifest in a temp dir; stop() ends them (SIGTERM, exit 0)."""
 
-    def __init__(self, tmp, name, workers, metrics=False):
+    def __init__(self, tmp, name, workers, metrics=False, schedule="constant"):
         self.dir = os.path.join(tmp, name)
         os.makedirs(self.dir)
         self.manifest = os.path.join(self.dir, "manifest.yaml")
@@ -69,7 +71,7 @@ class Cluster:
                         f"{m}}}\n")
             f.write(f"job:\n  model: mlp\n  batch_size: {BATCH}\n  epochs: {EPOCHS}\n"
                     f"  workers: {workers}\n  consistency: bsp\n  heartbeat_timeout_ms: 600\n"
-                    f"  optimizer: {{name: sgd, lr: {LR}}}\n")
+                    f"  optimizer: {{name: sgd, lr: {LR}, schedule: {schedule}}}\n")
         self.procs = []
         for i in range(2):
             log = open(os.path.join(self.dir, f"psd{i}.log"), "w")
@@ -112,8 +114,8 @@ def train(manifest, record, die_after=0):
     die_after > 0: SIGKILL itself after that many batches."""
     x, y = data()
     m = model()
-    with psd.torch.ParameterServer(manifest, m) as ps:
-        for n, b in enumerate(ps.batches(SAMPLES)):
+    with psd.torch.ParameterServer(manifest, m, samples=SAMPLES) as ps:
+        for n, b in enumerate(ps.batches()):
             if die_after and n == die_after:
                 os.kill(os.getpid(), signal.SIGKILL)
             if record is not None:
@@ -127,8 +129,15 @@ def train(manifest, record, die_after=0):
     return final, step
 
 
-def one_worker_matches_sgd(tmp):
-    c = Cluster(tmp, "one", 1)
+def lr_at(step, total):
+    """kernels/optim.c psk_lr_at for schedule cosine, no warm-up, min_lr 0, as a float32."""
+    progress = min(step / total, 1.0)
+    return float(torch.tensor(0.5 * LR * (1.0 + math.cos(math.pi * progress)),
+                              dtype=torch.float32))
+
+
+def one_worker_matches_sgd(tmp, schedule="constant"):
+    c = Cluster(tmp, "one-" + schedule, 1, schedule=schedule)
     try:
         record = []
         final, step = train(c.manifest, record)
@@ -144,7 +153,9 @@ def one_worker_matches_sgd(tmp):
     ref = model()
     ref.load_state_dict(record[0][2])  # the shards' initial parameters
     opt = torch.optim.SGD(ref.parameters(), lr=LR)
-    for _, idx, _ in record:
+    for s, idx, _ in record:
+        if schedule == "cosine":  # over the planned steps: the shards must have been told them
+            opt.param_groups[0]["lr"] = lr_at(s, len(record))
         opt.zero_grad()
         torch.nn.functional.mse_loss(ref(x[idx]), y[idx]).backward()
         opt.step()
@@ -157,8 +168,10 @@ def one_worker_matches_sgd(tmp):
         model(), record[0][2], (x,)), y).item()
     loss1 = torch.nn.functional.mse_loss(ref(x), y).item()
     assert loss1 < 0.7 * loss0, f"loss {loss0} -> {loss1}"
-    print(f"one worker: {len(record)} steps match torch SGD (largest difference {worst:.2g}); "
+    print(f"one worker, {schedule} lr: {len(record)} steps match torch SGD (largest difference "
+          f"{worst:.2g}); "
           f"loss {loss0:.4f} -> {loss1:.4f}")
+    return final
 
 
 def worker_main(manifest, out):
@@ -242,7 +255,10 @@ def main():
         return
     tmp = tempfile.mkdtemp(prefix="psd-torch.")
     try:
-        one_worker_matches_sgd(tmp)
+        constant = one_worker_matches_sgd(tmp)
+        cosine = one_worker_matches_sgd(tmp, "cosine")
+        d = max((constant[k] - cosine[k]).abs().max().item() for k in constant)
+        assert d > 1e-3, f"the cosine schedule changed nothing ({d})"
         two_workers_share(tmp)
         worker_killed(tmp)
         errors(tmp)

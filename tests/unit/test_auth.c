@@ -160,6 +160,29 @@ START_TEST(forgotten_window_refused)
 }
 END_TEST
 
+/* A peer whose clock runs ahead is remembered longest: when the shard forgets proofs it forgets
+ * the oldest, so that peer's proof does not make every current one look too old. */
+START_TEST(clock_ahead_does_not_lock_out)
+{
+    static ps_auth_t a;
+    static ps_auth_seen_t seen;
+    secret("ok", 32, 'k', 0600);
+    ck_assert_int_eq(ps_auth_load(&a, &m, err, sizeof err), 0);
+    int64_t now = 1800000000;
+    uint8_t p[PS_AUTH_PROOF_LEN];
+    ps_auth_prove_at(&a, now + 200, p); /* 200 s ahead: within the allowed skew */
+    ck_assert_int_eq(ps_auth_check(&a, &seen, p, sizeof p, now, err, sizeof err), 0);
+    for (int i = 0; i < PS_AUTH_SEEN + 10; i++) { /* 20 connections a second for 205 s */
+        ps_auth_prove_at(&a, now - 250 + i / 20, p);
+        ck_assert_msg(ps_auth_check(&a, &seen, p, sizeof p, now, err, sizeof err) == 0,
+                      "proof %d: %s", i, err);
+    }
+    ps_auth_prove_at(&a, now + 1, p);
+    ck_assert_msg(ps_auth_check(&a, &seen, p, sizeof p, now + 1, err, sizeof err) == 0, "%s",
+                  err);
+}
+END_TEST
+
 Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("auth");
@@ -170,6 +193,7 @@ Suite *ps_test_suite(void)
     tcase_add_test(tc, proof_accepted_once);
     tcase_add_test(tc, wrong_proofs_refused);
     tcase_add_test(tc, forgotten_window_refused);
+    tcase_add_test(tc, clock_ahead_does_not_lock_out);
     suite_add_tcase(s, tc);
     return s;
 }

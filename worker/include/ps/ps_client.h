@@ -137,6 +137,7 @@ typedef struct {
     uint32_t batch_size;  /* job.batch_size: samples per batch */
     uint32_t epochs;      /* job.epochs: passes over the training set */
     uint64_t max_steps;   /* job.max_steps (0: all epochs) */
+    uint32_t workers;     /* job.workers: the workers wanted at the start */
 } ps_job_info_t;
 /** @brief Fill @p out with the manifest's job settings. */
 void ps_client_job(const ps_client_t *c, ps_job_info_t *out);

@@ -49,7 +49,7 @@ class _BatchInfo(ctypes.Structure):
 class _JobInfo(ctypes.Structure):
     _fields_ = [("consistency", ctypes.c_int), ("seed", ctypes.c_uint64),
                 ("batch_size", ctypes.c_uint32), ("epochs", ctypes.c_uint32),
-                ("max_steps", ctypes.c_uint64)]
+                ("max_steps", ctypes.c_uint64), ("workers", ctypes.c_uint32)]
 
 
 _lib = None
@@ -177,6 +177,7 @@ class Client:
         self.consistency = CONSISTENCY[job.consistency]
         self.seed, self.batch_size = job.seed, job.batch_size
         self.epochs, self.max_steps = job.epochs, job.max_steps
+        self.workers_wanted = job.workers
 
     def error(self):
         return library().ps_client_error(self._h).decode(errors="replace")
