@@ -1495,7 +1495,8 @@ void psd_coord_metrics(psd_server_t *srv, psd_prom_t *p)
     psd_prom_u64(p, "psd_job_state_save_failures_total", "counter",
                  "Failed writes of the coordinator's state (each is retried)", co->save_failures);
     psd_prom_f64(p, "psd_job_step_gap_max_seconds",
-                 "Longest gap between two consecutive steps among the last 4096 (bsp)", (double)gmax / 1e3);
+                 "Longest gap between two consecutive steps among the last 4096 (bsp)",
+                 (double)gmax / 1e3);
 }
 
 void psd_coord_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len)

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "auth.h"
+#include "cmguard.h"
 #include "manifest.h"
 #include "ps/ps_error.h"
 #include "ps/ps_log.h"
@@ -73,6 +74,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "psd: %s\n", err);
         return 2;
     }
+    psd_cmguard_port(m.servers[shard].port); /* before UCX listens there */
     int rc = psd_server_run(&m, &auth, (uint32_t)shard, restore, trace, err, sizeof err);
     ps_auth_wipe(&auth);
     if (rc) {

@@ -3,13 +3,19 @@
  * and a worker stuck on a step that SIGTERM must still stop. In each case the run completes;
  * where no sample changes hands, the parameters equal an uninterrupted run. Membership changes
  * (kill -9, SIGSTOP, scaling) are in test_elastic.c. */
+#include <arpa/inet.h>
 #include <check.h>
+#include <errno.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cluster.h"
 #include "expect.h"
@@ -447,6 +453,57 @@ START_TEST(test_sigterm_shard_stopped)
 }
 END_TEST
 
+/* Send @p len bytes of @p data on a new connection to 127.0.0.1:@p port, then close it. */
+static void send_bytes(uint16_t port, const void *data, size_t len)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert(fd >= 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert_msg(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0, "connect: %s",
+                  strerror(errno));
+    ck_assert(write(fd, data, len) == (ssize_t)len);
+    struct timespec ts = {0, 20 * 1000 * 1000}; /* let psd read it before the close */
+    nanosleep(&ts, NULL);
+    close(fd);
+}
+
+/* Stray bytes on a shard's port (a scanner, a health check that sends data, another protocol)
+ * leave psd serving: 17 zero bytes, a header whose length wraps, a message with bytes after it,
+ * an HTTP request, a TLS hello, random bytes. Before server/cmguard.c, 17 zero bytes aborted
+ * psd inside UCX 1.13's connection manager (tcp_sockcm_ep.c:825). */
+START_TEST(test_stray_bytes_on_port)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1, .max_steps = 20};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    static uint8_t zeros[5000];
+    send_bytes(c->port[0], zeros, 17);
+    send_bytes(c->port[0], zeros, sizeof zeros);
+    uint64_t wrap[2] = {UINT64_MAX - 7, 0}; /* 16 + length wraps to 8 */
+    send_bytes(c->port[0], wrap, sizeof wrap);
+    uint8_t extra[40] = {4}; /* a header announcing 4 bytes, then 20 more than that */
+    send_bytes(c->port[0], extra, sizeof extra);
+    const char http[] = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+    send_bytes(c->port[0], http, sizeof http - 1);
+    const uint8_t tls[] = {0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03,
+                           1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+    send_bytes(c->port[0], tls, sizeof tls);
+    unsigned seed = 7;
+    for (int i = 0; i < 40; i++) {
+        uint8_t junk[512];
+        size_t n = 1 + (size_t)rand_r(&seed) % sizeof junk;
+        for (size_t j = 0; j < n; j++) junk[j] = (uint8_t)rand_r(&seed);
+        send_bytes(c->port[0], junk, n);
+    }
+    ck_assert_msg(cl_alive(psd), "psd died of stray bytes: %s", cl_tail(psd));
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    EXPECT_EXIT(w, 0);
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* A worker whose cluster is down keeps trying to join (for its connect timeout, 30 s); a SIGTERM
  * meanwhile ends it at once, with 128 + SIGTERM and the reason. Before, the join went on to its
  * timeout and the worker then exited 1, the signal ignored. */
@@ -533,6 +590,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("sigterm_stuck_worker", test_sigterm_stuck_worker));
     suite_add_tcase(s, tcase("sigterm_shard_gone", test_sigterm_shard_gone));
     suite_add_tcase(s, tcase("sigterm_shard_stopped", test_sigterm_shard_stopped));
+    suite_add_tcase(s, tcase("stray_bytes_on_port", test_stray_bytes_on_port));
     suite_add_tcase(s, tcase("sigterm_while_joining", test_sigterm_while_joining));
     suite_add_tcase(s, tcase("api_misuse_refused", test_api_misuse_refused));
     suite_add_tcase(s, tcase("worker_says_shard_silent", test_worker_says_shard_silent));
