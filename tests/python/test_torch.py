@@ -5,6 +5,7 @@
 - two workers share the passes (every sample once per pass), end with the same parameters and
   a lower loss;
 - a worker killed mid-run: the other finishes and every sample is applied once (/metrics);
+- the same sharing under asp;
 - errors come back as PsError / ValueError naming the problem.
 Run by meson (test torch_frontend) with PSD, PSD_LIBPS and PYTHONPATH set; exit 77 without torch.
 """
@@ -17,6 +18,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 
 try:
     import torch
@@ -52,7 +54,8 @@ def free_port():
 class Cluster:
     """Two psd shards of a fresh manifest in a temp dir; stop() ends them (SIGTERM, exit 0)."""
 
-    def __init__(self, tmp, name, workers, metrics=False, schedule="constant"):
+    def __init__(self, tmp, name, workers, metrics=False, schedule="constant",
+                 consistency="bsp"):
         self.dir = os.path.join(tmp, name)
         os.makedirs(self.dir)
         self.manifest = os.path.join(self.dir, "manifest.yaml")
@@ -70,7 +73,8 @@ class Cluster:
                 f.write(f"  - {{host: 127.0.0.1, port: {ports[i]}, data_dir: {self.dir}/data{i}"
                         f"{m}}}\n")
             f.write(f"job:\n  model: mlp\n  batch_size: {BATCH}\n  epochs: {EPOCHS}\n"
-                    f"  workers: {workers}\n  consistency: bsp\n  heartbeat_timeout_ms: 600\n"
+                    f"  workers: {workers}\n  consistency: {consistency}\n"
+                    f"  heartbeat_timeout_ms: 600\n"
                     f"  optimizer: {{name: sgd, lr: {LR}, schedule: {schedule}}}\n")
         self.procs = []
         for i in range(2):
@@ -109,12 +113,24 @@ class Cluster:
                 p.wait()
 
 
-def train(manifest, record, die_after=0):
+def barrier(where, n):
+    """Wait until `n` processes called this with the same directory `where` (marker files)."""
+    open(os.path.join(where, f"joined.{os.getpid()}"), "w").close()
+    deadline = time.time() + 60
+    while sum(f.startswith("joined.") for f in os.listdir(where)) < n:
+        assert time.time() < deadline, "the other worker never joined"
+        time.sleep(0.02)
+
+
+def train(manifest, record, die_after=0, together=None):
     """One worker's run; returns (final state_dict, [(step, indices, params before it)]).
-    die_after > 0: SIGKILL itself after that many batches."""
+    die_after > 0: SIGKILL itself after that many batches. together: (dir, n) to wait after
+    the join until n workers joined, so that they share the job from its first step."""
     x, y = data()
     m = model()
     with psd.torch.ParameterServer(manifest, m, samples=SAMPLES) as ps:
+        if together:
+            barrier(*together)
         for n, b in enumerate(ps.batches()):
             if die_after and n == die_after:
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -176,7 +192,9 @@ def one_worker_matches_sgd(tmp, schedule="constant"):
 
 def worker_main(manifest, out):
     record = []
-    final, step = train(manifest, record, int(os.environ.get("TEST_DIE_AFTER", "0")))
+    b = os.environ.get("TEST_BARRIER")
+    final, step = train(manifest, record, int(os.environ.get("TEST_DIE_AFTER", "0")),
+                        (b, 2) if b else None)
     with open(out, "w") as f:
         json.dump({"step": step, "indices": [idx for _, idx, _ in record],
                    "final": {k: v.flatten().tolist() for k, v in final.items()}}, f)
@@ -186,14 +204,19 @@ def two_workers_share(tmp):
     c = Cluster(tmp, "two", 2)
     outs = [os.path.join(c.dir, f"w{i}.json") for i in range(2)]
     try:
-        ws = [subprocess.Popen([sys.executable, __file__, "worker", c.manifest, o]) for o in outs]
+        env = dict(os.environ, TEST_BARRIER=c.dir)
+        ws = [subprocess.Popen([sys.executable, __file__, "worker", c.manifest, o], env=env)
+              for o in outs]
         rcs = [w.wait(timeout=120) for w in ws]
         assert rcs == [0, 0], f"workers exited with {rcs}"
     finally:
         c.stop()
     r = [json.load(open(o)) for o in outs]
     assert r[0]["final"] == r[1]["final"], "the workers ended with different parameters"
-    assert r[0]["step"] == r[1]["step"] == SAMPLES * EPOCHS // (BATCH * 2), r[0]["step"]
+    # Both joined before the first step (barrier): each computed one batch of every step.
+    steps = SAMPLES * EPOCHS // BATCH
+    assert r[0]["step"] == r[1]["step"] == steps // 2, r[0]["step"]
+    assert len(r[0]["indices"]) == len(r[1]["indices"]) == steps // 2
     seen = sorted(i for w in r for idx in w["indices"] for i in idx)
     assert seen == sorted(list(range(SAMPLES)) * EPOCHS), "samples not shared once per pass"
     x, y = data()
@@ -202,7 +225,8 @@ def two_workers_share(tmp):
                        for (k, v), p in zip(r[0]["final"].items(), m.state_dict().values())})
     loss = torch.nn.functional.mse_loss(m(x), y).item()
     assert loss < 0.5, f"loss after training {loss}"
-    print(f"two workers: {r[0]['step']} steps each, same parameters, loss {loss:.4f}")
+    print(f"two workers: {len(r[0]['indices'])} + {len(r[1]['indices'])} batches in "
+          f"{r[0]['step']} steps, same parameters, loss {loss:.4f}")
 
 
 def worker_killed(tmp):
@@ -211,10 +235,15 @@ def worker_killed(tmp):
     c = Cluster(tmp, "kill", 2, metrics=True)
     outs = [os.path.join(c.dir, f"w{i}.json") for i in range(2)]
     try:
+        # The one that dies goes first (alone, its 5th batch is always mid-run); the other
+        # joins while it runs or once the shards dropped it, and must finish the job.
         env = dict(os.environ, TEST_DIE_AFTER="5")
-        ws = [subprocess.Popen([sys.executable, __file__, "worker", c.manifest, outs[0]]),
-              subprocess.Popen([sys.executable, __file__, "worker", c.manifest, outs[1]], env=env)]
-        rcs = [w.wait(timeout=120) for w in ws]
+        dying = subprocess.Popen([sys.executable, __file__, "worker", c.manifest, outs[1]],
+                                 env=env)
+        while dying.poll() is None and c.metric("psd_step") < 1:
+            time.sleep(0.05)
+        other = subprocess.Popen([sys.executable, __file__, "worker", c.manifest, outs[0]])
+        rcs = [other.wait(timeout=120), dying.wait(timeout=120)]
         assert rcs == [0, -signal.SIGKILL], f"workers exited with {rcs}"
         applied = c.metric("psd_job_samples_applied_total")
         assert applied == SAMPLES * EPOCHS, f"{applied} samples applied, want {SAMPLES * EPOCHS}"
@@ -222,6 +251,35 @@ def worker_killed(tmp):
     finally:
         c.stop()
     print(f"worker killed: the other finished; {applied:.0f} samples applied once each")
+
+
+def two_workers_asp(tmp):
+    """Under asp each push is applied on arrival: two workers still share the passes (every
+    sample applied once, shard 0's /metrics) and the loss falls."""
+    c = Cluster(tmp, "asp", 2, metrics=True, consistency="asp")
+    outs = [os.path.join(c.dir, f"w{i}.json") for i in range(2)]
+    try:
+        env = dict(os.environ, TEST_BARRIER=c.dir)
+        ws = [subprocess.Popen([sys.executable, __file__, "worker", c.manifest, o], env=env)
+              for o in outs]
+        rcs = [w.wait(timeout=120) for w in ws]
+        assert rcs == [0, 0], f"workers exited with {rcs}"
+        applied = c.metric("psd_job_samples_applied_total")
+        assert applied == SAMPLES * EPOCHS, f"{applied} samples applied, want {SAMPLES * EPOCHS}"
+    finally:
+        c.stop()
+    r = [json.load(open(o)) for o in outs]
+    seen = sorted(i for w in r for idx in w["indices"] for i in idx)
+    assert seen == sorted(list(range(SAMPLES)) * EPOCHS), "samples not shared once per pass"
+    assert min(len(w["indices"]) for w in r) > 0, "one worker computed nothing"
+    x, y = data()
+    m = model()
+    m.load_state_dict({k: torch.tensor(v).view_as(p)
+                       for (k, v), p in zip(r[1]["final"].items(), m.state_dict().values())})
+    loss = torch.nn.functional.mse_loss(m(x), y).item()
+    assert loss < 0.5, f"loss after training {loss}"
+    print(f"two workers, asp: {len(r[0]['indices'])} + {len(r[1]['indices'])} batches, "
+          f"loss {loss:.4f}")
 
 
 def errors(tmp):
@@ -261,6 +319,7 @@ def main():
         assert d > 1e-3, f"the cosine schedule changed nothing ({d})"
         two_workers_share(tmp)
         worker_killed(tmp)
+        two_workers_asp(tmp)
         errors(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
