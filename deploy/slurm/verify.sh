@@ -51,7 +51,7 @@ export PATH=$tmp/bin:$PATH
 # Two free ports in a row for the shards, two for their metrics.
 free_pair() {
     for _ in $(seq 100); do
-        p=$((20000 + RANDOM % 30000))
+        p=$((20000 + RANDOM % 12000)) # below the kernel's ephemeral ports (32768-)
         (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null && continue
         (exec 3<>"/dev/tcp/127.0.0.1/$((p + 1))") 2>/dev/null && continue
         echo "$p"

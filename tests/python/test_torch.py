@@ -12,6 +12,7 @@ Run by meson (test torch_frontend) with PSD, PSD_LIBPS and PYTHONPATH set; exit 
 import json
 import math
 import os
+import random
 import shutil
 import signal
 import socket
@@ -46,9 +47,23 @@ def model():
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port that binds now, below the kernel's ephemeral range (where the many outgoing
+    connections of a test run take theirs), as tests/integration/cluster.c's pick_port."""
+    try:
+        lo = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    except (OSError, ValueError, IndexError):
+        lo = 32768
+    top = lo if lo > 1024 else 32768
+    bottom = top - 12000 if top > 13024 else 1024
+    for _ in range(200):
+        port = random.randrange(bottom, top)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                continue
+    raise AssertionError("no free port")
 
 
 class Cluster:
@@ -200,31 +215,45 @@ def worker_main(manifest, out):
                    "final": {k: v.flatten().tolist() for k, v in final.items()}}, f)
 
 
+def run_together(c):
+    """Two workers on cluster `c` that wait for each other after their join; their records
+    (step, indices, final parameters), after both exited 0."""
+    outs = [os.path.join(c.dir, f"w{i}.json") for i in range(2)]
+    env = dict(os.environ, TEST_BARRIER=c.dir)
+    ws = [subprocess.Popen([sys.executable, __file__, "worker", c.manifest, o], env=env)
+          for o in outs]
+    rcs = [w.wait(timeout=120) for w in ws]
+    assert rcs == [0, 0], f"workers exited with {rcs}"
+    return [json.load(open(o)) for o in outs]
+
+
+def check_shared(r, final):
+    """Every sample once per pass across the workers' records `r`; the loss of the parameters
+    `final` (a record's) is low. Returns that loss."""
+    seen = sorted(i for w in r for idx in w["indices"] for i in idx)
+    assert seen == sorted(list(range(SAMPLES)) * EPOCHS), "samples not shared once per pass"
+    assert min(len(w["indices"]) for w in r) > 0, "one worker computed nothing"
+    x, y = data()
+    m = model()
+    m.load_state_dict({k: torch.tensor(v).view_as(p)
+                       for (k, v), p in zip(final.items(), m.state_dict().values())})
+    loss = torch.nn.functional.mse_loss(m(x), y).item()
+    assert loss < 0.5, f"loss after training {loss}"
+    return loss
+
+
 def two_workers_share(tmp):
     c = Cluster(tmp, "two", 2)
-    outs = [os.path.join(c.dir, f"w{i}.json") for i in range(2)]
     try:
-        env = dict(os.environ, TEST_BARRIER=c.dir)
-        ws = [subprocess.Popen([sys.executable, __file__, "worker", c.manifest, o], env=env)
-              for o in outs]
-        rcs = [w.wait(timeout=120) for w in ws]
-        assert rcs == [0, 0], f"workers exited with {rcs}"
+        r = run_together(c)
     finally:
         c.stop()
-    r = [json.load(open(o)) for o in outs]
     assert r[0]["final"] == r[1]["final"], "the workers ended with different parameters"
     # Both joined before the first step (barrier): each computed one batch of every step.
     steps = SAMPLES * EPOCHS // BATCH
     assert r[0]["step"] == r[1]["step"] == steps // 2, r[0]["step"]
     assert len(r[0]["indices"]) == len(r[1]["indices"]) == steps // 2
-    seen = sorted(i for w in r for idx in w["indices"] for i in idx)
-    assert seen == sorted(list(range(SAMPLES)) * EPOCHS), "samples not shared once per pass"
-    x, y = data()
-    m = model()
-    m.load_state_dict({k: torch.tensor(v).view_as(p)
-                       for (k, v), p in zip(r[0]["final"].items(), m.state_dict().values())})
-    loss = torch.nn.functional.mse_loss(m(x), y).item()
-    assert loss < 0.5, f"loss after training {loss}"
+    loss = check_shared(r, r[0]["final"])
     print(f"two workers: {len(r[0]['indices'])} + {len(r[1]['indices'])} batches in "
           f"{r[0]['step']} steps, same parameters, loss {loss:.4f}")
 
@@ -257,27 +286,13 @@ def two_workers_asp(tmp):
     """Under asp each push is applied on arrival: two workers still share the passes (every
     sample applied once, shard 0's /metrics) and the loss falls."""
     c = Cluster(tmp, "asp", 2, metrics=True, consistency="asp")
-    outs = [os.path.join(c.dir, f"w{i}.json") for i in range(2)]
     try:
-        env = dict(os.environ, TEST_BARRIER=c.dir)
-        ws = [subprocess.Popen([sys.executable, __file__, "worker", c.manifest, o], env=env)
-              for o in outs]
-        rcs = [w.wait(timeout=120) for w in ws]
-        assert rcs == [0, 0], f"workers exited with {rcs}"
+        r = run_together(c)
         applied = c.metric("psd_job_samples_applied_total")
         assert applied == SAMPLES * EPOCHS, f"{applied} samples applied, want {SAMPLES * EPOCHS}"
     finally:
         c.stop()
-    r = [json.load(open(o)) for o in outs]
-    seen = sorted(i for w in r for idx in w["indices"] for i in idx)
-    assert seen == sorted(list(range(SAMPLES)) * EPOCHS), "samples not shared once per pass"
-    assert min(len(w["indices"]) for w in r) > 0, "one worker computed nothing"
-    x, y = data()
-    m = model()
-    m.load_state_dict({k: torch.tensor(v).view_as(p)
-                       for (k, v), p in zip(r[1]["final"].items(), m.state_dict().values())})
-    loss = torch.nn.functional.mse_loss(m(x), y).item()
-    assert loss < 0.5, f"loss after training {loss}"
+    loss = check_shared(r, r[1]["final"])
     print(f"two workers, asp: {len(r[0]['indices'])} + {len(r[1]['indices'])} batches, "
           f"loss {loss:.4f}")
 
