@@ -3,10 +3,11 @@
 #ifndef PSD_CMGUARD_H
 #define PSD_CMGUARD_H
 
-#include <stdint.h>
+#include <sys/socket.h>
 
-/** @brief Guard the connections accepted from now on on TCP port @p port (0: none). Call before
- *  the UCX listener is created; any thread. */
-void psd_cmguard_port(uint16_t port);
+/** @brief Guard the connections accepted from now on on listening address @p sa (the one psd
+ *  gives UCX's listener; a wildcard address guards its port on every address). Call once,
+ *  before the UCX listener is created. */
+void psd_cmguard_listen(const struct sockaddr *sa, socklen_t len);
 
 #endif

@@ -7,6 +7,7 @@
 #include "auth.h"
 #include "cmguard.h"
 #include "manifest.h"
+#include "ucx_loop.h"
 #include "ps/ps_error.h"
 #include "ps/ps_log.h"
 
@@ -74,7 +75,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "psd: %s\n", err);
         return 2;
     }
-    psd_cmguard_port(m.servers[shard].port); /* before UCX listens there */
+    struct sockaddr_storage ss; /* before UCX listens there; psd refuses an unresolvable host */
+    socklen_t sslen;
+    if (ps_sockaddr_resolve(m.servers[shard].host, m.servers[shard].port, &ss, &sslen) == 0)
+        psd_cmguard_listen((const struct sockaddr *)&ss, sslen);
     int rc = psd_server_run(&m, &auth, (uint32_t)shard, restore, trace, err, sizeof err);
     ps_auth_wipe(&auth);
     if (rc) {

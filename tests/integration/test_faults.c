@@ -468,9 +468,27 @@ static void send_bytes(uint16_t port, const void *data, size_t len)
     close(fd);
 }
 
+/* CPU seconds (user + system) process @p pid has used, from /proc/PID/stat. */
+static double cpu_seconds(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    ck_assert_msg(f != NULL, "%s: %s", path, strerror(errno));
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')'); /* fields 14, 15 (utime, stime) after the command */
+    unsigned long long ut = 0, st = 0;
+    ck_assert(p && sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut,
+                          &st) == 2);
+    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
 /* Stray bytes on a shard's port (a scanner, a health check that sends data, another protocol)
- * leave psd serving: 17 zero bytes, a header whose length wraps, a message with bytes after it,
- * an HTTP request, a TLS hello, random bytes. Before server/cmguard.c, 17 zero bytes aborted
+ * leave psd serving, and idle: 17 zero bytes, a header whose length wraps, a message with bytes
+ * after it, one longer than UCX's buffer, a request of the right size with a wrong field, an
+ * HTTP request, a TLS hello, random bytes. Before server/cmguard.c, 17 zero bytes aborted
  * psd inside UCX 1.13's connection manager (tcp_sockcm_ep.c:825). */
 START_TEST(test_stray_bytes_on_port)
 {
@@ -489,6 +507,14 @@ START_TEST(test_stray_bytes_on_port)
     const uint8_t tls[] = {0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03,
                            1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
     send_bytes(c->port[0], tls, sizeof tls);
+    static uint8_t big[16 + 4096] = {0, 16}; /* announces 4096 bytes: more than UCX's buffer */
+    big[16 + 8] = 1; /* its fixed fields as a client's */
+    big[16 + 9] = 2;
+    send_bytes(c->port[0], big, sizeof big);
+    uint8_t req[16 + 47] = {47}; /* a request's size, not its fields: error mode 0 */
+    for (size_t j = 16; j < sizeof req; j++) req[j] = (uint8_t)(j * 37);
+    req[16 + 8] = 0;
+    send_bytes(c->port[0], req, sizeof req);
     unsigned seed = 7;
     for (int i = 0; i < 40; i++) {
         uint8_t junk[512];
@@ -497,6 +523,12 @@ START_TEST(test_stray_bytes_on_port)
         send_bytes(c->port[0], junk, n);
     }
     ck_assert_msg(cl_alive(psd), "psd died of stray bytes: %s", cl_tail(psd));
+    /* Nor does it spin: UCX left with a message longer than its buffer polled a full core. */
+    double t0 = cpu_seconds(psd->pid);
+    struct timespec two = {2, 0};
+    nanosleep(&two, NULL);
+    double used = cpu_seconds(psd->pid) - t0;
+    ck_assert_msg(used < 1.0, "psd used %.2f s of CPU in 2 s idle after the stray bytes", used);
     cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
     EXPECT_EXIT(w, 0);
     stop_all(&psd, 1);
