@@ -590,23 +590,14 @@ static void on_bundle(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg, voi
     psd_outbox_end(srv);
 }
 
-/* MSG_AUTH, the first message of a client's connection: its proof of the cluster secret. A
- * shard without a secret takes any. A second proof on a connection changes nothing. */
+/* MSG_AUTH, the first message of a client's connection: its proof of the cluster secret (a
+ * shard without one ignores it: its gate in on_am is open). A refused proof's reason is kept for
+ * the refusals of what follows; a later good one still opens the connection. */
 static void on_auth(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
 {
-    if (c->authed) return;
-    if (!srv->auth->on) {
-        c->authed = true;
-        return;
-    }
-    char why[sizeof c->auth_why];
-    if (ps_auth_check(srv->auth, &srv->auth_seen, msg->auth, msg->auth_len, (int64_t)time(NULL),
-                      why, sizeof why) == 0) {
-        c->authed = true;
-        c->auth_why[0] = '\0';
-        return;
-    }
-    snprintf(c->auth_why, sizeof c->auth_why, "%s", why);
+    if (c->authed || !srv->auth->on) return;
+    c->authed = ps_auth_check(srv->auth, &srv->auth_seen, msg->auth, msg->auth_len,
+                              (int64_t)time(NULL), c->auth_why, sizeof c->auth_why) == 0;
 }
 
 /* A request on a connection that has not proved the cluster secret: refused with the reason

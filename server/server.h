@@ -53,7 +53,8 @@ typedef struct psd_conn_s {
     uint64_t join_serial;            /* the join (shard 0's serial; the others have it from the
                                         hello) this rank is held by */
     bool fuses;                      /* it sent a bundle: its small replies may be bundled */
-    bool authed;                     /* it proved the cluster secret (or none is needed) */
+    bool authed;                     /* it proved the cluster secret (only looked at when the
+                                        cluster has one) */
     bool auth_warned;                /* its refusal was logged */
     char auth_why[160];              /* why its proof was refused ("": none came) */
     struct psd_send_s *outbox;       /* outbox.c: the bundle being filled for it */

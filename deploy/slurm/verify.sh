@@ -64,6 +64,14 @@ mport=$(free_pair)
 [ "$mport" -ne "$port" ] && [ "$mport" -ne $((port + 1)) ] && [ "$port" -ne $((mport + 1)) ] ||
     mport=$(free_pair)
 
+# The psd_step a shard's /metrics on 127.0.0.1:$1 shows ("" while it does not answer).
+shard_step() {
+    local st
+    st=$({ exec 3<>"/dev/tcp/127.0.0.1/$1" &&
+           printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3 && cat <&3; } 2>/dev/null)
+    sed -n 's/^psd_step{[^}]*} //p' <<< "$st" | tr -d '\r'
+}
+
 cat > "$tmp/job.yaml" <<Y
 cluster: slurm-verify-$$
 chunk_bytes: 65536
@@ -89,9 +97,7 @@ killed=0
 for _ in $(seq 600); do
     kill -0 "$job_pid" 2>/dev/null || break
     if [ "$killed" -eq 0 ]; then
-        st=$({ exec 3<>"/dev/tcp/127.0.0.1/$((mport + 1))" &&
-               printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3 && cat <&3; } 2>/dev/null)
-        step=$(sed -n 's/^psd_step{[^}]*} //p' <<< "$st" | tr -d '\r')
+        step=$(shard_step $((mport + 1)))
         if [ -n "$step" ] && [ "$step" -ge 50 ]; then
             pid=$(pgrep -f "$tmp/run/manifest.yaml --shard 1" | head -1)
             [ -n "$pid" ] && kill -KILL "$pid" && killed=1
@@ -118,9 +124,7 @@ PSD_DATA=$tmp/data-long PSD_RUN_DIR=$tmp/run-long \
     "$root/deploy/slurm/psd.sbatch" "$tmp/long.yaml" > "$tmp/out-long" 2>&1 &
 job_pid=$!
 for _ in $(seq 300); do
-    st=$({ exec 3<>"/dev/tcp/127.0.0.1/$mport" &&
-           printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3 && cat <&3; } 2>/dev/null)
-    step=$(sed -n 's/^psd_step{[^}]*} //p' <<< "$st" | tr -d '\r')
+    step=$(shard_step "$mport")
     [ -n "$step" ] && [ "$step" -ge 20 ] && break
     sleep 0.1
 done

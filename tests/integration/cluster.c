@@ -122,6 +122,25 @@ static int bind_port(uint16_t port, uint16_t *bound)
     return fd;
 }
 
+int cl_hold_port(uint16_t port)
+{
+    uint16_t bound;
+    int fd = bind_port(port, &bound);
+    ck_assert_msg(fd >= 0, "cannot bind 127.0.0.1:%u: %s", port, strerror(errno));
+    return fd;
+}
+
+int cl_tcp_connect(uint16_t port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ck_assert_msg(fd >= 0, "socket: %s", strerror(errno));
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert_msg(connect(fd, (struct sockaddr *)&a, sizeof a) == 0,
+                  "connect to 127.0.0.1:%u: %s", port, strerror(errno));
+    return fd;
+}
+
 /* A free TCP port on 127.0.0.1. Port 0 would hand out an ephemeral port, the same range every
  * outgoing connection and every UCX listener on the machine draws from, so one could take it
  * between our close() and psd's bind(). Ports just below the ephemeral range are only taken on

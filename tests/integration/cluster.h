@@ -195,6 +195,16 @@ int cl_signal(cl_proc_t *p, int sig);
  */
 int cl_wait_log(cl_proc_t *p, const char *needle, double timeout_s);
 
+/* ---- sockets ----------------------------------------------------------------------------- */
+
+/** @brief A TCP socket connected to 127.0.0.1:@p port (the caller closes it); fails the test
+ *  otherwise. */
+int cl_tcp_connect(uint16_t port);
+
+/** @brief Bind 127.0.0.1:@p port, as another program holding it would (the caller closes the
+ *  fd); fails the test otherwise. */
+int cl_hold_port(uint16_t port);
+
 /* ---- files ------------------------------------------------------------------------------- */
 
 /** @brief The whole file, NUL-terminated (malloc'd; the caller frees it), or NULL with errno. */

@@ -3,16 +3,13 @@
  * and a worker stuck on a step that SIGTERM must still stop. In each case the run completes;
  * where no sample changes hands, the parameters equal an uninterrupted run. Membership changes
  * (kill -9, SIGSTOP, scaling) are in test_elastic.c. */
-#include <arpa/inet.h>
 #include <check.h>
 #include <errno.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -456,12 +453,7 @@ END_TEST
 /* Send @p len bytes of @p data on a new connection to 127.0.0.1:@p port, then close it. */
 static void send_bytes(uint16_t port, const void *data, size_t len)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    ck_assert(fd >= 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ck_assert_msg(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0, "connect: %s",
-                  strerror(errno));
+    int fd = cl_tcp_connect(port);
     ck_assert(write(fd, data, len) == (ssize_t)len);
     struct timespec ts = {0, 20 * 1000 * 1000}; /* let psd read it before the close */
     nanosleep(&ts, NULL);

@@ -1,10 +1,8 @@
 /* test_metrics.c: psd's HTTP endpoint (servers[].metrics_port): /metrics in the Prometheus
  * text format following a run, /healthz, /status, and requests a confused or hostile client
  * sends, which get an error or a close while psd keeps serving workers and other clients. */
-#include <arpa/inet.h>
 #include <check.h>
 #include <errno.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -17,18 +15,6 @@
 
 #include "cluster.h"
 #include "expect.h"
-
-/* A connected TCP socket to 127.0.0.1:@p port (fails the test otherwise). */
-static int http_connect(uint16_t port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    ck_assert_msg(fd >= 0, "socket: %s", strerror(errno));
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ck_assert_msg(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0,
-                  "connect to 127.0.0.1:%u: %s", port, strerror(errno));
-    return fd;
-}
 
 /* Read @p fd until EOF (at most 20 s and 1 MiB) into a malloc'd NUL-terminated string. */
 static char *read_all(int fd)
@@ -53,7 +39,7 @@ static char *read_all(int fd)
  * connection closed without one); *@p answer (if not NULL) gets the malloc'd answer. */
 static int http_raw(uint16_t port, const char *req, size_t len, char **answer)
 {
-    int fd = http_connect(port);
+    int fd = cl_tcp_connect(port);
     ck_assert_msg(write(fd, req, len) == (ssize_t)len, "write: %s", strerror(errno));
     char *a = read_all(fd);
     close(fd);
@@ -226,7 +212,7 @@ START_TEST(test_metrics_hostile_clients)
 #undef R
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        int fd = http_connect(port);
+        int fd = cl_tcp_connect(port);
         ck_assert(write(fd, bad[i].req, bad[i].len) == (ssize_t)bad[i].len);
         shutdown(fd, SHUT_WR);
         char *a = read_all(fd);
@@ -242,7 +228,7 @@ START_TEST(test_metrics_hostile_clients)
     memset(big, 'A', sizeof big);
     memcpy(big, "GET /", 5);
     char *a;
-    int fd = http_connect(port);
+    int fd = cl_tcp_connect(port);
     ck_assert(write(fd, big, 9000) == 9000);
     a = read_all(fd);
     close(fd);
@@ -251,7 +237,7 @@ START_TEST(test_metrics_hostile_clients)
 
     /* 40 connections that send nothing (psd keeps 32) while a worker trains to its end. */
     int idle[40];
-    for (int i = 0; i < 40; i++) idle[i] = http_connect(port);
+    for (int i = 0; i < 40; i++) idle[i] = cl_tcp_connect(port);
     cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
     EXPECT_EXIT(w, 0);
     for (int i = 0; i < 40; i++) { /* each is closed by psd: EOF, never an answer */
@@ -276,11 +262,7 @@ START_TEST(test_metrics_port_in_use)
 {
     cl_conf_t k = {.shards = 1, .workers = 1, .metrics = true};
     cl_cluster_t *c = cl_cluster_create(&k);
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(c->metrics_port[0])};
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ck_assert_msg(bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(fd, 1) == 0,
-                  "bind: %s", strerror(errno));
+    int fd = cl_hold_port(c->metrics_port[0]);
     cl_proc_t *psd = cl_psd_spawn(c, 0, NULL);
     EXPECT_EXIT(psd, 1);
     char want[128];

@@ -44,6 +44,14 @@ static void secret(const char *name, size_t len, char fill, mode_t mode)
     ck_assert_int_eq(chmod(m.secret_file, mode), 0);
 }
 
+/* @p a loaded from a fresh secret file "ok" (32 bytes of 'k', mode @p mode). */
+static void load_ok(ps_auth_t *a, mode_t mode)
+{
+    secret("ok", 32, 'k', mode);
+    ck_assert_int_eq(ps_auth_load(a, &m, err, sizeof err), 0);
+    ck_assert(a->on);
+}
+
 START_TEST(no_secret_file_is_off)
 {
     ps_auth_t a;
@@ -79,9 +87,7 @@ START_TEST(proof_accepted_once)
 {
     static ps_auth_t a;
     static ps_auth_seen_t seen;
-    secret("ok", 32, 'k', 0400);
-    ck_assert_int_eq(ps_auth_load(&a, &m, err, sizeof err), 0);
-    ck_assert(a.on);
+    load_ok(&a, 0400);
     ck_assert_uint_eq(a.key_len, 32);
     uint8_t p[PS_AUTH_PROOF_LEN], q[PS_AUTH_PROOF_LEN];
     ps_auth_prove(&a, p);
@@ -99,8 +105,7 @@ START_TEST(wrong_proofs_refused)
 {
     static ps_auth_t a, other_key, other_cluster;
     static ps_auth_seen_t seen;
-    secret("ok", 32, 'k', 0600);
-    ck_assert_int_eq(ps_auth_load(&a, &m, err, sizeof err), 0);
+    load_ok(&a, 0600);
     secret("other", 32, 'j', 0600);
     ck_assert_int_eq(ps_auth_load(&other_key, &m, err, sizeof err), 0);
     secret("ok", 32, 'k', 0600);
@@ -140,8 +145,7 @@ START_TEST(forgotten_window_refused)
 {
     static ps_auth_t a;
     static ps_auth_seen_t seen;
-    secret("ok", 32, 'k', 0600);
-    ck_assert_int_eq(ps_auth_load(&a, &m, err, sizeof err), 0);
+    load_ok(&a, 0600);
     int64_t now = (int64_t)time(NULL);
     uint8_t first[PS_AUTH_PROOF_LEN], p[PS_AUTH_PROOF_LEN];
     ps_auth_prove(&a, first);
@@ -166,8 +170,7 @@ START_TEST(clock_ahead_does_not_lock_out)
 {
     static ps_auth_t a;
     static ps_auth_seen_t seen;
-    secret("ok", 32, 'k', 0600);
-    ck_assert_int_eq(ps_auth_load(&a, &m, err, sizeof err), 0);
+    load_ok(&a, 0600);
     int64_t now = 1800000000;
     uint8_t p[PS_AUTH_PROOF_LEN];
     ps_auth_prove_at(&a, now + 200, p); /* 200 s ahead: within the allowed skew */
