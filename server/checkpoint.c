@@ -623,7 +623,7 @@ void psd_ckpt_on_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
         char why[200];
         int rc = 0;
         if (msg->step == 0)
-            r.step = psd_coord_ckpt_hold(srv);
+            r.step = psd_coord_ckpt_hold(srv, &r.flags, &r.workers);
         else
             rc = psd_coord_ckpt_hold_at(srv, msg->step, &r.flags, why, sizeof why);
         if (rc)

@@ -725,6 +725,7 @@ static void serve_async(psd_server_t *srv, uint32_t r)
         if (srv->m.job.consistency == PS_CONSIST_SSP &&
             m->steps_done > slowest(co) + srv->m.job.staleness)
             return; /* too far ahead: wait for the slowest */
+        if (co->hold_ms) return; /* a checkpoint drains the batches in flight (hold_async) */
         if (!ps_cursor_take(&co->s.cur, &m->batch)) {
             if (any_outstanding(co)) return; /* may be handed out again */
             if (!co->s.finished) {
@@ -1112,8 +1113,12 @@ void psd_coord_tick(psd_server_t *srv)
         co->grant_ms = 0;
     }
     if (co->hold_ms && now - co->hold_ms > CKPT_HOLD_MS) {
-        PS_LOG(PS_LOG_WARN, "coord", "checkpoint hold of step %llu not released within %d ms: "
-               "releasing it", (unsigned long long)co->hold_step, CKPT_HOLD_MS);
+        if (is_bsp(srv))
+            PS_LOG(PS_LOG_WARN, "coord", "checkpoint hold of step %llu not released within %d ms: "
+                   "releasing it", (unsigned long long)co->hold_step, CKPT_HOLD_MS);
+        else
+            PS_LOG(PS_LOG_WARN, "coord", "checkpoint hold of the hand-outs not released or asked "
+                   "for again within %d ms: releasing it", CKPT_HOLD_MS);
         psd_coord_ckpt_release(srv);
     }
     if (is_bsp(srv)) {
@@ -1142,10 +1147,41 @@ static void hold_ahead(psd_server_t *srv, uint64_t step)
            "when reached", (unsigned long long)step);
 }
 
-uint64_t psd_coord_ckpt_hold(psd_server_t *srv)
+/* asp / ssp: the batches handed out and not yet reported (their pushes may be part-way). */
+static uint32_t in_flight(const psd_coord_t *co)
+{
+    uint32_t n = 0;
+    for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
+        n += (co->s.active >> r & 1) && co->s.m[r].has_batch;
+    return n;
+}
+
+/* asp / ssp: no common step, so the cut is made by holding every new hand-out and waiting until
+ * each batch handed out was reported (its pushes acknowledged, i.e. committed, on every shard)
+ * or went back with its member. Then no push is in flight and none can start before the hold
+ * ends, and each shard's snapshot, taken whenever it is told, holds the same batches. Asked
+ * again while batches are in flight (PS_FLAG_PENDING): each ask keeps the hold alive, so a
+ * psctl that died ends it CKPT_HOLD_MS after its last ask. */
+static uint64_t hold_async(psd_server_t *srv, uint32_t *flags, uint32_t *pending)
 {
     psd_coord_t *co = srv->coord;
-    if (!is_bsp(srv)) return UINT64_MAX;
+    bool was = co->hold_ms != 0;
+    co->hold_step = UINT64_MAX;
+    co->hold_ahead = false;
+    co->hold_ms = uv_now(srv->loop) ? uv_now(srv->loop) : 1;
+    *pending = in_flight(co);
+    *flags = *pending ? PS_FLAG_PENDING : 0;
+    if (!was)
+        PS_LOG(PS_LOG_INFO, "coord", "checkpoint: no batch handed out until it is taken; %u "
+               "in flight", *pending);
+    return UINT64_MAX;
+}
+
+uint64_t psd_coord_ckpt_hold(psd_server_t *srv, uint32_t *flags, uint32_t *pending)
+{
+    psd_coord_t *co = srv->coord;
+    *flags = *pending = 0;
+    if (!is_bsp(srv)) return hold_async(srv, flags, pending);
     /* Holding the hand-out of the natural step keeps every chunk at or below it. */
     uint64_t step = natural_step(co);
     co->hold_step = step;
@@ -1174,7 +1210,8 @@ int psd_coord_ckpt_hold_at(psd_server_t *srv, uint64_t step, uint32_t *flags, ch
         return PS_ECONFLICT;
     }
     if (step == now) {
-        psd_coord_ckpt_hold(srv);
+        uint32_t pending;
+        psd_coord_ckpt_hold(srv, flags, &pending);
         return 0;
     }
     if (co->s.finished) { /* it will never get there */
@@ -1194,7 +1231,9 @@ void psd_coord_ckpt_release(psd_server_t *srv)
     co->hold_ahead = false;
     if (co->hold_ms == 0) return;
     co->hold_ms = 0;
-    if (co->held) {
+    if (!is_bsp(srv)) {
+        serve_parked(srv); /* the batch requests the hold kept waiting */
+    } else if (co->held) {
         co->held = false;
         hand_out(srv);
     }

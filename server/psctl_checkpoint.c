@@ -2,7 +2,8 @@
  * `psctl repair --from D [--rollback]` and `psctl restore D`.
  *
  * checkpoint: shard 0 picks the step (MSG_CKPT_BEGIN; bsp: the step after the open one, whose
- * hand-out it holds), every shard is told to checkpoint at that step into D/shard-K
+ * hand-out it holds; asp / ssp: it holds every hand-out, and answers "pending", asked again
+ * every 20 ms, until the batches in flight are applied everywhere), every shard is told to checkpoint at that step into D/shard-K
  * (MSG_CKPT_ARM), the hold is released (MSG_CKPT_GO), and each shard is asked every 20 ms how
  * it is going (MSG_CKPT_STATUS) until all are done or --wait seconds passed. D defaults to
  * <parent of shard 0's data_dir>/checkpoints/step-S (asp / ssp: step-<unix time>); a relative
@@ -97,7 +98,11 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step,
     ps_msg_t r;
     int armed = strlen(d) < 200;
     if (!armed) fprintf(stderr, "psctl: checkpoint: directory '%s' is longer than 199 bytes\n", d);
+    /* PS_TEST_ARM_GAP_MS (tests only): a pause between two shards' arms, as a slow network
+     * makes, during which training must not move (the hold keeps it still). */
+    const char *gap = getenv("PS_TEST_ARM_GAP_MS");
     for (int i = 0; i < n && armed; i++) {
+        if (i && gap && atoi(gap) > 0) usleep((useconds_t)atoi(gap) * 1000);
         ps_msg_t a = {.type = PS_MSG_CKPT_ARM, .rank = -1, .step = step};
         snprintf(a.error, sizeof a.error, "%.255s", d);
         if (ps_req_call(cl, (uint32_t)i, &a, &r, NULL, NULL, err, sizeof err)) {
@@ -192,9 +197,26 @@ int psctl_checkpoint(const ps_manifest_t *m, const char *dir, double timeout_s, 
     int ret = 1;
     double t0 = psctl_mono_s();
     ps_msg_t q = {.type = PS_MSG_CKPT_BEGIN, .rank = -1}, r;
-    if (ps_req_call(cl, 0, &q, &r, NULL, NULL, err, sizeof err)) {
-        fprintf(stderr, "psctl: checkpoint: %s\n", err);
-        goto out;
+    for (int said = 0;; said = 1) {
+        if (ps_req_call(cl, 0, &q, &r, NULL, NULL, err, sizeof err)) {
+            fprintf(stderr, "psctl: checkpoint: %s\n", err);
+            goto out;
+        }
+        if (!(r.flags & PS_FLAG_PENDING)) break;
+        /* asp / ssp: no batch is handed out now, and the checkpoint waits for the ones in
+         * flight to be applied everywhere (each ask keeps the coordinator's hold). */
+        if (!said)
+            printf("psctl: checkpoint: waiting for %u batches in flight to be applied\n",
+                   r.workers);
+        if (psctl_mono_s() - t0 > wait_s) {
+            fprintf(stderr, "psctl: checkpoint: %u batches still in flight after %g s (a worker "
+                    "holding one is slow or hung): no checkpoint\n", r.workers, wait_s);
+            ps_msg_t g = {.type = PS_MSG_CKPT_GO, .rank = -1}; /* ends the hold */
+            ps_req_call(cl, 0, &g, &r, NULL, NULL, err, sizeof err);
+            goto out;
+        }
+        fflush(stdout);
+        usleep(20 * 1000);
     }
     if (dir)
         psctl_absolute(d, sizeof d, dir);

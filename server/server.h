@@ -556,9 +556,13 @@ void psd_coord_metrics(psd_server_t *srv, psd_prom_t *p);
  * @brief psctl checkpoint: pick the checkpoint's step and hold the hand-out of later steps until
  *  psd_coord_ckpt_release() (or CKPT_HOLD_MS), so that every shard learns the step before any
  *  of its chunks can pass it. bsp: the open step + 1 while it has members, else the open step
- *  (nothing is being applied). asp / ssp: UINT64_MAX (no common step: each shard now).
+ *  (nothing is being applied); @p flags and @p pending 0.
+ *  asp / ssp: UINT64_MAX (no common step: each shard now); no batch is handed out while the
+ *  hold lasts, and while batches handed out before are not reported yet (*@p pending of them)
+ *  @p flags gets PS_FLAG_PENDING: ask again (each ask keeps the hold), and arm the shards only
+ *  once none is, so that the shards' snapshots hold the same batches (a cut).
  */
-uint64_t psd_coord_ckpt_hold(psd_server_t *srv);
+uint64_t psd_coord_ckpt_hold(psd_server_t *srv, uint32_t *flags, uint32_t *pending);
 /** @brief Release the hold of psd_coord_ckpt_hold() (a no-op without one), and a hold ahead. */
 void psd_coord_ckpt_release(psd_server_t *srv);
 /**

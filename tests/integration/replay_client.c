@@ -31,6 +31,8 @@
  * pushes (0, 1 or 2; each waited for), before reporting the batch. "R@S/1n": it sends its first
  * push, does not wait for its acknowledgement, and dies 300 ms later. "R@S/Ks" (K 0 or 1): after
  * K pushes it stops itself (SIGSTOP) and, once continued, goes on with the batch.
+ * REPLAY_NAP_MS=N in the environment: each batch takes N ms more (its "computation"), so that
+ * a run lasts long enough for what a test does meanwhile.
  * DIE_STEP "check": no death, and the check at the end whatever this worker's rank (one that
  * joins a finished job may find rank 0 still held by members a restarted coordinator awaits). */
 #include <inttypes.h>
@@ -173,6 +175,7 @@ int main(int argc, char **argv)
     }
     bad |= g == NULL || got == NULL;
     ps_batch_info_t b, prev;
+    const char *nap = getenv("REPLAY_NAP_MS");
     for (int k = 0; !bad; k++) {
         rc = ps_client_next_batch(c, nb * batch, k ? &prev : NULL, &b);
         if (rc == PS_ENOTMEMBER && die_pct >= 0) {
@@ -198,6 +201,7 @@ int main(int argc, char **argv)
         }
         memset(g, 0, nb * sizeof *g);
         g[j] = 1.0f;
+        if (nap && atoi(nap) > 0) nap_ms(atoi(nap));
         if (die_pct > 0) /* for the post-mortem of a failed run: who had which batch */
             printf("replay_client: pid %d rank %d got batch %" PRIu64 "\n", (int)getpid(), rank, j);
         int at = die_pct > 0 && rand() % 100 < die_pct ? rand() % 3 : -1; /* pushes done first */

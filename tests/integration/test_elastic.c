@@ -4,6 +4,7 @@
  * run. The coordinator's status (shard 0, read over the wire as psctl does) is the witness:
  * the open step, the members, the step gaps and every pass's applied-sample count. */
 #include <check.h>
+#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -924,22 +925,22 @@ START_TEST(test_restore_after_member_left_mid_step)
 END_TEST
 
 /* The same under asp: rank 1 stops (SIGSTOP) after its push of replay.a of a batch, rank 0
- * before its pushes of a later one, and the checkpoint (asp: each shard at once) is taken
- * meanwhile, well within the heartbeat timeout: replay.a has the batch, replay.b not,
- * and the coordinator's state names rank 1 as holding it. Restored, with new workers, rank 1
- * does not come back and its batch goes out again tagged: replay.a, whose record of each rank's
- * last push came with it, skips it. Before, that record stayed behind: "replay.a[...] is -2:
- * batch ... applied twice". */
+ * before its pushes of a later one, and a checkpoint is asked for meanwhile. It waits for the
+ * batches in flight (an asp checkpoint is a cut), i.e. until both are dropped after the
+ * heartbeat timeout and their batches go back: replay.a has rank 1's batch, replay.b not, and
+ * the coordinator's state has it to hand out again tagged. Restored, with new workers, it goes
+ * out so: replay.a, whose record of each rank's last push came with it, skips it. Before, that
+ * record stayed behind: "replay.a[...] is -2: batch ... applied twice". */
 START_TEST(test_restore_asp_batch_part_pushed)
 {
-    asp_stop_t r; /* heartbeat 3 s: rank 1 stays a member through the checkpoint */
+    asp_stop_t r;
     asp_stop_start(&r, 3000, "plan:1@2/1s,0@6/0s");
-    /* Both stopped where they said (not inside a send): the shards' snapshots, taken one after
-     * the other, see the same pushes (an asp checkpoint is no cut across shards). */
+    /* Both stopped where they said (not inside a send). */
     ck_assert_msg(cl_wait_log(r.other, "stops at step 6", RUN_S) == 0, "rank 0 never stopped: %s",
                   cl_tail(r.other));
     char ckdir[CL_PATH];
-    checkpoint_now(r.c, ckdir);
+    cl_proc_t *cp = checkpoint_now(r.c, ckdir);
+    EXPECT_LOG(cp, "batches in flight to be applied");
     for (int p = 0; p < 2; p++) {
         cl_signal(r.w[p], SIGKILL);
         cl_signal(r.w[p], SIGCONT);
@@ -952,6 +953,111 @@ START_TEST(test_restore_asp_batch_part_pushed)
     new_workers_finish(r.c, r.argv);
     stop_all(r.psd, 2);
     cl_cluster_destroy(r.c);
+}
+END_TEST
+
+/* @p key's number in @p dir/shard-@p j/meta.json, or -1. */
+static long long meta_num(const char *dir, int j, const char *key)
+{
+    char path[CL_PATH + 32], k[64];
+    snprintf(path, sizeof path, "%s/shard-%d/meta.json", dir, j);
+    snprintf(k, sizeof k, "\"%s\": ", key);
+    char *meta = cl_read_file(path, NULL);
+    const char *at = meta ? strstr(meta, k) : NULL;
+    long long v = at ? strtoll(at + strlen(k), NULL, 10) : -1;
+    free(meta);
+    return v;
+}
+
+/* An asp checkpoint is a cut across shards: psctl arms shard 1 a second after shard 0
+ * (PS_TEST_ARM_GAP_MS) while two workers train without a pause, and the shards' snapshots must
+ * still hold the same batches. The coordinator holds every hand-out from the checkpoint's start
+ * and answers "pending" until the batches in flight are applied everywhere; the hold ends after
+ * the last shard is armed. Restored, with new workers, every batch is applied once on both
+ * tensors. Before, each shard snapshot at once when armed and the workers went on in between:
+ * shard 1's copy held batches the coordinator in shard 0's had not handed out yet, handed out
+ * again after the restore: "replay.b[...] is -2: batch ... applied twice". */
+START_TEST(test_restore_asp_checkpoint_is_cut)
+{
+    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = "asp",
+                   .optimizer = "{name: sgd, lr: 1}",
+                   .job_extra = "  heartbeat_timeout_ms: 3000\n"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    /* A plan for a rank that never joins: no death, and each batch logged with its step. */
+    char nb[] = "4096", bs[] = "8", plan[] = "plan:63@0/0", ord[] = "ab";
+    char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, plan, ord, NULL};
+    cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
+    ck_assert_msg(cl_wait_log(w[0], " at step 50\n", RUN_S) == 0, "no progress: %s",
+                  cl_tail(w[0]));
+    char ckdir[CL_PATH];
+    setenv("PS_TEST_ARM_GAP_MS", "1000", 1);
+    cl_proc_t *cp = checkpoint_now(c, ckdir);
+    unsetenv("PS_TEST_ARM_GAP_MS");
+    EXPECT_LOG(cp, "checkpoint at step ");
+    long long at = meta_num(ckdir, 1, "step_max");
+    ck_assert_msg(at > 0 && at < 4096, "the checkpoint should land mid-run, not at %lld", at);
+    for (int i = 0; i < 2; i++) EXPECT_EXIT(w[i], 0); /* rank 0 checked every batch */
+    stop_all(psd, 2);
+    cl_data_dirs_aside(c, "trained");
+
+    cl_restore_start(c, c->manifest, 2, ckdir, psd, READY_S);
+    new_workers_finish(c, argv);
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+/* The same with psd's own periodic checkpoints (`checkpoint: {every_s: 1}`, its follower
+ * asked again while batches are in flight) and a 300 ms gap between the arms: every
+ * checkpoint taken mid-run restores to a run that applies every batch once. The workers nap
+ * 1 ms a batch, so the run outlasts the first checkpoint. */
+START_TEST(test_periodic_asp_checkpoints_are_cuts)
+{
+    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = "asp",
+                   .optimizer = "{name: sgd, lr: 1}",
+                   .job_extra = "  heartbeat_timeout_ms: 3000\n",
+                   .top_extra = "checkpoint: {every_s: 1, keep: 100}\n"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start_env(c, 0, READY_S, "PS_TEST_ARM_GAP_MS", "300"),
+                         cl_psd_start(c, 1, NULL, READY_S)};
+    char nb[] = "4096", bs[] = "8", plan[] = "check", ord[] = "ab";
+    char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, plan, ord, NULL};
+    setenv("REPLAY_NAP_MS", "1", 1);
+    cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
+    unsetenv("REPLAY_NAP_MS");
+    for (int i = 0; i < 2; i++) EXPECT_EXIT(w[i], 0); /* each checked every batch */
+    ck_assert_msg(cl_wait_log(psd[0], "job complete", RUN_S) == 0, "%s", cl_tail(psd[0]));
+    nap_ms(500); /* a checkpoint begun at the end finishes */
+    stop_all(psd, 2);
+    ck_assert_msg(count_in_log(psd[0], "failed; going on") == 0, "a checkpoint failed: %s",
+                  cl_tail(psd[0]));
+    /* The first checkpoint taken mid-run (the lowest step_max under 4096). */
+    char base[CL_PATH], pick[CL_PATH] = "";
+    cl_path(c, "checkpoints", base, sizeof base);
+    DIR *d = opendir(base);
+    ck_assert_msg(d != NULL, "no checkpoints in %s", base);
+    long long best = 4096;
+    int taken = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        if (strncmp(e->d_name, "time-", 5) != 0) continue;
+        char dir[CL_PATH];
+        snprintf(dir, sizeof dir, "%.*s/%.60s", (int)(CL_PATH - 64), base, e->d_name);
+        long long at = meta_num(dir, 1, "step_max");
+        taken++;
+        if (at > 0 && at < best) {
+            best = at;
+            snprintf(pick, sizeof pick, "%s", dir);
+        }
+    }
+    closedir(d);
+    ck_assert_msg(pick[0], "none of the %d checkpoints was taken mid-run", taken);
+    cl_data_dirs_aside(c, "trained");
+
+    cl_restore_start(c, c->manifest, 2, pick, psd, READY_S);
+    new_workers_finish(c, argv);
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
 }
 END_TEST
 
@@ -1512,6 +1618,8 @@ Suite *ps_test_suite(void)
     ADD(kill9_join_handout_not_saved);
     ADD(restore_after_member_left_mid_step);
     ADD(restore_asp_batch_part_pushed);
+    ADD(restore_asp_checkpoint_is_cut);
+    ADD(periodic_asp_checkpoints_are_cuts);
     ADD(sigstop_rejoins);
     ADD(all_leave_then_one_joins);
     ADD(confused_member_refused);
