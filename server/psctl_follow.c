@@ -31,6 +31,7 @@
 
 #define POLL_MS 20        /* how often a pending step is asked for again */
 #define STATUS_POLL_MS 200 /* how often shard 0's status is read otherwise */
+#define DRAIN_S 30.0       /* asp / ssp: how long a checkpoint waits for the batches in flight */
 
 static volatile sig_atomic_t g_stop;
 
@@ -236,6 +237,9 @@ int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wai
     fflush(stdout);
     double last = psctl_mono_s();
     uint64_t target = 0; /* the next multiple of every (0: not known yet) */
+    double drain_t0 = 0;  /* asp / ssp: when the batches in flight were first waited for */
+    const char *tds = getenv("PS_TEST_DRAIN_S"); /* tests only: a shorter DRAIN_S */
+    const double drain_s = tds && atof(tds) > 0 ? atof(tds) : DRAIN_S;
     int ret = 0, taken = 0;
     char seen_run[32] = ""; /* the run set_aside last ran for */
     while (!g_stop) {
@@ -283,6 +287,26 @@ int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wai
             continue;
         }
         if (r.flags & PS_FLAG_FINISHED) break;
+        if ((r.flags & PS_FLAG_PENDING) && !bsp) {
+            /* The coordinator holds the hand-outs until the batches in flight are applied
+             * everywhere (the cut). A worker that hangs holding one would hold the job for as
+             * long as we ask: past DRAIN_S this checkpoint is skipped and the hold released. */
+            if (drain_t0 == 0) drain_t0 = t0;
+            if (t0 - drain_t0 > drain_s) {
+                fprintf(stderr, "psctl: follow: checkpoint skipped: %u batches still in flight "
+                        "after %.0f s (a worker holding one is slow or hung); going on\n",
+                        r.workers, drain_s);
+                ps_msg_t g = {.type = PS_MSG_CKPT_GO, .rank = -1};
+                ps_req_call(cl, 0, &g, &r, NULL, NULL, err, sizeof err);
+                drain_t0 = 0;
+                last = psctl_mono_s();
+                if (every) target = next_multiple(open, every);
+                continue;
+            }
+            sleep_ms(POLL_MS);
+            continue;
+        }
+        drain_t0 = 0;
         if (r.flags & PS_FLAG_PENDING) {
             sleep_ms(POLL_MS);
             continue;

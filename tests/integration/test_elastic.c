@@ -1061,6 +1061,53 @@ START_TEST(test_periodic_asp_checkpoints_are_cuts)
 }
 END_TEST
 
+/* The highest "at step N" in @p p's log (replay_client's plan mode logs each batch so). */
+static long long last_step(cl_proc_t *p)
+{
+    char *log = cl_log(p);
+    long long best = -1;
+    for (const char *at = log; at && (at = strstr(at, " at step ")) != NULL; at += 9) {
+        long long v = strtoll(at + 9, NULL, 10);
+        if (v > best) best = v;
+    }
+    free(log);
+    return best;
+}
+
+/* A worker that stops holding a batch (SIGSTOP, well within its heartbeat timeout) would hold
+ * an asp job for as long as psd's follower waits for the batches in flight: past its limit
+ * (30 s; 2 s here, PS_TEST_DRAIN_S) the checkpoint is skipped and the hold released, so the
+ * other worker goes on; continued, the stopped one finishes, every batch applied once. */
+START_TEST(test_periodic_asp_checkpoint_skipped_when_stuck)
+{
+    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = "asp",
+                   .optimizer = "{name: sgd, lr: 1}",
+                   .job_extra = "  heartbeat_timeout_ms: 60000\n",
+                   .top_extra = "checkpoint: {every_s: 1, keep: 100}\n"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start_env(c, 0, READY_S, "PS_TEST_DRAIN_S", "2"),
+                         cl_psd_start(c, 1, NULL, READY_S)};
+    char nb[] = "4096", bs[] = "8", plan[] = "plan:1@2/0s", ord[] = "ab";
+    char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, plan, ord, NULL};
+    setenv("REPLAY_NAP_MS", "1", 1);
+    cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
+    unsetenv("REPLAY_NAP_MS");
+    int i = which_stopped(w, "stops at step 2");
+    cl_proc_t *stopped = w[i], *other = w[1 - i];
+    ck_assert_msg(cl_wait_log(psd[0], "checkpoint skipped: 1 batches still in flight", RUN_S) == 0,
+                  "%s", cl_tail(psd[0]));
+    long long at = last_step(other);
+    char want[64];
+    snprintf(want, sizeof want, " at step %lld\n", at + 50);
+    ck_assert_msg(cl_wait_log(other, want, RUN_S) == 0, "rank 0 stayed at step %lld: %s", at,
+                  cl_tail(other));
+    ck_assert_int_eq(cl_signal(stopped, SIGCONT), 0);
+    for (int p = 0; p < 2; p++) EXPECT_EXIT(w[p], 0); /* rank 0 checked every batch */
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* ---- SIGSTOP -------------------------------------------------------------------------- */
 
 /* A stopped worker is dropped after the heartbeat timeout and the other carries on alone; on
@@ -1620,6 +1667,7 @@ Suite *ps_test_suite(void)
     ADD(restore_asp_batch_part_pushed);
     ADD(restore_asp_checkpoint_is_cut);
     ADD(periodic_asp_checkpoints_are_cuts);
+    ADD(periodic_asp_checkpoint_skipped_when_stuck);
     ADD(sigstop_rejoins);
     ADD(all_leave_then_one_joins);
     ADD(confused_member_refused);
