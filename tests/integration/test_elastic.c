@@ -370,6 +370,19 @@ static cl_proc_t *new_workers_finish(cl_cluster_t *c, char **argv)
     return w2;
 }
 
+/* The end of a restore test: stop the shards @p psd, set their data_dirs aside, start them
+ * again from checkpoint @p dir, and let two new workers finish the job with every batch applied
+ * once (new_workers_finish); then stop and remove everything. */
+static void restore_and_finish(cl_cluster_t *c, cl_proc_t **psd, const char *dir, char **argv)
+{
+    stop_all(psd, 2);
+    cl_data_dirs_aside(c, "trained");
+    cl_restore_start(c, c->manifest, 2, dir, psd, READY_S);
+    new_workers_finish(c, argv);
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+
 /* psctl checkpoint --dir CLUSTER/ckpt (into @p ckdir[CL_PATH]), waited for: exit 0. */
 static cl_proc_t *checkpoint_now(cl_cluster_t *c, char *ckdir)
 {
@@ -406,23 +419,38 @@ typedef struct {
     char *argv[7];
 } asp_stop_t;
 
-static void asp_stop_start(asp_stop_t *r, int hb_ms, const char *plan)
+/* The cluster and the two replay_clients of asp_stop_start and asp_follow_start: @p top_extra
+ * manifest lines, shard 0 started with @p env = @p val (none when @p env is NULL), @p nb
+ * batches, each taking @p nap_ms more (REPLAY_NAP_MS). */
+static void asp_pair_start(asp_stop_t *r, int hb_ms, const char *top_extra, const char *env,
+                           const char *val, const char *nb, int nap_ms, const char *plan)
 {
     snprintf(r->hb, sizeof r->hb, "  heartbeat_timeout_ms: %d\n", hb_ms);
     cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = "asp",
-                   .optimizer = "{name: sgd, lr: 1}", .job_extra = r->hb};
+                   .optimizer = "{name: sgd, lr: 1}", .job_extra = r->hb,
+                   .top_extra = top_extra};
     r->c = cl_cluster_create(&k);
-    r->psd[0] = cl_psd_start(r->c, 0, NULL, READY_S);
+    r->psd[0] = env ? cl_psd_start_env(r->c, 0, READY_S, env, val)
+                    : cl_psd_start(r->c, 0, NULL, READY_S);
     r->psd[1] = cl_psd_start(r->c, 1, NULL, READY_S);
-    snprintf(r->nb, sizeof r->nb, "96");
+    snprintf(r->nb, sizeof r->nb, "%s", nb);
     snprintf(r->bs, sizeof r->bs, "8");
     snprintf(r->plan, sizeof r->plan, "%s", plan);
     snprintf(r->ord, sizeof r->ord, "ab");
     char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), r->c->manifest, r->nb, r->bs, r->plan,
                     r->ord, NULL};
     memcpy(r->argv, argv, sizeof argv);
+    char napv[16];
+    snprintf(napv, sizeof napv, "%d", nap_ms);
+    setenv("REPLAY_NAP_MS", napv, 1);
     r->w[0] = cl_spawn(r->c, "replay0", r->argv);
     r->w[1] = cl_spawn(r->c, "replay1", r->argv);
+    unsetenv("REPLAY_NAP_MS");
+}
+
+static void asp_stop_start(asp_stop_t *r, int hb_ms, const char *plan)
+{
+    asp_pair_start(r, hb_ms, NULL, NULL, NULL, "96", 0, plan);
     int i = which_stopped(r->w, "stops at step 2");
     r->stopped = r->w[i];
     r->other = r->w[1 - i];
@@ -914,13 +942,7 @@ START_TEST(test_restore_after_member_left_mid_step)
                   "the workers exited %d and %d: %s | %s", st[0], st[1], cl_tail(w[0]),
                   cl_tail(w[1]));
     EXPECT_LOG(w[st[0] == 0 ? 0 : 1], "every batch applied once on both tensors");
-    stop_all(psd, 2);
-    cl_data_dirs_aside(c, "trained");
-
-    cl_restore_start(c, c->manifest, 2, ckdir, psd, READY_S);
-    new_workers_finish(c, argv);
-    stop_all(psd, 2);
-    cl_cluster_destroy(c);
+    restore_and_finish(c, psd, ckdir, argv);
 }
 END_TEST
 
@@ -946,13 +968,7 @@ START_TEST(test_restore_asp_batch_part_pushed)
         cl_signal(r.w[p], SIGCONT);
         cl_wait(r.w[p], RUN_S);
     }
-    stop_all(r.psd, 2);
-    cl_data_dirs_aside(r.c, "trained");
-
-    cl_restore_start(r.c, r.c->manifest, 2, ckdir, r.psd, READY_S);
-    new_workers_finish(r.c, r.argv);
-    stop_all(r.psd, 2);
-    cl_cluster_destroy(r.c);
+    restore_and_finish(r.c, r.psd, ckdir, r.argv);
 }
 END_TEST
 
@@ -998,15 +1014,19 @@ START_TEST(test_restore_asp_checkpoint_is_cut)
     long long at = meta_num(ckdir, 1, "step_max");
     ck_assert_msg(at > 0 && at < 4096, "the checkpoint should land mid-run, not at %lld", at);
     for (int i = 0; i < 2; i++) EXPECT_EXIT(w[i], 0); /* rank 0 checked every batch */
-    stop_all(psd, 2);
-    cl_data_dirs_aside(c, "trained");
-
-    cl_restore_start(c, c->manifest, 2, ckdir, psd, READY_S);
-    new_workers_finish(c, argv);
-    stop_all(psd, 2);
-    cl_cluster_destroy(c);
+    restore_and_finish(c, psd, ckdir, argv);
 }
 END_TEST
+
+/* An asp cluster of 2 shards (sgd, lr 1, heartbeat_timeout_ms @p hb_ms) with psd's periodic
+ * checkpoints every second, shard 0 started with the test hook @p env = @p val, and two
+ * replay_clients of 4096 batches with plan @p plan (tensors "ab") that nap 1 ms a batch, so the
+ * run outlasts the first checkpoint. @c argv stays for new_workers_finish. */
+static void asp_follow_start(asp_stop_t *r, int hb_ms, const char *env, const char *val,
+                             const char *plan)
+{
+    asp_pair_start(r, hb_ms, "checkpoint: {every_s: 1, keep: 100}\n", env, val, "4096", 1, plan);
+}
 
 /* The same with psd's own periodic checkpoints (`checkpoint: {every_s: 1}`, its follower
  * asked again while batches are in flight) and a 300 ms gap between the arms: every
@@ -1014,22 +1034,13 @@ END_TEST
  * 1 ms a batch, so the run outlasts the first checkpoint. */
 START_TEST(test_periodic_asp_checkpoints_are_cuts)
 {
-    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = "asp",
-                   .optimizer = "{name: sgd, lr: 1}",
-                   .job_extra = "  heartbeat_timeout_ms: 3000\n",
-                   .top_extra = "checkpoint: {every_s: 1, keep: 100}\n"};
-    cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd[2] = {cl_psd_start_env(c, 0, READY_S, "PS_TEST_ARM_GAP_MS", "300"),
-                         cl_psd_start(c, 1, NULL, READY_S)};
-    char nb[] = "4096", bs[] = "8", plan[] = "check", ord[] = "ab";
-    char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, plan, ord, NULL};
-    setenv("REPLAY_NAP_MS", "1", 1);
-    cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
-    unsetenv("REPLAY_NAP_MS");
-    for (int i = 0; i < 2; i++) EXPECT_EXIT(w[i], 0); /* each checked every batch */
+    asp_stop_t r;
+    asp_follow_start(&r, 3000, "PS_TEST_ARM_GAP_MS", "300", "check");
+    cl_cluster_t *c = r.c;
+    cl_proc_t **psd = r.psd;
+    for (int i = 0; i < 2; i++) EXPECT_EXIT(r.w[i], 0); /* each checked every batch */
     ck_assert_msg(cl_wait_log(psd[0], "job complete", RUN_S) == 0, "%s", cl_tail(psd[0]));
     nap_ms(500); /* a checkpoint begun at the end finishes */
-    stop_all(psd, 2);
     ck_assert_msg(count_in_log(psd[0], "failed; going on") == 0, "a checkpoint failed: %s",
                   cl_tail(psd[0]));
     /* The first checkpoint taken mid-run (the lowest step_max under 4096). */
@@ -1052,12 +1063,7 @@ START_TEST(test_periodic_asp_checkpoints_are_cuts)
     }
     closedir(d);
     ck_assert_msg(pick[0], "none of the %d checkpoints was taken mid-run", taken);
-    cl_data_dirs_aside(c, "trained");
-
-    cl_restore_start(c, c->manifest, 2, pick, psd, READY_S);
-    new_workers_finish(c, argv);
-    stop_all(psd, 2);
-    cl_cluster_destroy(c);
+    restore_and_finish(c, psd, pick, r.argv);
 }
 END_TEST
 
@@ -1080,18 +1086,9 @@ static long long last_step(cl_proc_t *p)
  * other worker goes on; continued, the stopped one finishes, every batch applied once. */
 START_TEST(test_periodic_asp_checkpoint_skipped_when_stuck)
 {
-    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = "asp",
-                   .optimizer = "{name: sgd, lr: 1}",
-                   .job_extra = "  heartbeat_timeout_ms: 60000\n",
-                   .top_extra = "checkpoint: {every_s: 1, keep: 100}\n"};
-    cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd[2] = {cl_psd_start_env(c, 0, READY_S, "PS_TEST_DRAIN_S", "2"),
-                         cl_psd_start(c, 1, NULL, READY_S)};
-    char nb[] = "4096", bs[] = "8", plan[] = "plan:1@2/0s", ord[] = "ab";
-    char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, plan, ord, NULL};
-    setenv("REPLAY_NAP_MS", "1", 1);
-    cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
-    unsetenv("REPLAY_NAP_MS");
+    asp_stop_t r;
+    asp_follow_start(&r, 60000, "PS_TEST_DRAIN_S", "2", "plan:1@2/0s");
+    cl_proc_t **psd = r.psd, **w = r.w;
     int i = which_stopped(w, "stops at step 2");
     cl_proc_t *stopped = w[i], *other = w[1 - i];
     ck_assert_msg(cl_wait_log(psd[0], "checkpoint skipped: 1 batches still in flight", RUN_S) == 0,
@@ -1104,7 +1101,7 @@ START_TEST(test_periodic_asp_checkpoint_skipped_when_stuck)
     ck_assert_int_eq(cl_signal(stopped, SIGCONT), 0);
     for (int p = 0; p < 2; p++) EXPECT_EXIT(w[p], 0); /* rank 0 checked every batch */
     stop_all(psd, 2);
-    cl_cluster_destroy(c);
+    cl_cluster_destroy(r.c);
 }
 END_TEST
 
