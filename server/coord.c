@@ -1553,12 +1553,13 @@ void psd_coord_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len
     OUT("\"epoch\": %llu, \"open_step\": %llu, \"desired_workers\": %u, \"actual_workers\": %u, "
         "\"finished\": %s, \"samples\": %llu, \"samples_applied\": %llu, \"batches_handed_again\": "
         "%llu, \"step_gap_ms_max\": %llu, \"step_gap_ms_median\": %llu, \"step_gaps\": %llu, "
-        "\"state_save_failures\": %u, ",
+        "\"state_save_failures\": %u, \"checkpoint_hold\": %s, ",
         (unsigned long long)co->s.epoch, (unsigned long long)co->s.step, co->s.desired,
         popcount(co->s.active), co->s.finished ? "true" : "false",
         (unsigned long long)co->s.cur.n, (unsigned long long)co->s.cur.applied_total,
         (unsigned long long)co->s.cur.handed_again, (unsigned long long)gmax,
-        (unsigned long long)gmed, (unsigned long long)n, co->save_failures);
+        (unsigned long long)gmed, (unsigned long long)n, co->save_failures,
+        co->hold_ms ? "true" : "false");
     OUT("\"step_gaps_top\": [");
     for (int i = 0, f = 1; i < 16; i++)
         if (co->top[i].ms) {

@@ -1091,6 +1091,17 @@ START_TEST(test_periodic_asp_checkpoint_skipped_when_stuck)
     cl_proc_t **psd = r.psd, **w = r.w;
     int i = which_stopped(w, "stops at step 2");
     cl_proc_t *stopped = w[i], *other = w[1 - i];
+    coord_t co; /* the hold shows in the status while the follower waits */
+    coord_open(&co, r.c);
+    char *j = NULL;
+    for (double end = now_s() + RUN_S; now_s() < end; nap_ms(20)) {
+        free(j);
+        j = coord_status(&co);
+        if (j && strstr(j, "\"checkpoint_hold\": true")) break;
+    }
+    ck_assert_msg(j && strstr(j, "\"checkpoint_hold\": true"), "no hold seen: %s", j ? j : "-");
+    free(j);
+    coord_close(&co);
     ck_assert_msg(cl_wait_log(psd[0], "checkpoint skipped: 1 batches still in flight", RUN_S) == 0,
                   "%s", cl_tail(psd[0]));
     long long at = last_step(other);
