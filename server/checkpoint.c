@@ -634,7 +634,8 @@ void psd_ckpt_on_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
     }
     case PS_MSG_CKPT_ARM: on_arm(srv, conn, msg); break;
     case PS_MSG_CKPT_GO: {
-        psd_coord_ckpt_release_until(srv, msg->step); /* step: the next checkpoint's, or 0 */
+        /* step: the next checkpoint's, or 0; PS_FLAG_DONE: this checkpoint armed the shards */
+        psd_coord_ckpt_release_until(srv, msg->step, (msg->flags & PS_FLAG_DONE) != 0);
         ps_msg_t r = {.type = PS_MSG_CKPT_GO_REPLY, .req_id = msg->req_id, .shard = 0};
         psd_send_msg(srv, conn, &r);
         break;

@@ -211,6 +211,8 @@ struct psd_coord_s {
     bool held;                 /* a hand-out waits for the hold to end */
     bool hold_ahead;           /* a hold at a step not reached yet (psctl checkpoint --follow):
                                   hold_ms is set when the job gets there */
+    uint32_t hold_users;       /* asp / ssp: checkpoints told to arm under the hold (a drained
+                                  answer) whose MSG_CKPT_GO has not come yet */
     bool capped;               /* asp / ssp: a member did its job.max_steps: pslaunch gets no
                                   more starts (a replacement would do max_steps more), so the
                                   job ends with the members it has */
@@ -1171,6 +1173,7 @@ static uint64_t hold_async(psd_server_t *srv, uint32_t *flags, uint32_t *pending
     co->hold_ms = uv_now(srv->loop) ? uv_now(srv->loop) : 1;
     *pending = in_flight(co);
     *flags = *pending ? PS_FLAG_PENDING : 0;
+    if (*pending == 0) co->hold_users++; /* its GO (PS_FLAG_DONE) ends its part of the hold */
     if (!was)
         PS_LOG(PS_LOG_INFO, "coord", "checkpoint: no batch handed out until it is taken; %u "
                "in flight", *pending);
@@ -1229,6 +1232,7 @@ void psd_coord_ckpt_release(psd_server_t *srv)
     psd_coord_t *co = srv->coord;
     if (co == NULL) return;
     co->hold_ahead = false;
+    co->hold_users = 0;
     if (co->hold_ms == 0) return;
     co->hold_ms = 0;
     if (!is_bsp(srv)) {
@@ -1239,9 +1243,19 @@ void psd_coord_ckpt_release(psd_server_t *srv)
     }
 }
 
-void psd_coord_ckpt_release_until(psd_server_t *srv, uint64_t next)
+void psd_coord_ckpt_release_until(psd_server_t *srv, uint64_t next, bool armed)
 {
     psd_coord_t *co = srv->coord;
+    if (co && !is_bsp(srv) && co->hold_ms) {
+        /* Two checkpoints at once (psctl by hand beside psd's follower) share the hold: the
+         * first one's end must not let the job on while the other is still arming shards. A
+         * GO from one that never armed (it gave up waiting) ends nothing of theirs. */
+        if (armed && co->hold_users > 0) co->hold_users--;
+        if (co->hold_users > 0) {
+            co->hold_ms = uv_now(srv->loop) ? uv_now(srv->loop) : 1;
+            return;
+        }
+    }
     psd_coord_ckpt_release(srv);
     if (co && next && is_bsp(srv) && !co->s.finished && next > natural_step(co))
         hold_ahead(srv, next);

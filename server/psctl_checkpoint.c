@@ -111,7 +111,7 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step,
         }
     }
     /* Release the hold (and, for --follow, hold the next checkpoint's step ahead). */
-    ps_msg_t g = {.type = PS_MSG_CKPT_GO, .rank = -1, .step = next};
+    ps_msg_t g = {.type = PS_MSG_CKPT_GO, .rank = -1, .step = next, .flags = PS_FLAG_DONE};
     if (ps_req_call(cl, 0, &g, &r, NULL, NULL, err, sizeof err))
         fprintf(stderr, "psctl: checkpoint: releasing the hold: %s\n", err);
     if (!armed) return 1;

@@ -575,8 +575,10 @@ void psd_coord_ckpt_release(psd_server_t *srv);
 int psd_coord_ckpt_hold_at(psd_server_t *srv, uint64_t step, uint32_t *flags, char *err,
                            size_t errlen);
 /** @brief psd_coord_ckpt_release(), then a hold ahead at step @p next when it is > 0 and not
- *  reached yet (so the job cannot pass the follower's next checkpoint unnoticed). */
-void psd_coord_ckpt_release_until(psd_server_t *srv, uint64_t next);
+ *  reached yet (so the job cannot pass the follower's next checkpoint unnoticed). asp / ssp:
+ *  the hold ends only once every checkpoint told to arm under it has sent its GO (@p armed:
+ *  this GO's checkpoint was told so; one that gave up waiting ends no other one's hold). */
+void psd_coord_ckpt_release_until(psd_server_t *srv, uint64_t next, bool armed);
 /** @brief The coordinator's state as bytes for the store (written with each apply). */
 const void *psd_coord_state(psd_server_t *srv, size_t *len);
 /** @brief Its recovery state (key "jobrec") when it changed since a save took it, else NULL:

@@ -383,13 +383,25 @@ static void restore_and_finish(cl_cluster_t *c, cl_proc_t **psd, const char *dir
     cl_cluster_destroy(c);
 }
 
+/* psctl checkpoint --dir CLUSTER/@p name (into @p ckdir[CL_PATH]), started (not waited for),
+ * with @p gap_ms between two shards' arms (PS_TEST_ARM_GAP_MS; 0: none). */
+static cl_proc_t *checkpoint_spawn(cl_cluster_t *c, const char *name, int gap_ms, char *ckdir)
+{
+    cl_path(c, name, ckdir, CL_PATH);
+    char *ck[] = {(char *)cl_binary("PSCTL"), "--manifest", c->manifest, "checkpoint", "--dir",
+                  ckdir, NULL};
+    char gap[16];
+    snprintf(gap, sizeof gap, "%d", gap_ms);
+    if (gap_ms) setenv("PS_TEST_ARM_GAP_MS", gap, 1);
+    cl_proc_t *cp = cl_spawn(c, name, ck);
+    unsetenv("PS_TEST_ARM_GAP_MS");
+    return cp;
+}
+
 /* psctl checkpoint --dir CLUSTER/ckpt (into @p ckdir[CL_PATH]), waited for: exit 0. */
 static cl_proc_t *checkpoint_now(cl_cluster_t *c, char *ckdir)
 {
-    cl_path(c, "ckpt", ckdir, CL_PATH);
-    char *ck[] = {(char *)cl_binary("PSCTL"), "--manifest", c->manifest, "checkpoint", "--dir",
-                  ckdir, NULL};
-    cl_proc_t *cp = cl_spawn(c, "psctl-checkpoint", ck);
+    cl_proc_t *cp = checkpoint_spawn(c, "ckpt", 0, ckdir);
     EXPECT_EXIT(cp, 0);
     return cp;
 }
@@ -1007,9 +1019,8 @@ START_TEST(test_restore_asp_checkpoint_is_cut)
     ck_assert_msg(cl_wait_log(w[0], " at step 50\n", RUN_S) == 0, "no progress: %s",
                   cl_tail(w[0]));
     char ckdir[CL_PATH];
-    setenv("PS_TEST_ARM_GAP_MS", "1000", 1);
-    cl_proc_t *cp = checkpoint_now(c, ckdir);
-    unsetenv("PS_TEST_ARM_GAP_MS");
+    cl_proc_t *cp = checkpoint_spawn(c, "ckpt", 1000, ckdir);
+    EXPECT_EXIT(cp, 0);
     EXPECT_LOG(cp, "checkpoint at step ");
     long long at = meta_num(ckdir, 1, "step_max");
     ck_assert_msg(at > 0 && at < 4096, "the checkpoint should land mid-run, not at %lld", at);
@@ -1064,6 +1075,32 @@ START_TEST(test_periodic_asp_checkpoints_are_cuts)
     closedir(d);
     ck_assert_msg(pick[0], "none of the %d checkpoints was taken mid-run", taken);
     restore_and_finish(c, psd, pick, r.argv);
+}
+END_TEST
+
+/* Two asp checkpoints at once share the coordinator's hold: psctl B arms shard 1 two seconds
+ * after shard 0, and psctl A, started meanwhile, ends (armed or refused as busy) and sends its
+ * GO first. The hold must last until B's GO too, so B's checkpoint is still a cut: restored,
+ * every batch once. Before, A's GO ended the hold and the workers went on during B's gap:
+ * "replay.b[...] is -2: batch ... applied twice". */
+START_TEST(test_asp_checkpoints_at_once)
+{
+    asp_stop_t r;
+    asp_pair_start(&r, 3000, NULL, NULL, NULL, "4096", 1, "check");
+    coord_t co;
+    coord_open(&co, r.c);
+    ck_assert_int_ge(wait_num(&co, "samples_applied", 400, 0, RUN_S), 400);
+    coord_close(&co);
+    char dir_b[CL_PATH], dir_a[CL_PATH];
+    cl_proc_t *b = checkpoint_spawn(r.c, "ckpt-b", 2000, dir_b);
+    nap_ms(700);
+    cl_proc_t *a = checkpoint_spawn(r.c, "ckpt-a", 0, dir_a);
+    cl_wait(a, RUN_S); /* armed, or refused: shard 0 was busy with B's */
+    EXPECT_EXIT(b, 0);
+    long long at = meta_num(dir_b, 1, "step_max");
+    ck_assert_msg(at > 0 && at < 4096, "the checkpoint should land mid-run, not at %lld", at);
+    for (int i = 0; i < 2; i++) EXPECT_EXIT(r.w[i], 0); /* each checked every batch */
+    restore_and_finish(r.c, r.psd, dir_b, r.argv);
 }
 END_TEST
 
@@ -1676,6 +1713,7 @@ Suite *ps_test_suite(void)
     ADD(restore_asp_checkpoint_is_cut);
     ADD(periodic_asp_checkpoints_are_cuts);
     ADD(periodic_asp_checkpoint_skipped_when_stuck);
+    ADD(asp_checkpoints_at_once);
     ADD(sigstop_rejoins);
     ADD(all_leave_then_one_joins);
     ADD(confused_member_refused);
