@@ -21,7 +21,9 @@ int ps_auth_load(ps_auth_t *a, const ps_manifest_t *m, char *err, size_t errlen)
     snprintf(a->cluster, sizeof a->cluster, "%s", m->cluster);
     if (m->secret_file[0] == '\0') return 0;
     const char *f = m->secret_file;
-    int fd = open(f, O_RDONLY | O_CLOEXEC); /* may be a link: Kubernetes mounts secrets so */
+    /* May be a link (Kubernetes mounts secrets so); O_NONBLOCK: a FIFO must not block the
+     * open, it is refused as not a regular file below. */
+    int fd = open(f, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         snprintf(err, errlen, "secret_file %s: cannot open it: %s", f, strerror(errno));
         return PS_ECONFIG;
@@ -60,38 +62,47 @@ int ps_auth_load(ps_auth_t *a, const ps_manifest_t *m, char *err, size_t errlen)
     return rc;
 }
 
-/* HMAC-SHA256(key, "psd-auth" 0 cluster 0 version time nonce) into @p mac. */
-static void sign(const ps_auth_t *a, const uint8_t *head, uint8_t mac[PS_AUTH_MAC])
+/* HMAC-SHA256(key, "psd-auth" 0 cluster 0 "host:port" 0 version time nonce) into @p mac. */
+static void sign(const ps_auth_t *a, const char *host, uint16_t port, const uint8_t *head,
+                 uint8_t mac[PS_AUTH_MAC])
 {
-    uint8_t msg[16 + sizeof a->cluster + 1 + 8 + PS_AUTH_NONCE];
+    char target[PS_HOST_MAX + 16];
+    uint8_t msg[16 + sizeof a->cluster + sizeof target + 8 + PS_AUTH_NONCE];
     size_t n = 0, cl = strlen(a->cluster);
+    int tl = snprintf(target, sizeof target, "%s:%u", host, (unsigned)port);
+    if (tl < 0 || (size_t)tl >= sizeof target) tl = (int)sizeof target - 1;
     memcpy(msg, "psd-auth", 9); /* with its NUL */
     n = 9;
     memcpy(msg + n, a->cluster, cl + 1);
     n += cl + 1;
+    memcpy(msg + n, target, (size_t)tl);
+    n += (size_t)tl;
+    msg[n++] = 0;
     memcpy(msg + n, head, 1 + 8 + PS_AUTH_NONCE);
     n += 1 + 8 + PS_AUTH_NONCE;
     unsigned len = PS_AUTH_MAC;
     HMAC(EVP_sha256(), a->key, (int)a->key_len, msg, n, mac, &len);
 }
 
-int ps_auth_prove(const ps_auth_t *a, uint8_t out[PS_AUTH_PROOF_LEN])
+int ps_auth_prove(const ps_auth_t *a, const char *host, uint16_t port,
+                  uint8_t out[PS_AUTH_PROOF_LEN])
 {
-    return ps_auth_prove_at(a, (int64_t)time(NULL), out);
+    return ps_auth_prove_at(a, host, port, (int64_t)time(NULL), out);
 }
 
-int ps_auth_prove_at(const ps_auth_t *a, int64_t when, uint8_t out[PS_AUTH_PROOF_LEN])
+int ps_auth_prove_at(const ps_auth_t *a, const char *host, uint16_t port, int64_t when,
+                     uint8_t out[PS_AUTH_PROOF_LEN])
 {
     out[0] = PS_AUTH_VERSION;
     uint64_t t = (uint64_t)when;
     for (int i = 0; i < 8; i++) out[1 + i] = (uint8_t)(t >> (56 - 8 * i));
     if (RAND_bytes(out + 9, PS_AUTH_NONCE) != 1) return PS_EIO;
-    sign(a, out, out + 9 + PS_AUTH_NONCE);
+    sign(a, host, port, out, out + 9 + PS_AUTH_NONCE);
     return 0;
 }
 
-int ps_auth_check(const ps_auth_t *a, ps_auth_seen_t *seen, const uint8_t *proof, size_t len,
-                  int64_t now, char *why, size_t whylen)
+int ps_auth_check(const ps_auth_t *a, ps_auth_seen_t *seen, const char *host, uint16_t port,
+                  const uint8_t *proof, size_t len, int64_t now, char *why, size_t whylen)
 {
     if (len != PS_AUTH_PROOF_LEN || proof[0] != PS_AUTH_VERSION) {
         snprintf(why, whylen, "a proof of %zu bytes, version %u (this build: %d bytes, version %d)",
@@ -99,19 +110,24 @@ int ps_auth_check(const ps_auth_t *a, ps_auth_seen_t *seen, const uint8_t *proof
         return PS_EAUTH;
     }
     uint8_t mac[PS_AUTH_MAC];
-    sign(a, proof, mac);
+    sign(a, host, port, proof, mac);
     if (CRYPTO_memcmp(mac, proof + 9 + PS_AUTH_NONCE, PS_AUTH_MAC) != 0) {
-        snprintf(why, whylen, "the proof is not signed with this cluster's secret (another "
-                 "secret_file, or another cluster name)");
+        snprintf(why, whylen, "the proof is not signed with this cluster's secret for this shard "
+                 "(%s:%u) (another secret_file, another cluster name, a proof made for another "
+                 "shard, or a manifest that names this shard otherwise)", host, (unsigned)port);
         return PS_EAUTH;
     }
     uint64_t ut = 0;
     for (int i = 0; i < 8; i++) ut = ut << 8 | proof[1 + i];
     int64_t t = (int64_t)ut;
-    if (ut > INT64_MAX || t < now - PS_AUTH_SKEW_S || t > now + PS_AUTH_SKEW_S) {
+    if (ut > INT64_MAX) {
+        snprintf(why, whylen, "the peer's clock reads %llu, past any time this shard can tell: "
+                 "synchronize the hosts' clocks", (unsigned long long)ut);
+        return PS_EAUTH;
+    }
+    if (t < now - PS_AUTH_SKEW_S || t > now + PS_AUTH_SKEW_S) {
         snprintf(why, whylen, "the peer's clock is %lld s off this shard's (at most %d): "
-                 "synchronize the hosts' clocks", ut > INT64_MAX ? 0LL : (long long)(t - now),
-                 PS_AUTH_SKEW_S);
+                 "synchronize the hosts' clocks", (long long)(t - now), PS_AUTH_SKEW_S);
         return PS_EAUTH;
     }
     if (t <= seen->floor) {

@@ -2,7 +2,8 @@
  *
  * Every connection a client opens to a shard starts with one proof (ps_auth_prove): a fresh
  * random nonce and the client's clock, signed with HMAC-SHA256 under the cluster's secret and
- * bound to the cluster name. The shard checks it (ps_auth_check) before it serves anything else
+ * bound to the cluster name and to the shard it is for (its manifest address "host:port"), so
+ * that a proof seen on its way to one shard opens no connection to another. The shard checks it (ps_auth_check) before it serves anything else
  * on that connection: the signature (so the secret never travels), the clock (within
  * PS_AUTH_SKEW_S of the shard's) and the nonce (not seen within that window: a recorded proof
  * cannot be replayed). The secret is read from a file only its owner may read; it never
@@ -52,20 +53,23 @@ typedef struct {
  */
 int ps_auth_load(ps_auth_t *a, const ps_manifest_t *m, char *err, size_t errlen);
 
-/** @brief Write a fresh proof for now into @p out (PS_AUTH_PROOF_LEN bytes). @p a must be on.
+/** @brief Write a fresh proof for now, for the shard at @p host : @p port (as the manifest
+ *  names it), into @p out (PS_AUTH_PROOF_LEN bytes). @p a must be on.
  *  @return 0, or PS_EIO when no random nonce could be had (OpenSSL's RAND_bytes failed). */
-int ps_auth_prove(const ps_auth_t *a, uint8_t out[PS_AUTH_PROOF_LEN]);
+int ps_auth_prove(const ps_auth_t *a, const char *host, uint16_t port,
+                  uint8_t out[PS_AUTH_PROOF_LEN]);
 /** @brief ps_auth_prove with the clock reading @p when (Unix seconds): for tests. */
-int ps_auth_prove_at(const ps_auth_t *a, int64_t when, uint8_t out[PS_AUTH_PROOF_LEN]);
+int ps_auth_prove_at(const ps_auth_t *a, const char *host, uint16_t port, int64_t when,
+                     uint8_t out[PS_AUTH_PROOF_LEN]);
 
 /**
- * @brief Check a peer's proof @p proof of @p len bytes at Unix time @p now; an accepted one's
- *  nonce goes into @p seen.
+ * @brief Check a peer's proof @p proof of @p len bytes, for this shard at @p host : @p port (its
+ *  manifest address), at Unix time @p now; an accepted one's nonce goes into @p seen.
  * @return 0, or PS_EAUTH with @p why saying what is wrong (length or version, the signature,
  *  the clock skew, a replayed or too old proof).
  */
-int ps_auth_check(const ps_auth_t *a, ps_auth_seen_t *seen, const uint8_t *proof, size_t len,
-                  int64_t now, char *why, size_t whylen);
+int ps_auth_check(const ps_auth_t *a, ps_auth_seen_t *seen, const char *host, uint16_t port,
+                  const uint8_t *proof, size_t len, int64_t now, char *why, size_t whylen);
 
 /** @brief Zero the key in memory (at exit). */
 void ps_auth_wipe(ps_auth_t *a);

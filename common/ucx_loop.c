@@ -426,6 +426,6 @@ int ps_ucx_connect(ps_ucx_t *u, const char *host, uint16_t port, ucp_err_handler
         *ep = NULL;
         return PS_ETRANSPORT;
     }
-    if (u->connected) u->connected(u, *ep, u->connected_arg);
+    if (u->connected) u->connected(u, *ep, host, port, u->connected_arg);
     return 0;
 }

@@ -49,7 +49,7 @@ struct ps_ucx_s {
     void *data;                  /* the owner's */
     /* Called by ps_ucx_connect on each endpoint it made, before the caller sends anything on
      * it (proto/authmsg.h: the authentication proof); NULL: nothing. */
-    void (*connected)(ps_ucx_t *u, ucp_ep_h ep, void *arg);
+    void (*connected)(ps_ucx_t *u, ucp_ep_h ep, const char *host, uint16_t port, void *arg);
     void *connected_arg;
 };
 

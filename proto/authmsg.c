@@ -17,7 +17,7 @@ static void auth_sent(void *request, ucs_status_t status, void *user_data)
     if (request) ucp_request_free(request);
 }
 
-static void send_proof(ps_ucx_t *u, ucp_ep_h ep, void *arg)
+static void send_proof(ps_ucx_t *u, ucp_ep_h ep, const char *host, uint16_t port, void *arg)
 {
     (void)u;
     const ps_auth_t *a = arg;
@@ -25,7 +25,7 @@ static void send_proof(ps_ucx_t *u, ucp_ep_h ep, void *arg)
     if (s == NULL) return; /* the shard then refuses this connection's requests, saying why */
     ps_msg_t m = {.type = PS_MSG_AUTH, .rank = -1, .auth_len = PS_AUTH_PROOF_LEN};
     size_t hlen;
-    if (ps_auth_prove(a, m.auth) != 0) {
+    if (ps_auth_prove(a, host, port, m.auth) != 0) {
         PS_LOG(PS_LOG_ERROR, "auth", "no random bytes for a proof: the shard will refuse this "
                "connection");
         free(s);

@@ -381,6 +381,21 @@ static uint64_t grace_ms(const psd_server_t *srv)
 }
 static uint32_t popcount(uint64_t x) { return (uint32_t)__builtin_popcountll(x); }
 
+/* A peer's host name as psd keeps it: what a host name or address may hold ([A-Za-z0-9.:_-],
+ * brackets) and '?' for anything else, so that a hostile hello cannot write JSON (status) or
+ * control bytes (logs, psctl) through it. */
+static void host_safe(char *out, size_t cap, const char *s)
+{
+    size_t n = 0;
+    for (; *s && n + 1 < cap; s++) {
+        char ch = *s;
+        bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+                  strchr(".:_-[]", ch) != NULL;
+        out[n++] = ok ? ch : '?';
+    }
+    out[n] = '\0';
+}
+
 /* ---- replies ----------------------------------------------------------------- */
 
 static void reply_batch(psd_server_t *srv, uint32_t r)
@@ -830,7 +845,7 @@ void psd_coord_on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
             PS_LOG(PS_LOG_INFO, "coord", "rank %d starts at clock %llu, the slowest member's "
                    "(ssp)", rank, (unsigned long long)clock);
         m->join_serial = ++co->s.joins;
-        snprintf(m->host, sizeof m->host, "%s", msg->host[0] ? msg->host : c->peer);
+        host_safe(m->host, sizeof m->host, msg->host[0] ? msg->host : c->peer);
         co->rt[rank] = (member_rt_t){.conn = c, .joined_ms = uv_now(srv->loop)};
         co->s.active |= 1ull << rank;
         if (co->grant_start > 0) co->grant_start--;
@@ -1289,14 +1304,16 @@ void psd_coord_on_launch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
     psd_coord_t *co = srv->coord;
     uint64_t now = uv_now(srv->loop);
     launcher_t *l = NULL, *free_l = NULL;
+    char host[sizeof l->host];
+    host_safe(host, sizeof host, msg->host);
     for (int i = 0; i < MAX_LAUNCHERS; i++) {
         launcher_t *x = &co->launchers[i];
-        if (x->pid == msg->pid && strcmp(x->host, msg->host) == 0) l = x;
+        if (x->pid == msg->pid && strcmp(x->host, host) == 0) l = x;
         if (free_l == NULL && (x->pid == 0 || now - x->last_ms > GRANT_TTL_MS)) free_l = x;
     }
     if (l == NULL && (l = free_l) != NULL) {
         memset(l, 0, sizeof *l);
-        snprintf(l->host, sizeof l->host, "%s", msg->host);
+        snprintf(l->host, sizeof l->host, "%s", host);
         l->pid = msg->pid;
     }
     if (l) {

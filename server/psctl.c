@@ -405,6 +405,16 @@ int main(int argc, char **argv)
                 printf(", metrics http://%s:%u/metrics", sc->metrics_host, sc->metrics_port);
             printf("\n");
         }
+        if (ctl.m.secret_file[0]) { /* this host's copy: every host needs the same bytes */
+            static ps_auth_t a;
+            if (ps_auth_load(&a, &ctl.m, err, sizeof err)) {
+                fprintf(stderr, "psctl: check: %s\n", err);
+                return 2;
+            }
+            printf("  peers prove the secret in %s (%zu bytes here)\n", ctl.m.secret_file,
+                   a.key_len);
+            ps_auth_wipe(&a);
+        }
         return 0;
     }
     if (scale >= 0) {

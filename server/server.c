@@ -596,8 +596,10 @@ static void on_bundle(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg, voi
 static void on_auth(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
 {
     if (c->authed || !srv->auth->on) return;
-    c->authed = ps_auth_check(srv->auth, &srv->auth_seen, msg->auth, msg->auth_len,
-                              (int64_t)time(NULL), c->auth_why, sizeof c->auth_why) == 0;
+    const ps_server_conf_t *me = &srv->m.servers[srv->shard]; /* proofs are made for it */
+    c->authed = ps_auth_check(srv->auth, &srv->auth_seen, me->host, me->port, msg->auth,
+                              msg->auth_len, (int64_t)time(NULL), c->auth_why,
+                              sizeof c->auth_why) == 0;
 }
 
 /* A request on a connection that has not proved the cluster secret: refused with the reason

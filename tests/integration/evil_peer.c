@@ -20,6 +20,8 @@
  * per step on stdout (seconds since the start first); psd's error text is quoted. --case NAME
  * sends only that malformed push (for reproducing one case by hand).
  *
+ * --hello-host S: its hello names host S (a hostile name for psd's status to keep harmless).
+ *
  * With --die-mid-send it asks shard 0 for its status and then kills itself (SIGKILL) in the
  * middle of its next send, inside UCX (die_mid_send below): a test of what psd does when a local
  * peer dies while writing into its shared memory.
@@ -88,6 +90,8 @@ static double now_s(void)
 }
 
 static double g_t0;
+/* --hello-host S: the host name its hello gives (libps gives gethostname()'s). */
+static const char *g_hello_host;
 
 /* One line on stdout, with the seconds since the start (for reading a log, never asserted). */
 static void say(const char *fmt, ...)
@@ -1000,6 +1004,7 @@ static int run(peer_t *p, const ps_manifest_t *m, const char *only, long nfuzz, 
     ps_msg_t hello = {.type = PS_MSG_HELLO, .rank = -1, .pid = (uint32_t)getpid(),
                       .store_id = ps_storeview_host_id()}; /* this host: offer the push area */
     snprintf(hello.cluster, sizeof hello.cluster, "%s", m->cluster);
+    if (g_hello_host) snprintf(hello.host, sizeof hello.host, "%s", g_hello_host);
     if (call(p, &hello, NULL, 0, PS_AM_CTRL)) return -1;
     if (p->reply.type != PS_MSG_HELLO_REPLY) {
         say("evil_peer: hello: got %s: %s", ps_msg_type_name(p->reply.type), p->reply.error);
@@ -1090,6 +1095,7 @@ int main(int argc, char **argv)
                                          {"fuzz", required_argument, 0, 'f'},
                                          {"seed", required_argument, 0, 's'},
                                          {"die-mid-send", no_argument, 0, 'd'},
+                                         {"hello-host", required_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     const char *manifest = NULL, *only = NULL;
     long nfuzz = 0;
@@ -1103,13 +1109,15 @@ int main(int argc, char **argv)
             nfuzz = atol(optarg);
         else if (o == 'd')
             die = 1;
+        else if (o == 'h')
+            g_hello_host = optarg;
         else if (o == 's')
             fz_state ^= strtoull(optarg, NULL, 0) * 0xBF58476D1CE4E5B9ull; /* never 0 for 0 */
         else
             manifest = NULL, optind = argc + 1;
     }
     if (manifest == NULL || optind != argc || nfuzz < 0) {
-        fprintf(stderr, "usage: evil_peer --manifest FILE [--case NAME | --fuzz N [--seed S] | --die-mid-send]\n");
+        fprintf(stderr, "usage: evil_peer --manifest FILE [--case NAME | --fuzz N [--seed S] | --die-mid-send] [--hello-host S]\n");
         return 2;
     }
     static ps_manifest_t m;

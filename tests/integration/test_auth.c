@@ -95,6 +95,12 @@ START_TEST(test_secret_file_mode)
     cl_proc_t *psd = cl_psd_spawn(c, 0, NULL);
     EXPECT_EXIT(psd, 2);
     EXPECT_LOG(psd, "readable or writable by group or others (mode 640): chmod 600 it");
+    /* psctl check says the same before anything is started (it read no secret before). */
+    char *argv[] = {(char *)cl_binary("PSCTL"), "--manifest", m, "check", NULL};
+    cl_proc_t *chk = cl_spawn(c, "psctl-check", argv);
+    EXPECT_EXIT(chk, 2);
+    EXPECT_LOG(chk, "psctl: check: secret_file ");
+    EXPECT_LOG(chk, "(mode 640): chmod 600 it");
     cl_cluster_destroy(c);
 }
 END_TEST

@@ -159,6 +159,29 @@ START_TEST(test_peer_killed_mid_send)
 }
 END_TEST
 
+/* A hello naming a hostile host (a quote, a backslash, a newline: what a worker's hostname
+ * can hold) shows in psctl status --json as a harmless name, so the JSON stays JSON. Before,
+ * the name went into the status as it came: "host": "evil"host\x" (found by a probe). */
+START_TEST(test_hostile_host_name_kept_safe)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1, .job_extra = "  heartbeat_timeout_ms: 30000\n"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    char *argv[] = {(char *)cl_binary("EVIL_PEER"), "--manifest", c->manifest, "--case",
+                    "header-n", "--hello-host", "evil\"host\\x\n\", \"finished\": true", NULL};
+    cl_proc_t *evil = cl_spawn(c, "evil_peer", argv);
+    cl_wait(evil, RUN_S); /* its pushes do not matter here (no training job) */
+    EXPECT_LOG(evil, "evil_peer: hello: rank 0");
+    char *sargv[] = {(char *)cl_binary("PSCTL"), "--manifest", c->manifest, "status", "--json",
+                     NULL};
+    cl_proc_t *ctl = cl_spawn(c, "psctl", sargv); /* its rank is kept for 30 s */
+    EXPECT_EXIT(ctl, 0);
+    EXPECT_LOG(ctl, "\"host\": \"evil?host?x?????finished?:?true\", ");
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* A stopped worker (SIGSTOP past the heartbeat timeout) is dropped and rejoins as a new
  * member: test_elastic.c, sigstop_rejoins. */
 
@@ -607,6 +630,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("psd_crash_during_declare", test_psd_crash_during_declare));
     suite_add_tcase(s, tcase("worker_killed_and_replaced", test_worker_killed_and_replaced));
     suite_add_tcase(s, tcase("peer_killed_mid_send", test_peer_killed_mid_send));
+    suite_add_tcase(s, tcase("hostile_host_name_kept_safe", test_hostile_host_name_kept_safe));
     suite_add_tcase(s, tcase("lost_ack_asp_applied_once", test_lost_ack_asp_applied_once));
     suite_add_tcase(s, tcase("compression_change_out_of_memory",
                              test_compression_change_out_of_memory));

@@ -80,6 +80,12 @@ START_TEST(bad_files_refused)
     ck_assert_int_eq(ps_auth_load(&a, &m, err, sizeof err), PS_ECONFIG);
     ck_assert_msg(strstr(err, "not a regular file"), "%s", err);
     ck_assert(!a.on);
+    /* A FIFO (nobody writing) is refused at once, not waited on. */
+    snprintf(m.secret_file, sizeof m.secret_file, "%s/fifo", dir);
+    ck_assert_int_eq(mkfifo(m.secret_file, 0600), 0);
+    ck_assert_int_eq(ps_auth_load(&a, &m, err, sizeof err), PS_ECONFIG);
+    ck_assert_msg(strstr(err, "not a regular file"), "%s", err);
+    unlink(m.secret_file);
 }
 END_TEST
 
@@ -90,14 +96,47 @@ START_TEST(proof_accepted_once)
     load_ok(&a, 0400);
     ck_assert_uint_eq(a.key_len, 32);
     uint8_t p[PS_AUTH_PROOF_LEN], q[PS_AUTH_PROOF_LEN];
-    ps_auth_prove(&a, p);
-    ps_auth_prove(&a, q);
+    ps_auth_prove(&a, "h", 7, p);
+    ps_auth_prove(&a, "h", 7, q);
     ck_assert(memcmp(p, q, sizeof p) != 0); /* fresh nonces */
     int64_t now = (int64_t)time(NULL);
-    ck_assert_int_eq(ps_auth_check(&a, &seen, p, sizeof p, now, err, sizeof err), 0);
-    ck_assert_int_eq(ps_auth_check(&a, &seen, q, sizeof q, now, err, sizeof err), 0);
-    ck_assert_int_eq(ps_auth_check(&a, &seen, p, sizeof p, now, err, sizeof err), PS_EAUTH);
+    ck_assert_int_eq(ps_auth_check(&a, &seen, "h", 7, p, sizeof p, now, err, sizeof err), 0);
+    ck_assert_int_eq(ps_auth_check(&a, &seen, "h", 7, q, sizeof q, now, err, sizeof err), 0);
+    ck_assert_int_eq(ps_auth_check(&a, &seen, "h", 7, p, sizeof p, now, err, sizeof err), PS_EAUTH);
     ck_assert_msg(strstr(err, "used before"), "%s", err);
+}
+END_TEST
+
+/* A proof is made for one shard (its manifest address): another shard, or the same host on
+ * another port, refuses it, so one seen on its way to a shard opens no other. */
+START_TEST(proof_for_another_shard_refused)
+{
+    static ps_auth_t a;
+    static ps_auth_seen_t seen;
+    load_ok(&a, 0600);
+    int64_t now = (int64_t)time(NULL);
+    uint8_t p[PS_AUTH_PROOF_LEN];
+    ps_auth_prove(&a, "h", 7, p);
+    ck_assert_int_eq(ps_auth_check(&a, &seen, "h", 8, p, sizeof p, now, err, sizeof err),
+                     PS_EAUTH);
+    ck_assert_msg(strstr(err, "for this shard (h:8)"), "%s", err);
+    ck_assert_int_eq(ps_auth_check(&a, &seen, "h2", 7, p, sizeof p, now, err, sizeof err),
+                     PS_EAUTH);
+    ck_assert_int_eq(ps_auth_check(&a, &seen, "h", 7, p, sizeof p, now, err, sizeof err), 0);
+}
+END_TEST
+
+/* A clock past INT64_MAX is named as such, not as "0 s off". */
+START_TEST(clock_past_any_time_refused)
+{
+    static ps_auth_t a;
+    static ps_auth_seen_t seen;
+    load_ok(&a, 0600);
+    uint8_t p[PS_AUTH_PROOF_LEN];
+    ps_auth_prove_at(&a, "h", 7, (int64_t)-5, p); /* reads as 2^64 - 5 */
+    ck_assert_int_eq(ps_auth_check(&a, &seen, "h", 7, p, sizeof p, (int64_t)time(NULL), err,
+                                   sizeof err), PS_EAUTH);
+    ck_assert_msg(strstr(err, "past any time"), "%s", err);
 }
 END_TEST
 
@@ -113,29 +152,29 @@ START_TEST(wrong_proofs_refused)
     ck_assert_int_eq(ps_auth_load(&other_cluster, &m, err, sizeof err), 0);
     int64_t now = (int64_t)time(NULL);
     uint8_t p[PS_AUTH_PROOF_LEN];
-    ps_auth_prove(&other_key, p);
-    ck_assert_int_eq(ps_auth_check(&a, &seen, p, sizeof p, now, err, sizeof err), PS_EAUTH);
+    ps_auth_prove(&other_key, "h", 7, p);
+    ck_assert_int_eq(ps_auth_check(&a, &seen, "h", 7, p, sizeof p, now, err, sizeof err), PS_EAUTH);
     ck_assert_msg(strstr(err, "not signed with this cluster's secret"), "%s", err);
-    ps_auth_prove(&other_cluster, p);
-    ck_assert_int_eq(ps_auth_check(&a, &seen, p, sizeof p, now, err, sizeof err), PS_EAUTH);
-    ps_auth_prove(&a, p);
-    ck_assert_int_eq(ps_auth_check(&a, &seen, p, sizeof p - 1, now, err, sizeof err), PS_EAUTH);
+    ps_auth_prove(&other_cluster, "h", 7, p);
+    ck_assert_int_eq(ps_auth_check(&a, &seen, "h", 7, p, sizeof p, now, err, sizeof err), PS_EAUTH);
+    ps_auth_prove(&a, "h", 7, p);
+    ck_assert_int_eq(ps_auth_check(&a, &seen, "h", 7, p, sizeof p - 1, now, err, sizeof err), PS_EAUTH);
     ck_assert_msg(strstr(err, "a proof of 56 bytes"), "%s", err);
     p[PS_AUTH_PROOF_LEN - 1] ^= 1; /* one bit of the signature */
-    ck_assert_int_eq(ps_auth_check(&a, &seen, p, sizeof p, now, err, sizeof err), PS_EAUTH);
+    ck_assert_int_eq(ps_auth_check(&a, &seen, "h", 7, p, sizeof p, now, err, sizeof err), PS_EAUTH);
     p[PS_AUTH_PROOF_LEN - 1] ^= 1;
     p[9] ^= 1; /* one bit of the nonce: the signature no longer fits */
-    ck_assert_int_eq(ps_auth_check(&a, &seen, p, sizeof p, now, err, sizeof err), PS_EAUTH);
+    ck_assert_int_eq(ps_auth_check(&a, &seen, "h", 7, p, sizeof p, now, err, sizeof err), PS_EAUTH);
     p[9] ^= 1;
     /* A clock too far either way. */
-    ck_assert_int_eq(ps_auth_check(&a, &seen, p, sizeof p, now + PS_AUTH_SKEW_S + 5, err,
+    ck_assert_int_eq(ps_auth_check(&a, &seen, "h", 7, p, sizeof p, now + PS_AUTH_SKEW_S + 5, err,
                                    sizeof err), PS_EAUTH);
     ck_assert_msg(strstr(err, "clock is -30"), "%s", err);
-    ck_assert_int_eq(ps_auth_check(&a, &seen, p, sizeof p, now - PS_AUTH_SKEW_S - 5, err,
+    ck_assert_int_eq(ps_auth_check(&a, &seen, "h", 7, p, sizeof p, now - PS_AUTH_SKEW_S - 5, err,
                                    sizeof err), PS_EAUTH);
     ck_assert_msg(strstr(err, "clock is 30"), "%s", err);
     /* None of those was taken: the genuine proof still is, once. */
-    ck_assert_int_eq(ps_auth_check(&a, &seen, p, sizeof p, now, err, sizeof err), 0);
+    ck_assert_int_eq(ps_auth_check(&a, &seen, "h", 7, p, sizeof p, now, err, sizeof err), 0);
 }
 END_TEST
 
@@ -148,19 +187,19 @@ START_TEST(forgotten_window_refused)
     load_ok(&a, 0600);
     int64_t now = (int64_t)time(NULL);
     uint8_t first[PS_AUTH_PROOF_LEN], p[PS_AUTH_PROOF_LEN];
-    ps_auth_prove(&a, first);
-    ck_assert_int_eq(ps_auth_check(&a, &seen, first, sizeof first, now, err, sizeof err), 0);
+    ps_auth_prove(&a, "h", 7, first);
+    ck_assert_int_eq(ps_auth_check(&a, &seen, "h", 7, first, sizeof first, now, err, sizeof err), 0);
     for (int i = 0; i < PS_AUTH_SEEN; i++) {
-        ps_auth_prove(&a, p);
-        ck_assert_int_eq(ps_auth_check(&a, &seen, p, sizeof p, now, err, sizeof err), 0);
+        ps_auth_prove(&a, "h", 7, p);
+        ck_assert_int_eq(ps_auth_check(&a, &seen, "h", 7, p, sizeof p, now, err, sizeof err), 0);
     }
     /* first was forgotten: its replay is refused, though not as "used before". */
-    ck_assert_int_eq(ps_auth_check(&a, &seen, first, sizeof first, now, err, sizeof err),
+    ck_assert_int_eq(ps_auth_check(&a, &seen, "h", 7, first, sizeof first, now, err, sizeof err),
                      PS_EAUTH);
     ck_assert_msg(strstr(err, "older than the replays"), "%s", err);
     sleep(1); /* a proof of a later second passes */
-    ps_auth_prove(&a, p);
-    ck_assert_int_eq(ps_auth_check(&a, &seen, p, sizeof p, now + 1, err, sizeof err), 0);
+    ps_auth_prove(&a, "h", 7, p);
+    ck_assert_int_eq(ps_auth_check(&a, &seen, "h", 7, p, sizeof p, now + 1, err, sizeof err), 0);
 }
 END_TEST
 
@@ -173,15 +212,15 @@ START_TEST(clock_ahead_does_not_lock_out)
     load_ok(&a, 0600);
     int64_t now = 1800000000;
     uint8_t p[PS_AUTH_PROOF_LEN];
-    ps_auth_prove_at(&a, now + 200, p); /* 200 s ahead: within the allowed skew */
-    ck_assert_int_eq(ps_auth_check(&a, &seen, p, sizeof p, now, err, sizeof err), 0);
+    ps_auth_prove_at(&a, "h", 7, now + 200, p); /* 200 s ahead: within the allowed skew */
+    ck_assert_int_eq(ps_auth_check(&a, &seen, "h", 7, p, sizeof p, now, err, sizeof err), 0);
     for (int i = 0; i < PS_AUTH_SEEN + 10; i++) { /* 20 connections a second for 205 s */
-        ps_auth_prove_at(&a, now - 250 + i / 20, p);
-        ck_assert_msg(ps_auth_check(&a, &seen, p, sizeof p, now, err, sizeof err) == 0,
+        ps_auth_prove_at(&a, "h", 7, now - 250 + i / 20, p);
+        ck_assert_msg(ps_auth_check(&a, &seen, "h", 7, p, sizeof p, now, err, sizeof err) == 0,
                       "proof %d: %s", i, err);
     }
-    ps_auth_prove_at(&a, now + 1, p);
-    ck_assert_msg(ps_auth_check(&a, &seen, p, sizeof p, now + 1, err, sizeof err) == 0, "%s",
+    ps_auth_prove_at(&a, "h", 7, now + 1, p);
+    ck_assert_msg(ps_auth_check(&a, &seen, "h", 7, p, sizeof p, now + 1, err, sizeof err) == 0, "%s",
                   err);
 }
 END_TEST
@@ -195,6 +234,8 @@ Suite *ps_test_suite(void)
     tcase_add_test(tc, bad_files_refused);
     tcase_add_test(tc, proof_accepted_once);
     tcase_add_test(tc, wrong_proofs_refused);
+    tcase_add_test(tc, proof_for_another_shard_refused);
+    tcase_add_test(tc, clock_past_any_time_refused);
     tcase_add_test(tc, forgotten_window_refused);
     tcase_add_test(tc, clock_ahead_does_not_lock_out);
     suite_add_tcase(s, tc);
