@@ -74,6 +74,10 @@ void psk_init_cpu(float *out, size_t n, uint64_t first, const psk_init_t *init)
     case PSK_INIT_NORMAL:
         fill_normal(out, n, first, init->seed, init->arg);
         return;
+    case PSK_INIT_CONSTANT:
+        for (size_t j = 0; j < n; j++)
+            out[j] = init->arg;
+        return;
     }
     assert(!"unknown psk_init_kind_t");
 }

@@ -11,12 +11,14 @@ typedef enum {
     PSK_INIT_ZEROS = 0,
     PSK_INIT_NORMAL = 1,
     PSK_INIT_UNIFORM = 2,
-    PSK_INIT_XAVIER = 3
+    PSK_INIT_XAVIER = 3,
+    PSK_INIT_CONSTANT = 4 /* every element = arg (a norm layer's scale starts at 1) */
 } psk_init_kind_t;
 
 typedef struct {
     psk_init_kind_t kind;
-    float arg;          /* normal: std; uniform: a (values in [-a, a)); unused otherwise */
+    float arg;          /* normal: std; uniform: a (values in [-a, a)); constant: the value;
+                           unused otherwise */
     uint64_t seed;      /* the tensor's seed, already mixed with its name */
     uint32_t fan_in;    /* xavier: shape[0] (or 1) */
     uint32_t fan_out;   /* xavier: product of shape[1..] (or 1) */

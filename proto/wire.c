@@ -35,9 +35,9 @@ int ps_decl_check(const ps_decl_t *d, char *err, size_t errlen)
             return PS_EINVAL;
         }
     }
-    if (d->init > 3) {
+    if (d->init > 4) {
         snprintf(err, errlen, "tensor '%s' has unknown initializer %u (0 zeros, 1 normal, "
-                 "2 uniform, 3 xavier)", d->name, d->init);
+                 "2 uniform, 3 xavier, 4 constant)", d->name, d->init);
         return PS_EINVAL;
     }
     return 0;

@@ -79,7 +79,7 @@ class Cluster:
             p = free_port()
             if p not in ports:
                 ports.append(p)
-        self.metrics_port = ports[2]
+        self.metrics_ports = ports[2:]
         with open(self.manifest, "w") as f:
             f.write(f"cluster: torch-{os.getpid()}-{name}\nchunk_bytes: 4096\nmap_size_mb: 64\n"
                     "servers:\n")
@@ -100,10 +100,11 @@ class Cluster:
             line = p.stdout.readline()
             assert "listening" in line, f"psd {i} did not start: {line!r}"
 
-    def metric(self, name):
-        """Shard 0's /metrics value of `name` (its first sample)."""
+    def metric(self, name, shard=0):
+        """Shard `shard`'s /metrics value of `name` (its first sample)."""
         import urllib.request
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as r:
+        url = f"http://127.0.0.1:{self.metrics_ports[shard]}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as r:
             for line in r.read().decode().splitlines():
                 if line.startswith(name + "{"):
                     return float(line.rsplit(" ", 1)[1])
@@ -322,6 +323,56 @@ def errors(tmp):
     print("errors: named")
 
 
+def misuse(tmp):
+    """Found by a probe: a second batches() handed the last stepped batch out again (under asp
+    applied twice); use after close() crashed the interpreter; a LayerNorm's scale started at
+    0; `init` naming no parameter and a fractional `samples` passed unnoticed."""
+    c = Cluster(tmp, "misuse", 1, metrics=True, consistency="asp")
+    try:
+        x, y = data()
+        m = torch.nn.Sequential(torch.nn.Linear(FEATURES, 4), torch.nn.LayerNorm(4),
+                                torch.nn.Linear(4, 1))
+        for bad, what in ((0.5, "samples"), ("128", "samples")):
+            try:
+                psd.torch.ParameterServer(c.manifest, m, samples=bad)
+                raise AssertionError(f"samples={bad!r} was taken")
+            except ValueError as e:
+                assert what in str(e), str(e)
+        try:
+            psd.torch.ParameterServer(c.manifest, m, samples=SAMPLES, init={"nope": ("zeros", 0)})
+            raise AssertionError("init naming no parameter was taken")
+        except ValueError as e:
+            assert "nope" in str(e), str(e)
+        seen = []
+        with psd.torch.ParameterServer(c.manifest, m, samples=SAMPLES) as ps:
+            assert torch.equal(m[1].weight.data, torch.ones(4)), m[1].weight.data  # constant 1
+            for _ in range(2):  # one batch, then the rest from a second batches()
+                for b in ps.batches():
+                    seen.append((b.pass_, b.offset))
+                    m.zero_grad()
+                    torch.nn.functional.mse_loss(m(x[b.indices]), y[b.indices]).backward()
+                    ps.step()
+                    break
+            for b in ps.batches():
+                seen.append((b.pass_, b.offset))
+                m.zero_grad()
+                torch.nn.functional.mse_loss(m(x[b.indices]), y[b.indices]).backward()
+                ps.step()
+        assert len(seen) == len(set(seen)) == SAMPLES * EPOCHS // BATCH, \
+            f"{len(seen)} batches, {len(set(seen))} different"
+        # asp: every push applied once, no batch twice (6 tensors of one chunk each here).
+        applied = c.metric("psd_updates_applied_total", 0) + c.metric("psd_updates_applied_total", 1)
+        assert applied == len(seen) * 6, f"{applied} updates applied for {len(seen)} batches"
+        try:
+            ps.rank
+            raise AssertionError("a closed client answered")
+        except psd.PsError as e:
+            assert e.name == "EINVAL" and "closed" in str(e), str(e)
+    finally:
+        c.stop()
+    print(f"misuse: {len(seen)} batches once across three batches() calls; closed client refused")
+
+
 def main():
     if len(sys.argv) == 4 and sys.argv[1] == "worker":
         worker_main(sys.argv[2], sys.argv[3])
@@ -336,6 +387,7 @@ def main():
         worker_killed(tmp)
         two_workers_asp(tmp)
         errors(tmp)
+        misuse(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

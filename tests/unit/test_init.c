@@ -15,6 +15,7 @@ static const psk_init_t KINDS[] = {
     {.kind = PSK_INIT_NORMAL, .arg = 0.02f},
     {.kind = PSK_INIT_UNIFORM, .arg = 0.5f},
     {.kind = PSK_INIT_XAVIER, .fan_in = 300, .fan_out = 100},
+    {.kind = PSK_INIT_CONSTANT, .arg = 1.0f},
 };
 
 static float *xmalloc_floats(size_t n)
@@ -198,6 +199,19 @@ static size_t count_equal(const float *a, const float *b, size_t n)
     return same;
 }
 
+/* constant: every element the value, whatever the seed or the offset. */
+START_TEST(test_constant)
+{
+    psk_init_t init = KINDS[4];
+    init.seed = psk_init_seed("ln.weight", 3);
+    float out[WHOLE];
+
+    memset(out, 0xff, sizeof out);
+    psk_init_cpu(out, WHOLE, (1ull << 33) + 1, &init);
+    for (size_t i = 0; i < WHOLE; i++) ck_assert_float_eq(out[i], 1.0f);
+}
+END_TEST
+
 START_TEST(test_names_differ)
 {
     static const char *names[] = {"layer1.weight", "layer1.bias", "layer2.weight", "", "a"};
@@ -258,11 +272,12 @@ Suite *ps_test_suite(void)
 
     tc = tcase_create("distributions");
     tcase_add_test(tc, test_zeros);
+    tcase_add_test(tc, test_constant);
     tcase_add_test(tc, test_uniform);
     tcase_add_test(tc, test_xavier);
     tcase_add_test(tc, test_xavier_zero_fan);
     tcase_add_test(tc, test_normal);
-    tcase_add_loop_test(tc, test_neighbours_uncorrelated, 0, nkinds - 1);
+    tcase_add_loop_test(tc, test_neighbours_uncorrelated, 0, 3); /* normal, uniform, xavier */
     suite_add_tcase(s, tc);
 
     tc = tcase_create("seeding");

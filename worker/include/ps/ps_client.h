@@ -42,7 +42,8 @@ typedef struct {
     const char *name;        /* unique in the cluster, < 128 bytes */
     uint32_t shape[4];
     int ndim;                /* 1..4 */
-    int init;                /* 0 zeros, 1 normal(init_arg = std), 2 uniform(init_arg = a), 3 xavier */
+    int init;                /* 0 zeros, 1 normal(init_arg = std), 2 uniform(init_arg = a), 3 xavier,
+                                4 constant(init_arg = the value) */
     float init_arg;
     uint64_t seed;
     uint64_t total_steps;    /* the job's planned steps, for the learning-rate schedule */

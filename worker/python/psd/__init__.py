@@ -10,13 +10,14 @@ $PSD_LIBPS, else build/worker/libps.so of the checkout this file is in, else the
 libps.so (after `meson install`).
 """
 import ctypes
+import errno
 import ctypes.util
 import os
 from array import array
 
 __all__ = ["PsError", "Client", "Batch", "batch_order", "library"]
 
-_INITS = {"zeros": 0, "normal": 1, "uniform": 2, "xavier": 3}
+_INITS = {"zeros": 0, "normal": 1, "uniform": 2, "xavier": 3, "constant": 4}
 CONSISTENCY = ("bsp", "asp", "ssp")
 
 
@@ -149,6 +150,7 @@ class Op:
         """Wait for it; returns the lowest chunk version (pulls). Raises PsError on failure."""
         if self.done:
             raise ValueError("this operation was waited for already")
+        self._client._live()  # its client closed: the operation went with it
         self.done = True
         v = ctypes.c_uint64(0)
         rc = library().ps_op_wait(self._op, ctypes.byref(v))
@@ -179,24 +181,31 @@ class Client:
         self.epochs, self.max_steps = job.epochs, job.max_steps
         self.workers_wanted = job.workers
 
+    def _live(self):
+        """The libps handle; PsError EINVAL once close()d (libps takes its pointers as given)."""
+        if not self._h:
+            raise PsError(-errno.EINVAL, "EINVAL", "the client is closed")
+        return self._h
+
     def error(self):
-        return library().ps_client_error(self._h).decode(errors="replace")
+        return library().ps_client_error(self._live()).decode(errors="replace")
 
     @property
     def rank(self):
-        return library().ps_client_rank(self._h)
+        return library().ps_client_rank(self._live())
 
     @property
     def workers(self):
-        return library().ps_client_workers(self._h)
+        return library().ps_client_workers(self._live())
 
     @property
     def shards(self):
-        return library().ps_client_shards(self._h)
+        return library().ps_client_shards(self._live())
 
     def declare(self, name, shape, init="zeros", init_arg=0.0, seed=0, total_steps=0):
         """Declare tensor `name` of `shape` (1 to 4 dimensions) on the shards, initialized there
-        (init: zeros, normal (std init_arg), uniform (a = init_arg), xavier); returns its id."""
+        (init: zeros, normal (std init_arg), uniform (a = init_arg), xavier, constant (every
+        value init_arg)); returns its id."""
         shape = tuple(int(s) for s in shape) or (1,)
         if not 1 <= len(shape) <= 4:
             raise ValueError(f"tensor {name}: {len(shape)} dimensions (psd holds 1 to 4)")
@@ -207,7 +216,7 @@ class Client:
         for i, s in enumerate(shape):
             d.shape[i] = s
         tid = ctypes.c_uint32()
-        _check(library().ps_client_declare(self._h, ctypes.byref(d), ctypes.byref(tid)),
+        _check(library().ps_client_declare(self._live(), ctypes.byref(d), ctypes.byref(tid)),
                self.error())
         return tid.value
 
@@ -215,22 +224,22 @@ class Client:
         """Push the gradient at address `addr` (the tensor's numel float32s) for `step`; `keep`
         (the object owning that memory) is held until the returned Op is waited for."""
         op = ctypes.c_void_p()
-        _check(library().ps_client_push(self._h, tid, addr, step, ctypes.byref(op)),
+        _check(library().ps_client_push(self._live(), tid, addr, step, ctypes.byref(op)),
                self.error())
         return Op(self, op, keep)
 
     def pull(self, tid, addr, min_version, keep=None):
         """Pull the parameters into address `addr` once every chunk reached `min_version`."""
         op = ctypes.c_void_p()
-        _check(library().ps_client_pull(self._h, tid, addr, min_version, ctypes.byref(op)),
+        _check(library().ps_client_pull(self._live(), tid, addr, min_version, ctypes.byref(op)),
                self.error())
         return Op(self, op, keep)
 
     def group_begin(self):
-        library().ps_client_group_begin(self._h)
+        library().ps_client_group_begin(self._live())
 
     def group_end(self):
-        library().ps_client_group_end(self._h)
+        library().ps_client_group_end(self._live())
 
     def next_batch(self, samples, done=None):
         """The next batch for a training set of `samples` (blocking until this worker's turn),
@@ -238,7 +247,7 @@ class Client:
         finished (`final_step` then holds its step)."""
         out = _BatchInfo()
         d = ctypes.byref(done._info) if done is not None else None
-        _check(library().ps_client_next_batch(self._h, samples, d, ctypes.byref(out)),
+        _check(library().ps_client_next_batch(self._live(), samples, d, ctypes.byref(out)),
                self.error())
         if out.finished:
             self.final_step = out.step
@@ -246,7 +255,7 @@ class Client:
         return Batch(out, None)
 
     def batch_done(self, b):
-        library().ps_client_batch_done(self._h, ctypes.byref(b._info))
+        library().ps_client_batch_done(self._live(), ctypes.byref(b._info))
 
     def close(self):
         """Leave the cluster and free the client (every Op must have been waited for)."""

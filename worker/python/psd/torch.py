@@ -1,7 +1,7 @@
 """Train a torch.nn.Module on psd: the shards hold its parameters and run the optimizer.
 
     import psd.torch
-    ps = psd.torch.ParameterServer("cluster.yaml", model, samples=len(dataset))
+    ps = psd.torch.ParameterServer("deploy/local/demo.yaml", model, samples=len(dataset))
     for batch in ps.batches():                        # the coordinator's batches for this worker
         x, y = inputs[batch.indices], targets[batch.indices]
         model.zero_grad()
@@ -10,14 +10,17 @@
     ps.close()                                        # the final parameters are in the model
 
 Each trainable parameter (requires_grad) becomes a tensor named as in model.named_parameters(),
-declared on the shards (the first worker's declaration creates it: weights of 2 or more
-dimensions start xavier, others zeros, unless `init` says otherwise) and pulled into the model
+declared on the shards (the first worker's declaration creates it: a parameter the model made
+one value for all, such as a norm layer's scale, starts at that value; other weights of 2 or more
+dimensions xavier, others zeros, unless `init` says otherwise) and pulled into the model
 before each batch (under bsp the parameters of that batch's step). The manifest's job says the
 optimizer, the consistency, the batch size and the passes; the learning-rate schedule runs over
 the steps job.workers workers take for `samples` samples (as psworker's). CPU float32
 contiguous parameters are pulled into and pushed from in place; others (CUDA, other dtypes) go
 through a float32 copy on the host.
 """
+import operator
+
 import torch
 
 import psd
@@ -40,12 +43,23 @@ class ParameterServer:
     at creation, leaves at close().
 
     init: {parameter name: (kind, arg)} for the shards' initialization (kind: zeros, normal,
-    uniform, xavier) of the parameters it names."""
+    uniform, xavier, constant) of the parameters it names; a name the model lacks is an error.
+    Others start as the model made them when that is one value for all (constant), else xavier
+    (2 or more dimensions) or zeros."""
 
     def __init__(self, manifest, model, samples, init=None, connect_timeout_ms=None):
-        if samples <= 0:
-            raise ValueError(f"samples must be > 0, got {samples}")
-        self.samples = int(samples)
+        try:
+            n = operator.index(samples)  # int, numpy integers; not 0.5 or "128"
+        except TypeError:
+            n = 0
+        if isinstance(samples, bool) or n <= 0:
+            raise ValueError(f"samples must be a whole number > 0, got {samples!r}")
+        self.samples = n
+        init = dict(init or {})
+        names = {name for name, _ in model.named_parameters()}
+        unknown = sorted(set(init) - names)
+        if unknown:
+            raise ValueError(f"init names no parameter of the model: {', '.join(unknown)}")
         self.client = psd.Client(manifest, connect_timeout_ms=connect_timeout_ms)
         c = self.client
         per_step = c.batch_size * max(c.workers_wanted, 1)
@@ -55,12 +69,12 @@ class ParameterServer:
         self.model = model
         self._params = []  # (parameter, id)
         self._host = {}  # id -> float32 host copy, for parameters not pulled in place
-        init = init or {}
+        self._done = None  # the last batch stepped and not yet reported by a next_batch
         try:
             for name, p in model.named_parameters():
                 if not p.requires_grad:
                     continue  # frozen: stays this worker's, never pushed
-                kind, arg = init.get(name, ("xavier" if p.dim() >= 2 else "zeros", 0.0))
+                kind, arg = init.get(name) or self._default_init(p)
                 tid = c.declare(name, tuple(p.shape) or (1,), init=kind, init_arg=arg,
                                 total_steps=total)
                 self._params.append((p, tid))
@@ -72,6 +86,17 @@ class ParameterServer:
         except BaseException:
             c.close()
             raise
+
+    @staticmethod
+    def _default_init(p):
+        """A parameter the model made constant (a norm layer's scale 1, a bias 0) starts so on
+        the shards; others xavier (2 or more dimensions) or zeros."""
+        with torch.no_grad():
+            flat = p.detach().reshape(-1)
+            if flat.numel() and bool((flat == flat[0]).all()) and torch.isfinite(flat[0]):
+                v = float(flat[0])
+                return ("constant", v) if v != 0.0 else ("zeros", 0.0)
+        return ("xavier", 0.0) if p.dim() >= 2 else ("zeros", 0.0)
 
     @property
     def rank(self):
@@ -100,10 +125,14 @@ class ParameterServer:
         """The batches the coordinator hands this worker: each a psd.Batch whose `indices` (a
         list) name its samples; the model holds the parameters of its step. Call step() once
         per batch. At the end the model holds the final parameters."""
-        order, order_pass, done = None, None, None
+        order, order_pass = None, None
         bsp = self.client.consistency == "bsp"
         while True:
-            b = self.client.next_batch(self.samples, done)
+            # The last batch stepped is reported here, also by a later call of batches() (a
+            # batch the coordinator never hears of is handed out again: applied twice under
+            # asp). Until it answers, this worker holds no other batch.
+            b = self.client.next_batch(self.samples, self._done)
+            self._done = None
             if b is None:
                 break
             if b.pass_ != order_pass:
@@ -115,7 +144,6 @@ class ParameterServer:
             yield b
             if not self._stepped:
                 raise RuntimeError(f"batch of step {b.step}: call step() once per batch")
-            done = b
         self.final_step = self.client.final_step
         self._batch = None
         self.pull(self.final_step if bsp else 0)
@@ -143,6 +171,7 @@ class ParameterServer:
             self.client.group_end()
             _wait_all(ops)
         self._stepped = True
+        self._done = b  # the next next_batch reports it, whichever batches() asks
         self.client.batch_done(b)  # a leave from here on reports it: it is never handed again
 
     def close(self):
