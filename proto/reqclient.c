@@ -267,6 +267,9 @@ int ps_req_call(ps_req_t *c, uint32_t shard, ps_msg_t *req, ps_msg_t *reply,
     *reply = c->reply;
     if (reply->type == PS_MSG_ERROR) {
         snprintf(err, errlen, "shard %u: %s", shard, reply->error);
+        /* The connection's one proof was refused (a clock off, say): the next call connects
+         * again with a fresh one, so a caller that keeps asking recovers once it is fixed. */
+        if (reply->status == PS_EAUTH) c->eps[shard].failed = 1;
         return reply->status < 0 ? reply->status : PS_EPROTO;
     }
     if (data) {

@@ -88,6 +88,13 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
              * first failure and every 10 s, so that a cluster down or a wrong manifest is
              * seen at once. */
             time_t now = time(NULL);
+            if (rc == PS_EAUTH) { /* as psworker: a secret or a clock to fix, not to wait out */
+                fprintf(stderr, "pslaunch: %s\n", err);
+                for (int i = 0; i < nlive; i++) kill(pids[i], SIGTERM);
+                while (nlive > 0 && wait(NULL) > 0) nlive--;
+                ps_req_close(ctl);
+                return 2;
+            }
             if (rc && silent_since == 0) silent_since = now;
             if (rc && (said == 0 || now - said >= 10)) {
                 fprintf(stderr, "pslaunch: the coordinator %s (for %lld s; asking again every "

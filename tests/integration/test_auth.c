@@ -78,6 +78,12 @@ START_TEST(test_secret_required)
                       strstr(s1, "\"auth_refused\": 1, "),
                   "refusals: %s", log);
     free(log);
+    /* pslaunch --follow with another secret exits 2 with the reason, as psworker does (it
+     * asked again every 200 ms for good before). */
+    char *argv_l[] = {(char *)cl_binary("PSLAUNCH"), "--manifest", m_wrong, "--follow", NULL};
+    cl_proc_t *launch = cl_spawn(c, "pslaunch-wrong", argv_l);
+    EXPECT_EXIT(launch, 2);
+    EXPECT_LOG(launch, "authentication refused: the proof is not signed with this cluster's");
     EXPECT_LOG(psd[0], "hello refused: the proof is not signed with this cluster's secret");
     stop_all(psd, 2);
     cl_cluster_destroy(c);
