@@ -76,6 +76,7 @@ static const char *reason_of(int status)
     case 405: return "Method Not Allowed";
     case 431: return "Request Header Fields Too Large";
     case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
     case 503: return "Service Unavailable";
     default: return "Unknown";
     }
@@ -130,9 +131,21 @@ static void answer_error(hconn_t *c, int status, const char *why)
 
 /* The request head is complete in c->head (NUL-terminated at its end): check the request
  * line, then hand the path to the handler. */
+/* Whether @p m is one of HTTP's methods (RFC 9110 and PATCH): those psd does not serve get
+ * 405, any other word 501. */
+static bool known_method(const char *m)
+{
+    static const char *const known[] = {"POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE",
+                                        "PATCH"};
+    for (size_t i = 0; i < sizeof known / sizeof *known; i++)
+        if (strcmp(m, known[i]) == 0) return true;
+    return false;
+}
+
 static void handle_request(hconn_t *c)
 {
     char *line = c->head;
+    line += strspn(line, "\r\n"); /* empty lines before the request line are ignored */
     size_t ll = strcspn(line, "\r\n");
     line[ll] = '\0';
     char *method = line, *sp1 = strchr(line, ' ');
@@ -153,10 +166,23 @@ static void handle_request(hconn_t *c)
             answer_error(c, 400, "the method is not a word in capitals");
             return;
         }
+    if (method[0] == '\0') {
+        answer_error(c, 400, "the request line has no method");
+        return;
+    }
     bool head_only = strcmp(method, "HEAD") == 0;
     if (!head_only && strcmp(method, "GET") != 0) {
-        answer_error(c, 405, "only GET and HEAD are served");
+        if (known_method(method))
+            answer_error(c, 405, "only GET and HEAD are served");
+        else
+            answer_error(c, 501, "only GET and HEAD are served");
         return;
+    }
+    /* The absolute form (http://host[:port]/path, as a proxy sends it) means its path. */
+    char root[] = "/";
+    if (strncmp(target, "http://", 7) == 0) {
+        char *path = strchr(target + 7, '/');
+        target = path ? path : root;
     }
     if (target[0] != '/') {
         answer_error(c, 400, "the path does not start with '/'");

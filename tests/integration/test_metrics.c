@@ -208,6 +208,10 @@ START_TEST(test_metrics_hostile_clients)
         {R("GET /a\x01 HTTP/1.1\r\n\r\n"), 400, "control or non-ASCII byte"},
         {R("GET /metrics HTTP/1.1\r\nX: \0\r\n\r\n"), 400, "holds a NUL byte"},
         {R("GET /secrets HTTP/1.1\r\n\r\n"), 404, "no /secrets here"},
+        {R("BREW /metrics HTTP/1.1\r\n\r\n"), 501, "only GET and HEAD"},
+        /* As RFC 9112 asks: an empty line first is ignored, the absolute form is its path. */
+        {R("\r\nGET /healthz HTTP/1.1\r\n\r\n"), 200, NULL},
+        {R("GET http://127.0.0.1/healthz?x HTTP/1.1\r\n\r\n"), 200, NULL},
         {R("GET /metrics\r\n"), 0, NULL}, /* then EOF: no whole request, a close */
 #undef R
     };
