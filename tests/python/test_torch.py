@@ -10,6 +10,7 @@
 Run by meson (test torch_frontend) with PSD, PSD_LIBPS and PYTHONPATH set; exit 77 without torch.
 """
 import json
+import array
 import math
 import os
 import random
@@ -79,7 +80,7 @@ class Cluster:
             p = free_port()
             if p not in ports:
                 ports.append(p)
-        self.metrics_ports = ports[2:]
+        self.ports, self.metrics_ports = ports[:2], ports[2:]
         with open(self.manifest, "w") as f:
             f.write(f"cluster: torch-{os.getpid()}-{name}\nchunk_bytes: 4096\nmap_size_mb: 64\n"
                     "servers:\n")
@@ -373,9 +374,50 @@ def misuse(tmp):
     print(f"misuse: {len(seen)} batches once across three batches() calls; closed client refused")
 
 
+def sigint_main(kind, manifest):
+    """A process for ctrl_c(): blocked in the join (kind "join") or in a pull that waits for a
+    version nobody makes (kind "pull")."""
+    c = psd.Client(manifest)
+    tid = c.declare("t", (4,))
+    buf = array.array("f", [0.0] * 4)
+    print("waiting", flush=True)
+    c.pull(tid, buf.buffer_info()[0], 1, keep=buf).wait()  # step 0 is never pushed
+
+
+def ctrl_c(tmp):
+    """Ctrl-C stops a call that blocks in libps: before, Python's handler waited for the call
+    to return (the join's 30 s, or for good)."""
+    c = Cluster(tmp, "ctrl-c", 1)
+    try:
+        down = os.path.join(c.dir, "down.yaml")  # the same cluster at a port nobody holds
+        with open(c.manifest) as f, open(down, "w") as g:
+            g.write(f.read().replace(f"port: {c.ports[0]}", f"port: {free_port()}"))
+        for kind, manifest in (("join", down), ("pull", c.manifest)):
+            p = subprocess.Popen([sys.executable, __file__, "sigint", kind, manifest],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            if kind == "pull":
+                assert p.stdout.readline().strip() == "waiting", "the pull never started"
+            else:
+                time.sleep(1)  # inside the join's retries
+            p.send_signal(signal.SIGINT)
+            try:
+                _, err = p.communicate(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+                raise AssertionError(f"{kind}: still blocked 15 s after Ctrl-C")
+            assert p.returncode != 0 and "KeyboardInterrupt" in err, f"{kind}: {err[-600:]}"
+    finally:
+        c.stop()
+    print("ctrl-c: a blocked join and a blocked pull stop")
+
+
 def main():
     if len(sys.argv) == 4 and sys.argv[1] == "worker":
         worker_main(sys.argv[2], sys.argv[3])
+        return
+    if len(sys.argv) == 4 and sys.argv[1] == "sigint":
+        sigint_main(sys.argv[2], sys.argv[3])
         return
     tmp = tempfile.mkdtemp(prefix="psd-torch.")
     try:
@@ -388,6 +430,7 @@ def main():
         two_workers_asp(tmp)
         errors(tmp)
         misuse(tmp)
+        ctrl_c(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -12,7 +12,10 @@ libps.so (after `meson install`).
 import ctypes
 import errno
 import ctypes.util
+import operator
 import os
+import signal
+import threading
 from array import array
 
 __all__ = ["PsError", "Client", "Batch", "batch_order", "library"]
@@ -82,6 +85,7 @@ def library():
         "ps_client_create": (I, [ctypes.c_char_p, ctypes.POINTER(_Opts), ctypes.POINTER(P),
                                  ctypes.c_char_p, ctypes.c_size_t]),
         "ps_client_destroy": (None, [P]),
+        "ps_client_interrupt": (None, [P]),
         "ps_client_rank": (I, [P]),
         "ps_client_workers": (U32, [P]),
         "ps_client_shards": (U32, [P]),
@@ -159,21 +163,89 @@ class Op:
         return v.value
 
 
+class _CtrlC:
+    """Ctrl-C while a libps call blocks. Python runs its SIGINT handler only between bytecodes,
+    never inside a C call, so a worker waiting on a stalled cluster would not stop. Python's own
+    C-level handler writes the signal's number to the wakeup fd at once: a thread reading it
+    sets the join's cancel flag and calls ps_client_interrupt (safe at any time), the blocked
+    call returns, and Python raises KeyboardInterrupt. Only in the main thread with Python's
+    default SIGINT handler and no wakeup fd of someone else's (asyncio's): otherwise nothing."""
+
+    def __init__(self):
+        self.flag = ctypes.c_int(0)  # ps_client_opts_t.cancel (a sig_atomic_t)
+        self.handle = None  # the client, once made
+        self.lock = threading.Lock()  # the thread's interrupt against close()'s destroy
+        self._r = self._w = None
+        if (threading.current_thread() is not threading.main_thread() or
+                signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+            return
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        try:
+            old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        except ValueError:
+            old = None
+        if old != -1:  # not allowed here, or someone else's: theirs stays
+            if old is not None:
+                signal.set_wakeup_fd(old)
+            os.close(r)
+            os.close(w)
+            return
+        self._r, self._w = r, w
+        threading.Thread(target=self._run, name="psd-ctrl-c", daemon=True).start()
+
+    def _run(self):
+        while True:
+            try:
+                data = os.read(self._r, 64)
+            except OSError:
+                data = b""
+            if not data:  # stop() closed the other end
+                os.close(self._r)
+                return
+            if signal.SIGINT in data:
+                self.flag.value = 1
+                with self.lock:
+                    if self.handle:
+                        library().ps_client_interrupt(self.handle)
+
+    def stop(self):
+        """Give the wakeup fd back (main thread only: elsewhere it stays until exit)."""
+        if self._w is None or threading.current_thread() is not threading.main_thread():
+            return
+        cur = signal.set_wakeup_fd(-1)
+        if cur != self._w:  # someone set theirs since: theirs stays
+            signal.set_wakeup_fd(cur)
+        os.close(self._w)  # the thread reads the end of the pipe and ends
+        self._w = None
+
+
 class Client:
     """One libps client: joins the cluster of `manifest` (blocking; retries unreachable shards
-    for `connect_timeout_ms`), leaves at close()."""
+    for `connect_timeout_ms`), leaves at close(). Ctrl-C stops a call that blocks (_CtrlC):
+    KeyboardInterrupt, and the client is then good only for close()."""
 
     def __init__(self, manifest, connect_timeout_ms=None):
         lib = library()
         opts = _Opts()
         if connect_timeout_ms is not None:
-            opts.field_mask, opts.connect_timeout_ms = 1, int(connect_timeout_ms)
+            ms = operator.index(connect_timeout_ms)
+            if not 0 <= ms < 2**32:
+                raise ValueError(f"connect_timeout_ms must be 0 to 2^32 - 1, got {ms}")
+            opts.field_mask, opts.connect_timeout_ms = 1, ms
+        self._h = None
+        self._ctrl_c = _CtrlC()
+        opts.field_mask |= 2  # PS_CLIENT_OPT_CANCEL
+        opts.cancel = ctypes.addressof(self._ctrl_c.flag)
         err = ctypes.create_string_buffer(1024)
         h = ctypes.c_void_p()
         rc = lib.ps_client_create(os.fsencode(manifest), ctypes.byref(opts), ctypes.byref(h), err,
                                   len(err))
+        if rc:
+            self._ctrl_c.stop()
         _check(rc, err.value.decode(errors="replace"))
         self._h = h
+        self._ctrl_c.handle = h
         job = _JobInfo()
         lib.ps_client_job(h, ctypes.byref(job))
         self.consistency = CONSISTENCY[job.consistency]
@@ -260,8 +332,10 @@ class Client:
     def close(self):
         """Leave the cluster and free the client (every Op must have been waited for)."""
         if self._h:
-            library().ps_client_destroy(self._h)
-            self._h = None
+            with self._ctrl_c.lock:
+                h, self._h, self._ctrl_c.handle = self._h, None, None
+            library().ps_client_destroy(h)
+            self._ctrl_c.stop()
 
     def __enter__(self):
         return self
