@@ -344,6 +344,14 @@ def misuse(tmp):
             raise AssertionError("init naming no parameter was taken")
         except ValueError as e:
             assert "nope" in str(e), str(e)
+        deep = torch.nn.Sequential(torch.nn.Linear(2, 2))
+        for _ in range(60):  # a name longer than psd's 127 bytes
+            deep = torch.nn.Sequential(deep)
+        try:
+            psd.torch.ParameterServer(c.manifest, deep, samples=SAMPLES)
+            raise AssertionError("a 128-byte name was taken")
+        except psd.PsError as e:
+            assert e.name == "EINVAL" and "parameter '0.0.0." in str(e), str(e)
         seen = []
         with psd.torch.ParameterServer(c.manifest, m, samples=SAMPLES) as ps:
             assert torch.equal(m[1].weight.data, torch.ones(4)), m[1].weight.data  # constant 1

@@ -74,9 +74,19 @@ class ParameterServer:
             for name, p in model.named_parameters():
                 if not p.requires_grad:
                     continue  # frozen: stays this worker's, never pushed
+                if p.is_complex() or "\0" in name:
+                    raise ValueError(f"parameter {name!r}: "
+                                     + ("complex values" if p.is_complex() else "a NUL in its name")
+                                     + " cannot be held on psd's float32 shards")
                 kind, arg = init.get(name) or self._default_init(p)
-                tid = c.declare(name, tuple(p.shape) or (1,), init=kind, init_arg=arg,
-                                total_steps=total)
+                try:
+                    tid = c.declare(name, tuple(p.shape) or (1,), init=kind, init_arg=arg,
+                                    total_steps=total)
+                except psd.PsError as e:  # say which parameter
+                    raise psd.PsError(e.code, e.name, f"parameter {name!r}: "
+                                      f"{str(e)[len(e.name) + 2:]}") from e
+                except ValueError as e:
+                    raise ValueError(f"parameter {name!r}: {e}") from e
                 self._params.append((p, tid))
             self._zeros = {}
             self._batch = None
@@ -164,6 +174,8 @@ class ParameterServer:
                     g = self._zeros.setdefault(p.numel(), torch.zeros(p.numel()))
                 else:
                     g = g.detach()
+                    if g.is_sparse:  # nn.Embedding(sparse=True): pushed dense
+                        g = g.to_dense()
                     if not self._in_place(g):
                         g = g.to(device="cpu", dtype=torch.float32).contiguous()
                 ops.append(self.client.push(tid, g.data_ptr(), b.step, keep=g))
