@@ -5,6 +5,7 @@
  * (kill -9, SIGSTOP, scaling) are in test_elastic.c. */
 #include <check.h>
 #include <errno.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -551,6 +552,134 @@ START_TEST(test_stray_bytes_on_port)
 }
 END_TEST
 
+/* A connection request as a psd client's UCP 1.13 sends it to 127.0.0.1 (server/cmguard.c has
+ * the format), by its fields' offsets: tcp_sockcm's header (the length of what follows, a
+ * status), UCP's sockaddr data v1 (endpoint id, error mode, address mode, device), then a
+ * worker address v1 with one device and its TCP transport (name checksum, attributes, its port,
+ * one endpoint address of lane 1). The ports name nothing: psd answers, then fails to reach
+ * them. */
+enum {
+    RQ_EP_ID = 16,
+    RQ_SA_HEADER = 24,
+    RQ_ADDR_MODE = 25,
+    RQ_ADDR_HEADER = 27,
+    RQ_MD = 28,
+    RQ_DEV_LEN = 29,
+    RQ_TL_CSUM = 30,
+    RQ_OVERHEAD = 32,
+    RQ_BANDWIDTH = 36,
+    RQ_LAT_OVH = 40,
+    RQ_FLAGS = 44,
+    RQ_TL_LEN = 48,
+    RQ_IFACE = 49,
+    RQ_EP_LEN = 51,
+    RQ_EP = 52,
+    RQ_LANE = 62,
+    RQ_SIZE = 63,
+};
+
+/* Write @p v at @p p, little-endian, in @p n bytes. */
+static void put_le(uint8_t *p, uint64_t v, unsigned n)
+{
+    for (unsigned i = 0; i < n; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void request_build(uint8_t rq[RQ_SIZE])
+{
+    const float attr[3] = {50e-6f, 12.5e6f, 11e-6f}; /* overhead, bandwidth, latency */
+    memset(rq, 0, RQ_SIZE);
+    rq[0] = RQ_SIZE - 16;               /* the length of what follows; status 0 */
+    rq[RQ_EP_ID] = 3;                   /* the client endpoint's id */
+    rq[RQ_SA_HEADER] = 0x01;            /* sa_data v1, error handling mode PEER */
+    rq[RQ_ADDR_MODE] = 2;               /* the CM address mode; device 0 */
+    rq[RQ_ADDR_HEADER] = 0x00;          /* address v1, no flags */
+    rq[RQ_MD] = 0x21;                   /* md 1, which registers memory */
+    rq[RQ_DEV_LEN] = 0x80;              /* the last device, no address */
+    put_le(rq + RQ_TL_CSUM, 0x19cf, 2); /* crc16 of "tcp" */
+    memcpy(rq + RQ_OVERHEAD, attr, sizeof attr);
+    put_le(rq + RQ_FLAGS, 0x00231301, 4); /* priority 1, capability flags */
+    rq[RQ_TL_LEN] = 0xc2;                 /* the last transport, with endpoints; 2 bytes */
+    rq[RQ_IFACE] = 1;                     /* its port */
+    rq[RQ_EP_LEN] = 10;
+    rq[RQ_EP] = 1; /* the endpoint address: port, then id */
+    rq[RQ_EP + 2] = 3;
+    rq[RQ_LANE] = 0x81; /* the last endpoint address, lane 1 */
+}
+
+/* Read what psd answers on @p fd (tcp_sockcm's header and data) for up to 2 s: the header's
+ * length field, or -1 for none. */
+static long long reply_length(int fd)
+{
+    uint8_t buf[256];
+    size_t got = 0;
+    uint64_t len = 0;
+    while (got < 16 || got < 16 + len) {
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        if (poll(&pf, 1, 2000) <= 0) return -1;
+        ssize_t n = read(fd, buf + got, sizeof buf - got);
+        if (n <= 0) return -1;
+        got += (size_t)n;
+        if (got >= 16) memcpy(&len, buf, sizeof len);
+        if (len > sizeof buf - 16) return -1;
+    }
+    return buf[8] == 0 ? (long long)len : -1; /* status 0: accepted */
+}
+
+/* Connection requests of the right shape whose fields UCP 1.13 trusts leave psd serving: each
+ * of these aborted it (an assertion in UCP) before cmguard.c parsed requests, as did the
+ * notification with status 1 after the request they are made from, which psd answers. */
+START_TEST(test_crafted_requests_on_port)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1, .max_steps = 20};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    static const struct {
+        const char *what; /* and UCP's assertion that failed */
+        unsigned at, width;
+        uint64_t value;
+    } crafted[] = {
+        {"endpoint id 0 (ucp_ep.inl: remote_id != 0)", RQ_EP_ID, 8, 0},
+        {"address version 2 (address.c: addr_version == V2)", RQ_ADDR_HEADER, 1, 2},
+        {"address version 15", RQ_ADDR_HEADER, 1, 0x0f},
+        {"address version 8, flag DEBUG_INFO", RQ_ADDR_HEADER, 1, 0x18},
+        {"overhead NaN (select.c: score >= 0.0)", RQ_OVERHEAD, 4, 0x7fc00000},
+        {"overhead -1", RQ_OVERHEAD, 4, 0xbf800000},
+        {"overhead -3.4e38", RQ_OVERHEAD, 4, 0xff7fc99e},
+        {"bandwidth NaN", RQ_BANDWIDTH, 4, 0xffc00000},
+        {"latency NaN", RQ_LAT_OVH, 4, 0x7fc00000},
+    };
+    for (size_t i = 0; i < sizeof crafted / sizeof *crafted; i++) {
+        uint8_t rq[RQ_SIZE];
+        request_build(rq);
+        put_le(rq + crafted[i].at, crafted[i].value, crafted[i].width);
+        send_bytes(c->port[0], rq, sizeof rq);
+        struct timespec ts = {0, 50 * 1000 * 1000}; /* UCP parses it on psd's next loop turn */
+        nanosleep(&ts, NULL);
+        ck_assert_msg(cl_alive(psd), "psd died of a request with %s: %s", crafted[i].what,
+                      cl_tail(psd));
+    }
+    /* The request itself is answered; its notification with a status that is not an error
+     * (UCP asserts it is one, ucp_ep.c "status < 0") reads as the end of the connection. */
+    uint8_t rq[RQ_SIZE];
+    request_build(rq);
+    int fd = cl_tcp_connect(c->port[0]);
+    ck_assert(write(fd, rq, sizeof rq) == (ssize_t)sizeof rq);
+    ck_assert_msg(reply_length(fd) > 0, "psd did not answer a well-formed request: %s",
+                  cl_tail(psd));
+    const uint8_t notify[16] = {0, 0, 0, 0, 0, 0, 0, 0, 1}; /* status 1: UCS_INPROGRESS */
+    ck_assert(write(fd, notify, sizeof notify) == (ssize_t)sizeof notify);
+    struct timespec ts = {0, 100 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    close(fd);
+    ck_assert_msg(cl_alive(psd), "psd died of a notification with status 1: %s", cl_tail(psd));
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    EXPECT_EXIT(w, 0);
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* A worker whose cluster is down keeps trying to join (for its connect timeout, 30 s); a SIGTERM
  * meanwhile ends it at once, with 128 + SIGTERM and the reason. Before, the join went on to its
  * timeout and the worker then exited 1, the signal ignored. */
@@ -639,6 +768,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("sigterm_shard_gone", test_sigterm_shard_gone));
     suite_add_tcase(s, tcase("sigterm_shard_stopped", test_sigterm_shard_stopped));
     suite_add_tcase(s, tcase("stray_bytes_on_port", test_stray_bytes_on_port));
+    suite_add_tcase(s, tcase("crafted_requests_on_port", test_crafted_requests_on_port));
     suite_add_tcase(s, tcase("sigterm_while_joining", test_sigterm_while_joining));
     suite_add_tcase(s, tcase("api_misuse_refused", test_api_misuse_refused));
     suite_add_tcase(s, tcase("worker_says_shard_silent", test_worker_says_shard_silent));
