@@ -17,7 +17,7 @@
 
 #include "manifest.h"
 
-#define PS_AUTH_VERSION 1
+#define PS_AUTH_VERSION 2 /* 2: signs the shard (host:port) too */
 #define PS_AUTH_NONCE 16
 #define PS_AUTH_MAC 32
 /* version (1) + Unix time in seconds, big-endian (8) + nonce + HMAC-SHA256 */

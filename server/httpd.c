@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "ucx_loop.h" /* ps_sockaddr_resolve */
 
@@ -129,8 +130,6 @@ static void answer_error(hconn_t *c, int status, const char *why)
     answer(c, &r, false);
 }
 
-/* The request head is complete in c->head (NUL-terminated at its end): check the request
- * line, then hand the path to the handler. */
 /* Whether @p m is one of HTTP's methods (RFC 9110 and PATCH): those psd does not serve get
  * 405, any other word 501. */
 static bool known_method(const char *m)
@@ -142,6 +141,8 @@ static bool known_method(const char *m)
     return false;
 }
 
+/* The request head is complete in c->head (NUL-terminated at its end): check the request
+ * line, then hand the path to the handler. */
 static void handle_request(hconn_t *c)
 {
     char *line = c->head;
@@ -180,9 +181,9 @@ static void handle_request(hconn_t *c)
     }
     /* The absolute form (http://host[:port]/path, as a proxy sends it) means its path. */
     char root[] = "/";
-    if (strncmp(target, "http://", 7) == 0) {
-        char *path = strchr(target + 7, '/');
-        target = path ? path : root;
+    if (strncasecmp(target, "http://", 7) == 0) {
+        char *path = target + 7 + strcspn(target + 7, "/?#"); /* the authority ends there */
+        target = *path == '/' ? path : root;
     }
     if (target[0] != '/') {
         answer_error(c, 400, "the path does not start with '/'");

@@ -66,7 +66,7 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
     }
     pid_t pids[FOLLOW_MAX];
     int stopping[FOLLOW_MAX];
-    int nlive = 0, finished = 0, failures = 0;
+    int nlive = 0, finished = 0, failures = 0, answered = 0;
     long next_index = 0;
     time_t silent_since = 0, said = 0; /* the coordinator unreachable since, and said at */
     struct timespec ts = {poll_ms / 1000, (poll_ms % 1000) * 1000000L};
@@ -88,13 +88,15 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
              * first failure and every 10 s, so that a cluster down or a wrong manifest is
              * seen at once. */
             time_t now = time(NULL);
-            if (rc == PS_EAUTH) { /* as psworker: a secret or a clock to fix, not to wait out */
+            if (rc == PS_EAUTH && !answered) {
+                /* As psworker: a secret or a clock to fix at the start, not to wait out. Once
+                 * it was answered, a refusal (a clock stepped) is asked again with a fresh
+                 * proof like any other failure. */
                 fprintf(stderr, "pslaunch: %s\n", err);
-                for (int i = 0; i < nlive; i++) kill(pids[i], SIGTERM);
-                while (nlive > 0 && wait(NULL) > 0) nlive--;
                 ps_req_close(ctl);
                 return 2;
             }
+            answered |= rc == 0;
             if (rc && silent_since == 0) silent_since = now;
             if (rc && (said == 0 || now - said >= 10)) {
                 fprintf(stderr, "pslaunch: the coordinator %s (for %lld s; asking again every "

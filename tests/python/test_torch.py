@@ -385,6 +385,7 @@ def misuse(tmp):
 def sigint_main(kind, manifest):
     """A process for ctrl_c(): blocked in the join (kind "join") or in a pull that waits for a
     version nobody makes (kind "pull")."""
+    print("joining", flush=True)
     c = psd.Client(manifest)
     tid = c.declare("t", (4,))
     buf = array.array("f", [0.0] * 4)
@@ -403,6 +404,7 @@ def ctrl_c(tmp):
         for kind, manifest in (("join", down), ("pull", c.manifest)):
             p = subprocess.Popen([sys.executable, __file__, "sigint", kind, manifest],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            assert p.stdout.readline().strip() == "joining", "the worker never started"
             if kind == "pull":
                 assert p.stdout.readline().strip() == "waiting", "the pull never started"
             else:

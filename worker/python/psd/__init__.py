@@ -239,11 +239,15 @@ class Client:
         opts.cancel = ctypes.addressof(self._ctrl_c.flag)
         err = ctypes.create_string_buffer(1024)
         h = ctypes.c_void_p()
-        rc = lib.ps_client_create(os.fsencode(manifest), ctypes.byref(opts), ctypes.byref(h), err,
-                                  len(err))
-        if rc:
+        try:  # a Ctrl-C lands as the call returns: the wakeup fd goes back whatever happens
+            rc = lib.ps_client_create(os.fsencode(manifest), ctypes.byref(opts), ctypes.byref(h),
+                                      err, len(err))
+            _check(rc, err.value.decode(errors="replace"))
+        except BaseException:
+            if h:
+                lib.ps_client_destroy(h)
             self._ctrl_c.stop()
-        _check(rc, err.value.decode(errors="replace"))
+            raise
         self._h = h
         self._ctrl_c.handle = h
         job = _JobInfo()
@@ -334,8 +338,10 @@ class Client:
         if self._h:
             with self._ctrl_c.lock:
                 h, self._h, self._ctrl_c.handle = self._h, None, None
-            library().ps_client_destroy(h)
-            self._ctrl_c.stop()
+            try:
+                library().ps_client_destroy(h)
+            finally:
+                self._ctrl_c.stop()
 
     def __enter__(self):
         return self

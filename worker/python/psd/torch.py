@@ -32,8 +32,8 @@ def _wait_all(ops):
     for op in ops:
         try:
             op.wait()
-        except Exception as e:  # the others must still be waited for before anything is freed
-            first = first or e
+        except BaseException as e:  # Ctrl-C too: the others must still be waited for before
+            first = first or e      # their buffers are freed (interrupted ones end soon)
     if first:
         raise first
 
