@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "jsonfield.h"
 #include "manifest.h"
@@ -405,7 +406,11 @@ int main(int argc, char **argv)
                 printf(", metrics http://%s:%u/metrics", sc->metrics_host, sc->metrics_port);
             printf("\n");
         }
-        if (ctl.m.secret_file[0]) { /* this host's copy: every host needs the same bytes */
+        if (ctl.m.secret_file[0] && access(ctl.m.secret_file, F_OK) != 0) {
+            /* Checked for a deployment elsewhere (a Kubernetes ConfigMap, say): not here. */
+            printf("  peers prove the secret in %s (not on this host: each host needs it)\n",
+                   ctl.m.secret_file);
+        } else if (ctl.m.secret_file[0]) { /* this host's copy: every host needs the same */
             static ps_auth_t a;
             if (ps_auth_load(&a, &ctl.m, err, sizeof err)) {
                 fprintf(stderr, "psctl: check: %s\n", err);

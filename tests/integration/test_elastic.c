@@ -454,7 +454,7 @@ static void asp_pair_start(asp_stop_t *r, int hb_ms, const char *top_extra, cons
     memcpy(r->argv, argv, sizeof argv);
     char napv[16];
     snprintf(napv, sizeof napv, "%d", nap_ms);
-    setenv("REPLAY_NAP_MS", napv, 1);
+    if (nap_ms) setenv("REPLAY_NAP_MS", napv, 1);
     r->w[0] = cl_spawn(r->c, "replay0", r->argv);
     r->w[1] = cl_spawn(r->c, "replay1", r->argv);
     unsetenv("REPLAY_NAP_MS");
