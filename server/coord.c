@@ -381,6 +381,13 @@ static uint64_t grace_ms(const psd_server_t *srv)
 }
 static uint32_t popcount(uint64_t x) { return (uint32_t)__builtin_popcountll(x); }
 
+/* Now on the loop's clock, never 0 (hold_ms 0 means no hold). */
+static uint64_t hold_now(const psd_server_t *srv)
+{
+    uint64_t now = uv_now(srv->loop);
+    return now ? now : 1;
+}
+
 /* A peer's host name as psd keeps it: what a host name or address may hold ([A-Za-z0-9.:_-],
  * brackets) and '?' for anything else, so that a hostile hello cannot write JSON (status) or
  * control bytes (logs, psctl) through it. */
@@ -567,7 +574,7 @@ static void hand_out(psd_server_t *srv)
         co->held = true; /* every shard must know the checkpoint's step first */
         if (co->hold_ahead) { /* the 10 s limit runs from here */
             co->hold_ahead = false;
-            co->hold_ms = uv_now(srv->loop) ? uv_now(srv->loop) : 1;
+            co->hold_ms = hold_now(srv);
             PS_LOG(PS_LOG_INFO, "coord", "step %llu reached: held for its checkpoint",
                    (unsigned long long)co->s.step);
         }
@@ -692,11 +699,13 @@ static uint64_t slowest(const psd_coord_t *co)
     return low == UINT64_MAX ? 0 : low;
 }
 
-static bool any_outstanding(const psd_coord_t *co)
+/* asp / ssp: the batches handed out and not yet reported (their pushes may be part-way). */
+static uint32_t in_flight(const psd_coord_t *co)
 {
+    uint32_t n = 0;
     for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
-        if ((co->s.active >> r & 1) && co->s.m[r].has_batch) return true;
-    return false;
+        n += (co->s.active >> r & 1) && co->s.m[r].has_batch;
+    return n;
 }
 
 /* asp / ssp with job.max_steps (a cap on each worker's steps): once every member has done its
@@ -744,7 +753,7 @@ static void serve_async(psd_server_t *srv, uint32_t r)
             return; /* too far ahead: wait for the slowest */
         if (co->hold_ms) return; /* a checkpoint drains the batches in flight (hold_async) */
         if (!ps_cursor_take(&co->s.cur, &m->batch)) {
-            if (any_outstanding(co)) return; /* may be handed out again */
+            if (in_flight(co) > 0) return; /* may be handed out again */
             if (!co->s.finished) {
                 co->s.finished = 1;
                 PS_LOG(PS_LOG_INFO, "coord", "job complete: %llu samples applied",
@@ -1164,15 +1173,6 @@ static void hold_ahead(psd_server_t *srv, uint64_t step)
            "when reached", (unsigned long long)step);
 }
 
-/* asp / ssp: the batches handed out and not yet reported (their pushes may be part-way). */
-static uint32_t in_flight(const psd_coord_t *co)
-{
-    uint32_t n = 0;
-    for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
-        n += (co->s.active >> r & 1) && co->s.m[r].has_batch;
-    return n;
-}
-
 /* asp / ssp: no common step, so the cut is made by holding every new hand-out and waiting until
  * each batch handed out was reported (its pushes acknowledged, i.e. committed, on every shard)
  * or went back with its member. Then no push is in flight and none can start before the hold
@@ -1185,7 +1185,7 @@ static uint64_t hold_async(psd_server_t *srv, uint32_t *flags, uint32_t *pending
     bool was = co->hold_ms != 0;
     co->hold_step = UINT64_MAX;
     co->hold_ahead = false;
-    co->hold_ms = uv_now(srv->loop) ? uv_now(srv->loop) : 1;
+    co->hold_ms = hold_now(srv);
     *pending = in_flight(co);
     *flags = *pending ? PS_FLAG_PENDING : 0;
     if (*pending == 0) co->hold_users++; /* its GO (PS_FLAG_DONE) ends its part of the hold */
@@ -1204,8 +1204,7 @@ uint64_t psd_coord_ckpt_hold(psd_server_t *srv, uint32_t *flags, uint32_t *pendi
     uint64_t step = natural_step(co);
     co->hold_step = step;
     co->hold_ahead = false;
-    co->hold_ms = uv_now(srv->loop);
-    if (co->hold_ms == 0) co->hold_ms = 1;
+    co->hold_ms = hold_now(srv);
     PS_LOG(PS_LOG_INFO, "coord", "checkpoint at step %llu: holding later steps until every "
            "shard knows it", (unsigned long long)step);
     return step;
@@ -1267,7 +1266,7 @@ void psd_coord_ckpt_release_until(psd_server_t *srv, uint64_t next, bool armed)
          * GO from one that never armed (it gave up waiting) ends nothing of theirs. */
         if (armed && co->hold_users > 0) co->hold_users--;
         if (co->hold_users > 0) {
-            co->hold_ms = uv_now(srv->loop) ? uv_now(srv->loop) : 1;
+            co->hold_ms = hold_now(srv);
             return;
         }
     }

@@ -100,9 +100,10 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step,
     if (!armed) fprintf(stderr, "psctl: checkpoint: directory '%s' is longer than 199 bytes\n", d);
     /* PS_TEST_ARM_GAP_MS (tests only): a pause between two shards' arms, as a slow network
      * makes, during which training must not move (the hold keeps it still). */
-    const char *gap = getenv("PS_TEST_ARM_GAP_MS");
+    const char *gap_env = getenv("PS_TEST_ARM_GAP_MS");
+    int gap_ms = gap_env ? atoi(gap_env) : 0;
     for (int i = 0; i < n && armed; i++) {
-        if (i && gap && atoi(gap) > 0) usleep((useconds_t)atoi(gap) * 1000);
+        if (i && gap_ms > 0) usleep((useconds_t)gap_ms * 1000);
         ps_msg_t a = {.type = PS_MSG_CKPT_ARM, .rank = -1, .step = step};
         snprintf(a.error, sizeof a.error, "%.255s", d);
         if (ps_req_call(cl, (uint32_t)i, &a, &r, NULL, NULL, err, sizeof err)) {
