@@ -834,7 +834,7 @@ static void on_cron(uv_timer_t *h)
     ps_ucx_progress(&srv->ucx);
     uint64_t now = psd_now_ms();
     int dropped = 0;
-    bool stalled = srv->last_cron_ms && now - srv->last_cron_ms > limit / 2;
+    bool stalled = now - srv->last_cron_ms > limit / 2;
     srv->last_cron_ms = now;
     if (stalled) {
         /* This loop itself did not run for a while (a long close, the host descheduled us):
@@ -1059,6 +1059,10 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
     srv->sync.opened_ms = uv_now(srv->loop);
     uint64_t tick = m->job.heartbeat_timeout_ms / 8; /* a silent worker goes within timeout + tick */
     if (m->sync_interval_s && m->sync_interval_s * 1000 < tick) tick = m->sync_interval_s * 1000;
+    /* From now: a stall before the first tick (a loaded host, a SIGSTOP) is one too. Left 0,
+     * the first cron took any silence for the peers' own (a shard stopped within its first
+     * tick dropped every worker on its continue). */
+    srv->last_cron_ms = psd_now_ms();
     uv_timer_start(&srv->cron, on_cron, tick, tick);
 
     printf("psd shard %u listening on %s:%u\n", shard, sc->host, sc->port);
