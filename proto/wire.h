@@ -30,7 +30,8 @@
 enum {
     PS_FLAG_FINISHED = 1, /* batch reply: the job is complete (step = the final step) */
     PS_FLAG_DONE = 2,     /* batch request: the batch in the message was pushed and acked;
-                             checkpoint go: this checkpoint was told to arm the shards */
+                             checkpoint go: this checkpoint armed the shards (psd reads its
+                             id, `count`, instead); go reply: the hold lasted for that id */
     PS_FLAG_REMOVED = 4,  /* error / epoch: this worker is no longer a member */
     PS_FLAG_PROGRESS = 8, /* push: `samples` = samples applied before its step (lr schedule) */
     PS_FLAG_PENDING = 16, /* checkpoint begin reply: the step asked for is not reached yet; it

@@ -34,6 +34,8 @@
 #define MAX_LAUNCHERS 32
 #define GRANT_TTL_MS 15000
 #define CKPT_HOLD_MS 10000 /* a checkpoint's hold of the next step ends by itself after this */
+#define CKPT_USERS_MAX 8    /* asp / ssp: checkpoints sharing one hold at most (a ninth pushes
+                               out the oldest, whose GO then hears that its hold lapsed) */
 
 typedef struct {
     uint32_t pid;
@@ -211,8 +213,11 @@ struct psd_coord_s {
     bool held;                 /* a hand-out waits for the hold to end */
     bool hold_ahead;           /* a hold at a step not reached yet (psctl checkpoint --follow):
                                   hold_ms is set when the job gets there */
-    uint32_t hold_users;       /* asp / ssp: checkpoints told to arm under the hold (a drained
-                                  answer) whose MSG_CKPT_GO has not come yet */
+    struct { uint64_t id, ms; } hold_user[CKPT_USERS_MAX]; /* asp / ssp: the checkpoints told
+                                  to arm under the hold (a drained answer) whose MSG_CKPT_GO has
+                                  not come yet, by psctl's id, with the loop time of their last
+                                  ask (each goes CKPT_HOLD_MS after it) */
+    uint32_t hold_users;
     bool capped;               /* asp / ssp: a member did its job.max_steps: pslaunch gets no
                                   more starts (a replacement would do max_steps more), so the
                                   job ends with the members it has */
@@ -1138,13 +1143,26 @@ void psd_coord_tick(psd_server_t *srv)
         co->grant_start = co->grant_stop = 0; /* launches that never showed up */
         co->grant_ms = 0;
     }
-    if (co->hold_ms && now - co->hold_ms > CKPT_HOLD_MS) {
+    const uint64_t hold_limit = srv->test_ckpt_hold_ms ? srv->test_ckpt_hold_ms : CKPT_HOLD_MS;
+    for (uint32_t u = 0; u < co->hold_users;) {
+        if (now - co->hold_user[u].ms <= hold_limit) {
+            u++;
+            continue;
+        }
+        /* Its BEGIN answer was lost, or its psctl died: its GO will hear that the hold lapsed. */
+        PS_LOG(PS_LOG_WARN, "coord", "checkpoint %016llx: no GO within %llu ms of its last ask: "
+               "the hand-outs are no longer held for it", (unsigned long long)co->hold_user[u].id,
+               (unsigned long long)hold_limit);
+        co->hold_user[u] = co->hold_user[--co->hold_users];
+    }
+    if (co->hold_ms && now - co->hold_ms > hold_limit) {
         if (is_bsp(srv))
-            PS_LOG(PS_LOG_WARN, "coord", "checkpoint hold of step %llu not released within %d ms: "
-                   "releasing it", (unsigned long long)co->hold_step, CKPT_HOLD_MS);
+            PS_LOG(PS_LOG_WARN, "coord", "checkpoint hold of step %llu not released within %llu "
+                   "ms: releasing it", (unsigned long long)co->hold_step,
+                   (unsigned long long)hold_limit);
         else
             PS_LOG(PS_LOG_WARN, "coord", "checkpoint hold of the hand-outs not released or asked "
-                   "for again within %d ms: releasing it", CKPT_HOLD_MS);
+                   "for again within %llu ms: releasing it", (unsigned long long)hold_limit);
         psd_coord_ckpt_release(srv);
     }
     if (is_bsp(srv)) {
@@ -1173,13 +1191,40 @@ static void hold_ahead(psd_server_t *srv, uint64_t step)
            "when reached", (unsigned long long)step);
 }
 
+/* The index of checkpoint @p id among the hold's users, or -1. */
+static int hold_user(const psd_coord_t *co, uint64_t id)
+{
+    for (uint32_t u = 0; u < co->hold_users; u++)
+        if (co->hold_user[u].id == id) return (int)u;
+    return -1;
+}
+
+/* Checkpoint @p id arms the shards under the hold: until its GO, or CKPT_HOLD_MS after this.
+ * Asked again (its answer was lost, and psctl asked once more) it is the same user. */
+static void hold_user_add(psd_coord_t *co, uint64_t id, uint64_t now)
+{
+    int u = hold_user(co, id);
+    if (u < 0 && co->hold_users == CKPT_USERS_MAX) { /* the oldest one gives way */
+        uint32_t old = 0;
+        for (uint32_t i = 1; i < co->hold_users; i++)
+            if (co->hold_user[i].ms < co->hold_user[old].ms) old = i;
+        co->hold_user[old] = co->hold_user[--co->hold_users];
+    }
+    if (u < 0) {
+        u = (int)co->hold_users++;
+        co->hold_user[u].id = id;
+    }
+    co->hold_user[u].ms = now;
+}
+
 /* asp / ssp: no common step, so the cut is made by holding every new hand-out and waiting until
  * each batch handed out was reported (its pushes acknowledged, i.e. committed, on every shard)
  * or went back with its member. Then no push is in flight and none can start before the hold
  * ends, and each shard's snapshot, taken whenever it is told, holds the same batches. Asked
  * again while batches are in flight (PS_FLAG_PENDING): each ask keeps the hold alive, so a
- * psctl that died ends it CKPT_HOLD_MS after its last ask. */
-static uint64_t hold_async(psd_server_t *srv, uint32_t *flags, uint32_t *pending)
+ * psctl that died ends it CKPT_HOLD_MS after its last ask. A drained answer makes checkpoint
+ * @p id a user of the hold: its GO learns whether the hold lasted for it (a cut) or lapsed. */
+static uint64_t hold_async(psd_server_t *srv, uint64_t id, uint32_t *flags, uint32_t *pending)
 {
     psd_coord_t *co = srv->coord;
     bool was = co->hold_ms != 0;
@@ -1188,18 +1233,18 @@ static uint64_t hold_async(psd_server_t *srv, uint32_t *flags, uint32_t *pending
     co->hold_ms = hold_now(srv);
     *pending = in_flight(co);
     *flags = *pending ? PS_FLAG_PENDING : 0;
-    if (*pending == 0) co->hold_users++; /* its GO (PS_FLAG_DONE) ends its part of the hold */
+    if (*pending == 0) hold_user_add(co, id, co->hold_ms);
     if (!was)
         PS_LOG(PS_LOG_INFO, "coord", "checkpoint: no batch handed out until it is taken; %u "
                "in flight", *pending);
     return UINT64_MAX;
 }
 
-uint64_t psd_coord_ckpt_hold(psd_server_t *srv, uint32_t *flags, uint32_t *pending)
+uint64_t psd_coord_ckpt_hold(psd_server_t *srv, uint64_t id, uint32_t *flags, uint32_t *pending)
 {
     psd_coord_t *co = srv->coord;
     *flags = *pending = 0;
-    if (!is_bsp(srv)) return hold_async(srv, flags, pending);
+    if (!is_bsp(srv)) return hold_async(srv, id, flags, pending);
     /* Holding the hand-out of the natural step keeps every chunk at or below it. */
     uint64_t step = natural_step(co);
     co->hold_step = step;
@@ -1228,7 +1273,7 @@ int psd_coord_ckpt_hold_at(psd_server_t *srv, uint64_t step, uint32_t *flags, ch
     }
     if (step == now) {
         uint32_t pending;
-        psd_coord_ckpt_hold(srv, flags, &pending);
+        psd_coord_ckpt_hold(srv, 0, flags, &pending);
         return 0;
     }
     if (co->s.finished) { /* it will never get there */
@@ -1257,22 +1302,26 @@ void psd_coord_ckpt_release(psd_server_t *srv)
     }
 }
 
-void psd_coord_ckpt_release_until(psd_server_t *srv, uint64_t next, bool armed)
+bool psd_coord_ckpt_release_until(psd_server_t *srv, uint64_t next, uint64_t id)
 {
     psd_coord_t *co = srv->coord;
-    if (co && !is_bsp(srv) && co->hold_ms) {
+    bool held = true;
+    if (co && !is_bsp(srv)) {
         /* Two checkpoints at once (psctl by hand beside psd's follower) share the hold: the
          * first one's end must not let the job on while the other is still arming shards. A
          * GO from one that never armed (it gave up waiting) ends nothing of theirs. */
-        if (armed && co->hold_users > 0) co->hold_users--;
-        if (co->hold_users > 0) {
+        int u = hold_user(co, id);
+        held = u >= 0 && co->hold_ms;
+        if (u >= 0) co->hold_user[u] = co->hold_user[--co->hold_users];
+        if (co->hold_ms && co->hold_users > 0) {
             co->hold_ms = hold_now(srv);
-            return;
+            return held;
         }
     }
     psd_coord_ckpt_release(srv);
     if (co && next && is_bsp(srv) && !co->s.finished && next > natural_step(co))
         hold_ahead(srv, next);
+    return held;
 }
 
 /* ---- scaling -------------------------------------------------------------------- */
@@ -1583,13 +1632,13 @@ void psd_coord_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len
     OUT("\"epoch\": %llu, \"open_step\": %llu, \"desired_workers\": %u, \"actual_workers\": %u, "
         "\"finished\": %s, \"samples\": %llu, \"samples_applied\": %llu, \"batches_handed_again\": "
         "%llu, \"step_gap_ms_max\": %llu, \"step_gap_ms_median\": %llu, \"step_gaps\": %llu, "
-        "\"state_save_failures\": %u, \"checkpoint_hold\": %s, ",
+        "\"state_save_failures\": %u, \"checkpoint_hold\": %s, \"checkpoint_hold_users\": %u, ",
         (unsigned long long)co->s.epoch, (unsigned long long)co->s.step, co->s.desired,
         popcount(co->s.active), co->s.finished ? "true" : "false",
         (unsigned long long)co->s.cur.n, (unsigned long long)co->s.cur.applied_total,
         (unsigned long long)co->s.cur.handed_again, (unsigned long long)gmax,
         (unsigned long long)gmed, (unsigned long long)n, co->save_failures,
-        co->hold_ms ? "true" : "false");
+        co->hold_ms ? "true" : "false", co->hold_users);
     OUT("\"step_gaps_top\": [");
     for (int i = 0, f = 1; i < 16; i++)
         if (co->top[i].ms) {

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -90,7 +91,16 @@ int psctl_checkpoint_remove(const char *dir, uint32_t nshards)
  * transport was started again answers the next) before its checkpoint counts as failed. */
 #define STATUS_MISSES 5
 
-int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step,
+uint64_t psctl_checkpoint_id(void)
+{
+    uint64_t id = 0;
+    while (id == 0)
+        if (getrandom(&id, sizeof id, 0) != (ssize_t)sizeof id) /* no entropy yet: still unique */
+            id = ((uint64_t)getpid() << 32) ^ (uint64_t)(psctl_mono_s() * 1e9);
+    return id;
+}
+
+int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, uint64_t id,
                          const char *d, uint64_t next, double wait_s, double t0)
 {
     int ret = 1, n = m->nservers;
@@ -111,10 +121,23 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step,
             armed = 0;
         }
     }
-    /* Release the hold (and, for --follow, hold the next checkpoint's step ahead). */
-    ps_msg_t g = {.type = PS_MSG_CKPT_GO, .rank = -1, .step = next, .flags = PS_FLAG_DONE};
-    if (ps_req_call(cl, 0, &g, &r, NULL, NULL, err, sizeof err))
+    /* Release the hold (and, for --follow, hold the next checkpoint's step ahead). asp / ssp:
+     * the shards' snapshots are a cut only if no batch was handed out between the drained
+     * answer and the last arm, which the coordinator confirms (PS_FLAG_DONE) only when its
+     * hold lasted for this checkpoint all along. */
+    ps_msg_t g = {.type = PS_MSG_CKPT_GO, .rank = -1, .step = next, .flags = PS_FLAG_DONE,
+                  .count = id};
+    bool cut = true;
+    if (ps_req_call(cl, 0, &g, &r, NULL, NULL, err, sizeof err)) {
         fprintf(stderr, "psctl: checkpoint: releasing the hold: %s\n", err);
+        cut = step != UINT64_MAX;
+    } else if (step == UINT64_MAX && !(r.flags & PS_FLAG_DONE)) {
+        cut = false;
+    }
+    if (!cut && armed)
+        fprintf(stderr, "psctl: checkpoint: the coordinator's hold of the hand-outs lapsed before "
+                "every shard was armed (shard 0 started again, or arming took over 10 s): the "
+                "shards' copies may not hold the same batches, so this is no checkpoint\n");
     if (!armed) return 1;
     /* Each shard copies on its own; wait for all of them. */
     uint64_t total = 0;
@@ -159,17 +182,18 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step,
         }
         usleep(20 * 1000);
     }
-    if (st && failed && !unknown) {
+    if (st && (failed || !cut) && !unknown) {
         /* Every shard answered and one failed (its own copy removed itself): the others' parts
          * make no checkpoint, and would stay for good (never complete, never pruned). */
         int rc = psctl_checkpoint_remove(d, (uint32_t)n);
+        const char *what = failed ? "incomplete" : "inconsistent";
         if (rc == 0)
-            fprintf(stderr, "psctl: checkpoint: removed the incomplete checkpoint %s\n", d);
+            fprintf(stderr, "psctl: checkpoint: removed the %s checkpoint %s\n", what, d);
         else if (rc != -ENOENT)
-            fprintf(stderr, "psctl: checkpoint: cannot remove the incomplete checkpoint %s: %s "
-                    "(left as it is)\n", d, strerror(-rc));
+            fprintf(stderr, "psctl: checkpoint: cannot remove the %s checkpoint %s: %s (left as "
+                    "it is)\n", what, d, strerror(-rc));
     }
-    if (st && failed == 0) {
+    if (st && failed == 0 && cut) {
         for (int i = 0; i < n; i++) {
             printf("shard %d: step %llu, %u chunks, %llu bytes, %llu ms: %s/shard-%d\n", i,
                    (unsigned long long)st[i].step, st[i].chunk, (unsigned long long)st[i].count,
@@ -197,7 +221,8 @@ int psctl_checkpoint(const ps_manifest_t *m, const char *dir, double timeout_s, 
     }
     int ret = 1;
     double t0 = psctl_mono_s();
-    ps_msg_t q = {.type = PS_MSG_CKPT_BEGIN, .rank = -1}, r;
+    uint64_t id = psctl_checkpoint_id();
+    ps_msg_t q = {.type = PS_MSG_CKPT_BEGIN, .rank = -1, .count = id}, r;
     for (int said = 0;; said = 1) {
         if (ps_req_call(cl, 0, &q, &r, NULL, NULL, err, sizeof err)) {
             fprintf(stderr, "psctl: checkpoint: %s\n", err);
@@ -212,7 +237,7 @@ int psctl_checkpoint(const ps_manifest_t *m, const char *dir, double timeout_s, 
         if (psctl_mono_s() - t0 > wait_s) {
             fprintf(stderr, "psctl: checkpoint: %u batches still in flight after %g s (a worker "
                     "holding one is slow or hung): no checkpoint\n", r.workers, wait_s);
-            ps_msg_t g = {.type = PS_MSG_CKPT_GO, .rank = -1}; /* ends the hold */
+            ps_msg_t g = {.type = PS_MSG_CKPT_GO, .rank = -1, .count = id}; /* ends the hold */
             ps_req_call(cl, 0, &g, &r, NULL, NULL, err, sizeof err);
             goto out;
         }
@@ -223,7 +248,7 @@ int psctl_checkpoint(const ps_manifest_t *m, const char *dir, double timeout_s, 
         psctl_absolute(d, sizeof d, dir);
     else
         psctl_checkpoint_dir(m, NULL, r.step, d, sizeof d);
-    ret = psctl_checkpoint_run(cl, m, r.step, d, 0, wait_s, t0);
+    ret = psctl_checkpoint_run(cl, m, r.step, id, d, 0, wait_s, t0);
 out:
     ps_req_close(cl);
     return ret;

@@ -27,13 +27,18 @@ int psctl_checkpoint(const ps_manifest_t *m, const char *dir, double timeout_s, 
 /** @brief psctl checkpoint --follow: periodic checkpoints from the manifest's checkpoint section
  *  until the job is finished or SIGTERM / SIGINT (psctl_follow.c). */
 int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wait_s);
+/** @brief A new checkpoint's id (random, never 0): its MSG_CKPT_BEGIN asks and its MSG_CKPT_GO
+ *  carry it, so that an ask sent again after a lost answer is the same checkpoint to shard 0. */
+uint64_t psctl_checkpoint_id(void);
 /**
- * @brief The second half of a checkpoint, once shard 0 picked @p step (MSG_CKPT_BEGIN): arm
+ * @brief The second half of checkpoint @p id, once shard 0 picked @p step (MSG_CKPT_BEGIN): arm
  *  every shard for @p step into @p dir, release the hold (MSG_CKPT_GO with @p next: a step to
- *  hold ahead, or 0), wait up to @p wait_s from @p t0 for every shard, print the result.
+ *  hold ahead, or 0), wait up to @p wait_s from @p t0 for every shard, print the result. asp /
+ *  ssp (@p step UINT64_MAX): when shard 0 does not confirm that its hold lasted for @p id until
+ *  the GO, the copies are no cut: removed once done, and a failure.
  * @return psctl's exit status (errors printed).
  */
-int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step,
+int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, uint64_t id,
                          const char *dir, uint64_t next, double wait_s, double t0);
 /** @brief Remove checkpoint @p dir of @p nshards shards: in each shard-J (J < nshards; one
  *  missing is skipped) only the files a checkpoint writes (data.mdb, lock.mdb, meta.json,

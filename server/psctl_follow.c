@@ -241,6 +241,7 @@ int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wai
     const char *tds = getenv("PS_TEST_DRAIN_S"); /* tests only: a shorter DRAIN_S */
     const double drain_s = tds && atof(tds) > 0 ? atof(tds) : DRAIN_S;
     int ret = 0, taken = 0;
+    uint64_t id = 0; /* the checkpoint being asked for (psctl_checkpoint_id), 0 before one */
     char seen_run[32] = ""; /* the run set_aside last ran for */
     while (!g_stop) {
         uint64_t open = 0, run_base = 0;
@@ -273,7 +274,8 @@ int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wai
             continue;
         }
         double t0 = psctl_mono_s();
-        ps_msg_t q = {.type = PS_MSG_CKPT_BEGIN, .rank = -1, .step = want}, r;
+        if (id == 0) id = psctl_checkpoint_id(); /* asks again while pending are the same one */
+        ps_msg_t q = {.type = PS_MSG_CKPT_BEGIN, .rank = -1, .step = want, .count = id}, r;
         int rc = ps_req_call(cl, 0, &q, &r, NULL, NULL, err, sizeof err);
         if (rc == PS_ECONFLICT) { /* past it (a restarted follower): take the next one */
             printf("psctl: follow: %s; waiting for the next multiple of %llu\n", err,
@@ -296,9 +298,10 @@ int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wai
                 fprintf(stderr, "psctl: follow: checkpoint skipped: %u batches still in flight "
                         "after %.0f s (a worker holding one is slow or hung); going on\n",
                         r.workers, drain_s);
-                ps_msg_t g = {.type = PS_MSG_CKPT_GO, .rank = -1};
+                ps_msg_t g = {.type = PS_MSG_CKPT_GO, .rank = -1, .count = id};
                 ps_req_call(cl, 0, &g, &r, NULL, NULL, err, sizeof err);
                 drain_t0 = 0;
+                id = 0;
                 last = psctl_mono_s();
                 if (every) target = next_multiple(open, every);
                 continue;
@@ -320,7 +323,9 @@ int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wai
         uint64_t next = every && bsp && step != UINT64_MAX ? next_multiple(step, every) : 0;
         printf("psctl: follow: checkpoint at step %llu into %s\n", (unsigned long long)step, dir);
         fflush(stdout);
-        if (psctl_checkpoint_run(cl, m, step, dir, next, wait_s, t0) == 0) {
+        uint64_t this_id = id;
+        id = 0;
+        if (psctl_checkpoint_run(cl, m, step, this_id, dir, next, wait_s, t0) == 0) {
             taken++;
             prune(m, base, ck->keep);
         } else {
@@ -332,7 +337,7 @@ int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wai
     }
     /* A hold ahead must not outlive us (the coordinator would end it after 10 s anyway). */
     if (g_stop) {
-        ps_msg_t g = {.type = PS_MSG_CKPT_GO, .rank = -1}, r;
+        ps_msg_t g = {.type = PS_MSG_CKPT_GO, .rank = -1, .count = id}, r;
         ps_req_call(cl, 0, &g, &r, NULL, NULL, err, sizeof err);
     }
     printf("psctl: follow: %s after %d %s\n",

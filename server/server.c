@@ -946,6 +946,10 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
         PS_LOG(PS_LOG_WARN, "server", "PS_TEST_SLOW_APPLY=%u: the first apply job of step %u "
                "takes 2 s longer on purpose (a test hook)", srv->test_slow_apply - 1,
                srv->test_slow_apply - 1);
+    if ((srv->test_ckpt_hold_ms = test_hook("PS_TEST_CKPT_HOLD_MS", 0)))
+        PS_LOG(PS_LOG_WARN, "server", "PS_TEST_CKPT_HOLD_MS=%u: a checkpoint's hold of the "
+               "hand-outs ends after %u ms (a test hook)", srv->test_ckpt_hold_ms,
+               srv->test_ckpt_hold_ms);
     if ((srv->test_drop_hello = test_hook("PS_TEST_DROP_HELLO", 8)))
         PS_LOG(PS_LOG_WARN, "server", "PS_TEST_DROP_HELLO=%u: the first hello of each of %u "
                "workers goes unanswered on purpose (a test hook)",

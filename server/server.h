@@ -384,6 +384,8 @@ struct psd_server_s {
                                    apply job runs on the pool and takes 2 s longer (0: none) */
     uint32_t test_lose_ack;     /* PS_TEST_LOSE_ACK (tests only): the Nth push acknowledgement
                                    is not sent and its connection is closed */
+    uint32_t test_ckpt_hold_ms; /* PS_TEST_CKPT_HOLD_MS (tests only): a checkpoint's hold ends
+                                   after this many ms instead of 10 s (0: 10 s) */
     uint32_t test_drop_hello;   /* PS_TEST_DROP_HELLO (tests only): workers (by pid) whose
                                    first hello is still to drop unanswered */
     uint32_t test_dropped_pid[8]; /* the workers whose hello was dropped */
@@ -560,9 +562,11 @@ void psd_coord_metrics(psd_server_t *srv, psd_prom_t *p);
  *  asp / ssp: UINT64_MAX (no common step: each shard now); no batch is handed out while the
  *  hold lasts, and while batches handed out before are not reported yet (*@p pending of them)
  *  @p flags gets PS_FLAG_PENDING: ask again (each ask keeps the hold), and arm the shards only
- *  once none is, so that the shards' snapshots hold the same batches (a cut).
+ *  once none is, so that the shards' snapshots hold the same batches (a cut). That answer makes
+ *  checkpoint @p id (psctl's random number; asked again, the same one) a user of the hold until
+ *  its psd_coord_ckpt_release_until(), or CKPT_HOLD_MS after its last ask.
  */
-uint64_t psd_coord_ckpt_hold(psd_server_t *srv, uint32_t *flags, uint32_t *pending);
+uint64_t psd_coord_ckpt_hold(psd_server_t *srv, uint64_t id, uint32_t *flags, uint32_t *pending);
 /** @brief Release the hold of psd_coord_ckpt_hold() (a no-op without one), and a hold ahead. */
 void psd_coord_ckpt_release(psd_server_t *srv);
 /**
@@ -576,9 +580,13 @@ int psd_coord_ckpt_hold_at(psd_server_t *srv, uint64_t step, uint32_t *flags, ch
                            size_t errlen);
 /** @brief psd_coord_ckpt_release(), then a hold ahead at step @p next when it is > 0 and not
  *  reached yet (so the job cannot pass the follower's next checkpoint unnoticed). asp / ssp:
- *  the hold ends only once every checkpoint told to arm under it has sent its GO (@p armed:
- *  this GO's checkpoint was told so; one that gave up waiting ends no other one's hold). */
-void psd_coord_ckpt_release_until(psd_server_t *srv, uint64_t next, bool armed);
+ *  checkpoint @p id stops using the hold, which ends only once no checkpoint told to arm under
+ *  it is left (one that gave up waiting ends no other one's hold).
+ * @return asp / ssp: true when @p id was a user of the hold until now, i.e. no batch was handed
+ *  out since its drained answer and the shards it armed meanwhile hold a cut; false when the
+ *  hold lapsed for it (CKPT_HOLD_MS without an ask, pushed out, or shard 0 started again since).
+ *  bsp: true. */
+bool psd_coord_ckpt_release_until(psd_server_t *srv, uint64_t next, uint64_t id);
 /** @brief The coordinator's state as bytes for the store (written with each apply). */
 const void *psd_coord_state(psd_server_t *srv, size_t *len);
 /** @brief Its recovery state (key "jobrec") when it changed since a save took it, else NULL:

@@ -1104,6 +1104,86 @@ START_TEST(test_asp_checkpoints_at_once)
 }
 END_TEST
 
+/* One checkpoint ask of shard 0 for checkpoint @p id (@p type MSG_CKPT_BEGIN or MSG_CKPT_GO):
+ * the reply's flags. */
+static uint32_t ckpt_ask(coord_t *co, ps_msg_type_t type, uint64_t id)
+{
+    ps_msg_t q = {.type = type, .rank = -1, .count = id}, r;
+    char err[512];
+    ck_assert_msg(ps_req_call(co->ctl, 0, &q, &r, NULL, NULL, err, sizeof err) == 0, "%s: %s",
+                  ps_msg_type_name(type), err);
+    return r.flags;
+}
+
+/* Whether shard 0's status says its checkpoint hold is on. */
+static bool hold_on(coord_t *co)
+{
+    char *j = coord_status(co);
+    ck_assert_msg(j && strstr(j, "\"checkpoint_hold\": "), "no checkpoint_hold in %s", j);
+    bool on = strstr(j, "\"checkpoint_hold\": true") != NULL;
+    free(j);
+    return on;
+}
+
+/* A checkpoint asked for again after its drained answer (as psctl does when that answer was
+ * lost) is still one user of the hold: its GO ends the hold, and hears that the hold lasted for
+ * it. Before, each drained answer counted one more user, so the hold outlived the GO (up to
+ * 10 s, or for good while psd's follower asked every second). */
+START_TEST(test_asp_checkpoint_asked_again_one_user)
+{
+    asp_stop_t r;
+    asp_pair_start(&r, 3000, NULL, NULL, NULL, "4096", 1, "check");
+    coord_t co;
+    coord_open(&co, r.c);
+    ck_assert_int_ge(wait_num(&co, "samples_applied", 400, 0, RUN_S), 400);
+    const uint64_t id = 0x5eed5eed5eedULL;
+    uint32_t f = PS_FLAG_PENDING;
+    for (int i = 0; i < 500 && (f & PS_FLAG_PENDING); i++, nap_ms(f & PS_FLAG_PENDING ? 20 : 0))
+        f = ckpt_ask(&co, PS_MSG_CKPT_BEGIN, id);
+    ck_assert_msg(!(f & PS_FLAG_PENDING), "the batches in flight never drained");
+    ckpt_ask(&co, PS_MSG_CKPT_BEGIN, id); /* again: the first answer "was lost" */
+    ck_assert(hold_on(&co));
+    long long applied = coord_num(&co, "samples_applied");
+    nap_ms(300); /* held: nothing more is handed out, so nothing more is applied */
+    ck_assert_int_eq(coord_num(&co, "samples_applied"), applied);
+    f = ckpt_ask(&co, PS_MSG_CKPT_GO, id);
+    ck_assert_msg(!hold_on(&co), "the hold outlived the checkpoint's GO");
+    ck_assert_msg(f & PS_FLAG_DONE, "the GO did not hear that the hold lasted for it");
+    ck_assert_int_eq(coord_num(&co, "checkpoint_hold_users"), 0);
+    /* A GO with no hold left is told so (its copies would be no cut). */
+    ck_assert_int_eq(ckpt_ask(&co, PS_MSG_CKPT_GO, id) & PS_FLAG_DONE, 0);
+    coord_close(&co);
+    for (int i = 0; i < 2; i++) EXPECT_EXIT(r.w[i], 0); /* each checked every batch */
+    stop_all(r.psd, 2);
+    cl_cluster_destroy(r.c);
+}
+END_TEST
+
+/* The hold lapses while psctl arms the shards (here: shard 0 ends holds after 300 ms,
+ * PS_TEST_CKPT_HOLD_MS, and psctl pauses 1.5 s between two arms): batches went out between
+ * the two shards' snapshots, so psctl must not keep them as a checkpoint. Before, it did
+ * (exit 0), and a restore from it applied some batches twice or never. */
+START_TEST(test_asp_checkpoint_hold_lapsed_refused)
+{
+    asp_stop_t r;
+    asp_pair_start(&r, 3000, NULL, "PS_TEST_CKPT_HOLD_MS", "300", "4096", 1, "check");
+    coord_t co;
+    coord_open(&co, r.c);
+    ck_assert_int_ge(wait_num(&co, "samples_applied", 400, 0, RUN_S), 400);
+    coord_close(&co);
+    char ckdir[CL_PATH];
+    cl_proc_t *cp = checkpoint_spawn(r.c, "ckpt", 1500, ckdir);
+    EXPECT_EXIT(cp, 1);
+    EXPECT_LOG(cp, "hold of the hand-outs lapsed before every shard was armed");
+    EXPECT_LOG(cp, "removed the inconsistent checkpoint");
+    ck_assert_msg(access(ckdir, F_OK) != 0, "%s is still there", ckdir);
+    EXPECT_LOG(r.psd[0], "no GO within 300 ms of its last ask");
+    for (int i = 0; i < 2; i++) EXPECT_EXIT(r.w[i], 0); /* the job went on: every batch once */
+    stop_all(r.psd, 2);
+    cl_cluster_destroy(r.c);
+}
+END_TEST
+
 /* The highest "at step N" in @p p's log (replay_client's plan mode logs each batch so). */
 static long long last_step(cl_proc_t *p)
 {
@@ -1711,6 +1791,8 @@ Suite *ps_test_suite(void)
     ADD(restore_after_member_left_mid_step);
     ADD(restore_asp_batch_part_pushed);
     ADD(restore_asp_checkpoint_is_cut);
+    ADD(asp_checkpoint_asked_again_one_user);
+    ADD(asp_checkpoint_hold_lapsed_refused);
     ADD(periodic_asp_checkpoints_are_cuts);
     ADD(periodic_asp_checkpoint_skipped_when_stuck);
     ADD(asp_checkpoints_at_once);
