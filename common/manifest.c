@@ -694,6 +694,7 @@ static const field_t checkpoint_fields[] = {
     {CKP(every_s), .type = T_INT, .min = 0, .max = 31536000},
     {CKP(dir), .type = T_STR},
     {CKP(keep), .type = T_INT, .min = 1, .max = 1000000},
+    {CKP(drain_s), .type = T_INT, .min = 1, .max = 86400},
     {0},
 };
 
@@ -754,6 +755,7 @@ static void set_defaults(ps_manifest_t *m, const char *name)
     cc->block = 256;
     snprintf(cc->pull, sizeof cc->pull, "none");
     m->checkpoint.keep = 3;
+    m->checkpoint.drain_s = 30;
 }
 
 /* ---- entry points ------------------------------------------------------------------------ */

@@ -99,6 +99,8 @@ typedef struct {
     uint64_t every_s;         /* default 0 */
     char dir[PS_PATH_MAX];    /* default "": <parent of servers[0].data_dir>/checkpoints */
     uint32_t keep;            /* default 3, 1..1000000 */
+    uint32_t drain_s;         /* default 30, 1..86400: asp / ssp, how long a periodic checkpoint
+                                 waits for the batches in flight before it is skipped */
 } ps_checkpoint_conf_t;
 
 #define PS_SPIN_US_DEFAULT 500

@@ -31,7 +31,6 @@
 
 #define POLL_MS 20        /* how often a pending step is asked for again */
 #define STATUS_POLL_MS 200 /* how often shard 0's status is read otherwise */
-#define DRAIN_S 30.0       /* asp / ssp: how long a checkpoint waits for the batches in flight */
 
 static volatile sig_atomic_t g_stop;
 
@@ -238,8 +237,7 @@ int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wai
     double last = psctl_mono_s();
     uint64_t target = 0; /* the next multiple of every (0: not known yet) */
     double drain_t0 = 0;  /* asp / ssp: when the batches in flight were first waited for */
-    const char *tds = getenv("PS_TEST_DRAIN_S"); /* tests only: a shorter DRAIN_S */
-    const double drain_s = tds && atof(tds) > 0 ? atof(tds) : DRAIN_S;
+    const double drain_s = ck->drain_s; /* asp / ssp: how long a checkpoint waits for them */
     int ret = 0, taken = 0;
     uint64_t id = 0; /* the checkpoint being asked for (psctl_checkpoint_id), 0 before one */
     char seen_run[32] = ""; /* the run set_aside last ran for */
@@ -292,7 +290,7 @@ int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wai
         if ((r.flags & PS_FLAG_PENDING) && !bsp) {
             /* The coordinator holds the hand-outs until the batches in flight are applied
              * everywhere (the cut). A worker that hangs holding one would hold the job for as
-             * long as we ask: past DRAIN_S this checkpoint is skipped and the hold released. */
+             * long as we ask: past drain_s this checkpoint is skipped and the hold released. */
             if (drain_t0 == 0) drain_t0 = t0;
             if (t0 - drain_t0 > drain_s) {
                 fprintf(stderr, "psctl: follow: checkpoint skipped: %u batches still in flight "

@@ -1199,12 +1199,14 @@ static long long last_step(cl_proc_t *p)
 
 /* A worker that stops holding a batch (SIGSTOP, well within its heartbeat timeout) would hold
  * an asp job for as long as psd's follower waits for the batches in flight: past its limit
- * (30 s; 2 s here, PS_TEST_DRAIN_S) the checkpoint is skipped and the hold released, so the
- * other worker goes on; continued, the stopped one finishes, every batch applied once. */
+ * (checkpoint.drain_s: 30 s by default, 2 s here) the checkpoint is skipped and the hold
+ * released, so the other worker goes on; continued, the stopped one finishes, every batch
+ * applied once. */
 START_TEST(test_periodic_asp_checkpoint_skipped_when_stuck)
 {
     asp_stop_t r;
-    asp_follow_start(&r, 60000, "PS_TEST_DRAIN_S", "2", "plan:1@2/0s");
+    asp_pair_start(&r, 60000, "checkpoint: {every_s: 1, keep: 100, drain_s: 2}\n", NULL, NULL,
+                   "4096", 1, "plan:1@2/0s");
     cl_proc_t **psd = r.psd, **w = r.w;
     int i = which_stopped(w, "stops at step 2");
     cl_proc_t *stopped = w[i], *other = w[1 - i];

@@ -522,6 +522,9 @@ START_TEST(test_checkpoint)
     ck_assert_uint_eq(m.checkpoint.every_s, 600);
     ck_assert_str_eq(m.checkpoint.dir, "/ck");
     ck_assert_uint_eq(m.checkpoint.keep, 1);
+    ck_assert_uint_eq(m.checkpoint.drain_s, 30);
+    ck_assert_msg(parse_ckpt("{every_s: 60, drain_s: 5}") == 0, "%s", err);
+    ck_assert_uint_eq(m.checkpoint.drain_s, 5);
     const char *text = "cluster: c\n"
                        "servers: [{host: h, port: 1, data_dir: /d}]\n"
                        "checkpoint:\n"
@@ -548,6 +551,8 @@ START_TEST(test_checkpoint)
         {"{every_s: 1.5}", "demo.yaml:5: checkpoint.every_s: expected an integer, got '1.5'"},
         {"{every_steps: 10, dir: \"\"}", "demo.yaml:5: checkpoint.dir: ..."},
         {"{every_steps: 10, every: 3}", "demo.yaml:5: checkpoint.every: unknown key"},
+        {"{every_s: 10, drain_s: 0}", "demo.yaml:5: checkpoint.drain_s: must be in [1, 86400], "
+                                      "got 0"},
         {"500", "demo.yaml:5: checkpoint: expected a mapping, got '500'"},
         {"{every_steps: 10, keep: 2, keep: 3}", "demo.yaml:5: checkpoint.keep: duplicate key..."},
     };
