@@ -855,6 +855,7 @@ static void on_cron(uv_timer_t *h)
     }
     if (srv->coord) psd_coord_tick(srv);
     psd_direct_reap(srv); /* also a reader that exited unnoticed: its slot would pin pages */
+    psd_shard_test_tick(srv);
     if (dropped) ps_ucx_progress(&srv->ucx);
     uint64_t stuck = ps_ucx_stuck_ns(&srv->ucx);
     if (stuck >= stuck_limit_ns(srv) && !srv->stopping) transport_restart(srv, stuck);
@@ -950,6 +951,10 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
         PS_LOG(PS_LOG_WARN, "server", "PS_TEST_CKPT_HOLD_MS=%u: a checkpoint's hold of the "
                "hand-outs ends after %u ms (a test hook)", srv->test_ckpt_hold_ms,
                srv->test_ckpt_hold_ms);
+    if ((srv->test_late_rndv = test_hook("PS_TEST_LATE_RNDV", 0)))
+        PS_LOG(PS_LOG_WARN, "server", "PS_TEST_LATE_RNDV=%u: rendezvous push %u loses its "
+               "connection while it lands, and its end is seen 1.5 s late (a test hook)",
+               srv->test_late_rndv, srv->test_late_rndv);
     if ((srv->test_drop_hello = test_hook("PS_TEST_DROP_HELLO", 8)))
         PS_LOG(PS_LOG_WARN, "server", "PS_TEST_DROP_HELLO=%u: the first hello of each of %u "
                "workers goes unanswered on purpose (a test hook)",

@@ -386,6 +386,12 @@ struct psd_server_s {
                                    is not sent and its connection is closed */
     uint32_t test_ckpt_hold_ms; /* PS_TEST_CKPT_HOLD_MS (tests only): a checkpoint's hold ends
                                    after this many ms instead of 10 s (0: 10 s) */
+    uint32_t test_late_rndv;    /* PS_TEST_LATE_RNDV (tests only): the Nth rendezvous push's
+                                   connection is closed while it lands, and its receive's end
+                                   is seen 1.5 s late (test_late_*) */
+    psd_slot_ref_t *test_late_ref; /* that receive, until psd_shard_test_tick passes its end on */
+    uint64_t test_late_due_ms;  /* psd_now_ms() from when (0: it has not ended yet) */
+    ucs_status_t test_late_status;
     uint32_t test_drop_hello;   /* PS_TEST_DROP_HELLO (tests only): workers (by pid) whose
                                    first hello is still to drop unanswered */
     uint32_t test_dropped_pid[8]; /* the workers whose hello was dropped */
@@ -489,6 +495,8 @@ void psd_shard_drop_conn(psd_server_t *srv, psd_conn_t *conn);
  *  never finished is failed (its slot is free again; the worker sends it again once it has
  *  reconnected). Loop thread. */
 void psd_shard_receives_lost(psd_server_t *srv);
+/** @brief From the cron: PS_TEST_LATE_RNDV's receive, whose end is due now, is passed on. */
+void psd_shard_test_tick(psd_server_t *srv);
 /**
  * @brief Queue @p w for the store-job slot (see psd_slot_work_t); w->srv, run and done must be
  *  set. @note @p w is borrowed until its done callback has run.

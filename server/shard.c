@@ -1140,8 +1140,26 @@ static bool batch_had(psd_server_t *srv, psd_chunk_t *ch, uint32_t rank, uint64_
 static void on_push_recv(void *request, ucs_status_t status, size_t length, void *user_data)
 {
     psd_slot_ref_t *ref = user_data;
-    push_received(ref->chunk, ref->rank, status);
+    psd_server_t *srv = ref->chunk->slot_conn[ref->rank]->srv;
     if (request) ucp_request_free(request);
+    if (ref == srv->test_late_ref) { /* PS_TEST_LATE_RNDV: seen only later (psd_shard_test_tick) */
+        srv->test_late_status = status;
+        srv->test_late_due_ms = psd_now_ms() + 1500;
+        return;
+    }
+    push_received(ref->chunk, ref->rank, status);
+}
+
+void psd_shard_test_tick(psd_server_t *srv)
+{
+    psd_slot_ref_t *ref = srv->test_late_ref;
+    if (ref == NULL || srv->test_late_due_ms == 0 || psd_now_ms() < srv->test_late_due_ms) return;
+    srv->test_late_ref = NULL;
+    if (ref->chunk->slot_state[ref->rank] != SLOT_RECEIVING) return; /* receives_lost took it */
+    PS_LOG(PS_LOG_WARN, "shard", "the receive of %u/%u from rank %u completes now (%s), 1.5 s "
+           "late (PS_TEST_LATE_RNDV)", ref->chunk->tensor, ref->chunk->chunk, ref->rank,
+           ucs_status_string(srv->test_late_status));
+    push_received(ref->chunk, ref->rank, srv->test_late_status);
 }
 
 void psd_shard_receives_lost(psd_server_t *srv)
@@ -1292,6 +1310,21 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
         psd_conn_ref(conn);
         return UCS_OK;
     }
+    if (ch->slot_state[rank] == SLOT_RECEIVING && ch->slot_conn[rank] != conn &&
+        ch->slot_who[rank] == psd_conn_who(conn) && ch->slot_step[rank] == msg->step) {
+        /* The same push is still landing from a connection of its sender that broke (UCX has
+         * not called that receive back yet): the sender tries again shortly (PS_FLAG_BEHIND),
+         * and by then that copy has landed (this one is then acknowledged with it, above) or
+         * is lost (this one lands). Before, this copy was refused as a second push. */
+        ps_msg_t e = {.type = PS_MSG_ERROR, .req_id = msg->req_id, .status = PS_ESTALE,
+                      .shard = srv->shard, .tensor = ch->tensor, .chunk = ch->chunk,
+                      .step = ch->version, .flags = PS_FLAG_CHUNK | PS_FLAG_BEHIND};
+        snprintf(e.error, sizeof e.error, "push of %u/%u from rank %u for step %llu: its copy "
+                 "from a broken connection is still landing", ch->tensor, ch->chunk, rank,
+                 (unsigned long long)msg->step);
+        psd_send_msg(srv, conn, &e);
+        return UCS_OK;
+    }
     if (ch->slot_state[rank] != SLOT_EMPTY) {
         psd_send_chunk_error(srv, conn, msg->req_id, ch->tensor, ch->chunk, PS_EPROTO,
                        "second push of %u/%u from rank %u for step %llu", ch->tensor, ch->chunk,
@@ -1375,11 +1408,20 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
         p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
         p.memh = ch->slot_memh[rank];
     }
+    if (srv->test_late_rndv && --srv->test_late_rndv == 0) {
+        /* Its connection breaks while the data lands, and the receive's end is seen only
+         * 1.5 s later: the window in which the sender, connected again, sends it again. */
+        PS_LOG(PS_LOG_WARN, "shard", "rendezvous push of %u/%u from rank %u: its connection "
+               "closed while it lands (PS_TEST_LATE_RNDV)", ch->tensor, ch->chunk, rank);
+        srv->test_late_ref = &ch->slot_ref[rank];
+        conn->dead = true;
+        conn->close_queued = true;
+    }
     void *req = ucp_am_recv_data_nbx(srv->ucx.worker, data, ch->slots[rank], length, &p);
     if (req == NULL)
-        push_received(ch, rank, UCS_OK);
+        on_push_recv(NULL, UCS_OK, length, &ch->slot_ref[rank]);
     else if (UCS_PTR_IS_ERR(req))
-        push_received(ch, rank, UCS_PTR_STATUS(req));
+        on_push_recv(NULL, UCS_PTR_STATUS(req), length, &ch->slot_ref[rank]);
     return UCS_OK;
 }
 

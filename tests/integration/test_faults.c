@@ -351,6 +351,39 @@ START_TEST(test_lost_ack_asp_applied_once)
 }
 END_TEST
 
+/* A rendezvous push's connection breaks while its data lands, and UCX calls that receive back
+ * only later (PS_TEST_LATE_RNDV: each shard's 3rd, seen 1.5 s late). The worker, connected
+ * again, sends the push again meanwhile: the shard must have it try again shortly
+ * (PS_FLAG_BEHIND) rather than refuse it as a second push, and apply it once. Pushes go by
+ * rendezvous here (PS_DIRECT_PUSH=0, PS_EAGER_BYTES=0: UCX's choice, rendezvous at 64 KiB).
+ * Before, "second push of ..." failed asp_client's push. */
+START_TEST(test_push_sent_again_while_landing)
+{
+    cl_conf_t k = {.shards = 2, .workers = 1, .consistency = "asp",
+                   .optimizer = "{name: sgd, lr: 1.0}"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start_env(c, 0, READY_S, "PS_TEST_LATE_RNDV", "3"),
+                         cl_psd_start_env(c, 1, READY_S, "PS_TEST_LATE_RNDV", "3")};
+    char numel[] = "40000", pushes[] = "12"; /* 160000 bytes: 3 chunks of 64 KiB at most */
+    char *argv[] = {(char *)cl_binary("ASP_CLIENT"), c->manifest, numel, pushes, NULL};
+    setenv("PS_DIRECT_PUSH", "0", 1);
+    setenv("PS_EAGER_BYTES", "0", 1);
+    cl_proc_t *a = cl_spawn(c, "asp", argv);
+    unsetenv("PS_DIRECT_PUSH");
+    unsetenv("PS_EAGER_BYTES");
+    EXPECT_EXIT(a, 0);
+    EXPECT_LOG(a, "12 pushes, each applied once");
+    EXPECT_LOG(a, "from a broken connection is still landing: sending it again until it gets "
+                  "there");
+    for (int i = 0; i < 2; i++) {
+        EXPECT_LOG(psd[i], "closed while it lands (PS_TEST_LATE_RNDV)");
+        EXPECT_LOG(psd[i], "1.5 s late (PS_TEST_LATE_RNDV)");
+    }
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* A change of compression that runs out of memory (alloc_count.so makes its last allocation,
  * the pull buffer, fail) fails with PS_ENOMEM and leaves the tensor as it was: asp_client goes
  * on pushing as fp16 with error feedback, and every push is applied once. Before, the push side
@@ -761,6 +794,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("peer_killed_mid_send", test_peer_killed_mid_send));
     suite_add_tcase(s, tcase("hostile_host_name_kept_safe", test_hostile_host_name_kept_safe));
     suite_add_tcase(s, tcase("lost_ack_asp_applied_once", test_lost_ack_asp_applied_once));
+    suite_add_tcase(s, tcase("push_sent_again_while_landing", test_push_sent_again_while_landing));
     suite_add_tcase(s, tcase("compression_change_out_of_memory",
                              test_compression_change_out_of_memory));
     suite_add_tcase(s, tcase("psd_crash_asp_applied_once", test_psd_crash_asp_applied_once));
