@@ -284,6 +284,41 @@ def worker_killed(tmp):
     print(f"worker killed: the other finished; {applied:.0f} samples applied once each")
 
 
+def early_break(tmp):
+    """A loop over batches() left after 3 steps (break): close() pulls, so the model holds
+    the parameters after all 3 updates, as torch SGD over those 3 batches gives. Before, it
+    kept those pulled before the third batch (the final pull came only when the generator ran
+    to its end)."""
+    for consistency in ("bsp", "asp"):
+        c = Cluster(tmp, "break-" + consistency, 1, consistency=consistency)
+        try:
+            x, y = data()
+            m = model()
+            record = []
+            with psd.torch.ParameterServer(c.manifest, m, samples=SAMPLES) as ps:
+                for b in ps.batches():
+                    record.append((list(b.indices),
+                                   {k: v.clone() for k, v in m.state_dict().items()}))
+                    m.zero_grad()
+                    torch.nn.functional.mse_loss(m(x[b.indices]), y[b.indices]).backward()
+                    ps.step()
+                    if len(record) == 3:
+                        break
+        finally:
+            c.stop()
+        ref = model()
+        ref.load_state_dict(record[0][1])
+        opt = torch.optim.SGD(ref.parameters(), lr=LR)
+        for idx, _ in record:
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(ref(x[idx]), y[idx]).backward()
+            opt.step()
+        for k, v in ref.state_dict().items():
+            d = (v - m.state_dict()[k]).abs().max().item()
+            assert d < 1e-5, f"{consistency}: {k} is not after the 3 updates (off by {d})"
+    print("a loop left early: close() pulled the last batch's update (bsp, asp)")
+
+
 def two_workers_asp(tmp):
     """Under asp each push is applied on arrival: two workers still share the passes (every
     sample applied once, shard 0's /metrics) and the loss falls."""
@@ -438,6 +473,7 @@ def main():
         two_workers_share(tmp)
         worker_killed(tmp)
         two_workers_asp(tmp)
+        early_break(tmp)
         errors(tmp)
         misuse(tmp)
         ctrl_c(tmp)

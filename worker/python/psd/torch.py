@@ -187,11 +187,21 @@ class ParameterServer:
         self.client.batch_done(b)  # a leave from here on reports it: it is never handed again
 
     def close(self):
-        """Leave the cluster."""
-        self.client.close()
+        """Leave the cluster. The model holds the newest parameters: after a loop over
+        batches() left early (a break after step()), they are pulled first, with the last
+        batch's update (under bsp: once its step is applied)."""
+        self._leave(pull=True)
+
+    def _leave(self, pull):
+        b, self._batch = self._batch, None
+        try:
+            if pull and b is not None and self._stepped:
+                self.pull(b.step + 1 if self.client.consistency == "bsp" else 0)
+        finally:
+            self.client.close()
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
-        self.close()
+        self._leave(pull=exc[0] is None)  # after an error, leave without waiting for a step
