@@ -1078,6 +1078,17 @@ START_TEST(test_periodic_asp_checkpoints_are_cuts)
 }
 END_TEST
 
+/* asp_pair_start's pair of 4096 batches checked ("check", 1 ms naps), shard 0 with test hook
+ * @p env = @p val (none when NULL), once 400 samples are applied: a job mid-run. */
+static void asp_pair_running(asp_stop_t *r, const char *env, const char *val)
+{
+    asp_pair_start(r, 3000, NULL, env, val, "4096", 1, "check");
+    coord_t co;
+    coord_open(&co, r->c);
+    ck_assert_int_ge(wait_num(&co, "samples_applied", 400, 0, RUN_S), 400);
+    coord_close(&co);
+}
+
 /* Two asp checkpoints at once share the coordinator's hold: psctl B arms shard 1 two seconds
  * after shard 0, and psctl A, started meanwhile, ends (armed or refused as busy) and sends its
  * GO first. The hold must last until B's GO too, so B's checkpoint is still a cut: restored,
@@ -1086,11 +1097,7 @@ END_TEST
 START_TEST(test_asp_checkpoints_at_once)
 {
     asp_stop_t r;
-    asp_pair_start(&r, 3000, NULL, NULL, NULL, "4096", 1, "check");
-    coord_t co;
-    coord_open(&co, r.c);
-    ck_assert_int_ge(wait_num(&co, "samples_applied", 400, 0, RUN_S), 400);
-    coord_close(&co);
+    asp_pair_running(&r, NULL, NULL);
     char dir_b[CL_PATH], dir_a[CL_PATH];
     cl_proc_t *b = checkpoint_spawn(r.c, "ckpt-b", 2000, dir_b);
     nap_ms(700);
@@ -1132,10 +1139,9 @@ static bool hold_on(coord_t *co)
 START_TEST(test_asp_checkpoint_asked_again_one_user)
 {
     asp_stop_t r;
-    asp_pair_start(&r, 3000, NULL, NULL, NULL, "4096", 1, "check");
+    asp_pair_running(&r, NULL, NULL);
     coord_t co;
     coord_open(&co, r.c);
-    ck_assert_int_ge(wait_num(&co, "samples_applied", 400, 0, RUN_S), 400);
     const uint64_t id = 0x5eed5eed5eedULL;
     uint32_t f = PS_FLAG_PENDING;
     for (int i = 0; i < 500 && (f & PS_FLAG_PENDING); i++, nap_ms(f & PS_FLAG_PENDING ? 20 : 0))
@@ -1166,11 +1172,7 @@ END_TEST
 START_TEST(test_asp_checkpoint_hold_lapsed_refused)
 {
     asp_stop_t r;
-    asp_pair_start(&r, 3000, NULL, "PS_TEST_CKPT_HOLD_MS", "300", "4096", 1, "check");
-    coord_t co;
-    coord_open(&co, r.c);
-    ck_assert_int_ge(wait_num(&co, "samples_applied", 400, 0, RUN_S), 400);
-    coord_close(&co);
+    asp_pair_running(&r, "PS_TEST_CKPT_HOLD_MS", "300");
     char ckdir[CL_PATH];
     cl_proc_t *cp = checkpoint_spawn(r.c, "ckpt", 1500, ckdir);
     EXPECT_EXIT(cp, 1);

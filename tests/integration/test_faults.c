@@ -326,16 +326,25 @@ END_TEST
  * and sends the push again; the shard must acknowledge it without applying it a second time.
  * asp_client pushes -1 everywhere 12 times (sgd, lr 1) over a tensor of 3 chunks on 2 shards
  * and finds every value 12. Before, the resent chunks were applied twice (13). */
-START_TEST(test_lost_ack_asp_applied_once)
+/* An asp cluster of 2 shards (sgd, lr 1), both started with test hook @p hook = @p val, and
+ * asp_client's 12 pushes of -1 over a tensor of 3 chunks (started, not waited for). */
+static cl_cluster_t *asp_client_run(cl_proc_t *psd[2], const char *hook, const char *val,
+                                    cl_proc_t **a)
 {
     cl_conf_t k = {.shards = 2, .workers = 1, .consistency = "asp",
                    .optimizer = "{name: sgd, lr: 1.0}"};
     cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd[2] = {cl_psd_start_env(c, 0, READY_S, "PS_TEST_LOSE_ACK", "4"),
-                         cl_psd_start_env(c, 1, READY_S, "PS_TEST_LOSE_ACK", "4")};
+    for (int i = 0; i < 2; i++) psd[i] = cl_psd_start_env(c, i, READY_S, hook, val);
     char numel[] = "40000", pushes[] = "12"; /* 160000 bytes: 3 chunks of 64 KiB at most */
     char *argv[] = {(char *)cl_binary("ASP_CLIENT"), c->manifest, numel, pushes, NULL};
-    cl_proc_t *a = cl_spawn(c, "asp", argv);
+    *a = cl_spawn(c, "asp", argv);
+    return c;
+}
+
+START_TEST(test_lost_ack_asp_applied_once)
+{
+    cl_proc_t *psd[2], *a;
+    cl_cluster_t *c = asp_client_run(psd, "PS_TEST_LOSE_ACK", "4", &a);
     EXPECT_EXIT(a, 0);
     EXPECT_LOG(a, "12 pushes, each applied once");
     EXPECT_LOG(a, "busy: tensor 0: a push or pull of it is in flight; wait for it before "
@@ -359,16 +368,10 @@ END_TEST
  * Before, "second push of ..." failed asp_client's push. */
 START_TEST(test_push_sent_again_while_landing)
 {
-    cl_conf_t k = {.shards = 2, .workers = 1, .consistency = "asp",
-                   .optimizer = "{name: sgd, lr: 1.0}"};
-    cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd[2] = {cl_psd_start_env(c, 0, READY_S, "PS_TEST_LATE_RNDV", "3"),
-                         cl_psd_start_env(c, 1, READY_S, "PS_TEST_LATE_RNDV", "3")};
-    char numel[] = "40000", pushes[] = "12"; /* 160000 bytes: 3 chunks of 64 KiB at most */
-    char *argv[] = {(char *)cl_binary("ASP_CLIENT"), c->manifest, numel, pushes, NULL};
-    setenv("PS_DIRECT_PUSH", "0", 1);
+    cl_proc_t *psd[2], *a;
+    setenv("PS_DIRECT_PUSH", "0", 1); /* psd and the client: pushes over UCX only */
     setenv("PS_EAGER_BYTES", "0", 1);
-    cl_proc_t *a = cl_spawn(c, "asp", argv);
+    cl_cluster_t *c = asp_client_run(psd, "PS_TEST_LATE_RNDV", "3", &a);
     unsetenv("PS_DIRECT_PUSH");
     unsetenv("PS_EAGER_BYTES");
     EXPECT_EXIT(a, 0);
