@@ -1437,6 +1437,15 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
                 rec_read = false;
             }
         }
+        /* The members' host names go into status JSON and logs: kept as a hello's are
+         * (host_safe), also from a state some other psd wrote or the disk damaged. */
+        for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
+            char *h = co->s.m[r].host;
+            h[sizeof co->s.m[r].host - 1] = '\0';
+            char safe[sizeof co->s.m[r].host];
+            host_safe(safe, sizeof safe, h);
+            memcpy(h, safe, sizeof safe);
+        }
         /* Epochs made after the save (joins, removals) are lost with the crash, but the
          * other shards know them: jump past anything that can have been handed out. */
         co->s.epoch = (co->s.epoch | 0xFFFFFull) + 1;
