@@ -34,6 +34,7 @@ struct psd_ckpt_s {
     psd_server_t *srv;
     int state;                 /* CK_* */
     uint64_t step;             /* the version every chunk must reach; UINT64_MAX: now */
+    uint64_t id;               /* psctl's checkpoint id (its ARM's `count`; 0: none said) */
     char dir[1100];            /* D/shard-K */
     psd_slot_work_t slot;      /* takes the snapshot */
     uv_work_t copy;
@@ -187,7 +188,8 @@ static void json_safe(char *out, size_t cap, const char *s)
  * bsp), "consistency", "cluster", "manifest" (its path) and "manifest_xxh3" (of its bytes),
  * "shard", "nshards", "chunk_bytes", "optimizer", "optimizer_state" (floats per parameter),
  * "coordinator" (the job blob is in this copy), "records_bytes", "merkle_root", "run" (the
- * store's run, run.h, as 16 hex digits) and "run_base_step",
+ * store's run, run.h, as 16 hex digits) and "run_base_step", "checkpoint" (psctl's id of the
+ * checkpoint, 16 hex digits: every shard's copy of one checkpoint says the same),
  * "tensors": [{"id", "name", "shape", "first_chunk"}], "chunks": [[tensor, chunk, version,
  * "xxh3"], ...] one per line, in ordinal order}. Written as meta.json.tmp, fsynced, renamed.
  */
@@ -207,15 +209,15 @@ static int meta_write(psd_server_t *srv, struct psd_ckpt_s *ck, inventory_t *inv
             "\"cluster\": \"%s\", \"manifest\": \"%s\", \"manifest_xxh3\": \"%016llx\", "
             "\"shard\": %u, \"nshards\": %u, \"chunk_bytes\": %llu, \"optimizer\": \"%s\", "
             "\"optimizer_state\": %u, \"coordinator\": %s, \"records_bytes\": %llu, "
-            "\"merkle_root\": \"%016llx\", \"run\": \"%016llx\", \"run_base_step\": %llu,"
-            "\n\"tensors\": [",
+            "\"merkle_root\": \"%016llx\", \"run\": \"%016llx\", \"run_base_step\": %llu, "
+            "\"checkpoint\": \"%016llx\",\n\"tensors\": [",
             (unsigned long long)ck->vmin, (unsigned long long)ck->vmax,
             ps_consistency_name(srv->m.job.consistency), cl, mp,
             (unsigned long long)file_xxh3(srv->m.path), srv->shard, srv->nshards,
             (unsigned long long)srv->m.chunk_bytes, ps_optim_name(srv->m.job.optimizer.name),
             srv->nstate, inv->has_job ? "true" : "false", (unsigned long long)rec_bytes,
             (unsigned long long)root, (unsigned long long)srv->run.id,
-            (unsigned long long)srv->run.base_step);
+            (unsigned long long)srv->run.base_step, (unsigned long long)ck->id);
     for (size_t i = 0; i < inv->ntensors; i++) {
         const ps_decl_t *d = &inv->tensors[i].d;
         json_safe(name, sizeof name, d->name);
@@ -459,6 +461,7 @@ static void on_arm(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
     }
     snprintf(ck->dir, sizeof ck->dir, "%s", dir);
     ck->step = msg->step;
+    ck->id = msg->count;
     ck->state = CK_ARMED;
     ck->rc = 0;
     ck->err[0] = '\0';
@@ -534,6 +537,14 @@ static void repair_run(psd_slot_work_t *w)
                  "checkpoint (repair asked for %llu): not repaired", r->t, r->c,
                  (unsigned long long)live->version, (unsigned long long)src->version,
                  (unsigned long long)r->version);
+        r->rc = PS_ECONFLICT;
+    } else if (r->rc == 0 && src->hash != live->hash && src->hash != psd_store_chunk_hash(live)) {
+        /* The same version, other values: another run's or cluster's chunk. The committed
+         * record's hash (or, its header damaged, its bytes) says what the chunk must hold. */
+        snprintf(r->err, sizeof r->err, "chunk %u/%u at version %llu in the checkpoint (hash "
+                 "%016llx) is not the one this shard committed (hash %016llx): another run's "
+                 "checkpoint? not repaired", r->t, r->c, (unsigned long long)r->version,
+                 (unsigned long long)src->hash, (unsigned long long)live->hash);
         r->rc = PS_ECONFLICT;
     } else if (r->rc) {
         snprintf(r->err, sizeof r->err, "chunk %u/%u: %s", r->t, r->c, ps_strerror(r->rc));

@@ -1,20 +1,36 @@
 /* ckpt_meta.c: reading a checkpoint's files (see ckpt_meta.h). */
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "ckpt_meta.h"
 #include "manifest.h"
 
+#define META_MAX (1L << 30) /* a meta.json lists every chunk: ~40 bytes each */
+
 char *psd_ckpt_meta_read(const char *dir, uint32_t j)
 {
     char path[1200];
     snprintf(path, sizeof path, "%s/shard-%u/%s", dir, j, PSD_CKPT_META);
-    FILE *f = fopen(path, "r");
-    if (f == NULL) return NULL;
+    /* Not blocking: a FIFO put there would hang every reader until a writer came. */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return NULL;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > META_MAX) {
+        close(fd);
+        errno = EINVAL; /* not a regular file, or too big */
+        return NULL;
+    }
+    FILE *f = fdopen(fd, "r");
+    if (f == NULL) {
+        close(fd);
+        return NULL;
+    }
     char *b = NULL;
     long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
     if (n >= 0 && fseek(f, 0, SEEK_SET) == 0 && (b = malloc((size_t)n + 1)) != NULL) {
@@ -28,6 +44,45 @@ char *psd_ckpt_meta_read(const char *dir, uint32_t j)
     }
     fclose(f);
     return b;
+}
+
+int psd_ckpt_meta_agree(const char *j0, const char *jk, uint32_t k, char *err, size_t errlen)
+{
+    uint64_t shard = psd_ckpt_meta_u64(jk, "shard"), n0 = psd_ckpt_meta_u64(j0, "nshards");
+    uint64_t nk = psd_ckpt_meta_u64(jk, "nshards");
+    char a[256] = "", b[256] = "", what[16];
+    if (shard != k) {
+        snprintf(err, errlen, "shard-%u/%s says it is shard %lld (directories renamed or mixed "
+                 "up?)", k, PSD_CKPT_META, shard == UINT64_MAX ? -1LL : (long long)shard);
+        return -1;
+    }
+    if (nk != n0) {
+        snprintf(err, errlen, "shard-%u was taken on %lld shards, shard-0 on %lld: not one "
+                 "checkpoint", k, nk == UINT64_MAX ? -1LL : (long long)nk,
+                 n0 == UINT64_MAX ? -1LL : (long long)n0);
+        return -1;
+    }
+    static const char *const keys[] = {"cluster", "checkpoint"}; /* "run" is each store's own */
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
+        a[0] = b[0] = '\0';
+        psd_ckpt_meta_field(j0, keys[i], a, sizeof a);
+        psd_ckpt_meta_field(jk, keys[i], b, sizeof b);
+        if (strcmp(a, b) != 0) {
+            snprintf(what, sizeof what, "%s", keys[i]);
+            snprintf(err, errlen, "shard-%u is of %s '%s', shard-0 of %s '%s': not one "
+                     "checkpoint", k, what, b, what, a);
+            return -1;
+        }
+    }
+    /* bsp: every shard's chunks at the step (one that holds none may say another). */
+    psd_ckpt_meta_field(j0, "consistency", a, sizeof a);
+    uint64_t s0 = psd_ckpt_meta_u64(j0, "step"), sk = psd_ckpt_meta_u64(jk, "step");
+    if (strcmp(a, "bsp") == 0 && sk != s0 && psd_ckpt_meta_u64(jk, "records_bytes") != 0) {
+        snprintf(err, errlen, "shard-%u is at step %llu, shard-0 at step %llu: not one "
+                 "checkpoint", k, (unsigned long long)sk, (unsigned long long)s0);
+        return -1;
+    }
+    return 0;
 }
 
 int psd_ckpt_meta_field(const char *json, const char *key, char *out, size_t cap)

@@ -57,6 +57,10 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (restore && restore[0] == '\0') {
+        fprintf(stderr, "psd: --restore: an empty directory name\n");
+        return 2;
+    }
     static ps_manifest_t m;
     char err[1024];
     if (ps_manifest_load(&m, manifest, err, sizeof err)) {

@@ -379,6 +379,9 @@ int main(int argc, char **argv)
                           : follow && strcmp(verb, "checkpoint") ? "--follow is for checkpoint only"
                           : follow && dir ? "--follow takes the directory from the manifest"
                           : !from && strcmp(verb, "repair") == 0 ? "repair needs --from DIR"
+                          : (dir && !dir[0]) || (against && !against[0]) || (from && !from[0]) ||
+                                    (restore && !restore[0]) || (out && !out[0])
+                              ? "an empty directory or file name (it would be the current one)"
                           : NULL;
     if (misplaced) {
         fprintf(stderr, "psctl: %s\n", misplaced);

@@ -114,7 +114,7 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
     int gap_ms = gap_env ? atoi(gap_env) : 0;
     for (int i = 0; i < n && armed; i++) {
         if (i && gap_ms > 0) usleep((useconds_t)gap_ms * 1000);
-        ps_msg_t a = {.type = PS_MSG_CKPT_ARM, .rank = -1, .step = step};
+        ps_msg_t a = {.type = PS_MSG_CKPT_ARM, .rank = -1, .step = step, .count = id};
         snprintf(a.error, sizeof a.error, "%.255s", d);
         if (ps_req_call(cl, (uint32_t)i, &a, &r, NULL, NULL, err, sizeof err)) {
             fprintf(stderr, "psctl: checkpoint: %s\n", err);
@@ -287,7 +287,8 @@ static long verify_one(const ps_manifest_t *m, const char *dir, uint32_t j, uint
 {
     char *meta = psd_ckpt_meta_read(dir, j);
     if (meta == NULL) {
-        fprintf(stderr, "psctl: verify: %s/shard-%u/%s: cannot read it\n", dir, j, PSD_CKPT_META);
+        fprintf(stderr, "psctl: verify: %s/shard-%u/%s: cannot read it: %s\n", dir, j,
+                PSD_CKPT_META, errno == EINVAL ? "not a regular file" : strerror(errno));
         return -1;
     }
     psd_ckpt_src_t s;
@@ -400,12 +401,24 @@ int psctl_verify_against(const ps_manifest_t *m, const char *dir)
     char *meta = meta0_or_say("verify", dir);
     if (meta == NULL) return 1;
     uint64_t n = psd_ckpt_meta_nshards(meta), step = psd_ckpt_meta_u64(meta, "step");
-    free(meta);
-    if (n == 0) return say_not_checkpoint("verify", dir);
+    if (n == 0) {
+        free(meta);
+        return say_not_checkpoint("verify", dir);
+    }
     uint64_t checked = 0;
     long bad = 0;
     int failed = 0, root_bad = 0;
-    char root[17];
+    char root[17], why[512];
+    /* The shards' copies must be one checkpoint's (not renamed, mixed or from another run). */
+    for (uint32_t j = 0; j < n; j++) {
+        char *mj = j ? psd_ckpt_meta_read(dir, j) : meta;
+        if (mj && psd_ckpt_meta_agree(meta, mj, j, why, sizeof why)) {
+            printf("psctl: verify: checkpoint %s: %s\n", dir, why);
+            bad++;
+        }
+        if (j) free(mj);
+    }
+    free(meta);
     for (uint32_t j = 0; j < n; j++) {
         long b = verify_one(m, dir, j, &checked, root, &root_bad);
         if (b < 0) failed = 1;
@@ -462,6 +475,22 @@ int psctl_repair(const ps_manifest_t *m, const char *dir_in, int rollback, doubl
     ps_req_t *cl = NULL;
     char(*names)[PS_NAME_MAX] = NULL;
     int ret = 1, nt;
+    char cluster[256] = "";
+    psd_ckpt_meta_field(meta0, "cluster", cluster, sizeof cluster);
+    if (strlen(dir) >= 200) { /* MSG_REPAIR carries it in 255 bytes; checkpoint's own bound */
+        fprintf(stderr, "psctl: repair: checkpoint directory '%s' is longer than 199 bytes\n", dir);
+        goto out;
+    }
+    if (strcmp(cluster, m->cluster) != 0) { /* its chunks are another cluster's model */
+        fprintf(stderr, "psctl: repair: %s is a checkpoint of cluster '%s', this manifest's "
+                "cluster is '%s'\n", dir, cluster, m->cluster);
+        goto out;
+    }
+    for (uint32_t j = 0; metas && j < n; j++)
+        if (metas[j] && psd_ckpt_meta_agree(meta0, metas[j], j, err, sizeof err)) {
+            fprintf(stderr, "psctl: repair: %s: %s\n", dir, err);
+            goto out;
+        }
     if (metas == NULL || ps_req_open(m, timeout_s, &cl, err, sizeof err)) {
         fprintf(stderr, "psctl: repair: %s\n", metas ? err : "out of memory");
         goto out;

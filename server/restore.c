@@ -56,7 +56,7 @@ int psd_restore_check(const ps_manifest_t *m, uint32_t nstate, const char *data_
     char *j0 = psd_ckpt_meta_read(dir, 0);
     if (j0 == NULL) {
         snprintf(err, errlen, "--restore %s: no checkpoint there (cannot read shard-0/%s: %s)",
-                 dir, PSD_CKPT_META, strerror(errno));
+                 dir, PSD_CKPT_META, errno == EINVAL ? "not a regular file" : strerror(errno));
         return PS_ECONFIG;
     }
     char cl[256] = "", opt[64] = "";
@@ -87,20 +87,24 @@ int psd_restore_check(const ps_manifest_t *m, uint32_t nstate, const char *data_
         snprintf(err, errlen, "--restore %s: shard-0/%s has no valid nshards (1 to %d)", dir,
                  PSD_CKPT_META, PS_MAX_SERVERS),
             rc = PS_ECONFIG;
+    char why[512];
+    if (rc == 0 && psd_ckpt_meta_agree(j0, j0, 0, why, sizeof why))
+        snprintf(err, errlen, "--restore %s: %s", dir, why), rc = PS_ECONFIG;
     for (uint32_t k = 1; rc == 0 && k < n; k++) {
         char *jk = psd_ckpt_meta_read(dir, k);
         if (jk == NULL)
-            snprintf(err, errlen, "--restore %s: shard-%u/%s is missing (the checkpoint was "
+            snprintf(err, errlen, "--restore %s: cannot read shard-%u/%s (%s; the checkpoint was "
                      "taken on %llu shards): incomplete checkpoint", dir, k, PSD_CKPT_META,
+                     errno == EINVAL ? "not a regular file" : strerror(errno),
                      (unsigned long long)n), rc = PS_ECONFIG;
-        else if (psd_ckpt_meta_u64(jk, "nshards") != n ||
-                 (m->job.consistency == PS_CONSIST_BSP && psd_ckpt_meta_u64(jk, "step") != step &&
-                  psd_ckpt_meta_u64(jk, "records_bytes") != 0))
-            snprintf(err, errlen, "--restore %s: shard-%u is at step %llu of %llu shards, shard-0 "
-                     "at step %llu of %llu: not one checkpoint", dir, k,
+        else if (psd_ckpt_meta_agree(j0, jk, k, why, sizeof why))
+            snprintf(err, errlen, "--restore %s: %s", dir, why), rc = PS_ECONFIG;
+        else if (m->job.consistency == PS_CONSIST_BSP && psd_ckpt_meta_u64(jk, "step") != step &&
+                 psd_ckpt_meta_u64(jk, "records_bytes") != 0) /* an asp one restored as bsp */
+            snprintf(err, errlen, "--restore %s: shard-%u is at step %llu, shard-0 at step %llu: "
+                     "a bsp job cannot start from it", dir, k,
                      (unsigned long long)psd_ckpt_meta_u64(jk, "step"),
-                     (unsigned long long)psd_ckpt_meta_u64(jk, "nshards"), (unsigned long long)step,
-                     (unsigned long long)n), rc = PS_ECONFIG;
+                     (unsigned long long)step), rc = PS_ECONFIG;
         free(jk);
     }
     free(j0);

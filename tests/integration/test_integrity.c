@@ -947,6 +947,129 @@ START_TEST(test_repair_from_checkpoint)
 }
 END_TEST
 
+/* In checkpoint shard directory @p sdir: the record of another chunk of tensor @p t of the same
+ * size copied over chunk @p *ch's (the same version, its own hash right: what another run's
+ * checkpoint of the chunk looks like). @return 0, -1 if that store holds no two such chunks. */
+static int record_from_other_chunk(const char *sdir, uint32_t t, uint32_t *ch)
+{
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    MDB_cursor *cur;
+    ck_assert_int_eq(mdb_env_create(&env), 0);
+    ck_assert_int_eq(mdb_env_set_mapsize(env, (size_t)4096 << 20), 0);
+    ck_assert_int_eq(mdb_env_open(env, sdir, 0, 0600), 0);
+    ck_assert_int_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    ck_assert_int_eq(mdb_dbi_open(txn, NULL, 0, &dbi), 0);
+    ck_assert_int_eq(mdb_cursor_open(txn, dbi, &cur), 0);
+    MDB_val k, v, first = {0, NULL};
+    uint8_t fk[9];
+    int rc = -1;
+    for (int r = mdb_cursor_get(cur, &k, &v, MDB_FIRST); r == 0;
+         r = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+        const uint8_t *kp = k.mv_data;
+        if (k.mv_size != 9 || kp[0] != 'C' || ((uint32_t)kp[1] << 24 | (uint32_t)kp[2] << 16 |
+                                               (uint32_t)kp[3] << 8 | kp[4]) != t)
+            continue;
+        if (first.mv_data == NULL) {
+            memcpy(fk, kp, 9);
+            first = v;
+            continue;
+        }
+        if (v.mv_size != first.mv_size) continue;
+        void *copy = malloc(v.mv_size);
+        memcpy(copy, v.mv_data, v.mv_size);
+        mdb_cursor_close(cur);
+        cur = NULL;
+        MDB_val key = {9, fk}, val = {v.mv_size, copy};
+        ck_assert_int_eq(mdb_put(txn, dbi, &key, &val, 0), 0);
+        free(copy);
+        *ch = (uint32_t)fk[5] << 24 | (uint32_t)fk[6] << 16 | (uint32_t)fk[7] << 8 | fk[8];
+        rc = 0;
+        break;
+    }
+    if (cur) mdb_cursor_close(cur);
+    ck_assert_int_eq(rc == 0 ? mdb_txn_commit(txn) : (mdb_txn_abort(txn), 0), 0);
+    mdb_env_close(env);
+    return rc;
+}
+
+/* Checkpoint copies that are not one checkpoint's, or not of this model, are refused.
+ * The shard directories swapped: verify --against and psd --restore say which one names
+ * another shard (before: verify exit 0, and a restore took the job's state from the wrong
+ * copy and lost it). repair --from a checkpoint of another cluster: refused. repair --from a
+ * checkpoint whose record of the damaged chunk holds other values (another chunk's record:
+ * the same version, its own hash right, as another run's would be): refused, the chunk left
+ * damaged (before: "1 chunk repaired" with the other values, and verify said all was well). */
+START_TEST(test_checkpoint_not_ours_refused)
+{
+    cl_proc_t *psd[2];
+    cl_cluster_t *c = trained_to_20(psd);
+    char dir[CL_PATH], sd[3][CL_PATH + 16];
+    cl_path(c, "ck", dir, sizeof dir);
+    const char *ck[] = {"checkpoint", "--dir", dir, NULL};
+    psctl(c, "checkpoint", 0, ck);
+    stop_all(psd, 2);
+    for (int j = 0; j < 3; j++) snprintf(sd[j], sizeof sd[j], "%s/shard-%d", dir, j);
+    ck_assert_int_eq(rename(sd[0], sd[2]), 0); /* swapped */
+    ck_assert_int_eq(rename(sd[1], sd[0]), 0);
+    ck_assert_int_eq(rename(sd[2], sd[1]), 0);
+    const char *va[] = {"verify", "--against", dir, NULL};
+    EXPECT_LOG(psctl(c, "verify-swapped", 1, va), "shard-0/meta.json says it is shard 1");
+    cl_data_dirs_aside(c, "live");
+    char *argv[] = {(char *)cl_binary("PSD"), "--manifest", c->manifest, "--shard", "0",
+                    "--restore", dir, NULL};
+    cl_proc_t *r = cl_spawn(c, "restore-swapped", argv);
+    EXPECT_EXIT(r, 1);
+    EXPECT_LOG(r, "shard-0/meta.json says it is shard 1");
+    for (int j = 0; j < 2; j++) { /* the live stores back */
+        char from[CL_PATH + 32];
+        snprintf(from, sizeof from, "%s.live", c->data_dir[j]);
+        rmdir(c->data_dir[j]); /* made by the refused restore, if at all: empty */
+        ck_assert_int_eq(rename(from, c->data_dir[j]), 0);
+    }
+    ck_assert_int_eq(rename(sd[0], sd[2]), 0); /* in order again */
+    ck_assert_int_eq(rename(sd[1], sd[0]), 0);
+    ck_assert_int_eq(rename(sd[2], sd[1]), 0);
+    /* Another cluster's manifest (the same shards): its checkpoint is refused for repair. */
+    char other[CL_PATH];
+    cl_path(c, "other.yaml", other, sizeof other);
+    char *text = cl_read_file(c->manifest, NULL);
+    const char *at = strstr(text, "cluster: ");
+    ck_assert_ptr_nonnull(at);
+    FILE *f = fopen(other, "w");
+    fprintf(f, "%.*scluster: other-%s", (int)(at - text), text, at + strlen("cluster: "));
+    fclose(f);
+    free(text);
+    /* This cluster's checkpoint, but chunk ch's record another chunk's. */
+    uint32_t ch = 0;
+    int s = record_from_other_chunk(sd[0], 0, &ch) == 0 ? 0 : 1;
+    if (s == 1) ck_assert_int_eq(record_from_other_chunk(sd[1], 0, &ch), 0);
+    ck_assert_int_eq(corrupt_chunk(c, 0, ch), s); /* the live chunk damaged */
+    psd[0] = cl_psd_start(c, 0, NULL, READY_S);
+    psd[1] = cl_psd_start(c, 1, NULL, READY_S);
+    const char *rp[] = {"repair", "--from", dir, NULL};
+    cl_proc_t *ro = psctl_m(c, other, "repair-other", 1, rp);
+    EXPECT_LOG(ro, "is a checkpoint of cluster '");
+    cl_proc_t *rf = psctl(c, "repair-foreign", 1, rp);
+    EXPECT_LOG(rf, "is not the one this shard committed");
+    EXPECT_LOG(rf, "psctl: repair: 0 chunks repaired, 1 not repairable");
+    const char *vf[] = {"verify", NULL};
+    cl_proc_t *v = psctl(c, "verify-after", 1, vf); /* still damaged, and said so */
+    ck_assert_int_eq(count_in_log(v, "psctl: verify: shard "), 1);
+    stop_all(psd, 2);
+    /* A FIFO where a meta.json should be: said, not waited on for good (before: verify
+     * --against, restore and repair blocked in its open). */
+    char meta[CL_PATH + 32];
+    snprintf(meta, sizeof meta, "%s/meta.json", sd[1]);
+    ck_assert_int_eq(unlink(meta), 0);
+    ck_assert_int_eq(mkfifo(meta, 0600), 0);
+    EXPECT_LOG(psctl(c, "verify-fifo", 1, va), "shard-1/meta.json: cannot read it: not a regular "
+                                                "file");
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* ---- (g) periodic checkpoints ------------------------------------------------------------ */
 
 /* The pid in psd's "... (pid N)" log line that follows @p needle. */
@@ -1133,6 +1256,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("checkpoint_restore_reshard", test_checkpoint_restore_reshard));
     suite_add_tcase(s, tcase("checkpoint_verify_against", test_checkpoint_verify_against));
     suite_add_tcase(s, tcase("repair_from_checkpoint", test_repair_from_checkpoint));
+    suite_add_tcase(s, tcase("checkpoint_not_ours_refused", test_checkpoint_not_ours_refused));
     suite_add_tcase(s, tcase("periodic_checkpoints", test_periodic_checkpoints));
     suite_add_tcase(s, tcase("checkpoints_after_rollback", test_checkpoints_after_rollback));
     return s;
