@@ -720,7 +720,18 @@ static void async_maybe_finished(psd_server_t *srv)
 {
     psd_coord_t *co = srv->coord;
     uint64_t max = srv->m.job.max_steps;
-    if (is_bsp(srv) || max == 0 || co->s.finished || co->s.active == 0) return;
+    if (is_bsp(srv) || max == 0 || co->s.finished) return;
+    if (co->s.active == 0) {
+        /* No member left, and since one did its steps no start is granted (capped): nobody
+         * would ever come, so the job is over. Before, it waited for good with no worker. */
+        if (!co->capped) return; /* none joined yet, or pslaunch replaces one that died */
+        co->s.finished = 1;
+        PS_LOG(PS_LOG_INFO, "coord", "job complete: every worker did its %llu steps or left "
+               "(%llu samples applied)", (unsigned long long)max,
+               (unsigned long long)co->s.cur.applied_total);
+        coord_save(srv);
+        return;
+    }
     for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
         if ((co->s.active >> r & 1) && (co->s.m[r].steps_done < max || co->s.m[r].has_batch))
             return;

@@ -1329,6 +1329,39 @@ START_TEST(test_asp_max_steps_finishes)
 }
 END_TEST
 
+/* The same, but one worker hangs (SIGSTOP, within its heartbeat timeout) while the other does
+ * its steps and leaves, and is then killed. Once one did its steps no start is granted (a
+ * replacement would do as many again), so with no member left the job is complete. Before, it
+ * waited for good with no worker ("finished": false, pslaunch --follow idle). */
+START_TEST(test_asp_max_steps_member_died_finishes)
+{
+    cl_conf_t k = {.shards = 1, .workers = 2, .consistency = "asp", .max_steps = 200,
+                   .job_extra = "  heartbeat_timeout_ms: 60000\n"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    cl_proc_t *w[2] = {cl_worker_start(c, NULL, NULL, false), cl_worker_start(c, NULL, NULL,
+                                                                              false)};
+    coord_t co;
+    coord_open(&co, c);
+    ck_assert_int_ge(wait_num(&co, "actual_workers", 2, 1, RUN_S), 2);
+    ck_assert_int_eq(cl_signal(w[1], SIGSTOP), 0);
+    EXPECT_EXIT(w[0], 0);
+    EXPECT_LOG(w[0], "after 200 steps");
+    ck_assert_int_eq(coord_num(&co, "actual_workers"), 1); /* the stopped one is still a member */
+    ck_assert_int_eq(cl_signal(w[1], SIGKILL), 0);
+    cl_signal(w[1], SIGCONT);
+    cl_wait(w[1], RUN_S);
+    ck_assert_msg(cl_wait_log(psd, "job complete: every worker did its 200 steps or left",
+                              RUN_S) == 0, "the job never ended: %s", cl_tail(psd));
+    char *st = coord_status(&co);
+    ck_assert_msg(st && strstr(st, "\"finished\": true"), "status: %s", st ? st : "(none)");
+    free(st);
+    coord_close(&co);
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* ssp: a worker that joins a running job starts at the slowest member's clock. From 0, every
  * other member would wait (staleness 2) until it had done as many batches on its own. */
 START_TEST(test_ssp_joiner_starts_at_slowest)
@@ -1805,6 +1838,7 @@ Suite *ps_test_suite(void)
     ADD(confused_member_refused);
     ADD(ssp_joiner_starts_at_slowest);
     ADD(asp_max_steps_finishes);
+    ADD(asp_max_steps_member_died_finishes);
     ADD(leave_while_coordinator_stopped);
     ADD(scale_2_5_1_3);
     ADD(launcher_survives_coordinator_restart);
