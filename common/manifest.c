@@ -442,6 +442,19 @@ static int check_name(ctx_t *c, const field_t *f, yaml_node_t *n, char *base, co
     return 0;
 }
 
+/* A host name or an address (IPv4, IPv6, bracketed or not): what psd and UCX can resolve, and
+ * what status JSON and logs can show as it is. */
+static int check_host(ctx_t *c, const field_t *f, yaml_node_t *n, char *base, const char *path)
+{
+    const char *s = base + f->off;
+    char buf[96];
+    if (s[strspn(s, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-:[]%")] !=
+        '\0')
+        return fail(c, n, path, "must be a host name or an address ([A-Za-z0-9_.:%%[]-]), got "
+                    "'%s'", clip(n, buf, sizeof buf));
+    return 0;
+}
+
 bool ps_codec_name_valid(const char *t)
 {
     static const char *plain[] = {"none", "fp16", "bf16", "int8", "sign"};
@@ -680,11 +693,11 @@ static const field_t job_fields[] = {
 };
 
 static const field_t server_fields[] = {
-    {SRV(host), .type = T_STR, .flags = F_REQ},
+    {SRV(host), .type = T_STR, .flags = F_REQ, .check = check_host},
     {SRV(port), .type = T_INT, .flags = F_REQ, .min = 1, .max = 65535},
     {SRV(data_dir), .type = T_STR, .flags = F_REQ},
     {SRV(metrics_port), .type = T_INT, .min = 0, .max = 65535},
-    {SRV(metrics_host), .type = T_STR},
+    {SRV(metrics_host), .type = T_STR, .check = check_host},
     {0},
 };
 

@@ -185,6 +185,21 @@ static const char *last_pass_applied(const char *json, char *buf, size_t len)
     return last ? field(last, "applied", buf, len) : "-";
 }
 
+/* @p v as the body of a JSON string on stdout: quotes, backslashes and control bytes escaped
+ * (an error text or a host name may hold them). */
+static void json_str(const char *v)
+{
+    for (; *v; v++) {
+        unsigned char ch = (unsigned char)*v;
+        if (ch == '"' || ch == '\\')
+            printf("\\%c", ch);
+        else if (ch < 0x20 || ch == 0x7f)
+            printf("\\u%04x", ch);
+        else
+            putchar(ch);
+    }
+}
+
 static int status(ctl_t *ctl, int json, double timeout_s)
 {
     int n = ctl->m.nservers;
@@ -206,9 +221,13 @@ static int status(ctl_t *ctl, int json, double timeout_s)
         const ps_server_conf_t *sc = &ctl->m.servers[i];
         if (!s->got) {
             bad = 1;
-            if (json)
-                printf("%s{\"shard\": %d, \"address\": \"%s:%u\", \"error\": \"%s\"}", i ? ", " : "",
-                       i, sc->host, sc->port, s->failed ? s->why : "no answer");
+            if (json) {
+                printf("%s{\"shard\": %d, \"address\": \"", i ? ", " : "", i);
+                json_str(sc->host);
+                printf(":%u\", \"error\": \"", sc->port);
+                json_str(s->failed ? s->why : "no answer");
+                printf("\"}");
+            }
             else
                 fprintf(stderr, "psctl: shard %d (%s:%u): %s\n", i, sc->host, sc->port,
                         s->failed ? s->why : "no answer");
@@ -432,6 +451,7 @@ int main(int argc, char **argv)
             return 1;
         }
         ps_msg_t req = {.type = PS_MSG_SCALE, .workers = (uint32_t)scale, .rank = -1}, rep;
+        snprintf(req.cluster, sizeof req.cluster, "%s", ctl.m.cluster);
         int rc = ps_req_call(cc, 0, &req, &rep, NULL, NULL, err, sizeof err);
         ps_req_close(cc);
         if (rc) {

@@ -648,8 +648,12 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
         return UCS_OK;
     }
     if ((msg.type == PS_MSG_SCALE || msg.type == PS_MSG_LAUNCH) && length == 0) {
-        /* Operator requests: no hello needed, like status. */
-        if (srv->coord == NULL)
+        /* Operator requests: no hello needed, like status; but for this cluster (a manifest of
+         * another one that names this address must not scale this job). */
+        if (strcmp(msg.cluster, srv->m.cluster) != 0)
+            psd_send_error(srv, c, msg.req_id, PS_ECONFIG, "this shard serves cluster '%.100s', "
+                           "not '%.100s'", srv->m.cluster, msg.cluster);
+        else if (srv->coord == NULL)
             psd_send_error(srv, c, msg.req_id, PS_EPROTO, "%s goes to shard 0, not shard %u",
                            ps_msg_type_name(msg.type), srv->shard);
         else if (msg.type == PS_MSG_SCALE)

@@ -66,14 +66,14 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
     }
     pid_t pids[FOLLOW_MAX];
     int stopping[FOLLOW_MAX];
-    int nlive = 0, finished = 0, failures = 0, answered = 0;
+    int nlive = 0, finished = 0, failures = 0, answered = 0, refused = 0;
     long next_index = 0;
     time_t silent_since = 0, said = 0; /* the coordinator unreachable since, and said at */
     struct timespec ts = {poll_ms / 1000, (poll_ms % 1000) * 1000000L};
     while (!(finished && nlive == 0)) {
-        if (g_sig) { /* forward once, then wait for everyone */
+        if (g_sig || refused) { /* forward once, then wait for everyone */
             for (int i = 0; i < nlive; i++)
-                if (!stopping[i]) kill(pids[i], g_sig), stopping[i] = 1;
+                if (!stopping[i]) kill(pids[i], g_sig ? g_sig : SIGTERM), stopping[i] = 1;
             finished = 1;
         }
         if (!finished) {
@@ -88,10 +88,10 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
              * first failure and every 10 s, so that a cluster down or a wrong manifest is
              * seen at once. */
             time_t now = time(NULL);
-            if (rc == PS_EAUTH && !answered) {
-                /* As psworker: a secret or a clock to fix at the start, not to wait out. Once
-                 * it was answered, a refusal (a clock stepped) is asked again with a fresh
-                 * proof like any other failure. */
+            if ((rc == PS_EAUTH || rc == PS_ECONFIG) && !answered) {
+                /* As psworker: a secret, a clock or a manifest (another cluster's) to fix at
+                 * the start, not to wait out. Once it was answered, a refusal (a clock
+                 * stepped) is asked again with a fresh proof like any other failure. */
                 fprintf(stderr, "pslaunch: %s\n", err);
                 ps_req_close(ctl);
                 return 2;
@@ -139,7 +139,15 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
         while ((pid = waitpid(-1, &st, WNOHANG)) > 0)
             for (int i = 0; i < nlive; i++) {
                 if (pids[i] != pid) continue;
-                if (!stopping[i] && (!WIFEXITED(st) || WEXITSTATUS(st) != 0)) {
+                if (!stopping[i] && WIFEXITED(st) && WEXITSTATUS(st) == 2) {
+                    /* psworker's code for a manifest or arguments it refuses (a cluster that
+                     * does not fit, ...): every worker started would exit so. */
+                    if (!refused)
+                        fprintf(stderr, "pslaunch: worker pid %d refused its manifest or "
+                                "arguments (exit 2; its log says why): starting no more\n",
+                                (int)pid);
+                    refused = 1;
+                } else if (!stopping[i] && (!WIFEXITED(st) || WEXITSTATUS(st) != 0)) {
                     failures++;
                     fprintf(stderr, "pslaunch: worker pid %d %s %d\n", (int)pid,
                             WIFSIGNALED(st) ? "killed by signal" : "exited with",
@@ -153,9 +161,9 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
             }
     }
     ps_req_close(ctl);
-    if (failures) fprintf(stderr, "pslaunch: %d worker(s) died; the coordinator had them "
-                                  "replaced\n", failures);
-    return g_sig ? 128 + g_sig : 0;
+    if (failures) fprintf(stderr, "pslaunch: %d worker(s) died (the coordinator grants "
+                                  "replacements while the job needs them)\n", failures);
+    return g_sig ? 128 + g_sig : refused ? 2 : 0;
 }
 
 static void usage(FILE *f)
@@ -171,7 +179,8 @@ static void usage(FILE *f)
                "worker failed for good.\n"
                "With --follow, start and stop (SIGTERM) workers as the coordinator says until\n"
                "the job has the number `psctl scale` set (initially job.workers); exits 0 when\n"
-               "the job is complete and its workers have exited.\n");
+               "the job is complete and its workers have exited, 2 when a worker refuses its\n"
+               "manifest (exit 2) or shard 0 serves another cluster.\n");
 }
 
 int main(int argc, char **argv)

@@ -6,6 +6,7 @@
 #include <check.h>
 #include <dirent.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1533,6 +1534,56 @@ static void psctl_scale(cl_cluster_t *c, int n)
     EXPECT_EXIT(p, 0);
 }
 
+/* A manifest of another cluster that names these shards' addresses: psctl scale and pslaunch
+ * --follow are refused with the reason (exit 1 and 2) and the job's desired workers stay.
+ * Before, psctl scale 5 set this job's desired workers (exit 0), and pslaunch --follow started
+ * workers that each exited 2 ("this shard serves cluster ..."), 5 more every 15 s, for good. */
+START_TEST(test_scale_other_cluster_refused)
+{
+    cl_conf_t k = {.shards = 2, .workers = 2};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    char other[CL_PATH];
+    cl_path(c, "other.yaml", other, sizeof other);
+    char *text = cl_read_file(c->manifest, NULL);
+    const char *at = strstr(text, "cluster: ");
+    ck_assert_ptr_nonnull(at);
+    FILE *f = fopen(other, "w");
+    fprintf(f, "%.*scluster: other-%s", (int)(at - text), text, at + strlen("cluster: "));
+    fclose(f);
+    free(text);
+    char *sc[] = {(char *)cl_binary("PSCTL"), "--manifest", other, "scale", "5", NULL};
+    cl_proc_t *p = cl_spawn(c, "psctl-other", sc);
+    EXPECT_EXIT(p, 1);
+    EXPECT_LOG(p, "this shard serves cluster '");
+    char *ln[] = {(char *)cl_binary("PSLAUNCH"), "--manifest", other, "--follow", "--poll-ms",
+                  "100", NULL};
+    cl_proc_t *l = cl_spawn(c, "pslaunch-other", ln);
+    EXPECT_EXIT(l, 2);
+    EXPECT_LOG(l, "this shard serves cluster '");
+    coord_t co;
+    coord_open(&co, c);
+    ck_assert_int_eq(coord_num(&co, "desired_workers"), 2);
+    ck_assert_int_eq(coord_num(&co, "actual_workers"), 0);
+    coord_close(&co);
+    /* Workers that refuse their manifest (exit 2, as psworker does) are not started again and
+     * again: pslaunch --follow stops and exits 2. */
+    char refuse[CL_PATH];
+    cl_path(c, "refuse.sh", refuse, sizeof refuse);
+    f = fopen(refuse, "w");
+    fputs("#!/bin/sh\nexit 2\n", f);
+    fclose(f);
+    ck_assert_int_eq(chmod(refuse, 0700), 0);
+    char *lr[] = {(char *)cl_binary("PSLAUNCH"), "--manifest", c->manifest, "--follow",
+                  "--poll-ms", "100", "--psworker", refuse, NULL};
+    cl_proc_t *l2 = cl_spawn(c, "pslaunch-refused", lr);
+    EXPECT_EXIT(l2, 2);
+    EXPECT_LOG(l2, "refused its manifest or arguments (exit 2");
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* Every "joins as rank R at step J" in shard 0's log is followed by "rank R takes part from
  * step S" with S - J <= 2 (a joiner is in the next step). Returns the joins seen. */
 static int expect_prompt_admission(const cl_proc_t *psd0)
@@ -1841,6 +1892,7 @@ Suite *ps_test_suite(void)
     ADD(asp_max_steps_member_died_finishes);
     ADD(leave_while_coordinator_stopped);
     ADD(scale_2_5_1_3);
+    ADD(scale_other_cluster_refused);
     ADD(launcher_survives_coordinator_restart);
     ADD(coordinator_state_kept_without_steps);
     ADD(ssp_staleness);

@@ -309,6 +309,9 @@ static const struct {
      "demo.yaml:8: job.epochs: expected an integer, got '1.5'"},
     {L1 "servers:\n  - {host: h, port: \"7300\", data_dir: /d}\n" L5 L6_9 L10,
      "demo.yaml:3: servers[0].port: expected an integer, got a quoted string '7300'"},
+    {L1 "servers:\n  - {host: \"a\\\"b\", port: 7300, data_dir: /d}\n" L5 L6_9 L10,
+     "demo.yaml:3: servers[0].host: must be a host name or an address ([A-Za-z0-9_.:%[]-]), "
+     "got 'a\"b'"},
     {L1 L2_4 L5 L6_9 "  optimizer: {name: adam, lr: fast}\n",
      "demo.yaml:10: job.optimizer.lr: expected a number, got 'fast'"},
     {L1 L2_4 L5 L6_9 "  optimizer: {name: adam, lr: .inf}\n",
