@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "crc32c.h"
 #include "export.h"
 #include "ps/ps_error.h"
 #include "ps/ps_log.h"
@@ -261,10 +262,15 @@ static int verify_chunk(void *arg, uint32_t t, uint32_t c, const void *val, size
         n = snprintf(line, sizeof line, "%u %u malformed record of %zu bytes\n", t, c, len);
     } else {
         uint64_t now = psd_store_chunk_hash(h);
+        uint32_t crc;
         if (now != h->hash)
             n = snprintf(line, sizeof line, "%u %u version %llu stored %016llx bytes %016llx\n", t,
                          c, (unsigned long long)h->version, (unsigned long long)h->hash,
                          (unsigned long long)now);
+        else if ((crc = ps_crc32c(0, psd_chunk_params((psd_chunk_hdr_t *)h), (size_t)h->n * 4)) !=
+                 h->crc32c) /* what pulls are checked against: they would fail for good */
+            n = snprintf(line, sizeof line, "%u %u version %llu crc32c stored %08x bytes %08x\n",
+                         t, c, (unsigned long long)h->version, h->crc32c, crc);
     }
     if (n <= 0) return 0;
     if (j->len + (size_t)n + 1 > j->cap) {

@@ -397,6 +397,9 @@ int main(int argc, char **argv)
                           : rollback && strcmp(verb, "repair") ? "--rollback is for repair only"
                           : follow && strcmp(verb, "checkpoint") ? "--follow is for checkpoint only"
                           : follow && dir ? "--follow takes the directory from the manifest"
+                          : json && strcmp(verb, "status") ? "--json is for status only"
+                          : wait >= 0 && strcmp(verb, "export") && strcmp(verb, "checkpoint")
+                              ? "--wait is for export and checkpoint only"
                           : !from && strcmp(verb, "repair") == 0 ? "repair needs --from DIR"
                           : (dir && !dir[0]) || (against && !against[0]) || (from && !from[0]) ||
                                     (restore && !restore[0]) || (out && !out[0])

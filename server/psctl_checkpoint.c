@@ -30,6 +30,7 @@
 #include "rechash.h"
 
 #include "ckpt_meta.h"
+#include "crc32c.h"
 #include "merkle.h"
 #include "ps/ps_error.h"
 #include "psctl_client.h"
@@ -326,10 +327,16 @@ static long verify_one(const ps_manifest_t *m, const char *dir, uint32_t j, uint
         }
         /* What psd_store_chunk_hash() computes (store.c is not linked into psctl). */
         uint64_t now = psd_rechash((const float *)(h + 1), h->n, h->nstate), mv = 0, mh = 0;
+        uint32_t crc = ps_crc32c(0, h + 1, (size_t)h->n * 4);
         if (now != h->hash) {
             printf("psctl: verify: checkpoint shard %u: tensor '%s' chunk %u: version %llu stored "
                    "%016llx bytes %016llx\n", j, name, c, (unsigned long long)h->version,
                    (unsigned long long)h->hash, (unsigned long long)now);
+            bad++;
+        } else if (crc != h->crc32c) { /* pulls are checked against it: they would fail */
+            printf("psctl: verify: checkpoint shard %u: tensor '%s' chunk %u: version %llu crc32c "
+                   "stored %08x bytes %08x\n", j, name, c, (unsigned long long)h->version,
+                   h->crc32c, crc);
             bad++;
         } else if (meta_chunk(meta, t, c, &mv, &mh) || mv != h->version || mh != h->hash) {
             printf("psctl: verify: checkpoint shard %u: tensor '%s' chunk %u: version %llu hash "

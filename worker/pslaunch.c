@@ -46,6 +46,14 @@ static pid_t spawn(const char *worker, const char *manifest, const char *metrics
     _exit(127);
 }
 
+/* A monotonic clock in seconds. */
+static double mono_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
 #define FOLLOW_MAX 256 /* worker processes alive at once, stopping ones included */
 
 /* --follow: poll the coordinator with this host's running count; start or stop as told. */
@@ -196,13 +204,14 @@ int main(int argc, char **argv)
                                          {0, 0, 0, 0}};
     const char *manifest = NULL, *metrics_dir = NULL, *worker = NULL;
     long n = -1, respawn = 0, poll_ms = 250;
-    int o, follow_mode = 0;
+    int o, follow_mode = 0, poll_set = 0;
     while ((o = getopt_long(argc, argv, "m:n:d:w:r:fp:h", opts, NULL)) != -1) {
         switch (o) {
         case 'f': follow_mode = 1; break;
         case 'p': {
             char *end;
             poll_ms = strtol(optarg, &end, 10);
+            poll_set = 1;
             if (*optarg == '\0' || *end != '\0' || poll_ms < 10 || poll_ms > 600000) {
                 fprintf(stderr, "pslaunch: --poll-ms %s: expected 10..600000\n", optarg);
                 return 2;
@@ -240,6 +249,15 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (follow_mode && respawn) {
+        fprintf(stderr, "pslaunch: --respawn is for --workers (with --follow the coordinator "
+                "has a worker that died replaced)\n");
+        return 2;
+    }
+    if (!follow_mode && poll_set) {
+        fprintf(stderr, "pslaunch: --poll-ms is for --follow\n");
+        return 2;
+    }
     char self[PATH_MAX], path[PATH_MAX + 16];
     if (worker == NULL) {
         /* psworker is installed (and built) beside pslaunch. */
@@ -274,9 +292,12 @@ int main(int argc, char **argv)
 
     if (follow_mode) return follow(manifest, worker, metrics_dir, poll_ms, &set);
     pid_t *pids = calloc((size_t)n, sizeof *pids);
-    if (pids == NULL) return 1;
+    double *born = calloc((size_t)n, sizeof *born); /* each worker's start (mono_s) */
+    if (pids == NULL || born == NULL) return 1;
     long started = 0;
+    int quick = 0; /* replacements in a row that died within a second */
     for (long i = 0; i < n && !g_sig; i++) {
+        born[i] = mono_s();
         if ((pids[i] = spawn(worker, manifest, metrics_dir, i)) < 0) break;
         started++;
     }
@@ -311,7 +332,20 @@ int main(int argc, char **argv)
                             i, (int)pid, WIFSIGNALED(st) ? "killed by signal" : "exited with",
                             WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
                     respawn--;
-                    if ((pids[i] = spawn(worker, manifest, metrics_dir, i)) > 0) {
+                    /* One that dies at once (a binary that fails, a host short of memory)
+                     * would be started hundreds of times a second: wait 0.1 s, doubling to 5 s
+                     * while they keep dying within a second. */
+                    quick = mono_s() - born[i] < 1.0 ? quick + 1 : 0;
+                    double d = quick > 1 ? 0.1 * (double)(1L << (quick < 8 ? quick - 2 : 6)) : 0;
+                    for (double end = mono_s() + (d > 5.0 ? 5.0 : d), now; !g_sig &&
+                                                                          (now = mono_s()) < end;) {
+                        double w = end - now; /* another child's exit is reaped below */
+                        struct timespec ts = {(time_t)w, (long)((w - (double)(time_t)w) * 1e9)};
+                        int sig = sigtimedwait(&set, NULL, &ts);
+                        if (sig == SIGINT || sig == SIGTERM) g_sig = sig;
+                    }
+                    born[i] = mono_s();
+                    if (!g_sig && (pids[i] = spawn(worker, manifest, metrics_dir, i)) > 0) {
                         left++;
                         continue;
                     }
@@ -328,6 +362,7 @@ int main(int argc, char **argv)
             }
     }
     free(pids);
+    free(born);
     if (g_sig) return 128 + g_sig;
     return failed ? 1 : 0;
 }

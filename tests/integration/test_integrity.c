@@ -349,7 +349,15 @@ static void store_write_txn(cl_cluster_t *c, int s, MDB_env **env, MDB_txn **txn
 }
 
 /* The same @p at bytes into the record, or -@p at bytes before its end (the optimizer state). */
+static int corrupt_chunk_len(cl_cluster_t *c, uint32_t t, uint32_t ch, long at, int len);
+
 static int corrupt_chunk_at(cl_cluster_t *c, uint32_t t, uint32_t ch, long at)
+{
+    return corrupt_chunk_len(c, t, ch, at, 8);
+}
+
+/* corrupt_chunk_at() with @p len bytes flipped. */
+static int corrupt_chunk_len(cl_cluster_t *c, uint32_t t, uint32_t ch, long at, int len)
 {
     uint8_t key[9] = {'C', (uint8_t)(t >> 24), (uint8_t)(t >> 16), (uint8_t)(t >> 8), (uint8_t)t,
                       (uint8_t)(ch >> 24), (uint8_t)(ch >> 16), (uint8_t)(ch >> 8), (uint8_t)ch};
@@ -364,7 +372,7 @@ static int corrupt_chunk_at(cl_cluster_t *c, uint32_t t, uint32_t ch, long at)
             uint8_t *rec = malloc(v.mv_size);
             memcpy(rec, v.mv_data, v.mv_size);
             size_t off = at >= 0 ? (size_t)at : v.mv_size - (size_t)-at;
-            for (int i = 0; i < 8; i++) rec[off + i] ^= 0x5a;
+            for (int i = 0; i < len; i++) rec[off + i] ^= 0x5a;
             MDB_val nv = {v.mv_size, rec};
             ck_assert_int_eq(mdb_put(txn, dbi, &k, &nv, 0), 0);
             ck_assert_int_eq(mdb_txn_commit(txn), 0);
@@ -573,6 +581,13 @@ START_TEST(test_psctl_stopped_shard_bounded)
     EXPECT_LOG(psctl(c, "empty", 2, empty), "expected a number of workers in [0, 64]");
     const char *negative[] = {"scale", "-1", NULL}; /* before: "invalid option -- '1'" */
     EXPECT_LOG(psctl(c, "negative", 2, negative), "scale -1: expected a number of workers");
+    /* Options a verb does not take are refused, not ignored (scale --json printed no JSON). */
+    const char *scale_json[] = {"scale", "3", "--json", NULL};
+    EXPECT_LOG(psctl(c, "scale_json", 2, scale_json), "--json is for status only");
+    const char *status_wait[] = {"status", "--wait", "1", NULL};
+    EXPECT_LOG(psctl(c, "status_wait", 2, status_wait), "--wait is for export and checkpoint");
+    const char *empty_dir[] = {"checkpoint", "--dir", "", NULL};
+    EXPECT_LOG(psctl(c, "empty_dir", 2, empty_dir), "an empty directory or file name");
     const char *json[] = {"status", "--json", NULL};
     cl_proc_t *st = psctl(c, "status2", 0, json);
     EXPECT_LOG(st, "\"desired_workers\": 1, "); /* no scale went through */
@@ -1070,6 +1085,39 @@ START_TEST(test_checkpoint_not_ours_refused)
 }
 END_TEST
 
+/* A chunk header's CRC-32C damaged at rest (the values and their hash intact): every pull of it
+ * fails its check, so verify names it (live and in a checkpoint) and repair rewrites it. Before,
+ * both verifies passed it (they checked the hash only) and the chunk could never be pulled. */
+START_TEST(test_header_crc_damage_found)
+{
+    cl_proc_t *psd[2];
+    cl_cluster_t *c = trained_to_20(psd);
+    char dir[CL_PATH];
+    cl_path(c, "ck", dir, sizeof dir);
+    const char *ck[] = {"checkpoint", "--dir", dir, NULL};
+    psctl(c, "checkpoint", 0, ck);
+    stop_all(psd, 2);
+    int s = corrupt_chunk_len(c, 0, 1, 20, 4); /* ps_chunk_hdr_t.crc32c */
+    psd[0] = cl_psd_start(c, 0, NULL, READY_S);
+    psd[1] = cl_psd_start(c, 1, NULL, READY_S);
+    const char *vf[] = {"verify", NULL};
+    EXPECT_LOG(psctl(c, "verify1", 1, vf), "crc32c");
+    const char *rp[] = {"repair", "--from", dir, NULL};
+    EXPECT_LOG(psctl(c, "repair", 0, rp), "psctl: repair: 1 chunk repaired, 0 not repairable");
+    EXPECT_LOG(psctl(c, "verify2", 0, vf), ", 0 mismatches\n");
+    stop_all(psd, 2);
+    for (int j = 0; j < 2; j++) /* now the checkpoint's copy */
+        snprintf(c->data_dir[j], sizeof c->data_dir[j], "%.900s/shard-%d", dir, j);
+    ck_assert_int_eq(corrupt_chunk_len(c, 0, 1, 20, 4), s);
+    const char *va[] = {"verify", "--against", dir, NULL};
+    char want[128];
+    snprintf(want, sizeof want, "checkpoint shard %d: tensor 'fc1.weight' chunk 1: version 20 "
+             "crc32c stored ", s);
+    EXPECT_LOG(psctl(c, "verify-against", 1, va), want);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* ---- (g) periodic checkpoints ------------------------------------------------------------ */
 
 /* The pid in psd's "... (pid N)" log line that follows @p needle. */
@@ -1257,6 +1305,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("checkpoint_verify_against", test_checkpoint_verify_against));
     suite_add_tcase(s, tcase("repair_from_checkpoint", test_repair_from_checkpoint));
     suite_add_tcase(s, tcase("checkpoint_not_ours_refused", test_checkpoint_not_ours_refused));
+    suite_add_tcase(s, tcase("header_crc_damage_found", test_header_crc_damage_found));
     suite_add_tcase(s, tcase("periodic_checkpoints", test_periodic_checkpoints));
     suite_add_tcase(s, tcase("checkpoints_after_rollback", test_checkpoints_after_rollback));
     return s;
