@@ -104,7 +104,7 @@ uint64_t psctl_checkpoint_id(void)
 int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, uint64_t id,
                          const char *d, uint64_t next, double wait_s, double t0)
 {
-    int ret = 1, n = m->nservers;
+    int ret = 1, n = m->nservers, narmed = 0;
     char err[512];
     ps_msg_t r;
     int armed = strlen(d) < 200;
@@ -120,6 +120,8 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
         if (ps_req_call(cl, (uint32_t)i, &a, &r, NULL, NULL, err, sizeof err)) {
             fprintf(stderr, "psctl: checkpoint: %s\n", err);
             armed = 0;
+        } else {
+            narmed++;
         }
     }
     /* Release the hold (and, for --follow, hold the next checkpoint's step ahead). asp / ssp:
@@ -139,7 +141,10 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
         fprintf(stderr, "psctl: checkpoint: the coordinator's hold of the hand-outs lapsed before "
                 "every shard was armed (shard 0 started again, or arming took over 10 s): the "
                 "shards' copies may not hold the same batches, so this is no checkpoint\n");
-    if (!armed) return 1;
+    if (!armed && narmed == 0) return 1;
+    /* An arm refused part-way: the shards armed before it copy all the same, and their parts
+     * would stay behind (never complete, never pruned): wait for them, then remove them. */
+    if (!armed) n = narmed;
     /* Each shard copies on its own; wait for all of them. */
     uint64_t total = 0;
     ps_msg_t *st = calloc((size_t)n, sizeof *st);
@@ -183,7 +188,15 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
         }
         usleep(20 * 1000);
     }
-    if (st && (failed || !cut) && !unknown) {
+    if (st && !armed && !unknown) {
+        int rc = psctl_checkpoint_remove(d, (uint32_t)narmed); /* not the refused shard's */
+        if (rc == 0 || rc == -ENOTEMPTY || rc == -EEXIST || rc == -ENOENT)
+            fprintf(stderr, "psctl: checkpoint: removed the parts of the %d shard(s) armed "
+                    "before the refusal from %s\n", narmed, d);
+        else
+            fprintf(stderr, "psctl: checkpoint: cannot remove the parts in %s: %s (left as "
+                    "they are)\n", d, strerror(-rc));
+    } else if (st && (failed || !cut) && !unknown) {
         /* Every shard answered and one failed (its own copy removed itself): the others' parts
          * make no checkpoint, and would stay for good (never complete, never pruned). */
         int rc = psctl_checkpoint_remove(d, (uint32_t)n);
@@ -194,7 +207,7 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
             fprintf(stderr, "psctl: checkpoint: cannot remove the %s checkpoint %s: %s (left as "
                     "it is)\n", what, d, strerror(-rc));
     }
-    if (st && failed == 0 && cut) {
+    if (st && failed == 0 && cut && armed) {
         for (int i = 0; i < n; i++) {
             printf("shard %d: step %llu, %u chunks, %llu bytes, %llu ms: %s/shard-%d\n", i,
                    (unsigned long long)st[i].step, st[i].chunk, (unsigned long long)st[i].count,

@@ -1024,6 +1024,23 @@ START_TEST(test_checkpoint_not_ours_refused)
     cl_path(c, "ck", dir, sizeof dir);
     const char *ck[] = {"checkpoint", "--dir", dir, NULL};
     psctl(c, "checkpoint", 0, ck);
+    /* Shard 1 refuses its arm (its directory holds a copy already): shard 0, armed first,
+     * copies all the same, and its part is removed; shard 1's stays as it was. Before, shard
+     * 0's part stayed behind (a checkpoint never complete, never pruned). */
+    char d2[CL_PATH], f2[CL_PATH + 32];
+    cl_path(c, "ck2", d2, sizeof d2);
+    snprintf(f2, sizeof f2, "%s/shard-1", d2);
+    ck_assert_int_eq(mkdir(d2, 0700), 0);
+    ck_assert_int_eq(mkdir(f2, 0700), 0);
+    snprintf(f2, sizeof f2, "%s/shard-1/data.mdb", d2);
+    fclose(fopen(f2, "w"));
+    const char *ck2[] = {"checkpoint", "--dir", d2, NULL};
+    cl_proc_t *p2 = psctl(c, "checkpoint-refused", 1, ck2);
+    EXPECT_LOG(p2, "already holds a checkpoint");
+    EXPECT_LOG(p2, "removed the parts of the 1 shard(s) armed before the refusal");
+    ck_assert_int_eq(access(f2, F_OK), 0);
+    snprintf(f2, sizeof f2, "%s/shard-0", d2);
+    ck_assert_msg(access(f2, F_OK) != 0, "%s is still there", f2);
     stop_all(psd, 2);
     for (int j = 0; j < 3; j++) snprintf(sd[j], sizeof sd[j], "%s/shard-%d", dir, j);
     ck_assert_int_eq(rename(sd[0], sd[2]), 0); /* swapped */
