@@ -481,6 +481,12 @@ static void on_status(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
                        srv->shard);
         return;
     }
+    if (msg->count && ck->id && msg->count != ck->id) { /* count: the checkpoint asked about */
+        psd_send_error(srv, conn, msg->req_id, PS_ECONFLICT, "shard %u went on to another "
+                       "checkpoint (%016llx, into %s)", srv->shard, (unsigned long long)ck->id,
+                       ck->dir);
+        return;
+    }
     if (ck->state == CK_FAILED) {
         /* psctl's request client names the shard it asked ("shard N: ..."). */
         psd_send_error(srv, conn, msg->req_id, ck->rc ? ck->rc : PS_EIO, "%s", ck->err);
