@@ -1348,7 +1348,9 @@ void psd_coord_on_scale(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
     PS_LOG(PS_LOG_INFO, "coord", "desired workers %u -> %u", co->s.desired, msg->workers);
     co->s.desired = msg->workers;
     coord_save(srv);
-    co->grant_start = co->grant_stop = 0;
+    /* Starts granted and not joined yet are workers on their way: still counted (zeroed, a
+     * scale from 2 to 3 while 2 were starting had 3 more started). Stops are asked anew. */
+    co->grant_stop = 0;
     ps_msg_t a = {.type = PS_MSG_SCALE_REPLY, .req_id = msg->req_id, .shard = 0,
                   .workers = popcount(co->s.active)};
     psd_send_msg(srv, c, &a);
@@ -1380,9 +1382,17 @@ void psd_coord_on_launch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
         l->last_ms = now;
     }
     int32_t actual = (int32_t)popcount(co->s.active), want = (int32_t)co->s.desired, delta = 0;
+    /* The workers the launchers heard from lately run (members and ones still starting): after
+     * a restart of this shard, grants are forgotten but those workers are on their way. */
+    int32_t running = 0, have;
+    for (int i = 0; i < MAX_LAUNCHERS; i++) {
+        const launcher_t *x = &co->launchers[i];
+        if (x->pid && now - x->last_ms <= GRANT_TTL_MS) running += (int32_t)x->running;
+    }
+    have = actual + co->grant_start > running ? actual + co->grant_start : running;
     if (!co->s.finished && !co->capped) {
-        if (want > actual + co->grant_start) {
-            delta = want - actual - co->grant_start;
+        if (want > have) {
+            delta = want - have;
             co->grant_start += delta;
             co->grant_ms = now;
         } else if (want < actual - co->grant_stop && msg->workers > 0) {
