@@ -114,6 +114,7 @@ typedef struct {
     ck_tensor_t *tensors;
     size_t ntensors, tcap;
     bool has_job;
+    psd_ckpt_others_t others; /* the records other than chunks (meta.json "others_xxh3") */
 } inventory_t;
 
 static int grow(void **p, size_t *cap, size_t n, size_t elem)
@@ -190,6 +191,7 @@ static void json_safe(char *out, size_t cap, const char *s)
  * "coordinator" (the job blob is in this copy), "records_bytes", "merkle_root", "run" (the
  * store's run, run.h, as 16 hex digits) and "run_base_step", "checkpoint" (psctl's id of the
  * checkpoint, 16 hex digits: every shard's copy of one checkpoint says the same),
+ * "others_xxh3" (psd_ckpt_others_t: every record but the chunks, which have their own hashes),
  * "tensors": [{"id", "name", "shape", "first_chunk"}], "chunks": [[tensor, chunk, version,
  * "xxh3"], ...] one per line, in ordinal order}. Written as meta.json.tmp, fsynced, renamed.
  */
@@ -210,14 +212,15 @@ static int meta_write(psd_server_t *srv, struct psd_ckpt_s *ck, inventory_t *inv
             "\"shard\": %u, \"nshards\": %u, \"chunk_bytes\": %llu, \"optimizer\": \"%s\", "
             "\"optimizer_state\": %u, \"coordinator\": %s, \"records_bytes\": %llu, "
             "\"merkle_root\": \"%016llx\", \"run\": \"%016llx\", \"run_base_step\": %llu, "
-            "\"checkpoint\": \"%016llx\",\n\"tensors\": [",
+            "\"checkpoint\": \"%016llx\", \"others_xxh3\": \"%016llx\",\n\"tensors\": [",
             (unsigned long long)ck->vmin, (unsigned long long)ck->vmax,
             ps_consistency_name(srv->m.job.consistency), cl, mp,
             (unsigned long long)file_xxh3(srv->m.path), srv->shard, srv->nshards,
             (unsigned long long)srv->m.chunk_bytes, ps_optim_name(srv->m.job.optimizer.name),
             srv->nstate, inv->has_job ? "true" : "false", (unsigned long long)rec_bytes,
             (unsigned long long)root, (unsigned long long)srv->run.id,
-            (unsigned long long)srv->run.base_step, (unsigned long long)ck->id);
+            (unsigned long long)srv->run.base_step, (unsigned long long)ck->id,
+            (unsigned long long)psd_ckpt_others_digest(&inv->others));
     for (size_t i = 0; i < inv->ntensors; i++) {
         const ps_decl_t *d = &inv->tensors[i].d;
         json_safe(name, sizeof name, d->name);
@@ -243,6 +246,7 @@ static void copy_work(uv_work_t *w)
     struct psd_ckpt_s *ck = w->data;
     psd_server_t *srv = ck->srv;
     inventory_t inv = {0};
+    psd_ckpt_others_init(&inv.others);
     MDB_env *dst = NULL;
     MDB_txn *dt = NULL;
     MDB_dbi ddbi;
@@ -303,6 +307,7 @@ static void copy_work(uv_work_t *w)
         } else if (k.mv_size == 4 && memcmp(kp, "Mjob", 4) == 0) {
             inv.has_job = true;
         }
+        psd_ckpt_others_add(&inv.others, &k, &v);
         if ((rc = mdb_put(dt, ddbi, &k, &v, MDB_APPEND)) != 0) {
             fail(ck, PS_ESTORE, "%s: cannot write the copy: %s", ck->dir, mdb_strerror(rc));
             goto out;

@@ -85,6 +85,22 @@ int psd_ckpt_meta_agree(const char *j0, const char *jk, uint32_t k, char *err, s
     return 0;
 }
 
+void psd_ckpt_others_init(psd_ckpt_others_t *o) { XXH3_64bits_reset(&o->st); }
+
+void psd_ckpt_others_add(psd_ckpt_others_t *o, const MDB_val *k, const MDB_val *v)
+{
+    const uint8_t *kp = k->mv_data;
+    if (k->mv_size == 9 && kp[0] == 'C') return;
+    uint32_t kl = (uint32_t)k->mv_size;
+    uint64_t vl = v->mv_size;
+    XXH3_64bits_update(&o->st, &kl, sizeof kl);
+    XXH3_64bits_update(&o->st, k->mv_data, k->mv_size);
+    XXH3_64bits_update(&o->st, &vl, sizeof vl);
+    XXH3_64bits_update(&o->st, v->mv_data, v->mv_size);
+}
+
+uint64_t psd_ckpt_others_digest(const psd_ckpt_others_t *o) { return XXH3_64bits_digest(&o->st); }
+
 int psd_ckpt_meta_field(const char *json, const char *key, char *out, size_t cap)
 {
     char pat[80];

@@ -7,6 +7,10 @@
 #include <lmdb.h>
 #include <stddef.h>
 #include <stdint.h>
+#ifndef XXH_STATIC_LINKING_ONLY
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t by value */
+#endif
+#include <xxhash.h>
 
 #define PSD_CKPT_META "meta.json"
 
@@ -53,6 +57,19 @@ typedef struct {
 int psd_ckpt_src_open(psd_ckpt_src_t *s, const char *dir, uint32_t j, uint64_t map_mb);
 /** @brief Close what psd_ckpt_src_open() opened; a zeroed @p s is a no-op. */
 void psd_ckpt_src_close(psd_ckpt_src_t *s);
+
+/** The XXH3-64 over a checkpoint copy's records other than chunks ('C' keys): the tensor
+ *  table, the coordinator's state, the chunks' applied records... in key order, each as its
+ *  key's length and bytes, then its value's length and bytes (meta.json "others_xxh3"). */
+typedef struct {
+    XXH3_state_t st;
+} psd_ckpt_others_t;
+/** @brief Start @p o. */
+void psd_ckpt_others_init(psd_ckpt_others_t *o);
+/** @brief Add record (@p k, @p v) to @p o when it is not a chunk's ('C' + 8 bytes). */
+void psd_ckpt_others_add(psd_ckpt_others_t *o, const MDB_val *k, const MDB_val *v);
+/** @brief The hash of what @p o was given. */
+uint64_t psd_ckpt_others_digest(const psd_ckpt_others_t *o);
 
 /** @brief The big-endian u32 at @p p (chunk and tensor keys). */
 static inline uint32_t psd_ckpt_rd32(const uint8_t *p)

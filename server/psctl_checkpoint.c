@@ -338,10 +338,13 @@ static long verify_one(const ps_manifest_t *m, const char *dir, uint32_t j, uint
     MDB_cursor *cur;
     MDB_val k, v;
     char name[PS_NAME_MAX + 8];
+    psd_ckpt_others_t others;
+    psd_ckpt_others_init(&others);
     mdb_cursor_open(s.txn, s.dbi, &cur);
     for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0;
          rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
         const uint8_t *kp = k.mv_data;
+        psd_ckpt_others_add(&others, &k, &v);
         if (k.mv_size != 9 || kp[0] != 'C') continue;
         uint32_t t = psd_ckpt_rd32(kp + 1), c = psd_ckpt_rd32(kp + 5);
         uint8_t tk[5] = {'T', kp[1], kp[2], kp[3], kp[4]};
@@ -387,6 +390,16 @@ static long verify_one(const ps_manifest_t *m, const char *dir, uint32_t j, uint
         vc[nc++] = (vchunk_t){t, c, h->version, now, d.first_chunk + c};
     }
     mdb_cursor_close(cur);
+    char others_want[24] = "", others_now[20];
+    snprintf(others_now, sizeof others_now, "%016llx",
+             (unsigned long long)psd_ckpt_others_digest(&others));
+    if (psd_ckpt_meta_field(meta, "others_xxh3", others_want, sizeof others_want) == 0 &&
+        strcmp(others_want, others_now) != 0) { /* a checkpoint from before it says none */
+        printf("psctl: verify: checkpoint shard %u: the records other than chunks (tensor "
+               "table, coordinator state, applied records) hash to %s, %s says %s\n", j,
+               others_now, PSD_CKPT_META, others_want);
+        bad++;
+    }
     qsort(vc, nc, sizeof *vc, by_ordinal);
     uint64_t *leaves = malloc((nc ? nc : 1) * sizeof *leaves);
     for (size_t i = 0; leaves && i < nc; i++) leaves[i] = vc[i].hash;

@@ -243,9 +243,12 @@ int psd_restore_fill(psd_server_t *srv, const char *dir, char *err, size_t errle
                 }
             }
         }
+        psd_ckpt_others_t others;
+        psd_ckpt_others_init(&others);
         for (mrc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0 && mrc == 0;
              mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
             const uint8_t *kp = k.mv_data;
+            psd_ckpt_others_add(&others, &k, &v);
             if (k.mv_size == 9 && kp[0] == 'D') {
                 /* A chunk's record of whose pushes it applied (bsp: its apply members, asp:
                  * each rank's last push), with the chunk wherever it goes now: a batch handed
@@ -300,6 +303,20 @@ int psd_restore_fill(psd_server_t *srv, const char *dir, char *err, size_t errle
         }
         mdb_cursor_close(cur);
         psd_ckpt_src_close(&s);
+        /* The tensor table, the coordinator's state and the applied records have no hashes of
+         * their own: meta.json's one over all of them (absent in older checkpoints). */
+        char *mj = rc == 0 && mrc == MDB_NOTFOUND ? psd_ckpt_meta_read(dir, j) : NULL;
+        char want_h[24] = "", now_h[20];
+        snprintf(now_h, sizeof now_h, "%016llx",
+                 (unsigned long long)psd_ckpt_others_digest(&others));
+        if (mj && psd_ckpt_meta_field(mj, "others_xxh3", want_h, sizeof want_h) == 0 &&
+            strcmp(want_h, now_h) != 0) {
+            snprintf(err, errlen, "--restore %s: shard-%u: the records other than chunks (tensor "
+                     "table, coordinator state, applied records) do not match its %s (psctl "
+                     "verify --against says more)", dir, j, PSD_CKPT_META);
+            rc = PS_ESTORE;
+        }
+        free(mj);
     }
     psd_ckpt_src_close(&s);
     if (rc == 0 && got != want) {
