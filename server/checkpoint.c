@@ -633,7 +633,8 @@ void psd_ckpt_on_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
         return;
     }
     if ((msg->type == PS_MSG_CKPT_BEGIN || msg->type == PS_MSG_CKPT_GO) && srv->coord == NULL) {
-        psd_send_error(srv, conn, msg->req_id, PS_EPROTO, "%s goes to shard 0, not shard %u",
+        psd_send_error(srv, conn, msg->req_id, PS_EPROTO, "%s goes to shard 0, not shard %u "
+                           "(the manifest lists the servers in another order?)",
                        ps_msg_type_name(msg->type), srv->shard);
         return;
     }

@@ -654,7 +654,8 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
             psd_send_error(srv, c, msg.req_id, PS_ECONFIG, "this shard serves cluster '%.100s', "
                            "not '%.100s'", srv->m.cluster, msg.cluster);
         else if (srv->coord == NULL)
-            psd_send_error(srv, c, msg.req_id, PS_EPROTO, "%s goes to shard 0, not shard %u",
+            psd_send_error(srv, c, msg.req_id, PS_EPROTO, "%s goes to shard 0, not shard %u "
+                           "(the manifest lists the servers in another order?)",
                            ps_msg_type_name(msg.type), srv->shard);
         else if (msg.type == PS_MSG_SCALE)
             psd_coord_on_scale(srv, c, &msg);

@@ -96,9 +96,9 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
              * first failure and every 10 s, so that a cluster down or a wrong manifest is
              * seen at once. */
             time_t now = time(NULL);
-            if ((rc == PS_EAUTH || rc == PS_ECONFIG) && !answered) {
-                /* As psworker: a secret, a clock or a manifest (another cluster's) to fix at
-                 * the start, not to wait out. Once it was answered, a refusal (a clock
+            if ((rc == PS_EAUTH || rc == PS_ECONFIG || rc == PS_EPROTO) && !answered) {
+                /* As psworker: a secret, a clock or a manifest (another cluster's, or its
+                 * servers in another order) to fix at the start, not to wait out. Once it was answered, a refusal (a clock
                  * stepped) is asked again with a fresh proof like any other failure. */
                 fprintf(stderr, "pslaunch: %s\n", err);
                 ps_req_close(ctl);
