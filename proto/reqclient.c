@@ -185,9 +185,10 @@ static int connect_shard(ps_req_t *c, uint32_t i, char *err, size_t errlen)
     ps_ucx_ep_close(&c->ucx, &e->ep, 1);
     e->failed = 0;
     int rc = ps_ucx_connect(&c->ucx, sc->host, sc->port, on_ep_error, e, &e->ep);
-    if (rc == PS_ECONFIG)
+    if (rc == PS_ECONFIG) { /* a name not resolvable yet (DNS not up, a pod not made yet) */
         snprintf(err, errlen, "shard %u: cannot resolve %s", i, sc->host);
-    else if (rc)
+        rc = PS_ETRANSPORT; /* not the shard's refusal: the caller may ask again */
+    } else if (rc)
         snprintf(err, errlen, "shard %u (%s:%u): cannot create an endpoint", i, sc->host,
                  sc->port);
     return rc;

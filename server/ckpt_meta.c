@@ -28,7 +28,9 @@ char *psd_ckpt_meta_read(const char *dir, uint32_t j)
     }
     FILE *f = fdopen(fd, "r");
     if (f == NULL) {
+        int e = errno;
         close(fd);
+        errno = e;
         return NULL;
     }
     char *b = NULL;

@@ -1382,10 +1382,11 @@ void psd_coord_on_launch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
         l->last_ms = now;
     }
     int32_t actual = (int32_t)popcount(co->s.active), want = (int32_t)co->s.desired, delta = 0;
-    /* The workers the launchers heard from lately run (members and ones still starting): after
-     * a restart of this shard, grants are forgotten but those workers are on their way. */
+    /* Right after this shard started, the grants it made before are forgotten, but the
+     * workers the launchers run (members and ones still starting) are on their way: counted.
+     * Not later: a hung worker dropped as silent still runs, and must be replaced. */
     int32_t running = 0, have;
-    for (int i = 0; i < MAX_LAUNCHERS; i++) {
+    for (int i = 0; i < MAX_LAUNCHERS && now - co->started_ms <= GRANT_TTL_MS; i++) {
         const launcher_t *x = &co->launchers[i];
         if (x->pid && now - x->last_ms <= GRANT_TTL_MS) running += (int32_t)x->running;
     }
@@ -1463,7 +1464,7 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
         for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
             char *h = co->s.m[r].host;
             h[sizeof co->s.m[r].host - 1] = '\0';
-            char safe[sizeof co->s.m[r].host];
+            char safe[sizeof co->s.m[r].host] = {0}; /* saved whole: no stray bytes */
             host_safe(safe, sizeof safe, h);
             memcpy(h, safe, sizeof safe);
         }

@@ -117,9 +117,13 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
         if (i && gap_ms > 0) usleep((useconds_t)gap_ms * 1000);
         ps_msg_t a = {.type = PS_MSG_CKPT_ARM, .rank = -1, .step = step, .count = id};
         snprintf(a.error, sizeof a.error, "%.255s", d);
-        if (ps_req_call(cl, (uint32_t)i, &a, &r, NULL, NULL, err, sizeof err)) {
+        int rc = ps_req_call(cl, (uint32_t)i, &a, &r, NULL, NULL, err, sizeof err);
+        if (rc) {
             fprintf(stderr, "psctl: checkpoint: %s\n", err);
             armed = 0;
+            /* Unanswered, it may have taken effect: waited for and removed with the others
+             * (its status names the id, so another checkpoint's is not taken for it). */
+            if (rc == PS_ETRANSPORT || rc == PS_ETIMEDOUT) narmed++;
         } else {
             narmed++;
         }

@@ -391,6 +391,7 @@ struct psd_server_s {
                                    is seen 1.5 s late (test_late_*) */
     psd_slot_ref_t *test_late_ref; /* that receive, until psd_shard_test_tick passes its end on */
     uint64_t test_late_due_ms;  /* psd_now_ms() from when (0: it has not ended yet) */
+    uint64_t test_late_req;     /* its push's request id */
     ucs_status_t test_late_status;
     uint32_t test_drop_hello;   /* PS_TEST_DROP_HELLO (tests only): workers (by pid) whose
                                    first hello is still to drop unanswered */

@@ -1155,7 +1155,9 @@ void psd_shard_test_tick(psd_server_t *srv)
     psd_slot_ref_t *ref = srv->test_late_ref;
     if (ref == NULL || srv->test_late_due_ms == 0 || psd_now_ms() < srv->test_late_due_ms) return;
     srv->test_late_ref = NULL;
-    if (ref->chunk->slot_state[ref->rank] != SLOT_RECEIVING) return; /* receives_lost took it */
+    if (ref->chunk->slot_state[ref->rank] != SLOT_RECEIVING || /* receives_lost took it */
+        ref->chunk->slot_req[ref->rank] != srv->test_late_req)  /* and another landed since */
+        return;
     PS_LOG(PS_LOG_WARN, "shard", "the receive of %u/%u from rank %u completes now (%s), 1.5 s "
            "late (PS_TEST_LATE_RNDV)", ref->chunk->tensor, ref->chunk->chunk, ref->rank,
            ucs_status_string(srv->test_late_status));
@@ -1414,6 +1416,7 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
         PS_LOG(PS_LOG_WARN, "shard", "rendezvous push of %u/%u from rank %u: its connection "
                "closed while it lands (PS_TEST_LATE_RNDV)", ch->tensor, ch->chunk, rank);
         srv->test_late_ref = &ch->slot_ref[rank];
+        srv->test_late_req = msg->req_id;
         conn->dead = true;
         conn->close_queued = true;
     }

@@ -78,13 +78,13 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
     long next_index = 0;
     time_t silent_since = 0, said = 0; /* the coordinator unreachable since, and said at */
     struct timespec ts = {poll_ms / 1000, (poll_ms % 1000) * 1000000L};
-    while (!(finished && nlive == 0)) {
-        if (g_sig || refused) { /* forward once, then wait for everyone */
+    while (!(finished && nlive == 0) && !(refused && nlive == 0)) {
+        if (g_sig) { /* forward once, then wait for everyone */
             for (int i = 0; i < nlive; i++)
-                if (!stopping[i]) kill(pids[i], g_sig ? g_sig : SIGTERM), stopping[i] = 1;
+                if (!stopping[i]) kill(pids[i], g_sig), stopping[i] = 1;
             finished = 1;
         }
-        if (!finished) {
+        if (!finished && !refused) { /* refused: the ones running go on; none is started */
             int running = 0;
             for (int i = 0; i < nlive; i++) running += !stopping[i];
             ps_msg_t req = {.type = PS_MSG_LAUNCH, .workers = (uint32_t)running,
@@ -152,8 +152,8 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
                      * does not fit, ...): every worker started would exit so. */
                     if (!refused)
                         fprintf(stderr, "pslaunch: worker pid %d refused its manifest or "
-                                "arguments (exit 2; its log says why): starting no more\n",
-                                (int)pid);
+                                "arguments (exit 2; its log says why): starting no more, and "
+                                "exiting 2 once the running ones end\n", (int)pid);
                     refused = 1;
                 } else if (!stopping[i] && (!WIFEXITED(st) || WEXITSTATUS(st) != 0)) {
                     failures++;
