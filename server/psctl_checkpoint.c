@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -258,6 +259,12 @@ int psctl_checkpoint(const ps_manifest_t *m, const char *dir, double timeout_s, 
         return 1;
     }
     int ret = 1;
+    struct stat sd;
+    if (dir && stat(dir, &sd) == 0 && !S_ISDIR(sd.st_mode)) { /* a shard would fail to make it */
+        fprintf(stderr, "psctl: checkpoint: %s exists and is not a directory\n", dir);
+        ps_req_close(cl);
+        return 1;
+    }
     double t0 = psctl_mono_s();
     uint64_t id = psctl_checkpoint_id();
     ps_msg_t q = {.type = PS_MSG_CKPT_BEGIN, .rank = -1, .count = id}, r;
