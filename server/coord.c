@@ -1485,6 +1485,13 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
             co->s.finished = 0;
             reopened = true;
         }
+        /* asp / ssp: a member that did its job.max_steps means no start is granted (capped), as
+         * before the restart; its saved slot keeps its count until a newcomer takes the rank.
+         * Before, a restart forgot it, and pslaunch --follow started workers that did
+         * max_steps more. */
+        if (!is_bsp(srv) && j->max_steps && !co->s.finished)
+            for (uint32_t r = 0; r < PS_MAX_RANKS && !co->capped; r++)
+                co->capped = co->s.m[r].join_serial && co->s.m[r].steps_done >= j->max_steps;
         /* Members are expected back (libps reconnects with their rank). */
         PS_LOG(PS_LOG_INFO, "coord", "restored: epoch %llu, step %llu, %u members, %llu samples "
                "applied", (unsigned long long)co->s.epoch, (unsigned long long)co->s.step,
