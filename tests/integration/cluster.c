@@ -578,6 +578,19 @@ int cl_wait_log(cl_proc_t *p, const char *needle, double timeout_s)
 
 /* ---- files --------------------------------------------------------------------------------- */
 
+void cl_manifest_other_cluster(cl_cluster_t *c, char *out)
+{
+    cl_path(c, "other.yaml", out, CL_PATH);
+    char *text = cl_read_file(c->manifest, NULL);
+    const char *at = text ? strstr(text, "cluster: ") : NULL;
+    ck_assert_ptr_nonnull(at);
+    FILE *f = fopen(out, "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "%.*scluster: other-%s", (int)(at - text), text, at + strlen("cluster: "));
+    fclose(f);
+    free(text);
+}
+
 char *cl_read_file(const char *path, size_t *len)
 {
     FILE *f = fopen(path, "rb");

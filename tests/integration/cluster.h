@@ -209,6 +209,10 @@ int cl_hold_port(uint16_t port);
 
 /** @brief The whole file, NUL-terminated (malloc'd; the caller frees it), or NULL with errno. */
 char *cl_read_file(const char *path, size_t *len);
+/** @brief A copy of @p c's manifest whose cluster is named "other-" + its own, written to
+ *  CLUSTER/other.yaml; its path into @p out[CL_PATH] (the same shards: another cluster's
+ *  manifest that names these addresses). */
+void cl_manifest_other_cluster(cl_cluster_t *c, char *out);
 
 /** @brief The whole of @p p's log (malloc'd, "" when it is missing). */
 char *cl_log(const cl_proc_t *p);

@@ -1330,27 +1330,36 @@ START_TEST(test_asp_max_steps_finishes)
 }
 END_TEST
 
+/* asp, job.max_steps 60, one shard and two workers (heartbeat timeout 60 s): worker 1 stopped
+ * (SIGSTOP) once both are members, worker 0 done with its 60 steps and gone. @p co is open. */
+static cl_cluster_t *asp_capped_start(cl_proc_t **psd, cl_proc_t *w[2], coord_t *co)
+{
+    cl_conf_t k = {.shards = 1, .workers = 2, .consistency = "asp", .max_steps = 60,
+                   .job_extra = "  heartbeat_timeout_ms: 60000\n"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    *psd = cl_psd_start(c, 0, NULL, READY_S);
+    /* A worker stopped inside a pull pins the store's pages (its direct read's snapshot, or
+     * the pull reply's until its send ends: DESIGN-NOTES, Known limits), so the store grows
+     * by the model each step until it is dropped: 60 steps fit the tests' 64 MiB map. */
+    w[0] = cl_worker_start(c, NULL, NULL, false);
+    w[1] = cl_worker_start(c, NULL, NULL, false);
+    coord_open(co, c);
+    ck_assert_int_ge(wait_num(co, "actual_workers", 2, 1, RUN_S), 2);
+    ck_assert_int_eq(cl_signal(w[1], SIGSTOP), 0);
+    EXPECT_EXIT(w[0], 0);
+    EXPECT_LOG(w[0], "after 60 steps");
+    return c;
+}
+
 /* The same, but one worker hangs (SIGSTOP, within its heartbeat timeout) while the other does
  * its steps and leaves, and is then killed. Once one did its steps no start is granted (a
  * replacement would do as many again), so with no member left the job is complete. Before, it
  * waited for good with no worker ("finished": false, pslaunch --follow idle). */
 START_TEST(test_asp_max_steps_member_died_finishes)
 {
-    cl_conf_t k = {.shards = 1, .workers = 2, .consistency = "asp", .max_steps = 60,
-                   .job_extra = "  heartbeat_timeout_ms: 60000\n"};
-    cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
-    /* A worker stopped inside a pull pins the store's pages (its direct read's snapshot, or
-     * the pull reply's until its send ends: DESIGN-NOTES, Known limits), so the store grows
-     * by the model each step until it is dropped: 60 steps fit the tests' 64 MiB map. */
-    cl_proc_t *w[2] = {cl_worker_start(c, NULL, NULL, false), cl_worker_start(c, NULL, NULL,
-                                                                              false)};
+    cl_proc_t *psd, *w[2];
     coord_t co;
-    coord_open(&co, c);
-    ck_assert_int_ge(wait_num(&co, "actual_workers", 2, 1, RUN_S), 2);
-    ck_assert_int_eq(cl_signal(w[1], SIGSTOP), 0);
-    EXPECT_EXIT(w[0], 0);
-    EXPECT_LOG(w[0], "after 60 steps");
+    cl_cluster_t *c = asp_capped_start(&psd, w, &co);
     ck_assert_int_eq(coord_num(&co, "actual_workers"), 1); /* the stopped one is still a member */
     ck_assert_int_eq(cl_signal(w[1], SIGKILL), 0);
     cl_signal(w[1], SIGCONT);
@@ -1385,21 +1394,9 @@ static int32_t launch_grant(coord_t *co)
  * launcher was granted a start for the finished worker's place, which did max_steps more. */
 START_TEST(test_asp_max_steps_cap_survives_restart)
 {
-    cl_conf_t k = {.shards = 1, .workers = 2, .consistency = "asp", .max_steps = 60,
-                   .job_extra = "  heartbeat_timeout_ms: 60000\n"};
-    cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
-    /* A worker stopped inside a pull pins the store's pages (its direct read's snapshot, or
-     * the pull reply's until its send ends: DESIGN-NOTES, Known limits), so the store grows
-     * by the model each step until it is dropped: 60 steps fit the tests' 64 MiB map. */
-    cl_proc_t *w[2] = {cl_worker_start(c, NULL, NULL, false), cl_worker_start(c, NULL, NULL,
-                                                                              false)};
+    cl_proc_t *psd, *w[2];
     coord_t co;
-    coord_open(&co, c);
-    ck_assert_int_ge(wait_num(&co, "actual_workers", 2, 1, RUN_S), 2);
-    ck_assert_int_eq(cl_signal(w[1], SIGSTOP), 0);
-    EXPECT_EXIT(w[0], 0);
-    EXPECT_LOG(w[0], "after 60 steps");
+    cl_cluster_t *c = asp_capped_start(&psd, w, &co);
     ck_assert_int_eq(launch_grant(&co), 0); /* capped: 1 of 2 desired, none granted */
     /* A scale (to the same 2) saves the state without rank 0, which left: the restart then has
      * one member, and (uncapped) would grant a start for the other place. */
@@ -1603,14 +1600,7 @@ START_TEST(test_scale_other_cluster_refused)
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
     char other[CL_PATH];
-    cl_path(c, "other.yaml", other, sizeof other);
-    char *text = cl_read_file(c->manifest, NULL);
-    const char *at = strstr(text, "cluster: ");
-    ck_assert_ptr_nonnull(at);
-    FILE *f = fopen(other, "w");
-    fprintf(f, "%.*scluster: other-%s", (int)(at - text), text, at + strlen("cluster: "));
-    fclose(f);
-    free(text);
+    cl_manifest_other_cluster(c, other);
     char *sc[] = {(char *)cl_binary("PSCTL"), "--manifest", other, "scale", "5", NULL};
     cl_proc_t *p = cl_spawn(c, "psctl-other", sc);
     EXPECT_EXIT(p, 1);
@@ -1629,7 +1619,7 @@ START_TEST(test_scale_other_cluster_refused)
      * again: pslaunch --follow stops and exits 2. */
     char refuse[CL_PATH];
     cl_path(c, "refuse.sh", refuse, sizeof refuse);
-    f = fopen(refuse, "w");
+    FILE *f = fopen(refuse, "w");
     fputs("#!/bin/sh\nexit 2\n", f);
     fclose(f);
     ck_assert_int_eq(chmod(refuse, 0700), 0);

@@ -1067,14 +1067,7 @@ START_TEST(test_checkpoint_not_ours_refused)
     ck_assert_int_eq(rename(sd[2], sd[1]), 0);
     /* Another cluster's manifest (the same shards): its checkpoint is refused for repair. */
     char other[CL_PATH];
-    cl_path(c, "other.yaml", other, sizeof other);
-    char *text = cl_read_file(c->manifest, NULL);
-    const char *at = strstr(text, "cluster: ");
-    ck_assert_ptr_nonnull(at);
-    FILE *f = fopen(other, "w");
-    fprintf(f, "%.*scluster: other-%s", (int)(at - text), text, at + strlen("cluster: "));
-    fclose(f);
-    free(text);
+    cl_manifest_other_cluster(c, other);
     /* This cluster's checkpoint, but chunk ch's record another chunk's. */
     uint32_t ch = 0;
     int s = record_from_other_chunk(sd[0], 0, &ch) == 0 ? 0 : 1;
