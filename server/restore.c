@@ -292,6 +292,15 @@ int psd_restore_fill(psd_server_t *srv, const char *dir, char *err, size_t errle
                 rc = PS_ESTORE;
                 break;
             }
+            const psd_chunk_hdr_t *dup;
+            if (psd_store_chunk_get(&srv->store, tx.w, t, c, &dup) == 0) {
+                /* The store was empty: an earlier shard's copy held this chunk too (a copy
+                 * made up of two, counted once for a missing one otherwise). */
+                snprintf(err, errlen, "--restore %s: tensor '%s' chunk %u is in shard-%u's copy "
+                         "and an earlier one's: not one checkpoint", dir, decl[t].name, c, j);
+                rc = PS_ESTORE;
+                break;
+            }
             psd_chunk_hdr_t *out;
             if ((rc = psd_store_chunk_reserve(&tx, t, c, h->n, h->nstate, &out)) != 0) {
                 snprintf(err, errlen, "cannot store chunk %u/%u: %s", t, c, ps_strerror(rc));

@@ -1159,6 +1159,67 @@ START_TEST(test_header_crc_damage_found)
 }
 END_TEST
 
+/* A checkpoint whose shard copies were mixed up so that a chunk is in two copies and another
+ * one is missing (the count right): psd --restore refuses it and names the chunk. Before, the
+ * second copy overwrote the first, the count matched, and the restored shard served without
+ * the missing chunk ("chunk 0/1 is not in the snapshot" on export). */
+START_TEST(test_restore_duplicate_chunk_refused)
+{
+    cl_proc_t *psd[2];
+    cl_cluster_t *c = trained_to_20(psd);
+    char dir[CL_PATH];
+    cl_path(c, "ck", dir, sizeof dir);
+    const char *ck[] = {"checkpoint", "--dir", dir, NULL};
+    psctl(c, "checkpoint", 0, ck);
+    stop_all(psd, 2);
+    char live0[CL_PATH + 16], aside[CL_PATH + 32];
+    snprintf(live0, sizeof live0, "%s", c->data_dir[0]);
+    for (int j = 0; j < 2; j++)
+        snprintf(c->data_dir[j], sizeof c->data_dir[j], "%.900s/shard-%d", dir, j);
+    /* Shard 0's copy: its first two chunk records; the first goes into shard 1's copy too,
+     * the second is deleted. */
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    MDB_cursor *cur;
+    MDB_val k, v, keys[2], first = {0, NULL};
+    uint8_t kb[2][9];
+    int n = 0;
+    store_write_txn(c, 0, &env, &txn, &dbi);
+    ck_assert_int_eq(mdb_cursor_open(txn, dbi, &cur), 0);
+    for (int r = mdb_cursor_get(cur, &k, &v, MDB_FIRST); r == 0 && n < 2;
+         r = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+        if (k.mv_size != 9 || ((const uint8_t *)k.mv_data)[0] != 'C') continue;
+        memcpy(kb[n], k.mv_data, 9);
+        keys[n] = (MDB_val){9, kb[n]};
+        if (n == 0) {
+            first.mv_size = v.mv_size;
+            first.mv_data = malloc(v.mv_size);
+            memcpy(first.mv_data, v.mv_data, v.mv_size);
+        }
+        n++;
+    }
+    mdb_cursor_close(cur);
+    ck_assert_int_eq(n, 2);
+    ck_assert_int_eq(mdb_del(txn, dbi, &keys[1], NULL), 0);
+    ck_assert_int_eq(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+    store_write_txn(c, 1, &env, &txn, &dbi);
+    ck_assert_int_eq(mdb_put(txn, dbi, &keys[0], &first, 0), 0);
+    ck_assert_int_eq(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+    free(first.mv_data);
+    snprintf(aside, sizeof aside, "%s.aside", live0); /* a restore fills only an empty one */
+    ck_assert_int_eq(rename(live0, aside), 0);
+    char *argv[] = {(char *)cl_binary("PSD"), "--manifest", c->manifest, "--shard", "0",
+                    "--restore", dir, NULL};
+    cl_proc_t *r = cl_spawn(c, "restore-dup", argv);
+    EXPECT_EXIT(r, 1);
+    EXPECT_LOG(r, "is in shard-1's copy and an earlier one's: not one checkpoint");
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* ---- (g) periodic checkpoints ------------------------------------------------------------ */
 
 /* The pid in psd's "... (pid N)" log line that follows @p needle. */
@@ -1347,6 +1408,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("repair_from_checkpoint", test_repair_from_checkpoint));
     suite_add_tcase(s, tcase("checkpoint_not_ours_refused", test_checkpoint_not_ours_refused));
     suite_add_tcase(s, tcase("header_crc_damage_found", test_header_crc_damage_found));
+    suite_add_tcase(s, tcase("restore_duplicate_chunk_refused", test_restore_duplicate_chunk_refused));
     suite_add_tcase(s, tcase("periodic_checkpoints", test_periodic_checkpoints));
     suite_add_tcase(s, tcase("checkpoints_after_rollback", test_checkpoints_after_rollback));
     return s;
