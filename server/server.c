@@ -958,7 +958,7 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
                srv->test_ckpt_hold_ms);
     if ((srv->test_late_rndv = test_hook("PS_TEST_LATE_RNDV", 0)))
         PS_LOG(PS_LOG_WARN, "server", "PS_TEST_LATE_RNDV=%u: rendezvous push %u loses its "
-               "connection while it lands, and its end is seen 1.5 s late (a test hook)",
+               "connection while it lands, and its end is seen 3 s late (a test hook)",
                srv->test_late_rndv, srv->test_late_rndv);
     if ((srv->test_drop_hello = test_hook("PS_TEST_DROP_HELLO", 8)))
         PS_LOG(PS_LOG_WARN, "server", "PS_TEST_DROP_HELLO=%u: the first hello of each of %u "

@@ -388,7 +388,7 @@ struct psd_server_s {
                                    after this many ms instead of 10 s (0: 10 s) */
     uint32_t test_late_rndv;    /* PS_TEST_LATE_RNDV (tests only): the Nth rendezvous push's
                                    connection is closed while it lands, and its receive's end
-                                   is seen 1.5 s late (test_late_*) */
+                                   is seen 3 s late (test_late_*) */
     psd_slot_ref_t *test_late_ref; /* that receive, until psd_shard_test_tick passes its end on */
     uint64_t test_late_due_ms;  /* psd_now_ms() from when (0: it has not ended yet) */
     uint64_t test_late_req;     /* its push's request id */

@@ -1144,7 +1144,7 @@ static void on_push_recv(void *request, ucs_status_t status, size_t length, void
     if (request) ucp_request_free(request);
     if (ref == srv->test_late_ref) { /* PS_TEST_LATE_RNDV: seen only later (psd_shard_test_tick) */
         srv->test_late_status = status;
-        srv->test_late_due_ms = psd_now_ms() + 1500;
+        srv->test_late_due_ms = psd_now_ms() + 3000;
         return;
     }
     push_received(ref->chunk, ref->rank, status);
@@ -1158,7 +1158,7 @@ void psd_shard_test_tick(psd_server_t *srv)
     if (ref->chunk->slot_state[ref->rank] != SLOT_RECEIVING || /* receives_lost took it */
         ref->chunk->slot_req[ref->rank] != srv->test_late_req)  /* and another landed since */
         return;
-    PS_LOG(PS_LOG_WARN, "shard", "the receive of %u/%u from rank %u completes now (%s), 1.5 s "
+    PS_LOG(PS_LOG_WARN, "shard", "the receive of %u/%u from rank %u completes now (%s), 3 s "
            "late (PS_TEST_LATE_RNDV)", ref->chunk->tensor, ref->chunk->chunk, ref->rank,
            ucs_status_string(srv->test_late_status));
     push_received(ref->chunk, ref->rank, srv->test_late_status);
@@ -1412,7 +1412,7 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
     }
     if (srv->test_late_rndv && --srv->test_late_rndv == 0) {
         /* Its connection breaks while the data lands, and the receive's end is seen only
-         * 1.5 s later: the window in which the sender, connected again, sends it again. */
+         * 3 s later: the window in which the sender, connected again, sends it again. */
         PS_LOG(PS_LOG_WARN, "shard", "rendezvous push of %u/%u from rank %u: its connection "
                "closed while it lands (PS_TEST_LATE_RNDV)", ch->tensor, ch->chunk, rank);
         srv->test_late_ref = &ch->slot_ref[rank];
