@@ -1426,12 +1426,34 @@ int psk_codec_decode_add_cpu(float *out, size_t n, const uint8_t *payload, size_
 }
 
 /* r[n] += g[n] */
+bool psk_all_finite(const float *x, size_t n)
+{
+    /* An exponent of all ones is a NaN or an infinity; OR-reduced over the bits, so that the
+     * compiler vectorizes it (a float compare reduction would need reassociation). */
+    uint32_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t b;
+        memcpy(&b, x + i, 4);
+        bad |= (uint32_t)((b & 0x7f800000u) == 0x7f800000u);
+    }
+    return bad == 0;
+}
+
+bool psk_codec_needs_finite(const psk_codec_t *c)
+{
+    return c->kind == PSK_CODEC_INT8 || c->kind == PSK_CODEC_SIGN;
+}
+
 int psk_codec_encode_ef_cpu(uint8_t *out, size_t cap, size_t *len, const float *g,
                             float *residual, size_t n, const psk_codec_t *c, void *scratch)
 {
     int rc = encode_args_check(cap, n, c, scratch);
     if (rc != 0)
         return rc;
+    /* Refused before the residual takes g: added first, one bad gradient made every later
+     * push of the chunk fail (its residual NaN for good). */
+    if (psk_codec_needs_finite(c) && !psk_all_finite(g, n))
+        return PS_EINVAL;
     /* residual[n] = x = g + residual; encode x; residual = x - decode(x). */
 #ifdef PSK_HAVE_F16C
     /* fp16 (F16C) and bf16 (AVX2) in one fused pass; a group with a NaN (fp16: or infinity),

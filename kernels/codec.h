@@ -26,6 +26,7 @@
 #ifndef PSK_CODEC_H
 #define PSK_CODEC_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -133,10 +134,17 @@ int psk_codec_check(const uint8_t *payload, size_t len, size_t n, const psk_code
  * of the gradients (up to float rounding).
  * @param[in]     g        [n] this step's gradient
  * @param[in,out] residual [n] error-feedback state; must not overlap g
- * @return as psk_codec_encode_cpu. Argument errors leave residual unchanged; a non-finite
- *         block (int8, sign) is found after residual already holds x = g + residual.
+ * @return as psk_codec_encode_cpu. Argument errors, and a NaN or infinity in @p g for int8 and
+ *         sign (PS_EINVAL: they cannot encode one), leave residual unchanged. A non-finite x
+ *         from finite values (g + residual overflowing) is found after residual holds it.
  * @note residual holds x during the encode, so no n-sized temporary is needed.
  */
+/** @brief Whether @p x[n] holds no NaN and no infinity (one read pass, vectorized). */
+bool psk_all_finite(const float *x, size_t n);
+
+/** @brief Whether codec @p c refuses non-finite values (int8 and sign: their scales). */
+bool psk_codec_needs_finite(const psk_codec_t *c);
+
 int psk_codec_encode_ef_cpu(uint8_t *out, size_t cap, size_t *len, const float *g,
                             float *residual, size_t n, const psk_codec_t *c, void *scratch);
 

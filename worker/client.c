@@ -1803,13 +1803,20 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
             if (op->parts[i].chunk == m.chunk && op->parts[i].shard == m.shard &&
                 op->parts[i].pending && m.tensor == c->tensors[op->tensor]->id)
                 p = &op->parts[i];
+        /* bsp: a push refused as not of a member of its step, by a worker that never was one
+         * (no view learnt: no batch taken yet), is its caller's mistake, not a removal. */
+        bool never = m.status == PS_ENOTMEMBER && op->type == OP_PUSH && c->views.n == 0 &&
+                     c->m.job.consistency == PS_CONSIST_BSP;
         if (p && behind)
             part_behind_retry(c, op, p, m.error);
         else if (p)
             part_crc_retry(c, op, p, "push");
+        else if (never)
+            op_fail(op, PS_EINVAL, "shard %u: %s (this worker holds no batch of that step: "
+                    "ps_client_next_batch hands them out)", m.shard, m.error);
         else
             op_fail(op, m.status < 0 ? m.status : PS_EPROTO, "shard %u: %s", m.shard, m.error);
-        if (m.status == PS_ENOTMEMBER) {
+        if (m.status == PS_ENOTMEMBER && !never) {
             op_maybe_complete(op);
             mark_removed(c);
             return UCS_OK;
@@ -2604,6 +2611,16 @@ static int data_op(ps_client_t *c, int type, uint32_t id, float *buf, uint64_t s
     op->tensor = id;
     op->buf = buf;
     op->step = step;
+    if (type == OP_PUSH && t->error_feedback && psk_codec_needs_finite(&t->codec) &&
+        !psk_all_finite(buf, t->numel)) {
+        /* Checked whole before any chunk is encoded: an encoded chunk's residual already
+         * counts its payload as sent. */
+        snprintf(c->err, sizeof c->err, "tensor %u: the gradient holds a NaN or an infinity, "
+                 "which its codec cannot encode: push refused (nothing sent; the error-feedback "
+                 "residual unchanged)", id);
+        free(op);
+        return PS_EINVAL;
+    }
     for (uint32_t i = 0; i < t->nchunks; i++) {
         part_t *p = &op->parts[i];
         p->chunk = i;
@@ -2762,11 +2779,12 @@ static double now_s(void)
 int ps_client_self_test(ps_client_t *c, uint32_t shard, size_t bytes, int reps, double *gbps,
                         char *lanes, size_t lanes_len)
 {
-    if (shard >= c->nshards || bytes == 0 || bytes > (64u << 20) || reps < 1) {
+    if (shard >= c->nshards || bytes == 0 || bytes > (64u << 20) || reps < 1 || reps > 1000000) {
         snprintf(c->err, sizeof c->err, "self-test: shard %u, %zu bytes, %d reps: out of range",
                  shard, bytes, reps);
         return PS_EINVAL;
     }
+    if (c->group_head) ps_client_group_end_all(c); /* held ops first, as the header says */
     float *buf = calloc(1, bytes);
     if (buf == NULL) return PS_ENOMEM;
     int rc = 0;

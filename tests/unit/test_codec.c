@@ -1024,6 +1024,36 @@ START_TEST(test_error_feedback_residual_sent)
 }
 END_TEST
 
+/* int8 and sign cannot encode a NaN or an infinity: with error feedback such a gradient is
+ * refused (PS_EINVAL) and the residual left as it was, so the next, clean push goes through.
+ * Before, the residual took the NaN first and every later push of the chunk failed. */
+START_TEST(test_error_feedback_nonfinite_refused)
+{
+    psk_codec_t cs[2] = {{.kind = PSK_CODEC_INT8, .block = 64}, {.kind = PSK_CODEC_SIGN,
+                                                                  .block = 64}};
+    const psk_codec_t *c = &cs[_i];
+    float g[N], r[N], r0[N];
+    fill_normal(g, N, 3, 1.0);
+    fill_normal(r, N, 4, 0.1);
+    memcpy(r0, r, sizeof r);
+    size_t cap = psk_codec_max_bytes(c, N), len;
+    uint8_t *pl = xmalloc(cap);
+    void *scratch = xmalloc(psk_codec_scratch_bytes(c, N) + 1);
+    ck_assert(psk_all_finite(g, N));
+    for (int bad = 0; bad < 3; bad++) {
+        g[500] = bad == 0 ? NAN : bad == 1 ? INFINITY : -INFINITY;
+        ck_assert(!psk_all_finite(g, N));
+        ck_assert_int_eq(psk_codec_encode_ef_cpu(pl, cap, &len, g, r, N, c, scratch), PS_EINVAL);
+        ck_assert_mem_eq(r, r0, sizeof r);
+    }
+    g[500] = 0.25f;
+    ck_assert_int_eq(psk_codec_encode_ef_cpu(pl, cap, &len, g, r, N, c, scratch), 0);
+    ck_assert(psk_all_finite(r, N));
+    free(scratch);
+    free(pl);
+}
+END_TEST
+
 /* ---- malformed payloads and bad arguments ---- */
 
 /* Decode must fail with rc and leave out untouched. */
@@ -1279,6 +1309,7 @@ Suite *ps_test_suite(void)
     tc = tcase_create("error_feedback");
     tcase_add_loop_test(tc, test_error_feedback_invariant, 0, NCODECS);
     tcase_add_test(tc, test_error_feedback_residual_sent);
+    tcase_add_loop_test(tc, test_error_feedback_nonfinite_refused, 0, 2);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("malformed");

@@ -190,7 +190,10 @@ int ps_client_set_compression(ps_client_t *c, uint32_t id, const ps_compression_
  * @param grad numel floats; borrowed: must stay unchanged until the handle completes.
  * @param[out] op the handle to ps_op_wait on.
  * @return 0; PS_EBUSY while an earlier push of the tensor has not been waited for; PS_EINVAL
- *  (an undeclared tensor), PS_ENOMEM, or the codec's error.
+ *  (an undeclared tensor; int8 and sign with error feedback: a NaN or an infinity in @p grad,
+ *  refused whole with the residual unchanged), PS_ENOMEM, or the codec's error. Under bsp a
+ *  push for a step of which this worker holds no batch (before its first
+ *  ps_client_next_batch) completes with PS_EINVAL, not PS_ENOTMEMBER: it was not removed.
  */
 int ps_client_push(ps_client_t *c, uint32_t id, const float *grad, uint64_t step, ps_op_t **op);
 
@@ -222,8 +225,9 @@ const char *ps_client_error(const ps_client_t *c);
 void ps_client_stats(const ps_client_t *c, ps_client_stats_t *out);
 
 /**
- * @brief Measure the path to shard @p shard: @p reps messages of @p bytes (at most 64 MiB), each
- * sent after the shard acknowledged the previous one (after one unmeasured warm-up).
+ * @brief Measure the path to shard @p shard: @p reps messages (1 to 1000000) of @p bytes (at most
+ * 64 MiB), each sent after the shard acknowledged the previous one (after one unmeasured
+ * warm-up). An open group (ps_client_group_begin) is handed over first.
  * @param[out] gbps  payload bytes per second / 1e9
  * @param[out] lanes the transports of the connection ("sysv,cma", "tcp", ...); may be NULL
  * @return 0, PS_EINVAL, PS_ENOMEM or the transport's error.
