@@ -1,6 +1,11 @@
 /* mean_client.c: a libps worker for the test of optimizer mean (test_cluster.c, mean_*).
  *
- *   mean_client MANIFEST NUMEL STEPS
+ *   mean_client MANIFEST NUMEL STEPS [misuse]
+ *
+ * With "misuse", first two mistakes a caller can make, each refused without harm: a push
+ * before its first batch (PS_EINVAL; the client is not counted removed, its next_batch works),
+ * and in step 0 an int8 push with error feedback of a gradient holding a NaN (PS_EINVAL at
+ * once; the next, clean push of that tensor goes through).
  *
  * Joins the cluster, declares tensor "mean.t" of NUMEL floats (zeros), checks that it reads
  * zeros before any push, and then for each step s (from the coordinator, as any bsp worker
@@ -10,11 +15,13 @@
  * member of every step (ranks 0 .. members-1). Exit 0 when every pull matched, 1 with the first mismatch on stdout
  * otherwise. */
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ps/ps_client.h"
+#include "ps/ps_error.h"
 
 /* Rank r's gradient of step s, element i: a few distinct float values per rank and step. */
 static float grad_of(uint32_t r, uint64_t s, uint64_t i)
@@ -23,10 +30,45 @@ static float grad_of(uint32_t r, uint64_t s, uint64_t i)
            (float)(i % 11) * 1e-3f;
 }
 
+/* Tensor "mean.e" (64 floats) with int8 and error feedback: a push of step @p s with a NaN is
+ * refused at once, the clean one after it goes through. @return 0 if so (said on stdout). */
+static int ef_nan_refused(ps_client_t *c, uint64_t s)
+{
+    ps_tensor_desc_t d = {.name = "mean.e", .shape = {64}, .ndim = 1, .init = 0};
+    ps_compression_t cc = {.codec = "int8", .error_feedback = 1};
+    static float e[64];
+    uint32_t id;
+    ps_op_t *op;
+    for (int i = 0; i < 64; i++) e[i] = 0.5f;
+    e[7] = (float)NAN;
+    int rc = ps_client_declare(c, &d, &id);
+    if (rc == 0) rc = ps_client_set_compression(c, id, &cc);
+    if (rc) {
+        printf("mean_client: mean.e: %s\n", ps_client_error(c));
+        return 1;
+    }
+    rc = ps_client_push(c, id, e, s, &op);
+    if (rc != PS_EINVAL || strstr(ps_client_error(c), "NaN or an infinity") == NULL) {
+        printf("mean_client: a NaN under int8 with error feedback: rc %d (%s)\n", rc,
+               ps_client_error(c));
+        return 1;
+    }
+    e[7] = 0.5f;
+    rc = ps_client_push(c, id, e, s, &op);
+    if (rc == 0) rc = ps_op_wait(op, NULL);
+    if (rc) {
+        printf("mean_client: the clean push after it: %s\n", ps_client_error(c));
+        return 1;
+    }
+    printf("mean_client: a NaN under int8 with error feedback refused, the next push taken\n");
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
-    if (argc != 4) {
-        fprintf(stderr, "usage: mean_client MANIFEST NUMEL STEPS\n");
+    int misuse = argc == 5 && strcmp(argv[4], "misuse") == 0;
+    if (argc != 4 && !misuse) {
+        fprintf(stderr, "usage: mean_client MANIFEST NUMEL STEPS [misuse]\n");
         return 2;
     }
     uint64_t n = strtoull(argv[2], NULL, 10), steps = strtoull(argv[3], NULL, 10);
@@ -67,6 +109,18 @@ int main(int argc, char **argv)
             bad = 1;
         }
     }
+    if (!bad && misuse) { /* a push before any batch: refused, and the client still a member */
+        memset(g, 0, n * sizeof *g);
+        rc = ps_client_push(c, id, g, ps_client_join_step(c), &op);
+        if (rc == 0) rc = ps_op_wait(op, NULL);
+        if (rc != PS_EINVAL || strstr(ps_client_error(c), "holds no batch") == NULL) {
+            printf("mean_client: a push before any batch: rc %d (%s), want PS_EINVAL\n", rc,
+                   ps_client_error(c));
+            bad = 1;
+        } else {
+            printf("mean_client: a push before any batch refused: %s\n", ps_client_error(c));
+        }
+    }
     ps_batch_info_t b, prev;
     for (uint64_t k = 0; k < steps && !bad; k++) {
         rc = ps_client_next_batch(c, 1ull << 40, k ? &prev : NULL, &b);
@@ -81,6 +135,10 @@ int main(int argc, char **argv)
         }
         prev = b;
         uint64_t s = b.step;
+        if (misuse && k == 0 && ef_nan_refused(c, s)) {
+            bad = 1;
+            break;
+        }
         for (uint64_t i = 0; i < n; i++) {
             g[i] = grad_of(rank, s, i);
             float sum = grad_of(0, s, i); /* psd sums in rank order, then scales */

@@ -192,6 +192,29 @@ static void direct_off(bool off)
     }
 }
 
+/* Two mistakes a libps caller can make, refused without harm (mean_client's misuse mode, bsp,
+ * one worker): a push before its first batch fails with PS_EINVAL, and the client goes on
+ * (before: PS_ENOTMEMBER, and the client counted itself removed for good: its next_batch
+ * failed); an int8 push with error feedback of a NaN fails at once, and the next clean push
+ * of that tensor goes through (before: the residual took the NaN, and every later push of the
+ * tensor failed). */
+START_TEST(test_libps_misuse_harmless)
+{
+    cl_conf_t k = {.shards = 2, .workers = 1, .consistency = "bsp", .optimizer = "{name: mean}"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    char numel[] = "1000", steps[] = "2", mode[] = "misuse";
+    char *argv[] = {(char *)cl_binary("MEAN_CLIENT"), c->manifest, numel, steps, mode, NULL};
+    cl_proc_t *a = cl_spawn(c, "mean-misuse", argv);
+    EXPECT_EXIT(a, 0);
+    EXPECT_LOG(a, "a push before any batch refused: ");
+    EXPECT_LOG(a, "a NaN under int8 with error feedback refused, the next push taken");
+    EXPECT_LOG(a, "2 steps, every pull the exact mean");
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* optimizer mean: two libps workers (one over UCX only, one direct) push different gradients
  * for 6 steps of a tensor of 3 chunks on 2 shards; every pull is the exact mean of the step's
  * pushes (mean_client.c checks the bits), never a sum over steps. psworker refuses such a
@@ -1064,6 +1087,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("direct_fails_over", test_direct_fails_over));
     suite_add_tcase(s, tcase("adagrad_matches_local", test_adagrad_matches_local));
     suite_add_tcase(s, tcase("mean_keeps_the_mean", test_mean_keeps_the_mean));
+    suite_add_tcase(s, tcase("libps_misuse_harmless", test_libps_misuse_harmless));
     suite_add_tcase(s, tcase("tcp_matches_local", test_tcp_matches_local));
     suite_add_tcase(s, tcase("tcp_eager_matches_local", test_tcp_eager_matches_local));
     suite_add_tcase(s, tcase("hot_path_allocations_direct", test_hot_path_allocations_direct));
