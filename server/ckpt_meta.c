@@ -52,7 +52,7 @@ int psd_ckpt_meta_agree(const char *j0, const char *jk, uint32_t k, char *err, s
 {
     uint64_t shard = psd_ckpt_meta_u64(jk, "shard"), n0 = psd_ckpt_meta_u64(j0, "nshards");
     uint64_t nk = psd_ckpt_meta_u64(jk, "nshards");
-    char a[256] = "", b[256] = "", what[16];
+    char a[256] = "", b[256] = "";
     if (shard != k) {
         snprintf(err, errlen, "shard-%u/%s says it is shard %lld (directories renamed or mixed "
                  "up?)", k, PSD_CKPT_META, shard == UINT64_MAX ? -1LL : (long long)shard);
@@ -70,9 +70,8 @@ int psd_ckpt_meta_agree(const char *j0, const char *jk, uint32_t k, char *err, s
         psd_ckpt_meta_field(j0, keys[i], a, sizeof a);
         psd_ckpt_meta_field(jk, keys[i], b, sizeof b);
         if (strcmp(a, b) != 0) {
-            snprintf(what, sizeof what, "%s", keys[i]);
             snprintf(err, errlen, "shard-%u is of %s '%s', shard-0 of %s '%s': not one "
-                     "checkpoint", k, what, b, what, a);
+                     "checkpoint", k, keys[i], b, keys[i], a);
             return -1;
         }
     }
@@ -102,6 +101,14 @@ void psd_ckpt_others_add(psd_ckpt_others_t *o, const MDB_val *k, const MDB_val *
 }
 
 uint64_t psd_ckpt_others_digest(const psd_ckpt_others_t *o) { return XXH3_64bits_digest(&o->st); }
+
+bool psd_ckpt_others_match(const psd_ckpt_others_t *o, const char *json, char now[17])
+{
+    char want[24];
+    snprintf(now, 17, "%016llx", (unsigned long long)psd_ckpt_others_digest(o));
+    return psd_ckpt_meta_field(json, "others_xxh3", want, sizeof want) != 0 ||
+           strcmp(want, now) == 0;
+}
 
 int psd_ckpt_meta_field(const char *json, const char *key, char *out, size_t cap)
 {

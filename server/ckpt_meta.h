@@ -5,6 +5,7 @@
 #define PSD_CKPT_META_H
 
 #include <lmdb.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #ifndef XXH_STATIC_LINKING_ONLY
@@ -70,6 +71,9 @@ void psd_ckpt_others_init(psd_ckpt_others_t *o);
 void psd_ckpt_others_add(psd_ckpt_others_t *o, const MDB_val *k, const MDB_val *v);
 /** @brief The hash of what @p o was given. */
 uint64_t psd_ckpt_others_digest(const psd_ckpt_others_t *o);
+/** @brief Whether @p o's hash is the one meta.json @p json records ("others_xxh3"; a meta.json
+ *  from before it has none: true). The hash, as 16 hex digits, into @p now. */
+bool psd_ckpt_others_match(const psd_ckpt_others_t *o, const char *json, char now[17]);
 
 /** @brief The big-endian u32 at @p p (chunk and tensor keys). */
 static inline uint32_t psd_ckpt_rd32(const uint8_t *p)

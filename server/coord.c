@@ -1385,12 +1385,13 @@ void psd_coord_on_launch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
     /* Right after this shard started, the grants it made before are forgotten, but the
      * workers the launchers run (members and ones still starting) are on their way: counted.
      * Not later: a hung worker dropped as silent still runs, and must be replaced. */
-    int32_t running = 0, have;
-    for (int i = 0; i < MAX_LAUNCHERS && now - co->started_ms <= GRANT_TTL_MS; i++) {
-        const launcher_t *x = &co->launchers[i];
-        if (x->pid && now - x->last_ms <= GRANT_TTL_MS) running += (int32_t)x->running;
-    }
-    have = actual + co->grant_start > running ? actual + co->grant_start : running;
+    int32_t running = 0, have = actual + co->grant_start;
+    if (now - co->started_ms <= GRANT_TTL_MS)
+        for (int i = 0; i < MAX_LAUNCHERS; i++) {
+            const launcher_t *x = &co->launchers[i];
+            if (x->pid && now - x->last_ms <= GRANT_TTL_MS) running += (int32_t)x->running;
+        }
+    if (running > have) have = running;
     if (!co->s.finished && !co->capped) {
         if (want > have) {
             delta = want - have;

@@ -185,21 +185,6 @@ static const char *last_pass_applied(const char *json, char *buf, size_t len)
     return last ? field(last, "applied", buf, len) : "-";
 }
 
-/* @p v as the body of a JSON string on stdout: quotes, backslashes and control bytes escaped
- * (an error text or a host name may hold them). */
-static void json_str(const char *v)
-{
-    for (; *v; v++) {
-        unsigned char ch = (unsigned char)*v;
-        if (ch == '"' || ch == '\\')
-            printf("\\%c", ch);
-        else if (ch < 0x20 || ch == 0x7f)
-            printf("\\u%04x", ch);
-        else
-            putchar(ch);
-    }
-}
-
 static int status(ctl_t *ctl, int json, double timeout_s)
 {
     int n = ctl->m.nservers;
@@ -221,12 +206,12 @@ static int status(ctl_t *ctl, int json, double timeout_s)
         const ps_server_conf_t *sc = &ctl->m.servers[i];
         if (!s->got) {
             bad = 1;
-            if (json) {
-                printf("%s{\"shard\": %d, \"address\": \"", i ? ", " : "", i);
-                json_str(sc->host);
-                printf(":%u\", \"error\": \"", sc->port);
-                json_str(s->failed ? s->why : "no answer");
-                printf("\"}");
+            if (json) { /* an error text may hold quotes */
+                char host[6 * sizeof sc->host], why[6 * sizeof s->why];
+                psctl_json_str(host, sizeof host, sc->host);
+                psctl_json_str(why, sizeof why, s->failed ? s->why : "no answer");
+                printf("%s{\"shard\": %d, \"address\": \"%s:%u\", \"error\": \"%s\"}",
+                       i ? ", " : "", i, host, sc->port, why);
             }
             else
                 fprintf(stderr, "psctl: shard %d (%s:%u): %s\n", i, sc->host, sc->port,

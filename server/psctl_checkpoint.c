@@ -401,11 +401,9 @@ static long verify_one(const ps_manifest_t *m, const char *dir, uint32_t j, uint
         vc[nc++] = (vchunk_t){t, c, h->version, now, d.first_chunk + c};
     }
     mdb_cursor_close(cur);
-    char others_want[24] = "", others_now[20];
-    snprintf(others_now, sizeof others_now, "%016llx",
-             (unsigned long long)psd_ckpt_others_digest(&others));
-    if (psd_ckpt_meta_field(meta, "others_xxh3", others_want, sizeof others_want) == 0 &&
-        strcmp(others_want, others_now) != 0) { /* a checkpoint from before it says none */
+    char others_now[17], others_want[24] = "";
+    if (!psd_ckpt_others_match(&others, meta, others_now)) {
+        psd_ckpt_meta_field(meta, "others_xxh3", others_want, sizeof others_want);
         printf("psctl: verify: checkpoint shard %u: the records other than chunks (tensor "
                "table, coordinator state, applied records) hash to %s, %s says %s\n", j,
                others_now, PSD_CKPT_META, others_want);

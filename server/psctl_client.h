@@ -18,6 +18,10 @@
  */
 int psctl_tensor_names(ps_req_t *cl, char (**names)[PS_NAME_MAX]);
 
+/** @brief Append @p s to @p out (@p cap bytes) as a JSON string body: quotes, backslashes and
+ *  control bytes escaped; NUL-terminated when it fits. @return the length it needs. */
+size_t psctl_json_str(char *out, size_t cap, const char *s);
+
 /* The verbs (psctl_export.c, psctl_checkpoint.c); each returns psctl's exit status and prints
  * its own errors. */
 int psctl_export(const ps_manifest_t *m, const char *out, double timeout_s, double wait_s);

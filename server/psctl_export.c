@@ -28,8 +28,7 @@ typedef struct {
     uint64_t begin; /* byte offset in the data section */
 } xt_t;
 
-/* Append @p s to @p out as a JSON string body (quotes and backslashes escaped). */
-static size_t json_str(char *out, size_t cap, const char *s)
+size_t psctl_json_str(char *out, size_t cap, const char *s)
 {
     size_t n = 0;
     for (; *s; s++) {
@@ -137,12 +136,12 @@ int psctl_export(const ps_manifest_t *m, const char *out, double timeout_s, doub
         hl += (size_t)snprintf(hdr + hl, cap - hl, "\"step_max\": \"%llu\", ",
                                (unsigned long long)step_max);
     hl += (size_t)snprintf(hdr + hl, cap - hl, "\"cluster\": \"");
-    hl += json_str(hdr + hl, cap - hl, m->cluster);
+    hl += psctl_json_str(hdr + hl, cap - hl, m->cluster);
     hl += (size_t)snprintf(hdr + hl, cap - hl, "\", \"consistency\": \"%s\", \"format\": \"pt\"}",
                            ps_consistency_name(m->job.consistency));
     for (uint32_t i = 0; i < k; i++) {
         hl += (size_t)snprintf(hdr + hl, cap - hl, ", \"");
-        hl += json_str(hdr + hl, cap - hl, t[i].d.name);
+        hl += psctl_json_str(hdr + hl, cap - hl, t[i].d.name);
         hl += (size_t)snprintf(hdr + hl, cap - hl, "\": {\"dtype\": \"F32\", \"shape\": [");
         for (int d = 0; d < t[i].d.ndim; d++)
             hl += (size_t)snprintf(hdr + hl, cap - hl, "%s%u", d ? ", " : "", t[i].d.shape[d]);

@@ -315,11 +315,8 @@ int psd_restore_fill(psd_server_t *srv, const char *dir, char *err, size_t errle
         /* The tensor table, the coordinator's state and the applied records have no hashes of
          * their own: meta.json's one over all of them (absent in older checkpoints). */
         char *mj = rc == 0 && mrc == MDB_NOTFOUND ? psd_ckpt_meta_read(dir, j) : NULL;
-        char want_h[24] = "", now_h[20];
-        snprintf(now_h, sizeof now_h, "%016llx",
-                 (unsigned long long)psd_ckpt_others_digest(&others));
-        if (mj && psd_ckpt_meta_field(mj, "others_xxh3", want_h, sizeof want_h) == 0 &&
-            strcmp(want_h, now_h) != 0) {
+        char now_h[17];
+        if (mj && !psd_ckpt_others_match(&others, mj, now_h)) {
             snprintf(err, errlen, "--restore %s: shard-%u: the records other than chunks (tensor "
                      "table, coordinator state, applied records) do not match its %s (psctl "
                      "verify --against says more)", dir, j, PSD_CKPT_META);
