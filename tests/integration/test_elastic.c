@@ -1633,6 +1633,14 @@ START_TEST(test_scale_other_cluster_refused)
 }
 END_TEST
 
+/* pslaunch --follow on @p c's manifest, asking every 100 ms (started, not waited for). */
+static cl_proc_t *follow_launcher(cl_cluster_t *c, const char *name)
+{
+    char *argv[] = {(char *)cl_binary("PSLAUNCH"), "--manifest", c->manifest, "--follow",
+                    "--poll-ms", "100", NULL};
+    return cl_spawn(c, name, argv);
+}
+
 /* Every "joins as rank R at step J" in shard 0's log is followed by "rank R takes part from
  * step S" with S - J <= 2 (a joiner is in the next step). Returns the joins seen. */
 static int expect_prompt_admission(const cl_proc_t *psd0)
@@ -1666,9 +1674,7 @@ START_TEST(test_scale_2_5_1_3)
                    .job_extra = "  heartbeat_timeout_ms: 1000\n  train_samples: 3000\n"};
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
-    char *argv[] = {(char *)cl_binary("PSLAUNCH"), "--manifest", c->manifest, "--follow",
-                    "--poll-ms", "100", NULL};
-    cl_proc_t *launch[2] = {cl_spawn(c, "pslaunch0", argv), cl_spawn(c, "pslaunch1", argv)};
+    cl_proc_t *launch[2] = {follow_launcher(c, "pslaunch0"), follow_launcher(c, "pslaunch1")};
     coord_t co;
     coord_open(&co, c);
     static const int seq[] = {2, 5, 1, 3};
@@ -1708,9 +1714,7 @@ START_TEST(test_launcher_survives_coordinator_restart)
                    .job_extra = "  train_samples: 3000\n"};
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
-    char *argv[] = {(char *)cl_binary("PSLAUNCH"), "--manifest", c->manifest, "--follow",
-                    "--poll-ms", "100", NULL};
-    cl_proc_t *launch = cl_spawn(c, "pslaunch", argv);
+    cl_proc_t *launch = follow_launcher(c, "pslaunch");
     coord_t co;
     coord_open(&co, c);
     ck_assert_int_eq(wait_num(&co, "open_step", 5, 0, 20) >= 5, 1);
@@ -1756,9 +1760,7 @@ START_TEST(test_scale_while_starting)
                    .job_extra = "  train_samples: 3000\n"};
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
-    char *argv[] = {(char *)cl_binary("PSLAUNCH"), "--manifest", c->manifest, "--follow",
-                    "--poll-ms", "100", NULL};
-    cl_proc_t *launch = cl_spawn(c, "pslaunch", argv);
+    cl_proc_t *launch = follow_launcher(c, "pslaunch");
     ck_assert_msg(cl_wait_log(launch, "pslaunch: starting 2 worker(s)", RUN_S) == 0, "%s",
                   cl_tail(launch));
     psctl_scale(c, 3);

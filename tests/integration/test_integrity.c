@@ -830,6 +830,41 @@ static cl_cluster_t *trained_to_20(cl_proc_t **psd)
     return c;
 }
 
+/* trained_to_20, then psctl checkpoint --dir CLUSTER/ck (its path into @p dir[CL_PATH]); the
+ * shards still run. */
+static cl_cluster_t *checkpointed_20(cl_proc_t **psd, char *dir)
+{
+    cl_cluster_t *c = trained_to_20(psd);
+    cl_path(c, "ck", dir, CL_PATH);
+    const char *ck[] = {"checkpoint", "--dir", dir, NULL};
+    psctl(c, "checkpoint", 0, ck);
+    return c;
+}
+
+/* The checkpoint's shard copies in @p dir as the stores corrupt_chunk_len() and
+ * store_write_txn() change (@p c's data_dirs point there); shard 0's own path into @p live0. */
+static void at_checkpoint(cl_cluster_t *c, const char *dir, char *live0)
+{
+    snprintf(live0, CL_PATH, "%s", c->data_dir[0]);
+    for (int j = 0; j < 2; j++)
+        snprintf(c->data_dir[j], sizeof c->data_dir[j], "%.900s/shard-%d", dir, j);
+}
+
+/* psd --restore @p dir for shard 0, its data_dir @p live0 moved aside (a restore fills only an
+ * empty one): refused (exit 1) saying @p want. */
+static void restore_refused(cl_cluster_t *c, const char *live0, const char *dir,
+                            const char *name, const char *want)
+{
+    char aside[CL_PATH + 32];
+    snprintf(aside, sizeof aside, "%s.aside", live0);
+    ck_assert_int_eq(rename(live0, aside), 0);
+    char *argv[] = {(char *)cl_binary("PSD"), "--manifest", c->manifest, "--shard", "0",
+                    "--restore", (char *)dir, NULL};
+    cl_proc_t *r = cl_spawn(c, name, argv);
+    EXPECT_EXIT(r, 1);
+    EXPECT_LOG(r, want);
+}
+
 /* A checkpoint at the step where training stopped has the roots the live shards report; verify
  * --against rechecks the files and names a changed record. The default directory is used. */
 START_TEST(test_checkpoint_verify_against)
@@ -885,11 +920,8 @@ END_TEST
 START_TEST(test_checkpoint_damaged_files_refused)
 {
     cl_proc_t *psd[2];
-    cl_cluster_t *c = trained_to_20(psd);
     char dir[CL_PATH], f[CL_PATH + 64];
-    cl_path(c, "ck", dir, sizeof dir);
-    const char *ck[] = {"checkpoint", "--dir", dir, NULL};
-    psctl(c, "checkpoint", 0, ck);
+    cl_cluster_t *c = checkpointed_20(psd, dir);
     stop_all(psd, 2);
     cl_data_dirs_aside(c, "before");
     snprintf(f, sizeof f, "%s/shard-1/data.mdb", dir);
@@ -923,11 +955,8 @@ END_TEST
 START_TEST(test_repair_from_checkpoint)
 {
     cl_proc_t *psd[2];
-    cl_cluster_t *c = trained_to_20(psd);
     char dir[CL_PATH];
-    cl_path(c, "ckpt", dir, sizeof dir);
-    const char *ck[] = {"checkpoint", "--dir", dir, NULL};
-    psctl(c, "checkpoint", 0, ck);
+    cl_cluster_t *c = checkpointed_20(psd, dir);
     stop_all(psd, 2);
     int s = corrupt_chunk(c, 0, 0);
     ck_assert_int_eq(s, 0); /* the first shard: the cleanup must not stop at its gap */
@@ -1021,11 +1050,8 @@ static int record_from_other_chunk(const char *sdir, uint32_t t, uint32_t *ch)
 START_TEST(test_checkpoint_not_ours_refused)
 {
     cl_proc_t *psd[2];
-    cl_cluster_t *c = trained_to_20(psd);
     char dir[CL_PATH], sd[3][CL_PATH + 16];
-    cl_path(c, "ck", dir, sizeof dir);
-    const char *ck[] = {"checkpoint", "--dir", dir, NULL};
-    psctl(c, "checkpoint", 0, ck);
+    cl_cluster_t *c = checkpointed_20(psd, dir);
     /* Shard 1 refuses its arm (its directory holds a copy already): shard 0, armed first,
      * copies all the same, and its part is removed; shard 1's stays as it was. Before, shard
      * 0's part stayed behind (a checkpoint never complete, never pruned). */
@@ -1103,11 +1129,8 @@ END_TEST
 START_TEST(test_header_crc_damage_found)
 {
     cl_proc_t *psd[2];
-    cl_cluster_t *c = trained_to_20(psd);
     char dir[CL_PATH];
-    cl_path(c, "ck", dir, sizeof dir);
-    const char *ck[] = {"checkpoint", "--dir", dir, NULL};
-    psctl(c, "checkpoint", 0, ck);
+    cl_cluster_t *c = checkpointed_20(psd, dir);
     stop_all(psd, 2);
     int s = corrupt_chunk_len(c, 0, 1, 20, 4); /* ps_chunk_hdr_t.crc32c */
     psd[0] = cl_psd_start(c, 0, NULL, READY_S);
@@ -1118,10 +1141,8 @@ START_TEST(test_header_crc_damage_found)
     EXPECT_LOG(psctl(c, "repair", 0, rp), "psctl: repair: 1 chunk repaired, 0 not repairable");
     EXPECT_LOG(psctl(c, "verify2", 0, vf), ", 0 mismatches\n");
     stop_all(psd, 2);
-    char live0[CL_PATH + 16], aside[CL_PATH + 32];
-    snprintf(live0, sizeof live0, "%s", c->data_dir[0]);
-    for (int j = 0; j < 2; j++) /* now the checkpoint's copy */
-        snprintf(c->data_dir[j], sizeof c->data_dir[j], "%.900s/shard-%d", dir, j);
+    char live0[CL_PATH];
+    at_checkpoint(c, dir, live0); /* now the checkpoint's copy */
     ck_assert_int_eq(corrupt_chunk_len(c, 0, 1, 20, 4), s);
     const char *va[] = {"verify", "--against", dir, NULL};
     char want[128];
@@ -1148,13 +1169,7 @@ START_TEST(test_header_crc_damage_found)
     free(rec);
     EXPECT_LOG(psctl(c, "verify-against-table", 1, va),
                "checkpoint shard 0: the records other than chunks");
-    snprintf(aside, sizeof aside, "%s.aside", live0); /* a restore fills only an empty one */
-    ck_assert_int_eq(rename(live0, aside), 0);
-    char *argv[] = {(char *)cl_binary("PSD"), "--manifest", c->manifest, "--shard", "0",
-                    "--restore", dir, NULL};
-    cl_proc_t *r = cl_spawn(c, "restore-table", argv);
-    EXPECT_EXIT(r, 1);
-    EXPECT_LOG(r, "shard-0: the records other than chunks");
+    restore_refused(c, live0, dir, "restore-table", "shard-0: the records other than chunks");
     cl_cluster_destroy(c);
 }
 END_TEST
@@ -1166,16 +1181,11 @@ END_TEST
 START_TEST(test_restore_duplicate_chunk_refused)
 {
     cl_proc_t *psd[2];
-    cl_cluster_t *c = trained_to_20(psd);
     char dir[CL_PATH];
-    cl_path(c, "ck", dir, sizeof dir);
-    const char *ck[] = {"checkpoint", "--dir", dir, NULL};
-    psctl(c, "checkpoint", 0, ck);
+    cl_cluster_t *c = checkpointed_20(psd, dir);
     stop_all(psd, 2);
-    char live0[CL_PATH + 16], aside[CL_PATH + 32];
-    snprintf(live0, sizeof live0, "%s", c->data_dir[0]);
-    for (int j = 0; j < 2; j++)
-        snprintf(c->data_dir[j], sizeof c->data_dir[j], "%.900s/shard-%d", dir, j);
+    char live0[CL_PATH];
+    at_checkpoint(c, dir, live0);
     /* Shard 0's copy: its first two chunk records; the first goes into shard 1's copy too,
      * the second is deleted. */
     MDB_env *env;
@@ -1209,13 +1219,8 @@ START_TEST(test_restore_duplicate_chunk_refused)
     ck_assert_int_eq(mdb_txn_commit(txn), 0);
     mdb_env_close(env);
     free(first.mv_data);
-    snprintf(aside, sizeof aside, "%s.aside", live0); /* a restore fills only an empty one */
-    ck_assert_int_eq(rename(live0, aside), 0);
-    char *argv[] = {(char *)cl_binary("PSD"), "--manifest", c->manifest, "--shard", "0",
-                    "--restore", dir, NULL};
-    cl_proc_t *r = cl_spawn(c, "restore-dup", argv);
-    EXPECT_EXIT(r, 1);
-    EXPECT_LOG(r, "is in shard-1's copy and an earlier one's: not one checkpoint");
+    restore_refused(c, live0, dir, "restore-dup",
+                    "is in shard-1's copy and an earlier one's: not one checkpoint");
     cl_cluster_destroy(c);
 }
 END_TEST
