@@ -119,6 +119,7 @@ int ps_msg_encode(const ps_msg_t *m, uint8_t *buf, size_t cap, size_t *len)
     h.area_id = m->area_id;
     h.area_size = m->area_size;
     h.area_offset = m->area_offset;
+    h.tensor_set = m->tensor_set;
     uint64_t replay[PS_REPLAY_MAX];
     if (m->nreplay > PS_REPLAY_MAX) return PS_EINVAL;
     memcpy(replay, m->replay, m->nreplay * sizeof *replay);
@@ -228,6 +229,7 @@ int ps_msg_decode(ps_msg_t *m, const void *buf, size_t len, char *err, size_t er
     m->area_id = h->area_id;
     m->area_size = h->area_size;
     m->area_offset = h->area_offset;
+    m->tensor_set = h->tensor_set;
     if (h->n_replay > PS_REPLAY_MAX)
         FAIL("%zu replay tags (%d allowed)", h->n_replay, PS_REPLAY_MAX);
     m->nreplay = (uint32_t)h->n_replay;

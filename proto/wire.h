@@ -167,6 +167,7 @@ typedef struct {
     uint64_t store_id;
     uint32_t area_fd;
     uint64_t area_id, area_size, area_offset;
+    uint64_t tensor_set;  /* batch request: digest of the tensors declared (0: not sent) */
     uint32_t nreplay;     /* batch reply, push: replay tags in use (PS_REPLAY_MAX at most) */
     uint64_t replay[PS_REPLAY_MAX];
     char store[256];

@@ -187,6 +187,9 @@ typedef struct {
     uint64_t joined_ms, last_done_ms;
     uint64_t batch_gen;       /* asp / ssp: the state save that holds its batch's hand-out
                                  (coord_save_gen): answered once that one is committed */
+    uint64_t tensor_set;      /* bsp: the digest of the tensors it declared, as its last batch
+                                 request said (0: none said yet); tensor_count: how many */
+    uint64_t tensor_count;
 } member_rt_t;
 
 typedef struct {
@@ -998,6 +1001,38 @@ void psd_coord_on_leave_done(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *m
                r, c->pid, (unsigned long long)msg->step);
 }
 
+/* bsp: a chunk's step waits for every member's push, so a member that declared other tensors
+ * than the rest (another model) would hold every step of the tensors it lacks for good, and
+ * its own of the tensors only it has. Its first batch request is refused instead (PS_ECONFIG,
+ * naming both counts), so it leaves and the others go on. Only the first: a set that grows
+ * mid-job (every worker declaring one more tensor) is the program's business. A request
+ * without a set (an older libps) is not checked. Whether @p msg was refused. */
+static bool tensor_set_differs(psd_server_t *srv, psd_conn_t *c, uint32_t r, const ps_msg_t *msg)
+{
+    psd_coord_t *co = srv->coord;
+    if (!is_bsp(srv) || msg->tensor_set == 0) return false;
+    member_rt_t *me = &co->rt[r];
+    for (uint32_t o = 0; me->tensor_set == 0 && o < PS_MAX_RANKS; o++) {
+        const member_rt_t *other = &co->rt[o];
+        if (o == r || !(co->s.active >> o & 1) || other->tensor_set == 0 ||
+            other->tensor_set == msg->tensor_set)
+            continue;
+        PS_LOG(PS_LOG_WARN, "coord", "rank %u (pid %u) refused: it declared %llu tensors, rank "
+               "%u %llu, not the same set", r, c->pid, (unsigned long long)msg->count, o,
+               (unsigned long long)other->tensor_count);
+        psd_send_error(srv, c, msg->req_id, PS_ECONFIG,
+                       "this worker declared %llu tensors and rank %u of the job %llu%s: under "
+                       "bsp every worker must declare the same tensors (the same model), since "
+                       "each step waits for every member's push of each",
+                       (unsigned long long)msg->count, o, (unsigned long long)other->tensor_count,
+                       msg->count == other->tensor_count ? ", but not the same ones" : "");
+        return true;
+    }
+    me->tensor_set = msg->tensor_set;
+    me->tensor_count = msg->count;
+    return false;
+}
+
 void psd_coord_on_batch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
 {
     psd_coord_t *co = srv->coord;
@@ -1021,6 +1056,7 @@ void psd_coord_on_batch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
                        (unsigned long long)msg->samples, (unsigned long long)co->s.cur.n);
         return;
     }
+    if (tensor_set_differs(srv, c, (uint32_t)r, msg)) return;
     char err[160];
     if ((msg->flags & PS_FLAG_DONE) && batch_done(srv, (uint32_t)r, msg, err, sizeof err)) {
         psd_send_error(srv, c, msg->req_id, PS_EPROTO, "%s", err);

@@ -514,6 +514,64 @@ static int queue_create(psd_server_t *srv, uint32_t id)
     return 0;
 }
 
+/* A lower bound of the map bytes the records of tensor @p d take on shard @p shard: each of
+ * its chunks there once (parameters and the optimizer's state, in whole overflow pages where
+ * LMDB puts them there: psd_store_record_footprint). Chunk c is on shard
+ * (first_chunk + c) mod nshards (place.h); only the last chunk may be shorter. */
+static uint64_t records_bytes(const psd_server_t *srv, const ps_decl_t *d, uint32_t shard)
+{
+    uint64_t numel = ps_decl_numel(d), S = srv->nshards;
+    uint32_t n = ps_chunk_count(numel, srv->chunk_elems), last = n ? n - 1 : 0;
+    uint64_t here = n / S + ((shard + S - d->first_chunk % S) % S < n % S);
+    if (here == 0) return 0;
+    bool last_here = ps_place_shard(d->first_chunk + last, srv->nshards) == shard;
+    uint64_t full = psd_store_record_footprint(&srv->store, (uint32_t)srv->chunk_elems, srv->nstate);
+    uint32_t tail = (uint32_t)ps_chunk_len(numel, srv->chunk_elems, last);
+    return (here - last_here) * full +
+           (last_here ? psd_store_record_footprint(&srv->store, tail, srv->nstate) : 0);
+}
+
+/* Whether new tensor @p d cannot fit in the stores, refused then (PS_ESTOREFULL, naming the
+ * sizes): its records on a shard, with (on this one) those of the tensors there, take more than
+ * map_size_mb. Before, the create filled the map first, holding the store's writes up for as
+ * long (about a minute for tens of GiB). Shard 0 checks every shard's share (the others' held
+ * bytes it does not know), each shard again its own with what it holds. A lower bound (leaf
+ * pages, the tree's branch pages and the free list not counted), and an update writes a chunk's new record before the old one's pages are free (copy-on-write), so
+ * a tensor near the limit still fails at its first update ("the shard store is full"). */
+static bool declare_too_big(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id,
+                            const ps_decl_t *d)
+{
+    uint64_t map = srv->m.map_size_mb << 20, held = 0;
+    for (uint32_t i = 0; i < srv->ntensors; i++) {
+        const psd_tensor_t *t = &srv->tensors[i];
+        for (uint32_t c = 0; t->present && c < t->nchunks; c++)
+            if (t->chunks[c])
+                held += psd_store_record_footprint(&srv->store, t->chunks[c]->n, srv->nstate);
+    }
+    for (uint32_t k = 0; k < srv->nshards; k++) {
+        if (srv->shard != 0 && k != srv->shard) continue;
+        uint64_t need = records_bytes(srv, d, k), have = k == srv->shard ? held : 0;
+        if (have + need <= map) continue;
+        char shape[64], was[96] = "";
+        ps_shape_str(d->shape, d->ndim, shape, sizeof shape);
+        if (have * 10 >= 1 << 20) /* 0.1 MiB or more */
+            snprintf(was, sizeof was, ", and its tensors hold %.1f MiB already",
+                     (double)have / (1 << 20));
+        PS_LOG(PS_LOG_WARN, "shard", "refused declaration of '%s' %s: %.1f MiB on shard %u%s, "
+               "map_size_mb %llu", d->name, shape, (double)need / (1 << 20), k, was,
+               (unsigned long long)srv->m.map_size_mb);
+        psd_send_error(srv, conn, req_id, PS_ESTOREFULL,
+                       "cannot declare '%s' %s: its records need %.1f MiB on shard %u (the "
+                       "parameters%s%s)%s, more than map_size_mb %llu: raise map_size_mb in "
+                       "the manifest or add shards", d->name, shape, (double)need / (1 << 20),
+                       k, srv->nstate ? " and the state of " : "",
+                       srv->nstate ? ps_optim_name(srv->m.job.optimizer.name) : "", was,
+                       (unsigned long long)srv->m.map_size_mb);
+        return true;
+    }
+    return false;
+}
+
 void psd_shard_on_declare(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
 {
     if (srv->stopping) return; /* the endpoint closes next; the worker sees that */
@@ -577,6 +635,7 @@ void psd_shard_on_declare(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *m
         psd_send_error(srv, conn, msg->req_id, PS_EPROTO, "tensor id %u out of range", d.id);
         return;
     }
+    if (declare_too_big(srv, conn, msg->req_id, &d)) return;
     int rc = tensor_add(srv, &d, false);
     if (rc == 0) rc = wait_add(srv, &srv->tensors[d.id].declares, conn, msg->req_id, 0, 0, 0, 0);
     if (rc == 0) rc = queue_create(srv, d.id);

@@ -174,6 +174,17 @@ static inline bool psd_store_record_stable(const psd_store_t *st, uint32_t n, ui
     return psd_chunk_bytes(n, nstate) >= st->psize;
 }
 
+/** @brief A lower bound of the map bytes a record of @p n params and @p nstate state arrays
+ *  takes: whole overflow pages (with their 16-byte header) for one of half a page or more, which
+ *  LMDB keeps off the leaf pages; its own bytes for a smaller one (leaf pages: keys and slack
+ *  not counted). */
+static inline uint64_t psd_store_record_footprint(const psd_store_t *st, uint32_t n,
+                                                  uint32_t nstate)
+{
+    uint64_t b = psd_chunk_bytes(n, nstate);
+    return b * 2 < st->psize ? b : (b + 16 + st->psize - 1) / st->psize * st->psize;
+}
+
 /**
  * @brief The committed record of chunk (t, c) as of @p txn (a read snapshot).
  * @note Read-only; valid until @p txn ends. PS_ENOENT if absent, PS_ESTORE if malformed.

@@ -19,6 +19,7 @@
 #include "bundle.h"
 #include "codec.h"
 #include "crc32c.h"
+#include "hash.h"
 #include "manifest.h"
 #include "place.h"
 #include "ps/ps_client.h"
@@ -229,6 +230,10 @@ struct ps_client_s {
     ps_batch_info_t leave_done; /* caller's thread: a batch whose pushes were all acknowledged */
     int has_leave_done;         /* and not yet reported by a batch request: the leave does */
     uint64_t batch_samples;     /* the training set size the last batch request named */
+    uint64_t tensor_set;        /* digest of the tensors declared (tensor_set_add), sent with
+                                   each batch request: under bsp shard 0 refuses a worker whose
+                                   set differs from the other members' */
+    uint32_t ntensor_set;       /* how many: the count sent with it */
     uint64_t stale_step1;       /* bsp: step + 1 of a push a shard acknowledged as not applied
                                    (PS_FLAG_STALE; written by the comm thread): the report of
                                    that step's batch says so */
@@ -2572,6 +2577,10 @@ int ps_client_declare(ps_client_t *c, const ps_tensor_desc_t *desc, uint32_t *id
     if (c->tensors[tid] == NULL && (c->tensors[tid] = calloc(1, sizeof(ctensor_t))) == NULL)
         return PS_ENOMEM;
     ctensor_t *t = c->tensors[tid];
+    if (t->nchunks == 0) { /* new to this client (declared again: counted once) */
+        c->tensor_set += psk_mix64(tid + 1); /* a sum: the order of declarations is free */
+        c->ntensor_set++;
+    }
     t->id = tid;
     t->numel = ps_decl_numel(&rep.decl);
     t->nchunks = ps_chunk_count(t->numel, c->chunk_elems);
@@ -2746,7 +2755,11 @@ int ps_client_next_batch(ps_client_t *c, uint64_t samples, const ps_batch_info_t
                  : "a training set of 0 samples has no batch");
         return PS_EINVAL;
     }
-    ps_msg_t req = {.type = PS_MSG_BATCH, .rank = c->rank, .samples = samples}, rep;
+    /* With the set of tensors declared: under bsp each step waits for every member's push of
+     * every tensor a member pulls, so a member with another model would hold the job for good;
+     * shard 0 refuses it instead (never 0: 0 is "not sent", from an older libps). */
+    ps_msg_t req = {.type = PS_MSG_BATCH, .rank = c->rank, .samples = samples,
+                    .tensor_set = psk_mix64(c->tensor_set) | 1, .count = c->ntensor_set}, rep;
     c->batch_samples = samples;
     if (done) {
         req.flags = PS_FLAG_DONE | stale_flag(c, done->step);

@@ -14,6 +14,7 @@ import array
 import math
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -43,8 +44,10 @@ def data():
 
 def model():
     torch.manual_seed(1)  # the shards initialize it anyway
-    return torch.nn.Sequential(torch.nn.Linear(FEATURES, 16), torch.nn.Tanh(),
-                               torch.nn.Linear(16, 1))
+    layers = [torch.nn.Linear(FEATURES, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)]
+    if os.environ.get("TEST_MODEL") == "longer":  # two more tensors, the others the same
+        layers.append(torch.nn.Linear(1, 1))
+    return torch.nn.Sequential(*layers)
 
 
 def free_port():
@@ -210,8 +213,13 @@ def one_worker_matches_sgd(tmp, schedule="constant"):
 def worker_main(manifest, out):
     record = []
     b = os.environ.get("TEST_BARRIER")
-    final, step = train(manifest, record, int(os.environ.get("TEST_DIE_AFTER", "0")),
-                        (b, 2) if b else None)
+    try:
+        final, step = train(manifest, record, int(os.environ.get("TEST_DIE_AFTER", "0")),
+                            (b, 2) if b else None)
+    except psd.PsError as e:
+        with open(out, "w") as f:
+            json.dump({"error": str(e)}, f)
+        sys.exit(3)
     with open(out, "w") as f:
         json.dump({"step": step, "indices": [idx for _, idx, _ in record],
                    "final": {k: v.flatten().tolist() for k, v in final.items()}}, f)
@@ -258,6 +266,39 @@ def two_workers_share(tmp):
     loss = check_shared(r, r[0]["final"])
     print(f"two workers: {len(r[0]['indices'])} + {len(r[1]['indices'])} batches in "
           f"{r[0]['step']} steps, same parameters, loss {loss:.4f}")
+
+
+def models_differ(tmp):
+    """Under bsp two workers whose models differ (one has two more tensors): each step waits
+    for every member's push of each tensor, so before, both hung for good. Now shard 0 refuses
+    the second one's batch request (PS_ECONFIG, naming the counts); it leaves, and the other
+    trains through every pass alone."""
+    c = Cluster(tmp, "differ", 2, metrics=True)
+    outs = [os.path.join(c.dir, f"w{i}.json") for i in range(2)]
+    try:
+        ws = [subprocess.Popen([sys.executable, __file__, "worker", c.manifest, o],
+                               env=dict(os.environ, TEST_BARRIER=c.dir,
+                                        TEST_MODEL="longer" if i else ""))
+              for i, o in enumerate(outs)]
+        try:
+            rcs = [w.wait(timeout=60) for w in ws]
+        except subprocess.TimeoutExpired:
+            for w in ws:
+                w.kill()
+                w.wait()
+            raise AssertionError("the workers hung: a bsp job with two models never ended")
+        assert sorted(rcs) == [0, 3], f"workers exited with {rcs} (want one refused)"
+        r = [json.load(open(o)) for o in outs]
+        refused = r[rcs.index(3)]["error"]
+        assert "ECONFIG" in refused and "declare the same tensors" in refused, refused
+        assert ("declared 4 tensors" in refused and "of the job 6" in refused) or \
+               ("declared 6 tensors" in refused and "of the job 4" in refused), refused
+        applied = c.metric("psd_job_samples_applied_total")
+        assert applied == SAMPLES * EPOCHS, f"{applied} samples applied, want {SAMPLES * EPOCHS}"
+    finally:
+        c.stop()
+    print(f"models differ: one worker refused ({refused.split(': under')[0]}), the other "
+          f"finished; {applied:.0f} samples applied")
 
 
 def worker_killed(tmp):
@@ -354,6 +395,27 @@ def errors(tmp):
                 raise AssertionError("a second shape was taken")
             except psd.PsError as e:
                 assert e.name == "ECONFLICT", e.name
+            # More than the stores hold (map_size_mb 64 on each of the 2 shards): refused at
+            # once, naming the sizes; before, the create filled the map first. The shards go on.
+            # Records of 1024 values + a 32-byte header take two 4 KiB overflow pages each;
+            # each shard holds half the chunks.
+            mib = lambda values: values / 1024 / 2 * 8192 / 2 ** 20  # noqa: E731
+            for name, shape, want in (
+                    ("huge", (2 ** 26,), (mib(2 ** 26), None)),
+                    ("half", (2 ** 23,), None),
+                    ("more", (2 ** 23 + 2 ** 22,), (mib(2 ** 23 + 2 ** 22), mib(2 ** 23)))):
+                try:
+                    cl.declare(name, shape)
+                    assert want is None, f"{name} {shape} was taken"
+                except psd.PsError as e:
+                    got = re.search(r"cannot declare '\w+' \[\d+\]: its records need ([\d.]+) "
+                                    r"MiB on shard 0 \(the parameters\)(, and its tensors hold "
+                                    r"([\d.]+) MiB already)?, more than map_size_mb 64", str(e))
+                    assert want and e.name == "ESTOREFULL" and got, str(e)
+                    assert abs(float(got[1]) - want[0]) < 0.1, str(e)
+                    assert (got[3] is None) == (want[1] is None), str(e)
+                    assert want[1] is None or abs(float(got[3]) - want[1]) < 0.1, str(e)
+            cl.declare("after", (1024,))
     finally:
         c.stop()
     print("errors: named")
@@ -471,6 +533,7 @@ def main():
         d = max((constant[k] - cosine[k]).abs().max().item() for k in constant)
         assert d > 1e-3, f"the cosine schedule changed nothing ({d})"
         two_workers_share(tmp)
+        models_differ(tmp)
         worker_killed(tmp)
         two_workers_asp(tmp)
         early_break(tmp)

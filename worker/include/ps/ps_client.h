@@ -284,8 +284,12 @@ void ps_client_batch_done(ps_client_t *c, const ps_batch_info_t *done);
  * @param done    the batch this worker just finished (its pushes all acknowledged), or NULL.
  * @param[out] out the batch, or out->finished.
  * @return 0, PS_ENOTMEMBER (this worker was removed from the job, e.g. after missing
- *         heartbeats: create a new client to join again), PS_ECANCELED, PS_E*.
- * @note Pushes sent after this call carry the returned membership epoch.
+ *         heartbeats: create a new client to join again), PS_ECONFIG (@p samples differs from
+ *         the job's; or under bsp, at this client's first batch, the tensors it declared are
+ *         not the set the other members declared: destroy it, as it holds their steps while it
+ *         stays), PS_ECANCELED, PS_E*.
+ * @note Pushes sent after this call carry the returned membership epoch. Under bsp declare
+ *       every tensor before the first call: each step waits for every member's push of each.
  */
 int ps_client_next_batch(ps_client_t *c, uint64_t samples, const ps_batch_info_t *done,
                          ps_batch_info_t *out);
