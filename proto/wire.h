@@ -57,6 +57,11 @@ enum {
     PS_FLAG_CONF = 2048,  /* hello: `length` is the worker's chunk_bytes, `consistency` its
                              job.consistency, `count` its number of shards and `shard` the one
                              it means (its manifest's), which the shard checks against its own */
+    PS_FLAG_NOGRAD = 4096, /* bsp push: the worker has no gradient of the chunk this step (a
+                              parameter its model did not use): no data; counted as its push
+                              and as a zero in the step's mean. A step in which no member has
+                              one leaves the chunk's parameters and optimizer state as they
+                              are (ps_client_push_none) */
 };
 
 /* UCP Active Message ids. */

@@ -154,10 +154,13 @@ struct psd_chunk_s {
     uint32_t nfull;            /* slots in SLOT_FULL */
     uint64_t full_mask;        /* bit r: slot r is SLOT_FULL */
     uint64_t sum_members;      /* bsp: the step's members whose pushes the running job sums
-                                  (skip_mask left out) */
+                                  (skip_mask and nograd_mask left out) */
+    uint8_t mean_count;        /* bsp: and the pushes its mean is over (nograd_mask in) */
     uint64_t skip_mask;        /* bsp: bit r: rank r's push of this step replays a batch this
                                   chunk applied already (psd_shard_on_push): acknowledged, not
                                   summed */
+    uint64_t nograd_mask;      /* bsp: bit r: rank r's push of this step has no gradient
+                                  (PS_FLAG_NOGRAD): a zero in the mean, no data */
     uint64_t step_members;     /* bsp: the members of the step the running job applies */
     uint64_t stale_lack;       /* bsp: bit r: slot r's push came while a job applied its step
                                   without rank r, and that apply lacks its batch: if the step

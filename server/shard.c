@@ -1256,10 +1256,22 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
     uint32_t rank = (uint32_t)conn->rank;
     psk_codec_t codec = {.kind = (psk_codec_kind_t)msg->codec, .fraction = msg->codec_fraction,
                          .block = msg->codec_block, .fp16_values = msg->codec_flags & 1};
+    bool bsp = srv->m.job.consistency == PS_CONSIST_BSP;
+    /* A push without a gradient (bsp): headers only, summed as nothing (apply_item). */
+    bool nograd = (msg->flags & PS_FLAG_NOGRAD) != 0;
+    if (nograd && (!bsp || msg->codec != PSK_CODEC_NONE || (msg->flags & PS_FLAG_DIRECT) ||
+                   msg->length || length)) {
+        psd_send_chunk_error(srv, conn, msg->req_id, ch->tensor, ch->chunk, PS_EPROTO,
+                       "push of %u/%u without a gradient: %s", ch->tensor, ch->chunk,
+                       !bsp ? "only under bsp (asp / ssp: push nothing)"
+                            : "it carries no data, codec or push area");
+        return UCS_OK;
+    }
     /* Raw fp32 travels without a codec header; every codec's size follows from (codec, n). */
-    uint64_t want = msg->codec == PSK_CODEC_NONE ? (uint64_t)ch->n * 4
-                                                 : psk_codec_max_bytes(&codec, ch->n);
-    if (want == 0 || msg->codec > PSK_CODEC_SIGN) {
+    uint64_t want = nograd ? 0
+                    : msg->codec == PSK_CODEC_NONE ? (uint64_t)ch->n * 4
+                                                   : psk_codec_max_bytes(&codec, ch->n);
+    if ((want == 0 && !nograd) || msg->codec > PSK_CODEC_SIGN) {
         psd_send_chunk_error(srv, conn, msg->req_id, ch->tensor, ch->chunk, PS_EPROTO,
                        "push of %u/%u: unknown or invalid codec %u (fraction %g, block %u)",
                        ch->tensor, ch->chunk, msg->codec, (double)msg->codec_fraction,
@@ -1291,7 +1303,6 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
                        (unsigned long long)want);
         return UCS_OK;
     }
-    bool bsp = srv->m.job.consistency == PS_CONSIST_BSP;
     if (bsp && msg->step < ch->version) {
         PS_LOG(PS_LOG_DEBUG, "shard", "push of %u/%u from rank %u (pid %u) for step %llu: the "
                "chunk is at step %llu", ch->tensor, ch->chunk, rank, conn->pid,
@@ -1396,6 +1407,7 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
         ch->skip_mask |= 1ull << rank;
     else
         ch->skip_mask &= ~(1ull << rank);
+    ch->nograd_mask = (ch->nograd_mask & ~(1ull << rank)) | (uint64_t)nograd << rank;
     /* A job applying this step without this rank (its member left, and the step went out
      * again): if it passes the step, this push is stale; whether that apply has its batch is
      * known now, from the push's tags (stale_slot_done). */
@@ -1457,7 +1469,7 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
         return UCS_OK;
     }
     if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
-        memcpy(ch->slots[rank], data, length); /* small chunk sent eagerly */
+        if (length) memcpy(ch->slots[rank], data, length); /* small chunk sent eagerly */
         push_received(ch, rank, UCS_OK);
         return UCS_OK;
     }
@@ -1646,14 +1658,16 @@ static void apply_item(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, p
                                         : h->version;
         psk_optim_t o = optim_at(srv, pos, total);
         if (ch->sum_members == 0) {
-            /* Every push of the step replays a batch applied here before: the step passes
-             * with the record as it was. */
+            /* Every push of the step replays a batch applied here before, or has no gradient
+             * (PS_FLAG_NOGRAD): the step passes with the record as it was. */
             memcpy(h, old, psd_chunk_bytes(ch->n, srv->nstate));
             h->version++;
             job->hashes[i] = h->hash;
             return;
         }
-        float scale = 1.0f / (float)__builtin_popcountll(ch->sum_members);
+        /* The mean over the members with a gradient and those without (zeros), as torch's
+         * DDP averages a parameter some ranks did not use. */
+        float scale = 1.0f / (float)ch->mean_count;
         blocksum_t bs = {.ch = ch, .first = (uint32_t)__builtin_ctzll(ch->sum_members)};
         bool raw = sum == NULL; /* raw pushes: summed span by span in the update's pass */
         if (!raw) job->bad[i] = raw_crc_bad(ch, ch->sum_members);
@@ -2143,7 +2157,8 @@ static void job_start_next(psd_server_t *srv)
             bytes += psd_chunk_bytes(c->n, srv->nstate);
             c->step_members = members;
             c->applying = true;
-            c->sum_members = members & ~c->skip_mask;
+            c->sum_members = members & ~c->skip_mask & ~c->nograd_mask;
+            c->mean_count = (uint8_t)__builtin_popcountll(members & ~c->skip_mask);
             for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
                 if (c->slot_state[r] != SLOT_FULL) continue;
                 c->nfull--;

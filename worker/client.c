@@ -41,6 +41,7 @@
 #define PS_BEHIND_RETRY_MS 5        /* a push part ahead of its chunk is sent again this often */
 
 enum { OP_HELLO = 1, OP_DECLARE, OP_PUSH, OP_PULL, OP_LEAVE, OP_SHUTDOWN, OP_BATCH, OP_ECHO };
+enum { OP_PUSH_NONE = 100 }; /* data_op's argument only: an OP_PUSH with op->nograd */
 
 /* Why a push's part waits in start_op (part_t.held). */
 enum { HELD_WINDOW = 1, HELD_COPY = 2 };
@@ -174,6 +175,7 @@ struct ps_op_s {
     uint32_t tensor;
     float *buf;
     uint64_t step;
+    int nograd;                 /* push: no gradient (ps_client_push_none): headers only */
     uint32_t nparts, remaining;
     int ucx_refs;      /* UCX requests still referencing this op */
     int status;
@@ -846,6 +848,18 @@ static void send_data_part(ps_client_t *c, ps_op_t *op, part_t *p)
         }
         m.nreplay = op->nreplay;
         memcpy(m.replay, op->replay, sizeof m.replay);
+        if (op->nograd) { /* no data: counted as this member's push, summed as nothing */
+            m.flags |= PS_FLAG_NOGRAD;
+            m.length = 0;
+            m.codec = PSK_CODEC_NONE;
+            m.codec_fraction = 0;
+            m.codec_block = 0;
+            m.codec_flags = 0;
+            __atomic_add_fetch(&c->stats.pushes, 1, __ATOMIC_RELAXED);
+            if (bundle_part(c, p, &m, NULL, 0) == 0) return;
+            send_part(c, p, &m, NULL, 0, PS_AM_CTRL);
+            return;
+        }
         __atomic_add_fetch(&c->stats.bytes_pushed, p->len, __ATOMIC_RELAXED);
         __atomic_add_fetch(&c->stats.bytes_pushed_raw, len * 4, __ATOMIC_RELAXED);
         __atomic_add_fetch(&c->stats.pushes, 1, __ATOMIC_RELAXED);
@@ -2595,7 +2609,16 @@ int ps_client_declare(ps_client_t *c, const ps_tensor_desc_t *desc, uint32_t *id
 static int data_op(ps_client_t *c, int type, uint32_t id, float *buf, uint64_t step, ps_op_t **out)
 {
     if (c == NULL) return PS_EINVAL;
-    if (buf == NULL || out == NULL) {
+    bool nograd = type == OP_PUSH_NONE;
+    if (nograd) {
+        type = OP_PUSH;
+        if (c->m.job.consistency != PS_CONSIST_BSP) {
+            snprintf(c->err, sizeof c->err, "push_none of tensor %u: only under bsp (where a "
+                     "step waits for every member's push); under asp / ssp push nothing", id);
+            return PS_EINVAL;
+        }
+    }
+    if ((buf == NULL && !nograd) || out == NULL) {
         snprintf(c->err, sizeof c->err, "%s of tensor %u: %s is NULL", op_name(type), id,
                  buf == NULL ? (type == OP_PUSH ? "the gradient" : "the destination") : "op");
         return PS_EINVAL;
@@ -2620,7 +2643,8 @@ static int data_op(ps_client_t *c, int type, uint32_t id, float *buf, uint64_t s
     op->tensor = id;
     op->buf = buf;
     op->step = step;
-    if (type == OP_PUSH && t->error_feedback && psk_codec_needs_finite(&t->codec) &&
+    op->nograd = nograd;
+    if (type == OP_PUSH && !nograd && t->error_feedback && psk_codec_needs_finite(&t->codec) &&
         !psk_all_finite(buf, t->numel)) {
         /* Checked whole before any chunk is encoded: an encoded chunk's residual already
          * counts its payload as sent. */
@@ -2634,7 +2658,7 @@ static int data_op(ps_client_t *c, int type, uint32_t id, float *buf, uint64_t s
         part_t *p = &op->parts[i];
         p->chunk = i;
         p->shard = ps_place_shard(t->first_chunk + i, c->nshards);
-        if (type != OP_PUSH) continue;
+        if (type != OP_PUSH || nograd) continue; /* nograd: no data, len 0 */
         size_t n = ps_chunk_len(t->numel, c->chunk_elems, i);
         const float *g = buf + (uint64_t)i * c->chunk_elems;
         if (t->codec.kind == PSK_CODEC_NONE) {
@@ -2842,6 +2866,11 @@ int ps_client_lanes(ps_client_t *c, uint32_t shard, char *out, size_t len)
 int ps_client_push(ps_client_t *c, uint32_t id, const float *grad, uint64_t step, ps_op_t **op)
 {
     return data_op(c, OP_PUSH, id, (float *)grad, step, op); /* only read */
+}
+
+int ps_client_push_none(ps_client_t *c, uint32_t id, uint64_t step, ps_op_t **op)
+{
+    return data_op(c, OP_PUSH_NONE, id, NULL, step, op);
 }
 
 int ps_client_pull(ps_client_t *c, uint32_t id, float *dst, uint64_t min_version, ps_op_t **op)

@@ -15,8 +15,9 @@
  * whose last allocation fails (alloc_count_fail_next) must fail with PS_ENOMEM and leave the
  * tensor as it was, so the pushes after it go on as before.
  * --misuse: before the pushes, calls that misuse the API (declarations psd could not hold,
- * NULL arguments, a batch of a training set of 0, a handle waited for twice) must each be
- * refused with PS_EINVAL and the reason, and change nothing: the pushes then go on as usual.
+ * NULL arguments, push_none under asp, a batch of a training set of 0, a handle waited for
+ * twice) must each be refused with PS_EINVAL and the reason, and change nothing: the pushes
+ * then go on as usual.
  * Prints "asp_client: misuse: N calls refused" or the first call that was not. */
 #include <inttypes.h>
 #include <math.h>
@@ -82,6 +83,8 @@ static int misuse(ps_client_t *c, uint32_t id, float *g, float *got)
     bad |= refused(c, "a NULL destination", ps_client_pull(c, id, NULL, 0, &op),
                    "the destination", &n);
     bad |= refused(c, "a NULL op", ps_client_push(c, id, g, 0, NULL), "op is NULL", &n);
+    bad |= refused(c, "push_none under asp", ps_client_push_none(c, id, 0, &op), "only under bsp",
+                   &n);
     ps_batch_info_t b;
     bad |= refused(c, "0 samples", ps_client_next_batch(c, 0, NULL, &b), "0 samples", &n);
     char lanes[64];

@@ -1,7 +1,11 @@
 /* mean_client.c: a libps worker for the test of optimizer mean (test_cluster.c, mean_*).
  *
- *   mean_client MANIFEST NUMEL STEPS [misuse]
+ *   mean_client MANIFEST NUMEL STEPS [misuse | nograd]
  *
+ * With "nograd", rank r has no gradient in step s when s % 4 == 3 (no rank has one) or
+ * (s + r) % 3 == 0, and says so with ps_client_push_none: the mean is then over every member,
+ * those without one counting as zeros, and a step without any gradient leaves the values as
+ * they were.
  * With "misuse", first two mistakes a caller can make, each refused without harm: a push
  * before its first batch (PS_EINVAL; the client is not counted removed, its next_batch works),
  * and in step 0 an int8 push with error feedback of a gradient holding a NaN (PS_EINVAL at
@@ -64,11 +68,18 @@ static int ef_nan_refused(ps_client_t *c, uint64_t s)
     return 0;
 }
 
+/* "nograd": whether rank @p r has a gradient in step @p s. */
+static int has_grad(int nograd, uint32_t r, uint64_t s)
+{
+    return !nograd || (s % 4 != 3 && (s + r) % 3 != 0);
+}
+
 int main(int argc, char **argv)
 {
     int misuse = argc == 5 && strcmp(argv[4], "misuse") == 0;
-    if (argc != 4 && !misuse) {
-        fprintf(stderr, "usage: mean_client MANIFEST NUMEL STEPS [misuse]\n");
+    int nograd = argc == 5 && strcmp(argv[4], "nograd") == 0;
+    if (argc != 4 && !misuse && !nograd) {
+        fprintf(stderr, "usage: mean_client MANIFEST NUMEL STEPS [misuse | nograd]\n");
         return 2;
     }
     uint64_t n = strtoull(argv[2], NULL, 10), steps = strtoull(argv[3], NULL, 10);
@@ -139,14 +150,23 @@ int main(int argc, char **argv)
             bad = 1;
             break;
         }
-        for (uint64_t i = 0; i < n; i++) {
+        int any = 0;
+        for (uint32_t r = 0; r < w; r++) any |= has_grad(nograd, r, s);
+        for (uint64_t i = 0; i < n && any; i++) {
             g[i] = grad_of(rank, s, i);
-            float sum = grad_of(0, s, i); /* psd sums in rank order, then scales */
-            for (uint32_t r = 1; r < w; r++) sum += grad_of(r, s, i);
+            float sum = 0; /* psd sums in rank order the pushes with data, then scales */
+            int first = 1;
+            for (uint32_t r = 0; r < w; r++) {
+                if (!has_grad(nograd, r, s)) continue;
+                sum = first ? grad_of(r, s, i) : sum + grad_of(r, s, i);
+                first = 0;
+            }
             want[i] = sum * (1.0f / (float)w);
         }
+        if (!any) memcpy(want, got, n * sizeof *want); /* as it was */
         ps_op_t *push, *pull;
-        rc = ps_client_push(c, id, g, s, &push);
+        rc = has_grad(nograd, rank, s) ? ps_client_push(c, id, g, s, &push)
+                                       : ps_client_push_none(c, id, s, &push);
         if (rc == 0) rc = ps_op_wait(push, NULL);
         if (rc == 0) rc = ps_client_pull(c, id, got, s + 1, &pull);
         if (rc == 0) rc = ps_op_wait(pull, &version);

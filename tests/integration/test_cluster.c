@@ -215,32 +215,60 @@ START_TEST(test_libps_misuse_harmless)
 }
 END_TEST
 
-/* optimizer mean: two libps workers (one over UCX only, one direct) push different gradients
- * for 6 steps of a tensor of 3 chunks on 2 shards; every pull is the exact mean of the step's
- * pushes (mean_client.c checks the bits), never a sum over steps. psworker refuses such a
- * manifest: the shards keep no model to train. */
-START_TEST(test_mean_keeps_the_mean)
+/* bsp with optimizer mean, 2 shards, 2 workers that both join step 0. */
+static const cl_conf_t mean_conf = {.shards = 2,
+                                    .workers = 2,
+                                    .consistency = "bsp",
+                                    .optimizer = "{name: mean}",
+                                    .job_extra = "  heartbeat_timeout_ms: 10000\n"};
+
+/* Two mean_clients (argument @p mode, or none) on cluster @p c for @p steps steps of a tensor
+ * of 40000 values (160000 bytes: 3 chunks of 64 KiB at most), one over UCX only, one direct;
+ * both must find every pull the exact mean. */
+static void mean_pair(cl_cluster_t *c, int steps, const char *mode)
 {
-    cl_conf_t k = {.shards = 2,
-                   .workers = 2,
-                   .consistency = "bsp",
-                   .optimizer = "{name: mean}",
-                   .job_extra = "  heartbeat_timeout_ms: 10000\n"}; /* both join step 0 */
-    cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd[2];
-    psd[0] = cl_psd_start(c, 0, NULL, READY_S);
-    psd[1] = cl_psd_start(c, 1, NULL, READY_S);
-    EXPECT_LOG(psd[0], "workers wanted, bsp, mean, "); /* its start-up line */
-    char numel[] = "40000", steps[] = "6"; /* 160000 bytes: 3 chunks of 64 KiB at most */
-    char *argv[] = {(char *)cl_binary("MEAN_CLIENT"), c->manifest, numel, steps, NULL};
+    char numel[] = "40000", nsteps[16], want[64];
+    snprintf(nsteps, sizeof nsteps, "%d", steps);
+    snprintf(want, sizeof want, "%d steps, every pull the exact mean", steps);
+    char *argv[] = {(char *)cl_binary("MEAN_CLIENT"), c->manifest, numel, nsteps,
+                    (char *)mode, NULL};
     direct_off(true);
     cl_proc_t *a = cl_spawn(c, "mean-ucx", argv);
     direct_off(false);
     cl_proc_t *b = cl_spawn(c, "mean-direct", argv);
     EXPECT_EXIT(a, 0);
     EXPECT_EXIT(b, 0);
-    EXPECT_LOG(a, "6 steps, every pull the exact mean");
-    EXPECT_LOG(b, "6 steps, every pull the exact mean");
+    EXPECT_LOG(a, want);
+    EXPECT_LOG(b, want);
+}
+
+/* A member without a gradient of a tensor in a step (ps_client_push_none, torch's `.grad`
+ * None) counts as a zero in the step's mean (mean_client's nograd mode: over UCX and direct,
+ * 3 chunks on 2 shards), and a step in which no member has one leaves the values as they were.
+ * Before, libps had no such push: a worker pushed zeros, so under momentum, adam or weight
+ * decay the shards moved parameters that no worker's model had used. */
+START_TEST(test_mean_push_none)
+{
+    cl_cluster_t *c = cl_cluster_create(&mean_conf);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    mean_pair(c, 8, "nograd");
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+/* optimizer mean: two libps workers (one over UCX only, one direct) push different gradients
+ * for 6 steps of a tensor of 3 chunks on 2 shards; every pull is the exact mean of the step's
+ * pushes (mean_client.c checks the bits), never a sum over steps. psworker refuses such a
+ * manifest: the shards keep no model to train. */
+START_TEST(test_mean_keeps_the_mean)
+{
+    cl_cluster_t *c = cl_cluster_create(&mean_conf);
+    cl_proc_t *psd[2];
+    psd[0] = cl_psd_start(c, 0, NULL, READY_S);
+    psd[1] = cl_psd_start(c, 1, NULL, READY_S);
+    EXPECT_LOG(psd[0], "workers wanted, bsp, mean, "); /* its start-up line */
+    mean_pair(c, 6, NULL);
     /* Each worker pushed 6 steps x 3 chunks: a's over UCX, every one of b's into the push areas
      * (its first chunk of each push at once, the others on the comm thread's later turns). */
     cl_proc_t *ctl = status_json(c, "psctl");
@@ -1087,6 +1115,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("direct_fails_over", test_direct_fails_over));
     suite_add_tcase(s, tcase("adagrad_matches_local", test_adagrad_matches_local));
     suite_add_tcase(s, tcase("mean_keeps_the_mean", test_mean_keeps_the_mean));
+    suite_add_tcase(s, tcase("mean_push_none", test_mean_push_none));
     suite_add_tcase(s, tcase("libps_misuse_harmless", test_libps_misuse_harmless));
     suite_add_tcase(s, tcase("tcp_matches_local", test_tcp_matches_local));
     suite_add_tcase(s, tcase("tcp_eager_matches_local", test_tcp_eager_matches_local));

@@ -74,7 +74,7 @@ class Cluster:
     """Two psd shards of a fresh manifest in a temp dir; stop() ends them (SIGTERM, exit 0)."""
 
     def __init__(self, tmp, name, workers, metrics=False, schedule="constant",
-                 consistency="bsp"):
+                 consistency="bsp", optimizer=None):
         self.dir = os.path.join(tmp, name)
         os.makedirs(self.dir)
         self.manifest = os.path.join(self.dir, "manifest.yaml")
@@ -94,7 +94,7 @@ class Cluster:
             f.write(f"job:\n  model: mlp\n  batch_size: {BATCH}\n  epochs: {EPOCHS}\n"
                     f"  workers: {workers}\n  consistency: {consistency}\n"
                     f"  heartbeat_timeout_ms: 600\n"
-                    f"  optimizer: {{name: sgd, lr: {LR}, schedule: {schedule}}}\n")
+                    f"  optimizer: {optimizer or f'{{name: sgd, lr: {LR}, schedule: {schedule}}}'}\n")
         self.procs = []
         for i in range(2):
             log = open(os.path.join(self.dir, f"psd{i}.log"), "w")
@@ -299,6 +299,56 @@ def models_differ(tmp):
         c.stop()
     print(f"models differ: one worker refused ({refused.split(': under')[0]}), the other "
           f"finished; {applied:.0f} samples applied")
+
+
+class PartlyUsed(torch.nn.Module):
+    """model() and a layer its forward uses only on odd calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = model()
+        self.side = torch.nn.Linear(FEATURES, 1)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return self.net(x) + (self.side(x) if self.calls % 2 else 0)
+
+
+def unused_parameters(tmp):
+    """A parameter the batch did not use (`.grad` None) is left as a torch optimizer leaves it:
+    with adamw (weight decay 0.5, so every update moves a weight) a layer used in no batch
+    keeps its initial values, and one used in every other batch moves only in those steps
+    (its momentum moves nothing in between). Before, psd.torch pushed zeros for it and the
+    shards moved it every step. Under bsp (push_none) and asp (nothing pushed)."""
+    for consistency in ("bsp", "asp"):
+        c = Cluster(tmp, "unused-" + consistency, 1, consistency=consistency,
+                    optimizer="{name: adamw, lr: 0.01, weight_decay: 0.5}")
+        try:
+            x, y = data()
+            m = PartlyUsed()
+            never = torch.nn.Linear(1, 1)  # in the model, used by no batch
+            m.never = never
+            with psd.torch.ParameterServer(c.manifest, m, samples=SAMPLES) as ps:
+                start = {k: v.clone() for k, v in m.state_dict().items()}
+                side = []
+                for b in ps.batches():
+                    side.append(m.side.weight.detach().clone())
+                    m.zero_grad(set_to_none=True)  # only what the forward uses gets a .grad
+                    torch.nn.functional.mse_loss(m(x[b.indices]), y[b.indices]).backward()
+                    ps.step()
+                side.append(m.side.weight.detach().clone())
+        finally:
+            c.stop()
+        for k in ("never.weight", "never.bias"):
+            assert torch.equal(m.state_dict()[k], start[k]), \
+                f"{consistency}: {k}, used by no batch, moved: {start[k]} -> {m.state_dict()[k]}"
+        assert not torch.equal(m.state_dict()["net.0.weight"], start["net.0.weight"])
+        # side is used in batches 0, 2, 4, ...: it moves in those steps only.
+        moved = [not torch.equal(a, b) for a, b in zip(side, side[1:])]
+        assert moved == [i % 2 == 0 for i in range(len(moved))], f"{consistency}: {moved}"
+    print(f"unused parameters: never used ones kept (bsp, asp); one used every other batch "
+          f"moved in {sum(moved)} of {len(moved)} steps")
 
 
 def worker_killed(tmp):
@@ -534,6 +584,7 @@ def main():
         assert d > 1e-3, f"the cosine schedule changed nothing ({d})"
         two_workers_share(tmp)
         models_differ(tmp)
+        unused_parameters(tmp)
         worker_killed(tmp)
         two_workers_asp(tmp)
         early_break(tmp)

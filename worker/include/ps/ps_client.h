@@ -198,6 +198,20 @@ int ps_client_set_compression(ps_client_t *c, uint32_t id, const ps_compression_
 int ps_client_push(ps_client_t *c, uint32_t id, const float *grad, uint64_t step, ps_op_t **op);
 
 /**
+ * @brief Under bsp, say that this worker has no gradient of tensor @p id for @p step (its
+ * model did not use the tensor in this batch; torch: `.grad` is None), in place of a push.
+ * The step counts it as this member's push and as a zero in the mean of the members'
+ * gradients; where no member of the step had a gradient, the shards leave the tensor's
+ * parameters and optimizer state as they are (no momentum, no weight decay: as a torch
+ * optimizer skips a parameter without a gradient). Asynchronous; headers only.
+ * @param[out] op the handle to ps_op_wait on.
+ * @return 0; PS_EINVAL under asp / ssp (where each push is applied on its own: push nothing
+ *  instead) or for an undeclared tensor; PS_EBUSY, PS_ENOMEM as ps_client_push. A tensor's
+ *  error-feedback residual is left as it is.
+ */
+int ps_client_push_none(ps_client_t *c, uint32_t id, uint64_t step, ps_op_t **op);
+
+/**
  * @brief Pull the parameters of tensor @p id once every chunk reached @p min_version
  * (under bsp: the step the caller is about to compute; 0 = whatever is there).
  * @param dst numel floats; written until the handle completes. Chunks land in it before their

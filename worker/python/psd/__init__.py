@@ -93,6 +93,7 @@ def library():
         "ps_client_job": (None, [P, ctypes.POINTER(_JobInfo)]),
         "ps_client_declare": (I, [P, ctypes.POINTER(_Desc), ctypes.POINTER(U32)]),
         "ps_client_push": (I, [P, U32, P, U64, ctypes.POINTER(P)]),
+        "ps_client_push_none": (I, [P, U32, U64, ctypes.POINTER(P)]),
         "ps_client_pull": (I, [P, U32, P, U64, ctypes.POINTER(P)]),
         "ps_op_wait": (I, [P, ctypes.POINTER(U64)]),
         "ps_client_error": (ctypes.c_char_p, [P]),
@@ -303,6 +304,15 @@ class Client:
         _check(library().ps_client_push(self._live(), tid, addr, step, ctypes.byref(op)),
                self.error())
         return Op(self, op, keep)
+
+    def push_none(self, tid, step):
+        """bsp: this worker has no gradient of `tid` for `step` (ps_client_push_none): counted
+        as its push, a zero in the mean; a step in which no member had one leaves the tensor's
+        parameters and optimizer state as they are. Returns an Op."""
+        op = ctypes.c_void_p()
+        _check(library().ps_client_push_none(self._live(), tid, step, ctypes.byref(op)),
+               self.error())
+        return Op(self, op, None)
 
     def pull(self, tid, addr, min_version, keep=None):
         """Pull the parameters into address `addr` once every chunk reached `min_version`."""

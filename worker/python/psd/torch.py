@@ -88,7 +88,6 @@ class ParameterServer:
                 except ValueError as e:
                     raise ValueError(f"parameter {name!r}: {e}") from e
                 self._params.append((p, tid))
-            self._zeros = {}
             self._batch = None
             self._stepped = False
             self.final_step = None
@@ -159,25 +158,31 @@ class ParameterServer:
         self.pull(self.final_step if bsp else 0)
 
     def step(self):
-        """Push every parameter's gradient for the current batch's step (zeros for one without
-        a gradient: under bsp a step waits for every member's push) and wait until the shards
-        applied them; then the batch counts as done even if this worker leaves next."""
+        """Push every parameter's gradient for the current batch's step and wait until the
+        shards applied them; then the batch counts as done even if this worker leaves next.
+        A parameter without a gradient (`.grad` None: the batch did not use it) is left out
+        as a torch optimizer leaves it: under bsp (where a step waits for every member's
+        push) its push says so (push_none), counted as a zero in the mean of the workers'
+        gradients, and when no worker had one the shards leave its value and optimizer state
+        (momentum, weight decay) as they are; under asp / ssp nothing is pushed."""
         b = self._batch
         if b is None or self._stepped:
             raise RuntimeError("step() belongs inside `for batch in ps.batches()`, once a batch")
         ops = []
+        bsp = self.client.consistency == "bsp"
         self.client.group_begin()  # the small gradients travel fused
         try:
             for p, tid in self._params:
                 g = p.grad
                 if g is None:
-                    g = self._zeros.setdefault(p.numel(), torch.zeros(p.numel()))
-                else:
-                    g = g.detach()
-                    if g.is_sparse:  # nn.Embedding(sparse=True): pushed dense
-                        g = g.to_dense()
-                    if not self._in_place(g):
-                        g = g.to(device="cpu", dtype=torch.float32).contiguous()
+                    if bsp:
+                        ops.append(self.client.push_none(tid, b.step))
+                    continue
+                g = g.detach()
+                if g.is_sparse:  # nn.Embedding(sparse=True): pushed dense
+                    g = g.to_dense()
+                if not self._in_place(g):
+                    g = g.to(device="cpu", dtype=torch.float32).contiguous()
                 ops.append(self.client.push(tid, g.data_ptr(), b.step, keep=g))
         finally:
             self.client.group_end()
