@@ -21,7 +21,7 @@ typedef struct {
                            unused otherwise */
     uint64_t seed;      /* the tensor's seed, already mixed with its name */
     uint32_t fan_in;    /* xavier: shape[0] (or 1) */
-    uint32_t fan_out;   /* xavier: product of shape[1..] (or 1) */
+    uint64_t fan_out;   /* xavier: product of shape[1..] (or 1; up to 2^34) */
 } psk_init_t;
 
 /**

@@ -1551,7 +1551,7 @@ static int run_create(psd_job_t *job, psd_wtxn_t *tx)
     psd_server_t *srv = job->srv;
     const ps_decl_t *d = &job->decl;
     int rc = psd_store_put_tensor(tx, d);
-    uint32_t dims1 = 1;
+    uint64_t dims1 = 1; /* at most PS_MAX_TENSOR_VALUES: a uint32 wrapped (xavier's bound) */
     for (int i = 1; i < d->ndim; i++) dims1 *= d->shape[i];
     job->init = (psk_init_t){.kind = (psk_init_kind_t)d->init, .arg = d->init_arg,
                              .seed = psk_init_seed(d->name, d->seed), .fan_in = d->shape[0],

@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import tempfile
 import time
 
@@ -531,11 +532,23 @@ def misuse(tmp):
 
 def sigint_main(kind, manifest):
     """A process for ctrl_c(): blocked in the join (kind "join") or in a pull that waits for a
-    version nobody makes (kind "pull")."""
+    version nobody makes (kind "pull"); or (kind "handler") one with a SIGINT handler of its
+    own, whose client must still work after a Ctrl-C."""
     print("joining", flush=True)
     c = psd.Client(manifest)
     tid = c.declare("t", (4,))
     buf = array.array("f", [0.0] * 4)
+    if kind == "handler":
+        got = []
+        signal.signal(signal.SIGINT, lambda *_: got.append(1))
+        print("waiting", flush=True)
+        deadline = time.time() + 15
+        while not got and time.time() < deadline:
+            time.sleep(0.01)
+        c.pull(tid, buf.buffer_info()[0], 0, keep=buf).wait()
+        c.close()
+        print("still works" if got else "no SIGINT came", flush=True)
+        return
     print("waiting", flush=True)
     c.pull(tid, buf.buffer_info()[0], 1, keep=buf).wait()  # step 0 is never pushed
 
@@ -564,9 +577,128 @@ def ctrl_c(tmp):
                 p.wait()
                 raise AssertionError(f"{kind}: still blocked 15 s after Ctrl-C")
             assert p.returncode != 0 and "KeyboardInterrupt" in err, f"{kind}: {err[-600:]}"
+        # A program with a SIGINT handler of its own ("finish this batch") keeps its client:
+        # before, the Ctrl-C interrupted it all the same, and its next call failed.
+        p = subprocess.Popen([sys.executable, __file__, "sigint", "handler", c.manifest],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert p.stdout.readline().strip() == "joining", "the worker never started"
+        assert p.stdout.readline().strip() == "waiting", "the worker never got ready"
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+        assert p.returncode == 0 and "still works" in out, f"handler: {out} {err[-600:]}"
     finally:
         c.stop()
-    print("ctrl-c: a blocked join and a blocked pull stop")
+    print("ctrl-c: a blocked join and a blocked pull stop; a program's own handler keeps "
+          "its client")
+
+
+def binding(tmp):
+    """psd.Client used wrongly, as a probe found it: close() from another thread while a call
+    blocked hung both for good; a dropped Op's buffer could be freed or resized while its
+    pull landed (memory corruption); ctypes wrapped out-of-range integers (a shape of 2^32 + 3
+    declared as 3, a step of -1 as 2^64 - 1) and cut names at a NUL; a forked child hung in
+    close(); a parameter whose .data shrank was written past its end."""
+    c = Cluster(tmp, "binding", 1)
+    try:
+        cl = psd.Client(c.manifest)
+        tid = cl.declare("t", (4,))
+        buf = array.array("f", [0.0] * 4)
+        for closer in ("interrupt", "close"):  # from a watchdog thread
+            if closer == "close":
+                cl2, cl = cl, psd.Client(c.manifest)
+                tid = cl.declare("t", (4,))
+            op = cl.pull(tid, buf.buffer_info()[0], 1, keep=buf)  # never: nobody pushes
+            t = threading.Timer(0.5, getattr(cl, closer))
+            t.start()
+            try:
+                op.wait()
+                raise AssertionError(f"{closer}: a pull of a step nobody pushes returned")
+            except psd.PsError as e:
+                assert e.name == "ECANCELED", f"{closer}: {e}"
+            t.join(timeout=30)
+            assert not t.is_alive(), f"{closer} from another thread hung"
+        cl2.close()
+        cl = psd.Client(c.manifest)
+        tid = cl.declare("t", (4,))
+        for bad, want in (
+                (lambda: cl.declare("u", (2 ** 32 + 3,)), "dimension 0 must be 1 to 2^32"),
+                (lambda: cl.declare("u", (-1,)), "got -1"),
+                (lambda: cl.declare("u", (2.5, 3)), "must be an integer"),
+                (lambda: cl.declare("a\0b", (4,)), "without NUL"),
+                (lambda: cl.declare("u", (4,), init="normal", init_arg=1e300), "finite float32"),
+                (lambda: cl.pull(tid, buf.buffer_info()[0], -1, keep=buf), "step must be 0"),
+                (lambda: cl.push(2 ** 32, buf.buffer_info()[0], 0, keep=buf), "tensor id"),
+                (lambda: cl.push(7, buf.buffer_info()[0], 0, keep=buf), "not declared"),
+                (lambda: cl.next_batch(-1), "samples must be 1"),
+                (lambda: cl.pull(tid, 0, 0, keep=array.array("d", [0.0] * 4)), "float32"),
+                (lambda: cl.pull(tid, 0, 0, keep=array.array("f", [0.0] * 3)), "do not fit")):
+            try:
+                bad()
+                raise AssertionError(f"taken: want {want!r}")
+            except (ValueError, TypeError) as e:
+                assert want in str(e), f"{e} (want {want!r})"
+        # An Op keeps its buffer unresizable; one dropped unwaited is waited for by the next
+        # push (before: every later push of the tensor failed with EBUSY).
+        op = cl.pull(tid, buf.buffer_info()[0], 0, keep=buf)
+        try:
+            buf.extend([1.0] * 1000)
+            raise AssertionError("the buffer of a pull in flight was resized")
+        except BufferError:
+            pass
+        op.wait()
+        g = array.array("f", [0.0] * 4)
+        cl.push(tid, g.buffer_info()[0], 0, keep=g)  # dropped unwaited
+        try:  # bsp: a push before any batch is refused (PS_EINVAL), not EBUSY at the call
+            cl.push(tid, g.buffer_info()[0], 0, keep=g).wait()
+        except psd.PsError as e:
+            assert e.name == "EINVAL" and "holds no batch" in str(e), str(e)
+        cl.close()
+        # A forked child's close() forgets the parent's client (before: it hung in the leave).
+        cl = psd.Client(c.manifest)
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                cl.close()
+                code = 0
+            finally:
+                os._exit(code)
+        status, deadline = None, time.time() + 15
+        while status is None and time.time() < deadline:
+            done, st = os.waitpid(pid, os.WNOHANG)
+            status = st if done else time.sleep(0.02)
+        if status is None:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise AssertionError("a forked child's close() hung")
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+        cl.declare("t", (4,))  # the parent's client still works
+        cl.close()
+        # psd.torch: a parameter whose .data changed size is refused, not written past; a
+        # 5-dimensional parameter is held (its last two dimensions as one).
+        m = torch.nn.Sequential(torch.nn.Conv3d(1, 2, 2), torch.nn.Flatten(),
+                                torch.nn.Linear(2, 1))
+        with psd.torch.ParameterServer(c.manifest, m, samples=SAMPLES) as ps:
+            w = m[0].weight.data.clone()
+            m[0].weight.data = torch.zeros(4)
+            try:
+                ps.pull(0)
+                raise AssertionError("a parameter of 4 values was pulled 16 into")
+            except RuntimeError as e:
+                assert "'0.weight' has 4 values now" in str(e), str(e)
+            m[0].weight.data = w
+            ps.pull(0)
+            assert m[0].weight.shape == (2, 1, 2, 2, 2)
+        try:
+            psd.torch.ParameterServer(c.manifest, torch.nn.Linear(2, 2, device="meta"),
+                                      samples=SAMPLES)
+            raise AssertionError("a meta model was taken")
+        except ValueError as e:
+            assert "meta device" in str(e), str(e)
+    finally:
+        c.stop()
+    print("binding: close/interrupt from another thread, out-of-range integers, buffers, "
+          "a dropped Op, a forked child, a resized parameter, Conv3d")
 
 
 def main():
@@ -591,6 +723,7 @@ def main():
         errors(tmp)
         misuse(tmp)
         ctrl_c(tmp)
+        binding(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -131,6 +131,18 @@ START_TEST(test_xavier)
 }
 END_TEST
 
+/* A fan past 2^32 (a [1, 2^33] tensor: fan_out = 2^33) keeps its size: bound
+ * sqrt(6 / (1 + 2^33)). Before, psd passed it as a uint32 that wrapped to 0 (bound sqrt(3)). */
+START_TEST(test_xavier_huge_fan)
+{
+    psk_init_t init = {.kind = PSK_INIT_XAVIER, .fan_in = 1, .fan_out = 1ull << 33,
+                       .seed = psk_init_seed("wide", 0)};
+    float a[WHOLE];
+    psk_init_cpu(a, WHOLE, 0, &init);
+    expect_uniform_range(a, WHOLE, (float)sqrt(6.0 / (1.0 + 8589934592.0)));
+}
+END_TEST
+
 /* A zero fan counts as 1 rather than dividing by zero: bound sqrt(6 / 2). */
 START_TEST(test_xavier_zero_fan)
 {
@@ -276,6 +288,7 @@ Suite *ps_test_suite(void)
     tcase_add_test(tc, test_uniform);
     tcase_add_test(tc, test_xavier);
     tcase_add_test(tc, test_xavier_zero_fan);
+    tcase_add_test(tc, test_xavier_huge_fan);
     tcase_add_test(tc, test_normal);
     tcase_add_loop_test(tc, test_neighbours_uncorrelated, 0, 3); /* normal, uniform, xavier */
     suite_add_tcase(s, tc);

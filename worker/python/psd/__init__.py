@@ -9,6 +9,7 @@
 $PSD_LIBPS, else build/worker/libps.so of the checkout this file is in, else the system's
 libps.so (after `meson install`).
 """
+import contextlib
 import ctypes
 import errno
 import ctypes.util
@@ -16,6 +17,7 @@ import operator
 import os
 import signal
 import threading
+import weakref
 from array import array
 
 __all__ = ["PsError", "Client", "Batch", "batch_order", "library"]
@@ -143,41 +145,101 @@ class Batch:
         self.indices = indices
 
 
+def _uint(what, v, bits, low=0):
+    """`v` as an int in [low, 2^bits - 1]: ctypes would wrap a negative or larger one silently
+    (a shape of 2^32 + 3 declared as 3, a step of -1 as 2^64 - 1)."""
+    if isinstance(v, bool):
+        raise TypeError(f"{what} must be an integer, not a bool")
+    try:
+        n = operator.index(v)
+    except TypeError:
+        raise TypeError(f"{what} must be an integer, got {type(v).__name__}") from None
+    if not low <= n < 2 ** bits:
+        raise ValueError(f"{what} must be {low} to 2^{bits} - 1, got {n}")
+    return n
+
+
 class Op:
-    """A push or pull in flight: wait() once. Keeps the buffer it reads or writes alive."""
+    """A push or pull in flight: wait() once. Keeps the buffer it reads or writes alive (and,
+    for an object with the buffer protocol, unresizable) until then. One dropped without a
+    wait keeps them until the client's next push of that tensor waits for it (a push
+    dropped so), or until close()."""
 
-    __slots__ = ("_client", "_op", "_keep", "done")
+    __slots__ = ("_client", "_op", "_keep", "_tid", "_push", "done")
 
-    def __init__(self, client, op, keep):
+    def __init__(self, client, op, keep, tid, push):
         self._client, self._op, self._keep, self.done = client, op, keep, False
+        self._tid, self._push = tid, push
 
     def wait(self):
         """Wait for it; returns the lowest chunk version (pulls). Raises PsError on failure."""
         if self.done:
             raise ValueError("this operation was waited for already")
-        self._client._live()  # its client closed: the operation went with it
-        self.done = True
-        v = ctypes.c_uint64(0)
-        rc = library().ps_op_wait(self._op, ctypes.byref(v))
+        lib, v = library(), ctypes.c_uint64(0)
+        wait, ref = lib.ps_op_wait, ctypes.byref(v)  # nothing left to interrupt in between:
+        with self._client._call() as h:  # its client closed: the operation went with it
+            self.done = True
+            rc = wait(self._op, ref)
+            text = lib.ps_client_error(h).decode(errors="replace") if rc else ""
         self._keep = None
-        _check(rc, self._client.error())
+        _check(rc, text)
         return v.value
+
+    def __del__(self):
+        c = getattr(self, "_client", None)
+        if c is not None and not self.done:
+            self.done = True
+            c._orphan(self._op, self._keep, self._tid, self._push)
+
+
+class _Entry:
+    """A client as _CtrlC knows it: the cancel flag of its join, its handle once made."""
+
+    __slots__ = ("flag", "handle", "busy")
+
+    def __init__(self, busy):
+        self.flag = ctypes.c_int(0)  # ps_client_opts_t.cancel (a sig_atomic_t)
+        self.handle = None
+        self.busy = busy  # whether a call of it is running (the join counts)
 
 
 class _CtrlC:
     """Ctrl-C while a libps call blocks. Python runs its SIGINT handler only between bytecodes,
     never inside a C call, so a worker waiting on a stalled cluster would not stop. Python's own
     C-level handler writes the signal's number to the wakeup fd at once: a thread reading it
-    sets the join's cancel flag and calls ps_client_interrupt (safe at any time), the blocked
-    call returns, and Python raises KeyboardInterrupt. Only in the main thread with Python's
-    default SIGINT handler and no wakeup fd of someone else's (asyncio's): otherwise nothing."""
+    sets the cancel flag of every client of this process that is joining and interrupts every
+    one with a call running (ps_client_interrupt, safe at any time); the blocked calls return,
+    and Python raises KeyboardInterrupt. A client not inside a call is left alone (a
+    KeyboardInterrupt caught in Python code leaves it usable), and so is everything while the
+    program has a SIGINT handler of its own ("finish this batch first"). One reader per process,
+    installed by the first client made in the main thread under Python's default SIGINT handler
+    and no wakeup fd of someone else's (asyncio's), given back when the last client closes."""
 
-    def __init__(self):
-        self.flag = ctypes.c_int(0)  # ps_client_opts_t.cancel (a sig_atomic_t)
-        self.handle = None  # the client, once made
-        self.lock = threading.Lock()  # the thread's interrupt against close()'s destroy
-        self._r = self._w = None
-        if (threading.current_thread() is not threading.main_thread() or
+    lock = threading.RLock()  # the entries, and an interrupt against close()'s destroy (a
+    # client collected while the reader holds it closes in that thread: reentrant)
+    entries = set()
+    _r = _w = None
+
+    @classmethod
+    def register(cls, busy):
+        e = _Entry(busy)
+        with cls.lock:
+            cls.entries.add(e)
+        cls._install()
+        return e
+
+    @classmethod
+    def unregister(cls, e):
+        with cls.lock:
+            cls.entries.discard(e)
+            e.handle = None
+            last = not cls.entries
+        if last:
+            cls._uninstall()
+
+    @classmethod
+    def _install(cls):
+        if (cls._w is not None or threading.current_thread() is not threading.main_thread() or
                 signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
             return
         r, w = os.pipe()
@@ -192,52 +254,96 @@ class _CtrlC:
             os.close(r)
             os.close(w)
             return
-        self._r, self._w = r, w
-        threading.Thread(target=self._run, name="psd-ctrl-c", daemon=True).start()
+        cls._r, cls._w = r, w
+        threading.Thread(target=cls._run, args=(r,), name="psd-ctrl-c", daemon=True).start()
 
-    def _run(self):
+    @classmethod
+    def _run(cls, r):
         while True:
             try:
-                data = os.read(self._r, 64)
+                data = os.read(r, 64)
             except OSError:
                 data = b""
-            if not data:  # stop() closed the other end
-                os.close(self._r)
+            if not data:  # _uninstall closed the other end
+                os.close(r)
                 return
-            if signal.SIGINT in data:
-                self.flag.value = 1
-                with self.lock:
-                    if self.handle:
-                        library().ps_client_interrupt(self.handle)
+            if signal.SIGINT not in data or \
+                    signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+                continue
+            with cls.lock:
+                for e in tuple(cls.entries):
+                    if e.busy():
+                        e.flag.value = 1
+                        if e.handle:
+                            library().ps_client_interrupt(e.handle)
 
-    def stop(self):
+    @classmethod
+    def after_fork_in_child(cls):
+        """A forked child's SIGINT must not reach the parent's reader through the inherited
+        wakeup fd, and the parent's clients are not the child's: forget both."""
+        cls.lock = threading.RLock()
+        cls.entries = set()
+        if cls._w is None:
+            return
+        try:
+            cur = signal.set_wakeup_fd(-1)
+            if cur != cls._w:  # not ours (set since): theirs stays
+                signal.set_wakeup_fd(cur)
+        except ValueError:  # not the main thread
+            pass
+        for fd in (cls._r, cls._w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        cls._r = cls._w = None
+
+    @classmethod
+    def _uninstall(cls):
         """Give the wakeup fd back (main thread only: elsewhere it stays until exit)."""
-        if self._w is None or threading.current_thread() is not threading.main_thread():
+        if cls._w is None or threading.current_thread() is not threading.main_thread():
             return
         cur = signal.set_wakeup_fd(-1)
-        if cur != self._w:  # someone set theirs since: theirs stays
+        if cur != cls._w:  # someone set theirs since: theirs stays
             signal.set_wakeup_fd(cur)
-        os.close(self._w)  # the thread reads the end of the pipe and ends
-        self._w = None
+        os.close(cls._w)  # the thread reads the end of the pipe and ends
+        cls._w = None
+
+
+os.register_at_fork(after_in_child=_CtrlC.after_fork_in_child)
 
 
 class Client:
     """One libps client: joins the cluster of `manifest` (blocking; retries unreachable shards
     for `connect_timeout_ms`), leaves at close(). Ctrl-C stops a call that blocks (_CtrlC):
-    KeyboardInterrupt, and the client is then good only for close()."""
+    KeyboardInterrupt, and the client is then good only for close(); so does interrupt(), from
+    any thread. Other calls come from one thread at a time (libps's rule, ps_client.h), except
+    close(), which may come from another one: it interrupts the calls running first and waits
+    for them. A process forked from the one that made it cannot use it (its thread stayed in
+    the parent): there close() only forgets it."""
 
     def __init__(self, manifest, connect_timeout_ms=None):
         lib = library()
         opts = _Opts()
         if connect_timeout_ms is not None:
-            ms = operator.index(connect_timeout_ms)
-            if not 0 <= ms < 2**32:
-                raise ValueError(f"connect_timeout_ms must be 0 to 2^32 - 1, got {ms}")
+            ms = _uint("connect_timeout_ms", connect_timeout_ms, 32)
             opts.field_mask, opts.connect_timeout_ms = 1, ms
         self._h = None
-        self._ctrl_c = _CtrlC()
+        self._pid = os.getpid()
+        self._cv = threading.Condition()
+        self._calls = 1  # the join: Ctrl-C cancels it
+        self._closing = False
+        self._orphans = []  # (op, keep, tid, push) of Ops dropped unwaited (Op.__del__)
+        self._destroyed = False
+        self._numel = {}  # tensor id -> values, of the declarations made here
+        me = weakref.ref(self)  # not self: the entry must not keep it from its __del__
+
+        def busy():
+            c = me()
+            return c is not None and c._calls > 0
+        self._entry = _CtrlC.register(busy)
         opts.field_mask |= 2  # PS_CLIENT_OPT_CANCEL
-        opts.cancel = ctypes.addressof(self._ctrl_c.flag)
+        opts.cancel = ctypes.addressof(self._entry.flag)
         err = ctypes.create_string_buffer(1024)
         h = ctypes.c_void_p()
         try:  # a Ctrl-C lands as the call returns: the wakeup fd goes back whatever happens
@@ -247,10 +353,13 @@ class Client:
         except BaseException:
             if h:
                 lib.ps_client_destroy(h)
-            self._ctrl_c.stop()
+            _CtrlC.unregister(self._entry)
             raise
+        finally:
+            self._calls = 0
         self._h = h
-        self._ctrl_c.handle = h
+        with _CtrlC.lock:
+            self._entry.handle = h
         job = _JobInfo()
         lib.ps_client_job(h, ctypes.byref(job))
         self.consistency = CONSISTENCY[job.consistency]
@@ -258,100 +367,224 @@ class Client:
         self.epochs, self.max_steps = job.epochs, job.max_steps
         self.workers_wanted = job.workers
 
+    @contextlib.contextmanager
+    def _call(self):
+        """The libps handle for one call, counted while it runs (close() waits for it);
+        PsError EINVAL once close()d, or in a forked child (libps takes its pointers as given)."""
+        with self._cv:
+            if not self._h or self._closing:
+                raise PsError(-errno.EINVAL, "EINVAL", "the client is closed")
+            if self._pid != os.getpid():
+                raise PsError(-errno.EINVAL, "EINVAL", f"the client belongs to process "
+                              f"{self._pid}, which this one was forked from: make another")
+            self._calls += 1
+            h = self._h
+        try:
+            yield h
+        finally:
+            with self._cv:
+                self._calls -= 1
+                if self._calls == 0:
+                    self._cv.notify_all()
+
+    def _do(self, fn, *args):
+        """fn(handle, *args) as one call; PsError with the client's reason when it fails."""
+        with self._call() as h:
+            rc = fn(h, *args)
+            text = library().ps_client_error(h).decode(errors="replace") if rc else ""
+        _check(rc, text)
+
     def _live(self):
-        """The libps handle; PsError EINVAL once close()d (libps takes its pointers as given)."""
-        if not self._h:
-            raise PsError(-errno.EINVAL, "EINVAL", "the client is closed")
-        return self._h
+        with self._call() as h:
+            return h
 
     def error(self):
-        return library().ps_client_error(self._live()).decode(errors="replace")
+        with self._call() as h:
+            return library().ps_client_error(h).decode(errors="replace")
 
     @property
     def rank(self):
-        return library().ps_client_rank(self._live())
+        with self._call() as h:
+            return library().ps_client_rank(h)
 
     @property
     def workers(self):
-        return library().ps_client_workers(self._live())
+        with self._call() as h:
+            return library().ps_client_workers(h)
 
     @property
     def shards(self):
-        return library().ps_client_shards(self._live())
+        with self._call() as h:
+            return library().ps_client_shards(h)
 
     def declare(self, name, shape, init="zeros", init_arg=0.0, seed=0, total_steps=0):
         """Declare tensor `name` of `shape` (1 to 4 dimensions) on the shards, initialized there
         (init: zeros, normal (std init_arg), uniform (a = init_arg), xavier, constant (every
         value init_arg)); returns its id."""
-        shape = tuple(int(s) for s in shape) or (1,)
+        if not isinstance(name, str) or "\0" in name or not name:
+            raise ValueError(f"tensor name {name!r}: a non-empty str without NUL bytes")
+        shape = tuple(_uint(f"tensor {name}: dimension {i}", s, 32, 1)
+                      for i, s in enumerate(shape)) or (1,)
         if not 1 <= len(shape) <= 4:
             raise ValueError(f"tensor {name}: {len(shape)} dimensions (psd holds 1 to 4)")
         if init not in _INITS:
             raise ValueError(f"tensor {name}: init {init!r} is not one of {sorted(_INITS)}")
-        d = _Desc(name=name.encode(), ndim=len(shape), init=_INITS[init], init_arg=init_arg,
-                  seed=seed, total_steps=total_steps)
+        arg = float(init_arg)
+        if not abs(arg) <= 3.4028234663852886e38:  # NaN too
+            raise ValueError(f"tensor {name}: init_arg {init_arg!r} is not a finite float32")
+        d = _Desc(name=name.encode(), ndim=len(shape), init=_INITS[init], init_arg=arg,
+                  seed=_uint(f"tensor {name}: seed", seed, 64),
+                  total_steps=_uint(f"tensor {name}: total_steps", total_steps, 64))
         for i, s in enumerate(shape):
             d.shape[i] = s
         tid = ctypes.c_uint32()
-        _check(library().ps_client_declare(self._live(), ctypes.byref(d), ctypes.byref(tid)),
-               self.error())
+        self._do(library().ps_client_declare, ctypes.byref(d), ctypes.byref(tid))
+        n = 1
+        for s in shape:
+            n *= s
+        self._numel[tid.value] = n
         return tid.value
+
+    def _pin(self, what, tid, addr, keep, write):
+        """Checks a push's or pull's tensor and buffer; returns what the Op keeps: for `keep`
+        with the buffer protocol a memoryview of it (an array or numpy array cannot be
+        resized or freed under the operation then), checked to hold the tensor's float32s at
+        `addr`; `keep` itself otherwise."""
+        tid = _uint(f"{what}: tensor id", tid, 32)
+        n = self._numel.get(tid)
+        if n is None:
+            raise ValueError(f"{what}: tensor {tid} was not declared by this client")
+        if keep is None:
+            return None
+        try:
+            mv = memoryview(keep)
+        except TypeError:
+            return keep  # a torch tensor and such: the caller's to check
+        if not mv.c_contiguous or mv.format not in ("f", "<f", "=f") or mv.itemsize != 4:
+            raise ValueError(f"{what} of tensor {tid}: the buffer must be contiguous float32 "
+                             f"(format {mv.format!r}, itemsize {mv.itemsize})")
+        if write and mv.readonly:
+            raise ValueError(f"{what} of tensor {tid}: the buffer is read-only")
+        if not mv.readonly:
+            base = ctypes.addressof((ctypes.c_char * mv.nbytes).from_buffer(mv)) \
+                if mv.nbytes else 0
+            if not base <= addr <= base + mv.nbytes - 4 * n:
+                raise ValueError(f"{what} of tensor {tid}: {n} float32s at {addr:#x} do not "
+                                 f"fit the buffer ({mv.nbytes} bytes at {base:#x})")
+        elif mv.nbytes < 4 * n:
+            raise ValueError(f"{what} of tensor {tid}: the buffer holds {mv.nbytes} bytes, "
+                             f"the tensor {4 * n}")
+        return mv
+
+    def _orphan(self, op, keep, tid, push):
+        """An Op dropped unwaited (Op.__del__, or lost to a KeyboardInterrupt): kept with its
+        buffer until _reap or close(). A list append: no lock that a collection could wait on."""
+        if not self._destroyed:
+            self._orphans.append((op, keep, tid, push))
+
+    def _reap(self, tid):
+        """Wait for the pushes of tensor `tid` dropped unwaited: until then libps counts the
+        tensor busy (EBUSY). Others stay (a pull may wait on a step this thread makes)."""
+        for entry in [o for o in self._orphans if o[2] == tid and o[3]]:
+            library().ps_op_wait(entry[0], None)
+            self._orphans.remove(entry)
+
+    def _data_op(self, fn, what, tid, addr, step, keep, write):
+        """fn(handle, tid, [addr,] step, &op): addr is left out for push_none (what)."""
+        keep = self._pin(what, tid, addr, keep, write)
+        step = _uint(f"{what}: step", step, 64)
+        push = what != "pull"
+        op, made = ctypes.c_void_p(), None
+        try:
+            with self._call() as h:
+                if push:
+                    self._reap(tid)
+                args = (tid, step) if what == "push_none" else (tid, addr, step)
+                rc = fn(h, *args, ctypes.byref(op))
+                text = library().ps_client_error(h).decode(errors="replace") if rc else ""
+            _check(rc, text)
+            made = Op(self, op, keep, tid, push)
+            return made
+        finally:
+            if made is None and op.value:  # a KeyboardInterrupt right after the call
+                self._orphan(op, keep, tid, push)
 
     def push(self, tid, addr, step, keep=None):
         """Push the gradient at address `addr` (the tensor's numel float32s) for `step`; `keep`
         (the object owning that memory) is held until the returned Op is waited for."""
-        op = ctypes.c_void_p()
-        _check(library().ps_client_push(self._live(), tid, addr, step, ctypes.byref(op)),
-               self.error())
-        return Op(self, op, keep)
+        return self._data_op(library().ps_client_push, "push", tid, addr, step, keep, False)
 
     def push_none(self, tid, step):
         """bsp: this worker has no gradient of `tid` for `step` (ps_client_push_none): counted
         as its push, a zero in the mean; a step in which no member had one leaves the tensor's
         parameters and optimizer state as they are. Returns an Op."""
-        op = ctypes.c_void_p()
-        _check(library().ps_client_push_none(self._live(), tid, step, ctypes.byref(op)),
-               self.error())
-        return Op(self, op, None)
+        return self._data_op(library().ps_client_push_none, "push_none", tid, None, step, None,
+                             False)
 
     def pull(self, tid, addr, min_version, keep=None):
         """Pull the parameters into address `addr` once every chunk reached `min_version`."""
-        op = ctypes.c_void_p()
-        _check(library().ps_client_pull(self._live(), tid, addr, min_version, ctypes.byref(op)),
-               self.error())
-        return Op(self, op, keep)
+        return self._data_op(library().ps_client_pull, "pull", tid, addr, min_version, keep,
+                             True)
 
     def group_begin(self):
-        library().ps_client_group_begin(self._live())
+        with self._call() as h:
+            library().ps_client_group_begin(h)
 
     def group_end(self):
-        library().ps_client_group_end(self._live())
+        with self._call() as h:
+            library().ps_client_group_end(h)
 
     def next_batch(self, samples, done=None):
         """The next batch for a training set of `samples` (blocking until this worker's turn),
         reporting `done` (the previous Batch, all its pushes acknowledged). None when the job is
         finished (`final_step` then holds its step)."""
         out = _BatchInfo()
+        n = _uint("samples", samples, 64, 1)
         d = ctypes.byref(done._info) if done is not None else None
-        _check(library().ps_client_next_batch(self._live(), samples, d, ctypes.byref(out)),
-               self.error())
+        self._do(library().ps_client_next_batch, n, d, ctypes.byref(out))
         if out.finished:
             self.final_step = out.step
             return None
         return Batch(out, None)
 
     def batch_done(self, b):
-        library().ps_client_batch_done(self._live(), ctypes.byref(b._info))
+        with self._call() as h:
+            library().ps_client_batch_done(h, ctypes.byref(b._info))
+
+    def interrupt(self):
+        """Fail every call running or started later with PsError ECANCELED (ps_client_interrupt),
+        from any thread, e.g. a watchdog's; the client is then good only for close()."""
+        with _CtrlC.lock:
+            if self._entry.handle and self._pid == os.getpid():
+                library().ps_client_interrupt(self._entry.handle)
 
     def close(self):
-        """Leave the cluster and free the client (every Op must have been waited for)."""
-        if self._h:
-            with self._ctrl_c.lock:
-                h, self._h, self._ctrl_c.handle = self._h, None, None
+        """Leave the cluster and free the client. Calls running in other threads are
+        interrupted first (they raise PsError ECANCELED) and waited for; Ops not waited for
+        end with it."""
+        with self._cv:
+            h = self._h
+            if not h or self._closing:
+                return
+            if self._pid != os.getpid():  # a forked child: the client is the parent's
+                self._h = None
+                return
+            self._closing = True
             try:
-                library().ps_client_destroy(h)
-            finally:
-                self._ctrl_c.stop()
+                if self._calls:
+                    library().ps_client_interrupt(h)
+                    while self._calls:
+                        self._cv.wait()
+            except BaseException:  # Ctrl-C meanwhile: a later close() tries again
+                self._closing = False
+                raise
+            self._h = None
+        _CtrlC.unregister(self._entry)  # no interrupt of h from here on
+        try:
+            library().ps_client_destroy(h)
+        finally:
+            self._destroyed = True  # an Op dropped from here on holds nothing libps uses
+            self._orphans.clear()  # their operations ended with the client
 
     def __enter__(self):
         return self

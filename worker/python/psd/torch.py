@@ -19,7 +19,9 @@ the steps job.workers workers take for `samples` samples (as psworker's). CPU fl
 contiguous parameters are pulled into and pushed from in place; others (CUDA, other dtypes) go
 through a float32 copy on the host.
 """
+import math
 import operator
+import os
 
 import torch
 
@@ -60,6 +62,16 @@ class ParameterServer:
         unknown = sorted(set(init) - names)
         if unknown:
             raise ValueError(f"init names no parameter of the model: {', '.join(unknown)}")
+        for name, p in model.named_parameters():  # before the join: a refusal costs none
+            if not p.requires_grad:
+                continue
+            if p.is_complex() or "\0" in name:
+                raise ValueError(f"parameter {name!r}: "
+                                 + ("complex values" if p.is_complex() else "a NUL in its name")
+                                 + " cannot be held on psd's float32 shards")
+            if p.device.type == "meta":
+                raise ValueError(f"parameter {name!r} is on the meta device (no values to "
+                                 "pull into): materialize the model first (to_empty)")
         self.client = psd.Client(manifest, connect_timeout_ms=connect_timeout_ms)
         c = self.client
         per_step = c.batch_size * max(c.workers_wanted, 1)
@@ -67,27 +79,27 @@ class ParameterServer:
         if c.max_steps and c.max_steps < total:
             total = c.max_steps
         self.model = model
-        self._params = []  # (parameter, id)
+        self._params = []  # (name, parameter, id, values declared)
         self._host = {}  # id -> float32 host copy, for parameters not pulled in place
         self._done = None  # the last batch stepped and not yet reported by a next_batch
         try:
             for name, p in model.named_parameters():
                 if not p.requires_grad:
                     continue  # frozen: stays this worker's, never pushed
-                if p.is_complex() or "\0" in name:
-                    raise ValueError(f"parameter {name!r}: "
-                                     + ("complex values" if p.is_complex() else "a NUL in its name")
-                                     + " cannot be held on psd's float32 shards")
                 kind, arg = init.get(name) or self._default_init(p)
+                # psd holds up to 4 dimensions: a Conv3d weight's last two become one (the
+                # same fans for xavier: the first dimension, and the product of the others).
+                shape = tuple(p.shape) or (1,)
+                if len(shape) > 4:
+                    shape = shape[:3] + (math.prod(shape[3:]),)
                 try:
-                    tid = c.declare(name, tuple(p.shape) or (1,), init=kind, init_arg=arg,
-                                    total_steps=total)
+                    tid = c.declare(name, shape, init=kind, init_arg=arg, total_steps=total)
                 except psd.PsError as e:  # say which parameter
                     raise psd.PsError(e.code, e.name, f"parameter {name!r}: "
                                       f"{str(e)[len(e.name) + 2:]}") from e
                 except ValueError as e:
                     raise ValueError(f"parameter {name!r}: {e}") from e
-                self._params.append((p, tid))
+                self._params.append((name, p, tid, p.numel()))
             self._batch = None
             self._stepped = False
             self.final_step = None
@@ -115,10 +127,21 @@ class ParameterServer:
     def _in_place(t):
         return t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
 
+    def _checked(self):
+        """[(parameter, id)] of every parameter, once each is checked to have the values it was
+        declared with (before any is pushed or pulled: a step half pushed would hold the
+        others' under bsp): libps reads and writes that many at its address (a `.data`
+        replaced with a smaller tensor was written past its end)."""
+        for name, p, tid, n in self._params:
+            if p.numel() != n:
+                raise RuntimeError(f"parameter {name!r} has {p.numel()} values now, but was "
+                                   f"declared with {n}: its shape cannot change on psd")
+        return [(p, tid) for _, p, tid, _ in self._params]
+
     def pull(self, min_version):
         """Pull every parameter into the model once its chunks reached `min_version`."""
         ops, copies = [], []
-        for p, tid in self._params:
+        for p, tid in self._checked():
             if self._in_place(p.data):
                 dst = p.data
             else:
@@ -168,22 +191,28 @@ class ParameterServer:
         b = self._batch
         if b is None or self._stepped:
             raise RuntimeError("step() belongs inside `for batch in ps.batches()`, once a batch")
-        ops = []
-        bsp = self.client.consistency == "bsp"
-        self.client.group_begin()  # the small gradients travel fused
-        try:
-            for p, tid in self._params:
-                g = p.grad
-                if g is None:
-                    if bsp:
-                        ops.append(self.client.push_none(tid, b.step))
-                    continue
+        grads = []  # every one checked before the first push: half a step would hold bsp
+        for p, tid in self._checked():
+            g = p.grad
+            if g is not None:
                 g = g.detach()
                 if g.is_sparse:  # nn.Embedding(sparse=True): pushed dense
                     g = g.to_dense()
                 if not self._in_place(g):
                     g = g.to(device="cpu", dtype=torch.float32).contiguous()
-                ops.append(self.client.push(tid, g.data_ptr(), b.step, keep=g))
+                if g.numel() != p.numel():
+                    raise RuntimeError(f"a gradient of {g.numel()} values for a parameter of "
+                                       f"{p.numel()}")
+            grads.append((tid, g))
+        ops = []
+        bsp = self.client.consistency == "bsp"
+        self.client.group_begin()  # the small gradients travel fused
+        try:
+            for tid, g in grads:
+                if g is not None:
+                    ops.append(self.client.push(tid, g.data_ptr(), b.step, keep=g))
+                elif bsp:
+                    ops.append(self.client.push_none(tid, b.step))
         finally:
             self.client.group_end()
             _wait_all(ops)
@@ -199,6 +228,9 @@ class ParameterServer:
 
     def _leave(self, pull):
         b, self._batch = self._batch, None
+        if self.client._pid != os.getpid():  # a forked child: the client is the parent's
+            self.client.close()  # forgets it
+            return
         try:
             if pull and b is not None and self._stepped:
                 self.pull(b.step + 1 if self.client.consistency == "bsp" else 0)
