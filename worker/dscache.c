@@ -2,14 +2,19 @@
  * training reads them), then n label bytes. */
 #include "dscache.h"
 
+#include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "crc32c.h"
+#include "fmnist.h"
 #include "ps/ps_client.h"
 
 #define READ_BLOCK ((size_t)4 << 20) /* bytes per read: in cache when its CRC is taken */
@@ -43,8 +48,13 @@ int ps_dscache_path(const char *ipath, const char *lpath, char *out, size_t len)
     for (int i = 0; i < 2; i++) {
         struct stat st;
         if (stat(src[i], &st) != 0) return -1;
-        int64_t meta[3] = {(int64_t)st.st_size, (int64_t)st.st_mtim.tv_sec,
-                           (int64_t)st.st_mtim.tv_nsec};
+        /* The change time and the inode too: a source replaced by one of the same size and
+         * modification time (cp -p, rsync -a, images with mtimes set to 0) got the old name,
+         * and its stale decoded copy was trained on. */
+        int64_t meta[7] = {(int64_t)st.st_size, (int64_t)st.st_mtim.tv_sec,
+                           (int64_t)st.st_mtim.tv_nsec, (int64_t)st.st_ctim.tv_sec,
+                           (int64_t)st.st_ctim.tv_nsec, (int64_t)st.st_ino,
+                           (int64_t)st.st_dev};
         h = fnv(h, src[i], strlen(src[i]) + 1);
         h = fnv(h, meta, sizeof meta);
     }
@@ -69,7 +79,11 @@ static int read_crc(int fd, void *dst, size_t len, off_t off, uint32_t *crc)
 
 int ps_dscache_load(ps_dataset_t *d, const char *path)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* Not followed if a link, not waited on if a FIFO (that hung every worker): opened without
+     * blocking, and then only a regular file of this user that nobody else may write counts.
+     * In a shared directory (/tmp) another user could otherwise plant data the workers train
+     * on, or labels that abort them: the CRC guards against accidents, not writers. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0) return -1;
     struct stat st;
     dsc_hdr_t h;
@@ -77,7 +91,9 @@ int ps_dscache_load(ps_dataset_t *d, const char *path)
     uint8_t *labels = NULL;
     size_t img = 0;
     uint32_t crc = 0;
-    if (fstat(fd, &st) != 0 || pread(fd, &h, sizeof h, 0) != (ssize_t)sizeof h) goto miss;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
+        (st.st_mode & (S_IWGRP | S_IWOTH)) || pread(fd, &h, sizeof h, 0) != (ssize_t)sizeof h)
+        goto miss;
     uint64_t want; /* images and labels; a product that wraps is no cache of ours */
     if (__builtin_mul_overflow((uint64_t)h.n, (uint64_t)h.dim * sizeof(float), &want) ||
         __builtin_add_overflow(want, (uint64_t)h.n, &want) || want > SIZE_MAX / 2)
@@ -93,6 +109,8 @@ int ps_dscache_load(ps_dataset_t *d, const char *path)
     if (images == NULL || labels == NULL || read_crc(fd, images, img, DSC_HDR, &crc) ||
         read_crc(fd, labels, h.n, DSC_HDR + (off_t)img, &crc) || crc != h.crc)
         goto miss;
+    for (uint32_t i = 0; i < h.n; i++) /* as load_labels checks the source's */
+        if (labels[i] >= PS_FMNIST_CLASSES) goto miss;
     close(fd);
     d->n = h.n;
     d->dim = h.dim;
@@ -119,18 +137,52 @@ static int write_all(int fd, const void *p, size_t n)
     return 0;
 }
 
+/* Removes the temporary files of @p path that killed writers left ("<path>.tmp.<pid>", last
+ * written over 10 minutes ago, by a process that no longer runs): nothing else ever did. */
+static void sweep_tmp(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    if (slash == NULL) return;
+    char dir[4200], prefix[512];
+    size_t dl = (size_t)(slash - path);
+    if (dl >= sizeof dir || snprintf(prefix, sizeof prefix, "%s.tmp.", slash + 1) >=
+                                (int)sizeof prefix)
+        return;
+    memcpy(dir, path, dl);
+    dir[dl] = '\0';
+    DIR *dp = opendir(dir);
+    if (dp == NULL) return;
+    size_t pl = strlen(prefix);
+    time_t now = time(NULL);
+    for (struct dirent *e; (e = readdir(dp)) != NULL;) {
+        if (strncmp(e->d_name, prefix, pl) != 0) continue;
+        char *end;
+        long pid = strtol(e->d_name + pl, &end, 10);
+        struct stat st;
+        if (*end || pid <= 0 || fstatat(dirfd(dp), e->d_name, &st, AT_SYMLINK_NOFOLLOW) ||
+            st.st_uid != geteuid() || now - st.st_mtime < 600)
+            continue;
+        if (pid != getpid() && (kill((pid_t)pid, 0) == 0 || errno != ESRCH)) continue;
+        unlinkat(dirfd(dp), e->d_name, 0);
+    }
+    closedir(dp);
+}
+
 int ps_dscache_save(const ps_dataset_t *d, const char *path)
 {
     char tmp[4200];
     int n = snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     if (n < 0 || (size_t)n >= sizeof tmp) return -1;
+    sweep_tmp(path);
     size_t img = (size_t)d->n * d->dim * sizeof(float);
     uint8_t hdr[DSC_HDR] = {0};
     dsc_hdr_t h = {.n = d->n, .dim = d->dim, .bytes = img + d->n};
     memcpy(h.magic, DSC_MAGIC, 8);
     h.crc = ps_crc32c(ps_crc32c(0, d->images, img), d->labels, d->n);
     memcpy(hdr, &h, sizeof h);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0 && errno == EEXIST && unlink(tmp) == 0) /* our pid's: a dead writer's leftover */
+        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (fd < 0) return -1;
     int rc = write_all(fd, hdr, sizeof hdr) || write_all(fd, d->images, img) ||
              write_all(fd, d->labels, d->n);

@@ -9,7 +9,8 @@
 /**
  * @brief The cache file for the split whose sources are @p ipath and @p lpath, in the
  * directory $PS_DATASET_CACHE (default $TMPDIR, else /tmp); named by a hash of both paths,
- * sizes and modification times, so a changed source gets a new file.
+ * sizes, modification and change times, inodes and devices, so a changed or replaced source
+ * gets a new file.
  * @return 0 with the path in @p out; -1 when caching is off (PS_DATASET_CACHE=off), a source
  *         cannot be stat'ed or the path does not fit.
  */
@@ -17,7 +18,9 @@ int ps_dscache_path(const char *ipath, const char *lpath, char *out, size_t len)
 
 /**
  * @brief Read the cache file at @p path into @p d if it is whole and intact (magic, sizes, and
- * the CRC-32C of its contents, checked on every open).
+ * the CRC-32C of its contents, checked on every open), and trusted: a regular file (not a
+ * link; a FIFO is not waited on) of this user that no one else may write, whose labels are
+ * below the dataset's classes.
  * @return 0 with d->images (ps_buffer_alloc) and d->labels (malloc) owned by @p d (release
  *         with ps_dataset_free), or -1 (a miss: @p d untouched).
  * @note The copy is private on purpose: training gathers random rows every step, and page-cache
@@ -31,8 +34,10 @@ int ps_dscache_path(const char *ipath, const char *lpath, char *out, size_t len)
 int ps_dscache_load(ps_dataset_t *d, const char *path);
 
 /**
- * @brief Write @p d to @p path (a temporary file renamed into place, so readers never see
- * half of it). Best effort: on failure nothing is left behind and 0 is not returned.
+ * @brief Write @p d to @p path (a temporary file "<path>.tmp.<pid>" renamed into place, so
+ * readers never see half of it). Best effort: on failure nothing is left behind and 0 is not
+ * returned. A temporary file of this pid (a killed writer's: a container's pid 1) is replaced;
+ * those of processes that are gone, untouched for 10 minutes, are removed.
  * @return 0 or -1.
  */
 int ps_dscache_save(const ps_dataset_t *d, const char *path);

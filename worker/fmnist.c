@@ -2,10 +2,13 @@
 #include "fmnist.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include "dscache.h"
@@ -33,10 +36,27 @@ static uint32_t be32(const unsigned char *p)
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
 }
 
+/* Opens @p path for gzread: a regular file only. Opened without blocking and checked first: a
+ * FIFO in its place hung psworker in gzopen for good (a directory or device failed later with
+ * a less clear message). */
 static int open_gz(gzFile *out, const char *path, char *err, size_t errlen)
 {
-    errno = 0;
-    *out = gzopen(path, "rb");
+    *out = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    struct stat st;
+    if (fd >= 0 && fstat(fd, &st) == 0 && !S_ISREG(st.st_mode)) {
+        close(fd);
+        set_err(err, errlen, "%s: not a regular file (%s)", path,
+                S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO"
+                                                                            : "a device or socket");
+        return PS_EDATA;
+    }
+    if (fd >= 0) {
+        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+        errno = 0;
+        *out = gzdopen(fd, "rb");
+        if (*out == NULL) close(fd);
+    }
     if (*out != NULL)
         return 0;
     if (errno == ENOENT) {
@@ -79,8 +99,17 @@ static long long read_bytes(gzFile f, const char *path, void *buf, size_t n, cha
             set_err(err, errlen, "%s: corrupt gzip data (%s)", path, msg);
             return PS_EDATA;
         }
-        if (r == 0)
+        if (r == 0) {
+            /* The end of the data, or of a stream cut short (its trailer with the CRC gone:
+             * zlib says so only here, and a cut file's damage went unseen). */
+            int zerr;
+            const char *msg = gzerror(f, &zerr);
+            if (zerr != Z_OK) {
+                set_err(err, errlen, "%s: corrupt gzip data (%s)", path, msg);
+                return PS_EDATA;
+            }
             break;
+        }
         got += (size_t)r;
     }
     return (long long)got;
@@ -125,6 +154,11 @@ static int load_images(ps_dataset_t *d, const char *path, char *err, size_t errl
     if (magic != IDX_IMAGES_MAGIC) {
         set_err(err, errlen, "%s: bad magic number %u (an IDX image file has %u)", path, magic,
                 IDX_IMAGES_MAGIC);
+        rc = PS_EDATA;
+        goto out;
+    }
+    if (n == 0) { /* an empty set trained nothing, and its job's schedule took 0 steps */
+        set_err(err, errlen, "%s: holds no images", path);
         rc = PS_EDATA;
         goto out;
     }

@@ -215,10 +215,12 @@ static void epoch_log_tick(epoch_log_t *l, trainer_t *tr, uint64_t step)
     l->last_print = now;
 }
 
-static int write_params(const trainer_t *tr, const char *path, uint64_t step)
+/* Writes the parameters to @p f (opened at the start as @p tmp, so that an unwritable path
+ * fails before the training, not after it) and renames it to @p path: a failed write leaves
+ * an older file there as it was. Closes @p f. */
+static int write_params(const trainer_t *tr, FILE *f, const char *tmp, const char *path,
+                        uint64_t step)
 {
-    FILE *f = fopen(path, "wb");
-    if (f == NULL) return -errno;
     /* "PSPARAM1", u64 step, u32 ntensors, then per tensor: u32 name length, name,
      * u64 numel, numel fp32 values (little-endian, this machine's order). */
     fwrite("PSPARAM1", 1, 8, f);
@@ -233,7 +235,11 @@ static int write_params(const trainer_t *tr, const char *path, uint64_t step)
         fwrite(&numel, 8, 1, f);
         fwrite(tr->mlp.params[t], 4, numel, f);
     }
-    return fclose(f) == 0 ? 0 : -errno;
+    int rc = ferror(f) ? -EIO : 0;
+    if (fclose(f) != 0 && rc == 0) rc = errno ? -errno : -EIO;
+    if (rc == 0 && rename(tmp, path) != 0) rc = -errno;
+    if (rc) unlink(tmp);
+    return rc;
 }
 
 /* --self-test: join, then measure the path to every shard (transports and bandwidth), leave. */
@@ -298,6 +304,7 @@ int main(int argc, char **argv)
     int local = 0, o;
     const char *codec_override = NULL;
     static const char *rank_codec[4096];
+    long max_rank_codec = -1; /* the highest rank --rank-codec names */
     ps_log_set_level(NULL);
     int self_test = 0;
     while ((o = getopt_long(argc, argv, "m:o:p:Lc:r:Th", opts, NULL)) != -1) {
@@ -313,11 +320,13 @@ int main(int argc, char **argv)
         case 'r': {
             char *eq = strchr(optarg, '='), *end;
             unsigned long r = strtoul(optarg, &end, 10);
-            if (eq == NULL || end != eq || r >= 4096 || !ps_codec_name_valid(eq + 1)) {
+            if (eq == NULL || end != eq || end == optarg || r >= 4096 ||
+                !ps_codec_name_valid(eq + 1)) { /* "=int8" was taken as rank 0 */
                 fprintf(stderr, "psworker: --rank-codec %s: expected RANK=CODEC\n", optarg);
                 return 2;
             }
             rank_codec[r] = eq + 1;
+            if ((long)r > max_rank_codec) max_rank_codec = (long)r;
             break;
         }
         case 'm': manifest = optarg; break;
@@ -332,6 +341,12 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if ((max_rank_codec >= 0 && !local) || (self_test && local)) { /* each was ignored */
+        fprintf(stderr, "psworker: %s\n", self_test && local
+                ? "--self-test measures the cluster: it does not go with --local"
+                : "--rank-codec is for --local (in a cluster each worker takes --codec)");
+        return 2;
+    }
     static ps_manifest_t m;
     char err[1024];
     if (ps_manifest_load(&m, manifest, err, sizeof err)) {
@@ -341,6 +356,11 @@ int main(int argc, char **argv)
     if (strcmp(m.job.model, "mlp") != 0) {
         fprintf(stderr, "psworker: %s: job.model '%s' is not built in (mlp is)\n", manifest,
                 m.job.model);
+        return 2;
+    }
+    if (max_rank_codec >= (long)m.job.workers) {
+        fprintf(stderr, "psworker: --rank-codec %ld: --local runs job.workers = %u ranks "
+                "(0 to %u)\n", max_rank_codec, m.job.workers, m.job.workers - 1);
         return 2;
     }
     if (m.job.optimizer.name == PS_OPT_MEAN && !self_test) {
@@ -386,7 +406,8 @@ int main(int argc, char **argv)
         return 1;
     }
     uint64_t step = 0;
-    FILE *metrics = NULL;
+    FILE *metrics = NULL, *params = NULL;
+    static char params_tmp[4200];
     int exit_code = 1;
     uint32_t *perm = malloc(train.n * sizeof *perm);
     float *x = malloc((size_t)B * train.dim * sizeof *x);
@@ -395,6 +416,16 @@ int main(int argc, char **argv)
     if (metrics_path && (metrics = fopen(metrics_path, "w")) == NULL) {
         fprintf(stderr, "psworker: %s: %s\n", metrics_path, strerror(errno));
         goto out;
+    }
+    if (params_path) {
+        int n = snprintf(params_tmp, sizeof params_tmp, "%s.tmp.%ld", params_path,
+                         (long)getpid());
+        if (n < 0 || (size_t)n >= sizeof params_tmp ||
+            (params = fopen(params_tmp, "wb")) == NULL) {
+            fprintf(stderr, "psworker: %s: %s\n", params_path,
+                    n < 0 || (size_t)n >= sizeof params_tmp ? "path too long" : strerror(errno));
+            goto out;
+        }
     }
     if (codec_override)
         snprintf(m.job.compression.codec, sizeof m.job.compression.codec, "%s", codec_override);
@@ -480,6 +511,8 @@ int main(int argc, char **argv)
                 if (g_stop) break;
                 fprintf(stderr, "psworker: rank %d: batch: %s\n", ps_client_rank(tr.client),
                         tr.failed ? tr.err : ps_client_error(tr.client));
+                if (!tr.failed && (rc == PS_ECONFIG || rc == PS_EAUTH))
+                    exit_code = 2; /* refused (another training set or model): not again */
                 goto out;
             }
             if (b.finished) {
@@ -547,9 +580,13 @@ int main(int argc, char **argv)
                     (unsigned long long)step, acc, (unsigned long long)log.samples_total,
                     now_s() - log.t0);
         }
-        if (params_path && (rc = write_params(&tr, params_path, step)) != 0) {
-            fprintf(stderr, "psworker: %s: %s\n", params_path, strerror(-rc));
-            goto out;
+        if (params) {
+            rc = write_params(&tr, params, params_tmp, params_path, step);
+            params = NULL;
+            if (rc) {
+                fprintf(stderr, "psworker: %s: %s\n", params_path, strerror(-rc));
+                goto out;
+            }
         }
         exit_code = 0;
     }
@@ -561,7 +598,17 @@ out:
         if (tr.push_ops[t]) ps_op_wait(tr.push_ops[t], NULL);
     g_client = NULL;
     ps_client_destroy(tr.client);
-    if (metrics) fclose(metrics);
+    if (params) { /* not written: the temporary file goes */
+        fclose(params);
+        unlink(params_tmp);
+    }
+    int metrics_bad = metrics && ferror(metrics);
+    if (metrics && fclose(metrics) != 0) metrics_bad = 1;
+    if (metrics_bad && exit_code == 0) {
+        /* Every line was flushed as written, unchecked: a full disk lost them silently. */
+        fprintf(stderr, "psworker: %s: writing the metrics failed\n", metrics_path);
+        exit_code = 1;
+    }
     ps_local_destroy(&tr.local);
     ps_mlp_destroy(&tr.mlp);
     ps_dataset_free(&train);

@@ -88,7 +88,7 @@ job:
 Y
 export SLURM_JOB_NODELIST=127.0.0.1,127.0.0.1 SLURM_JOB_ID=$$ SLURM_SUBMIT_DIR=$tmp
 export PSD_BUILD=$build PSD_PORT=$port PSD_METRICS_PORT=$mport PSD_DATA=$tmp/data
-export PSD_RUN_DIR=$tmp/run PSD_DATASET_CACHE=off
+export PSD_RUN_DIR=$tmp/run PS_DATASET_CACHE=off
 
 "$root/deploy/slurm/psd.sbatch" "$tmp/job.yaml" > "$tmp/out" 2>&1 &
 job_pid=$!

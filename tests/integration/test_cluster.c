@@ -735,6 +735,54 @@ START_TEST(test_bad_manifest)
 END_TEST
 
 
+/* psworker options that were taken wrongly (found by a probe): "--rank-codec =int8" meant rank
+ * 0, a rank past job.workers and --rank-codec or --self-test in the wrong mode were ignored
+ * (exit 2 now); an unwritable --params-out failed only after the whole training (now before
+ * it, exit 1, with no file left); metrics that could not be written ended with exit 0. */
+START_TEST(test_psworker_options)
+{
+    cl_conf_t k = {.shards = 1, .workers = 2, .max_steps = 2};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    static const struct {
+        const char *args[4];
+        bool local;
+        int exit;
+        const char *says;
+        bool untrained; /* it failed before the training */
+    } cases[] = {
+        {{"--rank-codec", "=int8"}, true, 2, "expected RANK=CODEC"},
+        {{"--rank-codec", "2=int8"}, true, 2, "job.workers = 2 ranks"},
+        {{"--rank-codec", "1=int8"}, false, 2, "--rank-codec is for --local"},
+        {{"--self-test"}, true, 2, "does not go with --local"},
+        {{"--params-out", "/nonexistent-psd-dir/params.bin"}, true, 1,
+         "/nonexistent-psd-dir/params.bin: No such file or directory", true},
+        {{"--metrics-out", "/dev/full"}, true, 1, "/dev/full: writing the metrics failed"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cl_proc_t *w = cl_worker_spawn(c, NULL, NULL, cases[i].local, cases[i].args);
+        EXPECT_EXIT(w, cases[i].exit);
+        EXPECT_LOG(w, cases[i].says);
+        if (cases[i].untrained)
+            ck_assert_msg(strstr(cl_tail(w), "final test accuracy") == NULL, "%s", cl_tail(w));
+    }
+    /* A worker the shards refuse at its batch request (another training set than the job's)
+     * exits 2 as at its hello, so that pslaunch --respawn does not start it again (exit 1
+     * before). */
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    cl_proc_t *a = cl_worker_start(c, NULL, NULL, false);
+    EXPECT_EXIT(a, 0);
+    cl_conf_t small = c->conf;
+    small.job_extra = "  train_samples: 1000\n";
+    char other[CL_PATH];
+    cl_manifest_write(c, "manifest-small.yaml", &small, other, sizeof other);
+    cl_proc_t *b = cl_worker_start(c, other, NULL, false);
+    EXPECT_EXIT(b, 2);
+    EXPECT_LOG(b, "this worker's training set has 1000 samples, the job's has 60000");
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* psctl status: every shard answers with its step, tensors, chunks and members. */
 START_TEST(test_psctl_status)
 {
@@ -1116,6 +1164,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("adagrad_matches_local", test_adagrad_matches_local));
     suite_add_tcase(s, tcase("mean_keeps_the_mean", test_mean_keeps_the_mean));
     suite_add_tcase(s, tcase("mean_push_none", test_mean_push_none));
+    suite_add_tcase(s, tcase("psworker_options", test_psworker_options));
     suite_add_tcase(s, tcase("libps_misuse_harmless", test_libps_misuse_harmless));
     suite_add_tcase(s, tcase("tcp_matches_local", test_tcp_matches_local));
     suite_add_tcase(s, tcase("tcp_eager_matches_local", test_tcp_eager_matches_local));

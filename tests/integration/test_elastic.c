@@ -1335,12 +1335,13 @@ END_TEST
 static cl_cluster_t *asp_capped_start(cl_proc_t **psd, cl_proc_t *w[2], coord_t *co)
 {
     cl_conf_t k = {.shards = 1, .workers = 2, .consistency = "asp", .max_steps = 60,
-                   .job_extra = "  heartbeat_timeout_ms: 60000\n"};
+                   .layers = "[784, 64, 10]", .job_extra = "  heartbeat_timeout_ms: 60000\n"};
     cl_cluster_t *c = cl_cluster_create(&k);
     *psd = cl_psd_start(c, 0, NULL, READY_S);
     /* A worker stopped inside a pull pins the store's pages (its direct read's snapshot, or
      * the pull reply's until its send ends: DESIGN-NOTES, Known limits), so the store grows
-     * by the model each step until it is dropped: 60 steps fit the tests' 64 MiB map. */
+     * by the model each step until it is dropped: 60 steps of a 0.2 MB model fit the tests'
+     * 64 MiB map (with the default 0.94 MB one the map filled at step 36 in one run of 4). */
     w[0] = cl_worker_start(c, NULL, NULL, false);
     w[1] = cl_worker_start(c, NULL, NULL, false);
     coord_open(co, c);

@@ -5,6 +5,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "dscache.h"
@@ -130,6 +135,67 @@ START_TEST(test_large_split)
 }
 END_TEST
 
+/* A file that is not this user's own, written only by it, regular, with labels of the
+ * dataset's classes is not used, whatever its CRC says (in /tmp another user could plant
+ * training data, or a label of 200 that aborted every worker, or a FIFO that hung them). */
+START_TEST(test_untrusted_is_a_miss)
+{
+    char path[4200], other[4300];
+    ck_assert_int_eq(ps_dscache_path(ipath, lpath, path, sizeof path), 0);
+    ps_dataset_t d = sample(), m = {0};
+    ck_assert_int_eq(ps_dscache_save(&d, path), 0);
+    ck_assert_int_eq(chmod(path, 0666), 0); /* others may write it */
+    ck_assert_int_eq(ps_dscache_load(&m, path), -1);
+    ck_assert_int_eq(chmod(path, 0644), 0);
+    ck_assert_int_eq(ps_dscache_load(&m, path), 0);
+    ps_dataset_free(&m);
+    snprintf(other, sizeof other, "%s.real", path); /* a link to an intact file */
+    ck_assert_int_eq(rename(path, other), 0);
+    ck_assert_int_eq(symlink(other, path), 0);
+    ck_assert_int_eq(ps_dscache_load(&m, path), -1);
+    ck_assert_int_eq(unlink(path), 0);
+    ck_assert_int_eq(mkfifo(path, 0600), 0); /* no writer: an open that waited would hang */
+    ck_assert_int_eq(ps_dscache_load(&m, path), -1);
+    ck_assert_int_eq(unlink(path), 0);
+    uint8_t bad[3] = {1, 200, 0}; /* saved with its CRC: only the label check refuses it */
+    d.labels = bad;
+    ck_assert_int_eq(ps_dscache_save(&d, path), 0);
+    ck_assert_int_eq(ps_dscache_load(&m, path), -1);
+    ck_assert_ptr_null(m.images);
+}
+END_TEST
+
+/* A writer killed before its rename leaves "<file>.tmp.<pid>": one of this pid (a container's
+ * pid 1 again) no longer stops the cache from being written, and one of a process that is
+ * gone, untouched for over 10 minutes, is removed by the next save (nothing removed them). */
+START_TEST(test_leftover_tmp_files)
+{
+    char path[4200], mine[4300], dead[4300];
+    ck_assert_int_eq(ps_dscache_path(ipath, lpath, path, sizeof path), 0);
+    pid_t child = fork();
+    if (child == 0) _exit(0);
+    ck_assert_int_gt(child, 0);
+    ck_assert_int_eq(waitpid(child, NULL, 0), child); /* its pid now names no process */
+    snprintf(mine, sizeof mine, "%s.tmp.%ld", path, (long)getpid());
+    snprintf(dead, sizeof dead, "%s.tmp.%ld", path, (long)child);
+    const char *left[2] = {mine, dead};
+    for (int i = 0; i < 2; i++) {
+        FILE *f = fopen(left[i], "w");
+        ck_assert_ptr_nonnull(f);
+        fputs("half", f);
+        fclose(f);
+    }
+    struct timeval old[2] = {{.tv_sec = time(NULL) - 3600}, {.tv_sec = time(NULL) - 3600}};
+    ck_assert_int_eq(utimes(dead, old), 0);
+    ps_dataset_t d = sample(), m = {0};
+    ck_assert_int_eq(ps_dscache_save(&d, path), 0);
+    ck_assert_int_eq(ps_dscache_load(&m, path), 0);
+    ps_dataset_free(&m);
+    ck_assert_int_eq(access(mine, F_OK), -1);
+    ck_assert_int_eq(access(dead, F_OK), -1);
+}
+END_TEST
+
 START_TEST(test_name_follows_sources)
 {
     char a[4200], b[4200];
@@ -138,6 +204,20 @@ START_TEST(test_name_follows_sources)
     fputs("more", f);
     fclose(f);
     ck_assert_int_eq(ps_dscache_path(ipath, lpath, b, sizeof b), 0);
+    ck_assert_str_ne(a, b);
+    /* Replaced by a file of the same size and modification time (cp -p, rsync -a): before, the
+     * same name, and the old decoded copy was trained on. */
+    struct stat st;
+    ck_assert_int_eq(stat(lpath, &st), 0);
+    char tmp[400];
+    snprintf(tmp, sizeof tmp, "%s.new", lpath);
+    f = fopen(tmp, "w");
+    fputs("labelsMORE", f); /* as long as "labelsmore" */
+    fclose(f);
+    struct timespec ts[2] = {st.st_atim, st.st_mtim};
+    ck_assert_int_eq(utimensat(AT_FDCWD, tmp, ts, 0), 0);
+    ck_assert_int_eq(rename(tmp, lpath), 0);
+    ck_assert_int_eq(ps_dscache_path(ipath, lpath, a, sizeof a), 0);
     ck_assert_str_ne(a, b);
     setenv("PS_DATASET_CACHE", "off", 1);
     ck_assert_int_eq(ps_dscache_path(ipath, lpath, b, sizeof b), -1);
@@ -153,6 +233,8 @@ Suite *ps_test_suite(void)
     tcase_add_test(tc, test_damage_is_a_miss);
     tcase_add_test(tc, test_large_split);
     tcase_add_test(tc, test_name_follows_sources);
+    tcase_add_test(tc, test_untrusted_is_a_miss);
+    tcase_add_test(tc, test_leftover_tmp_files);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -547,6 +548,42 @@ START_TEST(test_fmnist_bad_content)
 }
 END_TEST
 
+/* Inputs a probe found taken or hanging: an empty training (or test) set was loaded (it trained
+ * nothing, and its job's schedule was planned for 0 steps), a gzip file cut before its CRC
+ * trailer passed with whatever damage it held, and a FIFO in place of a file hung the load in
+ * gzopen for good. Each is refused now, naming the file; a directory is named as such. */
+START_TEST(test_fmnist_unusable)
+{
+    write_valid_set();
+    write_gz(0, (uint32_t[]){2051, 0, 2, 2}, 4, NULL, 0);
+    write_gz(1, (uint32_t[]){2049, 0}, 2, NULL, 0);
+    expect_load_error(PS_EDATA, 0, "holds no images");
+
+    write_valid_set();
+    write_gz(2, (uint32_t[]){2051, 0, 2, 2}, 4, NULL, 0);
+    write_gz(3, (uint32_t[]){2049, 0}, 2, NULL, 0);
+    expect_load_error(PS_EDATA, 2, "holds no images");
+
+    write_valid_set();
+    char path[512];
+    struct stat st;
+    path_of(path, sizeof(path), 1);
+    ck_assert_int_eq(stat(path, &st), 0);
+    ck_assert_int_eq(truncate(path, st.st_size - 8), 0); /* the CRC-32 and length trailer */
+    expect_load_error(PS_EDATA, 1, "corrupt gzip data");
+
+    write_valid_set();
+    path_of(path, sizeof(path), 0);
+    ck_assert_int_eq(unlink(path), 0);
+    ck_assert_int_eq(mkfifo(path, 0600), 0);
+    expect_load_error(PS_EDATA, 0, "not a regular file (a FIFO)");
+    ck_assert_int_eq(unlink(path), 0);
+    ck_assert_int_eq(mkdir(path, 0700), 0);
+    expect_load_error(PS_EDATA, 0, "not a regular file (a directory)");
+    ck_assert_int_eq(rmdir(path), 0);
+}
+END_TEST
+
 START_TEST(test_fmnist_missing)
 {
     ps_dataset_t train, test;
@@ -638,6 +675,7 @@ Suite *ps_test_suite(void)
     tcase_add_test(tc, test_fmnist_truncated);
     tcase_add_test(tc, test_fmnist_bad_content);
     tcase_add_test(tc, test_fmnist_missing);
+    tcase_add_test(tc, test_fmnist_unusable);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("permutation");
