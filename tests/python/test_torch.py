@@ -143,7 +143,7 @@ def barrier(where, n):
         time.sleep(0.02)
 
 
-def train(manifest, record, die_after=0, together=None):
+def train(manifest, record, die_after=0, together=None, pause_at=0):
     """One worker's run; returns (final state_dict, [(step, indices, params before it)]).
     die_after > 0: SIGKILL itself after that many batches. together: (dir, n) to wait after
     the join until n workers joined, so that they share the job from its first step."""
@@ -155,6 +155,9 @@ def train(manifest, record, die_after=0, together=None):
         for n, b in enumerate(ps.batches()):
             if die_after and n == die_after:
                 os.kill(os.getpid(), signal.SIGKILL)
+            if pause_at and n == pause_at:  # the parent stops this process meanwhile
+                open(os.path.join(os.path.dirname(manifest), "paused"), "w").close()
+                time.sleep(4)
             if record is not None:
                 record.append((b.step, list(b.indices),
                                {k: v.clone() for k, v in m.state_dict().items()}))
@@ -216,7 +219,7 @@ def worker_main(manifest, out):
     b = os.environ.get("TEST_BARRIER")
     try:
         final, step = train(manifest, record, int(os.environ.get("TEST_DIE_AFTER", "0")),
-                            (b, 2) if b else None)
+                            (b, 2) if b else None, int(os.environ.get("TEST_PAUSE_AT", "0")))
     except psd.PsError as e:
         with open(out, "w") as f:
             json.dump({"error": str(e)}, f)
@@ -374,6 +377,40 @@ def worker_killed(tmp):
     finally:
         c.stop()
     print(f"worker killed: the other finished; {applied:.0f} samples applied once each")
+
+
+def worker_paused(tmp):
+    """A worker stopped (SIGSTOP) past job.heartbeat_timeout_ms mid-run is dropped by the
+    shards; when it goes on it joins again as a new member, as psworker does, and finishes the
+    job, every sample of every pass applied once. Before, its next call raised ENOTMEMBER and
+    the ParameterServer was done for."""
+    c = Cluster(tmp, "pause", 1, metrics=True)
+    out = os.path.join(c.dir, "w.json")
+    try:
+        w = subprocess.Popen([sys.executable, __file__, "worker", c.manifest, out],
+                             env=dict(os.environ, TEST_PAUSE_AT="5"), stderr=subprocess.PIPE,
+                             text=True)
+        marker, deadline = os.path.join(c.dir, "paused"), time.time() + 60
+        while not os.path.exists(marker) and w.poll() is None and time.time() < deadline:
+            time.sleep(0.02)
+        assert os.path.exists(marker), "the worker never reached its 5th batch"
+        w.send_signal(signal.SIGSTOP)
+        time.sleep(2.5)  # heartbeat_timeout_ms 600: dropped meanwhile
+        w.send_signal(signal.SIGCONT)
+        try:
+            _, err = w.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            w.kill()
+            w.wait()
+            raise AssertionError("the paused worker never finished")
+        assert w.returncode == 0, f"exit {w.returncode}: {err[-800:]}"
+        assert "was removed from the job" in err and "joining again" in err, err[-800:]
+        applied = c.metric("psd_job_samples_applied_total")
+        assert applied == SAMPLES * EPOCHS, f"{applied} samples applied, want {SAMPLES * EPOCHS}"
+    finally:
+        c.stop()
+    print(f"worker paused past the heartbeat timeout: joined again, {applied:.0f} samples "
+          "applied once each")
 
 
 def early_break(tmp):
@@ -718,6 +755,7 @@ def main():
         models_differ(tmp)
         unused_parameters(tmp)
         worker_killed(tmp)
+        worker_paused(tmp)
         two_workers_asp(tmp)
         early_break(tmp)
         errors(tmp)

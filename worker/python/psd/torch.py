@@ -22,6 +22,7 @@ through a float32 copy on the host.
 import math
 import operator
 import os
+import sys
 
 import torch
 
@@ -72,21 +73,29 @@ class ParameterServer:
             if p.device.type == "meta":
                 raise ValueError(f"parameter {name!r} is on the meta device (no values to "
                                  "pull into): materialize the model first (to_empty)")
-        self.client = psd.Client(manifest, connect_timeout_ms=connect_timeout_ms)
-        c = self.client
+        self.model = model
+        self._manifest, self._connect_timeout_ms, self._init = manifest, connect_timeout_ms, init
+        self._host = {}  # id -> float32 host copy, for parameters not pulled in place
+        self._done = None  # the last batch stepped and not yet reported by a next_batch
+        self._batch = None
+        self._stepped = False
+        self._removed = None  # why the shards dropped this worker: batches() joins again
+        self.final_step = None
+        self._join()
+
+    def _join(self):
+        """Join (a new client) and declare every trainable parameter; then pull them."""
+        self.client = c = psd.Client(self._manifest, connect_timeout_ms=self._connect_timeout_ms)
         per_step = c.batch_size * max(c.workers_wanted, 1)
         total = (c.epochs * self.samples + per_step - 1) // per_step
         if c.max_steps and c.max_steps < total:
             total = c.max_steps
-        self.model = model
         self._params = []  # (name, parameter, id, values declared)
-        self._host = {}  # id -> float32 host copy, for parameters not pulled in place
-        self._done = None  # the last batch stepped and not yet reported by a next_batch
         try:
-            for name, p in model.named_parameters():
+            for name, p in self.model.named_parameters():
                 if not p.requires_grad:
                     continue  # frozen: stays this worker's, never pushed
-                kind, arg = init.get(name) or self._default_init(p)
+                kind, arg = self._init.get(name) or self._default_init(p)
                 # psd holds up to 4 dimensions: a Conv3d weight's last two become one (the
                 # same fans for xavier: the first dimension, and the product of the others).
                 shape = tuple(p.shape) or (1,)
@@ -100,13 +109,21 @@ class ParameterServer:
                 except ValueError as e:
                     raise ValueError(f"parameter {name!r}: {e}") from e
                 self._params.append((name, p, tid, p.numel()))
-            self._batch = None
-            self._stepped = False
-            self.final_step = None
             self.pull(0)
         except BaseException:
             c.close()
             raise
+
+    def _rejoin(self, why):
+        """The shards dropped this worker (it was silent past job.heartbeat_timeout_ms: a
+        stop, a long pause): join again as a new member, as psworker does. The batch it held
+        went to another worker."""
+        print(f"psd.torch: rank {self._rank_seen} was removed from the job ({why}); joining "
+              "again", file=sys.stderr, flush=True)
+        self.client.close()
+        self._host = {}
+        self._done, self._removed = None, None
+        self._join()
 
     @staticmethod
     def _default_init(p):
@@ -163,15 +180,24 @@ class ParameterServer:
             # The last batch stepped is reported here, also by a later call of batches() (a
             # batch the coordinator never hears of is handed out again: applied twice under
             # asp). Until it answers, this worker holds no other batch.
-            b = self.client.next_batch(self.samples, self._done)
-            self._done = None
-            if b is None:
-                break
-            if b.pass_ != order_pass:
-                order = psd.batch_order(self.samples, self.client.seed, b.pass_)
-                order_pass = b.pass_
-            b.indices = order[b.offset:b.offset + b.count].tolist()
-            self.pull(b.step if bsp else 0)
+            try:
+                if self._removed:
+                    self._rejoin(self._removed)
+                self._rank_seen = self.client.rank
+                b = self.client.next_batch(self.samples, self._done)
+                self._done = None
+                if b is None:
+                    break
+                if b.pass_ != order_pass:
+                    order = psd.batch_order(self.samples, self.client.seed, b.pass_)
+                    order_pass = b.pass_
+                b.indices = order[b.offset:b.offset + b.count].tolist()
+                self.pull(b.step if bsp else 0)
+            except psd.PsError as e:
+                if e.name != "ENOTMEMBER":
+                    raise
+                self._removed = str(e)
+                continue
             self._batch, self._stepped = b, False
             yield b
             if not self._stepped:
@@ -204,7 +230,7 @@ class ParameterServer:
                     raise RuntimeError(f"a gradient of {g.numel()} values for a parameter of "
                                        f"{p.numel()}")
             grads.append((tid, g))
-        ops = []
+        ops, removed = [], None
         bsp = self.client.consistency == "bsp"
         self.client.group_begin()  # the small gradients travel fused
         try:
@@ -215,7 +241,17 @@ class ParameterServer:
                     ops.append(self.client.push_none(tid, b.step))
         finally:
             self.client.group_end()
-            _wait_all(ops)
+            try:
+                _wait_all(ops)
+            except psd.PsError as e:
+                if e.name != "ENOTMEMBER":
+                    raise
+                removed = str(e)
+        if removed:
+            # Dropped by the shards meanwhile: this batch went to another worker, and the next
+            # one comes after a new join (batches()).
+            self._stepped, self._removed, self._done = True, removed, None
+            return
         self._stepped = True
         self._done = b  # the next next_batch reports it, whichever batches() asks
         self.client.batch_done(b)  # a leave from here on reports it: it is never handed again
@@ -232,7 +268,7 @@ class ParameterServer:
             self.client.close()  # forgets it
             return
         try:
-            if pull and b is not None and self._stepped:
+            if pull and b is not None and self._stepped and not self._removed:
                 self.pull(b.step + 1 if self.client.consistency == "bsp" else 0)
         finally:
             self.client.close()
