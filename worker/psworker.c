@@ -394,6 +394,10 @@ int main(int argc, char **argv)
         return 2;
     }
     if (m.job.train_samples && m.job.train_samples < train.n) train.n = (uint32_t)m.job.train_samples;
+    else if (m.job.train_samples > train.n) /* not an error: every sample is used, once said */
+        fprintf(stderr, "psworker: job.train_samples %llu is more than the %u training images of "
+                "%s: all %u are used\n", (unsigned long long)m.job.train_samples, train.n,
+                m.job.dataset, train.n);
     const uint32_t W = m.job.workers, B = m.job.batch_size;
     /* The learning-rate schedule's length: the steps job.workers workers would take. */
     uint64_t total = ps_cursor_planned_steps(train.n, B, m.job.epochs, W);

@@ -765,6 +765,14 @@ START_TEST(test_psworker_options)
         if (cases[i].untrained)
             ck_assert_msg(strstr(cl_tail(w), "final test accuracy") == NULL, "%s", cl_tail(w));
     }
+    /* More training samples asked for than the dataset has: all are used, and it says so. */
+    cl_conf_t many = c->conf;
+    many.job_extra = "  train_samples: 100000\n";
+    char more[CL_PATH];
+    cl_manifest_write(c, "manifest-many.yaml", &many, more, sizeof more);
+    cl_proc_t *l = cl_worker_start(c, more, NULL, true);
+    EXPECT_EXIT(l, 0);
+    EXPECT_LOG(l, "job.train_samples 100000 is more than the 60000 training images of ");
     /* A worker the shards refuse at its batch request (another training set than the job's)
      * exits 2 as at its hello, so that pslaunch --respawn does not start it again (exit 1
      * before). */
