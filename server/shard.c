@@ -525,7 +525,8 @@ static uint64_t records_bytes(const psd_server_t *srv, const ps_decl_t *d, uint3
     uint64_t here = n / S + ((shard + S - d->first_chunk % S) % S < n % S);
     if (here == 0) return 0;
     bool last_here = ps_place_shard(d->first_chunk + last, srv->nshards) == shard;
-    uint64_t full = psd_store_record_footprint(&srv->store, (uint32_t)srv->chunk_elems, srv->nstate);
+    uint64_t full =
+        psd_store_record_footprint(&srv->store, (uint32_t)srv->chunk_elems, srv->nstate);
     uint32_t tail = (uint32_t)ps_chunk_len(numel, srv->chunk_elems, last);
     return (here - last_here) * full +
            (last_here ? psd_store_record_footprint(&srv->store, tail, srv->nstate) : 0);
@@ -536,8 +537,9 @@ static uint64_t records_bytes(const psd_server_t *srv, const ps_decl_t *d, uint3
  * map_size_mb. Before, the create filled the map first, holding the store's writes up for as
  * long (about a minute for tens of GiB). Shard 0 checks every shard's share (the others' held
  * bytes it does not know), each shard again its own with what it holds. A lower bound (leaf
- * pages, the tree's branch pages and the free list not counted), and an update writes a chunk's new record before the old one's pages are free (copy-on-write), so
- * a tensor near the limit still fails at its first update ("the shard store is full"). */
+ * pages, the tree's branch pages and the free list not counted), and an update writes a
+ * chunk's new record before the old one's pages are free (copy-on-write), so a tensor near
+ * the limit still fails at its first update ("the shard store is full"). */
 static bool declare_too_big(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id,
                             const ps_decl_t *d)
 {
