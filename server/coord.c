@@ -187,7 +187,7 @@ typedef struct {
     uint64_t joined_ms, last_done_ms;
     uint64_t batch_gen;       /* asp / ssp: the state save that holds its batch's hand-out
                                  (coord_save_gen): answered once that one is committed */
-    uint64_t tensor_set;      /* bsp: the digest of the tensors it declared, as its last batch
+    uint64_t tensor_set;      /* bsp: the digest of the tensors it declared, as its first batch
                                  request said (0: none said yet); tensor_count: how many */
     uint64_t tensor_count;
 } member_rt_t;

@@ -232,7 +232,7 @@ struct ps_client_s {
     ps_batch_info_t leave_done; /* caller's thread: a batch whose pushes were all acknowledged */
     int has_leave_done;         /* and not yet reported by a batch request: the leave does */
     uint64_t batch_samples;     /* the training set size the last batch request named */
-    uint64_t tensor_set;        /* digest of the tensors declared (tensor_set_add), sent with
+    uint64_t tensor_set;        /* digest of the tensors declared (ps_client_declare), sent with
                                    each batch request: under bsp shard 0 refuses a worker whose
                                    set differs from the other members' */
     uint32_t ntensor_set;       /* how many: the count sent with it */
