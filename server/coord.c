@@ -1396,6 +1396,45 @@ void psd_coord_on_scale(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
 /* A launcher reports its running workers; the answer says how many to start (> 0) or to
  * stop (< 0). Grants are counted until the workers join or leave, so several launchers
  * asking at once share the difference instead of each filling it. */
+/* Starts granted whose workers died before they joined. Once every launcher heard from has
+ * reported after the last grant (pslaunch starts its workers on the answer, so each count
+ * holds them), the grants still on their way are at most the workers the launchers run that
+ * are not members yet (the members on the launchers' hosts). Before, such a grant counted
+ * until GRANT_TTL_MS: with the started workers dead, the job waited ~15 s with none. */
+static void grants_seen(psd_server_t *srv, uint64_t now)
+{
+    psd_coord_t *co = srv->coord;
+    if (co->grant_start <= 0) return;
+    int32_t running = 0, here = 0;
+    bool any = false;
+    for (int i = 0; i < MAX_LAUNCHERS; i++) {
+        const launcher_t *x = &co->launchers[i];
+        if (x->pid == 0 || now - x->last_ms > GRANT_TTL_MS) continue;
+        if (x->last_ms <= co->grant_ms) return; /* it may not have started them yet */
+        any = true;
+        running += (int32_t)x->running;
+    }
+    if (!any) return;
+    for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
+        if (!(co->s.active >> r & 1)) continue;
+        for (int i = 0; i < MAX_LAUNCHERS; i++) {
+            const launcher_t *x = &co->launchers[i];
+            if (x->pid && now - x->last_ms <= GRANT_TTL_MS &&
+                strcmp(x->host, co->s.m[r].host) == 0) {
+                here++;
+                break;
+            }
+        }
+    }
+    int32_t pending = running > here ? running - here : 0;
+    if (co->grant_start > pending) {
+        PS_LOG(PS_LOG_INFO, "coord", "%d worker(s) started for the job never joined (the "
+               "launchers run %d, %d of them members): started again", co->grant_start - pending,
+               running, here);
+        co->grant_start = pending;
+    }
+}
+
 void psd_coord_on_launch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
 {
     psd_coord_t *co = srv->coord;
@@ -1418,6 +1457,7 @@ void psd_coord_on_launch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
         l->last_ms = now;
     }
     int32_t actual = (int32_t)popcount(co->s.active), want = (int32_t)co->s.desired, delta = 0;
+    grants_seen(srv, now);
     /* Right after this shard started, the grants it made before are forgotten, but the
      * workers the launchers run (members and ones still starting) are on their way: counted.
      * Not later: a hung worker dropped as silent still runs, and must be replaced. */

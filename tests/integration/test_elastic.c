@@ -1420,6 +1420,27 @@ START_TEST(test_asp_max_steps_cap_survives_restart)
 }
 END_TEST
 
+/* Workers a launcher started that died before joining are started again at its next report
+ * (it counts them no more). Before, their grants counted for GRANT_TTL_MS: the job waited
+ * ~15 s with no worker (found by a chaos probe: pslaunch --follow, members and their
+ * replacements killed). */
+START_TEST(test_launch_again_when_started_died)
+{
+    cl_conf_t k = {.shards = 1, .workers = 2};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    coord_t co;
+    coord_open(&co, c);
+    ck_assert_int_eq(launch_grant(&co), 2);
+    nap_ms(50);
+    ck_assert_int_eq(launch_grant(&co), 2); /* it runs none: both died (before: 0) */
+    EXPECT_LOG(psd, "2 worker(s) started for the job never joined");
+    coord_close(&co);
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* ssp: a worker that joins a running job starts at the slowest member's clock. From 0, every
  * other member would wait (staleness 2) until it had done as many batches on its own. */
 START_TEST(test_ssp_joiner_starts_at_slowest)
@@ -1986,6 +2007,7 @@ Suite *ps_test_suite(void)
     ADD(asp_max_steps_finishes);
     ADD(asp_max_steps_member_died_finishes);
     ADD(asp_max_steps_cap_survives_restart);
+    ADD(launch_again_when_started_died);
     ADD(leave_while_coordinator_stopped);
     ADD(scale_2_5_1_3);
     ADD(scale_other_cluster_refused);
