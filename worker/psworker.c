@@ -112,8 +112,30 @@ static int pull_all(trainer_t *tr, uint64_t min_version, uint64_t *version)
     return pull_finish(tr, version);
 }
 
+/* PS_TEST_STOP_AT=WHERE (tests only): the first time the worker is at WHERE ("hello": its
+ * join answered, before the declarations; "final": before the final pull), it stops itself
+ * (SIGSTOP), so that a test can have the shards drop it there. */
+static void test_stop(const char *where)
+{
+    static int done;
+    const char *at = getenv("PS_TEST_STOP_AT");
+    if (done || at == NULL || strcmp(at, where) != 0) return;
+    done = 1;
+    fprintf(stderr, "psworker: stops at its %s (PS_TEST_STOP_AT)\n", where);
+    raise(SIGSTOP);
+}
+
+/* Leave (the client's destroy) and forget the client; its pull ops were waited for. */
+static void drop_client(trainer_t *tr)
+{
+    g_client = NULL;
+    ps_client_destroy(tr->client);
+    tr->client = NULL;
+    tr->failed = 0;
+}
+
 /* Connect, declare the model's tensors and set their compression. */
-static int join_cluster(trainer_t *tr, const char *manifest, char *err, size_t errlen)
+static int join_once(trainer_t *tr, const char *manifest, char *err, size_t errlen)
 {
     const ps_manifest_t *m = tr->m;
     /* A SIGINT or SIGTERM while the join waits for a shard ends it (exit 128 + the signal). */
@@ -121,6 +143,7 @@ static int join_cluster(trainer_t *tr, const char *manifest, char *err, size_t e
     int rc = ps_client_create(manifest, &o, &tr->client, err, errlen);
     if (rc) return rc;
     g_client = tr->client;
+    test_stop("hello");
     int rank = ps_client_rank(tr->client);
     for (int t = 0; t < tr->mlp.ntensors; t++) {
         const ps_mlp_tensor_t *mt = &tr->mlp.tensors[t];
@@ -150,6 +173,20 @@ static int join_cluster(trainer_t *tr, const char *manifest, char *err, size_t e
             "%u members now)\n", rank, (unsigned long long)ps_client_join_step(tr->client),
             (unsigned long long)tr->total, m->job.workers, ps_client_workers(tr->client));
     return 0;
+}
+
+/* join_once, again as a new member when the shards dropped this worker before its
+ * declarations were done (stopped past the heartbeat timeout right after its hello, or a
+ * restarted coordinator that never committed the join gave its rank to another): before, the
+ * worker exited 1 there, where a drop later on joins again. */
+static int join_cluster(trainer_t *tr, const char *manifest, char *err, size_t errlen)
+{
+    for (int tries = 1;; tries++) {
+        int rc = join_once(tr, manifest, err, errlen);
+        if (rc != PS_ENOTMEMBER || tries == 5 || g_stop) return rc;
+        fprintf(stderr, "psworker: %s; joining again\n", err);
+        drop_client(tr);
+    }
 }
 
 /* Per-pass progress: a metrics line when the batches move on to the next pass. */
@@ -501,10 +538,7 @@ int main(int argc, char **argv)
                 if (pulled_ahead) pull_finish(&tr, NULL);
                 pulled_ahead = have_done = 0;
                 pulled_version = UINT64_MAX;
-                tr.failed = 0;
-                g_client = NULL;
-                ps_client_destroy(tr.client);
-                tr.client = NULL;
+                drop_client(&tr);
                 if (join_cluster(&tr, manifest, err, sizeof err)) {
                     fprintf(stderr, "psworker: %s\n", err);
                     goto out;
@@ -561,7 +595,22 @@ int main(int argc, char **argv)
             epoch_log_tick(&log, &tr, step);
         }
         if (pulled_ahead) pull_finish(&tr, NULL);
-        if (!g_stop && pull_all(&tr, m.job.consistency == PS_CONSIST_BSP ? step : 0, NULL)) {
+        uint64_t final = m.job.consistency == PS_CONSIST_BSP ? step : 0;
+        test_stop("final");
+        rc = g_stop ? 0 : pull_all(&tr, final, NULL);
+        if (rc == PS_ENOTMEMBER && !g_stop) {
+            /* Dropped as silent right as the job finished: the parameters are still there
+             * for a new member to pull (a job complete hands it no batch). */
+            fprintf(stderr, "psworker: rank %d was removed from the job before its final pull; "
+                    "joining again to pull\n", ps_client_rank(tr.client));
+            drop_client(&tr);
+            if (join_cluster(&tr, manifest, err, sizeof err)) {
+                fprintf(stderr, "psworker: %s\n", err);
+                goto out;
+            }
+            rc = pull_all(&tr, final, NULL);
+        }
+        if (rc && !g_stop) {
             fprintf(stderr, "psworker: final pull: %s\n", tr.err);
             goto out;
         }

@@ -1441,6 +1441,45 @@ START_TEST(test_launch_again_when_started_died)
 }
 END_TEST
 
+/* A worker stopped at @p where (PS_TEST_STOP_AT) until shard @p psd dropped it as silent,
+ * then continued; it must finish (exit 0). */
+static cl_proc_t *worker_dropped_at(cl_cluster_t *c, cl_proc_t *psd, const char *where)
+{
+    setenv("PS_TEST_STOP_AT", where, 1);
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    unsetenv("PS_TEST_STOP_AT");
+    ck_assert_msg(cl_wait_log(w, "(PS_TEST_STOP_AT)", RUN_S) == 0, "%s", cl_tail(w));
+    int dropped = count_in_log(psd, "dropping it");
+    for (int i = 0; i < (int)(RUN_S * 20) && count_in_log(psd, "dropping it") == dropped; i++)
+        nap_ms(50);
+    ck_assert_msg(count_in_log(psd, "dropping it") > dropped, "%s", cl_tail(psd));
+    ck_assert_int_eq(cl_signal(w, SIGCONT), 0);
+    EXPECT_EXIT(w, 0);
+    return w;
+}
+
+/* A worker dropped as silent between its hello and the end of its declarations (stopped
+ * there past the heartbeat timeout; or a restarted coordinator gave its rank to another) joins
+ * again and does the job; so does one dropped before its final pull, to pull. Before, both
+ * exited 1 ("declare ...: this worker (rank 0) was removed from the job"; "final pull: ..."),
+ * where a drop in between joins again (found by a chaos probe). */
+START_TEST(test_dropped_at_declare_or_final_pull)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1, .max_steps = 5,
+                   .job_extra = "  heartbeat_timeout_ms: 600\n"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    cl_proc_t *w = worker_dropped_at(c, psd, "hello");
+    EXPECT_LOG(w, "was removed from the job; joining again");
+    EXPECT_LOG(w, "after 5 steps");
+    w = worker_dropped_at(c, psd, "final"); /* the job is complete: only the final pull */
+    EXPECT_LOG(w, "was removed from the job before its final pull; joining again to pull");
+    EXPECT_LOG(w, "after 5 steps");
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* ssp: a worker that joins a running job starts at the slowest member's clock. From 0, every
  * other member would wait (staleness 2) until it had done as many batches on its own. */
 START_TEST(test_ssp_joiner_starts_at_slowest)
@@ -2008,6 +2047,7 @@ Suite *ps_test_suite(void)
     ADD(asp_max_steps_member_died_finishes);
     ADD(asp_max_steps_cap_survives_restart);
     ADD(launch_again_when_started_died);
+    ADD(dropped_at_declare_or_final_pull);
     ADD(leave_while_coordinator_stopped);
     ADD(scale_2_5_1_3);
     ADD(scale_other_cluster_refused);
