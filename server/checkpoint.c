@@ -56,6 +56,7 @@ typedef struct {
     uint32_t from_shard;       /* its shard-J that holds the chunk */
     int rc;
     char err[400];
+    psd_ckpt_src_t src;        /* the checkpoint, open while repair_run reads it */
 } repair_t;
 
 static struct psd_ckpt_s *state(psd_server_t *srv)
@@ -509,10 +510,22 @@ static void repair_run(psd_slot_work_t *w)
 {
     repair_t *r = (repair_t *)w;
     psd_server_t *srv = w->srv;
-    psd_ckpt_src_t ck = {0};
+    psd_ckpt_src_t *ck = &r->src; /* in *r, not on this frame: the fault's return reads it */
     psd_wtxn_t tx = {0};
     int rc;
-    if ((rc = psd_ckpt_src_open(&ck, r->from, r->from_shard, srv->m.map_size_mb)) != 0) {
+    sigjmp_buf fault;
+    if (sigsetjmp(fault, 1)) {
+        /* A page past the end of that data.mdb (SIGBUS, ckpt_meta.c): before, the handler
+         * ended this psd, a shard serving its job, for one bad copy. */
+        snprintf(r->err, sizeof r->err, "%s/shard-%u/data.mdb: a page lies past the end of the "
+                 "file (a checkpoint copy cut short or damaged): not repaired", r->from,
+                 r->from_shard);
+        r->rc = PS_EDATA;
+        PS_LOG(PS_LOG_WARN, "ckpt", "repair: %s", r->err);
+        goto out;
+    }
+    psd_ckpt_bus_jmp = &fault;
+    if ((rc = psd_ckpt_src_open(ck, r->from, r->from_shard, srv->m.map_size_mb)) != 0) {
         snprintf(r->err, sizeof r->err, "%s/shard-%u: cannot open the checkpoint: %s", r->from,
                  r->from_shard, mdb_strerror(rc));
         r->rc = PS_ESTORE;
@@ -522,7 +535,7 @@ static void repair_run(psd_slot_work_t *w)
                      (uint8_t)r->t, (uint8_t)(r->c >> 24), (uint8_t)(r->c >> 16),
                      (uint8_t)(r->c >> 8), (uint8_t)r->c};
     MDB_val k = {sizeof kb, kb}, v;
-    if ((rc = mdb_get(ck.txn, ck.dbi, &k, &v)) != 0) {
+    if ((rc = mdb_get(ck->txn, ck->dbi, &k, &v)) != 0) {
         snprintf(r->err, sizeof r->err, "%s/shard-%u holds no chunk %u/%u", r->from,
                  r->from_shard, r->t, r->c);
         r->rc = PS_ENOENT;
@@ -536,6 +549,7 @@ static void repair_run(psd_slot_work_t *w)
         r->rc = PS_ESTORE;
         goto out;
     }
+    psd_ckpt_bus_jmp = NULL; /* its bytes were all read (hashed) above */
     if ((r->rc = psd_store_begin(&srv->store, &tx)) != 0) {
         snprintf(r->err, sizeof r->err, "cannot begin a transaction: %s", ps_strerror(r->rc));
         goto out;
@@ -572,7 +586,8 @@ static void repair_run(psd_slot_work_t *w)
         psd_store_abort(&tx);
     }
 out:
-    psd_ckpt_src_close(&ck);
+    psd_ckpt_bus_jmp = NULL;
+    psd_ckpt_src_close(ck);
 }
 
 static void repair_done(psd_slot_work_t *w)

@@ -149,9 +149,16 @@ static size_t bus_len;
 static int bus_users;
 static struct sigaction bus_old;
 
+__thread sigjmp_buf *psd_ckpt_bus_jmp;
+
 static void on_sigbus(int sig)
 {
     (void)sig;
+    sigjmp_buf *back = psd_ckpt_bus_jmp;
+    if (back) { /* a serving psd's reader: it refuses that source and goes on */
+        psd_ckpt_bus_jmp = NULL;
+        siglongjmp(*back, 1);
+    }
     static const char why[] = ": a page lies past the end of the file (a checkpoint copy cut "
                               "short or damaged): not a checkpoint psd can read\n";
     if (write(2, bus_file, bus_len) < 0 || write(2, why, sizeof why - 1) < 0) _exit(1);

@@ -5,6 +5,7 @@
 #define PSD_CKPT_META_H
 
 #include <lmdb.h>
+#include <setjmp.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -58,6 +59,12 @@ typedef struct {
 int psd_ckpt_src_open(psd_ckpt_src_t *s, const char *dir, uint32_t j, uint64_t map_mb);
 /** @brief Close what psd_ckpt_src_open() opened; a zeroed @p s is a no-op. */
 void psd_ckpt_src_close(psd_ckpt_src_t *s);
+
+/** Where a fault reading a source returns on this thread instead of ending the process: a
+ *  serving psd (repair) sets it around its reads (sigsetjmp(buf, 1); NULL again after them),
+ *  so that one checkpoint copy cut short does not take the shard down. Taken (set to NULL) by
+ *  the fault. NULL: the fault ends the process as psd_ckpt_src_open() says. */
+extern __thread sigjmp_buf *psd_ckpt_bus_jmp;
 
 /** The XXH3-64 over a checkpoint copy's records other than chunks ('C' keys): the tensor
  *  table, the coordinator's state, the chunks' applied records... in key order, each as its

@@ -975,6 +975,20 @@ START_TEST(test_repair_from_checkpoint)
     EXPECT_LOG(cb, "removed the incomplete checkpoint");
     struct stat sb;
     ck_assert_msg(stat(badd, &sb) != 0, "the failed checkpoint left %s", badd);
+    /* A copy of the checkpoint whose damaged shard's data.mdb is cut short: its pages past
+     * the end fault (SIGBUS), and the repair is refused while the shard goes on serving.
+     * Before, the fault handler ended that psd ("Connection reset by remote peer"). */
+    char cut[CL_PATH], cmd[3 * CL_PATH + 64];
+    cl_path(c, "ckpt-cut", cut, sizeof cut);
+    snprintf(cmd, sizeof cmd, "cp -r '%s' '%s' && truncate -s 16384 '%s/shard-%d/data.mdb'", dir,
+             cut, cut, s);
+    ck_assert_int_eq(system(cmd), 0);
+    const char *rcut[] = {"repair", "--from", cut, NULL};
+    cl_proc_t *rc = psctl(c, "repair-cut", 1, rcut);
+    EXPECT_LOG(rc, "data.mdb: a page lies past the end of the file (a checkpoint copy cut short "
+                   "or damaged): not repaired");
+    ck_assert_msg(cl_alive(psd[s]), "the repair from a cut copy ended shard %d: %s", s,
+                  cl_tail(psd[s]));
     const char *rp[] = {"repair", "--from", dir, NULL};
     cl_proc_t *r = psctl(c, "repair", 0, rp);
     char want[256];
