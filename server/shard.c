@@ -1800,7 +1800,10 @@ static void job_work(uv_work_t *w)
     psd_job_t *job = w->data;
     psd_wtxn_t tx;
     job->begin_ns = job->srv->trace ? ps_trace_now() : 0; /* read by job_done, after us */
-    job->rc = psd_store_begin(&job->srv->store, &tx);
+    /* Its disk blocks first (a full disk: PS_ENOSPC, not a fault): its records, and as much
+     * again for the pages LMDB cannot reuse while readers hold the old ones. */
+    job->rc = psd_store_ahead(&job->srv->store, 2 * (uint64_t)job_bytes(job->srv, job));
+    if (job->rc == 0) job->rc = psd_store_begin(&job->srv->store, &tx);
     if (job->rc == 0) {
         job->rc = job->kind == JOB_CREATE ? run_create(job, &tx) : run_apply(job, &tx);
         if (job->slow) uv_sleep(2000);
@@ -2095,6 +2098,12 @@ static bool slot_start(psd_server_t *srv)
 static size_t job_bytes(const psd_server_t *srv, const psd_job_t *job)
 {
     size_t b = 0;
+    if (job->kind == JOB_CREATE) { /* the tensor's records on this shard */
+        for (uint32_t c = 0; c < job->nchunks; c++)
+            if (job->chunks[c]) b += psd_store_record_footprint(&srv->store, job->chunks[c]->n,
+                                                                srv->nstate);
+        return b;
+    }
     for (uint32_t i = 0; i < job->nitems; i++)
         b += psd_chunk_bytes(job->items[i]->n, srv->nstate);
     return b;

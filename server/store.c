@@ -1,4 +1,5 @@
 /* store.c: the shard's LMDB environment (see store.h). */
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -218,6 +219,7 @@ int psd_store_open(psd_store_t *st, const char *dir, uint64_t map_mb, const char
 {
     memset(st, 0, sizeof *st);
     st->lockfd = -1;
+    st->fd = -1;
     snprintf(st->dir, sizeof st->dir, "%s", dir);
     int rc = psd_store_mkdir_p(dir);
     if (rc) {
@@ -260,6 +262,15 @@ int psd_store_open(psd_store_t *st, const char *dir, uint64_t map_mb, const char
     MDB_stat stat;
     if ((rc = mdb_env_stat(st->env, &stat)) != 0) goto fail;
     st->psize = stat.ms_psize;
+    st->backed = 0;
+    if (mdb_env_get_fd(st->env, &st->fd) != 0) st->fd = -1;
+    if (psd_store_ahead(st, PSD_STORE_AHEAD) != 0) { /* a full disk: refused, not a crash */
+        snprintf(err, errlen, "%s: the disk under data_dir is full: the store's next %llu MiB "
+                 "cannot be allocated (free some space, or move data_dir)", dir,
+                 (unsigned long long)(PSD_STORE_AHEAD >> 20));
+        psd_store_close(st);
+        return PS_ENOSPC;
+    }
     if ((rc = mdb_txn_begin(st->env, NULL, 0, &txn)) != 0) goto fail;
     if ((rc = mdb_dbi_open(txn, NULL, 0, &st->dbi)) != 0) goto fail;
     rc = meta_check(st, txn, "cluster", meta_cluster, strlen(meta_cluster), true, err, errlen);
@@ -371,11 +382,41 @@ int psd_store_chunks_each(psd_store_t *st, MDB_txn *txn, psd_store_record_cb cb,
     return ret;
 }
 
+int psd_store_ahead(psd_store_t *st, uint64_t bytes)
+{
+    MDB_envinfo info;
+    if (st->fd < 0 || mdb_env_info(st->env, &info) != 0) return 0;
+    uint64_t want = ((uint64_t)info.me_last_pgno + 1) * st->psize + bytes;
+    if (want > info.me_mapsize) want = info.me_mapsize;
+    if (want <= st->backed) return 0;
+    /* In steps of PSD_STORE_AHEAD at least: one call every so many transactions. */
+    uint64_t to = want + PSD_STORE_AHEAD < info.me_mapsize ? want + PSD_STORE_AHEAD
+                                                            : info.me_mapsize;
+    if (fallocate(st->fd, 0, (off_t)st->backed, (off_t)(to - st->backed)) == 0) {
+        st->backed = to;
+        return 0;
+    }
+    if (fallocate(st->fd, 0, (off_t)st->backed, (off_t)(want - st->backed)) != 0) {
+        if (errno == ENOSPC || errno == EDQUOT) {
+            PS_LOG(PS_LOG_ERROR, "store", "%s: the disk is full: %.1f MiB of the store's file "
+                   "could not be allocated (map_size_mb %llu; %.1f MiB allocated)", st->dir,
+                   (double)(want - st->backed) / (1 << 20),
+                   (unsigned long long)(info.me_mapsize >> 20), (double)st->backed / (1 << 20));
+            return PS_ENOSPC;
+        }
+        st->fd = -1; /* not supported here (EOPNOTSUPP): LMDB's writes as before */
+        return 0;
+    }
+    st->backed = want;
+    return 0;
+}
+
 int psd_store_begin(psd_store_t *st, psd_wtxn_t *tx)
 {
     tx->st = st;
     tx->w = tx->r = NULL;
-    int rc;
+    int rc = psd_store_ahead(st, PSD_STORE_AHEAD);
+    if (rc) return rc;
     if (st->rcache) {
         tx->r = st->rcache; /* renewed, not reallocated: one job at a time uses it */
         st->rcache = NULL;

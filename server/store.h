@@ -51,8 +51,24 @@ typedef struct {
     MDB_txn *rcache;  /* the write job's read snapshot, reset between jobs (no malloc) */
     size_t psize;     /* LMDB's page size */
     uintptr_t populated; /* end of the map's pages this process has populated (reserve) */
+    int fd;           /* the data file's, from LMDB (psd_store_ahead) */
+    uint64_t backed;  /* bytes of it allocated from its start (psd_store_ahead) */
     char dir[1024];
 } psd_store_t;
+
+/* Bytes psd_store_begin() has allocated on the disk past the store's last page. */
+#define PSD_STORE_AHEAD ((uint64_t)64 << 20)
+
+/**
+ * @brief Allocate the data file's blocks on its disk up to @p bytes past the store's last page
+ *  (at most the map's size), so that the write transactions after it find them: the map is
+ *  written in place (MDB_WRITEMAP), and a page the filesystem cannot back faults (SIGBUS: psd
+ *  died, and again at every start while the disk stayed full) where a write would fail.
+ *  psd_store_begin() calls it with PSD_STORE_AHEAD; a transaction that may write more (a
+ *  tensor's creation, a restore) calls it first with what it writes.
+ * @return 0 (also where the filesystem cannot allocate ahead: nothing then), PS_ENOSPC.
+ */
+int psd_store_ahead(psd_store_t *st, uint64_t bytes);
 
 /** A write transaction plus the read snapshot that supplies old records. */
 typedef struct {

@@ -179,6 +179,7 @@ static void fill_defaults(cl_conf_t *k)
     if (k->batch_size == 0) k->batch_size = 64;
     if (k->epochs == 0) k->epochs = 1;
     if (k->chunk_bytes == 0) k->chunk_bytes = 65536;
+    if (k->map_size_mb == 0) k->map_size_mb = 64;
 }
 
 void cl_manifest_write(cl_cluster_t *c, const char *file, const cl_conf_t *conf, char *path,
@@ -192,8 +193,8 @@ void cl_manifest_write(cl_cluster_t *c, const char *file, const cl_conf_t *conf,
     FILE *f = fopen(path, "w");
     ck_assert_msg(f != NULL, "cannot write %s: %s", path, strerror(errno));
     const char *ds = getenv("PS_DATASET");
-    fprintf(f, "cluster: %s\nchunk_bytes: %llu\nmap_size_mb: 64\nservers:\n", c->cluster_name,
-            (unsigned long long)k.chunk_bytes);
+    fprintf(f, "cluster: %s\nchunk_bytes: %llu\nmap_size_mb: %llu\nservers:\n", c->cluster_name,
+            (unsigned long long)k.chunk_bytes, (unsigned long long)k.map_size_mb);
     for (int i = 0; i < k.shards; i++)
         if (k.metrics)
             fprintf(f, "  - {host: 127.0.0.1, port: %u, metrics_port: %u, data_dir: %s}\n",

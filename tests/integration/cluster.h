@@ -46,6 +46,7 @@ typedef struct {
     uint32_t batch_size;     /* [64] job.batch_size */
     uint32_t epochs;         /* [1] job.epochs */
     uint64_t chunk_bytes;    /* [65536] chunk_bytes */
+    uint64_t map_size_mb;    /* [64] map_size_mb */
     const char *job_extra;   /* [none] more lines inside job:, each "  key: value\n" */
     const char *top_extra;   /* [none] more top-level lines, each "key: value\n" */
     bool metrics;            /* [false] every server gets a free metrics_port (c->metrics_port) */

@@ -15,6 +15,7 @@
     XX(ENOENT, -ENOENT, "no such file or object")                           \
     XX(ETIMEDOUT, -ETIMEDOUT, "timed out")                                  \
     XX(ECANCELED, -ECANCELED, "canceled")                                   \
+    XX(ENOSPC, -ENOSPC, "no space left on the disk under the shard's data_dir") \
     XX(EPROTO, -10001, "protocol error: malformed or unexpected message")   \
     XX(ECONFLICT, -10002, "declaration conflicts with the existing tensor") \
     XX(ETRANSPORT, -10003, "transport error")                               \
