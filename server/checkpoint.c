@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <xxhash.h>
@@ -88,6 +89,21 @@ static void fail(struct psd_ckpt_s *ck, int rc, const char *fmt, ...)
     vsnprintf(ck->err, sizeof ck->err, fmt, ap);
     va_end(ap);
     ck->rc = rc;
+}
+
+/* "cannot write the copy" with LMDB's reason @p rc; for an I/O error also the free space of
+ * the disk holding the copy: LMDB reports a write that found the disk full as EIO ("Input/
+ * output error"), which did not say what to fix. */
+static void copy_failed(struct psd_ckpt_s *ck, int rc)
+{
+    struct statvfs fs;
+    if ((rc == EIO || rc == ENOSPC) && statvfs(ck->dir, &fs) == 0 &&
+        (double)fs.f_bavail * (double)fs.f_frsize < 64.0 * (1 << 20))
+        fail(ck, PS_ENOSPC, "%s: cannot write the copy: %s (the disk holding it has %.1f MiB "
+             "free: full?)", ck->dir, mdb_strerror(rc),
+             (double)fs.f_bavail * (double)fs.f_frsize / (1 << 20));
+    else
+        fail(ck, PS_ESTORE, "%s: cannot write the copy: %s", ck->dir, mdb_strerror(rc));
 }
 
 /* ---- the copy (pool thread) ------------------------------------------------------------ */
@@ -265,7 +281,7 @@ static void copy_work(uv_work_t *w)
         (rc = mdb_env_open(dst, ck->dir, MDB_NOSYNC, 0600)) != 0 ||
         (rc = mdb_txn_begin(dst, NULL, 0, &dt)) != 0 || (rc = mdb_dbi_open(dt, NULL, 0, &ddbi)) != 0 ||
         (rc = mdb_cursor_open(ck->txn, srv->store.dbi, &cur)) != 0) {
-        fail(ck, PS_ESTORE, "%s: cannot write the copy: %s", ck->dir, mdb_strerror(rc));
+        copy_failed(ck, rc);
         goto out;
     }
     MDB_val k, v;
@@ -310,7 +326,7 @@ static void copy_work(uv_work_t *w)
         }
         psd_ckpt_others_add(&inv.others, &k, &v);
         if ((rc = mdb_put(dt, ddbi, &k, &v, MDB_APPEND)) != 0) {
-            fail(ck, PS_ESTORE, "%s: cannot write the copy: %s", ck->dir, mdb_strerror(rc));
+            copy_failed(ck, rc);
             goto out;
         }
         pending += v.mv_size;
@@ -318,7 +334,7 @@ static void copy_work(uv_work_t *w)
             pending = 0;
             if ((rc = mdb_txn_commit(dt)) != 0 || (rc = mdb_txn_begin(dst, NULL, 0, &dt)) != 0) {
                 dt = NULL;
-                fail(ck, PS_ESTORE, "%s: cannot write the copy: %s", ck->dir, mdb_strerror(rc));
+                copy_failed(ck, rc);
                 goto out;
             }
         }
@@ -328,7 +344,7 @@ static void copy_work(uv_work_t *w)
     dt = NULL;
     if (rc == 0) rc = mdb_env_sync(dst, 1);
     if (rc) {
-        fail(ck, PS_ESTORE, "%s: cannot write the copy: %s", ck->dir, mdb_strerror(rc));
+        copy_failed(ck, rc);
         goto out;
     }
     if ((rc = meta_write(srv, ck, &inv, rec_bytes)) != 0) {

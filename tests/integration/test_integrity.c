@@ -953,10 +953,12 @@ END_TEST
  * mount namespace of its own (unshare -rm), stdout and stderr to NAME.log. */
 static cl_proc_t *psd_on_tmpfs(cl_cluster_t *c, const char *name, int mib)
 {
-    static char script[4 * CL_PATH];
-    snprintf(script, sizeof script, "mkdir -p '%s' && mount -t tmpfs -o size=%dm tmpfs '%s' && "
-             "exec '%s' --manifest '%s' --shard 0", c->data_dir[0], mib, c->data_dir[0],
-             cl_binary("PSD"), c->manifest);
+    static char script[6 * CL_PATH];
+    char ckd[CL_PATH];
+    cl_path(c, "ckpt-disk", ckd, sizeof ckd); /* and a 16 KiB one for checkpoints */
+    snprintf(script, sizeof script, "mkdir -p '%s' '%s' && mount -t tmpfs -o size=%dm tmpfs '%s' "
+             "&& mount -t tmpfs -o size=16k tmpfs '%s' && exec '%s' --manifest '%s' --shard 0",
+             c->data_dir[0], ckd, mib, c->data_dir[0], ckd, cl_binary("PSD"), c->manifest);
     char *argv[] = {"/usr/bin/unshare", "-rm", "/bin/sh", "-c", script, NULL};
     return cl_spawn(c, name, argv);
 }
@@ -993,6 +995,13 @@ START_TEST(test_full_disk_refused)
     char *a2[] = {(char *)cl_binary("MEAN_CLIENT"), c->manifest, small, steps, NULL};
     w = cl_spawn(c, "mean-small", a2);
     EXPECT_EXIT(w, 0);
+    /* A checkpoint onto a full disk says so (LMDB's "Input/output error" alone did not). */
+    char ck[CL_PATH + 8];
+    cl_path(c, "ckpt-disk", ck, sizeof ck);
+    strcat(ck, "/ck");
+    const char *cka[] = {"checkpoint", "--dir", ck, NULL};
+    EXPECT_LOG(psctl(c, "checkpoint-full", 1, cka), "free: full?)");
+    ck_assert_msg(cl_alive(p), "psd died: %s", cl_tail(p));
     ck_assert_int_eq(cl_signal(p, SIGTERM), 0);
     EXPECT_EXIT(p, 0);
     cl_cluster_destroy(c);
