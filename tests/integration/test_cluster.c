@@ -735,6 +735,17 @@ START_TEST(test_bad_manifest)
 END_TEST
 
 
+/* psworker with cluster @p c's manifest plus @p job_extra (written as @p file); --local or not. */
+static cl_proc_t *worker_job_extra(cl_cluster_t *c, const char *file, const char *job_extra,
+                                   bool local)
+{
+    cl_conf_t k = c->conf;
+    k.job_extra = job_extra;
+    char path[CL_PATH];
+    cl_manifest_write(c, file, &k, path, sizeof path);
+    return cl_worker_start(c, path, NULL, local);
+}
+
 /* psworker options that were taken wrongly (found by a probe): "--rank-codec =int8" meant rank
  * 0, a rank past job.workers and --rank-codec or --self-test in the wrong mode were ignored
  * (exit 2 now); an unwritable --params-out failed only after the whole training (now before
@@ -766,11 +777,7 @@ START_TEST(test_psworker_options)
             ck_assert_msg(strstr(cl_tail(w), "final test accuracy") == NULL, "%s", cl_tail(w));
     }
     /* More training samples asked for than the dataset has: all are used, and it says so. */
-    cl_conf_t many = c->conf;
-    many.job_extra = "  train_samples: 100000\n";
-    char more[CL_PATH];
-    cl_manifest_write(c, "manifest-many.yaml", &many, more, sizeof more);
-    cl_proc_t *l = cl_worker_start(c, more, NULL, true);
+    cl_proc_t *l = worker_job_extra(c, "manifest-many.yaml", "  train_samples: 100000\n", true);
     EXPECT_EXIT(l, 0);
     EXPECT_LOG(l, "job.train_samples 100000 is more than the 60000 training images of ");
     /* A worker the shards refuse at its batch request (another training set than the job's)
@@ -779,11 +786,7 @@ START_TEST(test_psworker_options)
     cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
     cl_proc_t *a = cl_worker_start(c, NULL, NULL, false);
     EXPECT_EXIT(a, 0);
-    cl_conf_t small = c->conf;
-    small.job_extra = "  train_samples: 1000\n";
-    char other[CL_PATH];
-    cl_manifest_write(c, "manifest-small.yaml", &small, other, sizeof other);
-    cl_proc_t *b = cl_worker_start(c, other, NULL, false);
+    cl_proc_t *b = worker_job_extra(c, "manifest-small.yaml", "  train_samples: 1000\n", false);
     EXPECT_EXIT(b, 2);
     EXPECT_LOG(b, "this worker's training set has 1000 samples, the job's has 60000");
     stop_all(&psd, 1);

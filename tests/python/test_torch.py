@@ -134,6 +134,17 @@ class Cluster:
                 p.wait()
 
 
+def finish(p, timeout, why):
+    """(stdout, stderr) of process `p` once it ends; killed, and AssertionError(why), if it has
+    not within `timeout` seconds."""
+    try:
+        return p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+        raise AssertionError(why) from None
+
+
 def barrier(where, n):
     """Wait until `n` processes called this with the same directory `where` (marker files)."""
     open(os.path.join(where, f"joined.{os.getpid()}"), "w").close()
@@ -397,12 +408,7 @@ def worker_paused(tmp):
         w.send_signal(signal.SIGSTOP)
         time.sleep(2.5)  # heartbeat_timeout_ms 600: dropped meanwhile
         w.send_signal(signal.SIGCONT)
-        try:
-            _, err = w.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            w.kill()
-            w.wait()
-            raise AssertionError("the paused worker never finished")
+        _, err = finish(w, 120, "the paused worker never finished")
         assert w.returncode == 0, f"exit {w.returncode}: {err[-800:]}"
         assert "was removed from the job" in err and "joining again" in err, err[-800:]
         applied = c.metric("psd_job_samples_applied_total")
@@ -607,12 +613,7 @@ def ctrl_c(tmp):
             else:
                 time.sleep(1)  # inside the join's retries
             p.send_signal(signal.SIGINT)
-            try:
-                _, err = p.communicate(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-                raise AssertionError(f"{kind}: still blocked 15 s after Ctrl-C")
+            _, err = finish(p, 15, f"{kind}: still blocked 15 s after Ctrl-C")
             assert p.returncode != 0 and "KeyboardInterrupt" in err, f"{kind}: {err[-600:]}"
         # A program with a SIGINT handler of its own ("finish this batch") keeps its client:
         # before, the Ctrl-C interrupted it all the same, and its next call failed.
