@@ -60,6 +60,9 @@ int psd_restore_check(const ps_manifest_t *m, uint32_t nstate, const char *data_
 /** @brief Remove what psd_store_open created in @p data_dir, and the restore's mark (after a
  *  failed restore). */
 void psd_restore_undo(const char *data_dir);
+/** @brief While @p data_dir is non-NULL, a fault reading a checkpoint (a copy cut short) that
+ *  ends psd first removes what psd_restore_undo() would; NULL: no more. */
+void psd_restore_undo_on_fault(const char *data_dir);
 
 /* The file a restore puts in the data_dir before the store exists and removes once its fill
  * committed: a psd killed anywhere in between leaves it, and a start without --restore refuses

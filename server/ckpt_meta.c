@@ -150,6 +150,16 @@ static int bus_users;
 static struct sigaction bus_old;
 
 __thread sigjmp_buf *psd_ckpt_bus_jmp;
+static char bus_unlink[PSD_CKPT_BUS_UNLINK][1300]; /* psd_ckpt_bus_unlink */
+static volatile int bus_nunlink;
+
+void psd_ckpt_bus_unlink(const char *dir, const char *const *files, int n)
+{
+    bus_nunlink = 0;
+    for (int i = 0; dir && i < n && i < PSD_CKPT_BUS_UNLINK; i++)
+        snprintf(bus_unlink[i], sizeof bus_unlink[i], "%s/%s", dir, files[i]);
+    bus_nunlink = dir && n < PSD_CKPT_BUS_UNLINK ? n : dir ? PSD_CKPT_BUS_UNLINK : 0;
+}
 
 static void on_sigbus(int sig)
 {
@@ -159,6 +169,7 @@ static void on_sigbus(int sig)
         psd_ckpt_bus_jmp = NULL;
         siglongjmp(*back, 1);
     }
+    for (int i = 0; i < bus_nunlink; i++) unlink(bus_unlink[i]); /* a restore's new files */
     static const char why[] = ": a page lies past the end of the file (a checkpoint copy cut "
                               "short or damaged): not a checkpoint psd can read\n";
     if (write(2, bus_file, bus_len) < 0 || write(2, why, sizeof why - 1) < 0) _exit(1);

@@ -66,6 +66,13 @@ void psd_ckpt_src_close(psd_ckpt_src_t *s);
  *  the fault. NULL: the fault ends the process as psd_ckpt_src_open() says. */
 extern __thread sigjmp_buf *psd_ckpt_bus_jmp;
 
+/** Files psd_ckpt_bus_unlink() may name. */
+#define PSD_CKPT_BUS_UNLINK 4
+/** @brief Have a fault that ends the process (no psd_ckpt_bus_jmp) first remove @p n (at most
+ *  PSD_CKPT_BUS_UNLINK) @p files of @p dir: a restore's new store, so that the same command
+ *  can run again (its normal failures remove them too). @p dir NULL: none any more. */
+void psd_ckpt_bus_unlink(const char *dir, const char *const *files, int n);
+
 /** The XXH3-64 over a checkpoint copy's records other than chunks ('C' keys): the tensor
  *  table, the coordinator's state, the chunks' applied records... in key order, each as its
  *  key's length and bytes, then its value's length and bytes (meta.json "others_xxh3"). */

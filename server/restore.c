@@ -153,11 +153,18 @@ void psd_restore_unmark(const char *data_dir)
         ps_fsync_dir(data_dir); /* a start after a crash must not find a finished restore's mark */
 }
 
+static const char *const undo_files[] = {"data.mdb", "lock.mdb", "psd.lock", PSD_RESTORE_MARK};
+
+void psd_restore_undo_on_fault(const char *data_dir)
+{
+    psd_ckpt_bus_unlink(data_dir, undo_files, (int)(sizeof undo_files / sizeof *undo_files));
+}
+
 void psd_restore_undo(const char *data_dir)
 {
-    static const char *files[] = {"data.mdb", "lock.mdb", "psd.lock", PSD_RESTORE_MARK};
+    const char *const *files = undo_files;
     char path[1200];
-    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+    for (size_t i = 0; i < sizeof undo_files / sizeof *undo_files; i++) {
         snprintf(path, sizeof path, "%s/%s", data_dir, files[i]);
         unlink(path);
     }

@@ -1019,11 +1019,14 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
         rc = PS_ECONFIG;
         goto fail_store;
     }
+    if (restore) psd_restore_undo_on_fault(sc->data_dir); /* the fault's exit cleans up too */
     if (restore && (rc = psd_restore_fill(srv, restore, err, errlen)) != 0) {
+        psd_restore_undo_on_fault(NULL);
         psd_store_close(&srv->store);
         psd_restore_undo(sc->data_dir); /* empty again: the same command may be tried again */
         goto fail_store;
     }
+    psd_restore_undo_on_fault(NULL);
     if (restore) psd_restore_unmark(sc->data_dir);
     psd_direct_init(srv, sc->data_dir);
     srv->push_direct = psd_push_direct_enabled();

@@ -912,8 +912,9 @@ END_TEST
 
 /* A checkpoint whose files are damaged or not psd's is refused with the reason. A data.mdb cut
  * short (a copy that did not finish): verify --against and psd --restore name the file and say
- * it is cut short (exit 1). Before, both died of SIGBUS (exit 135) without a word, the restore
- * leaving its data_dir marked "restoring" (as it still does: the next start says so). A meta.json without a valid "nshards": verify
+ * it is cut short (exit 1), and the restore removes what it made in its data_dir (session 32:
+ * until then it left the store and its "restoring" mark, and the same command was refused).
+ * Before, both died of SIGBUS (exit 135) without a word. A meta.json without a valid "nshards": verify
  * --against, restore and repair --from say it is not a checkpoint. Before, verify --against
  * went on through shard-2, shard-3, ... for good, restore printed commands for 2^64 - 1 shards
  * and exited 0, and repair tried to allocate 32 GiB. */
@@ -934,6 +935,11 @@ START_TEST(test_checkpoint_damaged_files_refused)
     cl_proc_t *r = cl_spawn(c, "restore-truncated", argv);
     EXPECT_EXIT(r, 1);
     EXPECT_LOG(r, "/shard-1/data.mdb: a page lies past the end of the file");
+    static const char *const made[] = {"data.mdb", "lock.mdb", "psd.lock", "restoring"};
+    for (int i = 0; i < 4; i++) { /* so that the same command can run again */
+        snprintf(f, sizeof f, "%s/%s", c->data_dir[0], made[i]);
+        ck_assert_msg(access(f, F_OK) != 0, "the failed restore left %s", f);
+    }
     snprintf(f, sizeof f, "%s/shard-0/meta.json", dir);
     FILE *m = fopen(f, "w");
     ck_assert_ptr_nonnull(m);
