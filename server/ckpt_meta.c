@@ -155,10 +155,11 @@ static volatile int bus_nunlink;
 
 void psd_ckpt_bus_unlink(const char *dir, const char *const *files, int n)
 {
-    bus_nunlink = 0;
-    for (int i = 0; dir && i < n && i < PSD_CKPT_BUS_UNLINK; i++)
+    if (dir == NULL || n > PSD_CKPT_BUS_UNLINK) n = dir ? PSD_CKPT_BUS_UNLINK : 0;
+    bus_nunlink = 0; /* none named while the paths change */
+    for (int i = 0; i < n; i++)
         snprintf(bus_unlink[i], sizeof bus_unlink[i], "%s/%s", dir, files[i]);
-    bus_nunlink = dir && n < PSD_CKPT_BUS_UNLINK ? n : dir ? PSD_CKPT_BUS_UNLINK : 0;
+    bus_nunlink = n;
 }
 
 static void on_sigbus(int sig)

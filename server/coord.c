@@ -1396,6 +1396,12 @@ void psd_coord_on_scale(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
 /* A launcher reports its running workers; the answer says how many to start (> 0) or to
  * stop (< 0). Grants are counted until the workers join or leave, so several launchers
  * asking at once share the difference instead of each filling it. */
+/* A launcher heard from within GRANT_TTL_MS (a slot in use). */
+static bool launcher_fresh(const launcher_t *x, uint64_t now)
+{
+    return x->pid != 0 && now - x->last_ms <= GRANT_TTL_MS;
+}
+
 /* Starts granted whose workers died before they joined. Once every launcher heard from has
  * reported after the last grant (pslaunch starts its workers on the answer, so each count
  * holds them), the grants still on their way are at most the workers the launchers run that
@@ -1409,7 +1415,7 @@ static void grants_seen(psd_server_t *srv, uint64_t now)
     bool any = false;
     for (int i = 0; i < MAX_LAUNCHERS; i++) {
         const launcher_t *x = &co->launchers[i];
-        if (x->pid == 0 || now - x->last_ms > GRANT_TTL_MS) continue;
+        if (!launcher_fresh(x, now)) continue;
         if (x->last_ms <= co->grant_ms) return; /* it may not have started them yet */
         any = true;
         running += (int32_t)x->running;
@@ -1419,8 +1425,7 @@ static void grants_seen(psd_server_t *srv, uint64_t now)
         if (!(co->s.active >> r & 1)) continue;
         for (int i = 0; i < MAX_LAUNCHERS; i++) {
             const launcher_t *x = &co->launchers[i];
-            if (x->pid && now - x->last_ms <= GRANT_TTL_MS &&
-                strcmp(x->host, co->s.m[r].host) == 0) {
+            if (launcher_fresh(x, now) && strcmp(x->host, co->s.m[r].host) == 0) {
                 here++;
                 break;
             }
@@ -1445,7 +1450,7 @@ void psd_coord_on_launch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
     for (int i = 0; i < MAX_LAUNCHERS; i++) {
         launcher_t *x = &co->launchers[i];
         if (x->pid == msg->pid && strcmp(x->host, host) == 0) l = x;
-        if (free_l == NULL && (x->pid == 0 || now - x->last_ms > GRANT_TTL_MS)) free_l = x;
+        if (free_l == NULL && !launcher_fresh(x, now)) free_l = x;
     }
     if (l == NULL && (l = free_l) != NULL) {
         memset(l, 0, sizeof *l);
@@ -1465,7 +1470,7 @@ void psd_coord_on_launch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
     if (now - co->started_ms <= GRANT_TTL_MS)
         for (int i = 0; i < MAX_LAUNCHERS; i++) {
             const launcher_t *x = &co->launchers[i];
-            if (x->pid && now - x->last_ms <= GRANT_TTL_MS) running += (int32_t)x->running;
+            if (launcher_fresh(x, now)) running += (int32_t)x->running;
         }
     if (running > have) have = running;
     if (!co->s.finished && !co->capped) {

@@ -162,10 +162,9 @@ void psd_restore_undo_on_fault(const char *data_dir)
 
 void psd_restore_undo(const char *data_dir)
 {
-    const char *const *files = undo_files;
     char path[1200];
     for (size_t i = 0; i < sizeof undo_files / sizeof *undo_files; i++) {
-        snprintf(path, sizeof path, "%s/%s", data_dir, files[i]);
+        snprintf(path, sizeof path, "%s/%s", data_dir, undo_files[i]);
         unlink(path);
     }
 }

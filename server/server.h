@@ -155,7 +155,6 @@ struct psd_chunk_s {
     uint64_t full_mask;        /* bit r: slot r is SLOT_FULL */
     uint64_t sum_members;      /* bsp: the step's members whose pushes the running job sums
                                   (skip_mask and nograd_mask left out) */
-    uint8_t mean_count;        /* bsp: and the pushes its mean is over (nograd_mask in) */
     uint64_t skip_mask;        /* bsp: bit r: rank r's push of this step replays a batch this
                                   chunk applied already (psd_shard_on_push): acknowledged, not
                                   summed */

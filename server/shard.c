@@ -514,6 +514,17 @@ static int queue_create(psd_server_t *srv, uint32_t id)
     return 0;
 }
 
+/* The map bytes (a lower bound, psd_store_record_footprint) of the records of a tensor's
+ * @p nchunks @p chunks here (NULL: another shard's). */
+static uint64_t chunks_footprint(const psd_server_t *srv, psd_chunk_t *const *chunks,
+                                 uint32_t nchunks)
+{
+    uint64_t b = 0;
+    for (uint32_t c = 0; c < nchunks; c++)
+        if (chunks[c]) b += psd_store_record_footprint(&srv->store, chunks[c]->n, srv->nstate);
+    return b;
+}
+
 /* A lower bound of the map bytes the records of tensor @p d take on shard @p shard: each of
  * its chunks there once (parameters and the optimizer's state, in whole overflow pages where
  * LMDB puts them there: psd_store_record_footprint). Chunk c is on shard
@@ -544,12 +555,9 @@ static bool declare_too_big(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id
                             const ps_decl_t *d)
 {
     uint64_t map = srv->m.map_size_mb << 20, held = 0;
-    for (uint32_t i = 0; i < srv->ntensors; i++) {
-        const psd_tensor_t *t = &srv->tensors[i];
-        for (uint32_t c = 0; t->present && c < t->nchunks; c++)
-            if (t->chunks[c])
-                held += psd_store_record_footprint(&srv->store, t->chunks[c]->n, srv->nstate);
-    }
+    for (uint32_t i = 0; i < srv->ntensors; i++)
+        if (srv->tensors[i].present)
+            held += chunks_footprint(srv, srv->tensors[i].chunks, srv->tensors[i].nchunks);
     for (uint32_t k = 0; k < srv->nshards; k++) {
         if (srv->shard != 0 && k != srv->shard) continue;
         uint64_t need = records_bytes(srv, d, k), have = k == srv->shard ? held : 0;
@@ -1668,8 +1676,9 @@ static void apply_item(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, p
             return;
         }
         /* The mean over the members with a gradient and those without (zeros), as torch's
-         * DDP averages a parameter some ranks did not use. */
-        float scale = 1.0f / (float)ch->mean_count;
+         * DDP averages a parameter some ranks did not use (skip_mask holds no member's bit
+         * that changes while the step applies: their slots are not empty). */
+        float scale = 1.0f / (float)__builtin_popcountll(ch->step_members & ~ch->skip_mask);
         blocksum_t bs = {.ch = ch, .first = (uint32_t)__builtin_ctzll(ch->sum_members)};
         bool raw = sum == NULL; /* raw pushes: summed span by span in the update's pass */
         if (!raw) job->bad[i] = raw_crc_bad(ch, ch->sum_members);
@@ -1801,8 +1810,10 @@ static void job_work(uv_work_t *w)
     psd_wtxn_t tx;
     job->begin_ns = job->srv->trace ? ps_trace_now() : 0; /* read by job_done, after us */
     /* Its disk blocks first (a full disk: PS_ENOSPC, not a fault): its records, and as much
-     * again for the pages LMDB cannot reuse while readers hold the old ones. */
-    job->rc = psd_store_ahead(&job->srv->store, 2 * (uint64_t)job_bytes(job->srv, job));
+     * again for the pages LMDB cannot reuse while readers hold the old ones. psd_store_begin
+     * allocates PSD_STORE_AHEAD itself, more than an apply job of a few threads writes. */
+    uint64_t need = 2 * (uint64_t)job_bytes(job->srv, job);
+    job->rc = need > PSD_STORE_AHEAD ? psd_store_ahead(&job->srv->store, need) : 0;
     if (job->rc == 0) job->rc = psd_store_begin(&job->srv->store, &tx);
     if (job->rc == 0) {
         job->rc = job->kind == JOB_CREATE ? run_create(job, &tx) : run_apply(job, &tx);
@@ -2098,12 +2109,8 @@ static bool slot_start(psd_server_t *srv)
 static size_t job_bytes(const psd_server_t *srv, const psd_job_t *job)
 {
     size_t b = 0;
-    if (job->kind == JOB_CREATE) { /* the tensor's records on this shard */
-        for (uint32_t c = 0; c < job->nchunks; c++)
-            if (job->chunks[c]) b += psd_store_record_footprint(&srv->store, job->chunks[c]->n,
-                                                                srv->nstate);
-        return b;
-    }
+    if (job->kind == JOB_CREATE) /* its own copy of the chunks: srv->tensors may move */
+        return chunks_footprint(srv, job->chunks, job->nchunks);
     for (uint32_t i = 0; i < job->nitems; i++)
         b += psd_chunk_bytes(job->items[i]->n, srv->nstate);
     return b;
@@ -2169,7 +2176,6 @@ static void job_start_next(psd_server_t *srv)
             c->step_members = members;
             c->applying = true;
             c->sum_members = members & ~c->skip_mask & ~c->nograd_mask;
-            c->mean_count = (uint8_t)__builtin_popcountll(members & ~c->skip_mask);
             for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
                 if (c->slot_state[r] != SLOT_FULL) continue;
                 c->nfull--;

@@ -262,7 +262,6 @@ int psd_store_open(psd_store_t *st, const char *dir, uint64_t map_mb, const char
     MDB_stat stat;
     if ((rc = mdb_env_stat(st->env, &stat)) != 0) goto fail;
     st->psize = stat.ms_psize;
-    st->backed = 0;
     if (mdb_env_get_fd(st->env, &st->fd) != 0) st->fd = -1;
     if (psd_store_ahead(st, PSD_STORE_AHEAD) != 0) { /* a full disk: refused, not a crash */
         snprintf(err, errlen, "%s: the disk under data_dir is full: the store's next %llu MiB "

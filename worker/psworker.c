@@ -189,6 +189,20 @@ static int join_cluster(trainer_t *tr, const char *manifest, char *err, size_t e
     }
 }
 
+/* The shards dropped this worker (PS_ENOTMEMBER; @p when, @p why say where): it says so,
+ * leaves and joins again as a new member. Its pull ops were waited for. @return 0, or the
+ * join's error (said). */
+static int rejoin(trainer_t *tr, const char *manifest, const char *when, const char *why)
+{
+    fprintf(stderr, "psworker: rank %d was removed from the job%s; joining again%s\n",
+            ps_client_rank(tr->client), when, why);
+    drop_client(tr);
+    char err[1024];
+    int rc = join_cluster(tr, manifest, err, sizeof err);
+    if (rc) fprintf(stderr, "psworker: %s\n", err);
+    return rc;
+}
+
 /* Per-pass progress: a metrics line when the batches move on to the next pass. */
 typedef struct {
     FILE *metrics;
@@ -533,16 +547,10 @@ int main(int argc, char **argv)
             }
             if (rc == PS_ENOTMEMBER && !g_stop) {
                 /* Dropped (e.g. stopped past the heartbeat timeout): join again as new. */
-                fprintf(stderr, "psworker: rank %d was removed from the job; joining again\n",
-                        ps_client_rank(tr.client));
                 if (pulled_ahead) pull_finish(&tr, NULL);
                 pulled_ahead = have_done = 0;
                 pulled_version = UINT64_MAX;
-                drop_client(&tr);
-                if (join_cluster(&tr, manifest, err, sizeof err)) {
-                    fprintf(stderr, "psworker: %s\n", err);
-                    goto out;
-                }
+                if (rejoin(&tr, manifest, "", "")) goto out;
                 continue;
             }
             if (rc) {
@@ -601,13 +609,7 @@ int main(int argc, char **argv)
         if (rc == PS_ENOTMEMBER && !g_stop) {
             /* Dropped as silent right as the job finished: the parameters are still there
              * for a new member to pull (a job complete hands it no batch). */
-            fprintf(stderr, "psworker: rank %d was removed from the job before its final pull; "
-                    "joining again to pull\n", ps_client_rank(tr.client));
-            drop_client(&tr);
-            if (join_cluster(&tr, manifest, err, sizeof err)) {
-                fprintf(stderr, "psworker: %s\n", err);
-                goto out;
-            }
+            if (rejoin(&tr, manifest, " before its final pull", " to pull")) goto out;
             rc = pull_all(&tr, final, NULL);
         }
         if (rc && !g_stop) {

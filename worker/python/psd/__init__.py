@@ -175,14 +175,16 @@ class Op:
         """Wait for it; returns the lowest chunk version (pulls). Raises PsError on failure."""
         if self.done:
             raise ValueError("this operation was waited for already")
-        lib, v = library(), ctypes.c_uint64(0)
-        wait, ref = lib.ps_op_wait, ctypes.byref(v)  # nothing left to interrupt in between:
-        with self._client._call() as h:  # its client closed: the operation went with it
+        v = ctypes.c_uint64(0)
+        wait, ref = library().ps_op_wait, ctypes.byref(v)  # nothing to interrupt in between
+
+        def call(h):
             self.done = True
-            rc = wait(self._op, ref)
-            text = lib.ps_client_error(h).decode(errors="replace") if rc else ""
-        self._keep = None
-        _check(rc, text)
+            return wait(self._op, ref)
+        try:
+            self._client._do(call)  # its client closed: the operation went with it
+        finally:
+            self._keep = None
         return v.value
 
     def __del__(self):
@@ -394,10 +396,6 @@ class Client:
             text = library().ps_client_error(h).decode(errors="replace") if rc else ""
         _check(rc, text)
 
-    def _live(self):
-        with self._call() as h:
-            return h
-
     def error(self):
         with self._call() as h:
             return library().ps_client_error(h).decode(errors="replace")
@@ -496,13 +494,11 @@ class Client:
         push = what != "pull"
         op, made = ctypes.c_void_p(), None
         try:
-            with self._call() as h:
-                if push:
+            if push:
+                with self._call():
                     self._reap(tid)
-                args = (tid, step) if what == "push_none" else (tid, addr, step)
-                rc = fn(h, *args, ctypes.byref(op))
-                text = library().ps_client_error(h).decode(errors="replace") if rc else ""
-            _check(rc, text)
+            self._do(fn, *((tid, step) if what == "push_none" else (tid, addr, step)),
+                     ctypes.byref(op))
             made = Op(self, op, keep, tid, push)
             return made
         finally:
