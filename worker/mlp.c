@@ -1,5 +1,6 @@
-/* mlp.c: the built-in "mlp" model on the CPU: Linear/ReLU layers and a softmax
- * cross-entropy head, with the three GEMMs of each layer done by OpenBLAS. */
+/* mlp.c: the built-in "mlp" model: Linear/ReLU layers and a softmax cross-entropy head, with
+ * the three GEMMs of each layer done by OpenBLAS on the CPU or by cuBLAS on a CUDA device, and
+ * the steps between them by kernels/mlp_ops.h (the CPU reference or its CUDA twin). */
 #include "mlp.h"
 
 #include <assert.h>
@@ -10,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mlp_ops.h"
 #include "ps/ps_client.h" /* ps_buffer_alloc */
 #include "ps/ps_error.h"
 
@@ -20,18 +22,32 @@
  * backward pass the gradient with respect to a_l overwrites a_l once a_l is no longer
  * needed, so each layer's delta lives where its activation lived. */
 
-static float *act_at(const ps_mlp_t *m, int l)
+static size_t act_off(const ps_mlp_t *m, int l)
 {
     /* l in 1..nlin; the input a_0 is the caller's x and never stored. */
     size_t off = 0;
     for (int k = 1; k < l; k++)
         off += (size_t)m->max_batch * m->sizes[k];
-    return m->act + off;
+    return off;
+}
+
+static float *act_at(const ps_mlp_t *m, int l)
+{
+    return m->act + act_off(m, l);
 }
 
 static float *dx_scratch(const ps_mlp_t *m)
 {
     return act_at(m, m->nlin + 1);
+}
+
+/* Floats of the activation scratch (a_1..a_L, then dx). */
+static size_t act_floats(const ps_mlp_t *m)
+{
+    size_t maxw = 0;
+    for (int l = 1; l < m->nlin; l++)
+        maxw = m->sizes[l] > maxw ? m->sizes[l] : maxw;
+    return act_off(m, m->nlin + 1) + maxw * m->max_batch;
 }
 
 int ps_mlp_create(ps_mlp_t *m, const uint32_t *sizes, int nsizes, uint32_t max_batch)
@@ -66,8 +82,10 @@ int ps_mlp_create(ps_mlp_t *m, const uint32_t *sizes, int nsizes, uint32_t max_b
      * the shards cheaply (2 MiB pages when large). */
     float *mem = ps_buffer_alloc(2 * nparams * sizeof(float));
     float *act = malloc(nact * max_batch * sizeof(float));
-    if (mem == NULL || act == NULL) {
+    double *loss = malloc(max_batch * sizeof(double));
+    if (mem == NULL || act == NULL || loss == NULL) {
         free(act);
+        free(loss);
         ps_buffer_free(mem, 2 * nparams * sizeof(float));
         return PS_ENOMEM;
     }
@@ -79,6 +97,7 @@ int ps_mlp_create(ps_mlp_t *m, const uint32_t *sizes, int nsizes, uint32_t max_b
     m->max_batch = max_batch;
     m->mem = mem;
     m->act = act;
+    m->loss = loss;
 
     size_t off = 0;
     for (int l = 1; l <= nlin; l++) {
@@ -104,11 +123,68 @@ int ps_mlp_create(ps_mlp_t *m, const uint32_t *sizes, int nsizes, uint32_t max_b
     return 0;
 }
 
+static void gpu_release(ps_mlp_t *m)
+{
+    if (m->gpu == NULL)
+        return;
+    psk_gpu_sync(m->gpu); /* nothing may still copy into the host memory freed next */
+    psk_gpu_host_unregister(m->gpu, m->mem);
+    psk_gpu_free(m->gpu, m->d_mem);
+    psk_gpu_free(m->gpu, m->d_act);
+    psk_gpu_free(m->gpu, m->d_x);
+    psk_gpu_free(m->gpu, m->d_y);
+    psk_gpu_free(m->gpu, m->d_loss);
+    psk_gpu_close(m->gpu);
+    m->gpu = NULL;
+    m->d_mem = m->d_act = m->d_x = NULL;
+    m->d_y = NULL;
+    m->d_loss = NULL;
+}
+
+int ps_mlp_use_gpu(ps_mlp_t *m, int device, char *err, size_t errlen)
+{
+    if (m->gpu != NULL || m->mem == NULL) {
+        snprintf(err, errlen, "the model is already on a device, or was not created");
+        return PS_EINVAL;
+    }
+    int rc = psk_gpu_open(&m->gpu, device, err, errlen);
+    if (rc)
+        return rc;
+    const char *what = "parameters and gradients";
+    rc = psk_gpu_alloc(m->gpu, (void **)&m->d_mem, 2 * m->nparams * sizeof(float));
+    if (!rc) {
+        what = "activations";
+        rc = psk_gpu_alloc(m->gpu, (void **)&m->d_act, act_floats(m) * sizeof(float));
+    }
+    if (!rc) {
+        what = "the batch";
+        rc = psk_gpu_alloc(m->gpu, (void **)&m->d_x,
+                           (size_t)m->max_batch * m->sizes[0] * sizeof(float));
+    }
+    if (!rc)
+        rc = psk_gpu_alloc(m->gpu, (void **)&m->d_y, m->max_batch);
+    if (!rc)
+        rc = psk_gpu_alloc(m->gpu, (void **)&m->d_loss, m->max_batch * sizeof(double));
+    if (rc) {
+        snprintf(err, errlen, "%s: cannot allocate the model's %s on the device: %s",
+                 psk_gpu_name(m->gpu), what, psk_gpu_last_error(m->gpu));
+        gpu_release(m);
+        return rc;
+    }
+    /* Pinned, the per-step copies run at the bus's speed; unpinned they still work. */
+    (void)psk_gpu_host_register(m->gpu, m->mem, 2 * m->nparams * sizeof(float));
+    m->gpu_rc = 0;
+    m->gpu_err[0] = '\0';
+    return 0;
+}
+
 void ps_mlp_destroy(ps_mlp_t *m)
 {
     if (m == NULL)
         return;
+    gpu_release(m);
     free(m->act);
+    free(m->loss);
     ps_buffer_free(m->mem, 2 * m->nparams * sizeof(float));
     memset(m, 0, sizeof(*m));
 }
@@ -140,47 +216,130 @@ static float *forward(ps_mlp_t *m, const float *x, uint32_t B)
         out_act = act_at(m, l);                      /* [B, out] */
 
         /* y = b (broadcast over rows), then y += x . W */
-        for (uint32_t i = 0; i < B; i++)
-            memcpy(out_act + (size_t)i * out, b, (size_t)out * sizeof(float));
+        psk_bias_rows_cpu(out_act, b, B, (uint32_t)out);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)B, out, in, 1.0f, in_act,
                     in, W, out, 1.0f, out_act, out);
-        if (l < m->nlin) {
-            size_t n = (size_t)B * out;
-            for (size_t i = 0; i < n; i++)
-                out_act[i] = out_act[i] > 0.0f ? out_act[i] : 0.0f;
-        }
+        if (l < m->nlin)
+            psk_relu_cpu(out_act, (size_t)B * out);
         in_act = out_act;
     }
     return out_act;
+}
+
+/* ---- the same passes on the device (m->gpu) ----
+ * Device pointers mirror the host layout: d_mem holds params then grads at the offsets of
+ * mem, d_act the activations at the offsets of act. The first failing call sets gpu_rc and
+ * gpu_err; every later one is skipped until the caller sees it. */
+
+static float *dev_of(const ps_mlp_t *m, const float *host)
+{
+    if (host >= m->mem && host < m->mem + 2 * m->nparams)
+        return m->d_mem + (host - m->mem);
+    return m->d_act + (host - m->act);
+}
+
+static int gpu_check(ps_mlp_t *m, int rc, const char *what)
+{
+    if (rc && !m->gpu_rc) {
+        m->gpu_rc = rc;
+        snprintf(m->gpu_err, sizeof m->gpu_err, "%s: %s: %s", psk_gpu_name(m->gpu), what,
+                 rc == PS_EIO ? psk_gpu_last_error(m->gpu) : ps_strerror(rc));
+    }
+    return m->gpu_rc;
+}
+
+/* Uploads params[] and x [B, sizes[0]], then the forward pass; returns the device logits. */
+static float *forward_gpu(ps_mlp_t *m, const float *x, uint32_t B)
+{
+    void *st = psk_gpu_stream(m->gpu);
+    gpu_check(m, psk_gpu_upload(m->gpu, m->d_mem, m->mem, m->nparams * sizeof(float)),
+              "uploading the parameters");
+    gpu_check(m, psk_gpu_upload(m->gpu, m->d_x, x, (size_t)B * m->sizes[0] * sizeof(float)),
+              "uploading the batch");
+    const float *in_act = m->d_x;
+    float *out_act = NULL;
+    for (int l = 1; l <= m->nlin && !m->gpu_rc; l++) {
+        int in = (int)m->sizes[l - 1], out = (int)m->sizes[l];
+        const float *W = dev_of(m, m->params[2 * (l - 1)]);
+        const float *b = dev_of(m, m->params[2 * (l - 1) + 1]);
+        out_act = dev_of(m, act_at(m, l));
+        gpu_check(m, psk_bias_rows_cuda(out_act, b, B, (uint32_t)out, st), "bias");
+        gpu_check(m, psk_gpu_sgemm(m->gpu, false, false, (int)B, out, in, 1.0f, in_act, in, W,
+                                   out, 1.0f, out_act, out), "forward sgemm");
+        if (l < m->nlin)
+            gpu_check(m, psk_relu_cuda(out_act, (size_t)B * out, st), "relu");
+        in_act = out_act;
+    }
+    return m->gpu_rc ? NULL : out_act;
+}
+
+static float train_step_gpu(ps_mlp_t *m, const float *x, const uint8_t *y, uint32_t B,
+                            ps_mlp_grad_cb cb, void *arg)
+{
+    void *st = psk_gpu_stream(m->gpu);
+    int L = m->nlin;
+    uint32_t C = m->sizes[L];
+    gpu_check(m, psk_gpu_upload(m->gpu, m->d_y, y, B), "uploading the labels");
+    float *z = forward_gpu(m, x, B);
+    if (z == NULL)
+        return NAN;
+    gpu_check(m, psk_softmax_xent_cuda(z, m->d_y, B, C, m->d_loss, st), "softmax");
+    gpu_check(m, psk_gpu_download(m->gpu, m->loss, m->d_loss, B * sizeof(double)),
+              "downloading the loss");
+
+    float *dy = z;
+    float *dx = dev_of(m, dx_scratch(m));
+    for (int l = L; l >= 1 && !m->gpu_rc; l--) {
+        int in = (int)m->sizes[l - 1], out = (int)m->sizes[l];
+        int tw = 2 * (l - 1), tb = tw + 1;
+        const float *xin = l > 1 ? dev_of(m, act_at(m, l - 1)) : m->d_x;
+        const float *W = dev_of(m, m->params[tw]);
+        float *dW = dev_of(m, m->grads[tw]), *db = dev_of(m, m->grads[tb]);
+        gpu_check(m, psk_gpu_sgemm(m->gpu, true, false, in, out, (int)B, 1.0f, xin, in, dy, out,
+                                   0.0f, dW, out), "weight gradient sgemm");
+        gpu_check(m, psk_colsum_cuda(db, dy, B, (uint32_t)out, st), "bias gradient");
+        if (l > 1) { /* the delta of layer l-1, queued before the copies are waited for */
+            float *a = dev_of(m, act_at(m, l - 1));
+            gpu_check(m, psk_gpu_sgemm(m->gpu, false, true, (int)B, in, out, 1.0f, dy, out, W,
+                                       out, 0.0f, dx, in), "delta sgemm");
+            gpu_check(m, psk_relu_back_cuda(a, dx, (size_t)B * in, st), "relu backward");
+            dy = a;
+        }
+        gpu_check(m, psk_gpu_download(m->gpu, m->grads[tw], dW,
+                                      m->tensors[tw].numel * sizeof(float)),
+                  "downloading a gradient");
+        gpu_check(m, psk_gpu_download(m->gpu, m->grads[tb], db,
+                                      m->tensors[tb].numel * sizeof(float)),
+                  "downloading a gradient");
+        gpu_check(m, psk_gpu_sync(m->gpu), "backward pass");
+        if (!m->gpu_rc && cb != NULL) {
+            cb(tw, arg);
+            cb(tb, arg);
+        }
+    }
+    if (m->gpu_rc)
+        return NAN;
+    double loss = 0.0;
+    for (uint32_t i = 0; i < B; i++)
+        loss += m->loss[i];
+    return (float)(loss / B);
 }
 
 float ps_mlp_train_step(ps_mlp_t *m, const float *x, const uint8_t *y, uint32_t B,
                         ps_mlp_grad_cb cb, void *arg)
 {
     assert(B >= 1 && B <= m->max_batch);
+    if (m->gpu != NULL)
+        return train_step_gpu(m, x, y, B, cb, arg);
     int L = m->nlin;
     int C = (int)m->sizes[L];
     float *z = forward(m, x, B); /* [B, C] logits */
 
-    /* Softmax cross-entropy, stable via log-sum-exp; z becomes dloss/dz in place:
-     * d(mean loss)/dz_ij = (softmax_ij - [j == y_i]) / B. */
+    /* Softmax cross-entropy; z becomes d(mean loss)/dz in place. */
+    psk_softmax_xent_cpu(z, y, B, (uint32_t)C, m->loss);
     double loss = 0.0;
-    float inv_b = 1.0f / (float)B;
-    for (uint32_t i = 0; i < B; i++) {
-        float *zi = z + (size_t)i * C;
-        assert(y[i] < C);
-        float zmax = zi[0];
-        for (int j = 1; j < C; j++)
-            zmax = zi[j] > zmax ? zi[j] : zmax;
-        double sum = 0.0;
-        for (int j = 0; j < C; j++)
-            sum += exp((double)(zi[j] - zmax));
-        double lse = (double)zmax + log(sum);
-        loss += lse - (double)zi[y[i]];
-        for (int j = 0; j < C; j++)
-            zi[j] = (float)exp((double)zi[j] - lse) * inv_b;
-        zi[y[i]] -= inv_b;
-    }
+    for (uint32_t i = 0; i < B; i++)
+        loss += m->loss[i];
 
     /* Backward, last layer first. dy is the delta of layer l's output. */
     float *dy = z;
@@ -195,13 +354,7 @@ float ps_mlp_train_step(ps_mlp_t *m, const float *x, const uint8_t *y, uint32_t 
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, in, out, (int)B, 1.0f, xin, in, dy,
                     out, 0.0f, m->grads[tw], out);
         /* db [out] = sum over rows of dy */
-        float *db = m->grads[tb];
-        memcpy(db, dy, (size_t)out * sizeof(float));
-        for (uint32_t i = 1; i < B; i++) {
-            const float *row = dy + (size_t)i * out;
-            for (int j = 0; j < out; j++)
-                db[j] += row[j];
-        }
+        psk_colsum_cpu(m->grads[tb], dy, B, (uint32_t)out);
         if (cb != NULL) {
             cb(tw, arg);
             cb(tb, arg);
@@ -214,9 +367,7 @@ float ps_mlp_train_step(ps_mlp_t *m, const float *x, const uint8_t *y, uint32_t 
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)B, in, out, 1.0f, dy, out, W,
                     out, 0.0f, dx, in);
         float *a = act_at(m, l - 1);
-        size_t n = (size_t)B * in;
-        for (size_t i = 0; i < n; i++)
-            a[i] = a[i] > 0.0f ? dx[i] : 0.0f;
+        psk_relu_back_cpu(a, dx, (size_t)B * in);
         dy = a;
     }
     return (float)(loss / B);
@@ -229,7 +380,19 @@ uint32_t ps_mlp_eval(ps_mlp_t *m, const float *x, const uint8_t *y, uint32_t n)
     uint32_t correct = 0;
     for (uint32_t start = 0; start < n; start += m->max_batch) {
         uint32_t B = n - start < m->max_batch ? n - start : m->max_batch;
-        const float *z = forward(m, x + (size_t)start * dim, B);
+        const float *z;
+        if (m->gpu != NULL) {
+            /* The logits come back into their host twin's place in the scratch. */
+            float *host = act_at(m, m->nlin), *dz = forward_gpu(m, x + (size_t)start * dim, B);
+            if (dz != NULL)
+                gpu_check(m, psk_gpu_download(m->gpu, host, dz, (size_t)B * C * sizeof(float)),
+                          "downloading the logits");
+            if (gpu_check(m, psk_gpu_sync(m->gpu), "evaluation"))
+                return 0;
+            z = host;
+        } else {
+            z = forward(m, x + (size_t)start * dim, B);
+        }
         for (uint32_t i = 0; i < B; i++) {
             const float *zi = z + (size_t)i * C;
             int best = 0;

@@ -1,5 +1,6 @@
 /* mlp.h: the built-in "mlp" model: Linear layers with ReLU between them and a
- * softmax cross-entropy head, on the CPU with OpenBLAS sgemm.
+ * softmax cross-entropy head, on the CPU with OpenBLAS sgemm, or on a CUDA device with cuBLAS
+ * (ps_mlp_use_gpu) and the kernels of kernels/mlp_ops.h.
  *
  * Tensors, in declaration order, for layer l = 1..L:
  *   "fc<l>.weight"  shape [in, out] row-major (y = x . W + b), init xavier
@@ -11,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "gpu.h"
 #include "init.h"
 
 #define PS_MLP_MAX_LAYERS 15
@@ -39,6 +41,15 @@ typedef struct {
     float *act;                         /* activation / delta scratch for max_batch */
     float *mem;                         /* params then grads: params[0] == mem,
                                            grads[0] == mem + nparams, each contiguous */
+    double *loss;                       /* [max_batch] each row's loss of the last step */
+    /* On a device (ps_mlp_use_gpu): params[] and grads[] stay the host copies the caller
+     * reads and writes; each train_step uploads params[] and downloads grads[]. */
+    psk_gpu_t *gpu;                     /* NULL on the CPU */
+    float *d_mem, *d_act, *d_x;         /* device twins of mem and act; the batch's inputs */
+    uint8_t *d_y;                       /* [max_batch] labels */
+    double *d_loss;                     /* [max_batch] */
+    int gpu_rc;                         /* the first device error (0: none); see gpu_err */
+    char gpu_err[320];
 } ps_mlp_t;
 
 /**
@@ -53,6 +64,19 @@ typedef struct {
  */
 int ps_mlp_create(ps_mlp_t *m, const uint32_t *sizes, int nsizes, uint32_t max_batch);
 void ps_mlp_destroy(ps_mlp_t *m);
+
+/**
+ * @brief Move the model's arithmetic to CUDA device @p device: open it, allocate the device
+ * twins of the parameters, gradients and activations, and pin the host parameters and
+ * gradients for the copies. train_step and eval then run there; params[] and grads[] keep
+ * their meaning on the host.
+ * @param[out] err on failure, a sentence naming the device and what failed (no device, built
+ *                 without CUDA, out of device memory, ...).
+ * @return 0; PS_ENOTSUP (no such device, or built without CUDA), PS_ENOMEM, PS_EIO. On
+ *         failure the model stays on the CPU, unchanged.
+ * @note ps_mlp_destroy releases the device too.
+ */
+int ps_mlp_use_gpu(ps_mlp_t *m, int device, char *err, size_t errlen);
 
 /**
  * @brief Initialize every tensor as the shards would: psk_init_cpu from element 0 with
@@ -75,6 +99,8 @@ void ps_mlp_init_params(ps_mlp_t *m, uint64_t seed);
  *       off (e.g. start a push); it is overwritten by the next train_step. params[] must
  *       not change until the call returns: the backward pass still reads the weights.
  *       Uses m->act as scratch, so one model serves one thread at a time.
+ *       On a device: a device error makes the call return NaN with m->gpu_rc and m->gpu_err
+ *       set (check gpu_rc after each call); cb then is not called for the tensors left.
  */
 float ps_mlp_train_step(ps_mlp_t *m, const float *x, const uint8_t *y, uint32_t B,
                         ps_mlp_grad_cb cb, void *arg);
@@ -82,7 +108,7 @@ float ps_mlp_train_step(ps_mlp_t *m, const float *x, const uint8_t *y, uint32_t 
 /**
  * @brief Count of correct argmax predictions (first maximum on ties) over n samples of
  * x [n, sizes[0]] and y [n], evaluated in slices of max_batch; n may be 0.
- * @note Overwrites m->act, not grads[].
+ * @note Overwrites m->act, not grads[]. On a device error it returns 0 with m->gpu_rc set.
  */
 uint32_t ps_mlp_eval(ps_mlp_t *m, const float *x, const uint8_t *y, uint32_t n);
 

@@ -325,17 +325,40 @@ static int run_self_test(const char *manifest, const ps_manifest_t *m)
     return bad;
 }
 
+/* --device: -1 for "cpu", N for "cuda" (0) or "cuda:N"; -2 for anything else. */
+static int parse_device(const char *s)
+{
+    if (strcmp(s, "cpu") == 0) return -1;
+    if (strcmp(s, "cuda") == 0) return 0;
+    if (strncmp(s, "cuda:", 5) != 0 || s[5] < '0' || s[5] > '9') return -2;
+    char *end;
+    errno = 0;
+    long n = strtol(s + 5, &end, 10);
+    return *end != '\0' || errno || n > 1024 ? -2 : (int)n;
+}
+
+/* A device error in the last train_step or eval: said once, and the run ends (exit 1). */
+static int device_failed(const ps_mlp_t *mlp)
+{
+    if (mlp->gpu_rc == 0) return 0;
+    fprintf(stderr, "psworker: the CUDA device failed: %s\n", mlp->gpu_err);
+    return 1;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f,
             "usage: psworker --manifest FILE [--metrics-out FILE] [--params-out FILE]\n"
             "                [--codec CODEC] [--local [--rank-codec R=CODEC]...] [--self-test]\n"
+            "                [--device cpu|cuda[:N]]\n"
             "  --metrics-out FILE  JSON lines: one per epoch and a final one\n"
             "  --params-out FILE   write the final parameters (PSPARAM1 format)\n"
             "  --codec CODEC       this worker pushes with CODEC instead of job.compression.codec\n"
             "  --local             train alone, computing every rank's share in this process\n"
             "                      and applying the optimizer here (the reference run)\n"
             "  --rank-codec R=C    with --local: rank R pushes with codec C\n"
+            "  --device D          compute the gradients on the CPU (the default) or on CUDA device\n"
+            "                      N (cuda = cuda:0), with cuBLAS\n"
             "  --self-test         join, print each shard's transports and measured bandwidth\n"
             "                      and round-trip time, leave (no training)\n");
 }
@@ -349,6 +372,7 @@ int main(int argc, char **argv)
                                          {"codec", required_argument, 0, 'c'},
                                          {"rank-codec", required_argument, 0, 'r'},
                                          {"self-test", no_argument, 0, 'T'},
+                                         {"device", required_argument, 0, 'd'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     const char *manifest = NULL, *metrics_path = NULL, *params_path = NULL;
@@ -357,10 +381,16 @@ int main(int argc, char **argv)
     static const char *rank_codec[4096];
     long max_rank_codec = -1; /* the highest rank --rank-codec names */
     ps_log_set_level(NULL);
-    int self_test = 0;
-    while ((o = getopt_long(argc, argv, "m:o:p:Lc:r:Th", opts, NULL)) != -1) {
+    int self_test = 0, device = -1; /* -1: the CPU */
+    while ((o = getopt_long(argc, argv, "m:o:p:Lc:r:Td:h", opts, NULL)) != -1) {
         switch (o) {
         case 'T': self_test = 1; break;
+        case 'd':
+            if ((device = parse_device(optarg)) < -1) {
+                fprintf(stderr, "psworker: --device %s: expected cpu, cuda or cuda:N\n", optarg);
+                return 2;
+            }
+            break;
         case 'c':
             if (!ps_codec_name_valid(optarg)) {
                 fprintf(stderr, "psworker: --codec %s: unknown codec\n", optarg);
@@ -390,6 +420,11 @@ int main(int argc, char **argv)
     }
     if (manifest == NULL || optind != argc) {
         usage(stderr);
+        return 2;
+    }
+    if (self_test && device >= 0) {
+        fprintf(stderr, "psworker: --self-test measures the transport: it does not go with "
+                        "--device\n");
         return 2;
     }
     if ((max_rank_codec >= 0 && !local) || (self_test && local)) { /* each was ignored */
@@ -460,6 +495,16 @@ int main(int argc, char **argv)
         fprintf(stderr, "psworker: cannot build the mlp: %s\n", ps_strerror(rc));
         return 1;
     }
+    if (device >= 0 && (rc = ps_mlp_use_gpu(&tr.mlp, device, err, sizeof err)) != 0) {
+        fprintf(stderr, "psworker: --device cuda:%d: %s\n", device, err);
+        ps_mlp_destroy(&tr.mlp);
+        ps_dataset_free(&train);
+        ps_dataset_free(&test);
+        return rc == PS_ENOTSUP ? 2 : 1;
+    }
+    if (device >= 0)
+        fprintf(stderr, "psworker: computing on CUDA device %d (%s)\n", device,
+                psk_gpu_name(tr.mlp.gpu));
     uint64_t step = 0;
     FILE *metrics = NULL, *params = NULL;
     static char params_tmp[4200];
@@ -510,6 +555,7 @@ int main(int argc, char **argv)
                 }
                 ps_dataset_gather(&train, perm + b.offset, b.count, x, y);
                 log.loss_sum += ps_mlp_train_step(&tr.mlp, x, y, b.count, NULL, NULL);
+                if (device_failed(&tr.mlp)) goto out;
                 log.loss_n++;
                 log.samples += b.count;
                 next_progress += b.count;
@@ -576,6 +622,7 @@ int main(int argc, char **argv)
             ps_client_group_begin(tr.client); /* the small gradients leave fused, at the end */
             log.loss_sum += ps_mlp_train_step(&tr.mlp, x, y, b.count, push_grad, &tr);
             ps_client_group_end(tr.client);
+            if (device_failed(&tr.mlp)) goto out;
             log.loss_n++;
             /* Pushes complete when their step is applied on every shard. */
             for (int t = 0; t < tr.mlp.ntensors; t++) wait_op(&tr, &tr.push_ops[t], "push", t, NULL);
@@ -627,6 +674,7 @@ int main(int argc, char **argv)
         int rank = tr.client ? ps_client_rank(tr.client) : 0;
         epoch_log_pass(&log, &tr, INT64_MAX, step, rank == 0);
         double acc = ps_mlp_eval(&tr.mlp, test.images, test.labels, test.n) / (double)test.n;
+        if (device_failed(&tr.mlp)) goto out;
         fprintf(stderr, "rank %d  final test accuracy %.4f after %llu steps (%.1f s)\n", rank, acc,
                 (unsigned long long)step, now_s() - log.t0);
         if (metrics) {

@@ -22,6 +22,12 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 cd "$root"
+# The CUDA toolkit (nvcc, cuBLAS) is not a Debian package here: where NVIDIA's is installed
+# under /usr/local/cuda, the build takes it (psworker --device cuda); elsewhere it builds
+# without CUDA.
+if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
+    export PATH="/usr/local/cuda/bin:$PATH"
+fi
 if [ ! -f build/build.ninja ]; then
     meson setup build >/dev/null || { echo "setup: meson setup failed (see build/meson-logs)"; exit 1; }
 fi

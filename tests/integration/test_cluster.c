@@ -749,7 +749,8 @@ static cl_proc_t *worker_job_extra(cl_cluster_t *c, const char *file, const char
 /* psworker options that were taken wrongly (found by a probe): "--rank-codec =int8" meant rank
  * 0, a rank past job.workers and --rank-codec or --self-test in the wrong mode were ignored
  * (exit 2 now); an unwritable --params-out failed only after the whole training (now before
- * it, exit 1, with no file left); metrics that could not be written ended with exit 0. */
+ * it, exit 1, with no file left); metrics that could not be written ended with exit 0. And
+ * --device: a device that is not there is refused before any training (exit 2). */
 START_TEST(test_psworker_options)
 {
     cl_conf_t k = {.shards = 1, .workers = 2, .max_steps = 2};
@@ -768,6 +769,12 @@ START_TEST(test_psworker_options)
         {{"--params-out", "/nonexistent-psd-dir/params.bin"}, true, 1,
          "/nonexistent-psd-dir/params.bin: No such file or directory", true},
         {{"--metrics-out", "/dev/full"}, true, 1, "/dev/full: writing the metrics failed"},
+        /* --device: a name it does not know, a device this host lacks (no GPU here, or fewer
+         * than 1001), and the transport self-test, which computes nothing. */
+        {{"--device", "gpu"}, true, 2, "--device gpu: expected cpu, cuda or cuda:N", true},
+        {{"--device", "cuda:1000"}, true, 2, "psworker: --device cuda:1000: ", true},
+        {{"--self-test", "--device", "cuda"}, false, 2, "does not go with --device", true},
+        {{"--device", "cpu"}, true, 0, "final test accuracy"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         cl_proc_t *w = cl_worker_spawn(c, NULL, NULL, cases[i].local, cases[i].args);

@@ -292,6 +292,41 @@ START_TEST(test_eval_independent_of_max_batch)
 }
 END_TEST
 
+START_TEST(test_device_refusal_leaves_cpu_model)
+{
+    /* --device on a host (or build) without that device: a sentence saying why, and the model
+     * stays on the CPU and trains exactly as before. (Forked test: CUDA starts in the child.) */
+    enum { B = 8 };
+    uint32_t sizes[] = {6, 9, 4};
+    float x[B * 6];
+    uint8_t y[B];
+    ps_mlp_t m, ref;
+    make_tiny(&m, sizes, 3, B, x, y, 12);
+    make_tiny(&ref, sizes, 3, B, x, y, 12);
+    const char *why = NULL;
+    int n = psk_gpu_count(&why);
+    char err[256] = "";
+    int rc = ps_mlp_use_gpu(&m, n, err, sizeof err); /* device n never exists */
+    ck_assert_int_eq(rc, PS_ENOTSUP);
+    ck_assert_ptr_null(m.gpu);
+    if (n == 0) {
+        ck_assert_ptr_nonnull(why);
+        ck_assert_msg(strstr(err, "no CUDA device: ") == err && strstr(err, why) != NULL,
+                      "err '%s', why '%s'", err, why);
+        if (!psk_gpu_built())
+            ck_assert_msg(strstr(err, "no CUDA kernels") != NULL, "%s", err);
+    } else {
+        ck_assert_msg(strstr(err, "does not exist") != NULL, "%s", err);
+    }
+    float a = ps_mlp_train_step(&m, x, y, B, NULL, NULL);
+    float b = ps_mlp_train_step(&ref, x, y, B, NULL, NULL);
+    ck_assert(a == b);
+    ck_assert_mem_eq(m.grads[0], ref.grads[0], m.nparams * sizeof(float));
+    ps_mlp_destroy(&m);
+    ps_mlp_destroy(&ref);
+}
+END_TEST
+
 START_TEST(test_init_params)
 {
     uint32_t sizes[] = {30, 20, 10};
@@ -660,6 +695,7 @@ Suite *ps_test_suite(void)
     tcase_add_test(tc, test_callback_order_last_layer_first);
     tcase_add_test(tc, test_sgd_decreases_loss);
     tcase_add_test(tc, test_eval_independent_of_max_batch);
+    tcase_add_test(tc, test_device_refusal_leaves_cpu_model);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("fmnist_real");

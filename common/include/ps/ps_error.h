@@ -16,6 +16,7 @@
     XX(ETIMEDOUT, -ETIMEDOUT, "timed out")                                  \
     XX(ECANCELED, -ECANCELED, "canceled")                                   \
     XX(ENOSPC, -ENOSPC, "no space left on the disk under the shard's data_dir") \
+    XX(ENOTSUP, -ENOTSUP, "not supported by this build or this device")   \
     XX(EPROTO, -10001, "protocol error: malformed or unexpected message")   \
     XX(ECONFLICT, -10002, "declaration conflicts with the existing tensor") \
     XX(ETRANSPORT, -10003, "transport error")                               \

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# verify.sh [BUILD_DIR]: psworker --device cuda end to end, where a CUDA device is usable (exit
+# 77, "skipped: no GPU", elsewhere).
+#   1. The same job trained alone (--local) on the CPU and on the device: the same number of
+#      steps, and final test accuracies within 0.02 of each other.
+#   2. A bsp job on one psd shard with two workers, one on the device and one on the CPU: both
+#      finish (exit 0) with final accuracies within 0.005 (they pull the same parameters and
+#      evaluate them, one on each side).
+set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+build=$(cd "${1:-$root/build}" && pwd)
+psd=$build/server/psd
+psworker=$build/worker/psworker
+if out=$("$build/tests/test_gpu" 2>&1) && grep -q '^1\.\.0 # SKIP' <<< "$out"; then
+    echo "skipped: ${out#1..0 # SKIP }"
+    exit 77
+fi
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/psd-gpu.XXXXXX")
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+fail() { echo "verify.sh: FAIL: $*" >&2; tail -20 "$tmp"/*.log >&2; exit 1; }
+port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+cat > "$tmp/m.yaml" <<M
+cluster: gpu-verify
+servers:
+  - {host: 127.0.0.1, port: $port, data_dir: $tmp/0}
+job:
+  model: mlp
+  layers: [784, 128, 10]
+  dataset: /usr/share/datasets/fashion-mnist
+  batch_size: 64
+  epochs: 1
+  max_steps: 300
+  seed: 3
+  workers: 2
+  consistency: bsp
+  optimizer: {name: sgd, lr: 0.05}
+M
+accuracy() { sed -n 's/.*final test accuracy \([0-9.]*\) after \([0-9]*\) steps.*/\1 \2/p' "$1"; }
+
+"$psworker" --manifest "$tmp/m.yaml" --local > "$tmp/cpu.log" 2>&1 || fail "--local on the CPU"
+"$psworker" --manifest "$tmp/m.yaml" --local --device cuda > "$tmp/gpu.log" 2>&1 ||
+    fail "--local --device cuda"
+grep -q "computing on CUDA device 0" "$tmp/gpu.log" || fail "the device run does not say so"
+read -r acpu scpu <<< "$(accuracy "$tmp/cpu.log")"
+read -r agpu sgpu <<< "$(accuracy "$tmp/gpu.log")"
+[ -n "$acpu" ] && [ -n "$agpu" ] && [ "$scpu" = "$sgpu" ] || fail "no final accuracy, or other step counts"
+/usr/bin/python3 -c "import sys; sys.exit(abs($acpu - $agpu) > 0.02 or $acpu < 0.5)" ||
+    fail "--local accuracy: CPU $acpu, device $agpu"
+echo "local: accuracy CPU $acpu, device $agpu after $scpu steps"
+
+"$psd" --manifest "$tmp/m.yaml" --shard 0 > "$tmp/psd.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do grep -q "listening on" "$tmp/psd.log" && break; sleep 0.1; done
+grep -q "listening on" "$tmp/psd.log" || fail "psd did not start"
+"$psworker" --manifest "$tmp/m.yaml" --device cuda > "$tmp/w0.log" 2>&1 &
+w0=$!
+"$psworker" --manifest "$tmp/m.yaml" > "$tmp/w1.log" 2>&1 || fail "the CPU worker"
+wait "$w0" || fail "the device worker"
+read -r a0 _ <<< "$(accuracy "$tmp/w0.log")"
+read -r a1 _ <<< "$(accuracy "$tmp/w1.log")"
+[ -n "$a0" ] && [ -n "$a1" ] &&
+    /usr/bin/python3 -c "import sys; sys.exit(abs($a0 - $a1) > 0.005 or $a0 < 0.5)" ||
+    fail "cluster accuracy: device worker $a0, CPU worker $a1"
+kill -TERM "${pids[0]}"; wait "${pids[0]}" || fail "psd did not stop cleanly"
+pids=()
+echo "cluster: accuracy device worker $a0, CPU worker $a1"
