@@ -147,6 +147,8 @@ struct psd_chunk_s {
     uint64_t *slot_step;       /* the step the push is for */
     uint64_t *slot_who;        /* who pushed it: psd_conn_who() */
     uint64_t *slot_batch;      /* asp / ssp: the batch it is for (ps_batch_key; 0: none said) */
+    uint64_t *slot_progress;   /* asp / ssp: samples applied before its batch was handed out,
+                                  the lr schedule's position (UINT64_MAX: none said) */
     psd_applied_t *applied;    /* asp / ssp: by rank, the last push applied (a resend of it is
                                   acknowledged, not applied again), and the orphaned batches */
     psd_conn_t **slot_conn;    /* who to acknowledge */

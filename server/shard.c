@@ -52,14 +52,16 @@ static psd_chunk_t *chunk_new(psd_server_t *srv, uint32_t t, uint32_t c, uint32_
     ch->slot_step = calloc(w, sizeof *ch->slot_step);
     ch->slot_who = calloc(w, sizeof *ch->slot_who);
     ch->slot_batch = calloc(w, sizeof *ch->slot_batch);
+    ch->slot_progress = calloc(w, sizeof *ch->slot_progress);
     ch->applied = calloc(1, sizeof *ch->applied);
     ch->slot_conn = calloc(w, sizeof *ch->slot_conn);
     ch->slot_ref = calloc(w, sizeof *ch->slot_ref);
     ch->slot_ext = calloc(w, sizeof *ch->slot_ext);
     if (!ch->slot_ext || !ch->slots || !ch->slot_memh || !ch->slot_state || !ch->slot_req || !ch->slot_conn || !ch->slot_ref ||
         !ch->slot_cap || !ch->slot_len || !ch->slot_codec || !ch->slot_crc || !ch->slot_step ||
-        !ch->slot_who || !ch->slot_batch || !ch->applied) {
+        !ch->slot_who || !ch->slot_batch || !ch->slot_progress || !ch->applied) {
         free(ch->slot_step);
+        free(ch->slot_progress);
         free(ch->slot_who);
         free(ch->slot_batch);
         free(ch->applied);
@@ -95,6 +97,7 @@ static void chunk_free(psd_chunk_t *ch)
     free(ch->slot_step);
     free(ch->slot_who);
     free(ch->slot_batch);
+    free(ch->slot_progress);
     free(ch->applied);
     free(ch->slot_conn);
     free(ch->slot_ref);
@@ -1468,6 +1471,7 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
     ch->slot_batch[rank] = !bsp && (msg->flags & PS_FLAG_BATCH)
                                ? ps_batch_key(msg->data_epoch, msg->batch_offset)
                                : 0;
+    ch->slot_progress[rank] = msg->flags & PS_FLAG_PROGRESS ? msg->samples : UINT64_MAX;
     ch->slot_conn[rank] = conn;
     psd_conn_ref(conn);
     if (srv->trace) /* a rendezvous receive's span starts now; any other push is an instant */
@@ -1702,7 +1706,14 @@ static void apply_item(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, p
         memcpy(h, old, psd_chunk_bytes(ch->n, srv->nstate));
     for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
         if (ch->slot_state[r] != SLOT_APPLYING || (job->bad[i] >> r & 1)) continue;
-        psk_optim_t o = optim_at(srv, h->version, total);
+        /* The schedule follows the data here too: each push at the samples applied before its
+         * batch was handed out (W workers' pushes of one planned step share a position), or
+         * at the chunk's update count where no batch said it (a plain libps client). */
+        uint64_t pos = ch->slot_progress[r] != UINT64_MAX
+                           ? psk_lr_pos(ch->slot_progress[r], srv->m.job.workers,
+                                        srv->m.job.batch_size)
+                           : h->version;
+        psk_optim_t o = optim_at(srv, pos, total);
         const float *g = (const float *)slot_data(ch, r);
         if (ch->slot_codec[r].kind != PSK_CODEC_NONE) {
             memset(ch->agg, 0, (size_t)ch->n * 4);

@@ -469,6 +469,72 @@ def two_workers_asp(tmp):
           f"loss {loss:.4f}")
 
 
+SCHED = dict(lr=0.5, warmup=4, decay=12, min_lr=0.01)
+
+
+def sched_lr(s):
+    """kernels/optim.h psk_lr_at with SCHED: warm-up lr * (s + 1) / warmup, cosine to min_lr."""
+    if s < SCHED["warmup"]:
+        return SCHED["lr"] * (s + 1) / SCHED["warmup"]
+    pr = min((s - SCHED["warmup"]) / (SCHED["decay"] - SCHED["warmup"]), 1.0)
+    return SCHED["min_lr"] + 0.5 * (SCHED["lr"] - SCHED["min_lr"]) * (1 + math.cos(math.pi * pr))
+
+
+def sched_worker(manifest, out):
+    """psd.Client worker of asp_schedule: gradient 1 on a zero tensor for every batch."""
+    c = psd.Client(manifest)
+    planned = SAMPLES * EPOCHS // (2 * BATCH)
+    tid = c.declare("w", (4,), init="zeros", total_steps=planned)
+    barrier(os.path.dirname(manifest), 2)
+    g = array.array("f", [1.0] * 4)
+    done, pushes = None, 0
+    while True:
+        b = c.next_batch(SAMPLES, done)
+        if b is None:
+            break
+        c.push(tid, g.buffer_info()[0], b.step, keep=g).wait()
+        c.batch_done(b)
+        done, pushes = b, pushes + 1
+    buf = array.array("f", [0.0] * 4)
+    c.pull(tid, buf.buffer_info()[0], 0, keep=buf).wait()
+    c.close()
+    with open(out, "w") as f:
+        json.dump({"pushes": pushes, "final": list(buf)}, f)
+
+
+def asp_schedule(tmp):
+    """asp and ssp: the learning-rate schedule follows the samples applied, as under bsp (a
+    planned step is job.workers x batch_size samples): with two workers the warm-up and the
+    cosine take the whole run. Before, each push moved the schedule one step, so it ran twice
+    as fast: warm-up over after half its samples, min_lr for the second half (sgd with
+    gradient 1 moved 8.6 instead of 16.4 here)."""
+    opt = (f"{{name: sgd, lr: {SCHED['lr']}, schedule: cosine, warmup_steps: {SCHED['warmup']}, "
+           f"decay_steps: {SCHED['decay']}, min_lr: {SCHED['min_lr']}}}")
+    for consistency in ("asp", "ssp"):
+        c = Cluster(tmp, "sched-" + consistency, 2, consistency=consistency, optimizer=opt)
+        try:
+            outs = [os.path.join(c.dir, f"s{i}.json") for i in range(2)]
+            ws = [subprocess.Popen([sys.executable, __file__, "sched", c.manifest, o])
+                  for o in outs]
+            rcs = [w.wait(timeout=120) for w in ws]
+            assert rcs == [0, 0], f"workers exited with {rcs}"
+        finally:
+            c.stop()
+        r = [json.load(open(o)) for o in outs]
+        pushes = sum(w["pushes"] for w in r)
+        assert pushes == SAMPLES * EPOCHS // BATCH, f"{pushes} pushes"
+        moved = -r[0]["final"][0]
+        by_samples = sum(sched_lr(k // 2) for k in range(pushes))
+        by_pushes = sum(sched_lr(k) for k in range(pushes))
+        # A push's position is the samples applied when its batch was handed out: a batch in
+        # flight beside it may or may not be counted yet, so allow a little either way.
+        assert abs(moved - by_samples) < 0.05 * by_samples, (
+            f"{consistency}: the parameter moved {moved:.4f}: the schedule by samples gives "
+            f"{by_samples:.4f}, one step per push {by_pushes:.4f}")
+        print(f"{consistency} schedule: moved {moved:.4f} (by samples {by_samples:.4f}; one "
+              f"step per push would be {by_pushes:.4f})")
+
+
 def errors(tmp):
     try:
         psd.Client(os.path.join(tmp, "missing.yaml"))
@@ -743,6 +809,9 @@ def main():
     if len(sys.argv) == 4 and sys.argv[1] == "worker":
         worker_main(sys.argv[2], sys.argv[3])
         return
+    if len(sys.argv) == 4 and sys.argv[1] == "sched":
+        sched_worker(sys.argv[2], sys.argv[3])
+        return
     if len(sys.argv) == 4 and sys.argv[1] == "sigint":
         sigint_main(sys.argv[2], sys.argv[3])
         return
@@ -758,6 +827,7 @@ def main():
         worker_killed(tmp)
         worker_paused(tmp)
         two_workers_asp(tmp)
+        asp_schedule(tmp)
         early_break(tmp)
         errors(tmp)
         misuse(tmp)

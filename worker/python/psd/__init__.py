@@ -418,7 +418,8 @@ class Client:
     def declare(self, name, shape, init="zeros", init_arg=0.0, seed=0, total_steps=0):
         """Declare tensor `name` of `shape` (1 to 4 dimensions) on the shards, initialized there
         (init: zeros, normal (std init_arg), uniform (a = init_arg), xavier, constant (every
-        value init_arg)); returns its id."""
+        value init_arg)); returns its id. total_steps: the planned steps, the length of a
+        cosine schedule without optimizer.decay_steps (0: such a schedule never decays)."""
         if not isinstance(name, str) or "\0" in name or not name:
             raise ValueError(f"tensor name {name!r}: a non-empty str without NUL bytes")
         shape = tuple(_uint(f"tensor {name}: dimension {i}", s, 32, 1)
