@@ -2764,6 +2764,24 @@ int ps_client_set_compression(ps_client_t *c, uint32_t id, const ps_compression_
     return 0;
 }
 
+int ps_client_use_job_compression(ps_client_t *c, uint32_t id, const char *name)
+{
+    if (c == NULL || name == NULL) return PS_EINVAL;
+    if (id >= PS_CLIENT_MAX_TENSORS || c->tensors[id] == NULL || c->tensors[id]->nchunks == 0) {
+        snprintf(c->err, sizeof c->err, "tensor %u was not declared by this client", id);
+        return PS_EINVAL;
+    }
+    /* As psworker: the first rule matching the name, else none below min_bytes, else the
+     * job's codec. */
+    const ps_compression_conf_t *cc = &c->m.job.compression;
+    ps_compression_t comp = {
+        .field_mask = PS_COMPRESSION_BLOCK | PS_COMPRESSION_STOCHASTIC | PS_COMPRESSION_FP16_VALUES,
+        .codec = ps_compression_codec_for(cc, name, c->tensors[id]->numel * 4),
+        .error_feedback = cc->error_feedback, .pull = cc->pull, .block = cc->block,
+        .stochastic = cc->stochastic, .fp16_values = cc->fp16_values};
+    return ps_client_set_compression(c, id, &comp);
+}
+
 void ps_client_batch_done(ps_client_t *c, const ps_batch_info_t *done)
 {
     c->leave_done = *done;

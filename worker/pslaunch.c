@@ -22,8 +22,9 @@
 #include "ps/ps_error.h"
 
 static int g_sig; /* SIGINT or SIGTERM once received (forwarded to the workers) */
+static const char *g_device; /* --device, passed on to every worker (NULL: none) */
 
-/* Start worker i: psworker --manifest M [--metrics-out DIR/worker-i.jsonl]. */
+/* Start worker i: psworker --manifest M [--metrics-out DIR/worker-i.jsonl] [--device D]. */
 static pid_t spawn(const char *worker, const char *manifest, const char *metrics_dir, long i)
 {
     char mpath[PATH_MAX];
@@ -36,12 +37,18 @@ static pid_t spawn(const char *worker, const char *manifest, const char *metrics
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
+    const char *args[9] = {"psworker", "--manifest", manifest};
+    int k = 3;
     if (metrics_dir) {
         snprintf(mpath, sizeof mpath, "%s/worker-%ld.jsonl", metrics_dir, i);
-        execl(worker, "psworker", "--manifest", manifest, "--metrics-out", mpath, (char *)NULL);
-    } else {
-        execl(worker, "psworker", "--manifest", manifest, (char *)NULL);
+        args[k++] = "--metrics-out";
+        args[k++] = mpath;
     }
+    if (g_device) {
+        args[k++] = "--device";
+        args[k++] = g_device;
+    }
+    execv(worker, (char *const *)args);
     fprintf(stderr, "pslaunch: exec %s: %s\n", worker, strerror(errno));
     _exit(127);
 }
@@ -177,9 +184,9 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
 static void usage(FILE *f)
 {
     fprintf(f, "usage: pslaunch --manifest FILE --workers N [--metrics-dir DIR] [--respawn N]\n"
-               "                [--psworker PATH]\n"
+               "                [--psworker PATH] [--device cpu|cuda[:N]]\n"
                "       pslaunch --manifest FILE --follow [--poll-ms MS] [--metrics-dir DIR]\n"
-               "                [--psworker PATH]\n"
+               "                [--psworker PATH] [--device cpu|cuda[:N]]\n"
                "Start N psworker processes; with --metrics-dir, worker i writes\n"
                "DIR/worker-i.jsonl (DIR is made if missing). With --respawn N, a worker that\n"
                "dies (a signal or a non-zero exit other than 2, psworker's code for a manifest\n"
@@ -188,7 +195,8 @@ static void usage(FILE *f)
                "With --follow, start and stop (SIGTERM) workers as the coordinator says until\n"
                "the job has the number `psctl scale` set (initially job.workers); exits 0 when\n"
                "the job is complete and its workers have exited, 2 when a worker refuses its\n"
-               "manifest (exit 2) or shard 0 serves another cluster.\n");
+               "manifest (exit 2) or shard 0 serves another cluster.\n"
+               "--device is passed on to every worker (psworker --device).\n");
 }
 
 int main(int argc, char **argv)
@@ -200,13 +208,26 @@ int main(int argc, char **argv)
                                          {"respawn", required_argument, 0, 'r'},
                                          {"follow", no_argument, 0, 'f'},
                                          {"poll-ms", required_argument, 0, 'p'},
+                                         {"device", required_argument, 0, 'D'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     const char *manifest = NULL, *metrics_dir = NULL, *worker = NULL;
     long n = -1, respawn = 0, poll_ms = 250;
     int o, follow_mode = 0, poll_set = 0;
-    while ((o = getopt_long(argc, argv, "m:n:d:w:r:fp:h", opts, NULL)) != -1) {
+    while ((o = getopt_long(argc, argv, "m:n:d:w:r:fp:D:h", opts, NULL)) != -1) {
         switch (o) {
+        case 'D': {
+            /* Checked here as psworker checks it, so that a typo fails once, not per worker. */
+            const char *d = optarg;
+            size_t digits = strncmp(d, "cuda:", 5) == 0 ? strspn(d + 5, "0123456789") : 0;
+            if (strcmp(d, "cpu") != 0 && strcmp(d, "cuda") != 0 &&
+                (digits == 0 || digits > 4 || d[5 + digits] != '\0')) {
+                fprintf(stderr, "pslaunch: --device %s: expected cpu, cuda or cuda:N\n", d);
+                return 2;
+            }
+            g_device = d;
+            break;
+        }
         case 'f': follow_mode = 1; break;
         case 'p': {
             char *end;

@@ -190,7 +190,7 @@ END_TEST
  * to another member), a replacement joins as a new member, and every worker reaches the last
  * step. --metrics-dir names a directory two levels down that does not exist yet: pslaunch
  * makes it (before, every worker failed to open its metrics file and pslaunch exited 1). A
- * metrics dir that is a file is one error naming it. */
+ * metrics dir that is a file is one error naming it. --device is passed on to the workers. */
 START_TEST(test_worker_killed_and_replaced)
 {
     cl_conf_t k = {.shards = 2, .workers = 3, .optimizer = "{name: sgd, lr: 0.05}",
@@ -206,8 +206,21 @@ START_TEST(test_worker_killed_and_replaced)
     cl_proc_t *refused = cl_spawn(c, "pslaunch-bad", bad);
     EXPECT_EXIT(refused, 1);
     EXPECT_LOG(refused, "manifest-as-dir: Not a directory");
+    /* --device goes to every worker: a name psworker would refuse is refused once, here; a
+     * device this host lacks is each worker's exit 2, with its reason. */
+    char *bad_dev[] = {(char *)cl_binary("PSLAUNCH"), "--manifest", c->manifest, "--workers", "3",
+                       "--device", "gpu0", NULL};
+    refused = cl_spawn(c, "pslaunch-bad-device", bad_dev);
+    EXPECT_EXIT(refused, 2);
+    EXPECT_LOG(refused, "pslaunch: --device gpu0: expected cpu, cuda or cuda:N");
+    char *no_dev[] = {(char *)cl_binary("PSLAUNCH"), "--manifest", c->manifest, "--workers", "1",
+                      "--device", "cuda:1000", NULL};
+    refused = cl_spawn(c, "pslaunch-no-device", no_dev);
+    EXPECT_EXIT(refused, 1);
+    EXPECT_LOG(refused, "psworker: --device cuda:1000: ");
+    EXPECT_LOG(refused, "exited with 2");
     char *argv[] = {(char *)cl_binary("PSLAUNCH"), "--manifest", c->manifest, "--workers", "3",
-                    "--respawn", "2", "--metrics-dir", metrics, NULL};
+                    "--respawn", "2", "--metrics-dir", metrics, "--device", "cpu", NULL};
     cl_proc_t *launch = cl_spawn(c, "pslaunch", argv);
     ck_assert_msg(cl_wait_log(launch, "joined at step", RUN_S) == 0, "no worker joined: %s",
                   cl_tail(launch));

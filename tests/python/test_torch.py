@@ -18,6 +18,7 @@ import re
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -75,7 +76,7 @@ class Cluster:
     """Two psd shards of a fresh manifest in a temp dir; stop() ends them (SIGTERM, exit 0)."""
 
     def __init__(self, tmp, name, workers, metrics=False, schedule="constant",
-                 consistency="bsp", optimizer=None):
+                 consistency="bsp", optimizer=None, job_extra=""):
         self.dir = os.path.join(tmp, name)
         os.makedirs(self.dir)
         self.manifest = os.path.join(self.dir, "manifest.yaml")
@@ -95,7 +96,8 @@ class Cluster:
             f.write(f"job:\n  model: mlp\n  batch_size: {BATCH}\n  epochs: {EPOCHS}\n"
                     f"  workers: {workers}\n  consistency: {consistency}\n"
                     f"  heartbeat_timeout_ms: 600\n"
-                    f"  optimizer: {optimizer or f'{{name: sgd, lr: {LR}, schedule: {schedule}}}'}\n")
+                    f"  optimizer: {optimizer or f'{{name: sgd, lr: {LR}, schedule: {schedule}}}'}\n"
+                    + job_extra)
         self.procs = []
         for i in range(2):
             log = open(os.path.join(self.dir, f"psd{i}.log"), "w")
@@ -526,13 +528,64 @@ def asp_schedule(tmp):
         moved = -r[0]["final"][0]
         by_samples = sum(sched_lr(k // 2) for k in range(pushes))
         by_pushes = sum(sched_lr(k) for k in range(pushes))
-        # A push's position is the samples applied when its batch was handed out: a batch in
-        # flight beside it may or may not be counted yet, so allow a little either way.
-        assert abs(moved - by_samples) < 0.05 * by_samples, (
+        # A push's position is the samples applied when its batch was handed out: the other
+        # worker's batch in flight may or may not be counted yet (a step's lag, 6 % of this
+        # short run seen under ssp), so allow 15 %; one step per push is 48 % off.
+        assert abs(moved - by_samples) < 0.15 * by_samples, (
             f"{consistency}: the parameter moved {moved:.4f}: the schedule by samples gives "
             f"{by_samples:.4f}, one step per push {by_pushes:.4f}")
         print(f"{consistency} schedule: moved {moved:.4f} (by samples {by_samples:.4f}; one "
               f"step per push would be {by_pushes:.4f})")
+
+
+def binding_compression(tmp):
+    """psd.Client (and so psd.torch) compresses as the manifest's job.compression says, as
+    psworker does: with topk:0.01 a step moves at most k values of each chunk (11 + 11 + 10 of a
+    3000-value tensor in 1024-value chunks). declare(compress=False) pushes float32 (every value
+    moves); set_compression changes a tensor's codec. Before, job.compression was ignored:
+    every value moved."""
+    comp = '  compression: {codec: "topk:0.01", error_feedback: false, min_bytes: 0}\n'
+    c = Cluster(tmp, "compression", 1, optimizer="{name: sgd, lr: 1.0}", job_extra=comp)
+    try:
+        cl = psd.Client(c.manifest)
+        n = 3000
+        tc = cl.declare("c", (n,))
+        tr = cl.declare("r", (n,), compress=False)
+        th = cl.declare("h", (n,), compress=False)
+        cl.set_compression(th, "fp16", error_feedback=False)
+        try:
+            cl.set_compression(th, "topk:2")
+            raise AssertionError("a codec topk:2 was taken")
+        except psd.PsError as e:
+            assert "unknown codec 'topk:2'" in str(e), str(e)
+        rng = random.Random(5)
+        g = array.array("f", [rng.uniform(-1, 1) + 1e-3 for _ in range(n)])
+        done, steps = None, 3
+        for _ in range(steps):
+            b = cl.next_batch(SAMPLES, done)
+            for t in (tc, tr, th):
+                cl.push(t, g.buffer_info()[0], b.step, keep=g).wait()
+            cl.batch_done(b)
+            done = b
+        out = {}
+        for name, t in (("c", tc), ("r", tr), ("h", th)):
+            buf = array.array("f", [0.0] * n)
+            cl.pull(t, buf.buffer_info()[0], done.step + 1, keep=buf).wait()
+            out[name] = buf
+        cl.close()
+    finally:
+        c.stop()
+    moved = sum(v != 0.0 for v in out["c"])
+    assert 0 < moved <= steps * (11 + 11 + 10), f"topk:0.01 moved {moved} of {n} values"
+    assert all(v != 0.0 for v in out["r"]), "an uncompressed push left values unmoved"
+    # fp16: each value moved by 3 x the gradient rounded to fp16, not by the float32 one.
+    h16 = struct.unpack(f"{n}e", struct.pack(f"{n}e", *g))
+    want = [-3.0 * x for x in h16]
+    worst = max(abs(a - b) for a, b in zip(out["h"], want))
+    assert worst < 1e-5, f"fp16 pushes: {worst} off the fp16-rounded gradient"
+    assert any(abs(a + 3.0 * b) > 1e-4 for a, b in zip(out["h"], g)), "fp16 changed nothing"
+    print(f"binding compression: topk:0.01 moved {moved} of {n} values, float32 all of them, "
+          f"fp16 by the rounded gradient")
 
 
 def errors(tmp):
@@ -828,6 +881,7 @@ def main():
         worker_paused(tmp)
         two_workers_asp(tmp)
         asp_schedule(tmp)
+        binding_compression(tmp)
         early_break(tmp)
         errors(tmp)
         misuse(tmp)

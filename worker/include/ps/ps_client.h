@@ -186,6 +186,15 @@ typedef struct {
 int ps_client_set_compression(ps_client_t *c, uint32_t id, const ps_compression_t *cfg);
 
 /**
+ * @brief Compress tensor @p id as the manifest's job.compression says for a tensor named
+ * @p name of its size (the first matching rule, else none below min_bytes, else the job's
+ * codec), as psworker does for each of its tensors.
+ * @param name the name @p id was declared with (the rules match names); borrowed.
+ * @return as ps_client_set_compression.
+ */
+int ps_client_use_job_compression(ps_client_t *c, uint32_t id, const char *name);
+
+/**
  * @brief Push the gradient of tensor @p id for @p step (asynchronous).
  * @param grad numel floats; borrowed: must stay unchanged until the handle completes.
  * @param[out] op the handle to ps_op_wait on.

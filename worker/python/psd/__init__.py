@@ -46,6 +46,13 @@ class _Desc(ctypes.Structure):
                 ("total_steps", ctypes.c_uint64)]
 
 
+class _Compression(ctypes.Structure):
+    _fields_ = [("field_mask", ctypes.c_uint64), ("codec", ctypes.c_char_p),
+                ("error_feedback", ctypes.c_int), ("pull", ctypes.c_char_p),
+                ("block", ctypes.c_uint32), ("stochastic", ctypes.c_int),
+                ("fp16_values", ctypes.c_int)]
+
+
 class _BatchInfo(ctypes.Structure):
     _fields_ = [("step", ctypes.c_uint64), ("pass_", ctypes.c_uint64), ("offset", ctypes.c_uint64),
                 ("count", ctypes.c_uint32), ("members", ctypes.c_uint32), ("epoch", ctypes.c_uint64),
@@ -94,6 +101,8 @@ def library():
         "ps_client_join_step": (U64, [P]),
         "ps_client_job": (None, [P, ctypes.POINTER(_JobInfo)]),
         "ps_client_declare": (I, [P, ctypes.POINTER(_Desc), ctypes.POINTER(U32)]),
+        "ps_client_set_compression": (I, [P, U32, ctypes.POINTER(_Compression)]),
+        "ps_client_use_job_compression": (I, [P, U32, ctypes.c_char_p]),
         "ps_client_push": (I, [P, U32, P, U64, ctypes.POINTER(P)]),
         "ps_client_push_none": (I, [P, U32, U64, ctypes.POINTER(P)]),
         "ps_client_pull": (I, [P, U32, P, U64, ctypes.POINTER(P)]),
@@ -415,11 +424,14 @@ class Client:
         with self._call() as h:
             return library().ps_client_shards(h)
 
-    def declare(self, name, shape, init="zeros", init_arg=0.0, seed=0, total_steps=0):
+    def declare(self, name, shape, init="zeros", init_arg=0.0, seed=0, total_steps=0,
+                compress=True):
         """Declare tensor `name` of `shape` (1 to 4 dimensions) on the shards, initialized there
         (init: zeros, normal (std init_arg), uniform (a = init_arg), xavier, constant (every
         value init_arg)); returns its id. total_steps: the planned steps, the length of a
-        cosine schedule without optimizer.decay_steps (0: such a schedule never decays)."""
+        cosine schedule without optimizer.decay_steps (0: such a schedule never decays).
+        compress: its pushes (and pulls) use the manifest's job.compression for its name and
+        size, as psworker's do; False: float32 (set_compression changes it later)."""
         if not isinstance(name, str) or "\0" in name or not name:
             raise ValueError(f"tensor name {name!r}: a non-empty str without NUL bytes")
         shape = tuple(_uint(f"tensor {name}: dimension {i}", s, 32, 1)
@@ -438,11 +450,30 @@ class Client:
             d.shape[i] = s
         tid = ctypes.c_uint32()
         self._do(library().ps_client_declare, ctypes.byref(d), ctypes.byref(tid))
+        if compress:
+            self._do(library().ps_client_use_job_compression, tid.value, name.encode())
         n = 1
         for s in shape:
             n *= s
         self._numel[tid.value] = n
         return tid.value
+
+    def set_compression(self, tid, codec="none", error_feedback=True, pull=None, block=None,
+                        stochastic=False, fp16_values=False):
+        """Compress tensor `tid`'s pushes with `codec` ("none", "fp16", "bf16", "int8", "sign",
+        "topk:F", "randomk:F"), keeping what it dropped for the next push with
+        `error_feedback`, and its pulls with `pull` (None, "fp16" or "bf16"); `block`: int8 and
+        sign values per scale (None: 256); `stochastic`: int8 rounding; `fp16_values`: topk and
+        randomk values. Only between operations on the tensor (PsError EBUSY otherwise)."""
+        c = _Compression(field_mask=2 | 4, codec=str(codec).encode(),
+                         error_feedback=int(bool(error_feedback)),
+                         pull=None if pull is None else str(pull).encode(),
+                         stochastic=int(bool(stochastic)), fp16_values=int(bool(fp16_values)))
+        if block is not None:
+            c.field_mask |= 1
+            c.block = _uint("block", block, 32)
+        self._do(library().ps_client_set_compression, _uint("tensor id", tid, 32),
+                 ctypes.byref(c))
 
     def _pin(self, what, tid, addr, keep, write):
         """Checks a push's or pull's tensor and buffer; returns what the Op keeps: for `keep`
