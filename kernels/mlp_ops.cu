@@ -51,7 +51,7 @@ __global__ static void softmax_xent_k(float *z, const uint8_t *y, uint32_t B, ui
     for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < B; i += gridDim.x * blockDim.x) {
         float *zi = z + (size_t)i * C;
         uint32_t yi = y[i];
-        if (yi >= C) { /* the reference asserts; here the row says so by its loss */
+        if (yi >= C) { /* no such class: the row says so by its loss, and moves nothing */
             loss[i] = nan("");
             for (uint32_t j = 0; j < C; j++)
                 zi[j] = 0.0f;

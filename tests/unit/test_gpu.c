@@ -2,7 +2,12 @@
  * rtol * |ref|): gpu.h's row-major sgemm against cblas, kernels/mlp_ops.h, and the mlp's
  * train_step and eval on a device against the same model on the CPU. Skipped, saying why, where
  * no CUDA device is usable (or the build has no CUDA). Runs without fork: CUDA started in the
- * runner would not survive Check's fork. */
+ * runner would not survive Check's fork.
+ *
+ * Built twice: test_gpu on the real device (gpu.cu), and test_gpu_emu (PSK_GPU_EMU) on
+ * kernels/gpu_emu.c's host "device", where the twins are the references themselves but
+ * worker/mlp.c's device path runs for real with every device pointer checked; that one runs
+ * everywhere, and adds the cases only an emulation can stage (allocations that fail). */
 #include <cblas.h>
 #include <check.h>
 #include <math.h>
@@ -299,6 +304,53 @@ START_TEST(test_no_such_device)
 }
 END_TEST
 
+#ifdef PSK_GPU_EMU
+void psk_gpu_emu_fail_alloc(int nth);
+int psk_gpu_emu_live(void);
+
+START_TEST(test_use_gpu_out_of_memory)
+{
+    /* Each of ps_mlp_use_gpu's five device allocations failing in turn: PS_ENOMEM naming what
+     * it was for, nothing left allocated, and the model still on the CPU, training as before. */
+    const uint32_t sizes[] = {6, 9, 4}, B = 8;
+    float x[8 * 6];
+    uint8_t y[8];
+    uint64_t s = 3;
+    fill(x, sizeof x / sizeof x[0], 1.0f, &s);
+    for (uint32_t i = 0; i < B; i++)
+        y[i] = (uint8_t)(rng_next(&s) % 4);
+    for (int nth = 1; nth <= 5; nth++) {
+        ps_mlp_t m, ref;
+        ck_assert_int_eq(ps_mlp_create(&m, sizes, 3, B), 0);
+        ck_assert_int_eq(ps_mlp_create(&ref, sizes, 3, B), 0);
+        ps_mlp_init_params(&m, 1);
+        ps_mlp_init_params(&ref, 1);
+        int live = psk_gpu_emu_live();
+        char err[256] = "";
+        psk_gpu_emu_fail_alloc(nth);
+        ck_assert_int_eq(ps_mlp_use_gpu(&m, 0, err, sizeof err), PS_ENOMEM);
+        ck_assert_msg(strstr(err, "cannot allocate the model's") != NULL, "%s", err);
+        ck_assert_ptr_null(m.gpu);
+        ck_assert_int_eq(psk_gpu_emu_live(), live);
+        ck_assert(ps_mlp_train_step(&m, x, y, B, NULL, NULL) ==
+                  ps_mlp_train_step(&ref, x, y, B, NULL, NULL));
+        ck_assert_mem_eq(m.grads[0], ref.grads[0], m.nparams * sizeof(float));
+        ps_mlp_destroy(&m);
+        ps_mlp_destroy(&ref);
+    }
+    /* And a model on the device gives all of it back. */
+    ps_mlp_t m;
+    int live = psk_gpu_emu_live();
+    ck_assert_int_eq(ps_mlp_create(&m, sizes, 3, B), 0);
+    char err[256];
+    ck_assert_int_eq(ps_mlp_use_gpu(&m, 0, err, sizeof err), 0);
+    ck_assert_int_eq(psk_gpu_emu_live(), live + 5);
+    ps_mlp_destroy(&m);
+    ck_assert_int_eq(psk_gpu_emu_live(), live);
+}
+END_TEST
+#endif
+
 const char *ps_test_setup(SRunner *sr)
 {
     static char why[512];
@@ -321,6 +373,9 @@ Suite *ps_test_suite(void)
     tcase_add_test(tc, test_mlp_train_step_matches_cpu);
     tcase_add_test(tc, test_mlp_eval_matches_cpu);
     tcase_add_test(tc, test_no_such_device);
+#ifdef PSK_GPU_EMU
+    tcase_add_test(tc, test_use_gpu_out_of_memory);
+#endif
     suite_add_tcase(s, tc);
     return s;
 }
