@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# verify.sh [BUILD_DIR]: psworker --device cuda end to end, where a CUDA device is usable (exit
-# 77, "skipped: no GPU", elsewhere).
+# verify.sh [BUILD_DIR [emu]]: psworker --device cuda end to end, where a CUDA device is usable
+# (exit 77, "skipped: no GPU", elsewhere). With "emu": the device runs are psworker_emu's, on
+# kernels/gpu_emu.c's host emulation (no GPU needed; the twins are the references there).
 #   1. The same job trained alone (--local) on the CPU and on the device: the same number of
 #      steps, and final test accuracies within 0.02 of each other.
 #   2. A bsp job on one psd shard with two workers, one on the device and one on the CPU: both
@@ -11,7 +12,12 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build=$(cd "${1:-$root/build}" && pwd)
 psd=$build/server/psd
 psworker=$build/worker/psworker
-if out=$("$build/tests/test_gpu" 2>&1) && grep -q '^1\.\.0 # SKIP' <<< "$out"; then
+psworker_dev=$psworker
+device_name="CUDA device 0"
+if [ "${2:-}" = emu ]; then
+    psworker_dev=$build/worker/psworker_emu
+    device_name="CUDA device 0 (host emulation)"
+elif out=$("$build/tests/test_gpu" 2>&1) && grep -q '^1\.\.0 # SKIP' <<< "$out"; then
     echo "skipped: ${out#1..0 # SKIP }"
     exit 77
 fi
@@ -43,9 +49,9 @@ M
 accuracy() { sed -n 's/.*final test accuracy \([0-9.]*\) after \([0-9]*\) steps.*/\1 \2/p' "$1"; }
 
 "$psworker" --manifest "$tmp/m.yaml" --local > "$tmp/cpu.log" 2>&1 || fail "--local on the CPU"
-"$psworker" --manifest "$tmp/m.yaml" --local --device cuda > "$tmp/gpu.log" 2>&1 ||
+"$psworker_dev" --manifest "$tmp/m.yaml" --local --device cuda > "$tmp/gpu.log" 2>&1 ||
     fail "--local --device cuda"
-grep -q "computing on CUDA device 0" "$tmp/gpu.log" || fail "the device run does not say so"
+grep -qF "computing on $device_name" "$tmp/gpu.log" || fail "the device run does not say so"
 read -r acpu scpu <<< "$(accuracy "$tmp/cpu.log")"
 read -r agpu sgpu <<< "$(accuracy "$tmp/gpu.log")"
 [ -n "$acpu" ] && [ -n "$agpu" ] && [ "$scpu" = "$sgpu" ] || fail "no final accuracy, or other step counts"
@@ -57,7 +63,7 @@ echo "local: accuracy CPU $acpu, device $agpu after $scpu steps"
 pids+=($!)
 for _ in $(seq 100); do grep -q "listening on" "$tmp/psd.log" && break; sleep 0.1; done
 grep -q "listening on" "$tmp/psd.log" || fail "psd did not start"
-"$psworker" --manifest "$tmp/m.yaml" --device cuda > "$tmp/w0.log" 2>&1 &
+"$psworker_dev" --manifest "$tmp/m.yaml" --device cuda > "$tmp/w0.log" 2>&1 &
 w0=$!
 "$psworker" --manifest "$tmp/m.yaml" > "$tmp/w1.log" 2>&1 || fail "the CPU worker"
 wait "$w0" || fail "the device worker"
