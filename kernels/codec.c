@@ -286,6 +286,11 @@ static void header_make(uint8_t h[PSK_CODEC_HEADER_BYTES], const psk_codec_t *c,
     st32(h + 8, param);
 }
 
+void psk_codec_header(uint8_t h[PSK_CODEC_HEADER_BYTES], const psk_codec_t *c, size_t n)
+{
+    header_make(h, c, n);
+}
+
 /* ---- sparse values and randomk indices ---- */
 
 /* v[k] (fp32 or fp16) = x[idx[j]] for the k indices at idx (u32, payload bytes). */

@@ -157,6 +157,32 @@ int psk_codec_encode_ef_cpu(uint8_t *out, size_t cap, size_t *len, const float *
  */
 void psk_codec_randomk_indices(uint32_t *idx, uint64_t seed, size_t n, size_t k);
 
+/** @brief The 16-byte header encode writes for (@p c, @p n) (and decode expects); @p c valid. */
+void psk_codec_header(uint8_t h[PSK_CODEC_HEADER_BYTES], const psk_codec_t *c, size_t n);
+
+/*
+ * CUDA twins (codec.cu) of encode, encode with error feedback and decode-add, for the dense
+ * codecs none, fp16, bf16, int8 (nearest and stochastic) and sign: device pointers, work queued
+ * on @p stream (a cudaStream_t), the same payload bytes as the CPU reference, bit for bit
+ * (nvcc builds codec.cu without FMA contraction, as the CPU side is built).
+ *
+ * Encode returns once the work is queued: 0 with *len = psk_codec_max_bytes(c, n); PS_EINVAL
+ * (codec invalid, n > UINT32_MAX, cap too small), PS_ENOTSUP (topk, randomk: encode those on the
+ * host; or a build without CUDA), PS_EIO (a launch failed). A NaN or infinity where the codec
+ * cannot take one (int8, sign) is found on the device: the payload's kind byte becomes 0xff, so
+ * psk_codec_check (on the host copy, after the stream completes) refuses it, and with error
+ * feedback the residual is left as it was, as on the CPU.
+ * decode_add_cuda: out[n] += weight * decode(payload) on the device; the payload must have
+ * passed psk_codec_check (the device does not check it); PS_EINVAL for len !=
+ * psk_codec_max_bytes, PS_ENOTSUP for the sparse codecs.
+ */
+int psk_codec_encode_cuda(uint8_t *out, size_t cap, size_t *len, const float *in, size_t n,
+                          const psk_codec_t *c, void *stream);
+int psk_codec_encode_ef_cuda(uint8_t *out, size_t cap, size_t *len, const float *g,
+                             float *residual, size_t n, const psk_codec_t *c, void *stream);
+int psk_codec_decode_add_cuda(float *out, size_t n, const uint8_t *payload, size_t len,
+                              const psk_codec_t *c, float weight, void *stream);
+
 /** @brief The per-push seed workers use for randomk indices and int8 stochastic rounding:
  *  different for every (step, tensor, chunk), the same in every process. */
 static inline uint64_t psk_codec_push_seed(uint64_t step, uint32_t tensor, uint32_t chunk)

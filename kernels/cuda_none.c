@@ -3,6 +3,7 @@
  * carry no #ifdef. */
 #include <stdio.h>
 
+#include "codec.h"
 #include "gpu.h"
 #include "mlp_ops.h"
 #include "ps/ps_error.h"
@@ -68,6 +69,22 @@ int psk_softmax_xent_cuda(float *z, const uint8_t *y, uint32_t B, uint32_t C, do
     return PS_ENOTSUP;
 }
 int psk_colsum_cuda(float *s, const float *d, uint32_t B, uint32_t n, void *stream)
+{
+    return PS_ENOTSUP;
+}
+
+int psk_codec_encode_cuda(uint8_t *out, size_t cap, size_t *len, const float *in, size_t n,
+                          const psk_codec_t *c, void *stream)
+{
+    return PS_ENOTSUP;
+}
+int psk_codec_encode_ef_cuda(uint8_t *out, size_t cap, size_t *len, const float *g,
+                             float *residual, size_t n, const psk_codec_t *c, void *stream)
+{
+    return PS_ENOTSUP;
+}
+int psk_codec_decode_add_cuda(float *out, size_t n, const uint8_t *payload, size_t len,
+                              const psk_codec_t *c, float weight, void *stream)
 {
     return PS_ENOTSUP;
 }

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codec.h"
 #include "gpu.h"
 #include "mlp_ops.h"
 #include "ps/ps_error.h"
@@ -238,4 +239,53 @@ int psk_colsum_cuda(float *s, const float *d, uint32_t B, uint32_t n, void *stre
     need_device("psk_colsum_cuda d", d, (size_t)B * n * 4);
     psk_colsum_cpu(s, d, B, n);
     return 0;
+}
+
+/* The codecs: the CPU reference on the "device" memory, with the device's contract (PS_ENOTSUP
+ * for the sparse codecs; non-finite input marked in the payload's kind byte, not returned). */
+static int emu_encode(uint8_t *out, size_t cap, size_t *len, const float *g, float *r, size_t n,
+                      const psk_codec_t *c)
+{
+    size_t bytes = psk_codec_max_bytes(c, n);
+    if (bytes == 0 || cap < bytes)
+        return PS_EINVAL;
+    if (c->kind == PSK_CODEC_TOPK || c->kind == PSK_CODEC_RANDOMK)
+        return PS_ENOTSUP;
+    need_device("psk_codec_encode_cuda out", out, bytes);
+    need_device("psk_codec_encode_cuda in", g, n * 4);
+    if (r != NULL)
+        need_device("psk_codec_encode_ef_cuda residual", r, n * 4);
+    int rc = r != NULL ? psk_codec_encode_ef_cpu(out, cap, len, g, r, n, c, NULL)
+                       : psk_codec_encode_cpu(out, cap, len, g, n, c, NULL);
+    if (rc == PS_EINVAL) { /* a non-finite value: the device marks the payload instead */
+        psk_codec_header(out, c, n);
+        out[0] = 0xff;
+    }
+    *len = bytes;
+    return 0;
+}
+
+int psk_codec_encode_cuda(uint8_t *out, size_t cap, size_t *len, const float *in, size_t n,
+                          const psk_codec_t *c, void *stream)
+{
+    return emu_encode(out, cap, len, in, NULL, n, c);
+}
+
+int psk_codec_encode_ef_cuda(uint8_t *out, size_t cap, size_t *len, const float *g,
+                             float *residual, size_t n, const psk_codec_t *c, void *stream)
+{
+    return emu_encode(out, cap, len, g, residual, n, c);
+}
+
+int psk_codec_decode_add_cuda(float *out, size_t n, const uint8_t *payload, size_t len,
+                              const psk_codec_t *c, float weight, void *stream)
+{
+    size_t bytes = psk_codec_max_bytes(c, n);
+    if (bytes == 0 || len != bytes)
+        return PS_EINVAL;
+    if (c->kind == PSK_CODEC_TOPK || c->kind == PSK_CODEC_RANDOMK)
+        return PS_ENOTSUP;
+    need_device("psk_codec_decode_add_cuda out", out, n * 4);
+    need_device("psk_codec_decode_add_cuda payload", payload, len);
+    return psk_codec_decode_add_cpu(out, n, payload, len, c, weight) == 0 ? 0 : PS_EIO;
 }

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codec.h"
 #include "gpu.h"
 #include "mlp.h"
 #include "mlp_ops.h"
@@ -202,6 +203,105 @@ START_TEST(test_mlp_ops_match_reference)
 }
 END_TEST
 
+/* ---- codecs: the same payload bytes, residuals and sums as the CPU, bit for bit ---- */
+
+START_TEST(test_codecs_match_reference)
+{
+    need_gpu();
+    const size_t n = 10007; /* partial last blocks and bytes */
+    static const struct {
+        const char *name;
+        uint32_t block;
+        int stochastic;
+    } cases[] = {{"none", 0, 0}, {"fp16", 0, 0}, {"bf16", 0, 0}, {"int8", 256, 0},
+                 {"int8", 100, 1}, {"int8", 1, 0}, {"sign", 256, 0}, {"sign", 13, 0}};
+    uint64_t s = 17;
+    float *x = malloc(n * 4), *r0 = malloc(n * 4), *rc = malloc(n * 4), *rg = malloc(n * 4);
+    fill(x, n, 3.0f, &s);
+    fill(r0, n, 0.01f, &s);
+    /* Values fp16 cannot hold, subnormal and tiny ones (int8's tiny-block path), a -0. */
+    x[1] = 70000.0f;
+    x[2] = -1e-6f;
+    x[3] = -0.0f;
+    for (size_t i = 512; i < 768; i++)
+        x[i] = (float)(i % 7) * 1e-39f;
+    float *dg = dev_copy(x, n * 4), *dr;
+    ck_assert_int_eq(psk_gpu_alloc(g, (void **)&dr, n * 4), 0);
+    void *st = psk_gpu_stream(g);
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        psk_codec_t c;
+        ck_assert_int_eq(psk_codec_parse(&c, cases[k].name), 0);
+        if (cases[k].block)
+            c.block = cases[k].block;
+        c.stochastic = cases[k].stochastic;
+        c.seed = 99 + k;
+        size_t cap = psk_codec_max_bytes(&c, n), lc = 0, lg = 0;
+        uint8_t *pc = malloc(cap), *pg = malloc(cap), *dp;
+        ck_assert_int_eq(psk_gpu_alloc(g, (void **)&dp, cap), 0);
+        char what[64];
+        /* plain encode */
+        ck_assert_int_eq(psk_codec_encode_cpu(pc, cap, &lc, x, n, &c, NULL), 0);
+        ck_assert_int_eq(psk_codec_encode_cuda(dp, cap, &lg, dg, n, &c, st), 0);
+        host_copy(pg, dp, cap);
+        ck_assert_uint_eq(lg, lc);
+        size_t i = 0;
+        while (i < cap && pg[i] == pc[i])
+            i++;
+        ck_assert_msg(i == cap, "%s block %u: payload byte %zu is %u on the device, %u on the "
+                      "CPU", cases[k].name, c.block, i, i < cap ? pg[i] : 0, i < cap ? pc[i] : 0);
+        /* decode-add of that payload onto the residual's values */
+        memcpy(rc, r0, n * 4);
+        ck_assert_int_eq(psk_gpu_upload(g, dr, r0, n * 4), 0);
+        ck_assert_int_eq(psk_codec_decode_add_cpu(rc, n, pc, lc, &c, 0.5f), 0);
+        ck_assert_int_eq(psk_codec_decode_add_cuda(dr, n, dp, lc, &c, 0.5f, st), 0);
+        host_copy(rg, dr, n * 4);
+        snprintf(what, sizeof what, "%s block %u decode_add", cases[k].name, c.block);
+        ck_assert_msg(memcmp(rg, rc, n * 4) == 0, "%s differs", what);
+        /* with error feedback: payload and residual */
+        memcpy(rc, r0, n * 4);
+        ck_assert_int_eq(psk_gpu_upload(g, dr, r0, n * 4), 0);
+        ck_assert_int_eq(psk_codec_encode_ef_cpu(pc, cap, &lc, x, rc, n, &c, NULL), 0);
+        ck_assert_int_eq(psk_codec_encode_ef_cuda(dp, cap, &lg, dg, dr, n, &c, st), 0);
+        host_copy(pg, dp, cap);
+        ck_assert_msg(memcmp(pg, pc, cap) == 0, "%s block %u: error-feedback payloads differ",
+                      cases[k].name, c.block);
+        host_copy(rg, dr, n * 4);
+        ck_assert_msg(memcmp(rg, rc, n * 4) == 0, "%s block %u: residuals differ",
+                      cases[k].name, c.block);
+        psk_gpu_free(g, dp);
+        free(pc);
+        free(pg);
+    }
+    /* A NaN where int8 cannot take one: the payload is marked (the check refuses it) and the
+     * residual stays as it was. */
+    psk_codec_t c;
+    ck_assert_int_eq(psk_codec_parse(&c, "int8"), 0);
+    size_t cap = psk_codec_max_bytes(&c, n), len = 0;
+    uint8_t *p = malloc(cap), *dp;
+    ck_assert_int_eq(psk_gpu_alloc(g, (void **)&dp, cap), 0);
+    x[4000] = nanf("");
+    ck_assert_int_eq(psk_gpu_upload(g, dg, x, n * 4), 0);
+    ck_assert_int_eq(psk_gpu_upload(g, dr, r0, n * 4), 0);
+    ck_assert_int_eq(psk_codec_encode_ef_cuda(dp, cap, &len, dg, dr, n, &c, st), 0);
+    host_copy(p, dp, cap);
+    ck_assert_int_eq(p[0], 0xff);
+    ck_assert_int_ne(psk_codec_check(p, len, n, &c), 0);
+    host_copy(rg, dr, n * 4);
+    ck_assert_msg(memcmp(rg, r0, n * 4) == 0, "the residual changed");
+    /* The sparse codecs are the host's. */
+    ck_assert_int_eq(psk_codec_parse(&c, "topk:0.1"), 0);
+    ck_assert_int_eq(psk_codec_encode_cuda(dp, cap, &len, dg, n, &c, st), PS_ENOTSUP);
+    psk_gpu_free(g, dp);
+    psk_gpu_free(g, dg);
+    psk_gpu_free(g, dr);
+    free(p);
+    free(x);
+    free(r0);
+    free(rc);
+    free(rg);
+}
+END_TEST
+
 /* ---- the mlp on a device ---- */
 
 static int order_cpu[32], order_gpu[32], n_cpu, n_gpu;
@@ -370,6 +470,7 @@ Suite *ps_test_suite(void)
     TCase *tc = tcase_create("twins");
     tcase_add_test(tc, test_sgemm_matches_cblas);
     tcase_add_test(tc, test_mlp_ops_match_reference);
+    tcase_add_test(tc, test_codecs_match_reference);
     tcase_add_test(tc, test_mlp_train_step_matches_cpu);
     tcase_add_test(tc, test_mlp_eval_matches_cpu);
     tcase_add_test(tc, test_no_such_device);

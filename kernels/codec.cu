@@ -1,0 +1,394 @@
+/* codec.cu: the CUDA twin of codec.c's dense codecs (none, fp16, bf16, int8, sign): encode,
+ * encode with error feedback, decode-add. The conversions are codec.c's bit-exact functions
+ * ported as they are, and the arithmetic is the same operations in the same order (nvcc
+ * -fmad=false, as the CPU side is built with -ffp-contract=off), so the payloads are the CPU's
+ * byte for byte.
+ *
+ * Non-finite input (int8, sign): the header's last word (zero in the format) serves as a flag
+ * on the device: nonfinite_k sets it, every later kernel of the call does nothing when it is
+ * set, and seal_k turns it into an invalid kind byte (0xff) and clears it. */
+#include <cuda_runtime.h>
+#include <float.h>
+#include <math.h>
+
+extern "C" {
+#include "codec.h"
+#include "hash.h"
+#include "ps/ps_error.h"
+}
+
+static const int threads = 256;
+
+static unsigned blocks_for(size_t n)
+{
+    size_t b = (n + threads - 1) / threads;
+    return (unsigned)(b < 65535 ? (b > 0 ? b : 1) : 65535);
+}
+
+/* ---- codec.c's conversions, on the device ---- */
+
+__device__ static inline uint32_t f32_bits(float f)
+{
+    return __float_as_uint(f);
+}
+
+__device__ static inline float f32_from_bits(uint32_t u)
+{
+    return __uint_as_float(u);
+}
+
+__device__ static inline uint16_t f16_from_f32(float f)
+{
+    uint32_t w = f32_bits(f);
+    uint32_t shl1 = w + w;
+    uint32_t sign = w & 0x80000000u;
+    float base = __fmul_rn(__fmul_rn(fabsf(f), 0x1.0p+112f), 0x1.0p-110f);
+    uint32_t bias = shl1 & 0xff000000u;
+    bias = bias < 0x71000000u ? 0x71000000u : bias;
+    base = __fadd_rn(f32_from_bits((bias >> 1) + 0x07800000u), base);
+    uint32_t bits = f32_bits(base);
+    uint32_t nonsign = ((bits >> 13) & 0x7c00u) + (bits & 0x0fffu);
+    uint32_t nan = 0u - (uint32_t)(shl1 > 0xff000000u);
+    return (uint16_t)((sign >> 16) | (0x7e00u & nan) | (nonsign & ~nan));
+}
+
+__device__ static inline float f32_from_f16(uint16_t h)
+{
+    uint32_t w = (uint32_t)h << 16;
+    uint32_t sign = w & 0x80000000u;
+    uint32_t two_w = w + w;
+    float normal = __fmul_rn(f32_from_bits((two_w >> 4) + (0xe0u << 23)), 0x1.0p-112f);
+    float subnormal = __fsub_rn(f32_from_bits((two_w >> 17) | (126u << 23)), 0.5f);
+    uint32_t sub = 0u - (uint32_t)(two_w < (1u << 27));
+    return f32_from_bits(sign | (f32_bits(subnormal) & sub) | (f32_bits(normal) & ~sub));
+}
+
+__device__ static inline uint16_t bf16_from_f32(float f)
+{
+    uint32_t u = f32_bits(f);
+    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    uint32_t nan = (u >> 16) | 0x0040u;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
+
+__device__ static inline float f32_from_bf16(uint16_t h)
+{
+    return f32_from_bits((uint32_t)h << 16);
+}
+
+__device__ static inline uint32_t hash32(uint32_t x)
+{
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    x ^= x >> 16;
+    return x;
+}
+
+/* Little-endian stores and loads at any alignment (the payload is a byte stream). */
+__device__ static inline void st16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+
+__device__ static inline uint16_t ld16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | p[1] << 8);
+}
+
+__device__ static inline void st32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+    p[2] = (uint8_t)(v >> 16);
+    p[3] = (uint8_t)(v >> 24);
+}
+
+__device__ static inline uint32_t ld32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* The flag in the header's last word (see the top of the file). */
+__device__ static inline bool flagged(const uint8_t *out)
+{
+    return ld32(out + 12) != 0;
+}
+
+#define FOR_EACH(i, n)                                                                      \
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n);                 \
+         i += (size_t)gridDim.x * blockDim.x)
+
+/* ---- kernels ---- */
+
+struct header {
+    uint8_t b[PSK_CODEC_HEADER_BYTES];
+};
+
+__global__ static void header_k(uint8_t *out, header h)
+{
+    if (threadIdx.x < PSK_CODEC_HEADER_BYTES)
+        out[threadIdx.x] = h.b[threadIdx.x];
+}
+
+__global__ static void nonfinite_k(uint8_t *out, const float *x, size_t n)
+{
+    bool bad = false;
+    FOR_EACH(i, n)
+    bad |= (f32_bits(x[i]) & 0x7fffffffu) >= 0x7f800000u;
+    if (bad)
+        out[12] = 1; /* any nonzero value flags it; racing writers write the same */
+}
+
+__global__ static void seal_k(uint8_t *out)
+{
+    if (flagged(out))
+        out[0] = 0xff;
+    st32(out + 12, 0);
+}
+
+/* none, fp16, bf16 (kind), element-wise; with r: x = g + r, r = x + (-1 * decode(x)). */
+__global__ static void dense_k(uint8_t *out, const float *g, float *r, size_t n, int kind)
+{
+    uint8_t *body = out + PSK_CODEC_HEADER_BYTES;
+    FOR_EACH(i, n) {
+        float x = r != NULL ? __fadd_rn(r[i], g[i]) : g[i];
+        float d;
+        if (kind == PSK_CODEC_FP16) {
+            uint16_t h = f16_from_f32(x);
+            st16(body + 2 * i, h);
+            d = f32_from_f16(h);
+        } else if (kind == PSK_CODEC_BF16) {
+            uint16_t h = bf16_from_f32(x);
+            st16(body + 2 * i, h);
+            d = f32_from_bf16(h);
+        } else {
+            st32(body + 4 * i, f32_bits(x));
+            d = x;
+        }
+        if (r != NULL)
+            r[i] = __fadd_rn(x, __fmul_rn(-1.0f, d));
+    }
+}
+
+/* x = g + r into r, unless flagged (int8 and sign take x from r afterwards). */
+__global__ static void add_k(const uint8_t *out, const float *g, float *r, size_t n)
+{
+    if (flagged(out))
+        return;
+    FOR_EACH(i, n)
+    r[i] = __fadd_rn(r[i], g[i]);
+}
+
+/* int8: one thread block per codec block. x is the input (r after add_k with error feedback);
+ * with ef, r = x + ((-1 * scale) * q) after. */
+__global__ static void int8_k(uint8_t *out, const float *x, float *r, size_t n, uint32_t block,
+                              int stochastic, uint32_t key)
+{
+    if (flagged(out))
+        return;
+    __shared__ uint32_t red[threads];
+    size_t b = blockIdx.x, s = b * block, nb = (n + block - 1) / block;
+    size_t len = n - s < block ? n - s : block;
+    uint8_t *scales = out + PSK_CODEC_HEADER_BYTES, *q = scales + 4 * nb;
+    uint32_t mk = 0;
+    for (size_t i = threadIdx.x; i < len; i += blockDim.x) {
+        uint32_t k = f32_bits(x[s + i]) & 0x7fffffffu;
+        mk = k > mk ? k : mk;
+    }
+    red[threadIdx.x] = mk;
+    __syncthreads();
+    for (unsigned w = blockDim.x / 2; w > 0; w /= 2) {
+        if (threadIdx.x < w && red[threadIdx.x + w] > red[threadIdx.x])
+            red[threadIdx.x] = red[threadIdx.x + w];
+        __syncthreads();
+    }
+    float m = f32_from_bits(red[0]); /* finite: nonfinite_k ran before */
+    float scale = __fdiv_rn(m, 127.0f);
+    if (scale < FLT_MIN && (double)scale * 127.0 < (double)m)
+        scale = nextafterf(scale, INFINITY);
+    if (threadIdx.x == 0)
+        st32(scales + 4 * b, f32_bits(scale));
+    float inv = m >= 0x1.0p-100f ? __fdiv_rn(127.0f, m) : 0.0f;
+    float sw = __fmul_rn(-1.0f, scale);
+    for (size_t i = threadIdx.x; i < len; i += blockDim.x) {
+        float xv = x[s + i];
+        int32_t v;
+        if (m >= 0x1.0p-100f && stochastic) {
+            float u = __fmul_rn((float)(hash32((uint32_t)(s + i) ^ key) >> 8), 0x1.0p-24f);
+            float t = __fadd_rn(__fmul_rn(xv, inv), u);
+            v = (int32_t)__fadd_rn(t, 128.0f) - 128;
+        } else if (m >= 0x1.0p-100f) {
+            float t = __fsub_rn(__fadd_rn(__fmul_rn(xv, inv), 0x1.8p23f), 0x1.8p23f);
+            v = (int32_t)t;
+        } else {
+            double d = scale > 0.0f ? nearbyint((double)xv / (double)scale) : 0.0;
+            v = (int32_t)(d > 127.0 ? 127.0 : d < -127.0 ? -127.0 : d);
+        }
+        v = v > 127 ? 127 : v < -127 ? -127 : v;
+        q[s + i] = (uint8_t)(int8_t)v;
+        if (r != NULL)
+            r[s + i] = __fadd_rn(r[s + i], __fmul_rn(sw, (float)(int8_t)v));
+    }
+}
+
+/* sign, 1: each codec block's scale, mean |x| summed in double over 8 lanes in codec.c's
+ * order (value i into lane i % 8), one thread per codec block. */
+__global__ static void sign_scale_k(uint8_t *out, const float *x, size_t n, uint32_t block)
+{
+    if (flagged(out))
+        return;
+    size_t nb = (n + block - 1) / block;
+    for (size_t b = blockIdx.x * (size_t)blockDim.x + threadIdx.x; b < nb;
+         b += (size_t)gridDim.x * blockDim.x) {
+        size_t s = b * block, len = n - s < block ? n - s : block;
+        double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (size_t i = 0; i < len; i++)
+            acc[i % 8] = __dadd_rn(acc[i % 8], fabs((double)x[s + i]));
+        double sum = __dadd_rn(__dadd_rn(__dadd_rn(acc[0], acc[1]), __dadd_rn(acc[2], acc[3])),
+                               __dadd_rn(__dadd_rn(acc[4], acc[5]), __dadd_rn(acc[6], acc[7])));
+        st32(out + PSK_CODEC_HEADER_BYTES + 4 * b, f32_bits((float)__ddiv_rn(sum, (double)len)));
+    }
+}
+
+/* sign, 2: one thread per byte of sign bits (value i: bit i % 8 of byte i / 8). */
+__global__ static void sign_bits_k(uint8_t *out, const float *x, size_t n, uint32_t block)
+{
+    if (flagged(out))
+        return;
+    size_t nb = (n + block - 1) / block, nbytes = (n + 7) / 8;
+    uint8_t *bits = out + PSK_CODEC_HEADER_BYTES + 4 * nb;
+    FOR_EACH(j, nbytes) {
+        uint32_t v = 0;
+        for (uint32_t l = 0; l < 8 && 8 * j + l < n; l++)
+            v |= (f32_bits(x[8 * j + l]) >> 31) << l;
+        bits[j] = (uint8_t)v;
+    }
+}
+
+/* sign, 3 (error feedback): r[i] += -scale with x's sign, as decode_add(-1) of the payload. */
+__global__ static void sign_ef_k(const uint8_t *out, float *r, size_t n, uint32_t block)
+{
+    if (flagged(out))
+        return;
+    const uint8_t *scales = out + PSK_CODEC_HEADER_BYTES;
+    FOR_EACH(i, n) {
+        uint32_t sw = f32_bits(__fmul_rn(-1.0f, f32_from_bits(ld32(scales + 4 * (i / block)))));
+        r[i] = __fadd_rn(r[i], f32_from_bits(sw ^ (f32_bits(r[i]) & 0x80000000u)));
+    }
+}
+
+/* decode-add of a checked payload: out[i] += w * value i. */
+__global__ static void decode_add_k(float *o, const uint8_t *payload, size_t n, int kind,
+                                    uint32_t block, float w)
+{
+    const uint8_t *body = payload + PSK_CODEC_HEADER_BYTES;
+    size_t nb = kind == PSK_CODEC_INT8 || kind == PSK_CODEC_SIGN ? (n + block - 1) / block : 0;
+    FOR_EACH(i, n) {
+        float v;
+        switch (kind) {
+        case PSK_CODEC_FP16:
+            v = __fmul_rn(w, f32_from_f16(ld16(body + 2 * i)));
+            break;
+        case PSK_CODEC_BF16:
+            v = __fmul_rn(w, f32_from_bf16(ld16(body + 2 * i)));
+            break;
+        case PSK_CODEC_INT8: {
+            float sw = __fmul_rn(w, f32_from_bits(ld32(body + 4 * (i / block))));
+            v = __fmul_rn(sw, (float)(int8_t)body[4 * nb + i]);
+            break;
+        }
+        case PSK_CODEC_SIGN: {
+            uint32_t sw = f32_bits(__fmul_rn(w, f32_from_bits(ld32(body + 4 * (i / block)))));
+            uint32_t bit = (uint32_t)(body[4 * nb + i / 8] >> (i % 8)) & 1u;
+            v = f32_from_bits(sw ^ (bit << 31));
+            break;
+        }
+        default:
+            v = __fmul_rn(w, f32_from_bits(ld32(body + 4 * i)));
+        }
+        o[i] = __fadd_rn(o[i], v);
+    }
+}
+
+/* ---- launchers ---- */
+
+static bool dense_kind(psk_codec_kind_t k)
+{
+    return k == PSK_CODEC_NONE || k == PSK_CODEC_FP16 || k == PSK_CODEC_BF16 ||
+           k == PSK_CODEC_INT8 || k == PSK_CODEC_SIGN;
+}
+
+static int encode(uint8_t *out, size_t cap, size_t *len, const float *g, float *r, size_t n,
+                  const psk_codec_t *c, cudaStream_t st)
+{
+    size_t bytes = psk_codec_max_bytes(c, n);
+    if (bytes == 0 || cap < bytes)
+        return PS_EINVAL;
+    if (!dense_kind(c->kind))
+        return PS_ENOTSUP;
+    header h;
+    psk_codec_header(h.b, c, n);
+    header_k<<<1, 32, 0, st>>>(out, h);
+    if (n > 0) {
+        if (psk_codec_needs_finite(c))
+            nonfinite_k<<<blocks_for(n), threads, 0, st>>>(out, g, n);
+        if (c->kind == PSK_CODEC_INT8 || c->kind == PSK_CODEC_SIGN) {
+            const float *x = g;
+            if (r != NULL) {
+                add_k<<<blocks_for(n), threads, 0, st>>>(out, g, r, n);
+                x = r;
+            }
+            if (c->kind == PSK_CODEC_INT8) {
+                size_t nb = (n + c->block - 1) / c->block;
+                uint32_t key = (uint32_t)psk_mix64(c->seed + PSK_GOLDEN_GAMMA);
+                int8_k<<<(unsigned)nb, threads, 0, st>>>(out, x, r, n, c->block,
+                                                         c->stochastic ? 1 : 0, key);
+            } else {
+                size_t nb = (n + c->block - 1) / c->block;
+                sign_scale_k<<<blocks_for(nb), threads, 0, st>>>(out, x, n, c->block);
+                sign_bits_k<<<blocks_for((n + 7) / 8), threads, 0, st>>>(out, x, n, c->block);
+                if (r != NULL)
+                    sign_ef_k<<<blocks_for(n), threads, 0, st>>>(out, r, n, c->block);
+            }
+        } else {
+            dense_k<<<blocks_for(n), threads, 0, st>>>(out, g, r, n, (int)c->kind);
+        }
+    }
+    seal_k<<<1, 1, 0, st>>>(out);
+    if (cudaGetLastError() != cudaSuccess)
+        return PS_EIO;
+    *len = bytes;
+    return 0;
+}
+
+extern "C" int psk_codec_encode_cuda(uint8_t *out, size_t cap, size_t *len, const float *in,
+                                     size_t n, const psk_codec_t *c, void *stream)
+{
+    return encode(out, cap, len, in, NULL, n, c, (cudaStream_t)stream);
+}
+
+extern "C" int psk_codec_encode_ef_cuda(uint8_t *out, size_t cap, size_t *len, const float *g,
+                                        float *residual, size_t n, const psk_codec_t *c,
+                                        void *stream)
+{
+    return encode(out, cap, len, g, residual, n, c, (cudaStream_t)stream);
+}
+
+extern "C" int psk_codec_decode_add_cuda(float *out, size_t n, const uint8_t *payload,
+                                         size_t len, const psk_codec_t *c, float weight,
+                                         void *stream)
+{
+    size_t bytes = psk_codec_max_bytes(c, n);
+    if (bytes == 0 || len != bytes)
+        return PS_EINVAL;
+    if (!dense_kind(c->kind))
+        return PS_ENOTSUP;
+    if (n == 0)
+        return 0;
+    decode_add_k<<<blocks_for(n), threads, 0, (cudaStream_t)stream>>>(
+        out, payload, n, (int)c->kind, c->block, weight);
+    return cudaGetLastError() == cudaSuccess ? 0 : PS_EIO;
+}
