@@ -50,6 +50,7 @@ int psk_gpu_download(psk_gpu_t *g, void *host, const void *dev, size_t bytes)
 {
     return PS_ENOTSUP;
 }
+int psk_gpu_zero(psk_gpu_t *g, void *dev, size_t bytes) { return PS_ENOTSUP; }
 int psk_gpu_sync(psk_gpu_t *g) { return PS_ENOTSUP; }
 int psk_gpu_sgemm(psk_gpu_t *g, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
                   const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc)

@@ -227,6 +227,12 @@ extern "C" int psk_gpu_download(psk_gpu_t *g, void *host, const void *dev, size_
     return e == cudaSuccess ? 0 : cuda_fail(g, e, "copy from the device");
 }
 
+extern "C" int psk_gpu_zero(psk_gpu_t *g, void *dev, size_t bytes)
+{
+    cudaError_t e = cudaMemsetAsync(dev, 0, bytes, g->stream);
+    return e == cudaSuccess ? 0 : cuda_fail(g, e, "zeroing device memory");
+}
+
 extern "C" int psk_gpu_sync(psk_gpu_t *g)
 {
     cudaError_t e = cudaStreamSynchronize(g->stream);

@@ -71,6 +71,9 @@ void psk_gpu_host_unregister(psk_gpu_t *g, void *p);
 int psk_gpu_upload(psk_gpu_t *g, void *dev, const void *host, size_t bytes);
 int psk_gpu_download(psk_gpu_t *g, void *host, const void *dev, size_t bytes);
 
+/** @brief Queue zeroing [dev, dev + bytes) on the stream. @return 0 or PS_EIO. */
+int psk_gpu_zero(psk_gpu_t *g, void *dev, size_t bytes);
+
 /** @brief Wait for everything queued on the stream. @return 0, or PS_EIO (a kernel or copy
  *         failed; the device may need psk_gpu_close). */
 int psk_gpu_sync(psk_gpu_t *g);

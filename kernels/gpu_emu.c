@@ -173,6 +173,13 @@ int psk_gpu_download(psk_gpu_t *g, void *host, const void *d, size_t bytes)
     return 0;
 }
 
+int psk_gpu_zero(psk_gpu_t *g, void *d, size_t bytes)
+{
+    need_device("psk_gpu_zero", d, bytes);
+    memset(d, 0, bytes);
+    return 0;
+}
+
 int psk_gpu_sync(psk_gpu_t *g)
 {
     return 0;

@@ -2606,7 +2606,8 @@ int ps_client_declare(ps_client_t *c, const ps_tensor_desc_t *desc, uint32_t *id
     return 0;
 }
 
-static int data_op(ps_client_t *c, int type, uint32_t id, float *buf, uint64_t step, ps_op_t **out)
+static int data_op(ps_client_t *c, int type, uint32_t id, float *buf, uint64_t step,
+                   ps_push_encoder_t enc, void *enc_arg, ps_op_t **out)
 {
     if (c == NULL) return PS_EINVAL;
     bool nograd = type == OP_PUSH_NONE;
@@ -2618,7 +2619,7 @@ static int data_op(ps_client_t *c, int type, uint32_t id, float *buf, uint64_t s
             return PS_EINVAL;
         }
     }
-    if ((buf == NULL && !nograd) || out == NULL) {
+    if ((buf == NULL && !nograd && enc == NULL) || out == NULL) {
         snprintf(c->err, sizeof c->err, "%s of tensor %u: %s is NULL", op_name(type), id,
                  buf == NULL ? (type == OP_PUSH ? "the gradient" : "the destination") : "op");
         return PS_EINVAL;
@@ -2628,6 +2629,11 @@ static int data_op(ps_client_t *c, int type, uint32_t id, float *buf, uint64_t s
         return PS_EINVAL;
     }
     ctensor_t *t = c->tensors[id];
+    if (enc != NULL && t->codec.kind == PSK_CODEC_NONE) {
+        snprintf(c->err, sizeof c->err, "encoded push of tensor %u: it has no codec (push the "
+                 "gradient itself)", id);
+        return PS_EINVAL;
+    }
     if (type == OP_PUSH && t->busy[0]) {
         snprintf(c->err, sizeof c->err, "tensor %u: a push of it is in flight; wait for it "
                  "before pushing it again", id);
@@ -2644,8 +2650,8 @@ static int data_op(ps_client_t *c, int type, uint32_t id, float *buf, uint64_t s
     op->buf = buf;
     op->step = step;
     op->nograd = nograd;
-    if (type == OP_PUSH && !nograd && t->error_feedback && psk_codec_needs_finite(&t->codec) &&
-        !psk_all_finite(buf, t->numel)) {
+    if (type == OP_PUSH && !nograd && enc == NULL && t->error_feedback &&
+        psk_codec_needs_finite(&t->codec) && !psk_all_finite(buf, t->numel)) {
         /* Checked whole before any chunk is encoded: an encoded chunk's residual already
          * counts its payload as sent. */
         snprintf(c->err, sizeof c->err, "tensor %u: the gradient holds a NaN or an infinity, "
@@ -2670,11 +2676,26 @@ static int data_op(ps_client_t *c, int type, uint32_t id, float *buf, uint64_t s
         psk_codec_t cc = t->codec;
         cc.seed = psk_codec_push_seed(step, id, i);
         uint8_t *out = t->payload + (size_t)i * t->chunk_cap;
-        int rc = t->error_feedback
+        int rc;
+        if (enc != NULL) {
+            /* The caller's encoder (a device's), checked as psd will check it. */
+            p->len = 0;
+            rc = enc(enc_arg, id, i, (uint64_t)i * c->chunk_elems, n, &cc, t->error_feedback,
+                     out, t->chunk_cap, &p->len);
+            if (rc == 0 && (p->len > t->chunk_cap || psk_codec_check(out, p->len, n, &cc))) {
+                snprintf(c->err, sizeof c->err, "chunk %u of tensor %u: the encoder's payload "
+                         "is not a valid one of its codec (a NaN or an infinity that int8 or "
+                         "sign cannot encode?)", i, id);
+                free(op);
+                return PS_EINVAL;
+            }
+        } else {
+            rc = t->error_feedback
                      ? psk_codec_encode_ef_cpu(out, t->chunk_cap, &p->len, g,
                                                t->residual + (uint64_t)i * c->chunk_elems, n, &cc,
                                                t->scratch)
                      : psk_codec_encode_cpu(out, t->chunk_cap, &p->len, g, n, &cc, t->scratch);
+        }
         if (rc) {
             snprintf(c->err, sizeof c->err, "cannot encode chunk %u of tensor %u: %s", i, id,
                      ps_strerror(rc));
@@ -2883,15 +2904,25 @@ int ps_client_lanes(ps_client_t *c, uint32_t shard, char *out, size_t len)
 
 int ps_client_push(ps_client_t *c, uint32_t id, const float *grad, uint64_t step, ps_op_t **op)
 {
-    return data_op(c, OP_PUSH, id, (float *)grad, step, op); /* only read */
+    return data_op(c, OP_PUSH, id, (float *)grad, step, NULL, NULL, op); /* only read */
 }
 
 int ps_client_push_none(ps_client_t *c, uint32_t id, uint64_t step, ps_op_t **op)
 {
-    return data_op(c, OP_PUSH_NONE, id, NULL, step, op);
+    return data_op(c, OP_PUSH_NONE, id, NULL, step, NULL, NULL, op);
 }
 
 int ps_client_pull(ps_client_t *c, uint32_t id, float *dst, uint64_t min_version, ps_op_t **op)
 {
-    return data_op(c, OP_PULL, id, dst, min_version, op);
+    return data_op(c, OP_PULL, id, dst, min_version, NULL, NULL, op);
+}
+
+int ps_client_push_encoded(ps_client_t *c, uint32_t id, uint64_t step, ps_push_encoder_t enc,
+                           void *arg, ps_op_t **op)
+{
+    if (c != NULL && enc == NULL) {
+        snprintf(c->err, sizeof c->err, "encoded push of tensor %u: the encoder is NULL", id);
+        return PS_EINVAL;
+    }
+    return data_op(c, OP_PUSH, id, NULL, step, enc, arg, op);
 }

@@ -305,12 +305,14 @@ static float train_step_gpu(ps_mlp_t *m, const float *x, const uint8_t *y, uint3
             gpu_check(m, psk_relu_back_cuda(a, dx, (size_t)B * in, st), "relu backward");
             dy = a;
         }
-        gpu_check(m, psk_gpu_download(m->gpu, m->grads[tw], dW,
-                                      m->tensors[tw].numel * sizeof(float)),
-                  "downloading a gradient");
-        gpu_check(m, psk_gpu_download(m->gpu, m->grads[tb], db,
-                                      m->tensors[tb].numel * sizeof(float)),
-                  "downloading a gradient");
+        if (!(m->grads_stay >> tw & 1))
+            gpu_check(m, psk_gpu_download(m->gpu, m->grads[tw], dW,
+                                          m->tensors[tw].numel * sizeof(float)),
+                      "downloading a gradient");
+        if (!(m->grads_stay >> tb & 1))
+            gpu_check(m, psk_gpu_download(m->gpu, m->grads[tb], db,
+                                          m->tensors[tb].numel * sizeof(float)),
+                      "downloading a gradient");
         gpu_check(m, psk_gpu_sync(m->gpu), "backward pass");
         if (!m->gpu_rc && cb != NULL) {
             cb(tw, arg);
@@ -323,6 +325,11 @@ static float train_step_gpu(ps_mlp_t *m, const float *x, const uint8_t *y, uint3
     for (uint32_t i = 0; i < B; i++)
         loss += m->loss[i];
     return (float)(loss / B);
+}
+
+float *ps_mlp_device_grad(const ps_mlp_t *m, int t)
+{
+    return m->gpu != NULL ? dev_of(m, m->grads[t]) : NULL;
 }
 
 float ps_mlp_train_step(ps_mlp_t *m, const float *x, const uint8_t *y, uint32_t B,

@@ -48,6 +48,8 @@ typedef struct {
     float *d_mem, *d_act, *d_x;         /* device twins of mem and act; the batch's inputs */
     uint8_t *d_y;                       /* [max_batch] labels */
     double *d_loss;                     /* [max_batch] */
+    uint64_t grads_stay;                /* bit t: grads[t] is not downloaded; cb(t) means its
+                                           device gradient (ps_mlp_device_grad) is final */
     int gpu_rc;                         /* the first device error (0: none); see gpu_err */
     char gpu_err[320];
 } ps_mlp_t;
@@ -77,6 +79,10 @@ void ps_mlp_destroy(ps_mlp_t *m);
  * @note ps_mlp_destroy releases the device too.
  */
 int ps_mlp_use_gpu(ps_mlp_t *m, int device, char *err, size_t errlen);
+
+/** @brief Tensor @p t's gradient on the device (NULL on the CPU): final once cb(t) ran, valid
+ *  until the next train_step. */
+float *ps_mlp_device_grad(const ps_mlp_t *m, int t);
 
 /**
  * @brief Initialize every tensor as the shards would: psk_init_cpu from element 0 with

@@ -31,6 +31,10 @@ typedef struct {
     int failed;
     char err[512];
     ps_local_t local;        /* --local: the cluster's work done in-process */
+    /* --device with a dense lossy codec: gradients encoded on the device (device_encode) */
+    uint8_t *d_stage;        /* one chunk's payload on the device */
+    size_t stage_cap;
+    float *d_residual;       /* error feedback, laid out as the mlp's gradients (zeros first) */
 } trainer_t;
 
 static volatile sig_atomic_t g_stop;
@@ -52,11 +56,71 @@ static double now_s(void)
 /* Backward-pass callback: push each tensor's gradient as soon as it exists. The backward pass
  * runs inside a group (see the training loop): the small gradients (biases, the last layers) are
  * held and leave fused at its end, a large one leaves at once, overlapping the rest. */
+/* ps_push_encoder_t for gradients that stay on the device: encode the chunk there, bring only
+ * its payload to the host. */
+static int device_encode(void *arg, uint32_t id, uint32_t chunk, uint64_t offset, size_t n,
+                         const void *codec, int error_feedback, uint8_t *out, size_t cap,
+                         size_t *len)
+{
+    trainer_t *tr = arg;
+    int t = 0;
+    while (t < tr->mlp.ntensors && tr->ids[t] != id) t++;
+    size_t bytes = psk_codec_max_bytes(codec, n);
+    if (t == tr->mlp.ntensors || bytes == 0 || bytes > tr->stage_cap || bytes > cap)
+        return PS_EINVAL;
+    psk_gpu_t *g = tr->mlp.gpu;
+    const float *dg = ps_mlp_device_grad(&tr->mlp, t) + offset;
+    int rc = error_feedback
+                 ? psk_codec_encode_ef_cuda(tr->d_stage, tr->stage_cap, len, dg,
+                                            tr->d_residual + (tr->mlp.grads[t] - tr->mlp.grads[0]) +
+                                                offset,
+                                            n, codec, psk_gpu_stream(g))
+                 : psk_codec_encode_cuda(tr->d_stage, tr->stage_cap, len, dg, n, codec,
+                                         psk_gpu_stream(g));
+    if (!rc) rc = psk_gpu_download(g, out, tr->d_stage, *len);
+    if (!rc) rc = psk_gpu_sync(g);
+    return rc;
+}
+
+/* --device: the tensors whose codec the device encodes (fp16, bf16, int8, sign) keep their
+ * gradients there; the others (none, topk, randomk) are downloaded and pushed as on the CPU.
+ * Returns how many stay, or a negative PS_E* code (device memory). */
+static int device_codecs(trainer_t *tr)
+{
+    const ps_compression_conf_t *cc = &tr->m->job.compression;
+    uint64_t stay = 0;
+    for (int t = 0; t < tr->mlp.ntensors; t++) {
+        const ps_mlp_tensor_t *mt = &tr->mlp.tensors[t];
+        psk_codec_t pc;
+        if (psk_codec_parse(&pc, ps_compression_codec_for(cc, mt->name, mt->numel * 4)) == 0 &&
+            (pc.kind == PSK_CODEC_FP16 || pc.kind == PSK_CODEC_BF16 ||
+             pc.kind == PSK_CODEC_INT8 || pc.kind == PSK_CODEC_SIGN))
+            stay |= 1ull << t;
+    }
+    psk_gpu_t *g = tr->mlp.gpu;
+    size_t n = tr->m->chunk_bytes / 4, bytes = 2 * tr->mlp.nparams * sizeof(float);
+    if (stay && tr->d_stage == NULL) {
+        /* Room for any dense payload of a chunk: a header and 4 bytes a value, 4 a scale. */
+        tr->stage_cap = PSK_CODEC_HEADER_BYTES + 8 * n + 8;
+        int rc = psk_gpu_alloc(g, (void **)&tr->d_stage, tr->stage_cap);
+        if (!rc && cc->error_feedback &&
+            (rc = psk_gpu_alloc(g, (void **)&tr->d_residual, bytes / 2)) == 0)
+            rc = psk_gpu_zero(g, tr->d_residual, bytes / 2);
+        if (rc) return rc;
+    }
+    tr->mlp.grads_stay = stay;
+    return __builtin_popcountll(stay);
+}
+
 static void push_grad(int t, void *arg)
 {
     trainer_t *tr = arg;
     if (tr->client == NULL || tr->failed) return;
-    int rc = ps_client_push(tr->client, tr->ids[t], tr->mlp.grads[t], tr->step, &tr->push_ops[t]);
+    int rc = tr->mlp.grads_stay >> t & 1
+                 ? ps_client_push_encoded(tr->client, tr->ids[t], tr->step, device_encode, tr,
+                                          &tr->push_ops[t])
+                 : ps_client_push(tr->client, tr->ids[t], tr->mlp.grads[t], tr->step,
+                                  &tr->push_ops[t]);
     if (rc) {
         tr->failed = rc;
         tr->push_ops[t] = NULL;
@@ -166,6 +230,17 @@ static int join_once(trainer_t *tr, const char *manifest, char *err, size_t errl
             snprintf(err, errlen, "%s: %s", mt->name, ps_client_error(tr->client));
             return rc;
         }
+    }
+    if (tr->mlp.gpu != NULL) {
+        int on = device_codecs(tr);
+        if (on < 0) {
+            snprintf(err, errlen, "cannot allocate the device's codec buffers: %s",
+                     psk_gpu_last_error(tr->mlp.gpu));
+            return on;
+        }
+        if (on > 0)
+            fprintf(stderr, "psworker: rank %d: %d of %d tensors are compressed on the device\n",
+                    rank, on, tr->mlp.ntensors);
     }
     /* The planned steps are the learning-rate schedule's, for job.workers workers; the job's
      * actual members (psctl scale, joins, departures) change how many steps it takes. */
@@ -497,7 +572,11 @@ int main(int argc, char **argv)
     }
     if (device >= 0 && (rc = ps_mlp_use_gpu(&tr.mlp, device, err, sizeof err)) != 0) {
         fprintf(stderr, "psworker: --device cuda:%d: %s\n", device, err);
-        ps_mlp_destroy(&tr.mlp);
+        if (tr.mlp.gpu != NULL) {
+        psk_gpu_free(tr.mlp.gpu, tr.d_stage);
+        psk_gpu_free(tr.mlp.gpu, tr.d_residual);
+    }
+    ps_mlp_destroy(&tr.mlp);
         ps_dataset_free(&train);
         ps_dataset_free(&test);
         return rc == PS_ENOTSUP ? 2 : 1;
@@ -713,6 +792,10 @@ out:
         exit_code = 1;
     }
     ps_local_destroy(&tr.local);
+    if (tr.mlp.gpu != NULL) {
+        psk_gpu_free(tr.mlp.gpu, tr.d_stage);
+        psk_gpu_free(tr.mlp.gpu, tr.d_residual);
+    }
     ps_mlp_destroy(&tr.mlp);
     ps_dataset_free(&train);
     ps_dataset_free(&test);

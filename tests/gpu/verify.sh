@@ -7,6 +7,10 @@
 #   2. A bsp job on one psd shard with two workers, one on the device and one on the CPU: both
 #      finish (exit 0) with final accuracies within 0.005 (they pull the same parameters and
 #      evaluate them, one on each side).
+#   3. A job with int8 compression and error feedback, trained once by a CPU worker and once by
+#      a device worker, which encodes on the device (it says so): the same final parameters
+#      bit for bit on the emulation (its arithmetic is the CPU's), accuracies within 0.02 on a
+#      GPU.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build=$(cd "${1:-$root/build}" && pwd)
@@ -28,7 +32,7 @@ cleanup() {
     rm -rf "$tmp"
 }
 trap cleanup EXIT
-fail() { echo "verify.sh: FAIL: $*" >&2; tail -20 "$tmp"/*.log >&2; exit 1; }
+fail() { echo "verify.sh: FAIL: $*" >&2; tail -n 20 "$tmp"/*.log >&2; exit 1; }
 port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 cat > "$tmp/m.yaml" <<M
 cluster: gpu-verify
@@ -75,3 +79,29 @@ read -r a1 _ <<< "$(accuracy "$tmp/w1.log")"
 kill -TERM "${pids[0]}"; wait "${pids[0]}" || fail "psd did not stop cleanly"
 pids=()
 echo "cluster: accuracy device worker $a0, CPU worker $a1"
+
+# 3. int8 + error feedback, one worker: on the CPU, then on the device.
+for run in cpu dev; do
+    sed -e "s|cluster: gpu-verify|cluster: gpu-verify-$run|" -e "s|data_dir: $tmp/0|data_dir: $tmp/c-$run|" \
+        -e "s|workers: 2|workers: 1|" "$tmp/m.yaml" > "$tmp/c-$run.yaml"
+    printf '  compression: {codec: int8, error_feedback: true, min_bytes: 0}\n' >> "$tmp/c-$run.yaml"
+    "$psd" --manifest "$tmp/c-$run.yaml" --shard 0 > "$tmp/psd-$run.log" 2>&1 &
+    pids=($!)
+    for _ in $(seq 100); do grep -q "listening on" "$tmp/psd-$run.log" && break; sleep 0.1; done
+    if [ $run = cpu ]; then w=$psworker; dev=(); else w=$psworker_dev; dev=(--device cuda); fi
+    "$w" --manifest "$tmp/c-$run.yaml" "${dev[@]}" --params-out "$tmp/p-$run.bin" \
+        > "$tmp/w-$run.log" 2>&1 || fail "the $run worker of the int8 job"
+    kill -TERM "${pids[0]}"; wait "${pids[0]}" || fail "psd did not stop cleanly"
+    pids=()
+done
+grep -q "4 of 4 tensors are compressed on the device" "$tmp/w-dev.log" ||
+    fail "the device worker did not encode on the device"
+read -r c0 _ <<< "$(accuracy "$tmp/w-cpu.log")"
+read -r c1 _ <<< "$(accuracy "$tmp/w-dev.log")"
+if [ "${2:-}" = emu ]; then
+    cmp -s "$tmp/p-cpu.bin" "$tmp/p-dev.bin" || fail "int8 job: the device's parameters differ"
+else
+    /usr/bin/python3 -c "import sys; sys.exit(abs($c0 - $c1) > 0.02 or $c1 < 0.5)" ||
+        fail "int8 job: accuracy CPU $c0, device $c1"
+fi
+echo "int8 job: accuracy CPU $c0, device $c1 (the device encoding its pushes)"

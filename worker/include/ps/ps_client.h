@@ -186,6 +186,32 @@ typedef struct {
 int ps_client_set_compression(ps_client_t *c, uint32_t id, const ps_compression_t *cfg);
 
 /**
+ * @brief An encoder for ps_client_push_encoded: write chunk @p chunk of tensor @p id's
+ * gradient (elements [offset, offset + n)) encoded with @p codec into out[cap], and the
+ * payload's size into *len.
+ * @param codec a `const psk_codec_t *` (kernels/codec.h): the tensor's codec with this push's
+ *              and chunk's seed; borrowed for the call.
+ * @param error_feedback whether the tensor keeps error feedback: the encoder keeps the
+ *              residual (libps's own is not used by encoded pushes).
+ * @return 0 or a PS_E* code (the push fails with it).
+ */
+typedef int (*ps_push_encoder_t)(void *arg, uint32_t id, uint32_t chunk, uint64_t offset,
+                                 size_t n, const void *codec, int error_feedback, uint8_t *out,
+                                 size_t cap, size_t *len);
+
+/**
+ * @brief Push tensor @p id for @p step with payloads that @p enc writes, chunk by chunk on the
+ * calling thread, e.g. a GPU encoding the gradient where it was computed so that only the
+ * compressed bytes cross to the host (psworker --device cuda).
+ * @return as ps_client_push; PS_EINVAL also when the tensor has no codec (push the gradient
+ *         itself) or a payload is not a valid one of its codec (psk_codec_check: e.g. int8 or
+ *         sign met a NaN): then nothing is sent, but the encoder's residual already holds the
+ *         chunks encoded before the bad one.
+ */
+int ps_client_push_encoded(ps_client_t *c, uint32_t id, uint64_t step, ps_push_encoder_t enc,
+                           void *arg, ps_op_t **op);
+
+/**
  * @brief Compress tensor @p id as the manifest's job.compression says for a tensor named
  * @p name of its size (the first matching rule, else none below min_bytes, else the job's
  * codec), as psworker does for each of its tensors.
