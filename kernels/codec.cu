@@ -358,7 +358,7 @@ static int encode(uint8_t *out, size_t cap, size_t *len, const float *g, float *
         }
     }
     seal_k<<<1, 1, 0, st>>>(out);
-    if (cudaGetLastError() != cudaSuccess)
+    if (cudaPeekAtLastError() != cudaSuccess) /* its text: the next psk_gpu_sync's */
         return PS_EIO;
     *len = bytes;
     return 0;
@@ -390,5 +390,5 @@ extern "C" int psk_codec_decode_add_cuda(float *out, size_t n, const uint8_t *pa
         return 0;
     decode_add_k<<<blocks_for(n), threads, 0, (cudaStream_t)stream>>>(
         out, payload, n, (int)c->kind, c->block, weight);
-    return cudaGetLastError() == cudaSuccess ? 0 : PS_EIO;
+    return cudaPeekAtLastError() == cudaSuccess ? 0 : PS_EIO;
 }

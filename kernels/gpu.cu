@@ -42,9 +42,27 @@ static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
 
 static void blas_load(void)
 {
-    void *h = dlopen(cublas_soname, RTLD_NOW | RTLD_LOCAL);
+    /* $PSD_CUBLAS (a path), then the loader's path, then the toolkit's usual homes. */
+    char path[4096], first[200] = "";
+    const char *env[] = {"CUDA_HOME", "CUDA_PATH"};
+    void *h = NULL;
+    const char *over = getenv("PSD_CUBLAS");
+    if (over != NULL && *over != '\0')
+        h = dlopen(over, RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL && (h = dlopen(cublas_soname, RTLD_NOW | RTLD_LOCAL)) == NULL)
+        snprintf(first, sizeof first, "%s", dlerror());
+    for (int i = 0; h == NULL && i < 3; i++) {
+        const char *dir = i < 2 ? getenv(env[i]) : "/usr/local/cuda";
+        if (dir == NULL || *dir == '\0')
+            continue;
+        snprintf(path, sizeof path, "%s/lib64/%s", dir, cublas_soname);
+        h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    }
     if (h == NULL) {
-        snprintf(blas.error, sizeof blas.error, "cannot load %s: %s", cublas_soname, dlerror());
+        snprintf(blas.error, sizeof blas.error,
+                 "cannot load %s (%s; also not under $CUDA_HOME, $CUDA_PATH or /usr/local/cuda; "
+                 "set PSD_CUBLAS to its path)",
+                 cublas_soname, first);
         return;
     }
     *(void **)&blas.create = dlsym(h, "cublasCreate_v2");
@@ -63,7 +81,7 @@ static int cuda_fail(psk_gpu_t *g, cudaError_t e, const char *what)
 {
     if (g != NULL)
         snprintf(g->last_error, sizeof g->last_error, "%s: %s", what, cudaGetErrorString(e));
-    (void)cudaGetLastError(); /* clear a sticky-free error so the next call starts clean */
+    (void)cudaGetLastError(); /* clear a non-sticky error so the next call starts clean */
     return e == cudaErrorMemoryAllocation ? PS_ENOMEM : PS_EIO;
 }
 
@@ -141,7 +159,7 @@ extern "C" int psk_gpu_open(psk_gpu_t **out, int device, char *err, size_t errle
         /* Plain fp32 products: no TF32 tensor-core rounding, so results stay within fp32
          * rounding of the CPU reference. */
         if (s == CUBLAS_STATUS_SUCCESS)
-            s = blas.set_math_mode(g->blas, CUBLAS_PEDANTIC_MATH);
+            s = blas.set_math_mode(g->blas, CUBLAS_DEFAULT_MATH);
         if (s != CUBLAS_STATUS_SUCCESS)
             rc = blas_fail(g, s, "creating the cuBLAS handle");
     }
@@ -198,14 +216,20 @@ extern "C" int psk_gpu_alloc(psk_gpu_t *g, void **p, size_t bytes)
 extern "C" void psk_gpu_free(psk_gpu_t *g, void *p)
 {
     (void)g; /* one device per process: cudaFree needs no handle */
-    if (p != NULL)
-        (void)cudaFree(p);
+    if (p != NULL && cudaFree(p) != cudaSuccess)
+        (void)cudaGetLastError(); /* not this handle's next operation's error */
 }
 
 extern "C" int psk_gpu_host_register(psk_gpu_t *g, void *p, size_t bytes)
 {
+    /* Optional (the memory works unpinned): a failure leaves no error text behind that a
+     * later, unrelated failure would be reported with. */
+    (void)g;
     cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterDefault);
-    return e == cudaSuccess ? 0 : cuda_fail(g, e, "cudaHostRegister");
+    if (e == cudaSuccess)
+        return 0;
+    (void)cudaGetLastError();
+    return PS_EIO;
 }
 
 extern "C" void psk_gpu_host_unregister(psk_gpu_t *g, void *p)

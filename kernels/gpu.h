@@ -6,7 +6,10 @@
  * nvcc is not found, answers PS_ENOTSUP ("built without CUDA"), so callers need no #ifdef.
  *
  * Device memory is plain `void *` / `float *`; it must not be dereferenced on the host.
- * A psk_gpu_t serves one thread at a time. */
+ * A psk_gpu_t serves one thread at a time, the thread that opened it (the device is that
+ * thread's current one). cuBLAS (libcublas.so.<major>) is loaded at the first open: $PSD_CUBLAS
+ * (a path) first, then the loader's search path, $CUDA_HOME/lib64, $CUDA_PATH/lib64 and
+ * /usr/local/cuda/lib64. */
 #ifndef PSK_GPU_H
 #define PSK_GPU_H
 
@@ -57,7 +60,7 @@ void psk_gpu_free(psk_gpu_t *g, void *p);
 /**
  * @brief Pin host memory [p, p + bytes) for the device's copies (cudaHostRegister), so that
  * uploads and downloads from it run at full speed and asynchronously.
- * @return 0, or PS_EIO (the memory stays usable, only unpinned).
+ * @return 0, or PS_EIO (the memory stays usable, only unpinned; psk_gpu_last_error unchanged).
  * @note Call psk_gpu_host_unregister before freeing the memory.
  */
 int psk_gpu_host_register(psk_gpu_t *g, void *p, size_t bytes);
@@ -87,7 +90,8 @@ int psk_gpu_sync(psk_gpu_t *g);
 int psk_gpu_sgemm(psk_gpu_t *g, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
                   const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
 
-/** @brief The last CUDA or cuBLAS error text of @p g ("" if none), for messages. */
+/** @brief The last CUDA or cuBLAS error text of @p g ("" if none), for messages. A kernel
+ *  launcher's PS_EIO leaves its error for the next psk_gpu_sync, which records its text. */
 const char *psk_gpu_last_error(const psk_gpu_t *g);
 
 #endif

@@ -17,9 +17,10 @@ static unsigned blocks_for(size_t n)
     return (unsigned)(b < 65535 ? (b > 0 ? b : 1) : 65535);
 }
 
+/* A failed launch is left for the stream's next psk_gpu_sync, which records its text. */
 static int launched(void)
 {
-    return cudaGetLastError() == cudaSuccess ? 0 : PS_EIO;
+    return cudaPeekAtLastError() == cudaSuccess ? 0 : PS_EIO;
 }
 
 __global__ static void bias_rows_k(float *y, const float *b, uint32_t B, uint32_t n)

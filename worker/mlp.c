@@ -143,6 +143,11 @@ static void gpu_release(ps_mlp_t *m)
 
 int ps_mlp_use_gpu(ps_mlp_t *m, int device, char *err, size_t errlen)
 {
+    char ignored[8];
+    if (err == NULL) { /* the reason is not wanted: cut short into a scratch */
+        err = ignored;
+        errlen = sizeof ignored;
+    }
     if (m->gpu != NULL || m->mem == NULL) {
         snprintf(err, errlen, "the model is already on a device, or was not created");
         return PS_EINVAL;
@@ -228,8 +233,10 @@ static float *forward(ps_mlp_t *m, const float *x, uint32_t B)
 
 /* ---- the same passes on the device (m->gpu) ----
  * Device pointers mirror the host layout: d_mem holds params then grads at the offsets of
- * mem, d_act the activations at the offsets of act. The first failing call sets gpu_rc and
- * gpu_err; every later one is skipped until the caller sees it. */
+ * mem, d_act the activations at the offsets of act. Each device call goes through GPU(): once
+ * one failed (gpu_rc, gpu_err), no later one is made until the caller saw it; a pass that
+ * stops waits for what it queued before it returns (the host memory it copies from or into is
+ * the caller's again then). */
 
 static float *dev_of(const ps_mlp_t *m, const float *host)
 {
@@ -238,39 +245,57 @@ static float *dev_of(const ps_mlp_t *m, const float *host)
     return m->d_act + (host - m->act);
 }
 
-static int gpu_check(ps_mlp_t *m, int rc, const char *what)
+static void gpu_fail(ps_mlp_t *m, int rc, const char *what)
 {
-    if (rc && !m->gpu_rc) {
-        m->gpu_rc = rc;
-        snprintf(m->gpu_err, sizeof m->gpu_err, "%s: %s: %s", psk_gpu_name(m->gpu), what,
-                 rc == PS_EIO ? psk_gpu_last_error(m->gpu) : ps_strerror(rc));
-    }
-    return m->gpu_rc;
+    m->gpu_rc = rc;
+    /* A kernel launch's error text is the stream's, recorded by the sync. */
+    if (rc == PS_EIO)
+        (void)psk_gpu_sync(m->gpu);
+    snprintf(m->gpu_err, sizeof m->gpu_err, "%s: %s: %s", psk_gpu_name(m->gpu), what,
+             rc == PS_EIO ? psk_gpu_last_error(m->gpu) : ps_strerror(rc));
 }
 
-/* Uploads params[] and x [B, sizes[0]], then the forward pass; returns the device logits. */
+#define GPU(m, what, call)                                                                     \
+    do {                                                                                       \
+        if (!(m)->gpu_rc) {                                                                    \
+            int rc_ = (call);                                                                  \
+            if (rc_) gpu_fail((m), rc_, (what));                                               \
+        }                                                                                      \
+    } while (0)
+
+/* A pass that stopped on a device error: wait for what it queued, then say so. */
+static int gpu_stopped(ps_mlp_t *m)
+{
+    if (!m->gpu_rc)
+        return 0;
+    (void)psk_gpu_sync(m->gpu);
+    return 1;
+}
+
+/* Uploads params[] and x [B, sizes[0]], then queues the forward pass; returns the device
+ * logits. */
 static float *forward_gpu(ps_mlp_t *m, const float *x, uint32_t B)
 {
     void *st = psk_gpu_stream(m->gpu);
-    gpu_check(m, psk_gpu_upload(m->gpu, m->d_mem, m->mem, m->nparams * sizeof(float)),
-              "uploading the parameters");
-    gpu_check(m, psk_gpu_upload(m->gpu, m->d_x, x, (size_t)B * m->sizes[0] * sizeof(float)),
-              "uploading the batch");
+    GPU(m, "uploading the parameters",
+        psk_gpu_upload(m->gpu, m->d_mem, m->mem, m->nparams * sizeof(float)));
+    GPU(m, "uploading the batch",
+        psk_gpu_upload(m->gpu, m->d_x, x, (size_t)B * m->sizes[0] * sizeof(float)));
     const float *in_act = m->d_x;
     float *out_act = NULL;
-    for (int l = 1; l <= m->nlin && !m->gpu_rc; l++) {
+    for (int l = 1; l <= m->nlin; l++) {
         int in = (int)m->sizes[l - 1], out = (int)m->sizes[l];
         const float *W = dev_of(m, m->params[2 * (l - 1)]);
         const float *b = dev_of(m, m->params[2 * (l - 1) + 1]);
         out_act = dev_of(m, act_at(m, l));
-        gpu_check(m, psk_bias_rows_cuda(out_act, b, B, (uint32_t)out, st), "bias");
-        gpu_check(m, psk_gpu_sgemm(m->gpu, false, false, (int)B, out, in, 1.0f, in_act, in, W,
-                                   out, 1.0f, out_act, out), "forward sgemm");
+        GPU(m, "bias", psk_bias_rows_cuda(out_act, b, B, (uint32_t)out, st));
+        GPU(m, "forward sgemm", psk_gpu_sgemm(m->gpu, false, false, (int)B, out, in, 1.0f,
+                                              in_act, in, W, out, 1.0f, out_act, out));
         if (l < m->nlin)
-            gpu_check(m, psk_relu_cuda(out_act, (size_t)B * out, st), "relu");
+            GPU(m, "relu", psk_relu_cuda(out_act, (size_t)B * out, st));
         in_act = out_act;
     }
-    return m->gpu_rc ? NULL : out_act;
+    return out_act;
 }
 
 static float train_step_gpu(ps_mlp_t *m, const float *x, const uint8_t *y, uint32_t B,
@@ -279,13 +304,9 @@ static float train_step_gpu(ps_mlp_t *m, const float *x, const uint8_t *y, uint3
     void *st = psk_gpu_stream(m->gpu);
     int L = m->nlin;
     uint32_t C = m->sizes[L];
-    gpu_check(m, psk_gpu_upload(m->gpu, m->d_y, y, B), "uploading the labels");
+    GPU(m, "uploading the labels", psk_gpu_upload(m->gpu, m->d_y, y, B));
     float *z = forward_gpu(m, x, B);
-    if (z == NULL)
-        return NAN;
-    gpu_check(m, psk_softmax_xent_cuda(z, m->d_y, B, C, m->d_loss, st), "softmax");
-    gpu_check(m, psk_gpu_download(m->gpu, m->loss, m->d_loss, B * sizeof(double)),
-              "downloading the loss");
+    GPU(m, "softmax", psk_softmax_xent_cuda(z, m->d_y, B, C, m->d_loss, st));
 
     float *dy = z;
     float *dx = dev_of(m, dx_scratch(m));
@@ -295,31 +316,34 @@ static float train_step_gpu(ps_mlp_t *m, const float *x, const uint8_t *y, uint3
         const float *xin = l > 1 ? dev_of(m, act_at(m, l - 1)) : m->d_x;
         const float *W = dev_of(m, m->params[tw]);
         float *dW = dev_of(m, m->grads[tw]), *db = dev_of(m, m->grads[tb]);
-        gpu_check(m, psk_gpu_sgemm(m->gpu, true, false, in, out, (int)B, 1.0f, xin, in, dy, out,
-                                   0.0f, dW, out), "weight gradient sgemm");
-        gpu_check(m, psk_colsum_cuda(db, dy, B, (uint32_t)out, st), "bias gradient");
+        GPU(m, "weight gradient sgemm", psk_gpu_sgemm(m->gpu, true, false, in, out, (int)B,
+                                                      1.0f, xin, in, dy, out, 0.0f, dW, out));
+        GPU(m, "bias gradient", psk_colsum_cuda(db, dy, B, (uint32_t)out, st));
         if (l > 1) { /* the delta of layer l-1, queued before the copies are waited for */
             float *a = dev_of(m, act_at(m, l - 1));
-            gpu_check(m, psk_gpu_sgemm(m->gpu, false, true, (int)B, in, out, 1.0f, dy, out, W,
-                                       out, 0.0f, dx, in), "delta sgemm");
-            gpu_check(m, psk_relu_back_cuda(a, dx, (size_t)B * in, st), "relu backward");
+            GPU(m, "delta sgemm", psk_gpu_sgemm(m->gpu, false, true, (int)B, in, out, 1.0f, dy,
+                                                out, W, out, 0.0f, dx, in));
+            GPU(m, "relu backward", psk_relu_back_cuda(a, dx, (size_t)B * in, st));
             dy = a;
         }
         if (!(m->grads_stay >> tw & 1))
-            gpu_check(m, psk_gpu_download(m->gpu, m->grads[tw], dW,
-                                          m->tensors[tw].numel * sizeof(float)),
-                      "downloading a gradient");
+            GPU(m, "downloading a gradient", psk_gpu_download(m->gpu, m->grads[tw], dW,
+                                                  m->tensors[tw].numel * sizeof(float)));
         if (!(m->grads_stay >> tb & 1))
-            gpu_check(m, psk_gpu_download(m->gpu, m->grads[tb], db,
-                                          m->tensors[tb].numel * sizeof(float)),
-                      "downloading a gradient");
-        gpu_check(m, psk_gpu_sync(m->gpu), "backward pass");
+            GPU(m, "downloading a gradient", psk_gpu_download(m->gpu, m->grads[tb], db,
+                                                  m->tensors[tb].numel * sizeof(float)));
+        GPU(m, "backward pass", psk_gpu_sync(m->gpu));
         if (!m->gpu_rc && cb != NULL) {
             cb(tw, arg);
             cb(tb, arg);
         }
     }
-    if (m->gpu_rc)
+    /* The loss last: a copy into pageable memory waits for the stream, and here nothing is
+     * queued behind it. */
+    GPU(m, "downloading the loss", psk_gpu_download(m->gpu, m->loss, m->d_loss,
+                                                    B * sizeof(double)));
+    GPU(m, "the loss", psk_gpu_sync(m->gpu));
+    if (gpu_stopped(m))
         return NAN;
     double loss = 0.0;
     for (uint32_t i = 0; i < B; i++)
@@ -391,10 +415,10 @@ uint32_t ps_mlp_eval(ps_mlp_t *m, const float *x, const uint8_t *y, uint32_t n)
         if (m->gpu != NULL) {
             /* The logits come back into their host twin's place in the scratch. */
             float *host = act_at(m, m->nlin), *dz = forward_gpu(m, x + (size_t)start * dim, B);
-            if (dz != NULL)
-                gpu_check(m, psk_gpu_download(m->gpu, host, dz, (size_t)B * C * sizeof(float)),
-                          "downloading the logits");
-            if (gpu_check(m, psk_gpu_sync(m->gpu), "evaluation"))
+            GPU(m, "downloading the logits",
+                psk_gpu_download(m->gpu, host, dz, (size_t)B * C * sizeof(float)));
+            GPU(m, "evaluation", psk_gpu_sync(m->gpu));
+            if (gpu_stopped(m))
                 return 0;
             z = host;
         } else {

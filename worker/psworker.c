@@ -296,6 +296,7 @@ static void epoch_log_pass(epoch_log_t *l, trainer_t *tr, int64_t pass, uint64_t
         if (eval)
             acc = ps_mlp_eval(&tr->mlp, l->test->images, l->test->labels, l->test->n) /
                   (double)l->test->n;
+        if (tr->mlp.gpu_rc) acc = -1; /* a device error: no figure; the next step says why */
         ps_client_stats_t st = {0};
         if (tr->client) ps_client_stats(tr->client, &st);
         double ew = now_s() - l->epoch_t0;

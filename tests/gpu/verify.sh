@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # verify.sh [BUILD_DIR [emu]]: psworker --device cuda end to end, where a CUDA device is usable
-# (exit 77, "skipped: no GPU", elsewhere). With "emu": the device runs are psworker_emu's, on
-# kernels/gpu_emu.c's host emulation (no GPU needed; the twins are the references there).
+# (exit 77, "skipped: no GPU", elsewhere; exit 1 with PSD_REQUIRE_GPU=1). With "emu": the device
+# runs are psworker_emu's, on kernels/gpu_emu.c's host emulation (no GPU needed; the twins are
+# the references there). PSD_DATASET: the Fashion-MNIST directory (default Debian's).
 #   1. The same job trained alone (--local) on the CPU and on the device: the same number of
 #      steps, and final test accuracies within 0.02 of each other.
 #   2. A bsp job on one psd shard with two workers, one on the device and one on the CPU: both
@@ -22,9 +23,12 @@ if [ "${2:-}" = emu ]; then
     psworker_dev=$build/worker/psworker_emu
     device_name="CUDA device 0 (host emulation)"
 elif out=$("$build/tests/test_gpu" 2>&1) && grep -q '^1\.\.0 # SKIP' <<< "$out"; then
+    # PSD_REQUIRE_GPU=1 (on a machine that has one): not finding it is a failure.
+    [ "${PSD_REQUIRE_GPU:-}" = 1 ] && { echo "verify.sh: FAIL: ${out#1..0 # SKIP }" >&2; exit 1; }
     echo "skipped: ${out#1..0 # SKIP }"
     exit 77
 fi
+dataset=${PSD_DATASET:-/usr/share/datasets/fashion-mnist} # where Debian's package puts it
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/psd-gpu.XXXXXX")
 pids=()
 cleanup() {
@@ -41,7 +45,7 @@ servers:
 job:
   model: mlp
   layers: [784, 128, 10]
-  dataset: /usr/share/datasets/fashion-mnist
+  dataset: $dataset
   batch_size: 64
   epochs: 1
   max_steps: 300
@@ -69,6 +73,7 @@ for _ in $(seq 100); do grep -q "listening on" "$tmp/psd.log" && break; sleep 0.
 grep -q "listening on" "$tmp/psd.log" || fail "psd did not start"
 "$psworker_dev" --manifest "$tmp/m.yaml" --device cuda > "$tmp/w0.log" 2>&1 &
 w0=$!
+pids+=($w0)
 "$psworker" --manifest "$tmp/m.yaml" > "$tmp/w1.log" 2>&1 || fail "the CPU worker"
 wait "$w0" || fail "the device worker"
 read -r a0 _ <<< "$(accuracy "$tmp/w0.log")"
