@@ -15,9 +15,10 @@
  * whose last allocation fails (alloc_count_fail_next) must fail with PS_ENOMEM and leave the
  * tensor as it was, so the pushes after it go on as before.
  * --misuse: before the pushes, calls that misuse the API (declarations psd could not hold,
- * NULL arguments, push_none under asp, a batch of a training set of 0, a handle waited for
- * twice) must each be refused with PS_EINVAL and the reason, and change nothing: the pushes
- * then go on as usual.
+ * NULL arguments, push_none under asp, encoded pushes without an encoder, without a codec or
+ * with a malformed payload, a batch of a training set of 0, a handle waited for twice) must each
+ * be refused with PS_EINVAL and the reason (a failing encoder's own code passed on), and change
+ * nothing: the pushes then go on as usual.
  * Prints "asp_client: misuse: N calls refused" or the first call that was not. */
 #include <inttypes.h>
 #include <math.h>
@@ -61,6 +62,23 @@ static int refused(ps_client_t *c, const char *what, int rc, const char *why, in
     return 1;
 }
 
+/* Encoders for ps_client_push_encoded's misuse: one writes a payload of the right size whose
+ * header is not its codec's, one fails. */
+static int bad_payload(void *arg, uint32_t id, uint32_t chunk, uint64_t offset, size_t n,
+                       const void *codec, int ef, uint8_t *out, size_t cap, size_t *len)
+{
+    *len = 16 + 2 * n; /* fp16's size */
+    if (*len > cap) return PS_EINVAL;
+    memset(out, 0x7e, *len);
+    return 0;
+}
+
+static int failing_encoder(void *arg, uint32_t id, uint32_t chunk, uint64_t offset, size_t n,
+                           const void *codec, int ef, uint8_t *out, size_t cap, size_t *len)
+{
+    return PS_EIO;
+}
+
 /* --misuse: see the top of the file. The tensor @p id is declared and nothing is in flight. */
 static int misuse(ps_client_t *c, uint32_t id, float *g, float *got)
 {
@@ -85,6 +103,27 @@ static int misuse(ps_client_t *c, uint32_t id, float *g, float *got)
     bad |= refused(c, "a NULL op", ps_client_push(c, id, g, 0, NULL), "op is NULL", &n);
     bad |= refused(c, "push_none under asp", ps_client_push_none(c, id, 0, &op), "only under bsp",
                    &n);
+    /* Encoded pushes: no encoder, a tensor without a codec, a payload that is not its codec's
+     * (refused before it is sent), an encoder's own failure (passed on). */
+    bad |= refused(c, "a NULL encoder", ps_client_push_encoded(c, id, 0, NULL, NULL, &op),
+                   "the encoder is NULL", &n);
+    bad |= refused(c, "an encoded push without a codec",
+                   ps_client_push_encoded(c, id, 0, bad_payload, NULL, &op), "has no codec", &n);
+    ps_compression_t fp16 = {.codec = "fp16", .error_feedback = 0};
+    if (ps_client_set_compression(c, id, &fp16) != 0) {
+        printf("asp_client: misuse: fp16: %s\n", ps_client_error(c));
+        bad = 1;
+    }
+    bad |= refused(c, "a malformed encoded payload",
+                   ps_client_push_encoded(c, id, 0, bad_payload, NULL, &op),
+                   "is not a valid one of its codec", &n);
+    int erc = ps_client_push_encoded(c, id, 0, failing_encoder, NULL, &op);
+    if (erc != PS_EIO || !strstr(ps_client_error(c), "cannot encode chunk 0")) {
+        printf("asp_client: misuse: a failing encoder gave %d (%s)\n", erc, ps_client_error(c));
+        bad = 1;
+    }
+    ps_compression_t none = {.codec = "none"};
+    if (ps_client_set_compression(c, id, &none) != 0) bad = 1;
     ps_batch_info_t b;
     bad |= refused(c, "0 samples", ps_client_next_batch(c, 0, NULL, &b), "0 samples", &n);
     char lanes[64];
