@@ -111,9 +111,12 @@ static void on_sent(void *request, ucs_status_t status, void *user_data)
  * completion, if UCX still brings one, frees its header and touches nothing else: on_sent). */
 static void send_give_up(ps_req_t *c)
 {
-    ps_ucx_ep_close(&c->ucx, &c->eps[c->send_shard].ep, 1);
+    /* Forgotten first: the forced close completes the send (on_sent), which must not find it
+     * and stop the loop from outside uv_run (the stop would end ps_req_close's last run at
+     * once, leaving the loop's handles open). */
     c->send = NULL;
     c->sending = 0;
+    ps_ucx_ep_close(&c->ucx, &c->eps[c->send_shard].ep, 1);
 }
 
 static void on_tick(uv_timer_t *h) {} /* wakes the loop: see ps_req_call */
@@ -289,8 +292,11 @@ void ps_req_close(ps_req_t *c)
     uv_close((uv_handle_t *)&c->timer, NULL);
     uv_close((uv_handle_t *)&c->tick, NULL);
     ps_ucx_close(&c->ucx);
+    /* A uv_stop from a UCX callback run outside uv_run (an endpoint's error) ends a run at
+     * once; run until every handle is closed, or the loop's memory and descriptors leak. */
     uv_run(&c->loop, UV_RUN_DEFAULT);
-    uv_loop_close(&c->loop);
+    for (int i = 0; i < 100 && uv_loop_close(&c->loop) == UV_EBUSY; i++)
+        uv_run(&c->loop, UV_RUN_NOWAIT); /* bounded: never wait on a handle left open */
     free(c->data);
     free(c->eps);
     ps_auth_wipe(&c->auth);

@@ -767,7 +767,8 @@ static void close_all_conns(psd_server_t *srv)
         if (c == NULL) break;
         c->refs++; /* keep it while closing; the walk restarts from the head */
         conn_close_ep(srv, c);
-        c->refs--;
+        psd_conn_unref(c); /* freed now if nothing else holds it (a bare refs-- kept it, its
+                              push area's memfd and mapping with it, for good) */
     }
 }
 
@@ -1129,6 +1130,7 @@ fail_store:
     ps_trace_close(srv->trace);
     for (psd_conn_t *c = srv->conns, *nx; c; c = nx) {
         nx = c->next;
+        psd_area_unref(c->area);
         free(c);
     }
     for (psd_send_t *sd = srv->free_sends, *nx; sd; sd = nx) {

@@ -4,6 +4,7 @@
  * where no sample changes hands, the parameters equal an uninterrupted run. Membership changes
  * (kill -9, SIGSTOP, scaling) are in test_elastic.c. */
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
@@ -129,6 +130,27 @@ END_TEST
  * workers reconnect within their ranks' grace, their steps go on, and the run equals the
  * single-process reference. psctl status, sent just after the kill, is answered (it asks again
  * when its connection is closed under it), and shard 0 counts the restart. */
+/* How many of process @p pid's descriptors are memfds named @p name. */
+static int memfds_named(pid_t pid, const char *name)
+{
+    char dir[64], want[128];
+    snprintf(dir, sizeof dir, "/proc/%d/fd", (int)pid);
+    snprintf(want, sizeof want, "/memfd:%s", name);
+    DIR *d = opendir(dir);
+    if (d == NULL) return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        char path[600], target[256];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        ssize_t len = readlink(path, target, sizeof target - 1);
+        if (len <= 0) continue;
+        target[len] = '\0';
+        n += strncmp(target, want, strlen(want)) == 0;
+    }
+    closedir(d);
+    return n;
+}
+
 START_TEST(test_peer_killed_mid_send)
 {
     cl_proc_t *psd[2], *w[2];
@@ -154,6 +176,15 @@ START_TEST(test_peer_killed_mid_send)
     cl_proc_t *after = cl_spawn(c, "psctl-after", sargv);
     EXPECT_EXIT(after, 0);
     EXPECT_LOG(after, "\"transport_restarts\": 1, ");
+    /* The connections closed by the restart are gone with their push areas: once the workers
+     * left, shard 0 holds no area (before, the two from before the restart stayed, each a
+     * memfd, its mapping and the pages written into it, for the life of psd). */
+    int areas = -1;
+    for (int tries = 0; tries < 50 && areas != 0; tries++) {
+        if (tries) nanosleep(&(struct timespec){0, 100 * 1000 * 1000}, NULL);
+        areas = memfds_named(psd[0]->pid, "psd-push-area");
+    }
+    ck_assert_msg(areas == 0, "shard 0 still holds %d push areas", areas);
     expect_reference(c, w);
     stop_all(psd, 2);
     cl_cluster_destroy(c);
