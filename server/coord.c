@@ -185,6 +185,9 @@ typedef struct {
     int parked;               /* a batch request waits for an answer */
     uint64_t park_req;
     uint64_t joined_ms, last_done_ms;
+    uint64_t steps_at_join;   /* its steps_done when joined_ms was set (an ssp joiner's clock,
+                                 a member restored by a restart of this shard): steps_per_s
+                                 counts only the steps since */
     uint64_t batch_gen;       /* asp / ssp: the state save that holds its batch's hand-out
                                  (coord_save_gen): answered once that one is committed */
     uint64_t tensor_set;      /* bsp: the digest of the tensors it declared, as its first batch
@@ -231,6 +234,7 @@ struct psd_coord_s {
                                   earlier one did: it copies the whole state) */
     bool save_retry;           /* a save failed: psd_coord_tick saves again */
     uint32_t save_failures;    /* saves failed in a row (0 after one commits) */
+    uint64_t save_failures_total; /* saves failed since this psd started */
     uint64_t crash_gen;        /* PS_TEST_CRASH_*_SAVE: the save that kills this psd ... */
     const char *crash_hook;    /* ... and the hook's name, for the log */
     uint64_t fail_gen;         /* PS_TEST_FAIL_HANDOUT_SAVE: the save that fails (0: none) */
@@ -316,6 +320,7 @@ static void save_done(psd_slot_work_t *w)
          * them, a restart would hand out the same samples again, or count a batch a chunk
          * never had: a store that commits nothing holds the job instead (pushes cannot commit
          * either then). */
+        co->save_failures_total++;
         if (co->save_failures++ % 16 == 0)
             PS_LOG(PS_LOG_ERROR, "coord", "cannot save the coordinator's state: %s (%u time%s in "
                    "a row); batches wait until a save commits, tried again at every cron tick",
@@ -852,6 +857,10 @@ void psd_coord_on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
         co->rt[r].conn = c;
         co->rt[r].parked = 0;
         co->rt[r].lost_ms = 0;
+        if (co->rt[r].joined_ms == 0) { /* restored by a restart of this shard: from now */
+            co->rt[r].joined_ms = uv_now(srv->loop);
+            co->rt[r].steps_at_join = co->s.m[r].steps_done;
+        }
     } else {
         uint64_t taken = co->s.active | co->rec.removed_in_step | co->s.step_members;
         for (uint32_t r = 0; r < PS_MAX_RANKS && rank < 0; r++)
@@ -874,7 +883,8 @@ void psd_coord_on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
                    "(ssp)", rank, (unsigned long long)clock);
         m->join_serial = ++co->s.joins;
         host_safe(m->host, sizeof m->host, msg->host[0] ? msg->host : c->peer);
-        co->rt[rank] = (member_rt_t){.conn = c, .joined_ms = uv_now(srv->loop)};
+        co->rt[rank] = (member_rt_t){.conn = c, .joined_ms = uv_now(srv->loop),
+                                     .steps_at_join = clock};
         co->s.active |= 1ull << rank;
         if (co->grant_start > 0) co->grant_start--;
         PS_LOG(PS_LOG_INFO, "coord", "worker pid %u from %s joins as rank %d at step %llu "
@@ -1715,7 +1725,9 @@ void psd_coord_metrics(psd_server_t *srv, psd_prom_t *p)
     for (uint64_t i = 0; i < n; i++)
         if (co->gaps[i] > gmax) gmax = co->gaps[i];
     psd_prom_u64(p, "psd_job_membership_epoch", "gauge",
-                 "Membership epoch: grows at every join, leave, drop or scale", co->s.epoch);
+                 "Membership epoch of the bsp steps: grows when a step's members differ from "
+                 "the step before's (2^20 more after a restart of shard 0); asp / ssp: 0",
+                 co->s.epoch);
     psd_prom_u64(p, "psd_job_open_step", "gauge", "The step being handed out (bsp) or the "
                  "highest reported (asp / ssp)", co->s.step);
     psd_prom_u64(p, "psd_job_workers_desired", "gauge",
@@ -1731,7 +1743,11 @@ void psd_coord_metrics(psd_server_t *srv, psd_prom_t *p)
                  "Batches handed out again after their worker left or died",
                  co->s.cur.handed_again);
     psd_prom_u64(p, "psd_job_state_save_failures_total", "counter",
-                 "Failed writes of the coordinator's state (each is retried)", co->save_failures);
+                 "Failed writes of the coordinator's state since this psd started (each is "
+                 "retried)", co->save_failures_total);
+    psd_prom_u64(p, "psd_job_state_save_failing", "gauge",
+                 "Writes of the coordinator's state failed in a row now (0: the last one "
+                 "committed)", co->save_failures);
     psd_prom_f64(p, "psd_job_step_gap_max_seconds",
                  "Longest gap between two consecutive steps among the last 4096 (bsp)",
                  (double)gmax / 1e3);
@@ -1752,12 +1768,14 @@ void psd_coord_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len
     OUT("\"epoch\": %llu, \"open_step\": %llu, \"desired_workers\": %u, \"actual_workers\": %u, "
         "\"finished\": %s, \"samples\": %llu, \"samples_applied\": %llu, \"batches_handed_again\": "
         "%llu, \"step_gap_ms_max\": %llu, \"step_gap_ms_median\": %llu, \"step_gaps\": %llu, "
-        "\"state_save_failures\": %u, \"checkpoint_hold\": %s, \"checkpoint_hold_users\": %u, ",
+        "\"state_save_failures\": %llu, \"state_save_failing\": %u, \"checkpoint_hold\": %s, "
+        "\"checkpoint_hold_users\": %u, ",
         (unsigned long long)co->s.epoch, (unsigned long long)co->s.step, co->s.desired,
         popcount(co->s.active), co->s.finished ? "true" : "false",
         (unsigned long long)co->s.cur.n, (unsigned long long)co->s.cur.applied_total,
         (unsigned long long)co->s.cur.handed_again, (unsigned long long)gmax,
-        (unsigned long long)gmed, (unsigned long long)n, co->save_failures,
+        (unsigned long long)gmed, (unsigned long long)n,
+        (unsigned long long)co->save_failures_total, co->save_failures,
         co->hold_ms ? "true" : "false", co->hold_users);
     OUT("\"step_gaps_top\": [");
     for (int i = 0, f = 1; i < 16; i++)
@@ -1778,10 +1796,11 @@ void psd_coord_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len
         const saved_member_t *m = &co->s.m[r];
         const member_rt_t *rt = &co->rt[r];
         double up = (double)(now - rt->joined_ms) / 1000.0;
+        uint64_t since = m->steps_done > rt->steps_at_join ? m->steps_done - rt->steps_at_join : 0;
         OUT("%s{\"rank\": %u, \"pid\": %u, \"host\": \"%s\", \"steps\": %llu, "
             "\"steps_per_s\": %.2f, \"last_heard_ms\": %lld, \"in_step\": %s}",
             firstm ? "" : ", ", r, m->pid, m->host, (unsigned long long)m->steps_done,
-            up > 0 ? (double)m->steps_done / up : 0.0,
+            rt->joined_ms && up > 0 ? (double)since / up : 0.0,
             rt->conn ? (long long)psd_now_ms() - (long long)rt->conn->last_seen_ms : -1LL,
             (co->s.step_members >> r & 1) ? "true" : "false");
         firstm = 0;

@@ -326,7 +326,7 @@ void psd_shard_totals(const psd_server_t *srv, psd_shard_totals_t *t)
     memset(t, 0, sizeof *t);
     uint64_t vmin = UINT64_MAX;
     for (uint32_t i = 0; i < srv->ntensors; i++) {
-        t->tensors += srv->tensors[i].present;
+        t->tensors += srv->tensors[i].present; /* the cluster's table, which every shard holds */
         for (uint32_t c = 0; srv->tensors[i].present && c < srv->tensors[i].nchunks; c++) {
             const psd_chunk_t *ch = srv->tensors[i].chunks[c];
             if (ch == NULL) continue;
@@ -2012,7 +2012,9 @@ static void job_done(uv_work_t *w, int status)
                 }
             ch->queued = false;
             ch->applying = false;
-            srv->applied_updates += applied;
+            /* Updates the optimizer applied: under bsp one per step (of all its pushes), under
+             * asp / ssp one per push; none when the job failed. */
+            if (job->rc == 0 && !(bsp && bad)) srv->applied_updates += bsp ? 1 : applied;
             if (job->rc) {
                 for (psd_wait_t *w = ch->pulls, *nx; w; w = nx) {
                     nx = w->next;
