@@ -12,7 +12,8 @@ while [ $# -gt 0 ]; do
     --seeds) seeds=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --only) only=$2; shift 2 ;;  # a comma list of config names, e.g. "fp32,int8"
-    *) echo "usage: $0 [--epochs N] [--seeds \"1 2 3\"] [--out FILE]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--epochs N] [--seeds \"1 2 3\"] [--out FILE] [--only \"fp32,int8\"]" >&2
+       exit 2 ;;
     esac
 done
 "$root/deploy/local/setup.sh" || exit 1

@@ -75,8 +75,9 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc)
             reps = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: hashbench [--mib N] [--reps R]\n");
-            return 2;
+            int help = strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0;
+            fprintf(help ? stdout : stderr, "usage: hashbench [--mib N] [--reps R]\n");
+            return help ? 0 : 2;
         }
     }
     if (mib == 0 || reps <= 0) {

@@ -1141,6 +1141,9 @@ static void member_remove(psd_server_t *srv, uint32_t r, const char *why)
         maybe_restart_step(srv);
     }
     async_maybe_finished(srv); /* the others may all have done their steps */
+    /* Committed now, not with the next update: after the job's last one there is none, and a
+     * restart showed (and waited for) members that had left long before. */
+    coord_save(srv);
     serve_parked(srv);
 }
 
@@ -1726,7 +1729,8 @@ void psd_coord_metrics(psd_server_t *srv, psd_prom_t *p)
         if (co->gaps[i] > gmax) gmax = co->gaps[i];
     psd_prom_u64(p, "psd_job_membership_epoch", "gauge",
                  "Membership epoch of the bsp steps: grows when a step's members differ from "
-                 "the step before's (2^20 more after a restart of shard 0); asp / ssp: 0",
+                 "the step before's (the next multiple of 2^20 after a restart of shard 0); asp / "
+                 "ssp: 0",
                  co->s.epoch);
     psd_prom_u64(p, "psd_job_open_step", "gauge", "The step being handed out (bsp) or the "
                  "highest reported (asp / ssp)", co->s.step);

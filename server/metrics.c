@@ -62,7 +62,7 @@ static void metrics_text(psd_server_t *srv, psd_http_reply_t *r)
                  "Connections of workers that hold a rank", members);
     psd_shard_totals_t t;
     psd_shard_totals(srv, &t);
-    psd_prom_u64(&p, "psd_tensors", "gauge", "Tensors with chunks on this shard", t.tensors);
+    psd_prom_u64(&p, "psd_tensors", "gauge", "Tensors declared (the cluster's table)", t.tensors);
     psd_prom_u64(&p, "psd_chunks", "gauge", "Chunks held by this shard", t.chunks);
     psd_prom_u64(&p, "psd_state_bytes", "gauge",
                  "Bytes of parameters and optimizer state held by this shard", t.state_bytes);

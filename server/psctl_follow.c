@@ -319,7 +319,11 @@ int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wai
             break;
         }
         uint64_t next = every && bsp && step != UINT64_MAX ? next_multiple(step, every) : 0;
-        printf("psctl: follow: checkpoint at step %llu into %s\n", (unsigned long long)step, dir);
+        if (step == UINT64_MAX) /* asp / ssp: no common step; the shards say theirs after */
+            printf("psctl: follow: checkpoint into %s\n", dir);
+        else
+            printf("psctl: follow: checkpoint at step %llu into %s\n", (unsigned long long)step,
+                   dir);
         fflush(stdout);
         uint64_t this_id = id;
         id = 0;
@@ -327,8 +331,7 @@ int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wai
             taken++;
             prune(m, base, ck->keep);
         } else {
-            fprintf(stderr, "psctl: follow: the checkpoint at step %llu failed; going on\n",
-                    (unsigned long long)step);
+            fprintf(stderr, "psctl: follow: the checkpoint into %s failed; going on\n", dir);
         }
         last = psctl_mono_s();
         if (every) target = next ? next : next_multiple(open, every);

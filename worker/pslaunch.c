@@ -64,6 +64,17 @@ static double mono_s(void)
 #define FOLLOW_MAX 256 /* worker processes alive at once, stopping ones included */
 
 /* --follow: poll the coordinator with this host's running count; start or stop as told. */
+/* One that dies at once (a binary that fails, a host short of memory) would be started again
+ * hundreds of times a second: once two in a row (the first worker counts) died within a second
+ * of their start, wait 0.1 s before the next start, doubling to 5 s while they keep dying so.
+ * @p quick counts them; @p lived is how long the one just dead ran. Returns the wait (s). */
+static double quick_death_wait(int *quick, double lived)
+{
+    *quick = lived < 1.0 ? *quick + 1 : 0;
+    double d = *quick > 1 ? 0.1 * (double)(1L << (*quick < 8 ? *quick - 2 : 6)) : 0;
+    return d > 5.0 ? 5.0 : d;
+}
+
 static int follow(const char *manifest, const char *worker, const char *metrics_dir, long poll_ms,
                   const sigset_t *set)
 {
@@ -81,7 +92,8 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
     }
     pid_t pids[FOLLOW_MAX];
     int stopping[FOLLOW_MAX];
-    int nlive = 0, finished = 0, failures = 0, answered = 0, refused = 0;
+    double born[FOLLOW_MAX], hold_until = 0; /* starts, and no start before (quick deaths) */
+    int nlive = 0, finished = 0, failures = 0, answered = 0, refused = 0, quick = 0;
     long next_index = 0;
     time_t silent_since = 0, said = 0; /* the coordinator unreachable since, and said at */
     struct timespec ts = {poll_ms / 1000, (poll_ms % 1000) * 1000000L};
@@ -91,7 +103,9 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
                 if (!stopping[i]) kill(pids[i], g_sig), stopping[i] = 1;
             finished = 1;
         }
-        if (!finished && !refused) { /* refused: the ones running go on; none is started */
+        /* refused: the ones running go on; none is started. While workers die at once, ask
+         * (and start) only after the wait. */
+        if (!finished && !refused && mono_s() >= hold_until) {
             int running = 0;
             for (int i = 0; i < nlive; i++) running += !stopping[i];
             ps_msg_t req = {.type = PS_MSG_LAUNCH, .workers = (uint32_t)running,
@@ -131,6 +145,7 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
                 for (int k = 0; k < rep.status && nlive < FOLLOW_MAX; k++) {
                     pid_t pid = spawn(worker, manifest, metrics_dir, next_index++);
                     if (pid < 0) break;
+                    born[nlive] = mono_s();
                     pids[nlive] = pid;
                     stopping[nlive++] = 0;
                 }
@@ -167,10 +182,19 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
                     fprintf(stderr, "pslaunch: worker pid %d %s %d\n", (int)pid,
                             WIFSIGNALED(st) ? "killed by signal" : "exited with",
                             WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+                    double d = quick_death_wait(&quick, mono_s() - born[i]);
+                    if (d > 0) {
+                        hold_until = mono_s() + d;
+                        fprintf(stderr, "pslaunch: workers die within a second of their start: "
+                                "the next starts in %.1f s\n", d);
+                    }
+                } else if (!stopping[i]) {
+                    quick = 0;
                 }
                 /* Keep the start order (the newest last). */
                 memmove(pids + i, pids + i + 1, (size_t)(nlive - i - 1) * sizeof *pids);
                 memmove(stopping + i, stopping + i + 1, (size_t)(nlive - i - 1) * sizeof *stopping);
+                memmove(born + i, born + i + 1, (size_t)(nlive - i - 1) * sizeof *born);
                 nlive--;
                 break;
             }
@@ -353,13 +377,8 @@ int main(int argc, char **argv)
                             i, (int)pid, WIFSIGNALED(st) ? "killed by signal" : "exited with",
                             WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
                     respawn--;
-                    /* One that dies at once (a binary that fails, a host short of memory)
-                     * would be started hundreds of times a second: wait 0.1 s, doubling to 5 s
-                     * while they keep dying within a second. */
-                    quick = mono_s() - born[i] < 1.0 ? quick + 1 : 0;
-                    double d = quick > 1 ? 0.1 * (double)(1L << (quick < 8 ? quick - 2 : 6)) : 0;
-                    for (double end = mono_s() + (d > 5.0 ? 5.0 : d), now; !g_sig &&
-                                                                          (now = mono_s()) < end;) {
+                    double d = quick_death_wait(&quick, mono_s() - born[i]);
+                    for (double end = mono_s() + d, now; !g_sig && (now = mono_s()) < end;) {
                         double w = end - now; /* another child's exit is reaped below */
                         struct timespec ts = {(time_t)w, (long)((w - (double)(time_t)w) * 1e9)};
                         int sig = sigtimedwait(&set, NULL, &ts);

@@ -79,6 +79,11 @@ static int device_encode(void *arg, uint32_t id, uint32_t chunk, uint64_t offset
                                          psk_gpu_stream(g));
     if (!rc) rc = psk_gpu_download(g, out, tr->d_stage, *len);
     if (!rc) rc = psk_gpu_sync(g);
+    if (rc && !tr->mlp.gpu_rc) { /* said as any device failure (device_failed) */
+        tr->mlp.gpu_rc = rc;
+        snprintf(tr->mlp.gpu_err, sizeof tr->mlp.gpu_err, "%s: encoding %s: %s", psk_gpu_name(g),
+                 tr->mlp.tensors[t].name, rc == PS_EIO ? psk_gpu_last_error(g) : ps_strerror(rc));
+    }
     return rc;
 }
 
@@ -103,9 +108,14 @@ static int device_codecs(trainer_t *tr)
         /* Room for any dense payload of a chunk: a header and 4 bytes a value, 4 a scale. */
         tr->stage_cap = PSK_CODEC_HEADER_BYTES + 8 * n + 8;
         int rc = psk_gpu_alloc(g, (void **)&tr->d_stage, tr->stage_cap);
-        if (!rc && cc->error_feedback &&
-            (rc = psk_gpu_alloc(g, (void **)&tr->d_residual, bytes / 2)) == 0)
-            rc = psk_gpu_zero(g, tr->d_residual, bytes / 2);
+        if (!rc && cc->error_feedback)
+            rc = psk_gpu_alloc(g, (void **)&tr->d_residual, bytes / 2);
+        if (rc) return rc;
+    }
+    /* Zeros at every join, as a new client's residual on the host: a worker dropped and back
+     * as a new member does not add what it kept from before (the lost push's error too). */
+    if (stay && tr->d_residual != NULL) {
+        int rc = psk_gpu_zero(g, tr->d_residual, bytes / 2);
         if (rc) return rc;
     }
     tr->mlp.grads_stay = stay;
@@ -179,6 +189,8 @@ static int pull_all(trainer_t *tr, uint64_t min_version, uint64_t *version)
 /* PS_TEST_STOP_AT=WHERE (tests only): the first time the worker is at WHERE ("hello": its
  * join answered, before the declarations; "final": before the final pull), it stops itself
  * (SIGSTOP), so that a test can have the shards drop it there. */
+/* Test hook PS_TEST_STOP_AT=hello|final|batch:N: SIGSTOP itself once, at its hello, before its
+ * final pull, or before its Nth batch request (N from 1). */
 static void test_stop(const char *where)
 {
     static int done;
@@ -658,8 +670,11 @@ int main(int argc, char **argv)
         ps_batch_info_t b, done = {0};
         int have_done = 0, pulled_ahead = 0;
         uint64_t pulled_version = UINT64_MAX;
-        for (;;) {
+        for (long requests = 1;; requests++) {
             if (g_stop) break;
+            char at[32];
+            snprintf(at, sizeof at, "batch:%ld", requests);
+            test_stop(at);
             rc = ps_client_next_batch(tr.client, train.n, have_done ? &done : NULL, &b);
             if (rc == 0 && !b.finished) {
                 /* Under bsp the parameters of the batch's step; pulled already when the
@@ -715,6 +730,7 @@ int main(int argc, char **argv)
                     tr.failed = 0;
                     continue;
                 }
+                if (device_failed(&tr.mlp)) goto out; /* the device's words, not libps's */
                 fprintf(stderr, "psworker: rank %d: step %llu: %s\n", ps_client_rank(tr.client),
                         (unsigned long long)step, tr.err);
                 goto out;

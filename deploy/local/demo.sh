@@ -13,7 +13,7 @@ while [ $# -gt 0 ]; do
     --shards) shards=$2; shift 2 ;;
     --epochs) epochs=$2; shift 2 ;;
     --keep) keep=1; shift ;;
-    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,6p' "$0"; exit 0 ;;
     *) echo "demo: unknown option $1" >&2; exit 2 ;;
     esac
 done

@@ -12,6 +12,9 @@
 #      a device worker, which encodes on the device (it says so): the same final parameters
 #      bit for bit on the emulation (its arithmetic is the CPU's), accuracies within 0.02 on a
 #      GPU.
+#   4. The same job with the worker stopped before its 50th batch request past the heartbeat
+#      timeout (PS_TEST_STOP_AT=batch:50), dropped, and back as a new member: the device's
+#      error feedback starts again from zeros as the CPU's does (the same comparison).
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build=$(cd "${1:-$root/build}" && pwd)
@@ -85,28 +88,53 @@ kill -TERM "${pids[0]}"; wait "${pids[0]}" || fail "psd did not stop cleanly"
 pids=()
 echo "cluster: accuracy device worker $a0, CPU worker $a1"
 
-# 3. int8 + error feedback, one worker: on the CPU, then on the device.
-for run in cpu dev; do
-    sed -e "s|cluster: gpu-verify|cluster: gpu-verify-$run|" -e "s|data_dir: $tmp/0|data_dir: $tmp/c-$run|" \
-        -e "s|workers: 2|workers: 1|" "$tmp/m.yaml" > "$tmp/c-$run.yaml"
+# 3. int8 + error feedback, one worker: on the CPU, then on the device; 4. the same with the
+# worker dropped (stopped past the heartbeat timeout) and back as a new member.
+int8_job() { # $1: run name (cpu|dev), $2: "stop" to stop the worker before its 50th batch
+    local run=$1 w dev=()
+    sed -e "s|cluster: gpu-verify|cluster: gpu-verify-$run$2|" \
+        -e "s|data_dir: $tmp/0|data_dir: $tmp/c-$run$2|" -e "s|workers: 2|workers: 1|" \
+        "$tmp/m.yaml" > "$tmp/c-$run.yaml"
     printf '  compression: {codec: int8, error_feedback: true, min_bytes: 0}\n' >> "$tmp/c-$run.yaml"
+    printf '  heartbeat_timeout_ms: 1000\n' >> "$tmp/c-$run.yaml"
     "$psd" --manifest "$tmp/c-$run.yaml" --shard 0 > "$tmp/psd-$run.log" 2>&1 &
     pids=($!)
     for _ in $(seq 100); do grep -q "listening on" "$tmp/psd-$run.log" && break; sleep 0.1; done
-    if [ $run = cpu ]; then w=$psworker; dev=(); else w=$psworker_dev; dev=(--device cuda); fi
-    "$w" --manifest "$tmp/c-$run.yaml" "${dev[@]}" --params-out "$tmp/p-$run.bin" \
-        > "$tmp/w-$run.log" 2>&1 || fail "the $run worker of the int8 job"
+    if [ "$run" = cpu ]; then w=$psworker; else w=$psworker_dev; dev=(--device cuda); fi
+    local stop=""
+    [ "$2" = stop ] && stop=batch:50
+    PS_TEST_STOP_AT=$stop "$w" --manifest "$tmp/c-$run.yaml" "${dev[@]}" \
+        --params-out "$tmp/p-$run.bin" > "$tmp/w-$run.log" 2>&1 &
+    local wp=$!
+    pids+=($wp)
+    if [ "$2" = stop ]; then
+        for _ in $(seq 300); do grep -q "stops at its batch:50" "$tmp/w-$run.log" && break; sleep 0.1; done
+        grep -q "stops at its batch:50" "$tmp/w-$run.log" || fail "the $run worker did not stop"
+        sleep 3 # three heartbeat timeouts: the shard drops it
+        kill -CONT "$wp"
+    fi
+    wait "$wp" || fail "the $run worker of the int8 job $2"
+    [ "$2" = stop ] && { grep -q "joined at step" "$tmp/w-$run.log" || fail "no join"; }
     kill -TERM "${pids[0]}"; wait "${pids[0]}" || fail "psd did not stop cleanly"
     pids=()
+}
+for phase in "" stop; do
+    int8_job cpu "$phase"
+    int8_job dev "$phase"
+    grep -q "4 of 4 tensors are compressed on the device" "$tmp/w-dev.log" ||
+        fail "the device worker did not encode on the device"
+    if [ "$phase" = stop ]; then
+        [ "$(grep -c "joined at step" "$tmp/w-dev.log")" -ge 2 ] ||
+            fail "the device worker was not dropped and back"
+    fi
+    read -r c0 _ <<< "$(accuracy "$tmp/w-cpu.log")"
+    read -r c1 _ <<< "$(accuracy "$tmp/w-dev.log")"
+    if [ "${2:-}" = emu ]; then
+        cmp -s "$tmp/p-cpu.bin" "$tmp/p-dev.bin" ||
+            fail "int8 job ${phase:-plain}: the device's parameters differ"
+    else
+        /usr/bin/python3 -c "import sys; sys.exit(abs($c0 - $c1) > 0.02 or $c1 < 0.5)" ||
+            fail "int8 job ${phase:-plain}: accuracy CPU $c0, device $c1"
+    fi
+    echo "int8 job${phase:+ (dropped and back)}: accuracy CPU $c0, device $c1 (the device encoding its pushes)"
 done
-grep -q "4 of 4 tensors are compressed on the device" "$tmp/w-dev.log" ||
-    fail "the device worker did not encode on the device"
-read -r c0 _ <<< "$(accuracy "$tmp/w-cpu.log")"
-read -r c1 _ <<< "$(accuracy "$tmp/w-dev.log")"
-if [ "${2:-}" = emu ]; then
-    cmp -s "$tmp/p-cpu.bin" "$tmp/p-dev.bin" || fail "int8 job: the device's parameters differ"
-else
-    /usr/bin/python3 -c "import sys; sys.exit(abs($c0 - $c1) > 0.02 or $c1 < 0.5)" ||
-        fail "int8 job: accuracy CPU $c0, device $c1"
-fi
-echo "int8 job: accuracy CPU $c0, device $c1 (the device encoding its pushes)"
