@@ -585,11 +585,7 @@ int main(int argc, char **argv)
     }
     if (device >= 0 && (rc = ps_mlp_use_gpu(&tr.mlp, device, err, sizeof err)) != 0) {
         fprintf(stderr, "psworker: --device cuda:%d: %s\n", device, err);
-        if (tr.mlp.gpu != NULL) {
-        psk_gpu_free(tr.mlp.gpu, tr.d_stage);
-        psk_gpu_free(tr.mlp.gpu, tr.d_residual);
-    }
-    ps_mlp_destroy(&tr.mlp);
+        ps_mlp_destroy(&tr.mlp); /* still on the CPU: the failed use_gpu released the device */
         ps_dataset_free(&train);
         ps_dataset_free(&test);
         return rc == PS_ENOTSUP ? 2 : 1;
