@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 #include <float.h>
 #include <math.h>
+#include <string.h>
 
 extern "C" {
 #include "codec.h"
@@ -19,6 +20,44 @@ extern "C" {
 
 static const int threads = 256;
 
+/* The per-element arithmetic is __host__ __device__: the kernels run it on the device, and
+ * psk_codec_encode_cuda_host (for tests) runs the same functions on the host in the kernels'
+ * order, so that their results can be compared with codec.c's where no GPU is. On the device
+ * the operations are the round-to-nearest intrinsics (no contraction into FMA whatever the
+ * flags); on the host, plain operators (x86-64's baseline has no FMA to contract into). */
+#define HD __host__ __device__
+#ifdef __CUDA_ARCH__
+#define FMUL(a, b) __fmul_rn((a), (b))
+#define FADD(a, b) __fadd_rn((a), (b))
+#define FSUB(a, b) __fsub_rn((a), (b))
+#define FDIV(a, b) __fdiv_rn((a), (b))
+#define DADD(a, b) __dadd_rn((a), (b))
+#define DDIV(a, b) __ddiv_rn((a), (b))
+#define AS_UINT(f) __float_as_uint(f)
+#define AS_FLOAT(u) __uint_as_float(u)
+#else
+#define FMUL(a, b) ((float)(a) * (float)(b))
+#define FADD(a, b) ((float)(a) + (float)(b))
+#define FSUB(a, b) ((float)(a) - (float)(b))
+#define FDIV(a, b) ((float)(a) / (float)(b))
+#define DADD(a, b) ((double)(a) + (double)(b))
+#define DDIV(a, b) ((double)(a) / (double)(b))
+static inline uint32_t host_as_uint(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static inline float host_as_float(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+#define AS_UINT(f) host_as_uint(f)
+#define AS_FLOAT(u) host_as_float(u)
+#endif
+
 static unsigned blocks_for(size_t n)
 {
     size_t b = (n + threads - 1) / threads;
@@ -27,43 +66,43 @@ static unsigned blocks_for(size_t n)
 
 /* ---- codec.c's conversions, on the device ---- */
 
-__device__ static inline uint32_t f32_bits(float f)
+HD static inline uint32_t f32_bits(float f)
 {
-    return __float_as_uint(f);
+    return AS_UINT(f);
 }
 
-__device__ static inline float f32_from_bits(uint32_t u)
+HD static inline float f32_from_bits(uint32_t u)
 {
-    return __uint_as_float(u);
+    return AS_FLOAT(u);
 }
 
-__device__ static inline uint16_t f16_from_f32(float f)
+HD static inline uint16_t f16_from_f32(float f)
 {
     uint32_t w = f32_bits(f);
     uint32_t shl1 = w + w;
     uint32_t sign = w & 0x80000000u;
-    float base = __fmul_rn(__fmul_rn(fabsf(f), 0x1.0p+112f), 0x1.0p-110f);
+    float base = FMUL(FMUL(fabsf(f), 0x1.0p+112f), 0x1.0p-110f);
     uint32_t bias = shl1 & 0xff000000u;
     bias = bias < 0x71000000u ? 0x71000000u : bias;
-    base = __fadd_rn(f32_from_bits((bias >> 1) + 0x07800000u), base);
+    base = FADD(f32_from_bits((bias >> 1) + 0x07800000u), base);
     uint32_t bits = f32_bits(base);
     uint32_t nonsign = ((bits >> 13) & 0x7c00u) + (bits & 0x0fffu);
     uint32_t nan = 0u - (uint32_t)(shl1 > 0xff000000u);
     return (uint16_t)((sign >> 16) | (0x7e00u & nan) | (nonsign & ~nan));
 }
 
-__device__ static inline float f32_from_f16(uint16_t h)
+HD static inline float f32_from_f16(uint16_t h)
 {
     uint32_t w = (uint32_t)h << 16;
     uint32_t sign = w & 0x80000000u;
     uint32_t two_w = w + w;
-    float normal = __fmul_rn(f32_from_bits((two_w >> 4) + (0xe0u << 23)), 0x1.0p-112f);
-    float subnormal = __fsub_rn(f32_from_bits((two_w >> 17) | (126u << 23)), 0.5f);
+    float normal = FMUL(f32_from_bits((two_w >> 4) + (0xe0u << 23)), 0x1.0p-112f);
+    float subnormal = FSUB(f32_from_bits((two_w >> 17) | (126u << 23)), 0.5f);
     uint32_t sub = 0u - (uint32_t)(two_w < (1u << 27));
     return f32_from_bits(sign | (f32_bits(subnormal) & sub) | (f32_bits(normal) & ~sub));
 }
 
-__device__ static inline uint16_t bf16_from_f32(float f)
+HD static inline uint16_t bf16_from_f32(float f)
 {
     uint32_t u = f32_bits(f);
     uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
@@ -71,12 +110,12 @@ __device__ static inline uint16_t bf16_from_f32(float f)
     return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
 }
 
-__device__ static inline float f32_from_bf16(uint16_t h)
+HD static inline float f32_from_bf16(uint16_t h)
 {
     return f32_from_bits((uint32_t)h << 16);
 }
 
-__device__ static inline uint32_t hash32(uint32_t x)
+HD static inline uint32_t hash32(uint32_t x)
 {
     x ^= x >> 16;
     x *= 0x7feb352du;
@@ -87,18 +126,18 @@ __device__ static inline uint32_t hash32(uint32_t x)
 }
 
 /* Little-endian stores and loads at any alignment (the payload is a byte stream). */
-__device__ static inline void st16(uint8_t *p, uint16_t v)
+HD static inline void st16(uint8_t *p, uint16_t v)
 {
     p[0] = (uint8_t)v;
     p[1] = (uint8_t)(v >> 8);
 }
 
-__device__ static inline uint16_t ld16(const uint8_t *p)
+HD static inline uint16_t ld16(const uint8_t *p)
 {
     return (uint16_t)(p[0] | p[1] << 8);
 }
 
-__device__ static inline void st32(uint8_t *p, uint32_t v)
+HD static inline void st32(uint8_t *p, uint32_t v)
 {
     p[0] = (uint8_t)v;
     p[1] = (uint8_t)(v >> 8);
@@ -106,13 +145,13 @@ __device__ static inline void st32(uint8_t *p, uint32_t v)
     p[3] = (uint8_t)(v >> 24);
 }
 
-__device__ static inline uint32_t ld32(const uint8_t *p)
+HD static inline uint32_t ld32(const uint8_t *p)
 {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
 /* The flag in the header's last word (see the top of the file). */
-__device__ static inline bool flagged(const uint8_t *out)
+HD static inline bool flagged(const uint8_t *out)
 {
     return ld32(out + 12) != 0;
 }
@@ -121,7 +160,119 @@ __device__ static inline bool flagged(const uint8_t *out)
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n);                 \
          i += (size_t)gridDim.x * blockDim.x)
 
+/* ---- the per-element steps (host and device) ---- */
+
+/* none, fp16, bf16 (kind), value i; with r: x = g + r, r = x + (-1 * decode(x)). */
+HD static inline void dense_one(uint8_t *body, const float *g, float *r, size_t i, int kind)
+{
+    float x = r != NULL ? FADD(r[i], g[i]) : g[i];
+    float d;
+    if (kind == PSK_CODEC_FP16) {
+        uint16_t h = f16_from_f32(x);
+        st16(body + 2 * i, h);
+        d = f32_from_f16(h);
+    } else if (kind == PSK_CODEC_BF16) {
+        uint16_t h = bf16_from_f32(x);
+        st16(body + 2 * i, h);
+        d = f32_from_bf16(h);
+    } else {
+        st32(body + 4 * i, f32_bits(x));
+        d = x;
+    }
+    if (r != NULL)
+        r[i] = FADD(x, FMUL(-1.0f, d));
+}
+
+HD static inline bool nonfinite(float x)
+{
+    return (f32_bits(x) & 0x7fffffffu) >= 0x7f800000u;
+}
+
+/* int8: a block's scale from its largest magnitude m (finite), as codec.c's encode_int8. */
+HD static inline float int8_scale(float m)
+{
+    float scale = FDIV(m, 127.0f);
+    if (scale < FLT_MIN && (double)scale * 127.0 < (double)m)
+        scale = nextafterf(scale, INFINITY);
+    return scale;
+}
+
+/* int8: value x at element index idx of a block with largest magnitude m and scale. */
+HD static inline int8_t int8_q(float x, float m, float scale, int stochastic, uint32_t key,
+                               uint32_t idx)
+{
+    int32_t v;
+    if (m >= 0x1.0p-100f) {
+        float inv = FDIV(127.0f, m);
+        if (stochastic) {
+            float u = FMUL((float)(hash32(idx ^ key) >> 8), 0x1.0p-24f);
+            v = (int32_t)FADD(FADD(FMUL(x, inv), u), 128.0f) - 128;
+        } else {
+            v = (int32_t)FSUB(FADD(FMUL(x, inv), 0x1.8p23f), 0x1.8p23f);
+        }
+    } else { /* a tiny block: in double against the scale sent */
+        double d = scale > 0.0f ? nearbyint((double)x / (double)scale) : 0.0;
+        v = (int32_t)(d > 127.0 ? 127.0 : d < -127.0 ? -127.0 : d);
+    }
+    v = v > 127 ? 127 : v < -127 ? -127 : v;
+    return (int8_t)v;
+}
+
+/* sign: a block's scale, mean |x| summed in double over 8 lanes in codec.c's order (value i
+ * into lane i % 8). */
+HD static inline float sign_scale(const float *x, size_t len)
+{
+    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (size_t i = 0; i < len; i++)
+        acc[i % 8] = DADD(acc[i % 8], fabs((double)x[i]));
+    double sum = DADD(DADD(DADD(acc[0], acc[1]), DADD(acc[2], acc[3])),
+                      DADD(DADD(acc[4], acc[5]), DADD(acc[6], acc[7])));
+    return (float)DDIV(sum, (double)len);
+}
+
+/* sign: byte j of the sign bits (value i: bit i % 8 of byte i / 8). */
+HD static inline uint8_t sign_byte(const float *x, size_t n, size_t j)
+{
+    uint32_t v = 0;
+    for (uint32_t l = 0; l < 8 && 8 * j + l < n; l++)
+        v |= (f32_bits(x[8 * j + l]) >> 31) << l;
+    return (uint8_t)v;
+}
+
+/* out[i] += w * value i of a checked payload's body. */
+HD static inline void decode_one(float *o, const uint8_t *body, size_t i, size_t nb, int kind,
+                                 uint32_t block, float w)
+{
+    float v;
+    switch (kind) {
+    case PSK_CODEC_FP16:
+        v = FMUL(w, f32_from_f16(ld16(body + 2 * i)));
+        break;
+    case PSK_CODEC_BF16:
+        v = FMUL(w, f32_from_bf16(ld16(body + 2 * i)));
+        break;
+    case PSK_CODEC_INT8: {
+        float sw = FMUL(w, f32_from_bits(ld32(body + 4 * (i / block))));
+        v = FMUL(sw, (float)(int8_t)body[4 * nb + i]);
+        break;
+    }
+    case PSK_CODEC_SIGN: {
+        uint32_t sw = f32_bits(FMUL(w, f32_from_bits(ld32(body + 4 * (i / block)))));
+        uint32_t bit = (uint32_t)(body[4 * nb + i / 8] >> (i % 8)) & 1u;
+        v = f32_from_bits(sw ^ (bit << 31));
+        break;
+    }
+    default:
+        v = FMUL(w, f32_from_bits(ld32(body + 4 * i)));
+    }
+    o[i] = FADD(o[i], v);
+}
+
 /* ---- kernels ---- */
+
+#define FOR_EACH(i, n)                                                                      \
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n);                 \
+         i += (size_t)gridDim.x * blockDim.x)
 
 struct header {
     uint8_t b[PSK_CODEC_HEADER_BYTES];
@@ -137,7 +288,7 @@ __global__ static void nonfinite_k(uint8_t *out, const float *x, size_t n)
 {
     bool bad = false;
     FOR_EACH(i, n)
-    bad |= (f32_bits(x[i]) & 0x7fffffffu) >= 0x7f800000u;
+    bad |= nonfinite(x[i]);
     if (bad)
         out[12] = 1; /* any nonzero value flags it; racing writers write the same */
 }
@@ -149,28 +300,10 @@ __global__ static void seal_k(uint8_t *out)
     st32(out + 12, 0);
 }
 
-/* none, fp16, bf16 (kind), element-wise; with r: x = g + r, r = x + (-1 * decode(x)). */
 __global__ static void dense_k(uint8_t *out, const float *g, float *r, size_t n, int kind)
 {
-    uint8_t *body = out + PSK_CODEC_HEADER_BYTES;
-    FOR_EACH(i, n) {
-        float x = r != NULL ? __fadd_rn(r[i], g[i]) : g[i];
-        float d;
-        if (kind == PSK_CODEC_FP16) {
-            uint16_t h = f16_from_f32(x);
-            st16(body + 2 * i, h);
-            d = f32_from_f16(h);
-        } else if (kind == PSK_CODEC_BF16) {
-            uint16_t h = bf16_from_f32(x);
-            st16(body + 2 * i, h);
-            d = f32_from_bf16(h);
-        } else {
-            st32(body + 4 * i, f32_bits(x));
-            d = x;
-        }
-        if (r != NULL)
-            r[i] = __fadd_rn(x, __fmul_rn(-1.0f, d));
-    }
+    FOR_EACH(i, n)
+    dense_one(out + PSK_CODEC_HEADER_BYTES, g, r, i, kind);
 }
 
 /* x = g + r into r, unless flagged (int8 and sign take x from r afterwards). */
@@ -179,7 +312,7 @@ __global__ static void add_k(const uint8_t *out, const float *g, float *r, size_
     if (flagged(out))
         return;
     FOR_EACH(i, n)
-    r[i] = __fadd_rn(r[i], g[i]);
+    r[i] = FADD(r[i], g[i]);
 }
 
 /* int8: one thread block per codec block. x is the input (r after add_k with error feedback);
@@ -206,66 +339,38 @@ __global__ static void int8_k(uint8_t *out, const float *x, float *r, size_t n, 
         __syncthreads();
     }
     float m = f32_from_bits(red[0]); /* finite: nonfinite_k ran before */
-    float scale = __fdiv_rn(m, 127.0f);
-    if (scale < FLT_MIN && (double)scale * 127.0 < (double)m)
-        scale = nextafterf(scale, INFINITY);
+    float scale = int8_scale(m), sw = FMUL(-1.0f, scale);
     if (threadIdx.x == 0)
         st32(scales + 4 * b, f32_bits(scale));
-    float inv = m >= 0x1.0p-100f ? __fdiv_rn(127.0f, m) : 0.0f;
-    float sw = __fmul_rn(-1.0f, scale);
     for (size_t i = threadIdx.x; i < len; i += blockDim.x) {
-        float xv = x[s + i];
-        int32_t v;
-        if (m >= 0x1.0p-100f && stochastic) {
-            float u = __fmul_rn((float)(hash32((uint32_t)(s + i) ^ key) >> 8), 0x1.0p-24f);
-            float t = __fadd_rn(__fmul_rn(xv, inv), u);
-            v = (int32_t)__fadd_rn(t, 128.0f) - 128;
-        } else if (m >= 0x1.0p-100f) {
-            float t = __fsub_rn(__fadd_rn(__fmul_rn(xv, inv), 0x1.8p23f), 0x1.8p23f);
-            v = (int32_t)t;
-        } else {
-            double d = scale > 0.0f ? nearbyint((double)xv / (double)scale) : 0.0;
-            v = (int32_t)(d > 127.0 ? 127.0 : d < -127.0 ? -127.0 : d);
-        }
-        v = v > 127 ? 127 : v < -127 ? -127 : v;
-        q[s + i] = (uint8_t)(int8_t)v;
+        int8_t v = int8_q(x[s + i], m, scale, stochastic, key, (uint32_t)(s + i));
+        q[s + i] = (uint8_t)v;
         if (r != NULL)
-            r[s + i] = __fadd_rn(r[s + i], __fmul_rn(sw, (float)(int8_t)v));
+            r[s + i] = FADD(r[s + i], FMUL(sw, (float)v));
     }
 }
 
-/* sign, 1: each codec block's scale, mean |x| summed in double over 8 lanes in codec.c's
- * order (value i into lane i % 8), one thread per codec block. */
+/* sign, 1: each codec block's scale, one thread per codec block. */
 __global__ static void sign_scale_k(uint8_t *out, const float *x, size_t n, uint32_t block)
 {
     if (flagged(out))
         return;
     size_t nb = (n + block - 1) / block;
-    for (size_t b = blockIdx.x * (size_t)blockDim.x + threadIdx.x; b < nb;
-         b += (size_t)gridDim.x * blockDim.x) {
+    FOR_EACH(b, nb) {
         size_t s = b * block, len = n - s < block ? n - s : block;
-        double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (size_t i = 0; i < len; i++)
-            acc[i % 8] = __dadd_rn(acc[i % 8], fabs((double)x[s + i]));
-        double sum = __dadd_rn(__dadd_rn(__dadd_rn(acc[0], acc[1]), __dadd_rn(acc[2], acc[3])),
-                               __dadd_rn(__dadd_rn(acc[4], acc[5]), __dadd_rn(acc[6], acc[7])));
-        st32(out + PSK_CODEC_HEADER_BYTES + 4 * b, f32_bits((float)__ddiv_rn(sum, (double)len)));
+        st32(out + PSK_CODEC_HEADER_BYTES + 4 * b, f32_bits(sign_scale(x + s, len)));
     }
 }
 
-/* sign, 2: one thread per byte of sign bits (value i: bit i % 8 of byte i / 8). */
+/* sign, 2: one thread per byte of sign bits. */
 __global__ static void sign_bits_k(uint8_t *out, const float *x, size_t n, uint32_t block)
 {
     if (flagged(out))
         return;
     size_t nb = (n + block - 1) / block, nbytes = (n + 7) / 8;
     uint8_t *bits = out + PSK_CODEC_HEADER_BYTES + 4 * nb;
-    FOR_EACH(j, nbytes) {
-        uint32_t v = 0;
-        for (uint32_t l = 0; l < 8 && 8 * j + l < n; l++)
-            v |= (f32_bits(x[8 * j + l]) >> 31) << l;
-        bits[j] = (uint8_t)v;
-    }
+    FOR_EACH(j, nbytes)
+    bits[j] = sign_byte(x, n, j);
 }
 
 /* sign, 3 (error feedback): r[i] += -scale with x's sign, as decode_add(-1) of the payload. */
@@ -273,44 +378,18 @@ __global__ static void sign_ef_k(const uint8_t *out, float *r, size_t n, uint32_
 {
     if (flagged(out))
         return;
-    const uint8_t *scales = out + PSK_CODEC_HEADER_BYTES;
-    FOR_EACH(i, n) {
-        uint32_t sw = f32_bits(__fmul_rn(-1.0f, f32_from_bits(ld32(scales + 4 * (i / block)))));
-        r[i] = __fadd_rn(r[i], f32_from_bits(sw ^ (f32_bits(r[i]) & 0x80000000u)));
-    }
+    size_t nb = (n + block - 1) / block;
+    FOR_EACH(i, n)
+    decode_one(r, out + PSK_CODEC_HEADER_BYTES, i, nb, PSK_CODEC_SIGN, block, -1.0f);
 }
 
-/* decode-add of a checked payload: out[i] += w * value i. */
+/* decode-add of a checked payload. */
 __global__ static void decode_add_k(float *o, const uint8_t *payload, size_t n, int kind,
                                     uint32_t block, float w)
 {
-    const uint8_t *body = payload + PSK_CODEC_HEADER_BYTES;
     size_t nb = kind == PSK_CODEC_INT8 || kind == PSK_CODEC_SIGN ? (n + block - 1) / block : 0;
-    FOR_EACH(i, n) {
-        float v;
-        switch (kind) {
-        case PSK_CODEC_FP16:
-            v = __fmul_rn(w, f32_from_f16(ld16(body + 2 * i)));
-            break;
-        case PSK_CODEC_BF16:
-            v = __fmul_rn(w, f32_from_bf16(ld16(body + 2 * i)));
-            break;
-        case PSK_CODEC_INT8: {
-            float sw = __fmul_rn(w, f32_from_bits(ld32(body + 4 * (i / block))));
-            v = __fmul_rn(sw, (float)(int8_t)body[4 * nb + i]);
-            break;
-        }
-        case PSK_CODEC_SIGN: {
-            uint32_t sw = f32_bits(__fmul_rn(w, f32_from_bits(ld32(body + 4 * (i / block)))));
-            uint32_t bit = (uint32_t)(body[4 * nb + i / 8] >> (i % 8)) & 1u;
-            v = f32_from_bits(sw ^ (bit << 31));
-            break;
-        }
-        default:
-            v = __fmul_rn(w, f32_from_bits(ld32(body + 4 * i)));
-        }
-        o[i] = __fadd_rn(o[i], v);
-    }
+    FOR_EACH(i, n)
+    decode_one(o, payload + PSK_CODEC_HEADER_BYTES, i, nb, kind, block, w);
 }
 
 /* ---- launchers ---- */
@@ -391,4 +470,84 @@ extern "C" int psk_codec_decode_add_cuda(float *out, size_t n, const uint8_t *pa
     decode_add_k<<<blocks_for(n), threads, 0, (cudaStream_t)stream>>>(
         out, payload, n, (int)c->kind, c->block, weight);
     return cudaPeekAtLastError() == cudaSuccess ? 0 : PS_EIO;
+}
+
+/* ---- the same encode and decode on the host (tests) ----
+ * The kernels' per-element functions in the kernels' order, on host memory: what the device
+ * computes, checkable against codec.c where no GPU is (unit test codec_twin). Not the device's
+ * indexing, launches or reductions (max is order-free), which test_gpu checks on a device. */
+
+extern "C" int psk_codec_encode_cuda_host(uint8_t *out, size_t cap, size_t *len, const float *g,
+                                          float *r, size_t n, const psk_codec_t *c)
+{
+    size_t bytes = psk_codec_max_bytes(c, n);
+    if (bytes == 0 || cap < bytes)
+        return PS_EINVAL;
+    if (!dense_kind(c->kind))
+        return PS_ENOTSUP;
+    psk_codec_header(out, c, n); /* header_k */
+    uint8_t *body = out + PSK_CODEC_HEADER_BYTES;
+    bool flag = false;
+    for (size_t i = 0; psk_codec_needs_finite(c) && i < n; i++) /* nonfinite_k */
+        flag |= nonfinite(g[i]);
+    if (!flag && (c->kind == PSK_CODEC_INT8 || c->kind == PSK_CODEC_SIGN)) {
+        const float *x = g;
+        if (r != NULL) { /* add_k */
+            for (size_t i = 0; i < n; i++)
+                r[i] = FADD(r[i], g[i]);
+            x = r;
+        }
+        size_t nb = (n + c->block - 1) / c->block;
+        for (size_t b = 0; b < nb; b++) {
+            size_t s = b * c->block, len = n - s < c->block ? n - s : c->block;
+            if (c->kind == PSK_CODEC_SIGN) { /* sign_scale_k */
+                st32(body + 4 * b, f32_bits(sign_scale(x + s, len)));
+                continue;
+            }
+            uint32_t mk = 0; /* int8_k */
+            for (size_t i = 0; i < len; i++) {
+                uint32_t k = f32_bits(x[s + i]) & 0x7fffffffu;
+                mk = k > mk ? k : mk;
+            }
+            float m = f32_from_bits(mk), scale = int8_scale(m), sw = FMUL(-1.0f, scale);
+            st32(body + 4 * b, f32_bits(scale));
+            uint32_t key = (uint32_t)psk_mix64(c->seed + PSK_GOLDEN_GAMMA);
+            for (size_t i = 0; i < len; i++) {
+                int8_t v = int8_q(x[s + i], m, scale, c->stochastic ? 1 : 0, key,
+                                  (uint32_t)(s + i));
+                body[4 * nb + s + i] = (uint8_t)v;
+                if (r != NULL)
+                    r[s + i] = FADD(r[s + i], FMUL(sw, (float)v));
+            }
+        }
+        if (c->kind == PSK_CODEC_SIGN) {
+            for (size_t j = 0; j < (n + 7) / 8; j++) /* sign_bits_k */
+                body[4 * nb + j] = sign_byte(x, n, j);
+            for (size_t i = 0; r != NULL && i < n; i++) /* sign_ef_k */
+                decode_one(r, body, i, nb, PSK_CODEC_SIGN, c->block, -1.0f);
+        }
+    } else if (!flag) {
+        for (size_t i = 0; i < n; i++) /* dense_k */
+            dense_one(body, g, r, i, (int)c->kind);
+    }
+    if (flag) /* seal_k */
+        out[0] = 0xff;
+    *len = bytes;
+    return 0;
+}
+
+extern "C" int psk_codec_decode_add_cuda_host(float *o, size_t n, const uint8_t *payload,
+                                              size_t len, const psk_codec_t *c, float weight)
+{
+    size_t bytes = psk_codec_max_bytes(c, n);
+    if (bytes == 0 || len != bytes)
+        return PS_EINVAL;
+    if (!dense_kind(c->kind))
+        return PS_ENOTSUP;
+    size_t nb = c->kind == PSK_CODEC_INT8 || c->kind == PSK_CODEC_SIGN
+                    ? (n + c->block - 1) / c->block
+                    : 0;
+    for (size_t i = 0; i < n; i++) /* decode_add_k */
+        decode_one(o, payload + PSK_CODEC_HEADER_BYTES, i, nb, (int)c->kind, c->block, weight);
+    return 0;
 }
