@@ -2,7 +2,7 @@
  *
  * One psk_gpu_t is one device with one stream and one cuBLAS handle. Every call that takes it
  * queues work on that stream; psk_gpu_sync waits for it and reports the first error the
- * stream met. gpu.cu implements this with the CUDA runtime and cuBLAS; gpu_none.c, built where
+ * stream met. gpu.cu implements this with the CUDA runtime and cuBLAS; cuda_none.c, built where
  * nvcc is not found, answers PS_ENOTSUP ("built without CUDA"), so callers need no #ifdef.
  *
  * Device memory is plain `void *` / `float *`; it must not be dereferenced on the host.

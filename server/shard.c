@@ -2012,9 +2012,11 @@ static void job_done(uv_work_t *w, int status)
                 }
             ch->queued = false;
             ch->applying = false;
-            /* Updates the optimizer applied: under bsp one per step (of all its pushes), under
-             * asp / ssp one per push; none when the job failed. */
-            if (job->rc == 0 && !(bsp && bad)) srv->applied_updates += bsp ? 1 : applied;
+            /* Updates the optimizer applied: under bsp one per step (of all its pushes) that
+             * had a gradient, under asp / ssp one per push; none when the job failed. */
+            if (job->rc == 0 && !(bsp && bad))
+                srv->applied_updates += bsp ? ch->sum_members != 0 : applied; /* a step with no
+                                                       gradient passes: no update */
             if (job->rc) {
                 for (psd_wait_t *w = ch->pulls, *nx; w; w = nx) {
                     nx = w->next;

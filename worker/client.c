@@ -189,6 +189,8 @@ struct ps_op_s {
      * (start_op), so that a part sent again later carries the same ones */
     int batch_stamp;
     uint64_t batch_pass, batch_offset;
+    int has_progress;      /* push: the samples applied before its batch (the lr schedule's */
+    uint64_t progress;     /* position), taken with the batch tags, not at each send */
     uint32_t nreplay;
     uint64_t replay[PS_REPLAY_MAX];
     uint64_t view_epoch, view_members; /* push: the newest view for its step it was sent with:
@@ -837,8 +839,8 @@ static void send_data_part(ps_client_t *c, ps_op_t *op, part_t *p)
         }
         m.epoch = op->view_epoch;
         m.members = op->view_members;
-        if (c->has_progress) {
-            m.samples = c->progress;
+        if (op->has_progress) { /* a resend carries its batch's, not a newer one's */
+            m.samples = op->progress;
             m.flags |= PS_FLAG_PROGRESS;
         }
         if (op->batch_stamp) { /* asp / ssp: no step tells a batch's pushes */
@@ -997,6 +999,8 @@ static void start_op(ps_client_t *c, ps_op_t *op)
             op->batch_stamp = c->batch_stamp;
             op->batch_pass = c->batch_pass;
             op->batch_offset = c->batch_offset;
+            op->has_progress = c->has_progress;
+            op->progress = c->progress;
             op->nreplay = c->nreplay && (c->batch_stamp || op->step == c->replay_step)
                               ? c->nreplay
                               : 0;
@@ -2666,7 +2670,7 @@ static int data_op(ps_client_t *c, int type, uint32_t id, float *buf, uint64_t s
         p->shard = ps_place_shard(t->first_chunk + i, c->nshards);
         if (type != OP_PUSH || nograd) continue; /* nograd: no data, len 0 */
         size_t n = ps_chunk_len(t->numel, c->chunk_elems, i);
-        const float *g = buf + (uint64_t)i * c->chunk_elems;
+        const float *g = enc == NULL ? buf + (uint64_t)i * c->chunk_elems : NULL;
         if (t->codec.kind == PSK_CODEC_NONE) {
             p->data = g;
             p->len = n * 4; /* its CRC-32C: at its first send (send_data_part) */

@@ -43,7 +43,8 @@ typedef struct {
                                            grads[0] == mem + nparams, each contiguous */
     double *loss;                       /* [max_batch] each row's loss of the last step */
     /* On a device (ps_mlp_use_gpu): params[] and grads[] stay the host copies the caller
-     * reads and writes; each train_step uploads params[] and downloads grads[]. */
+     * reads and writes; each train_step uploads params[] and downloads grads[] (but those of
+     * the tensors in grads_stay, which stay on the device: ps_mlp_device_grad). */
     psk_gpu_t *gpu;                     /* NULL on the CPU */
     float *d_mem, *d_act, *d_x;         /* device twins of mem and act; the batch's inputs */
     uint8_t *d_y;                       /* [max_batch] labels */

@@ -63,7 +63,6 @@ static double mono_s(void)
 
 #define FOLLOW_MAX 256 /* worker processes alive at once, stopping ones included */
 
-/* --follow: poll the coordinator with this host's running count; start or stop as told. */
 /* One that dies at once (a binary that fails, a host short of memory) would be started again
  * hundreds of times a second: once two in a row (the first worker counts) died within a second
  * of their start, wait 0.1 s before the next start, doubling to 5 s while they keep dying so.
@@ -75,6 +74,7 @@ static double quick_death_wait(int *quick, double lived)
     return d > 5.0 ? 5.0 : d;
 }
 
+/* --follow: poll the coordinator with this host's running count; start or stop as told. */
 static int follow(const char *manifest, const char *worker, const char *metrics_dir, long poll_ms,
                   const sigset_t *set)
 {
@@ -241,11 +241,15 @@ int main(int argc, char **argv)
     while ((o = getopt_long(argc, argv, "m:n:d:w:r:fp:D:h", opts, NULL)) != -1) {
         switch (o) {
         case 'D': {
-            /* Checked here as psworker checks it, so that a typo fails once, not per worker. */
+            /* Checked here as psworker checks it (cpu, cuda, cuda:N with N <= 1024), so that a
+             * typo fails once, not per worker. */
             const char *d = optarg;
-            size_t digits = strncmp(d, "cuda:", 5) == 0 ? strspn(d + 5, "0123456789") : 0;
+            char *end = NULL;
+            long dn = strncmp(d, "cuda:", 5) == 0 && d[5] >= '0' && d[5] <= '9'
+                          ? (errno = 0, strtol(d + 5, &end, 10))
+                          : -1;
             if (strcmp(d, "cpu") != 0 && strcmp(d, "cuda") != 0 &&
-                (digits == 0 || digits > 4 || d[5 + digits] != '\0')) {
+                (dn < 0 || dn > 1024 || errno || end == NULL || *end != '\0')) {
                 fprintf(stderr, "pslaunch: --device %s: expected cpu, cuda or cuda:N\n", d);
                 return 2;
             }

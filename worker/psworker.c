@@ -53,9 +53,6 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* Backward-pass callback: push each tensor's gradient as soon as it exists. The backward pass
- * runs inside a group (see the training loop): the small gradients (biases, the last layers) are
- * held and leave fused at its end, a large one leaves at once, overlapping the rest. */
 /* ps_push_encoder_t for gradients that stay on the device: encode the chunk there, bring only
  * its payload to the host. */
 static int device_encode(void *arg, uint32_t id, uint32_t chunk, uint64_t offset, size_t n,
@@ -80,6 +77,7 @@ static int device_encode(void *arg, uint32_t id, uint32_t chunk, uint64_t offset
     if (!rc) rc = psk_gpu_download(g, out, tr->d_stage, *len);
     if (!rc) rc = psk_gpu_sync(g);
     if (rc && !tr->mlp.gpu_rc) { /* said as any device failure (device_failed) */
+        if (rc == PS_EIO) (void)psk_gpu_sync(g); /* a launch's error text is the sync's */
         tr->mlp.gpu_rc = rc;
         snprintf(tr->mlp.gpu_err, sizeof tr->mlp.gpu_err, "%s: encoding %s: %s", psk_gpu_name(g),
                  tr->mlp.tensors[t].name, rc == PS_EIO ? psk_gpu_last_error(g) : ps_strerror(rc));
@@ -108,8 +106,10 @@ static int device_codecs(trainer_t *tr)
         /* Room for any dense payload of a chunk: a header and 4 bytes a value, 4 a scale. */
         tr->stage_cap = PSK_CODEC_HEADER_BYTES + 8 * n + 8;
         int rc = psk_gpu_alloc(g, (void **)&tr->d_stage, tr->stage_cap);
-        if (!rc && cc->error_feedback)
-            rc = psk_gpu_alloc(g, (void **)&tr->d_residual, bytes / 2);
+        if (rc) return rc;
+    }
+    if (stay && cc->error_feedback && tr->d_residual == NULL) {
+        int rc = psk_gpu_alloc(g, (void **)&tr->d_residual, bytes / 2);
         if (rc) return rc;
     }
     /* Zeros at every join, as a new client's residual on the host: a worker dropped and back
@@ -122,6 +122,9 @@ static int device_codecs(trainer_t *tr)
     return __builtin_popcountll(stay);
 }
 
+/* Backward-pass callback: push each tensor's gradient as soon as it exists. The backward pass
+ * runs inside a group (see the training loop): the small gradients (biases, the last layers) are
+ * held and leave fused at its end, a large one leaves at once, overlapping the rest. */
 static void push_grad(int t, void *arg)
 {
     trainer_t *tr = arg;
@@ -187,10 +190,9 @@ static int pull_all(trainer_t *tr, uint64_t min_version, uint64_t *version)
 }
 
 /* PS_TEST_STOP_AT=WHERE (tests only): the first time the worker is at WHERE ("hello": its
- * join answered, before the declarations; "final": before the final pull), it stops itself
- * (SIGSTOP), so that a test can have the shards drop it there. */
-/* Test hook PS_TEST_STOP_AT=hello|final|batch:N: SIGSTOP itself once, at its hello, before its
- * final pull, or before its Nth batch request (N from 1). */
+ * join answered, before the declarations; "final": before the final pull; "batch:N": before
+ * its Nth batch request, N from 1), it stops itself (SIGSTOP), so that a test can have the
+ * shards drop it there. */
 static void test_stop(const char *where)
 {
     static int done;

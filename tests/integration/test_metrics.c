@@ -274,7 +274,6 @@ START_TEST(test_metrics_hostile_clients)
 }
 END_TEST
 
-/* The metrics port taken by another program: psd refuses to start and says which address. */
 /* Shard 0's figures that must not lie after what goes wrong: a coordinator state save that
  * failed once and was retried is counted for good (before, the counter held the failures in a
  * row: 0 again a millisecond later), and a member's steps/s after a restart of shard 0 counts
@@ -319,6 +318,7 @@ START_TEST(test_metrics_after_failures)
 }
 END_TEST
 
+/* The metrics port taken by another program: psd refuses to start and says which address. */
 START_TEST(test_metrics_port_in_use)
 {
     cl_conf_t k = {.shards = 1, .workers = 1, .metrics = true};

@@ -416,6 +416,49 @@ START_TEST(test_mlp_eval_matches_cpu)
 }
 END_TEST
 
+/* grads_stay: a staying tensor's gradient is not downloaded (its host copy keeps what it
+ * held), and its device copy is final when its callback runs (psworker encodes it there). */
+static float stay_got[16 * 8];
+static void rec_stay(int t, void *arg)
+{
+    ps_mlp_t *m = arg;
+    if (t == 0)
+        host_copy(stay_got, ps_mlp_device_grad(m, 0), m->tensors[0].numel * sizeof(float));
+}
+
+START_TEST(test_grads_stay_on_device)
+{
+    need_gpu();
+    const uint32_t sizes[] = {16, 8, 4}, B = 5;
+    ps_mlp_t cpu, gpu;
+    ck_assert_int_eq(ps_mlp_create(&cpu, sizes, 3, B), 0);
+    ck_assert_int_eq(ps_mlp_create(&gpu, sizes, 3, B), 0);
+    char err[256];
+    ck_assert_int_eq(ps_mlp_use_gpu(&gpu, 0, err, sizeof err), 0);
+    ck_assert_ptr_null(ps_mlp_device_grad(&cpu, 0));
+    ps_mlp_init_params(&cpu, 8);
+    ps_mlp_init_params(&gpu, 8);
+    float x[5 * 16];
+    uint8_t y[5] = {0, 1, 2, 3, 1};
+    uint64_t s = 4;
+    fill(x, sizeof x / sizeof x[0], 1.0f, &s);
+    gpu.grads_stay = 1; /* tensor 0, fc1.weight */
+    for (size_t i = 0; i < gpu.tensors[0].numel; i++)
+        gpu.grads[0][i] = 1234.0f;
+    ps_mlp_train_step(&cpu, x, y, B, NULL, NULL);
+    ps_mlp_train_step(&gpu, x, y, B, rec_stay, &gpu);
+    ck_assert_msg(gpu.gpu_rc == 0, "%s", gpu.gpu_err);
+    for (size_t i = 0; i < gpu.tensors[0].numel; i++)
+        ck_assert_msg(gpu.grads[0][i] == 1234.0f, "the staying gradient was downloaded");
+    assert_close("the device gradient at its callback", stay_got, cpu.grads[0],
+                 cpu.tensors[0].numel, 1e-5f, 1e-3f);
+    assert_close("a downloaded gradient", gpu.grads[1], cpu.grads[1], cpu.tensors[1].numel,
+                 1e-5f, 1e-3f);
+    ps_mlp_destroy(&cpu);
+    ps_mlp_destroy(&gpu);
+}
+END_TEST
+
 START_TEST(test_no_such_device)
 {
     need_gpu();
@@ -509,6 +552,7 @@ Suite *ps_test_suite(void)
     tcase_add_test(tc, test_mlp_train_step_matches_cpu);
     tcase_add_test(tc, test_mlp_eval_matches_cpu);
     tcase_add_test(tc, test_no_such_device);
+    tcase_add_test(tc, test_grads_stay_on_device);
 #ifdef PSK_GPU_EMU
     tcase_add_test(tc, test_use_gpu_out_of_memory);
 #endif

@@ -193,7 +193,10 @@ int ps_client_set_compression(ps_client_t *c, uint32_t id, const ps_compression_
  *              and chunk's seed; borrowed for the call.
  * @param error_feedback whether the tensor keeps error feedback: the encoder keeps the
  *              residual (libps's own is not used by encoded pushes).
+ * @param out   libps's buffer for the chunk: at most @p cap bytes may be written.
  * @return 0 or a PS_E* code (the push fails with it).
+ * @note Called on the thread that calls ps_client_push_encoded, before that returns; @p arg is
+ *       only borrowed for that call.
  */
 typedef int (*ps_push_encoder_t)(void *arg, uint32_t id, uint32_t chunk, uint64_t offset,
                                  size_t n, const void *codec, int error_feedback, uint8_t *out,

@@ -450,12 +450,12 @@ class Client:
             d.shape[i] = s
         tid = ctypes.c_uint32()
         self._do(library().ps_client_declare, ctypes.byref(d), ctypes.byref(tid))
-        if compress:
-            self._do(library().ps_client_use_job_compression, tid.value, name.encode())
         n = 1
         for s in shape:
             n *= s
-        self._numel[tid.value] = n
+        self._numel[tid.value] = n  # declared, whatever the compression call says
+        if compress:
+            self._do(library().ps_client_use_job_compression, tid.value, name.encode())
         return tid.value
 
     def set_compression(self, tid, codec="none", error_feedback=True, pull=None, block=None,
