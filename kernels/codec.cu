@@ -1,6 +1,6 @@
 /* codec.cu: the CUDA twin of codec.c's dense codecs (none, fp16, bf16, int8, sign): encode,
- * encode with error feedback, decode-add. The conversions are codec.c's bit-exact functions
- * ported as they are, and the arithmetic is the same operations in the same order (nvcc
+ * encode with error feedback, decode-add. The conversions are codec.c's own (codec_bits.h,
+ * compiled for both sides), and the arithmetic is the same operations in the same order (nvcc
  * -fmad=false, as the CPU side is built with -ffp-contract=off), so the payloads are the CPU's
  * byte for byte.
  *
@@ -17,6 +17,7 @@ extern "C" {
 #include "hash.h"
 #include "ps/ps_error.h"
 }
+#include "codec_bits.h" /* codec.c's own conversions, __host__ __device__ here */
 
 static const int threads = 256;
 
@@ -25,7 +26,6 @@ static const int threads = 256;
  * order, so that their results can be compared with codec.c's where no GPU is. On the device
  * the operations are the round-to-nearest intrinsics (no contraction into FMA whatever the
  * flags); on the host, plain operators (x86-64's baseline has no FMA to contract into). */
-#define HD __host__ __device__
 #ifdef __CUDA_ARCH__
 #define FMUL(a, b) __fmul_rn((a), (b))
 #define FADD(a, b) __fadd_rn((a), (b))
@@ -33,8 +33,6 @@ static const int threads = 256;
 #define FDIV(a, b) __fdiv_rn((a), (b))
 #define DADD(a, b) __dadd_rn((a), (b))
 #define DDIV(a, b) __ddiv_rn((a), (b))
-#define AS_UINT(f) __float_as_uint(f)
-#define AS_FLOAT(u) __uint_as_float(u)
 #else
 #define FMUL(a, b) ((float)(a) * (float)(b))
 #define FADD(a, b) ((float)(a) + (float)(b))
@@ -42,20 +40,6 @@ static const int threads = 256;
 #define FDIV(a, b) ((float)(a) / (float)(b))
 #define DADD(a, b) ((double)(a) + (double)(b))
 #define DDIV(a, b) ((double)(a) / (double)(b))
-static inline uint32_t host_as_uint(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-static inline float host_as_float(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-#define AS_UINT(f) host_as_uint(f)
-#define AS_FLOAT(u) host_as_float(u)
 #endif
 
 static unsigned blocks_for(size_t n)
@@ -64,80 +48,19 @@ static unsigned blocks_for(size_t n)
     return (unsigned)(b < 65535 ? (b > 0 ? b : 1) : 65535);
 }
 
-/* ---- codec.c's conversions, on the device ---- */
-
-HD static inline uint32_t f32_bits(float f)
-{
-    return AS_UINT(f);
-}
-
-HD static inline float f32_from_bits(uint32_t u)
-{
-    return AS_FLOAT(u);
-}
-
-HD static inline uint16_t f16_from_f32(float f)
-{
-    uint32_t w = f32_bits(f);
-    uint32_t shl1 = w + w;
-    uint32_t sign = w & 0x80000000u;
-    float base = FMUL(FMUL(fabsf(f), 0x1.0p+112f), 0x1.0p-110f);
-    uint32_t bias = shl1 & 0xff000000u;
-    bias = bias < 0x71000000u ? 0x71000000u : bias;
-    base = FADD(f32_from_bits((bias >> 1) + 0x07800000u), base);
-    uint32_t bits = f32_bits(base);
-    uint32_t nonsign = ((bits >> 13) & 0x7c00u) + (bits & 0x0fffu);
-    uint32_t nan = 0u - (uint32_t)(shl1 > 0xff000000u);
-    return (uint16_t)((sign >> 16) | (0x7e00u & nan) | (nonsign & ~nan));
-}
-
-HD static inline float f32_from_f16(uint16_t h)
-{
-    uint32_t w = (uint32_t)h << 16;
-    uint32_t sign = w & 0x80000000u;
-    uint32_t two_w = w + w;
-    float normal = FMUL(f32_from_bits((two_w >> 4) + (0xe0u << 23)), 0x1.0p-112f);
-    float subnormal = FSUB(f32_from_bits((two_w >> 17) | (126u << 23)), 0.5f);
-    uint32_t sub = 0u - (uint32_t)(two_w < (1u << 27));
-    return f32_from_bits(sign | (f32_bits(subnormal) & sub) | (f32_bits(normal) & ~sub));
-}
-
-HD static inline uint16_t bf16_from_f32(float f)
-{
-    uint32_t u = f32_bits(f);
-    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    uint32_t nan = (u >> 16) | 0x0040u;
-    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
-}
-
-HD static inline float f32_from_bf16(uint16_t h)
-{
-    return f32_from_bits((uint32_t)h << 16);
-}
-
-HD static inline uint32_t hash32(uint32_t x)
-{
-    x ^= x >> 16;
-    x *= 0x7feb352du;
-    x ^= x >> 15;
-    x *= 0x846ca68bu;
-    x ^= x >> 16;
-    return x;
-}
-
 /* Little-endian stores and loads at any alignment (the payload is a byte stream). */
-HD static inline void st16(uint8_t *p, uint16_t v)
+PSK_HD static inline void st16(uint8_t *p, uint16_t v)
 {
     p[0] = (uint8_t)v;
     p[1] = (uint8_t)(v >> 8);
 }
 
-HD static inline uint16_t ld16(const uint8_t *p)
+PSK_HD static inline uint16_t ld16(const uint8_t *p)
 {
     return (uint16_t)(p[0] | p[1] << 8);
 }
 
-HD static inline void st32(uint8_t *p, uint32_t v)
+PSK_HD static inline void st32(uint8_t *p, uint32_t v)
 {
     p[0] = (uint8_t)v;
     p[1] = (uint8_t)(v >> 8);
@@ -145,13 +68,13 @@ HD static inline void st32(uint8_t *p, uint32_t v)
     p[3] = (uint8_t)(v >> 24);
 }
 
-HD static inline uint32_t ld32(const uint8_t *p)
+PSK_HD static inline uint32_t ld32(const uint8_t *p)
 {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
 /* The flag in the header's last word (see the top of the file). */
-HD static inline bool flagged(const uint8_t *out)
+PSK_HD static inline bool flagged(const uint8_t *out)
 {
     return ld32(out + 12) != 0;
 }
@@ -163,7 +86,7 @@ HD static inline bool flagged(const uint8_t *out)
 /* ---- the per-element steps (host and device) ---- */
 
 /* none, fp16, bf16 (kind), value i; with r: x = g + r, r = x + (-1 * decode(x)). */
-HD static inline void dense_one(uint8_t *body, const float *g, float *r, size_t i, int kind)
+PSK_HD static inline void dense_one(uint8_t *body, const float *g, float *r, size_t i, int kind)
 {
     float x = r != NULL ? FADD(r[i], g[i]) : g[i];
     float d;
@@ -183,13 +106,13 @@ HD static inline void dense_one(uint8_t *body, const float *g, float *r, size_t 
         r[i] = FADD(x, FMUL(-1.0f, d));
 }
 
-HD static inline bool nonfinite(float x)
+PSK_HD static inline bool nonfinite(float x)
 {
     return (f32_bits(x) & 0x7fffffffu) >= 0x7f800000u;
 }
 
 /* int8: a block's scale from its largest magnitude m (finite), as codec.c's encode_int8. */
-HD static inline float int8_scale(float m)
+PSK_HD static inline float int8_scale(float m)
 {
     float scale = FDIV(m, 127.0f);
     if (scale < FLT_MIN && (double)scale * 127.0 < (double)m)
@@ -198,7 +121,7 @@ HD static inline float int8_scale(float m)
 }
 
 /* int8: value x at element index idx of a block with largest magnitude m and scale. */
-HD static inline int8_t int8_q(float x, float m, float scale, int stochastic, uint32_t key,
+PSK_HD static inline int8_t int8_q(float x, float m, float scale, int stochastic, uint32_t key,
                                uint32_t idx)
 {
     int32_t v;
@@ -220,7 +143,7 @@ HD static inline int8_t int8_q(float x, float m, float scale, int stochastic, ui
 
 /* sign: a block's scale, mean |x| summed in double over 8 lanes in codec.c's order (value i
  * into lane i % 8). */
-HD static inline float sign_scale(const float *x, size_t len)
+PSK_HD static inline float sign_scale(const float *x, size_t len)
 {
     double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (size_t i = 0; i < len; i++)
@@ -231,7 +154,7 @@ HD static inline float sign_scale(const float *x, size_t len)
 }
 
 /* sign: byte j of the sign bits (value i: bit i % 8 of byte i / 8). */
-HD static inline uint8_t sign_byte(const float *x, size_t n, size_t j)
+PSK_HD static inline uint8_t sign_byte(const float *x, size_t n, size_t j)
 {
     uint32_t v = 0;
     for (uint32_t l = 0; l < 8 && 8 * j + l < n; l++)
@@ -240,7 +163,7 @@ HD static inline uint8_t sign_byte(const float *x, size_t n, size_t j)
 }
 
 /* out[i] += w * value i of a checked payload's body. */
-HD static inline void decode_one(float *o, const uint8_t *body, size_t i, size_t nb, int kind,
+PSK_HD static inline void decode_one(float *o, const uint8_t *body, size_t i, size_t nb, int kind,
                                  uint32_t block, float w)
 {
     float v;

@@ -1,7 +1,7 @@
 /* test_codec_twin.c: kernels/codec.cu's arithmetic against codec.c, bit for bit, on the host
- * (built where nvcc is; no GPU needed). codec.cu's per-element functions are __host__ __device__
- * and psk_codec_encode_cuda_host / psk_codec_decode_add_cuda_host run them in the kernels'
- * order: the same payload bytes, residuals and sums as the CPU codecs for every dense codec,
+ * (built where nvcc is; no GPU needed). codec.cu's per-element functions (built on codec.c's
+ * own conversions, codec_bits.h) are __host__ __device__ and psk_codec_encode_cuda_host /
+ * psk_codec_decode_add_cuda_host run them in the kernels' order: the same payload bytes, residuals and sums as the CPU codecs for every dense codec,
  * with and without error feedback, across the fp16 / bf16 rounding boundaries of every
  * exponent and sign, tiny (int8's double path), subnormal and huge values, and non-finite
  * input (marked in the payload, residual left). What this cannot see (the launches, the
