@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import tempfile
+import warnings
 import time
 
 try:
@@ -662,6 +663,36 @@ def misuse(tmp):
             raise AssertionError("a 128-byte name was taken")
         except psd.PsError as e:
             assert e.name == "EINVAL" and "parameter '0.0.0." in str(e), str(e)
+        # A trainable parameter the shards do not hold trained on its worker alone, silently:
+        # added, replaced or unfrozen after construction, the next pull or step names it.
+        with warnings.catch_warnings():  # "Lazy modules are a new feature"
+            warnings.simplefilter("ignore")
+            lazy = torch.nn.Sequential(torch.nn.Linear(FEATURES, 4), torch.nn.LazyLinear(1))
+        try:
+            psd.torch.ParameterServer(c.manifest, lazy, samples=SAMPLES)
+            raise AssertionError("a lazy parameter was taken")
+        except ValueError as e:
+            assert "'1.weight' is not materialized" in str(e), str(e)
+        for change, name in (("replace", "late.0.bias"), ("unfreeze", "late.1.weight"),
+                             ("add", "late.3.weight")):
+            late = torch.nn.Sequential(torch.nn.Linear(FEATURES, 4), torch.nn.Linear(4, 1))
+            late[1].weight.requires_grad_(False)
+            outer = torch.nn.Module()
+            outer.late = late  # names of its own in the cluster: late.0.weight, ...
+            with psd.torch.ParameterServer(c.manifest, outer, samples=SAMPLES) as ps:
+                ps.pull(0)
+                if change == "replace":
+                    late[0].bias = torch.nn.Parameter(late[0].bias.detach().clone())
+                elif change == "unfreeze":
+                    late[1].weight.requires_grad_(True)
+                else:
+                    late.append(torch.nn.ReLU())
+                    late.append(torch.nn.Linear(1, 1))
+                try:
+                    ps.pull(0)
+                    raise AssertionError(f"{change}: {name} was not refused")
+                except RuntimeError as e:
+                    assert f"parameter {name!r} is not held on psd" in str(e), str(e)
         seen = []
         with psd.torch.ParameterServer(c.manifest, m, samples=SAMPLES) as ps:
             assert torch.equal(m[1].weight.data, torch.ones(4)), m[1].weight.data  # constant 1
@@ -689,7 +720,8 @@ def misuse(tmp):
             assert e.name == "EINVAL" and "closed" in str(e), str(e)
     finally:
         c.stop()
-    print(f"misuse: {len(seen)} batches once across three batches() calls; closed client refused")
+    print(f"misuse: {len(seen)} batches once across three batches() calls; closed client refused; "
+          "late and lazy parameters named")
 
 
 def sigint_main(kind, manifest):

@@ -66,6 +66,9 @@ class ParameterServer:
         for name, p in model.named_parameters():  # before the join: a refusal costs none
             if not p.requires_grad:
                 continue
+            if isinstance(p, torch.nn.parameter.UninitializedParameter):
+                raise ValueError(f"parameter {name!r} is not materialized yet (a lazy module): "
+                                 "run one forward pass before making the ParameterServer")
             if p.is_complex() or "\0" in name:
                 raise ValueError(f"parameter {name!r}: "
                                  + ("complex values" if p.is_complex() else "a NUL in its name")
@@ -148,7 +151,18 @@ class ParameterServer:
         """[(parameter, id)] of every parameter, once each is checked to have the values it was
         declared with (before any is pushed or pulled: a step half pushed would hold the
         others' under bsp): libps reads and writes that many at its address (a `.data`
-        replaced with a smaller tensor was written past its end)."""
+        replaced with a smaller tensor was written past its end). A trainable parameter the
+        shards do not hold (added, replaced or unfrozen after the join) is refused: it would
+        train on this worker alone, apart from every other worker's copy."""
+        held = {id(p) for _, p, _, _ in self._params}
+        for name, p in self.model.named_parameters():
+            if p.requires_grad and id(p) not in held:
+                raise RuntimeError(f"parameter {name!r} is not held on psd: it was added, "
+                                   "replaced or unfrozen after the ParameterServer was made, "
+                                   "and would train on this worker alone; make the "
+                                   "ParameterServer once the model has all its trainable "
+                                   "parameters (one trained later can be trainable from the "
+                                   "start: a parameter without a gradient is left as it is)")
         for name, p, tid, n in self._params:
             if p.numel() != n:
                 raise RuntimeError(f"parameter {name!r} has {p.numel()} values now, but was "
