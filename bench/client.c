@@ -266,7 +266,7 @@ int pb_client_main(int argc, char **argv)
         }
     }
     ps_client_destroy(k.c);
-    free(k.grad);
-    free(k.dst);
+    ps_buffer_free(k.grad, k.cap);
+    ps_buffer_free(k.dst, k.cap);
     return 0;
 }

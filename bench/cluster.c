@@ -260,14 +260,23 @@ void pb_case_free(pb_case_t *c)
     c->lat_us = NULL;
 }
 
+int pb_failed_procs;
+
 void pb_cluster_stop(pb_cluster_t *cl)
 {
     for (int i = 0; i < cl->conf.workers; i++)
         if (cl->cli[i]) pb_proc_write(cl->cli[i], "quit\n");
     for (int i = 0; i < cl->conf.workers; i++) {
         if (cl->cli[i] == NULL) continue;
-        if (pb_proc_wait(cl->cli[i], 5) < 0)
+        int st = pb_proc_wait(cl->cli[i], 5);
+        if (st < 0) {
             fprintf(stderr, "psbench: %s did not leave; killed\n", cl->cli[i]->name);
+            pb_failed_procs++;
+        } else if (st != 0) { /* measured, but a crash at exit is a bug all the same */
+            fprintf(stderr, "psbench: %s exited with status %d; the end of its log:\n%s\n",
+                    cl->cli[i]->name, st, pb_proc_tail(cl->cli[i], 1500));
+            pb_failed_procs++;
+        }
         pb_proc_free(cl->cli[i]);
         cl->cli[i] = NULL;
     }
@@ -275,8 +284,15 @@ void pb_cluster_stop(pb_cluster_t *cl)
         if (cl->psd[i] && cl->psd[i]->pid > 0) kill(cl->psd[i]->pid, SIGTERM);
     for (int i = 0; i < cl->conf.shards; i++) {
         if (cl->psd[i] == NULL) continue;
-        if (pb_proc_wait(cl->psd[i], 10) < 0)
+        int st = pb_proc_wait(cl->psd[i], 10);
+        if (st < 0) {
             fprintf(stderr, "psbench: %s did not stop; killed\n", cl->psd[i]->name);
+            pb_failed_procs++;
+        } else if (st != 0) {
+            fprintf(stderr, "psbench: %s exited with status %d; the end of its log:\n%s\n",
+                    cl->psd[i]->name, st, pb_proc_tail(cl->psd[i], 1500));
+            pb_failed_procs++;
+        }
         pb_proc_free(cl->psd[i]);
         cl->psd[i] = NULL;
     }

@@ -1245,5 +1245,9 @@ int main(int argc, char **argv)
         if (rc) pb_die("%s: %s", b.markdown, strerror(-rc));
     }
     pb_proc_cleanup();
+    if (pb_failed_procs) {
+        fprintf(stderr, "psbench: %d of its processes ended badly (above)\n", pb_failed_procs);
+        return 1;
+    }
     return 0;
 }

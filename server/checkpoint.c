@@ -514,9 +514,14 @@ static void on_status(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
         psd_send_error(srv, conn, msg->req_id, ck->rc ? ck->rc : PS_EIO, "%s", ck->err);
         return;
     }
-    ps_msg_t r = {.type = PS_MSG_CKPT_STATUS_REPLY, .req_id = msg->req_id, .shard = srv->shard,
-                  .flags = ck->state == CK_DONE, .step = ck->vmin, .step_max = ck->ms,
-                  .count = ck->bytes, .chunk = (uint32_t)ck->nchunks};
+    ps_msg_t r = {.type = PS_MSG_CKPT_STATUS_REPLY, .req_id = msg->req_id, .shard = srv->shard};
+    if (ck->state == CK_DONE) { /* before, the pool thread's copy still writes these */
+        r.flags = 1;
+        r.step = ck->vmin;
+        r.step_max = ck->ms;
+        r.count = ck->bytes;
+        r.chunk = (uint32_t)ck->nchunks;
+    }
     psd_send_msg(srv, conn, &r);
 }
 

@@ -157,6 +157,12 @@ struct psd_chunk_s {
     uint64_t full_mask;        /* bit r: slot r is SLOT_FULL */
     uint64_t sum_members;      /* bsp: the step's members whose pushes the running job sums
                                   (skip_mask and nograd_mask left out) */
+    uint64_t applying_mask;    /* bit r: slot r is one the running job applies (SLOT_APPLYING
+                                  when the job was formed). The job's thread reads this, not
+                                  slot_state, which the loop thread changes for other ranks
+                                  meanwhile */
+    uint32_t mean_of;          /* bsp: the running job's mean divides by this many members (those
+                                  whose push is not a replay), fixed when the job was formed */
     uint64_t skip_mask;        /* bsp: bit r: rank r's push of this step replays a batch this
                                   chunk applied already (psd_shard_on_push): acknowledged, not
                                   summed */

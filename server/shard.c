@@ -1680,9 +1680,9 @@ static void apply_item(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, p
             return;
         }
         /* The mean over the members with a gradient and those without (zeros), as torch's
-         * DDP averages a parameter some ranks did not use (skip_mask holds no member's bit
-         * that changes while the step applies: their slots are not empty). */
-        float scale = 1.0f / (float)__builtin_popcountll(ch->step_members & ~ch->skip_mask);
+         * DDP averages a parameter some ranks did not use (mean_of: counted when the job was
+         * formed; the loop thread changes skip_mask for other ranks' pushes meanwhile). */
+        float scale = 1.0f / (float)ch->mean_of;
         blocksum_t bs = {.ch = ch, .first = (uint32_t)__builtin_ctzll(ch->sum_members)};
         bool raw = sum == NULL; /* raw pushes: summed span by span in the update's pass */
         if (!raw) job->bad[i] = raw_crc_bad(ch, ch->sum_members);
@@ -1697,15 +1697,13 @@ static void apply_item(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, p
         job->hashes[i] = h->hash;
         return;
     }
-    uint64_t applying = 0;
-    for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
-        if (ch->slot_state[r] == SLOT_APPLYING) applying |= 1ull << r;
+    uint64_t applying = ch->applying_mask; /* not slot_state: the loop thread writes others' */
     job->bad[i] = raw_crc_bad(ch, applying); /* those are skipped */
     uint32_t left = (uint32_t)__builtin_popcountll(applying & ~job->bad[i]);
     if (left == 0) /* nothing to apply (every push refused): the old record again */
         memcpy(h, old, psd_chunk_bytes(ch->n, srv->nstate));
     for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
-        if (ch->slot_state[r] != SLOT_APPLYING || (job->bad[i] >> r & 1)) continue;
+        if (!(applying >> r & 1) || (job->bad[i] >> r & 1)) continue;
         /* The schedule follows the data here too: each push at the samples applied before its
          * batch was handed out (W workers' pushes of one planned step share a position), or
          * at the chunk's update count where no batch said it (a plain libps client). */
@@ -1805,7 +1803,7 @@ static int run_apply(psd_job_t *job, psd_wtxn_t *tx)
         psd_applied_t a = *ch->applied;
         bool any = false;
         for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
-            if (ch->slot_state[r] == SLOT_APPLYING && !(job->bad[i] >> r & 1)) {
+            if ((ch->applying_mask >> r & 1) && !(job->bad[i] >> r & 1)) {
                 applied_commit(&a, ch, r);
                 any = true;
             }
@@ -2191,12 +2189,15 @@ static void job_start_next(psd_server_t *srv)
             c->step_members = members;
             c->applying = true;
             c->sum_members = members & ~c->skip_mask & ~c->nograd_mask;
+            c->mean_of = (uint32_t)__builtin_popcountll(members & ~c->skip_mask);
+            c->applying_mask = 0;
             for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
                 if (c->slot_state[r] != SLOT_FULL) continue;
                 c->nfull--;
                 c->full_mask &= ~(1ull << r);
                 if (members >> r & 1) {
                     c->slot_state[r] = SLOT_APPLYING;
+                    c->applying_mask |= 1ull << r;
                 } else {
                     /* Pushed by a rank that left the step (removed mid-step): never applied. */
                     if (c->slot_conn[r])

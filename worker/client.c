@@ -257,7 +257,8 @@ struct ps_client_s {
     ps_op_t *copy_head, *copy_tail; /* comm thread: pushes with HELD_COPY parts (copy_turn),
                                        each holding a ucx_ref */
     int started, start_rc;
-    volatile sig_atomic_t interrupted; /* ps_client_interrupt: pushes and pulls now fail */
+    int interrupted; /* ps_client_interrupt (any thread, a signal handler): pushes and pulls
+                        now fail; atomic (lock-free, so signal-safe) */
     int joined;                 /* past the first hello: lost shards are reconnected */
     int removed;                /* the coordinator removed this worker: everything fails */
     ps_views_t views;           /* comm thread: the last membership views learnt (views.h) */
@@ -947,7 +948,8 @@ static void start_op(ps_client_t *c, ps_op_t *op)
     op->next = c->inflight;
     c->inflight = op;
     op->ucx_refs++; /* held until the end: nothing completes the op halfway */
-    if (c->interrupted && op->type != OP_LEAVE && op->on_done == NULL) {
+    if (__atomic_load_n(&c->interrupted, __ATOMIC_ACQUIRE) && op->type != OP_LEAVE &&
+        op->on_done == NULL) {
         op_fail(op, PS_ECANCELED, "interrupted");
         goto done;
     }
@@ -1523,14 +1525,14 @@ static void view_update(ps_client_t *c, cshard_t *s)
 {
     if (s->view.env && (!s->view_open || s->view.id != s->store_id)) {
         ps_storeview_close(&s->view);
-        s->view_open = 0;
+        __atomic_store_n(&s->view_open, 0, __ATOMIC_RELAXED); /* ps_client_direct */
     }
     if (s->view_open || !c->direct || s->store_id == 0 || s->view_tried == s->store_id) return;
     s->view_tried = s->store_id;
     char err[512];
     uint32_t i = (uint32_t)(s - c->shards);
     if (ps_storeview_open(&s->view, s->store, s->store_id, err, sizeof err) == 0) {
-        s->view_open = 1;
+        __atomic_store_n(&s->view_open, 1, __ATOMIC_RELAXED);
         PS_LOG(PS_LOG_INFO, "libps", "shard %u: pulls read its store %s directly", i, s->store);
     } else {
         /* Expected when the shard runs on another host. */
@@ -1541,7 +1543,7 @@ static void view_update(ps_client_t *c, cshard_t *s)
 static void area_unmap(cshard_t *s)
 {
     if (s->area) munmap(s->area, s->area_size);
-    s->area = NULL;
+    __atomic_store_n(&s->area, NULL, __ATOMIC_RELAXED); /* ps_client_direct reads it */
     s->area_size = 0;
     s->area_id = 0;
 }
@@ -1574,7 +1576,7 @@ static void area_update(ps_client_t *c, cshard_t *s)
                i, path);
         return;
     }
-    s->area = a;
+    __atomic_store_n(&s->area, a, __ATOMIC_RELAXED);
     s->area_size = s->area_offer_size;
     s->area_id = s->area_offer_id;
     s->area_next = 0;
@@ -1627,7 +1629,7 @@ static void direct_pull(ps_client_t *c, ps_op_t *op, part_t *p, const ps_msg_t *
                "failed (%s); pulling over the transport from now on", p->shard, m->chunk,
                m->tensor, ps_strerror(rc));
         ps_storeview_close(&s->view);
-        s->view_open = 0;
+        __atomic_store_n(&s->view_open, 0, __ATOMIC_RELAXED); /* ps_client_direct */
     }
     if (p->ck.sending)
         p->ck.again = 1;
@@ -1755,7 +1757,7 @@ static void on_wake(uv_async_t *h)
 {
     ps_ucx_t *u = h->data;
     ps_client_t *c = u->data;
-    if (c->interrupted) {
+    if (__atomic_load_n(&c->interrupted, __ATOMIC_ACQUIRE)) {
         /* Everything in flight fails now (start_op fails what comes later). */
         int held = 0;
         for (ps_op_t *op = c->inflight, *nx; op; op = nx) {
@@ -1880,7 +1882,8 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
             s->store_id = m.store[0] ? m.store_id : 0; /* opened in on_deferred (view_update) */
             /* Another store (a restored shard): no pull may read the old one from now on, not
              * even those resent before on_deferred closes it. */
-            if (s->view_open && s->view.id != s->store_id) s->view_open = 0;
+            if (s->view_open && s->view.id != s->store_id)
+                __atomic_store_n(&s->view_open, 0, __ATOMIC_RELAXED); /* ps_client_direct */
             s->area_pid = m.pid;
             s->area_fd = m.area_fd;
             s->area_offer_id = m.area_id; /* 0: none offered */
@@ -2395,12 +2398,36 @@ int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts, ps
             return rc;
         }
     }
+    /* Set before the comm thread starts, which reads them. */
+    uint32_t timeout = 30000;
+    if (opts && (opts->field_mask & PS_CLIENT_OPT_CONNECT_TIMEOUT)) timeout = opts->connect_timeout_ms;
+    c->reconnect_ms = timeout;
+    /* A third of the heartbeat timeout: the shard must hear from the restarted transport
+     * before it drops this worker as silent. At least 1 s: with a short heartbeat timeout
+     * (elastic:sigstop_rejoins has 500 ms) a shard busy for a moment would otherwise make
+     * hellos time out again and again, each a transport restart; there the shard drops the
+     * worker first and it joins again. */
+    c->hello_deadline_ms = c->m.job.heartbeat_timeout_ms / 3;
+    if (c->hello_deadline_ms < 1000) c->hello_deadline_ms = 1000;
     c->shards = calloc(c->nshards, sizeof *c->shards);
     c->tensors = calloc(PS_CLIENT_MAX_TENSORS, sizeof *c->tensors);
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
-    if (c->shards == NULL || c->tensors == NULL ||
-        pthread_create(&c->thread, NULL, comm_main, c) != 0) {
+    /* The comm thread (and UCX's async thread, which it starts) block the signals that end or
+     * interrupt a process, so they reach the application's threads: a handler that calls
+     * ps_client_interrupt, or destroys the client, never runs on a thread of the client. */
+    sigset_t block, was;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT);
+    sigaddset(&block, SIGTERM);
+    sigaddset(&block, SIGHUP);
+    sigaddset(&block, SIGQUIT);
+    sigaddset(&block, SIGUSR1);
+    sigaddset(&block, SIGUSR2);
+    pthread_sigmask(SIG_BLOCK, &block, &was);
+    int started = c->shards && c->tensors && pthread_create(&c->thread, NULL, comm_main, c) == 0;
+    pthread_sigmask(SIG_SETMASK, &was, NULL);
+    if (!started) {
         free(c->shards);
         free(c->tensors);
         ps_trace_close(c->trace);
@@ -2420,16 +2447,6 @@ int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts, ps
         free(c);
         return rc;
     }
-    uint32_t timeout = 30000;
-    if (opts && (opts->field_mask & PS_CLIENT_OPT_CONNECT_TIMEOUT)) timeout = opts->connect_timeout_ms;
-    c->reconnect_ms = timeout;
-    /* A third of the heartbeat timeout: the shard must hear from the restarted transport
-     * before it drops this worker as silent. At least 1 s: with a short heartbeat timeout
-     * (elastic:sigstop_rejoins has 500 ms) a shard busy for a moment would otherwise make
-     * hellos time out again and again, each a transport restart; there the shard drops the
-     * worker first and it joins again. */
-    c->hello_deadline_ms = c->m.job.heartbeat_timeout_ms / 3;
-    if (c->hello_deadline_ms < 1000) c->hello_deadline_ms = 1000;
     rc = join(c, timeout, opts && (opts->field_mask & PS_CLIENT_OPT_CANCEL) ? opts->cancel : NULL);
     if (rc) {
         if (err) snprintf(err, errlen, "%s", c->err);
@@ -2514,7 +2531,7 @@ void ps_client_destroy(ps_client_t *c)
 void ps_client_interrupt(ps_client_t *c)
 {
     if (c == NULL) return;
-    c->interrupted = 1;
+    __atomic_store_n(&c->interrupted, 1, __ATOMIC_RELEASE);
     uv_async_send(&c->wake); /* async-signal-safe */
 }
 
