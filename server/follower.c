@@ -108,14 +108,28 @@ void psd_follower_signal(psd_server_t *srv)
     if (srv->follower.pid > 0) kill(srv->follower.pid, SIGTERM);
 }
 
+static void on_stop_poll(uv_timer_t *t)
+{
+    psd_server_t *srv = t->data;
+    reap(srv, WNOHANG);
+}
+
 void psd_follower_reap(psd_server_t *srv)
 {
     if (srv->follower.pid <= 0) return;
     kill(srv->follower.pid, SIGTERM);
-    for (int i = 0; i < 1000 && !reap(srv, WNOHANG); i++) {
-        struct timespec ts = {0, 10 * 1000 * 1000};
-        nanosleep(&ts, NULL);
-    }
+    /* The loop goes on meanwhile: a follower that stops releases its checkpoint hold with a
+     * last request to this shard (psctl_follow.c), which a psd waiting here without serving
+     * answered only after psctl's 5 s timeout, so every stop of shard 0 took 5 s. */
+    uv_timer_t poll;
+    uv_timer_init(srv->loop, &poll);
+    poll.data = srv;
+    uv_timer_start(&poll, on_stop_poll, 10, 10);
+    uint64_t t0 = uv_now(srv->loop);
+    while (srv->follower.pid > 0 && uv_now(srv->loop) - t0 < 10000)
+        uv_run(srv->loop, UV_RUN_ONCE);
+    uv_close((uv_handle_t *)&poll, NULL);
+    uv_run(srv->loop, UV_RUN_NOWAIT); /* the close completes before poll's frame goes */
     if (srv->follower.pid > 0) {
         PS_LOG(PS_LOG_WARN, "follower", "checkpoint follower (pid %d) still running after 10 s: "
                "SIGKILL", (int)srv->follower.pid);

@@ -20,7 +20,8 @@ void psd_follower_cron(psd_server_t *srv, uint64_t now_ms);
 /** @brief psd is stopping: SIGTERM the follower (it leaves no checkpoint hold behind). */
 void psd_follower_signal(psd_server_t *srv);
 
-/** @brief After the loop: wait for the follower to exit (SIGKILL after 10 s) and reap it. */
+/** @brief After the loop: wait for the follower to exit (SIGKILL after 10 s) and reap it,
+ *  running the loop meanwhile (the follower's last request is answered). */
 void psd_follower_reap(psd_server_t *srv);
 
 #endif
