@@ -328,9 +328,11 @@ static cl_proc_t *spawn(cl_cluster_t *c, const char *name, char *const argv[], b
     p->c = c;
     p->out_fd = -1;
     snprintf(p->name, sizeof p->name, "%s", name);
-    char file[48];
+    char file[48], log[sizeof p->log]; /* not into p->log at once: c holds both (gcc -O3's
+                                           -Wrestrict) */
     snprintf(file, sizeof file, "%s.log", name);
-    path_join(p->log, sizeof p->log, c->dir, file);
+    path_join(log, sizeof log, c->dir, file);
+    memcpy(p->log, log, sizeof log);
     int logfd = open(p->log, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600);
     ck_assert_msg(logfd >= 0, "%s: %s", p->log, strerror(errno));
     int pfd[2] = {-1, -1};
