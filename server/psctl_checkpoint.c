@@ -6,7 +6,7 @@
  * every 20 ms, until the batches in flight are applied everywhere), every shard is told to checkpoint at that step into D/shard-K
  * (MSG_CKPT_ARM), the hold is released (MSG_CKPT_GO), and each shard is asked every 20 ms how
  * it is going (MSG_CKPT_STATUS) until all are done or --wait seconds passed. D defaults to
- * <parent of shard 0's data_dir>/checkpoints/step-S (asp / ssp: step-<unix time>); a relative
+ * <parent of shard 0's data_dir>/checkpoints/step-S (asp / ssp: time-<unix time in ms>); a relative
  * D is made absolute here, since psd runs elsewhere.
  *
  * verify --against: reads D/shard-J for every J here (the files, no shard is asked):
@@ -64,8 +64,13 @@ int psctl_checkpoint_dir(const ps_manifest_t *m, const char *base_in, uint64_t s
         snprintf(base, sizeof base, "%s", base_in);
     else
         snprintf(base, sizeof base, "%s/../checkpoints", m->servers[0].data_dir);
-    if (step == UINT64_MAX)
-        snprintf(tmp, sizeof tmp, "%s/time-%lld", base, (long long)time(NULL));
+    if (step == UINT64_MAX) { /* in ms: two in one second (a fast job's every_steps) collided,
+                                 and the second failed as "already holds a checkpoint" */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        snprintf(tmp, sizeof tmp, "%s/time-%lld", base,
+                 (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
+    }
     else
         snprintf(tmp, sizeof tmp, "%s/step-%llu", base, (unsigned long long)step);
     psctl_absolute(out, cap, tmp);

@@ -44,11 +44,15 @@ static void sleep_ms(int ms)
     for (; ms > 0 && !g_stop; ms -= 10) usleep(10 * 1000);
 }
 
-/* Shard 0's open_step and finished, and its run (run.h: *run the 16 hex digits, "" when
- * shard 0 does not say; *run_base its base step), from its status JSON.
+/* Shard 0's open step and finished, and its run (run.h: *run the 16 hex digits, "" when
+ * shard 0 does not say; *run_base its base step), from its status JSON. @p per_step 0 (bsp):
+ * the open step is open_step; else (asp / ssp) the planned steps of samples applied, per_step
+ * (job.workers x batch_size) samples each, as the learning-rate schedule counts them. Their
+ * open_step is the fastest worker's count ever, which stood still for as long as a worker
+ * that replaced it after a death or a scale-down took to catch up.
  * @return 0, or -1 (message printed). */
-static int job_status(ps_req_t *cl, uint64_t *open_step, int *finished, char run[32],
-                      uint64_t *run_base)
+static int job_status(ps_req_t *cl, uint64_t per_step, uint64_t *open_step, int *finished,
+                      char run[32], uint64_t *run_base)
 {
     ps_msg_t q = {.type = PS_MSG_STATUS, .rank = -1}, r;
     void *data = NULL;
@@ -62,8 +66,8 @@ static int job_status(ps_req_t *cl, uint64_t *open_step, int *finished, char run
     if (json && data) memcpy(json, data, len);
     free(data);
     if (json == NULL) return -1;
-    int rc = psd_ckpt_meta_field(json, "open_step", v, sizeof v);
-    *open_step = strtoull(v, NULL, 10);
+    int rc = psd_ckpt_meta_field(json, per_step ? "samples_applied" : "open_step", v, sizeof v);
+    *open_step = strtoull(v, NULL, 10) / (per_step ? per_step : 1);
     v[0] = '\0';
     psd_ckpt_meta_field(json, "finished", v, sizeof v);
     *finished = strcmp(v, "true") == 0;
@@ -230,6 +234,8 @@ int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wai
     }
     const int bsp = m->job.consistency == PS_CONSIST_BSP;
     const uint64_t every = ck->every_steps;
+    const uint64_t per_step = bsp ? 0 : (uint64_t)(m->job.workers ? m->job.workers : 1) *
+                                            (m->job.batch_size ? m->job.batch_size : 1);
     printf("psctl: follow: checkpoints of cluster '%s' every %llu steps, every %llu s (0: not "
            "by that) into %s, keeping the newest %u\n", m->cluster, (unsigned long long)every,
            (unsigned long long)ck->every_s, base, ck->keep);
@@ -246,7 +252,7 @@ int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wai
         int finished = 0;
         char run[32];
         if (target == 0 || !bsp || every == 0) {
-            if (job_status(cl, &open, &finished, run, &run_base)) {
+            if (job_status(cl, per_step, &open, &finished, run, &run_base)) {
                 sleep_ms(1000); /* shard 0 is busy or restarting: ask again */
                 continue;
             }

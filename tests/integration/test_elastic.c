@@ -1079,6 +1079,52 @@ START_TEST(test_periodic_asp_checkpoints_are_cuts)
 }
 END_TEST
 
+/* Under asp, `every_steps` counts planned steps of samples applied (job.workers x batch_size
+ * each). Before, it counted the coordinator's open_step, the fastest worker's steps ever: a
+ * worker that replaced one killed at its 130th batch started from 0, and no periodic
+ * checkpoint came until it had passed 130 steps itself. Here the replacement stops at its
+ * 70th batch, past the multiple 150 of the job's samples. Also: asp checkpoint directories
+ * were named by the second (time-<s>), so a second checkpoint within it failed. */
+START_TEST(test_asp_every_steps_after_death)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1, .consistency = "asp", .layers = "[784, 16, 10]",
+                   .job_extra = "  heartbeat_timeout_ms: 1000\n",
+                   .top_extra = "checkpoint: {every_steps: 50, keep: 10}\n"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    const char *held = "checkpoint: no batch handed out until it is taken";
+    setenv("PS_TEST_STOP_AT", "batch:130", 1);
+    cl_proc_t *a = cl_worker_start(c, NULL, NULL, false);
+    unsetenv("PS_TEST_STOP_AT");
+    ck_assert_msg(cl_wait_log(a, "stops at its batch:130", RUN_S) == 0, "%s", cl_tail(a));
+    ck_assert_int_eq(cl_signal(a, SIGKILL), 0);
+    /* A checkpoint past step 100 (each holds the hand-outs first): the next multiple is 150. */
+    long last = -1;
+    while (last < 100 && cl_left(c) > 10) {
+        nap_ms(50);
+        char *log = cl_log(psd);
+        for (const char *q = log; (q = strstr(q, "psctl: checkpoint at step ")) != NULL; q++)
+            last = atol(q + strlen("psctl: checkpoint at step "));
+        free(log);
+    }
+    ck_assert_msg(last >= 100 && last < 150, "the last checkpoint at step %ld: %s", last,
+                  cl_tail(psd));
+    int n0 = count_in_log(psd, held);
+    setenv("PS_TEST_STOP_AT", "batch:70", 1);
+    cl_proc_t *b = cl_worker_start(c, NULL, NULL, false);
+    unsetenv("PS_TEST_STOP_AT");
+    ck_assert_msg(cl_wait_log(b, "stops at its batch:70", RUN_S) == 0, "%s", cl_tail(b));
+    while (count_in_log(psd, held) == n0 && cl_left(c) > 10) nap_ms(50);
+    ck_assert_msg(count_in_log(psd, held) > n0, "no checkpoint asked for after 198 planned "
+                  "steps of samples (129 + 69): %s", cl_tail(psd));
+    /* None failed: two in one second were named alike (time-<s>), and the second failed. */
+    ck_assert_msg(count_in_log(psd, "failed; going on") == 0, "a checkpoint failed: %s",
+                  cl_tail(psd));
+    ck_assert_int_eq(cl_signal(b, SIGKILL), 0);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* asp_pair_start's pair of 4096 batches checked ("check", 1 ms naps), shard 0 with test hook
  * @p env = @p val (none when NULL), once 400 samples are applied: a job mid-run. */
 static void asp_pair_running(asp_stop_t *r, const char *env, const char *val)
@@ -2090,6 +2136,7 @@ Suite *ps_test_suite(void)
     ADD(asp_checkpoint_asked_again_one_user);
     ADD(asp_checkpoint_hold_lapsed_refused);
     ADD(periodic_asp_checkpoints_are_cuts);
+    ADD(asp_every_steps_after_death);
     ADD(periodic_asp_checkpoint_skipped_when_stuck);
     ADD(asp_checkpoints_at_once);
     ADD(sigstop_rejoins);
