@@ -6,6 +6,29 @@
 #include "ps/ps_error.h"
 #include "wire.h"
 
+/* The offset of the first byte of @p s that does not continue valid UTF-8 (no overlong forms,
+ * no surrogates, at most U+10FFFF), or -1 when all of it is valid. */
+static long utf8_bad_at(const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s, *b = p;
+    while (*p) {
+        unsigned c = *p;
+        int n = c < 0x80 ? 0
+                : (c & 0xe0) == 0xc0 ? 1
+                : (c & 0xf0) == 0xe0 ? 2
+                : (c & 0xf8) == 0xf0 ? 3
+                                     : -1;
+        if (n < 0 || (n == 1 && c < 0xc2) || (n == 3 && c > 0xf4)) return (long)(p - b);
+        for (int i = 1; i <= n; i++)
+            if ((p[i] & 0xc0) != 0x80) return (long)(p - b);
+        if ((n == 2 && c == 0xe0 && p[1] < 0xa0) || (n == 2 && c == 0xed && p[1] >= 0xa0) ||
+            (n == 3 && c == 0xf0 && p[1] < 0x90) || (n == 3 && c == 0xf4 && p[1] >= 0x90))
+            return (long)(p - b); /* overlong, a surrogate, or past U+10FFFF */
+        p += 1 + n;
+    }
+    return -1;
+}
+
 int ps_decl_check(const ps_decl_t *d, char *err, size_t errlen)
 {
     if (memchr(d->name, '\0', sizeof d->name) == NULL) {
@@ -14,6 +37,14 @@ int ps_decl_check(const ps_decl_t *d, char *err, size_t errlen)
     }
     if (d->name[0] == '\0') {
         snprintf(err, errlen, "empty tensor name");
+        return PS_EINVAL;
+    }
+    /* Names go into JSON (status, checkpoints' meta.json) and safetensors headers as they are:
+     * one that is not UTF-8 made `psctl export` write a header no reader takes. */
+    long bad = utf8_bad_at(d->name);
+    if (bad >= 0) {
+        snprintf(err, errlen, "tensor name is not valid UTF-8 (byte %ld is 0x%02x)", bad,
+                 (unsigned char)d->name[bad]);
         return PS_EINVAL;
     }
     if (d->ndim < 1 || d->ndim > PS_MAX_DIMS) {

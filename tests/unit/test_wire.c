@@ -1,5 +1,6 @@
 /* test_wire.c: message header encoding, and rejection of truncated and garbage input. */
 #include <check.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -152,6 +153,37 @@ START_TEST(invalid_fields_rejected)
 END_TEST
 
 /* A push's replay tags travel as written; more than PS_REPLAY_MAX are refused both ways. */
+/* Names go into JSON and safetensors headers as they are: one that is not UTF-8 made
+ * `psctl export` write a header no reader takes (a probe, session 34). */
+START_TEST(decl_names_utf8)
+{
+    static const char *const good[] = {"fc1.weight", "\xe5\xb1\x82.bias", "a\xf0\x9f\x98\x80",
+                                       "\xc2\x80\xdf\xbf\xe0\xa0\x80\xef\xbf\xbf\xf4\x8f\xbf\xbf"};
+    static const struct {
+        const char *name;
+        long at;
+    } bad[] = {{"\xff\xfe\x80", 0},   {"ab\x80", 2},        {"\xc0\xaf", 0} /* overlong */,
+               {"x\xe0\x9f\xbf", 1} /* overlong */, {"\xed\xa0\x80", 0} /* surrogate */,
+               {"\xf4\x90\x80\x80", 0} /* past U+10FFFF */, {"\xe5\xb1", 0} /* cut */,
+               {"\xf8\x88\x80\x80\x80", 0}};
+    ps_decl_t d = {.ndim = 1, .shape = {4}};
+    char err[256];
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
+        snprintf(d.name, sizeof d.name, "%s", good[i]);
+        ck_assert_msg(ps_decl_check(&d, err, sizeof err) == 0, "good name %zu refused: %s", i,
+                      err);
+    }
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(d.name, sizeof d.name, "%s", bad[i].name);
+        ck_assert_int_eq(ps_decl_check(&d, err, sizeof err), PS_EINVAL);
+        char want[64];
+        snprintf(want, sizeof want, "not valid UTF-8 (byte %ld is 0x%02x)", bad[i].at,
+                 (unsigned char)bad[i].name[bad[i].at]);
+        ck_assert_msg(strstr(err, want) != NULL, "bad name %zu: %s, want %s", i, err, want);
+    }
+}
+END_TEST
+
 START_TEST(replay_tags)
 {
     uint8_t buf[PS_WIRE_HDR_MAX];
@@ -284,6 +316,7 @@ Suite *ps_test_suite(void)
     tcase_add_test(tc, truncated_rejected);
     tcase_add_test(tc, garbage_rejected);
     tcase_add_test(tc, invalid_fields_rejected);
+    tcase_add_test(tc, decl_names_utf8);
     tcase_add_test(tc, replay_tags);
     tcase_add_test(tc, bundle_roundtrip);
     tcase_add_test(tc, bundle_malformed);

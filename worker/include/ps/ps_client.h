@@ -151,9 +151,9 @@ uint64_t ps_client_join_step(const ps_client_t *c);
  * a later one must have the same shape.
  * @param[out] id the tensor's id for push and pull.
  * @return 0, PS_ECONFLICT (shape differs; ps_client_error() names both shapes), PS_EINVAL
- *  (a description psd could not hold: an empty or too long name, 0 or more than 4 dimensions,
- *  a dimension of 0, more than 2^34 values, an initializer outside 0..3, a non-finite
- *  init_arg; ps_client_error() says which, and nothing is sent), PS_E*.
+ *  (a description psd could not hold: an empty, too long or not UTF-8 name, 0 or more than 4
+ *  dimensions, a dimension of 0, more than 2^34 values, an initializer outside 0..4, a
+ *  non-finite init_arg; ps_client_error() says which, and nothing is sent), PS_E*.
  * @note Under bsp every chunk counts its own steps from 0: a tensor declared after the others
  *  have been pushed for some steps takes pushes (and answers pulls) from step 0, not from the
  *  others' step.
