@@ -317,6 +317,9 @@ struct psd_server_s {
     psd_tensor_t *tensors;     /* [cap_tensors], indexed by id */
     uint32_t cap_tensors, ntensors; /* ntensors: 1 + highest present id */
     uint64_t next_chunk;       /* coordinator: first_chunk of the next new tensor */
+    uint64_t decl_bytes[PS_MAX_SERVERS]; /* by shard: the map bytes the present tensors'
+                                  records take there (a lower bound, declare_too_big); the
+                                  coordinator holds every tensor, so it knows every shard's */
     psd_chunk_t *ready_head, *ready_tail;
     uint32_t *create_queue;    /* tensor ids waiting for a JOB_CREATE */
     uint32_t ncreate, cap_create;

@@ -121,6 +121,15 @@ static void slot_empty(psd_chunk_t *ch, uint32_t r)
     ch->slot_ext[r] = (psd_slot_ext_t){NULL, NULL};
 }
 
+static uint64_t records_bytes(const psd_server_t *srv, const ps_decl_t *d, uint32_t shard);
+
+/* Count (@p sign 1) or uncount (-1) tensor @p d's records in every shard's decl_bytes. */
+static void count_decl_bytes(psd_server_t *srv, const ps_decl_t *d, int sign)
+{
+    for (uint32_t k = 0; k < srv->nshards && k < PS_MAX_SERVERS; k++)
+        srv->decl_bytes[k] += (uint64_t)(int64_t)sign * records_bytes(srv, d, k);
+}
+
 /* Enter tensor @p d into the table with chunk states for the chunks this shard owns. */
 static int tensor_add(psd_server_t *srv, const ps_decl_t *d, bool ready)
 {
@@ -140,6 +149,7 @@ static int tensor_add(psd_server_t *srv, const ps_decl_t *d, bool ready)
     }
     t->present = true;
     t->ready = ready;
+    count_decl_bytes(srv, d, 1);
     if (d->id >= srv->ntensors) srv->ntensors = d->id + 1;
     uint64_t end = d->first_chunk + t->nchunks;
     if (end > srv->next_chunk) srv->next_chunk = end;
@@ -547,23 +557,24 @@ static uint64_t records_bytes(const psd_server_t *srv, const ps_decl_t *d, uint3
 }
 
 /* Whether new tensor @p d cannot fit in the stores, refused then (PS_ESTOREFULL, naming the
- * sizes): its records on a shard, with (on this one) those of the tensors there, take more than
- * map_size_mb. Before, the create filled the map first, holding the store's writes up for as
- * long (about a minute for tens of GiB). Shard 0 checks every shard's share (the others' held
- * bytes it does not know), each shard again its own with what it holds. A lower bound (leaf
+ * sizes): its records on a shard, with those of the tensors there, take more than map_size_mb.
+ * Before, the create filled the map first, holding the store's writes up for as long (about a
+ * minute for tens of GiB). Shard 0, where every declaration starts and which holds every
+ * tensor, checks every shard's share with what it holds (decl_bytes), so that no other shard
+ * refuses one it took: before, it did not count the others' tensors, a shard that was fuller
+ * refused, and shard 0 kept the tensor (psctl export then failed on it). Each shard checks its
+ * own again. Counted as tensors are added, not summed over every chunk at each declaration
+ * (which made many declarations quadratic). A lower bound (leaf
  * pages, the tree's branch pages and the free list not counted), and an update writes a
  * chunk's new record before the old one's pages are free (copy-on-write), so a tensor near
  * the limit still fails at its first update ("the shard store is full"). */
 static bool declare_too_big(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id,
                             const ps_decl_t *d)
 {
-    uint64_t map = srv->m.map_size_mb << 20, held = 0;
-    for (uint32_t i = 0; i < srv->ntensors; i++)
-        if (srv->tensors[i].present)
-            held += chunks_footprint(srv, srv->tensors[i].chunks, srv->tensors[i].nchunks);
-    for (uint32_t k = 0; k < srv->nshards; k++) {
+    uint64_t map = srv->m.map_size_mb << 20;
+    for (uint32_t k = 0; k < srv->nshards && k < PS_MAX_SERVERS; k++) {
         if (srv->shard != 0 && k != srv->shard) continue;
-        uint64_t need = records_bytes(srv, d, k), have = k == srv->shard ? held : 0;
+        uint64_t need = records_bytes(srv, d, k), have = srv->decl_bytes[k];
         if (have + need <= map) continue;
         char shape[64], was[96] = "";
         ps_shape_str(d->shape, d->ndim, shape, sizeof shape);
@@ -1936,6 +1947,7 @@ static void job_done(uv_work_t *w, int status)
         if (job->rc) {
             /* Not created: forget it, so a later declaration tries again. */
             t->present = false;
+            count_decl_bytes(srv, &t->decl, -1);
             for (uint32_t c = 0; c < t->nchunks; c++) {
                 if (t->chunks[c] == NULL) continue;
                 free(t->chunks[c]->slots);

@@ -19,7 +19,11 @@
  * with a malformed payload, a batch of a training set of 0, a handle waited for twice) must each
  * be refused with PS_EINVAL and the reason (a failing encoder's own code passed on), and change
  * nothing: the pushes then go on as usual.
- * Prints "asp_client: misuse: N calls refused" or the first call that was not. */
+ * Prints "asp_client: misuse: N calls refused" or the first call that was not.
+ * --skew (2 shards, chunk_bytes 1 MiB; NUMEL 1): instead of the pushes, declares pairs of a
+ * 1 MiB tensor of one chunk and a 1-value one, so that every large chunk lands on shard 1 (chunk
+ * ordinals alternate between the shards), until one is refused. Exit 0 when that is
+ * PS_ESTOREFULL (printed: "asp_client: skew: declaration K refused: ..."). */
 #include <inttypes.h>
 #include <math.h>
 #include <signal.h>
@@ -149,6 +153,28 @@ static void on_sigterm(int sig)
     if (g_client) ps_client_interrupt(g_client);
 }
 
+/* --skew: see the top of the file. */
+static int skew(ps_client_t *c)
+{
+    for (int i = 0; i < 256; i++) {
+        char nm[32];
+        uint32_t id;
+        snprintf(nm, sizeof nm, "skew.big%d", i);
+        ps_tensor_desc_t d = {.name = nm, .shape = {1u << 18}, .ndim = 1};
+        int rc = ps_client_declare(c, &d, &id);
+        if (rc == 0) {
+            snprintf(nm, sizeof nm, "skew.pad%d", i);
+            d = (ps_tensor_desc_t){.name = nm, .shape = {1}, .ndim = 1};
+            rc = ps_client_declare(c, &d, &id);
+        }
+        if (rc == 0) continue;
+        printf("asp_client: skew: declaration %d refused: %s\n", i, ps_client_error(c));
+        return rc == PS_ESTOREFULL ? 0 : 1;
+    }
+    printf("asp_client: skew: no declaration refused\n");
+    return 1;
+}
+
 /* --interrupt: say "ready", wait for SIGUSR1, push once and wait; SIGTERM interrupts the wait
  * (test_faults.c, sigterm_shard_stopped: the shard is stopped before SIGUSR1, so a rendezvous
  * push stays with UCX). Exit 3 when the wait ended with PS_ECANCELED. */
@@ -175,9 +201,10 @@ int main(int argc, char **argv)
     int interrupt = argc == 5 && strcmp(argv[4], "--interrupt") == 0;
     int enomem = argc == 5 && strcmp(argv[4], "--enomem") == 0;
     int misused = argc == 5 && strcmp(argv[4], "--misuse") == 0;
-    if (argc != 4 && !interrupt && !enomem && !misused) {
+    int skewed = argc == 5 && strcmp(argv[4], "--skew") == 0;
+    if (argc != 4 && !interrupt && !enomem && !misused && !skewed) {
         fprintf(stderr, "usage: asp_client MANIFEST NUMEL PUSHES [--interrupt | --enomem | "
-                "--misuse]\n");
+                "--misuse | --skew]\n");
         return 2;
     }
     uint64_t n = strtoull(argv[2], NULL, 10), pushes = strtoull(argv[3], NULL, 10);
@@ -206,6 +233,13 @@ int main(int argc, char **argv)
         rc = 1;
     }
     if (rc == 0 && misused) rc = misuse(c, id, g, got);
+    if (skewed) {
+        if (rc == 0) rc = skew(c);
+        ps_client_destroy(c);
+        free(g);
+        free(got);
+        return rc;
+    }
     if (rc == 0 && interrupt) {
         g_client = c;
         struct sigaction sa = {.sa_handler = on_sigterm};

@@ -1418,6 +1418,30 @@ START_TEST(test_follower_stop_releases_hold)
 }
 END_TEST
 
+/* A declaration that one shard's store cannot hold is refused before any shard creates it.
+ * Shard 0 did not count the other shards' tensors: with shard 1 fuller (every large chunk
+ * there), shard 0 created a tensor that shard 1 then refused, and kept it (status listed more
+ * tensors on shard 0, and psctl export failed on it: "shard 1 holds no chunk"). */
+START_TEST(test_declare_refused_everywhere)
+{
+    cl_conf_t k = {.shards = 2, .workers = 1, .consistency = "asp",
+                   .optimizer = "{name: sgd, lr: 1}", .chunk_bytes = 1 << 20, .map_size_mb = 16};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    char *argv[] = {(char *)cl_binary("ASP_CLIENT"), c->manifest, "1", "1", "--skew", NULL};
+    cl_proc_t *w = cl_spawn(c, "skew", argv);
+    EXPECT_EXIT(w, 0);
+    EXPECT_LOG(w, "MiB on shard 1 (the parameters), and its tensors hold");
+    char out[CL_PATH];
+    cl_path(c, "skew.safetensors", out, sizeof out);
+    const char *args[] = {"export", "--out", out, NULL};
+    cl_proc_t *x = psctl(c, "export", 0, args);
+    EXPECT_LOG(x, "psctl: exported ");
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* The names in @p base (no dot entries) into names[16]; returns how many. */
 static int list_dir(const char *base, char names[16][64])
 {
@@ -1500,6 +1524,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("crc_always_corrupt_fails", test_crc_always_corrupt_fails));
     suite_add_tcase(s, tcase("merkle_root_survives_restart", test_merkle_root_survives_restart));
     suite_add_tcase(s, tcase("export_matches_local", test_export_matches_local));
+    suite_add_tcase(s, tcase("declare_refused_everywhere", test_declare_refused_everywhere));
     suite_add_tcase(s, tcase("coordinator_state_upgraded", test_coordinator_state_upgraded));
     suite_add_tcase(s, tcase("verify_names_corrupt_chunk", test_verify_names_corrupt_chunk));
     suite_add_tcase(s, tcase("export_snapshot_left_open", test_export_snapshot_left_open));
