@@ -39,6 +39,7 @@ int psd_integrity_rebuild(psd_server_t *srv)
             h[k2] = l[k2].ch->hash;
         }
         rc = ps_merkle_build(&srv->merkle, h, n);
+        if (rc == 0) srv->merkle_stale = false;
     }
     if (rc) PS_LOG(PS_LOG_ERROR, "integrity", "cannot build the Merkle tree: out of memory");
     free(l);
@@ -46,14 +47,19 @@ int psd_integrity_rebuild(psd_server_t *srv)
     return rc;
 }
 
+void psd_integrity_stale(psd_server_t *srv) { srv->merkle_stale = true; }
+
 void psd_integrity_chunk_hashed(psd_server_t *srv, psd_chunk_t *ch, uint64_t hash)
 {
     ch->hash = hash;
-    if (ch->leaf < srv->merkle.nleaves) ps_merkle_set(&srv->merkle, ch->leaf, hash);
+    /* A stale tree's leaves are not laid out for every chunk: the rebuild reads ch->hash. */
+    if (!srv->merkle_stale && ch->leaf < srv->merkle.nleaves)
+        ps_merkle_set(&srv->merkle, ch->leaf, hash);
 }
 
 void psd_integrity_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len)
 {
+    if (srv->merkle_stale) psd_integrity_rebuild(srv); /* on failure the old root, said */
     int n = snprintf(out + *len, cap - *len, ", \"merkle_root\": \"%016llx\"",
                      (unsigned long long)ps_merkle_root(&srv->merkle));
     if (n > 0 && (size_t)n < cap - *len) *len += (size_t)n;

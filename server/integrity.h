@@ -9,11 +9,15 @@
 
 /**
  * @brief Lay the tree out again over every chunk this shard holds, in global chunk ordinal
- *  order (tensor first_chunk + index), from their psd_chunk_t.hash. After loading the store
- *  and after a tensor's creation committed.
+ *  order (tensor first_chunk + index), from their psd_chunk_t.hash. After loading the store.
  * @return 0 or PS_ENOMEM (the old tree is kept; the root is then stale until the next try).
  */
 int psd_integrity_rebuild(psd_server_t *srv);
+
+/** @brief A tensor's creation committed (or one was forgotten): the tree is laid out again
+ *  when its root is next read (psd_integrity_status_json), not at once: a rebuild sorts every
+ *  chunk, and one per declaration made declaring many tensors quadratic on the loop. */
+void psd_integrity_stale(psd_server_t *srv);
 
 /** @brief Chunk @p ch committed with record hash @p hash: update its leaf and the root. */
 void psd_integrity_chunk_hashed(psd_server_t *srv, psd_chunk_t *ch, uint64_t hash);

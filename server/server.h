@@ -332,6 +332,7 @@ struct psd_server_s {
     struct psd_ckpt_s *ckpt;   /* checkpoint and repair state (checkpoint.c), NULL until used */
     psd_snap_t *snap;          /* current pull snapshot, NULL until needed */
     ps_merkle_t merkle;        /* over the chunk hashes (integrity.c) */
+    bool merkle_stale;         /* tensors created since it was laid out (integrity.c) */
     struct psd_export_s *xp;   /* export sessions and verify jobs (export.c), NULL until used */
     struct {                   /* sync.c: mdb_env_sync every m.sync_interval_s */
         uv_work_t work;

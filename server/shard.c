@@ -1939,7 +1939,7 @@ static void job_done(uv_work_t *w, int status)
                     t->chunks[c]->hash = job->hashes[c];
                     here += t->chunks[c]->n;
                 }
-            psd_integrity_rebuild(srv);
+            psd_integrity_stale(srv);
             PS_LOG(PS_LOG_INFO, "shard", "tensor %u '%s' initialized: %.1f MiB of parameters here "
                    "in %.1f ms", job->tensor, t->decl.name, (double)here * 4 / (1 << 20),
                    (double)(uv_hrtime() - job->start_ns) / 1e6);
