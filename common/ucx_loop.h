@@ -175,4 +175,15 @@ int ps_ucx_connect(ps_ucx_t *u, const char *host, uint16_t port, ucp_err_handler
 /** @brief Map a UCS status to a PS_E* code. */
 int ps_ucx_err(ucs_status_t s);
 
+/** @brief What to add to UCX's words for status @p s of a request to a shard that failed: a
+ *  connection that could not be made or was reset says " (is psd running there?)", others
+ *  "". A static string. */
+static inline const char *ps_ucx_down_hint(ucs_status_t s)
+{
+    return s == UCS_ERR_NOT_CONNECTED || s == UCS_ERR_UNREACHABLE ||
+                   s == UCS_ERR_CONNECTION_RESET
+               ? " (is psd running there?)"
+               : "";
+}
+
 #endif

@@ -257,8 +257,8 @@ int ps_req_call(ps_req_t *c, uint32_t shard, ps_msg_t *req, ps_msg_t *reply,
     }
     if (!c->got || c->pending) {
         if (e->failed)
-            snprintf(err, errlen, "shard %u (%s:%u): %s", shard, sc->host, sc->port,
-                     ucs_status_string(e->status));
+            snprintf(err, errlen, "shard %u (%s:%u): %s%s", shard, sc->host, sc->port,
+                     ucs_status_string(e->status), ps_ucx_down_hint(e->status));
         else
             snprintf(err, errlen, "shard %u (%s:%u): no answer within %g s", shard, sc->host,
                      sc->port, c->timeout_s);

@@ -58,7 +58,8 @@ static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
     shard_t *s = arg;
     if (!s->failed && !s->got) {
         s->lost = 1; /* on_check closes the endpoint and tries again, or gives up */
-        snprintf(s->why, sizeof s->why, "%s", ucs_status_string(status));
+        snprintf(s->why, sizeof s->why, "%s%s", ucs_status_string(status),
+                 ps_ucx_down_hint(status));
     }
 }
 

@@ -594,6 +594,10 @@ START_TEST(test_psctl_stopped_shard_bounded)
     cl_proc_t *st = psctl(c, "status2", 0, json);
     EXPECT_LOG(st, "\"desired_workers\": 1, "); /* no scale went through */
     stop_all(psd, 2);
+    /* No psd at all: UCX's words alone ("Endpoint is not connected") did not say why. */
+    const char *down[] = {"verify", NULL};
+    EXPECT_LOG(psctl(c, "down", 1, down), "Endpoint is not connected (is psd running there?)");
+    EXPECT_LOG(psctl(c, "down_status", 1, status), "(is psd running there?)");
     cl_cluster_destroy(c);
 }
 END_TEST
