@@ -224,7 +224,8 @@ int ps_client_push_encoded(ps_client_t *c, uint32_t id, uint64_t step, ps_push_e
 int ps_client_use_job_compression(ps_client_t *c, uint32_t id, const char *name);
 
 /**
- * @brief Push the gradient of tensor @p id for @p step (asynchronous).
+ * @brief Push the gradient of tensor @p id for @p step (asynchronous). Under asp / ssp @p step
+ * only tags the push (each is applied when it lands, whatever its step).
  * @param grad numel floats; borrowed: must stay unchanged until the handle completes.
  * @param[out] op the handle to ps_op_wait on.
  * @return 0; PS_EBUSY while an earlier push of the tensor has not been waited for; PS_EINVAL
@@ -251,7 +252,9 @@ int ps_client_push_none(ps_client_t *c, uint32_t id, uint64_t step, ps_op_t **op
 
 /**
  * @brief Pull the parameters of tensor @p id once every chunk reached @p min_version
- * (under bsp: the step the caller is about to compute; 0 = whatever is there).
+ * (under bsp: the step the caller is about to compute; 0 = whatever is there). Under asp / ssp
+ * @p min_version is not waited for (each push is applied on its own, and a chunk's version
+ * counts its updates): the pull answers with the parameters as they are.
  * @param dst numel floats; written until the handle completes. Chunks land in it before their
  *  CRC-32C is checked (a mismatch asks again and overwrites them), so after a failed pull
  *  (e.g. PS_ECRC after every retry) @p dst may hold partial or corrupted chunks.
