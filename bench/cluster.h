@@ -76,11 +76,11 @@ void pb_case_free(pb_case_t *c);
 
 /** @brief Let the clients leave, stop the shards (SIGTERM, then SIGKILL), remove the data;
  *  an attached cluster's shards and data are left as they are. A process that had to be
- *  killed or exited with a status other than 0 is said on stderr (with its log's end) and
- *  counted in pb_failed_procs. */
+ *  killed is said on stderr; one that exited with a status other than 0 (or by a signal) is
+ *  said with its log's end and counted in pb_failed_procs. */
 void pb_cluster_stop(pb_cluster_t *cl);
 
-/** Processes pb_cluster_stop found killed or failed so far (psbench then exits 1). */
+/** Processes pb_cluster_stop found failed so far (psbench then exits 1). */
 extern int pb_failed_procs;
 
 /** @brief The UCX environment of @p transport ("NAME=VALUE" strings, NULL-terminated, static). */

@@ -59,7 +59,7 @@ void psd_integrity_chunk_hashed(psd_server_t *srv, psd_chunk_t *ch, uint64_t has
 
 void psd_integrity_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len)
 {
-    if (srv->merkle_stale) psd_integrity_rebuild(srv); /* on failure the old root, said */
+    if (srv->merkle_stale) psd_integrity_rebuild(srv); /* a failure is logged; tried again */
     int n = snprintf(out + *len, cap - *len, ", \"merkle_root\": \"%016llx\"",
                      (unsigned long long)ps_merkle_root(&srv->merkle));
     if (n > 0 && (size_t)n < cap - *len) *len += (size_t)n;

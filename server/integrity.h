@@ -10,11 +10,12 @@
 /**
  * @brief Lay the tree out again over every chunk this shard holds, in global chunk ordinal
  *  order (tensor first_chunk + index), from their psd_chunk_t.hash. After loading the store.
- * @return 0 or PS_ENOMEM (the old tree is kept; the root is then stale until the next try).
+ * @return 0 or PS_ENOMEM (the tree may then be empty: it stays stale, and the next read of
+ *  the root tries again).
  */
 int psd_integrity_rebuild(psd_server_t *srv);
 
-/** @brief A tensor's creation committed (or one was forgotten): the tree is laid out again
+/** @brief A tensor's creation committed, or one was forgotten: the tree is laid out again
  *  when its root is next read (psd_integrity_status_json), not at once: a rebuild sorts every
  *  chunk, and one per declaration made declaring many tensors quadratic on the loop. */
 void psd_integrity_stale(psd_server_t *srv);

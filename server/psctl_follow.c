@@ -342,10 +342,12 @@ int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wai
         last = psctl_mono_s();
         if (every) target = next ? next : next_multiple(open, every);
     }
-    /* A hold ahead must not outlive us (the coordinator would end it after 10 s anyway). A
-     * psd that is stopping (it signalled us) answers before it stops (psd_follower_reap):
-     * PS_EBUSY, shutting down, and the hold ends with it. */
-    if (g_stop && id != 0) {
+    /* A hold ahead must not outlive us (the coordinator would end it after 10 s anyway): one
+     * asked for and pending (asp / ssp: keyed by id), or under bsp the next multiple that each
+     * checkpoint's GO holds ahead (any GO releases it). A psd that is stopping (it signalled
+     * us) answers before it stops (psd_follower_reap): PS_EBUSY, shutting down, and the hold
+     * ends with it. */
+    if (g_stop && (id != 0 || bsp)) {
         ps_msg_t g = {.type = PS_MSG_CKPT_GO, .rank = -1, .count = id}, r;
         int rc = ps_req_call(cl, 0, &g, &r, NULL, NULL, err, sizeof err);
         if (rc && rc != PS_EBUSY)

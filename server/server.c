@@ -949,6 +949,9 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
         PS_LOG(PS_LOG_WARN, "server", "PS_TEST_FAIL_HANDOUT_SAVE=%u: the save of hand-out %u "
                "fails once on purpose (a test hook)", srv->test_fail_handout_save,
                srv->test_fail_handout_save);
+    if ((srv->test_fail_create = test_hook("PS_TEST_FAIL_CREATE", 0)))
+        PS_LOG(PS_LOG_WARN, "server", "PS_TEST_FAIL_CREATE=%u: tensor creation %u fails on "
+               "purpose (a test hook)", srv->test_fail_create, srv->test_fail_create);
     if ((srv->test_slow_apply = test_hook("PS_TEST_SLOW_APPLY", 0)))
         PS_LOG(PS_LOG_WARN, "server", "PS_TEST_SLOW_APPLY=%u: the first apply job of step %u "
                "takes 2 s longer on purpose (a test hook)", srv->test_slow_apply - 1,

@@ -391,6 +391,9 @@ struct psd_server_s {
     uint32_t test_crash_join_save; /* PS_TEST_CRASH_JOIN_SAVE (tests only): SIGKILL itself in the
                                    write of the coordinator's state that holds the Nth bsp
                                    hand-out bringing in a member the step before lacked */
+    uint32_t test_fail_create; /* PS_TEST_FAIL_CREATE (tests only): the Nth tensor creation
+                                  fails (its transaction is not committed); read and counted
+                                  down by the create job only */
     uint32_t test_fail_handout_save; /* PS_TEST_FAIL_HANDOUT_SAVE (tests only): the write of the
                                    coordinator's state that holds the Nth asp / ssp hand-out
                                    fails (as if the store refused it), once */

@@ -156,6 +156,29 @@ static int tensor_add(psd_server_t *srv, const ps_decl_t *d, bool ready)
     return 0;
 }
 
+/* Tensor @p id was not created (its create job failed, or its declaration failed after
+ * tensor_add): forget it, so that a later declaration tries again. Its waiters stay for the
+ * caller to answer. */
+static void tensor_forget(psd_server_t *srv, uint32_t id)
+{
+    psd_tensor_t *t = &srv->tensors[id];
+    if (t->present) count_decl_bytes(srv, &t->decl, -1);
+    t->present = false;
+    for (uint32_t c = 0; t->chunks && c < t->nchunks; c++) {
+        if (t->chunks[c] == NULL) continue;
+        free(t->chunks[c]->slots);
+        chunk_free(t->chunks[c]);
+    }
+    free(t->chunks);
+    t->chunks = NULL;
+    t->nchunks = 0;
+    if (srv->shard == 0 && id + 1 == srv->ntensors) {
+        srv->ntensors--; /* the id and its chunk ordinals are handed out again */
+        srv->next_chunk = t->decl.first_chunk;
+    }
+    psd_integrity_stale(srv); /* a status read since may have laid its leaves out */
+}
+
 static void on_load_tensor(void *arg, const ps_decl_t *d)
 {
     psd_server_t *srv = arg;
@@ -664,6 +687,18 @@ void psd_shard_on_declare(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *m
     if (rc == 0) rc = wait_add(srv, &srv->tensors[d.id].declares, conn, msg->req_id, 0, 0, 0, 0);
     if (rc == 0) rc = queue_create(srv, d.id);
     if (rc) {
+        /* Nothing half-made stays: a present tensor never created would hold every later
+         * declaration of its name waiting, and its records counted in decl_bytes. */
+        if (d.id < srv->cap_tensors) { /* not when the table could not grow to it */
+            psd_tensor_t *t = &srv->tensors[d.id];
+            for (psd_wait_t *w = t->declares, *nx; w; w = nx) {
+                nx = w->next;
+                psd_conn_unref(w->conn);
+                wait_put(srv, w);
+            }
+            t->declares = NULL;
+            tensor_forget(srv, d.id);
+        }
         psd_send_error(srv, conn, msg->req_id, rc, "cannot create tensor '%s': %s", d.name,
                        ps_strerror(rc));
         return;
@@ -1575,6 +1610,7 @@ static int run_create(psd_job_t *job, psd_wtxn_t *tx)
 {
     psd_server_t *srv = job->srv;
     const ps_decl_t *d = &job->decl;
+    if (srv->test_fail_create && --srv->test_fail_create == 0) return PS_EIO; /* a test hook */
     int rc = psd_store_put_tensor(tx, d);
     uint64_t dims1 = 1; /* at most PS_MAX_TENSOR_VALUES: a uint32 wrapped (xavier's bound) */
     for (int i = 1; i < d->ndim; i++) dims1 *= d->shape[i];
@@ -1944,23 +1980,7 @@ static void job_done(uv_work_t *w, int status)
                    "in %.1f ms", job->tensor, t->decl.name, (double)here * 4 / (1 << 20),
                    (double)(uv_hrtime() - job->start_ns) / 1e6);
         }
-        if (job->rc) {
-            /* Not created: forget it, so a later declaration tries again. */
-            t->present = false;
-            count_decl_bytes(srv, &t->decl, -1);
-            for (uint32_t c = 0; c < t->nchunks; c++) {
-                if (t->chunks[c] == NULL) continue;
-                free(t->chunks[c]->slots);
-                chunk_free(t->chunks[c]);
-            }
-            free(t->chunks);
-            t->chunks = NULL;
-            t->nchunks = 0;
-            if (srv->shard == 0 && job->tensor + 1 == srv->ntensors) {
-                srv->ntensors--; /* the id and its chunk ordinals are handed out again */
-                srv->next_chunk = job->decl.first_chunk;
-            }
-        }
+        if (job->rc) tensor_forget(srv, job->tensor); /* a later declaration tries again */
         for (psd_wait_t *d = t->declares, *nx; d; d = nx) {
             nx = d->next;
             if (job->rc)

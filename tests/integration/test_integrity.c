@@ -596,7 +596,7 @@ START_TEST(test_psctl_stopped_shard_bounded)
     stop_all(psd, 2);
     /* No psd at all: UCX's words alone ("Endpoint is not connected") did not say why. */
     const char *down[] = {"verify", NULL};
-    EXPECT_LOG(psctl(c, "down", 1, down), "Endpoint is not connected (is psd running there?)");
+    EXPECT_LOG(psctl(c, "down", 1, down), "(is psd running there?)");
     EXPECT_LOG(psctl(c, "down_status", 1, status), "(is psd running there?)");
     cl_cluster_destroy(c);
 }
@@ -1446,6 +1446,36 @@ START_TEST(test_declare_refused_everywhere)
 }
 END_TEST
 
+/* A tensor whose creation fails (PS_TEST_FAIL_CREATE: its transaction is not committed) is
+ * forgotten everywhere it was counted: the declaration fails with the reason, the next one of
+ * the same name creates it, and the shard's tables, Merkle root and export agree after. */
+START_TEST(test_create_failure_forgotten)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1, .layers = "[784, 16, 10]", .max_steps = 5};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    setenv("PS_TEST_FAIL_CREATE", "2", 1);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    unsetenv("PS_TEST_FAIL_CREATE");
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    ck_assert_msg(cl_wait(w, RUN_S) > 0, "the worker went on: %s", cl_tail(w));
+    EXPECT_LOG(w, "cannot create tensor 'fc1.bias'");
+    const char *st[] = {"status", "--json", NULL};
+    EXPECT_LOG(psctl(c, "status1", 0, st), "\"tensors\": 1,");
+    cl_proc_t *w2 = cl_worker_start(c, NULL, NULL, false);
+    EXPECT_EXIT(w2, 0);
+    EXPECT_LOG(psctl(c, "status2", 0, st), "\"tensors\": 4,");
+    const char *vf[] = {"verify", NULL};
+    EXPECT_LOG(psctl(c, "verify", 0, vf), ", 0 mismatches\n");
+    char out[CL_PATH];
+    cl_path(c, "x.safetensors", out, sizeof out);
+    const char *ex[] = {"export", "--out", out, NULL};
+    EXPECT_LOG(psctl(c, "export", 0, ex), "psctl: exported 4 tensors");
+    cl_proc_t *psds[1] = {psd};
+    stop_all(psds, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* The names in @p base (no dot entries) into names[16]; returns how many. */
 static int list_dir(const char *base, char names[16][64])
 {
@@ -1529,6 +1559,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("merkle_root_survives_restart", test_merkle_root_survives_restart));
     suite_add_tcase(s, tcase("export_matches_local", test_export_matches_local));
     suite_add_tcase(s, tcase("declare_refused_everywhere", test_declare_refused_everywhere));
+    suite_add_tcase(s, tcase("create_failure_forgotten", test_create_failure_forgotten));
     suite_add_tcase(s, tcase("coordinator_state_upgraded", test_coordinator_state_upgraded));
     suite_add_tcase(s, tcase("verify_names_corrupt_chunk", test_verify_names_corrupt_chunk));
     suite_add_tcase(s, tcase("export_snapshot_left_open", test_export_snapshot_left_open));

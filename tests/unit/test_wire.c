@@ -152,7 +152,6 @@ START_TEST(invalid_fields_rejected)
 }
 END_TEST
 
-/* A push's replay tags travel as written; more than PS_REPLAY_MAX are refused both ways. */
 /* Names go into JSON and safetensors headers as they are: one that is not UTF-8 made
  * `psctl export` write a header no reader takes (a probe, session 34). */
 START_TEST(decl_names_utf8)
@@ -184,6 +183,7 @@ START_TEST(decl_names_utf8)
 }
 END_TEST
 
+/* A push's replay tags travel as written; more than PS_REPLAY_MAX are refused both ways. */
 START_TEST(replay_tags)
 {
     uint8_t buf[PS_WIRE_HDR_MAX];
