@@ -1437,7 +1437,9 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
          * so this is the same gradient; acknowledge this copy when the step is applied. */
         if (ch->slot_conn[rank]) psd_conn_unref(ch->slot_conn[rank]);
         ch->slot_conn[rank] = conn;
-        ch->slot_req[rank] = msg->req_id;
+        /* libps sends an op's every copy with its one request id: written only when another
+         * client's differs, since a job applying the slot reads it (applied_commit). */
+        if (ch->slot_req[rank] != msg->req_id) ch->slot_req[rank] = msg->req_id;
         psd_conn_ref(conn);
         return UCS_OK;
     }
