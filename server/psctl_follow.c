@@ -261,6 +261,9 @@ int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wai
             if (strcmp(run, seen_run) != 0) {
                 set_aside(m, base, run, run_base);
                 snprintf(seen_run, sizeof seen_run, "%s", run);
+                /* A restore may have taken the job back: the next multiple is counted from
+                 * where it is now, not where the old run was. */
+                if (seen_run[0]) target = 0;
             }
             if (finished) break;
             if (every && target == 0) target = next_multiple(open, every);
