@@ -263,36 +263,36 @@ void pb_case_free(pb_case_t *c)
 
 int pb_failed_procs;
 
+/* Wait up to @p timeout_s for @p p to end, then free it. Killed after that is only said (slow
+ * on a loaded host); an exit status other than 0 is said with its log's end and counted (a
+ * crash at exit is a bug even after good measurements). */
+static void stop_proc(pb_proc_t *p, double timeout_s, const char *verb)
+{
+    int st = pb_proc_wait(p, timeout_s);
+    if (st < 0) {
+        fprintf(stderr, "psbench: %s did not %s; killed\n", p->name, verb);
+    } else if (st != 0) {
+        fprintf(stderr, "psbench: %s exited with status %d; the end of its log:\n%s\n", p->name,
+                st, pb_proc_tail(p, 1500));
+        pb_failed_procs++;
+    }
+    pb_proc_free(p);
+}
+
 void pb_cluster_stop(pb_cluster_t *cl)
 {
     for (int i = 0; i < cl->conf.workers; i++)
         if (cl->cli[i]) pb_proc_write(cl->cli[i], "quit\n");
     for (int i = 0; i < cl->conf.workers; i++) {
         if (cl->cli[i] == NULL) continue;
-        int st = pb_proc_wait(cl->cli[i], 5);
-        if (st < 0) { /* slow on a loaded host: said, not counted */
-            fprintf(stderr, "psbench: %s did not leave; killed\n", cl->cli[i]->name);
-        } else if (st != 0) { /* measured, but a crash at exit is a bug all the same */
-            fprintf(stderr, "psbench: %s exited with status %d; the end of its log:\n%s\n",
-                    cl->cli[i]->name, st, pb_proc_tail(cl->cli[i], 1500));
-            pb_failed_procs++;
-        }
-        pb_proc_free(cl->cli[i]);
+        stop_proc(cl->cli[i], 5, "leave");
         cl->cli[i] = NULL;
     }
     for (int i = 0; i < cl->conf.shards; i++)
         if (cl->psd[i] && cl->psd[i]->pid > 0) kill(cl->psd[i]->pid, SIGTERM);
     for (int i = 0; i < cl->conf.shards; i++) {
         if (cl->psd[i] == NULL) continue;
-        int st = pb_proc_wait(cl->psd[i], 10);
-        if (st < 0) {
-            fprintf(stderr, "psbench: %s did not stop; killed\n", cl->psd[i]->name);
-        } else if (st != 0) {
-            fprintf(stderr, "psbench: %s exited with status %d; the end of its log:\n%s\n",
-                    cl->psd[i]->name, st, pb_proc_tail(cl->psd[i], 1500));
-            pb_failed_procs++;
-        }
-        pb_proc_free(cl->psd[i]);
+        stop_proc(cl->psd[i], 10, "stop");
         cl->psd[i] = NULL;
     }
     if (cl->attached) return;

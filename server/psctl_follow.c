@@ -67,7 +67,8 @@ static int job_status(ps_req_t *cl, uint64_t per_step, uint64_t *open_step, int 
     free(data);
     if (json == NULL) return -1;
     int rc = psd_ckpt_meta_field(json, per_step ? "samples_applied" : "open_step", v, sizeof v);
-    *open_step = strtoull(v, NULL, 10) / (per_step ? per_step : 1);
+    *open_step = strtoull(v, NULL, 10);
+    if (per_step) *open_step /= per_step;
     v[0] = '\0';
     psd_ckpt_meta_field(json, "finished", v, sizeof v);
     *finished = strcmp(v, "true") == 0;
@@ -234,8 +235,7 @@ int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wai
     }
     const int bsp = m->job.consistency == PS_CONSIST_BSP;
     const uint64_t every = ck->every_steps;
-    const uint64_t per_step = bsp ? 0 : (uint64_t)(m->job.workers ? m->job.workers : 1) *
-                                            (m->job.batch_size ? m->job.batch_size : 1);
+    const uint64_t per_step = bsp ? 0 : (uint64_t)m->job.workers * m->job.batch_size; /* >= 1 */
     printf("psctl: follow: checkpoints of cluster '%s' every %llu steps, every %llu s (0: not "
            "by that) into %s, keeping the newest %u\n", m->cluster, (unsigned long long)every,
            (unsigned long long)ck->every_s, base, ck->keep);
@@ -263,7 +263,7 @@ int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wai
                 snprintf(seen_run, sizeof seen_run, "%s", run);
                 /* A restore may have taken the job back: the next multiple is counted from
                  * where it is now, not where the old run was. */
-                if (seen_run[0]) target = 0;
+                target = 0;
             }
             if (finished) break;
             if (every && target == 0) target = next_multiple(open, every);
