@@ -106,17 +106,41 @@ typedef struct {
     uint64_t orphan_next;             /* where the next one goes, mod PSD_ORPHAN_RING */
 } psd_applied_t;
 
-typedef struct {
-    psd_chunk_t *chunk;
-    uint32_t rank;
-    uint64_t arrived_ns;       /* with --trace: when the push's header came (else 0) */
-} psd_slot_ref_t;
+
 
 /* A slot filled by a direct push: its data is in the pusher's area (pushshm.c), referenced. */
 typedef struct {
     const uint8_t *data;
     psd_area_t *area;
 } psd_slot_ext_t;
+
+/* One rank's slot of a chunk: the push it holds and what psd must know of it. Slots come in
+ * groups of PSD_SLOT_GROUP ranks, allocated at the first push of any rank of the group to the
+ * chunk and freed with the chunk: a slot's address is the receive callbacks' context, so it
+ * never moves. Only the loop thread writes a slot; an apply job reads the slots of the ranks it
+ * applies (psd_chunk_s applying_mask, sum_members), which the loop leaves alone meanwhile. */
+typedef struct {
+    psd_chunk_t *chunk;
+    uint32_t rank;
+    uint8_t state;             /* SLOT_* */
+    uint32_t crc;              /* the push header's CRC-32C of its payload */
+    psk_codec_t codec;         /* payload encoding (PSK_CODEC_NONE: raw fp32) */
+    uint8_t *buf;              /* push payload (raw fp32 or a codec's), allocated on first use */
+    size_t cap;                /* bytes allocated */
+    size_t len;                /* bytes received */
+    ucp_mem_h memh;            /* buf registered once with UCX (NULL: not registered) */
+    psd_slot_ext_t ext;        /* a direct push's data instead (slot_data()); never written */
+    uint64_t req;              /* req_id to acknowledge */
+    uint64_t step;             /* the step the push is for */
+    uint64_t who;              /* who pushed it: psd_conn_who() */
+    uint64_t batch;            /* asp / ssp: the batch it is for (ps_batch_key; 0: none said) */
+    uint64_t progress;         /* asp / ssp: samples applied before its batch was handed out,
+                                  the lr schedule's position (UINT64_MAX: none said) */
+    psd_conn_t *conn;          /* who to acknowledge */
+    uint64_t arrived_ns;       /* with --trace: when the push's header came (else 0) */
+} psd_slot_t;
+
+#define PSD_SLOT_GROUP 4
 
 /* bsp: steps back a chunk remembers whose batches each apply had, so that a batch handed out
  * again after its worker left mid-step is not applied twice (psd_shard_on_push). Re-handed
@@ -133,26 +157,12 @@ struct psd_chunk_s {
     uint32_t n;                /* values */
     uint64_t version;          /* steps applied (committed) */
     uint64_t total_steps;      /* the tensor's planned steps (lr schedule); read by jobs */
-    /* Per-rank arrays have PS_MAX_RANKS entries; a slot's buffer is allocated on first use. */
-    uint8_t **slots;           /* push payloads by rank (raw fp32 or a codec's) */
-    psd_slot_ext_t *slot_ext;  /* a direct push's data instead (slot_data()); never written */
-    ucp_mem_h *slot_memh;      /* each slot registered once with UCX (NULL: not registered) */
-    size_t *slot_cap;          /* bytes allocated */
-    size_t *slot_len;          /* bytes received */
-    psk_codec_t *slot_codec;   /* payload encoding (PSK_CODEC_NONE: raw fp32) */
+    psd_slot_t *slot_group[PS_MAX_RANKS / PSD_SLOT_GROUP]; /* ranks' slots by group of
+                                  PSD_SLOT_GROUP (NULL: none of them pushed here yet) */
     float *agg;                /* [n] decode-and-sum buffer, allocated on the first compressed push */
-    uint8_t *slot_state;       /* SLOT_* */
-    uint64_t *slot_req;        /* req_id to acknowledge */
-    uint32_t *slot_crc;        /* the push header's CRC-32C of its payload */
-    uint64_t *slot_step;       /* the step the push is for */
-    uint64_t *slot_who;        /* who pushed it: psd_conn_who() */
-    uint64_t *slot_batch;      /* asp / ssp: the batch it is for (ps_batch_key; 0: none said) */
-    uint64_t *slot_progress;   /* asp / ssp: samples applied before its batch was handed out,
-                                  the lr schedule's position (UINT64_MAX: none said) */
-    psd_applied_t *applied;    /* asp / ssp: by rank, the last push applied (a resend of it is
-                                  acknowledged, not applied again), and the orphaned batches */
-    psd_conn_t **slot_conn;    /* who to acknowledge */
-    psd_slot_ref_t *slot_ref;  /* receive-callback contexts */
+    psd_applied_t *applied;    /* asp / ssp (NULL under bsp): by rank, the last push applied (a
+                                  resend of it is acknowledged, not applied again), and the
+                                  orphaned batches */
     uint32_t nfull;            /* slots in SLOT_FULL */
     uint64_t full_mask;        /* bit r: slot r is SLOT_FULL */
     uint64_t sum_members;      /* bsp: the step's members whose pushes the running job sums
@@ -406,7 +416,7 @@ struct psd_server_s {
     uint32_t test_late_rndv;    /* PS_TEST_LATE_RNDV (tests only): the Nth rendezvous push's
                                    connection is closed while it lands, and its receive's end
                                    is seen 3 s late (test_late_*) */
-    psd_slot_ref_t *test_late_ref; /* that receive, until psd_shard_test_tick passes its end on */
+    psd_slot_t *test_late_ref;  /* that receive, until psd_shard_test_tick passes its end on */
     uint64_t test_late_due_ms;  /* psd_now_ms() from when (0: it has not ended yet) */
     uint64_t test_late_req;     /* its push's request id */
     ucs_status_t test_late_status;

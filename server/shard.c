@@ -35,90 +35,79 @@ static int table_reserve(psd_server_t *srv, uint32_t id)
 
 static psd_chunk_t *chunk_new(psd_server_t *srv, uint32_t t, uint32_t c, uint32_t n)
 {
-    uint32_t w = PS_MAX_RANKS;
     psd_chunk_t *ch = calloc(1, sizeof *ch);
     if (ch == NULL) return NULL;
     ch->tensor = t;
     ch->chunk = c;
     ch->n = n;
-    ch->slots = calloc(w, sizeof *ch->slots);
-    ch->slot_memh = calloc(w, sizeof *ch->slot_memh);
-    ch->slot_cap = calloc(w, sizeof *ch->slot_cap);
-    ch->slot_len = calloc(w, sizeof *ch->slot_len);
-    ch->slot_codec = calloc(w, sizeof *ch->slot_codec);
-    ch->slot_state = calloc(w, 1);
-    ch->slot_req = calloc(w, sizeof *ch->slot_req);
-    ch->slot_crc = calloc(w, sizeof *ch->slot_crc);
-    ch->slot_step = calloc(w, sizeof *ch->slot_step);
-    ch->slot_who = calloc(w, sizeof *ch->slot_who);
-    ch->slot_batch = calloc(w, sizeof *ch->slot_batch);
-    ch->slot_progress = calloc(w, sizeof *ch->slot_progress);
-    ch->applied = calloc(1, sizeof *ch->applied);
-    ch->slot_conn = calloc(w, sizeof *ch->slot_conn);
-    ch->slot_ref = calloc(w, sizeof *ch->slot_ref);
-    ch->slot_ext = calloc(w, sizeof *ch->slot_ext);
-    if (!ch->slot_ext || !ch->slots || !ch->slot_memh || !ch->slot_state || !ch->slot_req || !ch->slot_conn || !ch->slot_ref ||
-        !ch->slot_cap || !ch->slot_len || !ch->slot_codec || !ch->slot_crc || !ch->slot_step ||
-        !ch->slot_who || !ch->slot_batch || !ch->slot_progress || !ch->applied) {
-        free(ch->slot_step);
-        free(ch->slot_progress);
-        free(ch->slot_who);
-        free(ch->slot_batch);
-        free(ch->applied);
-        free(ch->slots);
-        free(ch->slot_memh);
-        free(ch->slot_cap);
-        free(ch->slot_len);
-        free(ch->slot_codec);
-        free(ch->slot_state);
-        free(ch->slot_req);
-        free(ch->slot_crc);
-        free(ch->slot_conn);
-        free(ch->slot_ref);
-        free(ch->slot_ext);
+    if (srv->m.job.consistency != PS_CONSIST_BSP &&
+        (ch->applied = calloc(1, sizeof *ch->applied)) == NULL) {
         free(ch);
         return NULL;
     }
-    for (uint32_t r = 0; r < w; r++) ch->slot_ref[r] = (psd_slot_ref_t){ch, r};
     return ch;
 }
+
+/* Rank @p r's slot of @p ch, or NULL when no rank of its group pushed to the chunk yet. */
+static inline psd_slot_t *slot_at(const psd_chunk_t *ch, uint32_t r)
+{
+    psd_slot_t *g = ch->slot_group[r / PSD_SLOT_GROUP];
+    return g ? &g[r % PSD_SLOT_GROUP] : NULL;
+}
+
+/* Rank @p r's slot of @p ch, its group allocated (empty slots) when it has none yet; NULL:
+ * out of memory. Loop thread. */
+static psd_slot_t *slot_get(psd_chunk_t *ch, uint32_t r)
+{
+    psd_slot_t **g = &ch->slot_group[r / PSD_SLOT_GROUP];
+    if (*g == NULL) {
+        psd_slot_t *n = calloc(PSD_SLOT_GROUP, sizeof *n);
+        if (n == NULL) return NULL;
+        for (uint32_t k = 0; k < PSD_SLOT_GROUP; k++)
+            n[k] = (psd_slot_t){.chunk = ch, .rank = r / PSD_SLOT_GROUP * PSD_SLOT_GROUP + k};
+        *g = n;
+    }
+    return &(*g)[r % PSD_SLOT_GROUP];
+}
+
+/* The first allocated slot of @p ch from rank @p r on, or NULL: with SLOTS_FOR, every slot
+ * that ever held a push (the others are empty). */
+static inline psd_slot_t *slot_from(const psd_chunk_t *ch, uint32_t r)
+{
+    for (; r < PS_MAX_RANKS; r = (r / PSD_SLOT_GROUP + 1) * PSD_SLOT_GROUP)
+        if (ch->slot_group[r / PSD_SLOT_GROUP]) return slot_at(ch, r);
+    return NULL;
+}
+
+#define SLOTS_FOR(ch, s) for (psd_slot_t *s = slot_from(ch, 0); s; s = slot_from(ch, s->rank + 1))
 
 static void chunk_free(psd_chunk_t *ch)
 {
     if (ch == NULL) return;
-    free(ch->slot_memh); /* unmapped by psd_shard_unregister, or never mapped */
-    free(ch->slot_cap);
-    free(ch->slot_len);
-    free(ch->slot_codec);
     free(ch->agg);
-    free(ch->slot_state);
-    free(ch->slot_req);
-    free(ch->slot_crc);
-    free(ch->slot_step);
-    free(ch->slot_who);
-    free(ch->slot_batch);
-    free(ch->slot_progress);
     free(ch->applied);
-    free(ch->slot_conn);
-    free(ch->slot_ref);
-    if (ch->slot_ext)
-        for (uint32_t r = 0; r < PS_MAX_RANKS; r++) psd_area_unref(ch->slot_ext[r].area);
-    free(ch->slot_ext);
+    SLOTS_FOR(ch, s) {
+        psd_area_unref(s->ext.area);
+        free(s->buf); /* its memh: unmapped by psd_shard_unregister, or never mapped */
+    }
+    for (uint32_t g = 0; g < PS_MAX_RANKS / PSD_SLOT_GROUP; g++) free(ch->slot_group[g]);
     free(ch);
 }
 
 /* Slot @p r's data: a direct push's place in its area, or the slot's own buffer. */
 static inline const uint8_t *slot_data(const psd_chunk_t *ch, uint32_t r)
 {
-    return ch->slot_ext[r].data ? ch->slot_ext[r].data : ch->slots[r];
+    const psd_slot_t *s = slot_at(ch, r);
+    return s->ext.data ? s->ext.data : s->buf;
 }
 
 /* Slot @p r is free again; a direct push's area reference is dropped. */
 static void slot_empty(psd_chunk_t *ch, uint32_t r)
 {
-    ch->slot_state[r] = SLOT_EMPTY;
-    if (ch->slot_ext[r].area) psd_area_unref(ch->slot_ext[r].area);
-    ch->slot_ext[r] = (psd_slot_ext_t){NULL, NULL};
+    psd_slot_t *s = slot_at(ch, r);
+    s->state = SLOT_EMPTY;
+    if (s->ext.area) psd_area_unref(s->ext.area);
+    s->ext = (psd_slot_ext_t){NULL, NULL};
 }
 
 static uint64_t records_bytes(const psd_server_t *srv, const ps_decl_t *d, uint32_t shard);
@@ -165,8 +154,6 @@ static void tensor_forget(psd_server_t *srv, uint32_t id)
     if (t->present) count_decl_bytes(srv, &t->decl, -1);
     t->present = false;
     for (uint32_t c = 0; t->chunks && c < t->nchunks; c++) {
-        if (t->chunks[c] == NULL) continue;
-        free(t->chunks[c]->slots);
         chunk_free(t->chunks[c]);
     }
     free(t->chunks);
@@ -224,8 +211,9 @@ static void on_load_applied(void *arg, uint32_t t, uint32_t c, const void *val, 
     summed_rec_t rec;
     summed_rec_v1_t v1;
     if (ch && len == sizeof *ch->applied) {
-        memcpy(ch->applied, val, len);
+        if (ch->applied) memcpy(ch->applied, val, len); /* else bsp now: not needed */
     } else if (ch && len == PS_MAX_RANKS * 2 * sizeof(uint64_t)) {
+        if (ch->applied == NULL) return;
         /* Written before session 23: who and request only (no batches). */
         const uint8_t *p = val;
         *ch->applied = (psd_applied_t){0};
@@ -279,10 +267,11 @@ void psd_shard_unregister(psd_server_t *srv)
         psd_tensor_t *t = &srv->tensors[i];
         for (uint32_t c = 0; t->present && c < t->nchunks; c++) {
             psd_chunk_t *ch = t->chunks[c];
-            for (uint32_t r = 0; ch && r < PS_MAX_RANKS; r++)
-                if (ch->slot_memh[r]) {
-                    ucp_mem_unmap(srv->ucx.context, ch->slot_memh[r]);
-                    ch->slot_memh[r] = NULL;
+            if (ch == NULL) continue;
+            SLOTS_FOR(ch, s)
+                if (s->memh) {
+                    ucp_mem_unmap(srv->ucx.context, s->memh);
+                    s->memh = NULL;
                 }
         }
     }
@@ -295,8 +284,6 @@ void psd_shard_free(psd_server_t *srv)
         for (uint32_t c = 0; t->present && c < t->nchunks; c++) {
             psd_chunk_t *ch = t->chunks[c];
             if (ch == NULL) continue;
-            for (uint32_t r = 0; r < PS_MAX_RANKS; r++) free(ch->slots[r]);
-            free(ch->slots);
             for (psd_wait_t *w = ch->pulls, *nx; w; w = nx) {
                 nx = w->next;
                 free(w);
@@ -509,9 +496,9 @@ void psd_shard_drop_conn(psd_server_t *srv, psd_conn_t *conn)
             drop_from(srv, &ch->pulls, conn);
             /* Its pushes already received stay: each is a whole gradient for its step and
              * is applied with it. Only the acknowledgement has nowhere to go. */
-            for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
-                if (ch->slot_conn[r] == conn && ch->slot_state[r] == SLOT_FULL) {
-                    ch->slot_conn[r] = NULL;
+            SLOTS_FOR(ch, s)
+                if (s->conn == conn && s->state == SLOT_FULL) {
+                    s->conn = NULL;
                     psd_conn_unref(conn);
                 }
         }
@@ -1008,59 +995,51 @@ void psd_shard_kick(psd_server_t *srv) { job_start_next(srv); }
 
 static void stale_slot_done(psd_server_t *srv, psd_chunk_t *ch, uint32_t r);
 
-static void push_received(psd_chunk_t *ch, uint32_t rank, ucs_status_t status)
+/* Push slot @p s's data landed (or did not: @p status). */
+static void push_received(psd_slot_t *s, ucs_status_t status)
 {
-    psd_server_t *srv = ch->slot_conn[rank]->srv;
+    psd_chunk_t *ch = s->chunk;
+    uint32_t rank = s->rank;
+    psd_server_t *srv = s->conn->srv;
     if (status != UCS_OK) {
         PS_LOG(PS_LOG_WARN, "shard", "push of %u/%u from rank %u lost: %s", ch->tensor, ch->chunk,
                rank, ucs_status_string(status));
-        slot_empty(ch, rank);
-        psd_conn_unref(ch->slot_conn[rank]);
-        ch->slot_conn[rank] = NULL;
+        drop_slot(ch, rank);
         return;
     }
-    if (srv->m.job.consistency == PS_CONSIST_BSP && ch->slot_step[rank] != ch->version) {
+    if (srv->m.job.consistency == PS_CONSIST_BSP && s->step != ch->version) {
         /* The step was applied while this push was landing, without its rank: stale. */
         stale_slot_done(srv, ch, rank);
         return;
     }
     /* A raw push's CRC-32C is checked in the apply pass, block by block while the sum reads it
      * (run_apply): one pass over the gradient less. A codec's payload is checked here. */
-    if (ch->slot_codec[rank].kind != PSK_CODEC_NONE &&
-        ps_crc32c(0, ch->slots[rank], ch->slot_len[rank]) != ch->slot_crc[rank]) {
+    if (s->codec.kind != PSK_CODEC_NONE && ps_crc32c(0, s->buf, s->len) != s->crc) {
         /* Corrupted in transit: never applied; the sender sends it again. */
         srv->crc_errors++;
         PS_LOG(PS_LOG_WARN, "shard", "checksum mismatch on the %u/%u push from rank %u: rejected",
                ch->tensor, ch->chunk, rank);
-        psd_send_crc_error(srv, ch->slot_conn[rank], ch->slot_req[rank], ch->tensor, ch->chunk,
-                           "push");
-        slot_empty(ch, rank);
-        psd_conn_unref(ch->slot_conn[rank]);
-        ch->slot_conn[rank] = NULL;
+        psd_send_crc_error(srv, s->conn, s->req, ch->tensor, ch->chunk, "push");
+        drop_slot(ch, rank);
         return;
     }
-    if (ch->slot_codec[rank].kind != PSK_CODEC_NONE &&
-        psk_codec_check(ch->slots[rank], ch->slot_len[rank], ch->n, &ch->slot_codec[rank])) {
+    if (s->codec.kind != PSK_CODEC_NONE && psk_codec_check(s->buf, s->len, ch->n, &s->codec)) {
         /* Never applied: the sender hears why, the step waits for a good push. */
         PS_LOG(PS_LOG_WARN, "shard", "rejected a malformed %u/%u payload from rank %u",
                ch->tensor, ch->chunk, rank);
-        psd_send_chunk_error(srv, ch->slot_conn[rank], ch->slot_req[rank], ch->tensor, ch->chunk,
-                             PS_EPROTO,
-                       "push of %u/%u: malformed payload (length, indices or scales)",
-                       ch->tensor, ch->chunk);
-        slot_empty(ch, rank);
-        psd_conn_unref(ch->slot_conn[rank]);
-        ch->slot_conn[rank] = NULL;
+        psd_send_chunk_error(srv, s->conn, s->req, ch->tensor, ch->chunk, PS_EPROTO,
+                             "push of %u/%u: malformed payload (length, indices or scales)",
+                             ch->tensor, ch->chunk);
+        drop_slot(ch, rank);
         return;
     }
-    ch->slot_state[rank] = SLOT_FULL;
+    s->state = SLOT_FULL;
     ch->nfull++;
     ch->full_mask |= 1ull << rank;
     srv->pushes++;
     if (srv->trace)
-        psd_trace_push(srv->trace, ch->tensor, ch->chunk, rank, ch->slot_step[rank],
-                       ch->slot_ref[rank].arrived_ns, ps_trace_now(),
-                       ch->slot_ext && ch->slot_ext[rank].data != NULL);
+        psd_trace_push(srv->trace, ch->tensor, ch->chunk, rank, s->step, s->arrived_ns,
+                       ps_trace_now(), s->ext.data != NULL);
     chunk_maybe_ready(srv, ch);
 }
 
@@ -1156,14 +1135,12 @@ static void send_push_ack(psd_server_t *srv, psd_conn_t *conn, uint64_t req, psd
  * (a job applied the step without its rank): acknowledged as stale (stale_lack) and dropped. */
 static void stale_slot_done(psd_server_t *srv, psd_chunk_t *ch, uint32_t r)
 {
+    psd_slot_t *s = slot_at(ch, r);
     PS_LOG(PS_LOG_INFO, "shard", "push of %u/%u from rank %u for step %llu came while the "
            "chunk applied that step without it (now at %llu)", ch->tensor, ch->chunk, r,
-           (unsigned long long)ch->slot_step[r], (unsigned long long)ch->version);
-    send_push_ack(srv, ch->slot_conn[r], ch->slot_req[r], ch, r, ch->slot_step[r],
-                   ch->stale_lack >> r & 1);
-    if (ch->slot_conn[r]) psd_conn_unref(ch->slot_conn[r]);
-    ch->slot_conn[r] = NULL;
-    slot_empty(ch, r);
+           (unsigned long long)s->step, (unsigned long long)ch->version);
+    send_push_ack(srv, s->conn, s->req, ch, r, s->step, ch->stale_lack >> r & 1);
+    drop_slot(ch, r);
 }
 
 /* Record @p a (a chunk's, or the copy an apply job stores) after the push in slot @p r of @p ch
@@ -1173,9 +1150,10 @@ static void stale_slot_done(psd_server_t *srv, psd_chunk_t *ch, uint32_t r)
 static void applied_commit(psd_applied_t *a, const psd_chunk_t *ch, uint32_t r)
 {
     psd_done_t *d = &a->done[r];
-    if (d->who != ch->slot_who[r] && d->batch != 0)
+    const psd_slot_t *s = slot_at(ch, r);
+    if (d->who != s->who && d->batch != 0)
         a->orphan[a->orphan_next++ % PSD_ORPHAN_RING] = d->batch;
-    *d = (psd_done_t){ch->slot_who[r], ch->slot_req[r], ch->slot_batch[r]};
+    *d = (psd_done_t){s->who, s->req, s->batch};
 }
 
 /* asp / ssp: the other half of batch_applied_here. A tagged push (a batch handed out again: its
@@ -1227,8 +1205,9 @@ static bool batch_applied_here(psd_server_t *srv, const psd_chunk_t *ch, uint32_
         uint32_t r = PS_REPLAY_RANK(msg->replay[i]);
         /* The pusher's own record does not count (a second push of the batch is the caller's
          * choice); the tagged rank may be its own, held before by the process that died. */
-        bool in_slot = (ch->slot_state[r] == SLOT_FULL || ch->slot_state[r] == SLOT_APPLYING) &&
-                       ch->slot_batch[r] == key && ch->slot_who[r] != who; /* being applied */
+        const psd_slot_t *s = slot_at(ch, r); /* NULL: rank r never pushed here */
+        bool in_slot = s && (s->state == SLOT_FULL || s->state == SLOT_APPLYING) &&
+                       s->batch == key && s->who != who; /* being applied */
         if (!orphaned && !in_slot && (a->done[r].who == who || a->done[r].batch != key))
             continue;
         PS_LOG(PS_LOG_DEBUG, "shard", "push of %u/%u from rank %u replays the batch of pass %llu "
@@ -1257,29 +1236,29 @@ static bool batch_had(psd_server_t *srv, psd_chunk_t *ch, uint32_t rank, uint64_
 
 static void on_push_recv(void *request, ucs_status_t status, size_t length, void *user_data)
 {
-    psd_slot_ref_t *ref = user_data;
-    psd_server_t *srv = ref->chunk->slot_conn[ref->rank]->srv;
+    psd_slot_t *slot = user_data;
+    psd_server_t *srv = slot->conn->srv;
     if (request) ucp_request_free(request);
-    if (ref == srv->test_late_ref) { /* PS_TEST_LATE_RNDV: seen only later (psd_shard_test_tick) */
+    if (slot == srv->test_late_ref) { /* PS_TEST_LATE_RNDV: seen only later (psd_shard_test_tick) */
         srv->test_late_status = status;
         srv->test_late_due_ms = psd_now_ms() + 3000;
         return;
     }
-    push_received(ref->chunk, ref->rank, status);
+    push_received(slot, status);
 }
 
 void psd_shard_test_tick(psd_server_t *srv)
 {
-    psd_slot_ref_t *ref = srv->test_late_ref;
+    psd_slot_t *ref = srv->test_late_ref;
     if (ref == NULL || srv->test_late_due_ms == 0 || psd_now_ms() < srv->test_late_due_ms) return;
     srv->test_late_ref = NULL;
-    if (ref->chunk->slot_state[ref->rank] != SLOT_RECEIVING || /* receives_lost took it */
-        ref->chunk->slot_req[ref->rank] != srv->test_late_req)  /* and another landed since */
+    if (ref->state != SLOT_RECEIVING ||        /* receives_lost took it */
+        ref->req != srv->test_late_req)         /* and another landed since */
         return;
     PS_LOG(PS_LOG_WARN, "shard", "the receive of %u/%u from rank %u completes now (%s), 3 s "
            "late (PS_TEST_LATE_RNDV)", ref->chunk->tensor, ref->chunk->chunk, ref->rank,
            ucs_status_string(srv->test_late_status));
-    push_received(ref->chunk, ref->rank, srv->test_late_status);
+    push_received(ref, srv->test_late_status);
 }
 
 void psd_shard_receives_lost(psd_server_t *srv)
@@ -1289,8 +1268,9 @@ void psd_shard_receives_lost(psd_server_t *srv)
         if (!t->present) continue;
         for (uint32_t c = 0; c < t->nchunks; c++) {
             psd_chunk_t *ch = t->chunks[c];
-            for (uint32_t r = 0; ch && r < PS_MAX_RANKS; r++)
-                if (ch->slot_state[r] == SLOT_RECEIVING) push_received(ch, r, UCS_ERR_CANCELED);
+            if (ch == NULL) continue;
+            SLOTS_FOR(ch, s)
+                if (s->state == SLOT_RECEIVING) push_received(s, UCS_ERR_CANCELED);
         }
     }
 }
@@ -1421,30 +1401,36 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
         send_push_ack(srv, conn, msg->req_id, ch, rank, msg->step, false);
         return UCS_OK;
     }
-    bool orphan = (ch->slot_state[rank] == SLOT_FULL || ch->slot_state[rank] == SLOT_APPLYING) &&
-                  (ch->slot_conn[rank] == NULL || ch->slot_conn[rank]->dead);
-    if (orphan && ch->slot_state[rank] == SLOT_FULL &&
-        (ch->slot_who[rank] != psd_conn_who(conn) || ch->slot_step[rank] != msg->step)) {
+    psd_slot_t *slot = slot_get(ch, rank); /* its group allocated at its first push here */
+    if (slot == NULL) {
+        psd_send_chunk_error(srv, conn, msg->req_id, ch->tensor, ch->chunk, PS_ENOMEM,
+                             "out of memory");
+        return UCS_OK;
+    }
+    bool orphan = (slot->state == SLOT_FULL || slot->state == SLOT_APPLYING) &&
+                  (slot->conn == NULL || slot->conn->dead);
+    if (orphan && slot->state == SLOT_FULL &&
+        (slot->who != psd_conn_who(conn) || slot->step != msg->step)) {
         /* Left by another process that held this rank (it is gone): not this push's data. */
         ch->nfull--;
         ch->full_mask &= ~(1ull << rank);
         drop_slot(ch, rank);
         orphan = false;
     }
-    if (orphan && ch->slot_who[rank] == psd_conn_who(conn) && ch->slot_step[rank] == msg->step) {
+    if (orphan && slot->who == psd_conn_who(conn) && slot->step == msg->step) {
         /* The same rank's push of this step is here already (maybe being applied): its
          * connection broke and it sent the push again. Ranks are not reused within a step,
          * so this is the same gradient; acknowledge this copy when the step is applied. */
-        if (ch->slot_conn[rank]) psd_conn_unref(ch->slot_conn[rank]);
-        ch->slot_conn[rank] = conn;
+        if (slot->conn) psd_conn_unref(slot->conn);
+        slot->conn = conn;
         /* libps sends an op's every copy with its one request id: written only when another
          * client's differs, since a job applying the slot reads it (applied_commit). */
-        if (ch->slot_req[rank] != msg->req_id) ch->slot_req[rank] = msg->req_id;
+        if (slot->req != msg->req_id) slot->req = msg->req_id;
         psd_conn_ref(conn);
         return UCS_OK;
     }
-    if (ch->slot_state[rank] == SLOT_RECEIVING && ch->slot_conn[rank] != conn &&
-        ch->slot_who[rank] == psd_conn_who(conn) && ch->slot_step[rank] == msg->step) {
+    if (slot->state == SLOT_RECEIVING && slot->conn != conn &&
+        slot->who == psd_conn_who(conn) && slot->step == msg->step) {
         /* The same push is still landing from a connection of its sender that broke (UCX has
          * not called that receive back yet): the sender tries again shortly (PS_FLAG_BEHIND),
          * and by then that copy has landed (this one is then acknowledged with it, above) or
@@ -1458,7 +1444,7 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
         psd_send_msg(srv, conn, &e);
         return UCS_OK;
     }
-    if (ch->slot_state[rank] != SLOT_EMPTY) {
+    if (slot->state != SLOT_EMPTY) {
         psd_send_chunk_error(srv, conn, msg->req_id, ch->tensor, ch->chunk, PS_EPROTO,
                        "second push of %u/%u from rank %u for step %llu", ch->tensor, ch->chunk,
                        rank, (unsigned long long)msg->step);
@@ -1476,88 +1462,92 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
     ch->stale_lack = (ch->stale_lack & ~(1ull << rank)) | (uint64_t)lacks << rank;
     if (direct) {
         psd_area_ref(area);
-        ch->slot_ext[rank] = (psd_slot_ext_t){ext, area};
+        slot->ext = (psd_slot_ext_t){ext, area};
         length = (size_t)want;
-    } else if (ch->slot_cap[rank] < length) {
+    } else if (slot->cap < length) {
         /* Sized for raw fp32 (or a larger codec payload) once; reused every step. */
         size_t cap = length > (size_t)ch->n * 4 ? length : (size_t)ch->n * 4;
-        if (ch->slot_memh[rank]) {
-            ucp_mem_unmap(srv->ucx.context, ch->slot_memh[rank]);
-            ch->slot_memh[rank] = NULL;
+        if (slot->memh) {
+            ucp_mem_unmap(srv->ucx.context, slot->memh);
+            slot->memh = NULL;
         }
-        uint8_t *b = realloc(ch->slots[rank], cap);
+        uint8_t *b = realloc(slot->buf, cap);
         if (b == NULL) {
             psd_send_chunk_error(srv, conn, msg->req_id, ch->tensor, ch->chunk, PS_ENOMEM, "out of memory");
             return UCS_OK;
         }
-        ch->slots[rank] = b;
-        ch->slot_cap[rank] = cap;
+        slot->buf = b;
+        slot->cap = cap;
         /* Registered once, here: every rendezvous into it reuses the registration (RDMA lands
-         * without a registration-cache lookup). Without one UCX registers on the fly. */
+         * without a registration-cache lookup). Without one UCX registers on the fly. A slot
+         * that only eager pushes fill (smaller than its sender's eager limit: shared memory
+         * and tcp) is not registered: a registration costs ~0.5 KB of psd's memory. */
         ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
                                                  UCP_MEM_MAP_PARAM_FIELD_LENGTH,
                                    .address = b, .length = cap};
-        if (ucp_mem_map(srv->ucx.context, &mp, &ch->slot_memh[rank]) != UCS_OK)
-            ch->slot_memh[rank] = NULL;
+        if ((conn->eager_below && cap < conn->eager_below) ||
+            ucp_mem_map(srv->ucx.context, &mp, &slot->memh) != UCS_OK)
+            slot->memh = NULL;
     }
     if (codec.kind != PSK_CODEC_NONE && ch->agg == NULL &&
         (ch->agg = malloc((size_t)ch->n * 4)) == NULL) {
         psd_send_chunk_error(srv, conn, msg->req_id, ch->tensor, ch->chunk, PS_ENOMEM, "out of memory");
         return UCS_OK;
     }
-    ch->slot_codec[rank] = codec;
-    ch->slot_len[rank] = length;
+    slot->codec = codec;
+    slot->len = length;
     if (!ch->applying) { /* every member's push of a step says the same; a job reads them */
         ch->has_progress = (msg->flags & PS_FLAG_PROGRESS) != 0;
         ch->progress = msg->samples;
     }
-    ch->slot_state[rank] = SLOT_RECEIVING;
-    ch->slot_req[rank] = msg->req_id;
-    ch->slot_crc[rank] = msg->crc32c;
-    ch->slot_step[rank] = msg->step;
-    ch->slot_who[rank] = psd_conn_who(conn);
-    ch->slot_batch[rank] = !bsp && (msg->flags & PS_FLAG_BATCH)
-                               ? ps_batch_key(msg->data_epoch, msg->batch_offset)
-                               : 0;
-    ch->slot_progress[rank] = msg->flags & PS_FLAG_PROGRESS ? msg->samples : UINT64_MAX;
-    ch->slot_conn[rank] = conn;
+    slot->state = SLOT_RECEIVING;
+    slot->req = msg->req_id;
+    slot->crc = msg->crc32c;
+    slot->step = msg->step;
+    slot->who = psd_conn_who(conn);
+    slot->batch = !bsp && (msg->flags & PS_FLAG_BATCH)
+                      ? ps_batch_key(msg->data_epoch, msg->batch_offset)
+                      : 0;
+    slot->progress = msg->flags & PS_FLAG_PROGRESS ? msg->samples : UINT64_MAX;
+    slot->conn = conn;
     psd_conn_ref(conn);
     if (srv->trace) /* a rendezvous receive's span starts now; any other push is an instant */
-        ch->slot_ref[rank].arrived_ns =
-            !direct && (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ? ps_trace_now() : 0;
+        slot->arrived_ns = !direct && (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)
+                               ? ps_trace_now()
+                               : 0;
     if (direct) { /* written by the sender before it sent the header */
         srv->direct_pushes++;
-        push_received(ch, rank, UCS_OK);
+        push_received(slot, UCS_OK);
         return UCS_OK;
     }
     if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
-        if (length) memcpy(ch->slots[rank], data, length); /* small chunk sent eagerly */
-        push_received(ch, rank, UCS_OK);
+        if (length) memcpy(slot->buf, data, length); /* small chunk sent eagerly */
+        push_received(slot, UCS_OK);
         return UCS_OK;
     }
     /* Rendezvous: the gradient lands directly in the rank's slot. */
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                                              UCP_OP_ATTR_FIELD_USER_DATA,
-                             .cb.recv_am = on_push_recv, .user_data = &ch->slot_ref[rank]};
-    if (ch->slot_memh[rank]) {
+                             .cb.recv_am = on_push_recv, .user_data = slot};
+    if (slot->memh) {
         p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
-        p.memh = ch->slot_memh[rank];
+        p.memh = slot->memh;
     }
     if (srv->test_late_rndv && --srv->test_late_rndv == 0) {
         /* Its connection breaks while the data lands, and the receive's end is seen only
          * 3 s later: the window in which the sender, connected again, sends it again. */
         PS_LOG(PS_LOG_WARN, "shard", "rendezvous push of %u/%u from rank %u: its connection "
                "closed while it lands (PS_TEST_LATE_RNDV)", ch->tensor, ch->chunk, rank);
-        srv->test_late_ref = &ch->slot_ref[rank];
+        srv->test_late_ref = slot;
         srv->test_late_req = msg->req_id;
         conn->dead = true;
         conn->close_queued = true;
     }
-    void *req = ucp_am_recv_data_nbx(srv->ucx.worker, data, ch->slots[rank], length, &p);
+    void *req = ucp_am_recv_data_nbx(srv->ucx.worker, data, slot->buf, length, &p);
     if (req == NULL)
-        on_push_recv(NULL, UCS_OK, length, &ch->slot_ref[rank]);
+        on_push_recv(NULL, UCS_OK, length, slot);
     else if (UCS_PTR_IS_ERR(req))
-        on_push_recv(NULL, UCS_PTR_STATUS(req), length, &ch->slot_ref[rank]);
+        on_push_recv(NULL, UCS_PTR_STATUS(req), length, slot);
     return UCS_OK;
 }
 
@@ -1636,10 +1626,11 @@ static int run_create(psd_job_t *job, psd_wtxn_t *tx)
 static uint64_t raw_crc_bad(const psd_chunk_t *ch, uint64_t mask)
 {
     uint64_t bad = 0;
-    for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
-        if ((mask >> r & 1) && ch->slot_codec[r].kind == PSK_CODEC_NONE &&
-            ps_crc32c(0, slot_data(ch, r), ch->slot_len[r]) != ch->slot_crc[r])
+    for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
+        const psd_slot_t *s = (mask >> r & 1) ? slot_at(ch, r) : NULL;
+        if (s && s->codec.kind == PSK_CODEC_NONE && ps_crc32c(0, slot_data(ch, r), s->len) != s->crc)
             bad |= 1ull << r;
+    }
     return bad;
 }
 
@@ -1652,7 +1643,7 @@ static const float *slot_sum(psd_server_t *srv, psd_chunk_t *ch)
     uint64_t mem = ch->sum_members;
     bool raw = true;
     for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
-        if (mem >> r & 1) raw &= ch->slot_codec[r].kind == PSK_CODEC_NONE;
+        if (mem >> r & 1) raw &= slot_at(ch, r)->codec.kind == PSK_CODEC_NONE;
     if (raw) {
         /* Summed span by span in sum_block, right before each span is applied. */
         return NULL;
@@ -1660,11 +1651,11 @@ static const float *slot_sum(psd_server_t *srv, psd_chunk_t *ch)
     memset(ch->agg, 0, (size_t)ch->n * 4);
     for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
         if (!(mem >> r & 1)) continue;
-        if (ch->slot_codec[r].kind == PSK_CODEC_NONE)
+        const psd_slot_t *s = slot_at(ch, r);
+        if (s->codec.kind == PSK_CODEC_NONE)
             psk_add_cpu(ch->agg, (const float *)slot_data(ch, r), ch->n);
         else
-            psk_codec_decode_add_cpu(ch->agg, ch->n, ch->slots[r], ch->slot_len[r],
-                                     &ch->slot_codec[r], 1.0f);
+            psk_codec_decode_add_cpu(ch->agg, ch->n, s->buf, s->len, &s->codec, 1.0f);
     }
     return ch->agg;
 }
@@ -1739,7 +1730,7 @@ static void apply_item(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, p
             psd_store_chunk_update(h, p_in, s_in, sum, scale, &o, raw ? sum_block : NULL, &bs,
                                    __atomic_load_n(&ch->pulled_direct, __ATOMIC_RELAXED));
         for (uint32_t r = 0; raw && r < PS_MAX_RANKS; r++)
-            if ((ch->sum_members >> r & 1) && bs.crc[r] != ch->slot_crc[r])
+            if ((ch->sum_members >> r & 1) && bs.crc[r] != slot_at(ch, r)->crc)
                 job->bad[i] |= 1ull << r;
         if (job->bad[i]) /* not applied: the new record is the old one again */
             memcpy(h, old, psd_chunk_bytes(ch->n, srv->nstate));
@@ -1756,16 +1747,15 @@ static void apply_item(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, p
         /* The schedule follows the data here too: each push at the samples applied before its
          * batch was handed out (W workers' pushes of one planned step share a position), or
          * at the chunk's update count where no batch said it (a plain libps client). */
-        uint64_t pos = ch->slot_progress[r] != UINT64_MAX
-                           ? psk_lr_pos(ch->slot_progress[r], srv->m.job.workers,
-                                        srv->m.job.batch_size)
+        const psd_slot_t *sl = slot_at(ch, r);
+        uint64_t pos = sl->progress != UINT64_MAX
+                           ? psk_lr_pos(sl->progress, srv->m.job.workers, srv->m.job.batch_size)
                            : h->version;
         psk_optim_t o = optim_at(srv, pos, total);
         const float *g = (const float *)slot_data(ch, r);
-        if (ch->slot_codec[r].kind != PSK_CODEC_NONE) {
+        if (sl->codec.kind != PSK_CODEC_NONE) {
             memset(ch->agg, 0, (size_t)ch->n * 4);
-            psk_codec_decode_add_cpu(ch->agg, ch->n, ch->slots[r], ch->slot_len[r],
-                                     &ch->slot_codec[r], 1.0f);
+            psk_codec_decode_add_cpu(ch->agg, ch->n, sl->buf, sl->len, &sl->codec, 1.0f);
             g = ch->agg;
         }
         if (--left == 0) { /* the last one seals the record in its pass */
@@ -1917,8 +1907,9 @@ static void snapshot_stale(psd_server_t *srv)
 
 static void ack_slot(psd_server_t *srv, psd_chunk_t *ch, uint32_t r, int rc, uint64_t version)
 {
-    psd_conn_t *conn = ch->slot_conn[r];
-    if (rc == 0) applied_commit(ch->applied, ch, r);
+    psd_slot_t *s = slot_at(ch, r);
+    psd_conn_t *conn = s->conn;
+    if (rc == 0 && ch->applied) applied_commit(ch->applied, ch, r); /* asp / ssp */
     if (conn && rc == 0 && srv->test_lose_ack && --srv->test_lose_ack == 0) {
         PS_LOG(PS_LOG_WARN, "shard", "acknowledgement of %u/%u to rank %u lost and its "
                "connection closed (PS_TEST_LOSE_ACK)", ch->tensor, ch->chunk, r);
@@ -1927,16 +1918,15 @@ static void ack_slot(psd_server_t *srv, psd_chunk_t *ch, uint32_t r, int rc, uin
     }
     if (conn == NULL || conn->dead) { /* its sender died or is cut off; the update stands */
     } else if (rc) {
-        psd_send_chunk_error(srv, conn, ch->slot_req[r], ch->tensor, ch->chunk, rc,
-                             "update of %u/%u failed: %s", ch->tensor,
-                       ch->chunk, ps_strerror(rc));
+        psd_send_chunk_error(srv, conn, s->req, ch->tensor, ch->chunk, rc,
+                             "update of %u/%u failed: %s", ch->tensor, ch->chunk, ps_strerror(rc));
     } else {
-        ps_msg_t a = {.type = PS_MSG_PUSH_ACK, .req_id = ch->slot_req[r], .tensor = ch->tensor,
+        ps_msg_t a = {.type = PS_MSG_PUSH_ACK, .req_id = s->req, .tensor = ch->tensor,
                       .chunk = ch->chunk, .step = version, .shard = srv->shard};
         psd_send_msg(srv, conn, &a);
     }
     if (conn) psd_conn_unref(conn);
-    ch->slot_conn[r] = NULL;
+    s->conn = NULL;
     slot_empty(ch, r);
 }
 
@@ -2006,11 +1996,12 @@ static void job_done(uv_work_t *w, int status)
                  * push area was written by the sum), and the chunk is applied when the
                  * corrupted ones are back. */
                 srv->crc_errors += (uint64_t)__builtin_popcountll(bad);
-                for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
-                    if (ch->slot_state[r] != SLOT_APPLYING) continue;
+                SLOTS_FOR(ch, s) {
+                    uint32_t r = s->rank;
+                    if (s->state != SLOT_APPLYING) continue;
                     if (!(bad >> r & 1)) {
                         if (bsp) {
-                            ch->slot_state[r] = SLOT_FULL;
+                            s->state = SLOT_FULL;
                             ch->nfull++;
                             ch->full_mask |= 1ull << r;
                         }
@@ -2018,29 +2009,27 @@ static void job_done(uv_work_t *w, int status)
                     }
                     PS_LOG(PS_LOG_WARN, "shard", "checksum mismatch on the %u/%u push from "
                            "rank %u: rejected", ch->tensor, ch->chunk, r);
-                    if (ch->slot_conn[r])
-                        psd_send_crc_error(srv, ch->slot_conn[r], ch->slot_req[r], ch->tensor,
-                                           ch->chunk, "push");
+                    if (s->conn)
+                        psd_send_crc_error(srv, s->conn, s->req, ch->tensor, ch->chunk, "push");
                     drop_slot(ch, r);
                 }
             }
             uint32_t applied = 0;
-            for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
-                applied += ch->slot_state[r] == SLOT_APPLYING;
+            SLOTS_FOR(ch, s) applied += s->state == SLOT_APPLYING;
             if (job->rc == 0 && !(bsp && bad)) {
                 if (bsp) ch->summed[ch->version % PSD_SUMMED_RING] = ch->step_members;
                 ch->version += bsp ? 1 : applied;
                 psd_integrity_chunk_hashed(srv, ch, job->hashes[i]);
             }
-            for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
-                if (ch->slot_state[r] == SLOT_APPLYING) ack_slot(srv, ch, r, job->rc, ch->version);
-            for (uint32_t r = 0; srv->m.job.consistency == PS_CONSIST_BSP && r < PS_MAX_RANKS; r++)
-                if (ch->slot_state[r] == SLOT_FULL && ch->slot_step[r] < ch->version) {
+            SLOTS_FOR(ch, s)
+                if (s->state == SLOT_APPLYING) ack_slot(srv, ch, s->rank, job->rc, ch->version);
+            SLOTS_FOR(ch, s)
+                if (bsp && s->state == SLOT_FULL && s->step < ch->version) {
                     /* Landed during the apply for the step just applied without it: dropped,
                      * like any stale push. */
                     ch->nfull--;
-                    ch->full_mask &= ~(1ull << r);
-                    stale_slot_done(srv, ch, r);
+                    ch->full_mask &= ~(1ull << s->rank);
+                    stale_slot_done(srv, ch, s->rank);
                 }
             ch->queued = false;
             ch->applying = false;
@@ -2073,8 +2062,9 @@ static void job_done(uv_work_t *w, int status)
 
 static void drop_slot(psd_chunk_t *ch, uint32_t r)
 {
-    if (ch->slot_conn[r]) psd_conn_unref(ch->slot_conn[r]);
-    ch->slot_conn[r] = NULL;
+    psd_slot_t *s = slot_at(ch, r);
+    if (s->conn) psd_conn_unref(s->conn);
+    s->conn = NULL;
     slot_empty(ch, r);
 }
 
@@ -2225,17 +2215,18 @@ static void job_start_next(psd_server_t *srv)
             c->sum_members = members & ~c->skip_mask & ~c->nograd_mask;
             c->mean_of = (uint32_t)__builtin_popcountll(members & ~c->skip_mask);
             c->applying_mask = 0;
-            for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
-                if (c->slot_state[r] != SLOT_FULL) continue;
+            SLOTS_FOR(c, s) {
+                uint32_t r = s->rank;
+                if (s->state != SLOT_FULL) continue;
                 c->nfull--;
                 c->full_mask &= ~(1ull << r);
                 if (members >> r & 1) {
-                    c->slot_state[r] = SLOT_APPLYING;
+                    s->state = SLOT_APPLYING;
                     c->applying_mask |= 1ull << r;
                 } else {
                     /* Pushed by a rank that left the step (removed mid-step): never applied. */
-                    if (c->slot_conn[r])
-                        psd_send_error(srv, c->slot_conn[r], c->slot_req[r], PS_ENOTMEMBER,
+                    if (s->conn)
+                        psd_send_error(srv, s->conn, s->req, PS_ENOTMEMBER,
                                        "push of %u/%u for step %llu: rank %u is not a member of "
                                        "that step any more", c->tensor, c->chunk,
                                        (unsigned long long)c->version, r);

@@ -1173,6 +1173,53 @@ START_TEST(test_psbench_attach)
 }
 END_TEST
 
+/* psd's anonymous memory (RssAnon) in KiB, or -1. */
+static long rss_anon_kib(pid_t pid)
+{
+    char path[64], *st, *at;
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    if ((st = cl_read_file(path, NULL)) == NULL) return -1;
+    long kib = (at = strstr(st, "RssAnon:")) != NULL ? strtol(at + 8, NULL, 10) : -1;
+    free(st);
+    return kib;
+}
+
+/* psd's memory per chunk is the chunk's, not the cluster's most ranks': a model of 8192 chunks
+ * of 1 KiB (one tensor, 1 shard, two mean_clients, one over UCX with its pushes in slots, one
+ * direct) takes less than 8 KiB of psd's anonymous memory a chunk after two steps, its one UCX
+ * slot (1 KiB) included; and every pull is the exact mean. Before, each chunk kept 16 arrays
+ * sized for 64 ranks whatever job.workers was: ~16 KB a chunk (a limits probe, session 34). */
+START_TEST(test_chunk_bookkeeping_small)
+{
+    cl_conf_t k = mean_conf;
+    k.shards = 1;
+    k.chunk_bytes = 1024;
+    k.map_size_mb = 256;
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[1] = {cl_psd_start(c, 0, NULL, READY_S)};
+    long before = rss_anon_kib(psd[0]->pid);
+    ck_assert_msg(before > 0, "no RssAnon for psd");
+    char numel[] = "2097152", nsteps[] = "2", want[] = "2 steps, every pull the exact mean";
+    char *argv[] = {(char *)cl_binary("MEAN_CLIENT"), c->manifest, numel, nsteps, NULL};
+    direct_off(true);
+    cl_proc_t *a = cl_spawn(c, "mean-ucx", argv);
+    direct_off(false);
+    cl_proc_t *b = cl_spawn(c, "mean-direct", argv);
+    EXPECT_EXIT(a, 0);
+    EXPECT_EXIT(b, 0);
+    EXPECT_LOG(a, want);
+    EXPECT_LOG(b, want);
+    long after = rss_anon_kib(psd[0]->pid);
+    double per_chunk = (double)(after - before) * 1024.0 / 8192.0;
+    fprintf(stderr, "chunk_bookkeeping_small: psd RssAnon %ld -> %ld KiB: %.0f bytes a chunk\n",
+            before, after, per_chunk);
+    ck_assert_msg(per_chunk < 8192.0, "psd took %.0f bytes a chunk (RssAnon %ld -> %ld KiB)",
+                  per_chunk, before, after);
+    stop_all(psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("cluster");
@@ -1204,5 +1251,6 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("self_test", test_self_test));
     suite_add_tcase(s, tcase("trace_timeline", test_trace_timeline));
     suite_add_tcase(s, tcase("psbench_attach", test_psbench_attach));
+    suite_add_tcase(s, tcase("chunk_bookkeeping_small", test_chunk_bookkeeping_small));
     return s;
 }
