@@ -8,9 +8,16 @@
 #include "mlp_ops.h"
 #include "ps/ps_error.h"
 
+/* PSK_CUDA_DISABLED: configured with -Dcuda=disabled (kernels/meson.build); else nvcc, cuBLAS or
+ * the static CUDA runtime was not found. */
 static const char built_without[] =
-    "this build has no CUDA kernels (nvcc was not found when it was configured; "
+#ifdef PSK_CUDA_DISABLED
+    "this build has no CUDA kernels (it was configured with -Dcuda=disabled; "
     "see meson option cuda)";
+#else
+    "this build has no CUDA kernels (nvcc, cuBLAS or the static CUDA runtime was not found "
+    "when it was configured; see meson option cuda)";
+#endif
 
 bool psk_gpu_built(void)
 {

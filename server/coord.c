@@ -1043,6 +1043,11 @@ static bool tensor_set_differs(psd_server_t *srv, psd_conn_t *c, uint32_t r, con
     return false;
 }
 
+uint64_t psd_coord_bsp_step(const psd_server_t *srv)
+{
+    return srv->coord && is_bsp(srv) ? srv->coord->s.step : 0;
+}
+
 void psd_coord_on_batch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
 {
     psd_coord_t *co = srv->coord;
@@ -1500,7 +1505,7 @@ void psd_coord_on_launch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
         }
     }
     ps_msg_t a = {.type = PS_MSG_LAUNCH_REPLY, .req_id = msg->req_id, .shard = 0,
-                  .status = delta, .workers = co->s.desired,
+                  .status = delta, .workers = co->s.desired, .count = (uint64_t)actual,
                   .flags = co->s.finished ? PS_FLAG_FINISHED : 0};
     psd_send_msg(srv, c, &a);
 }

@@ -54,6 +54,10 @@ int main(int argc, char **argv)
         }
     }
     if (manifest == NULL || shard_s == NULL || optind != argc) {
+        if (optind != argc)
+            fprintf(stderr, "psd: unexpected argument '%s'\n", argv[optind]);
+        else
+            fprintf(stderr, "psd: %s is required\n", manifest ? "--shard N" : "--manifest FILE");
         usage(stderr);
         return 2;
     }

@@ -199,6 +199,19 @@ static int status(ctl_t *ctl, int json, double timeout_s)
     uv_run(&ctl->loop, UV_RUN_DEFAULT);
     uv_close((uv_handle_t *)&check, NULL);
     uv_close((uv_handle_t *)&ctl->timeout, NULL);
+    /* A shard of another cluster (a manifest that names its address by mistake) is not one of
+     * this job's: refused as scale refuses it, not shown as if it were. */
+    for (int i = 0; i < n; i++) {
+        shard_t *s = &ctl->shards[i];
+        char cl[sizeof ctl->m.cluster];
+        if (s->got && ps_json_field(s->reply, "cluster", cl, sizeof cl) &&
+            strcmp(cl, ctl->m.cluster) != 0) {
+            s->got = 0;
+            s->failed = 1;
+            snprintf(s->why, sizeof s->why, "this shard serves cluster '%.100s', not '%.100s'",
+                     cl, ctl->m.cluster);
+        }
+    }
 
     int bad = 0, header = 0;
     if (json) printf("[");
@@ -237,8 +250,8 @@ static int status(ctl_t *ctl, int json, double timeout_s)
     const char *j = ctl->shards[0].got ? ctl->shards[0].reply : NULL;
     if (!json && j) {
         char b[8][64];
-        printf("\njob: epoch %s, open step %s, workers %s desired / %s actual, %s of %s "
-               "samples applied in the current pass%s\n",
+        printf("\njob: membership epoch %s, open step %s, workers %s desired / %s actual, %s of "
+               "%s samples applied in the current pass%s\n",
                field(j, "epoch", b[0], 64), field(j, "open_step", b[1], 64),
                field(j, "desired_workers", b[2], 64), field(j, "actual_workers", b[3], 64),
                last_pass_applied(j, b[4], 64), field(j, "samples", b[5], 64),
@@ -270,8 +283,8 @@ static void usage(FILE *f)
                "       psctl --manifest FILE repair --from DIR [--rollback] [--timeout S]\n"
                "       psctl --manifest FILE restore DIR\n"
                "       psctl --manifest FILE check\n"
-               "  status   the job (epoch, step, desired and actual workers, members) and every\n"
-               "           shard's step, tensors, chunks, state size and Merkle root\n"
+               "  status   the job (membership epoch, step, desired and actual workers, members)\n"
+               "           and every shard's step, tensors, chunks, state size and Merkle root\n"
                "  scale    set the desired number of workers (0..%d); pslaunch instances\n"
                "           started with --follow start or stop workers to match\n"
                "  export   every tensor's parameters at one step as a safetensors file\n"
@@ -374,6 +387,24 @@ int main(int argc, char **argv)
     } else if (manifest == NULL ||
                (strcmp(verb, "status") && strcmp(verb, "export") && strcmp(verb, "verify") &&
                 strcmp(verb, "checkpoint") && strcmp(verb, "repair") && strcmp(verb, "check"))) {
+        /* What is wrong first: a bare usage did not say (a typo in the command, say). */
+        const char *first = optind < argc ? argv[optind] : NULL;
+        bool known = first && (strcmp(first, "status") == 0 || strcmp(first, "scale") == 0 ||
+                               strcmp(first, "export") == 0 || strcmp(first, "verify") == 0 ||
+                               strcmp(first, "checkpoint") == 0 || strcmp(first, "repair") == 0 ||
+                               strcmp(first, "restore") == 0 || strcmp(first, "check") == 0);
+        if (manifest == NULL)
+            fprintf(stderr, "psctl: --manifest FILE is required\n");
+        else if (first == NULL)
+            fprintf(stderr, "psctl: no command given\n");
+        else if (!known)
+            fprintf(stderr, "psctl: unknown command '%s'\n", first);
+        else if (strcmp(first, "scale") == 0)
+            fprintf(stderr, "psctl: scale takes one argument, the number of workers\n");
+        else if (strcmp(first, "restore") == 0)
+            fprintf(stderr, "psctl: restore takes one argument, the checkpoint's directory\n");
+        else
+            fprintf(stderr, "psctl: %s takes no argument '%s'\n", first, argv[optind + 1]);
         usage(stderr);
         return 2;
     }

@@ -573,6 +573,8 @@ void psd_coord_free(psd_server_t *srv);
  *  restart of this shard). Sends the reply or an error. */
 void psd_coord_on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg);
 void psd_coord_on_batch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg);
+/** @brief bsp: the open step, 0 until the job's first step was applied; asp / ssp: 0. */
+uint64_t psd_coord_bsp_step(const psd_server_t *srv);
 /** @brief A member's leave that carries its last batch done (PS_FLAG_DONE, as a batch request
  *  would): count it before the member goes. Shard 0 only; answers nothing. */
 void psd_coord_on_leave_done(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg);

@@ -652,6 +652,22 @@ void psd_shard_on_declare(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *m
                        PSD_MAX_TENSORS);
         return;
     }
+    if (srv->shard == 0 && psd_coord_bsp_step(srv) > 0) {
+        /* Its chunks would start at step 0, and under bsp a chunk takes only the pushes of the
+         * step it is at: every member's push of the job's step would be refused as ahead of
+         * it, and the shards' step (the lowest chunk's) would read 0 for good. Before, it was
+         * created and left so, as by a worker of another model that the coordinator then
+         * refused (psd.torch on a store holding another job). */
+        PS_LOG(PS_LOG_WARN, "shard", "refused declaration of new tensor '%s' from rank %d: the "
+               "bsp job is at step %llu", d.name, conn->rank,
+               (unsigned long long)psd_coord_bsp_step(srv));
+        psd_send_error(srv, conn, msg->req_id, PS_ECONFLICT,
+                       "cannot declare '%s': this cluster's bsp job is at step %llu and holds "
+                       "its tensors already; one declared now could not take part in its steps "
+                       "(declare every tensor before the first step; another model's job needs "
+                       "its own data_dirs)", d.name, (unsigned long long)psd_coord_bsp_step(srv));
+        return;
+    }
     if (srv->shard == 0) {
         /* The coordinator numbers tensors and their chunks in declaration order. */
         d.id = srv->ntensors;

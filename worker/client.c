@@ -556,8 +556,8 @@ static void on_sent(void *request, ucs_status_t status, void *user_data)
     op->ucx_refs--;
     part_sent(op->c, p); /* a part on_rehello left to this completion (ck.again) goes now */
     if (status != UCS_OK && p->pending && !part_spared(op->c, p, 0, gen))
-        op_fail(op, ps_ucx_err(status), "send to shard %u failed: %s", p->shard,
-                ucs_status_string(status));
+        op_fail(op, ps_ucx_err(status), "send to shard %u failed: %s%s", p->shard,
+                ucs_status_string(status), ps_ucx_down_hint(status));
     if (request) ucp_request_free(request);
     op_maybe_complete(op);
 }
@@ -648,8 +648,8 @@ static void send_part(ps_client_t *c, part_t *p, const ps_msg_t *m, const void *
         op->ucx_refs--;
         part_sent(c, p);
         if (st != UCS_OK && p->pending && !part_spared(c, p, 0, s->ep_gen))
-            op_fail(op, ps_ucx_err(st), "send to shard %u failed: %s", p->shard,
-                    ucs_status_string(st));
+            op_fail(op, ps_ucx_err(st), "send to shard %u failed: %s%s", p->shard,
+                    ucs_status_string(st), ps_ucx_down_hint(st));
     }
 }
 
@@ -720,8 +720,8 @@ static void on_bundle_sent(void *request, ucs_status_t status, void *user_data)
         ps_op_t *op = p->op;
         op->ucx_refs--;
         if (status != UCS_OK && p->pending && !part_defer(c, p, b->ep_gen))
-            op_fail(op, ps_ucx_err(status), "send to shard %u failed: %s", p->shard,
-                    ucs_status_string(status));
+            op_fail(op, ps_ucx_err(status), "send to shard %u failed: %s%s", p->shard,
+                    ucs_status_string(status), ps_ucx_down_hint(status));
         op_maybe_complete(op); /* the last use of op: it may be freed from here on */
     }
     if (request) ucp_request_free(request);
@@ -2294,11 +2294,15 @@ static int nap_or_cancel(uint32_t ms, const volatile sig_atomic_t *cancel)
     return cancel && *cancel;
 }
 
+/* How long a join waits for a shard before it says so (and goes on waiting). */
+#define JOIN_SAY_MS 2000
+
 static int join(ps_client_t *c, uint32_t timeout_ms, const volatile sig_atomic_t *cancel)
 {
-    uint64_t deadline = now_ms() + timeout_ms;
+    uint64_t start = now_ms(), deadline = start + timeout_ms;
     uint32_t backoff = 50;
     for (uint32_t i = 0; i < c->nshards; i++) {
+        bool said = false;
         for (;;) {
             ps_msg_t req = {.type = PS_MSG_HELLO, .rank = c->rank, .pid = (uint32_t)getpid(),
                             .samples = c->join_serial, .store_id = ps_storeview_host_id()}, rep;
@@ -2321,6 +2325,14 @@ static int join(ps_client_t *c, uint32_t timeout_ms, const volatile sig_atomic_t
                 snprintf(c->err, sizeof c->err, "cannot join shard %u (%.64s:%u): %s", i,
                          c->m.servers[i].host, c->m.servers[i].port, why);
                 return rc;
+            }
+            /* Not at once: a psd still starting is usual. But a wait of up to timeout_ms
+             * (30 s by default) in silence looked hung. */
+            if (!said && now_ms() - start >= JOIN_SAY_MS) {
+                said = true;
+                PS_LOG(PS_LOG_WARN, "libps", "cannot join shard %u (%s:%u) yet: %s; trying "
+                       "again for up to %u ms in all", i, c->m.servers[i].host,
+                       c->m.servers[i].port, c->err, timeout_ms);
             }
             if (nap_or_cancel(backoff, cancel)) {
                 snprintf(c->err, sizeof c->err, "the join was canceled while shard %u (%.64s:%u) "

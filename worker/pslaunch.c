@@ -156,10 +156,19 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
                         stopping[i] = 1;
                         k++;
                     }
-                if (rep.status)
-                    fprintf(stderr, "pslaunch: %s %d worker(s) (desired %u)\n",
-                            rep.status > 0 ? "starting" : "stopping",
-                            rep.status > 0 ? rep.status : -rep.status, rep.workers);
+                /* A stop is for the job's members over the desired count, wherever they were
+                 * started (another pslaunch, by hand), not for this host's: the reply's count
+                 * is the members (an older psd sends none: at least desired + the stops). */
+                uint64_t members = rep.count ? rep.count
+                                             : (uint64_t)rep.workers + (uint32_t)-rep.status;
+                if (rep.status > 0)
+                    fprintf(stderr, "pslaunch: starting %d worker(s) (desired %u)\n",
+                            rep.status, rep.workers);
+                else if (rep.status < 0)
+                    fprintf(stderr, "pslaunch: stopping %d of the %d worker(s) running here: the "
+                            "job has %s%llu members, %u desired (workers started elsewhere count "
+                            "too)\n", -rep.status, running, rep.count ? "" : "at least ",
+                            (unsigned long long)members, rep.workers);
             }
         }
         int sig = sigtimedwait(set, NULL, &ts);
@@ -295,6 +304,14 @@ int main(int argc, char **argv)
         }
     }
     if (manifest == NULL || (n < 1) == !follow_mode || optind != argc) {
+        if (manifest == NULL)
+            fprintf(stderr, "pslaunch: --manifest FILE is required\n");
+        else if (optind != argc)
+            fprintf(stderr, "pslaunch: unexpected argument '%s'\n", argv[optind]);
+        else if (follow_mode)
+            fprintf(stderr, "pslaunch: --workers N and --follow: one or the other\n");
+        else
+            fprintf(stderr, "pslaunch: --workers N or --follow is required\n");
         usage(stderr);
         return 2;
     }

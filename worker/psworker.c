@@ -256,9 +256,11 @@ static int join_once(trainer_t *tr, const char *manifest, char *err, size_t errl
             fprintf(stderr, "psworker: rank %d: %d of %d tensors are compressed on the device\n",
                     rank, on, tr->mlp.ntensors);
     }
-    /* The planned steps are the learning-rate schedule's, for job.workers workers; the job's
-     * actual members (psctl scale, joins, departures) change how many steps it takes. */
-    fprintf(stderr, "psworker: rank %d joined at step %llu of %llu planned (for job.workers %u; "
+    /* The planned steps are the learning-rate schedule's, the samples over job.workers x
+     * batch_size: the job's actual members (psctl scale, joins, departures) and each pass's
+     * last batches, smaller than batch_size, change how many steps it takes (a few more: a
+     * worker may join at a step past them). */
+    fprintf(stderr, "psworker: rank %d joined at step %llu (%llu planned for job.workers %u; "
             "%u members now)\n", rank, (unsigned long long)ps_client_join_step(tr->client),
             (unsigned long long)tr->total, m->job.workers, ps_client_workers(tr->client));
     return 0;
@@ -348,7 +350,7 @@ static void epoch_log_tick(epoch_log_t *l, trainer_t *tr, uint64_t step)
 {
     double now = now_s();
     if (now - l->last_print < 1.0) return;
-    fprintf(stderr, "rank %d  pass %lld  step %llu/%llu  loss %.4f  %.0f samples/s\n",
+    fprintf(stderr, "rank %d  pass %lld  step %llu of ~%llu  loss %.4f  %.0f samples/s\n",
             tr->client ? ps_client_rank(tr->client) : 0, (long long)l->pass + 1,
             (unsigned long long)step + 1, (unsigned long long)tr->total,
             l->loss_sum / (double)(l->loss_n ? l->loss_n : 1),

@@ -77,8 +77,8 @@ START_TEST(test_bsp_matches_local)
 
     /* Both ranks were handed out, one to each worker. */
     char *l0 = cl_log(w[0]), *l1 = cl_log(w[1]);
-    const char *r0 = "psworker: rank 0 joined at step 0 of 50 planned (for job.workers 2; ";
-    const char *r1 = "psworker: rank 1 joined at step 0 of 50 planned (for job.workers 2; ";
+    const char *r0 = "psworker: rank 0 joined at step 0 (50 planned for job.workers 2; ";
+    const char *r1 = "psworker: rank 1 joined at step 0 (50 planned for job.workers 2; ";
     int ok = (strstr(l0, r0) && strstr(l1, r1)) || (strstr(l0, r1) && strstr(l1, r0));
     free(l0);
     free(l1);
@@ -520,7 +520,7 @@ START_TEST(test_data_dir_in_use)
     ck_assert_msg(cl_alive(first), "the first psd died; its log: %s", cl_tail(first));
     cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
     EXPECT_EXIT(w, 0);
-    EXPECT_LOG(w, "psworker: rank 0 joined at step 0 of 5 planned (for job.workers 1; ");
+    EXPECT_LOG(w, "psworker: rank 0 joined at step 0 (5 planned for job.workers 1; ");
     stop_all(&first, 1);
     cl_cluster_destroy(c);
 }
@@ -604,7 +604,7 @@ START_TEST(test_conflicting_shape)
     cl_proc_t *a = cl_worker_start(c, NULL, NULL, false);
     ck_assert_msg(cl_wait_log(a, "joined at step", RUN_S) == 0, "%s did not join; its log: %s",
                   a->name, cl_tail(a));
-    EXPECT_LOG(a, "psworker: rank 0 joined at step 0 of 20 planned (for job.workers 3; ");
+    EXPECT_LOG(a, "psworker: rank 0 joined at step 0 (20 planned for job.workers 3; ");
 
     /* Same cluster, only job.layers differs: fc1.weight is [784, 128], not [784, 256]. */
     cl_conf_t kb = k;
@@ -629,7 +629,7 @@ START_TEST(test_conflicting_shape)
     cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
     EXPECT_EXIT(a, 0);
     EXPECT_EXIT(w, 0);
-    EXPECT_LOG(w, "psworker: rank 1 joined at step 0 of 20 planned (for job.workers 3; ");
+    EXPECT_LOG(w, "psworker: rank 1 joined at step 0 (20 planned for job.workers 3; ");
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }
@@ -674,7 +674,7 @@ START_TEST(test_sigterm_restart)
 
     cl_proc_t *again = cl_worker_start(c, NULL, "again.params", false);
     EXPECT_EXIT(again, 0);
-    EXPECT_LOG(again, "joined at step 30 of 30");
+    EXPECT_LOG(again, "joined at step 30 (30 planned");
     /* The very values stored at step 30: nothing is recomputed. */
     expect_same_params(again->params, w0, 0, 0);
     stop_all(psd, 2);
@@ -695,8 +695,8 @@ START_TEST(test_restart_resumes)
     char m40[CL_PATH];
     cl_manifest_write(c, "manifest-40.yaml", &k40, m40, sizeof m40);
     two_by_two_matches_local(c, m40, psd, w);
-    EXPECT_LOG(w[0], "joined at step 30 of 40");
-    EXPECT_LOG(w[1], "joined at step 30 of 40");
+    EXPECT_LOG(w[0], "joined at step 30 (40 planned");
+    EXPECT_LOG(w[1], "joined at step 30 (40 planned");
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }

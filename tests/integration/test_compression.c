@@ -44,12 +44,12 @@ static void mixed_codecs(const char *compression, const char *codec_b)
     cl_proc_t *a = cl_worker_start(c, NULL, "a.params", false);
     ck_assert_msg(cl_wait_log(a, "joined at step", RUN_S) == 0, "%s did not join; its log: %s",
                   a->name, cl_tail(a));
-    EXPECT_LOG(a, "psworker: rank 0 joined at step 0 of 30 planned (for job.workers 2; ");
+    EXPECT_LOG(a, "psworker: rank 0 joined at step 0 (30 planned for job.workers 2; ");
     const char *xb[] = {"--codec", codec_b, NULL};
     cl_proc_t *b = cl_worker_spawn(c, NULL, "b.params", false, xb);
     EXPECT_EXIT(a, 0);
     EXPECT_EXIT(b, 0);
-    EXPECT_LOG(b, "psworker: rank 1 joined at step 0 of 30 planned (for job.workers 2; ");
+    EXPECT_LOG(b, "psworker: rank 1 joined at step 0 (30 planned for job.workers 2; ");
 
     char rank_codec[64];
     snprintf(rank_codec, sizeof rank_codec, "1=%s", codec_b);
@@ -181,7 +181,7 @@ START_TEST(test_hostile_peer)
 {
     cl_proc_t *psd, *w;
     cl_cluster_t *c = shard_with_worker(300, &psd, &w);
-    EXPECT_LOG(w, "psworker: rank 0 joined at step 0 of 300 planned (for job.workers 2; ");
+    EXPECT_LOG(w, "psworker: rank 0 joined at step 0 (300 planned for job.workers 2; ");
 
     char *argv[] = {(char *)cl_binary("EVIL_PEER"), "--manifest", c->manifest, NULL};
     cl_proc_t *evil = cl_spawn(c, "evil_peer", argv);

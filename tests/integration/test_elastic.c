@@ -1674,7 +1674,7 @@ START_TEST(test_all_leave_then_one_joins)
     cl_proc_t *late = cl_worker_start(c, NULL, NULL, false);
     EXPECT_EXIT(late, 0);
     char want[64];
-    snprintf(want, sizeof want, "joined at step %lld of", s);
+    snprintf(want, sizeof want, "joined at step %lld (", s);
     EXPECT_LOG(late, want);
     char *j = coord_status(&co);
     ck_assert_msg(j && strstr(j, "\"finished\": true"), "job not finished: %s", j ? j : "-");
@@ -1698,7 +1698,8 @@ static void psctl_scale(cl_cluster_t *c, int n)
 }
 
 /* A manifest of another cluster that names these shards' addresses: psctl scale and pslaunch
- * --follow are refused with the reason (exit 1 and 2) and the job's desired workers stay.
+ * --follow are refused with the reason (exit 1 and 2) and the job's desired workers stay; psctl
+ * status shows no shard of it (before, it showed their table and exited 0).
  * Before, psctl scale 5 set this job's desired workers (exit 0), and pslaunch --follow started
  * workers that each exited 2 ("this shard serves cluster ..."), 5 more every 15 s, for good. */
 START_TEST(test_scale_other_cluster_refused)
@@ -1712,6 +1713,14 @@ START_TEST(test_scale_other_cluster_refused)
     cl_proc_t *p = cl_spawn(c, "psctl-other", sc);
     EXPECT_EXIT(p, 1);
     EXPECT_LOG(p, "this shard serves cluster '");
+    char cl_not[3 * sizeof c->cluster_name + 64];
+    snprintf(cl_not, sizeof cl_not, "psctl: shard 0 (127.0.0.1:%u): this shard serves cluster "
+             "'%s', not 'other-%s'", c->port[0], c->cluster_name, c->cluster_name);
+    char *st[] = {(char *)cl_binary("PSCTL"), "--manifest", other, "status", NULL};
+    p = cl_spawn(c, "psctl-other-status", st);
+    EXPECT_EXIT(p, 1);
+    EXPECT_LOG(p, cl_not);
+    ck_assert_msg(count_in_log(p, "merkle_root") == 0, "%s", cl_tail(p));
     char *ln[] = {(char *)cl_binary("PSLAUNCH"), "--manifest", other, "--follow", "--poll-ms",
                   "100", NULL};
     cl_proc_t *l = cl_spawn(c, "pslaunch-other", ln);
@@ -1855,6 +1864,12 @@ START_TEST(test_scale_2_5_1_3)
     free(j);
     ck_assert_int_ge(expect_prompt_admission(psd[0]), 5);
     int started = count_in_log(launch[0], "joined at step") + count_in_log(launch[1], "joined at step");
+    /* 5 -> 1: a launcher stops some of its workers and says the job's members, not its own. */
+    static const char stop_said[] = " worker(s) running here: the job has ",
+                      guessed[] = "the job has at least "; /* an older psd's reply: no count */
+    ck_assert_msg(count_in_log(launch[0], stop_said) + count_in_log(launch[1], stop_said) >= 1 &&
+                      count_in_log(launch[0], guessed) + count_in_log(launch[1], guessed) == 0,
+                  "%s\n%s", cl_tail(launch[0]), cl_tail(launch[1]));
     ck_assert_msg(started == 7, "the launchers started %d workers for 2 -> 5 -> 1 -> 3, not 7",
                   started);
     coord_close(&co);

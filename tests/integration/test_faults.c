@@ -26,7 +26,7 @@
 static void wait_training(cl_proc_t *w[2])
 {
     for (int i = 0; i < 2; i++)
-        ck_assert_msg(cl_wait_log(w[i], "step 1/", RUN_S) == 0, "%s never finished a step: %s",
+        ck_assert_msg(cl_wait_log(w[i], "step 1 of ~", RUN_S) == 0, "%s never finished a step: %s",
                       w[i]->name, cl_tail(w[i]));
     struct timespec ts = {0, 50 * 1000 * 1000};
     nanosleep(&ts, NULL);
@@ -221,7 +221,8 @@ END_TEST
  * to another member), a replacement joins as a new member, and every worker reaches the last
  * step. --metrics-dir names a directory two levels down that does not exist yet: pslaunch
  * makes it (before, every worker failed to open its metrics file and pslaunch exited 1). A
- * metrics dir that is a file is one error naming it. --device is passed on to the workers. */
+ * metrics dir that is a file is one error naming it. --device is passed on to the workers.
+ * Arguments that do not go together are named before the usage (before, only the usage). */
 START_TEST(test_worker_killed_and_replaced)
 {
     cl_conf_t k = {.shards = 2, .workers = 3, .optimizer = "{name: sgd, lr: 0.05}",
@@ -250,6 +251,15 @@ START_TEST(test_worker_killed_and_replaced)
     EXPECT_EXIT(refused, 1);
     EXPECT_LOG(refused, "psworker: --device cuda:1000: ");
     EXPECT_LOG(refused, "exited with 2");
+    char *both[] = {(char *)cl_binary("PSLAUNCH"), "--manifest", c->manifest, "--workers", "2",
+                    "--follow", NULL};
+    refused = cl_spawn(c, "pslaunch-both", both);
+    EXPECT_EXIT(refused, 2);
+    EXPECT_LOG(refused, "pslaunch: --workers N and --follow: one or the other\nusage: ");
+    char *no_shard[] = {(char *)cl_binary("PSD"), "--manifest", c->manifest, NULL};
+    refused = cl_spawn(c, "psd-no-shard", no_shard);
+    EXPECT_EXIT(refused, 2);
+    EXPECT_LOG(refused, "psd: --shard N is required\nusage: ");
     char *argv[] = {(char *)cl_binary("PSLAUNCH"), "--manifest", c->manifest, "--workers", "3",
                     "--respawn", "2", "--metrics-dir", metrics, "--device", "cpu", NULL};
     cl_proc_t *launch = cl_spawn(c, "pslaunch", argv);
@@ -760,16 +770,20 @@ START_TEST(test_crafted_requests_on_port)
 }
 END_TEST
 
-/* A worker whose cluster is down keeps trying to join (for its connect timeout, 30 s); a SIGTERM
- * meanwhile ends it at once, with 128 + SIGTERM and the reason. Before, the join went on to its
- * timeout and the worker then exited 1, the signal ignored. */
+/* A worker whose cluster is down keeps trying to join (for its connect timeout, 30 s), and says
+ * so after 2 s with the hint psctl gives (before, it waited in silence, and its error at the
+ * timeout had UCX's words only); a SIGTERM meanwhile ends it at once, with 128 + SIGTERM and the
+ * reason. Before, the join went on to its timeout and the worker then exited 1, the signal
+ * ignored. */
 START_TEST(test_sigterm_while_joining)
 {
     cl_conf_t k = {.shards = 1, .workers = 1};
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *w = cl_worker_start(c, NULL, NULL, false); /* no psd runs */
-    struct timespec ts = {1, 0}; /* past the dataset's load, in the join's retries */
-    nanosleep(&ts, NULL);
+    char said[64]; /* in the join's retries */
+    snprintf(said, sizeof said, "cannot join shard 0 (127.0.0.1:%u) yet: ", c->port[0]);
+    ck_assert_msg(cl_wait_log(w, said, 10.0) == 0, "the join said nothing: %s", cl_tail(w));
+    EXPECT_LOG(w, "(is psd running there?); trying again for up to 30000 ms in all");
     ck_assert_int_eq(cl_signal(w, SIGTERM), 0);
     int rc = cl_wait(w, 5.0);
     ck_assert_msg(rc == 128 + SIGTERM, "the worker exited %d (-1: still running 5 s after the "
@@ -812,7 +826,7 @@ START_TEST(test_worker_says_shard_silent)
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
     cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
-    ck_assert_msg(cl_wait_log(w, "step 1/", RUN_S) == 0, "never trained: %s", cl_tail(w));
+    ck_assert_msg(cl_wait_log(w, "step 1 of ~", RUN_S) == 0, "never trained: %s", cl_tail(w));
     ck_assert_int_eq(cl_signal(psd, SIGSTOP), 0);
     int said = cl_wait_log(w, " has waited 5 s for shard 0 (127.0.0.1:", 15.0);
     cl_signal(psd, SIGCONT);

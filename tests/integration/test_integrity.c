@@ -492,7 +492,7 @@ static cl_cluster_t *damaged_at_rest(long at, cl_proc_t **psd, int *shard, cl_pr
     psd[0] = cl_psd_start(c, 0, NULL, READY_S);
     psd[1] = cl_psd_start(c, 1, NULL, READY_S);
     cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
-    ck_assert_msg(cl_wait_log(w, "step 1/", RUN_S) == 0, "never trained: %s", cl_tail(w));
+    ck_assert_msg(cl_wait_log(w, "step 1 of ~", RUN_S) == 0, "never trained: %s", cl_tail(w));
     ck_assert_int_eq(cl_signal(w, SIGTERM), 0);
     EXPECT_EXIT(w, 128 + SIGTERM);
     stop_all(psd, 2);
@@ -553,14 +553,18 @@ END_TEST
  * verify printed "no answer within 1 s" and never exited, scale printed nothing at all. Also
  * the option checks: --timeout and --wait take a finite number of seconds (before, "abc" was
  * 0, and scale with --timeout 0 reported no answer after applying the scale), and scale takes
- * a plain number (before, "" was 0). */
+ * a plain number (before, "" was 0). The job's epoch is named the membership epoch (workers
+ * count training passes as epochs), and a command psctl does not know is named before the
+ * usage (before, only the usage). */
 START_TEST(test_psctl_stopped_shard_bounded)
 {
     cl_conf_t k = {.shards = 2, .workers = 1};
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
     const char *status[] = {"status", NULL};
-    psctl(c, "status", 0, status);
+    EXPECT_LOG(psctl(c, "status", 0, status), "job: membership epoch ");
+    const char *typo[] = {"stauts", NULL};
+    EXPECT_LOG(psctl(c, "typo", 2, typo), "psctl: unknown command 'stauts'\nusage: psctl ");
     ck_assert_int_eq(cl_signal(psd[1], SIGSTOP), 0);
     const char *verify[] = {"verify", "--timeout", "1", NULL};
     cl_proc_t *v = psctl(c, "verify", 1, verify);

@@ -333,6 +333,32 @@ class PartlyUsed(torch.nn.Module):
         return self.net(x) + (self.side(x) if self.calls % 2 else 0)
 
 
+def late_model(tmp):
+    """Another model on a cluster whose bsp job is past its first step (here finished): refused
+    at its first declaration, and the shards hold no tensor of it. Before, its tensors were
+    created, the coordinator refused it only at its batch request, and each shard's step (its
+    lowest chunk's) read 0 for good (a new-user probe: the README's example on the demo's
+    store). Two models declared at step 0 still leave the refused one's tensors (models_differ):
+    the coordinator learns a worker's tensors only at its batch request."""
+    c = Cluster(tmp, "late", 1, metrics=True)
+    try:
+        train(c.manifest, None)
+        held = [(c.metric("psd_tensors", k), c.metric("psd_step", k)) for k in (0, 1)]
+        assert held[0][1] > 0, f"the job's step is {held[0][1]}"
+        try:
+            psd.torch.ParameterServer(c.manifest, PartlyUsed(), samples=SAMPLES).close()
+            raise AssertionError("a second model was taken by a bsp job past its first step")
+        except psd.PsError as e:
+            late = str(e)
+            assert e.name == "ECONFLICT" and "holds its tensors already" in late and \
+                f"at step {held[0][1]:.0f} " in late, late
+        now = [(c.metric("psd_tensors", k), c.metric("psd_step", k)) for k in (0, 1)]
+        assert now == held, f"(tensors, step) of the shards went from {held} to {now}"
+    finally:
+        c.stop()
+    print(f"late model: refused at its first declaration ({late.split(': cannot')[0]})")
+
+
 def unused_parameters(tmp):
     """A parameter the batch did not use (`.grad` None) is left as a torch optimizer leaves it:
     with adamw (weight decay 0.5, so every update moves a weight) a layer used in no batch
@@ -908,6 +934,7 @@ def main():
         assert d > 1e-3, f"the cosine schedule changed nothing ({d})"
         two_workers_share(tmp)
         models_differ(tmp)
+        late_model(tmp)
         unused_parameters(tmp)
         worker_killed(tmp)
         worker_paused(tmp)
