@@ -5,12 +5,13 @@
 # without (fusion_bytes: 0). Each configuration runs --reps times, alternating; the median
 # wall time of each is reported, and the ratios.
 # Usage: bench/demo_ratio.sh [--epochs N] [--workers W] [--shards S] [--reps R] [--build DIR]
-#        [--fused-only]
+#        [--fused-only] [--chunk-bytes N]
 # (--build: the build directory whose binaries run, default build/ of this checkout;
-# --fused-only: skip the fusion_bytes: 0 runs, e.g. for a build that predates fusion)
+# --fused-only: skip the fusion_bytes: 0 runs, e.g. for a build that predates fusion;
+# --chunk-bytes: the manifest's chunk_bytes, default 262144 as the demo's)
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-epochs=3 workers=4 shards=2 reps=3 build="" unfused=1
+epochs=3 workers=4 shards=2 reps=3 build="" unfused=1 chunk=262144
 while [ $# -gt 0 ]; do
     case "$1" in
     --epochs) epochs=$2; shift 2 ;;
@@ -19,7 +20,8 @@ while [ $# -gt 0 ]; do
     --reps) reps=$2; shift 2 ;;
     --build) build=$(cd "$2" && pwd); shift 2 ;;
     --fused-only) unfused=0; shift ;;
-    *) echo "usage: $0 [--epochs N] [--workers W] [--shards S] [--reps R] [--build DIR] [--fused-only]" >&2
+    --chunk-bytes) chunk=$2; shift 2 ;;
+    *) echo "usage: $0 [--epochs N] [--workers W] [--shards S] [--reps R] [--build DIR] [--fused-only] [--chunk-bytes N]" >&2
        exit 2 ;;
     esac
 done
@@ -43,7 +45,7 @@ trap 'exit 130' INT TERM
 manifest() {
     {
         echo "cluster: ratio-$$-$RANDOM"
-        echo "chunk_bytes: 1048576"
+        echo "chunk_bytes: $chunk"
         [ "$2" = default ] || echo "fusion_bytes: $2"
         write_servers "$shards" "$tmp/data-$RANDOM"
         write_demo_job "$workers" "$epochs"

@@ -36,7 +36,7 @@ trap 'echo; echo "demo: interrupted, stopping the cluster"; exit 130' INT TERM
 
 {
     echo "cluster: demo"
-    echo "chunk_bytes: 1048576"
+    echo "chunk_bytes: 262144"
     write_servers "$shards" "$tmp"
     write_demo_job "$workers" "$epochs"
 } >"$tmp/manifest.yaml"
