@@ -123,12 +123,14 @@ typedef struct {
     psd_chunk_t *chunk;
     uint32_t rank;
     uint8_t state;             /* SLOT_* */
+    bool map_failed;           /* ucp_mem_map of buf failed: not tried again for this buf */
     uint32_t crc;              /* the push header's CRC-32C of its payload */
     psk_codec_t codec;         /* payload encoding (PSK_CODEC_NONE: raw fp32) */
     uint8_t *buf;              /* push payload (raw fp32 or a codec's), allocated on first use */
     size_t cap;                /* bytes allocated */
     size_t len;                /* bytes received */
-    ucp_mem_h memh;            /* buf registered once with UCX (NULL: not registered) */
+    ucp_mem_h memh;            /* buf registered with UCX at its first rendezvous receive
+                                  (NULL: not registered: only eager pushes filled it) */
     psd_slot_ext_t ext;        /* a direct push's data instead (slot_data()); never written */
     uint64_t req;              /* req_id to acknowledge */
     uint64_t step;             /* the step the push is for */

@@ -1494,16 +1494,7 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
         }
         slot->buf = b;
         slot->cap = cap;
-        /* Registered once, here: every rendezvous into it reuses the registration (RDMA lands
-         * without a registration-cache lookup). Without one UCX registers on the fly. A slot
-         * that only eager pushes fill (smaller than its sender's eager limit: shared memory
-         * and tcp) is not registered: a registration costs ~0.5 KB of psd's memory. */
-        ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
-                                                 UCP_MEM_MAP_PARAM_FIELD_LENGTH,
-                                   .address = b, .length = cap};
-        if ((conn->eager_below && cap < conn->eager_below) ||
-            ucp_mem_map(srv->ucx.context, &mp, &slot->memh) != UCS_OK)
-            slot->memh = NULL;
+        slot->map_failed = false; /* registered at its first rendezvous receive */
     }
     if (codec.kind != PSK_CODEC_NONE && ch->agg == NULL &&
         (ch->agg = malloc((size_t)ch->n * 4)) == NULL) {
@@ -1541,7 +1532,21 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
         push_received(slot, UCS_OK);
         return UCS_OK;
     }
-    /* Rendezvous: the gradient lands directly in the rank's slot. */
+    /* Rendezvous: the gradient lands directly in the rank's slot, registered once, at its
+     * first: every later rendezvous into it reuses the registration (RDMA lands without a
+     * registration-cache lookup; without one UCX registers on the fly). A slot only eager
+     * pushes fill (shared memory and tcp below the senders' eager limit) is never registered:
+     * a registration costs ~0.5 KB of psd's memory. Decided per receive, not by the lanes of
+     * the connection that sized it: another process may hold the rank later, over RDMA. */
+    if (slot->memh == NULL && !slot->map_failed) {
+        ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
+                                                 UCP_MEM_MAP_PARAM_FIELD_LENGTH,
+                                   .address = slot->buf, .length = slot->cap};
+        if (ucp_mem_map(srv->ucx.context, &mp, &slot->memh) != UCS_OK) {
+            slot->memh = NULL;
+            slot->map_failed = true;
+        }
+    }
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                                              UCP_OP_ATTR_FIELD_USER_DATA,
                              .cb.recv_am = on_push_recv, .user_data = slot};

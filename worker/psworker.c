@@ -393,7 +393,7 @@ static int run_self_test(const char *manifest, const ps_manifest_t *m)
     int rc = ps_client_create(manifest, NULL, &c, err, sizeof err);
     if (rc) {
         fprintf(stderr, "psworker: %s\n", err);
-        return 1;
+        return rc == PS_ECONFIG || rc == PS_EAUTH ? 2 : 1; /* refused, as a training run's join */
     }
     int bad = 0;
     for (uint32_t i = 0; i < ps_client_shards(c); i++) {
