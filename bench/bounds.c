@@ -267,8 +267,8 @@ static void store_update(void *arg, size_t c)
     *h = *s->old[c];
     /* As psd's job does: the update and the record's hashes in one blocked pass. */
     psd_store_chunk_update(h, psd_chunk_params((psd_chunk_hdr_t *)s->old[c]),
-                           psd_chunk_state((psd_chunk_hdr_t *)s->old[c]), s->g, 1.0f, &s->o, NULL,
-                           NULL, false);
+                           psd_chunk_state((psd_chunk_hdr_t *)s->old[c]), s->g, 1.0f, &s->o,
+                           s->old[c]->version + 1, NULL, NULL, false);
 }
 
 int pb_store_apply(const char *dir, psk_optim_kind_t kind, uint64_t size, uint64_t chunk_bytes,

@@ -158,6 +158,11 @@ struct psd_chunk_s {
     uint32_t tensor, chunk;
     uint32_t n;                /* values */
     uint64_t version;          /* steps applied (committed) */
+    uint64_t skipped;          /* bsp: of those, steps without an update (no member had a
+                                  gradient, or every push replayed a batch the chunk had): the
+                                  optimizer's update number is version - skipped + 1, as torch
+                                  counts only the steps with a gradient. Read by jobs, written
+                                  by the loop after them; kept in the 'D' record */
     uint64_t total_steps;      /* the tensor's planned steps (lr schedule); read by jobs */
     psd_slot_t *slot_group[PS_MAX_RANKS / PSD_SLOT_GROUP]; /* ranks' slots by group of
                                   PSD_SLOT_GROUP (NULL: none of them pushed here yet) */

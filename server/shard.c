@@ -194,7 +194,15 @@ typedef struct {
     uint64_t step;                     /* the apply that wrote it */
     uint64_t from;                     /* the first step known then */
     uint64_t members[PSD_SUMMED_RING]; /* at [s % ring] for s in [from, step], the last ring */
+    uint64_t skipped;                  /* the chunk's skipped steps up to and with @c step */
 } summed_rec_t;
+
+/* Written before session 35: no count of skipped steps (taken as 0, the optimizer's update
+ * number as those psd counted it: the version). */
+typedef struct {
+    uint64_t step, from;
+    uint64_t members[PSD_SUMMED_RING];
+} summed_rec_v2_t;
 
 /* Written before session 25: from @c step on, every apply had @c members (earlier steps not
  * known: a replay of a batch of one was applied again, a stale push counted as applied). */
@@ -208,7 +216,7 @@ static void on_load_applied(void *arg, uint32_t t, uint32_t c, const void *val, 
     psd_chunk_t *ch = t < srv->ntensors && srv->tensors[t].present && c < srv->tensors[t].nchunks
                           ? srv->tensors[t].chunks[c]
                           : NULL;
-    summed_rec_t rec;
+    summed_rec_t rec = {0};
     summed_rec_v1_t v1;
     if (ch && len == sizeof *ch->applied) {
         if (ch->applied) memcpy(ch->applied, val, len); /* else bsp now: not needed */
@@ -221,11 +229,12 @@ static void on_load_applied(void *arg, uint32_t t, uint32_t c, const void *val, 
             memcpy(&ch->applied->done[r].who, p + 16 * r, 8);
             memcpy(&ch->applied->done[r].req, p + 16 * r + 8, 8);
         }
-    } else if (ch && (len == sizeof rec || len == sizeof v1)) {
-        /* bsp: the ring as the apply of rec.step left it; the applies after it had its members.
-         * The form stored before session 25 is a ring that knows its own step only. */
-        if (len == sizeof rec) {
-            memcpy(&rec, val, sizeof rec);
+    } else if (ch && (len == sizeof rec || len == sizeof(summed_rec_v2_t) || len == sizeof v1)) {
+        /* bsp: the ring as the apply of rec.step left it; the applies after it had its members,
+         * and skipped no step (one that did wrote a record). The form stored before session 25
+         * is a ring that knows its own step only. */
+        if (len == sizeof rec || len == sizeof(summed_rec_v2_t)) {
+            memcpy(&rec, val, len);
         } else {
             memcpy(&v1, val, sizeof v1);
             rec.step = rec.from = v1.step;
@@ -238,6 +247,7 @@ static void on_load_applied(void *arg, uint32_t t, uint32_t c, const void *val, 
         if (ch->version > PSD_SUMMED_RING && from < ch->version - PSD_SUMMED_RING)
             from = ch->version - PSD_SUMMED_RING;
         uint64_t last = rec.members[rec.step % PSD_SUMMED_RING];
+        ch->skipped = rec.skipped <= ch->version ? rec.skipped : 0;
         for (uint64_t s = from; s < ch->version; s++)
             ch->summed[s % PSD_SUMMED_RING] = s <= rec.step ? rec.members[s % PSD_SUMMED_RING]
                                                             : last;
@@ -1748,7 +1758,8 @@ static void apply_item(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, p
         bool raw = sum == NULL; /* raw pushes: summed span by span in the update's pass */
         if (!raw) job->bad[i] = raw_crc_bad(ch, ch->sum_members);
         if (job->bad[i] == 0)
-            psd_store_chunk_update(h, p_in, s_in, sum, scale, &o, raw ? sum_block : NULL, &bs,
+            psd_store_chunk_update(h, p_in, s_in, sum, scale, &o, h->version + 1 - ch->skipped,
+                                   raw ? sum_block : NULL, &bs,
                                    __atomic_load_n(&ch->pulled_direct, __ATOMIC_RELAXED));
         for (uint32_t r = 0; raw && r < PS_MAX_RANKS; r++)
             if ((ch->sum_members >> r & 1) && bs.crc[r] != slot_at(ch, r)->crc)
@@ -1780,7 +1791,7 @@ static void apply_item(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, p
             g = ch->agg;
         }
         if (--left == 0) { /* the last one seals the record in its pass */
-            psd_store_chunk_update(h, p_in, s_in, g, 1.0f, &o, NULL, NULL,
+            psd_store_chunk_update(h, p_in, s_in, g, 1.0f, &o, h->version + 1, NULL, NULL,
                                    __atomic_load_n(&ch->pulled_direct, __ATOMIC_RELAXED));
             break;
         }
@@ -1837,16 +1848,18 @@ static int run_apply(psd_job_t *job, psd_wtxn_t *tx)
     psd_fanout_run(&srv->fanout, ndeferred, apply_deferred, job);
     if (srv->m.job.consistency == PS_CONSIST_BSP) {
         /* The summed ring with this step's apply in it, where its members differ from the step
-         * before's (or that is not known): nothing is written while the membership stays. The
-         * loop thread writes ch->summed only in job_done, after this job. */
+         * before's (or that is not known), or where the step is skipped (no update: the count
+         * changes): nothing is written while the membership stays and steps update. The loop
+         * thread writes ch->summed and ch->skipped only in job_done, after this job. */
         for (uint32_t i = 0; i < job->nitems; i++) {
             psd_chunk_t *ch = job->items[i];
             uint64_t v = ch->version;
-            bool known = v > ch->summed_from;
+            bool known = v > ch->summed_from, skip = ch->sum_members == 0;
             if (job->bad[i] ||
-                (known && ch->summed[(v - 1) % PSD_SUMMED_RING] == ch->step_members))
+                (known && !skip && ch->summed[(v - 1) % PSD_SUMMED_RING] == ch->step_members))
                 continue;
-            summed_rec_t rec = {.step = v, .from = ch->summed_from < v ? ch->summed_from : v};
+            summed_rec_t rec = {.step = v, .from = ch->summed_from < v ? ch->summed_from : v,
+                                .skipped = ch->skipped + skip};
             memcpy(rec.members, ch->summed, sizeof rec.members);
             rec.members[v % PSD_SUMMED_RING] = ch->step_members;
             int rc = psd_store_put_applied(tx, ch->tensor, ch->chunk, &rec, sizeof rec);
@@ -2039,6 +2052,7 @@ static void job_done(uv_work_t *w, int status)
             SLOTS_FOR(ch, s) applied += s->state == SLOT_APPLYING;
             if (job->rc == 0 && !(bsp && bad)) {
                 if (bsp) ch->summed[ch->version % PSD_SUMMED_RING] = ch->step_members;
+                if (bsp) ch->skipped += ch->sum_members == 0; /* the step made no update */
                 ch->version += bsp ? 1 : applied;
                 psd_integrity_chunk_hashed(srv, ch, job->hashes[i]);
             }

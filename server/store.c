@@ -588,7 +588,7 @@ int psd_store_get_blob(psd_store_t *st, const char *name, void *buf, size_t cap,
 static __thread float span_params[APPLY_SPAN] __attribute__((aligned(64)));
 
 void psd_store_chunk_update(psd_chunk_hdr_t *h, const float *p_in, const float *s_in,
-                            const float *g, float scale, const psk_optim_t *o,
+                            const float *g, float scale, const psk_optim_t *o, uint64_t t,
                             const float *(*before)(void *arg, size_t off, size_t len), void *arg,
                             bool stream)
 {
@@ -605,7 +605,7 @@ void psd_store_chunk_update(psd_chunk_hdr_t *h, const float *p_in, const float *
          * written in place either way (no other process reads them). */
         float *po = stream ? span_params : p + off;
         psk_optim_apply_strided_cpu(po, ns ? s + off : NULL, p_in + off, ns ? s_in + off : NULL,
-                                    gs, scale, len, n, h->version + 1, o);
+                                    gs, scale, len, n, t, o);
         crc = stream ? ps_crc32c_copy_nt(crc, p + off, po, len * sizeof(float))
                      : ps_crc32c(crc, po, len * sizeof(float));
         /* The span's hash blocks, in the record's block order, while they are in cache. */

@@ -483,13 +483,15 @@ START_TEST(update_seals_like_recompute)
                              .eps = 1e-8f, .momentum = 0.9f, .weight_decay = 0.01f};
             *a = *old;
             lazy_grad_t lg = {.g = g2};
+            /* Update 3 of a chunk at version 4 (two bsp steps without a gradient): the
+             * optimizer's t is the one given, not the version. */
             psd_store_chunk_update(a, psd_chunk_params(old), ns ? psd_chunk_state(old) : NULL,
-                                   g2, 0.5f, &o, fill_grad, &lg, stream);
+                                   g2, 0.5f, &o, 3, fill_grad, &lg, stream);
             ck_assert_uint_eq(lg.covered, n);
             *b = *old;
             psk_optim_apply_cpu(psd_chunk_params(b), ns ? psd_chunk_state(b) : NULL,
                                 psd_chunk_params(old), ns ? psd_chunk_state(old) : NULL, g, 0.5f,
-                                n, old->version + 1, &o);
+                                n, 3, &o);
             b->version++;
             psd_store_chunk_seal(b);
             ck_assert_uint_eq(a->version, 5);
