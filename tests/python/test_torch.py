@@ -780,6 +780,66 @@ def misuse(tmp):
           "late and lazy parameters named")
 
 
+def torch_user(tmp):
+    """Found by a probe with real users' models: a second ParameterServer on one model in a
+    process hung (a second member whose steps wait for both); a model wrapped in DataParallel
+    (names "module.*") was another model to the shards; a DataLoader taking batches ahead
+    (num_workers > 0) met "call step() once per batch" with no hint; a ParameterServer on a
+    finished job trained nothing, silently; BatchNorm's running statistics were not said to
+    stay each worker's own."""
+    c = Cluster(tmp, "user", 1, metrics=True)
+    try:
+        x, y = data()
+        m = model()
+        wrapped = torch.nn.DataParallel(m)  # on the CPU it calls m: names "module.0.weight", ...
+        with psd.torch.ParameterServer(c.manifest, wrapped, samples=SAMPLES) as ps:
+            try:
+                psd.torch.ParameterServer(c.manifest, wrapped, samples=SAMPLES)
+                raise AssertionError("a second ParameterServer on one model was taken")
+            except ValueError as e:
+                assert "already has an open ParameterServer" in str(e), str(e)
+            for n, b in enumerate(ps.batches()):
+                m.zero_grad()
+                torch.nn.functional.mse_loss(wrapped(x[b.indices]), y[b.indices]).backward()
+                ps.step()
+                if n == 1:
+                    break
+        tensors = c.metric("psd_tensors")
+        # The plain model holds the same tensors (before: refused, the job past step 0, as
+        # another model's); a batch asked for before step() names the DataLoader.
+        with psd.torch.ParameterServer(c.manifest, m, samples=SAMPLES) as ps:
+            gen = ps.batches()
+            next(gen)
+            try:
+                next(gen)
+                raise AssertionError("a batch ahead of step() was handed out")
+            except RuntimeError as e:
+                assert "num_workers > 0" in str(e) and "once per batch" in str(e), str(e)
+        assert c.metric("psd_tensors") == tensors == 4, f"{tensors} tensors, then more"
+    finally:
+        c.stop()
+    c = Cluster(tmp, "user-done", 1)
+    try:
+        train(c.manifest, None)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            with psd.torch.ParameterServer(c.manifest, model(), samples=SAMPLES) as ps:
+                assert list(ps.batches()) == []
+            bn = torch.nn.Sequential(torch.nn.Linear(FEATURES, 4), torch.nn.BatchNorm1d(4))
+            try:  # warned at once; then refused: new tensors of a bsp job past step 0
+                psd.torch.ParameterServer(c.manifest, bn, samples=SAMPLES).close()
+            except psd.PsError as e:
+                assert e.name == "ECONFLICT", str(e)
+        said = [str(x.message) for x in w]
+        assert any("the job is finished (step " in t for t in said), said
+        assert any("1.running_mean" in t and "stay this worker's own" in t for t in said), said
+    finally:
+        c.stop()
+    print("torch user: a second ParameterServer on a model refused; DataParallel's names held "
+          "as the model's; a batch ahead of step() names the DataLoader; a finished job and "
+          "BatchNorm's statistics said")
+
+
 def sigint_main(kind, manifest):
     """A process for ctrl_c(): blocked in the join (kind "join") or in a pull that waits for a
     version nobody makes (kind "pull"); or (kind "handler") one with a SIGINT handler of its
@@ -974,6 +1034,7 @@ def main():
         early_break(tmp)
         errors(tmp)
         misuse(tmp)
+        torch_user(tmp)
         ctrl_c(tmp)
         binding(tmp)
     finally:

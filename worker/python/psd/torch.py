@@ -23,10 +23,34 @@ import math
 import operator
 import os
 import sys
+import warnings
+import weakref
 
 import torch
 
 import psd
+
+
+# Prefixes a wrapper adds to its module's parameter names: nn.DataParallel and
+# DistributedDataParallel ("module."), torch.compile ("_orig_mod."). A tensor's name on the
+# shards is its identity: one worker's wrapped model and another's plain one hold the same.
+_WRAPPERS = ("module.", "_orig_mod.")
+
+
+def _held_name(name):
+    """The shards' name of model parameter `name`: without wrapper prefixes."""
+    stripped = True
+    while stripped:
+        stripped = False
+        for w in _WRAPPERS:
+            if name.startswith(w) and len(name) > len(w):
+                name, stripped = name[len(w):], True
+    return name
+
+
+# Models with an open ParameterServer in this process: a second one on the same model would
+# be a second member of the job whose steps wait for the first one's pushes (it hung).
+_open_models = weakref.WeakSet()
 
 
 def _wait_all(ops):
@@ -48,7 +72,11 @@ class ParameterServer:
     init: {parameter name: (kind, arg)} for the shards' initialization (kind: zeros, normal,
     uniform, xavier, constant) of the parameters it names; a name the model lacks is an error.
     Others start as the model made them when that is one value for all (constant), else xavier
-    (2 or more dimensions) or zeros."""
+    (2 or more dimensions) or zeros. The values the model holds are replaced by the shards'
+    (pretrained weights are not carried over). Names are the model's, without the prefixes of
+    nn.DataParallel / DistributedDataParallel ("module.") and torch.compile ("_orig_mod.").
+    Buffers (BatchNorm's running statistics) and frozen parameters stay this worker's own.
+    One ParameterServer per model at a time in a process."""
 
     def __init__(self, manifest, model, samples, init=None, connect_timeout_ms=None):
         try:
@@ -60,9 +88,15 @@ class ParameterServer:
         self.samples = n
         init = dict(init or {})
         names = {name for name, _ in model.named_parameters()}
+        names |= {_held_name(name) for name in names}
         unknown = sorted(set(init) - names)
         if unknown:
             raise ValueError(f"init names no parameter of the model: {', '.join(unknown)}")
+        init = {_held_name(k): v for k, v in init.items()}
+        if model in _open_models:
+            raise ValueError("this model already has an open ParameterServer in this process: "
+                             "a second one would be a second member of the job, whose steps "
+                             "wait for both (close the first one, or give each its own model)")
         for name, p in model.named_parameters():  # before the join: a refusal costs none
             if not p.requires_grad:
                 continue
@@ -84,7 +118,21 @@ class ParameterServer:
         self._stepped = False
         self._removed = None  # why the shards dropped this worker: batches() joins again
         self.final_step = None
-        self._join()
+        self._got_batch = False  # batches() handed out one (else a finished job is said)
+        own = [n for n, _ in model.named_buffers()] + \
+            [n for n, p in model.named_parameters() if not p.requires_grad]
+        if own:  # DDP broadcasts buffers from rank 0; psd holds trainable parameters only
+            warnings.warn(f"psd.torch: {len(own)} buffers and frozen parameters of the model "
+                          f"({', '.join(own[:3])}{', ...' if len(own) > 3 else ''}) stay this "
+                          "worker's own: the shards hold only trainable parameters, so they "
+                          "may differ between workers (e.g. BatchNorm's running statistics)",
+                          stacklevel=2)
+        _open_models.add(model)
+        try:
+            self._join()
+        except BaseException:
+            _open_models.discard(model)
+            raise
 
     def _join(self):
         """Join (a new client) and declare every trainable parameter; then pull them."""
@@ -98,14 +146,15 @@ class ParameterServer:
             for name, p in self.model.named_parameters():
                 if not p.requires_grad:
                     continue  # frozen: stays this worker's, never pushed
-                kind, arg = self._init.get(name) or self._default_init(p)
+                kind, arg = self._init.get(_held_name(name)) or self._default_init(p)
                 # psd holds up to 4 dimensions: a Conv3d weight's last two become one (the
                 # same fans for xavier: the first dimension, and the product of the others).
                 shape = tuple(p.shape) or (1,)
                 if len(shape) > 4:
                     shape = shape[:3] + (math.prod(shape[3:]),)
                 try:
-                    tid = c.declare(name, shape, init=kind, init_arg=arg, total_steps=total)
+                    tid = c.declare(_held_name(name), shape, init=kind, init_arg=arg,
+                                    total_steps=total)
                 except psd.PsError as e:  # say which parameter
                     raise psd.PsError(e.code, e.name, f"parameter {name!r}: "
                                       f"{str(e)[len(e.name) + 2:]}") from e
@@ -198,9 +247,22 @@ class ParameterServer:
                 if self._removed:
                     self._rejoin(self._removed)
                 self._rank_seen = self.client.rank
-                b = self.client.next_batch(self.samples, self._done)
+                try:
+                    b = self.client.next_batch(self.samples, self._done)
+                except psd.PsError as e:
+                    if e.name == "ECONFIG" and "not the same ones" in str(e):
+                        held = sorted(_held_name(n) for n, _, _, _ in self._params)
+                        raise psd.PsError(e.code, e.name, f"{str(e)[len(e.name) + 2:]}; this "
+                                          f"worker's: {', '.join(held[:6])}"
+                                          f"{', ...' if len(held) > 6 else ''}") from e
+                    raise
                 self._done = None
                 if b is None:
+                    if not self._got_batch:
+                        warnings.warn(f"psd.torch: the job is finished (step "
+                                      f"{self.client.final_step}): no batch to train; more "
+                                      "passes need a larger job.epochs, or a new job (fresh "
+                                      "data_dirs)", stacklevel=2)
                     break
                 if b.pass_ != order_pass:
                     order = psd.batch_order(self.samples, self.client.seed, b.pass_)
@@ -212,10 +274,15 @@ class ParameterServer:
                     raise
                 self._removed = str(e)
                 continue
-            self._batch, self._stepped = b, False
+            self._batch, self._stepped, self._got_batch = b, False, True
             yield b
             if not self._stepped:
-                raise RuntimeError(f"batch of step {b.step}: call step() once per batch")
+                raise RuntimeError(
+                    f"batch of step {b.step}: the next batch was asked for before step() of this "
+                    "one; call step() once per batch. A DataLoader with num_workers > 0 takes "
+                    "batches ahead from its batch_sampler: make one loader per batch instead "
+                    "(DataLoader(Subset(dataset, batch.indices), batch_size=len(batch.indices), "
+                    "num_workers=N)); to step over more samples, raise job.batch_size")
         self.final_step = self.client.final_step
         self._batch = None
         self.pull(self.final_step if bsp else 0)
@@ -278,6 +345,7 @@ class ParameterServer:
 
     def _leave(self, pull):
         b, self._batch = self._batch, None
+        _open_models.discard(self.model)
         if self.client._pid != os.getpid():  # a forked child: the client is the parent's
             self.client.close()  # forgets it
             return
