@@ -223,11 +223,12 @@ static const cl_conf_t mean_conf = {.shards = 2,
                                     .job_extra = "  heartbeat_timeout_ms: 10000\n"};
 
 /* Two mean_clients (argument @p mode, or none) on cluster @p c for @p steps steps of a tensor
- * of 40000 values (160000 bytes: 3 chunks of 64 KiB at most), one over UCX only, one direct;
- * both must find every pull the exact mean. */
-static void mean_pair(cl_cluster_t *c, int steps, const char *mode)
+ * of @p values values, one over UCX only, one direct; both must find every pull the exact
+ * mean. mean_pair: 40000 values (160000 bytes: 3 chunks of 64 KiB at most). */
+static void mean_pair_of(cl_cluster_t *c, const char *values, int steps, const char *mode)
 {
-    char numel[] = "40000", nsteps[16], want[64];
+    char numel[24], nsteps[16], want[64];
+    snprintf(numel, sizeof numel, "%s", values);
     snprintf(nsteps, sizeof nsteps, "%d", steps);
     snprintf(want, sizeof want, "%d steps, every pull the exact mean", steps);
     char *argv[] = {(char *)cl_binary("MEAN_CLIENT"), c->manifest, numel, nsteps,
@@ -240,6 +241,11 @@ static void mean_pair(cl_cluster_t *c, int steps, const char *mode)
     EXPECT_EXIT(b, 0);
     EXPECT_LOG(a, want);
     EXPECT_LOG(b, want);
+}
+
+static void mean_pair(cl_cluster_t *c, int steps, const char *mode)
+{
+    mean_pair_of(c, "40000", steps, mode);
 }
 
 /* A member without a gradient of a tensor in a step (ps_client_push_none, torch's `.grad`
@@ -1207,16 +1213,7 @@ START_TEST(test_chunk_bookkeeping_small)
     cl_proc_t *psd[1] = {cl_psd_start(c, 0, NULL, READY_S)};
     long before = rss_anon_kib(psd[0]->pid);
     ck_assert_msg(before > 0, "no RssAnon for psd");
-    char numel[] = "2097152", nsteps[] = "2", want[] = "2 steps, every pull the exact mean";
-    char *argv[] = {(char *)cl_binary("MEAN_CLIENT"), c->manifest, numel, nsteps, NULL};
-    direct_off(true);
-    cl_proc_t *a = cl_spawn(c, "mean-ucx", argv);
-    direct_off(false);
-    cl_proc_t *b = cl_spawn(c, "mean-direct", argv);
-    EXPECT_EXIT(a, 0);
-    EXPECT_EXIT(b, 0);
-    EXPECT_LOG(a, want);
-    EXPECT_LOG(b, want);
+    mean_pair_of(c, "2097152", 2, NULL);
     long after = rss_anon_kib(psd[0]->pid);
     double per_chunk = (double)(after - before) * 1024.0 / 8192.0;
     fprintf(stderr, "chunk_bookkeeping_small: psd RssAnon %ld -> %ld KiB: %.0f bytes a chunk\n",
