@@ -333,6 +333,10 @@ struct psd_server_s {
 
     psd_tensor_t *tensors;     /* [cap_tensors], indexed by id */
     uint32_t cap_tensors, ntensors; /* ntensors: 1 + highest present id */
+    uint32_t *names;           /* [names_cap] the table's name index (shard.c tensor_named):
+                                  id + 1 by name hash, linear probing; 0 empty; an entry whose
+                                  tensor is absent or renamed is skipped */
+    uint32_t names_cap, names_used;
     uint64_t next_chunk;       /* coordinator: first_chunk of the next new tensor */
     uint64_t decl_bytes[PS_MAX_SERVERS]; /* by shard: the map bytes the present tensors'
                                   records take there (a lower bound, declare_too_big); the
