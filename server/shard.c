@@ -376,6 +376,8 @@ void psd_shard_free(psd_server_t *srv)
     srv->free_snaps = NULL;
     free(srv->tensors);
     free(srv->names);
+    srv->names = NULL;
+    srv->names_cap = srv->names_used = 0;
     free(srv->create_queue);
     free(srv->job.items);
     free(srv->job.coord_state);
@@ -1712,7 +1714,8 @@ static uint64_t raw_crc_bad(const psd_chunk_t *ch, uint64_t mask)
     uint64_t bad = 0;
     for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
         const psd_slot_t *s = (mask >> r & 1) ? slot_at(ch, r) : NULL;
-        if (s && s->codec.kind == PSK_CODEC_NONE && ps_crc32c(0, slot_data(ch, r), s->len) != s->crc)
+        if (s && s->codec.kind == PSK_CODEC_NONE &&
+            ps_crc32c(0, slot_data(ch, r), s->len) != s->crc)
             bad |= 1ull << r;
     }
     return bad;

@@ -132,7 +132,8 @@ void psd_store_chunk_seal(psd_chunk_hdr_t *h);
 /**
  * @brief One optimizer step, the update's 1-based number @p t (psk_optim_apply_cpu's: Adam's
  * bias correction, Adagrad's lr_decay; the chunk's updates, not its steps), on the record @p h
- * (old values @p p_in, @p s_in, e.g. the previous record) in a single pass of spans of PSD_APPLY_SPAN values: the span's gradient is @p g + off,
+ * (old values @p p_in, @p s_in, e.g. the previous record) in a single pass of spans of
+ * PSD_APPLY_SPAN values: the span's gradient is @p g + off,
  * or, with @p before, what before(arg, off, len) returns (it prepares the span's len values,
  * e.g. sums pushes into a buffer that stays in cache, and may ignore @p g); the optimizer writes
  * the span, and the span is folded into the CRC-32C and XXH3-64 right away, while it is in

@@ -11,6 +11,7 @@ Run by meson (test torch_frontend) with PSD, PSD_LIBPS and PYTHONPATH set; exit 
 """
 import json
 import array
+import gc
 import math
 import os
 import random
@@ -798,6 +799,11 @@ def torch_user(tmp):
                 raise AssertionError("a second ParameterServer on one model was taken")
             except ValueError as e:
                 assert "already has an open ParameterServer" in str(e), str(e)
+            try:  # the module it wraps: the same model
+                psd.torch.ParameterServer(c.manifest, m, samples=SAMPLES)
+                raise AssertionError("a second ParameterServer on a wrapped model was taken")
+            except ValueError as e:
+                assert "already has an open ParameterServer" in str(e), str(e)
             for n, b in enumerate(ps.batches()):
                 m.zero_grad()
                 torch.nn.functional.mse_loss(wrapped(x[b.indices]), y[b.indices]).backward()
@@ -805,6 +811,20 @@ def torch_user(tmp):
                 if n == 1:
                     break
         tensors = c.metric("psd_tensors")
+        # One dropped without close() does not count (its client closes as it is collected).
+        dropped = psd.torch.ParameterServer(c.manifest, m, samples=SAMPLES)
+        del dropped
+        gc.collect()
+        psd.torch.ParameterServer(c.manifest, m, samples=SAMPLES).close()
+        # A model whose own submodule is called "module" keeps its names (wrappers are told
+        # by type, not by the prefix): refused as a new tensor of a bsp job past step 0.
+        own = torch.nn.Module()
+        own.module = torch.nn.Linear(FEATURES, 1)
+        try:
+            psd.torch.ParameterServer(c.manifest, own, samples=SAMPLES).close()
+            raise AssertionError("module.weight: a new tensor of a bsp job past step 0 was taken")
+        except psd.PsError as e:
+            assert e.name == "ECONFLICT" and "parameter 'module.weight'" in str(e), str(e)
         # The plain model holds the same tensors (before: refused, the job past step 0, as
         # another model's); a batch asked for before step() names the DataLoader.
         with psd.torch.ParameterServer(c.manifest, m, samples=SAMPLES) as ps:

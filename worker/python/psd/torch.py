@@ -31,26 +31,27 @@ import torch
 import psd
 
 
-# Prefixes a wrapper adds to its module's parameter names: nn.DataParallel and
-# DistributedDataParallel ("module."), torch.compile ("_orig_mod."). A tensor's name on the
-# shards is its identity: one worker's wrapped model and another's plain one hold the same.
-_WRAPPERS = ("module.", "_orig_mod.")
+def _unwrapped(model):
+    """The module a wrapper runs: nn.DataParallel's and DistributedDataParallel's `.module`,
+    torch.compile's `._orig_mod` (told by type, not by a name's prefix: a model may have a
+    submodule of its own called "module"). Its parameter names are the shards': a wrapped
+    worker and a plain one hold the same tensors."""
+    wrappers = (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)
+    while True:
+        if isinstance(model, wrappers):
+            model = model.module
+        elif type(model).__name__ == "OptimizedModule" and \
+                isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):
+            model = model._orig_mod
+        else:
+            return model
 
 
-def _held_name(name):
-    """The shards' name of model parameter `name`: without wrapper prefixes."""
-    stripped = True
-    while stripped:
-        stripped = False
-        for w in _WRAPPERS:
-            if name.startswith(w) and len(name) > len(w):
-                name, stripped = name[len(w):], True
-    return name
-
-
-# Models with an open ParameterServer in this process: a second one on the same model would
-# be a second member of the job whose steps wait for the first one's pushes (it hung).
-_open_models = weakref.WeakSet()
+# id(module) -> a weak reference to the ParameterServer open on it in this process: a second
+# one on the same module would be a second member of the job whose steps wait for the first
+# one's pushes (it hung). By id, not by the module (it may not be hashable); one dropped
+# without close() stops counting when it is collected.
+_open = {}
 
 
 def _wait_all(ops):
@@ -73,8 +74,9 @@ class ParameterServer:
     uniform, xavier, constant) of the parameters it names; a name the model lacks is an error.
     Others start as the model made them when that is one value for all (constant), else xavier
     (2 or more dimensions) or zeros. The values the model holds are replaced by the shards'
-    (pretrained weights are not carried over). Names are the model's, without the prefixes of
-    nn.DataParallel / DistributedDataParallel ("module.") and torch.compile ("_orig_mod.").
+    (pretrained weights are not carried over). Names are those of the module a wrapper runs
+    (nn.DataParallel's and DistributedDataParallel's `.module`, torch.compile's `._orig_mod`);
+    `init` takes either.
     Buffers (BatchNorm's running statistics) and frozen parameters stay this worker's own.
     One ParameterServer per model at a time in a process."""
 
@@ -86,18 +88,25 @@ class ParameterServer:
         if isinstance(samples, bool) or n <= 0:
             raise ValueError(f"samples must be a whole number > 0, got {samples!r}")
         self.samples = n
+        module = _unwrapped(model)
+        held = {id(p): name for name, p in module.named_parameters()}
+        alias = {name: held[id(p)] for name, p in model.named_parameters() if id(p) in held}
+        alias.update({name: name for name in held.values()})  # the wrapper's names or the module's
         init = dict(init or {})
-        names = {name for name, _ in model.named_parameters()}
-        names |= {_held_name(name) for name in names}
-        unknown = sorted(set(init) - names)
+        unknown = sorted(k for k in init if k not in alias)
         if unknown:
             raise ValueError(f"init names no parameter of the model: {', '.join(unknown)}")
-        init = {_held_name(k): v for k, v in init.items()}
-        if model in _open_models:
+        if len({alias[k] for k in init}) != len(init):
+            raise ValueError("init names a parameter twice (by the wrapper's name and the "
+                             "module's)")
+        init = {alias[k]: v for k, v in init.items()}
+        ref = _open.get(id(module))
+        other = ref() if ref else None
+        if other is not None and other._module is module and other._client_open():
             raise ValueError("this model already has an open ParameterServer in this process: "
                              "a second one would be a second member of the job, whose steps "
                              "wait for both (close the first one, or give each its own model)")
-        for name, p in model.named_parameters():  # before the join: a refusal costs none
+        for name, p in module.named_parameters():  # before the join: a refusal costs none
             if not p.requires_grad:
                 continue
             if isinstance(p, torch.nn.parameter.UninitializedParameter):
@@ -110,7 +119,7 @@ class ParameterServer:
             if p.device.type == "meta":
                 raise ValueError(f"parameter {name!r} is on the meta device (no values to "
                                  "pull into): materialize the model first (to_empty)")
-        self.model = model
+        self.model, self._module = model, module
         self._manifest, self._connect_timeout_ms, self._init = manifest, connect_timeout_ms, init
         self._host = {}  # id -> float32 host copy, for parameters not pulled in place
         self._done = None  # the last batch stepped and not yet reported by a next_batch
@@ -119,20 +128,29 @@ class ParameterServer:
         self._removed = None  # why the shards dropped this worker: batches() joins again
         self.final_step = None
         self._got_batch = False  # batches() handed out one (else a finished job is said)
-        own = [n for n, _ in model.named_buffers()] + \
-            [n for n, p in model.named_parameters() if not p.requires_grad]
+        own = [n for n, _ in module.named_buffers()] + \
+            [n for n, p in module.named_parameters() if not p.requires_grad]
         if own:  # DDP broadcasts buffers from rank 0; psd holds trainable parameters only
             warnings.warn(f"psd.torch: {len(own)} buffers and frozen parameters of the model "
                           f"({', '.join(own[:3])}{', ...' if len(own) > 3 else ''}) stay this "
                           "worker's own: the shards hold only trainable parameters, so they "
                           "may differ between workers (e.g. BatchNorm's running statistics)",
                           stacklevel=2)
-        _open_models.add(model)
+        _open[id(module)] = weakref.ref(self)
         try:
             self._join()
         except BaseException:
-            _open_models.discard(model)
+            self._unregister()
             raise
+
+    def _client_open(self):
+        c = getattr(self, "client", None)
+        return c is not None and bool(c._h)
+
+    def _unregister(self):
+        ref = _open.get(id(self._module))
+        if ref is not None and ref() in (self, None):
+            del _open[id(self._module)]
 
     def _join(self):
         """Join (a new client) and declare every trainable parameter; then pull them."""
@@ -143,18 +161,17 @@ class ParameterServer:
             total = c.max_steps
         self._params = []  # (name, parameter, id, values declared)
         try:
-            for name, p in self.model.named_parameters():
+            for name, p in self._module.named_parameters():
                 if not p.requires_grad:
                     continue  # frozen: stays this worker's, never pushed
-                kind, arg = self._init.get(_held_name(name)) or self._default_init(p)
+                kind, arg = self._init.get(name) or self._default_init(p)
                 # psd holds up to 4 dimensions: a Conv3d weight's last two become one (the
                 # same fans for xavier: the first dimension, and the product of the others).
                 shape = tuple(p.shape) or (1,)
                 if len(shape) > 4:
                     shape = shape[:3] + (math.prod(shape[3:]),)
                 try:
-                    tid = c.declare(_held_name(name), shape, init=kind, init_arg=arg,
-                                    total_steps=total)
+                    tid = c.declare(name, shape, init=kind, init_arg=arg, total_steps=total)
                 except psd.PsError as e:  # say which parameter
                     raise psd.PsError(e.code, e.name, f"parameter {name!r}: "
                                       f"{str(e)[len(e.name) + 2:]}") from e
@@ -204,7 +221,7 @@ class ParameterServer:
         shards do not hold (added, replaced or unfrozen after the join) is refused: it would
         train on this worker alone, apart from every other worker's copy."""
         held = {id(p) for _, p, _, _ in self._params}
-        for name, p in self.model.named_parameters():
+        for name, p in self._module.named_parameters():
             if p.requires_grad and id(p) not in held:
                 raise RuntimeError(f"parameter {name!r} is not held on psd: it was added, "
                                    "replaced or unfrozen after the ParameterServer was made, "
@@ -250,8 +267,8 @@ class ParameterServer:
                 try:
                     b = self.client.next_batch(self.samples, self._done)
                 except psd.PsError as e:
-                    if e.name == "ECONFIG" and "not the same ones" in str(e):
-                        held = sorted(_held_name(n) for n, _, _, _ in self._params)
+                    if e.name == "ECONFIG" and "declare the same tensors" in str(e):
+                        held = sorted(n for n, _, _, _ in self._params)
                         raise psd.PsError(e.code, e.name, f"{str(e)[len(e.name) + 2:]}; this "
                                           f"worker's: {', '.join(held[:6])}"
                                           f"{', ...' if len(held) > 6 else ''}") from e
@@ -345,7 +362,7 @@ class ParameterServer:
 
     def _leave(self, pull):
         b, self._batch = self._batch, None
-        _open_models.discard(self.model)
+        self._unregister()
         if self.client._pid != os.getpid():  # a forked child: the client is the parent's
             self.client.close()  # forgets it
             return
