@@ -320,6 +320,19 @@ static int seconds_arg(const char *name, const char *arg, bool zero_ok, double *
     return 0;
 }
 
+/* psctl's commands: the first COMMANDS_WITHOUT_ARG take no argument, scale and restore one. */
+static const char *const commands[] = {"status", "export", "verify", "checkpoint",
+                                       "repair", "check",  "scale",  "restore"};
+enum { COMMANDS_WITHOUT_ARG = 6 };
+
+/* The index of command @p s in commands[], or -1. */
+static int command_index(const char *s)
+{
+    for (int i = 0; i < (int)(sizeof commands / sizeof *commands); i++)
+        if (strcmp(s, commands[i]) == 0) return i;
+    return -1;
+}
+
 int main(int argc, char **argv)
 {
     static const struct option opts[] = {{"manifest", required_argument, 0, 'm'},
@@ -384,20 +397,15 @@ int main(int argc, char **argv)
         }
         scale = (int)n;
         verb = "scale";
-    } else if (manifest == NULL ||
-               (strcmp(verb, "status") && strcmp(verb, "export") && strcmp(verb, "verify") &&
-                strcmp(verb, "checkpoint") && strcmp(verb, "repair") && strcmp(verb, "check"))) {
+    } else if (manifest == NULL || command_index(verb) < 0 ||
+               command_index(verb) >= COMMANDS_WITHOUT_ARG) {
         /* What is wrong first: a bare usage did not say (a typo in the command, say). */
         const char *first = optind < argc ? argv[optind] : NULL;
-        bool known = first && (strcmp(first, "status") == 0 || strcmp(first, "scale") == 0 ||
-                               strcmp(first, "export") == 0 || strcmp(first, "verify") == 0 ||
-                               strcmp(first, "checkpoint") == 0 || strcmp(first, "repair") == 0 ||
-                               strcmp(first, "restore") == 0 || strcmp(first, "check") == 0);
         if (manifest == NULL)
             fprintf(stderr, "psctl: --manifest FILE is required\n");
         else if (first == NULL)
             fprintf(stderr, "psctl: no command given\n");
-        else if (!known)
+        else if (command_index(first) < 0)
             fprintf(stderr, "psctl: unknown command '%s'\n", first);
         else if (strcmp(first, "scale") == 0)
             fprintf(stderr, "psctl: scale takes one argument, the number of workers\n");

@@ -121,17 +121,12 @@ static void count_decl_bytes(psd_server_t *srv, const ps_decl_t *d, int sign)
 
 /* ---- the name index ------------------------------------------------------------------------
  * Declarations find their tensor by name; one strcmp per held tensor made them quadratic (at
- * 20,000 tensors a third of a declaration's time). FNV-1a over the name, linear probing, kept
+ * 20,000 tensors a third of a declaration's time). XXH3 of the name, linear probing, kept
  * under half full; entries are never removed one by one: one whose tensor was forgotten (a
  * failed creation) or whose id was given to another name is skipped, and the index is laid
  * out again from the present tensors when it grows. */
 
-static uint64_t name_hash(const char *s)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (; *s; s++) h = (h ^ (uint8_t)*s) * 0x100000001b3ull;
-    return h;
-}
+static uint64_t name_hash(const char *s) { return XXH3_64bits(s, strlen(s)); }
 
 static void name_put(uint32_t *names, uint32_t cap, const char *name, uint32_t id)
 {

@@ -386,6 +386,10 @@ static int write_params(const trainer_t *tr, FILE *f, const char *tmp, const cha
 }
 
 /* --self-test: join, then measure the path to every shard (transports and bandwidth), leave. */
+/* Whether @p rc is the shards' refusal of this worker's manifest (or secret): exit 2, the code
+ * pslaunch does not start a worker again on. */
+static bool refused(int rc) { return rc == PS_ECONFIG || rc == PS_EAUTH; }
+
 static int run_self_test(const char *manifest, const ps_manifest_t *m)
 {
     char err[1024];
@@ -393,7 +397,7 @@ static int run_self_test(const char *manifest, const ps_manifest_t *m)
     int rc = ps_client_create(manifest, NULL, &c, err, sizeof err);
     if (rc) {
         fprintf(stderr, "psworker: %s\n", err);
-        return rc == PS_ECONFIG || rc == PS_EAUTH ? 2 : 1; /* refused, as a training run's join */
+        return refused(rc) ? 2 : 1;
     }
     int bad = 0;
     for (uint32_t i = 0; i < ps_client_shards(c); i++) {
@@ -663,7 +667,7 @@ int main(int argc, char **argv)
         if ((rc = join_cluster(&tr, manifest, err, sizeof err)) != 0) {
             fprintf(stderr, "psworker: %s\n", err);
             if (g_stop) exit_code = 128 + g_stop; /* a signal ended the join */
-            else if (rc == PS_ECONFIG || rc == PS_EAUTH)
+            else if (refused(rc))
                 exit_code = 2; /* a manifest (or secret) the shards refuse */
             goto out;
         }
@@ -698,7 +702,7 @@ int main(int argc, char **argv)
                 if (g_stop) break;
                 fprintf(stderr, "psworker: rank %d: batch: %s\n", ps_client_rank(tr.client),
                         tr.failed ? tr.err : ps_client_error(tr.client));
-                if (!tr.failed && (rc == PS_ECONFIG || rc == PS_EAUTH))
+                if (!tr.failed && refused(rc))
                     exit_code = 2; /* refused (another training set or model): not again */
                 goto out;
             }

@@ -102,7 +102,7 @@ class ParameterServer:
         init = {alias[k]: v for k, v in init.items()}
         ref = _open.get(id(module))
         other = ref() if ref else None
-        if other is not None and other._module is module and other._client_open():
+        if other is not None and other._client_open():  # it holds module: its id is module's
             raise ValueError("this model already has an open ParameterServer in this process: "
                              "a second one would be a second member of the job, whose steps "
                              "wait for both (close the first one, or give each its own model)")
