@@ -78,6 +78,8 @@ void psk_init_cpu(float *out, size_t n, uint64_t first, const psk_init_t *init)
         for (size_t j = 0; j < n; j++)
             out[j] = init->arg;
         return;
+    case PSK_INIT_VALUES: /* sent, not made: the caller copies them */
+        break;
     }
     assert(!"unknown psk_init_kind_t");
 }

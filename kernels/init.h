@@ -12,7 +12,9 @@ typedef enum {
     PSK_INIT_NORMAL = 1,
     PSK_INIT_UNIFORM = 2,
     PSK_INIT_XAVIER = 3,
-    PSK_INIT_CONSTANT = 4 /* every element = arg (a norm layer's scale starts at 1) */
+    PSK_INIT_CONSTANT = 4, /* every element = arg (a norm layer's scale starts at 1) */
+    PSK_INIT_VALUES = 5    /* the values a worker sends (psd: PS_MSG_VALUES, a model's own
+                              weights); psk_init_cpu does not make them */
 } psk_init_kind_t;
 
 typedef struct {

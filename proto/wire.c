@@ -66,9 +66,9 @@ int ps_decl_check(const ps_decl_t *d, char *err, size_t errlen)
             return PS_EINVAL;
         }
     }
-    if (d->init > 4) {
+    if (d->init > 5) {
         snprintf(err, errlen, "tensor '%s' has unknown initializer %u (0 zeros, 1 normal, "
-                 "2 uniform, 3 xavier, 4 constant)", d->name, d->init);
+                 "2 uniform, 3 xavier, 4 constant, 5 values sent)", d->name, d->init);
         return PS_EINVAL;
     }
     return 0;
@@ -98,7 +98,8 @@ const char *ps_msg_type_name(int type)
                                   "status",        "status_reply", "batch",
                                   "batch_reply",   "epoch", "scale",       "scale_reply",
                                   "launch",        "launch_reply", "echo",      "echo_reply",
-                                  "bundle",        "leave_reply", "auth"};
+                                  "bundle",        "leave_reply", "auth",        "forget",
+                                  "forget_reply",  "values", "values_reply"};
     static const char *durable[] = {"export_begin", "export_begin_reply", "export_tensor",
                                     "export_tensor_reply", "export_chunk", "export_chunk_reply",
                                     "export_end", "verify", "verify_reply"};

@@ -62,6 +62,11 @@ enum {
                               and as a zero in the step's mean. A step in which no member has
                               one leaves the chunk's parameters and optimizer state as they
                               are (ps_client_push_none) */
+    PS_FLAG_FORCE = 8192,  /* forget: an operator's (psctl forget), not a member giving up its
+                              declarations */
+    PS_FLAG_VALUES = 16384, /* declare reply (init PSK_INIT_VALUES): this declaration creates
+                               the tensor here; send the values of this shard's chunks
+                               (PS_MSG_VALUES), then declare again (answered once created) */
 };
 
 /* UCP Active Message ids. */
@@ -94,7 +99,11 @@ typedef enum {
     PS_MSG_BUNDLE = 23, /* proto/bundle.h */
     PS_MSG_LEAVE_REPLY = 24,
     PS_MSG_AUTH = 25, /* client -> shard, first on every connection: `auth` (common/auth.h) */
-    PS_MSG_MAX_ = 26, /* end of the core and membership range */
+    PS_MSG_FORGET = 26, /* -> shard: drop a tensor never pushed (server/forget.c) */
+    PS_MSG_FORGET_REPLY = 27,
+    PS_MSG_VALUES = 28, /* -> shard: the values of (tensor, chunk) its declaration creates */
+    PS_MSG_VALUES_REPLY = 29,
+    PS_MSG_MAX_ = 30, /* end of the core and membership range */
     /* Durability (psctl -> shard; server/export.c): */
     PS_MSG_EXPORT_BEGIN = 30,
     PS_MSG_EXPORT_BEGIN_REPLY = 31,

@@ -1048,6 +1048,11 @@ uint64_t psd_coord_bsp_step(const psd_server_t *srv)
     return srv->coord && is_bsp(srv) ? srv->coord->s.step : 0;
 }
 
+uint32_t psd_coord_members(const psd_server_t *srv)
+{
+    return srv->coord ? popcount(srv->coord->s.active) : 0;
+}
+
 void psd_coord_on_batch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
 {
     psd_coord_t *co = srv->coord;

@@ -272,6 +272,45 @@ static int status(ctl_t *ctl, int json, double timeout_s)
     return bad;
 }
 
+/* psctl forget NAME: shard 0 first, which checks the job's state (server/forget.c); then the
+ * others. A shard that does not hold the tensor (dropped there before, by a give-up that did
+ * not reach every shard) is passed. Exit 0 when some shard dropped it and none refused. */
+static int forget_tensor(const ps_manifest_t *m, const char *name, double timeout)
+{
+    char err[512];
+    ps_req_t *cl;
+    if (ps_req_open(m, timeout, &cl, err, sizeof err)) {
+        fprintf(stderr, "psctl: forget: %s\n", err);
+        return 1;
+    }
+    int dropped = 0, bad = 0;
+    for (int i = 0; i < m->nservers && !bad; i++) {
+        ps_msg_t q = {.type = PS_MSG_FORGET, .rank = -1, .flags = PS_FLAG_FORCE}, r;
+        snprintf(q.cluster, sizeof q.cluster, "%s", m->cluster);
+        snprintf(q.error, sizeof q.error, "%s", name);
+        int rc = ps_req_call(cl, (uint32_t)i, &q, &r, NULL, NULL, err, sizeof err);
+        if (rc == PS_ENOENT) continue;
+        if (rc) {
+            fprintf(stderr, "psctl: forget: %s\n", err);
+            bad = 1;
+        } else {
+            dropped++;
+        }
+    }
+    ps_req_close(cl);
+    if (bad) {
+        if (dropped) fprintf(stderr, "psctl: forget: '%s' was dropped from %d shard%s before\n",
+                             name, dropped, dropped == 1 ? "" : "s");
+        return 1;
+    }
+    if (dropped == 0) {
+        fprintf(stderr, "psctl: forget: no shard holds a tensor '%s'\n", name);
+        return 1;
+    }
+    printf("tensor '%s' dropped from %d shard%s\n", name, dropped, dropped == 1 ? "" : "s");
+    return 0;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f, "usage: psctl --manifest FILE status [--json] [--timeout S]\n"
@@ -282,6 +321,7 @@ static void usage(FILE *f)
                "       psctl --manifest FILE checkpoint --follow [--wait S] [--timeout S]\n"
                "       psctl --manifest FILE repair --from DIR [--rollback] [--timeout S]\n"
                "       psctl --manifest FILE restore DIR\n"
+               "       psctl --manifest FILE forget NAME [--timeout S]\n"
                "       psctl --manifest FILE check\n"
                "  status   the job (membership epoch, step, desired and actual workers, members)\n"
                "           and every shard's step, tensors, chunks, state size and Merkle root\n"
@@ -299,6 +339,10 @@ static void usage(FILE *f)
                "  repair   rewrite the chunks verify names from checkpoint DIR where it holds\n"
                "           their version; --rollback prints the commands that restore all\n"
                "  restore  print the commands that start every shard from checkpoint DIR\n"
+               "  forget   drop tensor NAME, which no push ever reached, from every shard: one\n"
+               "           a worker declared but never trained (a crash before its first\n"
+               "           batch), which keeps the shards' step and bsp checkpoints at 0;\n"
+               "           bsp: once the job's step 1 closed; asp / ssp: with no member\n"
                "  check    parse and validate the manifest only (exit 2 with FILE:LINE: what is\n"
                "           wrong), print what it sets up; contacts no shard\n",
             PS_MAX_RANKS);
@@ -320,9 +364,9 @@ static int seconds_arg(const char *name, const char *arg, bool zero_ok, double *
     return 0;
 }
 
-/* psctl's commands: the first COMMANDS_WITHOUT_ARG take no argument, scale and restore one. */
-static const char *const commands[] = {"status", "export", "verify", "checkpoint",
-                                       "repair", "check",  "scale",  "restore"};
+/* psctl's commands: the first COMMANDS_WITHOUT_ARG take no argument, the others one. */
+static const char *const commands[] = {"status", "export", "verify",  "checkpoint", "repair",
+                                       "check",  "scale",  "restore", "forget"};
 enum { COMMANDS_WITHOUT_ARG = 6 };
 
 /* The index of command @p s in commands[], or -1. */
@@ -382,10 +426,18 @@ int main(int argc, char **argv)
         }
     }
     int scale = -1;
-    const char *verb = optind + 1 == argc ? argv[optind] : "", *restore = NULL;
+    const char *verb = optind + 1 == argc ? argv[optind] : "", *restore = NULL, *forget = NULL;
     if (manifest && optind + 2 == argc && strcmp(argv[optind], "restore") == 0) {
         restore = argv[optind + 1];
         verb = "restore";
+    } else if (manifest && optind + 2 == argc && strcmp(argv[optind], "forget") == 0) {
+        forget = argv[optind + 1];
+        verb = "forget";
+        if (forget[0] == '\0' || strlen(forget) >= PS_NAME_MAX) {
+            fprintf(stderr, "psctl: forget '%s': a tensor name is 1 to %d bytes\n", forget,
+                    PS_NAME_MAX - 1);
+            return 2;
+        }
     } else if (manifest && optind + 2 == argc && strcmp(argv[optind], "scale") == 0) {
         const char *arg = argv[optind + 1];
         char *end;
@@ -411,6 +463,8 @@ int main(int argc, char **argv)
             fprintf(stderr, "psctl: scale takes one argument, the number of workers\n");
         else if (strcmp(first, "restore") == 0)
             fprintf(stderr, "psctl: restore takes one argument, the checkpoint's directory\n");
+        else if (strcmp(first, "forget") == 0)
+            fprintf(stderr, "psctl: forget takes one argument, the tensor's name\n");
         else
             fprintf(stderr, "psctl: %s takes no argument '%s'\n", first, argv[optind + 1]);
         usage(stderr);
@@ -498,6 +552,7 @@ int main(int argc, char **argv)
         return psctl_checkpoint(&ctl.m, dir, timeout, wait < 0 ? 600 : wait);
     if (strcmp(verb, "repair") == 0) return psctl_repair(&ctl.m, from, rollback, timeout);
     if (strcmp(verb, "restore") == 0) return psctl_restore(&ctl.m, restore);
+    if (strcmp(verb, "forget") == 0) return forget_tensor(&ctl.m, forget, timeout);
     ctl.shards = calloc((size_t)ctl.m.nservers, sizeof *ctl.shards);
     if (ctl.shards == NULL || uv_loop_init(&ctl.loop) || ps_ucx_init(&ctl.ucx, &ctl.loop)) {
         fprintf(stderr, "psctl: cannot start the UCX transport\n");

@@ -663,6 +663,10 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
             psd_coord_on_launch(srv, c, &msg);
         return UCS_OK;
     }
+    if (msg.type == PS_MSG_FORGET && length == 0) { /* psctl forget, or a member's give-up */
+        psd_forget_on_msg(srv, c, &msg);
+        return UCS_OK;
+    }
     if (msg.type >= PS_MSG_CKPT_BEGIN && length == 0) { /* psctl checkpoint / repair */
         psd_ckpt_on_msg(srv, c, &msg);
         return UCS_OK;
@@ -691,6 +695,7 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
         on_bundle(srv, c, &msg, data, length, param);
         return UCS_OK;
     }
+    if (msg.type == PS_MSG_VALUES) return psd_shard_on_values(srv, c, &msg, data, length, param);
     if (msg.type != PS_MSG_PUSH && length > 0) {
         psd_send_error(srv, c, msg.req_id, PS_EPROTO, "%s carries unexpected data",
                        ps_msg_type_name(msg.type));

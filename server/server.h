@@ -218,6 +218,16 @@ struct psd_chunk_s {
     uint32_t again_next;                  /* where the next goes, mod PSD_AGAIN_RING */
 };
 
+/* A tensor created from the values its declarer sends (PSK_INIT_VALUES, shard.c): them as they
+ * arrive, until its create job writes them. */
+typedef struct {
+    psd_conn_t *giver;         /* the declarer sending them (a reference; NULL once all came) */
+    uint64_t gen;              /* bumped when another declarer takes over: a receive of the
+                                  one before is dropped when it lands */
+    uint32_t missing;          /* this shard's chunks not received yet */
+    float **buf;               /* [nchunks]: a chunk's values (malloc'd), NULL until received */
+} psd_values_t;
+
 typedef struct {
     bool present, ready;
     ps_decl_t decl;
@@ -225,6 +235,10 @@ typedef struct {
     uint32_t nchunks;
     psd_chunk_t **chunks;      /* [nchunks]; NULL where another shard owns the chunk */
     psd_wait_t *declares;      /* declare replies waiting for creation to commit */
+    uint64_t declared_ranks;   /* shard 0: bit r: rank r declared it since psd started (forget.c) */
+    bool dropping;             /* a JOB_DROP deletes it (forget.c); declarations are refused */
+    psd_wait_t *forgets;       /* forget replies waiting for that job to commit */
+    psd_values_t *values;      /* init PSK_INIT_VALUES, until created: the values sent */
 } psd_tensor_t;
 
 /* A pull reply in flight: pins the snapshot its data lives in. */
@@ -256,13 +270,15 @@ typedef struct psd_send_s {
 typedef struct {
     uv_work_t work;
     psd_server_t *srv;
-    int kind;                  /* JOB_CREATE or JOB_APPLY */
-    uint32_t tensor;           /* JOB_CREATE */
-    ps_decl_t decl;            /* JOB_CREATE: a copy the thread may read */
+    int kind;                  /* JOB_CREATE, JOB_APPLY or JOB_DROP */
+    uint32_t tensor;           /* JOB_CREATE, JOB_DROP */
+    ps_decl_t decl;            /* JOB_CREATE, JOB_DROP: a copy the thread may read */
     psk_init_t init;           /* JOB_CREATE: its initializer (run_create) */
     uint64_t start_ns;         /* JOB_CREATE: when it was started (uv_hrtime), for the log */
     uint64_t begin_ns, end_ns; /* JOB_APPLY with --trace: its work (ps_trace_now), else 0 */
     psd_chunk_t **chunks;      /* JOB_CREATE: the tensor's chunk table (fixed while it runs) */
+    float *const *values;      /* JOB_CREATE: the chunks' values sent (psd_values_t.buf), or
+                                  NULL: the initializer makes them */
     uint32_t nchunks;
     psd_chunk_t **items;       /* JOB_APPLY: chunks whose SLOT_APPLYING slots to apply */
     uint32_t nitems;
@@ -285,7 +301,9 @@ typedef struct {
     char err[256];
 } psd_job_t;
 
-enum { JOB_CREATE = 1, JOB_APPLY = 2 };
+enum { JOB_CREATE = 1, JOB_APPLY = 2, JOB_DROP = 3 };
+/* A create_queue entry with this bit set: drop (JOB_DROP) the tensor, not create it. */
+#define PSD_QUEUE_DROP 0x80000000u
 
 #define PSD_MAX_TENSORS 65536 /* tensors per cluster */
 #define PSD_INLINE_APPLY_BYTES (64u << 10) /* apply jobs up to this size run on the loop */
@@ -342,7 +360,8 @@ struct psd_server_s {
                                   records take there (a lower bound, declare_too_big); the
                                   coordinator holds every tensor, so it knows every shard's */
     psd_chunk_t *ready_head, *ready_tail;
-    uint32_t *create_queue;    /* tensor ids waiting for a JOB_CREATE */
+    uint32_t *create_queue;    /* tensor ids waiting for a JOB_CREATE (| PSD_QUEUE_DROP: a
+                                  JOB_DROP) */
     uint32_t ncreate, cap_create;
     psd_job_t job;
     uint32_t cap_items;        /* capacity of job.items */
@@ -573,6 +592,32 @@ uint64_t psd_shard_members(const psd_server_t *srv, uint64_t step, uint64_t *epo
 /** @brief Highest membership epoch this shard knows (0: none). */
 uint64_t psd_shard_epoch(const psd_server_t *srv);
 
+/** @brief The present tensor named @p name here, or NULL. */
+psd_tensor_t *psd_shard_tensor_named(psd_server_t *srv, const char *name);
+/** @brief Whether any push ever reached a chunk of @p t on this shard since it was created
+ *  (a version above 0, a rank's slot, a queued or running apply, a pull waiting for a later
+ *  version); if so, one line naming the chunk in @p why. */
+bool psd_shard_tensor_used(const psd_server_t *srv, const psd_tensor_t *t, char *why, size_t len);
+/** @brief Drop tensor @p id (ready, not used: psd_shard_tensor_used) from this shard: a store
+ *  job deletes its records, then it leaves the table (its id and chunk ordinals are not
+ *  handed out again while psd runs) and @p conn gets PS_MSG_FORGET_REPLY (PS_FLAG_DONE) for
+ *  @p req_id, or the error. Declarations of its name are refused meanwhile. A reference to
+ *  @p conn is taken. @return 0 or PS_ENOMEM (nothing queued, nothing answered). */
+int psd_shard_drop(psd_server_t *srv, uint32_t id, psd_conn_t *conn, uint64_t req_id);
+
+/**
+ * @brief PS_MSG_VALUES: the values of a chunk of a tensor whose declaration by @p conn creates
+ *  it here (init PSK_INIT_VALUES). Received (@p data, @p length: an Active Message's, eager or
+ *  rendezvous) into a buffer of their own and answered (PS_MSG_VALUES_REPLY or the error);
+ *  once every chunk of this shard came, the tensor's create job writes them.
+ */
+ucs_status_t psd_shard_on_values(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg,
+                                 void *data, size_t length, const ucp_am_recv_param_t *param);
+
+/* forget.c */
+/** @brief PS_MSG_FORGET: drop a tensor never pushed (see forget.c); answers @p msg. */
+void psd_forget_on_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg);
+
 /* coord.c (shard 0 only) */
 /** @brief Create the coordinator; restores its state from @p saved (NULL: a fresh job) and
  *  what failures had left to settle from @p rec (key "jobrec"; NULL: nothing). Both are
@@ -586,6 +631,8 @@ void psd_coord_on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg);
 void psd_coord_on_batch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg);
 /** @brief bsp: the open step, 0 until the job's first step was applied; asp / ssp: 0. */
 uint64_t psd_coord_bsp_step(const psd_server_t *srv);
+/** @brief The job's members now (ranks that hold a place in it). */
+uint32_t psd_coord_members(const psd_server_t *srv);
 /** @brief A member's leave that carries its last batch done (PS_FLAG_DONE, as a batch request
  *  would): count it before the member goes. Shard 0 only; answers nothing. */
 void psd_coord_on_leave_done(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg);

@@ -170,6 +170,11 @@ static psd_tensor_t *tensor_named(psd_server_t *srv, const char *name)
     return NULL;
 }
 
+psd_tensor_t *psd_shard_tensor_named(psd_server_t *srv, const char *name)
+{
+    return tensor_named(srv, name);
+}
+
 /* Enter tensor @p d into the table with chunk states for the chunks this shard owns. */
 static int tensor_add(psd_server_t *srv, const ps_decl_t *d, bool ready)
 {
@@ -198,11 +203,15 @@ static int tensor_add(psd_server_t *srv, const ps_decl_t *d, bool ready)
 }
 
 /* Tensor @p id was not created (its create job failed, or its declaration failed after
- * tensor_add): forget it, so that a later declaration tries again. Its waiters stay for the
- * caller to answer. */
-static void tensor_forget(psd_server_t *srv, uint32_t id)
+ * tensor_add; @p reuse: shard 0 hands its id out again when it is the last), or was dropped
+ * (JOB_DROP: not, since another shard may still hold it): forget it, so that a later
+ * declaration tries again. Its waiters stay for the caller to answer. */
+static void values_free(psd_tensor_t *t);
+
+static void tensor_forget(psd_server_t *srv, uint32_t id, bool reuse)
 {
     psd_tensor_t *t = &srv->tensors[id];
+    values_free(t);
     if (t->present) count_decl_bytes(srv, &t->decl, -1);
     t->present = false;
     for (uint32_t c = 0; t->chunks && c < t->nchunks; c++) {
@@ -211,7 +220,9 @@ static void tensor_forget(psd_server_t *srv, uint32_t id)
     free(t->chunks);
     t->chunks = NULL;
     t->nchunks = 0;
-    if (srv->shard == 0 && id + 1 == srv->ntensors) {
+    t->declared_ranks = 0;
+    t->dropping = false;
+    if (reuse && srv->shard == 0 && id + 1 == srv->ntensors) {
         srv->ntensors--; /* the id and its chunk ordinals are handed out again */
         srv->next_chunk = t->decl.first_chunk;
     }
@@ -548,6 +559,8 @@ static void drop_from(psd_server_t *srv, psd_wait_t **list, psd_conn_t *conn)
     }
 }
 
+static void values_giver_gone(psd_server_t *srv, uint32_t id);
+
 void psd_shard_drop_conn(psd_server_t *srv, psd_conn_t *conn)
 {
     psd_direct_reap(srv);
@@ -555,6 +568,7 @@ void psd_shard_drop_conn(psd_server_t *srv, psd_conn_t *conn)
         psd_tensor_t *t = &srv->tensors[i];
         if (!t->present) continue;
         drop_from(srv, &t->declares, conn);
+        drop_from(srv, &t->forgets, conn);
         for (uint32_t c = 0; c < t->nchunks; c++) {
             psd_chunk_t *ch = t->chunks[c];
             if (ch == NULL) continue;
@@ -567,6 +581,7 @@ void psd_shard_drop_conn(psd_server_t *srv, psd_conn_t *conn)
                     psd_conn_unref(conn);
                 }
         }
+        if (t->values && t->values->giver == conn) values_giver_gone(srv, i);
     }
 }
 
@@ -599,6 +614,222 @@ static int queue_create(psd_server_t *srv, uint32_t id)
     }
     srv->create_queue[srv->ncreate++] = id;
     job_start_next(srv);
+    return 0;
+}
+
+/* ---- values sent by the declarer (PSK_INIT_VALUES) ---------------------------------------
+ * A model's own weights (a pretrained one, psd.torch): the declaration that creates the tensor
+ * here is answered with PS_FLAG_VALUES, its worker sends the values of this shard's chunks
+ * (PS_MSG_VALUES) and declares again; once all came, the create job writes them instead of an
+ * initializer's, and every declaration waiting is answered. Other declarers wait meanwhile, as
+ * for any creation. When the sending worker goes first, the next declarer waiting is asked in
+ * its place (its values, not a mix: those received are dropped); with none, the tensor is
+ * forgotten and a later declaration creates it again. */
+
+/* This shard's chunks of @p t. */
+static uint32_t local_chunks(const psd_tensor_t *t)
+{
+    uint32_t n = 0;
+    for (uint32_t c = 0; c < t->nchunks; c++) n += t->chunks[c] != NULL;
+    return n;
+}
+
+static void values_free(psd_tensor_t *t)
+{
+    psd_values_t *v = t->values;
+    if (v == NULL) return;
+    for (uint32_t c = 0; c < t->nchunks; c++) free(v->buf[c]);
+    free(v->buf);
+    if (v->giver) psd_conn_unref(v->giver);
+    free(v);
+    t->values = NULL;
+}
+
+/* @p t (not ready) waits for the values of its chunks here from @p conn. 0 or PS_ENOMEM. */
+static int values_begin(psd_tensor_t *t, psd_conn_t *conn)
+{
+    psd_values_t *v = calloc(1, sizeof *v);
+    if (v == NULL || (v->buf = calloc(t->nchunks, sizeof *v->buf)) == NULL) {
+        free(v);
+        return PS_ENOMEM;
+    }
+    psd_conn_ref(conn);
+    v->giver = conn;
+    v->missing = local_chunks(t);
+    t->values = v;
+    return 0;
+}
+
+/* Answer declaration @p req_id of @p conn: it creates @p t here; send its values. */
+static void values_ask(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id, const psd_tensor_t *t)
+{
+    psd_send_msg(srv, conn, &(ps_msg_t){.type = PS_MSG_DECLARE_REPLY, .req_id = req_id,
+                                         .shard = srv->shard, .has_decl = 1, .decl = t->decl,
+                                         .flags = PS_FLAG_VALUES});
+}
+
+/* The worker sending tensor @p id's values went before all came. */
+static void values_giver_gone(psd_server_t *srv, uint32_t id)
+{
+    psd_tensor_t *t = &srv->tensors[id];
+    psd_values_t *v = t->values;
+    psd_conn_unref(v->giver);
+    v->giver = NULL;
+    for (uint32_t c = 0; c < t->nchunks; c++) {
+        free(v->buf[c]);
+        v->buf[c] = NULL;
+    }
+    v->missing = local_chunks(t);
+    v->gen++; /* a receive of the one gone still landing is dropped */
+    psd_wait_t *w = t->declares;
+    if (w) {
+        t->declares = w->next;
+        v->giver = w->conn; /* its reference moves */
+        PS_LOG(PS_LOG_WARN, "shard", "tensor %u '%s': the worker creating it left before its "
+               "values came; rank %d's declaration sends them", id, t->decl.name, w->conn->rank);
+        values_ask(srv, w->conn, w->req_id, t);
+        wait_put(srv, w);
+        return;
+    }
+    PS_LOG(PS_LOG_WARN, "shard", "tensor %u '%s' not created: the worker declaring it left "
+           "before its values came", id, t->decl.name);
+    tensor_forget(srv, id, true);
+}
+
+/* A PS_MSG_VALUES being received into a buffer of its own. */
+typedef struct {
+    psd_server_t *srv;
+    psd_conn_t *conn; /* a reference */
+    uint64_t req_id, gen;
+    uint32_t tensor, chunk, crc;
+    float *buf;
+} values_recv_t;
+
+static void values_landed(void *request, ucs_status_t status, size_t length, void *user_data)
+{
+    values_recv_t *r = user_data;
+    psd_server_t *srv = r->srv;
+    if (request) ucp_request_free(request);
+    psd_tensor_t *t = r->tensor < srv->ntensors && srv->tensors[r->tensor].present
+                          ? &srv->tensors[r->tensor]
+                          : NULL;
+    psd_values_t *v = t ? t->values : NULL;
+    int rc = 0;
+    const char *why = "";
+    if (status != UCS_OK)
+        rc = ps_ucx_err(status), why = "their receive failed";
+    else if (v == NULL || v->gen != r->gen || v->giver != r->conn)
+        rc = PS_ECONFLICT, why = "this worker no longer creates it (it was slow to send them)";
+    else if (v->buf[r->chunk])
+        rc = PS_ECONFLICT, why = "sent twice";
+    else if (ps_crc32c(0, r->buf, length) != r->crc)
+        rc = PS_ECRC, why = "their CRC-32C does not match";
+    else if (!psk_all_finite(r->buf, length / sizeof(float)))
+        rc = PS_EINVAL, why = "they hold a NaN or an infinity";
+    if (rc == 0) {
+        v->buf[r->chunk] = r->buf;
+        r->buf = NULL;
+        psd_send_msg(srv, r->conn, &(ps_msg_t){.type = PS_MSG_VALUES_REPLY, .req_id = r->req_id,
+                                                .shard = srv->shard, .tensor = r->tensor,
+                                                .chunk = r->chunk});
+        if (--v->missing == 0) {
+            psd_conn_unref(v->giver); /* nothing more to come: its leaving changes nothing */
+            v->giver = NULL;
+            if ((rc = queue_create(srv, r->tensor)) != 0) {
+                /* Out of memory: nobody would create it; the declarations waiting fail. */
+                for (psd_wait_t *w = t->declares, *nx; w; w = nx) {
+                    nx = w->next;
+                    psd_send_error(srv, w->conn, w->req_id, rc, "cannot create tensor '%s': %s",
+                                   t->decl.name, ps_strerror(rc));
+                    psd_conn_unref(w->conn);
+                    wait_put(srv, w);
+                }
+                t->declares = NULL;
+                tensor_forget(srv, r->tensor, true);
+            }
+        }
+    } else if (!r->conn->dead) {
+        psd_send_error(srv, r->conn, r->req_id, rc, "values of tensor %u chunk %u: %s",
+                       r->tensor, r->chunk, why);
+    }
+    free(r->buf);
+    psd_conn_unref(r->conn);
+    free(r);
+}
+
+ucs_status_t psd_shard_on_values(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg,
+                                 void *data, size_t length, const ucp_am_recv_param_t *param)
+{
+    psd_tensor_t *t = msg->tensor < srv->ntensors && srv->tensors[msg->tensor].present
+                          ? &srv->tensors[msg->tensor]
+                          : NULL;
+    psd_values_t *v = t ? t->values : NULL;
+    const psd_chunk_t *ch = v && msg->chunk < t->nchunks ? t->chunks[msg->chunk] : NULL;
+    if (v == NULL || v->giver != conn) {
+        psd_send_error(srv, conn, msg->req_id, PS_EPROTO, "values of tensor %u: no declaration "
+                       "of this worker's is creating it on shard %u", msg->tensor, srv->shard);
+        return UCS_OK;
+    }
+    if (ch == NULL || length != (size_t)ch->n * sizeof(float)) {
+        psd_send_error(srv, conn, msg->req_id, PS_EPROTO, "values of '%s' chunk %u: %zu bytes, "
+                       "but shard %u holds %s", t->decl.name, msg->chunk, length, srv->shard,
+                       ch ? "another number of values" : "no such chunk");
+        return UCS_OK;
+    }
+    values_recv_t *r = malloc(sizeof *r);
+    float *buf = malloc(length ? length : 1);
+    if (r == NULL || buf == NULL) {
+        free(r);
+        free(buf);
+        psd_send_error(srv, conn, msg->req_id, PS_ENOMEM, "out of memory");
+        return UCS_OK;
+    }
+    psd_conn_ref(conn);
+    *r = (values_recv_t){srv, conn, msg->req_id, v->gen, msg->tensor, msg->chunk, msg->crc32c, buf};
+    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+        memcpy(buf, data, length);
+        values_landed(NULL, UCS_OK, length, r);
+        return UCS_OK;
+    }
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                             UCP_OP_ATTR_FIELD_USER_DATA,
+                             .cb.recv_am = values_landed, .user_data = r};
+    void *req = ucp_am_recv_data_nbx(srv->ucx.worker, data, buf, length, &p);
+    if (req == NULL)
+        values_landed(NULL, UCS_OK, length, r);
+    else if (UCS_PTR_IS_ERR(req))
+        values_landed(NULL, UCS_PTR_STATUS(req), 0, r);
+    return UCS_OK;
+}
+
+bool psd_shard_tensor_used(const psd_server_t *srv, const psd_tensor_t *t, char *why, size_t len)
+{
+    for (uint32_t c = 0; c < t->nchunks; c++) {
+        const psd_chunk_t *ch = t->chunks[c];
+        if (ch == NULL) continue;
+        bool slots = false;
+        for (uint32_t g = 0; g < PS_MAX_RANKS / PSD_SLOT_GROUP; g++) slots |= ch->slot_group[g] != NULL;
+        if (ch->version == 0 && !slots && !ch->queued && !ch->applying && ch->pulls == NULL)
+            continue;
+        snprintf(why, len, "its chunk %u on shard %u %s", c, srv->shard,
+                 ch->version ? "took updates" : slots ? "took pushes" : "has a pull waiting");
+        return true;
+    }
+    return false;
+}
+
+int psd_shard_drop(psd_server_t *srv, uint32_t id, psd_conn_t *conn, uint64_t req_id)
+{
+    psd_tensor_t *t = &srv->tensors[id];
+    if (wait_add(srv, &t->forgets, conn, req_id, 0, 0, 0, 0)) return PS_ENOMEM;
+    if (t->dropping) return 0; /* asked twice: both answered by the one job */
+    int rc = queue_create(srv, id | PSD_QUEUE_DROP);
+    if (rc) {
+        drop_from(srv, &t->forgets, conn);
+        return rc;
+    }
+    t->dropping = true;
+    t->ready = false;
     return 0;
 }
 
@@ -682,6 +913,12 @@ void psd_shard_on_declare(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *m
     char want[64], have[64];
     /* Find the tensor by name: the name is the identity users see. */
     psd_tensor_t *t = tensor_named(srv, d.name);
+    if (t && t->dropping) {
+        psd_send_error(srv, conn, msg->req_id, PS_EBUSY, "tensor '%s' is being dropped (the "
+                       "workers that declared it gave it up, or psctl forget): declare it again "
+                       "in a moment", d.name);
+        return;
+    }
     if (t) {
         if (!same_shape(&t->decl, &d)) {
             ps_shape_str(d.shape, d.ndim, want, sizeof want);
@@ -700,6 +937,8 @@ void psd_shard_on_declare(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *m
                            (unsigned long long)t->decl.first_chunk);
             return;
         }
+        if (srv->shard == 0 && conn->rank >= 0 && conn->rank < PS_MAX_RANKS)
+            t->declared_ranks |= 1ull << conn->rank;
         if (t->ready)
             reply_declare(srv, conn, msg->req_id, t);
         else if (wait_add(srv, &t->declares, conn, msg->req_id, 0, 0, 0, 0))
@@ -747,8 +986,15 @@ void psd_shard_on_declare(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *m
     }
     if (declare_too_big(srv, conn, msg->req_id, &d)) return;
     int rc = tensor_add(srv, &d, false);
-    if (rc == 0) rc = wait_add(srv, &srv->tensors[d.id].declares, conn, msg->req_id, 0, 0, 0, 0);
-    if (rc == 0) rc = queue_create(srv, d.id);
+    if (rc == 0 && srv->shard == 0 && conn->rank >= 0 && conn->rank < PS_MAX_RANKS)
+        srv->tensors[d.id].declared_ranks = 1ull << conn->rank;
+    /* Values sent by the declarer: asked for first, created once they all came. */
+    bool ask = rc == 0 && d.init == PSK_INIT_VALUES && local_chunks(&srv->tensors[d.id]) > 0;
+    if (ask)
+        rc = values_begin(&srv->tensors[d.id], conn);
+    else if (rc == 0)
+        rc = wait_add(srv, &srv->tensors[d.id].declares, conn, msg->req_id, 0, 0, 0, 0);
+    if (rc == 0 && !ask) rc = queue_create(srv, d.id);
     if (rc) {
         /* Nothing half-made stays: a present tensor never created would hold every later
          * declaration of its name waiting, and its records counted in decl_bytes. */
@@ -760,15 +1006,17 @@ void psd_shard_on_declare(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *m
                 wait_put(srv, w);
             }
             t->declares = NULL;
-            tensor_forget(srv, d.id);
+            tensor_forget(srv, d.id, true);
         }
         psd_send_error(srv, conn, msg->req_id, rc, "cannot create tensor '%s': %s", d.name,
                        ps_strerror(rc));
         return;
     }
+    if (ask) values_ask(srv, conn, msg->req_id, &srv->tensors[d.id]);
     ps_shape_str(d.shape, d.ndim, want, sizeof want);
-    PS_LOG(PS_LOG_INFO, "shard", "tensor %u '%s' %s: %u chunks from ordinal %llu", d.id, d.name,
-           want, srv->tensors[d.id].nchunks, (unsigned long long)d.first_chunk);
+    PS_LOG(PS_LOG_INFO, "shard", "tensor %u '%s' %s: %u chunks from ordinal %llu%s", d.id, d.name,
+           want, srv->tensors[d.id].nchunks, (unsigned long long)d.first_chunk,
+           ask ? ", values asked for" : "");
 }
 
 /* ---- pull --------------------------------------------------------------- */
@@ -1662,7 +1910,10 @@ static void create_item(psd_job_t *job, uint32_t c, psd_chunk_hdr_t *h)
     const psd_server_t *srv = job->srv;
     uint32_t n = job->chunks[c]->n;
     *h = (psd_chunk_hdr_t){.version = 0, .n = n, .nstate = srv->nstate};
-    psk_init_cpu(psd_chunk_params(h), n, (uint64_t)c * srv->chunk_elems, &job->init);
+    if (job->values)
+        memcpy(psd_chunk_params(h), job->values[c], (size_t)n * sizeof(float));
+    else
+        psk_init_cpu(psd_chunk_params(h), n, (uint64_t)c * srv->chunk_elems, &job->init);
     psk_optim_t o = ps_optim_kernel_conf(&srv->m.job.optimizer, srv->m.job.optimizer.lr);
     psk_optim_state_init_cpu(psd_chunk_state(h), n, &o);
     psd_store_chunk_seal(h);
@@ -1949,7 +2200,9 @@ static void job_work(uv_work_t *w)
     job->rc = need > PSD_STORE_AHEAD ? psd_store_ahead(&job->srv->store, need) : 0;
     if (job->rc == 0) job->rc = psd_store_begin(&job->srv->store, &tx);
     if (job->rc == 0) {
-        job->rc = job->kind == JOB_CREATE ? run_create(job, &tx) : run_apply(job, &tx);
+        job->rc = job->kind == JOB_CREATE ? run_create(job, &tx)
+                  : job->kind == JOB_DROP ? psd_store_del_tensor(&tx, job->tensor, job->nchunks)
+                                          : run_apply(job, &tx);
         if (job->slow) uv_sleep(2000);
         if (job->rc == 0 && job->kind == JOB_APPLY && job->coord_len)
             job->rc = psd_store_put_blob(&tx, "job", job->coord_state, job->coord_len);
@@ -2015,6 +2268,36 @@ static void ack_slot(psd_server_t *srv, psd_chunk_t *ch, uint32_t r, int rc, uin
     slot_empty(ch, r);
 }
 
+/* A JOB_DROP ended: the tensor leaves the table (or, the delete failed, stays as it was), and
+ * its forget requests are answered. */
+static void drop_done(psd_server_t *srv, psd_job_t *job)
+{
+    psd_tensor_t *t = &srv->tensors[job->tensor];
+    psd_wait_t *forgets = t->forgets;
+    t->forgets = NULL;
+    if (job->rc == 0) {
+        PS_LOG(PS_LOG_INFO, "shard", "tensor %u '%s' dropped (%u chunks, never pushed)",
+               job->tensor, job->decl.name, job->nchunks);
+        tensor_forget(srv, job->tensor, false);
+    } else {
+        t->dropping = false;
+        t->ready = true;
+    }
+    for (psd_wait_t *w = forgets, *nx; w; w = nx) {
+        nx = w->next;
+        if (job->rc)
+            psd_send_error(srv, w->conn, w->req_id, job->rc, "cannot drop tensor '%s': %s",
+                           job->decl.name, ps_strerror(job->rc));
+        else
+            psd_send_msg(srv, w->conn, &(ps_msg_t){.type = PS_MSG_FORGET_REPLY,
+                                                    .req_id = w->req_id, .shard = srv->shard,
+                                                    .tensor = job->tensor,
+                                                    .flags = PS_FLAG_DONE});
+        psd_conn_unref(w->conn);
+        wait_put(srv, w);
+    }
+}
+
 static void job_done(uv_work_t *w, int status)
 {
     psd_job_t *job = w->data;
@@ -2044,6 +2327,8 @@ static void job_done(uv_work_t *w, int status)
     snapshot_stale(srv);
     if (job->kind == JOB_CREATE) {
         psd_tensor_t *t = &srv->tensors[job->tensor];
+        values_free(t); /* written (or not: then forgotten below) */
+        job->values = NULL;
         t->ready = job->rc == 0;
         if (job->rc == 0) {
             uint64_t here = 0;
@@ -2057,7 +2342,7 @@ static void job_done(uv_work_t *w, int status)
                    "in %.1f ms", job->tensor, t->decl.name, (double)here * 4 / (1 << 20),
                    (double)(uv_hrtime() - job->start_ns) / 1e6);
         }
-        if (job->rc) tensor_forget(srv, job->tensor); /* a later declaration tries again */
+        if (job->rc) tensor_forget(srv, job->tensor, true); /* a later one tries again */
         for (psd_wait_t *d = t->declares, *nx; d; d = nx) {
             nx = d->next;
             if (job->rc)
@@ -2069,6 +2354,8 @@ static void job_done(uv_work_t *w, int status)
             wait_put(srv, d);
         }
         t->declares = NULL;
+    } else if (job->kind == JOB_DROP) {
+        drop_done(srv, job);
     } else {
         bool bsp = srv->m.job.consistency == PS_CONSIST_BSP;
         for (uint32_t i = 0; i < job->nitems; i++) {
@@ -2234,6 +2521,7 @@ static size_t job_bytes(const psd_server_t *srv, const psd_job_t *job)
     size_t b = 0;
     if (job->kind == JOB_CREATE) /* its own copy of the chunks: srv->tensors may move */
         return chunks_footprint(srv, job->chunks, job->nchunks);
+    if (job->kind == JOB_DROP) return 0; /* deletes only */
     for (uint32_t i = 0; i < job->nitems; i++)
         b += psd_chunk_bytes(job->items[i]->n, srv->nstate);
     return b;
@@ -2247,7 +2535,14 @@ static void job_start_next(psd_server_t *srv)
     job->srv = srv;
     job->rc = 0;
     job->work.data = job;
-    if (srv->ncreate > 0) {
+    if (srv->ncreate > 0 && (srv->create_queue[0] & PSD_QUEUE_DROP)) {
+        job->kind = JOB_DROP;
+        job->tensor = srv->create_queue[0] & ~PSD_QUEUE_DROP;
+        memmove(srv->create_queue, srv->create_queue + 1, (srv->ncreate - 1) * sizeof(uint32_t));
+        srv->ncreate--;
+        job->decl = srv->tensors[job->tensor].decl;
+        job->nchunks = srv->tensors[job->tensor].nchunks;
+    } else if (srv->ncreate > 0) {
         job->kind = JOB_CREATE;
         job->start_ns = uv_hrtime();
         job->tensor = srv->create_queue[0];
@@ -2256,6 +2551,8 @@ static void job_start_next(psd_server_t *srv)
         job->decl = srv->tensors[job->tensor].decl;
         job->chunks = srv->tensors[job->tensor].chunks;
         job->nchunks = srv->tensors[job->tensor].nchunks;
+        job->values = srv->tensors[job->tensor].values ? srv->tensors[job->tensor].values->buf
+                                                       : NULL;
         if (job_hashes_reserve(job, job->nchunks)) {
             srv->create_queue[srv->ncreate++] = job->tensor; /* tried again after the next job */
             return;

@@ -470,6 +470,23 @@ int psd_store_put_tensor(psd_wtxn_t *tx, const ps_decl_t *d)
     return mdb_err(mdb_put(tx->w, tx->st->dbi, &k, &v, 0));
 }
 
+int psd_store_del_tensor(psd_wtxn_t *tx, uint32_t t, uint32_t nchunks)
+{
+    uint8_t tk[5] = {'T'}, kb[PS_CHUNK_KEY_LEN];
+    be32(tk + 1, t);
+    MDB_val k = {sizeof tk, tk};
+    int rc = mdb_del(tx->w, tx->st->dbi, &k, NULL);
+    for (uint32_t c = 0; (rc == 0 || rc == MDB_NOTFOUND) && c < nchunks; c++) {
+        ps_chunk_key(kb, t, c);
+        for (int d = 0; d < 2 && (rc == 0 || rc == MDB_NOTFOUND); d++) {
+            kb[0] = d ? 'D' : 'C'; /* another shard's chunk: neither is here */
+            k = (MDB_val){sizeof kb, kb};
+            rc = mdb_del(tx->w, tx->st->dbi, &k, NULL);
+        }
+    }
+    return rc == MDB_NOTFOUND ? 0 : mdb_err(rc);
+}
+
 /*
  * Map a reserved record's pages past the end of those this process populated before, in one
  * system call (MADV_POPULATE_WRITE, Linux 5.14; elsewhere a no-op) instead of a page fault

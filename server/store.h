@@ -175,6 +175,11 @@ void psd_store_abort(psd_wtxn_t *tx);
 /** @brief Store a tensor declaration in @p tx. */
 int psd_store_put_tensor(psd_wtxn_t *tx, const ps_decl_t *d);
 
+/** @brief Delete tensor @p t's declaration and the records of its chunks 0..@p nchunks-1 held
+ *  here (parameters and state, 'C'; applied pushes, 'D') in @p tx; absent ones are no error.
+ *  @return 0 or PS_ESTORE / PS_ESTOREFULL. */
+int psd_store_del_tensor(psd_wtxn_t *tx, uint32_t t, uint32_t nchunks);
+
 /**
  * @brief Reserve a new record for chunk (t, c) in @p tx and return where to write it.
  * @note Write every byte of *out. A record for which psd_store_record_stable() holds lives on

@@ -20,6 +20,7 @@
 #include "codec.h"
 #include "crc32c.h"
 #include "hash.h"
+#include "init.h"
 #include "manifest.h"
 #include "place.h"
 #include "ps/ps_client.h"
@@ -40,7 +41,8 @@
 #define PS_CRC_TRIES 5              /* a corrupted part is sent again at most this often in a row */
 #define PS_BEHIND_RETRY_MS 5        /* a push part ahead of its chunk is sent again this often */
 
-enum { OP_HELLO = 1, OP_DECLARE, OP_PUSH, OP_PULL, OP_LEAVE, OP_SHUTDOWN, OP_BATCH, OP_ECHO };
+enum { OP_HELLO = 1, OP_DECLARE, OP_PUSH, OP_PULL, OP_LEAVE, OP_SHUTDOWN, OP_BATCH, OP_ECHO,
+       OP_FORGET, OP_VALUES };
 enum { OP_PUSH_NONE = 100 }; /* data_op's argument only: an OP_PUSH with op->nograd */
 
 /* Why a push's part waits in start_op (part_t.held). */
@@ -238,6 +240,7 @@ struct ps_client_s {
                                    each batch request: under bsp shard 0 refuses a worker whose
                                    set differs from the other members' */
     uint32_t ntensor_set;       /* how many: the count sent with it */
+    int had_batch;              /* shard 0 handed this worker a batch (or the job's end) */
     uint64_t stale_step1;       /* bsp: step + 1 of a push a shard acknowledged as not applied
                                    (PS_FLAG_STALE; written by the comm thread): the report of
                                    that step's batch says so */
@@ -458,7 +461,8 @@ static uint64_t area_place(cshard_t *s, ctensor_t *t, uint32_t chunk, uint64_t l
  * send_data_part builds it. */
 static void part_send_again(ps_client_t *c, ps_op_t *op, part_t *p)
 {
-    if (op->type == OP_BATCH || op->type == OP_DECLARE || op->type == OP_LEAVE)
+    if (op->type == OP_BATCH || op->type == OP_DECLARE || op->type == OP_LEAVE ||
+        op->type == OP_FORGET)
         send_part(c, p, &op->req, NULL, 0, PS_AM_CTRL);
     else
         send_data_part(c, op, p);
@@ -959,10 +963,12 @@ static void start_op(ps_client_t *c, ps_op_t *op)
     }
     switch (op->type) {
     case OP_ECHO:
+    case OP_VALUES:
         send_part(c, &op->parts[0], &op->req, op->buf, op->req.length, PS_AM_DATA);
         break;
     case OP_HELLO:
     case OP_BATCH:
+    case OP_FORGET:
     case OP_DECLARE: {
         part_t *p = &op->parts[0];
         if (op->type == OP_HELLO && connect_shard(c, p->shard))
@@ -1869,6 +1875,15 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
         }
         part_done(&op->parts[0]);
         break;
+    case PS_MSG_VALUES_REPLY:
+        if (op->type != OP_VALUES || op->parts[0].shard != m.shard) return UCS_OK;
+        part_done(&op->parts[0]);
+        break;
+    case PS_MSG_FORGET_REPLY:
+        if (op->type != OP_FORGET || op->parts[0].shard != m.shard) return UCS_OK;
+        op->reply = m;
+        part_done(&op->parts[0]);
+        break;
     case PS_MSG_HELLO_REPLY:
     case PS_MSG_DECLARE_REPLY:
         if ((op->type == OP_HELLO) != (m.type == PS_MSG_HELLO_REPLY) || op->parts[0].shard != m.shard)
@@ -2572,7 +2587,75 @@ void ps_client_stats(const ps_client_t *c, ps_client_stats_t *out)
     out->bytes_pushed_direct = __atomic_load_n(&c->stats.bytes_pushed_direct, __ATOMIC_RELAXED);
 }
 
+/* Send the values of tensor @p req's chunks placed on shard @p shard, which its declaration
+ * there creates (the reply's PS_FLAG_VALUES), one chunk at a time, each answered on receipt. */
+static int send_values(ps_client_t *c, uint32_t shard, const ps_decl_t *d, const float *values)
+{
+    uint64_t numel = ps_decl_numel(d);
+    uint32_t nchunks = ps_chunk_count(numel, c->chunk_elems);
+    for (uint32_t ch = 0; ch < nchunks; ch++) {
+        if (ps_place_shard(d->first_chunk + ch, c->nshards) != shard) continue;
+        const float *v = values + (uint64_t)ch * c->chunk_elems;
+        size_t bytes = (size_t)ps_chunk_len(numel, c->chunk_elems, ch) * sizeof(float);
+        ps_op_t *op = op_reuse(c, &c->ctrl_spare, OP_VALUES, 1);
+        if (op == NULL) return PS_ENOMEM;
+        op->parts[0].shard = shard;
+        op->buf = (float *)v; /* only read: sent as it is */
+        op->req = (ps_msg_t){.type = PS_MSG_VALUES, .req_id = op->req_id, .rank = c->rank,
+                             .tensor = d->id, .chunk = ch, .length = bytes,
+                             .crc32c = ps_crc32c(0, v, bytes)};
+        submit(c, op);
+        int rc = ps_op_wait(op, NULL);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+/* Declare @p req on shard @p shard into @p rep; with @p values, send them where the
+ * declaration creates the tensor and declare again (answered once it is created). A worker
+ * that took over from one gone is asked again: bounded, as each ask is a creation's. */
+static int declare_on(ps_client_t *c, uint32_t shard, ps_msg_t *req, ps_msg_t *rep,
+                      const float *values)
+{
+    int rc = ctrl_call(c, OP_DECLARE, shard, req, rep);
+    for (int asks = 0; rc == 0 && (rep->flags & PS_FLAG_VALUES); asks++) {
+        if (values == NULL || !rep->has_decl || !rep->decl.assigned || asks == 8) {
+            snprintf(c->err, sizeof c->err, "shard %u asked for the values of tensor '%s' %s",
+                     shard, req->decl.name, values ? "again and again" : "it was not sent");
+            return PS_EPROTO;
+        }
+        if (getenv("PS_TEST_VALUES_STOP")) /* tests: stopped before sending them */
+            raise(SIGSTOP);
+        req->decl.id = rep->decl.id; /* shard 0 numbered it */
+        req->decl.first_chunk = rep->decl.first_chunk;
+        req->decl.assigned = 1;
+        if ((rc = send_values(c, shard, &req->decl, values)) == 0)
+            rc = ctrl_call(c, OP_DECLARE, shard, req, rep);
+    }
+    return rc;
+}
+
+static int declare(ps_client_t *c, const ps_tensor_desc_t *desc, const float *values,
+                   uint32_t *id);
+
 int ps_client_declare(ps_client_t *c, const ps_tensor_desc_t *desc, uint32_t *id)
+{
+    return declare(c, desc, NULL, id);
+}
+
+int ps_client_declare_values(ps_client_t *c, const ps_tensor_desc_t *desc, const float *values,
+                             uint32_t *id)
+{
+    if (c == NULL) return PS_EINVAL;
+    if (values == NULL) {
+        snprintf(c->err, sizeof c->err, "declare: the values are NULL");
+        return PS_EINVAL;
+    }
+    return declare(c, desc, values, id);
+}
+
+static int declare(ps_client_t *c, const ps_tensor_desc_t *desc, const float *values,
+                   uint32_t *id)
 {
     if (c == NULL) return PS_EINVAL;
     if (desc == NULL || id == NULL || desc->name == NULL) {
@@ -2593,28 +2676,41 @@ int ps_client_declare(ps_client_t *c, const ps_tensor_desc_t *desc, uint32_t *id
     req.decl.init_arg = desc->init_arg;
     req.decl.seed = desc->seed;
     req.decl.total_steps = desc->total_steps;
+    if (values) {
+        req.decl.init = PSK_INIT_VALUES;
+        req.decl.init_arg = 0;
+    }
     /* The shards refuse what this refuses; checked here, the caller learns why at once. */
     char why[256];
     if (ps_decl_check(&req.decl, why, sizeof why)) {
         snprintf(c->err, sizeof c->err, "declare: %s", why);
         return PS_EINVAL;
     }
-    if (!isfinite(desc->init_arg)) { /* its initializer would make every value NaN or inf */
+    if (!isfinite(req.decl.init_arg)) { /* its initializer would make every value NaN or inf */
         snprintf(c->err, sizeof c->err, "declare: tensor '%s' has a non-finite init_arg",
                  desc->name);
         return PS_EINVAL;
     }
+    if (values && !psk_all_finite(values, ps_decl_numel(&req.decl))) {
+        snprintf(c->err, sizeof c->err, "declare: the values of tensor '%s' hold a NaN or an "
+                 "infinity", desc->name);
+        return PS_EINVAL;
+    }
     /* Shard 0 numbers the tensor; the others create their chunks with that numbering. */
-    int rc = ctrl_call(c, OP_DECLARE, 0, &req, &rep);
+    int rc = declare_on(c, 0, &req, &rep, values);
     if (rc) return rc;
     if (!rep.has_decl || !rep.decl.assigned) {
         snprintf(c->err, sizeof c->err, "shard 0 answered a declaration without an id");
         return PS_EPROTO;
     }
     req.decl = rep.decl;
+    /* A part another shard lacks is created as this caller asks: from its values, or its
+     * initializer where shard 0's creator sent values. */
+    req.decl.init = values ? PSK_INIT_VALUES : (uint32_t)desc->init;
+    req.decl.init_arg = values ? 0 : desc->init_arg;
     for (uint32_t i = 1; i < c->nshards; i++) {
         ps_msg_t r2;
-        if ((rc = ctrl_call(c, OP_DECLARE, i, &req, &r2)) != 0) return rc;
+        if ((rc = declare_on(c, i, &req, &r2, values)) != 0) return rc;
     }
     uint32_t tid = rep.decl.id;
     if (tid >= PS_CLIENT_MAX_TENSORS) {
@@ -2842,6 +2938,36 @@ void ps_client_batch_done(ps_client_t *c, const ps_batch_info_t *done)
     c->has_leave_done = 1;
 }
 
+/* Shard 0 refused this worker's first batch request (another model than the job's, or
+ * another training set): give up the tensors it declared. One that only this worker declared
+ * was created by its declaration at step 0 and, no member pushing it, would stay there for
+ * good under bsp, holding the shards' step and every checkpoint of the job. Shard 0 drops one
+ * that no other rank declared and no push reached (server/forget.c); then the other shards
+ * theirs. Best effort: the refusal stays this worker's error. */
+static void give_up_tensors(ps_client_t *c)
+{
+    char err[sizeof c->err];
+    memcpy(err, c->err, sizeof err);
+    uint32_t dropped = 0, kept = 0;
+    for (uint32_t id = 0; id < PS_CLIENT_MAX_TENSORS; id++) {
+        if (c->tensors[id] == NULL || c->tensors[id]->nchunks == 0) continue;
+        ps_msg_t q = {.type = PS_MSG_FORGET, .rank = c->rank, .tensor = id}, r;
+        if (ctrl_call(c, OP_FORGET, 0, &q, &r) != 0 || !(r.flags & PS_FLAG_DONE)) {
+            kept++;
+            continue;
+        }
+        for (uint32_t i = 1; i < c->nshards; i++)
+            if (ctrl_call(c, OP_FORGET, i, &q, &r) != 0)
+                PS_LOG(PS_LOG_WARN, "libps", "tensor %u dropped by shard 0 but not by shard %u: "
+                       "%s (psctl forget drops it there)", id, i, c->err);
+        dropped++;
+    }
+    if (dropped)
+        PS_LOG(PS_LOG_INFO, "libps", "gave up the tensors this worker declared: %u only it had "
+               "declared were dropped, %u kept (the job's)", dropped, kept);
+    memcpy(c->err, err, sizeof err);
+}
+
 int ps_client_next_batch(ps_client_t *c, uint64_t samples, const ps_batch_info_t *done,
                          ps_batch_info_t *out)
 {
@@ -2865,7 +2991,9 @@ int ps_client_next_batch(ps_client_t *c, uint64_t samples, const ps_batch_info_t
         req.batch_count = done->count;
     }
     int rc = ctrl_call(c, OP_BATCH, 0, &req, &rep);
+    if (rc == PS_ECONFIG && done == NULL && !c->had_batch) give_up_tensors(c);
     if (rc) return rc; /* a batch done stays for the leave: reporting it twice is harmless */
+    c->had_batch = 1;
     c->has_leave_done = 0; /* reported, or superseded by the batch handed out now */
     *out = (ps_batch_info_t){.step = rep.step, .pass = rep.data_epoch,
                              .offset = rep.batch_offset, .count = rep.batch_count,

@@ -674,6 +674,87 @@ static int direct_pushes(peer_t *p, target_t *t)
     return failed ? -1 : 0;
 }
 
+/* ---- values sent with a declaration (PSK_INIT_VALUES) ------------------------------------- */
+
+/* Send values @p m with @p len bytes of @p data; expect an error with @p status whose text has
+ * @p want. */
+static int values_refused(peer_t *p, ps_msg_t *m, const void *data, size_t len, int status,
+                          const char *want, const char *what)
+{
+    m->length = len;
+    if (call(p, m, data, len, PS_AM_DATA)) return -1;
+    const ps_msg_t *r = &p->reply;
+    if (r->type != PS_MSG_ERROR || r->status != status || strstr(r->error, want) == NULL) {
+        say("evil_peer: values %s: FAILED: got %s (%s) \"%s\"", what,
+            ps_msg_type_name(r->type), ps_err_name(r->status), r->error);
+        return -1;
+    }
+    say("evil_peer: values %s: refused (%s): %s", what, ps_err_name(r->status), r->error);
+    return 0;
+}
+
+/* evil_peer --case values: values for a tensor that exists, and for one its declaration
+ * creates: short, of no chunk, with a wrong CRC, holding a NaN; each is refused naming why.
+ * Then the right ones: acknowledged, the tensor is created from them (the declaration again
+ * is answered) and a pull returns them. */
+static int values(peer_t *p, const target_t *t)
+{
+    enum { N = 200 };
+    static float v[N], nan_v[N];
+    uint32_t n = t->n < N ? t->n : N;
+    size_t len = (size_t)n * 4;
+    for (uint32_t i = 0; i < n; i++) v[i] = nan_v[i] = 0.25f * (float)i - 3.0f;
+    nan_v[n / 2] = NAN;
+    int refused = 0;
+    ps_msg_t m = {.type = PS_MSG_VALUES, .rank = t->rank, .tensor = t->tensor};
+    refused += values_refused(p, &m, v, len, PS_EPROTO, "is creating it", "of a tensor held") == 0;
+    ps_msg_t decl = {.type = PS_MSG_DECLARE, .rank = t->rank, .has_decl = 1};
+    snprintf(decl.decl.name, sizeof decl.decl.name, "evil.values");
+    decl.decl.ndim = 1;
+    decl.decl.shape[0] = n;
+    decl.decl.init = PSK_INIT_VALUES;
+    if (call(p, &decl, NULL, 0, PS_AM_CTRL) || p->reply.type != PS_MSG_DECLARE_REPLY ||
+        !(p->reply.flags & PS_FLAG_VALUES) || !p->reply.decl.assigned) {
+        say("evil_peer: values: FAILED: the declaration got %s (flags %u): %s",
+            ps_msg_type_name(p->reply.type), p->reply.flags, p->reply.error);
+        return -1;
+    }
+    decl.decl = p->reply.decl;
+    m.tensor = decl.decl.id;
+    refused += values_refused(p, &m, v, len - 4, PS_EPROTO, "another number of values",
+                              "one value short") == 0;
+    m.chunk = 1;
+    refused += values_refused(p, &m, v, len, PS_EPROTO, "no such chunk", "of no chunk") == 0;
+    m.chunk = 0;
+    p->crc_xor = 1; /* call() sets the CRC of the data it sends */
+    refused += values_refused(p, &m, v, len, PS_ECRC, "CRC-32C", "with a wrong CRC") == 0;
+    p->crc_xor = 0;
+    refused += values_refused(p, &m, nan_v, len, PS_EINVAL, "NaN", "holding a NaN") == 0;
+    say("evil_peer: %d of 5 malformed values refused as expected", refused);
+    m.length = len;
+    if (call(p, &m, v, len, PS_AM_DATA) || p->reply.type != PS_MSG_VALUES_REPLY) {
+        say("evil_peer: values: FAILED: got %s: %s", ps_msg_type_name(p->reply.type),
+            p->reply.error);
+        return -1;
+    }
+    if (call(p, &decl, NULL, 0, PS_AM_CTRL) || p->reply.type != PS_MSG_DECLARE_REPLY ||
+        (p->reply.flags & PS_FLAG_VALUES)) {
+        say("evil_peer: values: FAILED: the second declaration got %s (flags %u): %s",
+            ps_msg_type_name(p->reply.type), p->reply.flags, p->reply.error);
+        return -1;
+    }
+    ps_msg_t pull = {.type = PS_MSG_PULL, .rank = t->rank, .tensor = m.tensor, .chunk = 0,
+                     .codec = PSK_CODEC_NONE};
+    if (call(p, &pull, NULL, 0, PS_AM_CTRL) || p->reply.type != PS_MSG_PULL_REPLY ||
+        p->data_len != len || memcmp(p->data, v, len) != 0) {
+        say("evil_peer: values: FAILED: the pull got %s (%zu bytes): %s",
+            ps_msg_type_name(p->reply.type), p->data_len, p->reply.error);
+        return -1;
+    }
+    say("evil_peer: tensor created from the values sent: a pull returns them");
+    return refused == 5 ? 0 : -1;
+}
+
 /* ---- bundles (proto/bundle.h) ------------------------------------------------------------ */
 
 /* One entry's bytes, written by hand (a malformed one needs lengths the writer refuses). */
@@ -853,7 +934,7 @@ static int fuzz(peer_t *p, const ps_manifest_t *m, target_t *t, long n)
         PS_MSG_PULL,      PS_MSG_PULL,        PS_MSG_PULL_REPLY, PS_MSG_ERROR,
         PS_MSG_HEARTBEAT, PS_MSG_STATUS,      PS_MSG_STATUS_REPLY, PS_MSG_BATCH,
         PS_MSG_BATCH_REPLY, PS_MSG_EPOCH,     PS_MSG_ECHO,      PS_MSG_ECHO_REPLY,
-        PS_MSG_BUNDLE,    PS_MSG_LEAVE_REPLY};
+        PS_MSG_BUNDLE,    PS_MSG_LEAVE_REPLY, PS_MSG_FORGET,   PS_MSG_VALUES};
     size_t cap = (size_t)t->n * 8 + 64;
     uint8_t *buf = malloc(cap);
     if (buf == NULL) return -1;
@@ -1049,6 +1130,7 @@ static int run(peer_t *p, const ps_manifest_t *m, const char *only, long nfuzz, 
     if ((p->data = malloc(p->data_cap)) == NULL) return -1;
 
     if (pull_chunk0(p, &t, "before")) return -1;
+    if (only && strcmp(only, "values") == 0) return values(p, &t);
     psk_codec_t topk = TOPK, int8 = INT8;
     if (nfuzz > 0) {
         /* Random messages, then psd must still answer a pull and acknowledge a push. */

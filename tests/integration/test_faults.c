@@ -214,6 +214,28 @@ START_TEST(test_hostile_host_name_kept_safe)
 }
 END_TEST
 
+/* Values sent with a declaration (PSK_INIT_VALUES) by a confused peer: for a tensor that
+ * exists, short, of no chunk, with a wrong CRC, holding a NaN: each refused naming why, and the
+ * tensor is created from the right ones (evil_peer --case values); psd serves on. */
+START_TEST(test_hostile_values)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1, .job_extra = "  heartbeat_timeout_ms: 30000\n"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    char *argv[] = {(char *)cl_binary("EVIL_PEER"), "--manifest", c->manifest, "--case",
+                    "values", NULL};
+    cl_proc_t *evil = cl_spawn(c, "evil_peer", argv);
+    EXPECT_EXIT(evil, 0);
+    EXPECT_LOG(evil, "evil_peer: values of a tensor held: refused (EPROTO)");
+    EXPECT_LOG(evil, "evil_peer: values holding a NaN: refused (EINVAL)");
+    EXPECT_LOG(evil, "evil_peer: 5 of 5 malformed values refused as expected");
+    EXPECT_LOG(evil, "evil_peer: tensor created from the values sent: a pull returns them");
+    ck_assert_msg(cl_alive(psd), "psd died; its log: %s", cl_tail(psd));
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* A stopped worker (SIGSTOP past the heartbeat timeout) is dropped and rejoins as a new
  * member: test_elastic.c, sigstop_rejoins. */
 
@@ -854,6 +876,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("worker_killed_and_replaced", test_worker_killed_and_replaced));
     suite_add_tcase(s, tcase("peer_killed_mid_send", test_peer_killed_mid_send));
     suite_add_tcase(s, tcase("hostile_host_name_kept_safe", test_hostile_host_name_kept_safe));
+    suite_add_tcase(s, tcase("hostile_values", test_hostile_values));
     suite_add_tcase(s, tcase("lost_ack_asp_applied_once", test_lost_ack_asp_applied_once));
     suite_add_tcase(s, tcase("push_sent_again_while_landing", test_push_sent_again_while_landing));
     suite_add_tcase(s, tcase("compression_change_out_of_memory",

@@ -78,7 +78,7 @@ class Cluster:
     """Two psd shards of a fresh manifest in a temp dir; stop() ends them (SIGTERM, exit 0)."""
 
     def __init__(self, tmp, name, workers, metrics=False, schedule="constant",
-                 consistency="bsp", optimizer=None, job_extra=""):
+                 consistency="bsp", optimizer=None, job_extra="", heartbeat_ms=600):
         self.dir = os.path.join(tmp, name)
         os.makedirs(self.dir)
         self.manifest = os.path.join(self.dir, "manifest.yaml")
@@ -97,7 +97,7 @@ class Cluster:
                         f"{m}}}\n")
             f.write(f"job:\n  model: mlp\n  batch_size: {BATCH}\n  epochs: {EPOCHS}\n"
                     f"  workers: {workers}\n  consistency: {consistency}\n"
-                    f"  heartbeat_timeout_ms: 600\n"
+                    f"  heartbeat_timeout_ms: {heartbeat_ms}\n"
                     f"  optimizer: {optimizer or f'{{name: sgd, lr: {LR}, schedule: {schedule}}}'}\n"
                     + job_extra)
         self.procs = []
@@ -127,6 +127,17 @@ class Cluster:
                 if line.startswith(name + "{"):
                     return float(line.rsplit(" ", 1)[1])
         raise AssertionError(f"no {name} in /metrics")
+
+    def psctl(self, *args):
+        """psctl (built beside psd) on this cluster's manifest: its CompletedProcess."""
+        exe = os.path.join(os.path.dirname(os.environ["PSD"]), "psctl")
+        return subprocess.run([exe, "--manifest", self.manifest, *args], capture_output=True,
+                              text=True)
+
+    def checkpoint(self):
+        """Take a checkpoint of the job (psctl checkpoint); it must complete."""
+        ck = self.psctl("checkpoint", "--wait", "20", "--dir", os.path.join(self.dir, "ckpt"))
+        assert ck.returncode == 0, f"psctl checkpoint: {ck.stdout}{ck.stderr}"
 
     def stop(self):
         for p in self.procs:
@@ -176,7 +187,15 @@ def train(manifest, record, die_after=0, together=None, pause_at=0):
     with psd.torch.ParameterServer(manifest, m, samples=SAMPLES) as ps:
         if together:
             barrier(*together)
+        order = os.environ.get("TEST_FIRST")  # "wait" for, or "tell", the other's first batch
+        first = together and os.path.join(together[0], "first.batch")
+        deadline = time.time() + 60
+        while order == "wait" and not os.path.exists(first):
+            assert time.time() < deadline, "the other worker never had its first batch"
+            time.sleep(0.02)
         for n, b in enumerate(ps.batches()):
+            if order == "tell" and n == 0:
+                open(first, "w").close()
             if die_after and n == die_after:
                 os.kill(os.getpid(), signal.SIGKILL)
             if pause_at and n == pause_at:  # the parent stops this process meanwhile
@@ -300,13 +319,16 @@ def models_differ(tmp):
     """Under bsp two workers whose models differ (one has two more tensors): each step waits
     for every member's push of each tensor, so before, both hung for good. Now shard 0 refuses
     the second one's batch request (PS_ECONFIG, naming the counts); it leaves, and the other
-    trains through every pass alone."""
+    trains through every pass alone. The longer model asks second (it waits for the other's
+    first batch), so its two tensors are ones only the refused worker declared: it gives them
+    up, and the shards drop them."""
     c = Cluster(tmp, "differ", 2, metrics=True)
     outs = [os.path.join(c.dir, f"w{i}.json") for i in range(2)]
     try:
         ws = [subprocess.Popen([sys.executable, __file__, "worker", c.manifest, o],
                                env=dict(os.environ, TEST_BARRIER=c.dir,
-                                        TEST_MODEL="longer" if i else ""))
+                                        TEST_MODEL="longer" if i else "",
+                                        TEST_FIRST="wait" if i else "tell"))
               for i, o in enumerate(outs)]
         try:
             rcs = [w.wait(timeout=60) for w in ws]
@@ -319,14 +341,154 @@ def models_differ(tmp):
         r = [json.load(open(o)) for o in outs]
         refused = r[rcs.index(3)]["error"]
         assert "ECONFIG" in refused and "declare the same tensors" in refused, refused
-        assert ("declared 4 tensors" in refused and "of the job 6" in refused) or \
-               ("declared 6 tensors" in refused and "of the job 4" in refused), refused
+        assert rcs == [0, 3] and "declared 6 tensors" in refused and "of the job 4" in refused, \
+            refused
         applied = c.metric("psd_job_samples_applied_total")
         assert applied == SAMPLES * EPOCHS, f"{applied} samples applied, want {SAMPLES * EPOCHS}"
+        # The refused worker gave up its tensors: the two only the longer model has are gone.
+        # Before, they stayed at step 0: each shard's step (its lowest chunk's) read 0 for good,
+        # and no checkpoint of the job completed ("2 of 2 shards not done within 20 s").
+        job = 4
+        for k in (0, 1):
+            held = [c.metric(m, k) for m in ("psd_tensors", "psd_step", "psd_chunk_version_max")]
+            assert held[0] == job and held[1] == held[2] > 0, \
+                f"shard {k}: {held[0]:.0f} tensors (the job's: {job}), step {held[1]:.0f}, " \
+                f"highest chunk version {held[2]:.0f}"
+        c.checkpoint()
     finally:
         c.stop()
     print(f"models differ: one worker refused ({refused.split(': under')[0]}), the other "
-          f"finished; {applied:.0f} samples applied")
+          f"finished; {applied:.0f} samples applied; {job} tensors, checkpoint taken")
+
+
+def forget_stray(tmp):
+    """A tensor declared by a worker that never trained (a crash before its first batch
+    request, which a refused worker's give-up does not cover) stays at step 0: under bsp each
+    shard's step (its lowest chunk's) reads 0 from then on, and no checkpoint of the job
+    completes. psctl forget drops it from every shard, also from their stores; it refuses while
+    the job's step 1 is not closed, and a tensor a push reached."""
+    c = Cluster(tmp, "stray", 1, metrics=True)
+
+    def forget(name):
+        return c.psctl("forget", name)
+
+    def held():
+        return [[c.metric(m, k) for m in ("psd_tensors", "psd_step", "psd_chunk_version_max")]
+                for k in (0, 1)]
+    try:
+        with psd.Client(c.manifest) as cl:  # 16 chunks of 4 KiB: both shards hold some
+            cl.declare("stray.weight", (64, 64))
+        early = forget("stray.weight")
+        assert early.returncode == 1 and "at step 0" in early.stderr, early.stderr
+        train(c.manifest, None)
+        stuck = held()
+        assert all(h[0] == 5 and h[1] == 0 < h[2] for h in stuck), stuck
+        used = forget("0.weight")
+        assert used.returncode == 1 and "took updates" in used.stderr, used.stderr
+        ok = forget("stray.weight")
+        assert ok.returncode == 0 and "dropped from 2 shards" in ok.stdout, ok.stdout + ok.stderr
+        for when in ("dropped", "after a restart"):
+            now = held()
+            assert all(h[0] == 4 and h[1] == h[2] == stuck[0][2] for h in now), (when, now)
+            if when == "dropped":
+                c.restart()
+        again = forget("stray.weight")
+        assert again.returncode == 1 and "no shard holds" in again.stderr, again.stderr
+        c.checkpoint()
+    finally:
+        c.stop()
+    print(f"stray tensor: shards' step 0 (chunks up to {stuck[0][2]:.0f}); psctl forget refused "
+          f"at step 0 and for a trained tensor, dropped it (also after a restart); checkpoint "
+          f"taken")
+
+
+def pretrained(seed):
+    """model() with other values than its initialization (a pretrained one's), and a copy."""
+    m = model()
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.normal_()
+    return m, {k: v.clone() for k, v in m.state_dict().items()}
+
+
+def values_worker(manifest):
+    """A worker whose model's values are asked for: stopped there (PS_TEST_VALUES_STOP)."""
+    m, _ = pretrained(5)
+    psd.torch.ParameterServer(manifest, m, samples=SAMPLES).close()
+
+
+def model_values(tmp):
+    """A parameter starts from the values of the model whose declaration creates it: a
+    pretrained model keeps its weights, as DistributedDataParallel broadcasts rank 0's. Before,
+    the shards' initializer replaced every one. A store that holds it keeps its own (the next
+    worker's model takes them: a job resumes); init="shards" and an init entry let the shards
+    initialize. A worker stopped before it sent its values is replaced by the next declarer
+    (its declaration waits, then sends its own), or, when it is dropped first, the tensor is
+    created again; either way nobody hangs and the values are one model's."""
+    c = Cluster(tmp, "values", 1, heartbeat_ms=10000)
+    try:
+        m, want = pretrained(7)
+        with psd.torch.ParameterServer(c.manifest, m, samples=SAMPLES):
+            got = m.state_dict()
+            for k in want:
+                assert torch.equal(got[k], want[k]), f"{k}: the model's values were replaced"
+        m2, _ = pretrained(8)
+        with psd.torch.ParameterServer(c.manifest, m2, samples=SAMPLES):
+            for k in want:
+                assert torch.equal(m2.state_dict()[k], want[k]), f"{k}: not the shards' values"
+    finally:
+        c.stop()
+    for init in ({"0.bias": ("constant", 0.5)}, "shards"):
+        c = Cluster(tmp, "values-" + ("one" if isinstance(init, dict) else "shards"), 1)
+        try:
+            m, want = pretrained(7)
+            with psd.torch.ParameterServer(c.manifest, m, samples=SAMPLES, init=init):
+                got = m.state_dict()
+                if isinstance(init, dict):  # that one the shards', the others the model's
+                    assert torch.equal(got["0.bias"], torch.full_like(got["0.bias"], 0.5))
+                    assert torch.equal(got["0.weight"], want["0.weight"]), "0.weight replaced"
+                else:  # every one the shards': xavier weights, zero biases
+                    assert torch.equal(got["0.bias"], torch.zeros(16)), got["0.bias"]
+                    assert not torch.equal(got["0.weight"], want["0.weight"])
+                    bound = math.sqrt(6 / (FEATURES + 16))
+                    assert got["0.weight"].abs().max() <= bound, "not xavier's"
+        finally:
+            c.stop()
+    c = Cluster(tmp, "values-gone", 1, heartbeat_ms=10000)
+    try:
+        child = subprocess.Popen([sys.executable, __file__, "values", c.manifest, "-"],
+                                 env=dict(os.environ, PS_TEST_VALUES_STOP="1"))
+        deadline = time.time() + 60
+        while open(f"/proc/{child.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "T":
+            assert child.poll() is None and time.time() < deadline, "the worker did not stop"
+            time.sleep(0.02)
+        m, want = pretrained(9)
+        out = {}
+
+        def second():
+            try:
+                with psd.torch.ParameterServer(c.manifest, m, samples=SAMPLES):
+                    out["got"] = {k: v.clone() for k, v in m.state_dict().items()}
+            except BaseException as e:  # noqa: B902 (reported below)
+                out["error"] = e
+        t = threading.Thread(target=second)
+        t.start()
+        time.sleep(1.5)  # its declaration waits for the stopped worker's values meanwhile
+        child.kill()
+        child.wait()
+        t.join(60)
+        assert not t.is_alive(), "the second worker hung after the first died"
+        assert "error" not in out, out.get("error")
+        for k in want:
+            assert torch.equal(out["got"][k], want[k]), f"{k}: not the second model's values"
+        log = open(os.path.join(c.dir, "psd0.log")).read()
+        path = "took over" if "declaration sends them" in log else "created again"
+    finally:
+        c.stop()
+    print(f"model values: kept (pretrained), the store's win over a later model's, init entries "
+          f"and init='shards' the shards'; a worker stopped before its values: the next one "
+          f"{path}")
 
 
 class PartlyUsed(torch.nn.Module):
@@ -348,8 +510,8 @@ def late_model(tmp):
     at its first declaration, and the shards hold no tensor of it. Before, its tensors were
     created, the coordinator refused it only at its batch request, and each shard's step (its
     lowest chunk's) read 0 for good (a new-user probe: the README's example on the demo's
-    store). Two models declared at step 0 still leave the refused one's tensors (models_differ):
-    the coordinator learns a worker's tensors only at its batch request."""
+    store). Two models declared at step 0: the coordinator learns a worker's tensors only at
+    its batch request, and the refused one gives its tensors up then (models_differ)."""
     c = Cluster(tmp, "late", 1, metrics=True)
     try:
         train(c.manifest, None)
@@ -1033,6 +1195,9 @@ def main():
     if len(sys.argv) == 4 and sys.argv[1] == "sched":
         sched_worker(sys.argv[2], sys.argv[3])
         return
+    if len(sys.argv) == 4 and sys.argv[1] == "values":
+        values_worker(sys.argv[2])
+        return
     if len(sys.argv) == 4 and sys.argv[1] == "sigint":
         sigint_main(sys.argv[2], sys.argv[3])
         return
@@ -1044,6 +1209,8 @@ def main():
         assert d > 1e-3, f"the cosine schedule changed nothing ({d})"
         two_workers_share(tmp)
         models_differ(tmp)
+        forget_stray(tmp)
+        model_values(tmp)
         late_model(tmp)
         unused_parameters(tmp)
         worker_killed(tmp)

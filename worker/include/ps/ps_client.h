@@ -160,6 +160,21 @@ uint64_t ps_client_join_step(const ps_client_t *c);
  */
 int ps_client_declare(ps_client_t *c, const ps_tensor_desc_t *desc, uint32_t *id);
 
+/**
+ * @brief ps_client_declare(), but a tensor this declaration creates starts from @p values
+ *  (a model's own weights: a pretrained one), not from @p desc's initializer (ignored): on
+ *  each shard where it creates the tensor, the values of that shard's chunks are sent before
+ *  the declaration returns. A tensor that exists keeps its values (a restarted job resumes),
+ *  as does a part another worker's declaration is creating at the same time (every shard's
+ *  part comes from one worker; a worker that dies meanwhile is replaced by the next one
+ *  waiting).
+ * @param values  ps_decl_numel(shape) floats, borrowed until the call returns; all finite.
+ * @return as ps_client_declare(); PS_EINVAL also for a NaN or an infinity in @p values (nothing
+ *  sent); a psd older than session 36 refuses the declaration (PS_EINVAL: initializer 5).
+ */
+int ps_client_declare_values(ps_client_t *c, const ps_tensor_desc_t *desc, const float *values,
+                             uint32_t *id);
+
 #define PS_COMPRESSION_BLOCK (1u << 0)
 #define PS_COMPRESSION_STOCHASTIC (1u << 1)
 #define PS_COMPRESSION_FP16_VALUES (1u << 2)

@@ -101,6 +101,7 @@ def library():
         "ps_client_join_step": (U64, [P]),
         "ps_client_job": (None, [P, ctypes.POINTER(_JobInfo)]),
         "ps_client_declare": (I, [P, ctypes.POINTER(_Desc), ctypes.POINTER(U32)]),
+        "ps_client_declare_values": (I, [P, ctypes.POINTER(_Desc), P, ctypes.POINTER(U32)]),
         "ps_client_set_compression": (I, [P, U32, ctypes.POINTER(_Compression)]),
         "ps_client_use_job_compression": (I, [P, U32, ctypes.c_char_p]),
         "ps_client_push": (I, [P, U32, P, U64, ctypes.POINTER(P)]),
@@ -437,10 +438,13 @@ class Client:
             return library().ps_client_shards(h)
 
     def declare(self, name, shape, init="zeros", init_arg=0.0, seed=0, total_steps=0,
-                compress=True):
+                compress=True, values=None):
         """Declare tensor `name` of `shape` (1 to 4 dimensions) on the shards, initialized there
         (init: zeros, normal (std init_arg), uniform (a = init_arg), xavier, constant (every
-        value init_arg)); returns its id. total_steps: the planned steps, the length of a
+        value init_arg)); returns its id. values: instead, the address of its float32 values
+        (contiguous, all finite, read during the call only) for the shards where this
+        declaration creates it: a model's own weights; a tensor that exists keeps its own
+        (ps_client_declare_values). total_steps: the planned steps, the length of a
         cosine schedule without optimizer.decay_steps (0: such a schedule never decays).
         compress: its pushes (and pulls) use the manifest's job.compression for its name and
         size, as psworker's do; False: float32 (set_compression changes it later)."""
@@ -461,7 +465,11 @@ class Client:
         for i, s in enumerate(shape):
             d.shape[i] = s
         tid = ctypes.c_uint32()
-        self._do(library().ps_client_declare, ctypes.byref(d), ctypes.byref(tid))
+        if values is None:
+            self._do(library().ps_client_declare, ctypes.byref(d), ctypes.byref(tid))
+        else:
+            self._do(library().ps_client_declare_values, ctypes.byref(d),
+                     _uint(f"tensor {name}: values address", values, 64, 1), ctypes.byref(tid))
         n = 1
         for s in shape:
             n *= s

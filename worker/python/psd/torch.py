@@ -10,9 +10,10 @@
     ps.close()                                        # the final parameters are in the model
 
 Each trainable parameter (requires_grad) becomes a tensor named as in model.named_parameters(),
-declared on the shards (the first worker's declaration creates it: a parameter the model made
-one value for all, such as a norm layer's scale, starts at that value; other weights of 2 or more
-dimensions xavier, others zeros, unless `init` says otherwise) and pulled into the model
+declared on the shards (the first worker's declaration creates it, from the values its model
+holds: a pretrained model trains on from its weights, as DistributedDataParallel broadcasts
+rank 0's; a store that holds the tensor already keeps its own, so a restarted job resumes;
+`init` lets the shards initialize them instead) and pulled into the model
 before each batch (under bsp the parameters of that batch's step). The manifest's job says the
 optimizer, the consistency, the batch size and the passes; the learning-rate schedule runs over
 the steps job.workers workers take for `samples` samples (as psworker's). CPU float32
@@ -70,11 +71,13 @@ class ParameterServer:
     """`model`'s parameters on the shards of `manifest` for a training set of `samples`; joins
     at creation, leaves at close().
 
+    A parameter the shards do not hold yet starts from the values this worker's model holds
+    (the worker whose declaration creates it sends them; a pretrained model keeps its weights).
     init: {parameter name: (kind, arg)} for the shards' initialization (kind: zeros, normal,
-    uniform, xavier, constant) of the parameters it names; a name the model lacks is an error.
-    Others start as the model made them when that is one value for all (constant), else xavier
-    (2 or more dimensions) or zeros. The values the model holds are replaced by the shards'
-    (pretrained weights are not carried over). Names are those of the module a wrapper runs
+    uniform, xavier, constant) of the parameters it names instead; a name the model lacks is
+    an error. init="shards": the shards initialize every parameter: as the model made it when
+    that is one value for all (constant), else xavier (2 or more dimensions) or zeros (no
+    values are sent: a large model joins faster). Names are those of the module a wrapper runs
     (nn.DataParallel's and DistributedDataParallel's `.module`, torch.compile's `._orig_mod`);
     `init` takes either.
     Buffers (BatchNorm's running statistics) and frozen parameters stay this worker's own.
@@ -92,14 +95,17 @@ class ParameterServer:
         held = {id(p): name for name, p in module.named_parameters()}
         alias = {name: held[id(p)] for name, p in model.named_parameters() if id(p) in held}
         alias.update({name: name for name in held.values()})  # the wrapper's names or the module's
-        init = dict(init or {})
+        if isinstance(init, str) and init != "shards":
+            raise ValueError(f"init {init!r}: \"shards\", or {{parameter name: (kind, arg)}}")
+        shards = init == "shards"
+        init = {} if shards else dict(init or {})
         unknown = sorted(k for k in init if k not in alias)
         if unknown:
             raise ValueError(f"init names no parameter of the model: {', '.join(unknown)}")
         if len({alias[k] for k in init}) != len(init):
             raise ValueError("init names a parameter twice (by the wrapper's name and the "
                              "module's)")
-        init = {alias[k]: v for k, v in init.items()}
+        init = "shards" if shards else {alias[k]: v for k, v in init.items()}
         ref = _open.get(id(module))
         other = ref() if ref else None
         if other is not None and other._client_open():  # it holds module: its id is module's
@@ -164,14 +170,22 @@ class ParameterServer:
             for name, p in self._module.named_parameters():
                 if not p.requires_grad:
                     continue  # frozen: stays this worker's, never pushed
-                kind, arg = self._init.get(name) or self._default_init(p)
+                spec = None if self._init == "shards" else self._init.get(name)
                 # psd holds up to 4 dimensions: a Conv3d weight's last two become one (the
                 # same fans for xavier: the first dimension, and the product of the others).
                 shape = tuple(p.shape) or (1,)
                 if len(shape) > 4:
                     shape = shape[:3] + (math.prod(shape[3:]),)
                 try:
-                    tid = c.declare(name, shape, init=kind, init_arg=arg, total_steps=total)
+                    if spec or self._init == "shards":
+                        kind, arg = spec or self._default_init(p)
+                        tid = c.declare(name, shape, init=kind, init_arg=arg, total_steps=total)
+                    else:  # its values, where this declaration creates it
+                        with torch.no_grad():
+                            v = p.detach()
+                            if not self._in_place(v):
+                                v = v.to("cpu", torch.float32).contiguous()
+                        tid = c.declare(name, shape, values=v.data_ptr(), total_steps=total)
                 except psd.PsError as e:  # say which parameter
                     raise psd.PsError(e.code, e.name, f"parameter {name!r}: "
                                       f"{str(e)[len(e.name) + 2:]}") from e

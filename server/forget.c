@@ -1,0 +1,121 @@
+/* forget.c: dropping a tensor that no push ever reached (PS_MSG_FORGET).
+ *
+ * Under bsp each chunk's step waits for every member's push, and a shard's step is its lowest
+ * chunk's. A tensor that the job's members do not declare (one of another model, declared at
+ * step 0 by a worker the coordinator then refused) stays at step 0 for good: the shards' step
+ * reads 0 and no checkpoint of the job completes. Two ways out:
+ *
+ * - A member gives up the tensors it declared (libps, when shard 0 refused its first batch
+ *   request): shard 0 drops one that no other rank declared since psd started and that no
+ *   push reached, and answers PS_FLAG_DONE; the member then asks the other shards, which drop
+ *   their chunks of it unless a push reached them. A tensor another rank declared is kept
+ *   (answered without PS_FLAG_DONE).
+ * - An operator drops one by name (psctl forget, PS_FLAG_FORCE), which a crash between a
+ *   declaration and its refusal leaves: shard 0 only under bsp once step 1 closed (every
+ *   member then pushed each chunk of its tensors, so one no push reached is in no member's
+ *   model), or under asp / ssp while the job has no member; never one a push reached.
+ *
+ * A dropped tensor's id and chunk ordinals are not handed out again while psd runs (another
+ * shard may still hold the tensor).
+ */
+#include <string.h>
+
+#include "ps/ps_error.h"
+#include "ps/ps_log.h"
+#include "server.h"
+
+static void reply_kept(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg, uint32_t id,
+                       uint64_t others)
+{
+    psd_send_msg(srv, conn, &(ps_msg_t){.type = PS_MSG_FORGET_REPLY, .req_id = msg->req_id,
+                                         .shard = srv->shard, .tensor = id, .members = others});
+}
+
+/* Shard 0, PS_FLAG_FORCE: whether the job's state lets an operator drop a tensor no push
+ * reached; if not, the reason in @p why. */
+static bool force_allowed(psd_server_t *srv, char *why, size_t len)
+{
+    if (srv->m.job.consistency == PS_CONSIST_BSP) {
+        uint64_t step = psd_coord_bsp_step(srv);
+        if (step >= 2) return true;
+        snprintf(why, len, "the bsp job is at step %llu: a tensor its members do not push is "
+                 "told from one not pushed yet only once step 1 closed", (unsigned long long)step);
+        return false;
+    }
+    uint32_t n = psd_coord_members(srv);
+    if (n == 0) return true;
+    snprintf(why, len, "the %s job has %u member%s: a tensor none pushed yet may be one they "
+             "use; stop its workers first", ps_consistency_name(srv->m.job.consistency), n,
+             n == 1 ? "" : "s");
+    return false;
+}
+
+void psd_forget_on_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
+{
+    bool force = (msg->flags & PS_FLAG_FORCE) != 0;
+    char why[256];
+    if (force && strcmp(msg->cluster, srv->m.cluster) != 0) {
+        psd_send_error(srv, conn, msg->req_id, PS_ECONFIG, "this shard serves cluster '%.100s', "
+                       "not '%.100s'", srv->m.cluster, msg->cluster);
+        return;
+    }
+    if (!force && (conn->rank < 0 || conn->rank >= PS_MAX_RANKS)) {
+        psd_send_error(srv, conn, msg->req_id, PS_EPROTO, "forget without PS_FLAG_FORCE comes "
+                       "from a member giving up its declarations, and this connection holds no "
+                       "rank");
+        return;
+    }
+    psd_tensor_t *t = NULL;
+    if (msg->error[0])
+        t = psd_shard_tensor_named(srv, msg->error);
+    else if (msg->tensor < srv->ntensors && srv->tensors[msg->tensor].present)
+        t = &srv->tensors[msg->tensor];
+    if (t == NULL) {
+        if (msg->error[0])
+            psd_send_error(srv, conn, msg->req_id, PS_ENOENT, "shard %u holds no tensor '%.200s'",
+                           srv->shard, msg->error);
+        else
+            psd_send_error(srv, conn, msg->req_id, PS_ENOENT, "shard %u holds no tensor %u",
+                           srv->shard, msg->tensor);
+        return;
+    }
+    uint32_t id = (uint32_t)(t - srv->tensors);
+    if (!t->ready && !t->dropping) {
+        psd_send_error(srv, conn, msg->req_id, PS_EBUSY, "tensor '%s' is still being created on "
+                       "shard %u", t->decl.name, srv->shard);
+        return;
+    }
+    if (srv->shard == 0 && !force) {
+        uint64_t me = 1ull << conn->rank;
+        if (!(t->declared_ranks & me) || (t->declared_ranks & ~me)) {
+            /* Not this rank's since psd started (nothing to give up), or another's too. */
+            PS_LOG(PS_LOG_INFO, "forget", "rank %d gives up tensor %u '%s': kept (declared by "
+                   "ranks %#llx)", conn->rank, id, t->decl.name,
+                   (unsigned long long)t->declared_ranks);
+            t->declared_ranks &= ~me;
+            reply_kept(srv, conn, msg, id, t->declared_ranks);
+            return;
+        }
+        t->declared_ranks &= ~me;
+    }
+    if (srv->shard == 0 && force && !force_allowed(srv, why, sizeof why)) {
+        psd_send_error(srv, conn, msg->req_id, PS_ECONFLICT, "tensor '%s' not dropped: %s",
+                       t->decl.name, why);
+        return;
+    }
+    if (!t->dropping && psd_shard_tensor_used(srv, t, why, sizeof why)) {
+        PS_LOG(PS_LOG_INFO, "forget", "tensor %u '%s' kept: %s", id, t->decl.name, why);
+        if (force)
+            psd_send_error(srv, conn, msg->req_id, PS_ECONFLICT, "tensor '%s' not dropped: %s",
+                           t->decl.name, why);
+        else
+            reply_kept(srv, conn, msg, id, 0);
+        return;
+    }
+    if (psd_shard_drop(srv, id, conn, msg->req_id)) {
+        psd_send_error(srv, conn, msg->req_id, PS_ENOMEM, "out of memory");
+        return;
+    }
+    PS_LOG(PS_LOG_INFO, "forget", "tensor %u '%s' to be dropped (%s)", id, t->decl.name,
+           force ? "psctl forget" : "its only declarer gave it up");
+}
