@@ -668,7 +668,26 @@ static void values_ask(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id, con
                                          .flags = PS_FLAG_VALUES});
 }
 
-/* The worker sending tensor @p id's values went before all came. */
+/* Tensor @p id could not be queued for creation (out of memory): the declarations waiting
+ * fail, and it is forgotten (a later declaration tries again). */
+static void create_failed(psd_server_t *srv, uint32_t id, int rc)
+{
+    psd_tensor_t *t = &srv->tensors[id];
+    for (psd_wait_t *w = t->declares, *nx; w; w = nx) {
+        nx = w->next;
+        psd_send_error(srv, w->conn, w->req_id, rc, "cannot create tensor '%s': %s",
+                       t->decl.name, ps_strerror(rc));
+        psd_conn_unref(w->conn);
+        wait_put(srv, w);
+    }
+    t->declares = NULL;
+    tensor_forget(srv, id, true);
+}
+
+/* The worker sending tensor @p id's values went before all came. The next declarer waiting
+ * that has values of its own is asked for them; with none, a declarer waiting without values
+ * (psworker's initializer, say) gets the tensor initialized as psd.torch's init="shards" would
+ * (xavier for 2 or more dimensions, else zeros); with no declarer left, it is forgotten. */
 static void values_giver_gone(psd_server_t *srv, uint32_t id)
 {
     psd_tensor_t *t = &srv->tensors[id];
@@ -681,14 +700,27 @@ static void values_giver_gone(psd_server_t *srv, uint32_t id)
     }
     v->missing = local_chunks(t);
     v->gen++; /* a receive of the one gone still landing is dropped */
-    psd_wait_t *w = t->declares;
-    if (w) {
-        t->declares = w->next;
+    psd_wait_t **pp = &t->declares;
+    while (*pp && !((*pp)->flags & PS_FLAG_VALUES)) pp = &(*pp)->next;
+    if (*pp) {
+        psd_wait_t *w = *pp;
+        *pp = w->next;
         v->giver = w->conn; /* its reference moves */
         PS_LOG(PS_LOG_WARN, "shard", "tensor %u '%s': the worker creating it left before its "
                "values came; rank %d's declaration sends them", id, t->decl.name, w->conn->rank);
         values_ask(srv, w->conn, w->req_id, t);
         wait_put(srv, w);
+        return;
+    }
+    if (t->declares) {
+        values_free(t);
+        t->decl.init = t->decl.ndim >= 2 ? PSK_INIT_XAVIER : PSK_INIT_ZEROS;
+        t->decl.init_arg = 0;
+        PS_LOG(PS_LOG_WARN, "shard", "tensor %u '%s': the worker creating it left before its "
+               "values came; the declarations waiting send none: initialized by psd (%s)", id,
+               t->decl.name, t->decl.ndim >= 2 ? "xavier" : "zeros");
+        int rc = queue_create(srv, id);
+        if (rc) create_failed(srv, id, rc);
         return;
     }
     PS_LOG(PS_LOG_WARN, "shard", "tensor %u '%s' not created: the worker declaring it left "
@@ -735,18 +767,7 @@ static void values_landed(void *request, ucs_status_t status, size_t length, voi
         if (--v->missing == 0) {
             psd_conn_unref(v->giver); /* nothing more to come: its leaving changes nothing */
             v->giver = NULL;
-            if ((rc = queue_create(srv, r->tensor)) != 0) {
-                /* Out of memory: nobody would create it; the declarations waiting fail. */
-                for (psd_wait_t *w = t->declares, *nx; w; w = nx) {
-                    nx = w->next;
-                    psd_send_error(srv, w->conn, w->req_id, rc, "cannot create tensor '%s': %s",
-                                   t->decl.name, ps_strerror(rc));
-                    psd_conn_unref(w->conn);
-                    wait_put(srv, w);
-                }
-                t->declares = NULL;
-                tensor_forget(srv, r->tensor, true);
-            }
+            if ((rc = queue_create(srv, r->tensor)) != 0) create_failed(srv, r->tensor, rc);
         }
     } else if (!r->conn->dead) {
         psd_send_error(srv, r->conn, r->req_id, rc, "values of tensor %u chunk %u: %s",
@@ -941,7 +962,8 @@ void psd_shard_on_declare(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *m
             t->declared_ranks |= 1ull << conn->rank;
         if (t->ready)
             reply_declare(srv, conn, msg->req_id, t);
-        else if (wait_add(srv, &t->declares, conn, msg->req_id, 0, 0, 0, 0))
+        else if (wait_add(srv, &t->declares, conn, msg->req_id, 0, 0,
+                          d.init == PSK_INIT_VALUES ? PS_FLAG_VALUES : 0, 0))
             psd_send_error(srv, conn, msg->req_id, PS_ENOMEM, "out of memory");
         return;
     }

@@ -455,40 +455,57 @@ def model_values(tmp):
                     assert got["0.weight"].abs().max() <= bound, "not xavier's"
         finally:
             c.stop()
-    c = Cluster(tmp, "values-gone", 1, heartbeat_ms=10000)
-    try:
-        child = subprocess.Popen([sys.executable, __file__, "values", c.manifest, "-"],
-                                 env=dict(os.environ, PS_TEST_VALUES_STOP="1"))
-        deadline = time.time() + 60
-        while open(f"/proc/{child.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "T":
-            assert child.poll() is None and time.time() < deadline, "the worker did not stop"
-            time.sleep(0.02)
-        m, want = pretrained(9)
-        out = {}
+    paths = []
+    for second_has_values in (True, False):
+        c = Cluster(tmp, f"values-gone-{second_has_values}", 1, heartbeat_ms=10000)
+        try:
+            child = subprocess.Popen([sys.executable, __file__, "values", c.manifest, "-"],
+                                     env=dict(os.environ, PS_TEST_VALUES_STOP="1"))
+            deadline = time.time() + 60
+            while open(f"/proc/{child.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "T":
+                assert child.poll() is None and time.time() < deadline, "the worker did not stop"
+                time.sleep(0.02)
+            m, want = pretrained(9)
+            out = {}
 
-        def second():
-            try:
-                with psd.torch.ParameterServer(c.manifest, m, samples=SAMPLES):
-                    out["got"] = {k: v.clone() for k, v in m.state_dict().items()}
-            except BaseException as e:  # noqa: B902 (reported below)
-                out["error"] = e
-        t = threading.Thread(target=second)
-        t.start()
-        time.sleep(1.5)  # its declaration waits for the stopped worker's values meanwhile
-        child.kill()
-        child.wait()
-        t.join(60)
-        assert not t.is_alive(), "the second worker hung after the first died"
-        assert "error" not in out, out.get("error")
-        for k in want:
-            assert torch.equal(out["got"][k], want[k]), f"{k}: not the second model's values"
-        log = open(os.path.join(c.dir, "psd0.log")).read()
-        path = "took over" if "declaration sends them" in log else "created again"
-    finally:
-        c.stop()
+            def second():
+                try:
+                    if second_has_values:
+                        with psd.torch.ParameterServer(c.manifest, m, samples=SAMPLES):
+                            out["got"] = {k: v.clone() for k, v in m.state_dict().items()}
+                    else:  # psworker's way: the shards' initializer
+                        with psd.Client(c.manifest) as cl:
+                            cl.declare("0.weight", (16, FEATURES), init="normal", init_arg=1.0)
+                            host = torch.zeros(16 * FEATURES)
+                            cl.pull(0, host.data_ptr(), 0, keep=host).wait()
+                            out["got"] = host
+                except BaseException as e:  # noqa: B902 (reported below)
+                    out["error"] = e
+            t = threading.Thread(target=second)
+            t.start()
+            time.sleep(1.5)  # its declaration waits for the stopped worker's values meanwhile
+            child.kill()
+            child.wait()
+            t.join(60)
+            assert not t.is_alive(), "the second worker hung after the first died"
+            assert "error" not in out, out.get("error")
+            log = open(os.path.join(c.dir, "psd0.log")).read()
+            if second_has_values:  # its own values, not the stopped one's or a mix
+                for k in want:
+                    assert torch.equal(out["got"][k], want[k]), f"{k}: not its model's values"
+                paths.append("sends its values" if "declaration sends them" in log
+                             else "creates it again")
+            else:  # it sends none: psd initializes (xavier, as init="shards" would)
+                bound = math.sqrt(6 / (FEATURES + 16))
+                w = out["got"]
+                assert 0 < w.abs().max() <= bound, f"not xavier's: {w.abs().max()}"
+                paths.append("xavier" if "initialized by psd (xavier)" in log
+                             else "creates it again")
+        finally:
+            c.stop()
     print(f"model values: kept (pretrained), the store's win over a later model's, init entries "
           f"and init='shards' the shards'; a worker stopped before its values: the next one "
-          f"{path}")
+          f"{paths[0]} (one without values: {paths[1]})")
 
 
 class PartlyUsed(torch.nn.Module):
