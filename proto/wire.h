@@ -66,7 +66,11 @@ enum {
                               declarations */
     PS_FLAG_VALUES = 16384, /* declare reply (init PSK_INIT_VALUES): this declaration creates
                                the tensor here; send the values of this shard's chunks
-                               (PS_MSG_VALUES), then declare again (answered once created) */
+                               (PS_MSG_VALUES), then declare again (answered once created);
+                               hello reply: this psd knows PS_MSG_VALUES and PS_MSG_FORGET
+                               (an older one answers them with req_id 0: never matched) */
+    PS_FLAG_CHECK = 32768,  /* forget: would it be dropped here? (PS_FLAG_DONE); nothing is:
+                               shard 0 is asked first and drops last (forget.c) */
 };
 
 /* UCP Active Message ids. */

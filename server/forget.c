@@ -6,17 +6,20 @@
  * reads 0 and no checkpoint of the job completes. Two ways out:
  *
  * - A member gives up the tensors it declared (libps, when shard 0 refused its first batch
- *   request): shard 0 drops one that no other rank declared since psd started and that no
- *   push reached, and answers PS_FLAG_DONE; the member then asks the other shards, which drop
- *   their chunks of it unless a push reached them. A tensor another rank declared is kept
- *   (answered without PS_FLAG_DONE).
+ *   request): shard 0 would drop one that no other rank declared since psd started (none, for
+ *   a tensor loaded from the store) and that no push reached. A tensor another rank declared
+ *   is kept (answered without PS_FLAG_DONE).
  * - An operator drops one by name (psctl forget, PS_FLAG_FORCE), which a crash between a
  *   declaration and its refusal leaves: shard 0 only under bsp once step 1 closed (every
  *   member then pushed each chunk of its tensors, so one no push reached is in no member's
  *   model), or under asp / ssp while the job has no member; never one a push reached.
  *
- * A dropped tensor's id and chunk ordinals are not handed out again while psd runs (another
- * shard may still hold the tensor).
+ * Either way shard 0 is asked first whether it would (PS_FLAG_CHECK: nothing dropped), then
+ * each other shard drops its chunks unless a push reached them, and shard 0 drops the tensor
+ * last: a shard that refuses (its chunk took pushes) stops it with shard 0's declaration
+ * kept, and a tensor whose chunks another shard dropped is created there again by the next
+ * declaration (its values were the initial ones). A dropped tensor's id and chunk ordinals are
+ * not handed out again while psd runs (another shard may still hold the tensor).
  */
 #include <string.h>
 
@@ -52,7 +55,8 @@ static bool force_allowed(psd_server_t *srv, char *why, size_t len)
 
 void psd_forget_on_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
 {
-    bool force = (msg->flags & PS_FLAG_FORCE) != 0;
+    if (srv->stopping) return; /* the endpoint closes next; the peer sees that */
+    bool force = (msg->flags & PS_FLAG_FORCE) != 0, check = (msg->flags & PS_FLAG_CHECK) != 0;
     char why[256];
     if (force && strcmp(msg->cluster, srv->m.cluster) != 0) {
         psd_send_error(srv, conn, msg->req_id, PS_ECONFIG, "this shard serves cluster '%.100s', "
@@ -92,11 +96,11 @@ void psd_forget_on_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
             PS_LOG(PS_LOG_INFO, "forget", "rank %d gives up tensor %u '%s': kept (declared by "
                    "ranks %#llx)", conn->rank, id, t->decl.name,
                    (unsigned long long)t->declared_ranks);
-            t->declared_ranks &= ~me;
-            reply_kept(srv, conn, msg, id, t->declared_ranks);
+            if (!check) t->declared_ranks &= ~me;
+            reply_kept(srv, conn, msg, id, t->declared_ranks & ~me);
             return;
         }
-        t->declared_ranks &= ~me;
+        if (!check) t->declared_ranks &= ~me;
     }
     if (srv->shard == 0 && force && !force_allowed(srv, why, sizeof why)) {
         psd_send_error(srv, conn, msg->req_id, PS_ECONFLICT, "tensor '%s' not dropped: %s",
@@ -110,6 +114,12 @@ void psd_forget_on_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
                            t->decl.name, why);
         else
             reply_kept(srv, conn, msg, id, 0);
+        return;
+    }
+    if (check) { /* it would be dropped here */
+        psd_send_msg(srv, conn, &(ps_msg_t){.type = PS_MSG_FORGET_REPLY, .req_id = msg->req_id,
+                                             .shard = srv->shard, .tensor = id,
+                                             .flags = PS_FLAG_DONE});
         return;
     }
     if (psd_shard_drop(srv, id, conn, msg->req_id)) {

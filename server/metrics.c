@@ -68,6 +68,9 @@ static void metrics_text(psd_server_t *srv, psd_http_reply_t *r)
                  "Bytes of parameters and optimizer state held by this shard", t.state_bytes);
     psd_prom_u64(&p, "psd_chunk_version_min", "gauge", "Lowest chunk version", t.version_min);
     psd_prom_u64(&p, "psd_chunk_version_max", "gauge", "Highest chunk version", t.version_max);
+    psd_prom_u64(&p, "psd_untrained_tensors", "gauge",
+                 "bsp: tensors no push reached while chunks here passed step 1 (psctl forget)",
+                 t.untrained);
     psd_prom_u64(&p, "psd_pushes_total", "counter", "Gradient pushes received", srv->pushes);
     psd_prom_u64(&p, "psd_direct_pushes_total", "counter",
                  "Pushes taken from a worker's shared-memory area on this host",

@@ -45,6 +45,7 @@ typedef struct {
     shard_t *shards;
     int pending;
     uv_timer_t timeout;
+    const char *manifest_path; /* as given (status names it in the commands it suggests) */
 } ctl_t;
 
 /* Connections a status request makes to one shard, at most: a shard whose transport was
@@ -247,6 +248,18 @@ static int status(ctl_t *ctl, int json, double timeout_s)
                field(s->reply, "updates_applied", b[5], 64),
                field(s->reply, "merkle_root", b[6], 64));
     }
+    for (int i = 0; i < n && !json; i++) {
+        const char *r = ctl->shards[i].reply;
+        char cnt[32], name[PS_NAME_MAX * 2], step[32];
+        if (!ctl->shards[i].got || atoi(field(r, "untrained_tensors", cnt, sizeof cnt)) == 0)
+            continue;
+        field(r, "untrained_first", name, sizeof name);
+        printf("shard %d: %s tensor%s that no push reached (the first: '%s') while its chunks "
+               "went to step %s: no member has %s, and the shard's step stays 0 (so does every "
+               "bsp checkpoint): psctl --manifest %s forget NAME drops one\n", i, cnt,
+               strcmp(cnt, "1") ? "s" : "", name, field(r, "version_max", step, sizeof step),
+               strcmp(cnt, "1") ? "them" : "it", ctl->manifest_path);
+    }
     const char *j = ctl->shards[0].got ? ctl->shards[0].reply : NULL;
     if (!json && j) {
         char b[8][64];
@@ -272,9 +285,11 @@ static int status(ctl_t *ctl, int json, double timeout_s)
     return bad;
 }
 
-/* psctl forget NAME: shard 0 first, which checks the job's state (server/forget.c); then the
- * others. A shard that does not hold the tensor (dropped there before, by a give-up that did
- * not reach every shard) is passed. Exit 0 when some shard dropped it and none refused. */
+/* psctl forget NAME: shard 0 is asked first whether it would drop the tensor (it checks the
+ * job's state: server/forget.c), then every other shard drops its chunks, then shard 0 the
+ * tensor; a shard that refuses stops it there, shard 0's declaration kept. A shard that does
+ * not hold the tensor (dropped there before, by a give-up or forget that did not reach every
+ * shard) is passed. Exit 0 when some shard dropped it and none refused. */
 static int forget_tensor(const ps_manifest_t *m, const char *name, double timeout)
 {
     char err[512];
@@ -283,24 +298,28 @@ static int forget_tensor(const ps_manifest_t *m, const char *name, double timeou
         fprintf(stderr, "psctl: forget: %s\n", err);
         return 1;
     }
-    int dropped = 0, bad = 0;
-    for (int i = 0; i < m->nservers && !bad; i++) {
-        ps_msg_t q = {.type = PS_MSG_FORGET, .rank = -1, .flags = PS_FLAG_FORCE}, r;
+    int dropped = 0, bad = 0, held0 = 1;
+    for (int k = 0; k <= m->nservers && !bad; k++) {
+        int i = k == m->nservers ? 0 : k; /* shard 0: asked first, dropped last */
+        if (k == m->nservers && !held0) break;
+        ps_msg_t q = {.type = PS_MSG_FORGET, .rank = -1,
+                      .flags = PS_FLAG_FORCE | (k == 0 ? PS_FLAG_CHECK : 0)}, r;
         snprintf(q.cluster, sizeof q.cluster, "%s", m->cluster);
         snprintf(q.error, sizeof q.error, "%s", name);
         int rc = ps_req_call(cl, (uint32_t)i, &q, &r, NULL, NULL, err, sizeof err);
-        if (rc == PS_ENOENT) continue;
-        if (rc) {
+        if (rc == PS_ENOENT) {
+            held0 &= k != 0;
+        } else if (rc) {
             fprintf(stderr, "psctl: forget: %s\n", err);
             bad = 1;
-        } else {
+        } else if (k > 0) {
             dropped++;
         }
     }
     ps_req_close(cl);
     if (bad) {
-        if (dropped) fprintf(stderr, "psctl: forget: '%s' was dropped from %d shard%s before\n",
-                             name, dropped, dropped == 1 ? "" : "s");
+        if (dropped) fprintf(stderr, "psctl: forget: '%s' was dropped from %d shard%s before; "
+                             "shard 0 keeps it\n", name, dropped, dropped == 1 ? "" : "s");
         return 1;
     }
     if (dropped == 0) {
@@ -564,6 +583,7 @@ int main(int argc, char **argv)
         return 2;
     }
     ps_auth_attach(&ctl.ucx, &ctl.auth);
+    ctl.manifest_path = manifest;
     int bad = status(&ctl, json, timeout);
     for (int i = 0; i < ctl.m.nservers; i++) {
         shard_t *s = &ctl.shards[i];

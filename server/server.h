@@ -360,6 +360,7 @@ struct psd_server_s {
                                   records take there (a lower bound, declare_too_big); the
                                   coordinator holds every tensor, so it knows every shard's */
     psd_chunk_t *ready_head, *ready_tail;
+    uint64_t values_gen;       /* the last psd_values_t.gen handed out (shard.c) */
     uint32_t *create_queue;    /* tensor ids waiting for a JOB_CREATE (| PSD_QUEUE_DROP: a
                                   JOB_DROP) */
     uint32_t ncreate, cap_create;
@@ -573,6 +574,10 @@ typedef struct {
     uint32_t tensors;
     uint64_t chunks, state_bytes; /* state_bytes: params + optimizer state + record headers */
     uint64_t version_min, version_max; /* 0 with no chunks */
+    uint32_t untrained;       /* bsp, once a chunk here passed step 1: tensors with chunks here
+                                 that no push reached (psd_shard_tensor_used): no member has
+                                 them, and they hold this shard's step at 0 (psctl forget) */
+    uint32_t untrained_first; /* the first of them (its id), when untrained > 0 */
 } psd_shard_totals_t;
 /** @brief Count this shard's tensors, chunks and state bytes into @p t (one walk of them). */
 void psd_shard_totals(const psd_server_t *srv, psd_shard_totals_t *t);

@@ -17,6 +17,7 @@
 static void job_start_next(psd_server_t *srv);
 static size_t job_bytes(const psd_server_t *srv, const psd_job_t *job);
 static void drop_slot(psd_chunk_t *ch, uint32_t r);
+static uint32_t local_chunks(const psd_tensor_t *t);
 
 /* ---- tensor table ------------------------------------------------------ */
 
@@ -234,6 +235,8 @@ static void on_load_tensor(void *arg, const ps_decl_t *d)
     psd_server_t *srv = arg;
     if (tensor_add(srv, d, true))
         PS_LOG(PS_LOG_ERROR, "shard", "cannot load tensor '%s'", d->name);
+    else /* who declared it before the restart is not known: no give-up drops it (forget.c) */
+        srv->tensors[d->id].declared_ranks = ~0ull;
 }
 
 static void on_load_chunk(void *arg, uint32_t t, uint32_t c, const psd_chunk_hdr_t *h)
@@ -433,6 +436,15 @@ void psd_shard_totals(const psd_server_t *srv, psd_shard_totals_t *t)
         }
     }
     t->version_min = t->chunks ? vmin : 0;
+    if (srv->m.job.consistency != PS_CONSIST_BSP || t->version_max < 2) return;
+    char why[96];
+    for (uint32_t i = 0; i < srv->ntensors; i++) {
+        const psd_tensor_t *x = &srv->tensors[i];
+        if (!x->present || !x->ready || local_chunks(x) == 0 ||
+            psd_shard_tensor_used(srv, x, why, sizeof why))
+            continue;
+        if (t->untrained++ == 0) t->untrained_first = i;
+    }
 }
 
 void psd_shard_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len)
@@ -441,9 +453,21 @@ void psd_shard_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len
     psd_shard_totals(srv, &t);
     int n = snprintf(out + *len, cap - *len,
                      "\"tensors\": %u, \"chunks\": %llu, \"state_bytes\": %llu, "
-                     "\"version_min\": %llu, \"version_max\": %llu",
+                     "\"version_min\": %llu, \"version_max\": %llu, \"untrained_tensors\": %u",
                      t.tensors, (unsigned long long)t.chunks, (unsigned long long)t.state_bytes,
-                     (unsigned long long)t.version_min, (unsigned long long)t.version_max);
+                     (unsigned long long)t.version_min, (unsigned long long)t.version_max,
+                     t.untrained);
+    if (n > 0 && (size_t)n < cap - *len) *len += (size_t)n;
+    if (t.untrained == 0) return;
+    /* The name as a JSON string: a quote, a backslash or a control byte escaped. */
+    char name[6 * PS_NAME_MAX + 32];
+    size_t k = (size_t)snprintf(name, sizeof name, ", \"untrained_first\": \"");
+    for (const unsigned char *p = (const unsigned char *)srv->tensors[t.untrained_first].decl.name;
+         *p; p++)
+        k += (size_t)(*p == '"' || *p == '\\' ? snprintf(name + k, sizeof name - k, "\\%c", *p)
+                      : *p < 0x20 ? snprintf(name + k, sizeof name - k, "\\u%04x", *p)
+                                  : snprintf(name + k, sizeof name - k, "%c", *p));
+    n = snprintf(out + *len, cap - *len, "%s\"", name);
     if (n > 0 && (size_t)n < cap - *len) *len += (size_t)n;
 }
 
@@ -646,7 +670,7 @@ static void values_free(psd_tensor_t *t)
 }
 
 /* @p t (not ready) waits for the values of its chunks here from @p conn. 0 or PS_ENOMEM. */
-static int values_begin(psd_tensor_t *t, psd_conn_t *conn)
+static int values_begin(psd_server_t *srv, psd_tensor_t *t, psd_conn_t *conn)
 {
     psd_values_t *v = calloc(1, sizeof *v);
     if (v == NULL || (v->buf = calloc(t->nchunks, sizeof *v->buf)) == NULL) {
@@ -655,6 +679,7 @@ static int values_begin(psd_tensor_t *t, psd_conn_t *conn)
     }
     psd_conn_ref(conn);
     v->giver = conn;
+    v->gen = ++srv->values_gen; /* unique in this psd: a late receive is told from any other */
     v->missing = local_chunks(t);
     t->values = v;
     return 0;
@@ -699,7 +724,7 @@ static void values_giver_gone(psd_server_t *srv, uint32_t id)
         v->buf[c] = NULL;
     }
     v->missing = local_chunks(t);
-    v->gen++; /* a receive of the one gone still landing is dropped */
+    v->gen = ++srv->values_gen; /* a receive of the one gone still landing is dropped */
     psd_wait_t **pp = &t->declares;
     while (*pp && !((*pp)->flags & PS_FLAG_VALUES)) pp = &(*pp)->next;
     if (*pp) {
@@ -750,15 +775,21 @@ static void values_landed(void *request, ucs_status_t status, size_t length, voi
     const char *why = "";
     if (status != UCS_OK)
         rc = ps_ucx_err(status), why = "their receive failed";
-    else if (v == NULL || v->gen != r->gen || v->giver != r->conn)
+    else if (v == NULL || v->gen != r->gen || v->giver != r->conn || r->chunk >= t->nchunks ||
+             t->chunks[r->chunk] == NULL || length != (size_t)t->chunks[r->chunk]->n * 4)
         rc = PS_ECONFLICT, why = "this worker no longer creates it (it was slow to send them)";
-    else if (v->buf[r->chunk])
-        rc = PS_ECONFLICT, why = "sent twice";
     else if (ps_crc32c(0, r->buf, length) != r->crc)
         rc = PS_ECRC, why = "their CRC-32C does not match";
     else if (!psk_all_finite(r->buf, length / sizeof(float)))
         rc = PS_EINVAL, why = "they hold a NaN or an infinity";
-    if (rc == 0) {
+    if (rc == 0 && v->buf[r->chunk]) { /* sent again (after a CRC mismatch): the newer */
+        free(v->buf[r->chunk]);
+        v->buf[r->chunk] = r->buf;
+        r->buf = NULL;
+        psd_send_msg(srv, r->conn, &(ps_msg_t){.type = PS_MSG_VALUES_REPLY, .req_id = r->req_id,
+                                                .shard = srv->shard, .tensor = r->tensor,
+                                                .chunk = r->chunk});
+    } else if (rc == 0) {
         v->buf[r->chunk] = r->buf;
         r->buf = NULL;
         psd_send_msg(srv, r->conn, &(ps_msg_t){.type = PS_MSG_VALUES_REPLY, .req_id = r->req_id,
@@ -833,7 +864,9 @@ bool psd_shard_tensor_used(const psd_server_t *srv, const psd_tensor_t *t, char 
         if (ch->version == 0 && !slots && !ch->queued && !ch->applying && ch->pulls == NULL)
             continue;
         snprintf(why, len, "its chunk %u on shard %u %s", c, srv->shard,
-                 ch->version ? "took updates" : slots ? "took pushes" : "has a pull waiting");
+                 ch->version                   ? "took updates"
+                 : slots || ch->queued || ch->applying ? "took pushes"
+                                               : "has a pull waiting");
         return true;
     }
     return false;
@@ -960,7 +993,9 @@ void psd_shard_on_declare(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *m
         }
         if (srv->shard == 0 && conn->rank >= 0 && conn->rank < PS_MAX_RANKS)
             t->declared_ranks |= 1ull << conn->rank;
-        if (t->ready)
+        if (t->values && t->values->giver == conn && t->values->missing > 0)
+            values_ask(srv, conn, msg->req_id, t); /* some did not come (a CRC mismatch) */
+        else if (t->ready)
             reply_declare(srv, conn, msg->req_id, t);
         else if (wait_add(srv, &t->declares, conn, msg->req_id, 0, 0,
                           d.init == PSK_INIT_VALUES ? PS_FLAG_VALUES : 0, 0))
@@ -1013,7 +1048,7 @@ void psd_shard_on_declare(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *m
     /* Values sent by the declarer: asked for first, created once they all came. */
     bool ask = rc == 0 && d.init == PSK_INIT_VALUES && local_chunks(&srv->tensors[d.id]) > 0;
     if (ask)
-        rc = values_begin(&srv->tensors[d.id], conn);
+        rc = values_begin(srv, &srv->tensors[d.id], conn);
     else if (rc == 0)
         rc = wait_add(srv, &srv->tensors[d.id].declares, conn, msg->req_id, 0, 0, 0, 0);
     if (rc == 0 && !ask) rc = queue_create(srv, d.id);

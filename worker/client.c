@@ -126,6 +126,8 @@ typedef struct {
     int hb_inflight;   /* a heartbeat send not completed yet */
     uint32_t ep_gen;   /* bumped at every new endpoint: a send's completion from an older one
                           (a close left to finish in the background) is not this one's */
+    int knows_values;  /* its hello reply said PS_FLAG_VALUES: it knows PS_MSG_VALUES and
+                          PS_MSG_FORGET (a psd of session 36 or later) */
     int greeted;       /* comm thread: a hello of the join was answered, so heartbeats go to it
                           while the join waits for other shards (on_heartbeat) */
     int losing;        /* shard_lost is running: an op it fails must not call it again */
@@ -241,6 +243,7 @@ struct ps_client_s {
                                    set differs from the other members' */
     uint32_t ntensor_set;       /* how many: the count sent with it */
     int had_batch;              /* shard 0 handed this worker a batch (or the job's end) */
+    int said_no_values;         /* warned once: shard 0 takes no values (an older psd) */
     uint64_t stale_step1;       /* bsp: step + 1 of a push a shard acknowledged as not applied
                                    (PS_FLAG_STALE; written by the comm thread): the report of
                                    that step's batch says so */
@@ -298,9 +301,9 @@ enum { TLANE_PUSH = 1, TLANE_PULL = 2, TLANE_CTRL = 3 };
 
 static const char *op_name(int type)
 {
-    static const char *const names[] = {"?",     "hello", "declare", "push",
-                                        "pull",  "leave", "shutdown", "batch", "echo"};
-    return type > 0 && type <= OP_ECHO ? names[type] : "?";
+    static const char *const names[] = {"?",     "hello", "declare", "push",   "pull", "leave",
+                                        "shutdown", "batch", "echo", "forget", "values"};
+    return type > 0 && type <= OP_VALUES ? names[type] : "?";
 }
 
 static int op_lane(int type)
@@ -1893,6 +1896,8 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
         if (op->type == OP_HELLO) {
             cshard_t *s = &c->shards[m.shard];
             s->greeted = 1;
+            __atomic_store_n(&s->knows_values, (m.flags & PS_FLAG_VALUES) != 0,
+                             __ATOMIC_RELEASE);
             memcpy(s->store, m.store, sizeof s->store);
             s->store_id = m.store[0] ? m.store_id : 0; /* opened in on_deferred (view_update) */
             /* Another store (a restored shard): no pull may read the old one from now on, not
@@ -2629,8 +2634,9 @@ static int declare_on(ps_client_t *c, uint32_t shard, ps_msg_t *req, ps_msg_t *r
         req->decl.id = rep->decl.id; /* shard 0 numbered it */
         req->decl.first_chunk = rep->decl.first_chunk;
         req->decl.assigned = 1;
-        if ((rc = send_values(c, shard, &req->decl, values)) == 0)
-            rc = ctrl_call(c, OP_DECLARE, shard, req, rep);
+        rc = send_values(c, shard, &req->decl, values);
+        if (rc == PS_ECRC) rc = 0; /* corrupted on the way: the shard asks again, and gets all */
+        if (rc == 0) rc = ctrl_call(c, OP_DECLARE, shard, req, rep);
     }
     return rc;
 }
@@ -2650,6 +2656,14 @@ int ps_client_declare_values(ps_client_t *c, const ps_tensor_desc_t *desc, const
     if (values == NULL) {
         snprintf(c->err, sizeof c->err, "declare: the values are NULL");
         return PS_EINVAL;
+    }
+    if (!__atomic_load_n(&c->shards[0].knows_values, __ATOMIC_ACQUIRE)) {
+        if (!c->said_no_values)
+            PS_LOG(PS_LOG_WARN, "libps", "shard 0 is a psd older than session 36: it takes no "
+                   "values with a declaration; tensors it creates start from the shards' "
+                   "initializer");
+        c->said_no_values = 1;
+        return declare(c, desc, NULL, id);
     }
     return declare(c, desc, values, id);
 }
@@ -2706,8 +2720,13 @@ static int declare(ps_client_t *c, const ps_tensor_desc_t *desc, const float *va
     req.decl = rep.decl;
     /* A part another shard lacks is created as this caller asks: from its values, or its
      * initializer where shard 0's creator sent values. */
-    req.decl.init = values ? PSK_INIT_VALUES : (uint32_t)desc->init;
-    req.decl.init_arg = values ? 0 : desc->init_arg;
+    if (values) {
+        req.decl.init = PSK_INIT_VALUES;
+        req.decl.init_arg = 0;
+    } else if (req.decl.init == PSK_INIT_VALUES) { /* shard 0's creator sent values */
+        req.decl.init = (uint32_t)desc->init;
+        req.decl.init_arg = desc->init_arg;
+    }
     for (uint32_t i = 1; i < c->nshards; i++) {
         ps_msg_t r2;
         if ((rc = declare_on(c, i, &req, &r2, values)) != 0) return rc;
@@ -2946,21 +2965,32 @@ void ps_client_batch_done(ps_client_t *c, const ps_batch_info_t *done)
  * theirs. Best effort: the refusal stays this worker's error. */
 static void give_up_tensors(ps_client_t *c)
 {
+    if (!__atomic_load_n(&c->shards[0].knows_values, __ATOMIC_ACQUIRE))
+        return; /* an older psd: it would not answer (server/forget.c is of session 36) */
     char err[sizeof c->err];
     memcpy(err, c->err, sizeof err);
     uint32_t dropped = 0, kept = 0;
     for (uint32_t id = 0; id < PS_CLIENT_MAX_TENSORS; id++) {
         if (c->tensors[id] == NULL || c->tensors[id]->nchunks == 0) continue;
-        ps_msg_t q = {.type = PS_MSG_FORGET, .rank = c->rank, .tensor = id}, r;
+        /* Shard 0 is asked whether it would, the others drop their chunks, shard 0 last. */
+        ps_msg_t q = {.type = PS_MSG_FORGET, .rank = c->rank, .tensor = id,
+                      .flags = PS_FLAG_CHECK}, r;
         if (ctrl_call(c, OP_FORGET, 0, &q, &r) != 0 || !(r.flags & PS_FLAG_DONE)) {
             kept++;
             continue;
         }
-        for (uint32_t i = 1; i < c->nshards; i++)
-            if (ctrl_call(c, OP_FORGET, i, &q, &r) != 0)
-                PS_LOG(PS_LOG_WARN, "libps", "tensor %u dropped by shard 0 but not by shard %u: "
-                       "%s (psctl forget drops it there)", id, i, c->err);
-        dropped++;
+        q.flags = 0;
+        int rc = 0;
+        for (uint32_t i = 1; i < c->nshards && rc == 0; i++)
+            if ((rc = ctrl_call(c, OP_FORGET, i, &q, &r)) != 0 && rc != PS_ENOENT)
+                PS_LOG(PS_LOG_WARN, "libps", "tensor %u not dropped by shard %u: %s", id, i,
+                       c->err);
+            else
+                rc = 0;
+        if (rc == 0 && ctrl_call(c, OP_FORGET, 0, &q, &r) == 0 && (r.flags & PS_FLAG_DONE))
+            dropped++;
+        else
+            kept++;
     }
     if (dropped)
         PS_LOG(PS_LOG_INFO, "libps", "gave up the tensors this worker declared: %u only it had "

@@ -383,15 +383,27 @@ def forget_stray(tmp):
         train(c.manifest, None)
         stuck = held()
         assert all(h[0] == 5 and h[1] == 0 < h[2] for h in stuck), stuck
-        used = forget("0.weight")
-        assert used.returncode == 1 and "took updates" in used.stderr, used.stderr
+        # psctl status names it, and each shard counts it (psd_untrained_tensors).
+        st = c.psctl("status")
+        assert st.stdout.count("1 tensor that no push reached (the first: 'stray.weight')") == 2 \
+            and "forget NAME drops one" in st.stdout, st.stdout
+        assert [c.metric("psd_untrained_tensors", k) for k in (0, 1)] == [1, 1]
+        for name in ("0.weight", "0.bias", "2.weight", "2.bias"):  # some on shard 1 only
+            used = forget(name)
+            assert used.returncode == 1 and "took updates" in used.stderr, used.stderr
+        assert held() == stuck, f"a refused forget dropped something: {held()}, was {stuck}"
         ok = forget("stray.weight")
         assert ok.returncode == 0 and "dropped from 2 shards" in ok.stdout, ok.stdout + ok.stderr
         for when in ("dropped", "after a restart"):
+            assert [c.metric("psd_untrained_tensors", k) for k in (0, 1)] == [0, 0], when
+            assert "no push reached" not in c.psctl("status").stdout, when
             now = held()
             assert all(h[0] == 4 and h[1] == h[2] == stuck[0][2] for h in now), (when, now)
             if when == "dropped":
                 c.restart()
+        # So does an export (a step every chunk is at); before: "no common step within 10 s".
+        out = c.psctl("export", "--out", os.path.join(c.dir, "export.safetensors"))
+        assert out.returncode == 0, out.stderr
         again = forget("stray.weight")
         assert again.returncode == 1 and "no shard holds" in again.stderr, again.stderr
         c.checkpoint()
