@@ -3108,6 +3108,59 @@ int ps_client_pull(ps_client_t *c, uint32_t id, float *dst, uint64_t min_version
     return data_op(c, OP_PULL, id, dst, min_version, NULL, NULL, op);
 }
 
+/* @p n data ops of @p type (a NULL buffer of a push: its push_none) as one group. */
+static int data_many(ps_client_t *c, int type, uint32_t n, const uint32_t *ids,
+                     float *const *bufs, uint64_t step, ps_op_t **ops)
+{
+    if (c == NULL) return PS_EINVAL;
+    if (n && (ids == NULL || bufs == NULL || ops == NULL)) {
+        snprintf(c->err, sizeof c->err, "%s of %u tensors: %s is NULL", op_name(type), n,
+                 ids == NULL ? "ids" : bufs == NULL ? "the buffers" : "ops");
+        return PS_EINVAL;
+    }
+    for (uint32_t i = 0; i < n; i++) ops[i] = NULL;
+    int rc = 0;
+    ps_client_group_begin(c);
+    for (uint32_t i = 0; i < n && rc == 0; i++)
+        rc = data_op(c, type == OP_PUSH && bufs[i] == NULL ? OP_PUSH_NONE : type, ids[i],
+                     bufs[i], step, NULL, NULL, &ops[i]);
+    ps_client_group_end(c);
+    return rc;
+}
+
+int ps_client_push_many(ps_client_t *c, uint32_t n, const uint32_t *ids,
+                        const float *const *bufs, uint64_t step, ps_op_t **ops)
+{
+    return data_many(c, OP_PUSH, n, ids, (float *const *)bufs, step, ops); /* only read */
+}
+
+int ps_client_pull_many(ps_client_t *c, uint32_t n, const uint32_t *ids, float *const *dsts,
+                        uint64_t min_version, ps_op_t **ops)
+{
+    return data_many(c, OP_PULL, n, ids, dsts, min_version, ops);
+}
+
+int ps_op_wait_many(uint32_t n, ps_op_t **ops, uint64_t *versions, int *statuses)
+{
+    if (n && ops == NULL) return PS_EINVAL;
+    int first = 0;
+    ps_client_t *failed = NULL;
+    char err[sizeof failed->err];
+    for (uint32_t i = 0; i < n; i++) {
+        ps_client_t *c = ops[i] ? ops[i]->c : NULL;
+        int rc = ops[i] ? ps_op_wait(ops[i], versions ? &versions[i] : NULL) : 0;
+        ops[i] = NULL;
+        if (statuses) statuses[i] = rc;
+        if (rc && first == 0) {
+            first = rc;
+            failed = c;
+            memcpy(err, c->err, sizeof err);
+        }
+    }
+    if (failed) memcpy(failed->err, err, sizeof err); /* the first failure's reason */
+    return first;
+}
+
 int ps_client_push_encoded(ps_client_t *c, uint32_t id, uint64_t step, ps_push_encoder_t enc,
                            void *arg, ps_op_t **op)
 {

@@ -1108,6 +1108,69 @@ def ctrl_c(tmp):
           "its client")
 
 
+def binding_many(tmp):
+    """push_many / pull_many / Ops (one call for many tensors, as psd.torch's step and pull
+    use): the same values as one push or pull each; misuse named (an undeclared tensor, a
+    buffer too small, push_none under asp, a second wait); a call refused part-way (a tensor
+    busy) leaves the pushes made before it to be reaped, not lost or hung. Before, psd.torch
+    made one call per tensor: 19.4 ms a step for 500 small tensors, now ~13."""
+    c = Cluster(tmp, "many", 1, consistency="asp")
+    try:
+        with psd.Client(c.manifest) as cl:
+            sizes = (5, 3000, 1)  # 3000: three chunks of 4 KiB
+            ids = [cl.declare(f"m{i}", (n,), init="normal", init_arg=1.0)
+                   for i, n in enumerate(sizes)]
+            one = [array.array("f", [0.0] * n) for n in sizes]
+            for tid, b in zip(ids, one):
+                cl.pull(tid, b.buffer_info()[0], 0, keep=b).wait()
+            many = [array.array("f", [0.0] * n) for n in sizes]
+            cl.pull_many([(t, b.buffer_info()[0], b) for t, b in zip(ids, many)], 0).wait()
+            assert many == one, "pull_many differs from pulls one by one"
+            grads = [array.array("f", [float(i + 1)] * n) for i, n in enumerate(sizes)]
+            cl.push_many([(t, g.buffer_info()[0], g) for t, g in zip(ids, grads)], 0).wait()
+            versions = cl.pull_many([(t, b.buffer_info()[0], b) for t, b in zip(ids, many)],
+                                    0).wait()
+            assert versions == [1, 1, 1], versions
+            for i, (b, b0) in enumerate(zip(many, one)):  # sgd: p - lr * g
+                want = [v - LR * (i + 1) for v in b0]
+                assert max(abs(x - y) for x, y in zip(b, want)) < 1e-5, f"tensor {i} updated wrong"
+            g = grads[0]
+            for bad, want in (
+                    (lambda: cl.push_many([(99, g.buffer_info()[0], g)], 1), "not declared"),
+                    (lambda: cl.pull_many([(ids[1], g.buffer_info()[0], g)], 0), "do not fit"),
+                    (lambda: cl.pull_many([(ids[0], None, None)], 0), "address is None"),
+                    (lambda: cl.push_many([(ids[0], None, None)], 1), "only under bsp")):
+                try:
+                    bad()
+                    raise AssertionError(f"taken: {want}")
+                except (ValueError, psd.PsError) as e:
+                    assert want in str(e), f"{want!r} not in {e}"
+            ops = cl.pull_many([(ids[2], many[2].buffer_info()[0], many[2])], 0)
+            ops.wait()
+            try:
+                ops.wait()
+                raise AssertionError("a second wait was taken")
+            except ValueError as e:
+                assert "waited for already" in str(e), str(e)
+            # ids[1]'s push in flight: the second push_many is refused at it (EBUSY); its push
+            # of ids[0] was made and is reaped by the next push of ids[0], not lost.
+            busy = cl.push(ids[1], grads[1].buffer_info()[0], 1, keep=grads[1])
+            try:
+                cl.push_many([(t, gg.buffer_info()[0], gg) for t, gg in zip(ids, grads)], 1)
+                raise AssertionError("a push of a busy tensor was taken")
+            except psd.PsError as e:
+                assert e.name == "EBUSY", str(e)
+            busy.wait()
+            cl.push_many([(t, gg.buffer_info()[0], gg) for t, gg in zip(ids, grads)], 2).wait()
+            v = cl.pull_many([(t, b.buffer_info()[0], b) for t, b in zip(ids, many)], 0).wait()
+            # Updates applied: tensors 0 and 1 three times (1: the busy push), tensor 2 twice.
+            assert v == [3, 3, 2], f"versions {v}, want [3, 3, 2]"
+    finally:
+        c.stop()
+    print("binding many: push_many / pull_many as one by one; misuse named; a refused call's "
+          "pushes made before it reaped")
+
+
 def binding(tmp):
     """psd.Client used wrongly, as a probe found it: close() from another thread while a call
     blocked hung both for good; a dropped Op's buffer could be freed or resized while its
@@ -1247,6 +1310,7 @@ def main():
         two_workers_asp(tmp)
         asp_schedule(tmp)
         binding_compression(tmp)
+        binding_many(tmp)
         early_break(tmp)
         errors(tmp)
         misuse(tmp)

@@ -288,6 +288,30 @@ int ps_client_pull(ps_client_t *c, uint32_t id, float *dst, uint64_t min_version
  */
 int ps_op_wait(ps_op_t *op, uint64_t *version);
 
+/**
+ * @brief ps_client_push() of @p n tensors for @p step in one call, fused as a group
+ *  (ps_client_group_begin): ops[i] is tensor ids[i]'s push of bufs[i], or its
+ *  ps_client_push_none() where bufs[i] is NULL (bsp only). For a binding that pays per call
+ *  (Python: one call instead of n).
+ * @param bufs  borrowed until each op is waited for, as ps_client_push()'s.
+ * @return 0; or the error of the first push refused, ids[k]'s: ops[0..k-1] were made (wait for
+ *  them) and ops[k..n-1] are NULL.
+ */
+int ps_client_push_many(ps_client_t *c, uint32_t n, const uint32_t *ids,
+                        const float *const *bufs, uint64_t step, ps_op_t **ops);
+
+/** @brief ps_client_pull() of @p n tensors into dsts[i] in one call, as ps_client_push_many. */
+int ps_client_pull_many(ps_client_t *c, uint32_t n, const uint32_t *ids, float *const *dsts,
+                        uint64_t min_version, ps_op_t **ops);
+
+/**
+ * @brief ps_op_wait() of each of @p n ops (NULL ones skipped) in one call; versions[i] (may be
+ *  NULL) as its @p version, statuses[i] (may be NULL) its status.
+ * @return 0, or the first failed op's status (ps_client_error() says why). Every op is waited
+ *  for, also after a failure.
+ */
+int ps_op_wait_many(uint32_t n, ps_op_t **ops, uint64_t *versions, int *statuses);
+
 /** @brief The last error text of the client (valid until the next call on it). */
 const char *ps_client_error(const ps_client_t *c);
 

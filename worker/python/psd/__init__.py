@@ -108,6 +108,11 @@ def library():
         "ps_client_push_none": (I, [P, U32, U64, ctypes.POINTER(P)]),
         "ps_client_pull": (I, [P, U32, P, U64, ctypes.POINTER(P)]),
         "ps_op_wait": (I, [P, ctypes.POINTER(U64)]),
+        "ps_client_push_many": (I, [P, U32, ctypes.POINTER(U32), ctypes.POINTER(P), U64,
+                                    ctypes.POINTER(P)]),
+        "ps_client_pull_many": (I, [P, U32, ctypes.POINTER(U32), ctypes.POINTER(P), U64,
+                                    ctypes.POINTER(P)]),
+        "ps_op_wait_many": (I, [U32, ctypes.POINTER(P), ctypes.POINTER(U64), ctypes.POINTER(I)]),
         "ps_client_error": (ctypes.c_char_p, [P]),
         "ps_client_group_begin": (None, [P]),
         "ps_client_group_end": (None, [P]),
@@ -202,6 +207,43 @@ class Op:
         if c is not None and not self.done:
             self.done = True
             c._orphan(self._op, self._keep, self._tid, self._push)
+
+
+class Ops:
+    """The pushes or pulls of one push_many / pull_many call: wait() once for all of them.
+    Keeps their buffers alive until then; dropped unwaited, each is kept as an Op would be."""
+
+    __slots__ = ("_client", "_ops", "_keep", "_tids", "_push", "done")
+
+    def __init__(self, client, ops, keep, tids, push):
+        self._client, self._ops, self._keep, self.done = client, ops, keep, False
+        self._tids, self._push = tids, push
+
+    def wait(self):
+        """Wait for every one; returns their lowest chunk versions (a list, pulls). Raises
+        PsError with the first failure, after every one was waited for."""
+        if self.done:
+            raise ValueError("these operations were waited for already")
+        n = len(self._tids)
+        v = (ctypes.c_uint64 * n)()
+        wait = library().ps_op_wait_many
+
+        def call(h):
+            self.done = True
+            return wait(n, self._ops, v, None)
+        try:
+            self._client._do(call)
+        finally:
+            self._keep = None
+        return list(v)
+
+    def __del__(self):
+        c = getattr(self, "_client", None)
+        if c is not None and not self.done:
+            self.done = True
+            for i, op in enumerate(self._ops):
+                if op:
+                    c._orphan(op, self._keep, self._tids[i], self._push)
 
 
 class _Entry:
@@ -573,6 +615,42 @@ class Client:
         """Pull the parameters into address `addr` once every chunk reached `min_version`."""
         return self._data_op(library().ps_client_pull, "pull", tid, addr, min_version, keep,
                              True)
+
+    def push_many(self, items, step):
+        """Push several tensors' gradients for `step` in one call (ps_client_push_many, fused
+        as a group): `items` is [(tid, address or None, keep)], None a push_none (bsp). Returns
+        an Ops to wait for. Checks as push() does."""
+        return self._many(library().ps_client_push_many, "push", items, step, False)
+
+    def pull_many(self, items, min_version):
+        """Pull several tensors in one call (ps_client_pull_many): `items` is [(tid, address,
+        keep)]. Returns an Ops to wait for. Checks as pull() does."""
+        return self._many(library().ps_client_pull_many, "pull", items, min_version, True)
+
+    def _many(self, fn, what, items, step, write):
+        n = len(items)
+        ids, addrs, ops = (ctypes.c_uint32 * n)(), (ctypes.c_void_p * n)(), (ctypes.c_void_p * n)()
+        keep = []
+        for i, (tid, addr, k) in enumerate(items):
+            if addr is None and what != "push":
+                raise ValueError(f"{what} of tensor {tid}: the address is None")
+            keep.append(self._pin(what, tid, addr or 0, k, write) if addr is not None else None)
+            ids[i] = tid
+            addrs[i] = None if addr is None else _uint(f"{what}: address", addr, 64, 1)
+        step = _uint(f"{what}: step", step, 64)
+        push = what == "push"
+        if push and self._orphans:
+            with self._call():
+                for tid in set(ids):
+                    self._reap(tid)
+        try:
+            self._do(fn, n, ids, addrs, step, ops)
+        except BaseException:  # those made before the one refused still run: kept till done
+            for i in range(n):
+                if ops[i]:
+                    self._orphan(ops[i], keep, ids[i], push)
+            raise
+        return Ops(self, ops, keep, list(ids), push)
 
     def group_begin(self):
         with self._call() as h:

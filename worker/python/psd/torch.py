@@ -55,18 +55,6 @@ def _unwrapped(model):
 _open = {}
 
 
-def _wait_all(ops):
-    """Wait for every op (each keeps its buffer alive until then); raise the first error after."""
-    first = None
-    for op in ops:
-        try:
-            op.wait()
-        except BaseException as e:  # Ctrl-C too: the others must still be waited for before
-            first = first or e      # their buffers are freed (interrupted ones end soon)
-    if first:
-        raise first
-
-
 class ParameterServer:
     """`model`'s parameters on the shards of `manifest` for a training set of `samples`; joins
     at creation, leaves at close().
@@ -251,15 +239,15 @@ class ParameterServer:
 
     def pull(self, min_version):
         """Pull every parameter into the model once its chunks reached `min_version`."""
-        ops, copies = [], []
+        items, copies = [], []
         for p, tid in self._checked():
             if self._in_place(p.data):
                 dst = p.data
             else:
                 dst = self._host.setdefault(tid, torch.zeros(p.numel(), dtype=torch.float32))
                 copies.append((p, dst))
-            ops.append(self.client.pull(tid, dst.data_ptr(), min_version, keep=dst))
-        _wait_all(ops)
+            items.append((tid, dst.data_ptr(), dst))
+        self.client.pull_many(items, min_version).wait()  # one call each: not one per tensor
         with torch.no_grad():
             for p, host in copies:
                 p.copy_(host.view_as(p))
@@ -342,23 +330,18 @@ class ParameterServer:
                     raise RuntimeError(f"a gradient of {g.numel()} values for a parameter of "
                                        f"{p.numel()}")
             grads.append((tid, g))
-        ops, removed = [], None
+        removed = None
         bsp = self.client.consistency == "bsp"
-        self.client.group_begin()  # the small gradients travel fused
+        # One call for all (fused as a group: the small gradients travel together); None: a
+        # push_none, under bsp only.
+        items = [(tid, None if g is None else g.data_ptr(), g) for tid, g in grads
+                 if g is not None or bsp]
         try:
-            for tid, g in grads:
-                if g is not None:
-                    ops.append(self.client.push(tid, g.data_ptr(), b.step, keep=g))
-                elif bsp:
-                    ops.append(self.client.push_none(tid, b.step))
-        finally:
-            self.client.group_end()
-            try:
-                _wait_all(ops)
-            except psd.PsError as e:
-                if e.name != "ENOTMEMBER":
-                    raise
-                removed = str(e)
+            self.client.push_many(items, b.step).wait()
+        except psd.PsError as e:
+            if e.name != "ENOTMEMBER":
+                raise
+            removed = str(e)
         if removed:
             # Dropped by the shards meanwhile: this batch went to another worker, and the next
             # one comes after a new join (batches()).
