@@ -2620,9 +2620,10 @@ static int send_values(ps_client_t *c, uint32_t shard, const ps_decl_t *d, const
  * declaration creates the tensor and declare again (answered once it is created). A worker
  * that took over from one gone is asked again: bounded, as each ask is a creation's. */
 static int declare_on(ps_client_t *c, uint32_t shard, ps_msg_t *req, ps_msg_t *rep,
-                      const float *values)
+                      const float *values, int *asked)
 {
     int rc = ctrl_call(c, OP_DECLARE, shard, req, rep);
+    *asked = rc == 0 && (rep->flags & PS_FLAG_VALUES);
     for (int asks = 0; rc == 0 && (rep->flags & PS_FLAG_VALUES); asks++) {
         if (values == NULL || !rep->has_decl || !rep->decl.assigned || asks == 8) {
             snprintf(c->err, sizeof c->err, "shard %u asked for the values of tensor '%s' %s",
@@ -2642,16 +2643,17 @@ static int declare_on(ps_client_t *c, uint32_t shard, ps_msg_t *req, ps_msg_t *r
 }
 
 static int declare(ps_client_t *c, const ps_tensor_desc_t *desc, const float *values,
-                   uint32_t *id);
+                   uint32_t *id, int *own);
 
 int ps_client_declare(ps_client_t *c, const ps_tensor_desc_t *desc, uint32_t *id)
 {
-    return declare(c, desc, NULL, id);
+    return declare(c, desc, NULL, id, NULL);
 }
 
 int ps_client_declare_values(ps_client_t *c, const ps_tensor_desc_t *desc, const float *values,
-                             uint32_t *id)
+                             uint32_t *id, int *own)
 {
+    if (own) *own = 0;
     if (c == NULL) return PS_EINVAL;
     if (values == NULL) {
         snprintf(c->err, sizeof c->err, "declare: the values are NULL");
@@ -2663,13 +2665,13 @@ int ps_client_declare_values(ps_client_t *c, const ps_tensor_desc_t *desc, const
                    "values with a declaration; tensors it creates start from the shards' "
                    "initializer");
         c->said_no_values = 1;
-        return declare(c, desc, NULL, id);
+        return declare(c, desc, NULL, id, NULL);
     }
-    return declare(c, desc, values, id);
+    return declare(c, desc, values, id, own);
 }
 
 static int declare(ps_client_t *c, const ps_tensor_desc_t *desc, const float *values,
-                   uint32_t *id)
+                   uint32_t *id, int *own)
 {
     if (c == NULL) return PS_EINVAL;
     if (desc == NULL || id == NULL || desc->name == NULL) {
@@ -2711,7 +2713,8 @@ static int declare(ps_client_t *c, const ps_tensor_desc_t *desc, const float *va
         return PS_EINVAL;
     }
     /* Shard 0 numbers the tensor; the others create their chunks with that numbering. */
-    int rc = declare_on(c, 0, &req, &rep, values);
+    int asked, parts = 0, mine = 0; /* shards holding chunks of it; those that asked */
+    int rc = declare_on(c, 0, &req, &rep, values, &asked);
     if (rc) return rc;
     if (!rep.has_decl || !rep.decl.assigned) {
         snprintf(c->err, sizeof c->err, "shard 0 answered a declaration without an id");
@@ -2727,10 +2730,18 @@ static int declare(ps_client_t *c, const ps_tensor_desc_t *desc, const float *va
         req.decl.init = (uint32_t)desc->init;
         req.decl.init_arg = desc->init_arg;
     }
-    for (uint32_t i = 1; i < c->nshards; i++) {
+    uint64_t numel = ps_decl_numel(&req.decl);
+    uint32_t nchunks = ps_chunk_count(numel, c->chunk_elems);
+    for (uint32_t i = 0; i < c->nshards; i++) {
         ps_msg_t r2;
-        if ((rc = declare_on(c, i, &req, &r2, values)) != 0) return rc;
+        if (i > 0 && (rc = declare_on(c, i, &req, &r2, values, &asked)) != 0) return rc;
+        bool holds = false;
+        for (uint32_t ch = 0; ch < nchunks && !holds; ch++)
+            holds = ps_place_shard(req.decl.first_chunk + ch, c->nshards) == i;
+        parts += holds;
+        mine += holds && asked;
     }
+    if (own) *own = parts > 0 && mine == parts;
     uint32_t tid = rep.decl.id;
     if (tid >= PS_CLIENT_MAX_TENSORS) {
         snprintf(c->err, sizeof c->err, "tensor id %u out of range", tid);
@@ -2996,6 +3007,11 @@ static void give_up_tensors(ps_client_t *c)
         PS_LOG(PS_LOG_INFO, "libps", "gave up the tensors this worker declared: %u only it had "
                "declared were dropped, %u kept (the job's)", dropped, kept);
     memcpy(c->err, err, sizeof err);
+}
+
+void ps_client_give_up(ps_client_t *c)
+{
+    if (c) give_up_tensors(c);
 }
 
 int ps_client_next_batch(ps_client_t *c, uint64_t samples, const ps_batch_info_t *done,

@@ -438,17 +438,46 @@ def model_values(tmp):
     initialize. A worker stopped before it sent its values is replaced by the next declarer
     (its declaration waits, then sends its own), or, when it is dropped first, the tensor is
     created again; either way nobody hangs and the values are one model's."""
-    c = Cluster(tmp, "values", 1, heartbeat_ms=10000)
+    c = Cluster(tmp, "values", 1, heartbeat_ms=10000, metrics=True)
     try:
+        bad, _ = pretrained(7)
+        with torch.no_grad():
+            bad[2].weight[0, 3] = float("nan")
+        try:  # refused before the join: nothing declared
+            psd.torch.ParameterServer(c.manifest, bad, samples=SAMPLES)
+            raise AssertionError("a model holding a NaN was taken")
+        except ValueError as e:
+            assert "'2.weight' holds a NaN" in str(e) and "init=" in str(e), str(e)
+        assert c.metric("psd_tensors") == 0, "the refused model left tensors"
         m, want = pretrained(7)
-        with psd.torch.ParameterServer(c.manifest, m, samples=SAMPLES):
-            got = m.state_dict()
-            for k in want:
-                assert torch.equal(got[k], want[k]), f"{k}: the model's values were replaced"
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            with psd.torch.ParameterServer(c.manifest, m, samples=SAMPLES):
+                got = m.state_dict()
+                for k in want:
+                    assert torch.equal(got[k], want[k]), f"{k}: the model's values were replaced"
+        assert not [x for x in w if "values the shards hold" in str(x.message)], \
+            [str(x.message) for x in w]
         m2, _ = pretrained(8)
-        with psd.torch.ParameterServer(c.manifest, m2, samples=SAMPLES):
-            for k in want:
-                assert torch.equal(m2.state_dict()[k], want[k]), f"{k}: not the shards' values"
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            with psd.torch.ParameterServer(c.manifest, m2, samples=SAMPLES):
+                for k in want:
+                    assert torch.equal(m2.state_dict()[k], want[k]), f"{k}: not the shards'"
+        said = [str(x.message) for x in w if "values the shards hold" in str(x.message)]
+        assert said and said[0].startswith("4 of 4 parameters"), [str(x.message) for x in w]
+        # A join that fails part-way (a shape conflict at its third tensor) gives up what its
+        # declarations created: the two new tensors do not stay with its values.
+        odd = torch.nn.Module()
+        odd.add_module("new", torch.nn.Linear(2, 2))
+        odd.add_module("0", torch.nn.Linear(FEATURES, 3))  # the job's 0.weight is [16, F]
+        try:
+            psd.torch.ParameterServer(c.manifest, odd, samples=SAMPLES)
+            raise AssertionError("a conflicting shape was taken")
+        except psd.PsError as e:
+            assert e.name == "ECONFLICT", str(e)
+        n = [c.metric("psd_tensors", k) for k in (0, 1)]
+        assert n == [4, 4], f"tensors after the failed join: {n} (its new ones stayed)"
     finally:
         c.stop()
     for init in ({"0.bias": ("constant", 0.5)}, "shards"):

@@ -161,6 +161,16 @@ uint64_t ps_client_join_step(const ps_client_t *c);
 int ps_client_declare(ps_client_t *c, const ps_tensor_desc_t *desc, uint32_t *id);
 
 /**
+ * @brief Give up the tensors this client declared: each that no other worker declared since
+ *  its shards started and that no push reached is dropped from the shards (psctl forget's
+ *  effect); the others are kept. For a worker that stops before training, so that the tensors
+ *  its declarations created (with its values) do not stay behind. libps does it by itself when
+ *  shard 0 refuses its first batch request (another model). Best effort: nothing is reported;
+ *  a psd older than session 36 is not asked.
+ */
+void ps_client_give_up(ps_client_t *c);
+
+/**
  * @brief ps_client_declare(), but a tensor this declaration creates starts from @p values
  *  (a model's own weights: a pretrained one), not from @p desc's initializer (ignored): on
  *  each shard where it creates the tensor, the values of that shard's chunks are sent before
@@ -169,11 +179,13 @@ int ps_client_declare(ps_client_t *c, const ps_tensor_desc_t *desc, uint32_t *id
  *  part comes from one worker; a worker that dies meanwhile is replaced by the next one
  *  waiting).
  * @param values  ps_decl_numel(shape) floats, borrowed until the call returns; all finite.
+ * @param[out] own  may be NULL; 1 when every chunk of the tensor was created from @p values,
+ *  0 when the shards held some or all of it already (another worker's values, or a store's).
  * @return as ps_client_declare(); PS_EINVAL also for a NaN or an infinity in @p values (nothing
  *  sent); a psd older than session 36 refuses the declaration (PS_EINVAL: initializer 5).
  */
 int ps_client_declare_values(ps_client_t *c, const ps_tensor_desc_t *desc, const float *values,
-                             uint32_t *id);
+                             uint32_t *id, int *own);
 
 #define PS_COMPRESSION_BLOCK (1u << 0)
 #define PS_COMPRESSION_STOCHASTIC (1u << 1)

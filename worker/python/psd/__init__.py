@@ -101,7 +101,9 @@ def library():
         "ps_client_join_step": (U64, [P]),
         "ps_client_job": (None, [P, ctypes.POINTER(_JobInfo)]),
         "ps_client_declare": (I, [P, ctypes.POINTER(_Desc), ctypes.POINTER(U32)]),
-        "ps_client_declare_values": (I, [P, ctypes.POINTER(_Desc), P, ctypes.POINTER(U32)]),
+        "ps_client_declare_values": (I, [P, ctypes.POINTER(_Desc), P, ctypes.POINTER(U32),
+                                         ctypes.POINTER(I)]),
+        "ps_client_give_up": (None, [P]),
         "ps_client_set_compression": (I, [P, U32, ctypes.POINTER(_Compression)]),
         "ps_client_use_job_compression": (I, [P, U32, ctypes.c_char_p]),
         "ps_client_push": (I, [P, U32, P, U64, ctypes.POINTER(P)]),
@@ -402,6 +404,7 @@ class Client:
         self._orphans = []  # (op, keep, tid, push) of Ops dropped unwaited (Op.__del__)
         self._destroyed = False
         self._numel = {}  # tensor id -> values, of the declarations made here
+        self._own = {}  # tensor id -> whether declare(values=) created all of it
         me = weakref.ref(self)  # not self: the entry must not keep it from its __del__
 
         def busy():
@@ -486,7 +489,8 @@ class Client:
         value init_arg)); returns its id. values: instead, the address of its float32 values
         (contiguous, all finite, read during the call only) for the shards where this
         declaration creates it: a model's own weights; a tensor that exists keeps its own
-        (ps_client_declare_values). total_steps: the planned steps, the length of a
+        (ps_client_declare_values; own(tid) says whether all of it came from these values).
+        total_steps: the planned steps, the length of a
         cosine schedule without optimizer.decay_steps (0: such a schedule never decays).
         compress: its pushes (and pulls) use the manifest's job.compression for its name and
         size, as psworker's do; False: float32 (set_compression changes it later)."""
@@ -510,8 +514,11 @@ class Client:
         if values is None:
             self._do(library().ps_client_declare, ctypes.byref(d), ctypes.byref(tid))
         else:
+            own = ctypes.c_int(0)
             self._do(library().ps_client_declare_values, ctypes.byref(d),
-                     _uint(f"tensor {name}: values address", values, 64, 1), ctypes.byref(tid))
+                     _uint(f"tensor {name}: values address", values, 64, 1), ctypes.byref(tid),
+                     ctypes.byref(own))
+            self._own[tid.value] = bool(own.value)
         n = 1
         for s in shape:
             n *= s
@@ -615,6 +622,19 @@ class Client:
         """Pull the parameters into address `addr` once every chunk reached `min_version`."""
         return self._data_op(library().ps_client_pull, "pull", tid, addr, min_version, keep,
                              True)
+
+    def own(self, tid):
+        """Whether every chunk of tensor `tid` was created from the values this client
+        declared it with (False: the shards held some or all of it: another worker's values,
+        or a store's; None: declared without values)."""
+        return self._own.get(tid)
+
+    def give_up(self):
+        """Give up the tensors this client declared (ps_client_give_up): each that no other
+        worker declared and no push reached is dropped from the shards. For a worker that
+        stops before training: what its declarations created does not stay behind."""
+        with self._call() as h:
+            library().ps_client_give_up(h)
 
     def push_many(self, items, step):
         """Push several tensors' gradients for `step` in one call (ps_client_push_many, fused

@@ -113,6 +113,12 @@ class ParameterServer:
             if p.device.type == "meta":
                 raise ValueError(f"parameter {name!r} is on the meta device (no values to "
                                  "pull into): materialize the model first (to_empty)")
+            if init != "shards" and name not in init and \
+                    not bool(torch.isfinite(p.detach()).all()):
+                raise ValueError(f"parameter {name!r} holds a NaN or an infinity, and a tensor "
+                                 "the shards do not hold yet starts from the model's values: "
+                                 "load finite weights first, or let the shards initialize it "
+                                 f"(init={{{name!r}: (\"xavier\", 0.0)}}, or init=\"shards\")")
         self.model, self._module = model, module
         self._manifest, self._connect_timeout_ms, self._init = manifest, connect_timeout_ms, init
         self._host = {}  # id -> float32 host copy, for parameters not pulled in place
@@ -146,7 +152,7 @@ class ParameterServer:
         if ref is not None and ref() in (self, None):
             del _open[id(self._module)]
 
-    def _join(self):
+    def _join(self, again=False):
         """Join (a new client) and declare every trainable parameter; then pull them."""
         self.client = c = psd.Client(self._manifest, connect_timeout_ms=self._connect_timeout_ms)
         per_step = c.batch_size * max(c.workers_wanted, 1)
@@ -180,9 +186,19 @@ class ParameterServer:
                 except ValueError as e:
                     raise ValueError(f"parameter {name!r}: {e}") from e
                 self._params.append((name, p, tid, p.numel()))
+            held = [name for name, _, tid, _ in self._params if c.own(tid) is False]
+            if held and not again:  # joining again: the shards' values are the job's
+                warnings.warn(f"{len(held)} of {len(self._params)} parameters ({held[0]!r}"
+                              f"{' and others' if len(held) > 1 else ''}) start from the values "
+                              "the shards hold, not this model's: another worker's model "
+                              "created them first, or the store holds trained ones (a job "
+                              "resumes)", stacklevel=3)
             self.pull(0)
         except BaseException:
-            c.close()
+            try:  # what its declarations created (with this model's values) does not stay
+                c.give_up()
+            finally:
+                c.close()
             raise
 
     def _rejoin(self, why):
@@ -194,7 +210,7 @@ class ParameterServer:
         self.client.close()
         self._host = {}
         self._done, self._removed = None, None
-        self._join()
+        self._join(again=True)
 
     @staticmethod
     def _default_init(p):
