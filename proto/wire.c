@@ -66,9 +66,10 @@ int ps_decl_check(const ps_decl_t *d, char *err, size_t errlen)
             return PS_EINVAL;
         }
     }
-    if (d->init > 5) {
+    if (ps_decl_init_kind(d) > 5 || (d->init & ~(0xffu | PS_DECL_MEAN))) {
         snprintf(err, errlen, "tensor '%s' has unknown initializer %u (0 zeros, 1 normal, "
-                 "2 uniform, 3 xavier, 4 constant, 5 values sent)", d->name, d->init);
+                 "2 uniform, 3 xavier, 4 constant, 5 values sent; | 256: a mean of the "
+                 "pushes)", d->name, d->init);
         return PS_EINVAL;
     }
     return 0;

@@ -6,6 +6,7 @@
 #ifndef PS_WIRE_H
 #define PS_WIRE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -196,6 +197,17 @@ typedef struct {
     int has_decl;
     ps_decl_t decl;
 } ps_msg_t;
+
+/* ps_decl_t.init: the initializer (psk_init_kind_t, the low byte) and this flag: the tensor's
+ * values are the mean of the members' pushes of each step, no optimizer (a BatchNorm's running
+ * statistics: psd.torch). Carried in init so that a psd older than session 36 refuses such a
+ * declaration ("unknown initializer") instead of training it with the optimizer. */
+#define PS_DECL_MEAN 0x100u
+
+/** @brief The initializer of @p d (psk_init_kind_t). */
+static inline uint32_t ps_decl_init_kind(const ps_decl_t *d) { return d->init & 0xffu; }
+/** @brief Whether @p d's values are the mean of each step's pushes (PS_DECL_MEAN). */
+static inline bool ps_decl_mean(const ps_decl_t *d) { return (d->init & PS_DECL_MEAN) != 0; }
 
 /** @brief Product of the decl's dimensions; 0 when ndim is 0. */
 uint64_t ps_decl_numel(const ps_decl_t *d);

@@ -164,6 +164,8 @@ struct psd_chunk_s {
                                   counts only the steps with a gradient. Read by jobs, written
                                   by the loop after them; kept in the 'D' record */
     uint64_t total_steps;      /* the tensor's planned steps (lr schedule); read by jobs */
+    bool mean;                 /* its tensor's values are the mean of each step's pushes
+                                  (PS_DECL_MEAN): no optimizer; read by jobs */
     psd_slot_t *slot_group[PS_MAX_RANKS / PSD_SLOT_GROUP]; /* ranks' slots by group of
                                   PSD_SLOT_GROUP (NULL: none of them pushed here yet) */
     float *agg;                /* [n] decode-and-sum buffer, allocated on the first compressed push */

@@ -192,6 +192,7 @@ static int tensor_add(psd_server_t *srv, const ps_decl_t *d, bool ready)
         t->chunks[c] = chunk_new(srv, d->id, c, (uint32_t)ps_chunk_len(t->numel, srv->chunk_elems, c));
         if (t->chunks[c] == NULL) return PS_ENOMEM;
         t->chunks[c]->total_steps = d->total_steps;
+        t->chunks[c]->mean = ps_decl_mean(d);
     }
     if ((rc = name_index_add(srv, d->id)) != 0) return rc;
     t->present = true;
@@ -739,7 +740,8 @@ static void values_giver_gone(psd_server_t *srv, uint32_t id)
     }
     if (t->declares) {
         values_free(t);
-        t->decl.init = t->decl.ndim >= 2 ? PSK_INIT_XAVIER : PSK_INIT_ZEROS;
+        t->decl.init = (t->decl.init & PS_DECL_MEAN) |
+                       (t->decl.ndim >= 2 ? PSK_INIT_XAVIER : PSK_INIT_ZEROS);
         t->decl.init_arg = 0;
         PS_LOG(PS_LOG_WARN, "shard", "tensor %u '%s': the worker creating it left before its "
                "values came; the declarations waiting send none: initialized by psd (%s)", id,
@@ -974,6 +976,13 @@ void psd_shard_on_declare(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *m
         return;
     }
     if (t) {
+        if (ps_decl_mean(&d) != ps_decl_mean(&t->decl)) {
+            psd_send_error(srv, conn, msg->req_id, PS_ECONFLICT, "tensor '%s' declared as %s, "
+                           "but it exists as %s", d.name,
+                           ps_decl_mean(&d) ? "a mean of the pushes" : "the optimizer's",
+                           ps_decl_mean(&t->decl) ? "a mean of the pushes" : "the optimizer's");
+            return;
+        }
         if (!same_shape(&t->decl, &d)) {
             ps_shape_str(d.shape, d.ndim, want, sizeof want);
             ps_shape_str(t->decl.shape, t->decl.ndim, have, sizeof have);
@@ -998,7 +1007,7 @@ void psd_shard_on_declare(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *m
         else if (t->ready)
             reply_declare(srv, conn, msg->req_id, t);
         else if (wait_add(srv, &t->declares, conn, msg->req_id, 0, 0,
-                          d.init == PSK_INIT_VALUES ? PS_FLAG_VALUES : 0, 0))
+                          ps_decl_init_kind(&d) == PSK_INIT_VALUES ? PS_FLAG_VALUES : 0, 0))
             psd_send_error(srv, conn, msg->req_id, PS_ENOMEM, "out of memory");
         return;
     }
@@ -1046,7 +1055,8 @@ void psd_shard_on_declare(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *m
     if (rc == 0 && srv->shard == 0 && conn->rank >= 0 && conn->rank < PS_MAX_RANKS)
         srv->tensors[d.id].declared_ranks = 1ull << conn->rank;
     /* Values sent by the declarer: asked for first, created once they all came. */
-    bool ask = rc == 0 && d.init == PSK_INIT_VALUES && local_chunks(&srv->tensors[d.id]) > 0;
+    bool ask = rc == 0 && ps_decl_init_kind(&d) == PSK_INIT_VALUES &&
+               local_chunks(&srv->tensors[d.id]) > 0;
     if (ask)
         rc = values_begin(srv, &srv->tensors[d.id], conn);
     else if (rc == 0)
@@ -1939,12 +1949,17 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
 
 /* ---- store jobs --------------------------------------------------------- */
 
-static psk_optim_t optim_at(psd_server_t *srv, uint64_t step, uint64_t total_steps)
+/* The update of chunk @p ch at @p step: the job's optimizer at its schedule's rate, or the
+ * mean of the pushes for a tensor declared so (PS_DECL_MEAN). */
+static psk_optim_t optim_at(psd_server_t *srv, const psd_chunk_t *ch, uint64_t step,
+                            uint64_t total_steps)
 {
     const ps_optim_conf_t *o = &srv->m.job.optimizer;
     uint64_t decay = o->decay_steps ? o->decay_steps : total_steps;
-    return ps_optim_kernel_conf(o, psk_lr_at(o->schedule == PS_SCHED_COSINE, o->lr, o->min_lr,
-                                             o->warmup_steps, decay, step));
+    psk_optim_t k = ps_optim_kernel_conf(o, psk_lr_at(o->schedule == PS_SCHED_COSINE, o->lr,
+                                                      o->min_lr, o->warmup_steps, decay, step));
+    if (ch->mean) k.kind = PSK_MEAN; /* its state arrays are carried through unchanged */
+    return k;
 }
 
 /* Whether item @p i's reserved record @p h (of @p n params) waits for the job's fan-out: only
@@ -1995,7 +2010,7 @@ static int run_create(psd_job_t *job, psd_wtxn_t *tx)
     int rc = psd_store_put_tensor(tx, d);
     uint64_t dims1 = 1; /* at most PS_MAX_TENSOR_VALUES: a uint32 wrapped (xavier's bound) */
     for (int i = 1; i < d->ndim; i++) dims1 *= d->shape[i];
-    job->init = (psk_init_t){.kind = (psk_init_kind_t)d->init, .arg = d->init_arg,
+    job->init = (psk_init_t){.kind = (psk_init_kind_t)ps_decl_init_kind(d), .arg = d->init_arg,
                              .seed = psk_init_seed(d->name, d->seed), .fan_in = d->shape[0],
                              .fan_out = d->ndim > 1 ? dims1 : 1};
     uint32_t ndeferred = 0;
@@ -2100,7 +2115,7 @@ static void apply_item(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, p
         uint64_t pos = ch->has_progress ? psk_lr_pos(ch->progress, srv->m.job.workers,
                                                      srv->m.job.batch_size)
                                         : h->version;
-        psk_optim_t o = optim_at(srv, pos, total);
+        psk_optim_t o = optim_at(srv, ch, pos, total);
         if (ch->sum_members == 0) {
             /* Every push of the step replays a batch applied here before, or has no gradient
              * (PS_FLAG_NOGRAD): the step passes with the record as it was. */
@@ -2142,7 +2157,7 @@ static void apply_item(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, p
         uint64_t pos = sl->progress != UINT64_MAX
                            ? psk_lr_pos(sl->progress, srv->m.job.workers, srv->m.job.batch_size)
                            : h->version;
-        psk_optim_t o = optim_at(srv, pos, total);
+        psk_optim_t o = optim_at(srv, ch, pos, total);
         const float *g = (const float *)slot_data(ch, r);
         if (sl->codec.kind != PSK_CODEC_NONE) {
             memset(ch->agg, 0, (size_t)ch->n * 4);
@@ -2155,6 +2170,8 @@ static void apply_item(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, p
             break;
         }
         psk_optim_apply_cpu(p, s, p_in, s_in, g, 1.0f, ch->n, h->version + 1, &o);
+        if (o.kind == PSK_MEAN && s != s_in) /* it writes no state: carried through */
+            memcpy(s, s_in, (size_t)ch->n * srv->nstate * sizeof(float));
         p_in = p; /* later updates of this batch go in place on the new record */
         s_in = s;
         h->version++;

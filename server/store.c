@@ -611,6 +611,8 @@ void psd_store_chunk_update(psd_chunk_hdr_t *h, const float *p_in, const float *
 {
     uint32_t n = h->n, ns = h->nstate;
     float *p = psd_chunk_params(h), *s = psd_chunk_state(h);
+    if (o->kind == PSK_MEAN && ns && s != s_in) /* it writes no state: carried through */
+        memcpy(s, s_in, (size_t)n * ns * sizeof(float));
     XXH3_state_t hs;
     XXH3_64bits_reset(&hs);
     uint32_t crc = 0;

@@ -2644,6 +2644,7 @@ static int declare_on(ps_client_t *c, uint32_t shard, ps_msg_t *req, ps_msg_t *r
 
 static int declare(ps_client_t *c, const ps_tensor_desc_t *desc, const float *values,
                    uint32_t *id, int *own);
+_Static_assert(PS_TENSOR_MEAN == PS_DECL_MEAN, "the public flag is the wire's");
 
 int ps_client_declare(ps_client_t *c, const ps_tensor_desc_t *desc, uint32_t *id)
 {
@@ -2692,8 +2693,9 @@ static int declare(ps_client_t *c, const ps_tensor_desc_t *desc, const float *va
     req.decl.init_arg = desc->init_arg;
     req.decl.seed = desc->seed;
     req.decl.total_steps = desc->total_steps;
+    uint32_t mean = req.decl.init & PS_DECL_MEAN;
     if (values) {
-        req.decl.init = PSK_INIT_VALUES;
+        req.decl.init = PSK_INIT_VALUES | mean;
         req.decl.init_arg = 0;
     }
     /* The shards refuse what this refuses; checked here, the caller learns why at once. */
@@ -2724,9 +2726,9 @@ static int declare(ps_client_t *c, const ps_tensor_desc_t *desc, const float *va
     /* A part another shard lacks is created as this caller asks: from its values, or its
      * initializer where shard 0's creator sent values. */
     if (values) {
-        req.decl.init = PSK_INIT_VALUES;
+        req.decl.init = PSK_INIT_VALUES | mean;
         req.decl.init_arg = 0;
-    } else if (req.decl.init == PSK_INIT_VALUES) { /* shard 0's creator sent values */
+    } else if (ps_decl_init_kind(&req.decl) == PSK_INIT_VALUES) { /* its creator sent values */
         req.decl.init = (uint32_t)desc->init;
         req.decl.init_arg = desc->init_arg;
     }

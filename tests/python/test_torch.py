@@ -51,6 +51,8 @@ def model():
     layers = [torch.nn.Linear(FEATURES, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)]
     if os.environ.get("TEST_MODEL") == "longer":  # two more tensors, the others the same
         layers.append(torch.nn.Linear(1, 1))
+    if os.environ.get("TEST_MODEL") == "bn":  # running statistics (buffers) too
+        layers.insert(1, torch.nn.BatchNorm1d(16))
     return torch.nn.Sequential(*layers)
 
 
@@ -184,7 +186,8 @@ def train(manifest, record, die_after=0, together=None, pause_at=0):
     the join until n workers joined, so that they share the job from its first step."""
     x, y = data()
     m = model()
-    with psd.torch.ParameterServer(manifest, m, samples=SAMPLES) as ps:
+    with psd.torch.ParameterServer(manifest, m, samples=SAMPLES,
+                                   sync_buffers=os.environ.get("TEST_SYNC_BUFFERS") != "0") as ps:
         if together:
             barrier(*together)
         order = os.environ.get("TEST_FIRST")  # "wait" for, or "tell", the other's first batch
@@ -359,6 +362,51 @@ def models_differ(tmp):
         c.stop()
     print(f"models differ: one worker refused ({refused.split(': under')[0]}), the other "
           f"finished; {applied:.0f} samples applied; {job} tensors, checkpoint taken")
+
+
+def buffers_shared(tmp):
+    """BatchNorm's running statistics (floating-point buffers) are held on the shards as the
+    mean of the workers' values after each step (PS_TENSOR_MEAN): two workers end with the
+    same statistics, as DDP's broadcast gives them the same. Before (and with
+    sync_buffers=False) each worker kept its own, estimated from its own batches."""
+    got = {}
+    for sync in ("1", "0"):
+        c = Cluster(tmp, f"buffers-{sync}", 2)
+        try:
+            outs = [os.path.join(c.dir, f"w{i}.json") for i in range(2)]
+            env = dict(os.environ, TEST_BARRIER=c.dir, TEST_MODEL="bn", TEST_SYNC_BUFFERS=sync)
+            ws = [subprocess.Popen([sys.executable, __file__, "worker", c.manifest, o], env=env)
+                  for o in outs]
+            rcs = [w.wait(timeout=120) for w in ws]
+            assert rcs == [0, 0], f"workers exited with {rcs}"
+            r = [json.load(open(o))["final"] for o in outs]
+        finally:
+            c.stop()
+        stats = [{k: v for k, v in w.items() if "running" in k} for w in r]
+        assert sorted(stats[0]) == ["1.running_mean", "1.running_var"], sorted(stats[0])
+        assert stats[0]["1.running_mean"] != [0.0] * 16, "the running mean never moved"
+        got[sync] = stats[0] == stats[1]
+        params = [{k: v for k, v in w.items() if "running" not in k and "tracked" not in k}
+                  for w in r]
+        assert params[0] == params[1], "the workers' parameters differ"
+    assert got == {"1": True, "0": False}, \
+        f"statistics equal across the workers: synced {got['1']}, not synced {got['0']}"
+    # One worker: the mean of one push is that push, so the statistics are the ones it computes
+    # itself, bit for bit (an optimizer applied to them would move them elsewhere).
+    one = {}
+    for sync in ("1", "0"):
+        c = Cluster(tmp, f"buffers-one-{sync}", 1)
+        try:
+            out = os.path.join(c.dir, "w.json")
+            env = dict(os.environ, TEST_MODEL="bn", TEST_SYNC_BUFFERS=sync)
+            w = subprocess.Popen([sys.executable, __file__, "worker", c.manifest, out], env=env)
+            assert w.wait(timeout=120) == 0, "the worker failed"
+            one[sync] = json.load(open(out))["final"]
+        finally:
+            c.stop()
+    assert one["1"] == one["0"], "one worker's statistics changed by being held on the shards"
+    print("buffers shared: two workers end with the same BatchNorm statistics (each its own "
+          "with sync_buffers=False); one worker's are its own, bit for bit")
 
 
 def forget_stray(tmp):
@@ -1066,13 +1114,15 @@ def torch_user(tmp):
             with psd.torch.ParameterServer(c.manifest, model(), samples=SAMPLES) as ps:
                 assert list(ps.batches()) == []
             bn = torch.nn.Sequential(torch.nn.Linear(FEATURES, 4), torch.nn.BatchNorm1d(4))
+            bn[0].bias.requires_grad_(False)  # frozen: this worker's own
             try:  # warned at once; then refused: new tensors of a bsp job past step 0
                 psd.torch.ParameterServer(c.manifest, bn, samples=SAMPLES).close()
             except psd.PsError as e:
                 assert e.name == "ECONFLICT", str(e)
         said = [str(x.message) for x in w]
         assert any("the job is finished (step " in t for t in said), said
-        assert any("1.running_mean" in t and "stay this worker's own" in t for t in said), said
+        assert any("(0.bias)" in t and "stay this worker's own" in t for t in said), said
+        assert not any("running_mean" in t for t in said), said  # held: the workers' mean
     finally:
         c.stop()
     print("torch user: a second ParameterServer on a model refused; DataParallel's names held "
@@ -1330,6 +1380,7 @@ def main():
         assert d > 1e-3, f"the cosine schedule changed nothing ({d})"
         two_workers_share(tmp)
         models_differ(tmp)
+        buffers_shared(tmp)
         forget_stray(tmp)
         model_values(tmp)
         late_model(tmp)

@@ -43,11 +43,16 @@ typedef struct {
     uint32_t shape[4];
     int ndim;                /* 1..4 */
     int init;                /* 0 zeros, 1 normal(init_arg = std), 2 uniform(init_arg = a), 3 xavier,
-                                4 constant(init_arg = the value) */
+                                4 constant(init_arg = the value); | PS_TENSOR_MEAN */
     float init_arg;
     uint64_t seed;
     uint64_t total_steps;    /* the job's planned steps, for the learning-rate schedule */
 } ps_tensor_desc_t;
+
+/* ps_tensor_desc_t.init | PS_TENSOR_MEAN: after each step the tensor holds the mean of the
+ * members' pushes of it, no optimizer (the running statistics of a BatchNorm, averaged over
+ * the workers: psd.torch). A psd older than session 36 refuses the declaration. */
+#define PS_TENSOR_MEAN 0x100
 
 typedef struct {
     uint64_t bytes_pushed, bytes_pulled;   /* payload bytes sent / received */

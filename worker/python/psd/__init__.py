@@ -23,6 +23,7 @@ from array import array
 __all__ = ["PsError", "Client", "Batch", "batch_order", "library"]
 
 _INITS = {"zeros": 0, "normal": 1, "uniform": 2, "xavier": 3, "constant": 4}
+_TENSOR_MEAN = 0x100  # ps_client.h PS_TENSOR_MEAN
 CONSISTENCY = ("bsp", "asp", "ssp")
 
 
@@ -483,13 +484,15 @@ class Client:
             return library().ps_client_shards(h)
 
     def declare(self, name, shape, init="zeros", init_arg=0.0, seed=0, total_steps=0,
-                compress=True, values=None):
+                compress=True, values=None, mean=False):
         """Declare tensor `name` of `shape` (1 to 4 dimensions) on the shards, initialized there
         (init: zeros, normal (std init_arg), uniform (a = init_arg), xavier, constant (every
         value init_arg)); returns its id. values: instead, the address of its float32 values
         (contiguous, all finite, read during the call only) for the shards where this
         declaration creates it: a model's own weights; a tensor that exists keeps its own
         (ps_client_declare_values; own(tid) says whether all of it came from these values).
+        mean: after each step the tensor holds the mean of the members' pushes of it, no
+        optimizer (PS_TENSOR_MEAN: a BatchNorm's running statistics).
         total_steps: the planned steps, the length of a
         cosine schedule without optimizer.decay_steps (0: such a schedule never decays).
         compress: its pushes (and pulls) use the manifest's job.compression for its name and
@@ -505,7 +508,8 @@ class Client:
         arg = float(init_arg)
         if not abs(arg) <= 3.4028234663852886e38:  # NaN too
             raise ValueError(f"tensor {name}: init_arg {init_arg!r} is not a finite float32")
-        d = _Desc(name=name.encode(), ndim=len(shape), init=_INITS[init], init_arg=arg,
+        d = _Desc(name=name.encode(), ndim=len(shape),
+                  init=_INITS[init] | (_TENSOR_MEAN if mean else 0), init_arg=arg,
                   seed=_uint(f"tensor {name}: seed", seed, 64),
                   total_steps=_uint(f"tensor {name}: total_steps", total_steps, 64))
         for i, s in enumerate(shape):

@@ -71,7 +71,8 @@ class ParameterServer:
     Buffers (BatchNorm's running statistics) and frozen parameters stay this worker's own.
     One ParameterServer per model at a time in a process."""
 
-    def __init__(self, manifest, model, samples, init=None, connect_timeout_ms=None):
+    def __init__(self, manifest, model, samples, init=None, connect_timeout_ms=None,
+                 sync_buffers=True):
         try:
             n = operator.index(samples)  # int, numpy integers; not 0.5 or "128"
         except TypeError:
@@ -121,6 +122,8 @@ class ParameterServer:
                                  f"(init={{{name!r}: (\"xavier\", 0.0)}}, or init=\"shards\")")
         self.model, self._module = model, module
         self._manifest, self._connect_timeout_ms, self._init = manifest, connect_timeout_ms, init
+        self._sync_buffers = bool(sync_buffers)
+        self._buffers = []  # (name, owning module, attribute, id, values) of the held buffers
         self._host = {}  # id -> float32 host copy, for parameters not pulled in place
         self._done = None  # the last batch stepped and not yet reported by a next_batch
         self._batch = None
@@ -128,13 +131,17 @@ class ParameterServer:
         self._removed = None  # why the shards dropped this worker: batches() joins again
         self.final_step = None
         self._got_batch = False  # batches() handed out one (else a finished job is said)
-        own = [n for n, _ in module.named_buffers()] + \
+        # Floating-point buffers (BatchNorm's running statistics) are held as the mean of the
+        # workers' values after each step; counters (num_batches_tracked: each worker counts
+        # its own batches) and frozen parameters stay each worker's own.
+        own = [n for n, b in module.named_buffers()
+               if not b.is_floating_point() and not n.endswith("num_batches_tracked")] + \
             [n for n, p in module.named_parameters() if not p.requires_grad]
-        if own:  # DDP broadcasts buffers from rank 0; psd holds trainable parameters only
+        if own:
             warnings.warn(f"psd.torch: {len(own)} buffers and frozen parameters of the model "
                           f"({', '.join(own[:3])}{', ...' if len(own) > 3 else ''}) stay this "
-                          "worker's own: the shards hold only trainable parameters, so they "
-                          "may differ between workers (e.g. BatchNorm's running statistics)",
+                          "worker's own: the shards hold trainable parameters and floating-"
+                          "point buffers only, so they may differ between workers",
                           stacklevel=2)
         _open[id(module)] = weakref.ref(self)
         try:
@@ -186,20 +193,71 @@ class ParameterServer:
                 except ValueError as e:
                     raise ValueError(f"parameter {name!r}: {e}") from e
                 self._params.append((name, p, tid, p.numel()))
-            held = [name for name, _, tid, _ in self._params if c.own(tid) is False]
-            if held and not again:  # joining again: the shards' values are the job's
+            self._declare_buffers(c, total)
+            # Parameters the shards held already (another worker's model created them, or the
+            # store holds trained ones): said when their values differ from this model's.
+            held = [] if again else \
+                [(name, p, self._digest(p)) for name, p, tid, _ in self._params
+                 if c.own(tid) is False]
+            self.pull(0)
+            held = [name for name, p, d in held if self._digest(p) != d]
+            if held:
                 warnings.warn(f"{len(held)} of {len(self._params)} parameters ({held[0]!r}"
                               f"{' and others' if len(held) > 1 else ''}) start from the values "
                               "the shards hold, not this model's: another worker's model "
                               "created them first, or the store holds trained ones (a job "
                               "resumes)", stacklevel=3)
-            self.pull(0)
         except BaseException:
             try:  # what its declarations created (with this model's values) does not stay
                 c.give_up()
             finally:
                 c.close()
             raise
+
+    def _declare_buffers(self, c, total):
+        """Declare the model's floating-point buffers (BatchNorm's running statistics) as
+        tensors whose values are the mean of the workers' pushes after each step
+        (PS_TENSOR_MEAN), from this model's values where the declaration creates them. A psd
+        older than session 36 refuses such a declaration: then they stay each worker's own."""
+        self._buffers = []
+        if not self._sync_buffers:
+            return
+        for name, b in self._module.named_buffers():
+            if not b.is_floating_point():
+                continue  # a counter (num_batches_tracked): each worker's own
+            prefix, _, attr = name.rpartition(".")
+            owner = self._module.get_submodule(prefix) if prefix else self._module
+            shape = tuple(b.shape) or (1,)
+            if len(shape) > 4:
+                shape = shape[:3] + (math.prod(shape[3:]),)
+            with torch.no_grad():
+                v = b.detach()
+                if not self._in_place(v):
+                    v = v.to("cpu", torch.float32).contiguous()
+            try:
+                tid = c.declare(name, shape, values=v.data_ptr(), mean=True, compress=False,
+                                total_steps=total)
+            except psd.PsError as e:
+                if e.name == "EINVAL" and "unknown initializer" in str(e):
+                    warnings.warn("psd.torch: the shards are a psd older than session 36: the "
+                                  "model's buffers stay each worker's own", stacklevel=4)
+                    self._buffers = []
+                    return
+                raise psd.PsError(e.code, e.name, f"buffer {name!r}: "
+                                  f"{str(e)[len(e.name) + 2:]}") from e
+            self._buffers.append((name, owner, attr, tid, b.numel()))
+
+    def _held_buffers(self):
+        """[(buffer, id)] of the buffers held: the module's current ones (an assignment replaces
+        the object), each of the size declared."""
+        out = []
+        for name, owner, attr, tid, n in self._buffers:
+            b = getattr(owner, attr, None)
+            if not isinstance(b, torch.Tensor) or b.numel() != n:
+                raise RuntimeError(f"buffer {name!r} is not the {n} values it was declared "
+                                   "with any more: its shape cannot change on psd")
+            out.append((b, tid))
+        return out
 
     def _rejoin(self, why):
         """The shards dropped this worker (it was silent past job.heartbeat_timeout_ms: a
@@ -211,6 +269,13 @@ class ParameterServer:
         self._host = {}
         self._done, self._removed = None, None
         self._join(again=True)
+
+    @staticmethod
+    def _digest(p):
+        """Two sums of a parameter's values (float64): told apart when they change."""
+        with torch.no_grad():
+            d = p.detach().double()
+            return d.sum().item(), (d * d).sum().item()
 
     @staticmethod
     def _default_init(p):
@@ -256,7 +321,7 @@ class ParameterServer:
     def pull(self, min_version):
         """Pull every parameter into the model once its chunks reached `min_version`."""
         items, copies = [], []
-        for p, tid in self._checked():
+        for p, tid in self._checked() + self._held_buffers():
             if self._in_place(p.data):
                 dst = p.data
             else:
@@ -352,6 +417,11 @@ class ParameterServer:
         # push_none, under bsp only.
         items = [(tid, None if g is None else g.data_ptr(), g) for tid, g in grads
                  if g is not None or bsp]
+        for buf, tid in self._held_buffers():  # their values: the shards keep the mean
+            v = buf.detach()
+            if not self._in_place(v):
+                v = v.to(device="cpu", dtype=torch.float32).contiguous()
+            items.append((tid, v.data_ptr(), v))
         try:
             self.client.push_many(items, b.step).wait()
         except psd.PsError as e:
