@@ -2670,7 +2670,10 @@ static void job_start_next(psd_server_t *srv)
             c->step_members = members;
             c->applying = true;
             c->sum_members = members & ~c->skip_mask & ~c->nograd_mask;
-            c->mean_of = (uint32_t)__builtin_popcountll(members & ~c->skip_mask);
+            /* A mean tensor's values: the mean of those pushed (no "zero" from a member
+             * without one). */
+            c->mean_of = (uint32_t)__builtin_popcountll(c->mean ? c->sum_members
+                                                                : members & ~c->skip_mask);
             c->applying_mask = 0;
             SLOTS_FOR(c, s) {
                 uint32_t r = s->rank;

@@ -402,6 +402,21 @@ def buffers_shared(tmp):
             w = subprocess.Popen([sys.executable, __file__, "worker", c.manifest, out], env=env)
             assert w.wait(timeout=120) == 0, "the worker failed"
             one[sync] = json.load(open(out))["final"]
+            os.environ["TEST_MODEL"] = "bn"
+            try:
+                m = model()
+            finally:
+                del os.environ["TEST_MODEL"]
+            # Other buffers are left alone (a mask holding -inf, an empty one: refused as values
+            # before); a store made without statistics keeps them each worker's own (a bsp job
+            # past step 0 refuses new tensors: before, the join failed).
+            m.register_buffer("mask", torch.full((3,), float("-inf")))
+            m.register_buffer("dummy", torch.empty(0))
+            with warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always")
+                psd.torch.ParameterServer(c.manifest, m, samples=SAMPLES).close()
+            said = [str(x.message) for x in said if "running statistics stay" in str(x.message)]
+            assert len(said) == (sync == "0"), said
         finally:
             c.stop()
     assert one["1"] == one["0"], "one worker's statistics changed by being held on the shards"

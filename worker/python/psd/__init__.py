@@ -492,7 +492,8 @@ class Client:
         declaration creates it: a model's own weights; a tensor that exists keeps its own
         (ps_client_declare_values; own(tid) says whether all of it came from these values).
         mean: after each step the tensor holds the mean of the members' pushes of it, no
-        optimizer (PS_TENSOR_MEAN: a BatchNorm's running statistics).
+        optimizer (PS_TENSOR_MEAN: a BatchNorm's running statistics; under asp / ssp each push
+        is applied alone, so it holds the last one); its pushes are never compressed.
         total_steps: the planned steps, the length of a
         cosine schedule without optimizer.decay_steps (0: such a schedule never decays).
         compress: its pushes (and pulls) use the manifest's job.compression for its name and
@@ -527,7 +528,7 @@ class Client:
         for s in shape:
             n *= s
         self._numel[tid.value] = n  # declared, whatever the compression call says
-        if compress:
+        if compress and not mean:  # a mean tensor's pushes are values: never compressed
             self._do(library().ps_client_use_job_compression, tid.value, name.encode())
         return tid.value
 
@@ -659,7 +660,7 @@ class Client:
             if addr is None and what != "push":
                 raise ValueError(f"{what} of tensor {tid}: the address is None")
             keep.append(self._pin(what, tid, addr or 0, k, write) if addr is not None else None)
-            ids[i] = tid
+            ids[i] = _uint(f"{what}: tensor id", tid, 32)
             addrs[i] = None if addr is None else _uint(f"{what}: address", addr, 64, 1)
         step = _uint(f"{what}: step", step, 64)
         push = what == "push"
@@ -667,14 +668,16 @@ class Client:
             with self._call():
                 for tid in set(ids):
                     self._reap(tid)
+        made = None
         try:
             self._do(fn, n, ids, addrs, step, ops)
-        except BaseException:  # those made before the one refused still run: kept till done
-            for i in range(n):
-                if ops[i]:
-                    self._orphan(ops[i], keep, ids[i], push)
-            raise
-        return Ops(self, ops, keep, list(ids), push)
+            made = Ops(self, ops, keep, list(ids), push)
+            return made
+        finally:
+            if made is None:  # refused part-way, or a KeyboardInterrupt: those made still run
+                for i in range(n):
+                    if ops[i]:
+                        self._orphan(ops[i], keep, ids[i], push)
 
     def group_begin(self):
         with self._call() as h:

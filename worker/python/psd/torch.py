@@ -55,6 +55,23 @@ def _unwrapped(model):
 _open = {}
 
 
+def _statistics(module):
+    """[(name, owning module, attribute)] of the running statistics of `module`'s BatchNorm
+    (and InstanceNorm with track_running_stats) layers: the buffers psd.torch holds as the
+    workers' mean. Other buffers are left alone: constants (position encodings, masks, which
+    may hold infinities) are the same on every worker anyway."""
+    norm = torch.nn.modules.batchnorm._NormBase
+    out = []
+    for prefix, m in module.named_modules():
+        if not isinstance(m, norm):
+            continue
+        for attr in ("running_mean", "running_var"):
+            b = getattr(m, attr, None)
+            if isinstance(b, torch.Tensor) and b.is_floating_point() and b.numel() > 0:
+                out.append((f"{prefix}.{attr}" if prefix else attr, m, attr))
+    return out
+
+
 class ParameterServer:
     """`model`'s parameters on the shards of `manifest` for a training set of `samples`; joins
     at creation, leaves at close().
@@ -131,18 +148,17 @@ class ParameterServer:
         self._removed = None  # why the shards dropped this worker: batches() joins again
         self.final_step = None
         self._got_batch = False  # batches() handed out one (else a finished job is said)
-        # Floating-point buffers (BatchNorm's running statistics) are held as the mean of the
-        # workers' values after each step; counters (num_batches_tracked: each worker counts
-        # its own batches) and frozen parameters stay each worker's own.
-        own = [n for n, b in module.named_buffers()
-               if not b.is_floating_point() and not n.endswith("num_batches_tracked")] + \
-            [n for n, p in module.named_parameters() if not p.requires_grad]
+        # BatchNorm's running statistics are held as the mean of the workers' values after
+        # each step (sync_buffers); other buffers (constants such as position encodings, the
+        # num_batches_tracked counter) and frozen parameters stay each worker's own.
+        own = [n for n, p in module.named_parameters() if not p.requires_grad] + \
+            ([] if sync_buffers else [n for n, _, _ in _statistics(module)])
         if own:
-            warnings.warn(f"psd.torch: {len(own)} buffers and frozen parameters of the model "
+            warnings.warn(f"psd.torch: {len(own)} frozen parameters or statistics of the model "
                           f"({', '.join(own[:3])}{', ...' if len(own) > 3 else ''}) stay this "
-                          "worker's own: the shards hold trainable parameters and floating-"
-                          "point buffers only, so they may differ between workers",
-                          stacklevel=2)
+                          "worker's own: the shards hold trainable parameters and BatchNorm's "
+                          "running statistics (unless sync_buffers=False), so they may differ "
+                          "between workers", stacklevel=2)
         _open[id(module)] = weakref.ref(self)
         try:
             self._join()
@@ -222,11 +238,8 @@ class ParameterServer:
         self._buffers = []
         if not self._sync_buffers:
             return
-        for name, b in self._module.named_buffers():
-            if not b.is_floating_point():
-                continue  # a counter (num_batches_tracked): each worker's own
-            prefix, _, attr = name.rpartition(".")
-            owner = self._module.get_submodule(prefix) if prefix else self._module
+        for name, owner, attr in _statistics(self._module):
+            b = getattr(owner, attr)
             shape = tuple(b.shape) or (1,)
             if len(shape) > 4:
                 shape = shape[:3] + (math.prod(shape[3:]),)
@@ -238,9 +251,15 @@ class ParameterServer:
                 tid = c.declare(name, shape, values=v.data_ptr(), mean=True, compress=False,
                                 total_steps=total)
             except psd.PsError as e:
-                if e.name == "EINVAL" and "unknown initializer" in str(e):
-                    warnings.warn("psd.torch: the shards are a psd older than session 36: the "
-                                  "model's buffers stay each worker's own", stacklevel=4)
+                # An older psd; or a bsp job past its first step whose store holds no
+                # statistics (made before, or with sync_buffers=False): every worker keeps
+                # its own then, so the workers' tensor sets still agree.
+                old = e.name == "EINVAL" and "unknown initializer" in str(e)
+                if old or (e.name == "ECONFLICT" and "holds its tensors already" in str(e)):
+                    warnings.warn("psd.torch: the model's running statistics stay each "
+                                  "worker's own: " + ("the shards are a psd older than "
+                                  "session 36" if old else "this job's store holds none of "
+                                  "them (made without them)"), stacklevel=4)
                     self._buffers = []
                     return
                 raise psd.PsError(e.code, e.name, f"buffer {name!r}: "
@@ -351,10 +370,13 @@ class ParameterServer:
                     b = self.client.next_batch(self.samples, self._done)
                 except psd.PsError as e:
                     if e.name == "ECONFIG" and "declare the same tensors" in str(e):
-                        held = sorted(n for n, _, _, _ in self._params)
+                        held = sorted(n for n, _, _, _ in self._params) + \
+                            sorted(n for n, _, _, _, _ in self._buffers)
+                        stats = " (running statistics included: every worker needs the same " \
+                            "sync_buffers)" if self._buffers else ""
                         raise psd.PsError(e.code, e.name, f"{str(e)[len(e.name) + 2:]}; this "
                                           f"worker's: {', '.join(held[:6])}"
-                                          f"{', ...' if len(held) > 6 else ''}") from e
+                                          f"{', ...' if len(held) > 6 else ''}{stats}") from e
                     raise
                 self._done = None
                 if b is None:
