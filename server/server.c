@@ -867,6 +867,7 @@ static void on_cron(uv_timer_t *h)
     if (srv->coord) psd_coord_tick(srv);
     psd_direct_reap(srv); /* also a reader that exited unnoticed: its slot would pin pages */
     psd_shard_test_tick(srv);
+    psd_shard_values_cron(srv, now);
     if (dropped) ps_ucx_progress(&srv->ucx);
     uint64_t stuck = ps_ucx_stuck_ns(&srv->ucx);
     if (stuck >= stuck_limit_ns(srv) && !srv->stopping) transport_restart(srv, stuck);

@@ -227,6 +227,9 @@ typedef struct {
     uint64_t gen;              /* bumped when another declarer takes over: a receive of the
                                   one before is dropped when it lands */
     uint32_t missing;          /* this shard's chunks not received yet */
+    uint64_t last_ms;          /* psd_now_ms() of the ask or of the last chunk received: a giver
+                                  that sends none for job.heartbeat_timeout_ms is passed over
+                                  (psd_shard_values_cron) */
     float **buf;               /* [nchunks]: a chunk's values (malloc'd), NULL until received */
 } psd_values_t;
 
@@ -558,6 +561,10 @@ void psd_shard_drop_conn(psd_server_t *srv, psd_conn_t *conn);
 void psd_shard_receives_lost(psd_server_t *srv);
 /** @brief From the cron: PS_TEST_LATE_RNDV's receive, whose end is due now, is passed on. */
 void psd_shard_test_tick(psd_server_t *srv);
+/** @brief A declarer asked for a tensor's values that sent none for job.heartbeat_timeout_ms
+ *  (its connection up: a stuck or hostile peer) is passed over, as one that left: the next
+ *  declarer waiting is asked (or psd initializes the tensor). Loop thread, from the cron. */
+void psd_shard_values_cron(psd_server_t *srv, uint64_t now_ms);
 /**
  * @brief Queue @p w for the store-job slot (see psd_slot_work_t); w->srv, run and done must be
  *  set. @note @p w is borrowed until its done callback has run.

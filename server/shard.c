@@ -682,6 +682,7 @@ static int values_begin(psd_server_t *srv, psd_tensor_t *t, psd_conn_t *conn)
     v->giver = conn;
     v->gen = ++srv->values_gen; /* unique in this psd: a late receive is told from any other */
     v->missing = local_chunks(t);
+    v->last_ms = psd_now_ms();
     t->values = v;
     return 0;
 }
@@ -732,6 +733,7 @@ static void values_giver_gone(psd_server_t *srv, uint32_t id)
         psd_wait_t *w = *pp;
         *pp = w->next;
         v->giver = w->conn; /* its reference moves */
+        v->last_ms = psd_now_ms();
         PS_LOG(PS_LOG_WARN, "shard", "tensor %u '%s': the worker creating it left before its "
                "values came; rank %d's declaration sends them", id, t->decl.name, w->conn->rank);
         values_ask(srv, w->conn, w->req_id, t);
@@ -753,6 +755,22 @@ static void values_giver_gone(psd_server_t *srv, uint32_t id)
     PS_LOG(PS_LOG_WARN, "shard", "tensor %u '%s' not created: the worker declaring it left "
            "before its values came", id, t->decl.name);
     tensor_forget(srv, id, true);
+}
+
+void psd_shard_values_cron(psd_server_t *srv, uint64_t now_ms)
+{
+    uint64_t limit = srv->m.job.heartbeat_timeout_ms;
+    for (uint32_t i = 0; i < srv->ntensors; i++) {
+        psd_tensor_t *t = &srv->tensors[i];
+        psd_values_t *v = t->present ? t->values : NULL;
+        if (v == NULL || v->giver == NULL || v->missing == 0 || now_ms - v->last_ms <= limit)
+            continue;
+        PS_LOG(PS_LOG_WARN, "shard", "tensor %u '%s': rank %d sent none of its values for %llu "
+               "ms (job.heartbeat_timeout_ms %llu): passed over", i, t->decl.name,
+               v->giver->rank, (unsigned long long)(now_ms - v->last_ms),
+               (unsigned long long)limit);
+        values_giver_gone(srv, i); /* its later values are refused: not the creator now */
+    }
 }
 
 /* A PS_MSG_VALUES being received into a buffer of its own. */
@@ -793,6 +811,7 @@ static void values_landed(void *request, ucs_status_t status, size_t length, voi
                                                 .chunk = r->chunk});
     } else if (rc == 0) {
         v->buf[r->chunk] = r->buf;
+        v->last_ms = psd_now_ms();
         r->buf = NULL;
         psd_send_msg(srv, r->conn, &(ps_msg_t){.type = PS_MSG_VALUES_REPLY, .req_id = r->req_id,
                                                 .shard = srv->shard, .tensor = r->tensor,
@@ -820,8 +839,10 @@ ucs_status_t psd_shard_on_values(psd_server_t *srv, psd_conn_t *conn, const ps_m
     psd_values_t *v = t ? t->values : NULL;
     const psd_chunk_t *ch = v && msg->chunk < t->nchunks ? t->chunks[msg->chunk] : NULL;
     if (v == NULL || v->giver != conn) {
-        psd_send_error(srv, conn, msg->req_id, PS_EPROTO, "values of tensor %u: no declaration "
-                       "of this worker's is creating it on shard %u", msg->tensor, srv->shard);
+        psd_send_error(srv, conn, msg->req_id, PS_EPROTO, "values of tensor %u: this worker "
+                       "does not create it on shard %u (no declaration of its asked for them, or "
+                       "it was passed over: it sent none for job.heartbeat_timeout_ms)",
+                       msg->tensor, srv->shard);
         return UCS_OK;
     }
     if (ch == NULL || length != (size_t)ch->n * sizeof(float)) {
@@ -862,7 +883,8 @@ bool psd_shard_tensor_used(const psd_server_t *srv, const psd_tensor_t *t, char 
         const psd_chunk_t *ch = t->chunks[c];
         if (ch == NULL) continue;
         bool slots = false;
-        for (uint32_t g = 0; g < PS_MAX_RANKS / PSD_SLOT_GROUP; g++) slots |= ch->slot_group[g] != NULL;
+        for (uint32_t g = 0; g < PS_MAX_RANKS / PSD_SLOT_GROUP; g++)
+            slots |= ch->slot_group[g] != NULL;
         if (ch->version == 0 && !slots && !ch->queued && !ch->applying && ch->pulls == NULL)
             continue;
         snprintf(why, len, "its chunk %u on shard %u %s", c, srv->shard,

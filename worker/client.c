@@ -2616,6 +2616,19 @@ static int send_values(ps_client_t *c, uint32_t shard, const ps_decl_t *d, const
     return 0;
 }
 
+/* Test hooks when a shard asks for values (tests only): PS_TEST_VALUES_MARK=path creates the
+ * file, then PS_TEST_VALUES_STOP stops this process, PS_TEST_VALUES_SLEEP=ms sleeps. */
+static void test_values_asked(void)
+{
+    const char *mark = getenv("PS_TEST_VALUES_MARK"), *nap = getenv("PS_TEST_VALUES_SLEEP");
+    if (mark) {
+        int fd = open(mark, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+        if (fd >= 0) close(fd);
+    }
+    if (getenv("PS_TEST_VALUES_STOP")) raise(SIGSTOP);
+    if (nap) usleep((useconds_t)atoi(nap) * 1000);
+}
+
 /* Declare @p req on shard @p shard into @p rep; with @p values, send them where the
  * declaration creates the tensor and declare again (answered once it is created). A worker
  * that took over from one gone is asked again: bounded, as each ask is a creation's. */
@@ -2630,8 +2643,7 @@ static int declare_on(ps_client_t *c, uint32_t shard, ps_msg_t *req, ps_msg_t *r
                      shard, req->decl.name, values ? "again and again" : "it was not sent");
             return PS_EPROTO;
         }
-        if (getenv("PS_TEST_VALUES_STOP")) /* tests: stopped before sending them */
-            raise(SIGSTOP);
+        test_values_asked();
         req->decl.id = rep->decl.id; /* shard 0 numbered it */
         req->decl.first_chunk = rep->decl.first_chunk;
         req->decl.assigned = 1;

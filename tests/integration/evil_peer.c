@@ -707,7 +707,8 @@ static int values(peer_t *p, const target_t *t)
     nan_v[n / 2] = NAN;
     int refused = 0;
     ps_msg_t m = {.type = PS_MSG_VALUES, .rank = t->rank, .tensor = t->tensor};
-    refused += values_refused(p, &m, v, len, PS_EPROTO, "is creating it", "of a tensor held") == 0;
+    refused += values_refused(p, &m, v, len, PS_EPROTO, "does not create it",
+                              "of a tensor held") == 0;
     ps_msg_t decl = {.type = PS_MSG_DECLARE, .rank = t->rank, .has_decl = 1};
     snprintf(decl.decl.name, sizeof decl.decl.name, "evil.values");
     decl.decl.ndim = 1;

@@ -560,14 +560,20 @@ def model_values(tmp):
         finally:
             c.stop()
     paths = []
-    for second_has_values in (True, False):
-        c = Cluster(tmp, f"values-gone-{second_has_values}", 1, heartbeat_ms=10000)
+    # The first worker is stopped (then killed), or stays up and sends nothing for longer than
+    # the heartbeat timeout (then sends them late: refused, it is no longer the creator).
+    for second_has_values, silent in ((True, False), (False, False), (True, True)):
+        c = Cluster(tmp, f"values-gone-{second_has_values}-{silent}", 1,
+                    heartbeat_ms=1000 if silent else 10000)
         try:
+            mark = os.path.join(c.dir, "asked")
+            hook = {"PS_TEST_VALUES_SLEEP": "6000"} if silent else {"PS_TEST_VALUES_STOP": "1"}
             child = subprocess.Popen([sys.executable, __file__, "values", c.manifest, "-"],
-                                     env=dict(os.environ, PS_TEST_VALUES_STOP="1"))
+                                     env=dict(os.environ, PS_TEST_VALUES_MARK=mark, **hook),
+                                     stderr=subprocess.PIPE, text=True)
             deadline = time.time() + 60
-            while open(f"/proc/{child.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "T":
-                assert child.poll() is None and time.time() < deadline, "the worker did not stop"
+            while not os.path.exists(mark):
+                assert child.poll() is None and time.time() < deadline, "the worker was not asked"
                 time.sleep(0.02)
             m, want = pretrained(9)
             out = {}
@@ -587,18 +593,25 @@ def model_values(tmp):
                     out["error"] = e
             t = threading.Thread(target=second)
             t.start()
-            time.sleep(1.5)  # its declaration waits for the stopped worker's values meanwhile
-            child.kill()
-            child.wait()
-            t.join(60)
+            if silent:  # passed over after the heartbeat timeout; its values come too late
+                t.join(60)
+                err = child.communicate(timeout=60)[1]
+                assert child.returncode != 0 and "it was passed over" in err, err[-500:]
+            else:
+                time.sleep(1.5)  # its declaration waits for the stopped worker's values
+                child.kill()
+                child.wait()
+                t.join(60)
             assert not t.is_alive(), "the second worker hung after the first died"
             assert "error" not in out, out.get("error")
             log = open(os.path.join(c.dir, "psd0.log")).read()
             if second_has_values:  # its own values, not the stopped one's or a mix
                 for k in want:
                     assert torch.equal(out["got"][k], want[k]), f"{k}: not its model's values"
-                paths.append("sends its values" if "declaration sends them" in log
-                             else "creates it again")
+                took = "declaration sends them" in log
+                if silent:
+                    assert took and "sent none of its values for" in log, log[-800:]
+                paths.append("sends its values" if took else "creates it again")
             else:  # it sends none: psd initializes (xavier, as init="shards" would)
                 bound = math.sqrt(6 / (FEATURES + 16))
                 w = out["got"]
@@ -609,7 +622,8 @@ def model_values(tmp):
             c.stop()
     print(f"model values: kept (pretrained), the store's win over a later model's, init entries "
           f"and init='shards' the shards'; a worker stopped before its values: the next one "
-          f"{paths[0]} (one without values: {paths[1]})")
+          f"{paths[0]} (one without values: {paths[1]}); one silent past the heartbeat "
+          f"timeout: passed over, the next {paths[2]}")
 
 
 class PartlyUsed(torch.nn.Module):
