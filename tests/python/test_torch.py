@@ -1162,7 +1162,10 @@ def torch_user(tmp):
 def sigint_main(kind, manifest):
     """A process for ctrl_c(): blocked in the join (kind "join") or in a pull that waits for a
     version nobody makes (kind "pull"); or (kind "handler") one with a SIGINT handler of its
-    own, whose client must still work after a Ctrl-C."""
+    own, whose client must still work after a Ctrl-C. SIGUSR1 prints every thread's stack
+    (ctrl_c asks for it before it kills one still blocked: where it hangs, if it ever does)."""
+    import faulthandler
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     print("joining", flush=True)
     c = psd.Client(manifest)
     tid = c.declare("t", (4,))
@@ -1199,7 +1202,15 @@ def ctrl_c(tmp):
             else:
                 time.sleep(1)  # inside the join's retries
             p.send_signal(signal.SIGINT)
-            _, err = finish(p, 15, f"{kind}: still blocked 15 s after Ctrl-C")
+            try:
+                _, err = p.communicate(timeout=15)
+            except subprocess.TimeoutExpired:  # seen once in ~12 runs: say where it blocks
+                p.send_signal(signal.SIGUSR1)
+                time.sleep(1)
+                p.kill()
+                _, err = p.communicate()
+                raise AssertionError(f"{kind}: still blocked 15 s after Ctrl-C; its stacks: "
+                                     f"{err[-3000:]}") from None
             assert p.returncode != 0 and "KeyboardInterrupt" in err, f"{kind}: {err[-600:]}"
         # A program with a SIGINT handler of its own ("finish this batch") keeps its client:
         # before, the Ctrl-C interrupted it all the same, and its next call failed.
