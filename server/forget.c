@@ -27,11 +27,14 @@
 #include "ps/ps_log.h"
 #include "server.h"
 
-static void reply_kept(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg, uint32_t id,
-                       uint64_t others)
+/* Answer @p msg for tensor @p id: @p flags PS_FLAG_DONE (it would be dropped: a check), or 0
+ * (kept; @p others: the ranks that declared it besides the asker). */
+static void reply(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg, uint32_t id,
+                  uint32_t flags, uint64_t others)
 {
     psd_send_msg(srv, conn, &(ps_msg_t){.type = PS_MSG_FORGET_REPLY, .req_id = msg->req_id,
-                                         .shard = srv->shard, .tensor = id, .members = others});
+                                         .shard = srv->shard, .tensor = id, .flags = flags,
+                                         .members = others});
 }
 
 /* Shard 0, PS_FLAG_FORCE: whether the job's state lets an operator drop a tensor no push
@@ -97,7 +100,7 @@ void psd_forget_on_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
                    "ranks %#llx)", conn->rank, id, t->decl.name,
                    (unsigned long long)t->declared_ranks);
             if (!check) t->declared_ranks &= ~me;
-            reply_kept(srv, conn, msg, id, t->declared_ranks & ~me);
+            reply(srv, conn, msg, id, 0, t->declared_ranks & ~me);
             return;
         }
         if (!check) t->declared_ranks &= ~me;
@@ -113,13 +116,11 @@ void psd_forget_on_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
             psd_send_error(srv, conn, msg->req_id, PS_ECONFLICT, "tensor '%s' not dropped: %s",
                            t->decl.name, why);
         else
-            reply_kept(srv, conn, msg, id, 0);
+            reply(srv, conn, msg, id, 0, 0);
         return;
     }
     if (check) { /* it would be dropped here */
-        psd_send_msg(srv, conn, &(ps_msg_t){.type = PS_MSG_FORGET_REPLY, .req_id = msg->req_id,
-                                             .shard = srv->shard, .tensor = id,
-                                             .flags = PS_FLAG_DONE});
+        reply(srv, conn, msg, id, PS_FLAG_DONE, 0);
         return;
     }
     if (psd_shard_drop(srv, id, conn, msg->req_id)) {

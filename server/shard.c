@@ -695,8 +695,8 @@ static void values_ask(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id, con
                                          .flags = PS_FLAG_VALUES});
 }
 
-/* Tensor @p id could not be queued for creation (out of memory): the declarations waiting
- * fail, and it is forgotten (a later declaration tries again). */
+/* Tensor @p id's creation failed (@p rc: its create job, or no memory to queue one): the
+ * declarations waiting fail, and it is forgotten (a later declaration tries again). */
 static void create_failed(psd_server_t *srv, uint32_t id, int rc)
 {
     psd_tensor_t *t = &srv->tensors[id];
@@ -802,21 +802,16 @@ static void values_landed(void *request, ucs_status_t status, size_t length, voi
         rc = PS_ECRC, why = "their CRC-32C does not match";
     else if (!psk_all_finite(r->buf, length / sizeof(float)))
         rc = PS_EINVAL, why = "they hold a NaN or an infinity";
-    if (rc == 0 && v->buf[r->chunk]) { /* sent again (after a CRC mismatch): the newer */
+    if (rc == 0) {
+        bool again = v->buf[r->chunk] != NULL; /* sent again (a CRC mismatch): the newer */
         free(v->buf[r->chunk]);
         v->buf[r->chunk] = r->buf;
         r->buf = NULL;
-        psd_send_msg(srv, r->conn, &(ps_msg_t){.type = PS_MSG_VALUES_REPLY, .req_id = r->req_id,
-                                                .shard = srv->shard, .tensor = r->tensor,
-                                                .chunk = r->chunk});
-    } else if (rc == 0) {
-        v->buf[r->chunk] = r->buf;
         v->last_ms = psd_now_ms();
-        r->buf = NULL;
         psd_send_msg(srv, r->conn, &(ps_msg_t){.type = PS_MSG_VALUES_REPLY, .req_id = r->req_id,
                                                 .shard = srv->shard, .tensor = r->tensor,
                                                 .chunk = r->chunk});
-        if (--v->missing == 0) {
+        if (!again && --v->missing == 0) {
             psd_conn_unref(v->giver); /* nothing more to come: its leaving changes nothing */
             v->giver = NULL;
             if ((rc = queue_create(srv, r->tensor)) != 0) create_failed(srv, r->tensor, rc);
@@ -2426,7 +2421,9 @@ static void job_done(uv_work_t *w, int status)
         values_free(t); /* written (or not: then forgotten below) */
         job->values = NULL;
         t->ready = job->rc == 0;
-        if (job->rc == 0) {
+        if (job->rc) {
+            create_failed(srv, job->tensor, job->rc); /* a later declaration tries again */
+        } else {
             uint64_t here = 0;
             for (uint32_t c = 0; c < t->nchunks; c++)
                 if (t->chunks[c]) {
@@ -2437,19 +2434,14 @@ static void job_done(uv_work_t *w, int status)
             PS_LOG(PS_LOG_INFO, "shard", "tensor %u '%s' initialized: %.1f MiB of parameters here "
                    "in %.1f ms", job->tensor, t->decl.name, (double)here * 4 / (1 << 20),
                    (double)(uv_hrtime() - job->start_ns) / 1e6);
-        }
-        if (job->rc) tensor_forget(srv, job->tensor, true); /* a later one tries again */
-        for (psd_wait_t *d = t->declares, *nx; d; d = nx) {
-            nx = d->next;
-            if (job->rc)
-                psd_send_error(srv, d->conn, d->req_id, job->rc, "cannot create tensor '%s': %s",
-                               t->decl.name, ps_strerror(job->rc));
-            else
+            for (psd_wait_t *d = t->declares, *nx; d; d = nx) {
+                nx = d->next;
                 reply_declare(srv, d->conn, d->req_id, t);
-            psd_conn_unref(d->conn);
-            wait_put(srv, d);
+                psd_conn_unref(d->conn);
+                wait_put(srv, d);
+            }
+            t->declares = NULL;
         }
-        t->declares = NULL;
     } else if (job->kind == JOB_DROP) {
         drop_done(srv, job);
     } else {

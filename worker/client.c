@@ -2705,11 +2705,11 @@ static int declare(ps_client_t *c, const ps_tensor_desc_t *desc, const float *va
     req.decl.init_arg = desc->init_arg;
     req.decl.seed = desc->seed;
     req.decl.total_steps = desc->total_steps;
-    uint32_t mean = req.decl.init & PS_DECL_MEAN;
-    if (values) {
-        req.decl.init = PSK_INIT_VALUES | mean;
-        req.decl.init_arg = 0;
-    }
+    /* With values, the initializer is "the values sent" (the mean flag kept). */
+    uint32_t init = values ? PSK_INIT_VALUES | (req.decl.init & PS_DECL_MEAN) : req.decl.init;
+    float init_arg = values ? 0.0f : desc->init_arg;
+    req.decl.init = init;
+    req.decl.init_arg = init_arg;
     /* The shards refuse what this refuses; checked here, the caller learns why at once. */
     char why[256];
     if (ps_decl_check(&req.decl, why, sizeof why)) {
@@ -2736,13 +2736,10 @@ static int declare(ps_client_t *c, const ps_tensor_desc_t *desc, const float *va
     }
     req.decl = rep.decl;
     /* A part another shard lacks is created as this caller asks: from its values, or its
-     * initializer where shard 0's creator sent values. */
-    if (values) {
-        req.decl.init = PSK_INIT_VALUES | mean;
-        req.decl.init_arg = 0;
-    } else if (ps_decl_init_kind(&req.decl) == PSK_INIT_VALUES) { /* its creator sent values */
-        req.decl.init = (uint32_t)desc->init;
-        req.decl.init_arg = desc->init_arg;
+     * initializer where shard 0's creator sent values (else shard 0's initializer). */
+    if (values || ps_decl_init_kind(&req.decl) == PSK_INIT_VALUES) {
+        req.decl.init = init;
+        req.decl.init_arg = init_arg;
     }
     uint64_t numel = ps_decl_numel(&req.decl);
     uint32_t nchunks = ps_chunk_count(numel, c->chunk_elems);
@@ -2988,9 +2985,9 @@ void ps_client_batch_done(ps_client_t *c, const ps_batch_info_t *done)
  * good under bsp, holding the shards' step and every checkpoint of the job. Shard 0 drops one
  * that no other rank declared and no push reached (server/forget.c); then the other shards
  * theirs. Best effort: the refusal stays this worker's error. */
-static void give_up_tensors(ps_client_t *c)
+void ps_client_give_up(ps_client_t *c)
 {
-    if (!__atomic_load_n(&c->shards[0].knows_values, __ATOMIC_ACQUIRE))
+    if (c == NULL || !__atomic_load_n(&c->shards[0].knows_values, __ATOMIC_ACQUIRE))
         return; /* an older psd: it would not answer (server/forget.c is of session 36) */
     char err[sizeof c->err];
     memcpy(err, c->err, sizeof err);
@@ -3023,11 +3020,6 @@ static void give_up_tensors(ps_client_t *c)
     memcpy(c->err, err, sizeof err);
 }
 
-void ps_client_give_up(ps_client_t *c)
-{
-    if (c) give_up_tensors(c);
-}
-
 int ps_client_next_batch(ps_client_t *c, uint64_t samples, const ps_batch_info_t *done,
                          ps_batch_info_t *out)
 {
@@ -3051,7 +3043,7 @@ int ps_client_next_batch(ps_client_t *c, uint64_t samples, const ps_batch_info_t
         req.batch_count = done->count;
     }
     int rc = ctrl_call(c, OP_BATCH, 0, &req, &rep);
-    if (rc == PS_ECONFIG && done == NULL && !c->had_batch) give_up_tensors(c);
+    if (rc == PS_ECONFIG && done == NULL && !c->had_batch) ps_client_give_up(c);
     if (rc) return rc; /* a batch done stays for the leave: reporting it twice is harmless */
     c->had_batch = 1;
     c->has_leave_done = 0; /* reported, or superseded by the batch handed out now */

@@ -188,20 +188,13 @@ class ParameterServer:
                 if not p.requires_grad:
                     continue  # frozen: stays this worker's, never pushed
                 spec = None if self._init == "shards" else self._init.get(name)
-                # psd holds up to 4 dimensions: a Conv3d weight's last two become one (the
-                # same fans for xavier: the first dimension, and the product of the others).
-                shape = tuple(p.shape) or (1,)
-                if len(shape) > 4:
-                    shape = shape[:3] + (math.prod(shape[3:]),)
+                shape = self._held_shape(p)
                 try:
                     if spec or self._init == "shards":
                         kind, arg = spec or self._default_init(p)
                         tid = c.declare(name, shape, init=kind, init_arg=arg, total_steps=total)
                     else:  # its values, where this declaration creates it
-                        with torch.no_grad():
-                            v = p.detach()
-                            if not self._in_place(v):
-                                v = v.to("cpu", torch.float32).contiguous()
+                        v = self._host_f32(p)
                         tid = c.declare(name, shape, values=v.data_ptr(), total_steps=total)
                 except psd.PsError as e:  # say which parameter
                     raise psd.PsError(e.code, e.name, f"parameter {name!r}: "
@@ -240,15 +233,9 @@ class ParameterServer:
             return
         for name, owner, attr in _statistics(self._module):
             b = getattr(owner, attr)
-            shape = tuple(b.shape) or (1,)
-            if len(shape) > 4:
-                shape = shape[:3] + (math.prod(shape[3:]),)
-            with torch.no_grad():
-                v = b.detach()
-                if not self._in_place(v):
-                    v = v.to("cpu", torch.float32).contiguous()
+            v = self._host_f32(b)
             try:
-                tid = c.declare(name, shape, values=v.data_ptr(), mean=True, compress=False,
+                tid = c.declare(name, self._held_shape(b), values=v.data_ptr(), mean=True, compress=False,
                                 total_steps=total)
             except psd.PsError as e:
                 # An older psd; or a bsp job past its first step whose store holds no
@@ -314,6 +301,20 @@ class ParameterServer:
     @staticmethod
     def _in_place(t):
         return t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
+
+    @classmethod
+    def _host_f32(cls, t):
+        """`t`'s values as libps reads them: `t` itself (detached) when it is CPU float32 and
+        contiguous, else a float32 copy on the host."""
+        v = t.detach()
+        return v if cls._in_place(v) else v.to(device="cpu", dtype=torch.float32).contiguous()
+
+    @staticmethod
+    def _held_shape(t):
+        """`t`'s shape as psd holds it: up to 4 dimensions, a Conv3d weight's last two as one
+        (the same fans for xavier: the first dimension, and the product of the others)."""
+        shape = tuple(t.shape) or (1,)
+        return shape[:3] + (math.prod(shape[3:]),) if len(shape) > 4 else shape
 
     def _checked(self):
         """[(parameter, id)] of every parameter, once each is checked to have the values it was
@@ -427,8 +428,7 @@ class ParameterServer:
                 g = g.detach()
                 if g.is_sparse:  # nn.Embedding(sparse=True): pushed dense
                     g = g.to_dense()
-                if not self._in_place(g):
-                    g = g.to(device="cpu", dtype=torch.float32).contiguous()
+                g = self._host_f32(g)
                 if g.numel() != p.numel():
                     raise RuntimeError(f"a gradient of {g.numel()} values for a parameter of "
                                        f"{p.numel()}")
@@ -440,9 +440,7 @@ class ParameterServer:
         items = [(tid, None if g is None else g.data_ptr(), g) for tid, g in grads
                  if g is not None or bsp]
         for buf, tid in self._held_buffers():  # their values: the shards keep the mean
-            v = buf.detach()
-            if not self._in_place(v):
-                v = v.to(device="cpu", dtype=torch.float32).contiguous()
+            v = self._host_f32(buf)
             items.append((tid, v.data_ptr(), v))
         try:
             self.client.push_many(items, b.step).wait()
