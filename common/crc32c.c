@@ -14,6 +14,20 @@
 
 static uint32_t sw_table[8][256];
 
+/* Whether any of the 4-byte floats in p[len] (len a multiple of 4) is a NaN or an infinity:
+ * an exponent of all ones carries into bit 31 when 1 is added to it, no other does. The
+ * ps_crc32c_floats paths' bytes that the folding loop does not take. */
+static int odd_floats(const unsigned char *p, size_t len)
+{
+    uint32_t acc = 0;
+    for (size_t i = 0; i + 4 <= len; i += 4) {
+        uint32_t u;
+        memcpy(&u, p + i, 4);
+        acc |= (u & 0x7f800000u) + 0x00800000u;
+    }
+    return (int)(acc >> 31);
+}
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #include <nmmintrin.h>
@@ -140,17 +154,24 @@ __attribute__((target(CLMUL_TARGET))) static inline void put256(unsigned char *d
  * state c0; *done = the bytes taken (the caller does the rest, < 256 bytes). With @p dst, the
  * bytes taken are also stored there as they are folded (ps_crc32c_copy), with streaming stores
  * if @p nt (then fenced before returning). */
+/* With @p odd: *odd |= whether any 4-byte float of the bytes taken is a NaN or an infinity
+ * (its exponent all ones), tested on the vectors the folding loads anyway. */
 __attribute__((target(CLMUL_TARGET))) static inline uint64_t crc_clmul(uint64_t c0,
                                                                        const unsigned char *p,
                                                                        size_t len, size_t *done,
-                                                                       unsigned char *dst, int nt)
+                                                                       unsigned char *dst, int nt,
+                                                                       int *odd)
 {
+    const __m512i ex = _mm512_set1_epi32(0x7f800000);
+    __mmask16 bad = 0;
+#define ODD(v) (bad |= _mm512_cmpeq_epi32_mask(_mm512_and_si512((v), ex), ex))
     const __m512i k256 = _mm512_broadcast_i32x4(_mm_set_epi64x(0xb9e02b86, 0xdcb17aa4));
     const __m512i k64 = _mm512_broadcast_i32x4(_mm_set_epi64x(0x9e4addf8, 0x740eef02));
     const __m128i k16 = _mm_set_epi64x(0x493c7d27, 0xf20c0dfe);
     __m512i x0 = _mm512_loadu_si512(p), x1 = _mm512_loadu_si512(p + 64);
     __m512i x2 = _mm512_loadu_si512(p + 128), x3 = _mm512_loadu_si512(p + 192);
     if (dst) put256(dst, x0, x1, x2, x3, nt);
+    if (odd) ODD(x0), ODD(x1), ODD(x2), ODD(x3);
     /* The state enters as the first 4 bytes' XOR. */
     x0 = _mm512_xor_si512(x0, _mm512_castsi128_si512(_mm_cvtsi32_si128((int)(uint32_t)c0)));
     size_t i = 256;
@@ -158,6 +179,7 @@ __attribute__((target(CLMUL_TARGET))) static inline uint64_t crc_clmul(uint64_t 
         __m512i y0 = _mm512_loadu_si512(p + i), y1 = _mm512_loadu_si512(p + i + 64);
         __m512i y2 = _mm512_loadu_si512(p + i + 128), y3 = _mm512_loadu_si512(p + i + 192);
         if (dst) put256(dst + i, y0, y1, y2, y3, nt);
+        if (odd) ODD(y0), ODD(y1), ODD(y2), ODD(y3);
         x0 = _mm512_xor_si512(fold64(x0, k256), y0);
         x1 = _mm512_xor_si512(fold64(x1, k256), y1);
         x2 = _mm512_xor_si512(fold64(x2, k256), y2);
@@ -174,20 +196,24 @@ __attribute__((target(CLMUL_TARGET))) static inline uint64_t crc_clmul(uint64_t 
     uint64_t c = _mm_crc32_u64(0, (uint64_t)_mm_cvtsi128_si64(a));
     c = _mm_crc32_u64(c, (uint64_t)_mm_extract_epi64(a, 1));
     *done = i;
+    if (odd) *odd |= bad != 0;
     return c;
+#undef ODD
 }
 
+/* With @p odd: *odd |= whether a float of buf[len] is a NaN or an infinity. */
 __attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t crc, const void *buf,
-                                                          size_t len)
+                                                          size_t len, int *odd)
 {
     const unsigned char *p = buf;
     uint64_t c0 = crc ^ 0xffffffffu;
     if (use_clmul && len >= CLMUL_MIN) {
         size_t done;
-        c0 = crc_clmul(c0, p, len, &done, NULL, 0);
+        c0 = crc_clmul(c0, p, len, &done, NULL, 0, odd);
         p += done;
         len -= done;
     }
+    if (odd) *odd |= odd_floats(p, len);
     while (len && ((uintptr_t)p & 7)) {
         c0 = _mm_crc32_u8((uint32_t)c0, *p++);
         len--;
@@ -300,15 +326,18 @@ void ps_memcpy_nt(void *dst, const void *src, size_t len)
 #endif
 }
 
-static uint32_t crc_copy(uint32_t crc, void *dst, const void *src, size_t len, int nt)
+/* With @p odd: *odd |= whether a float of src[len] is a NaN or an infinity. */
+static uint32_t crc_copy(uint32_t crc, void *dst, const void *src, size_t len, int nt, int *odd)
 {
     pthread_once(&once, init);
 #if HAVE_HW
     /* Streaming stores need 64-byte aligned destinations: the bytes before the first 64-byte
      * boundary go the plain way. */
     size_t head = nt ? (64 - ((uintptr_t)dst & 63)) & 63 : 0;
+    if (odd && (head & 3)) /* the check's 4-byte windows would straddle floats after it */
+        head = 0, nt = 0;
     if (head && len >= CLMUL_MIN + head) {
-        crc = crc_copy(crc, dst, src, head, 0);
+        crc = crc_copy(crc, dst, src, head, 0, odd);
         dst = (unsigned char *)dst + head;
         src = (const unsigned char *)src + head;
         len -= head;
@@ -318,9 +347,9 @@ static uint32_t crc_copy(uint32_t crc, void *dst, const void *src, size_t len, i
     if (use_clmul && len >= CLMUL_MIN) {
         size_t done;
         uint32_t c =
-            (uint32_t)crc_clmul(crc ^ 0xffffffffu, src, len, &done, dst, nt) ^ 0xffffffffu;
+            (uint32_t)crc_clmul(crc ^ 0xffffffffu, src, len, &done, dst, nt, odd) ^ 0xffffffffu;
         memcpy((unsigned char *)dst + done, (const unsigned char *)src + done, len - done);
-        return ps_crc32c(c, (const unsigned char *)dst + done, len - done);
+        return ps_crc32c_floats(c, (const unsigned char *)dst + done, len - done, odd);
     }
     if (nt) {
         /* No folding copy on this CPU: per 64 KiB block, the CRC of the source, then the
@@ -329,33 +358,44 @@ static uint32_t crc_copy(uint32_t crc, void *dst, const void *src, size_t len, i
         unsigned char *d = dst;
         for (size_t off = 0, b; off < len; off += b) {
             b = len - off < 65536 ? len - off : 65536;
-            crc = ps_crc32c(crc, s + off, b);
+            crc = ps_crc32c_floats(crc, s + off, b, odd);
             ps_memcpy_nt(d + off, s + off, b);
         }
         return crc;
     }
 #endif
     memcpy(dst, src, len);
-    return ps_crc32c(crc, dst, len);
+    return ps_crc32c_floats(crc, dst, len, odd);
 }
 
 uint32_t ps_crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len)
 {
-    return crc_copy(crc, dst, src, len, 0);
+    return crc_copy(crc, dst, src, len, 0, NULL);
 }
 
 uint32_t ps_crc32c_copy_nt(uint32_t crc, void *dst, const void *src, size_t len)
 {
-    return crc_copy(crc, dst, src, len, 1);
+    return crc_copy(crc, dst, src, len, 1, NULL);
+}
+
+uint32_t ps_crc32c_copy_nt_floats(uint32_t crc, void *dst, const void *src, size_t len, int *odd)
+{
+    return crc_copy(crc, dst, src, len, 1, odd);
+}
+
+uint32_t ps_crc32c_floats(uint32_t crc, const void *buf, size_t len, int *odd)
+{
+    pthread_once(&once, init);
+#if HAVE_HW
+    if (use_hw) return crc_hw(crc, buf, len, odd);
+#endif
+    if (odd) *odd |= odd_floats(buf, len);
+    return ps_crc32c_sw(crc, buf, len);
 }
 
 uint32_t ps_crc32c(uint32_t crc, const void *buf, size_t len)
 {
-    pthread_once(&once, init);
-#if HAVE_HW
-    if (use_hw) return crc_hw(crc, buf, len);
-#endif
-    return ps_crc32c_sw(crc, buf, len);
+    return ps_crc32c_floats(crc, buf, len, NULL);
 }
 
 const char *ps_crc32c_impl(void)

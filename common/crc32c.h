@@ -41,6 +41,19 @@ uint32_t ps_crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len);
 uint32_t ps_crc32c_copy_nt(uint32_t crc, void *dst, const void *src, size_t len);
 
 /**
+ * @brief ps_crc32c() of @p len bytes of floats (a multiple of 4, from a float's first byte) that
+ *  also sets *@p odd to 1 when one of them is a NaN or an infinity (it never clears it; NULL:
+ *  no check). Where the CPU folds the CRC in vector registers the check tests the vectors
+ *  loaded for it (a store apply checks the parameters it wrote at no extra read: psd_store).
+ * @note Thread-safe; no allocation.
+ */
+uint32_t ps_crc32c_floats(uint32_t crc, const void *buf, size_t len, int *odd);
+
+/** @brief ps_crc32c_copy_nt() with ps_crc32c_floats()'s check of the floats copied (@p src
+ *  from a float's first byte); a @p dst not 4-byte aligned is written with plain stores. */
+uint32_t ps_crc32c_copy_nt_floats(uint32_t crc, void *dst, const void *src, size_t len, int *odd);
+
+/**
  * @brief memcpy (not overlapping) whose stores bypass the cache: SSE2 streaming stores from the
  *  first 16-byte boundary of @p dst on (x86-64; plain memcpy elsewhere and under 256 bytes),
  *  then sfence, so the bytes are ordered before any store that follows the call.

@@ -72,6 +72,9 @@ enum {
                                (an older one answers them with req_id 0: never matched) */
     PS_FLAG_CHECK = 32768,  /* forget: would it be dropped here? (PS_FLAG_DONE); nothing is:
                                shard 0 is asked first and drops last (forget.c) */
+    PS_FLAG_NONFINITE = 65536, /* push ack: the push held a NaN or an infinity and was left
+                                  out (bsp: as a push without a gradient; asp / ssp: an update
+                                  that changed nothing); an older psd applies it as it is */
 };
 
 /* UCP Active Message ids. */

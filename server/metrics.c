@@ -87,6 +87,9 @@ static void metrics_text(psd_server_t *srv, psd_http_reply_t *r)
                  srv->bundles_sent);
     psd_prom_u64(&p, "psd_crc_errors_total", "counter",
                  "Pushes refused for a CRC-32C mismatch", srv->crc_errors);
+    psd_prom_u64(&p, "psd_nonfinite_pushes_total", "counter",
+                 "Pushes holding a NaN or an infinity, left out of their update",
+                 srv->nonfinite_pushes);
     psd_prom_u64(&p, "psd_replays_skipped_total", "counter",
                  "bsp: pushes of a batch handed out again that a chunk had applied already",
                  srv->replays_skipped);

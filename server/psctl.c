@@ -260,6 +260,17 @@ static int status(ctl_t *ctl, int json, double timeout_s)
                strcmp(cnt, "1") ? "s" : "", name, field(r, "version_max", step, sizeof step),
                strcmp(cnt, "1") ? "them" : "it", ctl->manifest_path);
     }
+    for (int i = 0; i < n && !json; i++) {
+        const char *r = ctl->shards[i].reply;
+        char cnt[32], name[PS_NAME_MAX * 2], rank[32];
+        if (!ctl->shards[i].got || atoll(field(r, "nonfinite_pushes", cnt, sizeof cnt)) == 0)
+            continue;
+        printf("shard %d: %s push%s held a NaN or an infinity and %s left out of %s update "
+               "(the last: rank %s, tensor '%s')\n", i, cnt, strcmp(cnt, "1") ? "es" : "",
+               strcmp(cnt, "1") ? "were" : "was", strcmp(cnt, "1") ? "their" : "its",
+               field(r, "nonfinite_last_rank", rank, sizeof rank),
+               field(r, "nonfinite_last_tensor", name, sizeof name));
+    }
     const char *j = ctl->shards[0].got ? ctl->shards[0].reply : NULL;
     if (!json && j) {
         char b[8][64];

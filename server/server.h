@@ -175,13 +175,15 @@ struct psd_chunk_s {
     uint32_t nfull;            /* slots in SLOT_FULL */
     uint64_t full_mask;        /* bit r: slot r is SLOT_FULL */
     uint64_t sum_members;      /* bsp: the step's members whose pushes the running job sums
-                                  (skip_mask and nograd_mask left out) */
+                                  (skip_mask and nograd_mask left out; the job's thread takes
+                                  out those holding a NaN or an infinity: apply_item) */
     uint64_t applying_mask;    /* bit r: slot r is one the running job applies (SLOT_APPLYING
                                   when the job was formed). The job's thread reads this, not
                                   slot_state, which the loop thread changes for other ranks
                                   meanwhile */
     uint32_t mean_of;          /* bsp: the running job's mean divides by this many members (those
-                                  whose push is not a replay), fixed when the job was formed */
+                                  whose push is not a replay), set when the job was formed (a
+                                  mean tensor's: again when apply_item leaves a push out) */
     uint64_t skip_mask;        /* bsp: bit r: rank r's push of this step replays a batch this
                                   chunk applied already (psd_shard_on_push): acknowledged, not
                                   summed */
@@ -297,11 +299,14 @@ typedef struct {
     uint64_t *bad;             /* [nitems] ranks whose raw push failed its CRC-32C (checked in
                                   the apply pass): that push, or under bsp the whole chunk's
                                   step, was not applied */
+    uint64_t *nonfinite;       /* [nitems] ranks whose push held a NaN or an infinity: left out
+                                  (bsp: as a push without a gradient; asp / ssp: an update
+                                  that changed nothing), acknowledged PS_FLAG_NONFINITE */
     const psd_chunk_hdr_t **olds; /* [nitems] JOB_APPLY: old records (read snapshot) */
     psd_chunk_hdr_t **recs;    /* [nitems] JOB_APPLY: their reserved new records;
                                   [nchunks] JOB_CREATE: the deferred chunks' records */
     uint32_t *deferred;        /* items (chunks) whose update runs on the fan-out */
-    uint32_t cap_hashes;       /* capacity of hashes, bad, olds, recs, deferred */
+    uint32_t cap_hashes;       /* capacity of hashes, bad, nonfinite, olds, recs, deferred */
     int rc;
     char err[256];
 } psd_job_t;
@@ -410,6 +415,8 @@ struct psd_server_s {
     uint64_t applied_updates, pushes, pulls, direct_pulls, direct_pushes;
     bool push_direct;          /* workers here may push through areas (PS_DIRECT_PUSH is not 0) */
     uint64_t crc_errors;       /* pushes rejected for a checksum mismatch */
+    uint64_t nonfinite_pushes; /* pushes holding a NaN or an infinity, left out (apply_item) */
+    uint32_t nonfinite_rank, nonfinite_tensor; /* the last such push's */
     uint64_t transport_restarts; /* times UCX was left stuck and started again (on_cron) */
     char fatal[256];           /* why this shard stopped on its own ("": it did not) */
     struct psd_httpd_s *httpd; /* metrics.c: /metrics, /healthz, /status; NULL when off */

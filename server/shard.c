@@ -394,6 +394,7 @@ void psd_shard_free(psd_server_t *srv)
     free(srv->job.coord_rec);
     free(srv->job.hashes);
     free(srv->job.bad);
+    free(srv->job.nonfinite);
     free(srv->job.olds);
     free(srv->job.recs);
     free(srv->job.deferred);
@@ -448,28 +449,40 @@ void psd_shard_totals(const psd_server_t *srv, psd_shard_totals_t *t)
     }
 }
 
+/* Appends `, "KEY": "NAME"` to out: tensor @p id's name as a JSON string (a quote, a backslash
+ * or a control byte escaped; "" for a tensor no longer held). */
+static void status_name(const psd_server_t *srv, const char *key, uint32_t id, char *out,
+                        size_t cap, size_t *len)
+{
+    char name[6 * PS_NAME_MAX + 64];
+    size_t k = (size_t)snprintf(name, sizeof name, ", \"%s\": \"", key);
+    const char *s = id < srv->ntensors && srv->tensors[id].present ? srv->tensors[id].decl.name
+                                                                   : "";
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+        k += (size_t)(*p == '"' || *p == '\\' ? snprintf(name + k, sizeof name - k, "\\%c", *p)
+                      : *p < 0x20 ? snprintf(name + k, sizeof name - k, "\\u%04x", *p)
+                                  : snprintf(name + k, sizeof name - k, "%c", *p));
+    int n = snprintf(out + *len, cap - *len, "%s\"", name);
+    if (n > 0 && (size_t)n < cap - *len) *len += (size_t)n;
+}
+
 void psd_shard_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len)
 {
     psd_shard_totals_t t;
     psd_shard_totals(srv, &t);
     int n = snprintf(out + *len, cap - *len,
                      "\"tensors\": %u, \"chunks\": %llu, \"state_bytes\": %llu, "
-                     "\"version_min\": %llu, \"version_max\": %llu, \"untrained_tensors\": %u",
+                     "\"version_min\": %llu, \"version_max\": %llu, \"untrained_tensors\": %u, "
+                     "\"nonfinite_pushes\": %llu",
                      t.tensors, (unsigned long long)t.chunks, (unsigned long long)t.state_bytes,
                      (unsigned long long)t.version_min, (unsigned long long)t.version_max,
-                     t.untrained);
+                     t.untrained, (unsigned long long)srv->nonfinite_pushes);
     if (n > 0 && (size_t)n < cap - *len) *len += (size_t)n;
-    if (t.untrained == 0) return;
-    /* The name as a JSON string: a quote, a backslash or a control byte escaped. */
-    char name[6 * PS_NAME_MAX + 32];
-    size_t k = (size_t)snprintf(name, sizeof name, ", \"untrained_first\": \"");
-    for (const unsigned char *p = (const unsigned char *)srv->tensors[t.untrained_first].decl.name;
-         *p; p++)
-        k += (size_t)(*p == '"' || *p == '\\' ? snprintf(name + k, sizeof name - k, "\\%c", *p)
-                      : *p < 0x20 ? snprintf(name + k, sizeof name - k, "\\u%04x", *p)
-                                  : snprintf(name + k, sizeof name - k, "%c", *p));
-    n = snprintf(out + *len, cap - *len, "%s\"", name);
+    if (t.untrained) status_name(srv, "untrained_first", t.untrained_first, out, cap, len);
+    if (srv->nonfinite_pushes == 0) return;
+    n = snprintf(out + *len, cap - *len, ", \"nonfinite_last_rank\": %u", srv->nonfinite_rank);
     if (n > 0 && (size_t)n < cap - *len) *len += (size_t)n;
+    status_name(srv, "nonfinite_last_tensor", srv->nonfinite_tensor, out, cap, len);
 }
 
 /* ---- membership views --------------------------------------------------- */
@@ -2111,62 +2124,84 @@ static const float *sum_block(void *arg, size_t off, size_t len)
     return span_sum;
 }
 
-/* Apply item @p i of @p job: the old record @p old -> the reserved @p h. Touches only that chunk
- * and the job's entries i, so items run on any thread of the fan-out at once. */
-static void apply_item(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, psd_chunk_hdr_t *h)
+/* The ranks among @p mask whose push holds a NaN or an infinity (compressed ones decoded into
+ * ch->agg first): the slow path, after an update wrote a parameter that is not finite. */
+static uint64_t nonfinite_pushes(psd_chunk_t *ch, uint64_t mask)
+{
+    uint64_t odd = 0;
+    for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
+        if (!(mask >> r & 1)) continue;
+        const psd_slot_t *s = slot_at(ch, r);
+        const float *g = (const float *)slot_data(ch, r);
+        if (s->codec.kind != PSK_CODEC_NONE) {
+            memset(ch->agg, 0, (size_t)ch->n * 4);
+            psk_codec_decode_add_cpu(ch->agg, ch->n, s->buf, s->len, &s->codec, 1.0f);
+            g = ch->agg;
+        }
+        if (!psk_finite_cpu(g, ch->n)) odd |= 1ull << r;
+    }
+    return odd;
+}
+
+/* A bsp step of item @p i: the members' pushes (ch->sum_members) summed and applied to @p old
+ * into @p h (its header a copy of old's). @return whether every parameter written is finite;
+ * job->bad[i]: the ranks whose push failed its CRC (then @p h is old's record again). */
+static bool bsp_update(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, psd_chunk_hdr_t *h)
 {
     psd_server_t *srv = job->srv;
     psd_chunk_t *ch = job->items[i];
-    job->bad[i] = 0;
-    uint64_t total = ch->total_steps;
     const float *p_in = psd_chunk_params((psd_chunk_hdr_t *)old);
     const float *s_in = psd_chunk_state((psd_chunk_hdr_t *)old);
-    *h = *old;
+    /* Sum in rank order, so the result does not depend on arrival order. */
+    const float *sum = slot_sum(srv, ch);
+    /* The schedule follows the data: the position is the samples applied before this step over
+     * a planned step's samples (job.workers x batch_size), so a run with fewer workers (more,
+     * smaller steps) decays its rate over the same data. */
+    uint64_t pos = ch->has_progress
+                       ? psk_lr_pos(ch->progress, srv->m.job.workers, srv->m.job.batch_size)
+                       : h->version;
+    psk_optim_t o = optim_at(srv, ch, pos, ch->total_steps);
+    /* The mean over the members with a gradient and those without (zeros), as torch's DDP
+     * averages a parameter some ranks did not use (mean_of: counted when the job was formed;
+     * the loop thread changes skip_mask for other ranks' pushes meanwhile). */
+    float scale = 1.0f / (float)ch->mean_of;
+    blocksum_t bs = {.ch = ch, .first = (uint32_t)__builtin_ctzll(ch->sum_members)};
+    bool raw = sum == NULL, finite = true; /* raw pushes: summed span by span in the pass */
+    if (!raw) job->bad[i] = raw_crc_bad(ch, ch->sum_members);
+    if (job->bad[i] == 0)
+        finite = psd_store_chunk_update(h, p_in, s_in, sum, scale, &o,
+                                        h->version + 1 - ch->skipped, raw ? sum_block : NULL,
+                                        &bs, __atomic_load_n(&ch->pulled_direct, __ATOMIC_RELAXED));
+    for (uint32_t r = 0; raw && r < PS_MAX_RANKS; r++)
+        if ((ch->sum_members >> r & 1) && bs.crc[r] != slot_at(ch, r)->crc)
+            job->bad[i] |= 1ull << r;
+    if (job->bad[i]) /* not applied: the new record is the old one again */
+        memcpy(h, old, psd_chunk_bytes(ch->n, srv->nstate));
+    return finite;
+}
+
+/* The asp / ssp pushes of item @p i (ch->applying_mask) but those in @p skip, in rank order,
+ * from @p old into @p h (its header a copy of old's); those in @p odd (of skip) count as updates
+ * that changed nothing, each in its place (the record's version moves past it, so the updates
+ * after it have the number they would have had). @return whether every parameter the last
+ * update wrote is finite. */
+static bool asp_update(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, psd_chunk_hdr_t *h,
+                       uint64_t skip, uint64_t odd)
+{
+    psd_server_t *srv = job->srv;
+    psd_chunk_t *ch = job->items[i];
+    const float *p_in = psd_chunk_params((psd_chunk_hdr_t *)old);
+    const float *s_in = psd_chunk_state((psd_chunk_hdr_t *)old);
     float *p = psd_chunk_params(h), *s = psd_chunk_state(h);
-    if (srv->m.job.consistency == PS_CONSIST_BSP) {
-        /* Sum in rank order, so the result does not depend on arrival order. */
-        const float *sum = slot_sum(srv, ch);
-        /* The schedule follows the data: the position is the samples applied before this
-         * step over a planned step's samples (job.workers x batch_size), so a run with
-         * fewer workers (more, smaller steps) decays its rate over the same data. */
-        uint64_t pos = ch->has_progress ? psk_lr_pos(ch->progress, srv->m.job.workers,
-                                                     srv->m.job.batch_size)
-                                        : h->version;
-        psk_optim_t o = optim_at(srv, ch, pos, total);
-        if (ch->sum_members == 0) {
-            /* Every push of the step replays a batch applied here before, or has no gradient
-             * (PS_FLAG_NOGRAD): the step passes with the record as it was. */
-            memcpy(h, old, psd_chunk_bytes(ch->n, srv->nstate));
-            h->version++;
-            job->hashes[i] = h->hash;
-            return;
-        }
-        /* The mean over the members with a gradient and those without (zeros), as torch's
-         * DDP averages a parameter some ranks did not use (mean_of: counted when the job was
-         * formed; the loop thread changes skip_mask for other ranks' pushes meanwhile). */
-        float scale = 1.0f / (float)ch->mean_of;
-        blocksum_t bs = {.ch = ch, .first = (uint32_t)__builtin_ctzll(ch->sum_members)};
-        bool raw = sum == NULL; /* raw pushes: summed span by span in the update's pass */
-        if (!raw) job->bad[i] = raw_crc_bad(ch, ch->sum_members);
-        if (job->bad[i] == 0)
-            psd_store_chunk_update(h, p_in, s_in, sum, scale, &o, h->version + 1 - ch->skipped,
-                                   raw ? sum_block : NULL, &bs,
-                                   __atomic_load_n(&ch->pulled_direct, __ATOMIC_RELAXED));
-        for (uint32_t r = 0; raw && r < PS_MAX_RANKS; r++)
-            if ((ch->sum_members >> r & 1) && bs.crc[r] != slot_at(ch, r)->crc)
-                job->bad[i] |= 1ull << r;
-        if (job->bad[i]) /* not applied: the new record is the old one again */
-            memcpy(h, old, psd_chunk_bytes(ch->n, srv->nstate));
-        job->hashes[i] = h->hash;
-        return;
-    }
     uint64_t applying = ch->applying_mask; /* not slot_state: the loop thread writes others' */
-    job->bad[i] = raw_crc_bad(ch, applying); /* those are skipped */
-    uint32_t left = (uint32_t)__builtin_popcountll(applying & ~job->bad[i]);
+    uint32_t left = (uint32_t)__builtin_popcountll(applying & ~skip);
+    bool finite = true;
     if (left == 0) /* nothing to apply (every push refused): the old record again */
         memcpy(h, old, psd_chunk_bytes(ch->n, srv->nstate));
     for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
-        if (!(applying >> r & 1) || (job->bad[i] >> r & 1)) continue;
+        if (!(applying >> r & 1)) continue;
+        if (odd >> r & 1) h->version++;
+        if ((skip >> r & 1) || left == 0) continue;
         /* The schedule follows the data here too: each push at the samples applied before its
          * batch was handed out (W workers' pushes of one planned step share a position), or
          * at the chunk's update count where no batch said it (a plain libps client). */
@@ -2174,7 +2209,7 @@ static void apply_item(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, p
         uint64_t pos = sl->progress != UINT64_MAX
                            ? psk_lr_pos(sl->progress, srv->m.job.workers, srv->m.job.batch_size)
                            : h->version;
-        psk_optim_t o = optim_at(srv, ch, pos, total);
+        psk_optim_t o = optim_at(srv, ch, pos, ch->total_steps);
         const float *g = (const float *)slot_data(ch, r);
         if (sl->codec.kind != PSK_CODEC_NONE) {
             memset(ch->agg, 0, (size_t)ch->n * 4);
@@ -2182,9 +2217,10 @@ static void apply_item(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, p
             g = ch->agg;
         }
         if (--left == 0) { /* the last one seals the record in its pass */
-            psd_store_chunk_update(h, p_in, s_in, g, 1.0f, &o, h->version + 1, NULL, NULL,
-                                   __atomic_load_n(&ch->pulled_direct, __ATOMIC_RELAXED));
-            break;
+            finite = psd_store_chunk_update(h, p_in, s_in, g, 1.0f, &o, h->version + 1, NULL,
+                                            NULL,
+                                            __atomic_load_n(&ch->pulled_direct, __ATOMIC_RELAXED));
+            continue; /* later ranks in odd still count */
         }
         psk_optim_apply_cpu(p, s, p_in, s_in, g, 1.0f, ch->n, h->version + 1, &o);
         if (o.kind == PSK_MEAN && s != s_in) /* it writes no state: carried through */
@@ -2193,6 +2229,66 @@ static void apply_item(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, p
         s_in = s;
         h->version++;
     }
+    return finite;
+}
+
+/*
+ * Apply item @p i of @p job: the old record @p old -> the reserved @p h. Touches only that chunk
+ * and the job's entries i, so items run on any thread of the fan-out at once.
+ * A push holding a NaN or an infinity is left out (job->nonfinite[i]), as one without a gradient
+ * would be: the update writes the record, the CRC pass finds a parameter that is not finite, the
+ * pushes are looked at (only then) and the update runs again from @p old without those. One
+ * worker's exploding gradient does not reach everyone's parameters. A parameter that is not
+ * finite with no such push (the optimizer overflowed, or it was so already) stays as written.
+ */
+static void apply_item(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, psd_chunk_hdr_t *h)
+{
+    psd_server_t *srv = job->srv;
+    psd_chunk_t *ch = job->items[i];
+    job->bad[i] = job->nonfinite[i] = 0;
+    *h = *old;
+    if (srv->m.job.consistency == PS_CONSIST_BSP) {
+        if (ch->sum_members == 0) {
+            /* Every push of the step replays a batch applied here before, or has no gradient
+             * (PS_FLAG_NOGRAD): the step passes with the record as it was. */
+            memcpy(h, old, psd_chunk_bytes(ch->n, srv->nstate));
+            h->version++;
+            job->hashes[i] = h->hash;
+            return;
+        }
+        if (!bsp_update(job, i, old, h) && job->bad[i] == 0) {
+            uint64_t odd = nonfinite_pushes(ch, ch->sum_members);
+            if (odd) {
+                /* Counted as zeros in the mean, as a push without a gradient (of a mean
+                 * tensor: not counted); the loop thread reads sum_members after the job. */
+                job->nonfinite[i] = odd;
+                ch->sum_members &= ~odd;
+                if (ch->mean) ch->mean_of = (uint32_t)__builtin_popcountll(ch->sum_members);
+                *h = *old;
+                if (ch->sum_members == 0) { /* the step passes, as one without a gradient */
+                    memcpy(h, old, psd_chunk_bytes(ch->n, srv->nstate));
+                    h->version++;
+                } else {
+                    bsp_update(job, i, old, h);
+                }
+            }
+        }
+        job->hashes[i] = h->hash;
+        return;
+    }
+    job->bad[i] = raw_crc_bad(ch, ch->applying_mask); /* those are skipped */
+    uint64_t live = ch->applying_mask & ~job->bad[i];
+    /* A mean tensor's update only takes the push's values (PSK_MEAN; optimizer mean is bsp
+     * only), so the job's next push would overwrite an earlier one's NaN unseen: its pushes
+     * are looked at first. */
+    bool overwrites = ch->mean;
+    uint64_t odd = overwrites ? nonfinite_pushes(ch, live) : 0;
+    if (!asp_update(job, i, old, h, job->bad[i] | odd, odd) && !overwrites &&
+        (odd = nonfinite_pushes(ch, live)) != 0) { /* updates that changed nothing */
+        *h = *old;
+        asp_update(job, i, old, h, job->bad[i] | odd, odd);
+    }
+    job->nonfinite[i] = odd;
     job->hashes[i] = h->hash;
 }
 
@@ -2334,7 +2430,27 @@ static void snapshot_stale(psd_server_t *srv)
     if (s->refs == 0) snap_retire(srv, s);
 }
 
-static void ack_slot(psd_server_t *srv, psd_chunk_t *ch, uint32_t r, int rc, uint64_t version)
+/* Pushes of @p ch by the ranks in @p odd held a NaN or an infinity and were left out: counted
+ * (psd_nonfinite_pushes_total, psctl status) and logged, the 1st, 2nd, 4th, 8th ... time. */
+static void nonfinite_report(psd_server_t *srv, psd_chunk_t *ch, uint64_t odd)
+{
+    for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
+        if (!(odd >> r & 1)) continue;
+        uint64_t n = ++srv->nonfinite_pushes;
+        srv->nonfinite_rank = r;
+        srv->nonfinite_tensor = ch->tensor;
+        if (n & (n - 1)) continue;
+        PS_LOG(PS_LOG_WARN, "shard", "rank %u pushed a gradient of tensor %u '%s' (chunk %u) "
+               "holding a NaN or an infinity: left out of its update%s (%llu so far; "
+               "the worker is told)", r, ch->tensor, srv->tensors[ch->tensor].decl.name,
+               ch->chunk, srv->m.job.consistency == PS_CONSIST_BSP
+                              ? " as a push without a gradient" : "",
+               (unsigned long long)n);
+    }
+}
+
+static void ack_slot(psd_server_t *srv, psd_chunk_t *ch, uint32_t r, int rc, uint64_t version,
+                     uint32_t flags)
 {
     psd_slot_t *s = slot_at(ch, r);
     psd_conn_t *conn = s->conn;
@@ -2351,7 +2467,8 @@ static void ack_slot(psd_server_t *srv, psd_chunk_t *ch, uint32_t r, int rc, uin
                              "update of %u/%u failed: %s", ch->tensor, ch->chunk, ps_strerror(rc));
     } else {
         ps_msg_t a = {.type = PS_MSG_PUSH_ACK, .req_id = s->req, .tensor = ch->tensor,
-                      .chunk = ch->chunk, .step = version, .shard = srv->shard};
+                      .chunk = ch->chunk, .step = version, .shard = srv->shard,
+                      .flags = flags};
         psd_send_msg(srv, conn, &a);
     }
     if (conn) psd_conn_unref(conn);
@@ -2482,8 +2599,12 @@ static void job_done(uv_work_t *w, int status)
                 ch->version += bsp ? 1 : applied;
                 psd_integrity_chunk_hashed(srv, ch, job->hashes[i]);
             }
+            uint64_t odd = job->rc == 0 && !(bsp && bad) ? job->nonfinite[i] : 0;
+            if (odd) nonfinite_report(srv, ch, odd);
             SLOTS_FOR(ch, s)
-                if (s->state == SLOT_APPLYING) ack_slot(srv, ch, s->rank, job->rc, ch->version);
+                if (s->state == SLOT_APPLYING)
+                    ack_slot(srv, ch, s->rank, job->rc, ch->version,
+                             (odd >> s->rank & 1) ? PS_FLAG_NONFINITE : 0);
             SLOTS_FOR(ch, s)
                 if (bsp && s->state == SLOT_FULL && s->step < ch->version) {
                     /* Landed during the apply for the step just applied without it: dropped,
@@ -2497,8 +2618,9 @@ static void job_done(uv_work_t *w, int status)
             /* Updates the optimizer applied: under bsp one per step (of all its pushes) that
              * had a gradient, under asp / ssp one per push; none when the job failed. */
             if (job->rc == 0 && !(bsp && bad))
-                srv->applied_updates += bsp ? ch->sum_members != 0 : applied; /* a step with no
-                                                       gradient passes: no update */
+                srv->applied_updates += bsp ? ch->sum_members != 0 /* a step with no gradient
+                                                                    passes: no update */
+                                            : applied - (uint32_t)__builtin_popcountll(odd);
             if (job->rc) {
                 for (psd_wait_t *w = ch->pulls, *nx; w; w = nx) {
                     nx = w->next;
@@ -2539,6 +2661,9 @@ static int job_hashes_reserve(psd_job_t *job, uint32_t n)
     uint64_t *b = realloc(job->bad, n * sizeof *b);
     if (b == NULL) return PS_ENOMEM;
     job->bad = b;
+    b = realloc(job->nonfinite, n * sizeof *b);
+    if (b == NULL) return PS_ENOMEM;
+    job->nonfinite = b;
     const psd_chunk_hdr_t **o = realloc(job->olds, n * sizeof *o);
     if (o == NULL) return PS_ENOMEM;
     job->olds = o;

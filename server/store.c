@@ -604,11 +604,12 @@ int psd_store_get_blob(psd_store_t *st, const char *name, void *buf, size_t cap,
 /* A span's params on their way into a streamed record (psd_store_chunk_update's @p stream). */
 static __thread float span_params[APPLY_SPAN] __attribute__((aligned(64)));
 
-void psd_store_chunk_update(psd_chunk_hdr_t *h, const float *p_in, const float *s_in,
+bool psd_store_chunk_update(psd_chunk_hdr_t *h, const float *p_in, const float *s_in,
                             const float *g, float scale, const psk_optim_t *o, uint64_t t,
                             const float *(*before)(void *arg, size_t off, size_t len), void *arg,
                             bool stream)
 {
+    int odd = 0; /* a parameter written is a NaN or an infinity (checked with the CRC) */
     uint32_t n = h->n, ns = h->nstate;
     float *p = psd_chunk_params(h), *s = psd_chunk_state(h);
     if (o->kind == PSK_MEAN && ns && s != s_in) /* it writes no state: carried through */
@@ -625,8 +626,8 @@ void psd_store_chunk_update(psd_chunk_hdr_t *h, const float *p_in, const float *
         float *po = stream ? span_params : p + off;
         psk_optim_apply_strided_cpu(po, ns ? s + off : NULL, p_in + off, ns ? s_in + off : NULL,
                                     gs, scale, len, n, t, o);
-        crc = stream ? ps_crc32c_copy_nt(crc, p + off, po, len * sizeof(float))
-                     : ps_crc32c(crc, po, len * sizeof(float));
+        crc = stream ? ps_crc32c_copy_nt_floats(crc, p + off, po, len * sizeof(float), &odd)
+                     : ps_crc32c_floats(crc, po, len * sizeof(float), &odd);
         /* The span's hash blocks, in the record's block order, while they are in cache. */
         for (size_t b = off; b < off + len; b += PSD_HASH_BLOCK)
             psd_rechash_block_at(&hs, po + (b - off), s + b, n, ns,
@@ -636,4 +637,5 @@ void psd_store_chunk_update(psd_chunk_hdr_t *h, const float *p_in, const float *
     h->format = PSD_CHUNK_FORMAT;
     h->crc32c = crc;
     h->hash = XXH3_64bits_digest(&hs);
+    return !odd;
 }

@@ -144,10 +144,14 @@ void psd_store_chunk_seal(psd_chunk_hdr_t *h);
  * that worker read before are not first taken back from its cache (on the development VM 1 MiB
  * sgd updates took ~110 us in push-only steps and ~250 us when a worker read each record).
  * Same bytes, CRC and hash either way.
+ * @return whether every parameter written is finite (each span checked while it is in cache):
+ *  false when a gradient held a NaN or an infinity (or the update overflowed); the record is
+ *  written and sealed either way; @p p_in / @p s_in, when they are another record's (not an
+ *  update in place), are untouched, so the caller may update it again without that gradient.
  * @note @p h must be the writable record (MDB_RESERVE); nothing is allocated. What @p before
  *  returns must stay valid until its next call or the end of this one.
  */
-void psd_store_chunk_update(psd_chunk_hdr_t *h, const float *p_in, const float *s_in,
+bool psd_store_chunk_update(psd_chunk_hdr_t *h, const float *p_in, const float *s_in,
                             const float *g, float scale, const psk_optim_t *o, uint64_t t,
                             const float *(*before)(void *arg, size_t off, size_t len), void *arg,
                             bool stream);

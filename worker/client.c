@@ -244,6 +244,8 @@ struct ps_client_s {
     uint32_t ntensor_set;       /* how many: the count sent with it */
     int had_batch;              /* shard 0 handed this worker a batch (or the job's end) */
     int said_no_values;         /* warned once: shard 0 takes no values (an older psd) */
+    uint64_t nonfinite_pushes;  /* chunk pushes acknowledged PS_FLAG_NONFINITE (comm thread
+                                   writes, any thread reads) */
     uint64_t stale_step1;       /* bsp: step + 1 of a push a shard acknowledged as not applied
                                    (PS_FLAG_STALE; written by the comm thread): the report of
                                    that step's batch says so */
@@ -1945,6 +1947,14 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
                    m.shard, (unsigned long long)op->step, m.chunk, m.tensor);
             __atomic_store_n(&c->stale_step1, op->step + 1, __ATOMIC_RELEASE);
         }
+        if (!is_pull && (m.flags & PS_FLAG_NONFINITE)) {
+            uint64_t n = __atomic_add_fetch(&c->nonfinite_pushes, 1, __ATOMIC_RELAXED);
+            if ((n & (n - 1)) == 0) /* the 1st, 2nd, 4th, 8th ... */
+                PS_LOG(PS_LOG_WARN, "libps", "shard %u left this worker's push of chunk %u of "
+                       "tensor %u out of its update: the gradient held a NaN or an infinity "
+                       "(%llu so far)", m.shard, m.chunk, m.tensor,
+                       (unsigned long long)n);
+        }
         if (!is_pull) {
             part_done(p);
             if (p->ck.direct) {
@@ -2590,6 +2600,11 @@ void ps_client_stats(const ps_client_t *c, ps_client_stats_t *out)
     out->pulls = __atomic_load_n(&c->stats.pulls, __ATOMIC_RELAXED);
     out->bytes_pulled_direct = __atomic_load_n(&c->stats.bytes_pulled_direct, __ATOMIC_RELAXED);
     out->bytes_pushed_direct = __atomic_load_n(&c->stats.bytes_pushed_direct, __ATOMIC_RELAXED);
+}
+
+uint64_t ps_client_nonfinite_pushes(const ps_client_t *c)
+{
+    return __atomic_load_n(&c->nonfinite_pushes, __ATOMIC_RELAXED);
 }
 
 /* Send the values of tensor @p req's chunks placed on shard @p shard, which its declaration

@@ -1,11 +1,15 @@
 /* mean_client.c: a libps worker for the test of optimizer mean (test_cluster.c, mean_*).
  *
- *   mean_client MANIFEST NUMEL STEPS [misuse | nograd]
+ *   mean_client MANIFEST NUMEL STEPS [misuse | nograd | nonfinite]
  *
  * With "nograd", rank r has no gradient in step s when s % 4 == 3 (no rank has one) or
  * (s + r) % 3 == 0, and says so with ps_client_push_none: the mean is then over every member,
  * those without one counting as zeros, and a step without any gradient leaves the values as
  * they were.
+ * With "nonfinite", in those steps rank r pushes a gradient holding a NaN (even steps) or an
+ * infinity (odd ones) at every 1024th element (so in each chunk of at least 4 KiB) instead:
+ * psd must leave each such push out as one without a gradient, the same means bit for bit, and
+ * acknowledge it so (ps_client_nonfinite_pushes grows by at least one; never for a clean push).
  * With "misuse", first two mistakes a caller can make, each refused without harm: a push
  * before its first batch (PS_EINVAL; the client is not counted removed, its next_batch works),
  * and in step 0 an int8 push with error feedback of a gradient holding a NaN (PS_EINVAL at
@@ -77,9 +81,11 @@ static int has_grad(int nograd, uint32_t r, uint64_t s)
 int main(int argc, char **argv)
 {
     int misuse = argc == 5 && strcmp(argv[4], "misuse") == 0;
-    int nograd = argc == 5 && strcmp(argv[4], "nograd") == 0;
+    int nonfinite = argc == 5 && strcmp(argv[4], "nonfinite") == 0;
+    int nograd = (argc == 5 && strcmp(argv[4], "nograd") == 0) || nonfinite;
     if (argc != 4 && !misuse && !nograd) {
-        fprintf(stderr, "usage: mean_client MANIFEST NUMEL STEPS [misuse | nograd]\n");
+        fprintf(stderr, "usage: mean_client MANIFEST NUMEL STEPS [misuse | nograd | "
+                "nonfinite]\n");
         return 2;
     }
     uint64_t n = strtoull(argv[2], NULL, 10), steps = strtoull(argv[3], NULL, 10);
@@ -165,9 +171,22 @@ int main(int argc, char **argv)
         }
         if (!any) memcpy(want, got, n * sizeof *want); /* as it was */
         ps_op_t *push, *pull;
-        rc = has_grad(nograd, rank, s) ? ps_client_push(c, id, g, s, &push)
-                                       : ps_client_push_none(c, id, s, &push);
+        int odd = nonfinite && !has_grad(nograd, rank, s);
+        uint64_t odd_before = ps_client_nonfinite_pushes(c);
+        if (odd) /* rank's gradient with a NaN or an infinity in each chunk */
+            for (uint64_t i = 0; i < n; i++)
+                g[i] = i % 1024 != s % 1024 ? grad_of(rank, s, i)
+                       : s % 2 ? (i % 2048 ? -INFINITY : INFINITY) : NAN;
+        rc = has_grad(nograd, rank, s) || odd ? ps_client_push(c, id, g, s, &push)
+                                              : ps_client_push_none(c, id, s, &push);
         if (rc == 0) rc = ps_op_wait(push, NULL);
+        if (rc == 0 && nonfinite && (ps_client_nonfinite_pushes(c) > odd_before) != odd) {
+            printf("mean_client: rank %u step %" PRIu64 ": %s push, %" PRIu64 " acknowledged "
+                   "as not finite (%" PRIu64 " before)\n", rank, s, odd ? "a non-finite" : "a clean",
+                   ps_client_nonfinite_pushes(c), odd_before);
+            bad = 1;
+            break;
+        }
         if (rc == 0) rc = ps_client_pull(c, id, got, s + 1, &pull);
         if (rc == 0) rc = ps_op_wait(pull, &version);
         if (rc) {
@@ -190,8 +209,9 @@ int main(int argc, char **argv)
             }
     }
     if (!bad)
-        printf("mean_client: rank %u of %u: %" PRIu64 " steps, every pull the exact mean\n", rank,
-               w, steps);
+        printf("mean_client: rank %u of %u: %" PRIu64 " steps, every pull the exact mean "
+               "(%" PRIu64 " chunk pushes left out as not finite)\n", rank, w, steps,
+               ps_client_nonfinite_pushes(c));
     fflush(stdout);
     ps_client_destroy(c);
     free(g);

@@ -263,6 +263,31 @@ START_TEST(test_mean_push_none)
 }
 END_TEST
 
+/* A push holding a NaN or an infinity is left out of its chunk's update as one without a
+ * gradient would be (mean_client's nonfinite mode: the nograd schedule, those pushes made with
+ * a non-finite value in each chunk instead of push_none; the same means bit for bit, over UCX
+ * and direct), acknowledged so (libps counts it), counted by psd (status, metrics, psctl status)
+ * and logged. Before, psd applied it: "element 0 is nan, the mean is ...". */
+START_TEST(test_mean_nonfinite_left_out)
+{
+    cl_cluster_t *c = cl_cluster_create(&mean_conf);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    mean_pair(c, 8, "nonfinite");
+    cl_proc_t *ctl = status_json(c, "psctl");
+    /* Steps 0-7 hold 8 such pushes (steps 0, 2, 5, 6: one rank; 3, 7: both), of 3 chunks. */
+    unsigned long long odd = sum_field(ctl, "nonfinite_pushes");
+    ck_assert_msg(odd == 24, "%llu pushes left out as not finite, want 24: %s", odd, cl_tail(ctl));
+    char *argv[] = {(char *)cl_binary("PSCTL"), "--manifest", c->manifest, "status", NULL};
+    cl_proc_t *st = cl_spawn(c, "psctl-text", argv);
+    EXPECT_EXIT(st, 0);
+    EXPECT_LOG(st, "held a NaN or an infinity and were left out of their update (the last: rank");
+    EXPECT_LOG(psd[0], "holding a NaN or an infinity: left out of its update as a push without "
+                       "a gradient");
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* optimizer mean: two libps workers (one over UCX only, one direct) push different gradients
  * for 6 steps of a tensor of 3 chunks on 2 shards; every pull is the exact mean of the step's
  * pushes (mean_client.c checks the bits), never a sum over steps. psworker refuses such a
@@ -1243,6 +1268,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("adagrad_matches_local", test_adagrad_matches_local));
     suite_add_tcase(s, tcase("mean_keeps_the_mean", test_mean_keeps_the_mean));
     suite_add_tcase(s, tcase("mean_push_none", test_mean_push_none));
+    suite_add_tcase(s, tcase("mean_nonfinite_left_out", test_mean_nonfinite_left_out));
     suite_add_tcase(s, tcase("psworker_options", test_psworker_options));
     suite_add_tcase(s, tcase("libps_misuse_harmless", test_libps_misuse_harmless));
     suite_add_tcase(s, tcase("tcp_matches_local", test_tcp_matches_local));

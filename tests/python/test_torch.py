@@ -1227,6 +1227,127 @@ def ctrl_c(tmp):
           "its client")
 
 
+def nonfinite_run(c, at_step, how):
+    """One worker (bsp) trains the model on cluster c; in batch `at_step` the first layer's
+    weight gradient is made NaN in one place (how "nan") or left out (how "none"). Returns
+    (final state_dict, batches' indices, warnings' texts, client.nonfinite_pushes)."""
+    x, y = data()
+    m = model()
+    seen = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with psd.torch.ParameterServer(c.manifest, m, samples=SAMPLES) as ps:
+            for n, b in enumerate(ps.batches()):
+                seen.append(list(b.indices))
+                m.zero_grad()
+                torch.nn.functional.mse_loss(m(x[b.indices]), y[b.indices]).backward()
+                if n == at_step and how == "nan":
+                    m[0].weight.grad[3, 2] = float("nan")
+                elif n == at_step:
+                    m[0].weight.grad = None
+                ps.step()
+            odd = ps.client.nonfinite_pushes
+        final = {k: v.clone() for k, v in m.state_dict().items()}
+    return final, seen, [str(w.message) for w in caught], odd
+
+
+def nonfinite_pushes(tmp):
+    """A gradient holding a NaN or an infinity is left out of its chunk's update, not applied:
+    under bsp (psd.torch, adam) a step whose first-layer gradient has one NaN ends exactly as
+    the same run with that gradient None (a zero in the mean; alone, the step passes), the
+    worker is warned and counts it; under asp (psd.Client) only the chunks holding one stay as
+    they were (their version moves on), float32 or fp16; psd counts them (status, /metrics,
+    psctl status). Before, psd applied them: every parameter of the tensor became NaN."""
+    adam = "{name: adam, lr: 0.01}"
+    runs = {}
+    for how in ("nan", "none"):
+        c = Cluster(tmp, f"nonfinite-{how}", 1, optimizer=adam, metrics=True)
+        try:
+            runs[how] = nonfinite_run(c, 3, how)
+            if how == "nan":
+                odd = c.metric("psd_nonfinite_pushes_total") + \
+                    c.metric("psd_nonfinite_pushes_total", 1)
+                assert odd == 1, f"psd counted {odd} pushes left out, want 1"
+                text = c.psctl("status").stdout
+                assert "1 push held a NaN or an infinity and was left out of its update (the " \
+                       "last: rank 0, tensor '0.weight')" in text, text
+        finally:
+            c.stop()
+    (nan, seen, caught, odd), (ref, seen_ref, _, odd_ref) = runs["nan"], runs["none"]
+    assert seen == seen_ref, "the two runs had different batches"
+    assert (odd, odd_ref) == (1, 0), f"client.nonfinite_pushes {odd} / {odd_ref}, want 1 / 0"
+    assert any("held a NaN or an infinity" in w for w in caught), caught
+    for k, v in ref.items():
+        assert torch.isfinite(nan[k]).all(), f"{k} holds a NaN or an infinity"
+        assert torch.equal(v, nan[k]), f"{k}: the NaN push was not taken as no gradient"
+
+    c = Cluster(tmp, "nonfinite-asp", 1, consistency="asp", metrics=True)
+    try:
+        with psd.Client(c.manifest) as cl:
+            n = 3000  # chunks of 1024 values: [0, 1024), [1024, 2048), [2048, 3000)
+            ta = cl.declare("a", (n,), init="normal", init_arg=1.0)
+            th = cl.declare("h", (n,), compress=False)
+            cl.set_compression(th, "fp16", error_feedback=False)
+            ones = array.array("f", [1.0] * n)
+            for t in (ta, th):
+                cl.push(t, ones.buffer_info()[0], 0, keep=ones).wait()
+
+            def pulled(t):
+                b = array.array("f", [0.0] * n)
+                v = cl.pull(t, b.buffer_info()[0], 0, keep=b).wait()
+                return b, v
+            a1, _ = pulled(ta)
+            h1, _ = pulled(th)
+            g = array.array("f", [1.0] * n)
+            g[5], g[2500] = float("nan"), float("-inf")  # chunks 0 and 2
+            for t in (ta, th):
+                cl.push(t, g.buffer_info()[0], 1, keep=g).wait()
+            assert cl.nonfinite_pushes == 4, f"{cl.nonfinite_pushes} pushes left out, want 4"
+            for name, t, before in (("float32", ta, a1), ("fp16", th, h1)):
+                after, version = pulled(t)
+                assert version == 2, f"{name}: version {version} after two pushes"
+                for i in (0, 5, 1023, 2048, 2500, n - 1):  # chunks 0, 2: as they were
+                    assert after[i] == before[i], f"{name}: value {i} moved: {before[i]} -> " \
+                                                  f"{after[i]}"
+                for i in (1024, 1500, 2047):  # chunk 1: one more step
+                    assert abs(after[i] - (before[i] - LR)) < 1e-6, f"{name}: value {i} " \
+                                                                    f"{after[i]}"
+            cl.push(ta, ones.buffer_info()[0], 2, keep=ones).wait()  # a clean one applies
+            a3, version = pulled(ta)
+            assert version == 3 and abs(a3[5] - (a1[5] - LR)) < 1e-6, (version, a3[5], a1[5])
+            assert cl.nonfinite_pushes == 4
+            # A small record (300 values: in an LMDB leaf page, 2-byte aligned, copied with
+            # streaming stores after a direct pull) and a mean tensor (its update takes the
+            # push's values: looked at before), each one chunk.
+            ts = cl.declare("s", (300,), init="constant", init_arg=1.0)
+            tm = cl.declare("m", (300,), mean=True)
+            small = {}
+            for t in (ts, tm):
+                b = array.array("f", [0.0] * 300)
+                cl.pull(t, b.buffer_info()[0], 0, keep=b).wait()
+                g = array.array("f", [2.0] * 300)
+                cl.push(t, g.buffer_info()[0], 3, keep=g).wait()
+                cl.pull(t, b.buffer_info()[0], 0, keep=b).wait()
+                g[150] = float("nan")
+                cl.push(t, g.buffer_info()[0], 4, keep=g).wait()
+                after = array.array("f", [0.0] * 300)
+                cl.pull(t, after.buffer_info()[0], 0, keep=after).wait()
+                small[t] = (list(b), list(after))
+            for name, t in (("small", ts), ("mean", tm)):
+                assert small[t][0] == small[t][1], f"{name} tensor: a NaN push changed it: " \
+                                                   f"{small[t][1][148:152]}"
+            assert small[tm][0][0] == 2.0, small[tm][0][:2]
+            assert cl.nonfinite_pushes == 6, f"{cl.nonfinite_pushes} left out, want 6"
+        odd = c.metric("psd_nonfinite_pushes_total") + c.metric("psd_nonfinite_pushes_total", 1)
+        assert odd == 6, f"psd counted {odd} pushes left out, want 6"
+        st = json.loads(c.psctl("status", "--json").stdout)
+        assert sum(s["nonfinite_pushes"] for s in st) == 6, st
+    finally:
+        c.stop()
+    print("non-finite pushes: a NaN gradient under bsp is taken as none (bit for bit, warned); "
+          "under asp the chunks holding one stay, float32 and fp16; counted by psd")
+
+
 def binding_many(tmp):
     """push_many / pull_many / Ops (one call for many tensors, as psd.torch's step and pull
     use): the same values as one push or pull each; misuse named (an undeclared tensor, a
@@ -1431,6 +1552,7 @@ def main():
         asp_schedule(tmp)
         binding_compression(tmp)
         binding_many(tmp)
+        nonfinite_pushes(tmp)
         early_break(tmp)
         errors(tmp)
         misuse(tmp)

@@ -1,6 +1,8 @@
 /* test_integrity.c: CRC-32C (common/crc32c.c): known values, the hardware and portable
  * versions agree at every length and alignment, and CRCs continue across calls; the Merkle
  * tree (common/merkle.c): its root by definition, and updates equal a rebuild. */
+#include <float.h>
+#include <math.h>
 #include <check.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,6 +101,55 @@ START_TEST(crc_copy_matches)
 }
 END_TEST
 
+/* ps_crc32c_floats and ps_crc32c_copy_nt_floats give the CRC's value (and the copy an exact
+ * copy) and find a NaN or an infinity wherever it sits: in the folded 256-byte groups, the
+ * 64-byte head of the streamed copy, the tail, under each CRC implementation this CPU has;
+ * the largest float, a denormal, -0 are finite. */
+START_TEST(crc_floats_find_nonfinite)
+{
+    enum { MAX = 2300 }; /* floats: 9200 bytes, past 1 KiB and many 256-byte groups */
+    static float src[MAX + 4];
+    static _Alignas(64) unsigned char dst[4 * MAX + 128];
+    static const char *const impls[] = {"sse4.2+vpclmulqdq", "sse4.2", "slicing-by-8"};
+    if (ps_crc32c_use(impls[_i]) != 0) return; /* a CPU without it */
+    for (size_t i = 0; i < MAX + 4; i++) src[i] = (float)i * 0.37f - 100.0f;
+    size_t lens[] = {0, 1, 63, 64, 65, 255, 256, 257, 320, 1000, MAX};
+    const float odd_values[] = {NAN, -NAN, INFINITY, -INFINITY};
+    const float even_values[] = {FLT_MAX, -FLT_MAX, FLT_MIN / 4, -0.0f};
+    for (size_t k = 0; k < sizeof lens / sizeof lens[0]; k++)
+        for (size_t so = 0; so < 2; so++)
+            for (size_t d = 0; d < 6; d++) {
+                /* dst at a 64-byte boundary, past it by 12 bytes, or by 1, 2, 3 and 62 (a
+                 * record in an LMDB leaf page is only 2-byte aligned) */
+                size_t n = lens[k], doff = (size_t[]){0, 12, 1, 2, 3, 62}[d];
+                float *in = src + so;
+                size_t at[] = {0, n / 2, n ? n - 1 : 0, 16, 17, 64, 65};
+                for (size_t a = 0; a < sizeof at / sizeof at[0]; a++)
+                    for (size_t v = 0; v < 9; v++) {
+                        if (at[a] >= n && n) continue;
+                        float keep = n ? in[at[a]] : 0;
+                        int want_odd = v < 4;
+                        if (n && v < 8) in[at[a]] = v < 4 ? odd_values[v] : even_values[v - 4];
+                        if (!n) want_odd = 0;
+                        uint32_t want = ps_crc32c_sw(0x99u, in, n * 4);
+                        int odd = 0, odd2 = 0;
+                        ck_assert_uint_eq(ps_crc32c_floats(0x99u, in, n * 4, &odd), want);
+                        ck_assert_uint_eq(ps_crc32c_copy_nt_floats(0x99u, dst + doff, in,
+                                                                   n * 4, &odd2), want);
+                        ck_assert_int_eq(memcmp(dst + doff, in, n * 4), 0);
+                        ck_assert_msg(odd == want_odd && odd2 == want_odd,
+                                      "%s: %zu floats, value %zu at %zu: odd %d / %d, want %d",
+                                      impls[_i], n, v, at[a], odd, odd2, want_odd);
+                        odd = 1; /* never cleared */
+                        ps_crc32c_floats(0, in, n * 4, &odd);
+                        ck_assert_int_eq(odd, 1);
+                        if (n) in[at[a]] = keep;
+                    }
+            }
+    ps_crc32c_use(NULL);
+}
+END_TEST
+
 /* The streamed copy copies exactly, at every length and alignment around its 16-byte head,
  * its 64-byte groups and the 256-byte plain-copy limit; it writes nothing past the end. */
 START_TEST(memcpy_nt_matches)
@@ -162,6 +213,7 @@ Suite *ps_test_suite(void)
     tcase_add_test(tc, crc_hw_matches_sw);
     tcase_add_loop_test(tc, crc_copy_matches, 0, 3);
     tcase_add_test(tc, memcpy_nt_matches);
+    tcase_add_loop_test(tc, crc_floats_find_nonfinite, 0, 3);
     suite_add_tcase(s, tc);
     TCase *tm = tcase_create("merkle");
     tcase_add_test(tm, merkle_definition);

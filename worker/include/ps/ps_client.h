@@ -336,6 +336,15 @@ const char *ps_client_error(const ps_client_t *c);
 void ps_client_stats(const ps_client_t *c, ps_client_stats_t *out);
 
 /**
+ * @brief Chunk pushes of this client that a shard left out of its update because the gradient
+ *  held a NaN or an infinity (their acknowledgement said so; libps also logs the 1st, 2nd, 4th
+ *  ... one). Under bsp such a push counts as one without a gradient (a zero in the step's mean),
+ *  under asp / ssp as an update that changed nothing. The op itself succeeds.
+ * @note Any thread; 0 against a psd older than session 37 (it applies them as they are).
+ */
+uint64_t ps_client_nonfinite_pushes(const ps_client_t *c);
+
+/**
  * @brief Measure the path to shard @p shard: @p reps messages (1 to 1000000) of @p bytes (at most
  * 64 MiB), each sent after the shard acknowledged the previous one (after one unmeasured
  * warm-up). An open group (ps_client_group_begin) is handed over first.

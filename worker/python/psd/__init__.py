@@ -105,6 +105,7 @@ def library():
         "ps_client_declare_values": (I, [P, ctypes.POINTER(_Desc), P, ctypes.POINTER(U32),
                                          ctypes.POINTER(I)]),
         "ps_client_give_up": (None, [P]),
+        "ps_client_nonfinite_pushes": (U64, [P]),
         "ps_client_set_compression": (I, [P, U32, ctypes.POINTER(_Compression)]),
         "ps_client_use_job_compression": (I, [P, U32, ctypes.c_char_p]),
         "ps_client_push": (I, [P, U32, P, U64, ctypes.POINTER(P)]),
@@ -482,6 +483,14 @@ class Client:
     def shards(self):
         with self._call() as h:
             return library().ps_client_shards(h)
+
+    @property
+    def nonfinite_pushes(self):
+        """Chunk pushes of this client that a shard left out of its update because the
+        gradient held a NaN or an infinity (under bsp counted as a push without a gradient,
+        under asp / ssp as an update that changed nothing); 0 against an older psd."""
+        with self._call() as h:
+            return library().ps_client_nonfinite_pushes(h)
 
     def declare(self, name, shape, init="zeros", init_arg=0.0, seed=0, total_steps=0,
                 compress=True, values=None, mean=False):

@@ -145,6 +145,7 @@ class ParameterServer:
         self._done = None  # the last batch stepped and not yet reported by a next_batch
         self._batch = None
         self._stepped = False
+        self._nonfinite = 0  # self.client.nonfinite_pushes when step() last looked
         self._removed = None  # why the shards dropped this worker: batches() joins again
         self.final_step = None
         self._got_batch = False  # batches() handed out one (else a finished job is said)
@@ -178,6 +179,7 @@ class ParameterServer:
     def _join(self, again=False):
         """Join (a new client) and declare every trainable parameter; then pull them."""
         self.client = c = psd.Client(self._manifest, connect_timeout_ms=self._connect_timeout_ms)
+        self._nonfinite = 0
         per_step = c.batch_size * max(c.workers_wanted, 1)
         total = (c.epochs * self.samples + per_step - 1) // per_step
         if c.max_steps and c.max_steps < total:
@@ -453,6 +455,13 @@ class ParameterServer:
             # one comes after a new join (batches()).
             self._stepped, self._removed, self._done = True, removed, None
             return
+        odd = self.client.nonfinite_pushes
+        if odd > self._nonfinite:
+            warnings.warn(f"psd.torch: the shards left {odd - self._nonfinite} of this worker's "
+                          f"pushes of step {b.step} out of the update: their gradient held a NaN "
+                          f"or an infinity ({odd} so far; client.nonfinite_pushes). Under bsp "
+                          "each counts as a zero in the workers' mean", RuntimeWarning)
+            self._nonfinite = odd
         self._stepped = True
         self._done = b  # the next next_batch reports it, whichever batches() asks
         self.client.batch_done(b)  # a leave from here on reports it: it is never handed again
