@@ -1245,7 +1245,8 @@ def nonfinite_run(c, at_step, how):
                     m[0].weight.grad[3, 2] = float("nan")
                 elif n == at_step:
                     m[0].weight.grad = None
-                ps.step()
+                whole = ps.step()
+                assert whole == (n != at_step or how != "nan"), f"step {n}: step() said {whole}"
             odd = ps.client.nonfinite_pushes
         final = {k: v.clone() for k, v in m.state_dict().items()}
     return final, seen, [str(w.message) for w in caught], odd
@@ -1255,7 +1256,7 @@ def nonfinite_pushes(tmp):
     """A gradient holding a NaN or an infinity is left out of its chunk's update, not applied:
     under bsp (psd.torch, adam) a step whose first-layer gradient has one NaN ends exactly as
     the same run with that gradient None (a zero in the mean; alone, the step passes), the
-    worker is warned and counts it; under asp (psd.Client) only the chunks holding one stay as
+    worker is warned and counts it, and that step() returns False; under asp (psd.Client) only the chunks holding one stay as
     they were (their version moves on), float32 or fp16; psd counts them (status, /metrics,
     psctl status). Before, psd applied them: every parameter of the tensor became NaN."""
     adam = "{name: adam, lr: 0.01}"

@@ -419,7 +419,11 @@ class ParameterServer:
         as a torch optimizer leaves it: under bsp (where a step waits for every member's
         push) its push says so (push_none), counted as a zero in the mean of the workers'
         gradients, and when no worker had one the shards leave its value and optimizer state
-        (momentum, weight decay) as they are; under asp / ssp nothing is pushed."""
+        (momentum, weight decay) as they are; under asp / ssp nothing is pushed.
+        Returns True, or False when the shards left part of this step's pushes out because a
+        gradient held a NaN or an infinity (warned; as that gradient None under bsp: a loss
+        scaler would lower its scale) or dropped this worker meanwhile (the batch goes to
+        another worker)."""
         b = self._batch
         if b is None or self._stepped:
             raise RuntimeError("step() belongs inside `for batch in ps.batches()`, once a batch")
@@ -454,9 +458,10 @@ class ParameterServer:
             # Dropped by the shards meanwhile: this batch went to another worker, and the next
             # one comes after a new join (batches()).
             self._stepped, self._removed, self._done = True, removed, None
-            return
-        odd = self.client.nonfinite_pushes
+            return False
+        odd, whole = self.client.nonfinite_pushes, True
         if odd > self._nonfinite:
+            whole = False
             warnings.warn(f"psd.torch: the shards left {odd - self._nonfinite} of this worker's "
                           f"pushes of step {b.step} out of the update: their gradient held a NaN "
                           f"or an infinity ({odd} so far; client.nonfinite_pushes). Under bsp "
@@ -465,6 +470,7 @@ class ParameterServer:
         self._stepped = True
         self._done = b  # the next next_batch reports it, whichever batches() asks
         self.client.batch_done(b)  # a leave from here on reports it: it is never handed again
+        return whole
 
     def close(self):
         """Leave the cluster. The model holds the newest parameters: after a loop over
