@@ -217,6 +217,15 @@ static inline float value_at(const uint8_t *v, size_t j, int fp16)
     return fp16 ? f32_from_f16(ld16(v + 2 * j)) : ldf32(v + 4 * j);
 }
 
+/* Whether the k values of a top-k / random-k payload are all finite. */
+static bool values_finite(const uint8_t *v, size_t k, int fp16)
+{
+    for (size_t j = 0; j < k; j++)
+        if (!isfinite(value_at(v, j, fp16)))
+            return false;
+    return true;
+}
+
 /*
  * The randomk strata, walked in order: stratum j is [lo, lo + width) with lo = floor(j n / k).
  * Width is q or q + 1 (q = n / k, r = n % k); the extra element comes when (j r mod k) + r
@@ -570,8 +579,19 @@ __attribute__((target("avx2"))) static size_t add_bf16_avx2(float *restrict out,
     return i;
 }
 
+/* Whether any of the 16 lanes is a NaN, an infinity or a float bf16 rounds up to one (its
+ * magnitude above bf16's largest, 0x7f7f0000, by at least half a bf16 step). */
+__attribute__((target("avx2"))) static inline int any_wide16(__m256i u0, __m256i u1)
+{
+    const __m256i mag = _mm256_set1_epi32((int)MAG_MASK), top = _mm256_set1_epi32(0x7f7f7fff);
+    __m256i n = _mm256_or_si256(_mm256_cmpgt_epi32(_mm256_and_si256(u0, mag), top),
+                                _mm256_cmpgt_epi32(_mm256_and_si256(u1, mag), top));
+    return !_mm256_testz_si256(n, n);
+}
+
 /* Error feedback for bf16 in one pass, as ef_fp16_f16c: x = r + g, h = bf16(x),
- * r = x + (-1 * f32(h)); stops at a group holding a NaN (the caller takes the rest). */
+ * r = x + (-1 * f32(h)); stops at a group holding a NaN or a value whose bf16 is an infinity
+ * (the caller takes the rest, and keeps the residual finite). */
 __attribute__((target("avx2"))) static size_t ef_bf16_avx2(uint8_t *restrict body,
                                                           const float *restrict g,
                                                           float *restrict r, size_t n)
@@ -582,7 +602,7 @@ __attribute__((target("avx2"))) static size_t ef_bf16_avx2(uint8_t *restrict bod
         __m256 x0 = _mm256_add_ps(_mm256_loadu_ps(r + i), _mm256_loadu_ps(g + i));
         __m256 x1 = _mm256_add_ps(_mm256_loadu_ps(r + i + 8), _mm256_loadu_ps(g + i + 8));
         __m256i u0 = _mm256_castps_si256(x0), u1 = _mm256_castps_si256(x1);
-        if (any_nan16(u0, u1)) break; /* scalar from here */
+        if (any_wide16(u0, u1)) break; /* scalar from here */
         __m256i h = bf16_round16(u0, u1);
         _mm256_storeu_si256((__m256i *)(void *)(body + 2 * i), h);
         __m256 f0 = _mm256_castsi256_ps(
@@ -765,6 +785,31 @@ __attribute__((target("avx2"))) static size_t topk_gather_avx2(uint32_t *restric
             cand[nc++] = (uint32_t)(i + (size_t)__builtin_ctz(m));
     }
     return nc;
+}
+
+/* r += g, 16 values at a time (the same additions as add_into), and whether a sum is a NaN or
+ * an infinity: its exponent of all ones carries into bit 31 when 1 is added to it. Returns the
+ * values done; *odd |= that. SSE2's version of the loop made random-k's encode ~30% slower. */
+__attribute__((target("avx2"))) static size_t add_odd_avx2(float *restrict r,
+                                                           const float *restrict g, size_t n,
+                                                           bool *odd)
+{
+    const __m256i ex = _mm256_set1_epi32(0x7f800000), one = _mm256_set1_epi32(0x00800000);
+    __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 x0 = _mm256_add_ps(_mm256_loadu_ps(r + i), _mm256_loadu_ps(g + i));
+        __m256 x1 = _mm256_add_ps(_mm256_loadu_ps(r + i + 8), _mm256_loadu_ps(g + i + 8));
+        _mm256_storeu_ps(r + i, x0);
+        _mm256_storeu_ps(r + i + 8, x1);
+        a0 = _mm256_or_si256(a0, _mm256_add_epi32(_mm256_and_si256(_mm256_castps_si256(x0), ex),
+                                                  one));
+        a1 = _mm256_or_si256(a1, _mm256_add_epi32(_mm256_and_si256(_mm256_castps_si256(x1), ex),
+                                                  one));
+    }
+    a0 = _mm256_or_si256(a0, a1);
+    *odd |= !_mm256_testz_si256(a0, _mm256_set1_epi32((int)0x80000000u));
+    return i;
 }
 #endif
 
@@ -969,6 +1014,26 @@ static void add_into(float *restrict r, const float *restrict g, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         r[i] += g[i];
+}
+
+/* add_into that also says whether a sum is a NaN or an infinity (an exponent of all ones
+ * carries into bit 31 when 1 is added to it; OR-reduced, so the loop vectorizes). */
+static bool add_into_odd(float *restrict r, const float *restrict g, size_t n)
+{
+    uint32_t acc = 0;
+    bool odd = false;
+    size_t i = 0;
+#ifdef PSK_HAVE_F16C
+    if (avx2_ok()) i = add_odd_avx2(r, g, n, &odd);
+#endif
+    for (; i < n; i++) {
+        float x = r[i] + g[i];
+        uint32_t b;
+        memcpy(&b, &x, 4);
+        acc |= (b & 0x7f800000u) + 0x00800000u;
+        r[i] = x;
+    }
+    return odd || acc >> 31;
 }
 
 /*
@@ -1336,6 +1401,26 @@ int psk_codec_decode_add_cpu(float *out, size_t n, const uint8_t *payload, size_
     return 0;
 }
 
+/* Residual values that are a NaN or an infinity become 0. Error feedback with a codec that
+ * carries them (fp16, bf16, top-k, random-k) sends such a value on, and psd leaves that push
+ * out (its parameters stay); kept in the residual, it would make every later push of the
+ * chunk one psd leaves out. Returns whether any was. */
+static bool residual_keep_finite(float *r, size_t n)
+{
+    if (psk_all_finite(r, n)) /* vectorized; the loop below is not */
+        return false;
+    bool any = false;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t b;
+        memcpy(&b, r + i, 4);
+        if ((b & 0x7f800000u) == 0x7f800000u) {
+            r[i] = 0.0f;
+            any = true;
+        }
+    }
+    return any;
+}
+
 /* r[n] += g[n] */
 bool psk_all_finite(const float *x, size_t n)
 {
@@ -1380,10 +1465,11 @@ int psk_codec_encode_ef_cpu(uint8_t *out, size_t cap, size_t *len, const float *
         header_make(out, c, n);
         uint8_t *body = out + PSK_CODEC_HEADER_BYTES;
         size_t i = pass(body, g, residual, n);
-        if (i < n) {
+        if (i < n) { /* a NaN, an infinity (or one fp16 / bf16 rounds to), or the tail */
             add_into(residual + i, g + i, n - i);
             enc(body + 2 * i, residual + i, n - i);
             add(residual + i, body + 2 * i, n - i, -1.0f);
+            residual_keep_finite(residual + i, n - i);
         }
         *len = payload_bytes(c, n);
         return 0;
@@ -1400,15 +1486,28 @@ int psk_codec_encode_ef_cpu(uint8_t *out, size_t cap, size_t *len, const float *
             topk_select(body, residual, g, n, k, scratch);
             gather_values(body + 4 * k, residual, body, k, c->fp16_values);
             decode_add(residual, n, body, c, -1.0f);
+            /* A NaN or an infinity outranks every finite value: none among the k sent, none
+             * in the residual. Else the residual is looked at (rare). */
+            if (!values_finite(body + 4 * k, k, c->fp16_values))
+                residual_keep_finite(residual, n);
         }
         *len = payload_bytes(c, n);
         return 0;
     }
-    add_into(residual, g, n);
+    bool odd = add_into_odd(residual, g, n);
     rc = encode(out, residual, n, c, scratch);
     if (rc != 0)
         return rc;
     decode_add(residual, n, out + PSK_CODEC_HEADER_BYTES, c, -1.0f);
+    /* A non-finite x, or one its encoding made infinite: fp16 / bf16 without F16C / AVX2
+     * (any value may overflow: looked at), random-k (a value sent as fp16). int8 and sign
+     * refused a non-finite g above (an overflow of g + residual to one is left as it is). */
+    const uint8_t *body = out + PSK_CODEC_HEADER_BYTES;
+    if (!psk_codec_needs_finite(c) &&
+        (odd || c->kind == PSK_CODEC_FP16 || c->kind == PSK_CODEC_BF16 ||
+         (c->kind == PSK_CODEC_RANDOMK &&
+          !values_finite(body + 8, psk_codec_k(c, n), c->fp16_values))))
+        residual_keep_finite(residual, n);
     *len = payload_bytes(c, n);
     return 0;
 }

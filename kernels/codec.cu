@@ -85,7 +85,14 @@ PSK_HD static inline bool flagged(const uint8_t *out)
 
 /* ---- the per-element steps (host and device) ---- */
 
-/* none, fp16, bf16 (kind), value i; with r: x = g + r, r = x + (-1 * decode(x)). */
+PSK_HD static inline bool nonfinite(float x)
+{
+    return (f32_bits(x) & 0x7fffffffu) >= 0x7f800000u;
+}
+
+/* none, fp16, bf16 (kind), value i; with r: x = g + r, r = x + (-1 * decode(x)), or 0 where
+ * that is a NaN or an infinity (codec.c keeps the residual finite the same way: the value is
+ * sent on, and psd leaves that push out). */
 PSK_HD static inline void dense_one(uint8_t *body, const float *g, float *r, size_t i, int kind)
 {
     float x = r != NULL ? FADD(r[i], g[i]) : g[i];
@@ -102,13 +109,10 @@ PSK_HD static inline void dense_one(uint8_t *body, const float *g, float *r, siz
         st32(body + 4 * i, f32_bits(x));
         d = x;
     }
-    if (r != NULL)
-        r[i] = FADD(x, FMUL(-1.0f, d));
-}
-
-PSK_HD static inline bool nonfinite(float x)
-{
-    return (f32_bits(x) & 0x7fffffffu) >= 0x7f800000u;
+    if (r != NULL) {
+        float e = FADD(x, FMUL(-1.0f, d));
+        r[i] = nonfinite(e) ? 0.0f : e;
+    }
 }
 
 /* int8: a block's scale from its largest magnitude m (finite), as codec.c's encode_int8. */

@@ -135,8 +135,12 @@ int psk_codec_check(const uint8_t *payload, size_t len, size_t n, const psk_code
  * @param[in]     g        [n] this step's gradient
  * @param[in,out] residual [n] error-feedback state; must not overlap g
  * @return as psk_codec_encode_cpu. Argument errors, and a NaN or infinity in @p g for int8 and
- *         sign (PS_EINVAL: they cannot encode one), leave residual unchanged. A non-finite x
- *         from finite values (g + residual overflowing) is found after residual holds it.
+ *         sign (PS_EINVAL: they cannot encode one), leave residual unchanged. fp16, bf16,
+ *         top-k and random-k send such a value on (psd leaves that push out) and keep the
+ *         residual finite: where x or its encoding is a NaN or an infinity (g held one, or
+ *         g + residual overflowed the codec's range) the residual becomes 0, so one bad
+ *         gradient does not make every later push of the chunk one psd leaves out. For int8
+ *         and sign an overflow of g + residual is found after residual holds it.
  * @note residual holds x during the encode, so no n-sized temporary is needed.
  */
 /** @brief Whether @p x[n] holds no NaN and no infinity (one read pass, vectorized). */

@@ -189,16 +189,3 @@ void psk_add_cpu(float *out, const float *in, size_t n)
     for (size_t i = 0; i < n; i++)
         out[i] += in[i];
 }
-
-/* An exponent of all ones (NaN, infinity) carries into bit 31 when 1 is added to it; no other
- * does. One OR per value, no branch: the compiler vectorizes it. */
-bool psk_finite_cpu(const float *x, size_t n)
-{
-    uint32_t acc = 0;
-    for (size_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, &x[i], sizeof u);
-        acc |= (u & 0x7f800000u) + 0x00800000u;
-    }
-    return !(acc & 0x80000000u);
-}

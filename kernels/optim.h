@@ -13,7 +13,6 @@
 #ifndef PSK_OPTIM_H
 #define PSK_OPTIM_H
 
-#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -115,9 +114,5 @@ static inline uint64_t psk_lr_pos(uint64_t samples, uint32_t workers, uint32_t b
 /** @brief out[i] += in[i] for n elements (gradient aggregation); in may equal out. */
 void psk_add_cpu(float *out, const float *in, size_t n);
 
-/** @brief Whether each of the @p n floats at @p x is finite: no NaN, no infinity (psd looks
- *  at a chunk's pushes with it once an update wrote a parameter that is not: server/shard.c
- *  nonfinite_pushes). Reads only. */
-bool psk_finite_cpu(const float *x, size_t n);
 
 #endif

@@ -2138,7 +2138,7 @@ static uint64_t nonfinite_pushes(psd_chunk_t *ch, uint64_t mask)
             psk_codec_decode_add_cpu(ch->agg, ch->n, s->buf, s->len, &s->codec, 1.0f);
             g = ch->agg;
         }
-        if (!psk_finite_cpu(g, ch->n)) odd |= 1ull << r;
+        if (!psk_all_finite(g, ch->n)) odd |= 1ull << r;
     }
     return odd;
 }

@@ -1339,10 +1339,24 @@ def nonfinite_pushes(tmp):
                                                    f"{small[t][1][148:152]}"
             assert small[tm][0][0] == 2.0, small[tm][0][:2]
             assert cl.nonfinite_pushes == 6, f"{cl.nonfinite_pushes} left out, want 6"
+            # fp16 with error feedback: the NaN push is left out, and the clean one after it
+            # is not (the residual kept no NaN; before, every later push held one).
+            te = cl.declare("e", (1000,), compress=False)
+            cl.set_compression(te, "fp16", error_feedback=True)
+            g = array.array("f", [1.0] * 1000)
+            g[10] = float("nan")
+            cl.push(te, g.buffer_info()[0], 5, keep=g).wait()
+            assert cl.nonfinite_pushes == 7, cl.nonfinite_pushes
+            g[10] = 1.0
+            cl.push(te, g.buffer_info()[0], 6, keep=g).wait()
+            assert cl.nonfinite_pushes == 7, "the push after a NaN one was left out too"
+            e = array.array("f", [0.0] * 1000)
+            cl.pull(te, e.buffer_info()[0], 0, keep=e).wait()
+            assert e[10] == e[0] and abs(e[0] + LR) < 1e-6, (e[0], e[10])
         odd = c.metric("psd_nonfinite_pushes_total") + c.metric("psd_nonfinite_pushes_total", 1)
-        assert odd == 6, f"psd counted {odd} pushes left out, want 6"
+        assert odd == 7, f"psd counted {odd} pushes left out, want 7"
         st = json.loads(c.psctl("status", "--json").stdout)
-        assert sum(s["nonfinite_pushes"] for s in st) == 6, st
+        assert sum(s["nonfinite_pushes"] for s in st) == 7, st
     finally:
         c.stop()
     print("non-finite pushes: a NaN gradient under bsp is taken as none (bit for bit, warned); "

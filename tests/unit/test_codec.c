@@ -336,8 +336,10 @@ END_TEST
 
 /* fp16 or bf16 (@p c) with error feedback (one fused pass where F16C or AVX2 runs it) gives
  * the payload and residual of the plain definition: x = r + g, payload = enc(x),
- * r = x - decode(payload); with NaN, infinities and overflow among the values, and a tail that
- * is not a multiple of 8 or 16. */
+ * r = x - decode(payload), or 0 where that is a NaN or an infinity (the value went out as
+ * one, and psd leaves that push out; before, the residual kept it and every later push of the
+ * chunk carried it: "residual 0x0p+0, want nan"); with NaN, infinities and overflow among the
+ * values, and a tail that is not a multiple of 8 or 16. */
 static void ef_matches_definition(const psk_codec_t *c)
 {
     const size_t n = 4099;
@@ -359,12 +361,22 @@ static void ef_matches_definition(const psk_codec_t *c)
         for (size_t i = 0; i < n; i++) r2[i] += g[i];
         ck_assert_int_eq(psk_codec_encode_cpu(p2, cap, &len2, r2, n, c, NULL), 0);
         ck_assert_int_eq(psk_codec_decode_add_cpu(r2, n, p2, len2, c, -1.0f), 0);
+        for (size_t i = 0; i < n; i++)
+            if (!isfinite(r2[i])) r2[i] = 0.0f;
         ck_assert_uint_eq(len, len2);
         ck_assert_int_eq(memcmp(p, p2, len), 0);
         for (size_t i = 0; i < n; i++)
-            ck_assert_msg(bits_of(r[i]) == bits_of(r2[i]) || (isnan(r[i]) && isnan(r2[i])),
+            ck_assert_msg(bits_of(r[i]) == bits_of(r2[i]) && isfinite(r[i]),
                           "step %d value %zu: residual %a, want %a", step, i, r[i], r2[i]);
-        g[100] = 0.5f; /* later steps: the NaN is gone from the gradient, not the residual */
+        if (step == 1) { /* the NaN gone from the gradient is gone from what is sent */
+            float *d = xmalloc(n * 4);
+            memset(d, 0, n * 4);
+            ck_assert_int_eq(psk_codec_decode_add_cpu(d, n, p, len, c, 1.0f), 0);
+            ck_assert_msg(isfinite(d[100]) && !isfinite(d[2000]), "sent %a at 100, %a at 2000",
+                          d[100], d[2000]);
+            free(d);
+        }
+        g[100] = 0.5f; /* later steps: the NaN is gone from the gradient */
     }
     free(g);
     free(r);
@@ -372,6 +384,56 @@ static void ef_matches_definition(const psk_codec_t *c)
     free(p);
     free(p2);
 }
+
+/* Error feedback keeps its residual finite with every codec that sends a NaN or an infinity
+ * on (fp16, bf16, top-k with float32 or fp16 values, random-k): a gradient with many of them
+ * (more than top-k's k) goes out holding some, and the next, clean gradient goes out finite
+ * (before, top-k and random-k kept the ones not sent in the residual for good, fp16 / bf16
+ * every one). */
+START_TEST(test_ef_residual_stays_finite)
+{
+    static const char *const names[] = {"fp16", "bf16", "topk:0.01", "randomk:0.01",
+                                        "topk:0.05"};
+    psk_codec_t c;
+    ck_assert_int_eq(psk_codec_parse(&c, names[_i % 5]), 0);
+    c.fp16_values = _i >= 5; /* top-k / random-k values as fp16 */
+    const size_t n = 3001;
+    float *g = xmalloc(n * 4), *r = xmalloc(n * 4), *d = xmalloc(n * 4);
+    for (size_t i = 0; i < n; i++) {
+        g[i] = (float)((i * 2654435761u) % 2001) * 1e-3f - 1.0f;
+        r[i] = 0.0f;
+    }
+    /* 73 of them: more than top-k's k of 30. A finite value out of fp16's range (fp16) is
+     * sent as an infinity at once; one top-k did not send stays in its residual, finite, and
+     * goes out (as an infinity, with fp16 values) when it is sent: only NaN and infinities
+     * for the sparse codecs. */
+    bool dense = c.kind == PSK_CODEC_FP16 || c.kind == PSK_CODEC_BF16;
+    for (size_t i = 7; i < n; i += 41)
+        g[i] = i % 3 == 0 ? NAN : i % 3 == 1 || !dense ? -INFINITY : 1e30f * (float)(i % 5 + 1);
+    size_t cap = psk_codec_max_bytes(&c, n), len;
+    uint8_t *p = xmalloc(cap), *scratch = xmalloc(psk_codec_scratch_bytes(&c, n) + 1);
+    for (int step = 0; step < 2; step++) {
+        c.seed = (uint64_t)step + 1;
+        ck_assert_int_eq(psk_codec_encode_ef_cpu(p, cap, &len, g, r, n, &c,
+                                                 psk_codec_scratch_bytes(&c, n) ? scratch : NULL),
+                         0);
+        ck_assert_msg(psk_all_finite(r, n), "%s (fp16 values %d) step %d: the residual holds a "
+                      "NaN or an infinity", names[_i % 5], c.fp16_values, step);
+        memset(d, 0, n * 4);
+        ck_assert_int_eq(psk_codec_decode_add_cpu(d, n, p, len, &c, 1.0f), 0);
+        if (step == 1)
+            ck_assert_msg(psk_all_finite(d, n), "%s step 1: a clean gradient went out holding "
+                          "a NaN or an infinity", names[_i % 5]);
+        for (size_t i = 0; i < n; i++) /* the next gradient is clean */
+            g[i] = (float)((i * 40503u) % 1001) * 1e-3f;
+    }
+    free(g);
+    free(r);
+    free(d);
+    free(p);
+    free(scratch);
+}
+END_TEST
 
 START_TEST(test_fp16_ef_matches_definition) { ef_matches_definition(&CODECS[1]); }
 END_TEST
@@ -1282,6 +1344,7 @@ Suite *ps_test_suite(void)
     tcase_add_test(tc, test_fp16_ef_matches_definition);
     tcase_add_test(tc, test_bf16_round_trip);
     tcase_add_test(tc, test_bf16_ef_matches_definition);
+    tcase_add_loop_test(tc, test_ef_residual_stays_finite, 0, 10);
     tcase_add_test(tc, test_bf16_bulk_matches_scalar);
     tcase_add_test(tc, test_int8_bulk_matches_scalar);
     tcase_add_test(tc, test_sign_matches_definition);
