@@ -1401,24 +1401,27 @@ int psk_codec_decode_add_cpu(float *out, size_t n, const uint8_t *payload, size_
     return 0;
 }
 
-/* Residual values that are a NaN or an infinity become 0. Error feedback with a codec that
- * carries them (fp16, bf16, top-k, random-k) sends such a value on, and psd leaves that push
- * out (its parameters stay); kept in the residual, it would make every later push of the
- * chunk one psd leaves out. Returns whether any was. */
-static bool residual_keep_finite(float *r, size_t n)
+/* Residual values that are a NaN or an infinity become 0: kept, they would make every later
+ * push of the chunk one psd leaves out (fp16 / bf16: x or its encoding was one; the value was
+ * sent on as one, so psd leaves this push out). */
+static void residual_zero_odd(float *r, size_t n)
 {
-    if (psk_all_finite(r, n)) /* vectorized; the loop below is not */
-        return false;
-    bool any = false;
     for (size_t i = 0; i < n; i++) {
         uint32_t b;
         memcpy(&b, r + i, 4);
-        if ((b & 0x7f800000u) == 0x7f800000u) {
+        if ((b & 0x7f800000u) == 0x7f800000u)
             r[i] = 0.0f;
-            any = true;
-        }
     }
-    return any;
+}
+
+/* Top-k / random-k whose push psd leaves out (its payload holds a NaN or an infinity): the
+ * residual keeps what it would have sent, residual = x (the payload's values added back: x - d
+ * + d is x, the subtraction exact), but 0 for a NaN or an infinity. What built up at the k
+ * coordinates over many steps is not lost with the push. */
+static void residual_unsent(float *r, size_t n, const uint8_t *body, const psk_codec_t *c)
+{
+    decode_add(r, n, body, c, 1.0f);
+    residual_zero_odd(r, n);
 }
 
 /* r[n] += g[n] */
@@ -1469,7 +1472,8 @@ int psk_codec_encode_ef_cpu(uint8_t *out, size_t cap, size_t *len, const float *
             add_into(residual + i, g + i, n - i);
             enc(body + 2 * i, residual + i, n - i);
             add(residual + i, body + 2 * i, n - i, -1.0f);
-            residual_keep_finite(residual + i, n - i);
+            if (!psk_all_finite(residual + i, n - i)) /* vectorized; the loop is not */
+                residual_zero_odd(residual + i, n - i);
         }
         *len = payload_bytes(c, n);
         return 0;
@@ -1487,9 +1491,9 @@ int psk_codec_encode_ef_cpu(uint8_t *out, size_t cap, size_t *len, const float *
             gather_values(body + 4 * k, residual, body, k, c->fp16_values);
             decode_add(residual, n, body, c, -1.0f);
             /* A NaN or an infinity outranks every finite value: none among the k sent, none
-             * in the residual. Else the residual is looked at (rare). */
+             * in the residual. */
             if (!values_finite(body + 4 * k, k, c->fp16_values))
-                residual_keep_finite(residual, n);
+                residual_unsent(residual, n, body, c);
         }
         *len = payload_bytes(c, n);
         return 0;
@@ -1499,15 +1503,24 @@ int psk_codec_encode_ef_cpu(uint8_t *out, size_t cap, size_t *len, const float *
     if (rc != 0)
         return rc;
     decode_add(residual, n, out + PSK_CODEC_HEADER_BYTES, c, -1.0f);
-    /* A non-finite x, or one its encoding made infinite: fp16 / bf16 without F16C / AVX2
-     * (any value may overflow: looked at), random-k (a value sent as fp16). int8 and sign
-     * refused a non-finite g above (an overflow of g + residual to one is left as it is). */
-    const uint8_t *body = out + PSK_CODEC_HEADER_BYTES;
-    if (!psk_codec_needs_finite(c) &&
-        (odd || c->kind == PSK_CODEC_FP16 || c->kind == PSK_CODEC_BF16 ||
-         (c->kind == PSK_CODEC_RANDOMK &&
-          !values_finite(body + 8, psk_codec_k(c, n), c->fp16_values))))
-        residual_keep_finite(residual, n);
+    /* A non-finite x, or one its encoding made infinite (fp16 / bf16 without F16C / AVX2,
+     * random-k's fp16 values). int8 and sign refused a non-finite g above (an overflow of
+     * g + residual to one is left as it is). */
+    uint8_t *body = out + PSK_CODEC_HEADER_BYTES;
+    if (c->kind == PSK_CODEC_RANDOMK) {
+        size_t k = psk_codec_k(c, n);
+        if (k && (odd || !values_finite(body + 8, k, c->fp16_values))) {
+            residual_unsent(residual, n, body, c);
+            /* Its k values may have missed it: the first one says so, so that psd leaves the
+             * push out (and the worker is told) as it does every other codec's. */
+            if (c->fp16_values)
+                st16(body + 8, 0x7e00);
+            else
+                stf32(body + 8, NAN);
+        }
+    } else if (!psk_codec_needs_finite(c) && !psk_all_finite(residual, n)) {
+        residual_zero_odd(residual, n);
+    }
     *len = payload_bytes(c, n);
     return 0;
 }

@@ -1028,7 +1028,7 @@ def misuse(tmp):
         except ValueError as e:
             assert "'1.weight' is not materialized" in str(e), str(e)
         for change, name in (("replace", "late.0.bias"), ("unfreeze", "late.1.weight"),
-                             ("add", "late.3.weight")):
+                             ("add", "late.3.weight"), ("reinit", "late.0.weight")):
             late = torch.nn.Sequential(torch.nn.Linear(FEATURES, 4), torch.nn.Linear(4, 1))
             late[1].weight.requires_grad_(False)
             outer = torch.nn.Module()
@@ -1039,6 +1039,8 @@ def misuse(tmp):
                     late[0].bias = torch.nn.Parameter(late[0].bias.detach().clone())
                 elif change == "unfreeze":
                     late[1].weight.requires_grad_(True)
+                elif change == "reinit":  # new parameter and submodule dicts
+                    late[0].__init__(FEATURES, 4)
                 else:
                     late.append(torch.nn.ReLU())
                     late.append(torch.nn.Linear(1, 1))

@@ -357,7 +357,8 @@ static void ef_matches_definition(const psk_codec_t *c)
     uint8_t *p = xmalloc(cap), *p2 = xmalloc(cap);
     for (int step = 0; step < 3; step++) {
         ck_assert_int_eq(psk_codec_encode_ef_cpu(p, cap, &len, g, r, n, c, NULL), 0);
-        /* the definition, by hand */
+        /* the definition, by hand; a payload holding a NaN or an infinity is one psd leaves
+         * out: the residual keeps x then */
         for (size_t i = 0; i < n; i++) r2[i] += g[i];
         ck_assert_int_eq(psk_codec_encode_cpu(p2, cap, &len2, r2, n, c, NULL), 0);
         ck_assert_int_eq(psk_codec_decode_add_cpu(r2, n, p2, len2, c, -1.0f), 0);
@@ -387,9 +388,11 @@ static void ef_matches_definition(const psk_codec_t *c)
 
 /* Error feedback keeps its residual finite with every codec that sends a NaN or an infinity
  * on (fp16, bf16, top-k with float32 or fp16 values, random-k): a gradient with many of them
- * (more than top-k's k) goes out holding some, and the next, clean gradient goes out finite
- * (before, top-k and random-k kept the ones not sent in the residual for good, fp16 / bf16
- * every one). */
+ * (more than top-k's k) goes out holding one (random-k whatever it sampled), so psd leaves it
+ * out, and top-k's and random-k's residual keeps what was not sent (x, 0 for those: what built
+ * up at the k coordinates is not lost); the next, clean gradient goes out finite (before,
+ * top-k and random-k kept the ones not sent in the residual for good, fp16 / bf16 every one;
+ * random-k sent a finite payload when it sampled none of them). */
 START_TEST(test_ef_residual_stays_finite)
 {
     static const char *const names[] = {"fp16", "bf16", "topk:0.01", "randomk:0.01",
@@ -414,6 +417,10 @@ START_TEST(test_ef_residual_stays_finite)
     uint8_t *p = xmalloc(cap), *scratch = xmalloc(psk_codec_scratch_bytes(&c, n) + 1);
     for (int step = 0; step < 2; step++) {
         c.seed = (uint64_t)step + 1;
+        float *x = xmalloc(n * 4); /* top-k / random-k: what a push left out keeps in the
+                                    * residual, 0 for a NaN or an infinity */
+        for (size_t i = 0; i < n; i++)
+            x[i] = step == 0 && i % 41 == 7 ? 0.0f : r[i] + g[i];
         ck_assert_int_eq(psk_codec_encode_ef_cpu(p, cap, &len, g, r, n, &c,
                                                  psk_codec_scratch_bytes(&c, n) ? scratch : NULL),
                          0);
@@ -424,6 +431,15 @@ START_TEST(test_ef_residual_stays_finite)
         if (step == 1)
             ck_assert_msg(psk_all_finite(d, n), "%s step 1: a clean gradient went out holding "
                           "a NaN or an infinity", names[_i % 5]);
+        if (step == 0) { /* psd leaves it out (random-k too, whatever it sampled); top-k's
+                          * and random-k's residual keeps all that was not sent */
+            ck_assert_msg(!psk_all_finite(d, n), "%s: a gradient holding NaN went out finite",
+                          names[_i % 5]);
+            for (size_t i = 0; !dense && i < n; i++)
+                ck_assert_msg(bits_of(r[i]) == bits_of(x[i]), "%s: residual %zu is %a, want %a",
+                              names[_i % 5], i, r[i], x[i]);
+        }
+        free(x);
         for (size_t i = 0; i < n; i++) /* the next gradient is clean */
             g[i] = (float)((i * 40503u) % 1001) * 1e-3f;
     }

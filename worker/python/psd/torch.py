@@ -178,6 +178,7 @@ class ParameterServer:
 
     def _join(self, again=False):
         """Join (a new client) and declare every trainable parameter; then pull them."""
+        self._layout_seen = None  # set once this join's parameters are declared
         self.client = c = psd.Client(self._manifest, connect_timeout_ms=self._connect_timeout_ms)
         self._nonfinite = 0
         per_step = c.batch_size * max(c.workers_wanted, 1)
@@ -325,7 +326,7 @@ class ParameterServer:
         submodule dicts with the objects in them, and the parameters not held (frozen at the
         join) with their requires_grad. Equal layouts hold the same parameters."""
         mods = list(self._module.modules())
-        return ([(m._parameters, tuple(m._parameters.values()), m._modules,
+        return ([(m, m._parameters, tuple(m._parameters.values()), m._modules,
                   tuple(m._modules.values())) for m in mods],
                 [p for m in mods for p in m._parameters.values() if p is not None
                  and id(p) not in self._held_ids])
@@ -334,11 +335,14 @@ class ParameterServer:
         """Whether nothing was added, replaced, removed or unfrozen since _layout() (one pass
         over the modules' dicts with identity compares: named_parameters() took ~2 ms a call
         for 500 parameters)."""
+        if self._layout_seen is None:  # a join since: walked
+            return False
         mods, loose = self._layout_seen
         is_ = operator.is_
-        return all(len(pd) == len(pv) and all(map(is_, pd.values(), pv)) and
+        return all(m._parameters is pd and m._modules is md and  # __init__ again: new dicts
+                   len(pd) == len(pv) and all(map(is_, pd.values(), pv)) and
                    len(md) == len(mv) and all(map(is_, md.values(), mv))
-                   for pd, pv, md, mv in mods) and not any(p.requires_grad for p in loose)
+                   for m, pd, pv, md, mv in mods) and not any(p.requires_grad for p in loose)
 
     def _checked(self):
         """[(parameter, id)] of every parameter, once each is checked to have the values it was
