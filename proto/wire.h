@@ -74,7 +74,9 @@ enum {
                                shard 0 is asked first and drops last (forget.c) */
     PS_FLAG_NONFINITE = 65536, /* push ack: the push held a NaN or an infinity and was left
                                   out (bsp: as a push without a gradient; asp / ssp: an update
-                                  that changed nothing); an older psd applies it as it is */
+                                  that changed nothing); an older psd applies it as it is.
+                                  hello reply: this psd leaves such pushes out (libps then
+                                  sends one its codec cannot encode, int8 or sign, as fp32) */
 };
 
 /* UCP Active Message ids. */

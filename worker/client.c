@@ -57,6 +57,8 @@ typedef struct {
     int held;          /* push: waits for an earlier chunk to the same shard (HELD_WINDOW), or
                           for its turn on the comm thread's loop (HELD_COPY) */
     const void *data;  /* push: the payload (raw fp32 slice or encoded chunk) */
+    int raw;           /* push of a compressed tensor: this chunk goes as fp32 (a NaN or an
+                          infinity its codec cannot encode; the shard leaves it out) */
     size_t len;
     uint8_t hdr[256];  /* the header bytes UCX reads until the send completes (names < 128) */
     struct {
@@ -128,6 +130,8 @@ typedef struct {
                           (a close left to finish in the background) is not this one's */
     int knows_values;  /* its hello reply said PS_FLAG_VALUES: it knows PS_MSG_VALUES and
                           PS_MSG_FORGET (a psd of session 36 or later) */
+    int leaves_nonfinite; /* its hello reply said PS_FLAG_NONFINITE: it leaves a push holding
+                             a NaN or an infinity out (a psd of session 37 or later) */
     int greeted;       /* comm thread: a hello of the join was answered, so heartbeats go to it
                           while the join waits for other shards (on_heartbeat) */
     int losing;        /* shard_lost is running: an op it fails must not call it again */
@@ -833,10 +837,12 @@ static void send_data_part(ps_client_t *c, ps_op_t *op, part_t *p)
     if (op->type == OP_PUSH) {
         m.type = PS_MSG_PUSH;
         m.length = p->len;
-        m.codec = t->codec.kind;
-        m.codec_fraction = t->codec.fraction;
-        m.codec_block = t->codec.block;
-        m.codec_flags = t->codec.fp16_values ? 1 : 0;
+        if (!p->raw) {
+            m.codec = t->codec.kind;
+            m.codec_fraction = t->codec.fraction;
+            m.codec_block = t->codec.block;
+            m.codec_flags = t->codec.fp16_values ? 1 : 0;
+        }
         /* The members of its step: the newest view that covers that step. A later step's view
          * may have come already, even before the first send (a restarted coordinator's hello
          * reply names the step after the one this worker still pushes): a shard takes a push's
@@ -876,7 +882,7 @@ static void send_data_part(ps_client_t *c, ps_op_t *op, part_t *p)
         __atomic_add_fetch(&c->stats.bytes_pushed_raw, len * 4, __ATOMIC_RELAXED);
         __atomic_add_fetch(&c->stats.pushes, 1, __ATOMIC_RELAXED);
         p->ck.direct = 0;
-        uint64_t off = p->ck.have_crc || t->codec.kind != PSK_CODEC_NONE
+        uint64_t off = p->ck.have_crc || t->codec.kind != PSK_CODEC_NONE || p->raw
                            ? UINT64_MAX
                            : area_place(&c->shards[p->shard], (ctensor_t *)t, p->chunk, p->len);
         if (off != UINT64_MAX) {
@@ -1900,6 +1906,8 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
             s->greeted = 1;
             __atomic_store_n(&s->knows_values, (m.flags & PS_FLAG_VALUES) != 0,
                              __ATOMIC_RELEASE);
+            __atomic_store_n(&s->leaves_nonfinite, (m.flags & PS_FLAG_NONFINITE) != 0,
+                             __ATOMIC_RELEASE);
             memcpy(s->store, m.store, sizeof s->store);
             s->store_id = m.store[0] ? m.store_id : 0; /* opened in on_deferred (view_update) */
             /* Another store (a restored shard): no pull may read the old one from now on, not
@@ -2835,7 +2843,12 @@ static int data_op(ps_client_t *c, int type, uint32_t id, float *buf, uint64_t s
     op->buf = buf;
     op->step = step;
     op->nograd = nograd;
-    if (type == OP_PUSH && !nograd && enc == NULL && t->error_feedback &&
+    /* A NaN or an infinity int8 or sign cannot encode: a chunk holding one goes as fp32 where
+     * every shard leaves such a push out (below); else the push is refused whole. */
+    int odd_raw = 1;
+    for (uint32_t sh = 0; sh < c->nshards; sh++)
+        odd_raw &= __atomic_load_n(&c->shards[sh].leaves_nonfinite, __ATOMIC_ACQUIRE);
+    if (type == OP_PUSH && !nograd && enc == NULL && t->error_feedback && !odd_raw &&
         psk_codec_needs_finite(&t->codec) && !psk_all_finite(buf, t->numel)) {
         /* Checked whole before any chunk is encoded: an encoded chunk's residual already
          * counts its payload as sent. */
@@ -2849,6 +2862,7 @@ static int data_op(ps_client_t *c, int type, uint32_t id, float *buf, uint64_t s
         part_t *p = &op->parts[i];
         p->chunk = i;
         p->shard = ps_place_shard(t->first_chunk + i, c->nshards);
+        p->raw = 0;
         if (type != OP_PUSH || nograd) continue; /* nograd: no data, len 0 */
         size_t n = ps_chunk_len(t->numel, c->chunk_elems, i);
         const float *g = enc == NULL ? buf + (uint64_t)i * c->chunk_elems : NULL;
@@ -2880,6 +2894,15 @@ static int data_op(ps_client_t *c, int type, uint32_t id, float *buf, uint64_t s
                                                t->residual + (uint64_t)i * c->chunk_elems, n, &cc,
                                                t->scratch)
                      : psk_codec_encode_cpu(out, t->chunk_cap, &p->len, g, n, &cc, t->scratch);
+            if (rc == PS_EINVAL && odd_raw && psk_codec_needs_finite(&cc) &&
+                !psk_all_finite(g, n)) {
+                /* Refused with the residual as it was: the chunk goes as fp32, and the shard
+                 * leaves it out (acknowledged PS_FLAG_NONFINITE). */
+                p->raw = 1;
+                p->data = g;
+                p->len = n * 4;
+                continue;
+            }
         }
         if (rc) {
             snprintf(c->err, sizeof c->err, "cannot encode chunk %u of tensor %u: %s", i, id,

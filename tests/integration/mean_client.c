@@ -12,8 +12,8 @@
  * acknowledge it so (ps_client_nonfinite_pushes grows by at least one; never for a clean push).
  * With "misuse", first two mistakes a caller can make, each refused without harm: a push
  * before its first batch (PS_EINVAL; the client is not counted removed, its next_batch works),
- * and in step 0 an int8 push with error feedback of a gradient holding a NaN (PS_EINVAL at
- * once; the next, clean push of that tensor goes through).
+ * and in step 0 an int8 push with error feedback of a gradient holding a NaN, which int8
+ * cannot encode (sent as fp32 and left out by psd; the clean push of step 1 goes through).
  *
  * Joins the cluster, declares tensor "mean.t" of NUMEL floats (zeros), checks that it reads
  * zeros before any push, and then for each step s (from the coordinator, as any bsp worker
@@ -38,37 +38,47 @@ static float grad_of(uint32_t r, uint64_t s, uint64_t i)
            (float)(i % 11) * 1e-3f;
 }
 
-/* Tensor "mean.e" (64 floats) with int8 and error feedback: a push of step @p s with a NaN is
- * refused at once, the clean one after it goes through. @return 0 if so (said on stdout). */
-static int ef_nan_refused(ps_client_t *c, uint64_t s)
+/* Tensor "mean.e" (64 floats) with int8 and error feedback, which cannot encode a NaN: in
+ * step 0 (@p k) a push holding one goes as fp32 and psd leaves it out (acknowledged so; the
+ * step passes, zeros stay); in step 1 the clean push after it is applied (its residual took
+ * no NaN). @p id: declared at step 0. @return 0 if so (said on stdout). */
+static int ef_nan_left_out(ps_client_t *c, uint64_t s, uint64_t k, uint32_t *id)
 {
     ps_tensor_desc_t d = {.name = "mean.e", .shape = {64}, .ndim = 1, .init = 0};
     ps_compression_t cc = {.codec = "int8", .error_feedback = 1};
-    static float e[64];
-    uint32_t id;
+    static float e[64], got[64];
     ps_op_t *op;
     for (int i = 0; i < 64; i++) e[i] = 0.5f;
-    e[7] = (float)NAN;
-    int rc = ps_client_declare(c, &d, &id);
-    if (rc == 0) rc = ps_client_set_compression(c, id, &cc);
-    if (rc) {
-        printf("mean_client: mean.e: %s\n", ps_client_error(c));
-        return 1;
+    int rc = 0;
+    if (k == 0) {
+        rc = ps_client_declare(c, &d, id);
+        if (rc == 0) rc = ps_client_set_compression(c, *id, &cc);
+        if (rc) {
+            printf("mean_client: mean.e: %s\n", ps_client_error(c));
+            return 1;
+        }
+        e[7] = (float)NAN;
     }
-    rc = ps_client_push(c, id, e, s, &op);
-    if (rc != PS_EINVAL || strstr(ps_client_error(c), "NaN or an infinity") == NULL) {
-        printf("mean_client: a NaN under int8 with error feedback: rc %d (%s)\n", rc,
-               ps_client_error(c));
-        return 1;
-    }
-    e[7] = 0.5f;
-    rc = ps_client_push(c, id, e, s, &op);
+    uint64_t odd = ps_client_nonfinite_pushes(c), version = 0;
+    rc = ps_client_push(c, *id, e, s, &op);
     if (rc == 0) rc = ps_op_wait(op, NULL);
-    if (rc) {
-        printf("mean_client: the clean push after it: %s\n", ps_client_error(c));
+    if (rc == 0) rc = ps_client_pull(c, *id, got, s + 1, &op);
+    if (rc == 0) rc = ps_op_wait(op, &version);
+    if (rc || ps_client_nonfinite_pushes(c) != odd + (k == 0) || version != s + 1) {
+        printf("mean_client: mean.e step %" PRIu64 ": rc %d (%s), %" PRIu64 " pushes left out "
+               "(%" PRIu64 " before), version %" PRIu64 "\n", s, rc, ps_client_error(c),
+               ps_client_nonfinite_pushes(c), odd, version);
         return 1;
     }
-    printf("mean_client: a NaN under int8 with error feedback refused, the next push taken\n");
+    for (int i = 0; i < 64; i++)
+        if (k == 0 ? got[i] != 0.0f : !(fabsf(got[i] - 0.5f) < 0.01f)) {
+            printf("mean_client: mean.e step %" PRIu64 ": value %d is %.9g\n", s, i,
+                   (double)got[i]);
+            return 1;
+        }
+    if (k == 1)
+        printf("mean_client: a NaN under int8 with error feedback left out, the next push "
+               "taken\n");
     return 0;
 }
 
@@ -101,6 +111,7 @@ int main(int argc, char **argv)
         return 1;
     }
     uint32_t rank = (uint32_t)ps_client_rank(c), w = 0; /* the members, from the first step */
+    uint32_t eid = 0; /* misuse: mean.e */
     ps_tensor_desc_t d = {.name = "mean.t", .shape = {(uint32_t)n}, .ndim = 1, .init = 0};
     uint32_t id;
     float *g = malloc(n * sizeof *g), *got = malloc(n * sizeof *got),
@@ -152,7 +163,7 @@ int main(int argc, char **argv)
         }
         prev = b;
         uint64_t s = b.step;
-        if (misuse && k == 0 && ef_nan_refused(c, s)) {
+        if (misuse && k < 2 && ef_nan_left_out(c, s, k, &eid)) {
             bad = 1;
             break;
         }

@@ -261,8 +261,10 @@ int ps_client_use_job_compression(ps_client_t *c, uint32_t id, const char *name)
  * @param grad numel floats; borrowed: must stay unchanged until the handle completes.
  * @param[out] op the handle to ps_op_wait on.
  * @return 0; PS_EBUSY while an earlier push of the tensor has not been waited for; PS_EINVAL
- *  (an undeclared tensor; int8 and sign with error feedback: a NaN or an infinity in @p grad,
- *  refused whole with the residual unchanged), PS_ENOMEM, or the codec's error. Under bsp a
+ *  (an undeclared tensor; int8 and sign: a NaN or an infinity in @p grad, which they cannot
+ *  encode, against a psd older than session 37: refused whole with the residual unchanged; a
+ *  newer one is sent each such chunk as fp32, its residual unchanged, and leaves it out:
+ *  ps_client_nonfinite_pushes), PS_ENOMEM, or the codec's error. Under bsp a
  *  push for a step of which this worker holds no batch (before its first
  *  ps_client_next_batch) completes with PS_EINVAL, not PS_ENOTMEMBER: it was not removed.
  */
