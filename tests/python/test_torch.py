@@ -1365,6 +1365,41 @@ def nonfinite_pushes(tmp):
           "under asp the chunks holding one stay, float32 and fp16; counted by psd")
 
 
+def host_copies(tmp):
+    """A model whose parameters are not float32 on the host (float64 here; a GPU model the
+    same way) trains through host copies: each pull lands in a float32 copy kept per tensor
+    and is copied into the parameter, each gradient is converted before its push. It ends
+    where the float32 model ends (the same start: float64 holds the float32 values exactly;
+    gradients differ in rounding only), one copy per tensor. No test covered this path."""
+    x, y = data()
+    finals = {}
+    for kind in ("f32", "f64"):
+        c = Cluster(tmp, f"host-{kind}", 1)
+        try:
+            m = model()
+            xs, ys = (x, y) if kind == "f32" else (x.double(), y.double())
+            if kind == "f64":
+                m = m.double()
+            with psd.torch.ParameterServer(c.manifest, m, samples=SAMPLES) as ps:
+                start = {k: v.clone() for k, v in m.state_dict().items()}
+                for b in ps.batches():
+                    m.zero_grad()
+                    torch.nn.functional.mse_loss(m(xs[b.indices]), ys[b.indices]).backward()
+                    assert ps.step()
+                copies = dict(ps._host)
+            finals[kind] = ({k: v.float() for k, v in m.state_dict().items()}, start, copies)
+        finally:
+            c.stop()
+    (f32, start, none), (f64, _, copies) = finals["f32"], finals["f64"]
+    assert not none and len(copies) == 4, (len(none), len(copies))
+    for k, v in f32.items():
+        assert not torch.equal(v, start[k].float()), f"{k} did not train"
+        d = (v - f64[k]).abs().max().item()
+        assert d < 1e-4, f"{k}: the float64 model ends {d} from the float32 one"
+    print("host copies: a float64 model trains through float32 copies kept per tensor, to "
+          "where the float32 one ends")
+
+
 def binding_many(tmp):
     """push_many / pull_many / Ops (one call for many tensors, as psd.torch's step and pull
     use): the same values as one push or pull each; misuse named (an undeclared tensor, a
@@ -1570,6 +1605,7 @@ def main():
         binding_compression(tmp)
         binding_many(tmp)
         nonfinite_pushes(tmp)
+        host_copies(tmp)
         early_break(tmp)
         errors(tmp)
         misuse(tmp)

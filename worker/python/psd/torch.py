@@ -373,10 +373,12 @@ class ParameterServer:
         """Pull every parameter into the model once its chunks reached `min_version`."""
         items, copies = [], []
         for p, tid in self._checked() + self._held_buffers():
-            if self._in_place(p.data):
-                dst = p.data
-            else:
-                dst = self._host.setdefault(tid, torch.zeros(p.numel(), dtype=torch.float32))
+            if self._in_place(p):  # the parameter's memory itself (not p.data: a new object)
+                dst = p
+            else:  # a host copy kept per tensor (made once, not at every pull)
+                dst = self._host.get(tid)
+                if dst is None:
+                    dst = self._host[tid] = torch.zeros(p.numel(), dtype=torch.float32)
                 copies.append((p, dst))
             items.append((tid, dst.data_ptr(), dst))
         self.client.pull_many(items, min_version).wait()  # one call each: not one per tensor
@@ -460,10 +462,10 @@ class ParameterServer:
         for p, tid in self._checked():
             g = p.grad
             if g is not None:
-                g = g.detach()
                 if g.is_sparse:  # nn.Embedding(sparse=True): pushed dense
-                    g = g.to_dense()
-                g = self._host_f32(g)
+                    g = g.detach().to_dense()
+                if not self._in_place(g):  # read where it is when it can be (no detach)
+                    g = self._host_f32(g)
                 if g.numel() != p.numel():
                     raise RuntimeError(f"a gradient of {g.numel()} values for a parameter of "
                                        f"{p.numel()}")
