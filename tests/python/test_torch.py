@@ -1370,7 +1370,8 @@ def host_copies(tmp):
     same way) trains through host copies: each pull lands in a float32 copy kept per tensor
     and is copied into the parameter, each gradient is converted before its push. It ends
     where the float32 model ends (the same start: float64 holds the float32 values exactly;
-    gradients differ in rounding only), one copy per tensor. No test covered this path."""
+    gradients differ in rounding only), one pull copy and one gradient copy per tensor, made
+    once. No test covered this path."""
     x, y = data()
     finals = {}
     for kind in ("f32", "f64"):
@@ -1382,16 +1383,20 @@ def host_copies(tmp):
                 m = m.double()
             with psd.torch.ParameterServer(c.manifest, m, samples=SAMPLES) as ps:
                 start = {k: v.clone() for k, v in m.state_dict().items()}
+                staged = None
                 for b in ps.batches():
                     m.zero_grad()
                     torch.nn.functional.mse_loss(m(xs[b.indices]), ys[b.indices]).backward()
                     assert ps.step()
+                    staged = staged or {t: id(v) for t, v in ps._staging.items()}
+                assert staged == {t: id(v) for t, v in ps._staging.items()}, \
+                    "a gradient's host copy was made again"
                 copies = dict(ps._host)
             finals[kind] = ({k: v.float() for k, v in m.state_dict().items()}, start, copies)
         finally:
             c.stop()
     (f32, start, none), (f64, _, copies) = finals["f32"], finals["f64"]
-    assert not none and len(copies) == 4, (len(none), len(copies))
+    assert not none and len(copies) == 4, (len(none), len(copies))  # f32: all in place
     for k, v in f32.items():
         assert not torch.equal(v, start[k].float()), f"{k} did not train"
         d = (v - f64[k]).abs().max().item()

@@ -142,6 +142,7 @@ class ParameterServer:
         self._sync_buffers = bool(sync_buffers)
         self._buffers = []  # (name, owning module, attribute, id, values) of the held buffers
         self._host = {}  # id -> float32 host copy, for parameters not pulled in place
+        self._staging = {}  # id -> float32 host copy of a gradient (or statistic) pushed
         self._done = None  # the last batch stepped and not yet reported by a next_batch
         self._batch = None
         self._stepped = False
@@ -277,7 +278,7 @@ class ParameterServer:
         print(f"psd.torch: rank {self._rank_seen} was removed from the job ({why}); joining "
               "again", file=sys.stderr, flush=True)
         self.client.close()
-        self._host = {}
+        self._host, self._staging = {}, {}
         self._done, self._removed = None, None
         self._join(again=True)
 
@@ -306,6 +307,18 @@ class ParameterServer:
     @staticmethod
     def _in_place(t):
         return t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
+
+    def _staged(self, tid, t):
+        """`t`'s values as libps reads them: `t` itself when it is CPU float32 and contiguous,
+        else copied into a float32 host buffer kept for tensor `tid` (made once: a GPU or
+        float64 model's gradients are not given a new host tensor at every step)."""
+        if self._in_place(t):
+            return t
+        buf = self._staging.get(tid)
+        if buf is None or buf.numel() != t.numel():
+            buf = self._staging[tid] = torch.empty(t.numel(), dtype=torch.float32)
+        buf.view(t.shape).copy_(t.detach())
+        return buf
 
     @classmethod
     def _host_f32(cls, t):
@@ -464,8 +477,7 @@ class ParameterServer:
             if g is not None:
                 if g.is_sparse:  # nn.Embedding(sparse=True): pushed dense
                     g = g.detach().to_dense()
-                if not self._in_place(g):  # read where it is when it can be (no detach)
-                    g = self._host_f32(g)
+                g = self._staged(tid, g)  # where it is when it can be (no detach)
                 if g.numel() != p.numel():
                     raise RuntimeError(f"a gradient of {g.numel()} values for a parameter of "
                                        f"{p.numel()}")
@@ -477,7 +489,7 @@ class ParameterServer:
         items = [(tid, None if g is None else g.data_ptr(), g) for tid, g in grads
                  if g is not None or bsp]
         for buf, tid in self._held_buffers():  # their values: the shards keep the mean
-            v = self._host_f32(buf)
+            v = self._staged(tid, buf)
             items.append((tid, v.data_ptr(), v))
         try:
             self.client.push_many(items, b.step).wait()
