@@ -1406,6 +1406,8 @@ int psk_codec_decode_add_cpu(float *out, size_t n, const uint8_t *payload, size_
  * sent on as one, so psd leaves this push out). */
 static void residual_zero_odd(float *r, size_t n)
 {
+    if (psk_all_finite(r, n)) /* vectorized; the loop below is not */
+        return;
     for (size_t i = 0; i < n; i++) {
         uint32_t b;
         memcpy(&b, r + i, 4);
@@ -1472,8 +1474,7 @@ int psk_codec_encode_ef_cpu(uint8_t *out, size_t cap, size_t *len, const float *
             add_into(residual + i, g + i, n - i);
             enc(body + 2 * i, residual + i, n - i);
             add(residual + i, body + 2 * i, n - i, -1.0f);
-            if (!psk_all_finite(residual + i, n - i)) /* vectorized; the loop is not */
-                residual_zero_odd(residual + i, n - i);
+            residual_zero_odd(residual + i, n - i);
         }
         *len = payload_bytes(c, n);
         return 0;
@@ -1518,7 +1519,7 @@ int psk_codec_encode_ef_cpu(uint8_t *out, size_t cap, size_t *len, const float *
             else
                 stf32(body + 8, NAN);
         }
-    } else if (!psk_codec_needs_finite(c) && !psk_all_finite(residual, n)) {
+    } else if (!psk_codec_needs_finite(c)) {
         residual_zero_odd(residual, n);
     }
     *len = payload_bytes(c, n);

@@ -265,9 +265,10 @@ static int status(ctl_t *ctl, int json, double timeout_s)
         char cnt[32], name[PS_NAME_MAX * 2], rank[32];
         if (!ctl->shards[i].got || atoll(field(r, "nonfinite_pushes", cnt, sizeof cnt)) == 0)
             continue;
+        int one = strcmp(cnt, "1") == 0;
         printf("shard %d: %s push%s held a NaN or an infinity and %s left out of %s update "
-               "(the last: rank %s, tensor '%s')\n", i, cnt, strcmp(cnt, "1") ? "es" : "",
-               strcmp(cnt, "1") ? "were" : "was", strcmp(cnt, "1") ? "their" : "its",
+               "(the last: rank %s, tensor '%s')\n", i, cnt, one ? "" : "es",
+               one ? "was" : "were", one ? "its" : "their",
                field(r, "nonfinite_last_rank", rank, sizeof rank),
                field(r, "nonfinite_last_tensor", name, sizeof name));
     }

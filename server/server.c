@@ -354,7 +354,7 @@ static void on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
     ps_msg_t r = {.type = PS_MSG_HELLO_REPLY, .req_id = msg->req_id, .rank = rank,
                   .epoch = psd_shard_epoch(srv), .shard = srv->shard,
                   .consistency = (uint32_t)srv->m.job.consistency,
-                  .step = psd_shard_step(srv), .flags = PS_FLAG_VALUES | PS_FLAG_NONFINITE};
+                  .step = psd_shard_step(srv), .flags = PSD_HELLO_FLAGS};
     psd_hello_store(srv, msg, &r);
     psd_hello_area(srv, c, msg, &r);
     psd_send_msg(srv, c, &r);

@@ -94,6 +94,10 @@ typedef struct {
     uint64_t batch;
 } psd_done_t;
 
+/* What a hello reply says this psd knows (shard 0's coordinator and the other shards alike):
+ * PS_MSG_VALUES and PS_MSG_FORGET; it leaves a push holding a NaN or an infinity out. */
+#define PSD_HELLO_FLAGS (PS_FLAG_VALUES | PS_FLAG_NONFINITE)
+
 /* asp / ssp: a chunk remembers the batch of the last push of each process whose rank another
  * process took (it left or died) for this many such changes: a replay of a dead worker's batch
  * that comes after its rank changed hands (even several times) is still known. */

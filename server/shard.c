@@ -2248,30 +2248,22 @@ static void apply_item(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, p
     job->bad[i] = job->nonfinite[i] = 0;
     *h = *old;
     if (srv->m.job.consistency == PS_CONSIST_BSP) {
+        bool finite = ch->sum_members == 0 || bsp_update(job, i, old, h);
+        uint64_t odd = finite || job->bad[i] ? 0 : nonfinite_pushes(ch, ch->sum_members);
+        if (odd) {
+            /* Counted as zeros in the mean, as a push without a gradient (of a mean tensor:
+             * not counted); the loop thread reads sum_members after the job. */
+            job->nonfinite[i] = odd;
+            ch->sum_members &= ~odd;
+            if (ch->mean) ch->mean_of = (uint32_t)__builtin_popcountll(ch->sum_members);
+            *h = *old;
+            if (ch->sum_members) bsp_update(job, i, old, h);
+        }
         if (ch->sum_members == 0) {
-            /* Every push of the step replays a batch applied here before, or has no gradient
-             * (PS_FLAG_NOGRAD): the step passes with the record as it was. */
+            /* Every push of the step replays a batch applied here before, has no gradient
+             * (PS_FLAG_NOGRAD) or was left out: the step passes with the record as it was. */
             memcpy(h, old, psd_chunk_bytes(ch->n, srv->nstate));
             h->version++;
-            job->hashes[i] = h->hash;
-            return;
-        }
-        if (!bsp_update(job, i, old, h) && job->bad[i] == 0) {
-            uint64_t odd = nonfinite_pushes(ch, ch->sum_members);
-            if (odd) {
-                /* Counted as zeros in the mean, as a push without a gradient (of a mean
-                 * tensor: not counted); the loop thread reads sum_members after the job. */
-                job->nonfinite[i] = odd;
-                ch->sum_members &= ~odd;
-                if (ch->mean) ch->mean_of = (uint32_t)__builtin_popcountll(ch->sum_members);
-                *h = *old;
-                if (ch->sum_members == 0) { /* the step passes, as one without a gradient */
-                    memcpy(h, old, psd_chunk_bytes(ch->n, srv->nstate));
-                    h->version++;
-                } else {
-                    bsp_update(job, i, old, h);
-                }
-            }
         }
         job->hashes[i] = h->hash;
         return;

@@ -2652,6 +2652,15 @@ static void test_values_asked(void)
     if (nap) usleep((useconds_t)atoi(nap) * 1000);
 }
 
+/* Whether every shard leaves a push holding a NaN or an infinity out (its hello reply said
+ * PS_FLAG_NONFINITE): only then may a chunk int8 or sign cannot encode go as fp32. */
+static int all_leave_nonfinite(const ps_client_t *c)
+{
+    for (uint32_t sh = 0; sh < c->nshards; sh++)
+        if (!__atomic_load_n(&c->shards[sh].leaves_nonfinite, __ATOMIC_ACQUIRE)) return 0;
+    return 1;
+}
+
 /* Declare @p req on shard @p shard into @p rep; with @p values, send them where the
  * declaration creates the tensor and declare again (answered once it is created). A worker
  * that took over from one gone is asked again: bounded, as each ask is a creation's. */
@@ -2845,11 +2854,9 @@ static int data_op(ps_client_t *c, int type, uint32_t id, float *buf, uint64_t s
     op->nograd = nograd;
     /* A NaN or an infinity int8 or sign cannot encode: a chunk holding one goes as fp32 where
      * every shard leaves such a push out (below); else the push is refused whole. */
-    int odd_raw = 1;
-    for (uint32_t sh = 0; sh < c->nshards; sh++)
-        odd_raw &= __atomic_load_n(&c->shards[sh].leaves_nonfinite, __ATOMIC_ACQUIRE);
-    if (type == OP_PUSH && !nograd && enc == NULL && t->error_feedback && !odd_raw &&
-        psk_codec_needs_finite(&t->codec) && !psk_all_finite(buf, t->numel)) {
+    if (type == OP_PUSH && !nograd && enc == NULL && t->error_feedback &&
+        psk_codec_needs_finite(&t->codec) && !all_leave_nonfinite(c) &&
+        !psk_all_finite(buf, t->numel)) {
         /* Checked whole before any chunk is encoded: an encoded chunk's residual already
          * counts its payload as sent. */
         snprintf(c->err, sizeof c->err, "tensor %u: the gradient holds a NaN or an infinity, "
@@ -2894,7 +2901,7 @@ static int data_op(ps_client_t *c, int type, uint32_t id, float *buf, uint64_t s
                                                t->residual + (uint64_t)i * c->chunk_elems, n, &cc,
                                                t->scratch)
                      : psk_codec_encode_cpu(out, t->chunk_cap, &p->len, g, n, &cc, t->scratch);
-            if (rc == PS_EINVAL && odd_raw && psk_codec_needs_finite(&cc) &&
+            if (rc == PS_EINVAL && psk_codec_needs_finite(&cc) && all_leave_nonfinite(c) &&
                 !psk_all_finite(g, n)) {
                 /* Refused with the residual as it was: the chunk goes as fp32, and the shard
                  * leaves it out (acknowledged PS_FLAG_NONFINITE). */

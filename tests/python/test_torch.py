@@ -1370,8 +1370,8 @@ def host_copies(tmp):
     same way) trains through host copies: each pull lands in a float32 copy kept per tensor
     and is copied into the parameter, each gradient is converted before its push. It ends
     where the float32 model ends (the same start: float64 holds the float32 values exactly;
-    gradients differ in rounding only), one pull copy and one gradient copy per tensor, made
-    once. No test covered this path."""
+    gradients differ in rounding only), one host copy per tensor for its pulls and pushes,
+    made once. No test covered this path."""
     x, y = data()
     finals = {}
     for kind in ("f32", "f64"):
@@ -1388,8 +1388,8 @@ def host_copies(tmp):
                     m.zero_grad()
                     torch.nn.functional.mse_loss(m(xs[b.indices]), ys[b.indices]).backward()
                     assert ps.step()
-                    staged = staged or {t: id(v) for t, v in ps._staging.items()}
-                assert staged == {t: id(v) for t, v in ps._staging.items()}, \
+                    staged = staged or {t: id(v) for t, v in ps._host.items()}
+                assert staged == {t: id(v) for t, v in ps._host.items()}, \
                     "a gradient's host copy was made again"
                 copies = dict(ps._host)
             finals[kind] = ({k: v.float() for k, v in m.state_dict().items()}, start, copies)

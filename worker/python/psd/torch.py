@@ -141,8 +141,7 @@ class ParameterServer:
         self._manifest, self._connect_timeout_ms, self._init = manifest, connect_timeout_ms, init
         self._sync_buffers = bool(sync_buffers)
         self._buffers = []  # (name, owning module, attribute, id, values) of the held buffers
-        self._host = {}  # id -> float32 host copy, for parameters not pulled in place
-        self._staging = {}  # id -> float32 host copy of a gradient (or statistic) pushed
+        self._host = {}  # id -> float32 host copy of a tensor not pushed or pulled in place
         self._done = None  # the last batch stepped and not yet reported by a next_batch
         self._batch = None
         self._stepped = False
@@ -278,7 +277,7 @@ class ParameterServer:
         print(f"psd.torch: rank {self._rank_seen} was removed from the job ({why}); joining "
               "again", file=sys.stderr, flush=True)
         self.client.close()
-        self._host, self._staging = {}, {}
+        self._host = {}
         self._done, self._removed = None, None
         self._join(again=True)
 
@@ -308,15 +307,21 @@ class ParameterServer:
     def _in_place(t):
         return t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
 
+    def _host_buf(self, tid, n):
+        """The float32 host copy of tensor `tid` (`n` values), made once: a GPU or float64
+        model's pushes and pulls go through it (one after the other: step() waits for its
+        pushes before the pull) instead of a new host tensor at every step."""
+        buf = self._host.get(tid)
+        if buf is None or buf.numel() != n:
+            buf = self._host[tid] = torch.zeros(n, dtype=torch.float32)
+        return buf
+
     def _staged(self, tid, t):
         """`t`'s values as libps reads them: `t` itself when it is CPU float32 and contiguous,
-        else copied into a float32 host buffer kept for tensor `tid` (made once: a GPU or
-        float64 model's gradients are not given a new host tensor at every step)."""
+        else copied into tensor `tid`'s host copy."""
         if self._in_place(t):
             return t
-        buf = self._staging.get(tid)
-        if buf is None or buf.numel() != t.numel():
-            buf = self._staging[tid] = torch.empty(t.numel(), dtype=torch.float32)
+        buf = self._host_buf(tid, t.numel())
         buf.view(t.shape).copy_(t.detach())
         return buf
 
@@ -388,10 +393,8 @@ class ParameterServer:
         for p, tid in self._checked() + self._held_buffers():
             if self._in_place(p):  # the parameter's memory itself (not p.data: a new object)
                 dst = p
-            else:  # a host copy kept per tensor (made once, not at every pull)
-                dst = self._host.get(tid)
-                if dst is None:
-                    dst = self._host[tid] = torch.zeros(p.numel(), dtype=torch.float32)
+            else:
+                dst = self._host_buf(tid, p.numel())
                 copies.append((p, dst))
             items.append((tid, dst.data_ptr(), dst))
         self.client.pull_many(items, min_version).wait()  # one call each: not one per tensor
