@@ -90,6 +90,12 @@ static void metrics_text(psd_server_t *srv, psd_http_reply_t *r)
     psd_prom_u64(&p, "psd_nonfinite_pushes_total", "counter",
                  "Pushes holding a NaN or an infinity, left out of their update",
                  srv->nonfinite_pushes);
+    psd_prom_u64(&p, "psd_nonfinite_param_chunks", "gauge",
+                 "Chunks whose last update left a parameter that is a NaN or an infinity "
+                 "with finite gradients (the optimizer overflowed)", t.odd_chunks);
+    psd_prom_u64(&p, "psd_nonfinite_param_updates_total", "counter",
+                 "Updates with finite gradients that left a chunk's parameters not finite",
+                 srv->nonfinite_params);
     psd_prom_u64(&p, "psd_replays_skipped_total", "counter",
                  "bsp: pushes of a batch handed out again that a chunk had applied already",
                  srv->replays_skipped);

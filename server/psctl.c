@@ -272,6 +272,18 @@ static int status(ctl_t *ctl, int json, double timeout_s)
                field(r, "nonfinite_last_rank", rank, sizeof rank),
                field(r, "nonfinite_last_tensor", name, sizeof name));
     }
+    for (int i = 0; i < n && !json; i++) {
+        const char *r = ctl->shards[i].reply;
+        char cnt[32], name[PS_NAME_MAX * 2];
+        if (!ctl->shards[i].got ||
+            atoll(field(r, "nonfinite_param_chunks", cnt, sizeof cnt)) == 0)
+            continue;
+        int one = strcmp(cnt, "1") == 0;
+        printf("shard %d: %s chunk%s hold%s a parameter that is a NaN or an infinity after an "
+               "update with finite gradients (the first tensor: '%s'): the optimizer "
+               "overflowed, a learning rate too high?\n", i, cnt, one ? "" : "s",
+               one ? "s" : "", field(r, "nonfinite_param_first", name, sizeof name));
+    }
     const char *j = ctl->shards[0].got ? ctl->shards[0].reply : NULL;
     if (!json && j) {
         char b[8][64];

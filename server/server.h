@@ -213,6 +213,10 @@ struct psd_chunk_s {
     bool params_checked;       /* loop thread: a pull found its stored params matching their
                                   CRC-32C since this psd loaded it (params_damaged) */
     bool damage_logged;        /* loop thread: a pull found them damaged, and psd said so */
+    bool params_odd;           /* loop thread: the last update here that wrote it left a
+                                  parameter that is a NaN or an infinity with no such push (the
+                                  optimizer overflowed, or it was so already); not known for a
+                                  record loaded at start until an update writes it */
     bool pulled_direct;        /* its last pull was read from the store by the worker (direct):
                                   the update streams its params to memory (store.h); relaxed
                                   atomics (set on the loop, read by apply jobs) */
@@ -306,16 +310,21 @@ typedef struct {
     uint64_t *nonfinite;       /* [nitems] ranks whose push held a NaN or an infinity: left out
                                   (bsp: as a push without a gradient; asp / ssp: an update
                                   that changed nothing), acknowledged PS_FLAG_NONFINITE */
+    uint8_t *params_odd;       /* [nitems] what the update wrote: PSD_PARAMS_FINITE, _ODD (a
+                                  NaN or an infinity though every push applied was finite), or
+                                  _KEPT (no update: the record as it was) */
     const psd_chunk_hdr_t **olds; /* [nitems] JOB_APPLY: old records (read snapshot) */
     psd_chunk_hdr_t **recs;    /* [nitems] JOB_APPLY: their reserved new records;
                                   [nchunks] JOB_CREATE: the deferred chunks' records */
     uint32_t *deferred;        /* items (chunks) whose update runs on the fan-out */
-    uint32_t cap_hashes;       /* capacity of hashes, bad, nonfinite, olds, recs, deferred */
+    uint32_t cap_hashes;       /* capacity of hashes, bad, nonfinite, params_odd, olds, recs,
+                                  deferred */
     int rc;
     char err[256];
 } psd_job_t;
 
 enum { JOB_CREATE = 1, JOB_APPLY = 2, JOB_DROP = 3 };
+enum { PSD_PARAMS_FINITE = 0, PSD_PARAMS_ODD = 1, PSD_PARAMS_KEPT = 2 }; /* psd_job_t.params_odd */
 /* A create_queue entry with this bit set: drop (JOB_DROP) the tensor, not create it. */
 #define PSD_QUEUE_DROP 0x80000000u
 
@@ -421,6 +430,8 @@ struct psd_server_s {
     uint64_t crc_errors;       /* pushes rejected for a checksum mismatch */
     uint64_t nonfinite_pushes; /* pushes holding a NaN or an infinity, left out (apply_item) */
     uint32_t nonfinite_rank, nonfinite_tensor; /* the last such push's */
+    uint64_t nonfinite_params; /* times an update with finite pushes left a chunk's parameters
+                                  not finite (it was finite before, or not known: params_odd) */
     uint64_t transport_restarts; /* times UCX was left stuck and started again (on_cron) */
     char fatal[256];           /* why this shard stopped on its own ("": it did not) */
     struct psd_httpd_s *httpd; /* metrics.c: /metrics, /healthz, /status; NULL when off */
@@ -598,6 +609,9 @@ typedef struct {
                                  that no push reached (psd_shard_tensor_used): no member has
                                  them, and they hold this shard's step at 0 (psctl forget) */
     uint32_t untrained_first; /* the first of them (its id), when untrained > 0 */
+    uint64_t odd_chunks;      /* chunks whose last update left a parameter not finite with
+                                  finite pushes (psd_chunk_t.params_odd) */
+    uint32_t odd_first;       /* the first tensor holding one (its id), when odd_chunks > 0 */
 } psd_shard_totals_t;
 /** @brief Count this shard's tensors, chunks and state bytes into @p t (one walk of them). */
 void psd_shard_totals(const psd_server_t *srv, psd_shard_totals_t *t);

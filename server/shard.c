@@ -395,6 +395,7 @@ void psd_shard_free(psd_server_t *srv)
     free(srv->job.hashes);
     free(srv->job.bad);
     free(srv->job.nonfinite);
+    free(srv->job.params_odd);
     free(srv->job.olds);
     free(srv->job.recs);
     free(srv->job.deferred);
@@ -435,6 +436,7 @@ void psd_shard_totals(const psd_server_t *srv, psd_shard_totals_t *t)
             t->state_bytes += psd_chunk_bytes(ch->n, srv->nstate);
             if (ch->version < vmin) vmin = ch->version;
             if (ch->version > t->version_max) t->version_max = ch->version;
+            if (ch->params_odd && t->odd_chunks++ == 0) t->odd_first = i;
         }
     }
     t->version_min = t->chunks ? vmin : 0;
@@ -473,12 +475,14 @@ void psd_shard_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len
     int n = snprintf(out + *len, cap - *len,
                      "\"tensors\": %u, \"chunks\": %llu, \"state_bytes\": %llu, "
                      "\"version_min\": %llu, \"version_max\": %llu, \"untrained_tensors\": %u, "
-                     "\"nonfinite_pushes\": %llu",
+                     "\"nonfinite_pushes\": %llu, \"nonfinite_param_chunks\": %llu",
                      t.tensors, (unsigned long long)t.chunks, (unsigned long long)t.state_bytes,
                      (unsigned long long)t.version_min, (unsigned long long)t.version_max,
-                     t.untrained, (unsigned long long)srv->nonfinite_pushes);
+                     t.untrained, (unsigned long long)srv->nonfinite_pushes,
+                     (unsigned long long)t.odd_chunks);
     if (n > 0 && (size_t)n < cap - *len) *len += (size_t)n;
     if (t.untrained) status_name(srv, "untrained_first", t.untrained_first, out, cap, len);
+    if (t.odd_chunks) status_name(srv, "nonfinite_param_first", t.odd_first, out, cap, len);
     if (srv->nonfinite_pushes == 0) return;
     n = snprintf(out + *len, cap - *len, ", \"nonfinite_last_rank\": %u", srv->nonfinite_rank);
     if (n > 0 && (size_t)n < cap - *len) *len += (size_t)n;
@@ -2257,7 +2261,7 @@ static void apply_item(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, p
             ch->sum_members &= ~odd;
             if (ch->mean) ch->mean_of = (uint32_t)__builtin_popcountll(ch->sum_members);
             *h = *old;
-            if (ch->sum_members) bsp_update(job, i, old, h);
+            finite = ch->sum_members == 0 || bsp_update(job, i, old, h);
         }
         if (ch->sum_members == 0) {
             /* Every push of the step replays a batch applied here before, has no gradient
@@ -2265,6 +2269,9 @@ static void apply_item(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, p
             memcpy(h, old, psd_chunk_bytes(ch->n, srv->nstate));
             h->version++;
         }
+        job->params_odd[i] = ch->sum_members == 0 || job->bad[i] ? PSD_PARAMS_KEPT
+                             : finite                           ? PSD_PARAMS_FINITE
+                                                                : PSD_PARAMS_ODD;
         job->hashes[i] = h->hash;
         return;
     }
@@ -2275,12 +2282,15 @@ static void apply_item(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, p
      * are looked at first. */
     bool overwrites = ch->mean;
     uint64_t odd = overwrites ? nonfinite_pushes(ch, live) : 0;
-    if (!asp_update(job, i, old, h, job->bad[i] | odd, odd) && !overwrites &&
-        (odd = nonfinite_pushes(ch, live)) != 0) { /* updates that changed nothing */
-        *h = *old;
-        asp_update(job, i, old, h, job->bad[i] | odd, odd);
+    bool finite = asp_update(job, i, old, h, job->bad[i] | odd, odd);
+    if (!finite && !overwrites && (odd = nonfinite_pushes(ch, live)) != 0) {
+        *h = *old; /* updates that changed nothing */
+        finite = asp_update(job, i, old, h, job->bad[i] | odd, odd);
     }
     job->nonfinite[i] = odd;
+    job->params_odd[i] = (live & ~odd) == 0 ? PSD_PARAMS_KEPT
+                         : finite            ? PSD_PARAMS_FINITE
+                                             : PSD_PARAMS_ODD;
     job->hashes[i] = h->hash;
 }
 
@@ -2441,6 +2451,23 @@ static void nonfinite_report(psd_server_t *srv, psd_chunk_t *ch, uint64_t odd)
     }
 }
 
+/* An update of @p ch wrote its parameters (@p odd: one is a NaN or an infinity, though every
+ * push it applied was finite). Becoming so is counted and logged, the 1st, 2nd, 4th ... time;
+ * psctl status and psd_nonfinite_param_chunks show the chunks still so. */
+static void params_odd_report(psd_server_t *srv, psd_chunk_t *ch, bool odd)
+{
+    bool was = ch->params_odd;
+    ch->params_odd = odd;
+    if (!odd || was) return;
+    uint64_t n = ++srv->nonfinite_params;
+    if (n & (n - 1)) return;
+    PS_LOG(PS_LOG_WARN, "shard", "an update of tensor %u '%s' (chunk %u, step %llu) with finite "
+           "gradients left a parameter that is a NaN or an infinity: the optimizer overflowed (a "
+           "learning rate too high?) or it was so already; such a chunk stays so (%llu so far)",
+           ch->tensor, srv->tensors[ch->tensor].decl.name, ch->chunk,
+           (unsigned long long)ch->version, (unsigned long long)n);
+}
+
 static void ack_slot(psd_server_t *srv, psd_chunk_t *ch, uint32_t r, int rc, uint64_t version,
                      uint32_t flags)
 {
@@ -2593,6 +2620,8 @@ static void job_done(uv_work_t *w, int status)
             }
             uint64_t odd = job->rc == 0 && !(bsp && bad) ? job->nonfinite[i] : 0;
             if (odd) nonfinite_report(srv, ch, odd);
+            if (job->rc == 0 && job->params_odd[i] != PSD_PARAMS_KEPT)
+                params_odd_report(srv, ch, job->params_odd[i] == PSD_PARAMS_ODD);
             SLOTS_FOR(ch, s)
                 if (s->state == SLOT_APPLYING)
                     ack_slot(srv, ch, s->rank, job->rc, ch->version,
@@ -2656,6 +2685,9 @@ static int job_hashes_reserve(psd_job_t *job, uint32_t n)
     b = realloc(job->nonfinite, n * sizeof *b);
     if (b == NULL) return PS_ENOMEM;
     job->nonfinite = b;
+    uint8_t *po = realloc(job->params_odd, n * sizeof *po);
+    if (po == NULL) return PS_ENOMEM;
+    job->params_odd = po;
     const psd_chunk_hdr_t **o = realloc(job->olds, n * sizeof *o);
     if (o == NULL) return PS_ENOMEM;
     job->olds = o;

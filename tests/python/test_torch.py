@@ -1365,6 +1365,78 @@ def nonfinite_pushes(tmp):
           "under asp the chunks holding one stay, float32 and fp16; counted by psd")
 
 
+def nonfinite_params(tmp):
+    """An update with finite gradients that leaves a parameter not finite (the optimizer
+    overflowed: a learning rate far too high) is told: psd logs it, counts it
+    (psd_nonfinite_param_updates_total) and shows the chunks still so (status
+    nonfinite_param_chunks, psd_nonfinite_param_chunks, a psctl status line); the pushes are
+    not taken for non-finite ones. Under bsp with optimizer mean, two finite pushes whose sum
+    overflows make the step's mean infinite, and the next step's finite mean clears it."""
+    c = Cluster(tmp, "oddparams-asp", 1, consistency="asp", optimizer="{name: sgd, lr: 1e38}",
+                metrics=True)
+    try:
+        with psd.Client(c.manifest) as cl:
+            n = 3000  # chunks of 1024 values: [0, 1024), [1024, 2048), [2048, 3000)
+            ta = cl.declare("a", (n,), init="constant", init_arg=1.0)
+            g = array.array("f", [1e-3] * n)
+            g[1500] = 10.0  # lr * 10 overflows to an infinity: chunk 1 only
+            cl.push(ta, g.buffer_info()[0], 0, keep=g).wait()
+            b = array.array("f", [0.0] * n)
+            assert cl.pull(ta, b.buffer_info()[0], 0, keep=b).wait() == 1
+            assert math.isinf(b[1500]) and math.isfinite(b[0]) and math.isfinite(b[2999]), \
+                (b[0], b[1500], b[2999])
+            assert cl.nonfinite_pushes == 0, "a finite push was taken for a non-finite one"
+            cl.push(ta, g.buffer_info()[0], 1, keep=g).wait()  # still so: not counted again
+        chunks = c.metric("psd_nonfinite_param_chunks") + \
+            c.metric("psd_nonfinite_param_chunks", 1)
+        ups = c.metric("psd_nonfinite_param_updates_total") + \
+            c.metric("psd_nonfinite_param_updates_total", 1)
+        assert (chunks, ups) == (1, 1), f"{chunks} chunks, {ups} updates, want 1 and 1"
+        st = json.loads(c.psctl("status", "--json").stdout)
+        assert sum(s["nonfinite_param_chunks"] for s in st) == 1, st
+        assert sum(s["nonfinite_pushes"] for s in st) == 0, st
+        text = c.psctl("status").stdout
+        assert "1 chunk holds a parameter that is a NaN or an infinity after an update with " \
+               "finite gradients (the first tensor: 'a')" in text, text
+    finally:
+        c.stop()
+    logs = "".join(open(os.path.join(c.dir, f"psd{i}.log")).read() for i in range(2))
+    assert "'a' (chunk 1, step 1) with finite gradients left a parameter that is a NaN or an " \
+           "infinity" in logs, logs[-2000:]
+
+    c = Cluster(tmp, "oddparams-mean", 2, optimizer="{name: mean}", metrics=True)
+    try:
+        with psd.Client(c.manifest) as x, psd.Client(c.manifest) as y:
+            n = 300
+            tx, ty = (k.declare("m", (n,)) for k in (x, y))
+            for k in (x, y):
+                k.next_batch(BATCH)
+            big = array.array("f", [3e38] * n)  # finite; their sum is not
+            one = array.array("f", [1.0] * n)
+            for step, g in ((0, big), (1, one)):
+                ops = [k.push(t, g.buffer_info()[0], step, keep=g) for k, t in ((x, tx), (y, ty))]
+                for op in ops:
+                    op.wait()
+                b = array.array("f", [0.0] * n)
+                x.pull(tx, b.buffer_info()[0], step + 1, keep=b).wait()
+                if step == 0:
+                    assert math.isinf(b[0]), b[0]
+                    st = json.loads(c.psctl("status", "--json").stdout)
+                    assert sum(s["nonfinite_param_chunks"] for s in st) == 1, st
+                else:
+                    assert b[0] == 1.0, b[0]
+            assert (x.nonfinite_pushes, y.nonfinite_pushes) == (0, 0)
+        st = json.loads(c.psctl("status", "--json").stdout)
+        assert sum(s["nonfinite_param_chunks"] for s in st) == 0, f"not cleared: {st}"
+        ups = c.metric("psd_nonfinite_param_updates_total") + \
+            c.metric("psd_nonfinite_param_updates_total", 1)
+        assert ups == 1, ups
+    finally:
+        c.stop()
+    print("non-finite parameters: an overflowing update is told (log, status, metrics, psctl), "
+          "its pushes not taken for non-finite; a finite mean clears it")
+
+
 def host_copies(tmp):
     """A model whose parameters are not float32 on the host (float64 here; a GPU model the
     same way) trains through host copies: each pull lands in a float32 copy kept per tensor
@@ -1610,6 +1682,7 @@ def main():
         binding_compression(tmp)
         binding_many(tmp)
         nonfinite_pushes(tmp)
+        nonfinite_params(tmp)
         host_copies(tmp)
         early_break(tmp)
         errors(tmp)
