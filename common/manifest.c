@@ -505,6 +505,15 @@ static int check_fusion(ctx_t *c, const field_t *f, yaml_node_t *n, char *base, 
     return 0;
 }
 
+static int check_step_timeout(ctx_t *c, const field_t *f, yaml_node_t *n, char *base,
+                              const char *path)
+{
+    uint32_t v = *(uint32_t *)(base + f->off);
+    if (v != 0 && v < 100)
+        return fail(c, n, path, "must be 0 (off) or at least 100 ms, got %" PRIu32, v);
+    return 0;
+}
+
 static bool wildcard(const char *h)
 {
     return strcmp(h, "0.0.0.0") == 0 || strcmp(h, "::") == 0;
@@ -621,6 +630,13 @@ static int check_job(ctx_t *c, const field_t *f, yaml_node_t *n, char *base, con
                     "got %s",
                     ps_consistency_name(j->consistency));
     }
+    if (j->step_timeout_ms && j->consistency != PS_CONSIST_BSP) {
+        char sub[PATH_LEN];
+        child_path(sub, path, "step_timeout_ms", -1);
+        return fail(c, map_get(c, n, "step_timeout_ms"), sub,
+                    "applies to consistency bsp only (a bsp step waits for every member), "
+                    "got %s", ps_consistency_name(j->consistency));
+    }
     return 0;
 }
 
@@ -687,6 +703,7 @@ static const field_t job_fields[] = {
     {JOB(staleness), .type = T_INT, .min = 0, .max = 1000000},
     {JOB(max_steps), .type = T_INT, .min = 0, .max = NOMAX},
     {JOB(heartbeat_timeout_ms), .type = T_INT, .min = 100, .max = 3600000},
+    {JOB(step_timeout_ms), .type = T_INT, .min = 0, .max = 86400000, .check = check_step_timeout},
     {JOB(optimizer), .type = T_MAP, .flags = F_REQ, .sub = optim_fields, .check = check_optimizer},
     {JOB(compression), .type = T_MAP, .sub = compression_fields},
     {0},

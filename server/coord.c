@@ -1195,6 +1195,36 @@ void psd_coord_on_gone(psd_server_t *srv, psd_conn_t *c, const char *why, bool m
     member_remove(srv, (uint32_t)r, why);
 }
 
+/*
+ * bsp with job.step_timeout_ms: a member of the open step none of whose pushes of it reached
+ * this shard job.step_timeout_ms after the first member's did holds every other one for as
+ * long as it stays (a worker hung in its training loop while libps's thread heartbeats). It is
+ * dropped as a silent one is: its connection here closes (conn_close_ep: member_remove, the
+ * step goes on without it), and if it goes on it learns it was removed and joins again. Only
+ * this shard's chunks are watched (a member's pushes of a step leave together: the hang comes
+ * between steps); with no chunk here nothing is dropped.
+ */
+static void late_members(psd_server_t *srv, uint64_t now)
+{
+    psd_coord_t *co = srv->coord;
+    uint64_t limit = srv->m.job.step_timeout_ms;
+    uint64_t late = co->s.step_members & ~srv->sp_mask;
+    if (srv->sp_step != co->s.step || srv->sp_mask == 0 || late == 0 ||
+        now - srv->sp_first_ms <= limit)
+        return;
+    for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
+        psd_conn_t *c = co->rt[r].conn;
+        /* One whose connection closed has its grace to come back (psd_coord_tick). */
+        if (!(late >> r & 1) || !(co->s.active >> r & 1) || c == NULL || c->dead) continue;
+        PS_LOG(PS_LOG_WARN, "coord", "rank %u (pid %u) has not pushed step %llu %llu ms after "
+               "the first member did (job.step_timeout_ms %llu): dropping it", r,
+               co->s.m[r].pid, (unsigned long long)co->s.step,
+               (unsigned long long)(now - srv->sp_first_ms), (unsigned long long)limit);
+        srv->late_drops++;
+        c->dead = c->late = c->close_queued = true; /* closed from the deferred hook */
+    }
+}
+
 void psd_coord_tick(psd_server_t *srv)
 {
     psd_coord_t *co = srv->coord;
@@ -1236,6 +1266,7 @@ void psd_coord_tick(psd_server_t *srv)
                    "for again within %llu ms: releasing it", (unsigned long long)hold_limit);
         psd_coord_ckpt_release(srv);
     }
+    if (is_bsp(srv) && srv->m.job.step_timeout_ms) late_members(srv, now);
     if (is_bsp(srv)) {
         tell_closed(srv); /* a shard that missed them, or restarted since */
         maybe_restart_step(srv);
@@ -1763,6 +1794,10 @@ void psd_coord_metrics(psd_server_t *srv, psd_prom_t *p)
     psd_prom_u64(p, "psd_job_state_save_failing", "gauge",
                  "Writes of the coordinator's state failed in a row now (0: the last one "
                  "committed)", co->save_failures);
+    psd_prom_u64(p, "psd_job_late_members_dropped_total", "counter",
+                 "bsp: members dropped for not pushing the open step within "
+                 "job.step_timeout_ms of the first one (hung while heartbeating)",
+                 srv->late_drops);
     psd_prom_f64(p, "psd_job_step_gap_max_seconds",
                  "Longest gap between two consecutive steps among the last 4096 (bsp)",
                  (double)gmax / 1e3);

@@ -72,8 +72,11 @@ static void conn_close_ep(psd_server_t *srv, psd_conn_t *c)
 {
     c->close_queued = false;
     c->dead = true;
-    conn_release_rank(srv, c, c->silent ? "missed heartbeats" : "its connection closed",
-                      !c->silent);
+    conn_release_rank(srv, c,
+                      c->late     ? "it did not push the open step within job.step_timeout_ms"
+                      : c->silent ? "missed heartbeats"
+                                  : "its connection closed",
+                      !c->silent && !c->late);
     psd_shard_drop_conn(srv, c);
     psd_export_drop_conn(srv, c);
     ps_ucx_ep_close(&srv->ucx, &c->ep, 1);

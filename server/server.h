@@ -45,6 +45,8 @@ typedef struct psd_conn_s {
     uint64_t last_seen_ms;           /* any message from it (heartbeats included) */
     bool close_queued;
     bool silent;                     /* dropped for missed heartbeats */
+    bool late;                       /* dropped for not pushing the open bsp step within
+                                        job.step_timeout_ms of the first member (coord.c) */
     char peer[64];
     char lanes[64];                  /* transports of the endpoint, found at its hello */
     bool want_lanes;                 /* hello seen: find the lanes outside UCX callbacks */
@@ -445,6 +447,10 @@ struct psd_server_s {
     uint64_t stale_acks;       /* bsp: pushes of a step a chunk had passed without their batch
                                   (acknowledged with PS_FLAG_STALE, not applied) */
     uint64_t replay_warned;    /* the replay tag + 1 last logged as not remembered */
+    uint64_t sp_step;          /* bsp: the highest step a member pushed a chunk here for, */
+    uint64_t sp_mask;          /* the ranks that pushed one of it here, */
+    uint64_t sp_first_ms;      /* and when the first did (uv_now): job.step_timeout_ms */
+    uint64_t late_drops;       /* members dropped for holding the open step (shard 0) */
     uint32_t test_corrupt_pull; /* PS_TEST_CORRUPT_PULL (tests only): corrupt every Nth pull reply */
     uint64_t test_pull_count;
     uint32_t test_crash_after_apply; /* PS_TEST_CRASH_AFTER_APPLY (tests only): SIGKILL itself

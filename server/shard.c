@@ -1700,6 +1700,19 @@ void psd_shard_receives_lost(psd_server_t *srv)
     }
 }
 
+/* bsp: rank @p r pushed a chunk here for step @p step. Shard 0's coordinator drops a member
+ * whose push of the open step has not come job.step_timeout_ms after the first one did
+ * (coord.c, late_members). */
+static void step_pushed(psd_server_t *srv, uint32_t r, uint64_t step)
+{
+    if (step > srv->sp_step || srv->sp_mask == 0) {
+        srv->sp_step = step;
+        srv->sp_mask = 0;
+        srv->sp_first_ms = uv_now(srv->loop);
+    }
+    if (step == srv->sp_step) srv->sp_mask |= 1ull << r;
+}
+
 ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg,
                                void *data, size_t length, const ucp_am_recv_param_t *param)
 {
@@ -1808,6 +1821,7 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
                            rank, (unsigned long long)epoch);
             return UCS_OK;
         }
+        step_pushed(srv, rank, msg->step);
     }
     bool replay = bsp && msg->nreplay > 0 && replay_had(srv, ch, rank, msg);
     if (replay) srv->replays_skipped++;

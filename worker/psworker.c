@@ -203,6 +203,22 @@ static void test_stop(const char *where)
     raise(SIGSTOP);
 }
 
+/* PS_TEST_HANG_AT=WHERE (tests only; the places of PS_TEST_STOP_AT): the first time the worker
+ * is there, its training thread sleeps PS_TEST_HANG_MS milliseconds (default 3000) while libps's
+ * thread goes on (its heartbeats too): a worker hung in its training loop. */
+static void test_hang(const char *where)
+{
+    static int done;
+    const char *at = getenv("PS_TEST_HANG_AT"), *ms = getenv("PS_TEST_HANG_MS");
+    if (done || at == NULL || strcmp(at, where) != 0) return;
+    done = 1;
+    long n = ms ? atol(ms) : 3000;
+    fprintf(stderr, "psworker: hangs %ld ms at its %s (PS_TEST_HANG_AT)\n", n, where);
+    struct timespec ts = {n / 1000, n % 1000 * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && !g_stop) {
+    }
+}
+
 /* Leave (the client's destroy) and forget the client; its pull ops were waited for. */
 static void drop_client(trainer_t *tr)
 {
@@ -679,6 +695,7 @@ int main(int argc, char **argv)
             char at[32];
             snprintf(at, sizeof at, "batch:%ld", requests);
             test_stop(at);
+            test_hang(at);
             rc = ps_client_next_batch(tr.client, train.n, have_done ? &done : NULL, &b);
             if (rc == 0 && !b.finished) {
                 /* Under bsp the parameters of the batch's step; pulled already when the

@@ -2027,6 +2027,64 @@ START_TEST(test_ssp_staleness)
 }
 END_TEST
 
+/* A worker whose training loop hangs while libps's thread heartbeats (PS_TEST_HANG_AT: 5 s at
+ * its 40th batch request) held a bsp job for as long as it hung: every step waits for every
+ * member. With job.step_timeout_ms shard 0 drops it once its pushes of the open step are
+ * 1500 ms late: the other worker goes on meanwhile, the hung one learns it was removed when it
+ * goes on and joins again, and every pass is applied exactly once. Without the option the open
+ * step does not move during the hang. */
+static long long steps_during_hang(const char *extra)
+{
+    char job[160];
+    snprintf(job, sizeof job, "  heartbeat_timeout_ms: 1000\n  train_samples: 6400\n%s", extra);
+    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 32, .epochs = 3,
+                   .layers = "[784, 16, 10]", .job_extra = job};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    cl_proc_t *a = cl_worker_start(c, NULL, NULL, false);
+    setenv("PS_TEST_HANG_AT", "batch:40", 1);
+    setenv("PS_TEST_HANG_MS", "5000", 1);
+    cl_proc_t *b = cl_worker_start(c, NULL, NULL, false);
+    unsetenv("PS_TEST_HANG_AT");
+    unsetenv("PS_TEST_HANG_MS");
+    ck_assert_msg(cl_wait_log(b, "(PS_TEST_HANG_AT)", RUN_S) == 0, "%s", cl_tail(b));
+    coord_t co;
+    coord_open(&co, c);
+    char *j = coord_status(&co);
+    long long from = jnum(j, "open_step");
+    free(j);
+    nap_ms(3500); /* the hang has 1.5 s left: longer than the step timeout */
+    j = coord_status(&co);
+    long long moved = jnum(j, "open_step") - from;
+    free(j);
+    EXPECT_EXIT(a, 0);
+    EXPECT_EXIT(b, 0);
+    j = coord_status(&co);
+    ck_assert_msg(j && strstr(j, "\"finished\": true"), "job not finished: %s", j ? j : "-");
+    ck_assert_int_eq(expect_passes(j, 6400, 3), 3);
+    ck_assert_int_eq(jnum(j, "samples_applied"), 3 * 6400);
+    free(j);
+    coord_close(&co);
+    if (extra[0]) {
+        EXPECT_LOG(psd[0], "has not pushed step");
+        EXPECT_LOG(psd[0], "it did not push the open step within job.step_timeout_ms");
+        EXPECT_LOG(b, "was removed from the job; joining again");
+    }
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+    return moved;
+}
+
+START_TEST(test_hung_worker_dropped_after_step_timeout)
+{
+    long long moved = steps_during_hang("  step_timeout_ms: 1500\n");
+    ck_assert_msg(moved >= 2, "the open step moved %lld during the hang", moved);
+    moved = steps_during_hang("");
+    ck_assert_msg(moved == 0, "without step_timeout_ms the open step moved %lld during the "
+                  "hang (the test does not hang the worker?)", moved);
+}
+END_TEST
+
 /* ---- chaos ------------------------------------------------------------------------------ */
 
 /* Seeded random joins, graceful leaves and kill -9 for PS_CHAOS_S seconds (default 12; the
@@ -2121,6 +2179,7 @@ Suite *ps_test_suite(void)
     Suite *s = suite_create("elastic");
 #define ADD(name) suite_add_tcase(s, tcase(#name, test_##name))
     ADD(kill9_one_of_four);
+    ADD(hung_worker_dropped_after_step_timeout);
     ADD(kill9_mid_step_applied_once);
     ADD(kill9_mid_batch_asp_applied_once);
     ADD(kill9_after_batch_asp_applied_once);

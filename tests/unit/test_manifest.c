@@ -162,9 +162,11 @@ START_TEST(test_mean)
     ck_assert_int_eq(m.job.optimizer.name, PS_OPT_MEAN);
     ck_assert_int_eq(m.job.consistency, PS_CONSIST_BSP);
     ck_assert_str_eq(ps_optim_name(PS_OPT_MEAN), "mean");
-    snprintf(text, sizeof text, "%s      consistency: bsp, optimizer: {name: mean, lr: 0.1}}\n",
-             head);
+    ck_assert_uint_eq(m.job.step_timeout_ms, 0); /* off unless set */
+    snprintf(text, sizeof text, "%s      consistency: bsp, optimizer: {name: mean, lr: 0.1},\n"
+             "      step_timeout_ms: 30000}\n", head);
     ck_assert_msg(parse(text) == 0, "%s", err);
+    ck_assert_uint_eq(m.job.step_timeout_ms, 30000);
     static const char *const refused[] = {"asp", "ssp"};
     for (int i = 0; i < 2; i++) {
         snprintf(text, sizeof text, "%s      consistency: %s,\n      optimizer: {name: mean}}\n",
@@ -346,6 +348,13 @@ static const struct {
      "demo.yaml:2: apply_threads: must be in [0, 64], got 65"},
     {L1 "sync_interval_s: 1.5\n" L2_4 L5 L6_9 L10,
      "demo.yaml:2: sync_interval_s: expected an integer, got '1.5'"},
+    {BASE "  step_timeout_ms: 50\n",
+     "demo.yaml:11: job.step_timeout_ms: must be 0 (off) or at least 100 ms, got 50"},
+    {BASE "  step_timeout_ms: 86400001\n",
+     "demo.yaml:11: job.step_timeout_ms: must be in [0, 86400000], got 86400001"},
+    {BASE "  consistency: ssp\n  step_timeout_ms: 5000\n",
+     "demo.yaml:12: job.step_timeout_ms: applies to consistency bsp only (a bsp step waits for "
+     "every member), got ssp"},
     {L1 "fusion_bytes: 100\n" L2_4 L5 L6_9 L10,
      "demo.yaml:2: fusion_bytes: must be 0 (no fusion) or at least 4096, got 100"},
     {L1 "fusion_bytes: 2097152\n" L2_4 L5 L6_9 L10,
