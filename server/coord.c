@@ -185,6 +185,9 @@ typedef struct {
     int parked;               /* a batch request waits for an answer */
     uint64_t park_req;
     uint64_t joined_ms, last_done_ms;
+    uint64_t late_from_ms;    /* bsp: its step_timeout_ms deadline runs from here at the
+                                 earliest (it became a member of the open step, or its
+                                 connection came back): late_members */
     uint64_t steps_at_join;   /* its steps_done when joined_ms was set (an ssp joiner's clock,
                                  a member restored by a restart of this shard): steps_per_s
                                  counts only the steps since */
@@ -562,6 +565,9 @@ static void set_members(psd_server_t *srv, uint64_t members)
         if ((members & ~co->s.step_members) && srv->test_crash_join_save &&
             srv->test_crash_join_save-- == 1)
             crash_in_next_save(co, "PS_TEST_CRASH_JOIN_SAVE"); /* hold_handouts' save below */
+        uint64_t now = uv_now(srv->loop);
+        for (uint32_t r = 0; r < PS_MAX_RANKS; r++) /* new members' deadlines start now */
+            if ((members & ~co->s.step_members) >> r & 1) co->rt[r].late_from_ms = now;
         co->s.epoch++;
         co->s.step_members = members;
         PS_LOG(PS_LOG_INFO, "coord", "epoch %llu: step %llu has %u members (%#llx)",
@@ -857,6 +863,7 @@ void psd_coord_on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
         co->rt[r].conn = c;
         co->rt[r].parked = 0;
         co->rt[r].lost_ms = 0;
+        co->rt[r].late_from_ms = uv_now(srv->loop); /* its resent pushes get their time */
         if (co->rt[r].joined_ms == 0) { /* restored by a restart of this shard: from now */
             co->rt[r].joined_ms = uv_now(srv->loop);
             co->rt[r].steps_at_join = co->s.m[r].steps_done;
@@ -1214,8 +1221,13 @@ static void late_members(psd_server_t *srv, uint64_t now)
         return;
     for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
         psd_conn_t *c = co->rt[r].conn;
-        /* One whose connection closed has its grace to come back (psd_coord_tick). */
+        /* One whose connection closed has its grace to come back (psd_coord_tick); one that
+         * became a member of the step, or came back, later than the first push has its own
+         * deadline (a step handed out again after its members left keeps sp_first_ms). */
         if (!(late >> r & 1) || !(co->s.active >> r & 1) || c == NULL || c->dead) continue;
+        uint64_t from = co->rt[r].late_from_ms > srv->sp_first_ms ? co->rt[r].late_from_ms
+                                                                   : srv->sp_first_ms;
+        if (now - from <= limit) continue;
         PS_LOG(PS_LOG_WARN, "coord", "rank %u (pid %u) has not pushed step %llu %llu ms after "
                "the first member did (job.step_timeout_ms %llu): dropping it", r,
                co->s.m[r].pid, (unsigned long long)co->s.step,

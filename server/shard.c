@@ -1790,6 +1790,7 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
          * so: the worker reports it, and the coordinator hands the batch out again. */
         send_push_ack(srv, conn, msg->req_id, ch, rank, msg->step,
                        !stale_push_had(ch, rank, msg));
+        step_pushed(srv, rank, msg->step); /* a step handed out again: its member is here */
         return UCS_OK;
     }
     if (bsp && msg->step != ch->version) {

@@ -2050,10 +2050,11 @@ static long long steps_during_hang(const char *extra)
     ck_assert_msg(cl_wait_log(b, "(PS_TEST_HANG_AT)", RUN_S) == 0, "%s", cl_tail(b));
     coord_t co;
     coord_open(&co, c);
+    nap_ms(300); /* the step b pushed last is closed by then (a's next batch request) */
     char *j = coord_status(&co);
     long long from = jnum(j, "open_step");
     free(j);
-    nap_ms(3500); /* the hang has 1.5 s left: longer than the step timeout */
+    nap_ms(3000); /* the hang has 1.7 s left; the step timeout is 1.5 s */
     j = coord_status(&co);
     long long moved = jnum(j, "open_step") - from;
     free(j);
@@ -2080,7 +2081,8 @@ START_TEST(test_hung_worker_dropped_after_step_timeout)
     long long moved = steps_during_hang("  step_timeout_ms: 1500\n");
     ck_assert_msg(moved >= 2, "the open step moved %lld during the hang", moved);
     moved = steps_during_hang("");
-    ck_assert_msg(moved == 0, "without step_timeout_ms the open step moved %lld during the "
+    /* At most the close of the step b had pushed, on a loaded host later than the nap. */
+    ck_assert_msg(moved <= 1, "without step_timeout_ms the open step moved %lld during the "
                   "hang (the test does not hang the worker?)", moved);
 }
 END_TEST
