@@ -630,12 +630,12 @@ static int check_job(ctx_t *c, const field_t *f, yaml_node_t *n, char *base, con
                     "got %s",
                     ps_consistency_name(j->consistency));
     }
-    if (j->step_timeout_ms && j->consistency != PS_CONSIST_BSP) {
+    if (j->step_timeout_ms && j->consistency == PS_CONSIST_ASP) {
         char sub[PATH_LEN];
         child_path(sub, path, "step_timeout_ms", -1);
         return fail(c, map_get(c, n, "step_timeout_ms"), sub,
-                    "applies to consistency bsp only (a bsp step waits for every member), "
-                    "got %s", ps_consistency_name(j->consistency));
+                    "applies to consistency bsp and ssp (under asp no worker waits for "
+                    "another), got asp");
     }
     return 0;
 }

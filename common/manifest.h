@@ -86,10 +86,12 @@ typedef struct {
     uint32_t staleness;            /* ssp: steps a worker may run ahead of the slowest, default 4 */
     uint64_t max_steps;            /* default 0 = no limit; stops the run early */
     uint32_t heartbeat_timeout_ms; /* default 3000, 100..3600000: a silent worker is dropped */
-    uint32_t step_timeout_ms;      /* bsp, default 0 = off, else 100..86400000: a member whose
-                                      pushes of the open step have not reached shard 0 this
-                                      long after the first one did is dropped (a worker hung
-                                      while its heartbeats go on), as a silent one is */
+    uint32_t step_timeout_ms;      /* bsp / ssp, default 0 = off, else 100..86400000: a member
+                                      that holds the others this long is dropped as a silent
+                                      one is (a worker hung while its heartbeats go on): bsp,
+                                      no push of the open step reached shard 0 after the first
+                                      member's; ssp, the slowest reported no batch while one
+                                      waits staleness batches ahead */
     ps_optim_conf_t optimizer;     /* required */
     ps_compression_conf_t compression; /* optional */
 } ps_job_conf_t;

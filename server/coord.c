@@ -1202,6 +1202,15 @@ void psd_coord_on_gone(psd_server_t *srv, psd_conn_t *c, const char *why, bool m
     member_remove(srv, (uint32_t)r, why);
 }
 
+/* Close member @p r's connection here as a silent one's (conn_close_ep: member_remove with
+ * "it did not push the open step within job.step_timeout_ms"). */
+static void drop_late(psd_server_t *srv, uint32_t r)
+{
+    psd_conn_t *c = srv->coord->rt[r].conn;
+    srv->late_drops++;
+    c->dead = c->late = c->close_queued = true; /* closed from the deferred hook */
+}
+
 /*
  * bsp with job.step_timeout_ms: a member of the open step none of whose pushes of it reached
  * this shard job.step_timeout_ms after the first member's did holds every other one for as
@@ -1232,8 +1241,37 @@ static void late_members(psd_server_t *srv, uint64_t now)
                "the first member did (job.step_timeout_ms %llu): dropping it", r,
                co->s.m[r].pid, (unsigned long long)co->s.step,
                (unsigned long long)(now - srv->sp_first_ms), (unsigned long long)limit);
-        srv->late_drops++;
-        c->dead = c->late = c->close_queued = true; /* closed from the deferred hook */
+        drop_late(srv, r);
+    }
+}
+
+/*
+ * ssp with job.step_timeout_ms: while a member waits because it is job.staleness batches ahead
+ * of the slowest, a slowest member that reported no batch for job.step_timeout_ms (nor joined
+ * or came back within it) is dropped as late_members drops one under bsp.
+ */
+static void late_slowest(psd_server_t *srv, uint64_t now)
+{
+    psd_coord_t *co = srv->coord;
+    uint64_t low = slowest(co), limit = srv->m.job.step_timeout_ms;
+    bool waits = false;
+    for (uint32_t r = 0; r < PS_MAX_RANKS && !waits; r++)
+        waits = (co->s.active >> r & 1) && co->rt[r].parked && !co->s.m[r].has_batch &&
+                co->s.m[r].steps_done > low + srv->m.job.staleness;
+    for (uint32_t r = 0; waits && r < PS_MAX_RANKS; r++) {
+        const member_rt_t *rt = &co->rt[r];
+        if (!(co->s.active >> r & 1) || co->s.m[r].steps_done != low || rt->conn == NULL ||
+            rt->conn->dead)
+            continue;
+        uint64_t from = rt->last_done_ms;
+        if (rt->joined_ms > from) from = rt->joined_ms;
+        if (rt->late_from_ms > from) from = rt->late_from_ms;
+        if (now - from <= limit) continue;
+        PS_LOG(PS_LOG_WARN, "coord", "rank %u (pid %u) reported no batch for %llu ms while a "
+               "member waits for it, %u batches ahead (job.step_timeout_ms %llu): dropping it",
+               r, co->s.m[r].pid, (unsigned long long)(now - from),
+               (unsigned)srv->m.job.staleness + 1, (unsigned long long)limit);
+        drop_late(srv, r);
     }
 }
 
@@ -1279,6 +1317,8 @@ void psd_coord_tick(psd_server_t *srv)
         psd_coord_ckpt_release(srv);
     }
     if (is_bsp(srv) && srv->m.job.step_timeout_ms) late_members(srv, now);
+    if (srv->m.job.consistency == PS_CONSIST_SSP && srv->m.job.step_timeout_ms)
+        late_slowest(srv, now);
     if (is_bsp(srv)) {
         tell_closed(srv); /* a shard that missed them, or restarted since */
         maybe_restart_step(srv);
@@ -1807,8 +1847,8 @@ void psd_coord_metrics(psd_server_t *srv, psd_prom_t *p)
                  "Writes of the coordinator's state failed in a row now (0: the last one "
                  "committed)", co->save_failures);
     psd_prom_u64(p, "psd_job_late_members_dropped_total", "counter",
-                 "bsp: members dropped for not pushing the open step within "
-                 "job.step_timeout_ms of the first one (hung while heartbeating)",
+                 "Members dropped for holding the others past job.step_timeout_ms (bsp: no push "
+                 "of the open step; ssp: no batch reported while another waits)",
                  srv->late_drops);
     psd_prom_f64(p, "psd_job_step_gap_max_seconds",
                  "Longest gap between two consecutive steps among the last 4096 (bsp)",

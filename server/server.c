@@ -73,7 +73,7 @@ static void conn_close_ep(psd_server_t *srv, psd_conn_t *c)
     c->close_queued = false;
     c->dead = true;
     conn_release_rank(srv, c,
-                      c->late     ? "it did not push the open step within job.step_timeout_ms"
+                      c->late     ? "it held the others past job.step_timeout_ms"
                       : c->silent ? "missed heartbeats"
                                   : "its connection closed",
                       !c->silent && !c->late);

@@ -2028,17 +2028,20 @@ START_TEST(test_ssp_staleness)
 END_TEST
 
 /* A worker whose training loop hangs while libps's thread heartbeats (PS_TEST_HANG_AT: 5 s at
- * its 40th batch request) held a bsp job for as long as it hung: every step waits for every
- * member. With job.step_timeout_ms shard 0 drops it once its pushes of the open step are
- * 1500 ms late: the other worker goes on meanwhile, the hung one learns it was removed when it
- * goes on and joins again, and every pass is applied exactly once. Without the option the open
- * step does not move during the hang. */
-static long long steps_during_hang(const char *extra)
+ * its 40th batch request) held a bsp job for as long as it hung (every step waits for every
+ * member), and an ssp one once the others were job.staleness batches ahead. With
+ * job.step_timeout_ms shard 0 drops it (bsp: its pushes of the open step 1500 ms late; ssp: no
+ * batch reported for 1500 ms while another waits for it): the other worker goes on meanwhile,
+ * the hung one learns it was removed when it goes on and joins again, and every pass is
+ * applied exactly once. Without the option the job does not move on during the hang. Returns
+ * how far the open step (ssp: the fastest worker's batches) moved in 3 s of the hang. */
+static long long steps_during_hang(const char *consistency, const char *extra)
 {
-    char job[160];
-    snprintf(job, sizeof job, "  heartbeat_timeout_ms: 1000\n  train_samples: 6400\n%s", extra);
+    char job[200];
+    snprintf(job, sizeof job, "  heartbeat_timeout_ms: 1000\n  train_samples: 6400\n"
+             "  staleness: 2\n%s", extra);
     cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 32, .epochs = 3,
-                   .layers = "[784, 16, 10]", .job_extra = job};
+                   .consistency = consistency, .layers = "[784, 16, 10]", .job_extra = job};
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
     cl_proc_t *a = cl_worker_start(c, NULL, NULL, false);
@@ -2050,7 +2053,7 @@ static long long steps_during_hang(const char *extra)
     ck_assert_msg(cl_wait_log(b, "(PS_TEST_HANG_AT)", RUN_S) == 0, "%s", cl_tail(b));
     coord_t co;
     coord_open(&co, c);
-    nap_ms(300); /* the step b pushed last is closed by then (a's next batch request) */
+    nap_ms(300); /* bsp: the step b pushed last is closed by then (a's next batch request) */
     char *j = coord_status(&co);
     long long from = jnum(j, "open_step");
     free(j);
@@ -2067,10 +2070,13 @@ static long long steps_during_hang(const char *extra)
     free(j);
     coord_close(&co);
     if (extra[0]) {
-        EXPECT_LOG(psd[0], "has not pushed step");
-        EXPECT_LOG(psd[0], "it did not push the open step within job.step_timeout_ms");
+        EXPECT_LOG(psd[0], strcmp(consistency, "bsp") == 0 ? "has not pushed step"
+                                                            : "while a member waits for it");
+        EXPECT_LOG(psd[0], "it held the others past job.step_timeout_ms");
         EXPECT_LOG(b, "was removed from the job; joining again");
     }
+    fprintf(stderr, "hung_worker (%s, %s): moved %lld in 3 s of the hang\n", consistency,
+            extra[0] ? "step_timeout_ms 1500" : "no step timeout", moved);
     stop_all(psd, 2);
     cl_cluster_destroy(c);
     return moved;
@@ -2078,12 +2084,18 @@ static long long steps_during_hang(const char *extra)
 
 START_TEST(test_hung_worker_dropped_after_step_timeout)
 {
-    long long moved = steps_during_hang("  step_timeout_ms: 1500\n");
-    ck_assert_msg(moved >= 2, "the open step moved %lld during the hang", moved);
-    moved = steps_during_hang("");
+    long long moved = steps_during_hang("bsp", "  step_timeout_ms: 1500\n");
+    ck_assert_msg(moved >= 2, "bsp: the open step moved %lld during the hang", moved);
+    moved = steps_during_hang("bsp", "");
     /* At most the close of the step b had pushed, on a loaded host later than the nap. */
-    ck_assert_msg(moved <= 1, "without step_timeout_ms the open step moved %lld during the "
+    ck_assert_msg(moved <= 1, "bsp without step_timeout_ms: the open step moved %lld during the "
                   "hang (the test does not hang the worker?)", moved);
+    moved = steps_during_hang("ssp", "  step_timeout_ms: 1500\n");
+    ck_assert_msg(moved >= 4, "ssp: the fastest worker moved %lld batches during the hang", moved);
+    moved = steps_during_hang("ssp", "");
+    /* a runs at most staleness + 1 batches ahead of b, which stopped at its 39th. */
+    ck_assert_msg(moved <= 3, "ssp without step_timeout_ms: the fastest worker moved %lld "
+                  "batches during the hang", moved);
 }
 END_TEST
 

@@ -352,9 +352,9 @@ static const struct {
      "demo.yaml:11: job.step_timeout_ms: must be 0 (off) or at least 100 ms, got 50"},
     {BASE "  step_timeout_ms: 86400001\n",
      "demo.yaml:11: job.step_timeout_ms: must be in [0, 86400000], got 86400001"},
-    {BASE "  consistency: ssp\n  step_timeout_ms: 5000\n",
-     "demo.yaml:12: job.step_timeout_ms: applies to consistency bsp only (a bsp step waits for "
-     "every member), got ssp"},
+    {BASE "  consistency: asp\n  step_timeout_ms: 5000\n",
+     "demo.yaml:12: job.step_timeout_ms: applies to consistency bsp and ssp (under asp no worker "
+     "waits for another), got asp"},
     {L1 "fusion_bytes: 100\n" L2_4 L5 L6_9 L10,
      "demo.yaml:2: fusion_bytes: must be 0 (no fusion) or at least 4096, got 100"},
     {L1 "fusion_bytes: 2097152\n" L2_4 L5 L6_9 L10,
