@@ -428,6 +428,7 @@ static void reply_batch(psd_server_t *srv, uint32_t r)
     saved_member_t *m = &co->s.m[r];
     rt->parked = 0;
     if (rt->conn == NULL) return;
+    rt->late_from_ms = uv_now(srv->loop); /* it could not go on before: step_timeout_ms */
     ps_msg_t a = {.type = PS_MSG_BATCH_REPLY, .req_id = rt->park_req, .shard = 0, .rank = (int32_t)r,
                   .epoch = co->s.epoch, .workers = popcount(co->s.active)};
     if (!m->has_batch) {
@@ -1203,7 +1204,7 @@ void psd_coord_on_gone(psd_server_t *srv, psd_conn_t *c, const char *why, bool m
 }
 
 /* Close member @p r's connection here as a silent one's (conn_close_ep: member_remove with
- * "it did not push the open step within job.step_timeout_ms"). */
+ * "it held the others past job.step_timeout_ms"). */
 static void drop_late(psd_server_t *srv, uint32_t r)
 {
     psd_conn_t *c = srv->coord->rt[r].conn;
@@ -1225,7 +1226,7 @@ static void late_members(psd_server_t *srv, uint64_t now)
     psd_coord_t *co = srv->coord;
     uint64_t limit = srv->m.job.step_timeout_ms;
     uint64_t late = co->s.step_members & ~srv->sp_mask;
-    if (srv->sp_step != co->s.step || srv->sp_mask == 0 || late == 0 ||
+    if (co->s.finished || srv->sp_step != co->s.step || srv->sp_mask == 0 || late == 0 ||
         now - srv->sp_first_ms <= limit)
         return;
     for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
@@ -1233,9 +1234,12 @@ static void late_members(psd_server_t *srv, uint64_t now)
         /* One whose connection closed has its grace to come back (psd_coord_tick); one that
          * became a member of the step, or came back, later than the first push has its own
          * deadline (a step handed out again after its members left keeps sp_first_ms). */
-        if (!(late >> r & 1) || !(co->s.active >> r & 1) || c == NULL || c->dead) continue;
+        if (!(late >> r & 1) || !(co->s.active >> r & 1) || c == NULL || c->dead ||
+            co->rt[r].parked) /* it waits for its batch's answer from us: not hung */
+            continue;
         uint64_t from = co->rt[r].late_from_ms > srv->sp_first_ms ? co->rt[r].late_from_ms
                                                                    : srv->sp_first_ms;
+        if (srv->late_floor_ms > from) from = srv->late_floor_ms;
         if (now - from <= limit) continue;
         PS_LOG(PS_LOG_WARN, "coord", "rank %u (pid %u) has not pushed step %llu %llu ms after "
                "the first member did (job.step_timeout_ms %llu): dropping it", r,
@@ -1255,17 +1259,19 @@ static void late_slowest(psd_server_t *srv, uint64_t now)
     psd_coord_t *co = srv->coord;
     uint64_t low = slowest(co), limit = srv->m.job.step_timeout_ms;
     bool waits = false;
+    if (co->s.finished) return; /* a member parked then waits for nothing (the end) */
     for (uint32_t r = 0; r < PS_MAX_RANKS && !waits; r++)
         waits = (co->s.active >> r & 1) && co->rt[r].parked && !co->s.m[r].has_batch &&
                 co->s.m[r].steps_done > low + srv->m.job.staleness;
     for (uint32_t r = 0; waits && r < PS_MAX_RANKS; r++) {
         const member_rt_t *rt = &co->rt[r];
         if (!(co->s.active >> r & 1) || co->s.m[r].steps_done != low || rt->conn == NULL ||
-            rt->conn->dead)
+            rt->conn->dead || rt->parked) /* waiting for our answer (a checkpoint's hold) */
             continue;
         uint64_t from = rt->last_done_ms;
         if (rt->joined_ms > from) from = rt->joined_ms;
-        if (rt->late_from_ms > from) from = rt->late_from_ms;
+        if (rt->late_from_ms > from) from = rt->late_from_ms; /* its last batch's answer */
+        if (srv->late_floor_ms > from) from = srv->late_floor_ms;
         if (now - from <= limit) continue;
         PS_LOG(PS_LOG_WARN, "coord", "rank %u (pid %u) reported no batch for %llu ms while a "
                "member waits for it, %u batches ahead (job.step_timeout_ms %llu): dropping it",

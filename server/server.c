@@ -855,7 +855,7 @@ static void on_cron(uv_timer_t *h)
          * silence then says nothing about the peers; give them one more period. */
         PS_LOG(PS_LOG_WARN, "server", "cron ran late; heartbeat checks skipped once");
         for (psd_conn_t *c = srv->conns; c; c = c->next) c->last_seen_ms = now;
-        srv->sp_first_ms = uv_now(srv->loop); /* nor is a step's lateness (step_timeout_ms) */
+        srv->late_floor_ms = uv_now(srv->loop); /* nor is a member's lateness (step_timeout) */
     }
     for (psd_conn_t *c = srv->conns; c; c = c->next) {
         if (c->dead || c->rank < 0 || c->ep == NULL || now - c->last_seen_ms <= limit) continue;

@@ -450,7 +450,9 @@ struct psd_server_s {
     uint64_t sp_step;          /* bsp: the highest step a member pushed a chunk here for, */
     uint64_t sp_mask;          /* the ranks that pushed one of it here, */
     uint64_t sp_first_ms;      /* and when the first did (uv_now): job.step_timeout_ms */
-    uint64_t late_drops;       /* members dropped for holding the open step (shard 0) */
+    uint64_t late_drops;       /* members dropped for holding the others (shard 0) */
+    uint64_t late_floor_ms;    /* a late cron's time (uv_now): no member is late before
+                                  step_timeout_ms after it (coord.c) */
     uint32_t test_corrupt_pull; /* PS_TEST_CORRUPT_PULL (tests only): corrupt every Nth pull reply */
     uint64_t test_pull_count;
     uint32_t test_crash_after_apply; /* PS_TEST_CRASH_AFTER_APPLY (tests only): SIGKILL itself

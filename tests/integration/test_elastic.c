@@ -2070,8 +2070,11 @@ static long long steps_during_hang(const char *consistency, const char *extra)
     free(j);
     coord_close(&co);
     if (extra[0]) {
-        EXPECT_LOG(psd[0], strcmp(consistency, "bsp") == 0 ? "has not pushed step"
-                                                            : "while a member waits for it");
+        const char *why = strcmp(consistency, "bsp") == 0 ? "has not pushed step"
+                                                          : "while a member waits for it";
+        /* The hung worker only: the other, and the hung one once back, were never late. */
+        ck_assert_msg(count_in_log(psd[0], why) == 1, "%d drops for \"%s\": %s",
+                      count_in_log(psd[0], why), why, cl_tail(psd[0]));
         EXPECT_LOG(psd[0], "it held the others past job.step_timeout_ms");
         EXPECT_LOG(b, "was removed from the job; joining again");
     }
