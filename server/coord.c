@@ -185,9 +185,10 @@ typedef struct {
     int parked;               /* a batch request waits for an answer */
     uint64_t park_req;
     uint64_t joined_ms, last_done_ms;
-    uint64_t late_from_ms;    /* bsp: its step_timeout_ms deadline runs from here at the
-                                 earliest (it became a member of the open step, or its
-                                 connection came back): late_members */
+    uint64_t late_from_ms;    /* its step_timeout_ms deadline runs from here at the earliest:
+                                 it became a member of the open step (bsp), its connection
+                                 came back, or its batch request was answered (late_members,
+                                 late_slowest) */
     uint64_t steps_at_join;   /* its steps_done when joined_ms was set (an ssp joiner's clock,
                                  a member restored by a restart of this shard): steps_per_s
                                  counts only the steps since */

@@ -2035,16 +2035,18 @@ END_TEST
  * the hung one learns it was removed when it goes on and joins again, and every pass is
  * applied exactly once. Without the option the job does not move on during the hang. Returns
  * how far the open step (ssp: the fastest worker's batches) moved in 3 s of the hang. */
-static long long steps_during_hang(const char *consistency, const char *extra)
+static long long steps_during_hang(const char *consistency, const char *extra, int staleness,
+                                   int workers)
 {
     char job[200];
     snprintf(job, sizeof job, "  heartbeat_timeout_ms: 1000\n  train_samples: 6400\n"
-             "  staleness: 2\n%s", extra);
-    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 32, .epochs = 3,
+             "  staleness: %d\n%s", staleness, extra);
+    cl_conf_t k = {.shards = 2, .workers = (uint32_t)workers, .batch_size = 32, .epochs = 3,
                    .consistency = consistency, .layers = "[784, 16, 10]", .job_extra = job};
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
     cl_proc_t *a = cl_worker_start(c, NULL, NULL, false);
+    cl_proc_t *a2 = workers > 2 ? cl_worker_start(c, NULL, NULL, false) : NULL;
     setenv("PS_TEST_HANG_AT", "batch:40", 1);
     setenv("PS_TEST_HANG_MS", "5000", 1);
     cl_proc_t *b = cl_worker_start(c, NULL, NULL, false);
@@ -2062,6 +2064,7 @@ static long long steps_during_hang(const char *consistency, const char *extra)
     long long moved = jnum(j, "open_step") - from;
     free(j);
     EXPECT_EXIT(a, 0);
+    if (a2) EXPECT_EXIT(a2, 0);
     EXPECT_EXIT(b, 0);
     j = coord_status(&co);
     ck_assert_msg(j && strstr(j, "\"finished\": true"), "job not finished: %s", j ? j : "-");
@@ -2078,7 +2081,8 @@ static long long steps_during_hang(const char *consistency, const char *extra)
         EXPECT_LOG(psd[0], "it held the others past job.step_timeout_ms");
         EXPECT_LOG(b, "was removed from the job; joining again");
     }
-    fprintf(stderr, "hung_worker (%s, %s): moved %lld in 3 s of the hang\n", consistency,
+    fprintf(stderr, "hung_worker (%s, staleness %d, %d workers, %s): moved %lld in 3 s of the "
+            "hang\n", consistency, staleness, workers,
             extra[0] ? "step_timeout_ms 1500" : "no step timeout", moved);
     stop_all(psd, 2);
     cl_cluster_destroy(c);
@@ -2087,18 +2091,23 @@ static long long steps_during_hang(const char *consistency, const char *extra)
 
 START_TEST(test_hung_worker_dropped_after_step_timeout)
 {
-    long long moved = steps_during_hang("bsp", "  step_timeout_ms: 1500\n");
+    long long moved = steps_during_hang("bsp", "  step_timeout_ms: 1500\n", 2, 2);
     ck_assert_msg(moved >= 2, "bsp: the open step moved %lld during the hang", moved);
-    moved = steps_during_hang("bsp", "");
+    moved = steps_during_hang("bsp", "", 2, 2);
     /* At most the close of the step b had pushed, on a loaded host later than the nap. */
     ck_assert_msg(moved <= 1, "bsp without step_timeout_ms: the open step moved %lld during the "
                   "hang (the test does not hang the worker?)", moved);
-    moved = steps_during_hang("ssp", "  step_timeout_ms: 1500\n");
+    moved = steps_during_hang("ssp", "  step_timeout_ms: 1500\n", 2, 2);
     ck_assert_msg(moved >= 4, "ssp: the fastest worker moved %lld batches during the hang", moved);
-    moved = steps_during_hang("ssp", "");
+    moved = steps_during_hang("ssp", "", 2, 2);
     /* a runs at most staleness + 1 batches ahead of b, which stopped at its 39th. */
     ck_assert_msg(moved <= 3, "ssp without step_timeout_ms: the fastest worker moved %lld "
                   "batches during the hang", moved);
+    /* Three workers, staleness 0: the two that waited behind the hung one get their batches
+     * together once it is dropped, and the first to finish waits for the other at once; that
+     * one's clock runs from its batch's answer, not from when it waited (it was dropped too). */
+    moved = steps_during_hang("ssp", "  step_timeout_ms: 1500\n", 0, 3);
+    ck_assert_msg(moved >= 4, "ssp, 3 workers: the fastest moved %lld batches", moved);
 }
 END_TEST
 
