@@ -203,8 +203,9 @@ static void test_stop(const char *where)
     raise(SIGSTOP);
 }
 
-/* PS_TEST_HANG_AT=WHERE (tests only; the places of PS_TEST_STOP_AT): the first time the worker
- * is there, its training thread sleeps PS_TEST_HANG_MS milliseconds (default 3000) while libps's
+/* PS_TEST_HANG_AT=WHERE (tests only; the places of PS_TEST_STOP_AT, and "train:N": its Nth batch
+ * in hand and its parameters pulled, before it trains on it): the first time the worker is
+ * there, its training thread sleeps PS_TEST_HANG_MS milliseconds (default 3000) while libps's
  * thread goes on (its heartbeats too): a worker hung in its training loop. */
 static void test_hang(const char *where)
 {
@@ -729,6 +730,8 @@ int main(int argc, char **argv)
             }
             step = b.step;
             tr.step = b.step;
+            snprintf(at, sizeof at, "train:%ld", requests); /* its batch in hand, not pushed */
+            test_hang(at);
             epoch_log_pass(&log, &tr, (int64_t)b.pass, step, ps_client_rank(tr.client) == 0);
             if ((int64_t)b.pass != perm_pass) {
                 ps_batch_order(perm, train.n, m.job.seed, (uint32_t)b.pass);

@@ -2036,7 +2036,7 @@ END_TEST
  * applied exactly once. Without the option the job does not move on during the hang. Returns
  * how far the open step (ssp: the fastest worker's batches) moved in 3 s of the hang. */
 static long long steps_during_hang(const char *consistency, const char *extra, int staleness,
-                                   int workers)
+                                   int workers, const char *at)
 {
     char job[200];
     snprintf(job, sizeof job, "  heartbeat_timeout_ms: 1000\n  train_samples: 6400\n"
@@ -2047,7 +2047,7 @@ static long long steps_during_hang(const char *consistency, const char *extra, i
     cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
     cl_proc_t *a = cl_worker_start(c, NULL, NULL, false);
     cl_proc_t *a2 = workers > 2 ? cl_worker_start(c, NULL, NULL, false) : NULL;
-    setenv("PS_TEST_HANG_AT", "batch:40", 1);
+    setenv("PS_TEST_HANG_AT", at, 1);
     setenv("PS_TEST_HANG_MS", "5000", 1);
     cl_proc_t *b = cl_worker_start(c, NULL, NULL, false);
     unsetenv("PS_TEST_HANG_AT");
@@ -2081,9 +2081,9 @@ static long long steps_during_hang(const char *consistency, const char *extra, i
         EXPECT_LOG(psd[0], "it held the others past job.step_timeout_ms");
         EXPECT_LOG(b, "was removed from the job; joining again");
     }
-    fprintf(stderr, "hung_worker (%s, staleness %d, %d workers, %s): moved %lld in 3 s of the "
-            "hang\n", consistency, staleness, workers,
-            extra[0] ? "step_timeout_ms 1500" : "no step timeout", moved);
+    fprintf(stderr, "hung_worker (%s, staleness %d, %d workers, %s, at %s): moved %lld in 3 s of "
+            "the hang\n", consistency, staleness, workers,
+            extra[0] ? "step_timeout_ms 1500" : "no step timeout", at, moved);
     stop_all(psd, 2);
     cl_cluster_destroy(c);
     return moved;
@@ -2091,23 +2091,30 @@ static long long steps_during_hang(const char *consistency, const char *extra, i
 
 START_TEST(test_hung_worker_dropped_after_step_timeout)
 {
-    long long moved = steps_during_hang("bsp", "  step_timeout_ms: 1500\n", 2, 2);
+    long long moved = steps_during_hang("bsp", "  step_timeout_ms: 1500\n", 2, 2, "batch:40");
     ck_assert_msg(moved >= 2, "bsp: the open step moved %lld during the hang", moved);
-    moved = steps_during_hang("bsp", "", 2, 2);
+    moved = steps_during_hang("bsp", "", 2, 2, "batch:40");
     /* At most the close of the step b had pushed, on a loaded host later than the nap. */
     ck_assert_msg(moved <= 1, "bsp without step_timeout_ms: the open step moved %lld during the "
                   "hang (the test does not hang the worker?)", moved);
-    moved = steps_during_hang("ssp", "  step_timeout_ms: 1500\n", 2, 2);
+    moved = steps_during_hang("ssp", "  step_timeout_ms: 1500\n", 2, 2, "batch:40");
     ck_assert_msg(moved >= 4, "ssp: the fastest worker moved %lld batches during the hang", moved);
-    moved = steps_during_hang("ssp", "", 2, 2);
+    moved = steps_during_hang("ssp", "", 2, 2, "batch:40");
     /* a runs at most staleness + 1 batches ahead of b, which stopped at its 39th. */
     ck_assert_msg(moved <= 3, "ssp without step_timeout_ms: the fastest worker moved %lld "
                   "batches during the hang", moved);
     /* Three workers, staleness 0: the two that waited behind the hung one get their batches
      * together once it is dropped, and the first to finish waits for the other at once; that
      * one's clock runs from its batch's answer, not from when it waited (it was dropped too). */
-    moved = steps_during_hang("ssp", "  step_timeout_ms: 1500\n", 0, 3);
+    moved = steps_during_hang("ssp", "  step_timeout_ms: 1500\n", 0, 3, "batch:40");
     ck_assert_msg(moved >= 4, "ssp, 3 workers: the fastest moved %lld batches", moved);
+    /* Hung with its batch in hand: that batch goes to the other worker (replay-tagged), and
+     * the hung one's pushes of it, once it goes on, are refused (it was removed): every pass
+     * still applied exactly once (steps_during_hang checks). */
+    moved = steps_during_hang("bsp", "  step_timeout_ms: 1500\n", 2, 2, "train:40");
+    ck_assert_msg(moved >= 2, "bsp, hung with its batch: the open step moved %lld", moved);
+    moved = steps_during_hang("ssp", "  step_timeout_ms: 1500\n", 2, 2, "train:40");
+    ck_assert_msg(moved >= 4, "ssp, hung with its batch: the fastest moved %lld", moved);
 }
 END_TEST
 
