@@ -263,22 +263,18 @@ static int status(ctl_t *ctl, int json, double timeout_s)
     for (int i = 0; i < n && !json; i++) {
         const char *r = ctl->shards[i].reply;
         char cnt[32], name[PS_NAME_MAX * 2], rank[32];
-        if (!ctl->shards[i].got || atoll(field(r, "nonfinite_pushes", cnt, sizeof cnt)) == 0)
-            continue;
-        int one = strcmp(cnt, "1") == 0;
-        printf("shard %d: %s push%s held a NaN or an infinity and %s left out of %s update "
-               "(the last: rank %s, tensor '%s')\n", i, cnt, one ? "" : "es",
-               one ? "was" : "were", one ? "its" : "their",
-               field(r, "nonfinite_last_rank", rank, sizeof rank),
-               field(r, "nonfinite_last_tensor", name, sizeof name));
-    }
-    for (int i = 0; i < n && !json; i++) {
-        const char *r = ctl->shards[i].reply;
-        char cnt[32], name[PS_NAME_MAX * 2];
-        if (!ctl->shards[i].got ||
-            atoll(field(r, "nonfinite_param_chunks", cnt, sizeof cnt)) == 0)
-            continue;
-        int one = strcmp(cnt, "1") == 0;
+        if (!ctl->shards[i].got) continue;
+        int one;
+        if (atoll(field(r, "nonfinite_pushes", cnt, sizeof cnt)) != 0) {
+            one = strcmp(cnt, "1") == 0;
+            printf("shard %d: %s push%s held a NaN or an infinity and %s left out of %s update "
+                   "(the last: rank %s, tensor '%s')\n", i, cnt, one ? "" : "es",
+                   one ? "was" : "were", one ? "its" : "their",
+                   field(r, "nonfinite_last_rank", rank, sizeof rank),
+                   field(r, "nonfinite_last_tensor", name, sizeof name));
+        }
+        if (atoll(field(r, "nonfinite_param_chunks", cnt, sizeof cnt)) == 0) continue;
+        one = strcmp(cnt, "1") == 0;
         printf("shard %d: %s chunk%s hold%s a parameter that is a NaN or an infinity after an "
                "update with finite gradients (the first tensor: '%s'): the optimizer "
                "overflowed, a learning rate too high?\n", i, cnt, one ? "" : "s",

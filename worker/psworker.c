@@ -193,12 +193,19 @@ static int pull_all(trainer_t *tr, uint64_t min_version, uint64_t *version)
  * join answered, before the declarations; "final": before the final pull; "batch:N": before
  * its Nth batch request, N from 1), it stops itself (SIGSTOP), so that a test can have the
  * shards drop it there. */
+/* Whether test hook @p env names @p where and has not fired yet (then it fires: once). */
+static int test_at(const char *env, const char *where, int *done)
+{
+    const char *at = getenv(env);
+    if (*done || at == NULL || strcmp(at, where) != 0) return 0;
+    *done = 1;
+    return 1;
+}
+
 static void test_stop(const char *where)
 {
     static int done;
-    const char *at = getenv("PS_TEST_STOP_AT");
-    if (done || at == NULL || strcmp(at, where) != 0) return;
-    done = 1;
+    if (!test_at("PS_TEST_STOP_AT", where, &done)) return;
     fprintf(stderr, "psworker: stops at its %s (PS_TEST_STOP_AT)\n", where);
     raise(SIGSTOP);
 }
@@ -210,9 +217,8 @@ static void test_stop(const char *where)
 static void test_hang(const char *where)
 {
     static int done;
-    const char *at = getenv("PS_TEST_HANG_AT"), *ms = getenv("PS_TEST_HANG_MS");
-    if (done || at == NULL || strcmp(at, where) != 0) return;
-    done = 1;
+    if (!test_at("PS_TEST_HANG_AT", where, &done)) return;
+    const char *ms = getenv("PS_TEST_HANG_MS");
     long n = ms ? atol(ms) : 3000;
     fprintf(stderr, "psworker: hangs %ld ms at its %s (PS_TEST_HANG_AT)\n", n, where);
     struct timespec ts = {n / 1000, n % 1000 * 1000000L};
