@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -87,9 +88,51 @@ void cl_base_setup(void)
     setenv("PS_DATASET_CACHE", g_base, 1);
 }
 
+/* The last lines of @p path on stderr, under a header naming it. */
+static void print_tail(const char *path, int max_lines)
+{
+    size_t len = 0;
+    char *s = cl_read_file(path, &len);
+    if (s == NULL) return;
+    const char *from = s + len; /* back to the start of its max_lines-th line from the end */
+    int lines = 0;
+    if (from > s && from[-1] == '\n') from--;
+    while (from > s && (from[-1] != '\n' || ++lines < max_lines)) from--;
+    fprintf(stderr, "--- the last lines of %s ---\n%s%s", path, from,
+            len && s[len - 1] != '\n' ? "\n" : "");
+    free(s);
+}
+
+/* A test that ends cleanly destroys its clusters (their directories with them), so a cluster
+ * directory still here belongs to a test that failed: print each psd's last log lines (CI
+ * keeps no files), to tell a psd that died or said why from a test's own mistake. */
+static void report_left_clusters(void)
+{
+    DIR *d = opendir(g_base);
+    if (d == NULL) return;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        if (strncmp(e->d_name, "cluster.", 8) != 0) continue;
+        char cdir[CL_PATH];
+        path_join(cdir, sizeof cdir, g_base, e->d_name);
+        DIR *cd = opendir(cdir);
+        if (cd == NULL) continue;
+        for (struct dirent *f; (f = readdir(cd)) != NULL;) {
+            size_t n = strlen(f->d_name);
+            if (strncmp(f->d_name, "psd", 3) != 0 || n < 5 || strcmp(f->d_name + n - 4, ".log"))
+                continue;
+            char log[CL_PATH];
+            path_join(log, sizeof log, cdir, f->d_name);
+            print_tail(log, 12);
+        }
+        closedir(cd);
+    }
+    closedir(d);
+}
+
 void cl_base_teardown(void)
 {
     if (g_base[0] == '\0') return;
+    report_left_clusters();
     if (keep_dirs()) {
         fprintf(stderr, "cluster: PS_INTEG_KEEP is set: keeping %s\n", g_base);
     } else {
