@@ -63,6 +63,7 @@ struct field_s {
     ftype_t type;
     int flags;                /* F_REQ, F_GT_MIN, F_LT_MAX */
     double min, max;          /* T_INT, T_FLOAT, and the T_INT elements of a T_LIST */
+    const char *zero;         /* T_INT: 0 is also allowed, and means this ("off") */
     const char *const *names; /* T_ENUM; T_STR when only some values are allowed */
     const field_t *sub;       /* T_MAP; T_LIST of mappings */
     size_t elem;              /* T_LIST: bytes per element */
@@ -255,9 +256,14 @@ static int parse_int(ctx_t *c, const field_t *f, yaml_node_t *n, void *dst, cons
     errno = 0;
     uint64_t v = strtoull(s + (*s == '-' || *s == '+'), NULL, 10);
     bool negative = *s == '-' && v != 0;
+    if (f->zero && v == 0 && !negative && errno != ERANGE) {
+        store_uint(dst, f->size, 0);
+        return 0;
+    }
     if (errno == ERANGE || negative || v < lo || v > hi)
-        return fail(c, n, path, "must be in [%" PRIu64 ", %" PRIu64 "], got %s", lo, hi,
-                    clip(n, buf, sizeof buf));
+        return fail(c, n, path, "must be %s%s%s[%" PRIu64 ", %" PRIu64 "], got %s",
+                    f->zero ? "0 (" : "", f->zero ? f->zero : "", f->zero ? ") or in " : "in ",
+                    lo, hi, clip(n, buf, sizeof buf));
     store_uint(dst, f->size, v);
     return 0;
 }
@@ -497,23 +503,6 @@ static int check_multiple_of_4(ctx_t *c, const field_t *f, yaml_node_t *n, char 
     return 0;
 }
 
-static int check_fusion(ctx_t *c, const field_t *f, yaml_node_t *n, char *base, const char *path)
-{
-    uint64_t v = *(uint64_t *)(base + f->off);
-    if (v != 0 && v < 4096)
-        return fail(c, n, path, "must be 0 (no fusion) or at least 4096, got %" PRIu64, v);
-    return 0;
-}
-
-static int check_step_timeout(ctx_t *c, const field_t *f, yaml_node_t *n, char *base,
-                              const char *path)
-{
-    uint32_t v = *(uint32_t *)(base + f->off);
-    if (v != 0 && v < 100)
-        return fail(c, n, path, "must be 0 (off) or at least 100 ms, got %" PRIu32, v);
-    return 0;
-}
-
 static bool wildcard(const char *h)
 {
     return strcmp(h, "0.0.0.0") == 0 || strcmp(h, "::") == 0;
@@ -703,7 +692,7 @@ static const field_t job_fields[] = {
     {JOB(staleness), .type = T_INT, .min = 0, .max = 1000000},
     {JOB(max_steps), .type = T_INT, .min = 0, .max = NOMAX},
     {JOB(heartbeat_timeout_ms), .type = T_INT, .min = 100, .max = 3600000},
-    {JOB(step_timeout_ms), .type = T_INT, .min = 0, .max = 86400000, .check = check_step_timeout},
+    {JOB(step_timeout_ms), .type = T_INT, .min = 100, .max = 86400000, .zero = "off"},
     {JOB(optimizer), .type = T_MAP, .flags = F_REQ, .sub = optim_fields, .check = check_optimizer},
     {JOB(compression), .type = T_MAP, .sub = compression_fields},
     {0},
@@ -735,7 +724,7 @@ static const field_t top_fields[] = {
     /* fsync cadence of each shard's store, seconds; 0: only at a clean shutdown (issue #6). */
     {TOP(sync_interval_s), .type = T_INT, .min = 0, .max = 86400},
     /* bundle size for fusing small messages (issue #3); 0: off */
-    {TOP(fusion_bytes), .type = T_INT, .min = 0, .max = 1 << 20, .check = check_fusion},
+    {TOP(fusion_bytes), .type = T_INT, .min = 4096, .max = 1 << 20, .zero = "no fusion"},
     /* busy-poll window after activity, microseconds (issue #3: small-op latency) */
     {TOP(spin_us), .type = T_INT, .min = 0, .max = 10000},
     {TOP(apply_threads), .type = T_INT, .min = 0, .max = 64},
