@@ -15,6 +15,7 @@ typedef struct hconn_s {
     psd_httpd_t *h;
     int open_handles;      /* tcp and timer: freed when both are closed */
     bool closing, answered;
+    bool draining;         /* answered and shut down: reading what the client still sends */
     size_t len;            /* bytes of head[] received */
     char head[PSD_HTTP_HEAD_MAX + 1];
     char hdr[256];         /* the status line and headers of the answer */
@@ -28,6 +29,9 @@ struct psd_httpd_s {
     uv_tcp_t listen;
     uv_tcp_t reject;   /* accepts and closes a connection when no memory for one is left */
     bool reject_busy;
+    bool reject_next;  /* a connection waits to be taken once the reject handle is closed */
+    unsigned test_nomem; /* PS_TEST_HTTP_NOMEM (a test hook): connections to treat as if no
+                            memory were left for them */
     psd_http_handler_cb cb;
     void *arg;
     uint16_t port;
@@ -83,10 +87,24 @@ static const char *reason_of(int status)
     }
 }
 
+static void on_alloc(uv_handle_t *hd, size_t suggested, uv_buf_t *buf);
+static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf);
+static void on_idle(uv_timer_t *t);
+
+/* The answer is sent and the write side shut: close once the client closed its side (or after
+ * PSD_HTTP_LINGER_MS), reading and dropping whatever it still sends. Closing with its bytes
+ * unread would make the kernel reset the connection, and a client whose answer was still in
+ * flight could lose it (a GET with a body, or bytes sent after the head). */
 static void on_shutdown(uv_shutdown_t *sh, int status)
 {
-    (void)status;
-    conn_close(sh->data);
+    hconn_t *c = sh->data;
+    if (c->closing) return;
+    c->draining = true;
+    if (status < 0 || uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) != 0) {
+        conn_close(c);
+        return;
+    }
+    uv_timer_start(&c->timer, on_idle, PSD_HTTP_LINGER_MS, 0);
 }
 
 static void on_written(uv_write_t *w, int status)
@@ -102,6 +120,7 @@ static void answer(hconn_t *c, const psd_http_reply_t *r, bool head_only)
 {
     c->answered = true;
     uv_read_stop((uv_stream_t *)&c->tcp);
+    uv_timer_start(&c->timer, on_idle, PSD_HTTP_IDLE_MS, 0); /* the answer's own time to go */
     c->body = r->body; /* freed with the connection */
     int n = snprintf(c->hdr, sizeof c->hdr,
                      "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%s"
@@ -205,14 +224,22 @@ static void on_alloc(uv_handle_t *hd, size_t suggested, uv_buf_t *buf)
 {
     (void)suggested;
     hconn_t *c = hd->data;
-    *buf = uv_buf_init(c->head + c->len, (unsigned)(PSD_HTTP_HEAD_MAX - c->len));
+    if (c->draining) /* bytes read only to be dropped: head[] is not looked at any more */
+        *buf = uv_buf_init(c->head, PSD_HTTP_HEAD_MAX);
+    else
+        *buf = uv_buf_init(c->head + c->len, (unsigned)(PSD_HTTP_HEAD_MAX - c->len));
 }
 
 static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
 {
     (void)buf;
     hconn_t *c = s->data;
-    if (c->answered || c->closing) return;
+    if (c->closing) return;
+    if (c->draining) {
+        if (n < 0) conn_close(c); /* the client closed its side (or failed): done */
+        return;
+    }
+    if (c->answered) return;
     if (n < 0) { /* EOF or an error before a whole head: nothing to answer */
         conn_close(c);
         return;
@@ -227,6 +254,14 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
     }
     c->len += (size_t)n;
     c->head[c->len] = '\0';
+    /* Empty lines before the request line are ignored (RFC 9112), also when they come in a
+     * read of their own: dropped here, so that they never look like the end of a head. */
+    size_t lead = strspn(c->head, "\r\n");
+    if (lead) {
+        memmove(c->head, c->head + lead, c->len - lead + 1);
+        c->len -= lead;
+        from = 0;
+    }
     if (strstr(c->head + from, "\r\n\r\n") || strstr(c->head + from, "\n\n")) {
         handle_request(c);
         return;
@@ -240,30 +275,66 @@ static void on_idle(uv_timer_t *t)
     conn_close(t->data); /* slow, silent, or not reading its answer */
 }
 
+/* Accept the pending connection into the spare handle and close it at once. */
+static void reject_one(psd_httpd_t *h);
+
 static void on_reject_closed(uv_handle_t *hd)
 {
     psd_httpd_t *h = hd->data;
     h->reject_busy = false;
+    /* A connection that came while the spare handle was busy was left unaccepted, and libuv
+     * watches the listener again only once it is taken: take it now, or the endpoint would
+     * accept nothing any more. */
+    if (h->reject_next && !h->closing) {
+        h->reject_next = false;
+        reject_one(h);
+    }
     httpd_unref(h);
+}
+
+static void reject_one(psd_httpd_t *h)
+{
+    uv_tcp_init(h->listen.loop, &h->reject);
+    h->reject.data = h;
+    h->reject_busy = true;
+    h->handles++;
+    uv_accept((uv_stream_t *)&h->listen, (uv_stream_t *)&h->reject);
+    uv_close((uv_handle_t *)&h->reject, on_reject_closed);
+}
+
+/* With every connection slot taken, the oldest connection that may make room (the list's last
+ * such: new ones go first): one still waiting for its head, or one answered already and
+ * lingering for its client's close; NULL when every one is sending its answer. */
+static hconn_t *oldest_evictable(psd_httpd_t *h)
+{
+    hconn_t *old = NULL;
+    for (hconn_t *c = h->conns; c; c = c->next)
+        if (!c->answered || c->draining) old = c;
+    return old;
 }
 
 static void on_connection(uv_stream_t *server, int status)
 {
     psd_httpd_t *h = server->data;
     if (status < 0 || h->closing) return;
-    hconn_t *c = calloc(1, sizeof *c);
+    hconn_t *c = NULL;
+    if (h->test_nomem)
+        h->test_nomem--;
+    else
+        c = calloc(1, sizeof *c);
     if (c == NULL) {
         /* A connection left unaccepted would stop libuv from watching the listener: take it
-         * and close it (if even the spare handle is busy, the next close lets it be taken). */
-        if (h->reject_busy) return;
-        uv_tcp_init(server->loop, &h->reject);
-        h->reject.data = h;
-        h->reject_busy = true;
-        h->handles++;
-        uv_accept(server, (uv_stream_t *)&h->reject);
-        uv_close((uv_handle_t *)&h->reject, on_reject_closed);
+         * and close it (if even the spare handle is busy, on_reject_closed takes it). */
+        if (h->reject_busy)
+            h->reject_next = true;
+        else
+            reject_one(h);
         return;
     }
+    /* Every slot taken: the oldest connection without a whole head, or done with its answer,
+     * makes room (a client holding connections open must not lock the others out). */
+    hconn_t *old = h->nconns >= PSD_HTTP_CONNS ? oldest_evictable(h) : NULL;
+    if (old) conn_close(old);
     c->h = h;
     uv_tcp_init(server->loop, &c->tcp);
     uv_timer_init(server->loop, &c->timer);
@@ -304,6 +375,8 @@ psd_httpd_t *psd_httpd_start(uv_loop_t *loop, const char *host, uint16_t port,
     h->cb = cb;
     h->arg = arg;
     h->handles = 1;
+    const char *nomem = getenv("PS_TEST_HTTP_NOMEM"); /* a test hook: see test_nomem */
+    if (nomem) h->test_nomem = (unsigned)strtoul(nomem, NULL, 10);
     uv_tcp_init(loop, &h->listen);
     h->listen.data = h;
     int rc = uv_tcp_bind(&h->listen, (const struct sockaddr *)&ss, 0);

@@ -2,8 +2,11 @@
  *
  * One request per connection (every answer says Connection: close). Only GET and HEAD; the
  * request head may be at most PSD_HTTP_HEAD_MAX bytes; a connection that has not sent its
- * whole head within PSD_HTTP_IDLE_MS is closed; at most PSD_HTTP_CONNS are open at once (more
- * are accepted and closed at once). Whatever a client sends gets an answer or a close, never a
+ * whole head within PSD_HTTP_IDLE_MS is closed, and so is one whose answer is not taken within
+ * PSD_HTTP_IDLE_MS more; at most PSD_HTTP_CONNS are open at once (a new one then closes the
+ * oldest still without a whole head, or, when every one is being answered, is closed itself).
+ * After its answer a connection lingers up to PSD_HTTP_LINGER_MS for the client's close,
+ * dropping what it still sends. Whatever a client sends gets an answer or a close, never a
  * crash, and leaves the loop serving everything else. Loop thread only. */
 #ifndef PSD_HTTPD_H
 #define PSD_HTTPD_H
@@ -15,6 +18,7 @@
 #define PSD_HTTP_HEAD_MAX 8192
 #define PSD_HTTP_IDLE_MS 5000
 #define PSD_HTTP_CONNS 32
+#define PSD_HTTP_LINGER_MS 2000
 
 /* What the handler answers: status (200, 404, 503...), content type, and a body the server
  * frees with free() once written (NULL with len 0 for none). */

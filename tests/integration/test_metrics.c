@@ -3,6 +3,7 @@
  * sends, which get an error or a close while psd keeps serving workers and other clients. */
 #include <check.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -16,8 +17,9 @@
 #include "cluster.h"
 #include "expect.h"
 
-/* Read @p fd until EOF (at most 20 s and 1 MiB) into a malloc'd NUL-terminated string. */
-static char *read_all(int fd)
+/* Read @p fd until EOF (at most 20 s and 1 MiB) into a malloc'd NUL-terminated string;
+ * *@p reset (if not NULL) says whether it ended with an error (a reset) instead of EOF. */
+static char *read_all_reset(int fd, bool *reset)
 {
     size_t cap = 1 << 20, len = 0;
     char *buf = malloc(cap + 1);
@@ -27,6 +29,7 @@ static char *read_all(int fd)
         int r = poll(&p, 1, 20000);
         ck_assert_msg(r > 0, "no answer or close from psd's metrics port within 20 s");
         ssize_t n = read(fd, buf + len, cap - len);
+        if (reset) *reset = n < 0;
         if (n <= 0) break; /* EOF, or a reset: what came so far is the answer */
         len += (size_t)n;
         ck_assert_msg(len < cap, "an answer of more than 1 MiB");
@@ -34,6 +37,8 @@ static char *read_all(int fd)
     buf[len] = '\0';
     return buf;
 }
+
+static char *read_all(int fd) { return read_all_reset(fd, NULL); }
 
 /* Send @p req (@p len bytes) and read the whole answer. Returns its status code (0 when the
  * connection closed without one); *@p answer (if not NULL) gets the malloc'd answer. */
@@ -252,9 +257,51 @@ START_TEST(test_metrics_hostile_clients)
     ck_assert_msg(strncmp(a, "HTTP/1.1 431 ", 13) == 0, "%s", a);
     free(a);
 
-    /* 40 connections that send nothing (psd keeps 32) while a worker trains to its end. */
+    /* Empty lines before the request line in a read of their own are ignored too. */
+    fd = cl_tcp_connect(port);
+    ck_assert(write(fd, "\r\n\r\n", 4) == 4);
+    usleep(100000);
+    ck_assert(write(fd, "GET /healthz HTTP/1.1\r\n\r\n", 25) == 25);
+    a = read_all(fd);
+    close(fd);
+    ck_assert_msg(strncmp(a, "HTTP/1.1 200 ", 13) == 0, "CRLF CRLF, then a GET: %s", a);
+    free(a);
+
+    /* A GET with a body psd does not read, from a client that reads the answer slowly (a small
+     * receive buffer, and it reads only after it sent everything): the answer arrives whole
+     * and ends with an EOF. Before, psd closed with the body unread, and the kernel answered
+     * that with a reset that dropped what was not sent yet of the answer. */
+    static char withbody[16384];
+    int hl = snprintf(withbody, sizeof withbody,
+                      "GET /metrics HTTP/1.1\r\nContent-Length: %zu\r\n\r\n", sizeof withbody);
+    memset(withbody + hl, 'x', sizeof withbody - (size_t)hl);
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int small = 2048;
+    ck_assert(setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small) == 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert_msg(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0, "%s", strerror(errno));
+    ck_assert(write(fd, withbody, sizeof withbody) == (ssize_t)sizeof withbody);
+    usleep(300000); /* psd answers, shuts its side down and (before) closed */
+    bool reset;
+    a = read_all_reset(fd, &reset);
+    close(fd);
+    const char *b = strstr(a, "\r\n\r\n"), *cl = strstr(a, "Content-Length: ");
+    long want = cl ? atol(cl + 16) : -1;
+    size_t got = b ? strlen(b + 4) : 0;
+    ck_assert_msg(b && want > 0 && got == (size_t)want && !reset,
+                  "a GET with a body: %zu of the answer's %ld bytes, then %s: %.300s", got, want,
+                  reset ? "a reset" : "EOF", a);
+    free(a);
+
+    /* 40 connections that send nothing (psd keeps 32: each one past them closes the oldest)
+     * while a worker trains to its end; meanwhile a scrape is answered (before, every other
+     * client was refused as long as 32 idle ones were held open). */
     int idle[40];
     for (int i = 0; i < 40; i++) idle[i] = cl_tcp_connect(port);
+    char *body;
+    ck_assert_int_eq(http_get(port, "/healthz", &body), 200);
+    free(body);
     cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
     EXPECT_EXIT(w, 0);
     for (int i = 0; i < 40; i++) { /* each is closed by psd: EOF, never an answer */
@@ -263,10 +310,35 @@ START_TEST(test_metrics_hostile_clients)
         free(a);
         close(idle[i]);
     }
-    char *body;
     ck_assert_int_eq(http_get(port, "/metrics", &body), 200);
     ck_assert_msg(metric(body, "psd_step") == 30, "%s", body);
     free(body);
+    ck_assert_int_eq(http_get(port, "/healthz", &body), 200);
+    free(body);
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+/* Connections that find no memory left for them (PS_TEST_HTTP_NOMEM=5, a test hook), coming in
+ * a burst: each is taken and closed, and the endpoint serves the next one. Before, a connection
+ * that came while the spare handle closed the one before it was never taken, and libuv stopped
+ * watching the listener: those hung, and the endpoint accepted nothing any more. */
+START_TEST(test_metrics_no_memory_for_a_connection)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1, .metrics = true};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start_env(c, 0, READY_S, "PS_TEST_HTTP_NOMEM", "5");
+    uint16_t port = c->metrics_port[0];
+    int fd[5];
+    for (int i = 0; i < 5; i++) fd[i] = cl_tcp_connect(port);
+    for (int i = 0; i < 5; i++) { /* each closed (read_all fails the test after 20 s) */
+        char *a = read_all(fd[i]);
+        ck_assert_msg(a[0] == '\0', "connection %d got an answer: %s", i, a);
+        free(a);
+        close(fd[i]);
+    }
+    char *body;
     ck_assert_int_eq(http_get(port, "/healthz", &body), 200);
     free(body);
     stop_all(&psd, 1);
@@ -342,5 +414,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("metrics_hostile_clients", test_metrics_hostile_clients));
     suite_add_tcase(s, tcase("metrics_port_in_use", test_metrics_port_in_use));
     suite_add_tcase(s, tcase("metrics_after_failures", test_metrics_after_failures));
+    suite_add_tcase(s, tcase("metrics_no_memory_for_a_connection",
+                             test_metrics_no_memory_for_a_connection));
     return s;
 }
