@@ -1103,6 +1103,11 @@ def torch_user(tmp):
                 raise AssertionError("a second ParameterServer on a wrapped model was taken")
             except ValueError as e:
                 assert "already has an open ParameterServer" in str(e), str(e)
+            try:  # another model of the same job, driven by this thread too (a GAN's two)
+                psd.torch.ParameterServer(c.manifest, model(), samples=SAMPLES)
+                raise AssertionError("a second member of the job in one thread was taken")
+            except ValueError as e:  # before: taken, and the first step waited for good
+                assert "this thread already drives an open ParameterServer" in str(e), str(e)
             for n, b in enumerate(ps.batches()):
                 m.zero_grad()
                 torch.nn.functional.mse_loss(wrapped(x[b.indices]), y[b.indices]).backward()
@@ -1134,6 +1139,19 @@ def torch_user(tmp):
                 raise AssertionError("a batch ahead of step() was handed out")
             except RuntimeError as e:
                 assert "num_workers > 0" in str(e) and "once per batch" in str(e), str(e)
+        # An empty parameter (nothing to train) stays this worker's (before: the model was
+        # refused, "dimension 0 must be 1 to 2^32 - 1"); a close after client.interrupt() (a
+        # watchdog's, or Ctrl-C's) leaves without its pull (before: PsError ECANCELED, which
+        # took the place of the KeyboardInterrupt in a `finally: ps.close()`).
+        m.register_parameter("empty", torch.nn.Parameter(torch.zeros(0)))
+        ps = psd.torch.ParameterServer(c.manifest, m, samples=SAMPLES)
+        for b in ps.batches():
+            m.zero_grad()
+            torch.nn.functional.mse_loss(m(x[b.indices]), y[b.indices]).backward()
+            ps.step()
+            break
+        ps.client.interrupt()
+        ps.close()
         assert c.metric("psd_tensors") == tensors == 4, f"{tensors} tensors, then more"
     finally:
         c.stop()
@@ -1156,7 +1174,8 @@ def torch_user(tmp):
         assert not any("running_mean" in t for t in said), said  # held: the workers' mean
     finally:
         c.stop()
-    print("torch user: a second ParameterServer on a model refused; DataParallel's names held "
+    print("torch user: a second ParameterServer on a model or in a thread refused; an empty "
+          "parameter kept; a close after an interrupt; DataParallel's names held "
           "as the model's; a batch ahead of step() names the DataLoader; a finished job and "
           "BatchNorm's statistics said")
 
@@ -1182,6 +1201,19 @@ def sigint_main(kind, manifest):
         c.pull(tid, buf.buffer_info()[0], 0, keep=buf).wait()
         c.close()
         print("still works" if got else "no SIGINT came", flush=True)
+        return
+    if kind == "term":  # a SIGTERM handler that closes the client and exits
+        def on_term(*_):
+            c.close()
+            print("closed", flush=True)
+            sys.exit(3)
+        signal.signal(signal.SIGTERM, on_term)
+        step = c.next_batch(SAMPLES).step  # the job's one member
+        print("member", flush=True)
+        sys.stdin.readline()  # the shards are stopped now: the push and the pull wait
+        c.push(tid, buf.buffer_info()[0], step, keep=buf)
+        c.pull(tid, buf.buffer_info()[0], step + 1, keep=buf).wait()  # SIGTERM meanwhile
+        print("no SIGTERM came", flush=True)
         return
     print("waiting", flush=True)
     c.pull(tid, buf.buffer_info()[0], 1, keep=buf).wait()  # step 0 is never pushed
@@ -1225,8 +1257,42 @@ def ctrl_c(tmp):
         assert p.returncode == 0 and "still works" in out, f"handler: {out} {err[-600:]}"
     finally:
         c.stop()
+    # A SIGTERM handler that closes the client (a preemption's "leave and exit"), run as the
+    # pull it came during returns (Python runs handlers between bytecodes: inside the call):
+    # it closes and exits. Before, close() waited for that call to end, which could only end
+    # after the handler: the process hung for good.
+    c = Cluster(tmp, "sigterm", 1, heartbeat_ms=10000)  # the shards are stopped for 1 s
+    try:
+        p = subprocess.Popen([sys.executable, __file__, "sigint", "term", c.manifest],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        assert p.stdout.readline().strip() == "joining", "the worker never started"
+        assert p.stdout.readline().strip() == "member", "the worker got no batch"
+        for q in c.procs:
+            q.send_signal(signal.SIGSTOP)
+        try:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+            time.sleep(0.5)  # in its pull's wait
+            p.send_signal(signal.SIGTERM)
+            time.sleep(0.5)
+        finally:
+            for q in c.procs:
+                q.send_signal(signal.SIGCONT)  # the step is applied: the pull returns
+        try:
+            out, err = p.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.send_signal(signal.SIGUSR1)
+            time.sleep(1)
+            p.kill()
+            out, err = p.communicate()
+            raise AssertionError(f"term: still running 30 s on; its stacks: {err[-3000:]}") \
+                from None
+        assert p.returncode == 3 and "closed" in out, f"term: {p.returncode} {out} {err[-600:]}"
+    finally:
+        c.stop()
     print("ctrl-c: a blocked join and a blocked pull stop; a program's own handler keeps "
-          "its client")
+          "its client; a SIGTERM handler that closes the client inside a call exits")
 
 
 def nonfinite_run(c, at_step, how):

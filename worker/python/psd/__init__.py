@@ -203,7 +203,8 @@ class Op:
         try:
             self._client._do(call)  # its client closed: the operation went with it
         finally:
-            self._keep = None
+            if self.done:  # else not waited (an exception before the call): kept for __del__
+                self._keep = None
         return v.value
 
     def __del__(self):
@@ -238,7 +239,8 @@ class Ops:
         try:
             self._client._do(call)
         finally:
-            self._keep = None
+            if self.done:  # as Op.wait
+                self._keep = None
         return list(v)
 
     def __del__(self):
@@ -402,6 +404,8 @@ class Client:
         self._pid = os.getpid()
         self._cv = threading.Condition()
         self._calls = 1  # the join: Ctrl-C cancels it
+        self._holders = {}  # thread id -> calls it runs (close() must not wait for its own)
+        self._destroy_at_exit = False  # close() came inside a call: the last call's end destroys
         self._closing = False
         self._orphans = []  # (op, keep, tid, push) of Ops dropped unwaited (Op.__del__)
         self._destroyed = False
@@ -448,15 +452,26 @@ class Client:
             if self._pid != _my_pid:
                 raise PsError(-errno.EINVAL, "EINVAL", f"the client belongs to process "
                               f"{self._pid}, which this one was forked from: make another")
+            tid = threading.get_ident()
             self._calls += 1
+            self._holders[tid] = self._holders.get(tid, 0) + 1
             h = self._h
         try:
             yield h
         finally:
             with self._cv:
                 self._calls -= 1
+                if self._holders[tid] == 1:
+                    del self._holders[tid]
+                else:
+                    self._holders[tid] -= 1
                 if self._calls == 0 and self._closing:  # only close() waits on it
                     self._cv.notify_all()
+                last = self._calls == 0 and self._destroy_at_exit
+                if last:
+                    self._h, self._destroy_at_exit = None, False
+            if last:
+                self._destroy(h)
 
     def _do(self, fn, *args):
         """fn(handle, *args) as one call; PsError with the client's reason when it fails."""
@@ -599,8 +614,10 @@ class Client:
         """Wait for the pushes of tensor `tid` dropped unwaited: until then libps counts the
         tensor busy (EBUSY). Others stay (a pull may wait on a step this thread makes)."""
         for entry in [o for o in self._orphans if o[2] == tid and o[3]]:
-            library().ps_op_wait(entry[0], None)
+            # Out of the list first: an exception between the two (a signal handler's) leaves
+            # an op never waited for, not one waited for twice (which libps forbids).
             self._orphans.remove(entry)
+            library().ps_op_wait(entry[0], None)
 
     def _data_op(self, fn, what, tid, addr, step, keep, write):
         """fn(handle, tid, [addr,] step, &op): addr is left out for push_none (what)."""
@@ -723,7 +740,9 @@ class Client:
     def close(self):
         """Leave the cluster and free the client. Calls running in other threads are
         interrupted first (they raise PsError ECANCELED) and waited for; Ops not waited for
-        end with it."""
+        end with it. From a signal handler that runs while this thread is inside a call (a
+        SIGTERM handler that closes and exits): the calls are interrupted, and the client is
+        freed as this thread's call ends (it could not be waited for here)."""
         with self._cv:
             h = self._h
             if not h or self._closing:
@@ -732,15 +751,23 @@ class Client:
                 self._h = None
                 return
             self._closing = True
+            mine = self._holders.get(threading.get_ident(), 0)
             try:
                 if self._calls:
                     library().ps_client_interrupt(h)
-                    while self._calls:
+                    while self._calls > mine:
                         self._cv.wait()
             except BaseException:  # Ctrl-C meanwhile: a later close() tries again
                 self._closing = False
                 raise
+            if mine:  # the handle is still in use below us: _call's end destroys it
+                self._destroy_at_exit = True
+                return
             self._h = None
+        self._destroy(h)
+
+    def _destroy(self, h):
+        """Free libps's client `h` (this client's, taken out of self._h by the caller)."""
         _CtrlC.unregister(self._entry)  # no interrupt of h from here on
         try:
             library().ps_client_destroy(h)

@@ -24,6 +24,7 @@ import math
 import operator
 import os
 import sys
+import threading
 import warnings
 import weakref
 
@@ -53,6 +54,15 @@ def _unwrapped(model):
 # one's pushes (it hung). By id, not by the module (it may not be hashable); one dropped
 # without close() stops counting when it is collected.
 _open = {}
+# (thread id, the manifest's real path) -> weakref of the open ParameterServer that thread
+# drives: two members of one job driven by one thread wait for each other at the first step.
+_driven = {}
+
+
+def _trained(p):
+    """Whether parameter `p` is held on the shards: trainable, and with values (an empty one,
+    which has nothing to train, stays this worker's)."""
+    return p.requires_grad and p.numel() > 0
 
 
 def _statistics(module):
@@ -85,8 +95,10 @@ class ParameterServer:
     values are sent: a large model joins faster). Names are those of the module a wrapper runs
     (nn.DataParallel's and DistributedDataParallel's `.module`, torch.compile's `._orig_mod`);
     `init` takes either.
-    Buffers (BatchNorm's running statistics) and frozen parameters stay this worker's own.
-    One ParameterServer per model at a time in a process."""
+    Buffers (BatchNorm's running statistics), frozen parameters and empty ones stay this
+    worker's own. One ParameterServer per model at a time in a process, and per job in a
+    thread (two would be two members of the job, each step waiting for the other's in that
+    same thread: several models, such as a GAN's two, go in one module, e.g. nn.ModuleDict)."""
 
     def __init__(self, manifest, model, samples, init=None, connect_timeout_ms=None,
                  sync_buffers=True):
@@ -118,12 +130,24 @@ class ParameterServer:
             raise ValueError("this model already has an open ParameterServer in this process: "
                              "a second one would be a second member of the job, whose steps "
                              "wait for both (close the first one, or give each its own model)")
+        self._driver = (threading.get_ident(), os.path.realpath(manifest))
+        ref = _driven.get(self._driver)
+        other = ref() if ref else None
+        if other is not None and other._client_open():
+            raise ValueError("this thread already drives an open ParameterServer of this "
+                             "manifest's job: a second one would be a second member, and each "
+                             "one's steps would wait for the other's in this same thread (for "
+                             "several models, such as a GAN's two, make one ParameterServer of "
+                             "a module holding both, e.g. nn.ModuleDict, and step it once; or "
+                             "drive each member from its own thread or process)")
         for name, p in module.named_parameters():  # before the join: a refusal costs none
             if not p.requires_grad:
                 continue
             if isinstance(p, torch.nn.parameter.UninitializedParameter):
                 raise ValueError(f"parameter {name!r} is not materialized yet (a lazy module): "
                                  "run one forward pass before making the ParameterServer")
+            if p.numel() == 0:
+                continue
             if p.is_complex() or "\0" in name:
                 raise ValueError(f"parameter {name!r}: "
                                  + ("complex values" if p.is_complex() else "a NUL in its name")
@@ -161,6 +185,7 @@ class ParameterServer:
                           "running statistics (unless sync_buffers=False), so they may differ "
                           "between workers", stacklevel=2)
         _open[id(module)] = weakref.ref(self)
+        _driven[self._driver] = weakref.ref(self)
         try:
             self._join()
         except BaseException:
@@ -175,6 +200,9 @@ class ParameterServer:
         ref = _open.get(id(self._module))
         if ref is not None and ref() in (self, None):
             del _open[id(self._module)]
+        ref = _driven.get(self._driver)
+        if ref is not None and ref() in (self, None):
+            del _driven[self._driver]
 
     def _join(self, again=False):
         """Join (a new client) and declare every trainable parameter; then pull them."""
@@ -188,8 +216,8 @@ class ParameterServer:
         self._params = []  # (name, parameter, id, values declared)
         try:
             for name, p in self._module.named_parameters():
-                if not p.requires_grad:
-                    continue  # frozen: stays this worker's, never pushed
+                if not _trained(p):
+                    continue  # frozen or empty: stays this worker's, never pushed
                 spec = None if self._init == "shards" else self._init.get(name)
                 shape = self._held_shape(p)
                 try:
@@ -360,7 +388,7 @@ class ParameterServer:
         return all(m._parameters is pd and m._modules is md and  # __init__ again: new dicts
                    len(pd) == len(pv) and all(map(is_, pd.values(), pv)) and
                    len(md) == len(mv) and all(map(is_, md.values(), mv))
-                   for m, pd, pv, md, mv in mods) and not any(p.requires_grad for p in loose)
+                   for m, pd, pv, md, mv in mods) and not any(_trained(p) for p in loose)
 
     def _checked(self):
         """[(parameter, id)] of every parameter, once each is checked to have the values it was
@@ -372,7 +400,7 @@ class ParameterServer:
         walked for it only when their layout changed (_same_layout)."""
         if not self._same_layout():
             for name, p in self._module.named_parameters():
-                if p.requires_grad and id(p) not in self._held_ids:
+                if _trained(p) and id(p) not in self._held_ids:
                     raise RuntimeError(f"parameter {name!r} is not held on psd: it was added, "
                                        "replaced or unfrozen after the ParameterServer was "
                                        "made, and would train on this worker alone; make the "
@@ -533,6 +561,11 @@ class ParameterServer:
         try:
             if pull and b is not None and self._stepped and not self._removed:
                 self.pull(b.step + 1 if self.client.consistency == "bsp" else 0)
+        except psd.PsError as e:
+            if e.name != "ECANCELED":
+                raise
+            # Interrupted (Ctrl-C, or client.interrupt()): the client is good only for its
+            # close; leave without the pull, and let the KeyboardInterrupt go on, not this.
         finally:
             self.client.close()
 
