@@ -4,6 +4,7 @@
  * starts or stops (SIGTERM) workers as told, so that `psctl scale N` takes effect and
  * several pslaunch instances share the count. */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <libgen.h>
 #include <limits.h>
@@ -11,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -21,19 +23,32 @@
 #include "manifest.h"
 #include "ps/ps_error.h"
 
-static int g_sig; /* SIGINT or SIGTERM once received (forwarded to the workers) */
+static int g_sig;  /* SIGINT or SIGTERM once received (forwarded to the workers) */
+static int g_nsig; /* how many of them came: a second one kills the workers left */
 static const char *g_device; /* --device, passed on to every worker (NULL: none) */
+
+/* After the first SIGINT / SIGTERM is forwarded, the workers still running this long later
+ * (one that ignores it, or hangs) are killed (SIGKILL), as they are at a second one. */
+#define STOP_GRACE_S 30.0
 
 /* Start worker i: psworker --manifest M [--metrics-out DIR/worker-i.jsonl] [--device D]. */
 static pid_t spawn(const char *worker, const char *manifest, const char *metrics_dir, long i)
 {
     char mpath[PATH_MAX];
+    pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0) {
         fprintf(stderr, "pslaunch: fork: %s\n", strerror(errno));
         return -1;
     }
     if (pid > 0) return pid;
+    /* The child: only async-signal-safe calls until the exec (UCX's thread in --follow may have
+     * held a lock at the fork). A pslaunch that dies (kill -9) takes its workers with it
+     * (SIGTERM: they leave the job), and they hold none of its descriptors (its UCX sockets
+     * and its connection to the coordinator would outlive it in them). */
+    if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != parent) _exit(127);
+    close_range(3, ~0U, 0);
+    signal(SIGPIPE, SIG_DFL); /* ignored in pslaunch; an ignore would pass through exec */
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
@@ -49,8 +64,38 @@ static pid_t spawn(const char *worker, const char *manifest, const char *metrics
         args[k++] = g_device;
     }
     execv(worker, (char *const *)args);
-    fprintf(stderr, "pslaunch: exec %s: %s\n", worker, strerror(errno));
+    dprintf(2, "pslaunch: exec %s: %s\n", worker, strerror(errno));
     _exit(127);
+}
+
+/* Whether a SIGINT or SIGTERM waits (blocked, not yet taken): checked before each start, so
+ * that one that came meanwhile starts no more workers. */
+static int stop_pending(void)
+{
+    sigset_t p;
+    sigpending(&p);
+    return sigismember(&p, SIGINT) || sigismember(&p, SIGTERM);
+}
+
+/* Takes a signal sigtimedwait / sigwaitinfo returned: a SIGINT or SIGTERM is kept in g_sig and
+ * counted. */
+static void took(int sig)
+{
+    if (sig == SIGINT || sig == SIGTERM) g_sig = sig, g_nsig++;
+}
+
+/* --follow with --metrics-dir: the first index from *@p next whose DIR/worker-i.jsonl did not
+ * exist, made now (empty), so that instances sharing DIR (several hosts, or one run after
+ * another) never write one file twice; *@p next moves past it. */
+static long claim_index(const char *metrics_dir, long *next)
+{
+    for (;; (*next)++) {
+        char path[PATH_MAX];
+        snprintf(path, sizeof path, "%s/worker-%ld.jsonl", metrics_dir, *next);
+        int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        if (fd >= 0) close(fd);
+        if (fd >= 0 || errno != EEXIST) return (*next)++; /* another error: psworker says it */
+    }
 }
 
 /* A monotonic clock in seconds. */
@@ -96,12 +141,22 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
     int nlive = 0, finished = 0, failures = 0, answered = 0, refused = 0, quick = 0;
     long next_index = 0;
     time_t silent_since = 0, said = 0; /* the coordinator unreachable since, and said at */
+    double forwarded_at = 0; /* the first SIGINT / SIGTERM forwarded (mono_s) */
+    int killed = 0;
     struct timespec ts = {poll_ms / 1000, (poll_ms % 1000) * 1000000L};
     while (!(finished && nlive == 0) && !(refused && nlive == 0)) {
-        if (g_sig) { /* forward once, then wait for everyone */
+        if (g_sig && forwarded_at == 0) { /* forward once, then wait for everyone */
             for (int i = 0; i < nlive; i++)
                 if (!stopping[i]) kill(pids[i], g_sig), stopping[i] = 1;
+            for (int i = 0; i < nlive; i++) kill(pids[i], SIGCONT); /* a stopped one too */
+            forwarded_at = mono_s();
             finished = 1;
+        }
+        if (forwarded_at && !killed && (g_nsig > 1 || mono_s() - forwarded_at >= STOP_GRACE_S)) {
+            fprintf(stderr, "pslaunch: %s: killing the %d worker(s) still running\n",
+                    g_nsig > 1 ? "a second signal" : "30 s after the signal", nlive);
+            for (int i = 0; i < nlive; i++) kill(pids[i], SIGKILL);
+            killed = 1;
         }
         /* refused: the ones running go on; none is started. While workers die at once, ask
          * (and start) only after the wait. */
@@ -117,10 +172,12 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
              * first failure and every 10 s, so that a cluster down or a wrong manifest is
              * seen at once. */
             time_t now = time(NULL);
-            if ((rc == PS_EAUTH || rc == PS_ECONFIG || rc == PS_EPROTO) && !answered) {
+            if (rc == PS_ECONFIG || ((rc == PS_EAUTH || rc == PS_EPROTO) && !answered)) {
                 /* As psworker: a secret, a clock or a manifest (another cluster's, or its
-                 * servers in another order) to fix at the start, not to wait out. Once it was answered, a refusal (a clock
-                 * stepped) is asked again with a fresh proof like any other failure. */
+                 * servers in another order) to fix at the start, not to wait out. Once it was
+                 * answered, a refusal of the proof (a clock stepped) is asked again with a fresh
+                 * one like any other failure; another cluster's shard 0 (started again from
+                 * another manifest) stays a reason to stop. */
                 fprintf(stderr, "pslaunch: %s\n", err);
                 ps_req_close(ctl);
                 return 2;
@@ -142,8 +199,10 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
                 fprintf(stderr, "pslaunch: the job is complete\n");
                 finished = 1;
             } else if (rc == 0) {
-                for (int k = 0; k < rep.status && nlive < FOLLOW_MAX; k++) {
-                    pid_t pid = spawn(worker, manifest, metrics_dir, next_index++);
+                for (int k = 0; k < rep.status && nlive < FOLLOW_MAX && !stop_pending(); k++) {
+                    long index = metrics_dir ? claim_index(metrics_dir, &next_index)
+                                             : next_index++;
+                    pid_t pid = spawn(worker, manifest, metrics_dir, index);
                     if (pid < 0) break;
                     born[nlive] = mono_s();
                     pids[nlive] = pid;
@@ -171,8 +230,7 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
                             (unsigned long long)members, rep.workers);
             }
         }
-        int sig = sigtimedwait(set, NULL, &ts);
-        if (sig == SIGINT || sig == SIGTERM) g_sig = sig;
+        took(sigtimedwait(set, NULL, &ts));
         int st;
         pid_t pid;
         while ((pid = waitpid(-1, &st, WNOHANG)) > 0)
@@ -224,7 +282,8 @@ static void usage(FILE *f)
                "DIR/worker-i.jsonl (DIR is made if missing). With --respawn N, a worker that\n"
                "dies (a signal or a non-zero exit other than 2, psworker's code for a manifest\n"
                "or argument it refuses) is replaced, up to N times in all. Exits non-zero if a\n"
-               "worker failed for good.\n"
+               "worker failed for good. SIGINT/SIGTERM are passed on to the workers; a second\n"
+               "one, or 30 s without their exit, kills (SIGKILL) the ones left.\n"
                "With --follow, start and stop (SIGTERM) workers as the coordinator says until\n"
                "the job has the number `psctl scale` set (initially job.workers); exits 0 when\n"
                "the job is complete and its workers have exited, 2 when a worker refuses its\n"
@@ -347,6 +406,23 @@ int main(int argc, char **argv)
         fprintf(stderr, "pslaunch: --metrics-dir %s: %s\n", metrics_dir, strerror(-mrc));
         return 1;
     }
+    if (metrics_dir) { /* and files can be made in it (not /proc, not read-only) */
+        char probe[PATH_MAX];
+        snprintf(probe, sizeof probe, "%s/.pslaunch-probe-%d", metrics_dir, (int)getpid());
+        int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        if (fd < 0) {
+            fprintf(stderr, "pslaunch: --metrics-dir %s: cannot make a file in it: %s\n",
+                    metrics_dir, strerror(errno));
+            return 1;
+        }
+        close(fd);
+        unlink(probe);
+    }
+    /* Whatever the parent left: a SIGCHLD ignored would have the kernel reap the workers
+     * unseen (no SIGCHLD, waitpid ECHILD: pslaunch waited for good), and a SIGPIPE (a `| tee`
+     * ended by Ctrl-C) must not end pslaunch before its workers. */
+    signal(SIGCHLD, SIG_DFL);
+    signal(SIGPIPE, SIG_IGN);
     /* SIGINT, SIGTERM and SIGCHLD stay blocked and are taken with sigwaitinfo: no signal
      * can slip in between a check and the wait (the children get an empty mask). */
     sigset_t set;
@@ -362,24 +438,39 @@ int main(int argc, char **argv)
     if (pids == NULL || born == NULL) return 1;
     long started = 0;
     int quick = 0; /* replacements in a row that died within a second */
-    for (long i = 0; i < n && !g_sig; i++) {
+    for (long i = 0; i < n && !stop_pending(); i++) {
         born[i] = mono_s();
         if ((pids[i] = spawn(worker, manifest, metrics_dir, i)) < 0) break;
         started++;
     }
-    int failed = started < n, forwarded = 0;
+    if (stop_pending()) took(sigwaitinfo(&set, NULL)); /* ahead of SIGCHLD: a lower number */
+    int failed = started < n && !g_sig, killed = 0;
+    double forwarded_at = 0;
     long left = started;
     while (left > 0) {
-        if (g_sig && !forwarded) {
+        if (g_sig && forwarded_at == 0) {
             for (long i = 0; i < started; i++)
-                if (pids[i] > 0) kill(pids[i], g_sig);
-            forwarded = 1;
+                if (pids[i] > 0) kill(pids[i], g_sig), kill(pids[i], SIGCONT);
+            forwarded_at = mono_s();
+        }
+        if (forwarded_at && !killed && (g_nsig > 1 || mono_s() - forwarded_at >= STOP_GRACE_S)) {
+            fprintf(stderr, "pslaunch: %s: killing the %ld worker(s) still running\n",
+                    g_nsig > 1 ? "a second signal" : "30 s after the signal", left);
+            for (long i = 0; i < started; i++)
+                if (pids[i] > 0) kill(pids[i], SIGKILL);
+            killed = 1;
         }
         int st;
         pid_t pid = waitpid(-1, &st, WNOHANG);
         if (pid == 0) { /* nobody exited yet: sleep until a child does or a signal comes */
-            int sig = sigwaitinfo(&set, NULL);
-            if (sig == SIGINT || sig == SIGTERM) g_sig = sig;
+            if (forwarded_at && !killed) { /* the grace's end wakes it too */
+                double w = forwarded_at + STOP_GRACE_S - mono_s();
+                w = w < 0.01 ? 0.01 : w;
+                struct timespec ts = {(time_t)w, (long)((w - (double)(time_t)w) * 1e9)};
+                took(sigtimedwait(&set, NULL, &ts));
+            } else {
+                took(sigwaitinfo(&set, NULL));
+            }
             continue;
         }
         if (pid < 0) {
@@ -402,11 +493,11 @@ int main(int argc, char **argv)
                     for (double end = mono_s() + d, now; !g_sig && (now = mono_s()) < end;) {
                         double w = end - now; /* another child's exit is reaped below */
                         struct timespec ts = {(time_t)w, (long)((w - (double)(time_t)w) * 1e9)};
-                        int sig = sigtimedwait(&set, NULL, &ts);
-                        if (sig == SIGINT || sig == SIGTERM) g_sig = sig;
+                        took(sigtimedwait(&set, NULL, &ts));
                     }
                     born[i] = mono_s();
-                    if (!g_sig && (pids[i] = spawn(worker, manifest, metrics_dir, i)) > 0) {
+                    if (!g_sig && !stop_pending() &&
+                        (pids[i] = spawn(worker, manifest, metrics_dir, i)) > 0) {
                         left++;
                         continue;
                     }

@@ -860,6 +860,160 @@ START_TEST(test_worker_says_shard_silent)
 }
 END_TEST
 
+/* ---- pslaunch's care of its workers ---------------------------------------------------- */
+
+/* A stand-in worker script @p name in @p c's directory: @p body after `#!/bin/sh`. */
+static void stand_in(cl_cluster_t *c, const char *name, const char *body, char *path, size_t len)
+{
+    cl_path(c, name, path, len);
+    FILE *f = fopen(path, "w");
+    ck_assert_msg(f != NULL, "%s: %s", path, strerror(errno));
+    fprintf(f, "#!/bin/sh\n%s", body);
+    ck_assert_int_eq(fclose(f), 0);
+    ck_assert_int_eq(chmod(path, 0700), 0);
+}
+
+/* The lines of file @p path once it has @p want of them (waits up to 20 s; fails the test). */
+static char *wait_lines(const char *path, int want)
+{
+    for (int t = 0; t < 400; t++) {
+        char *s = cl_read_file(path, NULL);
+        int n = 0;
+        for (const char *p = s; p && (p = strchr(p, '\n')) != NULL; p++) n++;
+        if (n >= want) return s;
+        free(s);
+        usleep(50000);
+    }
+    ck_abort_msg("%s never had %d lines", path, want);
+    return NULL;
+}
+
+/* Whether process @p pid is gone (or a zombie) within 10 s. */
+static bool gone(pid_t pid)
+{
+    for (int t = 0; t < 200; t++) {
+        char path[64], st[256] = "";
+        snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+        FILE *f = fopen(path, "r");
+        if (f == NULL) return true;
+        size_t n = fread(st, 1, sizeof st - 1, f);
+        fclose(f);
+        st[n] = '\0';
+        const char *r = strrchr(st, ')');
+        if (r && r[1] == ' ' && r[2] == 'Z') return true;
+        usleep(50000);
+    }
+    return false;
+}
+
+/* Kills every pid listed in file @p path (the stand-ins a failed check may have left). */
+static void kill_listed(const char *path)
+{
+    char *s = cl_read_file(path, NULL);
+    for (char *p = s; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : p + strlen(p))
+        if (atoi(p) > 1) kill(atoi(p), SIGKILL);
+    free(s);
+}
+
+/* pslaunch never hangs on its workers nor leaves them running: a second SIGTERM kills workers
+ * that ignore the first (before: it waited for good); a pslaunch killed with -9 takes its
+ * workers along (SIGTERM: before, they ran on); started with SIGCHLD ignored it still sees its
+ * workers die and replaces them (before: it waited for good); a --metrics-dir where no file can
+ * be made is refused at once (before: every worker failed to open its file); --follow's
+ * workers hold none of its descriptors (before: its UCX sockets and its connection to shard 0),
+ * and a metrics file there already is not written again (before: worker-0.jsonl again). */
+START_TEST(test_pslaunch_care)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    char pids[CL_PATH], terms[CL_PATH], stub[CL_PATH], body[6 * CL_PATH];
+    cl_path(c, "ignoring.pids", pids, sizeof pids);
+    snprintf(body, sizeof body, "trap '' TERM INT\necho $$ >> %s\nwhile :; do sleep 0.1; done\n",
+             pids);
+    stand_in(c, "ignoring.sh", body, stub, sizeof stub);
+    char *la[] = {(char *)cl_binary("PSLAUNCH"), "--manifest", c->manifest, "--workers", "2",
+                  "--psworker", stub, NULL};
+    cl_proc_t *l = cl_spawn(c, "pslaunch-ignored", la);
+    char *listed = wait_lines(pids, 2);
+    ck_assert_int_eq(cl_signal(l, SIGTERM), 0);
+    usleep(300000);
+    ck_assert_msg(cl_alive(l), "pslaunch did not wait for its workers: %s", cl_tail(l));
+    ck_assert_int_eq(cl_signal(l, SIGTERM), 0);
+    int st = cl_wait(l, 20);
+    kill_listed(pids);
+    ck_assert_msg(st == 128 + SIGTERM, "pslaunch after a second SIGTERM: %d: %s", st, cl_tail(l));
+    EXPECT_LOG(l, "a second signal: killing the 2 worker(s) still running");
+    ck_assert(gone(atoi(listed)) && gone(atoi(strchr(listed, '\n') + 1)));
+    free(listed);
+
+    /* kill -9 of pslaunch: its workers hear SIGTERM. */
+    cl_path(c, "b.pids", pids, sizeof pids);
+    cl_path(c, "b.terms", terms, sizeof terms);
+    snprintf(body, sizeof body, "trap 'echo term >> %s; exit 0' TERM\necho $$ >> %s\n"
+             "while :; do sleep 0.1; done\n", terms, pids);
+    stand_in(c, "leaving.sh", body, stub, sizeof stub);
+    l = cl_spawn(c, "pslaunch-killed", la);
+    free(wait_lines(pids, 2));
+    ck_assert_int_eq(cl_signal(l, SIGKILL), 0);
+    cl_wait(l, 20);
+    for (int t = 0; t < 200 && access(terms, F_OK) != 0; t++) usleep(50000);
+    kill_listed(pids);
+    free(wait_lines(terms, 2));
+
+    /* Started with SIGCHLD ignored: a worker that exits 1 is replaced, then it exits 1. */
+    stand_in(c, "die.sh", "exit 1\n", stub, sizeof stub);
+    char *lc[] = {"/usr/bin/env", "--ignore-signal=CHLD", (char *)cl_binary("PSLAUNCH"),
+                  "--manifest", c->manifest, "--workers", "1", "--respawn", "1", "--psworker",
+                  stub, NULL};
+    l = cl_spawn(c, "pslaunch-nochld", lc);
+    EXPECT_EXIT(l, 1);
+    EXPECT_LOG(l, "starting a replacement");
+
+    /* A --metrics-dir where no file can be made. */
+    char *lm[] = {(char *)cl_binary("PSLAUNCH"), "--manifest", c->manifest, "--workers", "1",
+                  "--metrics-dir", "/proc", "--psworker", stub, NULL};
+    l = cl_spawn(c, "pslaunch-proc", lm);
+    EXPECT_EXIT(l, 1);
+    EXPECT_LOG(l, "--metrics-dir /proc: cannot make a file in it");
+
+    /* --follow: the worker it starts holds no socket or other handle of pslaunch's, and
+     * metrics file 0, there already, is left as it was. */
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    char mdir[CL_PATH], fds[CL_PATH], args[CL_PATH], old[CL_PATH + 32];
+    cl_path(c, "metrics", mdir, sizeof mdir);
+    ck_assert_int_eq(mkdir(mdir, 0700), 0);
+    snprintf(old, sizeof old, "%s/worker-0.jsonl", mdir);
+    FILE *f = fopen(old, "w");
+    fputs("old\n", f);
+    fclose(f);
+    cl_path(c, "c.fds", fds, sizeof fds);
+    cl_path(c, "c.args", args, sizeof args);
+    snprintf(body, sizeof body, "for f in /proc/$$/fd/*; do readlink \"$f\"; done > %s.tmp\n"
+             "mv %s.tmp %s\necho \"$@\" > %s\ntrap 'exit 0' TERM\n"
+             "while :; do sleep 0.1; done\n", fds, fds, fds, args);
+    stand_in(c, "lister.sh", body, stub, sizeof stub);
+    char *lf[] = {(char *)cl_binary("PSLAUNCH"), "--manifest", c->manifest, "--follow",
+                  "--poll-ms", "100", "--metrics-dir", mdir, "--psworker", stub, NULL};
+    l = cl_spawn(c, "pslaunch-follow", lf);
+    for (int t = 0; t < 400 && access(fds, F_OK) != 0; t++) usleep(50000);
+    char *held = cl_read_file(fds, NULL);
+    ck_assert_msg(held != NULL, "the worker never started: %s", cl_tail(l));
+    ck_assert_msg(!strstr(held, "socket:") && !strstr(held, "anon_inode:"),
+                  "the worker holds pslaunch's descriptors:\n%s", held);
+    free(held);
+    char *a = wait_lines(args, 1);
+    ck_assert_msg(strstr(a, "/worker-1.jsonl"), "the worker's arguments: %s", a);
+    free(a);
+    char *o = cl_read_file(old, NULL);
+    ck_assert_msg(o && strcmp(o, "old\n") == 0, "worker-0.jsonl: %s", o ? o : "(gone)");
+    free(o);
+    ck_assert_int_eq(cl_signal(l, SIGTERM), 0);
+    EXPECT_EXIT(l, 128 + SIGTERM);
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("faults");
@@ -890,5 +1044,6 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("sigterm_while_joining", test_sigterm_while_joining));
     suite_add_tcase(s, tcase("api_misuse_refused", test_api_misuse_refused));
     suite_add_tcase(s, tcase("worker_says_shard_silent", test_worker_says_shard_silent));
+    suite_add_tcase(s, tcase("pslaunch_care", test_pslaunch_care));
     return s;
 }
