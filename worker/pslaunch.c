@@ -35,6 +35,7 @@ static const char *g_device; /* --device, passed on to every worker (NULL: none)
 static pid_t spawn(const char *worker, const char *manifest, const char *metrics_dir, long i)
 {
     char mpath[PATH_MAX];
+    if (metrics_dir) snprintf(mpath, sizeof mpath, "%s/worker-%ld.jsonl", metrics_dir, i);
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0) {
@@ -55,7 +56,6 @@ static pid_t spawn(const char *worker, const char *manifest, const char *metrics
     const char *args[9] = {"psworker", "--manifest", manifest};
     int k = 3;
     if (metrics_dir) {
-        snprintf(mpath, sizeof mpath, "%s/worker-%ld.jsonl", metrics_dir, i);
         args[k++] = "--metrics-out";
         args[k++] = mpath;
     }
