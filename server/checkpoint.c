@@ -548,7 +548,7 @@ static void repair_run(psd_slot_work_t *w)
     psd_ckpt_bus_jmp = &fault;
     if ((rc = psd_ckpt_src_open(ck, r->from, r->from_shard, srv->m.map_size_mb)) != 0) {
         snprintf(r->err, sizeof r->err, "%s/shard-%u: cannot open the checkpoint: %s", r->from,
-                 r->from_shard, mdb_strerror(rc));
+                 r->from_shard, psd_ckpt_src_strerror(rc));
         r->rc = PS_ESTORE;
         goto out;
     }

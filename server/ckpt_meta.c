@@ -193,12 +193,73 @@ static void bus_unguard(void)
     if (__atomic_sub_fetch(&bus_users, 1, __ATOMIC_ACQ_REL) == 0) sigaction(SIGBUS, &bus_old, NULL);
 }
 
+/* LMDB 0.9's meta pages (lmdb's mdb.c; x86-64): a 16-byte page header, then MDB_meta's magic,
+ * version, address, map size and the free DB's record, whose first word is the page size. */
+#define LMDB_MAGIC 0xBEEFC0DEu
+#define LMDB_VERSION 1u
+#define META_MAGIC_AT 16
+#define META_VERSION_AT 20
+#define META_PSIZE_AT 40
+
+static uint32_t rd32_at(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* DIR/shard-J/data.mdb before LMDB opens it, which trusts its header: a FIFO hung the open, a
+ * page size of 0 divided by zero (SIGFPE). A regular file, not empty, whose two meta pages
+ * carry LMDB's magic and version and one page size (a power of two, 512 to 65536) that the
+ * file holds twice. Returns 0 or a PSD_CKPT_E* code. */
+static int check_data_file(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return errno;
+    struct stat st;
+    int rc = 0;
+    uint8_t m0[64], m1[64];
+    uint32_t psize = 0;
+    if (fstat(fd, &st) != 0)
+        rc = errno;
+    else if (!S_ISREG(st.st_mode))
+        rc = PSD_CKPT_ENOTREG;
+    else if (st.st_size == 0)
+        rc = PSD_CKPT_EEMPTY;
+    else if (pread(fd, m0, sizeof m0, 0) != (ssize_t)sizeof m0)
+        rc = PSD_CKPT_EHEADER;
+    else if ((psize = rd32_at(m0 + META_PSIZE_AT)) < 512 || psize > 65536 ||
+             (psize & (psize - 1)) || (uint64_t)st.st_size < 2 * (uint64_t)psize ||
+             pread(fd, m1, sizeof m1, psize) != (ssize_t)sizeof m1)
+        rc = PSD_CKPT_EHEADER;
+    else if (rd32_at(m0 + META_MAGIC_AT) != LMDB_MAGIC || rd32_at(m1 + META_MAGIC_AT) != LMDB_MAGIC ||
+             rd32_at(m0 + META_VERSION_AT) != LMDB_VERSION ||
+             rd32_at(m1 + META_VERSION_AT) != LMDB_VERSION || rd32_at(m1 + META_PSIZE_AT) != psize)
+        rc = PSD_CKPT_EHEADER;
+    close(fd);
+    return rc;
+}
+
+const char *psd_ckpt_src_strerror(int rc)
+{
+    switch (rc) {
+    case PSD_CKPT_ENOTREG: return "data.mdb is not a regular file";
+    case PSD_CKPT_EEMPTY: return "data.mdb is empty";
+    case PSD_CKPT_EHEADER:
+        return "data.mdb's header is not an LMDB 0.9 environment's (magic, version or page "
+               "size wrong, or the file shorter than its two meta pages)";
+    default: return mdb_strerror(rc);
+    }
+}
+
 int psd_ckpt_src_open(psd_ckpt_src_t *s, const char *dir, uint32_t j, uint64_t map_mb)
 {
-    char path[1200];
+    char path[1200], data[1220];
     snprintf(path, sizeof path, "%s/shard-%u", dir, j);
+    snprintf(data, sizeof data, "%s/data.mdb", path);
     memset(s, 0, sizeof *s);
     int rc;
+    if ((rc = check_data_file(data)) != 0) return rc;
     if ((rc = mdb_env_create(&s->env)) != 0) return rc;
     if ((rc = mdb_env_set_mapsize(s->env, (size_t)map_mb << 20)) != 0 ||
         (rc = mdb_env_open(s->env, path, MDB_RDONLY | MDB_NOLOCK, 0600)) != 0 ||

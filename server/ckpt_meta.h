@@ -53,10 +53,21 @@ typedef struct {
  *  with exit 1 and "DIR/shard-J/data.mdb: a page lies past the end of the file ..." on stderr
  *  instead of a crash (a process-wide SIGBUS handler, the previous one back when the last
  *  source closes).
- * @return 0 or an LMDB code (mdb_strerror); on failure nothing is left open.
+ *  data.mdb is checked first (a regular file, with LMDB's header): LMDB trusts what it reads
+ *  there (a FIFO hung its open, a page size of 0 divided by zero).
+ * @return 0, or an LMDB code, an errno or a PSD_CKPT_E* code (psd_ckpt_src_strerror); on
+ *  failure nothing is left open.
  * @note Release with psd_ckpt_src_close(); values read stay valid until then.
  */
 int psd_ckpt_src_open(psd_ckpt_src_t *s, const char *dir, uint32_t j, uint64_t map_mb);
+
+/* psd_ckpt_src_open's own refusals of a data.mdb (outside LMDB's codes, -30799..-30780). */
+#define PSD_CKPT_ENOTREG (-30700) /* not a regular file (a FIFO, a directory, a device) */
+#define PSD_CKPT_EEMPTY (-30701)  /* an empty file */
+#define PSD_CKPT_EHEADER (-30702) /* not an LMDB 0.9 environment's header */
+
+/** @brief What psd_ckpt_src_open()'s (or LMDB's) code @p rc says; a static string. */
+const char *psd_ckpt_src_strerror(int rc);
 /** @brief Close what psd_ckpt_src_open() opened; a zeroed @p s is a no-op. */
 void psd_ckpt_src_close(psd_ckpt_src_t *s);
 

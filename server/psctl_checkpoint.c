@@ -344,7 +344,7 @@ static long verify_one(const ps_manifest_t *m, const char *dir, uint32_t j, uint
     psd_ckpt_src_t s;
     int rc = psd_ckpt_src_open(&s, dir, j, m->map_size_mb);
     if (rc) {
-        fprintf(stderr, "psctl: verify: %s/shard-%u: %s\n", dir, j, mdb_strerror(rc));
+        fprintf(stderr, "psctl: verify: %s/shard-%u: %s\n", dir, j, psd_ckpt_src_strerror(rc));
         free(meta);
         return -1;
     }
@@ -356,7 +356,12 @@ static long verify_one(const ps_manifest_t *m, const char *dir, uint32_t j, uint
     char name[PS_NAME_MAX + 8];
     psd_ckpt_others_t others;
     psd_ckpt_others_init(&others);
-    mdb_cursor_open(s.txn, s.dbi, &cur);
+    if ((rc = mdb_cursor_open(s.txn, s.dbi, &cur)) != 0) {
+        fprintf(stderr, "psctl: verify: %s/shard-%u: %s\n", dir, j, mdb_strerror(rc));
+        psd_ckpt_src_close(&s);
+        free(meta);
+        return -1;
+    }
     for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0;
          rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
         const uint8_t *kp = k.mv_data;
@@ -400,12 +405,20 @@ static long verify_one(const ps_manifest_t *m, const char *dir, uint32_t j, uint
         if (nc == cap) {
             cap = cap ? 2 * cap : 256;
             vchunk_t *nv = realloc(vc, cap * sizeof *vc);
-            if (nv == NULL) break;
+            if (nv == NULL) {
+                rc = ENOMEM;
+                break;
+            }
             vc = nv;
         }
         vc[nc++] = (vchunk_t){t, c, h->version, now, d.first_chunk + c};
     }
     mdb_cursor_close(cur);
+    if (rc != MDB_NOTFOUND) { /* not the end: a page it could not read, or no memory */
+        printf("psctl: verify: checkpoint shard %u: reading its store stopped: %s\n", j,
+               mdb_strerror(rc));
+        bad++;
+    }
     char others_now[17], others_want[24] = "";
     if (!psd_ckpt_others_match(&others, meta, others_now)) {
         psd_ckpt_meta_field(meta, "others_xxh3", others_want, sizeof others_want);

@@ -206,7 +206,7 @@ int psd_restore_fill(psd_server_t *srv, const char *dir, char *err, size_t errle
     for (uint32_t j = 0; rc == 0 && j < nold; j++) {
         if ((mrc = psd_ckpt_src_open(&s, dir, j, srv->m.map_size_mb)) != 0) {
             snprintf(err, errlen, "--restore %s: cannot open shard-%u: %s", dir, j,
-                     mdb_strerror(mrc));
+                     psd_ckpt_src_strerror(mrc));
             rc = PS_ESTORE;
             break;
         }
@@ -221,10 +221,25 @@ int psd_restore_fill(psd_server_t *srv, const char *dir, char *err, size_t errle
             for (mrc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0 && mrc == 0;
                  mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
                 const uint8_t *kp = k.mv_data;
-                if (k.mv_size == 5 && kp[0] == 'T' && v.mv_size == sizeof(ps_decl_t)) {
+                if (k.mv_size == 5 && kp[0] == 'T') {
+                    /* Checked before any use (its shape drives every size below): a record
+                     * damaged in the copy crashed the restore (ndim 0x10000000). */
                     ps_decl_t d;
-                    memcpy(&d, v.mv_data, sizeof d);
-                    if (d.id >= PSD_MAX_TENSORS) continue;
+                    char why[PS_NAME_MAX + 96] = "";
+                    if (v.mv_size == sizeof d) memcpy(&d, v.mv_data, sizeof d);
+                    if (v.mv_size != sizeof d)
+                        snprintf(why, sizeof why, "it is %zu bytes, not %zu", v.mv_size,
+                                 sizeof d);
+                    else if (d.id != psd_ckpt_rd32(kp + 1) || d.id >= PSD_MAX_TENSORS)
+                        snprintf(why, sizeof why, "it says tensor %u", d.id);
+                    else
+                        ps_decl_check(&d, why, sizeof why);
+                    if (why[0]) {
+                        snprintf(err, errlen, "--restore %s: shard-0: tensor record %u is "
+                                 "malformed: %s", dir, psd_ckpt_rd32(kp + 1), why);
+                        rc = PS_ESTORE;
+                        break;
+                    }
                     if (d.id >= ndecl) {
                         ps_decl_t *nd = realloc(decl, (d.id + 1) * sizeof *nd);
                         if (nd == NULL) {
@@ -248,6 +263,11 @@ int psd_restore_fill(psd_server_t *srv, const char *dir, char *err, size_t errle
                     rc = psd_store_put_blob(&tx, "jobrec", v.mv_data, v.mv_size);
                 }
             }
+            if (rc == 0 && mrc != MDB_NOTFOUND) { /* not the end: a page it could not read */
+                snprintf(err, errlen, "--restore %s: shard-0: reading its tensor table stopped: "
+                         "%s", dir, mdb_strerror(mrc));
+                rc = PS_ESTORE;
+            }
         }
         psd_ckpt_others_t others;
         psd_ckpt_others_init(&others);
@@ -255,6 +275,20 @@ int psd_restore_fill(psd_server_t *srv, const char *dir, char *err, size_t errle
              mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
             const uint8_t *kp = k.mv_data;
             psd_ckpt_others_add(&others, &k, &v);
+            if (k.mv_size == 9 && (kp[0] == 'D' || kp[0] == 'C')) {
+                /* A chunk index past its tensor's end: ps_chunk_len() wraps for it, and such a
+                 * record counted for a missing one. */
+                uint32_t t = psd_ckpt_rd32(kp + 1), c = psd_ckpt_rd32(kp + 5);
+                if (t < ndecl && decl[t].name[0] != '\0' &&
+                    c >= ps_chunk_count(ps_decl_numel(&decl[t]), srv->chunk_elems)) {
+                    snprintf(err, errlen, "--restore %s: shard-%u holds %s of chunk %u of tensor "
+                             "'%s', which has %u chunks", dir, j,
+                             kp[0] == 'C' ? "a record" : "an applied record", c, decl[t].name,
+                             ps_chunk_count(ps_decl_numel(&decl[t]), srv->chunk_elems));
+                    rc = PS_ESTORE;
+                    break;
+                }
+            }
             if (k.mv_size == 9 && kp[0] == 'D') {
                 /* A chunk's record of whose pushes it applied (bsp: its apply members, asp:
                  * each rank's last push), with the chunk wherever it goes now: a batch handed
@@ -318,6 +352,11 @@ int psd_restore_fill(psd_server_t *srv, const char *dir, char *err, size_t errle
         }
         mdb_cursor_close(cur);
         psd_ckpt_src_close(&s);
+        if (rc == 0 && mrc != MDB_NOTFOUND) { /* not the end: a page it could not read */
+            snprintf(err, errlen, "--restore %s: shard-%u: reading its store stopped: %s", dir, j,
+                     mdb_strerror(mrc));
+            rc = PS_ESTORE;
+        }
         /* The tensor table, the coordinator's state and the applied records have no hashes of
          * their own: meta.json's one over all of them (absent in older checkpoints). */
         char *mj = rc == 0 && mrc == MDB_NOTFOUND ? psd_ckpt_meta_read(dir, j) : NULL;

@@ -963,6 +963,131 @@ START_TEST(test_checkpoint_damaged_files_refused)
 }
 END_TEST
 
+/* Opens the LMDB environment in @p sdir (a checkpoint's shard-J) for writing: @p f(txn, dbi,
+ * arg) changes it, and the change is committed. */
+static void ckpt_edit(const char *sdir, void (*f)(MDB_txn *, MDB_dbi, void *), void *arg)
+{
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    ck_assert_int_eq(mdb_env_create(&env), 0);
+    ck_assert_int_eq(mdb_env_set_mapsize(env, (size_t)4096 << 20), 0);
+    ck_assert_int_eq(mdb_env_open(env, sdir, 0, 0600), 0);
+    ck_assert_int_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    ck_assert_int_eq(mdb_dbi_open(txn, NULL, 0, &dbi), 0);
+    f(txn, dbi, arg);
+    ck_assert_int_eq(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+}
+
+/* Moves tensor 0's chunk 0 record to chunk 1000000 (past the tensor's end). */
+static void chunk_past_end(MDB_txn *txn, MDB_dbi dbi, void *arg)
+{
+    (void)arg;
+    uint8_t key[9] = {'C', 0, 0, 0, 0, 0, 0, 0, 0}, far[9] = {'C', 0, 0, 0, 0, 0, 0x0f, 0x42, 0x40};
+    MDB_val k = {9, key}, v, nk = {9, far};
+    ck_assert_int_eq(mdb_get(txn, dbi, &k, &v), 0);
+    void *copy = malloc(v.mv_size);
+    memcpy(copy, v.mv_data, v.mv_size);
+    MDB_val nv = {v.mv_size, copy};
+    ck_assert_int_eq(mdb_put(txn, dbi, &nk, &nv, 0), 0);
+    ck_assert_int_eq(mdb_del(txn, dbi, &k, NULL), 0);
+    free(copy);
+}
+
+/* Sets tensor 0's record's ndim to 0x10000000. */
+static void tensor_ndim_huge(MDB_txn *txn, MDB_dbi dbi, void *arg)
+{
+    (void)arg;
+    uint8_t key[5] = {'T', 0, 0, 0, 0};
+    MDB_val k = {5, key}, v;
+    ck_assert_int_eq(mdb_get(txn, dbi, &k, &v), 0);
+    ck_assert_uint_eq(v.mv_size, sizeof(ps_decl_t));
+    ps_decl_t d;
+    memcpy(&d, v.mv_data, sizeof d);
+    d.ndim = 0x10000000;
+    MDB_val nv = {sizeof d, &d};
+    ck_assert_int_eq(mdb_put(txn, dbi, &k, &nv, 0), 0);
+}
+
+/* A checkpoint copy that is damaged or hostile in ways LMDB does not check itself is refused
+ * with the reason, by verify --against and psd --restore (exit 1): a tensor record whose
+ * dimension count is huge (before: the restore died of SIGSEGV), a chunk record moved past its
+ * tensor's end (before: counted for a chunk that was missing: the restore served without it),
+ * a data.mdb whose header says page size 0 (before: SIGFPE in LMDB) and a data.mdb that is a
+ * FIFO (before: both waited for good). Found by a review. */
+START_TEST(test_checkpoint_hostile_files_refused)
+{
+    cl_proc_t *psd[2];
+    char dir[CL_PATH], copy[CL_PATH + 16], sdir[CL_PATH + 32], f[CL_PATH + 64],
+        cmd[3 * CL_PATH];
+    cl_cluster_t *c = checkpointed_20(psd, dir);
+    stop_all(psd, 2);
+    cl_data_dirs_aside(c, "before");
+    static const struct {
+        const char *name, *verify, *restore;
+    } cases[] = {
+        {"ndim", NULL, "shard-0: tensor record 0 is malformed: tensor 'fc1.weight' has "
+                       "268435456 dimensions"},
+        {"past", NULL, "holds a record of chunk 1000000 of tensor 'fc1.weight', which has"},
+        {"psize", "data.mdb's header is not an LMDB 0.9 environment's",
+         "data.mdb's header is not an LMDB 0.9 environment's"},
+        {"fifo", "data.mdb is not a regular file", "data.mdb is not a regular file"},
+    };
+    for (int i = 0; i < 4; i++) {
+        snprintf(copy, sizeof copy, "%s-%s", dir, cases[i].name);
+        snprintf(cmd, sizeof cmd, "cp -a '%s' '%s'", dir, copy);
+        ck_assert_int_eq(system(cmd), 0);
+        snprintf(sdir, sizeof sdir, "%s/shard-%d", copy, i == 0 ? 0 : 1);
+        snprintf(f, sizeof f, "%s/data.mdb", sdir);
+        if (i == 0) ckpt_edit(sdir, tensor_ndim_huge, NULL);
+        if (i == 1) { /* the chunk on the shard-1 copy, whichever that is */
+            snprintf(sdir, sizeof sdir, "%s/shard-0", copy);
+            MDB_env *env;
+            MDB_txn *txn;
+            MDB_dbi dbi;
+            uint8_t key[9] = {'C', 0, 0, 0, 0, 0, 0, 0, 0};
+            MDB_val k = {9, key}, v;
+            ck_assert_int_eq(mdb_env_create(&env), 0);
+            ck_assert_int_eq(mdb_env_open(env, sdir, MDB_RDONLY, 0600), 0);
+            ck_assert_int_eq(mdb_txn_begin(env, NULL, MDB_RDONLY, &txn), 0);
+            ck_assert_int_eq(mdb_dbi_open(txn, NULL, 0, &dbi), 0);
+            if (mdb_get(txn, dbi, &k, &v) != 0) snprintf(sdir, sizeof sdir, "%s/shard-1", copy);
+            mdb_txn_abort(txn);
+            mdb_env_close(env);
+            ckpt_edit(sdir, chunk_past_end, NULL);
+        }
+        if (i == 2) { /* both meta pages (page size 4096) say page size 0 */
+            FILE *m = fopen(f, "r+b");
+            ck_assert_ptr_nonnull(m);
+            uint32_t zero = 0;
+            for (long at = 40; at <= 4096 + 40; at += 4096) {
+                ck_assert_int_eq(fseek(m, at, SEEK_SET), 0);
+                ck_assert_int_eq(fwrite(&zero, 4, 1, m), 1);
+            }
+            ck_assert_int_eq(fclose(m), 0);
+        }
+        if (i == 3) {
+            ck_assert_int_eq(unlink(f), 0);
+            ck_assert_int_eq(mkfifo(f, 0600), 0);
+        }
+        char name[64];
+        if (cases[i].verify) {
+            const char *va[] = {"verify", "--against", copy, NULL};
+            snprintf(name, sizeof name, "verify-%s", cases[i].name);
+            EXPECT_LOG(psctl(c, name, 1, va), cases[i].verify);
+        }
+        char *argv[] = {(char *)cl_binary("PSD"), "--manifest", c->manifest, "--shard", "0",
+                        "--restore", copy, NULL};
+        snprintf(name, sizeof name, "restore-%s", cases[i].name);
+        cl_proc_t *r = cl_spawn(c, name, argv);
+        EXPECT_EXIT(r, 1);
+        EXPECT_LOG(r, cases[i].restore);
+    }
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* psd of cluster @p c as shard 0, its data_dir a tmpfs of @p mib MiB mounted in a user and
  * mount namespace of its own (unshare -rm), stdout and stderr to NAME.log. */
 static cl_proc_t *psd_on_tmpfs(cl_cluster_t *c, const char *name, int mib)
@@ -1574,6 +1699,8 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("psctl_stopped_shard_bounded", test_psctl_stopped_shard_bounded));
     suite_add_tcase(s, tcase("checkpoint_damaged_files_refused",
                              test_checkpoint_damaged_files_refused));
+    suite_add_tcase(s, tcase("checkpoint_hostile_files_refused",
+                             test_checkpoint_hostile_files_refused));
     suite_add_tcase(s, tcase("sync_interval_reported", test_sync_interval_reported));
     suite_add_tcase(s, tcase("checkpoint_restore_reshard", test_checkpoint_restore_reshard));
     suite_add_tcase(s, tcase("checkpoint_verify_against", test_checkpoint_verify_against));
