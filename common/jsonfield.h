@@ -27,4 +27,52 @@ static inline const char *ps_json_field(const char *json, const char *key, char 
     return buf;
 }
 
+/**
+ * @brief The string value of the first "@p key": "..." in @p json, for showing it: its JSON
+ *  escapes of a quote, a backslash or a slash undone, a control byte (\u00XX, \n, ...) shown as
+ *  the text \xXX (never written raw to a terminal); other bytes as they are. Into the caller's
+ *  @p buf (@p len > 0 bytes; always NUL-terminated, cut to @p len - 1 at a whole escape).
+ * @return @p buf, or NULL when @p json is NULL or has no such string (@p buf untouched).
+ */
+static inline const char *ps_json_str_field(const char *json, const char *key, char *buf,
+                                            size_t len)
+{
+    char pat[72];
+    snprintf(pat, sizeof pat, "\"%s\": \"", key);
+    const char *p = json ? strstr(json, pat) : NULL;
+    if (p == NULL) return NULL;
+    size_t n = 0;
+    for (p += strlen(pat); *p && *p != '"';) {
+        char out[12] = {*p, 0};
+        if (*p == '\\' && p[1]) {
+            static const char simple[] = "bfnrt", ctrl[] = "\b\f\n\r\t";
+            const char *e = strchr(simple, p[1]);
+            unsigned v = 0;
+            if (p[1] == 'u' && sscanf(p + 2, "%4x", &v) == 1) {
+                if (v < 0x20 || v == 0x7f)
+                    snprintf(out, sizeof out, "\\x%02x", v);
+                else if (v < 0x80)
+                    out[0] = (char)v;
+                else
+                    snprintf(out, sizeof out, "\\u%04x", v & 0xffffu);
+                p += 6;
+            } else if (e != NULL && p[1] != '\0') {
+                snprintf(out, sizeof out, "\\x%02x", (unsigned)ctrl[e - simple]);
+                p += 2;
+            } else { /* \" \\ \/ */
+                out[0] = p[1];
+                p += 2;
+            }
+        } else {
+            p++;
+        }
+        size_t k = strlen(out);
+        if (n + k >= len) break;
+        memcpy(buf + n, out, k);
+        n += k;
+    }
+    buf[n] = '\0';
+    return buf;
+}
+
 #endif

@@ -39,6 +39,11 @@ int ps_decl_check(const ps_decl_t *d, char *err, size_t errlen)
         snprintf(err, errlen, "empty tensor name");
         return PS_EINVAL;
     }
+    if (strcmp(d->name, "__metadata__") == 0) { /* psctl export's header would hold it twice */
+        snprintf(err, errlen, "tensor name '__metadata__' is the key safetensors keeps for a "
+                 "file's metadata (psctl export)");
+        return PS_EINVAL;
+    }
     /* Names go into JSON (status, checkpoints' meta.json) and safetensors headers as they are:
      * one that is not UTF-8 made `psctl export` write a header no reader takes. */
     long bad = utf8_bad_at(d->name);

@@ -176,6 +176,14 @@ static const char *field(const char *json, const char *key, char *buf, size_t le
     return v ? v : "-";
 }
 
+/* A string "key": "value" (a tensor's name) for showing: escapes undone, control bytes as
+ * \xXX (ps_json_str_field). */
+static const char *str_field(const char *json, const char *key, char *buf, size_t len)
+{
+    const char *v = ps_json_str_field(json, key, buf, len);
+    return v ? v : "-";
+}
+
 /* The applied count of the last pass listed in "passes". */
 static const char *last_pass_applied(const char *json, char *buf, size_t len)
 {
@@ -250,10 +258,10 @@ static int status(ctl_t *ctl, int json, double timeout_s)
     }
     for (int i = 0; i < n && !json; i++) {
         const char *r = ctl->shards[i].reply;
-        char cnt[32], name[PS_NAME_MAX * 2], step[32];
+        char cnt[32], name[PS_NAME_MAX * 4], step[32];
         if (!ctl->shards[i].got || atoi(field(r, "untrained_tensors", cnt, sizeof cnt)) == 0)
             continue;
-        field(r, "untrained_first", name, sizeof name);
+        str_field(r, "untrained_first", name, sizeof name);
         printf("shard %d: %s tensor%s that no push reached (the first: '%s') while its chunks "
                "went to step %s: no member has %s, and the shard's step stays 0 (so does every "
                "bsp checkpoint): psctl --manifest %s forget NAME drops one\n", i, cnt,
@@ -262,7 +270,7 @@ static int status(ctl_t *ctl, int json, double timeout_s)
     }
     for (int i = 0; i < n && !json; i++) {
         const char *r = ctl->shards[i].reply;
-        char cnt[32], name[PS_NAME_MAX * 2], rank[32];
+        char cnt[32], name[PS_NAME_MAX * 4], rank[32];
         if (!ctl->shards[i].got) continue;
         int one;
         if (atoll(field(r, "nonfinite_pushes", cnt, sizeof cnt)) != 0) {
@@ -271,14 +279,14 @@ static int status(ctl_t *ctl, int json, double timeout_s)
                    "(the last: rank %s, tensor '%s')\n", i, cnt, one ? "" : "es",
                    one ? "was" : "were", one ? "its" : "their",
                    field(r, "nonfinite_last_rank", rank, sizeof rank),
-                   field(r, "nonfinite_last_tensor", name, sizeof name));
+                   str_field(r, "nonfinite_last_tensor", name, sizeof name));
         }
         if (atoll(field(r, "nonfinite_param_chunks", cnt, sizeof cnt)) == 0) continue;
         one = strcmp(cnt, "1") == 0;
         printf("shard %d: %s chunk%s hold%s a parameter that is a NaN or an infinity after an "
                "update with finite gradients (the first tensor: '%s'): the optimizer "
                "overflowed, a learning rate too high?\n", i, cnt, one ? "" : "s",
-               one ? "s" : "", field(r, "nonfinite_param_first", name, sizeof name));
+               one ? "s" : "", str_field(r, "nonfinite_param_first", name, sizeof name));
     }
     const char *j = ctl->shards[0].got ? ctl->shards[0].reply : NULL;
     if (!json && j) {

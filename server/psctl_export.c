@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "crc32c.h"
@@ -127,8 +128,19 @@ int psctl_export(const ps_manifest_t *m, const char *out, double timeout_s, doub
         off += t[k].numel * 4;
         k++;
     }
-    /* The header: JSON, padded with spaces to a multiple of 8 bytes. */
-    size_t cap = 256 + (size_t)k * (3 * PS_NAME_MAX + 200), hl = 0;
+    /* The header: JSON, padded with spaces to a multiple of 8 bytes. Room for every string
+     * escaped at its longest (a control byte takes 6: \u00XX). safetensors keeps the key
+     * "__metadata__" for itself: a tensor of that name would be a second one (a store made
+     * before declarations refused the name). */
+    size_t cap = 256 + 6 * strlen(m->cluster), hl = 0;
+    for (uint32_t i = 0; i < k; i++) {
+        if (strcmp(t[i].d.name, "__metadata__") == 0) {
+            fprintf(stderr, "psctl: export: a tensor is named '__metadata__', the key "
+                    "safetensors keeps for the file's metadata: it cannot be exported\n");
+            goto out;
+        }
+        cap += 6 * strlen(t[i].d.name) + 64 + (size_t)t[i].d.ndim * 12;
+    }
     if ((hdr = malloc(cap)) == NULL) goto out;
     hl += (size_t)snprintf(hdr + hl, cap - hl, "{\"__metadata__\": {\"step\": \"%llu\", ",
                            (unsigned long long)step);
@@ -151,9 +163,22 @@ int psctl_export(const ps_manifest_t *m, const char *out, double timeout_s, doub
     }
     hl += (size_t)snprintf(hdr + hl, cap - hl, "}");
     while (hl % 8 && hl + 1 < cap) hdr[hl++] = ' ';
-    if (hl + 1 >= cap) goto out;
-    snprintf(tmp, sizeof tmp, "%s.tmp", out);
-    if ((f = fopen(tmp, "wb")) == NULL) {
+    if (hl + 1 >= cap) {
+        fprintf(stderr, "psctl: export: the header outgrew its %zu bytes\n", cap);
+        goto out;
+    }
+    /* A name of its own beside OUT (mkstemp: O_EXCL, so never through a symlink or into a FIFO
+     * someone left there, nor shared by two exports), then renamed over OUT. */
+    snprintf(tmp, sizeof tmp, "%s.XXXXXX", out);
+    int fd = mkstemp(tmp);
+    mode_t mask = umask(0);
+    umask(mask);
+    if (fd >= 0 && (fchmod(fd, 0666 & ~mask) != 0 || (f = fdopen(fd, "wb")) == NULL)) {
+        close(fd);
+        unlink(tmp);
+        fd = -1;
+    }
+    if (fd < 0) {
         fprintf(stderr, "psctl: export: %s: %s\n", tmp, strerror(errno));
         goto out;
     }
@@ -279,7 +304,7 @@ int psctl_verify(const ps_manifest_t *m, double timeout_s)
             if (sscanf(line, "%u %u %n", &t, &c, &at) == 2) {
                 bad++;
                 printf("psctl: verify: shard %d: tensor '%s' chunk %u: %s\n", i,
-                       (int)t < nt && names[t][0] ? names[t] : "?", c, line + at);
+                       t < (unsigned)nt && names[t][0] ? names[t] : "?", c, line + at);
             }
             line = nl ? nl + 1 : NULL;
         }

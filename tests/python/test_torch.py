@@ -1715,6 +1715,47 @@ def binding(tmp):
           "a dropped Op, a forked child, a resized parameter, Conv3d")
 
 
+def odd_names(tmp):
+    """Tensor names with quotes, commas, braces, backslashes and control bytes (legal: valid
+    UTF-8) come out whole: psctl status shows the name (escapes undone, a control byte as
+    \\xXX; before, cut at the first quote or comma: 'a'), psctl export writes a header that
+    parses (before, 100 control bytes overflowed its buffer: exit 1 without a word, or a heap
+    overflow), and an OUT.tmp symlink left beside the output is not written through (before,
+    the file it pointed to was overwritten). '__metadata__', safetensors' own key, is refused
+    at the declaration (before, the export's header held that key twice)."""
+    c = Cluster(tmp, "names", 1, consistency="asp")
+    try:
+        odd, ctrl = 'a,b}c"d\\e\x01f', "\x01" * 100
+        with psd.Client(c.manifest) as cl:
+            try:
+                cl.declare("__metadata__", (4,))
+                raise AssertionError("a tensor named __metadata__ was declared")
+            except psd.PsError as e:
+                assert "safetensors keeps" in str(e), str(e)
+            ids = [cl.declare(n, (4,)) for n in (ctrl, odd)]
+            buf = array.array("f", [float("nan"), 0.0, 0.0, 0.0])
+            for t in ids:  # left out: the status names the last tensor pushed so
+                cl.push(t, buf.buffer_info()[0], 0, keep=buf).wait()
+        st = c.psctl("status")
+        assert "tensor 'a,b}c\"d\\e\\x01f')" in st.stdout, st.stdout
+        out = os.path.join(c.dir, "odd.safetensors")
+        victim = os.path.join(c.dir, "victim.txt")
+        with open(victim, "w") as f:
+            f.write("mine")
+        os.symlink(victim, out + ".tmp")
+        r = c.psctl("export", "--out", out)
+        assert r.returncode == 0, r.stderr
+        with open(out, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            header = json.loads(f.read(n))
+        assert set(header) == {"__metadata__", odd, ctrl}, sorted(header)
+        assert open(victim).read() == "mine", "the export wrote through OUT.tmp's symlink"
+    finally:
+        c.stop()
+    print("odd names: shown whole by psctl status, exported in a header that parses; "
+          "__metadata__ refused; OUT.tmp's symlink left alone")
+
+
 def main():
     if len(sys.argv) == 4 and sys.argv[1] == "worker":
         worker_main(sys.argv[2], sys.argv[3])
@@ -1738,6 +1779,7 @@ def main():
         models_differ(tmp)
         buffers_shared(tmp)
         forget_stray(tmp)
+        odd_names(tmp)
         model_values(tmp)
         late_model(tmp)
         unused_parameters(tmp)

@@ -180,6 +180,10 @@ START_TEST(decl_names_utf8)
                  (unsigned char)bad[i].name[bad[i].at]);
         ck_assert_msg(strstr(err, want) != NULL, "bad name %zu: %s, want %s", i, err, want);
     }
+    /* safetensors keeps this key for the file's metadata (psctl export). */
+    snprintf(d.name, sizeof d.name, "__metadata__");
+    ck_assert_int_eq(ps_decl_check(&d, err, sizeof err), PS_EINVAL);
+    ck_assert_msg(strstr(err, "'__metadata__' is the key safetensors keeps") != NULL, "%s", err);
 }
 END_TEST
 
