@@ -11,13 +11,16 @@
 #include <stdlib.h>
 #include <fnmatch.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <yaml.h>
 
 #include "ps/ps_error.h"
 
-/* A manifest is a page of YAML; a bigger file is a mistake (or /dev/zero), not a manifest. */
-#define MANIFEST_MAX_BYTES (16u << 20)
+/* A manifest is a page of YAML; a bigger file is a mistake (or /dev/zero), not a manifest
+ * (libyaml's document takes ~90 times the text: a 16 MiB one took 1.5 GB). */
+#define MANIFEST_MAX_BYTES (1u << 20)
+#define MANIFEST_MAX_NODES 65536 /* scalars, mappings and sequences: 64 servers are ~500 */
 #define PATH_LEN 192  /* room for the longest dotted key path we print */
 #define MAX_FIELDS 32 /* rows per table; parse_map() tracks each row's first line */
 #define NOMAX INFINITY
@@ -149,11 +152,25 @@ static const char *text_of(const yaml_node_t *n)
     return (const char *)n->data.scalar.value;
 }
 
-/* A scalar's text, cut to fit a message. */
+/* A scalar's text, cut to fit a message; a NUL or another control byte shown as \0 or \xXX
+ * (a NUL used to end the text shown: "cluster\0x" read as an unknown key "cluster"). */
 static const char *clip(const yaml_node_t *n, char *buf, size_t size)
 {
-    size_t len = n->data.scalar.length, keep = len > 60 ? 57 : len;
-    snprintf(buf, size, "%.*s%s", (int)keep, text_of(n), keep < len ? "..." : "");
+    size_t len = n->data.scalar.length, o = 0;
+    const unsigned char *t = (const unsigned char *)text_of(n);
+    for (size_t i = 0; i < len && o + 8 < size; i++) {
+        if (o >= 57) {
+            o += (size_t)snprintf(buf + o, size - o, "...");
+            break;
+        }
+        if (t[i] == 0)
+            o += (size_t)snprintf(buf + o, size - o, "\\0");
+        else if (t[i] < 0x20 || t[i] == 0x7f)
+            o += (size_t)snprintf(buf + o, size - o, "\\x%02x", t[i]);
+        else
+            buf[o++] = (char)t[i];
+    }
+    buf[o < size ? o : size - 1] = '\0';
     return buf;
 }
 
@@ -188,11 +205,12 @@ static int find_name(const char *const *names, const yaml_node_t *n)
 
 /* ---- scalars ----------------------------------------------------------------------------- */
 
-/* YAML 1.2 core-schema decimal integer: [-+]?[0-9]+ (so 0700 is seven hundred, not octal). */
+/* YAML 1.2 core-schema decimal integer: [-+]?[0-9]+, without a leading zero (YAML 1.1
+ * readers, PyYAML among them, take 0700 as octal: the two would read one file two ways). */
 static bool is_int_text(const char *s)
 {
     if (*s == '-' || *s == '+') s++;
-    if (*s == '\0') return false;
+    if (*s == '\0' || (s[0] == '0' && s[1] != '\0')) return false;
     for (; *s; s++)
         if (*s < '0' || *s > '9') return false;
     return true;
@@ -250,7 +268,11 @@ static int parse_int(ctx_t *c, const field_t *f, yaml_node_t *n, void *dst, cons
 {
     char buf[96];
     if (!is_plain(n) || !is_int_text(text_of(n)))
-        return fail(c, n, path, "expected an integer, got %s", describe(n, buf, sizeof buf));
+        return fail(c, n, path, "expected an integer%s, got %s",
+                    is_plain(n) && text_of(n)[text_of(n)[0] == '+' || text_of(n)[0] == '-'] == '0'
+                        ? " without a leading zero"
+                        : "",
+                    describe(n, buf, sizeof buf));
     const char *s = text_of(n);
     uint64_t lo = int_bound(f->min, f->size), hi = int_bound(f->max, f->size);
     errno = 0;
@@ -303,6 +325,15 @@ static int parse_str(ctx_t *c, const field_t *f, yaml_node_t *n, char *dst, cons
     size_t len = n->data.scalar.length;
     if (len == 0) return fail(c, n, path, "must not be empty");
     if (strlen(text_of(n)) != len) return fail(c, n, path, "must not contain a NUL character");
+    const char *t = text_of(n);
+    if (is_plain(n) && (strcmp(t, "~") == 0 || strcmp(t, "null") == 0 || strcmp(t, "Null") == 0 ||
+                        strcmp(t, "NULL") == 0))
+        return fail(c, n, path, "is YAML's null, not a string: leave the key out, or quote the "
+                    "text ('%s')", t);
+    for (size_t i = 0; i < len; i++)
+        if ((unsigned char)t[i] < 0x20 || t[i] == 0x7f)
+            return fail(c, n, path, "must not contain a control character (byte %zu is 0x%02x)", i,
+                        (unsigned)(unsigned char)t[i]);
     if (len >= f->size)
         return fail(c, n, path, "is too long: at most %zu bytes, got %zu", f->size - 1, len);
     if (f->names && find_name(f->names, n) < 0)
@@ -448,15 +479,19 @@ static int check_name(ctx_t *c, const field_t *f, yaml_node_t *n, char *base, co
     return 0;
 }
 
-/* A host name or an address (IPv4, IPv6, bracketed or not): what psd and UCX can resolve, and
- * what status JSON and logs can show as it is. */
+/* A host name or an address (IPv4, IPv6 without brackets): what psd and UCX can resolve
+ * (getaddrinfo takes no brackets: "[::1]" passed here and psd could not resolve it), and what
+ * status JSON and logs can show as it is. */
 static int check_host(ctx_t *c, const field_t *f, yaml_node_t *n, char *base, const char *path)
 {
     const char *s = base + f->off;
     char buf[96];
-    if (s[strspn(s, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-:[]%")] !=
+    if (s[0] == '[')
+        return fail(c, n, path, "an IPv6 address goes without brackets (::1, not [::1]), got "
+                    "'%s'", clip(n, buf, sizeof buf));
+    if (s[strspn(s, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-:%")] !=
         '\0')
-        return fail(c, n, path, "must be a host name or an address ([A-Za-z0-9_.:%%[]-]), got "
+        return fail(c, n, path, "must be a host name or an address ([A-Za-z0-9_.:%%-]), got "
                     "'%s'", clip(n, buf, sizeof buf));
     return 0;
 }
@@ -469,10 +504,14 @@ bool ps_codec_name_valid(const char *t)
     const char *f = NULL;
     if (strncmp(t, "topk:", 5) == 0) f = t + 5;
     else if (strncmp(t, "randomk:", 8) == 0) f = t + 8;
-    if (f == NULL || *f == '\0' || strspn(f, "0123456789.eE-+") != strlen(f)) return false;
+    /* As psk_codec_parse (kernels/codec.c) takes it, which psworker runs: a digit or a point
+     * first (no sign), and a fraction still > 0 as a float (1e-50 is 0). */
+    if (f == NULL || !((*f >= '0' && *f <= '9') || *f == '.') ||
+        strspn(f, "0123456789.eE-+") != strlen(f))
+        return false;
     char *end;
     double v = strtod(f, &end);
-    return *end == '\0' && v > 0 && v <= 1;
+    return *end == '\0' && v > 0 && v <= 1 && (float)v > 0.0f;
 }
 
 const char *ps_compression_codec_for(const ps_compression_conf_t *cc, const char *name,
@@ -566,12 +605,12 @@ static int check_servers(ctx_t *c, const field_t *f, yaml_node_t *n, char *base,
                 return fail(c, item, sub, "same host:port as %s[%d] (%s:%u)", path, i, b->host,
                             (unsigned)b->port);
             }
-            if (strcmp(a->data_dir, b->data_dir) == 0) {
+            if (strcmp(a->data_dir, b->data_dir) == 0 && strcmp(a->host, b->host) == 0) {
                 char item_path[PATH_LEN];
                 child_path(item_path, path, NULL, j);
                 child_path(sub, item_path, "data_dir", -1);
-                return fail(c, map_get(c, item, "data_dir"), sub, "same data_dir as %s[%d] ('%s')",
-                            path, i, b->data_dir);
+                return fail(c, map_get(c, item, "data_dir"), sub, "same host and data_dir as "
+                            "%s[%d] ('%s')", path, i, b->data_dir);
             }
         }
     }
@@ -790,13 +829,36 @@ static int depth_check(ctx_t *c, const char *text, size_t len)
     if (!yaml_parser_initialize(&p)) return 0; /* the load says "out of memory" */
     yaml_parser_set_input_string(&p, (const unsigned char *)text, len);
     int depth = 0, rc = 0;
+    long nodes = 0;
     for (;;) {
         yaml_event_t e;
         if (!yaml_parser_parse(&p, &e)) break;
         yaml_event_type_t t = e.type;
         size_t line = e.start_mark.line + 1;
+        /* An explicit tag (!!str, !!binary, !!float) is not followed by the document API: the
+         * text was taken as it is (!!binary L3RtcA== as a path), so none is taken. */
+        const yaml_char_t *tag = t == YAML_SCALAR_EVENT           ? e.data.scalar.tag
+                                 : t == YAML_SEQUENCE_START_EVENT ? e.data.sequence_start.tag
+                                 : t == YAML_MAPPING_START_EVENT  ? e.data.mapping_start.tag
+                                                                  : NULL;
+        char tagbuf[64] = "";
+        if (tag) snprintf(tagbuf, sizeof tagbuf, "%s", (const char *)tag);
+        nodes += t == YAML_SCALAR_EVENT || t == YAML_SEQUENCE_START_EVENT ||
+                 t == YAML_MAPPING_START_EVENT;
         yaml_event_delete(&e);
         if (t == YAML_STREAM_END_EVENT) break;
+        if (tag) {
+            for (char *q = tagbuf; *q; q++)
+                if ((unsigned char)*q < 0x20 || *q == 0x7f) *q = '?';
+            rc = fail_at(c, line, "", "a YAML tag (%s) is not taken: write the value without it",
+                         tagbuf);
+            break;
+        }
+        if (nodes > MANIFEST_MAX_NODES) {
+            rc = fail_at(c, line, "", "more than %d YAML values: a manifest is a page",
+                         MANIFEST_MAX_NODES);
+            break;
+        }
         if (t == YAML_SEQUENCE_START_EVENT || t == YAML_MAPPING_START_EVENT) depth++;
         if (t == YAML_SEQUENCE_END_EVENT || t == YAML_MAPPING_END_EVENT) depth--;
         if (depth > MANIFEST_MAX_DEPTH) {
@@ -864,6 +926,22 @@ int ps_manifest_parse(ps_manifest_t *m, const char *name, const char *text, size
                   describe(root, buf, sizeof buf));
     else
         rc = parse_map(&c, top_fields, root, (char *)tmp, "");
+    if (rc == 0 && tmp->checkpoint.present) {
+        /* Each checkpoint's directory, DIR/step-N or DIR/time-MS, travels in a wire message:
+         * one too long made every periodic checkpoint fail (psd's follower died at each). The
+         * default DIR is servers[0].data_dir's parent's checkpoints/. */
+        const ps_checkpoint_conf_t *ck = &tmp->checkpoint;
+        size_t dir = ck->dir[0] ? strlen(ck->dir) : strlen(tmp->servers[0].data_dir) + 12;
+        size_t most = dir + strlen("/time-18446744073709551615");
+        if (most >= PS_CKPT_DIR_MAX) {
+            yaml_node_t *ckn = map_get(&c, root, "checkpoint");
+            rc = fail(&c, ck->dir[0] ? map_get(&c, ckn, "dir") : ckn,
+                      ck->dir[0] ? "checkpoint.dir" : "checkpoint",
+                      "each checkpoint's directory (%s/step-N) must stay under %d bytes, and "
+                      "this one can take %zu%s", ck->dir[0] ? "dir" : "servers[0].data_dir/..",
+                      PS_CKPT_DIR_MAX, most, ck->dir[0] ? "" : ": set checkpoint.dir");
+        }
+    }
     if (rc) goto out_doc;
     ps_optim_conf_t *o = &tmp->job.optimizer;
     if (isnan(o->eps)) o->eps = o->name == PS_OPT_ADAGRAD ? 1e-10f : 1e-8f; /* PyTorch's */
@@ -896,11 +974,20 @@ int ps_manifest_load(ps_manifest_t *m, const char *path, char *err, size_t errle
         fail_at(&c, 0, "", "cannot read: %s", strerror(ENAMETOOLONG));
         return -ENAMETOOLONG;
     }
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO there must not hang the open (every program reads the manifest); it
+     * is refused below as what it is. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         int e = errno;
         fail_at(&c, 0, "", "cannot read: %s", strerror(e));
         return -e;
+    }
+    struct stat st;
+    int bad = fstat(fd, &st) != 0 ? errno : S_ISREG(st.st_mode) ? 0 : EINVAL;
+    if (bad) {
+        fail_at(&c, 0, "", "cannot read: %s", bad == EINVAL ? "not a regular file" : strerror(bad));
+        close(fd);
+        return -bad;
     }
     int rc = 0;
     size_t len = 0, cap = 4096;

@@ -109,6 +109,10 @@ typedef struct {
                                  waits for the batches in flight before it is skipped */
 } ps_checkpoint_conf_t;
 
+/* A checkpoint's directory is carried in wire messages (checkpoint, repair): at most this many
+ * bytes less one. */
+#define PS_CKPT_DIR_MAX 200
+
 #define PS_SPIN_US_DEFAULT 500
 
 typedef struct {

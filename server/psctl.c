@@ -7,6 +7,7 @@
  *   psctl --manifest M checkpoint --follow  the manifest's periodic checkpoints until the job
  *                                       is finished (psctl_follow.c; psd shard 0 runs it) */
 #include <ctype.h>
+#include <errno.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdbool.h>
@@ -557,7 +558,7 @@ int main(int argc, char **argv)
                 printf(", metrics http://%s:%u/metrics", sc->metrics_host, sc->metrics_port);
             printf("\n");
         }
-        if (ctl.m.secret_file[0] && access(ctl.m.secret_file, F_OK) != 0) {
+        if (ctl.m.secret_file[0] && access(ctl.m.secret_file, F_OK) != 0 && errno == ENOENT) {
             /* Checked for a deployment elsewhere (a Kubernetes ConfigMap, say): not here. */
             printf("  peers prove the secret in %s (not on this host: each host needs it)\n",
                    ctl.m.secret_file);

@@ -74,7 +74,7 @@ int psctl_checkpoint_dir(const ps_manifest_t *m, const char *base_in, uint64_t s
     else
         snprintf(tmp, sizeof tmp, "%s/step-%llu", base, (unsigned long long)step);
     psctl_absolute(out, cap, tmp);
-    return strlen(out) < 200 ? 0 : PS_EINVAL;
+    return strlen(out) < PS_CKPT_DIR_MAX ? 0 : PS_EINVAL;
 }
 
 int psctl_checkpoint_remove(const char *dir, uint32_t nshards)
@@ -113,7 +113,7 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
     int ret = 1, n = m->nservers, narmed = 0;
     char err[512];
     ps_msg_t r;
-    int armed = strlen(d) < 200;
+    int armed = strlen(d) < PS_CKPT_DIR_MAX;
     if (!armed) fprintf(stderr, "psctl: checkpoint: directory '%s' is longer than 199 bytes\n", d);
     /* PS_TEST_ARM_GAP_MS (tests only): a pause between two shards' arms, as a slow network
      * makes, during which training must not move (the hold keeps it still). */
@@ -557,7 +557,7 @@ int psctl_repair(const ps_manifest_t *m, const char *dir_in, int rollback, doubl
     int ret = 1, nt;
     char cluster[256] = "";
     psd_ckpt_meta_field(meta0, "cluster", cluster, sizeof cluster);
-    if (strlen(dir) >= 200) { /* MSG_REPAIR carries it in 255 bytes; checkpoint's own bound */
+    if (strlen(dir) >= PS_CKPT_DIR_MAX) { /* MSG_REPAIR carries it; checkpoint's own bound */
         fprintf(stderr, "psctl: repair: checkpoint directory '%s' is longer than 199 bytes\n", dir);
         goto out;
     }

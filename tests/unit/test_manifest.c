@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "manifest.h"
@@ -312,8 +313,34 @@ static const struct {
     {L1 "servers:\n  - {host: h, port: \"7300\", data_dir: /d}\n" L5 L6_9 L10,
      "demo.yaml:3: servers[0].port: expected an integer, got a quoted string '7300'"},
     {L1 "servers:\n  - {host: \"a\\\"b\", port: 7300, data_dir: /d}\n" L5 L6_9 L10,
-     "demo.yaml:3: servers[0].host: must be a host name or an address ([A-Za-z0-9_.:%[]-]), "
+     "demo.yaml:3: servers[0].host: must be a host name or an address ([A-Za-z0-9_.:%-]), "
      "got 'a\"b'"},
+    /* Found by a review (session 39): each was taken (as something else, or for psd to fail on
+     * at its start). */
+    {L1 "servers:\n  - {host: \"[::1]\", port: 7300, data_dir: /d}\n" L5 L6_9 L10,
+     "demo.yaml:3: servers[0].host: an IPv6 address goes without brackets (::1, not [::1]), "
+     "got '[::1]'"},
+    {L1 "servers:\n  - {host: h, port: 07300, data_dir: /d}\n" L5 L6_9 L10,
+     "demo.yaml:3: servers[0].port: expected an integer without a leading zero, got '07300'"},
+    {L1 "servers:\n  - {host: h, port: !!str 7300, data_dir: /d}\n" L5 L6_9 L10,
+     "demo.yaml:3: a YAML tag (tag:yaml.org,2002:str) is not taken: write the value without it"},
+    {L1 "servers:\n  - {host: h, port: 7300, data_dir: !!binary L3RtcC94}\n" L5 L6_9 L10,
+     "demo.yaml:3: a YAML tag (tag:yaml.org,2002:binary) is not taken: write the value without "
+     "it"},
+    {BASE "secret_file: null\n",
+     "demo.yaml:11: secret_file: is YAML's null, not a string: leave the key out, or quote the "
+     "text ('null')"},
+    {BASE "secret_file: ~\n", "demo.yaml:11: secret_file: is YAML's null, not a string: leave "
+                               "the key out, or quote the text ('~')"},
+    {L1 "servers:\n  - {host: h, port: 7300, data_dir: \"/d/\\e[2J\"}\n" L5 L6_9 L10,
+     "demo.yaml:3: servers[0].data_dir: must not contain a control character (byte 3 is 0x1b)"},
+    {"\"cluster\\0x\": demo\n" L2_4 L5 L6_9 L10, "demo.yaml:1: cluster\\0x: unknown key"},
+    {BASE "  compression: {codec: \"topk:+0.5\"}\n",
+     "demo.yaml:11: job.compression.codec: must be none|fp16|bf16|int8|sign|topk:F|randomk:F "
+     "with F in (0, 1], got 'topk:+0.5'"},
+    {BASE "  compression: {codec: \"topk:1e-50\"}\n",
+     "demo.yaml:11: job.compression.codec: must be none|fp16|bf16|int8|sign|topk:F|randomk:F "
+     "with F in (0, 1], got 'topk:1e-50'"},
     {L1 L2_4 L5 L6_9 "  optimizer: {name: adam, lr: fast}\n",
      "demo.yaml:10: job.optimizer.lr: expected a number, got 'fast'"},
     {L1 L2_4 L5 L6_9 "  optimizer: {name: adam, lr: .inf}\n",
@@ -402,8 +429,8 @@ static const struct {
      "demo.yaml:4: servers[1]: same host:port as servers[0] (h:7300)"},
     {L1 "servers:\n"
         "  - {host: h, port: 7300, data_dir: /d/0}\n"
-        "  - {host: i, port: 7300, data_dir: /d/0}\n" L5 L6_9 L10,
-     "demo.yaml:4: servers[1].data_dir: same data_dir as servers[0] ('/d/0')"},
+        "  - {host: h, port: 7301, data_dir: /d/0}\n" L5 L6_9 L10,
+     "demo.yaml:4: servers[1].data_dir: same host and data_dir as servers[0] ('/d/0')"},
     {L1 "servers:\n"
         "  - {host: h, port: 7300, data_dir: /d/0}\n"
         "  - {host: 127.0.0.1, port: 7301, data_dir: /d/1, metrics_port: 70000}\n" L5 L6_9 L10,
@@ -567,6 +594,13 @@ START_TEST(test_checkpoint)
                                       "got 0"},
         {"500", "demo.yaml:5: checkpoint: expected a mapping, got '500'"},
         {"{every_steps: 10, keep: 2, keep: 3}", "demo.yaml:5: checkpoint.keep: duplicate key..."},
+        /* Each checkpoint's directory travels in a wire message (under 200 bytes): before, one
+         * too long passed, and every periodic checkpoint failed. */
+        {"{every_steps: 10, dir: /ckpt/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+         "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+         "aaaaaaaaaaaaaaaaaaaaaaa}",
+         "demo.yaml:5: checkpoint.dir: each checkpoint's directory (dir/step-N) must stay under 200 "
+         "bytes, and this one can take 204"},
     };
     for (size_t i = 0; i < sizeof bad_ckpt / sizeof *bad_ckpt; i++) {
         ck_assert_msg(parse_ckpt(bad_ckpt[i].value) == PS_ECONFIG, "%s: accepted",
@@ -729,6 +763,41 @@ START_TEST(test_load_invalid_file)
 }
 END_TEST
 
+/* A FIFO named as the manifest is refused, not waited on (every program reads the manifest:
+ * before, psd, psworker, pslaunch and psctl check all hung in the open); so is a file over
+ * 1 MiB (a 16 MiB one took 1.5 GB of libyaml nodes) and one of more than 65536 values. */
+START_TEST(test_load_not_a_page)
+{
+    char path[512], want[640];
+    const char *dir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    snprintf(path, sizeof path, "%s/test_manifest_fifo.%d", dir, (int)getpid());
+    ck_assert_int_eq(mkfifo(path, 0600), 0);
+    int rc = ps_manifest_load(&m, path, err, sizeof err);
+    unlink(path);
+    ck_assert_int_eq(rc, -EINVAL);
+    snprintf(want, sizeof want, "%s: cannot read: not a regular file", path);
+    ck_assert_str_eq(err, want);
+    size_t n = (1u << 20) + 100;
+    char *big = malloc(n + 1);
+    ck_assert_ptr_nonnull(big);
+    memset(big, ' ', n);
+    memcpy(big, "cluster: c\n#", 12);
+    big[n] = '\0';
+    write_temp(path, sizeof path, big);
+    rc = ps_manifest_load(&m, path, err, sizeof err);
+    unlink(path);
+    ck_assert_msg(rc != 0 && strstr(err, "too large: a manifest is at most 1048576 bytes"), "%s",
+                  err);
+    size_t k = 0;
+    k += (size_t)snprintf(big + k, n - k, "cluster: [");
+    while (k + 3 < 300000) k += (size_t)snprintf(big + k, n - k, "1,");
+    snprintf(big + k, n - k, "1]\n");
+    ck_assert_int_eq(parse(big), PS_ECONFIG);
+    ck_assert_msg(strstr(err, "more than 65536 YAML values: a manifest is a page"), "%s", err);
+    free(big);
+}
+END_TEST
+
 Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("manifest");
@@ -754,6 +823,7 @@ Suite *ps_test_suite(void)
     tcase_add_test(tc, test_load_missing);
     tcase_add_test(tc, test_load_file);
     tcase_add_test(tc, test_load_invalid_file);
+    tcase_add_test(tc, test_load_not_a_page);
     suite_add_tcase(s, tc);
     return s;
 }
