@@ -34,6 +34,11 @@ int ps_auth_load(ps_auth_t *a, const ps_manifest_t *m, char *err, size_t errlen)
         snprintf(err, errlen, "secret_file %s: %s", f, strerror(errno));
     } else if (!S_ISREG(st.st_mode)) {
         snprintf(err, errlen, "secret_file %s: not a regular file", f);
+    } else if (st.st_uid != geteuid() && st.st_uid != 0) {
+        /* Its owner chose the key: one who is neither this user nor root could make psd (root,
+         * say) take a key of theirs. */
+        snprintf(err, errlen, "secret_file %s: owned by uid %u, neither this user (uid %u) nor "
+                 "root: chown it", f, (unsigned)st.st_uid, (unsigned)geteuid());
     } else if (st.st_mode & 077) {
         snprintf(err, errlen, "secret_file %s: readable or writable by group or others (mode "
                  "%03o): chmod 600 it", f, (unsigned)(st.st_mode & 0777));

@@ -25,6 +25,10 @@ void ps_log_write(int level, const char *module, const char *fmt, ...)
     vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
     va_end(ap);
     size_t len = strlen(line);
+    /* One line per call, whatever the message quotes (a peer's tensor name may hold a newline
+     * and a forged line after it, or a terminal's escape sequence): control bytes become '?'. */
+    for (size_t i = (size_t)n; i < len; i++)
+        if ((unsigned char)line[i] < 0x20 || line[i] == 0x7f) line[i] = '?';
     line[len++] = '\n';
     fwrite(line, 1, len, stderr); /* one write per line keeps lines whole */
 }

@@ -623,5 +623,6 @@ int main(int argc, char **argv)
     uv_run(&ctl.loop, UV_RUN_DEFAULT);
     uv_loop_close(&ctl.loop);
     free(ctl.shards);
+    ps_auth_wipe(&ctl.auth); /* as psd, libps and reqclient do */
     return bad;
 }

@@ -83,11 +83,31 @@ static void conn_close_ep(psd_server_t *srv, psd_conn_t *c)
     conn_free_if_done(c);
 }
 
+/* How many connections that have not proved the cluster secret may be open at once (each holds
+ * file descriptors: a peer opening them without end made psd run out, and its workers' own
+ * connections failed). */
+#define PSD_AUTH_PENDING_MAX 256
+
+/* How long a connection may go without a good proof: the heartbeat timeout, at least 1 s. */
+static uint64_t auth_deadline_ms(const psd_server_t *srv)
+{
+    uint64_t t = srv->m.job.heartbeat_timeout_ms;
+    return t < 1000 ? 1000 : t;
+}
+
+static int conns_unproven(const psd_server_t *srv)
+{
+    int n = 0;
+    for (const psd_conn_t *c = srv->conns; c; c = c->next) n += !c->authed && !c->dead;
+    return n;
+}
+
 static void on_conn_request(ucp_conn_request_h req, void *arg)
 {
     psd_server_t *srv = arg;
     psd_conn_t *c = calloc(1, sizeof *c);
-    if (c == NULL || srv->stopping) {
+    if (c == NULL || srv->stopping ||
+        (srv->auth->on && conns_unproven(srv) >= PSD_AUTH_PENDING_MAX)) {
         free(c);
         ucp_listener_reject(srv->listener, req);
         return;
@@ -95,6 +115,7 @@ static void on_conn_request(ucp_conn_request_h req, void *arg)
     c->srv = srv;
     c->rank = -1;
     c->conn_request = req;
+    c->born_ms = psd_now_ms();
     ucp_conn_request_attr_t a = {.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR};
     if (ucp_conn_request_query(req, &a) == UCS_OK) {
         const struct sockaddr_in *sin = (const struct sockaddr_in *)&a.client_address;
@@ -605,21 +626,24 @@ static void on_auth(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
                               sizeof c->auth_why) == 0;
 }
 
-/* A request on a connection that has not proved the cluster secret: refused with the reason
- * (its sender's call ends with it), nothing else done; logged once per connection. */
+/* A request on a connection that has not proved the cluster secret: the first is refused with
+ * the reason (its sender's call ends with it) and logged; the rest are dropped unanswered until
+ * a good proof (before, each got an answer that a peer not reading them left in psd's memory:
+ * 300,000 junk headers grew it by 330 MB, found by a review). Such a connection is closed
+ * auth_deadline_ms after it came (server_cron). */
 static void auth_refuse(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
 {
     const char *why = c->auth_why[0] ? c->auth_why
                                      : "no proof of the cluster secret came first (the peer's "
                                        "manifest has no secret_file?)";
-    if (!c->auth_warned) {
-        c->auth_warned = true;
-        srv->auth_refused++;
-        PS_LOG(PS_LOG_WARN, "server", "peer %s: %s refused: %s", c->peer,
-               ps_msg_type_name(msg->type), why);
-    }
+    if (c->auth_warned) return;
+    c->auth_warned = true;
+    srv->auth_refused++;
+    PS_LOG(PS_LOG_WARN, "server", "peer %s: %s refused: %s", c->peer,
+           ps_msg_type_name(msg->type), why);
     psd_send_error(srv, c, msg->req_id, PS_EAUTH, "authentication refused: %s", why);
 }
+
 
 static ucs_status_t on_am(void *arg, const void *header, size_t header_length, void *data,
                           size_t length, const ucp_am_recv_param_t *param)
@@ -632,6 +656,9 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     ps_msg_t msg;
     char err[256];
     if (ps_msg_decode(&msg, header, header_length, err, sizeof err)) {
+        bool unproven = !c->authed && srv->auth->on;
+        if (unproven && c->auth_warned) return UCS_OK; /* see auth_refuse */
+        c->auth_warned |= unproven;
         PS_LOG(PS_LOG_WARN, "server", "from %s: %s", c->peer, err);
         /* The request's id when the header got that far (0 otherwise), so that its sender's
          * call ends with the reason instead of waiting for an answer. */
@@ -858,6 +885,15 @@ static void on_cron(uv_timer_t *h)
         srv->late_floor_ms = uv_now(srv->loop); /* nor is a member's lateness (step_timeout) */
     }
     for (psd_conn_t *c = srv->conns; c; c = c->next) {
+        if (srv->auth->on && !c->authed && !c->dead && c->ep && c->rank < 0 &&
+            now - c->born_ms > auth_deadline_ms(srv)) {
+            PS_LOG(PS_LOG_INFO, "server", "peer %s: closed: no proof of the cluster secret "
+                   "within %llu ms", c->peer, (unsigned long long)auth_deadline_ms(srv));
+            c->dead = true;
+            c->close_queued = true;
+            dropped = 1;
+            continue;
+        }
         if (c->dead || c->rank < 0 || c->ep == NULL || now - c->last_seen_ms <= limit) continue;
         PS_LOG(PS_LOG_WARN, "server", "rank %d (pid %u) silent for %llu ms (heartbeat timeout "
                "%llu ms): dropping it", c->rank, c->pid,

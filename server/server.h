@@ -57,7 +57,9 @@ typedef struct psd_conn_s {
     bool fuses;                      /* it sent a bundle: its small replies may be bundled */
     bool authed;                     /* it proved the cluster secret (only looked at when the
                                         cluster has one) */
-    bool auth_warned;                /* its refusal was logged */
+    bool auth_warned;                /* its refusal was logged and answered: what it sends from
+                                        then on, before a good proof, is dropped unanswered */
+    uint64_t born_ms;                /* its connection request came (psd_now_ms) */
     char auth_why[160];              /* why its proof was refused ("": none came) */
     struct psd_send_s *outbox;       /* outbox.c: the bundle being filled for it */
     bool in_outbox_list;

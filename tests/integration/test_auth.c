@@ -12,6 +12,9 @@
 
 #include "cluster.h"
 #include "expect.h"
+#include "manifest.h"
+#include "ps/ps_error.h"
+#include "reqclient.h"
 
 /* Write a secret file dir/@p name: 32 bytes of @p fill, mode @p mode. */
 static void write_secret(cl_cluster_t *c, const char *name, char fill, mode_t mode, char *path,
@@ -111,10 +114,45 @@ START_TEST(test_secret_file_mode)
 }
 END_TEST
 
+/* A connection that has not proved the secret is closed job.heartbeat_timeout_ms after it came
+ * (before, kept for good: enough of them ran psd out of file descriptors, and its workers'
+ * connections failed; found by a review). Its first request is refused with the reason; what
+ * it sends after that is dropped unanswered (not shown here: reqclient connects again after a
+ * refusal). */
+START_TEST(test_unproven_peer_dropped)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1, .job_extra = "  heartbeat_timeout_ms: 1000\n"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    char good[CL_PATH], m_good[CL_PATH], m_none[CL_PATH], err[1024];
+    write_secret(c, "secret", 'k', 0600, good, sizeof good);
+    manifest_with(c, "manifest.yaml", good, m_good, sizeof m_good);
+    manifest_with(c, "none.yaml", NULL, m_none, sizeof m_none);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    static ps_manifest_t m;
+    ck_assert_msg(ps_manifest_load(&m, m_none, err, sizeof err) == 0, "%s", err);
+    ps_req_t *r;
+    ck_assert_msg(ps_req_open(&m, 1.0, &r, err, sizeof err) == 0, "%s", err);
+    ps_msg_t q = {.type = PS_MSG_STATUS, .rank = -1}, rep;
+    void *data = NULL;
+    size_t len = 0;
+    int rc = ps_req_call(r, 0, &q, &rep, &data, &len, err, sizeof err);
+    free(data);
+    ck_assert_msg(rc == PS_EAUTH && strstr(err, "authentication refused"), "first: %d %s", rc,
+                  err);
+    /* (reqclient makes a new connection after a refusal: this one is left idle, unproven.) */
+    ck_assert_msg(cl_wait_log(psd, "closed: no proof of the cluster secret within 1000 ms",
+                              RUN_S) == 0, "%s", cl_tail(psd));
+    ps_req_close(r);
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("auth");
     suite_add_tcase(s, tcase("secret_required", test_secret_required));
     suite_add_tcase(s, tcase("secret_file_mode", test_secret_file_mode));
+    suite_add_tcase(s, tcase("unproven_peer_dropped", test_unproven_peer_dropped));
     return s;
 }

@@ -86,6 +86,14 @@ START_TEST(bad_files_refused)
     ck_assert_int_eq(ps_auth_load(&a, &m, err, sizeof err), PS_ECONFIG);
     ck_assert_msg(strstr(err, "not a regular file"), "%s", err);
     unlink(m.secret_file);
+    /* One owned by another user (who chose the key), where this test can make one (root). */
+    if (geteuid() == 0) {
+        secret("theirs", 32, 'k', 0600);
+        ck_assert_int_eq(chown(m.secret_file, 65534, 65534), 0);
+        ck_assert_int_eq(ps_auth_load(&a, &m, err, sizeof err), PS_ECONFIG);
+        ck_assert_msg(strstr(err, "owned by uid 65534, neither this user (uid 0) nor root"), "%s",
+                      err);
+    }
 }
 END_TEST
 
