@@ -19,7 +19,7 @@
 
 #define READ_BLOCK ((size_t)4 << 20) /* bytes per read: in cache when its CRC is taken */
 
-#define DSC_MAGIC "PSDSC001"
+#define DSC_MAGIC "PSDSC002" /* 002: the header holds its name's key */
 #define DSC_HDR 4096
 
 typedef struct {
@@ -28,7 +28,22 @@ typedef struct {
     uint64_t bytes; /* payload after the header */
     uint32_t crc;   /* CRC-32C of the payload */
     uint32_t pad;
+    uint64_t key;   /* the sources' key its name was made with (ps_dscache_path) */
 } dsc_hdr_t;
+
+/* The key in a cache file's name ("psd-dataset-<16 hex digits>.bin"), or 0. A file holds the
+ * key it was written for: one of another split or dataset renamed to this name (by mistake, or
+ * by another user in a shared directory without the sticky bit) is a miss, not trained on
+ * (found by a review: the test split was trained on silently). */
+static uint64_t key_of(const char *path)
+{
+    const char *b = strrchr(path, '/');
+    b = b ? b + 1 : path;
+    unsigned long long k = 0;
+    int used = 0;
+    if (sscanf(b, "psd-dataset-%16llx.bin%n", &k, &used) != 1 || b[used] != '\0') return 0;
+    return (uint64_t)k;
+}
 
 static uint64_t fnv(uint64_t h, const void *p, size_t n)
 {
@@ -99,7 +114,7 @@ int ps_dscache_load(ps_dataset_t *d, const char *path)
         __builtin_add_overflow(want, (uint64_t)h.n, &want) || want > SIZE_MAX / 2)
         goto miss;
     if (memcmp(h.magic, DSC_MAGIC, 8) != 0 || h.n == 0 || h.dim == 0 || h.bytes != want ||
-        (uint64_t)st.st_size != DSC_HDR + want)
+        (uint64_t)st.st_size != DSC_HDR + want || h.key == 0 || h.key != key_of(path))
         goto miss;
     /* Read into private memory on 2 MiB pages (see dscache.h), each block's CRC taken as it
      * arrives. */
@@ -176,7 +191,7 @@ int ps_dscache_save(const ps_dataset_t *d, const char *path)
     sweep_tmp(path);
     size_t img = (size_t)d->n * d->dim * sizeof(float);
     uint8_t hdr[DSC_HDR] = {0};
-    dsc_hdr_t h = {.n = d->n, .dim = d->dim, .bytes = img + d->n};
+    dsc_hdr_t h = {.n = d->n, .dim = d->dim, .bytes = img + d->n, .key = key_of(path)};
     memcpy(h.magic, DSC_MAGIC, 8);
     h.crc = ps_crc32c(ps_crc32c(0, d->images, img), d->labels, d->n);
     memcpy(hdr, &h, sizeof h);

@@ -129,8 +129,26 @@ static int expect_eof(gzFile f, const char *path, const char *what, char *err, s
     return 0;
 }
 
-/* Reads an IDX3 image file into d->images (standardized) and sets n and dim. */
-static int load_images(ps_dataset_t *d, const char *path, char *err, size_t errlen)
+/* The count an IDX1 label file's header announces (0 when it cannot be read: load_labels then
+ * says why). Read first, so that an image file announcing another count is refused before its
+ * images are allocated. */
+static uint32_t labels_announced(const char *path)
+{
+    gzFile f;
+    char err[16];
+    if (open_gz(&f, path, err, sizeof err) < 0) return 0;
+    unsigned char hdr[8];
+    uint32_t n = gzread(f, hdr, sizeof hdr) == (int)sizeof hdr && be32(hdr) == IDX_LABELS_MAGIC
+                     ? be32(hdr + 4)
+                     : 0;
+    gzclose(f);
+    return n;
+}
+
+/* Reads an IDX3 image file into d->images (standardized) and sets n and dim. @p want_n: the
+ * label file's count (0: not known), checked before anything is allocated. */
+static int load_images(ps_dataset_t *d, const char *path, uint32_t want_n, const char *lpath,
+                       char *err, size_t errlen)
 {
     gzFile f;
     int rc = open_gz(&f, path, err, errlen);
@@ -165,6 +183,23 @@ static int load_images(ps_dataset_t *d, const char *path, char *err, size_t errl
     uint64_t dim = (uint64_t)rows * cols;
     if (dim == 0 || dim > UINT32_MAX || (uint64_t)n * dim > SIZE_MAX / sizeof(float)) {
         set_err(err, errlen, "%s: implausible dimensions %u x %u x %u", path, n, rows, cols);
+        rc = PS_EDATA;
+        goto out;
+    }
+    /* What a header announces is checked before it is allocated: a small compressed file (a
+     * gzip bomb, or a damaged header) made the worker allocate and fill gigabytes (3 GB from
+     * 762 KB, found by a review) before the counts were compared. */
+    if (want_n && n != want_n) {
+        set_err(err, errlen, "%s: %u images, but %s announces %u labels", path, n, lpath,
+                want_n);
+        rc = PS_EDATA;
+        goto out;
+    }
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    double need = (double)n * (double)dim * sizeof(float);
+    if (pages > 0 && psz > 0 && need > (double)pages * (double)psz / 2) {
+        set_err(err, errlen, "%s: %u images of %llu pixels need %.1f GiB, more than half of this "
+                "machine's memory", path, n, (unsigned long long)dim, need / (1 << 30));
         rc = PS_EDATA;
         goto out;
     }
@@ -215,7 +250,7 @@ out:
     return rc;
 }
 
-/* Reads an IDX1 label file into *labels (each checked < 10) and its count into *n. */
+/* Reads an IDX1 label file into *labels (each checked < 10); its count must be *n. */
 static int load_labels(uint8_t **labels, uint32_t *n, const char *path, char *err,
                        size_t errlen)
 {
@@ -240,6 +275,11 @@ static int load_labels(uint8_t **labels, uint32_t *n, const char *path, char *er
     if (magic != IDX_LABELS_MAGIC) {
         set_err(err, errlen, "%s: bad magic number %u (an IDX label file has %u)", path, magic,
                 IDX_LABELS_MAGIC);
+        rc = PS_EDATA;
+        goto out;
+    }
+    if (count != *n) { /* the images' count (load_images read them first): before the malloc */
+        set_err(err, errlen, "%s: %u labels, but the image file has %u images", path, count, *n);
         rc = PS_EDATA;
         goto out;
     }
@@ -296,15 +336,11 @@ static int load_split(ps_dataset_t *d, const char *dir, const char *prefix, char
     int cached = ps_dscache_path(ipath, lpath, cpath, sizeof cpath) == 0;
     if (cached && ps_dscache_load(d, cpath) == 0)
         return 0; /* checked when it was written, and its CRC-32C just now */
-    int rc = load_images(d, ipath, err, errlen);
+    int rc = load_images(d, ipath, labels_announced(lpath), lpath, err, errlen);
     if (rc < 0)
         return rc;
-    uint32_t nlabels = 0;
+    uint32_t nlabels = d->n;
     rc = load_labels(&d->labels, &nlabels, lpath, err, errlen);
-    if (rc == 0 && nlabels != d->n) {
-        set_err(err, errlen, "%s: %u labels, but %s has %u images", lpath, nlabels, ipath, d->n);
-        rc = PS_EDATA;
-    }
     if (rc < 0)
         ps_dataset_free(d);
     else if (cached)

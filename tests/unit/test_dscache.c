@@ -90,6 +90,24 @@ START_TEST(test_damage_is_a_miss)
 }
 END_TEST
 
+/* A whole, intact cache file under another key's name (another split's or dataset's, renamed
+ * by mistake or by another user in a shared directory) is a miss: before, the test split was
+ * trained on as the training set, silently (found by a review). */
+START_TEST(test_other_key_is_a_miss)
+{
+    char path[4200], other[4200];
+    ck_assert_int_eq(ps_dscache_path(ipath, lpath, path, sizeof path), 0);
+    ps_dataset_t d = sample(), m = {0};
+    ck_assert_int_eq(ps_dscache_save(&d, path), 0);
+    snprintf(other, sizeof other, "%s/psd-dataset-0123456789abcdef.bin", dir);
+    ck_assert_int_eq(rename(path, other), 0);
+    ck_assert_int_eq(ps_dscache_load(&m, other), -1);
+    ck_assert_int_eq(rename(other, path), 0);
+    ck_assert_int_eq(ps_dscache_load(&m, path), 0); /* under its own name, still good */
+    ps_dataset_free(&m);
+}
+END_TEST
+
 /* A split larger than one read block and than the 2 MiB-page threshold reads back exactly,
  * the damaged last block is a miss, and a dataset whose n was lowered after loading (as
  * job.train_samples does) is released whole; a header whose sizes wrap is a miss. */
@@ -231,6 +249,7 @@ Suite *ps_test_suite(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_roundtrip);
     tcase_add_test(tc, test_damage_is_a_miss);
+    tcase_add_test(tc, test_other_key_is_a_miss);
     tcase_add_test(tc, test_large_split);
     tcase_add_test(tc, test_name_follows_sources);
     tcase_add_test(tc, test_untrusted_is_a_miss);
