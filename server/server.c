@@ -644,7 +644,6 @@ static void auth_refuse(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
     psd_send_error(srv, c, msg->req_id, PS_EAUTH, "authentication refused: %s", why);
 }
 
-
 static ucs_status_t on_am(void *arg, const void *header, size_t header_length, void *data,
                           size_t length, const ucp_am_recv_param_t *param)
 {
