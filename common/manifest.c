@@ -470,6 +470,23 @@ static yaml_node_t *map_get(ctx_t *c, yaml_node_t *map, const char *key)
 
 /* ---- cross-value rules ------------------------------------------------------------------- */
 
+/* job.layers: the mlp gives Fashion-MNIST's 10 classes, so its last layer is 10 (psworker
+ * refused anything else at its start, after `psctl check` had passed it; the first layer is
+ * checked there against the dataset's pixels, which the manifest does not know). */
+static int check_layers(ctx_t *c, const field_t *f, yaml_node_t *n, char *base, const char *path)
+{
+    const ps_job_conf_t *j = (const ps_job_conf_t *)base;
+    uint32_t last = j->layers[j->nlayers - 1];
+    if (last != 10) {
+        char sub[PATH_LEN];
+        child_path(sub, path, NULL, j->nlayers - 1);
+        return fail(c, yaml_document_get_node(c->doc, n->data.sequence.items.top[-1]), sub,
+                    "the mlp's last layer gives Fashion-MNIST's 10 classes: must be 10, got %u",
+                    last);
+    }
+    return 0;
+}
+
 static int check_name(ctx_t *c, const field_t *f, yaml_node_t *n, char *base, const char *path)
 {
     const char *s = base + f->off;
@@ -720,7 +737,7 @@ static const field_t compression_fields[] = {
 static const field_t job_fields[] = {
     {JOB(model), .type = T_STR, .flags = F_REQ, .names = model_names},
     {JOB(layers), .type = T_LIST, .min = 1, .max = 1 << 20, .elem = sizeof(uint32_t),
-     .count_off = offsetof(ps_job_conf_t, nlayers), .min_count = 2},
+     .count_off = offsetof(ps_job_conf_t, nlayers), .min_count = 2, .check = check_layers},
     {JOB(dataset), .type = T_STR},
     {JOB(train_samples), .type = T_INT, .min = 0, .max = NOMAX},
     {JOB(batch_size), .type = T_INT, .flags = F_REQ, .min = 1, .max = 1048576},

@@ -208,6 +208,7 @@ START_TEST(test_block_style_all_keys)
                        "  layers:\n"
                        "    - 3\n"
                        "    - 1048576\n"
+                       "    - 10\n"
                        "  dataset: /data/x\n"
                        "  batch_size: 1048576\n"
                        "  epochs: 100000\n"
@@ -239,7 +240,7 @@ START_TEST(test_block_style_all_keys)
     ck_assert_uint_eq(m.servers[0].port, 65535);
     ck_assert_uint_eq(m.servers[0].metrics_port, 9100);
     ck_assert_str_eq(m.servers[0].metrics_host, "0.0.0.0");
-    ck_assert_int_eq(m.job.nlayers, 2);
+    ck_assert_int_eq(m.job.nlayers, 3);
     ck_assert_uint_eq(m.job.layers[1], 1048576);
     ck_assert_uint_eq(m.job.seed, UINT64_MAX);
     ck_assert_int_eq(m.job.consistency, PS_CONSIST_ASP);
@@ -317,6 +318,9 @@ static const struct {
      "got 'a\"b'"},
     /* Found by a review (session 39): each was taken (as something else, or for psd to fail on
      * at its start). */
+    {BASE "  layers: [784, 64, 9]\n",
+     "demo.yaml:11: job.layers[2]: the mlp's last layer gives Fashion-MNIST's 10 classes: must "
+     "be 10, got 9"},
     {L1 "servers:\n  - {host: \"[::1]\", port: 7300, data_dir: /d}\n" L5 L6_9 L10,
      "demo.yaml:3: servers[0].host: an IPv6 address goes without brackets (::1, not [::1]), "
      "got '[::1]'"},
