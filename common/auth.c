@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "ps/ps_error.h"
+#include "regfile.h"
 
 int ps_auth_load(ps_auth_t *a, const ps_manifest_t *m, char *err, size_t errlen)
 {
@@ -21,20 +22,19 @@ int ps_auth_load(ps_auth_t *a, const ps_manifest_t *m, char *err, size_t errlen)
     snprintf(a->cluster, sizeof a->cluster, "%s", m->cluster);
     if (m->secret_file[0] == '\0') return 0;
     const char *f = m->secret_file;
-    /* May be a link (Kubernetes mounts secrets so); O_NONBLOCK: a FIFO must not block the
-     * open, it is refused as not a regular file below. */
-    int fd = open(f, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) {
-        snprintf(err, errlen, "secret_file %s: cannot open it: %s", f, strerror(errno));
+    /* May be a link (Kubernetes mounts secrets so); a FIFO must not block the open. */
+    struct stat st;
+    int fd = ps_open_regular(f, 0, &st);
+    if (fd == -EINVAL) {
+        snprintf(err, errlen, "secret_file %s: not a regular file (%s)", f, ps_file_kind(&st));
         return PS_ECONFIG;
     }
-    struct stat st;
+    if (fd < 0) {
+        snprintf(err, errlen, "secret_file %s: cannot open it: %s", f, strerror(-fd));
+        return PS_ECONFIG;
+    }
     int rc = PS_ECONFIG;
-    if (fstat(fd, &st) != 0) {
-        snprintf(err, errlen, "secret_file %s: %s", f, strerror(errno));
-    } else if (!S_ISREG(st.st_mode)) {
-        snprintf(err, errlen, "secret_file %s: not a regular file", f);
-    } else if (st.st_uid != geteuid() && st.st_uid != 0) {
+    if (st.st_uid != geteuid() && st.st_uid != 0) {
         /* Its owner chose the key: one who is neither this user nor root could make psd (root,
          * say) take a key of theirs. */
         snprintf(err, errlen, "secret_file %s: owned by uid %u, neither this user (uid %u) nor "

@@ -16,6 +16,7 @@
 #include <yaml.h>
 
 #include "ps/ps_error.h"
+#include "regfile.h"
 
 /* A manifest is a page of YAML; a bigger file is a mistake (or /dev/zero), not a manifest
  * (libyaml's document takes ~90 times the text: a 16 MiB one took 1.5 GB). */
@@ -991,20 +992,15 @@ int ps_manifest_load(ps_manifest_t *m, const char *path, char *err, size_t errle
         fail_at(&c, 0, "", "cannot read: %s", strerror(ENAMETOOLONG));
         return -ENAMETOOLONG;
     }
-    /* O_NONBLOCK: a FIFO there must not hang the open (every program reads the manifest); it
-     * is refused below as what it is. */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) {
-        int e = errno;
-        fail_at(&c, 0, "", "cannot read: %s", strerror(e));
-        return -e;
-    }
+    /* A FIFO there hung every program (each reads the manifest): refused as what it is. */
     struct stat st;
-    int bad = fstat(fd, &st) != 0 ? errno : S_ISREG(st.st_mode) ? 0 : EINVAL;
-    if (bad) {
-        fail_at(&c, 0, "", "cannot read: %s", bad == EINVAL ? "not a regular file" : strerror(bad));
-        close(fd);
-        return -bad;
+    int fd = ps_open_regular(path, 0, &st);
+    if (fd < 0) {
+        if (fd == -EINVAL)
+            fail_at(&c, 0, "", "cannot read: not a regular file (%s)", ps_file_kind(&st));
+        else
+            fail_at(&c, 0, "", "cannot read: %s", strerror(-fd));
+        return fd;
     }
     int rc = 0;
     size_t len = 0, cap = 4096;

@@ -10,6 +10,7 @@
 
 #include "ckpt_meta.h"
 #include "manifest.h"
+#include "regfile.h"
 
 #define META_MAX (1L << 30) /* a meta.json lists every chunk: ~40 bytes each */
 
@@ -17,13 +18,12 @@ char *psd_ckpt_meta_read(const char *dir, uint32_t j)
 {
     char path[1200];
     snprintf(path, sizeof path, "%s/shard-%u/%s", dir, j, PSD_CKPT_META);
-    /* Not blocking: a FIFO put there would hang every reader until a writer came. */
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) return NULL;
+    /* A FIFO put there would hang every reader until a writer came. */
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > META_MAX) {
-        close(fd);
-        errno = EINVAL; /* not a regular file, or too big */
+    int fd = ps_open_regular(path, 0, &st);
+    if (fd < 0 || st.st_size > META_MAX) {
+        if (fd >= 0) close(fd);
+        errno = fd < 0 ? -fd : EINVAL; /* EINVAL: not a regular file, or too big */
         return NULL;
     }
     FILE *f = fdopen(fd, "r");
@@ -214,17 +214,13 @@ static uint32_t rd32_at(const uint8_t *p)
  * file holds twice. Returns 0 or a PSD_CKPT_E* code. */
 static int check_data_file(const char *path)
 {
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) return errno;
     struct stat st;
+    int fd = ps_open_regular(path, 0, &st);
+    if (fd < 0) return fd == -EINVAL ? PSD_CKPT_ENOTREG : -fd;
     int rc = 0;
     uint8_t m0[64], m1[64];
     uint32_t psize = 0;
-    if (fstat(fd, &st) != 0)
-        rc = errno;
-    else if (!S_ISREG(st.st_mode))
-        rc = PSD_CKPT_ENOTREG;
-    else if (st.st_size == 0)
+    if (st.st_size == 0)
         rc = PSD_CKPT_EEMPTY;
     else if (pread(fd, m0, sizeof m0, 0) != (ssize_t)sizeof m0)
         rc = PSD_CKPT_EHEADER;

@@ -16,6 +16,7 @@
 #include "crc32c.h"
 #include "fmnist.h"
 #include "ps/ps_client.h"
+#include "regfile.h"
 
 #define READ_BLOCK ((size_t)4 << 20) /* bytes per read: in cache when its CRC is taken */
 
@@ -98,15 +99,15 @@ int ps_dscache_load(ps_dataset_t *d, const char *path)
      * blocking, and then only a regular file of this user that nobody else may write counts.
      * In a shared directory (/tmp) another user could otherwise plant data the workers train
      * on, or labels that abort them: the CRC guards against accidents, not writers. */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-    if (fd < 0) return -1;
     struct stat st;
+    int fd = ps_open_regular(path, O_NOFOLLOW, &st);
+    if (fd < 0) return -1;
     dsc_hdr_t h;
     float *images = NULL;
     uint8_t *labels = NULL;
     size_t img = 0;
     uint32_t crc = 0;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
+    if (st.st_uid != geteuid() ||
         (st.st_mode & (S_IWGRP | S_IWOTH)) || pread(fd, &h, sizeof h, 0) != (ssize_t)sizeof h)
         goto miss;
     uint64_t want; /* images and labels; a product that wraps is no cache of ours */

@@ -13,6 +13,7 @@
 
 #include "dscache.h"
 #include "ps/ps_client.h"
+#include "regfile.h"
 #include "ps/ps_error.h"
 
 #define IDX_IMAGES_MAGIC 2051u /* 0x00000803: unsigned bytes, 3 dimensions */
@@ -42,17 +43,14 @@ static uint32_t be32(const unsigned char *p)
 static int open_gz(gzFile *out, const char *path, char *err, size_t errlen)
 {
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     struct stat st;
-    if (fd >= 0 && fstat(fd, &st) == 0 && !S_ISREG(st.st_mode)) {
-        close(fd);
-        set_err(err, errlen, "%s: not a regular file (%s)", path,
-                S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO"
-                                                                            : "a device or socket");
+    int fd = ps_open_regular(path, 0, &st);
+    if (fd == -EINVAL) {
+        set_err(err, errlen, "%s: not a regular file (%s)", path, ps_file_kind(&st));
         return PS_EDATA;
     }
+    if (fd < 0) errno = -fd;
     if (fd >= 0) {
-        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
         errno = 0;
         *out = gzdopen(fd, "rb");
         if (*out == NULL) close(fd);

@@ -926,13 +926,13 @@ START_TEST(test_pslaunch_care)
 {
     cl_conf_t k = {.shards = 1, .workers = 1};
     cl_cluster_t *c = cl_cluster_create(&k);
-    char pids[CL_PATH], terms[CL_PATH], stub[CL_PATH], body[6 * CL_PATH];
+    char pids[CL_PATH], terms[CL_PATH], script[CL_PATH], body[6 * CL_PATH];
     cl_path(c, "ignoring.pids", pids, sizeof pids);
     snprintf(body, sizeof body, "trap '' TERM INT\necho $$ >> %s\nwhile :; do sleep 0.1; done\n",
              pids);
-    stand_in(c, "ignoring.sh", body, stub, sizeof stub);
+    stand_in(c, "ignoring.sh", body, script, sizeof script);
     char *la[] = {(char *)cl_binary("PSLAUNCH"), "--manifest", c->manifest, "--workers", "2",
-                  "--psworker", stub, NULL};
+                  "--psworker", script, NULL};
     cl_proc_t *l = cl_spawn(c, "pslaunch-ignored", la);
     char *listed = wait_lines(pids, 2);
     ck_assert_int_eq(cl_signal(l, SIGTERM), 0);
@@ -951,7 +951,7 @@ START_TEST(test_pslaunch_care)
     cl_path(c, "b.terms", terms, sizeof terms);
     snprintf(body, sizeof body, "trap 'echo term >> %s; exit 0' TERM\necho $$ >> %s\n"
              "while :; do sleep 0.1; done\n", terms, pids);
-    stand_in(c, "leaving.sh", body, stub, sizeof stub);
+    stand_in(c, "leaving.sh", body, script, sizeof script);
     l = cl_spawn(c, "pslaunch-killed", la);
     free(wait_lines(pids, 2));
     ck_assert_int_eq(cl_signal(l, SIGKILL), 0);
@@ -961,17 +961,17 @@ START_TEST(test_pslaunch_care)
     free(wait_lines(terms, 2));
 
     /* Started with SIGCHLD ignored: a worker that exits 1 is replaced, then it exits 1. */
-    stand_in(c, "die.sh", "exit 1\n", stub, sizeof stub);
+    stand_in(c, "die.sh", "exit 1\n", script, sizeof script);
     char *lc[] = {"/usr/bin/env", "--ignore-signal=CHLD", (char *)cl_binary("PSLAUNCH"),
                   "--manifest", c->manifest, "--workers", "1", "--respawn", "1", "--psworker",
-                  stub, NULL};
+                  script, NULL};
     l = cl_spawn(c, "pslaunch-nochld", lc);
     EXPECT_EXIT(l, 1);
     EXPECT_LOG(l, "starting a replacement");
 
     /* A --metrics-dir where no file can be made. */
     char *lm[] = {(char *)cl_binary("PSLAUNCH"), "--manifest", c->manifest, "--workers", "1",
-                  "--metrics-dir", "/proc", "--psworker", stub, NULL};
+                  "--metrics-dir", "/proc", "--psworker", script, NULL};
     l = cl_spawn(c, "pslaunch-proc", lm);
     EXPECT_EXIT(l, 1);
     EXPECT_LOG(l, "--metrics-dir /proc: cannot make a file in it");
@@ -991,9 +991,9 @@ START_TEST(test_pslaunch_care)
     snprintf(body, sizeof body, "for f in /proc/$$/fd/*; do readlink \"$f\"; done > %s.tmp\n"
              "mv %s.tmp %s\necho \"$@\" > %s\ntrap 'exit 0' TERM\n"
              "while :; do sleep 0.1; done\n", fds, fds, fds, args);
-    stand_in(c, "lister.sh", body, stub, sizeof stub);
+    stand_in(c, "lister.sh", body, script, sizeof script);
     char *lf[] = {(char *)cl_binary("PSLAUNCH"), "--manifest", c->manifest, "--follow",
-                  "--poll-ms", "100", "--metrics-dir", mdir, "--psworker", stub, NULL};
+                  "--poll-ms", "100", "--metrics-dir", mdir, "--psworker", script, NULL};
     l = cl_spawn(c, "pslaunch-follow", lf);
     for (int t = 0; t < 400 && access(fds, F_OK) != 0; t++) usleep(50000);
     char *held = cl_read_file(fds, NULL);

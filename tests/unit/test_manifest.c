@@ -779,7 +779,7 @@ START_TEST(test_load_not_a_page)
     int rc = ps_manifest_load(&m, path, err, sizeof err);
     unlink(path);
     ck_assert_int_eq(rc, -EINVAL);
-    snprintf(want, sizeof want, "%s: cannot read: not a regular file", path);
+    snprintf(want, sizeof want, "%s: cannot read: not a regular file (a FIFO)", path);
     ck_assert_str_eq(err, want);
     size_t n = (1u << 20) + 100;
     char *big = malloc(n + 1);
