@@ -160,6 +160,23 @@ int ps_auth_check(const ps_auth_t *a, ps_auth_seen_t *seen, const char *host, ui
     return 0;
 }
 
+void ps_auth_session(const ps_auth_t *a, const uint8_t proof[PS_AUTH_PROOF_LEN],
+                     uint8_t out[PS_AUTH_SESSION])
+{
+    uint8_t msg[12 + PS_AUTH_PROOF_LEN], mac[PS_AUTH_MAC];
+    memcpy(msg, "psd-session", 12); /* with its NUL */
+    memcpy(msg + 12, proof, PS_AUTH_PROOF_LEN);
+    unsigned len = PS_AUTH_MAC;
+    HMAC(EVP_sha256(), a->key, (int)a->key_len, msg, sizeof msg, mac, &len);
+    memcpy(out, mac, PS_AUTH_SESSION);
+    OPENSSL_cleanse(mac, sizeof mac);
+}
+
+bool ps_auth_session_ok(const uint8_t want[PS_AUTH_SESSION], const uint8_t *got, size_t len)
+{
+    return len == PS_AUTH_SESSION && CRYPTO_memcmp(want, got, PS_AUTH_SESSION) == 0;
+}
+
 void ps_auth_wipe(ps_auth_t *a)
 {
     OPENSSL_cleanse(a->key, sizeof a->key);

@@ -6,7 +6,10 @@
  * that a proof seen on its way to one shard opens no connection to another. The shard checks it (ps_auth_check) before it serves anything else
  * on that connection: the signature (so the secret never travels), the clock (within
  * PS_AUTH_SKEW_S of the shard's) and the nonce (not seen within that window: a recorded proof
- * cannot be replayed). The secret is read from a file only its owner may read; it never
+ * cannot be replayed). Both ends then derive the connection's session token from the proof
+ * (ps_auth_session), which every later header on it carries: psd tells a message's connection by
+ * UCX's reply endpoint, whose id the sender writes itself, so without the token a peer that
+ * guessed an authenticated connection's id could speak as it. The secret is read from a file only its owner may read; it never
  * appears in a log, an argument or an error. */
 #ifndef PS_AUTH_H
 #define PS_AUTH_H
@@ -17,11 +20,13 @@
 
 #include "manifest.h"
 
-#define PS_AUTH_VERSION 2 /* 2: signs the shard (host:port) too */
+#define PS_AUTH_VERSION 3 /* 2: signs the shard (host:port) too; 3: every later header carries
+                             the session token (ps_auth_session) */
 #define PS_AUTH_NONCE 16
 #define PS_AUTH_MAC 32
 /* version (1) + Unix time in seconds, big-endian (8) + nonce + HMAC-SHA256 */
 #define PS_AUTH_PROOF_LEN (1 + 8 + PS_AUTH_NONCE + PS_AUTH_MAC)
+#define PS_AUTH_SESSION 16 /* bytes of a connection's session token */
 #define PS_AUTH_SKEW_S 300      /* how far a peer's clock may be from this one */
 #define PS_AUTH_KEY_MIN 16      /* bytes of secret at least */
 #define PS_AUTH_KEY_MAX 4096
@@ -70,6 +75,18 @@ int ps_auth_prove_at(const ps_auth_t *a, const char *host, uint16_t port, int64_
  */
 int ps_auth_check(const ps_auth_t *a, ps_auth_seen_t *seen, const char *host, uint16_t port,
                   const uint8_t *proof, size_t len, int64_t now, char *why, size_t whylen);
+
+/**
+ * @brief The session token of the connection that proof @p proof opened: the first
+ *  PS_AUTH_SESSION bytes of HMAC-SHA256(key, "psd-session" 0 proof), into @p out. The client
+ *  computes it from the proof it sent, the shard from the one it accepted; a peer without the
+ *  secret cannot, even having seen the proof. @p a must be on. No allocation.
+ */
+void ps_auth_session(const ps_auth_t *a, const uint8_t proof[PS_AUTH_PROOF_LEN],
+                     uint8_t out[PS_AUTH_SESSION]);
+
+/** @brief Whether @p got (@p len bytes) is session token @p want, compared in constant time. */
+bool ps_auth_session_ok(const uint8_t want[PS_AUTH_SESSION], const uint8_t *got, size_t len);
 
 /** @brief Zero the key in memory (at exit). */
 void ps_auth_wipe(ps_auth_t *a);

@@ -407,11 +407,12 @@ uint32_t ps_ucx_eager_below(const ps_ucx_t *u, const char *lanes)
 }
 
 int ps_ucx_connect(ps_ucx_t *u, const char *host, uint16_t port, ucp_err_handler_cb_t cb,
-                   void *arg, ucp_ep_h *ep)
+                   void *arg, ucp_ep_h *ep, ps_ucx_token_t *token)
 {
     struct sockaddr_storage ss;
     socklen_t sslen;
     *ep = NULL;
+    if (token) memset(token, 0, sizeof *token);
     if (u->worker == NULL) return PS_ETRANSPORT; /* a failed ps_ucx_restart */
     if (ps_sockaddr_resolve(host, port, &ss, &sslen)) return PS_ECONFIG;
     ucp_ep_params_t p = {
@@ -426,6 +427,6 @@ int ps_ucx_connect(ps_ucx_t *u, const char *host, uint16_t port, ucp_err_handler
         *ep = NULL;
         return PS_ETRANSPORT;
     }
-    if (u->connected) u->connected(u, *ep, host, port, u->connected_arg);
+    if (u->connected) u->connected(u, *ep, host, port, u->connected_arg, token);
     return 0;
 }

@@ -13,6 +13,15 @@
 
 typedef struct ps_ucx_s ps_ucx_t;
 
+#define PS_UCX_TOKEN_MAX 16
+
+/* What an endpoint's `connected` hook made for it that every header sent on the endpoint
+ * carries: the session token of an authenticated connection (proto/authmsg.h); len 0: none. */
+typedef struct ps_ucx_token_s {
+    uint8_t len;
+    uint8_t b[PS_UCX_TOKEN_MAX];
+} ps_ucx_token_t;
+
 
 /** Runs on the loop thread outside UCX callbacks; returns nonzero if it did work. */
 typedef int (*ps_ucx_deferred_cb)(ps_ucx_t *u);
@@ -48,8 +57,10 @@ struct ps_ucx_s {
     void *am_arg;
     void *data;                  /* the owner's */
     /* Called by ps_ucx_connect on each endpoint it made, before the caller sends anything on
-     * it (proto/authmsg.h: the authentication proof); NULL: nothing. */
-    void (*connected)(ps_ucx_t *u, ucp_ep_h ep, const char *host, uint16_t port, void *arg);
+     * it (proto/authmsg.h: the authentication proof), with the endpoint's token to fill (it
+     * comes zeroed); NULL: nothing. */
+    void (*connected)(ps_ucx_t *u, ucp_ep_h ep, const char *host, uint16_t port, void *arg,
+                      struct ps_ucx_token_s *token);
     void *connected_arg;
 };
 
@@ -166,11 +177,14 @@ int ps_sockaddr_resolve(const char *host, uint16_t port, struct sockaddr_storage
 
 /**
  * @brief Create a client endpoint to @p host : @p port (sockaddr connection, peer error
- * handling; @p cb with @p arg is called on the loop thread if the endpoint fails).
+ * handling; @p cb with @p arg is called on the loop thread if the endpoint fails), and set
+ * *@p token to what every header sent on it must carry (ps_msg_encode_sealed; len 0 when @p u
+ * has no `connected` hook or the hook made none). @p token is the caller's and may be NULL
+ * only when @p u has no hook.
  * @return 0, PS_ECONFIG (@p host does not resolve) or PS_ETRANSPORT (*ep is NULL then).
  */
 int ps_ucx_connect(ps_ucx_t *u, const char *host, uint16_t port, ucp_err_handler_cb_t cb,
-                   void *arg, ucp_ep_h *ep);
+                   void *arg, ucp_ep_h *ep, ps_ucx_token_t *token);
 
 /** @brief Map a UCS status to a PS_E* code. */
 int ps_ucx_err(ucs_status_t s);

@@ -17,7 +17,11 @@ static void auth_sent(void *request, ucs_status_t status, void *user_data)
     if (request) ucp_request_free(request);
 }
 
-static void send_proof(ps_ucx_t *u, ucp_ep_h ep, const char *host, uint16_t port, void *arg)
+_Static_assert(PS_AUTH_SESSION == PS_UCX_TOKEN_MAX && PS_AUTH_SESSION == PS_SESSION_MAX,
+               "a session token fits the endpoint's token and the header's field");
+
+static void send_proof(ps_ucx_t *u, ucp_ep_h ep, const char *host, uint16_t port, void *arg,
+                       ps_ucx_token_t *token)
 {
     (void)u;
     const ps_auth_t *a = arg;
@@ -34,6 +38,10 @@ static void send_proof(ps_ucx_t *u, ucp_ep_h ep, const char *host, uint16_t port
     if (ps_msg_encode(&m, s->hdr, sizeof s->hdr, &hlen)) {
         free(s);
         return;
+    }
+    if (token) {
+        ps_auth_session(a, m.auth, token->b);
+        token->len = PS_AUTH_SESSION;
     }
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                                              UCP_OP_ATTR_FIELD_USER_DATA |

@@ -14,6 +14,7 @@ typedef struct {
     int failed;
     ucs_status_t status;
     uv_loop_t *loop;
+    ps_ucx_token_t tok; /* the endpoint's session token (authmsg.h) */
 } cep_t;
 
 struct ps_req_s {
@@ -187,7 +188,7 @@ static int connect_shard(ps_req_t *c, uint32_t i, char *err, size_t errlen)
      * started again, or whose transport was (psd's transport_restart), answers a new one. */
     ps_ucx_ep_close(&c->ucx, &e->ep, 1);
     e->failed = 0;
-    int rc = ps_ucx_connect(&c->ucx, sc->host, sc->port, on_ep_error, e, &e->ep);
+    int rc = ps_ucx_connect(&c->ucx, sc->host, sc->port, on_ep_error, e, &e->ep, &e->tok);
     if (rc == PS_ECONFIG) { /* a name not resolvable yet (DNS not up, a pod not made yet) */
         snprintf(err, errlen, "shard %u: cannot resolve %s", i, sc->host);
         rc = PS_ETRANSPORT; /* not the shard's refusal: the caller may ask again */
@@ -215,7 +216,12 @@ int ps_req_call(ps_req_t *c, uint32_t shard, ps_msg_t *req, ps_msg_t *reply,
         return PS_ENOMEM;
     }
     snd->c = c;
-    if (ps_msg_encode(req, snd->hdr, sizeof snd->hdr, &hlen)) {
+    /* A request that carries a token of its own is sent as it is (a test of psd's check). */
+    int sealed = req->session_len
+                     ? ps_msg_encode(req, snd->hdr, sizeof snd->hdr, &hlen)
+                     : ps_msg_encode_sealed(req, e->tok.b, e->tok.len, snd->hdr,
+                                            sizeof snd->hdr, &hlen);
+    if (sealed) {
         free(snd);
         snprintf(err, errlen, "request header too large");
         return PS_EINVAL;

@@ -23,7 +23,9 @@ int ps_req_open(const ps_manifest_t *m, double timeout_s, ps_req_t **out, char *
                 size_t errlen);
 
 /**
- * @brief Send @p req (req_id set here) to shard @p shard and wait for its reply.
+ * @brief Send @p req (req_id set here) to shard @p shard and wait for its reply. The header
+ *  carries the connection's session token (authmsg.h), unless @p req has one of its own
+ *  (session_len > 0: sent as it is, for tests of psd's check).
  * @param[out] reply  the reply's header (an MSG_ERROR reply is returned as its status).
  * @param[out] data   when not NULL: the reply's data, malloc'd (the caller frees it; NULL when
  *                    there is none), its size in @p len.

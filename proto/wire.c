@@ -120,6 +120,12 @@ const char *ps_msg_type_name(int type)
 
 int ps_msg_encode(const ps_msg_t *m, uint8_t *buf, size_t cap, size_t *len)
 {
+    return ps_msg_encode_sealed(m, m->session, m->session_len, buf, cap, len);
+}
+
+int ps_msg_encode_sealed(const ps_msg_t *m, const uint8_t *session, size_t session_len,
+                         uint8_t *buf, size_t cap, size_t *len)
+{
     Ps__Header h = PS__HEADER__INIT;
     Ps__TensorDecl d = PS__TENSOR_DECL__INIT;
     uint32_t shape[PS_MAX_DIMS];
@@ -169,6 +175,9 @@ int ps_msg_encode(const ps_msg_t *m, uint8_t *buf, size_t cap, size_t *len)
     h.cluster = (char *)(m->cluster[0] ? m->cluster : "");
     h.auth.len = m->auth_len <= sizeof m->auth ? m->auth_len : 0;
     h.auth.data = (uint8_t *)m->auth;
+    if (session_len > PS_SESSION_MAX) return PS_EINVAL;
+    h.session.len = session_len;
+    h.session.data = (uint8_t *)session;
     if (m->has_decl) {
         d.name = (char *)m->decl.name;
         memcpy(shape, m->decl.shape, sizeof shape);
@@ -279,6 +288,10 @@ int ps_msg_decode(ps_msg_t *m, const void *buf, size_t len, char *err, size_t er
                                            sizeof m->auth);
     m->auth_len = (uint32_t)h->auth.len;
     if (h->auth.len) memcpy(m->auth, h->auth.data, h->auth.len);
+    if (h->session.len != 0 && h->session.len != PS_SESSION_MAX)
+        FAIL("session token of %zu bytes (%d expected)", h->session.len, PS_SESSION_MAX);
+    m->session_len = (uint32_t)h->session.len;
+    if (h->session.len) memcpy(m->session, h->session.data, h->session.len);
     if (h->decl) {
         Ps__TensorDecl *d = h->decl;
         m->has_decl = 1;

@@ -15,6 +15,7 @@
 #define PS_WIRE_VERSION 1
 #define PS_WIRE_HDR_MAX 1024 /* largest header we send or accept (UCX allows 8100 B) */
 #define PS_NAME_MAX 128
+#define PS_SESSION_MAX 16 /* a session token's bytes (common/auth.h: PS_AUTH_SESSION) */
 #define PS_MAX_DIMS 4
 #define PS_MAX_TENSOR_VALUES (1ull << 34) /* per tensor (64 GiB of fp32) */
 
@@ -77,6 +78,10 @@ enum {
                                   that changed nothing); an older psd applies it as it is.
                                   hello reply: this psd leaves such pushes out (libps then
                                   sends one its codec cannot encode, int8 or sign, as fp32) */
+    PS_FLAG_ANSWER = 131072, /* heartbeat: answer it (the shard sends MSG_HEARTBEAT back with
+                                its `shard`); hello reply: this psd answers such heartbeats
+                                (session 40), so libps takes one that answers nothing for a
+                                while as lost (a dead host, a cut network, a stopped psd) */
 };
 
 /* UCP Active Message ids. */
@@ -199,6 +204,8 @@ typedef struct {
     char cluster[128];
     uint32_t auth_len;    /* MSG_AUTH: the proof's bytes */
     uint8_t auth[64];
+    uint32_t session_len; /* the connection's session token (PS_SESSION_MAX bytes) or 0 */
+    uint8_t session[PS_SESSION_MAX];
     int has_decl;
     ps_decl_t decl;
 } ps_msg_t;
@@ -235,6 +242,14 @@ void ps_shape_str(const uint32_t *shape, int ndim, char *buf, size_t len);
  * @return 0, or PS_EINVAL when it does not fit in @p cap. No allocation.
  */
 int ps_msg_encode(const ps_msg_t *m, uint8_t *buf, size_t cap, size_t *len);
+
+/**
+ * @brief ps_msg_encode, with the connection's session token @p session of @p session_len
+ *  bytes (at most PS_SESSION_MAX; 0: none) in place of @p m's own. Every client header after
+ *  MSG_AUTH goes out this way (proto/authmsg.h). No allocation.
+ */
+int ps_msg_encode_sealed(const ps_msg_t *m, const uint8_t *session, size_t session_len,
+                         uint8_t *buf, size_t cap, size_t *len);
 
 /**
  * @brief Unpack and validate a header received from a peer.

@@ -105,6 +105,9 @@ static void metrics_text(psd_server_t *srv, psd_http_reply_t *r)
     psd_prom_u64(&p, "psd_auth_refused_total", "counter",
                  "Connections refused for a missing or wrong proof of the cluster secret",
                  srv->auth_refused);
+    psd_prom_u64(&p, "psd_auth_forged_total", "counter",
+                 "Headers on a proven connection without its session token, dropped",
+                 srv->auth_forged);
     psd_prom_u64(&p, "psd_transport_restarts_total", "counter",
                  "Times the UCX transport was found stuck and started again",
                  srv->transport_restarts);

@@ -35,6 +35,7 @@ typedef struct {
     char *reply;           /* the shard's JSON, NUL-terminated */
     size_t len;
     uint8_t hdr[128];
+    ps_ucx_token_t tok;    /* the endpoint's session token (authmsg.h) */
     char why[256];
 } shard_t;
 
@@ -130,7 +131,7 @@ static void ask(ctl_t *ctl, int i)
     s->tries++;
     s->retry_at = 0;
     int rc = ps_ucx_connect(&ctl->ucx, ctl->m.servers[i].host, ctl->m.servers[i].port,
-                            on_ep_error, s, &s->ep);
+                            on_ep_error, s, &s->ep, &s->tok);
     if (rc) {
         s->failed = 1;
         snprintf(s->why, sizeof s->why, rc == PS_ECONFIG ? "cannot resolve %s"
@@ -140,7 +141,7 @@ static void ask(ctl_t *ctl, int i)
     }
     ps_msg_t m = {.type = PS_MSG_STATUS, .req_id = (uint64_t)i + 1, .rank = -1};
     size_t hlen;
-    ps_msg_encode(&m, s->hdr, sizeof s->hdr, &hlen);
+    ps_msg_encode_sealed(&m, s->tok.b, s->tok.len, s->hdr, sizeof s->hdr, &hlen);
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
                              .flags = UCP_AM_SEND_FLAG_REPLY};
     void *req = ucp_am_send_nbx(s->ep, PS_AM_CTRL, s->hdr, hlen, NULL, 0, &p);

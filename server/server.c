@@ -411,7 +411,7 @@ size_t psd_status_json(psd_server_t *srv, char *out, size_t cap)
                             "\"updates_applied\": %llu, \"crc_errors\": %llu, "
                             "\"replays_skipped\": %llu, \"stale_acks\": %llu, "
                             "\"transport_restarts\": %llu, \"authentication\": %s, "
-                            "\"auth_refused\": %llu, "
+                            "\"auth_refused\": %llu, \"auth_forged\": %llu, "
                             "\"run\": \"%016llx\", \"run_base_step\": %llu, "
                             "\"stopping\": %s, ",
                             srv->shard, sc->host, sc->port, srv->m.cluster,
@@ -430,6 +430,7 @@ size_t psd_status_json(psd_server_t *srv, char *out, size_t cap)
                             (unsigned long long)srv->transport_restarts,
                             srv->auth->on ? "true" : "false",
                             (unsigned long long)srv->auth_refused,
+                            (unsigned long long)srv->auth_forged,
                             (unsigned long long)srv->run.id,
                             (unsigned long long)srv->run.base_step, srv->stopping ? "true" : "false");
     psd_shard_status_json(srv, out, cap, &len);
@@ -624,6 +625,20 @@ static void on_auth(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
     c->authed = ps_auth_check(srv->auth, &srv->auth_seen, me->host, me->port, msg->auth,
                               msg->auth_len, (int64_t)time(NULL), c->auth_why,
                               sizeof c->auth_why) == 0;
+    if (c->authed) ps_auth_session(srv->auth, msg->auth, c->session);
+}
+
+/* A header on a proven connection without its session token (or one that does not decode):
+ * UCX names the sender's connection by an endpoint id the sender writes itself, so this may be
+ * a peer without the secret that guessed it, speaking as this connection. Dropped unanswered
+ * (an answer would go to the connection's owner); logged once per connection, counted. */
+static void forged_drop(psd_server_t *srv, psd_conn_t *c, const char *type, const char *what)
+{
+    srv->auth_forged++;
+    if (c->forged_warned) return;
+    c->forged_warned = true;
+    PS_LOG(PS_LOG_WARN, "server", "peer %s: %s %s: dropped (a peer without the secret that "
+           "guessed this connection's UCX endpoint id?)", c->peer, type, what);
 }
 
 /* A request on a connection that has not proved the cluster secret: the first is refused with
@@ -654,7 +669,12 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     c->last_seen_ms = psd_now_ms(); /* not the loop's cached time: the loop may have stalled */
     ps_msg_t msg;
     char err[256];
+    bool proven = srv->auth->on && c->authed;
     if (ps_msg_decode(&msg, header, header_length, err, sizeof err)) {
+        if (proven) { /* its session token cannot be told: not answered */
+            forged_drop(srv, c, "a header", err);
+            return UCS_OK;
+        }
         bool unproven = !c->authed && srv->auth->on;
         if (unproven && c->auth_warned) return UCS_OK; /* see auth_refuse */
         c->auth_warned |= unproven;
@@ -667,6 +687,11 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     if (msg.type == PS_MSG_AUTH) {
         on_auth(srv, c, &msg);
         return UCS_OK;
+    }
+    if (proven && !ps_auth_session_ok(c->session, msg.session, msg.session_len)) {
+        forged_drop(srv, c, ps_msg_type_name(msg.type),
+                    msg.session_len ? "with another session token" : "without a session token");
+        return UCS_OK; /* its data, if any, is dropped unread */
     }
     if (!c->authed && srv->auth->on) { /* its data, if any, is dropped unread */
         auth_refuse(srv, c, &msg);
@@ -736,7 +761,13 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     case PS_MSG_DECLARE: psd_shard_on_declare(srv, c, &msg); break;
     case PS_MSG_PUSH: return psd_shard_on_push(srv, c, &msg, data, length, param);
     case PS_MSG_PULL: psd_shard_on_pull(srv, c, &msg); break;
-    case PS_MSG_HEARTBEAT: break;
+    case PS_MSG_HEARTBEAT:
+        if (msg.flags & PS_FLAG_ANSWER) { /* the worker tells a silent shard by it */
+            ps_msg_t r = {.type = PS_MSG_HEARTBEAT, .req_id = msg.req_id, .rank = c->rank,
+                          .shard = srv->shard};
+            psd_send_msg(srv, c, &r);
+        }
+        break;
     case PS_MSG_BATCH:
         if (srv->coord)
             psd_coord_on_batch(srv, c, &msg);

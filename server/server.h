@@ -61,6 +61,8 @@ typedef struct psd_conn_s {
                                         then on, before a good proof, is dropped unanswered */
     uint64_t born_ms;                /* its connection request came (psd_now_ms) */
     char auth_why[160];              /* why its proof was refused ("": none came) */
+    uint8_t session[PS_AUTH_SESSION]; /* authed: the token every later header must carry */
+    bool forged_warned;              /* a header without that token was logged */
     struct psd_send_s *outbox;       /* outbox.c: the bundle being filled for it */
     bool in_outbox_list;
     struct psd_conn_s *outbox_next;  /* srv->outbox_conns */
@@ -99,8 +101,9 @@ typedef struct {
 } psd_done_t;
 
 /* What a hello reply says this psd knows (shard 0's coordinator and the other shards alike):
- * PS_MSG_VALUES and PS_MSG_FORGET; it leaves a push holding a NaN or an infinity out. */
-#define PSD_HELLO_FLAGS (PS_FLAG_VALUES | PS_FLAG_NONFINITE)
+ * PS_MSG_VALUES and PS_MSG_FORGET; it leaves a push holding a NaN or an infinity out; it
+ * answers heartbeats that ask (PS_FLAG_ANSWER). */
+#define PSD_HELLO_FLAGS (PS_FLAG_VALUES | PS_FLAG_NONFINITE | PS_FLAG_ANSWER)
 
 /* asp / ssp: a chunk remembers the batch of the last push of each process whose rank another
  * process took (it left or died) for this many such changes: a replay of a dead worker's batch
@@ -443,6 +446,8 @@ struct psd_server_s {
                                   must prove it first (on_auth) */
     ps_auth_seen_t auth_seen;  /* proofs accepted, for replay refusal */
     uint64_t auth_refused;     /* connections whose proof was refused or missing */
+    uint64_t auth_forged;      /* headers on a proven connection without its session token
+                                  (or not decodable): dropped */
     double started_unix;       /* time() at the start, for psd_start_time_seconds */
     uint64_t replays_skipped;  /* bsp: pushes of a batch handed out again that a chunk had
                                   applied already (acknowledged, not applied again) */

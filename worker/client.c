@@ -142,6 +142,11 @@ typedef struct {
     uint32_t eager_below; /* data messages under this size go eagerly (ps_ucx_eager_below) */
     uint32_t in_window; /* start_op's count of an op's pushes in flight to this shard */
     uint8_t hb_hdr[64];
+    ps_ucx_token_t tok; /* the endpoint's session token, carried by every header sent on it */
+    int answers_hb;     /* its hello reply said PS_FLAG_ANSWER: it answers heartbeats */
+    uint64_t heard_ns;  /* mono_ns() of the last message from it (or of the connect) */
+    int silent;         /* lost because it answered nothing (shard_silent): its reconnect's
+                           unanswered hello is tried again, not taken for a wedged transport */
     /* Direct pulls (storeview.h): the shard's store, as its hello reply named it. */
     char store[256];
     uint64_t store_id;   /* 0: none offered */
@@ -283,6 +288,7 @@ struct ps_client_s {
     uint64_t batch_pass, batch_offset; /* batch and its replay tags (PS_FLAG_BATCH) */
     uint32_t reconnect_ms;      /* how long a lost shard may stay away */
     uint32_t hello_deadline_ms; /* a hello unanswered this long: hello_overdue */
+    uint32_t silent_ms;         /* a shard that answered nothing this long: shard_silent */
     uint32_t test_corrupt_push; /* PS_TEST_CORRUPT_PUSH=N (tests only): corrupt every Nth push */
     uint32_t test_push_count;   /* comm thread */
     int direct;                 /* direct pulls allowed (PS_DIRECT_PULL is not "0") */
@@ -642,7 +648,7 @@ static void send_part(ps_client_t *c, part_t *p, const ps_msg_t *m, const void *
     }
     if (s->open) bundle_flush(c, p->shard); /* what was bundled for the shard goes first */
     size_t hlen;
-    if (ps_msg_encode(m, p->hdr, sizeof p->hdr, &hlen)) {
+    if (ps_msg_encode_sealed(m, s->tok.b, s->tok.len, p->hdr, sizeof p->hdr, &hlen)) {
         op_fail(op, PS_EINVAL, "request header too large");
         return;
     }
@@ -671,10 +677,11 @@ static int connect_shard(ps_client_t *c, uint32_t i)
     cshard_t *s = &c->shards[i];
     if (s->ep && !s->dead) return 0;
     const ps_server_conf_t *sc = &c->m.servers[i];
-    int rc = ps_ucx_connect(&c->ucx, sc->host, sc->port, on_ep_error, s, &s->ep);
+    int rc = ps_ucx_connect(&c->ucx, sc->host, sc->port, on_ep_error, s, &s->ep, &s->tok);
     if (rc == 0) {
         s->dead = 0;
         s->ep_gen++;
+        s->heard_ns = mono_ns(); /* a new connection is not silent yet (shard_silent) */
         /* A heartbeat of the old endpoint whose close was left to finish in the background
          * (ps_ucx_ep_close) may never complete: the new one must not wait for it, or this
          * shard would hear nothing more and drop the worker as silent. */
@@ -751,7 +758,8 @@ static void bundle_flush(ps_client_t *c, uint32_t i)
     size_t hlen;
     ucs_status_t st = UCS_ERR_NOT_CONNECTED;
     void *req = NULL;
-    if (s->ep && !s->dead && !s->down && ps_msg_encode(&m, b->hdr, sizeof b->hdr, &hlen) == 0) {
+    if (s->ep && !s->dead && !s->down &&
+        ps_msg_encode_sealed(&m, s->tok.b, s->tok.len, b->hdr, sizeof b->hdr, &hlen) == 0) {
         ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                                                    UCP_OP_ATTR_FIELD_USER_DATA |
                                                    UCP_OP_ATTR_FIELD_FLAGS,
@@ -1173,10 +1181,10 @@ static void forward_msg(ps_client_t *c, uint32_t i, const ps_msg_t *view)
 {
     cshard_t *s = &c->shards[i];
     if (s->ep == NULL || s->dead || s->down) return;
-    ps_msg_t m = *view;
     fwd_t *f = malloc(sizeof *f);
     size_t len;
-    if (f == NULL || ps_msg_encode(&m, f->hdr, sizeof f->hdr, &len)) {
+    if (f == NULL ||
+        ps_msg_encode_sealed(view, s->tok.b, s->tok.len, f->hdr, sizeof f->hdr, &len)) {
         free(f);
         return;
     }
@@ -1253,6 +1261,7 @@ static void on_rehello(ps_op_t *op)
                c->m.servers[i].host, c->m.servers[i].port,
                (unsigned long long)(now_ms() - s->down_since_ms));
         s->down = 0;
+        s->silent = 0;
         if (i > 0) forward_view(c, i); /* a restarted shard learns the step's members */
         else if (op->reply.members) /* the coordinator's current membership, missed while away */
             learn_view(c, op->reply.epoch, op->reply.step, op->reply.members, 1);
@@ -1447,13 +1456,16 @@ again:
             continue;
         uint32_t i = op->parts[0].shard;
         const ps_server_conf_t *sc = &c->m.servers[i];
-        if (op->on_done == NULL) {
-            /* A join's hello: it fails (join() tries again until its timeout) and its
-             * endpoint is closed, so a shard that took the connection but never answers
-             * cannot hold the join for good. */
+        cshard_t *s = &c->shards[i];
+        /* A join's hello fails (join() tries again until its timeout), and so does a
+         * reconnect's to a shard lost because it fell silent (shard_silent) while this
+         * worker's transport is not stuck: that shard is down or stopped, and on_rehello tries
+         * again (a transport restart would reset every other shard's connection each time).
+         * Its endpoint is closed, which also ends a send UCX holds for it, so that a shard that
+         * took the connection but never answers cannot hold the op for good. */
+        if (op->on_done == NULL || (s->silent && !c->leaving && ps_ucx_stuck_ns(&c->ucx) == 0)) {
             op_fail(op, PS_ETIMEDOUT, "shard %u (%s:%u) did not answer its hello in %u ms", i,
                     sc->host, sc->port, c->hello_deadline_ms);
-            cshard_t *s = &c->shards[i];
             if (s->ep && !s->dead) s->dead = s->close_queued = 1;
             op_maybe_complete(op);
             goto again;
@@ -1504,6 +1516,27 @@ static void ops_overdue(ps_client_t *c)
     }
 }
 
+/* A shard that answers heartbeats (PS_FLAG_ANSWER) and that nothing came from for
+ * silent_ms (2 heartbeat timeouts, at least 2 s) while connected: a dead host, a cut network
+ * or a stopped psd, which UCX alone would notice only when TCP gives up (about 15 minutes,
+ * tcp_retries2) or never (a stopped process keeps its sockets). Its connection is closed and
+ * it is reconnected as a lost shard: what waits on it is sent again if it comes back within
+ * the reconnect timeout, and fails after it. Before, such a shard was waited on without a
+ * bound (found by a review, session 39). */
+static void shard_silent(ps_client_t *c, cshard_t *s, uint64_t now)
+{
+    if (!s->answers_hb || s->ep == NULL || s->dead || s->down || s->gone || c->leaving ||
+        now - s->heard_ns < (uint64_t)c->silent_ms * 1000000u)
+        return;
+    uint32_t i = (uint32_t)(s - c->shards);
+    PS_LOG(PS_LOG_WARN, "libps", "shard %u (%s:%u) answered nothing for %llu ms, heartbeats "
+           "included (a dead host, a cut network or a stopped psd): closing its connection",
+           i, c->m.servers[i].host, c->m.servers[i].port,
+           (unsigned long long)((now - s->heard_ns) / 1000000u));
+    s->silent = 1;
+    s->dead = s->close_queued = 1; /* on_deferred closes it and calls shard_lost */
+}
+
 /* Every heartbeat_timeout_ms / 4, from the comm thread, so a worker busy computing is
  * still heard; a hung (stopped) process falls silent and its shards drop it. During the join,
  * to the shards that answered its hello already: a join that waits for a shard starting late
@@ -1516,15 +1549,19 @@ static void on_heartbeat(uv_timer_t *h)
     ops_overdue(c);
     if (c->leaving) return;
     int joined = __atomic_load_n(&c->joined, __ATOMIC_ACQUIRE);
+    uint64_t now = mono_ns();
     for (uint32_t i = 0; i < c->nshards; i++) {
         cshard_t *s = &c->shards[i];
+        if (joined) shard_silent(c, s, now);
         if (s->ep == NULL || s->dead || s->down || s->hb_inflight || !(joined || s->greeted))
             continue;
         /* The rank is shard 0's answer, set by the joining thread; shards read none here. */
         ps_msg_t m = {.type = PS_MSG_HEARTBEAT,
-                      .rank = __atomic_load_n(&c->rank, __ATOMIC_RELAXED)};
+                      .rank = __atomic_load_n(&c->rank, __ATOMIC_RELAXED),
+                      .flags = s->answers_hb ? PS_FLAG_ANSWER : 0};
         size_t len;
-        if (ps_msg_encode(&m, s->hb_hdr, sizeof s->hb_hdr, &len)) continue;
+        if (ps_msg_encode_sealed(&m, s->tok.b, s->tok.len, s->hb_hdr, sizeof s->hb_hdr, &len))
+            continue;
         ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                                                    UCP_OP_ATTR_FIELD_USER_DATA |
                                                    UCP_OP_ATTR_FIELD_FLAGS,
@@ -1804,6 +1841,8 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
                                const ucp_am_recv_param_t *param)
 {
     ps_msg_t m = *mp;
+    if (m.shard < c->nshards) c->shards[m.shard].heard_ns = mono_ns(); /* shard_silent */
+    if (m.type == PS_MSG_HEARTBEAT) return UCS_OK; /* an answer: heard, nothing else */
     if (m.type == PS_MSG_EPOCH) {
         if (m.shard == 0 && (m.flags & PS_FLAG_CLOSED)) {
             /* A closed step's members, for the shards that may still be at it: forwarded,
@@ -1908,6 +1947,7 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
                              __ATOMIC_RELEASE);
             __atomic_store_n(&s->leaves_nonfinite, (m.flags & PS_FLAG_NONFINITE) != 0,
                              __ATOMIC_RELEASE);
+            s->answers_hb = (m.flags & PS_FLAG_ANSWER) != 0;
             memcpy(s->store, m.store, sizeof s->store);
             s->store_id = m.store[0] ? m.store_id : 0; /* opened in on_deferred (view_update) */
             /* Another store (a restored shard): no pull may read the old one from now on, not
@@ -2334,6 +2374,12 @@ static int nap_or_cancel(uint32_t ms, const volatile sig_atomic_t *cancel)
 
 /* How long a join waits for a shard before it says so (and goes on waiting). */
 #define JOIN_SAY_MS 2000
+/* bsp: how far a shard's lowest chunk version may be ahead of shard 0's step at a join. A
+ * shard's chunks are at most one step ahead of the coordinator's (a step is handed out only
+ * after every chunk applied the one before); a restarted shard 0 that lost a few steps (a
+ * host crash between syncs) is told apart by the summed ring (64 steps: PSD_SUMMED_RING) and
+ * its replays are skipped as applied, which is right. Further behind, shard 0 lost its store. */
+#define JOIN_AHEAD_MAX 64
 
 static int join(ps_client_t *c, uint32_t timeout_ms, const volatile sig_atomic_t *cancel)
 {
@@ -2354,6 +2400,19 @@ static int join(ps_client_t *c, uint32_t timeout_ms, const volatile sig_atomic_t
                     c->workers = rep.workers;
                     c->join_step = rep.step;
                     c->join_serial = rep.samples;
+                } else if (c->m.job.consistency == PS_CONSIST_BSP &&
+                           rep.step > c->join_step + JOIN_AHEAD_MAX) {
+                    /* Every chunk here applied steps shard 0's job has not reached: shard 0's
+                     * store was lost. Its pushes of those steps would be acknowledged here as
+                     * applied and dropped, silently (found by a review, session 39). */
+                    snprintf(c->err, sizeof c->err, "shard %u (%.64s:%u) holds the model at step "
+                             "%llu but shard 0's job is at step %llu: shard 0's store was lost or "
+                             "replaced (an empty or another data_dir, or a restore of shard 0 "
+                             "alone); start every shard from one checkpoint (psctl restore D "
+                             "prints the commands) or every one empty", i, c->m.servers[i].host,
+                             c->m.servers[i].port, (unsigned long long)rep.step,
+                             (unsigned long long)c->join_step);
+                    return PS_ECONFIG;
                 }
                 break;
             }
@@ -2459,6 +2518,8 @@ int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts, ps
      * worker first and it joins again. */
     c->hello_deadline_ms = c->m.job.heartbeat_timeout_ms / 3;
     if (c->hello_deadline_ms < 1000) c->hello_deadline_ms = 1000;
+    c->silent_ms = 2 * c->m.job.heartbeat_timeout_ms; /* shard_silent */
+    if (c->silent_ms < 2000) c->silent_ms = 2000;
     c->shards = calloc(c->nshards, sizeof *c->shards);
     c->tensors = calloc(PS_CLIENT_MAX_TENSORS, sizeof *c->tensors);
     pthread_mutex_init(&c->mu, NULL);

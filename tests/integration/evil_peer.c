@@ -65,6 +65,7 @@ typedef struct {
     ps_ucx_t ucx;
     uv_timer_t timer;
     ucp_ep_h ep;
+    ps_ucx_token_t tok; /* its session token (with a secret_file) */
     int ep_failed;
     ucs_status_t ep_status;
     uint64_t next_req;
@@ -266,7 +267,7 @@ static int call(peer_t *p, ps_msg_t *m, const void *data, size_t len, unsigned a
     size_t hlen;
     m->req_id = ++p->next_req;
     if (data) m->crc32c = ps_crc32c(0, data, len) ^ p->crc_xor;
-    if (ps_msg_encode(m, hdr, sizeof hdr, &hlen)) {
+    if (ps_msg_encode_sealed(m, p->tok.b, p->tok.len, hdr, sizeof hdr, &hlen)) {
         say("evil_peer: cannot encode a %s header", ps_msg_type_name(m->type));
         return -1;
     }
@@ -300,7 +301,7 @@ static int call(peer_t *p, ps_msg_t *m, const void *data, size_t len, unsigned a
 static int connect_shard0(peer_t *p, const ps_manifest_t *m)
 {
     const ps_server_conf_t *sc = &m->servers[0];
-    int rc = ps_ucx_connect(&p->ucx, sc->host, sc->port, on_ep_error, p, &p->ep);
+    int rc = ps_ucx_connect(&p->ucx, sc->host, sc->port, on_ep_error, p, &p->ep, &p->tok);
     if (rc) {
         say("evil_peer: cannot connect to %s:%u: %s", sc->host, sc->port, ps_strerror(rc));
         return -1;
@@ -895,7 +896,8 @@ static int send_only(peer_t *p, ps_msg_t *m, const void *data, size_t len, unsig
 {
     static uint8_t hdr[PS_WIRE_HDR_MAX];
     size_t hlen;
-    if (ps_msg_encode(m, hdr, sizeof hdr, &hlen)) return 0; /* not encodable: nothing sent */
+    if (ps_msg_encode_sealed(m, p->tok.b, p->tok.len, hdr, sizeof hdr, &hlen))
+        return 0; /* not encodable: nothing sent */
     p->want_req = 0;
     if (send_am(p, hdr, hlen, data, len, am) != UCS_OK) return -1;
     uv_run(&p->loop, UV_RUN_NOWAIT); /* take in what came back meanwhile */
@@ -1054,7 +1056,7 @@ static int die_mid_send(peer_t *p)
     static uint8_t hdr[PS_WIRE_HDR_MAX];
     ps_msg_t m = {.type = PS_MSG_STATUS, .req_id = ++p->next_req, .rank = -1};
     size_t hlen;
-    ps_msg_encode(&m, hdr, sizeof hdr, &hlen);
+    ps_msg_encode_sealed(&m, p->tok.b, p->tok.len, hdr, sizeof hdr, &hlen);
     ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE |
                                                UCP_OP_ATTR_FIELD_FLAGS,
                                .datatype = dt,

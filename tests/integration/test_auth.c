@@ -148,11 +148,68 @@ START_TEST(test_unproven_peer_dropped)
 }
 END_TEST
 
+/* Send @p q with session token @p tok (16 bytes) on @p r's proven connection to shard 0. */
+static int call_with_token(ps_req_t *r, ps_msg_t *q, uint8_t fill, char *err, size_t errlen)
+{
+    ps_msg_t rep;
+    void *data = NULL;
+    size_t len = 0;
+    q->session_len = PS_SESSION_MAX;
+    memset(q->session, fill, PS_SESSION_MAX);
+    int rc = ps_req_call(r, 0, q, &rep, &data, &len, err, errlen);
+    free(data);
+    return rc;
+}
+
+/* psd tells a message's connection by UCX's reply endpoint, whose id the sender writes itself:
+ * a peer without the secret that guessed a proven connection's id spoke as it (found by a
+ * review, session 39: a SCALE went through). Every header after the proof now carries the
+ * connection's session token, derived from the proof with the secret; a header with another
+ * one is dropped unanswered and counted, and the connection's own requests go on. */
+START_TEST(test_forged_session_dropped)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    char good[CL_PATH], m_good[CL_PATH], err[1024];
+    write_secret(c, "secret", 'k', 0600, good, sizeof good);
+    manifest_with(c, "manifest.yaml", good, m_good, sizeof m_good);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    static ps_manifest_t m;
+    ck_assert_msg(ps_manifest_load(&m, m_good, err, sizeof err) == 0, "%s", err);
+    ps_req_t *r;
+    ck_assert_msg(ps_req_open(&m, 2.0, &r, err, sizeof err) == 0, "%s", err);
+    ps_msg_t q = {.type = PS_MSG_SCALE, .rank = -1, .workers = 7};
+    snprintf(q.cluster, sizeof q.cluster, "%s", m.cluster);
+    int rc = call_with_token(r, &q, 0x5a, err, sizeof err);
+    ck_assert_msg(rc == PS_ETIMEDOUT, "a SCALE with another session token: %d %s", rc, err);
+    ps_msg_t st = {.type = PS_MSG_STATUS, .rank = -1};
+    rc = call_with_token(r, &st, 0, err, sizeof err);
+    ck_assert_msg(rc == PS_ETIMEDOUT, "a STATUS with another session token: %d %s", rc, err);
+    EXPECT_LOG(psd, "scale with another session token: dropped");
+
+    /* The same client's own requests (its token) are served. */
+    ps_msg_t q2 = {.type = PS_MSG_STATUS, .rank = -1}, rep;
+    void *data = NULL;
+    size_t len = 0;
+    rc = ps_req_call(r, 0, &q2, &rep, &data, &len, err, sizeof err);
+    ck_assert_msg(rc == 0 && data, "status: %d %s", rc, err);
+    ck_assert_msg(strstr(data, "\"auth_forged\": 2, "), "status: %.*s", (int)len, (char *)data);
+    free(data);
+    char *log = cl_log(psd);
+    ck_assert_msg(strstr(log, "desired workers") == NULL, "the forged SCALE was taken: %s", log);
+    free(log);
+    ps_req_close(r);
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("auth");
     suite_add_tcase(s, tcase("secret_required", test_secret_required));
     suite_add_tcase(s, tcase("secret_file_mode", test_secret_file_mode));
     suite_add_tcase(s, tcase("unproven_peer_dropped", test_unproven_peer_dropped));
+    suite_add_tcase(s, tcase("forged_session_dropped", test_forged_session_dropped));
     return s;
 }

@@ -860,6 +860,69 @@ START_TEST(test_worker_says_shard_silent)
 }
 END_TEST
 
+/* A shard that answers nothing while connected (SIGSTOP here; a dead host or a cut network
+ * alike) is taken as lost after 2 heartbeat timeouts (at least 2 s): its connection is closed
+ * and it is reconnected, so one that comes back is trained on again, and one that does not
+ * ends the worker after the reconnect timeout (30 s) instead of holding it for good. Before
+ * (found by a review, session 39), the worker waited without a bound: TCP tells a dead host
+ * after about 15 minutes, a stopped process never. */
+START_TEST(test_silent_shard_lost)
+{
+    cl_conf_t k = {.shards = 2, .workers = 1, .max_steps = 1000000,
+                   .job_extra = "  heartbeat_timeout_ms: 1000\n"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    ck_assert_msg(cl_wait_log(w, "step 1 of ~", RUN_S) == 0, "never trained: %s", cl_tail(w));
+    ck_assert_int_eq(cl_signal(psd[1], SIGSTOP), 0);
+    int said = cl_wait_log(w, "shard 1 (127.0.0.1:", 15.0) == 0 &&
+               cl_wait_log(w, ") answered nothing for ", 15.0) == 0;
+    cl_signal(psd[1], SIGCONT);
+    ck_assert_msg(said, "the worker did not take its silent shard as lost: %s", cl_tail(w));
+    ck_assert_msg(cl_wait_log(w, "is back after", RUN_S) == 0, "shard 1 never came back: %s",
+                  cl_tail(w));
+
+    /* Stopped for good: the worker ends (exit 1, naming the shard) within the reconnect
+     * timeout, instead of waiting. */
+    ck_assert_int_eq(cl_signal(psd[1], SIGSTOP), 0);
+    int st = cl_wait(w, 60.0);
+    cl_signal(psd[1], SIGCONT);
+    ck_assert_msg(st == 1, "the worker exited with %d (-1: still waiting for its stopped shard "
+                  "after 60 s); its log: %s", st, cl_tail(w));
+    EXPECT_LOG(w, "shard 1 (127.0.0.1:");
+    EXPECT_LOG(w, "did not come back in 30000 ms");
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+/* bsp: shard 0 started again from an empty data_dir while shard 1 kept its store. Its job
+ * starts at step 0 again, and shard 1 would acknowledge the pushes of every step it applied
+ * already as applied and drop them, silently (found by a review, session 39: 3,400 steps
+ * trained on shard 0 only). A worker's join now refuses such a cluster, naming both steps and
+ * the remedy (exit 2: pslaunch does not start it again). */
+START_TEST(test_shard0_store_lost_refused)
+{
+    cl_conf_t k = {.shards = 2, .workers = 1, .max_steps = 100};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    EXPECT_EXIT(w, 0);
+    stop_all(psd, 2);
+    char aside[CL_PATH + 8];
+    snprintf(aside, sizeof aside, "%s.lost", c->data_dir[0]);
+    ck_assert_int_eq(rename(c->data_dir[0], aside), 0);
+    psd[0] = cl_psd_start(c, 0, NULL, READY_S);
+    psd[1] = cl_psd_start(c, 1, NULL, READY_S);
+    cl_proc_t *w2 = cl_worker_start(c, NULL, NULL, false);
+    EXPECT_EXIT(w2, 2);
+    EXPECT_LOG(w2, "holds the model at step 100 but shard 0's job is at step 0: shard 0's store "
+                   "was lost or replaced");
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* ---- pslaunch's care of its workers ---------------------------------------------------- */
 
 /* A stand-in worker script @p name in @p c's directory: @p body after `#!/bin/sh`. */
@@ -1044,6 +1107,8 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("sigterm_while_joining", test_sigterm_while_joining));
     suite_add_tcase(s, tcase("api_misuse_refused", test_api_misuse_refused));
     suite_add_tcase(s, tcase("worker_says_shard_silent", test_worker_says_shard_silent));
+    suite_add_tcase(s, tcase("silent_shard_lost", test_silent_shard_lost));
+    suite_add_tcase(s, tcase("shard0_store_lost_refused", test_shard0_store_lost_refused));
     suite_add_tcase(s, tcase("pslaunch_care", test_pslaunch_care));
     return s;
 }

@@ -115,6 +115,40 @@ START_TEST(proof_accepted_once)
 }
 END_TEST
 
+/* Both ends derive a connection's session token from its proof and the secret: the same
+ * bytes from the same proof, others from another proof or another secret; the check takes only
+ * the whole token. */
+START_TEST(session_token_from_proof)
+{
+    static ps_auth_t a, b;
+    static ps_auth_seen_t seen;
+    load_ok(&a, 0600);
+    b = a;
+    b.key[0] ^= 1;
+    uint8_t p[PS_AUTH_PROOF_LEN], q[PS_AUTH_PROOF_LEN];
+    uint8_t tp[PS_AUTH_SESSION], tp2[PS_AUTH_SESSION], tq[PS_AUTH_SESSION], tb[PS_AUTH_SESSION];
+    ps_auth_prove(&a, "h", 7, p);
+    ps_auth_prove(&a, "h", 7, q);
+    ck_assert_int_eq(ps_auth_check(&a, &seen, "h", 7, p, sizeof p, (int64_t)time(NULL), err,
+                                   sizeof err), 0);
+    ps_auth_session(&a, p, tp);
+    ps_auth_session(&a, p, tp2);
+    ps_auth_session(&a, q, tq);
+    ps_auth_session(&b, p, tb);
+    ck_assert(ps_auth_session_ok(tp, tp2, sizeof tp2));
+    ck_assert(!ps_auth_session_ok(tp, tq, sizeof tq));
+    ck_assert(!ps_auth_session_ok(tp, tb, sizeof tb));
+    ck_assert(!ps_auth_session_ok(tp, tp2, sizeof tp2 - 1)); /* a prefix is not the token */
+    ck_assert(!ps_auth_session_ok(tp, tp2, 0));
+    uint8_t flip[PS_AUTH_SESSION];
+    memcpy(flip, tp, sizeof flip);
+    flip[PS_AUTH_SESSION - 1] ^= 0x80;
+    ck_assert(!ps_auth_session_ok(tp, flip, sizeof flip));
+    static const uint8_t zero[PS_AUTH_SESSION];
+    ck_assert(memcmp(tp, zero, sizeof zero) != 0 && memcmp(tp, p, sizeof tp) != 0);
+}
+END_TEST
+
 /* A proof is made for one shard (its manifest address): another shard, or the same host on
  * another port, refuses it, so one seen on its way to a shard opens no other. */
 START_TEST(proof_for_another_shard_refused)
@@ -241,6 +275,7 @@ Suite *ps_test_suite(void)
     tcase_add_test(tc, no_secret_file_is_off);
     tcase_add_test(tc, bad_files_refused);
     tcase_add_test(tc, proof_accepted_once);
+    tcase_add_test(tc, session_token_from_proof);
     tcase_add_test(tc, wrong_proofs_refused);
     tcase_add_test(tc, proof_for_another_shard_refused);
     tcase_add_test(tc, clock_past_any_time_refused);

@@ -154,6 +154,34 @@ END_TEST
 
 /* Names go into JSON and safetensors headers as they are: one that is not UTF-8 made
  * `psctl export` write a header no reader takes (a probe, session 34). */
+/* The session token travels as given (ps_msg_encode_sealed in place of the message's own);
+ * a token of another length is refused on receipt. */
+START_TEST(session_token)
+{
+    ps_msg_t m = {.type = PS_MSG_PUSH, .rank = 1}, d;
+    uint8_t buf[PS_WIRE_HDR_MAX], tok[PS_SESSION_MAX];
+    size_t len;
+    char err[256];
+    for (int i = 0; i < PS_SESSION_MAX; i++) tok[i] = (uint8_t)(0xa0 + i);
+    ck_assert_int_eq(ps_msg_encode(&m, buf, sizeof buf, &len), 0);
+    ck_assert_int_eq(ps_msg_decode(&d, buf, len, err, sizeof err), 0);
+    ck_assert_uint_eq(d.session_len, 0);
+    ck_assert_int_eq(ps_msg_encode_sealed(&m, tok, sizeof tok, buf, sizeof buf, &len), 0);
+    ck_assert_int_eq(ps_msg_decode(&d, buf, len, err, sizeof err), 0);
+    ck_assert_uint_eq(d.session_len, PS_SESSION_MAX);
+    ck_assert(memcmp(d.session, tok, sizeof tok) == 0);
+    ck_assert_int_eq(ps_msg_encode(&d, buf, sizeof buf, &len), 0); /* its own, when it has one */
+    ck_assert_int_eq(ps_msg_decode(&d, buf, len, err, sizeof err), 0);
+    ck_assert(d.session_len == PS_SESSION_MAX && memcmp(d.session, tok, sizeof tok) == 0);
+    ck_assert_int_eq(ps_msg_encode_sealed(&m, tok, sizeof tok + 1, buf, sizeof buf, &len),
+                     PS_EINVAL);
+    m.session_len = PS_SESSION_MAX - 1; /* encoded as it is; refused on receipt */
+    ck_assert_int_eq(ps_msg_encode(&m, buf, sizeof buf, &len), 0);
+    ck_assert_int_eq(ps_msg_decode(&d, buf, len, err, sizeof err), PS_EPROTO);
+    ck_assert_msg(strstr(err, "session token of 15 bytes (16 expected)"), "%s", err);
+}
+END_TEST
+
 START_TEST(decl_names_utf8)
 {
     static const char *const good[] = {"fc1.weight", "\xe5\xb1\x82.bias", "a\xf0\x9f\x98\x80",
@@ -321,6 +349,7 @@ Suite *ps_test_suite(void)
     tcase_add_test(tc, garbage_rejected);
     tcase_add_test(tc, invalid_fields_rejected);
     tcase_add_test(tc, decl_names_utf8);
+    tcase_add_test(tc, session_token);
     tcase_add_test(tc, replay_tags);
     tcase_add_test(tc, bundle_roundtrip);
     tcase_add_test(tc, bundle_malformed);
