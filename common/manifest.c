@@ -749,6 +749,7 @@ static const field_t job_fields[] = {
     {JOB(staleness), .type = T_INT, .min = 0, .max = 1000000},
     {JOB(max_steps), .type = T_INT, .min = 0, .max = NOMAX},
     {JOB(heartbeat_timeout_ms), .type = T_INT, .min = 100, .max = 3600000},
+    {JOB(reconnect_timeout_ms), .type = T_INT, .min = 1000, .max = 86400000},
     {JOB(step_timeout_ms), .type = T_INT, .min = 100, .max = 86400000, .zero = "off"},
     {JOB(optimizer), .type = T_MAP, .flags = F_REQ, .sub = optim_fields, .check = check_optimizer},
     {JOB(compression), .type = T_MAP, .sub = compression_fields},
@@ -817,6 +818,7 @@ static void set_defaults(ps_manifest_t *m, const char *name)
     j->seed = 1;
     j->consistency = PS_CONSIST_BSP;
     j->heartbeat_timeout_ms = 3000;
+    j->reconnect_timeout_ms = 30000;
     j->staleness = 4;
     ps_optim_conf_t *o = &j->optimizer;
     o->beta1 = 0.9f;

@@ -86,6 +86,9 @@ typedef struct {
     uint32_t staleness;            /* ssp: steps a worker may run ahead of the slowest, default 4 */
     uint64_t max_steps;            /* default 0 = no limit; stops the run early */
     uint32_t heartbeat_timeout_ms; /* default 3000, 100..3600000: a silent worker is dropped */
+    uint32_t reconnect_timeout_ms; /* default 30000, 1000..86400000: how long a worker tries a
+                                      shard it lost (or waits for one at its join) before it
+                                      gives up (libps; ps_client_opts_t overrides it) */
     uint32_t step_timeout_ms;      /* bsp / ssp, default 0 = off, else 100..86400000: a member
                                       that holds the others this long is dropped as a silent
                                       one is (a worker hung while its heartbeats go on): bsp,

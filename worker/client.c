@@ -2508,7 +2508,7 @@ int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts, ps
         }
     }
     /* Set before the comm thread starts, which reads them. */
-    uint32_t timeout = 30000;
+    uint32_t timeout = c->m.job.reconnect_timeout_ms;
     if (opts && (opts->field_mask & PS_CLIENT_OPT_CONNECT_TIMEOUT)) timeout = opts->connect_timeout_ms;
     c->reconnect_ms = timeout;
     /* A third of the heartbeat timeout: the shard must hear from the restarted transport

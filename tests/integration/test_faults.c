@@ -863,13 +863,13 @@ END_TEST
 /* A shard that answers nothing while connected (SIGSTOP here; a dead host or a cut network
  * alike) is taken as lost after 2 heartbeat timeouts (at least 2 s): its connection is closed
  * and it is reconnected, so one that comes back is trained on again, and one that does not
- * ends the worker after the reconnect timeout (30 s) instead of holding it for good. Before
+ * ends the worker after the reconnect timeout instead of holding it for good. Before
  * (found by a review, session 39), the worker waited without a bound: TCP tells a dead host
  * after about 15 minutes, a stopped process never. */
 START_TEST(test_silent_shard_lost)
 {
     cl_conf_t k = {.shards = 2, .workers = 1, .max_steps = 1000000,
-                   .job_extra = "  heartbeat_timeout_ms: 1000\n"};
+                   .job_extra = "  heartbeat_timeout_ms: 1000\n  reconnect_timeout_ms: 5000\n"};
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
     cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
@@ -882,15 +882,15 @@ START_TEST(test_silent_shard_lost)
     ck_assert_msg(cl_wait_log(w, "is back after", RUN_S) == 0, "shard 1 never came back: %s",
                   cl_tail(w));
 
-    /* Stopped for good: the worker ends (exit 1, naming the shard) within the reconnect
-     * timeout, instead of waiting. */
+    /* Stopped for good: the worker ends (exit 1, naming the shard) after the reconnect
+     * timeout (job.reconnect_timeout_ms, 5 s here), instead of waiting. */
     ck_assert_int_eq(cl_signal(psd[1], SIGSTOP), 0);
     int st = cl_wait(w, 60.0);
     cl_signal(psd[1], SIGCONT);
     ck_assert_msg(st == 1, "the worker exited with %d (-1: still waiting for its stopped shard "
                   "after 60 s); its log: %s", st, cl_tail(w));
     EXPECT_LOG(w, "shard 1 (127.0.0.1:");
-    EXPECT_LOG(w, "did not come back in 30000 ms");
+    EXPECT_LOG(w, "did not come back in 5000 ms");
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }

@@ -164,6 +164,7 @@ START_TEST(test_mean)
     ck_assert_int_eq(m.job.consistency, PS_CONSIST_BSP);
     ck_assert_str_eq(ps_optim_name(PS_OPT_MEAN), "mean");
     ck_assert_uint_eq(m.job.step_timeout_ms, 0); /* off unless set */
+    ck_assert_uint_eq(m.job.reconnect_timeout_ms, 30000);
     snprintf(text, sizeof text, "%s      consistency: bsp, optimizer: {name: mean, lr: 0.1},\n"
              "      step_timeout_ms: 30000}\n", head);
     ck_assert_msg(parse(text) == 0, "%s", err);
@@ -379,6 +380,8 @@ static const struct {
      "demo.yaml:2: apply_threads: must be in [0, 64], got 65"},
     {L1 "sync_interval_s: 1.5\n" L2_4 L5 L6_9 L10,
      "demo.yaml:2: sync_interval_s: expected an integer, got '1.5'"},
+    {BASE "  reconnect_timeout_ms: 999\n",
+     "demo.yaml:11: job.reconnect_timeout_ms: must be in [1000, 86400000], got 999"},
     {BASE "  step_timeout_ms: 50\n",
      "demo.yaml:11: job.step_timeout_ms: must be 0 (off) or in [100, 86400000], got 50"},
     {BASE "  step_timeout_ms: 86400001\n",

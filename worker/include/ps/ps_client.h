@@ -31,7 +31,8 @@ typedef struct ps_op_s ps_op_t;
 
 typedef struct {
     uint64_t field_mask;           /* PS_CLIENT_OPT_* of the fields set below */
-    uint32_t connect_timeout_ms;   /* how long to retry unreachable shards (default 30000) */
+    uint32_t connect_timeout_ms;   /* how long to retry unreachable shards (default: the
+                                      manifest's job.reconnect_timeout_ms, 30000) */
     /* A flag the join reads between its tries (every 10 ms at most while it waits to try
      * again): nonzero (set by the caller's signal handler, say) gives up the join with
      * PS_ECANCELED. The caller owns it; it must outlive ps_client_create. */

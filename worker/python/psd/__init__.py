@@ -387,7 +387,8 @@ os.register_at_fork(after_in_child=_forked)
 
 class Client:
     """One libps client: joins the cluster of `manifest` (blocking; retries unreachable shards
-    for `connect_timeout_ms`), leaves at close(). Ctrl-C stops a call that blocks (_CtrlC):
+    for `connect_timeout_ms`, by default the manifest's job.reconnect_timeout_ms), leaves at
+    close(). Ctrl-C stops a call that blocks (_CtrlC):
     KeyboardInterrupt, and the client is then good only for close(); so does interrupt(), from
     any thread. Other calls come from one thread at a time (libps's rule, ps_client.h), except
     close(), which may come from another one: it interrupts the calls running first and waits
