@@ -415,11 +415,22 @@ int ps_ucx_connect(ps_ucx_t *u, const char *host, uint16_t port, ucp_err_handler
     if (token) memset(token, 0, sizeof *token);
     if (u->worker == NULL) return PS_ETRANSPORT; /* a failed ps_ucx_restart */
     if (ps_sockaddr_resolve(host, port, &ss, &sslen)) return PS_ECONFIG;
+    return ps_ucx_connect_addr(u, (const struct sockaddr *)&ss, sslen, host, port, cb, arg, ep,
+                               token);
+}
+
+int ps_ucx_connect_addr(ps_ucx_t *u, const struct sockaddr *sa, socklen_t salen,
+                        const char *host, uint16_t port, ucp_err_handler_cb_t cb, void *arg,
+                        ucp_ep_h *ep, ps_ucx_token_t *token)
+{
+    *ep = NULL;
+    if (token) memset(token, 0, sizeof *token);
+    if (u->worker == NULL) return PS_ETRANSPORT; /* a failed ps_ucx_restart */
     ucp_ep_params_t p = {
         .field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
         .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
-        .sockaddr = {.addr = (const struct sockaddr *)&ss, .addrlen = sslen},
+        .sockaddr = {.addr = sa, .addrlen = salen},
         .err_mode = UCP_ERR_HANDLING_MODE_PEER,
         .err_handler = {.cb = cb, .arg = arg},
     };

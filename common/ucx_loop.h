@@ -186,6 +186,17 @@ int ps_sockaddr_resolve(const char *host, uint16_t port, struct sockaddr_storage
 int ps_ucx_connect(ps_ucx_t *u, const char *host, uint16_t port, ucp_err_handler_cb_t cb,
                    void *arg, ucp_ep_h *ep, ps_ucx_token_t *token);
 
+/**
+ * @brief ps_ucx_connect to an address resolved already (@p sa, @p salen: read during the
+ *  call), for a caller that must not block in a name lookup (libps's comm thread resolves
+ *  with uv_getaddrinfo). @p host : @p port is the manifest's name of the shard, for the
+ *  `connected` hook (the authentication proof is bound to it).
+ * @return 0 or PS_ETRANSPORT (*ep is NULL then).
+ */
+int ps_ucx_connect_addr(ps_ucx_t *u, const struct sockaddr *sa, socklen_t salen,
+                        const char *host, uint16_t port, ucp_err_handler_cb_t cb, void *arg,
+                        ucp_ep_h *ep, ps_ucx_token_t *token);
+
 /** @brief Map a UCS status to a PS_E* code. */
 int ps_ucx_err(ucs_status_t s);
 

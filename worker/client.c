@@ -147,6 +147,14 @@ typedef struct {
     uint64_t heard_ns;  /* mono_ns() of the last message from it (or of the connect) */
     int silent;         /* lost because it answered nothing (shard_silent): its reconnect's
                            unanswered hello is tried again, not taken for a wedged transport */
+    /* Its address, resolved by ps_client_create (the caller's thread) or in the background
+     * (uv_getaddrinfo): a name lookup on the comm thread stalled every shard's heartbeats for
+     * as long as DNS did not answer (see connect_shard). */
+    struct sockaddr_storage addr;
+    socklen_t addrlen;    /* 0: not resolved yet */
+    uv_getaddrinfo_t gai;
+    int resolving;        /* gai is in flight */
+    int refresh;          /* look the name up again at the next connect (it was lost) */
     /* Direct pulls (storeview.h): the shard's store, as its hello reply named it. */
     char store[256];
     uint64_t store_id;   /* 0: none offered */
@@ -672,12 +680,54 @@ static void send_part(ps_client_t *c, part_t *p, const ps_msg_t *m, const void *
     }
 }
 
+static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
+{
+    cshard_t *s = req->data;
+    s->resolving = 0;
+    if (status == 0 && res && res->ai_addrlen <= sizeof s->addr) {
+        if (s->addrlen && (s->addrlen != res->ai_addrlen ||
+                           memcmp(&s->addr, res->ai_addr, res->ai_addrlen) != 0))
+            PS_LOG(PS_LOG_INFO, "libps", "shard %u (%s:%u) is at another address now", s->index,
+                   s->c->m.servers[s->index].host, s->c->m.servers[s->index].port);
+        memcpy(&s->addr, res->ai_addr, res->ai_addrlen);
+        s->addrlen = res->ai_addrlen;
+    } else if (status != 0) {
+        PS_LOG(PS_LOG_DEBUG, "libps", "shard %u: cannot resolve %s: %s", s->index,
+               s->c->m.servers[s->index].host, uv_strerror(status));
+    }
+    if (res) uv_freeaddrinfo(res);
+}
+
+/* Look shard @p s's name up in the background (libuv's thread pool); on_resolved keeps it. */
+static void resolve_start(ps_client_t *c, cshard_t *s)
+{
+    if (s->resolving) return;
+    const ps_server_conf_t *sc = &c->m.servers[s->index];
+    char port[8];
+    snprintf(port, sizeof port, "%u", sc->port);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
+    s->gai.data = s;
+    s->resolving = uv_getaddrinfo(&c->loop, &s->gai, on_resolved, sc->host, port, &hints) == 0;
+}
+
+/* Connect to shard @p i at its address known already: the comm thread never waits for a
+ * name lookup (with DNS unreachable, getaddrinfo takes seconds, in which no heartbeat went to
+ * any shard and the healthy ones dropped this worker). A shard whose name did not resolve yet
+ * is looked up in the background and this attempt fails (PS_ECONFIG: the join and the
+ * reconnect try again); a lost one is looked up again in the background while this attempt
+ * goes to the address it had (a shard started again elsewhere is reached at the next). */
 static int connect_shard(ps_client_t *c, uint32_t i)
 {
     cshard_t *s = &c->shards[i];
     if (s->ep && !s->dead) return 0;
     const ps_server_conf_t *sc = &c->m.servers[i];
-    int rc = ps_ucx_connect(&c->ucx, sc->host, sc->port, on_ep_error, s, &s->ep, &s->tok);
+    if (s->refresh || s->addrlen == 0) {
+        s->refresh = 0;
+        resolve_start(c, s);
+    }
+    if (s->addrlen == 0) return PS_ECONFIG;
+    int rc = ps_ucx_connect_addr(&c->ucx, (const struct sockaddr *)&s->addr, s->addrlen,
+                                 sc->host, sc->port, on_ep_error, s, &s->ep, &s->tok);
     if (rc == 0) {
         s->dead = 0;
         s->ep_gen++;
@@ -1364,6 +1414,7 @@ static void shard_lost_now(ps_client_t *c, uint32_t i)
     if (!s->down) {
         PS_LOG(PS_LOG_WARN, "libps", "lost shard %u (%s:%u); reconnecting", i,
                c->m.servers[i].host, c->m.servers[i].port);
+        s->refresh = 1; /* it may come back elsewhere under its name (connect_shard) */
         s->down = 1;
         s->down_since_ms = now_ms();
         s->backoff_ms = 50;
@@ -2137,6 +2188,8 @@ static void *comm_main(void *arg)
     pthread_mutex_unlock(&c->mu);
     if (rc) return NULL;
     uv_run(&c->loop, UV_RUN_DEFAULT);
+    for (uint32_t i = 0; i < c->nshards; i++) /* a lookup not started yet; one running ends */
+        if (c->shards[i].resolving) uv_cancel((uv_req_t *)&c->shards[i].gai);
     uv_close((uv_handle_t *)&c->wake, NULL);
     for (uint32_t i = 0; i < c->nshards; i++) uv_close((uv_handle_t *)&c->shards[i].timer, NULL);
     uv_close((uv_handle_t *)&c->heartbeat, NULL);
@@ -2522,6 +2575,12 @@ int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts, ps
     if (c->silent_ms < 2000) c->silent_ms = 2000;
     c->shards = calloc(c->nshards, sizeof *c->shards);
     c->tensors = calloc(PS_CLIENT_MAX_TENSORS, sizeof *c->tensors);
+    /* The shards' addresses, here on the caller's thread (a name that does not resolve yet is
+     * looked up again in the background by the comm thread: connect_shard). */
+    for (uint32_t i = 0; c->shards && i < c->nshards; i++)
+        if (ps_sockaddr_resolve(c->m.servers[i].host, c->m.servers[i].port,
+                                &c->shards[i].addr, &c->shards[i].addrlen))
+            c->shards[i].addrlen = 0;
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
     /* The comm thread (and UCX's async thread, which it starts) block the signals that end or

@@ -923,6 +923,44 @@ START_TEST(test_shard0_store_lost_refused)
 }
 END_TEST
 
+/* A shard restarts while DNS does not answer (slow_dns.so: every lookup waits 3 s). The
+ * worker's reconnects looked the shard's name up on its comm thread, so no heartbeat went to
+ * any shard meanwhile and the healthy shard 0 dropped the worker as silent (heartbeat timeout
+ * 1000 ms; found by a review, session 39). Now they go to the address it had, looked up again
+ * in the background: shard 0 keeps the worker, which trains on. */
+START_TEST(test_slow_dns_no_stall)
+{
+    cl_conf_t k = {.shards = 2, .workers = 1, .max_steps = 2000, .epochs = 3,
+                   .job_extra = "  heartbeat_timeout_ms: 1000\n"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    char down[CL_PATH];
+    cl_path(c, "dns-down", down, sizeof down);
+    setenv("LD_PRELOAD", cl_binary("SLOW_DNS_SO"), 1);
+    setenv("SLOW_DNS_FILE", down, 1);
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    unsetenv("LD_PRELOAD");
+    unsetenv("SLOW_DNS_FILE");
+    ck_assert_msg(cl_wait_log(w, "step 1 of ~", RUN_S) == 0, "never trained: %s", cl_tail(w));
+    FILE *f = fopen(down, "w");
+    ck_assert(f != NULL);
+    fclose(f);
+    ck_assert_int_eq(cl_signal(psd[1], SIGKILL), 0);
+    cl_wait(psd[1], RUN_S);
+    psd[1] = cl_psd_start(c, 1, NULL, READY_S);
+    ck_assert_msg(cl_wait_log(w, "is back after", RUN_S) == 0, "shard 1 never came back: %s",
+                  cl_tail(w));
+    EXPECT_EXIT(w, 0); /* its 2000 steps */
+    unlink(down);
+    ck_assert_msg(count_in_log(psd[0], "silent for") == 0 &&
+                      count_in_log(w, "was removed from the job") == 0,
+                  "the worker fell silent at shard 0 while a lookup waited: %s / %s",
+                  cl_tail(psd[0]), cl_tail(w));
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* ---- pslaunch's care of its workers ---------------------------------------------------- */
 
 /* A stand-in worker script @p name in @p c's directory: @p body after `#!/bin/sh`. */
@@ -1109,6 +1147,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("worker_says_shard_silent", test_worker_says_shard_silent));
     suite_add_tcase(s, tcase("silent_shard_lost", test_silent_shard_lost));
     suite_add_tcase(s, tcase("shard0_store_lost_refused", test_shard0_store_lost_refused));
+    suite_add_tcase(s, tcase("slow_dns_no_stall", test_slow_dns_no_stall));
     suite_add_tcase(s, tcase("pslaunch_care", test_pslaunch_care));
     return s;
 }
