@@ -164,9 +164,7 @@ int pb_client_main(int argc, char **argv)
     }
     if (getenv("PS_LOG_LEVEL") == NULL) ps_log_set_level("warn");
     char err[1024];
-    ps_client_opts_t co = {.field_mask = PS_CLIENT_OPT_CONNECT_TIMEOUT,
-                           .connect_timeout_ms = 30000};
-    int rc = ps_client_create(manifest, &co, &k.c, err, sizeof err);
+    int rc = ps_client_create(manifest, NULL, &k.c, err, sizeof err); /* job.reconnect_timeout_ms */
     if (rc) {
         fprintf(g_out, "error cannot join: %s\n", err);
         return 1;

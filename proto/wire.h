@@ -82,6 +82,8 @@ enum {
                                 its `shard`); hello reply: this psd answers such heartbeats
                                 (session 40), so libps takes one that answers nothing for a
                                 while as lost (a dead host, a cut network, a stopped psd) */
+    PS_FLAG_TENSORS = 262144, /* hello reply: `count` is the tensors in the shard's table
+                                 (session 40): libps tells a shard that lost its store by it */
 };
 
 /* UCP Active Message ids. */

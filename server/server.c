@@ -378,7 +378,8 @@ static void on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
     ps_msg_t r = {.type = PS_MSG_HELLO_REPLY, .req_id = msg->req_id, .rank = rank,
                   .epoch = psd_shard_epoch(srv), .shard = srv->shard,
                   .consistency = (uint32_t)srv->m.job.consistency,
-                  .step = psd_shard_step(srv), .flags = PSD_HELLO_FLAGS};
+                  .step = psd_shard_step(srv), .count = psd_shard_tensors(srv),
+                  .flags = PSD_HELLO_FLAGS};
     psd_hello_store(srv, msg, &r);
     psd_hello_area(srv, c, msg, &r);
     psd_send_msg(srv, c, &r);
@@ -666,7 +667,6 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) return UCS_OK;
     psd_conn_t *c = conn_by_ep(srv, param->reply_ep);
     if (c == NULL || c->dead) return UCS_OK;
-    c->last_seen_ms = psd_now_ms(); /* not the loop's cached time: the loop may have stalled */
     ps_msg_t msg;
     char err[256];
     bool proven = srv->auth->on && c->authed;
@@ -693,6 +693,9 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
                     msg.session_len ? "with another session token" : "without a session token");
         return UCS_OK; /* its data, if any, is dropped unread */
     }
+    /* Heard from (heartbeat_timeout_ms): only now, so that a forged header cannot keep a hung
+     * worker's connection alive. Not the loop's cached time: the loop may have stalled. */
+    c->last_seen_ms = psd_now_ms();
     if (!c->authed && srv->auth->on) { /* its data, if any, is dropped unread */
         auth_refuse(srv, c, &msg);
         return UCS_OK;

@@ -102,8 +102,9 @@ typedef struct {
 
 /* What a hello reply says this psd knows (shard 0's coordinator and the other shards alike):
  * PS_MSG_VALUES and PS_MSG_FORGET; it leaves a push holding a NaN or an infinity out; it
- * answers heartbeats that ask (PS_FLAG_ANSWER). */
-#define PSD_HELLO_FLAGS (PS_FLAG_VALUES | PS_FLAG_NONFINITE | PS_FLAG_ANSWER)
+ * answers heartbeats that ask (PS_FLAG_ANSWER); its `count` is the tensors in its table
+ * (PS_FLAG_TENSORS, psd_shard_tensors: libps tells a shard that lost its store by it). */
+#define PSD_HELLO_FLAGS (PS_FLAG_VALUES | PS_FLAG_NONFINITE | PS_FLAG_ANSWER | PS_FLAG_TENSORS)
 
 /* asp / ssp: a chunk remembers the batch of the last push of each process whose rank another
  * process took (it left or died) for this many such changes: a replay of a dead worker's batch
@@ -633,9 +634,11 @@ void psd_shard_totals(const psd_server_t *srv, psd_shard_totals_t *t);
 /** @brief Append this shard's tensors and chunks as JSON members to @p out (status). */
 void psd_shard_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len);
 /** @brief Lowest chunk version of this shard (its step), or 0 with no chunks. */
+uint64_t psd_shard_step(psd_server_t *srv);
 /** @brief The highest version of any chunk here (0 when none). */
 uint64_t psd_shard_step_max(psd_server_t *srv);
-uint64_t psd_shard_step(psd_server_t *srv);
+/** @brief How many tensors this shard's table holds (every shard holds the cluster's). */
+uint32_t psd_shard_tensors(const psd_server_t *srv);
 /** @brief Learn membership epoch @p epoch (members from @p from_step on; @p closed: of step
  *  @p from_step only, which the coordinator closed, PS_FLAG_CLOSED); chunks that became
  *  complete under it are applied. Known epochs only lower an open view's from_step. */

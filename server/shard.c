@@ -413,6 +413,13 @@ uint64_t psd_shard_step(psd_server_t *srv)
     return step == UINT64_MAX ? 0 : step;
 }
 
+uint32_t psd_shard_tensors(const psd_server_t *srv)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < srv->ntensors; i++) n += srv->tensors[i].present;
+    return n;
+}
+
 uint64_t psd_shard_step_max(psd_server_t *srv)
 {
     uint64_t step = 0;

@@ -60,7 +60,9 @@ typedef struct {
     int raw;           /* push of a compressed tensor: this chunk goes as fp32 (a NaN or an
                           infinity its codec cannot encode; the shard leaves it out) */
     size_t len;
-    uint8_t hdr[256];  /* the header bytes UCX reads until the send completes (names < 128) */
+    uint8_t hdr[384];  /* the header bytes UCX reads until the send completes: a hello with a
+                          cluster name of 127 bytes and a host name of 63, a declaration with a
+                          tensor name of 127, and the session token (19) fit */
     struct {
         uint32_t crc;  /* push: CRC-32C of data; pull: the reply's CRC while its data lands */
         uint8_t have_crc; /* push: crc is computed (at the first send, on the comm thread) */
@@ -154,7 +156,7 @@ typedef struct {
     socklen_t addrlen;    /* 0: not resolved yet */
     uv_getaddrinfo_t gai;
     int resolving;        /* gai is in flight */
-    int refresh;          /* look the name up again at the next connect (it was lost) */
+    int moved;            /* a lookup since the last connect gave another address */
     /* Direct pulls (storeview.h): the shard's store, as its hello reply named it. */
     char store[256];
     uint64_t store_id;   /* 0: none offered */
@@ -234,6 +236,9 @@ struct ps_client_s {
     int rank;
     uint32_t workers;
     uint64_t join_step;         /* the coordinator's step at the join */
+    int64_t join_tensors;       /* shard 0's tensors then (its hello reply's count; -1: its psd
+                                   did not say); written by the joining thread before the join
+                                   returns, read by the comm thread in on_rehello after it */
     uint64_t join_serial;       /* shard 0's serial of this join: hellos to the others carry it */
     uint64_t next_req;
 
@@ -610,6 +615,8 @@ static void on_pull_recv(void *request, ucs_status_t status, size_t length, void
     const ctensor_t *t = c->tensors[op->tensor];
     op->ucx_refs--;
     p->ck.receiving = 0;
+    if (status == UCS_OK) /* heard (shard_silent): a long transfer delays its heartbeat answers */
+        c->shards[p->shard].heard_ns = mono_ns();
     if (status != UCS_OK) {
         if (!part_defer(c, p, p->ck.ep_gen))
             op_fail(op, ps_ucx_err(status), "pull data from shard %u lost: %s", p->shard,
@@ -686,9 +693,11 @@ static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
     s->resolving = 0;
     if (status == 0 && res && res->ai_addrlen <= sizeof s->addr) {
         if (s->addrlen && (s->addrlen != res->ai_addrlen ||
-                           memcmp(&s->addr, res->ai_addr, res->ai_addrlen) != 0))
+                           memcmp(&s->addr, res->ai_addr, res->ai_addrlen) != 0)) {
             PS_LOG(PS_LOG_INFO, "libps", "shard %u (%s:%u) is at another address now", s->index,
                    s->c->m.servers[s->index].host, s->c->m.servers[s->index].port);
+            s->moved = 1; /* hello_overdue: a hello to the old one fails, no transport restart */
+        }
         memcpy(&s->addr, res->ai_addr, res->ai_addrlen);
         s->addrlen = res->ai_addrlen;
     } else if (status != 0) {
@@ -712,20 +721,19 @@ static void resolve_start(ps_client_t *c, cshard_t *s)
 
 /* Connect to shard @p i at its address known already: the comm thread never waits for a
  * name lookup (with DNS unreachable, getaddrinfo takes seconds, in which no heartbeat went to
- * any shard and the healthy ones dropped this worker). A shard whose name did not resolve yet
- * is looked up in the background and this attempt fails (PS_ECONFIG: the join and the
- * reconnect try again); a lost one is looked up again in the background while this attempt
- * goes to the address it had (a shard started again elsewhere is reached at the next). */
+ * any shard and the healthy ones dropped this worker). Each attempt looks the name up again
+ * in the background (one lookup at a time; the join's and the reconnect's backoff set the
+ * pace), so a shard started again elsewhere under its name is reached at a later attempt; a
+ * name that did not resolve yet fails the attempt (PS_ECONFIG: the join and the reconnect try
+ * again). */
 static int connect_shard(ps_client_t *c, uint32_t i)
 {
     cshard_t *s = &c->shards[i];
     if (s->ep && !s->dead) return 0;
     const ps_server_conf_t *sc = &c->m.servers[i];
-    if (s->refresh || s->addrlen == 0) {
-        s->refresh = 0;
-        resolve_start(c, s);
-    }
+    resolve_start(c, s);
     if (s->addrlen == 0) return PS_ECONFIG;
+    s->moved = 0;
     int rc = ps_ucx_connect_addr(&c->ucx, (const struct sockaddr *)&s->addr, s->addrlen,
                                  sc->host, sc->port, on_ep_error, s, &s->ep, &s->tok);
     if (rc == 0) {
@@ -1290,6 +1298,19 @@ static void on_rehello(ps_op_t *op)
         if (c->leaving) parts_on_shard(c, i, 1); /* a leave waiting for this hello: not a member */
         return;
     }
+    if (op->status == 0 && (op->reply.flags & PS_FLAG_TENSORS) && op->reply.count == 0 &&
+        (__atomic_load_n(&c->had_batch, __ATOMIC_ACQUIRE) ||
+         (c->join_tensors > 0 && c->join_step > 0))) {
+        /* It came back with an empty table after this worker trained, or joined a job past
+         * step 0 with tensors: its store was lost (an empty or another data_dir). Its pushes would fail with "no tensor with id", and a
+         * worker joining next would make it create the tensors again from their initial
+         * values (found by a probe, session 40). */
+        op->status = PS_ECONFIG;
+        snprintf(op->err, sizeof op->err, "it came back without the model (no tensors) after "
+                 "this worker trained: its store was lost or replaced (an empty or another "
+                 "data_dir); restore every shard from one checkpoint (psctl restore D prints "
+                 "the commands)");
+    }
     if (op->status == PS_ECONFIG || op->status == PS_EAUTH) {
         /* The shard came back under another configuration (a restore onto another manifest,
          * another secret): this worker's manifest no longer fits it, and asking again cannot
@@ -1414,7 +1435,6 @@ static void shard_lost_now(ps_client_t *c, uint32_t i)
     if (!s->down) {
         PS_LOG(PS_LOG_WARN, "libps", "lost shard %u (%s:%u); reconnecting", i,
                c->m.servers[i].host, c->m.servers[i].port);
-        s->refresh = 1; /* it may come back elsewhere under its name (connect_shard) */
         s->down = 1;
         s->down_since_ms = now_ms();
         s->backoff_ms = 50;
@@ -1509,12 +1529,14 @@ again:
         const ps_server_conf_t *sc = &c->m.servers[i];
         cshard_t *s = &c->shards[i];
         /* A join's hello fails (join() tries again until its timeout), and so does a
-         * reconnect's to a shard lost because it fell silent (shard_silent) while this
+         * reconnect's to a shard lost because it fell silent (shard_silent), or whose name
+         * resolved to another address since (the next attempt goes there), while this
          * worker's transport is not stuck: that shard is down or stopped, and on_rehello tries
          * again (a transport restart would reset every other shard's connection each time).
          * Its endpoint is closed, which also ends a send UCX holds for it, so that a shard that
          * took the connection but never answers cannot hold the op for good. */
-        if (op->on_done == NULL || (s->silent && !c->leaving && ps_ucx_stuck_ns(&c->ucx) == 0)) {
+        if (op->on_done == NULL ||
+            ((s->silent || s->moved) && !c->leaving && ps_ucx_stuck_ns(&c->ucx) == 0)) {
             op_fail(op, PS_ETIMEDOUT, "shard %u (%s:%u) did not answer its hello in %u ms", i,
                     sc->host, sc->port, c->hello_deadline_ms);
             if (s->ep && !s->dead) s->dead = s->close_queued = 1;
@@ -2427,12 +2449,36 @@ static int nap_or_cancel(uint32_t ms, const volatile sig_atomic_t *cancel)
 
 /* How long a join waits for a shard before it says so (and goes on waiting). */
 #define JOIN_SAY_MS 2000
-/* bsp: how far a shard's lowest chunk version may be ahead of shard 0's step at a join. A
- * shard's chunks are at most one step ahead of the coordinator's (a step is handed out only
- * after every chunk applied the one before); a restarted shard 0 that lost a few steps (a
- * host crash between syncs) is told apart by the summed ring (64 steps: PSD_SUMMED_RING) and
- * its replays are skipped as applied, which is right. Further behind, shard 0 lost its store. */
-#define JOIN_AHEAD_MAX 64
+/* At a join, shard @p i's hello reply @p rep against shard 0's table (@p t0 tensors; -1 when
+ * its psd did not say): a shard that lost its store (started again from an empty or another
+ * data_dir) while the others kept theirs. Every shard holds the cluster's whole tensor table
+ * once the declarations completed (while they run, a shard may hold a tensor shard 0 has not
+ * committed yet), so shard 0 without tensors while another holds trained ones (its lowest
+ * chunk version past 0) lost its store: its job would start again at step 0 and, under bsp,
+ * the other shards acknowledge the pushes of the steps they applied as applied and drop them,
+ * silently (found by a review, session 39). The other way, a shard without tensors once the
+ * job is past step 0 would create them again from their initial values at the declarations,
+ * silently under asp (a probe, session 40). (Comparing steps alone was tried first: clients
+ * that push without batch requests, psbench, advance chunk versions without the
+ * coordinator's step.) @return 0, or PS_ECONFIG with c->err said. */
+static int join_store_check(ps_client_t *c, uint32_t i, const ps_msg_t *rep, int64_t t0)
+{
+    if (!(rep->flags & PS_FLAG_TENSORS) || t0 < 0) return 0;
+    uint32_t lost;
+    if (t0 == 0 && rep->count > 0 && rep->step > 0)
+        lost = 0;
+    else if (t0 > 0 && rep->count == 0 && c->join_step > 0)
+        lost = i;
+    else
+        return 0;
+    snprintf(c->err, sizeof c->err, "shard %u (%.64s:%u) holds %llu tensors at step %llu, shard 0 "
+             "%lld tensors at step %llu: shard %u's store was lost or replaced (an empty or "
+             "another data_dir); start every shard from one checkpoint (psctl restore D prints "
+             "the commands) or every one empty", i, c->m.servers[i].host, c->m.servers[i].port,
+             (unsigned long long)rep->count, (unsigned long long)rep->step, (long long)t0,
+             (unsigned long long)c->join_step, lost);
+    return PS_ECONFIG;
+}
 
 static int join(ps_client_t *c, uint32_t timeout_ms, const volatile sig_atomic_t *cancel)
 {
@@ -2453,18 +2499,8 @@ static int join(ps_client_t *c, uint32_t timeout_ms, const volatile sig_atomic_t
                     c->workers = rep.workers;
                     c->join_step = rep.step;
                     c->join_serial = rep.samples;
-                } else if (c->m.job.consistency == PS_CONSIST_BSP &&
-                           rep.step > c->join_step + JOIN_AHEAD_MAX) {
-                    /* Every chunk here applied steps shard 0's job has not reached: shard 0's
-                     * store was lost. Its pushes of those steps would be acknowledged here as
-                     * applied and dropped, silently (found by a review, session 39). */
-                    snprintf(c->err, sizeof c->err, "shard %u (%.64s:%u) holds the model at step "
-                             "%llu but shard 0's job is at step %llu: shard 0's store was lost or "
-                             "replaced (an empty or another data_dir, or a restore of shard 0 "
-                             "alone); start every shard from one checkpoint (psctl restore D "
-                             "prints the commands) or every one empty", i, c->m.servers[i].host,
-                             c->m.servers[i].port, (unsigned long long)rep.step,
-                             (unsigned long long)c->join_step);
+                    c->join_tensors = rep.flags & PS_FLAG_TENSORS ? (int64_t)rep.count : -1;
+                } else if (join_store_check(c, i, &rep, c->join_tensors)) {
                     return PS_ECONFIG;
                 }
                 break;
@@ -3210,7 +3246,7 @@ int ps_client_next_batch(ps_client_t *c, uint64_t samples, const ps_batch_info_t
     int rc = ctrl_call(c, OP_BATCH, 0, &req, &rep);
     if (rc == PS_ECONFIG && done == NULL && !c->had_batch) ps_client_give_up(c);
     if (rc) return rc; /* a batch done stays for the leave: reporting it twice is harmless */
-    c->had_batch = 1;
+    __atomic_store_n(&c->had_batch, 1, __ATOMIC_RELEASE); /* on_rehello reads it */
     c->has_leave_done = 0; /* reported, or superseded by the batch handed out now */
     *out = (ps_batch_info_t){.step = rep.step, .pass = rep.data_epoch,
                              .offset = rep.batch_offset, .count = rep.batch_count,

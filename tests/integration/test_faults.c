@@ -896,10 +896,18 @@ START_TEST(test_silent_shard_lost)
 }
 END_TEST
 
+/* Shard @p shard's store is lost: its data_dir moved aside (the next psd starts empty). */
+static void store_lost(cl_cluster_t *c, int shard)
+{
+    char aside[CL_PATH + 8];
+    snprintf(aside, sizeof aside, "%s.lost", c->data_dir[shard]);
+    ck_assert_int_eq(rename(c->data_dir[shard], aside), 0);
+}
+
 /* bsp: shard 0 started again from an empty data_dir while shard 1 kept its store. Its job
  * starts at step 0 again, and shard 1 would acknowledge the pushes of every step it applied
  * already as applied and drop them, silently (found by a review, session 39: 3,400 steps
- * trained on shard 0 only). A worker's join now refuses such a cluster, naming both steps and
+ * trained on shard 0 only). A worker's join now refuses such a cluster, naming both tables and
  * the remedy (exit 2: pslaunch does not start it again). */
 START_TEST(test_shard0_store_lost_refused)
 {
@@ -909,15 +917,43 @@ START_TEST(test_shard0_store_lost_refused)
     cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
     EXPECT_EXIT(w, 0);
     stop_all(psd, 2);
-    char aside[CL_PATH + 8];
-    snprintf(aside, sizeof aside, "%s.lost", c->data_dir[0]);
-    ck_assert_int_eq(rename(c->data_dir[0], aside), 0);
+    store_lost(c, 0);
     psd[0] = cl_psd_start(c, 0, NULL, READY_S);
     psd[1] = cl_psd_start(c, 1, NULL, READY_S);
     cl_proc_t *w2 = cl_worker_start(c, NULL, NULL, false);
     EXPECT_EXIT(w2, 2);
-    EXPECT_LOG(w2, "holds the model at step 100 but shard 0's job is at step 0: shard 0's store "
+    EXPECT_LOG(w2, "holds 6 tensors at step 100, shard 0 0 tensors at step 0: shard 0's store "
                    "was lost or replaced");
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+/* asp: shard 1 (not 0) killed mid-run and started again from an empty data_dir (found by a
+ * probe, session 40). The running worker's pushes failed with "no tensor with id 0", and a
+ * worker joining next made shard 1 create the tensors again from their initial values and
+ * trained on, exit 0, shard 1's part of the model silently lost. Now the running worker hears
+ * that shard 1 came back without the model (exit 1), and a joining one is refused (exit 2),
+ * both naming the remedy. */
+START_TEST(test_shard_store_lost_refused)
+{
+    cl_conf_t k = {.shards = 2, .workers = 1, .consistency = "asp", .max_steps = 100000,
+                   .epochs = 100};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    ck_assert_msg(cl_wait_log(w, "step 1 of ~", RUN_S) == 0, "never trained: %s", cl_tail(w));
+    ck_assert_int_eq(cl_signal(psd[1], SIGKILL), 0);
+    cl_wait(psd[1], RUN_S);
+    store_lost(c, 1);
+    psd[1] = cl_psd_start(c, 1, NULL, READY_S);
+    EXPECT_EXIT(w, 1);
+    EXPECT_LOG(w, "shard 1 refused this worker back: it came back without the model (no "
+                  "tensors) after this worker trained: its store was lost or replaced");
+    cl_proc_t *w2 = cl_worker_start(c, NULL, NULL, false);
+    EXPECT_EXIT(w2, 2);
+    EXPECT_LOG(w2, "holds 0 tensors at step 0, shard 0 6 tensors at step ");
+    EXPECT_LOG(w2, "shard 1's store was lost or replaced");
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }
@@ -1148,6 +1184,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("silent_shard_lost", test_silent_shard_lost));
     suite_add_tcase(s, tcase("shard0_store_lost_refused", test_shard0_store_lost_refused));
     suite_add_tcase(s, tcase("slow_dns_no_stall", test_slow_dns_no_stall));
+    suite_add_tcase(s, tcase("shard_store_lost_refused", test_shard_store_lost_refused));
     suite_add_tcase(s, tcase("pslaunch_care", test_pslaunch_care));
     return s;
 }
