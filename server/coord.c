@@ -1196,6 +1196,11 @@ void psd_coord_on_gone(psd_server_t *srv, psd_conn_t *c, const char *why, bool m
     if (may_return && may_live(&co->s.m[r])) {
         co->rt[r].conn = NULL;
         co->rt[r].parked = 0; /* that request went with the connection: it asks again */
+        /* The time now, not the loop's cached one: after a stall of this process (a SIGSTOP),
+         * closes are seen before the loop reads the clock again, and a stamp from before the
+         * stall had the grace used up at the next tick (a probe, session 40: every member of
+         * a coordinator stopped for 4 s was dropped when it resumed). */
+        uv_update_time(srv->loop);
         co->rt[r].lost_ms = uv_now(srv->loop);
         PS_LOG(PS_LOG_INFO, "coord", "rank %d (pid %u): %s; its rank waits %llu ms for it to "
                "come back", r, co->s.m[r].pid, why, (unsigned long long)grace_ms(srv));
@@ -1280,6 +1285,15 @@ static void late_slowest(psd_server_t *srv, uint64_t now)
                (unsigned)srv->m.job.staleness + 1, (unsigned long long)limit);
         drop_late(srv, r);
     }
+}
+
+void psd_coord_stalled(psd_server_t *srv)
+{
+    psd_coord_t *co = srv->coord;
+    uint64_t now = uv_now(srv->loop);
+    for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
+        if ((co->s.active >> r & 1) && co->rt[r].conn == NULL && co->rt[r].lost_ms)
+            co->rt[r].lost_ms = now ? now : 1;
 }
 
 void psd_coord_tick(psd_server_t *srv)

@@ -916,6 +916,7 @@ static void on_cron(uv_timer_t *h)
         PS_LOG(PS_LOG_WARN, "server", "cron ran late; heartbeat checks skipped once");
         for (psd_conn_t *c = srv->conns; c; c = c->next) c->last_seen_ms = now;
         srv->late_floor_ms = uv_now(srv->loop); /* nor is a member's lateness (step_timeout) */
+        if (srv->coord) psd_coord_stalled(srv); /* nor the absence of a closed connection */
     }
     for (psd_conn_t *c = srv->conns; c; c = c->next) {
         if (srv->auth->on && !c->authed && !c->dead && c->ep && c->rank < 0 &&

@@ -703,6 +703,9 @@ void psd_coord_on_gone(psd_server_t *srv, psd_conn_t *c, const char *why, bool m
 /** @brief Every cron tick: members that did not come back after a restart of this shard or
  *  after their connection closed (or whose process ended since), launch grants. */
 void psd_coord_tick(psd_server_t *srv);
+/** @brief The cron found this loop stalled (a SIGSTOP, a descheduled host): members whose
+ *  connection closed get their whole grace again from now, as silent ones get a period. */
+void psd_coord_stalled(psd_server_t *srv);
 /** @brief Append the coordinator's members, epoch, step and batches as JSON members. */
 void psd_coord_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len);
 /** @brief Append the job's metrics (membership, workers, samples applied...) to @p p. */

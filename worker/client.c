@@ -1439,8 +1439,11 @@ static void shard_lost_now(ps_client_t *c, uint32_t i)
         s->down_since_ms = now_ms();
         s->backoff_ms = 50;
     } else if (now_ms() - s->down_since_ms >= c->reconnect_ms) {
-        PS_LOG(PS_LOG_ERROR, "libps", "shard %u (%s:%u) did not come back in %u ms", i,
-               c->m.servers[i].host, c->m.servers[i].port, c->reconnect_ms);
+        /* Checked as an attempt fails, so the time said is the time it took (a little more
+         * than the timeout: an attempt's hello waits up to hello_deadline_ms). */
+        PS_LOG(PS_LOG_ERROR, "libps", "shard %u (%s:%u) did not come back in %llu ms (the "
+               "reconnect timeout is %u ms)", i, c->m.servers[i].host, c->m.servers[i].port,
+               (unsigned long long)(now_ms() - s->down_since_ms), c->reconnect_ms);
         s->gone = 1;
         parts_on_shard(c, i, 1);
         return;
