@@ -1571,24 +1571,35 @@ static void ops_overdue(ps_client_t *c)
 {
     uint64_t now = mono_ns(), limit = (uint64_t)c->m.job.heartbeat_timeout_ms * 4000000u;
     if (limit < 5000000000ull) limit = 5000000000ull;
-    for (ps_op_t *op = c->inflight; op; op = op->next) {
-        if (op->on_done || op->slow_said || op->done || op->submit_ns == 0 ||
-            now - op->submit_ns < limit)
-            continue;
-        for (uint32_t k = 0; k < op->nparts; k++) {
-            if (!op->parts[k].pending) continue;
-            uint32_t i = op->parts[k].shard;
+    for (uint32_t i = 0; i < c->nshards; i++) {
+        /* One line per shard for the ops that passed the limit since the last tick (a step's
+         * pushes wait together: each said its own line before, a probe found). */
+        const ps_op_t *first = NULL;
+        uint32_t more = 0;
+        for (ps_op_t *op = c->inflight; op; op = op->next) {
+            if (op->on_done || op->slow_said || op->done || op->submit_ns == 0 ||
+                now - op->submit_ns < limit)
+                continue;
+            uint32_t k = 0;
+            while (k < op->nparts && !op->parts[k].pending) k++;
+            if (k == op->nparts || op->parts[k].shard != i) continue; /* said for its own */
             op->slow_said = 1;
-            PS_LOG(PS_LOG_WARN, "libps", "a %s has waited %llu s for shard %u (%s:%u)%s; still "
-                   "waiting", op_name(op->type),
-                   (unsigned long long)((now - op->submit_ns) / 1000000000u), i,
-                   c->m.servers[i].host, c->m.servers[i].port,
-                   i == 0 && op->type == OP_BATCH
-                       ? " (the coordinator: its step waits for other members, or it is stopped "
-                         "or overloaded)"
-                       : "");
-            break;
+            if (first == NULL)
+                first = op;
+            else
+                more++;
         }
+        if (first == NULL) continue;
+        char also[48] = "";
+        if (more) snprintf(also, sizeof also, " (and %u more operations)", more);
+        PS_LOG(PS_LOG_WARN, "libps", "a %s has waited %llu s for shard %u (%s:%u)%s%s; still "
+               "waiting", op_name(first->type),
+               (unsigned long long)((now - first->submit_ns) / 1000000000u), i,
+               c->m.servers[i].host, c->m.servers[i].port, also,
+               i == 0 && first->type == OP_BATCH
+                   ? " (the coordinator: its step waits for other members, or it is stopped "
+                     "or overloaded)"
+                   : "");
     }
 }
 
