@@ -147,7 +147,7 @@ static void send_reply(psd_server_t *srv, psd_conn_t *conn, ps_msg_t *r, xsess_t
     size_t hlen;
     r->length = len;
     if (conn->dead || conn->ep == NULL || x == NULL ||
-        ps_msg_encode(r, x->hdr, sizeof x->hdr, &hlen)) {
+        psd_encode(srv, conn, r, x->hdr, sizeof x->hdr, &hlen)) {
         free(x);
         free(text);
         return;

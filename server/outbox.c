@@ -26,7 +26,7 @@ void psd_outbox_flush(psd_server_t *srv, psd_conn_t *conn)
     ps_msg_t m = {.type = PS_MSG_BUNDLE, .count = s->count, .length = s->len,
                   .shard = srv->shard};
     size_t hlen;
-    if (ps_msg_encode(&m, s->hdr, sizeof s->hdr, &hlen)) {
+    if (psd_encode(srv, conn, &m, s->hdr, sizeof s->hdr, &hlen)) {
         psd_send_done(NULL, UCS_OK, s);
         return;
     }

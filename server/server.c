@@ -190,6 +190,19 @@ void psd_send_done(void *request, ucs_status_t status, void *user_data)
     if (request) ucp_request_free(request);
 }
 
+int psd_encode(const psd_server_t *srv, const psd_conn_t *conn, const ps_msg_t *msg,
+               uint8_t *buf, size_t cap, size_t *len)
+{
+    bool seal = srv->auth->on && conn->authed;
+    if (seal && srv->test_bad_seal) { /* PS_TEST_BAD_SEAL: a forger's token (a test hook) */
+        uint8_t bad[PS_AUTH_SESSION];
+        for (int i = 0; i < PS_AUTH_SESSION; i++) bad[i] = (uint8_t)(conn->session[i] ^ 0x5a);
+        return ps_msg_encode_sealed(msg, bad, sizeof bad, buf, cap, len);
+    }
+    return ps_msg_encode_sealed(msg, seal ? conn->session : NULL, seal ? PS_AUTH_SESSION : 0,
+                                buf, cap, len);
+}
+
 void psd_send_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
 {
     if (conn->dead || conn->ep == NULL) return;
@@ -205,7 +218,7 @@ void psd_send_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
     s->snap = NULL;
     psd_conn_ref(conn);
     size_t len;
-    if (ps_msg_encode(msg, s->hdr, sizeof s->hdr, &len)) {
+    if (psd_encode(srv, conn, msg, s->hdr, sizeof s->hdr, &len)) {
         psd_send_done(NULL, UCS_OK, s);
         return;
     }
@@ -483,7 +496,7 @@ static void send_status(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
     ps_msg_t r = {.type = PS_MSG_STATUS_REPLY, .req_id = msg->req_id, .shard = srv->shard,
                   .length = len};
     size_t hlen;
-    ps_msg_encode(&r, s->hdr, sizeof s->hdr, &hlen);
+    psd_encode(srv, c, &r, s->hdr, sizeof s->hdr, &hlen);
     s->srv = srv;
     s->conn = c;
     s->snap = NULL;
@@ -1044,6 +1057,9 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
         PS_LOG(PS_LOG_WARN, "server", "PS_TEST_LATE_RNDV=%u: rendezvous push %u loses its "
                "connection while it lands, and its end is seen 3 s late (a test hook)",
                srv->test_late_rndv, srv->test_late_rndv);
+    if ((srv->test_bad_seal = test_hook("PS_TEST_BAD_SEAL", 1) != 0))
+        PS_LOG(PS_LOG_WARN, "server", "PS_TEST_BAD_SEAL=1: what this shard sends to proven "
+               "connections carries a wrong session token (a test hook)");
     if ((srv->test_drop_hello = test_hook("PS_TEST_DROP_HELLO", 8)))
         PS_LOG(PS_LOG_WARN, "server", "PS_TEST_DROP_HELLO=%u: the first hello of each of %u "
                "workers goes unanswered on purpose (a test hook)",

@@ -449,6 +449,7 @@ struct psd_server_s {
     uint64_t auth_refused;     /* connections whose proof was refused or missing */
     uint64_t auth_forged;      /* headers on a proven connection without its session token
                                   (or not decodable): dropped */
+    bool test_bad_seal;        /* PS_TEST_BAD_SEAL: seal with a wrong token (libps must drop) */
     double started_unix;       /* time() at the start, for psd_start_time_seconds */
     uint64_t replays_skipped;  /* bsp: pushes of a batch handed out again that a chunk had
                                   applied already (acknowledged, not applied again) */
@@ -562,6 +563,14 @@ void psd_area_unref(psd_area_t *a);
  *  connection reference and returns it to srv->free_sends (its payload buffer kept). */
 void psd_send_done(void *request, ucs_status_t status, void *user_data);
 /** @brief Send a reply header (no data) to @p conn; drops it if the conn is dead. */
+/**
+ * @brief Pack @p msg for @p conn into @p buf (@p cap bytes): sealed with the connection's
+ *  session token when it proved the cluster secret (libps drops a message from a shard
+ *  without its connection's token). Every header psd sends goes through here.
+ * @return 0, or PS_EINVAL when it does not fit.
+ */
+int psd_encode(const psd_server_t *srv, const psd_conn_t *conn, const ps_msg_t *msg,
+               uint8_t *buf, size_t cap, size_t *len);
 void psd_send_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg);
 /** @brief Send MSG_ERROR for request @p req_id. */
 void psd_send_error(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id, int status,

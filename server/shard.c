@@ -1326,7 +1326,7 @@ static void send_pull_reply(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id
         s->answered_ns = ps_trace_now();
     }
     size_t len;
-    ps_msg_encode(&r, s->hdr, sizeof s->hdr, &len);
+    psd_encode(srv, conn, &r, s->hdr, sizeof s->hdr, &len);
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                                              UCP_OP_ATTR_FIELD_USER_DATA |
                                              UCP_OP_ATTR_FIELD_FLAGS,

@@ -302,6 +302,7 @@ struct ps_client_s {
     uint32_t reconnect_ms;      /* how long a lost shard may stay away */
     uint32_t hello_deadline_ms; /* a hello unanswered this long: hello_overdue */
     uint32_t silent_ms;         /* a shard that answered nothing this long: shard_silent */
+    uint64_t unsealed;          /* messages dropped without their connection's token (from_shard) */
     uint32_t test_corrupt_push; /* PS_TEST_CORRUPT_PUSH=N (tests only): corrupt every Nth push */
     uint32_t test_push_count;   /* comm thread */
     int direct;                 /* direct pulls allowed (PS_DIRECT_PULL is not "0") */
@@ -2153,6 +2154,24 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
     return UCS_OK;
 }
 
+/* With a secret_file, whether @p m carries the session token of this worker's connection to
+ * the shard it names (psd_encode seals all it sends): a message that does not is not that
+ * shard's. This worker's UCP worker takes connections from any peer (UCX's TCP transport
+ * listens on every worker), and requests are answered by id, so a peer without the secret
+ * could otherwise send a pull reply for a guessed request id and have its values trained on.
+ * A message from a connection closed since (its old token) is dropped too: what it answered
+ * is sent again on the new one. */
+static bool from_shard(const ps_client_t *c, const ps_msg_t *m)
+{
+    if (!c->auth.on) return true;
+    if (m->type == PS_MSG_ERROR && m->status == PS_EAUTH && m->session_len == 0)
+        return true; /* the refusal of a proof: no token was made then (a forger's fails a
+                        join, as a refused proof would, but brings no values) */
+    if (m->shard >= c->nshards) return false;
+    const cshard_t *s = &c->shards[m->shard];
+    return s->tok.len && ps_auth_session_ok(s->tok.b, m->session, m->session_len);
+}
+
 static ucs_status_t on_am(void *arg, const void *header, size_t header_length, void *data,
                           size_t length, const ucp_am_recv_param_t *param)
 {
@@ -2161,6 +2180,14 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     char err[256];
     if (ps_msg_decode(&m, header, header_length, err, sizeof err)) {
         PS_LOG(PS_LOG_WARN, "libps", "dropped a message: %s", err);
+        return UCS_OK;
+    }
+    if (!from_shard(c, &m)) { /* its data, if any, is dropped unread */
+        if (c->unsealed++ == 0)
+            PS_LOG(PS_LOG_WARN, "libps", "dropped a %s said to be from shard %u without this "
+                   "worker's session token for it (a peer without the secret, or a connection "
+                   "closed since); more are counted, not said", ps_msg_type_name(m.type),
+                   m.shard);
         return UCS_OK;
     }
     if (m.type != PS_MSG_BUNDLE) return handle_msg(c, &m, data, length, param);

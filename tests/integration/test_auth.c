@@ -204,6 +204,31 @@ START_TEST(test_forged_session_dropped)
 }
 END_TEST
 
+/* The other way: a worker takes a message as shard N's only when it carries the session token
+ * of its connection to shard N (psd seals all it sends on a proven connection). A peer
+ * without the secret that reached the worker's host could otherwise answer its requests (a
+ * pull reply for a guessed id: values trained on). PS_TEST_BAD_SEAL makes psd seal with a
+ * wrong token, as such a peer would: the worker drops every answer and its join gives up
+ * (before: it took them and trained to the end). */
+START_TEST(test_unsealed_replies_dropped)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1, .max_steps = 20,
+                   .job_extra = "  reconnect_timeout_ms: 2000\n"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    char good[CL_PATH], m_good[CL_PATH];
+    write_secret(c, "secret", 'k', 0600, good, sizeof good);
+    manifest_with(c, "manifest.yaml", good, m_good, sizeof m_good);
+    cl_proc_t *psd = cl_psd_start_env(c, 0, READY_S, "PS_TEST_BAD_SEAL", "1");
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    EXPECT_EXIT(w, 1);
+    EXPECT_LOG(w, "dropped a hello_reply said to be from shard 0 without this worker's session "
+                  "token for it");
+    EXPECT_LOG(w, "cannot join shard 0");
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("auth");
@@ -211,5 +236,6 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("secret_file_mode", test_secret_file_mode));
     suite_add_tcase(s, tcase("unproven_peer_dropped", test_unproven_peer_dropped));
     suite_add_tcase(s, tcase("forged_session_dropped", test_forged_session_dropped));
+    suite_add_tcase(s, tcase("unsealed_replies_dropped", test_unsealed_replies_dropped));
     return s;
 }
