@@ -457,8 +457,8 @@ static void on_arm(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
         return;
     }
     if (ck->state == CK_ARMED || ck->state == CK_SNAP || ck->state == CK_COPYING) {
-        psd_send_error(srv, conn, msg->req_id, PS_EBUSY, "shard %u: a checkpoint into %s is in "
-                       "progress", srv->shard, ck->dir);
+        psd_send_error(srv, conn, msg->req_id, PS_EBUSY, "a checkpoint into %s is in progress "
+                       "here", ck->dir); /* psctl names the shard */
         return;
     }
     if (msg->error[0] != '/') {

@@ -18,7 +18,7 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: psd --manifest FILE --shard N [--restore DIR] [--trace FILE] "
                "[--log-level debug|info|warn|error]\n"
-               "Serve shard N of the cluster described by FILE until SIGINT or SIGTERM.\n"
+               "Serve shard N of the cluster described by FILE until SIGINT, SIGTERM or SIGHUP.\n"
                "  --restore DIR  first fill the (empty) data_dir from the checkpoint in DIR\n"
                "                 (psctl checkpoint), placing its chunks for this manifest\n"
                "  --trace FILE   write a timeline of pushes landing, apply jobs and pulls to\n"

@@ -739,10 +739,41 @@ int psctl_restore(const ps_manifest_t *m, const char *dir_in)
         free(meta);
         return 1;
     }
-    printf("# checkpoint at step %llu of %u shards; start each shard of %s on an empty "
-           "data_dir:\n", (unsigned long long)step, n, m->path);
+    /* Every shard's part must be there and of this checkpoint: psd --restore refuses an
+     * incomplete one only once started (a probe, session 40: a checkpoint whose shard 1 was
+     * stopped kept shard 0's part alone, and restore printed its commands, exit 0). */
+    for (uint32_t j = 1; j < n; j++) {
+        char *mj = psd_ckpt_meta_read(dir, j), err[512] = "";
+        int bad = mj == NULL || psd_ckpt_meta_agree(meta, mj, j, err, sizeof err) != 0;
+        if (mj == NULL)
+            snprintf(err, sizeof err, "shard-%u/%s: %s", j, PSD_CKPT_META,
+                     errno == EINVAL ? "not a regular file" : strerror(errno));
+        free(mj);
+        if (bad) {
+            fprintf(stderr, "psctl: restore: %s: %s: not a whole checkpoint (pick another)\n",
+                    dir, err);
+            free(meta);
+            return 1;
+        }
+    }
+    /* psd as it stands beside this psctl (build/server, or where both are installed). */
+    char self[1024], psd[1100] = "psd";
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (len > 0) {
+        self[len] = '\0';
+        char *slash = strrchr(self, '/');
+        if (slash) {
+            *slash = '\0';
+            snprintf(psd, sizeof psd, "%s/psd", self);
+            if (access(psd, X_OK) != 0) snprintf(psd, sizeof psd, "psd");
+        }
+    }
+    printf("# checkpoint at step %llu of %u shards. Stop every psd and worker of %s, move each "
+           "shard's data_dir aside (mv DIR DIR.old: psd restores only into an empty or missing "
+           "one), then start each shard (on its host; each runs until stopped):\n",
+           (unsigned long long)step, n, m->path);
     for (int i = 0; i < m->nservers; i++)
-        printf("psd --manifest %s --shard %d --restore %s\n", m->path, i, dir);
+        printf("%s --manifest %s --shard %d --restore %s\n", psd, m->path, i, dir);
     free(meta);
     return 0;
 }

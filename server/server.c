@@ -980,7 +980,7 @@ static void on_signal(uv_signal_t *h, int signum)
     psd_server_t *srv = h->data;
     if (srv->stopping) return;
     PS_LOG(PS_LOG_INFO, "server", "%s: finishing what is in flight",
-           signum == SIGINT ? "SIGINT" : "SIGTERM");
+           signum == SIGINT ? "SIGINT" : signum == SIGHUP ? "SIGHUP" : "SIGTERM");
     srv->stopping = true;
     psd_follower_signal(srv);
     /* Complete steps still being applied; partial steps are left for a restart. */
@@ -1168,9 +1168,14 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
     }
     uv_signal_init(srv->loop, &srv->sigint);
     uv_signal_init(srv->loop, &srv->sigterm);
-    srv->sigint.data = srv->sigterm.data = srv;
+    uv_signal_init(srv->loop, &srv->sighup);
+    srv->sigint.data = srv->sigterm.data = srv->sighup.data = srv;
     uv_signal_start(&srv->sigint, on_signal, SIGINT);
     uv_signal_start(&srv->sigterm, on_signal, SIGTERM);
+    /* SIGHUP (its terminal closed, an orphaned process group) stops psd as SIGTERM does. UCX
+     * takes it at load time for its debug mode (UCX_DEBUG_SIGNO, read before main), which left
+     * psd running with every UCX debug line in its log for good (a probe, session 40). */
+    uv_signal_start(&srv->sighup, on_signal, SIGHUP);
     uv_timer_init(srv->loop, &srv->cron);
     srv->cron.data = srv;
     srv->sync.opened_ms = uv_now(srv->loop);
@@ -1208,6 +1213,7 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
     srv->snap = NULL;
     uv_close((uv_handle_t *)&srv->sigint, NULL);
     uv_close((uv_handle_t *)&srv->sigterm, NULL);
+    uv_close((uv_handle_t *)&srv->sighup, NULL);
     uv_close((uv_handle_t *)&srv->cron, NULL);
     rc = 0;
     if (srv->fatal[0]) {

@@ -426,7 +426,7 @@ struct psd_server_s {
     psd_conn_t *outbox_conns;  /* connections with a bundle being filled */
     uint64_t bundles_sent, bundles_received;
 
-    uv_signal_t sigint, sigterm;
+    uv_signal_t sigint, sigterm, sighup;
     uv_timer_t cron;           /* heartbeat checks */
     bool stopping;
     uint64_t last_cron_ms;     /* psd_now_ms() of the last heartbeat check */

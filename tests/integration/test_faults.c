@@ -896,6 +896,23 @@ START_TEST(test_silent_shard_lost)
 }
 END_TEST
 
+/* SIGHUP (a closed terminal, an orphaned process group) stops psd as SIGTERM does. UCX had it
+ * for its debug mode: psd went on with every UCX debug line in its log (a probe, session 40). */
+START_TEST(test_psd_sighup_stops)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    ck_assert_int_eq(cl_signal(psd, SIGHUP), 0);
+    int st = cl_wait(psd, 15.0);
+    ck_assert_msg(st == 0, "psd after SIGHUP: %d (-1: still running); its log: %s", st,
+                  cl_tail(psd));
+    EXPECT_LOG(psd, "SIGHUP: finishing what is in flight");
+    ck_assert_int_eq(count_in_log(psd, "UCX  DEBUG") + count_in_log(psd, "UCX DEBUG"), 0);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* Shard @p shard's store is lost: its data_dir moved aside (the next psd starts empty). */
 static void store_lost(cl_cluster_t *c, int shard)
 {
@@ -1218,6 +1235,7 @@ Suite *ps_test_suite(void)
                              test_coordinator_stop_keeps_members));
     suite_add_tcase(s, tcase("shard0_store_lost_refused", test_shard0_store_lost_refused));
     suite_add_tcase(s, tcase("slow_dns_no_stall", test_slow_dns_no_stall));
+    suite_add_tcase(s, tcase("psd_sighup_stops", test_psd_sighup_stops));
     suite_add_tcase(s, tcase("shard_store_lost_refused", test_shard_store_lost_refused));
     suite_add_tcase(s, tcase("pslaunch_care", test_pslaunch_care));
     return s;

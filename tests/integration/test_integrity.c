@@ -963,6 +963,46 @@ START_TEST(test_checkpoint_damaged_files_refused)
 }
 END_TEST
 
+/* psctl restore D prints commands that run as printed (with psd's path beside psctl; before,
+ * a bare `psd` that no PATH held: a probe, session 40), each shard comes back at the
+ * checkpoint's step; and a checkpoint missing a shard's part is refused (before: exit 0 and
+ * the commands, psd refusing only once started). */
+START_TEST(test_restore_commands_run_as_printed)
+{
+    cl_proc_t *psd[2];
+    char dir[CL_PATH];
+    cl_cluster_t *c = checkpointed_20(psd, dir);
+    stop_all(psd, 2);
+    cl_data_dirs_aside(c, "before");
+    const char *rs[] = {"restore", dir, NULL};
+    cl_proc_t *r = psctl(c, "restore", 0, rs);
+    char *out = cl_log(r);
+    int started = 0;
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+        if (line[0] == '#' || strstr(line, " --restore ") == NULL) continue;
+        ck_assert_msg(line[0] == '/', "not a path to psd: %s", line);
+        char cmd[4 * CL_PATH], name[24];
+        snprintf(cmd, sizeof cmd, "exec %s", line);
+        snprintf(name, sizeof name, "restored%d", started);
+        char *argv[] = {"/bin/sh", "-c", cmd, NULL};
+        psd[started] = cl_spawn(c, name, argv);
+        ck_assert_msg(cl_wait_log(psd[started], "listening on", READY_S) == 0, "%s: %s", line,
+                      cl_tail(psd[started]));
+        started++;
+    }
+    free(out);
+    ck_assert_int_eq(started, 2);
+    const char *st[] = {"status", NULL};
+    EXPECT_LOG(psctl(c, "status", 0, st), " step 20");
+    stop_all(psd, 2);
+    char f[CL_PATH + 32];
+    snprintf(f, sizeof f, "%s/shard-1/meta.json", dir);
+    ck_assert_int_eq(unlink(f), 0);
+    EXPECT_LOG(psctl(c, "restore-part", 1, rs), "not a whole checkpoint (pick another)");
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* Opens the LMDB environment in @p sdir (a checkpoint's shard-J) for writing: @p f(txn, dbi,
  * arg) changes it, and the change is committed. */
 static void ckpt_edit(const char *sdir, void (*f)(MDB_txn *, MDB_dbi, void *), void *arg)
@@ -1711,5 +1751,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("periodic_checkpoints", test_periodic_checkpoints));
     suite_add_tcase(s, tcase("follower_stop_releases_hold", test_follower_stop_releases_hold));
     suite_add_tcase(s, tcase("checkpoints_after_rollback", test_checkpoints_after_rollback));
+    suite_add_tcase(s, tcase("restore_commands_run_as_printed",
+                             test_restore_commands_run_as_printed));
     return s;
 }
