@@ -195,6 +195,7 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
                 continue;
             }
             bool lost = rc == PS_ETRANSPORT || rc == PS_ETIMEDOUT; /* no answer: not known */
+            if (!lost) miss[i] = 0;
             if (lost && ++miss[i] < STATUS_MISSES) { /* the next call connects again */
                 st[i] = (ps_msg_t){0};
                 continue;
@@ -210,9 +211,22 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
         }
         if (done + failed == n) break;
         if (psctl_mono_s() - t0 > wait_s) {
-            fprintf(stderr, "psctl: checkpoint: %d of %d shards not done within %g s (bsp: the "
-                    "step must be reached first; is training running?); they go on\n",
-                    n - done - failed, n, wait_s);
+            /* Which of them did not answer their last status call: stopped or cut off (a
+             * probe, session 40: the message asked whether training ran). */
+            char silent[256] = "";
+            size_t sl = 0;
+            for (int i = 0; i < n && sl < sizeof silent - 16; i++)
+                if (miss[i] && !(st[i].flags & 1) && st[i].status == 0)
+                    sl += (size_t)snprintf(silent + sl, sizeof silent - sl, "%s%d",
+                                           sl ? ", " : "", i);
+            if (sl)
+                fprintf(stderr, "psctl: checkpoint: %d of %d shards not done within %g s; shard "
+                        "%s did not answer (stopped or unreachable?); the others go on\n",
+                        n - done - failed, n, wait_s, silent);
+            else
+                fprintf(stderr, "psctl: checkpoint: %d of %d shards not done within %g s (bsp: "
+                        "the step must be reached first; is training running?); they go on\n",
+                        n - done - failed, n, wait_s);
             failed = unknown = 1;
             break;
         }

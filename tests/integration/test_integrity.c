@@ -569,6 +569,11 @@ START_TEST(test_psctl_stopped_shard_bounded)
     const char *verify[] = {"verify", "--timeout", "1", NULL};
     cl_proc_t *v = psctl(c, "verify", 1, verify);
     EXPECT_LOG(v, "no answer within 1 s");
+    /* A checkpoint that gives up names the shard that did not answer (it asked whether
+     * training ran: a probe, session 40). */
+    const char *ckpt[] = {"checkpoint", "--wait", "2", "--timeout", "1", NULL};
+    cl_proc_t *ck = psctl(c, "checkpoint-stopped", 1, ckpt);
+    EXPECT_LOG(ck, "; shard 1 did not answer (stopped or unreachable?); the others go on");
     ck_assert_int_eq(cl_signal(psd[1], SIGCONT), 0);
     ck_assert_int_eq(cl_signal(psd[0], SIGSTOP), 0);
     const char *scale[] = {"scale", "2", "--timeout", "1", NULL};
