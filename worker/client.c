@@ -146,7 +146,8 @@ typedef struct {
     uint8_t hb_hdr[64];
     ps_ucx_token_t tok; /* the endpoint's session token, carried by every header sent on it */
     int answers_hb;     /* its hello reply said PS_FLAG_ANSWER: it answers heartbeats */
-    uint64_t heard_ns;  /* mono_ns() of the last message from it (or of the connect) */
+    uint64_t heard_ms;  /* the comm loop's clock (uv_now: no clock read per message) at the
+                           last message from it, or at the connect */
     int silent;         /* lost because it answered nothing (shard_silent): its reconnect's
                            unanswered hello is tried again, not taken for a wedged transport */
     /* Its address, resolved by ps_client_create (the caller's thread) or in the background
@@ -302,7 +303,8 @@ struct ps_client_s {
     uint32_t reconnect_ms;      /* how long a lost shard may stay away */
     uint32_t hello_deadline_ms; /* a hello unanswered this long: hello_overdue */
     uint32_t silent_ms;         /* a shard that answered nothing this long: shard_silent */
-    uint64_t unsealed;          /* messages dropped without their connection's token (from_shard) */
+    int unsealed_said;          /* a message without its connection's token was dropped and
+                                   said (from_shard); the rest are dropped quietly */
     uint32_t test_corrupt_push; /* PS_TEST_CORRUPT_PUSH=N (tests only): corrupt every Nth push */
     uint32_t test_push_count;   /* comm thread */
     int direct;                 /* direct pulls allowed (PS_DIRECT_PULL is not "0") */
@@ -617,7 +619,7 @@ static void on_pull_recv(void *request, ucs_status_t status, size_t length, void
     op->ucx_refs--;
     p->ck.receiving = 0;
     if (status == UCS_OK) /* heard (shard_silent): a long transfer delays its heartbeat answers */
-        c->shards[p->shard].heard_ns = mono_ns();
+        c->shards[p->shard].heard_ms = uv_now(&c->loop);
     if (status != UCS_OK) {
         if (!part_defer(c, p, p->ck.ep_gen))
             op_fail(op, ps_ucx_err(status), "pull data from shard %u lost: %s", p->shard,
@@ -740,7 +742,7 @@ static int connect_shard(ps_client_t *c, uint32_t i)
     if (rc == 0) {
         s->dead = 0;
         s->ep_gen++;
-        s->heard_ns = mono_ns(); /* a new connection is not silent yet (shard_silent) */
+        s->heard_ms = uv_now(&c->loop); /* a new connection is not silent yet (shard_silent) */
         /* A heartbeat of the old endpoint whose close was left to finish in the background
          * (ps_ucx_ep_close) may never complete: the new one must not wait for it, or this
          * shard would hear nothing more and drop the worker as silent. */
@@ -1288,6 +1290,11 @@ static void mark_removed(ps_client_t *c)
     }
 }
 
+/* What a shard that lost its store is told with, and the remedy (on_rehello, join_store_check). */
+#define STORE_LOST                                                                           \
+    "store was lost or replaced (an empty or another data_dir); start every shard from one " \
+    "checkpoint (psctl restore D prints the commands)"
+
 static void on_rehello(ps_op_t *op)
 {
     ps_client_t *c = op->c;
@@ -1308,9 +1315,7 @@ static void on_rehello(ps_op_t *op)
          * values (found by a probe, session 40). */
         op->status = PS_ECONFIG;
         snprintf(op->err, sizeof op->err, "it came back without the model (no tensors) after "
-                 "this worker trained: its store was lost or replaced (an empty or another "
-                 "data_dir); restore every shard from one checkpoint (psctl restore D prints "
-                 "the commands)");
+                 "this worker trained: its " STORE_LOST);
     }
     if (op->status == PS_ECONFIG || op->status == PS_EAUTH) {
         /* The shard came back under another configuration (a restore onto another manifest,
@@ -1611,16 +1616,17 @@ static void ops_overdue(ps_client_t *c)
  * it is reconnected as a lost shard: what waits on it is sent again if it comes back within
  * the reconnect timeout, and fails after it. Before, such a shard was waited on without a
  * bound (found by a review, session 39). */
-static void shard_silent(ps_client_t *c, cshard_t *s, uint64_t now)
+static void shard_silent(ps_client_t *c, cshard_t *s)
 {
+    uint64_t now = uv_now(&c->loop); /* a timer callback's: fresh */
     if (!s->answers_hb || s->ep == NULL || s->dead || s->down || s->gone || c->leaving ||
-        now - s->heard_ns < (uint64_t)c->silent_ms * 1000000u)
+        now - s->heard_ms < c->silent_ms)
         return;
     uint32_t i = (uint32_t)(s - c->shards);
     PS_LOG(PS_LOG_WARN, "libps", "shard %u (%s:%u) answered nothing for %llu ms, heartbeats "
            "included (a dead host, a cut network or a stopped psd): closing its connection",
            i, c->m.servers[i].host, c->m.servers[i].port,
-           (unsigned long long)((now - s->heard_ns) / 1000000u));
+           (unsigned long long)(now - s->heard_ms));
     s->silent = 1;
     s->dead = s->close_queued = 1; /* on_deferred closes it and calls shard_lost */
 }
@@ -1637,10 +1643,9 @@ static void on_heartbeat(uv_timer_t *h)
     ops_overdue(c);
     if (c->leaving) return;
     int joined = __atomic_load_n(&c->joined, __ATOMIC_ACQUIRE);
-    uint64_t now = mono_ns();
     for (uint32_t i = 0; i < c->nshards; i++) {
         cshard_t *s = &c->shards[i];
-        if (joined) shard_silent(c, s, now);
+        if (joined) shard_silent(c, s);
         if (s->ep == NULL || s->dead || s->down || s->hb_inflight || !(joined || s->greeted))
             continue;
         /* The rank is shard 0's answer, set by the joining thread; shards read none here. */
@@ -1929,7 +1934,7 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
                                const ucp_am_recv_param_t *param)
 {
     ps_msg_t m = *mp;
-    if (m.shard < c->nshards) c->shards[m.shard].heard_ns = mono_ns(); /* shard_silent */
+    if (m.shard < c->nshards) c->shards[m.shard].heard_ms = uv_now(&c->loop); /* shard_silent */
     if (m.type == PS_MSG_HEARTBEAT) return UCS_OK; /* an answer: heard, nothing else */
     if (m.type == PS_MSG_EPOCH) {
         if (m.shard == 0 && (m.flags & PS_FLAG_CLOSED)) {
@@ -2183,10 +2188,10 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
         return UCS_OK;
     }
     if (!from_shard(c, &m)) { /* its data, if any, is dropped unread */
-        if (c->unsealed++ == 0)
+        if (!c->unsealed_said++)
             PS_LOG(PS_LOG_WARN, "libps", "dropped a %s said to be from shard %u without this "
                    "worker's session token for it (a peer without the secret, or a connection "
-                   "closed since); more are counted, not said", ps_msg_type_name(m.type),
+                   "closed since); more are dropped without a word", ps_msg_type_name(m.type),
                    m.shard);
         return UCS_OK;
     }
@@ -2513,9 +2518,8 @@ static int join_store_check(ps_client_t *c, uint32_t i, const ps_msg_t *rep, int
     else
         return 0;
     snprintf(c->err, sizeof c->err, "shard %u (%.64s:%u) holds %llu tensors at step %llu, shard 0 "
-             "%lld tensors at step %llu: shard %u's store was lost or replaced (an empty or "
-             "another data_dir); start every shard from one checkpoint (psctl restore D prints "
-             "the commands) or every one empty", i, c->m.servers[i].host, c->m.servers[i].port,
+             "%lld tensors at step %llu: shard %u's " STORE_LOST " or every one empty", i,
+             c->m.servers[i].host, c->m.servers[i].port,
              (unsigned long long)rep->count, (unsigned long long)rep->step, (long long)t0,
              (unsigned long long)c->join_step, lost);
     return PS_ECONFIG;
