@@ -164,6 +164,9 @@ int ps_msg_encode_sealed(const ps_msg_t *m, const uint8_t *session, size_t sessi
     h.area_size = m->area_size;
     h.area_offset = m->area_offset;
     h.tensor_set = m->tensor_set;
+    h.run = m->run;
+    h.run_origin = m->run_origin;
+    h.run_base = m->run_base;
     uint64_t replay[PS_REPLAY_MAX];
     if (m->nreplay > PS_REPLAY_MAX) return PS_EINVAL;
     memcpy(replay, m->replay, m->nreplay * sizeof *replay);
@@ -277,6 +280,9 @@ int ps_msg_decode(ps_msg_t *m, const void *buf, size_t len, char *err, size_t er
     m->area_size = h->area_size;
     m->area_offset = h->area_offset;
     m->tensor_set = h->tensor_set;
+    m->run = h->run;
+    m->run_origin = h->run_origin;
+    m->run_base = h->run_base;
     if (h->n_replay > PS_REPLAY_MAX)
         FAIL("%zu replay tags (%d allowed)", h->n_replay, PS_REPLAY_MAX);
     m->nreplay = (uint32_t)h->n_replay;

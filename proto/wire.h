@@ -84,6 +84,9 @@ enum {
                                 while as lost (a dead host, a cut network, a stopped psd) */
     PS_FLAG_TENSORS = 262144, /* hello reply: `count` is the tensors in the shard's table
                                  (session 40): libps tells a shard that lost its store by it */
+    PS_FLAG_RUN = 524288, /* hello reply: `run`, `run_origin` and `run_base` are the shard
+                             store's run (session 41): libps tells a shard restored alone, or
+                             one that came back as another store, by it */
 };
 
 /* UCP Active Message ids. */
@@ -199,6 +202,8 @@ typedef struct {
     uint32_t area_fd;
     uint64_t area_id, area_size, area_offset;
     uint64_t tensor_set;  /* batch request: digest of the tensors declared (0: not sent) */
+    uint64_t run, run_origin, run_base; /* hello reply (PS_FLAG_RUN): the store's run, the
+                                           checkpoint it was restored from (0: none), its step */
     uint32_t nreplay;     /* batch reply, push: replay tags in use (PS_REPLAY_MAX at most) */
     uint64_t replay[PS_REPLAY_MAX];
     char store[256];

@@ -910,6 +910,7 @@ void psd_coord_on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
                   .members = co->s.step_members, .samples = co->s.m[rank].join_serial,
                   .count = psd_shard_tensors(srv), .flags = PSD_HELLO_FLAGS};
     psd_hello_store(srv, msg, &r);
+    psd_hello_run(srv, &r);
     psd_hello_area(srv, c, msg, &r);
     psd_send_msg(srv, c, &r);
 }

@@ -178,13 +178,19 @@ int psd_restore_fill(psd_server_t *srv, const char *dir, char *err, size_t errle
     }
     uint32_t nold = (uint32_t)psd_ckpt_meta_u64(j0, "nshards");
     uint64_t step = psd_ckpt_meta_u64(j0, "step");
-    char from[32] = "";
+    char from[32] = "", ckid[32] = "";
     psd_ckpt_meta_field(j0, "run", from, sizeof from); /* absent before runs: parent 0 */
+    psd_ckpt_meta_field(j0, "checkpoint", ckid, sizeof ckid); /* absent before ids */
     free(j0);
     /* A new run, from the checkpoint's step: checkpoints the old run took past it belong to
-     * another history (psctl_follow.c sets them aside). */
+     * another history (psctl_follow.c sets them aside). Its origin, the checkpoint's id, is
+     * every shard's restored from it: libps refuses a cluster whose shards' origins differ (a
+     * shard restored alone would lose the updates the others kept). A checkpoint without an
+     * id (an older psctl) stands by its step. */
+    uint64_t origin = strtoull(ckid, NULL, 16);
     psd_run_t run = {.id = psd_run_new_id(), .parent = strtoull(from, NULL, 16),
-                     .base_step = step == UINT64_MAX ? 0 : step};
+                     .base_step = step == UINT64_MAX ? 0 : step,
+                     .origin = origin ? origin : (step + 1) | 1ull << 63};
     bool bsp = srv->m.job.consistency == PS_CONSIST_BSP;
     ps_decl_t *decl = NULL; /* by id; name[0] == 0: absent */
     uint32_t ndecl = 0;

@@ -29,7 +29,8 @@ int psd_run_load(psd_store_t *st, uint64_t step_now, psd_run_t *out, char *err, 
 {
     size_t len = 0;
     int rc = psd_store_get_blob(st, PSD_RUN_BLOB, out, sizeof *out, &len);
-    if (rc == 0 && len == sizeof *out && out->id != 0) return 0;
+    if (rc == 0 && len == PSD_RUN_V1_BYTES && out->id != 0) out->origin = 0;
+    if (rc == 0 && (len == sizeof *out || len == PSD_RUN_V1_BYTES) && out->id != 0) return 0;
     if (rc != 0 && rc != PS_ENOENT && rc != PS_ESTORE) {
         snprintf(err, errlen, "%s: cannot read the store's run: %s", st->dir, ps_strerror(rc));
         return rc;

@@ -19,15 +19,21 @@ typedef struct {
     uint64_t base_step; /* the step this run started from: 0, the checkpoint's, or (a store
                            older than runs) the highest chunk version it had when it got one,
                            so that every checkpoint it took before counts as its history */
+    uint64_t origin;    /* the id of the checkpoint a restore started this run from (every
+                           shard's copy of one checkpoint has the same), 0: none (a new store)
+                           or a store older than session 41 (24-byte record) */
 } psd_run_t;
+
+#define PSD_RUN_V1_BYTES 24 /* the record before `origin` */
 
 /** @brief A new random run id (never 0). */
 uint64_t psd_run_new_id(void);
 
 /**
  * @brief The run of @p st: the stored one, or (none stored: a new store, or one made before
- * runs) a new one based at @p step_now (the highest chunk version there), committed in its own transaction. Loop thread, before
- * any store job.
+ * runs) a new one based at @p step_now (the highest chunk version there), committed in its
+ * own transaction. A record without `origin` loads with origin 0. Loop thread, before any
+ * store job.
  * @return 0, or PS_E* with @p err said.
  */
 int psd_run_load(psd_store_t *st, uint64_t step_now, psd_run_t *out, char *err, size_t errlen);

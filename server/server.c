@@ -394,6 +394,7 @@ static void on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
                   .step = psd_shard_step(srv), .count = psd_shard_tensors(srv),
                   .flags = PSD_HELLO_FLAGS};
     psd_hello_store(srv, msg, &r);
+    psd_hello_run(srv, &r);
     psd_hello_area(srv, c, msg, &r);
     psd_send_msg(srv, c, &r);
 }
@@ -427,7 +428,7 @@ size_t psd_status_json(psd_server_t *srv, char *out, size_t cap)
                             "\"transport_restarts\": %llu, \"authentication\": %s, "
                             "\"auth_refused\": %llu, \"auth_forged\": %llu, "
                             "\"run\": \"%016llx\", \"run_base_step\": %llu, "
-                            "\"stopping\": %s, ",
+                            "\"run_origin\": \"%016llx\", \"stopping\": %s, ",
                             srv->shard, sc->host, sc->port, srv->m.cluster,
                             (unsigned long long)psd_shard_step(srv),
                             ps_consistency_name(srv->m.job.consistency),
@@ -446,7 +447,8 @@ size_t psd_status_json(psd_server_t *srv, char *out, size_t cap)
                             (unsigned long long)srv->auth_refused,
                             (unsigned long long)srv->auth_forged,
                             (unsigned long long)srv->run.id,
-                            (unsigned long long)srv->run.base_step, srv->stopping ? "true" : "false");
+                            (unsigned long long)srv->run.base_step,
+                            (unsigned long long)srv->run.origin, srv->stopping ? "true" : "false");
     psd_shard_status_json(srv, out, cap, &len);
     psd_integrity_status_json(srv, out, cap, &len);
     psd_sync_status_json(srv, out, cap, &len);

@@ -103,8 +103,10 @@ typedef struct {
 /* What a hello reply says this psd knows (shard 0's coordinator and the other shards alike):
  * PS_MSG_VALUES and PS_MSG_FORGET; it leaves a push holding a NaN or an infinity out; it
  * answers heartbeats that ask (PS_FLAG_ANSWER); its `count` is the tensors in its table
- * (PS_FLAG_TENSORS, psd_shard_tensors: libps tells a shard that lost its store by it). */
-#define PSD_HELLO_FLAGS (PS_FLAG_VALUES | PS_FLAG_NONFINITE | PS_FLAG_ANSWER | PS_FLAG_TENSORS)
+ * (PS_FLAG_TENSORS, psd_shard_tensors: libps tells a shard that lost its store by it); it
+ * says its store's run (PS_FLAG_RUN, psd_hello_run: libps tells a shard restored alone by it). */
+#define PSD_HELLO_FLAGS \
+    (PS_FLAG_VALUES | PS_FLAG_NONFINITE | PS_FLAG_ANSWER | PS_FLAG_TENSORS | PS_FLAG_RUN)
 
 /* asp / ssp: a chunk remembers the batch of the last push of each process whose rank another
  * process took (it left or died) for this many such changes: a replay of a dead worker's batch
@@ -536,6 +538,13 @@ void psd_direct_init(psd_server_t *srv, const char *data_dir);
 /** @brief Fill a hello reply's store and store_id, for a worker on this host (@p hello's
  *  store_id is its ps_storeview_host_id); nothing when direct pulls are off. */
 void psd_hello_store(const psd_server_t *srv, const ps_msg_t *hello, ps_msg_t *reply);
+/** @brief Fill a hello reply's run, run_origin and run_base from the store's run (run.h). */
+static inline void psd_hello_run(const psd_server_t *srv, ps_msg_t *reply)
+{
+    reply->run = srv->run.id;
+    reply->run_origin = srv->run.origin;
+    reply->run_base = srv->run.base_step;
+}
 /** @brief Free the LMDB read slots of processes that exited while reading the store (a worker
  *  killed during a direct pull would otherwise keep old pages from reuse). Loop thread: on
  *  every dropped connection and every cron tick. */

@@ -150,6 +150,11 @@ typedef struct {
                            last message from it, or at the connect */
     int silent;         /* lost because it answered nothing (shard_silent): its reconnect's
                            unanswered hello is tried again, not taken for a wedged transport */
+    uint64_t run;       /* its store's run as the join's hello reply said (PS_FLAG_RUN; 0: an
+                           older psd): a hello after a reconnect that says another is refused
+                           (atomic: the join writes it, on_rehello reads it) */
+    uint64_t run_origin, run_base; /* the checkpoint its store was restored from (0: none), at
+                                      which step (join_run_check) */
     /* Its address, resolved by ps_client_create (the caller's thread) or in the background
      * (uv_getaddrinfo): a name lookup on the comm thread stalled every shard's heartbeats for
      * as long as DNS did not answer (see connect_shard). */
@@ -1295,6 +1300,18 @@ static void mark_removed(ps_client_t *c)
     "store was lost or replaced (an empty or another data_dir); start every shard from one " \
     "checkpoint (psctl restore D prints the commands)"
 
+/* What a hello reply's run says of a store's history, into @p buf: "restored from checkpoint
+ * ID at step N" (ID as psd --restore recorded it: meta.json's "checkpoint"), or "never
+ * restored". */
+static void run_said(char *buf, size_t len, uint64_t origin, uint64_t base)
+{
+    if (origin == 0)
+        snprintf(buf, len, "never restored");
+    else
+        snprintf(buf, len, "restored from checkpoint %016llx at step %llu",
+                 (unsigned long long)origin, (unsigned long long)base);
+}
+
 static void on_rehello(ps_op_t *op)
 {
     ps_client_t *c = op->c;
@@ -1317,6 +1334,19 @@ static void on_rehello(ps_op_t *op)
         snprintf(op->err, sizeof op->err, "it came back without the model (no tensors) after "
                  "this worker trained: its " STORE_LOST);
     }
+    uint64_t run = __atomic_load_n(&s->run, __ATOMIC_RELAXED);
+    if (op->status == 0 && (op->reply.flags & PS_FLAG_RUN) && run != 0 && op->reply.run != run) {
+        /* Its store is another than at the join: restored from a checkpoint (or replaced) while
+         * this worker trained. Its steps went back to the checkpoint's; under asp the updates
+         * since then were lost while counted as applied (a probe, session 40). */
+        char was[96];
+        run_said(was, sizeof was, op->reply.run_origin, op->reply.run_base);
+        op->status = PS_ECONFIG;
+        snprintf(op->err, sizeof op->err, "it came back as another store (%.72s): its "
+                 STORE_LOST, was);
+    }
+    if (op->status == 0 && (op->reply.flags & PS_FLAG_RUN) && run == 0)
+        __atomic_store_n(&s->run, op->reply.run, __ATOMIC_RELAXED); /* the join's psd said none */
     if (op->status == PS_ECONFIG || op->status == PS_EAUTH) {
         /* The shard came back under another configuration (a restore onto another manifest,
          * another secret): this worker's manifest no longer fits it, and asking again cannot
@@ -2525,6 +2555,32 @@ static int join_store_check(ps_client_t *c, uint32_t i, const ps_msg_t *rep, int
     return PS_ECONFIG;
 }
 
+/* At a join, shard @p i's hello reply @p rep against shard 0's: stores restored from different
+ * checkpoints, or one restored and the other not. A shard restored alone from a checkpoint
+ * while the others kept their newer stores goes back to the checkpoint's steps: under bsp the
+ * workers failed at once with "the chunk is at 278" (nothing named the cause), under asp they
+ * trained on and that shard's updates since the checkpoint were lost while counted as applied
+ * (a probe, session 40). Every shard restored from one checkpoint has its id as the origin of
+ * its run (psd --restore, server/run.h). Records the run (@p i's cshard). @return 0, or
+ * PS_ECONFIG with c->err said. */
+static int join_run_check(ps_client_t *c, uint32_t i, const ps_msg_t *rep)
+{
+    cshard_t *s = &c->shards[i], *s0 = &c->shards[0];
+    if (!(rep->flags & PS_FLAG_RUN)) return 0; /* an older psd: it does not say */
+    __atomic_store_n(&s->run, rep->run, __ATOMIC_RELAXED);
+    s->run_origin = rep->run_origin;
+    s->run_base = rep->run_base;
+    if (i == 0 || s0->run == 0 || s->run_origin == s0->run_origin) return 0;
+    char mine[96], zero[96];
+    run_said(mine, sizeof mine, s->run_origin, s->run_base);
+    run_said(zero, sizeof zero, s0->run_origin, s0->run_base);
+    snprintf(c->err, sizeof c->err, "shard %u (%.64s:%u) holds a store %s, shard 0 one %s: a "
+             "shard restored alone loses the updates the others kept since; start every shard "
+             "from one checkpoint (psctl restore D prints the commands)", i,
+             c->m.servers[i].host, c->m.servers[i].port, mine, zero);
+    return PS_ECONFIG;
+}
+
 static int join(ps_client_t *c, uint32_t timeout_ms, const volatile sig_atomic_t *cancel)
 {
     uint64_t start = now_ms(), deadline = start + timeout_ms;
@@ -2548,6 +2604,7 @@ static int join(ps_client_t *c, uint32_t timeout_ms, const volatile sig_atomic_t
                 } else if (join_store_check(c, i, &rep, c->join_tensors)) {
                     return PS_ECONFIG;
                 }
+                if (join_run_check(c, i, &rep)) return PS_ECONFIG;
                 break;
             }
             if ((rc != PS_ETRANSPORT && rc != PS_ETIMEDOUT) || now_ms() >= deadline) {

@@ -15,6 +15,7 @@
 #include "crc32c.h"
 #include "ps/ps_error.h"
 #include "checkpoint.h"
+#include "run.h"
 #include "store.h"
 
 static char g_dir[256];
@@ -396,6 +397,35 @@ START_TEST(format1_upgraded)
 }
 END_TEST
 
+/* A store's run (run.h) loads as it was stored; a record written before `origin` (24 bytes)
+ * loads with its id, parent and base and origin 0 (it was taken for malformed: a new run). */
+START_TEST(run_record_loads)
+{
+    psd_store_t st;
+    char err[512];
+    ck_assert_int_eq(open_store(&st, "demo", 4000, 2, err), 0);
+    psd_run_t r, got;
+    ck_assert_int_eq(psd_run_load(&st, 9, &r, err, sizeof err), 0); /* none yet: a new one */
+    ck_assert_uint_ne(r.id, 0);
+    ck_assert_uint_eq(r.base_step, 9);
+    ck_assert_uint_eq(r.origin, 0);
+    psd_run_t want = {.id = 11, .parent = 22, .base_step = 33, .origin = 44};
+    for (int v1 = 0; v1 < 2; v1++) {
+        psd_wtxn_t tx;
+        ck_assert_int_eq(psd_store_begin(&st, &tx), 0);
+        ck_assert_int_eq(psd_store_put_blob(&tx, PSD_RUN_BLOB, &want,
+                                            v1 ? PSD_RUN_V1_BYTES : sizeof want), 0);
+        ck_assert_int_eq(psd_store_commit(&tx), 0);
+        ck_assert_int_eq(psd_run_load(&st, 5, &got, err, sizeof err), 0);
+        ck_assert_uint_eq(got.id, 11);
+        ck_assert_uint_eq(got.parent, 22);
+        ck_assert_uint_eq(got.base_step, 33);
+        ck_assert_uint_eq(got.origin, v1 ? 0 : 44);
+    }
+    psd_store_close(&st);
+}
+END_TEST
+
 /* Format 2 records (hash over params then state in one run) are rehashed at open to the
  * blocked order; values and version stay. */
 START_TEST(format2_upgraded)
@@ -581,6 +611,7 @@ Suite *ps_test_suite(void)
     tcase_add_test(tc, restore_checks_state_kind);
     tcase_add_test(tc, seal_hashes_record);
     tcase_add_test(tc, format1_upgraded);
+    tcase_add_test(tc, run_record_loads);
     tcase_add_test(tc, format2_upgraded);
     tcase_add_test(tc, update_seals_like_recompute);
     tcase_add_test(tc, stable_reserve_survives_later_puts);
