@@ -1,9 +1,11 @@
 /* reqclient.c: a synchronous request/reply channel to the shards (see reqclient.h). */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ps/ps_error.h"
+#include "ps/ps_log.h"
 #include "reqclient.h"
 
 #include "authmsg.h"
@@ -15,6 +17,7 @@ typedef struct {
     ucs_status_t status;
     uv_loop_t *loop;
     ps_ucx_token_t tok; /* the endpoint's session token (authmsg.h) */
+    int unsealed_said;  /* a reply without tok was dropped and logged (on_am); the rest quietly */
 } cep_t;
 
 struct ps_req_s {
@@ -26,7 +29,9 @@ struct ps_req_s {
     uv_timer_t timer, tick;
     cep_t *eps;
     uint64_t next_req, want_req;
+    uint32_t want_shard; /* the shard asked for want_req: its reply must carry its token */
     int got, pending, data_failed, timed_out;
+    int unsealed;        /* replies to want_req dropped for their token (ps_req_call says so) */
     int sending;         /* the request's send has not completed */
     uint32_t send_shard; /* the shard it goes to */
     struct send_s *send; /* that send (its header); NULL once it completed or was given up */
@@ -61,6 +66,20 @@ static void on_data(void *request, ucs_status_t status, size_t length, void *use
     uv_stop(&c->loop);
 }
 
+/* With a secret_file, whether reply @p m carries the session token of the connection to the
+ * shard asked (psd seals all it sends on a proven connection), as libps's from_shard checks.
+ * This client's UCP worker takes connections from any peer and requests are answered by id,
+ * so a peer without the secret that reached this host could otherwise answer a checkpoint
+ * or scale request for a guessed id. A PS_EAUTH error without a token is the refusal of the
+ * proof (made before any token) and is taken: the caller says why. */
+static bool sealed(const ps_req_t *c, const ps_msg_t *m)
+{
+    if (!c->auth.on) return true;
+    if (m->type == PS_MSG_ERROR && m->status == PS_EAUTH && m->session_len == 0) return true;
+    const cep_t *e = &c->eps[c->want_shard];
+    return e->tok.len && ps_auth_session_ok(e->tok.b, m->session, m->session_len);
+}
+
 static ucs_status_t on_am(void *arg, const void *header, size_t header_length, void *data,
                           size_t length, const ucp_am_recv_param_t *param)
 {
@@ -70,6 +89,16 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     if (ps_msg_decode(&m, header, header_length, err, sizeof err) || m.req_id != c->want_req ||
         c->got)
         return UCS_OK;
+    if (!sealed(c, &m)) { /* not matched: the call waits on; its data is dropped unread */
+        const ps_server_conf_t *sc = &c->m->servers[c->want_shard];
+        c->unsealed++;
+        if (!c->eps[c->want_shard].unsealed_said++)
+            PS_LOG(PS_LOG_WARN, "reqclient", "shard %u (%s:%u): dropped a %s without this "
+                   "connection's session token (not from the shard: a peer without the "
+                   "secret?); more are dropped without a word", c->want_shard, sc->host,
+                   sc->port, ps_msg_type_name(m.type));
+        return UCS_OK;
+    }
     c->reply = m;
     c->got = 1;
     uv_stop(&c->loop);
@@ -188,6 +217,7 @@ static int connect_shard(ps_req_t *c, uint32_t i, char *err, size_t errlen)
      * started again, or whose transport was (psd's transport_restart), answers a new one. */
     ps_ucx_ep_close(&c->ucx, &e->ep, 1);
     e->failed = 0;
+    e->unsealed_said = 0; /* a new connection: its first dropped reply is said again */
     int rc = ps_ucx_connect(&c->ucx, sc->host, sc->port, on_ep_error, e, &e->ep, &e->tok);
     if (rc == PS_ECONFIG) { /* a name not resolvable yet (DNS not up, a pod not made yet) */
         snprintf(err, errlen, "shard %u: cannot resolve %s", i, sc->host);
@@ -227,7 +257,8 @@ int ps_req_call(ps_req_t *c, uint32_t shard, ps_msg_t *req, ps_msg_t *reply,
         return PS_EINVAL;
     }
     c->want_req = req->req_id;
-    c->got = c->pending = c->data_failed = c->timed_out = 0;
+    c->want_shard = shard;
+    c->got = c->pending = c->data_failed = c->timed_out = c->unsealed = 0;
     free(c->data);
     c->data = NULL;
     c->len = 0;
@@ -265,6 +296,10 @@ int ps_req_call(ps_req_t *c, uint32_t shard, ps_msg_t *req, ps_msg_t *reply,
         if (e->failed)
             snprintf(err, errlen, "shard %u (%s:%u): %s%s", shard, sc->host, sc->port,
                      ucs_status_string(e->status), ps_ucx_down_hint(e->status));
+        else if (c->unsealed)
+            snprintf(err, errlen, "shard %u (%s:%u): no answer within %g s (%d dropped: not "
+                     "sealed with this connection's session token)", shard, sc->host, sc->port,
+                     c->timeout_s, c->unsealed);
         else
             snprintf(err, errlen, "shard %u (%s:%u): no answer within %g s", shard, sc->host,
                      sc->port, c->timeout_s);

@@ -25,12 +25,18 @@ int ps_req_open(const ps_manifest_t *m, double timeout_s, ps_req_t **out, char *
 /**
  * @brief Send @p req (req_id set here) to shard @p shard and wait for its reply. The header
  *  carries the connection's session token (authmsg.h), unless @p req has one of its own
- *  (session_len > 0: sent as it is, for tests of psd's check).
+ *  (session_len > 0: sent as it is, for tests of psd's check). With a secret_file, a reply
+ *  is taken only when its header carries that connection's token (psd seals what it sends,
+ *  as libps checks): one without it, or with another, is dropped (logged once per
+ *  connection, naming the shard) and the call waits on, so a peer without the secret cannot
+ *  answer it; except a PS_EAUTH error without a token (psd refusing the proof). Without a
+ *  secret any reply to the request's id is taken.
  * @param[out] reply  the reply's header (an MSG_ERROR reply is returned as its status).
  * @param[out] data   when not NULL: the reply's data, malloc'd (the caller frees it; NULL when
  *                    there is none), its size in @p len.
  * @return 0; the shard's negative status for MSG_ERROR (text in @p err); PS_ETIMEDOUT or
- *  PS_ETRANSPORT when no reply came (@p err names the shard; the next call connects again).
+ *  PS_ETRANSPORT when no reply came (@p err names the shard, and says how many replies were
+ *  dropped for their token; the next call connects again).
  */
 int ps_req_call(ps_req_t *c, uint32_t shard, ps_msg_t *req, ps_msg_t *reply, void **data,
                 size_t *len, char *err, size_t errlen);

@@ -209,7 +209,9 @@ END_TEST
  * without the secret that reached the worker's host could otherwise answer its requests (a
  * pull reply for a guessed id: values trained on). PS_TEST_BAD_SEAL makes psd seal with a
  * wrong token, as such a peer would: the worker drops every answer and its join gives up
- * (before: it took them and trained to the end). */
+ * (before: it took them and trained to the end). The operator tools' request client
+ * (reqclient: psctl scale here) drops them too and fails naming the shard (before: psctl
+ * scale took the reply, exit 0). */
 START_TEST(test_unsealed_replies_dropped)
 {
     cl_conf_t k = {.shards = 1, .workers = 1, .max_steps = 20,
@@ -224,6 +226,13 @@ START_TEST(test_unsealed_replies_dropped)
     EXPECT_LOG(w, "dropped a hello_reply said to be from shard 0 without this worker's session "
                   "token for it");
     EXPECT_LOG(w, "cannot join shard 0");
+    char *argv[] = {(char *)cl_binary("PSCTL"), "--manifest", m_good, "scale", "1",
+                    "--timeout", "1", NULL};
+    cl_proc_t *ctl = cl_spawn(c, "psctl-scale", argv);
+    EXPECT_EXIT(ctl, 1);
+    EXPECT_LOG(ctl, "shard 0 (127.0.0.1:");
+    EXPECT_LOG(ctl, "dropped a scale_reply without this connection's session token");
+    EXPECT_LOG(ctl, "no answer within 1 s (1 dropped: not sealed with this connection's");
     stop_all(&psd, 1);
     cl_cluster_destroy(c);
 }
