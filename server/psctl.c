@@ -36,6 +36,7 @@ typedef struct {
     size_t len;
     uint8_t hdr[128];
     ps_ucx_token_t tok;    /* the endpoint's session token (authmsg.h) */
+    int unsealed;          /* replies dropped for their session token (on_am) */
     char why[256];
 } shard_t;
 
@@ -93,6 +94,15 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     uint32_t slot = (uint32_t)(m.req_id - 1);
     shard_t *s = &ctl->shards[slot];
     if (s->reply || s->failed) return UCS_OK;
+    /* With a secret_file, only a reply sealed with the connection's session token is the
+     * shard's (as libps and reqclient check): a peer without the secret that reached this host
+     * could otherwise answer with a status of its own. A PS_EAUTH error without a token is the
+     * refusal of the proof, shown. Dropped unread; the shard shows as not answering, saying so. */
+    if (ctl->auth.on && !(m.type == PS_MSG_ERROR && m.status == PS_EAUTH && !m.session_len) &&
+        !(s->tok.len && ps_auth_session_ok(s->tok.b, m.session, m.session_len))) {
+        s->unsealed++;
+        return UCS_OK;
+    }
     if (m.type == PS_MSG_ERROR) { /* refused (authentication): asking again changes nothing */
         s->failed = 1;
         snprintf(s->why, sizeof s->why, "%s", m.error[0] ? m.error : ps_strerror(m.status));
@@ -231,6 +241,11 @@ static int status(ctl_t *ctl, int json, double timeout_s)
         const ps_server_conf_t *sc = &ctl->m.servers[i];
         if (!s->got) {
             bad = 1;
+            if (!s->failed && s->unsealed) {
+                s->failed = 1;
+                snprintf(s->why, sizeof s->why, "no answer (%d dropped: not sealed with this "
+                         "connection's session token)", s->unsealed);
+            }
             if (json) { /* an error text may hold quotes */
                 char host[6 * sizeof sc->host], why[6 * sizeof s->why];
                 psctl_json_str(host, sizeof host, sc->host);

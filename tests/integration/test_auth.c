@@ -210,8 +210,8 @@ END_TEST
  * pull reply for a guessed id: values trained on). PS_TEST_BAD_SEAL makes psd seal with a
  * wrong token, as such a peer would: the worker drops every answer and its join gives up
  * (before: it took them and trained to the end). The operator tools' request client
- * (reqclient: psctl scale here) drops them too and fails naming the shard (before: psctl
- * scale took the reply, exit 0). */
+ * (reqclient: psctl scale here) and psctl status's own client drop them too and fail naming
+ * the shard (before: both took the reply, exit 0). */
 START_TEST(test_unsealed_replies_dropped)
 {
     cl_conf_t k = {.shards = 1, .workers = 1, .max_steps = 20,
@@ -233,6 +233,12 @@ START_TEST(test_unsealed_replies_dropped)
     EXPECT_LOG(ctl, "shard 0 (127.0.0.1:");
     EXPECT_LOG(ctl, "dropped a scale_reply without this connection's session token");
     EXPECT_LOG(ctl, "no answer within 1 s (1 dropped: not sealed with this connection's");
+    char *argv_st[] = {(char *)cl_binary("PSCTL"), "--manifest", m_good, "status",
+                       "--timeout", "1", NULL};
+    cl_proc_t *st = cl_spawn(c, "psctl-status", argv_st);
+    EXPECT_EXIT(st, 1);
+    EXPECT_LOG(st, "psctl: shard 0 (127.0.0.1:");
+    EXPECT_LOG(st, "): no answer (1 dropped: not sealed with this connection's session token)");
     stop_all(&psd, 1);
     cl_cluster_destroy(c);
 }
