@@ -3,6 +3,7 @@
 
 #include <stdlib.h>
 
+#include "ps/ps_error.h"
 #include "ps/ps_log.h"
 #include "wire.h"
 
@@ -57,4 +58,11 @@ void ps_auth_attach(ps_ucx_t *u, const ps_auth_t *a)
     if (!a->on) return;
     u->connected = send_proof;
     u->connected_arg = (void *)a;
+}
+
+bool ps_auth_from_shard(const ps_auth_t *a, const ps_ucx_token_t *tok, const ps_msg_t *m)
+{
+    if (!a->on) return true;
+    if (m->type == PS_MSG_ERROR && m->status == PS_EAUTH && m->session_len == 0) return true;
+    return tok->len && ps_auth_session_ok(tok->b, m->session, m->session_len);
 }

@@ -1,5 +1,4 @@
 /* reqclient.c: a synchronous request/reply channel to the shards (see reqclient.h). */
-#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,20 +65,6 @@ static void on_data(void *request, ucs_status_t status, size_t length, void *use
     uv_stop(&c->loop);
 }
 
-/* With a secret_file, whether reply @p m carries the session token of the connection to the
- * shard asked (psd seals all it sends on a proven connection), as libps's from_shard checks.
- * This client's UCP worker takes connections from any peer and requests are answered by id,
- * so a peer without the secret that reached this host could otherwise answer a checkpoint
- * or scale request for a guessed id. A PS_EAUTH error without a token is the refusal of the
- * proof (made before any token) and is taken: the caller says why. */
-static bool sealed(const ps_req_t *c, const ps_msg_t *m)
-{
-    if (!c->auth.on) return true;
-    if (m->type == PS_MSG_ERROR && m->status == PS_EAUTH && m->session_len == 0) return true;
-    const cep_t *e = &c->eps[c->want_shard];
-    return e->tok.len && ps_auth_session_ok(e->tok.b, m->session, m->session_len);
-}
-
 static ucs_status_t on_am(void *arg, const void *header, size_t header_length, void *data,
                           size_t length, const ucp_am_recv_param_t *param)
 {
@@ -89,7 +74,9 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     if (ps_msg_decode(&m, header, header_length, err, sizeof err) || m.req_id != c->want_req ||
         c->got)
         return UCS_OK;
-    if (!sealed(c, &m)) { /* not matched: the call waits on; its data is dropped unread */
+    /* Not the shard's (ps_auth_from_shard: a peer without the secret answering a guessed
+     * id?): not matched, the call waits on; its data is dropped unread. */
+    if (!ps_auth_from_shard(&c->auth, &c->eps[c->want_shard].tok, &m)) {
         const ps_server_conf_t *sc = &c->m->servers[c->want_shard];
         c->unsealed++;
         if (!c->eps[c->want_shard].unsealed_said++)

@@ -98,8 +98,7 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
      * shard's (as libps and reqclient check): a peer without the secret that reached this host
      * could otherwise answer with a status of its own. A PS_EAUTH error without a token is the
      * refusal of the proof, shown. Dropped unread; the shard shows as not answering, saying so. */
-    if (ctl->auth.on && !(m.type == PS_MSG_ERROR && m.status == PS_EAUTH && !m.session_len) &&
-        !(s->tok.len && ps_auth_session_ok(s->tok.b, m.session, m.session_len))) {
+    if (!ps_auth_from_shard(&ctl->auth, &s->tok, &m)) {
         s->unsealed++;
         return UCS_OK;
     }

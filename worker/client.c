@@ -2198,13 +2198,9 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
  * is sent again on the new one. */
 static bool from_shard(const ps_client_t *c, const ps_msg_t *m)
 {
-    if (!c->auth.on) return true;
-    if (m->type == PS_MSG_ERROR && m->status == PS_EAUTH && m->session_len == 0)
-        return true; /* the refusal of a proof: no token was made then (a forger's fails a
-                        join, as a refused proof would, but brings no values) */
-    if (m->shard >= c->nshards) return false;
-    const cshard_t *s = &c->shards[m->shard];
-    return s->tok.len && ps_auth_session_ok(s->tok.b, m->session, m->session_len);
+    static const ps_ucx_token_t none; /* a shard index it does not have: only an auth refusal */
+    return ps_auth_from_shard(&c->auth, m->shard < c->nshards ? &c->shards[m->shard].tok : &none,
+                              m);
 }
 
 static ucs_status_t on_am(void *arg, const void *header, size_t header_length, void *data,
