@@ -1295,10 +1295,10 @@ static void mark_removed(ps_client_t *c)
     }
 }
 
-/* What a shard that lost its store is told with, and the remedy (on_rehello, join_store_check). */
-#define STORE_LOST                                                                           \
-    "store was lost or replaced (an empty or another data_dir); start every shard from one " \
-    "checkpoint (psctl restore D prints the commands)"
+/* What a shard that lost its store is told with, and the remedy (on_rehello, join_store_check,
+ * join_run_check). */
+#define STORE_REMEDY "start every shard from one checkpoint (psctl restore D prints the commands)"
+#define STORE_LOST "store was lost or replaced (an empty or another data_dir); " STORE_REMEDY
 
 /* What a hello reply's run says of a store's history, into @p buf: "restored from checkpoint
  * ID at step N" (ID as psd --restore recorded it: meta.json's "checkpoint"), or "never
@@ -1342,8 +1342,8 @@ static void on_rehello(ps_op_t *op)
         char was[96];
         run_said(was, sizeof was, op->reply.run_origin, op->reply.run_base);
         op->status = PS_ECONFIG;
-        snprintf(op->err, sizeof op->err, "it came back as another store (%.72s): its "
-                 STORE_LOST, was);
+        snprintf(op->err, sizeof op->err, "it came back as another store (%.72s) than this "
+                 "worker joined: " STORE_REMEDY, was);
     }
     if (op->status == 0 && (op->reply.flags & PS_FLAG_RUN) && run == 0)
         __atomic_store_n(&s->run, op->reply.run, __ATOMIC_RELAXED); /* the join's psd said none */
@@ -2571,8 +2571,7 @@ static int join_run_check(ps_client_t *c, uint32_t i, const ps_msg_t *rep)
     run_said(mine, sizeof mine, s->run_origin, s->run_base);
     run_said(zero, sizeof zero, s0->run_origin, s0->run_base);
     snprintf(c->err, sizeof c->err, "shard %u (%.64s:%u) holds a store %s, shard 0 one %s: a "
-             "shard restored alone loses the updates the others kept since; start every shard "
-             "from one checkpoint (psctl restore D prints the commands)", i,
+             "shard restored alone loses the updates the others kept since; " STORE_REMEDY, i,
              c->m.servers[i].host, c->m.servers[i].port, mine, zero);
     return PS_ECONFIG;
 }

@@ -1039,6 +1039,7 @@ START_TEST(test_shard_restored_alone_refused)
     EXPECT_EXIT(w, 1);
     EXPECT_LOG(w, "shard 1 refused this worker back: it came back as another store (restored "
                   "from checkpoint ");
+    EXPECT_LOG(w, ") than this worker joined: start every shard from one checkpoint");
     cl_proc_t *w2 = cl_worker_start(c, NULL, NULL, false);
     EXPECT_EXIT(w2, 2);
     EXPECT_LOG(w2, "holds a store restored from checkpoint ");
