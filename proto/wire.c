@@ -111,7 +111,7 @@ const char *ps_msg_type_name(int type)
                                     "export_end", "verify", "verify_reply"};
     static const char *ckpt[] = {"ckpt_begin", "ckpt_begin_reply", "ckpt_arm", "ckpt_arm_reply",
                                  "ckpt_go", "ckpt_go_reply", "ckpt_status", "ckpt_status_reply",
-                                 "repair", "repair_reply"};
+                                 "repair", "repair_reply", "ckpt_cancel", "ckpt_cancel_reply"};
     if (type >= PS_MSG_CKPT_BEGIN && type < PS_MSG_CKPT_END_) return ckpt[type - PS_MSG_CKPT_BEGIN];
     if (type >= PS_MSG_EXPORT_BEGIN && type < PS_MSG_DURABLE_END_)
         return durable[type - PS_MSG_EXPORT_BEGIN];

@@ -30,14 +30,17 @@
 
 /* ps_msg_t.flags */
 enum {
-    PS_FLAG_FINISHED = 1, /* batch reply: the job is complete (step = the final step) */
+    PS_FLAG_FINISHED = 1, /* batch reply: the job is complete (step = the final step);
+                             checkpoint cancel reply: too late, this shard's part is whole */
     PS_FLAG_DONE = 2,     /* batch request: the batch in the message was pushed and acked;
                              checkpoint go: this checkpoint armed the shards (psd reads its
-                             id, `count`, instead); go reply: the hold lasted for that id */
+                             id, `count`, instead); go reply: the hold lasted for that id;
+                             cancel reply: nothing of that checkpoint is left on this shard */
     PS_FLAG_REMOVED = 4,  /* error / epoch: this worker is no longer a member */
     PS_FLAG_PROGRESS = 8, /* push: `samples` = samples applied before its step (lr schedule) */
     PS_FLAG_PENDING = 16, /* checkpoint begin reply: the step asked for is not reached yet; it
-                             will be held when it is: ask again */
+                             will be held when it is: ask again; cancel reply: its copy is
+                             stopping (it removes what it wrote): ask its status */
     PS_FLAG_DIRECT = 32,  /* pull: the worker reads the shard's store itself (the hello reply's
                              store); pull reply: no data, read version `step` from the store;
                              push: no data, the gradient is at area_offset of the push area */
@@ -146,7 +149,9 @@ typedef enum {
     PS_MSG_CKPT_STATUS_REPLY = 47,
     PS_MSG_REPAIR = 48,
     PS_MSG_REPAIR_REPLY = 49,
-    PS_MSG_CKPT_END_ = 50
+    PS_MSG_CKPT_CANCEL = 50, /* psctl gave checkpoint `count` up (an older psd refuses it) */
+    PS_MSG_CKPT_CANCEL_REPLY = 51,
+    PS_MSG_CKPT_END_ = 52
 } ps_msg_type_t;
 
 /** @brief Whether @p type is a known message type. */

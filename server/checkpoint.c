@@ -36,7 +36,10 @@ struct psd_ckpt_s {
     int state;                 /* CK_* */
     uint64_t step;             /* the version every chunk must reach; UINT64_MAX: now */
     uint64_t id;               /* psctl's checkpoint id (its ARM's `count`; 0: none said) */
+    char top[260];             /* D, as the ARM said it (where psctl's cancel mark goes) */
     char dir[1100];            /* D/shard-K */
+    int cancel;                /* cancelled during its snapshot or copy: the copy stops at its
+                                  next record (the pool thread reads it: __atomic) */
     psd_slot_work_t slot;      /* takes the snapshot */
     uv_work_t copy;
     MDB_txn *txn;              /* the snapshot, from the slot job until the copy ends */
@@ -89,6 +92,31 @@ static void fail(struct psd_ckpt_s *ck, int rc, const char *fmt, ...)
     vsnprintf(ck->err, sizeof ck->err, fmt, ap);
     va_end(ap);
     ck->rc = rc;
+}
+
+/* psctl gave this checkpoint up while this shard did not answer its cancel (stopped, cut off):
+ * it left D/cancelled-ID (ckpt_meta.h). Looked for when the shard is about to take its
+ * snapshot, when a new arm finds this one still armed, and by the copy at its commits: a shard
+ * that resumes after psctl gave up does not copy a part nobody will use, and its arm does not
+ * refuse every later checkpoint as "in progress" until it reaches its step. */
+static bool marked_cancelled(const struct psd_ckpt_s *ck)
+{
+    char mark[400];
+    return ck->id != 0 && psd_ckpt_cancel_mark(mark, sizeof mark, ck->top, ck->id) == 0 &&
+           access(mark, F_OK) == 0;
+}
+
+/* Ends checkpoint @p ck, whose copy has not started (nothing of it was written): psctl told
+ * this shard (MSG_CKPT_CANCEL), or left its mark (@p marked). */
+static void drop(struct psd_ckpt_s *ck, bool marked)
+{
+    char mark[400] = "";
+    if (marked) psd_ckpt_cancel_mark(mark, sizeof mark, ck->top, ck->id);
+    fail(ck, PS_ECANCELED, "checkpoint %016llx into %s was cancelled (psctl gave it up%s%s)",
+         (unsigned long long)ck->id, ck->dir, marked ? " while this shard did not answer: " : "",
+         mark);
+    ck->state = CK_FAILED;
+    PS_LOG(PS_LOG_WARN, "ckpt", "%s; nothing of it was written", ck->err);
 }
 
 /* "cannot write the copy" with LMDB's reason @p rc; for an I/O error also the free space of
@@ -289,6 +317,11 @@ static void copy_work(uv_work_t *w)
     ck->vmax = 0;
     for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0;
          rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+        if (__atomic_load_n(&ck->cancel, __ATOMIC_RELAXED)) { /* MSG_CKPT_CANCEL, or the mark */
+            fail(ck, PS_ECANCELED, "checkpoint %016llx into %s was cancelled (psctl gave it "
+                 "up)", (unsigned long long)ck->id, ck->dir);
+            goto out;
+        }
         const uint8_t *kp = k.mv_data;
         if (k.mv_size == 9 && kp[0] == 'C') {
             const psd_chunk_hdr_t *h = v.mv_data;
@@ -332,6 +365,7 @@ static void copy_work(uv_work_t *w)
         pending += v.mv_size;
         if (pending >= COPY_COMMIT_BYTES) { /* bounded dirty memory in the copy's writer */
             pending = 0;
+            if (marked_cancelled(ck)) __atomic_store_n(&ck->cancel, 1, __ATOMIC_RELAXED);
             if ((rc = mdb_txn_commit(dt)) != 0 || (rc = mdb_txn_begin(dst, NULL, 0, &dt)) != 0) {
                 dt = NULL;
                 copy_failed(ck, rc);
@@ -345,6 +379,12 @@ static void copy_work(uv_work_t *w)
     if (rc == 0) rc = mdb_env_sync(dst, 1);
     if (rc) {
         copy_failed(ck, rc);
+        goto out;
+    }
+    if (__atomic_load_n(&ck->cancel, __ATOMIC_RELAXED) || marked_cancelled(ck)) {
+        /* Not made whole now: psctl removes the others' parts, or has. */
+        fail(ck, PS_ECANCELED, "checkpoint %016llx into %s was cancelled (psctl gave it up)",
+             (unsigned long long)ck->id, ck->dir);
         goto out;
     }
     if ((rc = meta_write(srv, ck, &inv, rec_bytes)) != 0) {
@@ -374,7 +414,9 @@ static void copy_done(uv_work_t *w, int status)
     psd_server_t *srv = ck->srv;
     ck->ms = uv_now(srv->loop) - ck->t0_ms;
     ck->state = ck->rc ? CK_FAILED : CK_DONE;
-    if (ck->rc)
+    if (ck->rc == PS_ECANCELED)
+        PS_LOG(PS_LOG_WARN, "ckpt", "%s; its copy stopped and what it wrote was removed", ck->err);
+    else if (ck->rc)
         PS_LOG(PS_LOG_ERROR, "ckpt", "checkpoint into %s failed: %s", ck->dir, ck->err);
     else
         PS_LOG(PS_LOG_INFO, "ckpt", "checkpoint at step %llu: %llu chunks, %llu bytes in %s "
@@ -398,6 +440,12 @@ static void snap_done(psd_slot_work_t *w)
     if (ck->rc) {
         fail(ck, ck->rc, "cannot open a store snapshot: %s", ps_strerror(ck->rc));
         ck->state = CK_FAILED;
+        return;
+    }
+    if (__atomic_load_n(&ck->cancel, __ATOMIC_RELAXED)) { /* cancelled while it was queued */
+        mdb_txn_abort(ck->txn);
+        ck->txn = NULL;
+        drop(ck, false);
         return;
     }
     /* The copy runs on the pool beside the store jobs: training goes on. */
@@ -438,6 +486,8 @@ void psd_ckpt_after_job(psd_server_t *srv)
         fail(ck, PS_ECONFLICT, "shard %u passed step %llu (at %llu) before its snapshot",
              srv->shard, (unsigned long long)ck->step, (unsigned long long)vmax);
         ck->state = CK_FAILED;
+    } else if (at > 0 && marked_cancelled(ck)) {
+        drop(ck, true);
     } else if (at > 0) {
         ck->state = CK_SNAP;
         ck->slot.srv = srv;
@@ -456,9 +506,15 @@ static void on_arm(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
         psd_send_error(srv, conn, msg->req_id, PS_ENOMEM, "out of memory");
         return;
     }
+    if (ck->state == CK_ARMED && marked_cancelled(ck))
+        drop(ck, true); /* armed still, waiting for a step: it would refuse this one */
     if (ck->state == CK_ARMED || ck->state == CK_SNAP || ck->state == CK_COPYING) {
-        psd_send_error(srv, conn, msg->req_id, PS_EBUSY, "a checkpoint into %s is in progress "
-                       "here", ck->dir); /* psctl names the shard */
+        if (ck->cancel)
+            psd_send_error(srv, conn, msg->req_id, PS_EBUSY, "the copy of a cancelled checkpoint "
+                           "into %s is stopping here; try again", ck->dir);
+        else
+            psd_send_error(srv, conn, msg->req_id, PS_EBUSY, "a checkpoint into %s is in "
+                           "progress here", ck->dir); /* psctl names the shard */
         return;
     }
     if (msg->error[0] != '/') {
@@ -482,13 +538,21 @@ static void on_arm(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
         return;
     }
     snprintf(ck->dir, sizeof ck->dir, "%s", dir);
+    snprintf(ck->top, sizeof ck->top, "%s", msg->error);
     ck->step = msg->step;
     ck->id = msg->count;
+    ck->cancel = 0;
     ck->state = CK_ARMED;
     ck->rc = 0;
     ck->err[0] = '\0';
     ck->bytes = ck->nchunks = ck->ms = 0;
     ck->t0_ms = uv_now(srv->loop);
+    if (msg->step == UINT64_MAX)
+        PS_LOG(PS_LOG_INFO, "ckpt", "checkpoint %016llx armed: now, into %s",
+               (unsigned long long)ck->id, ck->dir);
+    else
+        PS_LOG(PS_LOG_INFO, "ckpt", "checkpoint %016llx armed: at step %llu, into %s",
+               (unsigned long long)ck->id, (unsigned long long)ck->step, ck->dir);
     ps_msg_t r = {.type = PS_MSG_CKPT_ARM_REPLY, .req_id = msg->req_id, .shard = srv->shard,
                   .step = msg->step};
     psd_send_msg(srv, conn, &r);
@@ -521,6 +585,34 @@ static void on_status(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
         r.step_max = ck->ms;
         r.count = ck->bytes;
         r.chunk = (uint32_t)ck->nchunks;
+    }
+    psd_send_msg(srv, conn, &r);
+}
+
+/* psctl gave checkpoint `count` up (its --wait ran out, a shard refused or failed, the hold
+ * lapsed): an armed one is dropped, one whose snapshot is queued is dropped once it is open, a
+ * copy under way stops at its next record and removes what it wrote (its source is a read
+ * snapshot and its files are its own, so stopping it is what a failed copy does already; left
+ * to finish, it would hold the snapshot's pages and write a part psctl then removes, and psctl
+ * could not remove files still being written). Another id, or none, changes nothing. */
+static void on_cancel(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
+{
+    struct psd_ckpt_s *ck = srv->ckpt;
+    ps_msg_t r = {.type = PS_MSG_CKPT_CANCEL_REPLY, .req_id = msg->req_id, .shard = srv->shard,
+                  .flags = PS_FLAG_DONE};
+    if (ck && msg->count != 0 && ck->id == msg->count) {
+        switch (ck->state) {
+        case CK_ARMED: drop(ck, false); break;
+        case CK_SNAP: /* its slot job runs anyway; snap_done drops it */
+            __atomic_store_n(&ck->cancel, 1, __ATOMIC_RELAXED);
+            break;
+        case CK_COPYING:
+            __atomic_store_n(&ck->cancel, 1, __ATOMIC_RELAXED);
+            r.flags = PS_FLAG_PENDING;
+            break;
+        case CK_DONE: r.flags = PS_FLAG_FINISHED; break; /* whole: psctl removes it */
+        default: break;                                   /* failed: it removed itself */
+        }
     }
     psd_send_msg(srv, conn, &r);
 }
@@ -664,7 +756,7 @@ static void on_repair(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
 
 void psd_ckpt_on_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
 {
-    if (srv->stopping && msg->type != PS_MSG_CKPT_STATUS) {
+    if (srv->stopping && msg->type != PS_MSG_CKPT_STATUS && msg->type != PS_MSG_CKPT_CANCEL) {
         psd_send_error(srv, conn, msg->req_id, PS_EBUSY, "shard %u is shutting down", srv->shard);
         return;
     }
@@ -702,6 +794,7 @@ void psd_ckpt_on_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
         break;
     }
     case PS_MSG_CKPT_STATUS: on_status(srv, conn, msg); break;
+    case PS_MSG_CKPT_CANCEL: on_cancel(srv, conn, msg); break;
     case PS_MSG_REPAIR: on_repair(srv, conn, msg); break;
     default:
         psd_send_error(srv, conn, msg->req_id, PS_EPROTO, "unexpected %s",

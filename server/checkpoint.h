@@ -10,6 +10,9 @@
  * checked while it is copied. Then D/shard-K/meta.json is written (see psd_ckpt_meta_write in
  * checkpoint.c for its fields) and the snapshot released. asp / ssp have no common step: S is
  * UINT64_MAX and each shard snapshots at once (its chunks' versions are in meta.json).
+ * A checkpoint psctl gives up is cancelled (MSG_CKPT_CANCEL with its id): armed, it is dropped;
+ * copying, the copy stops and removes what it wrote. A shard psctl could not tell finds
+ * D/cancelled-ID (ckpt_meta.h) before its snapshot, during its copy, or at the next arm.
  *
  * repair: MSG_REPAIR names a chunk, the version the shard holds, and a checkpoint shard
  * directory; a slot job copies that record from there if it is at the same version and its

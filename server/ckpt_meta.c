@@ -14,6 +14,12 @@
 
 #define META_MAX (1L << 30) /* a meta.json lists every chunk: ~40 bytes each */
 
+int psd_ckpt_cancel_mark(char *out, size_t cap, const char *dir, uint64_t id)
+{
+    int n = snprintf(out, cap, "%s/%s%016llx", dir, PSD_CKPT_CANCELLED, (unsigned long long)id);
+    return n < 0 || (size_t)n >= cap ? -1 : 0;
+}
+
 char *psd_ckpt_meta_read(const char *dir, uint32_t j)
 {
     char path[1200];

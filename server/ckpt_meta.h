@@ -27,6 +27,17 @@ char *psd_ckpt_meta_read(const char *dir, uint32_t j);
  *  @return 0, or -1 with @p err saying which of them differs. */
 int psd_ckpt_meta_agree(const char *j0, const char *jk, uint32_t k, char *err, size_t errlen);
 
+/* The file psctl leaves in a checkpoint's directory DIR when it gave that checkpoint up while
+ * a shard did not answer its cancel (MSG_CKPT_CANCEL: stopped, cut off, or a psd that does not
+ * know it): DIR/cancelled-ID, ID the checkpoint's id as 16 hex digits, a line of text inside.
+ * A shard armed with that id that finds it drops the checkpoint instead of copying (a shard
+ * stopped during psctl's try, once it resumes), and a new arm replaces such a checkpoint. */
+#define PSD_CKPT_CANCELLED "cancelled-"
+
+/** @brief DIR/cancelled-ID of checkpoint @p id in @p dir, into @p out.
+ *  @return 0, or -1 when it does not fit in @p cap. */
+int psd_ckpt_cancel_mark(char *out, size_t cap, const char *dir, uint64_t id);
+
 /** @brief The value of top-level "@p key" in @p json (a number, or a string's body) into
  *  @p out. @return 0, or -1 when absent or longer than @p cap - 1. */
 int psd_ckpt_meta_field(const char *json, const char *key, char *out, size_t cap);

@@ -17,6 +17,7 @@
  * from the checkpoint (MSG_REPAIR, a store job on its shard) only where the checkpoint holds
  * the same version of it; otherwise psctl says so and, with --rollback, prints the commands
  * that roll the whole cluster back to the checkpoint. */
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,19 +78,28 @@ int psctl_checkpoint_dir(const ps_manifest_t *m, const char *base_in, uint64_t s
     return strlen(out) < PS_CKPT_DIR_MAX ? 0 : PS_EINVAL;
 }
 
-int psctl_checkpoint_remove(const char *dir, uint32_t nshards)
+/* Shard @p j's part of checkpoint @p dir: only the files a checkpoint writes, then shard-J
+ * (anything else in it makes rmdir fail, and it stays). @return 0 (also when there is none),
+ * or -errno. */
+static int remove_part(const char *dir, uint32_t j)
 {
     static const char *const files[] = {"data.mdb", "lock.mdb", PSD_CKPT_META, PSD_CKPT_META ".tmp"};
     char path[PS_PATH_MAX + 192];
+    snprintf(path, sizeof path, "%.1100s/shard-%u", dir, j);
+    if (access(path, F_OK) != 0) return 0; /* never made, or its shard removed it */
+    for (size_t f = 0; f < sizeof files / sizeof *files; f++) {
+        char fp[sizeof path + 32];
+        snprintf(fp, sizeof fp, "%.1200s/%s", path, files[f]);
+        if (unlink(fp) != 0 && errno != ENOENT) return -errno;
+    }
+    return rmdir(path) != 0 ? -errno : 0;
+}
+
+int psctl_checkpoint_remove(const char *dir, uint32_t nshards)
+{
     for (uint32_t j = 0; j < nshards; j++) {
-        snprintf(path, sizeof path, "%.1100s/shard-%u", dir, j);
-        if (access(path, F_OK) != 0) continue; /* never made, or its shard removed it */
-        for (size_t f = 0; f < sizeof files / sizeof *files; f++) {
-            char fp[sizeof path + 32];
-            snprintf(fp, sizeof fp, "%.1200s/%s", path, files[f]);
-            if (unlink(fp) != 0 && errno != ENOENT) return -errno;
-        }
-        if (rmdir(path) != 0) return -errno;
+        int rc = remove_part(dir, j);
+        if (rc) return rc;
     }
     return rmdir(dir) != 0 ? -errno : 0;
 }
@@ -97,6 +107,10 @@ int psctl_checkpoint_remove(const char *dir, uint32_t nshards)
 /* Status polls of one shard in a row that may go unanswered (a lost connection: a shard whose
  * transport was started again answers the next) before its checkpoint counts as failed. */
 #define STATUS_MISSES 5
+
+/* How long a given-up checkpoint's copies that were told to stop may take to stop (each stops
+ * at its next record and removes what it wrote). */
+#define CANCEL_STOP_S 5.0
 
 uint64_t psctl_checkpoint_id(void)
 {
@@ -107,10 +121,156 @@ uint64_t psctl_checkpoint_id(void)
     return id;
 }
 
+/* What becomes of each shard's part of a checkpoint given up. */
+enum {
+    PART_TELL = 0, /* not finished: told to drop it (MSG_CKPT_CANCEL) */
+    PART_STOPPING, /* its copy was told to stop */
+    PART_GONE,     /* nothing of it left there, or a whole part: psctl removes it */
+    PART_LEFT,     /* its shard went on to another checkpoint: left as it is (already said) */
+    PART_UNTOLD,   /* no answer: the shard may still make it */
+};
+
+/* The cancel's mark in @p d (ckpt_meta.h), written before the shards are told: one that does not
+ * answer may be armed still, and finds it when it resumes. D is made if missing, its parent not
+ * (psctl may not see the shards' disks). @return 0 with the path in @p mark, or -errno. */
+static int mark_write(const char *d, uint64_t id, const char *why, char *mark, size_t cap)
+{
+    if (psd_ckpt_cancel_mark(mark, cap, d, id)) return -ENAMETOOLONG;
+    if (mkdir(d, 0700) != 0 && errno != EEXIST) return -errno;
+    FILE *f = fopen(mark, "w");
+    if (f == NULL) return -errno;
+    time_t now = time(NULL);
+    char when[64] = "";
+    strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S %z", localtime(&now));
+    fprintf(f, "checkpoint %016llx into %s: given up by psctl at %s (%s); this is no checkpoint. "
+            "A shard armed with it that finds this file drops it (at its step, or when the next "
+            "checkpoint arms it) and logs 'checkpoint %016llx ... was cancelled'.\n",
+            (unsigned long long)id, d, when, why, (unsigned long long)id);
+    return fclose(f) != 0 ? -errno : 0;
+}
+
+/* The marks of checkpoints given up earlier in @p d, once a checkpoint into @p d is complete:
+ * every shard took its arm, which a shard still armed with one of them refuses unless it found
+ * its mark and dropped it, so none holds them any more. */
+static void marks_remove(const char *d)
+{
+    DIR *dir = opendir(d);
+    char path[PS_PATH_MAX + 64];
+    for (struct dirent *e; dir && (e = readdir(dir)) != NULL;)
+        if (strncmp(e->d_name, PSD_CKPT_CANCELLED, strlen(PSD_CKPT_CANCELLED)) == 0 &&
+            snprintf(path, sizeof path, "%s/%s", d, e->d_name) < (int)sizeof path)
+            unlink(path);
+    if (dir) closedir(dir);
+}
+
+/*
+ * Checkpoint @p id into @p d is given up (@p reason: its --wait ran out, a shard refused its arm
+ * or failed, the hold lapsed; @p why: "incomplete" or "inconsistent", for the message): shards
+ * 0..@p n-1 whose part is PART_TELL in @p fate are told to drop it (MSG_CKPT_CANCEL: armed,
+ * nothing is written; copying, the copy stops and removes what it wrote), the parts of every
+ * shard that answered are removed, and D when all did. Before, the armed shards stayed armed:
+ * each later checkpoint was refused "in progress" until they reached the step, and then wrote
+ * parts that stayed for good (a probe, session 40). A shard that does not answer (stopped, cut
+ * off, or a psd older than this psctl, which does not know the cancel: a wait bounded by
+ * --timeout) is named, and D keeps the mark (mark_write) for it. @p miss[i]: psctl's last
+ * request to shard i went unanswered (0: it answered, so a cancel it does not answer points to
+ * an older psd). @p refused: an arm was refused (the refusing shard, @p n, is not touched).
+ */
+static void give_up(ps_req_t *cl, const char *d, uint64_t id, int n, char *fate, const int *miss,
+                    const char *reason, const char *why, bool refused)
+{
+    char err[512], mark[PS_PATH_MAX + 64] = "";
+    int mark_rc = -ENOENT, untold = 0, left = 0, kept = 0;
+    bool tell = false;
+    for (int i = 0; i < n; i++) tell |= fate[i] == PART_TELL;
+    if (tell) mark_rc = mark_write(d, id, reason, mark, sizeof mark);
+    for (int i = 0; i < n; i++) {
+        if (fate[i] != PART_TELL) continue;
+        ps_msg_t q = {.type = PS_MSG_CKPT_CANCEL, .rank = -1, .count = id}, r;
+        int rc = ps_req_call(cl, (uint32_t)i, &q, &r, NULL, NULL, err, sizeof err);
+        if (rc == 0) {
+            fate[i] = r.flags & PS_FLAG_PENDING ? PART_STOPPING : PART_GONE;
+            continue;
+        }
+        fate[i] = PART_UNTOLD;
+        bool lost = rc == PS_ETIMEDOUT || rc == PS_ETRANSPORT;
+        fprintf(stderr, "psctl: checkpoint: shard %d was not told to drop it: %s%s\n", i, err,
+                !lost     ? ""
+                : miss[i] ? " (stopped or cut off: it may still make its part)"
+                          : " (it answered before: a psd older than this psctl, which does not "
+                            "know the cancel, makes its part when it reaches the step; or it "
+                            "stopped just now)");
+    }
+    double t1 = psctl_mono_s();
+    for (bool waiting = true; waiting;) {
+        waiting = false;
+        for (int i = 0; i < n; i++) {
+            if (fate[i] != PART_STOPPING) continue;
+            ps_msg_t s = {.type = PS_MSG_CKPT_STATUS, .rank = -1, .count = id}, r;
+            int rc = ps_req_call(cl, (uint32_t)i, &s, &r, NULL, NULL, err, sizeof err);
+            if ((rc == 0 && !(r.flags & 1)) || rc == PS_ETIMEDOUT || rc == PS_ETRANSPORT)
+                waiting = true; /* still copying, or not heard */
+            else /* stopped (its error says it was cancelled), or done just before */
+                fate[i] = rc == PS_ECONFLICT ? PART_LEFT : PART_GONE;
+        }
+        if (waiting && psctl_mono_s() - t1 > CANCEL_STOP_S) {
+            for (int i = 0; i < n; i++)
+                if (fate[i] == PART_STOPPING) {
+                    fate[i] = PART_UNTOLD;
+                    fprintf(stderr, "psctl: checkpoint: shard %d was told to drop it, but its "
+                            "copy did not stop within %g s: it removes its part when it does\n",
+                            i, CANCEL_STOP_S);
+                }
+            break;
+        }
+        if (waiting) usleep(20 * 1000);
+    }
+    for (int i = 0; i < n; i++) {
+        untold += fate[i] == PART_UNTOLD;
+        left += fate[i] == PART_LEFT;
+        int rc = fate[i] == PART_GONE ? remove_part(d, (uint32_t)i) : 0;
+        if (rc) {
+            kept++;
+            fprintf(stderr, "psctl: checkpoint: cannot remove shard %d's part %s/shard-%d: %s "
+                    "(left as it is)\n", i, d, i, strerror(-rc));
+        }
+    }
+    if (untold) {
+        if (mark_rc == 0)
+            fprintf(stderr, "psctl: checkpoint: %s stays, holding %s: no checkpoint; a shard "
+                    "named above drops it when it finds that file (a psd as new as this psctl); "
+                    "remove the directory once each has logged 'checkpoint %016llx ... was "
+                    "cancelled' or was restarted\n", d, mark + strlen(d) + 1,
+                    (unsigned long long)id);
+        else
+            fprintf(stderr, "psctl: checkpoint: cannot leave %sID in %s: %s; a part the %d "
+                    "shard(s) named above make there is no checkpoint\n", PSD_CKPT_CANCELLED, d,
+                    strerror(-mark_rc), untold);
+        return;
+    }
+    if (mark_rc == 0) unlink(mark);
+    if (left || kept) return; /* said above */
+    int rc = rmdir(d) != 0 ? -errno : 0;
+    if (refused) {
+        if (rc == 0 || rc == -ENOTEMPTY || rc == -EEXIST || rc == -ENOENT)
+            fprintf(stderr, "psctl: checkpoint: cancelled it and removed the parts of the %d "
+                    "shard(s) armed before the refusal from %s\n", n, d);
+        else
+            fprintf(stderr, "psctl: checkpoint: cannot remove %s: %s (left as it is)\n", d,
+                    strerror(-rc));
+    } else if (rc == 0 || rc == -ENOENT) {
+        fprintf(stderr, "psctl: checkpoint: cancelled it and removed the %s checkpoint %s\n", why,
+                d);
+    } else {
+        fprintf(stderr, "psctl: checkpoint: cannot remove the %s checkpoint %s: %s (left as it "
+                "is)\n", why, d, strerror(-rc));
+    }
+}
+
 int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, uint64_t id,
                          const char *d, uint64_t next, double wait_s, double t0)
 {
-    int ret = 1, n = m->nservers, narmed = 0;
+    int ret = 1, n = m->nservers, narmed = 0, unanswered = -1;
     char err[512];
     ps_msg_t r;
     int armed = strlen(d) < PS_CKPT_DIR_MAX;
@@ -127,9 +287,9 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
         if (rc) {
             fprintf(stderr, "psctl: checkpoint: %s\n", err);
             armed = 0;
-            /* Unanswered, it may have taken effect: waited for and removed with the others
-             * (its status names the id, so another checkpoint's is not taken for it). */
-            if (rc == PS_ETRANSPORT || rc == PS_ETIMEDOUT) narmed++;
+            /* Unanswered, it may have taken effect: cancelled and removed with the others (a
+             * cancel or status names the id, so another checkpoint's is not taken for it). */
+            if (rc == PS_ETRANSPORT || rc == PS_ETIMEDOUT) unanswered = narmed++;
         } else {
             narmed++;
         }
@@ -152,19 +312,23 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
                 "every shard was armed (shard 0 started again, or arming took over 10 s): the "
                 "shards' copies may not hold the same batches, so this is no checkpoint\n");
     if (!armed && narmed == 0) return 1;
-    /* An arm refused part-way: the shards armed before it copy all the same, and their parts
-     * would stay behind (never complete, never pruned): wait for them, then remove them. */
+    /* An arm refused part-way: the shards armed before it would copy all the same, and their
+     * parts would stay behind (never complete, never pruned): they are cancelled below. */
     if (!armed) n = narmed;
-    /* Each shard copies on its own; wait for all of them. */
+    /* Each shard copies on its own; wait for all of them, unless this is no checkpoint
+     * already. One that fails, or --wait running out, gives the checkpoint up. */
     uint64_t total = 0;
     ps_msg_t *st = calloc((size_t)n, sizeof *st);
     int *miss = calloc((size_t)n, sizeof *miss); /* status polls in a row without an answer */
-    int done = 0, failed = 0, unknown = 0; /* unknown: a shard that may still be copying */
-    if (miss == NULL) {
-        free(st);
-        st = NULL;
+    char *fate = calloc((size_t)n, 1);
+    int done = 0, failed = 0;
+    bool late = false; /* --wait ran out */
+    if (st == NULL || miss == NULL || fate == NULL) {
+        fprintf(stderr, "psctl: checkpoint: out of memory\n");
+        goto out;
     }
-    while (st && done + failed < n) {
+    if (unanswered >= 0) miss[unanswered] = 1;
+    while (armed && cut && done + failed < n) {
         done = failed = 0;
         for (int i = 0; i < n; i++) {
             if (st[i].flags & 1 || st[i].status) {
@@ -191,7 +355,7 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
                 fprintf(stderr, "psctl: checkpoint: %s, and its copy of this one is not at hand "
                         "here: not known to be complete\n", err);
                 failed++;
-                unknown = 1; /* left as it is */
+                fate[i] = PART_LEFT;
                 continue;
             }
             bool lost = rc == PS_ETRANSPORT || rc == PS_ETIMEDOUT; /* no answer: not known */
@@ -204,12 +368,12 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
                 fprintf(stderr, "psctl: checkpoint: %s\n", err);
                 st[i].status = rc;
                 failed++;
-                unknown += lost;
+                if (!lost) fate[i] = PART_GONE; /* its copy failed and removed itself */
             } else if (st[i].flags & 1) {
                 done++;
             }
         }
-        if (done + failed == n) break;
+        if (done + failed == n || failed) break; /* one failed: the others are cancelled */
         if (psctl_mono_s() - t0 > wait_s) {
             /* Which of them did not answer their last status call: stopped or cut off (a
              * probe, session 40: the message asked whether training ran). */
@@ -221,51 +385,44 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
                                            sl ? ", " : "", i);
             if (sl)
                 fprintf(stderr, "psctl: checkpoint: %d of %d shards not done within %g s; shard "
-                        "%s did not answer (stopped or unreachable?); the others go on\n",
-                        n - done - failed, n, wait_s, silent);
+                        "%s did not answer (stopped or unreachable?)\n", n - done - failed, n,
+                        wait_s, silent);
             else
                 fprintf(stderr, "psctl: checkpoint: %d of %d shards not done within %g s (bsp: "
-                        "the step must be reached first; is training running?); they go on\n",
+                        "the step must be reached first; is training running?)\n",
                         n - done - failed, n, wait_s);
-            failed = unknown = 1;
+            late = true;
             break;
         }
         usleep(20 * 1000);
     }
-    if (st && !armed && !unknown) {
-        int rc = psctl_checkpoint_remove(d, (uint32_t)narmed); /* not the refused shard's */
-        if (rc == 0 || rc == -ENOTEMPTY || rc == -EEXIST || rc == -ENOENT)
-            fprintf(stderr, "psctl: checkpoint: removed the parts of the %d shard(s) armed "
-                    "before the refusal from %s\n", narmed, d);
-        else
-            fprintf(stderr, "psctl: checkpoint: cannot remove the parts in %s: %s (left as "
-                    "they are)\n", d, strerror(-rc));
-    } else if (st && (failed || !cut) && !unknown) {
-        /* Every shard answered and one failed (its own copy removed itself): the others' parts
-         * make no checkpoint, and would stay for good (never complete, never pruned). */
-        int rc = psctl_checkpoint_remove(d, (uint32_t)n);
-        const char *what = failed ? "incomplete" : "inconsistent";
-        if (rc == 0)
-            fprintf(stderr, "psctl: checkpoint: removed the %s checkpoint %s\n", what, d);
-        else if (rc != -ENOENT)
-            fprintf(stderr, "psctl: checkpoint: cannot remove the %s checkpoint %s: %s (left as "
-                    "it is)\n", what, d, strerror(-rc));
+    if (!armed || !cut || failed || late) {
+        for (int i = 0; i < n; i++)
+            if ((st[i].flags & 1) && st[i].status == 0) fate[i] = PART_GONE; /* whole, removed */
+        const char *reason = !armed ? "a shard refused its arm or did not answer it"
+                             : !cut ? "the coordinator's hold lapsed: no cut"
+                             : late ? "--wait ran out"
+                                    : "a shard failed";
+        give_up(cl, d, id, n, fate, miss, reason,
+                !armed || failed || late ? "incomplete" : "inconsistent", !armed);
+        goto out;
     }
-    if (st && failed == 0 && cut && armed) {
-        for (int i = 0; i < n; i++) {
-            printf("shard %d: step %llu, %u chunks, %llu bytes, %llu ms: %s/shard-%d\n", i,
-                   (unsigned long long)st[i].step, st[i].chunk, (unsigned long long)st[i].count,
-                   (unsigned long long)st[i].step_max, d, i);
-            total += st[i].count;
-        }
-        if (step == UINT64_MAX) step = st[0].step;
-        printf("psctl: checkpoint at step %llu in %s: %llu bytes on %d shards in %.3f s\n",
-               (unsigned long long)step, d, (unsigned long long)total, n, psctl_mono_s() - t0);
-        fflush(stdout);
-        ret = 0;
+    for (int i = 0; i < n; i++) {
+        printf("shard %d: step %llu, %u chunks, %llu bytes, %llu ms: %s/shard-%d\n", i,
+               (unsigned long long)st[i].step, st[i].chunk, (unsigned long long)st[i].count,
+               (unsigned long long)st[i].step_max, d, i);
+        total += st[i].count;
     }
+    if (step == UINT64_MAX) step = st[0].step;
+    marks_remove(d);
+    printf("psctl: checkpoint at step %llu in %s: %llu bytes on %d shards in %.3f s\n",
+           (unsigned long long)step, d, (unsigned long long)total, n, psctl_mono_s() - t0);
+    fflush(stdout);
+    ret = 0;
+out:
     free(st);
     free(miss);
+    free(fate);
     return ret;
 }
 

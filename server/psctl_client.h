@@ -39,7 +39,10 @@ uint64_t psctl_checkpoint_id(void);
  *  every shard for @p step into @p dir, release the hold (MSG_CKPT_GO with @p next: a step to
  *  hold ahead, or 0), wait up to @p wait_s from @p t0 for every shard, print the result. asp /
  *  ssp (@p step UINT64_MAX): when shard 0 does not confirm that its hold lasted for @p id until
- *  the GO, the copies are no cut: removed once done, and a failure.
+ *  the GO, the copies are no cut, and a failure. A failure (that, an arm refused, a shard
+ *  failed, @p wait_s run out) cancels the checkpoint on every shard not done with it
+ *  (MSG_CKPT_CANCEL) and removes the parts; a shard that does not answer is named, and @p dir
+ *  keeps the mark cancelled-ID for it (ckpt_meta.h).
  * @return psctl's exit status (errors printed).
  */
 int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, uint64_t id,

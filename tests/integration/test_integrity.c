@@ -547,6 +547,41 @@ START_TEST(test_corrupt_params_at_rest_pull_refused)
 }
 END_TEST
 
+/* psctl in the background (its exit not waited for). */
+static cl_proc_t *psctl_spawn(cl_cluster_t *c, const char *name, const char *const *args)
+{
+    char *argv[24] = {(char *)cl_binary("PSCTL"), "--manifest", c->manifest};
+    int n = 3;
+    for (; args[n - 3] && n < 23; n++) argv[n] = (char *)args[n - 3];
+    argv[n] = NULL;
+    return cl_spawn(c, name, argv);
+}
+
+/* The names in directory @p dir, each followed by a space, into @p out ("" when it is gone). */
+static void dir_names(const char *dir, char *out, size_t cap)
+{
+    out[0] = '\0';
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d)) != NULL;)
+        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
+            snprintf(out + strlen(out), cap - strlen(out), "%s ", e->d_name);
+    if (d) closedir(d);
+}
+
+/* One checkpoint request @p type to shard @p shard as psctl sends it (@p id its `count`, @p dir
+ * an arm's directory, @p step an arm's step); the reply's flags into *@p flags. @return its
+ * status, the error's text in @p err. */
+static int ckpt_req(ps_req_t *ctl, uint32_t shard, ps_msg_type_t type, uint64_t id,
+                    const char *dir, uint64_t step, uint32_t *flags, char *err, size_t cap)
+{
+    ps_msg_t q = {.type = type, .rank = -1, .count = id, .step = step}, r = {0};
+    if (dir) snprintf(q.error, sizeof q.error, "%s", dir);
+    err[0] = '\0';
+    int rc = ps_req_call(ctl, shard, &q, &r, NULL, NULL, err, cap);
+    if (flags) *flags = r.flags;
+    return rc;
+}
+
 /* psctl against a shard that took its connection but does not answer (stopped): every verb
  * gives up after its --timeout and says so. Before, a request whose send never completed held
  * psctl for good (a busy loop with no deadline, at a call after a timeout and at the close):
@@ -555,26 +590,101 @@ END_TEST
  * 0, and scale with --timeout 0 reported no answer after applying the scale), and scale takes
  * a plain number (before, "" was 0). The job's epoch is named the membership epoch (workers
  * count training passes as epochs), and a command psctl does not know is named before the
- * usage (before, only the usage). */
+ * usage (before, only the usage).
+ * A checkpoint given up with shard 1 stopped after its arm (the worker hangs before its second
+ * step, so both shards wait armed for that step) is cancelled: shard 0 drops it, shard 1 is
+ * named as not told, the directory keeps only the mark cancelled-ID, and once shard 1 resumes
+ * it drops the checkpoint too (the cancel that was waiting for it, or the mark) and the next
+ * checkpoint is taken (and one into the same directory later removes the mark). Before, both
+ * shards stayed armed: the next checkpoint was refused ("a checkpoint into ... is in progress
+ * here") until the worker went on, and the given-up one then left its parts for good. Then the
+ * cancel and the mark one by one, sent as psctl does: a cancel of another id or of none changes
+ * nothing, a shard armed for a step far off that finds the mark of its checkpoint lets the next
+ * arm replace it, and a cancel ends an armed one. */
 START_TEST(test_psctl_stopped_shard_bounded)
 {
-    cl_conf_t k = {.shards = 2, .workers = 1};
+    cl_conf_t k = {.shards = 2, .workers = 1, .job_extra = "  heartbeat_timeout_ms: 10000\n"};
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    setenv("PS_TEST_HANG_AT", "train:2", 1); /* its first step applied, its second one held */
+    setenv("PS_TEST_HANG_MS", "6000", 1);
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    unsetenv("PS_TEST_HANG_AT");
+    unsetenv("PS_TEST_HANG_MS");
     const char *status[] = {"status", NULL};
     EXPECT_LOG(psctl(c, "status", 0, status), "job: membership epoch ");
     const char *typo[] = {"stauts", NULL};
     EXPECT_LOG(psctl(c, "typo", 2, typo), "psctl: unknown command 'stauts'\nusage: psctl ");
+    ps_manifest_t m;
+    char err[1024] = "", gone[CL_PATH], again[CL_PATH], names[512];
+    ck_assert_msg(ps_manifest_load(&m, c->manifest, err, sizeof err) == 0, "%s", err);
+    ps_req_t *ctl;
+    ck_assert_msg(ps_req_open(&m, 5.0, &ctl, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(cl_wait_log(w, "(PS_TEST_HANG_AT)", RUN_S) == 0, "%s", cl_tail(w));
+    cl_path(c, "ckpt-given-up", gone, sizeof gone);
+    cl_path(c, "ckpt-again", again, sizeof again);
+    const char *ckpt[] = {"checkpoint", "--dir", gone, "--wait", "1", "--timeout", "1", NULL};
+    cl_proc_t *ck = psctl_spawn(c, "checkpoint-stopped", ckpt);
+    /* Stopped once armed (its status answers, not "no checkpoint"). */
+    while (ckpt_req(ctl, 1, PS_MSG_CKPT_STATUS, 0, NULL, 0, NULL, err, sizeof err) != 0) {
+        ck_assert_msg(cl_alive(ck) && cl_left(c) > 5, "shard 1 never armed: %s", cl_tail(ck));
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
     ck_assert_int_eq(cl_signal(psd[1], SIGSTOP), 0);
     const char *verify[] = {"verify", "--timeout", "1", NULL};
     cl_proc_t *v = psctl(c, "verify", 1, verify);
     EXPECT_LOG(v, "no answer within 1 s");
-    /* A checkpoint that gives up names the shard that did not answer (it asked whether
-     * training ran: a probe, session 40). */
-    const char *ckpt[] = {"checkpoint", "--wait", "2", "--timeout", "1", NULL};
-    cl_proc_t *ck = psctl(c, "checkpoint-stopped", 1, ckpt);
-    EXPECT_LOG(ck, "; shard 1 did not answer (stopped or unreachable?); the others go on");
+    EXPECT_EXIT(ck, 1);
     ck_assert_int_eq(cl_signal(psd[1], SIGCONT), 0);
+    const char *ckpt2[] = {"checkpoint", "--dir", again, "--wait", "60", NULL};
+    cl_proc_t *ck2 = psctl(c, "checkpoint-again", 0, ckpt2); /* once the worker goes on */
+    EXPECT_LOG(ck2, "psctl: checkpoint at step ");
+    /* The one given up named the shard that did not answer (it asked whether training ran: a
+     * probe, session 40), cancelled itself where it could and said where it could not. */
+    EXPECT_LOG(ck, "; shard 1 did not answer (stopped or unreachable?)\n");
+    EXPECT_LOG(ck, "psctl: checkpoint: shard 1 was not told to drop it: shard 1 (");
+    EXPECT_LOG(ck, "stays, holding cancelled-");
+    EXPECT_LOG(psd[0], "was cancelled (psctl gave it up)");
+    EXPECT_LOG(psd[1], "was cancelled (psctl gave it up");
+    dir_names(gone, names, sizeof names);
+    ck_assert_msg(strncmp(names, "cancelled-", 10) == 0 && strlen(names) == 27,
+                  "%s holds '%s', not only its mark", gone, names);
+    /* A checkpoint into that directory afterwards is whole, and the mark goes. */
+    const char *ckpt3[] = {"checkpoint", "--dir", gone, "--wait", "60", NULL};
+    EXPECT_LOG(psctl(c, "checkpoint-reused", 0, ckpt3), "psctl: checkpoint at step ");
+    dir_names(gone, names, sizeof names);
+    ck_assert_msg(strstr(names, "cancelled-") == NULL && strlen(names) == 16,
+                  "%s holds '%s'", gone, names);
+    ck_assert_int_eq(cl_signal(w, SIGTERM), 0);
+    cl_wait(w, RUN_S);
+    /* The requests themselves, on shard 1: armed for a step the job never reaches. */
+    char da[CL_PATH], db[CL_PATH], mark[CL_PATH + 64];
+    cl_path(c, "ckpt-a", da, sizeof da);
+    cl_path(c, "ckpt-b", db, sizeof db);
+    const uint64_t ida = 0xa1, idb = 0xb2, far = 1000000;
+    uint32_t f;
+    ck_assert_msg(ckpt_req(ctl, 1, PS_MSG_CKPT_ARM, ida, da, far, NULL, err, sizeof err) == 0,
+                  "%s", err);
+    ck_assert_int_eq(ckpt_req(ctl, 1, PS_MSG_CKPT_CANCEL, idb, NULL, 0, &f, err, sizeof err), 0);
+    ck_assert_uint_eq(f, PS_FLAG_DONE); /* nothing of that one here */
+    ck_assert_int_eq(ckpt_req(ctl, 1, PS_MSG_CKPT_CANCEL, 0, NULL, 0, &f, err, sizeof err), 0);
+    ck_assert_msg(ckpt_req(ctl, 1, PS_MSG_CKPT_STATUS, ida, NULL, 0, &f, err, sizeof err) == 0 &&
+                  !(f & 1), "a cancel of another id or none changed it: %s", err);
+    ck_assert_int_eq(ckpt_req(ctl, 1, PS_MSG_CKPT_ARM, idb, db, far, NULL, err, sizeof err),
+                     PS_EBUSY); /* in progress */
+    ck_assert_int_eq(mkdir(da, 0700), 0);
+    snprintf(mark, sizeof mark, "%s/cancelled-%016llx", da, (unsigned long long)ida);
+    fclose(fopen(mark, "w"));
+    ck_assert_msg(ckpt_req(ctl, 1, PS_MSG_CKPT_ARM, idb, db, far, NULL, err, sizeof err) == 0,
+                  "an arm after the mark: %s", err);
+    EXPECT_LOG(psd[1], "was cancelled (psctl gave it up while this shard did not answer: ");
+    ck_assert_int_eq(ckpt_req(ctl, 1, PS_MSG_CKPT_CANCEL, idb, NULL, 0, &f, err, sizeof err), 0);
+    ck_assert_uint_eq(f, PS_FLAG_DONE);
+    ck_assert_int_eq(ckpt_req(ctl, 1, PS_MSG_CKPT_STATUS, idb, NULL, 0, &f, err, sizeof err),
+                     PS_ECANCELED);
+    ck_assert_msg(access(db, F_OK) != 0, "%s was made", db);
+    ps_req_close(ctl);
     ck_assert_int_eq(cl_signal(psd[0], SIGSTOP), 0);
     const char *scale[] = {"scale", "2", "--timeout", "1", NULL};
     cl_proc_t *sc = psctl(c, "scale", 1, scale);

@@ -70,6 +70,31 @@ START_TEST(small_push_header)
 }
 END_TEST
 
+/* The checkpoint's cancel (psctl gave it up): its id travels as `count`, both types are named,
+ * and the range ends after its reply (an older psd refuses the type: "unknown message type"). */
+START_TEST(ckpt_cancel)
+{
+    ps_msg_t m = {.type = PS_MSG_CKPT_CANCEL, .req_id = 9, .rank = -1,
+                  .count = 0x41c04d9fc722af0full}, d;
+    uint8_t buf[PS_WIRE_HDR_MAX];
+    size_t len;
+    char err[256];
+    ck_assert_int_eq(ps_msg_encode(&m, buf, sizeof buf, &len), 0);
+    ck_assert_int_eq(ps_msg_decode(&d, buf, len, err, sizeof err), 0);
+    ck_assert_int_eq(d.type, PS_MSG_CKPT_CANCEL);
+    ck_assert_uint_eq(d.count, m.count);
+    ck_assert_str_eq(ps_msg_type_name(PS_MSG_CKPT_CANCEL), "ckpt_cancel");
+    ck_assert_str_eq(ps_msg_type_name(PS_MSG_CKPT_CANCEL_REPLY), "ckpt_cancel_reply");
+    ck_assert(ps_msg_type_valid(PS_MSG_CKPT_CANCEL_REPLY));
+    ck_assert(!ps_msg_type_valid(PS_MSG_CKPT_END_));
+    ck_assert_str_eq(ps_msg_type_name(PS_MSG_CKPT_END_), "unknown");
+    m.type = PS_MSG_CKPT_END_;
+    ck_assert_int_eq(ps_msg_encode(&m, buf, sizeof buf, &len), 0);
+    ck_assert_int_eq(ps_msg_decode(&d, buf, len, err, sizeof err), PS_EPROTO);
+    ck_assert_ptr_nonnull(strstr(err, "unknown message type 52"));
+}
+END_TEST
+
 START_TEST(truncated_rejected)
 {
     ps_msg_t m = sample(), d;
@@ -345,6 +370,7 @@ Suite *ps_test_suite(void)
     TCase *tc = tcase_create("wire");
     tcase_add_test(tc, roundtrip);
     tcase_add_test(tc, small_push_header);
+    tcase_add_test(tc, ckpt_cancel);
     tcase_add_test(tc, truncated_rejected);
     tcase_add_test(tc, garbage_rejected);
     tcase_add_test(tc, invalid_fields_rejected);
