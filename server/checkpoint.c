@@ -12,6 +12,7 @@
 #include <xxhash.h>
 
 #include "checkpoint.h"
+#include "run.h"
 #include "durable.h"
 #include "integrity.h"
 #include "ps/ps_error.h"
@@ -40,6 +41,8 @@ struct psd_ckpt_s {
     char dir[1100];            /* D/shard-K */
     int cancel;                /* cancelled during its snapshot or copy: the copy stops at its
                                   next record (the pool thread reads it: __atomic) */
+    int marked;                /* snap_run found psctl's mark (set on the pool before the slot
+                                  job's completion, read in snap_done) */
     psd_slot_work_t slot;      /* takes the snapshot */
     uv_work_t copy;
     MDB_txn *txn;              /* the snapshot, from the slot job until the copy ends */
@@ -315,6 +318,8 @@ static void copy_work(uv_work_t *w)
     MDB_val k, v;
     ck->vmin = UINT64_MAX;
     ck->vmax = 0;
+    for (uint32_t ms = 0; ms < srv->test_slow_copy_ms; ms += 10) /* a slow disk; cancellable */
+        if (!__atomic_load_n(&ck->cancel, __ATOMIC_RELAXED)) usleep(10000);
     for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0;
          rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
         if (__atomic_load_n(&ck->cancel, __ATOMIC_RELAXED)) { /* MSG_CKPT_CANCEL, or the mark */
@@ -356,6 +361,18 @@ static void copy_work(uv_work_t *w)
             tt->id = psd_ckpt_rd32(kp + 1);
         } else if (k.mv_size == 4 && memcmp(kp, "Mjob", 4) == 0) {
             inv.has_job = true;
+        }
+        psd_run_t part_run;
+        if (k.mv_size == 4 && memcmp(kp, "M" PSD_RUN_BLOB, 4) == 0) {
+            /* The part carries the run a restore from it starts (restore.c writes its own over
+             * it), not the live one: a data_dir made by copying the part's files by hand is
+             * then told from the others' stores as psd --restore's is (its origin), and a
+             * shard copied back alone is refused, not taken for the store that went on. The
+             * chunks ('C' keys) came first: ck->vmin is the part's lowest version. */
+            uint64_t base = ck->vmin == UINT64_MAX ? 0 : ck->vmin;
+            part_run = (psd_run_t){.id = psd_run_new_id(), .parent = srv->run.id,
+                                   .base_step = base, .origin = psd_run_origin(ck->id, base)};
+            v = (MDB_val){sizeof part_run, &part_run};
         }
         psd_ckpt_others_add(&inv.others, &k, &v);
         if ((rc = mdb_put(dt, ddbi, &k, &v, MDB_APPEND)) != 0) {
@@ -430,6 +447,13 @@ static void copy_done(uv_work_t *w, int status)
 static void snap_run(psd_slot_work_t *w)
 {
     struct psd_ckpt_s *ck = (struct psd_ckpt_s *)((char *)w - offsetof(struct psd_ckpt_s, slot));
+    /* The mark is looked for here, on the pool, not on the loop: a hung disk under D must not
+     * stop the loop's heartbeats. */
+    if (marked_cancelled(ck)) {
+        ck->marked = 1;
+        __atomic_store_n(&ck->cancel, 1, __ATOMIC_RELAXED);
+        return;
+    }
     ck->rc = psd_store_snapshot(&w->srv->store, &ck->txn);
 }
 
@@ -443,9 +467,9 @@ static void snap_done(psd_slot_work_t *w)
         return;
     }
     if (__atomic_load_n(&ck->cancel, __ATOMIC_RELAXED)) { /* cancelled while it was queued */
-        mdb_txn_abort(ck->txn);
+        if (ck->txn) mdb_txn_abort(ck->txn);
         ck->txn = NULL;
-        drop(ck, false);
+        drop(ck, ck->marked);
         return;
     }
     /* The copy runs on the pool beside the store jobs: training goes on. */
@@ -486,8 +510,6 @@ void psd_ckpt_after_job(psd_server_t *srv)
         fail(ck, PS_ECONFLICT, "shard %u passed step %llu (at %llu) before its snapshot",
              srv->shard, (unsigned long long)ck->step, (unsigned long long)vmax);
         ck->state = CK_FAILED;
-    } else if (at > 0 && marked_cancelled(ck)) {
-        drop(ck, true);
     } else if (at > 0) {
         ck->state = CK_SNAP;
         ck->slot.srv = srv;
@@ -509,7 +531,7 @@ static void on_arm(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
     if (ck->state == CK_ARMED && marked_cancelled(ck))
         drop(ck, true); /* armed still, waiting for a step: it would refuse this one */
     if (ck->state == CK_ARMED || ck->state == CK_SNAP || ck->state == CK_COPYING) {
-        if (ck->cancel)
+        if (__atomic_load_n(&ck->cancel, __ATOMIC_RELAXED))
             psd_send_error(srv, conn, msg->req_id, PS_EBUSY, "the copy of a cancelled checkpoint "
                            "into %s is stopping here; try again", ck->dir);
         else
@@ -541,7 +563,7 @@ static void on_arm(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
     snprintf(ck->top, sizeof ck->top, "%s", msg->error);
     ck->step = msg->step;
     ck->id = msg->count;
-    ck->cancel = 0;
+    ck->cancel = ck->marked = 0;
     ck->state = CK_ARMED;
     ck->rc = 0;
     ck->err[0] = '\0';
@@ -579,6 +601,8 @@ static void on_status(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
         return;
     }
     ps_msg_t r = {.type = PS_MSG_CKPT_STATUS_REPLY, .req_id = msg->req_id, .shard = srv->shard};
+    if (ck->state == CK_SNAP || ck->state == CK_COPYING)
+        r.flags = PS_FLAG_PENDING; /* under way: psctl's --wait running out leaves it be */
     if (ck->state == CK_DONE) { /* before, the pool thread's copy still writes these */
         r.flags = 1;
         r.step = ck->vmin;
@@ -603,9 +627,8 @@ static void on_cancel(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
     if (ck && msg->count != 0 && ck->id == msg->count) {
         switch (ck->state) {
         case CK_ARMED: drop(ck, false); break;
-        case CK_SNAP: /* its slot job runs anyway; snap_done drops it */
-            __atomic_store_n(&ck->cancel, 1, __ATOMIC_RELAXED);
-            break;
+        case CK_SNAP: /* its slot job runs anyway; snap_done drops it: stopping, not gone (a
+                         new arm meanwhile is refused "stopping here") */
         case CK_COPYING:
             __atomic_store_n(&ck->cancel, 1, __ATOMIC_RELAXED);
             r.flags = PS_FLAG_PENDING;

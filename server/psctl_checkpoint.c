@@ -375,6 +375,19 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
         }
         if (done + failed == n || failed) break; /* one failed: the others are cancelled */
         if (psctl_mono_s() - t0 > wait_s) {
+            /* Every shard not done copying (each answered, its copy under way: a large store
+             * on a slow disk): not given up, they go on and make the checkpoint, as before
+             * the cancel (psd's follower, which has no --wait, recognises it later). */
+            bool copying = true;
+            for (int i = 0; i < n; i++)
+                if (!(st[i].flags & 1) && (miss[i] || !(st[i].flags & PS_FLAG_PENDING)))
+                    copying = false;
+            if (copying) {
+                fprintf(stderr, "psctl: checkpoint: %d of %d shards still copying after %g s: "
+                        "not waited for; they go on and complete it in %s\n", n - done, n,
+                        wait_s, d);
+                goto out;
+            }
             /* Which of them did not answer their last status call: stopped or cut off (a
              * probe, session 40: the message asked whether training ran). */
             char silent[256] = "";

@@ -187,10 +187,9 @@ int psd_restore_fill(psd_server_t *srv, const char *dir, char *err, size_t errle
      * every shard's restored from it: libps refuses a cluster whose shards' origins differ (a
      * shard restored alone would lose the updates the others kept). A checkpoint without an
      * id (an older psctl) stands by its step. */
-    uint64_t origin = strtoull(ckid, NULL, 16);
     psd_run_t run = {.id = psd_run_new_id(), .parent = strtoull(from, NULL, 16),
                      .base_step = step == UINT64_MAX ? 0 : step,
-                     .origin = origin ? origin : (step + 1) | 1ull << 63};
+                     .origin = psd_run_origin(strtoull(ckid, NULL, 16), step)};
     bool bsp = srv->m.job.consistency == PS_CONSIST_BSP;
     ps_decl_t *decl = NULL; /* by id; name[0] == 0: absent */
     uint32_t ndecl = 0;

@@ -38,6 +38,15 @@ uint64_t psd_run_new_id(void);
  */
 int psd_run_load(psd_store_t *st, uint64_t step_now, psd_run_t *out, char *err, size_t errlen);
 
+/** @brief The origin of a run restored from checkpoint @p ckpt_id (meta.json's "checkpoint";
+ *  0: a checkpoint without one) at step @p step: the id, or else (@p step + 1) with bit 63 set,
+ *  so that every shard restored from one checkpoint has the same (restore.c, and the run record
+ *  a checkpoint's part carries, checkpoint.c). */
+static inline uint64_t psd_run_origin(uint64_t ckpt_id, uint64_t step)
+{
+    return ckpt_id ? ckpt_id : (step + 1) | 1ull << 63;
+}
+
 /** @brief Store @p r in @p tx (restore.c: the restored store's new run). 0 or PS_E*. */
 int psd_run_put(psd_wtxn_t *tx, const psd_run_t *r);
 

@@ -490,6 +490,8 @@ struct psd_server_s {
                                    is not sent and its connection is closed */
     uint32_t test_ckpt_hold_ms; /* PS_TEST_CKPT_HOLD_MS (tests only): a checkpoint's hold ends
                                    after this many ms instead of 10 s (0: 10 s) */
+    uint32_t test_slow_copy_ms; /* PS_TEST_SLOW_COPY_MS (tests only): each checkpoint copy
+                                   takes this many ms longer (at most 60000; 0: none) */
     uint32_t test_late_rndv;    /* PS_TEST_LATE_RNDV (tests only): the Nth rendezvous push's
                                    connection is closed while it lands, and its receive's end
                                    is seen 3 s late (test_late_*) */

@@ -152,7 +152,8 @@ typedef struct {
                            unanswered hello is tried again, not taken for a wedged transport */
     uint64_t run;       /* its store's run as the join's hello reply said (PS_FLAG_RUN; 0: an
                            older psd): a hello after a reconnect that says another is refused
-                           (atomic: the join writes it, on_rehello reads it) */
+                           (atomic: the join writes it, on_rehello reads it, and writes it
+                           when the join's psd said none) */
     uint64_t run_origin, run_base; /* the checkpoint its store was restored from (0: none), at
                                       which step (join_run_check) */
     /* Its address, resolved by ps_client_create (the caller's thread) or in the background
@@ -1301,8 +1302,8 @@ static void mark_removed(ps_client_t *c)
 #define STORE_LOST "store was lost or replaced (an empty or another data_dir); " STORE_REMEDY
 
 /* What a hello reply's run says of a store's history, into @p buf: "restored from checkpoint
- * ID at step N" (ID as psd --restore recorded it: meta.json's "checkpoint"), or "never
- * restored". */
+ * ID at step N" (ID as psd --restore recorded it: meta.json's "checkpoint"; for a checkpoint
+ * without one, its step + 1 with bit 63 set), or "never restored". */
 static void run_said(char *buf, size_t len, uint64_t origin, uint64_t base)
 {
     if (origin == 0)
@@ -2566,7 +2567,9 @@ static int join_run_check(ps_client_t *c, uint32_t i, const ps_msg_t *rep)
     __atomic_store_n(&s->run, rep->run, __ATOMIC_RELAXED);
     s->run_origin = rep->run_origin;
     s->run_base = rep->run_base;
-    if (i == 0 || s0->run == 0 || s->run_origin == s0->run_origin) return 0;
+    if (i == 0 || __atomic_load_n(&s0->run, __ATOMIC_RELAXED) == 0 ||
+        s->run_origin == s0->run_origin)
+        return 0;
     char mine[96], zero[96];
     run_said(mine, sizeof mine, s->run_origin, s->run_base);
     run_said(zero, sizeof zero, s0->run_origin, s0->run_base);

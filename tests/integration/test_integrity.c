@@ -582,6 +582,28 @@ static int ckpt_req(ps_req_t *ctl, uint32_t shard, ps_msg_type_t type, uint64_t 
     return rc;
 }
 
+/* psctl checkpoint --wait that runs out while every shard's copy is under way (a large store on
+ * a slow disk: PS_TEST_SLOW_COPY_MS) gives nothing up: the copies go on and complete the
+ * checkpoint, as psd's follower (no --wait, 600 s) relies on. A first version of the cancel
+ * (session 41, found by a review) stopped them and removed their parts. */
+START_TEST(test_psctl_wait_leaves_copies)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1, .consistency = "asp"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start_env(c, 0, READY_S, "PS_TEST_SLOW_COPY_MS", "3000");
+    char dir[CL_PATH], meta[CL_PATH + 32];
+    cl_path(c, "ck-slow", dir, sizeof dir);
+    const char *ck[] = {"checkpoint", "--dir", dir, "--wait", "1", NULL};
+    cl_proc_t *cp = psctl(c, "checkpoint-slow", 1, ck);
+    EXPECT_LOG(cp, "1 of 1 shards still copying after 1 s: not waited for; they go on");
+    snprintf(meta, sizeof meta, "%s/shard-0/meta.json", dir);
+    for (int t = 0; t < 200 && access(meta, F_OK) != 0; t++) usleep(50000);
+    ck_assert_msg(access(meta, F_OK) == 0, "the copy did not complete: %s", cl_tail(psd));
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* psctl against a shard that took its connection but does not answer (stopped): every verb
  * gives up after its --timeout and says so. Before, a request whose send never completed held
  * psctl for good (a busy loop with no deadline, at a call after a timeout and at the close):
@@ -1154,6 +1176,17 @@ START_TEST(test_shard_restored_alone_refused)
     EXPECT_EXIT(w2, 2);
     EXPECT_LOG(w2, "holds a store restored from checkpoint ");
     EXPECT_LOG(w2, ", shard 0 one never restored: a shard restored alone loses the updates");
+    /* The same by hand: the part's files copied in as shard 1's data_dir (the part carries the
+     * run a restore from it starts; it carried the live one, which passed both checks). */
+    stop_all(&psd[1], 1);
+    char cmd[6 * CL_PATH];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r '%s/shard-1' '%s' && rm -f '%s/meta.json'",
+             c->data_dir[1], dir, c->data_dir[1], c->data_dir[1]);
+    ck_assert_int_eq(system(cmd), 0);
+    psd[1] = cl_psd_start(c, 1, NULL, READY_S);
+    cl_proc_t *w3 = cl_worker_start(c, NULL, NULL, false);
+    EXPECT_EXIT(w3, 2);
+    EXPECT_LOG(w3, "holds a store restored from checkpoint ");
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }
@@ -1893,6 +1926,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("corrupt_params_at_rest_pull_refused",
                              test_corrupt_params_at_rest_pull_refused));
     suite_add_tcase(s, tcase("psctl_stopped_shard_bounded", test_psctl_stopped_shard_bounded));
+    suite_add_tcase(s, tcase("psctl_wait_leaves_copies", test_psctl_wait_leaves_copies));
     suite_add_tcase(s, tcase("checkpoint_damaged_files_refused",
                              test_checkpoint_damaged_files_refused));
     suite_add_tcase(s, tcase("checkpoint_hostile_files_refused",
