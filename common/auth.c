@@ -117,9 +117,9 @@ int ps_auth_check(const ps_auth_t *a, ps_auth_seen_t *seen, const char *host, ui
     uint8_t mac[PS_AUTH_MAC];
     sign(a, host, port, proof, mac);
     if (CRYPTO_memcmp(mac, proof + 9 + PS_AUTH_NONCE, PS_AUTH_MAC) != 0) {
-        snprintf(why, whylen, "the proof is not signed with this cluster's secret for this shard "
-                 "(%s:%u) (another secret_file, another cluster name, a proof made for another "
-                 "shard, or a manifest that names this shard otherwise)", host, (unsigned)port);
+        snprintf(why, whylen, "the proof is not signed with this cluster's secret for shard "
+                 "%s:%u (another secret_file or cluster name, or a manifest naming this shard "
+                 "otherwise)", host, (unsigned)port);
         return PS_EAUTH;
     }
     uint64_t ut = 0;

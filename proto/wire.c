@@ -167,6 +167,7 @@ int ps_msg_encode_sealed(const ps_msg_t *m, const uint8_t *session, size_t sessi
     h.run = m->run;
     h.run_origin = m->run_origin;
     h.run_base = m->run_base;
+    h.joined_runs = m->joined_runs;
     uint64_t replay[PS_REPLAY_MAX];
     if (m->nreplay > PS_REPLAY_MAX) return PS_EINVAL;
     memcpy(replay, m->replay, m->nreplay * sizeof *replay);
@@ -283,6 +284,7 @@ int ps_msg_decode(ps_msg_t *m, const void *buf, size_t len, char *err, size_t er
     m->run = h->run;
     m->run_origin = h->run_origin;
     m->run_base = h->run_base;
+    m->joined_runs = h->joined_runs;
     if (h->n_replay > PS_REPLAY_MAX)
         FAIL("%zu replay tags (%d allowed)", h->n_replay, PS_REPLAY_MAX);
     m->nreplay = (uint32_t)h->n_replay;

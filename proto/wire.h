@@ -209,6 +209,8 @@ typedef struct {
     uint64_t tensor_set;  /* batch request: digest of the tensors declared (0: not sent) */
     uint64_t run, run_origin, run_base; /* hello reply (PS_FLAG_RUN): the store's run, the
                                            checkpoint it was restored from (0: none), its step */
+    uint64_t joined_runs; /* hello reply (PS_FLAG_RUN): the runs digest the shard keeps;
+                             heartbeat: the worker's (ps_runs_digest) */
     uint32_t nreplay;     /* batch reply, push: replay tags in use (PS_REPLAY_MAX at most) */
     uint64_t replay[PS_REPLAY_MAX];
     char store[256];
@@ -221,6 +223,33 @@ typedef struct {
     int has_decl;
     ps_decl_t decl;
 } ps_msg_t;
+
+/* One step of a 64-bit mix (splitmix64's finalizer). */
+static inline uint64_t ps_run_mix(uint64_t x)
+{
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+/** @brief The digest of the runs of every shard of a cluster, @p runs[0..@p n-1] by shard
+ *  index (never 0). Each shard keeps the digest of the last join a worker told it of (its
+ *  heartbeats carry it): a shard whose store was replaced or restored alone while the others
+ *  went on keeps another than theirs. */
+static inline uint64_t ps_runs_digest(const uint64_t *runs, uint32_t n)
+{
+    uint64_t h = ps_run_mix(n);
+    for (uint32_t i = 0; i < n; i++) h = ps_run_mix(h ^ runs[i]);
+    return h | 1;
+}
+
+/** @brief What a store restored from the checkpoint of origin @p origin keeps as its runs
+ *  digest until a worker joins (every shard of one restore the same; 0 for origin 0). */
+static inline uint64_t ps_run_restored_mark(uint64_t origin)
+{
+    return origin ? ps_run_mix(origin ^ 0x7265737472656421ull) | 1 : 0;
+}
 
 /* ps_decl_t.init: the initializer (psk_init_kind_t, the low byte) and this flag: the tensor's
  * values are the mean of the members' pushes of each step, no optimizer (a BatchNorm's running

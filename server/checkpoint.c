@@ -374,6 +374,14 @@ static void copy_work(uv_work_t *w)
                                    .base_step = base, .origin = psd_run_origin(ck->id, base)};
             v = (MDB_val){sizeof part_run, &part_run};
         }
+        uint64_t part_joined;
+        if (k.mv_size == 1 + strlen(PSD_JOINED_BLOB) && kp[0] == 'M' &&
+            memcmp(kp + 1, PSD_JOINED_BLOB, strlen(PSD_JOINED_BLOB)) == 0) {
+            /* And the runs digest of that restore (wire.h), not the live one's. */
+            part_joined = ps_run_restored_mark(psd_run_origin(ck->id, ck->vmin == UINT64_MAX
+                                                                          ? 0 : ck->vmin));
+            v = (MDB_val){sizeof part_joined, &part_joined};
+        }
         psd_ckpt_others_add(&inv.others, &k, &v);
         if ((rc = mdb_put(dt, ddbi, &k, &v, MDB_APPEND)) != 0) {
             copy_failed(ck, rc);

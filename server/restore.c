@@ -382,7 +382,9 @@ int psd_restore_fill(psd_server_t *srv, const char *dir, char *err, size_t errle
         rc = PS_ESTORE;
     }
     free(decl);
+    uint64_t mark = ps_run_restored_mark(run.origin); /* every shard of this restore's */
     if (rc == 0) rc = psd_run_put(&tx, &run);
+    if (rc == 0) rc = psd_store_put_blob(&tx, PSD_JOINED_BLOB, &mark, sizeof mark);
     if (rc == 0) rc = psd_store_del_blob(&tx, PSD_RESTORING);
     if (rc) {
         psd_store_abort(&tx);

@@ -12,6 +12,8 @@
 #include "store.h"
 
 #define PSD_RUN_BLOB "run" /* metadata key "Mrun": psd_run_t, host byte order */
+#define PSD_JOINED_BLOB "joined" /* "Mjoined": the runs digest this shard keeps (ps_runs_digest,
+                                    proto/wire.h), a uint64_t; absent: 0 */
 
 typedef struct {
     uint64_t id;        /* random, never 0 */

@@ -631,12 +631,20 @@ static void on_bundle(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg, voi
     psd_outbox_end(srv);
 }
 
-/* MSG_AUTH, the first message of a client's connection: its proof of the cluster secret (a
- * shard without one ignores it: its gate in on_am is open). A refused proof's reason is kept for
- * the refusals of what follows; a later good one still opens the connection. */
+/* MSG_AUTH, the first message of a client's connection: its proof of the cluster secret. A
+ * refused proof's reason is kept for the refusals of what follows; a later good one still opens
+ * the connection. A shard without a secret refuses a connection that sent one: its replies go
+ * unsealed, which such a client drops (psctl's scale was applied while psctl reported no
+ * answer; a probe, session 41). */
 static void on_auth(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
 {
-    if (c->authed || !srv->auth->on) return;
+    if (!srv->auth->on) { /* its requests are refused, saying why (on_am) */
+        snprintf(c->auth_why, sizeof c->auth_why, "shard %u has no secret_file, but this peer "
+                 "proved one: give every manifest of the cluster the same secret_file (or none)",
+                 srv->shard);
+        return;
+    }
+    if (c->authed) return;
     const ps_server_conf_t *me = &srv->m.servers[srv->shard]; /* proofs are made for it */
     c->authed = ps_auth_check(srv->auth, &srv->auth_seen, me->host, me->port, msg->auth,
                               msg->auth_len, (int64_t)time(NULL), c->auth_why,
@@ -655,6 +663,55 @@ static void forged_drop(psd_server_t *srv, psd_conn_t *c, const char *type, cons
     c->forged_warned = true;
     PS_LOG(PS_LOG_WARN, "server", "peer %s: %s %s: dropped (a peer without the secret that "
            "guessed this connection's UCX endpoint id?)", c->peer, type, what);
+}
+
+/* ---- the runs digest (ps_runs_digest, proto/wire.h) ----------------------------------- */
+
+static void joined_set(psd_server_t *srv, uint64_t digest);
+
+/* Writes joined_saving to the store, between store jobs (slot work: the loop never waits for
+ * the store's one writer). The loop does not change joined_saving while this is queued. */
+static void joined_save_run(psd_slot_work_t *w)
+{
+    psd_server_t *srv = w->srv;
+    psd_wtxn_t tx;
+    int rc = psd_store_begin(&srv->store, &tx);
+    if (rc == 0 && (rc = psd_store_put_blob(&tx, PSD_JOINED_BLOB, &srv->joined_saving,
+                                            sizeof srv->joined_saving)) != 0)
+        psd_store_abort(&tx);
+    else if (rc == 0)
+        rc = psd_store_commit(&tx);
+    srv->joined_save_rc = rc;
+}
+
+static void joined_save_done(psd_slot_work_t *w)
+{
+    psd_server_t *srv = w->srv;
+    uint64_t saved = srv->joined_saving;
+    srv->joined_saving = 0;
+    if (srv->joined_save_rc) /* the next heartbeat asks again */
+        PS_LOG(PS_LOG_WARN, "server", "cannot record the stores' runs digest: %s",
+               ps_strerror(srv->joined_save_rc));
+    else
+        srv->joined_stored = saved;
+    if (srv->joined_save_rc == 0)
+        PS_LOG(PS_LOG_INFO, "server", "the stores' runs digest of the workers' joins is now "
+               "%016llx", (unsigned long long)saved);
+    if (srv->joined_save_rc == 0 && srv->joined_runs != saved)
+        joined_set(srv, srv->joined_runs); /* changed meanwhile */
+}
+
+/* A member's heartbeat says the runs digest of its join (every shard's run then): kept, so
+ * that a join after this shard or another was restored or replaced alone finds the shards
+ * disagreeing (libps's join_runs_check). Written once per change. */
+static void joined_set(psd_server_t *srv, uint64_t digest)
+{
+    srv->joined_runs = digest;
+    if (srv->joined_saving) return; /* joined_save_done writes the newest */
+    srv->joined_saving = digest;
+    srv->joined_save = (psd_slot_work_t){.srv = srv, .run = joined_save_run,
+                                         .done = joined_save_done};
+    psd_shard_slot_queue(srv, &srv->joined_save);
 }
 
 /* A request on a connection that has not proved the cluster secret: the first is refused with
@@ -711,8 +768,8 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     /* Heard from (heartbeat_timeout_ms): only now, so that a forged header cannot keep a hung
      * worker's connection alive. Not the loop's cached time: the loop may have stalled. */
     c->last_seen_ms = psd_now_ms();
-    if (!c->authed && srv->auth->on) { /* its data, if any, is dropped unread */
-        auth_refuse(srv, c, &msg);
+    if ((!c->authed && srv->auth->on) || (!srv->auth->on && c->auth_why[0])) {
+        auth_refuse(srv, c, &msg); /* its data, if any, is dropped unread */
         return UCS_OK;
     }
     if (msg.type == PS_MSG_STATUS) {
@@ -780,6 +837,9 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     case PS_MSG_PUSH: return psd_shard_on_push(srv, c, &msg, data, length, param);
     case PS_MSG_PULL: psd_shard_on_pull(srv, c, &msg); break;
     case PS_MSG_HEARTBEAT:
+        if (msg.joined_runs != 0 && c->rank >= 0 &&
+            (msg.joined_runs != srv->joined_runs || srv->joined_runs != srv->joined_stored))
+            joined_set(srv, msg.joined_runs);
         if (msg.flags & PS_FLAG_ANSWER) { /* the worker tells a silent shard by it */
             ps_msg_t r = {.type = PS_MSG_HEARTBEAT, .req_id = msg.req_id, .rank = c->rank,
                           .shard = srv->shard};
@@ -1142,6 +1202,11 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
     }
     if ((rc = psd_run_load(&srv->store, psd_shard_step_max(srv), &srv->run, err, errlen)) != 0)
         goto fail_shard;
+    size_t jlen = 0;
+    if (psd_store_get_blob(&srv->store, PSD_JOINED_BLOB, &srv->joined_runs,
+                           sizeof srv->joined_runs, &jlen) != 0 || jlen != sizeof srv->joined_runs)
+        srv->joined_runs = 0; /* none yet (a store older than session 41, or never joined) */
+    srv->joined_stored = srv->joined_runs;
     if (shard == 0) {
         /* The coordinator's state, as the last apply job committed it. */
         static uint8_t saved[65536], rec[16384];

@@ -60,7 +60,7 @@ typedef struct psd_conn_s {
     bool auth_warned;                /* its refusal was logged and answered: what it sends from
                                         then on, before a good proof, is dropped unanswered */
     uint64_t born_ms;                /* its connection request came (psd_now_ms) */
-    char auth_why[160];              /* why its proof was refused ("": none came) */
+    char auth_why[200];              /* why its proof was refused ("": none came) */
     uint8_t session[PS_AUTH_SESSION]; /* authed: the token every later header must carry */
     bool forged_warned;              /* a header without that token was logged */
     struct psd_send_s *outbox;       /* outbox.c: the bundle being filled for it */
@@ -370,6 +370,12 @@ struct psd_server_s {
     ucp_listener_h listener;
     psd_store_t store;
     psd_run_t run;             /* the store's run (run.h), read once it is loaded */
+    uint64_t joined_runs;      /* the runs digest of the last join a worker told of (its
+                                  heartbeats: ps_runs_digest), or the restore's mark; 0: none */
+    uint64_t joined_stored;    /* the one in the store */
+    uint64_t joined_saving;    /* the digest joined_save is writing (0: none queued) */
+    int joined_save_rc;        /* its result (written on the pool, read in its done) */
+    psd_slot_work_t joined_save; /* writes joined_runs to the store (server.c) */
     char store_path[256];      /* the store's absolute directory, told to workers for direct
                                   pulls (storeview.h); "" when PS_DIRECT_PULL=0 or too long */
     uint64_t store_id;         /* ps_storeview_file_id of its data file */
@@ -540,12 +546,14 @@ void psd_direct_init(psd_server_t *srv, const char *data_dir);
 /** @brief Fill a hello reply's store and store_id, for a worker on this host (@p hello's
  *  store_id is its ps_storeview_host_id); nothing when direct pulls are off. */
 void psd_hello_store(const psd_server_t *srv, const ps_msg_t *hello, ps_msg_t *reply);
-/** @brief Fill a hello reply's run, run_origin and run_base from the store's run (run.h). */
+/** @brief Fill a hello reply's run, run_origin and run_base from the store's run (run.h), and
+ *  joined_runs. */
 static inline void psd_hello_run(const psd_server_t *srv, ps_msg_t *reply)
 {
     reply->run = srv->run.id;
     reply->run_origin = srv->run.origin;
     reply->run_base = srv->run.base_step;
+    reply->joined_runs = srv->joined_runs;
 }
 /** @brief Free the LMDB read slots of processes that exited while reading the store (a worker
  *  killed during a direct pull would otherwise keep old pages from reuse). Loop thread: on

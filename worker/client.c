@@ -156,6 +156,7 @@ typedef struct {
                            when the join's psd said none) */
     uint64_t run_origin, run_base; /* the checkpoint its store was restored from (0: none), at
                                       which step (join_run_check) */
+    uint64_t joined_runs; /* the runs digest it keeps (its hello reply; join_runs_check) */
     /* Its address, resolved by ps_client_create (the caller's thread) or in the background
      * (uv_getaddrinfo): a name lookup on the comm thread stalled every shard's heartbeats for
      * as long as DNS did not answer (see connect_shard). */
@@ -243,6 +244,8 @@ struct ps_client_s {
     int rank;
     uint32_t workers;
     uint64_t join_step;         /* the coordinator's step at the join */
+    uint64_t runs_digest;       /* every shard's run at the join (ps_runs_digest; 0: a shard did
+                                   not say), which heartbeats carry (atomic: the comm thread) */
     int64_t join_tensors;       /* shard 0's tensors then (its hello reply's count; -1: its psd
                                    did not say); written by the joining thread before the join
                                    returns, read by the comm thread in on_rehello after it */
@@ -1682,7 +1685,8 @@ static void on_heartbeat(uv_timer_t *h)
         /* The rank is shard 0's answer, set by the joining thread; shards read none here. */
         ps_msg_t m = {.type = PS_MSG_HEARTBEAT,
                       .rank = __atomic_load_n(&c->rank, __ATOMIC_RELAXED),
-                      .flags = s->answers_hb ? PS_FLAG_ANSWER : 0};
+                      .flags = s->answers_hb ? PS_FLAG_ANSWER : 0,
+                      .joined_runs = __atomic_load_n(&c->runs_digest, __ATOMIC_RELAXED)};
         size_t len;
         if (ps_msg_encode_sealed(&m, s->tok.b, s->tok.len, s->hb_hdr, sizeof s->hb_hdr, &len))
             continue;
@@ -2567,6 +2571,7 @@ static int join_run_check(ps_client_t *c, uint32_t i, const ps_msg_t *rep)
     __atomic_store_n(&s->run, rep->run, __ATOMIC_RELAXED);
     s->run_origin = rep->run_origin;
     s->run_base = rep->run_base;
+    s->joined_runs = rep->joined_runs;
     if (i == 0 || __atomic_load_n(&s0->run, __ATOMIC_RELAXED) == 0 ||
         s->run_origin == s0->run_origin)
         return 0;
@@ -2577,6 +2582,36 @@ static int join_run_check(ps_client_t *c, uint32_t i, const ps_msg_t *rep)
              "shard restored alone loses the updates the others kept since; " STORE_REMEDY, i,
              c->m.servers[i].host, c->m.servers[i].port, mine, zero);
     return PS_ECONFIG;
+}
+
+/* Once every shard answered the join: the runs digest each keeps (of the last join a worker told
+ * it of by its heartbeats, or its restore's mark) against this join's (ps_runs_digest). A
+ * shard restored alone from the checkpoint the whole cluster was restored from before has the
+ * same origin as the others (join_run_check passes it), but the others keep the digest of the
+ * runs they were joined with since, which its new run changed: under asp its updates since
+ * were lost while counted applied, and a shard 0 so restored applied batches twice (a probe,
+ * session 41). A shard that kept none (0: never joined, a store older than session 41) or its
+ * restore's mark fits any. Sets c->runs_digest. @return 0, or PS_ECONFIG with c->err said. */
+static int join_runs_check(ps_client_t *c)
+{
+    uint64_t runs[PS_MAX_SERVERS];
+    for (uint32_t i = 0; i < c->nshards; i++)
+        if ((runs[i] = __atomic_load_n(&c->shards[i].run, __ATOMIC_RELAXED)) == 0)
+            return 0; /* an older psd: it does not say */
+    uint64_t h = ps_runs_digest(runs, c->nshards);
+    for (uint32_t i = 0; i < c->nshards; i++) {
+        const cshard_t *s = &c->shards[i];
+        if (s->joined_runs == 0 || s->joined_runs == h ||
+            s->joined_runs == ps_run_restored_mark(s->run_origin))
+            continue;
+        snprintf(c->err, sizeof c->err, "shard %u (%.64s:%u) last served beside other stores "
+                 "than these shards hold now: a shard was restored or replaced alone since, and "
+                 "its updates would be lost or applied twice; " STORE_REMEDY, i,
+                 c->m.servers[i].host, c->m.servers[i].port);
+        return PS_ECONFIG;
+    }
+    __atomic_store_n(&c->runs_digest, h, __ATOMIC_RELAXED);
+    return 0;
 }
 
 static int join(ps_client_t *c, uint32_t timeout_ms, const volatile sig_atomic_t *cancel)
@@ -2629,7 +2664,7 @@ static int join(ps_client_t *c, uint32_t timeout_ms, const volatile sig_atomic_t
             backoff = backoff * 2 > 1000 ? 1000 : backoff * 2;
         }
     }
-    return 0;
+    return join_runs_check(c);
 }
 
 void ps_client_job(const ps_client_t *c, ps_job_info_t *out)

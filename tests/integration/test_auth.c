@@ -88,6 +88,20 @@ START_TEST(test_secret_required)
     EXPECT_EXIT(launch, 2);
     EXPECT_LOG(launch, "authentication refused: the proof is not signed with this cluster's");
     EXPECT_LOG(psd[0], "hello refused: the proof is not signed with this cluster's secret");
+    /* The other way: shards without a secret, tools with one. Before, the shards served them
+     * unsealed replies, which the tools drop: psctl scale reported no answer while the scale
+     * was applied (a probe, session 41). Now they are refused, saying why. */
+    stop_all(psd, 2);
+    psd[0] = cl_psd_start(c, 0, m_none, READY_S);
+    psd[1] = cl_psd_start(c, 1, m_none, READY_S);
+    char *argv_sc[] = {(char *)cl_binary("PSCTL"), "--manifest", m_good, "scale", "3", NULL};
+    cl_proc_t *sc = cl_spawn(c, "psctl-scale-nosecret", argv_sc);
+    EXPECT_EXIT(sc, 1);
+    EXPECT_LOG(sc, "authentication refused: shard 0 has no secret_file, but this peer proved one");
+    char *argv_st[] = {(char *)cl_binary("PSCTL"), "--manifest", m_none, "status", NULL};
+    cl_proc_t *st = cl_spawn(c, "psctl-status-nosecret", argv_st);
+    EXPECT_EXIT(st, 0);
+    ck_assert_msg(count_in_log(st, "workers 3 desired") == 0, "scaled: %s", cl_tail(st));
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }

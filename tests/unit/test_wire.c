@@ -179,6 +179,36 @@ END_TEST
 
 /* Names go into JSON and safetensors headers as they are: one that is not UTF-8 made
  * `psctl export` write a header no reader takes (a probe, session 34). */
+/* A store's run travels in hello replies and the runs digest in heartbeats; the digest tells
+ * every run and its shard (order matters: two shards' stores swapped are another cluster), is
+ * never 0, and a restore's mark is 0 only for no restore. */
+START_TEST(runs_digest)
+{
+    ps_msg_t m = {.type = PS_MSG_HELLO_REPLY, .flags = PS_FLAG_RUN, .run = 11, .run_origin = 22,
+                  .run_base = 33, .joined_runs = 44}, d;
+    uint8_t buf[512];
+    size_t len;
+    char err[256];
+    ck_assert_int_eq(ps_msg_encode(&m, buf, sizeof buf, &len), 0);
+    ck_assert_int_eq(ps_msg_decode(&d, buf, len, err, sizeof err), 0);
+    ck_assert_uint_eq(d.run, 11);
+    ck_assert_uint_eq(d.run_origin, 22);
+    ck_assert_uint_eq(d.run_base, 33);
+    ck_assert_uint_eq(d.joined_runs, 44);
+    uint64_t a[3] = {5, 6, 7}, b[3] = {5, 6, 8}, sw[3] = {6, 5, 7}, z[1] = {0};
+    uint64_t h = ps_runs_digest(a, 3);
+    ck_assert_uint_ne(h, 0);
+    ck_assert_uint_eq(h, ps_runs_digest(a, 3));
+    ck_assert_uint_ne(h, ps_runs_digest(b, 3));
+    ck_assert_uint_ne(h, ps_runs_digest(sw, 3));
+    ck_assert_uint_ne(h, ps_runs_digest(a, 2));
+    ck_assert_uint_ne(ps_runs_digest(z, 1), 0);
+    ck_assert_uint_eq(ps_run_restored_mark(0), 0);
+    ck_assert_uint_ne(ps_run_restored_mark(22), 0);
+    ck_assert_uint_ne(ps_run_restored_mark(22), ps_run_restored_mark(23));
+}
+END_TEST
+
 /* The session token travels as given (ps_msg_encode_sealed in place of the message's own);
  * a token of another length is refused on receipt. */
 START_TEST(session_token)
@@ -376,6 +406,7 @@ Suite *ps_test_suite(void)
     tcase_add_test(tc, invalid_fields_rejected);
     tcase_add_test(tc, decl_names_utf8);
     tcase_add_test(tc, session_token);
+    tcase_add_test(tc, runs_digest);
     tcase_add_test(tc, replay_tags);
     tcase_add_test(tc, bundle_roundtrip);
     tcase_add_test(tc, bundle_malformed);
