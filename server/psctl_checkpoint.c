@@ -19,6 +19,7 @@
  * that roll the whole cluster back to the checkpoint. */
 #include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -773,9 +774,12 @@ static void print_rollback(const ps_manifest_t *m, const char *dir, uint64_t ste
 {
     printf("psctl: repair: to roll the whole cluster back to step %llu of %s: stop every psd "
            "and every worker, then on each shard's host run:\n", (unsigned long long)step, dir);
+    char mabs[PATH_MAX], dabs[PATH_MAX]; /* absolute: run on each shard's host */
+    const char *mp = realpath(m->path, mabs) ? mabs : m->path;
+    const char *dp = realpath(dir, dabs) ? dabs : dir;
     for (int i = 0; i < m->nservers; i++)
         printf("  mv %s %s.before-rollback && psd --manifest %s --shard %d --restore %s\n",
-               m->servers[i].data_dir, m->servers[i].data_dir, m->path, i, dir);
+               m->servers[i].data_dir, m->servers[i].data_dir, mp, i, dp);
 }
 
 int psctl_repair(const ps_manifest_t *m, const char *dir_in, int rollback, double timeout_s)
@@ -956,8 +960,13 @@ int psctl_restore(const ps_manifest_t *m, const char *dir_in)
            "shard's data_dir aside (mv DIR DIR.old: psd restores only into an empty or missing "
            "one), then start each shard (on its host; each runs until stopped):\n",
            (unsigned long long)step, n, m->path);
+    /* Absolute paths: the commands run on each shard's host, from anywhere (a relative
+     * manifest path given to psctl worked only from its directory; a probe, session 41). */
+    char mabs[PATH_MAX], dabs[PATH_MAX];
+    const char *mp = realpath(m->path, mabs) ? mabs : m->path;
+    const char *dp = realpath(dir, dabs) ? dabs : dir;
     for (int i = 0; i < m->nservers; i++)
-        printf("%s --manifest %s --shard %d --restore %s\n", psd, m->path, i, dir);
+        printf("%s --manifest %s --shard %d --restore %s\n", psd, mp, i, dp);
     free(meta);
     return 0;
 }
