@@ -575,7 +575,7 @@ static int ckpt_req(ps_req_t *ctl, uint32_t shard, ps_msg_type_t type, uint64_t 
                     const char *dir, uint64_t step, uint32_t *flags, char *err, size_t cap)
 {
     ps_msg_t q = {.type = type, .rank = -1, .count = id, .step = step}, r = {0};
-    if (dir) snprintf(q.error, sizeof q.error, "%s", dir);
+    if (dir) snprintf(q.error, sizeof q.error, "%.255s", dir);
     err[0] = '\0';
     int rc = ps_req_call(ctl, shard, &q, &r, NULL, NULL, err, cap);
     if (flags) *flags = r.flags;
