@@ -124,6 +124,8 @@ typedef struct {
     int close_queued;
     int down;          /* lost after the join: reconnecting, pushes and pulls wait */
     int gone;          /* gave up on it: its parts fail */
+    char gone_why[200]; /* why, when it refused this worker back (on_rehello; comm thread):
+                           its parts fail saying so, not "lost the connection" */
     uint64_t down_since_ms;
     uint32_t backoff_ms;
     uv_timer_t timer;  /* the next reconnect attempt */
@@ -1158,8 +1160,13 @@ again:
             if (!p->pending || p->shard != i) continue;
             hit |= op->type == OP_LEAVE; /* done (part_spared): it may complete the op */
             if (!part_spared(c, p, give_up, c->shards[i].ep_gen)) {
-                op_fail(op, PS_ETRANSPORT, "lost the connection to shard %u (%s:%u)", i,
-                        c->m.servers[i].host, c->m.servers[i].port);
+                const cshard_t *s = &c->shards[i];
+                if (s->gone && s->gone_why[0]) /* the caller's last line says why */
+                    op_fail(op, PS_ETRANSPORT, "shard %u (%s:%u) refused this worker back: %s",
+                            i, c->m.servers[i].host, c->m.servers[i].port, s->gone_why);
+                else
+                    op_fail(op, PS_ETRANSPORT, "lost the connection to shard %u (%s:%u)", i,
+                            c->m.servers[i].host, c->m.servers[i].port);
                 hit = 1;
                 break;
             }
@@ -1356,6 +1363,7 @@ static void on_rehello(ps_op_t *op)
          * another secret): this worker's manifest no longer fits it, and asking again cannot
          * change that. */
         PS_LOG(PS_LOG_ERROR, "libps", "shard %u refused this worker back: %s", i, op->err);
+        snprintf(s->gone_why, sizeof s->gone_why, "%.199s", op->err);
         s->gone = 1;
         if (s->ep && !s->dead) s->dead = s->close_queued = 1;
         parts_on_shard(c, i, 1);

@@ -1172,6 +1172,8 @@ START_TEST(test_shard_restored_alone_refused)
     EXPECT_LOG(w, "shard 1 refused this worker back: it came back as another store (restored "
                   "from checkpoint ");
     EXPECT_LOG(w, ") than this worker joined: start every shard from one checkpoint");
+    /* Its failed operation says so too (psworker's last line said "lost the connection"). */
+    EXPECT_LOG(w, ") refused this worker back: it came back as another store");
     cl_proc_t *w2 = cl_worker_start(c, NULL, NULL, false);
     EXPECT_EXIT(w2, 2);
     EXPECT_LOG(w2, "holds a store restored from checkpoint ");
