@@ -1199,6 +1199,10 @@ START_TEST(test_shard_restored_alone_refused)
     cl_proc_t *w4 = cl_worker_start(c, NULL, NULL, false);
     ck_assert_msg(cl_wait_log(psd[0], "runs digest of the workers' joins is now", RUN_S) == 0,
                   "no join recorded: %s", cl_tail(psd[0]));
+    /* Kept in the store: shard 0 killed and started again still has it. */
+    ck_assert_int_eq(cl_signal(psd[0], SIGKILL), 0);
+    cl_wait(psd[0], RUN_S);
+    psd[0] = cl_psd_start(c, 0, NULL, READY_S);
     ck_assert_int_eq(cl_signal(psd[1], SIGKILL), 0);
     cl_wait(psd[1], RUN_S);
     snprintf(aside, sizeof aside, "%s.again", c->data_dir[1]);
