@@ -1623,6 +1623,30 @@ void psd_coord_on_launch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
 
 /* ---- state ---------------------------------------------------------------------- */
 
+/* The first start after psd --restore of a bsp checkpoint whose saved state has its last step
+ * open (rc_step = the checkpoint's step - 1): the ranks every chunk applied that step with
+ * (PSD_RESTORE_APPLIED_BLOB, from every part's applied records) are settled, not pending.
+ * Before, each of the checkpoint's members counted as possibly not applied everywhere; none
+ * comes back after a restore, so each removal handed its batch out again as a replay that
+ * every chunk then skipped: a step of batches spent for nothing, and with two or more workers
+ * one update split in two (a restore lost a step of job.max_steps). */
+static void restored_applied(psd_server_t *srv)
+{
+    psd_coord_t *co = srv->coord;
+    psd_restore_applied_t ra;
+    size_t len = 0;
+    if (co->rec.rc_pending == 0 || co->rec.rc_step + 1 != srv->run.base_step ||
+        psd_store_get_blob(&srv->store, PSD_RESTORE_APPLIED_BLOB, &ra, sizeof ra, &len) != 0 ||
+        len != sizeof ra || ra.step != co->rec.rc_step)
+        return;
+    uint64_t done = co->rec.rc_pending & ra.members;
+    co->rec.rc_pending &= ~done;
+    PS_LOG(PS_LOG_INFO, "coord", "restored: step %llu was applied with the pushes of %u of its "
+           "%u members on every chunk; %u batch(es) of it go out again if their ranks do not "
+           "come back", (unsigned long long)ra.step, popcount(done), popcount(co->rec.rc_view),
+           popcount(co->rec.rc_pending));
+}
+
 int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, const void *rec,
                      size_t rec_len)
 {
@@ -1772,6 +1796,7 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
                         co->rec.rc_pending |= 1ull << r;
                     }
                 }
+                restored_applied(srv);
             }
             while (co->s.step < applied && !co->s.finished) close_step(srv);
             /* The members it had get the open step's batches, as its close would have given

@@ -194,6 +194,9 @@ int psd_restore_fill(psd_server_t *srv, const char *dir, char *err, size_t errle
     ps_decl_t *decl = NULL; /* by id; name[0] == 0: absent */
     uint32_t ndecl = 0;
     uint64_t want = 0, got = 0, bytes = 0;
+    /* bsp: the ranks every chunk of the checkpoint (all parts) applied step - 1 with, and how
+     * many chunks' records told it, of @c total (PSD_RESTORE_APPLIED_BLOB) */
+    uint64_t all_applied = ~0ull, told = 0, total = 0;
     psd_wtxn_t tx;
     psd_ckpt_src_t s = {0};
     /* Committed before the fill and deleted in its transaction: a psd killed in between leaves
@@ -261,6 +264,7 @@ int psd_restore_fill(psd_server_t *srv, const char *dir, char *err, size_t errle
                     uint32_t nc = ps_chunk_count(numel, srv->chunk_elems);
                     for (uint32_t c = 0; c < nc; c++)
                         want += ps_place_shard(d.first_chunk + c, srv->nshards) == srv->shard;
+                    total += nc;
                 } else if (srv->shard == 0 && k.mv_size == 4 && memcmp(kp, "Mjob", 4) == 0) {
                     rc = psd_store_put_blob(&tx, "job", v.mv_data, v.mv_size);
                 } else if (srv->shard == 0 && k.mv_size == 7 && memcmp(kp, "Mjobrec", 7) == 0) {
@@ -301,6 +305,13 @@ int psd_restore_fill(psd_server_t *srv, const char *dir, char *err, size_t errle
                  * where it was, as after a restart (shard.c, replay_had). Loaded and checked
                  * like any stored one when psd opens the store. */
                 uint32_t t = psd_ckpt_rd32(kp + 1), c = psd_ckpt_rd32(kp + 5);
+                uint64_t members;
+                if (bsp && step != UINT64_MAX && step > 0 && t < ndecl &&
+                    decl[t].name[0] != '\0' &&
+                    psd_shard_summed_members(v.mv_data, v.mv_size, step, step - 1, &members)) {
+                    all_applied &= members;
+                    told++;
+                }
                 if (t < ndecl && decl[t].name[0] != '\0' &&
                     ps_place_shard(decl[t].first_chunk + c, srv->nshards) == srv->shard &&
                     (rc = psd_store_put_applied(&tx, t, c, v.mv_data, v.mv_size)) != 0) {
@@ -385,6 +396,12 @@ int psd_restore_fill(psd_server_t *srv, const char *dir, char *err, size_t errle
     uint64_t mark = ps_run_restored_mark(run.origin); /* every shard of this restore's */
     if (rc == 0) rc = psd_run_put(&tx, &run);
     if (rc == 0) rc = psd_store_put_blob(&tx, PSD_JOINED_BLOB, &mark, sizeof mark);
+    if (rc == 0 && srv->shard == 0 && told == total && total > 0) {
+        /* Every chunk's record told who it applied the checkpoint's last step with: those
+         * ranks' batches of it are done everywhere (psd_coord_create). */
+        psd_restore_applied_t ra = {.step = step - 1, .members = all_applied};
+        rc = psd_store_put_blob(&tx, PSD_RESTORE_APPLIED_BLOB, &ra, sizeof ra);
+    }
     if (rc == 0) rc = psd_store_del_blob(&tx, PSD_RESTORING);
     if (rc) {
         psd_store_abort(&tx);

@@ -14,6 +14,16 @@
 #define PSD_RUN_BLOB "run" /* metadata key "Mrun": psd_run_t, host byte order */
 #define PSD_JOINED_BLOB "joined" /* "Mjoined": the runs digest this shard keeps (ps_runs_digest,
                                     proto/wire.h), a uint64_t; absent: 0 */
+/* "Mrapplied" (bsp; shard 0's store, written by psd --restore): the checkpoint's last step
+ * (its step - 1) and the ranks whose pushes of it every chunk of the checkpoint applied (by
+ * their applied records, every shard's part read). psd_coord_create hands a member's batch of
+ * that step out again only when its rank is not among them. Absent: not known (a chunk
+ * without a record, an asp job, a checkpoint at step 0). */
+#define PSD_RESTORE_APPLIED_BLOB "rapplied"
+typedef struct {
+    uint64_t step;
+    uint64_t members;
+} psd_restore_applied_t;
 
 typedef struct {
     uint64_t id;        /* random, never 0 */

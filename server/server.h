@@ -611,6 +611,12 @@ void psd_server_maybe_stop(psd_server_t *srv);
 /* shard.c */
 /** @brief Load the tensor table and chunk versions from the store. */
 int psd_shard_load(psd_server_t *srv);
+/** @brief bsp: the ranks whose pushes the apply of step @p step summed, by a chunk's stored
+ *  applied record (@p val, @p len bytes; key 'D', any form psd wrote) on a chunk at
+ *  @p version, into @p members. Returns false when the record does not tell (an asp record,
+ *  another form, a step it does not cover); reads @p val only. */
+bool psd_shard_summed_members(const void *val, size_t len, uint64_t version, uint64_t step,
+                              uint64_t *members);
 /** @brief Free the in-memory tensor table and chunk buffers. */
 void psd_shard_free(psd_server_t *srv);
 void psd_shard_on_declare(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg);

@@ -277,14 +277,62 @@ typedef struct {
     uint64_t step, members;
 } summed_rec_v1_t;
 
+/* A bsp applied record @p val (any of the forms above) as the current one, in @p rec; false for
+ * another length (asp's record, or not one psd wrote). */
+static bool summed_parse(const void *val, size_t len, summed_rec_t *rec)
+{
+    *rec = (summed_rec_t){0};
+    if (len == sizeof *rec || len == sizeof(summed_rec_v2_t)) {
+        memcpy(rec, val, len);
+    } else if (len == sizeof(summed_rec_v1_t)) {
+        /* the form stored before session 25: a ring that knows its own step only */
+        summed_rec_v1_t v1;
+        memcpy(&v1, val, sizeof v1);
+        rec->step = rec->from = v1.step;
+        rec->members[v1.step % PSD_SUMMED_RING] = v1.members;
+    } else {
+        return false;
+    }
+    return true;
+}
+
+/* The first step @p rec tells for a chunk at @p version (its ring, then the chunk's). */
+static uint64_t summed_first(const summed_rec_t *rec, uint64_t version)
+{
+    uint64_t from = rec->from;
+    if (rec->step + 1 > PSD_SUMMED_RING && from < rec->step + 1 - PSD_SUMMED_RING)
+        from = rec->step + 1 - PSD_SUMMED_RING;
+    if (version > PSD_SUMMED_RING && from < version - PSD_SUMMED_RING)
+        from = version - PSD_SUMMED_RING;
+    return from;
+}
+
+/* Step @p s's apply members by @p rec (s in [summed_first, version)): the ring's up to
+ * rec->step; the applies after it had its members, and skipped no step (one that did wrote a
+ * record). */
+static uint64_t summed_at(const summed_rec_t *rec, uint64_t s)
+{
+    return rec->members[(s <= rec->step ? s : rec->step) % PSD_SUMMED_RING];
+}
+
+bool psd_shard_summed_members(const void *val, size_t len, uint64_t version, uint64_t step,
+                              uint64_t *members)
+{
+    summed_rec_t rec;
+    if (!summed_parse(val, len, &rec) || rec.step >= version || step >= version ||
+        step < summed_first(&rec, version))
+        return false;
+    *members = summed_at(&rec, step);
+    return true;
+}
+
 static void on_load_applied(void *arg, uint32_t t, uint32_t c, const void *val, size_t len)
 {
     psd_server_t *srv = arg;
     psd_chunk_t *ch = t < srv->ntensors && srv->tensors[t].present && c < srv->tensors[t].nchunks
                           ? srv->tensors[t].chunks[c]
                           : NULL;
-    summed_rec_t rec = {0};
-    summed_rec_v1_t v1;
+    summed_rec_t rec;
     if (ch && len == sizeof *ch->applied) {
         if (ch->applied) memcpy(ch->applied, val, len); /* else bsp now: not needed */
     } else if (ch && len == PS_MAX_RANKS * 2 * sizeof(uint64_t)) {
@@ -296,28 +344,13 @@ static void on_load_applied(void *arg, uint32_t t, uint32_t c, const void *val, 
             memcpy(&ch->applied->done[r].who, p + 16 * r, 8);
             memcpy(&ch->applied->done[r].req, p + 16 * r + 8, 8);
         }
-    } else if (ch && (len == sizeof rec || len == sizeof(summed_rec_v2_t) || len == sizeof v1)) {
-        /* bsp: the ring as the apply of rec.step left it; the applies after it had its members,
-         * and skipped no step (one that did wrote a record). The form stored before session 25
-         * is a ring that knows its own step only. */
-        if (len == sizeof rec || len == sizeof(summed_rec_v2_t)) {
-            memcpy(&rec, val, len);
-        } else {
-            memcpy(&v1, val, sizeof v1);
-            rec.step = rec.from = v1.step;
-            rec.members[v1.step % PSD_SUMMED_RING] = v1.members;
-        }
+    } else if (ch && summed_parse(val, len, &rec)) {
+        /* bsp: the ring as the apply of rec.step left it (summed_at). */
         if (rec.step >= ch->version) return; /* written by an apply that did not commit? */
-        uint64_t from = rec.from;
-        if (rec.step + 1 > PSD_SUMMED_RING && from < rec.step + 1 - PSD_SUMMED_RING)
-            from = rec.step + 1 - PSD_SUMMED_RING;
-        if (ch->version > PSD_SUMMED_RING && from < ch->version - PSD_SUMMED_RING)
-            from = ch->version - PSD_SUMMED_RING;
-        uint64_t last = rec.members[rec.step % PSD_SUMMED_RING];
+        uint64_t from = summed_first(&rec, ch->version);
         ch->skipped = rec.skipped <= ch->version ? rec.skipped : 0;
         for (uint64_t s = from; s < ch->version; s++)
-            ch->summed[s % PSD_SUMMED_RING] = s <= rec.step ? rec.members[s % PSD_SUMMED_RING]
-                                                            : last;
+            ch->summed[s % PSD_SUMMED_RING] = summed_at(&rec, s);
         ch->summed_from = from;
     } else
         PS_LOG(PS_LOG_WARN, "shard", "stored applied-push record of %u/%u (%zu bytes) fits no "

@@ -969,6 +969,52 @@ START_TEST(test_restore_after_member_left_mid_step)
 }
 END_TEST
 
+/* bsp: a checkpoint taken while two workers train (nobody leaves), restored with new workers.
+ * The checkpoint's coordinator state has its last step open (saved as that step's apply
+ * began), so the restored coordinator took every member of it as possibly not applied
+ * everywhere; none came back, and each removal handed its batch out again as a replay that
+ * every chunk skipped: a step of batches spent for nothing and one more step than the job has.
+ * The chunks' applied records (every part's) say both ranks' pushes of it were applied: the
+ * job ends at its 20th step with no replay skipped. */
+START_TEST(test_restore_clean_bsp_no_replays)
+{
+    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = "bsp",
+                   .optimizer = "{name: sgd, lr: 1}",
+                   .job_extra = "  heartbeat_timeout_ms: 1000\n"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    char nb[] = "40", bs[] = "8", plan[] = "plan:1@1000/1", ord[] = "ab"; /* no death */
+    char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, plan, ord, NULL};
+    setenv("REPLAY_NAP_MS", "150", 1);
+    cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
+    unsetenv("REPLAY_NAP_MS");
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg(cl_wait_log(w[i], "at step 3", RUN_S) == 0, "%s", cl_tail(w[i]));
+    char ckdir[CL_PATH];
+    checkpoint_now(c, ckdir);
+    for (int i = 0; i < 2; i++) {
+        cl_signal(w[i], SIGKILL);
+        cl_wait(w[i], RUN_S);
+    }
+    stop_all(psd, 2);
+    cl_data_dirs_aside(c, "trained");
+    cl_restore_start(c, c->manifest, 2, ckdir, psd, READY_S);
+    EXPECT_LOG(psd[0], "with the pushes of 2 of its 2 members on every chunk");
+    new_workers_finish(c, argv);
+    coord_t co;
+    coord_open(&co, c);
+    for (uint32_t s = 0; s < 2; s++) {
+        char *j = shard_status(&co, s);
+        ck_assert_msg(j && jnum(j, "replays_skipped") == 0 && jnum(j, "step") == 20,
+                      "shard %u: want step 20 and no replay skipped: %s", s, j ? j : "-");
+        free(j);
+    }
+    coord_close(&co);
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* The same under asp: rank 1 stops (SIGSTOP) after its push of replay.a of a batch, rank 0
  * before its pushes of a later one, and a checkpoint is asked for meanwhile. It waits for the
  * batches in flight (an asp checkpoint is a cut), i.e. until both are dropped after the
@@ -2248,6 +2294,7 @@ Suite *ps_test_suite(void)
     ADD(kill9_last_step_coordinator_restarted);
     ADD(kill9_join_handout_not_saved);
     ADD(restore_after_member_left_mid_step);
+    ADD(restore_clean_bsp_no_replays);
     ADD(restore_asp_batch_part_pushed);
     ADD(restore_asp_checkpoint_is_cut);
     ADD(asp_checkpoint_asked_again_one_user);
