@@ -413,6 +413,15 @@ static int write_params(const trainer_t *tr, FILE *f, const char *tmp, const cha
  * pslaunch does not start a worker again on. */
 static bool refused(int rc) { return rc == PS_ECONFIG || rc == PS_EAUTH; }
 
+/* The exit code of a join (or a join again) that failed with @p rc: a signal's, 2 for the
+ * shards' refusal (a store restored alone, another manifest: pslaunch does not start it
+ * again), else 1. */
+static int join_exit_code(int rc)
+{
+    if (g_stop) return 128 + g_stop; /* a signal ended the join */
+    return refused(rc) ? 2 : 1;
+}
+
 static int run_self_test(const char *manifest, const ps_manifest_t *m)
 {
     char err[1024];
@@ -689,9 +698,7 @@ int main(int argc, char **argv)
     } else {
         if ((rc = join_cluster(&tr, manifest, err, sizeof err)) != 0) {
             fprintf(stderr, "psworker: %s\n", err);
-            if (g_stop) exit_code = 128 + g_stop; /* a signal ended the join */
-            else if (refused(rc))
-                exit_code = 2; /* a manifest (or secret) the shards refuse */
+            exit_code = join_exit_code(rc);
             goto out;
         }
         ps_batch_info_t b, done = {0};
@@ -719,7 +726,10 @@ int main(int argc, char **argv)
                 if (pulled_ahead) pull_finish(&tr, NULL);
                 pulled_ahead = have_done = 0;
                 pulled_version = UINT64_MAX;
-                if (rejoin(&tr, manifest, "", "")) goto out;
+                if ((rc = rejoin(&tr, manifest, "", "")) != 0) {
+                    exit_code = join_exit_code(rc);
+                    goto out;
+                }
                 continue;
             }
             if (rc) {
@@ -782,7 +792,10 @@ int main(int argc, char **argv)
         if (rc == PS_ENOTMEMBER && !g_stop) {
             /* Dropped as silent right as the job finished: the parameters are still there
              * for a new member to pull (a job complete hands it no batch). */
-            if (rejoin(&tr, manifest, " before its final pull", " to pull")) goto out;
+            if ((rc = rejoin(&tr, manifest, " before its final pull", " to pull")) != 0) {
+                exit_code = join_exit_code(rc);
+                goto out;
+            }
             rc = pull_all(&tr, final, NULL);
         }
         if (rc && !g_stop) {

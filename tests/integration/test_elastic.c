@@ -1378,6 +1378,33 @@ START_TEST(test_sigstop_rejoins)
 }
 END_TEST
 
+/* A worker dropped while stopped whose join again is refused (its manifest now names another
+ * cluster: edited meanwhile) exits 2, as a first join refused so does, and pslaunch does not
+ * start it again; before, 1 ("a refused rejoin exits 1", the probe of session 41). */
+START_TEST(test_sigstop_rejoin_refused_exits_2)
+{
+    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 16, .epochs = 4,
+                   .job_extra = "  heartbeat_timeout_ms: 500\n  train_samples: 12000\n"};
+    cl_proc_t *psd[2], *w[2];
+    coord_t co;
+    cl_cluster_t *c = start_2x2(&k, psd, w, &co);
+    wait_num(&co, "open_step", 30, 0, RUN_S);
+    ck_assert_int_eq(cl_signal(w[1], SIGSTOP), 0);
+    ck_assert_msg(cl_wait_log(psd[0], "left at step", RUN_S) == 0,
+                  "shard 0 never dropped the stopped worker: %s", cl_tail(psd[0]));
+    char other[CL_PATH];
+    cl_manifest_other_cluster(c, other);
+    ck_assert_int_eq(rename(other, c->manifest), 0);
+    ck_assert_int_eq(cl_signal(w[1], SIGCONT), 0);
+    EXPECT_EXIT(w[1], 2);
+    EXPECT_LOG(w[1], "was removed from the job; joining again");
+    EXPECT_EXIT(w[0], 0);
+    coord_close(&co);
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* A request connection left idle for longer than its timeout still gets answers (its loop's
  * clock stood still meanwhile: every call used to time out at once after such a spell). */
 START_TEST(test_status_after_idle)
@@ -2304,6 +2331,7 @@ Suite *ps_test_suite(void)
     ADD(periodic_asp_checkpoint_skipped_when_stuck);
     ADD(asp_checkpoints_at_once);
     ADD(sigstop_rejoins);
+    ADD(sigstop_rejoin_refused_exits_2);
     ADD(all_leave_then_one_joins);
     ADD(confused_member_refused);
     ADD(ssp_joiner_starts_at_slowest);
