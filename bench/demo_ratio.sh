@@ -5,13 +5,14 @@
 # without (fusion_bytes: 0). Each configuration runs --reps times, alternating; the median
 # wall time of each is reported, and the ratios.
 # Usage: bench/demo_ratio.sh [--epochs N] [--workers W] [--shards S] [--reps R] [--build DIR]
-#        [--fused-only] [--chunk-bytes N]
+#        [--fused-only] [--chunk-bytes N] [--device cpu|cuda[:N]]
 # (--build: the build directory whose binaries run, default build/ of this checkout;
+# --device: every process computes there, the lone one and the cluster's workers alike;
 # --fused-only: skip the fusion_bytes: 0 runs, e.g. for a build that predates fusion;
 # --chunk-bytes: the manifest's chunk_bytes, default 262144 as the demo's)
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-epochs=3 workers=4 shards=2 reps=3 build="" unfused=1 chunk=262144
+epochs=3 workers=4 shards=2 reps=3 build="" unfused=1 chunk=262144 device=cpu
 while [ $# -gt 0 ]; do
     case "$1" in
     --epochs) epochs=$2; shift 2 ;;
@@ -21,7 +22,8 @@ while [ $# -gt 0 ]; do
     --build) build=$(cd "$2" && pwd); shift 2 ;;
     --fused-only) unfused=0; shift ;;
     --chunk-bytes) chunk=$2; shift 2 ;;
-    *) echo "usage: $0 [--epochs N] [--workers W] [--shards S] [--reps R] [--build DIR] [--fused-only] [--chunk-bytes N]" >&2
+    --device) device=$2; shift 2 ;;
+    *) echo "usage: $0 [--epochs N] [--workers W] [--shards S] [--reps R] [--build DIR] [--fused-only] [--chunk-bytes N] [--device cpu|cuda[:N]]" >&2
        exit 2 ;;
     esac
 done
@@ -59,7 +61,8 @@ run_local() {
     manifest "$tmp/m.yaml" default
     local t0 t1
     t0=$(now)
-    "$bin/worker/psworker" --manifest "$tmp/m.yaml" --local --metrics-out "$tmp/local.jsonl" \
+    "$bin/worker/psworker" --manifest "$tmp/m.yaml" --local --device "$device" \
+        --metrics-out "$tmp/local.jsonl" \
         >"$tmp/local.log" 2>&1 ||
         { cat "$tmp/local.log" >&2; return 1; }
     t1=$(now)
@@ -80,7 +83,7 @@ run_cluster() {
     t0=$(now)
     rm -rf "$tmp/metrics"
     mkdir -p "$tmp/metrics"
-    "$bin/worker/pslaunch" --manifest "$tmp/m.yaml" --workers "$workers" \
+    "$bin/worker/pslaunch" --manifest "$tmp/m.yaml" --workers "$workers" --device "$device" \
         --metrics-dir "$tmp/metrics" >"$tmp/launch.log" 2>&1
     rc=$?
     t1=$(now)
@@ -126,8 +129,8 @@ tl=$(median <"$tmp/local.t"); tf=$(median <"$tmp/fused.t"); ts=$(median <"$tmp/s
 cf=$(tr ' ' '\n' <"$tmp/fused.cpu" | grep . | median); cs=$(tr ' ' '\n' <"$tmp/single.cpu" | grep . | median)
 samples=$((60000 * epochs))
 rl=$(median <"$tmp/local.r"); rf=$(median <"$tmp/fused.r"); rs=$(median <"$tmp/single.r")
-printf 'demo_ratio: %d epochs, %d workers x %d shards, median of %d (load average %s)\n' \
-    "$epochs" "$workers" "$shards" "$reps" "$(cut -d' ' -f1 /proc/loadavg)"
+printf 'demo_ratio: %d epochs, %d workers x %d shards, on %s, median of %d (load average %s)\n' \
+    "$epochs" "$workers" "$shards" "$device" "$reps" "$(cut -d' ' -f1 /proc/loadavg)"
 printf '  %-36s %10s %14s %8s %14s %8s %8s\n' "" "wall s" "samples/s" "ratio" \
     "steady samp/s" "ratio" "CPU s"
 row() { # name wall steady cpu
