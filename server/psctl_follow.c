@@ -160,7 +160,63 @@ static void set_aside(const ps_manifest_t *m, const char *base, const char *run,
     fflush(stdout);
 }
 
-/* Keep the newest @p keep complete checkpoints of this cluster in @p base; remove the rest. */
+/* Whether @p dir holds nothing but psctl's cancel marks (D/cancelled-ID) and empty shard-J
+ * directories, at least one mark: what a checkpoint psctl gave up while a shard did not answer
+ * leaves (psctl_checkpoint.c). */
+static int cancelled_only(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (d == NULL) return 0;
+    int marks = 0, other = 0;
+    struct dirent *e;
+    while (!other && (e = readdir(d)) != NULL) {
+        const char *nm = e->d_name;
+        if (strcmp(nm, ".") == 0 || strcmp(nm, "..") == 0) continue;
+        char sub[PS_PATH_MAX + 256];
+        snprintf(sub, sizeof sub, "%s/%.60s", dir, nm);
+        if (strncmp(nm, PSD_CKPT_CANCELLED, strlen(PSD_CKPT_CANCELLED)) == 0) {
+            marks++;
+        } else if (strncmp(nm, "shard-", 6) == 0) {
+            DIR *sd = opendir(sub);
+            struct dirent *se;
+            while (sd && (se = readdir(sd)) != NULL)
+                other |= strcmp(se->d_name, ".") != 0 && strcmp(se->d_name, "..") != 0;
+            other |= sd == NULL;
+            if (sd) closedir(sd);
+        } else {
+            other = 1;
+        }
+    }
+    closedir(d);
+    return marks > 0 && !other;
+}
+
+/* Remove @p dir, which cancelled_only() found holding marks and empty shard-J directories;
+ * 0 or -errno (what is left stays). */
+static int remove_cancelled(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (d == NULL) return -errno;
+    int rc = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        const char *nm = e->d_name;
+        if (strcmp(nm, ".") == 0 || strcmp(nm, "..") == 0) continue;
+        char sub[PS_PATH_MAX + 256];
+        snprintf(sub, sizeof sub, "%s/%.60s", dir, nm);
+        int shard = strncmp(nm, "shard-", 6) == 0;
+        if ((shard ? rmdir(sub) : unlink(sub)) != 0 && rc == 0) rc = -errno;
+    }
+    closedir(d);
+    if (rc == 0 && rmdir(dir) != 0) rc = -errno;
+    return rc;
+}
+
+/* Keep the newest @p keep complete checkpoints of this cluster in @p base; remove the rest,
+ * and the directories of cancelled checkpoints that hold only psctl's marks (cancelled_only).
+ * Called after a checkpoint completed: every shard took its arm, and a shard's arm drops a
+ * cancelled checkpoint it still held (checkpoint.c), so no shard looks for those marks any
+ * more; before, such directories piled up while a shard was unreachable. */
 static void prune(const ps_manifest_t *m, const char *base, uint32_t keep)
 {
     DIR *d = opendir(base);
@@ -175,7 +231,17 @@ static void prune(const ps_manifest_t *m, const char *base, uint32_t keep)
         snprintf(dir, sizeof dir, "%s/%.60s", base, nm);
         uint32_t nsh = 0;
         uint64_t step = recognise(m, dir, &nsh);
-        if (step == UINT64_MAX) continue;
+        if (step == UINT64_MAX) {
+            if (!cancelled_only(dir)) continue;
+            int rc = remove_cancelled(dir);
+            if (rc)
+                fprintf(stderr, "psctl: follow: cannot remove %s, a cancelled checkpoint's "
+                        "marks: %s\n", dir, strerror(-rc));
+            else
+                printf("psctl: follow: removed %s: only the marks of a cancelled checkpoint "
+                       "were left there\n", dir);
+            continue;
+        }
         if (n == cap) {
             cap = cap ? 2 * cap : 16;
             kept_t *na = realloc(all, cap * sizeof *all);

@@ -1738,6 +1738,27 @@ START_TEST(test_periodic_checkpoints)
         nanosleep(&ts, NULL);
     }
     ck_assert_int_eq(count_in_log(psd[0], "psctl: follow: checkpoints of cluster"), 2);
+    /* What checkpoints psctl gave up while a shard did not answer leave: step-3 holds only a
+     * cancel mark and an empty part directory (removed at the next prune), step-7 a mark
+     * beside a part the shard had written (kept: restore and verify refuse it, a person
+     * decides). Before, the prune left both. */
+    char base[CL_PATH + 32], names[16][64], plant[CL_PATH + 96];
+    snprintf(base, sizeof base, "%s/../checkpoints", c->data_dir[0]);
+    mkdir(base, 0755);
+    const char *planted[] = {"step-3", "step-3/shard-1", "step-7", "step-7/shard-0"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(plant, sizeof plant, "%s/%s", base, planted[i]);
+        ck_assert_msg(mkdir(plant, 0755) == 0, "mkdir %s: %s", plant, strerror(errno));
+    }
+    const char *files[] = {"step-3/cancelled-00000000000000aa", "step-7/cancelled-00000000000000bb",
+                           "step-7/shard-0/data.mdb"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(plant, sizeof plant, "%s/%s", base, files[i]);
+        FILE *f = fopen(plant, "w");
+        ck_assert_ptr_nonnull(f);
+        fputs("planted by the test\n", f);
+        fclose(f);
+    }
     cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
     EXPECT_EXIT(w, 0);
     /* The job is finished: the follower takes step 50's checkpoint, prunes, and exits 0. */
@@ -1750,18 +1771,18 @@ START_TEST(test_periodic_checkpoints)
     }
     EXPECT_LOG(psd[0], "psctl: follow: the job is finished: stopping after 5 checkpoints");
     ck_assert_int_eq(count_in_log(psd[0], "psctl: follow: removed checkpoint "), 3);
+    EXPECT_LOG(psd[0], "/step-3: only the marks of a cancelled checkpoint were left there");
 
-    /* Exactly the two newest remain, and each verifies clean. */
-    char base[CL_PATH + 32], names[16][64];
-    snprintf(base, sizeof base, "%s/../checkpoints", c->data_dir[0]);
+    /* Exactly the two newest remain (and step-7's leftovers), and each verifies clean. */
     DIR *d = opendir(base);
     ck_assert_msg(d != NULL, "no %s", base);
     int n = 0;
     for (struct dirent *e; (e = readdir(d)) != NULL && n < 16;)
         if (e->d_name[0] != '.') snprintf(names[n++], sizeof names[0], "%.60s", e->d_name);
     closedir(d);
-    ck_assert_msg(n == 2 && listed(names, n, "step-40") && listed(names, n, "step-50"),
-                  "%d entries in %s, want step-40 and step-50 (first: %s)", n, base,
+    ck_assert_msg(n == 3 && listed(names, n, "step-40") && listed(names, n, "step-50") &&
+                      listed(names, n, "step-7"),
+                  "%d entries in %s, want step-7, step-40 and step-50 (first: %s)", n, base,
                   n ? names[0] : "-");
     for (int s = 40; s <= 50; s += 10) {
         char dir[CL_PATH + 64], line[64];
