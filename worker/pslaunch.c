@@ -267,8 +267,11 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
             }
     }
     ps_req_close(ctl);
-    if (failures) fprintf(stderr, "pslaunch: %d worker(s) died (the coordinator grants "
-                                  "replacements while the job needs them)\n", failures);
+    if (failures)
+        fprintf(stderr, "pslaunch: %d worker(s) died%s\n", failures,
+                refused ? " besides (none replaced once one refused its manifest: exit 2)"
+                : g_sig ? ""
+                        : " (the coordinator grants replacements while the job needs them)");
     return g_sig ? 128 + g_sig : refused ? 2 : 0;
 }
 

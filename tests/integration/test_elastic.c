@@ -1815,11 +1815,13 @@ START_TEST(test_scale_other_cluster_refused)
     ck_assert_int_eq(coord_num(&co, "actual_workers"), 0);
     coord_close(&co);
     /* Workers that refuse their manifest (exit 2, as psworker does) are not started again and
-     * again: pslaunch --follow stops and exits 2. */
+     * again: pslaunch --follow stops and exits 2. The first worker fails otherwise (exit 1):
+     * pslaunch's last line counts it without promising a replacement (before: "(the
+     * coordinator grants replacements while the job needs them)" after it said it exits 2). */
     char refuse[CL_PATH];
     cl_path(c, "refuse.sh", refuse, sizeof refuse);
     FILE *f = fopen(refuse, "w");
-    fputs("#!/bin/sh\nexit 2\n", f);
+    fputs("#!/bin/sh\nmkdir \"$0.first\" 2>/dev/null && exit 1\nsleep 0.3\nexit 2\n", f);
     fclose(f);
     ck_assert_int_eq(chmod(refuse, 0700), 0);
     char *lr[] = {(char *)cl_binary("PSLAUNCH"), "--manifest", c->manifest, "--follow",
@@ -1827,6 +1829,8 @@ START_TEST(test_scale_other_cluster_refused)
     cl_proc_t *l2 = cl_spawn(c, "pslaunch-refused", lr);
     EXPECT_EXIT(l2, 2);
     EXPECT_LOG(l2, "refused its manifest or arguments (exit 2");
+    EXPECT_LOG(l2, "1 worker(s) died besides (none replaced once one refused its manifest");
+    ck_assert_msg(count_in_log(l2, "grants replacements") == 0, "%s", cl_tail(l2));
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }
