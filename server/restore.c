@@ -195,8 +195,11 @@ int psd_restore_fill(psd_server_t *srv, const char *dir, char *err, size_t errle
     uint32_t ndecl = 0;
     uint64_t want = 0, got = 0, bytes = 0;
     /* bsp: the ranks every chunk of the checkpoint (all parts) applied step - 1 with, and how
-     * many chunks' records told it, of @c total (PSD_RESTORE_APPLIED_BLOB) */
-    uint64_t all_applied = ~0ull, told = 0, total = 0;
+     * many chunks' records told it, of @c total (PSD_RESTORE_APPLIED_BLOB); @c seen: which
+     * chunks did (tensor t's chunk c at cbase[t] + c), so that a chunk with two records counts
+     * once. Without the memory for them no blob is written (every rank stays pending). */
+    uint64_t all_applied = ~0ull, told = 0, total = 0, *cbase = NULL;
+    uint8_t *seen = NULL;
     psd_wtxn_t tx;
     psd_ckpt_src_t s = {0};
     /* Committed before the fill and deleted in its transaction: a psd killed in between leaves
@@ -277,6 +280,16 @@ int psd_restore_fill(psd_server_t *srv, const char *dir, char *err, size_t errle
                          "%s", dir, mdb_strerror(mrc));
                 rc = PS_ESTORE;
             }
+            if (rc == 0 && bsp && srv->shard == 0 && total &&
+                (cbase = calloc(ndecl, sizeof *cbase)) != NULL &&
+                (seen = calloc(total, 1)) != NULL) {
+                uint64_t at = 0;
+                for (uint32_t t = 0; t < ndecl; t++) {
+                    cbase[t] = at;
+                    if (decl[t].name[0] != '\0')
+                        at += ps_chunk_count(ps_decl_numel(&decl[t]), srv->chunk_elems);
+                }
+            }
         }
         psd_ckpt_others_t others;
         psd_ckpt_others_init(&others);
@@ -306,11 +319,12 @@ int psd_restore_fill(psd_server_t *srv, const char *dir, char *err, size_t errle
                  * like any stored one when psd opens the store. */
                 uint32_t t = psd_ckpt_rd32(kp + 1), c = psd_ckpt_rd32(kp + 5);
                 uint64_t members;
-                if (bsp && step != UINT64_MAX && step > 0 && t < ndecl &&
+                if (seen && step != UINT64_MAX && step > 0 && t < ndecl &&
                     decl[t].name[0] != '\0' &&
                     psd_shard_summed_members(v.mv_data, v.mv_size, step, step - 1, &members)) {
                     all_applied &= members;
-                    told++;
+                    told += !seen[cbase[t] + c];
+                    seen[cbase[t] + c] = 1;
                 }
                 if (t < ndecl && decl[t].name[0] != '\0' &&
                     ps_place_shard(decl[t].first_chunk + c, srv->nshards) == srv->shard &&
@@ -393,6 +407,8 @@ int psd_restore_fill(psd_server_t *srv, const char *dir, char *err, size_t errle
         rc = PS_ESTORE;
     }
     free(decl);
+    free(seen);
+    free(cbase);
     uint64_t mark = ps_run_restored_mark(run.origin); /* every shard of this restore's */
     if (rc == 0) rc = psd_run_put(&tx, &run);
     if (rc == 0) rc = psd_store_put_blob(&tx, PSD_JOINED_BLOB, &mark, sizeof mark);
