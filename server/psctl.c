@@ -48,6 +48,8 @@ typedef struct {
     shard_t *shards;
     int pending;
     uv_timer_t timeout;
+    uv_timer_t check; /* status(): polls for every answer; closed in main's last uv_run, so
+                         not on status()'s stack (a debug build aborted in uv__finish_close) */
     const char *manifest_path; /* as given (status names it in the commands it suggests) */
 } ctl_t;
 
@@ -210,14 +212,13 @@ static int status(ctl_t *ctl, int json, double timeout_s)
 {
     int n = ctl->m.nservers;
     for (int i = 0; i < n; i++) ask(ctl, i);
-    uv_timer_t check;
-    uv_timer_init(&ctl->loop, &check);
-    check.data = ctl;
-    uv_timer_start(&check, on_check, 10, 10);
+    uv_timer_init(&ctl->loop, &ctl->check);
+    ctl->check.data = ctl;
+    uv_timer_start(&ctl->check, on_check, 10, 10);
     uv_timer_init(&ctl->loop, &ctl->timeout);
     uv_timer_start(&ctl->timeout, on_timeout, (uint64_t)(timeout_s * 1000), 0);
     uv_run(&ctl->loop, UV_RUN_DEFAULT);
-    uv_close((uv_handle_t *)&check, NULL);
+    uv_close((uv_handle_t *)&ctl->check, NULL);
     uv_close((uv_handle_t *)&ctl->timeout, NULL);
     /* A shard of another cluster (a manifest that names its address by mistake) is not one of
      * this job's: refused as scale refuses it, not shown as if it were. */
