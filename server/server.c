@@ -957,7 +957,7 @@ static void transport_restart(psd_server_t *srv, uint64_t stuck_ns)
     if (rc == 0) rc = listen_start(srv, err, sizeof err);
     if (rc) {
         snprintf(srv->fatal, sizeof srv->fatal, "cannot start the transport again after it was "
-                 "stuck: %s", err[0] ? err : ps_strerror(rc));
+                 "stuck: %.190s", err[0] ? err : ps_strerror(rc));
         PS_LOG(PS_LOG_ERROR, "server", "%s; stopping this shard", srv->fatal);
         srv->stopping = true;
         psd_server_maybe_stop(srv);
