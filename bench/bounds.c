@@ -315,7 +315,7 @@ int pb_store_apply(const char *dir, psk_optim_kind_t kind, uint64_t size, uint64
     double t_kernel = 0, t_commit = 0, t_total = 0;
     double start = pb_now();
     /* Warm-up steps first: the first steps grow the map (PLATFORM-NOTES.md section 4). */
-    const int warm = 3;
+    const uint64_t warm = 3;
     for (uint64_t step = 0; rc == 0; step++) {
         double t0 = pb_now(), tk = 0;
         rc = psd_store_begin(&st, &tx);

@@ -60,8 +60,8 @@ static void blas_load(void)
     }
     if (h == NULL) {
         snprintf(blas.error, sizeof blas.error,
-                 "cannot load %s (%s; also not under $CUDA_HOME, $CUDA_PATH or /usr/local/cuda; "
-                 "set PSD_CUBLAS to its path)",
+                 "cannot load %s (%.100s; also not under $CUDA_HOME, $CUDA_PATH or "
+                 "/usr/local/cuda; set PSD_CUBLAS to its path)",
                  cublas_soname, first);
         return;
     }
