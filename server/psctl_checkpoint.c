@@ -20,6 +20,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -121,6 +122,30 @@ uint64_t psctl_checkpoint_id(void)
             id = ((uint64_t)getpid() << 32) ^ (uint64_t)(psctl_mono_s() * 1e9);
     return id;
 }
+
+/* psctl checkpoint by hand: a SIGINT or SIGTERM while it arms or waits gives the checkpoint up
+ * as --wait running out does (cancelled on every shard, the parts removed), and psctl exits
+ * 128 + the signal. The handler is one-shot (SA_RESETHAND): a second signal ends psctl at once.
+ * Before, the signal killed psctl and its armed shards stayed armed until they reached the
+ * step: every later checkpoint was refused "in progress" meanwhile, and their parts then
+ * stayed. Not installed by --follow (psctl_follow.c handles its signals), nor for a signal
+ * ignored when psctl started (a background job's SIGINT). */
+static volatile sig_atomic_t g_interrupt;
+
+static void on_interrupt(int sig) { g_interrupt = sig; }
+
+static void interrupt_catch(void)
+{
+    const int sigs[] = {SIGINT, SIGTERM};
+    for (int i = 0; i < 2; i++) {
+        struct sigaction old, sa = {.sa_handler = on_interrupt, .sa_flags = SA_RESETHAND};
+        sigemptyset(&sa.sa_mask);
+        if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler != SIG_IGN)
+            sigaction(sigs[i], &sa, NULL); /* no SA_RESTART: the waits end early */
+    }
+}
+
+static const char *interrupt_name(void) { return g_interrupt == SIGINT ? "SIGINT" : "SIGTERM"; }
 
 /* What becomes of each shard's part of a checkpoint given up. */
 enum {
@@ -280,8 +305,9 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
      * makes, during which training must not move (the hold keeps it still). */
     const char *gap_env = getenv("PS_TEST_ARM_GAP_MS");
     int gap_ms = gap_env ? atoi(gap_env) : 0;
-    for (int i = 0; i < n && armed; i++) {
+    for (int i = 0; i < n && armed && !g_interrupt; i++) {
         if (i && gap_ms > 0) usleep((useconds_t)gap_ms * 1000);
+        if (g_interrupt) break;
         ps_msg_t a = {.type = PS_MSG_CKPT_ARM, .rank = -1, .step = step, .count = id};
         snprintf(a.error, sizeof a.error, "%.255s", d);
         int rc = ps_req_call(cl, (uint32_t)i, &a, &r, NULL, NULL, err, sizeof err);
@@ -312,10 +338,15 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
         fprintf(stderr, "psctl: checkpoint: the coordinator's hold of the hand-outs lapsed before "
                 "every shard was armed (shard 0 started again, or arming took over 10 s): the "
                 "shards' copies may not hold the same batches, so this is no checkpoint\n");
-    if (!armed && narmed == 0) return 1;
+    bool stopped = g_interrupt != 0; /* interrupt_catch: given up like --wait run out */
+    if (stopped) {
+        fprintf(stderr, "psctl: checkpoint: %s: giving it up\n", interrupt_name());
+        if (narmed == 0) return 128 + g_interrupt;
+    }
+    if ((!armed || stopped) && narmed == 0) return 1;
     /* An arm refused part-way: the shards armed before it would copy all the same, and their
      * parts would stay behind (never complete, never pruned): they are cancelled below. */
-    if (!armed) n = narmed;
+    if (!armed || stopped) n = narmed;
     /* Each shard copies on its own; wait for all of them, unless this is no checkpoint
      * already. One that fails, or --wait running out, gives the checkpoint up. */
     uint64_t total = 0;
@@ -329,7 +360,7 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
         goto out;
     }
     if (unanswered >= 0) miss[unanswered] = 1;
-    while (armed && cut && done + failed < n) {
+    while (armed && cut && !stopped && done + failed < n) {
         done = failed = 0;
         for (int i = 0; i < n; i++) {
             if (st[i].flags & 1 || st[i].status) {
@@ -409,16 +440,24 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
             break;
         }
         usleep(20 * 1000);
+        if (g_interrupt) {
+            stopped = true;
+            fprintf(stderr, "psctl: checkpoint: %s: giving it up\n", interrupt_name());
+        }
     }
-    if (!armed || !cut || failed || late) {
+    if (!armed || !cut || failed || late || stopped) {
         for (int i = 0; i < n; i++)
             if ((st[i].flags & 1) && st[i].status == 0) fate[i] = PART_GONE; /* whole, removed */
-        const char *reason = !armed ? "a shard refused its arm or did not answer it"
-                             : !cut ? "the coordinator's hold lapsed: no cut"
-                             : late ? "--wait ran out"
-                                    : "a shard failed";
+        const char *reason = stopped ? (g_interrupt == SIGINT ? "interrupted (SIGINT)"
+                                                              : "interrupted (SIGTERM)")
+                             : !armed ? "a shard refused its arm or did not answer it"
+                             : !cut   ? "the coordinator's hold lapsed: no cut"
+                             : late   ? "--wait ran out"
+                                      : "a shard failed";
         give_up(cl, d, id, n, fate, miss, reason,
-                !armed || failed || late ? "incomplete" : "inconsistent", !armed);
+                !armed || failed || late || stopped ? "incomplete" : "inconsistent",
+                !armed && !stopped);
+        if (stopped) ret = 128 + g_interrupt;
         goto out;
     }
     for (int i = 0; i < n; i++) {
@@ -458,6 +497,7 @@ int psctl_checkpoint(const ps_manifest_t *m, const char *dir, double timeout_s, 
     double t0 = psctl_mono_s();
     uint64_t id = psctl_checkpoint_id();
     ps_msg_t q = {.type = PS_MSG_CKPT_BEGIN, .rank = -1, .count = id}, r;
+    interrupt_catch();
     for (int said = 0;; said = 1) {
         if (ps_req_call(cl, 0, &q, &r, NULL, NULL, err, sizeof err)) {
             fprintf(stderr, "psctl: checkpoint: %s\n", err);
@@ -469,11 +509,17 @@ int psctl_checkpoint(const ps_manifest_t *m, const char *dir, double timeout_s, 
         if (!said)
             printf("psctl: checkpoint: waiting for %u batches in flight to be applied\n",
                    r.workers);
-        if (psctl_mono_s() - t0 > wait_s) {
-            fprintf(stderr, "psctl: checkpoint: %u batches still in flight after %g s (a worker "
-                    "holding one is slow or hung): no checkpoint\n", r.workers, wait_s);
+        if (psctl_mono_s() - t0 > wait_s || g_interrupt) {
+            if (g_interrupt)
+                fprintf(stderr, "psctl: checkpoint: %s while %u batches were in flight: no "
+                        "checkpoint\n", interrupt_name(), r.workers);
+            else
+                fprintf(stderr, "psctl: checkpoint: %u batches still in flight after %g s (a "
+                        "worker holding one is slow or hung): no checkpoint\n", r.workers,
+                        wait_s);
             ps_msg_t g = {.type = PS_MSG_CKPT_GO, .rank = -1, .count = id}; /* ends the hold */
             ps_req_call(cl, 0, &g, &r, NULL, NULL, err, sizeof err);
+            if (g_interrupt) ret = 128 + g_interrupt;
             goto out;
         }
         fflush(stdout);

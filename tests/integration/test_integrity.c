@@ -604,6 +604,54 @@ START_TEST(test_psctl_wait_leaves_copies)
 }
 END_TEST
 
+/* psctl checkpoint stopped by SIGTERM (or SIGINT) while it waits for the step: it gives the
+ * checkpoint up as --wait running out does, cancelled on both shards and the directory
+ * removed, and exits 143; the next checkpoint then completes. Before, the signal killed psctl
+ * and both shards stayed armed: they wrote their parts into that directory once the worker
+ * went on (psd logged no cancel). */
+START_TEST(test_psctl_checkpoint_interrupted)
+{
+    cl_conf_t k = {.shards = 2, .workers = 1, .job_extra = "  heartbeat_timeout_ms: 10000\n"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    setenv("PS_TEST_HANG_AT", "train:2", 1); /* its first step applied, its second one held */
+    setenv("PS_TEST_HANG_MS", "4000", 1);
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    unsetenv("PS_TEST_HANG_AT");
+    unsetenv("PS_TEST_HANG_MS");
+    ps_manifest_t m;
+    char err[1024] = "", gone[CL_PATH], again[CL_PATH];
+    ck_assert_msg(ps_manifest_load(&m, c->manifest, err, sizeof err) == 0, "%s", err);
+    ps_req_t *ctl;
+    ck_assert_msg(ps_req_open(&m, 5.0, &ctl, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(cl_wait_log(w, "(PS_TEST_HANG_AT)", RUN_S) == 0, "%s", cl_tail(w));
+    cl_path(c, "ckpt-interrupted", gone, sizeof gone);
+    cl_path(c, "ckpt-after", again, sizeof again);
+    const char *ckpt[] = {"checkpoint", "--dir", gone, "--wait", "60", NULL};
+    cl_proc_t *ck = psctl_spawn(c, "checkpoint-interrupted", ckpt);
+    while (ckpt_req(ctl, 1, PS_MSG_CKPT_STATUS, 0, NULL, 0, NULL, err, sizeof err) != 0) {
+        ck_assert_msg(cl_alive(ck) && cl_left(c) > 5, "shard 1 never armed: %s", cl_tail(ck));
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    ps_req_close(ctl);
+    ck_assert_int_eq(cl_signal(ck, SIGTERM), 0);
+    EXPECT_EXIT(ck, 128 + SIGTERM);
+    EXPECT_LOG(ck, "psctl: checkpoint: SIGTERM: giving it up\n");
+    EXPECT_LOG(ck, "psctl: checkpoint: cancelled it and removed the incomplete checkpoint ");
+    EXPECT_LOG(psd[0], "was cancelled (psctl gave it up)");
+    EXPECT_LOG(psd[1], "was cancelled (psctl gave it up)");
+    ck_assert_msg(access(gone, F_OK) != 0, "%s is still there", gone);
+    const char *ckpt2[] = {"checkpoint", "--dir", again, "--wait", "60", NULL};
+    EXPECT_LOG(psctl(c, "checkpoint-after", 0, ckpt2), "psctl: checkpoint at step ");
+    ck_assert_msg(access(gone, F_OK) != 0, "%s was made after all", gone);
+    ck_assert_int_eq(cl_signal(w, SIGTERM), 0);
+    cl_wait(w, RUN_S);
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* psctl against a shard that took its connection but does not answer (stopped): every verb
  * gives up after its --timeout and says so. Before, a request whose send never completed held
  * psctl for good (a busy loop with no deadline, at a call after a timeout and at the close):
@@ -1976,6 +2024,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("corrupt_params_at_rest_pull_refused",
                              test_corrupt_params_at_rest_pull_refused));
     suite_add_tcase(s, tcase("psctl_stopped_shard_bounded", test_psctl_stopped_shard_bounded));
+    suite_add_tcase(s, tcase("psctl_checkpoint_interrupted", test_psctl_checkpoint_interrupted));
     suite_add_tcase(s, tcase("psctl_wait_leaves_copies", test_psctl_wait_leaves_copies));
     suite_add_tcase(s, tcase("checkpoint_damaged_files_refused",
                              test_checkpoint_damaged_files_refused));
