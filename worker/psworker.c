@@ -588,6 +588,11 @@ int main(int argc, char **argv)
     }
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
+    /* A hangup (its terminal or session gone) leaves as SIGTERM does, as psd stops on it. Also
+     * takes SIGHUP from UCX, which installs its own handler for it when loaded (UCX_DEBUG_SIGNO,
+     * default HUP): that turned UCX's debug logging on for the rest of the run (a probe,
+     * session 42: 600 to 2,250 "UCX DEBUG" lines on stderr) and the worker went on. */
+    signal(SIGHUP, on_signal);
     if (self_test) return run_self_test(manifest, &m);
 
     ps_dataset_t train, test;

@@ -527,6 +527,24 @@ START_TEST(test_sigterm_shard_gone)
 }
 END_TEST
 
+/* SIGHUP (its terminal or session gone) makes a training worker leave as SIGTERM does: exit
+ * 128 + SIGHUP, its leave said. Before, UCX's own SIGHUP handler (UCX_DEBUG_SIGNO, installed
+ * when libucs loads) took it: UCX's debug logging came on and the worker trained on. */
+START_TEST(test_sighup_worker_leaves)
+{
+    cl_proc_t *psd, *w;
+    cl_cluster_t *c = one_worker_joined(1, 1000000, &psd, &w);
+    ck_assert_msg(cl_wait_log(w, "step 1 of", RUN_S) == 0, "never trained: %s", cl_tail(w));
+    ck_assert_int_eq(cl_signal(w, SIGHUP), 0);
+    EXPECT_EXIT(w, 128 + SIGHUP);
+    EXPECT_LOG(w, "stopped by signal");
+    ck_assert_msg(count_in_log(w, " DEBUG ") == 0, "UCX's debug log came on: %s", cl_tail(w));
+    ck_assert_msg(cl_wait_log(psd, "says leave", RUN_S) == 0, "no leave: %s", cl_tail(psd));
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* The same across a crash: the shard kills itself right after its 4th apply commits, before
  * the acknowledgement (PS_TEST_CRASH_AFTER_APPLY), and is started again. The client sends the
  * unacknowledged push again; the restarted shard finds it in the chunk's applied-push record,
@@ -1245,6 +1263,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("psd_crash_asp_applied_once", test_psd_crash_asp_applied_once));
     suite_add_tcase(s, tcase("sigterm_stuck_worker", test_sigterm_stuck_worker));
     suite_add_tcase(s, tcase("sigterm_shard_gone", test_sigterm_shard_gone));
+    suite_add_tcase(s, tcase("sighup_worker_leaves", test_sighup_worker_leaves));
     suite_add_tcase(s, tcase("sigterm_shard_stopped", test_sigterm_shard_stopped));
     suite_add_tcase(s, tcase("stray_bytes_on_port", test_stray_bytes_on_port));
     suite_add_tcase(s, tcase("crafted_requests_on_port", test_crafted_requests_on_port));
