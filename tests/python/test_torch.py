@@ -1187,6 +1187,12 @@ def sigint_main(kind, manifest):
     (ctrl_c asks for it before it kills one still blocked: where it hangs, if it ever does)."""
     import faulthandler
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    if kind == "hup":  # libps loaded, nothing else: a SIGHUP ends it, as before the load
+        psd.library()
+        print("loaded", flush=True)
+        time.sleep(5)
+        print("no SIGHUP came", flush=True)
+        return
     print("joining", flush=True)
     c = psd.Client(manifest)
     tid = c.declare("t", (4,))
@@ -1291,8 +1297,18 @@ def ctrl_c(tmp):
         assert p.returncode == 3 and "closed" in out, f"term: {p.returncode} {out} {err[-600:]}"
     finally:
         c.stop()
+    # SIGHUP after libps is loaded ends the process (its default): UCX installs its own
+    # handler for it when loaded (UCX_DEBUG_SIGNO), which turned UCX's debug logging on and
+    # let the program run on ("no SIGHUP came"); psd puts the disposition back.
+    p = subprocess.Popen([sys.executable, __file__, "sigint", "hup", "-"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "loaded", "the process never loaded libps"
+    p.send_signal(signal.SIGHUP)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == -signal.SIGHUP, f"hup: {p.returncode} {out} {err[-600:]}"
     print("ctrl-c: a blocked join and a blocked pull stop; a program's own handler keeps "
-          "its client; a SIGTERM handler that closes the client inside a call exits")
+          "its client; a SIGTERM handler that closes the client inside a call exits; SIGHUP "
+          "still ends a program that loaded libps")
 
 
 def nonfinite_run(c, at_step, how):

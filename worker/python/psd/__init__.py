@@ -69,6 +69,18 @@ class _JobInfo(ctypes.Structure):
 _lib = None
 
 
+def _load(path):
+    """ctypes.CDLL(path), keeping this process's SIGHUP disposition: UCX, loaded with libps,
+    installs a handler of its own for SIGHUP (UCX_DEBUG_SIGNO, default HUP) that switches its
+    debug logging on, so a hangup no longer ended the program (or ran its handler)."""
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGHUP) if main else None
+    lib = ctypes.CDLL(path)
+    if before is not None:
+        signal.signal(signal.SIGHUP, before)
+    return lib
+
+
 def library():
     """The loaded libps (ctypes.CDLL), loaded on first use."""
     global _lib
@@ -83,7 +95,7 @@ def library():
         if not path:
             continue
         try:
-            lib = ctypes.CDLL(path)
+            lib = _load(path)
             break
         except OSError as e:
             tried.append(f"{path}: {e}")
