@@ -31,6 +31,12 @@ static const char *g_device; /* --device, passed on to every worker (NULL: none)
  * (one that ignores it, or hangs) are killed (SIGKILL), as they are at a second one. */
 #define STOP_GRACE_S 30.0
 
+/* --follow: the workers still running this long after the coordinator said the job is complete
+ * (one SIGSTOPped, or hung) get SIGTERM and SIGCONT, then SIGKILL after STOP_GRACE_S, as after
+ * a signal. Before, pslaunch waited for them for good. A test shortens it
+ * (PS_TEST_FINISH_GRACE_MS). */
+#define FINISH_GRACE_S 30.0
+
 /* Start worker i: psworker --manifest M [--metrics-out DIR/worker-i.jsonl] [--device D]. */
 static pid_t spawn(const char *worker, const char *manifest, const char *metrics_dir, long i)
 {
@@ -142,6 +148,9 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
     long next_index = 0;
     time_t silent_since = 0, said = 0; /* the coordinator unreachable since, and said at */
     double forwarded_at = 0; /* the first SIGINT / SIGTERM forwarded (mono_s) */
+    double finished_at = 0;  /* when the coordinator said the job is complete (mono_s) */
+    const char *grace_env = getenv("PS_TEST_FINISH_GRACE_MS");
+    const double finish_grace = grace_env ? atof(grace_env) / 1000.0 : FINISH_GRACE_S;
     int killed = 0;
     struct timespec ts = {poll_ms / 1000, (poll_ms % 1000) * 1000000L};
     while (!(finished && nlive == 0) && !(refused && nlive == 0)) {
@@ -152,9 +161,19 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
             forwarded_at = mono_s();
             finished = 1;
         }
+        if (finished_at && forwarded_at == 0 && nlive > 0 &&
+            mono_s() - finished_at >= finish_grace) {
+            fprintf(stderr, "pslaunch: the job is complete, and %d worker(s) still run %.0f s "
+                    "later (stopped or hung): SIGTERM\n", nlive, finish_grace);
+            for (int i = 0; i < nlive; i++) {
+                if (!stopping[i]) kill(pids[i], SIGTERM), stopping[i] = 1;
+                kill(pids[i], SIGCONT); /* a stopped one takes it */
+            }
+            forwarded_at = mono_s(); /* SIGKILL after STOP_GRACE_S, below */
+        }
         if (forwarded_at && !killed && (g_nsig > 1 || mono_s() - forwarded_at >= STOP_GRACE_S)) {
             fprintf(stderr, "pslaunch: %s: killing the %d worker(s) still running\n",
-                    g_nsig > 1 ? "a second signal" : "30 s after the signal", nlive);
+                    g_nsig > 1 ? "a second signal" : "30 s after the SIGTERM", nlive);
             for (int i = 0; i < nlive; i++) kill(pids[i], SIGKILL);
             killed = 1;
         }
@@ -198,6 +217,7 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
             if (rc == 0 && (rep.flags & PS_FLAG_FINISHED)) {
                 fprintf(stderr, "pslaunch: the job is complete\n");
                 finished = 1;
+                finished_at = mono_s();
             } else if (rc == 0) {
                 for (int k = 0; k < rep.status && nlive < FOLLOW_MAX && !stop_pending(); k++) {
                     long index = metrics_dir ? claim_index(metrics_dir, &next_index)

@@ -2001,6 +2001,48 @@ START_TEST(test_launcher_survives_coordinator_restart)
 }
 END_TEST
 
+/* The first child process of @p pid (/proc/PID/task/PID/children), or -1. */
+static pid_t first_child(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task/%d/children", (int)pid, (int)pid);
+    char *text = cl_read_file(path, NULL);
+    pid_t child = text && *text ? (pid_t)atoi(text) : -1;
+    free(text);
+    return child;
+}
+
+/* pslaunch --follow whose worker was SIGSTOPped (dropped by the shards) while the other trains
+ * the job to its end: once the coordinator says the job is complete and the grace passed
+ * (PS_TEST_FINISH_GRACE_MS: 1 s here, 30 s by default), the stopped worker gets SIGTERM and
+ * SIGCONT, leaves, and pslaunch exits 0. Before, pslaunch waited for it for good (a probe,
+ * session 42). */
+START_TEST(test_follow_finish_with_stopped_worker)
+{
+    cl_conf_t k = {.shards = 1, .workers = 2, .batch_size = 16, .max_steps = 300,
+                   .job_extra = "  heartbeat_timeout_ms: 1000\n"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    setenv("PS_TEST_FINISH_GRACE_MS", "1000", 1);
+    cl_proc_t *launch = follow_launcher(c, "pslaunch");
+    unsetenv("PS_TEST_FINISH_GRACE_MS");
+    coord_t co;
+    coord_open(&co, c);
+    ck_assert_int_eq(wait_num(&co, "actual_workers", 2, 1, 20), 2);
+    pid_t w = first_child(launch->pid);
+    ck_assert_msg(w > 0, "no worker under pslaunch: %s", cl_tail(launch));
+    ck_assert_int_eq(kill(w, SIGSTOP), 0);
+    EXPECT_EXIT(launch, 0);
+    EXPECT_LOG(launch, "pslaunch: the job is complete\n");
+    EXPECT_LOG(launch, "pslaunch: the job is complete, and 1 worker(s) still run 1 s later "
+                       "(stopped or hung): SIGTERM");
+    ck_assert_msg(kill(w, 0) != 0, "the stopped worker %d is still there", (int)w);
+    coord_close(&co);
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* The workers pslaunch --follow started in @p launch's log ("starting N worker(s)"), summed. */
 static int started_by(cl_proc_t *launch)
 {
@@ -2350,6 +2392,7 @@ Suite *ps_test_suite(void)
     ADD(follow_quick_deaths_wait);
     ADD(leaves_survive_coordinator_restart);
     ADD(launcher_survives_coordinator_restart);
+    ADD(follow_finish_with_stopped_worker);
     ADD(scale_while_starting);
     ADD(coordinator_state_kept_without_steps);
     ADD(ssp_staleness);
