@@ -37,6 +37,9 @@ typedef struct {
     float *d_residual;       /* error feedback, laid out as the mlp's gradients (zeros first) */
 } trainer_t;
 
+/* What --codec and --rank-codec take (as the manifest's compression.codec). */
+#define CODEC_FORMS "none, fp16, bf16, int8, sign, topk:F or randomk:F with F in (0, 1]"
+
 static volatile sig_atomic_t g_stop;
 static ps_client_t *volatile g_client;
 /* The step in flight is abandoned: its waits return at once and the worker leaves. */
@@ -521,7 +524,8 @@ int main(int argc, char **argv)
             break;
         case 'c':
             if (!ps_codec_name_valid(optarg)) {
-                fprintf(stderr, "psworker: --codec %s: unknown codec\n", optarg);
+                fprintf(stderr, "psworker: --codec %s: unknown codec: %s\n", optarg,
+                        CODEC_FORMS);
                 return 2;
             }
             codec_override = optarg;
@@ -529,9 +533,19 @@ int main(int argc, char **argv)
         case 'r': {
             char *eq = strchr(optarg, '='), *end;
             unsigned long r = strtoul(optarg, &end, 10);
-            if (eq == NULL || end != eq || end == optarg || r >= 4096 ||
-                !ps_codec_name_valid(eq + 1)) { /* "=int8" was taken as rank 0 */
+            if (eq == NULL || end != eq || end == optarg || r >= 4096) {
+                /* "=int8" was taken as rank 0 */
                 fprintf(stderr, "psworker: --rank-codec %s: expected RANK=CODEC\n", optarg);
+                return 2;
+            }
+            if (!ps_codec_name_valid(eq + 1)) {
+                fprintf(stderr, "psworker: --rank-codec %s: unknown codec '%s': %s\n", optarg,
+                        eq + 1, CODEC_FORMS);
+                return 2;
+            }
+            if (rank_codec[r]) { /* the second one won, silently */
+                fprintf(stderr, "psworker: --rank-codec %s: rank %lu has a codec already (%s)\n",
+                        optarg, r, rank_codec[r]);
                 return 2;
             }
             rank_codec[r] = eq + 1;

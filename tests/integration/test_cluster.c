@@ -791,13 +791,16 @@ START_TEST(test_psworker_options)
     cl_conf_t k = {.shards = 1, .workers = 2, .max_steps = 2};
     cl_cluster_t *c = cl_cluster_create(&k);
     static const struct {
-        const char *args[4];
+        const char *args[5];
         bool local;
         int exit;
         const char *says;
         bool untrained; /* it failed before the training */
     } cases[] = {
         {{"--rank-codec", "=int8"}, true, 2, "expected RANK=CODEC"},
+        {{"--rank-codec", "1=topk:2"}, true, 2, "unknown codec 'topk:2': none, fp16, "},
+        {{"--rank-codec", "1=int8", "--rank-codec", "1=fp16"}, true, 2,
+         "--rank-codec 1=fp16: rank 1 has a codec already (int8)", true},
         {{"--rank-codec", "2=int8"}, true, 2, "job.workers = 2 ranks"},
         {{"--rank-codec", "1=int8"}, false, 2, "--rank-codec is for --local"},
         {{"--self-test"}, true, 2, "does not go with --local"},

@@ -328,7 +328,8 @@ START_TEST(test_bad_codec_flag)
     const char *x[] = {"--codec", "topk:2", NULL};
     cl_proc_t *w = cl_worker_spawn(c, NULL, NULL, false, x);
     EXPECT_EXIT(w, 2);
-    EXPECT_LOG(w, "--codec topk:2: unknown codec");
+    EXPECT_LOG(w, "--codec topk:2: unknown codec: none, fp16, bf16, int8, sign, topk:F or "
+                  "randomk:F with F in (0, 1]");
     cl_cluster_destroy(c);
 }
 END_TEST
