@@ -226,6 +226,9 @@ int ps_req_call(ps_req_t *c, uint32_t shard, ps_msg_t *req, ps_msg_t *reply,
     cep_t *e = &c->eps[shard];
     const ps_server_conf_t *sc = &c->m->servers[shard];
     req->req_id = ++c->next_req;
+    /* Every request names the manifest's cluster: a shard of another cluster refuses it
+     * (server.c) instead of checkpointing or exporting itself under this manifest's name. */
+    if (req->cluster[0] == '\0') snprintf(req->cluster, sizeof req->cluster, "%s", c->m->cluster);
     size_t hlen;
     send_t *snd = malloc(sizeof *snd);
     if (snd == NULL) {

@@ -792,6 +792,14 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
             psd_coord_on_launch(srv, c, &msg);
         return UCS_OK;
     }
+    if (msg.cluster[0] && msg.type != PS_MSG_HELLO && strcmp(msg.cluster, srv->m.cluster) != 0) {
+        /* An operator's request from another cluster's manifest (one that names this address
+         * by mistake): before, a checkpoint, export or verify went through, and the export's
+         * metadata named the other cluster. The hello says why in its own way (hello_misfits). */
+        psd_send_error(srv, c, msg.req_id, PS_ECONFIG, "this shard serves cluster '%.100s', not "
+                       "'%.100s'", srv->m.cluster, msg.cluster);
+        return UCS_OK;
+    }
     if (msg.type == PS_MSG_FORGET && length == 0) { /* psctl forget, or a member's give-up */
         psd_forget_on_msg(srv, c, &msg);
         return UCS_OK;

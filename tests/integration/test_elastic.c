@@ -1804,6 +1804,25 @@ START_TEST(test_scale_other_cluster_refused)
     EXPECT_EXIT(p, 1);
     EXPECT_LOG(p, cl_not);
     ck_assert_msg(count_in_log(p, "merkle_root") == 0, "%s", cl_tail(p));
+    /* export, verify and checkpoint too (before: exit 0, the export's metadata naming the
+     * other cluster, a checkpoint of this one under that name; a probe, session 42). */
+    char out[CL_PATH], ck[CL_PATH];
+    cl_path(c, "other.safetensors", out, sizeof out);
+    cl_path(c, "ckpt-other", ck, sizeof ck);
+    char *ex[] = {(char *)cl_binary("PSCTL"), "--manifest", other, "export", "--out", out, NULL};
+    char *ve[] = {(char *)cl_binary("PSCTL"), "--manifest", other, "verify", NULL};
+    char *cp[] = {(char *)cl_binary("PSCTL"), "--manifest", other, "checkpoint", "--dir", ck,
+                  NULL};
+    char **others[] = {ex, ve, cp};
+    for (int i = 0; i < 3; i++) {
+        p = cl_spawn(c, i == 0 ? "psctl-other-export" : i == 1 ? "psctl-other-verify"
+                                                               : "psctl-other-checkpoint",
+                     others[i]);
+        EXPECT_EXIT(p, 1);
+        EXPECT_LOG(p, "this shard serves cluster '");
+    }
+    ck_assert_msg(access(out, F_OK) != 0 && access(ck, F_OK) != 0, "an export or a checkpoint "
+                  "was made under the other cluster's name");
     char *ln[] = {(char *)cl_binary("PSLAUNCH"), "--manifest", other, "--follow", "--poll-ms",
                   "100", NULL};
     cl_proc_t *l = cl_spawn(c, "pslaunch-other", ln);
