@@ -816,6 +816,44 @@ static int ckpt_find(const mchunks_t *lists, uint32_t n, uint32_t t, uint32_t c,
     return -1;
 }
 
+/* @p s as one shell word, in @p buf (@p cap bytes): as it is when it holds only characters no
+ * shell treats specially, else in single quotes (each ' written as '\''). The commands psctl
+ * prints must run as printed also for paths with spaces (a probe, session 42). */
+static const char *shq(const char *s, char *buf, size_t cap)
+{
+    if (*s && strspn(s, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+                        "_-./:=+@%,") == strlen(s))
+        return s;
+    size_t k = 0;
+    if (k < cap - 1) buf[k++] = '\'';
+    for (; *s && k + 5 < cap; s++) {
+        if (*s == '\'') {
+            memcpy(buf + k, "'\\''", 4);
+            k += 4;
+        } else {
+            buf[k++] = *s;
+        }
+    }
+    if (k < cap - 1) buf[k++] = '\'';
+    buf[k] = '\0';
+    return buf;
+}
+
+/* The psd beside this psctl (build/server, or where both are installed) into @p out, or "psd". */
+static void psd_beside(char *out, size_t cap)
+{
+    char self[1024];
+    snprintf(out, cap, "psd");
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (len <= 0) return;
+    self[len] = '\0';
+    char *slash = strrchr(self, '/');
+    if (slash == NULL) return;
+    *slash = '\0';
+    snprintf(out, cap, "%s/psd", self);
+    if (access(out, X_OK) != 0) snprintf(out, cap, "psd");
+}
+
 static void print_rollback(const ps_manifest_t *m, const char *dir, uint64_t step)
 {
     printf("psctl: repair: to roll the whole cluster back to step %llu of %s: stop every psd "
@@ -823,9 +861,16 @@ static void print_rollback(const ps_manifest_t *m, const char *dir, uint64_t ste
     char mabs[PATH_MAX], dabs[PATH_MAX]; /* absolute: run on each shard's host */
     const char *mp = realpath(m->path, mabs) ? mabs : m->path;
     const char *dp = realpath(dir, dabs) ? dabs : dir;
-    for (int i = 0; i < m->nservers; i++)
-        printf("  mv %s %s.before-rollback && psd --manifest %s --shard %d --restore %s\n",
-               m->servers[i].data_dir, m->servers[i].data_dir, mp, i, dp);
+    static char q[5][2 * PATH_MAX + 8]; /* five quoted words per line */
+    char psd[1100], aside[PATH_MAX + 32];
+    psd_beside(psd, sizeof psd);
+    for (int i = 0; i < m->nservers; i++) {
+        snprintf(aside, sizeof aside, "%s.before-rollback", m->servers[i].data_dir);
+        printf("  mv %s %s && %s --manifest %s --shard %d --restore %s\n",
+               shq(m->servers[i].data_dir, q[0], sizeof q[0]), shq(aside, q[1], sizeof q[1]),
+               shq(psd, q[2], sizeof q[2]), shq(mp, q[3], sizeof q[3]), i,
+               shq(dp, q[4], sizeof q[4]));
+    }
 }
 
 int psctl_repair(const ps_manifest_t *m, const char *dir_in, int rollback, double timeout_s)
@@ -930,9 +975,13 @@ int psctl_repair(const ps_manifest_t *m, const char *dir_in, int rollback, doubl
         if (rollback)
             print_rollback(m, dir, step);
         else
+        {
+            static char q[2][2 * PATH_MAX + 8];
             printf("psctl: repair: `psctl --manifest %s repair --from %s --rollback` prints the "
-                   "commands that roll the whole cluster back to step %llu\n", m->path, dir,
+                   "commands that roll the whole cluster back to step %llu\n",
+                   shq(m->path, q[0], sizeof q[0]), shq(dir, q[1], sizeof q[1]),
                    (unsigned long long)step);
+        }
         goto out;
     }
     ret = 0;
@@ -990,18 +1039,8 @@ int psctl_restore(const ps_manifest_t *m, const char *dir_in)
             return 1;
         }
     }
-    /* psd as it stands beside this psctl (build/server, or where both are installed). */
-    char self[1024], psd[1100] = "psd";
-    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (len > 0) {
-        self[len] = '\0';
-        char *slash = strrchr(self, '/');
-        if (slash) {
-            *slash = '\0';
-            snprintf(psd, sizeof psd, "%s/psd", self);
-            if (access(psd, X_OK) != 0) snprintf(psd, sizeof psd, "psd");
-        }
-    }
+    char psd[1100];
+    psd_beside(psd, sizeof psd);
     printf("# checkpoint at step %llu of %u shards. Stop every psd and worker of %s, move each "
            "shard's data_dir aside (mv DIR DIR.old: psd restores only into an empty or missing "
            "one), then start each shard (on its host; each runs until stopped):\n",
@@ -1011,8 +1050,10 @@ int psctl_restore(const ps_manifest_t *m, const char *dir_in)
     char mabs[PATH_MAX], dabs[PATH_MAX];
     const char *mp = realpath(m->path, mabs) ? mabs : m->path;
     const char *dp = realpath(dir, dabs) ? dabs : dir;
+    static char q[3][2 * PATH_MAX + 8];
     for (int i = 0; i < m->nservers; i++)
-        printf("%s --manifest %s --shard %d --restore %s\n", psd, mp, i, dp);
+        printf("%s --manifest %s --shard %d --restore %s\n", shq(psd, q[0], sizeof q[0]),
+               shq(mp, q[1], sizeof q[1]), i, shq(dp, q[2], sizeof q[2]));
     free(meta);
     return 0;
 }

@@ -1159,6 +1159,12 @@ START_TEST(test_restore_commands_run_as_printed)
     cl_cluster_t *c = checkpointed_20(psd, dir);
     stop_all(psd, 2);
     cl_data_dirs_aside(c, "before");
+    /* A checkpoint whose path holds a space and a quote: the commands quote it (before, they
+     * printed it bare, and the shell split it; a probe, session 42). */
+    char spaced[CL_PATH];
+    cl_path(c, "ck it's here", spaced, sizeof spaced);
+    ck_assert_int_eq(rename(dir, spaced), 0);
+    snprintf(dir, sizeof dir, "%s", spaced);
     const char *rs[] = {"restore", dir, NULL};
     cl_proc_t *r = psctl(c, "restore", 0, rs);
     char *out = cl_log(r);
