@@ -7,10 +7,12 @@
  * 50 ms for up to --wait seconds. Under asp there is no common step: each shard's chunks come
  * from its one snapshot, and the metadata says step (the lowest version) and step_max. The
  * tensor table comes from shard 0; each chunk is read from its owner's snapshot and its CRC-32C
- * checked (asked again up to 5 times). The file is written as FILE.tmp, then renamed.
+ * checked (asked again up to 5 times). The file is written as FILE.XXXXXX (mkstemp), then
+ * renamed; a SIGINT, SIGTERM or SIGHUP meanwhile removes it (export_tmp_catch).
  *
  * verify: every shard rechecks its records from one snapshot on its thread pool (training goes
  * on); the mismatches are printed by tensor name and chunk index; exit status 1 if any. */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,6 +90,31 @@ static int snapshots(ps_req_t *cl, const ps_manifest_t *m, double wait_s, uint64
             return 1;
         }
         usleep(50 * 1000); /* a new BEGIN replaces each shard's snapshot */
+    }
+}
+
+/* The export's temporary file while it is written ("" otherwise): a signal that ends psctl
+ * then removes it (before, an interrupted export left a full-size OUT.XXXXXX beside OUT; a
+ * probe, session 42). */
+static char g_export_tmp[4200];
+
+static void export_tmp_signal(int sig)
+{
+    if (g_export_tmp[0]) unlink(g_export_tmp); /* async-signal-safe */
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+/* @p on: the handler for SIGINT, SIGTERM and SIGHUP (not for one ignored at start); off: back
+ * to the default. */
+static void export_tmp_catch(bool on)
+{
+    const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+    for (int i = 0; i < 3; i++) {
+        struct sigaction old, sa = {.sa_handler = on ? export_tmp_signal : SIG_DFL};
+        sigemptyset(&sa.sa_mask);
+        if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler != SIG_IGN)
+            sigaction(sigs[i], &sa, NULL);
     }
 }
 
@@ -170,7 +197,18 @@ int psctl_export(const ps_manifest_t *m, const char *out, double timeout_s, doub
     /* A name of its own beside OUT (mkstemp: O_EXCL, so never through a symlink or into a FIFO
      * someone left there, nor shared by two exports), then renamed over OUT. */
     snprintf(tmp, sizeof tmp, "%s.XXXXXX", out);
+    sigset_t block, prev;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT);
+    sigaddset(&block, SIGTERM);
+    sigaddset(&block, SIGHUP);
+    sigprocmask(SIG_BLOCK, &block, &prev); /* made and named for the handler in one go */
     int fd = mkstemp(tmp);
+    if (fd >= 0) {
+        snprintf(g_export_tmp, sizeof g_export_tmp, "%s", tmp);
+        export_tmp_catch(true);
+    }
+    sigprocmask(SIG_SETMASK, &prev, NULL);
     mode_t mask = umask(0);
     umask(mask);
     if (fd >= 0 && (fchmod(fd, 0666 & ~mask) != 0 || (f = fdopen(fd, "wb")) == NULL)) {
@@ -179,7 +217,8 @@ int psctl_export(const ps_manifest_t *m, const char *out, double timeout_s, doub
         fd = -1;
     }
     if (fd < 0) {
-        fprintf(stderr, "psctl: export: %s: %s\n", tmp, strerror(errno));
+        fprintf(stderr, "psctl: export: --out %s: cannot make a file beside it (%s): %s\n", out,
+                tmp, strerror(errno));
         goto out;
     }
     uint64_t hl64 = hl; /* little-endian, as safetensors wants (this machine's order) */
@@ -224,6 +263,8 @@ int psctl_export(const ps_manifest_t *m, const char *out, double timeout_s, doub
                 goto out;
             }
             values += n;
+            const char *nap = values == n ? getenv("PS_TEST_EXPORT_NAP_MS") : NULL;
+            if (nap) usleep((useconds_t)atoi(nap) * 1000); /* a test's window to signal */
         }
     }
     /* The snapshots are released when ps_req_close() closes the endpoints. */
@@ -243,6 +284,10 @@ out:
     if (f) {
         fclose(f);
         unlink(tmp);
+    }
+    if (g_export_tmp[0]) {
+        export_tmp_catch(false);
+        g_export_tmp[0] = '\0';
     }
     free(data);
     free(hdr);

@@ -320,6 +320,31 @@ START_TEST(test_export_matches_local)
     const char *bad[] = {"export", NULL};
     cl_proc_t *b = psctl(c, "export-bad", 2, bad);
     EXPECT_LOG(b, "export needs --out FILE");
+    /* SIGTERM while it writes (held after its first chunk: PS_TEST_EXPORT_NAP_MS): psctl
+     * removes its temporary file (before: a full-size model2.safetensors.XXXXXX stayed). */
+    char out2[CL_PATH], prefix[64] = "model2.safetensors.";
+    cl_path(c, "model2.safetensors", out2, sizeof out2);
+    char *xa[] = {(char *)cl_binary("PSCTL"), "--manifest", c->manifest, "export", "--out", out2,
+                  NULL};
+    setenv("PS_TEST_EXPORT_NAP_MS", "20000", 1);
+    cl_proc_t *xs = cl_spawn(c, "export-signalled", xa);
+    unsetenv("PS_TEST_EXPORT_NAP_MS");
+    int seen = 0;
+    for (int i = 0; i < 1000 && !seen; i++) {
+        DIR *d = opendir(c->dir);
+        for (struct dirent *e; d && (e = readdir(d)) != NULL;)
+            seen |= strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+        if (d) closedir(d);
+        if (!seen) usleep(10000);
+    }
+    ck_assert_msg(seen, "no temporary file appeared: %s", cl_tail(xs));
+    ck_assert_int_eq(cl_signal(xs, SIGTERM), 0);
+    EXPECT_EXIT(xs, 128 + SIGTERM);
+    DIR *d = opendir(c->dir);
+    for (struct dirent *e; d && (e = readdir(d)) != NULL;)
+        ck_assert_msg(strncmp(e->d_name, prefix, strlen(prefix)) != 0, "%s left", e->d_name);
+    if (d) closedir(d);
+    ck_assert_msg(access(out2, F_OK) != 0, "%s was made", out2);
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }
