@@ -434,7 +434,8 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
                         wait_s, silent);
             else
                 fprintf(stderr, "psctl: checkpoint: %d of %d shards not done within %g s (bsp: "
-                        "the step must be reached first; is training running?)\n",
+                        "the step must be reached first; is training running? psctl status "
+                        "names a tensor no worker trains, which holds the step back)\n",
                         n - done - failed, n, wait_s);
             late = true;
             break;

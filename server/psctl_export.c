@@ -85,8 +85,10 @@ static int snapshots(ps_req_t *cl, const ps_manifest_t *m, double wait_s, uint64
         *step_max = hi;
         if (consistent || m->job.consistency != PS_CONSIST_BSP) return 0;
         if (waited >= wait_s) {
-            fprintf(stderr, "psctl: export: no common step within %g s (%s): training is "
-                    "between steps; try again, or with a longer --wait\n", wait_s, where);
+            fprintf(stderr, "psctl: export: no common step within %g s (%s): a step is being "
+                    "applied (try again, or with a longer --wait), or a step waits for pushes "
+                    "(no worker in the job: it completes once workers take part again; a tensor "
+                    "no worker trains holds it back: psctl status names it)\n", wait_s, where);
             return 1;
         }
         usleep(50 * 1000); /* a new BEGIN replaces each shard's snapshot */
