@@ -30,6 +30,7 @@ struct ps_req_s {
     uint64_t next_req, want_req;
     uint32_t want_shard; /* the shard asked for want_req: its reply must carry its token */
     int got, pending, data_failed, timed_out;
+    volatile sig_atomic_t *cancel; /* ps_req_set_cancel: the waits end while it is set */
     int unsealed;        /* replies to want_req dropped for their token (ps_req_call says so) */
     int sending;         /* the request's send has not completed */
     uint32_t send_shard; /* the shard it goes to */
@@ -273,10 +274,19 @@ int ps_req_call(ps_req_t *c, uint32_t shard, ps_msg_t *req, ps_msg_t *reply,
     uv_timer_start(&c->tick, on_tick, 2, 2);
     /* Wait for the send too: UCX 1.13 reads the header buffer until it completes. Whatever
      * sets a flag also calls uv_stop(), so UV_RUN_ONCE never sleeps past it. */
-    while (!(c->got && !c->pending && !c->sending) && !e->failed && !c->timed_out)
+    bool cancelled = false; /* the 2 ms tick ends each UV_RUN_ONCE: the flag is seen soon */
+    while (!(c->got && !c->pending && !c->sending) && !e->failed && !c->timed_out &&
+           !(cancelled = c->cancel && *c->cancel && !c->got)) /* not with its data on the way */
         uv_run(&c->loop, UV_RUN_ONCE);
     uv_timer_stop(&c->timer);
     uv_timer_stop(&c->tick);
+    if (cancelled) {
+        if (c->sending) send_give_up(c); /* as after a timeout */
+        c->want_req = 0; /* a late reply matches nothing */
+        snprintf(err, errlen, "shard %u (%s:%u): interrupted before its answer", shard, sc->host,
+                 sc->port);
+        return PS_ECANCELED;
+    }
     if (c->timed_out && c->sending) {
         /* The shard does not take even the request (stopped, hung): its endpoint goes now, which
          * cancels the send, rather than at the next call after a second timeout. */
@@ -314,6 +324,8 @@ int ps_req_call(ps_req_t *c, uint32_t shard, ps_msg_t *req, ps_msg_t *reply,
     if (len) *len = c->len;
     return 0;
 }
+
+void ps_req_set_cancel(ps_req_t *c, volatile sig_atomic_t *flag) { c->cancel = flag; }
 
 void ps_req_close(ps_req_t *c)
 {

@@ -6,6 +6,7 @@
 #ifndef PS_REQCLIENT_H
 #define PS_REQCLIENT_H
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -36,10 +37,18 @@ int ps_req_open(const ps_manifest_t *m, double timeout_s, ps_req_t **out, char *
  *                    there is none), its size in @p len.
  * @return 0; the shard's negative status for MSG_ERROR (text in @p err); PS_ETIMEDOUT or
  *  PS_ETRANSPORT when no reply came (@p err names the shard, and says how many replies were
- *  dropped for their token; the next call connects again).
+ *  dropped for their token; the next call connects again); PS_ECANCELED (ps_req_set_cancel).
  */
 int ps_req_call(ps_req_t *c, uint32_t shard, ps_msg_t *req, ps_msg_t *reply, void **data,
                 size_t *len, char *err, size_t errlen);
+
+/**
+ * @brief While *@p flag (borrowed; NULL: none) is non-zero, a call returns PS_ECANCELED within
+ *  a few milliseconds instead of waiting for its reply (a signal handler sets it: psctl
+ *  checkpoint's Ctrl-C). A reply that comes later is dropped. Set it to NULL again for calls
+ *  that must be waited for.
+ */
+void ps_req_set_cancel(ps_req_t *c, volatile sig_atomic_t *flag);
 
 /** @brief Close the endpoints and stop UCX. NULL is a no-op. */
 void ps_req_close(ps_req_t *c);

@@ -131,6 +131,7 @@ uint64_t psctl_checkpoint_id(void)
  * stayed. Not installed by --follow (psctl_follow.c handles its signals), nor for a signal
  * ignored when psctl started (a background job's SIGINT). */
 static volatile sig_atomic_t g_interrupt;
+static bool g_catching; /* interrupt_catch ran: the request client's waits end at a signal */
 
 static void on_interrupt(int sig) { g_interrupt = sig; }
 
@@ -143,6 +144,7 @@ static void interrupt_catch(void)
         if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler != SIG_IGN)
             sigaction(sigs[i], &sa, NULL); /* no SA_RESTART: the waits end early */
     }
+    g_catching = true;
 }
 
 static const char *interrupt_name(void) { return g_interrupt == SIGINT ? "SIGINT" : "SIGTERM"; }
@@ -305,6 +307,7 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
      * makes, during which training must not move (the hold keeps it still). */
     const char *gap_env = getenv("PS_TEST_ARM_GAP_MS");
     int gap_ms = gap_env ? atoi(gap_env) : 0;
+    if (g_catching) ps_req_set_cancel(cl, &g_interrupt); /* the waits below end at a signal */
     for (int i = 0; i < n && armed && !g_interrupt; i++) {
         if (i && gap_ms > 0) usleep((useconds_t)gap_ms * 1000);
         if (g_interrupt) break;
@@ -312,15 +315,17 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
         snprintf(a.error, sizeof a.error, "%.255s", d);
         int rc = ps_req_call(cl, (uint32_t)i, &a, &r, NULL, NULL, err, sizeof err);
         if (rc) {
-            fprintf(stderr, "psctl: checkpoint: %s\n", err);
+            if (rc != PS_ECANCELED) fprintf(stderr, "psctl: checkpoint: %s\n", err);
             armed = 0;
             /* Unanswered, it may have taken effect: cancelled and removed with the others (a
              * cancel or status names the id, so another checkpoint's is not taken for it). */
-            if (rc == PS_ETRANSPORT || rc == PS_ETIMEDOUT) unanswered = narmed++;
+            if (rc == PS_ETRANSPORT || rc == PS_ETIMEDOUT || rc == PS_ECANCELED)
+                unanswered = narmed++;
         } else {
             narmed++;
         }
     }
+    ps_req_set_cancel(cl, NULL); /* the GO and a give-up's cancels are waited for */
     /* Release the hold (and, for --follow, hold the next checkpoint's step ahead). asp / ssp:
      * the shards' snapshots are a cut only if no batch was handed out between the drained
      * answer and the last arm, which the coordinator confirms (PS_FLAG_DONE) only when its
@@ -360,6 +365,7 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
         goto out;
     }
     if (unanswered >= 0) miss[unanswered] = 1;
+    if (g_catching) ps_req_set_cancel(cl, &g_interrupt);
     while (armed && cut && !stopped && done + failed < n) {
         done = failed = 0;
         for (int i = 0; i < n; i++) {
@@ -370,6 +376,11 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
             }
             ps_msg_t s = {.type = PS_MSG_CKPT_STATUS, .rank = -1, .count = id};
             int rc = ps_req_call(cl, (uint32_t)i, &s, &st[i], NULL, NULL, err, sizeof err);
+            if (rc == PS_ECANCELED) { /* a signal: its copy is not known, nor failed */
+                st[i] = (ps_msg_t){0};
+                miss[i] = 1;
+                break;
+            }
             if (rc == PS_ECONFLICT) {
                 /* Armed again by another checkpoint, so this one's copy had ended there: its
                  * meta.json (written last) says whether it completed, where psctl can see it. */
@@ -440,12 +451,13 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
             late = true;
             break;
         }
-        usleep(20 * 1000);
+        if (!g_interrupt) usleep(20 * 1000);
         if (g_interrupt) {
             stopped = true;
             fprintf(stderr, "psctl: checkpoint: %s: giving it up\n", interrupt_name());
         }
     }
+    ps_req_set_cancel(cl, NULL);
     if (!armed || !cut || failed || late || stopped) {
         for (int i = 0; i < n; i++)
             if ((st[i].flags & 1) && st[i].status == 0) fate[i] = PART_GONE; /* whole, removed */
@@ -499,26 +511,30 @@ int psctl_checkpoint(const ps_manifest_t *m, const char *dir, double timeout_s, 
     uint64_t id = psctl_checkpoint_id();
     ps_msg_t q = {.type = PS_MSG_CKPT_BEGIN, .rank = -1, .count = id}, r;
     interrupt_catch();
+    ps_req_set_cancel(cl, &g_interrupt);
     for (int said = 0;; said = 1) {
-        if (ps_req_call(cl, 0, &q, &r, NULL, NULL, err, sizeof err)) {
+        int rc = ps_req_call(cl, 0, &q, &r, NULL, NULL, err, sizeof err);
+        if (rc == PS_ECANCELED) { /* it may have begun: the GO below ends its hold */
+            r.workers = 0;
+        } else if (rc) {
             fprintf(stderr, "psctl: checkpoint: %s\n", err);
             goto out;
         }
-        if (!(r.flags & PS_FLAG_PENDING)) break;
+        if (rc == 0 && !(r.flags & PS_FLAG_PENDING)) break;
         /* asp / ssp: no batch is handed out now, and the checkpoint waits for the ones in
          * flight to be applied everywhere (each ask keeps the coordinator's hold). */
-        if (!said)
+        if (!said && rc == 0)
             printf("psctl: checkpoint: waiting for %u batches in flight to be applied\n",
                    r.workers);
         if (psctl_mono_s() - t0 > wait_s || g_interrupt) {
             if (g_interrupt)
-                fprintf(stderr, "psctl: checkpoint: %s while %u batches were in flight: no "
-                        "checkpoint\n", interrupt_name(), r.workers);
+                fprintf(stderr, "psctl: checkpoint: %s: no checkpoint\n", interrupt_name());
             else
                 fprintf(stderr, "psctl: checkpoint: %u batches still in flight after %g s (a "
                         "worker holding one is slow or hung): no checkpoint\n", r.workers,
                         wait_s);
             ps_msg_t g = {.type = PS_MSG_CKPT_GO, .rank = -1, .count = id}; /* ends the hold */
+            ps_req_set_cancel(cl, NULL);
             ps_req_call(cl, 0, &g, &r, NULL, NULL, err, sizeof err);
             if (g_interrupt) ret = 128 + g_interrupt;
             goto out;
@@ -526,6 +542,7 @@ int psctl_checkpoint(const ps_manifest_t *m, const char *dir, double timeout_s, 
         fflush(stdout);
         usleep(20 * 1000);
     }
+    ps_req_set_cancel(cl, NULL); /* psctl_checkpoint_run sets it where it waits */
     if (dir)
         psctl_absolute(d, sizeof d, dir);
     else
