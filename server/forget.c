@@ -61,11 +61,7 @@ void psd_forget_on_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
     if (srv->stopping) return; /* the endpoint closes next; the peer sees that */
     bool force = (msg->flags & PS_FLAG_FORCE) != 0, check = (msg->flags & PS_FLAG_CHECK) != 0;
     char why[256];
-    if (force && strcmp(msg->cluster, srv->m.cluster) != 0) {
-        psd_send_error(srv, conn, msg->req_id, PS_ECONFIG, "this shard serves cluster '%.100s', "
-                       "not '%.100s'", srv->m.cluster, msg->cluster);
-        return;
-    }
+    if (force && psd_refuse_other_cluster(srv, conn, msg, false)) return;
     if (!force && (conn->rank < 0 || conn->rank >= PS_MAX_RANKS)) {
         psd_send_error(srv, conn, msg->req_id, PS_EPROTO, "forget without PS_FLAG_FORCE comes "
                        "from a member giving up its declarations, and this connection holds no "

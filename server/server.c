@@ -270,6 +270,16 @@ void psd_send_crc_error(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id, ui
 
 /* ---- messages ----------------------------------------------------------- */
 
+bool psd_refuse_other_cluster(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg,
+                              bool none_ok)
+{
+    if ((none_ok && msg->cluster[0] == '\0') || strcmp(msg->cluster, srv->m.cluster) == 0)
+        return false;
+    psd_send_error(srv, c, msg->req_id, PS_ECONFIG, "this shard serves cluster '%.100s', not "
+                   "'%.100s'", srv->m.cluster, msg->cluster);
+    return true;
+}
+
 /* Whether hello @p msg comes from a worker whose manifest this shard's does not fit (cluster,
  * and with PS_FLAG_CONF chunk_bytes, number of shards, which shard, consistency): a worker with
  * another would push and pull chunks this shard does not have, or wait on steps it does not
@@ -779,10 +789,8 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     if ((msg.type == PS_MSG_SCALE || msg.type == PS_MSG_LAUNCH) && length == 0) {
         /* Operator requests: no hello needed, like status; but for this cluster (a manifest of
          * another one that names this address must not scale this job). */
-        if (strcmp(msg.cluster, srv->m.cluster) != 0)
-            psd_send_error(srv, c, msg.req_id, PS_ECONFIG, "this shard serves cluster '%.100s', "
-                           "not '%.100s'", srv->m.cluster, msg.cluster);
-        else if (srv->coord == NULL)
+        if (psd_refuse_other_cluster(srv, c, &msg, false)) return UCS_OK;
+        if (srv->coord == NULL)
             psd_send_error(srv, c, msg.req_id, PS_EPROTO, "%s goes to shard 0, not shard %u "
                            "(the manifest lists the servers in another order?)",
                            ps_msg_type_name(msg.type), srv->shard);
@@ -792,24 +800,16 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
             psd_coord_on_launch(srv, c, &msg);
         return UCS_OK;
     }
-    if (msg.cluster[0] && msg.type != PS_MSG_HELLO && strcmp(msg.cluster, srv->m.cluster) != 0) {
-        /* An operator's request from another cluster's manifest (one that names this address
-         * by mistake): before, a checkpoint, export or verify went through, and the export's
-         * metadata named the other cluster. The hello says why in its own way (hello_misfits). */
-        psd_send_error(srv, c, msg.req_id, PS_ECONFIG, "this shard serves cluster '%.100s', not "
-                       "'%.100s'", srv->m.cluster, msg.cluster);
-        return UCS_OK;
-    }
     if (msg.type == PS_MSG_FORGET && length == 0) { /* psctl forget, or a member's give-up */
         psd_forget_on_msg(srv, c, &msg);
         return UCS_OK;
     }
     if (msg.type >= PS_MSG_CKPT_BEGIN && length == 0) { /* psctl checkpoint / repair */
-        psd_ckpt_on_msg(srv, c, &msg);
+        if (!psd_refuse_other_cluster(srv, c, &msg, true)) psd_ckpt_on_msg(srv, c, &msg);
         return UCS_OK;
     }
     if (msg.type >= PS_MSG_EXPORT_BEGIN) { /* psctl export / verify: no hello, no data */
-        psd_export_on_msg(srv, c, &msg);
+        if (!psd_refuse_other_cluster(srv, c, &msg, true)) psd_export_on_msg(srv, c, &msg);
         return UCS_OK;
     }
     if (msg.type == PS_MSG_EPOCH && length == 0) {

@@ -605,6 +605,12 @@ void psd_send_crc_error(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id, ui
                         uint32_t chunk, const char *what);
 void psd_conn_ref(psd_conn_t *c);
 void psd_conn_unref(psd_conn_t *c);
+/** @brief Refuse operator request @p msg (PS_ECONFIG to @p c, naming both clusters) when it
+ *  names another cluster than this shard's; with @p none_ok one naming none passes (an older
+ *  psctl's: before session 42 only scale and launch named theirs). Returns whether it refused.
+ *  Before, export, verify and checkpoint with another cluster's manifest went through. */
+bool psd_refuse_other_cluster(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg,
+                              bool none_ok);
 /** @brief The shutdown check: called when the store goes idle. */
 void psd_server_maybe_stop(psd_server_t *srv);
 
