@@ -130,8 +130,7 @@ uint64_t psctl_checkpoint_id(void)
  * step: every later checkpoint was refused "in progress" meanwhile, and their parts then
  * stayed. Not installed by --follow (psctl_follow.c handles its signals), nor for a signal
  * ignored when psctl started (a background job's SIGINT). */
-static volatile sig_atomic_t g_interrupt;
-static bool g_catching; /* interrupt_catch ran: the request client's waits end at a signal */
+static volatile sig_atomic_t g_interrupt; /* stays 0 without interrupt_catch (--follow) */
 
 static void on_interrupt(int sig) { g_interrupt = sig; }
 
@@ -144,7 +143,6 @@ static void interrupt_catch(void)
         if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler != SIG_IGN)
             sigaction(sigs[i], &sa, NULL); /* no SA_RESTART: the waits end early */
     }
-    g_catching = true;
 }
 
 static const char *interrupt_name(void) { return g_interrupt == SIGINT ? "SIGINT" : "SIGTERM"; }
@@ -307,8 +305,8 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
      * makes, during which training must not move (the hold keeps it still). */
     const char *gap_env = getenv("PS_TEST_ARM_GAP_MS");
     int gap_ms = gap_env ? atoi(gap_env) : 0;
-    if (g_catching) ps_req_set_cancel(cl, &g_interrupt); /* the waits below end at a signal */
-    for (int i = 0; i < n && armed && !g_interrupt; i++) {
+    ps_req_set_cancel(cl, &g_interrupt); /* the waits below end at a signal */
+    for (int i = 0; i < n && armed; i++) {
         if (i && gap_ms > 0) usleep((useconds_t)gap_ms * 1000);
         if (g_interrupt) break;
         ps_msg_t a = {.type = PS_MSG_CKPT_ARM, .rank = -1, .step = step, .count = id};
@@ -348,7 +346,7 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
         fprintf(stderr, "psctl: checkpoint: %s: giving it up\n", interrupt_name());
         if (narmed == 0) return 128 + g_interrupt;
     }
-    if ((!armed || stopped) && narmed == 0) return 1;
+    if (!armed && narmed == 0) return 1;
     /* An arm refused part-way: the shards armed before it would copy all the same, and their
      * parts would stay behind (never complete, never pruned): they are cancelled below. */
     if (!armed || stopped) n = narmed;
@@ -365,7 +363,7 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
         goto out;
     }
     if (unanswered >= 0) miss[unanswered] = 1;
-    if (g_catching) ps_req_set_cancel(cl, &g_interrupt);
+    ps_req_set_cancel(cl, &g_interrupt);
     while (armed && cut && !stopped && done + failed < n) {
         done = failed = 0;
         for (int i = 0; i < n; i++) {
@@ -990,10 +988,9 @@ int psctl_repair(const ps_manifest_t *m, const char *dir_in, int rollback, doubl
     printf("psctl: repair: %d %s repaired, %d not repairable from %s\n", repaired,
            repaired == 1 ? "chunk" : "chunks", stuck, dir);
     if (stuck) {
-        if (rollback)
+        if (rollback) {
             print_rollback(m, dir, step);
-        else
-        {
+        } else {
             static char q[2][2 * PATH_MAX + 8];
             printf("psctl: repair: `psctl --manifest %s repair --from %s --rollback` prints the "
                    "commands that roll the whole cluster back to step %llu\n",
