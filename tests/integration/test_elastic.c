@@ -442,14 +442,15 @@ typedef struct {
     char *argv[7];
 } asp_stop_t;
 
-/* The cluster and the two replay_clients of asp_stop_start and asp_follow_start: @p top_extra
- * manifest lines, shard 0 started with @p env = @p val (none when @p env is NULL), @p nb
- * batches, each taking @p nap_ms more (REPLAY_NAP_MS). */
-static void asp_pair_start(asp_stop_t *r, int hb_ms, const char *top_extra, const char *env,
-                           const char *val, const char *nb, int nap_ms, const char *plan)
+/* A 2x2 cluster of @p consistency (sgd, lr 1) and two replay_clients: @p top_extra manifest
+ * lines, shard 0 started with @p env = @p val (none when @p env is NULL), @p nb batches, each
+ * taking @p nap_ms more (REPLAY_NAP_MS). */
+static void replay_pair_start(asp_stop_t *r, const char *consistency, int hb_ms,
+                              const char *top_extra, const char *env, const char *val,
+                              const char *nb, int nap_ms, const char *plan)
 {
     snprintf(r->hb, sizeof r->hb, "  heartbeat_timeout_ms: %d\n", hb_ms);
-    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = "asp",
+    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = consistency,
                    .optimizer = "{name: sgd, lr: 1}", .job_extra = r->hb,
                    .top_extra = top_extra};
     r->c = cl_cluster_create(&k);
@@ -469,6 +470,13 @@ static void asp_pair_start(asp_stop_t *r, int hb_ms, const char *top_extra, cons
     r->w[0] = cl_spawn(r->c, "replay0", r->argv);
     r->w[1] = cl_spawn(r->c, "replay1", r->argv);
     unsetenv("REPLAY_NAP_MS");
+}
+
+/* The asp cluster and the two replay_clients of asp_stop_start and asp_follow_start. */
+static void asp_pair_start(asp_stop_t *r, int hb_ms, const char *top_extra, const char *env,
+                           const char *val, const char *nb, int nap_ms, const char *plan)
+{
+    replay_pair_start(r, "asp", hb_ms, top_extra, env, val, nb, nap_ms, plan);
 }
 
 static void asp_stop_start(asp_stop_t *r, int hb_ms, const char *plan)
@@ -978,29 +986,22 @@ END_TEST
  * job ends at its 20th step with no replay skipped. */
 START_TEST(test_restore_clean_bsp_no_replays)
 {
-    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = "bsp",
-                   .optimizer = "{name: sgd, lr: 1}",
-                   .job_extra = "  heartbeat_timeout_ms: 1000\n"};
-    cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
-    char nb[] = "40", bs[] = "8", plan[] = "plan:1@1000/1", ord[] = "ab"; /* no death */
-    char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, plan, ord, NULL};
-    setenv("REPLAY_NAP_MS", "150", 1);
-    cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
-    unsetenv("REPLAY_NAP_MS");
+    asp_stop_t r; /* a plan for a step the job never reaches: no death, each step logged */
+    replay_pair_start(&r, "bsp", 1000, NULL, NULL, NULL, "40", 150, "plan:1@1000/1");
+    cl_cluster_t *c = r.c;
     for (int i = 0; i < 2; i++)
-        ck_assert_msg(cl_wait_log(w[i], "at step 3", RUN_S) == 0, "%s", cl_tail(w[i]));
+        ck_assert_msg(cl_wait_log(r.w[i], "at step 3", RUN_S) == 0, "%s", cl_tail(r.w[i]));
     char ckdir[CL_PATH];
     checkpoint_now(c, ckdir);
     for (int i = 0; i < 2; i++) {
-        cl_signal(w[i], SIGKILL);
-        cl_wait(w[i], RUN_S);
+        cl_signal(r.w[i], SIGKILL);
+        cl_wait(r.w[i], RUN_S);
     }
-    stop_all(psd, 2);
+    stop_all(r.psd, 2);
     cl_data_dirs_aside(c, "trained");
-    cl_restore_start(c, c->manifest, 2, ckdir, psd, READY_S);
-    EXPECT_LOG(psd[0], "with the pushes of 2 of its 2 members on every chunk");
-    new_workers_finish(c, argv);
+    cl_restore_start(c, c->manifest, 2, ckdir, r.psd, READY_S);
+    EXPECT_LOG(r.psd[0], "with the pushes of 2 of its 2 members on every chunk");
+    new_workers_finish(c, r.argv);
     coord_t co;
     coord_open(&co, c);
     for (uint32_t s = 0; s < 2; s++) {
@@ -1010,7 +1011,7 @@ START_TEST(test_restore_clean_bsp_no_replays)
         free(j);
     }
     coord_close(&co);
-    stop_all(psd, 2);
+    stop_all(r.psd, 2);
     cl_cluster_destroy(c);
 }
 END_TEST

@@ -629,6 +629,39 @@ START_TEST(test_psctl_wait_leaves_copies)
 }
 END_TEST
 
+/* Two shards (bsp) and one worker that hangs @p hang_ms before its second step, its first
+ * applied: a checkpoint armed now waits that long for its step. Returns once it hangs, with a
+ * request client to the shards in *@p ctl (on *@p m, which must outlive it). */
+static cl_cluster_t *hung_before_step(const char *hang_ms, cl_proc_t *psd[2], cl_proc_t **w,
+                                      ps_manifest_t *m, ps_req_t **ctl)
+{
+    cl_conf_t k = {.shards = 2, .workers = 1, .job_extra = "  heartbeat_timeout_ms: 10000\n"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    psd[0] = cl_psd_start(c, 0, NULL, READY_S);
+    psd[1] = cl_psd_start(c, 1, NULL, READY_S);
+    setenv("PS_TEST_HANG_AT", "train:2", 1);
+    setenv("PS_TEST_HANG_MS", hang_ms, 1);
+    *w = cl_worker_start(c, NULL, NULL, false);
+    unsetenv("PS_TEST_HANG_AT");
+    unsetenv("PS_TEST_HANG_MS");
+    char err[1024] = "";
+    ck_assert_msg(ps_manifest_load(m, c->manifest, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(ps_req_open(m, 5.0, ctl, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(cl_wait_log(*w, "(PS_TEST_HANG_AT)", RUN_S) == 0, "%s", cl_tail(*w));
+    return c;
+}
+
+/* Until shard 1 answers a status of a checkpoint (it is armed) while psctl @p ck runs. */
+static void wait_shard1_armed(cl_cluster_t *c, ps_req_t *ctl, cl_proc_t *ck)
+{
+    char err[1024] = "";
+    while (ckpt_req(ctl, 1, PS_MSG_CKPT_STATUS, 0, NULL, 0, NULL, err, sizeof err) != 0) {
+        ck_assert_msg(cl_alive(ck) && cl_left(c) > 5, "shard 1 never armed: %s", cl_tail(ck));
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
+
 /* psctl checkpoint stopped by SIGTERM (or SIGINT) while it waits for the step: it gives the
  * checkpoint up as --wait running out does, cancelled on both shards and the directory
  * removed, and exits 143; the next checkpoint then completes. Before, the signal killed psctl
@@ -636,29 +669,16 @@ END_TEST
  * went on (psd logged no cancel). */
 START_TEST(test_psctl_checkpoint_interrupted)
 {
-    cl_conf_t k = {.shards = 2, .workers = 1, .job_extra = "  heartbeat_timeout_ms: 10000\n"};
-    cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
-    setenv("PS_TEST_HANG_AT", "train:2", 1); /* its first step applied, its second one held */
-    setenv("PS_TEST_HANG_MS", "4000", 1);
-    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
-    unsetenv("PS_TEST_HANG_AT");
-    unsetenv("PS_TEST_HANG_MS");
+    cl_proc_t *psd[2], *w;
     ps_manifest_t m;
-    char err[1024] = "", gone[CL_PATH], again[CL_PATH];
-    ck_assert_msg(ps_manifest_load(&m, c->manifest, err, sizeof err) == 0, "%s", err);
     ps_req_t *ctl;
-    ck_assert_msg(ps_req_open(&m, 5.0, &ctl, err, sizeof err) == 0, "%s", err);
-    ck_assert_msg(cl_wait_log(w, "(PS_TEST_HANG_AT)", RUN_S) == 0, "%s", cl_tail(w));
+    cl_cluster_t *c = hung_before_step("4000", psd, &w, &m, &ctl);
+    char gone[CL_PATH], again[CL_PATH];
     cl_path(c, "ckpt-interrupted", gone, sizeof gone);
     cl_path(c, "ckpt-after", again, sizeof again);
     const char *ckpt[] = {"checkpoint", "--dir", gone, "--wait", "60", NULL};
     cl_proc_t *ck = psctl_spawn(c, "checkpoint-interrupted", ckpt);
-    while (ckpt_req(ctl, 1, PS_MSG_CKPT_STATUS, 0, NULL, 0, NULL, err, sizeof err) != 0) {
-        ck_assert_msg(cl_alive(ck) && cl_left(c) > 5, "shard 1 never armed: %s", cl_tail(ck));
-        struct timespec ts = {0, 10 * 1000 * 1000};
-        nanosleep(&ts, NULL);
-    }
+    wait_shard1_armed(c, ctl, ck);
     ps_req_close(ctl);
     ck_assert_int_eq(cl_signal(ck, SIGTERM), 0);
     EXPECT_EXIT(ck, 128 + SIGTERM);
@@ -714,34 +734,20 @@ END_TEST
  * arm replace it, and a cancel ends an armed one. */
 START_TEST(test_psctl_stopped_shard_bounded)
 {
-    cl_conf_t k = {.shards = 2, .workers = 1, .job_extra = "  heartbeat_timeout_ms: 10000\n"};
-    cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
-    setenv("PS_TEST_HANG_AT", "train:2", 1); /* its first step applied, its second one held */
-    setenv("PS_TEST_HANG_MS", "6000", 1);
-    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
-    unsetenv("PS_TEST_HANG_AT");
-    unsetenv("PS_TEST_HANG_MS");
+    cl_proc_t *psd[2], *w;
+    ps_manifest_t m;
+    ps_req_t *ctl;
+    cl_cluster_t *c = hung_before_step("6000", psd, &w, &m, &ctl);
     const char *status[] = {"status", NULL};
     EXPECT_LOG(psctl(c, "status", 0, status), "job: membership epoch ");
     const char *typo[] = {"stauts", NULL};
     EXPECT_LOG(psctl(c, "typo", 2, typo), "psctl: unknown command 'stauts'\nusage: psctl ");
-    ps_manifest_t m;
     char err[1024] = "", gone[CL_PATH], again[CL_PATH], names[512];
-    ck_assert_msg(ps_manifest_load(&m, c->manifest, err, sizeof err) == 0, "%s", err);
-    ps_req_t *ctl;
-    ck_assert_msg(ps_req_open(&m, 5.0, &ctl, err, sizeof err) == 0, "%s", err);
-    ck_assert_msg(cl_wait_log(w, "(PS_TEST_HANG_AT)", RUN_S) == 0, "%s", cl_tail(w));
     cl_path(c, "ckpt-given-up", gone, sizeof gone);
     cl_path(c, "ckpt-again", again, sizeof again);
     const char *ckpt[] = {"checkpoint", "--dir", gone, "--wait", "1", "--timeout", "1", NULL};
     cl_proc_t *ck = psctl_spawn(c, "checkpoint-stopped", ckpt);
-    /* Stopped once armed (its status answers, not "no checkpoint"). */
-    while (ckpt_req(ctl, 1, PS_MSG_CKPT_STATUS, 0, NULL, 0, NULL, err, sizeof err) != 0) {
-        ck_assert_msg(cl_alive(ck) && cl_left(c) > 5, "shard 1 never armed: %s", cl_tail(ck));
-        struct timespec ts = {0, 10 * 1000 * 1000};
-        nanosleep(&ts, NULL);
-    }
+    wait_shard1_armed(c, ctl, ck); /* stopped once armed (its status answers) */
     ck_assert_int_eq(cl_signal(psd[1], SIGSTOP), 0);
     const char *verify[] = {"verify", "--timeout", "1", NULL};
     cl_proc_t *v = psctl(c, "verify", 1, verify);
