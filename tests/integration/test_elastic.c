@@ -1343,6 +1343,19 @@ END_TEST
 
 /* ---- SIGSTOP -------------------------------------------------------------------------- */
 
+/* Once @p co's open step reaches 30 (returned), worker @p w is SIGSTOPped; returns when shard 0
+ * @p psd0 dropped it: for its missed heartbeats ("dropping it"), or, when psd restarted its
+ * transport meanwhile (a loaded host), for a connection that closed and did not come back:
+ * either way coord logs the removal as "left at step". */
+static long long stopped_and_dropped(coord_t *co, cl_proc_t *psd0, cl_proc_t *w)
+{
+    long long at = wait_num(co, "open_step", 30, 0, RUN_S);
+    ck_assert_int_eq(cl_signal(w, SIGSTOP), 0);
+    ck_assert_msg(cl_wait_log(psd0, "left at step", RUN_S) == 0,
+                  "shard 0 never dropped the stopped worker: %s", cl_tail(psd0));
+    return at;
+}
+
 /* A stopped worker is dropped after the heartbeat timeout and the other carries on alone; on
  * SIGCONT it learns it was removed and joins again as a new member; the run completes with
  * every sample of every pass applied once. */
@@ -1353,14 +1366,8 @@ START_TEST(test_sigstop_rejoins)
     cl_proc_t *psd[2], *w[2];
     coord_t co;
     cl_cluster_t *c = start_2x2(&k, psd, w, &co);
-    long long at = wait_num(&co, "open_step", 30, 0, RUN_S);
+    long long at = stopped_and_dropped(&co, psd[0], w[1]);
     ck_assert_msg(at >= 30 && at < 700, "the stop should land mid-run, not at step %lld", at);
-    ck_assert_int_eq(cl_signal(w[1], SIGSTOP), 0);
-    /* Dropped for its missed heartbeats ("dropping it"), or, when psd restarted its transport
-     * meanwhile (a loaded host), for a connection that closed and did not come back: either
-     * way coord logs the removal as "left at step". */
-    ck_assert_msg(cl_wait_log(psd[0], "left at step", RUN_S) == 0,
-                  "shard 0 never dropped the stopped worker: %s", cl_tail(psd[0]));
     ck_assert_int_eq(wait_num(&co, "actual_workers", 1, 1, RUN_S), 1);
     long long s0 = coord_num(&co, "open_step");
     ck_assert_int_gt(wait_num(&co, "open_step", s0 + 20, 0, RUN_S), s0 + 19); /* goes on alone */
@@ -1389,10 +1396,7 @@ START_TEST(test_sigstop_rejoin_refused_exits_2)
     cl_proc_t *psd[2], *w[2];
     coord_t co;
     cl_cluster_t *c = start_2x2(&k, psd, w, &co);
-    wait_num(&co, "open_step", 30, 0, RUN_S);
-    ck_assert_int_eq(cl_signal(w[1], SIGSTOP), 0);
-    ck_assert_msg(cl_wait_log(psd[0], "left at step", RUN_S) == 0,
-                  "shard 0 never dropped the stopped worker: %s", cl_tail(psd[0]));
+    stopped_and_dropped(&co, psd[0], w[1]);
     char other[CL_PATH];
     cl_manifest_other_cluster(c, other);
     ck_assert_int_eq(rename(other, c->manifest), 0);
