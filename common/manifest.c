@@ -335,11 +335,13 @@ static int parse_str(ctx_t *c, const field_t *f, yaml_node_t *n, char *dst, cons
         if ((unsigned char)t[i] < 0x20 || t[i] == 0x7f)
             return fail(c, n, path, "must not contain a control character (byte %zu is 0x%02x)", i,
                         (unsigned)(unsigned char)t[i]);
-    if (len >= f->size)
-        return fail(c, n, path, "is too long: at most %zu bytes, got %zu", f->size - 1, len);
+    /* The names first: a value that is none of them is wrong for that reason, whatever its
+     * length ("topk:0.1" for compression.pull is not "too long"). */
     if (f->names && find_name(f->names, n) < 0)
         return fail(c, n, path, "must be one of %s, got %s",
                     join_names(f->names, names, sizeof names), describe(n, buf, sizeof buf));
+    if (len >= f->size)
+        return fail(c, n, path, "is too long: at most %zu bytes, got %zu", f->size - 1, len);
     memcpy(dst, text_of(n), len + 1);
     return 0;
 }

@@ -537,6 +537,12 @@ START_TEST(test_compression)
                            "      optimizer: {name: sgd, lr: 0.5}, compression: {pull: int8}}\n"),
                      PS_ECONFIG);
     ck_assert_str_eq(err, "demo.yaml:4: job.compression.pull: must be one of none|fp16|bf16, got 'int8'");
+    /* Longer than the field holds, but wrong for being none of the names (was "is too long"). */
+    ck_assert_int_eq(parse("cluster: c\nservers: [{host: h, port: 1, data_dir: /d}]\n"
+                           "job: {model: mlp, batch_size: 1, epochs: 1, workers: 1,\n"
+                           "      optimizer: {name: sgd, lr: 0.5}, compression: {pull: topk:0.1}}\n"),
+                     PS_ECONFIG);
+    ck_assert_str_eq(err, "demo.yaml:4: job.compression.pull: must be one of none|fp16|bf16, got 'topk:0.1'");
     ck_assert_int_eq(parse("cluster: c\nservers: [{host: h, port: 1, data_dir: /d}]\n"
                            "job: {model: mlp, batch_size: 1, epochs: 1, workers: 1,\n"
                            "      optimizer: {name: sgd, lr: 0.5}, compression: {block: 0}}\n"),
