@@ -41,7 +41,21 @@ cleanup() {
 }
 trap cleanup EXIT
 fail() { echo "verify.sh: FAIL: $*" >&2; tail -n 20 "$tmp"/*.log >&2; exit 1; }
-port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+# A port that binds now, below the kernel's ephemeral range (which other suites' connections,
+# running beside this one, draw from), as tests/integration/cluster.c's pick_port.
+port=$(/usr/bin/python3 -c '
+import random, socket
+try: lo = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+except (OSError, ValueError, IndexError): lo = 32768
+top = lo if lo > 1024 else 32768
+for _ in range(200):
+    p = random.randrange(top - 12000 if top > 13024 else 1024, top)
+    s = socket.socket()
+    try: s.bind(("127.0.0.1", p))
+    except OSError: continue
+    print(p); break
+')
+[ -n "$port" ] || fail "no free port"
 cat > "$tmp/m.yaml" <<M
 cluster: gpu-verify
 servers:
