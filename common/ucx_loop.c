@@ -5,11 +5,29 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sched.h>
+#include <signal.h>
 #include <time.h>
+
+#include <ucs/config/global_opts.h>
+#include <ucs/debug/debug.h>
 
 #include "ps/ps_error.h"
 #include "ps/ps_log.h"
 #include "ucx_loop.h"
+
+/* UCX 1.13 takes SIGHUP when libucs loads (UCX_DEBUG_SIGNO, by default SIGHUP): its handler
+ * turns UCX's trace logging on and lets the process run on. So a program linking this code
+ * whose terminal closed went on: pslaunch then started replacements for the workers the hangup
+ * ended, and a libps program of a user's ran on unseen. Unless the user asked for UCX's debug
+ * signal (the variable set), SIGHUP gets back the disposition it had before UCX: the default
+ * (the process ends), or an ignore it was started with (nohup). Runs when this object loads,
+ * after libucs (a library it depends on) took the signal, before main or dlopen returns;
+ * programs that handle SIGHUP (psd, psworker) install their handlers later as before. */
+__attribute__((constructor)) static void sighup_from_ucx(void)
+{
+    if (getenv("UCX_DEBUG_SIGNO") == NULL && ucs_global_opts.debug_signo == SIGHUP)
+        ucs_debug_disable_signal(SIGHUP);
+}
 
 int ps_ucx_err(ucs_status_t s)
 {

@@ -123,21 +123,21 @@ uint64_t psctl_checkpoint_id(void)
     return id;
 }
 
-/* psctl checkpoint by hand: a SIGINT or SIGTERM while it arms or waits gives the checkpoint up
- * as --wait running out does (cancelled on every shard, the parts removed), and psctl exits
- * 128 + the signal. The handler is one-shot (SA_RESETHAND): a second signal ends psctl at once.
- * Before, the signal killed psctl and its armed shards stayed armed until they reached the
- * step: every later checkpoint was refused "in progress" meanwhile, and their parts then
- * stayed. Not installed by --follow (psctl_follow.c handles its signals), nor for a signal
- * ignored when psctl started (a background job's SIGINT). */
+/* psctl checkpoint by hand: a SIGINT, SIGTERM or SIGHUP (its terminal closed) while it arms or
+ * waits gives the checkpoint up as --wait running out does (cancelled on every shard, the parts
+ * removed), and psctl exits 128 + the signal. The handler is one-shot (SA_RESETHAND): a second
+ * signal ends psctl at once. Before, the signal killed psctl and its armed shards stayed armed
+ * until they reached the step: every later checkpoint was refused "in progress" meanwhile, and
+ * their parts then stayed. Not installed by --follow (psctl_follow.c handles its signals), nor for
+ * a signal ignored when psctl started (a background job's SIGINT). */
 static volatile sig_atomic_t g_interrupt; /* stays 0 without interrupt_catch (--follow) */
 
 static void on_interrupt(int sig) { g_interrupt = sig; }
 
 static void interrupt_catch(void)
 {
-    const int sigs[] = {SIGINT, SIGTERM};
-    for (int i = 0; i < 2; i++) {
+    const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+    for (int i = 0; i < 3; i++) {
         struct sigaction old, sa = {.sa_handler = on_interrupt, .sa_flags = SA_RESETHAND};
         sigemptyset(&sa.sa_mask);
         if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler != SIG_IGN)
@@ -145,7 +145,10 @@ static void interrupt_catch(void)
     }
 }
 
-static const char *interrupt_name(void) { return g_interrupt == SIGINT ? "SIGINT" : "SIGTERM"; }
+static const char *interrupt_name(void)
+{
+    return g_interrupt == SIGINT ? "SIGINT" : g_interrupt == SIGHUP ? "SIGHUP" : "SIGTERM";
+}
 
 /* What becomes of each shard's part of a checkpoint given up. */
 enum {
@@ -459,8 +462,9 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
     if (!armed || !cut || failed || late || stopped) {
         for (int i = 0; i < n; i++)
             if ((st[i].flags & 1) && st[i].status == 0) fate[i] = PART_GONE; /* whole, removed */
-        const char *reason = stopped ? (g_interrupt == SIGINT ? "interrupted (SIGINT)"
-                                                              : "interrupted (SIGTERM)")
+        char intr[32];
+        snprintf(intr, sizeof intr, "interrupted (%s)", interrupt_name());
+        const char *reason = stopped  ? intr
                              : !armed ? "a shard refused its arm or did not answer it"
                              : !cut   ? "the coordinator's hold lapsed: no cut"
                              : late   ? "--wait ran out"

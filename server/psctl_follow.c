@@ -286,6 +286,7 @@ int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wai
     struct sigaction sa = {.sa_handler = on_signal}; /* no SA_RESTART: waits end early */
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL); /* its terminal closed: UCX's own handler no longer has it */
     char base[PS_PATH_MAX + 32], dir[1024], err[512];
     if (ck->dir[0])
         psctl_absolute(base, sizeof base, ck->dir);
@@ -423,8 +424,10 @@ int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wai
             fprintf(stderr, "psctl: follow: releasing the checkpoint hold: %s\n", err);
     }
     printf("psctl: follow: %s after %d %s\n",
-           g_stop ? (g_stop == SIGTERM ? "SIGTERM: stopping" : "SIGINT: stopping")
-                  : "the job is finished: stopping",
+           g_stop == SIGTERM  ? "SIGTERM: stopping"
+           : g_stop == SIGINT ? "SIGINT: stopping"
+           : g_stop           ? "SIGHUP: stopping"
+                              : "the job is finished: stopping",
            taken, taken == 1 ? "checkpoint" : "checkpoints");
     ps_req_close(cl);
     return ret;

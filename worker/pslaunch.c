@@ -1,4 +1,4 @@
-/* pslaunch.c: start local psworker processes for a manifest, forward SIGINT/SIGTERM
+/* pslaunch.c: start local psworker processes for a manifest, forward SIGINT/SIGTERM/SIGHUP
  * to them and wait. Either N of them (--workers N, failing if one fails), or as many
  * as the coordinator asks for (--follow): every poll it reports how many run here and
  * starts or stops (SIGTERM) workers as told, so that `psctl scale N` takes effect and
@@ -23,7 +23,7 @@
 #include "manifest.h"
 #include "ps/ps_error.h"
 
-static int g_sig;  /* SIGINT or SIGTERM once received (forwarded to the workers) */
+static int g_sig;  /* SIGINT, SIGTERM or SIGHUP once received (forwarded to the workers) */
 static int g_nsig; /* how many of them came: a second one kills the workers left */
 static const char *g_device; /* --device, passed on to every worker (NULL: none) */
 
@@ -74,20 +74,25 @@ static pid_t spawn(const char *worker, const char *manifest, const char *metrics
     _exit(127);
 }
 
-/* Whether a SIGINT or SIGTERM waits (blocked, not yet taken): checked before each start, so
- * that one that came meanwhile starts no more workers. */
+/* Whether a SIGINT, SIGTERM or SIGHUP waits (blocked, not yet taken): checked before each
+ * start, so that one that came meanwhile starts no more workers. */
 static int stop_pending(void)
 {
     sigset_t p;
     sigpending(&p);
-    return sigismember(&p, SIGINT) || sigismember(&p, SIGTERM);
+    return sigismember(&p, SIGINT) || sigismember(&p, SIGTERM) || sigismember(&p, SIGHUP);
 }
 
-/* Takes a signal sigtimedwait / sigwaitinfo returned: a SIGINT or SIGTERM is kept in g_sig and
- * counted. */
-static void took(int sig)
+/* Takes a signal sigtimedwait / sigwaitinfo returned: a SIGINT, SIGTERM or SIGHUP is kept in
+ * g_sig and counted; the first one is said (with the @p nlive workers it goes on to). */
+static void took(int sig, long nlive)
 {
-    if (sig == SIGINT || sig == SIGTERM) g_sig = sig, g_nsig++;
+    if (sig != SIGINT && sig != SIGTERM && sig != SIGHUP) return;
+    if (g_nsig++ == 0)
+        fprintf(stderr, "pslaunch: %s: passing it on to the %ld worker(s) running and waiting "
+                "for them to leave\n", sig == SIGINT ? "SIGINT" : sig == SIGHUP ? "SIGHUP"
+                : "SIGTERM", nlive);
+    g_sig = sig;
 }
 
 /* --follow with --metrics-dir: the first index from *@p next whose DIR/worker-i.jsonl did not
@@ -250,7 +255,7 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
                             (unsigned long long)members, rep.workers);
             }
         }
-        took(sigtimedwait(set, NULL, &ts));
+        took(sigtimedwait(set, NULL, &ts), nlive);
         int st;
         pid_t pid;
         while ((pid = waitpid(-1, &st, WNOHANG)) > 0)
@@ -305,8 +310,8 @@ static void usage(FILE *f)
                "DIR/worker-i.jsonl (DIR is made if missing). With --respawn N, a worker that\n"
                "dies (a signal or a non-zero exit other than 2, psworker's code for a manifest\n"
                "or argument it refuses) is replaced, up to N times in all. Exits non-zero if a\n"
-               "worker failed for good. SIGINT/SIGTERM are passed on to the workers; a second\n"
-               "one, or 30 s without their exit, kills (SIGKILL) the ones left.\n"
+               "worker failed for good. SIGINT/SIGTERM/SIGHUP are passed on to the workers; a\n"
+               "second one, or 30 s without their exit, kills (SIGKILL) the ones left.\n"
                "With --follow, start and stop (SIGTERM) workers as the coordinator says until\n"
                "the job has the number `psctl scale` set (initially job.workers); exits 0 when\n"
                "the job is complete and its workers have exited, 2 when a worker refuses its\n"
@@ -453,6 +458,12 @@ int main(int argc, char **argv)
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGCHLD);
+    /* SIGHUP (its terminal closed) stops the workers as SIGTERM does, unless it was ignored at
+     * the start (nohup): the workers inherit that ignore. Before, UCX's own handler had it
+     * (ps_ucx gives it back, ucx_loop.c) and pslaunch ran on, starting replacements for the
+     * workers the hangup ended. */
+    struct sigaction hup;
+    if (sigaction(SIGHUP, NULL, &hup) == 0 && hup.sa_handler != SIG_IGN) sigaddset(&set, SIGHUP);
     sigprocmask(SIG_BLOCK, &set, NULL);
 
     if (follow_mode) return follow(manifest, worker, metrics_dir, poll_ms, &set);
@@ -466,7 +477,8 @@ int main(int argc, char **argv)
         if ((pids[i] = spawn(worker, manifest, metrics_dir, i)) < 0) break;
         started++;
     }
-    if (stop_pending()) took(sigwaitinfo(&set, NULL)); /* ahead of SIGCHLD: a lower number */
+    if (stop_pending()) /* ahead of SIGCHLD: a lower number */
+        took(sigwaitinfo(&set, NULL), started);
     int failed = started < n && !g_sig, killed = 0;
     double forwarded_at = 0;
     long left = started;
@@ -490,9 +502,9 @@ int main(int argc, char **argv)
                 double w = forwarded_at + STOP_GRACE_S - mono_s();
                 w = w < 0.01 ? 0.01 : w;
                 struct timespec ts = {(time_t)w, (long)((w - (double)(time_t)w) * 1e9)};
-                took(sigtimedwait(&set, NULL, &ts));
+                took(sigtimedwait(&set, NULL, &ts), left);
             } else {
-                took(sigwaitinfo(&set, NULL));
+                took(sigwaitinfo(&set, NULL), left);
             }
             continue;
         }
@@ -516,7 +528,7 @@ int main(int argc, char **argv)
                     for (double end = mono_s() + d, now; !g_sig && (now = mono_s()) < end;) {
                         double w = end - now; /* another child's exit is reaped below */
                         struct timespec ts = {(time_t)w, (long)((w - (double)(time_t)w) * 1e9)};
-                        took(sigtimedwait(&set, NULL, &ts));
+                        took(sigtimedwait(&set, NULL, &ts), left);
                     }
                     born[i] = mono_s();
                     if (!g_sig && !stop_pending() &&

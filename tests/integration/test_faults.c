@@ -1139,7 +1139,8 @@ static void kill_listed(const char *path)
 
 /* pslaunch never hangs on its workers nor leaves them running: a second SIGTERM kills workers
  * that ignore the first (before: it waited for good); a pslaunch killed with -9 takes its
- * workers along (SIGTERM: before, they ran on); started with SIGCHLD ignored it still sees its
+ * workers along (SIGTERM: before, they ran on); SIGHUP is passed on (before: UCX's handler
+ * took it, and pslaunch ran on); started with SIGCHLD ignored it still sees its
  * workers die and replaces them (before: it waited for good); a --metrics-dir where no file can
  * be made is refused at once (before: every worker failed to open its file); --follow's
  * workers hold none of its descriptors (before: its UCX sockets and its connection to shard 0),
@@ -1184,6 +1185,23 @@ START_TEST(test_pslaunch_care)
     int nterms = lines_within(terms, 2);
     kill_listed(pids);
     ck_assert_msg(nterms >= 2, "%s: %d of 2 workers heard SIGTERM", terms, nterms);
+
+    /* SIGHUP (its terminal closed) is passed on and waited for as SIGTERM is. Before, UCX's
+     * own handler (UCX_DEBUG_SIGNO) took it and pslaunch ran on. */
+    cl_path(c, "h.pids", pids, sizeof pids);
+    cl_path(c, "h.hups", terms, sizeof terms);
+    snprintf(body, sizeof body, "trap 'echo hup >> %s; exit 0' HUP\necho $$ >> %s\n"
+             "while :; do sleep 0.1; done\n", terms, pids);
+    stand_in(c, "hangup.sh", body, script, sizeof script);
+    l = cl_spawn(c, "pslaunch-hup", la);
+    free(wait_lines(pids, 2));
+    ck_assert_int_eq(cl_signal(l, SIGHUP), 0);
+    st = cl_wait(l, 20);
+    nterms = lines_within(terms, 2);
+    kill_listed(pids);
+    ck_assert_msg(st == 128 + SIGHUP, "pslaunch after SIGHUP: %d: %s", st, cl_tail(l));
+    EXPECT_LOG(l, "SIGHUP: passing it on to the 2 worker(s) running");
+    ck_assert_msg(nterms >= 2, "%s: %d of 2 workers heard SIGHUP", terms, nterms);
 
     /* Started with SIGCHLD ignored: a worker that exits 1 is replaced, then it exits 1. */
     stand_in(c, "die.sh", "exit 1\n", script, sizeof script);

@@ -662,8 +662,8 @@ static void wait_shard1_armed(cl_cluster_t *c, ps_req_t *ctl, cl_proc_t *ck)
     }
 }
 
-/* psctl checkpoint stopped by SIGTERM (or SIGINT) while it waits for the step: it gives the
- * checkpoint up as --wait running out does, cancelled on both shards and the directory
+/* psctl checkpoint stopped by SIGTERM (or SIGINT, or SIGHUP) while it waits for the step: it
+ * gives the checkpoint up as --wait running out does, cancelled on both shards and the directory
  * removed, and exits 143; the next checkpoint then completes. Before, the signal killed psctl
  * and both shards stayed armed: they wrote their parts into that directory once the worker
  * went on (psd logged no cancel). */
@@ -690,9 +690,10 @@ START_TEST(test_psctl_checkpoint_interrupted)
     const char *ckpt2[] = {"checkpoint", "--dir", again, "--wait", "60", NULL};
     EXPECT_LOG(psctl(c, "checkpoint-after", 0, ckpt2), "psctl: checkpoint at step ");
     ck_assert_msg(access(gone, F_OK) != 0, "%s was made after all", gone);
-    /* With shard 1 stopped, its arm waits for an answer (--timeout 600): the signal ends that
-     * wait at once (before: only the timeout did), and once shard 1 goes on the checkpoint
-     * is cancelled on both. */
+    /* With shard 1 stopped, its arm waits for an answer (--timeout 600): the signal, a SIGHUP
+     * here (its terminal closed; before, UCX's own handler took it and psctl waited on), ends
+     * that wait at once (before: only the timeout did), and once shard 1 goes on the
+     * checkpoint is cancelled on both. */
     char stuck[CL_PATH];
     cl_path(c, "ckpt-stuck", stuck, sizeof stuck);
     ck_assert_int_eq(cl_signal(psd[1], SIGSTOP), 0);
@@ -701,10 +702,10 @@ START_TEST(test_psctl_checkpoint_interrupted)
     char armed0[CL_PATH + 32];
     snprintf(armed0, sizeof armed0, "into %s/shard-0", stuck); /* shard 0 armed: 1's is next */
     ck_assert_msg(cl_wait_log(psd[0], armed0, RUN_S) == 0, "%s", cl_tail(psd[0]));
-    ck_assert_int_eq(cl_signal(ck3, SIGTERM), 0);
-    ck_assert_msg(cl_wait_log(ck3, "SIGTERM: giving it up", RUN_S) == 0, "%s", cl_tail(ck3));
+    ck_assert_int_eq(cl_signal(ck3, SIGHUP), 0);
+    ck_assert_msg(cl_wait_log(ck3, "SIGHUP: giving it up", RUN_S) == 0, "%s", cl_tail(ck3));
     ck_assert_int_eq(cl_signal(psd[1], SIGCONT), 0);
-    EXPECT_EXIT(ck3, 128 + SIGTERM);
+    EXPECT_EXIT(ck3, 128 + SIGHUP);
     EXPECT_LOG(ck3, "psctl: checkpoint: cancelled it and removed the incomplete checkpoint ");
     ck_assert_int_eq(cl_signal(w, SIGTERM), 0);
     cl_wait(w, RUN_S);
