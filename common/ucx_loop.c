@@ -223,7 +223,24 @@ static int worker_start(ps_ucx_t *u)
     return 0;
 }
 
+/* Whether the transports @p tls (UCX_TLS's syntax; NULL: UCX's default, all) may include shared
+ * memory or cma. */
+static bool tls_may_share(const char *tls)
+{
+    if (tls == NULL || *tls == '\0') return true;
+    if (tls[0] == '^') return strstr(tls, "sm") == NULL; /* "^sm" / "^shm" leave it out */
+    static const char *const shm[] = {"all", "sm", "mm", "posix", "sysv", "cma", "xpmem", "knem"};
+    for (size_t i = 0; i < sizeof shm / sizeof *shm; i++)
+        if (strstr(tls, shm[i])) return true;
+    return false;
+}
+
 int ps_ucx_init(ps_ucx_t *u, uv_loop_t *loop)
+{
+    return ps_ucx_init_tls(u, loop, NULL);
+}
+
+int ps_ucx_init_tls(ps_ucx_t *u, uv_loop_t *loop, const char *tls)
 {
     memset(u, 0, sizeof *u);
     u->loop = loop;
@@ -238,27 +255,47 @@ int ps_ucx_init(ps_ucx_t *u, uv_loop_t *loop)
         else
             u->eager_below = (uint32_t)v;
     }
+    const char *env_tls = getenv("UCX_TLS");
+    if (env_tls && *env_tls) tls = NULL; /* the user's choice, as UCX reads it */
     /* UCX 1.13 leaves shared memory out under PEER error handling unless these are set
-     * (PLATFORM-NOTES.md section 1); without them a local cluster silently runs on TCP. */
-    setenv("UCX_MM_ERROR_HANDLING", "y", 0);
-    setenv("UCX_CMA_MEMORY_INVALIDATE", "y", 0);
+     * (PLATFORM-NOTES.md section 1); without them a local cluster silently runs on TCP. Not
+     * where no shared memory is used: UCX warns of a variable no transport read. */
+    static const char *const shm_vars[] = {"UCX_MM_ERROR_HANDLING", "UCX_CMA_MEMORY_INVALIDATE"};
+    char *kept[2] = {NULL, NULL}; /* hidden from UCX until its worker is made, put back then */
+    if (tls_may_share(tls ? tls : env_tls)) {
+        for (int i = 0; i < 2; i++) setenv(shm_vars[i], "y", 0);
+    } else if (tls) {
+        /* Ours set them in a parent (a python process that loaded libps runs psctl), or the
+         * user for the workers: UCX would print "unused env variable" on stdout (into psctl
+         * status --json). This process's children still get them. */
+        for (int i = 0; i < 2; i++) {
+            const char *v = getenv(shm_vars[i]);
+            if (v && (kept[i] = strdup(v)) != NULL) unsetenv(shm_vars[i]);
+        }
+    }
 
     ucp_config_t *config;
     ucs_status_t s = ucp_config_read(NULL, NULL, &config);
-    if (s != UCS_OK) return PS_ETRANSPORT;
-    ucp_params_t params = {
-        .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED,
-        .features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
-        .mt_workers_shared = 0,
-    };
-    s = ucp_init(&params, config, &u->context);
-    ucp_config_release(config);
+    if (s == UCS_OK && tls && (s = ucp_config_modify(config, "TLS", tls)) != UCS_OK)
+        ucp_config_release(config);
+    if (s == UCS_OK) {
+        ucp_params_t params = {
+            .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED,
+            .features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
+            .mt_workers_shared = 0,
+        };
+        s = ucp_init(&params, config, &u->context);
+        ucp_config_release(config);
+    }
+    int rc = s == UCS_OK ? worker_start(u) : PS_ETRANSPORT; /* UCX reads the unused here */
+    for (int i = 0; i < 2; i++)
+        if (kept[i]) setenv(shm_vars[i], kept[i], 1), free(kept[i]);
     if (s != UCS_OK) {
-        PS_LOG(PS_LOG_ERROR, "ucx", "ucp_init: %s", ucs_status_string(s));
+        PS_LOG(PS_LOG_ERROR, "ucx", "ucp_init%s%s%s: %s", tls ? " (transports '" : "",
+               tls ? tls : "", tls ? "')" : "", ucs_status_string(s));
         u->context = NULL;
         return PS_ETRANSPORT;
     }
-    int rc = worker_start(u);
     if (rc) {
         ucp_cleanup(u->context);
         u->context = NULL;

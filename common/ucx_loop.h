@@ -81,6 +81,19 @@ struct ps_ucx_s {
  */
 int ps_ucx_init(ps_ucx_t *u, uv_loop_t *loop);
 
+/**
+ * @brief ps_ucx_init with the transports @p tls (UCX_TLS's syntax, e.g. "^sm": all but shared
+ * memory) unless the environment sets UCX_TLS, which wins. The shared-memory settings above are
+ * applied only where shared memory may be used. @p tls is read during the call only.
+ * @return as ps_ucx_init.
+ */
+int ps_ucx_init_tls(ps_ucx_t *u, uv_loop_t *loop, const char *tls);
+
+/** The transports of the operator's tools (psctl, pslaunch's requests): no shared memory or
+ * cma, which need the shard's user (shmat: "Permission denied"; a psd run as a service's user
+ * refused a psctl run by anyone else but root). Their messages are small but for an export. */
+#define PS_UCX_TLS_CONTROL "^sm"
+
 /** @brief Busy-poll @p us microseconds after activity before arming and sleeping (0: never;
  *  the default is 0); the environment variable PS_SPIN_US, when set, wins. Loop thread, or
  *  before other threads look at the handle. */

@@ -163,7 +163,7 @@ int ps_req_open(const ps_manifest_t *m, double timeout_s, ps_req_t **out, char *
         free(c);
         return rc;
     }
-    if (uv_loop_init(&c->loop) || ps_ucx_init(&c->ucx, &c->loop)) {
+    if (uv_loop_init(&c->loop) || ps_ucx_init_tls(&c->ucx, &c->loop, PS_UCX_TLS_CONTROL)) {
         free(c->eps);
         free(c);
         snprintf(err, errlen, "cannot start the UCX transport");
