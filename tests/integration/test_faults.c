@@ -1137,6 +1137,27 @@ static void kill_listed(const char *path)
     free(s);
 }
 
+/* pslaunch @p la, whose --psworker is @p script, with two stand-in workers that write their pids
+ * to @p pids and a line to @p heard when signal @p sig (a trap's name: TERM, HUP) comes; returns
+ * once both run. @p script, @p pids and @p heard are CL_PATH buffers. */
+static cl_proc_t *launch_trapping(cl_cluster_t *c, char *const la[], const char *sig,
+                                  char *script, char *pids, char *heard)
+{
+    char name[32], body[3 * CL_PATH];
+    snprintf(name, sizeof name, "%s.pids", sig);
+    cl_path(c, name, pids, CL_PATH);
+    snprintf(name, sizeof name, "%s.heard", sig);
+    cl_path(c, name, heard, CL_PATH);
+    snprintf(body, sizeof body, "trap 'echo %s >> %s; exit 0' %s\necho $$ >> %s\n"
+             "while :; do sleep 0.1; done\n", sig, heard, sig, pids);
+    snprintf(name, sizeof name, "trapping-%s.sh", sig);
+    stand_in(c, name, body, script, CL_PATH);
+    snprintf(name, sizeof name, "pslaunch-%s", sig);
+    cl_proc_t *l = cl_spawn(c, name, la);
+    free(wait_lines(pids, 2));
+    return l;
+}
+
 /* pslaunch never hangs on its workers nor leaves them running: a second SIGTERM kills workers
  * that ignore the first (before: it waited for good); a pslaunch killed with -9 takes its
  * workers along (SIGTERM: before, they ran on); SIGHUP is passed on (before: UCX's handler
@@ -1170,13 +1191,7 @@ START_TEST(test_pslaunch_care)
     free(listed);
 
     /* kill -9 of pslaunch: its workers hear SIGTERM. */
-    cl_path(c, "b.pids", pids, sizeof pids);
-    cl_path(c, "b.terms", terms, sizeof terms);
-    snprintf(body, sizeof body, "trap 'echo term >> %s; exit 0' TERM\necho $$ >> %s\n"
-             "while :; do sleep 0.1; done\n", terms, pids);
-    stand_in(c, "leaving.sh", body, script, sizeof script);
-    l = cl_spawn(c, "pslaunch-killed", la);
-    free(wait_lines(pids, 2));
+    l = launch_trapping(c, la, "TERM", script, pids, terms);
     ck_assert_int_eq(cl_signal(l, SIGKILL), 0);
     cl_wait(l, 20);
     /* Both workers' traps, before the stand-ins are killed: waiting for the first line only
@@ -1188,13 +1203,7 @@ START_TEST(test_pslaunch_care)
 
     /* SIGHUP (its terminal closed) is passed on and waited for as SIGTERM is. Before, UCX's
      * own handler (UCX_DEBUG_SIGNO) took it and pslaunch ran on. */
-    cl_path(c, "h.pids", pids, sizeof pids);
-    cl_path(c, "h.hups", terms, sizeof terms);
-    snprintf(body, sizeof body, "trap 'echo hup >> %s; exit 0' HUP\necho $$ >> %s\n"
-             "while :; do sleep 0.1; done\n", terms, pids);
-    stand_in(c, "hangup.sh", body, script, sizeof script);
-    l = cl_spawn(c, "pslaunch-hup", la);
-    free(wait_lines(pids, 2));
+    l = launch_trapping(c, la, "HUP", script, pids, terms);
     ck_assert_int_eq(cl_signal(l, SIGHUP), 0);
     st = cl_wait(l, 20);
     nterms = lines_within(terms, 2);
