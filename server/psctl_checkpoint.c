@@ -35,6 +35,7 @@
 
 #include "ckpt_meta.h"
 #include "crc32c.h"
+#include "jsonfield.h"
 #include "merkle.h"
 #include "ps/ps_error.h"
 #include "psctl_client.h"
@@ -296,6 +297,49 @@ static void give_up(ps_req_t *cl, const char *d, uint64_t id, int n, char *fate,
     }
 }
 
+/* A bsp checkpoint not done this long after it began is asked why (held_back). */
+#define HELD_BACK_CHECK_S 3.0
+
+/* Whether a tensor no push reached holds a bsp checkpoint's step back: its chunks stay at step
+ * 0, so the step is never reached everywhere (DESIGN-NOTES, "Dropping a tensor no push
+ * reached"). Asks every shard's status; says what it found on stderr. @return true when the job
+ * is finished besides (nothing will train it: give up), false otherwise (also when a shard does
+ * not answer, or none holds such a tensor). */
+static bool held_back(ps_req_t *cl, const ps_manifest_t *m)
+{
+    bool finished = false, found = false;
+    char err[512], v[32], name[160];
+    for (int i = 0; i < m->nservers; i++) {
+        ps_msg_t q = {.type = PS_MSG_STATUS, .rank = -1}, r;
+        void *data = NULL;
+        size_t len = 0;
+        if (ps_req_call(cl, (uint32_t)i, &q, &r, &data, &len, err, sizeof err) || data == NULL) {
+            free(data);
+            continue;
+        }
+        char *json = malloc(len + 1);
+        if (json) {
+            memcpy(json, data, len);
+            json[len] = '\0';
+        }
+        free(data);
+        if (json == NULL) continue;
+        if (i == 0 && ps_json_field(json, "finished", v, sizeof v)) finished = !strcmp(v, "true");
+        if (!found && ps_json_field(json, "untrained_tensors", v, sizeof v) && atoi(v) > 0 &&
+            ps_json_str_field(json, "untrained_first", name, sizeof name)) {
+            found = true;
+            fprintf(stderr, "psctl: checkpoint: shard %d holds %d tensor%s that no push reached "
+                    "(the first: '%s'): its chunks stay at step 0, which holds the step back "
+                    "everywhere until a worker trains it or `psctl forget NAME` drops it\n", i,
+                    atoi(v), atoi(v) == 1 ? "" : "s", name);
+        }
+        free(json);
+    }
+    if (found && finished)
+        fprintf(stderr, "psctl: checkpoint: the job is finished: nothing will train it\n");
+    return found && finished;
+}
+
 int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, uint64_t id,
                          const char *d, uint64_t next, double wait_s, double t0)
 {
@@ -360,7 +404,9 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
     int *miss = calloc((size_t)n, sizeof *miss); /* status polls in a row without an answer */
     char *fate = calloc((size_t)n, 1);
     int done = 0, failed = 0;
-    bool late = false; /* --wait ran out */
+    bool late = false;    /* --wait ran out */
+    bool stuck = false;   /* held_back: a finished job's tensor no push reached */
+    bool asked = m->job.consistency != PS_CONSIST_BSP; /* held_back was asked (bsp only) */
     if (st == NULL || miss == NULL || fate == NULL) {
         fprintf(stderr, "psctl: checkpoint: out of memory\n");
         goto out;
@@ -418,6 +464,10 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
             }
         }
         if (done + failed == n || failed) break; /* one failed: the others are cancelled */
+        if (!asked && psctl_mono_s() - t0 > HELD_BACK_CHECK_S) {
+            asked = true;
+            if ((stuck = held_back(cl, m))) break;
+        }
         if (psctl_mono_s() - t0 > wait_s) {
             /* Every shard not done copying (each answered, its copy under way: a large store
              * on a slow disk): not given up, they go on and make the checkpoint, as before
@@ -459,7 +509,7 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
         }
     }
     ps_req_set_cancel(cl, NULL);
-    if (!armed || !cut || failed || late || stopped) {
+    if (!armed || !cut || failed || late || stopped || stuck) {
         for (int i = 0; i < n; i++)
             if ((st[i].flags & 1) && st[i].status == 0) fate[i] = PART_GONE; /* whole, removed */
         char intr[32];
@@ -468,9 +518,10 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
                              : !armed ? "a shard refused its arm or did not answer it"
                              : !cut   ? "the coordinator's hold lapsed: no cut"
                              : late   ? "--wait ran out"
+                             : stuck  ? "a tensor no push reached holds its step back for good"
                                       : "a shard failed";
         give_up(cl, d, id, n, fate, miss, reason,
-                !armed || failed || late || stopped ? "incomplete" : "inconsistent",
+                !armed || failed || late || stopped || stuck ? "incomplete" : "inconsistent",
                 !armed && !stopped);
         if (stopped) ret = 128 + g_interrupt;
         goto out;

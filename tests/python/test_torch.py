@@ -451,6 +451,13 @@ def forget_stray(tmp):
         assert st.stdout.count("1 tensor that no push reached (the first: 'stray.weight')") == 2 \
             and "forget NAME drops one" in st.stdout, st.stdout
         assert [c.metric("psd_untrained_tensors", k) for k in (0, 1)] == [1, 1]
+        # A checkpoint of the finished job can never complete: it says why and gives up (before:
+        # it waited its whole --wait, then named no tensor).
+        ck = c.psctl("checkpoint", "--wait", "60", "--dir", os.path.join(c.dir, "held"))
+        assert ck.returncode == 1 and "no push reached (the first: 'stray.weight')" in ck.stderr \
+            and "the job is finished: nothing will train it" in ck.stderr \
+            and "removed the incomplete checkpoint" in ck.stderr, ck.stdout + ck.stderr
+        assert not os.path.exists(os.path.join(c.dir, "held")), "the given up checkpoint stayed"
         for name in ("0.weight", "0.bias", "2.weight", "2.bias"):  # some on shard 1 only
             used = forget(name)
             assert used.returncode == 1 and "took updates" in used.stderr, used.stderr
