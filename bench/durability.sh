@@ -26,7 +26,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+# shellcheck source=../deploy/local/cluster-lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../deploy/local/cluster-lib.sh" # free_port: below ephemeral
+port=$(free_port)
 M=$W/m.yaml
 cat >"$M" <<EOF
 cluster: durability

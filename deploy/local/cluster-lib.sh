@@ -2,21 +2,35 @@
 # bench scripts). Expects $bin (the build dir) and $tmp (a scratch dir); keeps
 # the started psd pids in the array psd_pids.
 
-# A free port: nothing answers a connect on it.
+# A free port below the kernel's ephemeral range (where every outgoing connection takes its
+# local port: one picked there could be taken before psd binds it, "cannot listen ... Device is
+# busy", seen once), one that binds now (python3, which setup.sh installs; else: nothing
+# answers a connect on it), and none of the ports named in "$@".
 free_port() {
-    local p
+    local lo=32768 p taken
+    read -r lo _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || lo=32768
+    [ "$lo" -gt 13024 ] 2>/dev/null || lo=32768
     while :; do
-        p=$((20000 + RANDOM % 40000))
-        (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
+        p=$((lo - 12000 + RANDOM % 12000))
+        taken=0
+        for t in "$@"; do [ "$t" = "$p" ] && taken=1; done
+        [ "$taken" = 1 ] && continue
+        if command -v python3 >/dev/null 2>&1; then
+            python3 -c 'import socket, sys; socket.socket().bind(("127.0.0.1", int(sys.argv[1])))' \
+                "$p" 2>/dev/null && { echo "$p"; return; }
+        else
+            (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
+        fi
     done
 }
 
 # write_servers NSHARDS DIR: the manifest's servers: block, data under DIR.
 write_servers() {
-    local i
+    local i ports=()
     echo "servers:"
     for ((i = 0; i < $1; i++)); do
-        echo "  - {host: 127.0.0.1, port: $(free_port), data_dir: $2/shard$i}"
+        ports+=("$(free_port "${ports[@]}")")
+        echo "  - {host: 127.0.0.1, port: ${ports[$i]}, data_dir: $2/shard$i}"
     done
 }
 
