@@ -25,7 +25,10 @@
  * programs that handle SIGHUP (psd, psworker) install their handlers later as before. */
 __attribute__((constructor)) static void sighup_from_ucx(void)
 {
-    if (getenv("UCX_DEBUG_SIGNO") == NULL && ucs_global_opts.debug_signo == SIGHUP)
+    struct sigaction now;
+    if (getenv("UCX_DEBUG_SIGNO") == NULL && ucs_global_opts.debug_signo == SIGHUP &&
+        sigaction(SIGHUP, NULL, &now) == 0 && now.sa_handler != SIG_DFL &&
+        now.sa_handler != SIG_IGN) /* not given back already (a second copy of this code) */
         ucs_debug_disable_signal(SIGHUP);
 }
 
@@ -223,17 +226,33 @@ static int worker_start(ps_ucx_t *u)
     return 0;
 }
 
-/* Whether the transports @p tls (UCX_TLS's syntax; NULL: UCX's default, all) may include shared
- * memory or cma. */
-static bool tls_may_share(const char *tls)
+/* Whether the transports @p tls (UCX_TLS's syntax: names separated by commas, or all but those
+ * after a leading '^'; NULL or empty: UCX's default, all) include a transport: one of @p in is
+ * named, or, after '^', none of @p out (the aliases that leave all of it out). NULL-ended. */
+static bool tls_uses(const char *tls, const char *const *in, const char *const *out)
 {
     if (tls == NULL || *tls == '\0') return true;
-    if (tls[0] == '^') return strstr(tls, "sm") == NULL; /* "^sm" / "^shm" leave it out */
-    static const char *const shm[] = {"all", "sm", "mm", "posix", "sysv", "cma", "xpmem", "knem"};
-    for (size_t i = 0; i < sizeof shm / sizeof *shm; i++)
-        if (strstr(tls, shm[i])) return true;
-    return false;
+    bool except = tls[0] == '^', named = false;
+    const char *const *names = except ? out : in;
+    for (const char *p = tls + except; *p; p += *p == ',') {
+        size_t n = strcspn(p, ",");
+        for (int i = 0; names[i] && !named; i++)
+            named = strlen(names[i]) == n && strncmp(p, names[i], n) == 0;
+        p += n;
+    }
+    return except ? !named : named;
 }
+
+/* The settings UCX 1.13 needs for shared memory under PEER error handling (PLATFORM-NOTES.md
+ * section 1), each with the transports that read it. */
+static const struct {
+    const char *var;
+    const char *in[8], *out[4];
+} shm_vars[] = {
+    {"UCX_MM_ERROR_HANDLING", {"all", "sm", "shm", "mm", "posix", "sysv", NULL},
+     {"sm", "shm", "mm", NULL}},
+    {"UCX_CMA_MEMORY_INVALIDATE", {"all", "sm", "shm", "cma", NULL}, {"sm", "shm", "cma", NULL}},
+};
 
 int ps_ucx_init(ps_ucx_t *u, uv_loop_t *loop)
 {
@@ -257,21 +276,20 @@ int ps_ucx_init_tls(ps_ucx_t *u, uv_loop_t *loop, const char *tls)
     }
     const char *env_tls = getenv("UCX_TLS");
     if (env_tls && *env_tls) tls = NULL; /* the user's choice, as UCX reads it */
-    /* UCX 1.13 leaves shared memory out under PEER error handling unless these are set
-     * (PLATFORM-NOTES.md section 1); without them a local cluster silently runs on TCP. Not
-     * where no shared memory is used: UCX warns of a variable no transport read. */
-    static const char *const shm_vars[] = {"UCX_MM_ERROR_HANDLING", "UCX_CMA_MEMORY_INVALIDATE"};
-    char *kept[2] = {NULL, NULL}; /* hidden from UCX until its worker is made, put back then */
-    if (tls_may_share(tls ? tls : env_tls)) {
-        for (int i = 0; i < 2; i++) setenv(shm_vars[i], "y", 0);
-    } else if (tls) {
-        /* Ours set them in a parent (a python process that loaded libps runs psctl), or the
-         * user for the workers: UCX would print "unused env variable" on stdout (into psctl
-         * status --json). This process's children still get them. */
-        for (int i = 0; i < 2; i++) {
-            const char *v = getenv(shm_vars[i]);
-            if (v && (kept[i] = strdup(v)) != NULL) unsetenv(shm_vars[i]);
-        }
+    /* UCX 1.13 leaves shared memory out under PEER error handling unless these are set;
+     * without them a local cluster silently runs on TCP. Where the transports leave a setting's
+     * transport out it is hidden from UCX until its worker is made (where UCX warns of unused
+     * variables, on stdout: into psctl status --json), then put back for the children: a
+     * parent set it (ours, in a python process that loaded libps and runs psctl), or the
+     * user for the workers. */
+    const char *eff = tls ? tls : env_tls;
+    char *kept[2] = {NULL, NULL};
+    for (int i = 0; i < 2; i++) {
+        const char *v = getenv(shm_vars[i].var);
+        if (tls_uses(eff, shm_vars[i].in, shm_vars[i].out))
+            setenv(shm_vars[i].var, "y", 0);
+        else if (v && (kept[i] = strdup(v)) != NULL)
+            unsetenv(shm_vars[i].var);
     }
 
     ucp_config_t *config;
@@ -288,11 +306,13 @@ int ps_ucx_init_tls(ps_ucx_t *u, uv_loop_t *loop, const char *tls)
         ucp_config_release(config);
     }
     int rc = s == UCS_OK ? worker_start(u) : PS_ETRANSPORT; /* UCX reads the unused here */
-    for (int i = 0; i < 2; i++)
-        if (kept[i]) setenv(shm_vars[i], kept[i], 1), free(kept[i]);
+    for (int i = 0; i < 2; i++) {
+        if (kept[i]) setenv(shm_vars[i].var, kept[i], 1);
+        free(kept[i]);
+    }
     if (s != UCS_OK) {
-        PS_LOG(PS_LOG_ERROR, "ucx", "ucp_init%s%s%s: %s", tls ? " (transports '" : "",
-               tls ? tls : "", tls ? "')" : "", ucs_status_string(s));
+        PS_LOG(PS_LOG_ERROR, "ucx", "UCX setup (transports '%s'): %s", eff ? eff : "all",
+               ucs_status_string(s));
         u->context = NULL;
         return PS_ETRANSPORT;
     }

@@ -618,7 +618,8 @@ int main(int argc, char **argv)
     if (strcmp(verb, "restore") == 0) return psctl_restore(&ctl.m, restore);
     if (strcmp(verb, "forget") == 0) return forget_tensor(&ctl.m, forget, timeout);
     ctl.shards = calloc((size_t)ctl.m.nservers, sizeof *ctl.shards);
-    if (ctl.shards == NULL || uv_loop_init(&ctl.loop) || ps_ucx_init_tls(&ctl.ucx, &ctl.loop, PS_UCX_TLS_CONTROL)) {
+    if (ctl.shards == NULL || uv_loop_init(&ctl.loop) ||
+        ps_ucx_init_tls(&ctl.ucx, &ctl.loop, PS_UCX_TLS_CONTROL)) {
         fprintf(stderr, "psctl: cannot start the UCX transport\n");
         return 1;
     }
