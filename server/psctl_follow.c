@@ -286,7 +286,9 @@ int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wai
     struct sigaction sa = {.sa_handler = on_signal}; /* no SA_RESTART: waits end early */
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL); /* its terminal closed: UCX's own handler no longer has it */
+    struct sigaction hup; /* its terminal closed; one ignored at the start (nohup) stays so */
+    if (sigaction(SIGHUP, NULL, &hup) == 0 && hup.sa_handler != SIG_IGN)
+        sigaction(SIGHUP, &sa, NULL);
     char base[PS_PATH_MAX + 32], dir[1024], err[512];
     if (ck->dir[0])
         psctl_absolute(base, sizeof base, ck->dir);

@@ -1252,8 +1252,11 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
     uv_signal_start(&srv->sigterm, on_signal, SIGTERM);
     /* SIGHUP (its terminal closed, an orphaned process group) stops psd as SIGTERM does. UCX
      * takes it at load time for its debug mode (UCX_DEBUG_SIGNO, read before main), which left
-     * psd running with every UCX debug line in its log for good (a probe, session 40). */
-    uv_signal_start(&srv->sighup, on_signal, SIGHUP);
+     * psd running with every UCX debug line in its log for good (a probe, session 40). One
+     * ignored at the start (nohup; UCX's handler is gone by now, ucx_loop.c) stays ignored. */
+    struct sigaction hup;
+    if (sigaction(SIGHUP, NULL, &hup) == 0 && hup.sa_handler != SIG_IGN)
+        uv_signal_start(&srv->sighup, on_signal, SIGHUP);
     uv_timer_init(srv->loop, &srv->cron);
     srv->cron.data = srv;
     srv->sync.opened_ms = uv_now(srv->loop);

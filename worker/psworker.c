@@ -605,8 +605,11 @@ int main(int argc, char **argv)
     /* A hangup (its terminal or session gone) leaves as SIGTERM does, as psd stops on it. Also
      * takes SIGHUP from UCX, which installs its own handler for it when loaded (UCX_DEBUG_SIGNO,
      * default HUP): that turned UCX's debug logging on for the rest of the run (a probe,
-     * session 42: 600 to 2,250 "UCX DEBUG" lines on stderr) and the worker went on. */
-    signal(SIGHUP, on_signal);
+     * session 42: 600 to 2,250 "UCX DEBUG" lines on stderr) and the worker went on. One
+     * ignored at the start (nohup; UCX's handler is gone by now, ucx_loop.c) stays ignored. */
+    struct sigaction hup;
+    if (sigaction(SIGHUP, NULL, &hup) == 0 && hup.sa_handler != SIG_IGN)
+        signal(SIGHUP, on_signal);
     if (self_test) return run_self_test(manifest, &m);
 
     ps_dataset_t train, test;

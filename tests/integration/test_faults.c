@@ -540,6 +540,16 @@ START_TEST(test_sighup_worker_leaves)
     EXPECT_LOG(w, "stopped by signal");
     ck_assert_msg(count_in_log(w, " DEBUG ") == 0, "UCX's debug log came on: %s", cl_tail(w));
     ck_assert_msg(cl_wait_log(psd, "says leave", RUN_S) == 0, "no leave: %s", cl_tail(psd));
+    /* Started with SIGHUP ignored (nohup), a worker trains through one to the job's end.
+     * Before, it installed its handler regardless and left (exit 129): under `nohup pslaunch`
+     * a hangup ended the workers pslaunch had kept. */
+    char *nohup[] = {"/usr/bin/env", "--ignore-signal=HUP", (char *)cl_binary("PSWORKER"),
+                     "--manifest", c->manifest, NULL};
+    cl_proc_t *n = cl_spawn(c, "worker-nohup", nohup);
+    ck_assert_msg(cl_wait_log(n, "joined at step", RUN_S) == 0, "never joined: %s", cl_tail(n));
+    ck_assert_int_eq(cl_signal(n, SIGHUP), 0);
+    EXPECT_EXIT(n, 0);
+    EXPECT_LOG(n, "final test accuracy");
     stop_all(&psd, 1);
     cl_cluster_destroy(c);
 }

@@ -72,7 +72,9 @@ _lib = None
 def _load(path):
     """ctypes.CDLL(path), keeping this process's SIGHUP disposition: UCX, loaded with libps,
     installs a handler of its own for SIGHUP (UCX_DEBUG_SIGNO, default HUP) that switches its
-    debug logging on, so a hangup no longer ended the program (or ran its handler)."""
+    debug logging on, so a hangup no longer ended the program (or ran its handler). libps gives
+    it back itself since (common/ucx_loop.c); kept for a libps older than that, and for a
+    Python handler, which Python's own disposition records."""
     main = threading.current_thread() is threading.main_thread()
     before = signal.getsignal(signal.SIGHUP) if main else None
     lib = ctypes.CDLL(path)
