@@ -297,15 +297,16 @@ static void give_up(ps_req_t *cl, const char *d, uint64_t id, int n, char *fate,
     }
 }
 
-/* A bsp checkpoint not done this long after it began is asked why (held_back). */
+/* A bsp checkpoint not done this long after it began is asked why (held_back), and again
+ * every as long (the job may finish meanwhile). */
 #define HELD_BACK_CHECK_S 3.0
 
 /* Whether a tensor no push reached holds a bsp checkpoint's step back: its chunks stay at step
  * 0, so the step is never reached everywhere (DESIGN-NOTES, "Dropping a tensor no push
- * reached"). Asks every shard's status; says what it found on stderr. @return true when the job
- * is finished besides (nothing will train it: give up), false otherwise (also when a shard does
- * not answer, or none holds such a tensor). */
-static bool held_back(ps_req_t *cl, const ps_manifest_t *m)
+ * reached"). Asks every shard's status; names the tensor on stderr unless *@p said, and sets it.
+ * @return true when the job is finished besides (nothing will train it: give up), false
+ * otherwise (also when a shard does not answer, or none holds such a tensor). */
+static bool held_back(ps_req_t *cl, const ps_manifest_t *m, bool *said)
 {
     bool finished = false, found = false;
     char err[512], v[32], name[160];
@@ -328,10 +329,12 @@ static bool held_back(ps_req_t *cl, const ps_manifest_t *m)
         if (!found && ps_json_field(json, "untrained_tensors", v, sizeof v) && atoi(v) > 0 &&
             ps_json_str_field(json, "untrained_first", name, sizeof name)) {
             found = true;
-            fprintf(stderr, "psctl: checkpoint: shard %d holds %d tensor%s that no push reached "
-                    "(the first: '%s'): its chunks stay at step 0, which holds the step back "
-                    "everywhere until a worker trains it or `psctl forget NAME` drops it\n", i,
-                    atoi(v), atoi(v) == 1 ? "" : "s", name);
+            if (!*said)
+                fprintf(stderr, "psctl: checkpoint: shard %d holds %d tensor%s that no push "
+                        "reached (the first: '%s'): its chunks stay at step 0, which holds the "
+                        "step back everywhere until a worker trains it or `psctl forget NAME` "
+                        "drops it\n", i, atoi(v), atoi(v) == 1 ? "" : "s", name);
+            *said = true;
         }
         free(json);
     }
@@ -406,7 +409,9 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
     int done = 0, failed = 0;
     bool late = false;    /* --wait ran out */
     bool stuck = false;   /* held_back: a finished job's tensor no push reached */
-    bool asked = m->job.consistency != PS_CONSIST_BSP; /* held_back was asked (bsp only) */
+    bool said = false;    /* held_back named the tensor */
+    bool bsp = m->job.consistency == PS_CONSIST_BSP;
+    double ask_at = HELD_BACK_CHECK_S; /* held_back's next time (s since t0; bsp only) */
     if (st == NULL || miss == NULL || fate == NULL) {
         fprintf(stderr, "psctl: checkpoint: out of memory\n");
         goto out;
@@ -464,9 +469,9 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
             }
         }
         if (done + failed == n || failed) break; /* one failed: the others are cancelled */
-        if (!asked && psctl_mono_s() - t0 > HELD_BACK_CHECK_S) {
-            asked = true;
-            if ((stuck = held_back(cl, m))) break;
+        if (bsp && psctl_mono_s() - t0 > ask_at) {
+            ask_at = psctl_mono_s() - t0 + HELD_BACK_CHECK_S;
+            if ((stuck = held_back(cl, m, &said))) break;
         }
         if (psctl_mono_s() - t0 > wait_s) {
             /* Every shard not done copying (each answered, its copy under way: a large store
