@@ -2643,21 +2643,23 @@ static int join(ps_client_t *c, uint32_t timeout_ms, const volatile sig_atomic_t
                     c->join_step = rep.step;
                     c->join_serial = rep.samples;
                     c->join_tensors = rep.flags & PS_FLAG_TENSORS ? (int64_t)rep.count : -1;
-                    /* PS_TEST_JOIN_NAP_MS (tests only): a nap here, so that another worker
-                     * declares and pushes before the other shards answer. */
-                    const char *nap = asked_again ? NULL : getenv("PS_TEST_JOIN_NAP_MS");
-                    if (nap && atoi(nap) > 0 && nap_or_cancel((uint32_t)atoi(nap), cancel)) {
-                        snprintf(c->err, sizeof c->err, "the join was canceled");
-                        return PS_ECANCELED;
-                    }
+                    /* PS_TEST_JOIN_HOLD=FILE (tests only): wait here while FILE exists (up to
+                     * 60 s), so that another worker declares and pushes before the other
+                     * shards answer. */
+                    const char *hold = asked_again ? NULL : getenv("PS_TEST_JOIN_HOLD");
+                    for (int t = 0; hold && access(hold, F_OK) == 0 && t < 6000; t++)
+                        if (nap_or_cancel(10, cancel)) {
+                            snprintf(c->err, sizeof c->err, "the join was canceled");
+                            return PS_ECANCELED;
+                        }
                 } else if (join_store_check(c, i, &rep, c->join_tensors)) {
                     if (c->join_tensors != 0 || asked_again) return PS_ECONFIG;
                     /* Shard 0 had no tensors when it answered, shard i has them at a step past
                      * 0: lost, or another worker declared and pushed between the two answers
                      * (seen with the suites run two at a time: a worker joining beside the
-                     * first one was refused). Shard 0 is asked once more, with the same hello
-                     * (on the same connection it keeps the rank it gave), and so are the
-                     * shards after it. */
+                     * first one was refused). Shard 0 is asked once more, now with the rank
+                     * and join serial it gave (the coordinator keeps them, on this connection
+                     * or another), and so are the shards after it. */
                     PS_LOG(PS_LOG_INFO, "libps", "shard %u holds %llu tensors at step %llu, shard "
                            "0 held none when it answered: asking shard 0 again (another worker "
                            "may have declared them meanwhile)", i, (unsigned long long)rep.count,

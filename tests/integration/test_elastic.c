@@ -689,24 +689,29 @@ START_TEST(test_asp_handout_save_failed) { coordinator_restart_after_handout(tru
 END_TEST
 
 /* A worker whose join reached shard 0 before another worker declared the model, and shard 1
- * after that worker pushed (PS_TEST_JOIN_NAP_MS between the two), asks shard 0 again and trains
- * (it joined first: rank 0, which checks every batch applied once). Before, it was refused as
+ * after that worker trained the job through (PS_TEST_JOIN_HOLD between the two), asks shard 0
+ * again and finds every batch applied once (it joined first: rank 0, which checks). Before, it was refused as
  * if shard 0 had lost its store ("shard 1 ... holds 2 tensors at step 1, shard 0 0 tensors at
  * step 0: shard 0's store was lost or replaced"), seen with the suites run two at a time. */
 START_TEST(test_join_beside_first_declare)
 {
     cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = "asp",
-                   .optimizer = "{name: sgd, lr: 1}"};
+                   .optimizer = "{name: sgd, lr: 1}",
+                   .job_extra = "  heartbeat_timeout_ms: 60000\n"}; /* the held one stays */
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
-    char nb[] = "40", bs[] = "8", die[] = "1000000", ord[] = "ab";
+    char nb[] = "40", bs[] = "8", die[] = "1000000", ord[] = "ab", hold[CL_PATH];
     char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, die, ord, NULL};
-    setenv("PS_TEST_JOIN_NAP_MS", "5000", 1);
+    cl_path(c, "join.hold", hold, sizeof hold);
+    FILE *f = fopen(hold, "w");
+    ck_assert(f != NULL && fclose(f) == 0);
+    setenv("PS_TEST_JOIN_HOLD", hold, 1);
     cl_proc_t *late = cl_spawn(c, "replay-late", argv);
-    unsetenv("PS_TEST_JOIN_NAP_MS");
+    unsetenv("PS_TEST_JOIN_HOLD");
     ck_assert_msg(cl_wait_log(psd[0], "joins as rank 0", RUN_S) == 0, "%s", cl_tail(psd[0]));
     cl_proc_t *first = cl_spawn(c, "replay-first", argv);
     EXPECT_EXIT(first, 0);
+    ck_assert(unlink(hold) == 0);
     EXPECT_EXIT(late, 0);
     EXPECT_LOG(late, "shard 0 held none when it answered: asking shard 0 again");
     EXPECT_LOG(late, "every batch applied once on both tensors");
