@@ -7,11 +7,14 @@
 # busy", seen once), one that binds now (python3, which setup.sh installs; else: nothing
 # answers a connect on it), and none of the ports named in "$@".
 free_port() {
-    local lo=32768 p taken
-    read -r lo _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || lo=32768
-    [ "$lo" -gt 13024 ] 2>/dev/null || lo=32768
+    local lo=32768 top bottom p t taken
+    { read -r lo _ </proc/sys/net/ipv4/ip_local_port_range; } 2>/dev/null || lo=32768
+    top=32768 # as tests/integration/cluster.c's pick_port
+    [ "$lo" -gt 1024 ] 2>/dev/null && top=$lo
+    bottom=1024
+    [ "$top" -gt 13024 ] && bottom=$((top - 12000))
     while :; do
-        p=$((lo - 12000 + RANDOM % 12000))
+        p=$((bottom + RANDOM % (top - bottom)))
         taken=0
         for t in "$@"; do [ "$t" = "$p" ] && taken=1; done
         [ "$taken" = 1 ] && continue

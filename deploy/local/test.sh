@@ -5,6 +5,10 @@ set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 "$root/deploy/local/setup.sh" || exit 1
 cd "$root"
+# Two tests at a time, as on the 2-CPU machines the suites are checked on (the integration
+# suites mostly wait: two side by side take about as long each as alone); MESON_TESTTHREADS
+# or -j N changes it.
+export MESON_TESTTHREADS=${MESON_TESTTHREADS:-2}
 meson test -C build --print-errorlogs "$@"
 rc=$?
 # Count the individual test cases from the TAP streams in meson's log.
