@@ -61,9 +61,12 @@ static void conn_release_rank(psd_server_t *srv, psd_conn_t *c, const char *why,
 static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
 {
     psd_conn_t *c = arg;
+    /* A member's at info; a connection without a rank (psctl, pslaunch, a worker before its
+     * join) at debug: every psctl call ends with one, which UCX reports over TCP as "Endpoint
+     * timeout", and a monitoring loop of psctl status filled the log with them. */
     if (!c->dead)
-        PS_LOG(PS_LOG_INFO, "server", "peer %s (rank %d) disconnected: %s", c->peer, c->rank,
-               ucs_status_string(status));
+        PS_LOG(c->rank >= 0 ? PS_LOG_INFO : PS_LOG_DEBUG, "server",
+               "peer %s (rank %d) disconnected: %s", c->peer, c->rank, ucs_status_string(status));
     c->dead = true;
     c->close_queued = true;
 }
@@ -102,9 +105,33 @@ static int conns_unproven(const psd_server_t *srv)
     return n;
 }
 
+/* Before the listener goes at a stop: let UCX deliver (and this shard refuse: stopping) the
+ * connection requests its async thread is reading, until none came for DRAIN_QUIET_MS (at most
+ * DRAIN_MAX_MS). UCX 1.13's thread hands a request's data to the listener it was accepted for
+ * even after ucp_listener_destroy freed it: psd stopped at once after SIGCONT, with the
+ * reconnect attempts of a worker queued while it was stopped, died there (SIGSEGV in
+ * ucp_cm_server_conn_request_cb, faults:silent_shard_lost, once in ~16 runs). */
+#define DRAIN_QUIET_MS 30
+#define DRAIN_MAX_MS 1000
+static void drain_conn_requests(psd_server_t *srv)
+{
+    if (srv->listener == NULL || srv->ucx.worker == NULL) return;
+    uint64_t t0 = psd_now_ms(), quiet_from = t0, seen = srv->conn_requests;
+    for (uint64_t now = t0; now - quiet_from < DRAIN_QUIET_MS && now - t0 < DRAIN_MAX_MS;
+         now = psd_now_ms()) {
+        while (ucp_worker_progress(srv->ucx.worker)) {}
+        if (srv->conn_requests != seen) {
+            seen = srv->conn_requests;
+            quiet_from = now;
+        }
+        usleep(1000);
+    }
+}
+
 static void on_conn_request(ucp_conn_request_h req, void *arg)
 {
     psd_server_t *srv = arg;
+    srv->conn_requests++;
     psd_conn_t *c = calloc(1, sizeof *c);
     if (c == NULL || srv->stopping ||
         (srv->auth->on && conns_unproven(srv) >= PSD_AUTH_PENDING_MAX)) {
@@ -1284,6 +1311,7 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
            !psd_sync_idle(srv) || !psd_ckpt_idle(srv))
         uv_run(srv->loop, UV_RUN_ONCE);
     psd_metrics_close(srv);
+    drain_conn_requests(srv);
     if (srv->listener) ucp_listener_destroy(srv->listener);
     close_all_conns(srv);
     while (srv->job_running || srv->slot_running) uv_run(srv->loop, UV_RUN_ONCE);

@@ -449,6 +449,7 @@ struct psd_server_s {
     uint64_t nonfinite_params; /* times an update with finite pushes left a chunk's parameters
                                   not finite (it was finite before, or not known: params_odd) */
     uint64_t transport_restarts; /* times UCX was left stuck and started again (on_cron) */
+    uint64_t conn_requests;      /* connection requests UCX delivered (on_conn_request) */
     char fatal[256];           /* why this shard stopped on its own ("": it did not) */
     struct psd_httpd_s *httpd; /* metrics.c: /metrics, /healthz, /status; NULL when off */
     const ps_auth_t *auth;     /* the cluster secret (main.c's); auth->on: every connection
