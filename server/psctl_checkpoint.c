@@ -38,6 +38,7 @@
 #include "jsonfield.h"
 #include "merkle.h"
 #include "ps/ps_error.h"
+#include "sigignored.h"
 #include "psctl_client.h"
 #include "store.h"
 
@@ -139,9 +140,9 @@ static void interrupt_catch(void)
 {
     const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
     for (int i = 0; i < 3; i++) {
-        struct sigaction old, sa = {.sa_handler = on_interrupt, .sa_flags = SA_RESETHAND};
+        struct sigaction sa = {.sa_handler = on_interrupt, .sa_flags = SA_RESETHAND};
         sigemptyset(&sa.sa_mask);
-        if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler != SIG_IGN)
+        if (!ps_signal_ignored(sigs[i]))
             sigaction(sigs[i], &sa, NULL); /* no SA_RESTART: the waits end early */
     }
 }

@@ -23,6 +23,7 @@
 #include "durable.h"
 #include "place.h"
 #include "ps/ps_error.h"
+#include "sigignored.h"
 #include "psctl_client.h"
 
 typedef struct {
@@ -113,10 +114,9 @@ static void export_tmp_catch(bool on)
 {
     const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
     for (int i = 0; i < 3; i++) {
-        struct sigaction old, sa = {.sa_handler = on ? export_tmp_signal : SIG_DFL};
+        struct sigaction sa = {.sa_handler = on ? export_tmp_signal : SIG_DFL};
         sigemptyset(&sa.sa_mask);
-        if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler != SIG_IGN)
-            sigaction(sigs[i], &sa, NULL);
+        if (!ps_signal_ignored(sigs[i])) sigaction(sigs[i], &sa, NULL);
     }
 }
 

@@ -27,6 +27,7 @@
 
 #include "ckpt_meta.h"
 #include "ps/ps_error.h"
+#include "sigignored.h"
 #include "psctl_client.h"
 
 #define POLL_MS 20        /* how often a pending step is asked for again */
@@ -286,8 +287,7 @@ int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wai
     struct sigaction sa = {.sa_handler = on_signal}; /* no SA_RESTART: waits end early */
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
-    struct sigaction hup; /* its terminal closed; one ignored at the start (nohup) stays so */
-    if (sigaction(SIGHUP, NULL, &hup) == 0 && hup.sa_handler != SIG_IGN)
+    if (!ps_signal_ignored(SIGHUP)) /* its terminal closed; one ignored (nohup) stays so */
         sigaction(SIGHUP, &sa, NULL);
     char base[PS_PATH_MAX + 32], dir[1024], err[512];
     if (ck->dir[0])

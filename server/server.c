@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "ps/ps_error.h"
+#include "sigignored.h"
 #include "checkpoint.h"
 #include "export.h"
 #include "integrity.h"
@@ -1281,9 +1282,7 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
      * takes it at load time for its debug mode (UCX_DEBUG_SIGNO, read before main), which left
      * psd running with every UCX debug line in its log for good (a probe, session 40). One
      * ignored at the start (nohup; UCX's handler is gone by now, ucx_loop.c) stays ignored. */
-    struct sigaction hup;
-    if (sigaction(SIGHUP, NULL, &hup) == 0 && hup.sa_handler != SIG_IGN)
-        uv_signal_start(&srv->sighup, on_signal, SIGHUP);
+    if (!ps_signal_ignored(SIGHUP)) uv_signal_start(&srv->sighup, on_signal, SIGHUP);
     uv_timer_init(srv->loop, &srv->cron);
     srv->cron.data = srv;
     srv->sync.opened_ms = uv_now(srv->loop);

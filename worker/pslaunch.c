@@ -22,6 +22,7 @@
 #include "wire.h"
 #include "manifest.h"
 #include "ps/ps_error.h"
+#include "sigignored.h"
 
 static int g_sig;  /* SIGINT, SIGTERM or SIGHUP once received (forwarded to the workers) */
 static int g_nsig; /* how many of them came: a second one kills the workers left */
@@ -462,8 +463,7 @@ int main(int argc, char **argv)
      * the start (nohup): the workers inherit that ignore. Before, UCX's own handler had it
      * (ps_ucx gives it back, ucx_loop.c) and pslaunch ran on, starting replacements for the
      * workers the hangup ended. */
-    struct sigaction hup;
-    if (sigaction(SIGHUP, NULL, &hup) == 0 && hup.sa_handler != SIG_IGN) sigaddset(&set, SIGHUP);
+    if (!ps_signal_ignored(SIGHUP)) sigaddset(&set, SIGHUP);
     sigprocmask(SIG_BLOCK, &set, NULL);
 
     if (follow_mode) return follow(manifest, worker, metrics_dir, poll_ms, &set);

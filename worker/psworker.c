@@ -18,6 +18,7 @@
 #include "optim.h"
 #include "ps/ps_client.h"
 #include "ps/ps_log.h"
+#include "sigignored.h"
 
 typedef struct {
     const ps_manifest_t *m;
@@ -607,9 +608,7 @@ int main(int argc, char **argv)
      * default HUP): that turned UCX's debug logging on for the rest of the run (a probe,
      * session 42: 600 to 2,250 "UCX DEBUG" lines on stderr) and the worker went on. One
      * ignored at the start (nohup; UCX's handler is gone by now, ucx_loop.c) stays ignored. */
-    struct sigaction hup;
-    if (sigaction(SIGHUP, NULL, &hup) == 0 && hup.sa_handler != SIG_IGN)
-        signal(SIGHUP, on_signal);
+    if (!ps_signal_ignored(SIGHUP)) signal(SIGHUP, on_signal);
     if (self_test) return run_self_test(manifest, &m);
 
     ps_dataset_t train, test;
