@@ -11,6 +11,7 @@
 #include <ucs/config/global_opts.h>
 #include <ucs/debug/debug.h>
 
+#include "amguard.h"
 #include "ps/ps_error.h"
 #include "ps/ps_log.h"
 #include "ucx_loop.h"
@@ -292,6 +293,7 @@ int ps_ucx_init_tls(ps_ucx_t *u, uv_loop_t *loop, const char *tls)
             unsetenv(shm_vars[i].var);
     }
 
+    ps_amguard_install(); /* before any worker opens a transport */
     ucp_config_t *config;
     ucs_status_t s = ucp_config_read(NULL, NULL, &config);
     if (s == UCS_OK && tls && (s = ucp_config_modify(config, "TLS", tls)) != UCS_OK)

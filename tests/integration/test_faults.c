@@ -4,6 +4,7 @@
  * where no sample changes hands, the parameters equal an uninterrupted run. Membership changes
  * (kill -9, SIGSTOP, scaling) are in test_elastic.c. */
 #include <check.h>
+#include <netinet/in.h>
 #include <dirent.h>
 #include <errno.h>
 #include <poll.h>
@@ -820,6 +821,136 @@ START_TEST(test_crafted_requests_on_port)
 }
 END_TEST
 
+/* UCX's TCP transport (UCX 1.13, uct/tcp/tcp.h), as a peer that opens a data connection to
+ * psd speaks it: the magic number, then frames of an id byte, a 4-byte length and that many
+ * bytes; frame 32 is its connection manager's (a connection request: event 1, flags, a
+ * sequence number and the sender's IPv4 address), ids below 32 are UCP's messages. */
+#define UCT_TCP_MAGIC 0xCAFEBABE12345678ull
+enum { UCT_TCP_CM = 32, UCT_TCP_CONN_REQ = 1, UCT_TCP_REQ_LEN = 4 + 1 + 8 + 16 };
+
+/* The port of the TCP transport psd (@p pid) listens on at 127.0.0.1 (its data port, which
+ * UCX picks), other than the shard's port @p shard_port; 0 when there is none. */
+static uint16_t uct_tcp_port(pid_t pid, uint16_t shard_port)
+{
+    unsigned long inode[256];
+    size_t n = 0;
+    char path[64], link[64];
+    snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(path);
+    ck_assert_msg(d != NULL, "%s: %s", path, strerror(errno));
+    for (struct dirent *e; (e = readdir(d)) != NULL && n < 256;) {
+        char fd_path[64 + 256];
+        snprintf(fd_path, sizeof fd_path, "%s/%s", path, e->d_name);
+        ssize_t k = readlink(fd_path, link, sizeof link - 1);
+        if (k <= 0) continue;
+        link[k] = '\0';
+        if (sscanf(link, "socket:[%lu]", &inode[n]) == 1) n++;
+    }
+    closedir(d);
+    FILE *f = fopen("/proc/net/tcp", "r");
+    ck_assert(f != NULL);
+    char line[512];
+    uint16_t port = 0;
+    while (port == 0 && fgets(line, sizeof line, f)) {
+        unsigned addr, lport, st;
+        unsigned long ino;
+        if (sscanf(line, " %*s %x:%x %*s %x %*s %*s %*s %*u %*u %lu", &addr, &lport, &st,
+                   &ino) != 4 || st != 0x0a /* LISTEN */ || addr != 0x0100007f ||
+            lport == shard_port)
+            continue;
+        for (size_t i = 0; i < n; i++)
+            if (inode[i] == ino) port = (uint16_t)lport;
+    }
+    fclose(f);
+    return port;
+}
+
+/* A TCP transport connection to 127.0.0.1:@p port that psd accepted (it answered the
+ * connection request), as any peer can open one: no connection request on the shard's port, no
+ * proof of a secret. */
+static int uct_tcp_open(uint16_t port, uint64_t sn)
+{
+    int fd = cl_tcp_connect(port);
+    struct sockaddr_in me;
+    socklen_t len = sizeof me;
+    ck_assert(getsockname(fd, (struct sockaddr *)&me, &len) == 0);
+    uint8_t m[8 + 5 + UCT_TCP_REQ_LEN] = {0};
+    put_le(m, UCT_TCP_MAGIC, 8);
+    m[8] = UCT_TCP_CM;
+    put_le(m + 9, UCT_TCP_REQ_LEN, 4);
+    put_le(m + 13, UCT_TCP_CONN_REQ, 4);
+    put_le(m + 18, sn, 8);
+    memcpy(m + 26, &me, sizeof me);
+    ck_assert(write(fd, m, sizeof m) == (ssize_t)sizeof m);
+    uint8_t ack[9];
+    size_t got = 0;
+    while (got < sizeof ack) {
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        ck_assert_msg(poll(&pf, 1, 5000) == 1, "psd's TCP transport did not answer");
+        ssize_t k = read(fd, ack + got, sizeof ack - got);
+        ck_assert_msg(k > 0, "psd's TCP transport closed the connection");
+        got += (size_t)k;
+    }
+    ck_assert_msg(ack[0] == UCT_TCP_CM && ack[5] == 2, "not a connection ack"); /* CONN_ACK */
+    return fd;
+}
+
+/* UCP messages that name an endpoint or a request by an id UCP takes as a pointer, or announce
+ * a header longer than themselves, sent on data connections any peer can open, leave psd
+ * serving: each of these killed it before (SIGSEGV inside UCP, at the "address" 0x2 or 0xa;
+ * the last an assertion), with no secret proved (common/amguard.c drops them now). */
+START_TEST(test_crafted_messages_on_data_port)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1, .max_steps = 20};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    uint16_t port = uct_tcp_port(psd->pid, c->port[0]);
+    ck_assert_msg(port != 0, "psd listens on no TCP transport port at 127.0.0.1");
+    static const struct {
+        const char *what;
+        uint8_t id; /* UCP's message id (ucp_types.h) */
+        uint8_t len;
+        struct {
+            uint8_t at, width;
+            uint64_t value;
+        } f[4];
+    } crafted[] = {
+        {"an active message whose reply footer names endpoint 2", 26, 16, {{8, 8, 2}}},
+        {"a first fragment naming endpoint 2", 24, 32, {{8, 8, 1}, {16, 8, 2}, {24, 8, 100}}},
+        {"a middle fragment naming endpoint 2", 25, 25, {{9, 8, 1}, {17, 8, 2}}},
+        {"a rendezvous RTS naming endpoint 2", 9, 41, {{8, 8, 2}, {40, 1, 1}}},
+        {"a rendezvous RTR naming request 2", 11, 40, {{0, 8, 2}}},
+        {"a rendezvous ATS naming request 2", 10, 12, {{0, 8, 2}}},
+        {"rendezvous data naming request 2", 12, 16, {{0, 8, 2}}},
+        {"a rendezvous ATP naming request 2", 16, 12, {{0, 8, 2}}},
+        {"a wireup ACK naming endpoint 2", 1, 20, {{0, 1, 3}, {1, 1, 1}, {4, 8, 3}, {12, 8, 2}}},
+        {"a user header of 2 GiB in 16 bytes", 23, 16, {{4, 4, 0x7fffffff}}},
+    };
+    for (size_t i = 0; i < sizeof crafted / sizeof *crafted; i++) {
+        int fd = uct_tcp_open(port, 1000 + i);
+        uint8_t m[5 + 64] = {0};
+        m[0] = crafted[i].id;
+        put_le(m + 1, crafted[i].len, 4);
+        for (int j = 0; j < 4 && crafted[i].f[j].width; j++)
+            put_le(m + 5 + crafted[i].f[j].at, crafted[i].f[j].value, crafted[i].f[j].width);
+        ck_assert(write(fd, m, 5u + crafted[i].len) == 5 + crafted[i].len);
+        struct timespec ts = {0, 50 * 1000 * 1000}; /* psd's next loop turn reads it */
+        nanosleep(&ts, NULL);
+        close(fd);
+        ck_assert_msg(cl_alive(psd), "psd died of %s: %s", crafted[i].what, cl_tail(psd));
+    }
+    ck_assert_msg(cl_wait_log(psd, "(10 dropped so far)", 5.0) == 0,
+                  "psd did not say it dropped 10 messages: %s", cl_tail(psd));
+    EXPECT_LOG(psd, "dropped a crafted UCP message (UCP id 26, 16 bytes): an endpoint id that "
+                    "is not a key");
+    EXPECT_LOG(psd, "(UCP id 23, 16 bytes): a user header longer than the message");
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    EXPECT_EXIT(w, 0);
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* A worker whose cluster is down keeps trying to join (for its connect timeout, 30 s), and says
  * so after 2 s with the hint psctl gives (before, it waited in silence, and its error at the
  * timeout had UCX's words only); a SIGTERM meanwhile ends it at once, with 128 + SIGTERM and the
@@ -1304,6 +1435,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("sigterm_shard_stopped", test_sigterm_shard_stopped));
     suite_add_tcase(s, tcase("stray_bytes_on_port", test_stray_bytes_on_port));
     suite_add_tcase(s, tcase("crafted_requests_on_port", test_crafted_requests_on_port));
+    suite_add_tcase(s, tcase("crafted_messages_on_data_port", test_crafted_messages_on_data_port));
     suite_add_tcase(s, tcase("sigterm_while_joining", test_sigterm_while_joining));
     suite_add_tcase(s, tcase("api_misuse_refused", test_api_misuse_refused));
     suite_add_tcase(s, tcase("worker_says_shard_silent", test_worker_says_shard_silent));

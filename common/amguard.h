@@ -1,0 +1,18 @@
+/* amguard.h: checks the protocol headers of every UCP message a peer sends before UCX 1.13
+ * acts on them (amguard.c says why and what). */
+#ifndef PS_AMGUARD_H
+#define PS_AMGUARD_H
+
+#include <stdint.h>
+
+/** @brief Put the checks in front of UCP's message handlers of this process, once (later calls
+ *  do nothing). Call before the first UCP worker is made: UCP gives its handlers to each
+ *  transport when the worker opens it. Installs nothing, logging why at debug level, where
+ *  the UCX library is not 1.13 (the formats checked are 1.13's). Thread-safe. */
+void ps_amguard_install(void);
+
+/** @brief Messages refused by the checks so far in this process (each logged too, the first
+ *  ones at warn level). */
+uint64_t ps_amguard_refused(void);
+
+#endif
