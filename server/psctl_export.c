@@ -7,11 +7,12 @@
  * 50 ms for up to --wait seconds. Under asp there is no common step: each shard's chunks come
  * from its one snapshot, and the metadata says step (the lowest version) and step_max. The
  * tensor table comes from shard 0; each chunk is read from its owner's snapshot and its CRC-32C
- * checked (asked again up to 5 times). The file is written as FILE.XXXXXX (mkstemp), then
- * renamed; a SIGINT, SIGTERM or SIGHUP meanwhile removes it (export_tmp_catch).
+ * checked (asked again up to 5 times). The file is written as FILE.PID.N (export_tmp_make),
+ * then renamed; a SIGINT, SIGTERM or SIGHUP meanwhile removes it (export_tmp_catch).
  *
  * verify: every shard rechecks its records from one snapshot on its thread pool (training goes
  * on); the mismatches are printed by tensor name and chunk index; exit status 1 if any. */
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,14 +97,16 @@ static int snapshots(ps_req_t *cl, const ps_manifest_t *m, double wait_s, uint64
     }
 }
 
-/* The export's temporary file while it is written ("" otherwise): a signal that ends psctl
- * then removes it (before, an interrupted export left a full-size OUT.XXXXXX beside OUT; a
- * probe, session 42). */
+/* The export's temporary file while it is written, named before it is made (g_export_named
+ * set once the name is whole): a signal that ends psctl then removes it (before, an interrupted
+ * export left a full-size OUT.XXXXXX beside OUT; a probe, session 42). The signal may come on
+ * any thread (UCX runs its own), so the handler is in place before the file exists. */
 static char g_export_tmp[4200];
+static volatile sig_atomic_t g_export_named;
 
 static void export_tmp_signal(int sig)
 {
-    if (g_export_tmp[0]) unlink(g_export_tmp); /* async-signal-safe */
+    if (g_export_named) unlink(g_export_tmp); /* async-signal-safe */
     signal(sig, SIG_DFL);
     raise(sig);
 }
@@ -118,6 +121,25 @@ static void export_tmp_catch(bool on)
         sigemptyset(&sa.sa_mask);
         if (!ps_signal_ignored(sigs[i])) sigaction(sigs[i], &sa, NULL);
     }
+}
+
+/* Make the temporary file beside @p out: OUT.PID.N (this process's pid: no live process has
+ * the name; O_EXCL: never through a symlink or into a FIFO left there), with the handler in
+ * place. @return its descriptor, or -1 (errno set). */
+static int export_tmp_make(const char *out)
+{
+    export_tmp_catch(true);
+    int fd = -1;
+    for (unsigned n = 0; fd < 0 && n < 1000; n++) {
+        g_export_named = 0;
+        snprintf(g_export_tmp, sizeof g_export_tmp, "%s.%ld.%u", out, (long)getpid(), n);
+        g_export_named = 1;
+        fd = open(g_export_tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (fd < 0) g_export_named = 0; /* not ours */
+        if (fd < 0 && errno != EEXIST) break;
+    }
+    if (fd < 0) export_tmp_catch(false);
+    return fd;
 }
 
 int psctl_export(const ps_manifest_t *m, const char *out, double timeout_s, double wait_s)
@@ -196,21 +218,9 @@ int psctl_export(const ps_manifest_t *m, const char *out, double timeout_s, doub
         fprintf(stderr, "psctl: export: the header outgrew its %zu bytes\n", cap);
         goto out;
     }
-    /* A name of its own beside OUT (mkstemp: O_EXCL, so never through a symlink or into a FIFO
-     * someone left there, nor shared by two exports), then renamed over OUT. */
-    snprintf(tmp, sizeof tmp, "%s.XXXXXX", out);
-    sigset_t block, prev;
-    sigemptyset(&block);
-    sigaddset(&block, SIGINT);
-    sigaddset(&block, SIGTERM);
-    sigaddset(&block, SIGHUP);
-    sigprocmask(SIG_BLOCK, &block, &prev); /* made and named for the handler in one go */
-    int fd = mkstemp(tmp);
-    if (fd >= 0) {
-        snprintf(g_export_tmp, sizeof g_export_tmp, "%s", tmp);
-        export_tmp_catch(true);
-    }
-    sigprocmask(SIG_SETMASK, &prev, NULL);
+    /* A name of its own beside OUT, then renamed over OUT. */
+    int fd = export_tmp_make(out);
+    snprintf(tmp, sizeof tmp, "%s", g_export_tmp); /* or the last name tried */
     mode_t mask = umask(0);
     umask(mask);
     if (fd >= 0 && (fchmod(fd, 0666 & ~mask) != 0 || (f = fdopen(fd, "wb")) == NULL)) {
@@ -287,9 +297,9 @@ out:
         fclose(f);
         unlink(tmp);
     }
-    if (g_export_tmp[0]) {
+    if (g_export_named) {
         export_tmp_catch(false);
-        g_export_tmp[0] = '\0';
+        g_export_named = 0;
     }
     free(data);
     free(hdr);
