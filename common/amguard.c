@@ -17,7 +17,10 @@
  * checks the message against UCP 1.13's formats (ucp_am.h, rndv.h, proto_am.h, wireup.h) and
  * drops it (UCS_OK: the transport frees it) when an id UCP would look up is even, a header does
  * not fit, or a field is out of its range. Each drop is counted and logged. A message that
- * passes is handed to UCP's handler unchanged: one indirect call and a few compares more.
+ * passes is handed to UCP's handler unchanged: one indirect call and a few compares more. The
+ * handlers are the process's; only messages to the workers psd and libps made (ps_amguard_watch)
+ * are checked: another library's workers in a user's process that loaded libps (torch's UCX
+ * backends) may use endpoints without peer error handling, whose ids are pointers.
  *
  * Not checked (docs/DESIGN-NOTES.md, Known limits): the worker addresses inside wireup
  * messages and the packed memory keys inside rendezvous messages (UCP parses them), and the
@@ -81,7 +84,17 @@ enum {
 #define AM_TOTAL_MAX (1ull << 32)  /* a multi-fragment message: at most 4 GiB */
 #define LOG_WARN_FIRST 20          /* refusals logged at warn level; then every 1000th */
 
+/* The head of UCP 1.13's ucp_worker_iface_t, a proxy handler's argument (ucp_worker.h). */
+typedef struct {
+    uct_iface_h iface;
+    uct_iface_attr_t attr;
+    ucp_worker_h worker;
+} ucp13_worker_iface_t;
+
+#define WATCH_MAX 16 /* workers checked at once */
+
 static uct_am_callback_t g_cb[ID_COUNT], g_proxy[ID_COUNT];
+static ucp_worker_h g_watch[WATCH_MAX];
 static uint64_t g_refused;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
@@ -189,24 +202,35 @@ static void refused(unsigned id, size_t n, const char *why)
            id, n, why, (unsigned long long)k);
 }
 
-/* One wrapper per message id and kind (a handler does not learn its id). */
+/* Whether @p w is a worker of ours (ps_amguard_watch): another library's workers in the same
+ * process (a user's program that loads libps) may hand out other ids. */
+static bool watched(ucp_worker_h w)
+{
+    for (int i = 0; i < WATCH_MAX; i++)
+        if (__atomic_load_n(&g_watch[i], __ATOMIC_ACQUIRE) == w) return true;
+    return false;
+}
+
+/* Whether message @p id for worker @p w passes; logs and counts it when not. */
+static bool pass(ucp_worker_h w, unsigned id, const void *data, size_t n)
+{
+    if (!watched(w)) return true;
+    const char *why = check(id, data, n);
+    if (why) refused(id, n, why);
+    return why == NULL;
+}
+
+/* One wrapper per message id and kind (a handler does not learn its id). Dropping a message is
+ * returning UCS_OK: the transport frees it. */
 #define GUARD(ID)                                                                      \
     static ucs_status_t guard_cb_##ID(void *arg, void *data, size_t n, unsigned flags) \
     {                                                                                  \
-        const char *why = check(ID, data, n);                                          \
-        if (why) {                                                                     \
-            refused(ID, n, why);                                                       \
-            return UCS_OK;                                                             \
-        }                                                                              \
+        if (!pass(arg, ID, data, n)) return UCS_OK;                                    \
         return g_cb[ID](arg, data, n, flags);                                          \
     }                                                                                  \
     static ucs_status_t guard_px_##ID(void *arg, void *data, size_t n, unsigned flags) \
     {                                                                                  \
-        const char *why = check(ID, data, n);                                          \
-        if (why) {                                                                     \
-            refused(ID, n, why);                                                       \
-            return UCS_OK;                                                             \
-        }                                                                              \
+        if (!pass(((ucp13_worker_iface_t *)arg)->worker, ID, data, n)) return UCS_OK;  \
         return g_proxy[ID](arg, data, n, flags);                                       \
     }
 GUARD(ID_WIREUP)
@@ -274,6 +298,28 @@ static void install_once(void)
 void ps_amguard_install(void)
 {
     pthread_once(&g_once, install_once);
+}
+
+int ps_amguard_watch(ucp_worker_h w)
+{
+    for (int i = 0; i < WATCH_MAX; i++) {
+        ucp_worker_h none = NULL;
+        if (__atomic_compare_exchange_n(&g_watch[i], &none, w, false, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE))
+            return 0;
+    }
+    PS_LOG(PS_LOG_WARN, "ucx", "more than %d UCP workers at once: the messages to this one are "
+           "not checked", WATCH_MAX);
+    return -1;
+}
+
+void ps_amguard_unwatch(ucp_worker_h w)
+{
+    for (int i = 0; i < WATCH_MAX; i++) {
+        ucp_worker_h was = w;
+        __atomic_compare_exchange_n(&g_watch[i], &was, NULL, false, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE);
+    }
 }
 
 uint64_t ps_amguard_refused(void)

@@ -208,6 +208,7 @@ static int worker_start(ps_ucx_t *u)
         PS_LOG(PS_LOG_ERROR, "ucx", "worker setup: %s", ucs_status_string(s));
         return PS_ETRANSPORT;
     }
+    ps_amguard_watch(u->worker); /* before any endpoint or listener */
     s = ucp_worker_get_efd(u->worker, &u->efd);
     int rc = s == UCS_OK ? 0 : PS_ETRANSPORT;
     if (rc == 0 && (u->poll = malloc(sizeof *u->poll)) == NULL) rc = PS_ENOMEM;
@@ -218,6 +219,7 @@ static int worker_start(ps_ucx_t *u)
     if (rc) {
         PS_LOG(PS_LOG_ERROR, "ucx", "worker setup: %s",
                s != UCS_OK ? ucs_status_string(s) : ps_strerror(rc));
+        ps_amguard_unwatch(u->worker);
         ucp_worker_destroy(u->worker);
         u->worker = NULL;
         return rc;
@@ -342,6 +344,7 @@ static void worker_stop(ps_ucx_t *u)
     uv_poll_stop(u->poll);
     uv_close((uv_handle_t *)u->poll, free_handle);
     u->poll = NULL;
+    ps_amguard_unwatch(u->worker);
     ucp_worker_destroy(u->worker);
     u->worker = NULL;
 }

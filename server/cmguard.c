@@ -12,7 +12,7 @@
  * makes it read past the request. psd cannot check the bytes itself: UCX accepts and reads the
  * connection.
  *
- * So psd's executable defines accept, accept4, recv, close and socket, which the dynamic
+ * So psd's executable defines accept, accept4, recv, send, close and socket, which the dynamic
  * linker binds UCX's calls to (psd is linked with export_dynamic), each calling libc's. A
  * connection accepted on the shard's port is marked; on a marked one, recv never returns bytes
  * past the end of the current message (it reads a header first, then at most the length it
@@ -23,9 +23,11 @@
  * second message with data or a status, a third one. This stops stray bytes (scanners, health
  * checks, other protocols) and requests crafted against UCP's parser; what a well-formed
  * request asks for (which transports, at which addresses) is UCP's to judge, as from any
- * client. Every other descriptor (UCX's data connections, files, the HTTP port) passes through
- * after one array lookup. */
+ * client. The bytes of every other socket go to tcpguard.c, which follows the frames of UCX's
+ * TCP data connections (and for that sees what send() sends first); other sockets and files
+ * pass after their first bytes. */
 #include <dlfcn.h>
+#include <errno.h>
 #include <math.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -37,6 +39,7 @@
 #include <unistd.h>
 
 #include "cmguard.h"
+#include "tcpguard.h"
 
 #define CM_MAX_FD 65536
 #define CM_HDR 16                 /* uct_tcp_sockcm_priv_data_hdr_t: size_t length, status */
@@ -121,6 +124,7 @@ static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static uint64_t g_msg_max = CM_MSG_MAX; /* UCX_TCP_CM_PRIV_DATA_LEN when set */
 
 static ssize_t (*real_recv)(int, void *, size_t, int);
+static ssize_t (*real_send)(int, const void *, size_t, int);
 static int (*real_accept)(int, struct sockaddr *, socklen_t *);
 static int (*real_accept4)(int, struct sockaddr *, socklen_t *, int);
 static int (*real_close)(int);
@@ -129,6 +133,7 @@ static int (*real_socket)(int, int, int);
 static void resolve_once(void)
 {
     real_recv = (ssize_t (*)(int, void *, size_t, int))dlsym(RTLD_NEXT, "recv");
+    real_send = (ssize_t (*)(int, const void *, size_t, int))dlsym(RTLD_NEXT, "send");
     real_accept = (int (*)(int, struct sockaddr *, socklen_t *))dlsym(RTLD_NEXT, "accept");
     real_accept4 = (int (*)(int, struct sockaddr *, socklen_t *, int))dlsym(RTLD_NEXT, "accept4");
     real_close = (int (*)(int))dlsym(RTLD_NEXT, "close");
@@ -143,14 +148,8 @@ static void resolve(void)
 void psd_cmguard_listen(const struct sockaddr *sa, socklen_t len)
 {
     resolve();
-    const char *e = getenv("UCX_TCP_CM_PRIV_DATA_LEN"); /* UCX's memory units: 4k, 1m... */
-    if (e && *e) {
-        char *end;
-        unsigned long long v = strtoull(e, &end, 10);
-        unsigned long long unit = (*end == 'k' || *end == 'K') ? 1ull << 10
-                                : (*end == 'm' || *end == 'M') ? 1ull << 20 : 1;
-        if (v > 0 && v * unit <= (1ull << 30)) g_msg_max = v * unit;
-    }
+    uint64_t max = psd_ucx_env_bytes("UCX_TCP_CM_PRIV_DATA_LEN", 1ull << 30);
+    if (max) g_msg_max = max;
     if (len > sizeof g_addr) return;
     memcpy(&g_addr, sa, len);
     __atomic_store_n(&g_on, 1, __ATOMIC_RELEASE);
@@ -183,6 +182,7 @@ static void accepted(int lfd, int fd)
     if (fd < 0 || fd >= CM_MAX_FD) return;
     cm_fd_t *s = &g_fd[fd];
     memset(s, 0, sizeof *s);
+    psd_tcpguard_reset(fd);
     if (!__atomic_load_n(&g_on, __ATOMIC_ACQUIRE)) return;
     struct sockaddr_storage ss;
     socklen_t len = sizeof ss;
@@ -210,6 +210,7 @@ int close(int fd)
 {
     resolve();
     if (fd >= 0 && fd < CM_MAX_FD) __atomic_store_n(&g_fd[fd].on, 0, __ATOMIC_RELEASE);
+    psd_tcpguard_reset(fd);
     return real_close(fd);
 }
 
@@ -219,6 +220,7 @@ int socket(int domain, int type, int protocol)
     resolve();
     int fd = real_socket(domain, type, protocol);
     if (fd >= 0 && fd < CM_MAX_FD) __atomic_store_n(&g_fd[fd].on, 0, __ATOMIC_RELEASE);
+    psd_tcpguard_reset(fd);
     return fd;
 }
 
@@ -354,12 +356,31 @@ static bool req_feed(cm_req_t *r, const uint8_t *p, size_t n, bool ends)
 
 /* ---- libc's calls --------------------------------------------------------------------------- */
 
+ssize_t send(int fd, const void *buf, size_t len, int flags)
+{
+    resolve();
+    ssize_t n = real_send(fd, buf, len, flags);
+    if (n > 0) psd_tcpguard_sent(fd, buf, (size_t)n);
+    return n;
+}
+
 ssize_t recv(int fd, void *buf, size_t len, int flags)
 {
     resolve();
-    if (fd < 0 || fd >= CM_MAX_FD || !__atomic_load_n(&g_fd[fd].on, __ATOMIC_ACQUIRE) ||
-        (flags & MSG_PEEK) || len == 0)
-        return real_recv(fd, buf, len, flags);
+    if ((flags & MSG_PEEK) || len == 0) return real_recv(fd, buf, len, flags);
+    if (fd < 0 || fd >= CM_MAX_FD || !__atomic_load_n(&g_fd[fd].on, __ATOMIC_ACQUIRE)) {
+        /* Not the shard's port: UCX's TCP transport's frames are checked (tcpguard.c). */
+        if (psd_tcpguard_refused(fd)) {
+            errno = ECONNRESET;
+            return -1;
+        }
+        ssize_t n = real_recv(fd, buf, len, flags);
+        if (n > 0 && psd_tcpguard_received(fd, buf, (size_t)n) != 0) {
+            errno = ECONNRESET; /* UCX closes the connection */
+            return -1;
+        }
+        return n;
+    }
     cm_fd_t *s = &g_fd[fd];
     if (s->dead) return 0;
     size_t cap = s->hdr_got < CM_HDR ? (size_t)(CM_HDR - s->hdr_got) : (size_t)s->left;

@@ -6,7 +6,9 @@
 #include <time.h>
 
 #include "httpd.h"
+#include "amguard.h"
 #include "metrics.h"
+#include "tcpguard.h"
 #include "prom.h"
 #include "ps/ps_error.h"
 #include "ps/ps_log.h"
@@ -108,6 +110,12 @@ static void metrics_text(psd_server_t *srv, psd_http_reply_t *r)
     psd_prom_u64(&p, "psd_auth_forged_total", "counter",
                  "Headers on a proven connection without its session token, dropped",
                  srv->auth_forged);
+    psd_prom_u64(&p, "psd_ucx_messages_dropped_total", "counter",
+                 "UCP messages from peers dropped unread: ids or lengths UCX would trust",
+                 ps_amguard_refused());
+    psd_prom_u64(&p, "psd_tcp_connections_closed_total", "counter",
+                 "Connections to UCX's TCP transport closed for a frame UCX would trust",
+                 psd_tcpguard_closed_total());
     psd_prom_u64(&p, "psd_transport_restarts_total", "counter",
                  "Times the UCX transport was found stuck and started again",
                  srv->transport_restarts);

@@ -3,6 +3,7 @@
  * and a worker stuck on a step that SIGTERM must still stop. In each case the run completes;
  * where no sample changes hands, the parameters equal an uninterrupted run. Membership changes
  * (kill -9, SIGSTOP, scaling) are in test_elastic.c. */
+#include <arpa/inet.h>
 #include <check.h>
 #include <netinet/in.h>
 #include <dirent.h>
@@ -865,6 +866,20 @@ static uint16_t uct_tcp_port(pid_t pid, uint16_t shard_port)
     return port;
 }
 
+/* A connection request frame (connection sequence number @p sn, flags @p flags, the sender's
+ * address @p from) into @p m. */
+static void uct_tcp_request(uint8_t m[5 + UCT_TCP_REQ_LEN], uint64_t sn, uint8_t flags,
+                            const struct sockaddr_in *from)
+{
+    memset(m, 0, 5 + UCT_TCP_REQ_LEN);
+    m[0] = UCT_TCP_CM;
+    put_le(m + 1, UCT_TCP_REQ_LEN, 4);
+    put_le(m + 5, UCT_TCP_CONN_REQ, 4);
+    m[9] = flags;
+    put_le(m + 10, sn, 8);
+    memcpy(m + 18, from, sizeof *from);
+}
+
 /* A TCP transport connection to 127.0.0.1:@p port that psd accepted (it answered the
  * connection request), as any peer can open one: no connection request on the shard's port, no
  * proof of a secret. */
@@ -874,13 +889,9 @@ static int uct_tcp_open(uint16_t port, uint64_t sn)
     struct sockaddr_in me;
     socklen_t len = sizeof me;
     ck_assert(getsockname(fd, (struct sockaddr *)&me, &len) == 0);
-    uint8_t m[8 + 5 + UCT_TCP_REQ_LEN] = {0};
+    uint8_t m[8 + 5 + UCT_TCP_REQ_LEN];
     put_le(m, UCT_TCP_MAGIC, 8);
-    m[8] = UCT_TCP_CM;
-    put_le(m + 9, UCT_TCP_REQ_LEN, 4);
-    put_le(m + 13, UCT_TCP_CONN_REQ, 4);
-    put_le(m + 18, sn, 8);
-    memcpy(m + 26, &me, sizeof me);
+    uct_tcp_request(m + 8, sn, 0, &me);
     ck_assert(write(fd, m, sizeof m) == (ssize_t)sizeof m);
     uint8_t ack[9];
     size_t got = 0;
@@ -946,6 +957,88 @@ START_TEST(test_crafted_messages_on_data_port)
     EXPECT_LOG(psd, "(UCP id 23, 16 bytes): a user header longer than the message");
     cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
     EXPECT_EXIT(w, 0);
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+/* Frames of UCX's TCP transport itself, on data connections any peer can open, leave psd
+ * serving (server/tcpguard.c closes such a connection): before, the put request wrote 8 bytes
+ * at address 0x10 for the peer (SIGSEGV; at a mapped address it would have written there), and
+ * each of the others failed an assertion in UCX's TCP transport (abort). Then a worker trains
+ * over TCP only: its rendezvous pushes are puts into the push slots psd receives into. */
+START_TEST(test_crafted_frames_on_data_port)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1, .max_steps = 20};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    uint16_t port = uct_tcp_port(psd->pid, c->port[0]);
+    ck_assert_msg(port != 0, "psd listens on no TCP transport port at 127.0.0.1");
+    struct sockaddr_in above = {.sin_family = AF_INET, .sin_port = htons(port)};
+    above.sin_addr.s_addr = htonl(0x7f000002); /* 127.0.0.2: above psd's address */
+    enum { OPEN, MAGIC };                      /* after a connection request, or right away */
+    static const struct {
+        const char *what;
+        int after;
+        uint8_t id;
+        uint32_t len; /* the frame's length field */
+        uint8_t body[24];
+        uint8_t n; /* bytes of body sent */
+    } crafted[] = {
+        {"a put request of 8 bytes to address 0x10", OPEN, 33, 20,
+         {0x10, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 2, 3, 4}, 24},
+        {"frame id 40", OPEN, 40, 8, {0}, 8},
+        {"a put acknowledgement of 8 bytes", OPEN, 34, 8, {0}, 8},
+        {"a frame of 1,000,000 bytes", OPEN, 5, 1000000, {0}, 24},
+        {"a connection frame of 12 bytes", MAGIC, UCT_TCP_CM, 12, {1}, 12},
+    };
+    for (size_t i = 0; i < sizeof crafted / sizeof *crafted; i++) {
+        int fd;
+        if (crafted[i].after == OPEN) {
+            fd = uct_tcp_open(port, 2000 + i);
+        } else {
+            fd = cl_tcp_connect(port);
+            uint8_t magic[8];
+            put_le(magic, UCT_TCP_MAGIC, 8);
+            ck_assert(write(fd, magic, 8) == 8);
+        }
+        uint8_t m[5 + 24];
+        m[0] = crafted[i].id;
+        put_le(m + 1, crafted[i].len, 4);
+        memcpy(m + 5, crafted[i].body, crafted[i].n);
+        ck_assert(write(fd, m, 5u + crafted[i].n) == 5 + crafted[i].n);
+        struct timespec ts = {0, 50 * 1000 * 1000}; /* psd's next loop turn reads it */
+        nanosleep(&ts, NULL);
+        close(fd);
+        ck_assert_msg(cl_alive(psd), "psd died of %s: %s", crafted[i].what, cl_tail(psd));
+    }
+    /* Two connection requests: a second one unlike the first on one connection, and one that
+     * asks psd to accept for an endpoint (a pointer for its key) from an address above its own. */
+    uint8_t rq[5 + UCT_TCP_REQ_LEN];
+    int fd = uct_tcp_open(port, 3000);
+    uct_tcp_request(rq, 3001, 0, &above);
+    ck_assert(write(fd, rq, sizeof rq) == (ssize_t)sizeof rq);
+    struct timespec ts = {0, 50 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    close(fd);
+    ck_assert_msg(cl_alive(psd), "psd died of a second connection request: %s", cl_tail(psd));
+    fd = cl_tcp_connect(port);
+    uint8_t m[8 + sizeof rq];
+    put_le(m, UCT_TCP_MAGIC, 8);
+    uct_tcp_request(m + 8, 0x7f0000001000ull, 0x01 /* CONNECT_TO_EP */, &above);
+    ck_assert(write(fd, m, sizeof m) == (ssize_t)sizeof m);
+    nanosleep(&ts, NULL);
+    close(fd);
+    ck_assert_msg(cl_alive(psd), "psd died of a request to connect to an endpoint: %s",
+                  cl_tail(psd));
+    ck_assert_msg(cl_wait_log(psd, "(7 closed so far)", 5.0) == 0,
+                  "psd did not say it closed 7 connections: %s", cl_tail(psd));
+    EXPECT_LOG(psd, "closed a connection to UCX's TCP transport from 127.0.0.1:");
+    EXPECT_LOG(psd, "a put request of 8 bytes to 0x10, where psd receives nothing");
+    setenv("UCX_TLS", "tcp", 1); /* the worker (this test's process is forked) */
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    EXPECT_EXIT(w, 0);
+    EXPECT_LOG(w, "over tcp");
     stop_all(&psd, 1);
     cl_cluster_destroy(c);
 }
@@ -1436,6 +1529,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("stray_bytes_on_port", test_stray_bytes_on_port));
     suite_add_tcase(s, tcase("crafted_requests_on_port", test_crafted_requests_on_port));
     suite_add_tcase(s, tcase("crafted_messages_on_data_port", test_crafted_messages_on_data_port));
+    suite_add_tcase(s, tcase("crafted_frames_on_data_port", test_crafted_frames_on_data_port));
     suite_add_tcase(s, tcase("sigterm_while_joining", test_sigterm_while_joining));
     suite_add_tcase(s, tcase("api_misuse_refused", test_api_misuse_refused));
     suite_add_tcase(s, tcase("worker_says_shard_silent", test_worker_says_shard_silent));

@@ -168,6 +168,10 @@ START_TEST(test_metrics_follow_training)
         ck_assert_msg(metric(body, "psd_tensors") > 0 && metric(body, "psd_state_bytes") > 0,
                       "shard %d: %.600s", i, body);
         ck_assert_msg(metric(body, "psd_serving") == 1, "shard %d: %.600s", i, body);
+        /* The checks of peers' messages and TCP frames let a well-formed run through whole. */
+        ck_assert_msg(metric(body, "psd_ucx_messages_dropped_total") == 0 &&
+                          metric(body, "psd_tcp_connections_closed_total") == 0,
+                      "shard %d: %.600s", i, body);
         /* The job is shard 0's alone. */
         ck_assert_msg((metric(body, "psd_job_membership_epoch") >= 0) == (i == 0),
                       "shard %d: %.600s", i, body);
