@@ -22,12 +22,12 @@
  * are checked: another library's workers in a user's process that loaded libps (torch's UCX
  * backends) may use endpoints without peer error handling, whose ids are pointers.
  *
- * Not checked (docs/DESIGN-NOTES.md, Known limits): the worker addresses inside wireup
- * messages and the packed memory keys inside rendezvous messages (UCP parses them), and the
- * offset of a multi-fragment message's middle fragment, which UCP copies to without a bound
- * check (the total size comes in the first fragment, which may arrive later): a peer needs a
- * live endpoint's id (a small odd number) for that one. Transport-level messages below UCP
- * (UCX's TCP put requests: psd's cmguard) are not seen here. */
+ * UCP copies a multi-fragment message's middle fragments to the offset they name, without a
+ * bound (the total comes in the first): a middle passes only where the message's bytes so far
+ * end (frag_middle). Not checked (docs/DESIGN-NOTES.md, Known limits): the worker addresses
+ * inside wireup messages and the packed memory keys inside rendezvous messages (UCP parses
+ * them). Transport-level frames below UCP (UCX's TCP put requests: psd's tcpguard.c) are not
+ * seen here. */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -134,8 +134,83 @@ static const char *am_hdr_check(const uint8_t *p, size_t room)
     return NULL;
 }
 
-/* What is wrong with message @p id of @p n bytes at @p d, or NULL. */
-static const char *check(unsigned id, const uint8_t *d, size_t n)
+/* Multi-fragment messages begun (a first fragment passed) and not yet whole, per worker,
+ * endpoint and message id: a middle fragment passes only at the offset where the bytes so far
+ * end, and within the total. Our senders put a message's fragments on one lane, in order
+ * (ps_ucx_init_tls sets MAX_EAGER_RAILS=1, UCX's default). A fixed table: a message begun
+ * long ago may be pushed out by newer ones (then its middles are dropped: never passed
+ * unchecked). */
+#define FRAG_SLOTS 8192 /* a power of 2; ~0.4 MB */
+#define FRAG_PROBE 16
+typedef struct {
+    ucp_worker_h w; /* NULL: free */
+    uint64_t ep, msg, total, got, stamp;
+} frag_t;
+static frag_t g_frag[FRAG_SLOTS];
+static uint64_t g_frag_clock;
+static pthread_mutex_t g_frag_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static size_t frag_home(ucp_worker_h w, uint64_t ep, uint64_t msg)
+{
+    uint64_t h = ((uint64_t)(uintptr_t)w ^ (ep * 0x9e3779b97f4a7c15ull) ^ (msg * 0xc2b2ae3d27d4eb4full));
+    return (size_t)((h ^ (h >> 29)) & (FRAG_SLOTS - 1));
+}
+
+static frag_t *frag_find(ucp_worker_h w, uint64_t ep, uint64_t msg)
+{
+    size_t home = frag_home(w, ep, msg);
+    for (size_t i = 0; i < FRAG_PROBE; i++) {
+        frag_t *f = &g_frag[(home + i) & (FRAG_SLOTS - 1)];
+        if (f->w == w && f->ep == ep && f->msg == msg) return f;
+    }
+    return NULL;
+}
+
+/* The first fragment of message @p msg (@p here of @p total bytes) passes unless it is begun
+ * already (UCP asserts it is not). */
+static const char *frag_first(ucp_worker_h w, uint64_t ep, uint64_t msg, uint64_t here,
+                              uint64_t total)
+{
+    pthread_mutex_lock(&g_frag_lock);
+    const char *why = NULL;
+    if (frag_find(w, ep, msg)) {
+        why = "a first fragment of a message begun already";
+    } else {
+        size_t home = frag_home(w, ep, msg);
+        frag_t *slot = NULL;
+        for (size_t i = 0; i < FRAG_PROBE; i++) { /* a free one, else the oldest */
+            frag_t *f = &g_frag[(home + i) & (FRAG_SLOTS - 1)];
+            if (f->w == NULL) {
+                slot = f;
+                break;
+            }
+            if (slot == NULL || f->stamp < slot->stamp) slot = f;
+        }
+        *slot = (frag_t){w, ep, msg, total, here, ++g_frag_clock};
+    }
+    pthread_mutex_unlock(&g_frag_lock);
+    return why;
+}
+
+/* A middle fragment of @p len bytes at @p offset of message @p msg. */
+static const char *frag_middle(ucp_worker_h w, uint64_t ep, uint64_t msg, uint64_t offset,
+                               uint64_t len)
+{
+    pthread_mutex_lock(&g_frag_lock);
+    const char *why = NULL;
+    frag_t *f = frag_find(w, ep, msg);
+    if (f == NULL)
+        why = "a middle fragment of no message begun";
+    else if (offset != f->got || len > f->total - f->got)
+        why = "a middle fragment out of its message's place";
+    else if ((f->got += len) == f->total)
+        f->w = NULL; /* whole */
+    pthread_mutex_unlock(&g_frag_lock);
+    return why;
+}
+
+/* What is wrong with message @p id of @p n bytes at @p d for worker @p w, or NULL. */
+static const char *check(ucp_worker_h w, unsigned id, const uint8_t *d, size_t n)
 {
     switch (id) {
     case ID_AM_SINGLE:
@@ -153,13 +228,14 @@ static const char *check(unsigned id, const uint8_t *d, size_t n)
         if (e) return e;
         uint64_t here = n - AM_HDR - AM_FIRST_FTR - le32(d + 4), total = le64(ftr + 16);
         if (here > total || total > AM_TOTAL_MAX) return "a total size out of range";
-        return NULL;
+        if (here == total) return NULL; /* the whole message in one: UCP takes it so */
+        return frag_first(w, le64(ftr + 8), le64(ftr), here, total);
     }
     case ID_AM_MIDDLE:
         if (n <= AM_MID_HDR + AM_MID_FTR) return "not longer than its header and footer";
         if (!key_ok(le64(d + n - 8))) return "an endpoint id that is not a key";
-        if (le64(d) >= AM_TOTAL_MAX) return "an offset out of range";
-        return NULL;
+        return frag_middle(w, le64(d + n - 8), le64(d + n - 16), le64(d),
+                           n - AM_MID_HDR - AM_MID_FTR);
     case ID_RNDV_RTS:
         if (n < RTS_HDR) return "shorter than its header";
         if (d[40] != RTS_OPCODE_AM) return "not an active message's rendezvous";
@@ -215,7 +291,7 @@ static bool watched(ucp_worker_h w)
 static bool pass(ucp_worker_h w, unsigned id, const void *data, size_t n)
 {
     if (!watched(w)) return true;
-    const char *why = check(id, data, n);
+    const char *why = check(w, id, data, n);
     if (why) refused(id, n, why);
     return why == NULL;
 }

@@ -300,6 +300,10 @@ int ps_ucx_init_tls(ps_ucx_t *u, uv_loop_t *loop, const char *tls)
     ucs_status_t s = ucp_config_read(NULL, NULL, &config);
     if (s == UCS_OK && tls && (s = ucp_config_modify(config, "TLS", tls)) != UCS_OK)
         ucp_config_release(config);
+    /* One lane for a message's eager fragments (UCX's default, pinned): they arrive in order,
+     * which amguard.c's check of multi-fragment messages counts on. */
+    if (s == UCS_OK && (s = ucp_config_modify(config, "MAX_EAGER_RAILS", "1")) != UCS_OK)
+        ucp_config_release(config);
     if (s == UCS_OK) {
         ucp_params_t params = {
             .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED,

@@ -4,10 +4,13 @@
  * then names endpoints by pointers (even ids). An active message with a reply endpoint reaches
  * a worker no one watches as before, and is dropped for a watched one. */
 #include <check.h>
+#include <dlfcn.h>
+#include <stdint.h>
 #include <string.h>
 #include <time.h>
 
 #include <ucp/api/ucp.h>
+#include <uct/api/uct.h>
 
 #include "amguard.h"
 
@@ -123,12 +126,80 @@ START_TEST(watched_worker_drops_pointer_ids)
 }
 END_TEST
 
+/* ucp_am_handler_t of UCP 1.13, whose callbacks amguard replaced. */
+typedef struct {
+    uint64_t features;
+    uct_am_callback_t cb;
+    void *tracer;
+    uint32_t flags;
+    uct_am_callback_t proxy_cb;
+} am_handler13_t;
+
+static void put_le(uint8_t *p, uint64_t v, unsigned n)
+{
+    for (unsigned i = 0; i < n; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* Hand UCP's first-fragment handler (id 24) or middle-fragment handler (id 25), through
+ * amguard's wrapper, a fragment of message @p msg from endpoint key 0x1001 (one worker @p w
+ * does not have: UCP drops what passes): @p here bytes of a @p total-byte message, or @p len
+ * bytes at @p offset. @return whether amguard let it through. */
+static int fragment(ucp_worker_h w, int first, uint64_t msg, uint64_t a, uint64_t b)
+{
+    am_handler13_t **table = dlsym(RTLD_DEFAULT, "ucp_am_handlers");
+    ck_assert(table != NULL);
+    static uint8_t m[1024];
+    size_t n;
+    if (first) { /* am header, a bytes of payload, footer: msg, ep, total (b) */
+        memset(m, 0, 8);
+        n = 8 + a + 24;
+        put_le(m + n - 24, msg, 8);
+        put_le(m + n - 16, 0x1001, 8);
+        put_le(m + n - 8, b, 8);
+    } else { /* offset (a), b bytes of payload, footer: msg, ep */
+        put_le(m, a, 8);
+        n = 8 + b + 16;
+        put_le(m + n - 16, msg, 8);
+        put_le(m + n - 8, 0x1001, 8);
+    }
+    uint64_t before = ps_amguard_refused();
+    ck_assert_int_eq(table[first ? 24 : 25]->cb(w, m, n, 0), UCS_OK);
+    return ps_amguard_refused() == before;
+}
+
+/* A multi-fragment message's middle fragments pass only where its bytes so far end and within
+ * its total (UCP copies them to the offset they name, unchecked), after its first fragment,
+ * once; a worker no one watches is not checked. */
+START_TEST(middle_fragments_in_place_only)
+{
+    pair_t p;
+    pair_open(&p, 1);
+    ucp_worker_h w = p.a;
+    ck_assert(fragment(w, 1, 5, 40, 100));   /* 40 of 100 bytes */
+    ck_assert(!fragment(w, 1, 5, 40, 100));  /* begun already */
+    ck_assert(!fragment(w, 0, 5, 80, 10));   /* a gap */
+    ck_assert(!fragment(w, 0, 5, 0, 10));    /* over the first */
+    ck_assert(fragment(w, 0, 5, 40, 30));    /* 70 of 100 */
+    ck_assert(!fragment(w, 0, 5, 70, 40));   /* past the total */
+    ck_assert(fragment(w, 0, 5, 70, 30));    /* whole */
+    ck_assert(!fragment(w, 0, 5, 100, 1));   /* done: no message begun */
+    ck_assert(!fragment(w, 0, 6, 0, 10));    /* never begun */
+    ck_assert(fragment(w, 1, 7, 100, 100));  /* a whole message in its first fragment */
+    ck_assert(!fragment(w, 0, 7, 100, 1));
+    ps_amguard_unwatch(w);
+    ck_assert(fragment(w, 0, 6, 1u << 20, 10)); /* not watched: UCP's own business */
+    pair_close(&p);
+}
+END_TEST
+
 Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("amguard");
     TCase *tc = tcase_create("workers");
     tcase_add_test(tc, foreign_worker_passes);
     tcase_add_test(tc, watched_worker_drops_pointer_ids);
+    tcase_add_test(tc, middle_fragments_in_place_only);
     suite_add_tcase(s, tc);
     return s;
 }
