@@ -398,6 +398,12 @@ void ps_amguard_unwatch(ucp_worker_h w)
     }
 }
 
+uct_am_callback_t ps_amguard_handler(unsigned id)
+{
+    ucp13_am_handler_t **table = dlsym(RTLD_DEFAULT, "ucp_am_handlers");
+    return table && id < ID_COUNT && table[id] ? table[id]->cb : NULL;
+}
+
 uint64_t ps_amguard_refused(void)
 {
     return __atomic_load_n(&g_refused, __ATOMIC_RELAXED);

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include <ucp/api/ucp.h>
+#include <uct/api/uct.h>
 
 /** @brief Put the checks in front of UCP's message handlers of this process, once (later calls
  *  do nothing). Call before the first UCP worker is made: UCP gives its handlers to each
@@ -20,6 +21,10 @@ int ps_amguard_watch(ucp_worker_h w);
 
 /** @brief Stop checking the messages to worker @p w (about to be destroyed). Thread-safe. */
 void ps_amguard_unwatch(ucp_worker_h w);
+
+/** @brief The handler UCP registers for its message id @p id (UCP 1.13's ucp_am_handlers[]):
+ *  amguard's wrapper once installed; NULL when there is none. For tests. */
+uct_am_callback_t ps_amguard_handler(unsigned id);
 
 /** @brief Messages refused by the checks so far in this process (each logged too, the first
  *  ones at warn level). */

@@ -8,6 +8,7 @@
 #include "reqclient.h"
 
 #include "authmsg.h"
+#include "tcpguard.h"
 #include "ucx_loop.h"
 
 typedef struct {
@@ -61,6 +62,7 @@ static void on_data(void *request, ucs_status_t status, size_t length, void *use
 {
     ps_req_t *c = user_data;
     c->pending = 0;
+    ps_tcpguard_done(c->data);
     if (status != UCS_OK) c->data_failed = 1;
     if (request) ucp_request_free(request);
     uv_stop(&c->loop);
@@ -104,6 +106,7 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
                                              UCP_OP_ATTR_FIELD_USER_DATA,
                              .cb.recv_am = on_data, .user_data = c};
     c->pending = 1;
+    ps_tcpguard_expect(c->data, length); /* a put over TCP may land there (tcpguard.c) */
     void *req = ucp_am_recv_data_nbx(c->ucx.worker, data, c->data, length, &p);
     if (req == NULL)
         on_data(NULL, UCS_OK, length, c);

@@ -12,9 +12,10 @@
  * makes it read past the request. psd cannot check the bytes itself: UCX accepts and reads the
  * connection.
  *
- * So psd's executable defines accept, accept4, recv, send, close and socket, which the dynamic
- * linker binds UCX's calls to (psd is linked with export_dynamic), each calling libc's. A
- * connection accepted on the shard's port is marked; on a marked one, recv never returns bytes
+ * So psd's executable has common/sockhooks.c (accept, accept4, recv, send, close and socket,
+ * which the dynamic linker binds UCX's calls to: psd is linked with export_dynamic), and hooks
+ * into them here (ps_sockhooks_port). A connection accepted on the shard's port is marked; on
+ * a marked one, recv never returns bytes
  * past the end of the current message (it reads a header first, then at most the length it
  * announced), and a message UCX's client does not send reads as the end of the connection,
  * which UCX handles as a peer that went away: a request longer than UCX's buffer, one that is
@@ -23,11 +24,8 @@
  * second message with data or a status, a third one. This stops stray bytes (scanners, health
  * checks, other protocols) and requests crafted against UCP's parser; what a well-formed
  * request asks for (which transports, at which addresses) is UCP's to judge, as from any
- * client. The bytes of every other socket go to tcpguard.c, which follows the frames of UCX's
- * TCP data connections (and for that sees what send() sends first); other sockets and files
- * pass after their first bytes. */
-#include <dlfcn.h>
-#include <errno.h>
+ * client. The bytes of every other socket go to common/tcpguard.c, which follows the frames of
+ * UCX's TCP data connections; other sockets and files pass after their first bytes. */
 #include <math.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -39,6 +37,7 @@
 #include <unistd.h>
 
 #include "cmguard.h"
+#include "sockhooks.h"
 #include "tcpguard.h"
 
 #define CM_MAX_FD 65536
@@ -120,39 +119,21 @@ typedef struct {
 static cm_fd_t g_fd[CM_MAX_FD];
 static struct sockaddr_storage g_addr; /* the guarded listening address (psd_cmguard_listen) */
 static int g_on;                       /* g_addr is set (atomic) */
-static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static uint64_t g_msg_max = CM_MSG_MAX; /* UCX_TCP_CM_PRIV_DATA_LEN when set */
 
-static ssize_t (*real_recv)(int, void *, size_t, int);
-static ssize_t (*real_send)(int, const void *, size_t, int);
-static int (*real_accept)(int, struct sockaddr *, socklen_t *);
-static int (*real_accept4)(int, struct sockaddr *, socklen_t *, int);
-static int (*real_close)(int);
-static int (*real_socket)(int, int, int);
-
-static void resolve_once(void)
-{
-    real_recv = (ssize_t (*)(int, void *, size_t, int))dlsym(RTLD_NEXT, "recv");
-    real_send = (ssize_t (*)(int, const void *, size_t, int))dlsym(RTLD_NEXT, "send");
-    real_accept = (int (*)(int, struct sockaddr *, socklen_t *))dlsym(RTLD_NEXT, "accept");
-    real_accept4 = (int (*)(int, struct sockaddr *, socklen_t *, int))dlsym(RTLD_NEXT, "accept4");
-    real_close = (int (*)(int))dlsym(RTLD_NEXT, "close");
-    real_socket = (int (*)(int, int, int))dlsym(RTLD_NEXT, "socket");
-}
-
-static void resolve(void)
-{
-    pthread_once(&g_once, resolve_once);
-}
+static void cm_accepted(int lfd, int fd);
+static void cm_reset(int fd);
+static int cm_recv(int fd, void *buf, size_t len, int flags, ssize_t *ret);
+static const ps_sockhooks_port_t g_hooks = {cm_accepted, cm_reset, cm_recv};
 
 void psd_cmguard_listen(const struct sockaddr *sa, socklen_t len)
 {
-    resolve();
-    uint64_t max = psd_ucx_env_bytes("UCX_TCP_CM_PRIV_DATA_LEN", 1ull << 30);
+    uint64_t max = ps_ucx_env_bytes("UCX_TCP_CM_PRIV_DATA_LEN", 1ull << 30);
     if (max) g_msg_max = max;
     if (len > sizeof g_addr) return;
     memcpy(&g_addr, sa, len);
     __atomic_store_n(&g_on, 1, __ATOMIC_RELEASE);
+    ps_sockhooks_port(&g_hooks);
 }
 
 /* Whether @p a (a listening socket's own address) is the guarded one: the same family and port,
@@ -177,12 +158,11 @@ static bool guarded(const struct sockaddr_storage *a)
 }
 
 /* A connection accepted on listening socket @p lfd: marked when that is the guarded address. */
-static void accepted(int lfd, int fd)
+static void cm_accepted(int lfd, int fd)
 {
-    if (fd < 0 || fd >= CM_MAX_FD) return;
+    if (fd >= CM_MAX_FD) return;
     cm_fd_t *s = &g_fd[fd];
     memset(s, 0, sizeof *s);
-    psd_tcpguard_reset(fd);
     if (!__atomic_load_n(&g_on, __ATOMIC_ACQUIRE)) return;
     struct sockaddr_storage ss;
     socklen_t len = sizeof ss;
@@ -190,38 +170,11 @@ static void accepted(int lfd, int fd)
     __atomic_store_n(&s->on, guarded(&ss), __ATOMIC_RELEASE);
 }
 
-int accept(int lfd, struct sockaddr *addr, socklen_t *len)
+/* A socket closed or made: never marked (should a marked one have been closed some other
+ * way). */
+static void cm_reset(int fd)
 {
-    resolve();
-    int fd = real_accept(lfd, addr, len);
-    accepted(lfd, fd);
-    return fd;
-}
-
-int accept4(int lfd, struct sockaddr *addr, socklen_t *len, int flags)
-{
-    resolve();
-    int fd = real_accept4(lfd, addr, len, flags);
-    accepted(lfd, fd);
-    return fd;
-}
-
-int close(int fd)
-{
-    resolve();
-    if (fd >= 0 && fd < CM_MAX_FD) __atomic_store_n(&g_fd[fd].on, 0, __ATOMIC_RELEASE);
-    psd_tcpguard_reset(fd);
-    return real_close(fd);
-}
-
-/* A new socket never inherits a mark (should a marked one have been closed some other way). */
-int socket(int domain, int type, int protocol)
-{
-    resolve();
-    int fd = real_socket(domain, type, protocol);
-    if (fd >= 0 && fd < CM_MAX_FD) __atomic_store_n(&g_fd[fd].on, 0, __ATOMIC_RELEASE);
-    psd_tcpguard_reset(fd);
-    return fd;
+    if (fd < CM_MAX_FD) __atomic_store_n(&g_fd[fd].on, 0, __ATOMIC_RELEASE);
 }
 
 /* ---- the connection request -------------------------------------------------------------- */
@@ -354,38 +307,17 @@ static bool req_feed(cm_req_t *r, const uint8_t *p, size_t n, bool ends)
     return !ends || r->field == F_END;
 }
 
-/* ---- libc's calls --------------------------------------------------------------------------- */
+/* ---- reads on the shard's port ------------------------------------------------------------ */
 
-ssize_t send(int fd, const void *buf, size_t len, int flags)
+/* recv on marked connection @p fd: never past the current message, and the end of the
+ * connection for anything UCX's client does not send. */
+static ssize_t cm_read(int fd, void *buf, size_t len, int flags)
 {
-    resolve();
-    ssize_t n = real_send(fd, buf, len, flags);
-    if (n > 0) psd_tcpguard_sent(fd, buf, (size_t)n);
-    return n;
-}
-
-ssize_t recv(int fd, void *buf, size_t len, int flags)
-{
-    resolve();
-    if ((flags & MSG_PEEK) || len == 0) return real_recv(fd, buf, len, flags);
-    if (fd < 0 || fd >= CM_MAX_FD || !__atomic_load_n(&g_fd[fd].on, __ATOMIC_ACQUIRE)) {
-        /* Not the shard's port: UCX's TCP transport's frames are checked (tcpguard.c). */
-        if (psd_tcpguard_refused(fd)) {
-            errno = ECONNRESET;
-            return -1;
-        }
-        ssize_t n = real_recv(fd, buf, len, flags);
-        if (n > 0 && psd_tcpguard_received(fd, buf, (size_t)n) != 0) {
-            errno = ECONNRESET; /* UCX closes the connection */
-            return -1;
-        }
-        return n;
-    }
     cm_fd_t *s = &g_fd[fd];
     if (s->dead) return 0;
     size_t cap = s->hdr_got < CM_HDR ? (size_t)(CM_HDR - s->hdr_got) : (size_t)s->left;
     if (len > cap) len = cap;
-    ssize_t n = real_recv(fd, buf, len, flags);
+    ssize_t n = ps_sockhooks_real_recv(fd, buf, len, flags);
     if (n <= 0) return n;
     if (s->hdr_got < CM_HDR) {
         memcpy(s->hdr + s->hdr_got, buf, (size_t)n);
@@ -419,4 +351,12 @@ ssize_t recv(int fd, void *buf, size_t len, int flags)
         if (s->left == 0) s->hdr_got = 0;
     }
     return n;
+}
+
+/* recv on @p fd (sockhooks.c): a connection accepted on the shard's port is read here. */
+static int cm_recv(int fd, void *buf, size_t len, int flags, ssize_t *ret)
+{
+    if (fd >= CM_MAX_FD || !__atomic_load_n(&g_fd[fd].on, __ATOMIC_ACQUIRE)) return 0;
+    *ret = cm_read(fd, buf, len, flags);
+    return 1;
 }

@@ -115,7 +115,7 @@ static void metrics_text(psd_server_t *srv, psd_http_reply_t *r)
                  ps_amguard_refused());
     psd_prom_u64(&p, "psd_tcp_connections_closed_total", "counter",
                  "Connections to UCX's TCP transport closed for a frame UCX would trust",
-                 psd_tcpguard_closed_total());
+                 ps_tcpguard_closed_total());
     psd_prom_u64(&p, "psd_transport_restarts_total", "counter",
                  "Times the UCX transport was found stuck and started again",
                  srv->transport_restarts);

@@ -556,13 +556,13 @@ typedef struct {
     psd_conn_t *conn;
     uint64_t req_id;
     void *own; /* its own landing place when the shared one was busy and too small */
-    void *into; /* where its rendezvous receive lands, while it does (psd_tcpguard_expect) */
+    void *into; /* where its rendezvous receive lands, while it does (ps_tcpguard_expect) */
 } echo_t;
 
 static void echo_done(void *request, ucs_status_t status, size_t length, void *user_data)
 {
     echo_t *e = user_data;
-    if (e->into) psd_tcpguard_done(e->into);
+    if (e->into) ps_tcpguard_done(e->into);
     ps_msg_t r = {.type = PS_MSG_ECHO_REPLY, .req_id = e->req_id, .shard = e->srv->shard,
                   .length = length, .status = status == UCS_OK ? 0 : ps_ucx_err(status)};
     psd_send_msg(e->srv, e->conn, &r);
@@ -613,7 +613,7 @@ static ucs_status_t echo_recv(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *
                              .cb.recv_am = echo_done, .user_data = e};
     bool shared = e->own == NULL; /* e is not read after the call: the callback frees it */
     e->into = dst;
-    psd_tcpguard_expect(dst, length); /* a put over TCP may land there (tcpguard.c) */
+    ps_tcpguard_expect(dst, length); /* a put over TCP may land there (tcpguard.c) */
     void *req = ucp_am_recv_data_nbx(srv->ucx.worker, data, dst, length, &p);
     if (req == NULL) {
         echo_done(NULL, UCS_OK, length, e);

@@ -845,7 +845,7 @@ static void values_landed(void *request, ucs_status_t status, size_t length, voi
     values_recv_t *r = user_data;
     psd_server_t *srv = r->srv;
     if (request) ucp_request_free(request);
-    psd_tcpguard_done(r->buf);
+    ps_tcpguard_done(r->buf);
     psd_tensor_t *t = r->tensor < srv->ntensors && srv->tensors[r->tensor].present
                           ? &srv->tensors[r->tensor]
                           : NULL;
@@ -923,7 +923,7 @@ ucs_status_t psd_shard_on_values(psd_server_t *srv, psd_conn_t *conn, const ps_m
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                                              UCP_OP_ATTR_FIELD_USER_DATA,
                              .cb.recv_am = values_landed, .user_data = r};
-    psd_tcpguard_expect(buf, length); /* a put over TCP may land there (tcpguard.c) */
+    ps_tcpguard_expect(buf, length); /* a put over TCP may land there (tcpguard.c) */
     void *req = ucp_am_recv_data_nbx(srv->ucx.worker, data, buf, length, &p);
     if (req == NULL)
         values_landed(NULL, UCS_OK, length, r);
@@ -1707,7 +1707,7 @@ static void on_push_recv(void *request, ucs_status_t status, size_t length, void
     psd_slot_t *slot = user_data;
     psd_server_t *srv = slot->conn->srv;
     if (request) ucp_request_free(request);
-    psd_tcpguard_done(slot->buf);
+    ps_tcpguard_done(slot->buf);
     if (slot == srv->test_late_ref) { /* PS_TEST_LATE_RNDV: seen only later (psd_shard_test_tick) */
         srv->test_late_status = status;
         srv->test_late_due_ms = psd_now_ms() + 3000;
@@ -2032,7 +2032,7 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
         conn->dead = true;
         conn->close_queued = true;
     }
-    psd_tcpguard_expect(slot->buf, length); /* a put over TCP may land there (tcpguard.c) */
+    ps_tcpguard_expect(slot->buf, length); /* a put over TCP may land there (tcpguard.c) */
     void *req = ucp_am_recv_data_nbx(srv->ucx.worker, data, slot->buf, length, &p);
     if (req == NULL)
         on_push_recv(NULL, UCS_OK, length, slot);

@@ -27,6 +27,7 @@
 #include "ps/ps_log.h"
 #include "storeview.h"
 #include "tracefile.h"
+#include "tcpguard.h"
 #include "ucx_loop.h"
 #include "views.h"
 #include "authmsg.h"
@@ -69,6 +70,7 @@ typedef struct {
         uint8_t tries; /* times it came back corrupted */
         uint8_t sending; /* a send of it has not completed: hdr (and copy) are in use */
         uint8_t receiving; /* pull: its reply's rendezvous is landing (on_pull_recv) */
+        void *landing;     /* ... there (a shard may put there over TCP: ps_tcpguard_expect) */
         uint8_t again; /* send it again once that send completes */
         uint32_t ep_gen; /* the shard's connection (cshard_t.ep_gen) its last send went on, or
                             its pull's reply came on (while receiving) */
@@ -629,6 +631,7 @@ static void on_pull_recv(void *request, ucs_status_t status, size_t length, void
     const ctensor_t *t = c->tensors[op->tensor];
     op->ucx_refs--;
     p->ck.receiving = 0;
+    ps_tcpguard_done(p->ck.landing);
     if (status == UCS_OK) /* heard (shard_silent): a long transfer delays its heartbeat answers */
         c->shards[p->shard].heard_ms = uv_now(&c->loop);
     if (status != UCS_OK) {
@@ -2188,6 +2191,8 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
         op->ucx_refs++;
         p->ck.receiving = 1;
         p->ck.ep_gen = c->shards[p->shard].ep_gen; /* the reply's connection */
+        p->ck.landing = dst;
+        ps_tcpguard_expect(dst, length); /* psd's put over TCP lands there (tcpguard.c) */
         void *req = ucp_am_recv_data_nbx(c->ucx.worker, data, dst, length, &prm);
         if (req == NULL)
             on_pull_recv(NULL, UCS_OK, length, p); /* completes the op if it was the last */

@@ -1034,11 +1034,42 @@ START_TEST(test_crafted_frames_on_data_port)
     ck_assert_msg(cl_wait_log(psd, "(7 closed so far)", 5.0) == 0,
                   "psd did not say it closed 7 connections: %s", cl_tail(psd));
     EXPECT_LOG(psd, "closed a connection to UCX's TCP transport from 127.0.0.1:");
-    EXPECT_LOG(psd, "a put request of 8 bytes to 0x10, where psd receives nothing");
+    EXPECT_LOG(psd, "a put request of 8 bytes to 0x10, where nothing is being received");
     setenv("UCX_TLS", "tcp", 1); /* the worker (this test's process is forked) */
     cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
     EXPECT_EXIT(w, 0);
     EXPECT_LOG(w, "over tcp");
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+/* A worker's UCX TCP transport takes connections from any peer too: a put request to 0x10 on
+ * one killed the worker (SIGSEGV; at a mapped address it would have written there). psworker
+ * now has the frame checks psd has (common/sockhooks.c, tcpguard.c): the connection is closed,
+ * and the worker trains on until it is stopped. */
+START_TEST(test_crafted_frames_on_worker_port)
+{
+    cl_proc_t *psd, *w;
+    cl_cluster_t *c = one_worker_joined(1, 1000000, &psd, &w);
+    ck_assert_msg(cl_wait_log(w, "step 1 of", RUN_S) == 0, "never trained: %s", cl_tail(w));
+    uint16_t port = uct_tcp_port(w->pid, 0);
+    ck_assert_msg(port != 0, "the worker listens on no TCP transport port at 127.0.0.1");
+    int fd = uct_tcp_open(port, 4000);
+    uint8_t m[5 + 20 + 8] = {33};
+    put_le(m + 1, 20, 4);
+    put_le(m + 5, 0x10, 8); /* the address */
+    put_le(m + 13, 8, 8);   /* the length */
+    put_le(m + 21, 1, 4);   /* a sequence number; then 8 bytes of data */
+    ck_assert(write(fd, m, sizeof m) == (ssize_t)sizeof m);
+    struct timespec ts = {0, 100 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    close(fd);
+    ck_assert_msg(cl_alive(w), "the worker died of a put request to 0x10: %s", cl_tail(w));
+    ck_assert_msg(cl_wait_log(w, "a put request of 8 bytes to 0x10, where nothing is being "
+                                 "received", 5.0) == 0, "not said: %s", cl_tail(w));
+    ck_assert_int_eq(cl_signal(w, SIGTERM), 0);
+    EXPECT_EXIT(w, 128 + SIGTERM);
     stop_all(&psd, 1);
     cl_cluster_destroy(c);
 }
@@ -1530,6 +1561,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("crafted_requests_on_port", test_crafted_requests_on_port));
     suite_add_tcase(s, tcase("crafted_messages_on_data_port", test_crafted_messages_on_data_port));
     suite_add_tcase(s, tcase("crafted_frames_on_data_port", test_crafted_frames_on_data_port));
+    suite_add_tcase(s, tcase("crafted_frames_on_worker_port", test_crafted_frames_on_worker_port));
     suite_add_tcase(s, tcase("sigterm_while_joining", test_sigterm_while_joining));
     suite_add_tcase(s, tcase("api_misuse_refused", test_api_misuse_refused));
     suite_add_tcase(s, tcase("worker_says_shard_silent", test_worker_says_shard_silent));

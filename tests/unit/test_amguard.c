@@ -4,7 +4,6 @@
  * then names endpoints by pointers (even ids). An active message with a reply endpoint reaches
  * a worker no one watches as before, and is dropped for a watched one. */
 #include <check.h>
-#include <dlfcn.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
@@ -126,15 +125,6 @@ START_TEST(watched_worker_drops_pointer_ids)
 }
 END_TEST
 
-/* ucp_am_handler_t of UCP 1.13, whose callbacks amguard replaced. */
-typedef struct {
-    uint64_t features;
-    uct_am_callback_t cb;
-    void *tracer;
-    uint32_t flags;
-    uct_am_callback_t proxy_cb;
-} am_handler13_t;
-
 static void put_le(uint8_t *p, uint64_t v, unsigned n)
 {
     for (unsigned i = 0; i < n; i++)
@@ -147,8 +137,8 @@ static void put_le(uint8_t *p, uint64_t v, unsigned n)
  * bytes at @p offset. @return whether amguard let it through. */
 static int fragment(ucp_worker_h w, int first, uint64_t msg, uint64_t a, uint64_t b)
 {
-    am_handler13_t **table = dlsym(RTLD_DEFAULT, "ucp_am_handlers");
-    ck_assert(table != NULL);
+    uct_am_callback_t cb = ps_amguard_handler(first ? 24 : 25);
+    ck_assert(cb != NULL);
     static uint8_t m[1024];
     size_t n;
     if (first) { /* am header, a bytes of payload, footer: msg, ep, total (b) */
@@ -164,7 +154,7 @@ static int fragment(ucp_worker_h w, int first, uint64_t msg, uint64_t a, uint64_
         put_le(m + n - 8, 0x1001, 8);
     }
     uint64_t before = ps_amguard_refused();
-    ck_assert_int_eq(table[first ? 24 : 25]->cb(w, m, n, 0), UCS_OK);
+    ck_assert_int_eq(cb(w, m, n, 0), UCS_OK);
     return ps_amguard_refused() == before;
 }
 

@@ -74,8 +74,8 @@ static void pair_open(void)
     ck_assert(connect(g_fd[1], (struct sockaddr *)&a, sizeof a) == 0);
     g_fd[2] = accept(g_fd[0], NULL, NULL);
     ck_assert(g_fd[2] >= 0);
-    psd_tcpguard_reset(g_fd[1]);
-    psd_tcpguard_reset(g_fd[2]);
+    ps_tcpguard_reset(g_fd[1]);
+    ps_tcpguard_reset(g_fd[2]);
 }
 
 static void pair_close(void)
@@ -90,7 +90,7 @@ static long feed(int fd, const stream_t *s, size_t piece)
 {
     for (size_t at = 0; at < s->n; at += piece) {
         size_t k = s->n - at < piece ? s->n - at : piece;
-        if (psd_tcpguard_received(fd, s->b + at, k) != 0) return (long)(at + k - 1);
+        if (ps_tcpguard_received(fd, s->b + at, k) != 0) return (long)(at + k - 1);
     }
     return -1;
 }
@@ -125,7 +125,7 @@ START_TEST(well_formed_streams_pass_in_any_pieces)
         good_stream(&s, g_fd[2]);
         ck_assert_msg(feed(g_fd[2], &s, pieces[i]) == -1, "refused in pieces of %zu",
                       pieces[i]);
-        ck_assert(!psd_tcpguard_refused(g_fd[2]));
+        ck_assert(!ps_tcpguard_refused(g_fd[2]));
         pair_close();
     }
 }
@@ -170,8 +170,8 @@ START_TEST(crafted_frames_refused_before_whole)
         long at = feed(g_fd[2], &s, 1);
         ck_assert_msg(at >= (long)start && at < (long)s.n, "case %d: refused at %ld of %zu..%zu",
                       c, at, start, s.n);
-        ck_assert(psd_tcpguard_refused(g_fd[2]));
-        ck_assert_int_eq(psd_tcpguard_received(g_fd[2], "x", 1), -1); /* and stays so */
+        ck_assert(ps_tcpguard_refused(g_fd[2]));
+        ck_assert_int_eq(ps_tcpguard_received(g_fd[2], "x", 1), -1); /* and stays so */
         pair_close();
     }
 }
@@ -196,9 +196,9 @@ START_TEST(puts_only_into_receives_in_flight)
     memset(put, 0, sizeof put); /* UCX's flush: a put of nothing to address 0 */
     frame(&s, 33, 20, put, 20);
     frame(&s, 35, 0, NULL, 0);
-    ck_assert_int_eq(psd_tcpguard_expect(slot, sizeof slot), 0);
+    ck_assert_int_eq(ps_tcpguard_expect(slot, sizeof slot), 0);
     ck_assert_int_eq(feed(g_fd[2], &s, 1000), -1);
-    psd_tcpguard_done(slot);
+    ps_tcpguard_done(slot);
     pair_close();
 
     static const struct {
@@ -213,10 +213,10 @@ START_TEST(puts_only_into_receives_in_flight)
         put_le(put, at, 8);
         put_le(put + 8, out[i].len, 8);
         frame(&s, 33, 20, put, 20);
-        ck_assert_int_eq(psd_tcpguard_expect(slot, sizeof slot), 0);
+        ck_assert_int_eq(ps_tcpguard_expect(slot, sizeof slot), 0);
         long bad = feed(g_fd[2], &s, 1);
         ck_assert_msg(bad >= (long)start && bad < (long)s.n, "put %zu refused at %ld", i, bad);
-        psd_tcpguard_done(slot);
+        ps_tcpguard_done(slot);
         pair_close();
     }
     pair_open(); /* after the receive ended */
@@ -254,8 +254,8 @@ START_TEST(opened_and_other_sockets)
     pair_open();
     uint8_t m[8];
     put_le(m, MAGIC, 8);
-    psd_tcpguard_sent(g_fd[1], m, 3);
-    psd_tcpguard_sent(g_fd[1], m + 3, 5);
+    ps_tcpguard_sent(g_fd[1], m, 3);
+    ps_tcpguard_sent(g_fd[1], m + 3, 5);
     static stream_t s;
     s.n = 0;
     frame(&s, 32, 4, (uint8_t[]){2, 0, 0, 0}, 4);
@@ -268,11 +268,11 @@ START_TEST(opened_and_other_sockets)
 
     pair_open();
     const char *http = "GET /metrics HTTP/1.1\r\n\r\n";
-    ck_assert_int_eq(psd_tcpguard_received(g_fd[2], http, strlen(http)), 0);
+    ck_assert_int_eq(ps_tcpguard_received(g_fd[2], http, strlen(http)), 0);
     s.n = 0;
     frame(&s, 33, 20, NULL, 20); /* not a UCX connection: not looked at */
     ck_assert_int_eq(feed(g_fd[2], &s, 1), -1);
-    psd_tcpguard_sent(g_fd[1], "PSD", 3); /* sends that are not the magic */
+    ps_tcpguard_sent(g_fd[1], "PSD", 3); /* sends that are not the magic */
     ck_assert_int_eq(feed(g_fd[1], &s, 1), -1);
     pair_close();
 }

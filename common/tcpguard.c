@@ -1,12 +1,12 @@
-/* tcpguard.c: keeps a peer's crafted frames on UCX 1.13's TCP transport from aborting psd or
- * writing into its memory.
+/* tcpguard.c: keeps a peer's crafted frames on UCX 1.13's TCP transport from aborting this
+ * process (psd, psworker, pslaunch) or writing into its memory.
  *
- * UCX's TCP transport listens on ports of its own (one per interface, picked by UCX) and
- * takes any peer that opens a connection there with its magic number and a connection
- * request: no connection request on the shard's port, no proof of a secret. What follows are
- * frames (an id byte, a 4-byte length, that many bytes), which UCX trusts:
+ * UCX's TCP transport listens on ports of its own (one per interface, picked by UCX), in every
+ * process that uses it, and takes any peer that opens a connection there with its magic number
+ * and a connection request: no connection request on a shard's port, no proof of a secret.
+ * What follows are frames (an id byte, a 4-byte length, that many bytes), which UCX trusts:
  *   - a put request (id 33) names an address and a length, and UCX copies the bytes after it
- *     there: any peer could write anywhere in psd's memory (with 0x10 it died of SIGSEGV);
+ *     there: any peer could write anywhere in the process (with 0x10 psd died of SIGSEGV);
  *   - an id above 35, a frame longer than UCX's receive buffer, a put acknowledgement of
  *     another length than 4, a connection request of another length than UCX's, or a second
  *     one unlike the first on the same connection each fail an assertion (abort);
@@ -14,16 +14,16 @@
  *     even key is taken as a pointer (common/amguard.c says more of such ids).
  * UCP's messages (ids below 32) pass on to common/amguard.c's checks.
  *
- * cmguard.c defines recv and send for UCX (psd is linked with export_dynamic) and hands every
- * socket's bytes here, except those of the shard's port, which it parses itself. A connection
- * is UCX's TCP transport when its initiator's first 8 bytes are UCX's magic number: those psd
- * accepted (the magic received) and those psd opened (the magic sent). Their frames are
- * followed as they are read, a header and a connection request's bytes kept, the rest
- * counted; a frame found wrong fails the read that brings it (the frame is never whole for
- * UCX, which parses frames once whole) as a reset connection, which UCX closes. Any other
- * socket passes after its first bytes. A put request passes only into a receive psd has in
- * flight (psd_tcpguard_expect: UCP's rendezvous puts a push there, where the RTR psd sent
- * said), and the bytes it announces are then counted past as they come. */
+ * sockhooks.c, in the executable, defines recv and send for UCX and hands every socket's bytes
+ * here (psd's shard port excepted: server/cmguard.c parses it). A connection is UCX's TCP
+ * transport when its initiator's first 8 bytes are UCX's magic number: those accepted (the
+ * magic received) and those this process opened (the magic sent). Their frames are followed as
+ * they are read, a header and a connection or put request's bytes kept, the rest counted; a
+ * frame found wrong fails the read that brings it (the frame is never whole for UCX, which
+ * parses frames once whole) as a reset connection, which UCX closes. Any other socket passes
+ * after its first bytes. A put request passes only into a receive in flight
+ * (ps_tcpguard_expect, called before each ucp_am_recv_data_nbx: UCP's rendezvous over TCP puts
+ * the data where the receiver's RTR said), and the bytes it announces are then counted past. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -70,7 +70,7 @@ typedef struct {
     uint64_t put_left; /* bytes of a put still to come (after its request), not frames */
 } tg_fd_t;
 
-/* A receive in flight (psd_tcpguard_expect). */
+/* A receive in flight (ps_tcpguard_expect). */
 typedef struct {
     uintptr_t at;
     size_t len;
@@ -83,7 +83,7 @@ static pthread_mutex_t g_span_lock = PTHREAD_MUTEX_INITIALIZER;
 static tg_span_t *g_span; /* [g_nspan], grown as needed, never shrunk */
 static size_t g_nspan, g_span_cap;
 
-uint64_t psd_ucx_env_bytes(const char *var, uint64_t max)
+uint64_t ps_ucx_env_bytes(const char *var, uint64_t max)
 {
     const char *e = getenv(var); /* UCX's memory units: 64k, 1m... */
     if (e == NULL || *e == '\0') return 0;
@@ -94,13 +94,13 @@ uint64_t psd_ucx_env_bytes(const char *var, uint64_t max)
     return v > 0 && v <= max / unit ? v * unit : 0;
 }
 
-void psd_tcpguard_init(void)
+void ps_tcpguard_init(void)
 {
-    uint64_t seg = psd_ucx_env_bytes("UCX_TCP_RX_SEG_SIZE", 1ull << 31);
+    uint64_t seg = ps_ucx_env_bytes("UCX_TCP_RX_SEG_SIZE", 1ull << 31);
     if (seg) g_body_max = (uint32_t)seg;
 }
 
-int psd_tcpguard_expect(const void *buf, size_t len)
+int ps_tcpguard_expect(const void *buf, size_t len)
 {
     pthread_mutex_lock(&g_span_lock);
     int rc = 0;
@@ -115,7 +115,7 @@ int psd_tcpguard_expect(const void *buf, size_t len)
     return rc;
 }
 
-void psd_tcpguard_done(const void *buf)
+void ps_tcpguard_done(const void *buf)
 {
     pthread_mutex_lock(&g_span_lock);
     for (size_t i = 0; i < g_nspan; i++) {
@@ -281,8 +281,8 @@ static int frames(int fd, tg_fd_t *s, const uint8_t *p, size_t n)
                 uint64_t at = le(s->cm, 8), len = le(s->cm + 8, 8);
                 /* 0 bytes: UCX's flush asks for an acknowledgement so (at address 0) */
                 if (len != 0 && !expected(at, len))
-                    return refuse(fd, s, "a put request of %llu bytes to 0x%llx, where psd "
-                                  "receives nothing", (unsigned long long)len,
+                    return refuse(fd, s, "a put request of %llu bytes to 0x%llx, where "
+                                  "nothing is being received", (unsigned long long)len,
                                   (unsigned long long)at);
                 s->put_left = len;
             }
@@ -292,7 +292,7 @@ static int frames(int fd, tg_fd_t *s, const uint8_t *p, size_t n)
     return 0;
 }
 
-void psd_tcpguard_sent(int fd, const void *buf, size_t n)
+void ps_tcpguard_sent(int fd, const void *buf, size_t n)
 {
     if (fd < 0 || fd >= TG_MAX_FD) return;
     tg_fd_t *s = &g_fd[fd];
@@ -310,7 +310,7 @@ void psd_tcpguard_sent(int fd, const void *buf, size_t n)
     if (s->sent == 8) s->kind = K_FRAMES; /* the peer's bytes are frames from the first */
 }
 
-int psd_tcpguard_received(int fd, const void *buf, size_t n)
+int ps_tcpguard_received(int fd, const void *buf, size_t n)
 {
     if (fd < 0 || fd >= TG_MAX_FD) return 0;
     tg_fd_t *s = &g_fd[fd];
@@ -334,17 +334,17 @@ int psd_tcpguard_received(int fd, const void *buf, size_t n)
     return frames(fd, s, p, n);
 }
 
-uint64_t psd_tcpguard_closed_total(void)
+uint64_t ps_tcpguard_closed_total(void)
 {
     return __atomic_load_n(&g_refused, __ATOMIC_RELAXED);
 }
 
-int psd_tcpguard_refused(int fd)
+int ps_tcpguard_refused(int fd)
 {
     return fd >= 0 && fd < TG_MAX_FD && g_fd[fd].kind == K_REFUSED;
 }
 
-void psd_tcpguard_reset(int fd)
+void ps_tcpguard_reset(int fd)
 {
     if (fd >= 0 && fd < TG_MAX_FD) memset(&g_fd[fd], 0, sizeof g_fd[fd]);
 }

@@ -1,47 +1,47 @@
 /* tcpguard.h: checks the frames of UCX 1.13's TCP transport that reach psd (tcpguard.c says
  * why and what). cmguard.c calls it from the libc calls it defines for UCX. */
-#ifndef PSD_TCPGUARD_H
-#define PSD_TCPGUARD_H
+#ifndef PS_TCPGUARD_H
+#define PS_TCPGUARD_H
 
 #include <stddef.h>
 #include <stdint.h>
 
 /** @brief The byte count UCX reads from environment variable @p var (its memory units: 4096,
  *  64k, 1m); 0 when it is not set, not a count, 0 or above @p max. */
-uint64_t psd_ucx_env_bytes(const char *var, uint64_t max);
+uint64_t ps_ucx_env_bytes(const char *var, uint64_t max);
 
 /** @brief Read UCX's settings the checks depend on (UCX_TCP_RX_SEG_SIZE). Call once, before
  *  UCX is set up. */
-void psd_tcpguard_init(void);
+void ps_tcpguard_init(void);
 
 /** @brief A receive of @p len bytes into @p buf is about to be posted (ucp_am_recv_data_nbx):
- *  until psd_tcpguard_done(@p buf), a peer's put request may write there (UCP's rendezvous over
+ *  until ps_tcpguard_done(@p buf), a peer's put request may write there (UCP's rendezvous over
  *  TCP puts the data where psd's RTR said). The caller keeps @p buf. Thread-safe.
  *  @return 0, or -1 when out of memory (puts there are then refused, and their connections
  *  closed). */
-int psd_tcpguard_expect(const void *buf, size_t len);
+int ps_tcpguard_expect(const void *buf, size_t len);
 
 /** @brief The receive into @p buf ended (its callback ran, or it completed or failed at once):
- *  one psd_tcpguard_expect(@p buf) is withdrawn. Thread-safe. */
-void psd_tcpguard_done(const void *buf);
+ *  one ps_tcpguard_expect(@p buf) is withdrawn. Thread-safe. */
+void ps_tcpguard_done(const void *buf);
 
 /** @brief @p n bytes at @p buf were sent on socket @p fd (send(), after the call). Its first
  *  bytes tell a TCP transport connection psd opened (UCX's magic number). */
-void psd_tcpguard_sent(int fd, const void *buf, size_t n);
+void ps_tcpguard_sent(int fd, const void *buf, size_t n);
 
 /** @brief @p n bytes at @p buf were received on socket @p fd (recv(), after the call; not a
  *  peek), in the order of the stream. @return 0 when they may go to UCX; -1 when they hold a
  *  frame UCX must not see (logged): the caller fails the read as a reset connection, and every
  *  later one. */
-int psd_tcpguard_received(int fd, const void *buf, size_t n);
+int ps_tcpguard_received(int fd, const void *buf, size_t n);
 
-/** @brief Whether socket @p fd was refused by psd_tcpguard_received. */
-int psd_tcpguard_refused(int fd);
+/** @brief Whether socket @p fd was refused by ps_tcpguard_received. */
+int ps_tcpguard_refused(int fd);
 
-/** @brief Connections refused by psd_tcpguard_received so far in this process. */
-uint64_t psd_tcpguard_closed_total(void);
+/** @brief Connections refused by ps_tcpguard_received so far in this process. */
+uint64_t ps_tcpguard_closed_total(void);
 
 /** @brief Socket @p fd was closed or made anew: forget what was seen on it. */
-void psd_tcpguard_reset(int fd);
+void ps_tcpguard_reset(int fd);
 
 #endif
