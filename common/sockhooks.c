@@ -32,6 +32,7 @@ static void resolve_once(void)
     real_accept4 = (int (*)(int, struct sockaddr *, socklen_t *, int))dlsym(RTLD_NEXT, "accept4");
     real_close = (int (*)(int))dlsym(RTLD_NEXT, "close");
     real_socket = (int (*)(int, int, int))dlsym(RTLD_NEXT, "socket");
+    ps_tcpguard_init(); /* UCX's settings the frame checks depend on */
 }
 
 static const ps_sockhooks_port_t *resolve(void)

@@ -10,8 +10,9 @@
  *  64k, 1m); 0 when it is not set, not a count, 0 or above @p max. */
 uint64_t ps_ucx_env_bytes(const char *var, uint64_t max);
 
-/** @brief Read UCX's settings the checks depend on (UCX_TCP_RX_SEG_SIZE). Call once, before
- *  UCX is set up. */
+/** @brief Read UCX's settings the checks depend on (UCX_TCP_RX_SEG_SIZE: the longest frame).
+ *  sockhooks.c calls it once, at the first socket call; without it frames of up to UCX's
+ *  default 64 KiB pass. */
 void ps_tcpguard_init(void);
 
 /** @brief A receive of @p len bytes into @p buf is about to be posted (ucp_am_recv_data_nbx):

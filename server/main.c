@@ -6,7 +6,6 @@
 
 #include "auth.h"
 #include "cmguard.h"
-#include "tcpguard.h"
 #include "manifest.h"
 #include "ucx_loop.h"
 #include "ps/ps_error.h"
@@ -88,7 +87,6 @@ int main(int argc, char **argv)
     socklen_t sslen;
     if (ps_sockaddr_resolve(m.servers[shard].host, m.servers[shard].port, &ss, &sslen) == 0)
         psd_cmguard_listen((const struct sockaddr *)&ss, sslen);
-    ps_tcpguard_init(); /* before UCX: its TCP transport offers no puts */
     int rc = psd_server_run(&m, &auth, (uint32_t)shard, restore, trace, err, sizeof err);
     ps_auth_wipe(&auth);
     if (rc) {
