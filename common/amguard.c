@@ -77,10 +77,11 @@ enum {
 #define REPLY_HDR 12         /* ucp_reply_hdr_t: req_id, status (ATS, ATP) */
 #define DATA_HDR 16          /* ucp_request_data_hdr_t: req_id, offset */
 #define WIREUP_HDR 20        /* ucp_wireup_msg_t: type, err_mode, conn_sn u16, src, dst ids */
-#define WIREUP_PRE_REQUEST 0 /* UCP_WIREUP_MSG_*: PRE_REQUEST, REQUEST, REPLY, ACK, ... */
-#define WIREUP_REQUEST 1
-#define WIREUP_EP_REMOVED 5
-#define USER_AM_ID_MAX 64          /* psd's ids are 1 and 2 (proto/wire.h) */
+#define WIREUP_EP_REMOVED 5 /* the last UCP_WIREUP_MSG_* */
+#define USER_AM_IDS 0x6u           /* the ids psd and libps register: 1 and 2 (proto/wire.h,
+                                      PS_AM_CTRL, PS_AM_DATA); UCP 1.13 leaves the slots below
+                                      the highest registered one uninitialised (ucp_am.c:264
+                                      clears slot `id`, not `i`) and calls what it finds there */
 #define AM_TOTAL_MAX (1ull << 32)  /* a multi-fragment message: at most 4 GiB */
 #define LOG_WARN_FIRST 20          /* refusals logged at warn level; then every 1000th */
 
@@ -129,7 +130,8 @@ static bool key_ok(uint64_t id)
  * for the user header. NULL when fine, else what is wrong. */
 static const char *am_hdr_check(const uint8_t *p, size_t room)
 {
-    if (le16(p) >= USER_AM_ID_MAX) return "an active message id out of range";
+    uint16_t id = le16(p);
+    if (id >= 32 || !((USER_AM_IDS >> id) & 1)) return "an active message id not registered";
     if (le32(p + 4) > room) return "a user header longer than the message";
     return NULL;
 }
@@ -250,9 +252,10 @@ static const char *check(ucp_worker_h w, unsigned id, const uint8_t *d, size_t n
         if (n < REPLY_HDR) return "shorter than its header";
         if (!key_ok(le64(d))) return "a request id that is not a key";
         return NULL;
-    case ID_RNDV_DATA:
+    case ID_RNDV_DATA: /* UCP bounds offset + length by the receive, a sum that can wrap */
         if (n < DATA_HDR) return "shorter than its header";
         if (!key_ok(le64(d))) return "a request id that is not a key";
+        if (le64(d + 8) >= AM_TOTAL_MAX) return "an offset out of range";
         return NULL;
     case ID_WIREUP: {
         if (n < WIREUP_HDR) return "shorter than its header";
@@ -260,8 +263,10 @@ static const char *check(ucp_worker_h w, unsigned id, const uint8_t *d, size_t n
         uint64_t dst = le64(d + 12);
         if (type > WIREUP_EP_REMOVED) return "an unknown wireup message type";
         if (d[1] > UCP_ERR_HANDLING_MODE_PEER) return "an unknown error handling mode";
-        if (dst == 0 && type != WIREUP_REQUEST) /* UCP asserts it has the endpoint */
-            return "no destination endpoint";
+        /* Our endpoints all have a connection manager lane, so UCP packs their peer's id in
+         * every wireup message (wireup.c:203); without one a request would have UCP make an
+         * endpoint, and connect out, to whatever address it carries. */
+        if (dst == 0) return "no destination endpoint";
         if (dst != 0 && !key_ok(dst)) return "an endpoint id that is not a key";
         return NULL;
     }

@@ -107,7 +107,7 @@ ssize_t recv(int fd, void *buf, size_t len, int flags)
     if ((flags & MSG_PEEK) || len == 0) return real_recv(fd, buf, len, flags);
     ssize_t ret;
     if (p && p->recv && p->recv(fd, buf, len, flags, &ret)) return ret;
-    if (ps_tcpguard_refused(fd)) {
+    if (ps_tcpguard_refused(fd) || ps_tcpguard_may_read(fd, buf, len) != 0) {
         errno = ECONNRESET;
         return -1;
     }

@@ -33,6 +33,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include "ps/ps_log.h"
@@ -68,6 +69,7 @@ typedef struct {
     uint32_t left;    /* bytes of the current frame still to come */
     uint64_t req_hash;
     uint64_t put_left; /* bytes of a put still to come (after its request), not frames */
+    uint64_t put_at;   /* where they land next (ps_tcpguard_may_read checks each read) */
 } tg_fd_t;
 
 /* A receive in flight (ps_tcpguard_expect). */
@@ -90,12 +92,20 @@ uint64_t ps_ucx_env_bytes(const char *var, uint64_t max)
     char *end;
     unsigned long long v = strtoull(e, &end, 10);
     unsigned long long unit = (*end == 'k' || *end == 'K') ? 1ull << 10
-                            : (*end == 'm' || *end == 'M') ? 1ull << 20 : 1;
+                            : (*end == 'm' || *end == 'M') ? 1ull << 20
+                            : (*end == 'g' || *end == 'G') ? 1ull << 30 : 1;
     return v > 0 && v <= max / unit ? v * unit : 0;
 }
 
 void ps_tcpguard_init(void)
 {
+    /* A socket numbered past the table would pass unchecked (a peer that holds 65536 idle
+     * connections open, which UCX keeps, would get its next one past): no such numbers. */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur > TG_MAX_FD) {
+        rl.rlim_cur = TG_MAX_FD;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
     uint64_t seg = ps_ucx_env_bytes("UCX_TCP_RX_SEG_SIZE", 1ull << 31);
     if (seg) g_body_max = (uint32_t)seg;
 }
@@ -216,9 +226,16 @@ static int addr_cmp(const struct sockaddr_storage *a, const struct sockaddr_stor
 /* A connection manager frame is whole (s->cm, s->cm_got bytes). */
 static int cm_check(int fd, tg_fd_t *s)
 {
-    if (le(s->cm, TG_CM_EVENT) != TG_CM_REQ) return 0; /* acks and fin: UCX looks at the event */
+    if (le(s->cm, TG_CM_EVENT) != TG_CM_REQ) {
+        /* An ack before the request would make an accepted endpoint connected with no peer
+         * address, which the request then fails an assertion on (tcp_cm.c:557). */
+        if (s->sent != 8 && !s->have_req)
+            return refuse(fd, s, "a connection event %u before the connection request",
+                          (unsigned)le(s->cm, TG_CM_EVENT));
+        return 0; /* acks and fin: UCX looks at the event */
+    }
     if (s->sent == 8) /* UCX asserts the endpoint is accepting it, or has it already */
-        return refuse(fd, s, "a connection request on a connection psd opened");
+        return refuse(fd, s, "a connection request on a connection this process opened");
     struct sockaddr_storage local, peer;
     socklen_t salen = sizeof local;
     if (getsockname(fd, (struct sockaddr *)&local, &salen) != 0 ||
@@ -253,6 +270,7 @@ static int frames(int fd, tg_fd_t *s, const uint8_t *p, size_t n)
     while (n > 0) {
         if (s->put_left) { /* a put's data: UCX writes it where the request said */
             size_t k = s->put_left < n ? (size_t)s->put_left : n;
+            s->put_at += k;
             s->put_left -= k;
             p += k, n -= k;
             continue;
@@ -285,6 +303,7 @@ static int frames(int fd, tg_fd_t *s, const uint8_t *p, size_t n)
                                   "nothing is being received", (unsigned long long)len,
                                   (unsigned long long)at);
                 s->put_left = len;
+                s->put_at = at;
             }
             s->hdr_got = 0;
         }
@@ -337,6 +356,17 @@ int ps_tcpguard_received(int fd, const void *buf, size_t n)
 uint64_t ps_tcpguard_closed_total(void)
 {
     return __atomic_load_n(&g_refused, __ATOMIC_RELAXED);
+}
+
+int ps_tcpguard_may_read(int fd, const void *buf, size_t len)
+{
+    if (fd < 0 || fd >= TG_MAX_FD) return 0;
+    tg_fd_t *s = &g_fd[fd];
+    if (s->kind != K_FRAMES || s->put_left == 0 || len == 0) return 0;
+    size_t k = s->put_left < len ? (size_t)s->put_left : len;
+    if (expected((uintptr_t)buf, k)) return 0;
+    return refuse(fd, s, "a put's data to 0x%llx, where nothing is being received any more",
+                  (unsigned long long)(uintptr_t)buf);
 }
 
 int ps_tcpguard_refused(int fd)

@@ -36,6 +36,12 @@ void ps_tcpguard_sent(int fd, const void *buf, size_t n);
  *  later one. */
 int ps_tcpguard_received(int fd, const void *buf, size_t n);
 
+/** @brief A read of up to @p len bytes into @p buf on socket @p fd is about to be made (recv(),
+ *  before the call). While a put's data is coming UCX reads it straight to where the put
+ *  request said: that must still be a receive in flight (it may have ended, and its memory been
+ *  reused, while a peer trickled the data). @return 0, or -1 (logged; the socket is refused). */
+int ps_tcpguard_may_read(int fd, const void *buf, size_t len);
+
 /** @brief Whether socket @p fd was refused by ps_tcpguard_received. */
 int ps_tcpguard_refused(int fd);
 

@@ -219,8 +219,8 @@ static int worker_start(ps_ucx_t *u)
     if (rc) {
         PS_LOG(PS_LOG_ERROR, "ucx", "worker setup: %s",
                s != UCS_OK ? ucs_status_string(s) : ps_strerror(rc));
-        ps_amguard_unwatch(u->worker);
         ucp_worker_destroy(u->worker);
+        ps_amguard_unwatch(u->worker);
         u->worker = NULL;
         return rc;
     }
@@ -348,8 +348,8 @@ static void worker_stop(ps_ucx_t *u)
     uv_poll_stop(u->poll);
     uv_close((uv_handle_t *)u->poll, free_handle);
     u->poll = NULL;
+    ucp_worker_destroy(u->worker); /* checked to the end (messages it handles on the way) */
     ps_amguard_unwatch(u->worker);
-    ucp_worker_destroy(u->worker);
     u->worker = NULL;
 }
 

@@ -935,7 +935,7 @@ START_TEST(test_crafted_messages_on_data_port)
         {"rendezvous data naming request 2", 12, 16, {{0, 8, 2}}},
         {"a rendezvous ATP naming request 2", 16, 12, {{0, 8, 2}}},
         {"a wireup ACK naming endpoint 2", 1, 20, {{0, 1, 3}, {1, 1, 1}, {4, 8, 3}, {12, 8, 2}}},
-        {"a user header of 2 GiB in 16 bytes", 23, 16, {{4, 4, 0x7fffffff}}},
+        {"a user header of 2 GiB in 16 bytes", 23, 16, {{0, 2, 1}, {4, 4, 0x7fffffff}}},
     };
     for (size_t i = 0; i < sizeof crafted / sizeof *crafted; i++) {
         int fd = uct_tcp_open(port, 1000 + i);

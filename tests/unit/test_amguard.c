@@ -141,8 +141,9 @@ static int fragment(ucp_worker_h w, int first, uint64_t msg, uint64_t a, uint64_
     ck_assert(cb != NULL);
     static uint8_t m[1024];
     size_t n;
-    if (first) { /* am header, a bytes of payload, footer: msg, ep, total (b) */
+    if (first) { /* am header (user id 1), a bytes of payload, footer: msg, ep, total (b) */
         memset(m, 0, 8);
+        m[0] = 1;
         n = 8 + a + 24;
         put_le(m + n - 24, msg, 8);
         put_le(m + n - 16, 0x1001, 8);

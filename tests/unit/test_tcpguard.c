@@ -135,8 +135,9 @@ END_TEST
  * byte at the latest (UCX acts on whole frames only). */
 START_TEST(crafted_frames_refused_before_whole)
 {
-    enum { PUT_REQ, ID_40, PUT_ACK_8, HUGE, CM_12, SECOND_REQ, TO_EP_EVEN, TO_EP_ABOVE, FAMILY };
-    for (int c = PUT_REQ; c <= FAMILY; c++) {
+    enum { PUT_REQ, ID_40, PUT_ACK_8, HUGE, CM_12, SECOND_REQ, TO_EP_EVEN, TO_EP_ABOVE, FAMILY,
+           ACK_FIRST };
+    for (int c = PUT_REQ; c <= ACK_FIRST; c++) {
         pair_open();
         static stream_t s;
         good_stream(&s, g_fd[2]);
@@ -166,6 +167,10 @@ START_TEST(crafted_frames_refused_before_whole)
             s.b[s.n - 16] = 99; /* sin_family */
             break;
         }
+        case ACK_FIRST: /* an ack before the request (UCX then asserts on the request) */
+            frame(&s, 32, 4, (uint8_t[]){2, 0, 0, 0}, 4);
+            request(&s, 0, 7, 0x7f000001, 40000);
+            break;
         }
         long at = feed(g_fd[2], &s, 1);
         ck_assert_msg(at >= (long)start && at < (long)s.n, "case %d: refused at %ld of %zu..%zu",
@@ -219,6 +224,21 @@ START_TEST(puts_only_into_receives_in_flight)
         ps_tcpguard_done(slot);
         pair_close();
     }
+    /* A put whose data trickles in: UCX reads the rest straight to its target, which must
+     * still be a receive in flight when each read is made. */
+    pair_open();
+    good_stream(&s, g_fd[2]);
+    put_le(put, (uintptr_t)slot, 8);
+    put_le(put + 8, 4096, 8);
+    frame(&s, 33, 20, put, 20);
+    ck_assert_int_eq(ps_tcpguard_expect(slot, sizeof slot), 0);
+    ck_assert_int_eq(feed(g_fd[2], &s, 4096), -1);
+    ck_assert_int_eq(ps_tcpguard_may_read(g_fd[2], slot, 4096), 0);
+    ps_tcpguard_done(slot); /* the receive ended before the data came */
+    ck_assert_int_eq(ps_tcpguard_may_read(g_fd[2], slot, 4096), -1);
+    ck_assert(ps_tcpguard_refused(g_fd[2]));
+    pair_close();
+
     pair_open(); /* after the receive ended */
     good_stream(&s, g_fd[2]);
     put_le(put, (uintptr_t)slot, 8);
