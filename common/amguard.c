@@ -74,7 +74,8 @@ enum {
 #define RTS_HDR 41           /* ucp_rndv_rts_hdr_t: am hdr, ep_id, req_id, address, size, opcode */
 #define RTS_OPCODE_AM 1      /* UCP_RNDV_RTS_AM (a tag RTS needs UCP_FEATURE_TAG) */
 #define RTR_HDR 40           /* ucp_rndv_rtr_hdr_t: sreq_id, rreq_id, address, size, offset */
-#define REPLY_HDR 12         /* ucp_reply_hdr_t: req_id, status (ATS, ATP) */
+#define REPLY_HDR 9          /* ucp_reply_hdr_t: req_id, status (a packed 1-byte enum); ATS
+                                and ATP carry a size after it (17 bytes) */
 #define DATA_HDR 16          /* ucp_request_data_hdr_t: req_id, offset */
 #define WIREUP_HDR 20        /* ucp_wireup_msg_t: type, err_mode, conn_sn u16, src, dst ids */
 #define WIREUP_EP_REMOVED 5 /* the last UCP_WIREUP_MSG_* */

@@ -69,7 +69,6 @@ typedef struct {
     uint32_t left;    /* bytes of the current frame still to come */
     uint64_t req_hash;
     uint64_t put_left; /* bytes of a put still to come (after its request), not frames */
-    uint64_t put_at;   /* where they land next (ps_tcpguard_may_read checks each read) */
 } tg_fd_t;
 
 /* A receive in flight (ps_tcpguard_expect). */
@@ -81,6 +80,7 @@ typedef struct {
 static tg_fd_t g_fd[TG_MAX_FD];
 static uint32_t g_body_max = TG_RX_SEG; /* UCX's buffer is the segment and a header */
 static uint64_t g_refused;
+static int g_active; /* ps_tcpguard_init ran: this program's reads are checked (atomic) */
 static pthread_mutex_t g_span_lock = PTHREAD_MUTEX_INITIALIZER;
 static tg_span_t *g_span; /* [g_nspan], grown as needed, never shrunk */
 static size_t g_nspan, g_span_cap;
@@ -99,6 +99,7 @@ uint64_t ps_ucx_env_bytes(const char *var, uint64_t max)
 
 void ps_tcpguard_init(void)
 {
+    __atomic_store_n(&g_active, 1, __ATOMIC_RELEASE);
     /* A socket numbered past the table would pass unchecked (a peer that holds 65536 idle
      * connections open, which UCX keeps, would get its next one past): no such numbers. */
     struct rlimit rl;
@@ -112,6 +113,7 @@ void ps_tcpguard_init(void)
 
 int ps_tcpguard_expect(const void *buf, size_t len)
 {
+    if (!__atomic_load_n(&g_active, __ATOMIC_ACQUIRE)) return 0; /* no one checks the puts */
     pthread_mutex_lock(&g_span_lock);
     int rc = 0;
     if (g_nspan == g_span_cap) {
@@ -127,6 +129,7 @@ int ps_tcpguard_expect(const void *buf, size_t len)
 
 void ps_tcpguard_done(const void *buf)
 {
+    if (!__atomic_load_n(&g_active, __ATOMIC_ACQUIRE)) return;
     pthread_mutex_lock(&g_span_lock);
     for (size_t i = 0; i < g_nspan; i++) {
         if (g_span[i].at == (uintptr_t)buf) {
@@ -270,7 +273,6 @@ static int frames(int fd, tg_fd_t *s, const uint8_t *p, size_t n)
     while (n > 0) {
         if (s->put_left) { /* a put's data: UCX writes it where the request said */
             size_t k = s->put_left < n ? (size_t)s->put_left : n;
-            s->put_at += k;
             s->put_left -= k;
             p += k, n -= k;
             continue;
@@ -303,7 +305,6 @@ static int frames(int fd, tg_fd_t *s, const uint8_t *p, size_t n)
                                   "nothing is being received", (unsigned long long)len,
                                   (unsigned long long)at);
                 s->put_left = len;
-                s->put_at = at;
             }
             s->hdr_got = 0;
         }

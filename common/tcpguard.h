@@ -11,13 +11,14 @@
 uint64_t ps_ucx_env_bytes(const char *var, uint64_t max);
 
 /** @brief Read UCX's settings the checks depend on (UCX_TCP_RX_SEG_SIZE: the longest frame).
- *  sockhooks.c calls it once, at the first socket call; without it frames of up to UCX's
- *  default 64 KiB pass. */
+ *  sockhooks.c calls it once, at the first socket call, which also turns the bookkeeping of
+ *  ps_tcpguard_expect on (a program without the hooks, python with libps, skips it). */
 void ps_tcpguard_init(void);
 
 /** @brief A receive of @p len bytes into @p buf is about to be posted (ucp_am_recv_data_nbx):
  *  until ps_tcpguard_done(@p buf), a peer's put request may write there (UCP's rendezvous over
- *  TCP puts the data where psd's RTR said). The caller keeps @p buf. Thread-safe.
+ *  TCP puts the data where the receiver's RTR said). The caller keeps @p buf. Nothing
+ *  is kept before ps_tcpguard_init. Thread-safe.
  *  @return 0, or -1 when out of memory (puts there are then refused, and their connections
  *  closed). */
 int ps_tcpguard_expect(const void *buf, size_t len);

@@ -99,7 +99,7 @@ static int snapshots(ps_req_t *cl, const ps_manifest_t *m, double wait_s, uint64
 
 /* The export's temporary file while it is written, named before it is made (g_export_named
  * set once the name is whole): a signal that ends psctl then removes it (before, an interrupted
- * export left a full-size OUT.XXXXXX beside OUT; a probe, session 42). The signal may come on
+ * export left a full-size temporary file beside OUT; a probe, session 42). The signal may come on
  * any thread (UCX runs its own), so the handler is in place before the file exists. */
 static char g_export_tmp[4200];
 static volatile sig_atomic_t g_export_named;
