@@ -1469,6 +1469,8 @@ void psd_coord_ckpt_release(psd_server_t *srv)
     co->hold_ahead = false;
     co->hold_users = 0;
     if (co->hold_ms == 0) return;
+    PS_LOG(PS_LOG_INFO, "coord", "checkpoint: the hold ends after %llu ms; later steps go on",
+           (unsigned long long)(hold_now(srv) - co->hold_ms));
     co->hold_ms = 0;
     if (!is_bsp(srv)) {
         serve_parked(srv); /* the batch requests the hold kept waiting */

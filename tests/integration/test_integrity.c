@@ -748,7 +748,11 @@ START_TEST(test_psctl_stopped_shard_bounded)
     cl_path(c, "ckpt-again", again, sizeof again);
     const char *ckpt[] = {"checkpoint", "--dir", gone, "--wait", "1", "--timeout", "1", NULL};
     cl_proc_t *ck = psctl_spawn(c, "checkpoint-stopped", ckpt);
-    wait_shard1_armed(c, ctl, ck); /* stopped once armed (its status answers) */
+    wait_shard1_armed(c, ctl, ck); /* stopped once armed (its status answers) ... */
+    /* ... and once psctl has its answer: the hold ends at psctl's GO, after the last arm's
+     * answer (CI, session 44: stopped before that answer, psctl gave the arm up instead). */
+    ck_assert_msg(cl_wait_log(psd[0], "checkpoint: the hold ends after ", RUN_S) == 0, "%s",
+                  cl_tail(psd[0]));
     ck_assert_int_eq(cl_signal(psd[1], SIGSTOP), 0);
     const char *verify[] = {"verify", "--timeout", "1", NULL};
     cl_proc_t *v = psctl(c, "verify", 1, verify);
