@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -70,4 +71,63 @@ int ps_rename_durable(const char *tmp, const char *path)
     else
         return -ENAMETOOLONG;
     return ps_fsync_dir(dir);
+}
+
+static const char *node_kind(mode_t m)
+{
+    return S_ISDIR(m)    ? "a directory"
+           : S_ISCHR(m)  ? "a character device"
+           : S_ISBLK(m)  ? "a block device"
+           : S_ISFIFO(m) ? "a FIFO"
+           : S_ISSOCK(m) ? "a socket"
+                         : "not a regular file";
+}
+
+int ps_out_file_check(const char *path, char *out, size_t outcap, char *err, size_t errlen)
+{
+    struct stat l, st;
+    int rc = 0;
+    if (lstat(path, &l) != 0) {
+        if (errno != ENOENT) {
+            rc = -errno;
+            snprintf(err, errlen, "%s: %s", path, strerror(errno));
+            return rc;
+        }
+        l.st_mode = S_IFREG; /* absent: made */
+    }
+    if (S_ISLNK(l.st_mode)) {
+        char *target = NULL;
+        if (stat(path, &st) != 0) {
+            snprintf(err, errlen, "%s is a symlink to nothing (%s): give the path of a file",
+                     path, strerror(errno));
+            return -ENOENT;
+        }
+        if (!S_ISREG(st.st_mode)) {
+            snprintf(err, errlen, "%s is a symlink to %s, not to a regular file: a file renamed "
+                     "there would replace it; give the path of a file", path,
+                     node_kind(st.st_mode));
+            return -EEXIST;
+        }
+        if ((target = realpath(path, NULL)) == NULL) {
+            rc = -errno;
+            snprintf(err, errlen, "%s: %s", path, strerror(errno));
+            return rc;
+        }
+        if (strlen(target) >= outcap) rc = -ENAMETOOLONG;
+        else snprintf(out, outcap, "%s", target);
+        free(target);
+        if (rc) snprintf(err, errlen, "%s: the file it links to has too long a path", path);
+        return rc;
+    }
+    if (!S_ISREG(l.st_mode)) {
+        snprintf(err, errlen, "%s is %s, not a regular file: a file renamed there would replace "
+                 "it; give the path of a file", path, node_kind(l.st_mode));
+        return -EEXIST;
+    }
+    if (strlen(path) >= outcap) {
+        snprintf(err, errlen, "%s: path too long", path);
+        return -ENAMETOOLONG;
+    }
+    snprintf(out, outcap, "%s", path);
+    return 0;
 }

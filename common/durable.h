@@ -26,4 +26,17 @@ int ps_fsync_dir(const char *dir);
  */
 int ps_mkdir_durable(const char *dir);
 
+/**
+ * @brief Check @p path as the name of an output file that a write-then-rename replaces (psctl
+ *  export --out, psworker --params-out): absent, or a regular file. A symlink to a regular file
+ *  resolves to that file (the link stays, the file it names is replaced). Anything else (a
+ *  device, a FIFO, a socket, a directory, a symlink to one or to nothing) is refused: a rename
+ *  replaces the node itself (as root, `--out /dev/null` made /dev/null a regular file).
+ * @param out receives the path to write beside and rename to (@p path, or the link's target).
+ * @return 0, or -errno (-EEXIST: a node that is not a regular file) with @p err saying what
+ *  is wrong, naming @p path.
+ * @note @p path is only read; @p out and @p err are the caller's buffers.
+ */
+int ps_out_file_check(const char *path, char *out, size_t outcap, char *err, size_t errlen);
+
 #endif

@@ -9,6 +9,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
+#include <limits.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -18,6 +19,7 @@
 
 #include "jsonfield.h"
 #include "manifest.h"
+#include "durable.h"
 #include "psctl_client.h"
 #include "ps/ps_error.h"
 #include "ps/ps_log.h"
@@ -607,7 +609,14 @@ int main(int argc, char **argv)
         printf("desired workers: %d (now %u)\n", scale, rep.workers);
         return 0;
     }
-    if (strcmp(verb, "export") == 0) return psctl_export(&ctl.m, out, timeout, wait < 0 ? 10 : wait);
+    if (strcmp(verb, "export") == 0) {
+        static char out_file[PATH_MAX];
+        if (ps_out_file_check(out, out_file, sizeof out_file, err, sizeof err) != 0) {
+            fprintf(stderr, "psctl: export: --out %s\n", err);
+            return 2;
+        }
+        return psctl_export(&ctl.m, out_file, timeout, wait < 0 ? 10 : wait);
+    }
     if (strcmp(verb, "verify") == 0)
         return against ? psctl_verify_against(&ctl.m, against) : psctl_verify(&ctl.m, timeout);
     if (strcmp(verb, "checkpoint") == 0 && follow)

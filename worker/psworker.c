@@ -2,6 +2,7 @@
  * manifest's job (the built-in mlp on Fashion-MNIST), or with --local trains
  * the same global batches in one process as a reference. */
 #include <getopt.h>
+#include <limits.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include "batches.h"
+#include "durable.h"
 #include "fmnist.h"
 #include "local.h"
 #include "manifest.h"
@@ -667,6 +669,15 @@ int main(int argc, char **argv)
         goto out;
     }
     if (params_path) {
+        static char params_file[PATH_MAX];
+        char perr[PATH_MAX + 256];
+        if (ps_out_file_check(params_path, params_file, sizeof params_file, perr,
+                              sizeof perr) != 0) {
+            fprintf(stderr, "psworker: --params-out %s\n", perr);
+            exit_code = 2;
+            goto out;
+        }
+        params_path = params_file;
         int n = snprintf(params_tmp, sizeof params_tmp, "%s.tmp.%ld", params_path,
                          (long)getpid());
         if (n < 0 || (size_t)n >= sizeof params_tmp ||

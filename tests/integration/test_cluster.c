@@ -825,6 +825,31 @@ START_TEST(test_psworker_options)
         if (cases[i].untrained)
             ck_assert_msg(strstr(cl_tail(w), "final test accuracy") == NULL, "%s", cl_tail(w));
     }
+    /* --params-out naming a FIFO (or a device): refused before training, the node left as it
+     * is (a probe, session 45: the rename put a regular file in its place; as root, the same
+     * made /dev/null a regular file). A symlink to a file: the file is written, the link
+     * stays. */
+    char fifo[CL_PATH], real[CL_PATH], link[CL_PATH];
+    cl_path(c, "params.fifo", fifo, sizeof fifo);
+    cl_path(c, "params.real", real, sizeof real);
+    cl_path(c, "params.link", link, sizeof link);
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    const char *fa[] = {"--params-out", fifo, NULL};
+    cl_proc_t *fw = cl_worker_spawn(c, NULL, NULL, true, fa);
+    EXPECT_EXIT(fw, 2);
+    EXPECT_LOG(fw, "is a FIFO, not a regular file: a file renamed there would replace it");
+    ck_assert_msg(strstr(cl_tail(fw), "final test accuracy") == NULL, "%s", cl_tail(fw));
+    struct stat fs;
+    ck_assert(lstat(fifo, &fs) == 0 && S_ISFIFO(fs.st_mode));
+    FILE *rf = fopen(real, "w");
+    ck_assert_ptr_nonnull(rf);
+    fclose(rf);
+    ck_assert_int_eq(symlink(real, link), 0);
+    const char *la[] = {"--params-out", link, NULL};
+    cl_proc_t *lw = cl_worker_spawn(c, NULL, NULL, true, la);
+    EXPECT_EXIT(lw, 0);
+    ck_assert(lstat(link, &fs) == 0 && S_ISLNK(fs.st_mode));
+    ck_assert_msg(stat(real, &fs) == 0 && fs.st_size > 0, "%s is empty", real);
     /* More training samples asked for than the dataset has: all are used, and it says so. */
     cl_proc_t *l = worker_job_extra(c, "manifest-many.yaml", "  train_samples: 100000\n", true);
     EXPECT_EXIT(l, 0);

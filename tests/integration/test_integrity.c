@@ -320,6 +320,24 @@ START_TEST(test_export_matches_local)
     const char *bad[] = {"export", NULL};
     cl_proc_t *b = psctl(c, "export-bad", 2, bad);
     EXPECT_LOG(b, "export needs --out FILE");
+    /* --out naming a FIFO or a directory is refused, the node left as it is (a probe, session
+     * 45: the rename put a regular file in its place; as root `--out /dev/null` made /dev/null
+     * a regular file); a symlink to a file has that file replaced, the link kept. */
+    char fifo[CL_PATH], link[CL_PATH];
+    cl_path(c, "out.fifo", fifo, sizeof fifo);
+    cl_path(c, "out.link", link, sizeof link);
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    const char *xf[] = {"export", "--out", fifo, NULL};
+    EXPECT_LOG(psctl(c, "export-fifo", 2, xf), "is a FIFO, not a regular file: a file renamed");
+    const char *xd[] = {"export", "--out", c->dir, NULL};
+    EXPECT_LOG(psctl(c, "export-dir", 2, xd), "is a directory, not a regular file");
+    struct stat ns;
+    ck_assert(lstat(fifo, &ns) == 0 && S_ISFIFO(ns.st_mode));
+    ck_assert_int_eq(symlink(out, link), 0);
+    const char *xl[] = {"export", "--out", link, NULL};
+    EXPECT_LOG(psctl(c, "export-link", 0, xl), "psctl: exported 6 tensors");
+    ck_assert(lstat(link, &ns) == 0 && S_ISLNK(ns.st_mode));
+    expect_safetensors(out, ref->params, c->cluster_name);
     /* SIGTERM while it writes (held after its first chunk: PS_TEST_EXPORT_NAP_MS): psctl
      * removes its temporary file (before: a full-size model2.safetensors.XXXXXX stayed). */
     char out2[CL_PATH], prefix[64] = "model2.safetensors.";
