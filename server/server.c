@@ -1206,6 +1206,21 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
     /* The state count alone lets momentum's velocity pass for adagrad's sums. */
     rc = psd_store_identity(&srv->store, "optimizer state kind", psk_optim_state_name(srv->optim),
                             err, errlen);
+    /* A data_dir holds the chunks placed for its shard of its number of shards: opened as
+     * another shard or under a manifest with other servers, its chunks are not where the
+     * workers and psctl look (a probe, session 45: a 2-shard data_dir under a 1-shard manifest
+     * served, called a trained tensor untrained, and psctl forget dropped it). Stores older
+     * than the record take it at their next start. */
+    char layout[64];
+    snprintf(layout, sizeof layout, "shard %u of %u", shard, m->nservers);
+    if (rc == 0 && (rc = psd_store_identity(&srv->store, "layout", layout, err, errlen)) ==
+                       PS_ECONFIG) {
+        size_t el = strlen(err);
+        snprintf(err + el, errlen - el, ", this manifest makes it %s: its chunks are placed for "
+                 "that layout; start it with the manifest it was made with, or restore a "
+                 "checkpoint into empty data_dirs (psd --restore places the chunks for another "
+                 "number of shards)", layout);
+    }
     /* Once the data_dir is ours: a second psd of this shard must not truncate a live trace. */
     if (rc == 0 && trace) rc = psd_trace_open(&srv->trace, trace, shard, err, errlen);
     if (rc) {

@@ -278,6 +278,21 @@ int psd_store_open(psd_store_t *st, const char *dir, uint64_t map_mb, const char
                         err, errlen);
     uint64_t ns = nstate;
     if (rc == 0) rc = meta_check(st, txn, "optimizer state", &ns, sizeof ns, false, err, errlen);
+    if (rc == PS_ECONFIG && strstr(err, "optimizer state")) {
+        /* Named by the kind psd records beside the count (server.c), not numbers alone. */
+        MDB_val key = {strlen("Moptimizer state kind"), "Moptimizer state kind"}, v, c;
+        MDB_val ck = {strlen("Moptimizer state"), "Moptimizer state"};
+        uint64_t had = 0;
+        if (mdb_get(txn, st->dbi, &ck, &c) == 0 && c.mv_size == sizeof had)
+            memcpy(&had, c.mv_data, sizeof had);
+        bool kind = mdb_get(txn, st->dbi, &key, &v) == 0 && v.mv_size < 100;
+        snprintf(err, errlen, "%s: data_dir was made for an optimizer that keeps %llu state "
+                 "arrays per parameter%s%.*s%s, this manifest's keeps %u (adam and adamw 2, "
+                 "momentum and adagrad 1, sgd and mean none): start it with the optimizer it "
+                 "was made with, or from an empty data_dir", dir, (unsigned long long)had,
+                 kind ? " (" : "", kind ? (int)v.mv_size : 0, kind ? (const char *)v.mv_data : "",
+                 kind ? ")" : "", nstate);
+    }
     if (rc == 0) rc = record_format(st, txn, err, errlen);
     if (rc) {
         mdb_txn_abort(txn);

@@ -167,6 +167,34 @@ static void expect_state_refused(cl_cluster_t *c, const char *optimizer, const c
     EXPECT_LOG(b, want);
 }
 
+/* psd as shard 0 of a manifest written from @p c's configuration with @p diff's shards or
+ * optimizer (where set; NULL: none), or, with @p swap_to, the manifest of @p c with shard 0's
+ * data_dir swapped for shard @p swap_to's: refuses to start (exit 1), saying @p says. */
+static void expect_refused(cl_cluster_t *c, const char *name, const cl_conf_t *diff,
+                           const char *swap_to, const char *says)
+{
+    cl_conf_t k = c->conf;
+    if (diff && diff->shards) k.shards = diff->shards;
+    if (diff && diff->optimizer) k.optimizer = diff->optimizer;
+    char path[CL_PATH], shard0[] = "0";
+    char saved[CL_PATH];
+    if (swap_to) {
+        int j = atoi(swap_to);
+        snprintf(saved, sizeof saved, "%s", c->data_dir[0]);
+        snprintf(c->data_dir[0], sizeof c->data_dir[0], "%s", c->data_dir[j]);
+        snprintf(c->data_dir[j], sizeof c->data_dir[j], "%s", saved);
+        cl_manifest_write(c, name, &k, path, sizeof path);
+        snprintf(c->data_dir[j], sizeof c->data_dir[j], "%s", c->data_dir[0]);
+        snprintf(c->data_dir[0], sizeof c->data_dir[0], "%s", saved);
+    } else {
+        cl_manifest_write(c, name, &k, path, sizeof path);
+    }
+    char *argv[] = {(char *)cl_binary("PSD"), "--manifest", path, "--shard", shard0, NULL};
+    cl_proc_t *b = cl_spawn(c, name, argv);
+    EXPECT_EXIT(b, 1);
+    EXPECT_LOG(b, says);
+}
+
 /* adagrad (its lr decay, weight decay and initial accumulator all on) trains on two shards to
  * the single-process reference's parameters. Its store then refuses a manifest whose optimizer
  * keeps as many state floats but another kind of state (momentum's velocity). */
@@ -180,6 +208,21 @@ START_TEST(test_adagrad_matches_local)
     stop_all(psd, 2);
 
     expect_state_refused(c, "{name: momentum, lr: 0.05}", "adagrad squared-gradient sums");
+    /* Another count of state arrays is named by the optimizers' state too (a probe, session
+     * 45: "data_dir was made with optimizer state 2, this manifest has 0"). */
+    expect_refused(c, "sgd.yaml", &(cl_conf_t){.optimizer = "{name: sgd, lr: 0.05}"}, NULL,
+                   "data_dir was made for an optimizer that keeps 1 state arrays per parameter "
+                   "(adagrad squared-gradient sums), this manifest's keeps 0 (");
+    /* A data_dir opened under a manifest with other servers, or as another shard: refused,
+     * naming both layouts (a probe, session 45: shard 0's data_dir of this 2-shard cluster
+     * served under a 1-shard manifest, called a trained tensor untrained, and psctl forget
+     * dropped it; swapped, each shard held the other's chunks). */
+    expect_refused(c, "one-shard.yaml", &(cl_conf_t){.shards = 1}, NULL,
+                   "data_dir was made with another layout (stored 'shard 0 of 2'), this manifest "
+                   "makes it shard 0 of 1: its chunks are placed for that layout");
+    expect_refused(c, "swapped.yaml", NULL, "1",
+                   "data_dir was made with another layout (stored 'shard 1 of 2'), this manifest "
+                   "makes it shard 0 of 2");
     cl_cluster_destroy(c);
 }
 END_TEST
