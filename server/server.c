@@ -911,6 +911,21 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     return UCS_OK;
 }
 
+/* Whether @p sa is an address no interface of this host has (a bind of a plain socket to it,
+ * port 0, fails with EADDRNOTAVAIL): UCX says only "Input/output error" then (a probe). */
+static bool not_local(const struct sockaddr_storage *sa, socklen_t len)
+{
+    struct sockaddr_storage a = *sa;
+    if (a.ss_family == AF_INET) ((struct sockaddr_in *)&a)->sin_port = 0;
+    else if (a.ss_family == AF_INET6) ((struct sockaddr_in6 *)&a)->sin6_port = 0;
+    else return false;
+    int fd = socket(a.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return false;
+    bool no = bind(fd, (struct sockaddr *)&a, len) != 0 && errno == EADDRNOTAVAIL;
+    close(fd);
+    return no;
+}
+
 /* Listen on this shard's address with the current UCP worker. 0, or PS_ECONFIG /
  * PS_ETRANSPORT with @p err said. */
 static int listen_start(psd_server_t *srv, char *err, size_t errlen)
@@ -935,7 +950,10 @@ static int listen_start(psd_server_t *srv, char *err, size_t errlen)
                  s == UCS_ERR_BUSY ? " (the port is in use: another psd or program, or, for a "
                                      "minute after a psd stopped, its connections' TIME_WAIT; "
                                      "`ss -tan` tells which)"
-                                   : "");
+                 : not_local(&ss, sslen)
+                     ? " (that address is not one of this host's: does the manifest name "
+                       "another machine for this shard, or is --shard another one's?)"
+                     : "");
         return PS_ETRANSPORT;
     }
     return 0;

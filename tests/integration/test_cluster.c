@@ -665,6 +665,24 @@ START_TEST(test_worker_manifest_mismatch_refused)
     EXPECT_LOG(ctl, "answered as shard 1: this manifest lists the cluster's servers in another "
                     "order");
     stop_all(two, 2);
+    /* A shard whose host is not this machine's (192.0.2.1, TEST-NET-1): psd says so (a probe,
+     * session 45: UCX's "Input/output error" alone). */
+    text = cl_read_file(c->manifest, NULL);
+    a = strstr(text, "127.0.0.1");
+    ck_assert_ptr_nonnull(a);
+    cl_path(c, "elsewhere.yaml", path, sizeof path);
+    f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "%.*s192.0.2.1%s", (int)(a - text), text, a + strlen("127.0.0.1"));
+    fclose(f);
+    free(text);
+    char shard0[] = "0";
+    char *el[] = {(char *)cl_binary("PSD"), "--manifest", path, "--shard", shard0, NULL};
+    cl_proc_t *e = cl_spawn(c, "psd-elsewhere", el);
+    EXPECT_EXIT(e, 1);
+    EXPECT_LOG(e, "cannot listen on 192.0.2.1:");
+    EXPECT_LOG(e, "(that address is not one of this host's: does the manifest name another "
+                  "machine for this shard");
     cl_cluster_destroy(c);
 }
 END_TEST
