@@ -1,6 +1,7 @@
 /* psworker.c: the psworker command: joins a psd cluster and trains the
  * manifest's job (the built-in mlp on Fashion-MNIST), or with --local trains
  * the same global batches in one process as a reference. */
+#include <fcntl.h>
 #include <getopt.h>
 #include <limits.h>
 #include <math.h>
@@ -50,6 +51,31 @@ static void on_signal(int sig)
 {
     g_stop = sig;
     if (g_client) ps_client_interrupt(g_client);
+}
+
+/* fopen(@p path, "w") that a stop signal ends while it blocks: a FIFO's open waits for a
+ * reader, and on_signal (installed with restart) let it go on waiting after SIGTERM (a probe,
+ * session 45: only SIGKILL ended such a psworker). The signals' default actions hold for the
+ * open; a handler that was not on_signal (SIGHUP ignored under nohup) is left alone. */
+static FILE *open_out(const char *path)
+{
+    static const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+    void (*was[3])(int);
+    for (int i = 0; i < 3; i++) {
+        was[i] = signal(sigs[i], SIG_DFL);
+        if (was[i] != on_signal) signal(sigs[i], was[i]);
+    }
+    FILE *f;
+    if (g_stop) { /* one came before: no wait at all (a FIFO without a reader: ENXIO) */
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NONBLOCK | O_CLOEXEC, 0644);
+        f = fd < 0 ? NULL : fdopen(fd, "w");
+        if (f == NULL && fd >= 0) close(fd);
+    } else {
+        f = fopen(path, "w");
+    }
+    for (int i = 0; i < 3; i++)
+        if (was[i] == on_signal) signal(sigs[i], on_signal);
+    return f;
 }
 
 static double now_s(void)
@@ -664,7 +690,7 @@ int main(int argc, char **argv)
     float *x = malloc((size_t)B * train.dim * sizeof *x);
     uint8_t *y = malloc(B);
     if (!perm || !x || !y) goto out;
-    if (metrics_path && (metrics = fopen(metrics_path, "w")) == NULL) {
+    if (metrics_path && (metrics = open_out(metrics_path)) == NULL) {
         fprintf(stderr, "psworker: %s: %s\n", metrics_path, strerror(errno));
         goto out;
     }

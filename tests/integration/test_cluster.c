@@ -911,6 +911,26 @@ START_TEST(test_psworker_options)
     EXPECT_EXIT(lw, 0);
     ck_assert(lstat(link, &fs) == 0 && S_ISLNK(fs.st_mode));
     ck_assert_msg(stat(real, &fs) == 0 && fs.st_size > 0, "%s is empty", real);
+    /* --metrics-out a FIFO nobody reads: the open blocks, and SIGTERM ends it (a probe,
+     * session 45: the handler's restart kept it waiting until SIGKILL). */
+    char mfifo[CL_PATH];
+    cl_path(c, "metrics.fifo", mfifo, sizeof mfifo);
+    ck_assert_int_eq(mkfifo(mfifo, 0600), 0);
+    const char *ma[] = {"--metrics-out", mfifo, NULL};
+    cl_proc_t *mw = cl_worker_spawn(c, NULL, NULL, true, ma);
+    char wchan[64] = "";
+    for (int i = 0; i < 500 && strcmp(wchan, "fifo_open") != 0; i++) { /* blocked in the open */
+        char wp[64];
+        snprintf(wp, sizeof wp, "/proc/%d/wchan", (int)mw->pid);
+        FILE *wf = fopen(wp, "r");
+        if (wf && fgets(wchan, sizeof wchan, wf) == NULL) wchan[0] = '\0';
+        if (wf) fclose(wf);
+        if (strcmp(wchan, "fifo_open") != 0) usleep(20000);
+    }
+    ck_assert_int_eq(cl_signal(mw, SIGTERM), 0);
+    int mst = cl_wait(mw, RUN_S);
+    ck_assert_msg(mst == 128 + SIGTERM || mst == 1, "psworker blocked opening a FIFO: "
+                  "status %d after SIGTERM (wchan '%s'): %s", mst, wchan, cl_tail(mw));
     /* More training samples asked for than the dataset has: all are used, and it says so. */
     cl_proc_t *l = worker_job_extra(c, "manifest-many.yaml", "  train_samples: 100000\n", true);
     EXPECT_EXIT(l, 0);
