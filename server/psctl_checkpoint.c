@@ -282,6 +282,9 @@ static void give_up(ps_req_t *cl, const char *d, uint64_t id, int n, char *fate,
     if (mark_rc == 0) unlink(mark);
     if (left || kept) return; /* said above */
     int rc = rmdir(d) != 0 ? -errno : 0;
+    struct stat dst;
+    if (rc == -ENOTDIR && lstat(d, &dst) != 0) /* under a file: never made (a probe: it said */
+        rc = -ENOENT;                          /* "cannot remove D: Not a directory") */
     if (refused) {
         if (rc == 0 || rc == -ENOTEMPTY || rc == -EEXIST || rc == -ENOENT)
             fprintf(stderr, "psctl: checkpoint: cancelled it and removed the parts of the %d "
