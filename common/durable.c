@@ -98,9 +98,12 @@ int ps_out_file_check(const char *path, char *out, size_t outcap, char *err, siz
     if (S_ISLNK(l.st_mode)) {
         char *target = NULL;
         if (stat(path, &st) != 0) {
-            snprintf(err, errlen, "%s is a symlink to nothing (%s): give the path of a file",
-                     path, strerror(errno));
-            return -ENOENT;
+            rc = -errno;
+            if (errno == ENOENT)
+                snprintf(err, errlen, "%s is a symlink to nothing: give the path of a file", path);
+            else
+                snprintf(err, errlen, "%s: %s", path, strerror(errno));
+            return rc;
         }
         if (!S_ISREG(st.st_mode)) {
             snprintf(err, errlen, "%s is a symlink to %s, not to a regular file: a file renamed "

@@ -305,7 +305,12 @@ static int copy_allocate(struct psd_ckpt_s *ck, size_t *map, size_t *psize)
     psd_server_t *srv = ck->srv;
     MDB_stat st;
     int rc = mdb_stat(ck->txn, srv->store.dbi, &st);
-    if (rc) return rc > 0 ? -EIO : rc;
+    if (rc) return -EIO;
+    /* The copy's pages are this host's (a new environment's): a store made where pages are
+     * another size (a data_dir from a 64 KiB-page host) gets the plain copy, whose offsets
+     * and length LMDB computes itself (a review: pwrite offsets and the cut were wrong). */
+    long os_page = sysconf(_SC_PAGESIZE);
+    if (os_page <= 0 || (size_t)os_page != st.ms_psize) return 0;
     size_t pages = (size_t)st.ms_branch_pages + st.ms_leaf_pages + st.ms_overflow_pages + 2;
     *psize = st.ms_psize;
     *map = (pages + pages / 32) * st.ms_psize + (4u << 20);
@@ -317,7 +322,8 @@ static int copy_allocate(struct psd_ckpt_s *ck, size_t *map, size_t *psize)
      * to the map's over the blocks allocated here. */
     rc = fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, (off_t)*map) == 0 ? 1 : -errno;
     close(fd);
-    return rc == -EOPNOTSUPP ? 0 : rc;
+    if (rc < 0) unlink(path); /* a partial allocation goes with it: the free space told right */
+    return rc == -EOPNOTSUPP || rc == -ENOSYS ? 0 : rc;
 }
 
 /* A WRITEMAP copy's file is as long as its map: cut to the @p bytes its pages use (LMDB reads
@@ -391,6 +397,14 @@ static void copy_work(uv_work_t *w)
     made = true; /* a failure from here on removes what this copy wrote */
     size_t psize = 0, map = 0;
     int direct = copy_allocate(ck, &map, &psize);
+    if (direct == -ENOSPC || direct == -EDQUOT) {
+        struct statvfs fs;
+        double free_mib = statvfs(ck->dir, &fs) == 0
+                              ? (double)fs.f_bavail * (double)fs.f_frsize / (1 << 20) : 0;
+        fail(ck, PS_ENOSPC, "%s: cannot write the copy: it needs %.1f MiB (the disk holding it "
+             "has %.1f MiB free: full?)", ck->dir, (double)map / (1 << 20), free_mib);
+        goto out;
+    }
     if (direct < 0) {
         copy_failed(ck, -direct);
         goto out;
@@ -400,7 +414,11 @@ static void copy_work(uv_work_t *w)
         map = (size_t)srv->m.map_size_mb << 20;
     }
     if ((rc = mdb_env_create(&dst)) != 0 || (rc = mdb_env_set_mapsize(dst, map)) != 0 ||
-        (rc = mdb_env_open(dst, ck->dir, MDB_NOSYNC | (direct ? MDB_WRITEMAP : 0), 0600)) != 0 ||
+        /* NOLOCK: no lock.mdb, a sparse file LMDB writes through a map, which on a disk the
+         * allocation above just filled was a SIGBUS (a review); nothing else opens the copy
+         * while it is made. */
+        (rc = mdb_env_open(dst, ck->dir,
+                           MDB_NOSYNC | MDB_NOLOCK | (direct ? MDB_WRITEMAP : 0), 0600)) != 0 ||
         (rc = mdb_txn_begin(dst, NULL, 0, &dt)) != 0 || (rc = mdb_dbi_open(dt, NULL, 0, &ddbi)) != 0 ||
         (rc = mdb_cursor_open(ck->txn, srv->store.dbi, &cur)) != 0) {
         copy_failed(ck, rc);

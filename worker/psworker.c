@@ -60,10 +60,11 @@ static void on_signal(int sig)
 static FILE *open_out(const char *path)
 {
     static const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
-    void (*was[3])(int);
+    bool ours[3];
     for (int i = 0; i < 3; i++) {
-        was[i] = signal(sigs[i], SIG_DFL);
-        if (was[i] != on_signal) signal(sigs[i], was[i]);
+        struct sigaction cur;
+        ours[i] = sigaction(sigs[i], NULL, &cur) == 0 && cur.sa_handler == on_signal;
+        if (ours[i]) signal(sigs[i], SIG_DFL);
     }
     FILE *f;
     if (g_stop) { /* one came before: no wait at all (a FIFO without a reader: ENXIO) */
@@ -74,7 +75,7 @@ static FILE *open_out(const char *path)
         f = fopen(path, "w");
     }
     for (int i = 0; i < 3; i++)
-        if (was[i] == on_signal) signal(sigs[i], on_signal);
+        if (ours[i]) signal(sigs[i], on_signal);
     return f;
 }
 
@@ -690,10 +691,6 @@ int main(int argc, char **argv)
     float *x = malloc((size_t)B * train.dim * sizeof *x);
     uint8_t *y = malloc(B);
     if (!perm || !x || !y) goto out;
-    if (metrics_path && (metrics = open_out(metrics_path)) == NULL) {
-        fprintf(stderr, "psworker: %s: %s\n", metrics_path, strerror(errno));
-        goto out;
-    }
     if (params_path) {
         static char params_file[PATH_MAX];
         char perr[PATH_MAX + 256];
@@ -712,6 +709,11 @@ int main(int argc, char **argv)
                     n < 0 || (size_t)n >= sizeof params_tmp ? "path too long" : strerror(errno));
             goto out;
         }
+    }
+    /* After --params-out's check: a refused one leaves no emptied metrics file. */
+    if (metrics_path && (metrics = open_out(metrics_path)) == NULL) {
+        fprintf(stderr, "psworker: %s: %s\n", metrics_path, strerror(errno));
+        goto out;
     }
     if (codec_override)
         snprintf(m.job.compression.codec, sizeof m.job.compression.codec, "%s", codec_override);
