@@ -1083,8 +1083,59 @@ def misuse(tmp):
             assert e.name == "EINVAL" and "closed" in str(e), str(e)
     finally:
         c.stop()
+    step_raised_after_push(tmp)
     print(f"misuse: {len(seen)} batches once across three batches() calls; closed client refused; "
           "late and lazy parameters named")
+
+
+class Preempted(Exception):
+    pass
+
+
+def step_raised_after_push(tmp):
+    """An exception out of step() after its pushes were acknowledged (a program's SIGINT
+    handler that raises, run as the wait returns; a warning made an error), caught, and the
+    loop over batches() begun again: the batch counts as done (a probe, session 45: it was
+    handed out again and, under asp, applied twice)."""
+    c = Cluster(tmp, "raised", 1, metrics=True, consistency="asp")
+    try:
+        x, y = data()
+        m = model()
+        seen, raised = [], []
+        with psd.torch.ParameterServer(c.manifest, m, samples=SAMPLES) as ps:
+            real = ps.client.push_many
+
+            def push_then_raise(items, step):
+                ops = real(items, step)
+
+                class Raising:
+                    acked = property(lambda _: ops.acked)
+
+                    def wait(_):
+                        ops.wait()
+                        if len(seen) in (3, 7):
+                            raised.append(len(seen))
+                            raise Preempted()
+                return Raising()
+            ps.client.push_many = push_then_raise
+            while True:
+                try:
+                    for b in ps.batches():
+                        seen.append((b.pass_, b.offset))
+                        m.zero_grad()
+                        torch.nn.functional.mse_loss(m(x[b.indices]), y[b.indices]).backward()
+                        ps.step()
+                    break
+                except Preempted:
+                    continue
+        assert raised == [3, 7], raised
+        assert len(seen) == len(set(seen)) == SAMPLES * EPOCHS // BATCH, \
+            f"{len(seen)} batches, {len(set(seen))} different"
+        applied = c.metric("psd_job_samples_applied_total")
+        assert applied == SAMPLES * EPOCHS, f"{applied} samples applied, want {SAMPLES * EPOCHS}"
+    finally:
+        c.stop()
+    print(f"step() raising after its push: {len(seen)} batches once, none applied twice")
 
 
 def torch_user(tmp):
@@ -1652,6 +1703,8 @@ def binding(tmp):
         cl2.close()
         cl = psd.Client(c.manifest)
         tid = cl.declare("t", (4,))
+        small, wide = torch.zeros(2), torch.zeros(4, dtype=torch.float64)
+        strided = torch.zeros(8)[::2]
         for bad, want in (
                 (lambda: cl.declare("u", (2 ** 32 + 3,)), "dimension 0 must be 1 to 2^32"),
                 (lambda: cl.declare("u", (-1,)), "got -1"),
@@ -1663,7 +1716,13 @@ def binding(tmp):
                 (lambda: cl.push(7, buf.buffer_info()[0], 0, keep=buf), "not declared"),
                 (lambda: cl.next_batch(-1), "samples must be 1"),
                 (lambda: cl.pull(tid, 0, 0, keep=array.array("d", [0.0] * 4)), "float32"),
-                (lambda: cl.pull(tid, 0, 0, keep=array.array("f", [0.0] * 3)), "do not fit")):
+                (lambda: cl.pull(tid, 0, 0, keep=array.array("f", [0.0] * 3)), "do not fit"),
+                # torch tensors as keep (a probe, session 45: not checked; a 10-value one
+                # pulled a larger tensor into freed memory, SIGSEGV).
+                (lambda: cl.pull(tid, small.data_ptr(), 0, keep=small), "do not fit the tensor"),
+                (lambda: cl.pull(tid, wide.data_ptr(), 0, keep=wide), "must be float32"),
+                (lambda: cl.pull(tid, strided.data_ptr(), 0, keep=strided), "contiguous"),
+                (lambda: cl.push(tid, small.data_ptr(), 0, keep=small), "do not fit the tensor")):
             try:
                 bad()
                 raise AssertionError(f"taken: want {want!r}")

@@ -192,6 +192,29 @@ def _uint(what, v, bits, low=0):
     return n
 
 
+def _check_tensor_like(what, tid, n, addr, keep, write):
+    """A `keep` without the buffer protocol that says what it holds as a torch tensor does
+    (numel, dtype, is_contiguous, device, data_ptr): checked to be a contiguous float32 CPU
+    tensor holding the tensor's `n` values at `addr` (a probe, session 45: a 10-value torch
+    tensor pulled a million values into freed memory, SIGSEGV; float64 and strided views were
+    written as if float32 and contiguous). Anything else stays the caller's to check."""
+    need = ("numel", "dtype", "is_contiguous", "device", "data_ptr", "element_size")
+    if not all(hasattr(keep, a) for a in need):
+        return
+    where = f"{what} of tensor {tid}"
+    if str(keep.dtype) not in ("torch.float32", "float32"):
+        raise ValueError(f"{where}: the tensor must be float32, not {keep.dtype}")
+    if getattr(keep.device, "type", str(keep.device)) != "cpu":
+        raise ValueError(f"{where}: the tensor must be in CPU memory, not on {keep.device}")
+    if not keep.is_contiguous():
+        raise ValueError(f"{where}: the tensor must be contiguous (a strided view would be "
+                         "read or written as if it were not)")
+    base, size = keep.data_ptr(), keep.numel() * keep.element_size()
+    if not base <= addr <= base + size - 4 * n:
+        raise ValueError(f"{where}: {n} float32s at {addr:#x} do not fit the tensor "
+                         f"({keep.numel()} values at {base:#x})")
+
+
 class Op:
     """A push or pull in flight: wait() once. Keeps the buffer it reads or writes alive (and,
     for an object with the buffer protocol, unresizable) until then. One dropped without a
@@ -228,15 +251,27 @@ class Op:
             c._orphan(self._op, self._keep, self._tid, self._push)
 
 
+_NOT_WAITED = -(1 << 30)  # an Ops status libps never writes
+
+
 class Ops:
     """The pushes or pulls of one push_many / pull_many call: wait() once for all of them.
     Keeps their buffers alive until then; dropped unwaited, each is kept as an Op would be."""
 
-    __slots__ = ("_client", "_ops", "_keep", "_tids", "_push", "done")
+    __slots__ = ("_client", "_ops", "_keep", "_tids", "_push", "done", "_st")
 
     def __init__(self, client, ops, keep, tids, push):
         self._client, self._ops, self._keep, self.done = client, ops, keep, False
         self._tids, self._push = tids, push
+        # Each op's status as libps wrote it: set before an exception a signal handler raises
+        # on the call's return could reach the caller (acked).
+        self._st = (ctypes.c_int * len(tids))(*([_NOT_WAITED] * len(tids)))
+
+    @property
+    def acked(self):
+        """Whether every operation was waited for and succeeded, also when wait() raised
+        afterwards (a KeyboardInterrupt on its return)."""
+        return self.done and all(s == 0 for s in self._st)
 
     def wait(self):
         """Wait for every one; returns their lowest chunk versions (a list, pulls). Raises
@@ -249,7 +284,7 @@ class Ops:
 
         def call(h):
             self.done = True
-            return wait(n, self._ops, v, None)
+            return wait(n, self._ops, v, self._st)
         try:
             self._client._do(call)
         finally:
@@ -602,7 +637,8 @@ class Client:
         try:
             mv = memoryview(keep)
         except TypeError:
-            return keep  # a torch tensor and such: the caller's to check
+            _check_tensor_like(what, tid, n, addr, keep, write)
+            return keep
         if not mv.c_contiguous or mv.format not in ("f", "<f", "=f") or mv.itemsize != 4:
             raise ValueError(f"{what} of tensor {tid}: the buffer must be contiguous float32 "
                              f"(format {mv.format!r}, itemsize {mv.itemsize})")

@@ -522,12 +522,21 @@ class ParameterServer:
         for buf, tid in self._held_buffers():  # their values: the shards keep the mean
             v = self._staged(tid, buf)
             items.append((tid, v.data_ptr(), v))
+        ops = self.client.push_many(items, b.step)
         try:
-            self.client.push_many(items, b.step).wait()
+            ops.wait()
         except psd.PsError as e:
             if e.name != "ENOTMEMBER":
                 raise
             removed = str(e)
+        finally:
+            if ops.acked:
+                # Done once acknowledged, even if an exception comes now (a signal handler's
+                # on the wait's return, a warning made an error below): a batches() loop
+                # begun again must not get it handed again (under asp it was applied twice:
+                # a probe, session 45).
+                self._stepped, self._done = True, b
+                self.client.batch_done(b)
         if removed:
             # Dropped by the shards meanwhile: this batch went to another worker, and the next
             # one comes after a new join (batches()).
@@ -541,9 +550,8 @@ class ParameterServer:
                           f"or an infinity ({odd} so far; client.nonfinite_pushes). Under bsp "
                           "each counts as a zero in the workers' mean", RuntimeWarning)
             self._nonfinite = odd
-        self._stepped = True
-        self._done = b  # the next next_batch reports it, whichever batches() asks
-        self.client.batch_done(b)  # a leave from here on reports it: it is never handed again
+        # Done above (acked): the next next_batch reports it, whichever batches() asks, and a
+        # leave from here on reports it (batch_done): it is never handed again.
         return whole
 
     def close(self):
