@@ -126,7 +126,7 @@ typedef struct {
     int close_queued;
     int down;          /* lost after the join: reconnecting, pushes and pulls wait */
     int gone;          /* gave up on it: its parts fail */
-    char gone_why[200]; /* why, when it refused this worker back (on_rehello; comm thread):
+    char gone_why[512]; /* why, when it refused this worker back (on_rehello; comm thread):
                            its parts fail saying so, not "lost the connection" */
     uint64_t down_since_ms;
     uint32_t backoff_ms;
@@ -233,7 +233,7 @@ struct ps_op_s {
     void (*on_done)(ps_op_t *op); /* internal ops (re-hello): run on the comm thread, then freed */
     ps_msg_t reply;    /* hello / declare: the reply */
     ps_msg_t req;      /* hello / declare: the request */
-    char err[256];
+    char err[512];     /* as the client's: a refusal's remedy fits (a probe: cut at 255) */
     ps_op_t *next;
     ps_op_t *copy_next; /* on c->copy_head's list (copy_turn) */
     uint32_t copy_at;   /* the first of its parts copy_turn has not looked at */
@@ -1366,7 +1366,7 @@ static void on_rehello(ps_op_t *op)
          * another secret): this worker's manifest no longer fits it, and asking again cannot
          * change that. */
         PS_LOG(PS_LOG_ERROR, "libps", "shard %u refused this worker back: %s", i, op->err);
-        snprintf(s->gone_why, sizeof s->gone_why, "%.199s", op->err);
+        snprintf(s->gone_why, sizeof s->gone_why, "%s", op->err);
         s->gone = 1;
         if (s->ep && !s->dead) s->dead = s->close_queued = 1;
         parts_on_shard(c, i, 1);
