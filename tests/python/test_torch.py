@@ -1016,6 +1016,15 @@ def misuse(tmp):
             raise AssertionError("init naming no parameter was taken")
         except ValueError as e:
             assert "nope" in str(e), str(e)
+        # A badly formed init names what it expects (a probe, session 45: "too many values to
+        # unpack", "dictionary update sequence element #0 has length 8").
+        for bad, want in (({"0.weight": "xavier"}, "expected a (kind, arg) pair"),
+                          (["0.weight"], "or {parameter name: (kind, arg)}")):
+            try:
+                psd.torch.ParameterServer(c.manifest, m, samples=SAMPLES, init=bad)
+                raise AssertionError(f"init={bad!r} was taken")
+            except ValueError as e:
+                assert want in str(e), str(e)
         deep = torch.nn.Sequential(torch.nn.Linear(2, 2))
         for _ in range(60):  # a name longer than psd's 127 bytes
             deep = torch.nn.Sequential(deep)
@@ -1079,6 +1088,11 @@ def misuse(tmp):
         try:
             ps.rank
             raise AssertionError("a closed client answered")
+        except psd.PsError as e:
+            assert e.name == "EINVAL" and "closed" in str(e), str(e)
+        try:  # as the README says (a probe: a RuntimeError about batches())
+            ps.step()
+            raise AssertionError("step() on a closed client was taken")
         except psd.PsError as e:
             assert e.name == "EINVAL" and "closed" in str(e), str(e)
     finally:

@@ -20,6 +20,7 @@ the steps job.workers workers take for `samples` samples (as psworker's). CPU fl
 contiguous parameters are pulled into and pushed from in place; others (CUDA, other dtypes) go
 through a float32 copy on the host.
 """
+import errno
 import math
 import operator
 import os
@@ -116,7 +117,13 @@ class ParameterServer:
         if isinstance(init, str) and init != "shards":
             raise ValueError(f"init {init!r}: \"shards\", or {{parameter name: (kind, arg)}}")
         shards = init == "shards"
+        if not shards and init is not None and not isinstance(init, dict):
+            raise ValueError(f"init {init!r}: \"shards\", or {{parameter name: (kind, arg)}}")
         init = {} if shards else dict(init or {})
+        for k, v in init.items():  # each a (kind, arg) pair (a probe: "too many values to unpack")
+            if not (isinstance(v, (tuple, list)) and len(v) == 2 and isinstance(v[0], str)):
+                raise ValueError(f"init[{k!r}] = {v!r}: expected a (kind, arg) pair, e.g. "
+                                 "(\"normal\", 0.02) or (\"zeros\", 0)")
         unknown = sorted(k for k in init if k not in alias)
         if unknown:
             raise ValueError(f"init names no parameter of the model: {', '.join(unknown)}")
@@ -500,6 +507,8 @@ class ParameterServer:
         scaler would lower its scale) or dropped this worker meanwhile (the batch goes to
         another worker)."""
         b = self._batch
+        if b is None and not self.client._h:  # closed: PsError EINVAL, as every other call
+            raise psd.PsError(-errno.EINVAL, "EINVAL", "the client is closed")
         if b is None or self._stepped:
             raise RuntimeError("step() belongs inside `for batch in ps.batches()`, once a batch")
         grads = []  # every one checked before the first push: half a step would hold bsp
