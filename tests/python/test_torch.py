@@ -1102,6 +1102,14 @@ def misuse(tmp):
           "late and lazy parameters named")
 
 
+def _swallow(fn):
+    """fn(), its PsError (an interrupted call's) dropped."""
+    try:
+        fn()
+    except psd.PsError:
+        pass
+
+
 class Preempted(Exception):
     pass
 
@@ -1742,6 +1750,25 @@ def binding(tmp):
                 raise AssertionError(f"taken: want {want!r}")
             except (ValueError, TypeError) as e:
                 assert want in str(e), f"{e} (want {want!r})"
+        # next_batch from a second thread while one waits in it: EBUSY at once (a probe,
+        # session 45: two threads over one worker hung for good, one run in five).
+        first = cl.next_batch(SAMPLES)  # held, not reported: the next one waits (bsp)
+        assert first is not None
+        waiter = threading.Thread(target=lambda: _swallow(lambda: cl.next_batch(SAMPLES)))
+        waiter.start()
+        deadline = time.time() + 10
+        while cl._batching is None and time.time() < deadline:
+            time.sleep(0.01)
+        try:
+            cl.next_batch(SAMPLES)
+            raise AssertionError("a second thread's next_batch was taken")
+        except psd.PsError as e:
+            assert e.name == "EBUSY" and "another thread" in str(e), str(e)
+        cl.close()  # interrupts the waiter
+        waiter.join(timeout=30)
+        assert not waiter.is_alive(), "the waiting next_batch did not end at close()"
+        cl = psd.Client(c.manifest)
+        tid = cl.declare("t", (4,))
         # An Op keeps its buffer unresizable; one dropped unwaited is waited for by the next
         # push (before: every later push of the tensor failed with EBUSY).
         op = cl.pull(tid, buf.buffer_info()[0], 0, keep=buf)

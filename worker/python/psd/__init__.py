@@ -455,6 +455,7 @@ class Client:
         self._cv = threading.Condition()
         self._calls = 1  # the join: Ctrl-C cancels it
         self._holders = {}  # thread id -> calls it runs (close() must not wait for its own)
+        self._batching = None  # the thread inside next_batch (one at a time: a probe's hang)
         self._destroy_at_exit = False  # close() came inside a call: the last call's end destroys
         self._closing = False
         self._orphans = []  # (op, keep, tid, push) of Ops dropped unwaited (Op.__del__)
@@ -771,7 +772,21 @@ class Client:
         out = _BatchInfo()
         n = _uint("samples", samples, 64, 1)
         d = ctypes.byref(done._info) if done is not None else None
-        self._do(library().ps_client_next_batch, n, d, ctypes.byref(out))
+        me = threading.get_ident()
+        with self._cv:
+            if self._batching is not None:
+                # libps hands one batch at a time to a worker: a second thread's request beside
+                # the first waited for good (a probe, session 45: two threads over one
+                # ParameterServer hung one run in five).
+                raise PsError(-errno.EBUSY, "EBUSY", "next_batch runs in another thread: one "
+                              "thread takes this worker's batches (a ParameterServer is driven "
+                              "by one thread; pulls may come from others)")
+            self._batching = me
+        try:
+            self._do(library().ps_client_next_batch, n, d, ctypes.byref(out))
+        finally:
+            with self._cv:
+                self._batching = None
         if out.finished:
             self.final_step = out.step
             return None
