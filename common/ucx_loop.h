@@ -52,6 +52,7 @@ struct ps_ucx_s {
                                     progressed anything or was armed (0: none) */
     uint64_t stuck_spent_ns;     /* of the time since stuck_since_ns, how much went in them */
     int busy_warned;             /* said once that it stays busy */
+    int test_wedge;              /* PS_TEST_UCX_WEDGE=1 (tests): arm busy until a restart */
     uint32_t eager_below;        /* PS_EAGER_BELOW, or PS_EAGER_BYTES (ps_ucx_eager_below) */
     ucp_am_recv_callback_t am_cb; /* ps_ucx_set_am_handler's, for a restarted worker */
     void *am_arg;

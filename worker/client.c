@@ -304,6 +304,7 @@ struct ps_client_s {
     int interrupted; /* ps_client_interrupt (any thread, a signal handler): pushes and pulls
                         now fail; atomic (lock-free, so signal-safe) */
     int joined;                 /* past the first hello: lost shards are reconnected */
+    uint64_t unarmable_restart_ns; /* the last transport restart of unarmable() (mono_ns) */
     int removed;                /* the coordinator removed this worker: everything fails */
     ps_views_t views;           /* comm thread: the last membership views learnt (views.h) */
     uint64_t progress;          /* comm thread: the current batch's samples-applied-before */
@@ -1606,6 +1607,28 @@ again:
     }
 }
 
+/* How long the UCX worker may stay unarmable (ucp_worker_arm busy, nothing progressing) while
+ * this client has nothing in flight, before its transport starts again. */
+#define UNARMABLE_NS (2000ull * 1000000u)
+
+/* A shard killed and started again several times in a row (a probe, session 45: shard 0 three
+ * times 0.5 s apart, 5 runs of 5) can leave UCX 1.13's worker busy for good though everything
+ * else works: the loop never sleeps (ucx_loop.c keeps polling it), and four such workers on two
+ * CPUs ran every step ~4x slower until the job's end. Nothing in flight, a healthy worker arms
+ * at once; busy for UNARMABLE_NS so is the wedge: its transport starts again (as for an
+ * overdue hello), which drops what the old UCP worker held. At most once a minute. */
+static void unarmable(ps_client_t *c)
+{
+    uint64_t now = mono_ns(), since = c->ucx.busy_since_ns;
+    if (since == 0 || now - since < UNARMABLE_NS || c->inflight != NULL) return;
+    if (c->unarmable_restart_ns && now - c->unarmable_restart_ns < 60ull * 1000000000u) return;
+    c->unarmable_restart_ns = now;
+    PS_LOG(PS_LOG_WARN, "libps", "the UCX worker could not be put to sleep for %.1f s with "
+           "nothing in flight (UCX left busy by a shard that went away): starting this "
+           "worker's transport again and reconnecting every shard", (double)(now - since) / 1e9);
+    transport_restart(c);
+}
+
 static void on_heartbeat_sent(void *request, ucs_status_t status, void *user_data)
 {
     cshard_t *s = user_data;
@@ -1688,6 +1711,7 @@ static void on_heartbeat(uv_timer_t *h)
     ops_overdue(c);
     if (c->leaving) return;
     int joined = __atomic_load_n(&c->joined, __ATOMIC_ACQUIRE);
+    if (joined) unarmable(c);
     for (uint32_t i = 0; i < c->nshards; i++) {
         cshard_t *s = &c->shards[i];
         if (joined) shard_silent(c, s);

@@ -105,6 +105,36 @@ static void psd_crash(int victim, bool new_file, int drop_hellos)
 }
 
 START_TEST(test_psd_crash_coordinator) { psd_crash(0, false, 0); }
+
+/* A worker whose UCX worker cannot be armed for good (ucp_worker_arm busy: PS_TEST_UCX_WEDGE
+ * makes it so until the transport starts again; UCX 1.13 was seen so after a shard restarted
+ * three times 0.5 s apart, and four such workers ran every step ~4x slower to the job's end,
+ * their loops never sleeping): with nothing in flight for a heartbeat tick after 2 s of it,
+ * libps starts its transport again, and the step's results are the reference's. */
+START_TEST(test_wedged_transport_restarted)
+{
+    cl_conf_t k = {.shards = 2, .workers = 2, .optimizer = "{name: sgd, lr: 0.05}",
+                   .max_steps = 4000, .epochs = 5, .batch_size = 32, /* ~8 s here: ticks
+                                                                          well past the 2 s */
+                   .job_extra = "  heartbeat_timeout_ms: 2000\n"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    cl_proc_t *w[2];
+    w[0] = cl_worker_start(c, NULL, "w0.params", false);
+    setenv("PS_TEST_UCX_WEDGE", "1", 1);
+    w[1] = cl_worker_start(c, NULL, "w1.params", false);
+    unsetenv("PS_TEST_UCX_WEDGE");
+    EXPECT_EXIT(w[0], 0);
+    EXPECT_EXIT(w[1], 0);
+    EXPECT_LOG(w[1], "with nothing in flight (UCX left busy by a shard that went away): "
+                     "starting this worker's transport again");
+    ck_assert_int_eq(count_in_log(w[1], "starting this worker's transport again"), 1);
+    ck_assert_int_eq(count_in_log(w[0], "starting this worker's transport again"), 0);
+    expect_reference(c, w);
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
 END_TEST
 
 START_TEST(test_psd_crash_shard) { psd_crash(1, false, 0); }
@@ -1535,6 +1565,7 @@ Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("faults");
     suite_add_tcase(s, tcase("psd_crash_coordinator", test_psd_crash_coordinator));
+    suite_add_tcase(s, tcase("wedged_transport_restarted", test_wedged_transport_restarted));
     suite_add_tcase(s, tcase("psd_crash_shard", test_psd_crash_shard));
     suite_add_tcase(s, tcase("psd_crash_new_store_file", test_psd_crash_new_store_file));
     suite_add_tcase(s, tcase("psd_crash_hello_unanswered_coordinator",
