@@ -1070,16 +1070,10 @@ def misuse(tmp):
             assert torch.equal(m[1].weight.data, torch.ones(4)), m[1].weight.data  # constant 1
             for _ in range(2):  # one batch, then the rest from a second batches()
                 for b in ps.batches():
-                    seen.append((b.pass_, b.offset))
-                    m.zero_grad()
-                    torch.nn.functional.mse_loss(m(x[b.indices]), y[b.indices]).backward()
-                    ps.step()
+                    step_once(ps, m, x, y, b, seen)
                     break
             for b in ps.batches():
-                seen.append((b.pass_, b.offset))
-                m.zero_grad()
-                torch.nn.functional.mse_loss(m(x[b.indices]), y[b.indices]).backward()
-                ps.step()
+                step_once(ps, m, x, y, b, seen)
         assert len(seen) == len(set(seen)) == SAMPLES * EPOCHS // BATCH, \
             f"{len(seen)} batches, {len(set(seen))} different"
         # asp: every push applied once, no batch twice (6 tensors of one chunk each here).
@@ -1100,6 +1094,14 @@ def misuse(tmp):
     step_raised_after_push(tmp)
     print(f"misuse: {len(seen)} batches once across three batches() calls; closed client refused; "
           "late and lazy parameters named")
+
+
+def step_once(ps, m, x, y, b, seen):
+    """Batch `b` of `ps` on model `m` (mse on x, y), stepped; its (pass, offset) to `seen`."""
+    seen.append((b.pass_, b.offset))
+    m.zero_grad()
+    torch.nn.functional.mse_loss(m(x[b.indices]), y[b.indices]).backward()
+    ps.step()
 
 
 def _swallow(fn):
@@ -1143,10 +1145,7 @@ def step_raised_after_push(tmp):
             while True:
                 try:
                     for b in ps.batches():
-                        seen.append((b.pass_, b.offset))
-                        m.zero_grad()
-                        torch.nn.functional.mse_loss(m(x[b.indices]), y[b.indices]).backward()
-                        ps.step()
+                        step_once(ps, m, x, y, b, seen)
                     break
                 except Preempted:
                     continue
