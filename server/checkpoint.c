@@ -340,20 +340,19 @@ static int trim_copy(const char *dir, size_t bytes)
 }
 
 /*
- * Put @p v under @p k at the end of the copy (@p env; @p psize 0: a plain environment). In a
+ * Put @p v under @p k at the end of the copy (its file @p fd; @p psize 0: a plain environment). In a
  * WRITEMAP copy a record on overflow pages (two pages or more) is reserved and its bytes
  * written into the file with pwrite where LMDB placed them: a store through the map had the
  * kernel zero each new page of the file first (38% of an idle copy), a write of whole pages
  * does not. The map is MAP_SHARED, so the page cache is what both see; mdb_env_sync (msync)
  * and trim_copy's fsync write both back.
  */
-static int copy_put(MDB_env *env, MDB_txn *t, MDB_dbi dbi, MDB_val *k, MDB_val *v, size_t psize)
+static int copy_put(int fd, MDB_txn *t, MDB_dbi dbi, MDB_val *k, MDB_val *v, size_t psize)
 {
     if (psize == 0 || v->mv_size < 2 * psize) return mdb_put(t, dbi, k, v, MDB_APPEND);
     MDB_val r = {v->mv_size, NULL};
     int rc = mdb_put(t, dbi, k, &r, MDB_APPEND | MDB_RESERVE);
-    mdb_filehandle_t fd;
-    if (rc || (rc = mdb_env_get_fd(env, &fd)) != 0) return rc;
+    if (rc) return rc;
     /* Where in the file: the overflow page's header (LMDB 0.9's file format: 16 bytes, the
      * page number first, the flags at byte 10, P_OVERFLOW 0x04) precedes the data. Anything
      * else (not seen) is written through the map as a plain put would. */
@@ -396,6 +395,7 @@ static void copy_work(uv_work_t *w)
     }
     made = true; /* a failure from here on removes what this copy wrote */
     size_t psize = 0, map = 0;
+    mdb_filehandle_t dst_fd = -1;
     int direct = copy_allocate(ck, &map, &psize);
     if (direct == -ENOSPC || direct == -EDQUOT) {
         struct statvfs fs;
@@ -420,7 +420,8 @@ static void copy_work(uv_work_t *w)
         (rc = mdb_env_open(dst, ck->dir,
                            MDB_NOSYNC | MDB_NOLOCK | (direct ? MDB_WRITEMAP : 0), 0600)) != 0 ||
         (rc = mdb_txn_begin(dst, NULL, 0, &dt)) != 0 || (rc = mdb_dbi_open(dt, NULL, 0, &ddbi)) != 0 ||
-        (rc = mdb_cursor_open(ck->txn, srv->store.dbi, &cur)) != 0) {
+        (rc = mdb_cursor_open(ck->txn, srv->store.dbi, &cur)) != 0 ||
+        (rc = mdb_env_get_fd(dst, &dst_fd)) != 0) {
         copy_failed(ck, rc);
         goto out;
     }
@@ -492,7 +493,7 @@ static void copy_work(uv_work_t *w)
             v = (MDB_val){sizeof part_joined, &part_joined};
         }
         psd_ckpt_others_add(&inv.others, &k, &v);
-        if ((rc = copy_put(dst, dt, ddbi, &k, &v, psize)) != 0) {
+        if ((rc = copy_put(dst_fd, dt, ddbi, &k, &v, psize)) != 0) {
             copy_failed(ck, rc);
             goto out;
         }

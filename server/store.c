@@ -45,7 +45,15 @@ int psd_store_mkdir_p(const char *dir)
     return ps_mkdir_durable(dir);
 }
 
-/* Check a metadata value against the expected one, storing it on first use. */
+/* Metadata "M<name>" of @p txn into @p v: mdb_get's code. */
+static int meta_get(psd_store_t *st, MDB_txn *txn, const char *name, MDB_val *v)
+{
+    char k[64];
+    snprintf(k, sizeof k, "M%s", name);
+    MDB_val key = {strlen(k), k};
+    return mdb_get(txn, st->dbi, &key, v);
+}
+
 /* Metadata "M<name>" in @p txn: recorded if absent, else compared with @p val. @p text: the
  * value is a string (named in the error as such), else a binary number. */
 static int meta_check(psd_store_t *st, MDB_txn *txn, const char *name, const void *val,
@@ -54,7 +62,7 @@ static int meta_check(psd_store_t *st, MDB_txn *txn, const char *name, const voi
     char k[64];
     snprintf(k, sizeof k, "M%s", name);
     MDB_val key = {strlen(k), k}, v;
-    int rc = mdb_get(txn, st->dbi, &key, &v);
+    int rc = meta_get(st, txn, name, &v);
     bool recorded = rc == MDB_NOTFOUND;
     if (recorded) {
         MDB_val nv = {len, (void *)val};
@@ -280,12 +288,11 @@ int psd_store_open(psd_store_t *st, const char *dir, uint64_t map_mb, const char
     if (rc == 0) rc = meta_check(st, txn, "optimizer state", &ns, sizeof ns, false, err, errlen);
     if (rc == PS_ECONFIG && strstr(err, "optimizer state")) {
         /* Named by the kind psd records beside the count (server.c), not numbers alone. */
-        MDB_val key = {strlen("Moptimizer state kind"), "Moptimizer state kind"}, v, c;
-        MDB_val ck = {strlen("Moptimizer state"), "Moptimizer state"};
+        MDB_val v, c;
         uint64_t had = 0;
-        if (mdb_get(txn, st->dbi, &ck, &c) == 0 && c.mv_size == sizeof had)
+        if (meta_get(st, txn, "optimizer state", &c) == 0 && c.mv_size == sizeof had)
             memcpy(&had, c.mv_data, sizeof had);
-        bool kind = mdb_get(txn, st->dbi, &key, &v) == 0 && v.mv_size < 100;
+        bool kind = meta_get(st, txn, "optimizer state kind", &v) == 0 && v.mv_size < 100;
         snprintf(err, errlen, "%s: data_dir was made for an optimizer that keeps %llu state "
                  "arrays per parameter%s%.*s%s, this manifest's keeps %u (adam and adamw 2, "
                  "momentum and adagrad 1, sgd and mean none): start it with the optimizer it "
