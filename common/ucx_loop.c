@@ -67,6 +67,7 @@ static void busy_end(ps_ucx_t *u)
 {
     uv_idle_stop(&u->busy_idle);
     u->busy_since_ns = 0;
+    u->idle_busy_ns = 0;
     u->stuck_since_ns = 0;
     u->stuck_spent_ns = 0;
 }
@@ -84,6 +85,9 @@ static uint64_t now_ns(void)
 #define PS_UCX_BUSY_NS 1000000ull
 #define PS_UCX_CLOSE_NS 2000000000ull /* ps_ucx_ep_close waits at most this long */
 #define PS_UCX_BUSY_WARN_NS 1000000000ull
+/* Busy this long with nothing progressed while the owner waits for nothing: seen wedged
+ * (idle_busy_ns). Short: between two steps a worker may wait for nothing for well under 1 ms. */
+#define PS_UCX_IDLE_BUSY_NS 100000ull
 
 void ps_ucx_progress(ps_ucx_t *u)
 {
@@ -163,6 +167,9 @@ void ps_ucx_progress(ps_ucx_t *u)
          * which runs its timers and comes back without sleeping (busy_idle) until it can arm. */
         uint64_t now = now_ns();
         if (busy_since == 0) busy_since = now;
+        if (u->owner_idle && now - busy_since >= PS_UCX_IDLE_BUSY_NS &&
+            u->owner_idle(u->owner_idle_arg))
+            u->idle_busy_ns = now;
         if (now - busy_since >= PS_UCX_BUSY_NS) {
             u->busy_polls++;
             if (u->busy_since_ns == 0) u->busy_since_ns = busy_since;

@@ -52,6 +52,14 @@ struct ps_ucx_s {
                                     progressed anything or was armed (0: none) */
     uint64_t stuck_spent_ns;     /* of the time since stuck_since_ns, how much went in them */
     int busy_warned;             /* said once that it stays busy */
+    /* The owner's (may be NULL): whether it waits for nothing now (no request of its own in
+     * flight). Asked, on the loop's thread, each time the worker stays busy with nothing
+     * progressed for PS_UCX_IDLE_BUSY_NS; a worker whose owner waits for nothing arms at once
+     * when healthy. */
+    int (*owner_idle)(void *arg);
+    void *owner_idle_arg;
+    uint64_t idle_busy_ns;       /* the last time it was so with the owner idle (0: never);
+                                    cleared when the worker is armed */
     int test_wedge;              /* PS_TEST_UCX_WEDGE=1 (tests): arm busy until a restart */
     uint32_t eager_below;        /* PS_EAGER_BELOW, or PS_EAGER_BYTES (ps_ucx_eager_below) */
     ucp_am_recv_callback_t am_cb; /* ps_ucx_set_am_handler's, for a restarted worker */

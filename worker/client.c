@@ -1620,13 +1620,24 @@ again:
 static void unarmable(ps_client_t *c)
 {
     uint64_t now = mono_ns(), since = c->ucx.busy_since_ns;
-    if (since == 0 || now - since < UNARMABLE_NS || c->inflight != NULL) return;
+    if (since == 0 || now - since < UNARMABLE_NS) return;
+    /* Nothing in flight now, or seen busy since it was last armed at a moment with nothing in
+     * flight (ucx_loop.c's idle_busy_ns): a worker that always has a step's op out (psworker's
+     * run left one at no tick of a 9 s run, 1 run in 4) is still seen. */
+    if (c->inflight != NULL && c->ucx.idle_busy_ns == 0) return;
     if (c->unarmable_restart_ns && now - c->unarmable_restart_ns < 60ull * 1000000000u) return;
     c->unarmable_restart_ns = now;
-    PS_LOG(PS_LOG_WARN, "libps", "the UCX worker could not be put to sleep for %.1f s with "
-           "nothing in flight (UCX left busy by a shard that went away): starting this "
+    PS_LOG(PS_LOG_WARN, "libps", "the UCX worker could not be put to sleep for %.1f s, busy "
+           "also with nothing in flight (UCX left busy by a shard that went away): starting this "
            "worker's transport again and reconnecting every shard", (double)(now - since) / 1e9);
     transport_restart(c);
+}
+
+/* ps_ucx_t's owner_idle: whether this client waits for nothing (comm thread). */
+static int waits_for_nothing(void *arg)
+{
+    const ps_client_t *c = arg;
+    return c->inflight == NULL;
 }
 
 static void on_heartbeat_sent(void *request, ucs_status_t status, void *user_data)
@@ -2297,6 +2308,8 @@ static void *comm_main(void *arg)
         ps_auth_attach(&c->ucx, &c->auth);
         ps_ucx_set_spin(&c->ucx, c->m.spin_us);
         c->ucx.data = c;
+        c->ucx.owner_idle = waits_for_nothing;
+        c->ucx.owner_idle_arg = c;
         ps_ucx_set_am_handler(&c->ucx, on_am, c);
         for (uint32_t i = 0; i < c->nshards; i++) {
             c->shards[i].c = c;
