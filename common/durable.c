@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "durable.h"
+#include "regfile.h"
 
 int ps_fsync_dir(const char *dir)
 {
@@ -73,16 +74,6 @@ int ps_rename_durable(const char *tmp, const char *path)
     return ps_fsync_dir(dir);
 }
 
-static const char *node_kind(mode_t m)
-{
-    return S_ISDIR(m)    ? "a directory"
-           : S_ISCHR(m)  ? "a character device"
-           : S_ISBLK(m)  ? "a block device"
-           : S_ISFIFO(m) ? "a FIFO"
-           : S_ISSOCK(m) ? "a socket"
-                         : "not a regular file";
-}
-
 int ps_out_file_check(const char *path, char *out, size_t outcap, char *err, size_t errlen)
 {
     struct stat l, st;
@@ -108,7 +99,7 @@ int ps_out_file_check(const char *path, char *out, size_t outcap, char *err, siz
         if (!S_ISREG(st.st_mode)) {
             snprintf(err, errlen, "%s is a symlink to %s, not to a regular file: a file renamed "
                      "there would replace it; give the path of a file", path,
-                     node_kind(st.st_mode));
+                     ps_file_kind(&st));
             return -EEXIST;
         }
         if ((target = realpath(path, NULL)) == NULL) {
@@ -124,7 +115,7 @@ int ps_out_file_check(const char *path, char *out, size_t outcap, char *err, siz
     }
     if (!S_ISREG(l.st_mode)) {
         snprintf(err, errlen, "%s is %s, not a regular file: a file renamed there would replace "
-                 "it; give the path of a file", path, node_kind(l.st_mode));
+                 "it; give the path of a file", path, ps_file_kind(&l));
         return -EEXIST;
     }
     if (strlen(path) >= outcap) {
@@ -133,4 +124,46 @@ int ps_out_file_check(const char *path, char *out, size_t outcap, char *err, siz
     }
     snprintf(out, outcap, "%s", path);
     return 0;
+}
+
+int ps_dir_makeable(const char *dir, char *err, size_t errlen)
+{
+    char path[PATH_MAX];
+    if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path) {
+        snprintf(err, errlen, "%.200s...: path too long", dir);
+        return -ENAMETOOLONG;
+    }
+    for (;;) {
+        struct stat st;
+        if (stat(path, &st) == 0) {
+            if (!S_ISDIR(st.st_mode)) {
+                snprintf(err, errlen, "%s is %s, not a directory", path, ps_file_kind(&st));
+                return -ENOTDIR;
+            }
+            if (access(path, W_OK | X_OK) != 0) {
+                int e = errno;
+                snprintf(err, errlen, "%s: cannot make anything in it: %s", path, strerror(e));
+                return -e;
+            }
+            return 0;
+        }
+        if ((errno != ENOENT && errno != ENOTDIR) || strcmp(path, ".") == 0 ||
+            strcmp(path, "/") == 0) { /* the last: a working directory removed */
+            int e = errno;
+            snprintf(err, errlen, "%s: %s", path, strerror(e));
+            return -e;
+        }
+        /* Absent (or under a file, found further up): look at its parent. */
+        char *slash = strrchr(path, '/');
+        while (slash && slash > path && slash[1] == '\0') { /* trailing slashes */
+            *slash = '\0';
+            slash = strrchr(path, '/');
+        }
+        if (slash == NULL) {
+            snprintf(path, sizeof path, ".");
+            continue;
+        }
+        if (slash == path) slash[1] = '\0'; /* "/" */
+        else *slash = '\0';
+    }
 }

@@ -39,4 +39,14 @@ int ps_mkdir_durable(const char *dir);
  */
 int ps_out_file_check(const char *path, char *out, size_t outcap, char *err, size_t errlen);
 
+/**
+ * @brief Check that ps_mkdir_durable(@p dir) could make @p dir here, or that it is there: the
+ *  nearest of it and its ancestors that exists is a directory this process may write in (one
+ *  that exists must also be searchable). Nothing is made.
+ * @return 0, or -errno (-ENOTDIR: @p dir or an ancestor is not a directory; -EACCES: the
+ *  nearest existing one cannot be written in) with @p err saying which path and why.
+ * @note @p dir is only read; @p err is the caller's buffer.
+ */
+int ps_dir_makeable(const char *dir, char *err, size_t errlen);
+
 #endif

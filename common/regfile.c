@@ -24,8 +24,13 @@ int ps_open_regular(const char *path, int flags, struct stat *st)
 
 const char *ps_file_kind(const struct stat *st)
 {
-    return S_ISDIR(st->st_mode)    ? "a directory"
-           : S_ISFIFO(st->st_mode) ? "a FIFO"
-           : S_ISREG(st->st_mode)  ? "a regular file"
-                                   : "a device or socket";
+    mode_t m = st->st_mode;
+    return S_ISDIR(m)    ? "a directory"
+           : S_ISFIFO(m) ? "a FIFO"
+           : S_ISREG(m)  ? "a regular file"
+           : S_ISCHR(m)  ? "a character device"
+           : S_ISBLK(m)  ? "a block device"
+           : S_ISSOCK(m) ? "a socket"
+           : S_ISLNK(m)  ? "a symlink"
+                         : "of an unknown kind";
 }

@@ -15,8 +15,8 @@
  */
 int ps_open_regular(const char *path, int flags, struct stat *st);
 
-/** @brief What a file that is not a regular one is, for messages: "a directory", "a FIFO", "a
- *  device or socket"; a static string. */
+/** @brief What a file is, for messages: "a directory", "a FIFO", "a regular file", "a character
+ *  device", ...; a static string. */
 const char *ps_file_kind(const struct stat *st);
 
 #endif

@@ -952,3 +952,18 @@ void psd_ckpt_on_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
                        ps_msg_type_name(msg->type));
     }
 }
+
+int psd_ckpt_dir_check(const ps_manifest_t *m, char *err, size_t errlen)
+{
+    if (!m->checkpoint.present) return 0;
+    char dir[PS_PATH_MAX + 32], why[PS_PATH_MAX + 256];
+    if (m->checkpoint.dir[0])
+        snprintf(dir, sizeof dir, "%s", m->checkpoint.dir);
+    else
+        snprintf(dir, sizeof dir, "%s/../checkpoints", m->servers[0].data_dir);
+    if (ps_dir_makeable(dir, why, sizeof why) == 0) return 0;
+    snprintf(err, errlen, "%s %s cannot hold the periodic checkpoints: %s",
+             m->checkpoint.dir[0] ? "checkpoint.dir" : "the checkpoints' default directory", dir,
+             why);
+    return PS_ECONFIG;
+}

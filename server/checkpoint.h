@@ -37,6 +37,15 @@ bool psd_ckpt_idle(psd_server_t *srv);
 /** @brief Free the state (at exit, once idle). */
 void psd_ckpt_free(psd_server_t *srv);
 
+/**
+ * @brief With a `checkpoint:` section in @p m, check at start that this host can make the
+ *  periodic checkpoints' directory (checkpoint.dir, default servers[0].data_dir/../checkpoints;
+ *  every shard writes its part there): ps_dir_makeable. A file in its way would fail every
+ *  periodic checkpoint, each only logged.
+ * @return 0, or PS_ECONFIG with @p err naming the path and why.
+ */
+int psd_ckpt_dir_check(const ps_manifest_t *m, char *err, size_t errlen);
+
 /* Metadata key of a restore under way: the checkpoint's path, committed before the fill and
  * deleted by the fill's own transaction. A store that still has it was left by a psd killed
  * during its restore, and psd refuses to serve it. */

@@ -1197,6 +1197,7 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
                  ps_strerror(rc));
         goto fail_store;
     }
+    if ((rc = psd_ckpt_dir_check(m, err, errlen)) != 0) goto fail_store;
     if (restore &&
         (rc = psd_restore_check(m, srv->nstate, sc->data_dir, restore, err, errlen)) != 0)
         goto fail_store;

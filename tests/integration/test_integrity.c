@@ -1931,6 +1931,54 @@ START_TEST(test_periodic_checkpoints)
 }
 END_TEST
 
+/* psd started with checkpoint.dir @p dir_line ("" for the default) expects exit 1 and @p says. */
+static void ckpt_dir_refused(cl_cluster_t *c, const char *name, const char *dir_line,
+                             const char *says)
+{
+    char top[2 * CL_PATH], path[CL_PATH];
+    snprintf(top, sizeof top, "checkpoint: {every_steps: 10%s}\n", dir_line);
+    cl_conf_t k = c->conf;
+    k.top_extra = top;
+    cl_manifest_write(c, name, &k, path, sizeof path);
+    char *argv[] = {(char *)cl_binary("PSD"), "--manifest", path, "--shard", "0", NULL};
+    cl_proc_t *b = cl_spawn(c, name, argv);
+    EXPECT_EXIT(b, 1);
+    EXPECT_LOG(b, says);
+}
+
+/* A checkpoint section whose directory this host cannot make (a file in its way, there or
+ * above it): psd refuses to start, naming it. Before, it started, and each periodic checkpoint
+ * then failed, only logged (a probe, session 45). */
+START_TEST(test_checkpoint_dir_refused)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    char file[CL_PATH], line[2 * CL_PATH], says[3 * CL_PATH];
+    cl_path(c, "afile", file, sizeof file);
+    FILE *f = fopen(file, "w");
+    ck_assert_ptr_nonnull(f);
+    fclose(f);
+    snprintf(line, sizeof line, ", dir: '%s/sub'", file);
+    snprintf(says, sizeof says, "checkpoint.dir %s/sub cannot hold the periodic checkpoints: %s "
+             "is a regular file, not a directory", file, file);
+    ckpt_dir_refused(c, "under-file.yaml", line, says);
+    snprintf(line, sizeof line, ", dir: '%s'", file);
+    snprintf(says, sizeof says, "checkpoint.dir %s cannot hold the periodic checkpoints: %s is "
+             "a regular file, not a directory", file, file);
+    ckpt_dir_refused(c, "a-file.yaml", line, says);
+    char dflt[CL_PATH + 32];
+    snprintf(dflt, sizeof dflt, "%s/../checkpoints", c->data_dir[0]);
+    mkdir(c->data_dir[0], 0700); /* for its ".." */
+    f = fopen(dflt, "w");
+    ck_assert_ptr_nonnull(f);
+    fclose(f);
+    snprintf(says, sizeof says, "the checkpoints' default directory %s cannot hold the periodic "
+             "checkpoints: %s is a regular file", dflt, dflt);
+    ckpt_dir_refused(c, "default.yaml", "", says);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* Shard 0 stops on SIGTERM while its follower holds a checkpoint ahead (asked for a bsp step
  * not reached yet): the follower releases the hold with a last request, which psd answers
  * while it waits for the follower. Before, psd waited without serving, the request timed out
@@ -2115,6 +2163,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("restore_duplicate_chunk_refused", test_restore_duplicate_chunk_refused));
     suite_add_tcase(s, tcase("periodic_checkpoints", test_periodic_checkpoints));
     suite_add_tcase(s, tcase("follower_stop_releases_hold", test_follower_stop_releases_hold));
+    suite_add_tcase(s, tcase("checkpoint_dir_refused", test_checkpoint_dir_refused));
     suite_add_tcase(s, tcase("checkpoints_after_rollback", test_checkpoints_after_rollback));
     suite_add_tcase(s, tcase("restore_commands_run_as_printed",
                              test_restore_commands_run_as_printed));

@@ -1,5 +1,5 @@
 /* test_durable.c: ps_rename_durable puts a file in place and reports what failed;
- * ps_mkdir_durable makes directories. */
+ * ps_mkdir_durable makes directories; ps_dir_makeable says whether it could. */
 #include <check.h>
 #include <errno.h>
 #include <stdio.h>
@@ -67,6 +67,38 @@ START_TEST(makes_directories)
 }
 END_TEST
 
+/* ps_dir_makeable: a path under directories (there or not) passes, one with a file in its way
+ * or under a directory it cannot write in is named, and nothing is made. */
+START_TEST(dir_makeable_checked)
+{
+    char path[300], file[300], err[512];
+    snprintf(path, sizeof path, "%s/x/y/", dir);
+    ck_assert_int_eq(ps_dir_makeable(path, err, sizeof err), 0);
+    struct stat st;
+    snprintf(path, sizeof path, "%s/x", dir);
+    ck_assert_int_eq(stat(path, &st), -1); /* nothing made */
+    ck_assert_int_eq(ps_dir_makeable(dir, err, sizeof err), 0);
+    ck_assert_int_eq(ps_dir_makeable("relative/sub", err, sizeof err), 0); /* under "." */
+    snprintf(file, sizeof file, "%s/f", dir);
+    FILE *f = fopen(file, "w");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(fclose(f), 0);
+    ck_assert_int_eq(ps_dir_makeable(file, err, sizeof err), -ENOTDIR);
+    ck_assert_msg(strstr(err, "/f is a regular file, not a directory"), "%s", err);
+    snprintf(path, sizeof path, "%s/f/sub/deeper", dir);
+    ck_assert_int_eq(ps_dir_makeable(path, err, sizeof err), -ENOTDIR);
+    ck_assert_msg(strstr(err, "/f is a regular file, not a directory"), "%s", err);
+    if (geteuid() != 0) { /* root writes anywhere */
+        snprintf(path, sizeof path, "%s/ro", dir);
+        ck_assert_int_eq(mkdir(path, 0500), 0);
+        snprintf(file, sizeof file, "%s/ro/ckpt", dir);
+        ck_assert_int_eq(ps_dir_makeable(file, err, sizeof err), -EACCES);
+        ck_assert_msg(strstr(err, "/ro: cannot make anything in it"), "%s", err);
+        chmod(path, 0700);
+    }
+}
+END_TEST
+
 Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("durable");
@@ -74,6 +106,7 @@ Suite *ps_test_suite(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, renames_into_place);
     tcase_add_test(tc, makes_directories);
+    tcase_add_test(tc, dir_makeable_checked);
     suite_add_tcase(s, tc);
     return s;
 }
