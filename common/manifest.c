@@ -567,13 +567,35 @@ static bool wildcard(const char *h)
     return strcmp(h, "0.0.0.0") == 0 || strcmp(h, "::") == 0;
 }
 
-/* Whether two listening sockets would take the same port: on one machine (the servers' `host`
- * names the same), the same port, bound to the same address or either to every address. */
+/* Whether @p h names this machine's loopback ("localhost", 127.0.0.0/8, ::1). */
+static bool loopback(const char *h)
+{
+    return strcmp(h, "localhost") == 0 || strncmp(h, "127.", 4) == 0 || strcmp(h, "::1") == 0;
+}
+
+/* Whether two servers' `host`s name one machine: the same name, or both its loopback (a
+ * manifest's "localhost" and "127.0.0.1" passed as two machines, and the second psd found the
+ * port taken: a probe, session 45). No name is resolved here. */
+static bool same_machine(const char *a, const char *b)
+{
+    return strcmp(a, b) == 0 || (loopback(a) && loopback(b));
+}
+
+/* Whether two hosts of one machine are one address: the same, or "localhost" and 127.0.0.1. */
+static bool same_address(const char *a, const char *b)
+{
+    if (strcmp(a, "localhost") == 0) a = "127.0.0.1";
+    if (strcmp(b, "localhost") == 0) b = "127.0.0.1";
+    return strcmp(a, b) == 0;
+}
+
+/* Whether two listening sockets would take the same port: on one machine (same_machine), the
+ * same port, bound to the same address or either to every address. */
 static bool addr_clash(const char *machine1, const char *h1, uint16_t p1, const char *machine2,
                        const char *h2, uint16_t p2)
 {
-    if (p1 != p2 || strcmp(machine1, machine2) != 0) return false;
-    return strcmp(h1, h2) == 0 || wildcard(h1) || wildcard(h2);
+    if (p1 != p2 || !same_machine(machine1, machine2)) return false;
+    return same_address(h1, h2) || wildcard(h1) || wildcard(h2);
 }
 
 static const char *metrics_host_of(const ps_server_conf_t *s)
@@ -620,12 +642,16 @@ static int check_servers(ctx_t *c, const field_t *f, yaml_node_t *n, char *base,
         char sub[PATH_LEN];
         for (int i = 0; i < j; i++) {
             const ps_server_conf_t *a = &m->servers[i];
-            if (strcmp(a->host, b->host) == 0 && a->port == b->port) {
+            if (addr_clash(a->host, a->host, a->port, b->host, b->host, b->port)) {
                 child_path(sub, path, NULL, j);
-                return fail(c, item, sub, "same host:port as %s[%d] (%s:%u)", path, i, b->host,
-                            (unsigned)b->port);
+                if (strcmp(a->host, b->host) == 0)
+                    return fail(c, item, sub, "same host:port as %s[%d] (%s:%u)", path, i,
+                                b->host, (unsigned)b->port);
+                return fail(c, item, sub, "%s:%u takes the port of %s[%d] (%s:%u) on the same "
+                            "machine", b->host, (unsigned)b->port, path, i, a->host,
+                            (unsigned)a->port);
             }
-            if (strcmp(a->data_dir, b->data_dir) == 0 && strcmp(a->host, b->host) == 0) {
+            if (strcmp(a->data_dir, b->data_dir) == 0 && same_machine(a->host, b->host)) {
                 char item_path[PATH_LEN];
                 child_path(item_path, path, NULL, j);
                 child_path(sub, item_path, "data_dir", -1);

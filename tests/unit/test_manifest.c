@@ -438,6 +438,17 @@ static const struct {
         "  - {host: h, port: 7300, data_dir: /d/0}\n"
         "  - {host: h, port: 7301, data_dir: /d/0}\n" L5 L6_9 L10,
      "demo.yaml:4: servers[1].data_dir: same host and data_dir as servers[0] ('/d/0')"},
+    /* The loopback's names are one machine and "localhost" is 127.0.0.1 (a probe, session 45:
+     * passed, and the second psd found its port taken); 127.0.0.2 is another address. */
+    {L1 "servers:\n"
+        "  - {host: localhost, port: 7300, data_dir: /d/0}\n"
+        "  - {host: 127.0.0.1, port: 7300, data_dir: /d/1}\n" L5 L6_9 L10,
+     "demo.yaml:4: servers[1]: 127.0.0.1:7300 takes the port of servers[0] (localhost:7300) on "
+     "the same machine"},
+    {L1 "servers:\n"
+        "  - {host: 127.0.0.2, port: 7300, data_dir: /d/0}\n"
+        "  - {host: localhost, port: 7301, data_dir: /d/0}\n" L5 L6_9 L10,
+     "demo.yaml:4: servers[1].data_dir: same host and data_dir as servers[0] ('/d/0')"},
     {L1 "servers:\n"
         "  - {host: h, port: 7300, data_dir: /d/0}\n"
         "  - {host: 127.0.0.1, port: 7301, data_dir: /d/1, metrics_port: 70000}\n" L5 L6_9 L10,
