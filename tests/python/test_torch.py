@@ -1736,6 +1736,10 @@ def binding(tmp):
                 (lambda: cl.push(2 ** 32, buf.buffer_info()[0], 0, keep=buf), "tensor id"),
                 (lambda: cl.push(7, buf.buffer_info()[0], 0, keep=buf), "not declared"),
                 (lambda: cl.next_batch(-1), "samples must be 1"),
+                # 32-bit indices: 2^32 + 5 was taken as 5 (ctypes wraps).
+                (lambda: psd.batch_order(2 ** 32 + 5, 1, 0), "n must be 0 to 2^32 - 1"),
+                (lambda: psd.torch.ParameterServer(c.manifest, torch.nn.Linear(2, 2), 2 ** 32),
+                 "samples must be a whole number, 1 to 2^32 - 1"),
                 (lambda: cl.pull(tid, 0, 0, keep=array.array("d", [0.0] * 4)), "float32"),
                 (lambda: cl.pull(tid, 0, 0, keep=array.array("f", [0.0] * 3)), "do not fit"),
                 # torch tensors as keep (a probe, session 45: not checked; a 10-value one

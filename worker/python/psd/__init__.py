@@ -157,7 +157,11 @@ def _check(rc, text):
 
 
 def batch_order(n, seed, pass_):
-    """The training set's order in pass `pass_` (ps_batch_order): an array of n indices."""
+    """The training set's order in pass `pass_` (ps_batch_order): an array of n indices
+    (32-bit: n below 2^32)."""
+    n = _uint("n", n, 32)
+    seed = _uint("seed", seed, 64)
+    pass_ = _uint("pass_", pass_, 32)
     perm = array("I", bytes(4 * n))
     if n:
         addr, _ = perm.buffer_info()

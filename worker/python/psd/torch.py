@@ -107,8 +107,9 @@ class ParameterServer:
             n = operator.index(samples)  # int, numpy integers; not 0.5 or "128"
         except TypeError:
             n = 0
-        if isinstance(samples, bool) or n <= 0:
-            raise ValueError(f"samples must be a whole number > 0, got {samples!r}")
+        if isinstance(samples, bool) or n <= 0 or n >= 2 ** 32:
+            # The order's indices are 32-bit (psd.batch_order, ps_batch_order).
+            raise ValueError(f"samples must be a whole number, 1 to 2^32 - 1, got {samples!r}")
         self.samples = n
         module = _unwrapped(model)
         held = {id(p): name for name, p in module.named_parameters()}
