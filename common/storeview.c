@@ -1,7 +1,10 @@
 /* storeview.c: read-only same-host view of a shard's store (storeview.h). */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 
@@ -48,6 +51,106 @@ uint64_t ps_storeview_file_id(int fd)
     return fstat(fd, &st) == 0 ? ps_storeview_stat_id(&st) : 0;
 }
 
+/* ---- the process's environments ------------------------------------------------------ */
+
+/* One per store open in this process (LMDB: "do not have open an LMDB database twice in the
+ * same process at the same time"; closing one copy clears every reader slot of the process,
+ * mdb_env_close0, and closing its lock file drops the process's locks on it, by which psd
+ * tells a live reader: psd_direct_reap). */
+struct ps_storeenv_s {
+    MDB_env *env;
+    MDB_dbi dbi;
+    uint64_t id;              /* the data file's identity */
+    pid_t pid;                /* the process that opened it (a forked child opens its own) */
+    uint32_t refs;            /* views on it; under g_envs_mu */
+    pthread_rwlock_t remap;   /* reads hold it shared; adopting a grown map, exclusively (LMDB:
+                                 only with no transaction active in the process) */
+    struct ps_storeenv_s *next;
+};
+
+static pthread_mutex_t g_envs_mu = PTHREAD_MUTEX_INITIALIZER;
+static ps_storeenv_t *g_envs;
+static pthread_once_t g_envs_once = PTHREAD_ONCE_INIT;
+
+/* A child forked while another thread held the list's lock would wait for it for good (a
+ * python program that forks beside a client): fork takes it first. */
+static void envs_lock(void) { pthread_mutex_lock(&g_envs_mu); }
+static void envs_unlock(void) { pthread_mutex_unlock(&g_envs_mu); }
+static void envs_at_fork(void) { pthread_atfork(envs_lock, envs_unlock, envs_unlock); }
+
+/* The environment of store @p id in @p dir, taken (refs + 1): this process's, or opened now.
+ * @return 0, or an LMDB error code / -errno with @p err set. */
+static int env_take(const char *dir, uint64_t id, ps_storeenv_t **out, char *err, size_t errlen)
+{
+    pthread_once(&g_envs_once, envs_at_fork);
+    pid_t me = getpid();
+    pthread_mutex_lock(&g_envs_mu);
+    for (ps_storeenv_t *e = g_envs; e; e = e->next)
+        if (e->id == id && e->pid == me) {
+            e->refs++;
+            *out = e;
+            pthread_mutex_unlock(&g_envs_mu);
+            return 0;
+        }
+    ps_storeenv_t *e = calloc(1, sizeof *e);
+    int rc = e ? mdb_env_create(&e->env) : ENOMEM;
+    if (rc == 0) rc = mdb_env_set_maxreaders(e->env, 1024); /* as psd, if this opens it first */
+    if (rc == 0) rc = mdb_env_open(e->env, dir, MDB_RDONLY | MDB_NOTLS | MDB_NORDAHEAD, 0600);
+    MDB_txn *txn = NULL;
+    if (rc == 0 && (rc = mdb_txn_begin(e->env, NULL, MDB_RDONLY, &txn)) == 0) {
+        rc = mdb_dbi_open(txn, NULL, 0, &e->dbi);
+        mdb_txn_abort(txn);
+    }
+    int fd;
+    uint64_t got = rc == 0 && mdb_env_get_fd(e->env, &fd) == 0 ? ps_storeview_file_id(fd) : 0;
+    if (rc == 0 && got != id) {
+        snprintf(err, errlen, "%s: not the shard's store (identity %016llx, the shard's %016llx)",
+                 dir, (unsigned long long)got, (unsigned long long)id);
+        rc = -1;
+    } else if (rc) {
+        snprintf(err, errlen, "%s: cannot open the shard store read-only: %s", dir,
+                 mdb_strerror(rc));
+    }
+    if (rc) {
+        if (e && e->env) mdb_env_close(e->env);
+        free(e);
+        pthread_mutex_unlock(&g_envs_mu);
+        return rc;
+    }
+    pthread_rwlockattr_t ra; /* a steady stream of reads must not keep a remap waiting */
+    pthread_rwlockattr_init(&ra);
+    pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    pthread_rwlock_init(&e->remap, &ra);
+    pthread_rwlockattr_destroy(&ra);
+    e->id = id;
+    e->pid = me;
+    e->refs = 1;
+    e->next = g_envs;
+    g_envs = e;
+    *out = e;
+    pthread_mutex_unlock(&g_envs_mu);
+    return 0;
+}
+
+/* Give back a view's hold of @p e; the last closes it. */
+static void env_drop(ps_storeenv_t *e)
+{
+    pthread_mutex_lock(&g_envs_mu);
+    if (--e->refs == 0) {
+        for (ps_storeenv_t **pp = &g_envs; *pp; pp = &(*pp)->next)
+            if (*pp == e) {
+                *pp = e->next;
+                break;
+            }
+        mdb_env_close(e->env);
+        pthread_rwlock_destroy(&e->remap);
+        free(e);
+    }
+    pthread_mutex_unlock(&g_envs_mu);
+}
+
+/* ---- views ------------------------------------------------------------------------------- */
+
 int ps_storeview_open(ps_storeview_t *v, const char *dir, uint64_t want_id, char *err,
                       size_t errlen)
 {
@@ -74,25 +177,11 @@ int ps_storeview_open(ps_storeview_t *v, const char *dir, uint64_t want_id, char
         snprintf(err, errlen, "%s: mounted read-only here: reads would not be protected", dir);
         return PS_ESTALE;
     }
-    int rc = mdb_env_create(&v->env);
-    if (rc == 0) rc = mdb_env_set_maxreaders(v->env, 1024); /* as psd, if this opens it first */
-    if (rc == 0) rc = mdb_env_open(v->env, dir, MDB_RDONLY | MDB_NOTLS | MDB_NORDAHEAD, 0600);
-    if (rc) {
-        snprintf(err, errlen, "%s: cannot open the shard store read-only: %s", dir,
-                 mdb_strerror(rc));
-        ps_storeview_close(v);
-        return rc > 0 && rc < 4096 ? -rc : PS_ESTORE;
-    }
-    int fd;
-    if (mdb_env_get_fd(v->env, &fd) == 0) v->id = ps_storeview_file_id(fd);
-    if (v->id == 0 || v->id != want_id) {
-        snprintf(err, errlen, "%s: not the shard's store (identity %016llx, the shard's %016llx)",
-                 dir, (unsigned long long)v->id, (unsigned long long)want_id);
-        ps_storeview_close(v);
-        return PS_ESTALE;
-    }
-    if ((rc = mdb_txn_begin(v->env, NULL, MDB_RDONLY, &v->txn)) == 0 &&
-        (rc = mdb_dbi_open(v->txn, NULL, 0, &v->dbi)) == 0) {
+    int rc = env_take(dir, want_id, &v->env, err, errlen);
+    if (rc == -1) return PS_ESTALE; /* another identity, said */
+    if (rc) return rc > 0 && rc < 4096 ? -rc : PS_ESTORE;
+    v->id = want_id;
+    if ((rc = mdb_txn_begin(v->env->env, NULL, MDB_RDONLY, &v->txn)) == 0) {
         mdb_txn_reset(v->txn);
         return 0;
     }
@@ -101,12 +190,32 @@ int ps_storeview_open(ps_storeview_t *v, const char *dir, uint64_t want_id, char
     return PS_ESTORE;
 }
 
-/* Renew the view's read transaction; a map the shard has grown since is adopted first. */
+/* Renew the view's read transaction, holding its environment's remap lock shared (released by
+ * view_end); a map the shard has grown since is adopted first, exclusively. */
 static int view_renew(ps_storeview_t *v)
 {
+    ps_storeenv_t *e = v->env;
+    pthread_rwlock_rdlock(&e->remap);
     int rc = mdb_txn_renew(v->txn);
-    if (rc == MDB_MAP_RESIZED && mdb_env_set_mapsize(v->env, 0) == 0) rc = mdb_txn_renew(v->txn);
-    return rc ? PS_ESTORE : 0;
+    if (rc == MDB_MAP_RESIZED) { /* the transaction was ended: none of ours is active */
+        pthread_rwlock_unlock(&e->remap);
+        pthread_rwlock_wrlock(&e->remap);
+        rc = mdb_env_set_mapsize(e->env, 0); /* another view's may have adopted it: harmless */
+        pthread_rwlock_unlock(&e->remap);
+        pthread_rwlock_rdlock(&e->remap);
+        if (rc == 0) rc = mdb_txn_renew(v->txn);
+    }
+    if (rc) {
+        pthread_rwlock_unlock(&e->remap);
+        return PS_ESTORE;
+    }
+    return 0;
+}
+
+static void view_end(ps_storeview_t *v)
+{
+    mdb_txn_reset(v->txn);
+    pthread_rwlock_unlock(&v->env->remap);
 }
 
 int ps_storeview_read(ps_storeview_t *v, uint32_t t, uint32_t c, uint64_t min_version,
@@ -117,7 +226,7 @@ int ps_storeview_read(ps_storeview_t *v, uint32_t t, uint32_t c, uint64_t min_ve
     uint8_t kb[PS_CHUNK_KEY_LEN];
     ps_chunk_key(kb, t, c);
     MDB_val k = {sizeof kb, kb}, val;
-    int mrc = mdb_get(v->txn, v->dbi, &k, &val);
+    int mrc = mdb_get(v->txn, v->env->dbi, &k, &val);
     const ps_chunk_hdr_t *h = val.mv_data;
     if (mrc == MDB_NOTFOUND)
         rc = PS_ENOENT;
@@ -132,13 +241,13 @@ int ps_storeview_read(ps_storeview_t *v, uint32_t t, uint32_t c, uint64_t min_ve
         if (version) *version = h->version;
         if (crc) *crc = h->crc32c;
     }
-    mdb_txn_reset(v->txn);
+    view_end(v);
     return rc;
 }
 
 void ps_storeview_close(ps_storeview_t *v)
 {
-    if (v->txn) mdb_txn_abort(v->txn);
-    if (v->env) mdb_env_close(v->env);
+    if (v->txn) mdb_txn_abort(v->txn); /* MDB_NOTLS: frees its own reader slot only */
+    if (v->env) env_drop(v->env);
     memset(v, 0, sizeof *v);
 }

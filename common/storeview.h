@@ -16,11 +16,14 @@
 #include <stdint.h>
 #include <sys/stat.h>
 
+/* The process's one LMDB environment of a store, shared by its views (storeview.c). */
+typedef struct ps_storeenv_s ps_storeenv_t;
+
 typedef struct {
-    MDB_env *env;
-    MDB_dbi dbi;
-    MDB_txn *txn; /* reset between reads, renewed by the next one */
-    uint64_t id;  /* ps_storeview_file_id of the data file it maps */
+    ps_storeenv_t *env; /* shared: LMDB allows one environment of a store per process */
+    MDB_txn *txn;       /* this view's own (a reader slot of its own), reset between reads,
+                           renewed by the next one */
+    uint64_t id;        /* ps_storeview_file_id of the data file it maps */
 } ps_storeview_t;
 
 /**
@@ -49,7 +52,11 @@ uint64_t ps_storeview_host_id(void);
  * @return 0, PS_ESTALE (another store, host or pid namespace, or a read-only mount), PS_ESTORE
  *  or -errno (cannot open).
  * @note On failure nothing is left open; on success release with ps_storeview_close. The view
- *  is used by one thread at a time (any thread: the environment is MDB_NOTLS).
+ *  is used by one thread at a time (any thread: the environment is MDB_NOTLS). Views of one
+ *  store in one process (two clients) share its environment, opened once and closed with the
+ *  last of them: LMDB forbids opening one twice in a process, and closing the second copy
+ *  cleared every reader slot of the process and dropped its locks, so the other view's reads
+ *  failed, or went unprotected from page reuse. Thread-safe.
  */
 int ps_storeview_open(ps_storeview_t *v, const char *dir, uint64_t want_id, char *err,
                       size_t errlen);

@@ -3443,7 +3443,6 @@ int ps_client_next_batch(ps_client_t *c, uint64_t samples, const ps_batch_info_t
      * shard 0 refuses it instead (never 0: 0 is "not sent", from an older libps). */
     ps_msg_t req = {.type = PS_MSG_BATCH, .rank = c->rank, .samples = samples,
                     .tensor_set = psk_mix64(c->tensor_set) | 1, .count = c->ntensor_set}, rep;
-    c->batch_samples = samples;
     if (done) {
         req.flags = PS_FLAG_DONE | stale_flag(c, done->step);
         req.step = done->step;
@@ -3454,6 +3453,9 @@ int ps_client_next_batch(ps_client_t *c, uint64_t samples, const ps_batch_info_t
     int rc = ctrl_call(c, OP_BATCH, 0, &req, &rep);
     if (rc == PS_ECONFIG && done == NULL && !c->had_batch) ps_client_give_up(c);
     if (rc) return rc; /* a batch done stays for the leave: reporting it twice is harmless */
+    /* Only a request shard 0 took: the leave reports a batch done under the training set's
+     * size, and one refused (another size: ECONFIG) would make shard 0 drop that report. */
+    c->batch_samples = samples;
     __atomic_store_n(&c->had_batch, 1, __ATOMIC_RELEASE); /* on_rehello reads it */
     c->has_leave_done = 0; /* reported, or superseded by the batch handed out now */
     *out = (ps_batch_info_t){.step = rep.step, .pass = rep.data_epoch,

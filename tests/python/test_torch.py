@@ -1760,13 +1760,19 @@ def binding(tmp):
         waiter = threading.Thread(target=lambda: _swallow(lambda: cl.next_batch(SAMPLES)))
         waiter.start()
         deadline = time.time() + 10
-        while cl._batching is None and time.time() < deadline:
+        while cl._driver is None and time.time() < deadline:
             time.sleep(0.01)
-        try:
-            cl.next_batch(SAMPLES)
-            raise AssertionError("a second thread's next_batch was taken")
-        except psd.PsError as e:
-            assert e.name == "EBUSY" and "another thread" in str(e), str(e)
+        # Nor any other call beside it (a probe, session 46: a pull's group, or a declare's
+        # control request, shared with the thread inside next_batch); reads of its state go.
+        for call in (lambda: cl.next_batch(SAMPLES),
+                     lambda: cl.pull(tid, buf.buffer_info()[0], 0, keep=buf),
+                     lambda: cl.declare("u", (4,))):
+            try:
+                call()
+                raise AssertionError("a second thread's call was taken")
+            except psd.PsError as e:
+                assert e.name == "EBUSY" and "another thread" in str(e), str(e)
+        assert cl.rank >= 0 and cl.shards == 2 and cl.nonfinite_pushes == 0
         cl.close()  # interrupts the waiter
         waiter.join(timeout=30)
         assert not waiter.is_alive(), "the waiting next_batch did not end at close()"
@@ -1877,7 +1883,50 @@ def odd_names(tmp):
           "__metadata__ refused; OUT.tmp's symlink left alone")
 
 
+def two_clients_child(manifest):
+    """Two psd.Client in one process pull one tensor straight from the shard's store; the second
+    closes, and the first pulls on."""
+    n = 4096
+    a = psd.Client(manifest)
+    ta = a.declare("t", (n,), init="normal", init_arg=1.0)
+    first = torch.zeros(n)
+    a.pull(ta, first.data_ptr(), 0, keep=first).wait()
+    b = psd.Client(manifest)
+    tb = b.declare("t", (n,), init="normal", init_arg=1.0)
+    other = torch.zeros(n)
+    b.pull(tb, other.data_ptr(), 0, keep=other).wait()
+    assert torch.equal(other, first)
+    b.close()
+    for _ in range(5):
+        again = torch.zeros(n)
+        a.pull(ta, again.data_ptr(), 0, keep=again).wait()
+        assert torch.equal(again, first)
+    a.close()
+
+
+def two_clients(tmp):
+    """Two clients in one process (psd.torch with a model per thread) read one shard's store:
+    they share the process's LMDB environment of it. Before, each opened its own, and closing
+    the second cleared every reader slot of the process: the first's direct pulls failed
+    ("reading chunk 0 of tensor 0 from its store failed (shard store error)") and went over the
+    transport (a probe, sessions 45-46)."""
+    c = Cluster(tmp, "two-clients", 1)
+    try:
+        p = subprocess.run([sys.executable, __file__, "twoclients", c.manifest, "-"],
+                           capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, PS_LOG_LEVEL="info"))
+        assert p.returncode == 0, p.stderr[-3000:]
+        assert p.stderr.count("pulls read its store") >= 2, p.stderr[-3000:]
+        assert "from its store failed" not in p.stderr, p.stderr[-3000:]
+    finally:
+        c.stop()
+    print("two clients in one process: the second closed, the first's direct pulls go on")
+
+
 def main():
+    if len(sys.argv) == 4 and sys.argv[1] == "twoclients":
+        two_clients_child(sys.argv[2])
+        return
     if len(sys.argv) == 4 and sys.argv[1] == "worker":
         worker_main(sys.argv[2], sys.argv[3])
         return
@@ -1919,6 +1968,7 @@ def main():
         torch_user(tmp)
         ctrl_c(tmp)
         binding(tmp)
+        two_clients(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -1,7 +1,8 @@
 /* test_storeview.c: libps's read-only view of a shard's store (common/storeview.h): it reads
  * the committed record with its version and CRC checked, never an uncommitted one, refuses a
  * store of another identity, notices a record whose bytes do not match its CRC, and a reset
- * view does not keep the writer from reusing pages. Views are opened in a child process. */
+ * view does not keep the writer from reusing pages, and two views in one process share its
+ * environment. Views are opened in a child process. */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,6 +77,8 @@ typedef struct {
     int to, from;
 } reader_t;
 
+#define SECOND_VIEW UINT32_MAX /* rd_t.t: open and close a second view instead of a read */
+
 static void reader_main(int in, int out, uint64_t id)
 {
     ps_storeview_t v;
@@ -85,6 +88,13 @@ static void reader_main(int in, int out, uint64_t id)
     static float buf[1 << 20];
     rd_t r;
     while (read(in, &r, sizeof r) == sizeof r) {
+        if (r.t == SECOND_VIEW) { /* a second view of the store opened and closed beside v */
+            ps_storeview_t v2;
+            rc = ps_storeview_open(&v2, g_dir, id, err, sizeof err);
+            if (rc == 0) ps_storeview_close(&v2);
+            if (write(out, &rc, sizeof rc) != sizeof rc) break;
+            continue;
+        }
         uint64_t version = 0;
         rc = ps_storeview_read(&v, r.t, 0, r.min_version, buf, r.n, &version, NULL);
         if (rc == 0 && version != r.want_version) rc = 1;
@@ -179,6 +189,26 @@ START_TEST(other_store_refused)
 }
 END_TEST
 
+/* Two views of one store in one process (two libps clients: psd.torch with a model per thread),
+ * one closed: the other reads on, and the writer still sees its reader alive. Before, each view
+ * opened its own environment; closing one cleared every reader slot of the process and dropped
+ * its locks, and the other's reads failed ("reading chunk 0 of tensor 0 from its store failed
+ * (shard store error)": a probe, sessions 45-46). */
+START_TEST(second_view_closed)
+{
+    put_chunk(2, 1000, 3, 5.0f);
+    reader_t rd;
+    ck_assert_int_eq(reader_start(&rd, store_id()), 0);
+    ck_assert_int_eq(reader_read(&rd, 2, 1000, 3, 3, 5.0f), 0);
+    ck_assert_int_eq(reader_read(&rd, SECOND_VIEW, 0, 0, 0, 0.0f), 0);
+    int dead = -1;
+    ck_assert_int_eq(mdb_reader_check(g_st.env, &dead), 0);
+    ck_assert_int_eq(dead, 0); /* the reader's process keeps its lock */
+    ck_assert_int_eq(reader_read(&rd, 2, 1000, 3, 3, 5.0f), 0);
+    reader_stop(&rd);
+}
+END_TEST
+
 START_TEST(crc_mismatch_noticed)
 {
     psd_wtxn_t tx;
@@ -217,6 +247,7 @@ Suite *ps_test_suite(void)
     tcase_add_test(tc, uncommitted_write_unseen);
     tcase_add_test(tc, other_store_refused);
     tcase_add_test(tc, crc_mismatch_noticed);
+    tcase_add_test(tc, second_view_closed);
     tcase_add_test(tc, reset_view_keeps_no_pages);
     suite_add_tcase(s, tc);
     return s;

@@ -459,7 +459,8 @@ class Client:
         self._cv = threading.Condition()
         self._calls = 1  # the join: Ctrl-C cancels it
         self._holders = {}  # thread id -> calls it runs (close() must not wait for its own)
-        self._batching = None  # the thread inside next_batch (one at a time: a probe's hang)
+        self._driver = None  # the thread inside a call that libps takes from one at a time
+        self._driven = 0  # and how many such calls it runs (nested)
         self._destroy_at_exit = False  # close() came inside a call: the last call's end destroys
         self._closing = False
         self._orphans = []  # (op, keep, tid, push) of Ops dropped unwaited (Op.__del__)
@@ -498,9 +499,13 @@ class Client:
         self.workers_wanted = job.workers
 
     @contextlib.contextmanager
-    def _call(self):
+    def _call(self, shared=False):
         """The libps handle for one call, counted while it runs (close() waits for it);
-        PsError EINVAL once close()d, or in a forked child (libps takes its pointers as given)."""
+        PsError EINVAL once close()d, or in a forked child (libps takes its pointers as given).
+        Unless `shared` (a read of the client's state), PsError EBUSY while another thread is
+        inside such a call: libps takes one thread at a time per client (ps_client.h), and two
+        at once shared its held group and its control request (a probe, session 46: a second
+        thread's next_batch sent a group the first was still adding to)."""
         with self._cv:
             if not self._h or self._closing:
                 raise PsError(-errno.EINVAL, "EINVAL", "the client is closed")
@@ -508,6 +513,15 @@ class Client:
                 raise PsError(-errno.EINVAL, "EINVAL", f"the client belongs to process "
                               f"{self._pid}, which this one was forked from: make another")
             tid = threading.get_ident()
+            if not shared:
+                if self._driver not in (None, tid):
+                    raise PsError(-errno.EBUSY, "EBUSY", "another thread is inside a call on "
+                                  "this client: one thread at a time drives a client (a "
+                                  "ParameterServer is driven by one thread; give each thread "
+                                  "its own, or hand the calls to one); close() and interrupt() "
+                                  "may come from any")
+                self._driver = tid
+                self._driven += 1
             self._calls += 1
             self._holders[tid] = self._holders.get(tid, 0) + 1
             h = self._h
@@ -515,6 +529,10 @@ class Client:
             yield h
         finally:
             with self._cv:
+                if not shared:
+                    self._driven -= 1
+                    if self._driven == 0:
+                        self._driver = None
                 self._calls -= 1
                 if self._holders[tid] == 1:
                     del self._holders[tid]
@@ -536,22 +554,22 @@ class Client:
         _check(rc, text)
 
     def error(self):
-        with self._call() as h:
+        with self._call(shared=True) as h:
             return library().ps_client_error(h).decode(errors="replace")
 
     @property
     def rank(self):
-        with self._call() as h:
+        with self._call(shared=True) as h:
             return library().ps_client_rank(h)
 
     @property
     def workers(self):
-        with self._call() as h:
+        with self._call(shared=True) as h:
             return library().ps_client_workers(h)
 
     @property
     def shards(self):
-        with self._call() as h:
+        with self._call(shared=True) as h:
             return library().ps_client_shards(h)
 
     @property
@@ -559,7 +577,7 @@ class Client:
         """Chunk pushes of this client that a shard left out of its update because the
         gradient held a NaN or an infinity (under bsp counted as a push without a gradient,
         under asp / ssp as an update that changed nothing); 0 against an older psd."""
-        with self._call() as h:
+        with self._call(shared=True) as h:
             return library().ps_client_nonfinite_pushes(h)
 
     def declare(self, name, shape, init="zeros", init_arg=0.0, seed=0, total_steps=0,
@@ -776,21 +794,10 @@ class Client:
         out = _BatchInfo()
         n = _uint("samples", samples, 64, 1)
         d = ctypes.byref(done._info) if done is not None else None
-        me = threading.get_ident()
-        with self._cv:
-            if self._batching is not None:
-                # libps hands one batch at a time to a worker: a second thread's request beside
-                # the first waited for good (a probe, session 45: two threads over one
-                # ParameterServer hung one run in five).
-                raise PsError(-errno.EBUSY, "EBUSY", "next_batch runs in another thread: one "
-                              "thread takes this worker's batches (a ParameterServer is driven "
-                              "by one thread; pulls may come from others)")
-            self._batching = me
-        try:
-            self._do(library().ps_client_next_batch, n, d, ctypes.byref(out))
-        finally:
-            with self._cv:
-                self._batching = None
+        # One thread at a time (_call): a second thread's request beside the first waited
+        # for good (a probe, session 45: two threads over one ParameterServer hung one run in
+        # five).
+        self._do(library().ps_client_next_batch, n, d, ctypes.byref(out))
         if out.finished:
             self.final_step = out.step
             return None
