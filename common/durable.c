@@ -134,6 +134,8 @@ int ps_dir_makeable(const char *dir, char *err, size_t errlen)
         return -ENAMETOOLONG;
     }
     for (;;) {
+        size_t len = strlen(path); /* "a/f/" is "a/f": a file there is in the way too */
+        while (len > 1 && path[len - 1] == '/') path[--len] = '\0';
         struct stat st;
         if (stat(path, &st) == 0) {
             if (!S_ISDIR(st.st_mode)) {
@@ -148,17 +150,13 @@ int ps_dir_makeable(const char *dir, char *err, size_t errlen)
             return 0;
         }
         if ((errno != ENOENT && errno != ENOTDIR) || strcmp(path, ".") == 0 ||
-            strcmp(path, "/") == 0) { /* the last: a working directory removed */
+            strcmp(path, "/") == 0) { /* never absent, but a loop must end */
             int e = errno;
             snprintf(err, errlen, "%s: %s", path, strerror(e));
             return -e;
         }
         /* Absent (or under a file, found further up): look at its parent. */
         char *slash = strrchr(path, '/');
-        while (slash && slash > path && slash[1] == '\0') { /* trailing slashes */
-            *slash = '\0';
-            slash = strrchr(path, '/');
-        }
         if (slash == NULL) {
             snprintf(path, sizeof path, ".");
             continue;

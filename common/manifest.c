@@ -581,12 +581,18 @@ static bool same_machine(const char *a, const char *b)
     return strcmp(a, b) == 0 || (loopback(a) && loopback(b));
 }
 
-/* Whether two hosts of one machine are one address: the same, or "localhost" and 127.0.0.1. */
+/* Whether two hosts of one machine may be one address: the same, or "localhost" and the
+ * address it may resolve to (127.0.0.1, or ::1 where /etc/hosts lists that first; no name is
+ * resolved here): deliberately wary, one port spelled both ways is a mistake either way. */
 static bool same_address(const char *a, const char *b)
 {
-    if (strcmp(a, "localhost") == 0) a = "127.0.0.1";
-    if (strcmp(b, "localhost") == 0) b = "127.0.0.1";
-    return strcmp(a, b) == 0;
+    if (strcmp(a, b) == 0) return true;
+    if (strcmp(b, "localhost") == 0) {
+        const char *t = a;
+        a = b;
+        b = t;
+    }
+    return strcmp(a, "localhost") == 0 && (strcmp(b, "127.0.0.1") == 0 || strcmp(b, "::1") == 0);
 }
 
 /* Whether two listening sockets would take the same port: on one machine (same_machine), the

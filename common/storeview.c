@@ -62,6 +62,8 @@ struct ps_storeenv_s {
     MDB_dbi dbi;
     uint64_t id;              /* the data file's identity */
     pid_t pid;                /* the process that opened it (a forked child opens its own) */
+    int dead;                 /* a grown map could not be adopted (LMDB left no map): under
+                                 remap, every read of it fails */
     uint32_t refs;            /* views on it; under g_envs_mu */
     pthread_rwlock_t remap;   /* reads hold it shared; adopting a grown map, exclusively (LMDB:
                                  only with no transaction active in the process) */
@@ -181,29 +183,33 @@ int ps_storeview_open(ps_storeview_t *v, const char *dir, uint64_t want_id, char
     if (rc == -1) return PS_ESTALE; /* another identity, said */
     if (rc) return rc > 0 && rc < 4096 ? -rc : PS_ESTORE;
     v->id = want_id;
-    if ((rc = mdb_txn_begin(v->env->env, NULL, MDB_RDONLY, &v->txn)) == 0) {
-        mdb_txn_reset(v->txn);
-        return 0;
-    }
-    snprintf(err, errlen, "%s: cannot read the shard store: %s", dir, mdb_strerror(rc));
-    ps_storeview_close(v);
-    return PS_ESTORE;
+    return 0; /* its read transaction begins with its first read, under the remap lock */
 }
 
-/* Renew the view's read transaction, holding its environment's remap lock shared (released by
- * view_end); a map the shard has grown since is adopted first, exclusively. */
+/* Begin (the first read) or renew the view's read transaction. */
+static int txn_start(ps_storeview_t *v)
+{
+    if (v->env->dead) return MDB_PANIC;
+    return v->txn ? mdb_txn_renew(v->txn) : mdb_txn_begin(v->env->env, NULL, MDB_RDONLY, &v->txn);
+}
+
+/* Start the view's read transaction, holding its environment's remap lock shared (released by
+ * view_end); a map the shard has grown since (also since another view opened the shared
+ * environment: a shard restarted with a larger map_size_mb) is adopted first, exclusively. */
 static int view_renew(ps_storeview_t *v)
 {
     ps_storeenv_t *e = v->env;
     pthread_rwlock_rdlock(&e->remap);
-    int rc = mdb_txn_renew(v->txn);
+    int rc = txn_start(v);
     if (rc == MDB_MAP_RESIZED) { /* the transaction was ended: none of ours is active */
         pthread_rwlock_unlock(&e->remap);
         pthread_rwlock_wrlock(&e->remap);
-        rc = mdb_env_set_mapsize(e->env, 0); /* another view's may have adopted it: harmless */
+        /* Another view's may have adopted it meanwhile: harmless. LMDB unmaps, then maps: a
+         * failure leaves no map, so every view of it fails from now on. */
+        if (!e->dead && mdb_env_set_mapsize(e->env, 0) != 0) e->dead = 1;
         pthread_rwlock_unlock(&e->remap);
         pthread_rwlock_rdlock(&e->remap);
-        if (rc == 0) rc = mdb_txn_renew(v->txn);
+        rc = txn_start(v);
     }
     if (rc) {
         pthread_rwlock_unlock(&e->remap);

@@ -103,6 +103,7 @@ void ps_ucx_progress(ps_ucx_t *u)
     uint64_t start = 0;
     int spin = u->spin_ns != 0;
     uint64_t busy_since = 0;
+    int idle_from_start = 0; /* the owner waited for nothing when busy_since began */
     for (;;) {
         int active = 0, to_loop = 0;
         while (ucp_worker_progress(u->worker)) {
@@ -166,8 +167,13 @@ void ps_ucx_progress(ps_ucx_t *u)
          * (heartbeats, reconnects) never ran again. So after PS_UCX_BUSY_NS go back to the loop,
          * which runs its timers and comes back without sleeping (busy_idle) until it can arm. */
         uint64_t now = now_ns();
-        if (busy_since == 0) busy_since = now;
-        if (u->owner_idle && now - busy_since >= PS_UCX_IDLE_BUSY_NS &&
+        if (busy_since == 0) {
+            busy_since = now;
+            idle_from_start = u->owner_idle && u->owner_idle(u->owner_idle_arg);
+        }
+        /* Idle at both ends, nothing progressed between: idle throughout (the owner's ops
+         * enter its list on this thread, through deferred, which counts as activity). */
+        if (idle_from_start && now - busy_since >= PS_UCX_IDLE_BUSY_NS &&
             u->owner_idle(u->owner_idle_arg))
             u->idle_busy_ns = now;
         if (now - busy_since >= PS_UCX_BUSY_NS) {

@@ -58,8 +58,8 @@ struct ps_ucx_s {
      * when healthy. */
     int (*owner_idle)(void *arg);
     void *owner_idle_arg;
-    uint64_t idle_busy_ns;       /* the last time it was so with the owner idle (0: never);
-                                    cleared when the worker is armed */
+    uint64_t idle_busy_ns;       /* the last time it was so with the owner idle all along
+                                    (0: never); cleared when the worker is armed */
     int test_wedge;              /* PS_TEST_UCX_WEDGE=1 (tests): arm busy until a restart */
     uint32_t eager_below;        /* PS_EAGER_BELOW, or PS_EAGER_BYTES (ps_ucx_eager_below) */
     ucp_am_recv_callback_t am_cb; /* ps_ucx_set_am_handler's, for a restarted worker */

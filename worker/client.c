@@ -1621,10 +1621,11 @@ static void unarmable(ps_client_t *c)
 {
     uint64_t now = mono_ns(), since = c->ucx.busy_since_ns;
     if (since == 0 || now - since < UNARMABLE_NS) return;
-    /* Nothing in flight now, or seen busy since it was last armed at a moment with nothing in
-     * flight (ucx_loop.c's idle_busy_ns): a worker that always has a step's op out (psworker's
-     * run left one at no tick of a 9 s run, 1 run in 4) is still seen. */
-    if (c->inflight != NULL && c->ucx.idle_busy_ns == 0) return;
+    /* Nothing in flight now, or seen busy while it had nothing in flight within the last 2 s
+     * (ucx_loop.c's idle_busy_ns): a worker that always has a step's op out at a tick
+     * (psworker's run left one at no tick of a 9 s run, 1 run in 4) is still seen. */
+    uint64_t seen = c->ucx.idle_busy_ns;
+    if (c->inflight != NULL && (seen == 0 || now - seen >= UNARMABLE_NS)) return;
     if (c->unarmable_restart_ns && now - c->unarmable_restart_ns < 60ull * 1000000000u) return;
     c->unarmable_restart_ns = now;
     PS_LOG(PS_LOG_WARN, "libps", "the UCX worker could not be put to sleep for %.1f s, busy "

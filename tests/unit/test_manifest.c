@@ -446,6 +446,11 @@ static const struct {
      "demo.yaml:4: servers[1]: 127.0.0.1:7300 takes the port of servers[0] (localhost:7300) on "
      "the same machine"},
     {L1 "servers:\n"
+        "  - {host: '::1', port: 7300, data_dir: /d/0}\n"
+        "  - {host: localhost, port: 7300, data_dir: /d/1}\n" L5 L6_9 L10,
+     "demo.yaml:4: servers[1]: localhost:7300 takes the port of servers[0] (::1:7300) on the "
+     "same machine"},
+    {L1 "servers:\n"
         "  - {host: 127.0.0.2, port: 7300, data_dir: /d/0}\n"
         "  - {host: localhost, port: 7301, data_dir: /d/0}\n" L5 L6_9 L10,
      "demo.yaml:4: servers[1].data_dir: same host and data_dir as servers[0] ('/d/0')"},

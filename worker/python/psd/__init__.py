@@ -554,7 +554,7 @@ class Client:
         _check(rc, text)
 
     def error(self):
-        with self._call(shared=True) as h:
+        with self._call() as h:  # the calling thread's last error: not beside another's call
             return library().ps_client_error(h).decode(errors="replace")
 
     @property

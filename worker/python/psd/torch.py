@@ -580,10 +580,12 @@ class ParameterServer:
             if pull and b is not None and self._stepped and not self._removed:
                 self.pull(b.step + 1 if self.client.consistency == "bsp" else 0)
         except psd.PsError as e:
-            if e.name != "ECANCELED":
+            if e.name not in ("ECANCELED", "EBUSY"):
                 raise
             # Interrupted (Ctrl-C, or client.interrupt()): the client is good only for its
             # close; leave without the pull, and let the KeyboardInterrupt go on, not this.
+            # EBUSY: closed from another thread while the driving one is inside a call, which
+            # the client's close interrupts.
         finally:
             self.client.close()
 
