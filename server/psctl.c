@@ -381,7 +381,7 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: psctl --manifest FILE status [--json] [--timeout S]\n"
                "       psctl --manifest FILE scale N [--timeout S]\n"
-               "       psctl --manifest FILE export --out FILE [--wait S] [--timeout S]\n"
+               "       psctl --manifest FILE export --out FILE [--wait S | --any-step] [--timeout S]\n"
                "       psctl --manifest FILE verify [--against DIR] [--timeout S]\n"
                "       psctl --manifest FILE checkpoint [--dir DIR] [--wait S] [--timeout S]\n"
                "       psctl --manifest FILE checkpoint --follow [--wait S] [--timeout S]\n"
@@ -393,7 +393,10 @@ static void usage(FILE *f)
                "           and every shard's step, tensors, chunks, state size and Merkle root\n"
                "  scale    set the desired number of workers (0..%d); pslaunch instances\n"
                "           started with --follow start or stop workers to match\n"
-               "  export   every tensor's parameters at one step as a safetensors file\n"
+               "  export   every tensor's parameters at one step as a safetensors file;\n"
+               "           --any-step (bsp): do not wait for one step, take each chunk as it\n"
+               "           is (metadata step and step_max, as under asp): a job whose last\n"
+               "           worker died mid-step, whose step waits for pushes\n"
                "  verify   every shard rechecks its stored chunks against their hashes; with\n"
                "           --against DIR, the checkpoint's files are rechecked here instead\n"
                "  checkpoint  every shard copies its store at one step into DIR/shard-K\n"
@@ -456,10 +459,11 @@ int main(int argc, char **argv)
                                          {"from", required_argument, 0, 'f'},
                                          {"rollback", no_argument, 0, 'r'},
                                          {"follow", no_argument, 0, 'F'},
+                                         {"any-step", no_argument, 0, 'A'},
                                          {0, 0, 0, 0}};
     const char *manifest = NULL, *out = NULL, *dir = NULL, *against = NULL, *from = NULL;
     double wait = -1;
-    int rollback = 0, follow = 0;
+    int rollback = 0, follow = 0, any_step = 0;
     int json = 0, o;
     double timeout = 5;
     ps_log_set_level(NULL);
@@ -488,6 +492,7 @@ int main(int argc, char **argv)
         case 'f': from = optarg; break;
         case 'r': rollback = 1; break;
         case 'F': follow = 1; break;
+        case 'A': any_step = 1; break;
         default: usage(stderr); return 2;
         }
     }
@@ -542,6 +547,8 @@ int main(int argc, char **argv)
                           : rollback && strcmp(verb, "repair") ? "--rollback is for repair only"
                           : follow && strcmp(verb, "checkpoint") ? "--follow is for checkpoint only"
                           : follow && dir ? "--follow takes the directory from the manifest"
+                          : any_step && strcmp(verb, "export") ? "--any-step is for export only"
+                          : any_step && wait >= 0 ? "--any-step waits for no step: no --wait"
                           : json && strcmp(verb, "status") ? "--json is for status only"
                           : wait >= 0 && strcmp(verb, "export") && strcmp(verb, "checkpoint")
                               ? "--wait is for export and checkpoint only"
@@ -615,7 +622,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "psctl: export: --out %s\n", err);
             return 2;
         }
-        return psctl_export(&ctl.m, out_file, timeout, wait < 0 ? 10 : wait);
+        return psctl_export(&ctl.m, out_file, timeout, any_step ? -1 : wait < 0 ? 10 : wait);
     }
     if (strcmp(verb, "verify") == 0)
         return against ? psctl_verify_against(&ctl.m, against) : psctl_verify(&ctl.m, timeout);

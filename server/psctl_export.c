@@ -4,8 +4,9 @@
  * export: each shard opens one read snapshot (MSG_EXPORT_BEGIN) and reports the lowest and
  * highest chunk version in it. Under bsp the export needs one step everywhere: when the shards'
  * snapshots differ (training is between two steps), they are released and taken again every
- * 50 ms for up to --wait seconds. Under asp there is no common step: each shard's chunks come
- * from its one snapshot, and the metadata says step (the lowest version) and step_max. The
+ * 50 ms for up to --wait seconds. Under asp there is no common step (nor with --any-step):
+ * each shard's chunks come from its one snapshot, and the metadata says step (the lowest
+ * version) and step_max. The
  * tensor table comes from shard 0; each chunk is read from its owner's snapshot and its CRC-32C
  * checked (asked again up to 5 times). The file is written as FILE.PID.N (export_tmp_make),
  * then renamed; a SIGINT, SIGTERM or SIGHUP meanwhile removes it (export_tmp_catch).
@@ -85,12 +86,13 @@ static int snapshots(ps_req_t *cl, const ps_manifest_t *m, double wait_s, uint64
         }
         *step = lo == UINT64_MAX ? 0 : lo;
         *step_max = hi;
-        if (consistent || m->job.consistency != PS_CONSIST_BSP) return 0;
+        if (consistent || m->job.consistency != PS_CONSIST_BSP || wait_s < 0) return 0;
         if (waited >= wait_s) {
             fprintf(stderr, "psctl: export: no common step within %g s (%s): a step is being "
                     "applied (try again, or with a longer --wait), or a step waits for pushes "
-                    "(no worker in the job: it completes once workers take part again; a tensor "
-                    "no worker trains holds it back: psctl status names it)\n", wait_s, where);
+                    "(no worker in the job: it completes once workers take part again, or "
+                    "--any-step exports each chunk as it is; a tensor no worker trains holds it "
+                    "back: psctl status names it)\n", wait_s, where);
             return 1;
         }
         usleep(50 * 1000); /* a new BEGIN replaces each shard's snapshot */
@@ -261,7 +263,8 @@ int psctl_export(const ps_manifest_t *m, const char *out, double timeout_s, doub
                     rc = PS_ECRC;
                 }
             } while (rc == PS_ECRC && ++tries <= 5);
-            if (rc == 0 && m->job.consistency == PS_CONSIST_BSP && r.step != step) {
+            if (rc == 0 && m->job.consistency == PS_CONSIST_BSP && wait_s >= 0 &&
+                r.step != step) {
                 snprintf(err, sizeof err, "shard %u has it at step %llu, not %llu", shard,
                          (unsigned long long)r.step, (unsigned long long)step);
                 rc = PS_ESTALE;

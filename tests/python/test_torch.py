@@ -1842,6 +1842,41 @@ def binding(tmp):
           "a dropped Op, a forked child, a resized parameter, Conv3d")
 
 
+def export_any_step(tmp):
+    """bsp: the job's last worker left after pushing one tensor of its step, so the step waits
+    for pushes and the shards hold it at two versions: export waits for one step and gives up,
+    naming --any-step, which takes each chunk as it is (metadata step and step_max)."""
+    c = Cluster(tmp, "any-step", 1)
+    try:
+        cl = psd.Client(c.manifest)
+        a, b = cl.declare("a", (4,)), cl.declare("b", (4,))
+        batch = cl.next_batch(SAMPLES)
+        g = array.array("f", [1.0] * 4)
+        cl.push(a, g.buffer_info()[0], batch.step, keep=g).wait()
+        cl.close()  # leaves; b's push never comes
+        out = os.path.join(c.dir, "any.safetensors")
+        p = c.psctl("export", "--out", out, "--wait", "0.5")
+        assert p.returncode == 1 and "no common step" in p.stderr and "--any-step" in p.stderr, \
+            p.stderr
+        p = c.psctl("export", "--out", out, "--any-step")
+        assert p.returncode == 0, p.stderr
+        with open(out, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            header = json.loads(f.read(n))
+            data = f.read()
+        assert header["__metadata__"]["step"] == "0", header
+        assert header["__metadata__"]["step_max"] == "1", header
+        values = {k: struct.unpack("<4f", data[v["data_offsets"][0]:v["data_offsets"][1]])
+                  for k, v in header.items() if k != "__metadata__"}
+        assert all(abs(x + LR) < 1e-7 for x in values["a"]), values  # sgd: 0 - lr * 1
+        assert values["b"] == (0.0,) * 4, values
+        p = c.psctl("export", "--out", out, "--any-step", "--wait", "1")
+        assert p.returncode == 2 and "no --wait" in p.stderr, p.stderr
+    finally:
+        c.stop()
+    print("export --any-step: a step waiting for pushes exported as it is (step 0, step_max 1)")
+
+
 def odd_names(tmp):
     """Tensor names with quotes, commas, braces, backslashes and control bytes (legal: valid
     UTF-8) come out whole: psctl status shows the name (escapes undone, a control byte as
@@ -1969,6 +2004,7 @@ def main():
         ctrl_c(tmp)
         binding(tmp)
         two_clients(tmp)
+        export_any_step(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
