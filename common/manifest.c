@@ -784,6 +784,8 @@ static const field_t job_fields[] = {
     {JOB(max_steps), .type = T_INT, .min = 0, .max = NOMAX},
     {JOB(heartbeat_timeout_ms), .type = T_INT, .min = 100, .max = 3600000},
     {JOB(reconnect_timeout_ms), .type = T_INT, .min = 1000, .max = 86400000},
+    {JOB(start_wait_ms), .type = T_INT, .min = 100, .max = 86400000,
+     .zero = "heartbeat_timeout_ms"},
     {JOB(step_timeout_ms), .type = T_INT, .min = 100, .max = 86400000, .zero = "off"},
     {JOB(optimizer), .type = T_MAP, .flags = F_REQ, .sub = optim_fields, .check = check_optimizer},
     {JOB(compression), .type = T_MAP, .sub = compression_fields},

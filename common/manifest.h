@@ -89,6 +89,10 @@ typedef struct {
     uint32_t reconnect_timeout_ms; /* default 30000, 1000..86400000: how long a worker tries a
                                       shard it lost (or waits for one at its join) before it
                                       gives up (libps; ps_client_opts_t overrides it) */
+    uint32_t start_wait_ms;        /* default 0 = heartbeat_timeout_ms, else 100..86400000: how
+                                      long a step with no members (the job's first, or one all
+                                      members left) waits for the desired number of workers
+                                      after the first joined, before it starts with fewer */
     uint32_t step_timeout_ms;      /* bsp / ssp, default 0 = off, else 100..86400000: a member
                                       that holds the others this long is dropped as a silent
                                       one is (a worker hung while its heartbeats go on): bsp,

@@ -779,11 +779,12 @@ static void repair_run(psd_slot_work_t *w)
     int rc;
     sigjmp_buf fault;
     if (sigsetjmp(fault, 1)) {
-        /* A page past the end of that data.mdb (SIGBUS, ckpt_meta.c): before, the handler
-         * ended this psd, a shard serving its job, for one bad copy. */
-        snprintf(r->err, sizeof r->err, "%s/shard-%u/data.mdb: a page lies past the end of the "
-                 "file (a checkpoint copy cut short or damaged): not repaired", r->from,
-                 r->from_shard);
+        /* A page past the end of that data.mdb (SIGBUS), or a page LMDB asserts on (1, 2:
+         * ckpt_meta.c): before, the handler ended this psd, a shard serving its job, for one
+         * bad copy. */
+        snprintf(r->err, sizeof r->err, "%s/shard-%u/data.mdb: damaged (a page past the end "
+                 "of the file, or one LMDB cannot walk: a checkpoint copy cut short or "
+                 "damaged): not repaired", r->from, r->from_shard);
         r->rc = PS_EDATA;
         PS_LOG(PS_LOG_WARN, "ckpt", "repair: %s", r->err);
         goto out;

@@ -556,8 +556,9 @@ static bool can_start(psd_server_t *srv)
     if (n == 0) return false;
     if (n >= co->s.desired) return true;
     /* Fewer than desired: start after a grace period rather than wait forever. */
-    return co->waiting_since_ms &&
-           uv_now(srv->loop) - co->waiting_since_ms >= srv->m.job.heartbeat_timeout_ms;
+    uint32_t grace = srv->m.job.start_wait_ms ? srv->m.job.start_wait_ms
+                                              : srv->m.job.heartbeat_timeout_ms;
+    return co->waiting_since_ms && uv_now(srv->loop) - co->waiting_since_ms >= grace;
 }
 
 static void set_members(psd_server_t *srv, uint64_t members)

@@ -51,7 +51,14 @@ typedef struct {
     const char *job_extra;   /* [none] more lines inside job:, each "  key: value\n" */
     const char *top_extra;   /* [none] more top-level lines, each "key: value\n" */
     bool metrics;            /* [false] every server gets a free metrics_port (c->metrics_port) */
+    uint32_t start_wait_ms;  /* [0: not written] job.start_wait_ms; CL_TOGETHER_MS where the
+                                workers start together and a result needs all from step 0 */
 } cl_conf_t;
+
+/* job.start_wait_ms for workers started together: two such joined 2 s apart under CI's load,
+ * past the heartbeat timeout the job's first step waits by default, so the first ran steps
+ * alone and no reference matched. */
+#define CL_TOGETHER_MS 20000
 
 /* One child process. */
 typedef struct {

@@ -74,7 +74,8 @@ START_TEST(test_bsp_matches_local)
                    .consistency = "bsp",
                    .optimizer = "{name: sgd, lr: 0.05}",
                    .max_steps = 50,
-                   .batch_size = 64};
+                   .batch_size = 64,
+                   .start_wait_ms = CL_TOGETHER_MS};
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd[2], *w[2];
     two_by_two_matches_local(c, NULL, psd, w);
@@ -114,7 +115,8 @@ START_TEST(test_fusion_off_matches_local)
                    .optimizer = "{name: sgd, lr: 0.05}",
                    .max_steps = 30,
                    .batch_size = 64,
-                   .top_extra = "fusion_bytes: 0\n"};
+                   .top_extra = "fusion_bytes: 0\n",
+                   .start_wait_ms = CL_TOGETHER_MS};
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd[2], *w[2];
     two_by_two_matches_local(c, NULL, psd, w);
@@ -147,7 +149,8 @@ static cl_cluster_t *direct_cluster(const char *optimizer)
                    .consistency = "bsp",
                    .optimizer = optimizer,
                    .max_steps = 30,
-                   .batch_size = 64};
+                   .batch_size = 64,
+                   .start_wait_ms = CL_TOGETHER_MS};
     return cl_cluster_create(&k);
 }
 
@@ -486,7 +489,8 @@ static void tcp_matches_local(bool eager)
                    .optimizer = "{name: adam, lr: 0.01}",
                    .max_steps = 20,
                    .batch_size = 64,
-                   .chunk_bytes = 32768};
+                   .chunk_bytes = 32768,
+                   .start_wait_ms = CL_TOGETHER_MS};
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd[2], *w[2];
     two_by_two_matches_local(c, NULL, psd, w);
@@ -740,7 +744,8 @@ static cl_cluster_t *train_30_and_stop(cl_proc_t **psd, const char *params0)
                    .workers = 2,
                    .consistency = "bsp",
                    .optimizer = "{name: adam, lr: 0.001}",
-                   .max_steps = 30};
+                   .max_steps = 30,
+                   .start_wait_ms = CL_TOGETHER_MS};
     cl_cluster_t *c = cl_cluster_create(&k);
     psd[0] = cl_psd_start(c, 0, NULL, READY_S);
     psd[1] = cl_psd_start(c, 1, NULL, READY_S);

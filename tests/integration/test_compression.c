@@ -36,7 +36,8 @@ static void mixed_codecs(const char *compression, const char *codec_b)
                    .max_steps = 30,
                    .batch_size = 32,
                    .chunk_bytes = 65536,
-                   .job_extra = extra};
+                   .job_extra = extra,
+                   .start_wait_ms = CL_TOGETHER_MS};
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
 

@@ -40,7 +40,7 @@ static void wait_training(cl_proc_t *w[2])
 static cl_cluster_t *train_2x2(cl_proc_t *psd[2], cl_proc_t *w[2])
 {
     cl_conf_t k = {.shards = 2, .workers = 2, .optimizer = "{name: sgd, lr: 0.05}",
-                   .max_steps = 1500, .batch_size = 32};
+                   .max_steps = 1500, .batch_size = 32, .start_wait_ms = CL_TOGETHER_MS};
     cl_cluster_t *c = cl_cluster_create(&k);
     psd[0] = cl_psd_start(c, 0, NULL, READY_S);
     psd[1] = cl_psd_start(c, 1, NULL, READY_S);
@@ -112,14 +112,14 @@ START_TEST(test_psd_crash_coordinator) { psd_crash(0, false, 0); }
  * their loops never sleeping): at the first heartbeat tick after 2 s of it, once it was seen
  * busy with nothing in flight (psworker has an op out at most ticks: with that alone, 1 run in
  * 4 never restarted), libps starts its transport again, and the step's results are the
- * reference's. The heartbeat timeout is also the coordinator's wait for the job's second
- * worker before it starts with one (then no reference matches): 8 s, for a loaded machine. */
+ * reference's (the job's first step waits for both workers: CL_TOGETHER_MS). */
 START_TEST(test_wedged_transport_restarted)
 {
     cl_conf_t k = {.shards = 2, .workers = 2, .optimizer = "{name: sgd, lr: 0.05}",
                    .max_steps = 4000, .epochs = 5, .batch_size = 32, /* ~8 s here: ticks
                                                                           well past the 2 s */
-                   .job_extra = "  heartbeat_timeout_ms: 8000\n"};
+                   .job_extra = "  heartbeat_timeout_ms: 2000\n",
+                   .start_wait_ms = CL_TOGETHER_MS};
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
     cl_proc_t *w[2];
@@ -133,7 +133,7 @@ START_TEST(test_wedged_transport_restarted)
                      "starting this worker's transport again");
     ck_assert_int_eq(count_in_log(w[1], "starting this worker's transport again"), 1);
     ck_assert_int_eq(count_in_log(w[0], "starting this worker's transport again"), 0);
-    EXPECT_LOG(psd[0], "step 0 has 2 members"); /* else a worker joined late: see above */
+    EXPECT_LOG(psd[0], "step 0 has 2 members"); /* else one joined past the start wait */
     expect_reference(c, w);
     stop_all(psd, 2);
     cl_cluster_destroy(c);

@@ -49,7 +49,8 @@
 
 /* Two shards, two BSP workers (sgd): the cluster's result against psworker --local. */
 static const cl_conf_t crc_conf = {.shards = 2, .workers = 2, .optimizer = "{name: sgd, lr: 0.05}",
-                                   .max_steps = 60, .batch_size = 32};
+                                   .max_steps = 60, .batch_size = 32,
+                                   .start_wait_ms = CL_TOGETHER_MS};
 
 /* Run @p k with every @p every-th push corrupted by libps after its CRC was computed: the shards
  * refuse and never apply those (psd logs each refused push), libps sends each of them again and
@@ -301,7 +302,7 @@ static void expect_safetensors(const char *path, const char *ref, const char *cl
 START_TEST(test_export_matches_local)
 {
     cl_conf_t k = {.shards = 2, .workers = 2, .optimizer = "{name: sgd, lr: 0.05}",
-                   .max_steps = 40, .batch_size = 32};
+                   .max_steps = 40, .batch_size = 32, .start_wait_ms = CL_TOGETHER_MS};
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
     cl_proc_t *w[2] = {cl_worker_start(c, NULL, NULL, false), cl_worker_start(c, NULL, NULL, false)};
@@ -1218,6 +1219,70 @@ START_TEST(test_checkpoint_damaged_files_refused)
 }
 END_TEST
 
+/* Make the second child of the first branch page of LMDB file @p path (4 KiB pages; a page
+ * header of pgno u64, pad u16, flags u16 (P_BRANCH 1), lower u16, upper u16, then the node
+ * offsets u16; a branch node begins with its child's page number in 48 bits) that branch page
+ * itself, as damage can: a walk from the first leaf to the next then lands on a branch page.
+ * Returns the branch page's number, or 0 when there is none. */
+static uint64_t branch_child_to_itself(const char *path)
+{
+    FILE *f = fopen(path, "r+b");
+    ck_assert_ptr_nonnull(f);
+    uint8_t h[24];
+    uint64_t found = 0;
+    for (uint64_t pg = 2; !found && fseek(f, (long)(pg * 4096), SEEK_SET) == 0 &&
+                          fread(h, 1, sizeof h, f) == sizeof h;
+         pg++) {
+        uint64_t pgno;
+        uint16_t flags, node1;
+        memcpy(&pgno, h, 8);
+        memcpy(&flags, h + 10, 2);
+        memcpy(&node1, h + 22, 2);
+        if (pgno != pg || flags != 1) continue;
+        uint8_t child[6] = {(uint8_t)pg, (uint8_t)(pg >> 8), (uint8_t)(pg >> 16),
+                            (uint8_t)(pg >> 24), (uint8_t)(pg >> 32), (uint8_t)(pg >> 40)};
+        ck_assert_int_eq(fseek(f, (long)(pg * 4096 + node1), SEEK_SET), 0);
+        ck_assert_int_eq(fwrite(child, 1, sizeof child, f), sizeof child);
+        found = pg;
+    }
+    ck_assert_int_eq(fclose(f), 0);
+    return found;
+}
+
+/* A checkpoint's data.mdb whose branch page names a branch page where a leaf belongs (a probe,
+ * session 46, flipped bytes there: psd --restore died of LMDB's "Assertion 'IS_LEAF(mp)'
+ * failed in mdb_cursor_next()", exit 134, leaving the restore's files, so the same command was
+ * then refused): the restore names the file and that it is damaged (exit 1) and removes what
+ * it made. */
+START_TEST(test_checkpoint_branch_page_damaged)
+{
+    cl_conf_t k = {.shards = 2, .workers = 1, .optimizer = "{name: adam, lr: 0.001}",
+                   .max_steps = 3, .chunk_bytes = 1024}; /* ~460 records a shard: a branch page */
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    EXPECT_EXIT(cl_worker_start(c, NULL, NULL, false), 0);
+    char dir[CL_PATH], f[CL_PATH + 64];
+    cl_path(c, "ck", dir, sizeof dir);
+    const char *ck[] = {"checkpoint", "--dir", dir, NULL};
+    psctl(c, "checkpoint", 0, ck);
+    stop_all(psd, 2);
+    cl_data_dirs_aside(c, "before");
+    snprintf(f, sizeof f, "%s/shard-1/data.mdb", dir);
+    ck_assert_msg(branch_child_to_itself(f) != 0, "no branch page in %s", f);
+    char *argv[] = {(char *)cl_binary("PSD"), "--manifest", c->manifest, "--shard", "0",
+                    "--restore", dir, NULL};
+    cl_proc_t *r = cl_spawn(c, "restore-branch", argv);
+    EXPECT_EXIT(r, 1);
+    EXPECT_LOG(r, "/shard-1/data.mdb: damaged, LMDB cannot walk it (");
+    static const char *const made[] = {"data.mdb", "lock.mdb", "psd.lock", "restoring"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(f, sizeof f, "%s/%s", c->data_dir[0], made[i]);
+        ck_assert_msg(access(f, F_OK) != 0, "the failed restore left %s", f);
+    }
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* psctl restore D prints commands that run as printed (with psd's path beside psctl; before,
  * a bare `psd` that no PATH held: a probe, session 40), each shard comes back at the
  * checkpoint's step; and a checkpoint missing a shard's part is refused (before: exit 0 and
@@ -1565,8 +1630,8 @@ START_TEST(test_repair_from_checkpoint)
     ck_assert_int_eq(system(cmd), 0);
     const char *rcut[] = {"repair", "--from", cut, NULL};
     cl_proc_t *rc = psctl(c, "repair-cut", 1, rcut);
-    EXPECT_LOG(rc, "data.mdb: a page lies past the end of the file (a checkpoint copy cut short "
-                   "or damaged): not repaired");
+    EXPECT_LOG(rc, "data.mdb: damaged (a page past the end of the file, or one LMDB cannot "
+                   "walk: a checkpoint copy cut short or damaged): not repaired");
     ck_assert_msg(cl_alive(psd[s]), "the repair from a cut copy ended shard %d: %s", s,
                   cl_tail(psd[s]));
     const char *rp[] = {"repair", "--from", dir, NULL};
@@ -2164,6 +2229,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("periodic_checkpoints", test_periodic_checkpoints));
     suite_add_tcase(s, tcase("follower_stop_releases_hold", test_follower_stop_releases_hold));
     suite_add_tcase(s, tcase("checkpoint_dir_refused", test_checkpoint_dir_refused));
+    suite_add_tcase(s, tcase("checkpoint_branch_page_damaged", test_checkpoint_branch_page_damaged));
     suite_add_tcase(s, tcase("checkpoints_after_rollback", test_checkpoints_after_rollback));
     suite_add_tcase(s, tcase("restore_commands_run_as_printed",
                              test_restore_commands_run_as_printed));

@@ -164,11 +164,13 @@ START_TEST(test_mean)
     ck_assert_int_eq(m.job.consistency, PS_CONSIST_BSP);
     ck_assert_str_eq(ps_optim_name(PS_OPT_MEAN), "mean");
     ck_assert_uint_eq(m.job.step_timeout_ms, 0); /* off unless set */
+    ck_assert_uint_eq(m.job.start_wait_ms, 0);   /* the heartbeat timeout unless set */
     ck_assert_uint_eq(m.job.reconnect_timeout_ms, 30000);
     snprintf(text, sizeof text, "%s      consistency: bsp, optimizer: {name: mean, lr: 0.1},\n"
-             "      step_timeout_ms: 30000}\n", head);
+             "      step_timeout_ms: 30000, start_wait_ms: 20000}\n", head);
     ck_assert_msg(parse(text) == 0, "%s", err);
     ck_assert_uint_eq(m.job.step_timeout_ms, 30000);
+    ck_assert_uint_eq(m.job.start_wait_ms, 20000);
     static const char *const refused[] = {"asp", "ssp"};
     for (int i = 0; i < 2; i++) {
         snprintf(text, sizeof text, "%s      consistency: %s,\n      optimizer: {name: mean}}\n",
@@ -382,6 +384,9 @@ static const struct {
      "demo.yaml:2: sync_interval_s: expected an integer, got '1.5'"},
     {BASE "  reconnect_timeout_ms: 999\n",
      "demo.yaml:11: job.reconnect_timeout_ms: must be in [1000, 86400000], got 999"},
+    {BASE "  start_wait_ms: 50\n",
+     "demo.yaml:11: job.start_wait_ms: must be 0 (heartbeat_timeout_ms) or in [100, 86400000], "
+     "got 50"},
     {BASE "  step_timeout_ms: 50\n",
      "demo.yaml:11: job.step_timeout_ms: must be 0 (off) or in [100, 86400000], got 50"},
     {BASE "  step_timeout_ms: 86400001\n",
