@@ -287,7 +287,10 @@ static int join_once(trainer_t *tr, const char *manifest, char *err, size_t errl
         if ((rc = ps_client_declare(tr->client, &d, &tr->ids[t])) != 0) {
             snprintf(err, errlen, "rank %d: declare %s: %s", rank, mt->name,
                      ps_client_error(tr->client));
-            return rc;
+            /* A tensor the shards hold otherwise (another shape: another model, or a store
+             * restored under other job.layers) is this manifest refused: exit 2, not started
+             * again by pslaunch (a probe, session 46: exit 1, respawned). */
+            return rc == PS_ECONFLICT ? PS_ECONFIG : rc;
         }
         const ps_compression_conf_t *cc = &m->job.compression;
         const char *codec = ps_compression_codec_for(cc, mt->name, mt->numel * 4);

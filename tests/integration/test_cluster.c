@@ -634,6 +634,14 @@ START_TEST(test_worker_manifest_mismatch_refused)
     EXPECT_LOG(w2, "runs job.consistency bsp, the worker's manifest asp");
     cl_proc_t *w3 = cl_worker_start(c, NULL, NULL, false); /* and it still serves */
     EXPECT_EXIT(w3, 0);
+    /* Another model (a restore under a manifest with other layers, a probe, session 46): its
+     * tensors are refused, and it exits 2, which pslaunch does not start again (was 1). */
+    other = c->conf;
+    other.layers = "[784, 64, 10]";
+    cl_manifest_write(c, "other-layers.yaml", &other, path, sizeof path);
+    cl_proc_t *wl = cl_worker_start(c, path, NULL, false);
+    EXPECT_EXIT(wl, 2);
+    EXPECT_LOG(wl, "declared with shape [784, 64], but it exists with shape [784, 256]");
     stop_all(&psd, 1);
     cl_cluster_destroy(c);
     /* The servers listed in another order: the first hello reaches shard 1 as "shard 0". */
