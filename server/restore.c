@@ -113,11 +113,14 @@ int psd_restore_check(const ps_manifest_t *m, uint32_t nstate, const char *data_
 
 int psd_restore_mark(const char *data_dir, const char *from, char *err, size_t errlen)
 {
-    char path[1200], tmp[1210];
+    char path[1200], tmp[1230];
     int rc = ps_mkdir_durable(data_dir);
     if (rc == 0) {
         snprintf(path, sizeof path, "%s/%s", data_dir, PSD_RESTORE_MARK);
-        snprintf(tmp, sizeof tmp, "%s.tmp", path);
+        /* Its own name: two restores of one shard at once renamed each other's (the loser
+         * said "cannot mark the restore under way: No such file or directory"; a probe); the
+         * store's lock then names the one that lost. */
+        snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid());
         FILE *f = fopen(tmp, "w");
         if (f == NULL) {
             rc = -errno;
