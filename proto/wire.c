@@ -168,6 +168,7 @@ int ps_msg_encode_sealed(const ps_msg_t *m, const uint8_t *session, size_t sessi
     h.run_origin = m->run_origin;
     h.run_base = m->run_base;
     h.joined_runs = m->joined_runs;
+    h.poll_ms = m->poll_ms;
     uint64_t replay[PS_REPLAY_MAX];
     if (m->nreplay > PS_REPLAY_MAX) return PS_EINVAL;
     memcpy(replay, m->replay, m->nreplay * sizeof *replay);
@@ -285,6 +286,7 @@ int ps_msg_decode(ps_msg_t *m, const void *buf, size_t len, char *err, size_t er
     m->run_origin = h->run_origin;
     m->run_base = h->run_base;
     m->joined_runs = h->joined_runs;
+    m->poll_ms = h->poll_ms;
     if (h->n_replay > PS_REPLAY_MAX)
         FAIL("%zu replay tags (%d allowed)", h->n_replay, PS_REPLAY_MAX);
     m->nreplay = (uint32_t)h->n_replay;

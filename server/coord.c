@@ -203,6 +203,7 @@ typedef struct {
     char host[64];
     uint32_t pid;
     uint32_t running;
+    uint32_t poll_ms; /* how often it reports (0: an older pslaunch) */
     uint64_t last_ms;
 } launcher_t;
 
@@ -1591,18 +1592,23 @@ void psd_coord_on_launch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
     }
     if (l) {
         l->running = msg->workers;
+        l->poll_ms = msg->poll_ms;
         l->last_ms = now;
     }
     int32_t actual = (int32_t)popcount(co->s.active), want = (int32_t)co->s.desired, delta = 0;
     grants_seen(srv, now);
     /* Right after this shard started, the grants it made before are forgotten, but the
      * workers the launchers run (members and ones still starting) are on their way: counted.
-     * Not later: a hung worker dropped as silent still runs, and must be replaced. */
+     * Not later: a hung worker dropped as silent still runs, and must be replaced. Only a
+     * launcher still reporting: one that exited or died (its workers with it) counted for
+     * GRANT_TTL_MS, and the job sat with no worker for up to 15 s (a probe, session 46). */
     int32_t running = 0, have = actual + co->grant_start;
     if (now - co->started_ms <= GRANT_TTL_MS)
         for (int i = 0; i < MAX_LAUNCHERS; i++) {
             const launcher_t *x = &co->launchers[i];
-            if (launcher_fresh(x, now)) running += (int32_t)x->running;
+            if (launcher_fresh(x, now) && (x->poll_ms == 0 || now - x->last_ms <=
+                                                                  3ull * x->poll_ms + 1000))
+                running += (int32_t)x->running;
         }
     if (running > have) have = running;
     if (!co->s.finished && !co->capped) {

@@ -189,7 +189,8 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
             int running = 0;
             for (int i = 0; i < nlive; i++) running += !stopping[i];
             ps_msg_t req = {.type = PS_MSG_LAUNCH, .workers = (uint32_t)running,
-                            .pid = (uint32_t)getpid(), .rank = -1}, rep;
+                            .pid = (uint32_t)getpid(), .rank = -1, .poll_ms = (uint32_t)poll_ms},
+                     rep;
             snprintf(req.host, sizeof req.host, "%s", host);
             snprintf(req.cluster, sizeof req.cluster, "%s", m.cluster);
             int rc = ps_req_call(ctl, 0, &req, &rep, NULL, NULL, err, sizeof err);
