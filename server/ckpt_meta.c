@@ -168,6 +168,12 @@ void psd_ckpt_bus_unlink(const char *dir, const char *const *files, int n)
     bus_nunlink = n;
 }
 
+/* Remove the files psd_ckpt_bus_unlink named (a restore's new ones; async-signal-safe). */
+static void unlink_named(void)
+{
+    for (int i = 0; i < bus_nunlink; i++) unlink(bus_unlink[i]);
+}
+
 static void on_sigbus(int sig)
 {
     (void)sig;
@@ -176,7 +182,7 @@ static void on_sigbus(int sig)
         psd_ckpt_bus_jmp = NULL;
         siglongjmp(*back, 1);
     }
-    for (int i = 0; i < bus_nunlink; i++) unlink(bus_unlink[i]); /* a restore's new files */
+    unlink_named();
     static const char why[] = ": a page lies past the end of the file (a checkpoint copy cut "
                               "short or damaged): not a checkpoint psd can read\n";
     if (write(2, bus_file, bus_len) < 0 || write(2, why, sizeof why - 1) < 0) _exit(1);
@@ -195,7 +201,7 @@ static void on_mdb_assert(MDB_env *env, const char *msg)
         psd_ckpt_bus_jmp = NULL;
         siglongjmp(*back, 2);
     }
-    for (int i = 0; i < bus_nunlink; i++) unlink(bus_unlink[i]);
+    unlink_named();
     const char *dir = NULL;
     if (mdb_env_get_path(env, &dir) != 0 || dir == NULL) dir = "a checkpoint";
     fprintf(stderr, "%s/data.mdb: damaged, LMDB cannot walk it (%s): not a checkpoint psd can "

@@ -622,7 +622,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "psctl: export: --out %s\n", err);
             return 2;
         }
-        return psctl_export(&ctl.m, out_file, timeout, any_step ? -1 : wait < 0 ? 10 : wait);
+        return psctl_export(&ctl.m, out_file, timeout, wait < 0 ? 10 : wait, any_step);
     }
     if (strcmp(verb, "verify") == 0)
         return against ? psctl_verify_against(&ctl.m, against) : psctl_verify(&ctl.m, timeout);

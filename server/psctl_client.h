@@ -3,6 +3,7 @@
 #ifndef PSCTL_CLIENT_H
 #define PSCTL_CLIENT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -24,9 +25,10 @@ size_t psctl_json_str(char *out, size_t cap, const char *s);
 
 /* The verbs (psctl_export.c, psctl_checkpoint.c); each returns psctl's exit status and prints
  * its own errors. */
-/** @brief psctl export: @p wait_s how long bsp waits for one step everywhere; < 0: none, each
- *  chunk as it is (--any-step). */
-int psctl_export(const ps_manifest_t *m, const char *out, double timeout_s, double wait_s);
+/** @brief psctl export: @p wait_s how long bsp waits for one step everywhere; @p any_step
+ *  (--any-step): none, each chunk as it is. */
+int psctl_export(const ps_manifest_t *m, const char *out, double timeout_s, double wait_s,
+                 bool any_step);
 int psctl_verify(const ps_manifest_t *m, double timeout_s);
 /** @brief psctl checkpoint [--dir D]: @p dir NULL for the default (see psctl_checkpoint.c). */
 int psctl_checkpoint(const ps_manifest_t *m, const char *dir, double timeout_s, double wait_s);

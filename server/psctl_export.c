@@ -54,10 +54,11 @@ size_t psctl_json_str(char *out, size_t cap, const char *s)
     return n;
 }
 
-/* Open one snapshot per shard at one step (bsp) or as they are (asp).
+/* Open one snapshot per shard at one step (@p one_step: bsp without --any-step) or as they
+ * are.
  * @return 0 with *step, *step_max and *ntensors; else psctl's exit status (message printed). */
-static int snapshots(ps_req_t *cl, const ps_manifest_t *m, double wait_s, uint64_t *step,
-                     uint64_t *step_max, uint32_t *ntensors)
+static int snapshots(ps_req_t *cl, const ps_manifest_t *m, double wait_s, bool one_step,
+                     uint64_t *step, uint64_t *step_max, uint32_t *ntensors)
 {
     int n = m->nservers;
     char err[512], where[512];
@@ -86,7 +87,7 @@ static int snapshots(ps_req_t *cl, const ps_manifest_t *m, double wait_s, uint64
         }
         *step = lo == UINT64_MAX ? 0 : lo;
         *step_max = hi;
-        if (consistent || m->job.consistency != PS_CONSIST_BSP || wait_s < 0) return 0;
+        if (consistent || !one_step) return 0;
         if (waited >= wait_s) {
             fprintf(stderr, "psctl: export: no common step within %g s (%s): a step is being "
                     "applied (try again, or with a longer --wait), or a step waits for pushes "
@@ -144,8 +145,10 @@ static int export_tmp_make(const char *out)
     return fd;
 }
 
-int psctl_export(const ps_manifest_t *m, const char *out, double timeout_s, double wait_s)
+int psctl_export(const ps_manifest_t *m, const char *out, double timeout_s, double wait_s,
+                 bool any_step)
 {
+    bool one_step = m->job.consistency == PS_CONSIST_BSP && !any_step; /* else as it is */
     ps_req_t *cl;
     char err[512];
     if (ps_req_open(m, timeout_s, &cl, err, sizeof err)) {
@@ -159,7 +162,7 @@ int psctl_export(const ps_manifest_t *m, const char *out, double timeout_s, doub
     char *hdr = NULL, tmp[4200];
     FILE *f = NULL;
     void *data = NULL;
-    if ((ret = snapshots(cl, m, wait_s, &step, &step_max, &nt)) != 0) goto out;
+    if ((ret = snapshots(cl, m, wait_s, one_step, &step, &step_max, &nt)) != 0) goto out;
     ret = 1;
     t = calloc(nt ? nt : 1, sizeof *t);
     if (t == NULL) goto out;
@@ -263,8 +266,7 @@ int psctl_export(const ps_manifest_t *m, const char *out, double timeout_s, doub
                     rc = PS_ECRC;
                 }
             } while (rc == PS_ECRC && ++tries <= 5);
-            if (rc == 0 && m->job.consistency == PS_CONSIST_BSP && wait_s >= 0 &&
-                r.step != step) {
+            if (rc == 0 && one_step && r.step != step) {
                 snprintf(err, sizeof err, "shard %u has it at step %llu, not %llu", shard,
                          (unsigned long long)r.step, (unsigned long long)step);
                 rc = PS_ESTALE;

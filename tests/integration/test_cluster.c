@@ -614,40 +614,45 @@ END_TEST
  * one pslaunch --respawn replaces); the shard serves on.
  * Before, the first was admitted and failed with ~25 "has no chunk N" warnings that never said
  * why, and the second was admitted silently. */
+/* A worker on manifest @p file written from @p conf exits 2, its log saying @p says. */
+static void worker_refused(cl_cluster_t *c, const char *file, const cl_conf_t *conf,
+                           const char *says)
+{
+    char path[CL_PATH];
+    cl_manifest_write(c, file, conf, path, sizeof path);
+    cl_proc_t *w = cl_worker_start(c, path, NULL, false);
+    EXPECT_EXIT(w, 2);
+    EXPECT_LOG(w, says);
+}
+
 START_TEST(test_worker_manifest_mismatch_refused)
 {
     cl_conf_t k = {.shards = 1, .workers = 1, .max_steps = 5};
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
-    char path[CL_PATH];
     cl_conf_t other = c->conf;
     other.chunk_bytes = 16384;
-    cl_manifest_write(c, "other-chunks.yaml", &other, path, sizeof path);
-    cl_proc_t *w = cl_worker_start(c, path, NULL, false);
-    EXPECT_EXIT(w, 2);
-    EXPECT_LOG(w, "has chunk_bytes 65536, the worker's manifest 16384");
+    worker_refused(c, "other-chunks.yaml", &other,
+                   "has chunk_bytes 65536, the worker's manifest 16384");
     other = c->conf;
     other.consistency = "asp";
-    cl_manifest_write(c, "other-consistency.yaml", &other, path, sizeof path);
-    cl_proc_t *w2 = cl_worker_start(c, path, NULL, false);
-    EXPECT_EXIT(w2, 2);
-    EXPECT_LOG(w2, "runs job.consistency bsp, the worker's manifest asp");
+    worker_refused(c, "other-consistency.yaml", &other,
+                   "runs job.consistency bsp, the worker's manifest asp");
     cl_proc_t *w3 = cl_worker_start(c, NULL, NULL, false); /* and it still serves */
     EXPECT_EXIT(w3, 0);
     /* Another model (a restore under a manifest with other layers, a probe, session 46): its
      * tensors are refused, and it exits 2, which pslaunch does not start again (was 1). */
     other = c->conf;
     other.layers = "[784, 64, 10]";
-    cl_manifest_write(c, "other-layers.yaml", &other, path, sizeof path);
-    cl_proc_t *wl = cl_worker_start(c, path, NULL, false);
-    EXPECT_EXIT(wl, 2);
-    EXPECT_LOG(wl, "declared with shape [784, 64], but it exists with shape [784, 256]");
+    worker_refused(c, "other-layers.yaml", &other,
+                   "declared with shape [784, 64], but it exists with shape [784, 256]");
     stop_all(&psd, 1);
     cl_cluster_destroy(c);
     /* The servers listed in another order: the first hello reaches shard 1 as "shard 0". */
     cl_conf_t k2 = {.shards = 2, .workers = 1, .max_steps = 5};
     c = cl_cluster_create(&k2);
     cl_proc_t *two[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    char path[CL_PATH];
     char *text = cl_read_file(c->manifest, NULL);
     char *a = strstr(text, "  - {host:"); /* the two server lines, swapped */
     cl_path(c, "swapped.yaml", path, sizeof path);

@@ -1174,6 +1174,17 @@ START_TEST(test_checkpoint_verify_against)
 }
 END_TEST
 
+/* A failed psd --restore of shard 0 left nothing of its own in the shard's data_dir. */
+static void restore_undone(cl_cluster_t *c)
+{
+    static const char *const made[] = {"data.mdb", "lock.mdb", "psd.lock", "restoring"};
+    for (int i = 0; i < 4; i++) {
+        char f[CL_PATH + 64];
+        snprintf(f, sizeof f, "%s/%s", c->data_dir[0], made[i]);
+        ck_assert_msg(access(f, F_OK) != 0, "the failed restore left %s", f);
+    }
+}
+
 /* A checkpoint whose files are damaged or not psd's is refused with the reason. A data.mdb cut
  * short (a copy that did not finish): verify --against and psd --restore name the file and say
  * it is cut short (exit 1), and the restore removes what it made in its data_dir (session 32:
@@ -1199,11 +1210,7 @@ START_TEST(test_checkpoint_damaged_files_refused)
     cl_proc_t *r = cl_spawn(c, "restore-truncated", argv);
     EXPECT_EXIT(r, 1);
     EXPECT_LOG(r, "/shard-1/data.mdb: a page lies past the end of the file");
-    static const char *const made[] = {"data.mdb", "lock.mdb", "psd.lock", "restoring"};
-    for (int i = 0; i < 4; i++) { /* so that the same command can run again */
-        snprintf(f, sizeof f, "%s/%s", c->data_dir[0], made[i]);
-        ck_assert_msg(access(f, F_OK) != 0, "the failed restore left %s", f);
-    }
+    restore_undone(c); /* so that the same command can run again */
     snprintf(f, sizeof f, "%s/shard-0/meta.json", dir);
     FILE *m = fopen(f, "w");
     ck_assert_ptr_nonnull(m);
@@ -1274,11 +1281,7 @@ START_TEST(test_checkpoint_branch_page_damaged)
     cl_proc_t *r = cl_spawn(c, "restore-branch", argv);
     EXPECT_EXIT(r, 1);
     EXPECT_LOG(r, "/shard-1/data.mdb: damaged, LMDB cannot walk it (");
-    static const char *const made[] = {"data.mdb", "lock.mdb", "psd.lock", "restoring"};
-    for (int i = 0; i < 4; i++) {
-        snprintf(f, sizeof f, "%s/%s", c->data_dir[0], made[i]);
-        ck_assert_msg(access(f, F_OK) != 0, "the failed restore left %s", f);
-    }
+    restore_undone(c);
     cl_cluster_destroy(c);
 }
 END_TEST
