@@ -90,6 +90,10 @@ enum {
     PS_FLAG_RUN = 524288, /* hello reply: `run`, `run_origin` and `run_base` are the shard
                              store's run (session 41): libps tells a shard restored alone, or
                              one that came back as another store, by it */
+    PS_FLAG_MOVE = 1048576, /* checkpoint arm: move the arm of checkpoint `count`, armed here
+                               and waiting for its step, to `step` and directory `error`
+                               (session 47; with PS_FLAG_CHECK: would it move? nothing moves).
+                               An older psd takes it as a second arm and refuses it (busy) */
 };
 
 /* UCP Active Message ids. */

@@ -649,8 +649,70 @@ void psd_ckpt_after_job(psd_server_t *srv)
 
 /* ---- requests -------------------------------------------------------------------------- */
 
+/* Whether an arm at msg->step into msg->error can be taken here (its shard's directory into
+ * @p dir); if not, the error is sent. */
+static bool arm_takes(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg, char *dir,
+                      size_t cap)
+{
+    if (msg->error[0] != '/') {
+        psd_send_error(srv, conn, msg->req_id, PS_EINVAL, "checkpoint directory '%s' is not an "
+                       "absolute path", msg->error);
+        return false;
+    }
+    char probe[1200];
+    snprintf(dir, cap, "%s/shard-%u", msg->error, srv->shard);
+    snprintf(probe, sizeof probe, "%s/data.mdb", dir);
+    struct stat st;
+    if (stat(probe, &st) == 0) {
+        psd_send_error(srv, conn, msg->req_id, -EEXIST, "%s already holds a checkpoint", dir);
+        return false;
+    }
+    uint64_t vmax;
+    if (msg->step != UINT64_MAX && at_step(srv, msg->step, &vmax) < 0) {
+        psd_send_error(srv, conn, msg->req_id, PS_ECONFLICT, "shard %u is already past step %llu "
+                       "(at %llu)", srv->shard, (unsigned long long)msg->step,
+                       (unsigned long long)vmax);
+        return false;
+    }
+    return true;
+}
+
+/* PS_FLAG_MOVE: psctl moves checkpoint `count`, armed here and still waiting for its step, to
+ * an earlier one (psctl_checkpoint.c, move_earlier: every member of the step before it left,
+ * so that step is the job's state); with PS_FLAG_CHECK it only asks whether it would. */
+static void on_move(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
+{
+    struct psd_ckpt_s *ck = srv->ckpt;
+    if (ck == NULL || ck->state != CK_ARMED || ck->id != msg->count || msg->count == 0 ||
+        ck->step == UINT64_MAX || msg->step == UINT64_MAX) {
+        psd_send_error(srv, conn, msg->req_id, PS_ECONFLICT, "shard %u holds no checkpoint "
+                       "%016llx waiting for its step", srv->shard, (unsigned long long)msg->count);
+        return;
+    }
+    char dir[1100];
+    if (!arm_takes(srv, conn, msg, dir, sizeof dir)) return;
+    ps_msg_t r = {.type = PS_MSG_CKPT_ARM_REPLY, .req_id = msg->req_id, .shard = srv->shard,
+                  .step = msg->step};
+    if (msg->flags & PS_FLAG_CHECK) {
+        psd_send_msg(srv, conn, &r);
+        return;
+    }
+    PS_LOG(PS_LOG_INFO, "ckpt", "checkpoint %016llx moved: at step %llu (was %llu), into %s",
+           (unsigned long long)ck->id, (unsigned long long)msg->step,
+           (unsigned long long)ck->step, dir);
+    snprintf(ck->dir, sizeof ck->dir, "%s", dir);
+    snprintf(ck->top, sizeof ck->top, "%s", msg->error);
+    ck->step = msg->step;
+    psd_send_msg(srv, conn, &r);
+    if (!srv->job_running) psd_ckpt_after_job(srv);
+}
+
 static void on_arm(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
 {
+    if (msg->flags & PS_FLAG_MOVE) {
+        on_move(srv, conn, msg);
+        return;
+    }
     struct psd_ckpt_s *ck = state(srv);
     if (ck == NULL) {
         psd_send_error(srv, conn, msg->req_id, PS_ENOMEM, "out of memory");
@@ -667,26 +729,8 @@ static void on_arm(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
                            "progress here", ck->dir); /* psctl names the shard */
         return;
     }
-    if (msg->error[0] != '/') {
-        psd_send_error(srv, conn, msg->req_id, PS_EINVAL, "checkpoint directory '%s' is not an "
-                       "absolute path", msg->error);
-        return;
-    }
-    char dir[1100], probe[1200];
-    snprintf(dir, sizeof dir, "%s/shard-%u", msg->error, srv->shard);
-    snprintf(probe, sizeof probe, "%s/data.mdb", dir);
-    struct stat st;
-    if (stat(probe, &st) == 0) {
-        psd_send_error(srv, conn, msg->req_id, -EEXIST, "%s already holds a checkpoint", dir);
-        return;
-    }
-    uint64_t vmax;
-    if (msg->step != UINT64_MAX && at_step(srv, msg->step, &vmax) < 0) {
-        psd_send_error(srv, conn, msg->req_id, PS_ECONFLICT, "shard %u is already past step %llu "
-                       "(at %llu)", srv->shard, (unsigned long long)msg->step,
-                       (unsigned long long)vmax);
-        return;
-    }
+    char dir[1100];
+    if (!arm_takes(srv, conn, msg, dir, sizeof dir)) return;
     snprintf(ck->dir, sizeof ck->dir, "%s", dir);
     snprintf(ck->top, sizeof ck->top, "%s", msg->error);
     ck->step = msg->step;

@@ -1923,12 +1923,13 @@ void psd_coord_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len
         gmax = sorted[n - 1];
         gmed = sorted[n / 2];
     }
-    OUT("\"epoch\": %llu, \"open_step\": %llu, \"desired_workers\": %u, \"actual_workers\": %u, "
-        "\"finished\": %s, \"samples\": %llu, \"samples_applied\": %llu, \"batches_handed_again\": "
+    OUT("\"epoch\": %llu, \"open_step\": %llu, \"open_step_members\": %u, \"desired_workers\": "
+        "%u, \"actual_workers\": %u, \"finished\": %s, \"samples\": %llu, \"samples_applied\": %llu, \"batches_handed_again\": "
         "%llu, \"step_gap_ms_max\": %llu, \"step_gap_ms_median\": %llu, \"step_gaps\": %llu, "
         "\"state_save_failures\": %llu, \"state_save_failing\": %u, \"checkpoint_hold\": %s, "
         "\"checkpoint_hold_users\": %u, ",
-        (unsigned long long)co->s.epoch, (unsigned long long)co->s.step, co->s.desired,
+        (unsigned long long)co->s.epoch, (unsigned long long)co->s.step,
+        is_bsp(srv) ? popcount(co->s.step_members) : 0, co->s.desired,
         popcount(co->s.active), co->s.finished ? "true" : "false",
         (unsigned long long)co->s.cur.n, (unsigned long long)co->s.cur.applied_total,
         (unsigned long long)co->s.cur.handed_again, (unsigned long long)gmax,

@@ -347,12 +347,124 @@ static bool held_back(ps_req_t *cl, const ps_manifest_t *m, bool *said)
     return found && finished;
 }
 
+/* Checkpoint @p id, armed on shards 0..@p upto-1 and waiting for its step there, moved to step
+ * @p to (PS_FLAG_MOVE; with @p check only asked whether it would move, nothing moves): into @p d,
+ * or with PSCTL_CK_OWN_DIR not in @p how, into the default directory of @p to, written to @p d
+ * once all moved. @return 0; or the first refusal's code, its message in @p err (with @p check
+ * nothing moved; otherwise the shards before it moved: the caller gives the checkpoint up). */
+static int move_arms(ps_req_t *cl, const ps_manifest_t *m, uint64_t id, int upto, uint64_t to,
+                     char *d, size_t dcap, unsigned how, bool check, char *err, size_t errlen)
+{
+    char nd[PS_PATH_MAX + 64];
+    if (how & PSCTL_CK_OWN_DIR)
+        snprintf(nd, sizeof nd, "%s", d);
+    else if (psctl_checkpoint_dir(m, NULL, to, nd, sizeof nd)) {
+        snprintf(err, errlen, "the directory of a checkpoint at step %llu is too long",
+                 (unsigned long long)to);
+        return PS_EINVAL;
+    }
+    for (int i = 0; i < upto; i++) {
+        ps_msg_t a = {.type = PS_MSG_CKPT_ARM, .rank = -1, .step = to, .count = id,
+                      .flags = PS_FLAG_MOVE | (check ? PS_FLAG_CHECK : 0)}, r;
+        snprintf(a.error, sizeof a.error, "%.255s", nd);
+        int rc = ps_req_call(cl, (uint32_t)i, &a, &r, NULL, NULL, err, errlen);
+        if (rc) return rc;
+    }
+    if (!check) snprintf(d, dcap, "%s", nd);
+    return 0;
+}
+
+/* How often a movable bsp checkpoint still waiting for its step asks whether that step's
+ * predecessor lost every member (move_earlier). */
+#define MOVE_CHECK_S 1.0
+
+/*
+ * A bsp checkpoint asked for now waits for step @p *step, the one after the step open when it
+ * began. When every member of that open step left since (a restore, or a restart of the shards
+ * whose workers did not come back, keeps the members it restored in the open step until their
+ * grace ends), @p *step comes only once new workers finish the open step. If no shard applied
+ * any of it either, the job's state is the open step everywhere: shard 0 holds that step's
+ * hand-out (MSG_CKPT_BEGIN picks it, as it has no members), every shard is asked whether it
+ * would move there, then moved, and the hold released. Before (session 46's probe), such a
+ * checkpoint waited until --wait ran out. @p done_shard: a shard that took its part at
+ * @p *step already (it applied the open step), or -1. @return 1 moved (@p *step and @p d updated), 0 not
+ * (the open step has members, or was reached meanwhile: asked again later), -1 never (a shard
+ * applied part of the open step; said once), -2 the move failed part-way (said): give it up.
+ */
+static int move_earlier(ps_req_t *cl, const ps_manifest_t *m, uint64_t id, uint64_t *step,
+                        char *d, size_t dcap, unsigned how, int done_shard)
+{
+    char err[512], v[32];
+    ps_msg_t q = {.type = PS_MSG_STATUS, .rank = -1}, r;
+    void *data = NULL;
+    size_t len = 0;
+    if (ps_req_call(cl, 0, &q, &r, &data, &len, err, sizeof err) || data == NULL) {
+        free(data);
+        return 0;
+    }
+    char *json = malloc(len + 1);
+    uint64_t open = UINT64_MAX, members = 1;
+    bool finished = true;
+    if (json) {
+        memcpy(json, data, len);
+        json[len] = '\0';
+        if (ps_json_field(json, "open_step", v, sizeof v)) open = strtoull(v, NULL, 10);
+        if (ps_json_field(json, "open_step_members", v, sizeof v))
+            members = strtoull(v, NULL, 10);
+        if (ps_json_field(json, "finished", v, sizeof v)) finished = strcmp(v, "false") != 0;
+        free(json);
+    }
+    free(data);
+    if (finished || members != 0 || open + 1 != *step) return 0;
+    if (done_shard >= 0) { /* it took its part at *step: it applied the open step */
+        printf("psctl: checkpoint: the workers of step %llu left after part of it was applied "
+               "(shard %d took its part at step %llu): the checkpoint waits for step %llu, which "
+               "new workers make\n", (unsigned long long)open, done_shard,
+               (unsigned long long)*step, (unsigned long long)*step);
+        fflush(stdout);
+        return -1;
+    }
+    ps_msg_t b = {.type = PS_MSG_CKPT_BEGIN, .rank = -1, .count = id};
+    if (ps_req_call(cl, 0, &b, &r, NULL, NULL, err, sizeof err)) return 0;
+    int ret = 0;
+    uint64_t to = r.step;
+    if (!(r.flags & (PS_FLAG_PENDING | PS_FLAG_FINISHED)) && to == open) {
+        int rc = move_arms(cl, m, id, m->nservers, to, d, dcap, how, true, err, sizeof err);
+        if (rc == 0 &&
+            (rc = move_arms(cl, m, id, m->nservers, to, d, dcap, how, false, err, sizeof err))) {
+            fprintf(stderr, "psctl: checkpoint: moving it to step %llu: %s\n",
+                    (unsigned long long)to, err);
+            ret = -2;
+        } else if (rc == 0) {
+            printf("psctl: checkpoint: every member of step %llu left before any shard applied "
+                   "it: the checkpoint is taken at step %llu, the job's state, instead of %llu\n",
+                   (unsigned long long)to, (unsigned long long)to, (unsigned long long)*step);
+            fflush(stdout);
+            *step = to;
+            ret = 1;
+        } else if (rc == PS_ECONFLICT) {
+            printf("psctl: checkpoint: the workers of step %llu left after part of it was applied "
+                   "(%s): the checkpoint waits for step %llu, which new workers make\n",
+                   (unsigned long long)to, err, (unsigned long long)*step);
+            fflush(stdout);
+            ret = -1;
+        }
+    }
+    ps_msg_t g = {.type = PS_MSG_CKPT_GO, .rank = -1, .count = id}; /* ends the hold */
+    ps_req_call(cl, 0, &g, &r, NULL, NULL, err, sizeof err);
+    return ret;
+}
+
 int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, uint64_t id,
-                         const char *d, uint64_t next, double wait_s, double t0)
+                         const char *dir, uint64_t next, double wait_s, double t0,
+                         unsigned how)
 {
     int ret = 1, n = m->nservers, narmed = 0, unanswered = -1;
-    char err[512];
+    char err[512], d[PS_PATH_MAX + 64];
     ps_msg_t r;
+    bool movable = (how & PSCTL_CK_MOVABLE) && m->job.consistency == PS_CONSIST_BSP &&
+                   step != UINT64_MAX;
+    snprintf(d, sizeof d, "%s", dir);
     int armed = strlen(d) < PS_CKPT_DIR_MAX;
     if (!armed) fprintf(stderr, "psctl: checkpoint: directory '%s' is longer than 199 bytes\n", d);
     /* PS_TEST_ARM_GAP_MS (tests only): a pause between two shards' arms, as a slow network
@@ -366,6 +478,23 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
         ps_msg_t a = {.type = PS_MSG_CKPT_ARM, .rank = -1, .step = step, .count = id};
         snprintf(a.error, sizeof a.error, "%.255s", d);
         int rc = ps_req_call(cl, (uint32_t)i, &a, &r, NULL, NULL, err, sizeof err);
+        if (rc == PS_ECONFLICT && movable) {
+            /* A shard past the step picked (bsp: every member of the open step left after part
+             * of it was applied there): the checkpoint waits for the step after, which new
+             * workers make. The shards armed so far move there; this one is armed again. */
+            char why[512];
+            snprintf(why, sizeof why, "%s", err);
+            movable = false;
+            if (move_arms(cl, m, id, i, step + 1, d, sizeof d, how, false, err, sizeof err) == 0) {
+                printf("psctl: checkpoint: %s (the workers of step %llu left after part of it "
+                       "was applied): the checkpoint waits for step %llu, which new workers "
+                       "make\n", why, (unsigned long long)step, (unsigned long long)step + 1);
+                fflush(stdout);
+                step++;
+                i--;
+                continue;
+            }
+        }
         if (rc) {
             if (rc != PS_ECANCELED) fprintf(stderr, "psctl: checkpoint: %s\n", err);
             armed = 0;
@@ -416,6 +545,7 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
     bool said = false;    /* held_back named the tensor */
     bool bsp = m->job.consistency == PS_CONSIST_BSP;
     double ask_at = HELD_BACK_CHECK_S; /* held_back's next time (s since t0; bsp only) */
+    double move_at = MOVE_CHECK_S;     /* move_earlier's next time (s since t0) */
     if (st == NULL || miss == NULL || fate == NULL) {
         fprintf(stderr, "psctl: checkpoint: out of memory\n");
         goto out;
@@ -473,6 +603,22 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
             }
         }
         if (done + failed == n || failed) break; /* one failed: the others are cancelled */
+        if (movable && psctl_mono_s() - t0 > move_at) {
+            move_at = psctl_mono_s() - t0 + MOVE_CHECK_S;
+            bool waiting = true; /* every shard armed or done, none copying (all answered) */
+            int done_shard = -1;
+            for (int i = 0; i < n; i++) {
+                waiting &= !miss[i] && !(st[i].flags & PS_FLAG_PENDING);
+                if (st[i].flags & 1 && done_shard < 0) done_shard = i;
+            }
+            int mv = waiting ? move_earlier(cl, m, id, &step, d, sizeof d, how, done_shard) : 0;
+            if (mv < 0) movable = false;
+            if (mv == -2) {
+                failed = 1;
+                break;
+            }
+            if (mv == 1) movable = false;
+        }
         if (bsp && psctl_mono_s() - t0 > ask_at) {
             ask_at = psctl_mono_s() - t0 + HELD_BACK_CHECK_S;
             if ((stuck = held_back(cl, m, &said))) break;
@@ -609,7 +755,8 @@ int psctl_checkpoint(const ps_manifest_t *m, const char *dir, double timeout_s, 
         psctl_absolute(d, sizeof d, dir);
     else
         psctl_checkpoint_dir(m, NULL, r.step, d, sizeof d);
-    ret = psctl_checkpoint_run(cl, m, r.step, id, d, 0, wait_s, t0);
+    ret = psctl_checkpoint_run(cl, m, r.step, id, d, 0, wait_s, t0,
+                               PSCTL_CK_MOVABLE | (dir ? PSCTL_CK_OWN_DIR : 0));
 out:
     ps_req_close(cl);
     return ret;

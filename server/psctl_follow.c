@@ -405,7 +405,7 @@ int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wai
         fflush(stdout);
         uint64_t this_id = id;
         id = 0;
-        if (psctl_checkpoint_run(cl, m, step, this_id, dir, next, wait_s, t0) == 0) {
+        if (psctl_checkpoint_run(cl, m, step, this_id, dir, next, wait_s, t0, 0) == 0) {
             taken++;
             prune(m, base, ck->keep);
         } else {

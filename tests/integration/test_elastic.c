@@ -510,7 +510,8 @@ static void asp_stop_start(asp_stop_t *r, int hb_ms, const char *plan)
  * and that apply on shard 1 takes 2 s longer (PS_TEST_SLOW_APPLY), so that the new workers'
  * pushes land while it runs. (Not on shard 0: the coordinator answers the new members' batches
  * only once a state write holds them, and that write waits for its own shard's apply.) */
-static void emptied_step_run(const char *plan, bool slow)
+
+static void emptied_step_run(const char *plan, bool slow, bool checkpoint)
 {
     cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = "bsp",
                    .optimizer = "{name: sgd, lr: 1}"};
@@ -528,7 +529,33 @@ static void emptied_step_run(const char *plan, bool slow)
         EXPECT_EXIT(w[i], 128 + SIGKILL);
         EXPECT_LOG(w[i], "at step 5");
     }
+    /* With @p checkpoint, one asked for now, once step 5 has no members (session 47): step 5
+     * was applied on shard 0's chunk and not on shard 1's, so shard 0 refuses the arm at step 5
+     * and the checkpoint moves on to step 6, taken once new workers finish step 5. Before, it
+     * was refused ("shard 0 is already past step 5"). */
+    char ckdir[CL_PATH];
+    cl_proc_t *cp = NULL;
+    if (checkpoint) {
+        coord_t co;
+        coord_open(&co, c);
+        for (int i = 0; i < 3000; i++) {
+            char *j = shard_status(&co, 0);
+            bool gone = j && jnum(j, "open_step") == 5 && jnum(j, "open_step_members") == 0;
+            free(j);
+            if (gone) break;
+            struct timespec ts = {0, 10 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+        coord_close(&co);
+        cp = checkpoint_spawn(c, "ckpt", 0, ckdir);
+    }
     new_workers_finish(c, argv);
+    if (cp) {
+        EXPECT_EXIT(cp, 0);
+        EXPECT_LOG(cp, "psctl: checkpoint at step 6 in");
+        EXPECT_LOG(cp, "(the workers of step 5 left after part of it was applied): the "
+                       "checkpoint waits for step 6, which new workers make");
+    }
     EXPECT_LOG(psd[s], "applied that step without its batch");
     EXPECT_LOG(psd[0], "a shard had passed the step without it");
     if (slow) EXPECT_LOG(psd[s], "came while the chunk applied that step without it");
@@ -605,13 +632,51 @@ END_TEST
 
 /* The chunk had applied step 5 when the new workers push. Without the stale acknowledgement:
  * "replay.a[10] is 0: batch 10 applied never". */
-START_TEST(test_bsp_step_emptied_after_partial_apply) { emptied_step_run("plan:0@5/0,1@5/1", false); }
+START_TEST(test_bsp_step_emptied_after_partial_apply)
+{
+    emptied_step_run("plan:0@5/0,1@5/1", false, true);
+}
+END_TEST
+
+/* The same step 5, but rank 1 stops itself (SIGSTOP) after its push of "replay.a" instead of
+ * dying, so a checkpoint asked for now finds step 5 with a member, and waits for step 6. Once
+ * rank 1 is removed as silent, step 5 has no members; the checkpoint asks whether it can be
+ * taken at step 5, the job's state, instead (as after a restore: see test_integrity's
+ * checkpoint_restore_reshard), finds shard 0 past it, says so, and waits on: it is taken at
+ * step 6 once new workers finish step 5. */
+START_TEST(test_bsp_step_emptied_checkpoint_waits)
+{
+    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = "bsp",
+                   .optimizer = "{name: sgd, lr: 1}"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    char nb[] = "40", bs[] = "8", plan[] = "plan:0@5/0,1@5/1s", ord[] = "ab";
+    char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, plan, ord, NULL};
+    cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
+    int i = which_stopped(w, "stops at step 5");
+    EXPECT_EXIT(w[1 - i], 128 + SIGKILL);
+    char ckdir[CL_PATH];
+    cl_proc_t *cp = checkpoint_spawn(c, "ckpt", 0, ckdir);
+    ck_assert_msg(cl_wait_log(cp, "the checkpoint waits for step 6", RUN_S) == 0,
+                  "psctl never said it waits for step 6: %s", cl_tail(cp));
+    EXPECT_LOG(cp, "psctl: checkpoint: the workers of step 5 left after part of it was applied");
+    new_workers_finish(c, argv);
+    EXPECT_EXIT(cp, 0);
+    EXPECT_LOG(cp, "psctl: checkpoint at step 6 in");
+    ck_assert_int_eq(cl_signal(w[i], SIGKILL), 0);
+    cl_wait(w[i], RUN_S);
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
 END_TEST
 
 /* The chunk is still applying step 5 (without the new members) when their pushes land: they
  * wait in slots, and are answered as stale when the apply passes the step. Before, the slot was
  * acknowledged plainly (the batch lost there) or, still landing, never answered. */
-START_TEST(test_bsp_step_emptied_during_apply) { emptied_step_run("plan:0@5/0,1@5/1n", true); }
+START_TEST(test_bsp_step_emptied_during_apply)
+{
+    emptied_step_run("plan:0@5/0,1@5/1n", true, false);
+}
 END_TEST
 
 /* bsp: both members of the job's last step (5, of 12 batches) die after both their pushes were
@@ -2417,6 +2482,7 @@ Suite *ps_test_suite(void)
     ADD(asp_random_deaths_shard_kills);
     ADD(ssp_random_deaths_shard_kills);
     ADD(bsp_step_emptied_after_partial_apply);
+    ADD(bsp_step_emptied_checkpoint_waits);
     ADD(bsp_step_emptied_during_apply);
     ADD(bsp_step_emptied_at_the_end);
     ADD(bsp_step_emptied_coordinator_killed);

@@ -1008,6 +1008,21 @@ START_TEST(test_checkpoint_restore_reshard)
     cl_manifest_write(c, "three.yaml", &kc, m3, sizeof m3);
     cl_restore_start(c, m3, 3, ckdir, psd, READY_S);
     EXPECT_LOG(psd[0], "taken on 2 shards");
+    /* A checkpoint asked for at once, with no worker (session 47): the open step keeps the
+     * restored member until its grace ends, so the checkpoint first waits for the step after;
+     * once that member is dropped, the open step is the job's state on every shard, and the
+     * checkpoint is taken there, at step s. Before, it waited until --wait ran out. */
+    char ck3[CL_PATH];
+    cl_path(c, "ckpt3", ck3, sizeof ck3);
+    const char *ck3a[] = {"checkpoint", "--dir", ck3, "--wait", "40", NULL};
+    cl_proc_t *cp3 = psctl_m(c, m3, "checkpoint3", 0, ck3a);
+    ck_assert_uint_eq(ckpt_step(cp3), s);
+    char want[96];
+    snprintf(want, sizeof want, "every member of step %llu left before any shard applied it",
+             (unsigned long long)s);
+    EXPECT_LOG(cp3, want);
+    const char *va[] = {"verify", "--against", ck3, NULL};
+    psctl_m(c, m3, "verify3", 0, va);
     cl_path(c, "three.safetensors", out, sizeof out);
     const char *ex[] = {"export", "--out", out, NULL};
     psctl_m(c, m3, "export3", 0, ex);
