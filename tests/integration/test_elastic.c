@@ -548,6 +548,10 @@ static void emptied_step_run(const char *plan, bool slow, bool checkpoint)
         }
         coord_close(&co);
         cp = checkpoint_spawn(c, "ckpt", 0, ckdir);
+        /* No new worker before the checkpoint has its step (one joining first makes step 5
+         * have members again, and the checkpoint is at step 6 for that reason alone). */
+        ck_assert_msg(cl_wait_log(cp, "the checkpoint waits for step 6", RUN_S) == 0,
+                      "psctl never said it waits for step 6: %s", cl_tail(cp));
     }
     new_workers_finish(c, argv);
     if (cp) {
