@@ -92,8 +92,10 @@ enum {
                              one that came back as another store, by it */
     PS_FLAG_MOVE = 1048576, /* checkpoint arm: move the arm of checkpoint `count`, armed here
                                and waiting for its step, to `step` and directory `error`
-                               (session 47; with PS_FLAG_CHECK: would it move? nothing moves).
-                               An older psd takes it as a second arm and refuses it (busy) */
+                               (session 47); an older psd takes it as a second arm and refuses
+                               it (busy). Checkpoint begin reply (bsp): the step is the open
+                               one, whose members all left. PS_FLAG_CHECK on an arm, with or
+                               without it: would it be taken? nothing is armed or moved */
 };
 
 /* UCP Active Message ids. */

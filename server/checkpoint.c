@@ -659,19 +659,19 @@ static bool arm_takes(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg, 
                        "absolute path", msg->error);
         return false;
     }
+    uint64_t vmax;
+    if (msg->step != UINT64_MAX && at_step(srv, msg->step, &vmax) < 0) {
+        psd_send_error(srv, conn, msg->req_id, PS_ECONFLICT, "shard %u is already past step %llu "
+                       "(at %llu)", srv->shard, (unsigned long long)msg->step,
+                       (unsigned long long)vmax);
+        return false;
+    }
     char probe[1200];
     snprintf(dir, cap, "%s/shard-%u", msg->error, srv->shard);
     snprintf(probe, sizeof probe, "%s/data.mdb", dir);
     struct stat st;
     if (stat(probe, &st) == 0) {
         psd_send_error(srv, conn, msg->req_id, -EEXIST, "%s already holds a checkpoint", dir);
-        return false;
-    }
-    uint64_t vmax;
-    if (msg->step != UINT64_MAX && at_step(srv, msg->step, &vmax) < 0) {
-        psd_send_error(srv, conn, msg->req_id, PS_ECONFLICT, "shard %u is already past step %llu "
-                       "(at %llu)", srv->shard, (unsigned long long)msg->step,
-                       (unsigned long long)vmax);
         return false;
     }
     return true;
@@ -731,6 +731,12 @@ static void on_arm(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
     }
     char dir[1100];
     if (!arm_takes(srv, conn, msg, dir, sizeof dir)) return;
+    if (msg->flags & PS_FLAG_CHECK) { /* would it be taken? (psctl, before arming any shard) */
+        ps_msg_t r = {.type = PS_MSG_CKPT_ARM_REPLY, .req_id = msg->req_id,
+                      .shard = srv->shard, .step = msg->step};
+        psd_send_msg(srv, conn, &r);
+        return;
+    }
     snprintf(ck->dir, sizeof ck->dir, "%s", dir);
     snprintf(ck->top, sizeof ck->top, "%s", msg->error);
     ck->step = msg->step;

@@ -1423,8 +1423,11 @@ uint64_t psd_coord_ckpt_hold(psd_server_t *srv, uint64_t id, uint32_t *flags, ui
     psd_coord_t *co = srv->coord;
     *flags = *pending = 0;
     if (!is_bsp(srv)) return hold_async(srv, id, flags, pending);
-    /* Holding the hand-out of the natural step keeps every chunk at or below it. */
+    /* Holding the hand-out of the natural step keeps every chunk at or below it. The open
+     * step itself when its members all left: said (PS_FLAG_MOVE), as workers that left after
+     * part of it was applied may have moved a shard past it (psctl then waits for the next). */
     uint64_t step = natural_step(co);
+    if (co->s.step_members == 0 && !co->s.finished) *flags |= PS_FLAG_MOVE;
     co->hold_step = step;
     co->hold_ahead = false;
     co->hold_ms = hold_now(srv);

@@ -347,35 +347,45 @@ static bool held_back(ps_req_t *cl, const ps_manifest_t *m, bool *said)
     return found && finished;
 }
 
-/* Checkpoint @p id, armed on shards 0..@p upto-1 and waiting for its step there, moved to step
- * @p to (PS_FLAG_MOVE; with @p check only asked whether it would move, nothing moves): into @p d,
- * or with PSCTL_CK_OWN_DIR not in @p how, into the default directory of @p to, written to @p d
- * once all moved. @return 0; or the first refusal's code, its message in @p err (with @p check
- * nothing moved; otherwise the shards before it moved: the caller gives the checkpoint up). */
-static int move_arms(ps_req_t *cl, const ps_manifest_t *m, uint64_t id, int upto, uint64_t to,
-                     char *d, size_t dcap, unsigned how, bool check, char *err, size_t errlen)
+/* MSG_CKPT_ARM of checkpoint @p id at @p step into @p dir to shard @p i, with @p flags
+ * (PS_FLAG_CHECK: would it be taken? PS_FLAG_MOVE: move its arm there). @return 0 or the
+ * error, its message in @p err. */
+static int arm_call(ps_req_t *cl, int i, uint64_t id, uint64_t step, const char *dir,
+                    uint32_t flags, char *err, size_t errlen)
 {
-    char nd[PS_PATH_MAX + 64];
-    if (how & PSCTL_CK_OWN_DIR)
-        snprintf(nd, sizeof nd, "%s", d);
-    else if (psctl_checkpoint_dir(m, NULL, to, nd, sizeof nd)) {
-        snprintf(err, errlen, "the directory of a checkpoint at step %llu is too long",
-                 (unsigned long long)to);
-        return PS_EINVAL;
-    }
-    for (int i = 0; i < upto; i++) {
-        ps_msg_t a = {.type = PS_MSG_CKPT_ARM, .rank = -1, .step = to, .count = id,
-                      .flags = PS_FLAG_MOVE | (check ? PS_FLAG_CHECK : 0)}, r;
-        snprintf(a.error, sizeof a.error, "%.255s", nd);
-        int rc = ps_req_call(cl, (uint32_t)i, &a, &r, NULL, NULL, err, errlen);
-        if (rc) return rc;
-    }
-    if (!check) snprintf(d, dcap, "%s", nd);
-    return 0;
+    ps_msg_t a = {.type = PS_MSG_CKPT_ARM, .rank = -1, .step = step, .count = id,
+                  .flags = flags}, r;
+    snprintf(a.error, sizeof a.error, "%.255s", dir);
+    return ps_req_call(cl, (uint32_t)i, &a, &r, NULL, NULL, err, errlen);
 }
 
-/* How often a movable bsp checkpoint still waiting for its step asks whether that step's
- * predecessor lost every member (move_earlier). */
+/* The default directory of a checkpoint at @p step (psctl_checkpoint_dir), or @p d itself with
+ * PSCTL_CK_OWN_DIR in @p how, into @p out. @return 0, PS_EINVAL if too long (said). */
+static int step_dir(const ps_manifest_t *m, unsigned how, const char *d, uint64_t step,
+                    char *out, size_t cap)
+{
+    if (how & PSCTL_CK_OWN_DIR) {
+        snprintf(out, cap, "%s", d);
+        return 0;
+    }
+    if (psctl_checkpoint_dir(m, NULL, step, out, cap) == 0) return 0;
+    fprintf(stderr, "psctl: checkpoint: the directory of a checkpoint at step %llu is too long\n",
+            (unsigned long long)step);
+    return PS_EINVAL;
+}
+
+/* The message of a checkpoint that waits for @p step because the open step before it was
+ * applied in part by workers that left (@p why: the evidence). */
+static void say_partly_applied(uint64_t step, const char *why)
+{
+    printf("psctl: checkpoint: the workers of step %llu left after part of it was applied (%s): "
+           "the checkpoint waits for step %llu, which new workers make\n",
+           (unsigned long long)step - 1, why, (unsigned long long)step);
+    fflush(stdout);
+}
+
+/* How often a movable bsp checkpoint still waiting for its step asks whether the open step
+ * before it lost every member (move_earlier). */
 #define MOVE_CHECK_S 1.0
 
 /*
@@ -384,17 +394,20 @@ static int move_arms(ps_req_t *cl, const ps_manifest_t *m, uint64_t id, int upto
  * whose workers did not come back, keeps the members it restored in the open step until their
  * grace ends), @p *step comes only once new workers finish the open step. If no shard applied
  * any of it either, the job's state is the open step everywhere: shard 0 holds that step's
- * hand-out (MSG_CKPT_BEGIN picks it, as it has no members), every shard is asked whether it
- * would move there, then moved, and the hold released. Before (session 46's probe), such a
- * checkpoint waited until --wait ran out. @p done_shard: a shard that took its part at
- * @p *step already (it applied the open step), or -1. @return 1 moved (@p *step and @p d updated), 0 not
- * (the open step has members, or was reached meanwhile: asked again later), -1 never (a shard
- * applied part of the open step; said once), -2 the move failed part-way (said): give it up.
+ * hand-out (MSG_CKPT_BEGIN picks it, as it has no members, and says so with PS_FLAG_MOVE), every
+ * shard still armed is asked whether it would move there, then moved; a shard that took its
+ * part already because it holds no chunk (@p st[i]: its status, `chunk` 0) has that part
+ * removed and is armed again there. Then the hold is released. Before (session 46's probe),
+ * such a checkpoint waited until --wait ran out. @p d: the checkpoint's directory (@p dcap
+ * bytes), the new step's default one after a move unless PSCTL_CK_OWN_DIR is in @p how.
+ * @return 1 moved (@p *step, @p d and @p st updated), 0 not now (asked again later), -1 not
+ * at all (said), -2 the move failed part-way (said): give the checkpoint up.
  */
 static int move_earlier(ps_req_t *cl, const ps_manifest_t *m, uint64_t id, uint64_t *step,
-                        char *d, size_t dcap, unsigned how, int done_shard)
+                        char *d, size_t dcap, unsigned how, ps_msg_t *st)
 {
     char err[512], v[32];
+    int n = m->nservers;
     ps_msg_t q = {.type = PS_MSG_STATUS, .rank = -1}, r;
     void *data = NULL;
     size_t len = 0;
@@ -416,42 +429,82 @@ static int move_earlier(ps_req_t *cl, const ps_manifest_t *m, uint64_t id, uint6
     }
     free(data);
     if (finished || members != 0 || open + 1 != *step) return 0;
-    if (done_shard >= 0) { /* it took its part at *step: it applied the open step */
-        printf("psctl: checkpoint: the workers of step %llu left after part of it was applied "
-               "(shard %d took its part at step %llu): the checkpoint waits for step %llu, which "
-               "new workers make\n", (unsigned long long)open, done_shard,
-               (unsigned long long)*step, (unsigned long long)*step);
-        fflush(stdout);
-        return -1;
-    }
-    ps_msg_t b = {.type = PS_MSG_CKPT_BEGIN, .rank = -1, .count = id};
-    if (ps_req_call(cl, 0, &b, &r, NULL, NULL, err, sizeof err)) return 0;
+    for (int i = 0; i < n; i++)
+        if ((st[i].flags & 1) && st[i].chunk > 0) { /* it applied the open step */
+            char why[64];
+            snprintf(why, sizeof why, "shard %d took its part at step %llu", i,
+                     (unsigned long long)*step);
+            say_partly_applied(*step, why);
+            return -1;
+        }
+    ps_req_set_cancel(cl, NULL); /* the hold taken below is released whatever happens */
     int ret = 0;
-    uint64_t to = r.step;
-    if (!(r.flags & (PS_FLAG_PENDING | PS_FLAG_FINISHED)) && to == open) {
-        int rc = move_arms(cl, m, id, m->nservers, to, d, dcap, how, true, err, sizeof err);
-        if (rc == 0 &&
-            (rc = move_arms(cl, m, id, m->nservers, to, d, dcap, how, false, err, sizeof err))) {
-            fprintf(stderr, "psctl: checkpoint: moving it to step %llu: %s\n",
-                    (unsigned long long)to, err);
+    ps_msg_t b = {.type = PS_MSG_CKPT_BEGIN, .rank = -1, .count = id};
+    int rc = ps_req_call(cl, 0, &b, &r, NULL, NULL, err, sizeof err);
+    char nd[PS_PATH_MAX + 64], od[PS_PATH_MAX + 64];
+    snprintf(od, sizeof od, "%s", d);
+    if (rc || !(r.flags & PS_FLAG_MOVE) || r.step != open) goto release; /* a worker came */
+    if (step_dir(m, how, d, open, nd, sizeof nd)) {
+        ret = -1;
+        goto release;
+    }
+    for (int i = 0, renamed = 0; i < n && ret == 0; i++) {
+        if (st[i].flags & 1) continue; /* no chunk here: armed again below */
+        rc = arm_call(cl, i, id, open, nd, PS_FLAG_MOVE | PS_FLAG_CHECK, err, sizeof err);
+        if (rc == -EEXIST && !(how & PSCTL_CK_OWN_DIR) && !renamed++ &&
+            psctl_checkpoint_dir(m, NULL, UINT64_MAX, nd, sizeof nd) == 0) {
+            i = -1; /* step-S holds a checkpoint of this state (the one restored): time-MS */
+            continue;
+        }
+        if (rc) ret = -1;
+    }
+    if (ret) {
+        if (rc == PS_ECONFLICT && strstr(err, "already past"))
+            say_partly_applied(*step, err);
+        else if (rc == -EEXIST)
+            printf("psctl: checkpoint: the job's state is step %llu (every member of it left "
+                   "before any shard applied it), and %s is there already (%s): this "
+                   "checkpoint waits for step %llu, which new workers make; with --dir it is "
+                   "taken now\n", (unsigned long long)open, nd, err,
+                   (unsigned long long)*step);
+        else
+            printf("psctl: checkpoint: cannot move it to step %llu, the job's state (every "
+                   "member of it left before any shard applied it): %s; it waits for step "
+                   "%llu, which new workers make\n", (unsigned long long)open, err,
+                   (unsigned long long)*step);
+        fflush(stdout);
+        goto release;
+    }
+    snprintf(d, dcap, "%s", nd); /* a give-up from here on cancels the parts there */
+    for (int i = 0; i < n && ret == 0; i++) {
+        if (!(st[i].flags & 1)) {
+            rc = arm_call(cl, i, id, open, nd, PS_FLAG_MOVE, err, sizeof err);
+        } else { /* its part holds no chunk: removed, and armed again at the open step */
+            ps_msg_t c = {.type = PS_MSG_CKPT_CANCEL, .rank = -1, .count = id}, cr;
+            rc = ps_req_call(cl, (uint32_t)i, &c, &cr, NULL, NULL, err, sizeof err);
+            if (rc == 0 && (rc = -remove_part(od, (uint32_t)i)) != 0)
+                snprintf(err, sizeof err, "cannot remove %.300s/shard-%d: %s", od, i, strerror(rc));
+            if (rc == 0) rc = arm_call(cl, i, id, open, nd, 0, err, sizeof err);
+            if (rc == 0) st[i] = (ps_msg_t){0}; /* asked again */
+        }
+        if (rc) {
+            fprintf(stderr, "psctl: checkpoint: moving it to step %llu: shard %d: %s\n",
+                    (unsigned long long)open, i, err);
             ret = -2;
-        } else if (rc == 0) {
-            printf("psctl: checkpoint: every member of step %llu left before any shard applied "
-                   "it: the checkpoint is taken at step %llu, the job's state, instead of %llu\n",
-                   (unsigned long long)to, (unsigned long long)to, (unsigned long long)*step);
-            fflush(stdout);
-            *step = to;
-            ret = 1;
-        } else if (rc == PS_ECONFLICT) {
-            printf("psctl: checkpoint: the workers of step %llu left after part of it was applied "
-                   "(%s): the checkpoint waits for step %llu, which new workers make\n",
-                   (unsigned long long)to, err, (unsigned long long)*step);
-            fflush(stdout);
-            ret = -1;
         }
     }
+    if (ret == 0) {
+        printf("psctl: checkpoint: every member of step %llu left before any shard applied it: "
+               "the checkpoint is taken at step %llu, the job's state, instead of %llu\n",
+               (unsigned long long)open, (unsigned long long)open, (unsigned long long)*step);
+        fflush(stdout);
+        *step = open;
+        ret = 1;
+    }
+release:;
     ps_msg_t g = {.type = PS_MSG_CKPT_GO, .rank = -1, .count = id}; /* ends the hold */
     ps_req_call(cl, 0, &g, &r, NULL, NULL, err, sizeof err);
+    ps_req_set_cancel(cl, &g_interrupt);
     return ret;
 }
 
@@ -459,12 +512,28 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
                          const char *dir, uint64_t next, double wait_s, double t0,
                          unsigned how)
 {
-    int ret = 1, n = m->nservers, narmed = 0, unanswered = -1;
+    int ret = 1, n = m->nservers, narmed = 0, unanswered = -1, renamed = 0;
     char err[512], d[PS_PATH_MAX + 64];
     ps_msg_t r;
     bool movable = (how & PSCTL_CK_MOVABLE) && m->job.consistency == PS_CONSIST_BSP &&
                    step != UINT64_MAX;
     snprintf(d, sizeof d, "%s", dir);
+    if (movable && (how & PSCTL_CK_OPEN_EMPTY)) {
+        /* The step picked is the open one, whose members all left: if they left after part of
+         * it was applied, a shard is past it, and the checkpoint waits for the step after,
+         * which new workers make. Asked of every shard before any is armed (one armed at the
+         * open step takes its part at once). */
+        for (int i = 0; i < n; i++) {
+            int rc = arm_call(cl, i, id, step, d, PS_FLAG_CHECK, err, sizeof err);
+            if (rc == PS_ECONFLICT && strstr(err, "already past")) {
+                movable = false;
+                if (step_dir(m, how, dir, step + 1, d, sizeof d)) return 1;
+                say_partly_applied(++step, err);
+                break;
+            }
+            if (rc && rc != -EEXIST) break; /* the arm below says it (EEXIST: renamed there) */
+        }
+    }
     int armed = strlen(d) < PS_CKPT_DIR_MAX;
     if (!armed) fprintf(stderr, "psctl: checkpoint: directory '%s' is longer than 199 bytes\n", d);
     /* PS_TEST_ARM_GAP_MS (tests only): a pause between two shards' arms, as a slow network
@@ -478,22 +547,20 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
         ps_msg_t a = {.type = PS_MSG_CKPT_ARM, .rank = -1, .step = step, .count = id};
         snprintf(a.error, sizeof a.error, "%.255s", d);
         int rc = ps_req_call(cl, (uint32_t)i, &a, &r, NULL, NULL, err, sizeof err);
-        if (rc == PS_ECONFLICT && movable) {
-            /* A shard past the step picked (bsp: every member of the open step left after part
-             * of it was applied there): the checkpoint waits for the step after, which new
-             * workers make. The shards armed so far move there; this one is armed again. */
-            char why[512];
-            snprintf(why, sizeof why, "%s", err);
-            movable = false;
-            if (move_arms(cl, m, id, i, step + 1, d, sizeof d, how, false, err, sizeof err) == 0) {
-                printf("psctl: checkpoint: %s (the workers of step %llu left after part of it "
-                       "was applied): the checkpoint waits for step %llu, which new workers "
-                       "make\n", why, (unsigned long long)step, (unsigned long long)step + 1);
+        if (rc == -EEXIST && i == 0 && (how & PSCTL_CK_MOVABLE) && !(how & PSCTL_CK_OWN_DIR) &&
+            !renamed++) {
+            /* The default directory of this step holds a checkpoint (one taken at this step
+             * before, or the one this job was restored from): time-MS instead. */
+            char old[sizeof d];
+            snprintf(old, sizeof old, "%s", d);
+            if (psctl_checkpoint_dir(m, NULL, UINT64_MAX, d, sizeof d) == 0) {
+                printf("psctl: checkpoint: %s holds a checkpoint already; this one goes into "
+                       "%s\n", old, d);
                 fflush(stdout);
-                step++;
                 i--;
                 continue;
             }
+            snprintf(d, sizeof d, "%s", old);
         }
         if (rc) {
             if (rc != PS_ECANCELED) fprintf(stderr, "psctl: checkpoint: %s\n", err);
@@ -606,12 +673,9 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
         if (movable && psctl_mono_s() - t0 > move_at) {
             move_at = psctl_mono_s() - t0 + MOVE_CHECK_S;
             bool waiting = true; /* every shard armed or done, none copying (all answered) */
-            int done_shard = -1;
-            for (int i = 0; i < n; i++) {
-                waiting &= !miss[i] && !(st[i].flags & PS_FLAG_PENDING);
-                if (st[i].flags & 1 && done_shard < 0) done_shard = i;
-            }
-            int mv = waiting ? move_earlier(cl, m, id, &step, d, sizeof d, how, done_shard) : 0;
+            for (int i = 0; i < n; i++)
+                waiting &= !miss[i] && !(st[i].flags & PS_FLAG_PENDING) && !st[i].status;
+            int mv = waiting ? move_earlier(cl, m, id, &step, d, sizeof d, how, st) : 0;
             if (mv < 0) movable = false;
             if (mv == -2) {
                 failed = 1;
@@ -756,7 +820,8 @@ int psctl_checkpoint(const ps_manifest_t *m, const char *dir, double timeout_s, 
     else
         psctl_checkpoint_dir(m, NULL, r.step, d, sizeof d);
     ret = psctl_checkpoint_run(cl, m, r.step, id, d, 0, wait_s, t0,
-                               PSCTL_CK_MOVABLE | (dir ? PSCTL_CK_OWN_DIR : 0));
+                               PSCTL_CK_MOVABLE | (dir ? PSCTL_CK_OWN_DIR : 0) |
+                                   (r.flags & PS_FLAG_MOVE ? PSCTL_CK_OPEN_EMPTY : 0));
 out:
     ps_req_close(cl);
     return ret;

@@ -48,14 +48,16 @@ uint64_t psctl_checkpoint_id(void);
  *  (MSG_CKPT_CANCEL) and removes the parts; a shard that does not answer is named, and @p dir
  *  keeps the mark cancelled-ID for it (ckpt_meta.h). @p how: PSCTL_CK_MOVABLE (bsp, a
  *  checkpoint asked for now: it may be moved to the step before @p step when every member of
- *  that step left before any shard applied it, or to the step after when an arm finds a shard
- *  past @p step), with PSCTL_CK_OWN_DIR when @p dir was given (kept at a move; otherwise the
- *  default directory of the new step), or 0 (--follow). @p dir is copied.
+ *  that step left before any shard applied it), with PSCTL_CK_OWN_DIR when @p dir was given
+ *  (kept at a move; otherwise the default directory of the new step) and PSCTL_CK_OPEN_EMPTY
+ *  when shard 0 picked the open step because its members all left (PS_FLAG_MOVE in its
+ *  answer: if a shard is past it, the checkpoint is at the step after), or 0 (--follow).
+ *  @p dir is copied.
  * @return psctl's exit status (errors printed).
  */
 int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, uint64_t id,
                          const char *dir, uint64_t next, double wait_s, double t0, unsigned how);
-enum { PSCTL_CK_MOVABLE = 1, PSCTL_CK_OWN_DIR = 2 };
+enum { PSCTL_CK_MOVABLE = 1, PSCTL_CK_OWN_DIR = 2, PSCTL_CK_OPEN_EMPTY = 4 };
 /** @brief Remove checkpoint @p dir of @p nshards shards: in each shard-J (J < nshards; one
  *  missing is skipped) only the files a checkpoint writes (data.mdb, lock.mdb, meta.json,
  *  meta.json.tmp), then the directories; anything else in them makes rmdir fail, and it is

@@ -529,10 +529,11 @@ static void emptied_step_run(const char *plan, bool slow, bool checkpoint)
         EXPECT_EXIT(w[i], 128 + SIGKILL);
         EXPECT_LOG(w[i], "at step 5");
     }
-    /* With @p checkpoint, one asked for now, once step 5 has no members (session 47): step 5
-     * was applied on shard 0's chunk and not on shard 1's, so shard 0 refuses the arm at step 5
-     * and the checkpoint moves on to step 6, taken once new workers finish step 5. Before, it
-     * was refused ("shard 0 is already past step 5"). */
+    /* With @p checkpoint, one asked for now, once step 5 has no members (session 47): shard 0
+     * picks step 5, the open step, and says its members all left; step 5 was applied on shard
+     * 0's chunk and not on shard 1's, so shard 0 says it would refuse an arm at step 5, and the
+     * checkpoint is at step 6, taken once new workers finish step 5. Before, it was refused
+     * ("shard 0 is already past step 5"). */
     char ckdir[CL_PATH];
     cl_proc_t *cp = NULL;
     if (checkpoint) {
@@ -557,8 +558,9 @@ static void emptied_step_run(const char *plan, bool slow, bool checkpoint)
     if (cp) {
         EXPECT_EXIT(cp, 0);
         EXPECT_LOG(cp, "psctl: checkpoint at step 6 in");
-        EXPECT_LOG(cp, "(the workers of step 5 left after part of it was applied): the "
-                       "checkpoint waits for step 6, which new workers make");
+        EXPECT_LOG(cp, "psctl: checkpoint: the workers of step 5 left after part of it was "
+                       "applied (shard 0: shard 0 is already past step 5 (at 6)): the checkpoint "
+                       "waits for step 6, which new workers make");
     }
     EXPECT_LOG(psd[s], "applied that step without its batch");
     EXPECT_LOG(psd[0], "a shard had passed the step without it");
@@ -642,18 +644,21 @@ START_TEST(test_bsp_step_emptied_after_partial_apply)
 }
 END_TEST
 
-/* The same step 5, but rank 1 stops itself (SIGSTOP) after its push of "replay.a" instead of
- * dying, so a checkpoint asked for now finds step 5 with a member, and waits for step 6. Once
- * rank 1 is removed as silent, step 5 has no members; the checkpoint asks whether it can be
- * taken at step 5, the job's state, instead (as after a restore: see test_integrity's
- * checkpoint_restore_reshard), finds shard 0 past it, says so, and waits on: it is taken at
- * step 6 once new workers finish step 5. */
-START_TEST(test_bsp_step_emptied_checkpoint_waits)
+/* The same step 5 on @p shards shards, but rank 1 stops itself (SIGSTOP) after its push of
+ * "replay.a" instead of dying, so a checkpoint asked for now finds step 5 with a member, and
+ * waits for step 6. Once rank 1 is removed as silent, step 5 has no members, and the checkpoint
+ * looks whether it can be taken at step 5, the job's state, instead (as after a restore: see
+ * test_integrity's checkpoint_restore_reshard). On 2 shards, shard 0 took its part at step 6
+ * at once; on 1, the shard (replay.a at 6, replay.b at 5) says it is past step 5 when asked.
+ * Either way it says so and waits on: the checkpoint is taken at step 6 once new workers
+ * finish step 5. */
+static void emptied_checkpoint_waits(int shards, const char *why)
 {
-    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = "bsp",
+    cl_conf_t k = {.shards = shards, .workers = 2, .batch_size = 8, .consistency = "bsp",
                    .optimizer = "{name: sgd, lr: 1}"};
     cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S),
+                         shards > 1 ? cl_psd_start(c, 1, NULL, READY_S) : NULL};
     char nb[] = "40", bs[] = "8", plan[] = "plan:0@5/0,1@5/1s", ord[] = "ab";
     char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, plan, ord, NULL};
     cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
@@ -664,12 +669,66 @@ START_TEST(test_bsp_step_emptied_checkpoint_waits)
     ck_assert_msg(cl_wait_log(cp, "the checkpoint waits for step 6", RUN_S) == 0,
                   "psctl never said it waits for step 6: %s", cl_tail(cp));
     EXPECT_LOG(cp, "psctl: checkpoint: the workers of step 5 left after part of it was applied");
+    EXPECT_LOG(cp, why);
     new_workers_finish(c, argv);
     EXPECT_EXIT(cp, 0);
     EXPECT_LOG(cp, "psctl: checkpoint at step 6 in");
     ck_assert_int_eq(cl_signal(w[i], SIGKILL), 0);
     cl_wait(w[i], RUN_S);
-    stop_all(psd, 2);
+    stop_all(psd, shards);
+    cl_cluster_destroy(c);
+}
+
+START_TEST(test_bsp_step_emptied_checkpoint_waits)
+{
+    emptied_checkpoint_waits(2, "(shard 0 took its part at step 6)");
+}
+END_TEST
+
+START_TEST(test_bsp_step_emptied_checkpoint_waits_one_shard)
+{
+    emptied_checkpoint_waits(1, "shard 0 is already past step 5 (at 6)");
+}
+END_TEST
+
+/* Step 5 of a job on 3 shards (replay.a on shard 0, replay.b on shard 1, none on shard 2):
+ * both members stop themselves (SIGSTOP) before any push of it. A checkpoint asked for now waits
+ * for step 6; shard 2, which holds no chunk, takes its part at once. Once both members are
+ * removed as silent, no shard applied any of step 5, so the checkpoint moves there, the job's
+ * state: shards 0 and 1 are moved, shard 2's part is removed and taken again. Before, a shard
+ * with no chunk made psctl say step 5 was applied in part, and it waited until --wait ran out
+ * (a review of the first version). New workers then finish the job with every batch once. */
+START_TEST(test_bsp_step_emptied_checkpoint_moves_back)
+{
+    cl_conf_t k = {.shards = 3, .workers = 2, .batch_size = 8, .consistency = "bsp",
+                   .optimizer = "{name: sgd, lr: 1}"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[3];
+    for (int j = 0; j < 3; j++) psd[j] = cl_psd_start(c, j, NULL, READY_S);
+    char nb[] = "40", bs[] = "8", plan[] = "plan:0@5/0s,1@5/0s", ord[] = "ab";
+    char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, plan, ord, NULL};
+    cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
+    for (int j = 0; j < 2; j++)
+        ck_assert_msg(cl_wait_log(w[j], "stops at step 5", RUN_S) == 0, "%s never stopped: %s",
+                      w[j]->name, cl_tail(w[j]));
+    char ckdir[CL_PATH];
+    cl_proc_t *cp = checkpoint_spawn(c, "ckpt", 0, ckdir);
+    EXPECT_EXIT(cp, 0);
+    EXPECT_LOG(cp, "psctl: checkpoint at step 5 in");
+    EXPECT_LOG(cp, "every member of step 5 left before any shard applied it");
+    for (int j = 0; j < 3; j++) {
+        char part[CL_PATH + 32];
+        snprintf(part, sizeof part, "%s/shard-%d/meta.json", ckdir, j);
+        char *meta = cl_read_file(part, NULL);
+        ck_assert_msg(meta && strstr(meta, "\"step\": 5,"), "%s: %s", part, meta ? meta : "-");
+        free(meta);
+    }
+    new_workers_finish(c, argv);
+    for (int j = 0; j < 2; j++) {
+        ck_assert_int_eq(cl_signal(w[j], SIGKILL), 0);
+        cl_wait(w[j], RUN_S);
+    }
+    stop_all(psd, 3);
     cl_cluster_destroy(c);
 }
 END_TEST
@@ -2487,6 +2546,8 @@ Suite *ps_test_suite(void)
     ADD(ssp_random_deaths_shard_kills);
     ADD(bsp_step_emptied_after_partial_apply);
     ADD(bsp_step_emptied_checkpoint_waits);
+    ADD(bsp_step_emptied_checkpoint_waits_one_shard);
+    ADD(bsp_step_emptied_checkpoint_moves_back);
     ADD(bsp_step_emptied_during_apply);
     ADD(bsp_step_emptied_at_the_end);
     ADD(bsp_step_emptied_coordinator_killed);

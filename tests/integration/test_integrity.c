@@ -1011,16 +1011,14 @@ START_TEST(test_checkpoint_restore_reshard)
     /* A checkpoint asked for at once, with no worker (session 47): the open step keeps the
      * restored member until its grace ends, so the checkpoint first waits for the step after;
      * once that member is dropped, the open step is the job's state on every shard, and the
-     * checkpoint is taken there, at step s. Before, it waited until --wait ran out. */
+     * checkpoint is taken there, at step s ("every member of step s left before any shard
+     * applied it", unless psctl asked after the grace). Before, it waited until --wait ran out.
+     * The 1-shard restore below is from it. */
     char ck3[CL_PATH];
     cl_path(c, "ckpt3", ck3, sizeof ck3);
     const char *ck3a[] = {"checkpoint", "--dir", ck3, "--wait", "40", NULL};
     cl_proc_t *cp3 = psctl_m(c, m3, "checkpoint3", 0, ck3a);
     ck_assert_uint_eq(ckpt_step(cp3), s);
-    char want[96];
-    snprintf(want, sizeof want, "every member of step %llu left before any shard applied it",
-             (unsigned long long)s);
-    EXPECT_LOG(cp3, want);
     const char *va[] = {"verify", "--against", ck3, NULL};
     psctl_m(c, m3, "verify3", 0, va);
     cl_path(c, "three.safetensors", out, sizeof out);
@@ -1033,12 +1031,12 @@ START_TEST(test_checkpoint_restore_reshard)
     stop_all(psd, 3);
     cl_data_dirs_aside(c, "three");
 
-    /* Onto 1 shard: the same parameters again. */
+    /* Onto 1 shard, from the checkpoint taken on 3: the same parameters again. */
     cl_conf_t k1 = k3;
     k1.shards = 1;
     char m1[CL_PATH];
     cl_manifest_write(c, "one.yaml", &k1, m1, sizeof m1);
-    cl_restore_start(c, m1, 1, ckdir, psd, READY_S);
+    cl_restore_start(c, m1, 1, ck3, psd, READY_S);
     cl_path(c, "one.safetensors", out, sizeof out);
     psctl_m(c, m1, "export1", 0, ex);
     expect_safetensors(out, ref->params, c->cluster_name);
@@ -1158,9 +1156,18 @@ START_TEST(test_checkpoint_verify_against)
     char want[CL_PATH + 80];
     snprintf(want, sizeof want, "in %s: ", dir);
     EXPECT_LOG(cp, want);
-    /* A second checkpoint into the same directory is refused. */
-    cl_proc_t *again = psctl(c, "checkpoint-again", 1, ck);
-    EXPECT_LOG(again, "already holds a checkpoint");
+    /* A second checkpoint: the default directory holds one, so it goes into time-MS (session
+     * 47; before, it was refused); into that directory given with --dir, it is refused. */
+    cl_proc_t *again = psctl(c, "checkpoint-again", 0, ck);
+    char want2[CL_PATH + 160];
+    snprintf(want2, sizeof want2, "psctl: checkpoint: %s holds a checkpoint already; this one "
+             "goes into ", dir);
+    EXPECT_LOG(again, want2);
+    EXPECT_LOG(again, "/checkpoints/time-");
+    ck_assert_uint_eq(ckpt_step(again), 20);
+    const char *ckd[] = {"checkpoint", "--dir", dir, NULL};
+    cl_proc_t *again2 = psctl(c, "checkpoint-again-dir", 1, ckd);
+    EXPECT_LOG(again2, "already holds a checkpoint");
     const char *json[] = {"status", "--json", NULL};
     cl_proc_t *st = psctl(c, "status", 0, json);
     char r0[17], r1[17], line[128];
