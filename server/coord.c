@@ -194,6 +194,8 @@ typedef struct {
                                  counts only the steps since */
     uint64_t batch_gen;       /* asp / ssp: the state save that holds its batch's hand-out
                                  (coord_save_gen): answered once that one is committed */
+    uint64_t end_gen;         /* asp / ssp: the same for an answer that ends its run (0: none
+                                 pending; end_committed) */
     uint64_t tensor_set;      /* bsp: the digest of the tensors it declared, as its first batch
                                  request said (0: none said yet); tensor_count: how many */
     uint64_t tensor_count;
@@ -429,6 +431,7 @@ static void reply_batch(psd_server_t *srv, uint32_t r)
     member_rt_t *rt = &co->rt[r];
     saved_member_t *m = &co->s.m[r];
     rt->parked = 0;
+    rt->end_gen = 0;
     if (rt->conn == NULL) return;
     rt->late_from_ms = uv_now(srv->loop); /* it could not go on before: step_timeout_ms */
     ps_msg_t a = {.type = PS_MSG_BATCH_REPLY, .req_id = rt->park_req, .shard = 0, .rank = (int32_t)r,
@@ -758,6 +761,25 @@ static void async_maybe_finished(psd_server_t *srv)
            "applied)", (unsigned long long)max, (unsigned long long)co->s.cur.applied_total);
 }
 
+/* asp / ssp: whether an answer that ends member @p r's run (the job is complete, or it did its
+ * job.max_steps) may go: once a committed state holds what it follows from (the last reports,
+ * the end), as a hand-out waits for one. Before (a probe, session 47), shard 0 answered at
+ * once; killed before its next save, it came back without the last reports, with every worker
+ * gone, and the job stayed unfinished for good. The first call queues the save. */
+static bool end_committed(psd_server_t *srv, uint32_t r)
+{
+    psd_coord_t *co = srv->coord;
+    member_rt_t *rt = &co->rt[r];
+    if (rt->end_gen == 0) {
+        rt->end_gen = UINT64_MAX; /* a save_done run inside coord_save must not answer */
+        if (srv->test_crash_finish_save && srv->test_crash_finish_save-- == 1)
+            crash_in_next_save(co, "PS_TEST_CRASH_FINISH_SAVE"); /* the save queued here */
+        rt->end_gen = coord_save_gen(srv);
+        if (rt->end_gen == 0) return true; /* psd_coord_create saves before any answer */
+    }
+    return rt->end_gen <= co->saved_gen;
+}
+
 static void serve_async(psd_server_t *srv, uint32_t r)
 {
     psd_coord_t *co = srv->coord;
@@ -775,11 +797,13 @@ static void serve_async(psd_server_t *srv, uint32_t r)
         if (max && m->steps_done >= max) {
             co->capped = true;
             async_maybe_finished(srv);
-            reply_batch(srv, r); /* asp / ssp: job.max_steps caps each worker's steps */
+            if (end_committed(srv, r)) /* else save_done answers */
+                reply_batch(srv, r);   /* asp / ssp: job.max_steps caps each worker's steps */
             return;
         }
         if (max && co->s.finished) {
-            reply_batch(srv, r); /* joined after every member did its steps */
+            if (end_committed(srv, r)) reply_batch(srv, r); /* joined after every member did its
+                                                                steps */
             return;
         }
         if (srv->m.job.consistency == PS_CONSIST_SSP &&
@@ -793,7 +817,7 @@ static void serve_async(psd_server_t *srv, uint32_t r)
                 PS_LOG(PS_LOG_INFO, "coord", "job complete: %llu samples applied",
                        (unsigned long long)total);
             }
-            reply_batch(srv, r); /* finished */
+            if (end_committed(srv, r)) reply_batch(srv, r); /* finished */
             return;
         }
         m->has_batch = 1;

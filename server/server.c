@@ -1151,6 +1151,10 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
         PS_LOG(PS_LOG_WARN, "server", "PS_TEST_CRASH_AFTER_BATCH=%u: this shard kills itself at "
                "the first push after it handed out batch %u (a test hook)",
                srv->test_crash_after_batch, srv->test_crash_after_batch);
+    if ((srv->test_crash_finish_save = test_hook("PS_TEST_CRASH_FINISH_SAVE", 0)))
+        PS_LOG(PS_LOG_WARN, "server", "PS_TEST_CRASH_FINISH_SAVE=%u: this shard kills itself in the "
+               "save of asp / ssp answer %u that ends a worker's run (a test hook)",
+               srv->test_crash_finish_save, srv->test_crash_finish_save);
     if ((srv->test_crash_close_save = test_hook("PS_TEST_CRASH_CLOSE_SAVE", 0)))
         PS_LOG(PS_LOG_WARN, "server", "PS_TEST_CRASH_CLOSE_SAVE=%u: this shard kills itself in the "
                "save of the last report of a step handed out again (a test hook)",

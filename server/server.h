@@ -479,6 +479,9 @@ struct psd_server_s {
                                         at the first push received after the Nth batch handed
                                         out (test_crash_armed: that batch was handed out) */
     bool test_crash_armed;
+    uint32_t test_crash_finish_save; /* PS_TEST_CRASH_FINISH_SAVE (tests only): SIGKILL itself
+                                        in the save of the Nth asp / ssp answer that ends a
+                                        worker's run (the job complete, or its max_steps) */
     uint32_t test_crash_close_save; /* PS_TEST_CRASH_CLOSE_SAVE (tests only): SIGKILL itself in
                                    the write of the coordinator's state that holds the last report
                                    of a step handed out again (coord.c), once */

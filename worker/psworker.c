@@ -518,6 +518,7 @@ static void usage(FILE *f)
             "  --metrics-out FILE  JSON lines: one per epoch and a final one\n"
             "  --params-out FILE   write the final parameters (PSPARAM1 format)\n"
             "  --codec CODEC       this worker pushes with CODEC instead of job.compression.codec\n"
+            "                      (its rules and min_bytes still choose where they apply)\n"
             "  --local             train alone, computing every rank's share in this process\n"
             "                      and applying the optimizer here (the reference run)\n"
             "  --rank-codec R=C    with --local: rank R pushes with codec C\n"
@@ -718,8 +719,19 @@ int main(int argc, char **argv)
         fprintf(stderr, "psworker: %s: %s\n", metrics_path, strerror(errno));
         goto out;
     }
-    if (codec_override)
+    if (codec_override) {
         snprintf(m.job.compression.codec, sizeof m.job.compression.codec, "%s", codec_override);
+        /* It replaces job.compression.codec only: said, since a rule or min_bytes that takes
+         * every tensor leaves it nothing to do (a probe, session 47, found it silent). */
+        if (m.job.compression.nrules > 0 || m.job.compression.min_bytes > 0)
+            fprintf(stderr, "psworker: --codec %s replaces job.compression.codec; %s still "
+                    "choose%s for the tensors %s\n", codec_override,
+                    m.job.compression.nrules > 0 ? "its rules (first match), then min_bytes"
+                                                  : "min_bytes",
+                    m.job.compression.nrules > 0 ? "" : "s",
+                    m.job.compression.nrules > 0 ? "they match or that are smaller"
+                                                  : "that are smaller");
+    }
     epoch_log_t log = {.metrics = metrics, .test = &test, .t0 = now_s(), .pass = -1};
     log.epoch_t0 = log.t0;
     int64_t perm_pass = -1;

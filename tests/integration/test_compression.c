@@ -51,6 +51,9 @@ static void mixed_codecs(const char *compression, const char *codec_b)
     EXPECT_EXIT(a, 0);
     EXPECT_EXIT(b, 0);
     EXPECT_LOG(b, "psworker: rank 1 joined at step 0 (30 planned for job.workers 2; ");
+    char said[96];
+    snprintf(said, sizeof said, "psworker: --codec %s replaces job.compression.codec; ", codec_b);
+    EXPECT_LOG(b, said);
 
     char rank_codec[64];
     snprintf(rank_codec, sizeof rank_codec, "1=%s", codec_b);

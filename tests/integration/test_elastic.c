@@ -818,6 +818,43 @@ END_TEST
 START_TEST(test_asp_handout_save_failed) { coordinator_restart_after_handout(true); }
 END_TEST
 
+/* asp: shard 0 killed in the save of its first answer "the job is complete"
+ * (PS_TEST_CRASH_FINISH_SAVE), and started again. That answer went out only once a save held
+ * it: the workers had not been told, ask the restarted shard again, and the job completes with
+ * every batch applied once. Before (a probe, session 47), shard 0 answered at once and the last
+ * reports were not saved yet: killed then, it came back with those batches in flight, every
+ * worker gone, and the job unfinished for good. */
+START_TEST(test_asp_finish_not_saved)
+{
+    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = "asp",
+                   .optimizer = "{name: sgd, lr: 1}"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start_env(c, 0, READY_S, "PS_TEST_CRASH_FINISH_SAVE", "1"),
+                         cl_psd_start(c, 1, NULL, READY_S)};
+    char nb[] = "40", bs[] = "8", die[] = "1000000", ord[] = "ab";
+    char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, die, ord, NULL};
+    cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
+    ck_assert_int_eq(cl_wait(psd[0], RUN_S), 128 + SIGKILL);
+    EXPECT_LOG(psd[0], "killed in a save of the coordinator's state (PS_TEST_CRASH_FINISH_SAVE)");
+    EXPECT_LOG(psd[0], "job complete");
+    psd[0] = cl_psd_start(c, 0, NULL, READY_S);
+    EXPECT_EXIT(w[0], 0);
+    EXPECT_EXIT(w[1], 0);
+    ck_assert_int_eq(count_in_log(w[0], "every batch applied once on both tensors") +
+                         count_in_log(w[1], "every batch applied once on both tensors"),
+                     1);
+    coord_t co;
+    coord_open(&co, c);
+    char *j = shard_status(&co, 0);
+    ck_assert_msg(j && strstr(j, "\"finished\": true"), "the job is not finished: %s",
+                  j ? j : "-");
+    free(j);
+    coord_close(&co);
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* A worker whose join reached shard 0 before another worker declared the model, and shard 1
  * after that worker trained the job through (PS_TEST_JOIN_HOLD between the two), asks shard 0
  * again and finds every batch applied once (it joined first: rank 0, which checks). Before, it was refused as
@@ -2556,6 +2593,7 @@ Suite *ps_test_suite(void)
     ADD(bsp_random_deaths_shard_kills);
     ADD(asp_coordinator_restart_after_handout);
     ADD(asp_handout_save_failed);
+    ADD(asp_finish_not_saved);
     ADD(join_beside_first_declare);
     ADD(asp_stopped_member_refused);
     ADD(asp_stopped_member_late_push);
