@@ -771,26 +771,25 @@ START_TEST(test_bsp_random_deaths_shard_kills) { random_deaths("bsp", true); }
 END_TEST
 
 
-/* asp: shard 0 (the coordinator) killed right after it handed out a batch, at the next push it
- * gets (PS_TEST_CRASH_AFTER_BATCH), and started again. The worker pushes that batch when the
- * shard is back; the restarted coordinator must not hand the same samples out again (they would
- * be applied twice) nor hand the worker its batch before it (the same). Hand-outs under asp and
- * ssp are answered once the state holding them is committed. Before, the restart forgot the
- * hand-out: replay.a's element of that batch ended at -2. */
-static void coordinator_restart_after_handout(bool save_fails)
+/* asp: shard 0 (the coordinator) killed by test hook @p hook=@p value (a line @p said in its
+ * log) and started again; two replay clients must finish with every batch applied once, and,
+ * with @p finished, shard 0 must say the job is finished. With @p save_fails, the save holding
+ * the 9th hand-out fails once besides (PS_TEST_FAIL_HANDOUT_SAVE). */
+static void coordinator_killed_asp(const char *hook, const char *value, const char *said,
+                                   bool save_fails, bool finished)
 {
     cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = "asp",
                    .optimizer = "{name: sgd, lr: 1}"};
     cl_cluster_t *c = cl_cluster_create(&k);
     if (save_fails) setenv("PS_TEST_FAIL_HANDOUT_SAVE", "9", 1);
-    cl_proc_t *psd[2] = {cl_psd_start_env(c, 0, READY_S, "PS_TEST_CRASH_AFTER_BATCH", "9"), NULL};
+    cl_proc_t *psd[2] = {cl_psd_start_env(c, 0, READY_S, hook, value), NULL};
     unsetenv("PS_TEST_FAIL_HANDOUT_SAVE"); /* shard 0 has its copy */
     psd[1] = cl_psd_start(c, 1, NULL, READY_S);
     char nb[] = "40", bs[] = "8", die[] = "1000000", ord[] = "ab";
     char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, die, ord, NULL};
     cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
     ck_assert_int_eq(cl_wait(psd[0], RUN_S), 128 + SIGKILL);
-    EXPECT_LOG(psd[0], KILLED_AFTER_BATCH);
+    EXPECT_LOG(psd[0], said);
     cl_proc_t *killed = psd[0];
     psd[0] = cl_psd_start(c, 0, NULL, READY_S);
     EXPECT_EXIT(w[0], 0);
@@ -804,54 +803,54 @@ static void coordinator_restart_after_handout(bool save_fails)
         EXPECT_LOG(killed, "batches wait until a save commits");
         EXPECT_LOG(killed, "the coordinator's state is saved again (after 1 failed save)");
     }
+    if (finished) {
+        EXPECT_LOG(killed, "job complete");
+        coord_t co;
+        coord_open(&co, c);
+        char *j = shard_status(&co, 0);
+        ck_assert_msg(j && strstr(j, "\"finished\": true"), "the job is not finished: %s",
+                      j ? j : "-");
+        free(j);
+        coord_close(&co);
+    }
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }
 
-START_TEST(test_asp_coordinator_restart_after_handout) { coordinator_restart_after_handout(false); }
+/* Shard 0 killed right after it handed out a batch, at the next push it gets
+ * (PS_TEST_CRASH_AFTER_BATCH). The worker pushes that batch when the shard is back; the
+ * restarted coordinator must not hand the same samples out again (they would be applied twice)
+ * nor hand the worker its batch before it (the same). Hand-outs under asp and ssp are answered
+ * once the state holding them is committed. Before, the restart forgot the hand-out:
+ * replay.a's element of that batch ended at -2. */
+START_TEST(test_asp_coordinator_restart_after_handout)
+{
+    coordinator_killed_asp("PS_TEST_CRASH_AFTER_BATCH", "9", KILLED_AFTER_BATCH, false, false);
+}
 END_TEST
 
 /* The same, with the save that holds that hand-out failing (PS_TEST_FAIL_HANDOUT_SAVE, as if
  * the store refused the write). The batch must wait for a save that commits (psd_coord_tick
  * tries again). Before, a failed save answered what waited for it ("a hand-out never waits for
  * good"), the restart forgot the hand-out, and the batch was applied twice. */
-START_TEST(test_asp_handout_save_failed) { coordinator_restart_after_handout(true); }
+START_TEST(test_asp_handout_save_failed)
+{
+    coordinator_killed_asp("PS_TEST_CRASH_AFTER_BATCH", "9", KILLED_AFTER_BATCH, true, false);
+}
 END_TEST
 
-/* asp: shard 0 killed in the save of its first answer "the job is complete"
- * (PS_TEST_CRASH_FINISH_SAVE), and started again. That answer went out only once a save held
- * it: the workers had not been told, ask the restarted shard again, and the job completes with
- * every batch applied once. Before (a probe, session 47), shard 0 answered at once and the last
- * reports were not saved yet: killed then, it came back with those batches in flight, every
- * worker gone, and the job unfinished for good. */
+/* Shard 0 killed in the save of its first answer "the job is complete"
+ * (PS_TEST_CRASH_FINISH_SAVE). That answer goes out only once a save holds it: the workers had
+ * not been told, ask the restarted shard again, and the job completes with every batch applied
+ * once. Before (a probe, session 47), shard 0 answered at once and the last reports were not
+ * saved yet: killed then, it came back with those batches in flight, every worker gone, and
+ * the job unfinished for good. */
 START_TEST(test_asp_finish_not_saved)
 {
-    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = "asp",
-                   .optimizer = "{name: sgd, lr: 1}"};
-    cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd[2] = {cl_psd_start_env(c, 0, READY_S, "PS_TEST_CRASH_FINISH_SAVE", "1"),
-                         cl_psd_start(c, 1, NULL, READY_S)};
-    char nb[] = "40", bs[] = "8", die[] = "1000000", ord[] = "ab";
-    char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, die, ord, NULL};
-    cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
-    ck_assert_int_eq(cl_wait(psd[0], RUN_S), 128 + SIGKILL);
-    EXPECT_LOG(psd[0], "killed in a save of the coordinator's state (PS_TEST_CRASH_FINISH_SAVE)");
-    EXPECT_LOG(psd[0], "job complete");
-    psd[0] = cl_psd_start(c, 0, NULL, READY_S);
-    EXPECT_EXIT(w[0], 0);
-    EXPECT_EXIT(w[1], 0);
-    ck_assert_int_eq(count_in_log(w[0], "every batch applied once on both tensors") +
-                         count_in_log(w[1], "every batch applied once on both tensors"),
-                     1);
-    coord_t co;
-    coord_open(&co, c);
-    char *j = shard_status(&co, 0);
-    ck_assert_msg(j && strstr(j, "\"finished\": true"), "the job is not finished: %s",
-                  j ? j : "-");
-    free(j);
-    coord_close(&co);
-    stop_all(psd, 2);
-    cl_cluster_destroy(c);
+    coordinator_killed_asp("PS_TEST_CRASH_FINISH_SAVE", "1",
+                           "killed in a save of the coordinator's state "
+                           "(PS_TEST_CRASH_FINISH_SAVE)",
+                           false, true);
 }
 END_TEST
 
