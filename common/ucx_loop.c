@@ -119,7 +119,14 @@ void ps_ucx_progress(ps_ucx_t *u)
             }
         }
         if (u->deferred && !to_loop && u->deferred(u)) active = 1;
-        if (active) u->stuck_since_ns = u->stuck_spent_ns = 0; /* something moved: not stuck */
+        /* Not stuck only when a message reached the owner: connection requests, endpoint
+         * errors and closes (a joiner whose hello sits behind a dead sender's FIFO slot
+         * connects, times out and closes again every 1-2 s) progress the worker too, and
+         * counted as progress they kept a wedged shm FIFO from ever being seen stuck. */
+        if (u->am_seen != u->am_seen_stuck) {
+            u->am_seen_stuck = u->am_seen;
+            u->stuck_since_ns = u->stuck_spent_ns = 0; /* something arrived: not stuck */
+        }
         if (to_loop) break;
         if (u->closing) break;
         /* Busy-poll for a while after the last activity: a reply or the next request usually
@@ -428,6 +435,15 @@ void ps_ucx_ep_close(ps_ucx_t *u, ucp_ep_h *ep, int force)
                "finish in the background", (unsigned long long)(PS_UCX_CLOSE_NS / 1000000));
 }
 
+/* Every active message passes here: counted (am_seen, ps_ucx_progress), then the owner's. */
+static ucs_status_t am_count(void *arg, const void *header, size_t header_length, void *data,
+                             size_t length, const ucp_am_recv_param_t *param)
+{
+    ps_ucx_t *u = arg;
+    u->am_seen++;
+    return u->am_cb(u->am_arg, header, header_length, data, length, param);
+}
+
 void ps_ucx_set_am_handler(ps_ucx_t *u, ucp_am_recv_callback_t cb, void *arg)
 {
     u->am_cb = cb; /* set again on the worker ps_ucx_restart makes */
@@ -437,7 +453,7 @@ void ps_ucx_set_am_handler(ps_ucx_t *u, ucp_am_recv_callback_t cb, void *arg)
         ucp_am_handler_param_t hp = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
                                                    UCP_AM_HANDLER_PARAM_FIELD_CB |
                                                    UCP_AM_HANDLER_PARAM_FIELD_ARG,
-                                     .id = id, .cb = cb, .arg = arg};
+                                     .id = id, .cb = am_count, .arg = u};
         ucp_worker_set_am_recv_handler(u->worker, &hp);
     }
 }

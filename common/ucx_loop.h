@@ -64,6 +64,8 @@ struct ps_ucx_s {
     uint32_t eager_below;        /* PS_EAGER_BELOW, or PS_EAGER_BYTES (ps_ucx_eager_below) */
     ucp_am_recv_callback_t am_cb; /* ps_ucx_set_am_handler's, for a restarted worker */
     void *am_arg;
+    uint64_t am_seen;            /* active messages delivered to am_cb (am_count) */
+    uint64_t am_seen_stuck;      /* am_seen when stuck_since_ns was last cleared */
     void *data;                  /* the owner's */
     /* Called by ps_ucx_connect on each endpoint it made, before the caller sends anything on
      * it (proto/authmsg.h: the authentication proof), with the endpoint's token to fill (it
