@@ -119,14 +119,7 @@ void ps_ucx_progress(ps_ucx_t *u)
             }
         }
         if (u->deferred && !to_loop && u->deferred(u)) active = 1;
-        /* Not stuck only when a message reached the owner: connection requests, endpoint
-         * errors and closes (a joiner whose hello sits behind a dead sender's FIFO slot
-         * connects, times out and closes again every 1-2 s) progress the worker too, and
-         * counted as progress they kept a wedged shm FIFO from ever being seen stuck. */
-        if (u->am_seen != u->am_seen_stuck) {
-            u->am_seen_stuck = u->am_seen;
-            u->stuck_since_ns = u->stuck_spent_ns = 0; /* something arrived: not stuck */
-        }
+        /* Not stuck: only a message that reached the owner says so (am_arrived). */
         if (to_loop) break;
         if (u->closing) break;
         /* Busy-poll for a while after the last activity: a reply or the next request usually
@@ -435,12 +428,16 @@ void ps_ucx_ep_close(ps_ucx_t *u, ucp_ep_h *ep, int force)
                "finish in the background", (unsigned long long)(PS_UCX_CLOSE_NS / 1000000));
 }
 
-/* Every active message passes here: counted (am_seen, ps_ucx_progress), then the owner's. */
-static ucs_status_t am_count(void *arg, const void *header, size_t header_length, void *data,
-                             size_t length, const ucp_am_recv_param_t *param)
+/* Every active message passes here on its way to the owner's handler: one that arrived means
+ * the worker is not stuck (ps_ucx_stuck_ns). Other progress does not: connection requests,
+ * endpoint errors and closes (joiners whose hellos sit behind a dead sender's shared-memory
+ * FIFO slot connect, time out and close again every 1-2 s) counted as progress before, and
+ * kept such a wedged worker from ever being seen stuck (a probe, session 47). */
+static ucs_status_t am_arrived(void *arg, const void *header, size_t header_length, void *data,
+                               size_t length, const ucp_am_recv_param_t *param)
 {
     ps_ucx_t *u = arg;
-    u->am_seen++;
+    u->stuck_since_ns = u->stuck_spent_ns = 0;
     return u->am_cb(u->am_arg, header, header_length, data, length, param);
 }
 
@@ -453,7 +450,7 @@ void ps_ucx_set_am_handler(ps_ucx_t *u, ucp_am_recv_callback_t cb, void *arg)
         ucp_am_handler_param_t hp = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
                                                    UCP_AM_HANDLER_PARAM_FIELD_CB |
                                                    UCP_AM_HANDLER_PARAM_FIELD_ARG,
-                                     .id = id, .cb = am_count, .arg = u};
+                                     .id = id, .cb = am_arrived, .arg = u};
         ucp_worker_set_am_recv_handler(u->worker, &hp);
     }
 }

@@ -49,7 +49,7 @@ struct ps_ucx_s {
     uint64_t busy_since_ns;      /* when the first of those since the worker was last armed
                                     began (0: none) */
     uint64_t stuck_since_ns;     /* the first of those episodes since the worker last
-                                    progressed anything or was armed (0: none) */
+                                    delivered a message or was armed (0: none) */
     uint64_t stuck_spent_ns;     /* of the time since stuck_since_ns, how much went in them */
     int busy_warned;             /* said once that it stays busy */
     /* The owner's (may be NULL): whether it waits for nothing now (no request of its own in
@@ -64,8 +64,6 @@ struct ps_ucx_s {
     uint32_t eager_below;        /* PS_EAGER_BELOW, or PS_EAGER_BYTES (ps_ucx_eager_below) */
     ucp_am_recv_callback_t am_cb; /* ps_ucx_set_am_handler's, for a restarted worker */
     void *am_arg;
-    uint64_t am_seen;            /* active messages delivered to am_cb (am_count) */
-    uint64_t am_seen_stuck;      /* am_seen when stuck_since_ns was last cleared */
     void *data;                  /* the owner's */
     /* Called by ps_ucx_connect on each endpoint it made, before the caller sends anything on
      * it (proto/authmsg.h: the authentication proof), with the endpoint's token to fill (it

@@ -677,50 +677,27 @@ static bool arm_takes(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg, 
     return true;
 }
 
-/* PS_FLAG_MOVE: psctl moves checkpoint `count`, armed here and still waiting for its step, to
- * an earlier one (psctl_checkpoint.c, move_earlier: every member of the step before it left,
- * so that step is the job's state); with PS_FLAG_CHECK it only asks whether it would. */
-static void on_move(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
+/* MSG_CKPT_ARM: arm checkpoint `count` at `step` into `error`. PS_FLAG_MOVE: psctl moves that
+ * checkpoint, armed here and still waiting for its step, to an earlier one (psctl_checkpoint.c,
+ * move_earlier: every member of the step before it left, so that step is the job's state).
+ * PS_FLAG_CHECK: only whether it would be taken (psctl, before arming or moving any shard). */
+static void on_arm(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
 {
-    struct psd_ckpt_s *ck = srv->ckpt;
-    if (ck == NULL || ck->state != CK_ARMED || ck->id != msg->count || msg->count == 0 ||
-        ck->step == UINT64_MAX || msg->step == UINT64_MAX) {
+    bool move = (msg->flags & PS_FLAG_MOVE) != 0;
+    struct psd_ckpt_s *ck = move ? srv->ckpt : state(srv);
+    if (move && (ck == NULL || ck->state != CK_ARMED || ck->id != msg->count ||
+                 msg->count == 0 || ck->step == UINT64_MAX || msg->step == UINT64_MAX)) {
         psd_send_error(srv, conn, msg->req_id, PS_ECONFLICT, "shard %u holds no checkpoint "
                        "%016llx waiting for its step", srv->shard, (unsigned long long)msg->count);
         return;
     }
-    char dir[1100];
-    if (!arm_takes(srv, conn, msg, dir, sizeof dir)) return;
-    ps_msg_t r = {.type = PS_MSG_CKPT_ARM_REPLY, .req_id = msg->req_id, .shard = srv->shard,
-                  .step = msg->step};
-    if (msg->flags & PS_FLAG_CHECK) {
-        psd_send_msg(srv, conn, &r);
-        return;
-    }
-    PS_LOG(PS_LOG_INFO, "ckpt", "checkpoint %016llx moved: at step %llu (was %llu), into %s",
-           (unsigned long long)ck->id, (unsigned long long)msg->step,
-           (unsigned long long)ck->step, dir);
-    snprintf(ck->dir, sizeof ck->dir, "%s", dir);
-    snprintf(ck->top, sizeof ck->top, "%s", msg->error);
-    ck->step = msg->step;
-    psd_send_msg(srv, conn, &r);
-    if (!srv->job_running) psd_ckpt_after_job(srv);
-}
-
-static void on_arm(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
-{
-    if (msg->flags & PS_FLAG_MOVE) {
-        on_move(srv, conn, msg);
-        return;
-    }
-    struct psd_ckpt_s *ck = state(srv);
     if (ck == NULL) {
         psd_send_error(srv, conn, msg->req_id, PS_ENOMEM, "out of memory");
         return;
     }
-    if (ck->state == CK_ARMED && marked_cancelled(ck))
+    if (!move && ck->state == CK_ARMED && marked_cancelled(ck))
         drop(ck, true); /* armed still, waiting for a step: it would refuse this one */
-    if (ck->state == CK_ARMED || ck->state == CK_SNAP || ck->state == CK_COPYING) {
+    if (!move && (ck->state == CK_ARMED || ck->state == CK_SNAP || ck->state == CK_COPYING)) {
         if (__atomic_load_n(&ck->cancel, __ATOMIC_RELAXED))
             psd_send_error(srv, conn, msg->req_id, PS_EBUSY, "the copy of a cancelled checkpoint "
                            "into %s is stopping here; try again", ck->dir);
@@ -731,30 +708,34 @@ static void on_arm(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
     }
     char dir[1100];
     if (!arm_takes(srv, conn, msg, dir, sizeof dir)) return;
-    if (msg->flags & PS_FLAG_CHECK) { /* would it be taken? (psctl, before arming any shard) */
-        ps_msg_t r = {.type = PS_MSG_CKPT_ARM_REPLY, .req_id = msg->req_id,
-                      .shard = srv->shard, .step = msg->step};
+    ps_msg_t r = {.type = PS_MSG_CKPT_ARM_REPLY, .req_id = msg->req_id, .shard = srv->shard,
+                  .step = msg->step};
+    if (msg->flags & PS_FLAG_CHECK) {
         psd_send_msg(srv, conn, &r);
         return;
     }
+    if (move)
+        PS_LOG(PS_LOG_INFO, "ckpt", "checkpoint %016llx moved: at step %llu (was %llu), into %s",
+               (unsigned long long)ck->id, (unsigned long long)msg->step,
+               (unsigned long long)ck->step, dir);
     snprintf(ck->dir, sizeof ck->dir, "%s", dir);
     snprintf(ck->top, sizeof ck->top, "%s", msg->error);
     ck->step = msg->step;
-    ck->id = msg->count;
-    ck->cancel = ck->marked = 0;
-    ck->state = CK_ARMED;
-    ck->rc = 0;
-    ck->err[0] = '\0';
-    ck->bytes = ck->nchunks = ck->ms = 0;
-    ck->t0_ms = uv_now(srv->loop);
-    if (msg->step == UINT64_MAX)
-        PS_LOG(PS_LOG_INFO, "ckpt", "checkpoint %016llx armed: now, into %s",
-               (unsigned long long)ck->id, ck->dir);
-    else
-        PS_LOG(PS_LOG_INFO, "ckpt", "checkpoint %016llx armed: at step %llu, into %s",
-               (unsigned long long)ck->id, (unsigned long long)ck->step, ck->dir);
-    ps_msg_t r = {.type = PS_MSG_CKPT_ARM_REPLY, .req_id = msg->req_id, .shard = srv->shard,
-                  .step = msg->step};
+    if (!move) {
+        ck->id = msg->count;
+        ck->cancel = ck->marked = 0;
+        ck->state = CK_ARMED;
+        ck->rc = 0;
+        ck->err[0] = '\0';
+        ck->bytes = ck->nchunks = ck->ms = 0;
+        ck->t0_ms = uv_now(srv->loop);
+        if (msg->step == UINT64_MAX)
+            PS_LOG(PS_LOG_INFO, "ckpt", "checkpoint %016llx armed: now, into %s",
+                   (unsigned long long)ck->id, ck->dir);
+        else
+            PS_LOG(PS_LOG_INFO, "ckpt", "checkpoint %016llx armed: at step %llu, into %s",
+                   (unsigned long long)ck->id, (unsigned long long)ck->step, ck->dir);
+    }
     psd_send_msg(srv, conn, &r);
     if (!srv->job_running) psd_ckpt_after_job(srv); /* else when the running job is done */
 }

@@ -802,8 +802,8 @@ static void serve_async(psd_server_t *srv, uint32_t r)
             return;
         }
         if (max && co->s.finished) {
-            if (end_committed(srv, r)) reply_batch(srv, r); /* joined after every member did its
-                                                                steps */
+            if (end_committed(srv, r)) /* joined after every member did its steps */
+                reply_batch(srv, r);
             return;
         }
         if (srv->m.job.consistency == PS_CONSIST_SSP &&

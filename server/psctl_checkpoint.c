@@ -45,6 +45,19 @@ void psctl_absolute(char *out, size_t cap, const char *dir)
         snprintf(out, cap, "%.500s/%.500s", cwd, dir);
 }
 
+char *psctl_status_json(ps_req_t *cl, uint32_t i, char *err, size_t errlen)
+{
+    ps_msg_t q = {.type = PS_MSG_STATUS, .rank = -1}, r;
+    void *data = NULL;
+    size_t len = 0;
+    if (ps_req_call(cl, i, &q, &r, &data, &len, err, errlen)) return NULL;
+    char *json = calloc(1, len + 1);
+    if (json == NULL) snprintf(err, errlen, "out of memory");
+    else if (data) memcpy(json, data, len);
+    free(data);
+    return json;
+}
+
 /* ---- checkpoint ------------------------------------------------------------------------ */
 
 int psctl_checkpoint_dir(const ps_manifest_t *m, const char *base_in, uint64_t step, char *out,
@@ -301,19 +314,7 @@ static bool held_back(ps_req_t *cl, const ps_manifest_t *m, bool *said)
     bool finished = false, found = false;
     char err[512], v[32], name[160];
     for (int i = 0; i < m->nservers; i++) {
-        ps_msg_t q = {.type = PS_MSG_STATUS, .rank = -1}, r;
-        void *data = NULL;
-        size_t len = 0;
-        if (ps_req_call(cl, (uint32_t)i, &q, &r, &data, &len, err, sizeof err) || data == NULL) {
-            free(data);
-            continue;
-        }
-        char *json = malloc(len + 1);
-        if (json) {
-            memcpy(json, data, len);
-            json[len] = '\0';
-        }
-        free(data);
+        char *json = psctl_status_json(cl, (uint32_t)i, err, sizeof err);
         if (json == NULL) continue;
         if (i == 0 && ps_json_field(json, "finished", v, sizeof v)) finished = !strcmp(v, "true");
         if (!found && ps_json_field(json, "untrained_tensors", v, sizeof v) && atoi(v) > 0 &&
@@ -394,26 +395,15 @@ static int move_earlier(ps_req_t *cl, const ps_manifest_t *m, uint64_t id, uint6
 {
     char err[512], v[32];
     int n = m->nservers;
-    ps_msg_t q = {.type = PS_MSG_STATUS, .rank = -1}, r;
-    void *data = NULL;
-    size_t len = 0;
-    if (ps_req_call(cl, 0, &q, &r, &data, &len, err, sizeof err) || data == NULL) {
-        free(data);
-        return 0;
-    }
-    char *json = malloc(len + 1);
+    ps_msg_t r;
+    char *json = psctl_status_json(cl, 0, err, sizeof err);
+    if (json == NULL) return 0;
     uint64_t open = UINT64_MAX, members = 1;
     bool finished = true;
-    if (json) {
-        memcpy(json, data, len);
-        json[len] = '\0';
-        if (ps_json_field(json, "open_step", v, sizeof v)) open = strtoull(v, NULL, 10);
-        if (ps_json_field(json, "open_step_members", v, sizeof v))
-            members = strtoull(v, NULL, 10);
-        if (ps_json_field(json, "finished", v, sizeof v)) finished = strcmp(v, "false") != 0;
-        free(json);
-    }
-    free(data);
+    if (ps_json_field(json, "open_step", v, sizeof v)) open = strtoull(v, NULL, 10);
+    if (ps_json_field(json, "open_step_members", v, sizeof v)) members = strtoull(v, NULL, 10);
+    if (ps_json_field(json, "finished", v, sizeof v)) finished = strcmp(v, "false") != 0;
+    free(json);
     if (finished || members != 0 || open + 1 != *step) return 0;
     for (int i = 0; i < n; i++)
         if ((st[i].flags & 1) && st[i].chunk > 0) { /* it applied the open step */

@@ -69,6 +69,9 @@ int psctl_checkpoint_dir(const ps_manifest_t *m, const char *base, uint64_t step
                          size_t cap);
 /** @brief @p dir made absolute against the working directory, into @p out. */
 void psctl_absolute(char *out, size_t cap, const char *dir);
+/** @brief Shard @p i's status (MSG_STATUS) as a NUL-terminated JSON text, which the caller
+ *  frees; NULL with the reason in @p err when it did not answer or memory ran out. */
+char *psctl_status_json(ps_req_t *cl, uint32_t i, char *err, size_t errlen);
 /** @brief CLOCK_MONOTONIC in seconds. */
 double psctl_mono_s(void);
 /** @brief psctl verify --against D: recheck a checkpoint's files here (no shard is asked). */

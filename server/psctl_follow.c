@@ -55,18 +55,12 @@ static void sleep_ms(int ms)
 static int job_status(ps_req_t *cl, uint64_t per_step, uint64_t *open_step, int *finished,
                       char run[32], uint64_t *run_base)
 {
-    ps_msg_t q = {.type = PS_MSG_STATUS, .rank = -1}, r;
-    void *data = NULL;
-    size_t len = 0;
     char err[512], v[32] = "";
-    if (ps_req_call(cl, 0, &q, &r, &data, &len, err, sizeof err)) {
+    char *json = psctl_status_json(cl, 0, err, sizeof err);
+    if (json == NULL) {
         fprintf(stderr, "psctl: follow: status: %s\n", err);
         return -1;
     }
-    char *json = calloc(1, len + 1);
-    if (json && data) memcpy(json, data, len);
-    free(data);
-    if (json == NULL) return -1;
     int rc = psd_ckpt_meta_field(json, per_step ? "samples_applied" : "open_step", v, sizeof v);
     *open_step = strtoull(v, NULL, 10);
     if (per_step) *open_step /= per_step;

@@ -724,13 +724,8 @@ int main(int argc, char **argv)
         /* It replaces job.compression.codec only: said, since a rule or min_bytes that takes
          * every tensor leaves it nothing to do (a probe, session 47, found it silent). */
         if (m.job.compression.nrules > 0 || m.job.compression.min_bytes > 0)
-            fprintf(stderr, "psworker: --codec %s replaces job.compression.codec; %s still "
-                    "choose%s for the tensors %s\n", codec_override,
-                    m.job.compression.nrules > 0 ? "its rules (first match), then min_bytes"
-                                                  : "min_bytes",
-                    m.job.compression.nrules > 0 ? "" : "s",
-                    m.job.compression.nrules > 0 ? "they match or that are smaller"
-                                                  : "that are smaller");
+            fprintf(stderr, "psworker: --codec %s replaces job.compression.codec; its rules and "
+                    "min_bytes still choose for the tensors they take\n", codec_override);
     }
     epoch_log_t log = {.metrics = metrics, .test = &test, .t0 = now_s(), .pass = -1};
     log.epoch_t0 = log.t0;
