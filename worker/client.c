@@ -2715,10 +2715,16 @@ static int join(ps_client_t *c, uint32_t timeout_ms, const volatile sig_atomic_t
                 break;
             }
             if ((rc != PS_ETRANSPORT && rc != PS_ETIMEDOUT) || now_ms() >= deadline) {
-                char why[256];
+                char why[256], took[96] = "";
                 snprintf(why, sizeof why, "%.200s", c->err);
-                snprintf(c->err, sizeof c->err, "cannot join shard %u (%.64s:%u): %s", i,
-                         c->m.servers[i].host, c->m.servers[i].port, why);
+                /* Out of time: say how long it tried, as a reconnect that gives up does (a
+                 * worker that lost a shard can be dropped by shard 0 meanwhile and end here,
+                 * in its join again, instead: faults:silent_shard_lost, CI of session 47). */
+                if (rc == PS_ETRANSPORT || rc == PS_ETIMEDOUT)
+                    snprintf(took, sizeof took, " in %llu ms (the reconnect timeout is %u ms)",
+                             (unsigned long long)(now_ms() - start), timeout_ms);
+                snprintf(c->err, sizeof c->err, "cannot join shard %u (%.64s:%u)%s: %s", i,
+                         c->m.servers[i].host, c->m.servers[i].port, took, why);
                 return rc;
             }
             /* Not at once: a psd still starting is usual. But a wait of up to timeout_ms

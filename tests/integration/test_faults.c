@@ -1132,6 +1132,32 @@ START_TEST(test_sigterm_while_joining)
 }
 END_TEST
 
+/* A worker whose shard 1 is stopped (SIGSTOP: connections are taken, hellos never answered)
+ * gives its join up after the reconnect timeout and says how long it tried, as a reconnect
+ * that gives up does. Before, it said "cannot join shard 1 (...): shard 1 (...) did not answer
+ * its hello in 1000 ms", the hello's own deadline only: a worker dropped by shard 0 while it
+ * reconnected to a stopped shard ends in this join (faults:silent_shard_lost failed on it in
+ * CI, session 47). */
+START_TEST(test_join_timeout_said)
+{
+    cl_conf_t k = {.shards = 2, .workers = 1, .job_extra = "  reconnect_timeout_ms: 3000\n"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    ck_assert_int_eq(cl_signal(psd[1], SIGSTOP), 0);
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    int st = cl_wait(w, 30.0);
+    cl_signal(psd[1], SIGCONT);
+    ck_assert_msg(st == 1, "the worker exited %d (-1: still joining after 30 s): %s", st,
+                  cl_tail(w));
+    char said[96];
+    snprintf(said, sizeof said, "cannot join shard 1 (127.0.0.1:%u) in ", c->port[1]);
+    EXPECT_LOG(w, said);
+    EXPECT_LOG(w, " ms (the reconnect timeout is 3000 ms): shard 1 (127.0.0.1:");
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* libps refuses calls that misuse its API with PS_EINVAL and the reason, before anything is
  * sent (asp_client --misuse: declarations psd could not hold, NULL arguments, a batch of a
  * training set of 0, a shard out of range, a handle waited for twice), and the client and the
@@ -1601,6 +1627,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("api_misuse_refused", test_api_misuse_refused));
     suite_add_tcase(s, tcase("worker_says_shard_silent", test_worker_says_shard_silent));
     suite_add_tcase(s, tcase("silent_shard_lost", test_silent_shard_lost));
+    suite_add_tcase(s, tcase("join_timeout_said", test_join_timeout_said));
     suite_add_tcase(s, tcase("coordinator_stop_keeps_members",
                              test_coordinator_stop_keeps_members));
     suite_add_tcase(s, tcase("shard0_store_lost_refused", test_shard0_store_lost_refused));
