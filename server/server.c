@@ -1170,10 +1170,13 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
     if ((srv->test_fail_create = test_hook("PS_TEST_FAIL_CREATE", 0)))
         PS_LOG(PS_LOG_WARN, "server", "PS_TEST_FAIL_CREATE=%u: tensor creation %u fails on "
                "purpose (a test hook)", srv->test_fail_create, srv->test_fail_create);
-    if ((srv->test_slow_apply = test_hook("PS_TEST_SLOW_APPLY", 0)))
+    if ((srv->test_slow_apply = test_hook("PS_TEST_SLOW_APPLY", 0))) {
+        const char *hold = getenv("PS_TEST_SLOW_APPLY_HOLD");
+        srv->test_slow_apply_hold = hold && *hold ? hold : NULL;
         PS_LOG(PS_LOG_WARN, "server", "PS_TEST_SLOW_APPLY=%u: the first apply job of step %u "
-               "takes 2 s longer on purpose (a test hook)", srv->test_slow_apply - 1,
-               srv->test_slow_apply - 1);
+               "takes %s longer on purpose (a test hook)", srv->test_slow_apply - 1,
+               srv->test_slow_apply - 1, srv->test_slow_apply_hold ? "while a file exists" : "2 s");
+    }
     if ((srv->test_ckpt_hold_ms = test_hook("PS_TEST_CKPT_HOLD_MS", 0)))
         PS_LOG(PS_LOG_WARN, "server", "PS_TEST_CKPT_HOLD_MS=%u: a checkpoint's hold of the "
                "hand-outs ends after %u ms (a test hook)", srv->test_ckpt_hold_ms,

@@ -496,6 +496,10 @@ struct psd_server_s {
                                    fails (as if the store refused it), once */
     uint32_t test_slow_apply;   /* PS_TEST_SLOW_APPLY (tests only): step + 1 whose first bsp
                                    apply job runs on the pool and takes 2 s longer (0: none) */
+    const char *test_slow_apply_hold; /* PS_TEST_SLOW_APPLY_HOLD=FILE (tests only): that apply
+                                   job waits while FILE exists (up to 60 s) instead of 2 s, so
+                                   that a test releases it after what it waits for, not on a
+                                   clock a loaded host can miss (NULL: 2 s) */
     uint32_t test_lose_ack;     /* PS_TEST_LOSE_ACK (tests only): the Nth push acknowledgement
                                    is not sent and its connection is closed */
     uint32_t test_ckpt_hold_ms; /* PS_TEST_CKPT_HOLD_MS (tests only): a checkpoint's hold ends

@@ -2,6 +2,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "checkpoint.h"
 #include "crc32c.h"
@@ -2437,6 +2438,17 @@ static int run_apply(psd_job_t *job, psd_wtxn_t *tx)
     return 0;
 }
 
+/* PS_TEST_SLOW_APPLY's wait, on the pool thread: while @p hold exists (up to 60 s), or 2 s
+ * without one. */
+static void slow_apply_wait(const char *hold)
+{
+    if (hold == NULL) {
+        uv_sleep(2000);
+        return;
+    }
+    for (int t = 0; t < 6000 && access(hold, F_OK) == 0; t++) uv_sleep(10);
+}
+
 static void job_work(uv_work_t *w)
 {
     psd_job_t *job = w->data;
@@ -2452,7 +2464,7 @@ static void job_work(uv_work_t *w)
         job->rc = job->kind == JOB_CREATE ? run_create(job, &tx)
                   : job->kind == JOB_DROP ? psd_store_del_tensor(&tx, job->tensor, job->nchunks)
                                           : run_apply(job, &tx);
-        if (job->slow) uv_sleep(2000);
+        if (job->slow) slow_apply_wait(job->srv->test_slow_apply_hold);
         if (job->rc == 0 && job->kind == JOB_APPLY && job->coord_len)
             job->rc = psd_store_put_blob(&tx, "job", job->coord_state, job->coord_len);
         if (job->rc == 0 && job->kind == JOB_APPLY && job->coord_rec_len)
@@ -2955,8 +2967,13 @@ static void job_start_next(psd_server_t *srv)
                 job->items[0]->version + 1 == srv->test_slow_apply;
     if (job->slow) {
         srv->test_slow_apply = 0; /* once; on the pool, so the loop goes on */
-        PS_LOG(PS_LOG_WARN, "shard", "the apply of step %llu takes 2 s longer "
-               "(PS_TEST_SLOW_APPLY)", (unsigned long long)job->items[0]->version);
+        if (srv->test_slow_apply_hold)
+            PS_LOG(PS_LOG_WARN, "shard", "the apply of step %llu waits while %s exists "
+                   "(PS_TEST_SLOW_APPLY_HOLD)", (unsigned long long)job->items[0]->version,
+                   srv->test_slow_apply_hold);
+        else
+            PS_LOG(PS_LOG_WARN, "shard", "the apply of step %llu takes 2 s longer "
+                   "(PS_TEST_SLOW_APPLY)", (unsigned long long)job->items[0]->version);
     }
     if (!srv->job_inline && !job->slow && (bytes <= PSD_INLINE_APPLY_BYTES ||
                              (job->nitems == 1 && bytes <= PSD_INLINE_RECORD_BYTES))) {

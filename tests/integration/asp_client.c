@@ -190,7 +190,11 @@ static int interrupted_push(ps_client_t *c, uint32_t id, const float *g)
     sigwait(&usr1, &sig);
     ps_op_t *op;
     int rc = ps_client_push(c, id, g, 0, &op);
-    if (rc == 0) rc = ps_op_wait(op, NULL);
+    if (rc == 0) {
+        printf("asp_client: push started\n"); /* the test's SIGTERM comes after it */
+        fflush(stdout);
+        rc = ps_op_wait(op, NULL);
+    }
     printf("asp_client: push: %s\n", rc ? ps_client_error(c) : "acknowledged");
     fflush(stdout);
     return rc == PS_ECANCELED ? 3 : 1;

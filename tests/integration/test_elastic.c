@@ -248,7 +248,7 @@ static void replay_expect(cl_proc_t *w[2])
 static void replay_run(const char *consistency, const char *order, long long skipped)
 {
     cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = consistency,
-                   .optimizer = "{name: sgd, lr: 1}"};
+                   .optimizer = "{name: sgd, lr: 1}", .start_wait_ms = CL_TOGETHER_MS};
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
     cl_proc_t *w[2];
@@ -414,6 +414,16 @@ static cl_proc_t *checkpoint_spawn(cl_cluster_t *c, const char *name, int gap_ms
 }
 
 /* psctl checkpoint --dir CLUSTER/ckpt (into @p ckdir[CL_PATH]), waited for: exit 0. */
+/* A file for PS_TEST_SLOW_APPLY_HOLD, created, its path into @p hold[CL_PATH] and that
+ * variable: a psd started next has its slowed apply wait until the test removes it. */
+static void slow_apply_hold(cl_cluster_t *c, char *hold)
+{
+    cl_path(c, "apply.hold", hold, CL_PATH);
+    FILE *f = fopen(hold, "w");
+    ck_assert(f != NULL && fclose(f) == 0);
+    setenv("PS_TEST_SLOW_APPLY_HOLD", hold, 1);
+}
+
 static cl_proc_t *checkpoint_now(cl_cluster_t *c, char *ckdir)
 {
     cl_proc_t *cp = checkpoint_spawn(c, "ckpt", 0, ckdir);
@@ -456,7 +466,7 @@ static void replay_pair_start(asp_stop_t *r, const char *consistency, int hb_ms,
     snprintf(r->hb, sizeof r->hb, "  heartbeat_timeout_ms: %d\n", hb_ms);
     cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = consistency,
                    .optimizer = "{name: sgd, lr: 1}", .job_extra = r->hb,
-                   .top_extra = top_extra};
+                   .top_extra = top_extra, .start_wait_ms = CL_TOGETHER_MS};
     r->c = cl_cluster_create(&k);
     r->psd[0] = env ? cl_psd_start_env(r->c, 0, READY_S, env, val)
                     : cl_psd_start(r->c, 0, NULL, READY_S);
@@ -514,7 +524,7 @@ static void asp_stop_start(asp_stop_t *r, int hb_ms, const char *plan)
 static void emptied_step_run(const char *plan, bool slow, bool checkpoint)
 {
     cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = "bsp",
-                   .optimizer = "{name: sgd, lr: 1}"};
+                   .optimizer = "{name: sgd, lr: 1}", .start_wait_ms = CL_TOGETHER_MS};
     cl_cluster_t *c = cl_cluster_create(&k);
     int s = slow ? 1 : 0; /* the shard of the tensor pushed first */
     cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S),
@@ -588,7 +598,7 @@ static void emptied_coordinator_killed(const char *hook, const char *value, cons
                                         const char *want)
 {
     cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = "bsp",
-                   .optimizer = "{name: sgd, lr: 1}"};
+                   .optimizer = "{name: sgd, lr: 1}", .start_wait_ms = CL_TOGETHER_MS};
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd[2] = {cl_psd_start_env(c, 0, READY_S, hook, value),
                          cl_psd_start(c, 1, NULL, READY_S)};
@@ -933,7 +943,8 @@ END_TEST
  * they changed), so it does not apply the batch again. Before, it did not remember and did. */
 START_TEST(test_kill9_mid_step_shard_restarted)
 {
-    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .optimizer = "{name: sgd, lr: 1}"};
+    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .optimizer = "{name: sgd, lr: 1}",
+                   .start_wait_ms = CL_TOGETHER_MS};
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S),
                          cl_psd_start_env(c, 1, READY_S, "PS_TEST_CRASH_AFTER_APPLY", "6")};
@@ -958,7 +969,7 @@ END_TEST
 START_TEST(test_kill9_shard_restarted_after_members_changed)
 {
     cl_conf_t k = {.shards = 2, .workers = 3, .batch_size = 8, .consistency = "bsp",
-                   .optimizer = "{name: sgd, lr: 1}"};
+                   .optimizer = "{name: sgd, lr: 1}", .start_wait_ms = CL_TOGETHER_MS};
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S),
                          cl_psd_start_env(c, 1, READY_S, "PS_TEST_CRASH_AFTER_APPLY", "7")};
@@ -994,7 +1005,8 @@ END_TEST
  * Before, shard 1 waited for good (the removal named step 6 only) and the survivor hung. */
 START_TEST(test_kill9_mid_step_coordinator_restarted)
 {
-    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .optimizer = "{name: sgd, lr: 1}"};
+    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .optimizer = "{name: sgd, lr: 1}",
+                   .start_wait_ms = CL_TOGETHER_MS};
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd[2] = {cl_psd_start_env(c, 0, READY_S, "PS_TEST_CRASH_AFTER_APPLY", "6"),
                          cl_psd_start(c, 1, NULL, READY_S)};
@@ -1020,7 +1032,7 @@ END_TEST
 static void whole_step_run(bool slow_pass, bool last)
 {
     cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .optimizer = "{name: sgd, lr: 1}",
-                   .job_extra = "  heartbeat_timeout_ms: 3000\n"};
+                   .job_extra = "  heartbeat_timeout_ms: 3000\n", .start_wait_ms = CL_TOGETHER_MS};
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd[2] = {cl_psd_start_env(c, 0, READY_S, "PS_TEST_CRASH_AFTER_APPLY", "6"),
                          slow_pass ? cl_psd_start_env(c, 1, READY_S, "PS_TEST_SLOW_APPLY", "6")
@@ -1083,17 +1095,24 @@ START_TEST(test_kill9_join_handout_not_saved)
     cl_conf_t k = {.shards = 2, .workers = 1, .batch_size = 8, .consistency = "bsp",
                    .optimizer = "{name: sgd, lr: 1}"};
     cl_cluster_t *c = cl_cluster_create(&k);
+    char hold[CL_PATH];
+    slow_apply_hold(c, hold);
     setenv("PS_TEST_SLOW_APPLY", "6", 1);
     cl_proc_t *psd[2] = {cl_psd_start_env(c, 0, READY_S, "PS_TEST_CRASH_JOIN_SAVE", "2"), NULL};
     unsetenv("PS_TEST_SLOW_APPLY");
+    unsetenv("PS_TEST_SLOW_APPLY_HOLD");
     psd[1] = cl_psd_start(c, 1, NULL, READY_S);
     char nb[] = "40", bs[] = "8", mode[] = "check", ord[] = "ba";
     char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, mode, ord, NULL};
     cl_proc_t *w = cl_spawn(c, "replay0", argv);
-    ck_assert_int_eq(cl_wait_log(psd[0], "the apply of step 5 takes 2 s longer", RUN_S), 0);
+    ck_assert_int_eq(cl_wait_log(psd[0], "the apply of step 5 waits while ", RUN_S), 0);
     static char removable[] = "rand:0"; /* exits 3 if the restart removed it */
     argv[4] = removable;
     cl_proc_t *joiner = cl_spawn(c, "joiner", argv);
+    /* Released once the joiner is in (it had 2 s: a joiner slow to start missed them). */
+    int joined = cl_wait_log(psd[0], "joins as rank 1 at step 5", RUN_S);
+    ck_assert(unlink(hold) == 0);
+    ck_assert_msg(joined == 0, "the joiner never joined: %s", cl_tail(psd[0]));
     ck_assert_int_eq(cl_wait(psd[0], RUN_S), 128 + SIGKILL);
     EXPECT_LOG(psd[0], "joins as rank 1 at step 5"); /* within the slowed apply */
     EXPECT_LOG(psd[0], "killed in a save of the coordinator's state (PS_TEST_CRASH_JOIN_SAVE)");
@@ -1156,16 +1175,26 @@ START_TEST(test_restore_after_member_left_mid_step)
 {
     cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = "bsp",
                    .optimizer = "{name: sgd, lr: 1}",
-                   .job_extra = "  heartbeat_timeout_ms: 1000\n"};
+                   .job_extra = "  heartbeat_timeout_ms: 1000\n",
+                   .start_wait_ms = CL_TOGETHER_MS};
     cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd[2] = {cl_psd_start_env(c, 0, READY_S, "PS_TEST_SLOW_APPLY", "5"),
-                         cl_psd_start(c, 1, NULL, READY_S)};
+    char hold[CL_PATH];
+    slow_apply_hold(c, hold);
+    cl_proc_t *psd[2] = {cl_psd_start_env(c, 0, READY_S, "PS_TEST_SLOW_APPLY", "5"), NULL};
+    unsetenv("PS_TEST_SLOW_APPLY_HOLD");
+    psd[1] = cl_psd_start(c, 1, NULL, READY_S);
     char nb[] = "40", bs[] = "8", plan[] = "plan:1@4/1", ord[] = "ab";
     char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, plan, ord, NULL};
     cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
-    ck_assert_int_eq(cl_wait_log(psd[0], "the apply of step 4 takes 2 s longer", RUN_S), 0);
+    ck_assert_int_eq(cl_wait_log(psd[0], "the apply of step 4 waits while ", RUN_S), 0);
     char ckdir[CL_PATH];
-    cl_proc_t *cp = checkpoint_now(c, ckdir);
+    cl_proc_t *cp = checkpoint_spawn(c, "ckpt", 0, ckdir);
+    /* Released once both shards are armed (it had 2 s, which a loaded host can miss). */
+    int armed = cl_wait_log(psd[0], " armed: at step 5,", RUN_S) == 0 &&
+                cl_wait_log(psd[1], " armed: at step 5,", RUN_S) == 0;
+    ck_assert(unlink(hold) == 0);
+    ck_assert_msg(armed, "not armed at step 5: %s | %s", cl_tail(psd[0]), cl_tail(psd[1]));
+    EXPECT_EXIT(cp, 0);
     EXPECT_LOG(cp, "checkpoint at step 5 ");
     for (int i = 0; i < 2; i++) EXPECT_LOG(w[i], "at step 4");
     /* Rank 1 (whichever process joined second) died; the run itself ends with every batch
@@ -1545,15 +1574,21 @@ END_TEST
 
 /* ---- SIGSTOP -------------------------------------------------------------------------- */
 
-/* Once @p co's open step reaches 30 (returned), worker @p w is SIGSTOPped; returns when shard 0
- * @p psd0 dropped it: for its missed heartbeats ("dropping it"), or, when psd restarted its
- * transport meanwhile (a loaded host), for a connection that closed and did not come back:
- * either way coord logs the removal as "left at step". */
+/* Once both workers are members and @p co's open step reaches 30 (returned), worker @p w is
+ * SIGSTOPped; returns when shard 0 @p psd0 dropped it: for its missed heartbeats ("dropping
+ * it"), or, when psd restarted its transport meanwhile (a loaded host), for a connection that
+ * closed and did not come back: either way coord logs the removal as "(pid P) left at step".
+ * Before, a worker that joined late (a helper delayed its start 1.5 s: the 500 ms start wait
+ * had gone) was stopped before it was a member, and "left at step" matched the other's leave
+ * at the end of the job. */
 static long long stopped_and_dropped(coord_t *co, cl_proc_t *psd0, cl_proc_t *w)
 {
+    ck_assert_int_eq(wait_num(co, "actual_workers", 2, 1, RUN_S), 2);
     long long at = wait_num(co, "open_step", 30, 0, RUN_S);
     ck_assert_int_eq(cl_signal(w, SIGSTOP), 0);
-    ck_assert_msg(cl_wait_log(psd0, "left at step", RUN_S) == 0,
+    char left[48];
+    snprintf(left, sizeof left, "(pid %d) left at step", (int)w->pid);
+    ck_assert_msg(cl_wait_log(psd0, left, RUN_S) == 0,
                   "shard 0 never dropped the stopped worker: %s", cl_tail(psd0));
     return at;
 }
@@ -1564,7 +1599,8 @@ static long long stopped_and_dropped(coord_t *co, cl_proc_t *psd0, cl_proc_t *w)
 START_TEST(test_sigstop_rejoins)
 {
     cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 16, .epochs = 4,
-                   .job_extra = "  heartbeat_timeout_ms: 500\n  train_samples: 12000\n"};
+                   .job_extra = "  heartbeat_timeout_ms: 500\n  train_samples: 12000\n",
+                   .start_wait_ms = CL_TOGETHER_MS};
     cl_proc_t *psd[2], *w[2];
     coord_t co;
     cl_cluster_t *c = start_2x2(&k, psd, w, &co);
@@ -1594,7 +1630,8 @@ END_TEST
 START_TEST(test_sigstop_rejoin_refused_exits_2)
 {
     cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 16, .epochs = 4,
-                   .job_extra = "  heartbeat_timeout_ms: 500\n  train_samples: 12000\n"};
+                   .job_extra = "  heartbeat_timeout_ms: 500\n  train_samples: 12000\n",
+                   .start_wait_ms = CL_TOGETHER_MS};
     cl_proc_t *psd[2], *w[2];
     coord_t co;
     cl_cluster_t *c = start_2x2(&k, psd, w, &co);

@@ -130,7 +130,8 @@ static void check_format(const char *text, const char *cluster, int shard)
  * twice the truth with two workers, found by a probe). */
 START_TEST(test_metrics_follow_training)
 {
-    cl_conf_t k = {.shards = 2, .workers = 2, .max_steps = 20, .metrics = true};
+    cl_conf_t k = {.shards = 2, .workers = 2, .max_steps = 20, .metrics = true,
+                   .start_wait_ms = CL_TOGETHER_MS};
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
     EXPECT_LOG(psd[0], "metrics on http://127.0.0.1:");
