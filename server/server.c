@@ -1242,10 +1242,9 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
     if (rc == 0 && (rc = psd_store_identity(&srv->store, "layout", layout, err, errlen)) ==
                        PS_ECONFIG) {
         size_t el = strlen(err);
-        snprintf(err + el, errlen - el, ", this manifest makes it %s: its chunks are placed for "
-                 "that layout; start it with the manifest it was made with, or restore a "
-                 "checkpoint into empty data_dirs (psd --restore places the chunks for another "
-                 "number of shards)", layout);
+        snprintf(err + el, errlen - el, ": its chunks are placed for the stored layout; start "
+                 "it with the manifest it was made with, or restore a checkpoint into empty "
+                 "data_dirs (psd --restore places the chunks for another number of shards)");
     }
     /* Once the data_dir is ours: a second psd of this shard must not truncate a live trace. */
     if (rc == 0 && trace) rc = psd_trace_open(&srv->trace, trace, shard, err, errlen);

@@ -76,8 +76,10 @@ static int meta_check(psd_store_t *st, MDB_txn *txn, const char *name, const voi
     if (recorded) return 0;
     if (v.mv_size != len || memcmp(v.mv_data, val, len) != 0) {
         if (text)
-            snprintf(err, errlen, "%s: data_dir was made with another %s (stored '%.*s')", st->dir,
-                     name, (int)(v.mv_size < 200 ? v.mv_size : 200), (const char *)v.mv_data);
+            snprintf(err, errlen, "%s: data_dir was made with another %s (stored '%.*s', this "
+                     "manifest has '%.*s')", st->dir, name,
+                     (int)(v.mv_size < 200 ? v.mv_size : 200), (const char *)v.mv_data,
+                     (int)(len < 200 ? len : 200), (const char *)val);
         else if (len == sizeof(uint64_t) && v.mv_size == sizeof(uint64_t)) {
             uint64_t had, want;
             memcpy(&had, v.mv_data, sizeof had);

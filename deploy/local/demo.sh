@@ -32,7 +32,16 @@ cleanup() {
     if [ "$keep" = 1 ]; then echo "demo: kept $tmp"; else rm -rf "$tmp"; fi
 }
 trap cleanup EXIT
-trap 'echo; echo "demo: interrupted, stopping the cluster"; exit 130' INT TERM
+said_interrupted=0
+interrupted() {
+    if [ "$said_interrupted" = 0 ]; then
+        said_interrupted=1
+        echo; echo "demo: interrupted, stopping the cluster"
+    fi
+    exit "$1"
+}
+trap 'interrupted 130' INT
+trap 'interrupted 143' TERM
 
 {
     echo "cluster: demo"
@@ -51,6 +60,9 @@ launcher=$!
 wait "$launcher"
 rc=$?
 launcher=""
+# A Ctrl-C reaches pslaunch too, which stops its workers and exits 128 + the signal, at times
+# before this shell has run its trap: an interrupt, not a failure.
+if [ $rc -eq 130 ] || [ $rc -eq 143 ]; then interrupted $rc; fi
 if [ $rc -ne 0 ]; then
     echo "demo: a worker failed (exit $rc); shard logs:" >&2
     tail -n 5 "$tmp"/psd*.log >&2

@@ -165,8 +165,8 @@ static void expect_state_refused(cl_cluster_t *c, const char *optimizer, const c
     char *argv[] = {(char *)cl_binary("PSD"), "--manifest", path, "--shard", shard0, NULL};
     cl_proc_t *b = cl_spawn(c, "psd-other-optimizer", argv);
     EXPECT_EXIT(b, 1);
-    snprintf(want, sizeof want, "data_dir was made with another optimizer state kind (stored '%s')",
-             stored);
+    snprintf(want, sizeof want, "data_dir was made with another optimizer state kind (stored '%s', "
+             "this manifest has '", stored);
     EXPECT_LOG(b, want);
 }
 
@@ -221,11 +221,11 @@ START_TEST(test_adagrad_matches_local)
      * served under a 1-shard manifest, called a trained tensor untrained, and psctl forget
      * dropped it; swapped, each shard held the other's chunks). */
     expect_refused(c, "one-shard.yaml", &(cl_conf_t){.shards = 1}, NULL,
-                   "data_dir was made with another layout (stored 'shard 0 of 2'), this manifest "
-                   "makes it shard 0 of 1: its chunks are placed for that layout");
+                   "data_dir was made with another layout (stored 'shard 0 of 2', this manifest "
+                   "has 'shard 0 of 1'): its chunks are placed for the stored layout");
     expect_refused(c, "swapped.yaml", NULL, "1",
-                   "data_dir was made with another layout (stored 'shard 1 of 2'), this manifest "
-                   "makes it shard 0 of 2");
+                   "data_dir was made with another layout (stored 'shard 1 of 2', this manifest "
+                   "has 'shard 0 of 2')");
     cl_cluster_destroy(c);
 }
 END_TEST
@@ -1058,6 +1058,15 @@ START_TEST(test_self_test)
     EXPECT_EXIT(t, 2);
     EXPECT_LOG(t, "', not 'other-");
     stop_all(psd, 2);
+    /* psd with it, on this cluster's data_dir: refused, naming both clusters (before, the
+     * stored one only: a README audit, session 48). */
+    char shard0[] = "0", want[2 * CL_PATH];
+    char *argv3[] = {(char *)cl_binary("PSD"), "--manifest", other, "--shard", shard0, NULL};
+    cl_proc_t *o = cl_spawn(c, "psd-other", argv3);
+    EXPECT_EXIT(o, 1);
+    snprintf(want, sizeof want, "data_dir was made with another cluster (stored '%s', this "
+             "manifest has 'other-%s')", c->cluster_name, c->cluster_name);
+    EXPECT_LOG(o, want);
     cl_cluster_destroy(c);
 }
 END_TEST

@@ -225,7 +225,8 @@ START_TEST(identity_string_checked)
                                         "adagrad squared-gradient sums", err, sizeof err),
                      PS_ECONFIG);
     ck_assert_msg(strstr(err, "data_dir was made with another optimizer state kind (stored "
-                              "'momentum velocity')") != NULL,
+                              "'momentum velocity', this manifest has 'adagrad squared-gradient "
+                              "sums')") != NULL,
                   "%s", err);
     psd_store_close(&st);
 }
