@@ -3419,12 +3419,25 @@ void ps_client_give_up(ps_client_t *c)
         }
         q.flags = 0;
         int rc = 0;
-        for (uint32_t i = 1; i < c->nshards && rc == 0; i++)
-            if ((rc = ctrl_call(c, OP_FORGET, i, &q, &r)) != 0 && rc != PS_ENOENT)
+        for (uint32_t i = 1; i < c->nshards && rc == 0; i++) {
+            if ((rc = ctrl_call(c, OP_FORGET, i, &q, &r)) != 0 && rc != PS_ENOENT) {
                 PS_LOG(PS_LOG_WARN, "libps", "tensor %u not dropped by shard %u: %s", id, i,
                        c->err);
-            else
+            } else if (rc == 0 && !(r.flags & PS_FLAG_DONE)) {
+                /* Kept there: a push reached its chunk. So is the tensor, shard 0's
+                 * declaration with it. Before, only an error stopped the drop, and shard 0
+                 * (which sees its own chunks only, and a rank, not a process: a worker of
+                 * another model given a trained tensor's last declarer's rank) dropped a
+                 * trained tensor whose chunks are on other shards; the job's workers were then
+                 * refused "declared as id 2 at chunk 2, but it is id 1 at chunk 1" (a helper's
+                 * probe, session 48). */
+                PS_LOG(PS_LOG_INFO, "libps", "tensor %u kept: shard %u holds pushes of it", id,
+                       i);
+                rc = PS_EBUSY; /* in use: the loop ends, shard 0 is not asked */
+            } else {
                 rc = 0;
+            }
+        }
         if (rc == 0 && ctrl_call(c, OP_FORGET, 0, &q, &r) == 0 && (r.flags & PS_FLAG_DONE))
             dropped++;
         else

@@ -424,6 +424,38 @@ def buffers_shared(tmp):
           "with sync_buffers=False); one worker's are its own, bit for bit")
 
 
+def give_up_keeps_pushed(tmp):
+    """A worker that gives up its declarations (psd.torch does when its join fails part-way)
+    under the rank of an earlier worker that trained the same tensors: those a push reached
+    stay, also one whose chunks are all on shard 1. Before, shard 1 answered "kept" and libps
+    asked shard 0 to drop it anyway; shard 0, which sees its own chunks and a rank, not a
+    process, dropped it, and every later worker was refused ("declared as id 2 at chunk 2, but
+    it is id 1 at chunk 1"; a helper's probe, session 48)."""
+    c = Cluster(tmp, "give-up", 1, consistency="asp", metrics=True)
+    try:
+        g = array.array("f", [0.5] * 4)
+        with psd.Client(c.manifest) as c1:  # one chunk each: 'a' on shard 0, 'b' on shard 1
+            ta, tb = c1.declare("a", (4,)), c1.declare("b", (4,))
+            for t in (ta, tb):
+                c1.push(t, g.buffer_info()[0], 0, keep=g).wait()
+            rank = c1.rank
+        with psd.Client(c.manifest) as c2:
+            assert c2.rank == rank, (c2.rank, rank)
+            c2.declare("a", (4,))
+            c2.declare("b", (4,))
+            c2.give_up()
+        n = [c.metric("psd_tensors", k) for k in (0, 1)]
+        assert n == [2, 2], f"tensors after the give-up: {n} (a trained one was dropped)"
+        with psd.Client(c.manifest) as c3:
+            for name in ("a", "b"):
+                t = c3.declare(name, (4,))
+                got = array.array("f", [0.0] * 4)
+                c3.pull(t, got.buffer_info()[0], 1, keep=got).wait()
+                assert got[0] != 0.0, f"{name}: {list(got)} (its update was lost)"
+    finally:
+        c.stop()
+    print("give-up: the tensors a push reached stayed (one all on shard 1)")
+
 def forget_stray(tmp):
     """A tensor declared by a worker that never trained (a crash before its first batch
     request, which a refused worker's give-up does not cover) stays at step 0: under bsp each
@@ -1266,6 +1298,24 @@ def sigint_main(kind, manifest):
     (ctrl_c asks for it before it kills one still blocked: where it hangs, if it ever does)."""
     import faulthandler
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    if kind == "thread":  # the client of a thread of its own, blocked in a pull
+        assert psd.catch_ctrl_c(), "Ctrl-C not caught"
+
+        def member():
+            tc = psd.Client(manifest)
+            t = tc.declare("t", (4,))
+            b = array.array("f", [0.0] * 4)
+            print("waiting", flush=True)
+            try:
+                tc.pull(t, b.buffer_info()[0], 1, keep=b).wait()
+            except psd.PsError as e:
+                print(f"thread: {e.name}", flush=True)
+            tc.close()
+        th = threading.Thread(target=member)
+        print("joining", flush=True)
+        th.start()
+        th.join()  # KeyboardInterrupt here; the process ends once the thread's pull did
+        return
     print("joining", flush=True)
     c = psd.Client(manifest)
     tid = c.declare("t", (4,))
@@ -1306,25 +1356,31 @@ def ctrl_c(tmp):
         down = os.path.join(c.dir, "down.yaml")  # the same cluster at a port nobody holds
         with open(c.manifest) as f, open(down, "w") as g:
             g.write(f.read().replace(f"port: {c.ports[0]}", f"port: {free_port()}"))
-        for kind, manifest in (("join", down), ("pull", c.manifest)):
+        # "thread": a client made in a thread of its own, with psd.catch_ctrl_c() called in the
+        # main thread first (before, nothing could stop its pull: the process waited for it
+        # until the cluster went away; a helper's probe, session 48).
+        for kind, manifest in (("join", down), ("pull", c.manifest), ("thread", c.manifest)):
             p = subprocess.Popen([sys.executable, __file__, "sigint", kind, manifest],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             assert p.stdout.readline().strip() == "joining", "the worker never started"
-            if kind == "pull":
+            if kind != "join":
                 assert p.stdout.readline().strip() == "waiting", "the pull never started"
+                time.sleep(0.2)  # inside it
             else:
                 time.sleep(1)  # inside the join's retries
             p.send_signal(signal.SIGINT)
             try:
-                _, err = p.communicate(timeout=15)
+                out, err = p.communicate(timeout=15)
             except subprocess.TimeoutExpired:  # seen once in ~12 runs: say where it blocks
                 p.send_signal(signal.SIGUSR1)
                 time.sleep(1)
                 p.kill()
-                _, err = p.communicate()
+                out, err = p.communicate()
                 raise AssertionError(f"{kind}: still blocked 15 s after Ctrl-C; its stacks: "
                                      f"{err[-3000:]}") from None
             assert p.returncode != 0 and "KeyboardInterrupt" in err, f"{kind}: {err[-600:]}"
+            if kind == "thread":
+                assert "thread: ECANCELED" in out, f"thread: {out} {err[-600:]}"
         # A program with a SIGINT handler of its own ("finish this batch") keeps its client:
         # before, the Ctrl-C interrupted it all the same, and its next call failed.
         p = subprocess.Popen([sys.executable, __file__, "sigint", "handler", c.manifest],
@@ -1984,6 +2040,7 @@ def main():
         models_differ(tmp)
         buffers_shared(tmp)
         forget_stray(tmp)
+        give_up_keeps_pushed(tmp)
         odd_names(tmp)
         model_values(tmp)
         late_model(tmp)

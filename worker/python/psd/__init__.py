@@ -20,7 +20,7 @@ import threading
 import weakref
 from array import array
 
-__all__ = ["PsError", "Client", "Batch", "batch_order", "library"]
+__all__ = ["PsError", "Client", "Batch", "batch_order", "library", "catch_ctrl_c"]
 
 _INITS = {"zeros": 0, "normal": 1, "uniform": 2, "xavier": 3, "constant": 4}
 _TENSOR_MEAN = 0x100  # ps_client.h PS_TENSOR_MEAN
@@ -332,6 +332,7 @@ class _CtrlC:
     # client collected while the reader holds it closes in that thread: reentrant)
     entries = set()
     _r = _w = None
+    pinned = False  # catch_ctrl_c(): installed for the process's life
 
     @classmethod
     def register(cls, busy):
@@ -396,6 +397,7 @@ class _CtrlC:
         wakeup fd, and the parent's clients are not the child's: forget both."""
         cls.lock = threading.RLock()
         cls.entries = set()
+        cls.pinned = False
         if cls._w is None:
             return
         try:
@@ -414,7 +416,8 @@ class _CtrlC:
     @classmethod
     def _uninstall(cls):
         """Give the wakeup fd back (main thread only: elsewhere it stays until exit)."""
-        if cls._w is None or threading.current_thread() is not threading.main_thread():
+        if cls._w is None or cls.pinned or \
+                threading.current_thread() is not threading.main_thread():
             return
         cur = signal.set_wakeup_fd(-1)
         if cur != cls._w:  # someone set theirs since: theirs stays
@@ -424,6 +427,22 @@ class _CtrlC:
 
 
 os.register_at_fork(after_in_child=_CtrlC.after_fork_in_child)
+
+
+def catch_ctrl_c():
+    """Make Ctrl-C stop the blocked calls of every client of this process from now on, also
+    those made in other threads (a thread per ParameterServer). Python lets only the main
+    thread set up what reads the signal, so a client made in the main thread does it for
+    itself, and one made in another thread cannot: call this from the main thread before the
+    threads make theirs. Their interrupted calls raise PsError ECANCELED, the main thread gets
+    KeyboardInterrupt, and the process can end (before, it waited on the blocked threads).
+    Does nothing while the program has a SIGINT handler of its own, or another wakeup fd (an
+    asyncio loop's). Returns whether Ctrl-C is caught."""
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError("psd.catch_ctrl_c() belongs to the main thread")
+    _CtrlC.pinned = True
+    _CtrlC._install()
+    return _CtrlC._w is not None
 
 # This process's id, as _call compares it with a client's on every call (os.getpid() is a
 # system call each time: ~7% of a small push's time in Python).

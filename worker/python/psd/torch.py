@@ -497,7 +497,9 @@ class ParameterServer:
 
     def step(self):
         """Push every parameter's gradient for the current batch's step and wait until the
-        shards applied them; then the batch counts as done even if this worker leaves next.
+        shards applied them; then the batch counts as done even if this worker leaves next (if
+        it dies before its next batch request or its leave, the batch goes to another worker,
+        whose pushes of it the shards skip as applied).
         A parameter without a gradient (`.grad` None: the batch did not use it) is left out
         as a torch optimizer leaves it: under bsp (where a step waits for every member's
         push) its push says so (push_none), counted as a zero in the mean of the workers'
