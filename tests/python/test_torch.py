@@ -215,6 +215,37 @@ def train(manifest, record, die_after=0, together=None, pause_at=0):
     return final, step
 
 
+def dataloader_sampler(tmp):
+    """ps.batches() as a DataLoader's batch_sampler (num_workers=0: it asks for the next batch
+    after step()) trains as indexing by batch.indices does. Before: TypeError, "'Batch' object
+    is not iterable" (a helper's probe, session 48)."""
+    x, y = data()
+    finals = []
+    for how in ("indices", "loader"):
+        c = Cluster(tmp, "loader-" + how, 1)
+        try:
+            if how == "indices":
+                finals.append(train(c.manifest, None)[0])
+                continue
+            m = model()
+            with psd.torch.ParameterServer(c.manifest, m, samples=SAMPLES) as ps:
+                loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y),
+                                                     batch_sampler=ps.batches())
+                n = 0
+                for xb, yb in loader:
+                    m.zero_grad()
+                    torch.nn.functional.mse_loss(m(xb), yb).backward()
+                    ps.step()
+                    n += 1
+            assert n > 1 and n == ps.final_step, (n, ps.final_step)
+            finals.append({k: v.clone() for k, v in m.state_dict().items()})
+        finally:
+            c.stop()
+    for k in finals[0]:
+        assert torch.equal(finals[0][k], finals[1][k]), f"{k}: the loader's run differs"
+    print("dataloader: ps.batches() as batch_sampler trains as batch.indices does")
+
+
 def lr_at(step, total):
     """kernels/optim.c psk_lr_at for schedule cosine, no warm-up, min_lr 0, as a float32."""
     progress = min(step / total, 1.0)
@@ -2037,6 +2068,7 @@ def main():
         d = max((constant[k] - cosine[k]).abs().max().item() for k in constant)
         assert d > 1e-3, f"the cosine schedule changed nothing ({d})"
         two_workers_share(tmp)
+        dataloader_sampler(tmp)
         models_differ(tmp)
         buffers_shared(tmp)
         forget_stray(tmp)

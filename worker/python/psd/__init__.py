@@ -181,6 +181,13 @@ class Batch:
         self.count, self.members, self.epoch = info.count, info.members, info.epoch
         self.indices = indices
 
+    def __iter__(self):
+        """Its sample indices: a batch is what a DataLoader's batch_sampler yields."""
+        return iter(self.indices)
+
+    def __len__(self):
+        return len(self.indices)
+
 
 def _uint(what, v, bits, low=0):
     """`v` as an int in [low, 2^bits - 1]: ctypes would wrap a negative or larger one silently
