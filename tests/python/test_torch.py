@@ -1250,6 +1250,13 @@ def torch_user(tmp):
                 raise AssertionError("a second member of the job in one thread was taken")
             except ValueError as e:  # before: taken, and the first step waited for good
                 assert "this thread already drives an open ParameterServer" in str(e), str(e)
+            copy = os.path.join(c.dir, "copy.yaml")  # the same job by another path
+            shutil.copyfile(c.manifest, copy)
+            try:  # before (session 48): taken, by the path's key
+                psd.torch.ParameterServer(copy, model(), samples=SAMPLES)
+                raise AssertionError("a second member of the job by a copy was taken")
+            except ValueError as e:
+                assert "this thread already drives an open ParameterServer" in str(e), str(e)
             for n, b in enumerate(ps.batches()):
                 m.zero_grad()
                 torch.nn.functional.mse_loss(wrapped(x[b.indices]), y[b.indices]).backward()
