@@ -90,8 +90,13 @@ static void psd_crash(int victim, bool new_file, int drop_hellos)
         ck_assert_int_eq(count_in_log(psd[victim], "dropped unanswered"), drop_hellos);
         for (int i = 0; i < 2; i++)
             EXPECT_LOG(w[i], "did not answer the hello of a reconnect");
-        if (victim != 0) /* the coordinator kept each rank while its connection was away */
-            ck_assert_int_eq(count_in_log(psd[0], "its rank waits"), 2);
+        if (victim != 0) { /* the coordinator kept each rank while its connection was away */
+            /* At least once each: a later reconnect's hello answered late restarts a worker's
+             * transport once more (a loaded host), which closes shard 0 again (a helper's
+             * audit, session 48); never dropped. */
+            ck_assert_int_ge(count_in_log(psd[0], "its rank waits"), 2);
+            ck_assert_int_eq(count_in_log(psd[0], "did not come back"), 0);
+        }
     }
     char view[64];
     snprintf(view, sizeof view, "shard %d: pulls read its store ", victim);
