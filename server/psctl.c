@@ -572,10 +572,10 @@ int main(int argc, char **argv)
         return 2;
     }
     if (strcmp(verb, "check") == 0) {
-        printf("%s: cluster '%s', %s, %s, %u workers at the start, %d shard%s:\n", manifest,
+        printf("%s: cluster '%s', %s, %s, %u worker%s at the start, %d shard%s:\n", manifest,
                ctl.m.cluster, ps_consistency_name(ctl.m.job.consistency),
-               ps_optim_name(ctl.m.job.optimizer.name), ctl.m.job.workers, ctl.m.nservers,
-               ctl.m.nservers == 1 ? "" : "s");
+               ps_optim_name(ctl.m.job.optimizer.name), ctl.m.job.workers,
+               ctl.m.job.workers == 1 ? "" : "s", ctl.m.nservers, ctl.m.nservers == 1 ? "" : "s");
         for (int i = 0; i < ctl.m.nservers; i++) {
             const ps_server_conf_t *sc = &ctl.m.servers[i];
             printf("  shard %d: %s:%u, data_dir %s", i, sc->host, sc->port, sc->data_dir);
