@@ -1930,6 +1930,13 @@ def binding(tmp):
             raise AssertionError("a meta model was taken")
         except ValueError as e:
             assert "meta device" in str(e), str(e)
+        sparse = torch.nn.Module()  # before: torch's NotImplementedError, no parameter named
+        sparse.w = torch.nn.Parameter(torch.eye(3).to_sparse())
+        try:
+            psd.torch.ParameterServer(c.manifest, sparse, samples=SAMPLES)
+            raise AssertionError("a sparse parameter was taken")
+        except ValueError as e:
+            assert "parameter 'w' is torch.sparse_coo (sparse)" in str(e), str(e)
     finally:
         c.stop()
     print("binding: close/interrupt from another thread, out-of-range integers, buffers, "

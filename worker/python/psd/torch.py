@@ -178,6 +178,9 @@ class ParameterServer:
                 raise ValueError(f"parameter {name!r}: "
                                  + ("complex values" if p.is_complex() else "a NUL in its name")
                                  + " cannot be held on psd's float32 shards")
+            if p.layout != torch.strided:  # a sparse parameter (its gradient may be)
+                raise ValueError(f"parameter {name!r} is {p.layout} (sparse): psd holds dense "
+                                 "parameters; make it dense (a sparse gradient is fine)")
             if p.device.type == "meta":
                 raise ValueError(f"parameter {name!r} is on the meta device (no values to "
                                  "pull into): materialize the model first (to_empty)")
