@@ -126,8 +126,9 @@ typedef struct {
     int close_queued;
     int down;          /* lost after the join: reconnecting, pushes and pulls wait */
     int gone;          /* gave up on it: its parts fail */
-    char gone_why[512]; /* why, when it refused this worker back (on_rehello; comm thread):
-                           its parts fail saying so, not "lost the connection" */
+    char gone_why[512]; /* why it was given up on ("refused this worker back: ...", "did not
+                           come back in ..."; comm thread): its parts fail saying so, not
+                           "lost the connection" */
     uint64_t down_since_ms;
     uint32_t backoff_ms;
     uv_timer_t timer;  /* the next reconnect attempt */
@@ -1166,8 +1167,8 @@ again:
             if (!part_spared(c, p, give_up, c->shards[i].ep_gen)) {
                 const cshard_t *s = &c->shards[i];
                 if (s->gone && s->gone_why[0]) /* the caller's last line says why */
-                    op_fail(op, PS_ETRANSPORT, "shard %u (%s:%u) refused this worker back: %s",
-                            i, c->m.servers[i].host, c->m.servers[i].port, s->gone_why);
+                    op_fail(op, PS_ETRANSPORT, "shard %u (%s:%u) %s", i, c->m.servers[i].host,
+                            c->m.servers[i].port, s->gone_why);
                 else
                     op_fail(op, PS_ETRANSPORT, "lost the connection to shard %u (%s:%u)", i,
                             c->m.servers[i].host, c->m.servers[i].port);
@@ -1367,7 +1368,7 @@ static void on_rehello(ps_op_t *op)
          * another secret): this worker's manifest no longer fits it, and asking again cannot
          * change that. */
         PS_LOG(PS_LOG_ERROR, "libps", "shard %u refused this worker back: %s", i, op->err);
-        snprintf(s->gone_why, sizeof s->gone_why, "%s", op->err);
+        snprintf(s->gone_why, sizeof s->gone_why, "refused this worker back: %.450s", op->err);
         s->gone = 1;
         if (s->ep && !s->dead) s->dead = s->close_queued = 1;
         parts_on_shard(c, i, 1);
@@ -1493,9 +1494,13 @@ static void shard_lost_now(ps_client_t *c, uint32_t i)
     } else if (now_ms() - s->down_since_ms >= c->reconnect_ms) {
         /* Checked as an attempt fails, so the time said is the time it took (a little more
          * than the timeout: an attempt's hello waits up to hello_deadline_ms). */
-        PS_LOG(PS_LOG_ERROR, "libps", "shard %u (%s:%u) did not come back in %llu ms (the "
-               "reconnect timeout is %u ms)", i, c->m.servers[i].host, c->m.servers[i].port,
-               (unsigned long long)(now_ms() - s->down_since_ms), c->reconnect_ms);
+        /* Its parts fail saying so too: a program sees it in its error, not only in the log
+         * (psd.torch's PsError said "lost the connection to shard 1"; a helper's probe). */
+        snprintf(s->gone_why, sizeof s->gone_why, "did not come back in %llu ms (the reconnect "
+                 "timeout is %u ms)", (unsigned long long)(now_ms() - s->down_since_ms),
+                 c->reconnect_ms);
+        PS_LOG(PS_LOG_ERROR, "libps", "shard %u (%s:%u) %s", i, c->m.servers[i].host,
+               c->m.servers[i].port, s->gone_why);
         s->gone = 1;
         parts_on_shard(c, i, 1);
         return;

@@ -215,6 +215,30 @@ def train(manifest, record, die_after=0, together=None, pause_at=0):
     return final, step
 
 
+def shard_gone_said(tmp):
+    """A shard stopped past the reconnect timeout: the call waiting on it raises PsError
+    ETRANSPORT saying it did not come back and the timeout (before: "lost the connection to
+    shard 1", the timeout in libps's log only; a helper's probe, session 48)."""
+    c = Cluster(tmp, "gone", 1, consistency="asp", job_extra="  reconnect_timeout_ms: 2000\n")
+    try:
+        with psd.Client(c.manifest) as cl:
+            t = cl.declare("t", (2048,))  # 2 chunks of 4 KiB: one on each shard
+            g = array.array("f", [0.5] * 2048)
+            cl.push(t, g.buffer_info()[0], 0, keep=g).wait()
+            c.procs[1].send_signal(signal.SIGSTOP)
+            try:
+                cl.push(t, g.buffer_info()[0], 0, keep=g).wait()
+                raise AssertionError("a push to a stopped shard returned")
+            except psd.PsError as e:
+                assert e.name == "ETRANSPORT" and "did not come back in " in str(e) and \
+                    "(the reconnect timeout is 2000 ms)" in str(e), str(e)
+            finally:
+                c.procs[1].send_signal(signal.SIGCONT)
+    finally:
+        c.stop()
+    print("shard gone: the error says it did not come back within the reconnect timeout")
+
+
 def dataloader_sampler(tmp):
     """ps.batches() as a DataLoader's batch_sampler (num_workers=0: it asks for the next batch
     after step()) trains as indexing by batch.indices does. Before: TypeError, "'Batch' object
@@ -2083,6 +2107,7 @@ def main():
         assert d > 1e-3, f"the cosine schedule changed nothing ({d})"
         two_workers_share(tmp)
         dataloader_sampler(tmp)
+        shard_gone_said(tmp)
         models_differ(tmp)
         buffers_shared(tmp)
         forget_stray(tmp)
