@@ -36,6 +36,9 @@ static const char *unhealthy(const psd_server_t *srv)
     if (srv->fatal[0]) return srv->fatal;
     if (srv->stopping) return "stopping";
     if (srv->listener == NULL) return "not listening for workers";
+    /* Its updates fail (a full map, a full disk): workers' pushes are refused, so it does not
+     * serve them (a probe, session 48: 200 ok while every update failed). */
+    if (srv->store_failing[0]) return srv->store_failing;
     return "";
 }
 
@@ -53,6 +56,8 @@ static void metrics_text(psd_server_t *srv, psd_http_reply_t *r)
                  unhealthy(srv)[0] == '\0');
     psd_prom_u64(&p, "psd_step", "gauge", "This shard's step: its lowest chunk version",
                  psd_shard_step(srv));
+    psd_prom_u64(&p, "psd_store_job_failures_total", "counter",
+                 "Store jobs (updates, creations, drops) that failed to commit", srv->store_failures);
     uint64_t conns = 0, members = 0;
     for (const psd_conn_t *c = srv->conns; c; c = c->next) {
         if (c->dead || c->ep == NULL) continue;
@@ -142,7 +147,7 @@ static void on_request(void *arg, const char *path, psd_http_reply_t *r)
         metrics_text(srv, r);
     } else if (strcmp(path, "/healthz") == 0) {
         const char *why = unhealthy(srv);
-        char text[300];
+        char text[sizeof ((psd_server_t *)0)->store_failing + 8];
         snprintf(text, sizeof text, "%s\n", why[0] ? why : "ok");
         reply_text(r, why[0] ? 503 : 200, text);
     } else if (strcmp(path, "/status") == 0) {

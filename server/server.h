@@ -451,6 +451,11 @@ struct psd_server_s {
     uint64_t transport_restarts; /* times UCX was left stuck and started again (on_cron) */
     uint64_t conn_requests;      /* connection requests UCX delivered (on_conn_request) */
     char fatal[256];           /* why this shard stopped on its own ("": it did not) */
+    char store_failing[300];   /* why a store job failed, until one of the same kind on the
+                                  same tensor and chunk commits ("": none failing): /healthz
+                                  503 with it (a full map applies nothing) */
+    uint32_t failing_kind, failing_tensor, failing_chunk; /* that job's, with store_failing */
+    uint64_t store_failures;   /* update jobs that failed since psd started */
     struct psd_httpd_s *httpd; /* metrics.c: /metrics, /healthz, /status; NULL when off */
     const ps_auth_t *auth;     /* the cluster secret (main.c's); auth->on: every connection
                                   must prove it first (on_auth) */

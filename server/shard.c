@@ -2597,6 +2597,31 @@ static void drop_done(psd_server_t *srv, psd_job_t *job)
     }
 }
 
+/* After store job @p job: a failure is counted and, with its reason already in
+ * srv->store_failing, logged and remembered by what it was for; it is forgotten once a job of
+ * that kind for that tensor (and chunk, for an update) commits. Not at the first commit of
+ * any job: a full map fails the large chunks' updates and takes the small ones' (a probe,
+ * session 48: 200 ok while every large update failed). */
+static void store_health(psd_server_t *srv, const psd_job_t *job)
+{
+    bool apply = job->kind == JOB_APPLY;
+    uint32_t tensor = apply ? (job->nitems ? job->items[0]->tensor : UINT32_MAX) : job->tensor;
+    if (job->rc) {
+        PS_LOG(PS_LOG_ERROR, "shard", "%s", srv->store_failing);
+        srv->store_failures++;
+        srv->failing_kind = (uint32_t)job->kind;
+        srv->failing_tensor = tensor;
+        srv->failing_chunk = apply && job->nitems ? job->items[0]->chunk : 0;
+        return;
+    }
+    if (srv->store_failing[0] == '\0' || (uint32_t)job->kind != srv->failing_kind) return;
+    bool same = !apply && tensor == srv->failing_tensor;
+    for (uint32_t i = 0; apply && i < job->nitems && !same; i++)
+        same = job->items[i]->tensor == srv->failing_tensor &&
+               job->items[i]->chunk == srv->failing_chunk;
+    if (same) srv->store_failing[0] = '\0';
+}
+
 static void job_done(uv_work_t *w, int status)
 {
     psd_job_t *job = w->data;
@@ -2605,11 +2630,13 @@ static void job_done(uv_work_t *w, int status)
     /* job_running stays set until the end: chunk_maybe_ready below must not start the
      * next job in this struct while its items are still being finished. */
     if (job->rc == PS_ESTOREFULL)
-        PS_LOG(PS_LOG_ERROR, "shard", "store job failed: %s (map_size_mb is %llu)",
-               ps_strerror(job->rc), (unsigned long long)srv->m.map_size_mb);
+        snprintf(srv->store_failing, sizeof srv->store_failing, "store job failed: %s "
+                 "(map_size_mb is %llu)", ps_strerror(job->rc),
+                 (unsigned long long)srv->m.map_size_mb);
     else if (job->rc)
-        PS_LOG(PS_LOG_ERROR, "shard", "store job failed: %s%s%s", job->err[0] ? job->err : "",
-               job->err[0] ? ": " : "", ps_strerror(job->rc));
+        snprintf(srv->store_failing, sizeof srv->store_failing, "store job failed: %.128s%s%s",
+                 job->err[0] ? job->err : "", job->err[0] ? ": " : "", ps_strerror(job->rc));
+    store_health(srv, job);
     job->err[0] = '\0';
     if (job->rc && job->coord_rec_len) psd_coord_rec_unsaved(srv); /* not committed */
     if (srv->trace && job->kind == JOB_APPLY && job->nitems > 0)

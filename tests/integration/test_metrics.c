@@ -395,6 +395,43 @@ START_TEST(test_metrics_after_failures)
 }
 END_TEST
 
+/* A shard whose store cannot take an update (its map full: 16 MiB for ~14 MiB of adam state)
+ * says so on /healthz (503 and why), psd_serving 0, and counts the failed jobs. Before: 200 ok
+ * and psd_serving 1 while every update failed (a probe, session 48). */
+START_TEST(test_metrics_store_full_unhealthy)
+{
+    cl_conf_t k = {.shards = 2, .workers = 1, .max_steps = 20, .metrics = true,
+                   .layers = "[784, 1280, 1024, 10]", .map_size_mb = 16, .chunk_bytes = 1 << 20,
+                   .optimizer = "{name: adam, lr: 0.001}"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    int st = cl_wait(w, RUN_S);
+    ck_assert_msg(st == 1, "the worker exited %d: %s", st, cl_tail(w));
+    EXPECT_LOG(w, "the shard store is full");
+    int full = 0;
+    for (int i = 0; i < 2; i++) {
+        char *body;
+        if (count_in_log(psd[i], "the shard store is full") == 0) continue;
+        full++;
+        ck_assert_int_eq(http_get(c->metrics_port[i], "/healthz", &body), 503);
+        ck_assert_msg(strstr(body, "store job failed: the shard store is full: raise "
+                                   "map_size_mb (map_size_mb is 16)"), "%s", body);
+        free(body);
+        ck_assert_int_eq(http_get(c->metrics_port[i], "/metrics", &body), 200);
+        ck_assert_msg(metric(body, "psd_serving") == 0 &&
+                          metric(body, "psd_store_job_failures_total") >= 1,
+                      "shard %d: serving %.0f, store job failures %.0f", i,
+                      metric(body, "psd_serving"), metric(body, "psd_store_job_failures_total"));
+        free(body);
+    }
+    ck_assert_msg(full > 0, "no shard's store was full: %s | %s", cl_tail(psd[0]),
+                  cl_tail(psd[1]));
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* The metrics port taken by another program: psd refuses to start and says which address. */
 START_TEST(test_metrics_port_in_use)
 {
@@ -419,6 +456,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("metrics_hostile_clients", test_metrics_hostile_clients));
     suite_add_tcase(s, tcase("metrics_port_in_use", test_metrics_port_in_use));
     suite_add_tcase(s, tcase("metrics_after_failures", test_metrics_after_failures));
+    suite_add_tcase(s, tcase("metrics_store_full_unhealthy", test_metrics_store_full_unhealthy));
     suite_add_tcase(s, tcase("metrics_no_memory_for_a_connection",
                              test_metrics_no_memory_for_a_connection));
     return s;
