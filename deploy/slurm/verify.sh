@@ -23,21 +23,30 @@ cat > "$tmp/bin/scontrol" <<'S'
 tr ',' '\n' <<< "$3"
 S
 # srun [--opt=value...] CMD ARGS: --ntasks copies of CMD on this host, SLURM_PROCID 0..n-1;
-# SIGTERM / SIGINT go to every task; the status is the highest task status.
+# as Slurm's srun, SIGTERM kills every task (SIGKILL, "forcing job termination"), and SIGINT
+# goes to every task with --disable-status (without it, a single one only prints the status);
+# the status is the highest task status.
 cat > "$tmp/bin/srun" <<'S'
 #!/usr/bin/env bash
-n=1
+# psd.sbatch starts it in the background, where a script has SIGINT ignored and cannot trap
+# it; Slurm's srun, a program, catches it: run again with SIGINT at its default (same pid).
+[ -z "$SRUN_SIGINT" ] && SRUN_SIGINT=1 exec env --default-signal=INT "$0" "$@"
+n=1 fwd=0
 while [ $# -gt 0 ]; do
     case "$1" in
     --ntasks=*) n=${1#--ntasks=} ;;
+    --disable-status | -X) fwd=1 ;;
     --*) ;;
     *) break ;;
     esac
     shift
 done
 pids=()
-for ((i = 0; i < n; i++)); do SLURM_PROCID=$i "$@" & pids+=($!); done
-trap 'kill -TERM "${pids[@]}" 2>/dev/null' TERM INT
+# A background job of a script starts with SIGINT ignored (and a shell script cannot trap it
+# then): slurmstepd's tasks do not.
+for ((i = 0; i < n; i++)); do SLURM_PROCID=$i env --default-signal=INT "$@" & pids+=($!); done
+trap 'echo "srun: forcing job termination" >&2; kill -KILL "${pids[@]}" 2>/dev/null' TERM
+trap '[ "$fwd" = 1 ] && kill -INT "${pids[@]}" 2>/dev/null' INT
 rc=0
 for p in "${pids[@]}"; do
     while wait "$p"; s=$?; kill -0 "$p" 2>/dev/null; do :; done
@@ -112,6 +121,9 @@ rc=$?
 grep -q "psd-shard: shard 1 exited with status 137; starting it again" "$tmp/out" ||
     fail "psd-shard.sh did not start shard 1 again"
 grep -q "pslaunch: the job is complete" "$tmp/out" || fail "pslaunch never said the job is complete"
+# The shards stopped cleanly, each committing (not killed by srun: "forcing job termination").
+[ "$(grep -c "stopping at step" "$tmp/out")" -ge 2 ] ||
+    fail "the shards did not stop cleanly: $(grep -E "forcing|Killed|stopping" "$tmp/out" | head -5)"
 grep -q "^  - {host: 127.0.0.1, port: $((port + 1)), data_dir: $tmp/data/shard-1, metrics_port: $((mport + 1)), metrics_host: 0.0.0.0}$" \
     "$tmp/run/manifest.yaml" || fail "unexpected manifest: $(cat "$tmp/run/manifest.yaml")"
 pgrep -f "$tmp/" > /dev/null && fail "processes left running: $(pgrep -af "$tmp/")"
@@ -137,6 +149,8 @@ rc=$?
 [ "$rc" -eq 143 ] || fail "psd.sbatch exited with $rc after SIGTERM, want 143: $(tail -5 "$tmp/out-long")"
 for _ in $(seq 100); do pgrep -f "$tmp/" > /dev/null || break; sleep 0.1; done
 pgrep -f "$tmp/" > /dev/null && fail "processes left after SIGTERM: $(pgrep -af "$tmp/")"
+[ "$(grep -c "stopping at step" "$tmp/out-long")" -ge 2 ] ||
+    fail "the shards did not stop cleanly after SIGTERM: $(grep -E "forcing|Killed|stopping" "$tmp/out-long" | head -5)"
 
 # A template with servers: is refused with exit 2 and a reason.
 printf 'servers:\n  - {host: a, port: 1, data_dir: /d}\n' >> "$tmp/job.yaml"
