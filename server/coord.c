@@ -1295,8 +1295,9 @@ static void late_members(psd_server_t *srv, uint64_t now)
 
 /*
  * ssp with job.step_timeout_ms: while a member waits because it is more than job.staleness
- * batches ahead of the slowest (job.staleness + 1 done), a slowest member that reported no batch for job.step_timeout_ms (nor joined
- * or came back within it) is dropped as late_members drops one under bsp.
+ * batches ahead of the slowest (job.staleness + 1 done), a slowest member that reported no
+ * batch for job.step_timeout_ms (nor joined or came back within it) is dropped as
+ * late_members drops one under bsp.
  */
 static void late_slowest(psd_server_t *srv, uint64_t now)
 {

@@ -455,7 +455,7 @@ struct psd_server_s {
                                   same tensor and chunk commits ("": none failing): /healthz
                                   503 with it (a full map applies nothing) */
     uint32_t failing_kind, failing_tensor, failing_chunk; /* that job's, with store_failing */
-    uint64_t store_failures;   /* update jobs that failed since psd started */
+    uint64_t store_failures;   /* store jobs that failed since psd started */
     struct psd_httpd_s *httpd; /* metrics.c: /metrics, /healthz, /status; NULL when off */
     const ps_auth_t *auth;     /* the cluster secret (main.c's); auth->on: every connection
                                   must prove it first (on_auth) */

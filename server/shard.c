@@ -2597,15 +2597,22 @@ static void drop_done(psd_server_t *srv, psd_job_t *job)
     }
 }
 
-/* After store job @p job: a failure is counted and, with its reason already in
- * srv->store_failing, logged and remembered by what it was for; it is forgotten once a job of
- * that kind for that tensor (and chunk, for an update) commits. Not at the first commit of
- * any job: a full map fails the large chunks' updates and takes the small ones' (a probe,
- * session 48: 200 ok while every large update failed). */
+/* After store job @p job: a failure is logged, counted and remembered with its reason
+ * (srv->store_failing, /healthz's) and what it was for; it is forgotten once a job of that
+ * kind for that tensor (and chunk, for an update) commits. Not at the first commit of any
+ * job: a full map fails the large chunks' updates and takes the small ones' (a probe, session
+ * 48: 200 ok while every large update failed). */
 static void store_health(psd_server_t *srv, const psd_job_t *job)
 {
     bool apply = job->kind == JOB_APPLY;
     uint32_t tensor = apply ? (job->nitems ? job->items[0]->tensor : UINT32_MAX) : job->tensor;
+    if (job->rc == PS_ESTOREFULL)
+        snprintf(srv->store_failing, sizeof srv->store_failing, "store job failed: %s "
+                 "(map_size_mb is %llu)", ps_strerror(job->rc),
+                 (unsigned long long)srv->m.map_size_mb);
+    else if (job->rc)
+        snprintf(srv->store_failing, sizeof srv->store_failing, "store job failed: %.128s%s%s",
+                 job->err[0] ? job->err : "", job->err[0] ? ": " : "", ps_strerror(job->rc));
     if (job->rc) {
         PS_LOG(PS_LOG_ERROR, "shard", "%s", srv->store_failing);
         srv->store_failures++;
@@ -2629,13 +2636,6 @@ static void job_done(uv_work_t *w, int status)
     if (job->pooled) ps_ucx_spin_resume(&srv->ucx); /* job_work stopped it */
     /* job_running stays set until the end: chunk_maybe_ready below must not start the
      * next job in this struct while its items are still being finished. */
-    if (job->rc == PS_ESTOREFULL)
-        snprintf(srv->store_failing, sizeof srv->store_failing, "store job failed: %s "
-                 "(map_size_mb is %llu)", ps_strerror(job->rc),
-                 (unsigned long long)srv->m.map_size_mb);
-    else if (job->rc)
-        snprintf(srv->store_failing, sizeof srv->store_failing, "store job failed: %.128s%s%s",
-                 job->err[0] ? job->err : "", job->err[0] ? ": " : "", ps_strerror(job->rc));
     store_health(srv, job);
     job->err[0] = '\0';
     if (job->rc && job->coord_rec_len) psd_coord_rec_unsaved(srv); /* not committed */

@@ -2762,6 +2762,16 @@ void ps_client_job(const ps_client_t *c, ps_job_info_t *out)
     out->workers = c->m.job.workers;
 }
 
+int ps_manifest_cluster(const char *path, char *out, size_t outlen, char *err, size_t errlen)
+{
+    ps_manifest_t *m = malloc(sizeof *m);
+    if (m == NULL) return PS_ENOMEM;
+    int rc = ps_manifest_load(m, path, err, errlen);
+    if (rc == 0 && (size_t)snprintf(out, outlen, "%s", m->cluster) >= outlen) rc = PS_EINVAL;
+    free(m);
+    return rc;
+}
+
 int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts, ps_client_t **out,
                      char *err, size_t errlen)
 {

@@ -1276,6 +1276,13 @@ def torch_user(tmp):
                 assert "this thread already drives an open ParameterServer" in str(e), str(e)
             copy = os.path.join(c.dir, "copy.yaml")  # the same job by another path
             shutil.copyfile(c.manifest, copy)
+            name = psd.manifest_cluster(copy)
+            assert name.startswith("torch-") and name == psd.manifest_cluster(c.manifest), name
+            try:
+                psd.manifest_cluster(os.path.join(c.dir, "none.yaml"))
+                raise AssertionError("a missing manifest was read")
+            except psd.PsError as e:
+                assert "cannot read" in str(e), str(e)
             try:  # before (session 48): taken, by the path's key
                 psd.torch.ParameterServer(copy, model(), samples=SAMPLES)
                 raise AssertionError("a second member of the job by a copy was taken")

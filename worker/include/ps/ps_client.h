@@ -148,6 +148,14 @@ typedef struct {
 } ps_job_info_t;
 /** @brief Fill @p out with the manifest's job settings. */
 void ps_client_job(const ps_client_t *c, ps_job_info_t *out);
+/**
+ * @brief The cluster name of the manifest at @p path, read and checked as a join reads it,
+ * without contacting any shard (front ends tell two manifests of one job apart by it).
+ * @param out receives the name, NUL-terminated (128 bytes hold any valid one).
+ * @return 0, PS_ECONFIG (the manifest is refused) or PS_ENOENT and the like (it cannot be
+ *  read), the reason in @p err; PS_EINVAL (@p outlen too small), PS_ENOMEM. Nothing is kept.
+ */
+int ps_manifest_cluster(const char *path, char *out, size_t outlen, char *err, size_t errlen);
 uint32_t ps_client_workers(const ps_client_t *c);
 uint32_t ps_client_shards(const ps_client_t *c);
 uint64_t ps_client_join_step(const ps_client_t *c);

@@ -20,7 +20,8 @@ import threading
 import weakref
 from array import array
 
-__all__ = ["PsError", "Client", "Batch", "batch_order", "library", "catch_ctrl_c"]
+__all__ = ["PsError", "Client", "Batch", "batch_order", "library", "catch_ctrl_c",
+           "manifest_cluster"]
 
 _INITS = {"zeros": 0, "normal": 1, "uniform": 2, "xavier": 3, "constant": 4}
 _TENSOR_MEAN = 0x100  # ps_client.h PS_TENSOR_MEAN
@@ -115,6 +116,8 @@ def library():
         "ps_client_shards": (U32, [P]),
         "ps_client_join_step": (U64, [P]),
         "ps_client_job": (None, [P, ctypes.POINTER(_JobInfo)]),
+        "ps_manifest_cluster": (I, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
+                                    ctypes.c_char_p, ctypes.c_size_t]),
         "ps_client_declare": (I, [P, ctypes.POINTER(_Desc), ctypes.POINTER(U32)]),
         "ps_client_declare_values": (I, [P, ctypes.POINTER(_Desc), P, ctypes.POINTER(U32),
                                          ctypes.POINTER(I)]),
@@ -167,6 +170,16 @@ def batch_order(n, seed, pass_):
         addr, _ = perm.buffer_info()
         library().ps_batch_order(addr, n, seed, pass_)
     return perm
+
+
+def manifest_cluster(manifest):
+    """The cluster name of `manifest` (ps_manifest_cluster: read and checked as a join reads
+    it, no shard contacted). Raises PsError with the reason for one libps refuses (ECONFIG) or
+    cannot read (ENOENT, ...)."""
+    out, err = ctypes.create_string_buffer(128), ctypes.create_string_buffer(512)
+    rc = library().ps_manifest_cluster(os.fsencode(manifest), out, len(out), err, len(err))
+    _check(rc, err.value.decode(errors="replace"))
+    return out.value.decode()
 
 
 class Batch:

@@ -61,21 +61,14 @@ _driven = {}
 
 
 def _job_of(manifest):
-    """The cluster name in `manifest` (its top-level `cluster:` line), or the file's real path
-    when none is read there (libps's join then says what is wrong): a copy of the manifest
-    names the same job. By path alone, a copy made a second member in the same thread, and
-    both waited for each other for good (a helper's probe, session 48)."""
+    """The job of `manifest`: its cluster name as libps reads it, or the file's real path for
+    one libps refuses (the join then says why). By path alone, a copy of the manifest made a
+    second member in the same thread, and both waited for each other for good (a helper's
+    probe, session 48)."""
     try:
-        with open(manifest, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("cluster:"):
-                    name = line[8:].split("#")[0].strip().strip("\"'")
-                    if name:
-                        return "cluster " + name
-                    break
-    except OSError:
-        pass
-    return "path " + os.path.realpath(manifest)
+        return "cluster " + psd.manifest_cluster(manifest)
+    except psd.PsError:
+        return "path " + os.path.realpath(manifest)
 
 
 def _trained(p):
