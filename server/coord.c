@@ -217,6 +217,7 @@ struct psd_coord_s {
     uint64_t waiting_since_ms; /* bsp: members wait for a step with no members (0: none) */
     uint64_t gaps[GAP_RING];   /* close-to-close times in ms */
     uint64_t ngaps, last_close_ms;
+    uint64_t deserted;         /* bsp: steps closed with no member (close_deserted_step) */
     struct { uint64_t ms, step; } top[16]; /* the longest gaps and the step that took them */
     launcher_t launchers[MAX_LAUNCHERS];
     int32_t grant_start, grant_stop; /* launches granted and not seen yet */
@@ -507,6 +508,35 @@ static void regive(psd_server_t *srv, ps_batch_t b, uint64_t tag, bool counted)
     }
 }
 
+/* A closed view of step @p step with @p members (PS_FLAG_CLOSED: it covers that step only),
+ * told to the members, who forward it to the other shards, and kept in rec.told (told again
+ * with every hand-out and cron tick, tell_closed) until a report of a later step shows every
+ * shard past it. The epoch after it is the open step's: no ordinary view may carry the closed
+ * one's number (batch and hello replies hand out the current epoch). @return its epoch. */
+static uint64_t close_view(psd_server_t *srv, uint64_t step, uint64_t members)
+{
+    psd_coord_t *co = srv->coord;
+    rec_changed(co);
+    uint64_t epoch = ++co->s.epoch;
+    PS_LOG(PS_LOG_INFO, "coord", "epoch %llu: closed step %llu has %u members (%#llx)",
+           (unsigned long long)epoch, (unsigned long long)step, popcount(members),
+           (unsigned long long)members);
+    int slot = 0;
+    for (int i = 0; i < COORD_TOLD; i++) {
+        if (co->rec.told[i].step == step && co->rec.told[i].epoch) {
+            slot = i;
+            break;
+        }
+        if (co->rec.told[i].epoch < co->rec.told[slot].epoch) slot = i; /* free or oldest */
+    }
+    co->rec.told[slot].epoch = epoch;
+    co->rec.told[slot].step = step;
+    co->rec.told[slot].members = members;
+    send_view(srv, epoch, step, members, PS_FLAG_CLOSED);
+    co->s.epoch++;
+    return epoch;
+}
+
 /* Rank @p r (removed: no longer active) was a member of rc_step, which this shard's restart
  * closed, and no report showed its batch of that step applied everywhere: another shard may
  * wait for its push of that step for good. That step goes on without it there (a view of it
@@ -525,27 +555,8 @@ static void restore_closed_lost(psd_server_t *srv, uint32_t r)
            "everywhere (this shard closed it when it started again): the step goes on without "
            "it where it waits, and its batch goes to another worker", r,
            (unsigned long long)co->rec.rc_step);
-    /* A closed view of that step (PS_FLAG_CLOSED: it covers that step only); not learnt
-     * here, where every chunk is past it. Kept in rec.told until every shard is past it. */
-    co->s.epoch++;
-    PS_LOG(PS_LOG_INFO, "coord", "epoch %llu: closed step %llu has %u members (%#llx)",
-           (unsigned long long)co->s.epoch, (unsigned long long)co->rec.rc_step,
-           popcount(co->rec.rc_view), (unsigned long long)co->rec.rc_view);
-    int slot = 0;
-    for (int i = 0; i < COORD_TOLD; i++) {
-        if (co->rec.told[i].step == co->rec.rc_step && co->rec.told[i].epoch) {
-            slot = i;
-            break;
-        }
-        if (co->rec.told[i].epoch < co->rec.told[slot].epoch) slot = i; /* free or oldest */
-    }
-    co->rec.told[slot].epoch = co->s.epoch;
-    co->rec.told[slot].step = co->rec.rc_step;
-    co->rec.told[slot].members = co->rec.rc_view;
-    send_view(srv, co->s.epoch, co->rec.rc_step, co->rec.rc_view, PS_FLAG_CLOSED);
-    /* The open step's view gets a newer epoch: no ordinary view may carry the closed one's
-     * number (batch and hello replies hand out the current epoch). */
-    co->s.epoch++;
+    /* Not learnt here, where every chunk is past that step. */
+    close_view(srv, co->rec.rc_step, co->rec.rc_view);
     coord_save(srv);
     psd_shard_learn_view(srv, co->s.epoch, co->s.step, co->s.step_members, false);
     broadcast_epoch(srv);
@@ -698,6 +709,34 @@ static void close_step(psd_server_t *srv)
     hand_out(srv);
     co->handout_gen = coord_save_gen(srv);
     serve_parked(srv); /* answers now only when no save was needed (psd_coord_create) */
+}
+
+/* bsp: open step s has no member (every member left it) and the ranks of those who left are
+ * held until it closes (removed_in_step), so that no joiner's push of s is taken for theirs:
+ * when they are all the ranks a joiner could get (64 deaths in one step, such as joiners that
+ * each gave up on a shard that stayed away), s closes with no member instead. A chunk still at
+ * s passes it as it is (a closed view with none, as restore_closed_lost's: one update fewer
+ * there); a chunk that applied s with a push of a member that then left keeps it, and that
+ * member's batch, given back tagged (s, rank), is not applied there again. Before, no worker
+ * could join again, also after a restart (the held ranks are saved). @return whether it
+ * closed s. */
+static bool close_deserted_step(psd_server_t *srv)
+{
+    psd_coord_t *co = srv->coord;
+    uint64_t s = co->s.step, left = co->rec.removed_in_step & ~co->s.active;
+    if (!is_bsp(srv) || co->s.finished || co->s.step_members != 0 || left == 0 ||
+        co->hold_ms || co->hold_ahead)
+        return false;
+    PS_LOG(PS_LOG_WARN, "coord", "step %llu: every member left it, and the %u ranks they held "
+           "until it closes are all a worker could join with: it closes with no member (its "
+           "chunks not past it pass it without an update; the batches of those who left go to "
+           "other workers)", (unsigned long long)s, popcount(left));
+    uint64_t epoch = close_view(srv, s, 0);
+    psd_shard_learn_view(srv, epoch, s, 0, true); /* this shard's chunks at s pass it */
+    co->deserted++;
+    close_step(srv); /* frees the ranks (removed_in_step); its hand-out waits for its save */
+    coord_save(srv);
+    return true;
 }
 
 /* A step with no members left: hand it out again once workers are there. */
@@ -898,13 +937,14 @@ void psd_coord_on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
         }
     } else {
         uint64_t taken = co->s.active | co->rec.removed_in_step | co->s.step_members;
+        if (taken == ~0ull && close_deserted_step(srv))
+            taken = co->s.active | co->rec.removed_in_step | co->s.step_members;
         for (uint32_t r = 0; r < PS_MAX_RANKS && rank < 0; r++)
             if (!(taken >> r & 1)) rank = (int32_t)r;
         if (rank < 0) {
             /* Ranks that left the open step stay taken until it closes (their pushes of it
-             * may sit in the shards' slots): 64 deaths in one step, such as joiners that each
-             * gave up on a shard that stayed away, leave none for the step's next members (a
-             * helper's probe, session 48; not solved: the rank would need a generation). */
+             * may sit in the shards' slots): with members still in it, they are free once
+             * those finish it (close_deserted_step closes one without members). */
             uint32_t left = popcount(co->rec.removed_in_step & ~co->s.active);
             if (left)
                 PS_LOG(PS_LOG_ERROR, "coord", "a worker cannot join: %u of the %d ranks are "
@@ -1780,7 +1820,13 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
                "applied", (unsigned long long)co->s.epoch, (unsigned long long)co->s.step,
                popcount(co->s.active), (unsigned long long)co->s.cur.applied_total);
         if (is_bsp(srv)) {
-            /* A restored open step's members are in the view the pushes are checked with. */
+            /* A restored open step's members are in the view the pushes are checked with; the
+             * closed views kept (rec.told) pass this shard's chunks still at their steps (a
+             * step closed with no member, close_deserted_step, before they had passed it). */
+            for (int i = 0; i < COORD_TOLD; i++)
+                if (co->rec.told[i].epoch)
+                    psd_shard_learn_view(srv, co->rec.told[i].epoch, co->rec.told[i].step,
+                                         co->rec.told[i].members, true);
             psd_shard_learn_view(srv, co->s.epoch, co->s.step, co->s.step_members, false);
             /* The state was saved when the step's apply began (or later); if that apply
              * committed here, every member had pushed the step: it counts, and the next step
@@ -1945,6 +1991,10 @@ void psd_coord_metrics(psd_server_t *srv, psd_prom_t *p)
                  "Members dropped for holding the others past job.step_timeout_ms (bsp: no push "
                  "of the open step; ssp: no batch reported while another waits)",
                  srv->late_drops);
+    psd_prom_u64(p, "psd_job_steps_closed_without_members_total", "counter",
+                 "bsp steps every member had left that were closed with none, since this psd "
+                 "started, so that workers could join (their ranks were all held)",
+                 co->deserted);
     psd_prom_f64(p, "psd_job_step_gap_max_seconds",
                  "Longest gap between two consecutive steps among the last 4096 (bsp)",
                  (double)gmax / 1e3);
@@ -1966,7 +2016,7 @@ void psd_coord_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len
         "%u, \"actual_workers\": %u, \"finished\": %s, \"samples\": %llu, \"samples_applied\": %llu, \"batches_handed_again\": "
         "%llu, \"step_gap_ms_max\": %llu, \"step_gap_ms_median\": %llu, \"step_gaps\": %llu, "
         "\"state_save_failures\": %llu, \"state_save_failing\": %u, \"checkpoint_hold\": %s, "
-        "\"checkpoint_hold_users\": %u, ",
+        "\"checkpoint_hold_users\": %u, \"steps_closed_without_members\": %llu, ",
         (unsigned long long)co->s.epoch, (unsigned long long)co->s.step,
         is_bsp(srv) ? popcount(co->s.step_members) : 0, co->s.desired,
         popcount(co->s.active), co->s.finished ? "true" : "false",
@@ -1974,7 +2024,7 @@ void psd_coord_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len
         (unsigned long long)co->s.cur.handed_again, (unsigned long long)gmax,
         (unsigned long long)gmed, (unsigned long long)n,
         (unsigned long long)co->save_failures_total, co->save_failures,
-        co->hold_ms ? "true" : "false", co->hold_users);
+        co->hold_ms ? "true" : "false", co->hold_users, (unsigned long long)co->deserted);
     OUT("\"step_gaps_top\": [");
     for (int i = 0, f = 1; i < 16; i++)
         if (co->top[i].ms) {

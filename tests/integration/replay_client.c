@@ -28,7 +28,7 @@
  * coordinator whose saved state predates its join), or one that cannot join (shard 0 is down
  * and does not come back within the join's wait), exits 3.
  * DIE_STEP "plan:R@S/K[,R@S/K...]": the worker of rank R kills itself at step S after K of its
- * pushes (0, 1 or 2; each waited for), before reporting the batch. "R@S/1n": it sends its first
+ * pushes (0, 1 or 2; each waited for), before reporting the batch; R "*": whatever its rank. "R@S/1n": it sends its first
  * push, does not wait for its acknowledgement, and dies 300 ms later. "R@S/Ks" (K 0 or 1): after
  * K pushes it stops itself (SIGSTOP) and, once continued, goes on with the batch.
  * REPLAY_NAP_MS=N in the environment: each batch takes N ms more (its "computation"), so that
@@ -38,6 +38,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,9 +75,12 @@ static void random_death(int rank, uint64_t j, int pushes)
 static int planned_death(const char *plan, int rank, uint64_t step, int *nowait, int *stop)
 {
     for (const char *p = plan; p && *p;) {
-        int r, k, n = 0;
+        int r = -1, k, n = 0;
         unsigned long long s;
-        if (sscanf(p, "%d@%llu/%d%n", &r, &s, &k, &n) == 3 && r == rank && s == step) {
+        bool any = *p == '*'; /* "*@S/K": whatever the rank */
+        if ((any ? sscanf(p, "*@%llu/%d%n", &s, &k, &n) == 2
+                 : sscanf(p, "%d@%llu/%d%n", &r, &s, &k, &n) == 3) &&
+            (any || r == rank) && s == step) {
             *nowait = p[n] == 'n';
             *stop = p[n] == 's';
             return k;

@@ -774,6 +774,92 @@ START_TEST(test_bsp_step_emptied_at_the_end)
 }
 END_TEST
 
+/* bsp: 64 workers in a row take part in step 5 and die there before any push (replay_clients
+ * with plan "*@5/0", in rounds of 8), as joiners do that each give up on a shard that stays
+ * away: each rank is held by a member that left the open step, which has no member left. Two
+ * more workers must still join: step 5 closes with no member (its chunks pass it as they are)
+ * and they finish the job with every batch applied once on both tensors. With @p restart,
+ * shard 0 is killed while its chunk passes step 5 (held there: PS_TEST_SLOW_APPLY_HOLD) and
+ * started again. Before: "all 64 worker ranks are taken (some by members that left the open
+ * step, until it closes)", for good, also after a restart of shard 0. */
+static void all_ranks_left_open_step(bool restart)
+{
+    /* A short start wait: a worker of a round that joins after the others died does not wait
+     * for a second one (whoever gets step 5 dies, and the check allows any members). */
+    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = "bsp",
+                   .optimizer = "{name: sgd, lr: 1}", .start_wait_ms = 200};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    char hold[CL_PATH];
+    if (restart) {
+        slow_apply_hold(c, hold);
+        setenv("PS_TEST_SLOW_APPLY", "6", 1);
+    }
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), NULL};
+    unsetenv("PS_TEST_SLOW_APPLY");
+    unsetenv("PS_TEST_SLOW_APPLY_HOLD");
+    psd[1] = cl_psd_start(c, 1, NULL, READY_S);
+    char nb[] = "40", bs[] = "8", plan[] = "plan:*@5/0", ord[] = "ab";
+    char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, plan, ord, NULL};
+    coord_t co;
+    coord_open(&co, c);
+    for (int dead = 0; dead < 64;) {
+        int n = dead == 0 ? 2 : dead + 8 > 64 ? 64 - dead : 8;
+        cl_proc_t *w[8];
+        for (int i = 0; i < n; i++) {
+            char name[16];
+            snprintf(name, sizeof name, "doomed%d", dead + i);
+            w[i] = cl_spawn(c, name, argv);
+        }
+        for (int i = 0; i < n; i++) {
+            EXPECT_EXIT(w[i], 128 + SIGKILL);
+            EXPECT_LOG(w[i], "at step 5");
+        }
+        dead += n;
+        ck_assert_int_eq(wait_num(&co, "actual_workers", 0, 1, RUN_S), 0);
+    }
+    ck_assert_int_eq(coord_num(&co, "open_step"), 5);
+    coord_close(&co);
+    cl_proc_t *w2 = NULL;
+    if (restart) {
+        static char removable[] = "rand:0", never[] = "1000000000";
+        argv[4] = removable; /* exits 3 if the restart does not know its join (not saved) */
+        w2 = cl_spawn(c, "replay2", argv);
+        argv[4] = never;
+        int held = cl_wait_log(psd[0], "the apply of step 5 waits while ", RUN_S);
+        ck_assert_int_eq(cl_signal(psd[0], SIGKILL), 0);
+        cl_wait(psd[0], RUN_S);
+        ck_assert(unlink(hold) == 0);
+        ck_assert_msg(held == 0, "shard 0's chunk never passed step 5: %s", cl_tail(psd[0]));
+        EXPECT_LOG(psd[0], "step 5: every member left it, and the 64 ranks they held until it "
+                           "closes are all a worker could join with: it closes with no member");
+        psd[0] = cl_psd_start(c, 0, NULL, READY_S);
+        cl_proc_t *w3 = cl_spawn(c, "replay3", argv);
+        EXPECT_EXIT(w3, 0);
+        int st = cl_wait(w2, RUN_S);
+        ck_assert_msg(st == 0 || st == 3, "replay2 exited %d: %s", st, cl_tail(w2));
+        check_all(c, argv);
+    } else {
+        w2 = new_workers_finish(c, argv);
+        EXPECT_LOG(psd[0], "step 5: every member left it, and the 64 ranks they held until it "
+                           "closes are all a worker could join with: it closes with no member");
+        EXPECT_LOG(psd[0], "step 5 of 0/0: the coordinator closed it with no member left; "
+                           "passed as it is");
+        EXPECT_LOG(psd[1], "step 5 of 1/0: the coordinator closed it with no member left; "
+                           "passed as it is");
+        coord_open(&co, c);
+        ck_assert_int_eq(coord_num(&co, "steps_closed_without_members"), 1);
+        coord_close(&co);
+    }
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+
+START_TEST(test_bsp_all_ranks_left_open_step) { all_ranks_left_open_step(false); }
+END_TEST
+
+START_TEST(test_bsp_all_ranks_left_open_step_restart) { all_ranks_left_open_step(true); }
+END_TEST
+
 START_TEST(test_bsp_random_deaths_applied_once) { random_deaths("bsp", false); }
 END_TEST
 
@@ -2625,6 +2711,8 @@ Suite *ps_test_suite(void)
     ADD(bsp_step_emptied_checkpoint_moves_back);
     ADD(bsp_step_emptied_during_apply);
     ADD(bsp_step_emptied_at_the_end);
+    ADD(bsp_all_ranks_left_open_step);
+    ADD(bsp_all_ranks_left_open_step_restart);
     ADD(bsp_step_emptied_coordinator_killed);
     ADD(bsp_step_emptied_close_not_saved);
     ADD(bsp_random_deaths_applied_once);
