@@ -199,6 +199,9 @@ typedef struct {
     uint64_t tensor_set;      /* bsp: the digest of the tensors it declared, as its first batch
                                  request said (0: none said yet); tensor_count: how many */
     uint64_t tensor_count;
+    bool no_batch_yet;        /* no batch reply has gone to it since it joined (it has not
+                                 asked): it cannot have pushed a step (libps pushes a batch's).
+                                 False after a restart of this shard (not known). */
 } member_rt_t;
 
 typedef struct {
@@ -452,6 +455,7 @@ static void reply_batch(psd_server_t *srv, uint32_t r)
         if (srv->test_crash_after_batch && --srv->test_crash_after_batch == 0)
             srv->test_crash_armed = true; /* psd_shard_on_push */
         memcpy(a.replay, m->batch.replay, sizeof a.replay);
+        rt->no_batch_yet = false;
     }
     psd_send_msg(srv, rt->conn, &a);
 }
@@ -970,7 +974,7 @@ void psd_coord_on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
         m->join_serial = ++co->s.joins;
         host_safe(m->host, sizeof m->host, msg->host[0] ? msg->host : c->peer);
         co->rt[rank] = (member_rt_t){.conn = c, .joined_ms = uv_now(srv->loop),
-                                     .steps_at_join = clock};
+                                     .steps_at_join = clock, .no_batch_yet = true};
         co->s.active |= 1ull << rank;
         if (co->grant_start > 0) co->grant_start--;
         PS_LOG(PS_LOG_INFO, "coord", "worker pid %u from %s joins as rank %d at step %llu "
@@ -1180,9 +1184,17 @@ static void member_remove(psd_server_t *srv, uint32_t r, const char *why)
 {
     psd_coord_t *co = srv->coord;
     saved_member_t *m = &co->s.m[r];
+    /* bsp: a member that never had a batch reply (handed its first batch by a tick or another's
+     * request before it asked: a joiner that died, or gave up on another shard, first) cannot
+     * have pushed the open step: its rank is free at once, and its batch goes back without a
+     * replay tag of it. Before, each such member held its rank until the step closed and added
+     * a tag, so a batch passed among such joiners lost the tag of the member that had pushed it
+     * (PS_REPLAY_MAX) and was applied twice there. */
+    bool unsent = is_bsp(srv) && co->rt[r].no_batch_yet && m->has_batch &&
+                  m->batch_step == co->s.step;
     co->s.active &= ~(1ull << r);
     rec_changed(co);
-    if (co->s.step_members >> r & 1)
+    if ((co->s.step_members >> r & 1) && !unsent)
         co->rec.removed_in_step |= 1ull << r; /* its pushes of this step may sit in slots */
     co->rt[r].parked = 0;
     co->rt[r].conn = NULL;
@@ -1211,7 +1223,8 @@ static void member_remove(psd_server_t *srv, uint32_t r, const char *why)
          * is there; asp / ssp: each push on arrival): the batch carries this step (asp / ssp:
          * this rank's clock) and rank, so those chunks do not apply it again (replay_had
          * and batch_applied_here in shard.c). */
-        bool tag = is_bsp(srv) ? m->batch_step == co->s.step && (co->s.step_members >> r & 1)
+        bool tag = is_bsp(srv) ? m->batch_step == co->s.step &&
+                                     (co->s.step_members >> r & 1) && !unsent
                                : true;
         if (tag && ps_batch_tag(&m->batch, PS_REPLAY_TAG(m->batch_step, r)))
             PS_LOG(PS_LOG_WARN, "coord", "batch of pass %llu at %llu left mid-step %d times: "

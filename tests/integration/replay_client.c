@@ -33,6 +33,8 @@
  * K pushes it stops itself (SIGSTOP) and, once continued, goes on with the batch.
  * REPLAY_NAP_MS=N in the environment: each batch takes N ms more (its "computation"), so that
  * a run lasts long enough for what a test does meanwhile.
+ * DIE_STEP "unasked": it joins and declares, prints "waits without asking for a batch" and
+ * waits for good (the test kills it), never asking for a batch.
  * DIE_STEP "check": no death, and the check at the end whatever this worker's rank (one that
  * joins a finished job may find rank 0 still held by members a restarted coordinator awaits). */
 #include <inttypes.h>
@@ -43,6 +45,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "ps/ps_client.h"
 #include "ps/ps_log.h"
@@ -178,6 +181,10 @@ int main(int argc, char **argv)
         }
     }
     bad |= g == NULL || got == NULL;
+    if (!bad && strcmp(argv[4], "unasked") == 0) {
+        printf("replay_client: rank %d waits without asking for a batch\n", rank);
+        for (;;) pause();
+    }
     ps_batch_info_t b, prev;
     const char *nap = getenv("REPLAY_NAP_MS");
     for (int k = 0; !bad; k++) {

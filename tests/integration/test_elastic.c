@@ -860,6 +860,54 @@ END_TEST
 START_TEST(test_bsp_all_ranks_left_open_step_restart) { all_ranks_left_open_step(true); }
 END_TEST
 
+/* bsp: step 5's members die (rank 0 before its pushes, rank 1 after its push of "replay.a",
+ * which shard 0's chunk applies with it alone: its batch goes back tagged (5, 1)); then 10
+ * workers in a row join, are handed step 5 (each alone, by shard 0's tick after the start
+ * wait) and are killed before they asked for a batch (replay_client "unasked"), as joiners
+ * that give up on a shard that stays away. They never had a batch reply, so they pushed
+ * nothing: their ranks are free at once and the batches go back without a tag of theirs. Two
+ * new workers then finish with every batch applied once. Before, each such joiner held its
+ * rank until step 5 closed and tagged the batch it was handed, so rank 1's batch lost its tag
+ * (PS_REPLAY_MAX) and replay.a applied it twice. */
+START_TEST(test_bsp_unasked_joiners_leave_no_tag)
+{
+    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = "bsp",
+                   .optimizer = "{name: sgd, lr: 1}", .start_wait_ms = 200};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    char nb[] = "40", bs[] = "8", plan[] = "plan:0@5/0,1@5/1", ord[] = "ab";
+    char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, plan, ord, NULL};
+    cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
+    for (int i = 0; i < 2; i++) {
+        EXPECT_EXIT(w[i], 128 + SIGKILL);
+        EXPECT_LOG(w[i], "at step 5");
+    }
+    coord_t co;
+    coord_open(&co, c);
+    static char unasked[] = "unasked";
+    argv[4] = unasked;
+    for (int i = 0; i < 10; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "unasked%d", i);
+        cl_proc_t *j = cl_spawn(c, name, argv);
+        ck_assert_int_eq(cl_wait_log(j, "waits without asking for a batch", RUN_S), 0);
+        ck_assert_int_eq(wait_num(&co, "open_step_members", 1, 1, RUN_S), 1);
+        ck_assert_int_eq(cl_signal(j, SIGKILL), 0);
+        ck_assert_int_eq(cl_wait(j, RUN_S), 128 + SIGKILL);
+        ck_assert_int_eq(wait_num(&co, "actual_workers", 0, 1, RUN_S), 0);
+    }
+    ck_assert_int_eq(coord_num(&co, "open_step"), 5);
+    coord_close(&co);
+    new_workers_finish(c, argv);
+    char *log = cl_log(psd[0]);
+    ck_assert_msg(strstr(log, "oldest replay tag dropped") == NULL,
+                  "a batch lost a replay tag: %s", cl_tail(psd[0]));
+    free(log);
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 START_TEST(test_bsp_random_deaths_applied_once) { random_deaths("bsp", false); }
 END_TEST
 
@@ -2713,6 +2761,7 @@ Suite *ps_test_suite(void)
     ADD(bsp_step_emptied_at_the_end);
     ADD(bsp_all_ranks_left_open_step);
     ADD(bsp_all_ranks_left_open_step_restart);
+    ADD(bsp_unasked_joiners_leave_no_tag);
     ADD(bsp_step_emptied_coordinator_killed);
     ADD(bsp_step_emptied_close_not_saved);
     ADD(bsp_random_deaths_applied_once);
