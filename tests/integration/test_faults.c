@@ -362,28 +362,38 @@ static cl_cluster_t *one_worker_joined(int workers, uint64_t max_steps, cl_proc_
     return c;
 }
 
-/* kill -9 a shard right after a worker's hello to it, while the worker declares its tensors:
+/* kill -9 a shard right after a worker's hello to it, before the worker declares its tensors
+ * (it stops itself there: PS_TEST_STOP_AT=hello, and is continued once the shard is dead):
  * each declaration to that shard waits for it to come back and is sent again, as pushes and
  * pulls are, and the worker trains to the end. (Before, the declaration failed at once with
- * "is not connected" and the worker exited 1.) The log is read every millisecond: the worker
- * takes ~100 ms for its six declarations. */
+ * "is not connected" and the worker exited 1.) Until session 49 the test read the worker's log
+ * every millisecond to kill the shard within the ~100 ms the declarations take, which a busy
+ * machine could miss. */
 START_TEST(test_psd_crash_during_declare)
 {
     cl_conf_t k = {.shards = 2, .workers = 1, .max_steps = 20};
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    setenv("PS_TEST_STOP_AT", "hello", 1);
     cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    unsetenv("PS_TEST_STOP_AT");
+    ck_assert_msg(cl_wait_log(w, "stops at its hello", RUN_S) == 0, "never stopped: %s",
+                  cl_tail(w));
     char hello[64]; /* logged once shard 1 answered the hello */
     snprintf(hello, sizeof hello, "shard 1 (127.0.0.1:%u) over", c->port[1]);
-    struct timespec ms = {0, 1000 * 1000};
-    for (int i = 0; i < (int)(RUN_S * 1000) && count_in_log(w, hello) == 0; i++) nanosleep(&ms, NULL);
+    EXPECT_LOG(w, hello);
     ck_assert_int_eq(cl_signal(psd[1], SIGKILL), 0);
-    ck_assert_msg(count_in_log(w, "joined at step") == 0,
-                  "the worker finished declaring before the kill: %s", cl_tail(w));
     cl_wait(psd[1], RUN_S);
+    ck_assert_int_eq(cl_signal(w, SIGCONT), 0);
+    ck_assert_msg(cl_wait_log(w, "lost shard 1", RUN_S) == 0, "shard 1 not seen lost: %s",
+                  cl_tail(w));
+    ck_assert_msg(count_in_log(w, "joined at step") == 0,
+                  "the worker finished declaring without shard 1: %s", cl_tail(w));
+    usleep(500 * 1000); /* its declarations meanwhile wait for shard 1 */
+    ck_assert_msg(count_in_log(w, "joined at step") == 0,
+                  "the worker finished declaring without shard 1: %s", cl_tail(w));
     psd[1] = cl_psd_start(c, 1, NULL, READY_S);
     EXPECT_EXIT(w, 0);
-    EXPECT_LOG(w, "lost shard 1");
     EXPECT_LOG(w, "is back after");
     EXPECT_LOG(w, "joined at step");
     stop_all(psd, 2);
