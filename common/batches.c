@@ -40,14 +40,43 @@ int ps_cursor_give_back(ps_cursor_t *c, const ps_batch_t *b)
     return 0;
 }
 
+/* Drop @p b's oldest tag (its first one or two words). */
+static void drop_oldest_tag(ps_batch_t *b)
+{
+    uint32_t i = 0;
+    uint64_t step, ranks;
+    ps_replay_next(b->replay, b->nreplay, &i, &step, &ranks);
+    memmove(b->replay, b->replay + i, (b->nreplay - i) * sizeof *b->replay);
+    b->nreplay -= i;
+}
+
 int ps_batch_tag(ps_batch_t *b, uint64_t tag)
 {
-    int dropped = b->nreplay == PS_REPLAY_MAX;
-    if (dropped) {
-        memmove(b->replay, b->replay + 1, (PS_REPLAY_MAX - 1) * sizeof *b->replay);
-        b->nreplay--;
+    uint64_t step = PS_REPLAY_STEP(tag), bit = 1ull << PS_REPLAY_RANK(tag), s, ranks;
+    uint64_t words[2] = {tag & ~PS_REPLAY_MERGED, 0};
+    uint32_t nwords = 1;
+    for (uint32_t at = 0, i = 0; i < b->nreplay; at = i) {
+        ps_replay_next(b->replay, b->nreplay, &i, &s, &ranks);
+        if (s != step) continue;
+        if (ranks & bit) return 0; /* named already */
+        if (i - at == 2) {         /* a merged tag: one more rank */
+            b->replay[at + 1] |= bit;
+            return 0;
+        }
+        /* A single tag of that step: out, and back as a merged pair with this rank. */
+        memmove(b->replay + at, b->replay + i, (b->nreplay - i) * sizeof *b->replay);
+        b->nreplay -= i - at;
+        words[0] = PS_REPLAY_MERGED | PS_REPLAY_TAG(step, 0);
+        words[1] = ranks | bit;
+        nwords = 2;
+        break;
     }
-    b->replay[b->nreplay++] = tag;
+    int dropped = 0;
+    while (b->nreplay + nwords > PS_REPLAY_MAX) {
+        drop_oldest_tag(b);
+        dropped = 1;
+    }
+    for (uint32_t k = 0; k < nwords; k++) b->replay[b->nreplay++] = words[k];
     return dropped;
 }
 

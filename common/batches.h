@@ -19,7 +19,31 @@
  * fresh range went: one held per rank plus one per member of the step a restart closed, at most
  * 2 x PS_MAX_RANKS (128). */
 #define PS_REHAND_MAX 256
-#define PS_REPLAY_MAX 4   /* replay tags a batch carries (its last departures mid-step) */
+#define PS_REPLAY_MAX 4   /* replay tag words a batch carries (its last departures mid-step) */
+
+/* Replay tags (ps_batch_t.replay, ps_msg_t.replay): the steps and ranks that had a batch and
+ * left it mid-step. A word is one tag, step << PS_REPLAY_RANK_BITS | rank (asp and ssp: step 0,
+ * only the rank counts), or, with PS_REPLAY_MERGED set, the first of two: that step, then the
+ * bitmap of every rank that had the batch at that step (ps_batch_tag merges the departures of
+ * one step so; ps_replay_next reads both kinds). Steps stay below 2^57. */
+#define PS_REPLAY_RANK_BITS 6
+#define PS_REPLAY_MERGED (1ull << 63)
+#define PS_REPLAY_TAG(step, rank) ((uint64_t)(step) << PS_REPLAY_RANK_BITS | (uint64_t)(rank))
+#define PS_REPLAY_STEP(tag) (((tag) & ~PS_REPLAY_MERGED) >> PS_REPLAY_RANK_BITS)
+#define PS_REPLAY_RANK(tag) ((uint32_t)((tag) & 63))
+
+/** @brief The next tag of the @p n words @p tags from word *@p i (advanced past it): its step
+ *  and the ranks it names (one, or a merged tag's bitmap; a merged word without its bitmap, as
+ *  a peer could send, names its rank bits' rank). @return false past the last. */
+static inline bool ps_replay_next(const uint64_t *tags, uint32_t n, uint32_t *i, uint64_t *step,
+                                  uint64_t *ranks)
+{
+    if (*i >= n) return false;
+    uint64_t t = tags[(*i)++];
+    *step = PS_REPLAY_STEP(t);
+    *ranks = (t & PS_REPLAY_MERGED) && *i < n ? tags[(*i)++] : 1ull << PS_REPLAY_RANK(t);
+    return true;
+}
 #define PS_PASS_RING 64   /* passes whose applied counts are kept */
 
 typedef struct {
@@ -27,8 +51,8 @@ typedef struct {
     uint64_t offset;  /* first position in that pass's permutation */
     uint32_t count;   /* samples, >= 1 */
     /* bsp: the batch was handed out before, to members that left in the middle of its step
-     * (step << 6 | rank each, oldest first; proto/wire.h PS_REPLAY_TAG): a chunk that applied
-     * such a step with that rank's push has the batch already (server/shard.c). */
+     * (PS_REPLAY_TAG words, oldest first, a step's departures merged): a chunk that applied
+     * such a step with such a rank's push has the batch already (server/shard.c). */
     uint32_t nreplay;
     uint64_t replay[PS_REPLAY_MAX];
 } ps_batch_t;
@@ -67,8 +91,10 @@ bool ps_cursor_take(ps_cursor_t *c, ps_batch_t *out);
  *  @return 0, or -1 when the re-hand queue is full (the batch is lost; logged by callers). */
 int ps_cursor_give_back(ps_cursor_t *c, const ps_batch_t *b);
 
-/** @brief Add replay tag @p tag (proto/wire.h PS_REPLAY_TAG) to @p b, dropping its oldest
- *  when it has PS_REPLAY_MAX already. @return 1 when one was dropped, else 0. */
+/** @brief Add replay tag @p tag (PS_REPLAY_TAG) to @p b: into its tag of the same step (a
+ *  single one becomes a merged pair), else as a new one, dropping its oldest tags while the
+ *  words would be more than PS_REPLAY_MAX. Any number of departures in one step take at most
+ *  two words. @return 1 when a tag was dropped, else 0. */
 int ps_batch_tag(ps_batch_t *b, uint64_t tag);
 /** @brief Count @p b as applied (its gradient is in a committed step). */
 void ps_cursor_applied(ps_cursor_t *c, const ps_batch_t *b);

@@ -21,12 +21,7 @@
 
 #define PS_MAX_RANKS 64 /* worker ranks: a step's members travel as a 64-bit bitmap */
 
-/* Replay tags (ps_msg_t.replay, common/batches.h): step << PS_REPLAY_RANK_BITS | rank (asp and
- * ssp: the step is that rank's clock, for logs only). */
-#define PS_REPLAY_RANK_BITS 6
-#define PS_REPLAY_TAG(step, rank) ((uint64_t)(step) << PS_REPLAY_RANK_BITS | (uint64_t)(rank))
-#define PS_REPLAY_STEP(tag) ((tag) >> PS_REPLAY_RANK_BITS)
-#define PS_REPLAY_RANK(tag) ((uint32_t)((tag) & (PS_MAX_RANKS - 1)))
+/* Replay tags (ps_msg_t.replay): common/batches.h, PS_REPLAY_TAG and ps_replay_next. */
 
 /* ps_msg_t.flags */
 enum {

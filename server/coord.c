@@ -492,14 +492,21 @@ static void tell_closed(psd_server_t *srv)
 /* Batch @p b was not applied on every chunk: give it back tagged @p tag (the step and rank
  * that had it; uncounted first if @p counted), so that a chunk that applied that step with that
  * rank's push does not apply it again (replay_had in shard.c) and the others do. */
+/* Tag batch @p b with @p tag (ps_batch_tag), saying so when that drops its oldest tag. */
+static void batch_tag(ps_batch_t *b, uint64_t tag)
+{
+    if (ps_batch_tag(b, tag))
+        PS_LOG(PS_LOG_WARN, "coord", "batch of pass %llu at %llu left mid-step at more steps "
+               "than its replay tags hold: its oldest replay tag dropped (a chunk that applied "
+               "it then applies it again)", (unsigned long long)b->pass,
+               (unsigned long long)b->offset);
+}
+
 static void regive(psd_server_t *srv, ps_batch_t b, uint64_t tag, bool counted)
 {
     psd_coord_t *co = srv->coord;
     if (counted) ps_cursor_unapplied(&co->s.cur, &b);
-    if (ps_batch_tag(&b, tag))
-        PS_LOG(PS_LOG_WARN, "coord", "batch of pass %llu at %llu left mid-step %d times: its "
-               "oldest replay tag dropped", (unsigned long long)b.pass,
-               (unsigned long long)b.offset, PS_REPLAY_MAX + 1);
+    batch_tag(&b, tag);
     if (ps_cursor_give_back(&co->s.cur, &b))
         PS_LOG(PS_LOG_ERROR, "coord", "re-hand queue full: batch of pass %llu at %llu lost",
                (unsigned long long)b.pass, (unsigned long long)b.offset);
@@ -717,8 +724,9 @@ static void close_step(psd_server_t *srv)
 
 /* bsp: open step s has no member (every member left it) and the ranks of those who left are
  * held until it closes (removed_in_step), so that no joiner's push of s is taken for theirs:
- * when they are all the ranks a joiner could get (64 deaths in one step, such as joiners that
- * each gave up on a shard that stayed away), s closes with no member instead. A chunk still at
+ * when they are all the ranks a joiner could get (64 deaths in one step after their batch
+ * replies, such as workers killed over and over while they compute), s closes with no member
+ * instead. A chunk still at
  * s passes it as it is (a closed view with none, as restore_closed_lost's: one update fewer
  * there); a chunk that applied s with a push of a member that then left keeps it, and that
  * member's batch, given back tagged (s, rank), is not applied there again. Before, no worker
@@ -1226,10 +1234,8 @@ static void member_remove(psd_server_t *srv, uint32_t r, const char *why)
         bool tag = is_bsp(srv) ? m->batch_step == co->s.step &&
                                      (co->s.step_members >> r & 1) && !unsent
                                : true;
-        if (tag && ps_batch_tag(&m->batch, PS_REPLAY_TAG(m->batch_step, r)))
-            PS_LOG(PS_LOG_WARN, "coord", "batch of pass %llu at %llu left mid-step %d times: "
-                   "its oldest replay tag dropped", (unsigned long long)m->batch.pass,
-                   (unsigned long long)m->batch.offset, PS_REPLAY_MAX + 1);
+        /* asp / ssp: step 0 (only the rank counts there), so that its tags merge into one. */
+        if (tag) batch_tag(&m->batch, PS_REPLAY_TAG(is_bsp(srv) ? m->batch_step : 0, r));
         if (ps_cursor_give_back(&co->s.cur, &m->batch))
             PS_LOG(PS_LOG_ERROR, "coord", "re-hand queue full: batch of pass %llu at %llu lost",
                    (unsigned long long)m->batch.pass, (unsigned long long)m->batch.offset);

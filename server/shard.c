@@ -1512,40 +1512,40 @@ static void push_received(psd_slot_t *s, ucs_status_t status)
     chunk_maybe_ready(srv, ch);
 }
 
-/* bsp: whether chunk @p ch applied step @p s with rank @p r's batch (r a member of that apply:
- * its push summed, or itself skipped as a replay of a batch the chunk had): 1, 0, or -1 when
- * the chunk does not remember that step (too old, or from before this psd loaded the store).
- * A step not applied here yet: 0. */
-static int step_had_rank(const psd_chunk_t *ch, uint64_t s, uint32_t r)
+/* bsp: whether chunk @p ch applied step @p s with the batch of one of the ranks @p ranks (a
+ * member of that apply: its push summed, or itself skipped as a replay of a batch the chunk
+ * had): 1, 0, or -1 when the chunk does not remember that step (too old, or from before this
+ * psd loaded the store). A step not applied here yet: 0. */
+static int step_had_ranks(const psd_chunk_t *ch, uint64_t s, uint64_t ranks)
 {
     if (s >= ch->version) return 0;
     if (s < ch->summed_from || ch->version - s > PSD_SUMMED_RING) return -1;
-    return (int)(ch->summed[s % PSD_SUMMED_RING] >> r & 1);
+    return (ch->summed[s % PSD_SUMMED_RING] & ranks) != 0;
 }
 
 /* bsp: whether rank @p rank's push @p msg, of a batch handed out again (its replay tags: the
  * steps and ranks that had it before and left mid-step), brings a batch chunk @p ch has
- * already (step_had_rank for a tag). A tagged step not applied here yet does not count (that
+ * already (step_had_ranks for a tag). A tagged step not applied here yet does not count (that
  * rank's push, no longer a member's, is dropped); one not remembered is logged and counted as
  * not applied here, as before replay tags. */
 static bool replay_had(psd_server_t *srv, const psd_chunk_t *ch, uint32_t rank,
                        const ps_msg_t *msg)
 {
-    for (uint32_t i = 0; i < msg->nreplay; i++) {
-        uint64_t s = PS_REPLAY_STEP(msg->replay[i]);
-        uint32_t r = PS_REPLAY_RANK(msg->replay[i]);
-        int had = step_had_rank(ch, s, r);
+    uint64_t s, ranks;
+    for (uint32_t i = 0, at = 0; i < msg->nreplay; at = i) {
+        ps_replay_next(msg->replay, msg->nreplay, &i, &s, &ranks);
+        int had = step_had_ranks(ch, s, ranks);
         if (had < 0) {
-            if (srv->replay_warned != msg->replay[i] + 1) /* once per tag, not per chunk */
-                PS_LOG(PS_LOG_WARN, "shard", "push of %u/%u from rank %u replays the batch rank "
-                       "%u had at step %llu, which this shard does not remember (at step %llu): "
-                       "applied", ch->tensor, ch->chunk, rank, r, (unsigned long long)s,
-                       (unsigned long long)ch->version);
-            srv->replay_warned = msg->replay[i] + 1;
+            if (srv->replay_warned != msg->replay[at] + 1) /* once per tag, not per chunk */
+                PS_LOG(PS_LOG_WARN, "shard", "push of %u/%u from rank %u replays the batch ranks "
+                       "%#llx had at step %llu, which this shard does not remember (at step "
+                       "%llu): applied", ch->tensor, ch->chunk, rank, (unsigned long long)ranks,
+                       (unsigned long long)s, (unsigned long long)ch->version);
+            srv->replay_warned = msg->replay[at] + 1;
         } else if (had) {
-            PS_LOG(PS_LOG_DEBUG, "shard", "push of %u/%u from rank %u replays the batch rank %u "
-                   "had at step %llu, applied here then: not applied again", ch->tensor,
-                   ch->chunk, rank, r, (unsigned long long)s);
+            PS_LOG(PS_LOG_DEBUG, "shard", "push of %u/%u from rank %u replays the batch ranks "
+                   "%#llx had at step %llu, applied here then: not applied again", ch->tensor,
+                   ch->chunk, rank, (unsigned long long)ranks, (unsigned long long)s);
             return true;
         }
     }
@@ -1554,17 +1554,16 @@ static bool replay_had(psd_server_t *srv, const psd_chunk_t *ch, uint32_t rank,
 
 /* bsp: whether an apply of step msg->step with members @p members (whose batches it has) has
  * the batch of rank @p rank's push @p msg: the push's own rank is one of them (a resend), or a
- * replay tag names one of them or a member of an earlier apply here (step_had_rank; a step not
+ * replay tag names one of them or a member of an earlier apply here (step_had_ranks; a step not
  * remembered counts as had: nothing to tell). */
 static bool apply_had_batch(const psd_chunk_t *ch, uint32_t rank, const ps_msg_t *msg,
                             uint64_t members)
 {
     if (members >> rank & 1) return true;
-    for (uint32_t i = 0; i < msg->nreplay; i++) {
-        uint64_t s = PS_REPLAY_STEP(msg->replay[i]);
-        uint32_t r = PS_REPLAY_RANK(msg->replay[i]);
-        if (s == msg->step ? members >> r & 1 : step_had_rank(ch, s, r) != 0) return true;
-    }
+    uint64_t s, ranks;
+    for (uint32_t i = 0; ps_replay_next(msg->replay, msg->nreplay, &i, &s, &ranks);)
+        if (s == msg->step ? (members & ranks) != 0 : step_had_ranks(ch, s, ranks) != 0)
+            return true;
     return false;
 }
 
@@ -1637,8 +1636,9 @@ static void applied_commit(psd_applied_t *a, const psd_chunk_t *ch, uint32_t r)
 static bool batch_taken_again(psd_server_t *srv, psd_chunk_t *ch, uint32_t rank,
                               const ps_msg_t *msg, uint64_t key)
 {
-    uint64_t tagged = 0; /* the ranks this push's tags name */
-    for (uint32_t i = 0; i < msg->nreplay; i++) tagged |= 1ull << PS_REPLAY_RANK(msg->replay[i]);
+    uint64_t tagged = 0, step, ranks; /* the ranks this push's tags name */
+    for (uint32_t i = 0; ps_replay_next(msg->replay, msg->nreplay, &i, &step, &ranks);)
+        tagged |= ranks;
     if (!(tagged >> rank & 1))
         for (uint32_t k = 0; k < PSD_AGAIN_RING; k++)
             if (ch->again_key[k] == key && (ch->again_ranks[k] >> rank & 1)) {
@@ -1670,8 +1670,11 @@ static bool batch_applied_here(psd_server_t *srv, const psd_chunk_t *ch, uint32_
     const psd_applied_t *a = ch->applied;
     bool orphaned = false; /* a process whose rank changed hands applied it here last */
     for (uint32_t o = 0; o < PSD_ORPHAN_RING; o++) orphaned |= a->orphan[o] == key;
-    for (uint32_t i = 0; i < msg->nreplay; i++) {
-        uint32_t r = PS_REPLAY_RANK(msg->replay[i]);
+    uint64_t tagged = 0, step, ranks; /* the ranks this push's tags name */
+    for (uint32_t i = 0; ps_replay_next(msg->replay, msg->nreplay, &i, &step, &ranks);)
+        tagged |= ranks;
+    for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
+        if (!(tagged >> r & 1)) continue;
         /* The pusher's own record does not count (a second push of the batch is the caller's
          * choice); the tagged rank may be its own, held before by the process that died. */
         const psd_slot_t *s = slot_at(ch, r); /* NULL: rank r never pushed here */
@@ -1680,10 +1683,9 @@ static bool batch_applied_here(psd_server_t *srv, const psd_chunk_t *ch, uint32_
         if (!orphaned && !in_slot && (a->done[r].who == who || a->done[r].batch != key))
             continue;
         PS_LOG(PS_LOG_DEBUG, "shard", "push of %u/%u from rank %u replays the batch of pass %llu "
-               "at %llu, which rank %u (clock %llu) applied here already: acknowledged, not "
-               "applied again", ch->tensor, ch->chunk, rank, (unsigned long long)msg->data_epoch,
-               (unsigned long long)msg->batch_offset, r,
-               (unsigned long long)PS_REPLAY_STEP(msg->replay[i]));
+               "at %llu, which rank %u applied here already: acknowledged, not applied again",
+               ch->tensor, ch->chunk, rank, (unsigned long long)msg->data_epoch,
+               (unsigned long long)msg->batch_offset, r);
         srv->replays_skipped++;
         return true;
     }

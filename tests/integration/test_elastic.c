@@ -862,14 +862,16 @@ END_TEST
 
 /* bsp: step 5's members die (rank 0 before its pushes, rank 1 after its push of "replay.a",
  * which shard 0's chunk applies with it alone: its batch goes back tagged (5, 1)); then 10
- * workers in a row join, are handed step 5 (each alone, by shard 0's tick after the start
- * wait) and are killed before they asked for a batch (replay_client "unasked"), as joiners
- * that give up on a shard that stays away. They never had a batch reply, so they pushed
- * nothing: their ranks are free at once and the batches go back without a tag of theirs. Two
- * new workers then finish with every batch applied once. Before, each such joiner held its
- * rank until step 5 closed and tagged the batch it was handed, so rank 1's batch lost its tag
- * (PS_REPLAY_MAX) and replay.a applied it twice. */
-START_TEST(test_bsp_unasked_joiners_leave_no_tag)
+ * workers in a row join and are handed step 5, each alone (by shard 0's tick after the start
+ * wait, or at its request), and die there. With @p asked false they are killed before they
+ * asked for a batch (replay_client "unasked"), as joiners that give up on a shard that stays
+ * away: they never had a batch reply, so they pushed nothing, their ranks are free at once and
+ * the batches go back without a tag of theirs. With @p asked they ask, are answered and die
+ * before any push (plan "*@5/0"): each tags the batch it had, (5, rank), and the tags of step 5
+ * merge into one. Either way two new workers then finish with every batch applied once. Before
+ * (session 48), each joiner held its rank until step 5 closed and added a tag, so rank 1's
+ * batch lost its tag after 4 more (PS_REPLAY_MAX) and replay.a applied it twice. */
+static void joiners_in_emptied_step(bool asked)
 {
     cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = "bsp",
                    .optimizer = "{name: sgd, lr: 1}", .start_wait_ms = 200};
@@ -884,16 +886,19 @@ START_TEST(test_bsp_unasked_joiners_leave_no_tag)
     }
     coord_t co;
     coord_open(&co, c);
-    static char unasked[] = "unasked";
-    argv[4] = unasked;
+    static char unasked[] = "unasked", dies[] = "plan:*@5/0";
+    argv[4] = asked ? dies : unasked;
     for (int i = 0; i < 10; i++) {
         char name[16];
-        snprintf(name, sizeof name, "unasked%d", i);
+        snprintf(name, sizeof name, "joiner%d", i);
         cl_proc_t *j = cl_spawn(c, name, argv);
-        ck_assert_int_eq(cl_wait_log(j, "waits without asking for a batch", RUN_S), 0);
-        ck_assert_int_eq(wait_num(&co, "open_step_members", 1, 1, RUN_S), 1);
-        ck_assert_int_eq(cl_signal(j, SIGKILL), 0);
+        if (!asked) {
+            ck_assert_int_eq(cl_wait_log(j, "waits without asking for a batch", RUN_S), 0);
+            ck_assert_int_eq(wait_num(&co, "open_step_members", 1, 1, RUN_S), 1);
+            ck_assert_int_eq(cl_signal(j, SIGKILL), 0);
+        }
         ck_assert_int_eq(cl_wait(j, RUN_S), 128 + SIGKILL);
+        if (asked) EXPECT_LOG(j, "at step 5");
         ck_assert_int_eq(wait_num(&co, "actual_workers", 0, 1, RUN_S), 0);
     }
     ck_assert_int_eq(coord_num(&co, "open_step"), 5);
@@ -906,6 +911,11 @@ START_TEST(test_bsp_unasked_joiners_leave_no_tag)
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }
+
+START_TEST(test_bsp_unasked_joiners_leave_no_tag) { joiners_in_emptied_step(false); }
+END_TEST
+
+START_TEST(test_bsp_joiners_tags_merge) { joiners_in_emptied_step(true); }
 END_TEST
 
 START_TEST(test_bsp_random_deaths_applied_once) { random_deaths("bsp", false); }
@@ -2762,6 +2772,7 @@ Suite *ps_test_suite(void)
     ADD(bsp_all_ranks_left_open_step);
     ADD(bsp_all_ranks_left_open_step_restart);
     ADD(bsp_unasked_joiners_leave_no_tag);
+    ADD(bsp_joiners_tags_merge);
     ADD(bsp_step_emptied_coordinator_killed);
     ADD(bsp_step_emptied_close_not_saved);
     ADD(bsp_random_deaths_applied_once);

@@ -98,17 +98,70 @@ START_TEST(test_replay_tags)
     ps_batch_t b, x;
     ck_assert(ps_cursor_take(c, &b));
     ck_assert_uint_eq(b.nreplay, 0);
-    for (uint64_t i = 0; i < PS_REPLAY_MAX; i++) ck_assert_int_eq(ps_batch_tag(&b, 100 + i), 0);
-    ck_assert_int_eq(ps_batch_tag(&b, 200), 1); /* full: the oldest goes */
+    for (uint64_t i = 0; i < PS_REPLAY_MAX; i++)
+        ck_assert_int_eq(ps_batch_tag(&b, PS_REPLAY_TAG(10 + i, i)), 0);
+    ck_assert_int_eq(ps_batch_tag(&b, PS_REPLAY_TAG(20, 5)), 1); /* full: the oldest goes */
     ck_assert_int_eq(ps_cursor_give_back(c, &b), 0);
     ck_assert(ps_cursor_take(c, &x));
     ck_assert_uint_eq(x.offset, b.offset);
     ck_assert_uint_eq(x.nreplay, PS_REPLAY_MAX);
-    ck_assert_uint_eq(x.replay[0], 101);
-    ck_assert_uint_eq(x.replay[PS_REPLAY_MAX - 1], 200);
+    ck_assert_uint_eq(x.replay[0], PS_REPLAY_TAG(11, 1));
+    ck_assert_uint_eq(x.replay[PS_REPLAY_MAX - 1], PS_REPLAY_TAG(20, 5));
     ck_assert(ps_cursor_take(c, &x));
     ck_assert_uint_eq(x.nreplay, 0); /* a fresh batch has none */
     free(c);
+}
+END_TEST
+
+/* The tags of @p b as (step, ranks) pairs into @p step / @p ranks; returns how many. */
+static int tags_of(const ps_batch_t *b, uint64_t *step, uint64_t *ranks)
+{
+    int n = 0;
+    for (uint32_t i = 0; ps_replay_next(b->replay, b->nreplay, &i, &step[n], &ranks[n]);) n++;
+    return n;
+}
+
+/* Departures at one step merge into one tag of two words, whatever their number: a batch
+ * passed among 64 members of one step that each left keeps every one of them (before, it kept
+ * the last 4, and a chunk that applied it with an earlier one's push applied it again). A tag
+ * named already changes nothing; a single tag of a step that gets a second rank becomes a
+ * pair, dropping the oldest tag when the words run out. */
+START_TEST(test_replay_tags_merge)
+{
+    ps_batch_t b = {.count = 1};
+    uint64_t step[8], ranks[8];
+    for (uint32_t r = 0; r < 64; r++) ck_assert_int_eq(ps_batch_tag(&b, PS_REPLAY_TAG(7, r)), 0);
+    ck_assert_uint_eq(b.nreplay, 2);
+    ck_assert_int_eq(tags_of(&b, step, ranks), 1);
+    ck_assert_uint_eq(step[0], 7);
+    ck_assert_uint_eq(ranks[0], ~0ull);
+    ck_assert_int_eq(ps_batch_tag(&b, PS_REPLAY_TAG(7, 9)), 0); /* named already */
+    ck_assert_uint_eq(b.nreplay, 2);
+    ck_assert_int_eq(ps_batch_tag(&b, PS_REPLAY_TAG(8, 3)), 0);
+    ck_assert_int_eq(ps_batch_tag(&b, PS_REPLAY_TAG(9, 4)), 0);
+    ck_assert_uint_eq(b.nreplay, 4);
+    ck_assert_int_eq(ps_batch_tag(&b, PS_REPLAY_TAG(9, 4)), 0); /* named already */
+    /* Step 8 gets a second rank: its single tag becomes a pair (2 words more than the 4): the
+     * oldest tag, step 7's pair, goes. */
+    ck_assert_int_eq(ps_batch_tag(&b, PS_REPLAY_TAG(8, 5)), 1);
+    ck_assert_int_eq(tags_of(&b, step, ranks), 2);
+    ck_assert_uint_eq(step[0], 9);
+    ck_assert_uint_eq(ranks[0], 1ull << 4);
+    ck_assert_uint_eq(step[1], 8);
+    ck_assert_uint_eq(ranks[1], 1ull << 3 | 1ull << 5);
+    ck_assert_uint_eq(b.nreplay, 3);
+    /* asp / ssp tag at step 0: every rank in one tag. */
+    ps_batch_t a = {.count = 1};
+    for (uint32_t r = 10; r < 20; r++) ck_assert_int_eq(ps_batch_tag(&a, PS_REPLAY_TAG(0, r)), 0);
+    ck_assert_int_eq(tags_of(&a, step, ranks), 1);
+    ck_assert_uint_eq(ranks[0], 0x3FFull << 10);
+    /* A merged word without its bitmap (as a peer could send) names its own rank bits. */
+    uint64_t words[1] = {PS_REPLAY_MERGED | PS_REPLAY_TAG(5, 2)}, s, rk;
+    uint32_t i = 0;
+    ck_assert(ps_replay_next(words, 1, &i, &s, &rk));
+    ck_assert_uint_eq(s, 5);
+    ck_assert_uint_eq(rk, 1ull << 2);
+    ck_assert(!ps_replay_next(words, 1, &i, &s, &rk));
 }
 END_TEST
 
@@ -130,6 +183,7 @@ Suite *ps_test_suite(void)
     tcase_add_test(tc, test_unapplied);
     tcase_add_test(tc, test_give_back_full);
     tcase_add_test(tc, test_replay_tags);
+    tcase_add_test(tc, test_replay_tags_merge);
     tcase_add_test(tc, test_planned_steps);
     suite_add_tcase(s, tc);
     return s;
