@@ -736,8 +736,10 @@ static bool close_deserted_step(psd_server_t *srv)
 {
     psd_coord_t *co = srv->coord;
     uint64_t s = co->s.step, left = co->rec.removed_in_step & ~co->s.active;
+    /* Not under a checkpoint's hold of this step (it ends within CKPT_HOLD_MS); one asked for
+     * a later step (psd's follower asks for its next one all the time) is held as before. */
     if (!is_bsp(srv) || co->s.finished || co->s.step_members != 0 || left == 0 ||
-        co->hold_ms || co->hold_ahead)
+        co->hold_ms || (co->hold_ahead && co->hold_step <= s))
         return false;
     PS_LOG(PS_LOG_WARN, "coord", "step %llu: every member left it, and the %u ranks they held "
            "until it closes are all a worker could join with: it closes with no member (its "

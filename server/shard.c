@@ -1624,6 +1624,15 @@ static void applied_commit(psd_applied_t *a, const psd_chunk_t *ch, uint32_t r)
     *d = (psd_done_t){s->who, s->req, s->batch};
 }
 
+/* The ranks push @p msg's replay tags name, whatever their steps. */
+static uint64_t tagged_ranks(const ps_msg_t *msg)
+{
+    uint64_t tagged = 0, step, ranks;
+    for (uint32_t i = 0; ps_replay_next(msg->replay, msg->nreplay, &i, &step, &ranks);)
+        tagged |= ranks;
+    return tagged;
+}
+
 /* asp / ssp: the other half of batch_applied_here. A tagged push (a batch handed out again: its
  * tags name the ranks that had it and left) is remembered when this chunk takes it. A push of
  * that batch from a rank named there, whose own tags do not name its rank, is the late push of
@@ -1636,9 +1645,7 @@ static void applied_commit(psd_applied_t *a, const psd_chunk_t *ch, uint32_t r)
 static bool batch_taken_again(psd_server_t *srv, psd_chunk_t *ch, uint32_t rank,
                               const ps_msg_t *msg, uint64_t key)
 {
-    uint64_t tagged = 0, step, ranks; /* the ranks this push's tags name */
-    for (uint32_t i = 0; ps_replay_next(msg->replay, msg->nreplay, &i, &step, &ranks);)
-        tagged |= ranks;
+    uint64_t tagged = tagged_ranks(msg);
     if (!(tagged >> rank & 1))
         for (uint32_t k = 0; k < PSD_AGAIN_RING; k++)
             if (ch->again_key[k] == key && (ch->again_ranks[k] >> rank & 1)) {
@@ -1670,9 +1677,7 @@ static bool batch_applied_here(psd_server_t *srv, const psd_chunk_t *ch, uint32_
     const psd_applied_t *a = ch->applied;
     bool orphaned = false; /* a process whose rank changed hands applied it here last */
     for (uint32_t o = 0; o < PSD_ORPHAN_RING; o++) orphaned |= a->orphan[o] == key;
-    uint64_t tagged = 0, step, ranks; /* the ranks this push's tags name */
-    for (uint32_t i = 0; ps_replay_next(msg->replay, msg->nreplay, &i, &step, &ranks);)
-        tagged |= ranks;
+    uint64_t tagged = tagged_ranks(msg);
     for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
         if (!(tagged >> r & 1)) continue;
         /* The pusher's own record does not count (a second push of the batch is the caller's
