@@ -72,7 +72,7 @@ typedef struct {
 typedef struct {
     uint32_t magic;
     uint64_t removed_in_step;  /* ranks not handed out again before the next close (they were
-                                  members of the open step and left) */
+                                  members of the open step and left after a batch reply) */
     /* After a restart of this shard that closed the saved open step because its apply had
      * committed here (psd_coord_create): that step, rc_step, may still be unapplied on other
      * shards. rc_pending: its members with a batch, until any report of rc_step or a later
@@ -86,9 +86,10 @@ typedef struct {
      * Set by psds of session 24 only (a restart now keeps such a step open); still settled
      * when a store they wrote is read. */
     uint64_t rc_unsettled;
-    /* Closed views of such steps that went out (restore_closed_lost): until a report of a
-     * later step shows every shard past that step, told again with each hand-out and cron
-     * tick (tell_closed), since no member may have been there to forward them. */
+    /* Closed views of such steps that went out (restore_closed_lost), and of steps closed
+     * with no member (close_deserted_step): until a report of a later step shows every shard
+     * past that step, told again with each hand-out and cron tick (tell_closed), since no
+     * member may have been there to forward them. */
     struct { uint64_t epoch, step, members; } told[COORD_TOLD];
     uint64_t emptied_step1;    /* the open step + 1 when every member left it (hand_out;
                                   DESIGN-NOTES, Membership, "A step every member left") */
@@ -221,6 +222,7 @@ struct psd_coord_s {
     uint64_t gaps[GAP_RING];   /* close-to-close times in ms */
     uint64_t ngaps, last_close_ms;
     uint64_t deserted;         /* bsp: steps closed with no member (close_deserted_step) */
+    bool told_unlearnt;        /* bsp, after a restart: rec.told not learnt here yet (tick) */
     struct { uint64_t ms, step; } top[16]; /* the longest gaps and the step that took them */
     launcher_t launchers[MAX_LAUNCHERS];
     int32_t grant_start, grant_stop; /* launches granted and not seen yet */
@@ -489,9 +491,6 @@ static void tell_closed(psd_server_t *srv)
                       PS_FLAG_CLOSED);
 }
 
-/* Batch @p b was not applied on every chunk: give it back tagged @p tag (the step and rank
- * that had it; uncounted first if @p counted), so that a chunk that applied that step with that
- * rank's push does not apply it again (replay_had in shard.c) and the others do. */
 /* Tag batch @p b with @p tag (ps_batch_tag), saying so when that drops its oldest tag. */
 static void batch_tag(ps_batch_t *b, uint64_t tag)
 {
@@ -502,6 +501,9 @@ static void batch_tag(ps_batch_t *b, uint64_t tag)
                (unsigned long long)b->offset);
 }
 
+/* Batch @p b was not applied on every chunk: give it back tagged @p tag (the step and rank
+ * that had it; uncounted first if @p counted), so that a chunk that applied that step with that
+ * rank's push does not apply it again (replay_had in shard.c) and the others do. */
 static void regive(psd_server_t *srv, ps_batch_t b, uint64_t tag, bool counted)
 {
     psd_coord_t *co = srv->coord;
@@ -1230,9 +1232,10 @@ static void member_remove(psd_server_t *srv, uint32_t r, const char *why)
     if (m->has_batch) {
         /* Not applied (bsp: its step is still open): someone else takes it. Some of its pushes
          * may have been applied (bsp: a chunk applies the step once every member's push of it
-         * is there; asp / ssp: each push on arrival): the batch carries this step (asp / ssp:
-         * this rank's clock) and rank, so those chunks do not apply it again (replay_had
-         * and batch_applied_here in shard.c). */
+         * is there; asp / ssp: each push on arrival): the batch carries this step and rank
+         * (asp / ssp: the rank), so those chunks do not apply it again (replay_had and
+         * batch_applied_here in shard.c). A member that never had a batch reply pushed
+         * nothing: no tag, and nothing for a restart to hold its rank for. */
         bool tag = is_bsp(srv) ? m->batch_step == co->s.step &&
                                      (co->s.step_members >> r & 1) && !unsent
                                : true;
@@ -1242,6 +1245,7 @@ static void member_remove(psd_server_t *srv, uint32_t r, const char *why)
             PS_LOG(PS_LOG_ERROR, "coord", "re-hand queue full: batch of pass %llu at %llu lost",
                    (unsigned long long)m->batch.pass, (unsigned long long)m->batch.offset);
         m->has_batch = 0;
+        if (unsent) m->batch.count = 0; /* psd_coord_create's rebuild of removed_in_step */
         given_back = true;
         if (co->s.finished && !is_bsp(srv)) co->s.finished = 0;
     }
@@ -1441,6 +1445,17 @@ void psd_coord_tick(psd_server_t *srv)
     if (srv->m.job.consistency == PS_CONSIST_SSP && srv->m.job.step_timeout_ms)
         late_slowest(srv, now);
     if (is_bsp(srv)) {
+        if (co->told_unlearnt) {
+            /* After a restart: the closed views kept (rec.told) pass this shard's chunks still
+             * at their steps (a step closed with no member, whose save committed before this
+             * shard's pass of it). Not in psd_coord_create: such a view makes a chunk ready
+             * without a push, and an apply job must not start before the loop does. */
+            co->told_unlearnt = false;
+            for (int i = 0; i < COORD_TOLD; i++)
+                if (co->rec.told[i].epoch)
+                    psd_shard_learn_view(srv, co->rec.told[i].epoch, co->rec.told[i].step,
+                                         co->rec.told[i].members, true);
+        }
         tell_closed(srv); /* a shard that missed them, or restarted since */
         maybe_restart_step(srv);
     } else if (!co->s.started)
@@ -1756,6 +1771,14 @@ static void restored_applied(psd_server_t *srv)
            popcount(co->rec.rc_pending));
 }
 
+/* A stored batch's tag count cut to PS_REPLAY_MAX: @return 1 when it was beyond. */
+static uint32_t clamp_tags(ps_batch_t *b)
+{
+    if (b->nreplay <= PS_REPLAY_MAX) return 0;
+    b->nreplay = PS_REPLAY_MAX;
+    return 1;
+}
+
 int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, const void *rec,
                      size_t rec_len)
 {
@@ -1803,6 +1826,16 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
                 rec_read = false;
             }
         }
+        /* Counts that index arrays, as a damaged store or another psd could hold them: a
+         * batch's tag words and the re-hand queue (the words beyond are dropped). */
+        uint32_t clamped = co->s.cur.nrehand > PS_REHAND_MAX;
+        if (clamped) co->s.cur.nrehand = PS_REHAND_MAX;
+        for (uint32_t i = 0; i < PS_REHAND_MAX; i++) clamped += clamp_tags(&co->s.cur.rehand[i]);
+        for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
+            clamped += clamp_tags(&co->s.m[r].batch) + clamp_tags(&co->rec.rc_batch[r]);
+        if (clamped)
+            PS_LOG(PS_LOG_WARN, "coord", "the stored coordinator state had %u counts out of range "
+                   "(re-hand queue, replay tags): cut to their limits", clamped);
         /* The members' host names go into status JSON and logs: kept as a hello's are
          * (host_safe), also from a state some other psd wrote or the disk damaged. */
         for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
@@ -1841,14 +1874,9 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
                "applied", (unsigned long long)co->s.epoch, (unsigned long long)co->s.step,
                popcount(co->s.active), (unsigned long long)co->s.cur.applied_total);
         if (is_bsp(srv)) {
-            /* A restored open step's members are in the view the pushes are checked with; the
-             * closed views kept (rec.told) pass this shard's chunks still at their steps (a
-             * step closed with no member, close_deserted_step, before they had passed it). */
-            for (int i = 0; i < COORD_TOLD; i++)
-                if (co->rec.told[i].epoch)
-                    psd_shard_learn_view(srv, co->rec.told[i].epoch, co->rec.told[i].step,
-                                         co->rec.told[i].members, true);
+            /* A restored open step's members are in the view the pushes are checked with. */
             psd_shard_learn_view(srv, co->s.epoch, co->s.step, co->s.step_members, false);
+            co->told_unlearnt = true; /* psd_coord_tick */
             /* The state was saved when the step's apply began (or later); if that apply
              * committed here, every member had pushed the step: it counts, and the next step
              * is open. Another shard may not have applied it yet: rc_step below. */

@@ -1911,8 +1911,8 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
     }
     if (orphan && slot->who == psd_conn_who(conn) && slot->step == msg->step) {
         /* The same rank's push of this step is here already (maybe being applied): its
-         * connection broke and it sent the push again. Ranks are not reused within a step,
-         * so this is the same gradient; acknowledge this copy when the step is applied. */
+         * connection broke and it sent the push again. The same process (who) on the same
+         * rank and step: the same gradient; acknowledge this copy when the step is applied. */
         if (slot->conn) psd_conn_unref(slot->conn);
         slot->conn = conn;
         /* libps sends an op's every copy with its one request id: written only when another
