@@ -963,13 +963,23 @@ void psd_coord_on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
              * those finish it (close_deserted_step closes one without members). */
             uint32_t left = popcount(co->rec.removed_in_step & ~co->s.active);
             if (left)
-                PS_LOG(PS_LOG_ERROR, "coord", "a worker cannot join: %u of the %d ranks are "
-                       "held by members that left open step %llu, until it closes, and the "
-                       "others are members", left, PS_MAX_RANKS,
-                       (unsigned long long)co->s.step);
-            psd_send_error(srv, c, msg->req_id, PS_EFULL, "all %d worker ranks are taken%s",
-                           PS_MAX_RANKS, left ? " (some by members that left the open step, "
-                           "until it closes)" : "");
+                PS_LOG(PS_LOG_WARN, "coord", "a worker cannot join yet: %u of the %d ranks are "
+                       "held by members that left open step %llu, until it closes%s, and the "
+                       "others are members", left, PS_MAX_RANKS, (unsigned long long)co->s.step,
+                       co->s.step_members == 0 ? " (a checkpoint holds it)" : "");
+            /* Held ranks free up when the step closes: PS_EBUSY, which libps's join asks
+             * again for until its reconnect timeout (a step without members closes at a join
+             * once a checkpoint's hold of it ends; before, the join failed: a helper's probe,
+             * a worker exited 1 while a stopped shard made the hold last 5 s). */
+            bool deserted = co->s.step_members == 0;
+            psd_send_error(srv, c, msg->req_id, left ? PS_EBUSY : PS_EFULL,
+                           "all %d worker ranks are taken%s", PS_MAX_RANKS,
+                           !left ? ""
+                           : deserted ? " (by members that left the open step, which has none: "
+                                        "it closes without them at a join once the checkpoint "
+                                        "that holds it ends)"
+                                      : " (some by members that left the open step, until it "
+                                        "closes)");
             return;
         }
         /* ssp: a newcomer starts at the slowest member's clock; from 0 it would hold every

@@ -2719,13 +2719,16 @@ static int join(ps_client_t *c, uint32_t timeout_ms, const volatile sig_atomic_t
                 if (join_run_check(c, i, &rep)) return PS_ECONFIG;
                 break;
             }
-            if ((rc != PS_ETRANSPORT && rc != PS_ETIMEDOUT) || now_ms() >= deadline) {
+            /* PS_EBUSY: a shard shutting down, or shard 0's free ranks held until its open
+             * step closes: for a while, as an unreachable shard. */
+            bool again = rc == PS_ETRANSPORT || rc == PS_ETIMEDOUT || rc == PS_EBUSY;
+            if (!again || now_ms() >= deadline) {
                 char why[256], took[96] = "";
                 snprintf(why, sizeof why, "%.200s", c->err);
                 /* Out of time: say how long it tried, as a reconnect that gives up does (a
                  * worker that lost a shard can be dropped by shard 0 meanwhile and end here,
                  * in its join again, instead: faults:silent_shard_lost, CI of session 47). */
-                if (rc == PS_ETRANSPORT || rc == PS_ETIMEDOUT)
+                if (again)
                     snprintf(took, sizeof took, " in %llu ms (the reconnect timeout is %u ms)",
                              (unsigned long long)(now_ms() - start), timeout_ms);
                 snprintf(c->err, sizeof c->err, "cannot join shard %u (%.64s:%u)%s: %s", i,

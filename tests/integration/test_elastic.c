@@ -780,17 +780,20 @@ END_TEST
  * more workers must still join: step 5 closes with no member (its chunks pass it as they are)
  * and they finish the job with every batch applied once on both tensors (psd's checkpoint
  * follower meanwhile holds the hand-outs ahead, for step 15: that does not stop it; it
- * did in a first version). With @p restart,
+ * did in a first version). DESERTED_CKPT_HELD: a checkpoint holds step 5 itself for 3 s
+ * meanwhile. DESERTED_RESTART:
  * shard 0 is killed while its chunk passes step 5 (held there: PS_TEST_SLOW_APPLY_HOLD) and
  * started again. Before: "all 64 worker ranks are taken (some by members that left the open
  * step, until it closes)", for good, also after a restart of shard 0. */
-static void all_ranks_left_open_step(bool restart)
+enum { DESERTED_PLAIN, DESERTED_RESTART, DESERTED_CKPT_HELD };
+static void all_ranks_left_open_step(int mode)
 {
+    bool restart = mode == DESERTED_RESTART;
     /* A short start wait: a worker of a round that joins after the others died does not wait
      * for a second one (whoever gets step 5 dies, and the check allows any members). */
     cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = "bsp",
                    .optimizer = "{name: sgd, lr: 1}", .start_wait_ms = 200,
-                   .top_extra = "checkpoint: {every_steps: 15}\n"};
+                   .top_extra = mode == DESERTED_PLAIN ? "checkpoint: {every_steps: 15}\n" : NULL};
     cl_cluster_t *c = cl_cluster_create(&k);
     char hold[CL_PATH];
     if (restart) {
@@ -842,7 +845,26 @@ static void all_ranks_left_open_step(bool restart)
         ck_assert_msg(st == 0 || st == 3, "replay2 exited %d: %s", st, cl_tail(w2));
         check_all(c, argv);
     } else {
+        /* DESERTED_CKPT_HELD: a checkpoint now holds step 5 for 3 s (PS_TEST_ARM_GAP_MS, as a
+         * slow shard would): the joiners are answered PS_EBUSY meanwhile and ask again
+         * (before, they exited 1, "all 64 worker ranks are taken"); the close comes at a join
+         * after the hold. (Not beside psd's follower: under bsp its next request ends another
+         * checkpoint's hold, which then fails, "shard 1 is already past step 5".) */
+        char ckdir[CL_PATH];
+        cl_proc_t *cp = NULL;
+        if (mode == DESERTED_CKPT_HELD) {
+            cp = checkpoint_spawn(c, "ckpt", 3000, ckdir);
+            ck_assert_msg(cl_wait_log(psd[0], "checkpoint at step 5: holding later steps",
+                                      RUN_S) == 0,
+                          "no hold of step 5: %s", cl_tail(psd[0]));
+        }
         w2 = new_workers_finish(c, argv);
+        if (cp) {
+            EXPECT_EXIT(cp, 0);
+            EXPECT_LOG(cp, "psctl: checkpoint at step 5 in");
+            EXPECT_LOG(psd[0], "a worker cannot join yet: 64 of the 64 ranks are held by members "
+                               "that left open step 5, until it closes (a checkpoint holds it)");
+        }
         EXPECT_LOG(psd[0], "step 5: every member left it, and the 64 ranks they held until it "
                            "closes are all a worker could join with: it closes with no member");
         EXPECT_LOG(psd[0], "step 5 of 0/0: the coordinator closed it with no member left; "
@@ -857,10 +879,19 @@ static void all_ranks_left_open_step(bool restart)
     cl_cluster_destroy(c);
 }
 
-START_TEST(test_bsp_all_ranks_left_open_step) { all_ranks_left_open_step(false); }
+START_TEST(test_bsp_all_ranks_left_open_step) { all_ranks_left_open_step(DESERTED_PLAIN); }
 END_TEST
 
-START_TEST(test_bsp_all_ranks_left_open_step_restart) { all_ranks_left_open_step(true); }
+START_TEST(test_bsp_all_ranks_left_open_step_restart)
+{
+    all_ranks_left_open_step(DESERTED_RESTART);
+}
+END_TEST
+
+START_TEST(test_bsp_all_ranks_left_open_step_ckpt_held)
+{
+    all_ranks_left_open_step(DESERTED_CKPT_HELD);
+}
 END_TEST
 
 /* bsp: step 5's members die (rank 0 before its pushes, rank 1 after its push of "replay.a",
@@ -2784,6 +2815,7 @@ Suite *ps_test_suite(void)
     ADD(bsp_step_emptied_at_the_end);
     ADD(bsp_all_ranks_left_open_step);
     ADD(bsp_all_ranks_left_open_step_restart);
+    ADD(bsp_all_ranks_left_open_step_ckpt_held);
     ADD(bsp_unasked_joiners_leave_no_tag);
     ADD(bsp_joiners_tags_merge);
     ADD(bsp_step_emptied_coordinator_killed);

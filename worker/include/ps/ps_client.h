@@ -73,7 +73,9 @@ typedef struct {
  * @return 0, PS_ECONFIG (a bad manifest, or one the shards refuse: another cluster,
  *         chunk_bytes, job.consistency, number or order of servers), PS_ETRANSPORT /
  *         PS_ETIMEDOUT (unreachable), PS_ECANCELED (opts->cancel was set while the join
- *         waited), PS_EFULL (no free rank), PS_EIO (PS_TRACE cannot be written) or another
+ *         waited), PS_EFULL (no free rank), PS_EBUSY (a shard shutting down, or shard 0's
+ *         free ranks held by workers that left its open step, until it closes; either asked
+ *         again until the reconnect timeout), PS_EIO (PS_TRACE cannot be written) or another
  *         PS_E* with ps_client_error() telling why.
  * @note On failure *out is NULL and nothing is left to release; the reason is
  *       written to @p err (may be NULL).
