@@ -232,6 +232,8 @@ struct psd_coord_s {
     bool held;                 /* a hand-out waits for the hold to end */
     bool hold_ahead;           /* a hold at a step not reached yet (psctl checkpoint --follow):
                                   hold_ms is set when the job gets there */
+    uint64_t ahead_after;      /* bsp: a hold ahead asked for while a checkpoint held an earlier
+                                  step, held ahead once that hold ends (0: none) */
     struct { uint64_t id, ms; } hold_user[CKPT_USERS_MAX]; /* asp / ssp: the checkpoints told
                                   to arm under the hold (a drained answer) whose MSG_CKPT_GO has
                                   not come yet, by psctl's id, with the loop time of their last
@@ -1550,6 +1552,8 @@ uint64_t psd_coord_ckpt_hold(psd_server_t *srv, uint64_t id, uint32_t *flags, ui
      * part of it was applied may have moved a shard past it (psctl then waits for the next). */
     uint64_t step = natural_step(co);
     if (co->s.step_members == 0 && !co->s.finished) *flags |= PS_FLAG_MOVE;
+    if (co->hold_ahead && co->hold_step > step)
+        co->ahead_after = co->hold_step; /* the follower's next: held ahead again after this */
     co->hold_step = step;
     co->hold_ahead = false;
     co->hold_ms = hold_now(srv);
@@ -1583,10 +1587,27 @@ int psd_coord_ckpt_hold_at(psd_server_t *srv, uint64_t step, uint32_t *flags, ch
         *flags = PS_FLAG_FINISHED;
         return 0;
     }
-    if (co->held && co->hold_step < step) psd_coord_ckpt_release(srv);
+    if (co->hold_ms && co->hold_step < step) {
+        /* A checkpoint holds an earlier step now (one taken by hand beside psd's follower):
+         * its hold stays, and this one is held ahead when it ends (psd_coord_ckpt_release).
+         * Before, this request ended it, and that checkpoint failed ("shard 1 is already past
+         * step 5"; session 49). */
+        co->ahead_after = step;
+        *flags = PS_FLAG_PENDING;
+        return 0;
+    }
     if (!co->hold_ahead || co->hold_step != step) hold_ahead(srv, step);
     *flags = PS_FLAG_PENDING;
     return 0;
+}
+
+/* bsp: hold ahead the step a request asked for while another checkpoint's hold lasted. */
+static void hold_ahead_after(psd_server_t *srv, uint64_t step)
+{
+    psd_coord_t *co = srv->coord;
+    if (step && is_bsp(srv) && !co->s.finished && !co->hold_ms && !co->hold_ahead &&
+        step > natural_step(co))
+        hold_ahead(srv, step);
 }
 
 void psd_coord_ckpt_release(psd_server_t *srv)
@@ -1595,7 +1616,12 @@ void psd_coord_ckpt_release(psd_server_t *srv)
     if (co == NULL) return;
     co->hold_ahead = false;
     co->hold_users = 0;
-    if (co->hold_ms == 0) return;
+    uint64_t after = co->ahead_after;
+    co->ahead_after = 0;
+    if (co->hold_ms == 0) {
+        hold_ahead_after(srv, after);
+        return;
+    }
     PS_LOG(PS_LOG_INFO, "coord", "checkpoint: the hold ends after %llu ms; later steps go on",
            (unsigned long long)(hold_now(srv) - co->hold_ms));
     co->hold_ms = 0;
@@ -1605,6 +1631,7 @@ void psd_coord_ckpt_release(psd_server_t *srv)
         co->held = false;
         hand_out(srv);
     }
+    hold_ahead_after(srv, after);
 }
 
 bool psd_coord_ckpt_release_until(psd_server_t *srv, uint64_t next, uint64_t id)

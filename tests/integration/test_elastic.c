@@ -793,7 +793,8 @@ static void all_ranks_left_open_step(int mode)
      * for a second one (whoever gets step 5 dies, and the check allows any members). */
     cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = "bsp",
                    .optimizer = "{name: sgd, lr: 1}", .start_wait_ms = 200,
-                   .top_extra = mode == DESERTED_PLAIN ? "checkpoint: {every_steps: 15}\n" : NULL};
+                   .top_extra = mode != DESERTED_RESTART ? "checkpoint: {every_steps: 15}\n"
+                                                         : NULL};
     cl_cluster_t *c = cl_cluster_create(&k);
     char hold[CL_PATH];
     if (restart) {
@@ -848,8 +849,9 @@ static void all_ranks_left_open_step(int mode)
         /* DESERTED_CKPT_HELD: a checkpoint now holds step 5 for 3 s (PS_TEST_ARM_GAP_MS, as a
          * slow shard would): the joiners are answered PS_EBUSY meanwhile and ask again
          * (before, they exited 1, "all 64 worker ranks are taken"); the close comes at a join
-         * after the hold. (Not beside psd's follower: under bsp its next request ends another
-         * checkpoint's hold, which then fails, "shard 1 is already past step 5".) */
+         * after the hold. psd's follower asks for step 15 meanwhile: held ahead once this
+         * hold ends (before, its request ended this hold, and the checkpoint failed: "shard 1
+         * is already past step 5"). */
         char ckdir[CL_PATH];
         cl_proc_t *cp = NULL;
         if (mode == DESERTED_CKPT_HELD) {
@@ -865,6 +867,7 @@ static void all_ranks_left_open_step(int mode)
             EXPECT_LOG(psd[0], "a worker cannot join yet: 64 of the 64 ranks are held by members "
                                "that left open step 5, until it closes (a checkpoint holds it)");
         }
+        EXPECT_LOG(psd[0], "step 15 reached: held for its checkpoint");
         EXPECT_LOG(psd[0], "step 5: every member left it, and the 64 ranks they held until it "
                            "closes are all a worker could join with: it closes with no member");
         EXPECT_LOG(psd[0], "step 5 of 0/0: the coordinator closed it with no member left; "
