@@ -730,12 +730,11 @@ static void close_step(psd_server_t *srv)
  * held until it closes (removed_in_step), so that no joiner's push of s is taken for theirs:
  * when they are all the ranks a joiner could get (64 deaths in one step after their batch
  * replies, such as workers killed over and over while they compute), s closes with no member
- * instead. A chunk still at
- * s passes it as it is (a closed view with none, as restore_closed_lost's: one update fewer
- * there); a chunk that applied s with a push of a member that then left keeps it, and that
- * member's batch, given back tagged (s, rank), is not applied there again. Before, no worker
- * could join again, also after a restart (the held ranks are saved). @return whether it
- * closed s. */
+ * instead. A chunk still at s passes it as it is (a closed view with none, as
+ * restore_closed_lost's: one update fewer there); a chunk that applied s with a push of a
+ * member that then left keeps it, and that member's batch, given back tagged (s, rank), is
+ * not applied there again. Before, no worker could join again, also after a restart (the held
+ * ranks are saved). @return whether it closed s. */
 static bool close_deserted_step(psd_server_t *srv)
 {
     psd_coord_t *co = srv->coord;
@@ -963,25 +962,23 @@ void psd_coord_on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
             /* Ranks that left the open step stay taken until it closes (their pushes of it
              * may sit in the shards' slots): with members still in it, they are free once
              * those finish it (close_deserted_step closes one without members). */
+            /* Held ranks free up when the step closes: PS_EBUSY, which libps's join asks
+             * again for until its reconnect timeout (a step without members closes at a join
+             * once a checkpoint's hold of it ends; before, the join failed: a helper's probe,
+             * a worker exited 1 while a stopped shard made the hold last 5 s). */
             uint32_t left = popcount(co->rec.removed_in_step & ~co->s.active);
+            const char *why = co->s.step_members == 0
+                                  ? " (by members that left the open step, which has none: it "
+                                    "closes without them at a join once the checkpoint that "
+                                    "holds it ends)"
+                                  : " (some by members that left the open step, until it closes)";
             if (left)
                 PS_LOG(PS_LOG_WARN, "coord", "a worker cannot join yet: %u of the %d ranks are "
                        "held by members that left open step %llu, until it closes%s, and the "
                        "others are members", left, PS_MAX_RANKS, (unsigned long long)co->s.step,
                        co->s.step_members == 0 ? " (a checkpoint holds it)" : "");
-            /* Held ranks free up when the step closes: PS_EBUSY, which libps's join asks
-             * again for until its reconnect timeout (a step without members closes at a join
-             * once a checkpoint's hold of it ends; before, the join failed: a helper's probe,
-             * a worker exited 1 while a stopped shard made the hold last 5 s). */
-            bool deserted = co->s.step_members == 0;
             psd_send_error(srv, c, msg->req_id, left ? PS_EBUSY : PS_EFULL,
-                           "all %d worker ranks are taken%s", PS_MAX_RANKS,
-                           !left ? ""
-                           : deserted ? " (by members that left the open step, which has none: "
-                                        "it closes without them at a join once the checkpoint "
-                                        "that holds it ends)"
-                                      : " (some by members that left the open step, until it "
-                                        "closes)");
+                           "all %d worker ranks are taken%s", PS_MAX_RANKS, left ? why : "");
             return;
         }
         /* ssp: a newcomer starts at the slowest member's clock; from 0 it would hold every
@@ -1618,18 +1615,16 @@ void psd_coord_ckpt_release(psd_server_t *srv)
     co->hold_users = 0;
     uint64_t after = co->ahead_after;
     co->ahead_after = 0;
-    if (co->hold_ms == 0) {
-        hold_ahead_after(srv, after);
-        return;
-    }
-    PS_LOG(PS_LOG_INFO, "coord", "checkpoint: the hold ends after %llu ms; later steps go on",
-           (unsigned long long)(hold_now(srv) - co->hold_ms));
-    co->hold_ms = 0;
-    if (!is_bsp(srv)) {
-        serve_parked(srv); /* the batch requests the hold kept waiting */
-    } else if (co->held) {
-        co->held = false;
-        hand_out(srv);
+    if (co->hold_ms) {
+        PS_LOG(PS_LOG_INFO, "coord", "checkpoint: the hold ends after %llu ms; later steps go on",
+               (unsigned long long)(hold_now(srv) - co->hold_ms));
+        co->hold_ms = 0;
+        if (!is_bsp(srv)) {
+            serve_parked(srv); /* the batch requests the hold kept waiting */
+        } else if (co->held) {
+            co->held = false;
+            hand_out(srv);
+        }
     }
     hold_ahead_after(srv, after);
 }

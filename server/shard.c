@@ -1641,11 +1641,11 @@ static uint64_t tagged_ranks(const ps_msg_t *msg)
  * That is the first holder (its push is untagged) or a later one that left too (its tags name
  * only the ranks before it). A new process on a departed rank that is handed the batch pushes
  * it with that rank among its tags, so it is not turned away. True when @p msg is such a late
- * push; else, if it is tagged, it is remembered. */
+ * push; else, if it is tagged, it is remembered. @p tagged: the ranks its tags name
+ * (tagged_ranks). */
 static bool batch_taken_again(psd_server_t *srv, psd_chunk_t *ch, uint32_t rank,
-                              const ps_msg_t *msg, uint64_t key)
+                              const ps_msg_t *msg, uint64_t key, uint64_t tagged)
 {
-    uint64_t tagged = tagged_ranks(msg);
     if (!(tagged >> rank & 1))
         for (uint32_t k = 0; k < PSD_AGAIN_RING; k++)
             if (ch->again_key[k] == key && (ch->again_ranks[k] >> rank & 1)) {
@@ -1670,14 +1670,14 @@ static bool batch_taken_again(psd_server_t *srv, psd_chunk_t *ch, uint32_t rank,
  * be applied or being applied), or another process that held a rank here applied it last
  * (the orphan ring). Pushes are applied on arrival, so there is no step to tell; the batch's
  * key is. A worker's pushes of one batch end before it asks for the next, so a dead rank's
- * last push here is of its last batch. @p who: the pusher's (psd_conn_who). */
+ * last push here is of its last batch. @p who: the pusher's (psd_conn_who); @p tagged: the
+ * ranks its tags name (tagged_ranks). */
 static bool batch_applied_here(psd_server_t *srv, const psd_chunk_t *ch, uint32_t rank,
-                               uint64_t who, const ps_msg_t *msg, uint64_t key)
+                               uint64_t who, const ps_msg_t *msg, uint64_t key, uint64_t tagged)
 {
     const psd_applied_t *a = ch->applied;
     bool orphaned = false; /* a process whose rank changed hands applied it here last */
     for (uint32_t o = 0; o < PSD_ORPHAN_RING; o++) orphaned |= a->orphan[o] == key;
-    uint64_t tagged = tagged_ranks(msg);
     for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
         if (!(tagged >> r & 1)) continue;
         /* The pusher's own record does not count (a second push of the batch is the caller's
@@ -1706,8 +1706,9 @@ static bool batch_had(psd_server_t *srv, psd_chunk_t *ch, uint32_t rank, uint64_
 {
     uint64_t key = ps_batch_key(msg->data_epoch, msg->batch_offset);
     if (key == 0) return false; /* no key to tell batches by */
-    if (msg->nreplay > 0 && batch_applied_here(srv, ch, rank, who, msg, key)) return true;
-    return batch_taken_again(srv, ch, rank, msg, key);
+    uint64_t tagged = tagged_ranks(msg); /* 0: an untagged push */
+    if (tagged && batch_applied_here(srv, ch, rank, who, msg, key, tagged)) return true;
+    return batch_taken_again(srv, ch, rank, msg, key, tagged);
 }
 
 static void on_push_recv(void *request, ucs_status_t status, size_t length, void *user_data)

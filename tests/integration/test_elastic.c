@@ -360,6 +360,17 @@ END_TEST
 START_TEST(test_ssp_random_deaths_shard_kills) { random_deaths("ssp", true); }
 END_TEST
 
+/* Two replay_clients "replay0" and "replay1" with @p argv, whose plan has both die at step 5:
+ * waited for, killed (SIGKILL) there. */
+static void pair_dies_at_step5(cl_cluster_t *c, char **argv)
+{
+    cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
+    for (int i = 0; i < 2; i++) {
+        EXPECT_EXIT(w[i], 128 + SIGKILL);
+        EXPECT_LOG(w[i], "at step 5");
+    }
+}
+
 /* Two new workers (no death; argv[4] is overwritten) take over from replay_clients that died and
  * finish the job; then a checker finds every batch applied once on both tensors. Returns the
  * first new worker. */
@@ -534,11 +545,7 @@ static void emptied_step_run(const char *plan, bool slow, bool checkpoint)
     snprintf(die, sizeof die, "%s", plan);
     snprintf(ord, sizeof ord, "%s", slow ? "ba" : "ab");
     char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, die, ord, NULL};
-    cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
-    for (int i = 0; i < 2; i++) {
-        EXPECT_EXIT(w[i], 128 + SIGKILL);
-        EXPECT_LOG(w[i], "at step 5");
-    }
+    pair_dies_at_step5(c, argv);
     /* With @p checkpoint, one asked for now, once step 5 has no members (session 47): shard 0
      * picks step 5, the open step, and says its members all left; step 5 was applied on shard
      * 0's chunk and not on shard 1's, so shard 0 says it would refuse an arm at step 5, and the
@@ -604,11 +611,7 @@ static void emptied_coordinator_killed(const char *hook, const char *value, cons
                          cl_psd_start(c, 1, NULL, READY_S)};
     char nb[] = "40", bs[] = "8", die[] = "plan:0@5/0,1@5/1", ord[] = "ab";
     char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, die, ord, NULL};
-    cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
-    for (int i = 0; i < 2; i++) {
-        EXPECT_EXIT(w[i], 128 + SIGKILL);
-        EXPECT_LOG(w[i], "at step 5");
-    }
+    pair_dies_at_step5(c, argv);
     static char never[] = "1000000000";
     argv[4] = never;
     cl_proc_t *w2 = cl_spawn(c, "replay2", argv), *w3 = cl_spawn(c, "replay3", argv);
@@ -917,11 +920,7 @@ static void joiners_in_emptied_step(bool asked)
     cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
     char nb[] = "40", bs[] = "8", plan[] = "plan:0@5/0,1@5/1", ord[] = "ab";
     char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, plan, ord, NULL};
-    cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
-    for (int i = 0; i < 2; i++) {
-        EXPECT_EXIT(w[i], 128 + SIGKILL);
-        EXPECT_LOG(w[i], "at step 5");
-    }
+    pair_dies_at_step5(c, argv);
     coord_t co;
     coord_open(&co, c);
     static char unasked[] = "unasked", dies[] = "plan:*@5/0";
