@@ -379,9 +379,9 @@ START_TEST(test_psd_crash_during_declare)
     unsetenv("PS_TEST_STOP_AT");
     ck_assert_msg(cl_wait_log(w, "stops at its hello", RUN_S) == 0, "never stopped: %s",
                   cl_tail(w));
-    char hello[64]; /* logged once shard 1 answered the hello */
-    snprintf(hello, sizeof hello, "shard 1 (127.0.0.1:%u) over", c->port[1]);
-    EXPECT_LOG(w, hello);
+    /* Stopped after ps_client_create returned: every shard answered its hello (libps's own
+     * line saying so may still be unwritten: its thread logs it, and the stop stops it too;
+     * CI of session 49 read the log before it came). */
     ck_assert_int_eq(cl_signal(psd[1], SIGKILL), 0);
     cl_wait(psd[1], RUN_S);
     ck_assert_int_eq(cl_signal(w, SIGCONT), 0);
