@@ -19,7 +19,7 @@
  * fresh range went: one held per rank plus one per member of the step a restart closed, at most
  * 2 x PS_MAX_RANKS (128). */
 #define PS_REHAND_MAX 256
-#define PS_REPLAY_MAX 4   /* replay tag words a batch carries (its last departures mid-step) */
+#define PS_REPLAY_MAX 16  /* replay tag words a batch carries (its last departures mid-step) */
 
 /* Replay tags (ps_batch_t.replay, ps_msg_t.replay): the steps and ranks that had a batch and
  * left it mid-step. A word is one tag, step << PS_REPLAY_RANK_BITS | rank (asp and ssp: step 0,
@@ -55,19 +55,20 @@ typedef struct {
      * such a step with such a rank's push has the batch already (server/shard.c). */
     uint32_t nreplay;
     uint64_t replay[PS_REPLAY_MAX];
+    uint32_t left; /* workers that had it (a batch reply) and left before it was applied */
 } ps_batch_t;
 
-/* Plain data (stored as is by the coordinator): no pointers. */
+/* Plain data (stored as is by the coordinator, up to rehand[nrehand]): no pointers. */
 typedef struct {
     uint64_t n;                 /* training-set size, 0 until known */
     uint32_t batch;             /* samples per batch */
     uint64_t passes;            /* the job's epochs: the cursor is exhausted at pass == passes */
     uint64_t pass, offset;      /* the next fresh sample */
-    ps_batch_t rehand[PS_REHAND_MAX];
     uint32_t nrehand;
     uint64_t applied[PS_PASS_RING]; /* samples applied, pass p at [p % PS_PASS_RING] */
     uint64_t applied_total;
     uint64_t handed_again;      /* batches given back and handed out again */
+    ps_batch_t rehand[PS_REHAND_MAX]; /* last: a stored state ends after the queued ones */
 } ps_cursor_t;
 
 /** @brief A batch's key: (pass, offset) packed, + 1 so that 0 means none; 0 also when they do not

@@ -19,6 +19,7 @@
  * The persistent part (coord_saved_t) is written by every apply job on shard 0,
  * so a restarted coordinator resumes the open step, its batches and the cursor. */
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,11 +30,12 @@
 #include "ps/ps_log.h"
 #include "server.h"
 
-#define COORD_MAGIC 0x33445243u /* "CRD3" */
+#define COORD_MAGIC 0x34445243u /* "CRD4" */
 #define GAP_RING 4096
 #define MAX_LAUNCHERS 32
 #define GRANT_TTL_MS 15000
 #define CKPT_HOLD_MS 10000 /* a checkpoint's hold of the next step ends by itself after this */
+#define POISON_LEFT 3       /* a batch that this many workers left with is named (WARN) */
 #define CKPT_USERS_MAX 8    /* asp / ssp: checkpoints sharing one hold at most (a ninth pushes
                                out the oldest, whose GO then hears that its hold lapsed) */
 
@@ -67,7 +69,7 @@ typedef struct {
  * changes only then, so it is saved on its own ("jobrec", COORD_REC_MAGIC), with the next
  * apply job or by coord_save when it changed (rec_changed), not with every step; a restart reads
  * it back (a store without it: zeros, as before it was saved). */
-#define COORD_REC_MAGIC 0x32434552u /* "REC2" */
+#define COORD_REC_MAGIC 0x33434552u /* "REC3" */
 #define COORD_TOLD 4
 typedef struct {
     uint32_t magic;
@@ -109,14 +111,33 @@ typedef struct {
     int rc;
 } coord_save_t;
 
-/* The state as psd wrote it before replay tags ("CRD2": batches without them). Read and
- * converted (state_from_v2), so that a psd upgraded on a running job's data_dir resumes its
- * cursor and steps instead of starting the training set and the schedule over. */
+/* Earlier forms of the stored state, read and converted (state_from_old), so that a psd
+ * upgraded on a running job's data_dir resumes its cursor, steps and what failures left to
+ * settle instead of starting the training set and the schedule over: "CRD2", before replay
+ * tags (batches without them), and "CRD3" / "REC2", with 4 tag words a batch (PS_REPLAY_MAX
+ * before session 50) and the whole re-hand queue in the middle of the cursor. A member's
+ * fields before and after its batch sit where they do now (checked below), copied as bytes. */
 #define COORD_MAGIC_V2 0x32445243u
+#define COORD_MAGIC_V3 0x33445243u
+#define COORD_REC_MAGIC_V2 0x32434552u
 typedef struct {
     uint64_t pass, offset;
     uint32_t count;
 } batch_v2_t;
+typedef struct {
+    uint64_t pass, offset;
+    uint32_t count, nreplay;
+    uint64_t replay[4];
+} batch_v3_t;
+typedef struct { /* the old cursors' fields before and after their re-hand queue */
+    uint64_t n;
+    uint32_t batch;
+    uint64_t passes, pass, offset;
+} cursor_head_t;
+typedef struct {
+    uint32_t nrehand;
+    uint64_t applied[PS_PASS_RING], applied_total, handed_again;
+} cursor_tail_t;
 typedef struct {
     uint32_t pid;
     char host[64];
@@ -125,58 +146,112 @@ typedef struct {
     uint64_t batch_step, steps_done, progress, join_serial;
 } member_v2_t;
 typedef struct {
-    uint64_t n;
-    uint32_t batch;
-    uint64_t passes, pass, offset;
-    batch_v2_t rehand[PS_REHAND_MAX];
-    uint32_t nrehand;
-    uint64_t applied[PS_PASS_RING], applied_total, handed_again;
-} cursor_v2_t;
-typedef struct {
     uint32_t magic, desired;
     uint64_t epoch, step, step_members, active, final_step;
     uint8_t finished, started;
     uint64_t joins;
     member_v2_t m[PS_MAX_RANKS];
-    cursor_v2_t cur;
+    cursor_head_t cur;
+    batch_v2_t rehand[PS_REHAND_MAX];
+    cursor_tail_t cur_tail;
 } saved_v2_t;
+typedef struct {
+    uint32_t pid;
+    char host[64];
+    uint8_t has_batch;
+    batch_v3_t batch;
+    uint64_t batch_step, steps_done, progress, join_serial;
+} member_v3_t;
+typedef struct {
+    uint32_t magic, desired;
+    uint64_t epoch, step, step_members, active, final_step;
+    uint8_t finished, started;
+    uint64_t joins;
+    member_v3_t m[PS_MAX_RANKS];
+    cursor_head_t cur;
+    batch_v3_t rehand[PS_REHAND_MAX];
+    cursor_tail_t cur_tail;
+} saved_v3_t;
+/* REC2: the recovery state with CRD3's batches. */
+typedef struct {
+    uint32_t magic;
+    uint64_t removed_in_step, rc_step, rc_pending, rc_view;
+    batch_v3_t rc_batch[PS_MAX_RANKS];
+    uint64_t rc_unsettled;
+    struct { uint64_t epoch, step, members; } told[4];
+    uint64_t emptied_step1, again_reported, again_stale;
+} rec_v2_t;
 
-static ps_batch_t batch_from_v2(const batch_v2_t *b)
+/* What state_from_old and rec_from_v2 copy as bytes lies where it does in the current form. */
+#define SAME_AT(T, U, f) (offsetof(T, f) == offsetof(U, f))
+_Static_assert(SAME_AT(saved_member_t, member_v3_t, batch) &&
+               SAME_AT(saved_member_t, member_v2_t, batch) &&
+               SAME_AT(coord_saved_t, saved_v3_t, m) && SAME_AT(coord_saved_t, saved_v2_t, m) &&
+               SAME_AT(coord_rec_t, rec_v2_t, rc_batch) &&
+               sizeof(((coord_rec_t *)0)->told) == sizeof(((rec_v2_t *)0)->told),
+               "the stored forms' fields around their batches moved");
+#undef SAME_AT
+_Static_assert(sizeof(coord_saved_t) <= PSD_COORD_STATE_MAX &&
+                   sizeof(saved_v3_t) <= PSD_COORD_STATE_MAX &&
+                   sizeof(coord_rec_t) <= PSD_COORD_REC_MAX,
+               "a stored coordinator state outgrew what psd reads back (server.h)");
+
+/* An old form's batch: CRD2's (@p v2) or CRD3's (@p v3, its tag words kept). */
+static ps_batch_t batch_from_old(const batch_v2_t *v2, const batch_v3_t *v3)
 {
-    return (ps_batch_t){.pass = b->pass, .offset = b->offset, .count = b->count};
+    if (v2) return (ps_batch_t){.pass = v2->pass, .offset = v2->offset, .count = v2->count};
+    ps_batch_t b = {.pass = v3->pass, .offset = v3->offset, .count = v3->count,
+                    .nreplay = v3->nreplay < 4 ? v3->nreplay : 4};
+    memcpy(b.replay, v3->replay, sizeof v3->replay);
+    return b;
 }
 
-/* @p v2 (a CRD2 state) into @p s. */
-static void state_from_v2(coord_saved_t *s, const saved_v2_t *v2)
+/* A CRD2 (@p v2) or CRD3 (@p v3) state into @p s. */
+static void state_from_old(coord_saved_t *s, const saved_v2_t *v2, const saved_v3_t *v3)
 {
-    *s = (coord_saved_t){.magic = COORD_MAGIC, .desired = v2->desired, .epoch = v2->epoch,
-                         .step = v2->step, .step_members = v2->step_members,
-                         .active = v2->active, .final_step = v2->final_step,
-                         .finished = v2->finished, .started = v2->started, .joins = v2->joins};
+    memset(s, 0, sizeof *s);
+    memcpy(s, v2 ? (const void *)v2 : (const void *)v3, offsetof(coord_saved_t, m));
+    s->magic = COORD_MAGIC;
     for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
-        const member_v2_t *o = &v2->m[r];
         saved_member_t *m = &s->m[r];
-        m->pid = o->pid;
-        memcpy(m->host, o->host, sizeof m->host);
-        m->has_batch = o->has_batch;
-        m->batch = batch_from_v2(&o->batch);
-        m->batch_step = o->batch_step;
-        m->steps_done = o->steps_done;
-        m->progress = o->progress;
-        m->join_serial = o->join_serial;
+        memcpy(m, v2 ? (const void *)&v2->m[r] : (const void *)&v3->m[r],
+               offsetof(saved_member_t, batch));
+        m->batch = batch_from_old(v2 ? &v2->m[r].batch : NULL, v2 ? NULL : &v3->m[r].batch);
+        memcpy(&m->batch_step, v2 ? &v2->m[r].batch_step : &v3->m[r].batch_step,
+               4 * sizeof(uint64_t));
     }
-    const cursor_v2_t *oc = &v2->cur;
+    const cursor_head_t *h = v2 ? &v2->cur : &v3->cur;
+    const cursor_tail_t *t = v2 ? &v2->cur_tail : &v3->cur_tail;
     ps_cursor_t *c = &s->cur;
-    c->n = oc->n;
-    c->batch = oc->batch;
-    c->passes = oc->passes;
-    c->pass = oc->pass;
-    c->offset = oc->offset;
-    c->nrehand = oc->nrehand < PS_REHAND_MAX ? oc->nrehand : PS_REHAND_MAX;
-    for (uint32_t i = 0; i < c->nrehand; i++) c->rehand[i] = batch_from_v2(&oc->rehand[i]);
-    memcpy(c->applied, oc->applied, sizeof c->applied);
-    c->applied_total = oc->applied_total;
-    c->handed_again = oc->handed_again;
+    *c = (ps_cursor_t){.n = h->n, .batch = h->batch, .passes = h->passes, .pass = h->pass,
+                       .offset = h->offset, .applied_total = t->applied_total,
+                       .handed_again = t->handed_again,
+                       .nrehand = t->nrehand < PS_REHAND_MAX ? t->nrehand : PS_REHAND_MAX};
+    memcpy(c->applied, t->applied, sizeof c->applied);
+    for (uint32_t i = 0; i < c->nrehand; i++)
+        c->rehand[i] = batch_from_old(v2 ? &v2->rehand[i] : NULL, v2 ? NULL : &v3->rehand[i]);
+}
+
+/* The bytes of @p s a save writes: the re-hand queue's empty places left out (read back as
+ * zeros). */
+static size_t state_len(const coord_saved_t *s)
+{
+    return offsetof(coord_saved_t, cur.rehand) + s->cur.nrehand * sizeof(ps_batch_t);
+}
+
+/* A REC2 recovery state @p o into @p rec. */
+static void rec_from_v2(coord_rec_t *rec, const rec_v2_t *o)
+{
+    memset(rec, 0, sizeof *rec);
+    memcpy(rec, o, offsetof(coord_rec_t, rc_batch));
+    rec->magic = COORD_REC_MAGIC;
+    for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
+        rec->rc_batch[r] = batch_from_old(NULL, &o->rc_batch[r]);
+    rec->rc_unsettled = o->rc_unsettled;
+    memcpy(rec->told, o->told, sizeof rec->told);
+    rec->emptied_step1 = o->emptied_step1;
+    rec->again_reported = o->again_reported;
+    rec->again_stale = o->again_stale;
 }
 
 typedef struct {
@@ -282,7 +357,7 @@ static int save_now(psd_store_t *st, const coord_saved_t *s, const coord_rec_t *
     psd_wtxn_t tx;
     int rc = psd_store_begin(st, &tx);
     if (rc) return rc;
-    rc = psd_store_put_blob(&tx, "job", s, sizeof *s);
+    rc = psd_store_put_blob(&tx, "job", s, state_len(s));
     if (rc == 0) rc = psd_store_put_blob(&tx, "jobrec", rec, sizeof *rec);
     if (rc) {
         psd_store_abort(&tx);
@@ -368,7 +443,7 @@ static void coord_save(psd_server_t *srv)
     }
     co->save_busy = true;
     co->save_retry = false;
-    co->save.s = co->s;
+    memcpy(&co->save.s, &co->s, state_len(&co->s)); /* what save_now writes */
     co->save.rec = co->rec;
     co->rec_dirty = false;
     co->save.gen = ++co->save_gen;
@@ -1250,6 +1325,14 @@ static void member_remove(psd_server_t *srv, uint32_t r, const char *why)
                                : true;
         /* asp / ssp: step 0 (only the rank counts there), so that its tags merge into one. */
         if (tag) batch_tag(&m->batch, PS_REPLAY_TAG(is_bsp(srv) ? m->batch_step : 0, r));
+        if (!co->rt[r].no_batch_yet && ++m->batch.left >= POISON_LEFT)
+            PS_LOG(PS_LOG_WARN, "coord", "the batch of pass %llu at %llu (%u samples: positions "
+                   "%llu to %llu of that pass's order) went to %u workers that each left with it, "
+                   "the last rank %u (pid %u): are its samples what makes workers fail?",
+                   (unsigned long long)m->batch.pass, (unsigned long long)m->batch.offset,
+                   m->batch.count, (unsigned long long)m->batch.offset,
+                   (unsigned long long)(m->batch.offset + m->batch.count - 1), m->batch.left, r,
+                   m->pid);
         if (ps_cursor_give_back(&co->s.cur, &m->batch))
             PS_LOG(PS_LOG_ERROR, "coord", "re-hand queue full: batch of pass %llu at %llu lost",
                    (unsigned long long)m->batch.pass, (unsigned long long)m->batch.offset);
@@ -1258,9 +1341,12 @@ static void member_remove(psd_server_t *srv, uint32_t r, const char *why)
         given_back = true;
         if (co->s.finished && !is_bsp(srv)) co->s.finished = 0;
     }
+    char gone[96] = "";
+    if (given_back)
+        snprintf(gone, sizeof gone, "; its batch (pass %llu at %llu) goes to another worker",
+                 (unsigned long long)m->batch.pass, (unsigned long long)m->batch.offset);
     PS_LOG(PS_LOG_INFO, "coord", "rank %u (pid %u) left at step %llu: %s%s (%u members)", r,
-           m->pid, (unsigned long long)co->s.step, why,
-           given_back ? "; its batch goes to another worker" : "", popcount(co->s.active));
+           m->pid, (unsigned long long)co->s.step, why, gone, popcount(co->s.active));
     if (is_bsp(srv) && (co->s.step_members >> r & 1)) {
         uint64_t left = co->s.step_members & ~(1ull << r);
         if (left == 0) co->rec.emptied_step1 = co->s.step + 1; /* hand_out; saved with: */
@@ -1824,31 +1910,59 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
     uint32_t magic = 0;
     if (saved && saved_len >= sizeof magic) memcpy(&magic, saved, sizeof magic);
     bool v2 = magic == COORD_MAGIC_V2 && saved_len == sizeof(saved_v2_t);
-    if (saved && !v2 && !(magic == COORD_MAGIC && saved_len == sizeof co->s))
+    bool v3 = magic == COORD_MAGIC_V3 && saved_len == sizeof(saved_v3_t);
+    /* The current form: up to the queued batches of the re-hand queue (state_len). */
+    size_t head = offsetof(coord_saved_t, cur.rehand);
+    bool cur = saved && magic == COORD_MAGIC && saved_len >= head &&
+               saved_len <= sizeof co->s && (saved_len - head) % sizeof(ps_batch_t) == 0;
+    if (saved && !v2 && !v3 && !cur)
         PS_LOG(PS_LOG_WARN, "coord", "the stored coordinator state (%zu bytes, magic %#x) is not "
                "one this psd reads: the job's steps and batches start over", saved_len, magic);
-    if (v2 || (saved && magic == COORD_MAGIC && saved_len == sizeof co->s)) {
-        saved_v2_t *old = v2 ? malloc(sizeof *old) : NULL; /* aligned, unlike @p saved */
-        if (v2 && old == NULL) {
-            free(co);
-            srv->coord = NULL;
-            return PS_ENOMEM;
-        }
-        if (v2) {
-            memcpy(old, saved, sizeof *old);
-            state_from_v2(&co->s, old);
+    if (v2 || v3 || cur) {
+        if (cur) {
+            memcpy(&co->s, saved, saved_len); /* the rest stays zero (calloc) */
+            uint32_t queued = (uint32_t)((saved_len - head) / sizeof(ps_batch_t));
+            if (co->s.cur.nrehand != queued) {
+                PS_LOG(PS_LOG_WARN, "coord", "the stored coordinator state counts %u batches to "
+                       "hand out again and holds %u: %u taken", co->s.cur.nrehand, queued,
+                       queued < co->s.cur.nrehand ? queued : co->s.cur.nrehand);
+                if (queued < co->s.cur.nrehand) co->s.cur.nrehand = queued;
+            }
+        } else {
+            /* aligned, unlike @p saved */
+            void *old = malloc(v2 ? sizeof(saved_v2_t) : sizeof(saved_v3_t));
+            if (old == NULL) {
+                free(co);
+                srv->coord = NULL;
+                return PS_ENOMEM;
+            }
+            memcpy(old, saved, saved_len);
+            state_from_old(&co->s, v2 ? old : NULL, v2 ? NULL : old);
             free(old);
             PS_LOG(PS_LOG_INFO, "coord", "the stored coordinator state is an older psd's "
-                   "(CRD2): converted");
-        } else {
-            memcpy(&co->s, saved, sizeof co->s);
+                   "(%s): converted", v2 ? "CRD2" : "CRD3");
         }
         /* What failures had left to settle, as last saved (with this state or before it). */
-        bool rec_read = rec && rec_len == sizeof co->rec;
+        uint32_t rec_magic = 0;
+        if (rec && rec_len >= sizeof rec_magic) memcpy(&rec_magic, rec, sizeof rec_magic);
+        bool rec_v2 = rec_magic == COORD_REC_MAGIC_V2 && rec_len == sizeof(rec_v2_t);
+        bool rec_read = rec && (rec_v2 || rec_len == sizeof co->rec);
         if (rec && !rec_read)
             PS_LOG(PS_LOG_WARN, "coord", "the stored recovery state (%zu bytes) is not one this "
                    "psd reads: left out", rec_len);
-        if (rec_read) {
+        if (rec_v2) {
+            rec_v2_t *old = malloc(sizeof *old);
+            if (old == NULL) {
+                free(co);
+                srv->coord = NULL;
+                return PS_ENOMEM;
+            }
+            memcpy(old, rec, sizeof *old);
+            rec_from_v2(&co->rec, old);
+            free(old);
+            PS_LOG(PS_LOG_INFO, "coord", "the stored recovery state is an older psd's (REC2): "
+                   "converted");
+        } else if (rec_read) {
             memcpy(&co->rec, rec, sizeof co->rec);
             if (co->rec.magic != COORD_REC_MAGIC) {
                 PS_LOG(PS_LOG_WARN, "coord", "the stored recovery state (magic %#x) is not one "
@@ -1902,9 +2016,13 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
             for (uint32_t r = 0; r < PS_MAX_RANKS && !co->capped; r++)
                 co->capped = co->s.m[r].join_serial && co->s.m[r].steps_done >= j->max_steps;
         /* Members are expected back (libps reconnects with their rank). */
+        uint32_t words = 0;
+        for (uint32_t i = 0; i < co->s.cur.nrehand; i++) words += co->s.cur.rehand[i].nreplay;
         PS_LOG(PS_LOG_INFO, "coord", "restored: epoch %llu, step %llu, %u members, %llu samples "
-               "applied", (unsigned long long)co->s.epoch, (unsigned long long)co->s.step,
-               popcount(co->s.active), (unsigned long long)co->s.cur.applied_total);
+               "applied, %u batches to hand out again (%u replay tag words)",
+               (unsigned long long)co->s.epoch, (unsigned long long)co->s.step,
+               popcount(co->s.active), (unsigned long long)co->s.cur.applied_total,
+               co->s.cur.nrehand, words);
         if (is_bsp(srv)) {
             /* A restored open step's members are in the view the pushes are checked with. */
             psd_shard_learn_view(srv, co->s.epoch, co->s.step, co->s.step_members, false);
@@ -2007,7 +2125,7 @@ void psd_coord_free(psd_server_t *srv)
 
 const void *psd_coord_state(psd_server_t *srv, size_t *len)
 {
-    *len = sizeof srv->coord->s;
+    *len = state_len(&srv->coord->s);
     return &srv->coord->s;
 }
 

@@ -796,7 +796,12 @@ int psd_coord_ckpt_hold_at(psd_server_t *srv, uint64_t step, uint32_t *flags, ch
  *  hold lapsed for it (CKPT_HOLD_MS without an ask, pushed out, or shard 0 started again since).
  *  bsp: true. */
 bool psd_coord_ckpt_release_until(psd_server_t *srv, uint64_t next, uint64_t id);
-/** @brief The coordinator's state as bytes for the store (written with each apply). */
+/* The most bytes psd_coord_state and psd_coord_rec give, and a stored state can hold. */
+#define PSD_COORD_STATE_MAX 65536
+#define PSD_COORD_REC_MAX 16384
+/** @brief The coordinator's state as bytes for the store (written with each apply): *@p len
+ *  of them (PSD_COORD_STATE_MAX at most; fewer while fewer batches wait to go out again),
+ *  owned by the coordinator, valid until the loop thread next changes it. */
 const void *psd_coord_state(psd_server_t *srv, size_t *len);
 /** @brief Its recovery state (key "jobrec") when it changed since a save took it, else NULL:
  *  the caller's apply job writes it with the state; the bytes stay the coordinator's (copy

@@ -950,7 +950,7 @@ static void send_data_part(ps_client_t *c, ps_op_t *op, part_t *p)
             m.batch_offset = op->batch_offset;
         }
         m.nreplay = op->nreplay;
-        memcpy(m.replay, op->replay, sizeof m.replay);
+        memcpy(m.replay, op->replay, op->nreplay * sizeof *m.replay);
         if (op->nograd) { /* no data: counted as this member's push, summed as nothing */
             m.flags |= PS_FLAG_NOGRAD;
             m.length = 0;
@@ -1108,7 +1108,7 @@ static void start_op(ps_client_t *c, ps_op_t *op)
             op->nreplay = c->nreplay && (c->batch_stamp || op->step == c->replay_step)
                               ? c->nreplay
                               : 0;
-            memcpy(op->replay, c->replay, sizeof op->replay);
+            memcpy(op->replay, c->replay, op->nreplay * sizeof *op->replay);
         }
         for (uint32_t i = 0; i < op->nparts; i++) c->shards[op->parts[i].shard].in_window = 0;
         for (uint32_t i = 0; i < op->nparts && op->status == 0; i++) {
@@ -2765,14 +2765,28 @@ void ps_client_job(const ps_client_t *c, ps_job_info_t *out)
     out->workers = c->m.job.workers;
 }
 
-int ps_manifest_cluster(const char *path, char *out, size_t outlen, char *err, size_t errlen)
+/* ps_manifest_cluster and ps_manifest_optimizer: the manifest at @p path's cluster name, or
+ * with @p optimizer its job's optimizer's name, into @p out. */
+static int manifest_name(const char *path, bool optimizer, char *out, size_t outlen, char *err,
+                         size_t errlen)
 {
     ps_manifest_t *m = malloc(sizeof *m);
     if (m == NULL) return PS_ENOMEM;
     int rc = ps_manifest_load(m, path, err, errlen);
-    if (rc == 0 && (size_t)snprintf(out, outlen, "%s", m->cluster) >= outlen) rc = PS_EINVAL;
+    const char *name = rc ? "" : optimizer ? ps_optim_name(m->job.optimizer.name) : m->cluster;
+    if (rc == 0 && (size_t)snprintf(out, outlen, "%s", name) >= outlen) rc = PS_EINVAL;
     free(m);
     return rc;
+}
+
+int ps_manifest_cluster(const char *path, char *out, size_t outlen, char *err, size_t errlen)
+{
+    return manifest_name(path, false, out, outlen, err, errlen);
+}
+
+int ps_manifest_optimizer(const char *path, char *out, size_t outlen, char *err, size_t errlen)
+{
+    return manifest_name(path, true, out, outlen, err, errlen);
 }
 
 int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts, ps_client_t **out,

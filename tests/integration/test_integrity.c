@@ -431,44 +431,83 @@ static int corrupt_chunk_len(cl_cluster_t *c, uint32_t t, uint32_t ch, long at, 
     return -1;
 }
 
-/* The coordinator's state as a psd before replay tags stored it ("CRD2"), for the upgrade test:
- * the same layout as server/coord.c's saved_v2_t. */
+/* The coordinator's state as a psd before replay tags stored it ("CRD2"), and as psds of
+ * sessions 21-49 did ("CRD3": 4 tag words a batch), with their recovery state ("REC2"), for the
+ * upgrade tests: the same layouts as server/coord.c's saved_v2_t, saved_v3_t and rec_v2_t. */
 typedef struct {
     uint64_t pass, offset;
     uint32_t count;
 } v2_batch_t;
 typedef struct {
-    uint32_t magic, desired;
-    uint64_t epoch, step, step_members, active, final_step;
-    uint8_t finished, started;
-    uint64_t joins;
-    struct {
-        uint32_t pid;
-        char host[64];
-        uint8_t has_batch;
-        v2_batch_t batch;
-        uint64_t batch_step, steps_done, progress, join_serial;
-    } m[64];
-    struct {
-        uint64_t n;
-        uint32_t batch;
-        uint64_t passes, pass, offset;
-        v2_batch_t rehand[256];
-        uint32_t nrehand;
-        uint64_t applied[64], applied_total, handed_again;
-    } cur;
-} v2_state_t;
+    uint64_t pass, offset;
+    uint32_t count, nreplay;
+    uint64_t replay[4];
+} v3_batch_t;
+#define OLD_STATE(B)                                                                           \
+    struct {                                                                                   \
+        uint32_t magic, desired;                                                               \
+        uint64_t epoch, step, step_members, active, final_step;                                \
+        uint8_t finished, started;                                                             \
+        uint64_t joins;                                                                        \
+        struct {                                                                               \
+            uint32_t pid;                                                                      \
+            char host[64];                                                                     \
+            uint8_t has_batch;                                                                 \
+            B batch;                                                                           \
+            uint64_t batch_step, steps_done, progress, join_serial;                            \
+        } m[64];                                                                               \
+        struct {                                                                               \
+            uint64_t n;                                                                        \
+            uint32_t batch;                                                                    \
+            uint64_t passes, pass, offset;                                                     \
+            B rehand[256];                                                                     \
+            uint32_t nrehand;                                                                  \
+            uint64_t applied[64], applied_total, handed_again;                                 \
+        } cur;                                                                                 \
+    }
+typedef OLD_STATE(v2_batch_t) v2_state_t;
+typedef OLD_STATE(v3_batch_t) v3_state_t;
+typedef struct {
+    uint32_t magic;
+    uint64_t removed_in_step, rc_step, rc_pending, rc_view;
+    v3_batch_t rc_batch[64];
+    uint64_t rc_unsettled;
+    struct { uint64_t epoch, step, members; } told[4];
+    uint64_t emptied_step1, again_reported, again_stale;
+} v2_rec_t;
 
-/* A psd upgraded on a data_dir whose coordinator state an older psd wrote (CRD2) resumes it:
- * its step, desired workers, samples applied and a batch waiting to be handed out again.
- * Before, it started the job's steps and training set over without a word. */
-START_TEST(test_coordinator_state_upgraded)
+/* Write @p len bytes @p val under metadata key "M"@p name of shard 0's stopped store. */
+static void put_blob0(cl_cluster_t *c, const char *name, const void *val, size_t len)
+{
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    char k[16];
+    snprintf(k, sizeof k, "M%s", name);
+    store_write_txn(c, 0, &env, &txn, &dbi);
+    MDB_val key = {strlen(k), k}, v = {len, (void *)val};
+    ck_assert_int_eq(mdb_put(txn, dbi, &key, &v, 0), 0);
+    ck_assert_int_eq(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+}
+
+/* A cluster of one shard whose store psd made and stopped (SIGTERM). */
+static cl_cluster_t *one_shard_stopped(void)
 {
     cl_conf_t k = {.shards = 1, .workers = 1};
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
     ck_assert_int_eq(cl_signal(psd, SIGTERM), 0);
     EXPECT_EXIT(psd, 0);
+    return c;
+}
+
+/* A psd upgraded on a data_dir whose coordinator state an older psd wrote (CRD2) resumes it:
+ * its step, desired workers, samples applied and a batch waiting to be handed out again.
+ * Before, it started the job's steps and training set over without a word. */
+START_TEST(test_coordinator_state_upgraded)
+{
+    cl_cluster_t *c = one_shard_stopped();
     v2_state_t *o = calloc(1, sizeof *o);
     o->magic = 0x32445243u;
     o->desired = 3;
@@ -478,21 +517,63 @@ START_TEST(test_coordinator_state_upgraded)
                               .applied_total = 48, .handed_again = 0};
     o->cur.rehand[0] = (v2_batch_t){0, 48, 8};
     o->cur.applied[0] = 48;
-    MDB_env *env;
-    MDB_txn *txn;
-    MDB_dbi dbi;
-    store_write_txn(c, 0, &env, &txn, &dbi);
-    MDB_val key = {4, "Mjob"}, val = {sizeof *o, o};
-    ck_assert_int_eq(mdb_put(txn, dbi, &key, &val, 0), 0);
-    ck_assert_int_eq(mdb_txn_commit(txn), 0);
-    mdb_env_close(env);
+    put_blob0(c, "job", o, sizeof *o);
     free(o);
-    psd = cl_psd_start(c, 0, NULL, READY_S);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
     EXPECT_LOG(psd, "is an older psd's (CRD2): converted");
-    EXPECT_LOG(psd, "restored: epoch 1048576, step 7, 0 members, 48 samples applied");
+    EXPECT_LOG(psd, "restored: epoch 1048576, step 7, 0 members, 48 samples applied, 1 batches "
+                    "to hand out again (0 replay tag words)");
     const char *args[] = {"status", "--json", NULL};
     cl_proc_t *ctl = psctl(c, "psctl", 0, args);
     EXPECT_LOG(ctl, "\"desired_workers\": 3, ");
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+/* The same from the form of sessions 21-49 (CRD3 and REC2: 4 replay tag words a batch, before
+ * they became 16): two batches to hand out again keep their tags, the recovery state its step,
+ * and the state this psd then saves (its re-hand queue's empty places left out) reads back
+ * the same at the next start. */
+START_TEST(test_coordinator_state_upgraded_tags)
+{
+    cl_cluster_t *c = one_shard_stopped();
+    v3_state_t *o = calloc(1, sizeof *o);
+    o->magic = 0x33445243u;
+    o->desired = 2;
+    o->epoch = 9;
+    o->step = 12;
+    o->cur = (typeof(o->cur)){.n = 1000, .batch = 8, .passes = 1, .offset = 96, .nrehand = 2,
+                              .applied_total = 80, .handed_again = 3};
+    o->cur.rehand[0] = (v3_batch_t){0, 48, 8, 3, {1ull << 63 | 3ull << 6, 6, 4ull << 6 | 1}};
+    o->cur.rehand[1] = (v3_batch_t){0, 88, 8, 1, {10ull << 6 | 2}};
+    o->cur.applied[0] = 80;
+    put_blob0(c, "job", o, sizeof *o);
+    free(o);
+    v2_rec_t *r = calloc(1, sizeof *r);
+    r->magic = 0x32434552u;
+    r->rc_step = 11;
+    put_blob0(c, "jobrec", r, sizeof *r);
+    free(r);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    EXPECT_LOG(psd, "is an older psd's (CRD3): converted");
+    EXPECT_LOG(psd, "the stored recovery state is an older psd's (REC2): converted");
+    const char *want = "restored: epoch 1048576, step 12, 0 members, 80 samples applied, 2 "
+                       "batches to hand out again (4 replay tag words)";
+    EXPECT_LOG(psd, want);
+    const char *args[] = {"status", "--json", NULL};
+    cl_proc_t *ctl = psctl(c, "psctl", 0, args);
+    EXPECT_LOG(ctl, "\"desired_workers\": 2, ");
+    EXPECT_LOG(ctl, "\"batches_handed_again\": 3, ");
+    ck_assert_int_eq(cl_signal(psd, SIGTERM), 0);
+    EXPECT_EXIT(psd, 0);
+    psd = cl_psd_start(c, 0, NULL, READY_S);
+    char *log = cl_log(psd);
+    ck_assert_msg(strstr(log, "converted") == NULL && strstr(log, "is not one") == NULL,
+                  "the state this psd saved was not read as it is: %s", cl_tail(psd));
+    free(log);
+    EXPECT_LOG(psd, "restored: epoch 2097152, step 12, 0 members, 80 samples applied, 2 batches "
+                    "to hand out again (4 replay tag words)");
     stop_all(&psd, 1);
     cl_cluster_destroy(c);
 }
@@ -2231,6 +2312,8 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("declare_refused_everywhere", test_declare_refused_everywhere));
     suite_add_tcase(s, tcase("create_failure_forgotten", test_create_failure_forgotten));
     suite_add_tcase(s, tcase("coordinator_state_upgraded", test_coordinator_state_upgraded));
+    suite_add_tcase(s, tcase("coordinator_state_upgraded_tags",
+                             test_coordinator_state_upgraded_tags));
     suite_add_tcase(s, tcase("verify_names_corrupt_chunk", test_verify_names_corrupt_chunk));
     suite_add_tcase(s, tcase("export_snapshot_left_open", test_export_snapshot_left_open));
     suite_add_tcase(s, tcase("corrupt_at_rest_not_sealed_again",

@@ -1098,6 +1098,35 @@ def misuse(tmp):
                 raise AssertionError(f"samples={bad!r} was taken")
             except ValueError as e:
                 assert what in str(e), str(e)
+        # A job with optimizer mean: the shards keep each step's mean gradient, which the
+        # pulls wrote into the model as its parameters (a probe, session 50: the weights became
+        # the last gradient, the loss 5e11 after 16 steps). Refused before the join.
+        mean = os.path.join(c.dir, "mean.yaml")
+        with open(c.manifest) as f, open(mean, "w") as g:
+            g.write(re.sub(r"optimizer: .*", "optimizer: {name: mean}",
+                           f.read().replace("consistency: asp", "consistency: bsp")))
+        assert psd.manifest_optimizer(c.manifest) == "sgd"
+        assert psd.manifest_optimizer(mean) == "mean"
+        try:
+            psd.torch.ParameterServer(mean, m, samples=SAMPLES)
+            raise AssertionError("a job with optimizer mean was taken")
+        except psd.PsError as e:
+            assert e.name == "ECONFIG" and "mean keeps no model" in str(e), str(e)
+        # Two Parameters sharing memory (the old tying idiom): one update overwrote the other's
+        # at every pull (a probe, session 50: 0.24 from torch's SGD). Refused before the join;
+        # disjoint views of one storage are two tensors and are taken.
+        tied = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+        tied[1].weight.data = tied[0].weight.data[:, :]
+        try:
+            psd.torch.ParameterServer(c.manifest, tied, samples=SAMPLES)
+            raise AssertionError("two Parameters sharing memory were taken")
+        except ValueError as e:
+            assert "'0.weight' and '1.weight' are two Parameters sharing memory" in str(e), str(e)
+        flat = torch.zeros(8)
+        halves = torch.nn.ParameterList([torch.nn.Parameter(flat[:4]),
+                                         torch.nn.Parameter(flat[4:])])
+        psd.torch._refuse_shared_memory([psd.torch._span(p) + (n,)
+                                         for n, p in halves.named_parameters()])
         try:
             psd.torch.ParameterServer(c.manifest, m, samples=SAMPLES, init={"nope": ("zeros", 0)})
             raise AssertionError("init naming no parameter was taken")

@@ -100,13 +100,13 @@ START_TEST(test_replay_tags)
     ck_assert_uint_eq(b.nreplay, 0);
     for (uint64_t i = 0; i < PS_REPLAY_MAX; i++)
         ck_assert_int_eq(ps_batch_tag(&b, PS_REPLAY_TAG(10 + i, i)), 0);
-    ck_assert_int_eq(ps_batch_tag(&b, PS_REPLAY_TAG(20, 5)), 1); /* full: the oldest goes */
+    ck_assert_int_eq(ps_batch_tag(&b, PS_REPLAY_TAG(100, 5)), 1); /* full: the oldest goes */
     ck_assert_int_eq(ps_cursor_give_back(c, &b), 0);
     ck_assert(ps_cursor_take(c, &x));
     ck_assert_uint_eq(x.offset, b.offset);
     ck_assert_uint_eq(x.nreplay, PS_REPLAY_MAX);
     ck_assert_uint_eq(x.replay[0], PS_REPLAY_TAG(11, 1));
-    ck_assert_uint_eq(x.replay[PS_REPLAY_MAX - 1], PS_REPLAY_TAG(20, 5));
+    ck_assert_uint_eq(x.replay[PS_REPLAY_MAX - 1], PS_REPLAY_TAG(100, 5));
     ck_assert(ps_cursor_take(c, &x));
     ck_assert_uint_eq(x.nreplay, 0); /* a fresh batch has none */
     free(c);
@@ -125,11 +125,12 @@ static int tags_of(const ps_batch_t *b, uint64_t *step, uint64_t *ranks)
  * passed among 64 members of one step that each left keeps every one of them (before, it kept
  * the last 4, and a chunk that applied it with an earlier one's push applied it again). A tag
  * named already changes nothing; a single tag of a step that gets a second rank becomes a
- * pair, dropping the oldest tag when the words run out. */
+ * pair, dropping the oldest tag when the words run out. A batch left by two members at each of
+ * 8 steps keeps every tag (before session 50, 4 words: the first of 3 such steps went). */
 START_TEST(test_replay_tags_merge)
 {
     ps_batch_t b = {.count = 1};
-    uint64_t step[8], ranks[8];
+    uint64_t step[PS_REPLAY_MAX], ranks[PS_REPLAY_MAX];
     for (uint32_t r = 0; r < 64; r++) ck_assert_int_eq(ps_batch_tag(&b, PS_REPLAY_TAG(7, r)), 0);
     ck_assert_uint_eq(b.nreplay, 2);
     ck_assert_int_eq(tags_of(&b, step, ranks), 1);
@@ -137,19 +138,28 @@ START_TEST(test_replay_tags_merge)
     ck_assert_uint_eq(ranks[0], ~0ull);
     ck_assert_int_eq(ps_batch_tag(&b, PS_REPLAY_TAG(7, 9)), 0); /* named already */
     ck_assert_uint_eq(b.nreplay, 2);
-    ck_assert_int_eq(ps_batch_tag(&b, PS_REPLAY_TAG(8, 3)), 0);
-    ck_assert_int_eq(ps_batch_tag(&b, PS_REPLAY_TAG(9, 4)), 0);
-    ck_assert_uint_eq(b.nreplay, 4);
-    ck_assert_int_eq(ps_batch_tag(&b, PS_REPLAY_TAG(9, 4)), 0); /* named already */
-    /* Step 8 gets a second rank: its single tag becomes a pair (2 words more than the 4): the
-     * oldest tag, step 7's pair, goes. */
+    for (uint64_t s = 8; s < 8 + PS_REPLAY_MAX - 2; s++)
+        ck_assert_int_eq(ps_batch_tag(&b, PS_REPLAY_TAG(s, 3)), 0);
+    ck_assert_uint_eq(b.nreplay, PS_REPLAY_MAX);
+    ck_assert_int_eq(ps_batch_tag(&b, PS_REPLAY_TAG(9, 3)), 0); /* named already */
+    /* Step 8 gets a second rank: its single tag becomes a pair (1 word more than the words
+     * allow): the oldest tag, step 7's pair, goes. */
     ck_assert_int_eq(ps_batch_tag(&b, PS_REPLAY_TAG(8, 5)), 1);
-    ck_assert_int_eq(tags_of(&b, step, ranks), 2);
+    int n = tags_of(&b, step, ranks);
+    ck_assert_int_eq(n, PS_REPLAY_MAX - 2);
     ck_assert_uint_eq(step[0], 9);
-    ck_assert_uint_eq(ranks[0], 1ull << 4);
-    ck_assert_uint_eq(step[1], 8);
-    ck_assert_uint_eq(ranks[1], 1ull << 3 | 1ull << 5);
-    ck_assert_uint_eq(b.nreplay, 3);
+    ck_assert_uint_eq(ranks[0], 1ull << 3);
+    ck_assert_uint_eq(step[n - 1], 8);
+    ck_assert_uint_eq(ranks[n - 1], 1ull << 3 | 1ull << 5);
+    ck_assert_uint_eq(b.nreplay, PS_REPLAY_MAX - 1);
+    /* Two members left it at each of 8 steps: 8 pairs, every one kept. */
+    ps_batch_t e = {.count = 1};
+    for (uint64_t s = 30; s < 30 + PS_REPLAY_MAX / 2; s++)
+        for (uint32_t r = 1; r <= 2; r++)
+            ck_assert_int_eq(ps_batch_tag(&e, PS_REPLAY_TAG(s, r)), 0);
+    ck_assert_int_eq(tags_of(&e, step, ranks), PS_REPLAY_MAX / 2);
+    ck_assert_uint_eq(step[0], 30);
+    ck_assert_uint_eq(ranks[0], 6);
     /* asp / ssp tag at step 0: every rank in one tag. */
     ps_batch_t a = {.count = 1};
     for (uint32_t r = 10; r < 20; r++) ck_assert_int_eq(ps_batch_tag(&a, PS_REPLAY_TAG(0, r)), 0);

@@ -158,6 +158,13 @@ void ps_client_job(const ps_client_t *c, ps_job_info_t *out);
  *  read), the reason in @p err; PS_EINVAL (@p outlen too small), PS_ENOMEM. Nothing is kept.
  */
 int ps_manifest_cluster(const char *path, char *out, size_t outlen, char *err, size_t errlen);
+/**
+ * @brief The name of the optimizer the job of the manifest at @p path runs on its shards
+ * (job.optimizer.name: "sgd", "momentum", "adam", "adamw", "adagrad", or "mean", with which the
+ * shards keep each step's mean gradient and no model), read as ps_manifest_cluster reads the
+ * cluster name; the same returns and ownership (16 bytes of @p out hold any name).
+ */
+int ps_manifest_optimizer(const char *path, char *out, size_t outlen, char *err, size_t errlen);
 uint32_t ps_client_workers(const ps_client_t *c);
 uint32_t ps_client_shards(const ps_client_t *c);
 uint64_t ps_client_join_step(const ps_client_t *c);

@@ -26,6 +26,7 @@ __all__ = ["PsError", "Client", "Batch", "batch_order", "library", "catch_ctrl_c
 _INITS = {"zeros": 0, "normal": 1, "uniform": 2, "xavier": 3, "constant": 4}
 _TENSOR_MEAN = 0x100  # ps_client.h PS_TENSOR_MEAN
 CONSISTENCY = ("bsp", "asp", "ssp")
+ECONFIG = -10005  # PS_ECONFIG (ps_error.h): a manifest or setting refused
 
 
 class PsError(RuntimeError):
@@ -118,6 +119,8 @@ def library():
         "ps_client_job": (None, [P, ctypes.POINTER(_JobInfo)]),
         "ps_manifest_cluster": (I, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
                                     ctypes.c_char_p, ctypes.c_size_t]),
+        "ps_manifest_optimizer": (I, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
+                                      ctypes.c_char_p, ctypes.c_size_t]),
         "ps_client_declare": (I, [P, ctypes.POINTER(_Desc), ctypes.POINTER(U32)]),
         "ps_client_declare_values": (I, [P, ctypes.POINTER(_Desc), P, ctypes.POINTER(U32),
                                          ctypes.POINTER(I)]),
@@ -172,14 +175,25 @@ def batch_order(n, seed, pass_):
     return perm
 
 
+def _manifest_name(fn, manifest):
+    out, err = ctypes.create_string_buffer(128), ctypes.create_string_buffer(512)
+    rc = fn(os.fsencode(manifest), out, len(out), err, len(err))
+    _check(rc, err.value.decode(errors="replace"))
+    return out.value.decode()
+
+
 def manifest_cluster(manifest):
     """The cluster name of `manifest` (ps_manifest_cluster: read and checked as a join reads
     it, no shard contacted). Raises PsError with the reason for one libps refuses (ECONFIG) or
     cannot read (ENOENT, ...)."""
-    out, err = ctypes.create_string_buffer(128), ctypes.create_string_buffer(512)
-    rc = library().ps_manifest_cluster(os.fsencode(manifest), out, len(out), err, len(err))
-    _check(rc, err.value.decode(errors="replace"))
-    return out.value.decode()
+    return _manifest_name(library().ps_manifest_cluster, manifest)
+
+
+def manifest_optimizer(manifest):
+    """The optimizer `manifest`'s job runs on its shards (ps_manifest_optimizer: "sgd",
+    "momentum", "adam", "adamw", "adagrad", or "mean": the shards keep each step's mean
+    gradient, no model, and a client runs its own optimizer). Raises as manifest_cluster."""
+    return _manifest_name(library().ps_manifest_optimizer, manifest)
 
 
 class Batch:

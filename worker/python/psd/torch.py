@@ -71,6 +71,35 @@ def _job_of(manifest):
         return "path " + os.path.realpath(manifest)
 
 
+def _span(p):
+    """(storage address, first byte, end byte) of the memory parameter `p`'s elements lie in."""
+    size = p.element_size()
+    first = p.storage_offset() * size
+    last = sum((n - 1) * st for n, st in zip(p.shape, p.stride())) * size
+    store = p.untyped_storage() if hasattr(p, "untyped_storage") else p.storage()  # torch < 2
+    return (store.data_ptr(), first, first + last + size)
+
+
+def _refuse_shared_memory(spans):
+    """ValueError naming two parameters (of `spans`, from _span) whose elements share memory:
+    two Parameters, not one, as `b.weight.data = a.weight.data` ties them. Each is a tensor of
+    its own on the shards and each pull writes its values there, the last one winning: one of
+    the two updates was lost at every step (a probe, session 50: 0.24 from torch's SGD on the
+    same batches, without a word). One Parameter held twice (`b.weight = a.weight`) is one
+    tensor and trains as torch does."""
+    reach = None  # (storage, end byte, name) of the span reaching furthest in that storage
+    for sb, fb, eb, nb in sorted(spans):
+        if reach and reach[0] == sb and fb < reach[1]:
+            na = reach[2]
+            raise ValueError(f"parameters {na!r} and {nb!r} are two Parameters sharing memory "
+                             "(as `b.weight.data = a.weight.data` makes them): each would be a "
+                             "tensor of its own on the shards, and one's update would overwrite "
+                             "the other's at every pull; tie them as one Parameter "
+                             "(`b.weight = a.weight`), or give each its own memory")
+        if not reach or reach[0] != sb or eb > reach[1]:
+            reach = (sb, eb, nb)
+
+
 def _trained(p):
     """Whether parameter `p` is held on the shards: trainable, and with values (an empty one,
     which has nothing to train, stays this worker's)."""
@@ -149,6 +178,19 @@ class ParameterServer:
             raise ValueError("this model already has an open ParameterServer in this process: "
                              "a second one would be a second member of the job, whose steps "
                              "wait for both (close the first one, or give each its own model)")
+        try:
+            optimizer = psd.manifest_optimizer(manifest)
+        except psd.PsError:
+            optimizer = None  # a manifest libps refuses: the join says why
+        if optimizer == "mean":
+            # The pulls would return the step's mean gradient, which the model took for its
+            # parameters (a probe, session 50: the weights became the last gradient, the loss
+            # 5e11 after 16 steps, without a word).
+            raise psd.PsError(psd.ECONFIG, "ECONFIG",
+                              f"{manifest}: job.optimizer.name mean keeps no model on the "
+                              "shards (each step's mean gradient only), so a ParameterServer "
+                              "cannot train a model with it; use sgd, momentum, adam, adamw or "
+                              "adagrad, or psd.Client with an optimizer of your own")
         self._driver = (threading.get_ident(), _job_of(manifest))
         ref = _driven.get(self._driver)
         other = ref() if ref else None
@@ -159,6 +201,7 @@ class ParameterServer:
                              "several models, such as a GAN's two, make one ParameterServer of "
                              "a module holding both, e.g. nn.ModuleDict, and step it once; or "
                              "drive each member from its own thread or process)")
+        spans = []  # (storage address, first byte, end byte, name) of the held parameters
         for name, p in module.named_parameters():  # before the join: a refusal costs none
             if not p.requires_grad:
                 continue
@@ -177,12 +220,14 @@ class ParameterServer:
             if p.device.type == "meta":
                 raise ValueError(f"parameter {name!r} is on the meta device (no values to "
                                  "pull into): materialize the model first (to_empty)")
+            spans.append(_span(p) + (name,))
             if init != "shards" and name not in init and \
                     not bool(torch.isfinite(p.detach()).all()):
                 raise ValueError(f"parameter {name!r} holds a NaN or an infinity, and a tensor "
                                  "the shards do not hold yet starts from the model's values: "
                                  "load finite weights first, or let the shards initialize it "
                                  f"(init={{{name!r}: (\"xavier\", 0.0)}}, or init=\"shards\")")
+        _refuse_shared_memory(spans)
         self.model, self._module = model, module
         self._manifest, self._connect_timeout_ms, self._init = manifest, connect_timeout_ms, init
         self._sync_buffers = bool(sync_buffers)
