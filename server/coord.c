@@ -278,6 +278,9 @@ typedef struct {
     bool no_batch_yet;        /* no batch reply has gone to it since it joined (it has not
                                  asked): it cannot have pushed a step (libps pushes a batch's).
                                  False after a restart of this shard (not known). */
+    bool batch_seen;          /* its batch's reply went out (bsp hands a member its next batch
+                                 as the step opens, before it asks): ps_batch_t.left counts it.
+                                 True after a restart of this shard for a member with a batch */
 } member_rt_t;
 
 typedef struct {
@@ -535,6 +538,7 @@ static void reply_batch(psd_server_t *srv, uint32_t r)
             srv->test_crash_armed = true; /* psd_shard_on_push */
         memcpy(a.replay, m->batch.replay, sizeof a.replay);
         rt->no_batch_yet = false;
+        rt->batch_seen = true;
     }
     psd_send_msg(srv, rt->conn, &a);
 }
@@ -712,7 +716,10 @@ static void hand_out(psd_server_t *srv)
     for (uint32_t r = 0; r < PS_MAX_RANKS && !(max && co->s.step >= max); r++) {
         saved_member_t *m = &co->s.m[r];
         if (!(co->s.active >> r & 1) || (co->rec.removed_in_step >> r & 1)) continue;
-        if (!m->has_batch && !ps_cursor_take(&co->s.cur, &m->batch)) break;
+        if (!m->has_batch) {
+            if (!ps_cursor_take(&co->s.cur, &m->batch)) break;
+            co->rt[r].batch_seen = false;
+        }
         if (!(co->s.step_members >> r & 1) && m->steps_done == 0)
             PS_LOG(PS_LOG_INFO, "coord", "rank %u takes part from step %llu", r,
                    (unsigned long long)co->s.step);
@@ -951,6 +958,7 @@ static void serve_async(psd_server_t *srv, uint32_t r)
             if (end_committed(srv, r)) reply_batch(srv, r); /* finished */
             return;
         }
+        co->rt[r].batch_seen = false;
         m->has_batch = 1;
         m->batch_step = m->steps_done;
         m->progress = co->s.cur.applied_total;
@@ -1325,7 +1333,7 @@ static void member_remove(psd_server_t *srv, uint32_t r, const char *why)
                                : true;
         /* asp / ssp: step 0 (only the rank counts there), so that its tags merge into one. */
         if (tag) batch_tag(&m->batch, PS_REPLAY_TAG(is_bsp(srv) ? m->batch_step : 0, r));
-        if (!co->rt[r].no_batch_yet && ++m->batch.left >= POISON_LEFT)
+        if (co->rt[r].batch_seen && ++m->batch.left >= POISON_LEFT)
             PS_LOG(PS_LOG_WARN, "coord", "the batch of pass %llu at %llu (%u samples: positions "
                    "%llu to %llu of that pass's order) went to %u workers that each left with it, "
                    "the last rank %u (pid %u): are its samples what makes workers fail?",
@@ -1977,8 +1985,10 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
         uint32_t clamped = co->s.cur.nrehand > PS_REHAND_MAX;
         if (clamped) co->s.cur.nrehand = PS_REHAND_MAX;
         for (uint32_t i = 0; i < PS_REHAND_MAX; i++) clamped += clamp_tags(&co->s.cur.rehand[i]);
-        for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
+        for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
             clamped += clamp_tags(&co->s.m[r].batch) + clamp_tags(&co->rec.rc_batch[r]);
+            co->rt[r].batch_seen = co->s.m[r].has_batch; /* it may have had the reply */
+        }
         if (clamped)
             PS_LOG(PS_LOG_WARN, "coord", "the stored coordinator state had %u counts out of range "
                    "(re-hand queue, replay tags): cut to their limits", clamped);

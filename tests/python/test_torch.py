@@ -1122,11 +1122,24 @@ def misuse(tmp):
             raise AssertionError("two Parameters sharing memory were taken")
         except ValueError as e:
             assert "'0.weight' and '1.weight' are two Parameters sharing memory" in str(e), str(e)
-        flat = torch.zeros(8)
-        halves = torch.nn.ParameterList([torch.nn.Parameter(flat[:4]),
-                                         torch.nn.Parameter(flat[4:])])
-        psd.torch._refuse_shared_memory([psd.torch._span(p) + (n,)
-                                         for n, p in halves.named_parameters()])
+        flat, grid = torch.zeros(8), torch.zeros(4, 8)
+        shares = lambda a, b: psd.torch._refuse_shared_memory(  # noqa: E731
+            [("a", torch.nn.Parameter(a)), ("b", torch.nn.Parameter(b))])
+        for a, b in ((flat[:4], flat[4:]), (flat[0::2], flat[1::2]), (grid[:, :4], grid[:, 4:]),
+                     (grid[::2], grid[1::2]), (grid.t()[:4], grid.t()[4:])):
+            shares(a, b)  # no element in common: taken
+        # Aliases: a view inside another, interleaved views with an element in common, and two
+        # storages over the same memory (numpy slices).
+        import numpy
+        arr = numpy.zeros(8, dtype=numpy.float32)
+        for a, b in ((flat, flat[2:5]), (grid[:, ::2], grid[:, ::4]),
+                     (torch.from_numpy(arr[:6]), torch.from_numpy(arr[2:]))):
+            try:
+                shares(a, b)
+                raise AssertionError(f"{a.shape} {a.stride()} / {b.shape} {b.stride()} taken")
+            except ValueError as e:
+                assert re.search(r"'[ab]' and '[ab]' are two Parameters sharing memory",
+                                 str(e)), str(e)
         try:
             psd.torch.ParameterServer(c.manifest, m, samples=SAMPLES, init={"nope": ("zeros", 0)})
             raise AssertionError("init naming no parameter was taken")

@@ -72,32 +72,60 @@ def _job_of(manifest):
 
 
 def _span(p):
-    """(storage address, first byte, end byte) of the memory parameter `p`'s elements lie in."""
+    """(device, first byte address, end byte address) of the memory parameter `p`'s elements
+    lie in."""
     size = p.element_size()
-    first = p.storage_offset() * size
     last = sum((n - 1) * st for n, st in zip(p.shape, p.stride())) * size
-    store = p.untyped_storage() if hasattr(p, "untyped_storage") else p.storage()  # torch < 2
-    return (store.data_ptr(), first, first + last + size)
+    return (str(p.device), p.data_ptr(), p.data_ptr() + last + size)
 
 
-def _refuse_shared_memory(spans):
-    """ValueError naming two parameters (of `spans`, from _span) whose elements share memory:
-    two Parameters, not one, as `b.weight.data = a.weight.data` ties them. Each is a tensor of
-    its own on the shards and each pull writes its values there, the last one winning: one of
-    the two updates was lost at every step (a probe, session 50: 0.24 from torch's SGD on the
-    same batches, without a word). One Parameter held twice (`b.weight = a.weight`) is one
-    tensor and trains as torch does."""
-    reach = None  # (storage, end byte, name) of the span reaching furthest in that storage
-    for sb, fb, eb, nb in sorted(spans):
-        if reach and reach[0] == sb and fb < reach[1]:
-            na = reach[2]
-            raise ValueError(f"parameters {na!r} and {nb!r} are two Parameters sharing memory "
-                             "(as `b.weight.data = a.weight.data` makes them): each would be a "
-                             "tensor of its own on the shards, and one's update would overwrite "
-                             "the other's at every pull; tie them as one Parameter "
-                             "(`b.weight = a.weight`), or give each its own memory")
-        if not reach or reach[0] != sb or eb > reach[1]:
-            reach = (sb, eb, nb)
+def _bytes_of(mask, base, p):
+    """The bytes of `mask` (one bool per byte from address `base`) that parameter `p`'s
+    elements occupy, as a view of it (dimensions of one element or of stride 0 left out, so
+    that no byte is in it twice)."""
+    size = p.element_size()
+    dims = [(n, st * size) for n, st in zip(p.shape, p.stride()) if n > 1 and st != 0]
+    return mask.as_strided(tuple(n for n, _ in dims) + (size,),
+                           tuple(st for _, st in dims) + (1,), p.data_ptr() - base)
+
+
+_MASK_MAX = 1 << 30  # bytes: interleaved parameters spread wider than this are not looked into
+
+
+def _share(p, q, base, end):
+    """Whether parameters `p` and `q`, whose byte spans overlap within [base, end), have a byte
+    in common: at once when both are contiguous, else through a mask of those bytes."""
+    if p.is_contiguous() and q.is_contiguous():
+        return True
+    if end - base > _MASK_MAX:
+        return False
+    mask = torch.zeros(end - base, dtype=torch.bool)
+    _bytes_of(mask, base, q).fill_(True)
+    return bool(_bytes_of(mask, base, p).any())
+
+
+def _refuse_shared_memory(named):
+    """ValueError naming two parameters of `named` ((name, parameter) pairs) that have memory in
+    common: two Parameters, not one, as `b.weight.data = a.weight.data` ties them. Each is a
+    tensor of its own on the shards and each pull writes its values there, the last one
+    winning: one of the two updates was lost at every step (a probe, session 50: 0.24 from
+    torch's SGD on the same batches, without a word). One Parameter held twice
+    (`b.weight = a.weight`) is one tensor and trains as torch does; views of one buffer that
+    share no element (halves, column blocks, even and odd elements) are taken."""
+    spans = sorted(_span(p) + (name,) for name, p in named)
+    params = dict(named)
+    open_ = []  # (device, start, end, name) of the spans before this one not ended before it
+    for dev, start, end, name in spans:
+        open_ = [o for o in open_ if o[0] == dev and o[2] > start]
+        for _, ostart, oend, other in open_:
+            if _share(params[name], params[other], min(start, ostart), max(end, oend)):
+                raise ValueError(f"parameters {other!r} and {name!r} are two Parameters "
+                                 "sharing memory (as `b.weight.data = a.weight.data` makes "
+                                 "them): each would be a tensor of its own on the shards, and "
+                                 "one's update would overwrite the other's at every pull; tie "
+                                 "them as one Parameter (`b.weight = a.weight`), or give each "
+                                 "its own memory")
+        open_.append((dev, start, end, name))
 
 
 def _trained(p):
@@ -201,7 +229,7 @@ class ParameterServer:
                              "several models, such as a GAN's two, make one ParameterServer of "
                              "a module holding both, e.g. nn.ModuleDict, and step it once; or "
                              "drive each member from its own thread or process)")
-        spans = []  # (storage address, first byte, end byte, name) of the held parameters
+        trained = []  # (name, parameter) of those held on the shards
         for name, p in module.named_parameters():  # before the join: a refusal costs none
             if not p.requires_grad:
                 continue
@@ -220,14 +248,14 @@ class ParameterServer:
             if p.device.type == "meta":
                 raise ValueError(f"parameter {name!r} is on the meta device (no values to "
                                  "pull into): materialize the model first (to_empty)")
-            spans.append(_span(p) + (name,))
+            trained.append((name, p))
             if init != "shards" and name not in init and \
                     not bool(torch.isfinite(p.detach()).all()):
                 raise ValueError(f"parameter {name!r} holds a NaN or an infinity, and a tensor "
                                  "the shards do not hold yet starts from the model's values: "
                                  "load finite weights first, or let the shards initialize it "
                                  f"(init={{{name!r}: (\"xavier\", 0.0)}}, or init=\"shards\")")
-        _refuse_shared_memory(spans)
+        _refuse_shared_memory(trained)
         self.model, self._module = model, module
         self._manifest, self._connect_timeout_ms, self._init = manifest, connect_timeout_ms, init
         self._sync_buffers = bool(sync_buffers)
