@@ -959,7 +959,7 @@ void psd_ckpt_on_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
         if (msg->step == 0)
             r.step = psd_coord_ckpt_hold(srv, msg->count, &r.flags, &r.workers);
         else
-            rc = psd_coord_ckpt_hold_at(srv, msg->step, &r.flags, why, sizeof why);
+            rc = psd_coord_ckpt_hold_at(srv, msg->step, msg->count, &r.flags, why, sizeof why);
         if (rc)
             psd_send_error(srv, conn, msg->req_id, rc, "%s", why);
         else

@@ -1648,13 +1648,14 @@ uint64_t psd_coord_ckpt_hold(psd_server_t *srv, uint64_t id, uint32_t *flags, ui
     co->hold_step = step;
     co->hold_ahead = false;
     co->hold_ms = hold_now(srv);
+    if (id) hold_user_add(co, id, co->hold_ms);
     PS_LOG(PS_LOG_INFO, "coord", "checkpoint at step %llu: holding later steps until every "
            "shard knows it", (unsigned long long)step);
     return step;
 }
 
-int psd_coord_ckpt_hold_at(psd_server_t *srv, uint64_t step, uint32_t *flags, char *err,
-                           size_t errlen)
+int psd_coord_ckpt_hold_at(psd_server_t *srv, uint64_t step, uint64_t id, uint32_t *flags,
+                           char *err, size_t errlen)
 {
     psd_coord_t *co = srv->coord;
     *flags = 0;
@@ -1671,7 +1672,7 @@ int psd_coord_ckpt_hold_at(psd_server_t *srv, uint64_t step, uint32_t *flags, ch
     }
     if (step == now) {
         uint32_t pending;
-        psd_coord_ckpt_hold(srv, 0, flags, &pending);
+        psd_coord_ckpt_hold(srv, id, flags, &pending);
         return 0;
     }
     if (co->s.finished) { /* it will never get there */
@@ -1727,15 +1728,20 @@ bool psd_coord_ckpt_release_until(psd_server_t *srv, uint64_t next, uint64_t id)
 {
     psd_coord_t *co = srv->coord;
     bool held = true;
-    if (co && !is_bsp(srv)) {
+    if (co) {
         /* Two checkpoints at once (psctl by hand beside psd's follower) share the hold: the
          * first one's end must not let the job on while the other is still arming shards. A
-         * GO from one that never armed (it gave up waiting) ends nothing of theirs. */
+         * GO from one that never armed (it gave up waiting, or found a shard busy with the
+         * other) ends nothing of theirs. bsp: before session 50 any GO ended the hold, and
+         * the other checkpoint failed ("shard 1 is already past step 7"). */
         int u = hold_user(co, id);
-        held = u >= 0 && co->hold_ms;
+        if (!is_bsp(srv)) held = u >= 0 && co->hold_ms;
         if (u >= 0) co->hold_user[u] = co->hold_user[--co->hold_users];
         if (co->hold_ms && co->hold_users > 0) {
-            co->hold_ms = hold_now(srv);
+            if (!is_bsp(srv))
+                co->hold_ms = hold_now(srv);
+            else if (next && next > co->hold_step)
+                co->ahead_after = next; /* held ahead once the others' hold ends */
             return held;
         }
     }
@@ -1921,21 +1927,17 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
     bool v3 = magic == COORD_MAGIC_V3 && saved_len == sizeof(saved_v3_t);
     /* The current form: up to the queued batches of the re-hand queue (state_len). */
     size_t head = offsetof(coord_saved_t, cur.rehand);
-    bool cur = saved && magic == COORD_MAGIC && saved_len >= head &&
-               saved_len <= sizeof co->s && (saved_len - head) % sizeof(ps_batch_t) == 0;
+    uint32_t queued = UINT32_MAX; /* the batches its re-hand queue says it holds */
+    if (saved && saved_len >= head)
+        memcpy(&queued, (const char *)saved + offsetof(coord_saved_t, cur.nrehand), sizeof queued);
+    bool cur = saved && magic == COORD_MAGIC && saved_len >= head && queued <= PS_REHAND_MAX &&
+               saved_len == head + queued * sizeof(ps_batch_t);
     if (saved && !v2 && !v3 && !cur)
         PS_LOG(PS_LOG_WARN, "coord", "the stored coordinator state (%zu bytes, magic %#x) is not "
                "one this psd reads: the job's steps and batches start over", saved_len, magic);
     if (v2 || v3 || cur) {
         if (cur) {
             memcpy(&co->s, saved, saved_len); /* the rest stays zero (calloc) */
-            uint32_t queued = (uint32_t)((saved_len - head) / sizeof(ps_batch_t));
-            if (co->s.cur.nrehand != queued) {
-                PS_LOG(PS_LOG_WARN, "coord", "the stored coordinator state counts %u batches to "
-                       "hand out again and holds %u: %u taken", co->s.cur.nrehand, queued,
-                       queued < co->s.cur.nrehand ? queued : co->s.cur.nrehand);
-                if (queued < co->s.cur.nrehand) co->s.cur.nrehand = queued;
-            }
         } else {
             /* aligned, unlike @p saved */
             void *old = malloc(v2 ? sizeof(saved_v2_t) : sizeof(saved_v3_t));

@@ -489,6 +489,7 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
                          unsigned how)
 {
     int ret = 1, n = m->nservers, narmed = 0, unanswered = -1, renamed = 0;
+    bool busy = false; /* the first shard asked is taking another checkpoint */
     char err[512], d[PS_PATH_MAX + 64];
     ps_msg_t r;
     bool movable = (how & PSCTL_CK_MOVABLE) && m->job.consistency == PS_CONSIST_BSP &&
@@ -538,6 +539,17 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
             }
             snprintf(d, sizeof d, "%s", old);
         }
+        if (rc == PS_EBUSY && narmed == 0 && (how & PSCTL_CK_BUSY_RETRY)) {
+            /* Another checkpoint (psd's periodic one, another psctl's) is under way there, and
+             * none of this one's arms was taken: given up without a word, and asked again once
+             * that one ends (psctl_checkpoint). Before, this exited 1 (a helper's probe: hand
+             * checkpoints beside `every_steps: 40`, 4 of 15 under bsp). */
+            printf("psctl: checkpoint: %s: waiting for it to end\n", err);
+            fflush(stdout);
+            busy = true;
+            armed = 0;
+            break;
+        }
         if (rc) {
             if (rc != PS_ECANCELED) fprintf(stderr, "psctl: checkpoint: %s\n", err);
             armed = 0;
@@ -572,7 +584,7 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
         fprintf(stderr, "psctl: checkpoint: %s: giving it up\n", interrupt_name());
         if (narmed == 0) return 128 + g_interrupt;
     }
-    if (!armed && narmed == 0) return 1;
+    if (!armed && narmed == 0) return busy ? PSCTL_CK_BUSY : 1;
     /* An arm refused part-way: the shards armed before it would copy all the same, and their
      * parts would stay behind (never complete, never pruned): they are cancelled below. */
     if (!armed || stopped) n = narmed;
@@ -740,6 +752,33 @@ out:
     return ret;
 }
 
+/* Wait until none of the @p n shards is taking a checkpoint (MSG_CKPT_STATUS of any: one armed,
+ * or copying; psctl_checkpoint_run found one), for up to @p wait_s from @p t0. A shard that
+ * does not answer is left to the next arm to name. @return 0, or psctl's exit status (said). */
+static int wait_others(ps_req_t *cl, int n, double t0, double wait_s)
+{
+    char err[512];
+    ps_req_set_cancel(cl, &g_interrupt);
+    for (int i = 0; i < n;) {
+        if (psctl_mono_s() - t0 > wait_s) {
+            fprintf(stderr, "psctl: checkpoint: shard %d was still taking another checkpoint "
+                    "after %g s: no checkpoint\n", i, wait_s);
+            return 1;
+        }
+        ps_msg_t s = {.type = PS_MSG_CKPT_STATUS, .rank = -1}, r;
+        int rc = ps_req_call(cl, (uint32_t)i, &s, &r, NULL, NULL, err, sizeof err);
+        if (g_interrupt) {
+            fprintf(stderr, "psctl: checkpoint: %s: no checkpoint\n", interrupt_name());
+            return 128 + g_interrupt;
+        }
+        if (rc || (r.flags & 1)) /* none there, done, failed or not answering */
+            i++;
+        else
+            usleep(50 * 1000);
+    }
+    return 0;
+}
+
 int psctl_checkpoint(const ps_manifest_t *m, const char *dir, double timeout_s, double wait_s)
 {
     ps_req_t *cl;
@@ -756,9 +795,10 @@ int psctl_checkpoint(const ps_manifest_t *m, const char *dir, double timeout_s, 
         return 1;
     }
     double t0 = psctl_mono_s();
+    interrupt_catch();
+again:;
     uint64_t id = psctl_checkpoint_id();
     ps_msg_t q = {.type = PS_MSG_CKPT_BEGIN, .rank = -1, .count = id}, r;
-    interrupt_catch();
     ps_req_set_cancel(cl, &g_interrupt);
     for (int said = 0;; said = 1) {
         int rc = ps_req_call(cl, 0, &q, &r, NULL, NULL, err, sizeof err);
@@ -796,8 +836,13 @@ int psctl_checkpoint(const ps_manifest_t *m, const char *dir, double timeout_s, 
     else
         psctl_checkpoint_dir(m, NULL, r.step, d, sizeof d);
     ret = psctl_checkpoint_run(cl, m, r.step, id, d, 0, wait_s, t0,
-                               PSCTL_CK_MOVABLE | (dir ? PSCTL_CK_OWN_DIR : 0) |
+                               PSCTL_CK_MOVABLE | PSCTL_CK_BUSY_RETRY |
+                                   (dir ? PSCTL_CK_OWN_DIR : 0) |
                                    (r.flags & PS_FLAG_MOVE ? PSCTL_CK_OPEN_EMPTY : 0));
+    if (ret == PSCTL_CK_BUSY) {
+        ret = wait_others(cl, m->nservers, t0, wait_s);
+        if (ret == 0) goto again;
+    }
 out:
     ps_req_close(cl);
     return ret;

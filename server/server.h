@@ -767,7 +767,9 @@ void psd_coord_metrics(psd_server_t *srv, psd_prom_t *p);
  * @brief psctl checkpoint: pick the checkpoint's step and hold the hand-out of later steps until
  *  psd_coord_ckpt_release() (or CKPT_HOLD_MS), so that every shard learns the step before any
  *  of its chunks can pass it. bsp: the open step + 1 while it has members, else the open step
- *  (nothing is being applied); @p flags and @p pending 0.
+ *  (nothing is being applied); @p flags and @p pending 0; checkpoint @p id (0: none) is a
+ *  user of the hold, as under asp / ssp, so that a second checkpoint asked for meanwhile (by
+ *  hand beside psd's follower) shares it.
  *  asp / ssp: UINT64_MAX (no common step: each shard now); no batch is handed out while the
  *  hold lasts, and while batches handed out before are not reported yet (*@p pending of them)
  *  @p flags gets PS_FLAG_PENDING: ask again (each ask keeps the hold), and arm the shards only
@@ -785,12 +787,13 @@ void psd_coord_ckpt_release(psd_server_t *srv);
  *  the job finished before it: PS_FLAG_FINISHED, nothing held.
  * @return 0; PS_ECONFLICT when the job is past @p step, PS_EINVAL under asp / ssp (@p err).
  */
-int psd_coord_ckpt_hold_at(psd_server_t *srv, uint64_t step, uint32_t *flags, char *err,
-                           size_t errlen);
+int psd_coord_ckpt_hold_at(psd_server_t *srv, uint64_t step, uint64_t id, uint32_t *flags,
+                           char *err, size_t errlen);
 /** @brief psd_coord_ckpt_release(), then a hold ahead at step @p next when it is > 0 and not
- *  reached yet (so the job cannot pass the follower's next checkpoint unnoticed). asp / ssp:
- *  checkpoint @p id stops using the hold, which ends only once no checkpoint told to arm under
- *  it is left (one that gave up waiting ends no other one's hold).
+ *  reached yet (so the job cannot pass the follower's next checkpoint unnoticed). Checkpoint
+ *  @p id stops using the hold, which ends only once no checkpoint told to arm under it is left
+ *  (one that gave up waiting or arming ends no other one's hold; bsp: @p next is then held
+ *  ahead once the hold ends).
  * @return asp / ssp: true when @p id was a user of the hold until now, i.e. no batch was handed
  *  out since its drained answer and the shards it armed meanwhile hold a cut; false when the
  *  hold lapsed for it (CKPT_HOLD_MS without an ask, pushed out, or shard 0 started again since).
