@@ -300,6 +300,7 @@ struct psd_coord_s {
     uint64_t gaps[GAP_RING];   /* close-to-close times in ms */
     uint64_t ngaps, last_close_ms;
     uint64_t deserted;         /* bsp: steps closed with no member (close_deserted_step) */
+    uint64_t suspect;          /* batches POISON_LEFT workers in turn left with, since start */
     bool told_unlearnt;        /* bsp, after a restart: rec.told not learnt here yet (tick) */
     struct { uint64_t ms, step; } top[16]; /* the longest gaps and the step that took them */
     launcher_t launchers[MAX_LAUNCHERS];
@@ -1333,7 +1334,8 @@ static void member_remove(psd_server_t *srv, uint32_t r, const char *why)
                                : true;
         /* asp / ssp: step 0 (only the rank counts there), so that its tags merge into one. */
         if (tag) batch_tag(&m->batch, PS_REPLAY_TAG(is_bsp(srv) ? m->batch_step : 0, r));
-        if (co->rt[r].batch_seen && ++m->batch.left >= POISON_LEFT)
+        if (co->rt[r].batch_seen && ++m->batch.left == POISON_LEFT) co->suspect++;
+        if (co->rt[r].batch_seen && m->batch.left >= POISON_LEFT)
             PS_LOG(PS_LOG_WARN, "coord", "the batch of pass %llu at %llu (%u samples: positions "
                    "%llu to %llu of that pass's order) went to %u workers that each left with it, "
                    "the last rank %u (pid %u): are its samples what makes workers fail?",
@@ -2206,6 +2208,10 @@ void psd_coord_metrics(psd_server_t *srv, psd_prom_t *p)
                  "bsp steps every member had left that were closed with none, since this psd "
                  "started, so that workers could join (their ranks were all held)",
                  co->deserted);
+    psd_prom_u64(p, "psd_job_batches_suspect_total", "counter",
+                 "Batches that 3 workers in turn had and left with (died, "
+                 "dropped, left) since this psd started: samples that may make workers fail "
+                 "(shard 0's log names them)", co->suspect);
     psd_prom_f64(p, "psd_job_step_gap_max_seconds",
                  "Longest gap between two consecutive steps among the last 4096 (bsp)",
                  (double)gmax / 1e3);
@@ -2227,7 +2233,8 @@ void psd_coord_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len
         "%u, \"actual_workers\": %u, \"finished\": %s, \"samples\": %llu, \"samples_applied\": %llu, \"batches_handed_again\": "
         "%llu, \"step_gap_ms_max\": %llu, \"step_gap_ms_median\": %llu, \"step_gaps\": %llu, "
         "\"state_save_failures\": %llu, \"state_save_failing\": %u, \"checkpoint_hold\": %s, "
-        "\"checkpoint_hold_users\": %u, \"steps_closed_without_members\": %llu, ",
+        "\"checkpoint_hold_users\": %u, \"steps_closed_without_members\": %llu, "
+        "\"batches_suspect\": %llu, ",
         (unsigned long long)co->s.epoch, (unsigned long long)co->s.step,
         is_bsp(srv) ? popcount(co->s.step_members) : 0, co->s.desired,
         popcount(co->s.active), co->s.finished ? "true" : "false",
@@ -2235,7 +2242,8 @@ void psd_coord_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len
         (unsigned long long)co->s.cur.handed_again, (unsigned long long)gmax,
         (unsigned long long)gmed, (unsigned long long)n,
         (unsigned long long)co->save_failures_total, co->save_failures,
-        co->hold_ms ? "true" : "false", co->hold_users, (unsigned long long)co->deserted);
+        co->hold_ms ? "true" : "false", co->hold_users, (unsigned long long)co->deserted,
+        (unsigned long long)co->suspect);
     OUT("\"step_gaps_top\": [");
     for (int i = 0, f = 1; i < 16; i++)
         if (co->top[i].ms) {

@@ -961,6 +961,9 @@ static void joiners_in_emptied_step(bool asked)
                   asked ? "were not" : "were", cl_tail(psd[0]));
     if (asked) EXPECT_LOG(psd[0], "went to 3 workers that each left with it");
     free(log);
+    coord_open(&co, c);
+    ck_assert_int_eq(coord_num(&co, "batches_suspect"), asked ? 2 : 0);
+    coord_close(&co);
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }
