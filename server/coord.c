@@ -1525,6 +1525,7 @@ void psd_coord_tick(psd_server_t *srv)
         co->grant_ms = 0;
     }
     const uint64_t hold_limit = srv->test_ckpt_hold_ms ? srv->test_ckpt_hold_ms : CKPT_HOLD_MS;
+    bool lapsed = false;
     for (uint32_t u = 0; u < co->hold_users;) {
         if (now - co->hold_user[u].ms <= hold_limit) {
             u++;
@@ -1535,6 +1536,15 @@ void psd_coord_tick(psd_server_t *srv)
                "the hand-outs are no longer held for it", (unsigned long long)co->hold_user[u].id,
                (unsigned long long)hold_limit);
         co->hold_user[u] = co->hold_user[--co->hold_users];
+        lapsed = true;
+    }
+    if (lapsed && is_bsp(srv) && co->hold_ms && co->hold_users == 0) {
+        /* bsp: the last checkpoint using the hold lapsed (its psctl died after its BEGIN, and
+         * the others' GOs kept the hold for it): the hold ends now, not at its own lapse,
+         * which a later BEGIN had put off (a review, session 50: training stood 11 s). */
+        PS_LOG(PS_LOG_WARN, "coord", "checkpoint hold of step %llu: no checkpoint uses it any "
+               "more: releasing it", (unsigned long long)co->hold_step);
+        psd_coord_ckpt_release(srv);
     }
     if (co->hold_ms && now - co->hold_ms > hold_limit) {
         if (is_bsp(srv))

@@ -489,7 +489,7 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
                          unsigned how)
 {
     int ret = 1, n = m->nservers, narmed = 0, unanswered = -1, renamed = 0;
-    bool busy = false; /* the first shard asked is taking another checkpoint */
+    bool busy = false; /* a shard refused its arm: it takes another checkpoint */
     char err[512], d[PS_PATH_MAX + 64];
     ps_msg_t r;
     bool movable = (how & PSCTL_CK_MOVABLE) && m->job.consistency == PS_CONSIST_BSP &&
@@ -539,11 +539,11 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
             }
             snprintf(d, sizeof d, "%s", old);
         }
-        if (rc == PS_EBUSY && narmed == 0 && (how & PSCTL_CK_BUSY_RETRY)) {
-            /* Another checkpoint (psd's periodic one, another psctl's) is under way there, and
-             * none of this one's arms was taken: given up without a word, and asked again once
-             * that one ends (psctl_checkpoint). Before, this exited 1 (a helper's probe: hand
-             * checkpoints beside `every_steps: 40`, 4 of 15 under bsp). */
+        if (rc == PS_EBUSY && (how & PSCTL_CK_BUSY_RETRY)) {
+            /* Another checkpoint (psd's periodic one, another psctl's) is under way there: this
+             * one is given up (the shards armed before it cancelled, below) and asked again
+             * once that one ends (psctl_checkpoint). Before, this exited 1 (a helper's probe:
+             * hand checkpoints beside `every_steps: 40`, 4 of 15 under bsp). */
             printf("psctl: checkpoint: %s: waiting for it to end\n", err);
             fflush(stdout);
             busy = true;
@@ -730,7 +730,10 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
         give_up(cl, d, id, n, fate, miss, reason,
                 !armed || failed || late || stopped || stuck ? "incomplete" : "inconsistent",
                 !armed && !stopped);
-        if (stopped) ret = 128 + g_interrupt;
+        if (stopped)
+            ret = 128 + g_interrupt;
+        else if (busy)
+            ret = PSCTL_CK_BUSY; /* the refusal was another checkpoint's: asked again */
         goto out;
     }
     for (int i = 0; i < n; i++) {

@@ -52,16 +52,17 @@ uint64_t psctl_checkpoint_id(void);
  *  (kept at a move; otherwise the default directory of the new step) and PSCTL_CK_OPEN_EMPTY
  *  when shard 0 picked the open step because its members all left (PS_FLAG_MOVE in its
  *  answer: if a shard is past it, the checkpoint is at the step after), or 0 (--follow);
- *  PSCTL_CK_BUSY_RETRY: PSCTL_CK_BUSY, not a failure, when the first shard asked refuses its
- *  arm as busy with another checkpoint.
+ *  PSCTL_CK_BUSY_RETRY: PSCTL_CK_BUSY, not a failure, when a shard refuses its arm as busy
+ *  with another checkpoint.
  *  @p dir is copied.
  * @return psctl's exit status (errors printed).
  */
 int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, uint64_t id,
                          const char *dir, uint64_t next, double wait_s, double t0, unsigned how);
 enum { PSCTL_CK_MOVABLE = 1, PSCTL_CK_OWN_DIR = 2, PSCTL_CK_OPEN_EMPTY = 4, PSCTL_CK_BUSY_RETRY = 8 };
-/* psctl_checkpoint_run with PSCTL_CK_BUSY_RETRY: the first shard was taking another checkpoint
- * and nothing was armed (its hold released): ask again once that one ends. */
+/* psctl_checkpoint_run with PSCTL_CK_BUSY_RETRY: a shard was taking another checkpoint and
+ * refused its arm (the hold released, the shards armed before it cancelled): ask again once
+ * that one ends. */
 #define PSCTL_CK_BUSY 75
 /** @brief Remove checkpoint @p dir of @p nshards shards: in each shard-J (J < nshards; one
  *  missing is skipped) only the files a checkpoint writes (data.mdb, lock.mdb, meta.json,

@@ -468,20 +468,22 @@ typedef struct {
 } asp_stop_t;
 
 /* A 2x2 cluster of @p consistency (sgd, lr 1) and two replay_clients: @p top_extra manifest
- * lines, shard 0 started with @p env = @p val (none when @p env is NULL), @p nb batches, each
- * taking @p nap_ms more (REPLAY_NAP_MS). */
+ * lines, shard 0 started with @p env = @p val (none when @p env is NULL; "1:NAME": shard 1 with
+ * NAME), @p nb batches, each taking @p nap_ms more (REPLAY_NAP_MS). */
 static void replay_pair_start(asp_stop_t *r, const char *consistency, int hb_ms,
                               const char *top_extra, const char *env, const char *val,
                               const char *nb, int nap_ms, const char *plan)
 {
+    int on = env && strncmp(env, "1:", 2) == 0;
+    if (on) env += 2;
     snprintf(r->hb, sizeof r->hb, "  heartbeat_timeout_ms: %d\n", hb_ms);
     cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = consistency,
                    .optimizer = "{name: sgd, lr: 1}", .job_extra = r->hb,
                    .top_extra = top_extra, .start_wait_ms = CL_TOGETHER_MS};
     r->c = cl_cluster_create(&k);
-    r->psd[0] = env ? cl_psd_start_env(r->c, 0, READY_S, env, val)
-                    : cl_psd_start(r->c, 0, NULL, READY_S);
-    r->psd[1] = cl_psd_start(r->c, 1, NULL, READY_S);
+    for (int i = 0; i < 2; i++)
+        r->psd[i] = env && i == on ? cl_psd_start_env(r->c, i, READY_S, env, val)
+                                   : cl_psd_start(r->c, i, NULL, READY_S);
     snprintf(r->nb, sizeof r->nb, "%s", nb);
     snprintf(r->bs, sizeof r->bs, "8");
     snprintf(r->plan, sizeof r->plan, "%s", plan);
@@ -1648,42 +1650,83 @@ START_TEST(test_asp_checkpoints_at_once)
 }
 END_TEST
 
-/* Two checkpoints at once under bsp, psctl A started 0.3 s after psctl B's first arm, each
- * waited for (exit 0), and every batch applied once by the replay_clients. @p slow_copy false:
- * B arms shard 1 two seconds after shard 0 while A takes its checkpoint and sends its GO first;
- * the hold of B's step must last until B's GO, so that no chunk passes it before B armed its
- * shard (before session 50, any GO ended a bsp hold: "ckpt-b exited with status 1 ... shard 1
- * is already past step 7 (at 80)"). @p slow_copy: shard 0 still copies B's (PS_TEST_SLOW_COPY_MS
- * 2 s), refuses A's arm as busy, and A waits for it and takes its own (before: exit 1, "a
- * checkpoint into ... is in progress here"; a helper's probe: hand checkpoints beside psd's
- * `every_steps: 40` failed 4 times in 15). */
-static void two_checkpoints(bool slow_copy)
+/* Two checkpoints at once under bsp, each waited for (exit 0), and every batch applied once by
+ * the replay_clients. TWO_GAP: psctl B arms shard 1 two seconds after shard 0, and psctl A,
+ * started 0.3 s after B's first arm, takes its checkpoint or is refused as busy, and sends its
+ * GO first; the hold of B's step must last until B's GO, so that no chunk passes it before B
+ * armed its shard (before session 50, any GO ended a bsp hold: "ckpt-b exited with status 1
+ * ... shard 1 is already past step 7 (at 80)"). TWO_SLOW0: shard 0 still copies B's
+ * (PS_TEST_SLOW_COPY_MS 2 s) when A asks, refuses A's arm as busy, and A waits for it and
+ * takes its own (before: exit 1, "a checkpoint into ... is in progress here"; a helper's probe:
+ * hand checkpoints beside psd's `every_steps: 40` failed 4 times in 15). TWO_SLOW1: the same
+ * on shard 1 only, once shard 0 is done with B's, so that A's arm of shard 0 was taken: it is
+ * cancelled, and A asks again (a review: before, exit 1 there). */
+enum { TWO_GAP, TWO_SLOW0, TWO_SLOW1 };
+static void two_checkpoints(int mode)
 {
     asp_stop_t r;
-    replay_pair_start(&r, "bsp", 2000, NULL, slow_copy ? "PS_TEST_SLOW_COPY_MS" : NULL, "2000",
-                      "160", 20, "check");
+    const char *env = mode == TWO_SLOW0 ? "PS_TEST_SLOW_COPY_MS"
+                      : mode == TWO_SLOW1 ? "1:PS_TEST_SLOW_COPY_MS" : NULL;
+    replay_pair_start(&r, "bsp", 2000, NULL, env, "2000", "160", 20, "check");
     coord_t co;
     coord_open(&co, r.c);
     ck_assert_int_ge(wait_num(&co, "samples_applied", 80, 0, RUN_S), 80);
     coord_close(&co);
     char dir_b[CL_PATH], dir_a[CL_PATH];
-    cl_proc_t *b = checkpoint_spawn(r.c, "ckpt-b", slow_copy ? 0 : 2000, dir_b);
-    ck_assert_msg(cl_wait_log(r.psd[0], "armed: at step", RUN_S) == 0,
-                  "shard 0 was not armed: %s", cl_tail(r.psd[0]));
-    nap_ms(300);
+    cl_proc_t *b = checkpoint_spawn(r.c, "ckpt-b", mode == TWO_GAP ? 2000 : 0, dir_b);
+    const char *wait = mode == TWO_SLOW1 ? " chunks, " : "armed: at step";
+    ck_assert_msg(cl_wait_log(r.psd[0], wait, RUN_S) == 0, "shard 0 never logged '%s': %s", wait,
+                  cl_tail(r.psd[0]));
+    if (mode != TWO_SLOW1) nap_ms(300);
     cl_proc_t *a = checkpoint_spawn(r.c, "ckpt-a", 0, dir_a);
     EXPECT_EXIT(b, 0);
     EXPECT_EXIT(a, 0);
-    if (slow_copy) EXPECT_LOG(a, "is in progress here: waiting for it to end");
+    if (mode != TWO_GAP) EXPECT_LOG(a, "is in progress here: waiting for it to end");
     for (int i = 0; i < 2; i++) EXPECT_EXIT(r.w[i], 0); /* each checked every batch */
     stop_all(r.psd, 2);
     cl_cluster_destroy(r.c);
 }
 
-START_TEST(test_bsp_checkpoints_share_hold) { two_checkpoints(false); }
+START_TEST(test_bsp_checkpoints_share_hold) { two_checkpoints(TWO_GAP); }
 END_TEST
 
-START_TEST(test_checkpoint_waits_for_busy_shard) { two_checkpoints(true); }
+START_TEST(test_checkpoint_waits_for_busy_shard) { two_checkpoints(TWO_SLOW0); }
+END_TEST
+
+START_TEST(test_checkpoint_waits_for_busy_shard1) { two_checkpoints(TWO_SLOW1); }
+END_TEST
+
+/* bsp: a psctl killed after its BEGIN stays a user of the hold until its own lapse (3 s here,
+ * PS_TEST_CKPT_HOLD_MS), though another checkpoint's BEGIN and GO came meanwhile; the hold then
+ * ends at that lapse. Before (a review), it lasted until the global lapse, counted from the
+ * later BEGIN: "checkpoint hold of step ... not released within 3000 ms". */
+START_TEST(test_bsp_checkpoint_hold_ends_with_dead_user)
+{
+    asp_stop_t r;
+    replay_pair_start(&r, "bsp", 2000, NULL, "PS_TEST_CKPT_HOLD_MS", "3000", "160", 20, "check");
+    coord_t co;
+    coord_open(&co, r.c);
+    ck_assert_int_ge(wait_num(&co, "samples_applied", 80, 0, RUN_S), 80);
+    coord_close(&co);
+    char dir_b[CL_PATH], dir_a[CL_PATH];
+    cl_proc_t *a = checkpoint_spawn(r.c, "ckpt-a", 8000, dir_a);
+    ck_assert_msg(cl_wait_log(r.psd[0], "armed: at step", RUN_S) == 0, "shard 0 not armed: %s",
+                  cl_tail(r.psd[0]));
+    ck_assert_int_eq(cl_signal(a, SIGKILL), 0);
+    cl_wait(a, RUN_S);
+    nap_ms(1000);
+    cl_proc_t *b = checkpoint_spawn(r.c, "ckpt-b", 0, dir_b);
+    EXPECT_EXIT(b, 0);
+    ck_assert_msg(cl_wait_log(r.psd[0], "no checkpoint uses it any more: releasing it", RUN_S) == 0,
+                  "the hold did not end with its last user's lapse: %s", cl_tail(r.psd[0]));
+    for (int i = 0; i < 2; i++) EXPECT_EXIT(r.w[i], 0);
+    char *log = cl_log(r.psd[0]);
+    ck_assert_msg(strstr(log, "not released within") == NULL, "the hold lasted to its own lapse: "
+                  "%s", cl_tail(r.psd[0]));
+    free(log);
+    stop_all(r.psd, 2);
+    cl_cluster_destroy(r.c);
+}
 END_TEST
 
 /* One checkpoint ask of shard 0 for checkpoint @p id (@p type MSG_CKPT_BEGIN or MSG_CKPT_GO):
@@ -2897,6 +2940,8 @@ Suite *ps_test_suite(void)
     ADD(asp_checkpoints_at_once);
     ADD(bsp_checkpoints_share_hold);
     ADD(checkpoint_waits_for_busy_shard);
+    ADD(checkpoint_waits_for_busy_shard1);
+    ADD(bsp_checkpoint_hold_ends_with_dead_user);
     ADD(sigstop_rejoins);
     ADD(sigstop_rejoin_refused_exits_2);
     ADD(all_leave_then_one_joins);
