@@ -74,7 +74,8 @@ int ps_rename_durable(const char *tmp, const char *path)
     return ps_fsync_dir(dir);
 }
 
-int ps_out_file_check(const char *path, char *out, size_t outcap, char *err, size_t errlen)
+/* ps_out_file_check without the store rule. */
+static int out_file_node(const char *path, char *out, size_t outcap, char *err, size_t errlen)
 {
     struct stat l, st;
     int rc = 0;
@@ -123,6 +124,31 @@ int ps_out_file_check(const char *path, char *out, size_t outcap, char *err, siz
         return -ENAMETOOLONG;
     }
     snprintf(out, outcap, "%s", path);
+    return 0;
+}
+
+int ps_out_file_check(const char *path, char *out, size_t outcap, char *err, size_t errlen)
+{
+    int rc = out_file_node(path, out, outcap, err, errlen);
+    if (rc) return rc;
+    /* Never into an LMDB environment: a psd data_dir or a checkpoint's part, whose data.mdb the
+     * rename replaced (a probe, session 50: `psctl export --out DATA_DIR/data.mdb` exited 0,
+     * and the shard's store was gone at its next start, "File is not an LMDB file"). */
+    char beside[PATH_MAX + 16]; /* data.mdb in the file's directory */
+    const char *slash = strrchr(out, '/');
+    const char *base = slash ? slash + 1 : out;
+    if (slash)
+        snprintf(beside, sizeof beside, "%.*s/data.mdb", (int)(slash - out), out);
+    else
+        snprintf(beside, sizeof beside, "data.mdb");
+    struct stat st;
+    if (strcmp(base, "data.mdb") == 0 || strcmp(base, "lock.mdb") == 0 ||
+        lstat(beside, &st) == 0) {
+        snprintf(err, errlen, "%s is in an LMDB store's directory (a psd data_dir or a "
+                 "checkpoint's part holds data.mdb and lock.mdb): a file written there could "
+                 "replace the store; give a path outside it", path);
+        return -EEXIST;
+    }
     return 0;
 }
 

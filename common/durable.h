@@ -31,7 +31,9 @@ int ps_mkdir_durable(const char *dir);
  *  export --out, psworker --params-out): absent, or a regular file. A symlink to a regular file
  *  resolves to that file (the link stays, the file it names is replaced). Anything else (a
  *  device, a FIFO, a socket, a directory, a symlink to one or to nothing) is refused: a rename
- *  replaces the node itself (as root, `--out /dev/null` made /dev/null a regular file).
+ *  replaces the node itself (as root, `--out /dev/null` made /dev/null a regular file). So is
+ *  a path in an LMDB store's directory (one holding data.mdb: a psd data_dir, a checkpoint's
+ *  part) or named data.mdb or lock.mdb.
  * @param out receives the path to write beside and rename to (@p path, or the link's target).
  * @return 0, or -errno (-EEXIST: a node that is not a regular file) with @p err saying what
  *  is wrong, naming @p path.

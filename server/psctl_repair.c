@@ -266,7 +266,11 @@ int psctl_verify_against(const ps_manifest_t *m, const char *dir)
     uint64_t checked = 0;
     long bad = 0;
     int failed = 0, root_bad = 0;
-    char root[17], why[512];
+    char root[17], why[512], cluster[256] = "";
+    psd_ckpt_meta_field(meta, "cluster", cluster, sizeof cluster);
+    if (strcmp(cluster, m->cluster) != 0) /* said: repair and restore refuse it (a probe) */
+        printf("psctl: verify: %s is a checkpoint of cluster '%s', not of this manifest's '%s': "
+               "its files are checked all the same\n", dir, cluster, m->cluster);
     /* The shards' copies must be one checkpoint's (not renamed, mixed or from another run). */
     for (uint32_t j = 0; j < n; j++) {
         char *mj = j ? psd_ckpt_meta_read(dir, j) : meta;

@@ -334,6 +334,20 @@ START_TEST(test_export_matches_local)
     EXPECT_LOG(psctl(c, "export-dir", 2, xd), "is a directory, not a regular file");
     struct stat ns;
     ck_assert(lstat(fifo, &ns) == 0 && S_ISFIFO(ns.st_mode));
+    /* --out in a shard's data_dir (its data.mdb, or any name beside it) is refused: the rename
+     * replaced the live store, which the shard then could not open at its next start (a probe,
+     * session 50: "MDB_INVALID: File is not an LMDB file"). */
+    char in_store[CL_PATH + 32];
+    for (int i = 0; i < 2; i++) {
+        snprintf(in_store, sizeof in_store, "%s/%s", c->data_dir[0],
+                 i ? "model.safetensors" : "data.mdb");
+        const char *xs_[] = {"export", "--out", in_store, NULL};
+        EXPECT_LOG(psctl(c, i ? "export-beside-store" : "export-store", 2, xs_),
+                   "is in an LMDB store's directory");
+    }
+    ck_assert_int_eq(cl_signal(psd[0], SIGTERM), 0);
+    EXPECT_EXIT(psd[0], 0);
+    psd[0] = cl_psd_start(c, 0, NULL, READY_S); /* its store whole */
     ck_assert_int_eq(symlink(out, link), 0);
     const char *xl[] = {"export", "--out", link, NULL};
     EXPECT_LOG(psctl(c, "export-link", 0, xl), "psctl: exported 6 tensors");
@@ -1882,6 +1896,11 @@ START_TEST(test_checkpoint_not_ours_refused)
     const char *rp[] = {"repair", "--from", dir, NULL};
     cl_proc_t *ro = psctl_m(c, other, "repair-other", 1, rp);
     EXPECT_LOG(ro, "is a checkpoint of cluster '");
+    /* verify --against checks its files all the same (one record swapped above: exit 1), and
+     * says whose it is (a probe, session 50: it said nothing). */
+    cl_proc_t *vo = psctl_m(c, other, "verify-other", 1, va);
+    EXPECT_LOG(vo, "is a checkpoint of cluster '");
+    EXPECT_LOG(vo, "its files are checked all the same");
     cl_proc_t *rf = psctl(c, "repair-foreign", 1, rp);
     EXPECT_LOG(rf, "is not the one this shard committed");
     EXPECT_LOG(rf, "psctl: repair: 0 chunks repaired, 1 not repairable");
