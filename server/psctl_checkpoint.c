@@ -795,7 +795,7 @@ int psctl_checkpoint(const ps_manifest_t *m, const char *dir, double timeout_s, 
     if (dir && stat(dir, &sd) == 0 && !S_ISDIR(sd.st_mode)) { /* a shard would fail to make it */
         fprintf(stderr, "psctl: checkpoint: %s exists and is not a directory\n", dir);
         ps_req_close(cl);
-        return 1;
+        return 2; /* an argument refused, as export's --out (a probe, session 50: exit 1) */
     }
     double t0 = psctl_mono_s();
     interrupt_catch();

@@ -957,7 +957,7 @@ START_TEST(test_psctl_stopped_shard_bounded)
     const char *empty_dir[] = {"checkpoint", "--dir", "", NULL};
     EXPECT_LOG(psctl(c, "empty_dir", 2, empty_dir), "an empty directory or file name");
     const char *file_dir[] = {"checkpoint", "--dir", c->manifest, NULL}; /* a regular file */
-    EXPECT_LOG(psctl(c, "file_dir", 1, file_dir), "exists and is not a directory");
+    EXPECT_LOG(psctl(c, "file_dir", 2, file_dir), "exists and is not a directory");
     const char *json[] = {"status", "--json", NULL};
     cl_proc_t *st = psctl(c, "status2", 0, json);
     EXPECT_LOG(st, "\"desired_workers\": 1, "); /* no scale went through */
