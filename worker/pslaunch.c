@@ -413,6 +413,17 @@ int main(int argc, char **argv)
         fprintf(stderr, "pslaunch: --poll-ms is for --follow\n");
         return 2;
     }
+    if (!follow_mode) {
+        /* Read as the workers will: one refused is said once, exit 2, before any worker starts
+         * (a probe, session 50: pslaunch exited 1 after its psworker's exit 2). --follow reads
+         * it itself. */
+        static ps_manifest_t m;
+        char err[1024];
+        if (ps_manifest_load(&m, manifest, err, sizeof err)) {
+            fprintf(stderr, "pslaunch: %s\n", err);
+            return 2;
+        }
+    }
     char self[PATH_MAX], path[PATH_MAX + 16];
     if (worker == NULL) {
         /* psworker is installed (and built) beside pslaunch. */

@@ -1574,6 +1574,14 @@ START_TEST(test_pslaunch_care)
     EXPECT_EXIT(l, 1);
     EXPECT_LOG(l, "--metrics-dir /proc: cannot make a file in it");
 
+    /* A manifest it cannot read: said once, exit 2, no worker started (a probe, session 50:
+     * each worker said it, and pslaunch exited 1). */
+    char *ln[] = {(char *)cl_binary("PSLAUNCH"), "--manifest", "/nonexistent/m.yaml",
+                  "--workers", "2", "--psworker", script, NULL};
+    l = cl_spawn(c, "pslaunch-nomanifest", ln);
+    EXPECT_EXIT(l, 2);
+    EXPECT_LOG(l, "pslaunch: /nonexistent/m.yaml: cannot read");
+
     /* --follow: the worker it starts holds no socket or other handle of pslaunch's, and
      * metrics file 0, there already, is left as it was. */
     cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
