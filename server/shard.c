@@ -2780,6 +2780,17 @@ static void drop_slot(psd_chunk_t *ch, uint32_t r)
 }
 
 /* Room for @p n hashes in the job (grows only: steady training allocates nothing). */
+/* The chunks this shard holds (of every tensor present). */
+static uint32_t held_chunks(const psd_server_t *srv)
+{
+    uint32_t n = 0;
+    for (uint32_t t = 0; t < srv->ntensors; t++)
+        if (srv->tensors[t].present)
+            for (uint32_t c = 0; c < srv->tensors[t].nchunks; c++)
+                n += srv->tensors[t].chunks[c] != NULL;
+    return n;
+}
+
 static int job_hashes_reserve(psd_job_t *job, uint32_t n)
 {
     if (n <= job->cap_hashes) return 0;
@@ -2908,12 +2919,17 @@ static void job_start_next(psd_server_t *srv)
         uint32_t cap = 0;
         for (psd_chunk_t *c = srv->ready_head; c; c = c->next_ready) cap++;
         if (cap > srv->cap_items) {
-            psd_chunk_t **items = realloc(job->items, cap * sizeof *items);
+            /* Room for every chunk this shard holds, the most one job can take: grown by the
+             * first steps, not later, when more chunks happen to be ready at once (seen in a
+             * CI run, session 50: hot_path_allocations_tcp, one realloc here in 200 steps). */
+            uint32_t all = held_chunks(srv);
+            if (all < cap) all = cap;
+            psd_chunk_t **items = realloc(job->items, all * sizeof *items);
             if (items == NULL) return;
             job->items = items;
-            srv->cap_items = cap;
+            srv->cap_items = all;
         }
-        if (job_hashes_reserve(job, cap)) return;
+        if (job_hashes_reserve(job, srv->cap_items)) return;
         bool bsp = srv->m.job.consistency == PS_CONSIST_BSP;
         size_t bytes = 0, max_bytes = (size_t)PSD_JOB_MAX_BYTES * srv->fanout.nthreads;
         psd_chunk_t *c = srv->ready_head;
