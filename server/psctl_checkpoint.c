@@ -484,6 +484,19 @@ release:;
     return ret;
 }
 
+/* The chunks a checkpoint part's meta.json lists ("chunks": [[t, c, version, hash], ...]). */
+static uint32_t meta_chunks(const char *mj)
+{
+    const char *p = strstr(mj, "\"chunks\": [");
+    uint32_t n = 0;
+    for (p = p ? p + strlen("\"chunks\": [") : ""; *p && *p != ']'; p++)
+        if (*p == '[') {
+            n++;
+            if ((p = strchr(p, ']')) == NULL) break;
+        }
+    return n;
+}
+
 int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, uint64_t id,
                          const char *dir, uint64_t next, double wait_s, double t0,
                          unsigned how)
@@ -632,6 +645,8 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
                     psd_ckpt_meta_field(mj, "checkpoint", got, sizeof got);
                     st[i].step = psd_ckpt_meta_u64(mj, "step");
                     st[i].count = psd_ckpt_meta_u64(mj, "records_bytes");
+                    st[i].chunk = meta_chunks(mj);
+                    st[i].workers = 1; /* printed as read from meta.json */
                     free(mj);
                 }
                 if (strcmp(got, want) == 0) continue; /* done */
@@ -737,9 +752,14 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
         goto out;
     }
     for (int i = 0; i < n; i++) {
-        printf("shard %d: step %llu, %u chunks, %llu bytes, %llu ms: %s/shard-%d\n", i,
+        char took[48];
+        if (st[i].workers) /* its status was gone: its meta.json's count of record bytes */
+            snprintf(took, sizeof took, "records, from its meta.json");
+        else
+            snprintf(took, sizeof took, "%llu ms", (unsigned long long)st[i].step_max);
+        printf("shard %d: step %llu, %u chunks, %llu bytes, %s: %s/shard-%d\n", i,
                (unsigned long long)st[i].step, st[i].chunk, (unsigned long long)st[i].count,
-               (unsigned long long)st[i].step_max, d, i);
+               took, d, i);
         total += st[i].count;
     }
     if (step == UINT64_MAX) step = st[0].step;
