@@ -817,6 +817,15 @@ int psctl_checkpoint(const ps_manifest_t *m, const char *dir, double timeout_s, 
         ps_req_close(cl);
         return 2; /* an argument refused, as export's --out (a probe, session 50: exit 1) */
     }
+    if (dir) { /* and one too long for the arms, before any hold (found after it, exit 1) */
+        psctl_absolute(d, sizeof d, dir);
+        if (strlen(d) >= PS_CKPT_DIR_MAX) {
+            fprintf(stderr, "psctl: checkpoint: directory '%s' is longer than %d bytes\n", d,
+                    PS_CKPT_DIR_MAX - 1);
+            ps_req_close(cl);
+            return 2;
+        }
+    }
     double t0 = psctl_mono_s();
     interrupt_catch();
 again:;

@@ -958,6 +958,12 @@ START_TEST(test_psctl_stopped_shard_bounded)
     EXPECT_LOG(psctl(c, "empty_dir", 2, empty_dir), "an empty directory or file name");
     const char *file_dir[] = {"checkpoint", "--dir", c->manifest, NULL}; /* a regular file */
     EXPECT_LOG(psctl(c, "file_dir", 2, file_dir), "exists and is not a directory");
+    char long_dir[300];
+    memset(long_dir, 'd', sizeof long_dir - 1);
+    long_dir[0] = '/';
+    long_dir[sizeof long_dir - 1] = '\0';
+    const char *long_arg[] = {"checkpoint", "--dir", long_dir, NULL};
+    EXPECT_LOG(psctl(c, "long_dir", 2, long_arg), "is longer than 199 bytes");
     const char *json[] = {"status", "--json", NULL};
     cl_proc_t *st = psctl(c, "status2", 0, json);
     EXPECT_LOG(st, "\"desired_workers\": 1, "); /* no scale went through */
