@@ -552,7 +552,7 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
             }
             snprintf(d, sizeof d, "%s", old);
         }
-        if (rc == PS_EBUSY && (how & PSCTL_CK_BUSY_RETRY)) {
+        if (rc == PS_EBUSY && (how & PSCTL_CK_BUSY_RETRY) && !strstr(err, "shutting down")) {
             /* Another checkpoint (psd's periodic one, another psctl's) is under way there: this
              * one is given up (the shards armed before it cancelled, below) and asked again
              * once that one ends (psctl_checkpoint). Before, this exited 1 (a helper's probe:
