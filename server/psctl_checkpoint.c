@@ -754,10 +754,10 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
     for (int i = 0; i < n; i++) {
         char took[48];
         if (st[i].workers) /* its status was gone: its meta.json's count of record bytes */
-            snprintf(took, sizeof took, "records, from its meta.json");
+            snprintf(took, sizeof took, " of records (from its meta.json)");
         else
-            snprintf(took, sizeof took, "%llu ms", (unsigned long long)st[i].step_max);
-        printf("shard %d: step %llu, %u chunks, %llu bytes, %s: %s/shard-%d\n", i,
+            snprintf(took, sizeof took, ", %llu ms", (unsigned long long)st[i].step_max);
+        printf("shard %d: step %llu, %u chunks, %llu bytes%s: %s/shard-%d\n", i,
                (unsigned long long)st[i].step, st[i].chunk, (unsigned long long)st[i].count,
                took, d, i);
         total += st[i].count;
