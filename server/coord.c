@@ -1334,8 +1334,8 @@ static void member_remove(psd_server_t *srv, uint32_t r, const char *why)
                                : true;
         /* asp / ssp: step 0 (only the rank counts there), so that its tags merge into one. */
         if (tag) batch_tag(&m->batch, PS_REPLAY_TAG(is_bsp(srv) ? m->batch_step : 0, r));
-        if (co->rt[r].batch_seen && ++m->batch.left == POISON_LEFT) co->suspect++;
-        if (co->rt[r].batch_seen && m->batch.left >= POISON_LEFT)
+        if (co->rt[r].batch_seen && ++m->batch.left >= POISON_LEFT) {
+            co->suspect += m->batch.left == POISON_LEFT; /* counted once, said each time */
             PS_LOG(PS_LOG_WARN, "coord", "the batch of pass %llu at %llu (%u samples: positions "
                    "%llu to %llu of that pass's order) went to %u workers that each left with it, "
                    "the last rank %u (pid %u): are its samples what makes workers fail?",
@@ -1343,6 +1343,7 @@ static void member_remove(psd_server_t *srv, uint32_t r, const char *why)
                    m->batch.count, (unsigned long long)m->batch.offset,
                    (unsigned long long)(m->batch.offset + m->batch.count - 1), m->batch.left, r,
                    m->pid);
+        }
         if (ps_cursor_give_back(&co->s.cur, &m->batch))
             PS_LOG(PS_LOG_ERROR, "coord", "re-hand queue full: batch of pass %llu at %llu lost",
                    (unsigned long long)m->batch.pass, (unsigned long long)m->batch.offset);
@@ -1950,17 +1951,8 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
     if (v2 || v3 || cur) {
         if (cur) {
             memcpy(&co->s, saved, saved_len); /* the rest stays zero (calloc) */
-        } else {
-            /* aligned, unlike @p saved */
-            void *old = malloc(v2 ? sizeof(saved_v2_t) : sizeof(saved_v3_t));
-            if (old == NULL) {
-                free(co);
-                srv->coord = NULL;
-                return PS_ENOMEM;
-            }
-            memcpy(old, saved, saved_len);
-            state_from_old(&co->s, v2 ? old : NULL, v2 ? NULL : old);
-            free(old);
+        } else { /* @p saved is aligned for them (server.h) */
+            state_from_old(&co->s, v2 ? saved : NULL, v2 ? NULL : saved);
             PS_LOG(PS_LOG_INFO, "coord", "the stored coordinator state is an older psd's "
                    "(%s): converted", v2 ? "CRD2" : "CRD3");
         }
@@ -1973,15 +1965,7 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
             PS_LOG(PS_LOG_WARN, "coord", "the stored recovery state (%zu bytes) is not one this "
                    "psd reads: left out", rec_len);
         if (rec_v2) {
-            rec_v2_t *old = malloc(sizeof *old);
-            if (old == NULL) {
-                free(co);
-                srv->coord = NULL;
-                return PS_ENOMEM;
-            }
-            memcpy(old, rec, sizeof *old);
-            rec_from_v2(&co->rec, old);
-            free(old);
+            rec_from_v2(&co->rec, rec);
             PS_LOG(PS_LOG_INFO, "coord", "the stored recovery state is an older psd's (REC2): "
                    "converted");
         } else if (rec_read) {
@@ -1995,10 +1979,10 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
             }
         }
         /* Counts that index arrays, as a damaged store or another psd could hold them: a
-         * batch's tag words and the re-hand queue (the words beyond are dropped). */
-        uint32_t clamped = co->s.cur.nrehand > PS_REHAND_MAX;
-        if (clamped) co->s.cur.nrehand = PS_REHAND_MAX;
-        for (uint32_t i = 0; i < PS_REHAND_MAX; i++) clamped += clamp_tags(&co->s.cur.rehand[i]);
+         * batch's tag words (the words beyond are dropped; the re-hand queue's count was
+         * checked against the stored length, or cut by state_from_old). */
+        uint32_t clamped = 0;
+        for (uint32_t i = 0; i < co->s.cur.nrehand; i++) clamped += clamp_tags(&co->s.cur.rehand[i]);
         for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
             clamped += clamp_tags(&co->s.m[r].batch) + clamp_tags(&co->rec.rc_batch[r]);
             co->rt[r].batch_seen = co->s.m[r].has_batch; /* it may have had the reply */

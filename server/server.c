@@ -1290,7 +1290,8 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
     srv->joined_stored = srv->joined_runs;
     if (shard == 0) {
         /* The coordinator's state, as the last apply job committed it. */
-        static uint8_t saved[PSD_COORD_STATE_MAX], rec[PSD_COORD_REC_MAX];
+        _Alignas(uint64_t) static uint8_t saved[PSD_COORD_STATE_MAX];
+        _Alignas(uint64_t) static uint8_t rec[PSD_COORD_REC_MAX];
         size_t saved_len = 0, rec_len = 0;
         if (psd_store_get_blob(&srv->store, "job", saved, sizeof saved, &saved_len)) saved_len = 0;
         if (psd_store_get_blob(&srv->store, "jobrec", rec, sizeof rec, &rec_len)) rec_len = 0;

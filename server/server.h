@@ -731,7 +731,8 @@ void psd_forget_on_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
 /* coord.c (shard 0 only) */
 /** @brief Create the coordinator; restores its state from @p saved (NULL: a fresh job) and
  *  what failures had left to settle from @p rec (key "jobrec"; NULL: nothing). Both are
- *  copied. @return 0 or PS_ENOMEM. */
+ *  copied, and must be aligned for uint64_t (older forms are read in place). @return 0 or
+ *  PS_ENOMEM. */
 int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, const void *rec,
                      size_t rec_len);
 void psd_coord_free(psd_server_t *srv);

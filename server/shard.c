@@ -20,6 +20,7 @@ static void job_start_next(psd_server_t *srv);
 static size_t job_bytes(const psd_server_t *srv, const psd_job_t *job);
 static void drop_slot(psd_chunk_t *ch, uint32_t r);
 static uint32_t local_chunks(const psd_tensor_t *t);
+static uint32_t held_chunks(const psd_server_t *srv);
 
 /* ---- tensor table ------------------------------------------------------ */
 
@@ -363,13 +364,9 @@ int psd_shard_load(psd_server_t *srv)
 {
     int rc = psd_store_load(&srv->store, on_load_tensor, on_load_chunk, on_load_applied, srv);
     if (rc) return rc;
-    uint64_t nchunks = 0;
-    for (uint32_t i = 0; i < srv->ntensors; i++)
-        for (uint32_t c = 0; srv->tensors[i].present && c < srv->tensors[i].nchunks; c++)
-            nchunks += srv->tensors[i].chunks[c] != NULL;
     if ((rc = psd_integrity_rebuild(srv)) != 0) return rc;
-    PS_LOG(PS_LOG_INFO, "shard", "store holds %u tensors, %llu chunks here, step %llu",
-           srv->ntensors, (unsigned long long)nchunks, (unsigned long long)psd_shard_step(srv));
+    PS_LOG(PS_LOG_INFO, "shard", "store holds %u tensors, %u chunks here, step %llu",
+           srv->ntensors, held_chunks(srv), (unsigned long long)psd_shard_step(srv));
     return 0;
 }
 
@@ -715,6 +712,15 @@ static uint32_t local_chunks(const psd_tensor_t *t)
 {
     uint32_t n = 0;
     for (uint32_t c = 0; c < t->nchunks; c++) n += t->chunks[c] != NULL;
+    return n;
+}
+
+/* The chunks this shard holds, of every tensor present. */
+static uint32_t held_chunks(const psd_server_t *srv)
+{
+    uint32_t n = 0;
+    for (uint32_t t = 0; t < srv->ntensors; t++)
+        if (srv->tensors[t].present) n += local_chunks(&srv->tensors[t]);
     return n;
 }
 
@@ -2780,17 +2786,6 @@ static void drop_slot(psd_chunk_t *ch, uint32_t r)
 }
 
 /* Room for @p n hashes in the job (grows only: steady training allocates nothing). */
-/* The chunks this shard holds (of every tensor present). */
-static uint32_t held_chunks(const psd_server_t *srv)
-{
-    uint32_t n = 0;
-    for (uint32_t t = 0; t < srv->ntensors; t++)
-        if (srv->tensors[t].present)
-            for (uint32_t c = 0; c < srv->tensors[t].nchunks; c++)
-                n += srv->tensors[t].chunks[c] != NULL;
-    return n;
-}
-
 static int job_hashes_reserve(psd_job_t *job, uint32_t n)
 {
     if (n <= job->cap_hashes) return 0;
