@@ -957,9 +957,10 @@ void psd_ckpt_on_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
         char why[200];
         int rc = 0;
         if (msg->step == 0)
-            r.step = psd_coord_ckpt_hold(srv, msg->count, &r.flags, &r.workers);
+            r.step = psd_coord_ckpt_hold(srv, msg->count, conn, &r.flags, &r.workers);
         else
-            rc = psd_coord_ckpt_hold_at(srv, msg->step, msg->count, &r.flags, why, sizeof why);
+            rc = psd_coord_ckpt_hold_at(srv, msg->step, msg->count, conn, &r.flags, why,
+                                        sizeof why);
         if (rc)
             psd_send_error(srv, conn, msg->req_id, rc, "%s", why);
         else
@@ -970,7 +971,7 @@ void psd_ckpt_on_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
     case PS_MSG_CKPT_GO: {
         /* step: the next checkpoint's, or 0; count: the checkpoint's id. The reply's
          * PS_FLAG_DONE: the hold lasted for it since its drained answer (asp / ssp: a cut). */
-        bool held = psd_coord_ckpt_release_until(srv, msg->step, msg->count);
+        bool held = psd_coord_ckpt_release_until(srv, msg->step, msg->count, conn);
         ps_msg_t r = {.type = PS_MSG_CKPT_GO_REPLY, .req_id = msg->req_id, .shard = 0,
                       .flags = held ? PS_FLAG_DONE : 0};
         psd_send_msg(srv, conn, &r);

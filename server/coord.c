@@ -313,11 +313,18 @@ struct psd_coord_s {
                                   hold_ms is set when the job gets there */
     uint64_t ahead_after;      /* bsp: a hold ahead asked for while a checkpoint held an earlier
                                   step, held ahead once that hold ends (0: none) */
-    struct { uint64_t id, ms; } hold_user[CKPT_USERS_MAX]; /* asp / ssp: the checkpoints told
-                                  to arm under the hold (a drained answer) whose MSG_CKPT_GO has
-                                  not come yet, by psctl's id, with the loop time of their last
-                                  ask (each goes CKPT_HOLD_MS after it) */
+    struct {
+        uint64_t id, ms;
+        const psd_conn_t *conn;
+    } hold_user[CKPT_USERS_MAX]; /* the checkpoints told to arm under the hold (bsp: a BEGIN;
+                                  asp / ssp: a drained answer) whose MSG_CKPT_GO has not come
+                                  yet, by psctl's id, with the loop time and the connection of
+                                  their last ask (each goes CKPT_HOLD_MS after it, or when that
+                                  connection closes: psd_coord_drop_conn) */
     uint32_t hold_users;
+    const psd_conn_t *hold_asker; /* the connection of the last ask that holds without being a
+                                  user (asp / ssp: batches still in flight; bsp: a hold ahead
+                                  until its step's BEGIN), or NULL */
     bool capped;               /* asp / ssp: a member did its job.max_steps: pslaunch gets no
                                   more starts (a replacement would do max_steps more), so the
                                   job ends with the members it has */
@@ -1605,9 +1612,10 @@ static int hold_user(const psd_coord_t *co, uint64_t id)
     return -1;
 }
 
-/* Checkpoint @p id arms the shards under the hold: until its GO, or CKPT_HOLD_MS after this.
- * Asked again (its answer was lost, and psctl asked once more) it is the same user. */
-static void hold_user_add(psd_coord_t *co, uint64_t id, uint64_t now)
+/* Checkpoint @p id arms the shards under the hold: until its GO, CKPT_HOLD_MS after this, or
+ * until @p conn closes. Asked again (its answer was lost, and psctl asked once more, maybe over
+ * a new connection) it is the same user. */
+static void hold_user_add(psd_coord_t *co, uint64_t id, uint64_t now, const psd_conn_t *conn)
 {
     int u = hold_user(co, id);
     if (u < 0 && co->hold_users == CKPT_USERS_MAX) { /* the oldest one gives way */
@@ -1621,6 +1629,8 @@ static void hold_user_add(psd_coord_t *co, uint64_t id, uint64_t now)
         co->hold_user[u].id = id;
     }
     co->hold_user[u].ms = now;
+    co->hold_user[u].conn = conn;
+    if (co->hold_asker == conn) co->hold_asker = NULL; /* its ask is a user's now */
 }
 
 /* asp / ssp: no common step, so the cut is made by holding every new hand-out and waiting until
@@ -1630,7 +1640,8 @@ static void hold_user_add(psd_coord_t *co, uint64_t id, uint64_t now)
  * again while batches are in flight (PS_FLAG_PENDING): each ask keeps the hold alive, so a
  * psctl that died ends it CKPT_HOLD_MS after its last ask. A drained answer makes checkpoint
  * @p id a user of the hold: its GO learns whether the hold lasted for it (a cut) or lapsed. */
-static uint64_t hold_async(psd_server_t *srv, uint64_t id, uint32_t *flags, uint32_t *pending)
+static uint64_t hold_async(psd_server_t *srv, uint64_t id, const psd_conn_t *conn,
+                           uint32_t *flags, uint32_t *pending)
 {
     psd_coord_t *co = srv->coord;
     bool was = co->hold_ms != 0;
@@ -1639,36 +1650,42 @@ static uint64_t hold_async(psd_server_t *srv, uint64_t id, uint32_t *flags, uint
     co->hold_ms = hold_now(srv);
     *pending = in_flight(co);
     *flags = *pending ? PS_FLAG_PENDING : 0;
-    if (*pending == 0) hold_user_add(co, id, co->hold_ms);
+    if (*pending == 0)
+        hold_user_add(co, id, co->hold_ms, conn);
+    else
+        co->hold_asker = conn;
     if (!was)
         PS_LOG(PS_LOG_INFO, "coord", "checkpoint: no batch handed out until it is taken; %u "
                "in flight", *pending);
     return UINT64_MAX;
 }
 
-uint64_t psd_coord_ckpt_hold(psd_server_t *srv, uint64_t id, uint32_t *flags, uint32_t *pending)
+uint64_t psd_coord_ckpt_hold(psd_server_t *srv, uint64_t id, const psd_conn_t *conn,
+                             uint32_t *flags, uint32_t *pending)
 {
     psd_coord_t *co = srv->coord;
     *flags = *pending = 0;
-    if (!is_bsp(srv)) return hold_async(srv, id, flags, pending);
+    if (!is_bsp(srv)) return hold_async(srv, id, conn, flags, pending);
     /* Holding the hand-out of the natural step keeps every chunk at or below it. The open
      * step itself when its members all left: said (PS_FLAG_MOVE), as workers that left after
      * part of it was applied may have moved a shard past it (psctl then waits for the next). */
     uint64_t step = natural_step(co);
     if (co->s.step_members == 0 && !co->s.finished) *flags |= PS_FLAG_MOVE;
-    if (co->hold_ahead && co->hold_step > step)
+    if (co->hold_ahead && co->hold_step > step) {
         co->ahead_after = co->hold_step; /* the follower's next: held ahead again after this */
+        co->hold_asker = NULL;           /* its ask holds nothing now */
+    }
     co->hold_step = step;
     co->hold_ahead = false;
     co->hold_ms = hold_now(srv);
-    if (id) hold_user_add(co, id, co->hold_ms);
+    if (id) hold_user_add(co, id, co->hold_ms, conn);
     PS_LOG(PS_LOG_INFO, "coord", "checkpoint at step %llu: holding later steps until every "
            "shard knows it", (unsigned long long)step);
     return step;
 }
 
-int psd_coord_ckpt_hold_at(psd_server_t *srv, uint64_t step, uint64_t id, uint32_t *flags,
-                           char *err, size_t errlen)
+int psd_coord_ckpt_hold_at(psd_server_t *srv, uint64_t step, uint64_t id,
+                           const psd_conn_t *conn, uint32_t *flags, char *err, size_t errlen)
 {
     psd_coord_t *co = srv->coord;
     *flags = 0;
@@ -1685,7 +1702,7 @@ int psd_coord_ckpt_hold_at(psd_server_t *srv, uint64_t step, uint64_t id, uint32
     }
     if (step == now) {
         uint32_t pending;
-        psd_coord_ckpt_hold(srv, id, flags, &pending);
+        psd_coord_ckpt_hold(srv, id, conn, flags, &pending);
         return 0;
     }
     if (co->s.finished) { /* it will never get there */
@@ -1702,6 +1719,7 @@ int psd_coord_ckpt_hold_at(psd_server_t *srv, uint64_t step, uint64_t id, uint32
         return 0;
     }
     if (!co->hold_ahead || co->hold_step != step) hold_ahead(srv, step);
+    co->hold_asker = conn;
     *flags = PS_FLAG_PENDING;
     return 0;
 }
@@ -1721,6 +1739,7 @@ void psd_coord_ckpt_release(psd_server_t *srv)
     if (co == NULL) return;
     co->hold_ahead = false;
     co->hold_users = 0;
+    co->hold_asker = NULL;
     uint64_t after = co->ahead_after;
     co->ahead_after = 0;
     if (co->hold_ms) {
@@ -1737,7 +1756,8 @@ void psd_coord_ckpt_release(psd_server_t *srv)
     hold_ahead_after(srv, after);
 }
 
-bool psd_coord_ckpt_release_until(psd_server_t *srv, uint64_t next, uint64_t id)
+bool psd_coord_ckpt_release_until(psd_server_t *srv, uint64_t next, uint64_t id,
+                                  const psd_conn_t *conn)
 {
     psd_coord_t *co = srv->coord;
     bool held = true;
@@ -1759,9 +1779,38 @@ bool psd_coord_ckpt_release_until(psd_server_t *srv, uint64_t next, uint64_t id)
         }
     }
     psd_coord_ckpt_release(srv);
-    if (co && next && is_bsp(srv) && !co->s.finished && next > natural_step(co))
+    if (co && next && is_bsp(srv) && !co->s.finished && next > natural_step(co)) {
         hold_ahead(srv, next);
+        co->hold_asker = conn;
+    }
     return held;
+}
+
+void psd_coord_drop_conn(psd_server_t *srv, const psd_conn_t *c)
+{
+    psd_coord_t *co = srv->coord;
+    if (co == NULL) return;
+    bool dropped = false, asker = co->hold_asker == c;
+    for (uint32_t u = 0; u < co->hold_users;) {
+        if (co->hold_user[u].conn != c) {
+            u++;
+            continue;
+        }
+        PS_LOG(PS_LOG_WARN, "coord", "checkpoint %016llx: the connection of its psctl closed "
+               "before its GO: the hand-outs are no longer held for it",
+               (unsigned long long)co->hold_user[u].id);
+        co->hold_user[u] = co->hold_user[--co->hold_users];
+        dropped = true;
+    }
+    if (asker) co->hold_asker = NULL;
+    /* The hold ends now when nobody is left to use it or to ask for it again, not at its
+     * lapse: before, a psctl killed after its BEGIN held a bsp job for CKPT_HOLD_MS. */
+    if ((dropped || asker) && co->hold_users == 0 && co->hold_asker == NULL &&
+        (co->hold_ms || co->hold_ahead)) {
+        PS_LOG(PS_LOG_WARN, "coord", "checkpoint hold%s: the psctl that asked for it is gone "
+               "(its connection closed): releasing it", co->hold_ahead ? " ahead" : "");
+        psd_coord_ckpt_release(srv);
+    }
 }
 
 /* ---- scaling -------------------------------------------------------------------- */

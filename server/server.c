@@ -84,6 +84,7 @@ static void conn_close_ep(psd_server_t *srv, psd_conn_t *c)
                       !c->silent && !c->late);
     psd_shard_drop_conn(srv, c);
     psd_export_drop_conn(srv, c);
+    psd_coord_drop_conn(srv, c);
     ps_ucx_ep_close(&srv->ucx, &c->ep, 1);
     conn_free_if_done(c);
 }

@@ -777,19 +777,28 @@ void psd_coord_metrics(psd_server_t *srv, psd_prom_t *p);
  *  once none is, so that the shards' snapshots hold the same batches (a cut). That answer makes
  *  checkpoint @p id (psctl's random number; asked again, the same one) a user of the hold until
  *  its psd_coord_ckpt_release_until(), or CKPT_HOLD_MS after its last ask.
+ *  @p conn: the connection the ask came on (not kept beyond psd_coord_drop_conn of it): a user
+ *  is dropped when it closes (its psctl died), and a hold nobody uses or asks for then ends.
  */
-uint64_t psd_coord_ckpt_hold(psd_server_t *srv, uint64_t id, uint32_t *flags, uint32_t *pending);
+uint64_t psd_coord_ckpt_hold(psd_server_t *srv, uint64_t id, const psd_conn_t *conn,
+                             uint32_t *flags, uint32_t *pending);
 /** @brief Release the hold of psd_coord_ckpt_hold() (a no-op without one), and a hold ahead. */
+/** @brief Connection @p c closed (a psctl that ended or died): the checkpoints that asked over it
+ *  and have not sent their GO stop using the hold, and a hold (or a hold ahead) that no
+ *  checkpoint uses or asks for any more ends now instead of at its CKPT_HOLD_MS lapse. Shard 0
+ *  only (a no-op elsewhere); loop thread. */
+void psd_coord_drop_conn(psd_server_t *srv, const psd_conn_t *c);
 void psd_coord_ckpt_release(psd_server_t *srv);
 /**
  * @brief bsp: a checkpoint at @p step (psctl checkpoint --follow). At the natural step, as
  *  psd_coord_ckpt_hold(); later, a hold ahead: the hand-out of @p step waits when the job gets
  *  there (the CKPT_HOLD_MS limit runs from then), and @p flags gets PS_FLAG_PENDING (ask again);
- *  the job finished before it: PS_FLAG_FINISHED, nothing held.
+ *  the job finished before it: PS_FLAG_FINISHED, nothing held. @p conn as for
+ *  psd_coord_ckpt_hold() (a hold ahead ends when the connection that asked for it closes).
  * @return 0; PS_ECONFLICT when the job is past @p step, PS_EINVAL under asp / ssp (@p err).
  */
-int psd_coord_ckpt_hold_at(psd_server_t *srv, uint64_t step, uint64_t id, uint32_t *flags,
-                           char *err, size_t errlen);
+int psd_coord_ckpt_hold_at(psd_server_t *srv, uint64_t step, uint64_t id,
+                           const psd_conn_t *conn, uint32_t *flags, char *err, size_t errlen);
 /** @brief psd_coord_ckpt_release(), then a hold ahead at step @p next when it is > 0 and not
  *  reached yet (so the job cannot pass the follower's next checkpoint unnoticed). Checkpoint
  *  @p id stops using the hold, which ends only once no checkpoint told to arm under it is left
@@ -798,8 +807,10 @@ int psd_coord_ckpt_hold_at(psd_server_t *srv, uint64_t step, uint64_t id, uint32
  * @return asp / ssp: true when @p id was a user of the hold until now, i.e. no batch was handed
  *  out since its drained answer and the shards it armed meanwhile hold a cut; false when the
  *  hold lapsed for it (CKPT_HOLD_MS without an ask, pushed out, or shard 0 started again since).
- *  bsp: true. */
-bool psd_coord_ckpt_release_until(psd_server_t *srv, uint64_t next, uint64_t id);
+ *  bsp: true. @p conn: the GO's connection, which asked for the hold ahead at @p next (it
+ *  ends when that connection closes, psd_coord_drop_conn). */
+bool psd_coord_ckpt_release_until(psd_server_t *srv, uint64_t next, uint64_t id,
+                                  const psd_conn_t *conn);
 /* The most bytes psd_coord_state and psd_coord_rec give, and a stored state can hold. */
 #define PSD_COORD_STATE_MAX 65536
 #define PSD_COORD_REC_MAX 16384

@@ -1696,10 +1696,21 @@ END_TEST
 START_TEST(test_checkpoint_waits_for_busy_shard1) { two_checkpoints(TWO_SLOW1); }
 END_TEST
 
-/* bsp: a psctl killed after its BEGIN stays a user of the hold until its own lapse (3 s here,
- * PS_TEST_CKPT_HOLD_MS), though another checkpoint's BEGIN and GO came meanwhile; the hold then
- * ends at that lapse. Before (a review), it lasted until the global lapse, counted from the
- * later BEGIN: "checkpoint hold of step ... not released within 3000 ms". */
+/* Whether shard 0's status says its checkpoint hold is on. */
+static bool hold_on(coord_t *co)
+{
+    char *j = coord_status(co);
+    ck_assert_msg(j && strstr(j, "\"checkpoint_hold\": "), "no checkpoint_hold in %s", j);
+    bool on = strstr(j, "\"checkpoint_hold\": true") != NULL;
+    free(j);
+    return on;
+}
+
+/* bsp: a psctl stopped (SIGSTOP: its connection stays) after its BEGIN stays a user of the hold
+ * until its own lapse (3 s here, PS_TEST_CKPT_HOLD_MS), though another checkpoint's BEGIN and
+ * GO came meanwhile; the hold then ends at that lapse. Before (a review), it lasted until the
+ * global lapse, counted from the later BEGIN: "checkpoint hold of step ... not released within
+ * 3000 ms". */
 START_TEST(test_bsp_checkpoint_hold_ends_with_dead_user)
 {
     asp_stop_t r;
@@ -1712,17 +1723,54 @@ START_TEST(test_bsp_checkpoint_hold_ends_with_dead_user)
     cl_proc_t *a = checkpoint_spawn(r.c, "ckpt-a", 8000, dir_a);
     ck_assert_msg(cl_wait_log(r.psd[0], "armed: at step", RUN_S) == 0, "shard 0 not armed: %s",
                   cl_tail(r.psd[0]));
-    ck_assert_int_eq(cl_signal(a, SIGKILL), 0);
-    cl_wait(a, RUN_S);
+    ck_assert_int_eq(cl_signal(a, SIGSTOP), 0);
     nap_ms(1000);
     cl_proc_t *b = checkpoint_spawn(r.c, "ckpt-b", 0, dir_b);
     EXPECT_EXIT(b, 0);
     ck_assert_msg(cl_wait_log(r.psd[0], "no checkpoint uses it any more: releasing it", RUN_S) == 0,
                   "the hold did not end with its last user's lapse: %s", cl_tail(r.psd[0]));
     for (int i = 0; i < 2; i++) EXPECT_EXIT(r.w[i], 0);
+    ck_assert_int_eq(cl_signal(a, SIGKILL), 0);
+    cl_wait(a, RUN_S);
     char *log = cl_log(r.psd[0]);
     ck_assert_msg(strstr(log, "not released within") == NULL, "the hold lasted to its own lapse: "
                   "%s", cl_tail(r.psd[0]));
+    free(log);
+    stop_all(r.psd, 2);
+    cl_cluster_destroy(r.c);
+}
+END_TEST
+
+/* bsp: a psctl killed after its BEGIN (while it arms the shards): its connection to shard 0
+ * closes, and the hold it used ends then, not at its lapse (CKPT_HOLD_MS, 10 s, left as it is
+ * here). Before, the job stood until that lapse: "checkpoint hold of step N not released within
+ * 10000 ms" (session 50's soak: a 10.4 s step). The next checkpoint works. */
+START_TEST(test_bsp_checkpoint_hold_ends_with_killed_psctl)
+{
+    asp_stop_t r;
+    replay_pair_start(&r, "bsp", 2000, NULL, NULL, NULL, "160", 20, "check");
+    coord_t co;
+    coord_open(&co, r.c);
+    ck_assert_int_ge(wait_num(&co, "samples_applied", 80, 0, RUN_S), 80);
+    char dir_b[CL_PATH], dir_a[CL_PATH];
+    cl_proc_t *a = checkpoint_spawn(r.c, "ckpt-a", 8000, dir_a);
+    ck_assert_msg(cl_wait_log(r.psd[0], "armed: at step", RUN_S) == 0, "shard 0 not armed: %s",
+                  cl_tail(r.psd[0]));
+    ck_assert(hold_on(&co));
+    ck_assert_int_eq(cl_signal(a, SIGKILL), 0);
+    cl_wait(a, RUN_S);
+    ck_assert_msg(cl_wait_log(r.psd[0], "the psctl that asked for it is gone", RUN_S) == 0,
+                  "the hold did not end with its psctl: %s", cl_tail(r.psd[0]));
+    ck_assert_msg(!hold_on(&co), "the hold outlived its psctl");
+    ck_assert_int_eq(coord_num(&co, "checkpoint_hold_users"), 0);
+    coord_close(&co);
+    cl_proc_t *b = checkpoint_spawn(r.c, "ckpt-b", 0, dir_b);
+    EXPECT_EXIT(b, 0);
+    for (int i = 0; i < 2; i++) EXPECT_EXIT(r.w[i], 0);
+    char *log = cl_log(r.psd[0]);
+    ck_assert_msg(strstr(log, "not released within") == NULL &&
+                      strstr(log, "no GO within") == NULL,
+                  "the hold lasted to its lapse: %s", cl_tail(r.psd[0]));
     free(log);
     stop_all(r.psd, 2);
     cl_cluster_destroy(r.c);
@@ -1738,16 +1786,6 @@ static uint32_t ckpt_ask(coord_t *co, ps_msg_type_t type, uint64_t id)
     ck_assert_msg(ps_req_call(co->ctl, 0, &q, &r, NULL, NULL, err, sizeof err) == 0, "%s: %s",
                   ps_msg_type_name(type), err);
     return r.flags;
-}
-
-/* Whether shard 0's status says its checkpoint hold is on. */
-static bool hold_on(coord_t *co)
-{
-    char *j = coord_status(co);
-    ck_assert_msg(j && strstr(j, "\"checkpoint_hold\": "), "no checkpoint_hold in %s", j);
-    bool on = strstr(j, "\"checkpoint_hold\": true") != NULL;
-    free(j);
-    return on;
 }
 
 /* A checkpoint asked for again after its drained answer (as psctl does when that answer was
@@ -1799,6 +1837,32 @@ START_TEST(test_asp_checkpoint_hold_lapsed_refused)
     ck_assert_msg(access(ckdir, F_OK) != 0, "%s is still there", ckdir);
     EXPECT_LOG(r.psd[0], "no GO within 300 ms of its last ask");
     for (int i = 0; i < 2; i++) EXPECT_EXIT(r.w[i], 0); /* the job went on: every batch once */
+    stop_all(r.psd, 2);
+    cl_cluster_destroy(r.c);
+}
+END_TEST
+
+/* asp: as bsp_checkpoint_hold_ends_with_killed_psctl, a psctl killed while it arms the shards
+ * (after its drained answer): the hand-outs go on when its connection closes, not CKPT_HOLD_MS
+ * after its last ask; the job ends with every batch once (the workers check). */
+START_TEST(test_asp_checkpoint_hold_ends_with_killed_psctl)
+{
+    asp_stop_t r;
+    asp_pair_running(&r, NULL, NULL);
+    char ckdir[CL_PATH];
+    cl_proc_t *cp = checkpoint_spawn(r.c, "ckpt", 8000, ckdir);
+    ck_assert_msg(cl_wait_log(r.psd[0], "armed: now", RUN_S) == 0, "shard 0 not armed: %s",
+                  cl_tail(r.psd[0]));
+    ck_assert_int_eq(cl_signal(cp, SIGKILL), 0);
+    cl_wait(cp, RUN_S);
+    ck_assert_msg(cl_wait_log(r.psd[0], "the psctl that asked for it is gone", RUN_S) == 0,
+                  "the hold did not end with its psctl: %s", cl_tail(r.psd[0]));
+    for (int i = 0; i < 2; i++) EXPECT_EXIT(r.w[i], 0);
+    char *log = cl_log(r.psd[0]);
+    ck_assert_msg(strstr(log, "not released or asked for again") == NULL &&
+                      strstr(log, "no GO within") == NULL,
+                  "the hold lasted to its lapse: %s", cl_tail(r.psd[0]));
+    free(log);
     stop_all(r.psd, 2);
     cl_cluster_destroy(r.c);
 }
@@ -2942,6 +3006,8 @@ Suite *ps_test_suite(void)
     ADD(checkpoint_waits_for_busy_shard);
     ADD(checkpoint_waits_for_busy_shard1);
     ADD(bsp_checkpoint_hold_ends_with_dead_user);
+    ADD(bsp_checkpoint_hold_ends_with_killed_psctl);
+    ADD(asp_checkpoint_hold_ends_with_killed_psctl);
     ADD(sigstop_rejoins);
     ADD(sigstop_rejoin_refused_exits_2);
     ADD(all_leave_then_one_joins);
