@@ -104,7 +104,7 @@ awk -F'\t' -v epochs="$epochs" -v seeds="$seeds" '
         print "Fashion-MNIST MLP 784-256-128-10, 4 workers x 2 shards on one 2-core machine, bsp, Adam"
         print "lr 0.001 with cosine decay to 0 over the run (so each run ends on a settled model),"
         print "batch 64 per worker, " epochs " epochs, seeds " seeds ". Tensors under 16 KiB"
-        print "(the biases) travel uncompressed (`min_bytes`). Produced by `bench/compression_table.sh`.\n"
+        print "(the biases and the 128 x 10 last layer) travel uncompressed (`min_bytes`). Produced by `bench/compression_table.sh`.\n"
         print "| codec | test accuracy, mean | min..max | vs fp32 (pp) | bytes pushed / step (all workers) | reduction vs fp32 | s / epoch |"
         print "| --- | --- | --- | --- | --- | --- | --- |"
         for (i = 1; i <= k; i++) {
@@ -112,9 +112,14 @@ awk -F'\t' -v epochs="$epochs" -v seeds="$seeds" '
             printf "| %s | %.4f | %.4f..%.4f | %+.2f | %.0f | %.1f%% | %.2f |\n", c, m, lo[c], hi[c], (m - acc0) * 100, bb, (1 - bb / base) * 100, t[c] / n[c]
         }
         printf "\nEvery codec runs the same seeds as fp32, so \"vs fp32\" is the mean paired difference. "
-        printf "The seeds alone spread fp32 over %.2f pp (min..max), so differences of a tenth of a "
+        printf "The seeds alone spread fp32 over %.2f pp (min..max), so differences of a tenth of a ", (hi["fp32"] - lo["fp32"]) * 100
         printf "point need more seeds to resolve. Bytes are exact counts from the workers; seconds "
-        printf "per epoch are wall time on a shared 2-core machine and move with whatever else runs.\n", (hi["fp32"] - lo["fp32"]) * 100
-    }' "$results" >"$out"
+        printf "per epoch are wall time on a shared 2-core machine and move with whatever else runs.\n"
+    }' "$results" >"$out.new" || exit 1
+# Sections written by hand after the table (a "## " heading on) are kept.
+if [ -f "$out" ] && grep -q '^## ' "$out"; then
+    { echo; sed -n '/^## /,$p' "$out"; } >>"$out.new" || exit 1
+fi
+mv "$out.new" "$out" || exit 1
 echo "wrote $out"
 cat "$out"

@@ -25,9 +25,23 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/psd-demo.XXXXXX")
 . "$root/deploy/local/cluster-lib.sh"
 psd_pids=()
 launcher=""
+by_int=0
 cleanup() {
     trap - EXIT INT TERM
-    [ -n "$launcher" ] && kill -TERM "$launcher" 2>/dev/null && wait "$launcher" 2>/dev/null
+    if [ -n "$launcher" ]; then
+        # A Ctrl-C reaches pslaunch too (the terminal signals the whole process group): it stops
+        # its workers by itself, and a signal from here would be its second, on which it kills
+        # them (SIGKILL). So it gets 5 s to exit first; a SIGINT sent to this shell alone ends
+        # it then.
+        if [ "$by_int" = 1 ]; then
+            for _ in $(seq 50); do
+                kill -0 "$launcher" 2>/dev/null || break
+                sleep 0.1
+            done
+        fi
+        kill -TERM "$launcher" 2>/dev/null
+        wait "$launcher" 2>/dev/null
+    fi
     stop_shards
     if [ "$keep" = 1 ]; then echo "demo: kept $tmp"; else rm -rf "$tmp"; fi
 }
@@ -40,7 +54,7 @@ interrupted() {
     fi
     exit "$1"
 }
-trap 'interrupted 130' INT
+trap 'by_int=1; interrupted 130' INT
 trap 'interrupted 143' TERM
 
 {
