@@ -325,6 +325,7 @@ struct psd_coord_s {
     const psd_conn_t *hold_asker; /* the connection of the last ask that holds without being a
                                   user (asp / ssp: batches still in flight; bsp: a hold ahead
                                   until its step's BEGIN), or NULL */
+    const psd_conn_t *ahead_asker; /* the connection that asked for ahead_after, or NULL */
     bool capped;               /* asp / ssp: a member did its job.max_steps: pslaunch gets no
                                   more starts (a replacement would do max_steps more), so the
                                   job ends with the members it has */
@@ -1673,7 +1674,8 @@ uint64_t psd_coord_ckpt_hold(psd_server_t *srv, uint64_t id, const psd_conn_t *c
     if (co->s.step_members == 0 && !co->s.finished) *flags |= PS_FLAG_MOVE;
     if (co->hold_ahead && co->hold_step > step) {
         co->ahead_after = co->hold_step; /* the follower's next: held ahead again after this */
-        co->hold_asker = NULL;           /* its ask holds nothing now */
+        co->ahead_asker = co->hold_asker;
+        co->hold_asker = NULL; /* its ask holds nothing now */
     }
     co->hold_step = step;
     co->hold_ahead = false;
@@ -1715,6 +1717,7 @@ int psd_coord_ckpt_hold_at(psd_server_t *srv, uint64_t step, uint64_t id,
          * Before, this request ended it, and that checkpoint failed ("shard 1 is already past
          * step 5"; session 49). */
         co->ahead_after = step;
+        co->ahead_asker = conn;
         *flags = PS_FLAG_PENDING;
         return 0;
     }
@@ -1741,7 +1744,9 @@ void psd_coord_ckpt_release(psd_server_t *srv)
     co->hold_users = 0;
     co->hold_asker = NULL;
     uint64_t after = co->ahead_after;
+    const psd_conn_t *after_asker = co->ahead_asker;
     co->ahead_after = 0;
+    co->ahead_asker = NULL;
     if (co->hold_ms) {
         PS_LOG(PS_LOG_INFO, "coord", "checkpoint: the hold ends after %llu ms; later steps go on",
                (unsigned long long)(hold_now(srv) - co->hold_ms));
@@ -1754,6 +1759,7 @@ void psd_coord_ckpt_release(psd_server_t *srv)
         }
     }
     hold_ahead_after(srv, after);
+    if (co->hold_ahead) co->hold_asker = after_asker;
 }
 
 bool psd_coord_ckpt_release_until(psd_server_t *srv, uint64_t next, uint64_t id,
@@ -1773,8 +1779,10 @@ bool psd_coord_ckpt_release_until(psd_server_t *srv, uint64_t next, uint64_t id,
         if (co->hold_ms && co->hold_users > 0) {
             if (!is_bsp(srv))
                 co->hold_ms = hold_now(srv);
-            else if (next && next > co->hold_step)
+            else if (next && next > co->hold_step) {
                 co->ahead_after = next; /* held ahead once the others' hold ends */
+                co->ahead_asker = conn;
+            }
             return held;
         }
     }
@@ -1786,10 +1794,25 @@ bool psd_coord_ckpt_release_until(psd_server_t *srv, uint64_t next, uint64_t id,
     return held;
 }
 
-void psd_coord_drop_conn(psd_server_t *srv, const psd_conn_t *c)
+void psd_coord_drop_conn(psd_server_t *srv, const psd_conn_t *c, bool peer_gone)
 {
     psd_coord_t *co = srv->coord;
     if (co == NULL) return;
+    if (!peer_gone) {
+        /* This shard closed it (its transport started again): the psctl may live and ask over a
+         * new connection, so its checkpoints keep the hold until their GO or CKPT_HOLD_MS, as
+         * before. Releasing here failed a live psctl's checkpoint (a review: "shard 1 is
+         * already past step 7"). */
+        for (uint32_t u = 0; u < co->hold_users; u++)
+            if (co->hold_user[u].conn == c) co->hold_user[u].conn = NULL;
+        if (co->hold_asker == c) co->hold_asker = NULL;
+        if (co->ahead_asker == c) co->ahead_asker = NULL;
+        return;
+    }
+    if (co->ahead_asker == c) { /* its follower died; started again, it asks for its own next */
+        co->ahead_asker = NULL;
+        co->ahead_after = 0;
+    }
     bool dropped = false, asker = co->hold_asker == c;
     for (uint32_t u = 0; u < co->hold_users;) {
         if (co->hold_user[u].conn != c) {

@@ -73,7 +73,9 @@ static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
     c->close_queued = true;
 }
 
-static void conn_close_ep(psd_server_t *srv, psd_conn_t *c)
+/* @p peer_gone: the peer's endpoint failed or closed; false when this shard closes every
+ * connection itself (close_all_conns: a transport restart, the stop). */
+static void conn_close_ep_from(psd_server_t *srv, psd_conn_t *c, bool peer_gone)
 {
     c->close_queued = false;
     c->dead = true;
@@ -84,10 +86,12 @@ static void conn_close_ep(psd_server_t *srv, psd_conn_t *c)
                       !c->silent && !c->late);
     psd_shard_drop_conn(srv, c);
     psd_export_drop_conn(srv, c);
-    psd_coord_drop_conn(srv, c);
+    psd_coord_drop_conn(srv, c, peer_gone);
     ps_ucx_ep_close(&srv->ucx, &c->ep, 1);
     conn_free_if_done(c);
 }
+
+static void conn_close_ep(psd_server_t *srv, psd_conn_t *c) { conn_close_ep_from(srv, c, true); }
 
 /* How many connections that have not proved the cluster secret may be open at once (each holds
  * file descriptors: a peer opening them without end made psd run out, and its workers' own
@@ -969,7 +973,7 @@ static void close_all_conns(psd_server_t *srv)
         while (c && c->ep == NULL) c = c->next;
         if (c == NULL) break;
         c->refs++; /* keep it while closing; the walk restarts from the head */
-        conn_close_ep(srv, c);
+        conn_close_ep_from(srv, c, false);
         psd_conn_unref(c); /* freed now if nothing else holds it (a bare refs-- kept it, its
                               push area's memfd and mapping with it, for good) */
     }

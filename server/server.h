@@ -783,12 +783,16 @@ void psd_coord_metrics(psd_server_t *srv, psd_prom_t *p);
 uint64_t psd_coord_ckpt_hold(psd_server_t *srv, uint64_t id, const psd_conn_t *conn,
                              uint32_t *flags, uint32_t *pending);
 /** @brief Release the hold of psd_coord_ckpt_hold() (a no-op without one), and a hold ahead. */
-/** @brief Connection @p c closed (a psctl that ended or died): the checkpoints that asked over it
- *  and have not sent their GO stop using the hold, and a hold (or a hold ahead) that no
- *  checkpoint uses or asks for any more ends now instead of at its CKPT_HOLD_MS lapse. Shard 0
- *  only (a no-op elsewhere); loop thread. */
-void psd_coord_drop_conn(psd_server_t *srv, const psd_conn_t *c);
 void psd_coord_ckpt_release(psd_server_t *srv);
+/** @brief Connection @p c closes. @p peer_gone (its peer died or closed it: a psctl that ended
+ *  or died): the checkpoints that asked over it and have not sent their GO stop using the
+ *  hold, a hold ahead it asked for is forgotten, and a hold (or a hold ahead) that no
+ *  checkpoint uses or asks for any more ends now instead of at its CKPT_HOLD_MS lapse. Not
+ *  @p peer_gone (this shard closes every connection: its transport started again, or it
+ *  stops): its psctl may live and connect again, so its checkpoints keep the hold until their
+ *  GO or lapse, as before; only the pointer to @p c goes. Shard 0 only (a no-op elsewhere);
+ *  loop thread. */
+void psd_coord_drop_conn(psd_server_t *srv, const psd_conn_t *c, bool peer_gone);
 /**
  * @brief bsp: a checkpoint at @p step (psctl checkpoint --follow). At the natural step, as
  *  psd_coord_ckpt_hold(); later, a hold ahead: the hand-out of @p step waits when the job gets

@@ -1777,6 +1777,39 @@ START_TEST(test_bsp_checkpoint_hold_ends_with_killed_psctl)
 }
 END_TEST
 
+/* bsp: shard 0 starts its transport again while a live psctl arms the shards (a local peer died
+ * in the middle of a send, as in faults:peer_killed_mid_send), closing psctl's connection
+ * itself: the psctl is not gone, and its checkpoint keeps the hold until its GO. A first version
+ * of the hold's end with its psctl's connection released it here: "shard 1 is already past
+ * step 7" (a review, 3 runs of 3). */
+START_TEST(test_bsp_checkpoint_survives_transport_restart)
+{
+    asp_stop_t r;
+    replay_pair_start(&r, "bsp", 2000, NULL, NULL, NULL, "160", 20, "check");
+    coord_t co;
+    coord_open(&co, r.c);
+    ck_assert_int_ge(wait_num(&co, "samples_applied", 80, 0, RUN_S), 80);
+    coord_close(&co);
+    char dir_a[CL_PATH];
+    cl_proc_t *a = checkpoint_spawn(r.c, "ckpt-a", 3000, dir_a);
+    ck_assert_msg(cl_wait_log(r.psd[0], "armed: at step", RUN_S) == 0, "shard 0 not armed: %s",
+                  cl_tail(r.psd[0]));
+    char *argv[] = {(char *)cl_binary("EVIL_PEER"), "--manifest", r.c->manifest,
+                    "--die-mid-send", NULL};
+    cl_wait(cl_spawn(r.c, "evil_peer", argv), RUN_S);
+    ck_assert_msg(cl_wait_log(r.psd[0], "transport started again", RUN_S) == 0,
+                  "shard 0's transport did not start again: %s", cl_tail(r.psd[0]));
+    EXPECT_EXIT(a, 0);
+    for (int i = 0; i < 2; i++) EXPECT_EXIT(r.w[i], 0);
+    char *log = cl_log(r.psd[0]);
+    ck_assert_msg(strstr(log, "the psctl that asked for it is gone") == NULL,
+                  "a live psctl's hold was ended: %s", cl_tail(r.psd[0]));
+    free(log);
+    stop_all(r.psd, 2);
+    cl_cluster_destroy(r.c);
+}
+END_TEST
+
 /* One checkpoint ask of shard 0 for checkpoint @p id (@p type MSG_CKPT_BEGIN or MSG_CKPT_GO):
  * the reply's flags. */
 static uint32_t ckpt_ask(coord_t *co, ps_msg_type_t type, uint64_t id)
@@ -3008,6 +3041,7 @@ Suite *ps_test_suite(void)
     ADD(bsp_checkpoint_hold_ends_with_dead_user);
     ADD(bsp_checkpoint_hold_ends_with_killed_psctl);
     ADD(asp_checkpoint_hold_ends_with_killed_psctl);
+    ADD(bsp_checkpoint_survives_transport_restart);
     ADD(sigstop_rejoins);
     ADD(sigstop_rejoin_refused_exits_2);
     ADD(all_leave_then_one_joins);
