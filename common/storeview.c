@@ -233,19 +233,23 @@ int ps_storeview_read(ps_storeview_t *v, uint32_t t, uint32_t c, uint64_t min_ve
     ps_chunk_key(kb, t, c);
     MDB_val k = {sizeof kb, kb}, val;
     int mrc = mdb_get(v->txn, v->env->dbi, &k, &val);
-    const ps_chunk_hdr_t *h = val.mv_data;
+    /* The header copied out: a small record sits inside an LMDB page at an odd address (a
+     * strict-alignment CPU would trap on it in place; UBSan reports it). */
+    ps_chunk_hdr_t h;
+    if (mrc == 0 && val.mv_size >= sizeof h) memcpy(&h, val.mv_data, sizeof h);
     if (mrc == MDB_NOTFOUND)
         rc = PS_ENOENT;
-    else if (mrc || val.mv_size < sizeof *h || val.mv_size != ps_chunk_rec_bytes(h->n, h->nstate) ||
-             h->format != PS_CHUNK_FORMAT || h->n != n)
+    else if (mrc || val.mv_size < sizeof h || val.mv_size != ps_chunk_rec_bytes(h.n, h.nstate) ||
+             h.format != PS_CHUNK_FORMAT || h.n != n)
         rc = PS_ESTORE;
-    else if (h->version < min_version)
+    else if (h.version < min_version)
         rc = PS_ESTALE;
     if (rc == 0) {
         /* Copied and checksummed in one pass (the CRC is folded from the copy's registers). */
-        if (ps_crc32c_copy(0, dst, h + 1, (size_t)n * 4) != h->crc32c) rc = PS_ECRC;
-        if (version) *version = h->version;
-        if (crc) *crc = h->crc32c;
+        const uint8_t *params = (const uint8_t *)val.mv_data + sizeof h;
+        if (ps_crc32c_copy(0, dst, params, (size_t)n * 4) != h.crc32c) rc = PS_ECRC;
+        if (version) *version = h.version;
+        if (crc) *crc = h.crc32c;
     }
     view_end(v);
     return rc;

@@ -197,7 +197,8 @@ static int by_ordinal(const void *a, const void *b)
 static uint64_t inv_root(inventory_t *inv)
 {
     sort_inv = inv; /* one copy runs at a time per process */
-    qsort(inv->chunks, inv->nchunks, sizeof *inv->chunks, by_ordinal);
+    if (inv->nchunks > 1) /* none: chunks is NULL, which qsort may not take (UBSan) */
+        qsort(inv->chunks, inv->nchunks, sizeof *inv->chunks, by_ordinal);
     uint64_t *h = malloc((inv->nchunks ? inv->nchunks : 1) * sizeof *h);
     if (h == NULL) return 0;
     for (size_t i = 0; i < inv->nchunks; i++) h[i] = inv->chunks[i].hash;

@@ -1377,6 +1377,17 @@ START_TEST(test_psbench_attach)
     b = psbench_attach(c, "psbench-member", ops_only);
     EXPECT_EXIT(b, 1);
     EXPECT_LOG(b, "workers in its job: psbench's clients would join its steps");
+    /* Killed once the job has its training set (the worker's first batch request): killed
+     * right after its join, it had none at times, and the job then looked unused (an ASan run
+     * of session 51). */
+    bool has_set = false;
+    for (int i = 0; i < RUN_S * 10 && !has_set; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "psctl-set-%d", i);
+        has_set = sum_field(status_json(c, name), "samples") > 0;
+        if (!has_set) usleep(100000);
+    }
+    ck_assert_msg(has_set, "the job never got its training set: %s", cl_tail(psd[0]));
     ck_assert_int_eq(cl_signal(w, SIGKILL), 0);
     ck_assert_int_eq(cl_wait(w, RUN_S), 128 + SIGKILL);
     ck_assert_msg(cl_wait_log(psd[0], "left at step", RUN_S) == 0, "the worker was not removed: %s",
