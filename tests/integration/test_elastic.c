@@ -1706,6 +1706,23 @@ static bool hold_on(coord_t *co)
     return on;
 }
 
+/* A bsp pair of replay workers (@p env=@p val for psd, or NULL) 80 samples into its job, and
+ * psctl checkpoint "ckpt-a" into @p dir_a[CL_PATH] (PS_TEST_ARM_GAP_MS @p gap_ms between its
+ * arms) once shard 0 is armed by it: its hold is on. */
+static cl_proc_t *bsp_checkpoint_arming(asp_stop_t *r, const char *env, const char *val,
+                                        int gap_ms, char *dir_a)
+{
+    replay_pair_start(r, "bsp", 2000, NULL, env, val, "160", 20, "check");
+    coord_t co;
+    coord_open(&co, r->c);
+    ck_assert_int_ge(wait_num(&co, "samples_applied", 80, 0, RUN_S), 80);
+    coord_close(&co);
+    cl_proc_t *a = checkpoint_spawn(r->c, "ckpt-a", gap_ms, dir_a);
+    ck_assert_msg(cl_wait_log(r->psd[0], "armed: at step", RUN_S) == 0, "shard 0 not armed: %s",
+                  cl_tail(r->psd[0]));
+    return a;
+}
+
 /* bsp: a psctl stopped (SIGSTOP: its connection stays) after its BEGIN stays a user of the hold
  * until its own lapse (3 s here, PS_TEST_CKPT_HOLD_MS), though another checkpoint's BEGIN and
  * GO came meanwhile; the hold then ends at that lapse. Before (a review), it lasted until the
@@ -1714,15 +1731,8 @@ static bool hold_on(coord_t *co)
 START_TEST(test_bsp_checkpoint_hold_ends_with_dead_user)
 {
     asp_stop_t r;
-    replay_pair_start(&r, "bsp", 2000, NULL, "PS_TEST_CKPT_HOLD_MS", "3000", "160", 20, "check");
-    coord_t co;
-    coord_open(&co, r.c);
-    ck_assert_int_ge(wait_num(&co, "samples_applied", 80, 0, RUN_S), 80);
-    coord_close(&co);
     char dir_b[CL_PATH], dir_a[CL_PATH];
-    cl_proc_t *a = checkpoint_spawn(r.c, "ckpt-a", 8000, dir_a);
-    ck_assert_msg(cl_wait_log(r.psd[0], "armed: at step", RUN_S) == 0, "shard 0 not armed: %s",
-                  cl_tail(r.psd[0]));
+    cl_proc_t *a = bsp_checkpoint_arming(&r, "PS_TEST_CKPT_HOLD_MS", "3000", 8000, dir_a);
     ck_assert_int_eq(cl_signal(a, SIGSTOP), 0);
     nap_ms(1000);
     cl_proc_t *b = checkpoint_spawn(r.c, "ckpt-b", 0, dir_b);
@@ -1748,14 +1758,10 @@ END_TEST
 START_TEST(test_bsp_checkpoint_hold_ends_with_killed_psctl)
 {
     asp_stop_t r;
-    replay_pair_start(&r, "bsp", 2000, NULL, NULL, NULL, "160", 20, "check");
+    char dir_b[CL_PATH], dir_a[CL_PATH];
+    cl_proc_t *a = bsp_checkpoint_arming(&r, NULL, NULL, 8000, dir_a);
     coord_t co;
     coord_open(&co, r.c);
-    ck_assert_int_ge(wait_num(&co, "samples_applied", 80, 0, RUN_S), 80);
-    char dir_b[CL_PATH], dir_a[CL_PATH];
-    cl_proc_t *a = checkpoint_spawn(r.c, "ckpt-a", 8000, dir_a);
-    ck_assert_msg(cl_wait_log(r.psd[0], "armed: at step", RUN_S) == 0, "shard 0 not armed: %s",
-                  cl_tail(r.psd[0]));
     ck_assert(hold_on(&co));
     ck_assert_int_eq(cl_signal(a, SIGKILL), 0);
     cl_wait(a, RUN_S);
@@ -1785,15 +1791,8 @@ END_TEST
 START_TEST(test_bsp_checkpoint_survives_transport_restart)
 {
     asp_stop_t r;
-    replay_pair_start(&r, "bsp", 2000, NULL, NULL, NULL, "160", 20, "check");
-    coord_t co;
-    coord_open(&co, r.c);
-    ck_assert_int_ge(wait_num(&co, "samples_applied", 80, 0, RUN_S), 80);
-    coord_close(&co);
     char dir_a[CL_PATH];
-    cl_proc_t *a = checkpoint_spawn(r.c, "ckpt-a", 3000, dir_a);
-    ck_assert_msg(cl_wait_log(r.psd[0], "armed: at step", RUN_S) == 0, "shard 0 not armed: %s",
-                  cl_tail(r.psd[0]));
+    cl_proc_t *a = bsp_checkpoint_arming(&r, NULL, NULL, 3000, dir_a);
     char *argv[] = {(char *)cl_binary("EVIL_PEER"), "--manifest", r.c->manifest,
                     "--die-mid-send", NULL};
     cl_wait(cl_spawn(r.c, "evil_peer", argv), RUN_S);
