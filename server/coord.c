@@ -381,13 +381,16 @@ static int save_now(psd_store_t *st, const coord_saved_t *s, const coord_rec_t *
 static void save_run(psd_slot_work_t *w)
 {
     coord_save_t *sv = (coord_save_t *)w;
-    if (w->srv->coord->crash_gen == sv->gen) { /* a test hook, on the pool thread */
+    /* The test hooks' numbers are set by the loop thread for a later save while this one runs
+     * (atomics: ThreadSanitizer, session 51). */
+    psd_coord_t *co = w->srv->coord;
+    if (__atomic_load_n(&co->crash_gen, __ATOMIC_ACQUIRE) == sv->gen) { /* a test hook */
         usleep(200 * 1000); /* whatever the loop sends meanwhile leaves */
         PS_LOG(PS_LOG_WARN, "coord", "killed in a save of the coordinator's state (%s)",
-               w->srv->coord->crash_hook);
+               __atomic_load_n(&co->crash_hook, __ATOMIC_RELAXED));
         raise(SIGKILL);
     }
-    if (w->srv->coord->fail_gen == sv->gen) { /* a test hook: as if the store refused it */
+    if (__atomic_load_n(&co->fail_gen, __ATOMIC_RELAXED) == sv->gen) { /* a test hook: as if the store refused it */
         PS_LOG(PS_LOG_WARN, "coord", "the save of a hand-out fails (PS_TEST_FAIL_HANDOUT_SAVE)");
         sv->rc = PS_ESTORE;
         return;
@@ -403,13 +406,16 @@ static void serve_parked(psd_server_t *srv);
  * this psd in save_run, logging @p hook. */
 static void crash_in_next_save(psd_coord_t *co, const char *hook)
 {
-    co->crash_gen = co->save_gen + 1;
-    co->crash_hook = hook;
+    __atomic_store_n(&co->crash_hook, hook, __ATOMIC_RELAXED);
+    __atomic_store_n(&co->crash_gen, co->save_gen + 1, __ATOMIC_RELEASE); /* after the name */
 }
 
 /* A test hook (PS_TEST_FAIL_HANDOUT_SAVE): the next save queued fails in save_run, as if the
  * store refused it. Named before the save is queued: a pool thread may run it at once. */
-static void fail_next_save(psd_coord_t *co) { co->fail_gen = co->save_gen + 1; }
+static void fail_next_save(psd_coord_t *co)
+{
+    __atomic_store_n(&co->fail_gen, co->save_gen + 1, __ATOMIC_RELAXED);
+}
 
 static void save_done(psd_slot_work_t *w)
 {

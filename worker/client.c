@@ -337,6 +337,13 @@ struct ps_client_s {
 /* CLOCK_MONOTONIC in nanoseconds: the clock of ops' times and of the PS_TRACE timeline. */
 static uint64_t mono_ns(void) { return ps_trace_now(); }
 
+/* This worker's rank, read on the comm thread: the caller's thread sets it at a join (a
+ * re-hello in ps_client_create) while the comm thread runs (ThreadSanitizer, session 51). */
+static inline int rank_now(const ps_client_t *c)
+{
+    return __atomic_load_n(&c->rank, __ATOMIC_RELAXED);
+}
+
 /* ---- comm thread: the timeline (PS_TRACE) ---------------------------------- */
 
 /* Lanes of a libps trace: what an op moves. */
@@ -831,7 +838,7 @@ static void bundle_flush(ps_client_t *c, uint32_t i)
     bundle_t *b = s->open;
     if (b == NULL) return;
     s->open = NULL;
-    ps_msg_t m = {.type = PS_MSG_BUNDLE, .rank = c->rank, .count = b->count, .length = b->len};
+    ps_msg_t m = {.type = PS_MSG_BUNDLE, .rank = rank_now(c), .count = b->count, .length = b->len};
     size_t hlen;
     ucs_status_t st = UCS_ERR_NOT_CONNECTED;
     void *req = NULL;
@@ -915,7 +922,7 @@ static void send_data_part(ps_client_t *c, ps_op_t *op, part_t *p)
 {
     const ctensor_t *t = c->tensors[op->tensor];
     uint64_t len = ps_chunk_len(t->numel, c->chunk_elems, p->chunk);
-    ps_msg_t m = {.req_id = op->req_id, .rank = c->rank, .tensor = t->id, .chunk = p->chunk,
+    ps_msg_t m = {.req_id = op->req_id, .rank = rank_now(c), .tensor = t->id, .chunk = p->chunk,
                   .step = op->step};
     p->resend = 0;
     p->held = 0;
@@ -1081,7 +1088,7 @@ static void start_op(ps_client_t *c, ps_op_t *op)
          * No heartbeat follows a leave: a shard that took it would refuse one. */
         op->req.type = PS_MSG_LEAVE; /* flags and step: a batch done (ps_client_batch_done) */
         op->req.req_id = op->req_id;
-        op->req.rank = c->rank;
+        op->req.rank = rank_now(c);
         c->leaving = 1;
         for (uint32_t i = 0; i < c->nshards; i++) /* no reconnect either (shard_lost) */
             uv_timer_stop(&c->shards[i].timer);
@@ -1254,7 +1261,7 @@ static void forward_view(ps_client_t *c, uint32_t i)
     const ps_view_t *v = ps_views_newest(&c->views);
     if (v == NULL) return;
     ps_msg_t m = {.type = PS_MSG_EPOCH, .epoch = v->epoch, .step = v->from,
-                  .members = v->members, .rank = c->rank};
+                  .members = v->members, .rank = rank_now(c)};
     forward_msg(c, i, &m);
 }
 
@@ -1302,11 +1309,11 @@ static void mark_removed(ps_client_t *c)
 {
     if (c->removed) return;
     c->removed = 1;
-    PS_LOG(PS_LOG_WARN, "libps", "rank %d was removed from the job", c->rank);
+    PS_LOG(PS_LOG_WARN, "libps", "rank %d was removed from the job", rank_now(c));
     for (ps_op_t *op = c->inflight, *nx; op; op = nx) {
         nx = op->next;
         if (op->on_done) continue;
-        op_fail(op, PS_ENOTMEMBER, "this worker (rank %d) was removed from the job", c->rank);
+        op_fail(op, PS_ENOTMEMBER, "this worker (rank %d) was removed from the job", rank_now(c));
         op_maybe_complete(op);
     }
 }
@@ -1374,9 +1381,9 @@ static void on_rehello(ps_op_t *op)
         parts_on_shard(c, i, 1);
         return;
     }
-    if (op->status == 0 && op->reply.rank != c->rank) {
+    if (op->status == 0 && op->reply.rank != rank_now(c)) {
         PS_LOG(PS_LOG_ERROR, "libps", "shard %u gave rank %d back, not %d", i, op->reply.rank,
-               c->rank);
+               rank_now(c));
         s->gone = 1;
         op->status = PS_EPROTO;
     }
@@ -1452,7 +1459,7 @@ static void on_reconnect_timer(uv_timer_t *h)
     op->on_done = on_rehello;
     op->submit_ns = mono_ns(); /* hello_overdue: unanswered for hello_deadline_ms */
     op->parts[0] = (part_t){.op = op, .shard = s->index, .pending = 1};
-    op->req = (ps_msg_t){.type = PS_MSG_HELLO, .rank = c->rank, .pid = (uint32_t)getpid(),
+    op->req = (ps_msg_t){.type = PS_MSG_HELLO, .rank = rank_now(c), .pid = (uint32_t)getpid(),
                          .samples = c->join_serial, .store_id = ps_storeview_host_id()};
     hello_conf(c, &op->req, s->index);
     snprintf(op->req.cluster, sizeof op->req.cluster, "%s", c->m.cluster);
@@ -1736,7 +1743,7 @@ static void on_heartbeat(uv_timer_t *h)
             continue;
         /* The rank is shard 0's answer, set by the joining thread; shards read none here. */
         ps_msg_t m = {.type = PS_MSG_HEARTBEAT,
-                      .rank = __atomic_load_n(&c->rank, __ATOMIC_RELAXED),
+                      .rank = rank_now(c),
                       .flags = s->answers_hb ? PS_FLAG_ANSWER : 0,
                       .joined_runs = __atomic_load_n(&c->runs_digest, __ATOMIC_RELAXED)};
         size_t len;
@@ -2028,7 +2035,7 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
             /* A closed step's members, for the shards that may still be at it: forwarded,
              * not this worker's view (it never stands for a later step). */
             ps_msg_t f = {.type = PS_MSG_EPOCH, .epoch = m.epoch, .step = m.step,
-                          .members = m.members, .rank = c->rank, .flags = PS_FLAG_CLOSED};
+                          .members = m.members, .rank = rank_now(c), .flags = PS_FLAG_CLOSED};
             for (uint32_t i = 1; i < c->nshards; i++) forward_msg(c, i, &f);
         } else if (m.shard == 0) {
             learn_view(c, m.epoch, m.step, m.members, 1);
