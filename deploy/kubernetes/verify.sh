@@ -51,6 +51,11 @@ if g["path"] != "/healthz" or g["port"] != servers[0]["metrics_port"]:
     fail("the readiness probe is not /healthz on the metrics port")
 if c["livenessProbe"].get("tcpSocket", {}).get("port") != servers[0]["metrics_port"]:
     fail("the liveness probe is not a TCP connect to the metrics port")
+st = c.get("startupProbe", {})
+if st.get("tcpSocket", {}).get("port") != servers[0]["metrics_port"]:
+    fail("the startup probe is not a TCP connect to the metrics port")
+if st.get("periodSeconds", 10) * st.get("failureThreshold", 3) < 600:
+    fail("the startup probe gives psd less than 10 minutes to load its store")
 vols = {v["name"]: v for v in pod["volumes"]}
 if vols.get("secret", {}).get("secret", {}).get("secretName") != "psd-secret":
     fail("the secret volume is not Secret psd-secret")
