@@ -390,7 +390,8 @@ static void save_run(psd_slot_work_t *w)
                __atomic_load_n(&co->crash_hook, __ATOMIC_RELAXED));
         raise(SIGKILL);
     }
-    if (__atomic_load_n(&co->fail_gen, __ATOMIC_RELAXED) == sv->gen) { /* a test hook: as if the store refused it */
+    if (__atomic_load_n(&co->fail_gen, __ATOMIC_RELAXED) == sv->gen) {
+        /* a test hook: as if the store refused it */
         PS_LOG(PS_LOG_WARN, "coord", "the save of a hand-out fails (PS_TEST_FAIL_HANDOUT_SAVE)");
         sv->rc = PS_ESTORE;
         return;
@@ -2060,7 +2061,8 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
          * batch's tag words (the words beyond are dropped; the re-hand queue's count was
          * checked against the stored length, or cut by state_from_old). */
         uint32_t clamped = 0;
-        for (uint32_t i = 0; i < co->s.cur.nrehand; i++) clamped += clamp_tags(&co->s.cur.rehand[i]);
+        for (uint32_t i = 0; i < co->s.cur.nrehand; i++)
+            clamped += clamp_tags(&co->s.cur.rehand[i]);
         for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
             clamped += clamp_tags(&co->s.m[r].batch) + clamp_tags(&co->rec.rc_batch[r]);
             co->rt[r].batch_seen = co->s.m[r].has_batch; /* it may have had the reply */

@@ -484,6 +484,8 @@ release:;
     return ret;
 }
 
+_Static_assert(PS_MAX_SERVERS <= 64, "psctl_checkpoint_run keeps a bit per shard in one word");
+
 /* The chunks a checkpoint part's meta.json lists ("chunks": [[t, c, version, hash], ...]). */
 static uint32_t meta_chunks(const char *mj)
 {
@@ -608,6 +610,7 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
     int *miss = calloc((size_t)n, sizeof *miss); /* status polls in a row without an answer */
     char *fate = calloc((size_t)n, 1);
     int done = 0, failed = 0;
+    uint64_t from_meta = 0; /* bit i: shard i's figures read from its meta.json (n <= 64) */
     bool late = false;    /* --wait ran out */
     bool stuck = false;   /* held_back: a finished job's tensor no push reached */
     bool said = false;    /* held_back named the tensor */
@@ -646,7 +649,7 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
                     st[i].step = psd_ckpt_meta_u64(mj, "step");
                     st[i].count = psd_ckpt_meta_u64(mj, "records_bytes");
                     st[i].chunk = meta_chunks(mj);
-                    st[i].workers = 1; /* printed as read from meta.json */
+                    from_meta |= 1ull << i;
                     free(mj);
                 }
                 if (strcmp(got, want) == 0) continue; /* done */
@@ -753,7 +756,7 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
     }
     for (int i = 0; i < n; i++) {
         char took[48];
-        if (st[i].workers) /* its status was gone: its meta.json's count of record bytes */
+        if (from_meta >> i & 1) /* its status was gone: its meta.json's count of record bytes */
             snprintf(took, sizeof took, " of records (from its meta.json)");
         else
             snprintf(took, sizeof took, ", %llu ms", (unsigned long long)st[i].step_max);
