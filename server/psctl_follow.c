@@ -15,6 +15,8 @@
  * After each checkpoint the oldest complete ones beyond `keep` are removed: only directories
  * named step-N or time-N under the checkpoint dir whose every shard-J/meta.json (J < nshards)
  * names this cluster, and in them only the files a checkpoint writes; anything else is left.
+ * So are incomplete checkpoints of this cluster that nothing can complete any more (abandoned()),
+ * and directories that hold only the marks of cancelled ones (cancelled_only()).
  * Before the first, checkpoints of another run past this run's start (server/run.h: a
  * rollback's abandoned steps) are renamed out of the way (set_aside). */
 #include <dirent.h>
@@ -23,6 +25,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ckpt_meta.h"
@@ -207,12 +211,106 @@ static int remove_cancelled(const char *dir)
     return rc;
 }
 
+/* How much older than the start of the checkpoint that just completed every file of an
+ * incomplete one must be for the prune to remove it (abandoned()): far beyond the ~10 s for
+ * which a checkpoint's arming can hold the job (CKPT_HOLD_MS) and any clock skew between the
+ * hosts that write the parts onto a shared filesystem. */
+#define ABANDONED_S 600
+
+/* Whether @p p's last change is before @p before (seconds since the epoch); also false when it
+ * cannot be looked at. */
+static int older(const char *p, time_t before)
+{
+    struct stat st;
+    return lstat(p, &st) == 0 && st.st_mtime < before;
+}
+
+/*
+ * Whether @p dir is an incomplete checkpoint of this cluster that nothing will complete: parts
+ * of some shards only (what a psctl killed -9 while it armed the shards leaves: the parts of
+ * those it had armed; or a shard's copy cut short by its crash), at least one of them a part
+ * whose meta.json names this cluster, no part of another cluster's, nothing in it but
+ * shard-J parts and psctl's cancel marks, and every one of those files and directories last
+ * changed before @p before (the start of the checkpoint that just completed, less ABANDONED_S).
+ * Sound because that checkpoint completed: each shard took its arm only while it copied no
+ * other checkpoint (psd refuses a second one as busy), so no copy into @p dir ran on any
+ * shard when it began; and a checkpoint's arming holds the job (shard 0's hold: bsp its step,
+ * asp / ssp the hand-out) for at most CKPT_HOLD_MS (10 s) without psctl, after which any arm
+ * is refused or the GO fails and a live psctl removes the parts itself. So a part this old
+ * belongs to a checkpoint whose psctl is gone or that has failed: no part will be added.
+ * *@p nshards: how many shard-J to remove.
+ */
+static int abandoned(const ps_manifest_t *m, const char *dir, time_t before, uint32_t *nshards)
+{
+    DIR *d = opendir(dir);
+    if (d == NULL) return 0;
+    int ours = 0, other = !older(dir, before);
+    uint32_t n = 0;
+    struct dirent *e;
+    while (!other && (e = readdir(d)) != NULL) {
+        const char *nm = e->d_name;
+        if (strcmp(nm, ".") == 0 || strcmp(nm, "..") == 0) continue;
+        char sub[PS_PATH_MAX + 256];
+        snprintf(sub, sizeof sub, "%s/%.60s", dir, nm);
+        other |= !older(sub, before);
+        if (strncmp(nm, PSD_CKPT_CANCELLED, strlen(PSD_CKPT_CANCELLED)) == 0) continue;
+        const char *num = strncmp(nm, "shard-", 6) == 0 ? nm + 6 : "";
+        if (!*num || strspn(num, "0123456789") != strlen(num) || strlen(num) > 3 ||
+            atoi(num) >= PS_MAX_SERVERS) {
+            other = 1; /* not a checkpoint's: left for a person */
+            break;
+        }
+        uint32_t j = (uint32_t)atoi(num);
+        if (j + 1 > n) n = j + 1;
+        DIR *sd = opendir(sub);
+        struct dirent *se;
+        while (sd && !other && (se = readdir(sd)) != NULL) {
+            char f[sizeof sub + 64];
+            snprintf(f, sizeof f, "%s/%.60s", sub, se->d_name);
+            other |= se->d_name[0] != '.' && !older(f, before);
+        }
+        if (sd) closedir(sd);
+        char *meta = psd_ckpt_meta_read(dir, j), cl[sizeof m->cluster + 8] = "";
+        if (meta == NULL) continue; /* a copy cut short: no meta.json */
+        psd_ckpt_meta_field(meta, "cluster", cl, sizeof cl);
+        uint32_t mn = psd_ckpt_meta_nshards(meta);
+        free(meta);
+        if (strcmp(cl, m->cluster) != 0) other = 1; /* another cluster's: not ours to judge */
+        ours = 1;
+        if (mn > n) n = mn;
+    }
+    closedir(d);
+    *nshards = n;
+    return ours && !other;
+}
+
+/* Remove @p dir, which abandoned() found: psctl's cancel marks, then the parts (only the files
+ * a checkpoint writes), then @p dir. 0 or -errno (what is left stays). */
+static int remove_abandoned(const char *dir, uint32_t nshards)
+{
+    DIR *d = opendir(dir);
+    if (d == NULL) return -errno;
+    int rc = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, PSD_CKPT_CANCELLED, strlen(PSD_CKPT_CANCELLED)) != 0) continue;
+        char mark[PS_PATH_MAX + 256];
+        snprintf(mark, sizeof mark, "%s/%.60s", dir, e->d_name);
+        if (unlink(mark) != 0 && rc == 0) rc = -errno;
+    }
+    closedir(d);
+    return rc ? rc : psctl_checkpoint_remove(dir, nshards);
+}
+
 /* Keep the newest @p keep complete checkpoints of this cluster in @p base; remove the rest,
- * and the directories of cancelled checkpoints that hold only psctl's marks (cancelled_only).
+ * the directories of cancelled checkpoints that hold only psctl's marks (cancelled_only), and
+ * incomplete checkpoints of this cluster whose every file predates @p began (when the
+ * checkpoint that just completed began) by ABANDONED_S (abandoned()).
  * Called after a checkpoint completed: every shard took its arm, and a shard's arm drops a
  * cancelled checkpoint it still held (checkpoint.c), so no shard looks for those marks any
- * more; before, such directories piled up while a shard was unreachable. */
-static void prune(const ps_manifest_t *m, const char *base, uint32_t keep)
+ * more; before, such directories piled up while a shard was unreachable, and the parts a
+ * psctl killed while it armed the shards left stayed for good. */
+static void prune(const ps_manifest_t *m, const char *base, uint32_t keep, time_t began)
 {
     DIR *d = opendir(base);
     if (d == NULL) return;
@@ -227,6 +325,18 @@ static void prune(const ps_manifest_t *m, const char *base, uint32_t keep)
         uint32_t nsh = 0;
         uint64_t step = recognise(m, dir, &nsh);
         if (step == UINT64_MAX) {
+            if (abandoned(m, dir, began - ABANDONED_S, &nsh)) {
+                int rc = remove_abandoned(dir, nsh);
+                if (rc)
+                    fprintf(stderr, "psctl: follow: cannot remove %s, an incomplete "
+                            "checkpoint: %s (left as it is)\n", dir, strerror(-rc));
+                else
+                    printf("psctl: follow: removed %s: an incomplete checkpoint (parts of "
+                           "some of its %u shards), untouched for more than %d s before this "
+                           "checkpoint began (its psctl was killed while it armed the shards, "
+                           "or a shard's copy was cut short)\n", dir, nsh, ABANDONED_S);
+                continue;
+            }
             if (!cancelled_only(dir)) continue;
             int rc = remove_cancelled(dir);
             if (rc)
@@ -399,9 +509,10 @@ int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wai
         fflush(stdout);
         uint64_t this_id = id;
         id = 0;
+        time_t began = time(NULL);
         if (psctl_checkpoint_run(cl, m, step, this_id, dir, next, wait_s, t0, 0) == 0) {
             taken++;
-            prune(m, base, ck->keep);
+            prune(m, base, ck->keep, began);
         } else {
             fprintf(stderr, "psctl: follow: the checkpoint into %s failed; going on\n", dir);
         }

@@ -40,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/time.h>
 
 #include "cluster.h"
 #include "expect.h"
@@ -2052,6 +2053,40 @@ static int listed(char names[][64], int n, const char *dir)
     return 0;
 }
 
+/* A part of an incomplete checkpoint under @p base: NAME/shard-J/{data.mdb, meta.json} with a
+ * meta.json naming @p cluster and @p nshards, and with @p aged its files and directories last
+ * changed two hours ago (what a psctl killed while it armed the shards leaves, long before). */
+static void plant_part(const char *base, const char *name, uint32_t j, const char *cluster,
+                       uint32_t nshards, int aged)
+{
+    char dir[CL_PATH + 96], part[CL_PATH + 128], f[CL_PATH + 160];
+    snprintf(dir, sizeof dir, "%s/%s", base, name);
+    snprintf(part, sizeof part, "%s/shard-%u", dir, j);
+    ck_assert_msg((mkdir(dir, 0755) == 0 || errno == EEXIST) && mkdir(part, 0755) == 0,
+                  "mkdir %s: %s", part, strerror(errno));
+    const char *files[] = {"data.mdb", "meta.json"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(f, sizeof f, "%s/%s", part, files[i]);
+        FILE *fp = fopen(f, "w");
+        ck_assert_ptr_nonnull(fp);
+        if (i == 1)
+            fprintf(fp, "{\"checkpoint\": \"00000000000000cc\", \"cluster\": \"%s\", "
+                    "\"shard\": %u, \"nshards\": %u, \"step\": 5}\n", cluster, j, nshards);
+        else
+            fputs("planted by the test\n", fp);
+        fclose(fp);
+        if (aged) {
+            struct timeval tv[2] = {{time(NULL) - 7200, 0}, {time(NULL) - 7200, 0}};
+            ck_assert_int_eq(utimes(f, tv), 0);
+        }
+    }
+    if (aged) {
+        struct timeval tv[2] = {{time(NULL) - 7200, 0}, {time(NULL) - 7200, 0}};
+        ck_assert_int_eq(utimes(part, tv), 0);
+        ck_assert_int_eq(utimes(dir, tv), 0);
+    }
+}
+
 START_TEST(test_periodic_checkpoints)
 {
     cl_conf_t k = {.shards = 2, .workers = 1, .optimizer = "{name: adam, lr: 0.001}",
@@ -2092,6 +2127,13 @@ START_TEST(test_periodic_checkpoints)
         fputs("planted by the test\n", f);
         fclose(f);
     }
+    /* Incomplete checkpoints of this cluster (parts of some of its shards, as a psctl killed
+     * -9 while it armed them leaves): step-5's untouched for two hours goes at the next
+     * prune; step-6's, written just now (its checkpoint may still be under way), stays, as
+     * does step-8, another cluster's. Before, all three stayed for good. */
+    plant_part(base, "step-5", 1, c->cluster_name, 2, 1);
+    plant_part(base, "step-6", 0, c->cluster_name, 2, 0);
+    plant_part(base, "step-8", 0, "another-cluster", 2, 1);
     cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
     EXPECT_EXIT(w, 0);
     /* The job is finished: the follower takes step 50's checkpoint, prunes, and exits 0. */
@@ -2105,18 +2147,23 @@ START_TEST(test_periodic_checkpoints)
     EXPECT_LOG(psd[0], "psctl: follow: the job is finished: stopping after 5 checkpoints");
     ck_assert_int_eq(count_in_log(psd[0], "psctl: follow: removed checkpoint "), 3);
     EXPECT_LOG(psd[0], "/step-3: only the marks of a cancelled checkpoint were left there");
+    EXPECT_LOG(psd[0], "/step-5: an incomplete checkpoint (parts of some of its 2 shards), "
+                       "untouched for more than 600 s");
+    ck_assert_int_eq(count_in_log(psd[0], ": an incomplete checkpoint (parts of"), 1);
 
-    /* Exactly the two newest remain (and step-7's leftovers), and each verifies clean. */
+    /* Exactly the two newest remain (and the leftovers of step-6, step-7 and step-8), and
+     * each of the two verifies clean. */
     DIR *d = opendir(base);
     ck_assert_msg(d != NULL, "no %s", base);
     int n = 0;
     for (struct dirent *e; (e = readdir(d)) != NULL && n < 16;)
         if (e->d_name[0] != '.') snprintf(names[n++], sizeof names[0], "%.60s", e->d_name);
     closedir(d);
-    ck_assert_msg(n == 3 && listed(names, n, "step-40") && listed(names, n, "step-50") &&
-                      listed(names, n, "step-7"),
-                  "%d entries in %s, want step-7, step-40 and step-50 (first: %s)", n, base,
-                  n ? names[0] : "-");
+    ck_assert_msg(n == 5 && listed(names, n, "step-40") && listed(names, n, "step-50") &&
+                      listed(names, n, "step-6") && listed(names, n, "step-7") &&
+                      listed(names, n, "step-8"),
+                  "%d entries in %s, want step-6, step-7, step-8, step-40 and step-50 (first: "
+                  "%s)", n, base, n ? names[0] : "-");
     for (int s = 40; s <= 50; s += 10) {
         char dir[CL_PATH + 64], line[64];
         snprintf(dir, sizeof dir, "%s/step-%d", base, s);
