@@ -1279,6 +1279,55 @@ START_TEST(test_trace_timeline)
 }
 END_TEST
 
+/* The median that bench/round_timeline.py printed for @p name in @p log ("  NAME   VALUE"). */
+static double timeline_value(const char *log, const char *name)
+{
+    char want[64];
+    snprintf(want, sizeof want, "  %s ", name);
+    const char *at = strstr(log, want);
+    ck_assert_msg(at != NULL, "round_timeline printed no \"%s\": %s", name, log);
+    return strtod(at + strlen(want), NULL);
+}
+
+/* bench/round_timeline.py reads psbench --trace's files of the rounds' cluster (c1: psbench's
+ * second) and prints where a round's time goes: medians of events that happen in this order
+ * in every round (a push lands before its update ends, the round ends with its pull), one
+ * apply job a round for a one-chunk tensor. A case with no files is named (exit 1). */
+START_TEST(test_round_timeline)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    char dir[CL_PATH];
+    cl_path(c, "tr", dir, sizeof dir);
+    ck_assert_int_eq(mkdir(dir, 0755), 0);
+    char *bench[] = {(char *)cl_binary("PSBENCH"), "--quick", "--only", "ops", "--shards", "1",
+                     "--workers", "1", "--transports", "shm", "--sizes", "64K", "--trace",
+                     dir, NULL};
+    EXPECT_EXIT(cl_spawn(c, "psbench", bench), 0);
+    char *tl[] = {(char *)cl_binary("ROUND_TIMELINE"), dir, "c1-1x1-shm", NULL};
+    cl_proc_t *p = cl_spawn(c, "timeline", tl);
+    EXPECT_EXIT(p, 0);
+    char *log = cl_log(p);
+    const char *r = strstr(log, "c1-1x1-shm: ");
+    ck_assert_msg(r && atoi(r + 12) >= 100, "want at least 100 rounds: %s", log);
+    double first = timeline_value(log, "first push at psd"),
+           landed = timeline_value(log, "last push data landed"),
+           applied = timeline_value(log, "last apply ended"),
+           pulled = timeline_value(log, "last pull chunk landed"),
+           round = timeline_value(log, "round");
+    ck_assert_msg(first >= 0 && first <= landed && landed <= applied && applied <= round &&
+                      pulled <= round,
+                  "the round's events out of order: %s", log);
+    ck_assert_int_eq((int)timeline_value(log, "apply jobs"), 1);
+    free(log);
+    char *none[] = {(char *)cl_binary("ROUND_TIMELINE"), dir, "c7-2x2-tcp", NULL};
+    p = cl_spawn(c, "timeline-none", none);
+    EXPECT_EXIT(p, 1);
+    EXPECT_LOG(p, "round_timeline: no c7-2x2-tcp-client0.json or no c7-2x2-tcp-shard*.json in ");
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* The throughput row of @p op at @p size over @p tr with @p shards x @p workers in psbench's
  * JSON @p j: its value, or -1 when there is none. */
 static double bench_value(const char *j, const char *op, unsigned size, int shards, int workers,
@@ -1477,6 +1526,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("self_test", test_self_test));
     suite_add_tcase(s, tcase("trace_timeline", test_trace_timeline));
     suite_add_tcase(s, tcase("psbench_attach", test_psbench_attach));
+    suite_add_tcase(s, tcase("round_timeline", test_round_timeline));
     suite_add_tcase(s, tcase("chunk_bookkeeping_small", test_chunk_bookkeeping_small));
     return s;
 }
