@@ -217,71 +217,129 @@ static int remove_cancelled(const char *dir)
  * hosts that write the parts onto a shared filesystem. */
 #define ABANDONED_S 600
 
-/* Whether @p p's last change is before @p before (seconds since the epoch); also false when it
- * cannot be looked at. */
-static int older(const char *p, time_t before)
+/* Whether @p p is of @p type (S_IFDIR or S_IFREG: a symbolic link is neither) and last
+ * changed before @p before (seconds since the epoch); false when it cannot be looked at. */
+static int old_entry(const char *p, mode_t type, time_t before)
 {
     struct stat st;
-    return lstat(p, &st) == 0 && st.st_mtime < before;
+    return lstat(p, &st) == 0 && (st.st_mode & S_IFMT) == type && st.st_mtime < before;
+}
+
+/* Whether @p nm is a cancel mark's name as psctl writes it: "cancelled-" and 16 hex digits. */
+static int cancel_mark_name(const char *nm)
+{
+    size_t k = strlen(PSD_CKPT_CANCELLED);
+    return strncmp(nm, PSD_CKPT_CANCELLED, k) == 0 && strlen(nm + k) == 16 &&
+           strspn(nm + k, "0123456789abcdef") == 16;
+}
+
+/* J of a part's name "shard-J" (decimal, no leading zero, below PS_MAX_SERVERS), else -1. */
+static int part_number(const char *nm)
+{
+    const char *num = nm + 6;
+    size_t len = strncmp(nm, "shard-", 6) == 0 ? strlen(num) : 0;
+    if (len == 0 || len > 3 || strspn(num, "0123456789") != len || (num[0] == '0' && len > 1))
+        return -1;
+    int j = atoi(num);
+    return j < PS_MAX_SERVERS ? j : -1;
+}
+
+/* Whether part directory @p part holds only files a checkpoint writes there, each a regular
+ * file last changed before @p before. */
+static int part_files_old(const char *part, time_t before)
+{
+    static const char *const known[] = {"data.mdb", "lock.mdb", PSD_CKPT_META,
+                                        PSD_CKPT_META ".tmp"};
+    DIR *d = opendir(part);
+    if (d == NULL) return 0;
+    int ok = 1;
+    for (;;) {
+        errno = 0;
+        struct dirent *e = readdir(d);
+        if (e == NULL) {
+            ok &= errno == 0;
+            break;
+        }
+        const char *nm = e->d_name;
+        if (strcmp(nm, ".") == 0 || strcmp(nm, "..") == 0) continue;
+        int is_known = 0;
+        for (size_t i = 0; i < sizeof known / sizeof *known; i++)
+            is_known |= strcmp(nm, known[i]) == 0;
+        char f[PS_PATH_MAX + 320];
+        snprintf(f, sizeof f, "%s/%.60s", part, nm);
+        if (!is_known || !old_entry(f, S_IFREG, before)) {
+            ok = 0;
+            break;
+        }
+    }
+    closedir(d);
+    return ok;
 }
 
 /*
- * Whether @p dir is an incomplete checkpoint of this cluster that nothing will complete: parts
- * of some shards only (what a psctl killed -9 while it armed the shards leaves: the parts of
- * those it had armed; or a shard's copy cut short by its crash), at least one of them a part
- * whose meta.json names this cluster, no part of another cluster's, nothing in it but
- * shard-J parts and psctl's cancel marks, and every one of those files and directories last
+ * Whether @p dir is an incomplete checkpoint of this cluster that nothing will complete: the
+ * parts of some of its shards only (what a psctl killed -9 while it armed the shards leaves:
+ * the parts of those it had armed), at least one with a meta.json naming this cluster and none
+ * another cluster's; nothing in it but shard-J directories holding only the files a checkpoint
+ * writes and psctl's cancel marks (no symbolic link, nothing else); every one of them last
  * changed before @p before (the start of the checkpoint that just completed, less ABANDONED_S).
+ * Anything unexpected, or that cannot be read, keeps the directory. Only asked when the
+ * follower sees every part of the checkpoint it just completed (prune(): on storage that is
+ * not shared, every checkpoint looks like this from shard 0's host).
  * Sound because that checkpoint completed: each shard took its arm only while it copied no
  * other checkpoint (psd refuses a second one as busy), so no copy into @p dir ran on any
- * shard when it began; and a checkpoint's arming holds the job (shard 0's hold: bsp its step,
- * asp / ssp the hand-out) for at most CKPT_HOLD_MS (10 s) without psctl, after which any arm
- * is refused or the GO fails and a live psctl removes the parts itself. So a part this old
- * belongs to a checkpoint whose psctl is gone or that has failed: no part will be added.
- * *@p nshards: how many shard-J to remove.
+ * shard when it began, and one into @p dir can only begin again if @p dir's own psctl, still
+ * alive, arms another shard after more than ABANDONED_S. It arms them one after the other as
+ * soon as the hold is granted, so only one stopped (SIGSTOP) that long could; a killed one
+ * cannot. *@p nshards: how many shard-J to remove.
  */
 static int abandoned(const ps_manifest_t *m, const char *dir, time_t before, uint32_t *nshards)
 {
+    if (!old_entry(dir, S_IFDIR, before)) return 0;
     DIR *d = opendir(dir);
     if (d == NULL) return 0;
-    int ours = 0, other = !older(dir, before);
+    int ours = 0, other = 0;
     uint32_t n = 0;
-    struct dirent *e;
-    while (!other && (e = readdir(d)) != NULL) {
+    uint64_t present = 0; /* the shard-J directories there */
+    while (!other) {
+        errno = 0;
+        struct dirent *e = readdir(d);
+        if (e == NULL) {
+            other = errno != 0;
+            break;
+        }
         const char *nm = e->d_name;
         if (strcmp(nm, ".") == 0 || strcmp(nm, "..") == 0) continue;
         char sub[PS_PATH_MAX + 256];
         snprintf(sub, sizeof sub, "%s/%.60s", dir, nm);
-        other |= !older(sub, before);
-        if (strncmp(nm, PSD_CKPT_CANCELLED, strlen(PSD_CKPT_CANCELLED)) == 0) continue;
-        const char *num = strncmp(nm, "shard-", 6) == 0 ? nm + 6 : "";
-        if (!*num || strspn(num, "0123456789") != strlen(num) || strlen(num) > 3 ||
-            atoi(num) >= PS_MAX_SERVERS) {
-            other = 1; /* not a checkpoint's: left for a person */
+        if (cancel_mark_name(nm)) {
+            other = !old_entry(sub, S_IFREG, before);
+            continue;
+        }
+        int j = part_number(nm);
+        if (j < 0 || !old_entry(sub, S_IFDIR, before) || !part_files_old(sub, before)) {
+            other = 1; /* not a checkpoint's, or changed lately: left as it is */
             break;
         }
-        uint32_t j = (uint32_t)atoi(num);
-        if (j + 1 > n) n = j + 1;
-        DIR *sd = opendir(sub);
-        struct dirent *se;
-        while (sd && !other && (se = readdir(sd)) != NULL) {
-            char f[sizeof sub + 64];
-            snprintf(f, sizeof f, "%s/%.60s", sub, se->d_name);
-            other |= se->d_name[0] != '.' && !older(f, before);
+        present |= 1ull << j;
+        if ((uint32_t)j + 1 > n) n = (uint32_t)j + 1;
+        errno = 0;
+        char *meta = psd_ckpt_meta_read(dir, (uint32_t)j), cl[sizeof m->cluster + 8] = "";
+        if (meta == NULL) { /* a copy cut short has none; any other failure keeps dir */
+            other = errno != ENOENT;
+            continue;
         }
-        if (sd) closedir(sd);
-        char *meta = psd_ckpt_meta_read(dir, j), cl[sizeof m->cluster + 8] = "";
-        if (meta == NULL) continue; /* a copy cut short: no meta.json */
         psd_ckpt_meta_field(meta, "cluster", cl, sizeof cl);
         uint32_t mn = psd_ckpt_meta_nshards(meta);
         free(meta);
-        if (strcmp(cl, m->cluster) != 0) other = 1; /* another cluster's: not ours to judge */
+        if (strcmp(cl, m->cluster) != 0 || mn == 0) other = 1; /* another cluster's */
         ours = 1;
         if (mn > n) n = mn;
     }
     closedir(d);
+    uint64_t every = n >= 64 ? ~0ull : (1ull << n) - 1;
     *nshards = n;
-    return ours && !other;
+    return ours && !other && (present & every) != every; /* some shard's part is missing */
 }
 
 /* Remove @p dir, which abandoned() found: psctl's cancel marks, then the parts (only the files
@@ -293,7 +351,7 @@ static int remove_abandoned(const char *dir, uint32_t nshards)
     int rc = 0;
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
-        if (strncmp(e->d_name, PSD_CKPT_CANCELLED, strlen(PSD_CKPT_CANCELLED)) != 0) continue;
+        if (!cancel_mark_name(e->d_name)) continue;
         char mark[PS_PATH_MAX + 256];
         snprintf(mark, sizeof mark, "%s/%.60s", dir, e->d_name);
         if (unlink(mark) != 0 && rc == 0) rc = -errno;
@@ -303,15 +361,20 @@ static int remove_abandoned(const char *dir, uint32_t nshards)
 }
 
 /* Keep the newest @p keep complete checkpoints of this cluster in @p base; remove the rest,
- * the directories of cancelled checkpoints that hold only psctl's marks (cancelled_only), and
- * incomplete checkpoints of this cluster whose every file predates @p began (when the
- * checkpoint that just completed began) by ABANDONED_S (abandoned()).
+ * the directories of cancelled checkpoints that hold only psctl's marks (cancelled_only), and,
+ * when this host sees every part of @p just (the checkpoint that just completed, begun at
+ * @p began), incomplete checkpoints of this cluster whose every file predates @p began by
+ * ABANDONED_S (abandoned()).
  * Called after a checkpoint completed: every shard took its arm, and a shard's arm drops a
  * cancelled checkpoint it still held (checkpoint.c), so no shard looks for those marks any
  * more; before, such directories piled up while a shard was unreachable, and the parts a
  * psctl killed while it armed the shards left stayed for good. */
-static void prune(const ps_manifest_t *m, const char *base, uint32_t keep, time_t began)
+static void prune(const ps_manifest_t *m, const char *base, uint32_t keep, const char *just,
+                  time_t began)
 {
+    /* Parts on each host's own disk (not shared storage): shard 0's host sees only its own,
+     * and every checkpoint, complete or not, looks incomplete from here. */
+    const int sees_all = recognise(m, just, NULL) != UINT64_MAX;
     DIR *d = opendir(base);
     if (d == NULL) return;
     kept_t *all = NULL;
@@ -325,7 +388,7 @@ static void prune(const ps_manifest_t *m, const char *base, uint32_t keep, time_
         uint32_t nsh = 0;
         uint64_t step = recognise(m, dir, &nsh);
         if (step == UINT64_MAX) {
-            if (abandoned(m, dir, began - ABANDONED_S, &nsh)) {
+            if (sees_all && abandoned(m, dir, began - ABANDONED_S, &nsh)) {
                 int rc = remove_abandoned(dir, nsh);
                 if (rc)
                     fprintf(stderr, "psctl: follow: cannot remove %s, an incomplete "
@@ -512,7 +575,7 @@ int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wai
         time_t began = time(NULL);
         if (psctl_checkpoint_run(cl, m, step, this_id, dir, next, wait_s, t0, 0) == 0) {
             taken++;
-            prune(m, base, ck->keep, began);
+            prune(m, base, ck->keep, dir, began);
         } else {
             fprintf(stderr, "psctl: follow: the checkpoint into %s failed; going on\n", dir);
         }

@@ -2053,19 +2053,28 @@ static int listed(char names[][64], int n, const char *dir)
     return 0;
 }
 
-/* A part of an incomplete checkpoint under @p base: NAME/shard-J/{data.mdb, meta.json} with a
- * meta.json naming @p cluster and @p nshards, and with @p aged its files and directories last
- * changed two hours ago (what a psctl killed while it armed the shards leaves, long before). */
+/* Set @p path's times (not a link's target's) two hours back. */
+static void age(const char *path)
+{
+    struct timeval tv[2] = {{time(NULL) - 7200, 0}, {time(NULL) - 7200, 0}};
+    ck_assert_msg(lutimes(path, tv) == 0, "lutimes %s: %s", path, strerror(errno));
+}
+
+/* A part of an incomplete checkpoint under @p base: NAME/shard-J/ with data.mdb, a meta.json
+ * naming @p cluster and @p nshards (none when @p cluster is NULL) and @p extra (a file of that
+ * name, when not NULL); with @p aged, its files and directories last changed two hours ago
+ * (what a psctl killed while it armed the shards leaves, long before). */
 static void plant_part(const char *base, const char *name, uint32_t j, const char *cluster,
-                       uint32_t nshards, int aged)
+                       uint32_t nshards, int aged, const char *extra)
 {
     char dir[CL_PATH + 96], part[CL_PATH + 128], f[CL_PATH + 160];
     snprintf(dir, sizeof dir, "%s/%s", base, name);
     snprintf(part, sizeof part, "%s/shard-%u", dir, j);
     ck_assert_msg((mkdir(dir, 0755) == 0 || errno == EEXIST) && mkdir(part, 0755) == 0,
                   "mkdir %s: %s", part, strerror(errno));
-    const char *files[] = {"data.mdb", "meta.json"};
-    for (int i = 0; i < 2; i++) {
+    const char *files[] = {"data.mdb", cluster ? "meta.json" : NULL, extra};
+    for (int i = 0; i < 3; i++) {
+        if (files[i] == NULL) continue;
         snprintf(f, sizeof f, "%s/%s", part, files[i]);
         FILE *fp = fopen(f, "w");
         ck_assert_ptr_nonnull(fp);
@@ -2075,16 +2084,25 @@ static void plant_part(const char *base, const char *name, uint32_t j, const cha
         else
             fputs("planted by the test\n", fp);
         fclose(fp);
-        if (aged) {
-            struct timeval tv[2] = {{time(NULL) - 7200, 0}, {time(NULL) - 7200, 0}};
-            ck_assert_int_eq(utimes(f, tv), 0);
-        }
+        if (aged) age(f);
     }
     if (aged) {
-        struct timeval tv[2] = {{time(NULL) - 7200, 0}, {time(NULL) - 7200, 0}};
-        ck_assert_int_eq(utimes(part, tv), 0);
-        ck_assert_int_eq(utimes(dir, tv), 0);
+        age(part);
+        age(dir);
     }
+}
+
+/* A file @p name in @p base's directory @p dir, aged. */
+static void plant_file(const char *base, const char *dir, const char *name)
+{
+    char f[CL_PATH + 192];
+    snprintf(f, sizeof f, "%s/%s/%s", base, dir, name);
+    FILE *fp = fopen(f, "w");
+    ck_assert_msg(fp != NULL, "%s: %s", f, strerror(errno));
+    fclose(fp);
+    age(f);
+    snprintf(f, sizeof f, "%s/%s", base, dir);
+    age(f);
 }
 
 START_TEST(test_periodic_checkpoints)
@@ -2128,12 +2146,27 @@ START_TEST(test_periodic_checkpoints)
         fclose(f);
     }
     /* Incomplete checkpoints of this cluster (parts of some of its shards, as a psctl killed
-     * -9 while it armed them leaves): step-5's untouched for two hours goes at the next
-     * prune; step-6's, written just now (its checkpoint may still be under way), stays, as
-     * does step-8, another cluster's. Before, all three stayed for good. */
-    plant_part(base, "step-5", 1, c->cluster_name, 2, 1);
-    plant_part(base, "step-6", 0, c->cluster_name, 2, 0);
-    plant_part(base, "step-8", 0, "another-cluster", 2, 1);
+     * -9 while it armed them leaves): step-5's, untouched for two hours, goes at the next
+     * prune with its cancel mark; step-6's, written just now (its checkpoint may still be
+     * under way), stays, as do step-8 (another cluster's), step-9 (a file a checkpoint does
+     * not write in its part), step-12 (its part a symbolic link to a directory elsewhere,
+     * whose files must stay) and step-13 (every part there, one without its meta.json: not
+     * judged). Before, the first stayed for good too. */
+    plant_part(base, "step-5", 1, c->cluster_name, 2, 1, NULL);
+    plant_file(base, "step-5", "cancelled-00000000000000dd");
+    plant_part(base, "step-6", 0, c->cluster_name, 2, 0, NULL);
+    plant_part(base, "step-8", 0, "another-cluster", 2, 1, NULL);
+    plant_part(base, "step-9", 0, c->cluster_name, 2, 1, "notes.txt");
+    plant_part(base, "elsewhere", 0, c->cluster_name, 2, 1, NULL);
+    snprintf(plant, sizeof plant, "%s/step-12", base);
+    ck_assert_int_eq(mkdir(plant, 0755), 0);
+    snprintf(plant, sizeof plant, "%s/step-12/shard-1", base);
+    ck_assert_int_eq(symlink("../elsewhere/shard-0", plant), 0);
+    age(plant);
+    snprintf(plant, sizeof plant, "%s/step-12", base);
+    age(plant);
+    plant_part(base, "step-13", 0, c->cluster_name, 2, 1, NULL);
+    plant_part(base, "step-13", 1, NULL, 2, 1, NULL);
     cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
     EXPECT_EXIT(w, 0);
     /* The job is finished: the follower takes step 50's checkpoint, prunes, and exits 0. */
@@ -2151,19 +2184,21 @@ START_TEST(test_periodic_checkpoints)
                        "untouched for more than 600 s");
     ck_assert_int_eq(count_in_log(psd[0], ": an incomplete checkpoint (parts of"), 1);
 
-    /* Exactly the two newest remain (and the leftovers of step-6, step-7 and step-8), and
-     * each of the two verifies clean. */
+    snprintf(plant, sizeof plant, "%s/elsewhere/shard-0/data.mdb", base);
+    ck_assert_msg(access(plant, F_OK) == 0, "%s was removed through a symbolic link", plant);
+    /* Exactly the two newest remain (and the directories planted to stay), and each of the
+     * two verifies clean. */
     DIR *d = opendir(base);
     ck_assert_msg(d != NULL, "no %s", base);
     int n = 0;
     for (struct dirent *e; (e = readdir(d)) != NULL && n < 16;)
         if (e->d_name[0] != '.') snprintf(names[n++], sizeof names[0], "%.60s", e->d_name);
     closedir(d);
-    ck_assert_msg(n == 5 && listed(names, n, "step-40") && listed(names, n, "step-50") &&
-                      listed(names, n, "step-6") && listed(names, n, "step-7") &&
-                      listed(names, n, "step-8"),
-                  "%d entries in %s, want step-6, step-7, step-8, step-40 and step-50 (first: "
-                  "%s)", n, base, n ? names[0] : "-");
+    const char *stay[] = {"step-6",  "step-7",  "step-8",  "step-9",   "step-12",
+                          "step-13", "step-40", "step-50", "elsewhere"};
+    ck_assert_msg(n == 9, "%d entries in %s, want 9 (first: %s)", n, base, n ? names[0] : "-");
+    for (int i = 0; i < 9; i++)
+        ck_assert_msg(listed(names, n, stay[i]), "%s/%s is gone", base, stay[i]);
     for (int s = 40; s <= 50; s += 10) {
         char dir[CL_PATH + 64], line[64];
         snprintf(dir, sizeof dir, "%s/step-%d", base, s);
@@ -2183,6 +2218,52 @@ START_TEST(test_periodic_checkpoints)
         ck_assert_msg(kill(pid, 0) == -1 && errno == ESRCH, "follower %d still runs", (int)pid);
     }
     free(log);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+/* Checkpoints on each host's own disk, not shared storage: shard 1 runs in a mount namespace
+ * of its own with a tmpfs over the checkpoints' directory, so psd's follower (beside shard 0)
+ * sees only shard 0's part of each. Every checkpoint then looks incomplete from there, so the
+ * follower judges none abandoned: an aged shard-0 part (what shard 0's host keeps of an old
+ * complete checkpoint) stays, as do the checkpoints it took. Before, the prune removed shard
+ * 0's part of every checkpoint once it was 10 minutes old. Skipped (said so) where
+ * unprivileged namespaces are not allowed. */
+START_TEST(test_periodic_checkpoints_unshared)
+{
+    if (system("unshare -rm true 2>/dev/null") != 0) {
+        fprintf(stderr, "periodic_checkpoints_unshared: skipped (unshare -rm is not allowed)\n");
+        return;
+    }
+    cl_conf_t k = {.shards = 2, .workers = 1, .optimizer = "{name: sgd, lr: 0.05}",
+                   .layers = "[784, 16, 10]", .chunk_bytes = 16384, .batch_size = 16,
+                   .max_steps = 30, .top_extra = "checkpoint: {every_steps: 10, keep: 1}\n"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    char base[CL_PATH + 32], script[6 * CL_PATH], part[CL_PATH + 64];
+    snprintf(base, sizeof base, "%s/../checkpoints", c->data_dir[0]);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), NULL}; /* makes data0 */
+    ck_assert_msg(mkdir(base, 0755) == 0 || errno == EEXIST, "%s: %s", base, strerror(errno));
+    plant_part(base, "step-5", 0, c->cluster_name, 2, 1, NULL);
+    snprintf(script, sizeof script, "mount -t tmpfs -o size=64m tmpfs '%s' && exec '%s' "
+             "--manifest '%s' --shard 1", base, cl_binary("PSD"), c->manifest);
+    char *argv[] = {"/usr/bin/unshare", "-rm", "/bin/sh", "-c", script, NULL};
+    psd[1] = cl_spawn(c, "psd1", argv);
+    ck_assert_msg(cl_wait_log(psd[1], "listening", READY_S) == 0, "shard 1 did not start: %s",
+                  cl_tail(psd[1]));
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    EXPECT_EXIT(w, 0);
+    ck_assert_msg(cl_wait_log(psd[0], "exited: the job is finished", RUN_S) == 0,
+                  "the follower did not finish; psd0: %s", cl_tail(psd[0]));
+    EXPECT_LOG(psd[0], "psctl: follow: the job is finished: stopping after 3 checkpoints");
+    ck_assert_int_eq(count_in_log(psd[0], "psctl: follow: removed "), 0);
+    const char *stay[] = {"step-5", "step-10", "step-20", "step-30"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(part, sizeof part, "%s/%s/shard-0/meta.json", base, stay[i]);
+        ck_assert_msg(access(part, F_OK) == 0, "%s is gone", part);
+        snprintf(part, sizeof part, "%s/%s/shard-1", base, stay[i]);
+        ck_assert_msg(access(part, F_OK) != 0, "%s is on shard 0's disk", part);
+    }
+    stop_all(psd, 2);
     cl_cluster_destroy(c);
 }
 END_TEST
@@ -2420,6 +2501,8 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("header_crc_damage_found", test_header_crc_damage_found));
     suite_add_tcase(s, tcase("restore_duplicate_chunk_refused", test_restore_duplicate_chunk_refused));
     suite_add_tcase(s, tcase("periodic_checkpoints", test_periodic_checkpoints));
+    suite_add_tcase(s,
+                    tcase("periodic_checkpoints_unshared", test_periodic_checkpoints_unshared));
     suite_add_tcase(s, tcase("follower_stop_releases_hold", test_follower_stop_releases_hold));
     suite_add_tcase(s, tcase("checkpoint_dir_refused", test_checkpoint_dir_refused));
     suite_add_tcase(s, tcase("checkpoint_branch_page_damaged", test_checkpoint_branch_page_damaged));
