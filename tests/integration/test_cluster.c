@@ -1291,8 +1291,9 @@ static double timeline_value(const char *log, const char *name)
 
 /* bench/round_timeline.py reads psbench --trace's files of the rounds' cluster (c1: psbench's
  * second) and prints where a round's time goes: medians of events that happen in this order
- * in every round (a push lands before its update ends, the round ends with its pull), one
- * apply job a round for a one-chunk tensor. A case with no files is named (exit 1). */
+ * in every round (the push lands, its update ends, then its acknowledgement and the pull of
+ * the new version reach the client), one apply job a round for a one-chunk tensor. A case
+ * with no files, or a tensor with no ops, is named (exit 1). */
 START_TEST(test_round_timeline)
 {
     cl_conf_t k = {.shards = 1, .workers = 1};
@@ -1308,15 +1309,16 @@ START_TEST(test_round_timeline)
     cl_proc_t *p = cl_spawn(c, "timeline", tl);
     EXPECT_EXIT(p, 0);
     char *log = cl_log(p);
-    const char *r = strstr(log, "c1-1x1-shm: ");
-    ck_assert_msg(r && atoi(r + 12) >= 100, "want at least 100 rounds: %s", log);
+    const char *r = strstr(log, "c1-1x1-shm, tensor 0 (1 chunks): ");
+    ck_assert_msg(r && atoi(r + 33) >= 20, "want tensor 0 and at least 20 rounds: %s", log);
     double first = timeline_value(log, "first push at psd"),
            landed = timeline_value(log, "last push data landed"),
            applied = timeline_value(log, "last apply ended"),
+           acked = timeline_value(log, "last ack at the client"),
            pulled = timeline_value(log, "last pull chunk landed"),
            round = timeline_value(log, "round");
-    ck_assert_msg(first >= 0 && first <= landed && landed <= applied && applied <= round &&
-                      pulled <= round,
+    ck_assert_msg(first >= 0 && first <= landed && landed <= applied && applied <= acked &&
+                      applied <= pulled && pulled <= round,
                   "the round's events out of order: %s", log);
     ck_assert_int_eq((int)timeline_value(log, "apply jobs"), 1);
     free(log);
@@ -1324,6 +1326,10 @@ START_TEST(test_round_timeline)
     p = cl_spawn(c, "timeline-none", none);
     EXPECT_EXIT(p, 1);
     EXPECT_LOG(p, "round_timeline: no c7-2x2-tcp-client0.json or no c7-2x2-tcp-shard*.json in ");
+    char *other[] = {(char *)cl_binary("ROUND_TIMELINE"), dir, "c1-1x1-shm", "99", NULL};
+    p = cl_spawn(c, "timeline-99", other);
+    EXPECT_EXIT(p, 1);
+    EXPECT_LOG(p, "round_timeline: no push or pull of tensor 99 in ");
     cl_cluster_destroy(c);
 }
 END_TEST
