@@ -82,14 +82,18 @@ int psctl_checkpoint_dir(const ps_manifest_t *m, const char *base_in, uint64_t s
 }
 
 /* Shard @p j's part of checkpoint @p dir: only the files a checkpoint writes, then shard-J
- * (anything else in it makes rmdir fail, and it stays). @return 0 (also when there is none),
- * or -errno. */
+ * (anything else in it makes rmdir fail, and it stays). A shard-J that is not a directory (a
+ * symbolic link to one: the files would go from where it points) is left, -ENOTDIR.
+ * @return 0 (also when there is none), or -errno. */
 static int remove_part(const char *dir, uint32_t j)
 {
     static const char *const files[] = {"data.mdb", "lock.mdb", PSD_CKPT_META, PSD_CKPT_META ".tmp"};
     char path[PS_PATH_MAX + 192];
     snprintf(path, sizeof path, "%.1100s/shard-%u", dir, j);
-    if (access(path, F_OK) != 0) return 0; /* never made, or its shard removed it */
+    struct stat st;
+    if (lstat(path, &st) != 0) /* never made, or its shard removed it */
+        return errno == ENOENT ? 0 : -errno;
+    if (!S_ISDIR(st.st_mode)) return -ENOTDIR;
     for (size_t f = 0; f < sizeof files / sizeof *files; f++) {
         char fp[sizeof path + 32];
         snprintf(fp, sizeof fp, "%.1200s/%s", path, files[f]);
@@ -287,7 +291,8 @@ static void give_up(ps_req_t *cl, const char *d, uint64_t id, int n, char *fate,
     if (refused) {
         if (rc == 0 || rc == -ENOTEMPTY || rc == -EEXIST || rc == -ENOENT)
             fprintf(stderr, "psctl: checkpoint: cancelled it and removed the parts of the %d "
-                    "shard(s) armed before the refusal from %s\n", n, d);
+                    "shard(s) armed (or asked without an answer) before the refusal from %s\n",
+                    n, d);
         else
             fprintf(stderr, "psctl: checkpoint: cannot remove %s: %s (left as it is)\n", d,
                     strerror(-rc));

@@ -93,9 +93,19 @@ static int by_step(const void *a, const void *b)
     return strcmp(x->name, y->name);
 }
 
-/* A complete checkpoint of this cluster: every shard's meta.json is there and names it.
- * @return its step (*@p nshards its shard count, when not NULL), or UINT64_MAX when @p dir is
- * not one. */
+/* Whether @p dir's shard-@p j is a directory (not a symbolic link to one). */
+static int part_dir(const char *dir, uint32_t j)
+{
+    char p[PS_PATH_MAX + 192];
+    snprintf(p, sizeof p, "%.1100s/shard-%u", dir, j);
+    struct stat st;
+    return lstat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* A complete checkpoint of this cluster: every shard's part is a directory (a symbolic link is
+ * not a part: pruning removed the files it pointed to; a helper's soak) whose meta.json names
+ * it. @return its step (*@p nshards its shard count, when not NULL), or UINT64_MAX when @p dir
+ * is not one. */
 static uint64_t recognise(const ps_manifest_t *m, const char *dir, uint32_t *nshards)
 {
     char *meta = psd_ckpt_meta_read(dir, 0), cl[sizeof m->cluster + 8] = "";
@@ -103,8 +113,10 @@ static uint64_t recognise(const ps_manifest_t *m, const char *dir, uint32_t *nsh
     uint64_t n = psd_ckpt_meta_u64(meta, "nshards"), step = psd_ckpt_meta_u64(meta, "step");
     psd_ckpt_meta_field(meta, "cluster", cl, sizeof cl);
     free(meta);
-    if (strcmp(cl, m->cluster) != 0 || n == 0 || n == UINT64_MAX) return UINT64_MAX;
+    if (strcmp(cl, m->cluster) != 0 || n == 0 || n == UINT64_MAX || !part_dir(dir, 0))
+        return UINT64_MAX;
     for (uint32_t j = 1; j < n; j++) {
+        if (!part_dir(dir, j)) return UINT64_MAX;
         char c2[sizeof cl] = "";
         if ((meta = psd_ckpt_meta_read(dir, j)) == NULL) return UINT64_MAX;
         psd_ckpt_meta_field(meta, "cluster", c2, sizeof c2);
@@ -392,7 +404,7 @@ static void prune(const ps_manifest_t *m, const char *base, uint32_t keep, const
                 int rc = remove_abandoned(dir, nsh);
                 if (rc)
                     fprintf(stderr, "psctl: follow: cannot remove %s, an incomplete "
-                            "checkpoint: %s (left as it is)\n", dir, strerror(-rc));
+                            "checkpoint: %s (what is left of it stays)\n", dir, strerror(-rc));
                 else
                     printf("psctl: follow: removed %s: an incomplete checkpoint (parts of "
                            "some of its %u shards), untouched for more than %d s before this "
@@ -427,8 +439,8 @@ static void prune(const ps_manifest_t *m, const char *base, uint32_t keep, const
         snprintf(dir, sizeof dir, "%s/%s", base, all[i].name);
         int rc = psctl_checkpoint_remove(dir, all[i].nshards);
         if (rc)
-            fprintf(stderr, "psctl: follow: cannot remove old checkpoint %s: %s (left as it is)\n",
-                    dir, strerror(-rc));
+            fprintf(stderr, "psctl: follow: cannot remove old checkpoint %s: %s (what is left "
+                    "of it stays)\n", dir, strerror(-rc));
         else
             printf("psctl: follow: removed checkpoint %s (step %llu): keeping the newest %u\n",
                    dir, (unsigned long long)all[i].step, keep);

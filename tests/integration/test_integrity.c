@@ -1864,7 +1864,8 @@ START_TEST(test_checkpoint_not_ours_refused)
     const char *ck2[] = {"checkpoint", "--dir", d2, NULL};
     cl_proc_t *p2 = psctl(c, "checkpoint-refused", 1, ck2);
     EXPECT_LOG(p2, "already holds a checkpoint");
-    EXPECT_LOG(p2, "removed the parts of the 1 shard(s) armed before the refusal");
+    EXPECT_LOG(p2, "removed the parts of the 1 shard(s) armed (or asked without an answer) "
+                   "before the refusal");
     ck_assert_int_eq(access(f2, F_OK), 0);
     snprintf(f2, sizeof f2, "%s/shard-0", d2);
     ck_assert_msg(access(f2, F_OK) != 0, "%s is still there", f2);
@@ -2167,6 +2168,13 @@ START_TEST(test_periodic_checkpoints)
     age(plant);
     plant_part(base, "step-13", 0, c->cluster_name, 2, 1, NULL);
     plant_part(base, "step-13", 1, NULL, 2, 1, NULL);
+    /* step-14 would be whole but for its shard-1, a symbolic link to a part elsewhere: no
+     * checkpoint, so the keep rule (it would be the oldest) leaves it and the files the link
+     * points to. Before, the keep rule removed those through the link (a helper's soak). */
+    plant_part(base, "step-14", 0, c->cluster_name, 2, 0, NULL);
+    plant_part(base, "elsewhere", 1, c->cluster_name, 2, 0, NULL);
+    snprintf(plant, sizeof plant, "%s/step-14/shard-1", base);
+    ck_assert_int_eq(symlink("../elsewhere/shard-1", plant), 0);
     cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
     EXPECT_EXIT(w, 0);
     /* The job is finished: the follower takes step 50's checkpoint, prunes, and exits 0. */
@@ -2184,8 +2192,10 @@ START_TEST(test_periodic_checkpoints)
                        "untouched for more than 600 s");
     ck_assert_int_eq(count_in_log(psd[0], ": an incomplete checkpoint (parts of"), 1);
 
-    snprintf(plant, sizeof plant, "%s/elsewhere/shard-0/data.mdb", base);
-    ck_assert_msg(access(plant, F_OK) == 0, "%s was removed through a symbolic link", plant);
+    for (int j = 0; j < 2; j++) {
+        snprintf(plant, sizeof plant, "%s/elsewhere/shard-%d/meta.json", base, j);
+        ck_assert_msg(access(plant, F_OK) == 0, "%s was removed through a symbolic link", plant);
+    }
     /* Exactly the two newest remain (and the directories planted to stay), and each of the
      * two verifies clean. */
     DIR *d = opendir(base);
@@ -2195,9 +2205,9 @@ START_TEST(test_periodic_checkpoints)
         if (e->d_name[0] != '.') snprintf(names[n++], sizeof names[0], "%.60s", e->d_name);
     closedir(d);
     const char *stay[] = {"step-6",  "step-7",  "step-8",  "step-9",   "step-12",
-                          "step-13", "step-40", "step-50", "elsewhere"};
-    ck_assert_msg(n == 9, "%d entries in %s, want 9 (first: %s)", n, base, n ? names[0] : "-");
-    for (int i = 0; i < 9; i++)
+                          "step-13", "step-14", "step-40", "step-50", "elsewhere"};
+    ck_assert_msg(n == 10, "%d entries in %s, want 10 (first: %s)", n, base, n ? names[0] : "-");
+    for (int i = 0; i < 10; i++)
         ck_assert_msg(listed(names, n, stay[i]), "%s/%s is gone", base, stay[i]);
     for (int s = 40; s <= 50; s += 10) {
         char dir[CL_PATH + 64], line[64];
