@@ -28,6 +28,7 @@
 #include "manifest.h"
 #include "proc.h"
 #include "report.h"
+#include "targets.h"
 
 #ifndef PSBENCH_PSD
 #define PSBENCH_PSD "psd"
@@ -1226,7 +1227,8 @@ int main(int argc, char **argv)
            round_is);
     pb_report_table();
     size_t nres;
-    pb_results(&nres);
+    pb_result_t *res = pb_results(&nres);
+    pb_targets_report(stdout, res, nres, false);
     printf("\n%zu results, %d clusters, %.1f s; load average %.2f at the start, %.2f at the end "
            "(%ld CPUs)\n",
            nres, b.cluster_id, took, load0, load1, sysconf(_SC_NPROCESSORS_ONLN));
@@ -1242,6 +1244,9 @@ int main(int argc, char **argv)
     }
     if (b.markdown) {
         int rc = pb_report_markdown(b.markdown);
+        FILE *f = rc ? NULL : fopen(b.markdown, "a");
+        if (f) pb_targets_report(f, res, nres, true);
+        if (rc == 0 && (f == NULL || fclose(f) != 0)) rc = -errno;
         if (rc) pb_die("%s: %s", b.markdown, strerror(-rc));
     }
     pb_proc_cleanup();

@@ -1,0 +1,136 @@
+/* targets.c: the fast-path issue's targets, judged on one psbench run (see targets.h). */
+#include "targets.h"
+
+#include <stdarg.h>
+#include <string.h>
+
+/* One target's line while it is built: its cases' figures, how many there are and how many
+ * miss the bar. */
+typedef struct {
+    char text[1024];
+    size_t len;
+    int cases, below;
+} line_t;
+
+static void add(line_t *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void add(line_t *l, const char *fmt, ...)
+{
+    if (l->len >= sizeof l->text) return; /* cut: what fitted stays */
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(l->text + l->len, sizeof l->text - l->len, fmt, ap);
+    va_end(ap);
+    if (k > 0) l->len += (size_t)k;
+}
+
+/* Print @p l under @p title; @return 1 when measured and not met. */
+static int verdict(FILE *f, bool md, const char *title, const line_t *l)
+{
+    fprintf(f, "%s%s: ", md ? "- " : "  ", title);
+    if (l->cases == 0) {
+        fprintf(f, "not measured in this run\n");
+        return 0;
+    }
+    if (l->below == 0)
+        fprintf(f, "%s: %smet%s\n", l->text, md ? "**" : "", md ? "**" : "");
+    else
+        fprintf(f, "%s: not met (%d of %d below the bar)\n", l->text, l->below, l->cases);
+    return l->below > 0;
+}
+
+static bool is(const pb_result_t *r, const char *op, pb_metric_t metric, const char *tr)
+{
+    return strcmp(r->op, op) == 0 && r->metric == metric && r->ratio >= 0 &&
+           (tr == NULL || strcmp(r->transport, tr) == 0);
+}
+
+/* The rounds (optimizer mean: the server only sums) over @p tr of @p min..@p max bytes, by
+ * layout in the order the run measured them: each case's throughput ratio, or with @p latency
+ * its p50 and how many of UCX's round trips that is. */
+static void rounds(line_t *l, const pb_result_t *res, size_t n, const char *tr,
+                   pb_metric_t metric, uint64_t min, uint64_t max, bool latency)
+{
+    char seen[8][16];
+    int nseen = 0;
+    for (size_t i = 0; i < n; i++) {
+        const pb_result_t *r = &res[i];
+        if (!is(r, "round", metric, tr) || strcmp(r->optimizer, "mean") != 0 ||
+            r->size_bytes < min || r->size_bytes > max)
+            continue;
+        char lay[16];
+        snprintf(lay, sizeof lay, "%dx%d", r->shards, r->workers);
+        int k = 0;
+        while (k < nseen && strcmp(seen[k], lay) != 0) k++;
+        if (k < nseen || nseen == 8) continue; /* that layout's cases are printed together */
+        snprintf(seen[nseen++], sizeof seen[0], "%s", lay);
+        add(l, "%s%s", l->cases ? "; " : "", lay);
+        for (size_t j = i; j < n; j++) {
+            const pb_result_t *q = &res[j];
+            if (!is(q, "round", metric, tr) || strcmp(q->optimizer, "mean") != 0 ||
+                q->size_bytes < min || q->size_bytes > max || q->shards != r->shards ||
+                q->workers != r->workers)
+                continue;
+            add(l, " %s", pb_size_str(q->size_bytes));
+            l->cases++;
+            if (latency) { /* p50 in us and in round trips (the limit is one) */
+                add(l, " %.1f us (%.1fx)", q->value, q->value / q->limit);
+                l->below += q->value > PB_TARGET_SMALL_RTTS * q->limit;
+            } else {
+                add(l, " %.2f", q->ratio);
+                l->below += q->ratio < PB_TARGET_ROUND_BW;
+            }
+        }
+    }
+}
+
+int pb_targets_report(FILE *f, const pb_result_t *res, size_t n, bool md)
+{
+    static const char *const trs[][2] = {
+        {"direct", "direct (shm and psd's direct pulls and pushes)"},
+        {"shm", "shm (UCX only)"},
+        {"tcp", "tcp"}};
+    int unmet = 0;
+    char title[160];
+    fprintf(f, "\nTargets of the fast-path issue, judged on this run:\n");
+    for (int t = 0; t < 3; t++) {
+        line_t l = {.len = 0};
+        rounds(&l, res, n, trs[t][0], PB_THROUGHPUT, PB_TARGET_ROUND_MIN_BYTES, UINT64_MAX,
+               false);
+        snprintf(title, sizeof title, "round >= %.1f x ucp_am_bw from %s, %s", PB_TARGET_ROUND_BW,
+                 pb_size_str(PB_TARGET_ROUND_MIN_BYTES), trs[t][1]);
+        unmet += verdict(f, md, title, &l);
+    }
+    for (int t = 0; t < 3; t++) {
+        line_t l = {.len = 0};
+        rounds(&l, res, n, trs[t][0], PB_P50, PB_TARGET_SMALL_BYTES, PB_TARGET_SMALL_BYTES,
+               true);
+        snprintf(title, sizeof title, "%s round p50 <= %.0f x UCX's round trip (2 x "
+                 "ucp_am_lat), %s", pb_size_str(PB_TARGET_SMALL_BYTES), PB_TARGET_SMALL_RTTS,
+                 trs[t][1]);
+        unmet += verdict(f, md, title, &l);
+    }
+    line_t adam = {.len = 0};
+    for (size_t i = 0; i < n; i++)
+        if (is(&res[i], "apply_store", PB_THROUGHPUT, NULL) &&
+            strcmp(res[i].optimizer, "adam") == 0) {
+            add(&adam, "%s%.2f", adam.cases ? ", " : "", res[i].ratio);
+            adam.cases++;
+            adam.below += res[i].ratio < PB_TARGET_ADAM_STORE;
+        }
+    snprintf(title, sizeof title, "adam through the store >= %.1f x the in-RAM loop",
+             PB_TARGET_ADAM_STORE);
+    unmet += verdict(f, md, title, &adam);
+    line_t step = {.len = 0};
+    for (size_t i = 0; i < n; i++) {
+        const pb_result_t *r = &res[i];
+        if (!is(r, "bsp_step", PB_P50, NULL) || r->limit <= 0) continue;
+        add(&step, "%s%s %.1f ms (%.2fx)", step.cases ? ", " : "", r->transport,
+            r->value / 1000, r->value / r->limit);
+        step.cases++;
+        step.below += r->value > PB_TARGET_STEP_MODEL * r->limit;
+    }
+    snprintf(title, sizeof title, "BSP step (adam, 2x2) <= %.1f x the model",
+             PB_TARGET_STEP_MODEL);
+    unmet += verdict(f, md, title, &step);
+    return unmet;
+}
