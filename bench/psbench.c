@@ -1246,7 +1246,8 @@ int main(int argc, char **argv)
         int rc = pb_report_markdown(b.markdown);
         FILE *f = rc ? NULL : fopen(b.markdown, "a");
         if (f) pb_targets_report(f, res, nres, true);
-        if (rc == 0 && (f == NULL || fclose(f) != 0)) rc = -errno;
+        if (rc == 0 && f == NULL) rc = -errno;
+        if (f && (ferror(f) | fclose(f)) && rc == 0) rc = -EIO;
         if (rc) pb_die("%s: %s", b.markdown, strerror(-rc));
     }
     pb_proc_cleanup();

@@ -10,6 +10,7 @@ typedef struct {
     char text[1024];
     size_t len;
     int cases, below;
+    int unjudged; /* cases measured without a limit (no limits part, or shards elsewhere) */
 } line_t;
 
 static void add(line_t *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -28,7 +29,9 @@ static int verdict(FILE *f, bool md, const char *title, const line_t *l)
 {
     fprintf(f, "%s%s: ", md ? "- " : "  ", title);
     if (l->cases == 0) {
-        fprintf(f, "not measured in this run\n");
+        fprintf(f, "%s\n", l->unjudged ? "measured without a limit in this run (no limits part, "
+                                         "or shards on other hosts): not judged"
+                                       : "not measured in this run");
         return 0;
     }
     if (l->below == 0)
@@ -38,10 +41,16 @@ static int verdict(FILE *f, bool md, const char *title, const line_t *l)
     return l->below > 0;
 }
 
-static bool is(const pb_result_t *r, const char *op, pb_metric_t metric, const char *tr)
+/* Whether @p r is a case of @p op / @p metric over @p tr (NULL: any) with a limit; one
+ * without a limit is counted in @p l as not judged. */
+static bool is(line_t *l, const pb_result_t *r, const char *op, pb_metric_t metric,
+               const char *tr)
 {
-    return strcmp(r->op, op) == 0 && r->metric == metric && r->ratio >= 0 &&
-           (tr == NULL || strcmp(r->transport, tr) == 0);
+    if (strcmp(r->op, op) != 0 || r->metric != metric ||
+        (tr != NULL && strcmp(r->transport, tr) != 0))
+        return false;
+    l->unjudged += r->ratio < 0 || r->limit <= 0;
+    return r->ratio >= 0 && r->limit > 0;
 }
 
 /* The rounds (optimizer mean: the server only sums) over @p tr of @p min..@p max bytes, by
@@ -54,8 +63,8 @@ static void rounds(line_t *l, const pb_result_t *res, size_t n, const char *tr,
     int nseen = 0;
     for (size_t i = 0; i < n; i++) {
         const pb_result_t *r = &res[i];
-        if (!is(r, "round", metric, tr) || strcmp(r->optimizer, "mean") != 0 ||
-            r->size_bytes < min || r->size_bytes > max)
+        if (strcmp(r->optimizer, "mean") != 0 || r->size_bytes < min || r->size_bytes > max ||
+            !is(l, r, "round", metric, tr))
             continue;
         char lay[16];
         snprintf(lay, sizeof lay, "%dx%d", r->shards, r->workers);
@@ -66,9 +75,10 @@ static void rounds(line_t *l, const pb_result_t *res, size_t n, const char *tr,
         add(l, "%s%s", l->cases ? "; " : "", lay);
         for (size_t j = i; j < n; j++) {
             const pb_result_t *q = &res[j];
-            if (!is(q, "round", metric, tr) || strcmp(q->optimizer, "mean") != 0 ||
-                q->size_bytes < min || q->size_bytes > max || q->shards != r->shards ||
-                q->workers != r->workers)
+            if (strcmp(q->optimizer, "mean") != 0 || q->size_bytes < min ||
+                q->size_bytes > max || q->shards != r->shards || q->workers != r->workers ||
+                q->ratio < 0 || q->limit <= 0 || strcmp(q->op, "round") != 0 ||
+                q->metric != metric || strcmp(q->transport, tr) != 0)
                 continue;
             add(l, " %s", pb_size_str(q->size_bytes));
             l->cases++;
@@ -111,19 +121,19 @@ int pb_targets_report(FILE *f, const pb_result_t *res, size_t n, bool md)
     }
     line_t adam = {.len = 0};
     for (size_t i = 0; i < n; i++)
-        if (is(&res[i], "apply_store", PB_THROUGHPUT, NULL) &&
-            strcmp(res[i].optimizer, "adam") == 0) {
+        if (strcmp(res[i].optimizer, "adam") == 0 &&
+            is(&adam, &res[i], "apply_store", PB_THROUGHPUT, NULL)) {
             add(&adam, "%s%.2f", adam.cases ? ", " : "", res[i].ratio);
             adam.cases++;
             adam.below += res[i].ratio < PB_TARGET_ADAM_STORE;
         }
-    snprintf(title, sizeof title, "adam through the store >= %.1f x the in-RAM loop",
-             PB_TARGET_ADAM_STORE);
+    snprintf(title, sizeof title, "adam through the store (psd's apply threads) >= %.1f x the "
+             "in-RAM loop (one thread)", PB_TARGET_ADAM_STORE);
     unmet += verdict(f, md, title, &adam);
     line_t step = {.len = 0};
     for (size_t i = 0; i < n; i++) {
         const pb_result_t *r = &res[i];
-        if (!is(r, "bsp_step", PB_P50, NULL) || r->limit <= 0) continue;
+        if (!is(&step, r, "bsp_step", PB_P50, NULL)) continue;
         add(&step, "%s%s %.1f ms (%.2fx)", step.cases ? ", " : "", r->transport,
             r->value / 1000, r->value / r->limit);
         step.cases++;

@@ -12,8 +12,10 @@
 #include "report.h"
 
 /** Bars: a round's transport rate over ucp_am_bw; a 4 KiB round's p50 over UCX's round trip
- *  (psbench's limit, 2 x ucp_am_lat); adam through the store over the in-RAM loop; the BSP
- *  step over the model (bytes each worker moves / bandwidth + apply time alone). */
+ *  (psbench's limit, 2 x the busy-polling ucp_am_lat; the event-driven one is in the table's
+ *  note); adam through the store (psd's apply threads) over the in-RAM loop (one thread); the
+ *  BSP step over psbench's model (docs/PERFORMANCE.md: every worker's bytes over one pair's
+ *  ucp_am_bw, the workers of one host sharing it, plus the apply alone). */
 #define PB_TARGET_ROUND_BW 0.8
 #define PB_TARGET_ROUND_MIN_BYTES (1u << 20)
 #define PB_TARGET_SMALL_BYTES 4096u

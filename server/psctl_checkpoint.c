@@ -91,8 +91,8 @@ static int remove_part(const char *dir, uint32_t j)
     char path[PS_PATH_MAX + 192];
     snprintf(path, sizeof path, "%.1100s/shard-%u", dir, j);
     struct stat st;
-    if (lstat(path, &st) != 0) /* never made, or its shard removed it */
-        return errno == ENOENT ? 0 : -errno;
+    if (lstat(path, &st) != 0) /* never made, its shard removed it, or D is under a file */
+        return errno == ENOENT || errno == ENOTDIR ? 0 : -errno;
     if (!S_ISDIR(st.st_mode)) return -ENOTDIR;
     for (size_t f = 0; f < sizeof files / sizeof *files; f++) {
         char fp[sizeof path + 32];
@@ -104,6 +104,9 @@ static int remove_part(const char *dir, uint32_t j)
 
 int psctl_checkpoint_remove(const char *dir, uint32_t nshards)
 {
+    struct stat st; /* nothing is removed through a symbolic link to a directory elsewhere */
+    if (lstat(dir, &st) != 0) return -errno;
+    if (!S_ISDIR(st.st_mode)) return -ENOTDIR;
     for (uint32_t j = 0; j < nshards; j++) {
         int rc = remove_part(dir, j);
         if (rc) return rc;

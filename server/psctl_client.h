@@ -67,7 +67,8 @@ enum { PSCTL_CK_MOVABLE = 1, PSCTL_CK_OWN_DIR = 2, PSCTL_CK_OPEN_EMPTY = 4, PSCT
 /** @brief Remove checkpoint @p dir of @p nshards shards: in each shard-J (J < nshards; one
  *  missing is skipped) only the files a checkpoint writes (data.mdb, lock.mdb, meta.json,
  *  meta.json.tmp), then the directories; anything else in them makes rmdir fail, and it is
- *  left. @return 0 or -errno. */
+ *  left. @p dir or a shard-J that is a symbolic link (or no directory) is left (-ENOTDIR), and
+ *  nothing behind it is touched. @return 0 or -errno. */
 int psctl_checkpoint_remove(const char *dir, uint32_t nshards);
 /** @brief The absolute directory of a checkpoint at @p step (UINT64_MAX: time-<now>) under
  *  @p base (NULL or "": <shard 0's data_dir>/../checkpoints). @return 0, PS_EINVAL if too long. */

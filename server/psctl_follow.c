@@ -397,6 +397,8 @@ static void prune(const ps_manifest_t *m, const char *base, uint32_t keep, const
         if (!checkpoint_name(nm)) continue;
         char dir[PS_PATH_MAX + 128];
         snprintf(dir, sizeof dir, "%s/%.60s", base, nm);
+        struct stat st; /* a symbolic link to a directory elsewhere is not judged, nor pruned */
+        if (lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) continue;
         uint32_t nsh = 0;
         uint64_t step = recognise(m, dir, &nsh);
         if (step == UINT64_MAX) {

@@ -1734,6 +1734,31 @@ START_TEST(test_full_disk_refused)
 }
 END_TEST
 
+/* psctl checkpoint --dir under a file: the shards say they cannot make their parts, and the
+ * give-up finds nothing to remove. Before, a part's lstat said "Not a directory" and psctl
+ * printed "cannot remove shard 0's part ...: Not a directory (left as it is)" (a helper's
+ * review of session 52's change to remove_part). */
+START_TEST(test_checkpoint_dir_under_file)
+{
+    cl_conf_t k = {.shards = 1, .optimizer = "{name: mean}"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *p = cl_psd_start(c, 0, NULL, READY_S);
+    char n[] = "1000", steps[] = "1";
+    char *a[] = {(char *)cl_binary("MEAN_CLIENT"), c->manifest, n, steps, NULL};
+    EXPECT_EXIT(cl_spawn(c, "mean", a), 0);
+    char under_file[CL_PATH + 8];
+    snprintf(under_file, sizeof under_file, "%s/x", c->manifest);
+    const char *args[] = {"checkpoint", "--dir", under_file, NULL};
+    cl_proc_t *ck = psctl(c, "under_file", 1, args);
+    EXPECT_LOG(ck, "/x/shard-0: cannot create it: Not a directory");
+    EXPECT_LOG(ck, "cancelled it and removed the incomplete checkpoint ");
+    ck_assert_int_eq(count_in_log(ck, "cannot remove"), 0);
+    ck_assert_int_eq(cl_signal(p, SIGTERM), 0);
+    EXPECT_EXIT(p, 0);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* One chunk's stored bytes changed (psd stopped): verify names it, a new checkpoint fails and
  * leaves no directory, repair --from a checkpoint at the same step rewrites it, and verify is
  * clean again. */
@@ -2175,6 +2200,13 @@ START_TEST(test_periodic_checkpoints)
     plant_part(base, "elsewhere", 1, c->cluster_name, 2, 0, NULL);
     snprintf(plant, sizeof plant, "%s/step-14/shard-1", base);
     ck_assert_int_eq(symlink("../elsewhere/shard-1", plant), 0);
+    /* step-15 is a symbolic link to a whole checkpoint of this cluster elsewhere (step 5 by
+     * its meta.json: the oldest): not pruned, and nothing behind it removed (a helper's
+     * review: the check of shard-J alone still went through a linked step-N). */
+    plant_part(base, "whole-elsewhere", 0, c->cluster_name, 2, 0, NULL);
+    plant_part(base, "whole-elsewhere", 1, c->cluster_name, 2, 0, NULL);
+    snprintf(plant, sizeof plant, "%s/step-15", base);
+    ck_assert_int_eq(symlink("whole-elsewhere", plant), 0);
     cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
     EXPECT_EXIT(w, 0);
     /* The job is finished: the follower takes step 50's checkpoint, prunes, and exits 0. */
@@ -2192,8 +2224,9 @@ START_TEST(test_periodic_checkpoints)
                        "untouched for more than 600 s");
     ck_assert_int_eq(count_in_log(psd[0], ": an incomplete checkpoint (parts of"), 1);
 
-    for (int j = 0; j < 2; j++) {
-        snprintf(plant, sizeof plant, "%s/elsewhere/shard-%d/meta.json", base, j);
+    for (int j = 0; j < 4; j++) {
+        snprintf(plant, sizeof plant, "%s/%s/shard-%d/meta.json", base,
+                 j < 2 ? "elsewhere" : "whole-elsewhere", j % 2);
         ck_assert_msg(access(plant, F_OK) == 0, "%s was removed through a symbolic link", plant);
     }
     /* Exactly the two newest remain (and the directories planted to stay), and each of the
@@ -2204,10 +2237,11 @@ START_TEST(test_periodic_checkpoints)
     for (struct dirent *e; (e = readdir(d)) != NULL && n < 16;)
         if (e->d_name[0] != '.') snprintf(names[n++], sizeof names[0], "%.60s", e->d_name);
     closedir(d);
-    const char *stay[] = {"step-6",  "step-7",  "step-8",  "step-9",   "step-12",
-                          "step-13", "step-14", "step-40", "step-50", "elsewhere"};
-    ck_assert_msg(n == 10, "%d entries in %s, want 10 (first: %s)", n, base, n ? names[0] : "-");
-    for (int i = 0; i < 10; i++)
+    const char *stay[] = {"step-6",  "step-7",  "step-8",  "step-9",    "step-12",
+                          "step-13", "step-14", "step-15", "step-40",   "step-50",
+                          "elsewhere", "whole-elsewhere"};
+    ck_assert_msg(n == 12, "%d entries in %s, want 12 (first: %s)", n, base, n ? names[0] : "-");
+    for (int i = 0; i < 12; i++)
         ck_assert_msg(listed(names, n, stay[i]), "%s/%s is gone", base, stay[i]);
     for (int s = 40; s <= 50; s += 10) {
         char dir[CL_PATH + 64], line[64];
@@ -2479,6 +2513,7 @@ Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("integrity");
     suite_add_tcase(s, tcase("full_disk_refused", test_full_disk_refused));
+    suite_add_tcase(s, tcase("checkpoint_dir_under_file", test_checkpoint_dir_under_file));
     suite_add_tcase(s, tcase("crc_corrupt_push", test_crc_corrupt_push));
     suite_add_tcase(s, tcase("crc_corrupt_push_asp", test_crc_corrupt_push_asp));
     suite_add_tcase(s, tcase("crc_corrupt_pull", test_crc_corrupt_pull));
