@@ -13,6 +13,7 @@
  * runs elsewhere. */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,24 +83,29 @@ int psctl_checkpoint_dir(const ps_manifest_t *m, const char *base_in, uint64_t s
 }
 
 /* Shard @p j's part of checkpoint @p dir: only the files a checkpoint writes, then shard-J
- * (anything else in it makes rmdir fail, and it stays). A shard-J that is not a directory (a
- * symbolic link to one: the files would go from where it points) is left, -ENOTDIR.
- * @return 0 (also when there is none), or -errno. */
+ * (anything else in it makes its removal fail, and it stays). shard-J is opened without
+ * following a symbolic link and its files are removed through that descriptor, so nothing
+ * behind a link is touched, also if one is put there meanwhile: a shard-J that is not a
+ * directory is left, -ENOTDIR. @return 0 (also when there is none, or @p dir lies under a
+ * file), or -errno. */
 static int remove_part(const char *dir, uint32_t j)
 {
     static const char *const files[] = {"data.mdb", "lock.mdb", PSD_CKPT_META, PSD_CKPT_META ".tmp"};
-    char path[PS_PATH_MAX + 192];
-    snprintf(path, sizeof path, "%.1100s/shard-%u", dir, j);
-    struct stat st;
-    if (lstat(path, &st) != 0) /* never made, its shard removed it, or D is under a file */
-        return errno == ENOENT || errno == ENOTDIR ? 0 : -errno;
-    if (!S_ISDIR(st.st_mode)) return -ENOTDIR;
-    for (size_t f = 0; f < sizeof files / sizeof *files; f++) {
-        char fp[sizeof path + 32];
-        snprintf(fp, sizeof fp, "%.1200s/%s", path, files[f]);
-        if (unlink(fp) != 0 && errno != ENOENT) return -errno;
+    char name[24];
+    snprintf(name, sizeof name, "shard-%u", j);
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) return errno == ENOENT || errno == ENOTDIR ? 0 : -errno;
+    int rc = 0, pfd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (pfd < 0) { /* never made, or its shard removed it; ELOOP: a symbolic link */
+        rc = errno == ENOENT ? 0 : errno == ELOOP || errno == ENOTDIR ? -ENOTDIR : -errno;
+    } else {
+        for (size_t f = 0; f < sizeof files / sizeof *files && rc == 0; f++)
+            if (unlinkat(pfd, files[f], 0) != 0 && errno != ENOENT) rc = -errno;
+        close(pfd);
+        if (rc == 0 && unlinkat(dfd, name, AT_REMOVEDIR) != 0) rc = -errno;
     }
-    return rmdir(path) != 0 ? -errno : 0;
+    close(dfd);
+    return rc;
 }
 
 int psctl_checkpoint_remove(const char *dir, uint32_t nshards)
