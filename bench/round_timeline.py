@@ -11,9 +11,10 @@ client's push ops of one tensor (TENSOR, its id; by default the one with the mos
 the first of those: with several --sizes of one chunk each, name the one wanted) each
 followed within 100 us by a pull op of it (the round's pull of the next version; its lone
 pushes and pulls are left out). For each round, from the push's hand-over to the comm thread
-(t = 0), it takes the shards' events of that tensor inside the round: the first push header
-(or eager / direct push) of the round's step and the last push's data landed on a shard
-(another worker's may come before t = 0), the apply jobs (their summed time and the last
+(t = 0), it takes the comm thread's first take of a chunk of the push (its "took" instant)
+and the shards' events of that tensor inside the round: the first push header (or eager /
+direct push) of the round's step and the last push's data landed on a shard (another
+worker's may come before t = 0), the apply jobs (their summed time and the last
 one's end), the answers to the pulls of the version the round makes (the last: a reply sent
 over UCX to the end of its transfer, a direct pull's place in the store when given), and the
 client's last acknowledgement and last pull chunk landed; and prints their medians over the
@@ -84,6 +85,8 @@ def main(argv):
                     if e['name'] == 'push ' + big)
     pulls = sorted((e['ts'], e['id2']['local']) for e in ops if e['name'] == 'pull ' + big)
     mine = (big + '/')
+    took = sorted(e['ts'] for e in cl if e['name'].startswith('took ' + mine) and
+                  e.get('args', {}).get('op') == 'push')
     acked = sorted(e['ts'] for e in cl if e['name'].startswith('acked ' + mine))
     landed = sorted(e['ts'] for e in cl if e['name'].startswith('landed ' + mine))
     # The shards' events of that tensor: pushes (header, landed, step), pull answers (when,
@@ -132,11 +135,14 @@ def main(argv):
         rp = [t - t0 for t, v in inside(answered) if v == step + 1]
         ap = [(b - t0, e - t0) for b, e in inside(applies)]
         ak = [t - t0 for t in acked[bisect.bisect_left(acked, t0):bisect.bisect_right(acked, t1)]]
+        tk = [t - t0 for t in took[bisect.bisect_left(took, t0):bisect.bisect_right(took, t1)]]
         ld = [t - t0 for t in landed[bisect.bisect_left(landed, t0):
                                      bisect.bisect_right(landed, t1)]]
         if not (pu and ap and rp and ld):
             continue
         rows.append({
+            # libps before session 52 wrote no "took" instants
+            'comm thread took the push': min(tk) if tk else float('nan'),
             'first push at psd': min(h for _, h in pu),
             'last push data landed': max(t for t, _ in pu),
             'applies (summed)': sum(e - b for b, e in ap),

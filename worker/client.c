@@ -922,6 +922,15 @@ static void send_data_part(ps_client_t *c, ps_op_t *op, part_t *p)
 {
     const ctensor_t *t = c->tensors[op->tensor];
     uint64_t len = ps_chunk_len(t->numel, c->chunk_elems, p->chunk);
+    if (c->trace) {
+        /* The comm thread takes the chunk (before its CRC or copy): the op's hand-over from
+         * the caller ends at the first of these (bench/round_timeline.py). */
+        char name[40], args[48];
+        snprintf(name, sizeof name, "took %u/%u", op->tensor, p->chunk);
+        snprintf(args, sizeof args, "{\"op\":\"%s\",\"shard\":%u}",
+                 op->type == OP_PUSH ? "push" : "pull", p->shard);
+        ps_trace_instant(c->trace, op_lane(op->type), name, mono_ns(), args);
+    }
     ps_msg_t m = {.req_id = op->req_id, .rank = rank_now(c), .tensor = t->id, .chunk = p->chunk,
                   .step = op->step};
     p->resend = 0;

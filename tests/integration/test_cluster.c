@@ -1096,6 +1096,7 @@ typedef struct {
     unsigned long long pull, pull_direct;            /* psd: pull spans ("pull T/C") */
     unsigned long long applies;     /* psd: apply jobs */
     unsigned long long push_ops, pull_ops, acked, landed; /* libps: ops, chunks */
+    unsigned long long took_push, took_pull; /* libps: chunks its comm thread took to send */
     unsigned long long spans, ended;
 } trace_count_t;
 
@@ -1159,6 +1160,10 @@ static trace_count_t trace_read(const char *path)
             k.acked++;
         } else if (strncmp(name, "landed ", 7) == 0 && ph[0] == 'i') {
             k.landed++;
+        } else if (strncmp(name, "took ", 5) == 0 && ph[0] == 'i') {
+            trace_field(line, "op", num, sizeof num);
+            k.took_push += strcmp(num, "push") == 0;
+            k.took_pull += strcmp(num, "pull") == 0;
         } else if (ph[0] != 'e' && strcmp(cat, "op") != 0) {
             ck_abort_msg("%s: line %d is no event psd or libps writes: %s", path, lineno, line);
         }
@@ -1245,7 +1250,11 @@ START_TEST(test_trace_timeline)
         snprintf(name, sizeof name, "w%ld.trace.json", (long)w[i]->pid);
         cl_path(c, name, path, CL_PATH);
         trace_count_t u = trace_read(path);
-        events += u.spans * 2 + u.acked + u.landed + u.names;
+        events += u.spans * 2 + u.acked + u.landed + u.took_push + u.took_pull + u.names;
+        /* Each chunk acknowledged or landed was taken to be sent (once, or again to resend). */
+        ck_assert_msg(u.took_push >= u.acked && u.took_pull >= u.landed && u.acked > 0,
+                      "%s: %llu push and %llu pull chunks taken, %llu acknowledged, %llu landed",
+                      path, u.took_push, u.took_pull, u.acked, u.landed);
         ck_assert_msg(u.push_ops >= 20 && u.pull_ops >= 20,
                       "%s: %llu push and %llu pull ops for 20 steps", path, u.push_ops,
                       u.pull_ops);
@@ -1291,8 +1300,9 @@ static double timeline_value(const char *log, const char *name)
 
 /* bench/round_timeline.py reads psbench --trace's files of the rounds' cluster (c1: psbench's
  * second) and prints where a round's time goes: medians of events that happen in this order
- * in every round (the push lands, its update ends, then its acknowledgement and the pull of
- * the new version reach the client), one apply job a round for a one-chunk tensor. A case
+ * in every round (libps's comm thread takes the push, it lands, its update ends, then its
+ * acknowledgement and the pull of the new version reach the client), one apply job a round
+ * for a one-chunk tensor. A case
  * with no files, or a tensor with no ops, is named (exit 1). */
 START_TEST(test_round_timeline)
 {
@@ -1311,14 +1321,15 @@ START_TEST(test_round_timeline)
     char *log = cl_log(p);
     const char *r = strstr(log, "c1-1x1-shm, tensor 0 (1 chunks): ");
     ck_assert_msg(r && atoi(r + 33) >= 20, "want tensor 0 and at least 20 rounds: %s", log);
-    double first = timeline_value(log, "first push at psd"),
+    double took = timeline_value(log, "comm thread took the push"),
+           first = timeline_value(log, "first push at psd"),
            landed = timeline_value(log, "last push data landed"),
            applied = timeline_value(log, "last apply ended"),
            acked = timeline_value(log, "last ack at the client"),
            pulled = timeline_value(log, "last pull chunk landed"),
            round = timeline_value(log, "round");
-    ck_assert_msg(first >= 0 && first <= landed && landed <= applied && applied <= acked &&
-                      applied <= pulled && pulled <= round,
+    ck_assert_msg(took >= 0 && took <= first && first <= landed && landed <= applied &&
+                      applied <= acked && applied <= pulled && pulled <= round,
                   "the round's events out of order: %s", log);
     ck_assert_int_eq((int)timeline_value(log, "apply jobs"), 1);
     free(log);
