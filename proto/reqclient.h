@@ -17,7 +17,9 @@ typedef struct ps_req_s ps_req_t;
 
 /**
  * @brief Start UCX for talking to the shards of @p m (borrowed: it must outlive the client).
- * @param timeout_s  the longest one call may wait for its reply.
+ * @param timeout_s  the longest one call may wait for its reply, counting only the time
+ *  this process ran: a stall of the process (stopped by SIGSTOP or Ctrl-Z, or given no CPU)
+ *  of more than 0.2 s is added to it.
  * @return 0, or PS_ETRANSPORT / PS_ENOMEM with @p err set. Release with ps_req_close().
  */
 int ps_req_open(const ps_manifest_t *m, double timeout_s, ps_req_t **out, char *err,

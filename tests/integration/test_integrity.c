@@ -842,6 +842,37 @@ START_TEST(test_psctl_checkpoint_interrupted)
 }
 END_TEST
 
+/* psctl stopped (SIGSTOP, Ctrl-Z) while it waits for a shard's answer: the time it was stopped
+ * is not the shard's. Shard 0 stopped, psctl asks (--timeout 2), psctl stopped for 3 s while
+ * the shard goes on and answers, then psctl goes on: it reads the answer, exit 0; for scale
+ * (the request client, reqclient.c) and for status (its own loop). Before, its timeout ran
+ * first: "no answer within 2 s" / "no answer", exit 1 (a helper's probe: psctl checkpoint
+ * stopped between two arms blamed the shard). */
+START_TEST(test_psctl_stopped_itself)
+{
+    cl_conf_t k = {.shards = 1};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    const char *scale[] = {"scale", "1", "--timeout", "2", NULL};
+    const char *status[] = {"status", "--timeout", "2", NULL};
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(cl_signal(psd, SIGSTOP), 0);
+        cl_proc_t *p = psctl_spawn(c, i ? "status" : "scale", i ? status : scale);
+        struct timespec wait = {1, 0}, stopped = {3, 0};
+        nanosleep(&wait, NULL); /* psctl is waiting for its answer */
+        ck_assert_int_eq(cl_signal(p, SIGSTOP), 0);
+        ck_assert_int_eq(cl_signal(psd, SIGCONT), 0);
+        nanosleep(&stopped, NULL);
+        ck_assert_int_eq(cl_signal(p, SIGCONT), 0);
+        EXPECT_EXIT(p, 0);
+        EXPECT_LOG(p, i ? "job: membership epoch " : "desired workers: 1");
+    }
+    ck_assert_int_eq(cl_signal(psd, SIGTERM), 0);
+    EXPECT_EXIT(psd, 0);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* psctl against a shard that took its connection but does not answer (stopped): every verb
  * gives up after its --timeout and says so. Before, a request whose send never completed held
  * psctl for good (a busy loop with no deadline, at a call after a timeout and at the close):
@@ -2532,6 +2563,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("corrupt_params_at_rest_pull_refused",
                              test_corrupt_params_at_rest_pull_refused));
     suite_add_tcase(s, tcase("psctl_stopped_shard_bounded", test_psctl_stopped_shard_bounded));
+    suite_add_tcase(s, tcase("psctl_stopped_itself", test_psctl_stopped_itself));
     suite_add_tcase(s, tcase("psctl_checkpoint_interrupted", test_psctl_checkpoint_interrupted));
     suite_add_tcase(s, tcase("psctl_wait_leaves_copies", test_psctl_wait_leaves_copies));
     suite_add_tcase(s, tcase("checkpoint_damaged_files_refused",
