@@ -41,6 +41,10 @@ static int verdict(FILE *f, bool md, const char *title, const line_t *l)
     return l->below > 0;
 }
 
+/* Whether @p r has a limit (and so a ratio): no limits part, or shards on other hosts, leave
+ * a case without one. */
+static bool limited(const pb_result_t *r) { return r->ratio >= 0 && r->limit > 0; }
+
 /* Whether @p r is a case of @p op / @p metric over @p tr (NULL: any) with a limit; one
  * without a limit is counted in @p l as not judged. */
 static bool is(line_t *l, const pb_result_t *r, const char *op, pb_metric_t metric,
@@ -49,36 +53,45 @@ static bool is(line_t *l, const pb_result_t *r, const char *op, pb_metric_t metr
     if (strcmp(r->op, op) != 0 || r->metric != metric ||
         (tr != NULL && strcmp(r->transport, tr) != 0))
         return false;
-    l->unjudged += r->ratio < 0 || r->limit <= 0;
-    return r->ratio >= 0 && r->limit > 0;
+    l->unjudged += !limited(r);
+    return limited(r);
 }
 
-/* The rounds (optimizer mean: the server only sums) over @p tr of @p min..@p max bytes, by
- * layout in the order the run measured them: each case's throughput ratio, or with @p latency
- * its p50 and how many of UCX's round trips that is. */
+/* Whether @p r is one of the rounds a target takes: optimizer mean (the server only sums),
+ * @p metric, over @p tr, of @p min..@p max bytes. */
+static bool round_case(const pb_result_t *r, const char *tr, pb_metric_t metric, uint64_t min,
+                       uint64_t max)
+{
+    return strcmp(r->op, "round") == 0 && r->metric == metric && strcmp(r->transport, tr) == 0 &&
+           strcmp(r->optimizer, "mean") == 0 && r->size_bytes >= min && r->size_bytes <= max;
+}
+
+static bool same_layout(const pb_result_t *a, const pb_result_t *b)
+{
+    return a->shards == b->shards && a->workers == b->workers;
+}
+
+/* The rounds of round_case() by layout, in the order the run measured them: each case's
+ * throughput ratio, or with @p latency its p50 and how many of UCX's round trips that is. */
 static void rounds(line_t *l, const pb_result_t *res, size_t n, const char *tr,
                    pb_metric_t metric, uint64_t min, uint64_t max, bool latency)
 {
-    char seen[8][16];
-    int nseen = 0;
     for (size_t i = 0; i < n; i++) {
         const pb_result_t *r = &res[i];
-        if (strcmp(r->optimizer, "mean") != 0 || r->size_bytes < min || r->size_bytes > max ||
-            !is(l, r, "round", metric, tr))
+        if (!round_case(r, tr, metric, min, max)) continue;
+        if (!limited(r)) {
+            l->unjudged++;
             continue;
-        char lay[16];
-        snprintf(lay, sizeof lay, "%dx%d", r->shards, r->workers);
-        int k = 0;
-        while (k < nseen && strcmp(seen[k], lay) != 0) k++;
-        if (k < nseen || nseen == 8) continue; /* that layout's cases are printed together */
-        snprintf(seen[nseen++], sizeof seen[0], "%s", lay);
-        add(l, "%s%s", l->cases ? "; " : "", lay);
+        }
+        bool printed = false; /* with an earlier case of its layout */
+        for (size_t k = 0; k < i && !printed; k++)
+            printed = round_case(&res[k], tr, metric, min, max) && limited(&res[k]) &&
+                      same_layout(&res[k], r);
+        if (printed) continue;
+        add(l, "%s%dx%d", l->cases ? "; " : "", r->shards, r->workers);
         for (size_t j = i; j < n; j++) {
             const pb_result_t *q = &res[j];
-            if (strcmp(q->optimizer, "mean") != 0 || q->size_bytes < min ||
-                q->size_bytes > max || q->shards != r->shards || q->workers != r->workers ||
-                q->ratio < 0 || q->limit <= 0 || strcmp(q->op, "round") != 0 ||
-                q->metric != metric || strcmp(q->transport, tr) != 0)
+            if (!round_case(q, tr, metric, min, max) || !limited(q) || !same_layout(q, r))
                 continue;
             add(l, " %s", pb_size_str(q->size_bytes));
             l->cases++;

@@ -8,6 +8,7 @@
 #include "reqclient.h"
 
 #include "authmsg.h"
+#include "stalltimer.h"
 #include "tcpguard.h"
 #include "ucx_loop.h"
 
@@ -27,8 +28,7 @@ struct ps_req_s {
     uv_loop_t loop;
     ps_ucx_t ucx;
     uv_timer_t timer, tick;
-    uint64_t due_ms;  /* the loop's time at which the waiting call times out */
-    uint64_t tick_ms; /* the loop's time of the last tick (on_tick) */
+    ps_stalltimer_t due; /* timer, not counting this process's stops (on_tick) */
     cep_t *eps;
     uint64_t next_req, want_req;
     uint32_t want_shard; /* the shard asked for want_req: its reply must carry its token */
@@ -142,10 +142,6 @@ static void send_give_up(ps_req_t *c)
     ps_ucx_ep_close(&c->ucx, &c->eps[c->send_shard].ep, 1);
 }
 
-/* A gap between two ticks longer than this: the process did not run (stopped, SIGSTOP or
- * Ctrl-Z; or given no CPU) and the waiting call's timeout moves by the gap (on_tick). */
-#define REQ_STALL_MS 200
-
 static void on_timer(uv_timer_t *t)
 {
     ps_req_t *c = t->data;
@@ -153,21 +149,12 @@ static void on_timer(uv_timer_t *t)
     uv_stop(&c->loop);
 }
 
-/* Every 2 ms while a call waits: wakes the loop (see ps_req_call), and takes a stall of the
- * process out of the call's time. The shard's answer may have come while this process was
- * stopped and wait unread in the transport; the timeout, run in the same loop turn before
- * the transport is read, said "no answer within S s" for the process's own stop (a helper's
- * probe: psctl checkpoint stopped between two arms). Ticks run before a timeout due at the
- * same time (they were due earlier), so the timeout moves before it can fire. */
+/* Every 2 ms while a call waits: wakes the loop (see ps_req_call), and keeps a stop of this
+ * process out of the call's time (stalltimer.h). */
 static void on_tick(uv_timer_t *h)
 {
     ps_req_t *c = h->data;
-    uint64_t now = uv_now(&c->loop);
-    if (now - c->tick_ms > REQ_STALL_MS && uv_is_active((uv_handle_t *)&c->timer)) {
-        c->due_ms += now - c->tick_ms;
-        uv_timer_start(&c->timer, on_timer, c->due_ms > now ? c->due_ms - now : 0, 0);
-    }
-    c->tick_ms = now;
+    ps_stalltimer_tick(&c->due);
 }
 
 /* Start the timeout of a call (or a send's settling) and its tick, from the loop's time now. */
@@ -176,10 +163,7 @@ static void wait_start(ps_req_t *c)
     /* The loop's clock stood still while nobody ran it (between calls): without this the
      * timeout is due at once after an idle spell longer than itself. */
     uv_update_time(&c->loop);
-    uint64_t ms = (uint64_t)(c->timeout_s * 1000);
-    c->tick_ms = uv_now(&c->loop);
-    c->due_ms = c->tick_ms + ms;
-    uv_timer_start(&c->timer, on_timer, ms, 0);
+    ps_stalltimer_start(&c->due, &c->timer, on_timer, (uint64_t)(c->timeout_s * 1000));
     /* A rendezvous reply's completion does not always wake the worker's event fd (seen with
      * shared memory): a 2 ms tick keeps the loop progressing while a call waits. */
     uv_timer_start(&c->tick, on_tick, 2, 2);

@@ -21,6 +21,7 @@
 #include "manifest.h"
 #include "durable.h"
 #include "psctl_client.h"
+#include "stalltimer.h"
 #include "ps/ps_error.h"
 #include "ps/ps_log.h"
 #include "ucx_loop.h"
@@ -52,7 +53,7 @@ typedef struct {
     uv_timer_t timeout;
     uv_timer_t check; /* status(): polls for every answer; closed in main's last uv_run, so
                          not on status()'s stack (a debug build aborted in uv__finish_close) */
-    uint64_t due_ms, check_ms; /* status(): the loop's time of its timeout, of the last check */
+    ps_stalltimer_t due; /* status(): timeout, not counting psctl's own stops (on_check) */
     const char *manifest_path; /* as given (status names it in the commands it suggests) */
 } ctl_t;
 
@@ -167,15 +168,7 @@ static void ask(ctl_t *ctl, int i)
 static void on_check(uv_timer_t *h)
 {
     ctl_t *ctl = h->data;
-    /* This process did not run for a while (stopped: SIGSTOP, Ctrl-Z; or given no CPU): that
-     * time is not the shards', whose answers may wait unread (reqclient.c, on_tick). */
-    uint64_t lnow = uv_now(h->loop);
-    if (lnow - ctl->check_ms > 200 && uv_is_active((uv_handle_t *)&ctl->timeout)) {
-        ctl->due_ms += lnow - ctl->check_ms;
-        uv_timer_start(&ctl->timeout, on_timeout, ctl->due_ms > lnow ? ctl->due_ms - lnow : 0,
-                       0);
-    }
-    ctl->check_ms = lnow;
+    ps_stalltimer_tick(&ctl->due); /* a stop of psctl is not the shards' time */
     double now = psctl_mono_s();
     int waiting = 0;
     for (int i = 0; i < ctl->m.nservers; i++) {
@@ -228,9 +221,7 @@ static int status(ctl_t *ctl, int json, double timeout_s)
     ctl->check.data = ctl;
     uv_timer_start(&ctl->check, on_check, 10, 10);
     uv_timer_init(&ctl->loop, &ctl->timeout);
-    uv_timer_start(&ctl->timeout, on_timeout, (uint64_t)(timeout_s * 1000), 0);
-    ctl->check_ms = uv_now(&ctl->loop);
-    ctl->due_ms = ctl->check_ms + (uint64_t)(timeout_s * 1000);
+    ps_stalltimer_start(&ctl->due, &ctl->timeout, on_timeout, (uint64_t)(timeout_s * 1000));
     uv_run(&ctl->loop, UV_RUN_DEFAULT);
     uv_close((uv_handle_t *)&ctl->check, NULL);
     uv_close((uv_handle_t *)&ctl->timeout, NULL);

@@ -136,6 +136,17 @@ static int checkpoint_name(const char *nm)
            strlen(nm) < sizeof(((kept_t *)0)->name);
 }
 
+/* Whether entry @p nm of @p base is a checkpoint's directory to look at: a name checkpoints
+ * take and a directory, not a symbolic link to one elsewhere (neither set aside, judged nor
+ * pruned); its path into @p dir. */
+static int checkpoint_entry(const char *base, const char *nm, char *dir, size_t cap)
+{
+    if (!checkpoint_name(nm)) return 0;
+    snprintf(dir, cap, "%s/%.60s", base, nm);
+    struct stat st;
+    return lstat(dir, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
 /* Checkpoints of another run past this run's base step (a rollback's abandoned history, or a
  * job that used the directory before this one) are renamed NAME.run-RUN, out of the names
  * checkpoints take: a checkpoint of this run at the same step would be refused (its directory
@@ -150,9 +161,8 @@ static void set_aside(const ps_manifest_t *m, const char *base, const char *run,
     if (d == NULL) return;
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
-        if (!checkpoint_name(e->d_name)) continue;
         char dir[PS_PATH_MAX + 128], to[PS_PATH_MAX + 192], theirs[32] = "";
-        snprintf(dir, sizeof dir, "%s/%.60s", base, e->d_name);
+        if (!checkpoint_entry(base, e->d_name, dir, sizeof dir)) continue;
         uint64_t step = recognise(m, dir, NULL);
         char *meta = step == UINT64_MAX ? NULL : psd_ckpt_meta_read(dir, 0);
         if (meta == NULL) continue;
@@ -169,58 +179,6 @@ static void set_aside(const ps_manifest_t *m, const char *base, const char *run,
     }
     closedir(d);
     fflush(stdout);
-}
-
-/* Whether @p dir holds nothing but psctl's cancel marks (D/cancelled-ID) and empty shard-J
- * directories, at least one mark: what a checkpoint psctl gave up while a shard did not answer
- * leaves (psctl_checkpoint.c). */
-static int cancelled_only(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (d == NULL) return 0;
-    int marks = 0, other = 0;
-    struct dirent *e;
-    while (!other && (e = readdir(d)) != NULL) {
-        const char *nm = e->d_name;
-        if (strcmp(nm, ".") == 0 || strcmp(nm, "..") == 0) continue;
-        char sub[PS_PATH_MAX + 256];
-        snprintf(sub, sizeof sub, "%s/%.60s", dir, nm);
-        if (strncmp(nm, PSD_CKPT_CANCELLED, strlen(PSD_CKPT_CANCELLED)) == 0) {
-            marks++;
-        } else if (strncmp(nm, "shard-", 6) == 0) {
-            DIR *sd = opendir(sub);
-            struct dirent *se;
-            while (sd && (se = readdir(sd)) != NULL)
-                other |= strcmp(se->d_name, ".") != 0 && strcmp(se->d_name, "..") != 0;
-            other |= sd == NULL;
-            if (sd) closedir(sd);
-        } else {
-            other = 1;
-        }
-    }
-    closedir(d);
-    return marks > 0 && !other;
-}
-
-/* Remove @p dir, which cancelled_only() found holding marks and empty shard-J directories;
- * 0 or -errno (what is left stays). */
-static int remove_cancelled(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (d == NULL) return -errno;
-    int rc = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        const char *nm = e->d_name;
-        if (strcmp(nm, ".") == 0 || strcmp(nm, "..") == 0) continue;
-        char sub[PS_PATH_MAX + 256];
-        snprintf(sub, sizeof sub, "%s/%.60s", dir, nm);
-        int shard = strncmp(nm, "shard-", 6) == 0;
-        if ((shard ? rmdir(sub) : unlink(sub)) != 0 && rc == 0) rc = -errno;
-    }
-    closedir(d);
-    if (rc == 0 && rmdir(dir) != 0) rc = -errno;
-    return rc;
 }
 
 /* How much older than the start of the checkpoint that just completed every file of an
@@ -354,9 +312,43 @@ static int abandoned(const ps_manifest_t *m, const char *dir, time_t before, uin
     return ours && !other && (present & every) != every; /* some shard's part is missing */
 }
 
-/* Remove @p dir, which abandoned() found: psctl's cancel marks, then the parts (only the files
- * a checkpoint writes), then @p dir. 0 or -errno (what is left stays). */
-static int remove_abandoned(const char *dir, uint32_t nshards)
+/* Whether @p dir holds nothing but psctl's cancel marks (D/cancelled-ID) and empty shard-J
+ * directories, at least one mark: what a checkpoint psctl gave up while a shard did not answer
+ * leaves (psctl_checkpoint.c). *@p nshards: how many shard-J to remove. */
+static int cancelled_only(const char *dir, uint32_t *nshards)
+{
+    DIR *d = opendir(dir);
+    if (d == NULL) return 0;
+    int marks = 0, other = 0;
+    uint32_t n = 0;
+    struct dirent *e;
+    while (!other && (e = readdir(d)) != NULL) {
+        const char *nm = e->d_name;
+        if (strcmp(nm, ".") == 0 || strcmp(nm, "..") == 0) continue;
+        if (cancel_mark_name(nm)) {
+            marks++;
+            continue;
+        }
+        int j = part_number(nm);
+        char sub[PS_PATH_MAX + 256];
+        snprintf(sub, sizeof sub, "%s/%.60s", dir, nm);
+        struct stat st;
+        DIR *sd = j >= 0 && lstat(sub, &st) == 0 && S_ISDIR(st.st_mode) ? opendir(sub) : NULL;
+        other = sd == NULL;
+        struct dirent *se;
+        while (sd && (se = readdir(sd)) != NULL)
+            other |= strcmp(se->d_name, ".") != 0 && strcmp(se->d_name, "..") != 0;
+        if (sd) closedir(sd);
+        if ((uint32_t)j + 1 > n) n = (uint32_t)j + 1;
+    }
+    closedir(d);
+    *nshards = n;
+    return marks > 0 && !other;
+}
+
+/* Remove @p dir, which abandoned() or cancelled_only() found: psctl's cancel marks, then the
+ * parts (only the files a checkpoint writes), then @p dir. 0 or -errno (what is left stays). */
+static int remove_leftover(const char *dir, uint32_t nshards)
 {
     DIR *d = opendir(dir);
     if (d == NULL) return -errno;
@@ -394,16 +386,13 @@ static void prune(const ps_manifest_t *m, const char *base, uint32_t keep, const
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
         const char *nm = e->d_name;
-        if (!checkpoint_name(nm)) continue;
         char dir[PS_PATH_MAX + 128];
-        snprintf(dir, sizeof dir, "%s/%.60s", base, nm);
-        struct stat st; /* a symbolic link to a directory elsewhere is not judged, nor pruned */
-        if (lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) continue;
+        if (!checkpoint_entry(base, nm, dir, sizeof dir)) continue;
         uint32_t nsh = 0;
         uint64_t step = recognise(m, dir, &nsh);
         if (step == UINT64_MAX) {
             if (sees_all && abandoned(m, dir, began - ABANDONED_S, &nsh)) {
-                int rc = remove_abandoned(dir, nsh);
+                int rc = remove_leftover(dir, nsh);
                 if (rc)
                     fprintf(stderr, "psctl: follow: cannot remove %s, an incomplete "
                             "checkpoint: %s (what is left of it stays)\n", dir, strerror(-rc));
@@ -414,8 +403,8 @@ static void prune(const ps_manifest_t *m, const char *base, uint32_t keep, const
                            "or a shard's copy was cut short)\n", dir, nsh, ABANDONED_S);
                 continue;
             }
-            if (!cancelled_only(dir)) continue;
-            int rc = remove_cancelled(dir);
+            if (!cancelled_only(dir, &nsh)) continue;
+            int rc = remove_leftover(dir, nsh);
             if (rc)
                 fprintf(stderr, "psctl: follow: cannot remove %s, a cancelled checkpoint's "
                         "marks: %s\n", dir, strerror(-rc));

@@ -433,6 +433,14 @@ static void op_fail(ps_op_t *op, int status, const char *fmt, ...)
         }
 }
 
+/* An instant on @p p's op's lane of the timeline (PS_TRACE): "WHAT T/C" with @p args (JSON). */
+static void trace_chunk(ps_client_t *c, const part_t *p, const char *what, const char *args)
+{
+    char name[40];
+    snprintf(name, sizeof name, "%s %u/%u", what, p->op->tensor, p->chunk);
+    ps_trace_instant(c->trace, op_lane(p->op->type), name, mono_ns(), args);
+}
+
 static void part_done(part_t *p)
 {
     if (!p->pending) return;
@@ -441,13 +449,11 @@ static void part_done(part_t *p)
     p->ck.went_direct = p->ck.direct;
     ps_client_t *c = p->op->c;
     if (c->trace && (p->op->type == OP_PUSH || p->op->type == OP_PULL)) {
-        /* A push's chunk acknowledged, a pull's chunk here: an instant on the op's lane. */
-        char name[40], args[64];
-        snprintf(name, sizeof name, "%s %u/%u", p->op->type == OP_PUSH ? "acked" : "landed",
-                 p->op->tensor, p->chunk);
+        /* A push's chunk acknowledged, a pull's chunk here. */
+        char args[64];
         snprintf(args, sizeof args, "{\"shard\":%u,\"direct\":%s,\"ok\":%s}", p->shard,
                  p->ck.direct ? "true" : "false", p->op->status == 0 ? "true" : "false");
-        ps_trace_instant(c->trace, op_lane(p->op->type), name, mono_ns(), args);
+        trace_chunk(c, p, p->op->type == OP_PUSH ? "acked" : "landed", args);
     }
 }
 
@@ -925,11 +931,10 @@ static void send_data_part(ps_client_t *c, ps_op_t *op, part_t *p)
     if (c->trace) {
         /* The comm thread takes the chunk (before its CRC or copy): the op's hand-over from
          * the caller ends at the first of these (bench/round_timeline.py). */
-        char name[40], args[48];
-        snprintf(name, sizeof name, "took %u/%u", op->tensor, p->chunk);
+        char args[48];
         snprintf(args, sizeof args, "{\"op\":\"%s\",\"shard\":%u}",
                  op->type == OP_PUSH ? "push" : "pull", p->shard);
-        ps_trace_instant(c->trace, op_lane(op->type), name, mono_ns(), args);
+        trace_chunk(c, p, "took", args);
     }
     ps_msg_t m = {.req_id = op->req_id, .rank = rank_now(c), .tensor = t->id, .chunk = p->chunk,
                   .step = op->step};
