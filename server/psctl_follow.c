@@ -391,26 +391,23 @@ static void prune(const ps_manifest_t *m, const char *base, uint32_t keep, const
         uint32_t nsh = 0;
         uint64_t step = recognise(m, dir, &nsh);
         if (step == UINT64_MAX) {
-            if (sees_all && abandoned(m, dir, began - ABANDONED_S, &nsh)) {
-                int rc = remove_leftover(dir, nsh);
-                if (rc)
-                    fprintf(stderr, "psctl: follow: cannot remove %s, an incomplete "
-                            "checkpoint: %s (what is left of it stays)\n", dir, strerror(-rc));
-                else
-                    printf("psctl: follow: removed %s: an incomplete checkpoint (parts of "
-                           "some of its %u shards), untouched for more than %d s before this "
-                           "checkpoint began (its psctl was killed while it armed the shards, "
-                           "or a shard's copy was cut short)\n", dir, nsh, ABANDONED_S);
-                continue;
-            }
-            if (!cancelled_only(dir, &nsh)) continue;
+            bool left = sees_all && abandoned(m, dir, began - ABANDONED_S, &nsh);
+            if (!left && !cancelled_only(dir, &nsh)) continue;
+            char why[320];
+            if (left)
+                snprintf(why, sizeof why, "an incomplete checkpoint (parts of some of its %u "
+                         "shards), untouched for more than %d s before this checkpoint began "
+                         "(its psctl was killed while it armed the shards, or a shard's copy "
+                         "was cut short)", nsh, ABANDONED_S);
+            else
+                snprintf(why, sizeof why, "only the marks of a cancelled checkpoint were left "
+                         "there");
             int rc = remove_leftover(dir, nsh);
             if (rc)
-                fprintf(stderr, "psctl: follow: cannot remove %s, a cancelled checkpoint's "
-                        "marks: %s\n", dir, strerror(-rc));
+                fprintf(stderr, "psctl: follow: cannot remove %s, %s: %s (what is left of it "
+                        "stays)\n", dir, why, strerror(-rc));
             else
-                printf("psctl: follow: removed %s: only the marks of a cancelled checkpoint "
-                       "were left there\n", dir);
+                printf("psctl: follow: removed %s: %s\n", dir, why);
             continue;
         }
         if (n == cap) {
