@@ -218,7 +218,8 @@ END_TEST
  * order: which tensor each pushes first ("ab" or "ba"). Under bsp every step takes a batch of
  * each member; under asp rank 1's step is its own count of batches, so enough must be left for
  * it to reach step 5 while rank 0 takes the others as fast as it can (40 were not once, with
- * another suite beside this one: neither died). */
+ * another suite beside this one: neither died; 200, ~0.1 s of batches, were not once in a full
+ * suite: rank 1 got no CPU until rank 0 had taken them all; 2000 add ~0.3 s). */
 static void replay_start(cl_cluster_t *c, const char *order, const char *batches, cl_proc_t *w[2])
 {
     char nb[16], bs[] = "8", die[] = "5", ord[4];
@@ -252,7 +253,7 @@ static void replay_run(const char *consistency, const char *order, long long ski
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
     cl_proc_t *w[2];
-    replay_start(c, order, strcmp(consistency, "bsp") == 0 ? "40" : "200", w);
+    replay_start(c, order, strcmp(consistency, "bsp") == 0 ? "40" : "2000", w);
     replay_expect(w);
     EXPECT_LOG(psd[0], ") goes to another worker");
     coord_t co;
