@@ -1,5 +1,5 @@
 /* tracefile.h: a timeline file in the Chrome trace event format (chrome://tracing,
- * ui.perfetto.dev), written by one thread of one process: psd's --trace (server/trace.c) and
+ * ui.perfetto.dev), written by one thread at a time of one process: psd's --trace (server/trace.c) and
  * libps's PS_TRACE (worker/client.c).
  *
  * The file is a JSON array with one event per line: first the process's and its lanes' names
@@ -10,7 +10,8 @@
  * CLOCK_MONOTONIC (callers pass ps_trace_now's nanoseconds; the file holds microseconds), so the
  * traces of one host's processes line up: bench/trace_merge.sh joins them into one view.
  *
- * Not thread-safe: one thread owns a ps_trace_t from open to close (ps_trace_now excepted). */
+ * Not thread-safe: one thread at a time uses a ps_trace_t from open to close (its owner
+ * serializes them: libps's loop_mu; ps_trace_now excepted). */
 #ifndef PS_TRACEFILE_H
 #define PS_TRACEFILE_H
 

@@ -63,13 +63,34 @@ static void on_busy_idle(uv_idle_t *h)
 }
 
 /* The worker could be armed (or will not be tried again): the loop may sleep again. */
-static void busy_end(ps_ucx_t *u)
+static void busy_forget(ps_ucx_t *u)
 {
     uv_idle_stop(&u->busy_idle);
     u->busy_since_ns = 0;
     u->idle_busy_ns = 0;
     u->stuck_since_ns = 0;
     u->stuck_spent_ns = 0;
+}
+
+static void busy_end(ps_ucx_t *u)
+{
+    busy_forget(u);
+    __atomic_store_n(&u->unarmed, 0, __ATOMIC_SEQ_CST);
+}
+
+/* For ps_ucx_t.driven: the worker is left unarmed to another thread that polls it. Its event
+ * fd is not watched meanwhile: it may stay readable (a wake-up signal that only the next arm
+ * drains), and the loop would find it so on every turn. The deferred hook runs once more, as
+ * before any sleep (spinning): work queued by a thread that saw spinning is not left over. */
+static void leave_unarmed(ps_ucx_t *u)
+{
+    if (u->poll && uv_is_active((uv_handle_t *)u->poll)) uv_poll_stop(u->poll);
+    uv_idle_stop(&u->busy_idle); /* no busy worker keeps the loop awake: the driver polls it */
+    /* A busy spell (busy_since_ns) stays: only an arm that succeeds ends it, here or in
+     * ps_ucx_check_armable while callers drive. */
+    __atomic_store_n(&u->unarmed, 1, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&u->spinning, 0, __ATOMIC_SEQ_CST);
+    if (u->deferred && !u->closing) u->deferred(u);
 }
 
 static uint64_t now_ns(void)
@@ -100,6 +121,18 @@ void ps_ucx_progress(ps_ucx_t *u)
      * MiB), and the completion starts the next job and sends the replies, so it goes first;
      * the completion's resume brings the loop back here. */
     if (__atomic_load_n(&u->spin_stop, __ATOMIC_ACQUIRE)) return;
+    if (u->driven && u->driven(u)) { /* another thread polls it now: leave it to that one */
+        leave_unarmed(u);
+        return;
+    }
+    if (u->unarmed) { /* taken over again: its event fd is watched again (registered by the
+                        * loop's next poll for events: rewatched) */
+        __atomic_store_n(&u->unarmed, 0, __ATOMIC_SEQ_CST);
+        if (u->poll && !uv_is_active((uv_handle_t *)u->poll)) {
+            uv_poll_start(u->poll, UV_READABLE, on_efd);
+            u->rewatched = 1;
+        }
+    }
     uint64_t start = 0;
     int spin = u->spin_ns != 0;
     uint64_t busy_since = 0;
@@ -138,10 +171,18 @@ void ps_ucx_progress(ps_ucx_t *u)
                 u->last_active_ns = now - u->spin_ns;
             }
             if (spin && now - u->last_active_ns < u->spin_ns) {
+                if (u->driven && u->driven(u)) { /* another thread polls: left unarmed */
+                    leave_unarmed(u);
+                    break;
+                }
                 __atomic_store_n(&u->spinning, 1, __ATOMIC_SEQ_CST);
                 sched_yield();
                 continue;
             }
+        }
+        if (u->driven && u->driven(u)) {
+            leave_unarmed(u);
+            break;
         }
         if (active) {
             busy_since = 0;
@@ -194,6 +235,24 @@ void ps_ucx_progress(ps_ucx_t *u)
     __atomic_store_n(&u->spinning, 0, __ATOMIC_SEQ_CST);
 }
 
+void ps_ucx_check_armable(ps_ucx_t *u)
+{
+    if (!u->unarmed || u->worker == NULL || u->closing || u->busy_since_ns == 0) return;
+    ucs_status_t s = u->test_wedge ? UCS_ERR_BUSY : ucp_worker_arm(u->worker);
+    if (s == UCS_OK) busy_forget(u); /* armable: no wedge (it stays unwatched, left aside) */
+}
+
+int ps_ucx_poll(ps_ucx_t *u)
+{
+    if (u->worker == NULL || u->closing) return 0;
+    uv_update_time(u->loop); /* timers its handlers start count from now, not the loop's turn */
+    int did = 0;
+    while (ucp_worker_progress(u->worker)) did = 1;
+    if (u->deferred && u->deferred(u)) did = 1;
+    if (did) u->last_active_ns = now_ns(); /* the loop's busy-poll goes on from here */
+    return did;
+}
+
 uint64_t ps_ucx_stuck_ns(const ps_ucx_t *u)
 {
     if (u->worker == NULL || u->stuck_since_ns == 0) return 0;
@@ -213,7 +272,7 @@ static int worker_start(ps_ucx_t *u)
 {
     ucp_worker_params_t wp = {
         .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
-        .thread_mode = UCS_THREAD_MODE_SINGLE,
+        .thread_mode = u->serialized ? UCS_THREAD_MODE_SERIALIZED : UCS_THREAD_MODE_SINGLE,
     };
     ucs_status_t s = ucp_worker_create(u->context, &wp, &u->worker);
     if (s != UCS_OK) {
@@ -270,15 +329,28 @@ static const struct {
     {"UCX_CMA_MEMORY_INVALIDATE", {"all", "sm", "shm", "cma", NULL}, {"sm", "shm", "cma", NULL}},
 };
 
+static int init_with(ps_ucx_t *u, uv_loop_t *loop, const char *tls, int serialized);
+
 int ps_ucx_init(ps_ucx_t *u, uv_loop_t *loop)
 {
-    return ps_ucx_init_tls(u, loop, NULL);
+    return init_with(u, loop, NULL, 0);
+}
+
+int ps_ucx_init_serialized(ps_ucx_t *u, uv_loop_t *loop)
+{
+    return init_with(u, loop, NULL, 1);
 }
 
 int ps_ucx_init_tls(ps_ucx_t *u, uv_loop_t *loop, const char *tls)
 {
+    return init_with(u, loop, tls, 0);
+}
+
+static int init_with(ps_ucx_t *u, uv_loop_t *loop, const char *tls, int serialized)
+{
     memset(u, 0, sizeof *u);
     u->loop = loop;
+    u->serialized = serialized;
     u->eager_below = PS_EAGER_BELOW;
     /* Tests only: ucp_worker_arm answers busy until the worker is started again, as UCX 1.13's
      * was seen to after a shard restarted several times (worker/client.c, unarmable). */

@@ -52,6 +52,21 @@ struct ps_ucx_s {
                                     delivered a message or was armed (0: none) */
     uint64_t stuck_spent_ns;     /* of the time since stuck_since_ns, how much went in them */
     int busy_warned;             /* said once that it stays busy */
+    /* The owner's (may be NULL): whether another of its threads drives the worker now
+     * (ps_ucx_poll, serialized with the loop by the owner's lock). Asked where the busy-poll
+     * would yield and before arming: when it says so, ps_ucx_progress returns at once and leaves
+     * the worker unarmed (the driver progresses it), and the owner's loop must wake again by
+     * itself to take over when the driver is done (worker/client.c, comm_run). */
+    int (*driven)(ps_ucx_t *u);
+    int unarmed;                 /* ps_ucx_progress left the worker unarmed for a driver
+                                    (driven), its event fd unwatched; cleared when it takes
+                                    the worker back (written on the loop thread, atomically) */
+    int rewatched;               /* the event fd was watched again since the owner last
+                                    cleared this: libuv adds it to its epoll set only at its
+                                    next poll for events, so that poll must come before any
+                                    sleep without a timeout (the owner's loop clears it) */
+    int serialized;              /* the worker takes calls from more than one thread, one at a
+                                    time (UCS_THREAD_MODE_SERIALIZED; ps_ucx_init_serialized) */
     /* The owner's (may be NULL): whether it waits for nothing now (no request of its own in
      * flight). Asked, on the loop's thread, each time the worker stays busy with nothing
      * progressed for PS_UCX_IDLE_BUSY_NS; a worker whose owner waits for nothing arms at once
@@ -90,6 +105,11 @@ struct ps_ucx_s {
  */
 int ps_ucx_init(ps_ucx_t *u, uv_loop_t *loop);
 
+/** @brief ps_ucx_init for an owner whose other threads also drive the worker (ps_ucx_poll),
+ *  one at a time under the owner's lock: the worker is made (and remade by ps_ucx_restart)
+ *  UCS_THREAD_MODE_SERIALIZED. */
+int ps_ucx_init_serialized(ps_ucx_t *u, uv_loop_t *loop);
+
 /**
  * @brief ps_ucx_init with the transports @p tls (UCX_TLS's syntax, e.g. "^sm": all but shared
  * memory) unless the environment sets UCX_TLS, which wins. The shared-memory settings above are
@@ -111,6 +131,19 @@ void ps_ucx_set_spin(ps_ucx_t *u, uint32_t us);
 /** @brief Progress the worker until idle and re-arm it (loop thread only); returns at once
  *  while ps_ucx_spin_stop is in effect. */
 void ps_ucx_progress(ps_ucx_t *u);
+
+/** @brief Loop thread, while the worker is left to another thread (unarmed, driven) with a
+ *  busy spell on record (busy_since_ns): try to arm it once; if it can be, the spell ends
+ *  (the worker is not wedged), else it goes on counting. A wedge then shows as it would with
+ *  the loop at the worker (ps_ucx_stuck_ns, the owner's checks of busy_since_ns), and a
+ *  spell from before callers drove does not outlive them. Cheap: call it from a timer. */
+void ps_ucx_check_armable(ps_ucx_t *u);
+
+/** @brief One pass from a thread other than the loop's, under the owner's lock that also
+ *  covers every run of the loop: progress the worker until idle and run the deferred hook,
+ *  without arming or spinning (the caller loops). @return nonzero if it did something; 0 also
+ *  when there is no worker or it is closing. */
+int ps_ucx_poll(ps_ucx_t *u);
 
 /** @brief From any thread: another event source of the loop (a uv_queue_work job, an
  *  uv_async) is about to fire, so stop busy-polling and let the loop run it: until

@@ -23,13 +23,19 @@
  * --skew (2 shards, chunk_bytes 1 MiB; NUMEL 1): instead of the pushes, declares pairs of a
  * 1 MiB tensor of one chunk and a 1-value one, so that every large chunk lands on shard 1 (chunk
  * ordinals alternate between the shards), until one is refused. Exit 0 when that is
- * PS_ESTOREFULL (printed: "asp_client: skew: declaration K refused: ..."). */
+ * PS_ESTOREFULL (printed: "asp_client: skew: declaration K refused: ...").
+ * --unwaited: after the PUSHES pushes (each waited for: the waiting caller drives the UCP
+ * worker, and libps's comm thread stands aside for a while), one push more that is not waited
+ * for must leave by itself: its chunks counted as sent (ps_client_stats) within 5 s with no
+ * call into libps but that; then it is waited for, and the check counts PUSHES + 1. Prints
+ * "asp_client: a push not waited for left by itself" or that it did not. */
 #include <inttypes.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "ps/ps_client.h"
 
@@ -175,6 +181,31 @@ static int skew(ps_client_t *c)
     return 1;
 }
 
+/* --unwaited: push @p k without waiting for it, and wait for its chunks to be counted as
+ * sent; then wait for it. 0 when it left by itself and was acknowledged. */
+static int unwaited_push(ps_client_t *c, uint32_t id, const float *g, uint64_t k)
+{
+    ps_client_stats_t before, now;
+    ps_client_stats(c, &before);
+    ps_op_t *op;
+    if (ps_client_push(c, id, g, k, &op) != 0) {
+        printf("asp_client: unwaited push: %s\n", ps_client_error(c));
+        return 1;
+    }
+    now = before;
+    for (int ms = 0; ms < 5000 && now.pushes == before.pushes; ms += 10) {
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+        ps_client_stats(c, &now);
+    }
+    int left = now.pushes > before.pushes;
+    printf("asp_client: a push not waited for %s\n",
+           left ? "left by itself" : "was not sent within 5 s");
+    int rc = ps_op_wait(op, NULL);
+    if (rc) printf("asp_client: unwaited push: %s\n", ps_client_error(c));
+    return left && rc == 0 ? 0 : 1;
+}
+
 /* --interrupt: say "ready", wait for SIGUSR1, push once and wait; SIGTERM interrupts the wait
  * (test_faults.c, sigterm_shard_stopped: the shard is stopped before SIGUSR1, so a rendezvous
  * push stays with UCX). Exit 3 when the wait ended with PS_ECANCELED. */
@@ -206,9 +237,10 @@ int main(int argc, char **argv)
     int enomem = argc == 5 && strcmp(argv[4], "--enomem") == 0;
     int misused = argc == 5 && strcmp(argv[4], "--misuse") == 0;
     int skewed = argc == 5 && strcmp(argv[4], "--skew") == 0;
-    if (argc != 4 && !interrupt && !enomem && !misused && !skewed) {
+    int unwaited = argc == 5 && strcmp(argv[4], "--unwaited") == 0;
+    if (argc != 4 && !interrupt && !enomem && !misused && !skewed && !unwaited) {
         fprintf(stderr, "usage: asp_client MANIFEST NUMEL PUSHES [--interrupt | --enomem | "
-                "--misuse | --skew]\n");
+                "--misuse | --skew | --unwaited]\n");
         return 2;
     }
     uint64_t n = strtoull(argv[2], NULL, 10), pushes = strtoull(argv[3], NULL, 10);
@@ -276,6 +308,10 @@ int main(int argc, char **argv)
             rc = 1;
         }
         if (rc == 0 && enomem && k == 0) rc = compression_change_fails(c, id);
+    }
+    if (rc == 0 && unwaited) {
+        rc = unwaited_push(c, id, g, pushes);
+        pushes++;
     }
     if (rc == 0 && (ps_client_pull(c, id, got, 0, &op) != 0 || ps_op_wait(op, NULL) != 0)) {
         printf("asp_client: pull: %s\n", ps_client_error(c));

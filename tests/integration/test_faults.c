@@ -547,6 +547,31 @@ START_TEST(test_compression_change_out_of_memory)
 }
 END_TEST
 
+/* A small push that is not waited for leaves by itself even right after waits for other ops:
+ * a waiting caller drives libps's UCP worker, and the comm thread stands aside until no caller
+ * has driven it for a while, then takes over within its bounded wait (worker/client.c,
+ * comm_run); ops started meanwhile wait for the next wait or for that. asp_client --unwaited
+ * (one shard, a tensor of one chunk) sees the push counted as sent without waiting for it,
+ * and every push applied once. */
+START_TEST(test_unwaited_push_leaves)
+{
+    /* Heartbeats every 15 s: no timer of the comm thread's wakes it within the 5 s. */
+    cl_conf_t k = {.shards = 1, .workers = 1, .consistency = "asp",
+                   .optimizer = "{name: sgd, lr: 1.0}",
+                   .job_extra = "  heartbeat_timeout_ms: 60000\n"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    char numel[] = "1000", pushes[] = "200", mode[] = "--unwaited";
+    char *argv[] = {(char *)cl_binary("ASP_CLIENT"), c->manifest, numel, pushes, mode, NULL};
+    cl_proc_t *a = cl_spawn(c, "asp", argv);
+    EXPECT_EXIT(a, 0);
+    EXPECT_LOG(a, "a push not waited for left by itself");
+    EXPECT_LOG(a, "201 pushes, each applied once");
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* SIGTERM reaches a worker that waits on a step nobody can complete (the second worker of
  * a BSP job never came): it abandons the step, says leave and exits 128 + SIGTERM. */
 START_TEST(test_sigterm_stuck_worker)
@@ -1642,6 +1667,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("push_sent_again_while_landing", test_push_sent_again_while_landing));
     suite_add_tcase(s, tcase("compression_change_out_of_memory",
                              test_compression_change_out_of_memory));
+    suite_add_tcase(s, tcase("unwaited_push_leaves", test_unwaited_push_leaves));
     suite_add_tcase(s, tcase("psd_crash_asp_applied_once", test_psd_crash_asp_applied_once));
     suite_add_tcase(s, tcase("sigterm_stuck_worker", test_sigterm_stuck_worker));
     suite_add_tcase(s, tcase("sigterm_shard_gone", test_sigterm_shard_gone));

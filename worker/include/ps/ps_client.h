@@ -1,9 +1,12 @@
 /* ps_client.h: libps, the worker-side client of a psd cluster.
  *
  * A client connects to every shard of a manifest, declares tensors and pushes
- * gradients / pulls parameters asynchronously. Its own thread owns the UCP
- * worker; calls from the training thread only enqueue requests and wait on
- * completion handles, so the caller never spins on UCX.
+ * gradients / pulls parameters asynchronously. Its own thread (the comm thread)
+ * runs the UCP worker; calls from the training thread enqueue requests and wait
+ * on completion handles. A wait for a small request drives the worker itself for
+ * the busy-poll window (spin_us) while the comm thread stands aside, so the
+ * reply needs no hand-over between threads; large tensors' requests are left to
+ * the comm thread, which copies and sends them while the caller computes.
  *
  * Thread safety: every function may be called from any one thread at a time
  * per client (the training thread); handles may be waited on from that thread.
