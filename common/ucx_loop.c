@@ -62,7 +62,7 @@ static void on_busy_idle(uv_idle_t *h)
     (void)h;
 }
 
-/* The worker could be armed (or will not be tried again): the loop may sleep again. */
+/* No busy spell on record any more (the worker was armed, or is seen armable). */
 static void busy_forget(ps_ucx_t *u)
 {
     uv_idle_stop(&u->busy_idle);
@@ -72,6 +72,7 @@ static void busy_forget(ps_ucx_t *u)
     u->stuck_spent_ns = 0;
 }
 
+/* The worker could be armed (or will not be tried again): the loop may sleep again. */
 static void busy_end(ps_ucx_t *u)
 {
     busy_forget(u);
@@ -155,6 +156,10 @@ void ps_ucx_progress(ps_ucx_t *u)
         /* Not stuck: only a message that reached the owner says so (am_arrived). */
         if (to_loop) break;
         if (u->closing) break;
+        if (u->driven && u->driven(u)) { /* another thread polls it now: left unarmed */
+            leave_unarmed(u);
+            break;
+        }
         /* Busy-poll for a while after the last activity: a reply or the next request usually
          * follows within tens of microseconds, and sleeping on the event fd costs a wake-up
          * on the other vCPU (~20-45 us on a VM) each time. The yield leaves the CPU to any
@@ -171,18 +176,10 @@ void ps_ucx_progress(ps_ucx_t *u)
                 u->last_active_ns = now - u->spin_ns;
             }
             if (spin && now - u->last_active_ns < u->spin_ns) {
-                if (u->driven && u->driven(u)) { /* another thread polls: left unarmed */
-                    leave_unarmed(u);
-                    break;
-                }
                 __atomic_store_n(&u->spinning, 1, __ATOMIC_SEQ_CST);
                 sched_yield();
                 continue;
             }
-        }
-        if (u->driven && u->driven(u)) {
-            leave_unarmed(u);
-            break;
         }
         if (active) {
             busy_since = 0;
@@ -242,15 +239,25 @@ void ps_ucx_check_armable(ps_ucx_t *u)
     if (s == UCS_OK) busy_forget(u); /* armable: no wedge (it stays unwatched, left aside) */
 }
 
-int ps_ucx_poll(ps_ucx_t *u)
+void ps_ucx_poll(ps_ucx_t *u)
 {
-    if (u->worker == NULL || u->closing) return 0;
+    if (u->worker == NULL || u->closing) return;
     uv_update_time(u->loop); /* timers its handlers start count from now, not the loop's turn */
     int did = 0;
     while (ucp_worker_progress(u->worker)) did = 1;
     if (u->deferred && u->deferred(u)) did = 1;
     if (did) u->last_active_ns = now_ns(); /* the loop's busy-poll goes on from here */
-    return did;
+}
+
+int ps_ucx_wait_ms(ps_ucx_t *u, int timeout_ms)
+{
+    if (u->unarmed && (timeout_ms < 0 || timeout_ms > PS_UCX_ASIDE_MS))
+        timeout_ms = PS_UCX_ASIDE_MS;
+    if (u->rewatched) { /* taken back in a callback after this turn's poll for events: the */
+        u->rewatched = 0; /* event fd joins libuv's epoll set at the next one, not before */
+        timeout_ms = 0;
+    }
+    return timeout_ms;
 }
 
 uint64_t ps_ucx_stuck_ns(const ps_ucx_t *u)

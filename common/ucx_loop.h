@@ -61,10 +61,9 @@ struct ps_ucx_s {
     int unarmed;                 /* ps_ucx_progress left the worker unarmed for a driver
                                     (driven), its event fd unwatched; cleared when it takes
                                     the worker back (written on the loop thread, atomically) */
-    int rewatched;               /* the event fd was watched again since the owner last
-                                    cleared this: libuv adds it to its epoll set only at its
-                                    next poll for events, so that poll must come before any
-                                    sleep without a timeout (the owner's loop clears it) */
+    int rewatched;               /* the event fd was watched again since ps_ucx_wait_ms last
+                                    ran: libuv adds it to its epoll set only at its next poll
+                                    for events, which must come before any sleep */
     int serialized;              /* the worker takes calls from more than one thread, one at a
                                     time (UCS_THREAD_MODE_SERIALIZED; ps_ucx_init_serialized) */
     /* The owner's (may be NULL): whether it waits for nothing now (no request of its own in
@@ -141,9 +140,20 @@ void ps_ucx_check_armable(ps_ucx_t *u);
 
 /** @brief One pass from a thread other than the loop's, under the owner's lock that also
  *  covers every run of the loop: progress the worker until idle and run the deferred hook,
- *  without arming or spinning (the caller loops). @return nonzero if it did something; 0 also
- *  when there is no worker or it is closing. */
-int ps_ucx_poll(ps_ucx_t *u);
+ *  without arming or spinning (the caller loops). Nothing when there is no worker or it is
+ *  closing. */
+void ps_ucx_poll(ps_ucx_t *u);
+
+/* How long an owner's loop that drives libuv itself (uv_run(UV_RUN_NOWAIT), then a wait on
+ * its backend fd) sleeps at most while the worker is left to callers (driven): its bound for
+ * taking the worker back once none has driven it for the busy-poll window. */
+#define PS_UCX_ASIDE_MS 1
+
+/** @brief Loop thread, for such an owner's loop: its wait after a turn, given libuv's
+ *  @p timeout_ms (uv_backend_timeout; -1: none): at most PS_UCX_ASIDE_MS while the worker is
+ *  left unarmed to callers, and 0 (one more turn) when the event fd was watched again since
+ *  the last call (libuv registers it only at a poll for events). */
+int ps_ucx_wait_ms(ps_ucx_t *u, int timeout_ms);
 
 /** @brief From any thread: another event source of the loop (a uv_queue_work job, an
  *  uv_async) is about to fire, so stop busy-polling and let the loop run it: until

@@ -753,9 +753,19 @@ static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
     if (res) uv_freeaddrinfo(res);
 }
 
-/* Look shard @p s's name up in the background (libuv's thread pool); on_resolved keeps it. */
-static void client_signals(sigset_t *set);
+/* The signals the client's own threads block (ps_client_create, resolve_start). */
+static void client_signals(sigset_t *set)
+{
+    sigemptyset(set);
+    sigaddset(set, SIGINT);
+    sigaddset(set, SIGTERM);
+    sigaddset(set, SIGHUP);
+    sigaddset(set, SIGQUIT);
+    sigaddset(set, SIGUSR1);
+    sigaddset(set, SIGUSR2);
+}
 
+/* Look shard @p s's name up in the background (libuv's thread pool); on_resolved keeps it. */
 static void resolve_start(ps_client_t *c, cshard_t *s)
 {
     if (s->resolving) return;
@@ -2353,10 +2363,6 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     return UCS_OK;
 }
 
-/* How long the comm thread sleeps at most while the worker is left unarmed for callers that
- * drive it (op_wait_done): its bound for taking over once none has for the busy-poll window. */
-#define DRIVE_CHECK_MS 1
-
 /* ps_ucx_t.driven: a caller drives the worker now, or did within the busy-poll window (it is
  * likely to wait again soon: a training step's ops come in a burst). */
 static int comm_driven(ps_ucx_t *u)
@@ -2370,20 +2376,16 @@ static int comm_driven(ps_ucx_t *u)
 /* The comm thread's loop, with loop_mu held (uv_run(UV_RUN_DEFAULT) but for that): each turn
  * runs what is due without blocking, then waits for the loop's next event (its backend fd)
  * with loop_mu released, so that a caller may drive the worker meanwhile. While the worker is
- * left unarmed for such a caller the wait is bounded (DRIVE_CHECK_MS): the next turn takes
- * over (progresses and arms) once no caller drives. Until the shutdown (loop_stop). */
+ * left to callers the wait is bounded (ps_ucx_wait_ms, PS_UCX_ASIDE_MS): a later turn takes
+ * it back (progresses and arms) once none has driven it for the busy-poll window. Until the
+ * shutdown (loop_stop). */
 static void comm_run(ps_client_t *c)
 {
     struct pollfd pfd = {.fd = uv_backend_fd(&c->loop), .events = POLLIN};
     while (!c->loop_stop) {
         uv_run(&c->loop, UV_RUN_NOWAIT);
         if (c->loop_stop) break;
-        int timeout = uv_backend_timeout(&c->loop);
-        if (c->ucx.unarmed && (timeout < 0 || timeout > DRIVE_CHECK_MS)) timeout = DRIVE_CHECK_MS;
-        if (c->ucx.rewatched) { /* taken back in a callback after this turn's poll: the event */
-            c->ucx.rewatched = 0; /* fd joins the epoll set at the next turn's, not before */
-            timeout = 0;
-        }
+        int timeout = ps_ucx_wait_ms(&c->ucx, uv_backend_timeout(&c->loop));
         pthread_mutex_unlock(&c->loop_mu);
         if (timeout != 0) poll(&pfd, 1, timeout);
         pthread_mutex_lock(&c->loop_mu);
@@ -2528,10 +2530,10 @@ static int op_small(const ps_client_t *c, const ps_op_t *op)
 /* After the caller queued ops (submit_head): while callers drive the worker (comm_driven) and
  * the comm thread left it to them (unarmed, in its bounded wait), small ops wait in the queue
  * for the next caller that waits, which starts them with everything queued beside them in one
- * batch (on_deferred), or for the comm thread's next bounded turn (within DRIVE_CHECK_MS: it
- * runs the deferred hook as it stands aside): no wake-up. Else the comm thread is woken unless it busy-polls (@p spinning) and will find
- * them anyway; a large tensor's op also ends the callers' turn, so that the comm thread copies
- * and sends its chunks at once. */
+ * batch (on_deferred), or for the comm thread's next bounded turn (within PS_UCX_ASIDE_MS: it
+ * runs the deferred hook as it stands aside): no wake-up. Else the comm thread is woken
+ * unless it busy-polls (@p spinning) and will find them anyway; a large tensor's op also ends
+ * the callers' turn, so that the comm thread copies and sends its chunks at once. */
 static void hand_over(ps_client_t *c, int spinning, int small)
 {
     if (small && comm_driven(&c->ucx) && __atomic_load_n(&c->ucx.unarmed, __ATOMIC_RELAXED))
@@ -2566,11 +2568,10 @@ static void submit(ps_client_t *c, ps_op_t *op)
     hand_over(c, spinning, small);
 }
 
-
 /* End the callers' turn at the worker (drove_ns cleared) and wake the comm thread to take it
  * back, under loop_mu (its shutdown holds it, so c->wake is still open; nothing is sent once
  * the loop stopped). When the comm thread holds loop_mu it is in its turn: it sees the turn
- * ended at its next ps_ucx_progress, within DRIVE_CHECK_MS, without the wake-up. */
+ * ended at its next ps_ucx_progress, within PS_UCX_ASIDE_MS, without the wake-up. */
 static void hand_back(ps_client_t *c)
 {
     __atomic_store_n(&c->drove_ns, 0, __ATOMIC_SEQ_CST);
@@ -2588,13 +2589,8 @@ static void hand_back(ps_client_t *c)
 static int loop_needs_comm(const ps_client_t *c, const ps_op_t *mine)
 {
     if (c->copy_head) return 1;
-    for (const ps_op_t *op = c->inflight; op; op = op->next) {
-        if (op == mine) continue;
-        if (op->on_done) return 1;
-        if ((op->type == OP_PUSH || op->type == OP_PULL) &&
-            c->tensors[op->tensor]->numel * 4 >= PS_WAIT_SLEEP_BYTES)
-            return 1;
-    }
+    for (const ps_op_t *op = c->inflight; op; op = op->next)
+        if (op != mine && (op->on_done || !op_small(c, op))) return 1;
     return 0;
 }
 
@@ -2610,9 +2606,7 @@ static int loop_needs_comm(const ps_client_t *c, const ps_op_t *mine)
 static void op_wait_done(ps_client_t *c, ps_op_t *op)
 {
     uint64_t *took = NULL;
-    if ((op->type == OP_PUSH || op->type == OP_PULL) &&
-        c->tensors[op->tensor]->numel * 4 >= PS_WAIT_SLEEP_BYTES)
-        took = &c->tensors[op->tensor]->took_ns[op->type == OP_PULL];
+    if (!op_small(c, op)) took = &c->tensors[op->tensor]->took_ns[op->type == OP_PULL];
     if (c->ucx.spin_ns && !__atomic_load_n(&op->done, __ATOMIC_ACQUIRE) &&
         (took == NULL || *took <= c->ucx.spin_ns)) {
         uint64_t t0 = mono_ns();
@@ -2635,14 +2629,16 @@ static void op_wait_done(ps_client_t *c, ps_op_t *op)
                     /* A comm thread asleep with the worker armed would stay so while this
                      * thread takes the events (a TCP socket drained here wakes no one), its
                      * timers' deadlines as they were: woken, it stands aside in its bounded
-                     * wait (DRIVE_CHECK_MS), which sees timers started here. */
+                     * wait (PS_UCX_ASIDE_MS), which sees timers started here. */
                     if (!told && !__atomic_load_n(&c->ucx.unarmed, __ATOMIC_SEQ_CST) &&
                         !__atomic_load_n(&c->ucx.spinning, __ATOMIC_SEQ_CST))
                         uv_async_send(&c->wake);
                     told = 1;
                     ps_ucx_poll(&c->ucx);
+                    /* Asked once the op is done (done here, mostly): not each turn. */
+                    if (__atomic_load_n(&op->done, __ATOMIC_ACQUIRE))
+                        handed = loop_needs_comm(c, op);
                 }
-                handed = !c->loop_stop && loop_needs_comm(c, op);
                 __atomic_store_n(&c->drove_ns, mono_ns(), __ATOMIC_RELEASE);
                 pthread_mutex_unlock(&c->loop_mu);
             }
@@ -2653,7 +2649,7 @@ static void op_wait_done(ps_client_t *c, ps_op_t *op)
         }
         int done = __atomic_load_n(&op->done, __ATOMIC_ACQUIRE);
         /* The last driver to leave hands the worker back at once where the comm thread's
-         * bounded wait (DRIVE_CHECK_MS) would hold something up: this op, still waited for
+         * bounded wait (PS_UCX_ASIDE_MS) would hold something up: this op, still waited for
          * (asleep below), or a transfer no caller waits for. */
         if (drive && __atomic_sub_fetch(&c->drivers, 1, __ATOMIC_ACQ_REL) == 0 &&
             (!done || handed))
@@ -2977,18 +2973,6 @@ int ps_manifest_cluster(const char *path, char *out, size_t outlen, char *err, s
 int ps_manifest_optimizer(const char *path, char *out, size_t outlen, char *err, size_t errlen)
 {
     return manifest_name(path, true, out, outlen, err, errlen);
-}
-
-/* The signals the client's own threads block (ps_client_create, resolve_start). */
-static void client_signals(sigset_t *set)
-{
-    sigemptyset(set);
-    sigaddset(set, SIGINT);
-    sigaddset(set, SIGTERM);
-    sigaddset(set, SIGHUP);
-    sigaddset(set, SIGQUIT);
-    sigaddset(set, SIGUSR1);
-    sigaddset(set, SIGUSR2);
 }
 
 int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts, ps_client_t **out,
