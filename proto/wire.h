@@ -303,6 +303,14 @@ int ps_msg_encode_sealed(const ps_msg_t *m, const uint8_t *session, size_t sessi
  */
 int ps_msg_decode(ps_msg_t *m, const void *buf, size_t len, char *err, size_t errlen);
 
+/**
+ * @brief For tests and benchmarks: with @p on, pack and unpack every header with protobuf-c's
+ *  generic code (the reference), not wire.c's own packing and data-path unpacking, which must
+ *  give the same bytes and the same results (tests/unit/test_wire.c).
+ * @note Not thread-safe: call it while no other thread packs or unpacks.
+ */
+void ps_wire_use_protobuf(bool on);
+
 /** @brief Name of a message type, for logs (static storage). */
 const char *ps_msg_type_name(int type);
 
