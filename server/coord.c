@@ -30,7 +30,7 @@
 #include "ps/ps_log.h"
 #include "server.h"
 
-#define COORD_MAGIC 0x34445243u /* "CRD4" */
+#define COORD_MAGIC 0x35445243u /* "CRD5": the stored form below (state_pack) */
 #define GAP_RING 4096
 #define MAX_LAUNCHERS 32
 #define GRANT_TTL_MS 15000
@@ -105,7 +105,9 @@ typedef struct {
 /* A write of the state on its own (coord_save), as slot work between store jobs. */
 typedef struct {
     psd_slot_work_t slot;
-    coord_saved_t s;          /* the copy written, taken on the loop thread when queued */
+    /* the state written (state_pack), taken on the loop thread when queued */
+    _Alignas(uint64_t) uint8_t s[PSD_COORD_STATE_MAX];
+    size_t len;
     coord_rec_t rec;          /* and of the recovery state (written with it) */
     uint64_t gen;             /* its number (coord_save_gen) */
     int rc;
@@ -119,6 +121,9 @@ typedef struct {
  * fields before and after its batch sit where they do now (checked below), copied as bytes. */
 #define COORD_MAGIC_V2 0x32445243u
 #define COORD_MAGIC_V3 0x33445243u
+/* "CRD4" (sessions 50-53): coord_saved_t itself up to its queued batches, all 64 members (17.5
+ * KB for any job), written with every apply job of shard 0. */
+#define COORD_MAGIC_V4 0x34445243u
 #define COORD_REC_MAGIC_V2 0x32434552u
 typedef struct {
     uint64_t pass, offset;
@@ -232,11 +237,62 @@ static void state_from_old(coord_saved_t *s, const saved_v2_t *v2, const saved_v
         c->rehand[i] = batch_from_old(v2 ? &v2->rehand[i] : NULL, v2 ? NULL : &v3->rehand[i]);
 }
 
-/* The bytes of @p s a save writes: the re-hand queue's empty places left out (read back as
- * zeros). */
-static size_t state_len(const coord_saved_t *s)
+/* The stored form ("CRD5", key "job"): coord_saved_t's fields before its members, a uint64_t
+ * count nm, the members m[0..nm) (those past it are zeros: ranks that never joined), then the
+ * cursor up to its queued batches (the re-hand queue's empty places left out). A job of two
+ * workers stores 1176 bytes instead of CRD4's 17 536: shard 0 writes it with every apply job,
+ * and the bigger one cost ~1 us of each step there (its copy, and the five LMDB overflow pages
+ * its put and commit took; DESIGN-NOTES, Membership, "Persistence"). */
+#define STATE_HEAD offsetof(coord_saved_t, m)
+#define STATE_CUR_HEAD offsetof(ps_cursor_t, rehand)
+
+/* @p s with members m[0..@p nm) stored, into @p out (PSD_COORD_STATE_MAX bytes). @return its
+ * length. */
+static size_t state_pack(const coord_saved_t *s, uint32_t nm, void *out)
 {
-    return offsetof(coord_saved_t, cur.rehand) + s->cur.nrehand * sizeof(ps_batch_t);
+    uint8_t *o = out;
+    uint64_t n = nm;
+    size_t cur = STATE_CUR_HEAD + s->cur.nrehand * sizeof(ps_batch_t);
+    memcpy(o, s, STATE_HEAD);
+    memcpy(o + STATE_HEAD, &n, sizeof n);
+    memcpy(o + STATE_HEAD + sizeof n, s->m, nm * sizeof *s->m);
+    memcpy(o + STATE_HEAD + sizeof n + nm * sizeof *s->m, &s->cur, cur);
+    return STATE_HEAD + sizeof n + nm * sizeof *s->m + cur;
+}
+_Static_assert(offsetof(coord_saved_t, m) + sizeof(uint64_t) +
+                       PS_MAX_RANKS * sizeof(saved_member_t) + sizeof(ps_cursor_t) <=
+                   PSD_COORD_STATE_MAX,
+               "a stored coordinator state outgrew what psd reads back (server.h)");
+
+/* A stored CRD5 state @p in of @p len bytes into @p s (zeroed first). @return false when its
+ * lengths and counts do not fit together (@p s then holds nothing to use). */
+static bool state_unpack(coord_saved_t *s, const void *in, size_t len)
+{
+    const uint8_t *b = in;
+    uint64_t nm;
+    uint32_t queued;
+    memset(s, 0, sizeof *s);
+    if (len < STATE_HEAD + sizeof nm) return false;
+    memcpy(&nm, b + STATE_HEAD, sizeof nm);
+    if (nm > PS_MAX_RANKS) return false;
+    size_t cur = STATE_HEAD + sizeof nm + nm * sizeof *s->m;
+    if (len < cur + STATE_CUR_HEAD) return false;
+    memcpy(&queued, b + cur + offsetof(ps_cursor_t, nrehand), sizeof queued);
+    if (queued > PS_REHAND_MAX || len != cur + STATE_CUR_HEAD + queued * sizeof(ps_batch_t))
+        return false;
+    memcpy(s, b, STATE_HEAD);
+    memcpy(s->m, b + STATE_HEAD + sizeof nm, nm * sizeof *s->m);
+    memcpy(&s->cur, b + cur, len - cur);
+    return true;
+}
+
+/* 1 + the highest rank whose member is not all zeros (0: none). */
+static uint32_t members_hi(const coord_saved_t *s)
+{
+    static const saved_member_t zero;
+    uint32_t hi = PS_MAX_RANKS;
+    while (hi > 0 && memcmp(&s->m[hi - 1], &zero, sizeof zero) == 0) hi--;
+    return hi;
 }
 
 /* A REC2 recovery state @p o into @p rec. */
@@ -293,6 +349,7 @@ typedef struct {
 
 struct psd_coord_s {
     coord_saved_t s;
+    uint32_t m_hi;             /* s.m[m_hi..] are zeros: no rank from there on ever joined */
     member_rt_t rt[PS_MAX_RANKS];
     uint64_t started_ms;       /* this process's start: members of a restored state must
                                   come back within heartbeat_timeout_ms */
@@ -364,12 +421,12 @@ static bool is_bsp(const psd_server_t *srv) { return srv->m.job.consistency == P
 /* The recovery state changed: the next apply job (psd_coord_rec) or coord_save writes it. */
 static void rec_changed(psd_coord_t *co) { co->rec_dirty = true; }
 
-static int save_now(psd_store_t *st, const coord_saved_t *s, const coord_rec_t *rec)
+static int save_now(psd_store_t *st, const void *s, size_t len, const coord_rec_t *rec)
 {
     psd_wtxn_t tx;
     int rc = psd_store_begin(st, &tx);
     if (rc) return rc;
-    rc = psd_store_put_blob(&tx, "job", s, state_len(s));
+    rc = psd_store_put_blob(&tx, "job", s, len);
     if (rc == 0) rc = psd_store_put_blob(&tx, "jobrec", rec, sizeof *rec);
     if (rc) {
         psd_store_abort(&tx);
@@ -396,7 +453,7 @@ static void save_run(psd_slot_work_t *w)
         sv->rc = PS_ESTORE;
         return;
     }
-    sv->rc = save_now(&w->srv->store, &sv->s, &sv->rec);
+    sv->rc = save_now(&w->srv->store, sv->s, sv->len, &sv->rec);
 }
 
 static void coord_save(psd_server_t *srv);
@@ -462,7 +519,7 @@ static void coord_save(psd_server_t *srv)
     }
     co->save_busy = true;
     co->save_retry = false;
-    memcpy(&co->save.s, &co->s, state_len(&co->s)); /* what save_now writes */
+    co->save.len = state_pack(&co->s, co->m_hi, co->save.s); /* what save_now writes */
     co->save.rec = co->rec;
     co->rec_dirty = false;
     co->save.gen = ++co->save_gen;
@@ -1086,6 +1143,7 @@ void psd_coord_on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
                                                                                  : 0;
         saved_member_t *m = &co->s.m[rank];
         memset(m, 0, sizeof *m);
+        if ((uint32_t)rank >= co->m_hi) co->m_hi = (uint32_t)rank + 1; /* stored from now on */
         m->pid = msg->pid;
         m->steps_done = clock;
         if (clock)
@@ -2017,24 +2075,29 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
     if (saved && saved_len >= sizeof magic) memcpy(&magic, saved, sizeof magic);
     bool v2 = magic == COORD_MAGIC_V2 && saved_len == sizeof(saved_v2_t);
     bool v3 = magic == COORD_MAGIC_V3 && saved_len == sizeof(saved_v3_t);
-    /* The current form: up to the queued batches of the re-hand queue (state_len). */
+    /* CRD4: coord_saved_t itself, up to the queued batches of its re-hand queue. */
     size_t head = offsetof(coord_saved_t, cur.rehand);
     uint32_t queued = UINT32_MAX; /* the batches its re-hand queue says it holds */
     if (saved && saved_len >= head)
         memcpy(&queued, (const char *)saved + offsetof(coord_saved_t, cur.nrehand), sizeof queued);
-    bool cur = saved && magic == COORD_MAGIC && saved_len >= head && queued <= PS_REHAND_MAX &&
-               saved_len == head + queued * sizeof(ps_batch_t);
-    if (saved && !v2 && !v3 && !cur)
+    bool v4 = saved && magic == COORD_MAGIC_V4 && saved_len >= head &&
+              queued <= PS_REHAND_MAX && saved_len == head + queued * sizeof(ps_batch_t);
+    bool cur = saved && magic == COORD_MAGIC && state_unpack(&co->s, saved, saved_len);
+    if (saved && !v2 && !v3 && !v4 && !cur)
         PS_LOG(PS_LOG_WARN, "coord", "the stored coordinator state (%zu bytes, magic %#x) is not "
                "one this psd reads: the job's steps and batches start over", saved_len, magic);
-    if (v2 || v3 || cur) {
-        if (cur) {
+    if (v2 || v3 || v4 || cur) {
+        if (v4) {
             memcpy(&co->s, saved, saved_len); /* the rest stays zero (calloc) */
-        } else { /* @p saved is aligned for them (server.h) */
+            co->s.magic = COORD_MAGIC;
+            PS_LOG(PS_LOG_INFO, "coord", "the stored coordinator state is an older psd's "
+                   "(CRD4, %zu bytes): converted", saved_len);
+        } else if (!cur) { /* @p saved is aligned for them (server.h) */
             state_from_old(&co->s, v2 ? saved : NULL, v2 ? NULL : saved);
             PS_LOG(PS_LOG_INFO, "coord", "the stored coordinator state is an older psd's "
                    "(%s): converted", v2 ? "CRD2" : "CRD3");
         }
+        co->m_hi = members_hi(&co->s);
         /* What failures had left to settle, as last saved (with this state or before it). */
         uint32_t rec_magic = 0;
         if (rec && rec_len >= sizeof rec_magic) memcpy(&rec_magic, rec, sizeof rec_magic);
@@ -2194,7 +2257,8 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
      * (no store job runs yet: the loop has not started). */
     co->creating = false;
     co->rec.magic = COORD_REC_MAGIC;
-    int rc = save_now(&srv->store, &co->s, &co->rec);
+    co->save.len = state_pack(&co->s, co->m_hi, co->save.s); /* no save is queued yet */
+    int rc = save_now(&srv->store, co->save.s, co->save.len, &co->rec);
     if (rc) {
         co->rec_dirty = true; /* the next apply job writes it */
         co->save_retry = true; /* and psd_coord_tick tries again; bsp's batches and end wait */
@@ -2211,10 +2275,9 @@ void psd_coord_free(psd_server_t *srv)
     srv->coord = NULL;
 }
 
-const void *psd_coord_state(psd_server_t *srv, size_t *len)
+size_t psd_coord_state_pack(psd_server_t *srv, void *out)
 {
-    *len = state_len(&srv->coord->s);
-    return &srv->coord->s;
+    return state_pack(&srv->coord->s, srv->coord->m_hi, out);
 }
 
 const void *psd_coord_rec(psd_server_t *srv, size_t *len)

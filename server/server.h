@@ -815,13 +815,14 @@ int psd_coord_ckpt_hold_at(psd_server_t *srv, uint64_t step, uint64_t id,
  *  ends when that connection closes, psd_coord_drop_conn). */
 bool psd_coord_ckpt_release_until(psd_server_t *srv, uint64_t next, uint64_t id,
                                   const psd_conn_t *conn);
-/* The most bytes psd_coord_state and psd_coord_rec give, and a stored state can hold. */
+/* The most bytes psd_coord_state_pack and psd_coord_rec give, and a stored state can hold. */
 #define PSD_COORD_STATE_MAX 65536
 #define PSD_COORD_REC_MAX 16384
-/** @brief The coordinator's state as bytes for the store (written with each apply): *@p len
- *  of them (PSD_COORD_STATE_MAX at most; fewer while fewer batches wait to go out again),
- *  owned by the coordinator, valid until the loop thread next changes it. */
-const void *psd_coord_state(psd_server_t *srv, size_t *len);
+/** @brief The coordinator's state as the store keeps it (key "job", written with each apply),
+ *  copied into @p out, which the caller owns (PSD_COORD_STATE_MAX bytes; fewer are written:
+ *  the members of ranks that joined and the batches waiting to go out again).
+ *  @return the bytes written. Loop thread. */
+size_t psd_coord_state_pack(psd_server_t *srv, void *out);
 /** @brief Its recovery state (key "jobrec") when it changed since a save took it, else NULL:
  *  the caller's apply job writes it with the state; the bytes stay the coordinator's (copy
  *  them now). */

@@ -2981,12 +2981,8 @@ static void job_start_next(psd_server_t *srv)
         if (srv->coord) {
             /* The coordinator's step, members and cursor commit with the updates. */
             size_t len;
-            const void *st = psd_coord_state(srv, &len);
             if (job->coord_state == NULL) job->coord_state = malloc(PSD_COORD_STATE_MAX);
-            if (job->coord_state) {
-                memcpy(job->coord_state, st, len);
-                job->coord_len = len;
-            }
+            if (job->coord_state) job->coord_len = psd_coord_state_pack(srv, job->coord_state);
             job->coord_rec_len = 0;
             const void *rec = psd_coord_rec(srv, &len); /* only when it changed */
             if (rec && job->coord_rec == NULL) job->coord_rec = malloc(PSD_COORD_REC_MAX);

@@ -42,6 +42,7 @@
 #include <time.h>
 #include <sys/time.h>
 
+#include "batches.h"
 #include "cluster.h"
 #include "expect.h"
 #include "manifest.h"
@@ -602,6 +603,90 @@ START_TEST(test_coordinator_state_upgraded_tags)
     psd = cl_psd_start(c, 0, NULL, READY_S);
     EXPECT_LOG(psd, "the stored coordinator state (25216 bytes, magic 0x34445243) is not one this "
                     "psd reads");
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+/* The form of sessions 50-53 ("CRD4"): server/coord.c's coord_saved_t as it is in memory, all
+ * 64 members whatever the job's size. */
+typedef struct {
+    uint32_t pid;
+    char host[64];
+    uint8_t has_batch;
+    ps_batch_t batch;
+    uint64_t batch_step, steps_done, progress, join_serial;
+} v4_member_t;
+typedef struct {
+    uint32_t magic, desired;
+    uint64_t epoch, step, step_members, active, final_step;
+    uint8_t finished, started;
+    uint64_t joins;
+    v4_member_t m[64];
+    ps_cursor_t cur;
+} v4_state_t;
+
+/* The length of the "job" blob in shard 0's stopped store. */
+static size_t job_blob_len(cl_cluster_t *c)
+{
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    store_write_txn(c, 0, &env, &txn, &dbi);
+    MDB_val key = {4, "Mjob"}, v;
+    ck_assert_int_eq(mdb_get(txn, dbi, &key, &v), 0);
+    size_t len = v.mv_size;
+    mdb_txn_abort(txn);
+    mdb_env_close(env);
+    return len;
+}
+
+/* A psd upgraded on a store whose coordinator state a psd of sessions 50-53 wrote (CRD4: 17.5 KB
+ * with every step) resumes it: a member that left, its batch and a batch with its replay tags
+ * waiting to go out again. It then stores the members of the ranks that joined only (CRD5), which
+ * the next start reads as they were. */
+START_TEST(test_coordinator_state_upgraded_crd4)
+{
+    cl_cluster_t *c = one_shard_stopped();
+    size_t head = offsetof(v4_state_t, cur.rehand), len = head + 1 * sizeof(ps_batch_t);
+    v4_state_t *o = calloc(1, sizeof *o);
+    o->magic = 0x34445243u;
+    o->desired = 4;
+    o->epoch = 3;
+    o->step = 9;
+    o->joins = 3;
+    o->m[2] = (v4_member_t){.pid = 4242, .host = "node-b", .join_serial = 3, .steps_done = 9};
+    o->cur = (ps_cursor_t){.n = 1000, .batch = 8, .passes = 1, .offset = 96, .nrehand = 1,
+                           .applied_total = 72, .handed_again = 2};
+    o->cur.rehand[0] = (ps_batch_t){.offset = 64, .count = 8, .nreplay = 1,
+                                    .replay = {8ull << 6 | 2}};
+    o->cur.applied[0] = 72;
+    put_blob0(c, "job", o, len);
+    free(o);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    char want[128];
+    snprintf(want, sizeof want, "is an older psd's (CRD4, %zu bytes): converted", len);
+    EXPECT_LOG(psd, want);
+    const char *restored = "restored: epoch 1048576, step 9, 0 members, 72 samples applied, 1 "
+                           "batches to hand out again (1 replay tag words)";
+    EXPECT_LOG(psd, restored);
+    ck_assert_int_eq(cl_signal(psd, SIGTERM), 0);
+    EXPECT_EXIT(psd, 0);
+    /* Stored again: three members' places (ranks 0 to 2), not 64. */
+    size_t now = job_blob_len(c);
+    ck_assert_msg(now < len / 4, "the state this psd saved takes %zu bytes (CRD4's: %zu)", now,
+                  len);
+    psd = cl_psd_start(c, 0, NULL, READY_S);
+    char *log = cl_log(psd);
+    ck_assert_msg(strstr(log, "converted") == NULL && strstr(log, "is not one") == NULL,
+                  "the state this psd saved was not read as it is: %s", cl_tail(psd));
+    free(log);
+    EXPECT_LOG(psd, "restored: epoch 2097152, step 9, 0 members, 72 samples applied, 1 batches "
+                    "to hand out again (1 replay tag words)");
+    const char *args[] = {"status", "--json", NULL};
+    cl_proc_t *ctl = psctl(c, "psctl", 0, args);
+    EXPECT_LOG(ctl, "\"desired_workers\": 4, ");
+    EXPECT_LOG(ctl, "\"batches_handed_again\": 2, ");
     stop_all(&psd, 1);
     cl_cluster_destroy(c);
 }
@@ -2556,6 +2641,8 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("coordinator_state_upgraded", test_coordinator_state_upgraded));
     suite_add_tcase(s, tcase("coordinator_state_upgraded_tags",
                              test_coordinator_state_upgraded_tags));
+    suite_add_tcase(s, tcase("coordinator_state_upgraded_crd4",
+                             test_coordinator_state_upgraded_crd4));
     suite_add_tcase(s, tcase("verify_names_corrupt_chunk", test_verify_names_corrupt_chunk));
     suite_add_tcase(s, tcase("export_snapshot_left_open", test_export_snapshot_left_open));
     suite_add_tcase(s, tcase("corrupt_at_rest_not_sealed_again",
