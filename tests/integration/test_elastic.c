@@ -873,7 +873,18 @@ static void all_ranks_left_open_step(int mode)
             EXPECT_LOG(psd[0], "a worker cannot join yet: 64 of the 64 ranks are held by members "
                                "that left open step 5, until it closes (a checkpoint holds it)");
         }
-        EXPECT_LOG(psd[0], "step 15 reached: held for its checkpoint");
+        if (mode == DESERTED_CKPT_HELD) {
+            EXPECT_LOG(psd[0], "step 15 reached: held for its checkpoint");
+        } else {
+            /* The follower's checkpoint of step 15 is held ahead, or at once when its ask
+             * comes with step 15 open already (once in session 54's full runs: the checkpoint
+             * at step 15 was taken, held by psd_coord_ckpt_hold's path). */
+            char *log = cl_log(psd[0]);
+            ck_assert_msg(strstr(log, "step 15 reached: held for its checkpoint") ||
+                              strstr(log, "checkpoint at step 15: holding later steps"),
+                          "no hold of step 15 for the follower's checkpoint: %s", cl_tail(psd[0]));
+            free(log);
+        }
         EXPECT_LOG(psd[0], "step 5: every member left it, and the 64 ranks they held until it "
                            "closes are all a worker could join with: it closes with no member");
         EXPECT_LOG(psd[0], "step 5 of 0/0: the coordinator closed it with no member left; "
