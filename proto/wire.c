@@ -124,7 +124,8 @@ const char *ps_msg_type_name(int type)
  * the same bytes (proto3: fields in number order, zero values left out; tests/unit/test_wire.c
  * compares both), and the headers of the data path are unpacked here: varint fields, the float,
  * the session token and the replay tags. Anything else (a declaration, a string, an unknown
- * field, a wire type or a varint out of the usual) goes to protobuf-c's unpack, which decides. */
+ * field, a wire type or a varint out of the usual, more fields than protobuf-c's unpack has room
+ * for) goes to protobuf-c's unpack, which decides. */
 static bool wire_reference; /* ps_wire_use_protobuf(): protobuf-c's pack and unpack only */
 
 void ps_wire_use_protobuf(bool on)
@@ -277,17 +278,23 @@ static inline bool rd_varint(const uint8_t **p, const uint8_t *end, int max, uin
     return false;
 }
 
+/* Fields a header may have for protobuf-c's unpack to fit ps_msg_decode's arena (3 KiB): the
+ * message, then its record of the fields scanned past the first 16 (32 bytes each, in slabs of
+ * 32 and 64), the replay tags and each copy of a session token. 48 fields and one token fit;
+ * past that protobuf-c can run out and refuse the header, so it decides. */
+#define UNPACK_FIELDS_MAX 48
+
 /* @p buf unpacked into @p h (PS__HEADER__INIT first) as protobuf-c would, its replay tags into
  * @p replay (PS_REPLAY_MAX), its session pointing into @p buf. @return false where protobuf-c
  * must decide (see above): @p h is then to be ignored. */
 static bool header_unpack(Ps__Header *h, uint64_t *replay, const uint8_t *buf, size_t len)
 {
     const uint8_t *p = buf, *end = buf + len;
+    int fields = 0, sessions = 0;
     *h = (Ps__Header)PS__HEADER__INIT;
-    h->replay = replay;
     while (p < end) {
         uint64_t key, v;
-        if (!rd_varint(&p, end, 5, &key)) return false;
+        if (++fields > UNPACK_FIELDS_MAX || !rd_varint(&p, end, 5, &key)) return false;
         uint32_t f = (uint32_t)(key >> 3), wt = (uint32_t)(key & 7);
         if (wt == 5 && f == 21) {
             if (end - p < 4) return false;
@@ -301,8 +308,9 @@ static bool header_unpack(Ps__Header *h, uint64_t *replay, const uint8_t *buf, s
             const uint8_t *q = p, *qe = p + v;
             p = qe;
             if (f == 59) {
+                if (++sessions > 1) return false; /* a second token: a second copy there */
                 h->session.len = (size_t)v;
-                h->session.data = (uint8_t *)q;
+                h->session.data = v ? (uint8_t *)q : NULL; /* protobuf-c's, for none */
                 continue;
             }
             while (q < qe) {
@@ -353,6 +361,7 @@ static bool header_unpack(Ps__Header *h, uint64_t *replay, const uint8_t *buf, s
         default: return false; /* 57 unpacked, or a field this build does not know */
         }
     }
+    h->replay = h->n_replay ? replay : NULL;
     return true;
 }
 

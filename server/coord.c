@@ -2097,7 +2097,6 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
             PS_LOG(PS_LOG_INFO, "coord", "the stored coordinator state is an older psd's "
                    "(%s): converted", v2 ? "CRD2" : "CRD3");
         }
-        co->m_hi = members_hi(&co->s);
         /* What failures had left to settle, as last saved (with this state or before it). */
         uint32_t rec_magic = 0;
         if (rec && rec_len >= sizeof rec_magic) memcpy(&rec_magic, rec, sizeof rec_magic);
@@ -2133,6 +2132,14 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
         if (clamped)
             PS_LOG(PS_LOG_WARN, "coord", "the stored coordinator state had %u counts out of range "
                    "(re-hand queue, replay tags): cut to their limits", clamped);
+        /* The members stored from now on: every rank with a member's bytes, and every rank a
+         * bitmap names (a damaged or hand-made state could name one whose bytes are zeros:
+         * what it is handed must not be left out of the next save). */
+        co->m_hi = members_hi(&co->s);
+        uint64_t named = co->s.active | co->s.step_members | co->rec.removed_in_step |
+                         co->rec.rc_pending | co->rec.rc_view | co->rec.rc_unsettled;
+        if (named && 64u - (uint32_t)__builtin_clzll(named) > co->m_hi)
+            co->m_hi = 64u - (uint32_t)__builtin_clzll(named);
         /* The members' host names go into status JSON and logs: kept as a hello's are
          * (host_safe), also from a state some other psd wrote or the disk damaged. */
         for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {

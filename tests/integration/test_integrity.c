@@ -590,8 +590,8 @@ START_TEST(test_coordinator_state_upgraded_tags)
     free(log);
     EXPECT_LOG(psd, "restored: epoch 2097152, step 12, 0 members, 80 samples applied, 2 batches "
                     "to hand out again (4 replay tag words)");
-    /* The old layout under the current magic (a build between the two wrote such a store; its
-     * length, 25216 bytes, is the current head and 48 queued batches): refused, not misread
+    /* The old layout under CRD4's magic (a build between the two wrote such a store; its
+     * length, 25216 bytes, is CRD4's head and 48 queued batches): refused, not misread
      * (before: "restored: ... step 1231, 4 members, 0 samples applied", passes of 2^32). */
     ck_assert_int_eq(cl_signal(psd, SIGTERM), 0);
     EXPECT_EXIT(psd, 0);
@@ -626,8 +626,8 @@ typedef struct {
     ps_cursor_t cur;
 } v4_state_t;
 
-/* The length of the "job" blob in shard 0's stopped store. */
-static size_t job_blob_len(cl_cluster_t *c)
+/* The "job" blob of shard 0's stopped store into @p buf (@p cap bytes). @return its length. */
+static size_t job_blob(cl_cluster_t *c, void *buf, size_t cap)
 {
     MDB_env *env;
     MDB_txn *txn;
@@ -636,15 +636,39 @@ static size_t job_blob_len(cl_cluster_t *c)
     MDB_val key = {4, "Mjob"}, v;
     ck_assert_int_eq(mdb_get(txn, dbi, &key, &v), 0);
     size_t len = v.mv_size;
+    ck_assert_uint_le(len, cap);
+    memcpy(buf, v.mv_data, len);
     mdb_txn_abort(txn);
     mdb_env_close(env);
     return len;
 }
 
+/* The stored state (CRD5: the fields before the members, their count, the members, the cursor)
+ * holds 3 members' places, and rank 2's is the one CRD4 had. @return its length. */
+static size_t crd5_has_rank2(cl_cluster_t *c)
+{
+    static uint8_t b[65536];
+    size_t len = job_blob(c, b, sizeof b), head = offsetof(v4_state_t, m);
+    uint32_t magic;
+    uint64_t nm;
+    v4_member_t m2;
+    memcpy(&magic, b, sizeof magic);
+    memcpy(&nm, b + head, sizeof nm);
+    ck_assert_uint_eq(magic, 0x35445243u); /* "CRD5" */
+    ck_assert_uint_eq(nm, 3);
+    memcpy(&m2, b + head + sizeof nm + 2 * sizeof m2, sizeof m2);
+    ck_assert_uint_eq(m2.pid, 4242);
+    ck_assert_str_eq(m2.host, "node-b");
+    ck_assert_uint_eq(m2.join_serial, 3);
+    ck_assert_uint_eq(m2.steps_done, 9);
+    return len;
+}
+
 /* A psd upgraded on a store whose coordinator state a psd of sessions 50-53 wrote (CRD4: 17.5 KB
- * with every step) resumes it: a member that left, its batch and a batch with its replay tags
+ * with every step) resumes it: a member that left (rank 2) and a batch with its replay tag
  * waiting to go out again. It then stores the members of the ranks that joined only (CRD5), which
- * the next start reads as they were. */
+ * the next start reads and saves as they were. A CRD5 state whose counts do not fit its length
+ * is refused, not misread. */
 START_TEST(test_coordinator_state_upgraded_crd4)
 {
     cl_cluster_t *c = one_shard_stopped();
@@ -673,7 +697,7 @@ START_TEST(test_coordinator_state_upgraded_crd4)
     ck_assert_int_eq(cl_signal(psd, SIGTERM), 0);
     EXPECT_EXIT(psd, 0);
     /* Stored again: three members' places (ranks 0 to 2), not 64. */
-    size_t now = job_blob_len(c);
+    size_t now = crd5_has_rank2(c);
     ck_assert_msg(now < len / 4, "the state this psd saved takes %zu bytes (CRD4's: %zu)", now,
                   len);
     psd = cl_psd_start(c, 0, NULL, READY_S);
@@ -687,6 +711,19 @@ START_TEST(test_coordinator_state_upgraded_crd4)
     cl_proc_t *ctl = psctl(c, "psctl", 0, args);
     EXPECT_LOG(ctl, "\"desired_workers\": 4, ");
     EXPECT_LOG(ctl, "\"batches_handed_again\": 2, ");
+    ck_assert_int_eq(cl_signal(psd, SIGTERM), 0);
+    EXPECT_EXIT(psd, 0);
+    ck_assert_uint_eq(crd5_has_rank2(c), now);
+    /* A member count past 64 (a damaged store): the job starts over, with a warning. */
+    static uint8_t b[65536];
+    size_t blen = job_blob(c, b, sizeof b);
+    uint64_t nm = 65;
+    memcpy(b + offsetof(v4_state_t, m), &nm, sizeof nm);
+    put_blob0(c, "job", b, blen);
+    psd = cl_psd_start(c, 0, NULL, READY_S);
+    snprintf(want, sizeof want, "the stored coordinator state (%zu bytes, magic 0x35445243) is "
+             "not one this psd reads", blen);
+    EXPECT_LOG(psd, want);
     stop_all(&psd, 1);
     cl_cluster_destroy(c);
 }

@@ -458,9 +458,11 @@ static ps_msg_t wr_msg(void)
         m.session_len = PS_SESSION_MAX;
         for (int i = 0; i < PS_SESSION_MAX; i++) m.session[i] = (uint8_t)wr_rnd();
     }
-    if (wr_rnd() % 3 == 0) {
+    if (wr_rnd() % 3 == 0) { /* now and then past 127 bytes: a two-byte length */
+        bool big = wr_rnd() % 4 == 0;
         m.nreplay = (uint32_t)(wr_rnd() % (PS_REPLAY_MAX + 1));
-        for (uint32_t i = 0; i < m.nreplay; i++) m.replay[i] = wr_val();
+        for (uint32_t i = 0; i < m.nreplay; i++)
+            m.replay[i] = big ? 1ull << 63 | wr_rnd() : wr_val();
     }
     if (wr_rnd() % 8 == 0) { /* a declaration: protobuf-c packs those either way */
         m.has_decl = 1;
@@ -473,10 +475,16 @@ static ps_msg_t wr_msg(void)
 }
 
 /* A varint of @p v at @p p, padded with up to @p pad redundant bytes (still the same value to a
- * reader, up to ten bytes; more is malformed). @return its bytes. */
+ * reader, up to ten bytes; more is malformed), or now and then ten bytes whose last has bits past
+ * the 64th set (a reader drops them). @return its bytes. */
 static size_t wr_put(uint8_t *p, uint64_t v, int pad)
 {
     size_t n = 0;
+    if (pad > 0 && wr_rnd() % 4 == 0) {
+        for (int i = 0; i < 9; i++) p[n++] = (uint8_t)((v >> (7 * i)) | 0x80);
+        p[n++] = (uint8_t)((v >> 63) | (wr_rnd() & 0x7e));
+        return n;
+    }
     while (v >= 0x80 || pad > 0) {
         p[n++] = (uint8_t)(v | 0x80);
         if (v < 0x80) pad--;
@@ -493,7 +501,11 @@ static size_t wr_crafted(uint8_t *buf, size_t cap)
     static const uint32_t fields[] = {1, 2, 3, 5, 8, 12, 13, 14, 17, 21, 29, 50, 56, 57, 59,
                                       64, 65, 100, 0};
     size_t n = 0;
-    int nf = (int)(wr_rnd() % 12);
+    if (wr_rnd() % 2) { /* a version and a type, so that the decode goes on past them */
+        buf[n++] = 0x08, buf[n++] = 0x01, buf[n++] = 0x10;
+        buf[n++] = (uint8_t)(1 + wr_rnd() % (PS_MSG_MAX_ - 1));
+    }
+    int nf = (int)(wr_rnd() % 4 ? wr_rnd() % 12 : wr_rnd() % 64); /* past 48 now and then */
     for (int i = 0; i < nf && n + 64 < cap; i++) {
         uint32_t f = fields[wr_rnd() % (sizeof fields / sizeof *fields)];
         uint32_t wt = wr_rnd() % 5 == 0 ? (uint32_t)(wr_rnd() % 8)
@@ -558,6 +570,14 @@ static void unpack_both(const uint8_t *buf, size_t len, int it)
 START_TEST(unpack_is_protobufs)
 {
     uint8_t buf[2048];
+    /* At 49 fields protobuf-c's unpack runs out of ps_msg_decode's arena and refuses: around
+     * that edge, a push header's fields and then its version again and again. */
+    for (int nf = 40; nf <= 60; nf++) {
+        size_t len = 0;
+        buf[len++] = 0x08, buf[len++] = 0x01, buf[len++] = 0x10, buf[len++] = PS_MSG_PUSH;
+        for (int i = 2; i < nf; i++) buf[len++] = 0x08, buf[len++] = 0x01;
+        unpack_both(buf, len, -nf);
+    }
     for (int it = 0; it < 20000; it++) {
         size_t len = 0;
         if (it % 3 == 2) {
@@ -565,9 +585,15 @@ START_TEST(unpack_is_protobufs)
         } else {
             ps_msg_t m = wr_msg();
             if (ps_msg_encode(&m, buf, sizeof buf, &len)) continue;
-            if (it % 3 == 1 && len) { /* a byte changed, or the end cut off */
-                if (wr_rnd() % 2) buf[wr_rnd() % len] ^= (uint8_t)(1 + wr_rnd() % 255);
-                else len = wr_rnd() % len;
+            if (it % 3 == 1 && len) { /* a byte changed, the end cut off, or all of it twice */
+                switch (wr_rnd() % 3) {
+                case 0: buf[wr_rnd() % len] ^= (uint8_t)(1 + wr_rnd() % 255); break;
+                case 1: len = wr_rnd() % len; break;
+                default:
+                    if (2 * len > sizeof buf) break;
+                    memcpy(buf + len, buf, len); /* each field again: the last one wins */
+                    len *= 2;
+                }
             }
         }
         unpack_both(buf, len, it);
