@@ -416,11 +416,9 @@ int ps_msg_encode_sealed(const ps_msg_t *m, const uint8_t *session, size_t sessi
     h.run_base = m->run_base;
     h.joined_runs = m->joined_runs;
     h.poll_ms = m->poll_ms;
-    uint64_t replay[PS_REPLAY_MAX];
     if (m->nreplay > PS_REPLAY_MAX) return PS_EINVAL;
-    memcpy(replay, m->replay, m->nreplay * sizeof *replay);
     h.n_replay = m->nreplay;
-    h.replay = replay;
+    h.replay = (uint64_t *)m->replay; /* only read, as the strings below */
     h.store = (char *)(m->store[0] ? m->store : "");
     /* Strings are only read by pack; the casts drop const for protobuf-c's API. */
     h.error = (char *)(m->error[0] ? m->error : "");

@@ -286,12 +286,17 @@ static bool state_unpack(coord_saved_t *s, const void *in, size_t len)
     return true;
 }
 
-/* 1 + the highest rank whose member is not all zeros (0: none). */
-static uint32_t members_hi(const coord_saved_t *s)
+/* 1 + the highest rank a save must keep (0: none): its member is not all zeros, or a bitmap of
+ * @p s or @p rec names it (a damaged or hand-made state could name one whose bytes are zeros:
+ * what that rank is handed next must not be left out of the save after it). */
+static uint32_t members_hi(const coord_saved_t *s, const coord_rec_t *rec)
 {
     static const saved_member_t zero;
+    uint64_t named = s->active | s->step_members | rec->removed_in_step | rec->rc_pending |
+                     rec->rc_view | rec->rc_unsettled;
     uint32_t hi = PS_MAX_RANKS;
-    while (hi > 0 && memcmp(&s->m[hi - 1], &zero, sizeof zero) == 0) hi--;
+    while (hi > 0 && !(named >> (hi - 1) & 1) && memcmp(&s->m[hi - 1], &zero, sizeof zero) == 0)
+        hi--;
     return hi;
 }
 
@@ -349,7 +354,8 @@ typedef struct {
 
 struct psd_coord_s {
     coord_saved_t s;
-    uint32_t m_hi;             /* s.m[m_hi..] are zeros: no rank from there on ever joined */
+    uint32_t m_hi;             /* the members a save keeps: s.m[m_hi..] are zeros, of ranks
+                                  that never joined (members_hi, and each join) */
     member_rt_t rt[PS_MAX_RANKS];
     uint64_t started_ms;       /* this process's start: members of a restored state must
                                   come back within heartbeat_timeout_ms */
@@ -2132,14 +2138,7 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
         if (clamped)
             PS_LOG(PS_LOG_WARN, "coord", "the stored coordinator state had %u counts out of range "
                    "(re-hand queue, replay tags): cut to their limits", clamped);
-        /* The members stored from now on: every rank with a member's bytes, and every rank a
-         * bitmap names (a damaged or hand-made state could name one whose bytes are zeros:
-         * what it is handed must not be left out of the next save). */
-        co->m_hi = members_hi(&co->s);
-        uint64_t named = co->s.active | co->s.step_members | co->rec.removed_in_step |
-                         co->rec.rc_pending | co->rec.rc_view | co->rec.rc_unsettled;
-        if (named && 64u - (uint32_t)__builtin_clzll(named) > co->m_hi)
-            co->m_hi = 64u - (uint32_t)__builtin_clzll(named);
+        co->m_hi = members_hi(&co->s, &co->rec); /* the members stored from now on */
         /* The members' host names go into status JSON and logs: kept as a hello's are
          * (host_safe), also from a state some other psd wrote or the disk damaged. */
         for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {

@@ -518,6 +518,18 @@ static cl_cluster_t *one_shard_stopped(void)
     return c;
 }
 
+/* Shard 0 started again on the state a psd of this build saved: read as it is (nothing converted
+ * or refused). */
+static cl_proc_t *start_reads_state_as_is(cl_cluster_t *c)
+{
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    char *log = cl_log(psd);
+    ck_assert_msg(strstr(log, "converted") == NULL && strstr(log, "is not one") == NULL,
+                  "the state this psd saved was not read as it is: %s", cl_tail(psd));
+    free(log);
+    return psd;
+}
+
 /* A psd upgraded on a data_dir whose coordinator state an older psd wrote (CRD2) resumes it:
  * its step, desired workers, samples applied and a batch waiting to be handed out again.
  * Before, it started the job's steps and training set over without a word. */
@@ -583,11 +595,7 @@ START_TEST(test_coordinator_state_upgraded_tags)
     EXPECT_LOG(ctl, "\"batches_handed_again\": 3, ");
     ck_assert_int_eq(cl_signal(psd, SIGTERM), 0);
     EXPECT_EXIT(psd, 0);
-    psd = cl_psd_start(c, 0, NULL, READY_S);
-    char *log = cl_log(psd);
-    ck_assert_msg(strstr(log, "converted") == NULL && strstr(log, "is not one") == NULL,
-                  "the state this psd saved was not read as it is: %s", cl_tail(psd));
-    free(log);
+    psd = start_reads_state_as_is(c);
     EXPECT_LOG(psd, "restored: epoch 2097152, step 12, 0 members, 80 samples applied, 2 batches "
                     "to hand out again (4 replay tag words)");
     /* The old layout under CRD4's magic (a build between the two wrote such a store; its
@@ -700,11 +708,7 @@ START_TEST(test_coordinator_state_upgraded_crd4)
     size_t now = crd5_has_rank2(c);
     ck_assert_msg(now < len / 4, "the state this psd saved takes %zu bytes (CRD4's: %zu)", now,
                   len);
-    psd = cl_psd_start(c, 0, NULL, READY_S);
-    char *log = cl_log(psd);
-    ck_assert_msg(strstr(log, "converted") == NULL && strstr(log, "is not one") == NULL,
-                  "the state this psd saved was not read as it is: %s", cl_tail(psd));
-    free(log);
+    psd = start_reads_state_as_is(c);
     EXPECT_LOG(psd, "restored: epoch 2097152, step 9, 0 members, 72 samples applied, 1 batches "
                     "to hand out again (1 replay tag words)");
     const char *args[] = {"status", "--json", NULL};
