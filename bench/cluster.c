@@ -13,21 +13,21 @@
 
 char *const *pb_transport_env(const char *transport)
 {
-    /* psd and libps set the first two themselves (PLATFORM-NOTES.md section 1); they are set
+    /* psd and libps set the first three themselves (PLATFORM-NOTES.md section 1); they are set
      * here too so that ucx_perftest runs with exactly the same settings. "shm" and "tcp" keep
      * every byte on the UCX transport (PS_DIRECT_PULL=0, PS_DIRECT_PUSH=0); "direct" is shm
      * with the product's default on one host: workers read their pulls from the shards' stores
      * and write their pushes into the shards' push areas. Sized as start_clients' copy reads
      * them (at most 14), which gcc -O3 checks (-Warray-bounds). */
     static char *shm[16] = {"UCX_MM_ERROR_HANDLING=y", "UCX_CMA_MEMORY_INVALIDATE=y",
-                            "UCX_WARN_UNUSED_ENV_VARS=n", "PS_DIRECT_PULL=0", "PS_DIRECT_PUSH=0",
-                            NULL};
+                            "UCX_MM_FIFO_RELEASE_FACTOR=0", "UCX_WARN_UNUSED_ENV_VARS=n",
+                            "PS_DIRECT_PULL=0", "PS_DIRECT_PUSH=0", NULL};
     static char *tcp[16] = {"UCX_MM_ERROR_HANDLING=y", "UCX_CMA_MEMORY_INVALIDATE=y",
-                            "UCX_WARN_UNUSED_ENV_VARS=n", "UCX_TLS=tcp", "PS_DIRECT_PULL=0",
-                            "PS_DIRECT_PUSH=0", NULL};
+                            "UCX_MM_FIFO_RELEASE_FACTOR=0", "UCX_WARN_UNUSED_ENV_VARS=n",
+                            "UCX_TLS=tcp", "PS_DIRECT_PULL=0", "PS_DIRECT_PUSH=0", NULL};
     static char *direct[16] = {"UCX_MM_ERROR_HANDLING=y", "UCX_CMA_MEMORY_INVALIDATE=y",
-                               "UCX_WARN_UNUSED_ENV_VARS=n", "PS_DIRECT_PULL=1",
-                               "PS_DIRECT_PUSH=1", NULL};
+                               "UCX_MM_FIFO_RELEASE_FACTOR=0", "UCX_WARN_UNUSED_ENV_VARS=n",
+                               "PS_DIRECT_PULL=1", "PS_DIRECT_PUSH=1", NULL};
     if (strcmp(transport, "tcp") == 0) return tcp;
     return strcmp(transport, "direct") == 0 ? direct : shm;
 }

@@ -325,16 +325,27 @@ static bool tls_uses(const char *tls, const char *const *in, const char *const *
     return except ? !named : named;
 }
 
-/* The settings UCX 1.13 needs for shared memory under PEER error handling (PLATFORM-NOTES.md
- * section 1), each with the transports that read it. */
+/* psd's and libps's settings of UCX's shared memory transports, each with its value and the
+ * transports that read it (set unless the environment sets them):
+ * - the two UCX 1.13 needs for shared memory under PEER error handling (PLATFORM-NOTES.md
+ *   section 1);
+ * - the receive FIFO's tail published at every message read, not every half FIFO (UCX's
+ *   default release factor 0.5: 32 of 64 places). Where replies from several shards filled
+ *   a worker's FIFO (psbench's round_many_single 2x2: 32 small replies from each shard a
+ *   round), rounds stalled 2-6 ms with every process asleep (p99 1.2-4 ms against a p50 of
+ *   0.2); published at every read, p99 0.3 ms (docs/PERFORMANCE.md, session 55). */
 static const struct {
-    const char *var;
+    const char *var, *value;
     const char *in[8], *out[4];
 } shm_vars[] = {
-    {"UCX_MM_ERROR_HANDLING", {"all", "sm", "shm", "mm", "posix", "sysv", NULL},
+    {"UCX_MM_ERROR_HANDLING", "y", {"all", "sm", "shm", "mm", "posix", "sysv", NULL},
      {"sm", "shm", "mm", NULL}},
-    {"UCX_CMA_MEMORY_INVALIDATE", {"all", "sm", "shm", "cma", NULL}, {"sm", "shm", "cma", NULL}},
+    {"UCX_CMA_MEMORY_INVALIDATE", "y", {"all", "sm", "shm", "cma", NULL},
+     {"sm", "shm", "cma", NULL}},
+    {"UCX_MM_FIFO_RELEASE_FACTOR", "0", {"all", "sm", "shm", "mm", "posix", "sysv", NULL},
+     {"sm", "shm", "mm", NULL}},
 };
+#define SHM_VARS (sizeof shm_vars / sizeof shm_vars[0])
 
 static int init_with(ps_ucx_t *u, uv_loop_t *loop, const char *tls, int serialized);
 
@@ -382,11 +393,11 @@ static int init_with(ps_ucx_t *u, uv_loop_t *loop, const char *tls, int serializ
      * parent set it (ours, in a python process that loaded libps and runs psctl), or the
      * user for the workers. */
     const char *eff = tls ? tls : env_tls;
-    char *kept[2] = {NULL, NULL};
-    for (int i = 0; i < 2; i++) {
+    char *kept[SHM_VARS] = {NULL};
+    for (size_t i = 0; i < SHM_VARS; i++) {
         const char *v = getenv(shm_vars[i].var);
         if (tls_uses(eff, shm_vars[i].in, shm_vars[i].out))
-            setenv(shm_vars[i].var, "y", 0);
+            setenv(shm_vars[i].var, shm_vars[i].value, 0);
         else if (v && (kept[i] = strdup(v)) != NULL)
             unsetenv(shm_vars[i].var);
     }
@@ -410,7 +421,7 @@ static int init_with(ps_ucx_t *u, uv_loop_t *loop, const char *tls, int serializ
         ucp_config_release(config);
     }
     int rc = s == UCS_OK ? worker_start(u) : PS_ETRANSPORT; /* UCX reads the unused here */
-    for (int i = 0; i < 2; i++) {
+    for (size_t i = 0; i < SHM_VARS; i++) {
         if (kept[i]) setenv(shm_vars[i].var, kept[i], 1);
         free(kept[i]);
     }

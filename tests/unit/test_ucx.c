@@ -1,7 +1,7 @@
 /* test_ucx.c: which endpoints send data messages eagerly (ps_ucx_eager_below) and the
- * PS_EAGER_BYTES override; the loop keeps running while UCX cannot be armed (the test is
- * linked with -Wl,--wrap=ucp_worker_arm, so it decides what arming returns); a restarted
- * worker is driven and released like the first. */
+ * PS_EAGER_BYTES override; the shared memory settings applied by default; the loop keeps
+ * running while UCX cannot be armed (the test is linked with -Wl,--wrap=ucp_worker_arm, so it
+ * decides what arming returns); a restarted worker is driven and released like the first. */
 #include <check.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,6 +59,60 @@ START_TEST(eager_bytes_env)
     ck_assert_uint_eq(eager_below_with("0"), 0);
     ck_assert_uint_eq(eager_below_with("lots"), PS_EAGER_BELOW);
     ck_assert_uint_eq(eager_below_with("99999999999"), PS_EAGER_BELOW);
+}
+END_TEST
+
+/* The environment after a worker was made and closed with UCX_TLS @p tls (NULL: unset). */
+static void init_close_with_tls(const char *tls)
+{
+    if (tls)
+        setenv("UCX_TLS", tls, 1);
+    else
+        unsetenv("UCX_TLS");
+    uv_loop_t loop;
+    ck_assert_int_eq(uv_loop_init(&loop), 0);
+    ps_ucx_t u;
+    ck_assert_int_eq(ps_ucx_init(&u, &loop), 0);
+    ps_ucx_close(&u);
+    uv_run(&loop, UV_RUN_NOWAIT);
+    ck_assert_int_eq(uv_loop_close(&loop), 0);
+    unsetenv("UCX_TLS");
+}
+
+static void ck_env(const char *var, const char *want)
+{
+    const char *v = getenv(var);
+    if (want == NULL)
+        ck_assert_msg(v == NULL, "%s=%s, want it unset", var, v);
+    else
+        ck_assert_msg(v && strcmp(v, want) == 0, "%s=%s, want %s", var, v ? v : "(unset)",
+                      want);
+}
+
+/* The shared memory settings (ucx_loop.c, shm_vars) are applied where the transports use
+ * shared memory, a value the environment already has is kept, and none is set for transports
+ * without shared memory (UCX would warn of an unused variable). */
+START_TEST(shm_settings_applied)
+{
+    static const char *vars[] = {"UCX_MM_ERROR_HANDLING", "UCX_CMA_MEMORY_INVALIDATE",
+                                 "UCX_MM_FIFO_RELEASE_FACTOR"};
+    for (int i = 0; i < 3; i++) unsetenv(vars[i]);
+    init_close_with_tls("tcp");
+    for (int i = 0; i < 3; i++) ck_env(vars[i], NULL);
+    init_close_with_tls(NULL);
+    ck_env("UCX_MM_ERROR_HANDLING", "y");
+    ck_env("UCX_CMA_MEMORY_INVALIDATE", "y");
+    ck_env("UCX_MM_FIFO_RELEASE_FACTOR", "0");
+    setenv("UCX_MM_FIFO_RELEASE_FACTOR", "0.25", 1);
+    init_close_with_tls("^tcp");
+    ck_env("UCX_MM_FIFO_RELEASE_FACTOR", "0.25");
+    init_close_with_tls("tcp"); /* hidden from UCX while its worker is made, then put back */
+    ck_env("UCX_MM_FIFO_RELEASE_FACTOR", "0.25");
+    for (int i = 0; i < 3; i++) unsetenv(vars[i]);
+    init_close_with_tls("posix,cma");
+    ck_env("UCX_MM_FIFO_RELEASE_FACTOR", "0");
+    ck_env("UCX_CMA_MEMORY_INVALIDATE", "y");
+    for (int i = 0; i < 3; i++) unsetenv(vars[i]);
 }
 END_TEST
 
@@ -147,6 +201,7 @@ Suite *ps_test_suite(void)
     TCase *tc = tcase_create("eager");
     tcase_add_test(tc, eager_only_on_copying_lanes);
     tcase_add_test(tc, eager_bytes_env);
+    tcase_add_test(tc, shm_settings_applied);
     suite_add_tcase(s, tc);
     tc = tcase_create("busy");
     tcase_set_timeout(tc, 10);
