@@ -32,12 +32,14 @@ START_TEST(eager_only_on_copying_lanes)
 }
 END_TEST
 
-static uint32_t eager_below_with(const char *env)
+/* Make a worker and close it again with @p var set to @p value (NULL: unset), then unset;
+ * returns the eager size it took for tcp. */
+static uint32_t init_close_with(const char *var, const char *value)
 {
-    if (env)
-        setenv("PS_EAGER_BYTES", env, 1);
+    if (value)
+        setenv(var, value, 1);
     else
-        unsetenv("PS_EAGER_BYTES");
+        unsetenv(var);
     uv_loop_t loop;
     ck_assert_int_eq(uv_loop_init(&loop), 0);
     ps_ucx_t u;
@@ -46,8 +48,13 @@ static uint32_t eager_below_with(const char *env)
     ps_ucx_close(&u);
     uv_run(&loop, UV_RUN_NOWAIT); /* the handles' close callbacks */
     ck_assert_int_eq(uv_loop_close(&loop), 0);
-    unsetenv("PS_EAGER_BYTES");
+    unsetenv(var);
     return below;
+}
+
+static uint32_t eager_below_with(const char *env)
+{
+    return init_close_with("PS_EAGER_BYTES", env);
 }
 
 /* PS_EAGER_BYTES sets the size (0: UCX decides); a value that is not a byte count is
@@ -65,18 +72,7 @@ END_TEST
 /* The environment after a worker was made and closed with UCX_TLS @p tls (NULL: unset). */
 static void init_close_with_tls(const char *tls)
 {
-    if (tls)
-        setenv("UCX_TLS", tls, 1);
-    else
-        unsetenv("UCX_TLS");
-    uv_loop_t loop;
-    ck_assert_int_eq(uv_loop_init(&loop), 0);
-    ps_ucx_t u;
-    ck_assert_int_eq(ps_ucx_init(&u, &loop), 0);
-    ps_ucx_close(&u);
-    uv_run(&loop, UV_RUN_NOWAIT);
-    ck_assert_int_eq(uv_loop_close(&loop), 0);
-    unsetenv("UCX_TLS");
+    (void)init_close_with("UCX_TLS", tls);
 }
 
 static void ck_env(const char *var, const char *want)
