@@ -1,18 +1,36 @@
-/* sockhooks.c: accept, accept4, recv, send, close and socket for an executable linked with this
- * file and export_dynamic (psd, psworker, pslaunch): the dynamic linker binds UCX's calls to
- * these, each of which calls libc's (dlsym RTLD_NEXT). They hand every socket's bytes to
- * tcpguard.c, which follows the frames of UCX's TCP transport and fails a read that brings one
- * UCX would trust to the process's harm (a put request outside a receive in flight, an
- * assertion's bait), and a program's own checks of some sockets first (ps_sockhooks_port: psd's
- * shard port, server/cmguard.c). Only executables: in a library that python loads the calls
- * would not reach UCX's, and in one linked into a user's program they would take that
- * program's sockets. */
+/* sockhooks.c: accept, accept4, recv, send, close and socket for UCX's calls. They hand every
+ * socket's bytes to tcpguard.c, which follows the frames of UCX's TCP transport and fails a read
+ * that brings one UCX would trust to the process's harm (a put request outside a receive in
+ * flight, an assertion's bait), and a program's own checks of some sockets first
+ * (ps_sockhooks_port: psd's shard port, server/cmguard.c). Each calls libc's.
+ *
+ * Built two ways:
+ * - into an executable (psd, psworker, pslaunch), linked with export_dynamic: this file defines
+ *   the libc names themselves, and the dynamic linker binds UCX's calls to them (libc's found
+ *   with dlsym RTLD_NEXT);
+ * - into libps with PS_SOCKHOOKS_GOT (worker/meson.build): a library cannot do that (in one
+ *   that python loads the calls would not reach UCX's, and in one linked into a user's program
+ *   they would take that program's sockets), so ps_sockhooks_got_install() writes the same
+ *   functions into the GOT slots of UCX's own libraries (gothook.c), which libps's client does
+ *   once per process where the executable has no hooks of its own (psd.torch in python, a
+ *   user's C program). libc's functions are then the ones the dynamic linker gives (RTLD_DEFAULT).
+ */
 #include <dlfcn.h>
 #include <errno.h>
+#include <link.h>
 #include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
 
+#include "ps/ps_log.h"
 #include "sockhooks.h"
 #include "tcpguard.h"
+#ifdef PS_SOCKHOOKS_GOT
+#include "gothook.h"
+#define REAL_NEXT RTLD_DEFAULT
+#else
+#define REAL_NEXT RTLD_NEXT
+#endif
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static const ps_sockhooks_port_t *g_port; /* atomic */
@@ -26,13 +44,17 @@ static int (*real_socket)(int, int, int);
 
 static void resolve_once(void)
 {
-    real_recv = (ssize_t (*)(int, void *, size_t, int))dlsym(RTLD_NEXT, "recv");
-    real_send = (ssize_t (*)(int, const void *, size_t, int))dlsym(RTLD_NEXT, "send");
-    real_accept = (int (*)(int, struct sockaddr *, socklen_t *))dlsym(RTLD_NEXT, "accept");
-    real_accept4 = (int (*)(int, struct sockaddr *, socklen_t *, int))dlsym(RTLD_NEXT, "accept4");
-    real_close = (int (*)(int))dlsym(RTLD_NEXT, "close");
-    real_socket = (int (*)(int, int, int))dlsym(RTLD_NEXT, "socket");
-    ps_tcpguard_init(); /* UCX's settings the frame checks depend on */
+    real_recv = (ssize_t (*)(int, void *, size_t, int))dlsym(REAL_NEXT, "recv");
+    real_send = (ssize_t (*)(int, const void *, size_t, int))dlsym(REAL_NEXT, "send");
+    real_accept = (int (*)(int, struct sockaddr *, socklen_t *))dlsym(REAL_NEXT, "accept");
+    real_accept4 = (int (*)(int, struct sockaddr *, socklen_t *, int))dlsym(REAL_NEXT, "accept4");
+    real_close = (int (*)(int))dlsym(REAL_NEXT, "close");
+    real_socket = (int (*)(int, int, int))dlsym(REAL_NEXT, "socket");
+#ifdef PS_SOCKHOOKS_GOT
+    ps_tcpguard_init(0); /* UCX's settings the frame checks depend on; the fd limit is not ours */
+#else
+    ps_tcpguard_init(1); /* UCX's settings the frame checks depend on */
+#endif
 }
 
 static const ps_sockhooks_port_t *resolve(void)
@@ -41,6 +63,7 @@ static const ps_sockhooks_port_t *resolve(void)
     return __atomic_load_n(&g_port, __ATOMIC_ACQUIRE);
 }
 
+#ifndef PS_SOCKHOOKS_GOT
 void ps_sockhooks_port(const ps_sockhooks_port_t *p)
 {
     resolve();
@@ -52,6 +75,7 @@ ssize_t ps_sockhooks_real_recv(int fd, void *buf, size_t len, int flags)
     resolve();
     return real_recv(fd, buf, len, flags);
 }
+#endif
 
 /* A socket made or accepted: nothing seen on its number before counts. */
 static void fresh(const ps_sockhooks_port_t *p, int fd)
@@ -61,39 +85,54 @@ static void fresh(const ps_sockhooks_port_t *p, int fd)
     if (p && p->reset) p->reset(fd);
 }
 
-int accept(int lfd, struct sockaddr *addr, socklen_t *len)
+/* A socket UCX made or accepted, @p fd: returned as is, or, where the process's open-file limit
+ * was left as it was (libps in another program: GOT mode) and the number is past tcpguard's
+ * table (it would pass unchecked), closed and refused as if the process had no more files. */
+static int numbered(int fd)
+{
+#ifdef PS_SOCKHOOKS_GOT
+    if (fd >= PS_TCPGUARD_MAX_FD) {
+        real_close(fd);
+        errno = EMFILE;
+        return -1;
+    }
+#endif
+    return fd;
+}
+
+static int sh_accept(int lfd, struct sockaddr *addr, socklen_t *len)
 {
     const ps_sockhooks_port_t *p = resolve();
-    int fd = real_accept(lfd, addr, len);
+    int fd = numbered(real_accept(lfd, addr, len));
     fresh(p, fd);
     if (fd >= 0 && p && p->accepted) p->accepted(lfd, fd);
     return fd;
 }
 
-int accept4(int lfd, struct sockaddr *addr, socklen_t *len, int flags)
+static int sh_accept4(int lfd, struct sockaddr *addr, socklen_t *len, int flags)
 {
     const ps_sockhooks_port_t *p = resolve();
-    int fd = real_accept4(lfd, addr, len, flags);
+    int fd = numbered(real_accept4(lfd, addr, len, flags));
     fresh(p, fd);
     if (fd >= 0 && p && p->accepted) p->accepted(lfd, fd);
     return fd;
 }
 
-int close(int fd)
+static int sh_close(int fd)
 {
     fresh(resolve(), fd);
     return real_close(fd);
 }
 
-int socket(int domain, int type, int protocol)
+static int sh_socket(int domain, int type, int protocol)
 {
     const ps_sockhooks_port_t *p = resolve();
-    int fd = real_socket(domain, type, protocol);
+    int fd = numbered(real_socket(domain, type, protocol));
     fresh(p, fd);
     return fd;
 }
 
-ssize_t send(int fd, const void *buf, size_t len, int flags)
+static ssize_t sh_send(int fd, const void *buf, size_t len, int flags)
 {
     resolve();
     ssize_t n = real_send(fd, buf, len, flags);
@@ -101,7 +140,7 @@ ssize_t send(int fd, const void *buf, size_t len, int flags)
     return n;
 }
 
-ssize_t recv(int fd, void *buf, size_t len, int flags)
+static ssize_t sh_recv(int fd, void *buf, size_t len, int flags)
 {
     const ps_sockhooks_port_t *p = resolve();
     if ((flags & MSG_PEEK) || len == 0) return real_recv(fd, buf, len, flags);
@@ -118,3 +157,65 @@ ssize_t recv(int fd, void *buf, size_t len, int flags)
     }
     return n;
 }
+
+#ifndef PS_SOCKHOOKS_GOT
+/* The libc names, for UCX's calls (the executable's definitions come first). */
+int accept(int lfd, struct sockaddr *addr, socklen_t *len) { return sh_accept(lfd, addr, len); }
+
+int accept4(int lfd, struct sockaddr *addr, socklen_t *len, int flags)
+{
+    return sh_accept4(lfd, addr, len, flags);
+}
+
+int close(int fd) { return sh_close(fd); }
+
+int socket(int domain, int type, int protocol) { return sh_socket(domain, type, protocol); }
+
+ssize_t send(int fd, const void *buf, size_t len, int flags) { return sh_send(fd, buf, len, flags); }
+
+ssize_t recv(int fd, void *buf, size_t len, int flags) { return sh_recv(fd, buf, len, flags); }
+#else
+int ps_sockhooks_got_install(void)
+{
+    const char *off = getenv("PS_UCX_FRAME_CHECKS");
+    if (off && strcmp(off, "0") == 0) {
+        PS_LOG(PS_LOG_INFO, "libps", "PS_UCX_FRAME_CHECKS=0: UCX's TCP frames are not checked in "
+               "this process");
+        return -1;
+    }
+    resolve();
+    /* The slots will point into libps: a shared libps must stay loaded (a dlclose would leave
+     * UCX calling unmapped code); one linked into the executable (its link map's name empty)
+     * stays anyway. */
+    Dl_info self;
+    struct link_map *lm = NULL;
+    if (dladdr1((void *)sh_recv, &self, (void **)&lm, RTLD_DL_LINKMAP) && lm && lm->l_name &&
+        lm->l_name[0] && dlopen(lm->l_name, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE) == NULL) {
+        PS_LOG(PS_LOG_WARN, "libps", "UCX's TCP frames are not checked in this process (%s "
+               "cannot be kept loaded: %s)", lm->l_name, dlerror());
+        return -1;
+    }
+    if (!real_recv || !real_send || !real_accept || !real_accept4 || !real_close ||
+        !real_socket) {
+        PS_LOG(PS_LOG_WARN, "libps", "libc's socket calls not found: UCX's TCP frames are not "
+               "checked in this process");
+        return -1;
+    }
+    static const char *const libs[] = {"libucs.so", "libuct.so", "libucp.so", NULL};
+    const ps_got_hook_t hooks[] = {
+        {"recv", (void *)sh_recv},       {"send", (void *)sh_send},
+        {"accept", (void *)sh_accept},   {"accept4", (void *)sh_accept4},
+        {"close", (void *)sh_close},     {"socket", (void *)sh_socket},
+    };
+    char err[256] = "";
+    int n = ps_got_hook(libs, hooks, sizeof hooks / sizeof hooks[0], err, sizeof err);
+    if (n <= 0) {
+        PS_LOG(PS_LOG_WARN, "libps", "UCX's TCP frames are not checked in this process (%s)",
+               n < 0 ? err : "no socket call of UCX's libraries found");
+        return -1;
+    }
+    PS_LOG(PS_LOG_DEBUG, "libps", "UCX's TCP frames checked: %d call slots of UCX's libraries "
+           "hooked", n);
+    return 0;
+}
+#endif

@@ -1,4 +1,4 @@
-/* sockhooks.h: the libc socket calls an executable defines for UCX (sockhooks.c says why). */
+/* sockhooks.h: the libc socket calls UCX makes, checked (sockhooks.c says how and why). */
 #ifndef PS_SOCKHOOKS_H
 #define PS_SOCKHOOKS_H
 
@@ -21,5 +21,11 @@ void ps_sockhooks_port(const ps_sockhooks_port_t *p);
 
 /** @brief libc's recv, for a hook that reads from its own sockets. */
 ssize_t ps_sockhooks_real_recv(int fd, void *buf, size_t len, int flags);
+
+/** @brief libps's build (PS_SOCKHOOKS_GOT): put the hooks into UCX's libraries' call slots
+ *  (libucs, libuct, libucp; gothook.c) for a process whose executable does not define them.
+ *  Once per process, before UCX opens its sockets. @return 0, or -1 after a warning (the
+ *  frames then pass unchecked). */
+int ps_sockhooks_got_install(void);
 
 #endif

@@ -39,7 +39,7 @@
 #include "ps/ps_log.h"
 #include "tcpguard.h"
 
-#define TG_MAX_FD 65536
+#define TG_MAX_FD PS_TCPGUARD_MAX_FD
 #define TG_MAGIC 0xCAFEBABE12345678ull /* UCT_TCP_MAGIC_NUMBER */
 #define TG_HDR 5                        /* uct_tcp_am_hdr_t: id, length u32 */
 #define TG_CM 32                        /* UCT_TCP_EP_CM_AM_ID (UCT_AM_ID_MAX) */
@@ -97,13 +97,13 @@ uint64_t ps_ucx_env_bytes(const char *var, uint64_t max)
     return v > 0 && v <= max / unit ? v * unit : 0;
 }
 
-void ps_tcpguard_init(void)
+void ps_tcpguard_init(int limit_fds)
 {
     __atomic_store_n(&g_active, 1, __ATOMIC_RELEASE);
     /* A socket numbered past the table would pass unchecked (a peer that holds 65536 idle
      * connections open, which UCX keeps, would get its next one past): no such numbers. */
     struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur > TG_MAX_FD) {
+    if (limit_fds && getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur > TG_MAX_FD) {
         rl.rlim_cur = TG_MAX_FD;
         setrlimit(RLIMIT_NOFILE, &rl);
     }

@@ -10,10 +10,16 @@
  *  64k, 1m); 0 when it is not set, not a count, 0 or above @p max. */
 uint64_t ps_ucx_env_bytes(const char *var, uint64_t max);
 
+/** Sockets numbered below this are followed; one above passes unchecked. */
+#define PS_TCPGUARD_MAX_FD 65536
+
 /** @brief Read UCX's settings the checks depend on (UCX_TCP_RX_SEG_SIZE: the longest frame).
- *  sockhooks.c calls it once, at the first socket call, which also turns the bookkeeping of
- *  ps_tcpguard_expect on (a program without the hooks, python with libps, skips it). */
-void ps_tcpguard_init(void);
+ *  sockhooks.c calls it once, at the first socket call or when libps hooks UCX's libraries
+ *  (ps_sockhooks_got_install), which also turns the bookkeeping of ps_tcpguard_expect on. With
+ *  @p limit_fds the process's open-file limit is lowered to the table's 65536 sockets (a socket
+ *  numbered past it would pass unchecked); libps in another program leaves that program's
+ *  limit as it is. */
+void ps_tcpguard_init(int limit_fds);
 
 /** @brief A receive of @p len bytes into @p buf is about to be posted (ucp_am_recv_data_nbx):
  *  until ps_tcpguard_done(@p buf), a peer's put request may write there (UCP's rendezvous over

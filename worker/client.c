@@ -17,6 +17,7 @@
 #include <unistd.h>
 #include <netdb.h>
 #include <fcntl.h>
+#include <dlfcn.h>
 #include <poll.h>
 #include <sys/mman.h>
 
@@ -30,6 +31,7 @@
 #include "ps/ps_client.h"
 #include "ps/ps_log.h"
 #include "storeview.h"
+#include "sockhooks.h"
 #include "tracefile.h"
 #include "tcpguard.h"
 #include "ucx_loop.h"
@@ -2975,10 +2977,22 @@ int ps_manifest_optimizer(const char *path, char *out, size_t outlen, char *err,
     return manifest_name(path, true, out, outlen, err, errlen);
 }
 
+/* UCX's TCP frames checked in this process (common/sockhooks.c): by the executable's own hooks
+ * where it has them (psworker: ps_sockhooks_port is its), else by hooking UCX's libraries
+ * (python with psd.torch, a user's program, psbench's clients; PS_UCX_FRAME_CHECKS=0 leaves
+ * them out). Before any UCX socket. */
+static pthread_once_t g_sockhooks_once = PTHREAD_ONCE_INIT;
+
+static void sockhooks_once(void)
+{
+    if (dlsym(RTLD_DEFAULT, "ps_sockhooks_port") == NULL) (void)ps_sockhooks_got_install();
+}
+
 int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts, ps_client_t **out,
                      char *err, size_t errlen)
 {
     *out = NULL;
+    pthread_once(&g_sockhooks_once, sockhooks_once);
     ps_client_t *c = calloc(1, sizeof *c);
     if (c == NULL) return PS_ENOMEM;
     char e[1024] = "";

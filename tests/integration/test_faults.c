@@ -1123,17 +1123,17 @@ START_TEST(test_crafted_frames_on_data_port)
 }
 END_TEST
 
-/* A worker's UCX TCP transport takes connections from any peer too: a put request to 0x10 on
- * one killed the worker (SIGSEGV; at a mapped address it would have written there). psworker
- * now has the frame checks psd has (common/sockhooks.c, tcpguard.c): the connection is closed,
- * and the worker trains on until it is stopped. */
-START_TEST(test_crafted_frames_on_worker_port)
+/* Process @p p (@p who), which uses UCX's TCP transport, gets a put request of 8 bytes to
+ * address 0x10 on its transport's port, as any peer can send one: it must live on and say so. */
+static void put_to_0x10_refused(cl_proc_t *p, const char *who)
 {
-    cl_proc_t *psd, *w;
-    cl_cluster_t *c = one_worker_joined(1, 1000000, &psd, &w);
-    ck_assert_msg(cl_wait_log(w, "step 1 of", RUN_S) == 0, "never trained: %s", cl_tail(w));
-    uint16_t port = uct_tcp_port(w->pid, 0);
-    ck_assert_msg(port != 0, "the worker listens on no TCP transport port at 127.0.0.1");
+    uint16_t port = 0;
+    for (int i = 0; i < 100 && port == 0; i++) { /* its UCX worker listens once it connected */
+        port = uct_tcp_port(p->pid, 0);
+        if (port == 0) nanosleep(&(struct timespec){0, 50 * 1000 * 1000}, NULL);
+    }
+    ck_assert_msg(port != 0, "%s listens on no TCP transport port at 127.0.0.1: %s", who,
+                  cl_tail(p));
     int fd = uct_tcp_open(port, 4000);
     uint8_t m[5 + 20 + 8] = {33};
     put_le(m + 1, 20, 4);
@@ -1144,11 +1144,46 @@ START_TEST(test_crafted_frames_on_worker_port)
     struct timespec ts = {0, 100 * 1000 * 1000};
     nanosleep(&ts, NULL);
     close(fd);
-    ck_assert_msg(cl_alive(w), "the worker died of a put request to 0x10: %s", cl_tail(w));
-    ck_assert_msg(cl_wait_log(w, "a put request of 8 bytes to 0x10, where nothing is being "
-                                 "received", 5.0) == 0, "not said: %s", cl_tail(w));
+    ck_assert_msg(cl_wait_log(p, "a put request of 8 bytes to 0x10, where nothing is being "
+                                 "received", 5.0) == 0, "%s did not say it: %s", who, cl_tail(p));
+    ck_assert_msg(cl_alive(p), "%s died of a put request to 0x10: %s", who, cl_tail(p));
+}
+
+/* A worker's UCX TCP transport takes connections from any peer too: a put request to 0x10 on
+ * one killed the worker (SIGSEGV; at a mapped address it would have written there). psworker
+ * now has the frame checks psd has (common/sockhooks.c, tcpguard.c): the connection is closed,
+ * and the worker trains on until it is stopped. */
+START_TEST(test_crafted_frames_on_worker_port)
+{
+    cl_proc_t *psd, *w;
+    cl_cluster_t *c = one_worker_joined(1, 1000000, &psd, &w);
+    ck_assert_msg(cl_wait_log(w, "step 1 of", RUN_S) == 0, "never trained: %s", cl_tail(w));
+    put_to_0x10_refused(w, "the worker");
     ck_assert_int_eq(cl_signal(w, SIGTERM), 0);
     EXPECT_EXIT(w, 128 + SIGTERM);
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+/* The same for libps in a program that has no socket hooks of its own (python with psd.torch,
+ * a user's program; here asp_client): libps hooks UCX's libraries' socket calls
+ * (ps_sockhooks_got_install, common/gothook.c), so the put request is refused there too and the
+ * program pushes on. Before (session 55), it died of SIGSEGV. */
+START_TEST(test_crafted_frames_on_libps_port)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1, .consistency = "asp",
+                   .optimizer = "{name: sgd, lr: 1.0}"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    char numel[] = "1024", pushes[] = "1000000"; /* pushes until it is stopped */
+    char *argv[] = {(char *)cl_binary("ASP_CLIENT"), c->manifest, numel, pushes, NULL};
+    cl_proc_t *a = cl_spawn(c, "asp", argv);
+    ck_assert_msg(cl_wait_log(a, "shard 0 (127.0.0.1", RUN_S) == 0, "never connected: %s",
+                  cl_tail(a));
+    put_to_0x10_refused(a, "asp_client");
+    ck_assert_int_eq(cl_signal(a, SIGKILL), 0);
+    cl_wait(a, RUN_S);
     stop_all(&psd, 1);
     cl_cluster_destroy(c);
 }
@@ -1678,6 +1713,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("crafted_messages_on_data_port", test_crafted_messages_on_data_port));
     suite_add_tcase(s, tcase("crafted_frames_on_data_port", test_crafted_frames_on_data_port));
     suite_add_tcase(s, tcase("crafted_frames_on_worker_port", test_crafted_frames_on_worker_port));
+    suite_add_tcase(s, tcase("crafted_frames_on_libps_port", test_crafted_frames_on_libps_port));
     suite_add_tcase(s, tcase("sigterm_while_joining", test_sigterm_while_joining));
     suite_add_tcase(s, tcase("api_misuse_refused", test_api_misuse_refused));
     suite_add_tcase(s, tcase("worker_says_shard_silent", test_worker_says_shard_silent));

@@ -1875,6 +1875,77 @@ def binding_many(tmp):
           "pushes made before it reaped")
 
 
+def own_uct_tcp_port():
+    """The port this process's UCX TCP transport listens on at 127.0.0.1 (0: none)."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(int(link[8:-1]))
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            col = line.split()
+            addr, port = col[1].split(":")
+            if col[3] == "0A" and addr == "0100007F" and int(col[9]) in inodes:
+                return int(port, 16)
+    return 0
+
+
+def frames_main(manifest):
+    """The child of crafted_frames: a psd.Client, then a put request to address 0x10 on its
+    own UCX TCP transport port, then the client used again. Prints "alive" at the end."""
+    cl = psd.Client(manifest)
+    tid = cl.declare("t", (4,))
+    port = own_uct_tcp_port()
+    assert port, "no UCX TCP transport port at 127.0.0.1"
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    host, me = s.getsockname()
+    sin = struct.pack("<H", socket.AF_INET) + struct.pack(">H", me) + socket.inet_aton(host)
+    req = struct.pack("<IBQ", 1, 0, 4000) + sin + bytes(8)  # a connection request, event 1
+    s.sendall(struct.pack("<Q", 0xCAFEBABE12345678) + struct.pack("<BI", 32, len(req)) + req)
+    ack = b""
+    while len(ack) < 9:
+        got = s.recv(9 - len(ack))
+        assert got, "the transport closed the connection before its acknowledgement"
+        ack += got
+    assert ack[0] == 32 and ack[5] == 2, f"not a connection acknowledgement: {ack!r}"
+    put = struct.pack("<QQI", 0x10, 8, 1)  # address, length, sequence number; 8 bytes follow
+    s.sendall(struct.pack("<BI", 33, len(put)) + put + bytes(8))
+    try:  # refused: the transport closes the connection
+        while s.recv(4096):
+            pass
+    except ConnectionResetError:
+        pass
+    s.close()
+    assert cl.declare("t2", (4,)) != tid  # a request to the shards after it
+    cl.close()
+    print("alive", flush=True)
+
+
+def crafted_frames(tmp):
+    """A put request crafted on the UCX TCP transport port of a python process with psd.Client
+    (any peer can open one there): libps hooks UCX's libraries' socket calls in a program
+    without hooks of its own (common/gothook.c), so the frame is refused, said, and the client
+    works on. Before (session 55), the process died writing to address 0x10."""
+    c = Cluster(tmp, "frames", 1, consistency="asp")
+    try:
+        log = os.path.join(c.dir, "frames.log")
+        with open(log, "w") as err:
+            p = subprocess.Popen([sys.executable, __file__, "frames", c.manifest, "-"],
+                                 stdout=subprocess.PIPE, stderr=err, text=True)
+            out, _ = finish(p, 60, "the frames child hung")
+        text = open(log).read()
+        assert p.returncode == 0 and "alive" in out, \
+            f"the frames child exited {p.returncode}: {out} {text[-2000:]}"
+        assert "a put request of 8 bytes to 0x10, where nothing is being received" in text, \
+            f"the refusal was not said: {text[-2000:]}"
+    finally:
+        c.stop()
+
+
 def binding(tmp):
     """psd.Client used wrongly, as a probe found it: close() from another thread while a call
     blocked hung both for good; a dropped Op's buffer could be freed or resized while its
@@ -2157,6 +2228,9 @@ def main():
     if len(sys.argv) == 4 and sys.argv[1] == "values":
         values_worker(sys.argv[2])
         return
+    if len(sys.argv) == 4 and sys.argv[1] == "frames":
+        frames_main(sys.argv[2])
+        return
     if len(sys.argv) == 4 and sys.argv[1] == "sigint":
         sigint_main(sys.argv[2], sys.argv[3])
         return
@@ -2192,6 +2266,7 @@ def main():
         torch_user(tmp)
         ctrl_c(tmp)
         binding(tmp)
+        crafted_frames(tmp)
         two_clients(tmp)
         export_any_step(tmp)
     finally:

@@ -187,7 +187,7 @@ END_TEST
 START_TEST(puts_only_into_receives_in_flight)
 {
     static uint8_t slot[4096];
-    ps_tcpguard_init(); /* as sockhooks.c does: receives are kept from now on */
+    ps_tcpguard_init(1); /* as sockhooks.c does: receives are kept from now on */
     pair_open();
     static stream_t s;
     good_stream(&s, g_fd[2]);
