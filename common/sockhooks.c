@@ -171,7 +171,10 @@ int close(int fd) { return sh_close(fd); }
 
 int socket(int domain, int type, int protocol) { return sh_socket(domain, type, protocol); }
 
-ssize_t send(int fd, const void *buf, size_t len, int flags) { return sh_send(fd, buf, len, flags); }
+ssize_t send(int fd, const void *buf, size_t len, int flags)
+{
+    return sh_send(fd, buf, len, flags);
+}
 
 ssize_t recv(int fd, void *buf, size_t len, int flags) { return sh_recv(fd, buf, len, flags); }
 #else
