@@ -5,9 +5,9 @@
  * (ps_sockhooks_port: psd's shard port, server/cmguard.c). Each calls libc's.
  *
  * Built two ways:
- * - into an executable (psd, psworker, pslaunch), linked with export_dynamic: this file defines
- *   the libc names themselves, and the dynamic linker binds UCX's calls to them (libc's found
- *   with dlsym RTLD_NEXT);
+ * - into an executable (psd, psworker, pslaunch, psctl), linked with export_dynamic: this file
+ *   defines the libc names themselves, and the dynamic linker binds UCX's calls to them (libc's
+ *   found with dlsym RTLD_NEXT);
  * - into libps with PS_SOCKHOOKS_GOT (worker/meson.build): a library cannot do that (in one
  *   that python loads the calls would not reach UCX's, and in one linked into a user's program
  *   they would take that program's sockets), so ps_sockhooks_got_install() writes the same

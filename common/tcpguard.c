@@ -1,5 +1,5 @@
 /* tcpguard.c: keeps a peer's crafted frames on UCX 1.13's TCP transport from aborting this
- * process (psd, psworker, pslaunch) or writing into its memory.
+ * process (psd, psworker, pslaunch, psctl, and libps's programs) or writing into its memory.
  *
  * UCX's TCP transport listens on ports of its own (one per interface, picked by UCX), in every
  * process that uses it, and takes any peer that opens a connection there with its magic number

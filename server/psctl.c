@@ -24,6 +24,7 @@
 #include "stalltimer.h"
 #include "ps/ps_error.h"
 #include "ps/ps_log.h"
+#include "tcpguard.h"
 #include "ucx_loop.h"
 #include "authmsg.h"
 #include "wire.h"
@@ -76,6 +77,7 @@ static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
 static void on_recv(void *request, ucs_status_t status, size_t length, void *user_data)
 {
     shard_t *s = user_data;
+    ps_tcpguard_done(s->reply);
     if (status == UCS_OK) {
         s->got = 1;
     } else { /* (its connection failed under it) asked again, like a lost connection */
@@ -132,6 +134,7 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                                              UCP_OP_ATTR_FIELD_USER_DATA,
                              .cb.recv_am = on_recv, .user_data = s};
+    ps_tcpguard_expect(s->reply, length); /* a put over TCP may land there (tcpguard.c) */
     void *req = ucp_am_recv_data_nbx(ctl->ucx.worker, data, s->reply, length, &p);
     if (UCS_PTR_IS_ERR(req)) on_recv(NULL, UCS_PTR_STATUS(req), 0, s);
     return UCS_OK;

@@ -1123,17 +1123,32 @@ START_TEST(test_crafted_frames_on_data_port)
 }
 END_TEST
 
-/* Process @p p (@p who), which uses UCX's TCP transport, gets a put request of 8 bytes to
- * address 0x10 on its transport's port, as any peer can send one: it must live on and say so. */
-static void put_to_0x10_refused(cl_proc_t *p, const char *who)
+/* Whether process @p pid exists and is not a zombie. */
+static bool pid_running(pid_t pid)
+{
+    char path[64], buf[256];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) return false;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *st = strrchr(buf, ')'); /* "pid (comm) S ..." */
+    return st && st[1] == ' ' && st[2] != 'Z' && st[2] != 'X';
+}
+
+/* Process @p pid (@p who), which uses UCX's TCP transport, gets a put request of 8 bytes to
+ * address 0x10 on its transport's port, as any peer can send one: it must say so (in @p log's
+ * log) and live on. */
+static void put_to_0x10_refused_at(cl_proc_t *log, pid_t pid, const char *who)
 {
     uint16_t port = 0;
     for (int i = 0; i < 100 && port == 0; i++) { /* its UCX worker listens once it connected */
-        port = uct_tcp_port(p->pid, 0);
+        port = uct_tcp_port(pid, 0);
         if (port == 0) nanosleep(&(struct timespec){0, 50 * 1000 * 1000}, NULL);
     }
     ck_assert_msg(port != 0, "%s listens on no TCP transport port at 127.0.0.1: %s", who,
-                  cl_tail(p));
+                  cl_tail(log));
     int fd = uct_tcp_open(port, 4000);
     uint8_t m[5 + 20 + 8] = {33};
     put_le(m + 1, 20, 4);
@@ -1144,9 +1159,15 @@ static void put_to_0x10_refused(cl_proc_t *p, const char *who)
     struct timespec ts = {0, 100 * 1000 * 1000};
     nanosleep(&ts, NULL);
     close(fd);
-    ck_assert_msg(cl_wait_log(p, "a put request of 8 bytes to 0x10, where nothing is being "
-                                 "received", 5.0) == 0, "%s did not say it: %s", who, cl_tail(p));
-    ck_assert_msg(cl_alive(p), "%s died of a put request to 0x10: %s", who, cl_tail(p));
+    ck_assert_msg(cl_wait_log(log, "a put request of 8 bytes to 0x10, where nothing is being "
+                                   "received", 5.0) == 0, "%s did not say it: %s", who,
+                  cl_tail(log));
+    ck_assert_msg(pid_running(pid), "%s died of a put request to 0x10: %s", who, cl_tail(log));
+}
+
+static void put_to_0x10_refused(cl_proc_t *p, const char *who)
+{
+    put_to_0x10_refused_at(p, p->pid, who);
 }
 
 /* A worker's UCX TCP transport takes connections from any peer too: a put request to 0x10 on
@@ -1184,6 +1205,32 @@ START_TEST(test_crafted_frames_on_libps_port)
     put_to_0x10_refused(a, "asp_client");
     ck_assert_int_eq(cl_signal(a, SIGKILL), 0);
     cl_wait(a, RUN_S);
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+/* psctl's UCX worker listens on a TCP port as long as it runs: shard 0's `psctl checkpoint
+ * --follow` child (the manifest's periodic checkpoints), for the job's whole life. psctl has the
+ * frame checks too since session 55 (common/sockhooks.c, export_dynamic; before, a put request
+ * to 0x10 there killed the follower). Its log is psd's. */
+START_TEST(test_crafted_frames_on_psctl_port)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1, .top_extra = "checkpoint: {every_steps: 1000}\n"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    pid_t f = 0;
+    char path[96];
+    snprintf(path, sizeof path, "/proc/%d/task/%d/children", (int)psd->pid, (int)psd->pid);
+    for (int i = 0; i < 200 && f == 0; i++) { /* psd starts its follower after it is ready */
+        FILE *in = fopen(path, "r");
+        int pid;
+        if (in && fscanf(in, "%d", &pid) == 1) f = pid;
+        if (in) fclose(in);
+        if (f == 0) nanosleep(&(struct timespec){0, 50 * 1000 * 1000}, NULL);
+    }
+    ck_assert_msg(f != 0, "psd started no follower: %s", cl_tail(psd));
+    put_to_0x10_refused_at(psd, f, "psd's follower (psctl checkpoint --follow)");
     stop_all(&psd, 1);
     cl_cluster_destroy(c);
 }
@@ -1714,6 +1761,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("crafted_frames_on_data_port", test_crafted_frames_on_data_port));
     suite_add_tcase(s, tcase("crafted_frames_on_worker_port", test_crafted_frames_on_worker_port));
     suite_add_tcase(s, tcase("crafted_frames_on_libps_port", test_crafted_frames_on_libps_port));
+    suite_add_tcase(s, tcase("crafted_frames_on_psctl_port", test_crafted_frames_on_psctl_port));
     suite_add_tcase(s, tcase("sigterm_while_joining", test_sigterm_while_joining));
     suite_add_tcase(s, tcase("api_misuse_refused", test_api_misuse_refused));
     suite_add_tcase(s, tcase("worker_says_shard_silent", test_worker_says_shard_silent));
