@@ -1952,7 +1952,10 @@ def binding(tmp):
     pull landed (memory corruption); ctypes wrapped out-of-range integers (a shape of 2^32 + 3
     declared as 3, a step of -1 as 2^64 - 1) and cut names at a NUL; a forked child hung in
     close(); a parameter whose .data shrank was written past its end."""
-    c = Cluster(tmp, "binding", 1)
+    # A longer heartbeat timeout than the default 600 ms: the waiting next_batch below must stay
+    # waiting, and a member dropped for heartbeats a loaded machine delayed (CI, session 55:
+    # both shards lost at once, then "a second thread's call was taken") ends it early.
+    c = Cluster(tmp, "binding", 1, heartbeat_ms=3000)
     try:
         cl = psd.Client(c.manifest)
         tid = cl.declare("t", (4,))
