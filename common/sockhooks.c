@@ -50,9 +50,7 @@ static void resolve_once(void)
     real_accept4 = (int (*)(int, struct sockaddr *, socklen_t *, int))dlsym(REAL_NEXT, "accept4");
     real_close = (int (*)(int))dlsym(REAL_NEXT, "close");
     real_socket = (int (*)(int, int, int))dlsym(REAL_NEXT, "socket");
-#ifdef PS_SOCKHOOKS_GOT
-    ps_tcpguard_init(0); /* UCX's settings the frame checks depend on; the fd limit is not ours */
-#else
+#ifndef PS_SOCKHOOKS_GOT
     ps_tcpguard_init(1); /* UCX's settings the frame checks depend on */
 #endif
 }
@@ -178,13 +176,17 @@ ssize_t send(int fd, const void *buf, size_t len, int flags)
 
 ssize_t recv(int fd, void *buf, size_t len, int flags) { return sh_recv(fd, buf, len, flags); }
 #else
-int ps_sockhooks_got_install(void)
+static pthread_once_t g_install_once = PTHREAD_ONCE_INIT;
+
+static void install(void)
 {
+    /* An executable built with this file the other way (psworker) checks UCX's calls itself. */
+    if (dlsym(RTLD_DEFAULT, "ps_sockhooks_port") != NULL) return;
     const char *off = getenv("PS_UCX_FRAME_CHECKS");
     if (off && strcmp(off, "0") == 0) {
         PS_LOG(PS_LOG_INFO, "libps", "PS_UCX_FRAME_CHECKS=0: UCX's TCP frames are not checked in "
                "this process");
-        return -1;
+        return;
     }
     resolve();
     /* The slots will point into libps: a shared libps must stay loaded (a dlclose would leave
@@ -196,13 +198,13 @@ int ps_sockhooks_got_install(void)
         lm->l_name[0] && dlopen(lm->l_name, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE) == NULL) {
         PS_LOG(PS_LOG_WARN, "libps", "UCX's TCP frames are not checked in this process (%s "
                "cannot be kept loaded: %s)", lm->l_name, dlerror());
-        return -1;
+        return;
     }
     if (!real_recv || !real_send || !real_accept || !real_accept4 || !real_close ||
         !real_socket) {
         PS_LOG(PS_LOG_WARN, "libps", "libc's socket calls not found: UCX's TCP frames are not "
                "checked in this process");
-        return -1;
+        return;
     }
     static const char *const libs[] = {"libucs.so", "libuct.so", "libucp.so", NULL};
     const ps_got_hook_t hooks[] = {
@@ -210,15 +212,20 @@ int ps_sockhooks_got_install(void)
         {"accept", (void *)sh_accept},   {"accept4", (void *)sh_accept4},
         {"close", (void *)sh_close},     {"socket", (void *)sh_socket},
     };
+    ps_tcpguard_init(0); /* UCX's settings the frame checks depend on; the fd limit is not ours */
     char err[256] = "";
     int n = ps_got_hook(libs, hooks, sizeof hooks / sizeof hooks[0], err, sizeof err);
     if (n <= 0) {
         PS_LOG(PS_LOG_WARN, "libps", "UCX's TCP frames are not checked in this process (%s)",
                n < 0 ? err : "no socket call of UCX's libraries found");
-        return -1;
+        return;
     }
     PS_LOG(PS_LOG_DEBUG, "libps", "UCX's TCP frames checked: %d call slots of UCX's libraries "
            "hooked", n);
-    return 0;
+}
+
+void ps_sockhooks_got_install(void)
+{
+    pthread_once(&g_install_once, install);
 }
 #endif

@@ -23,9 +23,10 @@ void ps_sockhooks_port(const ps_sockhooks_port_t *p);
 ssize_t ps_sockhooks_real_recv(int fd, void *buf, size_t len, int flags);
 
 /** @brief libps's build (PS_SOCKHOOKS_GOT): put the hooks into UCX's libraries' call slots
- *  (libucs, libuct, libucp; gothook.c) for a process whose executable does not define them.
- *  Once per process, before UCX opens its sockets. @return 0, or -1 after a warning (the
- *  frames then pass unchecked). */
-int ps_sockhooks_got_install(void);
+ *  (libucs, libuct, libucp; gothook.c), once per process, before UCX opens its sockets; any
+ *  thread, any number of times. Nothing where the executable defines the hooks itself
+ *  (psworker) or PS_UCX_FRAME_CHECKS=0; where the slots cannot be set it warns (the frames
+ *  then pass unchecked). */
+void ps_sockhooks_got_install(void);
 
 #endif

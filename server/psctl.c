@@ -136,7 +136,10 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
                              .cb.recv_am = on_recv, .user_data = s};
     ps_tcpguard_expect(s->reply, length); /* a put over TCP may land there (tcpguard.c) */
     void *req = ucp_am_recv_data_nbx(ctl->ucx.worker, data, s->reply, length, &p);
-    if (UCS_PTR_IS_ERR(req)) on_recv(NULL, UCS_PTR_STATUS(req), 0, s);
+    if (req == NULL) /* done at once: no callback comes */
+        on_recv(NULL, UCS_OK, length, s);
+    else if (UCS_PTR_IS_ERR(req))
+        on_recv(NULL, UCS_PTR_STATUS(req), 0, s);
     return UCS_OK;
 }
 

@@ -17,7 +17,6 @@
 #include <unistd.h>
 #include <netdb.h>
 #include <fcntl.h>
-#include <dlfcn.h>
 #include <poll.h>
 #include <sys/mman.h>
 
@@ -2977,22 +2976,13 @@ int ps_manifest_optimizer(const char *path, char *out, size_t outlen, char *err,
     return manifest_name(path, true, out, outlen, err, errlen);
 }
 
-/* UCX's TCP frames checked in this process (common/sockhooks.c): by the executable's own hooks
- * where it has them (psworker: ps_sockhooks_port is its), else by hooking UCX's libraries
- * (python with psd.torch, a user's program, psbench's clients; PS_UCX_FRAME_CHECKS=0 leaves
- * them out). Before any UCX socket. */
-static pthread_once_t g_sockhooks_once = PTHREAD_ONCE_INIT;
-
-static void sockhooks_once(void)
-{
-    if (dlsym(RTLD_DEFAULT, "ps_sockhooks_port") == NULL) (void)ps_sockhooks_got_install();
-}
-
 int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts, ps_client_t **out,
                      char *err, size_t errlen)
 {
     *out = NULL;
-    pthread_once(&g_sockhooks_once, sockhooks_once);
+    /* UCX's TCP frames checked in this process (python with psd.torch, a user's program),
+     * before any UCX socket (common/sockhooks.c). */
+    ps_sockhooks_got_install();
     ps_client_t *c = calloc(1, sizeof *c);
     if (c == NULL) return PS_ENOMEM;
     char e[1024] = "";
