@@ -1,5 +1,5 @@
-/* dscache.c: see dscache.h. File layout: a 4096-byte header, then n*dim floats (the images as
- * training reads them), then n label bytes. */
+/* dscache.c: see dscache.h. File layout: a 4096-byte header, then n*dim pixel bytes (the IDX
+ * file's, row after row), then n label bytes. */
 #include "dscache.h"
 
 #include <dirent.h>
@@ -20,7 +20,7 @@
 
 #define READ_BLOCK ((size_t)4 << 20) /* bytes per read: in cache when its CRC is taken */
 
-#define DSC_MAGIC "PSDSC002" /* 002: the header holds its name's key */
+#define DSC_MAGIC "PSDSC003" /* 002: the header holds its name's key; 003: pixels as bytes */
 #define DSC_HDR 4096
 
 typedef struct {
@@ -60,6 +60,9 @@ int ps_dscache_path(const char *ipath, const char *lpath, char *out, size_t len)
     if (dir == NULL || *dir == '\0') dir = getenv("TMPDIR");
     if (dir == NULL || *dir == '\0') dir = "/tmp";
     uint64_t h = 0xcbf29ce484222325ull;
+    /* The format is in the name: a psd of another version on the same host writes its own
+     * file instead of replacing this one at every start. */
+    h = fnv(h, DSC_MAGIC, sizeof DSC_MAGIC);
     const char *src[2] = {ipath, lpath};
     for (int i = 0; i < 2; i++) {
         struct stat st;
@@ -103,15 +106,14 @@ int ps_dscache_load(ps_dataset_t *d, const char *path)
     int fd = ps_open_regular(path, O_NOFOLLOW, &st);
     if (fd < 0) return -1;
     dsc_hdr_t h;
-    float *images = NULL;
-    uint8_t *labels = NULL;
+    uint8_t *pixels = NULL, *labels = NULL;
     size_t img = 0;
     uint32_t crc = 0;
     if (st.st_uid != geteuid() ||
         (st.st_mode & (S_IWGRP | S_IWOTH)) || pread(fd, &h, sizeof h, 0) != (ssize_t)sizeof h)
         goto miss;
     uint64_t want; /* images and labels; a product that wraps is no cache of ours */
-    if (__builtin_mul_overflow((uint64_t)h.n, (uint64_t)h.dim * sizeof(float), &want) ||
+    if (__builtin_mul_overflow((uint64_t)h.n, (uint64_t)h.dim, &want) ||
         __builtin_add_overflow(want, (uint64_t)h.n, &want) || want > SIZE_MAX / 2)
         goto miss;
     if (memcmp(h.magic, DSC_MAGIC, 8) != 0 || h.n == 0 || h.dim == 0 || h.bytes != want ||
@@ -119,10 +121,10 @@ int ps_dscache_load(ps_dataset_t *d, const char *path)
         goto miss;
     /* Read into private memory on 2 MiB pages (see dscache.h), each block's CRC taken as it
      * arrives. */
-    img = (size_t)h.n * h.dim * sizeof(float);
-    images = ps_buffer_alloc(img);
+    img = (size_t)h.n * h.dim;
+    pixels = ps_buffer_alloc(img);
     labels = malloc(h.n);
-    if (images == NULL || labels == NULL || read_crc(fd, images, img, DSC_HDR, &crc) ||
+    if (pixels == NULL || labels == NULL || read_crc(fd, pixels, img, DSC_HDR, &crc) ||
         read_crc(fd, labels, h.n, DSC_HDR + (off_t)img, &crc) || crc != h.crc)
         goto miss;
     for (uint32_t i = 0; i < h.n; i++) /* as load_labels checks the source's */
@@ -130,12 +132,12 @@ int ps_dscache_load(ps_dataset_t *d, const char *path)
     close(fd);
     d->n = h.n;
     d->dim = h.dim;
-    d->images = images;
-    d->images_bytes = img;
+    d->pixels = pixels;
+    d->pixels_bytes = img;
     d->labels = labels;
     return 0;
 miss:
-    ps_buffer_free(images, img);
+    ps_buffer_free(pixels, img);
     free(labels);
     close(fd);
     return -1;
@@ -190,17 +192,17 @@ int ps_dscache_save(const ps_dataset_t *d, const char *path)
     int n = snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     if (n < 0 || (size_t)n >= sizeof tmp) return -1;
     sweep_tmp(path);
-    size_t img = (size_t)d->n * d->dim * sizeof(float);
+    size_t img = (size_t)d->n * d->dim;
     uint8_t hdr[DSC_HDR] = {0};
     dsc_hdr_t h = {.n = d->n, .dim = d->dim, .bytes = img + d->n, .key = key_of(path)};
     memcpy(h.magic, DSC_MAGIC, 8);
-    h.crc = ps_crc32c(ps_crc32c(0, d->images, img), d->labels, d->n);
+    h.crc = ps_crc32c(ps_crc32c(0, d->pixels, img), d->labels, d->n);
     memcpy(hdr, &h, sizeof h);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (fd < 0 && errno == EEXIST && unlink(tmp) == 0) /* our pid's: a dead writer's leftover */
         fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (fd < 0) return -1;
-    int rc = write_all(fd, hdr, sizeof hdr) || write_all(fd, d->images, img) ||
+    int rc = write_all(fd, hdr, sizeof hdr) || write_all(fd, d->pixels, img) ||
              write_all(fd, d->labels, d->n);
     rc |= close(fd);
     if (rc == 0) rc = rename(tmp, path);

@@ -1,6 +1,6 @@
 /* dscache.h: a decoded copy of a dataset split in one file, so that only the first worker on a
- * host pays for gunzip and normalisation; the others read it in (a one-step psworker run:
- * 0.36 s without the cache, 0.20 s with it). */
+ * host pays for gunzip; the others read it in (the training split's gunzip: ~0.3 s of CPU per
+ * worker; its 47 MB of pixels from the cache: a few tens of ms). */
 #ifndef PS_DSCACHE_H
 #define PS_DSCACHE_H
 
@@ -21,15 +21,16 @@ int ps_dscache_path(const char *ipath, const char *lpath, char *out, size_t len)
  * the CRC-32C of its contents, checked on every open), and trusted: a regular file (not a
  * link; a FIFO is not waited on) of this user that no one else may write, whose labels are
  * below the dataset's classes.
- * @return 0 with d->images (ps_buffer_alloc) and d->labels (malloc) owned by @p d (release
+ * @return 0 with d->pixels (ps_buffer_alloc) and d->labels (malloc) owned by @p d (release
  *         with ps_dataset_free), or -1 (a miss: @p d untouched).
  * @note The copy is private on purpose: training gathers random rows every step, and page-cache
  *       pages of a shared mapping were evicted and read again on a busy host (8% fewer samples/s
  *       in the demo than from private memory). It is read (pread, 4 MiB at a time, each
  *       block's CRC taken right after it arrives) into 2 MiB pages (ps_buffer_alloc): on the
- *       development VM a 4 KiB page fault costs ~10-15 us, and the 188 MB training split took
- *       ~0.6-0.75 s through 46 000 of them (mapped, checked, copied into malloc'd memory),
- *       0.32-0.34 s now in a fresh process and 0.03 s when the kernel has free huge pages.
+ *       development VM a 4 KiB page fault costs ~10-15 us, and the training split, when it was
+ *       188 MB of floats, took ~0.6-0.75 s through 46 000 of them (mapped, checked, copied
+ *       into malloc'd memory), 0.32-0.34 s on 2 MiB pages in a fresh process. Since session
+ *       56 the cache holds the pixels' bytes (47 MB), standardized as rows are gathered.
  */
 int ps_dscache_load(ps_dataset_t *d, const char *path);
 

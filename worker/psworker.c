@@ -353,10 +353,24 @@ static int rejoin(trainer_t *tr, const char *manifest, const char *when, const c
     return rc;
 }
 
+/* The fraction of @p d that @p m classifies right, in slices of m->max_batch rows standardized
+ * into @p x ([max_batch, dim], the caller's). */
+static double eval_accuracy(ps_mlp_t *m, const ps_dataset_t *d, float *x)
+{
+    uint32_t correct = 0;
+    for (uint32_t first = 0; first < d->n; first += m->max_batch) {
+        uint32_t count = d->n - first < m->max_batch ? d->n - first : m->max_batch;
+        ps_dataset_rows(d, first, count, x);
+        correct += ps_mlp_eval(m, x, d->labels + first, count);
+    }
+    return d->n ? correct / (double)d->n : 0.0;
+}
+
 /* Per-pass progress: a metrics line when the batches move on to the next pass. */
 typedef struct {
     FILE *metrics;
     const ps_dataset_t *test;
+    float *eval_x; /* [max_batch, dim]: the test rows of one evaluation slice */
     double t0, epoch_t0, last_print;
     double loss_sum;
     uint64_t loss_n, samples, samples_total;
@@ -369,8 +383,7 @@ static void epoch_log_pass(epoch_log_t *l, trainer_t *tr, int64_t pass, uint64_t
     if (l->pass >= 0 && l->loss_n > 0) {
         double acc = -1;
         if (eval)
-            acc = ps_mlp_eval(&tr->mlp, l->test->images, l->test->labels, l->test->n) /
-                  (double)l->test->n;
+            acc = eval_accuracy(&tr->mlp, l->test, l->eval_x);
         if (tr->mlp.gpu_rc) acc = -1; /* a device error: no figure; the next step says why */
         ps_client_stats_t st = {0};
         if (tr->client) ps_client_stats(tr->client, &st);
@@ -645,9 +658,13 @@ int main(int argc, char **argv)
     if (self_test) return run_self_test(manifest, &m);
 
     ps_dataset_t train, test;
-    if (ps_fmnist_load(&train, &test, m.job.dataset, err, sizeof err)) {
+    int lrc = ps_fmnist_load(&train, &test, m.job.dataset, err, sizeof err);
+    if (lrc) {
         fprintf(stderr, "psworker: %s\n", err);
-        return 1;
+        /* A job.dataset whose files are missing or malformed is the manifest's: refused (2),
+         * so that pslaunch --respawn does not start the same failure again; a read error or
+         * no memory may pass (1). */
+        return lrc == PS_ENOENT || lrc == PS_EDATA ? 2 : 1;
     }
     uint32_t first = m.job.layers[0], last = m.job.layers[m.job.nlayers - 1];
     if (first != train.dim || last != PS_FMNIST_CLASSES) {
@@ -693,8 +710,9 @@ int main(int argc, char **argv)
     int exit_code = 1;
     uint32_t *perm = malloc(train.n * sizeof *perm);
     float *x = malloc((size_t)B * train.dim * sizeof *x);
+    float *eval_x = malloc((size_t)tr.mlp.max_batch * test.dim * sizeof *eval_x);
     uint8_t *y = malloc(B);
-    if (!perm || !x || !y) goto out;
+    if (!perm || !x || !eval_x || !y) goto out;
     if (params_path) {
         static char params_file[PATH_MAX];
         char perr[PATH_MAX + 256];
@@ -727,7 +745,8 @@ int main(int argc, char **argv)
             fprintf(stderr, "psworker: --codec %s replaces job.compression.codec; its rules and "
                     "min_bytes still choose for the tensors they take\n", codec_override);
     }
-    epoch_log_t log = {.metrics = metrics, .test = &test, .t0 = now_s(), .pass = -1};
+    epoch_log_t log = {.metrics = metrics, .test = &test, .eval_x = eval_x, .t0 = now_s(),
+                       .pass = -1};
     log.epoch_t0 = log.t0;
     int64_t perm_pass = -1;
     if (local) {
@@ -882,7 +901,7 @@ int main(int argc, char **argv)
     {
         int rank = tr.client ? ps_client_rank(tr.client) : 0;
         epoch_log_pass(&log, &tr, INT64_MAX, step, rank == 0);
-        double acc = ps_mlp_eval(&tr.mlp, test.images, test.labels, test.n) / (double)test.n;
+        double acc = eval_accuracy(&tr.mlp, &test, eval_x);
         if (device_failed(&tr.mlp)) goto out;
         fprintf(stderr, "rank %d  final test accuracy %.4f after %llu steps (%.1f s)\n", rank, acc,
                 (unsigned long long)step, now_s() - log.t0);
@@ -905,6 +924,7 @@ int main(int argc, char **argv)
 out:
     free(perm);
     free(x);
+    free(eval_x);
     free(y);
     for (int t = 0; t < tr.mlp.ntensors; t++)
         if (tr.push_ops[t]) ps_op_wait(tr.push_ops[t], NULL);

@@ -1038,6 +1038,13 @@ def binding_compression(tmp):
 
 
 def errors(tmp):
+    # A PSD_LIBPS that does not load is an error naming it, not a quiet fall-back to another
+    # libps (the checkout's build was loaded instead, without a word).
+    missing = os.path.join(tmp, "nosuch", "libps.so")
+    r = subprocess.run([sys.executable, "-c", "import psd; psd.library()"],
+                       env=dict(os.environ, PSD_LIBPS=missing), capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode != 0 and f"PSD_LIBPS={missing}: cannot load it" in r.stderr, r.stderr
     try:
         psd.Client(os.path.join(tmp, "missing.yaml"))
         raise AssertionError("a missing manifest was taken")

@@ -39,13 +39,13 @@ static void teardown(void)
     unsetenv("PS_DATASET_CACHE");
 }
 
-static float images[3 * 5];
+static uint8_t pixels[3 * 5];
 static uint8_t labels[3] = {1, 9, 0};
 
 static ps_dataset_t sample(void)
 {
-    for (int i = 0; i < 15; i++) images[i] = (float)i * 0.25f - 1.0f;
-    return (ps_dataset_t){.n = 3, .dim = 5, .images = images, .labels = labels};
+    for (int i = 0; i < 15; i++) pixels[i] = (uint8_t)(i * 17);
+    return (ps_dataset_t){.n = 3, .dim = 5, .pixels = pixels, .labels = labels};
 }
 
 START_TEST(test_roundtrip)
@@ -57,13 +57,13 @@ START_TEST(test_roundtrip)
     ck_assert_int_eq(ps_dscache_load(&m, path), -1); /* nothing there yet */
     ck_assert_int_eq(ps_dscache_save(&d, path), 0);
     ck_assert_int_eq(ps_dscache_load(&m, path), 0);
-    ck_assert_ptr_ne(m.images, images); /* a copy the dataset owns */
+    ck_assert_ptr_ne(m.pixels, pixels); /* a copy the dataset owns */
     ck_assert_uint_eq(m.n, 3);
     ck_assert_uint_eq(m.dim, 5);
-    ck_assert_int_eq(memcmp(m.images, images, sizeof images), 0);
+    ck_assert_int_eq(memcmp(m.pixels, pixels, sizeof pixels), 0);
     ck_assert_int_eq(memcmp(m.labels, labels, sizeof labels), 0);
     ps_dataset_free(&m);
-    ck_assert_ptr_null(m.images);
+    ck_assert_ptr_null(m.pixels);
 }
 END_TEST
 
@@ -86,7 +86,7 @@ START_TEST(test_damage_is_a_miss)
     ck_assert_int_eq(ps_dscache_save(&d, path), 0);
     ck_assert_int_eq(truncate(path, 4096 + 20), 0);
     ck_assert_int_eq(ps_dscache_load(&m, path), -1);
-    ck_assert_ptr_null(m.images);
+    ck_assert_ptr_null(m.pixels);
 }
 END_TEST
 
@@ -113,24 +113,23 @@ END_TEST
  * job.train_samples does) is released whole; a header whose sizes wrap is a miss. */
 START_TEST(test_large_split)
 {
-    enum { N = 3001, DIM = 784 }; /* 9.4 MB of images: three 4 MiB reads */
+    enum { N = 16001, DIM = 784 }; /* 12.5 MB of pixels: four 4 MiB reads */
     char path[4200];
     ck_assert_int_eq(ps_dscache_path(ipath, lpath, path, sizeof path), 0);
-    ps_dataset_t d = {.n = N, .dim = DIM, .images = malloc((size_t)N * DIM * sizeof(float)),
-                      .labels = malloc(N)};
-    ck_assert(d.images && d.labels);
-    for (size_t i = 0; i < (size_t)N * DIM; i++) d.images[i] = (float)(i % 1000) * 0.5f;
+    ps_dataset_t d = {.n = N, .dim = DIM, .pixels = malloc((size_t)N * DIM), .labels = malloc(N)};
+    ck_assert(d.pixels && d.labels);
+    for (size_t i = 0; i < (size_t)N * DIM; i++) d.pixels[i] = (uint8_t)(i % 251);
     for (size_t i = 0; i < N; i++) d.labels[i] = (uint8_t)(i % 10);
     ck_assert_int_eq(ps_dscache_save(&d, path), 0);
     ps_dataset_t m = {0};
     ck_assert_int_eq(ps_dscache_load(&m, path), 0);
     ck_assert_uint_eq(m.n, N);
-    ck_assert_uint_eq(m.images_bytes, (size_t)N * DIM * sizeof(float));
-    ck_assert_int_eq(memcmp(m.images, d.images, m.images_bytes), 0);
+    ck_assert_uint_eq(m.pixels_bytes, (size_t)N * DIM);
+    ck_assert_int_eq(memcmp(m.pixels, d.pixels, m.pixels_bytes), 0);
     ck_assert_int_eq(memcmp(m.labels, d.labels, N), 0);
     m.n = 10; /* job.train_samples */
     ps_dataset_free(&m);
-    ck_assert_ptr_null(m.images);
+    ck_assert_ptr_null(m.pixels);
     /* the last label flipped: a miss, nothing kept */
     FILE *f = fopen(path, "r+");
     ck_assert_ptr_nonnull(f);
@@ -138,7 +137,7 @@ START_TEST(test_large_split)
     fputc(d.labels[N - 1] ^ 1, f);
     fclose(f);
     ck_assert_int_eq(ps_dscache_load(&m, path), -1);
-    ck_assert_ptr_null(m.images);
+    ck_assert_ptr_null(m.pixels);
     /* n and dim whose product wraps around 2^64 */
     ck_assert_int_eq(ps_dscache_save(&d, path), 0);
     f = fopen(path, "r+");
@@ -148,7 +147,7 @@ START_TEST(test_large_split)
     ck_assert_uint_eq(fwrite(huge, sizeof huge, 1, f), 1);
     fclose(f);
     ck_assert_int_eq(ps_dscache_load(&m, path), -1);
-    free(d.images);
+    free(d.pixels);
     free(d.labels);
 }
 END_TEST
@@ -179,7 +178,7 @@ START_TEST(test_untrusted_is_a_miss)
     d.labels = bad;
     ck_assert_int_eq(ps_dscache_save(&d, path), 0);
     ck_assert_int_eq(ps_dscache_load(&m, path), -1);
-    ck_assert_ptr_null(m.images);
+    ck_assert_ptr_null(m.pixels);
 }
 END_TEST
 

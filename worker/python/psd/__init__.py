@@ -90,22 +90,31 @@ def library():
     global _lib
     if _lib is not None:
         return _lib
-    here = os.path.dirname(os.path.abspath(__file__))
-    candidates = [os.environ.get("PSD_LIBPS"),
-                  os.path.join(here, "..", "..", "..", "build", "worker", "libps.so"),
-                  ctypes.util.find_library("ps")]
-    tried = []
-    for path in candidates:
-        if not path:
-            continue
+    named = os.environ.get("PSD_LIBPS")
+    if named:
+        # The one the user named, or an error: a mistyped path fell back to the checkout's
+        # build without a word, and another libps ran than the one asked for (a probe found it).
         try:
-            lib = _load(path)
-            break
+            lib = _load(named)
         except OSError as e:
-            tried.append(f"{path}: {e}")
+            raise OSError(f"PSD_LIBPS={named}: cannot load it ({e}); unset PSD_LIBPS to use "
+                          "the checkout's build/worker/libps.so or the installed one") from None
     else:
-        raise OSError("cannot load libps (set PSD_LIBPS to build/worker/libps.so): "
-                      + "; ".join(tried))
+        here = os.path.dirname(os.path.abspath(__file__))
+        candidates = [os.path.join(here, "..", "..", "..", "build", "worker", "libps.so"),
+                      ctypes.util.find_library("ps")]
+        tried = []
+        for path in candidates:
+            if not path:
+                continue
+            try:
+                lib = _load(path)
+                break
+            except OSError as e:
+                tried.append(f"{path}: {e}")
+        else:
+            raise OSError("cannot load libps (set PSD_LIBPS to build/worker/libps.so): "
+                          + "; ".join(tried))
     P, U32, U64, I = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int
     sig = {
         "ps_client_create": (I, [ctypes.c_char_p, ctypes.POINTER(_Opts), ctypes.POINTER(P),
