@@ -42,6 +42,21 @@ configs=(
     "sign|sign|true"
 )
 
+# --only naming no config at all (a typo) is refused before anything runs: it wrote an empty
+# table and exited 0 (a probe, session 56).
+if [ -n "$only" ]; then
+    matched=0
+    for cfg in "${configs[@]}"; do
+        IFS='|' read -r name _ <<<"$cfg"
+        [[ ",$only," == *",$name,"* ]] && matched=1
+    done
+    if [ "$matched" = 0 ]; then
+        echo "$0: --only \"$only\" names none of the configs:" >&2
+        for cfg in "${configs[@]}"; do echo "  ${cfg%%|*}" >&2; done
+        exit 2
+    fi
+fi
+
 results="$tmp/results.tsv"
 : >"$results"
 for cfg in "${configs[@]}"; do
