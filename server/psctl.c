@@ -341,11 +341,7 @@ static int status(ctl_t *ctl, int json, double timeout_s)
     return bad;
 }
 
-/* psctl forget NAME: shard 0 is asked first whether it would drop the tensor (it checks the
- * job's state: server/forget.c), then every other shard drops its chunks, then shard 0 the
- * tensor; a shard that refuses stops it there, shard 0's declaration kept. A shard that does
- * not hold the tensor (dropped there before, by a give-up or forget that did not reach every
- * shard) is passed. Exit 0 when some shard dropped it and none refused. */
+/* psctl forget NAME (psctl_forget). Exit 0 when some shard dropped it and none refused. */
 static int forget_tensor(const ps_manifest_t *m, const char *name, double timeout)
 {
     char err[512];
@@ -354,32 +350,13 @@ static int forget_tensor(const ps_manifest_t *m, const char *name, double timeou
         fprintf(stderr, "psctl: forget: %s\n", err);
         return 1;
     }
-    int dropped = 0, bad = 0, held0 = 1;
-    for (int k = 0; k <= m->nservers && !bad; k++) {
-        int i = k == m->nservers ? 0 : k; /* shard 0: asked first, dropped last */
-        if (k == m->nservers && !held0) break;
-        ps_msg_t q = {.type = PS_MSG_FORGET, .rank = -1,
-                      .flags = PS_FLAG_FORCE | (k == 0 ? PS_FLAG_CHECK : 0)}, r;
-        snprintf(q.cluster, sizeof q.cluster, "%s", m->cluster);
-        snprintf(q.error, sizeof q.error, "%s", name);
-        int rc = ps_req_call(cl, (uint32_t)i, &q, &r, NULL, NULL, err, sizeof err);
-        if (rc == PS_ENOENT) {
-            held0 &= k != 0;
-        } else if (rc) {
-            fprintf(stderr, "psctl: forget: %s\n", err);
-            bad = 1;
-        } else if (k > 0) {
-            dropped++;
-        }
-    }
+    int dropped = 0, rc = psctl_forget(cl, m, name, &dropped, err, sizeof err);
     ps_req_close(cl);
-    if (bad) {
-        if (dropped) fprintf(stderr, "psctl: forget: '%s' was dropped from %d shard%s before; "
-                             "shard 0 keeps it\n", name, dropped, dropped == 1 ? "" : "s");
-        return 1;
-    }
-    if (dropped == 0) {
-        fprintf(stderr, "psctl: forget: no shard holds a tensor '%s'\n", name);
+    if (rc) {
+        fprintf(stderr, "psctl: forget: %s\n", err);
+        if (rc != PS_ENOENT && dropped)
+            fprintf(stderr, "psctl: forget: '%s' was dropped from %d shard%s before; shard 0 "
+                    "keeps it\n", name, dropped, dropped == 1 ? "" : "s");
         return 1;
     }
     printf("tensor '%s' dropped from %d shard%s\n", name, dropped, dropped == 1 ? "" : "s");

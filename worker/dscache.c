@@ -53,7 +53,10 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n)
     return h;
 }
 
-int ps_dscache_path(const char *ipath, const char *lpath, char *out, size_t len)
+/* The cache file's path for sources @p ipath and @p lpath in the cache directory; @p salted:
+ * with the format in the name (this version's), or without it (PSDSC002's, before session
+ * 56). @return 0, or -1 (off, a source not stat'ed, too long). */
+static int cache_path(const char *ipath, const char *lpath, int salted, char *out, size_t len)
 {
     const char *dir = getenv("PS_DATASET_CACHE");
     if (dir && strcmp(dir, "off") == 0) return -1;
@@ -62,7 +65,7 @@ int ps_dscache_path(const char *ipath, const char *lpath, char *out, size_t len)
     uint64_t h = 0xcbf29ce484222325ull;
     /* The format is in the name: a psd of another version on the same host writes its own
      * file instead of replacing this one at every start. */
-    h = fnv(h, DSC_MAGIC, sizeof DSC_MAGIC);
+    if (salted) h = fnv(h, DSC_MAGIC, sizeof DSC_MAGIC);
     const char *src[2] = {ipath, lpath};
     for (int i = 0; i < 2; i++) {
         struct stat st;
@@ -79,6 +82,20 @@ int ps_dscache_path(const char *ipath, const char *lpath, char *out, size_t len)
     }
     int n = snprintf(out, len, "%s/psd-dataset-%016llx.bin", dir, (unsigned long long)h);
     return n > 0 && (size_t)n < len ? 0 : -1;
+}
+
+int ps_dscache_path(const char *ipath, const char *lpath, char *out, size_t len)
+{
+    return cache_path(ipath, lpath, 1, out, len);
+}
+
+void ps_dscache_drop_old(const char *ipath, const char *lpath)
+{
+    char old[4200];
+    struct stat st;
+    if (cache_path(ipath, lpath, 0, old, sizeof old) == 0 && lstat(old, &st) == 0 &&
+        S_ISREG(st.st_mode) && st.st_uid == geteuid())
+        unlink(old);
 }
 
 /* Read @p len bytes at @p off of @p fd into @p dst in blocks, folding each into the CRC right

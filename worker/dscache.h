@@ -8,13 +8,21 @@
 
 /**
  * @brief The cache file for the split whose sources are @p ipath and @p lpath, in the
- * directory $PS_DATASET_CACHE (default $TMPDIR, else /tmp); named by a hash of both paths,
- * sizes, modification and change times, inodes and devices, so a changed or replaced source
- * gets a new file.
+ * directory $PS_DATASET_CACHE (default $TMPDIR, else /tmp); named by a hash of the file format
+ * and of both paths, sizes, modification and change times, inodes and devices, so a changed or
+ * replaced source gets a new file, and another version of the format another name.
  * @return 0 with the path in @p out; -1 when caching is off (PS_DATASET_CACHE=off), a source
  *         cannot be stat'ed or the path does not fit.
  */
 int ps_dscache_path(const char *ipath, const char *lpath, char *out, size_t len);
+
+/**
+ * @brief Remove the cache file of the same sources in the format before session 56 (floats,
+ * PSDSC002, named without the format), if it is there, a regular file and this user's: ~220 MB
+ * for Fashion-MNIST that no newer psworker reads (a psworker of that version would write it
+ * again). Best effort.
+ */
+void ps_dscache_drop_old(const char *ipath, const char *lpath);
 
 /**
  * @brief Read the cache file at @p path into @p d if it is whole and intact (magic, sizes, and

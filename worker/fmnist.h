@@ -20,7 +20,7 @@ typedef struct {
 
 /** @brief The standardized value of pixel byte @p p: (p / 255 - 0.2860) / 0.3530, the
  *  training set's mean and standard deviation, as p * (1 / (255 * 0.3530)) - 0.2860 / 0.3530
- *  (within an ulp of the division's; the same float ps_dataset_gather writes for it). */
+ *  (within 2.4e-7 of the division's; the same float ps_dataset_gather writes for it). */
 float ps_fmnist_value(uint8_t p);
 
 /**

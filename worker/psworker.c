@@ -658,13 +658,12 @@ int main(int argc, char **argv)
     if (self_test) return run_self_test(manifest, &m);
 
     ps_dataset_t train, test;
-    int lrc = ps_fmnist_load(&train, &test, m.job.dataset, err, sizeof err);
-    if (lrc) {
+    if (ps_fmnist_load(&train, &test, m.job.dataset, err, sizeof err)) {
+        /* Exit 1, not 2 (a manifest refused): a dataset on a mount that is not there yet (a
+         * host's boot) may come, and pslaunch --follow (exit 2 ends it, and its systemd unit
+         * then stays down) starts the worker again after its back-off. */
         fprintf(stderr, "psworker: %s\n", err);
-        /* A job.dataset whose files are missing or malformed is the manifest's: refused (2),
-         * so that pslaunch --respawn does not start the same failure again; a read error or
-         * no memory may pass (1). */
-        return lrc == PS_ENOENT || lrc == PS_EDATA ? 2 : 1;
+        return 1;
     }
     uint32_t first = m.job.layers[0], last = m.job.layers[m.job.nlayers - 1];
     if (first != train.dim || last != PS_FMNIST_CLASSES) {

@@ -80,7 +80,7 @@ class Cluster:
     """Two psd shards of a fresh manifest in a temp dir; stop() ends them (SIGTERM, exit 0)."""
 
     def __init__(self, tmp, name, workers, metrics=False, schedule="constant",
-                 consistency="bsp", optimizer=None, job_extra="", heartbeat_ms=600):
+                 consistency="bsp", optimizer=None, job_extra="", heartbeat_ms=600, top_extra=""):
         self.dir = os.path.join(tmp, name)
         os.makedirs(self.dir)
         self.manifest = os.path.join(self.dir, "manifest.yaml")
@@ -97,6 +97,7 @@ class Cluster:
                 m = f", metrics_port: {ports[2 + i]}" if metrics else ""
                 f.write(f"  - {{host: 127.0.0.1, port: {ports[i]}, data_dir: {self.dir}/data{i}"
                         f"{m}}}\n")
+            f.write(top_extra)
             f.write(f"job:\n  model: mlp\n  batch_size: {BATCH}\n  epochs: {EPOCHS}\n"
                     f"  workers: {workers}\n  consistency: {consistency}\n"
                     f"  heartbeat_timeout_ms: {heartbeat_ms}\n"
@@ -569,6 +570,28 @@ def forget_stray(tmp):
     print(f"stray tensor: shards' step 0 (chunks up to {stuck[0][2]:.0f}); psctl forget refused "
           f"at step 0 and for a trained tensor, dropped it (also after a restart); checkpoint "
           f"taken")
+
+
+def follower_drops_stray(tmp):
+    """psd's periodic checkpoints (its follower child) with a tensor no push reached: its chunks
+    at step 0 held each shard's step there, and every checkpoint of the job failed ("passed step
+    S before its snapshot"; a probe, session 56). The follower drops such a tensor once the job
+    is past step 1 (psctl forget's check), says so, and the checkpoints after it complete."""
+    ck = os.path.join(tmp, "follower-ck")
+    c = Cluster(tmp, "follower", 1, top_extra=f"checkpoint: {{every_steps: 4, dir: {ck}}}\n")
+    try:
+        with psd.Client(c.manifest) as cl:  # declared, then the worker is gone: no push
+            cl.declare("stray.weight", (64, 64))
+        train(c.manifest, None, pause_at=8)  # 32 steps; 4 s at the 8th: the follower's turn
+        said = open(os.path.join(c.dir, "psd0.log")).read()
+        assert "psctl: follow: dropped tensor 'stray.weight' from 2 shards" in said, said
+        done = [d for d in sorted(os.listdir(ck)) if all(
+            os.path.exists(os.path.join(ck, d, f"shard-{k}", "meta.json")) for k in (0, 1))]
+        assert done, f"no complete checkpoint in {os.listdir(ck)}: {said}"
+        assert "no push reached" not in c.psctl("status").stdout
+    finally:
+        c.stop()
+    print(f"follower: the stray tensor dropped, checkpoints {', '.join(done)} complete")
 
 
 def pretrained(seed):
@@ -2256,6 +2279,7 @@ def main():
         models_differ(tmp)
         buffers_shared(tmp)
         forget_stray(tmp)
+        follower_drops_stray(tmp)
         give_up_keeps_pushed(tmp)
         odd_names(tmp)
         model_values(tmp)

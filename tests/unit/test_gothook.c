@@ -2,8 +2,9 @@
  * dynamic linker left writable (lazy binding's PLT slots) and those in its RELRO segment (the
  * GLOB_DAT slot of a function's address; every slot of a library linked with -z now, as Fedora
  * and RHEL build UCX), puts the RELRO pages back to read-only, and leaves other libraries alone.
- * The libraries are tests/unit/gotfix.c built twice. Each case runs in its own process (check's
- * fork mode), so the hooks of one do not reach the next. */
+ * The libraries are tests/unit/gotfix.c built twice. Each case runs in its own process: the
+ * hooks of one must not reach the next, so check's fork mode is set here (CK_FORK=no in the
+ * environment, as some runs use, would otherwise carry them over). */
 #include <check.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -111,6 +112,12 @@ START_TEST(again_and_absent)
     ck_assert_int_eq(ps_got_hook(libs, &other, 1, err, sizeof err), 0);
 }
 END_TEST
+
+const char *ps_test_setup(SRunner *sr)
+{
+    srunner_set_fork_status(sr, CK_FORK);
+    return NULL;
+}
 
 Suite *ps_test_suite(void)
 {
