@@ -447,43 +447,63 @@ static uint64_t next_multiple(uint64_t step, uint64_t every)
 
 /* ---- tensors no push reached (bsp) ------------------------------------------------------- */
 
-#define STRAY_CHECK_S 1.0 /* how often the shards are asked for such tensors */
+#define STRAY_CHECK_S 1.0  /* how often the shards are asked for such tensors */
+#define STRAY_RETRY_S 10.0 /* the same after a refusal or an error */
+#define STRAY_PER_PASS 16  /* tensors dropped per shard and pass at most */
+
+typedef char stray_name_t[PS_NAME_MAX + 8];
 
 /*
- * Drop each tensor that a shard says no push reached (status `untrained_first`) through
- * psctl_forget, whose check on shard 0 takes one only once the job's open step is 2 or more:
+ * Drop the tensors that the shards say no push reached (status `untrained_first`, each shard
+ * asked again after a drop) through psctl_forget, whose checks take one only once the job's
+ * open step is 2 or more (shard 0) and only where no push reached its chunks (each shard):
  * then every member pushed step 1 of every tensor it has, so one that no push reached is in no
  * member's model (a worker that died between its declarations and its first batch request left
  * it), a later worker that has it is refused (another training set than the job's), and its
  * chunks at step 0 hold each shard's step there, so that every checkpoint of the job failed
  * ("passed step S before its snapshot") and psd's follower went on without one (a probe,
  * session 56). A refusal (step 1 still open, a push reached it meanwhile, a name that status
- * shows escaped) is said once per name in @p said and tried again later.
+ * shows escaped) is said once per shard and name (@p said) and tried again later. Ends at a
+ * signal (the requests are cancelled). @return the seconds until the next pass.
  */
-static void drop_strays(ps_req_t *cl, const ps_manifest_t *m, char *said, size_t cap)
+static double drop_strays(ps_req_t *cl, const ps_manifest_t *m, stray_name_t *said)
 {
-    for (int i = 0; i < m->nservers; i++) {
-        char err[512], v[32], name[PS_NAME_MAX + 8];
-        char *json = psctl_status_json(cl, (uint32_t)i, err, sizeof err);
-        if (json == NULL) continue; /* busy or restarting: asked again later */
-        int have = ps_json_field(json, "untrained_tensors", v, sizeof v) && atoi(v) > 0 &&
-                   ps_json_str_field(json, "untrained_first", name, sizeof name);
-        free(json);
-        if (!have) continue;
-        int dropped = 0, rc = psctl_forget(cl, m, name, &dropped, err, sizeof err);
-        if (rc == 0) {
-            printf("psctl: follow: dropped tensor '%s' from %d shard%s: no push reached it, so "
-                   "no worker of the job has it (one that left before its first step declared "
-                   "it), and its chunks at step 0 held every checkpoint back\n", name, dropped,
-                   dropped == 1 ? "" : "s");
-            fflush(stdout);
-            said[0] = '\0';
-        } else if (strcmp(said, name) != 0) {
-            fprintf(stderr, "psctl: follow: tensor '%s', which no push reached, holds the "
-                    "checkpoints back; not dropped (yet): %s\n", name, err);
-            snprintf(said, cap, "%s", name);
+    double next = STRAY_CHECK_S;
+    ps_req_set_cancel(cl, &g_stop);
+    for (int i = 0; i < m->nservers && !g_stop; i++) {
+        for (int k = 0; k < STRAY_PER_PASS && !g_stop; k++) {
+            char err[512], v[32];
+            stray_name_t name;
+            char *json = psctl_status_json(cl, (uint32_t)i, err, sizeof err);
+            if (json == NULL) break; /* busy, restarting or stopped: the next shard */
+            int have = ps_json_field(json, "untrained_tensors", v, sizeof v) && atoi(v) > 0 &&
+                       ps_json_str_field(json, "untrained_first", name, sizeof name);
+            free(json);
+            if (!have) {
+                said[i][0] = '\0';
+                break;
+            }
+            int dropped = 0, rc = psctl_forget(cl, m, name, &dropped, err, sizeof err);
+            if (rc == 0) {
+                printf("psctl: follow: dropped tensor '%s' from %d shard%s: no push reached "
+                       "it, so no worker of the job has it (one that left before its first step "
+                       "declared it), and its chunks at step 0 held every checkpoint back\n",
+                       name, dropped, dropped == 1 ? "" : "s");
+                fflush(stdout);
+                said[i][0] = '\0';
+                continue; /* this shard's next one */
+            }
+            if (!g_stop && strcmp(said[i], name) != 0) {
+                fprintf(stderr, "psctl: follow: tensor '%s', which no push reached, holds the "
+                        "checkpoints back; not dropped (yet): %s\n", name, err);
+                snprintf(said[i], sizeof said[i], "%s", name);
+            }
+            next = STRAY_RETRY_S;
+            break;
         }
     }
+    ps_req_set_cancel(cl, NULL);
+    return next;
 }
 
 int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wait_s)
@@ -525,12 +545,13 @@ int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wai
     int ret = 0, taken = 0;
     uint64_t id = 0; /* the checkpoint being asked for (psctl_checkpoint_id), 0 before one */
     char seen_run[32] = ""; /* the run set_aside last ran for */
-    char stray_said[PS_NAME_MAX + 8] = ""; /* drop_strays' last refusal, said once */
+    static stray_name_t stray_said[PS_MAX_SERVERS]; /* drop_strays' refusals, each said once */
     double stray_at = 0; /* drop_strays' next time */
     while (!g_stop) {
         if (bsp && psctl_mono_s() >= stray_at) {
-            drop_strays(cl, m, stray_said, sizeof stray_said);
-            stray_at = psctl_mono_s() + STRAY_CHECK_S;
+            double in = drop_strays(cl, m, stray_said);
+            stray_at = psctl_mono_s() + in;
+            if (g_stop) break;
         }
         uint64_t open = 0, run_base = 0;
         int finished = 0;
