@@ -75,4 +75,46 @@ static inline const char *ps_json_str_field(const char *json, const char *key, c
     return buf;
 }
 
+/**
+ * @brief The string value of the first "@p key": "..." in @p json, exactly: its escapes undone
+ *  to the bytes they stand for (\" \\ \/ \b \f \n \r \t, and \u00XX below 0x80, as psd
+ *  writes a tensor's control bytes), for a name sent back to psd (the checkpoint follower's
+ *  forget of a tensor named in status). Into the caller's @p buf (@p len > 0 bytes).
+ * @return @p buf, or NULL when there is no such string, an escape it cannot give back as one
+ *  byte (\u0000, \u0080 and up, malformed), or the value does not fit (@p buf then holds no
+ *  name to use).
+ */
+static inline const char *ps_json_str_exact(const char *json, const char *key, char *buf,
+                                            size_t len)
+{
+    char pat[72];
+    snprintf(pat, sizeof pat, "\"%s\": \"", key);
+    const char *p = json ? strstr(json, pat) : NULL;
+    if (p == NULL || len == 0) return NULL;
+    size_t n = 0;
+    for (p += strlen(pat); *p != '"'; n++) {
+        if (*p == '\0' || n + 1 >= len) return NULL;
+        char c = *p++;
+        if (c == '\\') {
+            static const char simple[] = "\"\\/bfnrt", bytes[] = "\"\\/\b\f\n\r\t";
+            const char *e = *p ? strchr(simple, *p) : NULL;
+            unsigned v = 0;
+            int used = 0;
+            if (e != NULL) {
+                c = bytes[e - simple];
+                p++;
+            } else if (*p == 'u' && sscanf(p + 1, "%4x%n", &v, &used) == 1 && used == 4 &&
+                       v > 0 && v < 0x80) {
+                c = (char)v;
+                p += 5;
+            } else {
+                return NULL;
+            }
+        }
+        buf[n] = c;
+    }
+    buf[n] = '\0';
+    return buf;
+}
+
 #endif

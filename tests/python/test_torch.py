@@ -582,9 +582,14 @@ def follower_drops_stray(tmp):
     try:
         with psd.Client(c.manifest) as cl:  # declared, then the worker is gone: no push
             cl.declare("stray.weight", (64, 64))
+            # A name with a control byte and a quote: status escapes them (\u0001, \"), the
+            # follower undoes that exactly for the forget and logs it shown (\x01).
+            cl.declare('odd\x01"name', (8,))
         train(c.manifest, None, pause_at=8)  # 32 steps; 4 s at the 8th: the follower's turn
         said = open(os.path.join(c.dir, "psd0.log")).read()
         assert "psctl: follow: dropped tensor 'stray.weight' from 2 shards" in said, said
+        assert "psctl: follow: dropped tensor 'odd\\x01\"name' from 2 shards" in said, said
+        assert "\x01" not in said, "a raw control byte in psd's log"
         done = [d for d in sorted(os.listdir(ck)) if all(
             os.path.exists(os.path.join(ck, d, f"shard-{k}", "meta.json")) for k in (0, 1))]
         assert done, f"no complete checkpoint in {os.listdir(ck)}: {said}"
