@@ -27,6 +27,15 @@ static inline const char *ps_json_field(const char *json, const char *key, char 
     return buf;
 }
 
+/* The first byte of the string value of the first "@p key": "..." in @p json, or NULL. */
+static inline const char *ps_json_str_at(const char *json, const char *key)
+{
+    char pat[72];
+    snprintf(pat, sizeof pat, "\"%s\": \"", key);
+    const char *p = json ? strstr(json, pat) : NULL;
+    return p ? p + strlen(pat) : NULL;
+}
+
 /**
  * @brief The string value of the first "@p key": "..." in @p json, for showing it: its JSON
  *  escapes of a quote, a backslash or a slash undone, a control byte (\u00XX, \n, ...) shown as
@@ -37,12 +46,10 @@ static inline const char *ps_json_field(const char *json, const char *key, char 
 static inline const char *ps_json_str_field(const char *json, const char *key, char *buf,
                                             size_t len)
 {
-    char pat[72];
-    snprintf(pat, sizeof pat, "\"%s\": \"", key);
-    const char *p = json ? strstr(json, pat) : NULL;
+    const char *p = ps_json_str_at(json, key);
     if (p == NULL) return NULL;
     size_t n = 0;
-    for (p += strlen(pat); *p && *p != '"';) {
+    while (*p && *p != '"') {
         char out[12] = {*p, 0};
         if (*p == '\\' && p[1]) {
             static const char simple[] = "bfnrt", ctrl[] = "\b\f\n\r\t";
@@ -87,12 +94,10 @@ static inline const char *ps_json_str_field(const char *json, const char *key, c
 static inline const char *ps_json_str_exact(const char *json, const char *key, char *buf,
                                             size_t len)
 {
-    char pat[72];
-    snprintf(pat, sizeof pat, "\"%s\": \"", key);
-    const char *p = json ? strstr(json, pat) : NULL;
+    const char *p = ps_json_str_at(json, key);
     if (p == NULL || len == 0) return NULL;
     size_t n = 0;
-    for (p += strlen(pat); *p != '"'; n++) {
+    for (; *p != '"'; n++) {
         if (*p == '\0' || n + 1 >= len) return NULL;
         char c = *p++;
         if (c == '\\') {

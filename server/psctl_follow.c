@@ -461,7 +461,7 @@ typedef char stray_name_t[PS_NAME_MAX + 8];
  * member's model (a worker that died between its declarations and its first batch request left
  * it), a later worker that has it is refused (another training set than the job's), and its
  * chunks at step 0 hold each shard's step there, so that every checkpoint of the job failed
- * ("passed step S before its snapshot") and psd's follower went on without one (a probe,
+ * ("passed step S before its snapshot") and psd's follower went on without one (found in
  * session 56). A refusal (step 1 still open, a push reached it meanwhile) is said once per
  * shard and name (@p said) and tried again later. Ends at a signal (the requests are
  * cancelled). @return the seconds until the next pass.
@@ -478,8 +478,9 @@ static double drop_strays(ps_req_t *cl, const ps_manifest_t *m, stray_name_t *sa
             if (json == NULL) break; /* busy, restarting or stopped: the next shard */
             int have = ps_json_field(json, "untrained_tensors", v, sizeof v) && atoi(v) > 0 &&
                        ps_json_str_field(json, "untrained_first", shown, sizeof shown);
-            /* A control byte in a name is \u00XX in status: undone exactly for the forget; the
-             * log shows it as \xXX (a raw one could forge a line of psd's log). */
+            /* A control byte in a name is escaped in status (\u0001 for byte 1): undone exactly
+             * for the forget; the log line keeps the display form (\x01), as a raw control
+             * byte could forge a line of psd's log. */
             int exact = have && ps_json_str_exact(json, "untrained_first", name, sizeof name);
             free(json);
             if (!have) {
