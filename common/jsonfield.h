@@ -27,6 +27,24 @@ static inline const char *ps_json_field(const char *json, const char *key, char 
     return buf;
 }
 
+/* The value of the four hex digits at @p p (the XXXX of a \uXXXX escape), or -1 when they are
+ * not four hex digits: it stops at the first other byte, so never reads past a text's NUL
+ * (sscanf's %4x would also take fewer digits, spaces, a sign or "0x"). */
+static inline long ps_json_hex4(const char *p)
+{
+    long v = 0;
+    for (int i = 0; i < 4; i++) {
+        char c = p[i];
+        int d = c >= '0' && c <= '9'   ? c - '0'
+                : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                       : -1;
+        if (d < 0) return -1;
+        v = v * 16 + d;
+    }
+    return v;
+}
+
 /* The first byte of the string value of the first "@p key": "..." in @p json, or NULL. */
 static inline const char *ps_json_str_at(const char *json, const char *key)
 {
@@ -54,14 +72,14 @@ static inline const char *ps_json_str_field(const char *json, const char *key, c
         if (*p == '\\' && p[1]) {
             static const char simple[] = "bfnrt", ctrl[] = "\b\f\n\r\t";
             const char *e = strchr(simple, p[1]);
-            unsigned v = 0;
-            if (p[1] == 'u' && sscanf(p + 2, "%4x", &v) == 1) {
+            long v = p[1] == 'u' ? ps_json_hex4(p + 2) : -1;
+            if (v >= 0) {
                 if (v < 0x20 || v == 0x7f)
-                    snprintf(out, sizeof out, "\\x%02x", v);
+                    snprintf(out, sizeof out, "\\x%02x", (unsigned)v);
                 else if (v < 0x80)
                     out[0] = (char)v;
                 else
-                    snprintf(out, sizeof out, "\\u%04x", v & 0xffffu);
+                    snprintf(out, sizeof out, "\\u%04x", (unsigned)v);
                 p += 6;
             } else if (e != NULL && p[1] != '\0') {
                 snprintf(out, sizeof out, "\\x%02x", (unsigned)ctrl[e - simple]);
@@ -103,13 +121,11 @@ static inline const char *ps_json_str_exact(const char *json, const char *key, c
         if (c == '\\') {
             static const char simple[] = "\"\\/bfnrt", bytes[] = "\"\\/\b\f\n\r\t";
             const char *e = *p ? strchr(simple, *p) : NULL;
-            unsigned v = 0;
-            int used = 0;
+            long v = *p == 'u' ? ps_json_hex4(p + 1) : -1;
             if (e != NULL) {
                 c = bytes[e - simple];
                 p++;
-            } else if (*p == 'u' && sscanf(p + 1, "%4x%n", &v, &used) == 1 && used == 4 &&
-                       v > 0 && v < 0x80) {
+            } else if (v > 0 && v < 0x80) {
                 c = (char)v;
                 p += 5;
             } else {

@@ -446,13 +446,18 @@ static void topk_select_cand(uint8_t *restrict idx_out, const float *restrict x,
  * scalar code, so NaN encodings are the reference's too. Results are identical bit for bit.
  */
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define PSK_HAVE_F16C 1
 
+/* F16C read from CPUID leaf 1 (ECX bit 29): clang 14's __builtin_cpu_supports has no "f16c";
+ * "avx" also checks that the OS saves the ymm registers. */
 static int f16c_ok(void)
 {
     static int ok = -1;
-    if (ok < 0) ok = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+    unsigned a, b, c, d;
+    if (ok < 0)
+        ok = __builtin_cpu_supports("avx") && __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
     return ok;
 }
 
