@@ -56,13 +56,16 @@ for t in "${targets[@]}"; do
     [ "$t" = manifest ] && cp -n deploy/local/demo.yaml "$work"/ 2>/dev/null || true
     log="$build/fuzz_$t.log"
     echo "run.sh: fuzz_$t for ${secs} s (log: $log)"
-    if "$build/tests/fuzz/fuzz_$t" -max_total_time="$secs" -print_final_stats=1 \
+    dict=()
+    [ -f "tests/fuzz/$t.dict" ] && dict=(-dict="tests/fuzz/$t.dict")
+    if "$build/tests/fuzz/fuzz_$t" -max_total_time="$secs" -print_final_stats=1 "${dict[@]}" \
         -artifact_prefix="$build/crashes/$t-" "$work" "tests/fuzz/corpus/$t" >"$log" 2>&1; then
         echo "  $(grep -E '^stat::number_of_executed_units' "$log" | awk '{print $2}') inputs," \
              "$(grep -oE 'cov: [0-9]+' "$log" | tail -1 | cut -d' ' -f2) edges covered, no failure"
     else
         failed+=("$t")
-        echo "  FAILED: $(grep -E '^(fuzz_|==[0-9]+==ERROR|SUMMARY)' "$log" | head -2 | tr '\n' ' ')"
+        why=$(grep -E '^(fuzz_|==[0-9]+==ERROR|SUMMARY)' "$log" | head -2 | tr '\n' ' ')
+        echo "  FAILED: ${why:-$(tail -2 "$log" | tr '\n' ' ')}"
         grep -E 'Test unit written to' "$log" | sed 's/^/  /' || true
     fi
     if [ "$merge" = 1 ]; then
