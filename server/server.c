@@ -1,5 +1,6 @@
 /* server.c: psd's loop: UCX listener, connections, message dispatch, shutdown. */
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netdb.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -931,6 +932,22 @@ static bool not_local(const struct sockaddr_storage *sa, socklen_t len)
     return no;
 }
 
+/* "cannot listen on HOST:PORT: @p why" into @p err, and what to look at: the port taken by a
+ * listener (@p busy 1) or maybe by connections (2: UCX does not say which), or an address not
+ * this host's. */
+static void listen_refused(const ps_server_conf_t *sc, const struct sockaddr_storage *ss,
+                           socklen_t sslen, const char *why, int busy, char *err, size_t errlen)
+{
+    snprintf(err, errlen, "cannot listen on %s:%u: %s%s", sc->host, sc->port, why,
+             busy == 1 ? " (another psd or program listens there; `ss -tlnp` tells which)"
+             : busy ? " (the port is in use: another psd or program, or, for a minute after a psd "
+                      "stopped, its connections' TIME_WAIT; `ss -tan` tells which)"
+             : not_local(ss, sslen)
+                 ? " (that address is not one of this host's: does the manifest name another "
+                   "machine for this shard, or is --shard another one's?)"
+                 : "");
+}
+
 /* Listen on this shard's address with the current UCP worker. 0, or PS_ECONFIG /
  * PS_ETRANSPORT with @p err said. */
 static int listen_start(psd_server_t *srv, char *err, size_t errlen)
@@ -950,18 +967,36 @@ static int listen_start(psd_server_t *srv, char *err, size_t errlen)
     ucs_status_t s = ucp_listener_create(srv->ucx.worker, &lp, &srv->listener);
     if (s != UCS_OK) {
         srv->listener = NULL;
-        snprintf(err, errlen, "cannot listen on %s:%u: %s%s", sc->host, sc->port,
-                 ucs_status_string(s),
-                 s == UCS_ERR_BUSY ? " (the port is in use: another psd or program, or, for a "
-                                     "minute after a psd stopped, its connections' TIME_WAIT; "
-                                     "`ss -tan` tells which)"
-                 : not_local(&ss, sslen)
-                     ? " (that address is not one of this host's: does the manifest name "
-                       "another machine for this shard, or is --shard another one's?)"
-                     : "");
+        listen_refused(sc, &ss, sslen, ucs_status_string(s), s == UCS_ERR_BUSY ? 2 : 0, err,
+                       errlen);
         return PS_ETRANSPORT;
     }
     return 0;
+}
+
+/* Whether this shard's address can be listened on, asked before psd makes anything on disk: a
+ * psd whose port was taken had made (and left) a new data_dir's store by the time its listener
+ * failed. A TCP socket bound there with SO_REUSEADDR, as UCX binds its listener
+ * (UCX_TCP_CM_REUSEADDR), so that only a listener already there refuses it, not a stopped psd's
+ * connections in TIME_WAIT. 0, or PS_ETRANSPORT with @p err said as listen_start says it; any
+ * other failure is left to listen_start. */
+static int listen_probe(psd_server_t *srv, char *err, size_t errlen)
+{
+    const ps_server_conf_t *sc = &srv->m.servers[srv->shard];
+    struct sockaddr_storage ss;
+    socklen_t sslen;
+    if (ps_sockaddr_resolve(sc->host, sc->port, &ss, &sslen)) return 0;
+    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1, e = 0;
+    if (fd < 0) return 0;
+    if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0 &&
+        bind(fd, (struct sockaddr *)&ss, sslen) != 0)
+        e = errno;
+    close(fd);
+    if (e != EADDRINUSE && e != EADDRNOTAVAIL) return 0;
+    listen_refused(sc, &ss, sslen,
+                   e == EADDRINUSE ? "address already in use" : "address not available",
+                   e == EADDRINUSE, err, errlen);
+    return PS_ETRANSPORT;
 }
 
 /* Close every connection with an endpoint (their ranks may come back, as after any lost
@@ -1209,6 +1244,7 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
                  ps_strerror(rc));
         goto fail_store;
     }
+    if ((rc = listen_probe(srv, err, errlen)) != 0) goto fail_store;
     if ((rc = psd_ckpt_dir_check(m, err, errlen)) != 0) goto fail_store;
     if (restore &&
         (rc = psd_restore_check(m, srv->nstate, sc->data_dir, restore, err, errlen)) != 0)

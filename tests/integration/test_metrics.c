@@ -449,12 +449,32 @@ START_TEST(test_metrics_port_in_use)
 }
 END_TEST
 
+/* The shard's own port taken by another program: psd refuses to start, says so, and leaves
+ * no store behind in a data_dir that was not there (it made one, then found the port taken). */
+START_TEST(test_shard_port_in_use)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    int fd = cl_hold_port(c->port[0]);
+    cl_proc_t *psd = cl_psd_spawn(c, 0, NULL);
+    EXPECT_EXIT(psd, 1);
+    char want[160];
+    snprintf(want, sizeof want, "cannot listen on 127.0.0.1:%u: address already in use "
+             "(another psd or program listens there", c->port[0]);
+    EXPECT_LOG(psd, want);
+    ck_assert_msg(access(c->data_dir[0], F_OK) != 0, "%s made", c->data_dir[0]);
+    close(fd);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("metrics");
     suite_add_tcase(s, tcase("metrics_follow_training", test_metrics_follow_training));
     suite_add_tcase(s, tcase("metrics_hostile_clients", test_metrics_hostile_clients));
     suite_add_tcase(s, tcase("metrics_port_in_use", test_metrics_port_in_use));
+    suite_add_tcase(s, tcase("shard_port_in_use", test_shard_port_in_use));
     suite_add_tcase(s, tcase("metrics_after_failures", test_metrics_after_failures));
     suite_add_tcase(s, tcase("metrics_store_full_unhealthy", test_metrics_store_full_unhealthy));
     suite_add_tcase(s, tcase("metrics_no_memory_for_a_connection",
