@@ -932,14 +932,14 @@ static bool not_local(const struct sockaddr_storage *sa, socklen_t len)
     return no;
 }
 
-/* "cannot listen on HOST:PORT: @p why" into @p err, and what to look at: the port taken by a
- * listener (@p busy 1) or maybe by connections (2: UCX does not say which), or an address not
- * this host's. */
+/* "cannot listen on HOST:PORT: @p why" into @p err, and what to look at: the port held by
+ * another socket (@p busy 1), or maybe by connections (2: UCX does not say which), or an
+ * address not this host's. */
 static void listen_refused(const ps_server_conf_t *sc, const struct sockaddr_storage *ss,
                            socklen_t sslen, const char *why, int busy, char *err, size_t errlen)
 {
     snprintf(err, errlen, "cannot listen on %s:%u: %s%s", sc->host, sc->port, why,
-             busy == 1 ? " (another psd or program listens there; `ss -tlnp` tells which)"
+             busy == 1 ? " (another psd or program holds it; `ss -tanp` tells which)"
              : busy ? " (the port is in use: another psd or program, or, for a minute after a psd "
                       "stopped, its connections' TIME_WAIT; `ss -tan` tells which)"
              : not_local(ss, sslen)
@@ -977,9 +977,10 @@ static int listen_start(psd_server_t *srv, char *err, size_t errlen)
 /* Whether this shard's address can be listened on, asked before psd makes anything on disk: a
  * psd whose port was taken had made (and left) a new data_dir's store by the time its listener
  * failed. A TCP socket bound there with SO_REUSEADDR, as UCX binds its listener
- * (UCX_TCP_CM_REUSEADDR), so that only a listener already there refuses it, not a stopped psd's
- * connections in TIME_WAIT. 0, or PS_ETRANSPORT with @p err said as listen_start says it; any
- * other failure is left to listen_start. */
+ * (UCX_TCP_CM_REUSEADDR), so that a stopped psd's connections in TIME_WAIT (which have it too)
+ * do not refuse it; a listener there does, and so does any socket bound to the port without
+ * SO_REUSEADDR. 0, or PS_ETRANSPORT with @p err said as listen_start says it; any other
+ * failure is left to listen_start. */
 static int listen_probe(psd_server_t *srv, char *err, size_t errlen)
 {
     const ps_server_conf_t *sc = &srv->m.servers[srv->shard];
@@ -1244,7 +1245,9 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
                  ps_strerror(rc));
         goto fail_store;
     }
-    if ((rc = listen_probe(srv, err, errlen)) != 0) goto fail_store;
+    if ((rc = psd_store_in_use(sc->data_dir, err, errlen)) != 0 ||
+        (rc = listen_probe(srv, err, errlen)) != 0)
+        goto fail_store;
     if ((rc = psd_ckpt_dir_check(m, err, errlen)) != 0) goto fail_store;
     if (restore &&
         (rc = psd_restore_check(m, srv->nstate, sc->data_dir, restore, err, errlen)) != 0)

@@ -224,6 +224,29 @@ int psd_store_identity(psd_store_t *st, const char *name, const char *value, cha
     return mdb_err(rc);
 }
 
+/* "DIR: data_dir is in use by another psd (pid N)" into @p err, N read from @p fd's psd.lock. */
+static int in_use(int fd, const char *dir, char *err, size_t errlen)
+{
+    char pid[32] = "?";
+    ssize_t n = pread(fd, pid, sizeof pid - 1, 0);
+    pid[n > 0 ? n : 1] = '\0';
+    pid[strcspn(pid, "\n")] = '\0';
+    snprintf(err, errlen, "%s: data_dir is in use by another psd (pid %s); refusing to start", dir,
+             pid);
+    return PS_EBUSY;
+}
+
+int psd_store_in_use(const char *dir, char *err, size_t errlen)
+{
+    char path[1100];
+    snprintf(path, sizeof path, "%s/psd.lock", dir);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK), rc = 0;
+    if (fd < 0) return 0; /* none (or unreadable: psd_store_open says) */
+    if (flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK) rc = in_use(fd, dir, err, errlen);
+    close(fd); /* releases the shared lock */
+    return rc;
+}
+
 int psd_store_open(psd_store_t *st, const char *dir, uint64_t map_mb, const char *meta_cluster,
                    uint64_t meta_chunk_bytes, uint32_t nstate, char *err, size_t errlen)
 {
@@ -245,15 +268,10 @@ int psd_store_open(psd_store_t *st, const char *dir, uint64_t map_mb, const char
         return rc;
     }
     if (flock(st->lockfd, LOCK_EX | LOCK_NB) != 0) {
-        char pid[32] = "?";
-        ssize_t n = pread(st->lockfd, pid, sizeof pid - 1, 0);
-        pid[n > 0 ? n : 1] = '\0';
-        pid[strcspn(pid, "\n")] = '\0';
-        snprintf(err, errlen, "%s: data_dir is in use by another psd (pid %s); refusing to start",
-                 dir, pid);
+        rc = in_use(st->lockfd, dir, err, errlen);
         close(st->lockfd);
         st->lockfd = -1;
-        return PS_EBUSY;
+        return rc;
     }
     char pidline[32];
     int pl = snprintf(pidline, sizeof pidline, "%d\n", (int)getpid());

@@ -89,6 +89,14 @@ int psd_store_open(psd_store_t *st, const char *dir, uint64_t map_mb, const char
                    uint64_t meta_chunk_bytes, uint32_t nstate, char *err, size_t errlen);
 
 /**
+ * @brief Whether a running psd holds the store in @p dir (its psd.lock locked), asked without
+ *  making or changing anything there: psd asks it before it tries its port, so that a second
+ *  psd on the same data_dir is told that, not that the port is taken.
+ * @return 0 (free, or no store there), or PS_EBUSY with @p err as psd_store_open says it.
+ */
+int psd_store_in_use(const char *dir, char *err, size_t errlen);
+
+/**
  * @brief Check a named identity string of the store against @p value, or record it when the
  *  store has none yet (a new store, or one made before the name was checked): e.g. what the
  *  optimizer's state holds, so a store made with momentum is not opened as adagrad's. A store

@@ -27,7 +27,8 @@
     } while (0)
 
 /** @brief @p n bytes of memory of their own that ends with them (replay: a page no one may
- *  read follows; libFuzzer: AddressSanitizer's bounds).
+ *  read follows; libFuzzer: AddressSanitizer's bounds). No alignment is promised (replay: the
+ *  end is page-aligned, so the start is wherever @p n puts it), as none is for a peer's bytes.
  *  @return the memory (never NULL: aborts when out of memory), given back with fuzz_free(). */
 void *fuzz_alloc(size_t n);
 

@@ -25,13 +25,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     ps_bundle_iter_init(&it, buf, size, count);
     const void *d;
     size_t dl;
-    uint32_t calls = 0, entries = 0;
+    uint32_t calls = 0;
     int rc;
     while ((rc = ps_bundle_next(&it, &m, &d, &dl, err, sizeof err)) != 0) {
         FUZZ_CHECK(++calls <= count + 1, "a bundle of %u entries not ended after %u calls", count,
               calls);
         if (rc > 0) {
-            entries++;
             FUZZ_CHECK((const uint8_t *)d >= buf && (const uint8_t *)d + dl <= buf + size,
                   "entry data outside the bundle");
             FUZZ_CHECK(m.type != PS_MSG_BUNDLE, "a nested bundle read as an entry");

@@ -134,6 +134,6 @@ int main(int argc, char **argv)
         n += flen[i];
     }
     put("tcpguard", 0, buf, n);
-    put("tcpguard", 1, buf, 1 + 8 + 34);
+    put("tcpguard", 1, buf, 1 + 34); /* the request alone */
     return 0;
 }

@@ -48,6 +48,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     ps_wire_use_protobuf(false);
     FUZZ_CHECK(la == lb && memcmp(pa, pb, la) == 0, "the packers differ (%zu, %zu bytes)", la, lb);
     if (la > PS_WIRE_HDR_MAX) return 0; /* fields repeated in the input (the last one counts) */
+    /* proto3 leaves a float field of -0.0 out (it is zero), so it comes back as +0.0. */
+    if (a.codec_fraction == 0) a.codec_fraction = 0;
+    if (a.has_decl && a.decl.init_arg == 0) a.decl.init_arg = 0;
     FUZZ_CHECK(ps_msg_decode(&c, pa, la, ea, sizeof ea) == 0, "packed again, refused: %s", ea);
     FUZZ_CHECK(memcmp(&a, &c, sizeof a) == 0, "packed again, decodes to another message");
     return 0;

@@ -19,7 +19,7 @@ while [ $# -gt 0 ]; do
     --time) [ $# -ge 2 ] && [[ "$2" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --time needs a number of seconds" >&2; exit 2; }
         secs=$2; shift 2 ;;
     --merge) merge=1; shift ;;
-    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) [[ " ${all[*]} " == *" $1 "* ]] || { echo "run.sh: no target '$1' (targets: ${all[*]})" >&2; exit 2; }
         targets+=("$1"); shift ;;
@@ -27,23 +27,34 @@ while [ $# -gt 0 ]; do
 done
 [ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")
 
-if ! command -v clang >/dev/null 2>&1; then
-    echo "run.sh: installing clang (libFuzzer comes with it)"
+# clang, and its sanitizer and libFuzzer runtimes (only recommended by clang: not installed
+# with --no-install-recommends).
+missing=()
+for p in clang libclang-rt-dev; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "run.sh: installing ${missing[*]}"
     sudo=""
-    [ "$(id -u)" -eq 0 ] || sudo="sudo"
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends clang >/dev/null
+    if [ "$(id -u)" -ne 0 ]; then
+        command -v sudo >/dev/null 2>&1 || { echo "run.sh: install ${missing[*]} (apt-get, as root)" >&2; exit 1; }
+        sudo="sudo"
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    $sudo apt-get update -qq
+    $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
 cd "$root"
 build=${FUZZ_BUILD:-build-fuzz}
 if [ ! -f "$build/build.ninja" ]; then
-    CC=clang meson setup "$build" --buildtype debugoptimized -Dcuda=disabled -Dfuzz=true \
+    CC=clang meson setup "$build" --buildtype debugoptimized -Dcuda=disabled -Dtests=enabled -Dfuzz=true \
         -Db_sanitize=address,undefined -Db_lundef=false \
         -Dc_args='-fsanitize=fuzzer-no-link -fno-sanitize-recover=undefined' >/dev/null ||
         { echo "run.sh: meson setup of $build failed (deploy/local/setup.sh installs what psd needs; see $build/meson-logs)" >&2; exit 1; }
 fi
-ninja -C "$build" tests/fuzz/fuzz_seeds $(printf 'tests/fuzz/fuzz_%s ' "${targets[@]}") >/dev/null ||
-    { ninja -C "$build" tests/fuzz/fuzz_seeds; exit 1; }
+programs=(tests/fuzz/fuzz_seeds $(printf 'tests/fuzz/fuzz_%s ' "${targets[@]}"))
+ninja -C "$build" "${programs[@]}" >/dev/null || { ninja -C "$build" "${programs[@]}"; exit 1; }
 "$build/tests/fuzz/fuzz_seeds" "$build/seeds"
 mkdir -p "$build/crashes"
 
@@ -56,21 +67,24 @@ for t in "${targets[@]}"; do
     [ "$t" = manifest ] && cp -n deploy/local/demo.yaml "$work"/ 2>/dev/null || true
     log="$build/fuzz_$t.log"
     echo "run.sh: fuzz_$t for ${secs} s (log: $log)"
-    dict=()
-    [ -f "tests/fuzz/$t.dict" ] && dict=(-dict="tests/fuzz/$t.dict")
-    if "$build/tests/fuzz/fuzz_$t" -max_total_time="$secs" -print_final_stats=1 "${dict[@]}" \
-        -artifact_prefix="$build/crashes/$t-" "$work" "tests/fuzz/corpus/$t" >"$log" 2>&1; then
+    opts=(-max_total_time="$secs" -print_final_stats=1 -artifact_prefix="$build/crashes/$t-")
+    [ -f "tests/fuzz/$t.dict" ] && opts+=(-dict="tests/fuzz/$t.dict")
+    if "$build/tests/fuzz/fuzz_$t" "${opts[@]}" "$work" "tests/fuzz/corpus/$t" >"$log" 2>&1; then
         echo "  $(grep -E '^stat::number_of_executed_units' "$log" | awk '{print $2}') inputs," \
              "$(grep -oE 'cov: [0-9]+' "$log" | tail -1 | cut -d' ' -f2) edges covered, no failure"
     else
         failed+=("$t")
-        why=$(grep -E '^(fuzz_|==[0-9]+==ERROR|SUMMARY)' "$log" | head -2 | tr '\n' ' ')
+        why=$(grep -E '^(fuzz_|==[0-9]+== ?ERROR|SUMMARY)' "$log" | head -2 | tr '\n' ' ' || true)
         echo "  FAILED: ${why:-$(tail -2 "$log" | tr '\n' ' ')}"
         grep -E 'Test unit written to' "$log" | sed 's/^/  /' || true
     fi
     if [ "$merge" = 1 ]; then
-        "$build/tests/fuzz/fuzz_$t" -merge=1 "tests/fuzz/corpus/$t" "$work" >/dev/null 2>&1
-        echo "  tests/fuzz/corpus/$t: $(ls "tests/fuzz/corpus/$t" | wc -l) inputs"
+        if "$build/tests/fuzz/fuzz_$t" -merge=1 "tests/fuzz/corpus/$t" "$work" >"$log.merge" 2>&1; then
+            echo "  tests/fuzz/corpus/$t: $(ls "tests/fuzz/corpus/$t" | wc -l) inputs"
+        else
+            echo "  FAILED: the merge into tests/fuzz/corpus/$t (log: $log.merge)"
+            failed+=("$t")
+        fi
     fi
 done
 if [ ${#failed[@]} -gt 0 ]; then

@@ -460,7 +460,7 @@ START_TEST(test_shard_port_in_use)
     EXPECT_EXIT(psd, 1);
     char want[160];
     snprintf(want, sizeof want, "cannot listen on 127.0.0.1:%u: address already in use "
-             "(another psd or program listens there", c->port[0]);
+             "(another psd or program holds it", c->port[0]);
     EXPECT_LOG(psd, want);
     ck_assert_msg(access(c->data_dir[0], F_OK) != 0, "%s made", c->data_dir[0]);
     close(fd);
