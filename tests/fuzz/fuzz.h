@@ -44,6 +44,11 @@ static inline char *fuzz_text(const uint8_t *p, size_t n)
     return s;
 }
 
+/* fuzz_tcpguard's receive in flight (64 KiB at a fixed address, so that the fuzzer and
+ * fuzz_seeds can name it in a put request). */
+#define FUZZ_TCPGUARD_SLOT 0x5a0000000000ull
+#define FUZZ_TCPGUARD_SLOT_BYTES 65536
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 #endif

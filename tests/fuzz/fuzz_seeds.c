@@ -9,6 +9,7 @@
 
 #include "bundle.h"
 #include "codec.h"
+#include "fuzz.h"
 #include "wire.h"
 
 static const char *root;
@@ -135,5 +136,18 @@ int main(int argc, char **argv)
     }
     put("tcpguard", 0, buf, n);
     put("tcpguard", 1, buf, 1 + 34); /* the request alone */
+    /* and a put request of 3072 bytes into fuzz_tcpguard's receive, its data, a message */
+    n = 1 + 34;
+    uint8_t putreq[5 + 20] = {33};
+    le(putreq + 1, 20, 4);
+    le(putreq + 5, FUZZ_TCPGUARD_SLOT + 1024, 8);
+    le(putreq + 13, 3072, 8);
+    memcpy(buf + n, putreq, sizeof putreq);
+    n += sizeof putreq;
+    memset(buf + n, 33, 3072);
+    n += 3072;
+    memcpy(buf + n, frames[0], flen[0]);
+    n += flen[0];
+    put("tcpguard", 2, buf, n);
     return 0;
 }

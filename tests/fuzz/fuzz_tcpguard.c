@@ -3,9 +3,11 @@
  * (a connection psd must follow) and how the stream is cut into reads; the rest is the stream.
  * The checks decide the same however recv() cuts the stream: fed in the input's pieces, a
  * stream is refused exactly when it is fed byte by byte, in the piece holding the byte that
- * was refused then, and a refused socket stays refused. */
+ * was refused then, and a refused socket stays refused. A receive is in flight at a fixed
+ * address (FUZZ_TCPGUARD_SLOT), so that put requests into it can pass. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -18,6 +20,13 @@ static int fd = -1; /* the accepted end of a loopback connection (the checks ask
 
 static void pair_open(void)
 {
+    ps_tcpguard_init(0); /* receives in flight are followed from now on */
+    void *slot = mmap((void *)(uintptr_t)FUZZ_TCPGUARD_SLOT, FUZZ_TCPGUARD_SLOT_BYTES,
+                      PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE,
+                      -1, 0);
+    if (slot != (void *)(uintptr_t)FUZZ_TCPGUARD_SLOT ||
+        ps_tcpguard_expect(slot, FUZZ_TCPGUARD_SLOT_BYTES))
+        abort();
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t len = sizeof a;
     int l = socket(AF_INET, SOCK_STREAM, 0), c = socket(AF_INET, SOCK_STREAM, 0);
