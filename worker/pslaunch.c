@@ -143,9 +143,10 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
     }
     gethostname(host, sizeof host - 1);
     ps_req_t *ctl;
-    if (ps_req_open(&m, 2.0, &ctl, err, sizeof err)) {
+    int orc = ps_req_open(&m, 2.0, &ctl, err, sizeof err);
+    if (orc) { /* a secret_file it refuses is the manifest's: exit 2, not to be run again */
         fprintf(stderr, "pslaunch: %s\n", err);
-        return 1;
+        return orc == PS_ECONFIG ? 2 : 1;
     }
     pid_t pids[FOLLOW_MAX];
     int stopping[FOLLOW_MAX];

@@ -107,7 +107,8 @@ START_TEST(test_secret_required)
 }
 END_TEST
 
-/* A secret file its group or others may read: psd refuses to start (exit 2), naming it. */
+/* A secret file its group or others may read: psd refuses to start (exit 2), naming it, and so
+ * do psctl check and pslaunch --follow. */
 START_TEST(test_secret_file_mode)
 {
     cl_conf_t k = {.shards = 1, .workers = 1};
@@ -124,6 +125,12 @@ START_TEST(test_secret_file_mode)
     EXPECT_EXIT(chk, 2);
     EXPECT_LOG(chk, "psctl: check: secret_file ");
     EXPECT_LOG(chk, "(mode 640): chmod 600 it");
+    /* pslaunch --follow too, with exit 2: its systemd unit does not start it again for that
+     * (it exited 1 before, and was started again every 5 s for good). */
+    char *argv_l[] = {(char *)cl_binary("PSLAUNCH"), "--manifest", m, "--follow", NULL};
+    cl_proc_t *launch = cl_spawn(c, "pslaunch-mode", argv_l);
+    EXPECT_EXIT(launch, 2);
+    EXPECT_LOG(launch, "(mode 640): chmod 600 it");
     cl_cluster_destroy(c);
 }
 END_TEST
