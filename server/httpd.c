@@ -1,11 +1,11 @@
 /* httpd.c: a small HTTP/1.1 server on a libuv loop (see httpd.h). */
 #include "httpd.h"
+#include "httphead.h"
 
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 #include "ucx_loop.h" /* ps_sockaddr_resolve */
 
@@ -16,8 +16,7 @@ typedef struct hconn_s {
     int open_handles;      /* tcp and timer: freed when both are closed */
     bool closing, answered;
     bool draining;         /* answered and shut down: reading what the client still sends */
-    size_t len;            /* bytes of head[] received */
-    char head[PSD_HTTP_HEAD_MAX + 1];
+    psd_http_head_t hh;    /* the request head received so far */
     char hdr[256];         /* the status line and headers of the answer */
     char *body;
     uv_write_t wr;
@@ -149,85 +148,14 @@ static void answer_error(hconn_t *c, int status, const char *why)
     answer(c, &r, false);
 }
 
-/* Whether @p m is one of HTTP's methods (RFC 9110 and PATCH): those psd does not serve get
- * 405, any other word 501. */
-static bool known_method(const char *m)
-{
-    static const char *const known[] = {"POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE",
-                                        "PATCH"};
-    for (size_t i = 0; i < sizeof known / sizeof *known; i++)
-        if (strcmp(m, known[i]) == 0) return true;
-    return false;
-}
-
-/* The request head is complete in c->head (NUL-terminated at its end): check the request
- * line, then hand the path to the handler. */
-static void handle_request(hconn_t *c)
-{
-    char *line = c->head;
-    line += strspn(line, "\r\n"); /* empty lines before the request line are ignored */
-    size_t ll = strcspn(line, "\r\n");
-    line[ll] = '\0';
-    char *method = line, *sp1 = strchr(line, ' ');
-    if (sp1 == NULL) {
-        answer_error(c, 400, "the request line is not METHOD PATH HTTP/1.x");
-        return;
-    }
-    *sp1 = '\0';
-    char *target = sp1 + 1, *sp2 = strchr(target, ' ');
-    if (sp2 == NULL || strchr(sp2 + 1, ' ') ||
-        (strcmp(sp2 + 1, "HTTP/1.1") != 0 && strcmp(sp2 + 1, "HTTP/1.0") != 0)) {
-        answer_error(c, 400, "the request line is not METHOD PATH HTTP/1.x");
-        return;
-    }
-    *sp2 = '\0';
-    for (const char *p = method; *p; p++)
-        if (*p < 'A' || *p > 'Z') {
-            answer_error(c, 400, "the method is not a word in capitals");
-            return;
-        }
-    if (method[0] == '\0') {
-        answer_error(c, 400, "the request line has no method");
-        return;
-    }
-    bool head_only = strcmp(method, "HEAD") == 0;
-    if (!head_only && strcmp(method, "GET") != 0) {
-        if (known_method(method))
-            answer_error(c, 405, "only GET and HEAD are served");
-        else
-            answer_error(c, 501, "only GET and HEAD are served");
-        return;
-    }
-    /* The absolute form (http://host[:port]/path, as a proxy sends it) means its path. */
-    char root[] = "/";
-    if (strncasecmp(target, "http://", 7) == 0) {
-        char *path = target + 7 + strcspn(target + 7, "/?#"); /* the authority ends there */
-        target = *path == '/' ? path : root;
-    }
-    if (target[0] != '/') {
-        answer_error(c, 400, "the path does not start with '/'");
-        return;
-    }
-    for (const unsigned char *p = (const unsigned char *)target; *p; p++)
-        if (*p <= 0x20 || *p >= 0x7f) {
-            answer_error(c, 400, "the path holds a control or non-ASCII byte");
-            return;
-        }
-    target[strcspn(target, "?#")] = '\0';
-    psd_http_reply_t r = {.status = 500, .type = "text/plain; charset=utf-8"};
-    c->h->cb(c->h->arg, target, &r);
-    if (r.body == NULL && r.len) r.len = 0;
-    answer(c, &r, head_only);
-}
-
 static void on_alloc(uv_handle_t *hd, size_t suggested, uv_buf_t *buf)
 {
     (void)suggested;
     hconn_t *c = hd->data;
-    if (c->draining) /* bytes read only to be dropped: head[] is not looked at any more */
-        *buf = uv_buf_init(c->head, PSD_HTTP_HEAD_MAX);
+    if (c->draining) /* bytes read only to be dropped: the head is not looked at any more */
+        *buf = uv_buf_init(c->hh.head, PSD_HTTP_HEAD_MAX);
     else
-        *buf = uv_buf_init(c->head + c->len, (unsigned)(PSD_HTTP_HEAD_MAX - c->len));
+        *buf = uv_buf_init(c->hh.head + c->hh.len, (unsigned)(PSD_HTTP_HEAD_MAX - c->hh.len));
 }
 
 static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
@@ -244,30 +172,16 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
         conn_close(c);
         return;
     }
-    /* Only the new bytes are looked at (and the 3 before them, where an end of the head may
-     * begin): a client sending a byte at a time costs linear time, not quadratic. */
-    size_t from = c->len > 3 ? c->len - 3 : 0;
-    if (memchr(c->head + c->len, '\0', (size_t)n)) {
-        c->len += (size_t)n;
-        answer_error(c, 400, "the request holds a NUL byte");
+    psd_http_req_t req;
+    if (!psd_http_head_add(&c->hh, (size_t)n, &req)) return; /* more to come */
+    if (req.status) {
+        answer_error(c, req.status, req.why);
         return;
     }
-    c->len += (size_t)n;
-    c->head[c->len] = '\0';
-    /* Empty lines before the request line are ignored (RFC 9112), also when they come in a
-     * read of their own: dropped here, so that they never look like the end of a head. */
-    size_t lead = strspn(c->head, "\r\n");
-    if (lead) {
-        memmove(c->head, c->head + lead, c->len - lead + 1);
-        c->len -= lead;
-        from = 0;
-    }
-    if (strstr(c->head + from, "\r\n\r\n") || strstr(c->head + from, "\n\n")) {
-        handle_request(c);
-        return;
-    }
-    if (c->len >= PSD_HTTP_HEAD_MAX)
-        answer_error(c, 431, "the request head is longer than 8192 bytes");
+    psd_http_reply_t r = {.status = 500, .type = "text/plain; charset=utf-8"};
+    c->h->cb(c->h->arg, req.path, &r);
+    if (r.body == NULL && r.len) r.len = 0;
+    answer(c, &r, req.head_only);
 }
 
 static void on_idle(uv_timer_t *t)

@@ -15,7 +15,8 @@
 #include <stdint.h>
 #include <uv.h>
 
-#define PSD_HTTP_HEAD_MAX 8192
+#include "httphead.h" /* PSD_HTTP_HEAD_MAX */
+
 #define PSD_HTTP_IDLE_MS 5000
 #define PSD_HTTP_CONNS 32
 #define PSD_HTTP_LINGER_MS 2000

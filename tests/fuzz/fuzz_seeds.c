@@ -1,6 +1,7 @@
 /* fuzz_seeds.c: writes a starting corpus for each harness (tests/fuzz/README.md):
- * fuzz_seeds DIR makes DIR/wire, DIR/bundle, DIR/codec and DIR/tcpguard, each holding valid
- * inputs in that harness's form, so that the fuzzer begins past the first checks. */
+ * fuzz_seeds DIR makes DIR/wire, DIR/bundle, DIR/codec, DIR/tcpguard and DIR/httphead, each
+ * holding valid inputs in that harness's form, so that the fuzzer begins past the first
+ * checks. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +11,7 @@
 #include "bundle.h"
 #include "codec.h"
 #include "fuzz.h"
+#include "httphead.h"
 #include "wire.h"
 
 static const char *root;
@@ -149,5 +151,26 @@ int main(int argc, char **argv)
     memcpy(buf + n, frames[0], flen[0]);
     n += flen[0];
     put("tcpguard", 2, buf, n);
+    /* httphead: the byte that cuts the reads, then a request */
+    static const char *const reqs[] = {
+        "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:9300\r\nAccept: */*\r\n\r\n",
+        "HEAD /healthz HTTP/1.0\n\n",
+        "\r\n\r\nGET /status?x=1#y HTTP/1.1\r\n\r\n",
+        "GET http://127.0.0.1:9300/metrics HTTP/1.1\r\n\r\n",
+        "GET http://h?q HTTP/1.1\r\n\r\n",
+        "POST /metrics HTTP/1.1\r\nContent-Length: 2\r\n\r\nhi",
+        "BREW /pot HTTP/1.1\r\n\r\n",
+        "GET /a\x01 HTTP/1.1\r\n\r\n"};
+    for (int i = 0; i < (int)(sizeof reqs / sizeof *reqs); i++) {
+        buf[0] = (uint8_t)(7 * i);
+        size_t rl = strlen(reqs[i]);
+        memcpy(buf + 1, reqs[i], rl);
+        put("httphead", i, buf, 1 + rl);
+    }
+    /* and a head longer than the endpoint takes (431) */
+    buf[0] = 60;
+    memcpy(buf + 1, "GET /", 5);
+    memset(buf + 6, 'a', PSD_HTTP_HEAD_MAX + 100);
+    put("httphead", 8, buf, 6 + PSD_HTTP_HEAD_MAX + 100);
     return 0;
 }

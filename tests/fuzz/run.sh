@@ -3,14 +3,14 @@
 #   tests/fuzz/run.sh [--time SECONDS] [--merge] [TARGET...]
 # Sets up and builds ./build-fuzz (clang, AddressSanitizer and UBSan, coverage for libFuzzer;
 # FUZZ_BUILD names another directory), then runs each TARGET (default: all of wire bundle
-# manifest codec json tcpguard) for SECONDS (default 60) from tests/fuzz/corpus/TARGET and the
-# seeds fuzz_seeds writes, keeping what it finds in BUILD/corpus/TARGET. A failed property or
+# manifest codec json tcpguard httphead) for SECONDS (default 60) from tests/fuzz/corpus/TARGET
+# and the seeds fuzz_seeds writes, keeping what it finds in BUILD/corpus/TARGET. A failed property or
 # a sanitizer's report leaves its input in BUILD/crashes/ and the run exits 1 (after the other
 # targets ran). --merge adds the inputs that reach new code to tests/fuzz/corpus/TARGET, the
 # corpus the unit tests replay (commit them).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-all=(wire bundle manifest codec json tcpguard)
+all=(wire bundle manifest codec json tcpguard httphead)
 secs=60
 merge=0
 targets=()
@@ -69,6 +69,7 @@ for t in "${targets[@]}"; do
     echo "run.sh: fuzz_$t for ${secs} s (log: $log)"
     opts=(-max_total_time="$secs" -print_final_stats=1 -artifact_prefix="$build/crashes/$t-")
     [ -f "tests/fuzz/$t.dict" ] && opts+=(-dict="tests/fuzz/$t.dict")
+    [ "$t" = httphead ] && opts+=(-max_len=20000) # past the head's 8192 bytes
     if "$build/tests/fuzz/fuzz_$t" "${opts[@]}" "$work" "tests/fuzz/corpus/$t" >"$log" 2>&1; then
         echo "  $(grep -E '^stat::number_of_executed_units' "$log" | awk '{print $2}') inputs," \
              "$(grep -oE 'cov: [0-9]+' "$log" | tail -1 | cut -d' ' -f2) edges covered, no failure"
