@@ -64,6 +64,8 @@ bool psd_http_head_add(psd_http_head_t *h, size_t n, psd_http_req_t *req)
     /* Only the new bytes are looked at (and the 3 before them, where an end of the head may
      * begin): a client sending a byte at a time costs linear time, not quadratic. */
     size_t from = h->len > 3 ? h->len - 3 : 0;
+    if (n > PSD_HTTP_HEAD_MAX - h->len) /* past the room (the caller's read is bounded so) */
+        n = PSD_HTTP_HEAD_MAX - h->len;
     h->len += n;
     h->head[h->len] = '\0';
     /* Empty lines before the request line are ignored (RFC 9112), also when they come in a

@@ -19,7 +19,8 @@ typedef struct {
                          501) */
     const char *why;  /* status != 0: what is wrong, one line (static storage) */
     const char *path; /* status 0: the target's path, query and fragment cut off ('/' first, no
-                         control, space or non-ASCII byte); points into the head */
+                         control, space or non-ASCII byte); points into the head, or to a
+                         static "/" (an absolute form without a path) */
     bool head_only;   /* status 0: the method is HEAD */
 } psd_http_req_t;
 
