@@ -14,8 +14,8 @@ static bool refuse(psd_http_req_t *req, int status, const char *why)
  * 405, any other word 501. */
 static bool known_method(const char *m)
 {
-    static const char *const known[] = {"POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE",
-                                        "PATCH"};
+    static const char *const known[] = {"POST",    "PUT",   "DELETE", "CONNECT",
+                                        "OPTIONS", "TRACE", "PATCH"};
     for (size_t i = 0; i < sizeof known / sizeof *known; i++)
         if (strcmp(m, known[i]) == 0) return true;
     return false;
@@ -42,10 +42,11 @@ static bool parse(char *head, psd_http_req_t *req)
     bool head_only = strcmp(method, "HEAD") == 0;
     if (!head_only && strcmp(method, "GET") != 0)
         return refuse(req, known_method(method) ? 405 : 501, "only GET and HEAD are served");
-    /* The absolute form (http://host[:port]/path, as a proxy sends it) means its path. */
+    /* The absolute form (http://host[:port]/path, as a proxy sends it) means its path, and the
+     * root when it has none (the authority ends at '/', '?', '#' or the end). */
     if (strncasecmp(target, "http://", 7) == 0) {
-        target += 7 + strcspn(target + 7, "/?#"); /* the authority ends there */
-        if (*target != '/') { /* no path: the root */
+        target += 7 + strcspn(target + 7, "/?#");
+        if (*target != '/') {
             *req = (psd_http_req_t){.path = "/", .head_only = head_only};
             return true;
         }

@@ -242,7 +242,8 @@ int psd_store_in_use(const char *dir, char *err, size_t errlen)
     snprintf(path, sizeof path, "%s/psd.lock", dir);
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK), rc = 0;
     if (fd < 0) return 0; /* none (or unreadable: psd_store_open says) */
-    if (flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK) rc = in_use(fd, dir, err, errlen);
+    if (flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK)
+        rc = in_use(fd, dir, err, errlen);
     close(fd); /* releases the shared lock */
     return rc;
 }

@@ -16,14 +16,14 @@
 
 /* A property the harness asserts: on failure, the message and abort() (libFuzzer then keeps
  * the input as a crash file; the replay test fails naming it). */
-#define FUZZ_CHECK(cond, ...)                            \
-    do {                                                 \
-        if (!(cond)) {                                   \
-            fprintf(stderr, "%s: ", FUZZ_NAME);          \
-            fprintf(stderr, __VA_ARGS__);                \
-            fputc('\n', stderr);                         \
-            abort();                                     \
-        }                                                \
+#define FUZZ_CHECK(cond, ...)                                                                      \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "%s: ", FUZZ_NAME);                                                    \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fputc('\n', stderr);                                                                   \
+            abort();                                                                               \
+        }                                                                                          \
     } while (0)
 
 /** @brief @p n bytes of memory of their own that ends with them (replay: a page no one may

@@ -3,8 +3,8 @@
  * the bundle, and a bundle ps_bundle_check takes reads as exactly its count entries (one whose
  * header does not decode spoils only itself). */
 
-#include "fuzz.h"
 #include "bundle.h"
+#include "fuzz.h"
 
 #define FUZZ_NAME "fuzz_bundle"
 
@@ -29,16 +29,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     int rc;
     while ((rc = ps_bundle_next(&it, &m, &d, &dl, err, sizeof err)) != 0) {
         FUZZ_CHECK(++calls <= count + 1, "a bundle of %u entries not ended after %u calls", count,
-              calls);
+                   calls);
         if (rc > 0) {
             FUZZ_CHECK((const uint8_t *)d >= buf && (const uint8_t *)d + dl <= buf + size,
-                  "entry data outside the bundle");
+                       "entry data outside the bundle");
             FUZZ_CHECK(m.type != PS_MSG_BUNDLE, "a nested bundle read as an entry");
         } else {
             FUZZ_CHECK(err[0], "an entry refused without a reason");
         }
     }
-    if (checked == 0) FUZZ_CHECK(calls == count, "the check took %u entries, %u read", count, calls);
+    if (checked == 0)
+        FUZZ_CHECK(calls == count, "the check took %u entries, %u read", count, calls);
     fuzz_free(buf);
     return 0;
 }

@@ -4,14 +4,13 @@
  * the rest is the payload. psk_codec_check takes a payload exactly when the decoder does, and
  * a refused payload leaves the gradient sum as it was. */
 
-#include "fuzz.h"
 #include "codec.h"
+#include "fuzz.h"
 
 #define FUZZ_NAME "fuzz_codec"
 
-static const char *const codecs[] = {"none", "fp16",      "bf16",       "int8",
-                                     "sign", "topk:0.01", "topk:0.5",   "randomk:0.1",
-                                     "topk:1"};
+static const char *const codecs[] = {"none",      "fp16",     "bf16",        "int8",  "sign",
+                                     "topk:0.01", "topk:0.5", "randomk:0.1", "topk:1"};
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -30,14 +29,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (with_header) psk_codec_header(p, &c, n);
     memcpy(p + (with_header ? PSK_CODEC_HEADER_BYTES : 0), data, size);
     float *out = fuzz_alloc(n * sizeof *out), *ref = fuzz_alloc(n * sizeof *ref);
-    for (size_t i = 0; i < n; i++) out[i] = ref[i] = 0.5f + (float)i;
+    for (size_t i = 0; i < n; i++)
+        out[i] = ref[i] = 0.5f + (float)i;
     int chk = psk_codec_check(p, len, n, &c);
     int rc = psk_codec_decode_add_cpu(out, n, p, len, &c, 0.25f);
     FUZZ_CHECK((chk == 0) == (rc == 0), "%s, n %zu, %zu bytes: check %d, decode %d", name, n, len,
-          chk, rc);
-    if (rc) FUZZ_CHECK(memcmp(out, ref, n * sizeof *out) == 0, "%s: a refused payload written", name);
-    else FUZZ_CHECK(len == psk_codec_max_bytes(&c, n), "%s: %zu bytes taken, %zu expected", name, len,
-               psk_codec_max_bytes(&c, n));
+               chk, rc);
+    if (rc)
+        FUZZ_CHECK(memcmp(out, ref, n * sizeof *out) == 0, "%s: a refused payload written", name);
+    else
+        FUZZ_CHECK(len == psk_codec_max_bytes(&c, n), "%s: %zu bytes taken, %zu expected", name,
+                   len, psk_codec_max_bytes(&c, n));
     fuzz_free(p);
     fuzz_free(out);
     fuzz_free(ref);

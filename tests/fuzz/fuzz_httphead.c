@@ -69,6 +69,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                            *p != '#',
                        "path byte 0x%02x", (unsigned char)*p);
     }
-    for (int i = 0; i < 3; i++) fuzz_free(hh[i]);
+    for (int i = 0; i < 3; i++)
+        fuzz_free(hh[i]);
     return 0;
 }

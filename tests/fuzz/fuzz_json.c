@@ -3,15 +3,16 @@
  * terminate what they write, and two shards' files agree or are refused with a reason. */
 #include <stdint.h>
 
-#include "fuzz.h"
 #include "ckpt_meta.h"
+#include "fuzz.h"
 #include "jsonfield.h"
 #include "manifest.h"
 
 #define FUZZ_NAME "fuzz_json"
 
-static const char *const keys[] = {"shard", "nshards", "cluster", "id", "step",
-                                   "consistency", "records", "name", "untrained_first", ""};
+static const char *const keys[] = {
+    "shard",   "nshards", "cluster",         "id", "step", "consistency",
+    "records", "name",    "untrained_first", ""};
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -32,7 +33,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (ps_json_str_field(a, keys[k], big, sizeof big) && raw_ok)
             for (const char *q = big; *q; q++)
                 FUZZ_CHECK((unsigned char)*q >= 0x20 && *q != 0x7f, "an escaped control byte shown "
-                      "raw");
+                                                                    "raw");
         memset(buf, 'x', sizeof buf);
         if (ps_json_str_exact(a, keys[k], buf, sizeof buf))
             FUZZ_CHECK(memchr(buf, '\0', sizeof buf), "ps_json_str_exact: not terminated");
@@ -47,7 +48,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         err[0] = '\0';
         if (psd_ckpt_meta_agree(a, b, k, err, sizeof err))
             FUZZ_CHECK(err[0] && memchr(err, '\0', sizeof err), "shard %u refused without a reason",
-                  k);
+                       k);
     }
     fuzz_free(a);
     return 0;

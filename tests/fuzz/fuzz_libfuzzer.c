@@ -9,4 +9,7 @@ void *fuzz_alloc(size_t n)
     return p;
 }
 
-void fuzz_free(void *p) { free(p); }
+void fuzz_free(void *p)
+{
+    free(p);
+}

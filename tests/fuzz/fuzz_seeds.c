@@ -51,11 +51,13 @@ static void message(ps_msg_t *m, int i)
         m->has_decl = 1;
         snprintf(m->decl.name, sizeof m->decl.name, "fc%d.weight", i);
         m->decl.ndim = 1 + i % 3;
-        for (int d = 0; d < m->decl.ndim; d++) m->decl.shape[d] = 3 + (uint32_t)(i + d);
+        for (int d = 0; d < m->decl.ndim; d++)
+            m->decl.shape[d] = 3 + (uint32_t)(i + d);
     }
     if (i % 4 == 2) {
         m->nreplay = 1 + (uint32_t)i % 4;
-        for (uint32_t k = 0; k < m->nreplay; k++) m->replay[k] = (uint64_t)i << 20 | k;
+        for (uint32_t k = 0; k < m->nreplay; k++)
+            m->replay[k] = (uint64_t)i << 20 | k;
     }
     if (i % 4 == 3) {
         m->session_len = PS_SESSION_MAX;
@@ -66,7 +68,8 @@ static void message(ps_msg_t *m, int i)
 
 static void le(uint8_t *p, uint64_t v, int n)
 {
-    for (int i = 0; i < n; i++) p[i] = (uint8_t)(v >> (8 * i));
+    for (int i = 0; i < n; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
 }
 
 int main(int argc, char **argv)
@@ -98,13 +101,14 @@ int main(int argc, char **argv)
         put("bundle", i, buf, used + 2);
     }
     /* codec: fuzz_codec's 4 bytes (codec, n, flags: header from the harness), then the body. */
-    static const char *const codecs[] = {"none", "fp16", "bf16", "int8", "sign", "topk:0.01",
-                                         "topk:0.5", "randomk:0.1", "topk:1"};
+    static const char *const codecs[] = {"none",      "fp16",     "bf16",        "int8",  "sign",
+                                         "topk:0.01", "topk:0.5", "randomk:0.1", "topk:1"};
     for (int i = 0; i < 9; i++) {
         psk_codec_t c;
         size_t n = 37 + (size_t)i * 50, len;
         static float g[4096];
-        for (size_t j = 0; j < n; j++) g[j] = (float)((int)(j * 7919 % 201) - 100) * 0.01f;
+        for (size_t j = 0; j < n; j++)
+            g[j] = (float)((int)(j * 7919 % 201) - 100) * 0.01f;
         if (psk_codec_parse(&c, codecs[i])) return 1;
         size_t cap = psk_codec_max_bytes(&c, n);
         void *scr = calloc(1, psk_codec_scratch_bytes(&c, n) + 4);
@@ -129,8 +133,10 @@ int main(int argc, char **argv)
     memcpy(req + 5 + 13, sa, 16);
     memcpy(buf + n, req, sizeof req);
     n += sizeof req;
-    const uint8_t frames[][9] = {{23, 4, 0, 0, 0, 1, 2, 3, 4}, {35, 0, 0, 0, 0},
-                                 {34, 4, 0, 0, 0, 1, 0, 0, 0}, {32, 4, 0, 0, 0, 2, 0, 0, 0}};
+    const uint8_t frames[][9] = {{23, 4, 0, 0, 0, 1, 2, 3, 4},
+                                 {35, 0, 0, 0, 0},
+                                 {34, 4, 0, 0, 0, 1, 0, 0, 0},
+                                 {32, 4, 0, 0, 0, 2, 0, 0, 0}};
     const size_t flen[] = {9, 5, 9, 9};
     for (int i = 0; i < 4; i++) {
         memcpy(buf + n, frames[i], flen[i]);

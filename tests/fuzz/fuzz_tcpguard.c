@@ -21,9 +21,9 @@ static int fd = -1; /* the accepted end of a loopback connection (the checks ask
 static void pair_open(void)
 {
     ps_tcpguard_init(0); /* receives in flight are followed from now on */
-    void *slot = mmap((void *)(uintptr_t)FUZZ_TCPGUARD_SLOT, FUZZ_TCPGUARD_SLOT_BYTES,
-                      PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE,
-                      -1, 0);
+    void *slot =
+        mmap((void *)(uintptr_t)FUZZ_TCPGUARD_SLOT, FUZZ_TCPGUARD_SLOT_BYTES,
+             PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
     if (slot == MAP_FAILED) /* the address taken (a sanitizer's shadow: TSan's): anywhere, and
                                the inputs' puts are refused instead (still a property test) */
         slot = mmap(NULL, FUZZ_TCPGUARD_SLOT_BYTES, PROT_READ | PROT_WRITE,
@@ -49,7 +49,7 @@ static long feed(const uint8_t *s, size_t n, const uint8_t *cuts, size_t ncuts)
         if (k > n - at) k = n - at;
         if (ps_tcpguard_received(fd, s + at, k) != 0) {
             FUZZ_CHECK(ps_tcpguard_refused(fd) && ps_tcpguard_received(fd, "x", 1) == -1,
-                  "a refused socket read again");
+                       "a refused socket read again");
             return (long)(at + k - 1);
         }
         at += k;
@@ -65,7 +65,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint8_t *s = fuzz_alloc(8 + body);
     if (data[0] & 1) {
         uint64_t magic = 0xCAFEBABE12345678ull;
-        for (int i = 0; i < 8; i++) s[n++] = (uint8_t)(magic >> (8 * i));
+        for (int i = 0; i < 8; i++)
+            s[n++] = (uint8_t)(magic >> (8 * i));
     }
     memcpy(s + n, data + 1, body);
     n += body;
@@ -74,10 +75,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     ps_tcpguard_reset(fd);
     long whole = ps_tcpguard_received(fd, s, n) == 0 ? -1 : 0;
     FUZZ_CHECK((one < 0) == (cut < 0) && (one < 0) == (whole < 0),
-          "refused byte by byte at %ld, in pieces at %ld, whole %s", one, cut,
-          whole < 0 ? "passed" : "refused");
-    if (one >= 0) FUZZ_CHECK(cut >= one && cut - one < 97, "byte %ld refused, the piece ending at %ld",
-                        one, cut);
+               "refused byte by byte at %ld, in pieces at %ld, whole %s", one, cut,
+               whole < 0 ? "passed" : "refused");
+    if (one >= 0)
+        FUZZ_CHECK(cut >= one && cut - one < 97, "byte %ld refused, the piece ending at %ld", one,
+                   cut);
     fuzz_free(s);
     return 0;
 }

@@ -20,8 +20,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     eb[0] = '\0';
     int rb = ps_msg_decode(&b, data, size, eb, sizeof eb);
     ps_wire_use_protobuf(false);
-    FUZZ_CHECK((ra == 0) == (rb == 0), "wire.c %s (%s), protobuf-c %s (%s)", ra ? "refuses" : "takes",
-          ea, rb ? "refuses" : "takes", eb);
+    FUZZ_CHECK((ra == 0) == (rb == 0), "wire.c %s (%s), protobuf-c %s (%s)",
+               ra ? "refuses" : "takes", ea, rb ? "refuses" : "takes", eb);
     if (ra) {
         FUZZ_CHECK(ea[0] && memchr(ea, '\0', sizeof ea), "refused without a reason");
         return 0;
@@ -29,15 +29,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     FUZZ_CHECK(memcmp(&a, &b, sizeof a) == 0, "wire.c and protobuf-c decode to different messages");
     FUZZ_CHECK(ps_msg_type_valid(a.type), "type %d taken", (int)a.type);
     FUZZ_CHECK(memchr(a.host, '\0', sizeof a.host) && memchr(a.error, '\0', sizeof a.error) &&
-              memchr(a.store, '\0', sizeof a.store) && memchr(a.cluster, '\0', sizeof a.cluster),
-          "a string not terminated");
+                   memchr(a.store, '\0', sizeof a.store) &&
+                   memchr(a.cluster, '\0', sizeof a.cluster),
+               "a string not terminated");
     FUZZ_CHECK(a.nreplay <= PS_REPLAY_MAX && a.auth_len <= sizeof a.auth &&
-              (a.session_len == 0 || a.session_len == PS_SESSION_MAX),
-          "a count out of range");
+                   (a.session_len == 0 || a.session_len == PS_SESSION_MAX),
+               "a count out of range");
     if (a.has_decl)
         FUZZ_CHECK(a.decl.ndim >= 1 && a.decl.ndim <= PS_MAX_DIMS &&
-                  memchr(a.decl.name, '\0', sizeof a.decl.name),
-              "a declaration out of range");
+                       memchr(a.decl.name, '\0', sizeof a.decl.name),
+                   "a declaration out of range");
 
     /* Packed again by both packers: the same bytes, decoding to the same message. */
     static uint8_t pa[PS_WIRE_HDR_MAX * 2], pb[PS_WIRE_HDR_MAX * 2];
