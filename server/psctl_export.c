@@ -358,7 +358,8 @@ int psctl_verify(const ps_manifest_t *m, double timeout_s)
         }
         checked += r.count;
         /* One line per mismatch: "T C version V stored H bytes H" or "T C malformed ...". */
-        for (char *line = data, *end = (char *)data + len; line && line < end;) {
+        char *end = data ? (char *)data + len : NULL; /* no reply data: NULL, not NULL + 0 */
+        for (char *line = data; line && line < end;) {
             char *nl = memchr(line, '\n', (size_t)(end - line));
             if (nl) *nl = '\0';
             unsigned t, c;

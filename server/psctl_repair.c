@@ -419,7 +419,8 @@ int psctl_repair(const ps_manifest_t *m, const char *dir_in, int rollback, doubl
             failed = 1;
             continue;
         }
-        for (char *line = data, *end = (char *)data + len; line && line < end;) {
+        char *end = data ? (char *)data + len : NULL; /* no reply data: NULL, not NULL + 0 */
+        for (char *line = data; line && line < end;) {
             char *nl = memchr(line, '\n', (size_t)(end - line));
             if (nl) *nl = '\0';
             unsigned t, c;

@@ -198,7 +198,7 @@ static int pick_port(uint16_t *port)
     }
     unsigned top = lo > 1024 ? lo : 32768, bottom = top > 13024 ? top - 12000 : 1024;
     static unsigned seed;
-    if (seed == 0) seed = (unsigned)getpid() ^ (unsigned)(now_s() * 1e6);
+    if (seed == 0) seed = (unsigned)getpid() ^ (unsigned)(uint64_t)(now_s() * 1e6);
     for (int i = 0; i < 200; i++) {
         uint16_t want = (uint16_t)(bottom + (unsigned)rand_r(&seed) % (top - bottom)), got;
         int fd = bind_port(want, &got);
