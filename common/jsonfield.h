@@ -27,7 +27,7 @@ static inline const char *ps_json_field(const char *json, const char *key, char 
     return buf;
 }
 
-/* The value of the four hex digits at @p p (the XXXX of a \uXXXX escape), or -1 when they are
+/* The value of the four hex digits at @p p (those of a \u escape), or -1 when they are
  * not four hex digits: it stops at the first other byte, so never reads past a text's NUL
  * (sscanf's %4x would also take fewer digits, spaces, a sign or "0x"). */
 static inline long ps_json_hex4(const char *p)

@@ -26,6 +26,16 @@
         }                                                                                          \
     } while (0)
 
+/** @brief The next number of xorshift64 state @p s (nonzero): the fixed-seed randomness of the
+ *  replay tests and of tests/unit/test_mutate.c. */
+static inline uint64_t fuzz_xorshift(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
 /** @brief @p n bytes of memory of their own that ends with them (replay: a page no one may
  *  read follows; libFuzzer: AddressSanitizer's bounds). No alignment is promised (replay: the
  *  end is page-aligned, so the start is wherever @p n puts it), as none is for a peer's bytes.
@@ -48,6 +58,15 @@ static inline char *fuzz_text(const uint8_t *p, size_t n)
  * fuzz_seeds can name it in a put request). */
 #define FUZZ_TCPGUARD_SLOT 0x5a0000000000ull
 #define FUZZ_TCPGUARD_SLOT_BYTES 65536
+
+/* Called by fuzz_seeds() for each input @p p of @p n bytes named @p name of harness @p target
+ * ("wire", "json", ...; the name of fuzz_<target>). */
+typedef void (*fuzz_seed_fn)(const char *target, const char *name, const void *p, size_t n,
+                             void *arg);
+
+/** @brief Every harness's seeds and regression inputs (seeds.c), each handed to @p fn with
+ *  @p arg. The bytes are @p fn's to read during the call only. */
+void fuzz_seeds(fuzz_seed_fn fn, void *arg);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

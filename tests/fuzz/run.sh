@@ -1,24 +1,22 @@
 #!/usr/bin/env bash
 # run.sh: fuzz what peers and files hand psd with libFuzzer (tests/fuzz/README.md).
-#   tests/fuzz/run.sh [--time SECONDS] [--merge] [TARGET...]
+#   tests/fuzz/run.sh [--time SECONDS] [TARGET...]
 # Sets up and builds ./build-fuzz (clang, AddressSanitizer and UBSan, coverage for libFuzzer;
 # FUZZ_BUILD names another directory), then runs each TARGET (default: all of wire bundle
-# manifest codec json tcpguard httphead) for SECONDS (default 60) from tests/fuzz/corpus/TARGET
-# and the seeds fuzz_seeds writes, keeping what it finds in BUILD/corpus/TARGET. A failed property or
-# a sanitizer's report leaves its input in BUILD/crashes/ and the run exits 1 (after the other
-# targets ran). --merge adds the inputs that reach new code to tests/fuzz/corpus/TARGET, the
-# corpus the unit tests replay (commit them).
+# manifest codec json tcpguard httphead) for SECONDS (default 60) from the seeds fuzz_seeds
+# writes (seeds.c) and what earlier runs kept in BUILD/corpus/TARGET, where it keeps what it
+# finds. A failed property or a sanitizer's report leaves its input in BUILD/crashes/ and the
+# run exits 1 (after the other targets ran): add that input to seeds.c's regressions with the
+# fix.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 all=(wire bundle manifest codec json tcpguard httphead)
 secs=60
-merge=0
 targets=()
 while [ $# -gt 0 ]; do
     case "$1" in
     --time) [ $# -ge 2 ] && [[ "$2" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --time needs a number of seconds" >&2; exit 2; }
         secs=$2; shift 2 ;;
-    --merge) merge=1; shift ;;
     -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) [[ " ${all[*]} " == *" $1 "* ]] || { echo "run.sh: no target '$1' (targets: ${all[*]})" >&2; exit 2; }
@@ -70,7 +68,7 @@ for t in "${targets[@]}"; do
     opts=(-max_total_time="$secs" -print_final_stats=1 -artifact_prefix="$build/crashes/$t-")
     [ -f "tests/fuzz/$t.dict" ] && opts+=(-dict="tests/fuzz/$t.dict")
     [ "$t" = httphead ] && opts+=(-max_len=20000) # past the head's 8192 bytes
-    if "$build/tests/fuzz/fuzz_$t" "${opts[@]}" "$work" "tests/fuzz/corpus/$t" >"$log" 2>&1; then
+    if "$build/tests/fuzz/fuzz_$t" "${opts[@]}" "$work" >"$log" 2>&1; then
         echo "  $(grep -E '^stat::number_of_executed_units' "$log" | awk '{print $2}') inputs," \
              "$(grep -oE 'cov: [0-9]+' "$log" | tail -1 | cut -d' ' -f2) edges covered, no failure"
     else
@@ -78,14 +76,6 @@ for t in "${targets[@]}"; do
         why=$(grep -E '^(fuzz_|==[0-9]+== ?ERROR|SUMMARY)' "$log" | head -2 | tr '\n' ' ' || true)
         echo "  FAILED: ${why:-$(tail -2 "$log" | tr '\n' ' ')}"
         grep -E 'Test unit written to' "$log" | sed 's/^/  /' || true
-    fi
-    if [ "$merge" = 1 ]; then
-        if "$build/tests/fuzz/fuzz_$t" -merge=1 "tests/fuzz/corpus/$t" "$work" >"$log.merge" 2>&1; then
-            echo "  tests/fuzz/corpus/$t: $(ls "tests/fuzz/corpus/$t" | wc -l) inputs"
-        else
-            echo "  FAILED: the merge into tests/fuzz/corpus/$t (log: $log.merge)"
-            failed+=("$t")
-        fi
     fi
 done
 if [ ${#failed[@]} -gt 0 ]; then

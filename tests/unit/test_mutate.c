@@ -15,18 +15,13 @@
 #include "manifest.h"
 #include "ps/ps_error.h"
 #include "wire.h"
+#include "../fuzz/fuzz.h" /* fuzz_xorshift */
 
 #define ITERS 4000
 
 static uint64_t rs;
 
-static uint64_t rnd(void)
-{
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return rs;
-}
+static uint64_t rnd(void) { return fuzz_xorshift(&rs); }
 
 /* Bytes that mean something to YAML, and values at the edges of the parser's ranges. */
 static const char *const tokens[] = {":", "{", "}", "[", "]", ",", "\n", " ", "- ", "#", "'",
