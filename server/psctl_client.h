@@ -19,6 +19,26 @@
  */
 int psctl_tensor_names(ps_req_t *cl, char (**names)[PS_NAME_MAX]);
 
+/** @brief @p names[@p t] from psctl_tensor_names' table of @p nt, or "?" for an id out of it
+ *  (a shard's reply names any id) or one without a name. The pointer is into @p names. */
+const char *psctl_tensor_name(char (*names)[PS_NAME_MAX], int nt, unsigned t);
+
+/** @brief What psctl_verify_shard hands on for each chunk a shard found wrong: @p tensor and
+ *  @p chunk, and @p rest, the reply line's words after them ("version V stored H bytes H" or
+ *  "malformed ..."; NUL-terminated, valid during the call only). */
+typedef void psctl_mismatch_fn(void *ctx, int shard, unsigned tensor, unsigned chunk,
+                               const char *rest);
+
+/**
+ * @brief Asks shard @p shard to recheck every stored chunk (MSG_VERIFY, one snapshot, training
+ *  goes on) and calls @p each for each mismatch line of its reply, in order (@p each may call
+ *  the shards through @p cl: the reply is psctl's own copy until this returns).
+ * @param[in,out] checked  the chunks the shard checked are added to it.
+ * @return 0, or -1 with @p err set (no answer, or an answer that is not a verify reply).
+ */
+int psctl_verify_shard(ps_req_t *cl, int shard, psctl_mismatch_fn *each, void *ctx,
+                       uint64_t *checked, char *err, size_t errlen);
+
 /** @brief Append @p s to @p out (@p cap bytes) as a JSON string body: quotes, backslashes and
  *  control bytes escaped; NUL-terminated when it fits. @return the length it needs. */
 size_t psctl_json_str(char *out, size_t cap, const char *s);

@@ -334,6 +334,55 @@ int psctl_tensor_names(ps_req_t *cl, char (**names)[PS_NAME_MAX])
     return (int)nt;
 }
 
+const char *psctl_tensor_name(char (*names)[PS_NAME_MAX], int nt, unsigned t)
+{
+    return names && nt > 0 && t < (unsigned)nt && names[t][0] ? names[t] : "?";
+}
+
+int psctl_verify_shard(ps_req_t *cl, int shard, psctl_mismatch_fn *each, void *ctx,
+                       uint64_t *checked, char *err, size_t errlen)
+{
+    ps_msg_t q = {.type = PS_MSG_VERIFY, .rank = -1}, r;
+    void *data = NULL;
+    size_t len = 0;
+    if (ps_req_call(cl, (uint32_t)shard, &q, &r, &data, &len, err, errlen)) return -1;
+    if (r.type != PS_MSG_VERIFY_REPLY) {
+        snprintf(err, errlen, "shard %d answered verify with a message of type %d", shard,
+                 (int)r.type);
+        free(data);
+        return -1;
+    }
+    *checked += r.count;
+    /* One line per mismatch: "T C version V stored H bytes H" or "T C malformed ...". */
+    const char *end = data ? (const char *)data + len : NULL; /* none: NULL, not NULL + 0 */
+    for (const char *line = data; line && line < end;) {
+        const char *nl = memchr(line, '\n', (size_t)(end - line));
+        size_t n = (size_t)((nl ? nl : end) - line);
+        char one[1024]; /* NUL-terminated, however the reply ends; a longer line is cut */
+        snprintf(one, sizeof one, "%.*s", (int)(n < sizeof one ? n : sizeof one - 1), line);
+        unsigned t, c;
+        int at = 0;
+        if (sscanf(one, "%u %u %n", &t, &c, &at) == 2) each(ctx, shard, t, c, one + at);
+        line = nl ? nl + 1 : NULL;
+    }
+    free(data);
+    return 0;
+}
+
+typedef struct {
+    char (*names)[PS_NAME_MAX];
+    int nt;
+    uint64_t bad;
+} verify_ctx_t;
+
+static void verify_print(void *ctx, int shard, unsigned t, unsigned c, const char *rest)
+{
+    verify_ctx_t *v = ctx;
+    v->bad++;
+    printf("psctl: verify: shard %d: tensor '%s' chunk %u: %s\n", shard,
+           psctl_tensor_name(v->names, v->nt, t), c, rest);
+}
+
 int psctl_verify(const ps_manifest_t *m, double timeout_s)
 {
     ps_req_t *cl;
@@ -342,42 +391,20 @@ int psctl_verify(const ps_manifest_t *m, double timeout_s)
         fprintf(stderr, "psctl: %s\n", err);
         return 1;
     }
-    char(*names)[PS_NAME_MAX] = NULL;
-    int nt = psctl_tensor_names(cl, &names), failed = 0;
-    uint64_t checked = 0, bad = 0;
-    for (int i = 0; nt >= 0 && i < m->nservers; i++) {
-        ps_msg_t q = {.type = PS_MSG_VERIFY, .rank = -1}, r;
-        void *data = NULL;
-        size_t len = 0;
-        if (ps_req_call(cl, (uint32_t)i, &q, &r, &data, &len, err, sizeof err) ||
-            r.type != PS_MSG_VERIFY_REPLY) {
+    verify_ctx_t v = {0};
+    int failed = 0;
+    uint64_t checked = 0;
+    v.nt = psctl_tensor_names(cl, &v.names);
+    for (int i = 0; v.nt >= 0 && i < m->nservers; i++)
+        if (psctl_verify_shard(cl, i, verify_print, &v, &checked, err, sizeof err)) {
             fprintf(stderr, "psctl: verify: %s\n", err);
             failed = 1;
-            free(data);
-            continue;
         }
-        checked += r.count;
-        /* One line per mismatch: "T C version V stored H bytes H" or "T C malformed ...". */
-        char *end = data ? (char *)data + len : NULL; /* no reply data: NULL, not NULL + 0 */
-        for (char *line = data; line && line < end;) {
-            char *nl = memchr(line, '\n', (size_t)(end - line));
-            if (nl) *nl = '\0';
-            unsigned t, c;
-            int at = 0;
-            if (sscanf(line, "%u %u %n", &t, &c, &at) == 2) {
-                bad++;
-                printf("psctl: verify: shard %d: tensor '%s' chunk %u: %s\n", i,
-                       t < (unsigned)nt && names[t][0] ? names[t] : "?", c, line + at);
-            }
-            line = nl ? nl + 1 : NULL;
-        }
-        free(data);
-    }
-    if (nt >= 0 && !failed)
+    if (v.nt >= 0 && !failed)
         printf("psctl: verify: %llu chunks checked on %d shards, %llu %s\n",
-               (unsigned long long)checked, m->nservers, (unsigned long long)bad,
-               bad == 1 ? "mismatch" : "mismatches");
-    free(names);
+               (unsigned long long)checked, m->nservers, (unsigned long long)v.bad,
+               v.bad == 1 ? "mismatch" : "mismatches");
+    free(v.names);
     ps_req_close(cl);
-    return nt < 0 || failed || bad ? 1 : 0;
+    return v.nt < 0 || failed || v.bad ? 1 : 0;
 }

@@ -368,6 +368,55 @@ static void print_rollback(const ps_manifest_t *m, const char *dir, uint64_t ste
     }
 }
 
+typedef struct {
+    ps_req_t *cl;
+    char (*names)[PS_NAME_MAX];
+    int nt;
+    const mchunks_t *lists; /* each checkpoint shard's chunks, for ckpt_find */
+    uint32_t n;
+    const char *dir;
+    int repaired, stuck;
+} repair_ctx_t;
+
+/* One chunk shard @p i's verify named: rewritten from the checkpoint when it holds that
+ * version (MSG_REPAIR), else said why not. */
+static void repair_one(void *ctx, int i, unsigned t, unsigned c, const char *rest)
+{
+    repair_ctx_t *x = ctx;
+    const char *nm = psctl_tensor_name(x->names, x->nt, t);
+    unsigned long long ver;
+    uint32_t j;
+    uint64_t cv;
+    char err[512];
+    ps_msg_t r;
+    if (sscanf(rest, "version %llu", &ver) != 1) {
+        printf("psctl: repair: shard %d: tensor '%s' chunk %u: its record is malformed (version "
+               "unknown): not repaired\n", i, nm, c);
+        x->stuck++;
+    } else if (ckpt_find(x->lists, x->n, t, c, &j, &cv)) {
+        printf("psctl: repair: shard %d: tensor '%s' chunk %u (version %llu): the checkpoint "
+               "does not hold it: not repaired\n", i, nm, c, ver);
+        x->stuck++;
+    } else if (cv != ver) {
+        printf("psctl: repair: shard %d: tensor '%s' chunk %u is at version %llu, the checkpoint "
+               "holds version %llu: not repaired (it would be at another step than its "
+               "neighbours)\n", i, nm, c, ver, (unsigned long long)cv);
+        x->stuck++;
+    } else {
+        ps_msg_t rq = {.type = PS_MSG_REPAIR, .rank = -1, .tensor = t, .chunk = c, .step = ver,
+                       .workers = j};
+        snprintf(rq.error, sizeof rq.error, "%.255s", x->dir);
+        if (ps_req_call(x->cl, (uint32_t)i, &rq, &r, NULL, NULL, err, sizeof err)) {
+            printf("psctl: repair: shard %d: tensor '%s' chunk %u: %s\n", i, nm, c, err);
+            x->stuck++;
+        } else {
+            printf("psctl: repair: shard %d: tensor '%s' chunk %u repaired at version %llu from "
+                   "%s/shard-%u\n", i, nm, c, ver, x->dir, j);
+            x->repaired++;
+        }
+    }
+}
+
 int psctl_repair(const ps_manifest_t *m, const char *dir_in, int rollback, double timeout_s)
 {
     char dir[1024], err[512];
@@ -409,61 +458,15 @@ int psctl_repair(const ps_manifest_t *m, const char *dir_in, int rollback, doubl
         goto out;
     }
     if ((nt = psctl_tensor_names(cl, &names)) < 0) goto out;
-    int repaired = 0, stuck = 0, failed = 0;
-    for (int i = 0; i < m->nservers; i++) {
-        ps_msg_t q = {.type = PS_MSG_VERIFY, .rank = -1}, r;
-        void *data = NULL;
-        size_t len = 0;
-        if (ps_req_call(cl, (uint32_t)i, &q, &r, &data, &len, err, sizeof err)) {
+    repair_ctx_t rc = {.cl = cl, .names = names, .nt = nt, .lists = lists, .n = n, .dir = dir};
+    int failed = 0;
+    uint64_t checked = 0;
+    for (int i = 0; i < m->nservers; i++)
+        if (psctl_verify_shard(cl, i, repair_one, &rc, &checked, err, sizeof err)) {
             fprintf(stderr, "psctl: repair: verify of shard %d: %s\n", i, err);
             failed = 1;
-            continue;
         }
-        char *end = data ? (char *)data + len : NULL; /* no reply data: NULL, not NULL + 0 */
-        for (char *line = data; line && line < end;) {
-            char *nl = memchr(line, '\n', (size_t)(end - line));
-            if (nl) *nl = '\0';
-            unsigned t, c;
-            unsigned long long ver;
-            int has_version = sscanf(line, "%u %u version %llu", &t, &c, &ver) == 3;
-            if (has_version || sscanf(line, "%u %u", &t, &c) == 2) {
-                const char *nm = (int)t < nt && names[t][0] ? names[t] : "?";
-                uint32_t j;
-                uint64_t cv;
-                if (!has_version) {
-                    printf("psctl: repair: shard %d: tensor '%s' chunk %u: its record is "
-                           "malformed (version unknown): not repaired\n", i, nm, c);
-                    stuck++;
-                } else if (ckpt_find(lists, n, t, c, &j, &cv)) {
-                    printf("psctl: repair: shard %d: tensor '%s' chunk %u (version %llu): the "
-                           "checkpoint does not hold it: not repaired\n", i, nm, c, ver);
-                    stuck++;
-                } else if (cv != ver) {
-                    printf("psctl: repair: shard %d: tensor '%s' chunk %u is at version %llu, "
-                           "the checkpoint holds version %llu: not repaired (it would be at "
-                           "another step than its neighbours)\n", i, nm, c, ver,
-                           (unsigned long long)cv);
-                    stuck++;
-                } else {
-                    ps_msg_t rq = {.type = PS_MSG_REPAIR, .rank = -1, .tensor = t, .chunk = c,
-                                   .step = ver, .workers = j};
-                    snprintf(rq.error, sizeof rq.error, "%.255s", dir);
-                    if (ps_req_call(cl, (uint32_t)i, &rq, &r, NULL, NULL, err,
-                                          sizeof err)) {
-                        printf("psctl: repair: shard %d: tensor '%s' chunk %u: %s\n", i, nm, c,
-                               err);
-                        stuck++;
-                    } else {
-                        printf("psctl: repair: shard %d: tensor '%s' chunk %u repaired at "
-                               "version %llu from %s/shard-%u\n", i, nm, c, ver, dir, j);
-                        repaired++;
-                    }
-                }
-            }
-            line = nl ? nl + 1 : NULL;
-        }
-        free(data);
-    }
+    int repaired = rc.repaired, stuck = rc.stuck;
     if (failed) goto out;
     printf("psctl: repair: %d %s repaired, %d not repairable from %s\n", repaired,
            repaired == 1 ? "chunk" : "chunks", stuck, dir);
