@@ -371,7 +371,7 @@ static int init_with(ps_ucx_t *u, uv_loop_t *loop, const char *tls, int serializ
     u->serialized = serialized;
     u->eager_below = PS_EAGER_BELOW;
     /* Tests only: ucp_worker_arm answers busy until the worker is started again, as UCX 1.13's
-     * was seen to after a shard restarted several times (worker/client.c, unarmable). */
+     * was seen to after a shard restarted several times (worker/shardloss.c, unarmable). */
     const char *wedge = getenv("PS_TEST_UCX_WEDGE");
     u->test_wedge = wedge != NULL && strcmp(wedge, "1") == 0;
     const char *eb = getenv("PS_EAGER_BYTES");

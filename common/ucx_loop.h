@@ -253,8 +253,8 @@ int ps_ucx_connect(ps_ucx_t *u, const char *host, uint16_t port, ucp_err_handler
 
 /**
  * @brief ps_ucx_connect to an address resolved already (@p sa, @p salen: read during the
- *  call), for a caller that must not block in a name lookup (libps's comm thread resolves
- *  with uv_getaddrinfo). @p host : @p port is the manifest's name of the shard, for the
+ *  call), for a caller that must not block in a name lookup (libps's comm thread resolves on
+ *  a thread of its own). @p host : @p port is the manifest's name of the shard, for the
  *  `connected` hook (the authentication proof is bound to it).
  * @return 0 or PS_ETRANSPORT (*ep is NULL then).
  */

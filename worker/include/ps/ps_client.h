@@ -78,8 +78,9 @@ typedef struct {
  *         PS_ETIMEDOUT (unreachable), PS_ECANCELED (opts->cancel was set while the join
  *         waited), PS_EFULL (no free rank), PS_EBUSY (a shard shutting down, or shard 0's
  *         free ranks held by workers that left its open step, until it closes; either asked
- *         again until the reconnect timeout), PS_EIO (PS_TRACE cannot be written) or another
- *         PS_E* with ps_client_error() telling why.
+ *         again until the reconnect timeout), PS_EIO (PS_TRACE cannot be written), PS_ENOTSUP (this process
+ *         was forked from one with a client open: UCX's state does not survive that; a client
+ *         closed before the fork is fine) or another PS_E* with ps_client_error() telling why.
  * @note On failure *out is NULL and nothing is left to release; the reason is
  *       written to @p err (may be NULL).
  * @note With PS_TRACE=FILE in the environment the client writes a timeline of its ops to

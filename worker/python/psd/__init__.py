@@ -573,7 +573,10 @@ class Client:
                 raise PsError(-errno.EINVAL, "EINVAL", "the client is closed")
             if self._pid != _my_pid:
                 raise PsError(-errno.EINVAL, "EINVAL", f"the client belongs to process "
-                              f"{self._pid}, which this one was forked from: make another")
+                              f"{self._pid}, which this one was forked from (a client is "
+                              "made here only when none was open at the fork: close them "
+                              "first, or start this process with multiprocessing's 'spawn' or "
+                              "'forkserver')")
             tid = threading.get_ident()
             if not shared:
                 if self._driver not in (None, tid):

@@ -128,6 +128,11 @@ def _refuse_shared_memory(named):
         open_.append((dev, start, end, name))
 
 
+class _ModelChanged(RuntimeError):
+    """The model is no longer the one the shards hold (a parameter or buffer changed shape or
+    memory, or one was added): step() and pull refuse it; close() leaves without the pull."""
+
+
 def _trained(p):
     """Whether parameter `p` is held on the shards: trainable, and with values (an empty one,
     which has nothing to train, stays this worker's)."""
@@ -254,7 +259,8 @@ class ParameterServer:
                 raise ValueError(f"parameter {name!r} holds a NaN or an infinity, and a tensor "
                                  "the shards do not hold yet starts from the model's values: "
                                  "load finite weights first, or let the shards initialize it "
-                                 f"(init={{{name!r}: (\"xavier\", 0.0)}}, or init=\"shards\")")
+                                 f"(init={{{name!r}: {self._default_init(p, True)!r}}}, or "
+                                 "init=\"shards\")")
         _refuse_shared_memory(trained)
         self.model, self._module = model, module
         self._manifest, self._connect_timeout_ms, self._init = manifest, connect_timeout_ms, init
@@ -329,6 +335,7 @@ class ParameterServer:
                     raise ValueError(f"parameter {name!r}: {e}") from e
                 self._params.append((name, p, tid, p.numel()))
             self._held_ids = {id(p) for _, p, _, _ in self._params}
+            self._where = self._where_now()
             self._layout_seen = self._layout()
             self._declare_buffers(c, total)
             # Parameters the shards held already (another worker's model created them, or the
@@ -388,8 +395,8 @@ class ParameterServer:
         for name, owner, attr, tid, n in self._buffers:
             b = getattr(owner, attr, None)
             if not isinstance(b, torch.Tensor) or b.numel() != n:
-                raise RuntimeError(f"buffer {name!r} is not the {n} values it was declared "
-                                   "with any more: its shape cannot change on psd")
+                raise _ModelChanged(f"buffer {name!r} is not the {n} values it was declared "
+                                    "with any more: its shape cannot change on psd")
             out.append((b, tid))
         return out
 
@@ -412,11 +419,14 @@ class ParameterServer:
             return d.sum().item(), (d * d).sum().item()
 
     @staticmethod
-    def _default_init(p):
+    def _default_init(p, finite=False):
         """A parameter the model made constant (a norm layer's scale 1, a bias 0) starts so on
-        the shards; others xavier (2 or more dimensions) or zeros."""
+        the shards; others xavier (2 or more dimensions) or zeros. `finite`: judged on its
+        finite values (the way out named for one holding a NaN: a scale of ones keeps them)."""
         with torch.no_grad():
             flat = p.detach().reshape(-1)
+            if finite:
+                flat = flat[torch.isfinite(flat)]
             if flat.numel() and bool((flat == flat[0]).all()) and torch.isfinite(flat[0]):
                 v = float(flat[0])
                 return ("constant", v) if v != 0.0 else ("zeros", 0.0)
@@ -496,19 +506,35 @@ class ParameterServer:
         if not self._same_layout():
             for name, p in self._module.named_parameters():
                 if _trained(p) and id(p) not in self._held_ids:
-                    raise RuntimeError(f"parameter {name!r} is not held on psd: it was added, "
-                                       "replaced or unfrozen after the ParameterServer was "
-                                       "made, and would train on this worker alone; make the "
-                                       "ParameterServer once the model has all its trainable "
-                                       "parameters (one trained later can be trainable from "
-                                       "the start: a parameter without a gradient is left as "
-                                       "it is)")
+                    raise _ModelChanged(f"parameter {name!r} is not held on psd: it was added, "
+                                        "replaced or unfrozen after the ParameterServer was "
+                                        "made, and would train on this worker alone; make the "
+                                        "ParameterServer once the model has all its trainable "
+                                        "parameters (one trained later can be trainable from "
+                                        "the start: a parameter without a gradient is left as "
+                                        "it is)")
             self._layout_seen = self._layout()  # a change that holds no new trainable one
-        for name, p, tid, n in self._params:
+        moved = False
+        for (name, p, tid, n), (shape, addr) in zip(self._params, self._where):
             if p.numel() != n:
-                raise RuntimeError(f"parameter {name!r} has {p.numel()} values now, but was "
-                                   f"declared with {n}: its shape cannot change on psd")
+                raise _ModelChanged(f"parameter {name!r} has {p.numel()} values now, but was "
+                                    f"declared with {n}: its shape cannot change on psd")
+            if p.shape != shape:  # the same values read in another shape: not the model's
+                raise _ModelChanged(f"parameter {name!r} has shape {tuple(p.shape)} now, but "
+                                    f"was declared with {tuple(shape)}: its shape cannot change "
+                                    "on psd")
+            moved = moved or p.data_ptr() != addr
+        if moved:  # a `.data` replaced: two Parameters may share memory now (a helper's probe,
+            try:   # session 58: one update was lost at every pull, without a word)
+                _refuse_shared_memory([(name, p) for name, p, _, _ in self._params])
+            except ValueError as e:
+                raise _ModelChanged(str(e)) from None
+            self._where = self._where_now()
         return [(p, tid) for _, p, tid, _ in self._params]
+
+    def _where_now(self):
+        """(shape, address) of each held parameter, for _checked."""
+        return [(p.shape, p.data_ptr()) for _, p, _, _ in self._params]
 
     def pull(self, min_version):
         """Pull every parameter into the model once its chunks reached `min_version`."""
@@ -675,6 +701,8 @@ class ParameterServer:
             # close; leave without the pull, and let the KeyboardInterrupt go on, not this.
             # EBUSY: closed from another thread while the driving one is inside a call, which
             # the client's close interrupts.
+        except _ModelChanged as e:  # since the last step(): the pull would be refused
+            warnings.warn(f"left without pulling the newest parameters: {e}", RuntimeWarning)
         finally:
             self.client.close()
 
