@@ -281,10 +281,11 @@ static void give_up(ps_req_t *cl, const char *d, uint64_t id, int n, char *fate,
     if (untold) {
         if (mark_rc == 0)
             fprintf(stderr, "psctl: checkpoint: %s stays, holding %s: no checkpoint; a shard "
-                    "named above drops it when it finds that file (a psd as new as this psctl); "
-                    "remove the directory once each has logged 'checkpoint %016llx ... was "
-                    "cancelled' or was restarted\n", d, mark + strlen(d) + 1,
-                    (unsigned long long)id);
+                    "named above drops its part when it finds that file (a psd as new as this "
+                    "psctl), but not one that was restarted meanwhile: remove the directory "
+                    "once each has logged 'checkpoint %016llx ... was cancelled' or was "
+                    "restarted (periodic checkpoints into its parent directory remove it once "
+                    "its files are 600 s old)\n", d, mark + strlen(d) + 1, (unsigned long long)id);
         else
             fprintf(stderr, "psctl: checkpoint: cannot leave %sID in %s: %s; a part the %d "
                     "shard(s) named above make there is no checkpoint\n", PSD_CKPT_CANCELLED, d,
@@ -500,6 +501,17 @@ release:;
 
 _Static_assert(PS_MAX_SERVERS <= 64, "psctl_checkpoint_run keeps a bit per shard in one word");
 
+bool psctl_checkpoint_part_taken(const char *d, int n)
+{
+    for (int j = 0; j < n; j++) {
+        char f[PS_PATH_MAX + 96];
+        snprintf(f, sizeof f, "%s/shard-%d/data.mdb", d, j);
+        struct stat st;
+        if (stat(f, &st) == 0) return true;
+    }
+    return false;
+}
+
 /* The chunks a checkpoint part's meta.json lists ("chunks": [[t, c, version, hash], ...]). */
 static uint32_t meta_chunks(const char *mj)
 {
@@ -538,6 +550,24 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
                 break;
             }
             if (rc && rc != -EEXIST) break; /* the arm below says it (EEXIST: renamed there) */
+        }
+    }
+    if ((how & PSCTL_CK_MOVABLE) && !(how & PSCTL_CK_OWN_DIR) &&
+        psctl_checkpoint_part_taken(d, n)) {
+        /* The default directory of this step holds a part already: a checkpoint taken at
+         * this step before (the one a job was restored from), or what a shard killed while it
+         * copied left beside psctl's cancel mark. Shard 0's refusal (EEXIST, below) moved the
+         * checkpoint to time-MS, but another shard's failed it (a helper's probe, session 58:
+         * every checkpoint at that step after a restore). time-MS at once instead. */
+        char old[sizeof d];
+        snprintf(old, sizeof old, "%s", d);
+        if (psctl_checkpoint_dir(m, NULL, UINT64_MAX, d, sizeof d) == 0) {
+            printf("psctl: checkpoint: %s holds a checkpoint already; this one goes "
+                   "into %s\n", old, d);
+            fflush(stdout);
+            renamed = 1;
+        } else {
+            snprintf(d, sizeof d, "%s", old);
         }
     }
     int armed = strlen(d) < PS_CKPT_DIR_MAX;

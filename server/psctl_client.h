@@ -58,6 +58,9 @@ int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wai
 /** @brief A new checkpoint's id (random, never 0): its MSG_CKPT_BEGIN asks and its MSG_CKPT_GO
  *  carry it, so that an ask sent again after a lost answer is the same checkpoint to shard 0. */
 uint64_t psctl_checkpoint_id(void);
+/** @brief Whether checkpoint directory @p d holds shard J's data.mdb for some J < @p n, seen
+ *  from this host: what makes psd refuse that shard's arm (checkpoint.c, arm_takes). */
+bool psctl_checkpoint_part_taken(const char *d, int n);
 /**
  * @brief The second half of checkpoint @p id, once shard 0 picked @p step (MSG_CKPT_BEGIN): arm
  *  every shard for @p step into @p dir, release the hold (MSG_CKPT_GO with @p next: a step to

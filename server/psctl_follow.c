@@ -313,13 +313,20 @@ static int abandoned(const ps_manifest_t *m, const char *dir, time_t before, uin
     return ours && !other && (present & every) != every; /* some shard's part is missing */
 }
 
-/* Whether @p dir holds nothing but psctl's cancel marks (D/cancelled-ID) and empty shard-J
+/* Whether @p dir holds nothing but psctl's cancel marks (D/cancelled-ID) and shard-J
  * directories, at least one mark: what a checkpoint psctl gave up while a shard did not answer
- * leaves (psctl_checkpoint.c). *@p nshards: how many shard-J to remove. */
-static int cancelled_only(const char *dir, uint32_t *nshards)
+ * leaves (psctl_checkpoint.c). Each shard-J is empty, or holds only files a checkpoint writes,
+ * all last changed before @p before: the part of a shard killed while it copied, which no
+ * process will drop (a shard started again does not know of it; a helper's probe, session 58:
+ * such a part, ~4x the shard's size, stayed for good, and a later checkpoint at that step, as
+ * after a restore, was refused by that shard). A fresh one may be a stopped shard's, which
+ * drops it when it resumes. *@p nshards: how many shard-J to remove; *@p parts: whether a
+ * shard-J holds files. */
+static int cancelled_only(const char *dir, time_t before, uint32_t *nshards, int *parts)
 {
     DIR *d = opendir(dir);
     if (d == NULL) return 0;
+    *parts = 0;
     int marks = 0, other = 0;
     uint32_t n = 0;
     struct dirent *e;
@@ -337,9 +344,12 @@ static int cancelled_only(const char *dir, uint32_t *nshards)
         DIR *sd = j >= 0 && lstat(sub, &st) == 0 && S_ISDIR(st.st_mode) ? opendir(sub) : NULL;
         other = sd == NULL;
         struct dirent *se;
+        int files = 0;
         while (sd && (se = readdir(sd)) != NULL)
-            other |= strcmp(se->d_name, ".") != 0 && strcmp(se->d_name, "..") != 0;
+            files |= strcmp(se->d_name, ".") != 0 && strcmp(se->d_name, "..") != 0;
         if (sd) closedir(sd);
+        other |= files && !(old_entry(sub, S_IFDIR, before) && part_files_old(sub, before));
+        *parts |= files;
         if ((uint32_t)j + 1 > n) n = (uint32_t)j + 1;
     }
     closedir(d);
@@ -393,13 +403,17 @@ static void prune(const ps_manifest_t *m, const char *base, uint32_t keep, const
         uint64_t step = recognise(m, dir, &nsh);
         if (step == UINT64_MAX) {
             bool left = sees_all && abandoned(m, dir, began - ABANDONED_S, &nsh);
-            if (!left && !cancelled_only(dir, &nsh)) continue;
+            int parts = 0;
+            if (!left && !cancelled_only(dir, began - ABANDONED_S, &nsh, &parts)) continue;
             char why[320];
             if (left)
                 snprintf(why, sizeof why, "an incomplete checkpoint (parts of some of its %u "
                          "shards), untouched for more than %d s before this checkpoint began "
                          "(its psctl was killed while it armed the shards, or a shard's copy "
                          "was cut short)", nsh, ABANDONED_S);
+            else if (parts)
+                snprintf(why, sizeof why, "a cancelled checkpoint: its marks, and parts "
+                         "untouched for more than %d s (a shard's copy cut short)", ABANDONED_S);
             else
                 snprintf(why, sizeof why, "only the marks of a cancelled checkpoint were left "
                          "there");
@@ -640,6 +654,17 @@ int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wai
             break;
         }
         uint64_t next = every && bsp && step != UINT64_MAX ? next_multiple(step, every) : 0;
+        if (step != UINT64_MAX && psctl_checkpoint_part_taken(dir, m->nservers)) {
+            /* A part there already: the checkpoint a job was restored from, or a shard's copy
+             * cut short (cancelled_only): that shard refused its arm, and the checkpoint of this
+             * step failed (a helper's probe, session 58: after a restore). time-MS instead. */
+            char alt[sizeof dir];
+            if (psctl_checkpoint_dir(m, base, UINT64_MAX, alt, sizeof alt) == 0) {
+                printf("psctl: follow: %s holds a checkpoint already; this one goes into "
+                       "%s\n", dir, alt);
+                snprintf(dir, sizeof dir, "%s", alt);
+            }
+        }
         if (step == UINT64_MAX) /* asp / ssp: no common step; the shards say theirs after */
             printf("psctl: follow: checkpoint into %s\n", dir);
         else

@@ -2309,19 +2309,23 @@ START_TEST(test_periodic_checkpoints)
     ck_assert_int_eq(count_in_log(psd[0], "psctl: follow: checkpoints of cluster"), 2);
     /* What checkpoints psctl gave up while a shard did not answer leave: step-3 holds only a
      * cancel mark and an empty part directory (removed at the next prune), step-7 a mark
-     * beside a part the shard had written (kept: restore and verify refuse it, a person
-     * decides). Before, the prune left both. */
+     * beside a part the shard had written just now (kept: a stopped shard's, which drops it
+     * when it resumes). Before, the prune left both. step-20 holds such a part too: the
+     * checkpoint of step 20 goes into a time-MS directory (before, shard 1 refused its arm,
+     * "already holds a checkpoint", and step 20 had none; a helper's probe, session 58). */
     char base[CL_PATH + 32], names[16][64], plant[CL_PATH + 96];
     snprintf(base, sizeof base, "%s/../checkpoints", c->data_dir[0]);
     mkdir(base, 0755);
-    const char *planted[] = {"step-3", "step-3/shard-1", "step-7", "step-7/shard-0"};
-    for (int i = 0; i < 4; i++) {
+    const char *planted[] = {"step-3", "step-3/shard-1", "step-7", "step-7/shard-0", "step-20",
+                             "step-20/shard-1"};
+    for (int i = 0; i < 6; i++) {
         snprintf(plant, sizeof plant, "%s/%s", base, planted[i]);
         ck_assert_msg(mkdir(plant, 0755) == 0, "mkdir %s: %s", plant, strerror(errno));
     }
     const char *files[] = {"step-3/cancelled-00000000000000aa", "step-7/cancelled-00000000000000bb",
-                           "step-7/shard-0/data.mdb"};
-    for (int i = 0; i < 3; i++) {
+                           "step-7/shard-0/data.mdb", "step-20/cancelled-00000000000000ff",
+                           "step-20/shard-1/data.mdb"};
+    for (int i = 0; i < 5; i++) {
         snprintf(plant, sizeof plant, "%s/%s", base, files[i]);
         FILE *f = fopen(plant, "w");
         ck_assert_ptr_nonnull(f);
@@ -2337,6 +2341,11 @@ START_TEST(test_periodic_checkpoints)
      * judged). Before, the first stayed for good too. */
     plant_part(base, "step-5", 1, c->cluster_name, 2, 1, NULL);
     plant_file(base, "step-5", "cancelled-00000000000000dd");
+    /* step-4: a cancelled checkpoint whose shard 1 was killed while it copied, two hours ago:
+     * its cut-short part (no meta.json) beside the mark; no process drops it, so the prune
+     * does (before, it stayed for good: a helper's probe, session 58). */
+    plant_part(base, "step-4", 1, NULL, 2, 1, NULL);
+    plant_file(base, "step-4", "cancelled-00000000000000ee");
     plant_part(base, "step-6", 0, c->cluster_name, 2, 0, NULL);
     plant_part(base, "step-8", 0, "another-cluster", 2, 1, NULL);
     plant_part(base, "step-9", 0, c->cluster_name, 2, 1, "notes.txt");
@@ -2377,6 +2386,9 @@ START_TEST(test_periodic_checkpoints)
     EXPECT_LOG(psd[0], "psctl: follow: the job is finished: stopping after 5 checkpoints");
     ck_assert_int_eq(count_in_log(psd[0], "psctl: follow: removed checkpoint "), 3);
     EXPECT_LOG(psd[0], "/step-3: only the marks of a cancelled checkpoint were left there");
+    EXPECT_LOG(psd[0], "/step-4: a cancelled checkpoint: its marks, and parts untouched for "
+                       "more than 600 s (a shard's copy cut short)");
+    EXPECT_LOG(psd[0], "/step-20 holds a checkpoint already; this one goes into ");
     EXPECT_LOG(psd[0], "/step-5: an incomplete checkpoint (parts of some of its 2 shards), "
                        "untouched for more than 600 s");
     ck_assert_int_eq(count_in_log(psd[0], ": an incomplete checkpoint (parts of"), 1);
@@ -2396,9 +2408,9 @@ START_TEST(test_periodic_checkpoints)
     closedir(d);
     const char *stay[] = {"step-6",  "step-7",  "step-8",  "step-9",    "step-12",
                           "step-13", "step-14", "step-15", "step-40",   "step-50",
-                          "elsewhere", "whole-elsewhere"};
-    ck_assert_msg(n == 12, "%d entries in %s, want 12 (first: %s)", n, base, n ? names[0] : "-");
-    for (int i = 0; i < 12; i++)
+                          "elsewhere", "whole-elsewhere", "step-20"};
+    ck_assert_msg(n == 13, "%d entries in %s, want 13 (first: %s)", n, base, n ? names[0] : "-");
+    for (int i = 0; i < 13; i++)
         ck_assert_msg(listed(names, n, stay[i]), "%s/%s is gone", base, stay[i]);
     for (int s = 40; s <= 50; s += 10) {
         char dir[CL_PATH + 64], line[64];
