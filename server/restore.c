@@ -45,6 +45,16 @@ int psd_restore_check(const ps_manifest_t *m, uint32_t nstate, const char *data_
         struct dirent *e;
         while ((e = readdir(d)) != NULL)
             if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) break;
+        char from[PS_PATH_MAX];
+        if (e && psd_restore_marked(data_dir, from, sizeof from)) {
+            /* Its own restore, cut short: said as a start without --restore says it (a
+             * helper's probe, session 58: only "not empty (it holds 'lock.mdb')"). */
+            snprintf(err, errlen, "--restore %s: data_dir %s holds a restore from %s that did "
+                     "not finish (psd stopped during it): remove the data_dir and run psd "
+                     "--restore again", dir, data_dir, from[0] ? from : "a checkpoint");
+            closedir(d);
+            return -EEXIST;
+        }
         if (e) {
             snprintf(err, errlen, "--restore %s: data_dir %s is not empty (it holds '%s'); a "
                      "restore fills only an empty or missing data_dir", dir, data_dir, e->d_name);

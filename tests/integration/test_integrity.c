@@ -1350,6 +1350,12 @@ START_TEST(test_checkpoint_restore_reshard)
     EXPECT_EXIT(b, 1);
     EXPECT_LOG(b, "that did not finish (psd stopped during it): remove the data_dir and run psd "
                   "--restore again");
+    /* The same restore run again says so too (before: only "not empty (it holds 'lock.mdb')";
+     * a helper's probe, session 58). */
+    b = cl_spawn(c, "restore-again", argv);
+    EXPECT_EXIT(b, 1);
+    EXPECT_LOG(b, "that did not finish (psd stopped during it): remove the data_dir and run psd "
+                  "--restore again");
     /* The same when it is killed right after the store was made, before the store could say
      * so (PS_TEST_CRASH_IN_RESTORE=2): the data_dir's mark file does. */
     cl_data_dirs_aside(c, "killed1");
