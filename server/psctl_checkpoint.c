@@ -501,6 +501,22 @@ release:;
 
 _Static_assert(PS_MAX_SERVERS <= 64, "psctl_checkpoint_run keeps a bit per shard in one word");
 
+/* Checkpoint directory @p d (@p cap bytes), the default one of its step, holds a checkpoint
+ * already: replaced with the default time-MS one, said. @return whether it was (else @p d
+ * stays). */
+static bool to_time_dir(const ps_manifest_t *m, char *d, size_t cap)
+{
+    char old[PS_PATH_MAX + 64];
+    snprintf(old, sizeof old, "%s", d);
+    if (psctl_checkpoint_dir(m, NULL, UINT64_MAX, d, cap) != 0) {
+        snprintf(d, cap, "%s", old);
+        return false;
+    }
+    printf("psctl: checkpoint: %s holds a checkpoint already; this one goes into %s\n", old, d);
+    fflush(stdout);
+    return true;
+}
+
 bool psctl_checkpoint_part_taken(const char *d, int n)
 {
     for (int j = 0; j < n; j++) {
@@ -559,16 +575,7 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
          * copied left beside psctl's cancel mark. Shard 0's refusal (EEXIST, below) moved the
          * checkpoint to time-MS, but another shard's failed it (a helper's probe, session 58:
          * every checkpoint at that step after a restore). time-MS at once instead. */
-        char old[sizeof d];
-        snprintf(old, sizeof old, "%s", d);
-        if (psctl_checkpoint_dir(m, NULL, UINT64_MAX, d, sizeof d) == 0) {
-            printf("psctl: checkpoint: %s holds a checkpoint already; this one goes "
-                   "into %s\n", old, d);
-            fflush(stdout);
-            renamed = 1;
-        } else {
-            snprintf(d, sizeof d, "%s", old);
-        }
+        renamed = to_time_dir(m, d, sizeof d);
     }
     int armed = strlen(d) < PS_CKPT_DIR_MAX;
     if (!armed) fprintf(stderr, "psctl: checkpoint: directory '%s' is longer than 199 bytes\n", d);
@@ -586,17 +593,11 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
         if (rc == -EEXIST && i == 0 && (how & PSCTL_CK_MOVABLE) && !(how & PSCTL_CK_OWN_DIR) &&
             !renamed++) {
             /* The default directory of this step holds a checkpoint (one taken at this step
-             * before, or the one this job was restored from): time-MS instead. */
-            char old[sizeof d];
-            snprintf(old, sizeof old, "%s", d);
-            if (psctl_checkpoint_dir(m, NULL, UINT64_MAX, d, sizeof d) == 0) {
-                printf("psctl: checkpoint: %s holds a checkpoint already; this one goes into "
-                       "%s\n", old, d);
-                fflush(stdout);
+             * before, or the one this job was restored from), on shard 0's host only. */
+            if (to_time_dir(m, d, sizeof d)) {
                 i--;
                 continue;
             }
-            snprintf(d, sizeof d, "%s", old);
         }
         if (rc == PS_EBUSY && (how & PSCTL_CK_BUSY_RETRY) && !strstr(err, "shutting down")) {
             /* Another checkpoint (psd's periodic one, another psctl's) is under way there: this
