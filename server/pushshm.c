@@ -82,8 +82,8 @@ void psd_hello_area(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *hello, ps_
     reply->area_size = c->area->size;
 }
 
-const uint8_t *psd_area_data(psd_conn_t *c, uint64_t offset, uint64_t len, psd_area_t **area,
-                             const char **why)
+const uint8_t *psd_area_data(psd_conn_t *c, uint64_t offset, uint64_t len, uint64_t need,
+                             psd_area_t **area, const char **why)
 {
     psd_area_t *a = c->area;
     if (a == NULL)
@@ -92,6 +92,11 @@ const uint8_t *psd_area_data(psd_conn_t *c, uint64_t offset, uint64_t len, psd_a
         *why = "the offset is not 64-byte aligned";
     else if (offset > a->size || len > a->size - offset)
         *why = "the bytes are not inside the push area";
+    else if (offset > need || len > need - offset)
+        /* A page psd reads takes memory even when nobody wrote it: pushes spread over the
+         * whole area (up to 64 GiB) made psd allocate it (a review, session 58). libps
+         * places each chunk once per area, page-rounded, one after the other. */
+        *why = "the bytes lie beyond the places this shard's chunks take in a push area";
     else {
         *area = a;
         return a->base + offset;

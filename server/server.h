@@ -395,6 +395,9 @@ struct psd_server_s {
                                   tensor is absent or renamed is skipped */
     uint32_t names_cap, names_used;
     uint64_t next_chunk;       /* coordinator: first_chunk of the next new tensor */
+    uint64_t area_need;        /* the push area bytes a worker's places of this shard's chunks
+                                  take (each page-rounded, as libps places them): a direct
+                                  push beyond is refused (psd_area_data) */
     uint64_t decl_bytes[PS_MAX_SERVERS]; /* by shard: the map bytes the present tensors'
                                   records take there (a lower bound, declare_too_big); the
                                   coordinator holds every tensor, so it knows every shard's */
@@ -581,9 +584,10 @@ bool psd_push_direct_enabled(void);
  *  (pid, area_fd, area_id, area_size); nothing when none could be made. */
 void psd_hello_area(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *hello, ps_msg_t *reply);
 /** @brief @p len bytes at @p offset of @p c's area, or NULL (with *@p why) when it has none, the
- *  offset is not 64-byte aligned or the bytes are not all inside it. *@p area: the area. */
-const uint8_t *psd_area_data(psd_conn_t *c, uint64_t offset, uint64_t len, psd_area_t **area,
-                             const char **why);
+ *  offset is not 64-byte aligned or the bytes are not all inside its first @p need bytes (what
+ *  a worker's places of this shard's chunks take: srv->area_need). *@p area: the area. */
+const uint8_t *psd_area_data(psd_conn_t *c, uint64_t offset, uint64_t len, uint64_t need,
+                             psd_area_t **area, const char **why);
 /** @brief Take a reference on @p a (a slot that points into it holds one until slot_empty);
  *  loop thread only, like psd_area_unref. */
 void psd_area_ref(psd_area_t *a);

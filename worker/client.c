@@ -962,8 +962,13 @@ void ps__area_unmap(cshard_t *s)
     s->area_id = 0;
 }
 
+/* The seals psd puts on a push area (server/pushshm.c): only a memfd carries them, so a reply
+ * naming some other file of this worker's (a dataset, a checkpoint) is not written into (a
+ * review, session 58). */
+#define AREA_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
+
 /* Map the push area shard @p s offered (its own connection's: /proc/<psd pid>/fd/<fd>), if its
- * identity is the one offered. */
+ * identity is the one offered and it is sealed as psd seals it. */
 static void area_update(ps_client_t *c, cshard_t *s)
 {
     if (s->area || !c->direct_push || s->area_offer_id == 0 || s->area_tried == s->area_offer_id)
@@ -981,10 +986,13 @@ static void area_update(ps_client_t *c, cshard_t *s)
         ps_storeview_stat_id(&st) == s->area_offer_id &&
         (fd = open(path, O_RDWR | O_CLOEXEC | O_NOCTTY)) >= 0 &&
         ps_storeview_file_id(fd) == s->area_offer_id && fstat(fd, &st) == 0 &&
-        (uint64_t)st.st_size >= s->area_offer_size && s->area_offer_size > 0)
+        (uint64_t)st.st_size >= s->area_offer_size && s->area_offer_size > 0 &&
+        (fcntl(fd, F_GET_SEALS) & AREA_SEALS) == AREA_SEALS)
         a = mmap(NULL, s->area_offer_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE,
                  fd, 0);
     if (fd >= 0) close(fd);
+    /* A child this process forks (a data loader's) neither keeps nor writes the area. */
+    if (a != MAP_FAILED) madvise(a, s->area_offer_size, MADV_DONTFORK);
     if (a == MAP_FAILED) {
         PS_LOG(PS_LOG_DEBUG, "libps", "shard %u: pushes over the transport (no push area at %s)",
                i, path);

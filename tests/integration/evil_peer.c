@@ -594,7 +594,7 @@ static int direct_refused(peer_t *p, ps_msg_t *m, int status, const char *want, 
 }
 
 /* Direct pushes that point outside the push area, at an unaligned place, carry data or a codec
- * are refused, each naming its reason; one whose bytes in the area do not match its CRC is
+ * (or beyond the places this shard's chunks take) are refused, each naming its reason; one whose bytes in the area do not match its CRC is
  * refused with PS_ECRC; a right one is acknowledged. */
 static int direct_pushes(peer_t *p, target_t *t)
 {
@@ -613,6 +613,11 @@ static int direct_pushes(peer_t *p, target_t *t)
     refused += direct_refused(p, &m, PS_EPROTO, "not inside the push area", "at 2^64-64") == 0;
     m.area_offset = 8;
     refused += direct_refused(p, &m, PS_EPROTO, "not 64-byte aligned", "unaligned") == 0;
+    /* Inside the area, far beyond what this shard's chunks take: reading it would make psd
+     * allocate pages nobody wrote (a review, session 58). */
+    m.area_offset = (h->area_size - len) & ~4095ull;
+    refused += direct_refused(p, &m, PS_EPROTO, "beyond the places this shard's chunks take",
+                              "beyond the chunks' places") == 0;
     m.area_offset = 0;
     float zero[16] = {0};
     if (call(p, &m, zero, sizeof zero, PS_AM_DATA) == 0 && p->reply.type == PS_MSG_ERROR &&
@@ -635,8 +640,8 @@ static int direct_pushes(peer_t *p, target_t *t)
     m.chunk = 0;
     m.tensor = 1u << 20;
     refused += direct_refused(p, &m, PS_ENOENT, "no tensor with id", "of no tensor") == 0;
-    say("evil_peer: %d of 7 malformed direct pushes refused as expected", refused);
-    failed += refused != 7;
+    say("evil_peer: %d of 8 malformed direct pushes refused as expected", refused);
+    failed += refused != 8;
 
     char path[64];
     snprintf(path, sizeof path, "/proc/%u/fd/%u", h->pid, h->area_fd);

@@ -193,7 +193,7 @@ START_TEST(test_hostile_peer)
     EXPECT_LOG(evil, "evil_peer: 10 of 10 malformed pushes refused as expected (7 after receipt)");
     EXPECT_LOG(evil, "evil_peer: case bad-crc: refused (ECRC)");
     EXPECT_LOG(evil, "evil_peer: bad-crc push sent again with the right CRC: acknowledged");
-    EXPECT_LOG(evil, "evil_peer: 7 of 7 malformed direct pushes refused as expected");
+    EXPECT_LOG(evil, "evil_peer: 8 of 8 malformed direct pushes refused as expected");
     EXPECT_LOG(evil, "evil_peer: direct push with a wrong CRC: refused (ECRC)");
     EXPECT_LOG(evil, "evil_peer: direct push: acknowledged");
     EXPECT_LOG(evil, "evil_peer: 5 of 5 malformed bundles refused as expected");
