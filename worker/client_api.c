@@ -670,6 +670,20 @@ static uint32_t stale_flag(ps_client_t *c, uint64_t step)
     return __atomic_load_n(&c->stale_step1, __ATOMIC_ACQUIRE) == step + 1 ? PS_FLAG_STALE : 0;
 }
 
+/* Free what tensor @p t (may be NULL) holds sized by its shape, and zero it. */
+static void ctensor_free_bufs(ctensor_t *t)
+{
+    if (t == NULL) return;
+    free(t->residual);
+    ps_buffer_free(t->payload, t->chunk_cap * t->nchunks);
+    free(t->scratch);
+    free(t->pull_buf);
+    free(t->spare[0]);
+    free(t->spare[1]);
+    free(t->places);
+    *t = (ctensor_t){0};
+}
+
 void ps_client_destroy(ps_client_t *c)
 {
     if (c == NULL) return;
@@ -704,16 +718,8 @@ void ps_client_destroy(ps_client_t *c)
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
     for (uint32_t i = 0; c->tensors && i < PS_CLIENT_MAX_TENSORS; i++) {
-        ctensor_t *t = c->tensors[i];
-        if (t == NULL) continue;
-        free(t->residual);
-        ps_buffer_free(t->payload, t->chunk_cap * t->nchunks);
-        free(t->scratch);
-        free(t->pull_buf);
-        free(t->spare[0]);
-        free(t->spare[1]);
-        free(t->places);
-        free(t);
+        ctensor_free_bufs(c->tensors[i]);
+        free(c->tensors[i]);
     }
     free(c->tensors);
     free(c->ctrl_spare);
@@ -953,6 +959,19 @@ static int declare(ps_client_t *c, const ps_tensor_desc_t *desc, const float *va
     if (c->tensors[tid] == NULL && (c->tensors[tid] = calloc(1, sizeof(ctensor_t))) == NULL)
         return PS_ENOMEM;
     ctensor_t *t = c->tensors[tid];
+    if (t->nchunks && t->numel != ps_decl_numel(&rep.decl)) {
+        /* The id was handed out again with another shape (tensors this client gave up,
+         * ps_client_give_up, and dropped, then others declared): its buffers, spare ops and
+         * direct push places were the old shape's (a review, session 58). */
+        if (t->busy[0] || t->busy[1]) {
+            snprintf(c->err, sizeof c->err, "tensor %u: declared again with another shape while "
+                     "its operations are in flight", tid);
+            return PS_EBUSY;
+        }
+        c->tensor_set -= psk_mix64(tid + 1);
+        c->ntensor_set--;
+        ctensor_free_bufs(t); /* as new below; compression none until set again */
+    }
     if (t->nchunks == 0) { /* new to this client (declared again: counted once) */
         c->tensor_set += psk_mix64(tid + 1); /* a sum: the order of declarations is free */
         c->ntensor_set++;
