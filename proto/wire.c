@@ -256,6 +256,7 @@ static int header_pack(const Ps__Header *h, uint8_t *buf, size_t cap, size_t *le
     wr_u64(&w, 62, h->run_base);
     wr_u64(&w, 63, h->joined_runs);
     wr_u64(&w, 64, h->poll_ms);
+    wr_u64(&w, 65, h->launcher);
     if (w.full) return PS_EINVAL;
     *len = (size_t)(w.p - buf);
     return 0;
@@ -358,6 +359,7 @@ static bool header_unpack(Ps__Header *h, uint64_t *replay, const uint8_t *buf, s
         case 62: h->run_base = v; break;
         case 63: h->joined_runs = v; break;
         case 64: h->poll_ms = (uint32_t)v; break;
+        case 65: h->launcher = (uint32_t)v; break;
         default: return false; /* 57 unpacked, or a field this build does not know */
         }
     }
@@ -416,6 +418,7 @@ int ps_msg_encode_sealed(const ps_msg_t *m, const uint8_t *session, size_t sessi
     h.run_base = m->run_base;
     h.joined_runs = m->joined_runs;
     h.poll_ms = m->poll_ms;
+    h.launcher = m->launcher;
     if (m->nreplay > PS_REPLAY_MAX) return PS_EINVAL;
     h.n_replay = m->nreplay;
     h.replay = (uint64_t *)m->replay; /* only read, as the strings below */
@@ -538,6 +541,7 @@ int ps_msg_decode(ps_msg_t *m, const void *buf, size_t len, char *err, size_t er
     m->run_base = h->run_base;
     m->joined_runs = h->joined_runs;
     m->poll_ms = h->poll_ms;
+    m->launcher = h->launcher;
     if (h->n_replay > PS_REPLAY_MAX)
         FAIL("%zu replay tags (%d allowed)", h->n_replay, PS_REPLAY_MAX);
     m->nreplay = (uint32_t)h->n_replay;

@@ -213,6 +213,7 @@ typedef struct {
     uint64_t joined_runs; /* hello reply (PS_FLAG_RUN): the runs digest the shard keeps;
                              heartbeat: the worker's (ps_runs_digest) */
     uint32_t poll_ms;     /* launch: how often the launcher reports (0: an older one) */
+    uint32_t launcher;    /* hello: the pid of the pslaunch that started the worker (0: none) */
     uint32_t nreplay;     /* batch reply, push: replay tags in use (PS_REPLAY_MAX at most) */
     uint64_t replay[PS_REPLAY_MAX];
     char store[256];

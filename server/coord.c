@@ -342,6 +342,8 @@ typedef struct {
     bool batch_seen;          /* its batch's reply went out (bsp hands a member its next batch
                                  as the step opens, before it asks): ps_batch_t.left counts it.
                                  True after a restart of this shard for a member with a batch */
+    uint32_t launcher;        /* the pid of the pslaunch that started it on its host, as its
+                                 hello said (0: none, or an older libps; grants_seen) */
 } member_rt_t;
 
 typedef struct {
@@ -1110,6 +1112,7 @@ void psd_coord_on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
         co->rt[r].parked = 0;
         co->rt[r].lost_ms = 0;
         co->rt[r].late_from_ms = uv_now(srv->loop); /* its resent pushes get their time */
+        co->rt[r].launcher = msg->launcher;
         if (co->rt[r].joined_ms == 0) { /* restored by a restart of this shard: from now */
             co->rt[r].joined_ms = uv_now(srv->loop);
             co->rt[r].steps_at_join = co->s.m[r].steps_done;
@@ -1158,7 +1161,8 @@ void psd_coord_on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
         m->join_serial = ++co->s.joins;
         host_safe(m->host, sizeof m->host, msg->host[0] ? msg->host : c->peer);
         co->rt[rank] = (member_rt_t){.conn = c, .joined_ms = uv_now(srv->loop),
-                                     .steps_at_join = clock, .no_batch_yet = true};
+                                     .steps_at_join = clock, .no_batch_yet = true,
+                                     .launcher = msg->launcher};
         co->s.active |= 1ull << rank;
         if (co->grant_start > 0) co->grant_start--;
         PS_LOG(PS_LOG_INFO, "coord", "worker pid %u from %s joins as rank %d at step %llu "
@@ -1941,8 +1945,12 @@ static bool launcher_fresh(const launcher_t *x, uint64_t now)
 /* Starts granted whose workers died before they joined. Once every launcher heard from has
  * reported after the last grant (pslaunch starts its workers on the answer, so each count
  * holds them), the grants still on their way are at most the workers the launchers run that
- * are not members yet (the members on the launchers' hosts). Before, such a grant counted
- * until GRANT_TTL_MS: with the started workers dead, the job waited ~15 s with none. */
+ * are not members yet (the members whose hello named one of them: PS_LAUNCHER). Before, such a
+ * grant counted until GRANT_TTL_MS: with the started workers dead, the job waited ~15 s with
+ * none. And before session 58 the members counted were those on a launcher's host: one that
+ * no live launcher ran (a worker started by hand, or the workers of a pslaunch stopped for
+ * over GRANT_TTL_MS) cut the count, and workers still starting were started again, over the
+ * desired number (a helper's probe). */
 static void grants_seen(psd_server_t *srv, uint64_t now)
 {
     psd_coord_t *co = srv->coord;
@@ -1958,10 +1966,11 @@ static void grants_seen(psd_server_t *srv, uint64_t now)
     }
     if (!any) return;
     for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
-        if (!(co->s.active >> r & 1)) continue;
+        if (!(co->s.active >> r & 1) || co->rt[r].launcher == 0) continue;
         for (int i = 0; i < MAX_LAUNCHERS; i++) {
             const launcher_t *x = &co->launchers[i];
-            if (launcher_fresh(x, now) && strcmp(x->host, co->s.m[r].host) == 0) {
+            if (launcher_fresh(x, now) && x->pid == co->rt[r].launcher &&
+                strcmp(x->host, co->s.m[r].host) == 0) {
                 here++;
                 break;
             }

@@ -403,7 +403,8 @@ static int join(ps_client_t *c, uint32_t timeout_ms, const volatile sig_atomic_t
         bool said = false;
         for (;;) {
             ps_msg_t req = {.type = PS_MSG_HELLO, .rank = c->rank, .pid = (uint32_t)getpid(),
-                            .samples = c->join_serial, .store_id = ps_storeview_host_id()}, rep;
+                            .samples = c->join_serial, .store_id = ps_storeview_host_id(),
+                            .launcher = c->launcher}, rep;
             ps__hello_conf(c, &req, i);
             snprintf(req.cluster, sizeof req.cluster, "%s", c->m.cluster);
             gethostname(req.host, sizeof req.host - 1);
@@ -560,6 +561,8 @@ int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts, ps
     c->chunk_elems = c->m.chunk_bytes / 4;
     c->fusion_bytes = c->m.fusion_bytes;
     c->rank = -1;
+    const char *lp = getenv("PS_LAUNCHER"); /* set by pslaunch for the workers it starts */
+    c->launcher = lp ? (uint32_t)strtoul(lp, NULL, 10) : 0;
     const char *dp = getenv("PS_DIRECT_PULL");
     c->direct = !(dp && strcmp(dp, "0") == 0);
     const char *dq = getenv("PS_DIRECT_PUSH");

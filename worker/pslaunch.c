@@ -410,6 +410,12 @@ int main(int argc, char **argv)
                 "has a worker that died replaced)\n");
         return 2;
     }
+    /* The workers' hellos name this pslaunch (libps reads PS_LAUNCHER): shard 0 tells the
+     * members it runs from others on this host (server/coord.c, grants_seen). Set before any
+     * fork: the child calls nothing but async-signal-safe functions until its exec. */
+    char me[16];
+    snprintf(me, sizeof me, "%d", (int)getpid());
+    setenv("PS_LAUNCHER", me, 1);
     if (!follow_mode && poll_set) {
         fprintf(stderr, "pslaunch: --poll-ms is for --follow\n");
         return 2;

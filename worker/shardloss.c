@@ -300,7 +300,8 @@ static void on_reconnect_timer(uv_timer_t *h)
     op->submit_ns = mono_ns(); /* hello_overdue: unanswered for hello_deadline_ms */
     op->parts[0] = (part_t){.op = op, .shard = s->index, .pending = 1};
     op->req = (ps_msg_t){.type = PS_MSG_HELLO, .rank = rank_now(c), .pid = (uint32_t)getpid(),
-                         .samples = c->join_serial, .store_id = ps_storeview_host_id()};
+                         .samples = c->join_serial, .store_id = ps_storeview_host_id(),
+                         .launcher = c->launcher};
     ps__hello_conf(c, &op->req, s->index);
     snprintf(op->req.cluster, sizeof op->req.cluster, "%s", c->m.cluster);
     op->req.req_id = op->req_id;

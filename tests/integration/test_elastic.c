@@ -2134,10 +2134,12 @@ START_TEST(test_asp_max_steps_member_died_finishes)
 END_TEST
 
 /* The starts a launcher with no worker running (pslaunch --follow's ask) would get now. */
-static int32_t launch_grant(coord_t *co)
+/* A launcher (pid 424242) on @p host that runs @p running workers asks shard 0: its answer
+ * (> 0: start that many, < 0: stop). */
+static int32_t launch_report(coord_t *co, const char *host, uint32_t running)
 {
-    ps_msg_t q = {.type = PS_MSG_LAUNCH, .rank = -1, .pid = 424242, .workers = 0}, r;
-    snprintf(q.host, sizeof q.host, "test-host");
+    ps_msg_t q = {.type = PS_MSG_LAUNCH, .rank = -1, .pid = 424242, .workers = running}, r;
+    snprintf(q.host, sizeof q.host, "%s", host);
     snprintf(q.cluster, sizeof q.cluster, "%s", co->m.cluster);
     char err[512];
     int rc = -1;
@@ -2146,6 +2148,8 @@ static int32_t launch_grant(coord_t *co)
     ck_assert_msg(rc == 0, "%s", err);
     return r.status;
 }
+
+static int32_t launch_grant(coord_t *co) { return launch_report(co, "test-host", 0); }
 
 /* asp with job.max_steps: once a worker did its steps no start is granted (a replacement would
  * do as many again), and a restart of shard 0 keeps it so. Before, the restart forgot it: a
@@ -2193,6 +2197,38 @@ START_TEST(test_launch_again_when_started_died)
     ck_assert_int_eq(launch_grant(&co), 2); /* it runs none: both died (before: 0) */
     EXPECT_LOG(psd, "2 worker(s) started for the job never joined");
     coord_close(&co);
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+/* A member that no live launcher runs (a worker started by hand; or the workers of a pslaunch
+ * stopped for over GRANT_TTL_MS) on a launcher's host was counted as one of that launcher's:
+ * the workers it had just started, not joined yet, were taken for dead ("never joined") and
+ * started again, over the desired number (a helper's probe, session 58). Members now count
+ * for the launcher their hello names (PS_LAUNCHER, set by pslaunch). */
+START_TEST(test_launch_not_again_for_others_members)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1, .max_steps = 1000000};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false); /* by hand: no PS_LAUNCHER */
+    ck_assert_msg(cl_wait_log(w, "joined at step", RUN_S) == 0, "no join: %s", cl_tail(w));
+    coord_t co;
+    coord_open(&co, c);
+    char host[64] = "";
+    gethostname(host, sizeof host - 1); /* the worker's host, as its hello names it */
+    ps_msg_t q = {.type = PS_MSG_SCALE, .rank = -1, .workers = 3}, r;
+    snprintf(q.cluster, sizeof q.cluster, "%s", co.m.cluster);
+    char err[512];
+    ck_assert_msg(ps_req_call(co.ctl, 0, &q, &r, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(launch_report(&co, host, 0), 2);
+    nap_ms(50);
+    ck_assert_int_eq(launch_report(&co, host, 2), 0); /* it runs them, still starting: before, 1 */
+    ck_assert_int_eq(count_in_log(psd, "never joined"), 0);
+    coord_close(&co);
+    ck_assert_int_eq(cl_signal(w, SIGKILL), 0);
+    cl_wait(w, RUN_S);
     stop_all(&psd, 1);
     cl_cluster_destroy(c);
 }
@@ -3054,6 +3090,7 @@ Suite *ps_test_suite(void)
     ADD(asp_max_steps_member_died_finishes);
     ADD(asp_max_steps_cap_survives_restart);
     ADD(launch_again_when_started_died);
+    ADD(launch_not_again_for_others_members);
     ADD(dropped_at_declare_or_final_pull);
     ADD(leave_while_coordinator_stopped);
     ADD(scale_2_5_1_3);
