@@ -961,8 +961,9 @@ static void uct_tcp_request(uint8_t m[5 + UCT_TCP_REQ_LEN], uint64_t sn, uint8_t
 
 /* A TCP transport connection to 127.0.0.1:@p port that psd accepted (it answered the
  * connection request), as any peer can open one: no connection request on the shard's port, no
- * proof of a secret. */
-static int uct_tcp_open(uint16_t port, uint64_t sn)
+ * proof of a secret. With @p closed: -1 when the peer closed it before its answer (else a
+ * failed check). */
+static int uct_tcp_open_or(uint16_t port, uint64_t sn, bool *closed)
 {
     int fd = cl_tcp_connect(port);
     struct sockaddr_in me;
@@ -978,12 +979,19 @@ static int uct_tcp_open(uint16_t port, uint64_t sn)
         struct pollfd pf = {.fd = fd, .events = POLLIN};
         ck_assert_msg(poll(&pf, 1, 5000) == 1, "psd's TCP transport did not answer");
         ssize_t k = read(fd, ack + got, sizeof ack - got);
+        if (k <= 0 && closed) {
+            *closed = true;
+            close(fd);
+            return -1;
+        }
         ck_assert_msg(k > 0, "psd's TCP transport closed the connection");
         got += (size_t)k;
     }
     ck_assert_msg(ack[0] == UCT_TCP_CM && ack[5] == 2, "not a connection ack"); /* CONN_ACK */
     return fd;
 }
+
+static int uct_tcp_open(uint16_t port, uint64_t sn) { return uct_tcp_open_or(port, sn, NULL); }
 
 /* UCP messages that name an endpoint or a request by an id UCP takes as a pointer, or announce
  * a header longer than themselves, sent on data connections any peer can open, leave psd
@@ -1143,13 +1151,27 @@ static bool pid_running(pid_t pid)
 static void put_to_0x10_refused_at(cl_proc_t *log, pid_t pid, const char *who)
 {
     uint16_t port = 0;
-    for (int i = 0; i < 100 && port == 0; i++) { /* its UCX worker listens once it connected */
-        port = uct_tcp_port(pid, 0);
-        if (port == 0) nanosleep(&(struct timespec){0, 50 * 1000 * 1000}, NULL);
+    int fd = -1;
+    /* A connection closed before its answer is made again, to the port found anew: once in
+     * about 40 runs of the clean-clone suite psd's follower closed it (session 58; not seen
+     * since in 65 runs of the case alone, nor known why: a UCX worker it replaced as it
+     * connected?), and what is checked here is the put request's refusal. */
+    for (int tries = 0; tries < 3 && fd < 0; tries++) {
+        port = 0;
+        for (int i = 0; i < 100 && port == 0; i++) { /* its UCX worker listens once it connected */
+            port = uct_tcp_port(pid, 0);
+            if (port == 0) nanosleep(&(struct timespec){0, 50 * 1000 * 1000}, NULL);
+        }
+        ck_assert_msg(port != 0, "%s listens on no TCP transport port at 127.0.0.1: %s", who,
+                      cl_tail(log));
+        bool closed = false;
+        fd = uct_tcp_open_or(port, 4000 + tries, &closed);
+        if (fd < 0)
+            fprintf(stderr, "%s's TCP transport (port %u) closed the connection before it "
+                    "answered; trying again\n", who, port);
     }
-    ck_assert_msg(port != 0, "%s listens on no TCP transport port at 127.0.0.1: %s", who,
-                  cl_tail(log));
-    int fd = uct_tcp_open(port, 4000);
+    ck_assert_msg(fd >= 0, "%s's TCP transport (port %u) closed the connection before it "
+                  "answered, three times: %s", who, port, cl_tail(log));
     uint8_t m[5 + 20 + 8] = {33};
     put_le(m + 1, 20, 4);
     put_le(m + 5, 0x10, 8); /* the address */
