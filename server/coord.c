@@ -1928,7 +1928,8 @@ void psd_coord_on_scale(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
      * scale from 2 to 3 while 2 were starting had 3 more started). Stops are asked anew. */
     co->grant_stop = 0;
     ps_msg_t a = {.type = PS_MSG_SCALE_REPLY, .req_id = msg->req_id, .shard = 0,
-                  .workers = popcount(co->s.active)};
+                  .workers = popcount(co->s.active),
+                  .flags = co->s.finished ? PS_FLAG_FINISHED : 0};
     psd_send_msg(srv, c, &a);
     if (is_bsp(srv)) maybe_restart_step(srv);
 }

@@ -599,7 +599,10 @@ int main(int argc, char **argv)
             fprintf(stderr, "psctl: %s\n", err);
             return 1;
         }
-        printf("desired workers: %d (now %u)\n", scale, rep.workers);
+        /* A finished job starts no worker whatever the count (a helper's probe, session 58:
+         * it said only "(now 0)"). */
+        printf("desired workers: %d (now %u%s)\n", scale, rep.workers,
+               rep.flags & PS_FLAG_FINISHED ? "; the job is finished: no worker will start" : "");
         return 0;
     }
     if (strcmp(verb, "export") == 0) {

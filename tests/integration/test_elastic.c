@@ -144,6 +144,11 @@ static void end_finished(coord_t *co, cl_proc_t *psd, cl_cluster_t *c, long long
     ck_assert_msg(j && strstr(j, "\"finished\": true"), "job not finished: %s", j ? j : "-");
     expect_passes(j, n, 1);
     free(j);
+    /* psctl scale says so (before: "desired workers: 2 (now 0)" alone). */
+    char *argv[] = {(char *)cl_binary("PSCTL"), "--manifest", c->manifest, "scale", "2", NULL};
+    cl_proc_t *p = cl_spawn(c, "scale-finished", argv);
+    EXPECT_EXIT(p, 0);
+    EXPECT_LOG(p, "desired workers: 2 (now 0; the job is finished: no worker will start)");
     coord_close(co);
     stop_all(&psd, 1);
     cl_cluster_destroy(c);
