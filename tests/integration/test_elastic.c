@@ -2869,6 +2869,11 @@ static long long steps_during_hang(const char *consistency, const char *extra, i
     cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
     cl_proc_t *a = cl_worker_start(c, NULL, NULL, false);
     cl_proc_t *a2 = workers > 2 ? cl_worker_start(c, NULL, NULL, false) : NULL;
+    /* The others are members before the hung one starts: on a loaded host (CI, session 58) a
+     * started late, b joined first and hung as the only member, so no step was late to drop
+     * it for and a's first step waited for b's hang to end. */
+    ck_assert_msg(cl_wait_log(a, "joined at step", RUN_S) == 0, "a: %s", cl_tail(a));
+    if (a2) ck_assert_msg(cl_wait_log(a2, "joined at step", RUN_S) == 0, "a2: %s", cl_tail(a2));
     setenv("PS_TEST_HANG_AT", at, 1);
     setenv("PS_TEST_HANG_MS", "5000", 1);
     cl_proc_t *b = cl_worker_start(c, NULL, NULL, false);
