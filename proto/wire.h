@@ -262,6 +262,11 @@ static inline uint64_t ps_run_restored_mark(uint64_t origin)
 
 /** @brief The initializer of @p d (psk_init_kind_t). */
 static inline uint32_t ps_decl_init_kind(const ps_decl_t *d) { return d->init & 0xffu; }
+
+/** @brief The bytes a direct push's chunk of @p len bytes takes in its shard's push area: libps
+ *  places each chunk once per area, page-aligned, one after the other (worker/client.c,
+ *  area_place), and psd refuses a push beyond what its chunks take so (server/pushshm.c). */
+static inline uint64_t ps_area_place_bytes(uint64_t len) { return (len + 4095) & ~4095ull; }
 /** @brief Whether @p d's values are the mean of each step's pushes (PS_DECL_MEAN). */
 static inline bool ps_decl_mean(const ps_decl_t *d) { return (d->init & PS_DECL_MEAN) != 0; }
 

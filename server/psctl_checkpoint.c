@@ -501,14 +501,17 @@ release:;
 
 _Static_assert(PS_MAX_SERVERS <= 64, "psctl_checkpoint_run keeps a bit per shard in one word");
 
-/* Checkpoint directory @p d (@p cap bytes), the default one of its step, holds a checkpoint
- * already: replaced with the default time-MS one, said. @return whether it was (else @p d
- * stays). */
+/* Checkpoint directory @p d (@p cap bytes), a step's step-S, holds a checkpoint already: replaced
+ * with a time-MS one beside it, said. @return whether it was (else @p d stays). */
 static bool to_time_dir(const ps_manifest_t *m, char *d, size_t cap)
 {
-    char old[PS_PATH_MAX + 64];
+    char old[PS_PATH_MAX + 64], base[PS_PATH_MAX + 64];
     snprintf(old, sizeof old, "%s", d);
-    if (psctl_checkpoint_dir(m, NULL, UINT64_MAX, d, cap) != 0) {
+    snprintf(base, sizeof base, "%s", d);
+    char *slash = strrchr(base, '/');
+    if (slash == NULL) return false;
+    slash[slash == base] = '\0'; /* "/step-S": the root */
+    if (psctl_checkpoint_dir(m, base, UINT64_MAX, d, cap) != 0) {
         snprintf(d, cap, "%s", old);
         return false;
     }
@@ -517,7 +520,9 @@ static bool to_time_dir(const ps_manifest_t *m, char *d, size_t cap)
     return true;
 }
 
-bool psctl_checkpoint_part_taken(const char *d, int n)
+/* Whether checkpoint directory @p d holds shard J's data.mdb for some J < @p n, seen from here
+ * (what makes psd refuse that shard's arm: checkpoint.c, arm_takes). */
+static bool part_taken(const char *d, int n)
 {
     for (int j = 0; j < n; j++) {
         char f[PS_PATH_MAX + 96];
@@ -526,6 +531,11 @@ bool psctl_checkpoint_part_taken(const char *d, int n)
         if (stat(f, &st) == 0) return true;
     }
     return false;
+}
+
+bool psctl_checkpoint_dir_free(const ps_manifest_t *m, char *d, size_t cap)
+{
+    return part_taken(d, m->nservers) && to_time_dir(m, d, cap);
 }
 
 /* The chunks a checkpoint part's meta.json lists ("chunks": [[t, c, version, hash], ...]). */
@@ -568,15 +578,8 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
             if (rc && rc != -EEXIST) break; /* the arm below says it (EEXIST: renamed there) */
         }
     }
-    if ((how & PSCTL_CK_MOVABLE) && !(how & PSCTL_CK_OWN_DIR) &&
-        psctl_checkpoint_part_taken(d, n)) {
-        /* The default directory of this step holds a part already: a checkpoint taken at
-         * this step before (the one a job was restored from), or what a shard killed while it
-         * copied left beside psctl's cancel mark. Shard 0's refusal (EEXIST, below) moved the
-         * checkpoint to time-MS, but another shard's failed it (a helper's probe, session 58:
-         * every checkpoint at that step after a restore). time-MS at once instead. */
-        renamed = to_time_dir(m, d, sizeof d);
-    }
+    if ((how & PSCTL_CK_MOVABLE) && !(how & PSCTL_CK_OWN_DIR))
+        renamed = psctl_checkpoint_dir_free(m, d, sizeof d);
     int armed = strlen(d) < PS_CKPT_DIR_MAX;
     if (!armed) fprintf(stderr, "psctl: checkpoint: directory '%s' is longer than 199 bytes\n", d);
     /* PS_TEST_ARM_GAP_MS (tests only): a pause between two shards' arms, as a slow network

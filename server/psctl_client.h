@@ -58,9 +58,13 @@ int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wai
 /** @brief A new checkpoint's id (random, never 0): its MSG_CKPT_BEGIN asks and its MSG_CKPT_GO
  *  carry it, so that an ask sent again after a lost answer is the same checkpoint to shard 0. */
 uint64_t psctl_checkpoint_id(void);
-/** @brief Whether checkpoint directory @p d holds shard J's data.mdb for some J < @p n, seen
- *  from this host: what makes psd refuse that shard's arm (checkpoint.c, arm_takes). */
-bool psctl_checkpoint_part_taken(const char *d, int n);
+/** @brief When checkpoint directory @p d (@p cap bytes; a step's step-S) holds a shard's part
+ *  already, seen from this host (a checkpoint taken at that step before, as the one a job was
+ *  restored from, or what a shard killed while it copied left beside psctl's cancel mark),
+ *  replaces it with a time-MS directory beside it and says so. Only shard 0's refusal of its
+ *  arm (EEXIST) did that before; another shard's failed the checkpoint (a helper's probe,
+ *  session 58: every checkpoint at that step after a restore). @return whether it did. */
+bool psctl_checkpoint_dir_free(const ps_manifest_t *m, char *d, size_t cap);
 /**
  * @brief The second half of checkpoint @p id, once shard 0 picked @p step (MSG_CKPT_BEGIN): arm
  *  every shard for @p step into @p dir, release the hold (MSG_CKPT_GO with @p next: a step to

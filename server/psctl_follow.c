@@ -654,17 +654,8 @@ int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wai
             break;
         }
         uint64_t next = every && bsp && step != UINT64_MAX ? next_multiple(step, every) : 0;
-        if (step != UINT64_MAX && psctl_checkpoint_part_taken(dir, m->nservers)) {
-            /* A part there already: the checkpoint a job was restored from, or a shard's copy
-             * cut short (cancelled_only): that shard refused its arm, and the checkpoint of this
-             * step failed (a helper's probe, session 58: after a restore). time-MS instead. */
-            char alt[sizeof dir];
-            if (psctl_checkpoint_dir(m, base, UINT64_MAX, alt, sizeof alt) == 0) {
-                printf("psctl: follow: %s holds a checkpoint already; this one goes into "
-                       "%s\n", dir, alt);
-                snprintf(dir, sizeof dir, "%s", alt);
-            }
-        }
+        if (step != UINT64_MAX) /* before it is said: `dir` is the one pruned against */
+            psctl_checkpoint_dir_free(m, dir, sizeof dir);
         if (step == UINT64_MAX) /* asp / ssp: no common step; the shards say theirs after */
             printf("psctl: follow: checkpoint into %s\n", dir);
         else

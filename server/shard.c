@@ -85,13 +85,6 @@ static inline psd_slot_t *slot_from(const psd_chunk_t *ch, uint32_t r)
 
 #define SLOTS_FOR(ch, s) for (psd_slot_t *s = slot_from(ch, 0); s; s = slot_from(ch, s->rank + 1))
 
-/* The bytes of a push area libps's place of @p ch takes (page-rounded: worker/client.c,
- * area_place). */
-static uint64_t area_place_bytes(const psd_chunk_t *ch)
-{
-    return ((uint64_t)ch->n * 4 + 4095) & ~(uint64_t)4095;
-}
-
 static void chunk_free(psd_chunk_t *ch)
 {
     if (ch == NULL) return;
@@ -201,7 +194,7 @@ static int tensor_add(psd_server_t *srv, const ps_decl_t *d, bool ready)
         if (ps_place_shard(d->first_chunk + c, srv->nshards) != srv->shard) continue;
         t->chunks[c] = chunk_new(srv, d->id, c, (uint32_t)ps_chunk_len(t->numel, srv->chunk_elems, c));
         if (t->chunks[c] == NULL) return PS_ENOMEM;
-        srv->area_need += area_place_bytes(t->chunks[c]);
+        srv->area_need += ps_area_place_bytes((uint64_t)t->chunks[c]->n * 4);
         t->chunks[c]->total_steps = d->total_steps;
         t->chunks[c]->mean = ps_decl_mean(d);
     }
@@ -228,7 +221,7 @@ static void tensor_forget(psd_server_t *srv, uint32_t id, bool reuse)
     if (t->present) count_decl_bytes(srv, &t->decl, -1);
     t->present = false;
     for (uint32_t c = 0; t->chunks && c < t->nchunks; c++) {
-        if (t->chunks[c]) srv->area_need -= area_place_bytes(t->chunks[c]);
+        if (t->chunks[c]) srv->area_need -= ps_area_place_bytes((uint64_t)t->chunks[c]->n * 4);
         chunk_free(t->chunks[c]);
     }
     free(t->chunks);

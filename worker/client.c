@@ -1013,7 +1013,7 @@ static uint64_t area_place(cshard_t *s, ctensor_t *t, uint32_t chunk, uint64_t l
     if (s->area == NULL || t->places == NULL) return UINT64_MAX;
     area_place_t *pl = &t->places[chunk];
     if (pl->gen != s->area_gen) {
-        uint64_t need = (len + 4095) & ~(uint64_t)4095; /* page-aligned places */
+        uint64_t need = ps_area_place_bytes(len);
         if (need > s->area_size - s->area_next) return UINT64_MAX;
         *pl = (area_place_t){.off = s->area_next, .gen = s->area_gen};
         s->area_next += need;

@@ -109,6 +109,20 @@ static void forward_view(ps_client_t *c, uint32_t i)
     ps__forward_msg(c, i, &m);
 }
 
+/* Send header @p hdr (@p len bytes; kept until @p cb runs) to shard @p s on the control AM id;
+ * @p cb (with @p arg) runs at the send's completion, only when the send was left in flight.
+ * @return whether it was. */
+static bool ctrl_send(cshard_t *s, const void *hdr, size_t len, ucp_send_nbx_callback_t cb,
+                      void *arg)
+{
+    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                               UCP_OP_ATTR_FIELD_USER_DATA |
+                                               UCP_OP_ATTR_FIELD_FLAGS,
+                               .flags = UCP_AM_SEND_FLAG_REPLY, .cb.send = cb, .user_data = arg};
+    void *req = ucp_am_send_nbx(s->ep, PS_AM_CTRL, hdr, len, NULL, 0, &prm);
+    return req != NULL && !UCS_PTR_IS_ERR(req);
+}
+
 /* Send view message @p view to shard @p i (when it is connected). */
 void ps__forward_msg(ps_client_t *c, uint32_t i, const ps_msg_t *view)
 {
@@ -121,13 +135,7 @@ void ps__forward_msg(ps_client_t *c, uint32_t i, const ps_msg_t *view)
         free(f);
         return;
     }
-    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
-                                               UCP_OP_ATTR_FIELD_USER_DATA |
-                                               UCP_OP_ATTR_FIELD_FLAGS,
-                               .flags = UCP_AM_SEND_FLAG_REPLY,
-                               .cb.send = on_forward_sent, .user_data = f};
-    void *req = ucp_am_send_nbx(s->ep, PS_AM_CTRL, f->hdr, len, NULL, 0, &prm);
-    if (req == NULL || UCS_PTR_IS_ERR(req)) {
+    if (!ctrl_send(s, f->hdr, len, on_forward_sent, f)) {
         free(f);
         return;
     }
@@ -593,13 +601,7 @@ void ps__on_heartbeat(uv_timer_t *h)
         size_t len;
         if (ps_msg_encode_sealed(&m, s->tok.b, s->tok.len, s->hb_hdr, sizeof s->hb_hdr, &len))
             continue;
-        ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
-                                                   UCP_OP_ATTR_FIELD_USER_DATA |
-                                                   UCP_OP_ATTR_FIELD_FLAGS,
-                                   .flags = UCP_AM_SEND_FLAG_REPLY,
-                                   .cb.send = on_heartbeat_sent, .user_data = s};
-        void *req = ucp_am_send_nbx(s->ep, PS_AM_CTRL, s->hb_hdr, len, NULL, 0, &prm);
-        s->hb_inflight = req != NULL && !UCS_PTR_IS_ERR(req);
+        s->hb_inflight = ctrl_send(s, s->hb_hdr, len, on_heartbeat_sent, s);
     }
     ps_ucx_progress(&c->ucx);
 }
