@@ -69,7 +69,7 @@ typedef struct {
  *  @p dir: per step one write transaction; per chunk of @p chunk_bytes the old record from the
  *  read snapshot and a new one from MDB_RESERVE, then the updates old -> new
  *  (psd_store_chunk_update) on a fan-out of @p threads threads (0: psd's default), then
- *  commit. That is what a shard's apply job does for one worker (shard.c run_apply).
+ *  commit. That is what a shard's apply job does for one worker (apply.c run_apply).
  * @return 0, or -1 with @p err filled.
  */
 int pb_store_apply(const char *dir, psk_optim_kind_t kind, uint64_t size, uint64_t chunk_bytes,

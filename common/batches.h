@@ -52,7 +52,7 @@ typedef struct {
     uint32_t count;   /* samples, >= 1 */
     /* bsp: the batch was handed out before, to members that left in the middle of its step
      * (PS_REPLAY_TAG words, oldest first, a step's departures merged): a chunk that applied
-     * such a step with such a rank's push has the batch already (server/shard.c). */
+     * such a step with such a rank's push has the batch already (server/push.c). */
     uint32_t nreplay;
     uint64_t replay[PS_REPLAY_MAX];
     uint32_t left; /* workers that had it (a batch reply) and left before it was applied */

@@ -614,7 +614,7 @@ static void reply_batch(psd_server_t *srv, uint32_t r)
         a.batch_count = m->batch.count;
         a.samples = m->progress;
         a.nreplay = m->batch.nreplay; /* handed out before: where it may be applied already */
-        if (!is_bsp(srv)) a.flags = PS_FLAG_BATCH; /* pushes carry the batch (shard.c) */
+        if (!is_bsp(srv)) a.flags = PS_FLAG_BATCH; /* pushes carry the batch (push.c) */
         if (srv->test_crash_after_batch && --srv->test_crash_after_batch == 0)
             srv->test_crash_armed = true; /* psd_shard_on_push */
         memcpy(a.replay, m->batch.replay, sizeof a.replay);
@@ -665,7 +665,7 @@ static void batch_tag(ps_batch_t *b, uint64_t tag)
 
 /* Batch @p b was not applied on every chunk: give it back tagged @p tag (the step and rank
  * that had it; uncounted first if @p counted), so that a chunk that applied that step with that
- * rank's push does not apply it again (replay_had in shard.c) and the others do. */
+ * rank's push does not apply it again (replay_had in push.c) and the others do. */
 static void regive(psd_server_t *srv, ps_batch_t b, uint64_t tag, bool counted)
 {
     psd_coord_t *co = srv->coord;
@@ -1410,7 +1410,7 @@ static void member_remove(psd_server_t *srv, uint32_t r, const char *why)
          * may have been applied (bsp: a chunk applies the step once every member's push of it
          * is there; asp / ssp: each push on arrival): the batch carries this step and rank
          * (asp / ssp: the rank), so those chunks do not apply it again (replay_had and
-         * batch_applied_here in shard.c). A member that never had a batch reply pushed
+         * batch_applied_here in push.c). A member that never had a batch reply pushed
          * nothing: no tag, and nothing for a restart to hold its rank for. */
         bool tag = is_bsp(srv) ? m->batch_step == co->s.step &&
                                      (co->s.step_members >> r & 1) && !unsent
@@ -2200,7 +2200,7 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
             uint64_t applied = psd_shard_step(srv);
             /* The ranks that had a batch of the open step and left it (their batch_step and
              * batch stay): no joiner gets one before the step closes, since a chunk's apply of
-             * the step may name them (replay_had in shard.c). */
+             * the step may name them (replay_had in push.c). */
             for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
                 const saved_member_t *m = &co->s.m[r];
                 if (!(co->s.active >> r & 1) && m->batch.count && m->batch_step == co->s.step)

@@ -1,6 +1,7 @@
 /* direct.c: direct pulls, psd's side. A worker on this shard's host may read the parameters it
  * pulls straight from the shard's store (common/storeview.h): psd tells it where the store is
- * in the hello reply and answers its pulls with the version to read (shard.c send_pull_reply). */
+ * in the hello reply and answers its pulls with the version to read (pull.c,
+ * psd__send_pull_reply). */
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -3,7 +3,7 @@
  * A record is params[n] then nstate state arrays of n floats. Its hash runs over the record in
  * blocks of PSD_HASH_BLOCK values: for each block, the block of params, then the same block of
  * every state array. That order lets the apply job hash each block right after the optimizer
- * wrote it, while it is still in cache (shard.c), and gives the same value as recomputing it
+ * wrote it, while it is still in cache (apply.c), and gives the same value as recomputing it
  * from the stored record (verify, checkpoints, repair). */
 #ifndef PSD_RECHASH_H
 #define PSD_RECHASH_H

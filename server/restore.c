@@ -328,7 +328,7 @@ int psd_restore_fill(psd_server_t *srv, const char *dir, char *err, size_t errle
                 /* A chunk's record of whose pushes it applied (bsp: its apply members, asp:
                  * each rank's last push), with the chunk wherever it goes now: a batch handed
                  * out again after the restore is then applied where it was not, and skipped
-                 * where it was, as after a restart (shard.c, replay_had). Loaded and checked
+                 * where it was, as after a restart (push.c, replay_had). Loaded and checked
                  * like any stored one when psd opens the store. */
                 uint32_t t = psd_ckpt_rd32(kp + 1), c = psd_ckpt_rd32(kp + 5);
                 uint64_t members;

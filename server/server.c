@@ -403,7 +403,7 @@ static void on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
              * and no step or view tells it apart here (bsp's pushes carry their step's
              * members). It learns it was removed and joins again; its batch is handed on as for
              * any departure. A worker continued after shard 0 dropped it but before this shard
-             * did says no hello: batch_taken_again (shard.c) knows its late push. Not covered:
+             * did says no hello: batch_taken_again (push.c) knows its late push. Not covered:
              * a join dropped here before this psd restarted (DESIGN-NOTES.md, Failures). */
             PS_LOG(PS_LOG_WARN, "server", "rank %d (pid %u, join %llu) is back after this shard "
                    "dropped it as silent: refused (it was removed)", rank, msg->pid,
@@ -854,7 +854,7 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     if (msg.type == PS_MSG_EPOCH && length == 0) {
         /* Forwarded by a member (maybe before its hello here): the coordinator changed the
          * open step's members, or told those of a step it closed (PS_FLAG_CLOSED; with no
-         * members, a chunk still at it passes it: step_closed_empty in shard.c). Carries no
+         * members, a chunk still at it passes it: psd__step_closed_empty, shard.c). Carries no
          * rank state, so no hello is needed. */
         if (srv->coord == NULL && msg.epoch != 0 && (msg.members != 0 || (msg.flags & PS_FLAG_CLOSED)))
             psd_shard_learn_view(srv, msg.epoch, msg.step, msg.members,

@@ -1,8 +1,9 @@
 /* server.h: the psd daemon's state, shared by its modules.
  *
  * server.c owns the loop, the UCX listener, connections and message dispatch;
- * shard.c owns the tensor table, chunk aggregation, the apply jobs and the
- * pull snapshots. Everything here is touched only on the loop thread, except
+ * a shard's data path (the tensor table, declarations, pushes and their aggregation, the
+ * store jobs and the pull snapshots) is shard.c and the modules shard_internal.h lists.
+ * Everything here is touched only on the loop thread, except
  * the buffers a running job has been handed (see psd_job_t). */
 #ifndef PSD_SERVER_H
 #define PSD_SERVER_H
@@ -93,7 +94,7 @@ static inline uint64_t psd_conn_who(const psd_conn_t *c)
 
 /* The push whose update a rank's slot of a chunk last committed: its sender and request, and the
  * batch it was for (ps_batch_key; 0: none said), so that a batch handed out again after its
- * worker died is not applied twice where it was (asp / ssp; shard.c batch_applied_here). */
+ * worker died is not applied twice where it was (asp / ssp; push.c batch_applied_here). */
 typedef struct {
     uint64_t who;
     uint64_t req;
@@ -240,7 +241,7 @@ struct psd_chunk_s {
     uint32_t again_next;                  /* where the next goes, mod PSD_AGAIN_RING */
 };
 
-/* A tensor created from the values its declarer sends (PSK_INIT_VALUES, shard.c): them as they
+/* A tensor created from the values its declarer sends (PSK_INIT_VALUES, declare.c): them as they
  * arrive, until its create job writes them. */
 typedef struct {
     psd_conn_t *giver;         /* the declarer sending them (a reference; NULL once all came) */
@@ -390,7 +391,7 @@ struct psd_server_s {
 
     psd_tensor_t *tensors;     /* [cap_tensors], indexed by id */
     uint32_t cap_tensors, ntensors; /* ntensors: 1 + highest present id */
-    uint32_t *names;           /* [names_cap] the table's name index (shard.c tensor_named):
+    uint32_t *names;           /* [names_cap] the table's name index (psd_shard_tensor_named):
                                   id + 1 by name hash, linear probing; 0 empty; an entry whose
                                   tensor is absent or renamed is skipped */
     uint32_t names_cap, names_used;
@@ -402,7 +403,7 @@ struct psd_server_s {
                                   records take there (a lower bound, declare_too_big); the
                                   coordinator holds every tensor, so it knows every shard's */
     psd_chunk_t *ready_head, *ready_tail;
-    uint64_t values_gen;       /* the last psd_values_t.gen handed out (shard.c) */
+    uint64_t values_gen;       /* the last psd_values_t.gen handed out (declare.c) */
     uint32_t *create_queue;    /* tensor ids waiting for a JOB_CREATE (| PSD_QUEUE_DROP: a
                                   JOB_DROP) */
     uint32_t ncreate, cap_create;
@@ -631,7 +632,7 @@ bool psd_refuse_other_cluster(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *
 /** @brief The shutdown check: called when the store goes idle. */
 void psd_server_maybe_stop(psd_server_t *srv);
 
-/* shard.c */
+/* a shard's data path: shard.c, declare.c, pull.c, push.c, storejob.c */
 /** @brief Load the tensor table and chunk versions from the store. */
 int psd_shard_load(psd_server_t *srv);
 /** @brief bsp: the ranks whose pushes the apply of step @p step summed, by a chunk's stored

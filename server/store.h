@@ -238,8 +238,8 @@ int psd_store_put_blob(psd_wtxn_t *tx, const char *name, const void *data, size_
 int psd_store_del_blob(psd_wtxn_t *tx, const char *name);
 
 /** @brief Store chunk (@p t, @p c)'s record of the pushes last applied to it (asp and ssp:
- *  shard.c's psd_done_t per rank, so that a restarted shard still knows a resend; bsp: its
- *  apply members where they changed, shard.c's summed_rec_t), @p len
+ *  server.h's psd_done_t per rank, so that a restarted shard still knows a resend; bsp: its
+ *  apply members where they changed, shard_internal.h's psd_summed_rec_t), @p len
  *  bytes copied from @p val, in @p tx. Key 'D' be32(t) be32(c): chunk walks skip it.
  *  @return 0 or PS_ESTOREFULL / PS_ESTORE. */
 int psd_store_put_applied(psd_wtxn_t *tx, uint32_t t, uint32_t c, const void *val, size_t len);
