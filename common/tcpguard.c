@@ -101,11 +101,17 @@ void ps_tcpguard_init(int limit_fds)
 {
     __atomic_store_n(&g_active, 1, __ATOMIC_RELEASE);
     /* A socket numbered past the table would pass unchecked (a peer that holds 65536 idle
-     * connections open, which UCX keeps, would get its next one past): no such numbers. */
+     * connections open, which UCX keeps, would get its next one past): no such numbers. And
+     * as many as the hard limit allows up to there: at Debian's soft 1024, a peer's idle
+     * connections used them up, UCX lost its TCP listener to EMFILE, and psd no longer heard
+     * its own host's clients, for good (a helper's probe, session 59). */
     struct rlimit rl;
-    if (limit_fds && getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur > TG_MAX_FD) {
-        rl.rlim_cur = TG_MAX_FD;
-        setrlimit(RLIMIT_NOFILE, &rl);
+    if (limit_fds && getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+        rlim_t want = rl.rlim_max < TG_MAX_FD ? rl.rlim_max : TG_MAX_FD;
+        if (rl.rlim_cur != want) {
+            rl.rlim_cur = want;
+            setrlimit(RLIMIT_NOFILE, &rl);
+        }
     }
     uint64_t seg = ps_ucx_env_bytes("UCX_TCP_RX_SEG_SIZE", 1ull << 31);
     if (seg) g_body_max = (uint32_t)seg;

@@ -16,9 +16,9 @@ uint64_t ps_ucx_env_bytes(const char *var, uint64_t max);
 /** @brief Read UCX's settings the checks depend on (UCX_TCP_RX_SEG_SIZE: the longest frame).
  *  sockhooks.c calls it once, at the first socket call or when libps hooks UCX's libraries
  *  (ps_sockhooks_got_install), which also turns the bookkeeping of ps_tcpguard_expect on. With
- *  @p limit_fds the process's open-file limit is lowered to the table's 65536 sockets (a socket
- *  numbered past it would pass unchecked); libps in another program leaves that program's
- *  limit as it is. */
+ *  @p limit_fds the process's open-file limit is set to the table's 65536 sockets (a socket
+ *  numbered past it would pass unchecked), or to the hard limit when that is lower; libps in
+ *  another program leaves that program's limit as it is. */
 void ps_tcpguard_init(int limit_fds);
 
 /** @brief A receive of @p len bytes into @p buf is about to be posted (ucp_am_recv_data_nbx):

@@ -20,6 +20,7 @@
 #define PS_MAX_TENSOR_VALUES (1ull << 34) /* per tensor (64 GiB of fp32) */
 
 #define PS_MAX_RANKS 64 /* worker ranks: a step's members travel as a 64-bit bitmap */
+#define PS_LAUNCH_MAX 256 /* worker processes one launcher runs at once (PS_MSG_LAUNCH.workers) */
 
 /* Replay tags (ps_msg_t.replay): common/batches.h, PS_REPLAY_TAG and ps_replay_next. */
 

@@ -391,6 +391,8 @@ struct psd_coord_s {
                                   user (asp / ssp: batches still in flight; bsp: a hold ahead
                                   until its step's BEGIN), or NULL */
     const psd_conn_t *ahead_asker; /* the connection that asked for ahead_after, or NULL */
+    char set_by[96];           /* who named the training set's size (cur.n) since this psd
+                                  started: "rank R (pid P on HOST)"; "" when it came stored */
     bool capped;               /* asp / ssp: a member did its job.max_steps: pslaunch gets no
                                   more starts (a replacement would do max_steps more), so the
                                   job ends with the members it has */
@@ -1090,16 +1092,31 @@ void psd_coord_on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
         rank = c->rank; /* a second hello on the same connection */
     } else if (msg->rank >= 0) {
         /* A worker whose connection to this shard broke (or that this shard lost in a
-         * restart) asks for its rank back: only the same process gets it. */
+         * restart) asks for its rank back: only the same process gets it, known by its pid and
+         * the join serial its hello reply gave it (libps sends it in every hello after). The
+         * pid alone named another process: in containers every worker may be pid 1, and a
+         * worker dropped past the grace period took back the rank of the one that joined as
+         * it with the same pid, when its network healed; any peer that read a pid in psctl
+         * status could take a member's rank and make it leave (a helper's probe, session 59). */
         int32_t r = msg->rank;
-        if (r >= PS_MAX_RANKS || !(co->s.active >> r & 1) || co->s.m[r].pid != msg->pid) {
+        if (r >= PS_MAX_RANKS || !(co->s.active >> r & 1) || co->s.m[r].pid != msg->pid ||
+            co->s.m[r].join_serial != msg->samples) {
+            if (r < PS_MAX_RANKS && (co->s.active >> r & 1) && co->s.m[r].pid == msg->pid)
+                PS_LOG(PS_LOG_WARN, "coord", "%s asks for rank %d as pid %u with join serial "
+                       "%llu, but that member joined as serial %llu (another process with the "
+                       "same pid): refused", c->peer, r, msg->pid,
+                       (unsigned long long)msg->samples,
+                       (unsigned long long)co->s.m[r].join_serial);
             psd_send_error(srv, c, msg->req_id, PS_ENOTMEMBER,
-                           "rank %d (pid %u) is not a member of the job any more (epoch %llu): "
-                           "join again", r, msg->pid, (unsigned long long)co->s.epoch);
+                           "rank %d (pid %u, join %llu) is not a member of the job any more "
+                           "(epoch %llu): join again", r, msg->pid,
+                           (unsigned long long)msg->samples, (unsigned long long)co->s.epoch);
             return;
         }
         psd_conn_t *old = co->rt[r].conn;
         if (old && old != c && !old->dead) {
+            PS_LOG(PS_LOG_INFO, "coord", "rank %d (pid %u) says hello again from %s: its "
+                   "connection from %s is closed", r, msg->pid, c->peer, old->peer);
             old->rank = -1; /* replaced: its death must not remove the member */
             old->dead = true;
             old->close_queued = true;
@@ -1350,10 +1367,18 @@ void psd_coord_on_batch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
     }
     if (co->s.cur.n == 0) {
         co->s.cur.n = msg->samples;
+        snprintf(co->set_by, sizeof co->set_by, "rank %d (pid %u on %s)", r, co->s.m[r].pid,
+                 co->s.m[r].host);
     } else if (msg->samples != co->s.cur.n) {
+        /* Fixed for the job by its first batch request: the cursor's batches are ranges of it.
+         * Who named it is said, so that a worker started with the wrong data is found (a
+         * helper's probe, session 59: one that asked first locked every other out). */
         psd_send_error(srv, c, msg->req_id, PS_ECONFIG,
-                       "this worker's training set has %llu samples, the job's has %llu",
-                       (unsigned long long)msg->samples, (unsigned long long)co->s.cur.n);
+                       "this worker's training set has %llu samples, the job's has %llu (named "
+                       "by %s; every worker of a job trains on one set: a new set is a new job, "
+                       "in an empty data_dir)",
+                       (unsigned long long)msg->samples, (unsigned long long)co->s.cur.n,
+                       co->set_by[0] ? co->set_by : "its first batch request, stored with the job");
         return;
     }
     if (tensor_set_differs(srv, c, (uint32_t)r, msg)) return;
@@ -1990,6 +2015,13 @@ void psd_coord_on_launch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
 {
     psd_coord_t *co = srv->coord;
     uint64_t now = uv_now(srv->loop);
+    if (msg->workers > PS_LAUNCH_MAX) {
+        /* Summed as signed counts below: 0xffffffff was -1, and answered a scale-down with a
+         * start (a helper's probe, session 59). */
+        psd_send_error(srv, c, msg->req_id, PS_EINVAL, "a launcher that runs %u workers: at "
+                       "most %d run at once", msg->workers, PS_LAUNCH_MAX);
+        return;
+    }
     launcher_t *l = NULL, *free_l = NULL;
     char host[sizeof l->host];
     host_safe(host, sizeof host, msg->host);

@@ -115,6 +115,12 @@ static void metrics_text(psd_server_t *srv, psd_http_reply_t *r)
     psd_prom_u64(&p, "psd_auth_forged_total", "counter",
                  "Headers on a proven connection without its session token, dropped",
                  srv->auth_forged);
+    psd_prom_u64(&p, "psd_malformed_messages_total", "counter",
+                 "Messages and bundle entries from peers that did not decode, refused",
+                 srv->bad_headers);
+    psd_prom_u64(&p, "psd_connections_refused_total", "counter",
+                 "Connection requests refused while 256 connections without a rank were open",
+                 srv->conns_refused);
     psd_prom_u64(&p, "psd_ucx_messages_dropped_total", "counter",
                  "UCP messages from peers dropped unread: ids or lengths UCX would trust",
                  ps_amguard_refused());

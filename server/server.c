@@ -94,10 +94,12 @@ static void conn_close_ep_from(psd_server_t *srv, psd_conn_t *c, bool peer_gone)
 
 static void conn_close_ep(psd_server_t *srv, psd_conn_t *c) { conn_close_ep_from(srv, c, true); }
 
-/* How many connections that have not proved the cluster secret may be open at once (each holds
- * file descriptors: a peer opening them without end made psd run out, and its workers' own
- * connections failed). */
-#define PSD_AUTH_PENDING_MAX 256
+/* How many connections without a rank (no hello yet: joining workers, operators, launchers,
+ * and, with a secret, the ones that have not proved it) may be open at once. Each holds file
+ * descriptors: a peer opening them without end made psd run out, its workers' own connections
+ * failed, and UCX lost its TCP listener for good (a helper's probe, session 59: before, only
+ * a cluster with a secret had this bound). */
+#define PSD_PENDING_MAX 256
 
 /* How long a connection may go without a good proof: the heartbeat timeout, at least 1 s. */
 static uint64_t auth_deadline_ms(const psd_server_t *srv)
@@ -106,10 +108,18 @@ static uint64_t auth_deadline_ms(const psd_server_t *srv)
     return t < 1000 ? 1000 : t;
 }
 
-static int conns_unproven(const psd_server_t *srv)
+/* How long a connection may go without a first message (every peer of psd speaks first): the
+ * heartbeat timeout, at least 10 s. */
+static uint64_t quiet_deadline_ms(const psd_server_t *srv)
+{
+    uint64_t t = srv->m.job.heartbeat_timeout_ms;
+    return t < 10000 ? 10000 : t;
+}
+
+static int conns_pending(const psd_server_t *srv)
 {
     int n = 0;
-    for (const psd_conn_t *c = srv->conns; c; c = c->next) n += !c->authed && !c->dead;
+    for (const psd_conn_t *c = srv->conns; c; c = c->next) n += c->rank < 0 && !c->dead;
     return n;
 }
 
@@ -141,10 +151,15 @@ static void on_conn_request(ucp_conn_request_h req, void *arg)
     psd_server_t *srv = arg;
     srv->conn_requests++;
     psd_conn_t *c = calloc(1, sizeof *c);
-    if (c == NULL || srv->stopping ||
-        (srv->auth->on && conns_unproven(srv) >= PSD_AUTH_PENDING_MAX)) {
+    bool full = !srv->stopping && conns_pending(srv) >= PSD_PENDING_MAX;
+    if (c == NULL || srv->stopping || full) {
         free(c);
         ucp_listener_reject(srv->listener, req);
+        srv->conns_refused += full;
+        if (full && (srv->conns_refused & (srv->conns_refused - 1)) == 0) /* 1st, 2nd, 4th... */
+            PS_LOG(PS_LOG_WARN, "server", "a connection refused: %d connections without a rank "
+                   "are open (%llu refused so far; a peer that opens them without end?)",
+                   PSD_PENDING_MAX, (unsigned long long)srv->conns_refused);
         return;
     }
     c->srv = srv;
@@ -631,6 +646,19 @@ static ucs_status_t echo_recv(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *
     return UCS_OK;
 }
 
+/* A message or bundle entry from @p c that did not decode (@p err): counted, and logged once
+ * per connection (then at debug level): one connection sending malformed headers without end
+ * grew psd's log by 2.4 MB/s (a helper's probe, session 59). Its sender is answered each time
+ * by the caller. */
+static void bad_input_log(psd_server_t *srv, psd_conn_t *c, const char *err)
+{
+    srv->bad_headers++;
+    PS_LOG(c->bad_warned ? PS_LOG_DEBUG : PS_LOG_WARN, "server", "from %s: %s%s", c->peer, err,
+           c->bad_warned ? "" : " (more malformed messages of this connection are answered, "
+                                "not logged)");
+    c->bad_warned = true;
+}
+
 /* A worker's fused pushes and pulls: each entry is handled as if it came alone; the replies
  * they cause (and those of any apply they complete) go back bundled. */
 static void on_bundle(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg, void *data,
@@ -649,7 +677,7 @@ static void on_bundle(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg, voi
     char err[256];
     if (ps_bundle_check(data, length, (uint32_t)msg->count, err, sizeof err)) {
         /* Refused whole: none of its entries is acted on. */
-        PS_LOG(PS_LOG_WARN, "server", "from %s: %s", c->peer, err);
+        bad_input_log(srv, c, err);
         psd_send_error(srv, c, msg->req_id, PS_EPROTO, "%s", err);
         return;
     }
@@ -665,7 +693,7 @@ static void on_bundle(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg, voi
     int rc;
     while ((rc = ps_bundle_next(&it, &m, &d, &dlen, err, sizeof err)) != 0 && !c->dead) {
         if (rc < 0) { /* that entry only */
-            PS_LOG(PS_LOG_WARN, "server", "from %s: %s", c->peer, err);
+            bad_input_log(srv, c, err);
             psd_send_error(srv, c, msg->req_id, PS_EPROTO, "%s", err);
         } else if (m.type == PS_MSG_PUSH) {
             psd_shard_on_push(srv, c, &m, (void *)d, dlen, &eager);
@@ -799,12 +827,13 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
         bool unproven = !c->authed && srv->auth->on;
         if (unproven && c->auth_warned) return UCS_OK; /* see auth_refuse */
         c->auth_warned |= unproven;
-        PS_LOG(PS_LOG_WARN, "server", "from %s: %s", c->peer, err);
+        bad_input_log(srv, c, err);
         /* The request's id when the header got that far (0 otherwise), so that its sender's
          * call ends with the reason instead of waiting for an answer. */
         psd_send_error(srv, c, msg.req_id, PS_EPROTO, "%s", err);
         return UCS_OK;
     }
+    c->spoke = true; /* quiet_deadline_ms */
     if (msg.type == PS_MSG_AUTH) {
         on_auth(srv, c, &msg);
         return UCS_OK;
@@ -974,30 +1003,51 @@ static int listen_start(psd_server_t *srv, char *err, size_t errlen)
     return 0;
 }
 
-/* Whether this shard's address can be listened on, asked before psd makes anything on disk: a
- * psd whose port was taken had made (and left) a new data_dir's store by the time its listener
- * failed. A TCP socket bound there with SO_REUSEADDR, as UCX binds its listener
- * (UCX_TCP_CM_REUSEADDR), so that a stopped psd's connections in TIME_WAIT (which have it too)
- * do not refuse it; a listener there does, and so does any socket bound to the port without
- * SO_REUSEADDR. 0, or PS_ETRANSPORT with @p err said as listen_start says it; any other
- * failure is left to listen_start. */
+/* Whether a TCP socket bound to @p host:@p port with SO_REUSEADDR (as UCX binds its listener,
+ * UCX_TCP_CM_REUSEADDR, and libuv its TCP servers) is refused: EADDRINUSE or EADDRNOTAVAIL,
+ * with @p ss its address; 0 for anything else (left to the listener itself). */
+static int bind_refused(const char *host, uint16_t port, struct sockaddr_storage *ss,
+                        socklen_t *sslen)
+{
+    if (ps_sockaddr_resolve(host, port, ss, sslen)) return 0;
+    int fd = socket(ss->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1, e = 0;
+    if (fd < 0) return 0;
+    if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0 &&
+        bind(fd, (struct sockaddr *)ss, *sslen) != 0)
+        e = errno;
+    close(fd);
+    return e == EADDRINUSE || e == EADDRNOTAVAIL ? e : 0;
+}
+
+/* Whether this shard's address and its metrics address can be listened on, asked before psd
+ * makes anything on disk: a psd whose port was taken had made (and left) a new data_dir's
+ * store by the time its listener failed. SO_REUSEADDR, so that a stopped psd's connections in
+ * TIME_WAIT (which have it too) do not refuse it; a listener there does, and so does any
+ * socket bound to the port without SO_REUSEADDR. 0, or PS_ETRANSPORT (the shard's port) /
+ * PS_ECONFIG (the metrics port, as psd_metrics_start says) with @p err said as the listener
+ * would; any other failure is left to the listeners. */
 static int listen_probe(psd_server_t *srv, char *err, size_t errlen)
 {
     const ps_server_conf_t *sc = &srv->m.servers[srv->shard];
     struct sockaddr_storage ss;
     socklen_t sslen;
-    if (ps_sockaddr_resolve(sc->host, sc->port, &ss, &sslen)) return 0;
-    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1, e = 0;
-    if (fd < 0) return 0;
-    if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0 &&
-        bind(fd, (struct sockaddr *)&ss, sslen) != 0)
-        e = errno;
-    close(fd);
-    if (e != EADDRINUSE && e != EADDRNOTAVAIL) return 0;
-    listen_refused(sc, &ss, sslen,
-                   e == EADDRINUSE ? "address already in use" : "address not available",
-                   e == EADDRINUSE, err, errlen);
-    return PS_ETRANSPORT;
+    int e = bind_refused(sc->host, sc->port, &ss, &sslen);
+    if (e) {
+        listen_refused(sc, &ss, sslen,
+                       e == EADDRINUSE ? "address already in use" : "address not available",
+                       e == EADDRINUSE, err, errlen);
+        return PS_ETRANSPORT;
+    }
+    if (sc->metrics_port == 0 ||
+        (e = bind_refused(sc->metrics_host, sc->metrics_port, &ss, &sslen)) == 0)
+        return 0;
+    snprintf(err, errlen, "cannot listen on %s:%u for metrics: %s", sc->metrics_host,
+             sc->metrics_port,
+             e == EADDRINUSE ? "address already in use (another psd's or program's port: "
+                               "servers[].metrics_port must be free)"
+                             : "address not available (metrics_host is not one of this host's "
+                               "addresses)");
+    return PS_ECONFIG;
 }
 
 /* Close every connection with an endpoint (their ranks may come back, as after any lost
@@ -1098,6 +1148,15 @@ static void on_cron(uv_timer_t *h)
             now - c->born_ms > auth_deadline_ms(srv)) {
             PS_LOG(PS_LOG_INFO, "server", "peer %s: closed: no proof of the cluster secret "
                    "within %llu ms", c->peer, (unsigned long long)auth_deadline_ms(srv));
+            c->dead = true;
+            c->close_queued = true;
+            dropped = 1;
+            continue;
+        }
+        if (!c->spoke && !c->dead && c->ep && c->rank < 0 &&
+            now - c->born_ms > quiet_deadline_ms(srv)) {
+            PS_LOG(PS_LOG_INFO, "server", "peer %s: closed: it said nothing within %llu ms",
+                   c->peer, (unsigned long long)quiet_deadline_ms(srv));
             c->dead = true;
             c->close_queued = true;
             dropped = 1;

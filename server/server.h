@@ -61,9 +61,12 @@ typedef struct psd_conn_s {
     bool auth_warned;                /* its refusal was logged and answered: what it sends from
                                         then on, before a good proof, is dropped unanswered */
     uint64_t born_ms;                /* its connection request came (psd_now_ms) */
+    bool spoke;                      /* a message from it was decoded (server.c
+                                        quiet_deadline_ms) */
     char auth_why[200];              /* why its proof was refused ("": none came) */
     uint8_t session[PS_AUTH_SESSION]; /* authed: the token every later header must carry */
     bool forged_warned;              /* a header without that token was logged */
+    bool bad_warned;                 /* a malformed message of it was logged (bad_input_log) */
     struct psd_send_s *outbox;       /* outbox.c: the bundle being filled for it */
     bool in_outbox_list;
     struct psd_conn_s *outbox_next;  /* srv->outbox_conns */
@@ -465,6 +468,8 @@ struct psd_server_s {
                                   must prove it first (on_auth) */
     ps_auth_seen_t auth_seen;  /* proofs accepted, for replay refusal */
     uint64_t auth_refused;     /* connections whose proof was refused or missing */
+    uint64_t conns_refused;    /* connection requests refused: PSD_PENDING_MAX were open */
+    uint64_t bad_headers;      /* headers that did not decode (logged once per connection) */
     uint64_t auth_forged;      /* headers on a proven connection without its session token
                                   (or not decodable): dropped */
     bool test_bad_seal;        /* PS_TEST_BAD_SEAL: seal with a wrong token (libps must drop) */

@@ -22,6 +22,7 @@
 #include "wire.h"
 #include "manifest.h"
 #include "ps/ps_error.h"
+#include "ps/ps_log.h"
 #include "sigignored.h"
 
 static int g_sig;  /* SIGINT, SIGTERM or SIGHUP once received (forwarded to the workers) */
@@ -118,7 +119,7 @@ static double mono_s(void)
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-#define FOLLOW_MAX 256 /* worker processes alive at once, stopping ones included */
+#define FOLLOW_MAX PS_LAUNCH_MAX /* worker processes alive at once, stopping ones included */
 
 /* One that dies at once (a binary that fails, a host short of memory) would be started again
  * hundreds of times a second: once two in a row (the first worker counts) died within a second
@@ -334,6 +335,7 @@ int main(int argc, char **argv)
                                          {"device", required_argument, 0, 'D'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
+    ps_log_set_level(NULL); /* PS_LOG_LEVEL, as the other programs (its UCX and request lines) */
     const char *manifest = NULL, *metrics_dir = NULL, *worker = NULL;
     long n = -1, respawn = 0, poll_ms = 250;
     int o, follow_mode = 0, poll_set = 0;

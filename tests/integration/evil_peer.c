@@ -22,6 +22,12 @@
  *
  * --hello-host S: its hello names host S (a hostile name for psd's status to keep harmless).
  *
+ * Then control messages (controls() below): five headers that do not decode, each answered; a
+ * launcher's report of 2^32 - 1 workers, refused (PS_EINVAL); with --victim-pid P, a hello on a
+ * connection of its own asking for rank 0 with P (the pid of the worker that holds it) and no
+ * join serial, refused (PS_ENOTMEMBER); and a connection that never says anything, which psd
+ * must close (after the heartbeat timeout, at least 10 s).
+ *
  * With --die-mid-send it asks shard 0 for its status and then kills itself (SIGKILL) in the
  * middle of its next send, inside UCX (die_mid_send below): a test of what psd does when a local
  * peer dies while writing into its shared memory.
@@ -1072,7 +1078,124 @@ static int die_mid_send(peer_t *p)
     return -1;
 }
 
-static int run(peer_t *p, const ps_manifest_t *m, const char *only, long nfuzz, int die)
+/* ---- control messages ----------------------------------------------------------------------- */
+
+typedef struct {
+    int closed;
+    uv_loop_t *loop;
+} quiet_t;
+
+static void on_quiet_error(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    (void)ep;
+    (void)status;
+    quiet_t *q = arg;
+    q->closed = 1;
+    uv_stop(q->loop); /* see wait_flag() */
+}
+
+/* Refused with @p status naming @p want: 0, or -1 with a line said. */
+static int refused(peer_t *p, int status, const char *want, const char *what)
+{
+    if (p->reply.type != PS_MSG_ERROR || p->reply.status != status ||
+        strstr(p->reply.error, want) == NULL) {
+        say("evil_peer: %s: got %s (status %d): %s", what, ps_msg_type_name(p->reply.type),
+            p->reply.status, p->reply.error);
+        return -1;
+    }
+    say("evil_peer: %s: refused (%s)", what, ps_strerror(status));
+    return 0;
+}
+
+/*
+ * Control messages of a confused or hostile peer, on shard 0 (evil_peer.c's head says which);
+ * @p victim_pid is the pid of the worker that holds rank 0 (0: that check is left out). A
+ * second connection that never says anything is open meanwhile and must be closed by psd.
+ * Returns the number of checks that failed.
+ */
+static int controls(peer_t *p, const ps_manifest_t *m, uint32_t victim_pid)
+{
+    const ps_server_conf_t *sc = &m->servers[0];
+    int failed = 0;
+    quiet_t q = {.loop = &p->loop};
+    ucp_ep_h quiet = NULL;
+    ps_ucx_token_t quiet_tok, tok = p->tok;
+    if (ps_ucx_connect(&p->ucx, sc->host, sc->port, on_quiet_error, &q, &quiet, &quiet_tok)) {
+        say("evil_peer: cannot open the quiet connection");
+        return 1;
+    }
+    p->tok = tok;
+
+    /* Undecodable headers: each answered (PS_EPROTO; the request id is not known, so they
+     * come as replies nobody waits for), psd logs the first only. The launch below comes
+     * after them on the same connection. */
+    static const uint8_t junk[16] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+                                     0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+    long before = p->unexpected;
+    p->quiet = 1;
+    for (int i = 0; i < 5; i++)
+        if (send_am(p, junk, sizeof junk, NULL, 0, PS_AM_CTRL) != UCS_OK) failed++;
+
+    /* A launcher that says it runs 2^32 - 1 workers (-1 as a signed count). */
+    ps_msg_t launch = {.type = PS_MSG_LAUNCH, .rank = -1, .workers = UINT32_MAX,
+                       .pid = (uint32_t)getpid(), .poll_ms = 1000};
+    snprintf(launch.cluster, sizeof launch.cluster, "%s", m->cluster);
+    snprintf(launch.host, sizeof launch.host, "evil");
+    if (call(p, &launch, NULL, 0, PS_AM_CTRL) ||
+        refused(p, PS_EINVAL, "a launcher that runs 4294967295 workers", "launch of -1 workers"))
+        failed++;
+    p->quiet = 0;
+    if (p->unexpected - before != 5) {
+        say("evil_peer: 5 undecodable headers: %ld answers", p->unexpected - before);
+        failed++;
+    } else {
+        say("evil_peer: 5 undecodable headers: each answered");
+    }
+
+    /* Rank 0 asked for by the pid of the worker that holds it, on a connection of its own,
+     * without its join serial. */
+    if (victim_pid) {
+        ucp_ep_h ep = p->ep;
+        int ep_failed = p->ep_failed;
+        p->ep = NULL;
+        if (connect_shard0(p, m)) {
+            failed++;
+        } else {
+            ps_msg_t hello = {.type = PS_MSG_HELLO, .rank = 0, .pid = victim_pid, .samples = 0};
+            snprintf(hello.cluster, sizeof hello.cluster, "%s", m->cluster);
+            if (call(p, &hello, NULL, 0, PS_AM_CTRL) ||
+                refused(p, PS_ENOTMEMBER, "is not a member of the job any more",
+                        "hello for rank 0 with its worker's pid and no join serial"))
+                failed++;
+            ps_ucx_ep_close(&p->ucx, &p->ep, 1);
+        }
+        p->ep = ep;
+        p->tok = tok;
+        p->ep_failed = ep_failed; /* that connection's end is not this one's */
+    }
+
+    /* The quiet connection: closed by psd (a connection that says nothing). Meanwhile this
+     * one says it is alive, as libps's heartbeats do. */
+    double t0 = now_s();
+    ps_msg_t beat = {.type = PS_MSG_HEARTBEAT, .rank = p->hello.rank, .flags = PS_FLAG_ANSWER};
+    while (!q.closed && !p->ep_failed && now_s() - t0 < 60.0) {
+        if (call(p, &beat, NULL, 0, PS_AM_CTRL)) break;
+        wait_flag(p, &q.closed, 1.0); /* a pause, or the close */
+    }
+    if (!q.closed) {
+        say("evil_peer: the connection that said nothing is still open after %.0f s",
+            now_s() - t0);
+        failed++;
+    } else {
+        say("evil_peer: the connection that said nothing: closed by psd after %.0f s",
+            now_s() - t0);
+    }
+    ps_ucx_ep_close(&p->ucx, &quiet, 1);
+    return failed;
+}
+
+static int run(peer_t *p, const ps_manifest_t *m, const char *only, long nfuzz, int die,
+               uint32_t victim_pid)
 {
     if (connect_shard0(p, m)) return -1;
     if (die) {
@@ -1164,6 +1287,7 @@ static int run(peer_t *p, const ps_manifest_t *m, const char *only, long nfuzz, 
     if (push_bad_crc(p, &t)) failed++;
     if (!only && direct_pushes(p, &t)) failed++;
     if (!only && bundles(p, &t)) failed++;
+    if (!only) failed += controls(p, m, victim_pid);
     if (pull_chunk0(p, &t, "after")) failed++;
 
     /* Leave as libps does: the shard answers before the connection closes. */
@@ -1186,10 +1310,12 @@ int main(int argc, char **argv)
                                          {"seed", required_argument, 0, 's'},
                                          {"die-mid-send", no_argument, 0, 'd'},
                                          {"hello-host", required_argument, 0, 'h'},
+                                         {"victim-pid", required_argument, 0, 'v'},
                                          {0, 0, 0, 0}};
     const char *manifest = NULL, *only = NULL;
     long nfuzz = 0;
     int o, die = 0;
+    uint32_t victim_pid = 0;
     while ((o = getopt_long(argc, argv, "m:c:f:s:", opts, NULL)) != -1) {
         if (o == 'm')
             manifest = optarg;
@@ -1201,13 +1327,16 @@ int main(int argc, char **argv)
             die = 1;
         else if (o == 'h')
             g_hello_host = optarg;
+        else if (o == 'v')
+            victim_pid = (uint32_t)strtoul(optarg, NULL, 10);
         else if (o == 's')
             fz_state ^= strtoull(optarg, NULL, 0) * 0xBF58476D1CE4E5B9ull; /* never 0 for 0 */
         else
             manifest = NULL, optind = argc + 1;
     }
     if (manifest == NULL || optind != argc || nfuzz < 0) {
-        fprintf(stderr, "usage: evil_peer --manifest FILE [--case NAME | --fuzz N [--seed S] | --die-mid-send] [--hello-host S]\n");
+        fprintf(stderr, "usage: evil_peer --manifest FILE [--case NAME | --fuzz N [--seed S] | "
+                "--die-mid-send] [--hello-host S] [--victim-pid P]\n");
         return 2;
     }
     static ps_manifest_t m;
@@ -1242,7 +1371,7 @@ int main(int argc, char **argv)
     hp.id = PS_AM_DATA;
     ucp_worker_set_am_recv_handler(p.ucx.worker, &hp);
 
-    int rc = run(&p, &m, only, nfuzz, die);
+    int rc = run(&p, &m, only, nfuzz, die, victim_pid);
 
     ps_ucx_ep_close(&p.ucx, &p.ep, 1);
     uv_close((uv_handle_t *)&p.timer, NULL);

@@ -160,7 +160,10 @@ END_TEST
  * whose CRC-32C does not match its payload is refused with PS_ECRC and never applied. Direct
  * pushes (server/pushshm.c) that point outside the peer's push area, at an unaligned place,
  * carry data or a codec are refused; one whose bytes do not match its CRC too; a right one is
- * acknowledged.
+ * acknowledged. Control messages: undecodable headers are each answered and logged once; a
+ * launcher's report of 2^32 - 1 workers is refused; a hello asking for the worker's rank with
+ * its pid but not its join serial is refused (the worker keeps it); a connection that never
+ * says anything is closed.
  */
 /* One asp shard of two ranks with a worker training @p steps joined as rank 0; the other rank
  * is left for evil_peer. */
@@ -187,7 +190,10 @@ START_TEST(test_hostile_peer)
     cl_cluster_t *c = shard_with_worker(300, &psd, &w);
     EXPECT_LOG(w, "psworker: rank 0 joined at step 0 (300 planned for job.workers 2; ");
 
-    char *argv[] = {(char *)cl_binary("EVIL_PEER"), "--manifest", c->manifest, NULL};
+    char victim[16];
+    snprintf(victim, sizeof victim, "%d", (int)w->pid);
+    char *argv[] = {(char *)cl_binary("EVIL_PEER"), "--manifest", c->manifest, "--victim-pid",
+                    victim, NULL};
     cl_proc_t *evil = cl_spawn(c, "evil_peer", argv);
     EXPECT_EXIT(evil, 0);
     EXPECT_LOG(evil, "evil_peer: 10 of 10 malformed pushes refused as expected (7 after receipt)");
@@ -198,6 +204,11 @@ START_TEST(test_hostile_peer)
     EXPECT_LOG(evil, "evil_peer: direct push: acknowledged");
     EXPECT_LOG(evil, "evil_peer: 5 of 5 malformed bundles refused as expected");
     EXPECT_LOG(evil, "evil_peer: well-formed bundle with a push: acknowledged in a bundle");
+    EXPECT_LOG(evil, "evil_peer: 5 undecodable headers: each answered");
+    EXPECT_LOG(evil, "evil_peer: launch of -1 workers: refused (");
+    EXPECT_LOG(evil, "evil_peer: hello for rank 0 with its worker's pid and no join serial: "
+                     "refused (");
+    EXPECT_LOG(evil, "evil_peer: the connection that said nothing: closed by psd");
     EXPECT_LOG(evil, "evil_peer: every check held");
     EXPECT_EXIT(w, 0);
     EXPECT_LOG(w, "after 300 steps");
@@ -209,6 +220,13 @@ START_TEST(test_hostile_peer)
     ck_assert_int_eq(count_in_log(psd, "rejected a malformed"), 7);
     /* The bad-crc push and the direct push with a wrong CRC. */
     ck_assert_int_eq(count_in_log(psd, "checksum mismatch on the 4/0 push from rank 1"), 2);
+    /* The malformed bundles and the undecodable headers came on one connection: logged once
+     * (each was answered); the worker kept its rank. */
+    ck_assert_int_eq(count_in_log(psd, "more malformed messages of this connection are "
+                                       "answered, not logged"), 1);
+    ck_assert_int_eq(count_in_log(psd, "says hello again"), 0);
+    EXPECT_LOG(psd, "with join serial 0, but that member joined as serial 1");
+    EXPECT_LOG(psd, "closed: it said nothing within");
     ck_assert_msg(cl_alive(psd), "psd died; its log: %s", cl_tail(psd));
     stop_all(&psd, 1);
     cl_cluster_destroy(c);

@@ -432,7 +432,9 @@ START_TEST(test_metrics_store_full_unhealthy)
 }
 END_TEST
 
-/* The metrics port taken by another program: psd refuses to start and says which address. */
+/* The metrics port taken by another program: psd refuses to start, says which address, and
+ * leaves no store behind in a data_dir that was not there (it checked the port only after
+ * loading the store, before session 59). */
 START_TEST(test_metrics_port_in_use)
 {
     cl_conf_t k = {.shards = 1, .workers = 1, .metrics = true};
@@ -444,6 +446,7 @@ START_TEST(test_metrics_port_in_use)
     snprintf(want, sizeof want, "cannot listen on 127.0.0.1:%u for metrics: address already in use",
              c->metrics_port[0]);
     EXPECT_LOG(psd, want);
+    ck_assert_msg(access(c->data_dir[0], F_OK) != 0, "%s made", c->data_dir[0]);
     close(fd);
     cl_cluster_destroy(c);
 }
