@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "crc32c.h"
+#include "init.h"
 #include "optim_conf.h"
 #include "ps/ps_error.h"
 #include "shard_internal.h"
@@ -157,7 +158,7 @@ static const float *sum_block(void *arg, size_t off, size_t len)
 
 /* The ranks among @p mask whose push holds a NaN or an infinity (compressed ones decoded into
  * ch->agg first): the slow path, after an update wrote a parameter that is not finite. */
-uint64_t psd__nonfinite_pushes(psd_chunk_t *ch, uint64_t mask)
+static uint64_t nonfinite_pushes(psd_chunk_t *ch, uint64_t mask)
 {
     uint64_t odd = 0;
     for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
@@ -280,7 +281,7 @@ static void apply_item(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, p
     *h = *old;
     if (srv->m.job.consistency == PS_CONSIST_BSP) {
         bool finite = ch->sum_members == 0 || bsp_update(job, i, old, h);
-        uint64_t odd = finite || job->bad[i] ? 0 : psd__nonfinite_pushes(ch, ch->sum_members);
+        uint64_t odd = finite || job->bad[i] ? 0 : nonfinite_pushes(ch, ch->sum_members);
         if (odd) {
             /* Counted as zeros in the mean, as a push without a gradient (of a mean tensor:
              * not counted); the loop thread reads sum_members after the job. */
@@ -308,9 +309,9 @@ static void apply_item(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, p
      * only), so the job's next push would overwrite an earlier one's NaN unseen: its pushes
      * are looked at first. */
     bool overwrites = ch->mean;
-    uint64_t odd = overwrites ? psd__nonfinite_pushes(ch, live) : 0;
+    uint64_t odd = overwrites ? nonfinite_pushes(ch, live) : 0;
     bool finite = asp_update(job, i, old, h, job->bad[i] | odd, odd);
-    if (!finite && !overwrites && (odd = psd__nonfinite_pushes(ch, live)) != 0) {
+    if (!finite && !overwrites && (odd = nonfinite_pushes(ch, live)) != 0) {
         *h = *old; /* updates that changed nothing */
         finite = asp_update(job, i, old, h, job->bad[i] | odd, odd);
     }

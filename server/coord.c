@@ -1096,17 +1096,21 @@ void psd_coord_on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
          * the join serial its hello reply gave it (libps sends it in every hello after). The
          * pid alone named another process: in containers every worker may be pid 1, and a
          * worker dropped past the grace period took back the rank of the one that joined as
-         * it with the same pid, when its network healed; any peer that read a pid in psctl
-         * status could take a member's rank and make it leave (a helper's probe, session 59). */
+         * it with the same pid, when its network healed (a helper's probe, session 59: any
+         * peer that read a pid in psctl status took a member's rank and made it leave). The
+         * serial is a counter: against a hostile peer, only a secret_file holds. */
         int32_t r = msg->rank;
         if (r >= PS_MAX_RANKS || !(co->s.active >> r & 1) || co->s.m[r].pid != msg->pid ||
             co->s.m[r].join_serial != msg->samples) {
-            if (r < PS_MAX_RANKS && (co->s.active >> r & 1) && co->s.m[r].pid == msg->pid)
+            if (r < PS_MAX_RANKS && (co->s.active >> r & 1) && co->s.m[r].pid == msg->pid &&
+                !c->bad_warned) {
+                c->bad_warned = true; /* once per connection: one guessing serials floods not */
                 PS_LOG(PS_LOG_WARN, "coord", "%s asks for rank %d as pid %u with join serial "
                        "%llu, but that member joined as serial %llu (another process with the "
                        "same pid): refused", c->peer, r, msg->pid,
                        (unsigned long long)msg->samples,
                        (unsigned long long)co->s.m[r].join_serial);
+            }
             psd_send_error(srv, c, msg->req_id, PS_ENOTMEMBER,
                            "rank %d (pid %u, join %llu) is not a member of the job any more "
                            "(epoch %llu): join again", r, msg->pid,

@@ -14,6 +14,10 @@
 #include "ps/ps_log.h"
 #include "server.h"
 
+#define STR_(x) #x
+#define STR(x) STR_(x)
+#define PENDING_MAX_STR STR(PSD_PENDING_MAX) /* its help text says the number */
+
 static const char *const TEXT = "text/plain; charset=utf-8";
 
 /* Body text @p s (copied) into @p r with @p status. */
@@ -119,7 +123,8 @@ static void metrics_text(psd_server_t *srv, psd_http_reply_t *r)
                  "Messages and bundle entries from peers that did not decode, refused",
                  srv->bad_headers);
     psd_prom_u64(&p, "psd_connections_refused_total", "counter",
-                 "Connection requests refused while 256 connections without a rank were open",
+                 "Connection requests refused while " PENDING_MAX_STR
+                 " connections without a rank were open and none idle",
                  srv->conns_refused);
     psd_prom_u64(&p, "psd_ucx_messages_dropped_total", "counter",
                  "UCP messages from peers dropped unread: ids or lengths UCX would trust",

@@ -94,13 +94,6 @@ static void conn_close_ep_from(psd_server_t *srv, psd_conn_t *c, bool peer_gone)
 
 static void conn_close_ep(psd_server_t *srv, psd_conn_t *c) { conn_close_ep_from(srv, c, true); }
 
-/* How many connections without a rank (no hello yet: joining workers, operators, launchers,
- * and, with a secret, the ones that have not proved it) may be open at once. Each holds file
- * descriptors: a peer opening them without end made psd run out, its workers' own connections
- * failed, and UCX lost its TCP listener for good (a helper's probe, session 59: before, only
- * a cluster with a secret had this bound). */
-#define PSD_PENDING_MAX 256
-
 /* How long a connection may go without a good proof: the heartbeat timeout, at least 1 s. */
 static uint64_t auth_deadline_ms(const psd_server_t *srv)
 {
@@ -121,6 +114,28 @@ static int conns_pending(const psd_server_t *srv)
     int n = 0;
     for (const psd_conn_t *c = srv->conns; c; c = c->next) n += c->rank < 0 && !c->dead;
     return n;
+}
+
+/* PSD_PENDING_MAX connections without a rank are open: close the one idle longest (nothing
+ * from it since its request or its last message) when that is longer than quiet_deadline_ms,
+ * so that a peer holding the slots with one message each does not lock every new worker,
+ * psctl and launcher out for good (a review, session 59). @return whether one was closed. */
+static bool pending_evict(psd_server_t *srv)
+{
+    psd_conn_t *idle = NULL;
+    uint64_t oldest = UINT64_MAX, now = psd_now_ms();
+    for (psd_conn_t *c = srv->conns; c; c = c->next) {
+        if (c->rank >= 0 || c->dead || c->ep == NULL) continue;
+        uint64_t t = c->last_seen_ms > c->born_ms ? c->last_seen_ms : c->born_ms;
+        if (t < oldest) oldest = t, idle = c;
+    }
+    if (idle == NULL || now - oldest <= quiet_deadline_ms(srv)) return false;
+    PS_LOG(PS_LOG_INFO, "server", "peer %s: closed: idle for %llu ms while %d connections "
+           "without a rank were open", idle->peer, (unsigned long long)(now - oldest),
+           PSD_PENDING_MAX);
+    idle->dead = true;
+    idle->close_queued = true;
+    return true;
 }
 
 /* Before the listener goes at a stop: let UCX deliver (and this shard refuse: stopping) the
@@ -151,7 +166,7 @@ static void on_conn_request(ucp_conn_request_h req, void *arg)
     psd_server_t *srv = arg;
     srv->conn_requests++;
     psd_conn_t *c = calloc(1, sizeof *c);
-    bool full = !srv->stopping && conns_pending(srv) >= PSD_PENDING_MAX;
+    bool full = !srv->stopping && conns_pending(srv) >= PSD_PENDING_MAX && !pending_evict(srv);
     if (c == NULL || srv->stopping || full) {
         free(c);
         ucp_listener_reject(srv->listener, req);
@@ -1139,7 +1154,10 @@ static void on_cron(uv_timer_t *h)
         /* This loop itself did not run for a while (a long close, the host descheduled us):
          * silence then says nothing about the peers; give them one more period. */
         PS_LOG(PS_LOG_WARN, "server", "cron ran late; heartbeat checks skipped once");
-        for (psd_conn_t *c = srv->conns; c; c = c->next) c->last_seen_ms = now;
+        for (psd_conn_t *c = srv->conns; c; c = c->next) {
+            c->last_seen_ms = now;
+            if (c->rank < 0) c->born_ms = now; /* nor their first message's deadlines */
+        }
         srv->late_floor_ms = uv_now(srv->loop); /* nor is a member's lateness (step_timeout) */
         if (srv->coord) psd_coord_stalled(srv); /* nor the absence of a closed connection */
     }

@@ -33,6 +33,13 @@ typedef struct psd_chunk_s psd_chunk_t;
 
 typedef struct psd_area_s psd_area_t; /* pushshm.c */
 
+/* How many connections without a rank (no hello yet: joining workers, operators, launchers,
+ * and, with a secret, the ones that have not proved it) may be open at once (server.c). Each
+ * holds file descriptors: a peer opening them without end made psd run out, its workers' own
+ * connections failed, and UCX lost its TCP listener for good (a helper's probe, session 59:
+ * before, only a cluster with a secret had this bound). */
+#define PSD_PENDING_MAX 256
+
 typedef struct psd_conn_s {
     psd_server_t *srv;
     psd_area_t *area;                /* its push area (direct pushes), from its hello; or NULL */
@@ -469,7 +476,8 @@ struct psd_server_s {
     ps_auth_seen_t auth_seen;  /* proofs accepted, for replay refusal */
     uint64_t auth_refused;     /* connections whose proof was refused or missing */
     uint64_t conns_refused;    /* connection requests refused: PSD_PENDING_MAX were open */
-    uint64_t bad_headers;      /* headers that did not decode (logged once per connection) */
+    uint64_t bad_headers;      /* messages and bundle entries that did not decode (logged once
+                                  per connection: bad_input_log) */
     uint64_t auth_forged;      /* headers on a proven connection without its session token
                                   (or not decodable): dropped */
     bool test_bad_seal;        /* PS_TEST_BAD_SEAL: seal with a wrong token (libps must drop) */
@@ -594,7 +602,7 @@ void psd_hello_area(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *hello, ps_
  *  a worker's places of this shard's chunks take: srv->area_need). *@p area: the area. */
 const uint8_t *psd_area_data(psd_conn_t *c, uint64_t offset, uint64_t len, uint64_t need,
                              psd_area_t **area, const char **why);
-/** @brief Take a reference on @p a (a slot that points into it holds one until slot_empty);
+/** @brief Take a reference on @p a (a slot that points into it holds one until psd__slot_empty);
  *  loop thread only, like psd_area_unref. */
 void psd_area_ref(psd_area_t *a);
 /** @brief Drop a reference; the last one unmaps and closes it. NULL is ignored. */

@@ -9,6 +9,7 @@
 #include "ps/ps_error.h"
 #include "ps/ps_log.h"
 #include "shard_internal.h"
+#include "xxhash.h"
 
 /* ---- tensor table ------------------------------------------------------ */
 
@@ -606,6 +607,8 @@ void psd_shard_drop_conn(psd_server_t *srv, psd_conn_t *conn)
         if (t->values && t->values->giver == conn) psd__values_giver_gone(srv, i);
     }
 }
+
+/* ---- what the tensors take ------------------------------------------------------------- */
 
 /* This shard's chunks of @p t. */
 uint32_t psd__local_chunks(const psd_tensor_t *t)

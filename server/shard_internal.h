@@ -11,7 +11,10 @@
  *   storejob.c  store jobs on the loop thread: which runs next, and what its commit answers
  *               (acks, pulls, declarations), reports and health; the slot for other exclusive
  *               work (psd_shard_slot_queue).
- * Everything here runs on the loop thread unless it says otherwise. */
+ * Everything here runs on the loop thread unless it says otherwise; what a running store job
+ * calls on the pool thread (psd__job_work) reads only what the loop leaves alone while it runs:
+ * its items' chunks and slots (slot_at, slot_data) and the store's geometry (psd__job_bytes,
+ * psd__chunks_footprint). */
 #ifndef PSD_SHARD_INTERNAL_H
 #define PSD_SHARD_INTERNAL_H
 
@@ -79,7 +82,7 @@ uint32_t psd__local_chunks(const psd_tensor_t *t);
 /* The chunks this shard holds, of every tensor present. */
 uint32_t psd__held_chunks(const psd_server_t *srv);
 /* The map bytes (a lower bound) of the records of a tensor's @p nchunks @p chunks here (NULL:
- * another shard's). */
+ * another shard's). Also on the pool thread (psd__job_bytes). */
 uint64_t psd__chunks_footprint(const psd_server_t *srv, psd_chunk_t *const *chunks,
                                uint32_t nchunks);
 /* A lower bound of the map bytes the records of tensor @p d take on shard @p shard. */
@@ -143,10 +146,8 @@ void psd__applied_commit(psd_applied_t *a, const psd_chunk_t *ch, uint32_t r);
  * on the loop thread (job->pooled false). Sets job->rc; touches nothing the loop changes while
  * the job runs. */
 void psd__job_work(uv_work_t *w);
-/* The ranks among @p mask whose push of @p ch holds a NaN or an infinity (compressed ones
- * decoded into ch->agg first). Pool thread (a running job's chunk). */
-uint64_t psd__nonfinite_pushes(psd_chunk_t *ch, uint64_t mask);
-/* The record bytes an apply job reads and writes (its items' params and state). */
+/* The record bytes an apply job reads and writes (its items' params and state). Loop thread,
+ * or the pool thread from psd__job_work. */
 size_t psd__job_bytes(const psd_server_t *srv, const psd_job_t *job);
 /* Start the next store job (a drop, a create, then the ready chunks) unless one or the slot's
  * work runs. */
