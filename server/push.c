@@ -387,6 +387,18 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
                        msg->codec_block);
         return UCS_OK;
     }
+    /* A mean tensor's pushes are values (apply.c: the parameters become their mean): a sparse
+     * or quantized one would zero or flatten them (a review, session 59; libps refuses them
+     * first). fp16 and bf16 only round them. */
+    if (ch->mean && !nograd && msg->codec != PSK_CODEC_NONE && msg->codec != PSK_CODEC_FP16 &&
+        msg->codec != PSK_CODEC_BF16) {
+        static const char *const kinds[] = {"none", "fp16", "bf16", "int8", "topk", "randomk",
+                                            "sign"}; /* msg->codec <= PSK_CODEC_SIGN: above */
+        psd_send_chunk_error(srv, conn, msg->req_id, ch->tensor, ch->chunk, PS_EPROTO,
+                       "push of %u/%u: a mean tensor's pushes are values, raw, fp16 or bf16, "
+                       "not %s", ch->tensor, ch->chunk, kinds[msg->codec]);
+        return UCS_OK;
+    }
     /* A direct push carries no data: the gradient is at area_offset of the sender's area. */
     bool direct = (msg->flags & PS_FLAG_DIRECT) != 0;
     const uint8_t *ext = NULL;

@@ -962,12 +962,15 @@ static int declare(ps_client_t *c, const ps_tensor_desc_t *desc, const float *va
     if (c->tensors[tid] == NULL && (c->tensors[tid] = calloc(1, sizeof(ctensor_t))) == NULL)
         return PS_ENOMEM;
     ctensor_t *t = c->tensors[tid];
-    if (t->nchunks && t->numel != ps_decl_numel(&rep.decl)) {
-        /* The id was handed out again with another shape (tensors this client gave up,
+    if (t->nchunks && (t->numel != ps_decl_numel(&rep.decl) ||
+                       t->first_chunk != rep.decl.first_chunk)) {
+        /* The id was handed out again for another tensor (tensors this client gave up,
          * ps_client_give_up, and dropped, then others declared): its buffers, spare ops and
-         * direct push places were the old shape's (a review, session 58). */
+         * direct push places were the old shape's (a review, session 58), and its residual
+         * and codec the old tensor's, also for one of the same size (its first chunk tells
+         * them apart: a review, session 59). */
         if (t->busy[0] || t->busy[1]) {
-            snprintf(c->err, sizeof c->err, "tensor %u: declared again with another shape while "
+            snprintf(c->err, sizeof c->err, "tensor %u: declared again as another tensor while "
                      "its operations are in flight", tid);
             return PS_EBUSY;
         }
@@ -983,6 +986,7 @@ static int declare(ps_client_t *c, const ps_tensor_desc_t *desc, const float *va
     t->numel = ps_decl_numel(&rep.decl);
     t->nchunks = ps_chunk_count(t->numel, c->chunk_elems);
     t->first_chunk = rep.decl.first_chunk;
+    t->mean = ps_decl_mean(&rep.decl);
     if (t->places == NULL && t->nchunks) /* NULL when out of memory: no direct pushes */
         t->places = calloc(t->nchunks, sizeof *t->places); /* read by the comm thread only
                                                               after this declare returns */
@@ -1135,6 +1139,20 @@ int ps_client_set_compression(ps_client_t *c, uint32_t id, const ps_compression_
     }
     if (cfg->field_mask & PS_COMPRESSION_STOCHASTIC) pc.stochastic = cfg->stochastic != 0;
     if (cfg->field_mask & PS_COMPRESSION_FP16_VALUES) pc.fp16_values = cfg->fp16_values != 0;
+    if (t->mean && ((pc.kind != PSK_CODEC_NONE && pc.kind != PSK_CODEC_FP16 &&
+                     pc.kind != PSK_CODEC_BF16) ||
+                    (pc.kind != PSK_CODEC_NONE && error_feedback))) {
+        /* psd sets a mean tensor to the mean of its pushes' values: a sparse or quantized one
+         * would zero or flatten them (99 % of a running variance 0 under topk:0.01), and
+         * error feedback would add one step's rounding to the next step's values (a review,
+         * session 59; psd refuses the codecs too). */
+        snprintf(c->err, sizeof c->err, "tensor %u is a mean tensor (its pushes are values): "
+                 "it travels raw, fp16 or bf16, without error feedback, not as '%s'%s", id,
+                 codec, pc.kind != PSK_CODEC_NONE && error_feedback &&
+                                (pc.kind == PSK_CODEC_FP16 || pc.kind == PSK_CODEC_BF16)
+                            ? " with error feedback" : "");
+        return PS_EINVAL;
+    }
     if (psk_codec_parse(&pl, pull_codec ? pull_codec : "none") ||
         (pl.kind != PSK_CODEC_NONE && pl.kind != PSK_CODEC_FP16 && pl.kind != PSK_CODEC_BF16)) {
         snprintf(c->err, sizeof c->err, "parameters travel as none, fp16 or bf16, not '%s'",
@@ -1150,9 +1168,13 @@ int ps_client_set_compression(ps_client_t *c, uint32_t id, const ps_compression_
     size_t pull_cap = pull ? psk_codec_max_bytes(&pl, n) : 0;
     uint8_t *payload = push ? ps_buffer_alloc(cap * t->nchunks) : NULL; /* read by the shards */
     void *scratch = scr ? malloc(scr) : NULL;
-    float *res = push && error_feedback ? calloc(t->numel, sizeof *res) : NULL;
+    /* The residual is fp32 whatever the codec: kept while error feedback stays on (a change
+     * of the pull codec, the block, or the push codec dropped what the last pushes carried
+     * over: a review, session 59). */
+    bool keep_res = push && error_feedback && t->error_feedback && t->residual;
+    float *res = push && error_feedback && !keep_res ? calloc(t->numel, sizeof *res) : NULL;
     uint8_t *pull_buf = pull ? malloc(pull_cap * t->nchunks) : NULL;
-    if ((push && !payload) || (scr && !scratch) || (push && error_feedback && !res) ||
+    if ((push && !payload) || (scr && !scratch) || (push && error_feedback && !keep_res && !res) ||
         (pull && !pull_buf)) {
         ps_buffer_free(payload, cap * t->nchunks);
         free(scratch);
@@ -1165,10 +1187,12 @@ int ps_client_set_compression(ps_client_t *c, uint32_t id, const ps_compression_
     if (push) {
         ps_buffer_free(t->payload, t->chunk_cap * t->nchunks);
         free(t->scratch);
-        free(t->residual);
+        if (!keep_res) {
+            free(t->residual);
+            t->residual = res;
+        }
         t->payload = payload;
         t->scratch = scratch;
-        t->residual = res;
         t->chunk_cap = cap;
     }
     if (pull) {
@@ -1190,7 +1214,8 @@ int ps_client_use_job_compression(ps_client_t *c, uint32_t id, const char *name)
         return PS_EINVAL;
     }
     /* As psworker: the first rule matching the name, else none below min_bytes, else the
-     * job's codec. */
+     * job's codec. A mean tensor's pushes are its values: none (as psd.torch does). */
+    if (c->tensors[id]->mean) return 0;
     const ps_compression_conf_t *cc = &c->m.job.compression;
     ps_compression_t comp = {
         .field_mask = PS_COMPRESSION_BLOCK | PS_COMPRESSION_STOCHASTIC | PS_COMPRESSION_FP16_VALUES,

@@ -111,6 +111,8 @@ typedef struct {
     uint64_t numel;
     uint32_t nchunks;
     uint64_t first_chunk;
+    bool mean;              /* PS_DECL_MEAN: its pushes are values (raw, fp16 or bf16; no error
+                               feedback: ps_client_set_compression) */
     psk_codec_t codec;      /* pushes */
     int error_feedback;
     float *residual;        /* [numel] error feedback, with a lossy codec */

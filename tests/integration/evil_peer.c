@@ -25,7 +25,8 @@
  * Then control messages (controls() below): five headers that do not decode, each answered; a
  * launcher's report of 2^32 - 1 workers, refused (PS_EINVAL); with --victim-pid P, a hello on a
  * connection of its own asking for rank 0 with P (the pid of the worker that holds it) and no
- * join serial, refused (PS_ENOTMEMBER); and a connection that never says anything, which psd
+ * join serial, refused (PS_ENOTMEMBER); a top-k push of a mean tensor it declares (PS_DECL_MEAN:
+ * pushes are values), refused (PS_EPROTO); and a connection that never says anything, which psd
  * must close (after the heartbeat timeout, at least 10 s).
  *
  * With --die-mid-send it asks shard 0 for its status and then kills itself (SIGKILL) in the
@@ -1172,6 +1173,35 @@ static int controls(peer_t *p, const ps_manifest_t *m, uint32_t victim_pid)
         p->ep = ep;
         p->tok = tok;
         p->ep_failed = ep_failed; /* that connection's end is not this one's */
+    }
+
+    /* A mean tensor (its pushes are values) pushed as top-k: refused (libps refuses first). */
+    ps_msg_t decl = {.type = PS_MSG_DECLARE, .rank = p->hello.rank, .has_decl = 1};
+    snprintf(decl.decl.name, sizeof decl.decl.name, "evil.mean");
+    decl.decl.ndim = 1;
+    decl.decl.shape[0] = 64;
+    decl.decl.init = PS_DECL_MEAN;
+    if (call(p, &decl, NULL, 0, PS_AM_CTRL) || p->reply.type != PS_MSG_DECLARE_REPLY ||
+        !p->reply.has_decl) {
+        say("evil_peer: declare evil.mean: got %s: %s", ps_msg_type_name(p->reply.type),
+            p->reply.error);
+        failed++;
+    } else {
+        target_t mt = {.rank = p->hello.rank, .tensor = p->reply.decl.id, .n = 64};
+        psk_codec_t tk = TOPK;
+        static float zeros[64];
+        static uint8_t buf[4096];
+        size_t len = 0, scr = psk_codec_scratch_bytes(&tk, 64);
+        void *scratch = scr ? malloc(scr) : NULL;
+        int bad = (scr && scratch == NULL) ||
+                  psk_codec_encode_cpu(buf, sizeof buf, &len, zeros, 64, &tk, scratch) != 0;
+        free(scratch);
+        ps_msg_t push = push_msg(&mt, tk.kind, &tk, len);
+        if (bad) say("evil_peer: evil.mean: cannot encode");
+        if (bad || call(p, &push, buf, len, PS_AM_DATA) ||
+            refused(p, PS_EPROTO, "a mean tensor's pushes are values",
+                    "top-k push of a mean tensor"))
+            failed++;
     }
 
     /* The quiet connection: closed by psd (a connection that says nothing). Meanwhile this

@@ -13,7 +13,9 @@
  * With "misuse", first two mistakes a caller can make, each refused without harm: a push
  * before its first batch (PS_EINVAL; the client is not counted removed, its next_batch works),
  * and in step 0 an int8 push with error feedback of a gradient holding a NaN, which int8
- * cannot encode (sent as fp32 and left out by psd; the clean push of step 1 goes through).
+ * cannot encode (sent as fp32 and left out by psd; the clean push of step 1 goes through); and
+ * compressions that would destroy a PS_TENSOR_MEAN tensor's values, refused (mean_codecs); and
+ * a residual kept when the compression is set again (residual_kept).
  *
  * Joins the cluster, declares tensor "mean.t" of NUMEL floats (zeros), checks that it reads
  * zeros before any push, and then for each step s (from the coordinator, as any bsp worker
@@ -82,6 +84,113 @@ static int ef_nan_left_out(ps_client_t *c, uint64_t s, uint64_t k, uint32_t *id)
     return 0;
 }
 
+/* Tensor "mean.v" (64 floats, PS_TENSOR_MEAN: its pushes are values): in step 0 (@p k) the
+ * compressions that would zero or flatten its values are refused (topk, int8, fp16 with error
+ * feedback), fp16 alone is taken, and ps_client_use_job_compression leaves it raw; in each step
+ * a push of 0.25 everywhere, as fp16 in step 0 and raw in step 1, must read back exactly.
+ * @p id: declared at step 0. @return 0 if so (said on stdout). */
+static int mean_codecs(ps_client_t *c, uint64_t s, uint64_t k, uint32_t *id)
+{
+    ps_tensor_desc_t d = {.name = "mean.v", .shape = {64}, .ndim = 1, .init = PS_TENSOR_MEAN};
+    static float v[64], got[64];
+    ps_op_t *op;
+    for (int i = 0; i < 64; i++) v[i] = 0.25f;
+    if (k == 0) {
+        static const ps_compression_t refused[] = {{.codec = "topk:0.1"},
+                                                   {.codec = "int8"},
+                                                   {.codec = "fp16", .error_feedback = 1}};
+        if (ps_client_declare(c, &d, id)) {
+            printf("mean_client: mean.v: %s\n", ps_client_error(c));
+            return 1;
+        }
+        for (int i = 0; i < 3; i++) {
+            int rc = ps_client_set_compression(c, *id, &refused[i]);
+            if (rc != PS_EINVAL || strstr(ps_client_error(c), "is a mean tensor") == NULL) {
+                printf("mean_client: mean.v as %s%s: rc %d (%s), want PS_EINVAL\n",
+                       refused[i].codec, refused[i].error_feedback ? " with error feedback" : "",
+                       rc, ps_client_error(c));
+                return 1;
+            }
+        }
+        ps_compression_t fp16 = {.codec = "fp16"};
+        int rc = ps_client_use_job_compression(c, *id, "mean.v");
+        if (rc == 0) rc = ps_client_set_compression(c, *id, &fp16);
+        if (rc) {
+            printf("mean_client: mean.v as fp16: %s\n", ps_client_error(c));
+            return 1;
+        }
+    } else {
+        ps_compression_t none = {.codec = "none"};
+        if (ps_client_set_compression(c, *id, &none)) {
+            printf("mean_client: mean.v raw again: %s\n", ps_client_error(c));
+            return 1;
+        }
+    }
+    uint64_t version = 0;
+    int rc = ps_client_push(c, *id, v, s, &op);
+    if (rc == 0) rc = ps_op_wait(op, NULL);
+    if (rc == 0) rc = ps_client_pull(c, *id, got, s + 1, &op);
+    if (rc == 0) rc = ps_op_wait(op, &version);
+    if (rc || version != s + 1) {
+        printf("mean_client: mean.v step %" PRIu64 ": rc %d (%s), version %" PRIu64 "\n", s,
+               rc, ps_client_error(c), version);
+        return 1;
+    }
+    for (int i = 0; i < 64; i++)
+        if (got[i] != 0.25f) {
+            printf("mean_client: mean.v step %" PRIu64 ": value %d is %.9g\n", s, i,
+                   (double)got[i]);
+            return 1;
+        }
+    if (k == 1)
+        printf("mean_client: a mean tensor refused sparse, quantized and error-fed codecs, took "
+               "fp16 and raw\n");
+    return 0;
+}
+
+/* Tensor "mean.r" (64 floats, topk:0.25 with error feedback; the job's optimizer is mean, so a
+ * step leaves the decoded push): in step 0 (@p k) it pushes 1..64, of which 49..64 go and
+ * 1..48 stay in the residual; in step 1, after ps_client_set_compression is called again (the
+ * same codec, a pull codec added), it pushes zeros, and the top 16 of the residual (33..48)
+ * must go: the residual was kept (before session 59 it was zeroed, and zeros went). @p id:
+ * declared at step 0. @return 0 if so (said on stdout). */
+static int residual_kept(ps_client_t *c, uint64_t s, uint64_t k, uint32_t *id)
+{
+    ps_tensor_desc_t d = {.name = "mean.r", .shape = {64}, .ndim = 1, .init = 0};
+    ps_compression_t topk = {.codec = "topk:0.25", .error_feedback = 1};
+    static float g[64], got[64];
+    ps_op_t *op;
+    for (int i = 0; i < 64; i++) g[i] = k == 0 ? (float)(i + 1) : 0.0f;
+    if (k == 0 && ps_client_declare(c, &d, id) != 0) {
+        printf("mean_client: mean.r: %s\n", ps_client_error(c));
+        return 1;
+    }
+    if (k == 1) topk.pull = "fp16";
+    uint64_t version = 0;
+    int rc = ps_client_set_compression(c, *id, &topk);
+    if (rc == 0) rc = ps_client_push(c, *id, g, s, &op);
+    if (rc == 0) rc = ps_op_wait(op, NULL);
+    if (rc == 0) rc = ps_client_pull(c, *id, got, s + 1, &op);
+    if (rc == 0) rc = ps_op_wait(op, &version);
+    if (rc || version != s + 1) {
+        printf("mean_client: mean.r step %" PRIu64 ": rc %d (%s), version %" PRIu64 "\n", s,
+               rc, ps_client_error(c), version);
+        return 1;
+    }
+    for (int i = 0; i < 64; i++) {
+        float want = k == 0 ? (i >= 48 ? (float)(i + 1) : 0.0f)
+                            : (i >= 32 && i < 48 ? (float)(i + 1) : 0.0f);
+        if (got[i] != want) {
+            printf("mean_client: mean.r step %" PRIu64 ": value %d is %.9g, want %g\n", s, i,
+                   (double)got[i], (double)want);
+            return 1;
+        }
+    }
+    if (k == 1)
+        printf("mean_client: the residual outlived a second ps_client_set_compression\n");
+    return 0;
+}
+
 /* "nograd": whether rank @p r has a gradient in step @p s. */
 static int has_grad(int nograd, uint32_t r, uint64_t s)
 {
@@ -111,7 +220,7 @@ int main(int argc, char **argv)
         return 1;
     }
     uint32_t rank = (uint32_t)ps_client_rank(c), w = 0; /* the members, from the first step */
-    uint32_t eid = 0; /* misuse: mean.e */
+    uint32_t eid = 0, vid = 0, rid = 0; /* misuse: mean.e, mean.v, mean.r */
     ps_tensor_desc_t d = {.name = "mean.t", .shape = {(uint32_t)n}, .ndim = 1, .init = 0};
     uint32_t id;
     float *g = malloc(n * sizeof *g), *got = malloc(n * sizeof *got),
@@ -163,7 +272,8 @@ int main(int argc, char **argv)
         }
         prev = b;
         uint64_t s = b.step;
-        if (misuse && k < 2 && ef_nan_left_out(c, s, k, &eid)) {
+        if (misuse && k < 2 && (ef_nan_left_out(c, s, k, &eid) || mean_codecs(c, s, k, &vid) ||
+                                residual_kept(c, s, k, &rid))) {
             bad = 1;
             break;
         }

@@ -248,7 +248,10 @@ static void direct_off(bool off)
  * failed); an int8 push with error feedback of a NaN, which int8 cannot encode, goes as fp32
  * and psd leaves it out (session 37; before, it failed at once: PS_EINVAL, and psd.torch's
  * step raised), and the next clean push of that tensor goes through (before session 31: the
- * residual took the NaN, and every later push of the tensor failed). */
+ * residual took the NaN, and every later push of the tensor failed); and a PS_TENSOR_MEAN
+ * tensor compressed so that its values would be zeroed or flattened (topk, int8) or carry the
+ * last step's rounding (error feedback), refused (session 59; before, taken); a residual kept
+ * when a tensor's compression is set again (before, zeroed). */
 START_TEST(test_libps_misuse_harmless)
 {
     cl_conf_t k = {.shards = 2, .workers = 1, .consistency = "bsp", .optimizer = "{name: mean}"};
@@ -260,6 +263,9 @@ START_TEST(test_libps_misuse_harmless)
     EXPECT_EXIT(a, 0);
     EXPECT_LOG(a, "a push before any batch refused: ");
     EXPECT_LOG(a, "a NaN under int8 with error feedback left out, the next push taken");
+    EXPECT_LOG(a, "a mean tensor refused sparse, quantized and error-fed codecs, took fp16 and "
+                  "raw");
+    EXPECT_LOG(a, "the residual outlived a second ps_client_set_compression");
     EXPECT_LOG(a, "2 steps, every pull the exact mean");
     stop_all(psd, 2);
     cl_cluster_destroy(c);

@@ -230,9 +230,10 @@ typedef struct {
 
 /**
  * @brief Compress tensor @p id's pushes and pulls as @p cfg says.
- * @return 0 or PS_EINVAL (unknown codec name, block 0, or an undeclared tensor;
- *         ps_client_error() says which), PS_ENOMEM, PS_EBUSY (a push or pull of the tensor
- *         has not been waited for).
+ * @return 0 or PS_EINVAL (unknown codec name, block 0, an undeclared tensor, or a codec other
+ *         than none, fp16 or bf16, or error feedback, for a PS_TENSOR_MEAN tensor, whose
+ *         pushes are values; ps_client_error() says which), PS_ENOMEM, PS_EBUSY (a push or
+ *         pull of the tensor has not been waited for).
  * @note With a codec other than none, the encoded chunks live in one buffer per tensor, as
  *       do compressed pulls' landing chunks: ps_client_push refuses a second push of a tensor
  *       before the first was waited for, ps_client_pull a second compressed pull.
@@ -271,7 +272,8 @@ int ps_client_push_encoded(ps_client_t *c, uint32_t id, uint64_t step, ps_push_e
 /**
  * @brief Compress tensor @p id as the manifest's job.compression says for a tensor named
  * @p name of its size (the first matching rule, else none below min_bytes, else the job's
- * codec), as psworker does for each of its tensors.
+ * codec), as psworker does for each of its tensors; a PS_TENSOR_MEAN tensor is left
+ * uncompressed (its pushes are values).
  * @param name the name @p id was declared with (the rules match names); borrowed.
  * @return as ps_client_set_compression.
  */

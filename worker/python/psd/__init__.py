@@ -700,7 +700,9 @@ class Client:
         "topk:F", "randomk:F"), keeping what it dropped for the next push with
         `error_feedback`, and its pulls with `pull` (None, "fp16" or "bf16"); `block`: int8 and
         sign values per scale (None: 256); `stochastic`: int8 rounding; `fp16_values`: topk and
-        randomk values. Only between operations on the tensor (PsError EBUSY otherwise)."""
+        randomk values. Only between operations on the tensor (PsError EBUSY otherwise). A mean
+        tensor (declare(mean=True): its pushes are values) travels raw, fp16 or bf16, without
+        error feedback (PsError EINVAL otherwise)."""
         c = _Compression(field_mask=2 | 4, codec=str(codec).encode(),
                          error_feedback=int(bool(error_feedback)),
                          pull=None if pull is None else str(pull).encode(),
