@@ -396,7 +396,7 @@ struct psd_server_s {
     uint64_t silent_join[PS_MAX_RANKS]; /* asp / ssp, shards > 0: the join (serial) of each
                                    rank this shard last dropped as silent (0: none); a hello
                                    claiming it again is refused (server.c) */
-    psd_coord_t *coord;        /* shard 0: membership, steps and batches (coord.c) */
+    psd_coord_t *coord;        /* shard 0: membership, steps and batches (coord*.c) */
     psd_views_t views;         /* known membership epochs (memberviews.h) */
 
     psd_tensor_t *tensors;     /* [cap_tensors], indexed by id */
@@ -746,7 +746,7 @@ ucs_status_t psd_shard_on_values(psd_server_t *srv, psd_conn_t *conn, const ps_m
 /** @brief PS_MSG_FORGET: drop a tensor never pushed (see forget.c); answers @p msg. */
 void psd_forget_on_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg);
 
-/* coord.c (shard 0 only) */
+/* the coordinator (shard 0 only): coord.c and the modules coord_internal.h lists */
 /** @brief Create the coordinator; restores its state from @p saved (NULL: a fresh job) and
  *  what failures had left to settle from @p rec (key "jobrec"; NULL: nothing). Both are
  *  copied, and must be aligned for uint64_t (older forms are read in place). @return 0 or

@@ -489,7 +489,7 @@ uint64_t psd_shard_members(const psd_server_t *srv, uint64_t step, uint64_t *epo
 }
 
 /* bsp: whether step @p step was closed by the coordinator with no member left: its view is a
- * closed one (PS_FLAG_CLOSED; restore_closed_lost in coord.c: a step this shard's restart of
+ * closed one (PS_FLAG_CLOSED; restore_closed_lost in coord_steps.c: a step this shard's restart of
  * the coordinator closed, whose members all left before any showed it applied everywhere)
  * with no members. A chunk still at it passes it as it is (run_apply: no member summed); its
  * members' batches went out again, tagged. An open step every member left has an ordinary

@@ -413,7 +413,7 @@ int main(int argc, char **argv)
         return 2;
     }
     /* The workers' hellos name this pslaunch (libps reads PS_LAUNCHER): shard 0 tells the
-     * members it runs from others on this host (server/coord.c, grants_seen). Set before any
+     * members it runs from others on this host (server/coord_scale.c, grants_seen). Set before any
      * fork: the child calls nothing but async-signal-safe functions until its exec. */
     char me[16];
     snprintf(me, sizeof me, "%d", (int)getpid());

@@ -449,7 +449,7 @@ static int corrupt_chunk_len(cl_cluster_t *c, uint32_t t, uint32_t ch, long at, 
 
 /* The coordinator's state as a psd before replay tags stored it ("CRD2"), and as psds of
  * sessions 21-49 did ("CRD3": 4 tag words a batch), with their recovery state ("REC2"), for the
- * upgrade tests: the same layouts as server/coord.c's saved_v2_t, saved_v3_t and rec_v2_t. */
+ * upgrade tests: the same layouts as server/coord_state.c's saved_v2_t, saved_v3_t and rec_v2_t. */
 typedef struct {
     uint64_t pass, offset;
     uint32_t count;
@@ -616,7 +616,7 @@ START_TEST(test_coordinator_state_upgraded_tags)
 }
 END_TEST
 
-/* The form of sessions 50-53 ("CRD4"): server/coord.c's coord_saved_t as it is in memory, all
+/* The form of sessions 50-53 ("CRD4"): server/coord_internal.h's coord_saved_t as it is in memory, all
  * 64 members whatever the job's size. */
 typedef struct {
     uint32_t pid;
