@@ -588,6 +588,20 @@ void ps__on_heartbeat(uv_timer_t *h)
         ps_ucx_check_armable(&c->ucx); /* while callers drive it: is it wedged? */
         unarmable(c);
     }
+    /* Ticks every heartbeat_timeout_ms / 4: a gap of half of silent_ms says that this process
+     * did not run (stopped, as by SIGSTOP, or descheduled), not that its shards fell silent.
+     * Their silence is judged from now on: before, a worker stopped for two heartbeat timeouts
+     * blamed every shard ("a dead host, a cut network or a stopped psd") and reconnected to
+     * all (a helper's soak, session 59). */
+    uint64_t now = uv_now(&c->loop);
+    if (c->hb_last_ms && now - c->hb_last_ms > c->silent_ms / 2) {
+        PS_LOG(PS_LOG_INFO, "libps", "this worker's heartbeat thread did not run for %llu ms "
+               "(the process was stopped or not scheduled): the shards' silence is counted "
+               "from now", (unsigned long long)(now - c->hb_last_ms));
+        for (uint32_t i = 0; i < c->nshards; i++)
+            if (c->shards[i].heard_ms < now) c->shards[i].heard_ms = now;
+    }
+    c->hb_last_ms = now;
     for (uint32_t i = 0; i < c->nshards; i++) {
         cshard_t *s = &c->shards[i];
         if (joined) shard_silent(c, s);

@@ -1983,7 +1983,8 @@ static long long stopped_and_dropped(coord_t *co, cl_proc_t *psd0, cl_proc_t *w)
 
 /* A stopped worker is dropped after the heartbeat timeout and the other carries on alone; on
  * SIGCONT it learns it was removed and joins again as a new member; the run completes with
- * every sample of every pass applied once. */
+ * every sample of every pass applied once. Stopped past its own silence limit (2 s here), it
+ * knows it was the one stopped: it blamed every shard before ("answered nothing for"). */
 START_TEST(test_sigstop_rejoins)
 {
     cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 16, .epochs = 4,
@@ -1997,10 +1998,14 @@ START_TEST(test_sigstop_rejoins)
     ck_assert_int_eq(wait_num(&co, "actual_workers", 1, 1, RUN_S), 1);
     long long s0 = coord_num(&co, "open_step");
     ck_assert_int_gt(wait_num(&co, "open_step", s0 + 20, 0, RUN_S), s0 + 19); /* goes on alone */
+    usleep(2500 * 1000); /* past the stopped worker's silence limit */
     ck_assert_int_eq(cl_signal(w[1], SIGCONT), 0);
     EXPECT_EXIT(w[0], 0);
     EXPECT_EXIT(w[1], 0);
     EXPECT_LOG(w[1], "was removed from the job; joining again");
+    EXPECT_LOG(w[1], "heartbeat thread did not run for");
+    ck_assert_msg(count_in_log(w[1], "answered nothing for") == 0,
+                  "the stopped worker blamed its shards: %s", cl_tail(w[1]));
     ck_assert_int_ge(count_in_log(w[1], "joined at step"), 2);
     char *j = coord_status(&co);
     ck_assert_msg(j && strstr(j, "\"finished\": true"), "job not finished: %s", j ? j : "-");
