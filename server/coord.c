@@ -75,8 +75,6 @@ static void save_run(psd_slot_work_t *w)
     sv->rc = psd__save_now(&w->srv->store, sv->s, sv->len, &sv->rec);
 }
 
-
-
 /* A test hook (PS_TEST_CRASH_*_SAVE): the next save queued (now, or after the busy one) kills
  * this psd in save_run, logging @p hook. */
 void psd__crash_in_next_save(psd_coord_t *co, const char *hook)
@@ -92,7 +90,7 @@ void psd__fail_next_save(psd_coord_t *co)
     __atomic_store_n(&co->fail_gen, co->save_gen + 1, __ATOMIC_RELAXED);
 }
 
-void psd__save_done(psd_slot_work_t *w)
+static void save_done(psd_slot_work_t *w)
 {
     psd_server_t *srv = w->srv;
     psd_coord_t *co = srv->coord;
@@ -142,7 +140,7 @@ void psd__coord_save(psd_server_t *srv)
     co->save.gen = ++co->save_gen;
     co->save.slot.srv = srv;
     co->save.slot.run = save_run;
-    co->save.slot.done = psd__save_done;
+    co->save.slot.done = save_done;
     psd_shard_slot_queue(srv, &co->save.slot);
 }
 
@@ -197,7 +195,6 @@ void psd__host_safe(char *out, size_t cap, const char *s)
     }
     out[n] = '\0';
 }
-
 
 /* ---- requests ----------------------------------------------------------------------- */
 
@@ -689,7 +686,7 @@ static void drop_late(psd_server_t *srv, uint32_t r)
  * this shard's chunks are watched (a member's pushes of a step leave together: the hang comes
  * between steps); with no chunk here nothing is dropped.
  */
-void psd__late_members(psd_server_t *srv, uint64_t now)
+static void late_members(psd_server_t *srv, uint64_t now)
 {
     psd_coord_t *co = srv->coord;
     uint64_t limit = srv->m.job.step_timeout_ms;
@@ -723,7 +720,7 @@ void psd__late_members(psd_server_t *srv, uint64_t now)
  * batch for job.step_timeout_ms (nor joined or came back within it) is dropped as
  * late_members drops one under bsp.
  */
-void psd__late_slowest(psd_server_t *srv, uint64_t now)
+static void late_slowest(psd_server_t *srv, uint64_t now)
 {
     psd_coord_t *co = srv->coord;
     uint64_t low = psd__slowest(co), limit = srv->m.job.step_timeout_ms;
@@ -810,9 +807,9 @@ void psd_coord_tick(psd_server_t *srv)
                    "for again within %llu ms: releasing it", (unsigned long long)hold_limit);
         psd_coord_ckpt_release(srv);
     }
-    if (is_bsp(srv) && srv->m.job.step_timeout_ms) psd__late_members(srv, now);
+    if (is_bsp(srv) && srv->m.job.step_timeout_ms) late_members(srv, now);
     if (srv->m.job.consistency == PS_CONSIST_SSP && srv->m.job.step_timeout_ms)
-        psd__late_slowest(srv, now);
+        late_slowest(srv, now);
     if (is_bsp(srv)) {
         if (co->told_unlearnt) {
             /* After a restart: the closed views kept (rec.told) pass this shard's chunks still

@@ -14,7 +14,7 @@ static uint64_t natural_step(const psd_coord_t *co)
     return co->s.step + (co->s.step_members != 0 && !co->s.finished && !co->held ? 1 : 0);
 }
 
-void psd__hold_ahead(psd_server_t *srv, uint64_t step)
+static void hold_ahead(psd_server_t *srv, uint64_t step)
 {
     psd_coord_t *co = srv->coord;
     co->hold_step = step;
@@ -25,7 +25,7 @@ void psd__hold_ahead(psd_server_t *srv, uint64_t step)
 }
 
 /* The index of checkpoint @p id among the hold's users, or -1. */
-int psd__hold_user(const psd_coord_t *co, uint64_t id)
+static int hold_user(const psd_coord_t *co, uint64_t id)
 {
     for (uint32_t u = 0; u < co->hold_users; u++)
         if (co->hold_user[u].id == id) return (int)u;
@@ -37,7 +37,7 @@ int psd__hold_user(const psd_coord_t *co, uint64_t id)
  * a new connection) it is the same user. */
 static void hold_user_add(psd_coord_t *co, uint64_t id, uint64_t now, const psd_conn_t *conn)
 {
-    int u = psd__hold_user(co, id);
+    int u = hold_user(co, id);
     if (u < 0 && co->hold_users == CKPT_USERS_MAX) { /* the oldest one gives way */
         uint32_t old = 0;
         for (uint32_t i = 1; i < co->hold_users; i++)
@@ -60,7 +60,7 @@ static void hold_user_add(psd_coord_t *co, uint64_t id, uint64_t now, const psd_
  * again while batches are in flight (PS_FLAG_PENDING): each ask keeps the hold alive, so a
  * psctl that died ends it CKPT_HOLD_MS after its last ask. A drained answer makes checkpoint
  * @p id a user of the hold: its GO learns whether the hold lasted for it (a cut) or lapsed. */
-uint64_t psd__hold_async(psd_server_t *srv, uint64_t id, const psd_conn_t *conn,
+static uint64_t hold_async(psd_server_t *srv, uint64_t id, const psd_conn_t *conn,
                            uint32_t *flags, uint32_t *pending)
 {
     psd_coord_t *co = srv->coord;
@@ -85,7 +85,7 @@ uint64_t psd_coord_ckpt_hold(psd_server_t *srv, uint64_t id, const psd_conn_t *c
 {
     psd_coord_t *co = srv->coord;
     *flags = *pending = 0;
-    if (!is_bsp(srv)) return psd__hold_async(srv, id, conn, flags, pending);
+    if (!is_bsp(srv)) return hold_async(srv, id, conn, flags, pending);
     /* Holding the hand-out of the natural step keeps every chunk at or below it. The open
      * step itself when its members all left: said (PS_FLAG_MOVE), as workers that left after
      * part of it was applied may have moved a shard past it (psctl then waits for the next). */
@@ -140,7 +140,7 @@ int psd_coord_ckpt_hold_at(psd_server_t *srv, uint64_t step, uint64_t id,
         *flags = PS_FLAG_PENDING;
         return 0;
     }
-    if (!co->hold_ahead || co->hold_step != step) psd__hold_ahead(srv, step);
+    if (!co->hold_ahead || co->hold_step != step) hold_ahead(srv, step);
     co->hold_asker = conn;
     *flags = PS_FLAG_PENDING;
     return 0;
@@ -152,7 +152,7 @@ static void hold_ahead_after(psd_server_t *srv, uint64_t step)
     psd_coord_t *co = srv->coord;
     if (step && is_bsp(srv) && !co->s.finished && !co->hold_ms && !co->hold_ahead &&
         step > natural_step(co))
-        psd__hold_ahead(srv, step);
+        hold_ahead(srv, step);
 }
 
 void psd_coord_ckpt_release(psd_server_t *srv)
@@ -192,7 +192,7 @@ bool psd_coord_ckpt_release_until(psd_server_t *srv, uint64_t next, uint64_t id,
          * GO from one that never armed (it gave up waiting, or found a shard busy with the
          * other) ends nothing of theirs. bsp: before session 50 any GO ended the hold, and
          * the other checkpoint failed ("shard 1 is already past step 7"). */
-        int u = psd__hold_user(co, id);
+        int u = hold_user(co, id);
         if (!is_bsp(srv)) held = u >= 0 && co->hold_ms;
         if (u >= 0) co->hold_user[u] = co->hold_user[--co->hold_users];
         if (co->hold_ms && co->hold_users > 0) {
@@ -207,7 +207,7 @@ bool psd_coord_ckpt_release_until(psd_server_t *srv, uint64_t next, uint64_t id,
     }
     psd_coord_ckpt_release(srv);
     if (co && next && is_bsp(srv) && !co->s.finished && next > natural_step(co)) {
-        psd__hold_ahead(srv, next);
+        hold_ahead(srv, next);
         co->hold_asker = conn;
     }
     return held;

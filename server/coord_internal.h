@@ -3,7 +3,8 @@
  *   coord.c        members and their requests (hello, batch, leave, the cron's checks),
  *                  saving the state on its own;
  *   coord_steps.c  replies, bsp steps (members, hand-out, close), asp / ssp service;
- *   coord_state.c  the stored state and its older forms, creating the coordinator from it;
+ *   coord_state.c  the stored state and its older forms, creating the coordinator from it (and
+ *                  freeing it), its status and metrics;
  *   coord_ckpt.c   checkpoint holds (psctl checkpoint's cut);
  *   coord_scale.c  psctl scale and pslaunch's launch reports.
  * Everything runs on the loop thread, but what says otherwise (the save's slot work). coord.c's
@@ -211,14 +212,14 @@ static inline uint32_t popcount(uint64_t x) { return (uint32_t)__builtin_popcoun
 /* The recovery state changed: the next apply job (psd_coord_rec) or psd__coord_save writes it. */
 void psd__rec_changed(psd_coord_t *co);
 /* Write state @p s (@p len bytes) and @p rec in one transaction of @p st. 0 or a PS_E* code.
- * Any thread that may write the store (the slot's pool thread, or psd_coord_create). */
+ * Wherever the store may be written: the slot's pool thread (or the loop thread when the pool
+ * refused the work), or psd_coord_create. */
 int psd__save_now(psd_store_t *st, const void *s, size_t len, const coord_rec_t *rec);
 /* Test hooks: the next save queued kills this psd (@p hook named in the log), or fails. */
 void psd__crash_in_next_save(psd_coord_t *co, const char *hook);
 void psd__fail_next_save(psd_coord_t *co);
-/* A save's end (slot work done): its result counted, waiters answered, a failed one retried. */
-void psd__save_done(psd_slot_work_t *w);
-/* Save the state on its own (slot work between store jobs); a save while one runs follows it. */
+/* Save the state on its own (slot work between store jobs); a save while one runs follows it;
+ * a failed one is retried by psd_coord_tick. */
 void psd__coord_save(psd_server_t *srv);
 /* psd__coord_save; @return the number of the save that holds the change (0: none needed). */
 uint64_t psd__coord_save_gen(psd_server_t *srv);
@@ -232,12 +233,8 @@ void psd__host_safe(char *out, size_t cap, const char *s);
 
 /* ---- requests (coord.c) ----------------------------------------------------------------- */
 
-/* Answer the members whose batch request waits and whose batch may go now. */
+/* Answer the members whose batch request waits and whose batch (or the end) may go now. */
 void psd__serve_parked(psd_server_t *srv);
-/* bsp / ssp with job.step_timeout_ms: drop the members that hold the others back (@p now:
- * psd_now_ms). */
-void psd__late_members(psd_server_t *srv, uint64_t now);
-void psd__late_slowest(psd_server_t *srv, uint64_t now);
 
 /* ---- steps and batches (coord_steps.c) -------------------------------------------------- */
 
@@ -271,8 +268,6 @@ uint32_t psd__in_flight(const psd_coord_t *co);
 uint64_t psd__slowest(const psd_coord_t *co);
 /* asp / ssp with job.max_steps: the job is complete once every member did its steps. */
 void psd__async_maybe_finished(psd_server_t *srv);
-/* asp / ssp: whether an answer that ends member @p r's run may go (its state committed). */
-bool psd__end_committed(psd_server_t *srv, uint32_t r);
 /* asp / ssp: serve member @p r's batch request from the cursor, if it may have one now. */
 void psd__serve_async(psd_server_t *srv, uint32_t r);
 
@@ -281,21 +276,5 @@ void psd__serve_async(psd_server_t *srv, uint32_t r);
 /* @p s with members m[0..@p nm) stored, into @p out (PSD_COORD_STATE_MAX bytes). @return its
  * length. */
 size_t psd__state_pack(const coord_saved_t *s, uint32_t nm, void *out);
-
-/* ---- checkpoints (coord_ckpt.c) --------------------------------------------------------- */
-
-/* bsp: hold the hand-out of step @p step and later, from when the job gets there. */
-void psd__hold_ahead(psd_server_t *srv, uint64_t step);
-/* The index of checkpoint @p id among the hold's users, or -1. */
-int psd__hold_user(const psd_coord_t *co, uint64_t id);
-/* asp / ssp: hold every new hand-out until the batches in flight drained, for checkpoint @p id
- * asked on @p conn; *@p flags, *@p pending: what to answer. @return the step of the cut. */
-uint64_t psd__hold_async(psd_server_t *srv, uint64_t id, const psd_conn_t *conn,
-                         uint32_t *flags, uint32_t *pending);
-
-/* ---- scaling (coord_scale.c) ------------------------------------------------------------ */
-
-/* Starts granted whose workers died before they joined are forgotten (launchers' reports). */
-void psd__grants_seen(psd_server_t *srv, uint64_t now);
 
 #endif

@@ -46,7 +46,7 @@ static bool launcher_fresh(const launcher_t *x, uint64_t now)
  * no live launcher ran (a worker started by hand, or the workers of a pslaunch stopped for
  * over GRANT_TTL_MS) cut the count, and workers still starting were started again, over the
  * desired number (a helper's probe). */
-void psd__grants_seen(psd_server_t *srv, uint64_t now)
+static void grants_seen(psd_server_t *srv, uint64_t now)
 {
     psd_coord_t *co = srv->coord;
     if (co->grant_start <= 0) return;
@@ -110,7 +110,7 @@ void psd_coord_on_launch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
         l->last_ms = now;
     }
     int32_t actual = (int32_t)popcount(co->s.active), want = (int32_t)co->s.desired, delta = 0;
-    psd__grants_seen(srv, now);
+    grants_seen(srv, now);
     /* Right after this shard started, the grants it made before are forgotten, but the
      * workers the launchers run (members and ones still starting) are on their way: counted.
      * Not later: a hung worker dropped as silent still runs, and must be replaced. Only a

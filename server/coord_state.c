@@ -211,7 +211,6 @@ static void rec_from_v2(coord_rec_t *rec, const rec_v2_t *o)
     rec->again_stale = o->again_stale;
 }
 
-
 /* The first start after psd --restore of a bsp checkpoint whose saved state has its last step
  * open (rc_step = the checkpoint's step - 1): the ranks every chunk applied that step with
  * (PSD_RESTORE_APPLIED_BLOB, from every part's applied records) are settled, not pending.

@@ -191,7 +191,6 @@ void psd__set_members(psd_server_t *srv, uint64_t members)
     psd_shard_learn_view(srv, co->s.epoch, co->s.step, members, false);
 }
 
-
 /* Hand every member of the job a batch of the open step, in rank order. */
 void psd__hand_out(psd_server_t *srv)
 {
@@ -399,7 +398,7 @@ void psd__async_maybe_finished(psd_server_t *srv)
  * the end), as a hand-out waits for one. Before (a probe, session 47), shard 0 answered at
  * once; killed before its next save, it came back without the last reports, with every worker
  * gone, and the job stayed unfinished for good. The first call queues the save. */
-bool psd__end_committed(psd_server_t *srv, uint32_t r)
+static bool end_committed(psd_server_t *srv, uint32_t r)
 {
     psd_coord_t *co = srv->coord;
     member_rt_t *rt = &co->rt[r];
@@ -430,12 +429,12 @@ void psd__serve_async(psd_server_t *srv, uint32_t r)
         if (max && m->steps_done >= max) {
             co->capped = true;
             psd__async_maybe_finished(srv);
-            if (psd__end_committed(srv, r)) /* else save_done answers */
+            if (end_committed(srv, r)) /* else save_done answers */
                 psd__reply_batch(srv, r);   /* asp / ssp: job.max_steps caps each worker's steps */
             return;
         }
         if (max && co->s.finished) {
-            if (psd__end_committed(srv, r)) /* joined after every member did its steps */
+            if (end_committed(srv, r)) /* joined after every member did its steps */
                 psd__reply_batch(srv, r);
             return;
         }
@@ -450,7 +449,7 @@ void psd__serve_async(psd_server_t *srv, uint32_t r)
                 PS_LOG(PS_LOG_INFO, "coord", "job complete: %llu samples applied",
                        (unsigned long long)total);
             }
-            if (psd__end_committed(srv, r)) psd__reply_batch(srv, r); /* finished */
+            if (end_committed(srv, r)) psd__reply_batch(srv, r); /* finished */
             return;
         }
         co->rt[r].batch_seen = false;

@@ -269,7 +269,7 @@ struct ps_client_s {
                                    returns, read by the comm thread in ps__on_rehello after it */
     uint64_t join_serial;       /* shard 0's serial of this join: hellos to the others carry it */
     uint32_t launcher;          /* PS_LAUNCHER: the pslaunch that started this process (its
-                                   pid; 0: none), which hellos carry (server/coord.c,
+                                   pid; 0: none), which hellos carry (server/coord_scale.c,
                                    grants_seen) */
     uint64_t next_req;
 

@@ -572,6 +572,30 @@ static void shard_silent(ps_client_t *c, cshard_t *s)
     s->dead = s->close_queued = 1; /* on_deferred closes it and calls ps__shard_lost */
 }
 
+/* Ticks come every heartbeat_timeout_ms / 4: a gap of more than half of silent_ms says that
+ * this process did not run (stopped, as by SIGSTOP, or not scheduled), not that its shards fell
+ * silent or left its operations unanswered. The time it did not run is taken out of its
+ * shards' silence (shard_silent) and its operations' waits (hello_overdue, ops_overdue):
+ * before, a worker stopped for two heartbeat timeouts blamed every shard ("a dead host, a cut
+ * network or a stopped psd") and reconnected to all (a helper's soak, session 59). */
+static void stopped_gap(ps_client_t *c)
+{
+    uint64_t now = uv_now(&c->loop), tick = c->m.job.heartbeat_timeout_ms / 4;
+    uint64_t last = c->hb_last_ms;
+    c->hb_last_ms = now;
+    if (last == 0 || now - last <= c->silent_ms / 2) return;
+    uint64_t gap = now - last - tick; /* beyond the tick that was due */
+    PS_LOG(PS_LOG_INFO, "libps", "this worker's heartbeat thread did not run for %llu ms (the "
+           "process was stopped or not scheduled): not counted as its shards' silence",
+           (unsigned long long)(now - last));
+    for (uint32_t i = 0; i < c->nshards; i++) {
+        cshard_t *s = &c->shards[i];
+        s->heard_ms = s->heard_ms + gap < now ? s->heard_ms + gap : now;
+    }
+    for (ps_op_t *op = c->inflight; op; op = op->next)
+        if (op->submit_ns) op->submit_ns += gap * 1000000u;
+}
+
 /* Every heartbeat_timeout_ms / 4, from the comm thread, so a worker busy computing is
  * still heard; a hung (stopped) process falls silent and its shards drop it. During the join,
  * to the shards that answered its hello already: a join that waits for a shard starting late
@@ -580,6 +604,7 @@ static void shard_silent(ps_client_t *c, cshard_t *s)
 void ps__on_heartbeat(uv_timer_t *h)
 {
     ps_client_t *c = h->data;
+    stopped_gap(c);
     hello_overdue(c);
     ops_overdue(c);
     if (c->leaving) return;
@@ -588,20 +613,6 @@ void ps__on_heartbeat(uv_timer_t *h)
         ps_ucx_check_armable(&c->ucx); /* while callers drive it: is it wedged? */
         unarmable(c);
     }
-    /* Ticks every heartbeat_timeout_ms / 4: a gap of half of silent_ms says that this process
-     * did not run (stopped, as by SIGSTOP, or descheduled), not that its shards fell silent.
-     * Their silence is judged from now on: before, a worker stopped for two heartbeat timeouts
-     * blamed every shard ("a dead host, a cut network or a stopped psd") and reconnected to
-     * all (a helper's soak, session 59). */
-    uint64_t now = uv_now(&c->loop);
-    if (c->hb_last_ms && now - c->hb_last_ms > c->silent_ms / 2) {
-        PS_LOG(PS_LOG_INFO, "libps", "this worker's heartbeat thread did not run for %llu ms "
-               "(the process was stopped or not scheduled): the shards' silence is counted "
-               "from now", (unsigned long long)(now - c->hb_last_ms));
-        for (uint32_t i = 0; i < c->nshards; i++)
-            if (c->shards[i].heard_ms < now) c->shards[i].heard_ms = now;
-    }
-    c->hb_last_ms = now;
     for (uint32_t i = 0; i < c->nshards; i++) {
         cshard_t *s = &c->shards[i];
         if (joined) shard_silent(c, s);

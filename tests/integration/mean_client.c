@@ -40,6 +40,24 @@ static float grad_of(uint32_t r, uint64_t s, uint64_t i)
            (float)(i % 11) * 1e-3f;
 }
 
+/* Push @p g of tensor @p id for step @p s, wait, and pull what step s left into @p got.
+ * @return 0, or -1 with a line about tensor @p name said on stdout (the version pulled must
+ * be s + 1). */
+static int push_pull(ps_client_t *c, uint32_t id, const char *name, float *g, float *got,
+                     uint64_t s)
+{
+    ps_op_t *op;
+    uint64_t version = 0;
+    int rc = ps_client_push(c, id, g, s, &op);
+    if (rc == 0) rc = ps_op_wait(op, NULL);
+    if (rc == 0) rc = ps_client_pull(c, id, got, s + 1, &op);
+    if (rc == 0) rc = ps_op_wait(op, &version);
+    if (rc == 0 && version == s + 1) return 0;
+    printf("mean_client: %s step %" PRIu64 ": rc %d (%s), version %" PRIu64 "\n", name, s, rc,
+           ps_client_error(c), version);
+    return -1;
+}
+
 /* Tensor "mean.e" (64 floats) with int8 and error feedback, which cannot encode a NaN: in
  * step 0 (@p k) a push holding one goes as fp32 and psd leaves it out (acknowledged so; the
  * step passes, zeros stay); in step 1 the clean push after it is applied (its residual took
@@ -49,7 +67,6 @@ static int ef_nan_left_out(ps_client_t *c, uint64_t s, uint64_t k, uint32_t *id)
     ps_tensor_desc_t d = {.name = "mean.e", .shape = {64}, .ndim = 1, .init = 0};
     ps_compression_t cc = {.codec = "int8", .error_feedback = 1};
     static float e[64], got[64];
-    ps_op_t *op;
     for (int i = 0; i < 64; i++) e[i] = 0.5f;
     int rc = 0;
     if (k == 0) {
@@ -61,15 +78,11 @@ static int ef_nan_left_out(ps_client_t *c, uint64_t s, uint64_t k, uint32_t *id)
         }
         e[7] = (float)NAN;
     }
-    uint64_t odd = ps_client_nonfinite_pushes(c), version = 0;
-    rc = ps_client_push(c, *id, e, s, &op);
-    if (rc == 0) rc = ps_op_wait(op, NULL);
-    if (rc == 0) rc = ps_client_pull(c, *id, got, s + 1, &op);
-    if (rc == 0) rc = ps_op_wait(op, &version);
-    if (rc || ps_client_nonfinite_pushes(c) != odd + (k == 0) || version != s + 1) {
-        printf("mean_client: mean.e step %" PRIu64 ": rc %d (%s), %" PRIu64 " pushes left out "
-               "(%" PRIu64 " before), version %" PRIu64 "\n", s, rc, ps_client_error(c),
-               ps_client_nonfinite_pushes(c), odd, version);
+    uint64_t odd = ps_client_nonfinite_pushes(c);
+    if (push_pull(c, *id, "mean.e", e, got, s)) return 1;
+    if (ps_client_nonfinite_pushes(c) != odd + (k == 0)) {
+        printf("mean_client: mean.e step %" PRIu64 ": %" PRIu64 " pushes left out (%" PRIu64
+               " before)\n", s, ps_client_nonfinite_pushes(c), odd);
         return 1;
     }
     for (int i = 0; i < 64; i++)
@@ -93,7 +106,6 @@ static int mean_codecs(ps_client_t *c, uint64_t s, uint64_t k, uint32_t *id)
 {
     ps_tensor_desc_t d = {.name = "mean.v", .shape = {64}, .ndim = 1, .init = PS_TENSOR_MEAN};
     static float v[64], got[64];
-    ps_op_t *op;
     for (int i = 0; i < 64; i++) v[i] = 0.25f;
     if (k == 0) {
         static const ps_compression_t refused[] = {{.codec = "topk:0.1"},
@@ -126,16 +138,7 @@ static int mean_codecs(ps_client_t *c, uint64_t s, uint64_t k, uint32_t *id)
             return 1;
         }
     }
-    uint64_t version = 0;
-    int rc = ps_client_push(c, *id, v, s, &op);
-    if (rc == 0) rc = ps_op_wait(op, NULL);
-    if (rc == 0) rc = ps_client_pull(c, *id, got, s + 1, &op);
-    if (rc == 0) rc = ps_op_wait(op, &version);
-    if (rc || version != s + 1) {
-        printf("mean_client: mean.v step %" PRIu64 ": rc %d (%s), version %" PRIu64 "\n", s,
-               rc, ps_client_error(c), version);
-        return 1;
-    }
+    if (push_pull(c, *id, "mean.v", v, got, s)) return 1;
     for (int i = 0; i < 64; i++)
         if (got[i] != 0.25f) {
             printf("mean_client: mean.v step %" PRIu64 ": value %d is %.9g\n", s, i,
@@ -159,24 +162,17 @@ static int residual_kept(ps_client_t *c, uint64_t s, uint64_t k, uint32_t *id)
     ps_tensor_desc_t d = {.name = "mean.r", .shape = {64}, .ndim = 1, .init = 0};
     ps_compression_t topk = {.codec = "topk:0.25", .error_feedback = 1};
     static float g[64], got[64];
-    ps_op_t *op;
     for (int i = 0; i < 64; i++) g[i] = k == 0 ? (float)(i + 1) : 0.0f;
     if (k == 0 && ps_client_declare(c, &d, id) != 0) {
         printf("mean_client: mean.r: %s\n", ps_client_error(c));
         return 1;
     }
     if (k == 1) topk.pull = "fp16";
-    uint64_t version = 0;
-    int rc = ps_client_set_compression(c, *id, &topk);
-    if (rc == 0) rc = ps_client_push(c, *id, g, s, &op);
-    if (rc == 0) rc = ps_op_wait(op, NULL);
-    if (rc == 0) rc = ps_client_pull(c, *id, got, s + 1, &op);
-    if (rc == 0) rc = ps_op_wait(op, &version);
-    if (rc || version != s + 1) {
-        printf("mean_client: mean.r step %" PRIu64 ": rc %d (%s), version %" PRIu64 "\n", s,
-               rc, ps_client_error(c), version);
+    if (ps_client_set_compression(c, *id, &topk)) {
+        printf("mean_client: mean.r as topk:0.25: %s\n", ps_client_error(c));
         return 1;
     }
+    if (push_pull(c, *id, "mean.r", g, got, s)) return 1;
     for (int i = 0; i < 64; i++) {
         float want = k == 0 ? (i >= 48 ? (float)(i + 1) : 0.0f)
                             : (i >= 32 && i < 48 ? (float)(i + 1) : 0.0f);

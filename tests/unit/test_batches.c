@@ -59,7 +59,7 @@ START_TEST(test_applied_per_pass)
 END_TEST
 
 /* A batch counted and then uncounted (a restarted coordinator's batch of a step not applied
- * everywhere after all, coord.c) leaves the counts as they were, never below zero. */
+ * everywhere after all, coord_steps.c) leaves the counts as they were, never below zero. */
 START_TEST(test_unapplied)
 {
     ps_cursor_t c;
