@@ -575,7 +575,8 @@ static void shard_silent(ps_client_t *c, cshard_t *s)
 /* Ticks come every heartbeat_timeout_ms / 4: a gap of more than half of silent_ms says that
  * this process did not run (stopped, as by SIGSTOP, or not scheduled), not that its shards fell
  * silent or left its operations unanswered. The time it did not run is taken out of its
- * shards' silence (shard_silent) and its operations' waits (hello_overdue, ops_overdue):
+ * shards' silence (shard_silent) and its operations' waits (hello_overdue, ops_overdue, a
+ * push's retries while its chunk is behind: part_behind_retry):
  * before, a worker stopped for two heartbeat timeouts blamed every shard ("a dead host, a cut
  * network or a stopped psd") and reconnected to all (a helper's soak, session 59). */
 static void stopped_gap(ps_client_t *c)
@@ -592,8 +593,11 @@ static void stopped_gap(ps_client_t *c)
         cshard_t *s = &c->shards[i];
         s->heard_ms = s->heard_ms + gap < now ? s->heard_ms + gap : now;
     }
-    for (ps_op_t *op = c->inflight; op; op = op->next)
+    for (ps_op_t *op = c->inflight; op; op = op->next) {
         if (op->submit_ns) op->submit_ns += gap * 1000000u;
+        for (uint32_t k = 0; k < op->nparts; k++) /* part_behind_retry's deadline */
+            if (op->parts[k].ck.behind_ms) op->parts[k].ck.behind_ms += gap;
+    }
 }
 
 /* Every heartbeat_timeout_ms / 4, from the comm thread, so a worker busy computing is
