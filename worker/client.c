@@ -1551,6 +1551,8 @@ void *ps__comm_main(void *arg)
         uint64_t tick = c->m.job.heartbeat_timeout_ms / 4;
         uv_timer_init(&c->loop, &c->heartbeat);
         c->heartbeat.data = c;
+        uv_update_time(&c->loop); /* not uv_loop_init's: UCX's start took a while since */
+        c->hb_last_ms = uv_now(&c->loop); /* a stop before the first tick is one too */
         uv_timer_start(&c->heartbeat, ps__on_heartbeat, tick, tick);
         uv_timer_init(&c->loop, &c->leave_timer);
         c->leave_timer.data = c;

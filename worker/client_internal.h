@@ -345,7 +345,7 @@ struct ps_client_s {
     uint32_t reconnect_ms;      /* how long a lost shard may stay away */
     uint32_t hello_deadline_ms; /* a hello unanswered this long: hello_overdue */
     uint32_t silent_ms;         /* a shard that answered nothing this long: shard_silent */
-    uint64_t hb_last_ms;        /* the last heartbeat tick (ps__on_heartbeat; 0: none yet) */
+    uint64_t hb_last_ms;        /* the last heartbeat tick, or the timer's start (stopped_gap) */
     int unsealed_said;          /* a message without its connection's token was dropped and
                                    said (from_shard); the rest are dropped quietly */
     uint32_t test_corrupt_push; /* PS_TEST_CORRUPT_PUSH=N (tests only): corrupt every Nth push */

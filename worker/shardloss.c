@@ -581,10 +581,11 @@ static void shard_silent(ps_client_t *c, cshard_t *s)
  * network or a stopped psd") and reconnected to all (a helper's soak, session 59). */
 static void stopped_gap(ps_client_t *c)
 {
+    uv_update_time(&c->loop); /* not the time cached before the timers ran: a stop between */
     uint64_t now = uv_now(&c->loop), tick = c->m.job.heartbeat_timeout_ms / 4;
     uint64_t last = c->hb_last_ms;
     c->hb_last_ms = now;
-    if (last == 0 || now - last <= c->silent_ms / 2) return;
+    if (now - last <= c->silent_ms / 2) return;
     uint64_t gap = now - last - tick; /* beyond the tick that was due */
     PS_LOG(PS_LOG_INFO, "libps", "this worker's heartbeat thread did not run for %llu ms (the "
            "process was stopped or not scheduled): not counted as its shards' silence",

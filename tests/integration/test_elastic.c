@@ -1984,7 +1984,8 @@ static long long stopped_and_dropped(coord_t *co, cl_proc_t *psd0, cl_proc_t *w)
 /* A stopped worker is dropped after the heartbeat timeout and the other carries on alone; on
  * SIGCONT it learns it was removed and joins again as a new member; the run completes with
  * every sample of every pass applied once. Stopped past its own silence limit (2 s here), it
- * knows it was the one stopped: it blamed every shard before ("answered nothing for"). */
+ * knows it was the one stopped: it blamed every shard before ("answered nothing for", when its
+ * heartbeat tick came before the shards' closes). */
 START_TEST(test_sigstop_rejoins)
 {
     cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 16, .epochs = 4,
@@ -1992,18 +1993,26 @@ START_TEST(test_sigstop_rejoins)
                    .start_wait_ms = CL_TOGETHER_MS};
     cl_proc_t *psd[2], *w[2];
     coord_t co;
+    /* Pulls over the transport: a worker stopped in a direct read of a shard's store holds its
+     * LMDB snapshot, and at this model's step rate the 256 MB map filled in the 3 s stop (the
+     * other worker failed "the shard store is full": 2 runs in ~60; DESIGN-NOTES). */
+    setenv("PS_DIRECT_PULL", "0", 1);
     cl_cluster_t *c = start_2x2(&k, psd, w, &co);
+    unsetenv("PS_DIRECT_PULL");
     long long at = stopped_and_dropped(&co, psd[0], w[1]);
     ck_assert_msg(at >= 30 && at < 700, "the stop should land mid-run, not at step %lld", at);
     ck_assert_int_eq(wait_num(&co, "actual_workers", 1, 1, RUN_S), 1);
     long long s0 = coord_num(&co, "open_step");
     ck_assert_int_gt(wait_num(&co, "open_step", s0 + 20, 0, RUN_S), s0 + 19); /* goes on alone */
-    usleep(2500 * 1000); /* past the stopped worker's silence limit */
+    /* Past the stopped worker's silence limit (a loop: a signal may cut a usleep short). */
+    for (double end = now_s() + 2.5; now_s() < end;) usleep(50 * 1000);
     ck_assert_int_eq(cl_signal(w[1], SIGCONT), 0);
     EXPECT_EXIT(w[0], 0);
     EXPECT_EXIT(w[1], 0);
     EXPECT_LOG(w[1], "was removed from the job; joining again");
-    EXPECT_LOG(w[1], "heartbeat thread did not run for");
+    /* Not its "heartbeat thread did not run" line: on SIGCONT the shards' closes may come
+     * first (libuv runs I/O before timers), and it learns it was removed and drops that
+     * client before a tick (1 run in 10). */
     ck_assert_msg(count_in_log(w[1], "answered nothing for") == 0,
                   "the stopped worker blamed its shards: %s", cl_tail(w[1]));
     ck_assert_int_ge(count_in_log(w[1], "joined at step"), 2);
