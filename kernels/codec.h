@@ -187,6 +187,13 @@ int psk_codec_encode_ef_cuda(uint8_t *out, size_t cap, size_t *len, const float 
 int psk_codec_decode_add_cuda(float *out, size_t n, const uint8_t *payload, size_t len,
                               const psk_codec_t *c, float weight, void *stream);
 
+/** @brief Whether codec @p kind sends every value on its own, rounded at most (none, fp16,
+ *  bf16): what parameters travel as (pulls), and what a mean tensor's values may. */
+static inline bool psk_codec_elementwise(uint32_t kind)
+{
+    return kind == PSK_CODEC_NONE || kind == PSK_CODEC_FP16 || kind == PSK_CODEC_BF16;
+}
+
 /** @brief The per-push seed workers use for randomk indices and int8 stochastic rounding:
  *  different for every (step, tensor, chunk), the same in every process. */
 static inline uint64_t psk_codec_push_seed(uint64_t step, uint32_t tensor, uint32_t chunk)

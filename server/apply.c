@@ -10,7 +10,6 @@
 #include "ps/ps_error.h"
 #include "shard_internal.h"
 
-
 /* The update of chunk @p ch at @p step: the job's optimizer at its schedule's rate, or the
  * mean of the pushes for a tensor declared so (PS_DECL_MEAN). */
 static psk_optim_t optim_at(psd_server_t *srv, const psd_chunk_t *ch, uint64_t step,

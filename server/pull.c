@@ -8,7 +8,6 @@
 #include "ps/ps_log.h"
 #include "shard_internal.h"
 
-
 /* A retired snapshot's read transaction is reset, not freed, and renewed for the next one. */
 void psd__snap_retire(psd_server_t *srv, psd_snap_t *s)
 {
@@ -247,8 +246,7 @@ void psd_shard_on_pull(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
     psd_chunk_t *ch = psd__find_chunk(srv, conn, msg);
     if (ch == NULL) return;
     uint64_t asked = srv->trace ? ps_trace_now() : 0;
-    if (msg->codec != PSK_CODEC_NONE && msg->codec != PSK_CODEC_FP16 &&
-        msg->codec != PSK_CODEC_BF16) {
+    if (!psk_codec_elementwise(msg->codec)) {
         psd_send_error(srv, conn, msg->req_id, PS_EPROTO,
                        "pull of %u/%u: parameters travel as none, fp16 or bf16, not codec %u",
                        ch->tensor, ch->chunk, msg->codec);

@@ -11,7 +11,6 @@
 #include "shard_internal.h"
 #include "tcpguard.h"
 
-
 /* Whether @p ch can be applied now: asp / ssp, a push is there; bsp, every member of its step
  * (*@p members) pushed, or the coordinator closed that step with none (psd__step_closed_empty). */
 bool psd__chunk_ready(const psd_server_t *srv, const psd_chunk_t *ch, uint64_t *members)
@@ -390,8 +389,7 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
     /* A mean tensor's pushes are values (apply.c: the parameters become their mean): a sparse
      * or quantized one would zero or flatten them (a review, session 59; libps refuses them
      * first). fp16 and bf16 only round them. */
-    if (ch->mean && !nograd && msg->codec != PSK_CODEC_NONE && msg->codec != PSK_CODEC_FP16 &&
-        msg->codec != PSK_CODEC_BF16) {
+    if (ch->mean && !nograd && !psk_codec_elementwise(msg->codec)) {
         static const char *const kinds[] = {"none", "fp16", "bf16", "int8", "topk", "randomk",
                                             "sign"}; /* msg->codec <= PSK_CODEC_SIGN: above */
         psd_send_chunk_error(srv, conn, msg->req_id, ch->tensor, ch->chunk, PS_EPROTO,

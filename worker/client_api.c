@@ -1139,22 +1139,19 @@ int ps_client_set_compression(ps_client_t *c, uint32_t id, const ps_compression_
     }
     if (cfg->field_mask & PS_COMPRESSION_STOCHASTIC) pc.stochastic = cfg->stochastic != 0;
     if (cfg->field_mask & PS_COMPRESSION_FP16_VALUES) pc.fp16_values = cfg->fp16_values != 0;
-    if (t->mean && ((pc.kind != PSK_CODEC_NONE && pc.kind != PSK_CODEC_FP16 &&
-                     pc.kind != PSK_CODEC_BF16) ||
-                    (pc.kind != PSK_CODEC_NONE && error_feedback))) {
+    bool fed = pc.kind != PSK_CODEC_NONE && error_feedback;
+    if (t->mean && (!psk_codec_elementwise(pc.kind) || fed)) {
         /* psd sets a mean tensor to the mean of its pushes' values: a sparse or quantized one
          * would zero or flatten them (99 % of a running variance 0 under topk:0.01), and
          * error feedback would add one step's rounding to the next step's values (a review,
          * session 59; psd refuses the codecs too). */
         snprintf(c->err, sizeof c->err, "tensor %u is a mean tensor (its pushes are values): "
                  "it travels raw, fp16 or bf16, without error feedback, not as '%s'%s", id,
-                 codec, pc.kind != PSK_CODEC_NONE && error_feedback &&
-                                (pc.kind == PSK_CODEC_FP16 || pc.kind == PSK_CODEC_BF16)
-                            ? " with error feedback" : "");
+                 codec, psk_codec_elementwise(pc.kind) ? " with error feedback" : "");
         return PS_EINVAL;
     }
     if (psk_codec_parse(&pl, pull_codec ? pull_codec : "none") ||
-        (pl.kind != PSK_CODEC_NONE && pl.kind != PSK_CODEC_FP16 && pl.kind != PSK_CODEC_BF16)) {
+        !psk_codec_elementwise(pl.kind)) {
         snprintf(c->err, sizeof c->err, "parameters travel as none, fp16 or bf16, not '%s'",
                  pull_codec);
         return PS_EINVAL;
