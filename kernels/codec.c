@@ -199,13 +199,17 @@ void psk_codec_header(uint8_t h[PSK_CODEC_HEADER_BYTES], const psk_codec_t *c, s
 
 /* ---- sparse values and randomk indices ---- */
 
-/* v[k] (fp32 or fp16) = x[idx[j]] for the k indices at idx (u32, payload bytes). */
+/* v[k] (fp32 or fp16) = x[idx[j]] for the k indices at idx (u32, payload bytes); with @p ef
+ * (error feedback), fp16 values saturate (f16_saturate). */
 static void gather_values(uint8_t *restrict v, const float *restrict x,
-                          const uint8_t *restrict idx, size_t k, int fp16)
+                          const uint8_t *restrict idx, size_t k, int fp16, bool ef)
 {
     if (fp16) {
-        for (size_t j = 0; j < k; j++)
-            st16(v + 2 * j, f16_from_f32(x[ld32(idx + 4 * j)]));
+        for (size_t j = 0; j < k; j++) {
+            float xj = x[ld32(idx + 4 * j)];
+            uint16_t h = f16_from_f32(xj);
+            st16(v + 2 * j, ef ? f16_saturate(h, xj) : h);
+        }
     } else {
         for (size_t j = 0; j < k; j++)
             stf32(v + 4 * j, x[ld32(idx + 4 * j)]);
@@ -839,6 +843,18 @@ static void encode_bf16(uint8_t *restrict body, const float *restrict x, size_t 
         st16(body + 2 * i, bf16_from_f32(x[i]));
 }
 
+/* Error feedback's fp16 / bf16 body[2n] (encoded from x[n]): values whose encoding is an
+ * infinity though x is finite become the format's largest (f16_saturate, bf16_saturate). */
+static void saturate_half(uint8_t *restrict body, const float *restrict x, size_t n, int kind)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint16_t h = ld16(body + 2 * i);
+        uint16_t s = kind == PSK_CODEC_FP16 ? f16_saturate(h, x[i]) : bf16_saturate(h, x[i]);
+        if (s != h)
+            st16(body + 2 * i, s);
+    }
+}
+
 /*
  * q[n] = round(x[n] * inv) to nearest even, clamped to [-127, 127]. Adding and subtracting
  * 1.5 * 2^23 rounds any |v| < 2^22 to an integer with the FPU's ties-to-even (SSE2 has no
@@ -1143,8 +1159,10 @@ static void topk_select(uint8_t *restrict idx_out, float *restrict x, const floa
         topk_select_full(idx_out, x, n, k, scratch);
 }
 
-/* Header and body for valid arguments. */
-static int encode(uint8_t *out, const float *in, size_t n, const psk_codec_t *c, void *scratch)
+/* Header and body for valid arguments; @p ef: error feedback's encoding (half values
+ * saturate: saturate_half). */
+static int encode(uint8_t *out, const float *in, size_t n, const psk_codec_t *c, void *scratch,
+                  bool ef)
 {
     uint8_t *body = out + PSK_CODEC_HEADER_BYTES;
     size_t k = psk_codec_k(c, n);
@@ -1156,9 +1174,13 @@ static int encode(uint8_t *out, const float *in, size_t n, const psk_codec_t *c,
         return 0;
     case PSK_CODEC_FP16:
         encode_fp16(body, in, n);
+        if (ef)
+            saturate_half(body, in, n, c->kind);
         return 0;
     case PSK_CODEC_BF16:
         encode_bf16(body, in, n);
+        if (ef)
+            saturate_half(body, in, n, c->kind);
         return 0;
     case PSK_CODEC_INT8:
         return encode_int8(body, in, n, c);
@@ -1168,7 +1190,7 @@ static int encode(uint8_t *out, const float *in, size_t n, const psk_codec_t *c,
         if (k > 0) {
             /* x is only read: no g */
             topk_select(body, (float *)(uintptr_t)in, NULL, n, k, scratch);
-            gather_values(body + 4 * k, in, body, k, c->fp16_values);
+            gather_values(body + 4 * k, in, body, k, c->fp16_values, ef);
         }
         return 0;
     case PSK_CODEC_RANDOMK: {
@@ -1181,7 +1203,7 @@ static int encode(uint8_t *out, const float *in, size_t n, const psk_codec_t *c,
         for (size_t j = 0; j < k; j++) {
             float x = in[strata_next(&s, j)];
             if (c->fp16_values)
-                st16(v + 2 * j, f16_from_f32(x));
+                st16(v + 2 * j, ef ? f16_saturate(f16_from_f32(x), x) : f16_from_f32(x));
             else
                 stf32(v + 4 * j, x);
         }
@@ -1197,7 +1219,7 @@ int psk_codec_encode_cpu(uint8_t *out, size_t cap, size_t *len, const float *in,
     int rc = encode_args_check(cap, n, c, scratch);
     if (rc != 0)
         return rc;
-    rc = encode(out, in, n, c, scratch);
+    rc = encode(out, in, n, c, scratch, false);
     if (rc != 0)
         return rc;
     *len = payload_bytes(c, n);
@@ -1407,8 +1429,8 @@ int psk_codec_decode_add_cpu(float *out, size_t n, const uint8_t *payload, size_
 }
 
 /* Residual values that are a NaN or an infinity become 0: kept, they would make every later
- * push of the chunk one psd leaves out (fp16 / bf16: x or its encoding was one; the value was
- * sent on as one, so psd leaves this push out). */
+ * push of the chunk one psd leaves out (fp16 / bf16: x was one, g held it or g + residual
+ * overflowed; the value was sent on as one, so psd leaves this push out). */
 static void residual_zero_odd(float *r, size_t n)
 {
     if (psk_all_finite(r, n)) /* vectorized; the loop below is not */
@@ -1475,9 +1497,11 @@ int psk_codec_encode_ef_cpu(uint8_t *out, size_t cap, size_t *len, const float *
         header_make(out, c, n);
         uint8_t *body = out + PSK_CODEC_HEADER_BYTES;
         size_t i = pass(body, g, residual, n);
-        if (i < n) { /* a NaN, an infinity (or one fp16 / bf16 rounds to), or the tail */
+        if (i < n) { /* a NaN, an infinity (or one fp16 / bf16 rounds to: saturated), or
+                      * the tail */
             add_into(residual + i, g + i, n - i);
             enc(body + 2 * i, residual + i, n - i);
+            saturate_half(body + 2 * i, residual + i, n - i, c->kind);
             add(residual + i, body + 2 * i, n - i, -1.0f);
             residual_zero_odd(residual + i, n - i);
         }
@@ -1494,7 +1518,7 @@ int psk_codec_encode_ef_cpu(uint8_t *out, size_t cap, size_t *len, const float *
             add_into(residual, g, n);
         } else {
             topk_select(body, residual, g, n, k, scratch);
-            gather_values(body + 4 * k, residual, body, k, c->fp16_values);
+            gather_values(body + 4 * k, residual, body, k, c->fp16_values, true);
             decode_add(residual, n, body, c, -1.0f);
             /* A NaN or an infinity outranks every finite value: none among the k sent, none
              * in the residual. */
@@ -1505,13 +1529,13 @@ int psk_codec_encode_ef_cpu(uint8_t *out, size_t cap, size_t *len, const float *
         return 0;
     }
     bool odd = add_into_odd(residual, g, n);
-    rc = encode(out, residual, n, c, scratch);
+    rc = encode(out, residual, n, c, scratch, true);
     if (rc != 0)
         return rc;
     decode_add(residual, n, out + PSK_CODEC_HEADER_BYTES, c, -1.0f);
-    /* A non-finite x, or one its encoding made infinite (fp16 / bf16 without F16C / AVX2,
-     * random-k's fp16 values). int8 and sign refused a non-finite g above (an overflow of
-     * g + residual to one is left as it is). */
+    /* A non-finite x (g held one, or g + residual overflowed); a finite one out of fp16's or
+     * bf16's range went out saturated (encode's ef), its excess kept. int8 and sign refused a
+     * non-finite g above (an overflow of g + residual to one is left as it is). */
     uint8_t *body = out + PSK_CODEC_HEADER_BYTES;
     if (c->kind == PSK_CODEC_RANDOMK) {
         size_t k = psk_codec_k(c, n);

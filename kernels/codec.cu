@@ -90,19 +90,24 @@ PSK_HD static inline bool nonfinite(float x)
     return (f32_bits(x) & 0x7fffffffu) >= 0x7f800000u;
 }
 
-/* none, fp16, bf16 (kind), value i; with r: x = g + r, r = x + (-1 * decode(x)), or 0 where
- * that is a NaN or an infinity (codec.c keeps the residual finite the same way: the value is
- * sent on, and psd leaves that push out). */
+/* none, fp16, bf16 (kind), value i; with r: x = g + r, x's encoding saturated (a finite x out
+ * of the half format's range goes out as its largest value), r = x + (-1 * decode(x)), or 0
+ * where that is a NaN or an infinity (codec.c keeps the residual finite the same way: the
+ * value is sent on, and psd leaves that push out). */
 PSK_HD static inline void dense_one(uint8_t *body, const float *g, float *r, size_t i, int kind)
 {
     float x = r != NULL ? FADD(r[i], g[i]) : g[i];
     float d;
     if (kind == PSK_CODEC_FP16) {
         uint16_t h = f16_from_f32(x);
+        if (r != NULL)
+            h = f16_saturate(h, x);
         st16(body + 2 * i, h);
         d = f32_from_f16(h);
     } else if (kind == PSK_CODEC_BF16) {
         uint16_t h = bf16_from_f32(x);
+        if (r != NULL)
+            h = bf16_saturate(h, x);
         st16(body + 2 * i, h);
         d = f32_from_bf16(h);
     } else {

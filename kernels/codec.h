@@ -12,7 +12,9 @@
  * then the body (nb = ceil(n / block) blocks, vs = 2 with fp16 values, else 4):
  *   none     f32 x[n]
  *   fp16     f16 x[n]                  round to nearest even; NaN stays NaN, |x| >= 65520 -> inf
- *   bf16     bf16 x[n]                 round to nearest even; NaN stays NaN
+ *                                      (with error feedback: -> +-65504, the rest kept)
+ *   bf16     bf16 x[n]                 round to nearest even; NaN stays NaN (with error
+ *                                      feedback a finite x beyond bf16's range -> its largest)
  *   int8     f32 scale[nb], i8 q[n]    scale = absmax(block) / 127, x ~ q * scale, |q| <= 127
  *   topk     u32 index[k], value[k]    the k largest |x| (values vs bytes each), indices
  *                                      strictly increasing
@@ -137,10 +139,13 @@ int psk_codec_check(const uint8_t *payload, size_t len, size_t n, const psk_code
  * @return as psk_codec_encode_cpu. Argument errors, and a NaN or infinity in @p g for int8 and
  *         sign (PS_EINVAL: they cannot encode one), leave residual unchanged. fp16, bf16,
  *         top-k and random-k send such a value on (psd leaves that push out) and keep the
- *         residual finite: where x or its encoding is a NaN or an infinity (g held one, or
- *         g + residual overflowed the codec's range) the residual becomes 0, so one bad
- *         gradient does not make every later push of the chunk one psd leaves out. For int8
- *         and sign an overflow of g + residual is found after residual holds it.
+ *         residual finite: where x is a NaN or an infinity (g held one, or g + residual
+ *         overflowed float) the residual becomes 0, so one bad gradient does not make every
+ *         later push of the chunk one psd leaves out. A finite x beyond fp16's or bf16's
+ *         range (fp16 and bf16 payloads, top-k's and random-k's fp16 values) is sent as the
+ *         format's largest value of its sign and the residual keeps x minus that (not an
+ *         infinity: the push stays one psd applies, nothing is lost). For int8 and sign an
+ *         overflow of g + residual is found after residual holds it.
  * @note residual holds x during the encode, so no n-sized temporary is needed.
  */
 /** @brief Whether @p x[n] holds no NaN and no infinity (one read pass, vectorized). */

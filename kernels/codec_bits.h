@@ -7,6 +7,7 @@
 #define PSK_CODEC_BITS_H
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -93,6 +94,24 @@ PSK_HD static inline uint16_t bf16_from_f32(float f)
 PSK_HD static inline float f32_from_bf16(uint16_t h)
 {
     return f32_from_bits((uint32_t)h << 16);
+}
+
+/*
+ * Error feedback's half encodings (fp16 and bf16 payload values): h is @p f's encoding; a
+ * finite f beyond the format's range (its encoding an infinity) becomes the largest finite
+ * value of its sign instead (fp16 65504, bf16 0x1.fep+127), so the payload stays one psd
+ * applies and the residual keeps the excess, f - that value. NaN and infinity stay as they are.
+ */
+PSK_HD static inline uint16_t f16_saturate(uint16_t h, float f)
+{
+    bool over = (h & 0x7fffu) == 0x7c00u && (f32_bits(f) & 0x7fffffffu) < 0x7f800000u;
+    return over ? (uint16_t)((h & 0x8000u) | 0x7bffu) : h;
+}
+
+PSK_HD static inline uint16_t bf16_saturate(uint16_t h, float f)
+{
+    bool over = (h & 0x7fffu) == 0x7f80u && (f32_bits(f) & 0x7fffffffu) < 0x7f800000u;
+    return over ? (uint16_t)((h & 0x8000u) | 0x7f7fu) : h;
 }
 
 /*

@@ -335,8 +335,10 @@ START_TEST(test_fp16_matches_compiler)
 END_TEST
 
 /* fp16 or bf16 (@p c) with error feedback (one fused pass where F16C or AVX2 runs it) gives
- * the payload and residual of the plain definition: x = r + g, payload = enc(x),
- * r = x - decode(payload), or 0 where that is a NaN or an infinity (the value went out as
+ * the payload and residual of the plain definition: x = r + g, payload = enc(x) but a finite x
+ * whose encoding is an infinity sent as the format's largest value of its sign (session 60:
+ * before, it went out as an infinity, psd left the push out each step and the residual lost
+ * x), r = x - decode(payload), or 0 where that is a NaN or an infinity (the value went out as
  * one, and psd leaves that push out; before, the residual kept it and every later push of the
  * chunk carried it: "residual 0x0p+0, want nan"); with NaN, infinities and overflow among the
  * values, and a tail that is not a multiple of 8 or 16. */
@@ -361,6 +363,12 @@ static void ef_matches_definition(const psk_codec_t *c)
          * out: the residual keeps x then */
         for (size_t i = 0; i < n; i++) r2[i] += g[i];
         ck_assert_int_eq(psk_codec_encode_cpu(p2, cap, &len2, r2, n, c, NULL), 0);
+        uint16_t inf = c->kind == PSK_CODEC_FP16 ? 0x7c00 : 0x7f80;
+        for (size_t i = 0; i < n; i++) { /* saturate */
+            uint8_t *h = p2 + PSK_CODEC_HEADER_BYTES + 2 * i;
+            if (isfinite(r2[i]) && ((h[0] | h[1] << 8) & 0x7fff) == inf)
+                h[0] = (uint8_t)(inf - 1), h[1] = (uint8_t)(h[1] & 0x80) | (uint8_t)((inf - 1) >> 8);
+        }
         ck_assert_int_eq(psk_codec_decode_add_cpu(r2, n, p2, len2, c, -1.0f), 0);
         for (size_t i = 0; i < n; i++)
             if (!isfinite(r2[i])) r2[i] = 0.0f;
@@ -446,6 +454,65 @@ START_TEST(test_ef_residual_stays_finite)
     free(g);
     free(r);
     free(d);
+    free(p);
+    free(scratch);
+}
+END_TEST
+
+/* Error feedback loses nothing to a finite value out of the half format's range (fp16, bf16,
+ * top-k's and random-k's fp16 values): the payload is one psd applies (checked, every value
+ * finite), the value goes out as the format's largest of its sign, and what was sent plus the
+ * residual is what the gradients summed to, step after step. Before (session 59's note): such
+ * a value went out as an infinity, psd left the chunk's push out each step, and the residual
+ * lost it. */
+START_TEST(test_ef_half_saturates)
+{
+    static const char *const names[] = {"fp16", "bf16", "topk:0.01", "randomk:1"};
+    psk_codec_t c;
+    ck_assert_int_eq(psk_codec_parse(&c, names[_i]), 0);
+    c.fp16_values = 1;
+    bool bf16 = c.kind == PSK_CODEC_BF16;
+    const size_t n = 1000;
+    const float big = bf16 ? FLT_MAX : 1e6f, top = bf16 ? 0x1.fep127f : 65504.0f;
+    float *g = xmalloc(n * 4), *r = xmalloc(n * 4), *d = xmalloc(n * 4);
+    double *sent = xmalloc(n * 8), *sum = xmalloc(n * 8);
+    for (size_t i = 0; i < n; i++)
+        r[i] = 0.0f, sent[i] = sum[i] = 0.0;
+    size_t cap = psk_codec_max_bytes(&c, n), len;
+    uint8_t *p = xmalloc(cap), *scratch = xmalloc(psk_codec_scratch_bytes(&c, n) + 4);
+    for (int step = 0; step < 4; step++) {
+        for (size_t i = 0; i < n; i++)
+            g[i] = step > 0 ? 0.0f : (float)((i * 40503u) % 1001) * 1e-4f;
+        if (step == 0)
+            g[5] = big, g[6] = -big;
+        for (size_t i = 0; i < n; i++)
+            sum[i] += g[i];
+        c.seed = (uint64_t)step + 1;
+        ck_assert_int_eq(psk_codec_encode_ef_cpu(p, cap, &len, g, r, n, &c,
+                                                 psk_codec_scratch_bytes(&c, n) ? scratch : NULL),
+                         0);
+        ck_assert_int_eq(psk_codec_check(p, len, n, &c), 0);
+        memset(d, 0, n * 4);
+        ck_assert_int_eq(psk_codec_decode_add_cpu(d, n, p, len, &c, 1.0f), 0);
+        ck_assert_msg(psk_all_finite(d, n) && psk_all_finite(r, n),
+                      "%s step %d: a finite gradient went out or stayed as a NaN or infinity",
+                      names[_i], step);
+        /* fp16: 1e6 is 15 steps' worth; bf16: FLT_MAX's excess over bf16's top is 2^120 */
+        ck_assert_msg((d[5] == top && d[6] == -top) || (bf16 && step > 0),
+                      "%s step %d: sent %a and %a, want %a",
+                      names[_i], step, d[5], d[6], top);
+        for (size_t i = 0; i < n; i++)
+            sent[i] += d[i];
+    }
+    for (size_t i = 0; i < n; i++)
+        ck_assert_msg(fabs(sent[i] + r[i] - sum[i]) <= 1e-6 * fabs(sum[i]) + 1e-6,
+                      "%s value %zu: sent %g + residual %g, the gradients %g", names[_i], i,
+                      sent[i], (double)r[i], sum[i]);
+    free(g);
+    free(r);
+    free(d);
+    free(sent);
+    free(sum);
     free(p);
     free(scratch);
 }
@@ -1361,6 +1428,7 @@ Suite *ps_test_suite(void)
     tcase_add_test(tc, test_bf16_round_trip);
     tcase_add_test(tc, test_bf16_ef_matches_definition);
     tcase_add_loop_test(tc, test_ef_residual_stays_finite, 0, 10);
+    tcase_add_loop_test(tc, test_ef_half_saturates, 0, 4);
     tcase_add_test(tc, test_bf16_bulk_matches_scalar);
     tcase_add_test(tc, test_int8_bulk_matches_scalar);
     tcase_add_test(tc, test_sign_matches_definition);
