@@ -92,6 +92,13 @@ enum {
                                it (busy). Checkpoint begin reply (bsp): the step is the open
                                one, whose members all left. PS_FLAG_CHECK on an arm, with or
                                without it: would it be taken? nothing is armed or moved */
+    PS_FLAG_UNSUMMED = 2097152, /* push ack: the push was not summed, as its batch was had
+                                   already (bsp: a replay of a batch handed out again that this
+                                   chunk applied from its first holder; asp / ssp: a batch the
+                                   chunk applied from another holder); PS_FLAG_STALE acks are not
+                                   summed either. libps's error feedback puts such a push's
+                                   payload back into its residual (session 60); an older psd
+                                   does not say so, an older libps ignores it */
 };
 
 /* UCP Active Message ids. */

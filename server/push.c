@@ -158,16 +158,15 @@ static bool stale_push_had(const psd_chunk_t *ch, uint32_t rank, const ps_msg_t 
 }
 
 /* Acknowledge push @p req of @p conn (rank @p rank, for @p step) of chunk @p ch without applying
- * it: applied before, or (bsp) of a step the chunk passed, with PS_FLAG_STALE when that step's
- * apply did not have its batch (@p lacks), so that its worker reports it and the coordinator
- * hands the batch out again. */
+ * it: applied before (@p flags 0), or (bsp) of a step the chunk passed, with PS_FLAG_STALE when
+ * that step's apply did not have its batch, so that its worker reports it and the coordinator
+ * hands the batch out again; PS_FLAG_UNSUMMED: its batch was applied from another push. */
 static void send_push_ack(psd_server_t *srv, psd_conn_t *conn, uint64_t req, psd_chunk_t *ch,
-                          uint32_t rank, uint64_t step, bool lacks)
+                          uint32_t rank, uint64_t step, uint32_t flags)
 {
     ps_msg_t a = {.type = PS_MSG_PUSH_ACK, .req_id = req, .tensor = ch->tensor,
-                  .chunk = ch->chunk, .step = ch->version, .shard = srv->shard};
-    if (lacks) {
-        a.flags = PS_FLAG_STALE;
+                  .chunk = ch->chunk, .step = ch->version, .shard = srv->shard, .flags = flags};
+    if (flags & PS_FLAG_STALE) {
         srv->stale_acks++;
         PS_LOG(PS_LOG_INFO, "shard", "push of %u/%u from rank %u for step %llu: the chunk "
                "applied that step without its batch (it is at step %llu): not applied, and "
@@ -185,7 +184,8 @@ void psd__stale_slot_done(psd_server_t *srv, psd_chunk_t *ch, uint32_t r)
     PS_LOG(PS_LOG_INFO, "shard", "push of %u/%u from rank %u for step %llu came while the "
            "chunk applied that step without it (now at %llu)", ch->tensor, ch->chunk, r,
            (unsigned long long)s->step, (unsigned long long)ch->version);
-    send_push_ack(srv, s->conn, s->req, ch, r, s->step, ch->stale_lack >> r & 1);
+    send_push_ack(srv, s->conn, s->req, ch, r, s->step,
+                  (ch->stale_lack >> r & 1) ? PS_FLAG_STALE : 0);
     psd__drop_slot(ch, r);
 }
 
@@ -431,7 +431,7 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
          * it): acknowledge and drop it. When that apply did not have its batch, the ack says
          * so: the worker reports it, and the coordinator hands the batch out again. */
         send_push_ack(srv, conn, msg->req_id, ch, rank, msg->step,
-                       !stale_push_had(ch, rank, msg));
+                      stale_push_had(ch, rank, msg) ? 0 : PS_FLAG_STALE);
         step_pushed(srv, rank, msg->step); /* a step handed out again: its member is here */
         return UCS_OK;
     }
@@ -476,11 +476,12 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
         PS_LOG(PS_LOG_INFO, "shard", "push of %u/%u from rank %u (pid %u, request %llu) was "
                "applied already: acknowledged again, not applied twice", ch->tensor, ch->chunk,
                rank, conn->pid, (unsigned long long)msg->req_id);
-        send_push_ack(srv, conn, msg->req_id, ch, rank, msg->step, false);
+        send_push_ack(srv, conn, msg->req_id, ch, rank, msg->step, 0);
         return UCS_OK;
     }
     if (!bsp && (msg->flags & PS_FLAG_BATCH) && batch_had(srv, ch, rank, psd_conn_who(conn), msg)) {
-        send_push_ack(srv, conn, msg->req_id, ch, rank, msg->step, false);
+        /* its batch came from another push: this one's error feedback goes back (libps) */
+        send_push_ack(srv, conn, msg->req_id, ch, rank, msg->step, PS_FLAG_UNSUMMED);
         return UCS_OK;
     }
     psd_slot_t *slot = psd__slot_get(ch, rank); /* its group allocated at its first push here */

@@ -254,10 +254,13 @@ static void job_done(uv_work_t *w, int status)
             if (odd) nonfinite_report(srv, ch, odd);
             if (job->rc == 0 && job->params_odd[i] != PSD_PARAMS_KEPT)
                 params_odd_report(srv, ch, job->params_odd[i] == PSD_PARAMS_ODD);
+            /* A bsp replay skipped (skip_mask: its bit stays while its slot applies) is
+             * acknowledged as not summed: its worker's error feedback takes it back. */
             SLOTS_FOR(ch, s)
                 if (s->state == SLOT_APPLYING)
                     ack_slot(srv, ch, s->rank, job->rc, ch->version,
-                             (odd >> s->rank & 1) ? PS_FLAG_NONFINITE : 0);
+                             ((odd >> s->rank & 1) ? PS_FLAG_NONFINITE : 0) |
+                                 (bsp && (ch->skip_mask >> s->rank & 1) ? PS_FLAG_UNSUMMED : 0));
             SLOTS_FOR(ch, s)
                 if (bsp && s->state == SLOT_FULL && s->step < ch->version) {
                     /* Landed during the apply for the step just applied without it: dropped,

@@ -1111,6 +1111,49 @@ static int data_op(ps_client_t *c, int type, uint32_t id, float *buf, uint64_t s
     return 0;
 }
 
+void ps__ef_put_back(ps_client_t *c, ps_op_t *op, const part_t *p)
+{
+    ctensor_t *t = c->tensors[op->tensor];
+    /* Not: an encoder's push (op->buf NULL: its residual is the caller's), one without a
+     * gradient, a chunk sent as fp32 (its residual was left as it was). */
+    if (t == NULL || !t->error_feedback || t->codec.kind == PSK_CODEC_NONE || op->buf == NULL ||
+        op->nograd || p->raw || p->data == NULL)
+        return;
+    size_t n = ps_chunk_len(t->numel, c->chunk_elems, p->chunk);
+    float *r = t->residual + (uint64_t)p->chunk * c->chunk_elems;
+    const float *g = op->buf + (uint64_t)p->chunk * c->chunk_elems;
+    if (psk_codec_decode_add_cpu(r, n, p->data, p->len, &t->codec, 1.0f) != 0)
+        return; /* not reached: libps encoded it */
+    for (size_t i = 0; i < n; i++) {
+        float e = r[i] - g[i];
+        r[i] = isfinite(e) ? e : 0.0f; /* as the encode keeps it finite */
+    }
+    PS_LOG(PS_LOG_DEBUG, "libps", "the push of chunk %u of tensor %u for step %llu was not "
+           "summed: its error feedback is back in the residual", p->chunk, t->id,
+           (unsigned long long)op->step);
+}
+
+int ps_client_residual(ps_client_t *c, uint32_t id, float *out)
+{
+    if (c == NULL || out == NULL || id >= PS_CLIENT_MAX_TENSORS || c->tensors[id] == NULL ||
+        c->tensors[id]->nchunks == 0) {
+        if (c) snprintf(c->err, sizeof c->err, "tensor %u was not declared by this client", id);
+        return PS_EINVAL;
+    }
+    ctensor_t *t = c->tensors[id];
+    if (!t->error_feedback || t->residual == NULL) {
+        snprintf(c->err, sizeof c->err, "tensor %u has no error feedback", id);
+        return PS_EINVAL;
+    }
+    if (t->busy[0]) {
+        snprintf(c->err, sizeof c->err, "tensor %u: a push of it is in flight; wait for it "
+                 "before reading its residual", id);
+        return PS_EBUSY;
+    }
+    memcpy(out, t->residual, t->numel * sizeof *out);
+    return 0;
+}
+
 int ps_client_set_compression(ps_client_t *c, uint32_t id, const ps_compression_t *cfg)
 {
     const char *codec = cfg->codec, *pull_codec = cfg->pull;

@@ -36,7 +36,15 @@
  * DIE_STEP "unasked": it joins and declares, prints "waits without asking for a batch" and
  * waits for good (the test kills it), never asking for a batch.
  * DIE_STEP "check": no death, and the check at the end whatever this worker's rank (one that
- * joins a finished job may find rank 0 still held by members a restarted coordinator awaits). */
+ * joins a finished job may find rank 0 still held by members a restarted coordinator awaits).
+ * REPLAY_EF=1 in the environment: both tensors push top-k of one value (fraction 0.5 / NBATCH),
+ * as fp16, with error feedback, and the gradient's element is 1 + 2^-12: it goes out as 1 (so
+ * the values applied are as without it; the residuals of earlier elements, 2^-12, never
+ * outrank it) and leaves 2^-12 in the residual, unless the push is acknowledged as not summed
+ * (its batch applied from another push), when libps takes it back (the residual there is 0). The check then also
+ * reads both residuals (ps_client_residual) and prints how many of this worker's pushes were
+ * not summed ("not summed: replay.a U, replay.b U"); an element that is neither 0 nor 2^-12 is
+ * an error. */
 #include <inttypes.h>
 #include <math.h>
 #include <signal.h>
@@ -117,6 +125,33 @@ static int applied_once(float x)
     return 0;
 }
 
+/* REPLAY_EF: of @p pushes[t] pushes of each tensor, those whose error feedback is back in the
+ * residual (not summed); @p got: scratch. */
+static int check_residuals(ps_client_t *c, const uint32_t id[2], uint64_t nb,
+                           const uint64_t pushes[2], float *got)
+{
+    uint64_t unsummed[2];
+    for (int t = 0; t < 2; t++) {
+        if (ps_client_residual(c, id[t], got)) {
+            printf("replay_client: residual: %s\n", ps_client_error(c));
+            return 1;
+        }
+        uint64_t kept = 0;
+        for (uint64_t j = 0; j < nb; j++) {
+            if (got[j] != 0.0f && got[j] != 0x1p-12f) {
+                printf("replay_client: replay.%c's residual at %" PRIu64 " is %a, want 0 or "
+                       "0x1p-12\n", "ab"[t], j, (double)got[j]);
+                return 1;
+            }
+            kept += got[j] != 0.0f;
+        }
+        unsummed[t] = pushes[t] - kept;
+    }
+    printf("replay_client: not summed: replay.a %" PRIu64 ", replay.b %" PRIu64 " (of %" PRIu64
+           " and %" PRIu64 " pushes)\n", unsummed[0], unsummed[1], pushes[0], pushes[1]);
+    return 0;
+}
+
 /* Rank 0 at the end: every element of both tensors applied exactly once. */
 static int check(ps_client_t *c, const uint32_t id[2], uint64_t nb, uint64_t step, float *got)
 {
@@ -181,6 +216,19 @@ int main(int argc, char **argv)
         }
     }
     bad |= g == NULL || got == NULL;
+    const char *efs = getenv("REPLAY_EF");
+    bool ef = efs && atoi(efs) > 0;
+    for (int t = 0; t < 2 && ef && !bad; t++) {
+        char topk[32];
+        snprintf(topk, sizeof topk, "topk:%.9g", 0.5 / (double)nb); /* k = 1 */
+        ps_compression_t cfg = {.field_mask = PS_COMPRESSION_FP16_VALUES, .codec = topk,
+                                .error_feedback = 1, .fp16_values = 1};
+        if (ps_client_set_compression(c, id[t], &cfg)) {
+            printf("replay_client: compression: %s\n", ps_client_error(c));
+            bad = 1;
+        }
+    }
+    uint64_t pushes[2] = {0, 0}; /* acknowledged, of each tensor */
     if (!bad && strcmp(argv[4], "unasked") == 0) {
         printf("replay_client: rank %d waits without asking for a batch\n", rank);
         for (;;) pause();
@@ -201,6 +249,8 @@ int main(int argc, char **argv)
         }
         if (b.finished) {
             if (rank == 0 || check_any) bad = check(c, id, nb, b.step, got);
+            if (!bad && ef && (rank == 0 || check_any))
+                bad = check_residuals(c, id, nb, pushes, got);
             break;
         }
         uint64_t j = b.offset / batch;
@@ -211,7 +261,7 @@ int main(int argc, char **argv)
             break;
         }
         memset(g, 0, nb * sizeof *g);
-        g[j] = 1.0f;
+        g[j] = ef ? 1.0f + 0x1p-12f : 1.0f;
         if (nap && atoi(nap) > 0) nap_ms(atoi(nap));
         if (die_pct > 0) /* for the post-mortem of a failed run: who had which batch */
             printf("replay_client: pid %d rank %d got batch %" PRIu64 "\n", (int)getpid(), rank, j);
@@ -231,11 +281,13 @@ int main(int argc, char **argv)
             random_death(rank, j, at);
         }
         rc = push_wait(c, id[first], g, b.step);
+        pushes[first] += rc == 0;
         if (rc == 0 && at == 1 && stop) at = stop_here(rank, b.step, j, 1);
         if (rc == 0 && at == 1) random_death(rank, j, at);
         if (rc == 0 && at == 2) rc = push_wait(c, id[1 - first], g, b.step);
         if (rc == 0 && at == 2) random_death(rank, j, at);
         if (rc == 0 && both) rc = push_wait(c, id[1 - first], g, b.step);
+        pushes[1 - first] += rc == 0 && both;
         if (rc == 0 && rank == 1 && b.step == die && both) {
             printf("replay_client: rank 1 dies at step %" PRIu64 " with batch %" PRIu64
                    " pushed to both, not reported\n", b.step, j);
@@ -248,7 +300,10 @@ int main(int argc, char **argv)
             fflush(stdout);
             raise(SIGKILL);
         }
-        if (rc == 0 && !both) rc = push_wait(c, id[1 - first], g, b.step);
+        if (rc == 0 && !both) {
+            rc = push_wait(c, id[1 - first], g, b.step);
+            pushes[1 - first] += rc == 0;
+        }
         if (rc) {
             printf("replay_client: rank %d step %" PRIu64 ": %s\n", rank, b.step,
                    ps_client_error(c));

@@ -236,8 +236,8 @@ static void replay_start(cl_cluster_t *c, const char *order, const char *batches
 }
 
 /* One replay_client died at step 5 as planned (SIGKILL), the other found every batch applied
- * once on both tensors. */
-static void replay_expect(cl_proc_t *w[2])
+ * once on both tensors (and, unless NULL, said @p unsummed). */
+static void replay_expect(cl_proc_t *w[2], const char *unsummed)
 {
     int st[2] = {cl_wait(w[0], RUN_S), cl_wait(w[1], RUN_S)};
     int victim = st[0] == 0 ? 1 : 0;
@@ -246,20 +246,28 @@ static void replay_expect(cl_proc_t *w[2])
                   cl_tail(w[0]), cl_tail(w[1]));
     EXPECT_LOG(w[victim], "dies at step 5 with batch");
     EXPECT_LOG(w[1 - victim], "every batch applied once on both tensors");
+    if (unsummed) EXPECT_LOG(w[1 - victim], unsummed);
 }
 
 /* Two replay_clients (order @p order) on a 2x2 cluster of @p consistency with sgd lr 1; the
  * dying one's batch goes to the survivor, which finds every batch applied once; shard 0 skipped
- * @p skipped replayed pushes. */
-static void replay_run(const char *consistency, const char *order, long long skipped)
+ * @p skipped replayed pushes. Both push top-k with error feedback (REPLAY_EF): the survivor's
+ * pushes psd did not sum (its replays skipped: @p unsummed, "replay.a U, replay.b U") are
+ * back in its residual (before session 60, the error feedback they carried was lost: "not
+ * summed: replay.a 0, replay.b 0"). */
+static void replay_run(const char *consistency, const char *order, long long skipped,
+                       const char *unsummed)
 {
+    setenv("REPLAY_EF", "1", 1); /* this case's own process: its children take it */
     cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .consistency = consistency,
                    .optimizer = "{name: sgd, lr: 1}", .start_wait_ms = CL_TOGETHER_MS};
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
     cl_proc_t *w[2];
     replay_start(c, order, strcmp(consistency, "bsp") == 0 ? "40" : "2000", w);
-    replay_expect(w);
+    char said[64];
+    snprintf(said, sizeof said, "not summed: %s (of ", unsummed);
+    replay_expect(w, said);
     EXPECT_LOG(psd[0], ") goes to another worker");
     coord_t co;
     coord_open(&co, c);
@@ -277,20 +285,26 @@ static void replay_run(const char *consistency, const char *order, long long ski
  * survivor a step later, tagged with the step and rank that left: shard 0's chunk, which
  * applied the batch with the dead worker's push, must not apply it again; shard 1's, which
  * never had it, must. Before, the batch was applied twice on the first tensor. */
-START_TEST(test_kill9_mid_step_applied_once) { replay_run("bsp", "ab", 1); }
+START_TEST(test_kill9_mid_step_applied_once) { replay_run("bsp", "ab", 1, "replay.a 1, replay.b 0"); }
 END_TEST
 
 /* The same under asp (each push applied on arrival, so no step tells a replay): the batch goes to
  * the survivor tagged with the rank that left, and pushes carry their batch, which each chunk
  * records per rank with the push it applied; shard 0's chunk has it from the dead rank and
  * does not apply it again. Before, it did (replay.a's element at -2). */
-START_TEST(test_kill9_mid_batch_asp_applied_once) { replay_run("asp", "ab", 1); }
+START_TEST(test_kill9_mid_batch_asp_applied_once)
+{
+    replay_run("asp", "ab", 1, "replay.a 1, replay.b 0");
+}
 END_TEST
 
 /* asp: the worker dies after both its pushes of the batch were applied, before it reported the
  * batch done: the batch goes to the survivor, and neither chunk applies it again (shard 0 skips
  * replay.a's push). Before, both did. */
-START_TEST(test_kill9_after_batch_asp_applied_once) { replay_run("asp", "ab+", 1); }
+START_TEST(test_kill9_after_batch_asp_applied_once)
+{
+    replay_run("asp", "ab+", 1, "replay.a 1, replay.b 1");
+}
 END_TEST
 
 /* asp or ssp (@p consistency; staleness 2): three replay_clients that each kill themselves at
@@ -1172,7 +1186,7 @@ START_TEST(test_kill9_mid_step_shard_restarted)
     ck_assert_int_eq(cl_wait(psd[1], RUN_S), 128 + SIGKILL);
     EXPECT_LOG(psd[1], KILLED_AFTER_APPLY);
     psd[1] = cl_psd_start(c, 1, NULL, READY_S);
-    replay_expect(w);
+    replay_expect(w, NULL);
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }
@@ -1234,7 +1248,7 @@ START_TEST(test_kill9_mid_step_coordinator_restarted)
     ck_assert_int_eq(cl_wait(psd[0], RUN_S), 128 + SIGKILL);
     EXPECT_LOG(psd[0], KILLED_AFTER_APPLY);
     psd[0] = cl_psd_start(c, 0, NULL, READY_S);
-    replay_expect(w);
+    replay_expect(w, NULL);
     EXPECT_LOG(psd[0], "left before any report showed step 5 applied everywhere");
     stop_all(psd, 2);
     cl_cluster_destroy(c);
