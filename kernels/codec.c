@@ -1529,13 +1529,18 @@ int psk_codec_encode_ef_cpu(uint8_t *out, size_t cap, size_t *len, const float *
         return 0;
     }
     bool odd = add_into_odd(residual, g, n);
+    /* int8 and sign (g finite, checked above): g + residual overflowed float; that value is
+     * lost (0), the rest of the chunk goes out (before, the push was refused and the residual
+     * kept the infinity, so every later push of the chunk failed). */
+    if (odd && psk_codec_needs_finite(c))
+        residual_zero_odd(residual, n);
     rc = encode(out, residual, n, c, scratch, true);
     if (rc != 0)
         return rc;
     decode_add(residual, n, out + PSK_CODEC_HEADER_BYTES, c, -1.0f);
     /* A non-finite x (g held one, or g + residual overflowed); a finite one out of fp16's or
      * bf16's range went out saturated (encode's ef), its excess kept. int8 and sign refused a
-     * non-finite g above (an overflow of g + residual to one is left as it is). */
+     * non-finite g above and zeroed an overflow of g + residual. */
     uint8_t *body = out + PSK_CODEC_HEADER_BYTES;
     if (c->kind == PSK_CODEC_RANDOMK) {
         size_t k = psk_codec_k(c, n);

@@ -120,6 +120,14 @@ PSK_HD static inline void dense_one(uint8_t *body, const float *g, float *r, siz
     }
 }
 
+/* int8, sign with error feedback: x = r + g (g finite), or 0 where that overflowed float, as
+ * codec.c keeps it (the value is lost, the rest of the chunk goes out). */
+PSK_HD static inline float ef_x(float r, float g)
+{
+    float x = FADD(r, g);
+    return nonfinite(x) ? 0.0f : x;
+}
+
 /* int8: a block's scale from its largest magnitude m (finite), as codec.c's encode_int8. */
 PSK_HD static inline float int8_scale(float m)
 {
@@ -238,13 +246,13 @@ __global__ static void dense_k(uint8_t *out, const float *g, float *r, size_t n,
     dense_one(out + PSK_CODEC_HEADER_BYTES, g, r, i, kind);
 }
 
-/* x = g + r into r, unless flagged (int8 and sign take x from r afterwards). */
+/* x = g + r into r (ef_x), unless flagged (int8 and sign take x from r afterwards). */
 __global__ static void add_k(const uint8_t *out, const float *g, float *r, size_t n)
 {
     if (flagged(out))
         return;
     FOR_EACH(i, n)
-    r[i] = FADD(r[i], g[i]);
+    r[i] = ef_x(r[i], g[i]);
 }
 
 /* int8: one thread block per codec block. x is the input (r after add_k with error feedback);
@@ -426,7 +434,7 @@ extern "C" int psk_codec_encode_cuda_host(uint8_t *out, size_t cap, size_t *len,
         const float *x = g;
         if (r != NULL) { /* add_k */
             for (size_t i = 0; i < n; i++)
-                r[i] = FADD(r[i], g[i]);
+                r[i] = ef_x(r[i], g[i]);
             x = r;
         }
         size_t nb = (n + c->block - 1) / c->block;

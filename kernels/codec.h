@@ -144,8 +144,9 @@ int psk_codec_check(const uint8_t *payload, size_t len, size_t n, const psk_code
  *         later push of the chunk one psd leaves out. A finite x beyond fp16's or bf16's
  *         range (fp16 and bf16 payloads, top-k's and random-k's fp16 values) is sent as the
  *         format's largest value of its sign and the residual keeps x minus that (not an
- *         infinity: the push stays one psd applies, nothing is lost). For int8 and sign an
- *         overflow of g + residual is found after residual holds it.
+ *         infinity: the push stays one psd applies, nothing is lost). For int8 and sign a
+ *         value where g + residual overflows float becomes 0 (lost, like the non-finite x of
+ *         the others) and the rest of the chunk is encoded (the CUDA twin alike).
  * @note residual holds x during the encode, so no n-sized temporary is needed.
  */
 /** @brief Whether @p x[n] holds no NaN and no infinity (one read pass, vectorized). */

@@ -7,6 +7,7 @@
  * input (marked in the payload, residual left). What this cannot see (the launches, the
  * indexing, the block reduction) test_gpu checks on a device. */
 #include <check.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -176,6 +177,50 @@ START_TEST(test_nonfinite_marked)
 }
 END_TEST
 
+/* int8 and sign with error feedback, g finite but g + residual overflowing float at two values:
+ * both sides zero them and encode the rest, to the same bytes and residuals (session 60: the CPU
+ * refused the push and kept the infinity in the residual, so every later push failed; the
+ * device wrote an infinite scale and NaN residuals for the block). */
+START_TEST(test_residual_overflow_zeroed)
+{
+    const size_t n = 1000;
+    float x[1000], ra[1000], rb[1000];
+    for (size_t i = 0; i < n; i++) {
+        x[i] = (float)i * 0.01f - 3.0f;
+        ra[i] = rb[i] = 0.25f;
+    }
+    x[10] = FLT_MAX, ra[10] = rb[10] = FLT_MAX;
+    x[300] = -FLT_MAX, ra[300] = rb[300] = -0x1.8p127f;
+    const char *names[] = {"int8", "sign"};
+    for (int k = 0; k < 2; k++) {
+        psk_codec_t c;
+        ck_assert_int_eq(psk_codec_parse(&c, names[k]), 0);
+        size_t cap = psk_codec_max_bytes(&c, n), la, lb;
+        uint8_t *pa = malloc(cap), *pb = malloc(cap);
+        float r0[1000];
+        memcpy(r0, ra, sizeof r0);
+        ck_assert_int_eq(psk_codec_encode_ef_cpu(pa, cap, &la, x, ra, n, &c, NULL), 0);
+        ck_assert_int_eq(psk_codec_encode_cuda_host(pb, cap, &lb, x, rb, n, &c), 0);
+        ck_assert_int_eq(psk_codec_check(pa, la, n, &c), 0);
+        ck_assert_uint_eq(la, lb);
+        ck_assert_msg(memcmp(pa, pb, la) == 0, "%s: the payloads differ", names[k]);
+        ck_assert_msg(memcmp(ra, rb, sizeof ra) == 0, "%s: the residuals differ", names[k]);
+        /* The rest went out: residual + decode = g + the residual before. */
+        float d[1000] = {0};
+        ck_assert_int_eq(psk_codec_decode_add_cpu(d, n, pa, la, &c, 1.0f), 0);
+        for (size_t i = 0; i < n; i++) {
+            ck_assert_msg(isfinite(ra[i]), "%s: residual %zu is %a", names[k], i, ra[i]);
+            if (i != 10 && i != 300)
+                ck_assert_msg(ra[i] + d[i] == x[i] + r0[i], "%s value %zu: %a + %a, want %a",
+                              names[k], i, ra[i], d[i], x[i] + r0[i]);
+        }
+        memcpy(ra, r0, sizeof r0), memcpy(rb, r0, sizeof r0);
+        free(pa);
+        free(pb);
+    }
+}
+END_TEST
+
 Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("codec_twin");
@@ -184,6 +229,7 @@ Suite *ps_test_suite(void)
     tcase_add_test(tc, test_fp16_bf16_every_boundary);
     tcase_add_test(tc, test_int8_sign_blocks);
     tcase_add_test(tc, test_nonfinite_marked);
+    tcase_add_test(tc, test_residual_overflow_zeroed);
     suite_add_tcase(s, tc);
     return s;
 }
