@@ -1,6 +1,7 @@
 /* storeview.c: read-only same-host view of a shard's store (storeview.h). */
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,7 @@
 #include "chunkrec.h"
 #include "crc32c.h"
 #include "ps/ps_error.h"
+#include "ps/ps_log.h"
 #include "storeview.h"
 
 /* This boot of this host's kernel (/proc/sys/kernel/random/boot_id: processes on one host share
@@ -224,11 +226,30 @@ static void view_end(ps_storeview_t *v)
     pthread_rwlock_unlock(&v->env->remap);
 }
 
+/* PS_TEST_DIRECT_STOP=N (tests only): the process's Nth read stops it (SIGSTOP) inside its read
+ * transaction, as a worker stopped (a signal, a debugger, a frozen container) at that point is:
+ * its snapshot stays, and the shard's store cannot reuse the pages written after it. */
+static void test_stop_here(void)
+{
+    static int at = -1; /* set once: the first read of the process (racing readers agree) */
+    static uint32_t reads;
+    if (__atomic_load_n(&at, __ATOMIC_RELAXED) < 0) {
+        const char *e = getenv("PS_TEST_DIRECT_STOP");
+        __atomic_store_n(&at, e && atoi(e) > 0 ? atoi(e) : 0, __ATOMIC_RELAXED);
+    }
+    int n = __atomic_load_n(&at, __ATOMIC_RELAXED);
+    if (n == 0 || __atomic_add_fetch(&reads, 1, __ATOMIC_RELAXED) != (uint32_t)n) return;
+    PS_LOG(PS_LOG_WARN, "libps", "PS_TEST_DIRECT_STOP=%d: stops inside direct read %d, holding "
+           "its snapshot (a test hook)", n, n);
+    raise(SIGSTOP);
+}
+
 int ps_storeview_read(ps_storeview_t *v, uint32_t t, uint32_t c, uint64_t min_version,
                       float *dst, uint32_t n, uint64_t *version, uint32_t *crc)
 {
     int rc = view_renew(v);
     if (rc) return rc;
+    test_stop_here();
     uint8_t kb[PS_CHUNK_KEY_LEN];
     ps_chunk_key(kb, t, c);
     MDB_val k = {sizeof kb, kb}, val;

@@ -1192,6 +1192,7 @@ static void on_cron(uv_timer_t *h)
     }
     if (srv->coord) psd_coord_tick(srv);
     psd_direct_reap(srv); /* also a reader that exited unnoticed: its slot would pin pages */
+    psd_store_pin_cron(srv); /* updates waiting for an old snapshot: tried again */
     psd_shard_test_tick(srv);
     psd_shard_values_cron(srv, now);
     if (dropped) ps_ucx_progress(&srv->ucx);

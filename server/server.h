@@ -469,6 +469,9 @@ struct psd_server_s {
                                   same tensor and chunk commits ("": none failing): /healthz
                                   503 with it (a full map applies nothing) */
     uint32_t failing_kind, failing_tensor, failing_chunk; /* that job's, with store_failing */
+    uint64_t pinned_since_ms;  /* updates wait: the map filled while a reader held an old
+                                  snapshot (storejob.c, store_pinned); 0: they do not */
+    bool pinned_retry;         /* the cron's next tick tries them again (psd_store_pin_cron) */
     uint64_t store_failures;   /* store jobs that failed since psd started */
     struct psd_httpd_s *httpd; /* metrics.c: /metrics, /healthz, /status; NULL when off */
     const ps_auth_t *auth;     /* the cluster secret (main.c's); auth->on: every connection
@@ -568,6 +571,11 @@ int psd_outbox_add(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg, con
                    size_t dlen);
 /** @brief Send @p conn's collected bundle now (before a message that must follow it). */
 void psd_outbox_flush(psd_server_t *srv, psd_conn_t *conn);
+
+/* storejob.c */
+/** @brief The cron's tick: updates that wait for a reader's old snapshot (an apply job failed
+ *  with the map full while one pinned it) are tried again. */
+void psd_store_pin_cron(psd_server_t *srv);
 
 /* direct.c */
 /** @brief Decide whether workers may read this shard's store in @p data_dir directly (not when

@@ -424,6 +424,33 @@ int psd_store_chunks_each(psd_store_t *st, MDB_txn *txn, psd_store_record_cb cb,
     return ret;
 }
 
+/* mdb_reader_list's lines: "%10d %zx %llu" (pid, thread, txnid) or "%10d %zx -" (no
+ * snapshot), after a header line. */
+static int reader_line(const char *msg, void *ctx)
+{
+    psd_store_reader_t *o = ctx; /* lag holds the oldest txnid while listing */
+    int pid;
+    size_t tid;
+    unsigned long long txnid;
+    if (sscanf(msg, "%d %zx %llu", &pid, &tid, &txnid) == 3 && pid > 0 &&
+        (o->pid == 0 || txnid < o->lag)) {
+        o->pid = pid;
+        o->lag = txnid;
+    }
+    return 0;
+}
+
+int psd_store_oldest_reader(psd_store_t *st, psd_store_reader_t *out)
+{
+    MDB_envinfo info;
+    *out = (psd_store_reader_t){0};
+    if (mdb_env_info(st->env, &info) != 0 || mdb_reader_list(st->env, reader_line, out) < 0)
+        return PS_ESTORE;
+    uint64_t oldest = out->lag;
+    out->lag = out->pid && oldest < info.me_last_txnid ? info.me_last_txnid - oldest : 0;
+    return 0;
+}
+
 int psd_store_ahead(psd_store_t *st, uint64_t bytes)
 {
     MDB_envinfo info;

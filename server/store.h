@@ -70,6 +70,24 @@ typedef struct {
  */
 int psd_store_ahead(psd_store_t *st, uint64_t bytes);
 
+/** The reader that pins the most of the store: its process, and how many commits old its
+ *  snapshot is (psd_store_oldest_reader). */
+typedef struct {
+    int pid;      /* 0: no reader holds a snapshot */
+    uint64_t lag; /* commits since its snapshot's (0: the latest) */
+} psd_store_reader_t;
+
+/**
+ * @brief The reader (of any process: psd's own pull snapshots, workers' direct reads) whose
+ *  snapshot is the oldest: LMDB cannot reuse a page freed after it, so a reader that stopped
+ *  (SIGSTOP, a debugger, a frozen container) inside its read makes every commit since take new
+ *  pages, and the map fills (PS_ESTOREFULL) though the data would fit.
+ * @param[out] out filled (pid 0 when no reader holds one).
+ * @return 0, or PS_ESTORE when LMDB cannot list its readers. Any thread (LMDB's reader table
+ *  is shared memory; what it reads may be a moment old).
+ */
+int psd_store_oldest_reader(psd_store_t *st, psd_store_reader_t *out);
+
 /** A write transaction plus the read snapshot that supplies old records. */
 typedef struct {
     psd_store_t *st;

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "checkpoint.h"
 #include "integrity.h"
@@ -162,6 +163,75 @@ static void store_health(psd_server_t *srv, const psd_job_t *job)
     if (same) srv->store_failing[0] = '\0';
 }
 
+/* An apply job failed with the map full (@p job, PS_ESTOREFULL): whether a reader's snapshot
+ * is old enough that the pages written since cannot be reused (a worker stopped inside a direct
+ * read, a pull reply of psd's own snapshot still going to a stopped worker). Then the update is
+ * not refused: its pushes stay, and it is tried again at each cron tick until that reader lets
+ * go (it goes on, ends, or psd drops its connection), as the data itself fits. Before, the
+ * pushes failed ("the shard store is full") and the job's workers with them. */
+static bool store_pinned(psd_server_t *srv)
+{
+    psd_store_reader_t r;
+    if (srv->stopping || psd_store_oldest_reader(&srv->store, &r) != 0 || r.pid == 0 ||
+        r.lag < 2) {
+        if (srv->pinned_since_ms)
+            PS_LOG(PS_LOG_WARN, "shard", "the store is still full%s: the updates that waited "
+                   "fail", srv->stopping ? " as psd stops" : " with no old snapshot held");
+        srv->pinned_since_ms = 0;
+        srv->pinned_retry = false;
+        return false;
+    }
+    const psd_conn_t *who = NULL;
+    for (const psd_conn_t *c = srv->conns; c && r.pid != getpid(); c = c->next)
+        if ((int)c->pid == r.pid && (who == NULL || c->rank >= 0)) who = c;
+    char what[96];
+    if (r.pid == getpid())
+        snprintf(what, sizeof what, "psd's own (a pull reply still going to a slow or stopped "
+                 "worker)");
+    else if (who && who->rank >= 0)
+        snprintf(what, sizeof what, "pid %d's, rank %d's (stopped inside a direct read?)", r.pid,
+                 who->rank);
+    else
+        snprintf(what, sizeof what, "pid %d's (a worker on this host stopped inside a direct "
+                 "read?)", r.pid);
+    snprintf(srv->store_failing, sizeof srv->store_failing, "the store is full while a "
+             "snapshot %llu commits old is held, %s: updates wait for it (map_size_mb %llu)",
+             (unsigned long long)r.lag, what, (unsigned long long)srv->m.map_size_mb);
+    uint64_t now = psd_now_ms();
+    if (srv->pinned_since_ms == 0)
+        PS_LOG(PS_LOG_WARN, "shard", "%s; LMDB cannot reuse the pages written since: tried again "
+               "at each cron tick until it lets go (continue or end that process)",
+               srv->store_failing);
+    if (srv->pinned_since_ms == 0) srv->pinned_since_ms = now;
+    srv->pinned_retry = false;
+    return true;
+}
+
+void psd_store_pin_cron(psd_server_t *srv)
+{
+    if (srv->pinned_since_ms == 0 || srv->pinned_retry) return;
+    srv->pinned_retry = true;
+    psd__job_start_next(srv);
+}
+
+/* An apply job that failed as store_pinned says: its chunks' pushes are full again,
+ * unacknowledged, and their pulls wait on (nothing was written). */
+static void apply_wait(psd_server_t *srv, psd_job_t *job)
+{
+    for (uint32_t i = 0; i < job->nitems; i++) {
+        psd_chunk_t *ch = job->items[i];
+        SLOTS_FOR(ch, s) {
+            if (s->state != SLOT_APPLYING) continue;
+            s->state = SLOT_FULL;
+            ch->nfull++;
+            ch->full_mask |= 1ull << s->rank;
+        }
+        ch->queued = false;
+        ch->applying = false;
+        psd__chunk_maybe_ready(srv, ch); /* queued; started by the cron (psd__job_start_next) */
+    }
+}
+
 static void job_done(uv_work_t *w, int status)
 {
     psd_job_t *job = w->data;
@@ -169,7 +239,20 @@ static void job_done(uv_work_t *w, int status)
     if (job->pooled) ps_ucx_spin_resume(&srv->ucx); /* psd__job_work stopped it */
     /* job_running stays set until the end: psd__chunk_maybe_ready below must not start the
      * next job in this struct while its items are still being finished. */
-    store_health(srv, job);
+    bool was_pinned = srv->pinned_since_ms != 0;
+    bool pinned = job->kind == JOB_APPLY && job->rc == PS_ESTOREFULL && store_pinned(srv);
+    if (pinned) {
+        srv->store_failures += !was_pinned; /* one failure per wait; store_failing says it */
+    } else {
+        if (was_pinned && job->kind == JOB_APPLY && job->rc == 0) {
+            PS_LOG(PS_LOG_INFO, "shard", "the store takes updates again: the old snapshot was "
+                   "let go after %.1f s", (double)(psd_now_ms() - srv->pinned_since_ms) / 1e3);
+            srv->pinned_since_ms = 0;
+            srv->pinned_retry = false;
+            srv->store_failing[0] = '\0';
+        }
+        store_health(srv, job);
+    }
     job->err[0] = '\0';
     if (job->rc && job->coord_rec_len) psd_coord_rec_unsaved(srv); /* not committed */
     if (srv->trace && job->kind == JOB_APPLY && job->nitems > 0)
@@ -212,6 +295,8 @@ static void job_done(uv_work_t *w, int status)
         }
     } else if (job->kind == JOB_DROP) {
         drop_done(srv, job);
+    } else if (pinned) {
+        apply_wait(srv, job);
     } else {
         bool bsp = srv->m.job.consistency == PS_CONSIST_BSP;
         for (uint32_t i = 0; i < job->nitems; i++) {
@@ -429,7 +514,8 @@ void psd__job_start_next(psd_server_t *srv)
             srv->create_queue[srv->ncreate++] = job->tensor; /* tried again after the next job */
             return;
         }
-    } else if (srv->ready_head) {
+    } else if (srv->ready_head && (srv->pinned_since_ms == 0 || srv->pinned_retry)) {
+        /* (while updates wait for an old snapshot: only at the cron's tick, store_pinned) */
         job->kind = JOB_APPLY;
         job->nitems = 0;
         /* Take the ready chunks (up to max_bytes): one transaction, one commit. */

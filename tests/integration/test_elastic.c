@@ -2009,7 +2009,9 @@ START_TEST(test_sigstop_rejoins)
     coord_t co;
     /* Pulls over the transport: a worker stopped in a direct read of a shard's store holds its
      * LMDB snapshot, and at this model's step rate the 256 MB map filled in the 3 s stop (the
-     * other worker failed "the shard store is full": 2 runs in ~60; DESIGN-NOTES). */
+     * other worker failed "the shard store is full": 2 runs in ~60; DESIGN-NOTES). The update
+     * waits for it since session 60 (stopped_direct_reader_waits); this test is about the
+     * heartbeats. */
     setenv("PS_DIRECT_PULL", "0", 1);
     cl_cluster_t *c = start_2x2(&k, psd, w, &co);
     unsetenv("PS_DIRECT_PULL");
@@ -2036,6 +2038,51 @@ START_TEST(test_sigstop_rejoins)
     free(j);
     coord_close(&co);
     stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+/* A worker stopped inside a direct read of the shard's store (PS_TEST_DIRECT_STOP: its 300th
+ * read raises SIGSTOP there) holds its LMDB snapshot, so the pages written since cannot be
+ * reused: the other worker goes on alone, and the 16 MB map fills within some steps. psd does
+ * not fail the update: it says who holds the snapshot and tries again at each cron tick; on
+ * SIGCONT the read ends, the update commits, and the job completes with every sample applied
+ * once. Before, the other worker's push failed "the shard store is full" and it exited 1
+ * (DESIGN-NOTES, Direct pulls; session 59 turned direct pulls off in sigstop_rejoins for it). */
+START_TEST(test_stopped_direct_reader_waits)
+{
+    cl_conf_t k = {.shards = 1, .workers = 2, .batch_size = 16, .epochs = 2, .map_size_mb = 16,
+                   .job_extra = "  heartbeat_timeout_ms: 500\n  train_samples: 12000\n",
+                   .start_wait_ms = CL_TOGETHER_MS};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S), *w[2];
+    w[0] = cl_worker_start(c, NULL, NULL, false);
+    setenv("PS_TEST_DIRECT_STOP", "300", 1); /* this worker's only */
+    w[1] = cl_worker_start(c, NULL, NULL, false);
+    unsetenv("PS_TEST_DIRECT_STOP");
+    ck_assert_msg(cl_wait_log(w[1], "stops inside direct read 300", RUN_S) == 0,
+                  "the worker never stopped in a read: %s", cl_tail(w[1]));
+    char held[64];
+    snprintf(held, sizeof held, "pid %d's", (int)w[1]->pid);
+    ck_assert_msg(cl_wait_log(psd, "updates wait for it", RUN_S) == 0,
+                  "the store never filled, or the update failed: %s", cl_tail(psd));
+    EXPECT_LOG(psd, held);
+    ck_assert_msg(cl_wait(w[0], 1.0) == -1, "the other worker ended while the update waited: %s",
+                  cl_tail(w[0]));
+    ck_assert_int_eq(cl_signal(w[1], SIGCONT), 0);
+    ck_assert_msg(cl_wait_log(psd, "the store takes updates again", RUN_S) == 0,
+                  "the update never went through: %s", cl_tail(psd));
+    EXPECT_EXIT(w[0], 0);
+    EXPECT_EXIT(w[1], 0);
+    ck_assert_msg(count_in_log(w[0], "store is full") == 0, "%s", cl_tail(w[0]));
+    coord_t co;
+    coord_open(&co, c);
+    char *j = coord_status(&co);
+    ck_assert_msg(j && strstr(j, "\"finished\": true"), "job not finished: %s", j ? j : "-");
+    expect_passes(j, 12000, 2);
+    free(j);
+    coord_close(&co);
+    stop_all(&psd, 1);
     cl_cluster_destroy(c);
 }
 END_TEST
@@ -3121,6 +3168,7 @@ Suite *ps_test_suite(void)
     ADD(bsp_checkpoint_survives_transport_restart);
     ADD(sigstop_rejoins);
     ADD(sigstop_rejoin_refused_exits_2);
+    ADD(stopped_direct_reader_waits);
     ADD(all_leave_then_one_joins);
     ADD(confused_member_refused);
     ADD(ssp_joiner_starts_at_slowest);
