@@ -1560,6 +1560,28 @@ int psk_codec_encode_ef_cpu(uint8_t *out, size_t cap, size_t *len, const float *
     return 0;
 }
 
+int psk_codec_ef_put_back_cpu(float *residual, const float *g, size_t n, const uint8_t *payload,
+                              size_t len, const psk_codec_t *c)
+{
+    int rc = psk_codec_check(payload, len, n, c);
+    if (rc != 0)
+        return rc;
+    const uint8_t *body = payload + PSK_CODEC_HEADER_BYTES;
+    size_t k = psk_codec_k(c, n);
+    bool kept = false; /* residual_unsent ran: the residual holds x */
+    if (c->kind == PSK_CODEC_TOPK && k)
+        kept = !values_finite(body + 4 * k, k, c->fp16_values);
+    else if (c->kind == PSK_CODEC_RANDOMK && k)
+        kept = !values_finite(body + 8, k, c->fp16_values);
+    if (!kept)
+        decode_add(residual, n, body, c, 1.0f);
+    for (size_t i = 0; i < n; i++) {
+        float e = residual[i] - g[i];
+        residual[i] = isfinite(e) ? e : 0.0f;
+    }
+    return 0;
+}
+
 /* ---- parse ---- */
 
 int psk_codec_parse(psk_codec_t *c, const char *text)

@@ -159,6 +159,21 @@ int psk_codec_encode_ef_cpu(uint8_t *out, size_t cap, size_t *len, const float *
                             float *residual, size_t n, const psk_codec_t *c, void *scratch);
 
 /**
+ * @brief Take back an encode with error feedback whose payload was not applied (a shard
+ * acknowledged the push as not summed): residual += decode(payload) - g, the residual that
+ * encode started from (up to float rounding: (r + g) - g); where that encode had kept x whole
+ * (top-k / random-k whose payload holds a NaN or an infinity), residual -= g. A value that
+ * comes out a NaN or an infinity becomes 0 (as the encode keeps it). For int8 and sign, a
+ * value whose g + residual overflowed float was zeroed by the encode and comes back as -g.
+ * @param[in]     g        [n] the gradient that encode took, unchanged since
+ * @param[in,out] residual [n] as that encode left it
+ * @param[in]     payload  that encode's payload (len bytes)
+ * @return 0; PS_EINVAL / PS_EPROTO as psk_codec_check (residual unchanged).
+ */
+int psk_codec_ef_put_back_cpu(float *residual, const float *g, size_t n, const uint8_t *payload,
+                              size_t len, const psk_codec_t *c);
+
+/**
  * @brief The randomk index set: idx[k], strictly increasing, in [0, n), a function of
  * (seed, n, k) only. Stratified: [0, n) is cut into k nearly equal strata
  * [j * n / k, (j + 1) * n / k) and index j is uniform in stratum j, by a counter-based hash

@@ -157,6 +157,19 @@ static bool stale_push_had(const psd_chunk_t *ch, uint32_t rank, const ps_msg_t 
     return apply_had_batch(ch, rank, msg, ch->summed[s % PSD_SUMMED_RING]);
 }
 
+/* bsp: the flags of the ack of rank @p rank's push @p msg of a step chunk @p ch passed:
+ * PS_FLAG_STALE when that step's apply did not have its batch (stale_push_had); else
+ * PS_FLAG_UNSUMMED when the step is remembered and its rank was not a member of that apply
+ * (the batch came from another push, named by the push's replay tags); else 0 (a resend of a
+ * push that apply had; one it skipped as a replay is not told apart: the ring keeps members). */
+static uint32_t stale_ack_flags(const psd_chunk_t *ch, uint32_t rank, const ps_msg_t *msg)
+{
+    if (!stale_push_had(ch, rank, msg)) return PS_FLAG_STALE;
+    uint64_t s = msg->step;
+    bool known = s >= ch->summed_from && ch->version - s <= PSD_SUMMED_RING;
+    return known && !(ch->summed[s % PSD_SUMMED_RING] >> rank & 1) ? PS_FLAG_UNSUMMED : 0;
+}
+
 /* Acknowledge push @p req of @p conn (rank @p rank, for @p step) of chunk @p ch without applying
  * it: applied before (@p flags 0), or (bsp) of a step the chunk passed, with PS_FLAG_STALE when
  * that step's apply did not have its batch, so that its worker reports it and the coordinator
@@ -184,8 +197,10 @@ void psd__stale_slot_done(psd_server_t *srv, psd_chunk_t *ch, uint32_t r)
     PS_LOG(PS_LOG_INFO, "shard", "push of %u/%u from rank %u for step %llu came while the "
            "chunk applied that step without it (now at %llu)", ch->tensor, ch->chunk, r,
            (unsigned long long)s->step, (unsigned long long)ch->version);
+    /* Never summed (its rank was not in that apply): its batch goes out again, or that apply
+     * had it from another push. */
     send_push_ack(srv, s->conn, s->req, ch, r, s->step,
-                  (ch->stale_lack >> r & 1) ? PS_FLAG_STALE : 0);
+                  (ch->stale_lack >> r & 1) ? PS_FLAG_STALE : PS_FLAG_UNSUMMED);
     psd__drop_slot(ch, r);
 }
 
@@ -430,8 +445,7 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
          * rank removed mid-step, or one of a step handed out again after every member left
          * it): acknowledge and drop it. When that apply did not have its batch, the ack says
          * so: the worker reports it, and the coordinator hands the batch out again. */
-        send_push_ack(srv, conn, msg->req_id, ch, rank, msg->step,
-                      stale_push_had(ch, rank, msg) ? 0 : PS_FLAG_STALE);
+        send_push_ack(srv, conn, msg->req_id, ch, rank, msg->step, stale_ack_flags(ch, rank, msg));
         step_pushed(srv, rank, msg->step); /* a step handed out again: its member is here */
         return UCS_OK;
     }

@@ -1122,12 +1122,8 @@ void ps__ef_put_back(ps_client_t *c, ps_op_t *op, const part_t *p)
     size_t n = ps_chunk_len(t->numel, c->chunk_elems, p->chunk);
     float *r = t->residual + (uint64_t)p->chunk * c->chunk_elems;
     const float *g = op->buf + (uint64_t)p->chunk * c->chunk_elems;
-    if (psk_codec_decode_add_cpu(r, n, p->data, p->len, &t->codec, 1.0f) != 0)
+    if (psk_codec_ef_put_back_cpu(r, g, n, p->data, p->len, &t->codec) != 0)
         return; /* not reached: libps encoded it */
-    for (size_t i = 0; i < n; i++) {
-        float e = r[i] - g[i];
-        r[i] = isfinite(e) ? e : 0.0f; /* as the encode keeps it finite */
-    }
     PS_LOG(PS_LOG_DEBUG, "libps", "the push of chunk %u of tensor %u for step %llu was not "
            "summed: its error feedback is back in the residual", p->chunk, t->id,
            (unsigned long long)op->step);

@@ -448,11 +448,12 @@ void ps__run_said(char *buf, size_t len, uint64_t origin, uint64_t base);
 
 /* ---- client_api.c: the caller's thread --------------------------------------------- */
 
-/** @brief Push part @p p of @p op was acknowledged as not summed (PS_FLAG_UNSUMMED or
- *  PS_FLAG_STALE: its batch comes, or came, from another push): with libps's own error
- *  feedback, its residual takes the part's payload back and gives its gradient up,
- *  r += decode(payload) - g, so the error it carried from earlier steps is not lost (the
- *  gradient is). Comm thread; the tensor's next push waits for @p op, so nothing else touches
+/** @brief Push part @p p of @p op was acknowledged as not summed (PS_FLAG_UNSUMMED: its batch
+ *  came from another push; PS_FLAG_STALE: its batch goes out again): with libps's own error
+ *  feedback, its residual takes the part's payload back and gives its gradient up
+ *  (psk_codec_ef_put_back_cpu), so the error it carried from earlier steps is not lost (the
+ *  gradient is). On the thread that drives libps's worker (the comm thread, or a caller
+ *  driving it under loop_mu); the tensor's next push waits for @p op, so nothing else touches
  *  that residual meanwhile. @p op's gradient and payload are still its own (borrowed until it
  *  completes). */
 void ps__ef_put_back(ps_client_t *c, ps_op_t *op, const part_t *p);

@@ -1101,6 +1101,54 @@ END_TEST
  * the sum of the gradients, element by element, up to float rounding; the tolerance grows
  * with the magnitudes that went through float additions.
  */
+/* psk_codec_ef_put_back_cpu takes back an encode whose push was not summed, for every codec:
+ * from a residual that is not zero, the residual before the encode, up to rounding (to 1e-6 of
+ * the values involved); with NaN and infinities in the gradient, 0 at those and the residual
+ * before elsewhere, also for top-k and random-k, whose encode had kept x whole (before the
+ * function, libps added the payload to that: a review, session 60). */
+START_TEST(test_ef_put_back)
+{
+    psk_codec_t c = CODECS[_i % NCODECS];
+    bool odd = _i >= NCODECS;
+    if (odd && psk_codec_needs_finite(&c))
+        return; /* int8 and sign refuse such a gradient, the residual unchanged */
+    c.seed = 5;
+    float *g = zeros(N), *r = zeros(N), *r0 = zeros(N), *d = zeros(N);
+    fill_normal(g, N, 77, 1.0);
+    fill_normal(r0, N, 78, 0.05);
+    if (odd)
+        for (size_t i = 3; i < N; i += 97)
+            g[i] = i % 2 ? NAN : -INFINITY;
+    memcpy(r, r0, N * sizeof *r);
+    size_t cap = psk_codec_max_bytes(&c, N), len = 0;
+    uint8_t *pl = xmalloc(cap);
+    void *scratch = xmalloc(psk_codec_scratch_bytes(&c, N) + 4);
+    ck_assert_int_eq(psk_codec_encode_ef_cpu(pl, cap, &len, g, r, N, &c, scratch), 0);
+    ck_assert_int_eq(psk_codec_decode_add_cpu(d, N, pl, len, &c, 1.0f), 0);
+    ck_assert_int_eq(psk_codec_ef_put_back_cpu(r, g, N, pl, len, &c), 0);
+    for (size_t i = 0; i < N; i++) {
+        if (!isfinite(g[i])) {
+            ck_assert_msg(r[i] == 0.0f, "codec %d: residual %zu is %a, want 0", _i, i, r[i]);
+            continue;
+        }
+        double tol = 1e-6 * (fabs(g[i]) + fabs(r0[i]) + (isfinite(d[i]) ? fabs(d[i]) : 0)) +
+                     1e-9;
+        ck_assert_msg(fabs((double)r[i] - r0[i]) <= tol, "codec %d%s: residual %zu is %a, was %a",
+                      _i % NCODECS, odd ? " (odd gradient)" : "", i, r[i], r0[i]);
+    }
+    /* A payload that does not fit the codec is refused, the residual left. */
+    memcpy(d, r, N * sizeof *d);
+    ck_assert_int_ne(psk_codec_ef_put_back_cpu(r, g, N, pl, len - 1, &c), 0);
+    ck_assert_int_eq(memcmp(d, r, N * sizeof *d), 0);
+    free(g);
+    free(r);
+    free(r0);
+    free(d);
+    free(pl);
+    free(scratch);
+}
+END_TEST
+
 START_TEST(test_error_feedback_invariant)
 {
     psk_codec_t c = CODECS[_i];
@@ -1455,6 +1503,7 @@ Suite *ps_test_suite(void)
 
     tc = tcase_create("error_feedback");
     tcase_add_loop_test(tc, test_error_feedback_invariant, 0, NCODECS);
+    tcase_add_loop_test(tc, test_ef_put_back, 0, 2 * NCODECS);
     tcase_add_test(tc, test_error_feedback_residual_sent);
     tcase_add_loop_test(tc, test_error_feedback_nonfinite_refused, 0, 2);
     suite_add_tcase(s, tc);

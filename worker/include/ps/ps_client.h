@@ -243,9 +243,10 @@ int ps_client_set_compression(ps_client_t *c, uint32_t id, const ps_compression_
 /**
  * @brief Copy tensor @p id's error-feedback residual (what its codec has not sent yet: the sum
  * of its gradients less what its pushes carried) into @p out. A push a shard acknowledged as
- * not summed (its batch came from another worker's push) gave its gradient up and its payload
- * back: the residual is as if it had not been pushed. Pushes encoded by the caller
- * (ps_client_push_encoded) keep their own residual; this one is not theirs.
+ * not summed (its batch applied from another push, or handed out again) gave its gradient up
+ * and its payload back: the residual is what it was before that push, up to float rounding.
+ * Pushes encoded by the caller (ps_client_push_encoded) keep their own residual; this one is
+ * not theirs.
  * @param[out] out numel floats (the caller's).
  * @return 0; PS_EINVAL (an undeclared tensor, or one without error feedback), PS_EBUSY (a push
  *         of it has not been waited for).
