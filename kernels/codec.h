@@ -215,8 +215,20 @@ static inline bool psk_codec_elementwise(uint32_t kind)
     return kind == PSK_CODEC_NONE || kind == PSK_CODEC_FP16 || kind == PSK_CODEC_BF16;
 }
 
+/** @brief A tensor's key for psk_codec_push_seed: its name hashed (FNV-1a), the same in every
+ *  worker of a cluster and in `psworker --local`'s reference run (a shard's tensor id depends on
+ *  what its store held before: seeded by it, the two differed then; session 60). */
+static inline uint32_t psk_codec_tensor_key(const char *name)
+{
+    uint32_t h = 2166136261u;
+    for (const unsigned char *p = (const unsigned char *)name; *p; p++)
+        h = (h ^ *p) * 16777619u;
+    return h;
+}
+
 /** @brief The per-push seed workers use for randomk indices and int8 stochastic rounding:
- *  different for every (step, tensor, chunk), the same in every process. */
+ *  different for every (step, tensor, chunk), the same in every process; @p tensor is the
+ *  tensor's psk_codec_tensor_key. */
 static inline uint64_t psk_codec_push_seed(uint64_t step, uint32_t tensor, uint32_t chunk)
 {
     return (step + 1) * 0x9E3779B97F4A7C15ull ^ ((uint64_t)tensor << 32 | chunk); /* golden gamma */

@@ -983,6 +983,7 @@ static int declare(ps_client_t *c, const ps_tensor_desc_t *desc, const float *va
         c->ntensor_set++;
     }
     t->id = tid;
+    t->seed_key = psk_codec_tensor_key(rep.decl.name);
     t->numel = ps_decl_numel(&rep.decl);
     t->nchunks = ps_chunk_count(t->numel, c->chunk_elems);
     t->first_chunk = rep.decl.first_chunk;
@@ -1066,7 +1067,7 @@ static int data_op(ps_client_t *c, int type, uint32_t id, float *buf, uint64_t s
         }
         /* Compress on the caller's thread, before the gradient leaves. */
         psk_codec_t cc = t->codec;
-        cc.seed = psk_codec_push_seed(step, id, i);
+        cc.seed = psk_codec_push_seed(step, t->seed_key, i);
         uint8_t *out = t->payload + (size_t)i * t->chunk_cap;
         int rc;
         if (enc != NULL) {

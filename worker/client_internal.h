@@ -108,6 +108,7 @@ typedef struct area_place_s {
 
 typedef struct {
     uint32_t id;
+    uint32_t seed_key;      /* psk_codec_tensor_key of its name: its pushes' codec seeds */
     uint64_t numel;
     uint32_t nchunks;
     uint64_t first_chunk;

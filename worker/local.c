@@ -116,7 +116,7 @@ void ps_local_push(ps_local_t *l, uint32_t rank, const ps_mlp_t *mlp, uint64_t s
                 psk_add_cpu(l->sum + at, g, n);
                 continue;
             }
-            c.seed = psk_codec_push_seed(step, (uint32_t)t, k);
+            c.seed = psk_codec_push_seed(step, psk_codec_tensor_key(mlp->tensors[t].name), k);
             if (l->error_feedback)
                 psk_codec_encode_ef_cpu(l->payload, l->payload_cap, &len, g, res + at, n, &c,
                                         l->scratch);

@@ -23,9 +23,12 @@
  * with the manifest's codec, worker B (rank 1) with `--codec CODEC_B`. Both end with the
  * parameters of `psworker --local --rank-codec 1=CODEC_B` (bit-identical today; the test allows
  * 1e-6 relative), and not with those of the reference where rank 1 uses the manifest's codec
- * too: B's codec was used.
+ * too: B's codec was used. With @p others_first, the shards' stores hold two other tensors
+ * before (a replay_client declares them and is killed), so that their ids are not the model's
+ * indices: random-k and stochastic int8 seed by the tensor's name (psk_codec_tensor_key) in
+ * both; before session 60 the cluster seeded by psd's id, and the reference differed.
  */
-static void mixed_codecs(const char *compression, const char *codec_b)
+static void mixed_codecs(const char *compression, const char *codec_b, bool others_first)
 {
     char extra[256];
     snprintf(extra, sizeof extra, "  compression: %s\n", compression);
@@ -40,6 +43,18 @@ static void mixed_codecs(const char *compression, const char *codec_b)
                    .start_wait_ms = CL_TOGETHER_MS};
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    if (others_first) {
+        char nb[] = "16", bs[] = "8", mode[] = "unasked";
+        char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, mode, NULL};
+        cl_proc_t *o = cl_spawn(c, "others", argv);
+        ck_assert_msg(cl_wait_log(o, "waits without asking for a batch", RUN_S) == 0,
+                      "the other tensors were not declared: %s", cl_tail(o));
+        ck_assert_int_eq(cl_signal(o, SIGKILL), 0);
+        cl_wait(o, RUN_S);
+        char left[48];
+        snprintf(left, sizeof left, "(pid %d) left at step 0", (int)o->pid);
+        ck_assert_msg(cl_wait_log(psd[0], left, RUN_S) == 0, "%s", cl_tail(psd[0]));
+    }
 
     /* A first, joined before B starts, so that A is rank 0 and B rank 1. */
     cl_proc_t *a = cl_worker_start(c, NULL, "a.params", false);
@@ -78,13 +93,13 @@ static void mixed_codecs(const char *compression, const char *codec_b)
 
 START_TEST(test_mixed_topk_int8)
 {
-    mixed_codecs("{codec: \"topk:0.1\", pull: bf16}", "int8");
+    mixed_codecs("{codec: \"topk:0.1\", pull: bf16}", "int8", false);
 }
 END_TEST
 
 START_TEST(test_mixed_randomk_sign)
 {
-    mixed_codecs("{codec: \"randomk:0.05\", error_feedback: true, pull: fp16}", "sign");
+    mixed_codecs("{codec: \"randomk:0.05\", error_feedback: true, pull: fp16}", "sign", true);
 }
 END_TEST
 
