@@ -105,7 +105,8 @@ static void save_done(psd_slot_work_t *w)
         if (co->save_failures++ % 16 == 0)
             PS_LOG(PS_LOG_ERROR, "coord", "cannot save the coordinator's state: %s (%u time%s in "
                    "a row); batches wait until a save commits, tried again at every cron tick",
-                   ps_strerror(co->save.rc), co->save_failures, co->save_failures > 1 ? "s" : "");
+                   psd_store_strerror(srv, co->save.rc), co->save_failures,
+                   co->save_failures > 1 ? "s" : "");
         co->rec_dirty = true;
         co->save_retry = true;
         co->save_again = false; /* the retry copies the whole state, this change with it */

@@ -781,9 +781,10 @@ static void joined_save_done(psd_slot_work_t *w)
     psd_server_t *srv = w->srv;
     uint64_t saved = srv->joined_saving;
     srv->joined_saving = 0;
-    if (srv->joined_save_rc) /* the next heartbeat asks again */
-        PS_LOG(PS_LOG_WARN, "server", "cannot record the stores' runs digest: %s",
-               ps_strerror(srv->joined_save_rc));
+    if (srv->joined_save_rc) /* the next heartbeat asks again (quiet while updates wait) */
+        PS_LOG(srv->pinned_since_ms ? PS_LOG_DEBUG : PS_LOG_WARN, "server",
+               "cannot record the stores' runs digest: %s",
+               psd_store_strerror(srv, srv->joined_save_rc));
     else
         srv->joined_stored = saved;
     if (srv->joined_save_rc == 0)

@@ -472,6 +472,11 @@ struct psd_server_s {
     uint64_t pinned_since_ms;  /* updates wait: the map filled while a reader held an old
                                   snapshot (storejob.c, store_pinned); 0: they do not */
     bool pinned_retry;         /* the cron's next tick tries them again (psd_store_pin_cron) */
+    bool pinned_said;          /* the holder below was named stuck (logged once) */
+    int pinned_pid, pinned_rank; /* the holder of the oldest snapshot at the last check, and its
+                                  rank then (-1: none known) */
+    uint64_t pinned_txnid;     /* its snapshot's */
+    uint32_t pinned_changes;   /* checks in a row that found another holder */
     uint64_t store_failures;   /* store jobs that failed since psd started */
     struct psd_httpd_s *httpd; /* metrics.c: /metrics, /healthz, /status; NULL when off */
     const ps_auth_t *auth;     /* the cluster secret (main.c's); auth->on: every connection
@@ -576,6 +581,10 @@ void psd_outbox_flush(psd_server_t *srv, psd_conn_t *conn);
 /** @brief The cron's tick: updates that wait for a reader's old snapshot (an apply job failed
  *  with the map full while one pinned it) are tried again. */
 void psd_store_pin_cron(psd_server_t *srv);
+
+/** @brief ps_strerror(@p rc), but for a full store while updates wait for an old snapshot:
+ *  then that (not "raise map_size_mb"). A static string. */
+const char *psd_store_strerror(const psd_server_t *srv, int rc);
 
 /* direct.c */
 /** @brief Decide whether workers may read this shard's store in @p data_dir directly (not when

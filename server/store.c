@@ -428,14 +428,14 @@ int psd_store_chunks_each(psd_store_t *st, MDB_txn *txn, psd_store_record_cb cb,
  * snapshot), after a header line. */
 static int reader_line(const char *msg, void *ctx)
 {
-    psd_store_reader_t *o = ctx; /* lag holds the oldest txnid while listing */
+    psd_store_reader_t *o = ctx;
     int pid;
     size_t tid;
     unsigned long long txnid;
     if (sscanf(msg, "%d %zx %llu", &pid, &tid, &txnid) == 3 && pid > 0 &&
-        (o->pid == 0 || txnid < o->lag)) {
+        (o->pid == 0 || txnid < o->txnid)) {
         o->pid = pid;
-        o->lag = txnid;
+        o->txnid = txnid;
     }
     return 0;
 }
@@ -446,8 +446,7 @@ int psd_store_oldest_reader(psd_store_t *st, psd_store_reader_t *out)
     *out = (psd_store_reader_t){0};
     if (mdb_env_info(st->env, &info) != 0 || mdb_reader_list(st->env, reader_line, out) < 0)
         return PS_ESTORE;
-    uint64_t oldest = out->lag;
-    out->lag = out->pid && oldest < info.me_last_txnid ? info.me_last_txnid - oldest : 0;
+    out->lag = out->pid && out->txnid < info.me_last_txnid ? info.me_last_txnid - out->txnid : 0;
     return 0;
 }
 

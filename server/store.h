@@ -73,8 +73,9 @@ int psd_store_ahead(psd_store_t *st, uint64_t bytes);
 /** The reader that pins the most of the store: its process, and how many commits old its
  *  snapshot is (psd_store_oldest_reader). */
 typedef struct {
-    int pid;      /* 0: no reader holds a snapshot */
-    uint64_t lag; /* commits since its snapshot's (0: the latest) */
+    int pid;        /* 0: no reader holds a snapshot */
+    uint64_t txnid; /* its snapshot's transaction */
+    uint64_t lag;   /* commits since its snapshot's (0: the latest) */
 } psd_store_reader_t;
 
 /**

@@ -163,53 +163,107 @@ static void store_health(psd_server_t *srv, const psd_job_t *job)
     if (same) srv->store_failing[0] = '\0';
 }
 
-/* An apply job failed with the map full (@p job, PS_ESTOREFULL): whether a reader's snapshot
- * is old enough that the pages written since cannot be reused (a worker stopped inside a direct
- * read, a pull reply of psd's own snapshot still going to a stopped worker). Then the update is
- * not refused: its pushes stay, and it is tried again at each cron tick until that reader lets
- * go (it goes on, ends, or psd drops its connection), as the data itself fits. Before, the
- * pushes failed ("the shard store is full") and the job's workers with them. */
+/* The update waits no more (@p why: logged when it did). */
+static void pin_end(psd_server_t *srv, const char *why)
+{
+    if (srv->pinned_since_ms && why)
+        PS_LOG(PS_LOG_WARN, "shard", "%s", why);
+    srv->pinned_since_ms = 0;
+    srv->pinned_retry = false;
+    srv->pinned_said = false;
+    srv->pinned_changes = 0;
+}
+
+/* An apply job failed with the map full (PS_ESTOREFULL): whether a reader's snapshot is old
+ * enough that the pages written since cannot be reused (a worker stopped inside a direct read,
+ * a pull reply of psd's own snapshot still going to a stopped worker). Then the update is not
+ * refused: its pushes stay, and it is tried again at each cron tick until that reader lets go
+ * (it goes on, ends, or psd drops its connection), as the data itself fits. Before, the pushes
+ * failed ("the shard store is full") and the job's workers with them. A running reader may be
+ * a few commits behind when a map that is too small fills: the holder (pid and snapshot) must
+ * be the same at the next tick to count as stuck (then it is named); the update fails after
+ * PSD_PIN_CHANGES ticks whose holder was another each time (a probe, session 60: a reader
+ * running on was blamed). */
+#define PSD_PIN_CHANGES 3
 static bool store_pinned(psd_server_t *srv)
 {
     psd_store_reader_t r;
     if (srv->stopping || psd_store_oldest_reader(&srv->store, &r) != 0 || r.pid == 0 ||
         r.lag < 2) {
-        if (srv->pinned_since_ms)
-            PS_LOG(PS_LOG_WARN, "shard", "the store is still full%s: the updates that waited "
-                   "fail", srv->stopping ? " as psd stops" : " with no old snapshot held");
-        srv->pinned_since_ms = 0;
-        srv->pinned_retry = false;
+        pin_end(srv, srv->stopping ? "the store is still full as psd stops: the updates that "
+                                     "waited fail"
+                                   : "the store is still full with no old snapshot held: the "
+                                     "updates that waited fail");
         return false;
     }
+    bool same = srv->pinned_since_ms && r.pid == srv->pinned_pid && r.txnid == srv->pinned_txnid;
+    if (srv->pinned_since_ms && !same && ++srv->pinned_changes >= PSD_PIN_CHANGES) {
+        pin_end(srv, "the store is still full: the snapshots held were not the same one at "
+                     "three ticks in a row (readers that run on); the updates that waited fail");
+        return false;
+    }
+    if (same) srv->pinned_changes = 0;
     const psd_conn_t *who = NULL;
     for (const psd_conn_t *c = srv->conns; c && r.pid != getpid(); c = c->next)
         if ((int)c->pid == r.pid && (who == NULL || c->rank >= 0)) who = c;
-    char what[96];
+    char what[112];
     if (r.pid == getpid())
         snprintf(what, sizeof what, "psd's own (a pull reply still going to a slow or stopped "
                  "worker)");
     else if (who && who->rank >= 0)
         snprintf(what, sizeof what, "pid %d's, rank %d's (stopped inside a direct read?)", r.pid,
                  who->rank);
+    else if (same && srv->pinned_rank >= 0)
+        snprintf(what, sizeof what, "pid %d's, rank %d's until psd dropped it (stopped inside a "
+                 "direct read?)", r.pid, srv->pinned_rank);
     else
-        snprintf(what, sizeof what, "pid %d's (a worker on this host stopped inside a direct "
+        snprintf(what, sizeof what, "pid %d's (a process on this host stopped inside a direct "
                  "read?)", r.pid);
+    if (!same) srv->pinned_rank = who ? who->rank : -1;
     snprintf(srv->store_failing, sizeof srv->store_failing, "the store is full while a "
              "snapshot %llu commits old is held, %s: updates wait for it (map_size_mb %llu)",
              (unsigned long long)r.lag, what, (unsigned long long)srv->m.map_size_mb);
-    uint64_t now = psd_now_ms();
-    if (srv->pinned_since_ms == 0)
+    if (same && !srv->pinned_said) /* stuck: said once per holder */
         PS_LOG(PS_LOG_WARN, "shard", "%s; LMDB cannot reuse the pages written since: tried again "
                "at each cron tick until it lets go (continue or end that process)",
                srv->store_failing);
-    if (srv->pinned_since_ms == 0) srv->pinned_since_ms = now;
+    else if (!same)
+        PS_LOG(PS_LOG_INFO, "shard", "the store is full while a snapshot %llu commits old is "
+               "held (pid %d's): the update is tried again at the next cron tick",
+               (unsigned long long)r.lag, r.pid);
+    srv->pinned_said = same;
+    srv->pinned_pid = r.pid;
+    srv->pinned_txnid = r.txnid;
+    if (srv->pinned_since_ms == 0) srv->pinned_since_ms = psd_now_ms();
     srv->pinned_retry = false;
     return true;
 }
 
+const char *psd_store_strerror(const psd_server_t *srv, int rc)
+{
+    if (rc == PS_ESTOREFULL && srv->pinned_since_ms)
+        return "the shard store is full while a reader holds an old snapshot (updates wait for "
+               "it: see the warning that names it)";
+    return ps_strerror(rc);
+}
+
 void psd_store_pin_cron(psd_server_t *srv)
 {
-    if (srv->pinned_since_ms == 0 || srv->pinned_retry) return;
+    if (srv->pinned_since_ms == 0 || srv->job_running) return; /* a job's end decides */
+    if (srv->ready_head == NULL) {
+        /* Nothing to apply (the step's members left meanwhile): the wait ends with its holder,
+         * or /healthz would name a holder long gone (a probe, session 60). */
+        psd_store_reader_t r;
+        if (psd_store_oldest_reader(&srv->store, &r) == 0 && (r.pid == 0 || r.lag < 2 ||
+                                                               r.pid != srv->pinned_pid ||
+                                                               r.txnid != srv->pinned_txnid)) {
+            PS_LOG(PS_LOG_INFO, "shard", "the old snapshot the updates waited for was let go "
+                   "after %.1f s", (double)(psd_now_ms() - srv->pinned_since_ms) / 1e3);
+            pin_end(srv, NULL);
+            srv->store_failing[0] = '\0';
+        }
+        return;
+    }
     srv->pinned_retry = true;
     psd__job_start_next(srv);
 }
@@ -247,8 +301,7 @@ static void job_done(uv_work_t *w, int status)
         if (was_pinned && job->kind == JOB_APPLY && job->rc == 0) {
             PS_LOG(PS_LOG_INFO, "shard", "the store takes updates again: the old snapshot was "
                    "let go after %.1f s", (double)(psd_now_ms() - srv->pinned_since_ms) / 1e3);
-            srv->pinned_since_ms = 0;
-            srv->pinned_retry = false;
+            pin_end(srv, NULL);
             srv->store_failing[0] = '\0';
         }
         store_health(srv, job);

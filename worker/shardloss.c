@@ -525,7 +525,7 @@ static void ops_overdue(ps_client_t *c)
         uint32_t more = 0;
         for (ps_op_t *op = c->inflight; op; op = op->next) {
             if (op->on_done || op->slow_said || op->done || op->submit_ns == 0 ||
-                now - op->submit_ns < limit)
+                op->submit_ns > now || now - op->submit_ns < limit)
                 continue;
             uint32_t k = 0;
             while (k < op->nparts && !op->parts[k].pending) k++;
@@ -594,10 +594,17 @@ static void stopped_gap(ps_client_t *c)
         cshard_t *s = &c->shards[i];
         s->heard_ms = s->heard_ms + gap < now ? s->heard_ms + gap : now;
     }
+    /* Not past now: an op handed over after the stop (the caller ran before this tick) would
+     * have waited a negative time ("a push has waited 18446744072 s": a probe, session 60). */
+    uint64_t now_ns = mono_ns();
     for (ps_op_t *op = c->inflight; op; op = op->next) {
-        if (op->submit_ns) op->submit_ns += gap * 1000000u;
-        for (uint32_t k = 0; k < op->nparts; k++) /* part_behind_retry's deadline */
-            if (op->parts[k].ck.behind_ms) op->parts[k].ck.behind_ms += gap;
+        if (op->submit_ns)
+            op->submit_ns = op->submit_ns + gap * 1000000u < now_ns ? op->submit_ns + gap * 1000000u
+                                                                    : now_ns;
+        for (uint32_t k = 0; k < op->nparts; k++) { /* part_behind_retry's deadline */
+            uint64_t *b = &op->parts[k].ck.behind_ms;
+            if (*b) *b = *b + gap < now ? *b + gap : now;
+        }
     }
 }
 

@@ -432,6 +432,46 @@ START_TEST(test_metrics_store_full_unhealthy)
 }
 END_TEST
 
+/* A store full only because a worker stopped inside a direct read holds an old snapshot
+ * (PS_TEST_DIRECT_STOP): /healthz is 503 and names the wait ("updates wait for it"), not
+ * "raise map_size_mb"; once both workers are killed (the stopped one's read slot is cleared by
+ * psd's cron, and no update is left to try again) it is 200 again. Before, it stayed 503
+ * naming a dead holder until some later update committed (a probe, session 60). */
+START_TEST(test_metrics_store_pinned_healthz)
+{
+    cl_conf_t k = {.shards = 1, .workers = 2, .batch_size = 16, .epochs = 2, .map_size_mb = 16,
+                   .metrics = true,
+                   .job_extra = "  heartbeat_timeout_ms: 500\n  train_samples: 12000\n",
+                   .start_wait_ms = CL_TOGETHER_MS};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S), *w[2];
+    w[0] = cl_worker_start(c, NULL, NULL, false);
+    setenv("PS_TEST_DIRECT_STOP", "300", 1); /* this worker's only */
+    w[1] = cl_worker_start(c, NULL, NULL, false);
+    unsetenv("PS_TEST_DIRECT_STOP");
+    ck_assert_msg(cl_wait_log(psd, "updates wait for it", RUN_S) == 0, "%s", cl_tail(psd));
+    char *body;
+    ck_assert_int_eq(http_get(c->metrics_port[0], "/healthz", &body), 503);
+    ck_assert_msg(strstr(body, "updates wait for it") && !strstr(body, "raise map_size_mb"),
+                  "%s", body);
+    free(body);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(cl_signal(w[i], SIGKILL), 0);
+        cl_wait(w[i], RUN_S);
+    }
+    int st = 0;
+    for (int t = 0; t < 200 && st != 200; t++) { /* the cron's ticks: 62 ms */
+        nanosleep(&(struct timespec){0, 50 * 1000 * 1000}, NULL);
+        st = http_get(c->metrics_port[0], "/healthz", &body);
+        if (st != 200 && t == 199) fprintf(stderr, "healthz: %s", body);
+        free(body);
+    }
+    ck_assert_msg(st == 200, "/healthz stayed %d after the holder died: %s", st, cl_tail(psd));
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* The metrics port taken by another program: psd refuses to start, says which address, and
  * leaves no store behind in a data_dir that was not there (it checked the port only after
  * loading the store, before session 59). */
@@ -480,6 +520,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("shard_port_in_use", test_shard_port_in_use));
     suite_add_tcase(s, tcase("metrics_after_failures", test_metrics_after_failures));
     suite_add_tcase(s, tcase("metrics_store_full_unhealthy", test_metrics_store_full_unhealthy));
+    suite_add_tcase(s, tcase("metrics_store_pinned_healthz", test_metrics_store_pinned_healthz));
     suite_add_tcase(s, tcase("metrics_no_memory_for_a_connection",
                              test_metrics_no_memory_for_a_connection));
     return s;
