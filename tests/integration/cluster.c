@@ -489,6 +489,21 @@ cl_proc_t *cl_psd_start(cl_cluster_t *c, int shard, const char *manifest, double
     return p;
 }
 
+cl_cluster_t *cl_stopped_reader_start(bool metrics, cl_proc_t **psd, cl_proc_t *w[2])
+{
+    cl_conf_t k = {.shards = 1, .workers = 2, .batch_size = 16, .epochs = 2, .map_size_mb = 16,
+                   .metrics = metrics,
+                   .job_extra = "  heartbeat_timeout_ms: 500\n  train_samples: 12000\n",
+                   .start_wait_ms = CL_TOGETHER_MS};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    *psd = cl_psd_start(c, 0, NULL, 30.0);
+    w[0] = cl_worker_start(c, NULL, NULL, false);
+    setenv("PS_TEST_DIRECT_STOP", "300", 1); /* this worker's only */
+    w[1] = cl_worker_start(c, NULL, NULL, false);
+    unsetenv("PS_TEST_DIRECT_STOP");
+    return c;
+}
+
 cl_proc_t *cl_psd_start_env(cl_cluster_t *c, int shard, double timeout_s, const char *name,
                             const char *value)
 {

@@ -142,6 +142,12 @@ int cl_psd_wait_ready(cl_proc_t *p, double timeout_s);
  *  shard becomes ready within @p timeout_s. */
 cl_proc_t *cl_psd_start(cl_cluster_t *c, int shard, const char *manifest, double timeout_s);
 
+/** @brief One shard (a 16 MB map, heartbeat_timeout_ms 500, 2 epochs of 12000 samples in
+ *  batches of 16) and two workers, the second of which stops itself (SIGSTOP) inside its 300th
+ *  direct read of the store (PS_TEST_DIRECT_STOP), holding its snapshot: the tests of a store
+ *  pinned by a stopped reader. @p metrics: the shard gets a metrics port. */
+cl_cluster_t *cl_stopped_reader_start(bool metrics, cl_proc_t **psd, cl_proc_t *w[2]);
+
 /** @brief cl_psd_start() with the cluster's manifest and environment variable @p name set to
  *  @p value for that psd alone (a test hook such as PS_TEST_CRASH_AFTER_APPLY); @p value NULL:
  *  nothing set. */

@@ -41,10 +41,10 @@
  * as fp16, with error feedback, and the gradient's element is 1 + 2^-12: it goes out as 1 (so
  * the values applied are as without it; the residuals of earlier elements, 2^-12, never
  * outrank it) and leaves 2^-12 in the residual, unless the push is acknowledged as not summed
- * (its batch applied from another push), when libps takes it back (the residual there is 0). The check then also
- * reads both residuals (ps_client_residual) and prints how many of this worker's pushes were
- * not summed ("not summed: replay.a U, replay.b U"); an element that is neither 0 nor 2^-12 is
- * an error. */
+ * (its batch applied from another push), when libps takes it back (the residual there is 0).
+ * The check then also reads both residuals (ps_client_residual) and prints how many of this
+ * worker's pushes were not summed ("not summed: replay.a U, replay.b U"); an element that is
+ * neither 0 nor 2^-12 is an error. */
 #include <inttypes.h>
 #include <math.h>
 #include <signal.h>

@@ -285,7 +285,10 @@ static void replay_run(const char *consistency, const char *order, long long ski
  * survivor a step later, tagged with the step and rank that left: shard 0's chunk, which
  * applied the batch with the dead worker's push, must not apply it again; shard 1's, which
  * never had it, must. Before, the batch was applied twice on the first tensor. */
-START_TEST(test_kill9_mid_step_applied_once) { replay_run("bsp", "ab", 1, "replay.a 1, replay.b 0"); }
+START_TEST(test_kill9_mid_step_applied_once)
+{
+    replay_run("bsp", "ab", 1, "replay.a 1, replay.b 0");
+}
 END_TEST
 
 /* The same under asp (each push applied on arrival, so no step tells a replay): the batch goes to
@@ -2051,15 +2054,8 @@ END_TEST
  * (DESIGN-NOTES, Direct pulls; session 59 turned direct pulls off in sigstop_rejoins for it). */
 START_TEST(test_stopped_direct_reader_waits)
 {
-    cl_conf_t k = {.shards = 1, .workers = 2, .batch_size = 16, .epochs = 2, .map_size_mb = 16,
-                   .job_extra = "  heartbeat_timeout_ms: 500\n  train_samples: 12000\n",
-                   .start_wait_ms = CL_TOGETHER_MS};
-    cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S), *w[2];
-    w[0] = cl_worker_start(c, NULL, NULL, false);
-    setenv("PS_TEST_DIRECT_STOP", "300", 1); /* this worker's only */
-    w[1] = cl_worker_start(c, NULL, NULL, false);
-    unsetenv("PS_TEST_DIRECT_STOP");
+    cl_proc_t *psd, *w[2];
+    cl_cluster_t *c = cl_stopped_reader_start(false, &psd, w);
     ck_assert_msg(cl_wait_log(w[1], "stops inside direct read 300", RUN_S) == 0,
                   "the worker never stopped in a read: %s", cl_tail(w[1]));
     char held[64];

@@ -439,16 +439,8 @@ END_TEST
  * naming a dead holder until some later update committed (a probe, session 60). */
 START_TEST(test_metrics_store_pinned_healthz)
 {
-    cl_conf_t k = {.shards = 1, .workers = 2, .batch_size = 16, .epochs = 2, .map_size_mb = 16,
-                   .metrics = true,
-                   .job_extra = "  heartbeat_timeout_ms: 500\n  train_samples: 12000\n",
-                   .start_wait_ms = CL_TOGETHER_MS};
-    cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S), *w[2];
-    w[0] = cl_worker_start(c, NULL, NULL, false);
-    setenv("PS_TEST_DIRECT_STOP", "300", 1); /* this worker's only */
-    w[1] = cl_worker_start(c, NULL, NULL, false);
-    unsetenv("PS_TEST_DIRECT_STOP");
+    cl_proc_t *psd, *w[2];
+    cl_cluster_t *c = cl_stopped_reader_start(true, &psd, w);
     ck_assert_msg(cl_wait_log(psd, "updates wait for it", RUN_S) == 0, "%s", cl_tail(psd));
     char *body;
     ck_assert_int_eq(http_get(c->metrics_port[0], "/healthz", &body), 503);

@@ -366,8 +366,10 @@ static void ef_matches_definition(const psk_codec_t *c)
         uint16_t inf = c->kind == PSK_CODEC_FP16 ? 0x7c00 : 0x7f80;
         for (size_t i = 0; i < n; i++) { /* saturate */
             uint8_t *h = p2 + PSK_CODEC_HEADER_BYTES + 2 * i;
-            if (isfinite(r2[i]) && ((h[0] | h[1] << 8) & 0x7fff) == inf)
-                h[0] = (uint8_t)(inf - 1), h[1] = (uint8_t)(h[1] & 0x80) | (uint8_t)((inf - 1) >> 8);
+            if (isfinite(r2[i]) && ((h[0] | h[1] << 8) & 0x7fff) == inf) {
+                h[0] = (uint8_t)(inf - 1);
+                h[1] = (uint8_t)(h[1] & 0x80) | (uint8_t)((inf - 1) >> 8);
+            }
         }
         ck_assert_int_eq(psk_codec_decode_add_cpu(r2, n, p2, len2, c, -1.0f), 0);
         for (size_t i = 0; i < n; i++)
