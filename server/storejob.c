@@ -174,6 +174,20 @@ static void pin_end(psd_server_t *srv, const char *why)
     srv->pinned_changes = 0;
 }
 
+/* psd stops while updates wait for an old snapshot: they are left for its next start, as a
+ * partial bsp step is (their pushes unacknowledged: their workers send them again to the
+ * restarted psd), instead of failing them ("the shard store is full", and the workers exited
+ * with it: a probe, session 60). */
+static void pin_shelve(psd_server_t *srv)
+{
+    for (psd_chunk_t *c = srv->ready_head; c; c = c->next_ready) c->queued = false;
+    srv->ready_head = srv->ready_tail = NULL;
+    if (srv->pinned_since_ms)
+        PS_LOG(PS_LOG_INFO, "shard", "stopping while updates wait for an old snapshot: they are "
+               "left for the next start (their workers send them again)");
+    pin_end(srv, NULL);
+}
+
 /* An apply job failed with the map full (PS_ESTOREFULL): whether a reader's snapshot is old
  * enough that the pages written since cannot be reused (a worker stopped inside a direct read,
  * a pull reply of psd's own snapshot still going to a stopped worker). Then the update is not
@@ -188,14 +202,12 @@ static void pin_end(psd_server_t *srv, const char *why)
 static bool store_pinned(psd_server_t *srv)
 {
     psd_store_reader_t r;
-    if (srv->stopping || psd_store_oldest_reader(&srv->store, &r) != 0 || r.pid == 0 ||
-        r.lag < 2) {
-        pin_end(srv, srv->stopping ? "the store is still full as psd stops: the updates that "
-                                     "waited fail"
-                                   : "the store is still full with no old snapshot held: the "
-                                     "updates that waited fail");
+    if (psd_store_oldest_reader(&srv->store, &r) != 0 || r.pid == 0 || r.lag < 2) {
+        pin_end(srv, "the store is still full with no old snapshot held: the updates that "
+                     "waited fail");
         return false;
     }
+    if (srv->stopping) return true; /* left for the next start (pin_shelve) */
     bool same = srv->pinned_since_ms && r.pid == srv->pinned_pid && r.txnid == srv->pinned_txnid;
     if (srv->pinned_since_ms && !same && ++srv->pinned_changes >= PSD_PIN_CHANGES) {
         pin_end(srv, "the store is still full: the snapshots held were not the same one at "
@@ -250,6 +262,11 @@ const char *psd_store_strerror(const psd_server_t *srv, int rc)
 void psd_store_pin_cron(psd_server_t *srv)
 {
     if (srv->pinned_since_ms == 0 || srv->job_running) return; /* a job's end decides */
+    if (srv->stopping) {
+        pin_shelve(srv);
+        psd_server_maybe_stop(srv);
+        return;
+    }
     if (srv->ready_head == NULL) {
         /* Nothing to apply (the step's members left meanwhile): the wait ends with its holder,
          * or /healthz would name a holder long gone (a probe, session 60). */
@@ -269,7 +286,8 @@ void psd_store_pin_cron(psd_server_t *srv)
 }
 
 /* An apply job that failed as store_pinned says: its chunks' pushes are full again,
- * unacknowledged, and their pulls wait on (nothing was written). */
+ * unacknowledged, and their pulls wait on (nothing was written); queued again unless psd
+ * stops (pin_shelve). */
 static void apply_wait(psd_server_t *srv, psd_job_t *job)
 {
     for (uint32_t i = 0; i < job->nitems; i++) {
@@ -282,8 +300,10 @@ static void apply_wait(psd_server_t *srv, psd_job_t *job)
         }
         ch->queued = false;
         ch->applying = false;
-        psd__chunk_maybe_ready(srv, ch); /* queued; started by the cron (psd__job_start_next) */
+        if (!srv->stopping)
+            psd__chunk_maybe_ready(srv, ch); /* queued; started by the cron's retry */
     }
+    if (srv->stopping) pin_shelve(srv);
 }
 
 static void job_done(uv_work_t *w, int status)

@@ -2083,6 +2083,38 @@ START_TEST(test_stopped_direct_reader_waits)
 }
 END_TEST
 
+/* The same wait, and psd stopped meanwhile (SIGTERM, as for a restart): it exits 0 at once and
+ * leaves the waiting updates for its next start, as a partial step (their pushes are sent
+ * again); started again, it waits for the same holder; on SIGCONT the job completes with every
+ * sample applied once. Before the mend (a probe, session 60), the stop failed the waiting
+ * updates and the other worker exited 1 with "the shard store is full". */
+START_TEST(test_stopped_direct_reader_psd_restarted)
+{
+    cl_proc_t *psd, *w[2];
+    cl_cluster_t *c = cl_stopped_reader_start(false, &psd, w);
+    ck_assert_msg(cl_wait_log(psd, "updates wait for it", RUN_S) == 0, "%s", cl_tail(psd));
+    ck_assert_int_eq(cl_signal(psd, SIGTERM), 0);
+    ck_assert_msg(cl_wait(psd, 10.0) == 0, "psd did not stop: %s", cl_tail(psd));
+    EXPECT_LOG(psd, "left for the next start");
+    psd = cl_psd_start(c, 0, NULL, READY_S);
+    ck_assert_msg(cl_wait_log(psd, "updates wait for it", RUN_S) == 0, "%s", cl_tail(psd));
+    ck_assert_int_eq(cl_signal(w[1], SIGCONT), 0);
+    ck_assert_msg(cl_wait_log(psd, "the store takes updates again", RUN_S) == 0, "%s",
+                  cl_tail(psd));
+    EXPECT_EXIT(w[0], 0);
+    EXPECT_EXIT(w[1], 0);
+    coord_t co;
+    coord_open(&co, c);
+    char *j = coord_status(&co);
+    ck_assert_msg(j && strstr(j, "\"finished\": true"), "job not finished: %s", j ? j : "-");
+    expect_passes(j, 12000, 2);
+    free(j);
+    coord_close(&co);
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* A worker dropped while stopped whose join again is refused (its manifest now names another
  * cluster: edited meanwhile) exits 2, as a first join refused so does, and pslaunch does not
  * start it again; before, 1 ("a refused rejoin exits 1", the probe of session 41). */
@@ -3165,6 +3197,7 @@ Suite *ps_test_suite(void)
     ADD(sigstop_rejoins);
     ADD(sigstop_rejoin_refused_exits_2);
     ADD(stopped_direct_reader_waits);
+    ADD(stopped_direct_reader_psd_restarted);
     ADD(all_leave_then_one_joins);
     ADD(confused_member_refused);
     ADD(ssp_joiner_starts_at_slowest);
