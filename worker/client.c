@@ -1368,7 +1368,7 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
                    m.shard, (unsigned long long)op->step, m.chunk, m.tensor);
             __atomic_store_n(&c->stale_step1, op->step + 1, __ATOMIC_RELEASE);
         }
-        if (!is_pull && (m.flags & (PS_FLAG_STALE | PS_FLAG_UNSUMMED)))
+        if (!is_pull && (m.flags & (PS_FLAG_STALE | PS_FLAG_UNSUMMED | PS_FLAG_NONFINITE)))
             ps__ef_put_back(c, op, p);
         if (!is_pull && (m.flags & PS_FLAG_NONFINITE)) {
             uint64_t n = __atomic_add_fetch(&c->nonfinite_pushes, 1, __ATOMIC_RELAXED);

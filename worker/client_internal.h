@@ -450,7 +450,8 @@ void ps__run_said(char *buf, size_t len, uint64_t origin, uint64_t base);
 /* ---- client_api.c: the caller's thread --------------------------------------------- */
 
 /** @brief Push part @p p of @p op was acknowledged as not summed (PS_FLAG_UNSUMMED: its batch
- *  came from another push; PS_FLAG_STALE: its batch goes out again): with libps's own error
+ *  came from another push; PS_FLAG_STALE: its batch goes out again; PS_FLAG_NONFINITE: left
+ *  out for a NaN or an infinity, as a push without a gradient): with libps's own error
  *  feedback, its residual takes the part's payload back and gives its gradient up
  *  (psk_codec_ef_put_back_cpu), so the error it carried from earlier steps is not lost (the
  *  gradient is). On the thread that drives libps's worker (the comm thread, or a caller

@@ -97,6 +97,43 @@ static int ef_nan_left_out(ps_client_t *c, uint64_t s, uint64_t k, uint32_t *id)
     return 0;
 }
 
+/* Tensor "mean.n" (64 floats) with top-k and error feedback: in step 0 (@p k) a push holding a
+ * NaN is left out by psd (acknowledged so; the step passes, zeros stay), and libps gives it back
+ * to the residual: it reads what it was before the push (0 everywhere). Before session 60 the
+ * residual kept the gradient's finite values (top-k's encode keeps x whole when its payload
+ * holds a NaN), and later steps sent them although psd had dropped the push. In step 1 a clean
+ * push is applied. @p id: declared at step 0. @return 0 if so (said on stdout). */
+static int ef_nan_given_back(ps_client_t *c, uint64_t s, uint64_t k, uint32_t *id)
+{
+    ps_tensor_desc_t d = {.name = "mean.n", .shape = {64}, .ndim = 1, .init = 0};
+    ps_compression_t cc = {.codec = "topk:0.25", .error_feedback = 1};
+    static float g[64], got[64], r[64];
+    for (int i = 0; i < 64; i++) g[i] = 0.5f;
+    if (k == 0) {
+        int rc = ps_client_declare(c, &d, id);
+        if (rc == 0) rc = ps_client_set_compression(c, *id, &cc);
+        if (rc) {
+            printf("mean_client: mean.n: %s\n", ps_client_error(c));
+            return 1;
+        }
+        g[7] = (float)NAN;
+    }
+    if (push_pull(c, *id, "mean.n", g, got, s)) return 1;
+    if (ps_client_residual(c, *id, r)) {
+        printf("mean_client: mean.n: %s\n", ps_client_error(c));
+        return 1;
+    }
+    for (int i = 0; k == 0 && i < 64; i++)
+        if (got[i] != 0.0f || r[i] != 0.0f) {
+            printf("mean_client: mean.n step %" PRIu64 ": value %d is %.9g, its residual %.9g\n",
+                   s, i, (double)got[i], (double)r[i]);
+            return 1;
+        }
+    if (k == 1)
+        printf("mean_client: a push left out for a NaN gave its error feedback back\n");
+    return 0;
+}
+
 /* Tensor "mean.v" (64 floats, PS_TENSOR_MEAN: its pushes are values): in step 0 (@p k) the
  * compressions that would zero or flatten its values are refused (topk, int8, fp16 with error
  * feedback), fp16 alone is taken, and ps_client_use_job_compression leaves it raw; in each step
@@ -216,7 +253,7 @@ int main(int argc, char **argv)
         return 1;
     }
     uint32_t rank = (uint32_t)ps_client_rank(c), w = 0; /* the members, from the first step */
-    uint32_t eid = 0, vid = 0, rid = 0; /* misuse: mean.e, mean.v, mean.r */
+    uint32_t eid = 0, vid = 0, rid = 0, nid = 0; /* misuse: mean.e, mean.v, mean.r, mean.n */
     ps_tensor_desc_t d = {.name = "mean.t", .shape = {(uint32_t)n}, .ndim = 1, .init = 0};
     uint32_t id;
     float *g = malloc(n * sizeof *g), *got = malloc(n * sizeof *got),
@@ -269,7 +306,7 @@ int main(int argc, char **argv)
         prev = b;
         uint64_t s = b.step;
         if (misuse && k < 2 && (ef_nan_left_out(c, s, k, &eid) || mean_codecs(c, s, k, &vid) ||
-                                residual_kept(c, s, k, &rid))) {
+                                residual_kept(c, s, k, &rid) || ef_nan_given_back(c, s, k, &nid))) {
             bad = 1;
             break;
         }

@@ -251,7 +251,8 @@ static void direct_off(bool off)
  * residual took the NaN, and every later push of the tensor failed); and a PS_TENSOR_MEAN
  * tensor compressed so that its values would be zeroed or flattened (topk, int8) or carry the
  * last step's rounding (error feedback), refused (session 59; before, taken); a residual kept
- * when a tensor's compression is set again (before, zeroed). */
+ * when a tensor's compression is set again (before, zeroed); a top-k push left out for a NaN
+ * gives its error feedback back (session 60; before, the residual kept its finite values). */
 START_TEST(test_libps_misuse_harmless)
 {
     cl_conf_t k = {.shards = 2, .workers = 1, .consistency = "bsp", .optimizer = "{name: mean}"};
@@ -266,6 +267,7 @@ START_TEST(test_libps_misuse_harmless)
     EXPECT_LOG(a, "a mean tensor refused sparse, quantized and error-fed codecs, took fp16 and "
                   "raw");
     EXPECT_LOG(a, "the residual outlived a second ps_client_set_compression");
+    EXPECT_LOG(a, "a push left out for a NaN gave its error feedback back");
     EXPECT_LOG(a, "2 steps, every pull the exact mean");
     stop_all(psd, 2);
     cl_cluster_destroy(c);

@@ -378,7 +378,8 @@ void ps_client_stats(const ps_client_t *c, ps_client_stats_t *out);
  * @brief Chunk pushes of this client that a shard left out of its update because the gradient
  *  held a NaN or an infinity (their acknowledgement said so; libps also logs the 1st, 2nd, 4th
  *  ... one). Under bsp such a push counts as one without a gradient (a zero in the step's mean),
- *  under asp / ssp as an update that changed nothing. The op itself succeeds.
+ *  under asp / ssp as an update that changed nothing. The op itself succeeds. With libps's
+ *  error feedback, the push is given back: its gradient dropped, the residual as before it.
  * @note Any thread; 0 against a psd older than session 37 (it applies them as they are).
  */
 uint64_t ps_client_nonfinite_pushes(const ps_client_t *c);
