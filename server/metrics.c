@@ -62,6 +62,15 @@ static void metrics_text(psd_server_t *srv, psd_http_reply_t *r)
                  psd_shard_step(srv));
     psd_prom_u64(&p, "psd_store_job_failures_total", "counter",
                  "Store jobs (updates, creations, drops) that failed to commit", srv->store_failures);
+    psd_store_reader_t rd;
+    psd_prom_u64(&p, "psd_store_oldest_snapshot_commits", "gauge",
+                 "Commits since the snapshot of the store's oldest reader (a worker's direct read, "
+                 "psd's pull replies): a few while readers run on; one stopped inside its read "
+                 "keeps the pages written since from reuse",
+                 psd_store_oldest_reader(&srv->store, &rd) == 0 ? rd.lag : 0);
+    psd_prom_u64(&p, "psd_store_updates_waiting", "gauge",
+                 "1 while updates wait for an old snapshot to be let go (the store filled while a "
+                 "reader held it)", srv->pinned_since_ms != 0);
     uint64_t conns = 0, members = 0;
     for (const psd_conn_t *c = srv->conns; c; c = c->next) {
         if (c->dead || c->ep == NULL) continue;

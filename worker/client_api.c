@@ -248,6 +248,27 @@ void ps_client_set_fusion(ps_client_t *c, uint64_t bytes)
     __atomic_store_n(&c->fusion_bytes, bytes, __ATOMIC_RELAXED);
 }
 
+/* An encoded push's chunks acknowledged as not summed (marked by ps__ef_put_back): the
+ * tensor's put-back, on the caller's thread, while the payloads are still the push's. */
+static int put_back_encoded(ps_client_t *c, ps_op_t *op)
+{
+    const ctensor_t *t = c->tensors[op->tensor];
+    for (uint32_t i = 0; i < op->nparts; i++) {
+        part_t *p = &op->parts[i];
+        if (!p->unsummed || t->put_back == NULL) continue;
+        p->unsummed = 0;
+        int rc = t->put_back(t->put_back_arg, t->id, p->chunk, (uint64_t)p->chunk * c->chunk_elems,
+                             ps_chunk_len(t->numel, c->chunk_elems, p->chunk), &t->codec, p->data,
+                             p->len);
+        if (rc) {
+            snprintf(c->err, sizeof c->err, "chunk %u of tensor %u: giving back a push its shard "
+                     "did not sum failed: %s", p->chunk, t->id, ps_strerror(rc));
+            return rc;
+        }
+    }
+    return 0;
+}
+
 int ps_op_wait(ps_op_t *op, uint64_t *version)
 {
     if (op == NULL) return PS_EINVAL;
@@ -260,6 +281,7 @@ int ps_op_wait(ps_op_t *op, uint64_t *version)
     op_wait_done(c, op);
     int rc = op->status;
     if (rc) snprintf(c->err, sizeof c->err, "%s", op->err);
+    if (rc == 0 && op->type == OP_PUSH && op->buf == NULL) rc = put_back_encoded(c, op);
     if (version) *version = op->min_version == UINT64_MAX ? 0 : op->min_version;
     /* Keep one push and one pull op per tensor, and one control op (a batch request, a
      * declaration): steady training allocates nothing. */
@@ -1057,6 +1079,7 @@ static int data_op(ps_client_t *c, int type, uint32_t id, float *buf, uint64_t s
         p->chunk = i;
         p->shard = ps_place_shard(t->first_chunk + i, c->nshards);
         p->raw = 0;
+        p->unsummed = 0;
         if (type != OP_PUSH || nograd) continue; /* nograd: no data, len 0 */
         size_t n = ps_chunk_len(t->numel, c->chunk_elems, i);
         const float *g = enc == NULL ? buf + (uint64_t)i * c->chunk_elems : NULL;
@@ -1112,14 +1135,18 @@ static int data_op(ps_client_t *c, int type, uint32_t id, float *buf, uint64_t s
     return 0;
 }
 
-void ps__ef_put_back(ps_client_t *c, ps_op_t *op, const part_t *p)
+void ps__ef_put_back(ps_client_t *c, ps_op_t *op, part_t *p)
 {
     ctensor_t *t = c->tensors[op->tensor];
-    /* Not: an encoder's push (op->buf NULL: its residual is the caller's), one without a
-     * gradient, a chunk sent as fp32 (its residual was left as it was). */
-    if (t == NULL || !t->error_feedback || t->codec.kind == PSK_CODEC_NONE || op->buf == NULL ||
-        op->nograd || p->raw || p->data == NULL)
+    /* Not: one without a gradient, a chunk sent as fp32 (its residual was left as it was). An
+     * encoder's push (op->buf NULL: its residual is the caller's) is marked for ps_op_wait. */
+    if (t == NULL || !t->error_feedback || t->codec.kind == PSK_CODEC_NONE || op->nograd ||
+        p->raw || p->data == NULL)
         return;
+    if (op->buf == NULL) {
+        p->unsummed = 1;
+        return;
+    }
     size_t n = ps_chunk_len(t->numel, c->chunk_elems, p->chunk);
     float *r = t->residual + (uint64_t)p->chunk * c->chunk_elems;
     const float *g = op->buf + (uint64_t)p->chunk * c->chunk_elems;
@@ -1128,6 +1155,18 @@ void ps__ef_put_back(ps_client_t *c, ps_op_t *op, const part_t *p)
     PS_LOG(PS_LOG_DEBUG, "libps", "the push of chunk %u of tensor %u for step %llu was not "
            "summed: its error feedback is back in the residual", p->chunk, t->id,
            (unsigned long long)op->step);
+}
+
+int ps_client_set_put_back(ps_client_t *c, uint32_t id, ps_push_put_back_t fn, void *arg)
+{
+    if (c == NULL || id >= PS_CLIENT_MAX_TENSORS || c->tensors[id] == NULL ||
+        c->tensors[id]->nchunks == 0) {
+        if (c) snprintf(c->err, sizeof c->err, "tensor %u was not declared by this client", id);
+        return PS_EINVAL;
+    }
+    c->tensors[id]->put_back = fn;
+    c->tensors[id]->put_back_arg = arg;
+    return 0;
 }
 
 int ps_client_residual(ps_client_t *c, uint32_t id, float *out)

@@ -72,6 +72,8 @@ typedef struct {
     const void *data;  /* push: the payload (raw fp32 slice or encoded chunk) */
     int raw;           /* push of a compressed tensor: this chunk goes as fp32 (a NaN or an
                           infinity its codec cannot encode; the shard leaves it out) */
+    int unsummed;      /* push encoded by the caller: acknowledged as not summed (comm thread);
+                          ps_op_wait calls the tensor's put-back for it */
     size_t len;
     uint8_t hdr[384];  /* the header bytes UCX reads until the send completes: a hello with a
                           cluster name of 127 bytes and a host name of 63, a declaration with a
@@ -116,6 +118,8 @@ typedef struct {
                                feedback: ps_client_set_compression) */
     psk_codec_t codec;      /* pushes */
     int error_feedback;
+    ps_push_put_back_t put_back; /* ps_client_set_put_back: encoded pushes not summed */
+    void *put_back_arg;
     float *residual;        /* [numel] error feedback, with a lossy codec */
     uint8_t *payload;       /* [nchunks * chunk_cap] encoded chunks of the push in flight */
     size_t chunk_cap;
@@ -458,7 +462,7 @@ void ps__run_said(char *buf, size_t len, uint64_t origin, uint64_t base);
  *  driving it under loop_mu); the tensor's next push waits for @p op, so nothing else touches
  *  that residual meanwhile. @p op's gradient and payload are still its own (borrowed until it
  *  completes). */
-void ps__ef_put_back(ps_client_t *c, ps_op_t *op, const part_t *p);
+void ps__ef_put_back(ps_client_t *c, ps_op_t *op, part_t *p);
 
 
 #pragma GCC visibility pop

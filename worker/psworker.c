@@ -39,6 +39,8 @@ typedef struct {
     uint8_t *d_stage;        /* one chunk's payload on the device */
     size_t stage_cap;
     float *d_residual;       /* error feedback, laid out as the mlp's gradients (zeros first) */
+    float *h_back;           /* [2 * chunk] host copies of a chunk's residual and gradient
+                                (device_put_back) */
 } trainer_t;
 
 /* What --codec and --rank-codec take (as the manifest's compression.codec). */
@@ -118,6 +120,33 @@ static int device_encode(void *arg, uint32_t id, uint32_t chunk, uint64_t offset
     return rc;
 }
 
+/* ps_push_put_back_t for device_encode's pushes: a chunk its shard did not sum gives its push
+ * back to the device's residual, r += decode(payload) - g, as libps does for its own (the same
+ * function on the host: the chunk's residual and gradient come down, the residual goes back;
+ * rare, so no kernel of its own). */
+static int device_put_back(void *arg, uint32_t id, uint32_t chunk, uint64_t offset, size_t n,
+                           const void *codec, const uint8_t *payload, size_t len)
+{
+    trainer_t *tr = arg;
+    int t = 0;
+    while (t < tr->mlp.ntensors && tr->ids[t] != id) t++;
+    if (t == tr->mlp.ntensors || tr->d_residual == NULL || tr->h_back == NULL ||
+        n > tr->m->chunk_bytes / 4)
+        return PS_EINVAL;
+    (void)chunk;
+    psk_gpu_t *g = tr->mlp.gpu;
+    float *dr = tr->d_residual + (tr->mlp.grads[t] - tr->mlp.grads[0]) + offset;
+    float *r = tr->h_back, *grad = tr->h_back + tr->m->chunk_bytes / 4;
+    int rc = psk_gpu_download(g, r, dr, n * sizeof *r);
+    if (!rc) rc = psk_gpu_download(g, grad, ps_mlp_device_grad(&tr->mlp, t) + offset,
+                                   n * sizeof *grad);
+    if (!rc) rc = psk_gpu_sync(g);
+    if (!rc) rc = psk_codec_ef_put_back_cpu(r, grad, n, payload, len, codec);
+    if (!rc) rc = psk_gpu_upload(g, dr, r, n * sizeof *r);
+    if (!rc) rc = psk_gpu_sync(g);
+    return rc;
+}
+
 /* --device: the tensors whose codec the device encodes (fp16, bf16, int8, sign) keep their
  * gradients there; the others (none, topk, randomk) are downloaded and pushed as on the CPU.
  * Returns how many stay, or a negative PS_E* code (device memory). */
@@ -150,6 +179,12 @@ static int device_codecs(trainer_t *tr)
     if (stay && tr->d_residual != NULL) {
         int rc = psk_gpu_zero(g, tr->d_residual, bytes / 2);
         if (rc) return rc;
+        if (tr->h_back == NULL && (tr->h_back = malloc(2 * n * sizeof *tr->h_back)) == NULL)
+            return PS_ENOMEM;
+        for (int t = 0; t < tr->mlp.ntensors && tr->client; t++)
+            if ((stay >> t & 1) && (rc = ps_client_set_put_back(tr->client, tr->ids[t],
+                                                                device_put_back, tr)) != 0)
+                return rc;
     }
     tr->mlp.grads_stay = stay;
     return __builtin_popcountll(stay);
@@ -944,6 +979,7 @@ out:
     if (tr.mlp.gpu != NULL) {
         psk_gpu_free(tr.mlp.gpu, tr.d_stage);
         psk_gpu_free(tr.mlp.gpu, tr.d_residual);
+        free(tr.h_back);
     }
     ps_mlp_destroy(&tr.mlp);
     ps_dataset_free(&train);

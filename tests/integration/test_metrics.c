@@ -447,6 +447,13 @@ START_TEST(test_metrics_store_pinned_healthz)
     ck_assert_msg(strstr(body, "updates wait for it") && !strstr(body, "raise map_size_mb"),
                   "%s", body);
     free(body);
+    ck_assert_int_eq(http_get(c->metrics_port[0], "/metrics", &body), 200);
+    ck_assert_msg(metric(body, "psd_store_updates_waiting") == 1 &&
+                      metric(body, "psd_store_oldest_snapshot_commits") >= 2,
+                  "waiting %.0f, oldest snapshot %.0f commits old",
+                  metric(body, "psd_store_updates_waiting"),
+                  metric(body, "psd_store_oldest_snapshot_commits"));
+    free(body);
     for (int i = 0; i < 2; i++) {
         ck_assert_int_eq(cl_signal(w[i], SIGKILL), 0);
         cl_wait(w[i], RUN_S);
@@ -459,6 +466,13 @@ START_TEST(test_metrics_store_pinned_healthz)
         free(body);
     }
     ck_assert_msg(st == 200, "/healthz stayed %d after the holder died: %s", st, cl_tail(psd));
+    ck_assert_int_eq(http_get(c->metrics_port[0], "/metrics", &body), 200);
+    ck_assert_msg(metric(body, "psd_store_updates_waiting") == 0 &&
+                      metric(body, "psd_store_oldest_snapshot_commits") < 2,
+                  "waiting %.0f, oldest snapshot %.0f commits old",
+                  metric(body, "psd_store_updates_waiting"),
+                  metric(body, "psd_store_oldest_snapshot_commits"));
+    free(body);
     stop_all(&psd, 1);
     cl_cluster_destroy(c);
 }

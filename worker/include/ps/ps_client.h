@@ -283,6 +283,27 @@ int ps_client_push_encoded(ps_client_t *c, uint32_t id, uint64_t step, ps_push_e
                            void *arg, ps_op_t **op);
 
 /**
+ * @brief Called for a chunk of a ps_client_push_encoded push whose shard acknowledged it as not
+ * summed (its batch applied from another push, handed out again, or the push left out for a
+ * NaN or an infinity): an encoder that keeps error feedback takes the push back, residual +=
+ * decode(@p payload) - g, as libps does with its own residual (psk_codec_ef_put_back_cpu does
+ * it on the host). Called from ps_op_wait (or ps_op_wait_many) of that push, on the caller's
+ * thread, before it returns; @p payload (@p len bytes, what the encoder wrote) and @p codec
+ * (a `const psk_codec_t *`) are borrowed for the call.
+ * @return 0 or a PS_E* code (the wait returns it).
+ */
+typedef int (*ps_push_put_back_t)(void *arg, uint32_t id, uint32_t chunk, uint64_t offset,
+                                  size_t n, const void *codec, const uint8_t *payload,
+                                  size_t len);
+
+/**
+ * @brief Give tensor @p id's encoded pushes (ps_client_push_encoded) a put-back, @p fn with
+ * @p arg (borrowed until the client is destroyed or another is set; NULL: none, the default).
+ * @return 0, or PS_EINVAL for an undeclared tensor.
+ */
+int ps_client_set_put_back(ps_client_t *c, uint32_t id, ps_push_put_back_t fn, void *arg);
+
+/**
  * @brief Compress tensor @p id as the manifest's job.compression says for a tensor named
  * @p name of its size (the first matching rule, else none below min_bytes, else the job's
  * codec), as psworker does for each of its tensors; a PS_TENSOR_MEAN tensor is left
