@@ -2062,15 +2062,28 @@ def binding(tmp):
             time.sleep(0.01)
         # Nor any other call beside it (a probe, session 46: a pull's group, or a declare's
         # control request, shared with the thread inside next_batch); reads of its state go.
+        # Only while the waiter is inside its call: on a loaded machine both shards were lost
+        # at once past even this heartbeat timeout (session 60, a full suite beside it) and its
+        # call ended, so a call after it was rightly taken; said, not failed, then.
+        early = False
         for call in (lambda: cl.next_batch(SAMPLES),
                      lambda: cl.pull(tid, buf.buffer_info()[0], 0, keep=buf),
                      lambda: cl.declare("u", (4,))):
+            if not waiter.is_alive():
+                early = True
+                break
             try:
                 call()
-                raise AssertionError("a second thread's call was taken")
+                if waiter.is_alive():
+                    raise AssertionError("a second thread's call was taken")
+                early = True
+                break
             except psd.PsError as e:
                 assert e.name == "EBUSY" and "another thread" in str(e), str(e)
-        assert cl.rank >= 0 and cl.shards == 2 and cl.nonfinite_pushes == 0
+        if early:
+            print("binding: the waiting thread's call ended early (dropped on a loaded "
+                  "machine?): the rest of the one-thread checks skipped", file=sys.stderr)
+        assert early or (cl.rank >= 0 and cl.shards == 2 and cl.nonfinite_pushes == 0)
         cl.close()  # interrupts the waiter
         waiter.join(timeout=30)
         assert not waiter.is_alive(), "the waiting next_batch did not end at close()"
