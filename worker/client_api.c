@@ -280,8 +280,12 @@ int ps_op_wait(ps_op_t *op, uint64_t *version)
     if (c->grouping && c->group_head) ps_client_group_end_all(c); /* never wait on a held op */
     op_wait_done(c, op);
     int rc = op->status;
-    if (rc) snprintf(c->err, sizeof c->err, "%s", op->err);
-    if (rc == 0 && op->type == OP_PUSH && op->buf == NULL) rc = put_back_encoded(c, op);
+    /* Also for an op that failed otherwise: the chunks marked were not summed. */
+    if (op->type == OP_PUSH && op->buf == NULL) {
+        int pb = put_back_encoded(c, op);
+        if (rc == 0) rc = pb;
+    }
+    if (op->status) snprintf(c->err, sizeof c->err, "%s", op->err);
     if (version) *version = op->min_version == UINT64_MAX ? 0 : op->min_version;
     /* Keep one push and one pull op per tensor, and one control op (a batch request, a
      * declaration): steady training allocates nothing. */
