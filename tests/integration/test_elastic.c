@@ -2045,6 +2045,25 @@ START_TEST(test_sigstop_rejoins)
 }
 END_TEST
 
+/* The end of cl_stopped_reader_start's tests: both workers exit 0 (the other never saw the
+ * store full), the job finished with both passes of 12000 samples applied once; then shard
+ * @p psd stops and @p c goes. */
+static void stopped_reader_finish(cl_cluster_t *c, cl_proc_t *psd, cl_proc_t *w[2])
+{
+    EXPECT_EXIT(w[0], 0);
+    EXPECT_EXIT(w[1], 0);
+    ck_assert_msg(count_in_log(w[0], "store is full") == 0, "%s", cl_tail(w[0]));
+    coord_t co;
+    coord_open(&co, c);
+    char *j = coord_status(&co);
+    ck_assert_msg(j && strstr(j, "\"finished\": true"), "job not finished: %s", j ? j : "-");
+    expect_passes(j, 12000, 2);
+    free(j);
+    coord_close(&co);
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+
 /* A worker stopped inside a direct read of the shard's store (PS_TEST_DIRECT_STOP: its 300th
  * read raises SIGSTOP there) holds its LMDB snapshot, so the pages written since cannot be
  * reused: the other worker goes on alone, and the 16 MB map fills within some steps. psd does
@@ -2068,18 +2087,7 @@ START_TEST(test_stopped_direct_reader_waits)
     ck_assert_int_eq(cl_signal(w[1], SIGCONT), 0);
     ck_assert_msg(cl_wait_log(psd, "the store takes updates again", RUN_S) == 0,
                   "the update never went through: %s", cl_tail(psd));
-    EXPECT_EXIT(w[0], 0);
-    EXPECT_EXIT(w[1], 0);
-    ck_assert_msg(count_in_log(w[0], "store is full") == 0, "%s", cl_tail(w[0]));
-    coord_t co;
-    coord_open(&co, c);
-    char *j = coord_status(&co);
-    ck_assert_msg(j && strstr(j, "\"finished\": true"), "job not finished: %s", j ? j : "-");
-    expect_passes(j, 12000, 2);
-    free(j);
-    coord_close(&co);
-    stop_all(&psd, 1);
-    cl_cluster_destroy(c);
+    stopped_reader_finish(c, psd, w);
 }
 END_TEST
 
@@ -2101,17 +2109,7 @@ START_TEST(test_stopped_direct_reader_psd_restarted)
     ck_assert_int_eq(cl_signal(w[1], SIGCONT), 0);
     ck_assert_msg(cl_wait_log(psd, "the store takes updates again", RUN_S) == 0, "%s",
                   cl_tail(psd));
-    EXPECT_EXIT(w[0], 0);
-    EXPECT_EXIT(w[1], 0);
-    coord_t co;
-    coord_open(&co, c);
-    char *j = coord_status(&co);
-    ck_assert_msg(j && strstr(j, "\"finished\": true"), "job not finished: %s", j ? j : "-");
-    expect_passes(j, 12000, 2);
-    free(j);
-    coord_close(&co);
-    stop_all(&psd, 1);
-    cl_cluster_destroy(c);
+    stopped_reader_finish(c, psd, w);
 }
 END_TEST
 
