@@ -255,8 +255,16 @@ static int put_back_encoded(ps_client_t *c, ps_op_t *op)
     const ctensor_t *t = c->tensors[op->tensor];
     for (uint32_t i = 0; i < op->nparts; i++) {
         part_t *p = &op->parts[i];
-        if (!p->unsummed || t->put_back == NULL) continue;
+        if (!p->unsummed) continue;
         p->unsummed = 0;
+        if (t->put_back == NULL) { /* the encoder's residual keeps what psd did not sum */
+            if (!c->put_back_said)
+                PS_LOG(PS_LOG_WARN, "libps", "chunk %u of tensor %u: a shard did not sum this "
+                       "encoded push, and the tensor has no put-back (ps_client_set_put_back): "
+                       "its error feedback is not given back (said once)", p->chunk, t->id);
+            c->put_back_said = 1;
+            continue;
+        }
         int rc = t->put_back(t->put_back_arg, t->id, p->chunk, (uint64_t)p->chunk * c->chunk_elems,
                              ps_chunk_len(t->numel, c->chunk_elems, p->chunk), &t->codec, p->data,
                              p->len);

@@ -358,6 +358,7 @@ struct ps_client_s {
     int direct;                 /* direct pulls allowed (PS_DIRECT_PULL is not "0") */
     int direct_push;            /* direct pushes allowed (PS_DIRECT_PUSH is not "0") */
     uint32_t test_direct_fail;  /* PS_TEST_DIRECT_FAIL=N (tests only): the Nth direct read fails */
+    int put_back_said;          /* an encoded push not summed, without a put-back: warned once */
     uint32_t test_direct_count; /* comm thread */
 
     ctensor_t **tensors;        /* [PS_CLIENT_MAX_TENSORS] by id; entries never move, so the

@@ -134,6 +134,7 @@ static int device_put_back(void *arg, uint32_t id, uint32_t chunk, uint64_t offs
         n > tr->m->chunk_bytes / 4)
         return PS_EINVAL;
     (void)chunk;
+    if (tr->mlp.gpu_rc) return tr->mlp.gpu_rc; /* the device failed already: said once */
     psk_gpu_t *g = tr->mlp.gpu;
     float *dr = tr->d_residual + (tr->mlp.grads[t] - tr->mlp.grads[0]) + offset;
     float *r = tr->h_back, *grad = tr->h_back + tr->m->chunk_bytes / 4;
@@ -141,9 +142,18 @@ static int device_put_back(void *arg, uint32_t id, uint32_t chunk, uint64_t offs
     if (!rc) rc = psk_gpu_download(g, grad, ps_mlp_device_grad(&tr->mlp, t) + offset,
                                    n * sizeof *grad);
     if (!rc) rc = psk_gpu_sync(g);
-    if (!rc) rc = psk_codec_ef_put_back_cpu(r, grad, n, payload, len, codec);
+    if (!rc) {
+        int pb = psk_codec_ef_put_back_cpu(r, grad, n, payload, len, codec);
+        if (pb) return pb; /* not the device's: a payload not of its codec */
+    }
     if (!rc) rc = psk_gpu_upload(g, dr, r, n * sizeof *r);
     if (!rc) rc = psk_gpu_sync(g);
+    if (rc && !tr->mlp.gpu_rc) { /* said as any device failure (device_failed) */
+        tr->mlp.gpu_rc = rc;
+        snprintf(tr->mlp.gpu_err, sizeof tr->mlp.gpu_err, "%s: giving back a push of %s: %s",
+                 psk_gpu_name(g), tr->mlp.tensors[t].name,
+                 rc == PS_EIO ? psk_gpu_last_error(g) : ps_strerror(rc));
+    }
     return rc;
 }
 
