@@ -174,6 +174,21 @@ static void pin_end(psd_server_t *srv, const char *why)
     srv->pinned_changes = 0;
 }
 
+/* The wait ended (@p why, said first): its holder let go. */
+static void pin_let_go(psd_server_t *srv, const char *why)
+{
+    PS_LOG(PS_LOG_INFO, "shard", "%s: the old snapshot was let go after %.1f s", why,
+           (double)(psd_now_ms() - srv->pinned_since_ms) / 1e3);
+    pin_end(srv, NULL);
+    srv->store_failing[0] = '\0';
+}
+
+/* Whether reader @p r is the holder the last check found (same process, same snapshot). */
+static bool pin_holder_same(const psd_server_t *srv, const psd_store_reader_t *r)
+{
+    return srv->pinned_since_ms && r->pid == srv->pinned_pid && r->txnid == srv->pinned_txnid;
+}
+
 /* psd stops while updates wait for an old snapshot: they are left for its next start, as a
  * partial bsp step is (their pushes unacknowledged: their workers send them again to the
  * restarted psd), instead of failing them ("the shard store is full", and the workers exited
@@ -208,7 +223,7 @@ static bool store_pinned(psd_server_t *srv)
         return false;
     }
     if (srv->stopping) return true; /* left for the next start (pin_shelve) */
-    bool same = srv->pinned_since_ms && r.pid == srv->pinned_pid && r.txnid == srv->pinned_txnid;
+    bool same = pin_holder_same(srv, &r);
     if (srv->pinned_since_ms && !same && ++srv->pinned_changes >= PSD_PIN_CHANGES) {
         pin_end(srv, "the store is still full: the snapshots held were not the same one at "
                      "three ticks in a row (readers that run on); the updates that waited fail");
@@ -271,14 +286,9 @@ void psd_store_pin_cron(psd_server_t *srv)
         /* Nothing to apply (the step's members left meanwhile): the wait ends with its holder,
          * or /healthz would name a holder long gone (a probe, session 60). */
         psd_store_reader_t r;
-        if (psd_store_oldest_reader(&srv->store, &r) == 0 && (r.pid == 0 || r.lag < 2 ||
-                                                               r.pid != srv->pinned_pid ||
-                                                               r.txnid != srv->pinned_txnid)) {
-            PS_LOG(PS_LOG_INFO, "shard", "the old snapshot the updates waited for was let go "
-                   "after %.1f s", (double)(psd_now_ms() - srv->pinned_since_ms) / 1e3);
-            pin_end(srv, NULL);
-            srv->store_failing[0] = '\0';
-        }
+        if (psd_store_oldest_reader(&srv->store, &r) == 0 &&
+            (r.pid == 0 || r.lag < 2 || !pin_holder_same(srv, &r)))
+            pin_let_go(srv, "nothing is left to apply");
         return;
     }
     srv->pinned_retry = true;
@@ -318,12 +328,8 @@ static void job_done(uv_work_t *w, int status)
     if (pinned) {
         srv->store_failures += !was_pinned; /* one failure per wait; store_failing says it */
     } else {
-        if (was_pinned && job->kind == JOB_APPLY && job->rc == 0) {
-            PS_LOG(PS_LOG_INFO, "shard", "the store takes updates again: the old snapshot was "
-                   "let go after %.1f s", (double)(psd_now_ms() - srv->pinned_since_ms) / 1e3);
-            pin_end(srv, NULL);
-            srv->store_failing[0] = '\0';
-        }
+        if (was_pinned && job->kind == JOB_APPLY && job->rc == 0)
+            pin_let_go(srv, "the store takes updates again");
         store_health(srv, job);
     }
     job->err[0] = '\0';
