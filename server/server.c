@@ -1,7 +1,6 @@
-/* server.c: psd's loop: UCX listener, connections, message dispatch, shutdown. */
-#include <arpa/inet.h>
+/* server.c: psd's loop: message dispatch, the cron, start and shutdown (connections: conn.c;
+ * the listener: listen.c). */
 #include <errno.h>
-#include <netdb.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -22,226 +21,6 @@
 #include "bundle.h"
 #include "follower.h"
 #include "sync.h"
-
-/* ---- connections -------------------------------------------------------- */
-
-void psd_conn_ref(psd_conn_t *c) { c->refs++; }
-
-static void conn_free_if_done(psd_conn_t *c)
-{
-    if (c->refs > 0 || !c->dead || c->ep != NULL) return;
-    psd_server_t *srv = c->srv;
-    /* No rank may stay with a freed connection, whatever path its hello and close took. */
-    for (uint32_t r = 0; srv->rank_owner && r < PS_MAX_RANKS; r++)
-        if (srv->rank_owner[r] == c) srv->rank_owner[r] = NULL;
-    for (psd_conn_t **pp = &srv->conns; *pp; pp = &(*pp)->next)
-        if (*pp == c) {
-            *pp = c->next;
-            break;
-        }
-    psd_area_unref(c->area);
-    free(c);
-}
-
-void psd_conn_unref(psd_conn_t *c)
-{
-    c->refs--;
-    conn_free_if_done(c);
-}
-
-static void conn_release_rank(psd_server_t *srv, psd_conn_t *c, const char *why, bool may_return)
-{
-    if (srv->coord) {
-        psd_coord_on_gone(srv, c, why, may_return);
-    } else if (c->rank >= 0 && c->rank < PS_MAX_RANKS && srv->rank_owner[c->rank] == c) {
-        srv->rank_owner[c->rank] = NULL;
-        PS_LOG(PS_LOG_INFO, "server", "rank %d (pid %u) left: %s", c->rank, c->pid, why);
-    }
-}
-
-/* Called from UCX when a peer's endpoint fails or closes: only mark it; the
- * endpoint is closed later from the deferred hook, outside UCX callbacks. */
-static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
-{
-    psd_conn_t *c = arg;
-    /* A member's at info; a connection without a rank (psctl, pslaunch, a worker before its
-     * join) at debug: every psctl call ends with one, which UCX reports over TCP as "Endpoint
-     * timeout", and a monitoring loop of psctl status filled the log with them. */
-    if (!c->dead)
-        PS_LOG(c->rank >= 0 ? PS_LOG_INFO : PS_LOG_DEBUG, "server",
-               "peer %s (rank %d) disconnected: %s", c->peer, c->rank, ucs_status_string(status));
-    c->dead = true;
-    c->close_queued = true;
-}
-
-/* @p peer_gone: the peer's endpoint failed or closed; false when this shard closes every
- * connection itself (close_all_conns: a transport restart, the stop). */
-static void conn_close_ep_from(psd_server_t *srv, psd_conn_t *c, bool peer_gone)
-{
-    c->close_queued = false;
-    c->dead = true;
-    conn_release_rank(srv, c,
-                      c->late     ? "it held the others past job.step_timeout_ms"
-                      : c->silent ? "missed heartbeats"
-                                  : "its connection closed",
-                      !c->silent && !c->late);
-    psd_shard_drop_conn(srv, c);
-    psd_export_drop_conn(srv, c);
-    psd_coord_drop_conn(srv, c, peer_gone);
-    ps_ucx_ep_close(&srv->ucx, &c->ep, 1);
-    conn_free_if_done(c);
-}
-
-static void conn_close_ep(psd_server_t *srv, psd_conn_t *c) { conn_close_ep_from(srv, c, true); }
-
-/* How long a connection may go without a good proof: the heartbeat timeout, at least 1 s. */
-static uint64_t auth_deadline_ms(const psd_server_t *srv)
-{
-    uint64_t t = srv->m.job.heartbeat_timeout_ms;
-    return t < 1000 ? 1000 : t;
-}
-
-/* How long a connection may go without a first message (every peer of psd speaks first): the
- * heartbeat timeout, at least 10 s. */
-static uint64_t quiet_deadline_ms(const psd_server_t *srv)
-{
-    uint64_t t = srv->m.job.heartbeat_timeout_ms;
-    return t < 10000 ? 10000 : t;
-}
-
-static int conns_pending(const psd_server_t *srv)
-{
-    int n = 0;
-    for (const psd_conn_t *c = srv->conns; c; c = c->next) n += c->rank < 0 && !c->dead;
-    return n;
-}
-
-/* PSD_PENDING_MAX connections without a rank are open: close the one idle longest (nothing
- * from it since its request or its last message) when that is longer than quiet_deadline_ms,
- * so that a peer holding the slots with one message each does not lock every new worker,
- * psctl and launcher out for good (a review, session 59). @return whether one was closed. */
-static bool pending_evict(psd_server_t *srv)
-{
-    psd_conn_t *idle = NULL;
-    uint64_t oldest = UINT64_MAX, now = psd_now_ms();
-    for (psd_conn_t *c = srv->conns; c; c = c->next) {
-        if (c->rank >= 0 || c->dead || c->ep == NULL) continue;
-        uint64_t t = c->last_seen_ms > c->born_ms ? c->last_seen_ms : c->born_ms;
-        if (t < oldest) oldest = t, idle = c;
-    }
-    if (idle == NULL || now - oldest <= quiet_deadline_ms(srv)) return false;
-    PS_LOG(PS_LOG_INFO, "server", "peer %s: closed: idle for %llu ms while %d connections "
-           "without a rank were open", idle->peer, (unsigned long long)(now - oldest),
-           PSD_PENDING_MAX);
-    idle->dead = true;
-    idle->close_queued = true;
-    return true;
-}
-
-/* Before the listener goes at a stop: let UCX deliver (and this shard refuse: stopping) the
- * connection requests its async thread is reading, until none came for DRAIN_QUIET_MS (at most
- * DRAIN_MAX_MS). UCX 1.13's thread hands a request's data to the listener it was accepted for
- * even after ucp_listener_destroy freed it: psd stopped at once after SIGCONT, with the
- * reconnect attempts of a worker queued while it was stopped, died there (SIGSEGV in
- * ucp_cm_server_conn_request_cb, faults:silent_shard_lost, once in ~16 runs). */
-#define DRAIN_QUIET_MS 30
-#define DRAIN_MAX_MS 1000
-static void drain_conn_requests(psd_server_t *srv)
-{
-    if (srv->listener == NULL || srv->ucx.worker == NULL) return;
-    uint64_t t0 = psd_now_ms(), quiet_from = t0, seen = srv->conn_requests;
-    for (uint64_t now = t0; now - quiet_from < DRAIN_QUIET_MS && now - t0 < DRAIN_MAX_MS;
-         now = psd_now_ms()) {
-        while (ucp_worker_progress(srv->ucx.worker)) {}
-        if (srv->conn_requests != seen) {
-            seen = srv->conn_requests;
-            quiet_from = now;
-        }
-        usleep(1000);
-    }
-}
-
-static void on_conn_request(ucp_conn_request_h req, void *arg)
-{
-    psd_server_t *srv = arg;
-    srv->conn_requests++;
-    psd_conn_t *c = calloc(1, sizeof *c);
-    bool full = !srv->stopping && conns_pending(srv) >= PSD_PENDING_MAX && !pending_evict(srv);
-    if (c == NULL || srv->stopping || full) {
-        free(c);
-        ucp_listener_reject(srv->listener, req);
-        srv->conns_refused += full;
-        if (full && (srv->conns_refused & (srv->conns_refused - 1)) == 0) /* 1st, 2nd, 4th... */
-            PS_LOG(PS_LOG_WARN, "server", "a connection refused: %d connections without a rank "
-                   "are open (%llu refused so far; a peer that opens them without end?)",
-                   PSD_PENDING_MAX, (unsigned long long)srv->conns_refused);
-        return;
-    }
-    c->srv = srv;
-    c->rank = -1;
-    c->conn_request = req;
-    c->born_ms = psd_now_ms();
-    ucp_conn_request_attr_t a = {.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR};
-    if (ucp_conn_request_query(req, &a) == UCS_OK) {
-        const struct sockaddr_in *sin = (const struct sockaddr_in *)&a.client_address;
-        char ip[INET6_ADDRSTRLEN] = "?";
-        inet_ntop(AF_INET, &sin->sin_addr, ip, sizeof ip);
-        snprintf(c->peer, sizeof c->peer, "%s:%u", ip, ntohs(sin->sin_port));
-    }
-    c->next = srv->conns;
-    srv->conns = c; /* the endpoint is created from the deferred hook */
-}
-
-/* Deferred work outside UCX callbacks: create endpoints for new connections,
- * close failed ones. Returns nonzero when it did something. */
-static int on_deferred(ps_ucx_t *u)
-{
-    psd_server_t *srv = u->data;
-    int did = 0;
-again:
-    /* Closing an endpoint progresses the worker, whose callbacks may free other conns:
-     * after each close, walk the list again from its head. */
-    for (psd_conn_t *c = srv->conns, *nx; c; c = nx) {
-        nx = c->next;
-        if (c->conn_request) {
-            ucp_ep_params_t ep = {
-                .field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLER |
-                              UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
-                .conn_request = c->conn_request,
-                .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-                .err_handler = {.cb = on_ep_error, .arg = c},
-            };
-            c->conn_request = NULL;
-            ucs_status_t s = ucp_ep_create(srv->ucx.worker, &ep, &c->ep);
-            if (s != UCS_OK) {
-                PS_LOG(PS_LOG_WARN, "server", "endpoint for %s: %s", c->peer,
-                       ucs_status_string(s));
-                c->ep = NULL;
-                c->dead = true;
-                conn_free_if_done(c);
-            }
-            did = 1;
-        } else if (c->want_lanes && c->ep && !c->dead) {
-            c->want_lanes = false;
-            ps_ucx_ep_lanes(c->ep, c->lanes, sizeof c->lanes);
-            c->eager_below = ps_ucx_eager_below(&srv->ucx, c->lanes);
-            PS_LOG(PS_LOG_INFO, "server", "peer %s (pid %u) over %s", c->peer, c->pid, c->lanes);
-            did = 1;
-        } else if (c->close_queued) {
-            conn_close_ep(srv, c);
-            did = 1;
-            goto again;
-        }
-    }
-    return did;
-}
-
-static psd_conn_t *conn_by_ep(psd_server_t *srv, ucp_ep_h ep)
-{
-    for (psd_conn_t *c = srv->conns; c; c = c->next)
-        if (c->ep == ep) return c;
-    return NULL;
-}
 
 /* ---- sending ------------------------------------------------------------ */
 
@@ -830,7 +609,7 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
 {
     psd_server_t *srv = arg;
     if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) return UCS_OK;
-    psd_conn_t *c = conn_by_ep(srv, param->reply_ep);
+    psd_conn_t *c = psd_conn_by_ep(srv, param->reply_ep);
     if (c == NULL || c->dead) return UCS_OK;
     ps_msg_t msg;
     char err[256];
@@ -922,7 +701,7 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
                        ps_msg_type_name(msg.type));
         return UCS_OK;
     }
-    if (msg.type == PS_MSG_HELLO && c->lanes[0] == '\0') c->want_lanes = true; /* on_deferred */
+    if (msg.type == PS_MSG_HELLO && c->lanes[0] == '\0') c->want_lanes = true; /* conn.c */
     switch (msg.type) {
     case PS_MSG_HELLO: on_hello(srv, c, &msg); break;
     case PS_MSG_DECLARE: psd_shard_on_declare(srv, c, &msg); break;
@@ -947,7 +726,7 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     case PS_MSG_LEAVE:
         PS_LOG(PS_LOG_INFO, "server", "rank %d (pid %u) says leave", c->rank, c->pid);
         if (srv->coord && (msg.flags & PS_FLAG_DONE)) psd_coord_on_leave_done(srv, c, &msg);
-        conn_release_rank(srv, c, "it said leave", false);
+        psd_conn_release_rank(srv, c, "it said leave", false);
         c->rank = -1; /* it may not push for that rank any more */
         /* Answered: the worker closes its connection only after this, so the close cannot
          * overtake the leave and make the rank wait for a process that said it goes
@@ -962,185 +741,9 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     return UCS_OK;
 }
 
-/* Whether @p sa is an address no interface of this host has (a bind of a plain socket to it,
- * port 0, fails with EADDRNOTAVAIL): UCX says only "Input/output error" then (a probe). */
-static bool not_local(const struct sockaddr_storage *sa, socklen_t len)
-{
-    struct sockaddr_storage a = *sa;
-    if (a.ss_family == AF_INET) ((struct sockaddr_in *)&a)->sin_port = 0;
-    else if (a.ss_family == AF_INET6) ((struct sockaddr_in6 *)&a)->sin6_port = 0;
-    else return false;
-    int fd = socket(a.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return false;
-    bool no = bind(fd, (struct sockaddr *)&a, len) != 0 && errno == EADDRNOTAVAIL;
-    close(fd);
-    return no;
-}
-
-/* "cannot listen on HOST:PORT: @p why" into @p err, and what to look at: the port held by
- * another socket (@p busy 1), or maybe by connections (2: UCX does not say which), or an
- * address not this host's. */
-static void listen_refused(const ps_server_conf_t *sc, const struct sockaddr_storage *ss,
-                           socklen_t sslen, const char *why, int busy, char *err, size_t errlen)
-{
-    snprintf(err, errlen, "cannot listen on %s:%u: %s%s", sc->host, sc->port, why,
-             busy == 1 ? " (another psd or program holds it; `ss -tanp` tells which)"
-             : busy ? " (the port is in use: another psd or program, or, for a minute after a psd "
-                      "stopped, its connections' TIME_WAIT; `ss -tan` tells which)"
-             : not_local(ss, sslen)
-                 ? " (that address is not one of this host's: does the manifest name another "
-                   "machine for this shard, or is --shard another one's?)"
-                 : "");
-}
-
-/* Listen on this shard's address with the current UCP worker. 0, or PS_ECONFIG /
- * PS_ETRANSPORT with @p err said. */
-static int listen_start(psd_server_t *srv, char *err, size_t errlen)
-{
-    const ps_server_conf_t *sc = &srv->m.servers[srv->shard];
-    struct sockaddr_storage ss;
-    socklen_t sslen;
-    if (ps_sockaddr_resolve(sc->host, sc->port, &ss, &sslen)) {
-        snprintf(err, errlen, "cannot resolve host '%s' of shard %u", sc->host, srv->shard);
-        return PS_ECONFIG;
-    }
-    ucp_listener_params_t lp = {
-        .field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER,
-        .sockaddr = {.addr = (const struct sockaddr *)&ss, .addrlen = sslen},
-        .conn_handler = {.cb = on_conn_request, .arg = srv},
-    };
-    ucs_status_t s = ucp_listener_create(srv->ucx.worker, &lp, &srv->listener);
-    if (s != UCS_OK) {
-        srv->listener = NULL;
-        listen_refused(sc, &ss, sslen, ucs_status_string(s), s == UCS_ERR_BUSY ? 2 : 0, err,
-                       errlen);
-        return PS_ETRANSPORT;
-    }
-    return 0;
-}
-
-/* Whether a TCP socket bound to @p host:@p port with SO_REUSEADDR (as UCX binds its listener,
- * UCX_TCP_CM_REUSEADDR, and libuv its TCP servers) is refused: EADDRINUSE or EADDRNOTAVAIL,
- * with @p ss its address; 0 for anything else (left to the listener itself). */
-static int bind_refused(const char *host, uint16_t port, struct sockaddr_storage *ss,
-                        socklen_t *sslen)
-{
-    if (ps_sockaddr_resolve(host, port, ss, sslen)) return 0;
-    int fd = socket(ss->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1, e = 0;
-    if (fd < 0) return 0;
-    if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0 &&
-        bind(fd, (struct sockaddr *)ss, *sslen) != 0)
-        e = errno;
-    close(fd);
-    return e == EADDRINUSE || e == EADDRNOTAVAIL ? e : 0;
-}
-
-/* Whether this shard's address and its metrics address can be listened on, asked before psd
- * makes anything on disk: a psd whose port was taken had made (and left) a new data_dir's
- * store by the time its listener failed. SO_REUSEADDR, so that a stopped psd's connections in
- * TIME_WAIT (which have it too) do not refuse it; a listener there does, and so does any
- * socket bound to the port without SO_REUSEADDR. 0, or PS_ETRANSPORT (the shard's port) /
- * PS_ECONFIG (the metrics port, as psd_metrics_start says) with @p err said as the listener
- * would; any other failure is left to the listeners. */
-static int listen_probe(psd_server_t *srv, char *err, size_t errlen)
-{
-    const ps_server_conf_t *sc = &srv->m.servers[srv->shard];
-    struct sockaddr_storage ss;
-    socklen_t sslen;
-    int e = bind_refused(sc->host, sc->port, &ss, &sslen);
-    if (e) {
-        listen_refused(sc, &ss, sslen,
-                       e == EADDRINUSE ? "address already in use" : "address not available",
-                       e == EADDRINUSE, err, errlen);
-        return PS_ETRANSPORT;
-    }
-    if (sc->metrics_port == 0 ||
-        (e = bind_refused(sc->metrics_host, sc->metrics_port, &ss, &sslen)) == 0)
-        return 0;
-    snprintf(err, errlen, "cannot listen on %s:%u for metrics: %s", sc->metrics_host,
-             sc->metrics_port,
-             e == EADDRINUSE ? "address already in use (another psd's or program's port: "
-                               "servers[].metrics_port must be free)"
-                             : "address not available (metrics_host is not one of this host's "
-                               "addresses)");
-    return PS_ECONFIG;
-}
-
-/* Close every connection with an endpoint (their ranks may come back, as after any lost
- * connection), for the shutdown and for transport_restart. */
-static void close_all_conns(psd_server_t *srv)
-{
-    for (;;) {
-        psd_conn_t *c = srv->conns;
-        while (c && c->ep == NULL) c = c->next;
-        if (c == NULL) break;
-        c->refs++; /* keep it while closing; the walk restarts from the head */
-        conn_close_ep_from(srv, c, false);
-        psd_conn_unref(c); /* freed now if nothing else holds it (a bare refs-- kept it, its
-                              push area's memfd and mapping with it, for good) */
-    }
-}
-
-/* How long this shard's UCP worker may stay stuck (ps_ucx_stuck_ns) before the transport is
- * started again: a third of the heartbeat timeout, so that the workers it cannot hear meanwhile
- * are not yet dropped as silent, within [250 ms, 2 s]. */
-static uint64_t stuck_limit_ns(const psd_server_t *srv)
-{
-    uint64_t ms = srv->m.job.heartbeat_timeout_ms / 3;
-    ms = ms < 250 ? 250 : ms > 2000 ? 2000 : ms;
-    return ms * 1000000u;
-}
-
-/* UCX 1.13 left this shard's transport stuck (ps_ucx_stuck_ns: a local peer killed while it
- * wrote into the shared-memory receive FIFO; nothing any local peer sends arrives any more).
- * Close every connection, start a new UCP worker and listen again on the same address: the
- * workers see their connection fail and reconnect as after any lost shard (their ranks wait
- * for them, their pushes not yet received are sent again), and this shard keeps its state.
- * From the cron (a timer callback: no UCX callback is running). */
-static void transport_restart(psd_server_t *srv, uint64_t stuck_ns)
-{
-    srv->transport_restarts++;
-    PS_LOG(PS_LOG_WARN, "server", "the UCX transport has been stuck for %.1f s (busy, with "
-           "nothing to progress: a local peer killed while it wrote into this shard's shared "
-           "memory leaves it so for good): closing every connection and starting it again",
-           (double)stuck_ns / 1e9);
-    for (psd_conn_t *c = srv->conns, *nx; c; c = nx) { /* not taken yet: their peers retry */
-        nx = c->next;
-        if (c->conn_request == NULL) continue;
-        ucp_listener_reject(srv->listener, c->conn_request);
-        c->conn_request = NULL;
-        c->dead = true;
-        conn_free_if_done(c);
-    }
-    ucp_listener_destroy(srv->listener);
-    srv->listener = NULL;
-    close_all_conns(srv);
-    char err[256] = "";
-    int rc = ps_ucx_restart(&srv->ucx);
-    /* No callback of the old worker runs any more: what its receives held is released here. */
-    psd_shard_receives_lost(srv);
-    srv->echo_busy = 0;
-    if (rc == 0) rc = listen_start(srv, err, sizeof err);
-    if (rc) {
-        snprintf(srv->fatal, sizeof srv->fatal, "cannot start the transport again after it was "
-                 "stuck: %.190s", err[0] ? err : ps_strerror(rc));
-        PS_LOG(PS_LOG_ERROR, "server", "%s; stopping this shard", srv->fatal);
-        srv->stopping = true;
-        psd_server_maybe_stop(srv);
-        return;
-    }
-    int held = 0; /* by a request whose callback never ran: they stay (closed) for good */
-    for (psd_conn_t *c = srv->conns; c; c = c->next) held += c->ep == NULL && c->refs > 0;
-    if (held)
-        PS_LOG(PS_LOG_WARN, "server", "%d closed connections are still held by requests of the "
-               "old transport", held);
-    PS_LOG(PS_LOG_INFO, "server", "transport started again; listening on %s:%u",
-           srv->m.servers[srv->shard].host, srv->m.servers[srv->shard].port);
-}
-
-/* The cron: a joined worker that said nothing (not even a heartbeat) for
- * job.heartbeat_timeout_ms is hung or cut off; drop it like a dead one, so its rank and
- * its unapplied pushes are released. */
+/* The cron: the connections' deadlines (psd_conns_cron: a joined worker silent past
+ * job.heartbeat_timeout_ms is dropped like a dead one), the coordinator's tick, the store's
+ * and the transport's checks, syncs, the checkpoint follower and exports. */
 static void on_cron(uv_timer_t *h)
 {
     psd_server_t *srv = h->data;
@@ -1148,7 +751,6 @@ static void on_cron(uv_timer_t *h)
     /* Read what is queued first: after a stall of this loop the heartbeats wait unread. */
     ps_ucx_progress(&srv->ucx);
     uint64_t now = psd_now_ms();
-    int dropped = 0;
     bool stalled = now - srv->last_cron_ms > limit / 2;
     srv->last_cron_ms = now;
     if (stalled) {
@@ -1162,43 +764,14 @@ static void on_cron(uv_timer_t *h)
         srv->late_floor_ms = uv_now(srv->loop); /* nor is a member's lateness (step_timeout) */
         if (srv->coord) psd_coord_stalled(srv); /* nor the absence of a closed connection */
     }
-    for (psd_conn_t *c = srv->conns; c; c = c->next) {
-        if (srv->auth->on && !c->authed && !c->dead && c->ep && c->rank < 0 &&
-            now - c->born_ms > auth_deadline_ms(srv)) {
-            PS_LOG(PS_LOG_INFO, "server", "peer %s: closed: no proof of the cluster secret "
-                   "within %llu ms", c->peer, (unsigned long long)auth_deadline_ms(srv));
-            c->dead = true;
-            c->close_queued = true;
-            dropped = 1;
-            continue;
-        }
-        if (!c->spoke && !c->dead && c->ep && c->rank < 0 &&
-            now - c->born_ms > quiet_deadline_ms(srv)) {
-            PS_LOG(PS_LOG_INFO, "server", "peer %s: closed: it said nothing within %llu ms",
-                   c->peer, (unsigned long long)quiet_deadline_ms(srv));
-            c->dead = true;
-            c->close_queued = true;
-            dropped = 1;
-            continue;
-        }
-        if (c->dead || c->rank < 0 || c->ep == NULL || now - c->last_seen_ms <= limit) continue;
-        PS_LOG(PS_LOG_WARN, "server", "rank %d (pid %u) silent for %llu ms (heartbeat timeout "
-               "%llu ms): dropping it", c->rank, c->pid,
-               (unsigned long long)(now - c->last_seen_ms), (unsigned long long)limit);
-        c->dead = true;
-        c->silent = true;
-        c->close_queued = true;
-        dropped = 1;
-        if (c->rank < PS_MAX_RANKS) srv->silent_join[c->rank] = c->join_serial;
-    }
+    int dropped = psd_conns_cron(srv, now);
     if (srv->coord) psd_coord_tick(srv);
     psd_direct_reap(srv); /* also a reader that exited unnoticed: its slot would pin pages */
     psd_store_pin_cron(srv); /* updates waiting for an old snapshot: tried again */
     psd_shard_test_tick(srv);
     psd_shard_values_cron(srv, now);
     if (dropped) ps_ucx_progress(&srv->ucx);
-    uint64_t stuck = ps_ucx_stuck_ns(&srv->ucx);
-    if (stuck >= stuck_limit_ns(srv) && !srv->stopping) transport_restart(srv, stuck);
+    psd_transport_check(srv);
     psd_sync_cron(srv, uv_now(srv->loop));
     psd_follower_cron(srv, uv_now(srv->loop));
     psd_export_cron(srv, uv_now(srv->loop));
@@ -1325,7 +898,7 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
         goto fail_store;
     }
     if ((rc = psd_store_in_use(sc->data_dir, err, errlen)) != 0 ||
-        (rc = listen_probe(srv, err, errlen)) != 0)
+        (rc = psd_listen_probe(srv, err, errlen)) != 0)
         goto fail_store;
     if ((rc = psd_ckpt_dir_check(m, err, errlen)) != 0) goto fail_store;
     if (restore &&
@@ -1430,12 +1003,12 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
         snprintf(err, errlen, "cannot initialize UCX: %s", ps_strerror(rc));
         goto fail_shard;
     }
-    srv->ucx.deferred = on_deferred;
+    srv->ucx.deferred = psd_conns_deferred;
     ps_ucx_set_spin(&srv->ucx, srv->m.spin_us);
     srv->ucx.data = srv;
     ps_ucx_set_am_handler(&srv->ucx, on_am, srv);
 
-    if ((rc = listen_start(srv, err, errlen)) != 0) goto fail_ucx;
+    if ((rc = psd_listen_start(srv, err, errlen)) != 0) goto fail_ucx;
     if ((rc = psd_metrics_start(srv, err, errlen)) != 0) {
         ucp_listener_destroy(srv->listener);
         srv->listener = NULL;
@@ -1479,9 +1052,9 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
            !psd_sync_idle(srv) || !psd_ckpt_idle(srv))
         uv_run(srv->loop, UV_RUN_ONCE);
     psd_metrics_close(srv);
-    drain_conn_requests(srv);
+    psd_listen_drain(srv);
     if (srv->listener) ucp_listener_destroy(srv->listener);
-    close_all_conns(srv);
+    psd_conns_close_all(srv);
     while (srv->job_running || srv->slot_running) uv_run(srv->loop, UV_RUN_ONCE);
     for (psd_snap_t *sn = srv->snap; sn; sn = NULL) {
         mdb_txn_abort(sn->txn);

@@ -651,8 +651,52 @@ void psd_send_chunk_error(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id, 
  *  can tell which part of request @p req_id to send again; @p what is "push" or the like. */
 void psd_send_crc_error(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id, uint32_t tensor,
                         uint32_t chunk, const char *what);
+
+/* ---- conn.c: the connections --------------------------------------------- */
+
+/** @brief Take a reference to @p c (a send or receive in flight): it is freed only once
+ *  closed (dead, no endpoint) and every reference is given back. */
 void psd_conn_ref(psd_conn_t *c);
+/** @brief Give back a reference taken by psd_conn_ref; frees @p c when it was the last one
+ *  and @p c is closed. */
 void psd_conn_unref(psd_conn_t *c);
+/** @brief Free @p c (unlink it, drop its push area) when it is closed and unreferenced. */
+void psd_conn_free_if_done(psd_conn_t *c);
+/** @brief @p c's rank is free again (the coordinator is told on shard 0): @p why for the log,
+ *  @p may_return whether the same worker may come back for it (a lost connection). */
+void psd_conn_release_rank(psd_server_t *srv, psd_conn_t *c, const char *why, bool may_return);
+/** @brief UCX's connection handler of the listener (@p arg the server): a new connection,
+ *  or the request refused when stopping or PSD_PENDING_MAX without a rank are open and none
+ *  has been idle long enough to close. Its endpoint is made by psd_conns_deferred. */
+void psd_conn_on_request(ucp_conn_request_h req, void *arg);
+/** @brief The loop's deferred hook (outside UCX callbacks): endpoints for new connections,
+ *  lanes logged after a hello, queued closes. Nonzero when it did something. */
+int psd_conns_deferred(ps_ucx_t *u);
+/** @brief The live connection whose endpoint is @p ep, or NULL. */
+psd_conn_t *psd_conn_by_ep(psd_server_t *srv, ucp_ep_h ep);
+/** @brief Close every connection with an endpoint (the stop, a transport restart); their
+ *  ranks may come back as after any lost connection. */
+void psd_conns_close_all(psd_server_t *srv);
+/** @brief The cron's deadlines at @p now (psd_now_ms): a connection without a rank that gave
+ *  no proof of the secret or said nothing in time, a member silent past
+ *  job.heartbeat_timeout_ms, queued for closing. @return whether any was. */
+int psd_conns_cron(psd_server_t *srv, uint64_t now);
+
+/* ---- listen.c: the listener ---------------------------------------------- */
+
+/** @brief Whether this shard's and its metrics' addresses can be listened on, before psd
+ *  makes anything on disk: 0, or PS_ETRANSPORT / PS_ECONFIG with @p err said. */
+int psd_listen_probe(psd_server_t *srv, char *err, size_t errlen);
+/** @brief Listen on this shard's address with the current UCP worker (srv->listener): 0, or
+ *  PS_ECONFIG / PS_ETRANSPORT with @p err said. */
+int psd_listen_start(psd_server_t *srv, char *err, size_t errlen);
+/** @brief At a stop, before the listener goes: let UCX deliver (and this shard refuse) the
+ *  connection requests it is reading, until none came for 30 ms (at most 1 s). */
+void psd_listen_drain(psd_server_t *srv);
+/** @brief From the cron: start the transport again (every connection closed, a new UCP worker,
+ *  the same address) when UCX has been stuck past a third of the heartbeat timeout. */
+void psd_transport_check(psd_server_t *srv);
+
 /** @brief Refuse operator request @p msg (PS_ECONFIG to @p c, naming both clusters) when it
  *  names another cluster than this shard's; with @p none_ok one naming none passes (an older
  *  psctl's: before session 42 only scale and launch named theirs). Returns whether it refused.

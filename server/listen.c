@@ -1,0 +1,202 @@
+/* listen.c: a shard's UCX listener: the check of its address before psd makes anything on
+ * disk, listening, the drain of connection requests at a stop, and the transport's restart
+ * when UCX 1.13 left it stuck. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ps/ps_error.h"
+#include "ps/ps_log.h"
+#include "server.h"
+
+/* Before the listener goes at a stop: let UCX deliver (and this shard refuse: stopping) the
+ * connection requests its async thread is reading, until none came for DRAIN_QUIET_MS (at most
+ * DRAIN_MAX_MS). UCX 1.13's thread hands a request's data to the listener it was accepted for
+ * even after ucp_listener_destroy freed it: psd stopped at once after SIGCONT, with the
+ * reconnect attempts of a worker queued while it was stopped, died there (SIGSEGV in
+ * ucp_cm_server_conn_request_cb, faults:silent_shard_lost, once in ~16 runs). */
+#define DRAIN_QUIET_MS 30
+#define DRAIN_MAX_MS 1000
+void psd_listen_drain(psd_server_t *srv)
+{
+    if (srv->listener == NULL || srv->ucx.worker == NULL) return;
+    uint64_t t0 = psd_now_ms(), quiet_from = t0, seen = srv->conn_requests;
+    for (uint64_t now = t0; now - quiet_from < DRAIN_QUIET_MS && now - t0 < DRAIN_MAX_MS;
+         now = psd_now_ms()) {
+        while (ucp_worker_progress(srv->ucx.worker)) {}
+        if (srv->conn_requests != seen) {
+            seen = srv->conn_requests;
+            quiet_from = now;
+        }
+        usleep(1000);
+    }
+}
+
+/* Whether @p sa is an address no interface of this host has (a bind of a plain socket to it,
+ * port 0, fails with EADDRNOTAVAIL): UCX says only "Input/output error" then (a probe). */
+static bool not_local(const struct sockaddr_storage *sa, socklen_t len)
+{
+    struct sockaddr_storage a = *sa;
+    if (a.ss_family == AF_INET) ((struct sockaddr_in *)&a)->sin_port = 0;
+    else if (a.ss_family == AF_INET6) ((struct sockaddr_in6 *)&a)->sin6_port = 0;
+    else return false;
+    int fd = socket(a.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return false;
+    bool no = bind(fd, (struct sockaddr *)&a, len) != 0 && errno == EADDRNOTAVAIL;
+    close(fd);
+    return no;
+}
+
+/* "cannot listen on HOST:PORT: @p why" into @p err, and what to look at: the port held by
+ * another socket (@p busy 1), or maybe by connections (2: UCX does not say which), or an
+ * address not this host's. */
+static void listen_refused(const ps_server_conf_t *sc, const struct sockaddr_storage *ss,
+                           socklen_t sslen, const char *why, int busy, char *err, size_t errlen)
+{
+    snprintf(err, errlen, "cannot listen on %s:%u: %s%s", sc->host, sc->port, why,
+             busy == 1 ? " (another psd or program holds it; `ss -tanp` tells which)"
+             : busy ? " (the port is in use: another psd or program, or, for a minute after a psd "
+                      "stopped, its connections' TIME_WAIT; `ss -tan` tells which)"
+             : not_local(ss, sslen)
+                 ? " (that address is not one of this host's: does the manifest name another "
+                   "machine for this shard, or is --shard another one's?)"
+                 : "");
+}
+
+/* Listen on this shard's address with the current UCP worker. 0, or PS_ECONFIG /
+ * PS_ETRANSPORT with @p err said. */
+int psd_listen_start(psd_server_t *srv, char *err, size_t errlen)
+{
+    const ps_server_conf_t *sc = &srv->m.servers[srv->shard];
+    struct sockaddr_storage ss;
+    socklen_t sslen;
+    if (ps_sockaddr_resolve(sc->host, sc->port, &ss, &sslen)) {
+        snprintf(err, errlen, "cannot resolve host '%s' of shard %u", sc->host, srv->shard);
+        return PS_ECONFIG;
+    }
+    ucp_listener_params_t lp = {
+        .field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER,
+        .sockaddr = {.addr = (const struct sockaddr *)&ss, .addrlen = sslen},
+        .conn_handler = {.cb = psd_conn_on_request, .arg = srv},
+    };
+    ucs_status_t s = ucp_listener_create(srv->ucx.worker, &lp, &srv->listener);
+    if (s != UCS_OK) {
+        srv->listener = NULL;
+        listen_refused(sc, &ss, sslen, ucs_status_string(s), s == UCS_ERR_BUSY ? 2 : 0, err,
+                       errlen);
+        return PS_ETRANSPORT;
+    }
+    return 0;
+}
+
+/* Whether a TCP socket bound to @p host:@p port with SO_REUSEADDR (as UCX binds its listener,
+ * UCX_TCP_CM_REUSEADDR, and libuv its TCP servers) is refused: EADDRINUSE or EADDRNOTAVAIL,
+ * with @p ss its address; 0 for anything else (left to the listener itself). */
+static int bind_refused(const char *host, uint16_t port, struct sockaddr_storage *ss,
+                        socklen_t *sslen)
+{
+    if (ps_sockaddr_resolve(host, port, ss, sslen)) return 0;
+    int fd = socket(ss->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1, e = 0;
+    if (fd < 0) return 0;
+    if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0 &&
+        bind(fd, (struct sockaddr *)ss, *sslen) != 0)
+        e = errno;
+    close(fd);
+    return e == EADDRINUSE || e == EADDRNOTAVAIL ? e : 0;
+}
+
+/* Whether this shard's address and its metrics address can be listened on, asked before psd
+ * makes anything on disk: a psd whose port was taken had made (and left) a new data_dir's
+ * store by the time its listener failed. SO_REUSEADDR, so that a stopped psd's connections in
+ * TIME_WAIT (which have it too) do not refuse it; a listener there does, and so does any
+ * socket bound to the port without SO_REUSEADDR. 0, or PS_ETRANSPORT (the shard's port) /
+ * PS_ECONFIG (the metrics port, as psd_metrics_start says) with @p err said as the listener
+ * would; any other failure is left to the listeners. */
+int psd_listen_probe(psd_server_t *srv, char *err, size_t errlen)
+{
+    const ps_server_conf_t *sc = &srv->m.servers[srv->shard];
+    struct sockaddr_storage ss;
+    socklen_t sslen;
+    int e = bind_refused(sc->host, sc->port, &ss, &sslen);
+    if (e) {
+        listen_refused(sc, &ss, sslen,
+                       e == EADDRINUSE ? "address already in use" : "address not available",
+                       e == EADDRINUSE, err, errlen);
+        return PS_ETRANSPORT;
+    }
+    if (sc->metrics_port == 0 ||
+        (e = bind_refused(sc->metrics_host, sc->metrics_port, &ss, &sslen)) == 0)
+        return 0;
+    snprintf(err, errlen, "cannot listen on %s:%u for metrics: %s", sc->metrics_host,
+             sc->metrics_port,
+             e == EADDRINUSE ? "address already in use (another psd's or program's port: "
+                               "servers[].metrics_port must be free)"
+                             : "address not available (metrics_host is not one of this host's "
+                               "addresses)");
+    return PS_ECONFIG;
+}
+
+/* How long this shard's UCP worker may stay stuck (ps_ucx_stuck_ns) before the transport is
+ * started again: a third of the heartbeat timeout, so that the workers it cannot hear meanwhile
+ * are not yet dropped as silent, within [250 ms, 2 s]. */
+static uint64_t stuck_limit_ns(const psd_server_t *srv)
+{
+    uint64_t ms = srv->m.job.heartbeat_timeout_ms / 3;
+    ms = ms < 250 ? 250 : ms > 2000 ? 2000 : ms;
+    return ms * 1000000u;
+}
+
+/* UCX 1.13 left this shard's transport stuck (ps_ucx_stuck_ns: a local peer killed while it
+ * wrote into the shared-memory receive FIFO; nothing any local peer sends arrives any more).
+ * Close every connection, start a new UCP worker and listen again on the same address: the
+ * workers see their connection fail and reconnect as after any lost shard (their ranks wait
+ * for them, their pushes not yet received are sent again), and this shard keeps its state.
+ * From the cron (a timer callback: no UCX callback is running). */
+static void transport_restart(psd_server_t *srv, uint64_t stuck_ns)
+{
+    srv->transport_restarts++;
+    PS_LOG(PS_LOG_WARN, "server", "the UCX transport has been stuck for %.1f s (busy, with "
+           "nothing to progress: a local peer killed while it wrote into this shard's shared "
+           "memory leaves it so for good): closing every connection and starting it again",
+           (double)stuck_ns / 1e9);
+    for (psd_conn_t *c = srv->conns, *nx; c; c = nx) { /* not taken yet: their peers retry */
+        nx = c->next;
+        if (c->conn_request == NULL) continue;
+        ucp_listener_reject(srv->listener, c->conn_request);
+        c->conn_request = NULL;
+        c->dead = true;
+        psd_conn_free_if_done(c);
+    }
+    ucp_listener_destroy(srv->listener);
+    srv->listener = NULL;
+    psd_conns_close_all(srv);
+    char err[256] = "";
+    int rc = ps_ucx_restart(&srv->ucx);
+    /* No callback of the old worker runs any more: what its receives held is released here. */
+    psd_shard_receives_lost(srv);
+    srv->echo_busy = 0;
+    if (rc == 0) rc = psd_listen_start(srv, err, sizeof err);
+    if (rc) {
+        snprintf(srv->fatal, sizeof srv->fatal, "cannot start the transport again after it was "
+                 "stuck: %.190s", err[0] ? err : ps_strerror(rc));
+        PS_LOG(PS_LOG_ERROR, "server", "%s; stopping this shard", srv->fatal);
+        srv->stopping = true;
+        psd_server_maybe_stop(srv);
+        return;
+    }
+    int held = 0; /* by a request whose callback never ran: they stay (closed) for good */
+    for (psd_conn_t *c = srv->conns; c; c = c->next) held += c->ep == NULL && c->refs > 0;
+    if (held)
+        PS_LOG(PS_LOG_WARN, "server", "%d closed connections are still held by requests of the "
+               "old transport", held);
+    PS_LOG(PS_LOG_INFO, "server", "transport started again; listening on %s:%u",
+           srv->m.servers[srv->shard].host, srv->m.servers[srv->shard].port);
+}
+
+void psd_transport_check(psd_server_t *srv)
+{
+    uint64_t stuck = ps_ucx_stuck_ns(&srv->ucx);
+    if (stuck >= stuck_limit_ns(srv) && !srv->stopping) transport_restart(srv, stuck);
+}
