@@ -172,7 +172,6 @@ int ps__part_spared(ps_client_t *c, part_t *p, int give_up, uint32_t gen)
 static void send_data_part(ps_client_t *c, ps_op_t *op, part_t *p);
 static void send_part(ps_client_t *c, part_t *p, const ps_msg_t *m, const void *data, size_t len,
                       unsigned am_id);
-static uint64_t area_place(cshard_t *s, ctensor_t *t, uint32_t chunk, uint64_t len);
 
 /* Send part @p p of @p op again: a control op's request as it was, a push or pull as
  * send_data_part builds it. */
@@ -379,7 +378,7 @@ static void send_part(ps_client_t *c, part_t *p, const ps_msg_t *m, const void *
     }
 }
 
-/* The signals the client's own threads block (ps_client_create, resolve_start). */
+/* The signals the client's own threads block (ps_client_create, ps__resolve_start). */
 void ps__client_signals(sigset_t *set)
 {
     sigemptyset(set);
@@ -389,126 +388,6 @@ void ps__client_signals(sigset_t *set)
     sigaddset(set, SIGQUIT);
     sigaddset(set, SIGUSR1);
     sigaddset(set, SIGUSR2);
-}
-
-/* A shard's name lookup, on a detached thread of its own. It was libuv's thread pool: a
- * process forked from a worker (python's os.fork) kept libuv's count of the pool's threads,
- * which only the parent has, and its exit joined them (uv_library_shutdown: SIGSEGV; a helper's
- * probe, session 58). The job is the comm thread's until the lookup is done, or the thread's
- * to free once the client abandons it (its end while the lookup runs: DNS may take seconds). */
-typedef struct resolve_job_s {
-    pthread_mutex_t mu;
-    int done, abandoned, status; /* status: getaddrinfo's */
-    struct sockaddr_storage addr;
-    socklen_t addrlen;           /* 0: no address that fits */
-    char host[PS_HOST_MAX], port[8];
-    uv_async_t *resolved;        /* the client's: sent to unless abandoned */
-} resolve_job_t;
-
-static void *resolve_main(void *arg)
-{
-    resolve_job_t *j = arg;
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
-    int rc = getaddrinfo(j->host, j->port, &hints, &res);
-    pthread_mutex_lock(&j->mu);
-    j->status = rc;
-    if (rc == 0 && res && res->ai_addrlen <= sizeof j->addr) {
-        memcpy(&j->addr, res->ai_addr, res->ai_addrlen);
-        j->addrlen = res->ai_addrlen;
-    }
-    j->done = 1;
-    int abandoned = j->abandoned;
-    if (!abandoned) uv_async_send(j->resolved);
-    pthread_mutex_unlock(&j->mu); /* the comm thread's from here, unless abandoned */
-    if (res) freeaddrinfo(res);
-    if (abandoned) {
-        pthread_mutex_destroy(&j->mu);
-        free(j);
-    }
-    return NULL;
-}
-
-/* c->resolved: keep what each finished lookup found. */
-static void on_resolved(uv_async_t *h)
-{
-    ps_client_t *c = h->data;
-    for (uint32_t i = 0; i < c->nshards; i++) {
-        cshard_t *s = &c->shards[i];
-        resolve_job_t *j = s->job;
-        if (j == NULL) continue;
-        pthread_mutex_lock(&j->mu);
-        int done = j->done;
-        pthread_mutex_unlock(&j->mu);
-        if (!done) continue;
-        s->job = NULL;
-        if (j->status == 0 && j->addrlen) {
-            if (s->addrlen && (s->addrlen != j->addrlen ||
-                               memcmp(&s->addr, &j->addr, j->addrlen) != 0)) {
-                PS_LOG(PS_LOG_INFO, "libps", "shard %u (%s:%u) is at another address now", i,
-                       c->m.servers[i].host, c->m.servers[i].port);
-                s->moved = 1; /* hello_overdue: a hello to the old one fails, no transport
-                                 restart */
-            }
-            memcpy(&s->addr, &j->addr, j->addrlen);
-            s->addrlen = j->addrlen;
-        } else if (j->status != 0) {
-            PS_LOG(PS_LOG_DEBUG, "libps", "shard %u: cannot resolve %s: %s", i,
-                   c->m.servers[i].host, gai_strerror(j->status));
-        }
-        pthread_mutex_destroy(&j->mu);
-        free(j);
-    }
-}
-
-/* Hand every lookup still running to its thread (the comm thread's end). */
-static void resolve_abandon(ps_client_t *c)
-{
-    for (uint32_t i = 0; i < c->nshards; i++) {
-        resolve_job_t *j = c->shards[i].job;
-        if (j == NULL) continue;
-        c->shards[i].job = NULL;
-        pthread_mutex_lock(&j->mu);
-        int done = j->done;
-        j->abandoned = !done;
-        pthread_mutex_unlock(&j->mu);
-        if (done) { /* its thread is past its last use of it */
-            pthread_mutex_destroy(&j->mu);
-            free(j);
-        }
-    }
-}
-
-/* Look shard @p s's name up in the background; on_resolved keeps what it finds. */
-static void resolve_start(ps_client_t *c, cshard_t *s)
-{
-    if (s->job || __atomic_load_n(&c->loop_stop, __ATOMIC_ACQUIRE)) return; /* abandoned */
-    const ps_server_conf_t *sc = &c->m.servers[s->index];
-    resolve_job_t *j = calloc(1, sizeof *j);
-    if (j == NULL) return; /* the next attempt tries again */
-    pthread_mutex_init(&j->mu, NULL);
-    snprintf(j->host, sizeof j->host, "%s", sc->host);
-    snprintf(j->port, sizeof j->port, "%u", sc->port);
-    j->resolved = &c->resolved;
-    /* Its thread blocks the signals the comm thread blocks: a caller driving the worker may
-     * run this, and the program's handlers run on its own threads. */
-    sigset_t block, was;
-    ps__client_signals(&block);
-    pthread_sigmask(SIG_BLOCK, &block, &was);
-    pthread_attr_t attr;
-    pthread_t t;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    int rc = pthread_create(&t, &attr, resolve_main, j);
-    pthread_attr_destroy(&attr);
-    pthread_sigmask(SIG_SETMASK, &was, NULL);
-    if (rc != 0) {
-        PS_LOG(PS_LOG_WARN, "libps", "shard %u: no thread to look %s up (%s): its address "
-               "stays the one known", s->index, sc->host, strerror(rc));
-        pthread_mutex_destroy(&j->mu);
-        free(j);
-        return;
-    }
-    s->job = j;
 }
 
 /* Connect to shard @p i at its address known already: the comm thread never waits for a
@@ -523,7 +402,7 @@ static int connect_shard(ps_client_t *c, uint32_t i)
     cshard_t *s = &c->shards[i];
     if (s->ep && !s->dead) return 0;
     const ps_server_conf_t *sc = &c->m.servers[i];
-    resolve_start(c, s);
+    ps__resolve_start(c, s);
     if (s->addrlen == 0) return PS_ECONFIG;
     s->moved = 0;
     int rc = ps_ucx_connect_addr(&c->ucx, (const struct sockaddr *)&s->addr, s->addrlen,
@@ -751,7 +630,7 @@ static void send_data_part(ps_client_t *c, ps_op_t *op, part_t *p)
         p->ck.direct = 0;
         uint64_t off = p->ck.have_crc || t->codec.kind != PSK_CODEC_NONE || p->raw
                            ? UINT64_MAX
-                           : area_place(&c->shards[p->shard], (ctensor_t *)t, p->chunk, p->len);
+                           : ps__area_place(&c->shards[p->shard], (ctensor_t *)t, p->chunk, p->len);
         if (off != UINT64_MAX) {
             /* A first send to a shard whose area is mapped here: the gradient is written into
              * it with its CRC folded into the copy, and only the header travels. Resends go
@@ -933,94 +812,6 @@ done:
 }
 
 
-/* Open the view of shard @p s's store that its hello reply offered, or close one it no longer
- * offers (a restarted shard names its store again: a new file is opened anew). */
-static void view_update(ps_client_t *c, cshard_t *s)
-{
-    if (s->view.env && (!s->view_open || s->view.id != s->store_id)) {
-        ps_storeview_close(&s->view);
-        __atomic_store_n(&s->view_open, 0, __ATOMIC_RELAXED); /* ps_client_direct */
-    }
-    if (s->view_open || !c->direct || s->store_id == 0 || s->view_tried == s->store_id) return;
-    s->view_tried = s->store_id;
-    char err[512];
-    uint32_t i = (uint32_t)(s - c->shards);
-    if (ps_storeview_open(&s->view, s->store, s->store_id, err, sizeof err) == 0) {
-        __atomic_store_n(&s->view_open, 1, __ATOMIC_RELAXED);
-        PS_LOG(PS_LOG_INFO, "libps", "shard %u: pulls read its store %s directly", i, s->store);
-    } else {
-        /* Expected when the shard runs on another host. */
-        PS_LOG(PS_LOG_DEBUG, "libps", "shard %u: pulls over the transport (%s)", i, err);
-    }
-}
-
-void ps__area_unmap(cshard_t *s)
-{
-    if (s->area) munmap(s->area, s->area_size);
-    __atomic_store_n(&s->area, NULL, __ATOMIC_RELAXED); /* ps_client_direct reads it */
-    s->area_size = 0;
-    s->area_id = 0;
-}
-
-/* The seals psd puts on a push area (server/pushshm.c): only a memfd carries them, so a reply
- * naming some other file of this worker's (a dataset, a checkpoint) is not written into (a
- * review, session 58). */
-#define AREA_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
-
-/* Map the push area shard @p s offered (its own connection's: /proc/<psd pid>/fd/<fd>), if its
- * identity is the one offered and it is sealed as psd seals it. */
-static void area_update(ps_client_t *c, cshard_t *s)
-{
-    if (s->area || !c->direct_push || s->area_offer_id == 0 || s->area_tried == s->area_offer_id)
-        return;
-    s->area_tried = s->area_offer_id;
-    uint32_t i = (uint32_t)(s - c->shards);
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%u/fd/%u", s->area_pid, s->area_fd);
-    /* What the path names is checked before it is opened: a regular file (a memfd) with the
-     * identity offered, never some other process's device or pipe. */
-    struct stat st;
-    void *a = MAP_FAILED;
-    int fd = -1;
-    if (stat(path, &st) == 0 && S_ISREG(st.st_mode) &&
-        ps_storeview_stat_id(&st) == s->area_offer_id &&
-        (fd = open(path, O_RDWR | O_CLOEXEC | O_NOCTTY)) >= 0 &&
-        ps_storeview_file_id(fd) == s->area_offer_id && fstat(fd, &st) == 0 &&
-        (uint64_t)st.st_size >= s->area_offer_size && s->area_offer_size > 0 &&
-        (fcntl(fd, F_GET_SEALS) & AREA_SEALS) == AREA_SEALS)
-        a = mmap(NULL, s->area_offer_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE,
-                 fd, 0);
-    if (fd >= 0) close(fd);
-    /* A child this process forks (a data loader's) neither keeps nor writes the area. */
-    if (a != MAP_FAILED) madvise(a, s->area_offer_size, MADV_DONTFORK);
-    if (a == MAP_FAILED) {
-        PS_LOG(PS_LOG_DEBUG, "libps", "shard %u: pushes over the transport (no push area at %s)",
-               i, path);
-        return;
-    }
-    __atomic_store_n(&s->area, a, __ATOMIC_RELAXED);
-    s->area_size = s->area_offer_size;
-    s->area_id = s->area_offer_id;
-    s->area_next = 0;
-    s->area_gen++;
-    PS_LOG(PS_LOG_INFO, "libps", "shard %u: pushes write into its shared memory directly", i);
-}
-
-/* Where chunk @p chunk of @p t (@p len bytes) goes in shard @p s's area, or UINT64_MAX when it
- * cannot go there now (no area, full, or its place may still be read by psd). */
-static uint64_t area_place(cshard_t *s, ctensor_t *t, uint32_t chunk, uint64_t len)
-{
-    if (s->area == NULL || t->places == NULL) return UINT64_MAX;
-    area_place_t *pl = &t->places[chunk];
-    if (pl->gen != s->area_gen) {
-        uint64_t need = ps_area_place_bytes(len);
-        if (need > s->area_size - s->area_next) return UINT64_MAX;
-        *pl = (area_place_t){.off = s->area_next, .gen = s->area_gen};
-        s->area_next += need;
-    }
-    return pl->busy ? UINT64_MAX : pl->off;
-}
-
 /* A direct pull's reply: copy version >= m->step of the chunk from the shard's store. The record
  * read must be the one psd named (its CRC) when it is at that version. */
 static void direct_pull(ps_client_t *c, ps_op_t *op, part_t *p, const ps_msg_t *m, uint64_t n)
@@ -1113,8 +904,8 @@ static int on_deferred(ps_ucx_t *u)
             s->windowed = strstr(s->lanes, "cma") == NULL;
             s->eager_below = ps_ucx_eager_below(&c->ucx, s->lanes);
         }
-        view_update(c, s);
-        area_update(c, s);
+        ps__view_update(c, s);
+        ps__area_update(c, s);
         if (!s->close_queued) continue;
         s->close_queued = 0;
         did = 1;
@@ -1321,7 +1112,7 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
                              __ATOMIC_RELEASE);
             s->answers_hb = (m.flags & PS_FLAG_ANSWER) != 0;
             memcpy(s->store, m.store, sizeof s->store);
-            s->store_id = m.store[0] ? m.store_id : 0; /* opened in on_deferred (view_update) */
+            s->store_id = m.store[0] ? m.store_id : 0; /* opened in on_deferred (ps__view_update) */
             /* Another store (a restored shard): no pull may read the old one from now on, not
              * even those resent before on_deferred closes it. */
             if (s->view_open && s->view.id != s->store_id)
@@ -1564,7 +1355,7 @@ void *ps__comm_main(void *arg)
         c->behind_timer.data = c;
         uv_async_init(&c->loop, &c->wake, on_wake);
         c->wake.data = &c->ucx;
-        uv_async_init(&c->loop, &c->resolved, on_resolved);
+        uv_async_init(&c->loop, &c->resolved, ps__on_resolved);
         c->resolved.data = c;
     }
     pthread_mutex_lock(&c->mu);
@@ -1578,7 +1369,7 @@ void *ps__comm_main(void *arg)
         return NULL;
     }
     comm_run(c);
-    resolve_abandon(c);
+    ps__resolve_abandon(c);
     uv_close((uv_handle_t *)&c->wake, NULL);
     uv_close((uv_handle_t *)&c->resolved, NULL);
     for (uint32_t i = 0; i < c->nshards; i++) uv_close((uv_handle_t *)&c->shards[i].timer, NULL);

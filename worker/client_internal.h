@@ -2,9 +2,12 @@
  * libps.so's exports). libps is one client object (ps_client_t) run by a communication thread;
  * its modules:
  *   client.c      the comm thread: completion, sending, fusion into bundles, the direct push
- *                 and pull paths, receiving, the thread's loop;
+ *                 and pull paths' use, receiving, the thread's loop;
  *   shardloss.c   the comm thread: losing and regaining a shard (reconnects, re-hellos,
  *                 heartbeats, silent shards, transport restarts, membership views);
+ *   samehost.c    the comm thread: a same-host shard's store view (direct pulls) and push
+ *                 area (direct pushes);
+ *   resolve.c     the shards' name lookups, off the comm thread;
  *   client_api.c  the caller's thread: ps_client.h's functions.
  * What the comments call "comm thread" code runs under loop_mu (client.c's head comment). */
 #ifndef PS_CLIENT_INTERNAL_H
@@ -415,8 +418,6 @@ void ps__bundle_fly(ps_client_t *c, bundle_t *b, int on);
 /** @brief PS_TEST_CORRUPT_PUSH: the bytes part @p p leaves with (a corrupted copy every Nth
  *  push, owned by the part; else its data). */
 const void *ps__test_corrupt_push(ps_client_t *c, part_t *p);
-/** @brief Unmaps shard @p s's push area, if mapped. */
-void ps__area_unmap(cshard_t *s);
 /** @brief ps_ucx_t's driven hook: a caller drives the worker now or did within the busy-poll
  *  window. */
 int ps__comm_driven(ps_ucx_t *u);
@@ -424,6 +425,33 @@ int ps__comm_driven(ps_ucx_t *u);
 void ps__client_signals(sigset_t *set);
 /** @brief The comm thread (@p arg: the client). */
 void *ps__comm_main(void *arg);
+
+/* ---- samehost.c: a same-host shard's store view and push area ----------------------- */
+
+/** @brief Opens the view of shard @p s's store its hello reply offered (direct pulls), or
+ *  closes one it no longer offers; a store that cannot be opened (another host's) is tried
+ *  once per offer. Comm thread. */
+void ps__view_update(ps_client_t *c, cshard_t *s);
+/** @brief Maps the push area shard @p s offered (direct pushes) when the file is a memfd
+ *  with the identity offered and psd's seals; tried once per offer. Comm thread. */
+void ps__area_update(ps_client_t *c, cshard_t *s);
+/** @brief Unmaps shard @p s's push area, if mapped. */
+void ps__area_unmap(cshard_t *s);
+/** @brief The offset of chunk @p chunk of @p t (@p len bytes) in shard @p s's area (placed at
+ *  its first use under the area's generation), or UINT64_MAX when it cannot go there now (no
+ *  area, full, or psd may still read its place). */
+uint64_t ps__area_place(cshard_t *s, ctensor_t *t, uint32_t chunk, uint64_t len);
+
+/* ---- resolve.c: the shards' name lookups ------------------------------------------ */
+
+/** @brief Looks shard @p s's name up on a detached thread (one lookup at a time per shard;
+ *  none once the comm thread is ending); ps__on_resolved keeps what it finds. */
+void ps__resolve_start(ps_client_t *c, cshard_t *s);
+/** @brief c->resolved's callback: each finished lookup's address kept (a changed one marks
+ *  the shard moved), its job freed. */
+void ps__on_resolved(uv_async_t *h);
+/** @brief The comm thread's end: each lookup still running is left to its thread to free. */
+void ps__resolve_abandon(ps_client_t *c);
 
 /* ---- shardloss.c: losing and regaining a shard -------------------------------------- */
 
