@@ -1,6 +1,6 @@
-/* client_api.c: libps on the caller's thread: ps_client.h's functions (create, join, declare,
- * push, pull, waits, batches, leave, destroy) handing ops to the comm thread (client.c;
- * client_internal.h). */
+/* client_api.c: libps on the caller's thread: ps_client.h's functions (create, join,
+ * push, pull, waits, batches, leave, destroy; declarations: declare.c) handing ops to the comm
+ * thread (client.c; client_internal.h). */
 #include "client_internal.h"
 
 /* ---- caller's thread ------------------------------------------------------ */
@@ -33,7 +33,7 @@ static ps_op_t *op_new(ps_client_t *c, int type, uint32_t nparts)
 
 /* The op kept in @p spare (ps_op_wait keeps finished ones there; it has room for @p nparts),
  * taken out and reset, else a new one; NULL when out of memory. Caller's thread. */
-static ps_op_t *op_reuse(ps_client_t *c, ps_op_t **spare, int type, uint32_t nparts)
+ps_op_t *ps__op_reuse(ps_client_t *c, ps_op_t **spare, int type, uint32_t nparts)
 {
     ps_op_t *op = *spare;
     if (op == NULL) return op_new(c, type, nparts);
@@ -80,7 +80,7 @@ static void hand_over(ps_client_t *c, int spinning, int small)
     if (!spinning || !small) uv_async_send(&c->wake);
 }
 
-static void submit(ps_client_t *c, ps_op_t *op)
+void ps__submit(ps_client_t *c, ps_op_t *op)
 {
     op->next = NULL;
     op->submit_ns = mono_ns();
@@ -237,7 +237,7 @@ void ps_client_group_end(ps_client_t *c)
     else
         c->submit_head = c->group_head;
     c->submit_tail = c->group_tail;
-    int spinning = __atomic_load_n(&c->ucx.spinning, __ATOMIC_SEQ_CST); /* as in submit() */
+    int spinning = __atomic_load_n(&c->ucx.spinning, __ATOMIC_SEQ_CST); /* as in ps__submit() */
     pthread_mutex_unlock(&c->mu);
     c->group_head = c->group_tail = NULL;
     hand_over(c, spinning, small);
@@ -314,15 +314,15 @@ int ps_op_wait(ps_op_t *op, uint64_t *version)
 }
 
 /* Send one control request to one shard and wait for its reply. */
-static int ctrl_call(ps_client_t *c, int type, uint32_t shard, ps_msg_t *req, ps_msg_t *reply)
+int ps__ctrl_call(ps_client_t *c, int type, uint32_t shard, ps_msg_t *req, ps_msg_t *reply)
 {
     if (c->group_head) ps_client_group_end_all(c); /* held pushes and pulls go first */
-    ps_op_t *op = op_reuse(c, &c->ctrl_spare, type, 1); /* ps_op_wait below keeps it again */
+    ps_op_t *op = ps__op_reuse(c, &c->ctrl_spare, type, 1); /* ps_op_wait below keeps it again */
     if (op == NULL) return PS_ENOMEM;
     op->parts[0].shard = shard;
     req->req_id = op->req_id;
     op->req = *req;
-    submit(c, op);
+    ps__submit(c, op);
     op_wait_done(c, op);
     *reply = op->reply;
     return ps_op_wait(op, NULL);
@@ -442,7 +442,7 @@ static int join(ps_client_t *c, uint32_t timeout_ms, const volatile sig_atomic_t
             ps__hello_conf(c, &req, i);
             snprintf(req.cluster, sizeof req.cluster, "%s", c->m.cluster);
             gethostname(req.host, sizeof req.host - 1);
-            int rc = ctrl_call(c, OP_HELLO, i, &req, &rep);
+            int rc = ps__ctrl_call(c, OP_HELLO, i, &req, &rep);
             if (rc == 0) {
                 if (i == 0) {
                     __atomic_store_n(&c->rank, rep.rank, __ATOMIC_RELAXED); /* ps__on_heartbeat */
@@ -708,7 +708,7 @@ static uint32_t stale_flag(ps_client_t *c, uint64_t step)
 }
 
 /* Free what tensor @p t (may be NULL) holds sized by its shape, and zero it. */
-static void ctensor_free_bufs(ctensor_t *t)
+void ps__ctensor_free_bufs(ctensor_t *t)
 {
     if (t == NULL) return;
     free(t->residual);
@@ -737,7 +737,7 @@ void ps_client_destroy(ps_client_t *c)
                 op->req.batch_offset = c->leave_done.offset;
                 op->req.batch_count = c->leave_done.count;
             }
-            submit(c, op);
+            ps__submit(c, op);
             ps_op_wait(op, NULL);
         }
     }
@@ -745,7 +745,7 @@ void ps_client_destroy(ps_client_t *c)
      * below waiting for a comm thread nobody stops. */
     ps_op_t stop;
     pthread_mutex_lock(&c->loop_mu); /* the comm thread cannot end (close c->wake) meanwhile */
-    submit(c, op_init(&stop, c, OP_SHUTDOWN, 0));
+    ps__submit(c, op_init(&stop, c, OP_SHUTDOWN, 0));
     pthread_mutex_unlock(&c->loop_mu);
     op_wait_done(c, &stop);
     pthread_join(c->thread, NULL);
@@ -755,7 +755,7 @@ void ps_client_destroy(ps_client_t *c)
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
     for (uint32_t i = 0; c->tensors && i < PS_CLIENT_MAX_TENSORS; i++) {
-        ctensor_free_bufs(c->tensors[i]);
+        ps__ctensor_free_bufs(c->tensors[i]);
         free(c->tensors[i]);
     }
     free(c->tensors);
@@ -818,43 +818,6 @@ uint64_t ps_client_nonfinite_pushes(const ps_client_t *c)
     return __atomic_load_n(&c->nonfinite_pushes, __ATOMIC_RELAXED);
 }
 
-/* Send the values of tensor @p req's chunks placed on shard @p shard, which its declaration
- * there creates (the reply's PS_FLAG_VALUES), one chunk at a time, each answered on receipt. */
-static int send_values(ps_client_t *c, uint32_t shard, const ps_decl_t *d, const float *values)
-{
-    uint64_t numel = ps_decl_numel(d);
-    uint32_t nchunks = ps_chunk_count(numel, c->chunk_elems);
-    for (uint32_t ch = 0; ch < nchunks; ch++) {
-        if (ps_place_shard(d->first_chunk + ch, c->nshards) != shard) continue;
-        const float *v = values + (uint64_t)ch * c->chunk_elems;
-        size_t bytes = (size_t)ps_chunk_len(numel, c->chunk_elems, ch) * sizeof(float);
-        ps_op_t *op = op_reuse(c, &c->ctrl_spare, OP_VALUES, 1);
-        if (op == NULL) return PS_ENOMEM;
-        op->parts[0].shard = shard;
-        op->buf = (float *)v; /* only read: sent as it is */
-        op->req = (ps_msg_t){.type = PS_MSG_VALUES, .req_id = op->req_id, .rank = c->rank,
-                             .tensor = d->id, .chunk = ch, .length = bytes,
-                             .crc32c = ps_crc32c(0, v, bytes)};
-        submit(c, op);
-        int rc = ps_op_wait(op, NULL);
-        if (rc) return rc;
-    }
-    return 0;
-}
-
-/* Test hooks when a shard asks for values (tests only): PS_TEST_VALUES_MARK=path creates the
- * file, then PS_TEST_VALUES_STOP stops this process, PS_TEST_VALUES_SLEEP=ms sleeps. */
-static void test_values_asked(void)
-{
-    const char *mark = getenv("PS_TEST_VALUES_MARK"), *nap = getenv("PS_TEST_VALUES_SLEEP");
-    if (mark) {
-        int fd = open(mark, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
-        if (fd >= 0) close(fd);
-    }
-    if (getenv("PS_TEST_VALUES_STOP")) raise(SIGSTOP);
-    if (nap) usleep((useconds_t)atoi(nap) * 1000);
-}
-
 /* Whether every shard leaves a push holding a NaN or an infinity out (its hello reply said
  * PS_FLAG_NONFINITE): only then may a chunk int8 or sign cannot encode go as fp32. */
 static int all_leave_nonfinite(const ps_client_t *c)
@@ -862,171 +825,6 @@ static int all_leave_nonfinite(const ps_client_t *c)
     for (uint32_t sh = 0; sh < c->nshards; sh++)
         if (!__atomic_load_n(&c->shards[sh].leaves_nonfinite, __ATOMIC_ACQUIRE)) return 0;
     return 1;
-}
-
-/* Declare @p req on shard @p shard into @p rep; with @p values, send them where the
- * declaration creates the tensor and declare again (answered once it is created). A worker
- * that took over from one gone is asked again: bounded, as each ask is a creation's. */
-static int declare_on(ps_client_t *c, uint32_t shard, ps_msg_t *req, ps_msg_t *rep,
-                      const float *values, int *asked)
-{
-    int rc = ctrl_call(c, OP_DECLARE, shard, req, rep);
-    *asked = rc == 0 && (rep->flags & PS_FLAG_VALUES);
-    for (int asks = 0; rc == 0 && (rep->flags & PS_FLAG_VALUES); asks++) {
-        if (values == NULL || !rep->has_decl || !rep->decl.assigned || asks == 8) {
-            snprintf(c->err, sizeof c->err, "shard %u asked for the values of tensor '%s' %s",
-                     shard, req->decl.name, values ? "again and again" : "it was not sent");
-            return PS_EPROTO;
-        }
-        test_values_asked();
-        req->decl.id = rep->decl.id; /* shard 0 numbered it */
-        req->decl.first_chunk = rep->decl.first_chunk;
-        req->decl.assigned = 1;
-        rc = send_values(c, shard, &req->decl, values);
-        if (rc == PS_ECRC) rc = 0; /* corrupted on the way: the shard asks again, and gets all */
-        if (rc == 0) rc = ctrl_call(c, OP_DECLARE, shard, req, rep);
-    }
-    return rc;
-}
-
-static int declare(ps_client_t *c, const ps_tensor_desc_t *desc, const float *values,
-                   uint32_t *id, int *own);
-_Static_assert(PS_TENSOR_MEAN == PS_DECL_MEAN, "the public flag is the wire's");
-
-int ps_client_declare(ps_client_t *c, const ps_tensor_desc_t *desc, uint32_t *id)
-{
-    return declare(c, desc, NULL, id, NULL);
-}
-
-int ps_client_declare_values(ps_client_t *c, const ps_tensor_desc_t *desc, const float *values,
-                             uint32_t *id, int *own)
-{
-    if (own) *own = 0;
-    if (c == NULL) return PS_EINVAL;
-    if (values == NULL) {
-        snprintf(c->err, sizeof c->err, "declare: the values are NULL");
-        return PS_EINVAL;
-    }
-    if (!__atomic_load_n(&c->shards[0].knows_values, __ATOMIC_ACQUIRE)) {
-        if (!c->said_no_values)
-            PS_LOG(PS_LOG_WARN, "libps", "shard 0 is a psd older than session 36: it takes no "
-                   "values with a declaration; tensors it creates start from the shards' "
-                   "initializer");
-        c->said_no_values = 1;
-        return declare(c, desc, NULL, id, NULL);
-    }
-    return declare(c, desc, values, id, own);
-}
-
-static int declare(ps_client_t *c, const ps_tensor_desc_t *desc, const float *values,
-                   uint32_t *id, int *own)
-{
-    if (c == NULL) return PS_EINVAL;
-    if (desc == NULL || id == NULL || desc->name == NULL) {
-        snprintf(c->err, sizeof c->err, "declare: %s is NULL",
-                 desc == NULL ? "the description" : id == NULL ? "id" : "the name");
-        return PS_EINVAL;
-    }
-    if (strlen(desc->name) >= PS_NAME_MAX) {
-        snprintf(c->err, sizeof c->err, "declare: tensor name longer than %d bytes",
-                 PS_NAME_MAX - 1);
-        return PS_EINVAL;
-    }
-    ps_msg_t req = {.type = PS_MSG_DECLARE, .rank = c->rank, .has_decl = 1}, rep;
-    snprintf(req.decl.name, sizeof req.decl.name, "%s", desc->name);
-    memcpy(req.decl.shape, desc->shape, sizeof req.decl.shape);
-    req.decl.ndim = desc->ndim;
-    req.decl.init = (uint32_t)desc->init;
-    req.decl.init_arg = desc->init_arg;
-    req.decl.seed = desc->seed;
-    req.decl.total_steps = desc->total_steps;
-    /* With values, the initializer is "the values sent" (the mean flag kept). */
-    uint32_t init = values ? PSK_INIT_VALUES | (req.decl.init & PS_DECL_MEAN) : req.decl.init;
-    float init_arg = values ? 0.0f : desc->init_arg;
-    req.decl.init = init;
-    req.decl.init_arg = init_arg;
-    /* The shards refuse what this refuses; checked here, the caller learns why at once. */
-    char why[256];
-    if (ps_decl_check(&req.decl, why, sizeof why)) {
-        snprintf(c->err, sizeof c->err, "declare: %s", why);
-        return PS_EINVAL;
-    }
-    if (!isfinite(req.decl.init_arg)) { /* its initializer would make every value NaN or inf */
-        snprintf(c->err, sizeof c->err, "declare: tensor '%s' has a non-finite init_arg",
-                 desc->name);
-        return PS_EINVAL;
-    }
-    if (values && !psk_all_finite(values, ps_decl_numel(&req.decl))) {
-        snprintf(c->err, sizeof c->err, "declare: the values of tensor '%s' hold a NaN or an "
-                 "infinity", desc->name);
-        return PS_EINVAL;
-    }
-    /* Shard 0 numbers the tensor; the others create their chunks with that numbering. */
-    int asked, parts = 0, mine = 0; /* shards holding chunks of it; those that asked */
-    int rc = declare_on(c, 0, &req, &rep, values, &asked);
-    if (rc) return rc;
-    if (!rep.has_decl || !rep.decl.assigned) {
-        snprintf(c->err, sizeof c->err, "shard 0 answered a declaration without an id");
-        return PS_EPROTO;
-    }
-    req.decl = rep.decl;
-    /* A part another shard lacks is created as this caller asks: from its values, or its
-     * initializer where shard 0's creator sent values (else shard 0's initializer). */
-    if (values || ps_decl_init_kind(&req.decl) == PSK_INIT_VALUES) {
-        req.decl.init = init;
-        req.decl.init_arg = init_arg;
-    }
-    uint64_t numel = ps_decl_numel(&req.decl);
-    uint32_t nchunks = ps_chunk_count(numel, c->chunk_elems);
-    for (uint32_t i = 0; i < c->nshards; i++) {
-        ps_msg_t r2;
-        if (i > 0 && (rc = declare_on(c, i, &req, &r2, values, &asked)) != 0) return rc;
-        bool holds = false;
-        for (uint32_t ch = 0; ch < nchunks && !holds; ch++)
-            holds = ps_place_shard(req.decl.first_chunk + ch, c->nshards) == i;
-        parts += holds;
-        mine += holds && asked;
-    }
-    if (own) *own = parts > 0 && mine == parts;
-    uint32_t tid = rep.decl.id;
-    if (tid >= PS_CLIENT_MAX_TENSORS) {
-        snprintf(c->err, sizeof c->err, "tensor id %u out of range", tid);
-        return PS_EPROTO;
-    }
-    if (c->tensors[tid] == NULL && (c->tensors[tid] = calloc(1, sizeof(ctensor_t))) == NULL)
-        return PS_ENOMEM;
-    ctensor_t *t = c->tensors[tid];
-    if (t->nchunks && (t->numel != ps_decl_numel(&rep.decl) ||
-                       t->first_chunk != rep.decl.first_chunk)) {
-        /* The id was handed out again for another tensor (tensors this client gave up,
-         * ps_client_give_up, and dropped, then others declared): its buffers, spare ops and
-         * direct push places were the old shape's (a review, session 58), and its residual
-         * and codec the old tensor's, also for one of the same size (its first chunk tells
-         * them apart: a review, session 59). */
-        if (t->busy[0] || t->busy[1]) {
-            snprintf(c->err, sizeof c->err, "tensor %u: declared again as another tensor while "
-                     "its operations are in flight", tid);
-            return PS_EBUSY;
-        }
-        c->tensor_set -= psk_mix64(tid + 1);
-        c->ntensor_set--;
-        ctensor_free_bufs(t); /* as new below; compression none until set again */
-    }
-    if (t->nchunks == 0) { /* new to this client (declared again: counted once) */
-        c->tensor_set += psk_mix64(tid + 1); /* a sum: the order of declarations is free */
-        c->ntensor_set++;
-    }
-    t->id = tid;
-    t->seed_key = psk_codec_tensor_key(rep.decl.name);
-    t->numel = ps_decl_numel(&rep.decl);
-    t->nchunks = ps_chunk_count(t->numel, c->chunk_elems);
-    t->first_chunk = rep.decl.first_chunk;
-    t->mean = ps_decl_mean(&rep.decl);
-    if (t->places == NULL && t->nchunks) /* NULL when out of memory: no direct pushes */
-        t->places = calloc(t->nchunks, sizeof *t->places); /* read by the comm thread only
-                                                              after this declare returns */
-    *id = tid;
-    return 0;
 }
 
 static int data_op(ps_client_t *c, int type, uint32_t id, float *buf, uint64_t step,
@@ -1067,7 +865,7 @@ static int data_op(ps_client_t *c, int type, uint32_t id, float *buf, uint64_t s
                  "land in one buffer); wait for it first", id);
         return PS_EBUSY;
     }
-    ps_op_t *op = op_reuse(c, &t->spare[type == OP_PULL], type, t->nchunks);
+    ps_op_t *op = ps__op_reuse(c, &t->spare[type == OP_PULL], type, t->nchunks);
     if (op == NULL) return PS_ENOMEM;
     op->tensor = id;
     op->buf = buf;
@@ -1142,7 +940,7 @@ static int data_op(ps_client_t *c, int type, uint32_t id, float *buf, uint64_t s
         p->data = out;
     }
     t->busy[type == OP_PULL]++;
-    submit(c, op);
+    ps__submit(c, op);
     *out = op;
     return 0;
 }
@@ -1337,14 +1135,14 @@ void ps_client_give_up(ps_client_t *c)
         /* Shard 0 is asked whether it would, the others drop their chunks, shard 0 last. */
         ps_msg_t q = {.type = PS_MSG_FORGET, .rank = c->rank, .tensor = id,
                       .flags = PS_FLAG_CHECK}, r;
-        if (ctrl_call(c, OP_FORGET, 0, &q, &r) != 0 || !(r.flags & PS_FLAG_DONE)) {
+        if (ps__ctrl_call(c, OP_FORGET, 0, &q, &r) != 0 || !(r.flags & PS_FLAG_DONE)) {
             kept++;
             continue;
         }
         q.flags = 0;
         int rc = 0;
         for (uint32_t i = 1; i < c->nshards && rc == 0; i++) {
-            if ((rc = ctrl_call(c, OP_FORGET, i, &q, &r)) != 0 && rc != PS_ENOENT) {
+            if ((rc = ps__ctrl_call(c, OP_FORGET, i, &q, &r)) != 0 && rc != PS_ENOENT) {
                 PS_LOG(PS_LOG_WARN, "libps", "tensor %u not dropped by shard %u: %s", id, i,
                        c->err);
             } else if (rc == 0 && !(r.flags & PS_FLAG_DONE)) {
@@ -1362,7 +1160,7 @@ void ps_client_give_up(ps_client_t *c)
                 rc = 0;
             }
         }
-        if (rc == 0 && ctrl_call(c, OP_FORGET, 0, &q, &r) == 0 && (r.flags & PS_FLAG_DONE))
+        if (rc == 0 && ps__ctrl_call(c, OP_FORGET, 0, &q, &r) == 0 && (r.flags & PS_FLAG_DONE))
             dropped++;
         else
             kept++;
@@ -1394,7 +1192,7 @@ int ps_client_next_batch(ps_client_t *c, uint64_t samples, const ps_batch_info_t
         req.batch_offset = done->offset;
         req.batch_count = done->count;
     }
-    int rc = ctrl_call(c, OP_BATCH, 0, &req, &rep);
+    int rc = ps__ctrl_call(c, OP_BATCH, 0, &req, &rep);
     if (rc == PS_ECONFIG && done == NULL && !c->had_batch) ps_client_give_up(c);
     if (rc) return rc; /* a batch done stays for the leave: reporting it twice is harmless */
     /* Only a request shard 0 took: the leave reports a batch done under the training set's
@@ -1435,7 +1233,7 @@ int ps_client_self_test(ps_client_t *c, uint32_t shard, size_t bytes, int reps, 
     double t0 = 0;
     for (int i = 0; i <= reps && rc == 0; i++) { /* the first one warms the path up */
         if (i == 1) t0 = now_s();
-        ps_op_t *op = op_reuse(c, &c->ctrl_spare, OP_ECHO, 1);
+        ps_op_t *op = ps__op_reuse(c, &c->ctrl_spare, OP_ECHO, 1);
         if (op == NULL) {
             rc = PS_ENOMEM;
             break;
@@ -1444,7 +1242,7 @@ int ps_client_self_test(ps_client_t *c, uint32_t shard, size_t bytes, int reps, 
         op->buf = buf;
         op->req = (ps_msg_t){.type = PS_MSG_ECHO, .req_id = op->req_id, .rank = c->rank,
                              .length = bytes};
-        submit(c, op);
+        ps__submit(c, op);
         rc = ps_op_wait(op, NULL);
     }
     double secs = now_s() - t0;

@@ -8,7 +8,8 @@
  *   samehost.c    the comm thread: a same-host shard's store view (direct pulls) and push
  *                 area (direct pushes);
  *   resolve.c     the shards' name lookups, off the comm thread;
- *   client_api.c  the caller's thread: ps_client.h's functions.
+ *   client_api.c  the caller's thread: ps_client.h's functions;
+ *   declare.c     the caller's thread: declarations (a tensor on every shard, its values).
  * What the comments call "comm thread" code runs under loop_mu (client.c's head comment). */
 #ifndef PS_CLIENT_INTERNAL_H
 #define PS_CLIENT_INTERNAL_H
@@ -492,7 +493,19 @@ void ps__run_said(char *buf, size_t len, uint64_t origin, uint64_t base);
  *  that residual meanwhile. @p op's gradient and payload are still its own (borrowed until it
  *  completes). */
 void ps__ef_put_back(ps_client_t *c, ps_op_t *op, part_t *p);
-
+/** @brief The op kept in @p spare (ps_op_wait keeps finished ones there; it has room for
+ *  @p nparts), taken out and reset, else a new one (the caller's until it is submitted and
+ *  waited for); NULL when out of memory. Caller's thread. */
+ps_op_t *ps__op_reuse(ps_client_t *c, ps_op_t **spare, int type, uint32_t nparts);
+/** @brief Hands @p op to the comm thread (or to the next caller that drives the worker); the
+ *  client owns it until ps_op_wait returns. Caller's thread. */
+void ps__submit(ps_client_t *c, ps_op_t *op);
+/** @brief One control request @p req (its req_id set here) to shard @p shard, waited for:
+ *  the reply into @p reply; 0 or the op's error (c->err says it). Held pushes and pulls of a
+ *  group go first. Caller's thread. */
+int ps__ctrl_call(ps_client_t *c, int type, uint32_t shard, ps_msg_t *req, ps_msg_t *reply);
+/** @brief Frees what tensor @p t (may be NULL) holds sized by its shape, and zeroes it. */
+void ps__ctensor_free_bufs(ctensor_t *t);
 
 #pragma GCC visibility pop
 
