@@ -16,6 +16,7 @@
 static int table_reserve(psd_server_t *srv, uint32_t id)
 {
     if (id < srv->cap_tensors) return 0;
+    if (id >= PSD_MAX_TENSORS) return PS_EINVAL; /* the doubling below would wrap past 2^31 */
     uint32_t cap = srv->cap_tensors ? srv->cap_tensors : 16;
     while (cap <= id) cap *= 2;
     psd_tensor_t *t = realloc(srv->tensors, cap * sizeof *t);
@@ -191,13 +192,35 @@ void psd__tensor_forget(psd_server_t *srv, uint32_t id, bool reuse)
     psd_integrity_stale(srv); /* a status read since may have laid its leaves out */
 }
 
-static void on_load_tensor(void *arg, const ps_decl_t *d)
+/* A tensor record of the store, checked as a restore checks a checkpoint's (restore.c) before
+ * its shape sizes anything: one damaged on disk or written by another build killed psd at its
+ * start (ndim 0x10000000: SIGSEGV in ps_decl_numel) or hung it (an id of 2^31: table_reserve
+ * doubled its capacity round to 0 for good; a helper's static analysis, session 61). Such a
+ * store, or one this psd cannot load whole (out of memory), is refused: serving without the
+ * tensor would have the workers create it again from its initial values. */
+static int on_load_tensor(void *arg, uint32_t key_id, const ps_decl_t *d)
 {
     psd_server_t *srv = arg;
-    if (psd__tensor_add(srv, d, true))
-        PS_LOG(PS_LOG_ERROR, "shard", "cannot load tensor '%s'", d->name);
-    else /* who declared it before the restart is not known: no give-up drops it (forget.c) */
-        srv->tensors[d->id].declared_ranks = ~0ull;
+    char why[PS_NAME_MAX + 96] = "";
+    if (d->id != key_id || d->id >= PSD_MAX_TENSORS)
+        snprintf(why, sizeof why, "it says tensor %u", d->id);
+    else
+        ps_decl_check(d, why, sizeof why);
+    if (why[0]) {
+        PS_LOG(PS_LOG_ERROR, "shard", "tensor record %u of the store is malformed: %s (the "
+               "data_dir is damaged: restore a checkpoint into an empty one, psd --restore)",
+               key_id, why);
+        return PS_ESTORE;
+    }
+    int rc = psd__tensor_add(srv, d, true);
+    if (rc) {
+        PS_LOG(PS_LOG_ERROR, "shard", "cannot load tensor '%s': %s", d->name, ps_strerror(rc));
+        if (d->id < srv->cap_tensors) psd__tensor_forget(srv, d->id, false);
+        return rc;
+    }
+    /* who declared it before the restart is not known: no give-up drops it (forget.c) */
+    srv->tensors[d->id].declared_ranks = ~0ull;
+    return 0;
 }
 
 static void on_load_chunk(void *arg, uint32_t t, uint32_t c, const psd_chunk_hdr_t *h)

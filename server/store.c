@@ -387,7 +387,7 @@ int psd_store_load(psd_store_t *st, psd_store_tensor_cb on_tensor, psd_store_chu
             }
             ps_decl_t d;
             memcpy(&d, v.mv_data, sizeof d);
-            on_tensor(arg, &d);
+            if ((ret = on_tensor(arg, rd32(kp + 1), &d)) != 0) break;
         } else if (k.mv_size == 9 && kp[0] == 'C') {
             const psd_chunk_hdr_t *h = v.mv_data;
             if (v.mv_size < sizeof *h || v.mv_size != psd_chunk_bytes(h->n, h->nstate)) {

@@ -136,13 +136,16 @@ void psd_store_close(psd_store_t *st);
  *  directory's parent is fsynced). @return 0 or -errno (-ENOTDIR: a file is in the way). */
 int psd_store_mkdir_p(const char *dir);
 
-typedef void (*psd_store_tensor_cb)(void *arg, const ps_decl_t *d);
+/* A stored tensor record under key id @p key_id (as read: unchecked); nonzero stops the walk
+ * and psd_store_load returns it. */
+typedef int (*psd_store_tensor_cb)(void *arg, uint32_t key_id, const ps_decl_t *d);
 typedef void (*psd_store_chunk_cb)(void *arg, uint32_t t, uint32_t c, const psd_chunk_hdr_t *h);
 typedef void (*psd_store_applied_cb)(void *arg, uint32_t t, uint32_t c, const void *val,
                                      size_t len);
 
 /** @brief Walk every stored tensor, then every chunk header and every chunk's applied-push
- *  record (psd_store_put_applied), in key order (startup). @p val is valid during the call. */
+ *  record (psd_store_put_applied), in key order (startup). @p val is valid during the call.
+ *  @return 0, PS_ESTORE for a record of the wrong size, or what @p on_tensor returned. */
 int psd_store_load(psd_store_t *st, psd_store_tensor_cb on_tensor, psd_store_chunk_cb on_chunk,
                    psd_store_applied_cb on_applied, void *arg);
 

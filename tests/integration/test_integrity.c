@@ -533,6 +533,56 @@ static cl_proc_t *start_reads_state_as_is(cl_cluster_t *c)
 /* A psd upgraded on a data_dir whose coordinator state an older psd wrote (CRD2) resumes it:
  * its step, desired workers, samples applied and a batch waiting to be handed out again.
  * Before, it started the job's steps and training set over without a word. */
+/* Writes @p d as tensor record @p key_id of shard 0's stopped store. */
+static void put_tensor0(cl_cluster_t *c, uint32_t key_id, const ps_decl_t *d)
+{
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    uint8_t k[5] = {'T', (uint8_t)(key_id >> 24), (uint8_t)(key_id >> 16), (uint8_t)(key_id >> 8),
+                    (uint8_t)key_id};
+    store_write_txn(c, 0, &env, &txn, &dbi);
+    MDB_val key = {sizeof k, k}, v = {sizeof *d, (void *)d};
+    ck_assert_int_eq(mdb_put(txn, dbi, &key, &v, 0), 0);
+    ck_assert_int_eq(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+}
+
+/* A tensor record of a shard's own store that is damaged (or written by another build) is
+ * refused at psd's start, naming the record (exit 1), as a restore refuses a checkpoint's.
+ * Before, psd trusted it: an id of 2^31 hung it at its start (its tensor table's capacity,
+ * doubled, wrapped to 0), a huge dimension count killed it (SIGSEGV), and a record whose id
+ * differs from its key's was loaded under the other id. Found by a helper's static analysis.
+ * Each case's key sorts before the earlier ones', so it is the first the load meets. */
+START_TEST(test_store_tensor_record_damaged)
+{
+    cl_cluster_t *c = one_shard_stopped();
+    static const struct {
+        uint32_t key, id, ndim;
+        const char *log;
+    } cases[] = {
+        {0x80000000u, 0x80000000u, 1,
+         "tensor record 2147483648 of the store is malformed: it says tensor 2147483648"},
+        {1, 3, 1, "tensor record 1 of the store is malformed: it says tensor 3"},
+        {0, 0, 0x10000000,
+         "tensor record 0 of the store is malformed: tensor 'w' has 268435456 dimensions"},
+    };
+    for (int i = 0; i < 3; i++) {
+        ps_decl_t d = {.name = "w", .ndim = (int)cases[i].ndim, .shape = {4}, .id = cases[i].id};
+        put_tensor0(c, cases[i].key, &d);
+        char *argv[] = {(char *)cl_binary("PSD"), "--manifest", c->manifest, "--shard", "0",
+                        NULL};
+        char name[32];
+        snprintf(name, sizeof name, "psd-damaged-%d", i);
+        cl_proc_t *p = cl_spawn(c, name, argv);
+        EXPECT_EXIT(p, 1);
+        EXPECT_LOG(p, cases[i].log);
+        EXPECT_LOG(p, "cannot read the shard store");
+    }
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 START_TEST(test_coordinator_state_upgraded)
 {
     cl_cluster_t *c = one_shard_stopped();
@@ -2698,6 +2748,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("declare_refused_everywhere", test_declare_refused_everywhere));
     suite_add_tcase(s, tcase("create_failure_forgotten", test_create_failure_forgotten));
     suite_add_tcase(s, tcase("coordinator_state_upgraded", test_coordinator_state_upgraded));
+    suite_add_tcase(s, tcase("store_tensor_record_damaged", test_store_tensor_record_damaged));
     suite_add_tcase(s, tcase("coordinator_state_upgraded_tags",
                              test_coordinator_state_upgraded_tags));
     suite_add_tcase(s, tcase("coordinator_state_upgraded_crd4",

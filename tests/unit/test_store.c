@@ -53,10 +53,12 @@ static void write_chunk(psd_store_t *st, uint32_t t, uint32_t c, uint64_t versio
 
 static int ntensors, nchunks;
 static uint64_t seen_version;
-static void count_tensor(void *arg, const ps_decl_t *d)
+static int count_tensor(void *arg, uint32_t key_id, const ps_decl_t *d)
 {
     ntensors++;
     ck_assert_str_eq(d->name, "w");
+    ck_assert_uint_eq(key_id, d->id);
+    return 0;
 }
 static void count_chunk(void *arg, uint32_t t, uint32_t c, const psd_chunk_hdr_t *h)
 {
