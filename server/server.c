@@ -267,6 +267,22 @@ size_t psd_status_cap(void)
     return 8192 + 256 * (size_t)PS_MAX_RANKS + 48 * (size_t)PS_PASS_RING;
 }
 
+/* Append @p fmt to @p out (@p cap bytes, *@p len used) when it fits whole; else nothing, and
+ * *@p len stays below @p cap (the other parts, psd_shard_status_json and the like, clamp theirs
+ * the same way), so that no later append's cap - len wraps. */
+static void status_put(char *out, size_t cap, size_t *len, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void status_put(char *out, size_t cap, size_t *len, const char *fmt, ...)
+{
+    if (*len >= cap) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(out + *len, cap - *len, fmt, ap);
+    va_end(ap);
+    if (n > 0 && (size_t)n < cap - *len) *len += (size_t)n;
+    else out[*len] = '\0';
+}
+
 size_t psd_status_json(psd_server_t *srv, char *out, size_t cap)
 {
     size_t len = 0;
@@ -303,28 +319,28 @@ size_t psd_status_json(psd_server_t *srv, char *out, size_t cap)
                             (unsigned long long)srv->run.id,
                             (unsigned long long)srv->run.base_step,
                             (unsigned long long)srv->run.origin, srv->stopping ? "true" : "false");
+    if (len >= cap) len = cap - 1; /* cut: the parts below then add nothing */
     psd_shard_status_json(srv, out, cap, &len);
     psd_integrity_status_json(srv, out, cap, &len);
     psd_sync_status_json(srv, out, cap, &len);
     if (srv->coord) {
-        len += (size_t)snprintf(out + len, cap - len, ", ");
+        status_put(out, cap, &len, ", ");
         psd_coord_status_json(srv, out, cap, &len);
-        len += (size_t)snprintf(out + len, cap - len, "}");
+        status_put(out, cap, &len, "}");
         return len >= cap ? cap - 1 : len;
     }
-    len += (size_t)snprintf(out + len, cap - len, ", \"members\": [");
+    status_put(out, cap, &len, ", \"members\": [");
     uint64_t now = psd_now_ms();
     int first = 1;
     for (psd_conn_t *m = srv->conns; m && len + 200 < cap; m = m->next) {
         if (m->rank < 0 || m->dead) continue;
-        len += (size_t)snprintf(out + len, cap - len,
-                                "%s{\"rank\": %d, \"pid\": %u, \"peer\": \"%s\", "
-                                "\"last_heard_ms\": %llu}",
-                                first ? "" : ", ", m->rank, m->pid, m->peer,
-                                (unsigned long long)(now - m->last_seen_ms));
+        status_put(out, cap, &len,
+                   "%s{\"rank\": %d, \"pid\": %u, \"peer\": \"%s\", \"last_heard_ms\": %llu}",
+                   first ? "" : ", ", m->rank, m->pid, m->peer,
+                   (unsigned long long)(now - m->last_seen_ms));
         first = 0;
     }
-    len += (size_t)snprintf(out + len, cap - len, "]}");
+    status_put(out, cap, &len, "]}");
     return len >= cap ? cap - 1 : len;
 }
 
@@ -352,7 +368,12 @@ static void send_status(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
     ps_msg_t r = {.type = PS_MSG_STATUS_REPLY, .req_id = msg->req_id, .shard = srv->shard,
                   .length = len};
     size_t hlen;
-    psd_encode(srv, c, &r, s->hdr, sizeof s->hdr, &hlen);
+    if (psd_encode(srv, c, &r, s->hdr, sizeof s->hdr, &hlen) != 0) { /* not expected: said */
+        PS_LOG(PS_LOG_WARN, "server", "status reply to %s: its header does not encode", c->peer);
+        s->next_free = srv->free_sends;
+        srv->free_sends = s;
+        return;
+    }
     s->srv = srv;
     s->conn = c;
     s->snap = NULL;
