@@ -546,7 +546,9 @@ class ParameterServer:
                 dst = self._host_buf(tid, p.numel())
                 copies.append((p, dst))
             items.append((tid, dst.data_ptr(), dst))
-        self.client.pull_many(items, min_version).wait()  # one call each: not one per tensor
+        # One call for all (not one per tensor), without push_many's per-item checks: each
+        # `dst` is CPU float32, contiguous and of its declared size (_checked, _held_buffers).
+        self.client._pull_many_checked(items, min_version).wait()
         with torch.no_grad():
             for p, host in copies:
                 p.copy_(host.view_as(p))
@@ -647,7 +649,9 @@ class ParameterServer:
         for buf, tid in self._held_buffers():  # their values: the shards keep the mean
             v = self._staged(tid, buf)
             items.append((tid, v.data_ptr(), v))
-        ops = self.client.push_many(items, b.step)
+        # Checked here (CPU float32, contiguous, declared size: _staged, the numel check above,
+        # _held_buffers): push_many's per-item checks are left out.
+        ops = self.client._push_many_checked(items, b.step)
         try:
             ops.wait()
         except psd.PsError as e:
