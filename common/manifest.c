@@ -776,7 +776,7 @@ static const field_t job_fields[] = {
     {JOB(dataset), .type = T_STR},
     {JOB(train_samples), .type = T_INT, .min = 0, .max = NOMAX},
     {JOB(batch_size), .type = T_INT, .flags = F_REQ, .min = 1, .max = 1048576},
-    {JOB(epochs), .type = T_INT, .flags = F_REQ, .min = 1, .max = 100000},
+    {JOB(epochs), .type = T_INT, .flags = F_REQ, .min = 1, .max = PS_MAX_EPOCHS},
     {JOB(seed), .type = T_INT, .min = 0, .max = NOMAX},
     {JOB(workers), .type = T_INT, .flags = F_REQ, .min = 1, .max = 64},
     {JOB(consistency), .type = T_ENUM, .names = consist_names},

@@ -13,6 +13,7 @@
 
 #define PS_MAX_SERVERS 64
 #define PS_MAX_LAYERS 16
+#define PS_MAX_EPOCHS 100000 /* job.epochs: a stored job of more passes is damaged */
 #define PS_HOST_MAX 256
 #define PS_PATH_MAX 1024
 

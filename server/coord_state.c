@@ -243,6 +243,52 @@ static uint32_t clamp_tags(ps_batch_t *b)
     return 1;
 }
 
+/* Whether stored batch @p b (one a member holds, the re-hand queue's, a recovery's) lies
+ * outside cursor @p c: no samples, or past the training set's end once that is known. */
+static bool batch_out(const ps_cursor_t *c, const ps_batch_t *b)
+{
+    return b->count == 0 || b->pass >= c->passes ||
+           (c->n && (b->offset >= c->n || b->count > c->n - b->offset));
+}
+
+/* What is out of range in the restored cursor, its members' and recovery's batches, into
+ * @p why (empty: nothing): a damaged store handed out batches past the training set's end
+ * (the workers read past their datasets: SIGSEGV), or never ended the job (a helper's probe of
+ * damaged stores, session 61). */
+static void cursor_damaged(const coord_saved_t *s, const coord_rec_t *rec, char *why,
+                           size_t len)
+{
+    const ps_cursor_t *c = &s->cur;
+    why[0] = '\0';
+    if (c->batch == 0 || c->passes == 0 || c->passes > PS_MAX_EPOCHS || c->pass > c->passes ||
+        (c->n && c->offset > c->n)) {
+        snprintf(why, len, "its cursor is at pass %llu of %llu, sample %llu of %llu, batches of "
+                 "%u", (unsigned long long)c->pass, (unsigned long long)c->passes,
+                 (unsigned long long)c->offset, (unsigned long long)c->n, c->batch);
+        return;
+    }
+    const ps_batch_t *bad = NULL;
+    const char *whose = "";
+    for (uint32_t i = 0; i < c->nrehand && !bad; i++)
+        if (batch_out(c, &c->rehand[i])) bad = &c->rehand[i], whose = "a batch to hand out again";
+    for (uint32_t r = 0; r < PS_MAX_RANKS && !bad; r++) {
+        if (s->m[r].batch.count && batch_out(c, &s->m[r].batch))
+            bad = &s->m[r].batch, whose = "a member's batch";
+        else if (rec->rc_batch[r].count && batch_out(c, &rec->rc_batch[r]))
+            bad = &rec->rc_batch[r], whose = "a recovering step's batch";
+    }
+    if (bad)
+        snprintf(why, len, "%s is samples %llu + %u of pass %llu, of %llu samples and %llu "
+                 "passes", whose, (unsigned long long)bad->offset, bad->count,
+                 (unsigned long long)bad->pass, (unsigned long long)c->n,
+                 (unsigned long long)c->passes);
+}
+
+/* bsp: the most steps a restart closes to reach its chunks' step (psd_shard_step) from the
+ * stored one (clients that push without batch requests, as psbench, advance the chunks alone);
+ * a gap beyond is a damaged store, which closed one step at a time hung psd at its start. */
+#define CLOSE_AT_START_MAX (1ull << 20)
+
 int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, const void *rec,
                      size_t rec_len)
 {
@@ -314,6 +360,13 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
         if (clamped)
             PS_LOG(PS_LOG_WARN, "coord", "the stored coordinator state had %u counts out of range "
                    "(re-hand queue, replay tags): cut to their limits", clamped);
+        char why[200];
+        cursor_damaged(&co->s, &co->rec, why, sizeof why);
+        if (why[0]) {
+            PS_LOG(PS_LOG_ERROR, "coord", "the stored coordinator state is damaged: %s (restore "
+                   "a checkpoint into empty data_dirs, psd --restore)", why);
+            return PS_ESTORE; /* psd_coord_free frees it */
+        }
         co->m_hi = members_hi(&co->s, &co->rec); /* the members stored from now on */
         /* The members' host names go into status JSON and logs: kept as a hello's are
          * (host_safe), also from a state some other psd wrote or the disk damaged. */
@@ -423,6 +476,13 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
                     }
                 }
                 restored_applied(srv);
+            }
+            if (applied > co->s.step + CLOSE_AT_START_MAX) {
+                PS_LOG(PS_LOG_ERROR, "coord", "the chunks here are at step %llu, the stored "
+                       "coordinator state at step %llu: the store is damaged (restore a "
+                       "checkpoint into empty data_dirs, psd --restore)",
+                       (unsigned long long)applied, (unsigned long long)co->s.step);
+                return PS_ESTORE;
             }
             while (co->s.step < applied && !co->s.finished) psd__close_step(srv);
             /* The members it had get the open step's batches, as its close would have given

@@ -223,17 +223,42 @@ static int on_load_tensor(void *arg, uint32_t key_id, const ps_decl_t *d)
     return 0;
 }
 
-static void on_load_chunk(void *arg, uint32_t t, uint32_t c, const psd_chunk_hdr_t *h)
+/* No job makes this many steps: a version at or past it was damaged (a helper's probe of
+ * damaged stores, session 61: UINT64_MAX made asp's next update number 0, an assertion in the
+ * optimizer, at every start; 2^62 made a bsp chunk skip every push as applied already). */
+#define VERSION_DAMAGED (1ull << 62)
+
+/* A chunk record of the store, its header checked against its tensor as a restore checks a
+ * checkpoint's (restore.c) before psd serves it: another size, state count or format, or a
+ * version no job reaches, stops the start naming it (before, the first update of it failed
+ * "shard store error", or the version was taken as it was). */
+static int on_load_chunk(void *arg, uint32_t t, uint32_t c, const psd_chunk_hdr_t *h)
 {
     psd_server_t *srv = arg;
-    if (t < srv->ntensors && srv->tensors[t].present && c < srv->tensors[t].nchunks &&
-        srv->tensors[t].chunks[c]) {
-        srv->tensors[t].chunks[c]->version = h->version;
-        srv->tensors[t].chunks[c]->summed_from = h->version; /* earlier steps: not known */
-        srv->tensors[t].chunks[c]->hash = h->hash;
-    } else {
+    if (!(t < srv->ntensors && srv->tensors[t].present && c < srv->tensors[t].nchunks &&
+          srv->tensors[t].chunks[c])) {
         PS_LOG(PS_LOG_WARN, "shard", "stored chunk %u/%u belongs to no tensor of this shard", t, c);
+        return 0;
     }
+    psd_chunk_t *ch = srv->tensors[t].chunks[c];
+    char why[96] = "";
+    if (h->format != PSD_CHUNK_FORMAT)
+        snprintf(why, sizeof why, "record format %u, not %u", h->format, PSD_CHUNK_FORMAT);
+    else if (h->n != ch->n || h->nstate != srv->nstate)
+        snprintf(why, sizeof why, "%u values and %u state arrays, not %u and %u", h->n, h->nstate,
+                 ch->n, srv->nstate);
+    else if (h->version >= VERSION_DAMAGED)
+        snprintf(why, sizeof why, "version %llu", (unsigned long long)h->version);
+    if (why[0]) {
+        PS_LOG(PS_LOG_ERROR, "shard", "chunk %u of tensor '%s' in the store is malformed: %s "
+               "(the data_dir is damaged: restore a checkpoint into an empty one, psd --restore)",
+               c, srv->tensors[t].decl.name, why);
+        return PS_ESTORE;
+    }
+    ch->version = h->version;
+    ch->summed_from = h->version; /* earlier steps: not known */
+    ch->hash = h->hash;
+    return 0;
 }
 
 /* Written before session 35: no count of skipped steps (taken as 0, the optimizer's update

@@ -162,6 +162,23 @@ static int record_format(psd_store_t *st, MDB_txn *txn, char *err, size_t errlen
             ret = PS_ESTORE;
             break;
         }
+        /* A format 2 record is checked against its own seal (the CRC-32C of its params, the
+         * XXH3-64 of params and state in one run) before it is sealed anew: sealing a damaged
+         * one made the damage pass verify for good (a store whose format key was set back to
+         * 2 over format 3 records; a helper's probe of damaged stores, session 61). */
+        if (have == 2) {
+            psd_chunk_hdr_t oh;
+            memcpy(&oh, cv.mv_data, sizeof oh);
+            const uint8_t *od = (const uint8_t *)cv.mv_data + from_hdr;
+            if (oh.format != 2 || ps_crc32c(0, od, (size_t)n * 4) != oh.crc32c ||
+                XXH3_64bits(od, data) != oh.hash) {
+                snprintf(err, errlen, "%s: chunk record %u/%u does not match its format 2 seal "
+                         "(format field %u): damaged, or not a format 2 record", st->dir,
+                         rd32(keys + 9 * i + 1), rd32(keys + 9 * i + 5), oh.format);
+                ret = PS_ESTORE;
+                break;
+            }
+        }
         free(old); /* a copy: the put below may reuse the old record's pages */
         if ((old = malloc(cv.mv_size)) == NULL) {
             ret = PS_ENOMEM;
@@ -394,7 +411,7 @@ int psd_store_load(psd_store_t *st, psd_store_tensor_cb on_tensor, psd_store_chu
                 ret = PS_ESTORE;
                 break;
             }
-            on_chunk(arg, rd32(kp + 1), rd32(kp + 5), h);
+            if ((ret = on_chunk(arg, rd32(kp + 1), rd32(kp + 5), h)) != 0) break;
         } else if (k.mv_size == 9 && kp[0] == 'D') {
             on_applied(arg, rd32(kp + 1), rd32(kp + 5), v.mv_data, v.mv_size);
         }

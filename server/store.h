@@ -139,13 +139,16 @@ int psd_store_mkdir_p(const char *dir);
 /* A stored tensor record under key id @p key_id (as read: unchecked); nonzero stops the walk
  * and psd_store_load returns it. */
 typedef int (*psd_store_tensor_cb)(void *arg, uint32_t key_id, const ps_decl_t *d);
-typedef void (*psd_store_chunk_cb)(void *arg, uint32_t t, uint32_t c, const psd_chunk_hdr_t *h);
+/* A stored chunk record (its size checked against its header's n and nstate); nonzero stops
+ * the walk and psd_store_load returns it. */
+typedef int (*psd_store_chunk_cb)(void *arg, uint32_t t, uint32_t c, const psd_chunk_hdr_t *h);
 typedef void (*psd_store_applied_cb)(void *arg, uint32_t t, uint32_t c, const void *val,
                                      size_t len);
 
 /** @brief Walk every stored tensor, then every chunk header and every chunk's applied-push
  *  record (psd_store_put_applied), in key order (startup). @p val is valid during the call.
- *  @return 0, PS_ESTORE for a record of the wrong size, or what @p on_tensor returned. */
+ *  @return 0, PS_ESTORE for a record of the wrong size, or what @p on_tensor or @p on_chunk
+ *  returned. */
 int psd_store_load(psd_store_t *st, psd_store_tensor_cb on_tensor, psd_store_chunk_cb on_chunk,
                    psd_store_applied_cb on_applied, void *arg);
 

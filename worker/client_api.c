@@ -1208,6 +1208,15 @@ int ps_client_next_batch(ps_client_t *c, uint64_t samples, const ps_batch_info_t
         snprintf(c->err, sizeof c->err, "shard 0 handed out an empty batch");
         return PS_EPROTO;
     }
+    /* Samples [offset, offset + count) index the caller's training set: one past its end (a
+     * coordinator whose stored cursor was damaged handed them out) made psworker read past
+     * its dataset (SIGSEGV; a helper's probe of damaged stores, session 61). */
+    if (!out->finished && (out->offset >= samples || out->count > samples - out->offset)) {
+        snprintf(c->err, sizeof c->err, "shard 0 handed out samples %llu to %llu of a training "
+                 "set of %llu (its job state is damaged?)", (unsigned long long)out->offset,
+                 (unsigned long long)out->offset + out->count - 1, (unsigned long long)samples);
+        return PS_EPROTO;
+    }
     return 0;
 }
 

@@ -43,6 +43,7 @@
 #include <sys/time.h>
 
 #include "batches.h"
+#include "chunkrec.h"
 #include "cluster.h"
 #include "expect.h"
 #include "manifest.h"
@@ -579,6 +580,77 @@ START_TEST(test_store_tensor_record_damaged)
         EXPECT_LOG(p, cases[i].log);
         EXPECT_LOG(p, "cannot read the shard store");
     }
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+/* Reads shard 0's stopped store's value under @p key (@p klen bytes) into a malloc'd copy. */
+static void *get_value0(cl_cluster_t *c, const void *key, size_t klen, size_t *len)
+{
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    store_write_txn(c, 0, &env, &txn, &dbi);
+    MDB_val k = {klen, (void *)key}, v;
+    ck_assert_int_eq(mdb_get(txn, dbi, &k, &v), 0);
+    void *out = malloc(v.mv_size);
+    memcpy(out, v.mv_data, v.mv_size);
+    *len = v.mv_size;
+    mdb_txn_abort(txn);
+    mdb_env_close(env);
+    return out;
+}
+
+/* psd started on cluster @p c's shard 0 exits 1, its log saying @p why. */
+static void start_refused(cl_cluster_t *c, const char *name, const char *why)
+{
+    char *argv[] = {(char *)cl_binary("PSD"), "--manifest", c->manifest, "--shard", "0", NULL};
+    cl_proc_t *p = cl_spawn(c, name, argv);
+    EXPECT_EXIT(p, 1);
+    EXPECT_LOG(p, why);
+}
+
+/* A chunk record whose version no job reaches, and a coordinator state whose cursor says more
+ * passes than any job has, stop psd's start naming them (exit 1). Before, a version of
+ * UINT64_MAX made asp's next update number 0 (an assertion in the optimizer: SIGABRT at the
+ * first push, at every start), 2^62 had a bsp chunk skip every push as applied, and a cursor
+ * of 2^62 passes never ended the job (a helper's probe of damaged stores, session 61). */
+START_TEST(test_store_chunk_and_job_damaged)
+{
+    cl_cluster_t *c = one_shard_stopped();
+    /* The job state first (its cursor: the blob's end, with no member or queued batch). */
+    size_t len;
+    uint8_t *job = get_value0(c, "Mjob", 4, &len);
+    ck_assert_uint_ge(len, offsetof(ps_cursor_t, rehand));
+    uint8_t *cur = job + len - offsetof(ps_cursor_t, rehand);
+    uint64_t passes = 1ull << 62, was;
+    memcpy(&was, cur + offsetof(ps_cursor_t, passes), sizeof was);
+    ck_assert_uint_eq(was, 1); /* the cluster's job.epochs: the offset is the cursor's */
+    memcpy(cur + offsetof(ps_cursor_t, passes), &passes, sizeof passes);
+    put_blob0(c, "job", job, len);
+    start_refused(c, "psd-job", "the stored coordinator state is damaged: its cursor is at pass "
+                  "0 of 4611686018427387904");
+    memcpy(cur + offsetof(ps_cursor_t, passes), &was, sizeof was);
+    put_blob0(c, "job", job, len);
+    free(job);
+    /* A tensor of 4 values (sgd: no state) whose one chunk is at version 2^62. */
+    ps_decl_t d = {.name = "w", .ndim = 1, .shape = {4}, .id = 0};
+    put_tensor0(c, 0, &d);
+    struct {
+        ps_chunk_hdr_t h;
+        float p[4];
+    } rec = {.h = {.version = 1ull << 62, .n = 4, .nstate = 0, .format = PS_CHUNK_FORMAT}};
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    uint8_t key[9] = {'C', 0, 0, 0, 0, 0, 0, 0, 0};
+    store_write_txn(c, 0, &env, &txn, &dbi);
+    MDB_val k = {sizeof key, key}, v = {sizeof rec, &rec};
+    ck_assert_int_eq(mdb_put(txn, dbi, &k, &v, 0), 0);
+    ck_assert_int_eq(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+    start_refused(c, "psd-chunk", "chunk 0 of tensor 'w' in the store is malformed: version "
+                  "4611686018427387904");
     cl_cluster_destroy(c);
 }
 END_TEST
@@ -2749,6 +2821,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("create_failure_forgotten", test_create_failure_forgotten));
     suite_add_tcase(s, tcase("coordinator_state_upgraded", test_coordinator_state_upgraded));
     suite_add_tcase(s, tcase("store_tensor_record_damaged", test_store_tensor_record_damaged));
+    suite_add_tcase(s, tcase("store_chunk_and_job_damaged", test_store_chunk_and_job_damaged));
     suite_add_tcase(s, tcase("coordinator_state_upgraded_tags",
                              test_coordinator_state_upgraded_tags));
     suite_add_tcase(s, tcase("coordinator_state_upgraded_crd4",

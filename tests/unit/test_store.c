@@ -60,10 +60,11 @@ static int count_tensor(void *arg, uint32_t key_id, const ps_decl_t *d)
     ck_assert_uint_eq(key_id, d->id);
     return 0;
 }
-static void count_chunk(void *arg, uint32_t t, uint32_t c, const psd_chunk_hdr_t *h)
+static int count_chunk(void *arg, uint32_t t, uint32_t c, const psd_chunk_hdr_t *h)
 {
     nchunks++;
     seen_version = h->version;
+    return 0;
 }
 static int napplied;
 static uint64_t seen_applied[4];
@@ -430,7 +431,8 @@ START_TEST(run_record_loads)
 END_TEST
 
 /* Format 2 records (hash over params then state in one run) are rehashed at open to the
- * blocked order; values and version stay. */
+ * blocked order; values and version stay. One that does not match its format 2 seal is
+ * refused first (session 61). */
 START_TEST(format2_upgraded)
 {
     psd_store_t st;
@@ -446,11 +448,27 @@ START_TEST(format2_upgraded)
     *rec = (psd_chunk_hdr_t){.version = 3, .n = n, .nstate = 1, .format = 2};
     for (uint32_t i = 0; i < 2 * n; i++) psd_chunk_params(rec)[i] = 0.5f * (float)i;
     rec->hash = XXH3_64bits(rec + 1, (size_t)2 * n * 4); /* the format 2 definition */
+    rec->crc32c = ps_crc32c(0, rec + 1, (size_t)n * 4);
+    /* First one value flipped after the seal: refused, naming the record, not sealed anew. */
+    psd_chunk_params(rec)[5] += 1.0f;
     uint8_t key[9] = {'C', 0, 0, 0, 1, 0, 0, 0, 0};
     MDB_val k = {9, key}, v = {len, rec};
     ck_assert_int_eq(mdb_put(txn, st.dbi, &k, &v, 0), 0);
     ck_assert_int_eq(mdb_txn_commit(txn), 0);
     psd_store_close(&st);
+    ck_assert_int_eq(open_store(&st, "demo", 4000, 1, err), PS_ESTORE);
+    ck_assert_msg(strstr(err, "chunk record 1/0 does not match its format 2 seal"), "%s", err);
+    psd_chunk_params(rec)[5] -= 1.0f;
+    MDB_env *env;
+    ck_assert_int_eq(mdb_env_create(&env), 0);
+    ck_assert_int_eq(mdb_env_set_mapsize(env, (size_t)64 << 20), 0);
+    ck_assert_int_eq(mdb_env_open(env, g_dir, 0, 0600), 0);
+    ck_assert_int_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    MDB_dbi dbi;
+    ck_assert_int_eq(mdb_dbi_open(txn, NULL, 0, &dbi), 0);
+    ck_assert_int_eq(mdb_put(txn, dbi, &k, &v, 0), 0);
+    ck_assert_int_eq(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
 
     ck_assert_int_eq(open_store(&st, "demo", 4000, 1, err), 0);
     MDB_txn *snap;

@@ -468,7 +468,8 @@ void ps_client_batch_done(ps_client_t *c, const ps_batch_info_t *done);
  *         heartbeats: create a new client to join again), PS_ECONFIG (@p samples differs from
  *         the job's; or under bsp, at this client's first batch, the tensors it declared are
  *         not the set the other members declared: destroy it, as it holds their steps while it
- *         stays), PS_ECANCELED, PS_E*.
+ *         stays), PS_EPROTO (shard 0 answered an empty batch or one past the training set's
+ *         end: its job state is damaged), PS_ECANCELED, PS_E*.
  * @note Pushes sent after this call carry the returned membership epoch. Under bsp declare
  *       every tensor before the first call: each step waits for every member's push of each.
  */
