@@ -29,7 +29,9 @@ static long utf8_bad_at(const char *s)
     return -1;
 }
 
-int ps_decl_check(const ps_decl_t *d, char *err, size_t errlen)
+/* The name's own rules (ps_decl_check): NUL-terminated and not empty (what memory safety
+ * needs), then what psctl export needs (@p exportable). */
+static int name_check(const ps_decl_t *d, bool exportable, char *err, size_t errlen)
 {
     if (memchr(d->name, '\0', sizeof d->name) == NULL) {
         snprintf(err, errlen, "tensor name longer than %d bytes", PS_NAME_MAX - 1);
@@ -39,6 +41,7 @@ int ps_decl_check(const ps_decl_t *d, char *err, size_t errlen)
         snprintf(err, errlen, "empty tensor name");
         return PS_EINVAL;
     }
+    if (!exportable) return 0;
     if (strcmp(d->name, "__metadata__") == 0) { /* psctl export's header would hold it twice */
         snprintf(err, errlen, "tensor name '__metadata__' is the key safetensors keeps for a "
                  "file's metadata (psctl export)");
@@ -52,6 +55,14 @@ int ps_decl_check(const ps_decl_t *d, char *err, size_t errlen)
                  (unsigned char)d->name[bad]);
         return PS_EINVAL;
     }
+    return 0;
+}
+
+/* What both checks share: the name (its export rules with @p exportable), shape, init. */
+static int decl_check(const ps_decl_t *d, bool exportable, char *err, size_t errlen)
+{
+    int rc = name_check(d, exportable, err, errlen);
+    if (rc) return rc;
     if (d->ndim < 1 || d->ndim > PS_MAX_DIMS) {
         snprintf(err, errlen, "tensor '%s' has %d dimensions (1..%d allowed)", d->name, d->ndim,
                  PS_MAX_DIMS);
@@ -78,6 +89,16 @@ int ps_decl_check(const ps_decl_t *d, char *err, size_t errlen)
         return PS_EINVAL;
     }
     return 0;
+}
+
+int ps_decl_check(const ps_decl_t *d, char *err, size_t errlen)
+{
+    return decl_check(d, true, err, errlen);
+}
+
+int ps_decl_check_stored(const ps_decl_t *d, char *err, size_t errlen)
+{
+    return decl_check(d, false, err, errlen);
 }
 
 uint64_t ps_decl_numel(const ps_decl_t *d)
@@ -257,6 +278,8 @@ static int header_pack(const Ps__Header *h, uint8_t *buf, size_t cap, size_t *le
     wr_u64(&w, 63, h->joined_runs);
     wr_u64(&w, 64, h->poll_ms);
     wr_u64(&w, 65, h->launcher);
+    wr_u64(&w, 66, h->job_seed1);
+    wr_u64(&w, 67, h->job_batch);
     if (w.full) return PS_EINVAL;
     *len = (size_t)(w.p - buf);
     return 0;
@@ -360,6 +383,8 @@ static bool header_unpack(Ps__Header *h, uint64_t *replay, const uint8_t *buf, s
         case 63: h->joined_runs = v; break;
         case 64: h->poll_ms = (uint32_t)v; break;
         case 65: h->launcher = (uint32_t)v; break;
+        case 66: h->job_seed1 = v; break;
+        case 67: h->job_batch = (uint32_t)v; break;
         default: return false; /* 57 unpacked, or a field this build does not know */
         }
     }
@@ -419,6 +444,8 @@ int ps_msg_encode_sealed(const ps_msg_t *m, const uint8_t *session, size_t sessi
     h.joined_runs = m->joined_runs;
     h.poll_ms = m->poll_ms;
     h.launcher = m->launcher;
+    h.job_seed1 = m->job_seed1;
+    h.job_batch = m->job_batch;
     if (m->nreplay > PS_REPLAY_MAX) return PS_EINVAL;
     h.n_replay = m->nreplay;
     h.replay = (uint64_t *)m->replay; /* only read, as the strings below */
@@ -542,6 +569,8 @@ int ps_msg_decode(ps_msg_t *m, const void *buf, size_t len, char *err, size_t er
     m->joined_runs = h->joined_runs;
     m->poll_ms = h->poll_ms;
     m->launcher = h->launcher;
+    m->job_seed1 = h->job_seed1;
+    m->job_batch = h->job_batch;
     if (h->n_replay > PS_REPLAY_MAX)
         FAIL("%zu replay tags (%d allowed)", h->n_replay, PS_REPLAY_MAX);
     m->nreplay = (uint32_t)h->n_replay;

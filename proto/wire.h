@@ -222,6 +222,8 @@ typedef struct {
                              heartbeat: the worker's (ps_runs_digest) */
     uint32_t poll_ms;     /* launch: how often the launcher reports (0: an older one) */
     uint32_t launcher;    /* hello: the pid of the pslaunch that started the worker (0: none) */
+    uint64_t job_seed1;   /* batch request: the worker's job.seed + 1 (0: not sent) */
+    uint32_t job_batch;   /* batch request: the worker's job.batch_size (0: not sent) */
     uint32_t nreplay;     /* batch reply, push: replay tags in use (PS_REPLAY_MAX at most) */
     uint64_t replay[PS_REPLAY_MAX];
     char store[256];
@@ -289,6 +291,10 @@ uint64_t ps_decl_numel(const ps_decl_t *d);
  * @note Both ends check: libps before it sends a declaration, ps_msg_decode on receipt.
  */
 int ps_decl_check(const ps_decl_t *d, char *err, size_t errlen);
+/** @brief ps_decl_check without the name rules that psctl export needs (UTF-8, not
+ *  "__metadata__"), which psds before 2026-12-03 and 12-04 did not apply: for a shard's own
+ *  stored records (psd's start), which hold what such a psd took. */
+int ps_decl_check_stored(const ps_decl_t *d, char *err, size_t errlen);
 
 /** @brief Format a shape as "[784, 256]" into @p buf. */
 void ps_shape_str(const uint32_t *shape, int ndim, char *buf, size_t len);

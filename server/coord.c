@@ -524,6 +524,27 @@ void psd_coord_on_batch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
                        co->set_by[0] ? co->set_by : "its first batch request, stored with the job");
         return;
     }
+    /* The job settings that decide what a batch names on the worker (libps sends them since
+     * session 61; 0: an older one). The seed orders each pass on every worker, so one of
+     * another seed trained other samples than those the batch counts (some twice, some never)
+     * without a word; the batch size is the job's as it was made (kept in the cursor), and a
+     * worker of a smaller one wrote past its buffers (an operator probe, session 61). */
+    if (msg->job_seed1 && msg->job_seed1 != srv->m.job.seed + 1) {
+        psd_send_error(srv, c, msg->req_id, PS_ECONFIG,
+                       "this worker's job.seed is %llu, the job's %llu: the seed orders each "
+                       "pass's samples, so its batches would name other samples than the "
+                       "others'; every worker of a job needs the job's manifest",
+                       (unsigned long long)(msg->job_seed1 - 1),
+                       (unsigned long long)srv->m.job.seed);
+        return;
+    }
+    if (msg->job_batch && msg->job_batch != co->s.cur.batch) {
+        psd_send_error(srv, c, msg->req_id, PS_ECONFIG,
+                       "this worker's job.batch_size is %u, the job's %u (as it was made: kept in "
+                       "its store; a new batch_size is a new job, in empty data_dirs)",
+                       msg->job_batch, co->s.cur.batch);
+        return;
+    }
     if (tensor_set_differs(srv, c, (uint32_t)r, msg)) return;
     char err[160];
     if ((msg->flags & PS_FLAG_DONE) && batch_done(srv, (uint32_t)r, msg, err, sizeof err)) {

@@ -284,11 +284,6 @@ static void cursor_damaged(const coord_saved_t *s, const coord_rec_t *rec, char 
                  (unsigned long long)c->passes);
 }
 
-/* bsp: the most steps a restart closes to reach its chunks' step (psd_shard_step) from the
- * stored one (clients that push without batch requests, as psbench, advance the chunks alone);
- * a gap beyond is a damaged store, which closed one step at a time hung psd at its start. */
-#define CLOSE_AT_START_MAX (1ull << 20)
-
 int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, const void *rec,
                      size_t rec_len)
 {
@@ -409,6 +404,15 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
                (unsigned long long)co->s.epoch, (unsigned long long)co->s.step,
                popcount(co->s.active), (unsigned long long)co->s.cur.applied_total,
                co->s.cur.nrehand, words);
+        /* The cursor keeps the job as it was made: a manifest edited since is not taken for
+         * these two (job.max_steps is, above). Said, as workers of another batch_size are
+         * refused (psd_coord_on_batch). */
+        if (co->s.cur.batch != j->batch_size || co->s.cur.passes != j->epochs)
+            PS_LOG(PS_LOG_WARN, "coord", "the job in this store was made with job.batch_size %u "
+                   "and job.epochs %llu; the manifest says %u and %llu: the job goes on as it was "
+                   "made, and refuses workers of another batch_size (another job needs empty "
+                   "data_dirs)", co->s.cur.batch, (unsigned long long)co->s.cur.passes,
+                   j->batch_size, (unsigned long long)j->epochs);
         if (is_bsp(srv)) {
             /* A restored open step's members are in the view the pushes are checked with. */
             psd_shard_learn_view(srv, co->s.epoch, co->s.step, co->s.step_members, false);
@@ -476,13 +480,6 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
                     }
                 }
                 restored_applied(srv);
-            }
-            if (applied > co->s.step + CLOSE_AT_START_MAX) {
-                PS_LOG(PS_LOG_ERROR, "coord", "the chunks here are at step %llu, the stored "
-                       "coordinator state at step %llu: the store is damaged (restore a "
-                       "checkpoint into empty data_dirs, psd --restore)",
-                       (unsigned long long)applied, (unsigned long long)co->s.step);
-                return PS_ESTORE;
             }
             while (co->s.step < applied && !co->s.finished) psd__close_step(srv);
             /* The members it had get the open step's batches, as its close would have given

@@ -195,7 +195,8 @@ void psd__tensor_forget(psd_server_t *srv, uint32_t id, bool reuse)
 /* A tensor record of the store, checked as a restore checks a checkpoint's (restore.c) before
  * its shape sizes anything: one damaged on disk or written by another build killed psd at its
  * start (ndim 0x10000000: SIGSEGV in ps_decl_numel) or hung it (an id of 2^31: table_reserve
- * doubled its capacity round to 0 for good; a helper's static analysis, session 61). Such a
+ * doubled its capacity round to 0 for good; a helper's static analysis, session 61); the name
+ * rules only psctl export needs are left out (older psds stored names they refuse). Such a
  * store, or one this psd cannot load whole (out of memory), is refused: serving without the
  * tensor would have the workers create it again from its initial values. */
 static int on_load_tensor(void *arg, uint32_t key_id, const ps_decl_t *d)
@@ -205,7 +206,7 @@ static int on_load_tensor(void *arg, uint32_t key_id, const ps_decl_t *d)
     if (d->id != key_id || d->id >= PSD_MAX_TENSORS)
         snprintf(why, sizeof why, "it says tensor %u", d->id);
     else
-        ps_decl_check(d, why, sizeof why);
+        ps_decl_check_stored(d, why, sizeof why);
     if (why[0]) {
         PS_LOG(PS_LOG_ERROR, "shard", "tensor record %u of the store is malformed: %s (the "
                "data_dir is damaged: restore a checkpoint into an empty one, psd --restore)",

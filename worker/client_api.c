@@ -1183,8 +1183,13 @@ int ps_client_next_batch(ps_client_t *c, uint64_t samples, const ps_batch_info_t
     /* With the set of tensors declared: under bsp each step waits for every member's push of
      * every tensor a member pulls, so a member with another model would hold the job for good;
      * shard 0 refuses it instead (never 0: 0 is "not sent", from an older libps). */
+    /* With the job settings that decide what a batch's offsets name on this worker: its seed
+     * (each pass's order) and batch_size (the most samples it takes); shard 0 refuses others
+     * than the job's (a probe, session 61: a worker of another seed trained other samples
+     * without a word, one of a smaller batch_size wrote past its buffers). */
     ps_msg_t req = {.type = PS_MSG_BATCH, .rank = c->rank, .samples = samples,
-                    .tensor_set = psk_mix64(c->tensor_set) | 1, .count = c->ntensor_set}, rep;
+                    .tensor_set = psk_mix64(c->tensor_set) | 1, .count = c->ntensor_set,
+                    .job_seed1 = c->m.job.seed + 1, .job_batch = c->m.job.batch_size}, rep;
     if (done) {
         req.flags = PS_FLAG_DONE | stale_flag(c, done->step);
         req.step = done->step;
@@ -1211,6 +1216,13 @@ int ps_client_next_batch(ps_client_t *c, uint64_t samples, const ps_batch_info_t
     /* Samples [offset, offset + count) index the caller's training set: one past its end (a
      * coordinator whose stored cursor was damaged handed them out) made psworker read past
      * its dataset (SIGSEGV; a helper's probe of damaged stores, session 61). */
+    if (!out->finished && out->count > c->m.job.batch_size) { /* an older shard 0's */
+        snprintf(c->err, sizeof c->err, "shard 0 handed out a batch of %u samples; this "
+                 "manifest's job.batch_size is %u (the job was made with another batch_size: a "
+                 "new batch_size is a new job, in empty data_dirs)", out->count,
+                 c->m.job.batch_size);
+        return PS_ECONFIG;
+    }
     if (!out->finished && (out->offset >= samples || out->count > samples - out->offset)) {
         snprintf(c->err, sizeof c->err, "shard 0 handed out samples %llu to %llu of a training "
                  "set of %llu (its job state is damaged?)", (unsigned long long)out->offset,

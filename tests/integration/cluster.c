@@ -257,14 +257,14 @@ void cl_manifest_write(cl_cluster_t *c, const char *file, const cl_conf_t *conf,
             "  dataset: %s\n"
             "  batch_size: %u\n"
             "  epochs: %u\n"
-            "  seed: 1\n"
+            "  seed: %llu\n"
             "  workers: %u\n"
             "  consistency: %s\n"
             "  max_steps: %llu\n"
             "  optimizer: %s\n"
             "%s",
-            k.layers, ds && *ds ? ds : DEFAULT_DATASET, k.batch_size, k.epochs, k.workers,
-            k.consistency, (unsigned long long)k.max_steps, k.optimizer,
+            k.layers, ds && *ds ? ds : DEFAULT_DATASET, k.batch_size, k.epochs,
+            (unsigned long long)(k.seed ? k.seed : 1), k.workers, k.consistency, (unsigned long long)k.max_steps, k.optimizer,
             k.job_extra ? k.job_extra : "");
     if (k.start_wait_ms) fprintf(f, "  start_wait_ms: %u\n", k.start_wait_ms);
     ck_assert_msg(fclose(f) == 0, "cannot write %s: %s", path, strerror(errno));

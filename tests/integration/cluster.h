@@ -46,6 +46,7 @@ typedef struct {
     const char *layers;      /* ["[784, 256, 128, 10]"] job.layers, a YAML flow sequence */
     uint32_t batch_size;     /* [64] job.batch_size */
     uint32_t epochs;         /* [1] job.epochs */
+    uint64_t seed;           /* [1] job.seed (0: 1) */
     uint64_t chunk_bytes;    /* [65536] chunk_bytes */
     uint64_t map_size_mb;    /* [64] map_size_mb */
     const char *job_extra;   /* [none] more lines inside job:, each "  key: value\n" */

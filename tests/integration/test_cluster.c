@@ -619,7 +619,8 @@ END_TEST
 
 /* A worker whose manifest cuts tensors into other chunks, or runs another consistency, than
  * the cluster's is refused at its hello with both values named (exit 2, a manifest error: not
- * one pslaunch --respawn replaces); the shard serves on.
+ * one pslaunch --respawn replaces), one of another job.seed or job.batch_size at its first
+ * batch request; the shard serves on.
  * Before, the first was admitted and failed with ~25 "has no chunk N" warnings that never said
  * why, and the second was admitted silently. */
 /* A worker on manifest @p file written from @p conf exits 2, its log saying @p says. */
@@ -646,6 +647,17 @@ START_TEST(test_worker_manifest_mismatch_refused)
     other.consistency = "asp";
     worker_refused(c, "other-consistency.yaml", &other,
                    "runs job.consistency bsp, the worker's manifest asp");
+    /* Another seed (each pass's order: its batches would name other samples than the
+     * others') or batch_size (it took fewer samples than a batch holds: it wrote past its
+     * buffers) is refused at the batch request (an operator probe, session 61; before, both
+     * were taken without a word). */
+    other = c->conf;
+    other.seed = 2;
+    worker_refused(c, "other-seed.yaml", &other, "this worker's job.seed is 2, the job's 1");
+    other = c->conf;
+    other.batch_size = 32;
+    worker_refused(c, "other-batch.yaml", &other, "this worker's job.batch_size is 32, the job's "
+                   "64 (as it was made");
     cl_proc_t *w3 = cl_worker_start(c, NULL, NULL, false); /* and it still serves */
     EXPECT_EXIT(w3, 0);
     /* Another model (a restore under a manifest with other layers, a probe, session 46): its

@@ -1301,7 +1301,7 @@ def step_raised_after_push(tmp):
         m = model()
         seen, raised = [], []
         with psd.torch.ParameterServer(c.manifest, m, samples=SAMPLES) as ps:
-            real = ps.client.push_many
+            real = ps.client._push_many_checked  # what step() calls
 
             def push_then_raise(items, step):
                 ops = real(items, step)
@@ -1315,7 +1315,7 @@ def step_raised_after_push(tmp):
                             raised.append(len(seen))
                             raise Preempted()
                 return Raising()
-            ps.client.push_many = push_then_raise
+            ps.client._push_many_checked = push_then_raise
             while True:
                 try:
                     for b in ps.batches():

@@ -446,7 +446,9 @@ class ParameterServer:
         pushes before the pull) instead of a new host tensor at every step."""
         buf = self._host.get(tid)
         if buf is None or buf.numel() != n:
-            buf = self._host[tid] = torch.zeros(n, dtype=torch.float32)
+            # On the CPU whatever torch's default device is (set_default_device("cuda")): libps
+            # reads and writes it at its address (_push_many_checked checks nothing).
+            buf = self._host[tid] = torch.zeros(n, dtype=torch.float32, device="cpu")
         return buf
 
     def _staged(self, tid, t):
