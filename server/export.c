@@ -241,6 +241,17 @@ static void on_chunk(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
                        msg->tensor, msg->chunk, ps_strerror(rc));
         return;
     }
+    /* Parameters damaged at rest are refused with the reason, as pulls refuse them (pull.c):
+     * sent with their stored CRC, psctl took the mismatch for the transport's and gave up
+     * "CRC-32C mismatch 6 times in a row" (an operator probe, session 61). Not the hot path:
+     * checked at every export. */
+    if (ps_crc32c(0, psd_chunk_params((psd_chunk_hdr_t *)h), (size_t)h->n * 4) != h->crc32c) {
+        psd_send_error(srv, conn, msg->req_id, PS_ECORRUPT, "chunk %u of tensor '%s' (version "
+                       "%llu): %s on shard %u (psctl verify; psctl repair --from CHECKPOINT)",
+                       msg->chunk, srv->tensors[msg->tensor].decl.name,
+                       (unsigned long long)h->version, ps_strerror(PS_ECORRUPT), srv->shard);
+        return;
+    }
     ps_msg_t r = {.type = PS_MSG_EXPORT_CHUNK_REPLY, .req_id = msg->req_id, .shard = srv->shard,
                   .tensor = msg->tensor, .chunk = msg->chunk, .step = h->version,
                   .length = (uint64_t)h->n * 4, .crc32c = h->crc32c};

@@ -934,7 +934,8 @@ END_TEST
  * against their stored CRC-32C, so the next worker's first pull fails naming the damage and
  * the chunk, psd names the chunk, and psctl verify still finds it. Before, psd sent the damaged
  * params with their stored CRC, the worker took the mismatch for damage in transit, pulled 5
- * times more and gave up with "CRC-32C mismatch 6 times in a row", and psd said nothing. */
+ * times more and gave up with "CRC-32C mismatch 6 times in a row", and psd said nothing.
+ * psctl export refuses them with the reason too. */
 START_TEST(test_corrupt_params_at_rest_pull_refused)
 {
     cl_proc_t *psd[2], *w;
@@ -945,6 +946,16 @@ START_TEST(test_corrupt_params_at_rest_pull_refused)
     ck_assert_msg(count_in_log(w, "CRC-32C mismatch") == 0, "taken for damage in transit: %s",
                   cl_tail(w));
     EXPECT_LOG(psd[s], "chunk 1 of tensor 'fc1.weight' (version ");
+    /* psctl export says so too (before: "CRC-32C mismatch 6 times in a row", an operator
+     * probe, session 61). */
+    char out[CL_PATH];
+    cl_path(c, "damaged.safetensors", out, sizeof out);
+    const char *args[] = {"export", "--any-step", "--out", out, NULL};
+    cl_proc_t *x = psctl(c, "export-damaged", 1, args);
+    EXPECT_LOG(x, "chunk 1 of tensor 'fc1.weight' (version ");
+    EXPECT_LOG(x, "stored data does not match its hash (corrupted at rest)");
+    ck_assert_msg(count_in_log(x, "CRC-32C mismatch") == 0, "taken for damage in transit: %s",
+                  cl_tail(x));
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }
