@@ -283,9 +283,11 @@ static void give_up(ps_req_t *cl, const char *d, uint64_t id, int n, char *fate,
             fprintf(stderr, "psctl: checkpoint: %s stays, holding %s: no checkpoint; a shard "
                     "named above drops its part when it finds that file (a psd as new as this "
                     "psctl), but not one that was restarted meanwhile: remove the directory "
-                    "once each has logged 'checkpoint %016llx ... was cancelled' or was "
-                    "restarted (periodic checkpoints into its parent directory remove it once "
-                    "its files are 600 s old)\n", d, mark + strlen(d) + 1, (unsigned long long)id);
+                    "once each has logged 'checkpoint %016llx ... was cancelled', was "
+                    "restarted, or answers again with no 'checkpoint %016llx armed' in its log "
+                    "(the arm never reached it: it logs nothing of it) (periodic checkpoints "
+                    "into its parent directory remove it once its files are 600 s old)\n", d,
+                    mark + strlen(d) + 1, (unsigned long long)id, (unsigned long long)id);
         else
             fprintf(stderr, "psctl: checkpoint: cannot leave %sID in %s: %s; a part the %d "
                     "shard(s) named above make there is no checkpoint\n", PSD_CKPT_CANCELLED, d,
