@@ -753,8 +753,9 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
                     copying = false;
             if (copying) {
                 fprintf(stderr, "psctl: checkpoint: %d of %d shards still copying after %g s: "
-                        "not waited for; they go on and complete it in %s\n", n - done, n,
-                        wait_s, d);
+                        "not waited for; they go on and complete it in %s (a copy that fails "
+                        "now leaves it incomplete, said in that shard's log: `psctl verify "
+                        "--against %s` tells whether it is whole)\n", n - done, n, wait_s, d, d);
                 goto out;
             }
             /* Which of them did not answer their last status call: stopped or cut off (a

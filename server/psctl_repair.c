@@ -248,10 +248,22 @@ static int say_not_checkpoint(const char *verb, const char *dir)
 static char *meta0_or_say(const char *verb, const char *dir)
 {
     char *meta = psd_ckpt_meta_read(dir, 0);
-    if (meta == NULL)
-        fprintf(stderr, "psctl: %s: %s: no checkpoint there (no shard-0/%s)\n", verb, dir,
-                PSD_CKPT_META);
-    return meta;
+    if (meta != NULL) return meta;
+    /* Another shard's part without shard 0's: a copy that failed or stopped after psctl went
+     * (checkpoint --wait ran out while they copied), not an empty place (an operator probe,
+     * session 61: it said "no checkpoint there"). */
+    for (uint32_t k = 1; k < PS_MAX_SERVERS; k++) {
+        char *other = psd_ckpt_meta_read(dir, k);
+        if (other == NULL) continue;
+        free(other);
+        fprintf(stderr, "psctl: %s: %s: not a whole checkpoint: shard-%u/%s is there, "
+                "shard-0/%s is not (a shard's copy failed or stopped: its log says which)\n",
+                verb, dir, k, PSD_CKPT_META, PSD_CKPT_META);
+        return NULL;
+    }
+    fprintf(stderr, "psctl: %s: %s: no checkpoint there (no shard-0/%s)\n", verb, dir,
+            PSD_CKPT_META);
+    return NULL;
 }
 
 int psctl_verify_against(const ps_manifest_t *m, const char *dir)

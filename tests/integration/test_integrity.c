@@ -1605,6 +1605,13 @@ START_TEST(test_checkpoint_verify_against)
              "version 20 stored ", s);
     EXPECT_LOG(v2, line);
     EXPECT_LOG(v2, ", 1 mismatch\n");
+    /* Shard 0's part gone (its copy failed after psctl stopped waiting): not a whole
+     * checkpoint, said so (before: "no checkpoint there"; an operator probe, session 61). */
+    char cmd[2 * CL_PATH + 200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s/shard-0'", dir);
+    ck_assert_int_eq(system(cmd), 0);
+    cl_proc_t *v3 = psctl(c, "verify-against3", 1, va);
+    EXPECT_LOG(v3, "not a whole checkpoint: shard-1/meta.json is there, shard-0/meta.json is not");
     cl_cluster_destroy(c);
 }
 END_TEST
