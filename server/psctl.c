@@ -567,6 +567,13 @@ int main(int argc, char **argv)
             printf("  shard %d: %s:%u, data_dir %s", i, sc->host, sc->port, sc->data_dir);
             if (sc->metrics_port)
                 printf(", metrics http://%s:%u/metrics", sc->metrics_host, sc->metrics_port);
+            /* Relative: psd takes it from its working directory, psctl (checkpoint's default
+             * directory, <data_dir>/../checkpoints) from its own: one cluster, two places (an
+             * operator probe, session 61). */
+            if (sc->data_dir[0] != '/')
+                printf(" (relative: each psd and psctl takes it from its own working directory, "
+                       "so psctl checkpoint's default directory may not be psd's: an absolute "
+                       "path is safer)");
             printf("\n");
         }
         if (ctl.m.secret_file[0] && access(ctl.m.secret_file, F_OK) != 0 && errno == ENOENT) {

@@ -1063,6 +1063,13 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
            "cluster '%s', %u shards, %u workers wanted, %s, %s, %u apply threads", m->cluster,
            srv->nshards, m->job.workers, ps_consistency_name(m->job.consistency),
            ps_optim_name(m->job.optimizer.name), srv->fanout.nthreads);
+    if (sc->data_dir[0] != '/') { /* psctl takes it from its own working directory (psctl.c) */
+        char *abs = realpath(sc->data_dir, NULL);
+        PS_LOG(PS_LOG_WARN, "server", "data_dir '%s' is relative: this psd's is %s; psctl, run "
+               "from another directory, puts its default checkpoints elsewhere (an absolute "
+               "data_dir in the manifest is safer)", sc->data_dir, abs ? abs : "?");
+        free(abs);
+    }
     psd_follower_start(srv);
     uv_run(srv->loop, UV_RUN_DEFAULT);
     psd_follower_reap(srv);

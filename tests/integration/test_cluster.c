@@ -720,6 +720,23 @@ START_TEST(test_worker_manifest_mismatch_refused)
     EXPECT_LOG(e, "cannot listen on 192.0.2.1:");
     EXPECT_LOG(e, "(that address is not one of this host's: does the manifest name another "
                   "machine for this shard");
+    /* A relative data_dir: psctl check says that psd and psctl each take it from their own
+     * working directory (an operator probe, session 61: psctl checkpoint's default directory
+     * was then not psd's). */
+    text = cl_read_file(c->manifest, NULL);
+    a = strstr(text, c->data_dir[0]);
+    ck_assert_ptr_nonnull(a);
+    cl_path(c, "relative.yaml", path, sizeof path);
+    f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "%.*srel/data0%s", (int)(a - text), text, a + strlen(c->data_dir[0]));
+    fclose(f);
+    free(text);
+    char *ck[] = {(char *)cl_binary("PSCTL"), "--manifest", path, "check", NULL};
+    cl_proc_t *chk = cl_spawn(c, "psctl-check-relative", ck);
+    EXPECT_EXIT(chk, 0);
+    EXPECT_LOG(chk, "data_dir rel/data0 (relative: each psd and psctl takes it from its own "
+                    "working directory");
     cl_cluster_destroy(c);
 }
 END_TEST
