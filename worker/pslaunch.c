@@ -20,6 +20,7 @@
 #include "durable.h"
 #include "reqclient.h"
 #include "wire.h"
+#include "auth.h"
 #include "manifest.h"
 #include "ps/ps_error.h"
 #include "ps/ps_log.h"
@@ -432,6 +433,14 @@ int main(int argc, char **argv)
             fprintf(stderr, "pslaunch: %s\n", err);
             return 2;
         }
+        /* Its secret_file too, as each worker reads it (--follow's request client does): a
+         * refused one made every worker exit 2 and pslaunch 1 (an operator probe, session 61). */
+        static ps_auth_t a;
+        if (m.secret_file[0] && ps_auth_load(&a, &m, err, sizeof err)) {
+            fprintf(stderr, "pslaunch: %s\n", err);
+            return 2;
+        }
+        ps_auth_wipe(&a);
     }
     char self[PATH_MAX], path[PATH_MAX + 16];
     if (worker == NULL) {

@@ -108,7 +108,7 @@ START_TEST(test_secret_required)
 END_TEST
 
 /* A secret file its group or others may read: psd refuses to start (exit 2), naming it, and so
- * do psctl check and pslaunch --follow. */
+ * do psctl check and pslaunch (--follow and --workers). */
 START_TEST(test_secret_file_mode)
 {
     cl_conf_t k = {.shards = 1, .workers = 1};
@@ -131,6 +131,14 @@ START_TEST(test_secret_file_mode)
     cl_proc_t *launch = cl_spawn(c, "pslaunch-mode", argv_l);
     EXPECT_EXIT(launch, 2);
     EXPECT_LOG(launch, "(mode 640): chmod 600 it");
+    /* And pslaunch --workers, before any worker starts (an operator probe, session 61: each
+     * worker exited 2 and pslaunch 1). */
+    char *argv_w[] = {(char *)cl_binary("PSLAUNCH"), "--manifest", m, "--workers", "1", NULL};
+    cl_proc_t *lw = cl_spawn(c, "pslaunch-workers-mode", argv_w);
+    EXPECT_EXIT(lw, 2);
+    EXPECT_LOG(lw, "pslaunch: ");
+    EXPECT_LOG(lw, "(mode 640): chmod 600 it");
+    ck_assert_msg(count_in_log(lw, "psworker") == 0, "a worker started: %s", cl_tail(lw));
     cl_cluster_destroy(c);
 }
 END_TEST
