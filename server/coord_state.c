@@ -380,12 +380,23 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
          * a new worker must never get it again. */
         co->s.joins = (co->s.joins | 0xFFFFFull) + 1;
         bool reopened = false;
+        /* A raised job.epochs adds passes, as a raised job.max_steps adds steps (an operator
+         * probe, session 61: a job made for 2 epochs stayed finished under a manifest of 4). A
+         * lowered one is not taken: batches of the passes past it may be in flight or queued. */
+        if (j->epochs > co->s.cur.passes) {
+            PS_LOG(PS_LOG_INFO, "coord", "job.epochs raised from %llu to %llu: the job goes on "
+                   "for the passes it adds (a tensor's learning-rate schedule keeps the length "
+                   "it was declared with)", (unsigned long long)co->s.cur.passes,
+                   (unsigned long long)j->epochs);
+            co->s.cur.passes = j->epochs;
+        }
         if (co->s.finished && (j->max_steps == 0 || j->max_steps > co->s.step) &&
             !ps_cursor_exhausted(&co->s.cur)) {
-            /* Ended by a job.max_steps the manifest has raised (or lifted) since: it goes on. */
-            PS_LOG(PS_LOG_INFO, "coord", "the job ended at step %llu; job.max_steps is %llu now: "
-                   "it goes on", (unsigned long long)co->s.step,
-                   (unsigned long long)j->max_steps);
+            /* Ended by a job.max_steps or job.epochs the manifest has raised (or lifted) since:
+             * it goes on. */
+            PS_LOG(PS_LOG_INFO, "coord", "the job ended at step %llu; job.max_steps is %llu and "
+                   "job.epochs %llu now: it goes on", (unsigned long long)co->s.step,
+                   (unsigned long long)j->max_steps, (unsigned long long)co->s.cur.passes);
             co->s.finished = 0;
             reopened = true;
         }
@@ -408,9 +419,10 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
          * these two (job.max_steps is, above). Said, as workers of another batch_size are
          * refused (psd_coord_on_batch). */
         if (co->s.cur.batch != j->batch_size || co->s.cur.passes != j->epochs)
-            PS_LOG(PS_LOG_WARN, "coord", "the job in this store was made with job.batch_size %u "
-                   "and job.epochs %llu; the manifest says %u and %llu: the job goes on as it was "
-                   "made, and refuses workers of another batch_size (another job needs empty "
+            PS_LOG(PS_LOG_WARN, "coord", "the job in this store has job.batch_size %u and "
+                   "job.epochs %llu; the manifest says %u and %llu: the job goes on with its "
+                   "batch_size and its epochs (a raised job.epochs is taken, a lowered one not), "
+                   "and refuses workers of another batch_size (another job needs empty "
                    "data_dirs)", co->s.cur.batch, (unsigned long long)co->s.cur.passes,
                    j->batch_size, (unsigned long long)j->epochs);
         if (is_bsp(srv)) {

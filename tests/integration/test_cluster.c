@@ -741,6 +741,35 @@ START_TEST(test_worker_manifest_mismatch_refused)
 }
 END_TEST
 
+/* A finished job whose manifest's job.epochs was raised goes on for the passes it adds once
+ * psd starts again (as for a raised job.max_steps), each pass applying every sample once.
+ * Before, it stayed finished and the workers only evaluated (an operator probe, session 61). */
+START_TEST(test_epochs_raised_goes_on)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1, .epochs = 1, .job_extra = "  train_samples: 640\n"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    EXPECT_EXIT(w, 0);
+    stop_all(&psd, 1);
+    cl_conf_t k2 = c->conf;
+    k2.epochs = 2;
+    cl_manifest_write(c, "manifest.yaml", &k2, c->manifest, sizeof c->manifest);
+    psd = cl_psd_start(c, 0, NULL, READY_S);
+    EXPECT_LOG(psd, "job.epochs raised from 1 to 2: the job goes on for the passes it adds");
+    EXPECT_LOG(psd, "the job ended at step 10; job.max_steps is 0 and job.epochs 2 now: it goes "
+                    "on");
+    cl_proc_t *w2 = cl_worker_start(c, NULL, NULL, false);
+    EXPECT_EXIT(w2, 0);
+    EXPECT_LOG(w2, "joined at step 10");
+    cl_proc_t *st = status_json(c, "status-after");
+    EXPECT_LOG(st, "{\"pass\": 0, \"applied\": 640}");
+    EXPECT_LOG(st, "{\"pass\": 1, \"applied\": 640}");
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* (c) A worker whose model has another shape is refused with both shapes named; the job goes
  * on, and the rank it held is given to the next worker. The job wants 3 workers: with 2, the
  * refused one's hello could complete the first step's members, and the first worker then
@@ -1585,6 +1614,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("hot_path_allocations_asp", test_hot_path_allocations_asp));
     suite_add_tcase(s, tcase("data_dir_in_use", test_data_dir_in_use));
     suite_add_tcase(s, tcase("conflicting_shape", test_conflicting_shape));
+    suite_add_tcase(s, tcase("epochs_raised_goes_on", test_epochs_raised_goes_on));
     suite_add_tcase(s, tcase("worker_manifest_mismatch_refused",
                              test_worker_manifest_mismatch_refused));
     suite_add_tcase(s, tcase("sigterm_restart", test_sigterm_restart));
