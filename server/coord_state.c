@@ -358,8 +358,8 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
         char why[200];
         cursor_damaged(&co->s, &co->rec, why, sizeof why);
         if (why[0]) {
-            PS_LOG(PS_LOG_ERROR, "coord", "the stored coordinator state is damaged: %s (restore "
-                   "a checkpoint into empty data_dirs, psd --restore)", why);
+            PS_LOG(PS_LOG_ERROR, "coord", "the stored coordinator state is damaged: %s ("
+                   PSD_STORE_DAMAGED_REMEDY ")", why);
             return PS_ESTORE; /* psd_coord_free frees it */
         }
         co->m_hi = members_hi(&co->s, &co->rec); /* the members stored from now on */

@@ -3,7 +3,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "crc32c.h"
 #include "export.h"
 #include "ps/ps_error.h"
 #include "ps/ps_log.h"
@@ -245,7 +244,7 @@ static void on_chunk(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
      * sent with their stored CRC, psctl took the mismatch for the transport's and gave up
      * "CRC-32C mismatch 6 times in a row" (an operator probe, session 61). Not the hot path:
      * checked at every export. */
-    if (ps_crc32c(0, psd_chunk_params((psd_chunk_hdr_t *)h), (size_t)h->n * 4) != h->crc32c) {
+    if (psd_store_params_crc(h) != h->crc32c) {
         psd_send_error(srv, conn, msg->req_id, PS_ECORRUPT, "chunk %u of tensor '%s' (version "
                        "%llu): %s on shard %u (psctl verify; psctl repair --from CHECKPOINT)",
                        msg->chunk, srv->tensors[msg->tensor].decl.name,
@@ -278,8 +277,7 @@ static int verify_chunk(void *arg, uint32_t t, uint32_t c, const void *val, size
             n = snprintf(line, sizeof line, "%u %u version %llu stored %016llx bytes %016llx\n", t,
                          c, (unsigned long long)h->version, (unsigned long long)h->hash,
                          (unsigned long long)now);
-        else if ((crc = ps_crc32c(0, psd_chunk_params((psd_chunk_hdr_t *)h), (size_t)h->n * 4)) !=
-                 h->crc32c) /* what pulls are checked against: they would fail for good */
+        else if ((crc = psd_store_params_crc(h)) != h->crc32c) /* pulls would fail for good */
             n = snprintf(line, sizeof line, "%u %u version %llu crc32c stored %08x bytes %08x\n",
                          t, c, (unsigned long long)h->version, h->crc32c, crc);
     }

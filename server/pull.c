@@ -91,7 +91,7 @@ static const void *test_corrupt(psd_send_t *s, const void *data, size_t dlen)
 static bool params_damaged(psd_server_t *srv, psd_chunk_t *ch, const psd_chunk_hdr_t *h)
 {
     if (ch->params_checked) return false;
-    if (ps_crc32c(0, psd_chunk_params((psd_chunk_hdr_t *)h), (size_t)h->n * 4) == h->crc32c) {
+    if (psd_store_params_crc(h) == h->crc32c) {
         ch->params_checked = true;
         return false;
     }

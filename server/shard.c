@@ -208,9 +208,8 @@ static int on_load_tensor(void *arg, uint32_t key_id, const ps_decl_t *d)
     else
         ps_decl_check_stored(d, why, sizeof why);
     if (why[0]) {
-        PS_LOG(PS_LOG_ERROR, "shard", "tensor record %u of the store is malformed: %s (the "
-               "data_dir is damaged: restore a checkpoint into an empty one, psd --restore)",
-               key_id, why);
+        PS_LOG(PS_LOG_ERROR, "shard", "tensor record %u of the store is malformed: %s ("
+               PSD_STORE_DAMAGED_REMEDY ")", key_id, why);
         return PS_ESTORE;
     }
     int rc = psd__tensor_add(srv, d, true);
@@ -251,9 +250,8 @@ static int on_load_chunk(void *arg, uint32_t t, uint32_t c, const psd_chunk_hdr_
     else if (h->version >= VERSION_DAMAGED)
         snprintf(why, sizeof why, "version %llu", (unsigned long long)h->version);
     if (why[0]) {
-        PS_LOG(PS_LOG_ERROR, "shard", "chunk %u of tensor '%s' in the store is malformed: %s "
-               "(the data_dir is damaged: restore a checkpoint into an empty one, psd --restore)",
-               c, srv->tensors[t].decl.name, why);
+        PS_LOG(PS_LOG_ERROR, "shard", "chunk %u of tensor '%s' in the store is malformed: %s ("
+               PSD_STORE_DAMAGED_REMEDY ")", c, srv->tensors[t].decl.name, why);
         return PS_ESTORE;
     }
     ch->version = h->version;

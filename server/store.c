@@ -214,8 +214,13 @@ static int record_format(psd_store_t *st, MDB_txn *txn, char *err, size_t errlen
 void psd_store_chunk_seal(psd_chunk_hdr_t *h)
 {
     h->format = PSD_CHUNK_FORMAT;
-    h->crc32c = ps_crc32c(0, psd_chunk_params(h), (size_t)h->n * 4);
+    h->crc32c = psd_store_params_crc(h);
     h->hash = psd_store_chunk_hash(h);
+}
+
+uint32_t psd_store_params_crc(const psd_chunk_hdr_t *h)
+{
+    return ps_crc32c(0, psd_chunk_params((psd_chunk_hdr_t *)h), (size_t)h->n * 4);
 }
 
 uint64_t psd_store_chunk_hash(const psd_chunk_hdr_t *h)

@@ -192,6 +192,14 @@ bool psd_store_chunk_update(psd_chunk_hdr_t *h, const float *p_in, const float *
 /** @brief XXH3-64 of a record's params and state as stored now (what seal writes into hash). */
 uint64_t psd_store_chunk_hash(const psd_chunk_hdr_t *h);
 
+/** @brief CRC-32C of a record's params as stored now (what seal writes into crc32c, and what
+ *  pulls are checked against). */
+uint32_t psd_store_params_crc(const psd_chunk_hdr_t *h);
+
+/* What psd's refusals of a damaged store tell the operator to do. */
+#define PSD_STORE_DAMAGED_REMEDY \
+    "the data_dir is damaged: restore a checkpoint into empty data_dirs, psd --restore"
+
 typedef int (*psd_store_record_cb)(void *arg, uint32_t t, uint32_t c, const void *val,
                                    size_t len);
 

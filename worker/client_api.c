@@ -1213,10 +1213,11 @@ int ps_client_next_batch(ps_client_t *c, uint64_t samples, const ps_batch_info_t
         snprintf(c->err, sizeof c->err, "shard 0 handed out an empty batch");
         return PS_EPROTO;
     }
-    /* Samples [offset, offset + count) index the caller's training set: one past its end (a
-     * coordinator whose stored cursor was damaged handed them out) made psworker read past
-     * its dataset (SIGSEGV; a helper's probe of damaged stores, session 61). */
-    if (!out->finished && out->count > c->m.job.batch_size) { /* an older shard 0's */
+    /* Samples [offset, offset + count) index the caller's training set and fill buffers of
+     * its job.batch_size: a batch larger (an older shard 0's, of another batch_size) or past
+     * the set's end (a coordinator whose stored cursor was damaged) made psworker write or
+     * read past them (SIGSEGV; an operator probe and a probe of damaged stores, session 61). */
+    if (!out->finished && out->count > c->m.job.batch_size) {
         snprintf(c->err, sizeof c->err, "shard 0 handed out a batch of %u samples; this "
                  "manifest's job.batch_size is %u (the job was made with another batch_size: a "
                  "new batch_size is a new job, in empty data_dirs)", out->count,
