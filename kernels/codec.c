@@ -920,9 +920,12 @@ static int encode_int8(uint8_t *restrict body, const float *restrict x, size_t n
             return PS_EINVAL;
         float m = f32_from_bits(mk);
         float scale = m / 127.0f;
-        /* A subnormal scale is coarse: round it up so that 127 steps still reach m. */
+        /* A subnormal scale is coarse: round it up so that 127 steps still reach m; one
+         * rounded up near FLT_MAX would decode 127 steps as an infinity: round it down. */
         if (scale < FLT_MIN && (double)scale * 127.0 < (double)m)
             scale = nextafterf(scale, INFINITY);
+        else if ((double)scale * 127.0 > (double)FLT_MAX)
+            scale = nextafterf(scale, 0.0f);
         stf32(body + 4 * b, scale);
         if (m >= 0x1.0p-100f) {
             /* 127 / m is finite and the products stay in [-127, 127] (give or take an ulp). */
@@ -1222,6 +1225,18 @@ int psk_codec_encode_cpu(uint8_t *out, size_t cap, size_t *len, const float *in,
     rc = encode(out, in, n, c, scratch, false);
     if (rc != 0)
         return rc;
+    /* random-k's k values may miss a NaN or an infinity of x: the first one says so, so that
+     * psd leaves the push out (and the worker is told) as it does every other codec's (as the
+     * error-feedback encode does; before, a probe found, the rest of such a push was applied
+     * without a word). */
+    size_t k = psk_codec_k(c, n);
+    if (c->kind == PSK_CODEC_RANDOMK && k && !psk_all_finite(in, n)) {
+        uint8_t *v = out + PSK_CODEC_HEADER_BYTES + 8;
+        if (c->fp16_values)
+            st16(v, 0x7e00);
+        else
+            stf32(v, NAN);
+    }
     *len = payload_bytes(c, n);
     return 0;
 }
@@ -1453,7 +1468,6 @@ static void residual_unsent(float *r, size_t n, const uint8_t *body, const psk_c
     residual_zero_odd(r, n);
 }
 
-/* r[n] += g[n] */
 bool psk_all_finite(const float *x, size_t n)
 {
     /* An exponent of all ones is a NaN or an infinity; OR-reduced over the bits, so that the

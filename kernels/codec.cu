@@ -134,6 +134,8 @@ PSK_HD static inline float int8_scale(float m)
     float scale = FDIV(m, 127.0f);
     if (scale < FLT_MIN && (double)scale * 127.0 < (double)m)
         scale = nextafterf(scale, INFINITY);
+    else if ((double)scale * 127.0 > (double)FLT_MAX)
+        scale = nextafterf(scale, 0.0f);
     return scale;
 }
 

@@ -15,11 +15,13 @@
  *                                      (with error feedback: -> +-65504, the rest kept)
  *   bf16     bf16 x[n]                 round to nearest even; NaN stays NaN (with error
  *                                      feedback a finite x beyond bf16's range -> its largest)
- *   int8     f32 scale[nb], i8 q[n]    scale = absmax(block) / 127, x ~ q * scale, |q| <= 127
+ *   int8     f32 scale[nb], i8 q[n]    scale = absmax(block) / 127 (rounded so that 127 *
+ *                                      scale stays finite), x ~ q * scale, |q| <= 127
  *   topk     u32 index[k], value[k]    the k largest |x| (values vs bytes each), indices
  *                                      strictly increasing
  *   randomk  u64 seed, value[k]        indices from psk_codec_randomk_indices(seed, n, k);
- *                                      decode takes the seed from here, not from its codec
+ *                                      decode takes the seed from here, not from its codec;
+ *                                      value[0] is a NaN when any x is a NaN or an infinity
  *   sign     f32 scale[nb], u8 bits[ceil(n / 8)]
  *                                      scale = mean |x| of the block; bit i (byte i / 8,
  *                                      bit i % 8) is x's sign bit; x ~ bit ? -scale : scale;
@@ -103,7 +105,9 @@ size_t psk_codec_scratch_bytes(const psk_codec_t *c, size_t n);
  *         be finite). On error out may be partly written.
  * @note topk selects the k largest |x| by a radix select on the magnitude bits (three
  *       histogram levels, O(n), no sort); NaN counts as the largest magnitude, and ties go to
- *       the lower index. Encoding is deterministic: same input and codec, same bytes.
+ *       the lower index; randomk marks a payload whose x holds a NaN or an infinity (its
+ *       first value a NaN: a reader leaves the push out). Encoding is deterministic: same
+ *       input and codec, same bytes.
  */
 int psk_codec_encode_cpu(uint8_t *out, size_t cap, size_t *len, const float *in, size_t n,
                          const psk_codec_t *c, void *scratch);

@@ -116,6 +116,10 @@ static void metrics_text(psd_server_t *srv, psd_http_reply_t *r)
     psd_prom_u64(&p, "psd_nonfinite_param_updates_total", "counter",
                  "Updates with finite gradients that left a chunk's parameters not finite",
                  srv->nonfinite_params);
+    psd_prom_u64(&p, "psd_fp16_pull_overflows_total", "counter",
+                 "Pull replies in fp16 holding an infinity made of a finite parameter "
+                 "(65520 or more in magnitude: pull that tensor as bf16 or none)",
+                 srv->f16_overflow_pulls);
     psd_prom_u64(&p, "psd_replays_skipped_total", "counter",
                  "bsp: pushes of a batch handed out again that a chunk had applied already",
                  srv->replays_skipped);

@@ -1,5 +1,6 @@
 /* pull.c: pull replies, sent from a snapshot of the store (a read transaction kept while
  * replies of it are in flight), or the version to read for a direct pull. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -105,6 +106,34 @@ static bool params_damaged(psd_server_t *srv, psd_chunk_t *ch, const psd_chunk_h
     return true;
 }
 
+/* An fp16 pull reply @p payload of @p n parameters @p x: counts and says (the 1st, 2nd, 4th
+ * ... time) when one reads as an infinity though it is finite (65520 or more in magnitude:
+ * fp16's largest is 65504), which the worker would compute with (a probe). */
+static void f16_overflow(psd_server_t *srv, const psd_chunk_t *ch, const uint8_t *payload,
+                         const float *x, uint32_t n)
+{
+    const uint8_t *body = payload + PSK_CODEC_HEADER_BYTES;
+    uint32_t any = 0;
+    for (uint32_t i = 0; i < n; i++) /* an exponent of all ones: vectorized */
+        any |= (uint32_t)((body[2 * i + 1] & 0x7c) == 0x7c);
+    if (!any) return;
+    uint32_t over = 0;
+    float top = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if ((body[2 * i + 1] & 0x7c) == 0x7c && isfinite(x[i])) {
+            over++;
+            if (fabsf(x[i]) > top) top = fabsf(x[i]);
+        }
+    if (over == 0) return; /* the parameters themselves are not finite (said elsewhere) */
+    uint64_t k = ++srv->f16_overflow_pulls;
+    if ((k & (k - 1)) == 0)
+        PS_LOG(PS_LOG_WARN, "shard", "a pull of tensor '%s' in fp16 (chunk %u): %u of its "
+               "parameters are beyond fp16's range (up to %g; fp16 reaches 65504) and reach the "
+               "worker as infinities: pull it as bf16 or none (%llu such replies so far)",
+               srv->tensors[ch->tensor].decl.name, ch->chunk, over, (double)top,
+               (unsigned long long)k);
+}
+
 void psd__send_pull_reply(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id, psd_chunk_t *ch,
                           uint32_t codec, uint32_t flags, uint64_t asked_ns)
 {
@@ -168,6 +197,7 @@ void psd__send_pull_reply(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id, 
         }
         psk_codec_encode_cpu(s->payload, s->payload_cap, &dlen, params, h->n, &c, NULL);
         data = s->payload;
+        if (codec == PSK_CODEC_FP16) f16_overflow(srv, ch, s->payload, params, h->n);
     }
     ps_msg_t r = {.type = PS_MSG_PULL_REPLY, .req_id = req_id, .tensor = ch->tensor,
                   .chunk = ch->chunk, .step = h->version, .length = dlen,

@@ -462,6 +462,8 @@ struct psd_server_s {
     uint32_t nonfinite_rank, nonfinite_tensor; /* the last such push's */
     uint64_t nonfinite_params; /* times an update with finite pushes left a chunk's parameters
                                   not finite (it was finite before, or not known: params_odd) */
+    uint64_t f16_overflow_pulls; /* fp16 pull replies holding an infinity made of finite
+                                    parameters (|x| >= 65520: pull.c) */
     uint64_t transport_restarts; /* times UCX was left stuck and started again (on_cron) */
     uint64_t conn_requests;      /* connection requests UCX delivered (on_conn_request) */
     char fatal[256];           /* why this shard stopped on its own ("": it did not) */

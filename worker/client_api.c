@@ -827,6 +827,31 @@ static int all_leave_nonfinite(const ps_client_t *c)
     return 1;
 }
 
+/* Tensor @p t's residual once the push that carried it (fold 2) was waited for: freed (the
+ * caller's thread, no push of @p t in flight). */
+static void fold_done(ctensor_t *t)
+{
+    if (t->fold != 2 || t->busy[0]) return;
+    free(t->residual);
+    t->residual = NULL;
+    t->fold = 0;
+}
+
+/* r[n] += g[n] if every sum is finite (true); else r unchanged (false). */
+static bool fold_into(float *restrict r, const float *restrict g, size_t n)
+{
+    uint32_t bad = 0;
+    for (size_t i = 0; i < n; i++) { /* as psk_all_finite, of the sums */
+        float x = r[i] + g[i];
+        uint32_t b;
+        memcpy(&b, &x, 4);
+        bad |= (uint32_t)((b & 0x7f800000u) == 0x7f800000u);
+    }
+    if (bad) return false;
+    for (size_t i = 0; i < n; i++) r[i] += g[i];
+    return true;
+}
+
 static int data_op(ps_client_t *c, int type, uint32_t id, float *buf, uint64_t step,
                    ps_push_encoder_t enc, void *enc_arg, ps_op_t **out)
 {
@@ -871,6 +896,17 @@ static int data_op(ps_client_t *c, int type, uint32_t id, float *buf, uint64_t s
     op->buf = buf;
     op->step = step;
     op->nograd = nograd;
+    /* What error feedback had not sent when it was turned off goes with this push: the
+     * chunks are made from residual + gradient (kept in the residual until waited for). Not
+     * with a gradient holding a NaN or an infinity (psd would leave the sums out too): the
+     * next push then. */
+    const float *src = buf;
+    if (type == OP_PUSH) fold_done(t);
+    if (type == OP_PUSH && !nograd && enc == NULL && t->fold == 1 &&
+        fold_into(t->residual, buf, t->numel)) {
+        src = t->residual;
+        t->fold = 2;
+    }
     /* A NaN or an infinity int8 or sign cannot encode: a chunk holding one goes as fp32 where
      * every shard leaves such a push out (below); else the push is refused whole. */
     if (type == OP_PUSH && !nograd && enc == NULL && t->error_feedback &&
@@ -892,7 +928,7 @@ static int data_op(ps_client_t *c, int type, uint32_t id, float *buf, uint64_t s
         p->unsummed = 0;
         if (type != OP_PUSH || nograd) continue; /* nograd: no data, len 0 */
         size_t n = ps_chunk_len(t->numel, c->chunk_elems, i);
-        const float *g = enc == NULL ? buf + (uint64_t)i * c->chunk_elems : NULL;
+        const float *g = enc == NULL ? src + (uint64_t)i * c->chunk_elems : NULL;
         if (t->codec.kind == PSK_CODEC_NONE) {
             p->data = g;
             p->len = n * 4; /* its CRC-32C: at its first send (send_data_part) */
@@ -1056,8 +1092,12 @@ int ps_client_set_compression(ps_client_t *c, uint32_t id, const ps_compression_
     void *scratch = scr ? malloc(scr) : NULL;
     /* The residual is fp32 whatever the codec: kept while error feedback stays on (a change
      * of the pull codec, the block, or the push codec dropped what the last pushes carried
-     * over: a review, session 59). */
-    bool keep_res = push && error_feedback && t->error_feedback && t->residual;
+     * over: a review, session 59), and when it is turned off, added to the next push (fold;
+     * before, a probe found, a switch to none or error_feedback 0 dropped it). */
+    fold_done(t);
+    bool had = t->residual && (t->error_feedback || t->fold == 1);
+    bool keep_res = push && error_feedback && had;
+    bool fold = !(push && error_feedback) && had && !t->mean;
     float *res = push && error_feedback && !keep_res ? calloc(t->numel, sizeof *res) : NULL;
     uint8_t *pull_buf = pull ? malloc(pull_cap * t->nchunks) : NULL;
     if ((push && !payload) || (scr && !scratch) || (push && error_feedback && !keep_res && !res) ||
@@ -1070,13 +1110,14 @@ int ps_client_set_compression(ps_client_t *c, uint32_t id, const ps_compression_
                  "(its compression is unchanged)", id);
         return PS_ENOMEM;
     }
+    if (!keep_res && !fold) {
+        free(t->residual);
+        t->residual = res;
+    }
+    t->fold = fold;
     if (push) {
         ps_buffer_free(t->payload, t->chunk_cap * t->nchunks);
         free(t->scratch);
-        if (!keep_res) {
-            free(t->residual);
-            t->residual = res;
-        }
         t->payload = payload;
         t->scratch = scratch;
         t->chunk_cap = cap;

@@ -15,7 +15,9 @@
  * and in step 0 an int8 push with error feedback of a gradient holding a NaN, which int8
  * cannot encode (sent as fp32 and left out by psd; the clean push of step 1 goes through); and
  * compressions that would destroy a PS_TENSOR_MEAN tensor's values, refused (mean_codecs); and
- * a residual kept when the compression is set again (residual_kept).
+ * a residual kept when the compression is set again (residual_kept), and sent when error
+ * feedback is turned off (residual_folded); and an fp16 pull of a parameter beyond fp16's
+ * range (f16_pull_overflow).
  *
  * Joins the cluster, declares tensor "mean.t" of NUMEL floats (zeros), checks that it reads
  * zeros before any push, and then for each step s (from the coordinator, as any bsp worker
@@ -224,6 +226,69 @@ static int residual_kept(ps_client_t *c, uint64_t s, uint64_t k, uint32_t *id)
     return 0;
 }
 
+/* Tensors "mean.f" and "mean.h" (64 floats): step 0 (@p k) pushes 1 .. 64 as topk:0.25 with
+ * error feedback (49 .. 64 applied, 1 .. 48 kept in the residual); step 1 turns error feedback
+ * off, mean.f with codec none, mean.h with topk:0.25 without it, and pushes zeros: what the
+ * residual held goes with it (mean.f: 1 .. 48; mean.h: its top quarter, 33 .. 48). Before, a
+ * probe found, the residual was dropped (zeros applied). @p ids: declared at step 0.
+ * @return 0 if so (said on stdout). */
+static int residual_folded(ps_client_t *c, uint64_t s, uint64_t k, uint32_t ids[2])
+{
+    static const char *names[2] = {"mean.f", "mean.h"};
+    static float g[64], got[64];
+    for (int t = 0; t < 2; t++) {
+        ps_tensor_desc_t d = {.name = names[t], .shape = {64}, .ndim = 1, .init = 0};
+        ps_compression_t cc = {.codec = "topk:0.25", .error_feedback = 1};
+        if (k == 1) {
+            cc.codec = t == 0 ? "none" : "topk:0.25";
+            cc.error_feedback = t == 0;
+        }
+        if ((k == 0 && ps_client_declare(c, &d, &ids[t]) != 0) ||
+            ps_client_set_compression(c, ids[t], &cc) != 0) {
+            printf("mean_client: %s: %s\n", names[t], ps_client_error(c));
+            return 1;
+        }
+        for (int i = 0; i < 64; i++) g[i] = k == 0 ? (float)(i + 1) : 0.0f;
+        if (push_pull(c, ids[t], names[t], g, got, s)) return 1;
+        for (int i = 0; i < 64; i++) {
+            int sent = k == 0 ? i >= 48 : t == 0 ? i < 48 : i >= 32 && i < 48;
+            if (got[i] != (sent ? (float)(i + 1) : 0.0f)) {
+                printf("mean_client: %s step %" PRIu64 ": value %d is %.9g, want %g\n",
+                       names[t], s, i, (double)got[i], sent ? (double)(i + 1) : 0.0);
+                return 1;
+            }
+        }
+    }
+    if (k == 1)
+        printf("mean_client: error feedback turned off sent what its residual held\n");
+    return 0;
+}
+
+/* Tensor "mean.o" (64 floats) pulled as fp16: in step 0 (@p k) value 0 is 70000, beyond
+ * fp16's range, and reads as an infinity (psd warns: the test reads its log), the others as
+ * sent; in step 1 zeros read as zeros. @p id: declared at step 0. @return 0 if so (said). */
+static int f16_pull_overflow(ps_client_t *c, uint64_t s, uint64_t k, uint32_t *id)
+{
+    ps_tensor_desc_t d = {.name = "mean.o", .shape = {64}, .ndim = 1, .init = 0};
+    ps_compression_t cc = {.codec = "none", .pull = "fp16"};
+    static float g[64], got[64];
+    if (k == 0 && (ps_client_declare(c, &d, id) != 0 ||
+                   ps_client_set_compression(c, *id, &cc) != 0)) {
+        printf("mean_client: mean.o: %s\n", ps_client_error(c));
+        return 1;
+    }
+    for (int i = 0; i < 64; i++) g[i] = k ? 0.0f : i ? 0.5f : 70000.0f;
+    if (push_pull(c, *id, "mean.o", g, got, s)) return 1;
+    for (int i = 0; i < 64; i++)
+        if (k == 0 && i == 0 ? got[i] != INFINITY : got[i] != g[i]) {
+            printf("mean_client: mean.o step %" PRIu64 ": value %d is %.9g\n", s, i,
+                   (double)got[i]);
+            return 1;
+        }
+    if (k == 1) printf("mean_client: an fp16 pull of 70000 read as an infinity\n");
+    return 0;
+}
+
 /* "nograd": whether rank @p r has a gradient in step @p s. */
 static int has_grad(int nograd, uint32_t r, uint64_t s)
 {
@@ -254,6 +319,7 @@ int main(int argc, char **argv)
     }
     uint32_t rank = (uint32_t)ps_client_rank(c), w = 0; /* the members, from the first step */
     uint32_t eid = 0, vid = 0, rid = 0, nid = 0; /* misuse: mean.e, mean.v, mean.r, mean.n */
+    uint32_t fid[2] = {0, 0}, oid = 0;            /* mean.f, mean.h; mean.o */
     ps_tensor_desc_t d = {.name = "mean.t", .shape = {(uint32_t)n}, .ndim = 1, .init = 0};
     uint32_t id;
     float *g = malloc(n * sizeof *g), *got = malloc(n * sizeof *got),
@@ -306,7 +372,8 @@ int main(int argc, char **argv)
         prev = b;
         uint64_t s = b.step;
         if (misuse && k < 2 && (ef_nan_left_out(c, s, k, &eid) || mean_codecs(c, s, k, &vid) ||
-                                residual_kept(c, s, k, &rid) || ef_nan_given_back(c, s, k, &nid))) {
+                                residual_kept(c, s, k, &rid) || ef_nan_given_back(c, s, k, &nid) ||
+                                residual_folded(c, s, k, fid) || f16_pull_overflow(c, s, k, &oid))) {
             bad = 1;
             break;
         }

@@ -252,7 +252,10 @@ static void direct_off(bool off)
  * tensor compressed so that its values would be zeroed or flattened (topk, int8) or carry the
  * last step's rounding (error feedback), refused (session 59; before, taken); a residual kept
  * when a tensor's compression is set again (before, zeroed); a top-k push left out for a NaN
- * gives its error feedback back (session 60; before, the residual kept its finite values). */
+ * gives its error feedback back (session 60; before, the residual kept its finite values); and
+ * error feedback turned off (codec none, or error_feedback 0) sends what the residual held with
+ * the next push (session 62; before, dropped), and an fp16 pull of a parameter beyond fp16's
+ * range reads as an infinity, which psd says (session 62; before, silently). */
 START_TEST(test_libps_misuse_harmless)
 {
     cl_conf_t k = {.shards = 2, .workers = 1, .consistency = "bsp", .optimizer = "{name: mean}"};
@@ -268,6 +271,15 @@ START_TEST(test_libps_misuse_harmless)
                   "raw");
     EXPECT_LOG(a, "the residual outlived a second ps_client_set_compression");
     EXPECT_LOG(a, "a push left out for a NaN gave its error feedback back");
+    EXPECT_LOG(a, "error feedback turned off sent what its residual held");
+    EXPECT_LOG(a, "an fp16 pull of 70000 read as an infinity");
+    char *l0 = cl_log(psd[0]), *l1 = cl_log(psd[1]);
+    const char *warned = "a pull of tensor 'mean.o' in fp16 (chunk 0): 1 of its parameters are "
+                         "beyond fp16's range (up to 70000";
+    ck_assert_msg(strstr(l0, warned) || strstr(l1, warned), "no shard said \"%s\": %s | %s",
+                  warned, cl_tail(psd[0]), cl_tail(psd[1]));
+    free(l0);
+    free(l1);
     EXPECT_LOG(a, "2 steps, every pull the exact mean");
     stop_all(psd, 2);
     cl_cluster_destroy(c);

@@ -1054,6 +1054,64 @@ START_TEST(test_randomk_round_trip)
 }
 END_TEST
 
+/* Without error feedback, random-k's k values may miss a NaN or an infinity of x: its first
+ * value says so (a NaN), so that psd leaves the push out as it does every other codec's
+ * (before, a probe found, the rest of such a push was applied without a word). */
+START_TEST(test_randomk_marks_nonfinite)
+{
+    psk_codec_t c = CODECS[7 + _i];
+    const size_t n = 64;
+    size_t k = psk_codec_k(&c, n);
+    ck_assert_uint_lt(k, n);
+    float x[64];
+    const float odd[] = {NAN, INFINITY, -INFINITY};
+    for (size_t o = 0; o < 3; o++)
+        for (size_t at = 0; at < n; at++) {
+            for (size_t i = 0; i < n; i++) x[i] = 0.25f * (float)(i + 1);
+            x[at] = odd[o];
+            payload_t pl = encode(&c, x, n);
+            const uint8_t *v = pl.p + PSK_CODEC_HEADER_BYTES + 8;
+            if (c.fp16_values)
+                ck_assert_uint_eq((unsigned)(v[0] | v[1] << 8) & 0x7c00u, 0x7c00u);
+            else {
+                float f;
+                memcpy(&f, v, 4);
+                ck_assert(!isfinite(f));
+            }
+            free(pl.p);
+        }
+    /* A finite x is sent as it is. */
+    for (size_t i = 0; i < n; i++) x[i] = 0.25f * (float)(i + 1);
+    payload_t pl = encode(&c, x, n);
+    float *y = zeros(n);
+    ck_assert_int_eq(psk_codec_decode_add_cpu(y, n, pl.p, pl.len, &c, 1.0f), 0);
+    ck_assert(psk_all_finite(y, n));
+    free(y);
+    free(pl.p);
+}
+END_TEST
+
+/* int8 near FLT_MAX: the scale absmax / 127 rounded up made 127 * scale an infinity, and a
+ * finite gradient decoded as one (psd then left it out as not finite: a probe). */
+START_TEST(test_int8_largest_finite)
+{
+    psk_codec_t c = CODECS[3 + _i];
+    const float big[] = {FLT_MAX, -FLT_MAX, 3.3895314e38f, 3.4e38f, 1.7e38f};
+    for (size_t b = 0; b < sizeof big / sizeof big[0]; b++) {
+        float x[4] = {big[b], 1.0f, -2.0f, 0.5f};
+        payload_t pl = encode(&c, x, 4);
+        float *y = zeros(4);
+        ck_assert_int_eq(psk_codec_decode_add_cpu(y, 4, pl.p, pl.len, &c, 1.0f), 0);
+        ck_assert_msg(isfinite(y[0]), "%g decodes as %g", (double)x[0], (double)y[0]);
+        double step = fabs((double)big[b]) / 127.0;
+        ck_assert_msg(fabs((double)y[0] - (double)x[0]) <= 0.5 * step * (1.0 + 1e-4),
+                      "%g decodes as %g", (double)x[0], (double)y[0]);
+        free(y);
+        free(pl.p);
+    }
+}
+END_TEST
+
 /* Every codec handles an empty chunk: a bare header. */
 START_TEST(test_empty_chunk)
 {
@@ -1497,6 +1555,8 @@ Suite *ps_test_suite(void)
     tc = tcase_create("randomk");
     tcase_add_test(tc, test_randomk_indices);
     tcase_add_loop_test(tc, test_randomk_round_trip, 0, 2);
+    tcase_add_loop_test(tc, test_randomk_marks_nonfinite, 0, 2);
+    tcase_add_loop_test(tc, test_int8_largest_finite, 0, 2);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("decode_add");

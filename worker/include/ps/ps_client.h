@@ -237,6 +237,12 @@ typedef struct {
  * @note With a codec other than none, the encoded chunks live in one buffer per tensor, as
  *       do compressed pulls' landing chunks: ps_client_push refuses a second push of a tensor
  *       before the first was waited for, ps_client_pull a second compressed pull.
+ * @note The error-feedback residual is kept while error feedback stays on (whatever else
+ *       changes); turned off (codec "none", or error_feedback 0), what it holds is added to
+ *       the next push whose sums are all finite (encoded with the new codec), then dropped.
+ *       Pushes encoded by the caller (ps_client_push_encoded) keep their own residual.
+ *       A tensor pulled as "fp16" whose parameters reach 65520 or more in magnitude reads
+ *       them as infinities (psd warns, naming the tensor): pull it as "bf16" or "none".
  */
 int ps_client_set_compression(ps_client_t *c, uint32_t id, const ps_compression_t *cfg);
 
