@@ -31,7 +31,17 @@ int ps_mkdir_durable(const char *dir)
         if (*p != '/' && *p != '\0') continue;
         char c = *p;
         *p = '\0';
-        if (mkdir(tmp, 0700) == 0) {
+        int made = mkdir(tmp, 0700) == 0;
+        if (!made && errno == EEXIST && c == '\0') {
+            /* The directory asked for was there: made by someone else (psctl's mark of a
+             * checkpoint, a user) maybe without a sync of its entry, which a power loss would
+             * take with what is then written under it (a review). Synced here as if new. */
+            struct stat st;
+            if (stat(tmp, &st) != 0) return -errno;
+            if (!S_ISDIR(st.st_mode)) return -ENOTDIR;
+            made = 1;
+        }
+        if (made) {
             /* A new entry: its parent is synced, so the path survives a power loss. */
             char *slash = strrchr(tmp, '/');
             int rc;

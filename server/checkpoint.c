@@ -285,7 +285,9 @@ static int meta_write(psd_server_t *srv, struct psd_ckpt_s *ck, inventory_t *inv
                 (unsigned long long)c->version, (unsigned long long)c->hash);
     }
     fprintf(f, "]}\n");
-    int rc = fflush(f) || fsync(fileno(f)) ? -errno : 0;
+    /* ferror: a write that failed earlier (the disk full for a moment) dropped its buffer and
+     * only set the flag, which fflush does not report (a review). */
+    int rc = fflush(f) || ferror(f) || fsync(fileno(f)) ? (errno ? -errno : -EIO) : 0;
     if (fclose(f) && rc == 0) rc = -errno;
     if (rc == 0) rc = ps_rename_durable(tmp, path); /* before a prune may remove the last one */
     return rc;
@@ -447,10 +449,11 @@ static void copy_work(uv_work_t *w)
                 fail(ck, PS_ESTORE, "chunk %u/%u: malformed record of %zu bytes", t, c, v.mv_size);
                 goto out;
             }
-            /* Never checkpoint corruption at rest: the bytes must still match their hash. */
-            if (psd_store_chunk_hash(h) != h->hash) {
+            /* Never checkpoint corruption at rest: the bytes must still match their hash,
+             * the params their CRC (which restore checks too). */
+            if (psd_store_chunk_hash(h) != h->hash || psd_store_params_crc(h) != h->crc32c) {
                 fail(ck, PS_ESTORE, "chunk %u/%u (version %llu): stored bytes do not match "
-                     "their hash; run psctl verify and repair first", t, c,
+                     "their hash or CRC-32C; run psctl verify and repair first", t, c,
                      (unsigned long long)h->version);
                 goto out;
             }

@@ -31,11 +31,11 @@ int psd_run_load(psd_store_t *st, uint64_t step_now, psd_run_t *out, char *err, 
     int rc = psd_store_get_blob(st, PSD_RUN_BLOB, out, sizeof *out, &len);
     if (rc == 0 && len == PSD_RUN_V1_BYTES && out->id != 0) out->origin = 0;
     if (rc == 0 && (len == sizeof *out || len == PSD_RUN_V1_BYTES) && out->id != 0) return 0;
-    if (rc != 0 && rc != PS_ENOENT && rc != PS_ESTORE) {
+    if (rc != 0 && rc != PS_ENOENT && rc != -EOVERFLOW) {
         snprintf(err, errlen, "%s: cannot read the store's run: %s", st->dir, ps_strerror(rc));
         return rc;
     }
-    if (rc == 0 || rc == PS_ESTORE)
+    if (rc == 0 || rc == -EOVERFLOW)
         PS_LOG(PS_LOG_WARN, "run", "%s: the stored run is malformed (%zu bytes); starting a new "
                "one", st->dir, len);
     *out = (psd_run_t){.id = psd_run_new_id(), .base_step = step_now};

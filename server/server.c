@@ -973,7 +973,14 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
     int brc = restore ? PS_ENOENT
                       : psd_store_get_blob(&srv->store, PSD_RESTORING, restoring,
                                            sizeof restoring - 1, &restoring_len);
-    if (brc == 0 || brc == PS_ESTORE) { /* PS_ESTORE: a longer path than fits here */
+    if (brc != 0 && brc != PS_ENOENT && brc != -EOVERFLOW) {
+        snprintf(err, errlen, "%s: cannot read the store's restore mark: %s", sc->data_dir,
+                 ps_strerror(brc));
+        psd_store_close(&srv->store);
+        rc = brc;
+        goto fail_store;
+    }
+    if (brc == 0 || brc == -EOVERFLOW) { /* -EOVERFLOW: a longer path than fits here */
         restoring[brc == 0 ? restoring_len : 0] = '\0';
         snprintf(err, errlen, "%s holds a restore from %s that did not finish (psd stopped during "
                  "it): remove the data_dir and run psd --restore again", sc->data_dir,
@@ -984,6 +991,8 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
     }
     if (restore) psd_restore_undo_on_fault(sc->data_dir); /* the fault's exit cleans up too */
     if (restore && (rc = psd_restore_fill(srv, restore, err, errlen)) != 0) {
+        if (err[0] == '\0') /* a failure without words of its own (out of memory, a put) */
+            snprintf(err, errlen, "--restore %s: %s", restore, ps_strerror(rc));
         psd_restore_undo_on_fault(NULL);
         psd_store_close(&srv->store);
         psd_restore_undo(sc->data_dir); /* empty again: the same command may be tried again */
@@ -1010,8 +1019,20 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
         _Alignas(uint64_t) static uint8_t saved[PSD_COORD_STATE_MAX];
         _Alignas(uint64_t) static uint8_t rec[PSD_COORD_REC_MAX];
         size_t saved_len = 0, rec_len = 0;
-        if (psd_store_get_blob(&srv->store, "job", saved, sizeof saved, &saved_len)) saved_len = 0;
-        if (psd_store_get_blob(&srv->store, "jobrec", rec, sizeof rec, &rec_len)) rec_len = 0;
+        int jrc = psd_store_get_blob(&srv->store, "job", saved, sizeof saved, &saved_len);
+        int rrc = psd_store_get_blob(&srv->store, "jobrec", rec, sizeof rec, &rec_len);
+        if ((jrc && jrc != PS_ENOENT) || (rrc && rrc != PS_ENOENT)) {
+            /* Not taken as none: a fresh coordinator over trained chunks (a review). */
+            snprintf(err, errlen, "%s: the coordinator's %s record cannot be read: %s%s",
+                     sc->data_dir, jrc ? "state (Mjob)" : "recovery (Mjobrec)",
+                     ps_strerror(jrc ? jrc : rrc),
+                     (jrc ? jrc : rrc) == -EOVERFLOW ? " (larger than this psd's: a store of a "
+                                                       "newer psd?)" : "");
+            rc = PS_ESTORE;
+            goto fail_shard;
+        }
+        if (jrc) saved_len = 0;
+        if (rrc) rec_len = 0;
         if ((rc = psd_coord_create(srv, saved_len ? saved : NULL, saved_len,
                                    rec_len ? rec : NULL, rec_len)) != 0) {
             snprintf(err, errlen, "cannot create the coordinator: %s", ps_strerror(rc));

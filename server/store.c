@@ -369,7 +369,11 @@ void psd_store_close(psd_store_t *st)
         st->rcache = NULL;
     }
     if (st->env) {
-        mdb_env_sync(st->env, 1);
+        int rc = mdb_env_sync(st->env, 1); /* NOSYNC: this is the store's only sync by default */
+        if (rc)
+            PS_LOG(PS_LOG_ERROR, "store", "%s: writing the store to disk at its close failed: "
+                   "%s (what was committed since the last sync may be lost if the host goes "
+                   "down)", st->dir, mdb_strerror(rc));
         mdb_env_close(st->env);
         st->env = NULL;
     }
@@ -666,6 +670,11 @@ int psd_store_put_applied(psd_wtxn_t *tx, uint32_t t, uint32_t c, const void *va
     return mdb_err(mdb_put(tx->w, tx->st->dbi, &k, &v, 0));
 }
 
+int psd_store_sync(psd_store_t *st)
+{
+    return mdb_err(mdb_env_sync(st->env, 1));
+}
+
 int psd_store_get_blob(psd_store_t *st, const char *name, void *buf, size_t cap, size_t *len)
 {
     char kb[64];
@@ -678,10 +687,12 @@ int psd_store_get_blob(psd_store_t *st, const char *name, void *buf, size_t cap,
     if (rc == 0) {
         *len = v.mv_size;
         if (v.mv_size <= cap) memcpy(buf, v.mv_data, v.mv_size);
-        else rc = PS_ESTORE;
+        else rc = -EOVERFLOW;
     }
     mdb_txn_abort(txn);
-    return rc == MDB_NOTFOUND ? PS_ENOENT : rc > 0 ? mdb_err(rc) : rc;
+    /* LMDB's own codes (MDB_CORRUPTED, MDB_PAGE_NOTFOUND ...) are negative too: mapped, not
+     * passed on (a review: a caller took them for "absent"). */
+    return rc == MDB_NOTFOUND ? PS_ENOENT : rc == -EOVERFLOW ? rc : mdb_err(rc);
 }
 
 /*

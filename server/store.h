@@ -276,8 +276,14 @@ int psd_store_del_blob(psd_wtxn_t *tx, const char *name);
  *  bytes copied from @p val, in @p tx. Key 'D' be32(t) be32(c): chunk walks skip it.
  *  @return 0 or PS_ESTOREFULL / PS_ESTORE. */
 int psd_store_put_applied(psd_wtxn_t *tx, uint32_t t, uint32_t c, const void *val, size_t len);
+/** @brief Write everything committed to @p st to disk (the store is NOSYNC: psd_store_close
+ *  and sync.c's periodic job do otherwise). Blocks: not on psd's loop thread while serving.
+ *  @return 0 or PS_E* (-errno for an I/O error). */
+int psd_store_sync(psd_store_t *st);
+
 /** @brief Copy the committed blob @p name into @p buf (at most @p cap bytes); *len = its size.
- *  @return 0, PS_ENOENT (never stored), PS_ESTORE (larger than cap), PS_E*. */
+ *  @return 0, PS_ENOENT (never stored), -EOVERFLOW (larger than cap: *len says how large),
+ *  PS_ESTORE (the store could not be read), PS_E*. */
 int psd_store_get_blob(psd_store_t *st, const char *name, void *buf, size_t cap, size_t *len);
 
 #endif

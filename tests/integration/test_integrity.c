@@ -631,6 +631,15 @@ START_TEST(test_store_chunk_and_job_damaged)
     start_refused(c, "psd-job", "the stored coordinator state is damaged: its cursor is at pass "
                   "0 of 4611686018427387904");
     memcpy(cur + offsetof(ps_cursor_t, passes), &was, sizeof was);
+    /* A state larger than this psd reads (a newer psd's, or damage): refused, not taken as
+     * none (session 62, a review: a fresh coordinator over the trained chunks). */
+    size_t big_len = 1 << 20;
+    uint8_t *big = calloc(1, big_len);
+    memcpy(big, job, len);
+    put_blob0(c, "job", big, big_len);
+    free(big);
+    start_refused(c, "psd-job-large", "the coordinator's state (Mjob) record cannot be read: "
+                  "Value too large for defined data type (larger than this psd's");
     put_blob0(c, "job", job, len);
     free(job);
     /* A tensor of 4 values (sgd: no state) whose one chunk is at version 2^62. Its name is
@@ -1540,19 +1549,32 @@ static void at_checkpoint(cl_cluster_t *c, const char *dir, char *live0)
         snprintf(c->data_dir[j], sizeof c->data_dir[j], "%.900s/shard-%d", dir, j);
 }
 
-/* psd --restore @p dir for shard 0, its data_dir @p live0 moved aside (a restore fills only an
- * empty one): refused (exit 1) saying @p want. */
-static void restore_refused(cl_cluster_t *c, const char *live0, const char *dir,
-                            const char *name, const char *want)
+/* psd --restore @p dir for shard @p shard, its data_dir @p live moved aside (a restore fills
+ * only an empty one): refused (exit 1) saying @p want; with @p put_back, @p live is empty
+ * again afterwards (the refusal undid what it wrote) and is put back. */
+static void restore_refused_shard(cl_cluster_t *c, int shard, const char *live, const char *dir,
+                                  const char *name, const char *want, bool put_back)
 {
-    char aside[CL_PATH + 32];
-    snprintf(aside, sizeof aside, "%s.aside", live0);
-    ck_assert_int_eq(rename(live0, aside), 0);
-    char *argv[] = {(char *)cl_binary("PSD"), "--manifest", c->manifest, "--shard", "0",
+    char aside[CL_PATH + 32], sh[16];
+    snprintf(aside, sizeof aside, "%s.aside", live);
+    snprintf(sh, sizeof sh, "%d", shard);
+    ck_assert_int_eq(rename(live, aside), 0);
+    char *argv[] = {(char *)cl_binary("PSD"), "--manifest", c->manifest, "--shard", sh,
                     "--restore", (char *)dir, NULL};
     cl_proc_t *r = cl_spawn(c, name, argv);
     EXPECT_EXIT(r, 1);
     EXPECT_LOG(r, want);
+    if (!put_back) return;
+    ck_assert_msg(rmdir(live) == 0 || errno == ENOENT, "%s after a refused restore: %s", live,
+                  strerror(errno));
+    ck_assert_int_eq(rename(aside, live), 0);
+}
+
+/* restore_refused_shard() for shard 0, @p live0 left aside. */
+static void restore_refused(cl_cluster_t *c, const char *live0, const char *dir,
+                            const char *name, const char *want)
+{
+    restore_refused_shard(c, 0, live0, dir, name, want, false);
 }
 
 /* A checkpoint at the step where training stopped has the roots the live shards report; verify
@@ -2276,7 +2298,8 @@ START_TEST(test_header_crc_damage_found)
     EXPECT_LOG(psctl(c, "repair", 0, rp), "psctl: repair: 1 chunk repaired, 0 not repairable");
     EXPECT_LOG(psctl(c, "verify2", 0, vf), ", 0 mismatches\n");
     stop_all(psd, 2);
-    char live0[CL_PATH];
+    char live0[CL_PATH], live1[CL_PATH];
+    snprintf(live1, sizeof live1, "%s", c->data_dir[1]);
     at_checkpoint(c, dir, live0); /* now the checkpoint's copy */
     ck_assert_int_eq(corrupt_chunk_len(c, 0, 1, 20, 4), s);
     const char *va[] = {"verify", "--against", dir, NULL};
@@ -2284,6 +2307,12 @@ START_TEST(test_header_crc_damage_found)
     snprintf(want, sizeof want, "checkpoint shard %d: tensor 'fc1.weight' chunk 1: version 20 "
              "crc32c stored ", s);
     EXPECT_LOG(psctl(c, "verify-against", 1, va), want);
+    /* psd --restore refuses it too (session 62, a review; before, it restored the chunk, whose
+     * every pull then failed its check until psctl repair). Then the damage is undone. */
+    restore_refused_shard(c, s, s ? live1 : live0, dir, "restore-crc",
+                          "tensor 'fc1.weight' chunk 1 is malformed or does not match its hash "
+                          "or CRC-32C", true);
+    ck_assert_int_eq(corrupt_chunk_len(c, 0, 1, 20, 4), s);
     /* A tensor's name changed in the checkpoint's tensor table (a record with no hash of its
      * own): verify --against and psd --restore find it through meta.json's others_xxh3.
      * Before, both passed it, and the restored cluster served a tensor of another name. */
