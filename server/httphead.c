@@ -79,7 +79,8 @@ bool psd_http_head_add(psd_http_head_t *h, size_t n, psd_http_req_t *req)
     }
     /* The searches stop at a NUL: an end after one is not seen, and the NUL refuses the
      * request; bytes after the end (a NUL among them too) are not looked at. */
-    if (strstr(h->head + from, "\r\n\r\n") || strstr(h->head + from, "\n\n"))
+    if (strstr(h->head + from, "\r\n\r\n") || strstr(h->head + from, "\n\n") ||
+        strstr(h->head + from, "\n\r\n")) /* a line end is LF, a CR before it optional */
         return parse(h->head, req);
     if (memchr(h->head + from, '\0', h->len - from)) /* the bytes before: looked at before */
         return refuse(req, 400, "the request holds a NUL byte");

@@ -77,7 +77,12 @@ void psd_prom_u64(psd_prom_t *p, const char *name, const char *type, const char 
 void psd_prom_f64(psd_prom_t *p, const char *name, const char *help, double v)
 {
     head(p, name, "gauge", help);
-    put(p, "%s{%s} %.17g\n", name, p->labels, v);
+    /* The shortest of 15 and 17 digits that reads back as @p v (0.068, not
+     * 0.068000000000000005). */
+    char s[32];
+    snprintf(s, sizeof s, "%.15g", v);
+    if (strtod(s, NULL) != v) snprintf(s, sizeof s, "%.17g", v);
+    put(p, "%s{%s} %s\n", name, p->labels, s);
 }
 
 void psd_prom_info(psd_prom_t *p, const char *name, const char *help, const char *more_labels)

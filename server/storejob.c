@@ -515,6 +515,10 @@ static void slot_done(uv_work_t *w, int status)
     psd_server_t *srv = s->srv;
     ps_ucx_spin_resume(&srv->ucx); /* slot_work stopped it */
     srv->slot_running = false;
+    /* It may have committed (the coordinator's state, a repair): pull replies take a snapshot
+     * of that, not the one before (a probe saw psd's own reader age with every psctl scale
+     * on an idle shard 0: psd_store_oldest_snapshot_commits). */
+    snapshot_stale(srv);
     s->done(s); /* may free s */
     psd__job_start_next(srv);
     if (!srv->job_running && !srv->slot_running) psd_server_maybe_stop(srv);
@@ -545,6 +549,7 @@ static bool slot_start(psd_server_t *srv)
         PS_LOG(PS_LOG_ERROR, "shard", "uv_queue_work: %s", uv_strerror(rc));
         s->run(s);
         srv->slot_running = false;
+        snapshot_stale(srv);
         s->done(s);
         return false;
     }

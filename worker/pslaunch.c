@@ -40,11 +40,17 @@ static const char *g_device; /* --device, passed on to every worker (NULL: none)
  * (PS_TEST_FINISH_GRACE_MS). */
 #define FINISH_GRACE_S 30.0
 
-/* Start worker i: psworker --manifest M [--metrics-out DIR/worker-i.jsonl] [--device D]. */
-static pid_t spawn(const char *worker, const char *manifest, const char *metrics_dir, long i)
+/* Start worker i: psworker --manifest M [--metrics-out DIR/worker-i.jsonl] [--device D]; its
+ * @p gen-th replacement (--respawn) writes DIR/worker-i.gen.jsonl, so that the lines of the
+ * one that died stay (before, a probe found, the replacement emptied its file). */
+static pid_t spawn(const char *worker, const char *manifest, const char *metrics_dir, long i,
+                   long gen)
 {
     char mpath[PATH_MAX];
-    if (metrics_dir) snprintf(mpath, sizeof mpath, "%s/worker-%ld.jsonl", metrics_dir, i);
+    if (metrics_dir && gen)
+        snprintf(mpath, sizeof mpath, "%s/worker-%ld.%ld.jsonl", metrics_dir, i, gen);
+    else if (metrics_dir)
+        snprintf(mpath, sizeof mpath, "%s/worker-%ld.jsonl", metrics_dir, i);
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0) {
@@ -232,7 +238,7 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
                 for (int k = 0; k < rep.status && nlive < FOLLOW_MAX && !stop_pending(); k++) {
                     long index = metrics_dir ? claim_index(metrics_dir, &next_index)
                                              : next_index++;
-                    pid_t pid = spawn(worker, manifest, metrics_dir, index);
+                    pid_t pid = spawn(worker, manifest, metrics_dir, index, 0);
                     if (pid < 0) break;
                     born[nlive] = mono_s();
                     pids[nlive] = pid;
@@ -314,7 +320,8 @@ static void usage(FILE *f)
                "Start N psworker processes; with --metrics-dir, worker i writes\n"
                "DIR/worker-i.jsonl (DIR is made if missing). With --respawn N, a worker that\n"
                "dies (a signal or a non-zero exit other than 2, psworker's code for a manifest\n"
-               "or argument it refuses) is replaced, up to N times in all. Exits non-zero if a\n"
+               "or argument it refuses) is replaced, up to N times in all (the k-th replacement\n"
+               "of worker i writes DIR/worker-i.k.jsonl). Exits non-zero if a\n"
                "worker failed for good. SIGINT/SIGTERM/SIGHUP are passed on to the workers; a\n"
                "second one, or 30 s without their exit, kills (SIGKILL) the ones left.\n"
                "With --follow, start and stop (SIGTERM) workers as the coordinator says until\n"
@@ -499,12 +506,13 @@ int main(int argc, char **argv)
     if (follow_mode) return follow(manifest, worker, metrics_dir, poll_ms, &set);
     pid_t *pids = calloc((size_t)n, sizeof *pids);
     double *born = calloc((size_t)n, sizeof *born); /* each worker's start (mono_s) */
-    if (pids == NULL || born == NULL) return 1;
+    long *gen = calloc((size_t)n, sizeof *gen);     /* each worker's replacements so far */
+    if (pids == NULL || born == NULL || gen == NULL) return 1;
     long started = 0;
     int quick = 0; /* replacements in a row that died within a second */
     for (long i = 0; i < n && !stop_pending(); i++) {
         born[i] = mono_s();
-        if ((pids[i] = spawn(worker, manifest, metrics_dir, i)) < 0) break;
+        if ((pids[i] = spawn(worker, manifest, metrics_dir, i, 0)) < 0) break;
         started++;
     }
     if (stop_pending()) /* ahead of SIGCHLD: a lower number */
@@ -562,7 +570,7 @@ int main(int argc, char **argv)
                     }
                     born[i] = mono_s();
                     if (!g_sig && !stop_pending() &&
-                        (pids[i] = spawn(worker, manifest, metrics_dir, i)) > 0) {
+                        (pids[i] = spawn(worker, manifest, metrics_dir, i, ++gen[i])) > 0) {
                         left++;
                         continue;
                     }
@@ -580,6 +588,7 @@ int main(int argc, char **argv)
     }
     free(pids);
     free(born);
+    free(gen);
     if (g_sig) return 128 + g_sig;
     return failed ? 1 : 0;
 }

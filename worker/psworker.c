@@ -41,6 +41,9 @@ typedef struct {
     float *d_residual;       /* error feedback, laid out as the mlp's gradients (zeros first) */
     float *h_back;           /* [2 * chunk] host copies of a chunk's residual and gradient
                                 (device_put_back) */
+    ps_client_stats_t before; /* the counters of the clients dropped to join again: the
+                                 metrics' bytes are this process's (a probe saw them restart
+                                 at 0 after a rejoin) */
 } trainer_t;
 
 /* What --codec and --rank-codec take (as the manifest's compression.codec). */
@@ -307,6 +310,11 @@ static void test_hang(const char *where)
 /* Leave (the client's destroy) and forget the client; its pull ops were waited for. */
 static void drop_client(trainer_t *tr)
 {
+    ps_client_stats_t st;
+    ps_client_stats(tr->client, &st);
+    tr->before.bytes_pushed += st.bytes_pushed;
+    tr->before.bytes_pushed_raw += st.bytes_pushed_raw;
+    tr->before.bytes_pulled += st.bytes_pulled;
     g_client = NULL;
     ps_client_destroy(tr->client);
     tr->client = NULL;
@@ -432,6 +440,9 @@ static void epoch_log_pass(epoch_log_t *l, trainer_t *tr, int64_t pass, uint64_t
         if (tr->mlp.gpu_rc) acc = -1; /* a device error: no figure; the next step says why */
         ps_client_stats_t st = {0};
         if (tr->client) ps_client_stats(tr->client, &st);
+        st.bytes_pushed += tr->before.bytes_pushed;
+        st.bytes_pushed_raw += tr->before.bytes_pushed_raw;
+        st.bytes_pulled += tr->before.bytes_pulled;
         double ew = now_s() - l->epoch_t0;
         if (acc >= 0)
             fprintf(stderr, "epoch %lld done  loss %.4f  test accuracy %.4f  %.1f s\n",
@@ -573,7 +584,8 @@ static void usage(FILE *f)
             "usage: psworker --manifest FILE [--metrics-out FILE] [--params-out FILE]\n"
             "                [--codec CODEC] [--local [--rank-codec R=CODEC]...] [--self-test]\n"
             "                [--device cpu|cuda[:N]]\n"
-            "  --metrics-out FILE  JSON lines: one per epoch and a final one\n"
+            "  --metrics-out FILE  JSON lines: one per epoch and a final one (also when stopped\n"
+            "                      by a signal: \"stopped_by_signal\", no test accuracy)\n"
             "  --params-out FILE   write the final parameters (PSPARAM1 format)\n"
             "  --codec CODEC       this worker pushes with CODEC instead of job.compression.codec\n"
             "                      (its rules and min_bytes still choose where they apply)\n"
@@ -939,6 +951,11 @@ int main(int argc, char **argv)
     if (g_stop) {
         fprintf(stderr, "psworker: rank %d: stopped by signal at step %llu\n",
                 tr.client ? ps_client_rank(tr.client) : 0, (unsigned long long)step);
+        if (metrics) /* not evaluated: a stop is not to wait for the test set */
+            fprintf(metrics, "{\"final\": true, \"stopped_by_signal\": %d, \"step\": %llu, "
+                             "\"test_accuracy\": null, \"samples\": %llu, \"wall_s\": %.3f}\n",
+                    (int)g_stop, (unsigned long long)step,
+                    (unsigned long long)(log.samples_total + log.samples), now_s() - log.t0);
         exit_code = 128 + g_stop;
         goto out;
     }

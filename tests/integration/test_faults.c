@@ -282,7 +282,8 @@ END_TEST
 
 /* pslaunch --respawn: kill -9 one of three workers; the coordinator drops it (its batch goes
  * to another member), a replacement joins as a new member, and every worker reaches the last
- * step. --metrics-dir names a directory two levels down that does not exist yet: pslaunch
+ * step; the replacement's metrics go to worker-i.1.jsonl, the killed one's file kept.
+ * --metrics-dir names a directory two levels down that does not exist yet: pslaunch
  * makes it (before, every worker failed to open its metrics file and pslaunch exited 1). A
  * metrics dir that is a file is one error naming it. --device is passed on to the workers.
  * Arguments that do not go together are named before the usage (before, only the usage). */
@@ -336,14 +337,24 @@ START_TEST(test_worker_killed_and_replaced)
     ck_assert_int_eq(system(cmd), 0);
     EXPECT_EXIT(launch, 0);
     EXPECT_LOG(launch, "starting a replacement");
+    /* The replacement writes worker-i.1.jsonl: the file of the one killed stays as it was
+     * (before, the replacement emptied it: a probe, session 62). */
+    int replaced = 0;
     for (int i = 0; i < 3; i++) {
-        char f[CL_PATH + 32];
+        char f[CL_PATH + 32], r[CL_PATH + 32];
         snprintf(f, sizeof f, "%s/worker-%d.jsonl", metrics, i);
-        char *text = cl_read_file(f, NULL);
-        ck_assert_msg(text && strstr(text, "\"final\": true, \"step\": 600"),
-                      "%s: no final line at step 600", f);
+        snprintf(r, sizeof r, "%s/worker-%d.1.jsonl", metrics, i);
+        char *text = cl_read_file(f, NULL), *again = cl_read_file(r, NULL);
+        ck_assert_msg(text != NULL, "%s is missing", f);
+        replaced += again != NULL;
+        ck_assert_msg(strstr(again ? again : text, "\"final\": true, \"step\": 600"),
+                      "%s: no final line at step 600", again ? r : f);
+        ck_assert_msg(!again || !strstr(text, "\"final\": true"),
+                      "%s: a final line, and a replacement", f);
         free(text);
+        free(again);
     }
+    ck_assert_int_eq(replaced, 1);
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }
@@ -573,14 +584,26 @@ START_TEST(test_unwaited_push_leaves)
 END_TEST
 
 /* SIGTERM reaches a worker that waits on a step nobody can complete (the second worker of
- * a BSP job never came): it abandons the step, says leave and exits 128 + SIGTERM. */
+ * a BSP job never came): it abandons the step, says leave and exits 128 + SIGTERM; its
+ * --metrics-out ends with a final line saying so (session 62; before, none). */
 START_TEST(test_sigterm_stuck_worker)
 {
-    cl_proc_t *psd, *w;
-    cl_cluster_t *c = one_worker_joined(2, 100, &psd, &w);
+    cl_conf_t k = {.shards = 1, .workers = 2, .max_steps = 100};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    char metrics[CL_PATH];
+    cl_path(c, "metrics.jsonl", metrics, sizeof metrics);
+    const char *x[] = {"--metrics-out", metrics, NULL};
+    cl_proc_t *w = cl_worker_spawn(c, NULL, NULL, false, x);
+    ck_assert_msg(cl_wait_log(w, "joined at step", RUN_S) == 0, "never joined: %s", cl_tail(w));
     ck_assert_int_eq(cl_signal(w, SIGTERM), 0);
     EXPECT_EXIT(w, 128 + SIGTERM);
     EXPECT_LOG(w, "stopped by signal at step 0");
+    char *text = cl_read_file(metrics, NULL);
+    ck_assert_msg(text && strstr(text, "{\"final\": true, \"stopped_by_signal\": 15, \"step\": "
+                                       "0, \"test_accuracy\": null, \"samples\": 0, "),
+                  "%s: %s", metrics, text ? text : "(cannot read)");
+    free(text);
     ck_assert_msg(cl_wait_log(psd, "says leave", RUN_S) == 0, "no leave: %s", cl_tail(psd));
     stop_all(&psd, 1);
     cl_cluster_destroy(c);

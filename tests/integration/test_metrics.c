@@ -201,6 +201,28 @@ START_TEST(test_metrics_follow_training)
     ck_assert_msg(strstr(a, "Content-Length: 3\r\n") && strcmp(strstr(a, "\r\n\r\n"), "\r\n\r\n") == 0,
                   "%s", a);
     free(a);
+    /* A head whose lines end in LF and whose empty line is CR LF (RFC 9112: a CR before a
+     * line's LF is optional) is answered; before, it waited for more until closed at 5 s. */
+    const char mixed[] = "GET /healthz HTTP/1.1\nHost: x\n\r\n";
+    ck_assert_int_eq(http_raw(c->metrics_port[1], mixed, sizeof mixed - 1, &a), 200);
+    free(a);
+    /* psctl scale on the finished job commits the coordinator's state (slot work): psd's own
+     * pull-reply snapshot does not age with them (session 62; before, each commit added one to
+     * the gauge of an idle shard 0, a probe found). */
+    for (int i = 0; i < 4; i++) {
+        char n[8];
+        snprintf(n, sizeof n, "%d", 3 + i);
+        char *argv[] = {(char *)cl_binary("PSCTL"), "--manifest", c->manifest, "scale", n, NULL};
+        cl_proc_t *s = cl_spawn(c, "psctl-scale", argv);
+        EXPECT_EXIT(s, 0);
+    }
+    ck_assert_int_eq(http_get(c->metrics_port[0], "/metrics", &body), 200);
+    ck_assert_msg(metric(body, "psd_job_workers_desired") == 6 &&
+                      metric(body, "psd_store_oldest_snapshot_commits") <= 1,
+                  "desired %.0f, the oldest snapshot %.0f commits old",
+                  metric(body, "psd_job_workers_desired"),
+                  metric(body, "psd_store_oldest_snapshot_commits"));
+    free(body);
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }
