@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <xxhash.h>
@@ -563,6 +564,17 @@ static void copy_done(uv_work_t *w, int status)
     psd_server_t *srv = ck->srv;
     ck->ms = uv_now(srv->loop) - ck->t0_ms;
     ck->state = ck->rc ? CK_FAILED : CK_DONE;
+    if (ck->rc == PS_ECANCELED) {
+        srv->ckpt_stats.cancelled++;
+    } else if (ck->rc) {
+        srv->ckpt_stats.failed++;
+    } else {
+        srv->ckpt_stats.copies++;
+        srv->ckpt_stats.last_step = ck->vmin;
+        srv->ckpt_stats.last_bytes = ck->bytes;
+        srv->ckpt_stats.last_ms = ck->ms;
+        srv->ckpt_stats.last_unix = (double)time(NULL);
+    }
     if (ck->rc == PS_ECANCELED)
         PS_LOG(PS_LOG_WARN, "ckpt", "%s; its copy stopped and what it wrote was removed", ck->err);
     else if (ck->rc)

@@ -120,6 +120,28 @@ static void metrics_text(psd_server_t *srv, psd_http_reply_t *r)
                  "Pull replies in fp16 holding an infinity made of a finite parameter "
                  "(65520 or more in magnitude: pull that tensor as bf16 or none)",
                  srv->f16_overflow_pulls);
+    psd_prom_u64(&p, "psd_checkpoint_copies_total", "counter",
+                 "This shard's parts of checkpoints written whole (psctl checkpoint, the "
+                 "periodic ones)", srv->ckpt_stats.copies);
+    psd_prom_u64(&p, "psd_checkpoint_copies_failed_total", "counter",
+                 "This shard's parts of checkpoints that failed (the log says why)",
+                 srv->ckpt_stats.failed);
+    psd_prom_u64(&p, "psd_checkpoint_copies_cancelled_total", "counter",
+                 "This shard's parts of checkpoints stopped because psctl gave the checkpoint up",
+                 srv->ckpt_stats.cancelled);
+    if (srv->ckpt_stats.copies) {
+        psd_prom_f64(&p, "psd_checkpoint_last_copy_time_seconds",
+                     "When this shard's last part of a checkpoint was written whole (Unix time)",
+                     srv->ckpt_stats.last_unix);
+        psd_prom_f64(&p, "psd_checkpoint_last_copy_duration_seconds",
+                     "How long writing that part took, from its arm",
+                     (double)srv->ckpt_stats.last_ms / 1000.0);
+        psd_prom_u64(&p, "psd_checkpoint_last_copy_step", "gauge",
+                     "The step of that checkpoint (its lowest chunk version)",
+                     srv->ckpt_stats.last_step);
+        psd_prom_u64(&p, "psd_checkpoint_last_copy_bytes", "gauge",
+                     "The bytes of that part (its data.mdb)", srv->ckpt_stats.last_bytes);
+    }
     psd_prom_u64(&p, "psd_replays_skipped_total", "counter",
                  "bsp: pushes of a batch handed out again that a chunk had applied already",
                  srv->replays_skipped);

@@ -424,6 +424,12 @@ struct psd_server_s {
     psd_slot_work_t *slot_head, *slot_tail; /* psd_shard_slot_queue: waiting for the slot */
     bool slot_running;
     struct psd_ckpt_s *ckpt;   /* checkpoint and repair state (checkpoint.c), NULL until used */
+    struct {                   /* this shard's parts of checkpoints since it started (copy_done):
+                                  the metrics' psd_checkpoint_* */
+        uint64_t copies, failed, cancelled;
+        uint64_t last_step, last_bytes, last_ms; /* the last completed copy's */
+        double last_unix;      /* when it completed (0: none yet) */
+    } ckpt_stats;
     psd_snap_t *snap;          /* current pull snapshot, NULL until needed */
     ps_merkle_t merkle;        /* over the chunk hashes (integrity.c) */
     bool merkle_stale;         /* tensors created since it was laid out (integrity.c) */

@@ -222,7 +222,26 @@ START_TEST(test_metrics_follow_training)
                   "desired %.0f, the oldest snapshot %.0f commits old",
                   metric(body, "psd_job_workers_desired"),
                   metric(body, "psd_store_oldest_snapshot_commits"));
+    ck_assert_msg(metric(body, "psd_checkpoint_copies_total") == 0 &&
+                      !strstr(body, "psd_checkpoint_last_copy_step{"),
+                  "%s", body);
     free(body);
+    /* A checkpoint: each shard counts its part and says when, its step and bytes. */
+    char *ck[] = {(char *)cl_binary("PSCTL"), "--manifest", c->manifest, "checkpoint", NULL};
+    cl_proc_t *cp = cl_spawn(c, "psctl-checkpoint", ck);
+    EXPECT_EXIT(cp, 0);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(http_get(c->metrics_port[i], "/metrics", &body), 200);
+        check_format(body, c->cluster_name, i);
+        ck_assert_msg(metric(body, "psd_checkpoint_copies_total") == 1 &&
+                          metric(body, "psd_checkpoint_copies_failed_total") == 0 &&
+                          metric(body, "psd_checkpoint_last_copy_step") == 20 &&
+                          metric(body, "psd_checkpoint_last_copy_bytes") > 0 &&
+                          metric(body, "psd_checkpoint_last_copy_time_seconds") >=
+                              metric(body, "psd_start_time_seconds"),
+                      "shard %d: %s", i, body);
+        free(body);
+    }
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }
