@@ -1419,6 +1419,19 @@ def torch_user(tmp):
             break
         ps.client.interrupt()
         ps.close()
+        # A model lacking one of the job's tensors (its last weight frozen: not held) joins the
+        # bsp job past step 0 with no member: refused at its first batch, naming it (session
+        # 62; before, taken, and that tensor stayed behind for good: no checkpoint completed).
+        m2 = model()
+        m2[2].weight.requires_grad_(False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the frozen parameter's
+            with psd.torch.ParameterServer(c.manifest, m2, samples=SAMPLES) as ps2:
+                try:
+                    next(iter(ps2.batches()))
+                    raise AssertionError("a model without 2.weight was taken")
+                except psd.PsError as e:
+                    assert e.name == "ECONFIG" and "it lacks '2.weight'" in str(e), str(e)
         assert c.metric("psd_tensors") == tensors == 4, f"{tensors} tensors, then more"
     finally:
         c.stop()
@@ -1435,6 +1448,12 @@ def torch_user(tmp):
                 psd.torch.ParameterServer(c.manifest, bn, samples=SAMPLES).close()
             except psd.PsError as e:
                 assert e.name == "ECONFLICT", str(e)
+            frozen = model().requires_grad_(False)  # nothing to train (a whole job ran before)
+            try:
+                psd.torch.ParameterServer(c.manifest, frozen, samples=SAMPLES).close()
+                raise AssertionError("a model with nothing to train was taken")
+            except ValueError as e:
+                assert "no parameter to train" in str(e), str(e)
         said = [str(x.message) for x in w]
         assert any("the job is finished (step " in t for t in said), said
         assert any("(0.bias)" in t and "stay this worker's own" in t for t in said), said

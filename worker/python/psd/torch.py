@@ -261,6 +261,11 @@ class ParameterServer:
                                  "load finite weights first, or let the shards initialize it "
                                  f"(init={{{name!r}: {self._default_init(p, True)!r}}}, or "
                                  "init=\"shards\")")
+        if not trained and not (sync_buffers and _statistics(module)):
+            # It would take batches and train nothing (a probe, session 62: a whole job ran).
+            raise ValueError("the model has no parameter to train (none requires_grad, or all "
+                             "are empty) and no running statistics to hold: nothing for the "
+                             "shards to keep")
         _refuse_shared_memory(trained)
         self.model, self._module = model, module
         self._manifest, self._connect_timeout_ms, self._init = manifest, connect_timeout_ms, init
@@ -575,8 +580,10 @@ class ParameterServer:
                     if e.name == "ECONFIG" and "declare the same tensors" in str(e):
                         held = sorted(n for n, _, _, _ in self._params) + \
                             sorted(n for n, _, _, _, _ in self._buffers)
+                        # Either side may be the one without them (sync_buffers=False, or a
+                        # worker that syncs them joining one that does not: a probe).
                         stats = " (running statistics included: every worker needs the same " \
-                            "sync_buffers)" if self._buffers else ""
+                            "sync_buffers)" if self._buffers or _statistics(self._module) else ""
                         raise psd.PsError(e.code, e.name, f"{str(e)[len(e.name) + 2:]}; this "
                                           f"worker's: {', '.join(held[:6])}"
                                           f"{', ...' if len(held) > 6 else ''}{stats}") from e
@@ -667,7 +674,11 @@ class ParameterServer:
                 # begun again must not get it handed again (under asp it was applied twice:
                 # a probe, session 45).
                 self._stepped, self._done = True, b
-                self.client.batch_done(b)
+                # Not on a client a signal handler of the program's closed meanwhile (close and
+                # exit, for a preemption): its leave said it, and an EINVAL raised here would
+                # replace the handler's SystemExit (exit 1: a probe, session 62).
+                if self._client_open():
+                    self.client.batch_done(b)
         if removed:
             # Dropped by the shards meanwhile: this batch went to another worker, and the next
             # one comes after a new join (batches()).
