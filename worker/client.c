@@ -197,8 +197,10 @@ static void part_sent(ps_client_t *c, part_t *p)
         p->ck.again = 0;
         ps__part_send_again(c, op, p);
     }
-    /* Held parts follow every sent one of their shard (ps__start_op holds in index order). */
-    if (op->type != OP_PUSH || op->status != 0 || !c->shards[p->shard].windowed) return;
+    /* Held parts follow every sent one of their shard (ps__start_op holds in index order),
+     * whatever the shard's window is now: a reconnect over cma meanwhile (not windowed) left
+     * them held for good (a review). */
+    if (op->type != OP_PUSH || op->status != 0 || op->held_window == 0) return;
     for (uint32_t i = (uint32_t)(p - op->parts) + 1; i < op->nparts; i++)
         if (op->parts[i].held == HELD_WINDOW && op->parts[i].shard == p->shard) {
             send_data_part(c, op, &op->parts[i]);
@@ -579,6 +581,7 @@ static void send_data_part(ps_client_t *c, ps_op_t *op, part_t *p)
     ps_msg_t m = {.req_id = op->req_id, .rank = rank_now(c), .tensor = t->id, .chunk = p->chunk,
                   .step = op->step};
     p->resend = 0;
+    if (p->held == HELD_WINDOW && op->held_window) op->held_window--;
     p->held = 0;
     if (op->type == OP_PUSH) {
         m.type = PS_MSG_PUSH;
@@ -778,6 +781,7 @@ void ps__start_op(ps_client_t *c, ps_op_t *op)
             if (op->type == OP_PUSH && s->windowed && p->len > PS_BUNDLE_PART_MAX &&
                 s->in_window >= PS_PUSH_WINDOW) {
                 p->held = HELD_WINDOW; /* sent when an earlier one's send completes (part_sent) */
+                op->held_window++;
                 continue;
             }
             if (op->type == OP_PUSH && copied && p->len > PS_BUNDLE_PART_MAX && s->area) {
@@ -1325,6 +1329,7 @@ void *ps__comm_main(void *arg)
     ps_client_t *c = arg;
     pthread_mutex_lock(&c->loop_mu); /* held but while comm_run waits, until the end */
     int rc = uv_loop_init(&c->loop);
+    bool looped = rc == 0;
     if (rc == 0) rc = ps_ucx_init_serialized(&c->ucx, &c->loop);
     if (rc == 0) {
         c->ucx.deferred = on_deferred;
@@ -1364,6 +1369,9 @@ void *ps__comm_main(void *arg)
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
     if (rc) {
+        /* Its epoll fd and signal pipe go too (a review: kept by every failed create); a
+         * handle UCX's failed start left on it keeps them (UV_EBUSY), as before. */
+        if (looped) uv_loop_close(&c->loop);
         __atomic_store_n(&c->loop_stop, 1, __ATOMIC_RELEASE);
         pthread_mutex_unlock(&c->loop_mu);
         return NULL;

@@ -253,6 +253,7 @@ void ps_client_set_fusion(ps_client_t *c, uint64_t bytes)
 static int put_back_encoded(ps_client_t *c, ps_op_t *op)
 {
     const ctensor_t *t = c->tensors[op->tensor];
+    int first = 0; /* every chunk is given back; the first failure is said */
     for (uint32_t i = 0; i < op->nparts; i++) {
         part_t *p = &op->parts[i];
         if (!p->unsummed) continue;
@@ -268,13 +269,13 @@ static int put_back_encoded(ps_client_t *c, ps_op_t *op)
         int rc = t->put_back(t->put_back_arg, t->id, p->chunk, (uint64_t)p->chunk * c->chunk_elems,
                              ps_chunk_len(t->numel, c->chunk_elems, p->chunk), &t->codec, p->data,
                              p->len);
-        if (rc) {
+        if (rc && first == 0) {
             snprintf(c->err, sizeof c->err, "chunk %u of tensor %u: giving back a push its shard "
                      "did not sum failed: %s", p->chunk, t->id, ps_strerror(rc));
-            return rc;
+            first = rc;
         }
     }
-    return 0;
+    return first;
 }
 
 int ps_op_wait(ps_op_t *op, uint64_t *version)
@@ -629,6 +630,7 @@ int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts, ps
         rc = ps_trace_open(&c->trace, path, (uint32_t)getpid(), process, lanes, 3, e, sizeof e);
         if (rc) {
             if (err) snprintf(err, errlen, "PS_TRACE: %s", e);
+            ps_auth_wipe(&c->auth); /* the key is wiped when the client is done with it */
             free(c);
             return rc;
         }
@@ -673,6 +675,7 @@ int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts, ps
         free(c->shards);
         free(c->tensors);
         ps_trace_close(c->trace);
+        ps_auth_wipe(&c->auth);
         free(c);
         return PS_ENOMEM;
     }
@@ -687,6 +690,7 @@ int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts, ps
         free(c->shards);
         free(c->tensors);
         ps_trace_close(c->trace);
+        ps_auth_wipe(&c->auth);
         free(c);
         return rc;
     }

@@ -239,6 +239,7 @@ struct ps_op_s {
     uint64_t step;
     int nograd;                 /* push: no gradient (ps_client_push_none): headers only */
     uint32_t nparts, remaining;
+    uint32_t held_window; /* push: parts held as HELD_WINDOW (comm thread) */
     int ucx_refs;      /* UCX requests still referencing this op */
     int status;
     int done;

@@ -172,6 +172,9 @@ static int declare(ps_client_t *c, const ps_tensor_desc_t *desc, const float *va
     if (c->tensors[tid] == NULL && (c->tensors[tid] = calloc(1, sizeof(ctensor_t))) == NULL)
         return PS_ENOMEM;
     ctensor_t *t = c->tensors[tid];
+    /* The comm thread reads places and nchunks at every push acknowledgement, also a late one
+     * for an op waited for already: they change under its lock (a review). */
+    pthread_mutex_lock(&c->loop_mu);
     if (t->nchunks && (t->numel != ps_decl_numel(&rep.decl) ||
                        t->first_chunk != rep.decl.first_chunk)) {
         /* The id was handed out again for another tensor (tensors this client gave up,
@@ -180,6 +183,7 @@ static int declare(ps_client_t *c, const ps_tensor_desc_t *desc, const float *va
          * and codec the old tensor's, also for one of the same size (its first chunk tells
          * them apart: a review, session 59). */
         if (t->busy[0] || t->busy[1]) {
+            pthread_mutex_unlock(&c->loop_mu);
             snprintf(c->err, sizeof c->err, "tensor %u: declared again as another tensor while "
                      "its operations are in flight", tid);
             return PS_EBUSY;
@@ -199,8 +203,8 @@ static int declare(ps_client_t *c, const ps_tensor_desc_t *desc, const float *va
     t->first_chunk = rep.decl.first_chunk;
     t->mean = ps_decl_mean(&rep.decl);
     if (t->places == NULL && t->nchunks) /* NULL when out of memory: no direct pushes */
-        t->places = calloc(t->nchunks, sizeof *t->places); /* read by the comm thread only
-                                                              after this declare returns */
+        t->places = calloc(t->nchunks, sizeof *t->places);
+    pthread_mutex_unlock(&c->loop_mu);
     *id = tid;
     return 0;
 }

@@ -401,8 +401,12 @@ again:
     ps__forwards_free(c);
     for (ps_op_t *op = c->inflight; op; op = op->next) {
         op->ucx_refs = 0;
+        op->held_window = 0;
         for (uint32_t k = 0; k < op->nparts; k++) {
             part_t *p = &op->parts[k];
+            /* A receive the destroyed worker will not complete: its landing takes no put any
+             * more (on_pull_recv's, which will not come; a review: left expected for good). */
+            if (p->ck.receiving) ps_tcpguard_done(p->ck.landing);
             p->ck.sending = p->ck.receiving = p->ck.again = 0;
             p->held = 0;
         }

@@ -209,7 +209,8 @@ void ps_client_give_up(ps_client_t *c);
  * @param[out] own  may be NULL; 1 when every chunk of the tensor was created from @p values,
  *  0 when the shards held some or all of it already (another worker's values, or a store's).
  * @return as ps_client_declare(); PS_EINVAL also for a NaN or an infinity in @p values (nothing
- *  sent); a psd older than session 36 refuses the declaration (PS_EINVAL: initializer 5).
+ *  sent). Against a psd older than session 36 (which takes no values), the tensor is declared
+ *  without them, from the shards' initializer (said once in the log; *@p own 0).
  */
 int ps_client_declare_values(ps_client_t *c, const ps_tensor_desc_t *desc, const float *values,
                              uint32_t *id, int *own);
