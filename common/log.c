@@ -1,8 +1,10 @@
 /* log.c: stderr logging with a time stamp, level and module. */
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include "ps/ps_error.h"
@@ -36,12 +38,16 @@ void ps_log_write(int level, const char *module, const char *fmt, ...)
 int ps_log_set_level(const char *name)
 {
     static const char *names[] = {"debug", "info", "warn", "error", "off"};
-    if (name == NULL) name = getenv("PS_LOG_LEVEL");
-    if (name == NULL) return 0;
+    bool env = name == NULL;
+    if (env) name = getenv("PS_LOG_LEVEL");
+    if (name == NULL || (env && *name == '\0')) return 0;
     for (int i = 0; i < 5; i++)
-        if (strcmp(name, names[i]) == 0) {
+        if (strcasecmp(name, names[i]) == 0) { /* WARN as warn */
             ps_log_level = i;
             return 0;
         }
+    if (env) /* the callers go on at the level they have: said, not ignored (a probe) */
+        PS_LOG(PS_LOG_WARN, "log", "PS_LOG_LEVEL=%.40s is not debug, info, warn, error or off: "
+               "logging at %s", name, names[ps_log_level]);
     return PS_EINVAL;
 }

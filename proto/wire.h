@@ -99,6 +99,9 @@ enum {
                                    summed either. libps's error feedback puts such a push's
                                    payload back into its residual (session 60); an older psd
                                    does not say so, an older libps ignores it */
+    PS_FLAG_LEAD = 4194304, /* batch reply: the worker holds the lowest rank of the job's
+                               members (session 62): the one that evaluates for the job, as
+                               psworker does at each pass; an older psd never says so */
 };
 
 /* UCP Active Message ids. */

@@ -18,6 +18,9 @@ void psd__reply_batch(psd_server_t *srv, uint32_t r)
     rt->late_from_ms = uv_now(srv->loop); /* it could not go on before: step_timeout_ms */
     ps_msg_t a = {.type = PS_MSG_BATCH_REPLY, .req_id = rt->park_req, .shard = 0, .rank = (int32_t)r,
                   .epoch = co->s.epoch, .workers = popcount(co->s.active)};
+    /* The lowest rank of the members: the one that evaluates for the job (psworker's per-pass
+     * test accuracy; before, only rank 0 did, and none once rank 0 had left: a probe). */
+    bool lead = (co->s.active & ((1ull << r) - 1)) == 0;
     if (!m->has_batch) {
         a.flags = PS_FLAG_FINISHED;
         a.step = is_bsp(srv) ? co->s.final_step : m->steps_done;
@@ -36,6 +39,7 @@ void psd__reply_batch(psd_server_t *srv, uint32_t r)
         rt->no_batch_yet = false;
         rt->batch_seen = true;
     }
+    if (lead) a.flags |= PS_FLAG_LEAD;
     psd_send_msg(srv, rt->conn, &a);
 }
 

@@ -359,7 +359,7 @@ int psd_shard_load(psd_server_t *srv)
     if (rc) return rc;
     if ((rc = psd_integrity_rebuild(srv)) != 0) return rc;
     PS_LOG(PS_LOG_INFO, "shard", "store holds %u tensors, %u chunks here, step %llu",
-           srv->ntensors, psd__held_chunks(srv), (unsigned long long)psd_shard_step(srv));
+           psd_shard_tensors(srv), psd__held_chunks(srv), (unsigned long long)psd_shard_step(srv));
     return 0;
 }
 

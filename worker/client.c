@@ -1078,6 +1078,7 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
     case PS_MSG_BATCH_REPLY:
         if (op->type != OP_BATCH || m.shard != 0) return UCS_OK;
         op->reply = m;
+        __atomic_store_n(&c->leads, (m.flags & PS_FLAG_LEAD) != 0, __ATOMIC_RELAXED);
         c->batch_stamp = (m.flags & (PS_FLAG_BATCH | PS_FLAG_FINISHED)) == PS_FLAG_BATCH;
         c->batch_pass = m.data_epoch;
         c->batch_offset = m.batch_offset;

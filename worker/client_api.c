@@ -801,6 +801,7 @@ int ps_client_direct(const ps_client_t *c, uint32_t shard)
 }
 
 int ps_client_rank(const ps_client_t *c) { return c->rank; }
+int ps_client_leads(const ps_client_t *c) { return __atomic_load_n(&c->leads, __ATOMIC_RELAXED); }
 uint32_t ps_client_workers(const ps_client_t *c) { return c->workers; }
 uint64_t ps_client_join_step(const ps_client_t *c) { return c->join_step; }
 uint32_t ps_client_shards(const ps_client_t *c) { return c->nshards; }

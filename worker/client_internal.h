@@ -312,6 +312,7 @@ struct ps_client_s {
     uint32_t ntensor_set;       /* how many: the count sent with it */
     int had_batch;              /* shard 0 handed this worker a batch (or the job's end) */
     int said_no_values;         /* warned once: shard 0 takes no values (an older psd) */
+    int leads;                  /* the last batch reply said PS_FLAG_LEAD (atomic: comm thread) */
     uint64_t nonfinite_pushes;  /* chunk pushes acknowledged PS_FLAG_NONFINITE (comm thread
                                    writes, any thread reads) */
     uint64_t stale_step1;       /* bsp: step + 1 of a push a shard acknowledged as not applied

@@ -321,7 +321,8 @@ static void usage(FILE *f)
                "DIR/worker-i.jsonl (DIR is made if missing). With --respawn N, a worker that\n"
                "dies (a signal or a non-zero exit other than 2, psworker's code for a manifest\n"
                "or argument it refuses) is replaced, up to N times in all (the k-th replacement\n"
-               "of worker i writes DIR/worker-i.k.jsonl). Exits non-zero if a\n"
+               "of worker i writes DIR/worker-i.k.jsonl). Exits 2 if a worker refused its\n"
+               "manifest or arguments (exit 2), else 1 if a\n"
                "worker failed for good. SIGINT/SIGTERM/SIGHUP are passed on to the workers; a\n"
                "second one, or 30 s without their exit, kills (SIGKILL) the ones left.\n"
                "With --follow, start and stop (SIGTERM) workers as the coordinator says until\n"
@@ -518,6 +519,7 @@ int main(int argc, char **argv)
     if (stop_pending()) /* ahead of SIGCHLD: a lower number */
         took(sigwaitinfo(&set, NULL), started);
     int failed = started < n && !g_sig, killed = 0;
+    int refused = 0; /* a worker exited 2: psworker refused its manifest or arguments */
     double forwarded_at = 0;
     long left = started;
     while (left > 0) {
@@ -577,6 +579,7 @@ int main(int argc, char **argv)
                 }
                 if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
                     failed = 1;
+                    refused |= WIFEXITED(st) && WEXITSTATUS(st) == 2;
                     if (WIFSIGNALED(st))
                         fprintf(stderr, "pslaunch: worker %ld (pid %d) killed by signal %d\n", i,
                                 (int)pid, WTERMSIG(st));
@@ -590,5 +593,6 @@ int main(int argc, char **argv)
     free(born);
     free(gen);
     if (g_sig) return 128 + g_sig;
-    return failed ? 1 : 0;
+    /* As --follow: a refusal is 2, which a supervisor takes as "do not start again". */
+    return refused ? 2 : failed ? 1 : 0;
 }

@@ -893,7 +893,9 @@ int main(int argc, char **argv)
             tr.step = b.step;
             snprintf(at, sizeof at, "train:%ld", requests); /* its batch in hand, not pushed */
             test_hang(at);
-            epoch_log_pass(&log, &tr, (int64_t)b.pass, step, ps_client_rank(tr.client) == 0);
+            /* The lowest-ranked member evaluates (rank 0 against an older psd). */
+            epoch_log_pass(&log, &tr, (int64_t)b.pass, step,
+                           ps_client_leads(tr.client) || ps_client_rank(tr.client) == 0);
             if ((int64_t)b.pass != perm_pass) {
                 ps_batch_order(perm, train.n, m.job.seed, (uint32_t)b.pass);
                 perm_pass = (int64_t)b.pass;
@@ -961,7 +963,8 @@ int main(int argc, char **argv)
     }
     {
         int rank = tr.client ? ps_client_rank(tr.client) : 0;
-        epoch_log_pass(&log, &tr, INT64_MAX, step, rank == 0);
+        epoch_log_pass(&log, &tr, INT64_MAX, step,
+                       rank == 0 || (tr.client && ps_client_leads(tr.client)));
         double acc = eval_accuracy(&tr.mlp, &test, eval_x);
         if (device_failed(&tr.mlp)) goto out;
         fprintf(stderr, "rank %d  final test accuracy %.4f after %llu steps (%.1f s)\n", rank, acc,

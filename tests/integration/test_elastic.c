@@ -177,7 +177,9 @@ static cl_cluster_t *start_2x2(const cl_conf_t *k, cl_proc_t *psd[2], cl_proc_t 
 
 /* Four workers, one killed with SIGKILL mid-epoch: the run completes with three; the step
  * stalls at most heartbeat timeout + one step; every pass applies every sample exactly once;
- * the final accuracy is within 0.5 pp of the undisturbed run with the same seed. */
+ * the final accuracy is within 0.5 pp of the undisturbed run with the same seed. The one
+ * killed holds rank 0: the lowest rank left evaluates the later passes (session 62; before,
+ * only rank 0 did, and no later pass had a test accuracy). */
 START_TEST(test_kill9_one_of_four)
 {
     /* Cosine decay over the planned steps: the final iterate of either run is a settled one
@@ -193,8 +195,26 @@ START_TEST(test_kill9_one_of_four)
     coord_open(&co, c);
     long long at = wait_num(&co, "open_step", 100, 0, RUN_S); /* mid pass 1 of 3 */
     ck_assert_msg(at >= 100 && at < 400, "the kill should land mid-run, not at step %lld", at);
+    int zero = -1; /* the worker of rank 0, killed; the others are w[0..2] after the swap */
+    for (int i = 0; i < 4 && zero < 0; i++) {
+        char *l = cl_log(w[i]);
+        if (strstr(l, "psworker: rank 0 joined at step")) zero = i;
+        free(l);
+    }
+    ck_assert_msg(zero >= 0, "no worker joined as rank 0");
+    cl_proc_t *victim = w[zero];
+    w[zero] = w[3];
+    w[3] = victim;
     ck_assert_int_eq(cl_signal(w[3], SIGKILL), 0);
     for (int i = 0; i < 3; i++) EXPECT_EXIT(w[i], 0);
+    int evaluated = 0; /* pass 3's test accuracy, said by the lowest rank left */
+    for (int i = 0; i < 3; i++) {
+        char *l = cl_log(w[i]);
+        evaluated += strstr(l, "epoch 3 done") != NULL;
+        free(l);
+    }
+    ck_assert_msg(evaluated == 1, "%d workers evaluated pass 3: %s | %s | %s", evaluated,
+                  cl_tail(w[0]), cl_tail(w[1]), cl_tail(w[2]));
     char *j = coord_status(&co);
     ck_assert_msg(j && strstr(j, "\"finished\": true"), "job not finished: %s", j ? j : "-");
     ck_assert_int_eq(expect_passes(j, 60000, 3), 3);

@@ -312,7 +312,7 @@ START_TEST(test_worker_killed_and_replaced)
     char *no_dev[] = {(char *)cl_binary("PSLAUNCH"), "--manifest", c->manifest, "--workers", "1",
                       "--device", "cuda:1000", NULL};
     refused = cl_spawn(c, "pslaunch-no-device", no_dev);
-    EXPECT_EXIT(refused, 1);
+    EXPECT_EXIT(refused, 2); /* its worker's refusal (session 62; before, 1) */
     EXPECT_LOG(refused, "psworker: --device cuda:1000: ");
     EXPECT_LOG(refused, "exited with 2");
     char *both[] = {(char *)cl_binary("PSLAUNCH"), "--manifest", c->manifest, "--workers", "2",

@@ -12,8 +12,9 @@ extern int ps_log_level;
 void ps_log_write(int level, const char *module, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/** @brief Set the level from a name ("debug", "info", "warn", "error", "off");
- *  returns 0 or PS_EINVAL. Reads PS_LOG_LEVEL when @p name is NULL. */
+/** @brief Set the level from a name ("debug", "info", "warn", "error", "off", in any case);
+ *  returns 0 or PS_EINVAL. Reads PS_LOG_LEVEL when @p name is NULL (unset or empty: 0; a name
+ *  it does not know is said in the log, the level left as it was). */
 int ps_log_set_level(const char *name);
 
 #define PS_LOG(level, module, ...)                                  \

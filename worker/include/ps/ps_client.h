@@ -143,6 +143,10 @@ void ps_client_destroy(ps_client_t *c);
 /** @brief This worker's rank (from shard 0), the job's members when it joined, the number
  *  of shards and the coordinator's step when this client joined. */
 int ps_client_rank(const ps_client_t *c);
+/** @brief 1 when the last batch reply said this worker holds the lowest rank among the job's
+ *  members (one worker evaluates for the job: psworker's per-pass test accuracy), else 0 (also
+ *  against a psd older than session 62, which never says so). Any thread. */
+int ps_client_leads(const ps_client_t *c);
 /* The manifest's job, as this client read it (for front ends that run their own loop). */
 typedef struct {
     int consistency;      /* 0 bsp, 1 asp, 2 ssp */
