@@ -31,15 +31,17 @@ int ps_mkdir_durable(const char *dir)
         if (*p != '/' && *p != '\0') continue;
         char c = *p;
         *p = '\0';
-        int made = mkdir(tmp, 0700) == 0;
+        int made = mkdir(tmp, 0700) == 0, there = 0;
         if (!made && errno == EEXIST && c == '\0') {
             /* The directory asked for was there: made by someone else (psctl's mark of a
              * checkpoint, a user) maybe without a sync of its entry, which a power loss would
-             * take with what is then written under it (a review). Synced here as if new. */
+             * take with what is then written under it (a review). Synced here as if new, as
+             * far as its parent lets (one we may not read, or a filesystem that syncs no
+             * directory, refused what worked before: a review). */
             struct stat st;
             if (stat(tmp, &st) != 0) return -errno;
             if (!S_ISDIR(st.st_mode)) return -ENOTDIR;
-            made = 1;
+            made = there = 1;
         }
         if (made) {
             /* A new entry: its parent is synced, so the path survives a power loss. */
@@ -54,7 +56,7 @@ int ps_mkdir_durable(const char *dir)
                 rc = ps_fsync_dir(tmp);
                 *slash = '/';
             }
-            if (rc) return rc;
+            if (rc && !(there && (rc == -EACCES || rc == -EINVAL || rc == -EPERM))) return rc;
         } else if (errno != EEXIST) {
             return -errno;
         } else {

@@ -25,7 +25,6 @@
 #include <unistd.h>
 
 #include "coord_internal.h"
-#include "hash.h"
 #include "ps/ps_error.h"
 #include "ps/ps_log.h"
 
@@ -325,10 +324,6 @@ void psd_coord_on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
                                      .steps_at_join = clock, .no_batch_yet = true,
                                      .launcher = msg->launcher};
         co->s.active |= 1ull << rank;
-        /* Its declarations from now on say which tensors it holds (model_lacks), not those
-         * of a former member of the same rank. */
-        for (uint32_t id = 0; id < srv->ntensors; id++)
-            srv->tensors[id].declared_ranks &= ~(1ull << rank);
         if (co->grant_start > 0) co->grant_start--;
         PS_LOG(PS_LOG_INFO, "coord", "worker pid %u from %s joins as rank %d at step %llu "
                "(%u members)", msg->pid, c->peer, rank, (unsigned long long)co->s.step,
@@ -456,65 +451,22 @@ void psd_coord_on_leave_done(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *m
                r, c->pid, (unsigned long long)msg->step);
 }
 
-/* bsp, a job past step 0 that rank @p r joins with no other member: whether the tensors it
- * declared (@p msg's set) are all the shards' table holds. A tensor of the table it lacks would
- * stay at its step for good (each step of a chunk waits for every member's push), and with it
- * the shard's step: no checkpoint or export of the job would complete again, and the model
- * that made it could not train again either (its pulls of those tensors wait for a step they
- * never reach). Before, a probe found, a model without its head was taken so. Refused
- * (PS_ECONFIG, naming the tensors it lacks) when so. */
-static bool model_lacks(psd_server_t *srv, psd_conn_t *c, uint32_t r, const ps_msg_t *msg)
-{
-    uint64_t sum = 0, n = 0, missing = 0;
-    char names[400];
-    size_t len = 0;
-    names[0] = '\0';
-    for (uint32_t id = 0; id < srv->ntensors; id++) {
-        const psd_tensor_t *t = &srv->tensors[id];
-        if (!t->present || t->dropping) continue;
-        sum += psk_mix64((uint64_t)id + 1); /* as libps's set (client declare.c) */
-        n++;
-        /* Rank r's bit is cleared at its join (coord_join): set, it declared the tensor. */
-        if (t->declared_ranks >> r & 1) continue;
-        if (missing++ < 6 && len < sizeof names)
-            len += (size_t)snprintf(names + len, sizeof names - len, "%s'%.60s'",
-                                    len ? ", " : "", t->decl.name);
-    }
-    if ((psk_mix64(sum) | 1) == msg->tensor_set) return false;
-    char lacks[440] = "";
-    if (missing)
-        snprintf(lacks, sizeof lacks, "; it lacks %s%s", names, missing > 6 ? ", ..." : "");
-    PS_LOG(PS_LOG_WARN, "coord", "rank %u (pid %u) refused: it declared %llu tensors, the job's "
-           "model (the shards' table) has %llu%s", r, c->pid, (unsigned long long)msg->count,
-           (unsigned long long)n, lacks);
-    /* The names last: the reply's text is cut at 255 bytes. */
-    psd_send_error(srv, c, msg->req_id, PS_ECONFIG,
-                   "this worker declared %llu tensors, the job at step %llu holds %llu: under bsp "
-                   "one no member pushes holds the job's steps back for good, so every worker "
-                   "needs its whole model (psctl forget drops one no push reached)%s",
-                   (unsigned long long)msg->count, (unsigned long long)srv->coord->s.step,
-                   (unsigned long long)n, lacks);
-    return true;
-}
-
 /* bsp: a chunk's step waits for every member's push, so a member that declared other tensors
  * than the rest (another model) would hold every step of the tensors it lacks for good, and
  * its own of the tensors only it has. Its first batch request is refused instead (PS_ECONFIG,
- * naming both counts), so it leaves and the others go on; with no other member, in a job past
- * step 0, its set is checked against the shards' table (model_lacks). Only the first: a set
- * that grows mid-job (every worker declaring one more tensor) is the program's business. A
- * request without a set (an older libps) is not checked. Whether @p msg was refused. */
+ * naming both counts), so it leaves and the others go on. Only the first: a set that grows
+ * mid-job (every worker declaring one more tensor) is the program's business. A request
+ * without a set (an older libps) is not checked. Whether @p msg was refused. */
 static bool tensor_set_differs(psd_server_t *srv, psd_conn_t *c, uint32_t r, const ps_msg_t *msg)
 {
     psd_coord_t *co = srv->coord;
     if (!is_bsp(srv) || msg->tensor_set == 0) return false;
     member_rt_t *me = &co->rt[r];
-    bool others = false;
     for (uint32_t o = 0; me->tensor_set == 0 && o < PS_MAX_RANKS; o++) {
         const member_rt_t *other = &co->rt[o];
-        if (o == r || !(co->s.active >> o & 1) || other->tensor_set == 0) continue;
-        others = true;
-        if (other->tensor_set == msg->tensor_set) continue;
+        if (o == r || !(co->s.active >> o & 1) || other->tensor_set == 0 ||
+            other->tensor_set == msg->tensor_set)
+            continue;
         PS_LOG(PS_LOG_WARN, "coord", "rank %u (pid %u) refused: it declared %llu tensors, rank "
                "%u %llu, not the same set", r, c->pid, (unsigned long long)msg->count, o,
                (unsigned long long)other->tensor_count);
@@ -526,8 +478,6 @@ static bool tensor_set_differs(psd_server_t *srv, psd_conn_t *c, uint32_t r, con
                        msg->count == other->tensor_count ? ", but not the same ones" : "");
         return true;
     }
-    if (me->tensor_set == 0 && !others && co->s.step > 0 && model_lacks(srv, c, r, msg))
-        return true;
     me->tensor_set = msg->tensor_set;
     me->tensor_count = msg->count;
     return false;

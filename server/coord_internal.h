@@ -174,6 +174,10 @@ struct psd_coord_s {
                                   user (asp / ssp: batches still in flight; bsp: a hold ahead
                                   until its step's BEGIN), or NULL */
     const psd_conn_t *ahead_asker; /* the connection that asked for ahead_after, or NULL */
+    int32_t final_lead;        /* 1 + the rank that evaluates the finished job (the lowest
+                                  member when the first finished reply went; 0: none yet): its
+                                  later replies do not hand PS_FLAG_LEAD to the next rank when
+                                  it leaves first (psd__reply_batch) */
     char set_by[96];           /* who named the training set's size (cur.n) since this psd
                                   started: "rank R (pid P on HOST)"; "" when it came stored */
     bool capped;               /* asp / ssp: a member did its job.max_steps: pslaunch gets no

@@ -19,8 +19,15 @@ void psd__reply_batch(psd_server_t *srv, uint32_t r)
     ps_msg_t a = {.type = PS_MSG_BATCH_REPLY, .req_id = rt->park_req, .shard = 0, .rank = (int32_t)r,
                   .epoch = co->s.epoch, .workers = popcount(co->s.active)};
     /* The lowest rank of the members: the one that evaluates for the job (psworker's per-pass
-     * test accuracy; before, only rank 0 did, and none once rank 0 had left: a probe). */
+     * test accuracy; before, only rank 0 did, and none once rank 0 had left: a probe). Of a
+     * finished job, the one that was lowest when the first finished reply went: it may leave
+     * before the others ask, and the next one would evaluate the last pass again. */
     bool lead = (co->s.active & ((1ull << r) - 1)) == 0;
+    if (!m->has_batch) {
+        if (co->final_lead == 0)
+            co->final_lead = 1 + (int32_t)__builtin_ctzll(co->s.active | 1ull << r);
+        lead = co->final_lead == 1 + (int32_t)r;
+    }
     if (!m->has_batch) {
         a.flags = PS_FLAG_FINISHED;
         a.step = is_bsp(srv) ? co->s.final_step : m->steps_done;

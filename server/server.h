@@ -271,9 +271,7 @@ typedef struct {
     uint32_t nchunks;
     psd_chunk_t **chunks;      /* [nchunks]; NULL where another shard owns the chunk */
     psd_wait_t *declares;      /* declare replies waiting for creation to commit */
-    uint64_t declared_ranks;   /* shard 0: bit r: rank r's member declared it since it joined
-                                  (forget.c, coord.c model_lacks); a tensor loaded from the
-                                  store starts with every bit */
+    uint64_t declared_ranks;   /* shard 0: bit r: rank r declared it since psd started (forget.c) */
     bool dropping;             /* a JOB_DROP deletes it (forget.c); declarations are refused */
     psd_wait_t *forgets;       /* forget replies waiting for that job to commit */
     psd_values_t *values;      /* init PSK_INIT_VALUES, until created: the values sent */

@@ -128,7 +128,7 @@ typedef struct {
     int fold;               /* error feedback was turned off (codec none, or error_feedback 0)
                                while residual held what it had not sent: 1, residual is added
                                to the next push whose sums are finite; 2, that push carries it
-                               (it reads residual until waited for: freed by ps__fold_done) */
+                               (it reads residual until waited for: then freed, fold_done) */
     uint8_t *payload;       /* [nchunks * chunk_cap] encoded chunks of the push in flight */
     size_t chunk_cap;
     void *scratch;          /* encoder scratch for one chunk */

@@ -1,9 +1,7 @@
 /* mean_client.c: a libps worker for the test of optimizer mean (test_cluster.c, mean_*).
  *
- *   mean_client MANIFEST NUMEL STEPS [misuse | nograd | nonfinite | subset]
+ *   mean_client MANIFEST NUMEL STEPS [misuse | nograd | nonfinite]
  *
- * With "subset", it declares "mean.t" only and asks for one batch: the job's answer is said
- * (exit 0 when it hands one out, 1 when it refuses: a job whose model holds more tensors).
  * With "nograd", rank r has no gradient in step s when s % 4 == 3 (no rank has one) or
  * (s + r) % 3 == 0, and says so with ps_client_push_none: the mean is then over every member,
  * those without one counting as zeros, and a step without any gradient leaves the values as
@@ -302,10 +300,9 @@ int main(int argc, char **argv)
     int misuse = argc == 5 && strcmp(argv[4], "misuse") == 0;
     int nonfinite = argc == 5 && strcmp(argv[4], "nonfinite") == 0;
     int nograd = (argc == 5 && strcmp(argv[4], "nograd") == 0) || nonfinite;
-    int subset = argc == 5 && strcmp(argv[4], "subset") == 0;
-    if (argc != 4 && !misuse && !nograd && !subset) {
+    if (argc != 4 && !misuse && !nograd) {
         fprintf(stderr, "usage: mean_client MANIFEST NUMEL STEPS [misuse | nograd | "
-                "nonfinite | subset]\n");
+                "nonfinite]\n");
         return 2;
     }
     uint64_t n = strtoull(argv[2], NULL, 10), steps = strtoull(argv[3], NULL, 10);
@@ -334,16 +331,6 @@ int main(int argc, char **argv)
     }
     ps_op_t *op;
     uint64_t version = 0;
-    if (!bad && subset) {
-        ps_batch_info_t sb;
-        rc = ps_client_next_batch(c, 1ull << 40, NULL, &sb);
-        printf("mean_client: subset: %s\n", rc ? ps_client_error(c) : "a batch handed out");
-        ps_client_destroy(c);
-        free(g);
-        free(got);
-        free(want);
-        return rc ? 1 : 0;
-    }
     if (!bad) { /* zeros (init 0) before the first step */
         rc = ps_client_pull(c, id, got, 0, &op);
         if (rc == 0) rc = ps_op_wait(op, NULL);

@@ -244,7 +244,9 @@ typedef struct {
  *       before the first was waited for, ps_client_pull a second compressed pull.
  * @note The error-feedback residual is kept while error feedback stays on (whatever else
  *       changes); turned off (codec "none", or error_feedback 0), what it holds is added to
- *       the next push whose sums are all finite (encoded with the new codec), then dropped.
+ *       the next push whose sums are all finite (encoded with the new codec), then dropped:
+ *       a shard that does not sum that push (a replayed batch's) loses it with the push's
+ *       gradient, as it loses an uncompressed push's.
  *       Pushes encoded by the caller (ps_client_push_encoded) keep their own residual.
  *       A tensor pulled as "fp16" whose parameters reach 65520 or more in magnitude reads
  *       them as infinities (psd warns, naming the tensor): pull it as "bf16" or "none".
