@@ -99,6 +99,10 @@ enum {
                                    summed either. libps's error feedback puts such a push's
                                    payload back into its residual (session 60); an older psd
                                    does not say so, an older libps ignores it */
+    PS_FLAG_TRAINED = 8388608, /* forget, with PS_FLAG_FORCE (psctl forget --trained): also a
+                                  tensor a push reached, its trained values lost; shard 0 takes
+                                  it only while the job has no member (session 62); an older
+                                  psd ignores it and refuses such a tensor as before */
     PS_FLAG_LEAD = 4194304, /* batch reply: the worker holds the lowest rank of the job's
                                members (session 62): the one that evaluates for the job, as
                                psworker does at each pass; an older psd never says so */

@@ -266,23 +266,38 @@ ucs_status_t psd_shard_on_values(psd_server_t *srv, psd_conn_t *conn, const ps_m
     return UCS_OK;
 }
 
-bool psd_shard_tensor_used(const psd_server_t *srv, const psd_tensor_t *t, char *why, size_t len)
+/* Whether a chunk of @p t here took updates (@p updates) or has pushes, an update or a pull
+ * under way; if so, which in @p why. */
+static bool tensor_touched(const psd_server_t *srv, const psd_tensor_t *t, bool updates,
+                           char *why, size_t len)
 {
     for (uint32_t c = 0; c < t->nchunks; c++) {
         const psd_chunk_t *ch = t->chunks[c];
         if (ch == NULL) continue;
-        bool slots = false;
+        bool slots = false; /* a rank's push came (updates), or one is held now (busy) */
         for (uint32_t g = 0; g < PS_MAX_RANKS / PSD_SLOT_GROUP; g++)
-            slots |= ch->slot_group[g] != NULL;
-        if (ch->version == 0 && !slots && !ch->queued && !ch->applying && ch->pulls == NULL)
+            for (uint32_t k = 0; ch->slot_group[g] && k < (updates ? 1 : PSD_SLOT_GROUP); k++)
+                slots |= updates || ch->slot_group[g][k].state != SLOT_EMPTY;
+        if ((ch->version == 0 || !updates) && !slots && !ch->queued && !ch->applying &&
+            ch->pulls == NULL)
             continue;
         snprintf(why, len, "its chunk %u on shard %u %s", c, srv->shard,
-                 ch->version                   ? "took updates"
+                 ch->version && updates        ? "took updates"
                  : slots || ch->queued || ch->applying ? "took pushes"
                                                : "has a pull waiting");
         return true;
     }
     return false;
+}
+
+bool psd_shard_tensor_used(const psd_server_t *srv, const psd_tensor_t *t, char *why, size_t len)
+{
+    return tensor_touched(srv, t, true, why, len);
+}
+
+bool psd_shard_tensor_busy(const psd_server_t *srv, const psd_tensor_t *t, char *why, size_t len)
+{
+    return tensor_touched(srv, t, false, why, len);
 }
 
 int psd_shard_drop(psd_server_t *srv, uint32_t id, psd_conn_t *conn, uint64_t req_id)

@@ -60,6 +60,7 @@ void psd_forget_on_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
 {
     if (srv->stopping) return; /* the endpoint closes next; the peer sees that */
     bool force = (msg->flags & PS_FLAG_FORCE) != 0, check = (msg->flags & PS_FLAG_CHECK) != 0;
+    bool trained = force && (msg->flags & PS_FLAG_TRAINED) != 0;
     char why[256];
     if (force && psd_refuse_other_cluster(srv, conn, msg, false)) return;
     if (!force && (conn->rank < 0 || conn->rank >= PS_MAX_RANKS)) {
@@ -101,16 +102,29 @@ void psd_forget_on_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
         }
         if (!check) t->declared_ranks &= ~me;
     }
-    if (srv->shard == 0 && force && !force_allowed(srv, why, sizeof why)) {
+    if (srv->shard == 0 && trained && psd_coord_members(srv) != 0) {
+        uint32_t n = psd_coord_members(srv);
+        psd_send_error(srv, conn, msg->req_id, PS_ECONFLICT, "tensor '%s' not dropped: the job "
+                       "has %u member%s, whose steps may wait for it: stop its workers first "
+                       "(psctl scale 0, and pslaunch's), then forget it", t->decl.name, n,
+                       n == 1 ? "" : "s");
+        return;
+    }
+    if (srv->shard == 0 && force && !trained && !force_allowed(srv, why, sizeof why)) {
         psd_send_error(srv, conn, msg->req_id, PS_ECONFLICT, "tensor '%s' not dropped: %s",
                        t->decl.name, why);
         return;
     }
-    if (!t->dropping && psd_shard_tensor_used(srv, t, why, sizeof why)) {
+    /* --trained: a push reached it, and its values go; not while pushes or pulls of it are
+     * under way (none come with no member, but their replies may be in flight). */
+    if (!t->dropping && (trained ? psd_shard_tensor_busy(srv, t, why, sizeof why)
+                                 : psd_shard_tensor_used(srv, t, why, sizeof why))) {
         PS_LOG(PS_LOG_INFO, "forget", "tensor %u '%s' kept: %s", id, t->decl.name, why);
         if (force)
-            psd_send_error(srv, conn, msg->req_id, PS_ECONFLICT, "tensor '%s' not dropped: %s",
-                           t->decl.name, why);
+            psd_send_error(srv, conn, msg->req_id, PS_ECONFLICT, "tensor '%s' not dropped: %s%s",
+                           t->decl.name, why, trained ? "; try again"
+                           : " (psctl forget --trained drops a trained tensor, its values lost, "
+                             "while the job has no member)");
         else
             reply(srv, conn, msg, id, 0, 0);
         return;
@@ -124,5 +138,6 @@ void psd_forget_on_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
         return;
     }
     PS_LOG(PS_LOG_INFO, "forget", "tensor %u '%s' to be dropped (%s)", id, t->decl.name,
-           force ? "psctl forget" : "its only declarer gave it up");
+           trained ? "psctl forget --trained: its trained values go"
+           : force ? "psctl forget" : "its only declarer gave it up");
 }

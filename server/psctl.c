@@ -341,8 +341,9 @@ static int status(ctl_t *ctl, int json, double timeout_s)
     return bad;
 }
 
-/* psctl forget NAME (psctl_forget). Exit 0 when some shard dropped it and none refused. */
-static int forget_tensor(const ps_manifest_t *m, const char *name, double timeout)
+/* psctl forget NAME [--trained] (psctl_forget). Exit 0 when some shard dropped it and none
+ * refused. */
+static int forget_tensor(const ps_manifest_t *m, const char *name, bool trained, double timeout)
 {
     char err[512];
     ps_req_t *cl;
@@ -350,7 +351,7 @@ static int forget_tensor(const ps_manifest_t *m, const char *name, double timeou
         fprintf(stderr, "psctl: forget: %s\n", err);
         return 1;
     }
-    int dropped = 0, rc = psctl_forget(cl, m, name, &dropped, err, sizeof err);
+    int dropped = 0, rc = psctl_forget(cl, m, name, trained, &dropped, err, sizeof err);
     ps_req_close(cl);
     if (rc) {
         fprintf(stderr, "psctl: forget: %s\n", err);
@@ -359,7 +360,8 @@ static int forget_tensor(const ps_manifest_t *m, const char *name, double timeou
                     "keeps it\n", name, dropped, dropped == 1 ? "" : "s");
         return 1;
     }
-    printf("tensor '%s' dropped from %d shard%s\n", name, dropped, dropped == 1 ? "" : "s");
+    printf("tensor '%s' dropped from %d shard%s%s\n", name, dropped, dropped == 1 ? "" : "s",
+           trained ? " (with any values it was trained to)" : "");
     return 0;
 }
 
@@ -373,7 +375,7 @@ static void usage(FILE *f)
                "       psctl --manifest FILE checkpoint --follow [--wait S] [--timeout S]\n"
                "       psctl --manifest FILE repair --from DIR [--rollback] [--timeout S]\n"
                "       psctl --manifest FILE restore DIR\n"
-               "       psctl --manifest FILE forget NAME [--timeout S]\n"
+               "       psctl --manifest FILE forget NAME [--trained] [--timeout S]\n"
                "       psctl --manifest FILE check\n"
                "  status   the job (membership epoch, step, desired and actual workers, members)\n"
                "           and every shard's step, tensors, chunks, state size and Merkle root\n"
@@ -397,7 +399,10 @@ static void usage(FILE *f)
                "  forget   drop tensor NAME, which no push ever reached, from every shard: one\n"
                "           a worker declared but never trained (a crash before its first\n"
                "           batch), which keeps the shards' step and bsp checkpoints at 0;\n"
-               "           bsp: once the job's step 1 closed; asp / ssp: with no member\n"
+               "           bsp: once the job's step 1 closed; asp / ssp: with no member;\n"
+               "           --trained: also one a push reached (a model that dropped a\n"
+               "           tensor: under bsp the job's steps wait for it), its values lost,\n"
+               "           while the job has no member\n"
                "  check    parse and validate the manifest only (exit 2 with FILE:LINE: what is\n"
                "           wrong), print what it sets up; contacts no shard\n",
             PS_MAX_RANKS);
@@ -446,10 +451,11 @@ int main(int argc, char **argv)
                                          {"rollback", no_argument, 0, 'r'},
                                          {"follow", no_argument, 0, 'F'},
                                          {"any-step", no_argument, 0, 'A'},
+                                         {"trained", no_argument, 0, 'T'},
                                          {0, 0, 0, 0}};
     const char *manifest = NULL, *out = NULL, *dir = NULL, *against = NULL, *from = NULL;
     double wait = -1;
-    int rollback = 0, follow = 0, any_step = 0;
+    int rollback = 0, follow = 0, any_step = 0, trained = 0;
     int json = 0, o;
     double timeout = 5;
     ps_log_set_level(NULL);
@@ -479,6 +485,7 @@ int main(int argc, char **argv)
         case 'r': rollback = 1; break;
         case 'F': follow = 1; break;
         case 'A': any_step = 1; break;
+        case 'T': trained = 1; break;
         default: usage(stderr); return 2;
         }
     }
@@ -534,6 +541,7 @@ int main(int argc, char **argv)
                           : follow && strcmp(verb, "checkpoint") ? "--follow is for checkpoint only"
                           : follow && dir ? "--follow takes the directory from the manifest"
                           : any_step && strcmp(verb, "export") ? "--any-step is for export only"
+                          : trained && strcmp(verb, "forget") ? "--trained is for forget only"
                           : any_step && wait >= 0 ? "--any-step waits for no step: no --wait"
                           : json && strcmp(verb, "status") ? "--json is for status only"
                           : wait >= 0 && strcmp(verb, "export") && strcmp(verb, "checkpoint")
@@ -628,7 +636,7 @@ int main(int argc, char **argv)
         return psctl_checkpoint(&ctl.m, dir, timeout, wait < 0 ? 600 : wait);
     if (strcmp(verb, "repair") == 0) return psctl_repair(&ctl.m, from, rollback, timeout);
     if (strcmp(verb, "restore") == 0) return psctl_restore(&ctl.m, restore);
-    if (strcmp(verb, "forget") == 0) return forget_tensor(&ctl.m, forget, timeout);
+    if (strcmp(verb, "forget") == 0) return forget_tensor(&ctl.m, forget, trained, timeout);
     ctl.shards = calloc((size_t)ctl.m.nservers, sizeof *ctl.shards);
     if (ctl.shards == NULL || uv_loop_init(&ctl.loop) ||
         ps_ucx_init_tls(&ctl.ucx, &ctl.loop, PS_UCX_TLS_CONTROL)) {

@@ -106,12 +106,14 @@ int psctl_checkpoint_dir(const ps_manifest_t *m, const char *base, uint64_t step
  *  checks first (PS_FLAG_FORCE: under bsp only once the job's open step is 2 or more, under asp
  *  / ssp only while the job has no member; never a tensor a push reached), then the other
  *  shards drop their chunks, then shard 0 the tensor. A shard that does not hold it is passed.
+ * @param trained  also a tensor a push reached (PS_FLAG_TRAINED: psctl forget --trained), its
+ *  trained values lost: shard 0 takes it only while the job has no member (any consistency)
  * @param[out] dropped  the shards besides 0 that dropped it before a refusal, or all that did
  * @return 0 when some shard dropped it and none refused; the first refusal's PS_E* code (its
  *  message in @p err: shard 0's declaration is kept), or PS_ENOENT when no shard holds it.
  */
-int psctl_forget(ps_req_t *cl, const ps_manifest_t *m, const char *name, int *dropped,
-                 char *err, size_t errlen);
+int psctl_forget(ps_req_t *cl, const ps_manifest_t *m, const char *name, bool trained,
+                 int *dropped, char *err, size_t errlen);
 /** @brief @p dir made absolute against the working directory, into @p out. */
 void psctl_absolute(char *out, size_t cap, const char *dir);
 /** @brief Shard @p i's status (MSG_STATUS) as a NUL-terminated JSON text, which the caller

@@ -501,7 +501,7 @@ static double drop_strays(ps_req_t *cl, const ps_manifest_t *m, stray_name_t *sa
                 said[i][0] = '\0';
                 break;
             }
-            int dropped = 0, rc = exact ? psctl_forget(cl, m, name, &dropped, err, sizeof err)
+            int dropped = 0, rc = exact ? psctl_forget(cl, m, name, false, &dropped, err, sizeof err)
                                         : PS_EINVAL;
             if (rc == 0) {
                 printf("psctl: follow: dropped tensor '%s' from %d shard%s: no push reached "

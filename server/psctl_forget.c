@@ -9,8 +9,8 @@
 #include "ps/ps_error.h"
 #include "psctl_client.h"
 
-int psctl_forget(ps_req_t *cl, const ps_manifest_t *m, const char *name, int *dropped,
-                 char *err, size_t errlen)
+int psctl_forget(ps_req_t *cl, const ps_manifest_t *m, const char *name, bool trained,
+                 int *dropped, char *err, size_t errlen)
 {
     int held0 = 1;
     *dropped = 0;
@@ -18,7 +18,8 @@ int psctl_forget(ps_req_t *cl, const ps_manifest_t *m, const char *name, int *dr
         int i = k == m->nservers ? 0 : k; /* shard 0: asked first, dropped last */
         if (k == m->nservers && !held0) break;
         ps_msg_t q = {.type = PS_MSG_FORGET, .rank = -1,
-                      .flags = PS_FLAG_FORCE | (k == 0 ? PS_FLAG_CHECK : 0)}, r;
+                      .flags = PS_FLAG_FORCE | (k == 0 ? PS_FLAG_CHECK : 0) |
+                               (trained ? PS_FLAG_TRAINED : 0)}, r;
         snprintf(q.cluster, sizeof q.cluster, "%s", m->cluster);
         snprintf(q.error, sizeof q.error, "%s", name);
         int rc = ps_req_call(cl, (uint32_t)i, &q, &r, NULL, NULL, err, errlen);

@@ -795,8 +795,11 @@ psd_tensor_t *psd_shard_tensor_named(psd_server_t *srv, const char *name);
  *  (a version above 0, a rank's slot, a queued or running apply, a pull waiting for a later
  *  version); if so, one line naming the chunk in @p why. */
 bool psd_shard_tensor_used(const psd_server_t *srv, const psd_tensor_t *t, char *why, size_t len);
-/** @brief Drop tensor @p id (ready, not used: psd_shard_tensor_used) from this shard: a store
- *  job deletes its records, then it leaves the table (its id and chunk ordinals are not
+/** @brief psd_shard_tensor_used() but for the updates applied: whether pushes, an apply or a
+ *  pull of @p t are under way here (psctl forget --trained waits for them). */
+bool psd_shard_tensor_busy(const psd_server_t *srv, const psd_tensor_t *t, char *why, size_t len);
+/** @brief Drop tensor @p id (ready; not used, psd_shard_tensor_used, or for psctl forget
+ *  --trained not busy, psd_shard_tensor_busy) from this shard: a store job deletes its records, then it leaves the table (its id and chunk ordinals are not
  *  handed out again while psd runs) and @p conn gets PS_MSG_FORGET_REPLY (PS_FLAG_DONE) for
  *  @p req_id, or the error. Declarations of its name are refused meanwhile. A reference to
  *  @p conn is taken. @return 0 or PS_ENOMEM (nothing queued, nothing answered). */

@@ -109,8 +109,8 @@ static void drop_done(psd_server_t *srv, psd_job_t *job)
     psd_wait_t *forgets = t->forgets;
     t->forgets = NULL;
     if (job->rc == 0) {
-        PS_LOG(PS_LOG_INFO, "shard", "tensor %u '%s' dropped (%u chunks, never pushed)",
-               job->tensor, job->decl.name, job->nchunks);
+        PS_LOG(PS_LOG_INFO, "shard", "tensor %u '%s' dropped (%u chunks)", job->tensor,
+               job->decl.name, job->nchunks);
         psd__tensor_forget(srv, job->tensor, false);
     } else {
         t->dropping = false;

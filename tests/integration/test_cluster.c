@@ -281,6 +281,20 @@ START_TEST(test_libps_misuse_harmless)
     free(l0);
     free(l1);
     EXPECT_LOG(a, "2 steps, every pull the exact mean");
+    /* The job has no member now: a tensor a push reached is kept by psctl forget (naming the
+     * way out) and dropped by forget --trained (session 62: a model that lost a tensor left it
+     * holding every bsp step, checkpoint and export back for good, with no remedy). */
+    char fname[] = "mean.e", fverb[] = "forget", trained_opt[] = "--trained";
+    char *fa[] = {(char *)cl_binary("PSCTL"), "--manifest", c->manifest, fverb, fname, NULL};
+    cl_proc_t *f1 = cl_spawn(c, "psctl-forget", fa);
+    EXPECT_EXIT(f1, 1);
+    EXPECT_LOG(f1, "took updates (psctl forget --trained drops a trained tensor, its values lost, "
+                   "while the job has no member)");
+    char *fb[] = {(char *)cl_binary("PSCTL"), "--manifest", c->manifest, fverb, fname, trained_opt,
+                  NULL};
+    cl_proc_t *f2 = cl_spawn(c, "psctl-forget-trained", fb);
+    EXPECT_EXIT(f2, 0);
+    EXPECT_LOG(f2, "tensor 'mean.e' dropped from 2 shards (with any values it was trained to)");
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }
