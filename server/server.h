@@ -799,8 +799,9 @@ bool psd_shard_tensor_used(const psd_server_t *srv, const psd_tensor_t *t, char 
  *  pull of @p t are under way here (psctl forget --trained waits for them). */
 bool psd_shard_tensor_busy(const psd_server_t *srv, const psd_tensor_t *t, char *why, size_t len);
 /** @brief Drop tensor @p id (ready; not used, psd_shard_tensor_used, or for psctl forget
- *  --trained not busy, psd_shard_tensor_busy) from this shard: a store job deletes its records, then it leaves the table (its id and chunk ordinals are not
- *  handed out again while psd runs) and @p conn gets PS_MSG_FORGET_REPLY (PS_FLAG_DONE) for
+ *  --trained not busy, psd_shard_tensor_busy) from this shard: a store job deletes its
+ *  records, then it leaves the table (its id and chunk ordinals are not handed out again
+ *  while psd runs) and @p conn gets PS_MSG_FORGET_REPLY (PS_FLAG_DONE) for
  *  @p req_id, or the error. Declarations of its name are refused meanwhile. A reference to
  *  @p conn is taken. @return 0 or PS_ENOMEM (nothing queued, nothing answered). */
 int psd_shard_drop(psd_server_t *srv, uint32_t id, psd_conn_t *conn, uint64_t req_id);
