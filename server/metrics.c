@@ -91,6 +91,9 @@ static void metrics_text(psd_server_t *srv, psd_http_reply_t *r)
     psd_prom_u64(&p, "psd_untrained_tensors", "gauge",
                  "bsp: tensors no push reached while chunks here passed step 1 (psctl forget)",
                  t.untrained);
+    psd_prom_u64(&p, "psd_behind_tensors", "gauge",
+                 "bsp: trained tensors whose chunks here stay 2 or more steps behind the job's "
+                 "(no member pushes them: psctl forget --trained)", t.behind);
     psd_prom_u64(&p, "psd_pushes_total", "counter", "Gradient pushes received", srv->pushes);
     psd_prom_u64(&p, "psd_direct_pushes_total", "counter",
                  "Pushes taken from a worker's shared-memory area on this host",

@@ -298,6 +298,21 @@ static int status(ctl_t *ctl, int json, double timeout_s)
     }
     for (int i = 0; i < n && !json; i++) {
         const char *r = ctl->shards[i].reply;
+        char cnt[32], name[PS_NAME_MAX * 4], at[32];
+        if (!ctl->shards[i].got || atoi(field(r, "behind_tensors", cnt, sizeof cnt)) == 0)
+            continue;
+        str_field(r, "behind_first", name, sizeof name);
+        printf("shard %d: %s trained tensor%s stay%s behind the job's step (the first: '%s', at "
+               "step %s): no member pushes %s (a model that no longer has %s?), and under bsp "
+               "%s the shard's step, every checkpoint and export back: with the workers stopped, "
+               "psctl --manifest %s forget NAME --trained drops one\n", i, cnt,
+               strcmp(cnt, "1") ? "s" : "", strcmp(cnt, "1") ? "" : "s", name,
+               field(r, "behind_first_step", at, sizeof at), strcmp(cnt, "1") ? "them" : "it",
+               strcmp(cnt, "1") ? "them" : "it", strcmp(cnt, "1") ? "they hold" : "it holds",
+               ctl->manifest_path);
+    }
+    for (int i = 0; i < n && !json; i++) {
+        const char *r = ctl->shards[i].reply;
         char cnt[32], name[PS_NAME_MAX * 4], rank[32];
         if (!ctl->shards[i].got) continue;
         int one;

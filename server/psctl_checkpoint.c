@@ -344,6 +344,17 @@ static bool held_back(ps_req_t *cl, const ps_manifest_t *m, bool *said)
                         "drops it\n", i, atoi(v), atoi(v) == 1 ? "" : "s", name);
             *said = true;
         }
+        if (!found && ps_json_field(json, "behind_tensors", v, sizeof v) && atoi(v) > 0 &&
+            ps_json_str_field(json, "behind_first", name, sizeof name)) {
+            found = true;
+            if (!*said)
+                fprintf(stderr, "psctl: checkpoint: shard %d holds %d trained tensor%s that "
+                        "stay behind the job's step (the first: '%s'): no member pushes it, so "
+                        "the step is never reached everywhere; with the workers stopped, `psctl "
+                        "forget NAME --trained` drops it\n", i, atoi(v), atoi(v) == 1 ? "" : "s",
+                        name);
+            *said = true;
+        }
         free(json);
     }
     if (found && finished)

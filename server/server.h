@@ -765,10 +765,20 @@ typedef struct {
                                  that no push reached (psd_shard_tensor_used): no member has
                                  them, and they hold this shard's step at 0 (psctl forget) */
     uint32_t untrained_first; /* the first of them (its id), when untrained > 0 */
+    uint32_t behind;          /* bsp: tensors a push reached whose chunks here are all
+                                 PSD_BEHIND_STEPS or more behind the step (shard 0: the
+                                 coordinator's; else the highest chunk version here): no
+                                 member pushes them (a model that lost them), and they hold the
+                                 shard's step back (psctl forget --trained) */
+    uint32_t behind_first;    /* the first of them (its id), when behind > 0 */
+    uint64_t behind_first_step; /* its lowest chunk version here */
     uint64_t odd_chunks;      /* chunks whose last update left a parameter not finite with
                                   finite pushes (psd_chunk_t.params_odd) */
     uint32_t odd_first;       /* the first tensor holding one (its id), when odd_chunks > 0 */
 } psd_shard_totals_t;
+/* Steps a trained tensor's chunks lag the job's before psd_shard_totals names them: under bsp a
+ * member pulls every tensor it pushes at the next step, so one it pushes is never 2 behind. */
+#define PSD_BEHIND_STEPS 2
 /** @brief Count this shard's tensors, chunks and state bytes into @p t (one walk of them). */
 void psd_shard_totals(const psd_server_t *srv, psd_shard_totals_t *t);
 /** @brief Append this shard's tensors and chunks as JSON members to @p out (status). */

@@ -472,14 +472,30 @@ void psd_shard_totals(const psd_server_t *srv, psd_shard_totals_t *t)
         }
     }
     t->version_min = t->chunks ? vmin : 0;
-    if (srv->m.job.consistency != PS_CONSIST_BSP || t->version_max < 2) return;
+    if (srv->m.job.consistency != PS_CONSIST_BSP) return;
+    /* The job's step where it is known (shard 0's coordinator), else the chunks' here. */
+    uint64_t job = psd_coord_bsp_step(srv);
+    if (job < t->version_max) job = t->version_max;
+    if (job < 2) return;
     char why[96];
     for (uint32_t i = 0; i < srv->ntensors; i++) {
         const psd_tensor_t *x = &srv->tensors[i];
-        if (!x->present || !x->ready || psd__local_chunks(x) == 0 ||
-            psd_shard_tensor_used(srv, x, why, sizeof why))
+        if (!x->present || !x->ready || psd__local_chunks(x) == 0) continue;
+        if (psd_shard_tensor_used(srv, x, why, sizeof why)) {
+            uint64_t top = 0, low = UINT64_MAX; /* its chunks here */
+            for (uint32_t c = 0; c < x->nchunks; c++) {
+                const psd_chunk_t *ch = x->chunks[c];
+                if (ch == NULL) continue;
+                if (ch->version > top) top = ch->version;
+                if (ch->version < low) low = ch->version;
+            }
+            if (top + PSD_BEHIND_STEPS <= job && t->behind++ == 0) {
+                t->behind_first = i;
+                t->behind_first_step = low;
+            }
             continue;
-        if (t->untrained++ == 0) t->untrained_first = i;
+        }
+        if (t->version_max >= 2 && t->untrained++ == 0) t->untrained_first = i;
     }
 }
 
@@ -507,13 +523,20 @@ void psd_shard_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len
     int n = snprintf(out + *len, cap - *len,
                      "\"tensors\": %u, \"chunks\": %llu, \"state_bytes\": %llu, "
                      "\"version_min\": %llu, \"version_max\": %llu, \"untrained_tensors\": %u, "
+                     "\"behind_tensors\": %u, "
                      "\"nonfinite_pushes\": %llu, \"nonfinite_param_chunks\": %llu",
                      t.tensors, (unsigned long long)t.chunks, (unsigned long long)t.state_bytes,
                      (unsigned long long)t.version_min, (unsigned long long)t.version_max,
-                     t.untrained, (unsigned long long)srv->nonfinite_pushes,
+                     t.untrained, t.behind, (unsigned long long)srv->nonfinite_pushes,
                      (unsigned long long)t.odd_chunks);
     if (n > 0 && (size_t)n < cap - *len) *len += (size_t)n;
     if (t.untrained) status_name(srv, "untrained_first", t.untrained_first, out, cap, len);
+    if (t.behind) {
+        status_name(srv, "behind_first", t.behind_first, out, cap, len);
+        n = snprintf(out + *len, cap - *len, ", \"behind_first_step\": %llu",
+                     (unsigned long long)t.behind_first_step);
+        if (n > 0 && (size_t)n < cap - *len) *len += (size_t)n;
+    }
     if (t.odd_chunks) status_name(srv, "nonfinite_param_first", t.odd_first, out, cap, len);
     if (srv->nonfinite_pushes == 0) return;
     n = snprintf(out + *len, cap - *len, ", \"nonfinite_last_rank\": %u", srv->nonfinite_rank);

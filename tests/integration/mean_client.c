@@ -1,7 +1,9 @@
 /* mean_client.c: a libps worker for the test of optimizer mean (test_cluster.c, mean_*).
  *
- *   mean_client MANIFEST NUMEL STEPS [misuse | nograd | nonfinite]
+ *   mean_client MANIFEST NUMEL STEPS [misuse | nograd | nonfinite | resume]
  *
+ * With "resume", it trains a job past step 0 (no zeros to find first; its steps from the
+ * first one handed out).
  * With "nograd", rank r has no gradient in step s when s % 4 == 3 (no rank has one) or
  * (s + r) % 3 == 0, and says so with ps_client_push_none: the mean is then over every member,
  * those without one counting as zeros, and a step without any gradient leaves the values as
@@ -300,9 +302,10 @@ int main(int argc, char **argv)
     int misuse = argc == 5 && strcmp(argv[4], "misuse") == 0;
     int nonfinite = argc == 5 && strcmp(argv[4], "nonfinite") == 0;
     int nograd = (argc == 5 && strcmp(argv[4], "nograd") == 0) || nonfinite;
-    if (argc != 4 && !misuse && !nograd) {
+    int resume = argc == 5 && strcmp(argv[4], "resume") == 0;
+    if (argc != 4 && !misuse && !nograd && !resume) {
         fprintf(stderr, "usage: mean_client MANIFEST NUMEL STEPS [misuse | nograd | "
-                "nonfinite]\n");
+                "nonfinite | resume]\n");
         return 2;
     }
     uint64_t n = strtoull(argv[2], NULL, 10), steps = strtoull(argv[3], NULL, 10);
@@ -331,7 +334,7 @@ int main(int argc, char **argv)
     }
     ps_op_t *op;
     uint64_t version = 0;
-    if (!bad) { /* zeros (init 0) before the first step */
+    if (!bad && !resume) { /* zeros (init 0) before the first step */
         rc = ps_client_pull(c, id, got, 0, &op);
         if (rc == 0) rc = ps_op_wait(op, NULL);
         for (uint64_t i = 0; rc == 0 && !bad && i < n; i++)
@@ -358,10 +361,15 @@ int main(int argc, char **argv)
         }
     }
     ps_batch_info_t b, prev;
+    uint64_t s0 = 0; /* the first step (0 but with "resume") */
     for (uint64_t k = 0; k < steps && !bad; k++) {
         rc = ps_client_next_batch(c, 1ull << 40, k ? &prev : NULL, &b);
         if (k == 0 && rc == 0) w = b.members;
-        if (rc || b.finished || b.step != k || b.members != w || rank >= w) {
+        if (k == 0 && rc == 0 && resume) s0 = b.step;
+        /* "resume": alone in the job, at whatever rank it got (rank 0 may still be held) */
+        uint32_t r0 = resume ? rank : 0;
+        if (rc || b.finished || b.step != s0 + k || b.members != w || rank >= r0 + w ||
+            (resume && w != 1)) {
             printf("mean_client: rank %u: batch %" PRIu64 ": %s (step %" PRIu64
                    ", %u members, finished %d)\n",
                    rank, k, rc ? ps_client_error(c) : "not the step wanted", b.step, b.members,
@@ -378,12 +386,12 @@ int main(int argc, char **argv)
             break;
         }
         int any = 0;
-        for (uint32_t r = 0; r < w; r++) any |= has_grad(nograd, r, s);
+        for (uint32_t r = r0; r < r0 + w; r++) any |= has_grad(nograd, r, s);
         for (uint64_t i = 0; i < n && any; i++) {
             g[i] = grad_of(rank, s, i);
             float sum = 0; /* psd sums in rank order the pushes with data, then scales */
             int first = 1;
-            for (uint32_t r = 0; r < w; r++) {
+            for (uint32_t r = r0; r < r0 + w; r++) {
                 if (!has_grad(nograd, r, s)) continue;
                 sum = first ? grad_of(r, s, i) : sum + grad_of(r, s, i);
                 first = 0;

@@ -281,6 +281,19 @@ START_TEST(test_libps_misuse_harmless)
     free(l0);
     free(l1);
     EXPECT_LOG(a, "2 steps, every pull the exact mean");
+    /* A worker of another model (mean.t alone) trains on: the others stay at step 2, which
+     * psctl status names (session 62: it named nothing, and every checkpoint waited). */
+    char resume_mode[] = "resume", three[] = "3";
+    char *ra[] = {(char *)cl_binary("MEAN_CLIENT"), c->manifest, numel, three, resume_mode, NULL};
+    cl_proc_t *rs = cl_spawn(c, "mean-resume", ra);
+    EXPECT_EXIT(rs, 0);
+    char status[] = "status";
+    char *sa[] = {(char *)cl_binary("PSCTL"), "--manifest", c->manifest, status, NULL};
+    cl_proc_t *st = cl_spawn(c, "psctl-status", sa);
+    EXPECT_EXIT(st, 0);
+    EXPECT_LOG(st, "trained tensors stay behind the job's step (the first: 'mean.");
+    EXPECT_LOG(st, "at step 2): no member pushes them (a model that no longer has them?)");
+    EXPECT_LOG(st, "forget NAME --trained drops one");
     /* The job has no member now: a tensor a push reached is kept by psctl forget (naming the
      * way out) and dropped by forget --trained (session 62: a model that lost a tensor left it
      * holding every bsp step, checkpoint and export back for good, with no remedy). */
