@@ -875,6 +875,13 @@ int main(int argc, char **argv)
                     exit_code = join_exit_code(rc);
                     goto out;
                 }
+                /* The pass it was in went on without it (its batches to others): its loss so
+                 * far is not a pass's to report, and a later pass's first batch must not have
+                 * it evaluate that pass again with later parameters (a soak: twice a pass). */
+                log.samples_total += log.samples;
+                log.samples = 0;
+                log.loss_sum = 0;
+                log.loss_n = 0;
                 continue;
             }
             if (rc) {

@@ -2022,7 +2022,9 @@ static long long stopped_and_dropped(coord_t *co, cl_proc_t *psd0, cl_proc_t *w)
  * SIGCONT it learns it was removed and joins again as a new member; the run completes with
  * every sample of every pass applied once. Stopped past its own silence limit (2 s here), it
  * knows it was the one stopped: it blamed every shard before ("answered nothing for", when its
- * heartbeat tick came before the shards' closes). */
+ * heartbeat tick came before the shards' closes). The one stopped holds rank 0: every pass is
+ * evaluated once, by the lowest rank at its end (session 62: one that joined again in a later
+ * pass evaluated the pass it had been in a second time). */
 START_TEST(test_sigstop_rejoins)
 {
     cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 16, .epochs = 4,
@@ -2038,6 +2040,21 @@ START_TEST(test_sigstop_rejoins)
     setenv("PS_DIRECT_PULL", "0", 1);
     cl_cluster_t *c = start_2x2(&k, psd, w, &co);
     unsetenv("PS_DIRECT_PULL");
+    int zero = -1; /* w[1] becomes the worker of rank 0 */
+    for (int t = 0; t < 600 && zero < 0; t++) {
+        for (int i = 0; i < 2 && zero < 0; i++) {
+            char *l = cl_log(w[i]);
+            if (strstr(l, "psworker: rank 0 joined at step")) zero = i;
+            free(l);
+        }
+        if (zero < 0) usleep(50 * 1000);
+    }
+    ck_assert_msg(zero >= 0, "no worker joined as rank 0");
+    if (zero == 0) {
+        cl_proc_t *x = w[0];
+        w[0] = w[1];
+        w[1] = x;
+    }
     long long at = stopped_and_dropped(&co, psd[0], w[1]);
     ck_assert_msg(at >= 30 && at < 700, "the stop should land mid-run, not at step %lld", at);
     ck_assert_int_eq(wait_num(&co, "actual_workers", 1, 1, RUN_S), 1);
@@ -2055,6 +2072,13 @@ START_TEST(test_sigstop_rejoins)
     ck_assert_msg(count_in_log(w[1], "answered nothing for") == 0,
                   "the stopped worker blamed its shards: %s", cl_tail(w[1]));
     ck_assert_int_ge(count_in_log(w[1], "joined at step"), 2);
+    for (int pass = 1; pass <= 4; pass++) {
+        char done[32];
+        snprintf(done, sizeof done, "epoch %d done", pass);
+        int n = count_in_log(w[0], done) + count_in_log(w[1], done);
+        ck_assert_msg(n == 1, "pass %d evaluated %d times: %s | %s", pass, n, cl_tail(w[0]),
+                      cl_tail(w[1]));
+    }
     char *j = coord_status(&co);
     ck_assert_msg(j && strstr(j, "\"finished\": true"), "job not finished: %s", j ? j : "-");
     expect_passes(j, 12000, 4);

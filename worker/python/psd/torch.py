@@ -311,7 +311,21 @@ class ParameterServer:
             del _driven[self._driver]
 
     def _join(self, again=False):
-        """Join (a new client) and declare every trainable parameter; then pull them."""
+        """Join (a new client) and declare every trainable parameter; then pull them. Dropped
+        by the shards meanwhile (stopped or paused past job.heartbeat_timeout_ms, or shard 0
+        restarted before it saved this member), it joins again, up to 5 times, as psworker
+        does (before, a soak found, it raised ENOTMEMBER)."""
+        for tries in range(6):
+            try:
+                return self._join_once(again)
+            except psd.PsError as e:
+                if e.name != "ENOTMEMBER" or tries == 5:
+                    raise
+                print(f"psd.torch: removed from the job while joining ({e}); joining again",
+                      file=sys.stderr, flush=True)
+
+    def _join_once(self, again):
+        """One try of _join."""
         self._layout_seen = None  # set once this join's parameters are declared
         self.client = c = psd.Client(self._manifest, connect_timeout_ms=self._connect_timeout_ms)
         self._nonfinite = 0
