@@ -124,6 +124,25 @@ static void drop(struct psd_ckpt_s *ck, bool marked)
     PS_LOG(PS_LOG_WARN, "ckpt", "%s; nothing of it was written", ck->err);
 }
 
+void psd_ckpt_tensor_dropped(psd_server_t *srv, const char *name)
+{
+    struct psd_ckpt_s *ck = srv->ckpt;
+    if (ck == NULL) return;
+    if (ck->state == CK_ARMED) {
+        fail(ck, PS_ECONFLICT, "checkpoint %016llx into %s: tensor '%.100s' was dropped here "
+             "(psctl forget --trained) before its step: the shards' parts would not be one "
+             "state; take it again", (unsigned long long)ck->id, ck->dir, name);
+        ck->state = CK_FAILED;
+        PS_LOG(PS_LOG_WARN, "ckpt", "%s", ck->err);
+    } else if (ck->state == CK_SNAP || ck->state == CK_COPYING) {
+        /* It stops at its next record and removes what it wrote, as a cancel does. */
+        __atomic_store_n(&ck->cancel, 1, __ATOMIC_RELAXED);
+        PS_LOG(PS_LOG_WARN, "ckpt", "checkpoint %016llx into %s: tensor '%.100s' was dropped "
+               "here (psctl forget --trained): its copy stops", (unsigned long long)ck->id,
+               ck->dir, name);
+    }
+}
+
 /* "cannot write the copy" with LMDB's reason @p rc; for an I/O error also the free space of
  * the disk holding the copy: LMDB reports a write that found the disk full as EIO ("Input/
  * output error"), which did not say what to fix. */

@@ -31,6 +31,11 @@ void psd_ckpt_on_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg);
  *  checkpoint's snapshot if every chunk has reached its step. */
 void psd_ckpt_after_job(psd_server_t *srv);
 
+/** @brief Tensor @p name was dropped here by psctl forget --trained (loop thread): a checkpoint
+ *  armed, snapshotting or copying here fails (its parts would not be one state: the tensor in
+ *  one shard's, not in another's), so psctl gives it up and removes its parts. */
+void psd_ckpt_tensor_dropped(psd_server_t *srv, const char *name);
+
 /** @brief True when no checkpoint copy or repair runs (the shutdown check waits for them). */
 bool psd_ckpt_idle(psd_server_t *srv);
 

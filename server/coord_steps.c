@@ -23,7 +23,9 @@ void psd__reply_batch(psd_server_t *srv, uint32_t r)
      * finished job, the one that was lowest when the first finished reply went: it may leave
      * before the others ask, and the next one would evaluate the last pass again. */
     bool lead = (co->s.active & ((1ull << r) - 1)) == 0;
-    if (!m->has_batch) {
+    if (!co->s.finished) {
+        co->final_lead = 0; /* (again: a finished job that went on) */
+    } else {
         if (co->final_lead == 0)
             co->final_lead = 1 + (int32_t)__builtin_ctzll(co->s.active | 1ull << r);
         lead = co->final_lead == 1 + (int32_t)r;

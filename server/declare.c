@@ -274,10 +274,13 @@ static bool tensor_touched(const psd_server_t *srv, const psd_tensor_t *t, bool 
     for (uint32_t c = 0; c < t->nchunks; c++) {
         const psd_chunk_t *ch = t->chunks[c];
         if (ch == NULL) continue;
-        bool slots = false; /* a rank's push came (updates), or one is held now (busy) */
+        /* A rank's push came (updates), or one is landing now (busy: a full one, of a rank
+         * that left, would wait for an update that never comes: a review; the drop lets it
+         * go, psd__tensor_forget). */
+        bool slots = false;
         for (uint32_t g = 0; g < PS_MAX_RANKS / PSD_SLOT_GROUP; g++)
             for (uint32_t k = 0; ch->slot_group[g] && k < (updates ? 1 : PSD_SLOT_GROUP); k++)
-                slots |= updates || ch->slot_group[g][k].state != SLOT_EMPTY;
+                slots |= updates || ch->slot_group[g][k].state == SLOT_RECEIVING;
         if ((ch->version == 0 || !updates) && !slots && !ch->queued && !ch->applying &&
             ch->pulls == NULL)
             continue;

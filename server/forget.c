@@ -133,6 +133,7 @@ void psd_forget_on_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
         reply(srv, conn, msg, id, PS_FLAG_DONE, 0);
         return;
     }
+    if (trained) t->dropping_trained = true;
     if (psd_shard_drop(srv, id, conn, msg->req_id)) {
         psd_send_error(srv, conn, msg->req_id, PS_ENOMEM, "out of memory");
         return;

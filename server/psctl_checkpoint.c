@@ -349,10 +349,10 @@ static bool held_back(ps_req_t *cl, const ps_manifest_t *m, bool *said)
             found = true;
             if (!*said)
                 fprintf(stderr, "psctl: checkpoint: shard %d holds %d trained tensor%s that "
-                        "stay behind the job's step (the first: '%s'): no member pushes it, so "
+                        "stay%s behind the job's step (the first: '%s'): no member pushes it, so "
                         "the step is never reached everywhere; with the workers stopped, `psctl "
                         "forget NAME --trained` drops it\n", i, atoi(v), atoi(v) == 1 ? "" : "s",
-                        name);
+                        atoi(v) == 1 ? "s" : "", name);
             *said = true;
         }
         free(json);

@@ -273,6 +273,8 @@ typedef struct {
     psd_wait_t *declares;      /* declare replies waiting for creation to commit */
     uint64_t declared_ranks;   /* shard 0: bit r: rank r declared it since psd started (forget.c) */
     bool dropping;             /* a JOB_DROP deletes it (forget.c); declarations are refused */
+    bool dropping_trained;     /* ... for psctl forget --trained (a checkpoint under way here
+                                  fails: storejob.c drop_done) */
     psd_wait_t *forgets;       /* forget replies waiting for that job to commit */
     psd_values_t *values;      /* init PSK_INIT_VALUES, until created: the values sent */
 } psd_tensor_t;

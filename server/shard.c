@@ -177,14 +177,24 @@ void psd__tensor_forget(psd_server_t *srv, uint32_t id, bool reuse)
     if (t->present) count_decl_bytes(srv, &t->decl, -1);
     t->present = false;
     for (uint32_t c = 0; t->chunks && c < t->nchunks; c++) {
-        if (t->chunks[c]) srv->area_need -= ps_area_place_bytes((uint64_t)t->chunks[c]->n * 4);
-        chunk_free(t->chunks[c]);
+        psd_chunk_t *ch = t->chunks[c];
+        if (ch == NULL) continue;
+        srv->area_need -= ps_area_place_bytes((uint64_t)ch->n * 4);
+        /* Pushes left in its slots (of ranks that left: psctl forget --trained) go with it:
+         * their connections' references and their buffers' registrations. */
+        SLOTS_FOR(ch, s) {
+            if (s->memh) ucp_mem_unmap(srv->ucx.context, s->memh);
+            s->memh = NULL;
+            if (s->conn) psd_conn_unref(s->conn);
+            s->conn = NULL;
+        }
+        chunk_free(ch);
     }
     free(t->chunks);
     t->chunks = NULL;
     t->nchunks = 0;
     t->declared_ranks = 0;
-    t->dropping = false;
+    t->dropping = t->dropping_trained = false;
     if (reuse && srv->shard == 0 && id + 1 == srv->ntensors) {
         srv->ntensors--; /* the id and its chunk ordinals are handed out again */
         srv->next_chunk = t->decl.first_chunk;

@@ -111,9 +111,12 @@ static void drop_done(psd_server_t *srv, psd_job_t *job)
     if (job->rc == 0) {
         PS_LOG(PS_LOG_INFO, "shard", "tensor %u '%s' dropped (%u chunks)", job->tensor,
                job->decl.name, job->nchunks);
+        /* Before psd_ckpt_after_job: a checkpoint waiting for this shard's step would take
+         * its snapshot without the tensor while another shard's part has it (a review). */
+        if (t->dropping_trained) psd_ckpt_tensor_dropped(srv, job->decl.name);
         psd__tensor_forget(srv, job->tensor, false);
     } else {
-        t->dropping = false;
+        t->dropping = t->dropping_trained = false;
         t->ready = true;
     }
     for (psd_wait_t *w = forgets, *nx; w; w = nx) {
