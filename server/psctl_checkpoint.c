@@ -334,25 +334,24 @@ static bool held_back(ps_req_t *cl, const ps_manifest_t *m, bool *said)
         char *json = psctl_status_json(cl, (uint32_t)i, err, sizeof err);
         if (json == NULL) continue;
         if (i == 0 && ps_json_field(json, "finished", v, sizeof v)) finished = !strcmp(v, "true");
-        if (!found && ps_json_field(json, "untrained_tensors", v, sizeof v) && atoi(v) > 0 &&
-            ps_json_str_field(json, "untrained_first", name, sizeof name)) {
+        /* A tensor no push reached, or a trained one no member pushes (behind): its count,
+         * its first one, what its chunks do and how it is dropped. */
+        static const char *const kinds[2][4] = {
+            {"untrained_tensors", "untrained_first", "that no push reached",
+             "its chunks stay at step 0, which holds the step back everywhere until a worker "
+             "trains it or `psctl forget NAME` drops it"},
+            {"behind_tensors", "behind_first", "a push reached that stay behind the job's step",
+             "no member pushes it, so the step is never reached everywhere; with the workers "
+             "stopped, `psctl forget NAME --trained` drops it"}};
+        for (int k = 0; k < 2 && !found; k++) {
+            if (!ps_json_field(json, kinds[k][0], v, sizeof v) || atoi(v) <= 0 ||
+                !ps_json_str_field(json, kinds[k][1], name, sizeof name))
+                continue;
             found = true;
             if (!*said)
-                fprintf(stderr, "psctl: checkpoint: shard %d holds %d tensor%s that no push "
-                        "reached (the first: '%s'): its chunks stay at step 0, which holds the "
-                        "step back everywhere until a worker trains it or `psctl forget NAME` "
-                        "drops it\n", i, atoi(v), atoi(v) == 1 ? "" : "s", name);
-            *said = true;
-        }
-        if (!found && ps_json_field(json, "behind_tensors", v, sizeof v) && atoi(v) > 0 &&
-            ps_json_str_field(json, "behind_first", name, sizeof name)) {
-            found = true;
-            if (!*said)
-                fprintf(stderr, "psctl: checkpoint: shard %d holds %d trained tensor%s that "
-                        "stay%s behind the job's step (the first: '%s'): no member pushes it, so "
-                        "the step is never reached everywhere; with the workers stopped, `psctl "
-                        "forget NAME --trained` drops it\n", i, atoi(v), atoi(v) == 1 ? "" : "s",
-                        atoi(v) == 1 ? "s" : "", name);
+                fprintf(stderr, "psctl: checkpoint: shard %d holds %d tensor%s %s (the first: "
+                        "'%s'): %s\n", i, atoi(v), atoi(v) == 1 ? "" : "s", kinds[k][2], name,
+                        kinds[k][3]);
             *said = true;
         }
         free(json);

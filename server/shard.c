@@ -70,6 +70,19 @@ static void chunk_free(psd_chunk_t *ch)
     free(ch);
 }
 
+/* Chunk @p ch's slot buffers' UCX registrations go (its pushes' buffers are freed next, or the
+ * context is cleaned up); with @p conns, the connection references of pushes left in them too
+ * (a chunk dropped with them: psctl forget --trained). */
+static void slots_release(psd_server_t *srv, psd_chunk_t *ch, bool conns)
+{
+    SLOTS_FOR(ch, s) {
+        if (s->memh) ucp_mem_unmap(srv->ucx.context, s->memh);
+        s->memh = NULL;
+        if (conns && s->conn) psd_conn_unref(s->conn);
+        if (conns) s->conn = NULL;
+    }
+}
+
 /* Slot @p r is free again; a direct push's area reference is dropped. */
 void psd__slot_empty(psd_chunk_t *ch, uint32_t r)
 {
@@ -180,14 +193,7 @@ void psd__tensor_forget(psd_server_t *srv, uint32_t id, bool reuse)
         psd_chunk_t *ch = t->chunks[c];
         if (ch == NULL) continue;
         srv->area_need -= ps_area_place_bytes((uint64_t)ch->n * 4);
-        /* Pushes left in its slots (of ranks that left: psctl forget --trained) go with it:
-         * their connections' references and their buffers' registrations. */
-        SLOTS_FOR(ch, s) {
-            if (s->memh) ucp_mem_unmap(srv->ucx.context, s->memh);
-            s->memh = NULL;
-            if (s->conn) psd_conn_unref(s->conn);
-            s->conn = NULL;
-        }
+        slots_release(srv, ch, true); /* pushes of ranks that left: psctl forget --trained */
         chunk_free(ch);
     }
     free(t->chunks);
@@ -377,15 +383,8 @@ void psd_shard_unregister(psd_server_t *srv)
 {
     for (uint32_t i = 0; i < srv->ntensors; i++) {
         psd_tensor_t *t = &srv->tensors[i];
-        for (uint32_t c = 0; t->present && c < t->nchunks; c++) {
-            psd_chunk_t *ch = t->chunks[c];
-            if (ch == NULL) continue;
-            SLOTS_FOR(ch, s)
-                if (s->memh) {
-                    ucp_mem_unmap(srv->ucx.context, s->memh);
-                    s->memh = NULL;
-                }
-        }
+        for (uint32_t c = 0; t->present && c < t->nchunks; c++)
+            if (t->chunks[c]) slots_release(srv, t->chunks[c], false);
     }
 }
 
