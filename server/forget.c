@@ -20,12 +20,29 @@
  * kept, and a tensor whose chunks another shard dropped is created there again by the next
  * declaration (its values were the initial ones). A dropped tensor's id and chunk ordinals are
  * not handed out again while psd runs (another shard may still hold the tensor).
+ *
+ * Between shard 0's check and its drop, shard 0 holds the tensor for the asker (FORGET_HOLD_MS
+ * at most; until its connection closes or it is refused): another's declaration of it is
+ * refused with PS_EBUSY (libps asks again; once dropped it creates the tensor anew on every
+ * shard), and the asker's drop is not checked against the job's members again. Before (session
+ * 63), a worker that declared it in that window kept it on shard 0 while the other shards
+ * dropped their chunks (its pushes there: "no tensor"), and a worker that joined then made
+ * shard 0 refuse the drop the other shards had made.
  */
 #include <string.h>
 
 #include "ps/ps_error.h"
 #include "ps/ps_log.h"
 #include "server.h"
+
+/* How long shard 0 holds a tensor for the forget whose check passed (psctl asks each shard
+ * in turn at once; a slower one lets the hold lapse: then as before session 63). */
+#define FORGET_HOLD_MS 5000
+
+bool psd_forget_held(const psd_tensor_t *t, const psd_conn_t *conn)
+{
+    return t->forget_holder && t->forget_holder != conn && psd_now_ms() < t->forget_hold_until;
+}
 
 /* Answer @p msg for tensor @p id: @p flags PS_FLAG_DONE (it would be dropped: a check), or 0
  * (kept; @p others: the ranks that declared it besides the asker). */
@@ -84,6 +101,15 @@ void psd_forget_on_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
         return;
     }
     uint32_t id = (uint32_t)(t - srv->tensors);
+    /* The asker's own hold: this is its drop (or another check); whatever comes of it, the
+     * hold ends with it. Its check vetted the job's state, and nobody declared since. */
+    bool holder = t->forget_holder == conn && psd_now_ms() < t->forget_hold_until;
+    if (t->forget_holder == conn) t->forget_holder = NULL;
+    if (psd_forget_held(t, conn)) {
+        psd_send_error(srv, conn, msg->req_id, PS_EBUSY, "tensor '%s' is being dropped by "
+                       "another forget: try again in a moment", t->decl.name);
+        return;
+    }
     if (!t->ready && !t->dropping) {
         psd_send_error(srv, conn, msg->req_id, PS_EBUSY, "tensor '%s' is still being created on "
                        "shard %u", t->decl.name, srv->shard);
@@ -102,7 +128,7 @@ void psd_forget_on_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
         }
         if (!check) t->declared_ranks &= ~me;
     }
-    if (srv->shard == 0 && trained && psd_coord_members(srv) != 0) {
+    if (srv->shard == 0 && trained && !(holder && !check) && psd_coord_members(srv) != 0) {
         uint32_t n = psd_coord_members(srv);
         psd_send_error(srv, conn, msg->req_id, PS_ECONFLICT, "tensor '%s' not dropped: the job "
                        "has %u member%s, whose steps may wait for it: stop its workers first "
@@ -110,7 +136,8 @@ void psd_forget_on_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
                        n == 1 ? "" : "s");
         return;
     }
-    if (srv->shard == 0 && force && !trained && !force_allowed(srv, why, sizeof why)) {
+    if (srv->shard == 0 && force && !trained && !(holder && !check) &&
+        !force_allowed(srv, why, sizeof why)) {
         psd_send_error(srv, conn, msg->req_id, PS_ECONFLICT, "tensor '%s' not dropped: %s",
                        t->decl.name, why);
         return;
@@ -130,6 +157,10 @@ void psd_forget_on_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
         return;
     }
     if (check) { /* it would be dropped here */
+        if (srv->shard == 0) { /* held for the asker until its drop here */
+            t->forget_holder = conn;
+            t->forget_hold_until = psd_now_ms() + FORGET_HOLD_MS;
+        }
         reply(srv, conn, msg, id, PS_FLAG_DONE, 0);
         return;
     }

@@ -5,6 +5,8 @@
  * that does not hold the tensor (dropped there before, by a give-up or forget that did not reach
  * every shard) is passed. */
 #include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
 
 #include "ps/ps_error.h"
 #include "psctl_client.h"
@@ -29,6 +31,12 @@ int psctl_forget(ps_req_t *cl, const ps_manifest_t *m, const char *name, bool tr
             return rc;
         } else if (k > 0) {
             (*dropped)++;
+        } else if (getenv("PS_TEST_FORGET_PAUSE_MS")) {
+            /* tests only: a pause after shard 0's check, as a slow shard makes, in which shard
+             * 0 holds the tensor (server/forget.c) */
+            fprintf(stderr, "psctl: forget: shard 0 checked '%s' (PS_TEST_FORGET_PAUSE_MS)\n",
+                    name);
+            usleep((useconds_t)atoi(getenv("PS_TEST_FORGET_PAUSE_MS")) * 1000);
         }
     }
     if (*dropped == 0) {

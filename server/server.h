@@ -276,6 +276,10 @@ typedef struct {
     bool dropping_trained;     /* ... for psctl forget --trained (a checkpoint under way here
                                   fails: storejob.c drop_done) */
     psd_wait_t *forgets;       /* forget replies waiting for that job to commit */
+    const psd_conn_t *forget_holder; /* shard 0: the forget whose check passed (forget.c):
+                                  declarations of it by others are refused (PS_EBUSY) until its
+                                  drop here, its connection closes, or forget_hold_until */
+    uint64_t forget_hold_until; /* psd_now_ms() */
     psd_values_t *values;      /* init PSK_INIT_VALUES, until created: the values sent */
 } psd_tensor_t;
 
@@ -830,6 +834,9 @@ ucs_status_t psd_shard_on_values(psd_server_t *srv, psd_conn_t *conn, const ps_m
 /* forget.c */
 /** @brief PS_MSG_FORGET: drop a tensor never pushed (see forget.c); answers @p msg. */
 void psd_forget_on_msg(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg);
+/** @brief Whether shard 0 holds @p t for a forget other than @p conn's (its check passed and
+ *  its drop has not come yet): a declaration of @p t from @p conn is refused meanwhile. */
+bool psd_forget_held(const psd_tensor_t *t, const psd_conn_t *conn);
 
 /* the coordinator (shard 0 only): coord.c and the modules coord_internal.h lists */
 /** @brief Create the coordinator; restores its state from @p saved (NULL: a fresh job) and

@@ -671,6 +671,7 @@ void psd_shard_drop_conn(psd_server_t *srv, psd_conn_t *conn)
         if (!t->present) continue;
         psd__waits_drop_conn(srv, &t->declares, conn);
         psd__waits_drop_conn(srv, &t->forgets, conn);
+        if (t->forget_holder == conn) t->forget_holder = NULL; /* its drop will not come */
         for (uint32_t c = 0; c < t->nchunks; c++) {
             psd_chunk_t *ch = t->chunks[c];
             if (ch == NULL) continue;

@@ -679,6 +679,43 @@ START_TEST(test_psd_crash_asp_applied_once)
 }
 END_TEST
 
+/* A worker declares a tensor between psctl forget's check on shard 0 and its drops
+ * (PS_TEST_FORGET_PAUSE_MS: psctl pauses there). Shard 0 holds the tensor for the forget, so
+ * the declaration waits (libps asks again) and then creates it anew on both shards: asp_client's
+ * 12 pushes of -1 leave every value 12. Before (session 63), the worker took the old tensor
+ * (trained to 1 by the first asp_client) on shard 0 and the chunks the other shard then dropped
+ * or refused to drop: the forget failed ("has 1 member", or "took updates") or the worker's
+ * pushes did ("no tensor"). */
+START_TEST(test_forget_holds_declarations)
+{
+    cl_conf_t k = {.shards = 2, .workers = 1, .consistency = "asp",
+                   .optimizer = "{name: sgd, lr: 1.0}"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2];
+    for (int i = 0; i < 2; i++) psd[i] = cl_psd_start(c, i, NULL, READY_S);
+    char numel[] = "40000", one[] = "1", twelve[] = "12"; /* 3 chunks of 64 KiB at most */
+    char *a1[] = {(char *)cl_binary("ASP_CLIENT"), c->manifest, numel, one, NULL};
+    cl_proc_t *a = cl_spawn(c, "asp-first", a1);
+    EXPECT_EXIT(a, 0);
+    char fverb[] = "forget", fname[] = "asp.t", trained[] = "--trained";
+    char *fa[] = {(char *)cl_binary("PSCTL"), "--manifest", c->manifest, fverb, fname, trained,
+                  NULL};
+    setenv("PS_TEST_FORGET_PAUSE_MS", "2500", 1);
+    cl_proc_t *f = cl_spawn(c, "psctl-forget", fa);
+    unsetenv("PS_TEST_FORGET_PAUSE_MS");
+    ck_assert_msg(cl_wait_log(f, "shard 0 checked 'asp.t'", RUN_S) == 0, "no check: %s",
+                  cl_tail(f));
+    char *a2[] = {(char *)cl_binary("ASP_CLIENT"), c->manifest, numel, twelve, NULL};
+    a = cl_spawn(c, "asp-second", a2);
+    EXPECT_EXIT(f, 0);
+    EXPECT_LOG(f, "tensor 'asp.t' dropped from 2 shards");
+    EXPECT_EXIT(a, 0);
+    EXPECT_LOG(a, "12 pushes, each applied once");
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* SIGTERM reaches a worker whose shard is stopped (SIGSTOP) while UCX holds one of its sends:
  * asp_client --interrupt pushes 1.6 MB (chunks of 1 MiB) over UCX (PS_DIRECT_PUSH=0) only once
  * the shard is stopped, so the push goes by rendezvous and waits for the shard to fetch it. The
@@ -1796,6 +1833,7 @@ Suite *ps_test_suite(void)
                              test_compression_change_out_of_memory));
     suite_add_tcase(s, tcase("unwaited_push_leaves", test_unwaited_push_leaves));
     suite_add_tcase(s, tcase("psd_crash_asp_applied_once", test_psd_crash_asp_applied_once));
+    suite_add_tcase(s, tcase("forget_holds_declarations", test_forget_holds_declarations));
     suite_add_tcase(s, tcase("sigterm_stuck_worker", test_sigterm_stuck_worker));
     suite_add_tcase(s, tcase("sigterm_shard_gone", test_sigterm_shard_gone));
     suite_add_tcase(s, tcase("sighup_worker_leaves", test_sighup_worker_leaves));
