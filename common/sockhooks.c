@@ -17,6 +17,7 @@
  */
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <link.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -98,9 +99,28 @@ static int numbered(int fd)
     return fd;
 }
 
+/* Listener @p lfd of a UCP worker still being made (ps_tcpguard_young): the connections waiting
+ * there are accepted and closed (their peers connect again), and the caller told there are
+ * none, so that UCX's check of the new interface finds no event. */
+static int young_refused(int lfd)
+{
+    int flags = fcntl(lfd, F_GETFL), n = 0;
+    for (int fd; (fd = real_accept(lfd, NULL, NULL)) >= 0;) {
+        fresh(resolve(), fd);
+        real_close(fd);
+        n++;
+        if (flags < 0 || !(flags & O_NONBLOCK)) break; /* the next accept would wait */
+    }
+    if (n) PS_LOG(PS_LOG_INFO, "tcp", "closed %d connection%s to UCX's TCP transport that came "
+                  "while its worker was being made", n, n == 1 ? "" : "s");
+    errno = EAGAIN;
+    return -1;
+}
+
 static int sh_accept(int lfd, struct sockaddr *addr, socklen_t *len)
 {
     const ps_sockhooks_port_t *p = resolve();
+    if (ps_tcpguard_young(lfd)) return young_refused(lfd);
     int fd = numbered(real_accept(lfd, addr, len));
     fresh(p, fd);
     if (fd >= 0 && p && p->accepted) p->accepted(lfd, fd);
@@ -110,6 +130,7 @@ static int sh_accept(int lfd, struct sockaddr *addr, socklen_t *len)
 static int sh_accept4(int lfd, struct sockaddr *addr, socklen_t *len, int flags)
 {
     const ps_sockhooks_port_t *p = resolve();
+    if (ps_tcpguard_young(lfd)) return young_refused(lfd);
     int fd = numbered(real_accept4(lfd, addr, len, flags));
     fresh(p, fd);
     if (fd >= 0 && p && p->accepted) p->accepted(lfd, fd);
@@ -127,6 +148,7 @@ static int sh_socket(int domain, int type, int protocol)
     const ps_sockhooks_port_t *p = resolve();
     int fd = numbered(real_socket(domain, type, protocol));
     fresh(p, fd);
+    ps_tcpguard_made(fd);
     return fd;
 }
 

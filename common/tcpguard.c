@@ -78,6 +78,7 @@ typedef struct {
 } tg_span_t;
 
 static tg_fd_t g_fd[TG_MAX_FD];
+static uint8_t g_young[TG_MAX_FD]; /* ps_tcpguard_made, at the end of this file */
 static uint32_t g_body_max = TG_RX_SEG; /* UCX's buffer is the segment and a header */
 static uint64_t g_refused;
 static int g_active; /* ps_tcpguard_init ran: this program's reads are checked (atomic) */
@@ -383,5 +384,47 @@ int ps_tcpguard_refused(int fd)
 
 void ps_tcpguard_reset(int fd)
 {
-    if (fd >= 0 && fd < TG_MAX_FD) memset(&g_fd[fd], 0, sizeof g_fd[fd]);
+    if (fd < 0 || fd >= TG_MAX_FD) return;
+    memset(&g_fd[fd], 0, sizeof g_fd[fd]);
+    __atomic_store_n(&g_young[fd], 0, __ATOMIC_RELEASE);
+}
+
+/* ---- sockets made while a UCP worker is made ----
+ *
+ * ucp_worker_create opens each TCP interface (its socket listens from then on), and then, still
+ * inside, asserts that a first look at the interface finds no event (ucp_worker.c:691,
+ * `progress_count == 0`, compiled in by Debian's UCX): a connection UCX's async thread accepted
+ * in between aborts the process. A peer that connects in that window (a port scan; the test of
+ * crafted frames, which connects as soon as the port listens: under load psd's follower died so
+ * several times in a row, session 63) is closed at its accept instead, and connects again. */
+/* g_young[fd]: the maker's token, for a socket made during a worker's creation */
+static uint8_t g_token_next;       /* atomic */
+static __thread uint8_t tl_token;  /* this thread's, while it makes a worker; else 0 */
+
+void ps_tcpguard_creating(int on)
+{
+    if (on) {
+        uint8_t t;
+        do t = __atomic_add_fetch(&g_token_next, 1, __ATOMIC_RELAXED);
+        while (t == 0);
+        tl_token = t;
+        return;
+    }
+    uint8_t t = tl_token;
+    tl_token = 0;
+    if (t == 0) return;
+    for (size_t fd = 0; fd < TG_MAX_FD; fd++) /* 64 KiB, once per worker made */
+        if (__atomic_load_n(&g_young[fd], __ATOMIC_RELAXED) == t)
+            __atomic_store_n(&g_young[fd], 0, __ATOMIC_RELEASE);
+}
+
+void ps_tcpguard_made(int fd)
+{
+    if (tl_token && fd >= 0 && fd < TG_MAX_FD)
+        __atomic_store_n(&g_young[fd], tl_token, __ATOMIC_RELEASE);
+}
+
+int ps_tcpguard_young(int fd)
+{
+    return fd >= 0 && fd < TG_MAX_FD && __atomic_load_n(&g_young[fd], __ATOMIC_ACQUIRE) != 0;
 }

@@ -58,4 +58,16 @@ uint64_t ps_tcpguard_closed_total(void);
 /** @brief Socket @p fd was closed or made anew: forget what was seen on it. */
 void ps_tcpguard_reset(int fd);
 
+/** @brief The calling thread starts (@p on 1) or ends (0) making a UCP worker: the sockets it
+ *  makes meanwhile (ps_tcpguard_made) are young until it ends, and a connection accepted on a
+ *  young listener is closed at once (common/sockhooks.c: UCX 1.13 asserts that a new interface
+ *  has no event yet). Calls pair up on one thread, one worker at a time per thread. */
+void ps_tcpguard_creating(int on);
+
+/** @brief Socket @p fd was just made (socket()): young if its thread is making a worker. */
+void ps_tcpguard_made(int fd);
+
+/** @brief Whether listener @p fd was made by a worker still being made. */
+int ps_tcpguard_young(int fd);
+
 #endif
