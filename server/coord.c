@@ -508,11 +508,7 @@ void psd_coord_on_batch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
                        "a batch request names a training set of 0 samples");
         return;
     }
-    if (co->s.cur.n == 0) {
-        co->s.cur.n = msg->samples;
-        snprintf(co->set_by, sizeof co->set_by, "rank %d (pid %u on %s)", r, co->s.m[r].pid,
-                 co->s.m[r].host);
-    } else if (msg->samples != co->s.cur.n) {
+    if (co->s.cur.n != 0 && msg->samples != co->s.cur.n) {
         /* Fixed for the job by its first batch request: the cursor's batches are ranges of it.
          * Who named it is said, so that a worker started with the wrong data is found (a
          * helper's probe, session 59: one that asked first locked every other out). */
@@ -550,6 +546,14 @@ void psd_coord_on_batch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
     if ((msg->flags & PS_FLAG_DONE) && batch_done(srv, (uint32_t)r, msg, err, sizeof err)) {
         psd_send_error(srv, c, msg->req_id, PS_EPROTO, "%s", err);
         return;
+    }
+    if (co->s.cur.n == 0) {
+        /* Only a request taken names the set: one refused above (another seed, batch size or
+         * model) fixed it for good before (a review, session 63: every right worker was then
+         * refused, also after a restart, until the data_dirs were emptied). */
+        co->s.cur.n = msg->samples;
+        snprintf(co->set_by, sizeof co->set_by, "rank %d (pid %u on %s)", r, co->s.m[r].pid,
+                 co->s.m[r].host);
     }
     co->rt[r].parked = 1;
     co->rt[r].park_req = msg->req_id;

@@ -146,10 +146,14 @@ static void metrics_text(psd_server_t *srv, psd_http_reply_t *r)
                      "The bytes of that part (its data.mdb)", srv->ckpt_stats.last_bytes);
     }
     psd_prom_u64(&p, "psd_replays_skipped_total", "counter",
-                 "bsp: pushes of a batch handed out again that a chunk had applied already",
+                 "Pushes of a batch handed out again that a chunk had applied already (bsp: "
+                 "by its replay tags; asp / ssp: by the batches it took), acknowledged and not "
+                 "applied (a resend of one may count again)",
                  srv->replays_skipped);
     psd_prom_u64(&p, "psd_stale_acks_total", "counter",
-                 "bsp: pushes of a step a chunk had passed, acknowledged and not applied",
+                 "bsp: pushes of a step a chunk had applied without their batch, acknowledged "
+                 "as such (PS_FLAG_STALE: the batch goes out again); resends of a push applied "
+                 "with its step are not counted",
                  srv->stale_acks);
     psd_prom_u64(&p, "psd_auth_refused_total", "counter",
                  "Connections refused for a missing or wrong proof of the cluster secret",

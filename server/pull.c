@@ -175,8 +175,10 @@ void psd__send_pull_reply(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id, 
     psd_send_t *s = srv->free_sends;
     if (s)
         srv->free_sends = s->next_free;
-    else if ((s = calloc(1, sizeof *s)) == NULL)
+    else if ((s = calloc(1, sizeof *s)) == NULL) {
+        psd_send_error(srv, conn, req_id, PS_ENOMEM, "out of memory"); /* was left unanswered */
         return;
+    }
     const float *params = psd_chunk_params((psd_chunk_hdr_t *)h);
     const void *data = params;
     size_t dlen = (size_t)h->n * 4;

@@ -51,6 +51,19 @@ static void push_received(psd_slot_t *s, ucs_status_t status)
     if (status != UCS_OK) {
         PS_LOG(PS_LOG_WARN, "shard", "push of %u/%u from rank %u lost: %s", ch->tensor, ch->chunk,
                rank, ucs_status_string(status));
+        /* Its sender, connected still (a receive that failed on a live endpoint: a
+         * registration, memory), sends it again shortly (PS_FLAG_BEHIND), as for a copy still
+         * landing. Before, it was told nothing and waited for good (a review, session 63); a
+         * broken connection's sender sends it again after its reconnect anyway. */
+        if (s->conn && !s->conn->dead) {
+            ps_msg_t e = {.type = PS_MSG_ERROR, .req_id = s->req, .status = PS_ETRANSPORT,
+                          .shard = srv->shard, .tensor = ch->tensor, .chunk = ch->chunk,
+                          .step = ch->version, .flags = PS_FLAG_CHUNK | PS_FLAG_BEHIND};
+            snprintf(e.error, sizeof e.error, "push of %u/%u from rank %u for step %llu: its "
+                     "receive failed (%s)", ch->tensor, ch->chunk, rank,
+                     (unsigned long long)s->step, ucs_status_string(status));
+            psd_send_msg(srv, s->conn, &e);
+        }
         psd__drop_slot(ch, rank);
         return;
     }
@@ -234,8 +247,9 @@ static uint64_t tagged_ranks(const ps_msg_t *msg)
  * That is the first holder (its push is untagged) or a later one that left too (its tags name
  * only the ranks before it). A new process on a departed rank that is handed the batch pushes
  * it with that rank among its tags, so it is not turned away. True when @p msg is such a late
- * push; else, if it is tagged, it is remembered. @p tagged: the ranks its tags name
- * (tagged_ranks). */
+ * push (a tagged one is remembered by batch_remember once a slot took it: a review, session
+ * 63, found one refused after it was remembered, which then turned the first holder's late push
+ * away too). @p tagged: the ranks its tags name (tagged_ranks). */
 static bool batch_taken_again(psd_server_t *srv, psd_chunk_t *ch, uint32_t rank,
                               const ps_msg_t *msg, uint64_t key, uint64_t tagged)
 {
@@ -249,12 +263,16 @@ static bool batch_taken_again(psd_server_t *srv, psd_chunk_t *ch, uint32_t rank,
                 srv->replays_skipped++;
                 return true;
             }
-    if (tagged) {
-        uint32_t k = ch->again_next++ % PSD_AGAIN_RING;
-        ch->again_key[k] = key;
-        ch->again_ranks[k] = tagged;
-    }
     return false;
+}
+
+/* Chunk @p ch took a push of batch @p key whose tags name @p tagged (nothing when 0). */
+static void batch_remember(psd_chunk_t *ch, uint64_t key, uint64_t tagged)
+{
+    if (key == 0 || tagged == 0) return;
+    uint32_t k = ch->again_next++ % PSD_AGAIN_RING;
+    ch->again_key[k] = key;
+    ch->again_ranks[k] = tagged;
 }
 
 /* asp / ssp: whether push @p msg from rank @p rank, of a batch handed out again (its replay tags
@@ -293,15 +311,17 @@ static bool batch_applied_here(psd_server_t *srv, const psd_chunk_t *ch, uint32_
 /* asp / ssp: whether chunk @p ch has the batch of push @p msg (PS_FLAG_BATCH) from rank @p rank
  * already: applied from an earlier holder, when the batch was handed out again (its tags:
  * batch_applied_here), or taken from a later holder, when this is an earlier holder's late
- * push (batch_taken_again, which also remembers a tagged push). @p who: psd_conn_who. */
+ * push (batch_taken_again). @p who: psd_conn_who. When not, *@p key and *@p tagged are what
+ * batch_remember takes once a slot took the push. */
 static bool batch_had(psd_server_t *srv, psd_chunk_t *ch, uint32_t rank, uint64_t who,
-                      const ps_msg_t *msg)
+                      const ps_msg_t *msg, uint64_t *key, uint64_t *tagged)
 {
-    uint64_t key = ps_batch_key(msg->data_epoch, msg->batch_offset);
-    if (key == 0) return false; /* no key to tell batches by */
-    uint64_t tagged = tagged_ranks(msg); /* 0: an untagged push */
-    if (tagged && batch_applied_here(srv, ch, rank, who, msg, key, tagged)) return true;
-    return batch_taken_again(srv, ch, rank, msg, key, tagged);
+    *key = ps_batch_key(msg->data_epoch, msg->batch_offset);
+    *tagged = 0;
+    if (*key == 0) return false; /* no key to tell batches by */
+    *tagged = tagged_ranks(msg); /* 0: an untagged push */
+    if (*tagged && batch_applied_here(srv, ch, rank, who, msg, *key, *tagged)) return true;
+    return batch_taken_again(srv, ch, rank, msg, *key, *tagged);
 }
 
 static void on_push_recv(void *request, ucs_status_t status, size_t length, void *user_data)
@@ -493,7 +513,9 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
         send_push_ack(srv, conn, msg->req_id, ch, rank, msg->step, 0);
         return UCS_OK;
     }
-    if (!bsp && (msg->flags & PS_FLAG_BATCH) && batch_had(srv, ch, rank, psd_conn_who(conn), msg)) {
+    uint64_t again_key = 0, again_tagged = 0; /* batch_remember's, once a slot takes it */
+    if (!bsp && (msg->flags & PS_FLAG_BATCH) &&
+        batch_had(srv, ch, rank, psd_conn_who(conn), msg, &again_key, &again_tagged)) {
         /* its batch came from another push: this one's error feedback goes back (libps) */
         send_push_ack(srv, conn, msg->req_id, ch, rank, msg->step, PS_FLAG_UNSUMMED);
         return UCS_OK;
@@ -599,6 +621,7 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
     slot->progress = msg->flags & PS_FLAG_PROGRESS ? msg->samples : UINT64_MAX;
     slot->conn = conn;
     psd_conn_ref(conn);
+    batch_remember(ch, again_key, again_tagged);
     if (srv->trace) /* a rendezvous receive's span starts now; any other push is an instant */
         slot->arrived_ns = !direct && (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)
                                ? ps_trace_now()

@@ -661,11 +661,12 @@ void psd__job_start_next(psd_server_t *srv)
                     c->applying_mask |= 1ull << r;
                 } else {
                     /* Pushed by a rank that left the step (removed mid-step): never applied. */
-                    if (s->conn)
-                        psd_send_error(srv, s->conn, s->req, PS_ENOTMEMBER,
-                                       "push of %u/%u for step %llu: rank %u is not a member of "
-                                       "that step any more", c->tensor, c->chunk,
-                                       (unsigned long long)c->version, r);
+                    if (s->conn) /* per chunk: a direct push's place is let go (libps) */
+                        psd_send_chunk_error(srv, s->conn, s->req, c->tensor, c->chunk,
+                                             PS_ENOTMEMBER, "push of %u/%u for step %llu: rank "
+                                             "%u is not a member of that step any more",
+                                             c->tensor, c->chunk,
+                                             (unsigned long long)c->version, r);
                     psd__drop_slot(c, r);
                 }
             }

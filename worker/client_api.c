@@ -302,6 +302,7 @@ int ps_op_wait(ps_op_t *op, uint64_t *version)
     if (op->type == OP_PUSH || op->type == OP_PULL) {
         ctensor_t *t = c->tensors[op->tensor];
         t->busy[op->type == OP_PULL]--;
+        if (op->type == OP_PUSH && rc == 0) c->acked_pushes++; /* done_refused */
         spare = &t->spare[op->type == OP_PULL];
     }
     else if (op->nparts == 1)
@@ -705,6 +706,36 @@ int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts, ps
     return 0;
 }
 
+/* Why @p done cannot be reported as this client's batch done, or NULL. A report closes its
+ * step under bsp (shard 0 takes it as "every shard acknowledged this member's pushes of it")
+ * and counts its samples as trained: one without pushes (a batch skipped, say for a NaN loss,
+ * and passed on as done) closed a step no shard had applied, and the job waited for good for
+ * the pushes of that step (a review, session 63); another client's, or an older one, counted
+ * samples this worker never trained. */
+static const char *done_refused(const ps_client_t *c, const ps_batch_info_t *done, char *why,
+                                size_t len)
+{
+    const ps_batch_info_t *h = &c->held;
+    if (!c->has_held)
+        snprintf(why, len, "this client holds no batch to report done (none was handed to it, "
+                 "or the job finished)");
+    else if (done->step != h->step || done->pass != h->pass || done->offset != h->offset ||
+             done->count != h->count)
+        snprintf(why, len, "the batch reported done (step %llu, pass %llu at %llu, %u samples) "
+                 "is not the one this client was handed last (step %llu, pass %llu at %llu, %u "
+                 "samples)", (unsigned long long)done->step, (unsigned long long)done->pass,
+                 (unsigned long long)done->offset, done->count, (unsigned long long)h->step,
+                 (unsigned long long)h->pass, (unsigned long long)h->offset, h->count);
+    else if (c->acked_pushes == c->held_acked)
+        snprintf(why, len, "the batch of step %llu is reported done, but no push of this client "
+                 "was acknowledged since it was handed out: push its gradients "
+                 "(ps_client_push_none for a tensor without one) and wait for them first",
+                 (unsigned long long)done->step);
+    else
+        return NULL;
+    return why;
+}
+
 /* PS_FLAG_STALE when a push of step @p step was acknowledged as not applied, else 0. */
 static uint32_t stale_flag(ps_client_t *c, uint64_t step)
 {
@@ -733,6 +764,11 @@ void ps_client_destroy(ps_client_t *c)
         ps_op_t *op = op_new(c, OP_LEAVE, c->nshards);
         if (op) {
             for (uint32_t i = 0; i < c->nshards; i++) op->parts[i].shard = i;
+            char why[320];
+            if (c->has_leave_done && done_refused(c, &c->leave_done, why, sizeof why)) {
+                PS_LOG(PS_LOG_WARN, "libps", "the leave does not report a batch done: %s", why);
+                c->has_leave_done = 0; /* its batch goes to another worker */
+            }
             if (c->has_leave_done) { /* the coordinator counts the batch before the leave */
                 op->req.flags = PS_FLAG_DONE | stale_flag(c, c->leave_done.step);
                 op->req.step = c->leave_done.step;
@@ -1236,6 +1272,11 @@ int ps_client_next_batch(ps_client_t *c, uint64_t samples, const ps_batch_info_t
     ps_msg_t req = {.type = PS_MSG_BATCH, .rank = c->rank, .samples = samples,
                     .tensor_set = psk_mix64(c->tensor_set) | 1, .count = c->ntensor_set,
                     .job_seed1 = c->m.job.seed + 1, .job_batch = c->m.job.batch_size}, rep;
+    char why[320];
+    if (done && done_refused(c, done, why, sizeof why)) {
+        snprintf(c->err, sizeof c->err, "next batch: %s", why);
+        return PS_EINVAL;
+    }
     if (done) {
         req.flags = PS_FLAG_DONE | stale_flag(c, done->step);
         req.step = done->step;
@@ -1255,6 +1296,9 @@ int ps_client_next_batch(ps_client_t *c, uint64_t samples, const ps_batch_info_t
                              .offset = rep.batch_offset, .count = rep.batch_count,
                              .members = (uint32_t)__builtin_popcountll(rep.members),
                              .epoch = rep.epoch, .finished = (rep.flags & PS_FLAG_FINISHED) != 0};
+    c->held = *out;
+    c->has_held = !out->finished;
+    c->held_acked = c->acked_pushes;
     if (!out->finished && out->count == 0) {
         snprintf(c->err, sizeof c->err, "shard 0 handed out an empty batch");
         return PS_EPROTO;

@@ -311,6 +311,10 @@ struct ps_client_s {
                                    set differs from the other members' */
     uint32_t ntensor_set;       /* how many: the count sent with it */
     int had_batch;              /* shard 0 handed this worker a batch (or the job's end) */
+    ps_batch_info_t held;       /* caller's thread: the batch handed out last (has_held) */
+    int has_held;               /* ... and not the job's end: a report of done must name it */
+    uint64_t acked_pushes;      /* caller's thread: pushes waited for with success */
+    uint64_t held_acked;        /* acked_pushes when the held batch was handed out */
     int said_no_values;         /* warned once: shard 0 takes no values (an older psd) */
     int leads;                  /* the last batch reply said PS_FLAG_LEAD (atomic: comm thread) */
     uint64_t nonfinite_pushes;  /* chunk pushes acknowledged PS_FLAG_NONFINITE (comm thread

@@ -12,7 +12,8 @@
  * infinity (odd ones) at every 1024th element (so in each chunk of at least 4 KiB) instead:
  * psd must leave each such push out as one without a gradient, the same means bit for bit, and
  * acknowledge it so (ps_client_nonfinite_pushes grows by at least one; never for a clean push).
- * With "misuse", first two mistakes a caller can make, each refused without harm: a push
+ * With "misuse", first mistakes a caller can make, each refused without harm: a batch reported
+ * done before its pushes, or one it does not hold (done_misuse); a push
  * before its first batch (PS_EINVAL; the client is not counted removed, its next_batch works),
  * and in step 0 an int8 push with error feedback of a gradient holding a NaN, which int8
  * cannot encode (sent as fp32 and left out by psd; the clean push of step 1 goes through); and
@@ -60,6 +61,26 @@ static int push_pull(ps_client_t *c, uint32_t id, const char *name, float *g, fl
     printf("mean_client: %s step %" PRIu64 ": rc %d (%s), version %" PRIu64 "\n", name, s, rc,
            ps_client_error(c), version);
     return -1;
+}
+
+/* Batch @p b (just handed out, nothing pushed) reported done, and one that is not the batch
+ * held: each refused (PS_EINVAL) before anything is sent, since a report closes its bsp step on
+ * shard 0 (a review, session 63: a report without pushes closed a step no shard had applied,
+ * and the job hung). @return 0 if so (said on stdout). */
+static int done_misuse(ps_client_t *c, const ps_batch_info_t *b)
+{
+    ps_batch_info_t forged = *b, out;
+    forged.offset++;
+    int rc1 = ps_client_next_batch(c, 1ull << 40, b, &out);
+    int ok1 = rc1 == PS_EINVAL && strstr(ps_client_error(c), "no push of this client");
+    printf("mean_client: a batch reported done before its pushes: rc %d (%s)\n", rc1,
+           ps_client_error(c));
+    int rc2 = ps_client_next_batch(c, 1ull << 40, &forged, &out);
+    int ok2 = rc2 == PS_EINVAL && strstr(ps_client_error(c), "is not the one this client");
+    printf("mean_client: a batch it does not hold reported done: rc %d (%s)\n", rc2,
+           ps_client_error(c));
+    if (ok1 && ok2) printf("mean_client: batches not done refused as done\n");
+    return !(ok1 && ok2);
 }
 
 /* Tensor "mean.e" (64 floats) with int8 and error feedback, which cannot encode a NaN: in
@@ -379,6 +400,10 @@ int main(int argc, char **argv)
         }
         prev = b;
         uint64_t s = b.step;
+        if (misuse && k == 0 && done_misuse(c, &b)) {
+            bad = 1;
+            break;
+        }
         if (misuse && k < 2 && (ef_nan_left_out(c, s, k, &eid) || mean_codecs(c, s, k, &vid) ||
                                 residual_kept(c, s, k, &rid) || ef_nan_given_back(c, s, k, &nid) ||
                                 residual_folded(c, s, k, fid) || f16_pull_overflow(c, s, k, &oid))) {

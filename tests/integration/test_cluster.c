@@ -267,6 +267,7 @@ START_TEST(test_libps_misuse_harmless)
     EXPECT_EXIT(a, 0);
     EXPECT_LOG(a, "a push before any batch refused: ");
     EXPECT_LOG(a, "a NaN under int8 with error feedback left out, the next push taken");
+    EXPECT_LOG(a, "batches not done refused as done");
     EXPECT_LOG(a, "a mean tensor refused sparse, quantized and error-fed codecs, took fp16 and "
                   "raw");
     EXPECT_LOG(a, "the residual outlived a second ps_client_set_compression");
@@ -692,7 +693,11 @@ START_TEST(test_worker_manifest_mismatch_refused)
      * were taken without a word). */
     other = c->conf;
     other.seed = 2;
+    /* ... also with a smaller training set: a request refused names no set for the job (a
+     * review, session 63: it did, for good, and w3 below was refused "the job's has 640"). */
+    other.job_extra = "  train_samples: 640\n";
     worker_refused(c, "other-seed.yaml", &other, "this worker's job.seed is 2, the job's 1");
+    other.job_extra = NULL;
     other = c->conf;
     other.batch_size = 32;
     worker_refused(c, "other-batch.yaml", &other, "this worker's job.batch_size is 32, the job's "
