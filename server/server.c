@@ -789,6 +789,10 @@ static void on_cron(uv_timer_t *h)
     if (srv->coord) psd_coord_tick(srv);
     psd_direct_reap(srv); /* also a reader that exited unnoticed: its slot would pin pages */
     psd_store_pin_cron(srv); /* updates waiting for an old snapshot: tried again */
+    /* Ready chunks or queued creations a job start left for lack of memory (a review, session
+     * 63: under bsp no later push may come to start them); nothing when a job runs. */
+    if (!srv->stopping && srv->pinned_since_ms == 0 && (srv->ready_head || srv->ncreate))
+        psd_shard_kick(srv);
     psd_shard_test_tick(srv);
     psd_shard_values_cron(srv, now);
     if (dropped) ps_ucx_progress(&srv->ucx);
