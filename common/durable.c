@@ -141,6 +141,10 @@ static int out_file_node(const char *path, char *out, size_t outcap, char *err, 
 
 int ps_out_file_check(const char *path, char *out, size_t outcap, char *err, size_t errlen)
 {
+    if (path[0] == '\0') { /* psworker trained a whole job, then failed "No such file" */
+        snprintf(err, errlen, "'': an empty file name; give the path of a file");
+        return -EINVAL;
+    }
     int rc = out_file_node(path, out, outcap, err, errlen);
     if (rc) return rc;
     /* Never into an LMDB environment: a psd data_dir or a checkpoint's part, whose data.mdb the

@@ -501,7 +501,7 @@ static int check_name(ctx_t *c, const field_t *f, yaml_node_t *n, char *base, co
 
 /* A host name or an address (IPv4, IPv6 without brackets): what psd and UCX can resolve
  * (getaddrinfo takes no brackets: "[::1]" passed here and psd could not resolve it), and what
- * status JSON and logs can show as it is. */
+ * status JSON and logs can show as it is. A metrics_host may be IPv6. */
 static int check_host(ctx_t *c, const field_t *f, yaml_node_t *n, char *base, const char *path)
 {
     const char *s = base + f->off;
@@ -514,6 +514,20 @@ static int check_host(ctx_t *c, const field_t *f, yaml_node_t *n, char *base, co
         return fail(c, n, path, "must be a host name or an address ([A-Za-z0-9_.:%%-]), got "
                     "'%s'", clip(n, buf, sizeof buf));
     return 0;
+}
+
+/* A shard's host: as check_host, but no IPv6 address (UCX 1.13.1's TCP transport corrupts
+ * memory with IPv6 peers: psd on ::1 died at its first client, an input probe, session 63). */
+static int check_shard_host(ctx_t *c, const field_t *f, yaml_node_t *n, char *base,
+                            const char *path)
+{
+    int rc = check_host(c, f, n, base, path);
+    char buf[96];
+    if (rc == 0 && strchr(base + f->off, ':'))
+        return fail(c, n, path, "an IPv6 address, '%s': shards take IPv4 only (UCX 1.13's TCP "
+                    "transport corrupts memory with IPv6 peers); use an IPv4 address or a name "
+                    "that resolves to one", clip(n, buf, sizeof buf));
+    return rc;
 }
 
 bool ps_codec_name_valid(const char *t)
@@ -689,10 +703,35 @@ static int check_optimizer(ctx_t *c, const field_t *f, yaml_node_t *n, char *bas
                            const char *path)
 {
     const ps_optim_conf_t *o = (const ps_optim_conf_t *)(base + f->off);
+    char sub[PATH_LEN];
     if (o->name != PS_OPT_MEAN && map_get(c, n, "lr") == n) {
-        char sub[PATH_LEN];
         child_path(sub, path, "lr", -1);
         return fail(c, n, sub, "missing required key");
+    }
+    /* The cosine schedule goes from lr down to min_lr between warmup_steps and decay_steps
+     * (counted from step 0; 0: the job's steps): other settings passed and did something else
+     * without a word (an input probe, session 63: min_lr 1.0 over lr 0.01 raised the rate
+     * 100x; decay_steps 10 under warmup_steps 1000 left no decay at all). */
+    if (o->schedule == PS_SCHED_COSINE && o->min_lr > o->lr && o->name != PS_OPT_MEAN) {
+        child_path(sub, path, "min_lr", -1);
+        return fail(c, map_get(c, n, "min_lr"), sub, "%g is above lr %g: the cosine schedule "
+                    "would raise the rate, not lower it", (double)o->min_lr, (double)o->lr);
+    }
+    if (o->schedule == PS_SCHED_COSINE && o->decay_steps && o->decay_steps <= o->warmup_steps) {
+        child_path(sub, path, "decay_steps", -1);
+        return fail(c, map_get(c, n, "decay_steps"), sub, "%llu is not past warmup_steps %llu: "
+                    "the decay ends at that step, counted from step 0 with the warm-up",
+                    (unsigned long long)o->decay_steps, (unsigned long long)o->warmup_steps);
+    }
+    if (o->schedule != PS_SCHED_COSINE) { /* 0 is their default: said, not refused */
+        static const char *const cosine_only[] = {"warmup_steps", "decay_steps", "min_lr"};
+        bool set[] = {o->warmup_steps != 0, o->decay_steps != 0, o->min_lr != 0};
+        for (size_t i = 0; i < 3; i++)
+            if (set[i]) {
+                child_path(sub, path, cosine_only[i], -1);
+                return fail(c, map_get(c, n, cosine_only[i]), sub, "applies to schedule cosine "
+                            "(under constant the rate is lr throughout)");
+            }
     }
     return 0;
 }
@@ -793,7 +832,7 @@ static const field_t job_fields[] = {
 };
 
 static const field_t server_fields[] = {
-    {SRV(host), .type = T_STR, .flags = F_REQ, .check = check_host},
+    {SRV(host), .type = T_STR, .flags = F_REQ, .check = check_shard_host},
     {SRV(port), .type = T_INT, .flags = F_REQ, .min = 1, .max = 65535},
     {SRV(data_dir), .type = T_STR, .flags = F_REQ},
     {SRV(metrics_port), .type = T_INT, .min = 0, .max = 65535},

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "envflag.h"
 #include "ps/ps_log.h"
 #include "sockhooks.h"
 #include "tcpguard.h"
@@ -204,10 +205,9 @@ static void install(void)
 {
     /* An executable built with this file the other way (psworker) checks UCX's calls itself. */
     if (dlsym(RTLD_DEFAULT, "ps_sockhooks_port") != NULL) return;
-    const char *off = getenv("PS_UCX_FRAME_CHECKS");
-    if (off && strcmp(off, "0") == 0) {
-        PS_LOG(PS_LOG_INFO, "libps", "PS_UCX_FRAME_CHECKS=0: UCX's TCP frames are not checked in "
-               "this process");
+    if (ps_env_off("PS_UCX_FRAME_CHECKS")) {
+        PS_LOG(PS_LOG_INFO, "libps", "PS_UCX_FRAME_CHECKS=%s: UCX's TCP frames are not checked "
+               "in this process", getenv("PS_UCX_FRAME_CHECKS"));
         return;
     }
     resolve();

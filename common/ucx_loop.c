@@ -1,4 +1,5 @@
 /* ucx_loop.c: drive a UCP worker from a libuv loop (see ucx_loop.h). */
+#include <errno.h>
 #include <netdb.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -271,7 +272,19 @@ uint64_t ps_ucx_stuck_ns(const ps_ucx_t *u)
 void ps_ucx_set_spin(ps_ucx_t *u, uint32_t us)
 {
     const char *env = getenv("PS_SPIN_US");
-    if (env && *env) us = (uint32_t)strtoul(env, NULL, 10);
+    if (env && *env) {
+        /* As the manifest's spin_us: 0..10000. Unchecked, -1 read as 4294967295 us, and the
+         * loop busy-polled for an hour without its timers or signals (psd ignored SIGTERM:
+         * an input probe, session 63); "abc" read as 0. */
+        char *end;
+        errno = 0;
+        unsigned long v = strtoul(env, &end, 10);
+        if (*end || errno || env[0] == '-' || env[0] == '+' || v > 10000)
+            PS_LOG(PS_LOG_WARN, "ucx", "PS_SPIN_US: want microseconds 0..10000, got '%s'; "
+                   "keeping %u", env, us);
+        else
+            us = (uint32_t)v;
+    }
     u->spin_ns = (uint64_t)us * 1000u;
 }
 
@@ -548,10 +561,10 @@ void ps_ucx_set_am_handler(ps_ucx_t *u, ucp_am_recv_callback_t cb, void *arg)
     }
 }
 
-int ps_sockaddr_resolve(const char *host, uint16_t port, struct sockaddr_storage *ss,
-                        socklen_t *len)
+int ps_sockaddr_resolve_any(const char *host, uint16_t port, int family,
+                            struct sockaddr_storage *ss, socklen_t *len)
 {
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res;
+    struct addrinfo hints = {.ai_family = family, .ai_socktype = SOCK_STREAM}, *res;
     char ps[8];
     snprintf(ps, sizeof ps, "%u", port);
     if (getaddrinfo(host, ps, &hints, &res) != 0) return PS_ECONFIG;
@@ -559,6 +572,15 @@ int ps_sockaddr_resolve(const char *host, uint16_t port, struct sockaddr_storage
     *len = res->ai_addrlen;
     freeaddrinfo(res);
     return 0;
+}
+
+int ps_sockaddr_resolve(const char *host, uint16_t port, struct sockaddr_storage *ss,
+                        socklen_t *len)
+{
+    /* IPv4 only: UCX 1.13.1's TCP transport writes an IPv6 peer's address past a struct
+     * sockaddr_in (uct_tcp_ep_set_dest_addr): psd listening on ::1 died of heap corruption at
+     * its first client (an input probe, session 63). */
+    return ps_sockaddr_resolve_any(host, port, AF_INET, ss, len);
 }
 
 /* Whether the comma-separated list @p list has the name @p name (@p n bytes). */

@@ -235,10 +235,15 @@ static inline uint32_t ps_ucx_eager_flag(uint32_t below, size_t len)
 /** @brief Route both psd Active Message ids (control and data) to @p cb with @p arg. */
 void ps_ucx_set_am_handler(ps_ucx_t *u, ucp_am_recv_callback_t cb, void *arg);
 
-/** @brief Resolve @p host : @p port into @p ss (first address found).
- *  @return 0 or PS_ECONFIG when the host does not resolve. */
+/** @brief Resolve @p host : @p port into @p ss: its first IPv4 address (UCX 1.13's TCP
+ *  transport corrupts memory with IPv6 peers: shards and their clients use IPv4 only).
+ *  @return 0 or PS_ECONFIG when the host has no IPv4 address. */
 int ps_sockaddr_resolve(const char *host, uint16_t port, struct sockaddr_storage *ss,
                         socklen_t *len);
+/** @brief As ps_sockaddr_resolve, in address family @p family (AF_UNSPEC: the first of any;
+ *  psd's metrics endpoint, which is not UCX's). */
+int ps_sockaddr_resolve_any(const char *host, uint16_t port, int family,
+                            struct sockaddr_storage *ss, socklen_t *len);
 
 /**
  * @brief Create a client endpoint to @p host : @p port (sockaddr connection, peer error

@@ -193,7 +193,10 @@ void psk_codec_header(uint8_t h[PSK_CODEC_HEADER_BYTES], const psk_codec_t *c, s
  * CUDA twins (codec.cu) of encode, encode with error feedback and decode-add, for the dense
  * codecs none, fp16, bf16, int8 (nearest and stochastic) and sign: device pointers, work queued
  * on @p stream (a cudaStream_t), the same payload bytes as the CPU reference, bit for bit
- * (nvcc builds codec.cu without FMA contraction, as the CPU side is built).
+ * (nvcc builds codec.cu without FMA contraction, as the CPU side is built), but for a NaN's
+ * sign and payload: the device's arithmetic gives its one canonical NaN (0x7fffffff) where x86
+ * keeps the input's (a NaN is a NaN to every reader: psd leaves such a push out either way).
+ * The decode-add twin checks nothing: give it payloads psk_codec_check passed.
  *
  * Encode returns once the work is queued: 0 with *len = psk_codec_max_bytes(c, n); PS_EINVAL
  * (codec invalid, n > UINT32_MAX, cap too small), PS_ENOTSUP (topk, randomk: encode those on the

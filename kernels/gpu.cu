@@ -47,8 +47,15 @@ static void blas_load(void)
     const char *env[] = {"CUDA_HOME", "CUDA_PATH"};
     void *h = NULL;
     const char *over = getenv("PSD_CUBLAS");
-    if (over != NULL && *over != '\0')
-        h = dlopen(over, RTLD_NOW | RTLD_LOCAL);
+    if (over != NULL && *over != '\0') {
+        /* The user's choice: its failure is said, not passed over for another library (a
+         * review, session 63: its reason was lost, or a system libcublas taken silently). */
+        if ((h = dlopen(over, RTLD_NOW | RTLD_LOCAL)) == NULL) {
+            snprintf(blas.error, sizeof blas.error, "cannot load PSD_CUBLAS=%.100s: %.100s",
+                     over, dlerror());
+            return;
+        }
+    }
     if (h == NULL && (h = dlopen(cublas_soname, RTLD_NOW | RTLD_LOCAL)) == NULL)
         snprintf(first, sizeof first, "%s", dlerror());
     for (int i = 0; h == NULL && i < 3; i++) {

@@ -35,8 +35,9 @@ int psk_gpu_count(const char **why);
  * @brief Open device @p device: select it, create a stream and a cuBLAS handle on it.
  * @param[out] g  set on success; release with psk_gpu_close.
  * @param[out] err on failure a sentence naming the device and the CUDA error (may be NULL).
- * @return 0; PS_ENOTSUP (built without CUDA, or no such device), PS_ENOMEM, PS_EIO (any
- *         other CUDA or cuBLAS error).
+ * @return 0; PS_ENOTSUP (built without CUDA, no such device, or no cuBLAS to load: $PSD_CUBLAS
+ *         when set, else libcublas.so.13 from the loader's path, $CUDA_HOME, $CUDA_PATH or
+ *         /usr/local/cuda), PS_ENOMEM, PS_EIO (any other CUDA or cuBLAS error).
  */
 int psk_gpu_open(psk_gpu_t **g, int device, char *err, size_t errlen);
 

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "envflag.h"
 #include "ps/ps_log.h"
 #include "server.h"
 #include "storeview.h"
@@ -15,9 +16,9 @@ void psd_direct_init(psd_server_t *srv, const char *data_dir)
 {
     srv->store_path[0] = '\0';
     srv->store_id = 0;
-    const char *e = getenv("PS_DIRECT_PULL");
-    if (e && strcmp(e, "0") == 0) {
-        PS_LOG(PS_LOG_INFO, "server", "direct pulls off (PS_DIRECT_PULL=0)");
+    if (ps_env_off("PS_DIRECT_PULL")) {
+        PS_LOG(PS_LOG_INFO, "server", "direct pulls off (PS_DIRECT_PULL=%s)",
+               getenv("PS_DIRECT_PULL"));
         return;
     }
     char real[PATH_MAX];

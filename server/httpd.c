@@ -277,7 +277,7 @@ psd_httpd_t *psd_httpd_start(uv_loop_t *loop, const char *host, uint16_t port,
 {
     struct sockaddr_storage ss;
     socklen_t sslen;
-    if (ps_sockaddr_resolve(host, port, &ss, &sslen)) {
+    if (ps_sockaddr_resolve_any(host, port, AF_UNSPEC, &ss, &sslen)) {
         snprintf(err, errlen, "cannot resolve metrics host '%s'", host);
         return NULL;
     }

@@ -15,6 +15,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "envflag.h"
 #include "ps/ps_log.h"
 #include "server.h"
 #include "storeview.h"
@@ -29,8 +30,7 @@ struct psd_area_s {
 
 bool psd_push_direct_enabled(void)
 {
-    const char *e = getenv("PS_DIRECT_PUSH");
-    return !(e && strcmp(e, "0") == 0);
+    return !ps_env_off("PS_DIRECT_PUSH");
 }
 
 static psd_area_t *area_new(size_t size)

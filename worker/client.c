@@ -731,8 +731,16 @@ void ps__start_op(ps_client_t *c, ps_op_t *op)
     case OP_FORGET:
     case OP_DECLARE: {
         part_t *p = &op->parts[0];
-        if (op->type == OP_HELLO && connect_shard(c, p->shard))
-            ps__op_fail(op, PS_ETRANSPORT, "cannot reach shard %u", p->shard);
+        if (op->type == OP_HELLO && connect_shard(c, p->shard)) {
+            /* The lookup's reason when it failed (an input probe, session 63: a name that does
+             * not resolve was "cannot reach shard 0" for the whole join). */
+            const cshard_t *s = &c->shards[p->shard];
+            if (s->addrlen == 0 && s->gai_status != 0)
+                ps__op_fail(op, PS_ETRANSPORT, "cannot resolve %s (shard %u): %s",
+                            c->m.servers[p->shard].host, p->shard, gai_strerror(s->gai_status));
+            else
+                ps__op_fail(op, PS_ETRANSPORT, "cannot reach shard %u", p->shard);
+        }
         else
             send_part(c, p, &op->req, NULL, 0, PS_AM_CTRL);
         break;

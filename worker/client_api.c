@@ -1,6 +1,7 @@
 /* client_api.c: libps on the caller's thread: ps_client.h's functions (create, join,
  * push, pull, waits, batches, leave, destroy; declarations: declare.c) handing ops to the comm
  * thread (client.c; client_internal.h). */
+#include "envflag.h"
 #include "client_internal.h"
 
 /* ---- caller's thread ------------------------------------------------------ */
@@ -599,10 +600,8 @@ int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts, ps
     c->rank = -1;
     const char *lp = getenv("PS_LAUNCHER"); /* set by pslaunch for the workers it starts */
     c->launcher = lp ? (uint32_t)strtoul(lp, NULL, 10) : 0;
-    const char *dp = getenv("PS_DIRECT_PULL");
-    c->direct = !(dp && strcmp(dp, "0") == 0);
-    const char *dq = getenv("PS_DIRECT_PUSH");
-    c->direct_push = !(dq && strcmp(dq, "0") == 0);
+    c->direct = !ps_env_off("PS_DIRECT_PULL");
+    c->direct_push = !ps_env_off("PS_DIRECT_PUSH");
     const char *tf = getenv("PS_TEST_DIRECT_FAIL");
     if (tf && atoi(tf) > 0) {
         c->test_direct_fail = (uint32_t)atoi(tf);

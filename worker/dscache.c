@@ -1,5 +1,6 @@
 /* dscache.c: see dscache.h. File layout: a 4096-byte header, then n*dim pixel bytes (the IDX
  * file's, row after row), then n label bytes. */
+#include "envflag.h"
 #include "dscache.h"
 
 #include <dirent.h>
@@ -59,7 +60,7 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n)
 static int cache_path(const char *ipath, const char *lpath, int salted, char *out, size_t len)
 {
     const char *dir = getenv("PS_DATASET_CACHE");
-    if (dir && strcmp(dir, "off") == 0) return -1;
+    if (ps_env_word_off(dir)) return -1; /* "0" was a directory named 0 (an input probe) */
     if (dir == NULL || *dir == '\0') dir = getenv("TMPDIR");
     if (dir == NULL || *dir == '\0') dir = "/tmp";
     uint64_t h = 0xcbf29ce484222325ull;

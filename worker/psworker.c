@@ -665,7 +665,18 @@ int main(int argc, char **argv)
         }
     }
     if (manifest == NULL || optind != argc) {
+        if (manifest == NULL)
+            fprintf(stderr, "psworker: --manifest FILE is required\n");
+        else
+            fprintf(stderr, "psworker: unexpected argument '%s'\n", argv[optind]);
         usage(stderr);
+        return 2;
+    }
+    if ((metrics_path && !*metrics_path) || (params_path && !*params_path)) {
+        /* Found only at the job's end before (an input probe, session 63): exit 1, which
+         * pslaunch --respawn took for a crash. */
+        fprintf(stderr, "psworker: --%s '': an empty file name; give the path of a file\n",
+                metrics_path && !*metrics_path ? "metrics-out" : "params-out");
         return 2;
     }
     if (self_test && device >= 0) {
@@ -768,7 +779,11 @@ int main(int argc, char **argv)
     float *x = malloc((size_t)B * train.dim * sizeof *x);
     float *eval_x = malloc((size_t)tr.mlp.max_batch * test.dim * sizeof *eval_x);
     uint8_t *y = malloc(B);
-    if (!perm || !x || !eval_x || !y) goto out;
+    if (!perm || !x || !eval_x || !y) { /* exit 1 without a word before */
+        fprintf(stderr, "psworker: out of memory for the batch buffers (job.batch_size %u, "
+                "%u training samples)\n", B, train.n);
+        goto out;
+    }
     if (params_path) {
         static char params_file[PATH_MAX];
         char perr[PATH_MAX + 256];

@@ -19,7 +19,8 @@ typedef struct resolve_job_s {
 static void *resolve_main(void *arg)
 {
     resolve_job_t *j = arg;
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
+    /* IPv4 only, as psd listens (ps_sockaddr_resolve: UCX 1.13's TCP fails on IPv6). */
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *res = NULL;
     int rc = getaddrinfo(j->host, j->port, &hints, &res);
     pthread_mutex_lock(&j->mu);
     j->status = rc;
@@ -62,7 +63,9 @@ void ps__on_resolved(uv_async_t *h)
             }
             memcpy(&s->addr, &j->addr, j->addrlen);
             s->addrlen = j->addrlen;
+            s->gai_status = 0;
         } else if (j->status != 0) {
+            s->gai_status = j->status;
             PS_LOG(PS_LOG_DEBUG, "libps", "shard %u: cannot resolve %s: %s", i,
                    c->m.servers[i].host, gai_strerror(j->status));
         }

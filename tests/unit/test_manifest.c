@@ -450,11 +450,25 @@ static const struct {
         "  - {host: 127.0.0.1, port: 7300, data_dir: /d/1}\n" L5 L6_9 L10,
      "demo.yaml:4: servers[1]: 127.0.0.1:7300 takes the port of servers[0] (localhost:7300) on "
      "the same machine"},
+    /* Schedules that would do something else than asked (an input probe, session 63). */
+    {L1 L2_4 L5 L6_9 "  optimizer: {name: sgd, lr: 0.01, schedule: cosine, min_lr: 1.0}\n",
+     "demo.yaml:10: job.optimizer.min_lr: 1 is above lr 0.01: the cosine schedule would raise "
+     "the rate, not lower it"},
+    {L1 L2_4 L5 L6_9 "  optimizer: {name: sgd, lr: 0.01, schedule: cosine, warmup_steps: 1000, "
+     "decay_steps: 10}\n",
+     "demo.yaml:10: job.optimizer.decay_steps: 10 is not past warmup_steps 1000: the decay ends "
+     "at that step, counted from step 0 with the warm-up"},
+    {L1 L2_4 L5 L6_9 "  optimizer: {name: sgd, lr: 0.01, warmup_steps: 100}\n",
+     "demo.yaml:10: job.optimizer.warmup_steps: applies to schedule cosine (under constant the "
+     "rate is lr throughout)"},
+    /* An IPv6 shard: UCX 1.13's TCP transport corrupted psd's heap at its first client (an
+     * input probe, session 63); a metrics_host may be one. */
     {L1 "servers:\n"
         "  - {host: '::1', port: 7300, data_dir: /d/0}\n"
         "  - {host: localhost, port: 7300, data_dir: /d/1}\n" L5 L6_9 L10,
-     "demo.yaml:4: servers[1]: localhost:7300 takes the port of servers[0] (::1:7300) on the "
-     "same machine"},
+     "demo.yaml:3: servers[0].host: an IPv6 address, '::1': shards take IPv4 only (UCX 1.13's "
+     "TCP transport corrupts memory with IPv6 peers); use an IPv4 address or a name that "
+     "resolves to one"},
     {L1 "servers:\n"
         "  - {host: 127.0.0.2, port: 7300, data_dir: /d/0}\n"
         "  - {host: localhost, port: 7301, data_dir: /d/0}\n" L5 L6_9 L10,
