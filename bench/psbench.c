@@ -962,11 +962,17 @@ int main(int argc, char **argv)
             manifest = optarg;
             break;
         case 'S':
-            shards = atoi(optarg);
+        case 'W': { /* a count: "1x" was taken as 1 (an input probe, session 63) */
+            char *end;
+            long v = strtol(optarg, &end, 10);
+            if (*optarg == '\0' || *end != '\0' || v < 1 || v > 1000) {
+                fprintf(stderr, "psbench: --%s %s: want a count of 1 or more\n",
+                        o == 'S' ? "shards" : "workers", optarg);
+                return 2;
+            }
+            *(o == 'S' ? &shards : &workers) = (int)v;
             break;
-        case 'W':
-            workers = atoi(optarg);
-            break;
+        }
         case 's':
             sizes = optarg;
             break;
@@ -1096,7 +1102,11 @@ int main(int argc, char **argv)
     static ps_manifest_t m;
     if (manifest) {
         char err[1024];
-        if (ps_manifest_load(&m, manifest, err, sizeof err)) pb_die("%s", err);
+        if (ps_manifest_load(&m, manifest, err, sizeof err)) { /* 2, as every tool's */
+            fprintf(stderr, "psbench: %s\n", err);
+            pb_proc_cleanup(); /* its directory */
+            return 2;
+        }
         shards = m.nservers;
         if (workers == 0) workers = m.job.workers ? (int)m.job.workers : 1;
         if (shards > PB_MAX_SHARDS || workers > PB_MAX_WORKERS)
