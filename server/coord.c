@@ -493,6 +493,11 @@ uint32_t psd_coord_members(const psd_server_t *srv)
     return srv->coord ? popcount(srv->coord->s.active) : 0;
 }
 
+uint32_t psd_coord_desired(const psd_server_t *srv)
+{
+    return srv->coord ? srv->coord->s.desired : srv->m.job.workers;
+}
+
 void psd_coord_on_batch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
 {
     psd_coord_t *co = srv->coord;

@@ -33,6 +33,13 @@ void psd__reply_batch(psd_server_t *srv, uint32_t r)
     if (!m->has_batch) {
         a.flags = PS_FLAG_FINISHED;
         a.step = is_bsp(srv) ? co->s.final_step : m->steps_done;
+        /* The job's last pass that handed out samples (0 from a psd before session 63):
+         * psworker's lead evaluates the end for it, not for the last pass it trained in (a
+         * probe: under asp the lead's own last batch was of pass 2, and "epoch 2" carried the
+         * final model's accuracy while pass 3 had none). */
+        const ps_cursor_t *cur = &co->s.cur;
+        uint64_t last = cur->offset == 0 && cur->pass > 0 ? cur->pass - 1 : cur->pass;
+        a.data_epoch = cur->passes && last >= cur->passes ? cur->passes - 1 : last;
     } else {
         a.step = m->batch_step;
         a.members = is_bsp(srv) ? co->s.step_members : 1ull << r;
@@ -402,8 +409,13 @@ void psd__async_maybe_finished(psd_server_t *srv)
         if ((co->s.active >> r & 1) && (co->s.m[r].steps_done < max || co->s.m[r].has_batch))
             return;
     co->s.finished = 1;
-    PS_LOG(PS_LOG_INFO, "coord", "job complete: every worker did its %llu steps (%llu samples "
-           "applied)", (unsigned long long)max, (unsigned long long)co->s.cur.applied_total);
+    /* Per worker: the members now; others may have left before theirs (a scaling probe,
+     * session 63: "every worker" read as all of them). */
+    PS_LOG(PS_LOG_INFO, "coord", "job complete: each of its %u members did its %llu steps (job."
+           "max_steps counts per worker under %s; %llu samples applied)",
+           popcount(co->s.active), (unsigned long long)max,
+           ps_consistency_name(srv->m.job.consistency),
+           (unsigned long long)co->s.cur.applied_total);
 }
 
 /* asp / ssp: whether an answer that ends member @p r's run (the job is complete, or it did its

@@ -1085,8 +1085,11 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
     printf("psd shard %u listening on %s:%u\n", shard, sc->host, sc->port);
     fflush(stdout);
     PS_LOG(PS_LOG_INFO, "server",
-           "cluster '%s', %u shards, %u workers wanted, %s, %s, %u apply threads", m->cluster,
-           srv->nshards, m->job.workers, ps_consistency_name(m->job.consistency),
+           "cluster '%s', %u shards, %u workers wanted%s, %s, %s, %u apply threads", m->cluster,
+           srv->nshards, psd_coord_desired(srv),
+           psd_coord_desired(srv) != m->job.workers ? " (psctl scale's; job.workers says "
+                                                      "otherwise)" : "",
+           ps_consistency_name(m->job.consistency),
            ps_optim_name(m->job.optimizer.name), srv->fanout.nthreads);
     if (sc->data_dir[0] != '/') { /* psctl takes it from its own working directory (psctl.c) */
         char *abs = realpath(sc->data_dir, NULL);

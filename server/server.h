@@ -854,6 +854,9 @@ void psd_coord_on_batch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg);
 uint64_t psd_coord_bsp_step(const psd_server_t *srv);
 /** @brief The job's members now (ranks that hold a place in it). */
 uint32_t psd_coord_members(const psd_server_t *srv);
+/** @brief The workers the job wants (job.workers, then psctl scale's, kept with the job); the
+ *  manifest's job.workers on a shard other than 0. */
+uint32_t psd_coord_desired(const psd_server_t *srv);
 /** @brief A member's leave that carries its last batch done (PS_FLAG_DONE, as a batch request
  *  would): count it before the member goes. Shard 0 only; answers nothing. */
 void psd_coord_on_leave_done(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg);

@@ -430,10 +430,16 @@ typedef struct {
     int64_t pass;
 } epoch_log_t;
 
+/* Pass @p pass's first batch here (INT64_MAX: the job's end): the open pass's line is written,
+ * its test accuracy evaluated when @p eval (the job's lead). A batch of a pass older than the
+ * open one (handed out again under asp after its first holder died) stays in the open pass:
+ * before, it closed the open pass and opened the old one again, so passes were evaluated twice
+ * and a worker's epoch lines went backwards (a scaling probe, session 63). @p eval 2: write the
+ * open pass's line also when this worker trained no batch of it (the lead at the job's end). */
 static void epoch_log_pass(epoch_log_t *l, trainer_t *tr, int64_t pass, uint64_t step, int eval)
 {
-    if (pass == l->pass) return;
-    if (l->pass >= 0 && l->loss_n > 0) {
+    if (pass == l->pass || (pass < l->pass && l->pass != INT64_MAX)) return;
+    if (l->pass >= 0 && (l->loss_n > 0 || (eval == 2 && l->pass != INT64_MAX))) {
         double acc = -1;
         if (eval)
             acc = eval_accuracy(&tr->mlp, l->test, l->eval_x);
@@ -446,20 +452,23 @@ static void epoch_log_pass(epoch_log_t *l, trainer_t *tr, int64_t pass, uint64_t
         double ew = now_s() - l->epoch_t0;
         if (acc >= 0)
             fprintf(stderr, "epoch %lld done  loss %.4f  test accuracy %.4f  %.1f s\n",
-                    (long long)l->pass + 1, l->loss_sum / (double)l->loss_n, acc, ew);
+                    (long long)l->pass + 1,
+                    l->loss_n ? l->loss_sum / (double)l->loss_n : 0.0, acc, ew);
         if (l->metrics) {
             char accs[32];
             if (acc >= 0)
                 snprintf(accs, sizeof accs, "%.4f", acc);
             else
                 snprintf(accs, sizeof accs, "null");
+            char loss[32] = "null"; /* none trained here (eval 2) */
+            if (l->loss_n > 0) snprintf(loss, sizeof loss, "%.6f", l->loss_sum / (double)l->loss_n);
             fprintf(l->metrics,
-                    "{\"epoch\": %lld, \"step\": %llu, \"train_loss\": %.6f, "
+                    "{\"epoch\": %lld, \"step\": %llu, \"train_loss\": %s, "
                     "\"test_accuracy\": %s, \"samples\": %llu, \"samples_per_s\": %.1f, "
                     "\"bytes_pushed\": %llu, \"bytes_pushed_raw\": %llu, \"bytes_pulled\": %llu, "
                     "\"wall_s\": %.3f}\n",
                     (long long)l->pass + 1, (unsigned long long)step,
-                    l->loss_sum / (double)l->loss_n, accs, (unsigned long long)l->samples,
+                    loss, accs, (unsigned long long)l->samples,
                     (double)l->samples / (ew > 0 ? ew : 1e-9),
                     (unsigned long long)st.bytes_pushed, (unsigned long long)st.bytes_pushed_raw,
                     (unsigned long long)st.bytes_pulled, now_s() - l->t0);
@@ -819,7 +828,7 @@ int main(int argc, char **argv)
     epoch_log_t log = {.metrics = metrics, .test = &test, .eval_x = eval_x, .t0 = now_s(),
                        .pass = -1};
     log.epoch_t0 = log.t0;
-    int64_t perm_pass = -1;
+    int64_t perm_pass = -1, last_pass = -1; /* last_pass: the job's, from its finished reply */
     if (local) {
         ps_mlp_init_params(&tr.mlp, m.job.seed);
         if ((rc = ps_local_create(&tr.local, &m, &tr.mlp, rank_codec, total)) != 0) {
@@ -909,6 +918,7 @@ int main(int argc, char **argv)
             }
             if (b.finished) {
                 step = b.step;
+                last_pass = (int64_t)b.pass; /* 0 from an older psd */
                 break;
             }
             step = b.step;
@@ -985,8 +995,15 @@ int main(int argc, char **argv)
     }
     {
         int rank = tr.client ? ps_client_rank(tr.client) : 0;
-        epoch_log_pass(&log, &tr, INT64_MAX, step,
-                       rank == 0 || (tr.client && ps_client_leads(tr.client)));
+        int lead = rank == 0 || (tr.client && ps_client_leads(tr.client));
+        if (lead && last_pass > log.pass && log.pass >= 0) {
+            /* The job's last pass had no batch here: the pass open here is closed without a
+             * figure (its parameters are gone), and the last one is evaluated for it. */
+            epoch_log_pass(&log, &tr, last_pass, step, 0);
+            epoch_log_pass(&log, &tr, INT64_MAX, step, 2);
+        } else {
+            epoch_log_pass(&log, &tr, INT64_MAX, step, lead);
+        }
         double acc = eval_accuracy(&tr.mlp, &test, eval_x);
         if (device_failed(&tr.mlp)) goto out;
         fprintf(stderr, "rank %d  final test accuracy %.4f after %llu steps (%.1f s)\n", rank, acc,

@@ -2221,7 +2221,7 @@ START_TEST(test_asp_max_steps_finishes)
     cl_proc_t *w[2] = {cl_worker_start(c, NULL, NULL, false), cl_worker_start(c, NULL, NULL,
                                                                               false)};
     for (int i = 0; i < 2; i++) EXPECT_EXIT(w[i], 0);
-    EXPECT_LOG(psd, "job complete: every worker did its 30 steps");
+    EXPECT_LOG(psd, "job complete: each of its 2 members did its 30 steps");
     coord_t co;
     coord_open(&co, c);
     char *st = coord_status(&co);

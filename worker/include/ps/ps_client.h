@@ -459,7 +459,9 @@ typedef struct {
     uint32_t count;          /* samples */
     uint32_t members;        /* workers in this step (bsp), or in the job */
     uint64_t epoch;          /* membership epoch */
-    int finished;            /* the job is complete: step = the final step; no batch */
+    int finished;            /* the job is complete: step = the final step; no batch (pass:
+                                the job's last pass that handed out samples; 0 from a psd
+                                before session 63) */
 } ps_batch_info_t;
 
 /**
