@@ -9,6 +9,7 @@
 #include <libgen.h>
 #include <limits.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -462,9 +463,14 @@ int main(int argc, char **argv)
         snprintf(path, sizeof path, "%s/psworker", dirname(self));
         worker = path;
     }
-    if (access(worker, X_OK) != 0) {
+    struct stat wst;
+    if (access(worker, X_OK) != 0 || stat(worker, &wst) != 0) {
         fprintf(stderr, "pslaunch: %s: %s\n", worker, strerror(errno));
         return 1;
+    }
+    if (!S_ISREG(wst.st_mode)) { /* a directory passed X_OK: every worker then exited 127 */
+        fprintf(stderr, "pslaunch: %s is not a program (a directory?)\n", worker);
+        return 2;
     }
     /* The workers' metrics files go there: made now, so that a missing one is one clear error
      * here rather than every worker failing to open its file. */
