@@ -100,10 +100,12 @@ static int numbered(int fd)
     return fd;
 }
 
-/* Listener @p lfd of a UCP worker still being made (ps_tcpguard_young): the connections waiting
- * there are accepted and closed (their peers connect again), and the caller told there are
- * none, so that UCX's check of the new interface finds no event. */
-static int young_refused(int lfd)
+/* Listener @p lfd of a UCP worker still being made (ps_tcpguard_young), or one with as many
+ * accepted connections waiting for their request as tcpguard takes (@p full): the connections
+ * waiting there are accepted and closed (their peers connect again), and the caller told there
+ * are none, so that UCX's check of the new interface finds no event, or UCX's descriptors stay
+ * bounded. */
+static int young_refused(int lfd, bool full)
 {
     int flags = fcntl(lfd, F_GETFL), n = 0;
     for (int fd; (fd = real_accept(lfd, NULL, NULL)) >= 0;) {
@@ -112,8 +114,19 @@ static int young_refused(int lfd)
         n++;
         if (flags < 0 || !(flags & O_NONBLOCK)) break; /* the next accept would wait */
     }
-    if (n) PS_LOG(PS_LOG_INFO, "tcp", "closed %d connection%s to UCX's TCP transport that came "
-                  "while its worker was being made", n, n == 1 ? "" : "s");
+    if (n && !full)
+        PS_LOG(PS_LOG_INFO, "tcp", "closed %d connection%s to UCX's TCP transport that came "
+               "while its worker was being made", n, n == 1 ? "" : "s");
+    static uint64_t closed_full; /* UCX's async thread only */
+    if (full) {
+        uint64_t was = closed_full;
+        closed_full += (uint64_t)n + 1; /* and the one the caller closed */
+        if ((was ^ closed_full) > was) /* a power of two passed: 1, 2, 4 ... said */
+            PS_LOG(PS_LOG_WARN, "tcp", "closed connections to UCX's ports at once: 256 accepted "
+                   "ones wait for their connection request already, and descriptors run short "
+                   "(%llu so far)",
+                   (unsigned long long)closed_full);
+    }
     errno = EAGAIN;
     return -1;
 }
@@ -121,9 +134,14 @@ static int young_refused(int lfd)
 static int sh_accept(int lfd, struct sockaddr *addr, socklen_t *len)
 {
     const ps_sockhooks_port_t *p = resolve();
-    if (ps_tcpguard_young(lfd)) return young_refused(lfd);
+    if (ps_tcpguard_young(lfd)) return young_refused(lfd, false);
     int fd = numbered(real_accept(lfd, addr, len));
     fresh(p, fd);
+    if (fd >= 0 && ps_tcpguard_ucx_listener(lfd) && ps_tcpguard_accepted(fd) != 0) {
+        fresh(p, fd); /* as a close does */
+        real_close(fd);
+        return young_refused(lfd, true);
+    }
     if (fd >= 0 && p && p->accepted) p->accepted(lfd, fd);
     return fd;
 }
@@ -131,9 +149,14 @@ static int sh_accept(int lfd, struct sockaddr *addr, socklen_t *len)
 static int sh_accept4(int lfd, struct sockaddr *addr, socklen_t *len, int flags)
 {
     const ps_sockhooks_port_t *p = resolve();
-    if (ps_tcpguard_young(lfd)) return young_refused(lfd);
+    if (ps_tcpguard_young(lfd)) return young_refused(lfd, false);
     int fd = numbered(real_accept4(lfd, addr, len, flags));
     fresh(p, fd);
+    if (fd >= 0 && ps_tcpguard_ucx_listener(lfd) && ps_tcpguard_accepted(fd) != 0) {
+        fresh(p, fd); /* as a close does */
+        real_close(fd);
+        return young_refused(lfd, true);
+    }
     if (fd >= 0 && p && p->accepted) p->accepted(lfd, fd);
     return fd;
 }

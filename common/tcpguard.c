@@ -35,6 +35,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <time.h>
 
 #include "ps/ps_log.h"
 #include "tcpguard.h"
@@ -132,6 +133,13 @@ int ps_tcpguard_expect(const void *buf, size_t len)
     if (rc == 0) g_span[g_nspan++] = (tg_span_t){(uintptr_t)buf, len};
     pthread_mutex_unlock(&g_span_lock);
     return rc;
+}
+
+void ps_tcpguard_forget_spans(void)
+{
+    pthread_mutex_lock(&g_span_lock);
+    g_nspan = 0;
+    pthread_mutex_unlock(&g_span_lock);
 }
 
 void ps_tcpguard_done(const void *buf)
@@ -269,6 +277,7 @@ static int cm_check(int fd, tg_fd_t *s)
     uint64_t h = fnv(s->cm + TG_CM_EVENT, s->cm_got - TG_CM_EVENT);
     if (s->have_req && h != s->req_hash) /* UCX asserts a second one repeats the first */
         return refuse(fd, s, "a second connection request unlike the first");
+    if (!s->have_req) ps_tcpguard_settled(fd); /* its connection request came whole */
     s->have_req = 1;
     s->req_hash = h;
     return 0;
@@ -382,40 +391,45 @@ int ps_tcpguard_refused(int fd)
     return fd >= 0 && fd < TG_MAX_FD && g_fd[fd].kind == K_REFUSED;
 }
 
+static void pending_drop(int fd);
+
 void ps_tcpguard_reset(int fd)
 {
     if (fd < 0 || fd >= TG_MAX_FD) return;
     memset(&g_fd[fd], 0, sizeof g_fd[fd]);
     __atomic_store_n(&g_young[fd], 0, __ATOMIC_RELEASE);
+    pending_drop(fd);
 }
 
-/* ---- sockets made while a UCP worker is made ----
+/* ---- sockets made while a UCP worker or listener is made ----
  *
  * ucp_worker_create opens each TCP interface (its socket listens from then on), and then, still
  * inside, asserts that a first look at the interface finds no event (ucp_worker.c:691,
  * `progress_count == 0`, compiled in by Debian's UCX): a connection UCX's async thread accepted
  * in between aborts the process. A peer that connects in that window (a port scan; the test of
  * crafted frames, which connects as soon as the port listens: under load psd's follower died so
- * several times in a row, session 63) is closed at its accept instead, and connects again. */
-/* g_young[fd]: the maker's token, for a socket made during a worker's creation */
-static uint8_t g_token_next;       /* atomic */
-static __thread uint8_t tl_token;  /* this thread's, while it makes a worker; else 0 */
+ * several times in a row, session 63) is closed at its accept instead, and connects again.
+ * g_young[fd]: the maker's token while its creation runs, then TG_UCX_MADE: UCX's socket (its
+ * listeners are the ones whose accepts are bounded below). */
+#define TG_UCX_MADE 0xff
+static uint8_t g_token_next;      /* atomic */
+static __thread uint8_t tl_token; /* this thread's, while it makes a worker; else 0 */
 
 void ps_tcpguard_creating(int on)
 {
     if (on) {
         uint8_t t;
         do t = __atomic_add_fetch(&g_token_next, 1, __ATOMIC_RELAXED);
-        while (t == 0);
+        while (t == 0 || t == TG_UCX_MADE);
         tl_token = t;
         return;
     }
     uint8_t t = tl_token;
     tl_token = 0;
     if (t == 0) return;
-    for (size_t fd = 0; fd < TG_MAX_FD; fd++) /* 64 KiB, once per worker made */
+    for (size_t fd = 0; fd < TG_MAX_FD; fd++) /* 64 KiB, once per worker or listener made */
         if (__atomic_load_n(&g_young[fd], __ATOMIC_RELAXED) == t)
-            __atomic_store_n(&g_young[fd], 0, __ATOMIC_RELEASE);
+            __atomic_store_n(&g_young[fd], TG_UCX_MADE, __ATOMIC_RELEASE);
 }
 
 void ps_tcpguard_made(int fd)
@@ -426,5 +440,109 @@ void ps_tcpguard_made(int fd)
 
 int ps_tcpguard_young(int fd)
 {
+    if (fd < 0 || fd >= TG_MAX_FD) return 0;
+    uint8_t t = __atomic_load_n(&g_young[fd], __ATOMIC_ACQUIRE);
+    return t != 0 && t != TG_UCX_MADE;
+}
+
+/* ---- connections accepted and not yet settled ----
+ *
+ * A connection accepted on one of UCX's listeners (its TCP transport's ports, psd's shard port)
+ * takes a descriptor and a slot of UCX's async event table (1024) until UCX closes it, which it
+ * does only when the peer goes: idle connections that never sent their connection request used
+ * up psd's descriptors, and UCX lost its TCP listener to EMFILE for good (clients then found
+ * its advertised port refused), or filled the event table and every new client was reset (a
+ * review, session 63). At most TG_PENDING_MAX accepted connections wait for their connection
+ * request here: one that waited TG_PENDING_MS is shut down at the next accept (UCX sees its
+ * peer go and closes it). Past the bound the oldest is shut down for the new one while the new
+ * one's number is under half the descriptor limit (numbers are handed out lowest first: it
+ * tells how many are open), so a client is not locked out by idle ones; nearer the limit the
+ * new one is closed at once (its peer connects again): a shut-down connection's descriptor is
+ * freed only once UCX reads its end, and its async thread accepts a whole backlog (up to 4096)
+ * before it reads any. */
+#define TG_PENDING_MAX 256
+#define TG_PENDING_MS 10000
+static pthread_mutex_t g_pend_lock = PTHREAD_MUTEX_INITIALIZER;
+static int g_pend_fd[TG_PENDING_MAX];
+static uint64_t g_pend_ms[TG_PENDING_MAX];
+static uint32_t g_npend;
+static uint8_t g_pend_on[TG_MAX_FD]; /* atomic: in g_pend_fd */
+static uint64_t g_pend_shut;         /* connections shut down so (for the log) */
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* Entry @p i of the set leaves it (the lock held). */
+static void pending_remove_at(uint32_t i)
+{
+    __atomic_store_n(&g_pend_on[g_pend_fd[i]], 0, __ATOMIC_RELEASE);
+    g_pend_fd[i] = g_pend_fd[--g_npend];
+    g_pend_ms[i] = g_pend_ms[g_npend];
+}
+
+static void pending_drop(int fd)
+{
+    if (!__atomic_load_n(&g_pend_on[fd], __ATOMIC_ACQUIRE)) return;
+    pthread_mutex_lock(&g_pend_lock);
+    for (uint32_t i = 0; i < g_npend; i++)
+        if (g_pend_fd[i] == fd) {
+            pending_remove_at(i);
+            break;
+        }
+    pthread_mutex_unlock(&g_pend_lock);
+}
+
+int ps_tcpguard_ucx_listener(int fd)
+{
     return fd >= 0 && fd < TG_MAX_FD && __atomic_load_n(&g_young[fd], __ATOMIC_ACQUIRE) != 0;
+}
+
+int ps_tcpguard_accepted(int fd)
+{
+    if (fd < 0 || fd >= TG_MAX_FD) return 0;
+    uint64_t now = mono_ms();
+    uint32_t shut = 0;
+    pthread_mutex_lock(&g_pend_lock);
+    for (uint32_t i = 0; i < g_npend;) {
+        if (now - g_pend_ms[i] < TG_PENDING_MS) {
+            i++;
+            continue;
+        }
+        shutdown(g_pend_fd[i], SHUT_RDWR); /* still open: a close takes it out first */
+        pending_remove_at(i);
+        shut++;
+    }
+    bool full = g_npend == TG_PENDING_MAX;
+    struct rlimit rl;
+    if (full && getrlimit(RLIMIT_NOFILE, &rl) == 0 && (rlim_t)fd < rl.rlim_cur / 2) {
+        uint32_t old = 0; /* room for the new one: the oldest goes */
+        for (uint32_t i = 1; i < g_npend; i++)
+            if (g_pend_ms[i] < g_pend_ms[old]) old = i;
+        shutdown(g_pend_fd[old], SHUT_RDWR);
+        pending_remove_at(old);
+        shut++;
+        full = false;
+    }
+    if (!full) {
+        g_pend_fd[g_npend] = fd;
+        g_pend_ms[g_npend++] = now;
+        __atomic_store_n(&g_pend_on[fd], 1, __ATOMIC_RELEASE);
+    }
+    uint64_t total = g_pend_shut += shut;
+    pthread_mutex_unlock(&g_pend_lock);
+    if (shut && (total - shut < TG_LOG_WARN_FIRST || (total & (total - 1)) == 0))
+        PS_LOG(PS_LOG_WARN, "tcp", "shut %u connection%s to UCX's ports that sent no connection "
+               "request within %u s, or the oldest of %u that wait (%llu so far)", shut,
+               shut == 1 ? "" : "s", TG_PENDING_MS / 1000, TG_PENDING_MAX,
+               (unsigned long long)total);
+    return full ? -1 : 0;
+}
+
+void ps_tcpguard_settled(int fd)
+{
+    if (fd >= 0 && fd < TG_MAX_FD) pending_drop(fd);
 }

@@ -348,7 +348,10 @@ static ssize_t cm_read(int fd, void *buf, size_t len, int flags)
             return 0;
         }
         s->left -= (uint64_t)n;
-        if (s->left == 0) s->hdr_got = 0;
+        if (s->left == 0) {
+            s->hdr_got = 0;
+            if (s->msgs == 1) ps_tcpguard_settled(fd); /* its request came whole */
+        }
     }
     return n;
 }

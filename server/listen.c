@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "tcpguard.h"
 #include "ps/ps_error.h"
 #include "ps/ps_log.h"
 #include "server.h"
@@ -81,7 +82,9 @@ int psd_listen_start(psd_server_t *srv, char *err, size_t errlen)
         .sockaddr = {.addr = (const struct sockaddr *)&ss, .addrlen = sslen},
         .conn_handler = {.cb = psd_conn_on_request, .arg = srv},
     };
+    ps_tcpguard_creating(1); /* its socket is UCX's: accepts there are bounded (tcpguard.h) */
     ucs_status_t s = ucp_listener_create(srv->ucx.worker, &lp, &srv->listener);
+    ps_tcpguard_creating(0);
     if (s != UCS_OK) {
         srv->listener = NULL;
         listen_refused(sc, &ss, sslen, ucs_status_string(s), s == UCS_ERR_BUSY ? 2 : 0, err,
@@ -93,11 +96,12 @@ int psd_listen_start(psd_server_t *srv, char *err, size_t errlen)
 
 /* Whether a TCP socket bound to @p host:@p port with SO_REUSEADDR (as UCX binds its listener,
  * UCX_TCP_CM_REUSEADDR, and libuv its TCP servers) is refused: EADDRINUSE or EADDRNOTAVAIL,
- * with @p ss its address; 0 for anything else (left to the listener itself). */
-static int bind_refused(const char *host, uint16_t port, struct sockaddr_storage *ss,
+ * with @p ss its address; 0 for anything else (left to the listener itself). @p family: as
+ * the listener resolves it (the shard's port IPv4 only, the metrics endpoint's any). */
+static int bind_refused(const char *host, uint16_t port, int family, struct sockaddr_storage *ss,
                         socklen_t *sslen)
 {
-    if (ps_sockaddr_resolve(host, port, ss, sslen)) return 0;
+    if (ps_sockaddr_resolve_any(host, port, family, ss, sslen)) return 0;
     int fd = socket(ss->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1, e = 0;
     if (fd < 0) return 0;
     if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0 &&
@@ -119,7 +123,7 @@ int psd_listen_probe(psd_server_t *srv, char *err, size_t errlen)
     const ps_server_conf_t *sc = &srv->m.servers[srv->shard];
     struct sockaddr_storage ss;
     socklen_t sslen;
-    int e = bind_refused(sc->host, sc->port, &ss, &sslen);
+    int e = bind_refused(sc->host, sc->port, AF_INET, &ss, &sslen);
     if (e) {
         listen_refused(sc, &ss, sslen,
                        e == EADDRINUSE ? "address already in use" : "address not available",
@@ -127,7 +131,7 @@ int psd_listen_probe(psd_server_t *srv, char *err, size_t errlen)
         return PS_ETRANSPORT;
     }
     if (sc->metrics_port == 0 ||
-        (e = bind_refused(sc->metrics_host, sc->metrics_port, &ss, &sslen)) == 0)
+        (e = bind_refused(sc->metrics_host, sc->metrics_port, AF_UNSPEC, &ss, &sslen)) == 0)
         return 0;
     snprintf(err, errlen, "cannot listen on %s:%u for metrics: %s", sc->metrics_host,
              sc->metrics_port,
@@ -174,8 +178,10 @@ static void transport_restart(psd_server_t *srv, uint64_t stuck_ns)
     psd_conns_close_all(srv);
     char err[256] = "";
     int rc = ps_ucx_restart(&srv->ucx);
-    /* No callback of the old worker runs any more: what its receives held is released here. */
+    /* No callback of the old worker runs any more: what its receives held is released here,
+     * and no put may land there (a review, session 63: their spans stayed allowed for good). */
     psd_shard_receives_lost(srv);
+    ps_tcpguard_forget_spans();
     srv->echo_busy = 0;
     if (rc == 0) rc = psd_listen_start(srv, err, sizeof err);
     if (rc) {

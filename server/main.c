@@ -87,12 +87,11 @@ int main(int argc, char **argv)
     socklen_t sslen;
     if (ps_sockaddr_resolve(m.servers[shard].host, m.servers[shard].port, &ss, &sslen) != 0) {
         /* Before the store is made: an input probe (session 63) found a fresh store left in
-         * the data_dir of a psd that then failed on its host (exit 1, where a manifest's
-         * other faults exit 2). */
+         * the data_dir of a psd that then failed on its host. */
         fprintf(stderr, "psd: shard %lu: cannot resolve %s to an IPv4 address (the manifest's "
                 "servers[%lu].host)\n", shard, m.servers[shard].host, shard);
         ps_auth_wipe(&auth);
-        return 2;
+        return 1; /* not 2: a name not resolvable yet at boot is tried again (systemd, Slurm) */
     }
     psd_cmguard_listen((const struct sockaddr *)&ss, sslen);
     int rc = psd_server_run(&m, &auth, (uint32_t)shard, restore, trace, err, sizeof err);

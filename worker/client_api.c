@@ -707,10 +707,11 @@ int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts, ps
 
 /* Why @p done cannot be reported as this client's batch done, or NULL. A report closes its
  * step under bsp (shard 0 takes it as "every shard acknowledged this member's pushes of it")
- * and counts its samples as trained: one without pushes (a batch skipped, say for a NaN loss,
- * and passed on as done) closed a step no shard had applied, and the job waited for good for
- * the pushes of that step (a review, session 63); another client's, or an older one, counted
- * samples this worker never trained. */
+ * and counts its samples as trained: under bsp one without pushes (a batch skipped, say for a
+ * NaN loss, and passed on as done) closed a step no shard had applied, and the job waited for
+ * good for the pushes of that step (a review, session 63); another client's, or an older one,
+ * counted samples this worker never trained. Under asp / ssp a batch without pushes is a
+ * caller's choice (psd.torch pushes nothing for a step without gradients), not refused. */
 static const char *done_refused(const ps_client_t *c, const ps_batch_info_t *done, char *why,
                                 size_t len)
 {
@@ -725,7 +726,7 @@ static const char *done_refused(const ps_client_t *c, const ps_batch_info_t *don
                  "samples)", (unsigned long long)done->step, (unsigned long long)done->pass,
                  (unsigned long long)done->offset, done->count, (unsigned long long)h->step,
                  (unsigned long long)h->pass, (unsigned long long)h->offset, h->count);
-    else if (c->acked_pushes == c->held_acked)
+    else if (c->acked_pushes == c->held_acked && c->m.job.consistency == PS_CONSIST_BSP)
         snprintf(why, len, "the batch of step %llu is reported done, but no push of this client "
                  "was acknowledged since it was handed out: push its gradients "
                  "(ps_client_push_none for a tensor without one) and wait for them first",

@@ -450,10 +450,12 @@ static void epoch_log_pass(epoch_log_t *l, trainer_t *tr, int64_t pass, uint64_t
         st.bytes_pushed_raw += tr->before.bytes_pushed_raw;
         st.bytes_pulled += tr->before.bytes_pulled;
         double ew = now_s() - l->epoch_t0;
-        if (acc >= 0)
+        if (acc >= 0 && l->loss_n)
             fprintf(stderr, "epoch %lld done  loss %.4f  test accuracy %.4f  %.1f s\n",
-                    (long long)l->pass + 1,
-                    l->loss_n ? l->loss_sum / (double)l->loss_n : 0.0, acc, ew);
+                    (long long)l->pass + 1, l->loss_sum / (double)l->loss_n, acc, ew);
+        else if (acc >= 0) /* eval 2: the job's last pass, none of its batches here */
+            fprintf(stderr, "epoch %lld done  (no batch of it here)  test accuracy %.4f\n",
+                    (long long)l->pass + 1, acc);
         if (l->metrics) {
             char accs[32];
             if (acc >= 0)

@@ -469,7 +469,10 @@ typedef struct {
  * the client leaves (ps_client_destroy) before a later ps_client_next_batch reports it, the
  * leave carries it, so the coordinator counts the batch instead of handing it to another
  * worker (whose gradient of it would then be applied a second time). Caller's thread; @p done
- * is copied. Works after ps_client_interrupt too (the leave still goes out).
+ * is copied. Works after ps_client_interrupt too (the leave still goes out). A @p done that
+ * ps_client_next_batch would refuse (not the batch held; under bsp none of its pushes
+ * acknowledged) is not reported by the leave (it says so in the log): its batch goes to another
+ * worker.
  */
 void ps_client_batch_done(ps_client_t *c, const ps_batch_info_t *done);
 
@@ -479,8 +482,11 @@ void ps_client_batch_done(ps_client_t *c, const ps_batch_info_t *done);
  * @param samples the training set's size, > 0 (the coordinator checks every worker agrees).
  * @param done    the batch this worker just finished (its pushes all acknowledged), or NULL.
  * @param[out] out the batch, or out->finished.
- * @return 0, PS_ENOTMEMBER (this worker was removed from the job, e.g. after missing
- *         heartbeats: create a new client to join again), PS_ECONFIG (@p samples differs from
+ * @return 0, PS_EINVAL (@p done is not the batch this client was handed last, or under bsp no
+ *         push of this client was acknowledged since it was handed out: a report closes the
+ *         step for every member, so one without pushes would close a step no shard applied;
+ *         nothing is sent), PS_ENOTMEMBER (this worker was removed from the job, e.g. after
+ *         missing heartbeats: create a new client to join again), PS_ECONFIG (@p samples differs from
  *         the job's; or under bsp, at this client's first batch, the tensors it declared are
  *         not the set the other members declared: destroy it, as it holds their steps while it
  *         stays), PS_EPROTO (shard 0 answered an empty batch or one past the training set's
