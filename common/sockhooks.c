@@ -116,14 +116,14 @@ static int young_refused(int lfd, bool full)
     }
     if (n && !full)
         PS_LOG(PS_LOG_INFO, "tcp", "closed %d connection%s to UCX's TCP transport that came "
-               "while its worker was being made", n, n == 1 ? "" : "s");
+               "while its worker or listener was being made", n, n == 1 ? "" : "s");
     static uint64_t closed_full; /* UCX's async thread only */
     if (full) {
         uint64_t was = closed_full;
         closed_full += (uint64_t)n + 1; /* and the one the caller closed */
         if ((was ^ closed_full) > was) /* a power of two passed: 1, 2, 4 ... said */
-            PS_LOG(PS_LOG_WARN, "tcp", "closed connections to UCX's ports at once: 256 accepted "
-                   "ones wait for their connection request already, and descriptors run short "
+            PS_LOG(PS_LOG_WARN, "tcp", "closed connections to UCX's ports at once: many accepted "
+                   "ones wait for their connection request already, or descriptors run short "
                    "(%llu so far)",
                    (unsigned long long)closed_full);
     }

@@ -34,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -452,16 +453,19 @@ int ps_tcpguard_young(int fd)
  * does only when the peer goes: idle connections that never sent their connection request used
  * up psd's descriptors, and UCX lost its TCP listener to EMFILE for good (clients then found
  * its advertised port refused), or filled the event table and every new client was reset (a
- * review, session 63). At most TG_PENDING_MAX accepted connections wait for their connection
- * request here: one that waited TG_PENDING_MS is shut down at the next accept (UCX sees its
- * peer go and closes it). Past the bound the oldest is shut down for the new one while the new
- * one's number is under half the descriptor limit (numbers are handed out lowest first: it
- * tells how many are open), so a client is not locked out by idle ones; nearer the limit the
- * new one is closed at once (its peer connects again): a shut-down connection's descriptor is
- * freed only once UCX reads its end, and its async thread accepts a whole backlog (up to 4096)
- * before it reads any. */
+ * review, session 63). At most TG_PENDING_MAX (and an eighth of the descriptor limit)
+ * accepted connections wait for their connection request here: one that waited TG_PENDING_MS
+ * with nothing unread is shut down at the next accept (UCX sees its peer go and closes it).
+ * Past the bound the oldest idle one is shut down for the new one while the new one's number is
+ * under half the descriptor limit (numbers are handed out lowest first: it tells how many are
+ * open), so a client is not locked out by idle ones; nearer the limit the new one is closed at
+ * once (its peer connects again): a shut-down connection's descriptor is freed only once UCX
+ * reads its end, and its async thread accepts a whole backlog (up to 4096) before it reads any.
+ * Within TG_FD_RESERVE of the limit every accepted connection is closed at once, settled ones
+ * too, so that UCX's own accept never meets EMFILE. */
 #define TG_PENDING_MAX 256
 #define TG_PENDING_MS 10000
+#define TG_FD_RESERVE 64 /* descriptors kept free of accepted connections */
 static pthread_mutex_t g_pend_lock = PTHREAD_MUTEX_INITIALIZER;
 static int g_pend_fd[TG_PENDING_MAX];
 static uint64_t g_pend_ms[TG_PENDING_MAX];
@@ -501,14 +505,35 @@ int ps_tcpguard_ucx_listener(int fd)
     return fd >= 0 && fd < TG_MAX_FD && __atomic_load_n(&g_young[fd], __ATOMIC_ACQUIRE) != 0;
 }
 
+/* Whether connection @p fd has bytes UCX has not read yet (its request may be among them: a
+ * backlog accepted whole before UCX reads any, a process resumed after SIGSTOP; a review found
+ * such connections shut as idle). */
+static bool unread(int fd)
+{
+    int n = 0;
+    return ioctl(fd, FIONREAD, &n) == 0 && n > 0;
+}
+
 int ps_tcpguard_accepted(int fd)
 {
     if (fd < 0 || fd >= TG_MAX_FD) return 0;
+    struct rlimit rl;
+    rlim_t lim = getrlimit(RLIMIT_NOFILE, &rl) == 0 ? rl.rlim_cur : 1024;
+    if (lim > TG_MAX_FD) lim = TG_MAX_FD;
+    /* Descriptors are handed out lowest first: one numbered this near the limit says the
+     * process has nearly none left, and UCX's next accept would fail with EMFILE, after which it
+     * drops the listener for good. Whatever comes, settled or not (a peer that sends its
+     * connection request and then idles is not counted below: a review found 700 such take a
+     * psd of 600 descriptors down), is closed at once while so. */
+    if ((rlim_t)fd + TG_FD_RESERVE >= lim) return -1;
+    uint32_t cap = (uint32_t)(lim / 8); /* a small limit: fewer wait, or they lock clients out */
+    if (cap > TG_PENDING_MAX) cap = TG_PENDING_MAX;
+    if (cap < 16) cap = 16;
     uint64_t now = mono_ms();
     uint32_t shut = 0;
     pthread_mutex_lock(&g_pend_lock);
     for (uint32_t i = 0; i < g_npend;) {
-        if (now - g_pend_ms[i] < TG_PENDING_MS) {
+        if (now - g_pend_ms[i] < TG_PENDING_MS || unread(g_pend_fd[i])) {
             i++;
             continue;
         }
@@ -516,18 +541,20 @@ int ps_tcpguard_accepted(int fd)
         pending_remove_at(i);
         shut++;
     }
-    bool full = g_npend == TG_PENDING_MAX;
-    struct rlimit rl;
-    if (full && getrlimit(RLIMIT_NOFILE, &rl) == 0 && (rlim_t)fd < rl.rlim_cur / 2) {
-        uint32_t old = 0; /* room for the new one: the oldest goes */
-        for (uint32_t i = 1; i < g_npend; i++)
-            if (g_pend_ms[i] < g_pend_ms[old]) old = i;
-        shutdown(g_pend_fd[old], SHUT_RDWR);
-        pending_remove_at(old);
-        shut++;
-        full = false;
+    bool full = g_npend >= cap;
+    if (full && (rlim_t)fd < lim / 2) {
+        uint32_t old = UINT32_MAX; /* room for the new one: the oldest idle one goes */
+        for (uint32_t i = 0; i < g_npend; i++)
+            if ((old == UINT32_MAX || g_pend_ms[i] < g_pend_ms[old]) && !unread(g_pend_fd[i]))
+                old = i;
+        if (old != UINT32_MAX) {
+            shutdown(g_pend_fd[old], SHUT_RDWR);
+            pending_remove_at(old);
+            shut++;
+        }
+        full = false; /* (every one had bytes to read: taken past the cap, the fd check bounds) */
     }
-    if (!full) {
+    if (!full && g_npend < TG_PENDING_MAX) {
         g_pend_fd[g_npend] = fd;
         g_pend_ms[g_npend++] = now;
         __atomic_store_n(&g_pend_on[fd], 1, __ATOMIC_RELEASE);
@@ -535,10 +562,9 @@ int ps_tcpguard_accepted(int fd)
     uint64_t total = g_pend_shut += shut;
     pthread_mutex_unlock(&g_pend_lock);
     if (shut && (total - shut < TG_LOG_WARN_FIRST || (total & (total - 1)) == 0))
-        PS_LOG(PS_LOG_WARN, "tcp", "shut %u connection%s to UCX's ports that sent no connection "
-               "request within %u s, or the oldest of %u that wait (%llu so far)", shut,
-               shut == 1 ? "" : "s", TG_PENDING_MS / 1000, TG_PENDING_MAX,
-               (unsigned long long)total);
+        PS_LOG(PS_LOG_WARN, "tcp", "shut %u connection%s to UCX's ports that sent nothing within "
+               "%u s, or the oldest of %u that wait (%llu so far)", shut,
+               shut == 1 ? "" : "s", TG_PENDING_MS / 1000, cap, (unsigned long long)total);
     return full ? -1 : 0;
 }
 

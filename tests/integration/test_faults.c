@@ -1092,7 +1092,7 @@ START_TEST(test_idle_connections_bounded)
     for (int i = 0; i < ON_SHARD + ON_DATA; i++) close(fds[i]);
     cl_proc_t *s2 = cl_spawn(c, "psctl-status-after", sa);
     EXPECT_EXIT(s2, 0);
-    EXPECT_LOG(psd, "to UCX's ports that sent no connection request within 10 s, or the oldest");
+    EXPECT_LOG(psd, "to UCX's ports that sent nothing within 10 s, or the oldest");
     stop_all(&psd, 1);
     cl_cluster_destroy(c);
     rl.rlim_cur = was;
