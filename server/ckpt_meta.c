@@ -54,6 +54,37 @@ char *psd_ckpt_meta_read(const char *dir, uint32_t j)
     return b;
 }
 
+/* The tensor table of meta.json @p j ("tensors": [...], up to the chunks) into *@p len; NULL
+ * (and 0) when it has none (an older psd's). */
+static const char *tensor_table(const char *j, size_t *len)
+{
+    const char *a = strstr(j, "\"tensors\": ["), *b = a ? strstr(a, "\"chunks\":") : NULL;
+    *len = a && b ? (size_t)(b - a) : 0;
+    return a && b ? a : NULL;
+}
+
+/* The first tensor entry where tables @p a and @p b (@p la, @p lb bytes) part, as a name, into
+ * @p out. */
+static void table_parting(const char *a, size_t la, const char *b, size_t lb, char *out,
+                          size_t cap)
+{
+    size_t i = 0;
+    while (i < la && i < lb && a[i] == b[i]) i++;
+    const char *at = i < la ? a : b;
+    size_t lat = i < la ? la : lb;
+    size_t j = i;
+    while (j > 0 && at[j - 1] != '{' && at[j - 1] != '}') j--;
+    if (j > 0 && at[j - 1] == '{') i = j - 1; /* inside an entry: that one; else the next */
+    const char *name = i < lat ? strstr(at + i, "\"name\": \"") : NULL;
+    if (name == NULL || name >= at + lat) {
+        snprintf(out, cap, "?");
+        return;
+    }
+    name += strlen("\"name\": \"");
+    size_t n = strcspn(name, "\"");
+    snprintf(out, cap, "%.*s", (int)(n < 120 ? n : 120), name);
+}
+
 int psd_ckpt_meta_agree(const char *j0, const char *jk, uint32_t k, char *err, size_t errlen)
 {
     uint64_t shard = psd_ckpt_meta_u64(jk, "shard"), n0 = psd_ckpt_meta_u64(j0, "nshards");
@@ -80,6 +111,20 @@ int psd_ckpt_meta_agree(const char *j0, const char *jk, uint32_t k, char *err, s
                      "checkpoint", k, keys[i], b, keys[i], a);
             return -1;
         }
+    }
+    /* Every shard holds the cluster's whole tensor table: parts whose tables differ were taken
+     * on either side of a declaration or a forget (a review, session 63: such a checkpoint was
+     * reported complete and verified, and its restore failed on one shard after the other had
+     * restored). */
+    size_t l0, lk;
+    const char *t0 = tensor_table(j0, &l0), *tk = tensor_table(jk, &lk);
+    if ((t0 == NULL) != (tk == NULL) || l0 != lk || (t0 && memcmp(t0, tk, l0) != 0)) {
+        char name[128] = "?";
+        if (t0 && tk) table_parting(t0, l0, tk, lk, name, sizeof name);
+        snprintf(err, errlen, "shard-%u holds another tensor table than shard-0 (first "
+                 "difference at tensor '%s'): taken across a tensor's declaration or drop, not "
+                 "one checkpoint", k, name);
+        return -1;
     }
     /* bsp: every shard's chunks at the step (one that holds none may say another). */
     psd_ckpt_meta_field(j0, "consistency", a, sizeof a);

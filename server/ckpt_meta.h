@@ -22,8 +22,8 @@ char *psd_ckpt_meta_read(const char *dir, uint32_t j);
 
 /** @brief Whether shard-@p k's meta.json @p jk belongs to the checkpoint of shard-0's @p j0
  *  (@p k 0: @p jk == @p j0, its own shard number checked): it names itself shard @p k, the same
- *  number of shards, cluster and checkpoint id, and under bsp (shard 0's "consistency")
- *  the same step unless it holds no records.
+ *  number of shards, cluster and checkpoint id, the same tensor table, and under bsp (shard
+ *  0's "consistency") the same step unless it holds no records.
  *  @return 0, or -1 with @p err saying which of them differs. */
 int psd_ckpt_meta_agree(const char *j0, const char *jk, uint32_t k, char *err, size_t errlen);
 

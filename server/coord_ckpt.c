@@ -166,10 +166,17 @@ void psd_coord_ckpt_release(psd_server_t *srv)
     const psd_conn_t *after_asker = co->ahead_asker;
     co->ahead_after = 0;
     co->ahead_asker = NULL;
-    if (co->hold_ms) {
+    bool was_held = co->hold_ms != 0;
+    if (was_held)
         PS_LOG(PS_LOG_INFO, "coord", "checkpoint: the hold ends after %llu ms; later steps go on",
                (unsigned long long)(psd__hold_now(srv) - co->hold_ms));
-        co->hold_ms = 0;
+    co->hold_ms = 0;
+    /* The next checkpoint's step is held ahead before the held step is handed out: after, the
+     * natural step was already past it when it was the one right after (a review, session 63:
+     * a hand checkpoint at step 34 lost psd's follower its 35, and the multiples after). */
+    hold_ahead_after(srv, after);
+    if (co->hold_ahead) co->hold_asker = after_asker;
+    if (was_held) {
         if (!is_bsp(srv)) {
             psd__serve_parked(srv); /* the batch requests the hold kept waiting */
         } else if (co->held) {
@@ -177,8 +184,6 @@ void psd_coord_ckpt_release(psd_server_t *srv)
             psd__hand_out(srv);
         }
     }
-    hold_ahead_after(srv, after);
-    if (co->hold_ahead) co->hold_asker = after_asker;
 }
 
 bool psd_coord_ckpt_release_until(psd_server_t *srv, uint64_t next, uint64_t id,
@@ -200,6 +205,22 @@ bool psd_coord_ckpt_release_until(psd_server_t *srv, uint64_t next, uint64_t id,
                 co->hold_ms = psd__hold_now(srv);
             else if (next && next > co->hold_step) {
                 co->ahead_after = next; /* held ahead once the others' hold ends */
+                co->ahead_asker = conn;
+            }
+            return held;
+        }
+        /* bsp: the hold is at a step another's ask held ahead and reached (psd's follower,
+         * whose BEGIN has not come yet): a checkpoint that used the hold in between (by hand)
+         * ends nothing of that ask. Before (a review, session 63), its GO let the job on, and
+         * the follower then found the job past its step and lost it and the multiples after
+         * it. The hold lapses as any does if that BEGIN never comes (CKPT_HOLD_MS). */
+        if (is_bsp(srv) && co->hold_ms && co->hold_users == 0 && co->hold_asker &&
+            co->hold_asker != conn && co->hold_step == natural_step(co)) {
+            PS_LOG(PS_LOG_INFO, "coord", "checkpoint %016llx done: the hold of step %llu stays "
+                   "for the checkpoint that asked for that step", (unsigned long long)id,
+                   (unsigned long long)co->hold_step);
+            if (next && next > co->hold_step) {
+                co->ahead_after = next;
                 co->ahead_asker = conn;
             }
             return held;

@@ -1627,6 +1627,25 @@ START_TEST(test_checkpoint_verify_against)
              "version 20 stored ", s);
     EXPECT_LOG(v2, line);
     EXPECT_LOG(v2, ", 1 mismatch\n");
+    /* Parts of two tensor tables (a tensor declared or dropped between two shards' snapshots:
+     * a review, session 63, found such a checkpoint reported complete, and its restore failing
+     * on one shard after the other had restored): psctl restore refuses it, as psd --restore
+     * and psctl checkpoint itself do (one function: psd_ckpt_meta_agree). */
+    char mpath[CL_PATH + 96];
+    snprintf(mpath, sizeof mpath, "%s/shard-1/meta.json", dir);
+    char *mj = cl_read_file(mpath, NULL), *at = mj ? strstr(mj, "\"name\": \"fc1.weight\"") : NULL;
+    ck_assert_msg(at != NULL, "no fc1.weight in %s", mpath);
+    at[strlen("\"name\": \"fc1.weigh")] = 'X';
+    FILE *mf = fopen(mpath, "w");
+    ck_assert_ptr_nonnull(mf);
+    fputs(mj, mf);
+    fclose(mf);
+    free(mj);
+    const char *ra[] = {"restore", dir, NULL};
+    cl_proc_t *rs = psctl(c, "restore-mixed", 1, ra);
+    EXPECT_LOG(rs, "shard-1 holds another tensor table than shard-0 (first difference at tensor "
+                   "'fc1.weight'): taken across a tensor's declaration or drop, not one "
+                   "checkpoint");
     /* Shard 0's part gone (its copy failed after psctl stopped waiting): not a whole
      * checkpoint, said so (before: "no checkpoint there"; an operator probe, session 61). */
     char cmd[2 * CL_PATH + 200];
