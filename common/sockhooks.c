@@ -105,7 +105,7 @@ static int numbered(int fd)
  * waiting there are accepted and closed (their peers connect again), and the caller told there
  * are none, so that UCX's check of the new interface finds no event, or UCX's descriptors stay
  * bounded. */
-static int young_refused(int lfd, bool full)
+static int backlog_closed(int lfd, bool full)
 {
     int flags = fcntl(lfd, F_GETFL), n = 0;
     for (int fd; (fd = real_accept(lfd, NULL, NULL)) >= 0;) {
@@ -131,34 +131,32 @@ static int young_refused(int lfd, bool full)
     return -1;
 }
 
-static int sh_accept(int lfd, struct sockaddr *addr, socklen_t *len)
+/* After accept/accept4 on listener @p lfd returned @p fd: UCX's listeners bound (tcpguard.c),
+ * the program's own hook told. Returns what the call returns. */
+static int accepted(const ps_sockhooks_port_t *p, int lfd, int fd)
 {
-    const ps_sockhooks_port_t *p = resolve();
-    if (ps_tcpguard_young(lfd)) return young_refused(lfd, false);
-    int fd = numbered(real_accept(lfd, addr, len));
     fresh(p, fd);
     if (fd >= 0 && ps_tcpguard_ucx_listener(lfd) && ps_tcpguard_accepted(fd) != 0) {
         fresh(p, fd); /* as a close does */
         real_close(fd);
-        return young_refused(lfd, true);
+        return backlog_closed(lfd, true);
     }
     if (fd >= 0 && p && p->accepted) p->accepted(lfd, fd);
     return fd;
 }
 
+static int sh_accept(int lfd, struct sockaddr *addr, socklen_t *len)
+{
+    const ps_sockhooks_port_t *p = resolve();
+    if (ps_tcpguard_young(lfd)) return backlog_closed(lfd, false);
+    return accepted(p, lfd, numbered(real_accept(lfd, addr, len)));
+}
+
 static int sh_accept4(int lfd, struct sockaddr *addr, socklen_t *len, int flags)
 {
     const ps_sockhooks_port_t *p = resolve();
-    if (ps_tcpguard_young(lfd)) return young_refused(lfd, false);
-    int fd = numbered(real_accept4(lfd, addr, len, flags));
-    fresh(p, fd);
-    if (fd >= 0 && ps_tcpguard_ucx_listener(lfd) && ps_tcpguard_accepted(fd) != 0) {
-        fresh(p, fd); /* as a close does */
-        real_close(fd);
-        return young_refused(lfd, true);
-    }
-    if (fd >= 0 && p && p->accepted) p->accepted(lfd, fd);
-    return fd;
+    if (ps_tcpguard_young(lfd)) return backlog_closed(lfd, false);
+    return accepted(p, lfd, numbered(real_accept4(lfd, addr, len, flags)));
 }
 
 static int sh_close(int fd)

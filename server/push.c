@@ -1,6 +1,7 @@
 /* push.c: receiving pushes into their chunk's slots: a push had already (a replay, a resend,
  * a stale step) is acknowledged without being taken again; a chunk whose step every member
  * pushed is queued for the next apply job. */
+#include <stdarg.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +43,24 @@ void psd__chunk_maybe_ready(psd_server_t *srv, psd_chunk_t *ch)
 
 void psd_shard_kick(psd_server_t *srv) { psd__job_start_next(srv); }
 
+/* Refuse push @p req of chunk @p ch with @p status, naming the chunk (PS_FLAG_CHUNK) and its
+ * step; @p behind: PS_FLAG_BEHIND, its sender sends it again shortly. @p fmt says why. */
+static void refuse_push(psd_server_t *srv, psd_conn_t *conn, uint64_t req, const psd_chunk_t *ch,
+                        int status, bool behind, const char *fmt, ...)
+    __attribute__((format(printf, 7, 8)));
+static void refuse_push(psd_server_t *srv, psd_conn_t *conn, uint64_t req, const psd_chunk_t *ch,
+                        int status, bool behind, const char *fmt, ...)
+{
+    ps_msg_t e = {.type = PS_MSG_ERROR, .req_id = req, .status = status, .shard = srv->shard,
+                  .tensor = ch->tensor, .chunk = ch->chunk, .step = ch->version,
+                  .flags = PS_FLAG_CHUNK | (behind ? PS_FLAG_BEHIND : 0)};
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e.error, sizeof e.error, fmt, ap);
+    va_end(ap);
+    psd_send_msg(srv, conn, &e);
+}
+
 /* Push slot @p s's data landed (or did not: @p status). */
 static void push_received(psd_slot_t *s, ucs_status_t status)
 {
@@ -55,15 +74,10 @@ static void push_received(psd_slot_t *s, ucs_status_t status)
          * registration, memory), sends it again shortly (PS_FLAG_BEHIND), as for a copy still
          * landing. Before, it was told nothing and waited for good (a review, session 63); a
          * broken connection's sender sends it again after its reconnect anyway. */
-        if (s->conn && !s->conn->dead) {
-            ps_msg_t e = {.type = PS_MSG_ERROR, .req_id = s->req, .status = PS_ETRANSPORT,
-                          .shard = srv->shard, .tensor = ch->tensor, .chunk = ch->chunk,
-                          .step = ch->version, .flags = PS_FLAG_CHUNK | PS_FLAG_BEHIND};
-            snprintf(e.error, sizeof e.error, "push of %u/%u from rank %u for step %llu: its "
-                     "receive failed (%s)", ch->tensor, ch->chunk, rank,
-                     (unsigned long long)s->step, ucs_status_string(status));
-            psd_send_msg(srv, s->conn, &e);
-        }
+        if (s->conn && !s->conn->dead)
+            refuse_push(srv, s->conn, s->req, ch, PS_ETRANSPORT, true, "push of %u/%u from rank "
+                        "%u for step %llu: its receive failed (%s)", ch->tensor, ch->chunk, rank,
+                        (unsigned long long)s->step, ucs_status_string(status));
         psd__drop_slot(ch, rank);
         return;
     }
@@ -472,14 +486,9 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
     if (bsp && msg->step != ch->version) {
         /* One step ahead: the chunk lags (a step a restarted shard 0 closed, passed as soon as
          * its members' pushes or its view come): the worker sends it again (PS_FLAG_BEHIND). */
-        ps_msg_t e = {.type = PS_MSG_ERROR, .req_id = msg->req_id, .status = PS_ESTALE,
-                      .shard = srv->shard, .tensor = ch->tensor, .chunk = ch->chunk,
-                      .step = ch->version,
-                      .flags = PS_FLAG_CHUNK | (msg->step == ch->version + 1 ? PS_FLAG_BEHIND : 0)};
-        snprintf(e.error, sizeof e.error, "push of %u/%u for step %llu, but the chunk is at step "
-                 "%llu", ch->tensor, ch->chunk, (unsigned long long)msg->step,
-                 (unsigned long long)ch->version);
-        psd_send_msg(srv, conn, &e);
+        refuse_push(srv, conn, msg->req_id, ch, PS_ESTALE, msg->step == ch->version + 1,
+                    "push of %u/%u for step %llu, but the chunk is at step %llu", ch->tensor,
+                    ch->chunk, (unsigned long long)msg->step, (unsigned long long)ch->version);
         return UCS_OK;
     }
     if (bsp) {
@@ -554,13 +563,9 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
          * not called that receive back yet): the sender tries again shortly (PS_FLAG_BEHIND),
          * and by then that copy has landed (this one is then acknowledged with it, above) or
          * is lost (this one lands). Before, this copy was refused as a second push. */
-        ps_msg_t e = {.type = PS_MSG_ERROR, .req_id = msg->req_id, .status = PS_ESTALE,
-                      .shard = srv->shard, .tensor = ch->tensor, .chunk = ch->chunk,
-                      .step = ch->version, .flags = PS_FLAG_CHUNK | PS_FLAG_BEHIND};
-        snprintf(e.error, sizeof e.error, "push of %u/%u from rank %u for step %llu: its copy "
-                 "from a broken connection is still landing", ch->tensor, ch->chunk, rank,
-                 (unsigned long long)msg->step);
-        psd_send_msg(srv, conn, &e);
+        refuse_push(srv, conn, msg->req_id, ch, PS_ESTALE, true, "push of %u/%u from rank %u "
+                    "for step %llu: its copy from a broken connection is still landing",
+                    ch->tensor, ch->chunk, rank, (unsigned long long)msg->step);
         return UCS_OK;
     }
     if (slot->state != SLOT_EMPTY) {
