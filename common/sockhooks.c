@@ -26,6 +26,7 @@
 #include "envflag.h"
 #include "ps/ps_log.h"
 #include "sockhooks.h"
+#include "tcpaccept.h"
 #include "tcpguard.h"
 #ifdef PS_SOCKHOOKS_GOT
 #include "gothook.h"
@@ -82,6 +83,7 @@ static void fresh(const ps_sockhooks_port_t *p, int fd)
 {
     if (fd < 0) return;
     ps_tcpguard_reset(fd);
+    ps_tcpaccept_reset(fd);
     if (p && p->reset) p->reset(fd);
 }
 
@@ -100,8 +102,8 @@ static int numbered(int fd)
     return fd;
 }
 
-/* Listener @p lfd of a UCP worker still being made (ps_tcpguard_young), or one with as many
- * accepted connections waiting for their request as tcpguard takes (@p full): the connections
+/* Listener @p lfd of a UCP worker still being made (ps_tcpaccept_young), or one with as many
+ * accepted connections waiting for their request as tcpaccept takes (@p full): the connections
  * waiting there are accepted and closed (their peers connect again), and the caller told there
  * are none, so that UCX's check of the new interface finds no event, or UCX's descriptors stay
  * bounded. */
@@ -131,12 +133,12 @@ static int backlog_closed(int lfd, bool full)
     return -1;
 }
 
-/* After accept/accept4 on listener @p lfd returned @p fd: UCX's listeners bound (tcpguard.c),
+/* After accept/accept4 on listener @p lfd returned @p fd: UCX's listeners bound (tcpaccept.c),
  * the program's own hook told. Returns what the call returns. */
 static int accepted(const ps_sockhooks_port_t *p, int lfd, int fd)
 {
     fresh(p, fd);
-    if (fd >= 0 && ps_tcpguard_ucx_listener(lfd) && ps_tcpguard_accepted(fd) != 0) {
+    if (fd >= 0 && ps_tcpaccept_ucx_listener(lfd) && ps_tcpaccept_accepted(fd) != 0) {
         fresh(p, fd); /* as a close does */
         real_close(fd);
         return backlog_closed(lfd, true);
@@ -148,14 +150,14 @@ static int accepted(const ps_sockhooks_port_t *p, int lfd, int fd)
 static int sh_accept(int lfd, struct sockaddr *addr, socklen_t *len)
 {
     const ps_sockhooks_port_t *p = resolve();
-    if (ps_tcpguard_young(lfd)) return backlog_closed(lfd, false);
+    if (ps_tcpaccept_young(lfd)) return backlog_closed(lfd, false);
     return accepted(p, lfd, numbered(real_accept(lfd, addr, len)));
 }
 
 static int sh_accept4(int lfd, struct sockaddr *addr, socklen_t *len, int flags)
 {
     const ps_sockhooks_port_t *p = resolve();
-    if (ps_tcpguard_young(lfd)) return backlog_closed(lfd, false);
+    if (ps_tcpaccept_young(lfd)) return backlog_closed(lfd, false);
     return accepted(p, lfd, numbered(real_accept4(lfd, addr, len, flags)));
 }
 
@@ -170,7 +172,7 @@ static int sh_socket(int domain, int type, int protocol)
     const ps_sockhooks_port_t *p = resolve();
     int fd = numbered(real_socket(domain, type, protocol));
     fresh(p, fd);
-    ps_tcpguard_made(fd);
+    ps_tcpaccept_made(fd);
     return fd;
 }
 

@@ -62,32 +62,4 @@ void ps_tcpguard_reset(int fd);
  *  receives they were: none of their callbacks, which call ps_tcpguard_done, runs). */
 void ps_tcpguard_forget_spans(void);
 
-/** @brief The calling thread starts (@p on 1) or ends (0) making a UCP worker: the sockets it
- *  makes meanwhile (ps_tcpguard_made) are young until it ends, and a connection accepted on a
- *  young listener is closed at once (common/sockhooks.c: UCX 1.13 asserts that a new interface
- *  has no event yet). Calls pair up on one thread, one worker at a time per thread. */
-void ps_tcpguard_creating(int on);
-
-/** @brief Socket @p fd was just made (socket()): young if its thread is making a worker. */
-void ps_tcpguard_made(int fd);
-
-/** @brief Whether listener @p fd was made by a worker still being made. */
-int ps_tcpguard_young(int fd);
-
-/** @brief Whether @p fd was made while a UCP worker or listener was made (ps_tcpguard_creating
- *  around ucp_worker_create and ucp_listener_create): one of UCX's listeners. */
-int ps_tcpguard_ucx_listener(int fd);
-
-/** @brief Connection @p fd was accepted on one of UCX's listeners: it waits for its connection
- *  request (ps_tcpguard_settled) among at most 256 such; one that waited 10 s is shut down
- *  (its peer sent nothing: idle connections used up the descriptors and UCX's event table),
- *  and past 256 the oldest, while @p fd is under half the descriptor limit. Any thread (UCX's
- *  async thread accepts). @return 0, or -1 when 256 wait already and descriptors are short:
- *  the caller closes @p fd (the peer connects again). */
-int ps_tcpguard_accepted(int fd);
-
-/** @brief Connection @p fd sent its connection request whole (tcpguard's frames, cmguard.c's
- *  shard port): no longer bounded by ps_tcpguard_accepted. */
-void ps_tcpguard_settled(int fd);
-
 #endif

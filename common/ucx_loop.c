@@ -13,6 +13,7 @@
 #include <ucs/debug/debug.h>
 
 #include "amguard.h"
+#include "tcpaccept.h"
 #include "tcpguard.h"
 #include "ps/ps_error.h"
 #include "ps/ps_log.h"
@@ -295,9 +296,9 @@ static int worker_start(ps_ucx_t *u)
         .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
         .thread_mode = u->serialized ? UCS_THREAD_MODE_SERIALIZED : UCS_THREAD_MODE_SINGLE,
     };
-    ps_tcpguard_creating(1); /* a connection accepted inside would abort UCX (tcpguard.h) */
+    ps_tcpaccept_creating(1); /* a connection accepted inside would abort UCX (tcpaccept.h) */
     ucs_status_t s = ucp_worker_create(u->context, &wp, &u->worker);
-    ps_tcpguard_creating(0);
+    ps_tcpaccept_creating(0);
     if (s != UCS_OK) {
         u->worker = NULL;
         PS_LOG(PS_LOG_ERROR, "ucx", "worker setup: %s", ucs_status_string(s));

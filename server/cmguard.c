@@ -38,6 +38,7 @@
 
 #include "cmguard.h"
 #include "sockhooks.h"
+#include "tcpaccept.h"
 #include "tcpguard.h"
 
 #define CM_MAX_FD 65536
@@ -350,7 +351,7 @@ static ssize_t cm_read(int fd, void *buf, size_t len, int flags)
         s->left -= (uint64_t)n;
         if (s->left == 0) {
             s->hdr_got = 0;
-            if (s->msgs == 1) ps_tcpguard_settled(fd); /* its request came whole */
+            if (s->msgs == 1) ps_tcpaccept_settled(fd); /* its request came whole */
         }
     }
     return n;

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "tcpaccept.h"
 #include "tcpguard.h"
 #include "ps/ps_error.h"
 #include "ps/ps_log.h"
@@ -82,9 +83,9 @@ int psd_listen_start(psd_server_t *srv, char *err, size_t errlen)
         .sockaddr = {.addr = (const struct sockaddr *)&ss, .addrlen = sslen},
         .conn_handler = {.cb = psd_conn_on_request, .arg = srv},
     };
-    ps_tcpguard_creating(1); /* its socket is UCX's: accepts there are bounded (tcpguard.h) */
+    ps_tcpaccept_creating(1); /* its socket is UCX's: accepts there are bounded (tcpaccept.h) */
     ucs_status_t s = ucp_listener_create(srv->ucx.worker, &lp, &srv->listener);
-    ps_tcpguard_creating(0);
+    ps_tcpaccept_creating(0);
     if (s != UCS_OK) {
         srv->listener = NULL;
         listen_refused(sc, &ss, sslen, ucs_status_string(s), s == UCS_ERR_BUSY ? 2 : 0, err,
