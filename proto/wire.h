@@ -106,6 +106,11 @@ enum {
     PS_FLAG_LEAD = 4194304, /* batch reply: the worker holds the lowest rank of the job's
                                members (session 62): the one that evaluates for the job, as
                                psworker does at each pass; an older psd never says so */
+    PS_FLAG_REPORT = 16777216, /* batch request, with PS_FLAG_DONE: report the batch done only,
+                                  hand nothing out (ps_client_report_done; the reply says
+                                  PS_FLAG_REPORT, once a committed state holds the report);
+                                  hello reply: this psd takes such reports (session 64: an
+                                  older one would hand out a batch) */
 };
 
 /* UCP Active Message ids. */

@@ -129,7 +129,7 @@ void psd_ckpt_tensor_dropped(psd_server_t *srv, const char *name)
     struct psd_ckpt_s *ck = srv->ckpt;
     if (ck == NULL) return;
     if (ck->state == CK_ARMED) {
-        fail(ck, PS_ECONFLICT, "checkpoint %016llx into %s: tensor '%.100s' was dropped here "
+        fail(ck, PS_ESTALE, "checkpoint %016llx into %s: tensor '%.100s' was dropped here "
              "(psctl forget --trained) before its step: the shards' parts would not be one "
              "state; take it again", (unsigned long long)ck->id, ck->dir, name);
         ck->state = CK_FAILED;
@@ -663,6 +663,20 @@ static int at_step(psd_server_t *srv, uint64_t step, uint64_t *vmax)
     return below ? 0 : 1;
 }
 
+/* A tensor no push reached (psd_shard_tensor_used) whose chunks here are below @p step, or
+ * NULL: it keeps the shard from ever being at a bsp checkpoint's step. */
+static const psd_tensor_t *untrained_below(psd_server_t *srv, uint64_t step)
+{
+    char why[96];
+    for (uint32_t i = 0; i < srv->ntensors; i++) {
+        const psd_tensor_t *t = &srv->tensors[i];
+        if (!t->present || psd_shard_tensor_used(srv, t, why, sizeof why)) continue;
+        for (uint32_t c = 0; c < t->nchunks; c++)
+            if (t->chunks[c] && t->chunks[c]->version < step) return t;
+    }
+    return NULL;
+}
+
 void psd_ckpt_after_job(psd_server_t *srv)
 {
     struct psd_ckpt_s *ck = srv->ckpt;
@@ -670,8 +684,17 @@ void psd_ckpt_after_job(psd_server_t *srv)
     uint64_t vmax;
     int at = ck->step == UINT64_MAX ? 1 : at_step(srv, ck->step, &vmax);
     if (at < 0) {
-        fail(ck, PS_ECONFLICT, "shard %u passed step %llu (at %llu) before its snapshot",
-             srv->shard, (unsigned long long)ck->step, (unsigned long long)vmax);
+        /* Not PS_ECONFLICT: psctl takes that answer to its status as "went on to another
+         * checkpoint" and looks for this one's part (a probe, session 64: "not known to be
+         * complete" for a checkpoint that wrote nothing). */
+        const psd_tensor_t *held = untrained_below(srv, ck->step);
+        char why[PS_NAME_MAX + 320] = "";
+        if (held)
+            snprintf(why, sizeof why, ": tensor '%s' (no push reached it) stays at step 0, so "
+                     "no bsp checkpoint can complete until a worker trains it or psctl forget "
+                     "drops it", held->decl.name);
+        fail(ck, PS_ESTALE, "shard %u passed step %llu (at %llu) before its snapshot%s",
+             srv->shard, (unsigned long long)ck->step, (unsigned long long)vmax, why);
         ck->state = CK_FAILED;
     } else if (at > 0) {
         ck->state = CK_SNAP;

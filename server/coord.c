@@ -199,11 +199,26 @@ void psd__host_safe(char *out, size_t cap, const char *s)
 
 /* ---- requests ----------------------------------------------------------------------- */
 
+/* Answer member @p r's report of a batch done (PS_FLAG_REPORT): a committed state holds it. */
+static void reply_report(psd_server_t *srv, uint32_t r)
+{
+    psd_coord_t *co = srv->coord;
+    member_rt_t *rt = &co->rt[r];
+    rt->reporting = 0;
+    if (rt->conn == NULL) return;
+    ps_msg_t a = {.type = PS_MSG_BATCH_REPLY, .req_id = rt->park_req, .shard = 0,
+                  .rank = (int32_t)r, .epoch = co->s.epoch, .workers = popcount(co->s.active),
+                  .step = co->s.m[r].steps_done, .flags = PS_FLAG_REPORT};
+    psd_send_msg(srv, rt->conn, &a);
+}
+
 void psd__serve_parked(psd_server_t *srv)
 {
     psd_coord_t *co = srv->coord;
     for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
         member_rt_t *rt = &co->rt[r];
+        if (rt->reporting && rt->report_gen <= co->saved_gen && (co->s.active >> r & 1))
+            reply_report(srv, r);
         if (!rt->parked || !(co->s.active >> r & 1)) continue;
         if (!is_bsp(srv)) {
             psd__serve_async(srv, r);
@@ -270,6 +285,7 @@ void psd_coord_on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
         rank = r;
         co->rt[r].conn = c;
         co->rt[r].parked = 0;
+        co->rt[r].reporting = 0;
         co->rt[r].lost_ms = 0;
         co->rt[r].late_from_ms = uv_now(srv->loop); /* its resent pushes get their time */
         co->rt[r].launcher = msg->launcher;
@@ -547,9 +563,28 @@ void psd_coord_on_batch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
         return;
     }
     if (tensor_set_differs(srv, c, (uint32_t)r, msg)) return;
+    if ((msg->flags & PS_FLAG_REPORT) && (!(msg->flags & PS_FLAG_DONE) || co->s.cur.n == 0)) {
+        psd_send_error(srv, c, msg->req_id, PS_EPROTO, "a report of a batch done names no batch, "
+                       "or comes before any batch was asked for");
+        return;
+    }
     char err[160];
     if ((msg->flags & PS_FLAG_DONE) && batch_done(srv, (uint32_t)r, msg, err, sizeof err)) {
         psd_send_error(srv, c, msg->req_id, PS_EPROTO, "%s", err);
+        return;
+    }
+    if (msg->flags & PS_FLAG_REPORT) {
+        /* A batch done reported alone (psd.torch under asp / ssp, at the end of step()): a
+         * checkpoint's cut, and ssp's slowest member, wait for nothing more of it while its
+         * worker evaluates or saves before its next request (a probe, session 64: a worker
+         * that evaluated for 12 s between batches stopped the others for 9 s at each
+         * periodic checkpoint, then had it skipped, "slow or hung"). Answered once a
+         * committed state holds it, as a hand-out is: a restart of this shard before would
+         * hand the batch to its worker again. */
+        co->rt[r].reporting = 1;
+        co->rt[r].park_req = msg->req_id;
+        co->rt[r].report_gen = psd__coord_save_gen(srv);
+        psd__serve_parked(srv);
         return;
     }
     if (co->s.cur.n == 0) {
@@ -583,6 +618,7 @@ static void member_remove(psd_server_t *srv, uint32_t r, const char *why)
     if ((co->s.step_members >> r & 1) && !unsent)
         co->rec.removed_in_step |= 1ull << r; /* its pushes of this step may sit in slots */
     co->rt[r].parked = 0;
+    co->rt[r].reporting = 0;
     co->rt[r].conn = NULL;
     co->rt[r].lost_ms = 0;
     if (co->grant_stop > 0) co->grant_stop--;
@@ -686,6 +722,7 @@ void psd_coord_on_gone(psd_server_t *srv, psd_conn_t *c, const char *why, bool m
     if (may_return && may_live(&co->s.m[r])) {
         co->rt[r].conn = NULL;
         co->rt[r].parked = 0; /* that request went with the connection: it asks again */
+        co->rt[r].reporting = 0;
         /* The time now, not the loop's cached one: after a stall of this process (a SIGSTOP),
          * closes are seen before the loop reads the clock again, and a stamp from before the
          * stall had the grace used up at the next tick (a probe, session 40: every member of

@@ -103,7 +103,10 @@ typedef struct {
                                  this shard, or after its connection closed (lost_ms) */
     uint64_t lost_ms;         /* when its connection closed (0: it did not) */
     int parked;               /* a batch request waits for an answer */
-    uint64_t park_req;
+    uint64_t park_req;        /* its request id (or a report's: reporting) */
+    int reporting;            /* a batch done reported alone (PS_FLAG_REPORT) waits for the
+                                 save that holds it (report_gen) to be answered */
+    uint64_t report_gen;
     uint64_t joined_ms, last_done_ms;
     uint64_t late_from_ms;    /* its step_timeout_ms deadline runs from here at the earliest:
                                  it became a member of the open step (bsp), its connection

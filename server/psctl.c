@@ -399,7 +399,8 @@ static void usage(FILE *f)
                "  export   every tensor's parameters at one step as a safetensors file;\n"
                "           --any-step (bsp): do not wait for one step, take each chunk as it\n"
                "           is (metadata step and step_max, as under asp): a job whose last\n"
-               "           worker died mid-step, whose step waits for pushes\n"
+               "           worker died mid-step, whose step waits for pushes; --wait (bsp):\n"
+               "           how long to wait for one step (default 10 s)\n"
                "  verify   every shard rechecks its stored chunks against their hashes; with\n"
                "           --against DIR, the checkpoint's files are rechecked here instead\n"
                "  checkpoint  every shard copies its store at one step into DIR/shard-K\n"
@@ -418,8 +419,10 @@ static void usage(FILE *f)
                "           --trained: also one a push reached (a model that dropped a\n"
                "           tensor: under bsp the job's steps wait for it), its values lost,\n"
                "           while the job has no member\n"
-               "  check    parse and validate the manifest only (exit 2 with FILE:LINE: what is\n"
-               "           wrong), print what it sets up; contacts no shard\n",
+               "  check    parse and validate the manifest only (exit 2 with FILE:LINE: KEY:\n"
+               "           what is wrong), print what it sets up; contacts no shard\n"
+               "  --timeout S: give up on a shard that has not answered within S seconds\n"
+               "           (default 5)\n",
             PS_MAX_RANKS);
 }
 

@@ -115,9 +115,11 @@ typedef struct {
  * PS_MSG_VALUES and PS_MSG_FORGET; it leaves a push holding a NaN or an infinity out; it
  * answers heartbeats that ask (PS_FLAG_ANSWER); its `count` is the tensors in its table
  * (PS_FLAG_TENSORS, psd_shard_tensors: libps tells a shard that lost its store by it); it
- * says its store's run (PS_FLAG_RUN, psd_hello_run: libps tells a shard restored alone by it). */
+ * says its store's run (PS_FLAG_RUN, psd_hello_run: libps tells a shard restored alone by it);
+ * shard 0 takes a batch done reported alone (PS_FLAG_REPORT). */
 #define PSD_HELLO_FLAGS \
-    (PS_FLAG_VALUES | PS_FLAG_NONFINITE | PS_FLAG_ANSWER | PS_FLAG_TENSORS | PS_FLAG_RUN)
+    (PS_FLAG_VALUES | PS_FLAG_NONFINITE | PS_FLAG_ANSWER | PS_FLAG_TENSORS | PS_FLAG_RUN | \
+     PS_FLAG_REPORT)
 
 /* asp / ssp: a chunk remembers the batch of the last push of each process whose rank another
  * process took (it left or died) for this many such changes: a replay of a dead worker's batch

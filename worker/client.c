@@ -1086,6 +1086,10 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
     case PS_MSG_BATCH_REPLY:
         if (op->type != OP_BATCH || m.shard != 0) return UCS_OK;
         op->reply = m;
+        if (m.flags & PS_FLAG_REPORT) { /* a report's answer: the batch held stays as it is */
+            ps__part_done(&op->parts[0]);
+            break;
+        }
         __atomic_store_n(&c->leads, (m.flags & PS_FLAG_LEAD) != 0, __ATOMIC_RELAXED);
         c->batch_stamp = (m.flags & (PS_FLAG_BATCH | PS_FLAG_FINISHED)) == PS_FLAG_BATCH;
         c->batch_pass = m.data_epoch;
@@ -1124,6 +1128,8 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
             __atomic_store_n(&s->leaves_nonfinite, (m.flags & PS_FLAG_NONFINITE) != 0,
                              __ATOMIC_RELEASE);
             s->answers_hb = (m.flags & PS_FLAG_ANSWER) != 0;
+            __atomic_store_n(&s->takes_reports, (m.flags & PS_FLAG_REPORT) != 0,
+                             __ATOMIC_RELEASE);
             memcpy(s->store, m.store, sizeof s->store);
             s->store_id = m.store[0] ? m.store_id : 0; /* opened in on_deferred (ps__view_update) */
             /* Another store (a restored shard): no pull may read the old one from now on, not

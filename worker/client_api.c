@@ -712,6 +712,12 @@ int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts, ps
  * good for the pushes of that step (a review, session 63); another client's, or an older one,
  * counted samples this worker never trained. Under asp / ssp a batch without pushes is a
  * caller's choice (psd.torch pushes nothing for a step without gradients), not refused. */
+static bool same_batch(const ps_batch_info_t *a, const ps_batch_info_t *b)
+{
+    return a->step == b->step && a->pass == b->pass && a->offset == b->offset &&
+           a->count == b->count;
+}
+
 static const char *done_refused(const ps_client_t *c, const ps_batch_info_t *done, char *why,
                                 size_t len)
 {
@@ -719,8 +725,7 @@ static const char *done_refused(const ps_client_t *c, const ps_batch_info_t *don
     if (!c->has_held)
         snprintf(why, len, "this client holds no batch to report done (none was handed to it, "
                  "or the job finished)");
-    else if (done->step != h->step || done->pass != h->pass || done->offset != h->offset ||
-             done->count != h->count)
+    else if (!same_batch(done, h))
         snprintf(why, len, "the batch reported done (step %llu, pass %llu at %llu, %u samples) "
                  "is not the one this client was handed last (step %llu, pass %llu at %llu, %u "
                  "samples)", (unsigned long long)done->step, (unsigned long long)done->pass,
@@ -1195,8 +1200,59 @@ int ps_client_use_job_compression(ps_client_t *c, uint32_t id, const char *name)
 
 void ps_client_batch_done(ps_client_t *c, const ps_batch_info_t *done)
 {
+    if (c->held_reported && same_batch(done, &c->held)) return; /* said already */
     c->leave_done = *done;
     c->has_leave_done = 1;
+}
+
+/* The batch request's fields that every one carries: the checks shard 0 makes of a worker's
+ * job settings (psd_coord_on_batch). */
+static ps_msg_t batch_request(const ps_client_t *c, uint64_t samples)
+{
+    return (ps_msg_t){.type = PS_MSG_BATCH, .rank = c->rank, .samples = samples,
+                      .tensor_set = psk_mix64(c->tensor_set) | 1, .count = c->ntensor_set,
+                      .job_seed1 = c->m.job.seed + 1, .job_batch = c->m.job.batch_size};
+}
+
+/* @p req reports @p done (PS_FLAG_DONE). */
+static void batch_request_done(ps_client_t *c, ps_msg_t *req, const ps_batch_info_t *done)
+{
+    req->flags |= PS_FLAG_DONE | stale_flag(c, done->step);
+    req->step = done->step;
+    req->data_epoch = done->pass;
+    req->batch_offset = done->offset;
+    req->batch_count = done->count;
+}
+
+int ps_client_report_done(ps_client_t *c, uint64_t samples, const ps_batch_info_t *done)
+{
+    if (c == NULL) return PS_EINVAL;
+    char why[320];
+    if (samples == 0 || done == NULL) {
+        snprintf(c->err, sizeof c->err, "report done: %s", done == NULL ? "done is NULL"
+                 : "a training set of 0 samples has no batch");
+        return PS_EINVAL;
+    }
+    if (c->held_reported && same_batch(done, &c->held)) return 0; /* said already */
+    if (done_refused(c, done, why, sizeof why)) {
+        snprintf(c->err, sizeof c->err, "report done: %s", why);
+        return PS_EINVAL;
+    }
+    ps_client_batch_done(c, done); /* the leave says it, if this does not */
+    if (!__atomic_load_n(&c->shards[0].takes_reports, __ATOMIC_ACQUIRE))
+        return 0; /* a psd before session 64: the next request or the leave says it */
+    ps_msg_t req = batch_request(c, samples), rep;
+    req.flags = PS_FLAG_REPORT;
+    batch_request_done(c, &req, done);
+    int rc = ps__ctrl_call(c, OP_BATCH, 0, &req, &rep);
+    if (rc) return rc; /* kept for the next request or the leave: twice is harmless */
+    if (!(rep.flags & PS_FLAG_REPORT)) { /* a psd that took it for a request: not libps's */
+        snprintf(c->err, sizeof c->err, "report done: shard 0 answered with a batch");
+        return PS_EPROTO;
+    }
+    c->held_reported = 1;
+    c->has_leave_done = 0;
+    return 0;
 }
 
 /* Shard 0 refused this worker's first batch request (another model than the job's, or
@@ -1269,21 +1325,15 @@ int ps_client_next_batch(ps_client_t *c, uint64_t samples, const ps_batch_info_t
      * (each pass's order) and batch_size (the most samples it takes); shard 0 refuses others
      * than the job's (a probe, session 61: a worker of another seed trained other samples
      * without a word, one of a smaller batch_size wrote past its buffers). */
-    ps_msg_t req = {.type = PS_MSG_BATCH, .rank = c->rank, .samples = samples,
-                    .tensor_set = psk_mix64(c->tensor_set) | 1, .count = c->ntensor_set,
-                    .job_seed1 = c->m.job.seed + 1, .job_batch = c->m.job.batch_size}, rep;
+    ps_msg_t req = batch_request(c, samples), rep;
     char why[320];
+    if (done && c->held_reported && same_batch(done, &c->held))
+        done = NULL; /* ps_client_report_done said it */
     if (done && done_refused(c, done, why, sizeof why)) {
         snprintf(c->err, sizeof c->err, "next batch: %s", why);
         return PS_EINVAL;
     }
-    if (done) {
-        req.flags = PS_FLAG_DONE | stale_flag(c, done->step);
-        req.step = done->step;
-        req.data_epoch = done->pass;
-        req.batch_offset = done->offset;
-        req.batch_count = done->count;
-    }
+    if (done) batch_request_done(c, &req, done);
     int rc = ps__ctrl_call(c, OP_BATCH, 0, &req, &rep);
     if (rc == PS_ECONFIG && done == NULL && !c->had_batch) ps_client_give_up(c);
     if (rc) return rc; /* a batch done stays for the leave: reporting it twice is harmless */
@@ -1298,6 +1348,7 @@ int ps_client_next_batch(ps_client_t *c, uint64_t samples, const ps_batch_info_t
                              .epoch = rep.epoch, .finished = (rep.flags & PS_FLAG_FINISHED) != 0};
     c->held = *out;
     c->has_held = !out->finished;
+    c->held_reported = 0;
     c->held_acked = c->acked_pushes;
     if (!out->finished && out->count == 0) {
         snprintf(c->err, sizeof c->err, "shard 0 handed out an empty batch");

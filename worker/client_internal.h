@@ -178,6 +178,8 @@ typedef struct {
     uint8_t hb_hdr[64];
     ps_ucx_token_t tok; /* the endpoint's session token, carried by every header sent on it */
     int answers_hb;     /* its hello reply said PS_FLAG_ANSWER: it answers heartbeats */
+    int takes_reports;  /* its hello reply said PS_FLAG_REPORT: a batch done may be reported
+                           alone (ps_client_report_done; atomic) */
     uint64_t heard_ms;  /* the comm loop's clock (uv_now: no clock read per message) at the
                            last message from it, or at the connect */
     int silent;         /* lost because it answered nothing (shard_silent): its reconnect's
@@ -314,6 +316,8 @@ struct ps_client_s {
     int had_batch;              /* shard 0 handed this worker a batch (or the job's end) */
     ps_batch_info_t held;       /* caller's thread: the batch handed out last (has_held) */
     int has_held;               /* ... and not the job's end: a report of done must name it */
+    int held_reported;          /* ps_client_report_done reported it: the next batch request
+                                   and the leave do not again */
     uint64_t acked_pushes;      /* caller's thread: pushes waited for with success */
     uint64_t held_acked;        /* acked_pushes when the held batch was handed out */
     int said_no_values;         /* warned once: shard 0 takes no values (an older psd) */

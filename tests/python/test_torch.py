@@ -532,7 +532,31 @@ def forget_stray(tmp):
             cl.declare("stray.weight", (64, 64))
         early = forget("stray.weight")
         assert early.returncode == 1 and "at step 0" in early.stderr, early.stderr
-        train(c.manifest, None)
+        # A checkpoint taken while the job trains on fails once a shard passes its step, naming
+        # the tensor (before: "not known to be complete", as if another checkpoint had come,
+        # and its empty directory stayed: a probe, session 64).
+        x, y = data()
+        m, seen, log = model(), [], os.path.join(c.dir, "psd0.log")
+        with psd.torch.ParameterServer(c.manifest, m, samples=SAMPLES) as ps:
+            for i, b in enumerate(ps.batches()):
+                step_once(ps, m, x, y, b, seen)
+                if i != 3:
+                    continue
+                exe = os.path.join(os.path.dirname(os.environ["PSD"]), "psctl")
+                running = subprocess.Popen([exe, "--manifest", c.manifest, "checkpoint", "--wait",
+                                            "60", "--dir", os.path.join(c.dir, "running")],
+                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                           text=True)
+                deadline = time.time() + 30
+                while running.poll() is None and time.time() < deadline:
+                    with open(log) as f:
+                        if "armed: at step" in f.read():
+                            break
+                    time.sleep(0.02)
+        out, err = running.communicate(timeout=90)
+        assert running.returncode == 1 and "tensor 'stray.weight' (no push reached it) stays at " \
+            "step 0" in err and "removed the incomplete checkpoint" in err, out + err
+        assert not os.path.exists(os.path.join(c.dir, "running")), "its directory stayed"
         stuck = held()
         assert all(h[0] == 5 and h[1] == 0 < h[2] for h in stuck), stuck
         # psctl status names it, and each shard counts it (psd_untrained_tensors).
@@ -956,6 +980,35 @@ def two_workers_asp(tmp):
     loss = check_shared(r, r[1]["final"])
     print(f"two workers, asp: {len(r[0]['indices'])} + {len(r[1]['indices'])} batches, "
           f"loss {loss:.4f}")
+
+
+def checkpoint_between_batches(tmp):
+    """Under asp / ssp step() reports its batch done to shard 0 at once
+    (ps_client_report_done), not with the next batch's request: a checkpoint taken while the
+    worker does something else between two batches (evaluates, saves) finds no batch in flight
+    and completes (before, it waited for this worker, holding every other's hand-out, and gave
+    up "1 batches still in flight": a probe, session 64); every sample is applied once."""
+    x, y = data()
+    for cons in ("asp", "ssp"):
+        c = Cluster(tmp, f"ckmid-{cons}", 1, metrics=True, consistency=cons)
+        try:
+            m = model()
+            with psd.torch.ParameterServer(c.manifest, m, samples=SAMPLES) as ps:
+                seen = []
+                for i, b in enumerate(ps.batches()):
+                    step_once(ps, m, x, y, b, seen)
+                    if i == 3:
+                        ck = c.psctl("checkpoint", "--wait", "5", "--dir",
+                                     os.path.join(c.dir, "ck"))
+                        assert ck.returncode == 0, \
+                            f"{cons}: checkpoint between batches: {ck.stdout}{ck.stderr}"
+            applied = c.metric("psd_job_samples_applied_total")
+            assert applied == SAMPLES * EPOCHS, \
+                f"{cons}: {applied} samples applied, want {SAMPLES * EPOCHS}"
+            assert len(seen) == SAMPLES * EPOCHS // BATCH, f"{cons}: {len(seen)} batches"
+        finally:
+            c.stop()
+    print("a checkpoint between two batches under asp and ssp: complete at once")
 
 
 SCHED = dict(lr=0.5, warmup=4, decay=12, min_lr=0.01)
@@ -2365,6 +2418,7 @@ def main():
         worker_killed(tmp)
         worker_paused(tmp)
         two_workers_asp(tmp)
+        checkpoint_between_batches(tmp)
         asp_schedule(tmp)
         binding_compression(tmp)
         binding_many(tmp)

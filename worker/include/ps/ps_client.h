@@ -477,6 +477,22 @@ typedef struct {
 void ps_client_batch_done(ps_client_t *c, const ps_batch_info_t *done);
 
 /**
+ * @brief Report @p done (its pushes all acknowledged) to the coordinator now, without asking
+ * for the next batch: for a worker that does something else before its next request
+ * (evaluates, saves). Until a batch is reported, an asp / ssp checkpoint waits for it (it is
+ * "in flight") and holds every other worker's hand-out meanwhile, and under ssp the members
+ * ahead wait for this worker's count. The next ps_client_next_batch(@p done) and the leave
+ * then leave it out (reported once). Blocks for a round trip to shard 0 (answered once shard 0
+ * committed it). Caller's thread. Against a psd older than session 64 it only keeps @p done
+ * for the next request or the leave (ps_client_batch_done) and returns 0.
+ * @param samples the training set's size, as ps_client_next_batch's.
+ * @return 0, PS_EINVAL (@p done is not the batch this client was handed last, or under bsp no
+ *         push of it was acknowledged: as ps_client_next_batch), PS_ENOTMEMBER, PS_ECONFIG,
+ *         PS_ECANCELED, PS_E*; on an error @p done stays kept for the next request or the leave.
+ */
+int ps_client_report_done(ps_client_t *c, uint64_t samples, const ps_batch_info_t *done);
+
+/**
  * @brief Ask the coordinator for the next batch (blocking until it is this worker's turn:
  * under bsp the next step, under ssp within the staleness bound).
  * @param samples the training set's size, > 0 (the coordinator checks every worker agrees).

@@ -152,6 +152,7 @@ def library():
         "ps_client_next_batch": (I, [P, U64, ctypes.POINTER(_BatchInfo),
                                      ctypes.POINTER(_BatchInfo)]),
         "ps_client_batch_done": (None, [P, ctypes.POINTER(_BatchInfo)]),
+        "ps_client_report_done": (I, [P, U64, ctypes.POINTER(_BatchInfo)]),
         "ps_batch_order": (None, [P, U32, U64, U32]),
         "ps_err_name": (ctypes.c_char_p, [I]),
         "ps_strerror": (ctypes.c_char_p, [I]),
@@ -890,6 +891,14 @@ class Client:
     def batch_done(self, b):
         with self._call() as h:
             library().ps_client_batch_done(h, ctypes.byref(b._info))
+
+    def report_done(self, samples, b):
+        """Tell the coordinator now that Batch `b` is done (all its pushes acknowledged), without
+        asking for the next one (ps_client_report_done): under asp / ssp a checkpoint, and ssp's
+        members ahead, then wait for nothing more of it while this worker does something else
+        (evaluates, saves). The next next_batch(samples, b) and the leave leave it out."""
+        n = _uint("samples", samples, 64, 1)
+        self._do(library().ps_client_report_done, n, ctypes.byref(b._info))
 
     def interrupt(self):
         """Fail every call running or started later with PsError ECANCELED (ps_client_interrupt),

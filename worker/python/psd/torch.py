@@ -622,6 +622,8 @@ class ParameterServer:
                 continue
             self._batch, self._stepped, self._got_batch = b, False, True
             yield b
+            if not self._client_open():  # closed inside the loop: as every call after close
+                raise psd.PsError(-errno.EINVAL, "EINVAL", "the client is closed")
             if not self._stepped:
                 raise RuntimeError(
                     f"batch of step {b.step}: the next batch was asked for before step() of this "
@@ -693,6 +695,17 @@ class ParameterServer:
                 # replace the handler's SystemExit (exit 1: a probe, session 62).
                 if self._client_open():
                     self.client.batch_done(b)
+        if not removed and not bsp and self._client_open():
+            # Said now, not with the next batch's request: what the program does before that
+            # (evaluate, save) would otherwise hold every asp / ssp checkpoint, which waits for
+            # the batches in flight and stops the other workers' meanwhile, and ssp's members
+            # ahead (a probe, session 64). Under bsp the step's close does not wait for it.
+            try:
+                self.client.report_done(self.samples, b)
+            except psd.PsError as e:
+                if e.name != "ENOTMEMBER":
+                    raise
+                removed = str(e)
         if removed:
             # Dropped by the shards meanwhile: this batch went to another worker, and the next
             # one comes after a new join (batches()).
