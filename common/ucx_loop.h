@@ -271,14 +271,17 @@ int ps_ucx_connect_addr(ps_ucx_t *u, const struct sockaddr *sa, socklen_t salen,
 int ps_ucx_err(ucs_status_t s);
 
 /** @brief What to add to UCX's words for status @p s of a request to a shard that failed: a
- *  connection that could not be made or was reset says " (is psd running there?)", others
- *  "". A static string. */
+ *  connection that could not be made or was reset says " (is psd running there?)", one whose
+ *  peer stopped answering (UCX's keepalive: "Endpoint timeout", as when psd was killed while
+ *  the connection was idle) says so too, others "". A static string. */
 static inline const char *ps_ucx_down_hint(ucs_status_t s)
 {
     return s == UCS_ERR_NOT_CONNECTED || s == UCS_ERR_UNREACHABLE ||
                    s == UCS_ERR_CONNECTION_RESET
                ? " (is psd running there?)"
-               : "";
+           : s == UCS_ERR_ENDPOINT_TIMEOUT ? " (psd there stopped answering: killed, stopped or "
+                                             "cut off?)"
+                                           : "";
 }
 
 #endif

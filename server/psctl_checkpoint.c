@@ -239,7 +239,8 @@ static void give_up(ps_req_t *cl, const char *d, uint64_t id, int n, char *fate,
         bool lost = rc == PS_ETIMEDOUT || rc == PS_ETRANSPORT;
         fprintf(stderr, "psctl: checkpoint: shard %d was not told to drop it: %s%s\n", i, err,
                 !lost     ? ""
-                : miss[i] ? " (stopped or cut off: it may still make its part)"
+                : miss[i] ? " (stopped or cut off: it may still make its part; one that is not "
+                            "running makes none, nor does a psd started again)"
                           : " (it answered before: a psd older than this psctl, which does not "
                             "know the cancel, makes its part when it reaches the step; or it "
                             "stopped just now)");
