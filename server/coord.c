@@ -568,6 +568,25 @@ void psd_coord_on_batch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
                        "or comes before any batch was asked for");
         return;
     }
+    /* One answer waits per member (libps makes one call at a time): a second would take the
+     * first one's request id (a review, session 64: a hostile peer's parked request was then
+     * never answered). */
+    if ((co->rt[r].parked || co->rt[r].reporting) && co->rt[r].park_req != msg->req_id) {
+        psd_send_error(srv, c, msg->req_id, PS_EPROTO, "rank %d's %s waits for its answer "
+                       "already: one request at a time", r,
+                       co->rt[r].parked ? "batch request" : "report of a batch done");
+        return;
+    }
+    const saved_member_t *sm = &co->s.m[r];
+    if ((msg->flags & PS_FLAG_REPORT) && !is_bsp(srv) && msg->step >= sm->steps_done &&
+        !(sm->has_batch && sm->batch_step == msg->step)) {
+        /* Not its batch, nor one it reported already (a report sent again after a restart of
+         * this shard): answered as taken, its worker would think it reported (a review). */
+        psd_send_error(srv, c, msg->req_id, PS_EPROTO, "rank %d reports its batch of step %llu "
+                       "done, but it holds %s", r, (unsigned long long)msg->step,
+                       sm->has_batch ? "another" : "none");
+        return;
+    }
     char err[160];
     if ((msg->flags & PS_FLAG_DONE) && batch_done(srv, (uint32_t)r, msg, err, sizeof err)) {
         psd_send_error(srv, c, msg->req_id, PS_EPROTO, "%s", err);

@@ -1205,6 +1205,9 @@ void ps_client_batch_done(ps_client_t *c, const ps_batch_info_t *done)
     c->has_leave_done = 1;
 }
 
+static int batch_taken(ps_client_t *c, uint64_t samples, const ps_msg_t *r,
+                       ps_batch_info_t *out);
+
 /* The batch request's fields that every one carries: the checks shard 0 makes of a worker's
  * job settings (psd_coord_on_batch). */
 static ps_msg_t batch_request(const ps_client_t *c, uint64_t samples)
@@ -1246,12 +1249,16 @@ int ps_client_report_done(ps_client_t *c, uint64_t samples, const ps_batch_info_
     batch_request_done(c, &req, done);
     int rc = ps__ctrl_call(c, OP_BATCH, 0, &req, &rep);
     if (rc) return rc; /* kept for the next request or the leave: twice is harmless */
-    if (!(rep.flags & PS_FLAG_REPORT)) { /* a psd that took it for a request: not libps's */
-        snprintf(c->err, sizeof c->err, "report done: shard 0 answered with a batch");
-        return PS_EPROTO;
-    }
     c->held_reported = 1;
     c->has_leave_done = 0;
+    if (!(rep.flags & PS_FLAG_REPORT)) {
+        /* An older psd took it for a request (shard 0 was restarted as one while the report
+         * was resent: a review, session 64): it counted the batch and handed out the next,
+         * which the next ps_client_next_batch returns without asking. */
+        c->handed = rep;
+        c->has_handed = 1;
+        __atomic_store_n(&c->shards[0].takes_reports, 0, __ATOMIC_RELEASE);
+    }
     return 0;
 }
 
@@ -1329,6 +1336,10 @@ int ps_client_next_batch(ps_client_t *c, uint64_t samples, const ps_batch_info_t
     char why[320];
     if (done && c->held_reported && same_batch(done, &c->held))
         done = NULL; /* ps_client_report_done said it */
+    if (c->has_handed && done == NULL) { /* an older psd handed it out for a report */
+        c->has_handed = 0;
+        return batch_taken(c, samples, &c->handed, out);
+    }
     if (done && done_refused(c, done, why, sizeof why)) {
         snprintf(c->err, sizeof c->err, "next batch: %s", why);
         return PS_EINVAL;
@@ -1337,6 +1348,14 @@ int ps_client_next_batch(ps_client_t *c, uint64_t samples, const ps_batch_info_t
     int rc = ps__ctrl_call(c, OP_BATCH, 0, &req, &rep);
     if (rc == PS_ECONFIG && done == NULL && !c->had_batch) ps_client_give_up(c);
     if (rc) return rc; /* a batch done stays for the leave: reporting it twice is harmless */
+    return batch_taken(c, samples, &rep, out);
+}
+
+/* Shard 0's batch reply @p rep to a request (or a report an older psd took for one) naming a
+ * training set of @p samples: this client holds its batch, @p out. */
+static int batch_taken(ps_client_t *c, uint64_t samples, const ps_msg_t *r, ps_batch_info_t *out)
+{
+    ps_msg_t rep = *r;
     /* Only a request shard 0 took: the leave reports a batch done under the training set's
      * size, and one refused (another size: ECONFIG) would make shard 0 drop that report. */
     c->batch_samples = samples;

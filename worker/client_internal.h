@@ -318,6 +318,10 @@ struct ps_client_s {
     int has_held;               /* ... and not the job's end: a report of done must name it */
     int held_reported;          /* ps_client_report_done reported it: the next batch request
                                    and the leave do not again */
+    ps_msg_t handed;            /* a batch reply that answered a report (has_handed): an older
+                                   psd took a report resent to it after a restart for a request
+                                   and handed this out; ps_client_next_batch returns it */
+    int has_handed;
     uint64_t acked_pushes;      /* caller's thread: pushes waited for with success */
     uint64_t held_acked;        /* acked_pushes when the held batch was handed out */
     int said_no_values;         /* warned once: shard 0 takes no values (an older psd) */

@@ -543,11 +543,15 @@ static void ops_overdue(ps_client_t *c)
         if (first == NULL) continue;
         char also[48] = "";
         if (more) snprintf(also, sizeof also, " (and %u more operations)", more);
+        bool report = first->type == OP_BATCH && (first->req.flags & PS_FLAG_REPORT);
         PS_LOG(PS_LOG_WARN, "libps", "a %s has waited %llu s for shard %u (%s:%u)%s%s; still "
-               "waiting", ps__op_name(first->type),
+               "waiting", report ? "report of a batch done" : ps__op_name(first->type),
                (unsigned long long)((now - first->submit_ns) / 1000000000u), i,
                c->m.servers[i].host, c->m.servers[i].port, also,
-               i == 0 && first->type == OP_BATCH
+               i == 0 && report
+                   ? " (the coordinator: it answers once its state is saved; it is stopped or "
+                     "overloaded, or its store cannot commit)"
+               : i == 0 && first->type == OP_BATCH
                    ? " (the coordinator: its step waits for other members, or it is stopped "
                      "or overloaded)"
                    : "");

@@ -637,9 +637,10 @@ class ParameterServer:
 
     def step(self):
         """Push every parameter's gradient for the current batch's step and wait until the
-        shards applied them; then the batch counts as done even if this worker leaves next (if
-        it dies before its next batch request or its leave, the batch goes to another worker,
-        whose pushes of it the shards skip as applied).
+        shards applied them; then the batch counts as done even if this worker leaves next
+        (under asp / ssp it is reported to shard 0 before this returns; under bsp the next batch
+        request or the leave reports it, and if the worker dies before either, the batch goes
+        to another worker, whose pushes of it the shards skip as applied).
         A parameter without a gradient (`.grad` None: the batch did not use it) is left out
         as a torch optimizer leaves it: under bsp (where a step waits for every member's
         push) its push says so (push_none), counted as a zero in the mean of the workers'
@@ -648,7 +649,7 @@ class ParameterServer:
         Returns True, or False when the shards left part of this step's pushes out because a
         gradient held a NaN or an infinity (warned; as that gradient None under bsp: a loss
         scaler would lower its scale) or dropped this worker meanwhile (the batch goes to
-        another worker)."""
+        another worker, unless its report reached shard 0 first: applied once either way)."""
         b = self._batch
         if b is None and not self.client._h:  # closed: PsError EINVAL, as every other call
             raise psd.PsError(-errno.EINVAL, "EINVAL", "the client is closed")
@@ -719,8 +720,9 @@ class ParameterServer:
                           f"or an infinity ({odd} so far; client.nonfinite_pushes). Under bsp "
                           "each counts as a zero in the workers' mean", RuntimeWarning)
             self._nonfinite = odd
-        # Done above (acked): the next next_batch reports it, whichever batches() asks, and a
-        # leave from here on reports it (batch_done): it is never handed again.
+        # Done above (acked): reported (asp / ssp), or the next next_batch reports it,
+        # whichever batches() asks, and a leave from here on reports it (batch_done): it is
+        # never handed again.
         return whole
 
     def close(self):
