@@ -369,6 +369,9 @@ void psd_shard_on_declare(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *m
     char want[64], have[64];
     /* Find the tensor by name: the name is the identity users see. */
     psd_tensor_t *t = psd_shard_tensor_named(srv, d.name);
+    if (srv->test_confused == 1 && t == NULL && !d.assigned && d.ndim > 0 &&
+        d.shape[0] < (1u << 20))
+        d.shape[0] *= 2; /* a test hook: a confused shard (libps refuses its answer) */
     if (t && (t->dropping || psd_forget_held(t, conn))) {
         psd_send_error(srv, conn, msg->req_id, PS_EBUSY, "tensor '%s' is being dropped (the "
                        "workers that declared it gave it up, or psctl forget): declare it again "

@@ -277,6 +277,9 @@ void psd_shard_on_pull(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
 {
     psd_chunk_t *ch = psd__find_chunk(srv, conn, msg);
     if (ch == NULL) return;
+    if (srv->test_confused == 2 && msg->chunk == 0) /* a test hook: libps ignores it */
+        psd_send_msg(srv, conn, &(ps_msg_t){.type = PS_MSG_DECLARE_REPLY, .req_id = msg->req_id,
+                                             .shard = srv->shard});
     uint64_t asked = srv->trace ? ps_trace_now() : 0;
     if (!psk_codec_elementwise(msg->codec)) {
         psd_send_error(srv, conn, msg->req_id, PS_EPROTO,

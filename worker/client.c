@@ -1039,8 +1039,13 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
     }
     ps_op_t *op = find_op(c, m.req_id);
     if (op == NULL) {
-        if (m.type == PS_MSG_ERROR)
-            PS_LOG(PS_LOG_WARN, "libps", "shard %u: %s", m.shard, m.error);
+        /* An error for no op in flight (a late one, or a confused shard's): said, but a flood
+         * of them is not a flood of lines (the first 20, then each power of two). */
+        uint64_t n = m.type == PS_MSG_ERROR ? ++c->stray_errors : 0;
+        if (n && (n <= 20 || (n & (n - 1)) == 0))
+            PS_LOG(PS_LOG_WARN, "libps", "shard %u: %s%s", m.shard, m.error,
+                   n == 20 ? " (more such errors for no operation in flight: said at powers of "
+                             "two)" : "");
         return UCS_OK;
     }
     if (op->type == OP_LEAVE) { /* a refusal answers a leave too */
@@ -1115,7 +1120,10 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
         break;
     case PS_MSG_HELLO_REPLY:
     case PS_MSG_DECLARE_REPLY:
-        if ((op->type == OP_HELLO) != (m.type == PS_MSG_HELLO_REPLY) ||
+        /* Each answers its own kind of op only: a declare reply taken for a pull or a push
+         * counted that op's first part done without its data or acknowledgement (a review,
+         * session 64: a pull succeeded with its chunk never written). */
+        if (op->type != (m.type == PS_MSG_HELLO_REPLY ? OP_HELLO : OP_DECLARE) ||
             op->parts[0].shard != m.shard)
             return UCS_OK;
         if (op->type == OP_HELLO) /* a new endpoint after a reconnect may use others */
@@ -1302,9 +1310,17 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     size_t dlen;
     int rc;
     while ((rc = ps_bundle_next(&it, &e, &d, &dlen, err, sizeof err)) != 0) {
-        if (rc > 0)
+        if (rc > 0 && e.shard != m.shard) {
+            /* Only the bundle's header carries the session token: an entry speaks for the
+             * shard that sealed it, or not at all (a review, session 64: shard 1 answered a
+             * pull of shard 0's chunk with values of its own, taken). */
+            if (!c->unsealed_said++)
+                PS_LOG(PS_LOG_WARN, "libps", "dropped a %s said to be from shard %u inside a "
+                       "bundle of shard %u; more are dropped without a word",
+                       ps_msg_type_name(e.type), e.shard, m.shard);
+        } else if (rc > 0) {
             handle_msg(c, &e, (void *)d, dlen, &eager);
-        else
+        } else
             PS_LOG(PS_LOG_WARN, "libps", "shard %u: %s", m.shard, err);
     }
     return UCS_OK;

@@ -325,6 +325,7 @@ struct ps_client_s {
     uint64_t acked_pushes;      /* caller's thread: pushes waited for with success */
     uint64_t held_acked;        /* acked_pushes when the held batch was handed out */
     int said_no_values;         /* warned once: shard 0 takes no values (an older psd) */
+    uint64_t stray_errors;      /* errors for no op in flight (comm thread): the log's count */
     int leads;                  /* the last batch reply said PS_FLAG_LEAD (atomic: comm thread) */
     uint64_t nonfinite_pushes;  /* chunk pushes acknowledged PS_FLAG_NONFINITE (comm thread
                                    writes, any thread reads) */

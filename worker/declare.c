@@ -156,6 +156,19 @@ static int declare(ps_client_t *c, const ps_tensor_desc_t *desc, const float *va
         snprintf(c->err, sizeof c->err, "shard 0 answered a declaration without an id");
         return PS_EPROTO;
     }
+    if (strcmp(rep.decl.name, req.decl.name) != 0 || rep.decl.ndim != req.decl.ndim ||
+        memcmp(rep.decl.shape, req.decl.shape, (size_t)req.decl.ndim * sizeof *req.decl.shape)) {
+        /* psd refuses another shape for a tensor it holds: an answer for another tensor, or
+         * of another shape, is not psd's. Taken, pulls wrote past the caller's buffer, sized
+         * by its own shape (a review, session 64: SIGSEGV), and values were read past its
+         * array. */
+        char want[64], got[64];
+        ps_shape_str(req.decl.shape, req.decl.ndim, want, sizeof want);
+        ps_shape_str(rep.decl.shape, rep.decl.ndim, got, sizeof got);
+        snprintf(c->err, sizeof c->err, "shard 0 answered the declaration of '%s' %s with "
+                 "'%.*s' %s", req.decl.name, want, PS_NAME_MAX - 1, rep.decl.name, got);
+        return PS_EPROTO;
+    }
     req.decl = rep.decl;
     /* A part another shard lacks is created as this caller asks: from its values, or its
      * initializer where shard 0's creator sent values (else shard 0's initializer). */

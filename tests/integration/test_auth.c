@@ -273,6 +273,42 @@ START_TEST(test_unsealed_replies_dropped)
 }
 END_TEST
 
+/* A confused shard (another build's bug, a store of another job that holds the same names):
+ * libps checks what shard 0 answers. A declaration answered with another shape than the one
+ * asked (PS_TEST_CONFUSED=1) is refused, naming both (before: libps took the shard's shape,
+ * and its pulls wrote past the caller's buffer); a declare reply to a pull (=2) is not taken
+ * for its answer (before: the pull's first chunk counted as answered and was never written,
+ * so the final parameters differed from a clean run's). A bundle's entries speaking for
+ * another shard than the one that sealed it are dropped too (client.c; not tested here: it
+ * would leave the ops waiting). */
+START_TEST(test_confused_shard_answers)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1, .max_steps = 8};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start_env(c, 0, READY_S, "PS_TEST_CONFUSED", "1");
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    EXPECT_EXIT(w, 1);
+    EXPECT_LOG(w, "shard 0 answered the declaration of 'fc1.weight' [784, 256] with "
+                  "'fc1.weight' [1568, 256]");
+    stop_all(&psd, 1);
+    cl_data_dirs_aside(c, "shape");
+    cl_proc_t *run[2];
+    for (int i = 0; i < 2; i++) { /* a clean shard, then one that answers pulls oddly too */
+        psd = i ? cl_psd_start_env(c, 0, READY_S, "PS_TEST_CONFUSED", "2")
+                : cl_psd_start(c, 0, NULL, READY_S);
+        run[i] = cl_worker_start(c, NULL, i ? "odd.bin" : "clean.bin", false);
+        EXPECT_EXIT(run[i], 0);
+        stop_all(&psd, 1);
+        cl_data_dirs_aside(c, i ? "odd" : "clean");
+    }
+    char why[256];
+    ck_assert_msg(cl_params_compare_files(run[0]->params, run[1]->params, 0, 0, why,
+                                          sizeof why) == 0,
+                  "the worker took a declare reply for a pull's answer: %s", why);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("auth");
@@ -281,5 +317,6 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("unproven_peer_dropped", test_unproven_peer_dropped));
     suite_add_tcase(s, tcase("forged_session_dropped", test_forged_session_dropped));
     suite_add_tcase(s, tcase("unsealed_replies_dropped", test_unsealed_replies_dropped));
+    suite_add_tcase(s, tcase("confused_shard_answers", test_confused_shard_answers));
     return s;
 }
