@@ -189,7 +189,7 @@ void ps__on_rehello(ps_op_t *op)
     uint32_t i = op->parts[0].shard;
     cshard_t *s = &c->shards[i];
     if (op->status == PS_ENOTMEMBER) {
-        PS_LOG(PS_LOG_WARN, "libps", "shard %u: %s", i, op->err);
+        PS_LOG(PS_LOG_WARN, "libps", "%s", op->err); /* "shard N: ..." (client.c's on_am) */
         ps__mark_removed(c);
         if (c->leaving) parts_on_shard(c, i, 1); /* a leave waiting for this hello: not a member */
         return;

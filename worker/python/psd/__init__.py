@@ -159,7 +159,16 @@ def library():
         "ps_log_set_level": (I, [ctypes.c_char_p]),
     }
     for name, (res, args) in sig.items():
-        f = getattr(lib, name)
+        try:
+            f = getattr(lib, name)
+        except AttributeError:
+            # A libps older than this package (PSD_LIBPS naming another build's): said as a
+            # load failure is, not as a bare AttributeError (a compatibility probe, session 64).
+            raise OSError(f"{lib._name}: this libps has no {name}: it is older than the psd package "
+                          f"in {os.path.dirname(os.path.abspath(__file__))}: use the libps.so "
+                          "built with it" + (" (unset PSD_LIBPS for the checkout's "
+                                             "build/worker/libps.so)"
+                                             if os.environ.get("PSD_LIBPS") else "")) from None
         f.restype, f.argtypes = res, args
     lib.ps_log_set_level(None)  # PS_LOG_LEVEL, as the C tools read it
     _lib = lib
