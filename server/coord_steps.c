@@ -411,10 +411,11 @@ void psd__async_maybe_finished(psd_server_t *srv)
     co->s.finished = 1;
     /* Per worker: the members now; others may have left before theirs (a scaling probe,
      * session 63: "every worker" read as all of them). */
-    PS_LOG(PS_LOG_INFO, "coord", "job complete: each of its %u members did its %llu steps (job."
-           "max_steps counts per worker under %s; %llu samples applied)",
-           popcount(co->s.active), (unsigned long long)max,
-           ps_consistency_name(srv->m.job.consistency),
+    uint32_t n = popcount(co->s.active);
+    PS_LOG(PS_LOG_INFO, "coord", "job complete: %s %u member%s did its %llu steps (job."
+           "max_steps counts per worker under %s; %llu samples applied; members that did theirs "
+           "earlier left then)", n == 1 ? "its" : "each of its", n, n == 1 ? "" : "s",
+           (unsigned long long)max, ps_consistency_name(srv->m.job.consistency),
            (unsigned long long)co->s.cur.applied_total);
 }
 
