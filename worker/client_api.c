@@ -705,6 +705,13 @@ int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts, ps
     return 0;
 }
 
+/* Whether @p a and @p b name the same batch. */
+static bool same_batch(const ps_batch_info_t *a, const ps_batch_info_t *b)
+{
+    return a->step == b->step && a->pass == b->pass && a->offset == b->offset &&
+           a->count == b->count;
+}
+
 /* Why @p done cannot be reported as this client's batch done, or NULL. A report closes its
  * step under bsp (shard 0 takes it as "every shard acknowledged this member's pushes of it")
  * and counts its samples as trained: under bsp one without pushes (a batch skipped, say for a
@@ -712,12 +719,6 @@ int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts, ps
  * good for the pushes of that step (a review, session 63); another client's, or an older one,
  * counted samples this worker never trained. Under asp / ssp a batch without pushes is a
  * caller's choice (psd.torch pushes nothing for a step without gradients), not refused. */
-static bool same_batch(const ps_batch_info_t *a, const ps_batch_info_t *b)
-{
-    return a->step == b->step && a->pass == b->pass && a->offset == b->offset &&
-           a->count == b->count;
-}
-
 static const char *done_refused(const ps_client_t *c, const ps_batch_info_t *done, char *why,
                                 size_t len)
 {
