@@ -663,20 +663,6 @@ static int at_step(psd_server_t *srv, uint64_t step, uint64_t *vmax)
     return below ? 0 : 1;
 }
 
-/* A tensor no push reached (psd_shard_tensor_used) whose chunks here are below @p step, or
- * NULL: it keeps the shard from ever being at a bsp checkpoint's step. */
-static const psd_tensor_t *untrained_below(psd_server_t *srv, uint64_t step)
-{
-    char why[96];
-    for (uint32_t i = 0; i < srv->ntensors; i++) {
-        const psd_tensor_t *t = &srv->tensors[i];
-        if (!t->present || psd_shard_tensor_used(srv, t, why, sizeof why)) continue;
-        for (uint32_t c = 0; c < t->nchunks; c++)
-            if (t->chunks[c] && t->chunks[c]->version < step) return t;
-    }
-    return NULL;
-}
-
 void psd_ckpt_after_job(psd_server_t *srv)
 {
     struct psd_ckpt_s *ck = srv->ckpt;
@@ -687,12 +673,18 @@ void psd_ckpt_after_job(psd_server_t *srv)
         /* Not PS_ECONFLICT: psctl takes that answer to its status as "went on to another
          * checkpoint" and looks for this one's part (a probe, session 64: "not known to be
          * complete" for a checkpoint that wrote nothing). */
-        const psd_tensor_t *held = untrained_below(srv, ck->step);
+        psd_shard_totals_t tot; /* the tensors status names as holding the step back */
+        psd_shard_totals(srv, &tot);
         char why[PS_NAME_MAX + 320] = "";
-        if (held)
+        if (tot.untrained)
             snprintf(why, sizeof why, ": tensor '%s' (no push reached it) stays at step 0, so "
                      "no bsp checkpoint can complete until a worker trains it or psctl forget "
-                     "drops it", held->decl.name);
+                     "drops it", srv->tensors[tot.untrained_first].decl.name);
+        else if (tot.behind)
+            snprintf(why, sizeof why, ": tensor '%s' (no member pushes it) stays at step %llu, "
+                     "so no bsp checkpoint can complete until psctl forget --trained drops it",
+                     srv->tensors[tot.behind_first].decl.name,
+                     (unsigned long long)tot.behind_first_step);
         fail(ck, PS_ESTALE, "shard %u passed step %llu (at %llu) before its snapshot%s",
              srv->shard, (unsigned long long)ck->step, (unsigned long long)vmax, why);
         ck->state = CK_FAILED;
