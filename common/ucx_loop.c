@@ -536,15 +536,19 @@ void ps_ucx_ep_close(ps_ucx_t *u, ucp_ep_h *ep, int force)
 }
 
 /* Every active message passes here on its way to the owner's handler: one that arrived means
- * the worker is not stuck (ps_ucx_stuck_ns). Other progress does not: connection requests,
- * endpoint errors and closes (joiners whose hellos sit behind a dead sender's shared-memory
- * FIFO slot connect, time out and close again every 1-2 s) counted as progress before, and
- * kept such a wedged worker from ever being seen stuck (a probe, session 47). */
+ * the worker is not stuck (ps_ucx_stuck_ns), when the owner's am_vouch says it shows so (a
+ * message over tcp does not show that the shared-memory FIFO is read: psd's checkpoint
+ * follower, a psctl, asked a wedged shard every second, and it stayed wedged, deaf to every
+ * local joiner, CI of session 64). Other progress does not: connection requests, endpoint
+ * errors and closes (joiners whose hellos sit behind a dead sender's shared-memory FIFO slot
+ * connect, time out and close again every 1-2 s) counted as progress before, and kept such a
+ * wedged worker from ever being seen stuck (a probe, session 47). */
 static ucs_status_t am_arrived(void *arg, const void *header, size_t header_length, void *data,
                                size_t length, const ucp_am_recv_param_t *param)
 {
     ps_ucx_t *u = arg;
-    u->stuck_since_ns = u->stuck_spent_ns = 0;
+    if (u->stuck_since_ns && (u->am_vouch == NULL || u->am_vouch(u, param)))
+        u->stuck_since_ns = u->stuck_spent_ns = 0;
     return u->am_cb(u->am_arg, header, header_length, data, length, param);
 }
 
@@ -624,6 +628,16 @@ void ps_ucx_ep_lanes(ucp_ep_h ep, char *buf, size_t len)
     }
     if (off == 0) snprintf(buf, len, "unknown");
     free(text);
+}
+
+int ps_ucx_lanes_shm(const char *lanes)
+{
+    for (const char *l = lanes; *l;) {
+        size_t n = strcspn(l, ",");
+        if (lanes_has("sysv,posix,xpmem", l, n)) return 1;
+        l += n + (l[n] == ',');
+    }
+    return 0;
 }
 
 uint32_t ps_ucx_eager_below(const ps_ucx_t *u, const char *lanes)

@@ -1056,6 +1056,7 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
     srv->ucx.deferred = psd_conns_deferred;
     ps_ucx_set_spin(&srv->ucx, srv->m.spin_us);
     srv->ucx.data = srv;
+    srv->ucx.am_vouch = psd_conn_vouches;
     ps_ucx_set_am_handler(&srv->ucx, on_am, srv);
 
     if ((rc = psd_listen_start(srv, err, errlen)) != 0) goto fail_ucx;

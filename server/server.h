@@ -693,6 +693,11 @@ void psd_conn_on_request(ucp_conn_request_h req, void *arg);
 int psd_conns_deferred(ps_ucx_t *u);
 /** @brief The live connection whose endpoint is @p ep, or NULL. */
 psd_conn_t *psd_conn_by_ep(psd_server_t *srv, ucp_ep_h ep);
+/** @brief ps_ucx_t.am_vouch of the shard's worker (@p u->data the server): a message shows the
+ *  worker not stuck when it came over shared memory, or over another transport while no peer
+ *  of known transports sends over shared memory. One from a peer whose transports are not known
+ *  yet (before its hello; psctl, which says none) does not. */
+int psd_conn_vouches(ps_ucx_t *u, const ucp_am_recv_param_t *param);
 /** @brief Close every connection with an endpoint (the stop, a transport restart); their
  *  ranks may come back as after any lost connection. */
 void psd_conns_close_all(psd_server_t *srv);
