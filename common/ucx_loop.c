@@ -15,6 +15,7 @@
 #include "amguard.h"
 #include "tcpaccept.h"
 #include "tcpguard.h"
+#include "ucxprobe.h"
 #include "ps/ps_error.h"
 #include "ps/ps_log.h"
 #include "ucx_loop.h"
@@ -366,6 +367,28 @@ static const struct {
 
 static int init_with(ps_ucx_t *u, uv_loop_t *loop, const char *tls, int serialized);
 
+static bool lanes_has(const char *list, const char *name, size_t n);
+
+/* Whether context @p ctx has a shared-memory transport: ucp_context_print_info names each
+ * resource on a line "#      resource 3  :  md 2  dev 3  flags -- sysv/memory". Unknown (no
+ * memory for the text): as if it had. */
+static int context_has_shm(ucp_context_h ctx)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (f == NULL) return 1;
+    ucp_context_print_info(ctx, f);
+    fclose(f);
+    int has = 0;
+    for (const char *l = text; l && !has && (l = strstr(l, "-- ")) != NULL; l += 3) {
+        size_t n = strcspn(l + 3, "/\n");
+        has = l[3 + n] == '/' && lanes_has("sysv,posix,xpmem", l + 3, n);
+    }
+    free(text);
+    return has;
+}
+
 int ps_ucx_init(ps_ucx_t *u, uv_loop_t *loop)
 {
     return init_with(u, loop, NULL, 0);
@@ -436,6 +459,7 @@ static int init_with(ps_ucx_t *u, uv_loop_t *loop, const char *tls, int serializ
         };
         s = ucp_init(&params, config, &u->context);
         ucp_config_release(config);
+        if (s == UCS_OK) u->shm_tls = context_has_shm(u->context);
     }
     int rc = s == UCS_OK ? worker_start(u) : PS_ETRANSPORT; /* UCX reads the unused here */
     for (size_t i = 0; i < SHM_VARS; i++) {
@@ -536,19 +560,17 @@ void ps_ucx_ep_close(ps_ucx_t *u, ucp_ep_h *ep, int force)
 }
 
 /* Every active message passes here on its way to the owner's handler: one that arrived means
- * the worker is not stuck (ps_ucx_stuck_ns), when the owner's am_vouch says it shows so (a
- * message over tcp does not show that the shared-memory FIFO is read: psd's checkpoint
- * follower, a psctl, asked a wedged shard every second, and it stayed wedged, deaf to every
- * local joiner, CI of session 64). Other progress does not: connection requests, endpoint
- * errors and closes (joiners whose hellos sit behind a dead sender's shared-memory FIFO slot
- * connect, time out and close again every 1-2 s) counted as progress before, and kept such a
- * wedged worker from ever being seen stuck (a probe, session 47). */
+ * the worker is not stuck (ps_ucx_stuck_ns). Other progress does not: connection requests,
+ * endpoint errors and closes (joiners whose hellos sit behind a dead sender's shared-memory
+ * FIFO slot connect, time out and close again every 1-2 s) counted as progress before, and
+ * kept such a wedged worker from ever being seen stuck (a probe, session 47). The owner's
+ * probe (ucxprobe.h) is taken here. */
 static ucs_status_t am_arrived(void *arg, const void *header, size_t header_length, void *data,
                                size_t length, const ucp_am_recv_param_t *param)
 {
     ps_ucx_t *u = arg;
-    if (u->stuck_since_ns && (u->am_vouch == NULL || u->am_vouch(u, param)))
-        u->stuck_since_ns = u->stuck_spent_ns = 0;
+    if (u->probe && ps_ucxprobe_take(u->probe, header, header_length)) return UCS_OK;
+    u->stuck_since_ns = u->stuck_spent_ns = 0;
     return u->am_cb(u->am_arg, header, header_length, data, length, param);
 }
 

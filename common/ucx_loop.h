@@ -78,11 +78,11 @@ struct ps_ucx_s {
     uint32_t eager_below;        /* PS_EAGER_BELOW, or PS_EAGER_BYTES (ps_ucx_eager_below) */
     ucp_am_recv_callback_t am_cb; /* ps_ucx_set_am_handler's, for a restarted worker */
     void *am_arg;
-    /* The owner's (may be NULL: every message does): whether the active message of @p param
-     * shows that the worker still receives what its local peers send, so is not stuck
-     * (ps_ucx_stuck_ns). Asked from the message's callback, before the owner's handler, only
-     * while a stuck spell runs; must not call into UCX. */
-    int (*am_vouch)(ps_ucx_t *u, const ucp_am_recv_param_t *param);
+    /* The owner's probe of this worker's shared-memory receive FIFO (NULL: none): its message
+     * is taken here, not handed to the owner (common/ucxprobe.h). */
+    struct ps_ucxprobe_s *probe;
+    int shm_tls;                 /* the context has a shared-memory transport (sysv, posix,
+                                    xpmem), whose receive FIFO a local sender can wedge */
     void *data;                  /* the owner's */
     /* Called by ps_ucx_connect on each endpoint it made, before the caller sends anything on
      * it (proto/authmsg.h: the authentication proof), with the endpoint's token to fill (it
@@ -178,8 +178,8 @@ static inline void ps_ucx_spin_resume(ps_ucx_t *u)
 }
 
 /**
- * @brief How long the worker has been stuck, or 0: since it was last armed or an active message
- * arrived that vouches for it (am_vouch; any, without one), ucp_worker_arm has said busy
+ * @brief How long the worker has been stuck, or 0: since it last received an active message or
+ * was armed, ucp_worker_arm has said busy
  * every time, and at least half of that time went in ps_ucx_progress's episodes of a busy
  * worker with nothing progressed. What stays so for good is UCX 1.13's shared-memory receive
  * FIFO after a sender was killed between taking a slot and marking it written: the reader

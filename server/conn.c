@@ -205,22 +205,6 @@ psd_conn_t *psd_conn_by_ep(psd_server_t *srv, ucp_ep_h ep)
     return NULL;
 }
 
-/* A wedged shared-memory FIFO (ps_ucx_stuck_ns) holds every local peer's messages, not those
- * that come over tcp: psd's checkpoint follower (a psctl, over tcp) asked a wedged shard 1 for
- * its status every second, which kept it from being seen stuck, and a joiner could not reach it
- * for 30 s (CI of session 64). Asked only while a stuck spell runs. */
-int psd_conn_vouches(ps_ucx_t *u, const ucp_am_recv_param_t *param)
-{
-    psd_server_t *srv = u->data;
-    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) return 0;
-    const psd_conn_t *from = psd_conn_by_ep(srv, param->reply_ep);
-    if (from == NULL || from->dead || from->lanes[0] == '\0') return 0;
-    if (ps_ucx_lanes_shm(from->lanes)) return 1;
-    for (const psd_conn_t *c = srv->conns; c; c = c->next)
-        if (!c->dead && c->ep && ps_ucx_lanes_shm(c->lanes)) return 0;
-    return 1;
-}
-
 /* Close every connection with an endpoint (their ranks may come back, as after any lost
  * connection), for the shutdown and for transport_restart. */
 void psd_conns_close_all(psd_server_t *srv)

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "tcpaccept.h"
@@ -159,13 +160,12 @@ static uint64_t stuck_limit_ns(const psd_server_t *srv)
  * workers see their connection fail and reconnect as after any lost shard (their ranks wait
  * for them, their pushes not yet received are sent again), and this shard keeps its state.
  * From the cron (a timer callback: no UCX callback is running). */
-static void transport_restart(psd_server_t *srv, uint64_t stuck_ns)
+static void transport_restart(psd_server_t *srv, uint64_t stuck_ns, const char *seen)
 {
     srv->transport_restarts++;
-    PS_LOG(PS_LOG_WARN, "server", "the UCX transport has been stuck for %.1f s (busy, with "
-           "nothing to progress: a local peer killed while it wrote into this shard's shared "
-           "memory leaves it so for good): closing every connection and starting it again",
-           (double)stuck_ns / 1e9);
+    PS_LOG(PS_LOG_WARN, "server", "the UCX transport has been stuck for %.1f s (%s: a local peer "
+           "killed while it wrote into this shard's shared memory leaves it so for good): "
+           "closing every connection and starting it again", (double)stuck_ns / 1e9, seen);
     for (psd_conn_t *c = srv->conns, *nx; c; c = nx) { /* not taken yet: their peers retry */
         nx = c->next;
         if (c->conn_request == NULL) continue;
@@ -177,6 +177,8 @@ static void transport_restart(psd_server_t *srv, uint64_t stuck_ns)
     ucp_listener_destroy(srv->listener);
     srv->listener = NULL;
     psd_conns_close_all(srv);
+    srv->ucx.probe = NULL; /* its endpoint goes to the worker about to be destroyed */
+    ps_ucxprobe_close(&srv->probe);
     char err[256] = "";
     int rc = ps_ucx_restart(&srv->ucx);
     /* No callback of the old worker runs any more: what its receives held is released here,
@@ -193,6 +195,7 @@ static void transport_restart(psd_server_t *srv, uint64_t stuck_ns)
         psd_server_maybe_stop(srv);
         return;
     }
+    psd_probe_open(srv);
     int held = 0; /* by a request whose callback never ran: they stay (closed) for good */
     for (psd_conn_t *c = srv->conns; c; c = c->next) held += c->ep == NULL && c->refs > 0;
     if (held)
@@ -202,8 +205,60 @@ static void transport_restart(psd_server_t *srv, uint64_t stuck_ns)
            srv->m.servers[srv->shard].host, srv->m.servers[srv->shard].port);
 }
 
+void psd_probe_open(psd_server_t *srv)
+{
+    char why[160];
+    if (!srv->ucx.shm_tls) {
+        PS_LOG(PS_LOG_DEBUG, "server", "no probe of the transport: no shared memory in it");
+        return;
+    }
+    if (ps_ucxprobe_open(&srv->probe, srv->ucx.worker, why, sizeof why)) {
+        PS_LOG(PS_LOG_INFO, "server", "no probe of the shared-memory transport (%s): a stuck "
+               "one is told by what stops arriving", why);
+        return;
+    }
+    srv->ucx.probe = &srv->probe;
+}
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* With the probe (psd_probe_open): once the worker has been unarmable (busy_since_ns) for half
+ * the limit, a probe goes to it over shared memory, and again half a limit after each one
+ * arrived while it stays so; a probe sent within the spell that has not arrived half a limit
+ * later says the FIFO is wedged. Messages that arrive meanwhile say nothing: they may come over
+ * tcp (psctl, pslaunch, psd's checkpoint follower, remote workers), and counting them kept a
+ * wedged shard deaf to every local peer for as long as they came (CI of session 64: the
+ * follower's status requests every second; a review: two tcp workers training on). Without
+ * it: ps_ucx_stuck_ns. From the cron, after a progress of the worker. */
 void psd_transport_check(psd_server_t *srv)
 {
-    uint64_t stuck = ps_ucx_stuck_ns(&srv->ucx);
-    if (stuck >= stuck_limit_ns(srv) && !srv->stopping) transport_restart(srv, stuck);
+    if (srv->stopping) return;
+    uint64_t limit = stuck_limit_ns(srv);
+    ps_ucxprobe_t *p = srv->ucx.probe;
+    if (p == NULL) {
+        uint64_t stuck = ps_ucx_stuck_ns(&srv->ucx);
+        if (stuck >= limit) transport_restart(srv, stuck, "busy, with nothing to progress");
+        return;
+    }
+    ps_ucxprobe_progress(p);
+    uint64_t since = srv->ucx.busy_since_ns, now = mono_ns();
+    if (since == 0) { /* armed since: not wedged */
+        ps_ucxprobe_forget(p);
+        return;
+    }
+    bool in_spell = p->sent_ns >= since;
+    if (in_spell && !p->arrived && now - p->sent_ns >= limit / 2) {
+        char seen[128];
+        snprintf(seen, sizeof seen, "busy, and a message it sent itself over shared memory %.1f "
+                 "s ago did not arrive", (double)(now - p->sent_ns) / 1e9);
+        transport_restart(srv, now - since, seen);
+        return;
+    }
+    if (now - since >= limit / 2 && (!in_spell || (p->arrived && now - p->sent_ns >= limit / 2)))
+        ps_ucxprobe_send(p, now);
 }

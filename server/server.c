@@ -1056,10 +1056,10 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
     srv->ucx.deferred = psd_conns_deferred;
     ps_ucx_set_spin(&srv->ucx, srv->m.spin_us);
     srv->ucx.data = srv;
-    srv->ucx.am_vouch = psd_conn_vouches;
     ps_ucx_set_am_handler(&srv->ucx, on_am, srv);
 
     if ((rc = psd_listen_start(srv, err, errlen)) != 0) goto fail_ucx;
+    psd_probe_open(srv);
     if ((rc = psd_metrics_start(srv, err, errlen)) != 0) {
         ucp_listener_destroy(srv->listener);
         srv->listener = NULL;
@@ -1133,6 +1133,8 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
     }
 fail_ucx:
     psd_shard_unregister(srv);
+    srv->ucx.probe = NULL;
+    ps_ucxprobe_close(&srv->probe);
     ps_ucx_close(&srv->ucx);
     uv_run(srv->loop, UV_RUN_NOWAIT);
 fail_shard:

@@ -18,6 +18,7 @@
 #include "init.h"
 #include "optim.h"
 #include "prom.h"
+#include "ucxprobe.h"
 #include "manifest.h"
 #include "memberviews.h"
 #include "merkle.h"
@@ -386,6 +387,7 @@ struct psd_server_s {
     uint32_t nstate;
     uv_loop_t *loop;
     ps_ucx_t ucx;
+    ps_ucxprobe_t probe;         /* of ucx's shared-memory FIFO (psd_probe_open; off: ep NULL) */
     ucp_listener_h listener;
     psd_store_t store;
     psd_run_t run;             /* the store's run (run.h), read once it is loaded */
@@ -691,13 +693,11 @@ void psd_conn_on_request(ucp_conn_request_h req, void *arg);
 /** @brief The loop's deferred hook (outside UCX callbacks): endpoints for new connections,
  *  lanes logged after a hello, queued closes. Nonzero when it did something. */
 int psd_conns_deferred(ps_ucx_t *u);
+/** @brief Start the probe of the shard's UCP worker (ucxprobe.h) where it has shared memory,
+ *  saying at debug level why not otherwise (psd_transport_check then judges by what arrives). */
+void psd_probe_open(psd_server_t *srv);
 /** @brief The live connection whose endpoint is @p ep, or NULL. */
 psd_conn_t *psd_conn_by_ep(psd_server_t *srv, ucp_ep_h ep);
-/** @brief ps_ucx_t.am_vouch of the shard's worker (@p u->data the server): a message shows the
- *  worker not stuck when it came over shared memory, or over another transport while no peer
- *  of known transports sends over shared memory. One from a peer whose transports are not known
- *  yet (before its hello; psctl, which says none) does not. */
-int psd_conn_vouches(ps_ucx_t *u, const ucp_am_recv_param_t *param);
 /** @brief Close every connection with an endpoint (the stop, a transport restart); their
  *  ranks may come back as after any lost connection. */
 void psd_conns_close_all(psd_server_t *srv);

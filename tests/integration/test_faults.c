@@ -38,23 +38,27 @@ static void wait_training(cl_proc_t *w[2])
 /* 2 shards x 2 workers training (sgd, 1500 steps at most: long enough that a fault lands
  * mid-run; a step takes about 1.3 ms here with direct pulls), both past their first step:
  * psd[2] and w[2] (writing w0.params and w1.params). */
-static cl_cluster_t *train_2x2_with(cl_proc_t *psd[2], cl_proc_t *w[2], const char *top_extra)
+static cl_cluster_t *train_2x2_with(cl_proc_t *psd[2], cl_proc_t *w[2], const char *top_extra,
+                                    const char *worker_tls)
 {
+    /* (Over tcp a step takes ~2.5 ms here: 3 passes, ~7 s, instead of 1500 steps.) */
     cl_conf_t k = {.shards = 2, .workers = 2, .optimizer = "{name: sgd, lr: 0.05}",
-                   .max_steps = 1500, .batch_size = 32, .start_wait_ms = CL_TOGETHER_MS,
-                   .top_extra = top_extra};
+                   .max_steps = worker_tls ? 0 : 1500, .epochs = worker_tls ? 3 : 1,
+                   .batch_size = 32, .start_wait_ms = CL_TOGETHER_MS, .top_extra = top_extra};
     cl_cluster_t *c = cl_cluster_create(&k);
     psd[0] = cl_psd_start(c, 0, NULL, READY_S);
     psd[1] = cl_psd_start(c, 1, NULL, READY_S);
+    if (worker_tls) setenv("UCX_TLS", worker_tls, 1);
     w[0] = cl_worker_start(c, NULL, "w0.params", false);
     w[1] = cl_worker_start(c, NULL, "w1.params", false);
+    unsetenv("UCX_TLS");
     wait_training(w);
     return c;
 }
 
 static cl_cluster_t *train_2x2(cl_proc_t *psd[2], cl_proc_t *w[2])
 {
-    return train_2x2_with(psd, w, NULL);
+    return train_2x2_with(psd, w, NULL, NULL);
 }
 
 /* Both workers (exited) end with the parameters of the single-process reference run. */
@@ -199,16 +203,22 @@ static int memfds_named(pid_t pid, const char *name)
     return n;
 }
 
-/* With @p polled, psd's checkpoint follower (a psctl, over tcp) asks shard 0 every 20 ms for
- * a checkpoint at a step the job never reaches, all the while: its messages, which still
- * arrive, do not hide the wedge (before, each one counted as the worker receiving again, and
- * shard 0 stayed deaf to the workers for good; CI of session 64 saw a joiner wait 30 s for a
+/* With MID_SEND_POLLED, psd's checkpoint follower (a psctl, over tcp) asks shard 0 every 20 ms
+ * for a checkpoint at a step the job never reaches, all the while; with MID_SEND_TCP_WORKERS
+ * the workers go over tcp (UCX_TLS=tcp), as remote ones would, and train on, and psctl (over
+ * shared memory then) is the local peer whose request waits. Their messages, which still
+ * arrive, do not hide the wedge: shard 0's probe over shared memory does not arrive (before,
+ * each message counted as the worker receiving again, and shard 0 stayed deaf to every local
+ * peer for good: the workers or psctl gave up; CI of session 64 saw a joiner wait 30 s for a
  * shard that the follower's status requests kept so). */
-static void peer_killed_mid_send(bool polled)
+enum { MID_SEND_PLAIN, MID_SEND_POLLED, MID_SEND_TCP_WORKERS };
+static void peer_killed_mid_send(int mode)
 {
+    bool polled = mode == MID_SEND_POLLED;
     cl_proc_t *psd[2], *w[2];
     cl_cluster_t *c = train_2x2_with(psd, w, polled ? "checkpoint: {every_steps: 1000000}\n"
-                                                    : NULL);
+                                                    : NULL,
+                                     mode == MID_SEND_TCP_WORKERS ? "tcp" : NULL);
     if (polled) /* (its first asks follow its first line) */
         ck_assert_msg(cl_wait_log(psd[0], "psctl: follow: checkpoints of cluster", RUN_S) == 0,
                       "no checkpoint follower: %s", cl_tail(psd[0]));
@@ -219,7 +229,11 @@ static void peer_killed_mid_send(bool polled)
     EXPECT_LOG(evil, "dying in the middle of a send");
     char *sargv[] = {(char *)cl_binary("PSCTL"), "--manifest", c->manifest, "status", "--json",
                      NULL};
+    /* With the workers over tcp, psctl is the local peer whose message waits behind the slot
+     * (UCX_TLS set, it goes over shared memory too). */
+    if (mode == MID_SEND_TCP_WORKERS) setenv("UCX_TLS", "all", 1);
     cl_proc_t *ctl = cl_spawn(c, "psctl", sargv);
+    unsetenv("UCX_TLS");
     EXPECT_EXIT(w[0], 0);
     EXPECT_EXIT(w[1], 0);
     EXPECT_EXIT(ctl, 0);
@@ -247,10 +261,13 @@ static void peer_killed_mid_send(bool polled)
     cl_cluster_destroy(c);
 }
 
-START_TEST(test_peer_killed_mid_send) { peer_killed_mid_send(false); }
+START_TEST(test_peer_killed_mid_send) { peer_killed_mid_send(MID_SEND_PLAIN); }
 END_TEST
 
-START_TEST(test_peer_killed_mid_send_polled) { peer_killed_mid_send(true); }
+START_TEST(test_peer_killed_mid_send_polled) { peer_killed_mid_send(MID_SEND_POLLED); }
+END_TEST
+
+START_TEST(test_peer_killed_mid_send_tcp_workers) { peer_killed_mid_send(MID_SEND_TCP_WORKERS); }
 END_TEST
 
 /* A hello naming a hostile host (a quote, a backslash, a newline: what a worker's hostname
@@ -1894,6 +1911,8 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("worker_killed_and_replaced", test_worker_killed_and_replaced));
     suite_add_tcase(s, tcase("peer_killed_mid_send", test_peer_killed_mid_send));
     suite_add_tcase(s, tcase("peer_killed_mid_send_polled", test_peer_killed_mid_send_polled));
+    suite_add_tcase(s, tcase("peer_killed_mid_send_tcp_workers",
+                             test_peer_killed_mid_send_tcp_workers));
     suite_add_tcase(s, tcase("hostile_host_name_kept_safe", test_hostile_host_name_kept_safe));
     suite_add_tcase(s, tcase("hostile_values", test_hostile_values));
     suite_add_tcase(s, tcase("lost_ack_asp_applied_once", test_lost_ack_asp_applied_once));
