@@ -1,13 +1,16 @@
 /* test_ucx.c: which endpoints send data messages eagerly (ps_ucx_eager_below) and the
  * PS_EAGER_BYTES override; the shared memory settings applied by default; the loop keeps
  * running while UCX cannot be armed (the test is linked with -Wl,--wrap=ucp_worker_arm, so it
- * decides what arming returns); a restarted worker is driven and released like the first. */
+ * decides what arming returns); a restarted worker is driven and released like the first; the
+ * probe of a worker's shared-memory FIFO (ucxprobe.h) arrives, is not the owner's, and is told
+ * by its nonce. */
 #include <check.h>
 #include <stdlib.h>
 #include <string.h>
 #include <uv.h>
 
 #include "ucx_loop.h"
+#include "ucxprobe.h"
 
 /* Copying transports only: eager under the size; anything else (RDMA), or lanes not yet
  * known: UCX's choice (0). */
@@ -191,6 +194,72 @@ START_TEST(restart_replaces_the_worker)
 }
 END_TEST
 
+static int owner_msgs;
+
+static ucs_status_t owner_am(void *arg, const void *header, size_t header_length, void *data,
+                             size_t length, const ucp_am_recv_param_t *param)
+{
+    (void)arg, (void)header, (void)header_length, (void)data, (void)length, (void)param;
+    owner_msgs++;
+    return UCS_OK;
+}
+
+/* Send a probe and drive both workers until it arrived (1) or 2 s passed (0). */
+static int probe_round(ps_ucx_t *u, ps_ucxprobe_t *p)
+{
+    ck_assert_int_eq(ps_ucxprobe_send(p, 1), 0);
+    for (int i = 0; i < 2000 && !p->arrived; i++) {
+        ps_ucxprobe_progress(p);
+        ps_ucx_poll(u);
+        uv_sleep(1);
+    }
+    return p->arrived;
+}
+
+/* The probe goes over shared memory to the worker and arrives (taken before the owner's
+ * handler, which never sees it); a header with the mark and another nonce is not taken; after
+ * a restart of the worker, a probe opened again arrives at the new one. A context without
+ * shared memory says so (shm_tls 0). */
+START_TEST(probe_of_the_fifo)
+{
+    uv_loop_t loop;
+    ck_assert_int_eq(uv_loop_init(&loop), 0);
+    ps_ucx_t u;
+    ck_assert_int_eq(ps_ucx_init(&u, &loop), 0);
+    ck_assert_int_eq(u.shm_tls, 1);
+    ps_ucx_set_am_handler(&u, owner_am, NULL);
+    static ps_ucxprobe_t p;
+    char why[160] = "";
+    ck_assert_msg(ps_ucxprobe_open(&p, u.worker, why, sizeof why) == 0, "%s", why);
+    u.probe = &p;
+    owner_msgs = 0;
+    ck_assert_int_eq(probe_round(&u, &p), 1);
+    ck_assert_int_eq(probe_round(&u, &p), 1);
+    ck_assert_int_eq(owner_msgs, 0);
+    uint64_t forged[2] = {p.hdr[0], p.hdr[1] ^ 1};
+    ck_assert_int_eq(ps_ucxprobe_take(&p, forged, sizeof forged), 0);
+    ck_assert_int_eq(ps_ucxprobe_take(&p, p.hdr, 8), 0);
+    u.probe = NULL;
+    ps_ucxprobe_close(&p);
+    ck_assert_ptr_null(p.ep);
+    ck_assert_int_eq(ps_ucx_restart(&u), 0);
+    ck_assert_msg(ps_ucxprobe_open(&p, u.worker, why, sizeof why) == 0, "%s", why);
+    u.probe = &p;
+    ck_assert_int_eq(probe_round(&u, &p), 1);
+    u.probe = NULL;
+    ps_ucxprobe_close(&p);
+    ps_ucx_close(&u);
+    uv_run(&loop, UV_RUN_NOWAIT);
+
+    ps_ucx_t t;
+    ck_assert_int_eq(ps_ucx_init_tls(&t, &loop, "tcp"), 0);
+    ck_assert_int_eq(t.shm_tls, 0); /* (psd makes no probe then: server/listen.c) */
+    ps_ucx_close(&t);
+    uv_run(&loop, UV_RUN_NOWAIT);
+    ck_assert_int_eq(uv_loop_close(&loop), 0);
+}
+END_TEST
+
 Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("ucx");
@@ -203,6 +272,7 @@ Suite *ps_test_suite(void)
     tcase_set_timeout(tc, 10);
     tcase_add_test(tc, busy_arm_keeps_the_loop_running);
     tcase_add_test(tc, restart_replaces_the_worker);
+    tcase_add_test(tc, probe_of_the_fifo);
     suite_add_tcase(s, tc);
     return s;
 }
