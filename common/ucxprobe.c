@@ -136,11 +136,3 @@ void ps_ucxprobe_progress(ps_ucxprobe_t *p)
         p->req = NULL;
     }
 }
-
-int ps_ucxprobe_take(ps_ucxprobe_t *p, const void *header, size_t len)
-{
-    if (len != sizeof p->hdr || p->sent_ns == 0 || memcmp(header, p->hdr, sizeof p->hdr) != 0)
-        return 0;
-    p->arrived = 1;
-    return 1;
-}
