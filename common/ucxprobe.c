@@ -88,8 +88,10 @@ void ps_ucxprobe_close(ps_ucxprobe_t *p)
     if (p->req) ucp_request_free(p->req); /* released by UCX when it completes, or below */
     p->req = NULL;
     if (p->ep) {
-        ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-                                   .flags = UCP_EP_CLOSE_FLAG_FORCE};
+        /* A flush, not UCP_EP_CLOSE_FLAG_FORCE: that needs UCP_ERR_HANDLING_MODE_PEER on both
+         * sides (UCX asserts it where it discards lanes). Bounded: a wedged receiver may never
+         * take a queued send; the worker's destruction releases what is left. */
+        ucp_request_param_t prm = {.op_attr_mask = 0};
         void *r = ucp_ep_close_nbx(p->ep, &prm);
         if (r && !UCS_PTR_IS_ERR(r)) {
             uint64_t t0 = mono_ns();
