@@ -369,24 +369,27 @@ static int init_with(ps_ucx_t *u, uv_loop_t *loop, const char *tls, int serializ
 
 static bool lanes_has(const char *list, const char *name, size_t n);
 
-/* Whether context @p ctx has a shared-memory transport: ucp_context_print_info names each
- * resource on a line "#      resource 3  :  md 2  dev 3  flags -- sysv/memory". Unknown (no
- * memory for the text): as if it had. */
-static int context_has_shm(ucp_context_h ctx)
+/* Context @p ctx's shared-memory transports (PS_UCX_SHM_* bits): ucp_context_print_info names
+ * each resource on a line "#      resource 3  :  md 2  dev 3  flags -- sysv/memory". Unknown
+ * (no memory for the text): sysv, UCX's choice on one host. */
+static unsigned context_shm(ucp_context_h ctx)
 {
     char *text = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&text, &len);
-    if (f == NULL) return 1;
+    if (f == NULL) return PS_UCX_SHM_SYSV;
     ucp_context_print_info(ctx, f);
     fclose(f);
-    int has = 0;
-    for (const char *l = text; l && !has && (l = strstr(l, "-- ")) != NULL; l += 3) {
+    unsigned shm = 0;
+    for (const char *l = text; l && (l = strstr(l, "-- ")) != NULL; l += 3) {
         size_t n = strcspn(l + 3, "/\n");
-        has = l[3 + n] == '/' && lanes_has("sysv,posix,xpmem", l + 3, n);
+        if (l[3 + n] != '/') continue;
+        shm |= lanes_has("sysv", l + 3, n) ? PS_UCX_SHM_SYSV
+             : lanes_has("posix", l + 3, n) ? PS_UCX_SHM_POSIX
+             : lanes_has("xpmem", l + 3, n) ? PS_UCX_SHM_XPMEM : 0;
     }
     free(text);
-    return has;
+    return shm;
 }
 
 int ps_ucx_init(ps_ucx_t *u, uv_loop_t *loop)
@@ -459,7 +462,7 @@ static int init_with(ps_ucx_t *u, uv_loop_t *loop, const char *tls, int serializ
         };
         s = ucp_init(&params, config, &u->context);
         ucp_config_release(config);
-        if (s == UCS_OK) u->shm_tls = context_has_shm(u->context);
+        if (s == UCS_OK) u->shm_tls = context_shm(u->context);
     }
     int rc = s == UCS_OK ? worker_start(u) : PS_ETRANSPORT; /* UCX reads the unused here */
     for (size_t i = 0; i < SHM_VARS; i++) {
@@ -650,16 +653,6 @@ void ps_ucx_ep_lanes(ucp_ep_h ep, char *buf, size_t len)
     }
     if (off == 0) snprintf(buf, len, "unknown");
     free(text);
-}
-
-int ps_ucx_lanes_shm(const char *lanes)
-{
-    for (const char *l = lanes; *l;) {
-        size_t n = strcspn(l, ",");
-        if (lanes_has("sysv,posix,xpmem", l, n)) return 1;
-        l += n + (l[n] == ',');
-    }
-    return 0;
 }
 
 uint32_t ps_ucx_eager_below(const ps_ucx_t *u, const char *lanes)

@@ -81,8 +81,8 @@ struct ps_ucx_s {
     /* The owner's probe of this worker's shared-memory receive FIFO (NULL: none): its message
      * is taken here, not handed to the owner (common/ucxprobe.h). */
     struct ps_ucxprobe_s *probe;
-    int shm_tls;                 /* the context has a shared-memory transport (sysv, posix,
-                                    xpmem), whose receive FIFO a local sender can wedge */
+    unsigned shm_tls;            /* the context's shared-memory transports, whose receive
+                                    FIFOs a local sender can wedge: PS_UCX_SHM_* bits */
     void *data;                  /* the owner's */
     /* Called by ps_ucx_connect on each endpoint it made, before the caller sends anything on
      * it (proto/authmsg.h: the authentication proof), with the endpoint's token to fill (it
@@ -225,9 +225,10 @@ int ps_ucx_restart(ps_ucx_t *u);
 /** @brief A short description of the transports an endpoint uses ("tcp", "sysv,cma", ...). */
 void ps_ucx_ep_lanes(ucp_ep_h ep, char *buf, size_t len);
 
-/** @brief Whether @p lanes (ps_ucx_ep_lanes's) name a shared-memory transport (sysv, posix,
- *  xpmem): the peer is on this host and sends through the worker's shared-memory FIFO. */
-int ps_ucx_lanes_shm(const char *lanes);
+/* ps_ucx_t.shm_tls's bits (in ucxprobe.c's order). */
+#define PS_UCX_SHM_SYSV 1u
+#define PS_UCX_SHM_POSIX 2u
+#define PS_UCX_SHM_XPMEM 4u
 
 /** @brief The size under which data messages to an endpoint whose transports are @p lanes
  *  (ps_ucx_ep_lanes) are sent eagerly (ps_ucx_eager_flag): PS_EAGER_BELOW when every one of

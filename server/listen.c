@@ -195,7 +195,7 @@ static void transport_restart(psd_server_t *srv, uint64_t stuck_ns, const char *
         psd_server_maybe_stop(srv);
         return;
     }
-    psd_probe_open(srv);
+    srv->probe_off = false; /* made again at the next busy spell */
     int held = 0; /* by a request whose callback never ran: they stay (closed) for good */
     for (psd_conn_t *c = srv->conns; c; c = c->next) held += c->ep == NULL && c->refs > 0;
     if (held)
@@ -205,21 +205,6 @@ static void transport_restart(psd_server_t *srv, uint64_t stuck_ns, const char *
            srv->m.servers[srv->shard].host, srv->m.servers[srv->shard].port);
 }
 
-void psd_probe_open(psd_server_t *srv)
-{
-    char why[160];
-    if (!srv->ucx.shm_tls) {
-        PS_LOG(PS_LOG_DEBUG, "server", "no probe of the transport: no shared memory in it");
-        return;
-    }
-    if (ps_ucxprobe_open(&srv->probe, srv->ucx.worker, why, sizeof why)) {
-        PS_LOG(PS_LOG_INFO, "server", "no probe of the shared-memory transport (%s): a stuck "
-               "one is told by what stops arriving", why);
-        return;
-    }
-    srv->ucx.probe = &srv->probe;
-}
-
 static uint64_t mono_ns(void)
 {
     struct timespec ts;
@@ -227,38 +212,62 @@ static uint64_t mono_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* With the probe (psd_probe_open): once the worker has been unarmable (busy_since_ns) for half
- * the limit, a probe goes to it over shared memory, and again half a limit after each one
- * arrived while it stays so; a probe sent within the spell that has not arrived half a limit
- * later says the FIFO is wedged. Messages that arrive meanwhile say nothing: they may come over
- * tcp (psctl, pslaunch, psd's checkpoint follower, remote workers), and counting them kept a
- * wedged shard deaf to every local peer for as long as they came (CI of session 64: the
- * follower's status requests every second; a review: two tcp workers training on). Without
- * it: ps_ucx_stuck_ns. From the cron, after a progress of the worker. */
+/* Whether the worker's shared-memory FIFOs are read, once it has been unarmable
+ * (busy_since_ns) for half the limit: a probe goes to it over each of them (ucxprobe.h; made
+ * at the first such spell, ~20 ms per transport, and again after a transport restart), and
+ * again half a limit after each one arrived while it stays so; a probe sent within the spell
+ * that has not arrived half a limit later says a FIFO is wedged. Messages that arrive
+ * meanwhile say nothing: they may come over tcp (psctl, pslaunch, psd's checkpoint follower,
+ * remote workers), and counting them kept a wedged shard deaf to every local peer for as long
+ * as they came (CI of session 64: the follower's status requests every second; a review: two
+ * tcp workers training on). Without shared memory, or a probe: ps_ucx_stuck_ns. From the
+ * cron. */
 void psd_transport_check(psd_server_t *srv)
 {
     if (srv->stopping) return;
     uint64_t limit = stuck_limit_ns(srv);
-    ps_ucxprobe_t *p = srv->ucx.probe;
-    if (p == NULL) {
+    uint64_t since = srv->ucx.busy_since_ns, now = mono_ns();
+    ps_ucxprobe_t *p = &srv->probe;
+    if (srv->ucx.shm_tls && !srv->probe_off && p->n == 0 && since && now - since >= limit / 2) {
+        char why[160];
+        if (ps_ucxprobe_open(p, srv->ucx.worker, srv->ucx.shm_tls, why, sizeof why)) {
+            srv->probe_off = true;
+            PS_LOG(PS_LOG_WARN, "server", "cannot probe the shared-memory transport (%s): a "
+                   "stuck one is told by what stops arriving", why);
+        } else {
+            srv->ucx.probe = p;
+            PS_LOG(PS_LOG_INFO, "server", "the UCX worker has been busy for %.1f s: probing "
+                   "its shared-memory queues (%s)", (double)(now - since) / 1e9, p->names);
+        }
+    }
+    if (p->n == 0) {
         uint64_t stuck = ps_ucx_stuck_ns(&srv->ucx);
         if (stuck >= limit) transport_restart(srv, stuck, "busy, with nothing to progress");
         return;
     }
-    ps_ucxprobe_progress(p);
-    uint64_t since = srv->ucx.busy_since_ns, now = mono_ns();
     if (since == 0) { /* armed since: not wedged */
         ps_ucxprobe_forget(p);
         return;
     }
     bool in_spell = p->sent_ns >= since;
-    if (in_spell && !p->arrived && now - p->sent_ns >= limit / 2) {
-        char seen[128];
-        snprintf(seen, sizeof seen, "busy, and a message it sent itself over shared memory %.1f "
-                 "s ago did not arrive", (double)(now - p->sent_ns) / 1e9);
-        transport_restart(srv, now - since, seen);
-        return;
+    if (in_spell && !ps_ucxprobe_arrived(p) && now - p->sent_ns >= limit / 2) {
+        /* Before judging: whatever the senders still hold goes out, and whatever the worker
+         * has unread is read (the cron's progress may have left early: spin_stop). */
+        for (int round = 0; round < 2; round++) {
+            ps_ucxprobe_progress(p);
+            ps_ucx_poll(&srv->ucx);
+        }
+        if (!ps_ucxprobe_arrived(p)) {
+            char missing[32], seen[160];
+            ps_ucxprobe_missing(p, missing, sizeof missing);
+            snprintf(seen, sizeof seen, "busy, and a message it sent itself over %s %.1f s ago "
+                     "did not arrive", missing, (double)(now - p->sent_ns) / 1e9);
+            transport_restart(srv, now - since, seen);
+            return;
+        }
     }
-    if (now - since >= limit / 2 && (!in_spell || (p->arrived && now - p->sent_ns >= limit / 2)))
+    ps_ucxprobe_progress(p);
+    if (now - since >= limit / 2 &&
+        (!in_spell || (ps_ucxprobe_arrived(p) && now - p->sent_ns >= limit / 2)))
         ps_ucxprobe_send(p, now);
 }

@@ -1059,7 +1059,6 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
     ps_ucx_set_am_handler(&srv->ucx, on_am, srv);
 
     if ((rc = psd_listen_start(srv, err, errlen)) != 0) goto fail_ucx;
-    psd_probe_open(srv);
     if ((rc = psd_metrics_start(srv, err, errlen)) != 0) {
         ucp_listener_destroy(srv->listener);
         srv->listener = NULL;

@@ -387,7 +387,9 @@ struct psd_server_s {
     uint32_t nstate;
     uv_loop_t *loop;
     ps_ucx_t ucx;
-    ps_ucxprobe_t probe;         /* of ucx's shared-memory FIFO (psd_probe_open; off: ep NULL) */
+    ps_ucxprobe_t probe;         /* of ucx's shared-memory FIFOs, made at the first busy spell
+                                    (listen.c, psd_transport_check; closed: n 0) */
+    bool probe_off;              /* it could not be made (logged): until the transport restarts */
     ucp_listener_h listener;
     psd_store_t store;
     psd_run_t run;             /* the store's run (run.h), read once it is loaded */
@@ -693,9 +695,6 @@ void psd_conn_on_request(ucp_conn_request_h req, void *arg);
 /** @brief The loop's deferred hook (outside UCX callbacks): endpoints for new connections,
  *  lanes logged after a hello, queued closes. Nonzero when it did something. */
 int psd_conns_deferred(ps_ucx_t *u);
-/** @brief Start the probe of the shard's UCP worker (ucxprobe.h) where it has shared memory,
- *  saying at debug level why not otherwise (psd_transport_check then judges by what arrives). */
-void psd_probe_open(psd_server_t *srv);
 /** @brief The live connection whose endpoint is @p ep, or NULL. */
 psd_conn_t *psd_conn_by_ep(psd_server_t *srv, ucp_ep_h ep);
 /** @brief Close every connection with an endpoint (the stop, a transport restart); their

@@ -39,11 +39,11 @@ static void wait_training(cl_proc_t *w[2])
  * mid-run; a step takes about 1.3 ms here with direct pulls), both past their first step:
  * psd[2] and w[2] (writing w0.params and w1.params). */
 static cl_cluster_t *train_2x2_with(cl_proc_t *psd[2], cl_proc_t *w[2], const char *top_extra,
-                                    const char *worker_tls)
+                                    const char *worker_tls, bool long_job)
 {
-    /* (Over tcp a step takes ~2.5 ms here: 3 passes, ~7 s, instead of 1500 steps.) */
+    /* @p long_job: 3 passes (~7 s over tcp, ~4 s over shared memory) instead of 1500 steps. */
     cl_conf_t k = {.shards = 2, .workers = 2, .optimizer = "{name: sgd, lr: 0.05}",
-                   .max_steps = worker_tls ? 0 : 1500, .epochs = worker_tls ? 3 : 1,
+                   .max_steps = long_job ? 0 : 1500, .epochs = long_job ? 3 : 1,
                    .batch_size = 32, .start_wait_ms = CL_TOGETHER_MS, .top_extra = top_extra};
     cl_cluster_t *c = cl_cluster_create(&k);
     psd[0] = cl_psd_start(c, 0, NULL, READY_S);
@@ -58,7 +58,7 @@ static cl_cluster_t *train_2x2_with(cl_proc_t *psd[2], cl_proc_t *w[2], const ch
 
 static cl_cluster_t *train_2x2(cl_proc_t *psd[2], cl_proc_t *w[2])
 {
-    return train_2x2_with(psd, w, NULL, NULL);
+    return train_2x2_with(psd, w, NULL, NULL, false);
 }
 
 /* Both workers (exited) end with the parameters of the single-process reference run. */
@@ -210,28 +210,34 @@ static int memfds_named(pid_t pid, const char *name)
  * arrive, do not hide the wedge: shard 0's probe over shared memory does not arrive (before,
  * each message counted as the worker receiving again, and shard 0 stayed deaf to every local
  * peer for good: the workers or psctl gave up; CI of session 64 saw a joiner wait 30 s for a
- * shard that the follower's status requests kept so). */
-enum { MID_SEND_PLAIN, MID_SEND_POLLED, MID_SEND_TCP_WORKERS };
+ * shard that the follower's status requests kept so). With MID_SEND_POSIX the peer dies over
+ * posix (UCX_TLS=posix,tcp: a FIFO of its own) while the workers train on over sysv, and psctl
+ * waits over posix: a probe over sysv alone still arrived (a review). */
+enum { MID_SEND_PLAIN, MID_SEND_POLLED, MID_SEND_TCP_WORKERS, MID_SEND_POSIX };
 static void peer_killed_mid_send(int mode)
 {
     bool polled = mode == MID_SEND_POLLED;
     cl_proc_t *psd[2], *w[2];
     cl_cluster_t *c = train_2x2_with(psd, w, polled ? "checkpoint: {every_steps: 1000000}\n"
                                                     : NULL,
-                                     mode == MID_SEND_TCP_WORKERS ? "tcp" : NULL);
+                                     mode == MID_SEND_TCP_WORKERS ? "tcp" : NULL,
+                                     mode == MID_SEND_TCP_WORKERS || mode == MID_SEND_POSIX);
     if (polled) /* (its first asks follow its first line) */
         ck_assert_msg(cl_wait_log(psd[0], "psctl: follow: checkpoints of cluster", RUN_S) == 0,
                       "no checkpoint follower: %s", cl_tail(psd[0]));
     char *argv[] = {(char *)cl_binary("EVIL_PEER"), "--manifest", c->manifest, "--die-mid-send",
                     NULL};
+    if (mode == MID_SEND_POSIX) setenv("UCX_TLS", "posix,tcp", 1);
     cl_proc_t *evil = cl_spawn(c, "evil_peer", argv);
+    unsetenv("UCX_TLS");
     EXPECT_EXIT(evil, 128 + SIGKILL);
     EXPECT_LOG(evil, "dying in the middle of a send");
     char *sargv[] = {(char *)cl_binary("PSCTL"), "--manifest", c->manifest, "status", "--json",
                      NULL};
     /* With the workers over tcp, psctl is the local peer whose message waits behind the slot
      * (UCX_TLS set, it goes over shared memory too). */
-    if (mode == MID_SEND_TCP_WORKERS) setenv("UCX_TLS", "all", 1);
+    if (mode == MID_SEND_TCP_WORKERS || mode == MID_SEND_POSIX)
+        setenv("UCX_TLS", mode == MID_SEND_POSIX ? "posix,tcp" : "all", 1);
     cl_proc_t *ctl = cl_spawn(c, "psctl", sargv);
     unsetenv("UCX_TLS");
     EXPECT_EXIT(w[0], 0);
@@ -268,6 +274,9 @@ START_TEST(test_peer_killed_mid_send_polled) { peer_killed_mid_send(MID_SEND_POL
 END_TEST
 
 START_TEST(test_peer_killed_mid_send_tcp_workers) { peer_killed_mid_send(MID_SEND_TCP_WORKERS); }
+END_TEST
+
+START_TEST(test_peer_killed_mid_send_posix) { peer_killed_mid_send(MID_SEND_POSIX); }
 END_TEST
 
 /* A hello naming a hostile host (a quote, a backslash, a newline: what a worker's hostname
@@ -1913,6 +1922,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("peer_killed_mid_send_polled", test_peer_killed_mid_send_polled));
     suite_add_tcase(s, tcase("peer_killed_mid_send_tcp_workers",
                              test_peer_killed_mid_send_tcp_workers));
+    suite_add_tcase(s, tcase("peer_killed_mid_send_posix", test_peer_killed_mid_send_posix));
     suite_add_tcase(s, tcase("hostile_host_name_kept_safe", test_hostile_host_name_kept_safe));
     suite_add_tcase(s, tcase("hostile_values", test_hostile_values));
     suite_add_tcase(s, tcase("lost_ack_asp_applied_once", test_lost_ack_asp_applied_once));

@@ -204,46 +204,53 @@ static ucs_status_t owner_am(void *arg, const void *header, size_t header_length
     return UCS_OK;
 }
 
-/* Send a probe and drive both workers until it arrived (1) or 2 s passed (0). */
+/* Send a probe and drive both workers until it arrived on every lane (1) or 2 s passed (0). */
 static int probe_round(ps_ucx_t *u, ps_ucxprobe_t *p)
 {
-    ck_assert_int_eq(ps_ucxprobe_send(p, 1), 0);
-    for (int i = 0; i < 2000 && !p->arrived; i++) {
+    ps_ucxprobe_send(p, 1);
+    for (int i = 0; i < 2000 && !ps_ucxprobe_arrived(p); i++) {
         ps_ucxprobe_progress(p);
         ps_ucx_poll(u);
         uv_sleep(1);
     }
-    return p->arrived;
+    return ps_ucxprobe_arrived(p);
 }
 
-/* The probe goes over shared memory to the worker and arrives (taken before the owner's
- * handler, which never sees it); a header with the mark and another nonce is not taken; after
- * a restart of the worker, a probe opened again arrives at the new one. A context without
- * shared memory says so (shm_tls 0). */
+/* The probe goes to the worker over each of its shared-memory transports (sysv and posix
+ * here) and arrives (taken before the owner's handler, which never sees it); a header with the
+ * mark and another nonce, or another lane's index, is not taken; after a restart of the worker,
+ * a probe opened again arrives at the new one. A context without shared memory says so
+ * (shm_tls 0). */
 START_TEST(probe_of_the_fifo)
 {
     uv_loop_t loop;
     ck_assert_int_eq(uv_loop_init(&loop), 0);
     ps_ucx_t u;
     ck_assert_int_eq(ps_ucx_init(&u, &loop), 0);
-    ck_assert_int_eq(u.shm_tls, 1);
+    ck_assert_uint_eq(u.shm_tls, PS_UCX_SHM_SYSV | PS_UCX_SHM_POSIX);
     ps_ucx_set_am_handler(&u, owner_am, NULL);
     static ps_ucxprobe_t p;
     char why[160] = "";
-    ck_assert_msg(ps_ucxprobe_open(&p, u.worker, why, sizeof why) == 0, "%s", why);
+    ck_assert_msg(ps_ucxprobe_open(&p, u.worker, u.shm_tls, why, sizeof why) == 0, "%s", why);
+    ck_assert_int_eq(p.n, 2);
+    ck_assert_str_eq(p.names, "sysv,posix");
     u.probe = &p;
     owner_msgs = 0;
     ck_assert_int_eq(probe_round(&u, &p), 1);
     ck_assert_int_eq(probe_round(&u, &p), 1);
     ck_assert_int_eq(owner_msgs, 0);
-    uint64_t forged[2] = {p.hdr[0], p.hdr[1] ^ 1};
+    uint64_t forged[3] = {p.lane[0].hdr[0], p.lane[0].hdr[1] ^ 1, 0};
     ck_assert_int_eq(ps_ucxprobe_take(&p, forged, sizeof forged), 0);
-    ck_assert_int_eq(ps_ucxprobe_take(&p, p.hdr, 8), 0);
+    uint64_t other[3] = {p.lane[0].hdr[0], p.lane[0].hdr[1], 7};
+    ck_assert_int_eq(ps_ucxprobe_take(&p, other, sizeof other), 0);
+    ck_assert_int_eq(ps_ucxprobe_take(&p, p.lane[0].hdr, 16), 0);
     u.probe = NULL;
     ps_ucxprobe_close(&p);
-    ck_assert_ptr_null(p.ep);
+    ck_assert_int_eq(p.n, 0);
     ck_assert_int_eq(ps_ucx_restart(&u), 0);
-    ck_assert_msg(ps_ucxprobe_open(&p, u.worker, why, sizeof why) == 0, "%s", why);
+    ck_assert_msg(ps_ucxprobe_open(&p, u.worker, PS_UCX_SHM_POSIX, why, sizeof why) == 0, "%s",
+                  why);
+    ck_assert_int_eq(p.n, 1);
     u.probe = &p;
     ck_assert_int_eq(probe_round(&u, &p), 1);
     u.probe = NULL;
@@ -253,7 +260,7 @@ START_TEST(probe_of_the_fifo)
 
     ps_ucx_t t;
     ck_assert_int_eq(ps_ucx_init_tls(&t, &loop, "tcp"), 0);
-    ck_assert_int_eq(t.shm_tls, 0); /* (psd makes no probe then: server/listen.c) */
+    ck_assert_uint_eq(t.shm_tls, 0); /* (psd makes no probe then: server/listen.c) */
     ps_ucx_close(&t);
     uv_run(&loop, UV_RUN_NOWAIT);
     ck_assert_int_eq(uv_loop_close(&loop), 0);
