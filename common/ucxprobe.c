@@ -12,6 +12,7 @@
  * (a peer killed over posix wedges that one: a probe over sysv alone still arrived, a review),
  * so there is a sender per transport, each with its own context (that transport only: no
  * listening socket) and worker, progressed by the owner's timer. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/random.h>
@@ -20,7 +21,6 @@
 #include "ucx_loop.h"
 #include "ucxprobe.h"
 
-#define PROBE_MARK 0x65626f7270647370ull /* "psdprobe" */
 #define PROBE_AM_ID 1                    /* PS_AM_CTRL (proto/wire.h): a handler every owner has */
 #define PROBE_CLOSE_NS 100000000ull      /* a close waits at most this long */
 
@@ -35,12 +35,14 @@ static uint64_t mono_ns(void)
 
 static void lane_close(ps_ucxprobe_lane_t *l)
 {
+    bool queued = l->req && ucp_request_check_status(l->req) == UCS_INPROGRESS;
     if (l->req) ucp_request_free(l->req); /* released by UCX when it completes, or below */
     l->req = NULL;
-    if (l->ep) {
+    if (l->ep && !queued) {
         /* A flush, not UCP_EP_CLOSE_FLAG_FORCE: that needs UCP_ERR_HANDLING_MODE_PEER on both
-         * sides (UCX asserts it where it discards lanes). Bounded: a wedged receiver may never
-         * take a queued send; the worker's destruction releases what is left. */
+         * sides (UCX asserts it where it discards lanes). With a send still waiting for room
+         * in a (wedged) FIFO the flush would wait its whole bound, on the loop, for each lane:
+         * the worker's destruction below releases the endpoint and its queue instead. */
         ucp_request_param_t prm = {.op_attr_mask = 0};
         void *r = ucp_ep_close_nbx(l->ep, &prm);
         if (r && !UCS_PTR_IS_ERR(r)) {
@@ -143,11 +145,11 @@ void ps_ucxprobe_send(ps_ucxprobe_t *p, uint64_t now_ns)
     p->sent_ns = now_ns ? now_ns : 1;
     for (int i = 0; i < p->n; i++) {
         ps_ucxprobe_lane_t *l = &p->lane[i];
-        if (l->req) { /* the last one is still queued (a full FIFO): dropped */
-            ucp_request_free(l->req);
-            l->req = NULL;
+        if (l->req) { /* still waiting for room in the FIFO: it is this probe too */
+            l->queued_ns = l->queued_ns ? l->queued_ns : p->sent_ns;
+            continue;
         }
-        l->hdr[0] = PROBE_MARK;
+        l->hdr[0] = PS_UCXPROBE_MARK;
         l->hdr[1] = nonce;
         l->hdr[2] = (uint64_t)i;
         l->arrived = 0;
@@ -155,8 +157,21 @@ void ps_ucxprobe_send(ps_ucxprobe_t *p, uint64_t now_ns)
                                    .flags = UCP_AM_SEND_FLAG_EAGER};
         void *r = ucp_am_send_nbx(l->ep, PROBE_AM_ID, l->hdr, sizeof l->hdr, NULL, 0, &prm);
         l->req = UCS_PTR_IS_ERR(r) ? NULL : r; /* an error: it never arrives */
+        l->queued_ns = l->req ? p->sent_ns : 0;
+        l->left_ns = l->req ? 0 : p->sent_ns;
     }
     ps_ucxprobe_progress(p);
+}
+
+int ps_ucxprobe_lost(const ps_ucxprobe_t *p, uint64_t now_ns, uint64_t wait_ns)
+{
+    for (int i = 0; i < p->n; i++) {
+        const ps_ucxprobe_lane_t *l = &p->lane[i];
+        if (l->arrived) continue;
+        if (l->req ? now_ns >= l->queued_ns + 2 * wait_ns : now_ns >= l->left_ns + wait_ns)
+            return 1;
+    }
+    return 0;
 }
 
 void ps_ucxprobe_progress(ps_ucxprobe_t *p)
@@ -168,6 +183,8 @@ void ps_ucxprobe_progress(ps_ucxprobe_t *p)
         if (l->req && ucp_request_check_status(l->req) != UCS_INPROGRESS) {
             ucp_request_free(l->req);
             l->req = NULL;
+            l->queued_ns = 0;
+            l->left_ns = mono_ns();
         }
     }
 }

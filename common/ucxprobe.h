@@ -17,8 +17,11 @@ typedef struct ps_ucxprobe_lane_s {
     ucp_worker_h worker;
     ucp_ep_h ep;           /* to the probed worker */
     void *req;             /* a send still in flight, or NULL */
-    uint64_t hdr[3];       /* the last probe's message: a mark, its nonce, the lane's index */
+    uint64_t hdr[3];       /* the last probe's message: a mark, its nonce, the lane's index
+                              (read by UCX until its send completes: unchanged while req) */
     int arrived;           /* the probed worker received it */
+    uint64_t queued_ns;    /* while req waits for room in the FIFO: since when */
+    uint64_t left_ns;      /* when the last probe went into the FIFO (0: not yet) */
     const char *tl;        /* the transport's name */
 } ps_ucxprobe_lane_t;
 
@@ -40,8 +43,14 @@ int ps_ucxprobe_open(ps_ucxprobe_t *p, ucp_worker_h target, unsigned shm, char *
  *  before the probed worker is destroyed. Loop thread. */
 void ps_ucxprobe_close(ps_ucxprobe_t *p);
 
-/** @brief Send a new probe on every lane (a fresh nonce), forgetting the last one. Loop thread. */
+/** @brief Send a new probe (a fresh nonce) on every lane whose last one left (a lane whose
+ *  send still waits for room in the FIFO keeps that one: it is this probe too). Loop thread. */
 void ps_ucxprobe_send(ps_ucxprobe_t *p, uint64_t now_ns);
+
+/** @brief Whether the last probe is lost on some lane at @p now_ns: not arrived @p wait_ns after
+ *  it was sent into the FIFO, or twice that while it still waits for room there (a FIFO kept
+ *  full by busy local peers, not yet written into). */
+int ps_ucxprobe_lost(const ps_ucxprobe_t *p, uint64_t now_ns, uint64_t wait_ns);
 
 /** @brief Progress the senders (their sends and endpoints' wire-up). Loop thread. */
 void ps_ucxprobe_progress(ps_ucxprobe_t *p);
@@ -63,17 +72,20 @@ static inline void ps_ucxprobe_forget(ps_ucxprobe_t *p)
     p->sent_ns = 0;
 }
 
+#define PS_UCXPROBE_MARK 0x65626f7270647370ull /* "psdprobe" */
+
 /** @brief Called by the probed worker's message handler (ucx_loop.c) with every active message's
- *  header: whether it is one of the last probe's messages (then marked arrived, and the message
- *  is not the owner's). Inline: one length comparison for any other message. */
+ *  header: whether it is a lane's last probe (then marked arrived, also after
+ *  ps_ucxprobe_forget, and the message is not the owner's). Inline: one length comparison for
+ *  any other message. */
 static inline int ps_ucxprobe_take(ps_ucxprobe_t *p, const void *header, size_t len)
 {
     uint64_t h[3];
-    if (len != sizeof h || p->sent_ns == 0) return 0;
+    if (len != sizeof h) return 0;
     memcpy(h, header, sizeof h);
-    if (h[2] >= PS_UCXPROBE_LANES || h[2] >= (uint64_t)p->n) return 0;
+    if (h[0] != PS_UCXPROBE_MARK || h[2] >= PS_UCXPROBE_LANES || h[2] >= (uint64_t)p->n) return 0;
     ps_ucxprobe_lane_t *l = &p->lane[h[2]];
-    if (h[0] != l->hdr[0] || h[1] != l->hdr[1]) return 0;
+    if (h[1] != l->hdr[1]) return 0;
     l->arrived = 1;
     return 1;
 }

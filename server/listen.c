@@ -239,25 +239,33 @@ void psd_transport_check(psd_server_t *srv)
             PS_LOG(PS_LOG_INFO, "server", "the UCX worker has been busy for %.1f s: probing "
                    "its shared-memory queues (%s)", (double)(now - since) / 1e9, p->names);
         }
+        now = mono_ns(); /* (~20 ms per transport) */
     }
-    if (p->n == 0) {
-        uint64_t stuck = ps_ucx_stuck_ns(&srv->ucx);
-        if (stuck >= limit) transport_restart(srv, stuck, "busy, with nothing to progress");
+    /* With the probe, this clock still ends a spell in which nothing at all arrives, long
+     * after (a worker left unarmable for good though its queues are read kept the loop
+     * polling at full speed). */
+    uint64_t stuck = ps_ucx_stuck_ns(&srv->ucx);
+    if (stuck >= (p->n ? 4 * limit : limit)) {
+        transport_restart(srv, stuck, "busy, with nothing to progress");
         return;
     }
+    if (p->n == 0) return;
     if (since == 0) { /* armed since: not wedged */
         ps_ucxprobe_forget(p);
         return;
     }
     bool in_spell = p->sent_ns >= since;
-    if (in_spell && !ps_ucxprobe_arrived(p) && now - p->sent_ns >= limit / 2) {
+    if (in_spell && !ps_ucxprobe_arrived(p) && ps_ucxprobe_lost(p, now, limit / 2)) {
         /* Before judging: whatever the senders still hold goes out, and whatever the worker
-         * has unread is read (the cron's progress may have left early: spin_stop). */
+         * has unread is read (the cron's progress may have left early: spin_stop), boundedly
+         * (busy local peers may keep it fed). */
         for (int round = 0; round < 2; round++) {
             ps_ucxprobe_progress(p);
-            ps_ucx_poll(&srv->ucx);
+            for (int k = 0; k < 4096 && ucp_worker_progress(srv->ucx.worker); k++) {
+            }
         }
-        if (!ps_ucxprobe_arrived(p)) {
+        now = mono_ns();
+        if (ps_ucxprobe_lost(p, now, limit / 2)) {
             char missing[32], seen[160];
             ps_ucxprobe_missing(p, missing, sizeof missing);
             snprintf(seen, sizeof seen, "busy, and a message it sent itself over %s %.1f s ago "

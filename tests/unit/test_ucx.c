@@ -244,6 +244,12 @@ START_TEST(probe_of_the_fifo)
     uint64_t other[3] = {p.lane[0].hdr[0], p.lane[0].hdr[1], 7};
     ck_assert_int_eq(ps_ucxprobe_take(&p, other, sizeof other), 0);
     ck_assert_int_eq(ps_ucxprobe_take(&p, p.lane[0].hdr, 16), 0);
+    ck_assert_int_eq(ps_ucxprobe_lost(&p, UINT64_MAX / 2, 1), 0); /* arrived: never lost */
+    p.lane[1].arrived = 0; /* as if posix's had not come: lost once its wait passed */
+    ck_assert_int_eq(ps_ucxprobe_lost(&p, p.lane[1].left_ns, 1000), 0);
+    ck_assert_int_eq(ps_ucxprobe_lost(&p, p.lane[1].left_ns + 1000, 1000), 1);
+    ps_ucxprobe_forget(&p); /* a late copy after the spell ended is still not the owner's */
+    ck_assert_int_eq(ps_ucxprobe_take(&p, p.lane[1].hdr, sizeof p.lane[1].hdr), 1);
     u.probe = NULL;
     ps_ucxprobe_close(&p);
     ck_assert_int_eq(p.n, 0);
