@@ -2027,8 +2027,12 @@ static long long stopped_and_dropped(coord_t *co, cl_proc_t *psd0, cl_proc_t *w)
  * pass evaluated the pass it had been in a second time). */
 START_TEST(test_sigstop_rejoins)
 {
+    /* 4 passes of 24000 samples: the other worker alone takes ~6 s for them here (~900 steps/s),
+     * well past the stop (~3.5 s). With 12000 (3000 steps) it finished the job before the
+     * SIGCONT once (the full suite, session 65: "pass 4 evaluated 2 times", by it and by the
+     * stopped one, which joined again as rank 0 into the finished job). */
     cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 16, .epochs = 4,
-                   .job_extra = "  heartbeat_timeout_ms: 500\n  train_samples: 12000\n",
+                   .job_extra = "  heartbeat_timeout_ms: 500\n  train_samples: 24000\n",
                    .start_wait_ms = CL_TOGETHER_MS};
     cl_proc_t *psd[2], *w[2];
     coord_t co;
@@ -2081,7 +2085,7 @@ START_TEST(test_sigstop_rejoins)
     }
     char *j = coord_status(&co);
     ck_assert_msg(j && strstr(j, "\"finished\": true"), "job not finished: %s", j ? j : "-");
-    expect_passes(j, 12000, 4);
+    expect_passes(j, 24000, 4);
     free(j);
     coord_close(&co);
     stop_all(psd, 2);
