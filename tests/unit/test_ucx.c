@@ -7,6 +7,7 @@
 #include <check.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <uv.h>
 
 #include "ucx_loop.h"
@@ -273,6 +274,49 @@ START_TEST(probe_of_the_fifo)
 }
 END_TEST
 
+/* A probe lane whose send waits for room in a FIFO the probed worker never reads (full of
+ * earlier messages, as behind a dead sender's slot) closes at once, without waiting on the loop
+ * for a flush that cannot end, and the probed worker stays usable. */
+START_TEST(probe_closes_with_a_send_queued)
+{
+    uv_loop_t loop;
+    ck_assert_int_eq(uv_loop_init(&loop), 0);
+    ps_ucx_t u;
+    ck_assert_int_eq(ps_ucx_init(&u, &loop), 0);
+    ps_ucx_set_am_handler(&u, owner_am, NULL);
+    static ps_ucxprobe_t p;
+    char why[160] = "";
+    ck_assert_msg(ps_ucxprobe_open(&p, u.worker, PS_UCX_SHM_SYSV, why, sizeof why) == 0, "%s",
+                  why);
+    static uint64_t filler[3];
+    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                               .flags = UCP_AM_SEND_FLAG_EAGER};
+    void *last = NULL;
+    for (int i = 0; i < 4096 && last == NULL; i++) { /* until one waits for room */
+        void *r = ucp_am_send_nbx(p.lane[0].ep, 1, filler, sizeof filler, NULL, 0, &prm);
+        ck_assert(!UCS_PTR_IS_ERR(r));
+        last = r;
+        ucp_worker_progress(p.lane[0].worker);
+        if (last && ucp_request_check_status(last) != UCS_INPROGRESS) {
+            ucp_request_free(last);
+            last = NULL;
+        }
+    }
+    ck_assert_ptr_nonnull(last);
+    p.lane[0].req = last; /* as a probe still queued */
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    ps_ucxprobe_close(&p);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+    ck_assert_msg(ms < 90, "the close took %.1f ms", ms);
+    ps_ucx_poll(&u); /* the filler the worker now reads goes to the owner, harmlessly */
+    ps_ucx_close(&u);
+    uv_run(&loop, UV_RUN_NOWAIT);
+    ck_assert_int_eq(uv_loop_close(&loop), 0);
+}
+END_TEST
+
 Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("ucx");
@@ -286,6 +330,7 @@ Suite *ps_test_suite(void)
     tcase_add_test(tc, busy_arm_keeps_the_loop_running);
     tcase_add_test(tc, restart_replaces_the_worker);
     tcase_add_test(tc, probe_of_the_fifo);
+    tcase_add_test(tc, probe_closes_with_a_send_queued);
     suite_add_tcase(s, tc);
     return s;
 }
