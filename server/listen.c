@@ -163,9 +163,8 @@ static uint64_t stuck_limit_ns(const psd_server_t *srv)
 static void transport_restart(psd_server_t *srv, uint64_t stuck_ns, const char *seen)
 {
     srv->transport_restarts++;
-    PS_LOG(PS_LOG_WARN, "server", "the UCX transport has been stuck for %.1f s (%s: a local peer "
-           "killed while it wrote into this shard's shared memory leaves it so for good): "
-           "closing every connection and starting it again", (double)stuck_ns / 1e9, seen);
+    PS_LOG(PS_LOG_WARN, "server", "the UCX transport has been stuck for %.1f s (%s): closing "
+           "every connection and starting it again", (double)stuck_ns / 1e9, seen);
     for (psd_conn_t *c = srv->conns, *nx; c; c = nx) { /* not taken yet: their peers retry */
         nx = c->next;
         if (c->conn_request == NULL) continue;
@@ -246,7 +245,10 @@ void psd_transport_check(psd_server_t *srv)
      * polling at full speed). */
     uint64_t stuck = ps_ucx_stuck_ns(&srv->ucx);
     if (stuck >= (p->n ? 4 * limit : limit)) {
-        transport_restart(srv, stuck, "busy, with nothing to progress");
+        transport_restart(srv, stuck, p->n ? "busy, with nothing arriving at all though its "
+                          "shared-memory queues are read" : "busy, with nothing to progress: a "
+                          "local peer killed while it wrote into this shard's shared memory "
+                          "leaves it so for good");
         return;
     }
     if (p->n == 0) return;
@@ -266,10 +268,11 @@ void psd_transport_check(psd_server_t *srv)
         }
         now = mono_ns();
         if (ps_ucxprobe_lost(p, now, limit / 2)) {
-            char missing[32], seen[160];
+            char missing[32], seen[224];
             ps_ucxprobe_missing(p, missing, sizeof missing);
             snprintf(seen, sizeof seen, "busy, and a message it sent itself over %s %.1f s ago "
-                     "did not arrive", missing, (double)(now - p->sent_ns) / 1e9);
+                     "did not arrive: a local peer killed while it wrote there leaves it so for "
+                     "good", missing, (double)(now - p->sent_ns) / 1e9);
             transport_restart(srv, now - since, seen);
             return;
         }
