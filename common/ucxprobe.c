@@ -145,8 +145,9 @@ void ps_ucxprobe_send(ps_ucxprobe_t *p, uint64_t now_ns)
     p->sent_ns = now_ns ? now_ns : 1;
     for (int i = 0; i < p->n; i++) {
         ps_ucxprobe_lane_t *l = &p->lane[i];
-        if (l->req) { /* still waiting for room in the FIFO: it is this probe too */
-            l->queued_ns = l->queued_ns ? l->queued_ns : p->sent_ns;
+        if (l->req) { /* still waiting for room in the FIFO: it is this probe too (only a new
+                         * spell sends while one waits: counted from now) */
+            l->queued_ns = p->sent_ns;
             continue;
         }
         l->hdr[0] = PS_UCXPROBE_MARK;

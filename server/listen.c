@@ -252,7 +252,8 @@ void psd_transport_check(psd_server_t *srv)
         return;
     }
     if (p->n == 0) return;
-    if (since == 0) { /* armed since: not wedged */
+    if (since == 0) { /* armed since: not wedged (a send still queued goes out now) */
+        ps_ucxprobe_progress(p);
         ps_ucxprobe_forget(p);
         return;
     }
