@@ -78,8 +78,9 @@ struct ps_ucx_s {
     uint32_t eager_below;        /* PS_EAGER_BELOW, or PS_EAGER_BYTES (ps_ucx_eager_below) */
     ucp_am_recv_callback_t am_cb; /* ps_ucx_set_am_handler's, for a restarted worker */
     void *am_arg;
-    /* The owner's probe of this worker's shared-memory receive FIFO (NULL: none): its message
-     * is taken here, not handed to the owner (common/ucxprobe.h). */
+    /* The owner's probe of this worker's shared-memory receive FIFOs (NULL: none; one not
+     * open takes nothing): its messages are taken here, not handed to the owner
+     * (common/ucxprobe.h). */
     struct ps_ucxprobe_s *probe;
     unsigned shm_tls;            /* the context's shared-memory transports, whose receive
                                     FIFOs a local sender can wedge: PS_UCX_SHM_* bits */

@@ -16,8 +16,8 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/random.h>
-#include <time.h>
 
+#include "tracefile.h"
 #include "ucx_loop.h"
 #include "ucxprobe.h"
 
@@ -25,13 +25,6 @@
 #define PROBE_CLOSE_NS 100000000ull      /* a close waits at most this long */
 
 static const char *const g_tl[PS_UCXPROBE_LANES] = {"sysv", "posix", "xpmem"}; /* PS_UCX_SHM_* */
-
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 static void lane_close(ps_ucxprobe_lane_t *l)
 {
@@ -46,9 +39,9 @@ static void lane_close(ps_ucxprobe_lane_t *l)
         ucp_request_param_t prm = {.op_attr_mask = 0};
         void *r = ucp_ep_close_nbx(l->ep, &prm);
         if (r && !UCS_PTR_IS_ERR(r)) {
-            uint64_t t0 = mono_ns();
+            uint64_t t0 = ps_trace_now();
             while (ucp_request_check_status(r) == UCS_INPROGRESS &&
-                   mono_ns() - t0 < PROBE_CLOSE_NS)
+                   ps_trace_now() - t0 < PROBE_CLOSE_NS)
                 ucp_worker_progress(l->worker);
             ucp_request_free(r);
         }
@@ -141,7 +134,7 @@ void ps_ucxprobe_send(ps_ucxprobe_t *p, uint64_t now_ns)
 {
     uint64_t nonce;
     if (getrandom(&nonce, sizeof nonce, GRND_NONBLOCK) != (ssize_t)sizeof nonce)
-        nonce = mono_ns() * 0x9E3779B97F4A7C15ull ^ p->lane[0].hdr[1];
+        nonce = ps_trace_now() * 0x9E3779B97F4A7C15ull ^ p->lane[0].hdr[1];
     p->sent_ns = now_ns ? now_ns : 1;
     for (int i = 0; i < p->n; i++) {
         ps_ucxprobe_lane_t *l = &p->lane[i];
@@ -185,7 +178,7 @@ void ps_ucxprobe_progress(ps_ucxprobe_t *p)
             ucp_request_free(l->req);
             l->req = NULL;
             l->queued_ns = 0;
-            l->left_ns = mono_ns();
+            l->left_ns = ps_trace_now();
         }
     }
 }

@@ -5,7 +5,6 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "tcpaccept.h"
@@ -176,8 +175,7 @@ static void transport_restart(psd_server_t *srv, uint64_t stuck_ns, const char *
     ucp_listener_destroy(srv->listener);
     srv->listener = NULL;
     psd_conns_close_all(srv);
-    srv->ucx.probe = NULL; /* its endpoint goes to the worker about to be destroyed */
-    ps_ucxprobe_close(&srv->probe);
+    ps_ucxprobe_close(&srv->probe); /* its endpoints go to the worker about to be destroyed */
     char err[256] = "";
     int rc = ps_ucx_restart(&srv->ucx);
     /* No callback of the old worker runs any more: what its receives held is released here,
@@ -204,13 +202,6 @@ static void transport_restart(psd_server_t *srv, uint64_t stuck_ns, const char *
            srv->m.servers[srv->shard].host, srv->m.servers[srv->shard].port);
 }
 
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* Whether the worker's shared-memory FIFOs are read, once it has been unarmable
  * (busy_since_ns) for half the limit: a probe goes to it over each of them (ucxprobe.h; made
  * at the first such spell, ~20 ms per transport, and again after a transport restart), and
@@ -225,7 +216,7 @@ void psd_transport_check(psd_server_t *srv)
 {
     if (srv->stopping) return;
     uint64_t limit = stuck_limit_ns(srv);
-    uint64_t since = srv->ucx.busy_since_ns, now = mono_ns();
+    uint64_t since = srv->ucx.busy_since_ns, now = ps_trace_now();
     ps_ucxprobe_t *p = &srv->probe;
     if (srv->ucx.shm_tls && !srv->probe_off && p->n == 0 && since && now - since >= limit / 2) {
         char why[160];
@@ -234,11 +225,10 @@ void psd_transport_check(psd_server_t *srv)
             PS_LOG(PS_LOG_WARN, "server", "cannot probe the shared-memory transport (%s): a "
                    "stuck one is told by what stops arriving", why);
         } else {
-            srv->ucx.probe = p;
             PS_LOG(PS_LOG_INFO, "server", "the UCX worker has been busy for %.1f s: probing "
                    "its shared-memory queues (%s)", (double)(now - since) / 1e9, p->names);
         }
-        now = mono_ns(); /* (~20 ms per transport) */
+        now = ps_trace_now(); /* (~20 ms per transport) */
     }
     /* With the probe, this clock still ends a spell in which nothing at all arrives, long
      * after (a worker left unarmable for good though its queues are read kept the loop
@@ -258,7 +248,7 @@ void psd_transport_check(psd_server_t *srv)
         return;
     }
     bool in_spell = p->sent_ns >= since;
-    if (in_spell && !ps_ucxprobe_arrived(p) && ps_ucxprobe_lost(p, now, limit / 2)) {
+    if (in_spell && ps_ucxprobe_lost(p, now, limit / 2)) {
         /* Before judging: whatever the senders still hold goes out, and whatever the worker
          * has unread is read (the cron's progress may have left early: spin_stop), boundedly
          * (busy local peers may keep it fed). */
@@ -267,7 +257,7 @@ void psd_transport_check(psd_server_t *srv)
             for (int k = 0; k < 4096 && ucp_worker_progress(srv->ucx.worker); k++) {
             }
         }
-        now = mono_ns();
+        now = ps_trace_now();
         if (ps_ucxprobe_lost(p, now, limit / 2)) {
             char missing[32], seen[224];
             ps_ucxprobe_missing(p, missing, sizeof missing);

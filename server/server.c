@@ -1056,6 +1056,7 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
     srv->ucx.deferred = psd_conns_deferred;
     ps_ucx_set_spin(&srv->ucx, srv->m.spin_us);
     srv->ucx.data = srv;
+    srv->ucx.probe = &srv->probe; /* closed (n 0) until listen.c makes it: takes nothing */
     ps_ucx_set_am_handler(&srv->ucx, on_am, srv);
 
     if ((rc = psd_listen_start(srv, err, errlen)) != 0) goto fail_ucx;
@@ -1132,7 +1133,6 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
     }
 fail_ucx:
     psd_shard_unregister(srv);
-    srv->ucx.probe = NULL;
     ps_ucxprobe_close(&srv->probe);
     ps_ucx_close(&srv->ucx);
     uv_run(srv->loop, UV_RUN_NOWAIT);
