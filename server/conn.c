@@ -55,6 +55,11 @@ static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
     if (!c->dead)
         PS_LOG(c->rank >= 0 ? PS_LOG_INFO : PS_LOG_DEBUG, "server",
                "peer %s (rank %d) disconnected: %s", c->peer, c->rank, ucs_status_string(status));
+    /* It may have died inside a send into this shard's shared memory: an idle shard would not
+     * see that (listen.c, psd_transport_check). A peer over other transports only is not. */
+    if (!c->dead && (c->lanes[0] == '\0' || strstr(c->lanes, "sysv") ||
+                     strstr(c->lanes, "posix") || strstr(c->lanes, "xpmem")))
+        c->srv->probe_suspect_ns = ps_trace_now();
     c->dead = true;
     c->close_queued = true;
 }

@@ -176,6 +176,7 @@ static void transport_restart(psd_server_t *srv, uint64_t stuck_ns, const char *
     srv->listener = NULL;
     psd_conns_close_all(srv);
     ps_ucxprobe_close(&srv->probe); /* its endpoints go to the worker about to be destroyed */
+    srv->probe_suspect_ns = 0;      /* (the closes above may have set it) */
     char err[256] = "";
     int rc = ps_ucx_restart(&srv->ucx);
     /* No callback of the old worker runs any more: what its receives held is released here,
@@ -202,6 +203,31 @@ static void transport_restart(psd_server_t *srv, uint64_t stuck_ns, const char *
            srv->m.servers[srv->shard].host, srv->m.servers[srv->shard].port);
 }
 
+/* Whether the probe sent at probe->sent_ns is lost (ps_ucxprobe_lost) after whatever the
+ * senders still hold went out and whatever the worker has unread was read, boundedly (busy
+ * local peers may keep it fed; the cron's progress may have left early: spin_stop). Then the
+ * transport restarts, saying so. @return whether it did. */
+static bool probe_judged_lost(psd_server_t *srv, uint64_t now, uint64_t wait, uint64_t stuck_ns,
+                              const char *after)
+{
+    ps_ucxprobe_t *p = &srv->probe;
+    if (!ps_ucxprobe_lost(p, now, wait)) return false;
+    for (int round = 0; round < 2; round++) {
+        ps_ucxprobe_progress(p);
+        for (int k = 0; k < 4096 && ucp_worker_progress(srv->ucx.worker); k++) {
+        }
+    }
+    now = ps_trace_now();
+    if (!ps_ucxprobe_lost(p, now, wait)) return false;
+    char missing[32], seen[256];
+    ps_ucxprobe_missing(p, missing, sizeof missing);
+    snprintf(seen, sizeof seen, "%s, and a message it sent itself over %s %.1f s ago did not "
+             "arrive: a local peer killed while it wrote there leaves it so for good", after,
+             missing, (double)(now - p->sent_ns) / 1e9);
+    transport_restart(srv, stuck_ns ? stuck_ns : now - p->sent_ns, seen);
+    return true;
+}
+
 /* Whether the worker's shared-memory FIFOs are read, once it has been unarmable
  * (busy_since_ns) for half the limit: a probe goes to it over each of them (ucxprobe.h; made
  * at the first such spell, ~20 ms per transport, and again after a transport restart), and
@@ -210,23 +236,35 @@ static void transport_restart(psd_server_t *srv, uint64_t stuck_ns, const char *
  * meanwhile say nothing: they may come over tcp (psctl, pslaunch, psd's checkpoint follower,
  * remote workers), and counting them kept a wedged shard deaf to every local peer for as long
  * as they came (CI of session 64: the follower's status requests every second; a review: two
- * tcp workers training on). Without shared memory, or a probe: ps_ucx_stuck_ns. From the
- * cron. */
+ * tcp workers training on). Without shared memory, or a probe: ps_ucx_stuck_ns.
+ *
+ * A peer that may have written there and whose connection failed (probe_suspect_ns, conn.c)
+ * has it probed at once, busy or not: a peer killed inside its send leaves an idle shard
+ * armable, and nothing showed the wedge until the next local peer's message waited behind the
+ * dead slot (that peer's connection then closed under it by the restart). From the cron. */
 void psd_transport_check(psd_server_t *srv)
 {
     if (srv->stopping) return;
     uint64_t limit = stuck_limit_ns(srv);
     uint64_t since = srv->ucx.busy_since_ns, now = ps_trace_now();
+    uint64_t suspect = srv->probe_suspect_ns;
     ps_ucxprobe_t *p = &srv->probe;
-    if (srv->ucx.shm_tls && !srv->probe_off && p->n == 0 && since && now - since >= limit / 2) {
+    if (suspect && (!srv->ucx.shm_tls || srv->probe_off)) /* no probe: the clock alone */
+        suspect = srv->probe_suspect_ns = 0;
+    if (srv->ucx.shm_tls && !srv->probe_off && p->n == 0 &&
+        (suspect || (since && now - since >= limit / 2))) {
         char why[160];
         if (ps_ucxprobe_open(p, srv->ucx.worker, srv->ucx.shm_tls, why, sizeof why)) {
             srv->probe_off = true;
+            srv->probe_suspect_ns = 0;
             PS_LOG(PS_LOG_WARN, "server", "cannot probe the shared-memory transport (%s): a "
                    "stuck one is told by what stops arriving", why);
-        } else {
+        } else if (since) {
             PS_LOG(PS_LOG_INFO, "server", "the UCX worker has been busy for %.1f s: probing "
                    "its shared-memory queues (%s)", (double)(now - since) / 1e9, p->names);
+        } else {
+            PS_LOG(PS_LOG_INFO, "server", "a local peer's connection failed: probing the "
+                   "shared-memory queues (%s)", p->names);
         }
         now = ps_trace_now(); /* (~20 ms per transport) */
     }
@@ -242,32 +280,22 @@ void psd_transport_check(psd_server_t *srv)
         return;
     }
     if (p->n == 0) return;
-    if (since == 0) { /* armed since: not wedged (a send still queued goes out now) */
+    if (since == 0) { /* armable: not wedged (a send still queued goes out now) */
         ps_ucxprobe_progress(p);
-        ps_ucxprobe_forget(p);
+        if (srv->probe_suspect_ns == 0) {
+            ps_ucxprobe_forget(p);
+        } else if (p->sent_ns < srv->probe_suspect_ns) { /* one probe per failure */
+            ps_ucxprobe_send(p, now);
+        } else if (ps_ucxprobe_arrived(p)) {
+            srv->probe_suspect_ns = 0;
+            ps_ucxprobe_forget(p);
+        } else {
+            probe_judged_lost(srv, now, limit / 2, 0, "a local peer's connection failed");
+        }
         return;
     }
     bool in_spell = p->sent_ns >= since;
-    if (in_spell && ps_ucxprobe_lost(p, now, limit / 2)) {
-        /* Before judging: whatever the senders still hold goes out, and whatever the worker
-         * has unread is read (the cron's progress may have left early: spin_stop), boundedly
-         * (busy local peers may keep it fed). */
-        for (int round = 0; round < 2; round++) {
-            ps_ucxprobe_progress(p);
-            for (int k = 0; k < 4096 && ucp_worker_progress(srv->ucx.worker); k++) {
-            }
-        }
-        now = ps_trace_now();
-        if (ps_ucxprobe_lost(p, now, limit / 2)) {
-            char missing[32], seen[224];
-            ps_ucxprobe_missing(p, missing, sizeof missing);
-            snprintf(seen, sizeof seen, "busy, and a message it sent itself over %s %.1f s ago "
-                     "did not arrive: a local peer killed while it wrote there leaves it so for "
-                     "good", missing, (double)(now - p->sent_ns) / 1e9);
-            transport_restart(srv, now - since, seen);
-            return;
-        }
-    }
+    if (in_spell && probe_judged_lost(srv, now, limit / 2, now - since, "busy")) return;
     ps_ucxprobe_progress(p);
     if (now - since >= limit / 2 &&
         (!in_spell || (ps_ucxprobe_arrived(p) && now - p->sent_ns >= limit / 2)))

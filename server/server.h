@@ -390,6 +390,8 @@ struct psd_server_s {
     ps_ucxprobe_t probe;         /* of ucx's shared-memory FIFOs, made at the first busy spell
                                     (listen.c, psd_transport_check; closed: n 0) */
     bool probe_off;              /* it could not be made (logged): until the transport restarts */
+    uint64_t probe_suspect_ns;   /* a peer that may have written into those FIFOs failed then
+                                    (conn.c): probed while the worker is idle too (0: none) */
     ucp_listener_h listener;
     psd_store_t store;
     psd_run_t run;             /* the store's run (run.h), read once it is loaded */

@@ -279,6 +279,35 @@ END_TEST
 START_TEST(test_peer_killed_mid_send_posix) { peer_killed_mid_send(MID_SEND_POSIX); }
 END_TEST
 
+/* The same death at an idle shard (no worker, nothing else sending): its transport starts
+ * again by itself, before any other local peer comes. Before, nothing showed the wedge until
+ * the next local peer's message waited behind the dead slot: that peer's connection was then
+ * closed under it by the restart ~1.5 s later (a one-shot client that does not retry failed).
+ * Now the failed connection has the shard probe its queues at once. */
+START_TEST(test_peer_killed_mid_send_idle)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    char *argv[] = {(char *)cl_binary("EVIL_PEER"), "--manifest", c->manifest, "--die-mid-send",
+                    NULL};
+    cl_proc_t *evil = cl_spawn(c, "evil_peer", argv);
+    EXPECT_EXIT(evil, 128 + SIGKILL);
+    EXPECT_LOG(evil, "dying in the middle of a send");
+    ck_assert_msg(cl_wait_log(psd, "transport started again", 15) == 0,
+                  "the idle shard did not see its wedged transport: %s", cl_tail(psd));
+    EXPECT_LOG(psd, "did not arrive");
+    char *sargv[] = {(char *)cl_binary("PSCTL"), "--manifest", c->manifest, "status", "--json",
+                     NULL};
+    cl_proc_t *ctl = cl_spawn(c, "psctl", sargv);
+    EXPECT_EXIT(ctl, 0);
+    EXPECT_LOG(ctl, "\"transport_restarts\": 1, ");
+    cl_signal(psd, SIGTERM);
+    EXPECT_EXIT(psd, 0);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* A hello naming a hostile host (a quote, a backslash, a newline: what a worker's hostname
  * can hold) shows in psctl status --json as a harmless name, so the JSON stays JSON. Before,
  * the name went into the status as it came: "host": "evil"host\x" (found by a probe). */
@@ -1923,6 +1952,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("peer_killed_mid_send_tcp_workers",
                              test_peer_killed_mid_send_tcp_workers));
     suite_add_tcase(s, tcase("peer_killed_mid_send_posix", test_peer_killed_mid_send_posix));
+    suite_add_tcase(s, tcase("peer_killed_mid_send_idle", test_peer_killed_mid_send_idle));
     suite_add_tcase(s, tcase("hostile_host_name_kept_safe", test_hostile_host_name_kept_safe));
     suite_add_tcase(s, tcase("hostile_values", test_hostile_values));
     suite_add_tcase(s, tcase("lost_ack_asp_applied_once", test_lost_ack_asp_applied_once));
