@@ -909,10 +909,12 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
     if ((srv->test_bad_seal = test_hook("PS_TEST_BAD_SEAL", 1) != 0))
         PS_LOG(PS_LOG_WARN, "server", "PS_TEST_BAD_SEAL=1: what this shard sends to proven "
                "connections carries a wrong session token (a test hook)");
-    if ((srv->test_confused = test_hook("PS_TEST_CONFUSED", 2)))
+    if ((srv->test_confused = test_hook("PS_TEST_CONFUSED", 3)))
         PS_LOG(PS_LOG_WARN, "server", "PS_TEST_CONFUSED=%u: %s (a test hook)", srv->test_confused,
-               srv->test_confused == 1 ? "a new declaration is answered with another shape"
-                                       : "a pull of a chunk 0 is answered by a declare reply first");
+               srv->test_confused == 1   ? "a new declaration is answered with another shape"
+               : srv->test_confused == 2 ? "a pull of a chunk 0 is answered by a declare reply first"
+                                         : "a pull of a chunk 0 is answered naming the version "
+                                           "before the chunk's");
     if ((srv->test_drop_hello = test_hook("PS_TEST_DROP_HELLO", 8)))
         PS_LOG(PS_LOG_WARN, "server", "PS_TEST_DROP_HELLO=%u: the first hello of each of %u "
                "workers goes unanswered on purpose (a test hook)",

@@ -513,7 +513,9 @@ struct psd_server_s {
     bool test_bad_seal;        /* PS_TEST_BAD_SEAL: seal with a wrong token (libps must drop) */
     uint32_t test_confused;    /* PS_TEST_CONFUSED: 1 shard 0 answers a new declaration with
                                   its first dimension doubled, 2 a pull of a chunk 0 is first
-                                  answered by a declare reply (libps must refuse, or ignore) */
+                                  answered by a declare reply, 3 a pull reply of a chunk 0 names
+                                  the version before its chunk's (libps must refuse, or
+                                  ignore) */
     double started_unix;       /* time() at the start, for psd_start_time_seconds */
     uint64_t replays_skipped;  /* bsp: pushes of a batch handed out again that a chunk had
                                   applied already (acknowledged, not applied again) */

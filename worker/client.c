@@ -1164,6 +1164,14 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
         for (uint32_t i = 0; i < op->nparts; i++)
             if (op->parts[i].chunk == m.chunk && op->parts[i].pending) p = &op->parts[i];
         if (p == NULL || p->shard != m.shard) return UCS_OK;
+        if (is_pull && m.step < op->step && c->m.job.consistency == PS_CONSIST_BSP) {
+            /* psd answers a bsp pull at or past the version asked for only (it waits for
+             * it): parameters from before it would be trained on as if they were the step's. */
+            ps__op_fail(op, PS_EPROTO, "shard %u answered the pull of chunk %u of tensor %u "
+                        "at version %llu, below the %llu asked for", m.shard, m.chunk,
+                        m.tensor, (unsigned long long)m.step, (unsigned long long)op->step);
+            break;
+        }
         if (is_pull && (m.flags & PS_FLAG_DIRECT)) {
             /* Only a pull that asked for it gets a direct reply: one that did not would be
              * sent again and again. direct_pull records the version it reads. */

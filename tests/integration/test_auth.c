@@ -278,7 +278,9 @@ END_TEST
  * asked (PS_TEST_CONFUSED=1) is refused, naming both (before: libps took the shard's shape,
  * and its pulls wrote past the caller's buffer); a declare reply to a pull (=2) is not taken
  * for its answer (before: the pull's first chunk counted as answered and was never written,
- * so the final parameters differed from a clean run's). A bundle's entries speaking for
+ * so the final parameters differed from a clean run's); a bsp pull answered naming a version
+ * below the one asked for (=3) fails, naming both (before: taken as the step's parameters). A
+ * bundle's entries speaking for
  * another shard than the one that sealed it are dropped too (client.c; not tested here: it
  * would leave the ops waiting). */
 START_TEST(test_confused_shard_answers)
@@ -305,6 +307,12 @@ START_TEST(test_confused_shard_answers)
     ck_assert_msg(cl_params_compare_files(run[0]->params, run[1]->params, 0, 0, why,
                                           sizeof why) == 0,
                   "the worker took a declare reply for a pull's answer: %s", why);
+    psd = cl_psd_start_env(c, 0, READY_S, "PS_TEST_CONFUSED", "3");
+    w = cl_worker_start(c, NULL, NULL, false);
+    EXPECT_EXIT(w, 1);
+    EXPECT_LOG(w, "shard 0 answered the pull of chunk 0 of tensor ");
+    EXPECT_LOG(w, ", below the 1 asked for");
+    stop_all(&psd, 1);
     cl_cluster_destroy(c);
 }
 END_TEST
