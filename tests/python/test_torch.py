@@ -1245,8 +1245,24 @@ def misuse(tmp):
             assert "nope" in str(e), str(e)
         # A badly formed init names what it expects (a probe, session 45: "too many values to
         # unpack", "dictionary update sequence element #0 has length 8").
+        exp = torch.nn.Linear(2, 2)
+        exp.bias = torch.nn.Parameter(torch.zeros(1).expand(2))
+        try:
+            psd.torch.ParameterServer(c.manifest, exp, samples=SAMPLES)
+            raise AssertionError("an expanded parameter was taken")
+        except ValueError as e:  # before: torch's error inside the join's pull, naming nothing
+            assert "parameter 'bias' is expanded" in str(e), str(e)
+        # An init the shards would not make as torch's of that name does is refused, naming
+        # the parameter (a probe, session 66: an arg of None raised a bare TypeError, xavier's
+        # gain was ignored, xavier took a bias, a negative std was taken).
         for bad, want in (({"0.weight": "xavier"}, "expected a (kind, arg) pair"),
-                          (["0.weight"], "or {parameter name: (kind, arg)}")):
+                          (["0.weight"], "or {parameter name: (kind, arg)}"),
+                          ({"0.bias": ("zeros", None)}, "init['0.bias']: arg None is not a "),
+                          ({"0.weight": ("xavier", 10.0)}, "xavier_uniform_ with gain 1"),
+                          ({"0.bias": ("xavier", 0)}, "xavier needs 2 or more dimensions"),
+                          ({"0.weight": ("normal", -1.0)}, "normal takes a std of 0 or more"),
+                          ({"0.weight": ("normal", float("nan"))}, "is not a finite number"),
+                          ({"0.weight": ("glorot", 0)}, "kind 'glorot' is not one of")):
             try:
                 psd.torch.ParameterServer(c.manifest, m, samples=SAMPLES, init=bad)
                 raise AssertionError(f"init={bad!r} was taken")
@@ -1428,6 +1444,19 @@ def torch_user(tmp):
                 raise AssertionError("a second member of the job by a copy was taken")
             except ValueError as e:
                 assert "this thread already drives an open ParameterServer" in str(e), str(e)
+            # One made in another thread (a thread pool) and driven from this one: refused at
+            # its first batch (before: taken, and the first step waited for good).
+            made = []
+            t = threading.Thread(target=lambda: made.append(
+                psd.torch.ParameterServer(c.manifest, model(), samples=SAMPLES)))
+            t.start()
+            t.join()
+            try:
+                next(made[0].batches())
+                raise AssertionError("a second member of the job driven by this thread was taken")
+            except ValueError as e:
+                assert "this thread already drives an open ParameterServer" in str(e), str(e)
+            made[0].close()
             for n, b in enumerate(ps.batches()):
                 m.zero_grad()
                 torch.nn.functional.mse_loss(wrapped(x[b.indices]), y[b.indices]).backward()

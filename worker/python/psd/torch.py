@@ -22,6 +22,7 @@ through a float32 copy on the host.
 """
 import errno
 import math
+import numbers
 import operator
 import os
 import sys
@@ -58,6 +59,41 @@ _open = {}
 # (thread id, the job's cluster name) -> weakref of the open ParameterServer that thread
 # drives: two members of one job driven by one thread wait for each other at the first step.
 _driven = {}
+
+
+def _check_init(name, kind, arg, p):
+    """Refuse init `(kind, arg)` for parameter `name` (`p`) where the shards would not do what
+    torch's init of that name does: the error names the parameter (a probe, session 66: an arg
+    of None raised a bare TypeError, xavier's arg was ignored, and xavier took a bias)."""
+    if kind not in psd._INITS:
+        raise ValueError(f"init[{name!r}]: kind {kind!r} is not one of {sorted(psd._INITS)}")
+    if isinstance(arg, bool) or not isinstance(arg, numbers.Real) or \
+            not abs(float(arg)) <= 3.4028234663852886e38:  # NaN too
+        raise ValueError(f"init[{name!r}]: arg {arg!r} is not a finite number")
+    if kind in ("normal", "uniform") and arg < 0:
+        raise ValueError(f"init[{name!r}]: {kind} takes a {'std' if kind == 'normal' else 'bound'}"
+                         f" of 0 or more, not {arg!r}")
+    if kind == "xavier" and arg not in (0, 1):
+        raise ValueError(f"init[{name!r}]: xavier is xavier_uniform_ with gain 1 (pass 0 or 1), "
+                         f"not {arg!r}: for another gain g, ('uniform', g * sqrt(6 / (fan_in + "
+                         "fan_out)))")
+    if kind == "xavier" and p.dim() < 2:
+        raise ValueError(f"init[{name!r}]: xavier needs 2 or more dimensions (fans), as torch's "
+                         f"does; this parameter has {p.dim()}")
+
+
+def _refuse_second_driven(driver, ps):
+    """Refuse `ps` to the thread and job of `driver` when that thread drives another open
+    ParameterServer of the job already."""
+    ref = _driven.get(driver)
+    other = ref() if ref else None
+    if other is not None and other is not ps and other._client_open():
+        raise ValueError("this thread already drives an open ParameterServer of this "
+                         "manifest's job: a second one would be a second member, and each "
+                         "one's steps would wait for the other's in this same thread (for "
+                         "several models, such as a GAN's two, make one ParameterServer of "
+                         "a module holding both, e.g. nn.ModuleDict, and step it once; or "
+                         "drive each member from its own thread or process)")
 
 
 def _job_of(manifest):
@@ -201,6 +237,10 @@ class ParameterServer:
         unknown = sorted(k for k in init if k not in alias)
         if unknown:
             raise ValueError(f"init names no parameter of the model: {', '.join(unknown)}")
+        params = dict(model.named_parameters())
+        params.update(module.named_parameters())
+        for k, (kind, arg) in init.items():  # what the shards would do otherwise, unasked
+            _check_init(k, kind, arg, params[k])
         if len({alias[k] for k in init}) != len(init):
             raise ValueError("init names a parameter twice (by the wrapper's name and the "
                              "module's)")
@@ -225,15 +265,7 @@ class ParameterServer:
                               "cannot train a model with it; use sgd, momentum, adam, adamw or "
                               "adagrad, or psd.Client with an optimizer of your own")
         self._driver = (threading.get_ident(), _job_of(manifest))
-        ref = _driven.get(self._driver)
-        other = ref() if ref else None
-        if other is not None and other._client_open():
-            raise ValueError("this thread already drives an open ParameterServer of this "
-                             "manifest's job: a second one would be a second member, and each "
-                             "one's steps would wait for the other's in this same thread (for "
-                             "several models, such as a GAN's two, make one ParameterServer of "
-                             "a module holding both, e.g. nn.ModuleDict, and step it once; or "
-                             "drive each member from its own thread or process)")
+        _refuse_second_driven(self._driver, self)
         trained = []  # (name, parameter) of those held on the shards
         for name, p in module.named_parameters():  # before the join: a refusal costs none
             if not p.requires_grad:
@@ -250,6 +282,11 @@ class ParameterServer:
             if p.layout != torch.strided:  # a sparse parameter (its gradient may be)
                 raise ValueError(f"parameter {name!r} is {p.layout} (sparse): psd holds dense "
                                  "parameters; make it dense (a sparse gradient is fine)")
+            if any(st == 0 and sz > 1 for st, sz in zip(p.stride(), p.shape)):
+                # (torch's own copy into it failed inside the join's pull, naming nothing)
+                raise ValueError(f"parameter {name!r} is expanded (a stride of 0: its values "
+                                 "share memory), and the shards hold each value of it: make it "
+                                 "a tensor of its own (.clone())")
             if p.device.type == "meta":
                 raise ValueError(f"parameter {name!r} is on the meta device (no values to "
                                  "pull into): materialize the model first (to_empty)")
@@ -297,6 +334,21 @@ class ParameterServer:
         except BaseException:
             self._unregister()
             raise
+
+    def _drive_here(self):
+        """The thread asking for a batch drives this member from now on: refused when it
+        drives another member of the job already. Made in one thread and driven from another
+        (made in a thread pool, driven from the main thread), two members escaped the check at
+        their making, and the first bsp step waited for good (a probe, session 66)."""
+        driver = (threading.get_ident(), self._driver[1])
+        if driver == self._driver:
+            return
+        _refuse_second_driven(driver, self)
+        ref = _driven.get(self._driver)
+        if ref is not None and ref() in (self, None):
+            del _driven[self._driver]
+        self._driver = driver
+        _driven[driver] = weakref.ref(self)
 
     def _client_open(self):
         c = getattr(self, "client", None)
@@ -584,6 +636,7 @@ class ParameterServer:
             # The last batch stepped is reported here, also by a later call of batches() (a
             # batch the coordinator never hears of is handed out again: applied twice under
             # asp). Until it answers, this worker holds no other batch.
+            self._drive_here()
             try:
                 if self._removed:
                     self._rejoin(self._removed)
