@@ -6,18 +6,23 @@
 # the longest step-to-step gaps with their steps (psctl status --json: step_gaps_top); each is
 # matched with the event logged at that step. The figure beside each: the median step of the
 # same run, and the heartbeat timeout.
-# Usage: bench/elastic_stalls.sh [--heartbeat-ms N]
+# Usage: bench/elastic_stalls.sh [--heartbeat-ms N] [--build DIR]
+# (--build: the build whose psd, psctl and psworker run; default build/, made by setup.sh)
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 hb=1000
+bin=""
 while [ $# -gt 0 ]; do
     case "$1" in
     --heartbeat-ms) hb=$2; shift 2 ;;
-    *) echo "usage: $0 [--heartbeat-ms N]" >&2; exit 2 ;;
+    --build) bin=$(cd "$2" && pwd) || exit 2; shift 2 ;;
+    *) echo "usage: $0 [--heartbeat-ms N] [--build DIR]" >&2; exit 2 ;;
     esac
 done
-"$root/deploy/local/setup.sh" || exit 1
-bin="$root/build"
+if [ -z "$bin" ]; then
+    "$root/deploy/local/setup.sh" || exit 1
+    bin="$root/build"
+fi
 export OPENBLAS_NUM_THREADS=1
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/psd-stall.XXXXXX")
 . "$root/deploy/local/cluster-lib.sh"

@@ -847,7 +847,7 @@ int main(int argc, char **argv)
             uint32_t nm = 0;
             ps_batch_t b;
             for (uint32_t r = 0; r < W && ps_cursor_take(&cur, &b); r++, nm++) {
-                epoch_log_pass(&log, &tr, (int64_t)b.pass, step, 0);
+                epoch_log_pass(&log, &tr, (int64_t)b.pass, step, 1);
                 if ((int64_t)b.pass != perm_pass) {
                     ps_batch_order(perm, train.n, m.job.seed, (uint32_t)b.pass);
                     perm_pass = (int64_t)b.pass;
