@@ -133,8 +133,9 @@ void psd_conn_on_request(ucp_conn_request_h req, void *arg)
     psd_server_t *srv = arg;
     srv->conn_requests++;
     psd_conn_t *c = calloc(1, sizeof *c);
-    bool full = !srv->stopping && conns_pending(srv) >= PSD_PENDING_MAX && !pending_evict(srv);
-    if (c == NULL || srv->stopping || full) {
+    bool closing = srv->stopping || srv->restarting;
+    bool full = !closing && conns_pending(srv) >= PSD_PENDING_MAX && !pending_evict(srv);
+    if (c == NULL || closing || full) {
         free(c);
         ucp_listener_reject(srv->listener, req);
         srv->conns_refused += full;

@@ -164,6 +164,10 @@ static void transport_restart(psd_server_t *srv, uint64_t stuck_ns, const char *
     srv->transport_restarts++;
     PS_LOG(PS_LOG_WARN, "server", "the UCX transport has been stuck for %.1f s (%s): closing "
            "every connection and starting it again", (double)stuck_ns / 1e9, seen);
+    /* As at the stop: the requests UCX's thread is reading are delivered and refused before
+     * the listener goes (UCX 1.13 hands one to a destroyed listener: SIGSEGV in its async
+     * thread, seen in a review's run with joiners and a psctl loop at a restart). */
+    srv->restarting = true;
     for (psd_conn_t *c = srv->conns, *nx; c; c = nx) { /* not taken yet: their peers retry */
         nx = c->next;
         if (c->conn_request == NULL) continue;
@@ -172,8 +176,10 @@ static void transport_restart(psd_server_t *srv, uint64_t stuck_ns, const char *
         c->dead = true;
         psd_conn_free_if_done(c);
     }
+    psd_listen_drain(srv);
     ucp_listener_destroy(srv->listener);
     srv->listener = NULL;
+    srv->restarting = false;
     psd_conns_close_all(srv);
     ps_ucxprobe_close(&srv->probe); /* its endpoints go to the worker about to be destroyed */
     srv->probe_suspect_ns = 0;      /* (the closes above may have set it) */
@@ -284,7 +290,11 @@ void psd_transport_check(psd_server_t *srv)
         ps_ucxprobe_progress(p);
         if (srv->probe_suspect_ns == 0) {
             ps_ucxprobe_forget(p);
-        } else if (p->sent_ns < srv->probe_suspect_ns) { /* one probe per failure */
+        } else if (p->sent_ns < srv->probe_suspect_ns &&
+                   (p->sent_ns == 0 || ps_ucxprobe_arrived(p))) {
+            /* One probe per failure, but not over one still out: a new one restarted its
+             * clock, so failures closer than half a limit (a psctl loop: every call's close
+             * counts) hid the wedge for as long as they came (a review). */
             ps_ucxprobe_send(p, now);
         } else if (ps_ucxprobe_arrived(p)) {
             srv->probe_suspect_ns = 0;
@@ -294,7 +304,10 @@ void psd_transport_check(psd_server_t *srv)
         }
         return;
     }
-    bool in_spell = p->sent_ns >= since;
+    /* A probe sent for a failure before the spell began is judged too (a message behind the
+     * dead slot made the worker unarmable before its judgement: a review). */
+    bool in_spell = p->sent_ns >= since ||
+                    (srv->probe_suspect_ns && p->sent_ns >= srv->probe_suspect_ns);
     if (in_spell && probe_judged_lost(srv, now, limit / 2, now - since, "busy")) return;
     ps_ucxprobe_progress(p);
     if (now - since >= limit / 2 &&

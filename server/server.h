@@ -471,6 +471,7 @@ struct psd_server_s {
     uv_signal_t sigint, sigterm, sighup;
     uv_timer_t cron;           /* heartbeat checks */
     bool stopping;
+    bool restarting;           /* transport_restart drains the listener: requests refused */
     uint64_t last_cron_ms;     /* psd_now_ms() of the last heartbeat check */
     void *echo_buf;            /* MSG_ECHO's landing place (contents dropped) */
     size_t echo_cap;
