@@ -17,7 +17,7 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
 static void usage(FILE *f)
 {
     fprintf(f, "usage: psd --manifest FILE --shard N [--restore DIR] [--trace FILE] "
-               "[--log-level debug|info|warn|error]\n"
+               "[--log-level debug|info|warn|error|off]\n"
                "Serve shard N of the cluster described by FILE until SIGINT, SIGTERM or SIGHUP.\n"
                "  --restore DIR  first fill the (empty) data_dir from the checkpoint in DIR\n"
                "                 (psctl checkpoint), placing its chunks for this manifest\n"

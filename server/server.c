@@ -836,9 +836,37 @@ static uint32_t test_hook(const char *name, uint32_t max)
     return max && (uint32_t)n > max ? max : (uint32_t)n;
 }
 
+/* SIGINT, SIGTERM or SIGHUP before the loop's handlers are set (the store's load, a format
+ * upgrade or a restore, which a large store makes long, and the ports' start): psd stops at
+ * once, the store as its last commit left it, and exits 0 as its stop does later (nothing was
+ * in flight); before, their default action ended it (exit 128 + the signal). A handler, not the
+ * default action: as PID 1 (a container's, `exec psd`) psd ignored a signal it had no handler
+ * for, and a pod deleted during a long load waited its whole grace period for its SIGKILL (a
+ * review of deploy/, session 66). */
+static void early_signal(int sig)
+{
+    static const char msg[] = "psd: a signal before serving: stopped (the store as its last "
+                              "commit left it)\n";
+    ssize_t n = write(STDERR_FILENO, msg, sizeof msg - 1);
+    (void)n;
+    (void)sig;
+    _exit(0);
+}
+
+static void early_signals(void)
+{
+    static const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+    struct sigaction sa = {.sa_handler = early_signal};
+    sigemptyset(&sa.sa_mask);
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+        if (!ps_signal_ignored(sigs[i])) /* (nohup's stays ignored) */
+            sigaction(sigs[i], &sa, NULL);
+}
+
 int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard,
                    const char *restore, const char *trace, char *err, size_t errlen)
 {
+    early_signals();
     psd_server_t *srv = calloc(1, sizeof *srv);
     if (srv == NULL) return PS_ENOMEM;
     int rc;
