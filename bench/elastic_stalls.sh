@@ -14,8 +14,8 @@ hb=1000
 bin=""
 while [ $# -gt 0 ]; do
     case "$1" in
-    --heartbeat-ms) hb=$2; shift 2 ;;
-    --build) bin=$(cd "$2" && pwd) || exit 2; shift 2 ;;
+    --heartbeat-ms) hb=${2:?--heartbeat-ms N}; shift 2 ;;
+    --build) bin=$(cd "${2:?--build DIR}" && pwd) || exit 2; shift 2 ;;
     *) echo "usage: $0 [--heartbeat-ms N] [--build DIR]" >&2; exit 2 ;;
     esac
 done

@@ -219,6 +219,13 @@ static void unlink_named(void)
     for (int i = 0; i < bus_nunlink; i++) unlink(bus_unlink[i]);
 }
 
+int psd_ckpt_bus_unlink_now(void)
+{
+    int n = bus_nunlink;
+    unlink_named();
+    return n;
+}
+
 static void on_sigbus(int sig)
 {
     (void)sig;

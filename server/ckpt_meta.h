@@ -94,6 +94,10 @@ extern __thread sigjmp_buf *psd_ckpt_bus_jmp;
  *  PSD_CKPT_BUS_UNLINK) @p files of @p dir: a restore's new store, so that the same command
  *  can run again (its normal failures remove them too). @p dir NULL: none any more. */
 void psd_ckpt_bus_unlink(const char *dir, const char *const *files, int n);
+/** @brief Remove the files psd_ckpt_bus_unlink() named now, as such a fault would
+ *  (async-signal-safe: psd's signal handler before it serves). @return how many were named
+ *  (0: none, nothing removed). */
+int psd_ckpt_bus_unlink_now(void);
 
 /** The XXH3-64 over a checkpoint copy's records other than chunks ('C' keys): the tensor
  *  table, the coordinator's state, the chunks' applied records... in key order, each as its

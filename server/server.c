@@ -839,7 +839,9 @@ static uint32_t test_hook(const char *name, uint32_t max)
 /* SIGINT, SIGTERM or SIGHUP before the loop's handlers are set (the store's load, a format
  * upgrade or a restore, which a large store makes long, and the ports' start): psd stops at
  * once, the store as its last commit left it, and exits 0 as its stop does later (nothing was
- * in flight); before, their default action ended it (exit 128 + the signal). A handler, not the
+ * in flight); before, their default action ended it (exit 128 + the signal). During a
+ * --restore the restore's files go first, as after a failed one (the same command may run
+ * again), and the exit is 128 + the signal: the restore did not happen (a review). A handler, not the
  * default action: as PID 1 (a container's, `exec psd`) psd ignored a signal it had no handler
  * for, and a pod deleted during a long load waited its whole grace period for its SIGKILL (a
  * review of deploy/, session 66). */
@@ -847,10 +849,15 @@ static void early_signal(int sig)
 {
     static const char msg[] = "psd: a signal before serving: stopped (the store as its last "
                               "commit left it)\n";
-    ssize_t n = write(STDERR_FILENO, msg, sizeof msg - 1);
-    (void)n;
-    (void)sig;
-    _exit(0);
+    static const char undone[] = "psd: a signal during --restore: stopped, the restore's files "
+                                 "removed (run the same psd --restore again)\n";
+    bool restoring = psd_ckpt_bus_unlink_now() > 0;
+    if (ps_log_level < PS_LOG_OFF) {
+        ssize_t n = restoring ? write(STDERR_FILENO, undone, sizeof undone - 1)
+                              : write(STDERR_FILENO, msg, sizeof msg - 1);
+        (void)n;
+    }
+    _exit(restoring ? 128 + sig : 0);
 }
 
 static void early_signals(void)

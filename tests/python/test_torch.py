@@ -1444,20 +1444,24 @@ def torch_user(tmp):
                 raise AssertionError("a second member of the job by a copy was taken")
             except ValueError as e:
                 assert "this thread already drives an open ParameterServer" in str(e), str(e)
-            # One made in another thread (a thread pool) and driven from this one: refused at
-            # its first batch (before: taken, and the first step waited for good).
-            made = []
-            t = threading.Thread(target=lambda: made.append(
-                psd.torch.ParameterServer(c.manifest, model(), samples=SAMPLES)))
-            t.start()
-            t.join()
-            try:
-                next(made[0].batches())
-                raise AssertionError("a second member of the job driven by this thread was taken")
-            except ValueError as e:
-                assert "this thread already drives an open ParameterServer" in str(e), str(e)
-            made[0].close()
             for n, b in enumerate(ps.batches()):
+                if n == 0:
+                    # One made in another thread (a thread pool) and driven from this one while
+                    # this thread's member holds a batch: refused at its first batch (before:
+                    # taken, and the first step waited for good).
+                    made = []
+                    t = threading.Thread(target=lambda: made.append(
+                        psd.torch.ParameterServer(c.manifest, model(), samples=SAMPLES)))
+                    t.start()
+                    t.join()
+                    try:
+                        next(made[0].batches())
+                        raise AssertionError("a second member of the job driven by this thread "
+                                             "while the first holds a batch was taken")
+                    except ValueError as e:
+                        assert "this thread already drives an open ParameterServer" in str(e), \
+                            str(e)
+                    made[0].close()
                 m.zero_grad()
                 torch.nn.functional.mse_loss(wrapped(x[b.indices]), y[b.indices]).backward()
                 ps.step()

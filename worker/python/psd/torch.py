@@ -22,7 +22,6 @@ through a float32 copy on the host.
 """
 import errno
 import math
-import numbers
 import operator
 import os
 import sys
@@ -62,14 +61,20 @@ _driven = {}
 
 
 def _check_init(name, kind, arg, p):
-    """Refuse init `(kind, arg)` for parameter `name` (`p`) where the shards would not do what
-    torch's init of that name does: the error names the parameter (a probe, session 66: an arg
-    of None raised a bare TypeError, xavier's arg was ignored, and xavier took a bias)."""
+    """Refuse init `(kind, arg)` for parameter `name` (`p`) that the shards cannot make as asked:
+    the error names the parameter (a probe, session 66: an arg of None raised a bare TypeError,
+    xavier's arg was ignored, and xavier took a bias). psd's xavier takes the first dimension
+    for fan_in and the product of the others for fan_out, which is torch's on 2 dimensions only
+    (README)."""
     if kind not in psd._INITS:
         raise ValueError(f"init[{name!r}]: kind {kind!r} is not one of {sorted(psd._INITS)}")
-    if isinstance(arg, bool) or not isinstance(arg, numbers.Real) or \
-            not abs(float(arg)) <= 3.4028234663852886e38:  # NaN too
+    try:
+        value = float(arg)  # as Client.declare takes it (a 0-dim tensor, a numpy scalar...)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not abs(value) <= 3.4028234663852886e38:  # NaN too
         raise ValueError(f"init[{name!r}]: arg {arg!r} is not a finite number")
+    arg = value
     if kind in ("normal", "uniform") and arg < 0:
         raise ValueError(f"init[{name!r}]: {kind} takes a {'std' if kind == 'normal' else 'bound'}"
                          f" of 0 or more, not {arg!r}")
@@ -336,14 +341,21 @@ class ParameterServer:
             raise
 
     def _drive_here(self):
-        """The thread asking for a batch drives this member from now on: refused when it
-        drives another member of the job already. Made in one thread and driven from another
-        (made in a thread pool, driven from the main thread), two members escaped the check at
-        their making, and the first bsp step waited for good (a probe, session 66)."""
+        """The thread asking for a batch drives this member from now on: refused while another
+        member of the job that this thread drives holds a batch it has not stepped (its step
+        and this one's would wait for each other here). Made in one thread and driven from
+        another (made in a thread pool, driven from the main thread), two members escaped the
+        check at their making, and the first bsp step waited for good (a probe, session 66).
+        Members that take turns on pool threads, each batch stepped before the thread asks for
+        another member's, are fine (a review)."""
         driver = (threading.get_ident(), self._driver[1])
         if driver == self._driver:
             return
-        _refuse_second_driven(driver, self)
+        ref = _driven.get(driver)
+        other = ref() if ref else None
+        if other is not None and other is not self and other._client_open() and \
+                other._batch is not None and not other._stepped:
+            _refuse_second_driven(driver, self)
         ref = _driven.get(self._driver)
         if ref is not None and ref() in (self, None):
             del _driven[self._driver]
