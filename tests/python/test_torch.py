@@ -1238,6 +1238,16 @@ def misuse(tmp):
             except ValueError as e:
                 assert re.search(r"'[ab]' and '[ab]' are two Parameters sharing memory",
                                  str(e)), str(e)
+        # Many views of one matrix (columns, checked together: pair by pair 400 took 5 s, a
+        # probe): taken; one more over a column is refused, naming both.
+        wide = torch.zeros(16, 300)
+        cols = [(f"c{i}", torch.nn.Parameter(wide[:, i])) for i in range(300)]
+        psd.torch._refuse_shared_memory(cols)
+        try:
+            psd.torch._refuse_shared_memory(cols + [("dup", torch.nn.Parameter(wide[3:5, 7]))])
+            raise AssertionError("a view over a column of many was taken")
+        except ValueError as e:
+            assert "'c7' and 'dup' are two Parameters sharing memory" in str(e), str(e)
         try:
             psd.torch.ParameterServer(c.manifest, m, samples=SAMPLES, init={"nope": ("zeros", 0)})
             raise AssertionError("init naming no parameter was taken")
