@@ -841,10 +841,10 @@ static uint32_t test_hook(const char *name, uint32_t max)
  * once, the store as its last commit left it, and exits 0 as its stop does later (nothing was
  * in flight); before, their default action ended it (exit 128 + the signal). During a
  * --restore the restore's files go first, as after a failed one (the same command may run
- * again), and the exit is 128 + the signal: the restore did not happen (a review). A handler, not the
- * default action: as PID 1 (a container's, `exec psd`) psd ignored a signal it had no handler
- * for, and a pod deleted during a long load waited its whole grace period for its SIGKILL (a
- * review of deploy/, session 66). */
+ * again), and the exit is 128 + the signal: the restore did not happen (a review). A handler,
+ * not the default action: as PID 1 (a container's, `exec psd`) psd ignored a signal it had no
+ * handler for, and a pod deleted during a long load waited its whole grace period for its
+ * SIGKILL (a review of deploy/, session 66). */
 static void early_signal(int sig)
 {
     static const char msg[] = "psd: a signal before serving: stopped (the store as its last "
@@ -947,7 +947,8 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
     if ((srv->test_confused = test_hook("PS_TEST_CONFUSED", 3)))
         PS_LOG(PS_LOG_WARN, "server", "PS_TEST_CONFUSED=%u: %s (a test hook)", srv->test_confused,
                srv->test_confused == 1   ? "a new declaration is answered with another shape"
-               : srv->test_confused == 2 ? "a pull of a chunk 0 is answered by a declare reply first"
+               : srv->test_confused == 2 ? "a pull of a chunk 0 is answered by a declare reply "
+                                           "first"
                                          : "a pull of a chunk 0 is answered naming the version "
                                            "before the chunk's");
     if ((srv->test_drop_hello = test_hook("PS_TEST_DROP_HELLO", 8)))
