@@ -370,17 +370,16 @@ class ParameterServer:
         Members that take turns on pool threads, each batch stepped before the thread asks for
         another member's, are fine (a review)."""
         driver = (threading.get_ident(), self._driver[1])
-        if driver == self._driver:
-            return
-        ref = _driven.get(driver)
+        ref = _driven.get(driver)  # the member this thread asked for last (maybe this one)
         other = ref() if ref else None
         if other is not None and other is not self and other._client_open() and \
                 other._batch is not None and not other._stepped:
             _refuse_second_driven(driver, self)
-        ref = _driven.get(self._driver)
-        if ref is not None and ref() in (self, None):
-            del _driven[self._driver]
-        self._driver = driver
+        if driver != self._driver:
+            ref = _driven.get(self._driver)
+            if ref is not None and ref() in (self, None):
+                del _driven[self._driver]
+            self._driver = driver
         _driven[driver] = weakref.ref(self)
 
     def _client_open(self):
