@@ -655,6 +655,16 @@ void ps_ucx_ep_lanes(ucp_ep_h ep, char *buf, size_t len)
     free(text);
 }
 
+int ps_ucx_lanes_shm(const char *lanes)
+{
+    for (const char *l = lanes; *l;) {
+        size_t n = strcspn(l, ",");
+        if (lanes_has("sysv,posix,xpmem", l, n)) return 1;
+        l += n + (l[n] == ',');
+    }
+    return 0;
+}
+
 uint32_t ps_ucx_eager_below(const ps_ucx_t *u, const char *lanes)
 {
     if (lanes[0] == '\0') return 0;

@@ -226,6 +226,10 @@ int ps_ucx_restart(ps_ucx_t *u);
 /** @brief A short description of the transports an endpoint uses ("tcp", "sysv,cma", ...). */
 void ps_ucx_ep_lanes(ucp_ep_h ep, char *buf, size_t len);
 
+/** @brief Whether @p lanes (ps_ucx_ep_lanes's) name a shared-memory transport (sysv, posix,
+ *  xpmem): the peer is on this host and sends through the worker's shared-memory FIFO. */
+int ps_ucx_lanes_shm(const char *lanes);
+
 /* ps_ucx_t.shm_tls's bits (in ucxprobe.c's order). */
 #define PS_UCX_SHM_SYSV 1u
 #define PS_UCX_SHM_POSIX 2u

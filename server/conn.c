@@ -57,8 +57,7 @@ static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
                "peer %s (rank %d) disconnected: %s", c->peer, c->rank, ucs_status_string(status));
     /* It may have died inside a send into this shard's shared memory: an idle shard would not
      * see that (listen.c, psd_transport_check). A peer over other transports only is not. */
-    if (!c->dead && (c->lanes[0] == '\0' || strstr(c->lanes, "sysv") ||
-                     strstr(c->lanes, "posix") || strstr(c->lanes, "xpmem")))
+    if (!c->dead && (c->lanes[0] == '\0' || ps_ucx_lanes_shm(c->lanes)))
         c->srv->probe_suspect_ns = ps_trace_now();
     c->dead = true;
     c->close_queued = true;

@@ -388,7 +388,8 @@ struct psd_server_s {
     uv_loop_t *loop;
     ps_ucx_t ucx;
     ps_ucxprobe_t probe;         /* of ucx's shared-memory FIFOs, made at the first busy spell
-                                    (listen.c, psd_transport_check; closed: n 0) */
+                                    or failed connection (listen.c, psd_transport_check;
+                                    closed: n 0) */
     bool probe_off;              /* it could not be made (logged): until the transport restarts */
     uint64_t probe_suspect_ns;   /* a peer that may have written into those FIFOs failed then
                                     (conn.c): probed while the worker is idle too (0: none) */

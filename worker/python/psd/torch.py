@@ -87,12 +87,14 @@ def _check_init(name, kind, arg, p):
                          f"does; this parameter has {p.dim()}")
 
 
-def _refuse_second_driven(driver, ps):
+def _refuse_second_driven(driver, ps, holding=False):
     """Refuse `ps` to the thread and job of `driver` when that thread drives another open
-    ParameterServer of the job already."""
+    ParameterServer of the job already (`holding`: one that holds a batch not stepped yet)."""
     ref = _driven.get(driver)
     other = ref() if ref else None
-    if other is not None and other is not ps and other._client_open():
+    if other is None or other is ps or not other._client_open():
+        return
+    if not holding or (other._batch is not None and not other._stepped):
         raise ValueError("this thread already drives an open ParameterServer of this "
                          "manifest's job: a second one would be a second member, and each "
                          "one's steps would wait for the other's in this same thread (for "
@@ -370,11 +372,7 @@ class ParameterServer:
         Members that take turns on pool threads, each batch stepped before the thread asks for
         another member's, are fine (a review)."""
         driver = (threading.get_ident(), self._driver[1])
-        ref = _driven.get(driver)  # the member this thread asked for last (maybe this one)
-        other = ref() if ref else None
-        if other is not None and other is not self and other._client_open() and \
-                other._batch is not None and not other._stepped:
-            _refuse_second_driven(driver, self)
+        _refuse_second_driven(driver, self, holding=True)  # the one this thread asked for last
         if driver != self._driver:
             ref = _driven.get(self._driver)
             if ref is not None and ref() in (self, None):
