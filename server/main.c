@@ -13,6 +13,9 @@
 
 int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard,
                    const char *restore, const char *trace, char *err, size_t errlen);
+/* SIGINT, SIGTERM and SIGHUP (those not ignored at the start) stop psd at once until the
+ * serving loop sets its own handlers (server.c): call first. */
+void psd_early_signals(void);
 
 static void usage(FILE *f)
 {
@@ -34,6 +37,9 @@ int main(int argc, char **argv)
                                          {"trace", required_argument, 0, 't'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
+    /* From the first line: before, a signal in the arguments' or the manifest's parse took
+     * its default action (exit 128 + the signal; ignored by a psd that is PID 1). */
+    psd_early_signals();
     const char *manifest = NULL, *shard_s = NULL, *restore = NULL, *trace = NULL;
     ps_log_set_level(NULL);
     int o;

@@ -836,8 +836,9 @@ static uint32_t test_hook(const char *name, uint32_t max)
     return max && (uint32_t)n > max ? max : (uint32_t)n;
 }
 
-/* SIGINT, SIGTERM or SIGHUP before the loop's handlers are set (the store's load, a format
- * upgrade or a restore, which a large store makes long, and the ports' start): psd stops at
+/* SIGINT, SIGTERM or SIGHUP before the loop's handlers are set (the arguments and the
+ * manifest, the shard's host resolved, the store's load, a format upgrade or a restore, which
+ * a large store makes long, and the ports' start): psd stops at
  * once, the store as its last commit left it, and exits 0 as its stop does later (nothing was
  * in flight); before, their default action ended it (exit 128 + the signal). During a
  * --restore the restore's files go first, as after a failed one (the same command may run
@@ -860,7 +861,7 @@ static void early_signal(int sig)
     _exit(restoring ? 128 + sig : 0);
 }
 
-static void early_signals(void)
+void psd_early_signals(void)
 {
     static const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
     struct sigaction sa = {.sa_handler = early_signal};
@@ -873,7 +874,6 @@ static void early_signals(void)
 int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard,
                    const char *restore, const char *trace, char *err, size_t errlen)
 {
-    early_signals();
     psd_server_t *srv = calloc(1, sizeof *srv);
     if (srv == NULL) return PS_ENOMEM;
     int rc;

@@ -1740,6 +1740,42 @@ START_TEST(test_slow_dns_no_stall)
 }
 END_TEST
 
+/* SIGTERM to a psd still resolving its shard's host (slow_dns.so: the lookup waits 10 s),
+ * before the store or the ports: it stops at once, exit 0 as a stop, and makes no data_dir.
+ * Before, the early handler came only with the server's start, after the arguments, the
+ * manifest and the lookup, and the signal's default action ended psd (exit 143; a psd that is
+ * a container's PID 1 ignored it). */
+START_TEST(test_signal_before_serving)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    char down[CL_PATH], mark[CL_PATH];
+    cl_path(c, "dns-down", down, sizeof down);
+    cl_path(c, "dns-asked", mark, sizeof mark);
+    FILE *f = fopen(down, "w");
+    ck_assert(f != NULL);
+    fclose(f);
+    setenv("LD_PRELOAD", cl_binary("SLOW_DNS_SO"), 1);
+    setenv("SLOW_DNS_FILE", down, 1);
+    setenv("SLOW_DNS_MS", "10000", 1);
+    setenv("SLOW_DNS_MARK", mark, 1);
+    cl_proc_t *p = cl_psd_spawn(c, 0, NULL);
+    unsetenv("LD_PRELOAD");
+    unsetenv("SLOW_DNS_FILE");
+    unsetenv("SLOW_DNS_MS");
+    unsetenv("SLOW_DNS_MARK");
+    for (int i = 0; i < 200 && access(mark, F_OK) != 0; i++) usleep(50 * 1000);
+    ck_assert_msg(access(mark, F_OK) == 0, "psd never looked its host up: %s", cl_tail(p));
+    ck_assert_int_eq(cl_signal(p, SIGTERM), 0);
+    EXPECT_EXIT(p, 0);
+    EXPECT_LOG(p, "a signal before serving: stopped");
+    struct stat st;
+    ck_assert_msg(stat(c->data_dir[0], &st) != 0, "psd made its data_dir %s before serving",
+                  c->data_dir[0]);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* ---- pslaunch's care of its workers ---------------------------------------------------- */
 
 /* A stand-in worker script @p name in @p c's directory: @p body after `#!/bin/sh`. */
@@ -2001,6 +2037,7 @@ Suite *ps_test_suite(void)
                              test_coordinator_stop_keeps_members));
     suite_add_tcase(s, tcase("shard0_store_lost_refused", test_shard0_store_lost_refused));
     suite_add_tcase(s, tcase("slow_dns_no_stall", test_slow_dns_no_stall));
+    suite_add_tcase(s, tcase("signal_before_serving", test_signal_before_serving));
     suite_add_tcase(s, tcase("psd_sighup_stops", test_psd_sighup_stops));
     suite_add_tcase(s, tcase("shard_store_lost_refused", test_shard_store_lost_refused));
     suite_add_tcase(s, tcase("pslaunch_care", test_pslaunch_care));
