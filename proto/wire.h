@@ -111,6 +111,10 @@ enum {
                                   PS_FLAG_REPORT, once a committed state holds the report);
                                   hello reply: this psd takes such reports (session 64: an
                                   older one would hand out a batch) */
+    PS_FLAG_STEPMAX = 33554432, /* hello reply: `step_max` is the highest chunk version in the
+                                   shard's store (session 67): libps tells a store that went
+                                   back to an older copy of itself by it (a version below one
+                                   the shard told it of before); an older psd does not say */
 };
 
 /* UCP Active Message ids. */

@@ -117,10 +117,11 @@ typedef struct {
  * answers heartbeats that ask (PS_FLAG_ANSWER); its `count` is the tensors in its table
  * (PS_FLAG_TENSORS, psd_shard_tensors: libps tells a shard that lost its store by it); it
  * says its store's run (PS_FLAG_RUN, psd_hello_run: libps tells a shard restored alone by it);
- * shard 0 takes a batch done reported alone (PS_FLAG_REPORT). */
+ * shard 0 takes a batch done reported alone (PS_FLAG_REPORT); `step_max` is its highest chunk
+ * version (PS_FLAG_STEPMAX, psd_hello_run: libps tells a store gone back to an older copy). */
 #define PSD_HELLO_FLAGS \
     (PS_FLAG_VALUES | PS_FLAG_NONFINITE | PS_FLAG_ANSWER | PS_FLAG_TENSORS | PS_FLAG_RUN | \
-     PS_FLAG_REPORT)
+     PS_FLAG_REPORT | PS_FLAG_STEPMAX)
 
 /* asp / ssp: a chunk remembers the batch of the last push of each process whose rank another
  * process took (it left or died) for this many such changes: a replay of a dead worker's batch
@@ -622,14 +623,16 @@ void psd_direct_init(psd_server_t *srv, const char *data_dir);
 /** @brief Fill a hello reply's store and store_id, for a worker on this host (@p hello's
  *  store_id is its ps_storeview_host_id); nothing when direct pulls are off. */
 void psd_hello_store(const psd_server_t *srv, const ps_msg_t *hello, ps_msg_t *reply);
-/** @brief Fill a hello reply's run, run_origin and run_base from the store's run (run.h), and
- *  joined_runs. */
+uint64_t psd_shard_step_max(const psd_server_t *srv); /* (below) */
+/** @brief Fill a hello reply's run, run_origin and run_base from the store's run (run.h),
+ *  joined_runs, and step_max (the highest chunk version here: one walk of the chunks). */
 static inline void psd_hello_run(const psd_server_t *srv, ps_msg_t *reply)
 {
     reply->run = srv->run.id;
     reply->run_origin = srv->run.origin;
     reply->run_base = srv->run.base_step;
     reply->joined_runs = srv->joined_runs;
+    reply->step_max = psd_shard_step_max(srv);
 }
 /** @brief Free the LMDB read slots of processes that exited while reading the store (a worker
  *  killed during a direct pull would otherwise keep old pages from reuse). Loop thread: on
@@ -807,7 +810,7 @@ void psd_shard_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len
 /** @brief Lowest chunk version of this shard (its step), or 0 with no chunks. */
 uint64_t psd_shard_step(psd_server_t *srv);
 /** @brief The highest version of any chunk here (0 when none). */
-uint64_t psd_shard_step_max(psd_server_t *srv);
+uint64_t psd_shard_step_max(const psd_server_t *srv);
 /** @brief How many tensors this shard's table holds (every shard holds the cluster's). */
 uint32_t psd_shard_tensors(const psd_server_t *srv);
 /** @brief Learn membership epoch @p epoch (members from @p from_step on; @p closed: of step

@@ -454,7 +454,7 @@ uint32_t psd_shard_tensors(const psd_server_t *srv)
     return n;
 }
 
-uint64_t psd_shard_step_max(psd_server_t *srv)
+uint64_t psd_shard_step_max(const psd_server_t *srv)
 {
     uint64_t step = 0;
     for (uint32_t i = 0; i < srv->ntensors; i++)

@@ -841,6 +841,7 @@ static void direct_pull(ps_client_t *c, ps_op_t *op, part_t *p, const ps_msg_t *
         rc = PS_ESTORE; /* the test hook: as if the store could not be read */
     if (rc == 0) {
         if (version < op->min_version) op->min_version = version;
+        ps__seen_version(s, version);
         __atomic_add_fetch(&c->stats.bytes_pulled, n * 4, __ATOMIC_RELAXED);
         __atomic_add_fetch(&c->stats.bytes_pulled_direct, n * 4, __ATOMIC_RELAXED);
         ps__part_done(p);
@@ -1184,6 +1185,7 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
             break;
         }
         if (m.step < op->min_version) op->min_version = m.step;
+        ps__seen_version(&c->shards[m.shard], m.step);
         if (!is_pull)
             PS_LOG(PS_LOG_DEBUG, "libps", "shard %u acks the push of chunk %u of tensor %u for "
                    "step %llu (chunk at %llu, flags %#x)", m.shard, m.chunk, m.tensor,

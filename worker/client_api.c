@@ -431,6 +431,35 @@ static int join_runs_check(ps_client_t *c)
     return 0;
 }
 
+/* bsp: shard @p i's hello reply @p rep names chunks at step_max past shard 0's open step
+ * (c->join_step) + 1, where no chunk can be: its pushes of a step follow their batches,
+ * handed out by shard 0 once it opened that step. Shard 0's store went back to an older copy
+ * of itself (a snapshot, a backup put back) after the job went on: it hands out steps and
+ * batches again that shard @p i applied already, whose pushes there are acknowledged as
+ * applied and dropped, so that part of the model trains no more (a probe, session 67: a worker
+ * joined such a cluster and trained 2,457 steps with shard 1's updates dropped). Shard 0 is
+ * asked once more first (by @p req, answered after shard @p i: the job may have moved on since
+ * its first answer), and only a step still more than one behind refuses the join. @return 0,
+ * or PS_ECONFIG with c->err said. A shard whose every chunk lags (a tensor no member trains)
+ * names a lower step_max: not refused here, as nothing is lost by it. */
+static int join_ahead_check(ps_client_t *c, uint32_t i, const ps_msg_t *rep, ps_msg_t *req)
+{
+    if (c->m.job.consistency != PS_CONSIST_BSP || i == 0 || c->join_step == 0 ||
+        !(rep->flags & PS_FLAG_STEPMAX) || rep->step_max <= c->join_step + 1)
+        return 0;
+    ps_msg_t r0;
+    ps__hello_conf(c, req, 0);
+    if (ps__ctrl_call(c, OP_HELLO, 0, req, &r0) != 0 || r0.step + 1 >= rep->step_max)
+        return 0; /* not answered: the other checks and the pushes decide */
+    snprintf(c->err, sizeof c->err, "shard %u (%.64s:%u) holds chunks at step %llu, shard 0 "
+             "hands out step %llu: shard 0's data_dir went back to an older copy of itself (a "
+             "snapshot or a backup), and the steps since would be trained again where shard %u "
+             "drops them as applied; " STORE_REMEDY, i, c->m.servers[i].host,
+             c->m.servers[i].port, (unsigned long long)rep->step_max,
+             (unsigned long long)r0.step, i);
+    return PS_ECONFIG;
+}
+
 static int join(ps_client_t *c, uint32_t timeout_ms, const volatile sig_atomic_t *cancel)
 {
     uint64_t start = now_ms(), deadline = start + timeout_ms;
@@ -479,6 +508,9 @@ static int join(ps_client_t *c, uint32_t timeout_ms, const volatile sig_atomic_t
                     continue;
                 }
                 if (join_run_check(c, i, &rep)) return PS_ECONFIG;
+                if (join_ahead_check(c, i, &rep, &req)) return PS_ECONFIG;
+                if (rep.flags & PS_FLAG_STEPMAX)
+                    ps__seen_version(&c->shards[i], rep.step_max);
                 break;
             }
             /* PS_EBUSY: a shard shutting down, or shard 0's free ranks held until its open

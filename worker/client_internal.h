@@ -191,6 +191,11 @@ typedef struct {
     uint64_t run_origin, run_base; /* the checkpoint its store was restored from (0: none), at
                                       which step (join_run_check) */
     uint64_t joined_runs; /* the runs digest it keeps (its hello reply; join_runs_check) */
+    uint64_t seen_max;    /* the highest chunk version it told this worker of: its hello replies'
+                             step_max (PS_FLAG_STEPMAX), push acks, pull replies and direct pulls
+                             (ps__seen_version). A re-hello whose step_max is below it comes
+                             from a store that went back to an older copy of itself (atomic,
+                             relaxed: the join writes it, the comm thread after) */
     /* Its address, resolved by ps_client_create (the caller's thread) or in the background
      * (resolve_start): a name lookup on the comm thread stalled every shard's heartbeats for
      * as long as DNS did not answer (see connect_shard). */
@@ -395,6 +400,15 @@ struct ps_client_s {
 /* What a shard that lost its store is told with, and the remedy (ps__on_rehello, join_store_check,
  * join_run_check). */
 #define STORE_REMEDY "start every shard from one checkpoint (psctl restore D prints the commands)"
+
+/* Shard @p s told this worker of chunk version @p v (a push ack, a pull reply, a direct pull's
+ * record; committed there before it was told): raise its seen_max. One writer at a time (the
+ * thread that progresses the client). */
+static inline void ps__seen_version(cshard_t *s, uint64_t v)
+{
+    if (v > __atomic_load_n(&s->seen_max, __ATOMIC_RELAXED))
+        __atomic_store_n(&s->seen_max, v, __ATOMIC_RELAXED);
+}
 #define STORE_LOST "store was lost or replaced (an empty or another data_dir); " STORE_REMEDY
 
 /* CLOCK_MONOTONIC in nanoseconds: the clock of ops' times and of the PS_TRACE timeline; and

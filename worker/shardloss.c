@@ -218,6 +218,19 @@ void ps__on_rehello(ps_op_t *op)
     }
     if (op->status == 0 && (op->reply.flags & PS_FLAG_RUN) && run == 0)
         __atomic_store_n(&s->run, op->reply.run, __ATOMIC_RELAXED); /* the join's psd said none */
+    uint64_t seen = __atomic_load_n(&s->seen_max, __ATOMIC_RELAXED);
+    if (op->status == 0 && (op->reply.flags & PS_FLAG_STEPMAX) && op->reply.step_max < seen) {
+        /* The same store (its run), but every chunk below a version it told this worker of
+         * before, committed before it said so: its data_dir went back to an older copy of
+         * itself (a VM snapshot, a backup put back). Under asp the updates since were lost
+         * while counted applied, and its shard 0 handed applied batches out again; under bsp
+         * the workers failed naming only the versions (a probe, session 67). */
+        op->status = PS_ECONFIG;
+        snprintf(op->err, sizeof op->err, "it came back at step %llu after it had told this "
+                 "worker of step %llu: its data_dir went back to an older copy of itself (a "
+                 "snapshot or a backup), and the updates since are lost; " STORE_REMEDY,
+                 (unsigned long long)op->reply.step_max, (unsigned long long)seen);
+    }
     if (op->status == PS_ECONFIG || op->status == PS_EAUTH) {
         /* The shard came back under another configuration (a restore onto another manifest,
          * another secret): this worker's manifest no longer fits it, and asking again cannot

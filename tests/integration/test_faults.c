@@ -1647,6 +1647,83 @@ START_TEST(test_coordinator_stop_keeps_members)
 }
 END_TEST
 
+/* Copy shard @p shard's data_dir aside (DIR.old) while its psd @p p is stopped (nothing writes
+ * it meanwhile), then let worker @p w train on for two more progress lines (a second apart). */
+static void store_copy_aside(cl_cluster_t *c, int shard, cl_proc_t *p, cl_proc_t *w)
+{
+    char cmd[2 * CL_PATH + 32];
+    snprintf(cmd, sizeof cmd, "cp -a '%s' '%s.old'", c->data_dir[shard], c->data_dir[shard]);
+    ck_assert_int_eq(cl_signal(p, SIGSTOP), 0);
+    int cp = system(cmd);
+    ck_assert_int_eq(cl_signal(p, SIGCONT), 0);
+    ck_assert_int_eq(cp, 0);
+    int lines = count_in_log(w, " of ~");
+    for (int i = 0; i < 100 && count_in_log(w, " of ~") < lines + 2; i++) usleep(100 * 1000);
+    ck_assert_msg(count_in_log(w, " of ~") >= lines + 2, "no training after the copy: %s",
+                  cl_tail(w));
+}
+
+/* Kill shard @p shard's psd @p p, put its data_dir's older copy (store_copy_aside) in place
+ * and start it again. @return the new psd. */
+static cl_proc_t *store_put_back(cl_cluster_t *c, int shard, cl_proc_t *p)
+{
+    ck_assert_int_eq(cl_signal(p, SIGKILL), 0);
+    cl_wait(p, RUN_S);
+    char cmd[3 * CL_PATH + 32];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && mv '%s.old' '%s'", c->data_dir[shard],
+             c->data_dir[shard], c->data_dir[shard]);
+    ck_assert_int_eq(system(cmd), 0);
+    return cl_psd_start(c, shard, NULL, READY_S);
+}
+
+/* asp: shard 1's data_dir put back to a copy of itself taken earlier in the same run (a VM
+ * snapshot, a backup), while the worker trained on (a probe, session 67). Same run id and
+ * digest, so the checks of a lost or restored store passed: the worker trained on, and shard
+ * 1's updates since the copy were lost while counted applied (its chunks stayed thousands of
+ * versions behind shard 0's). Now the running worker hears that shard 1 came back below a
+ * version it had told it of (exit 1, naming the remedy). */
+START_TEST(test_shard_store_rolled_back_refused)
+{
+    cl_conf_t k = {.shards = 2, .workers = 1, .consistency = "asp", .max_steps = 100000,
+                   .epochs = 100};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    ck_assert_msg(cl_wait_log(w, "step 1 of ~", RUN_S) == 0, "never trained: %s", cl_tail(w));
+    store_copy_aside(c, 1, psd[1], w);
+    psd[1] = store_put_back(c, 1, psd[1]);
+    EXPECT_EXIT(w, 1);
+    EXPECT_LOG(w, "shard 1 refused this worker back: it came back at step ");
+    EXPECT_LOG(w, "its data_dir went back to an older copy of itself");
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+/* bsp: shard 0's data_dir (the coordinator's state with it) put back to an older copy of
+ * itself after the job went on, with no worker running through it (a probe, session 67). A
+ * worker that joined then was handed the steps and batches since the copy again and trained
+ * on, while shard 1, past them, acknowledged its pushes as applied and dropped them: its part
+ * of the model trained no more, without a word. Now the join is refused (exit 2). */
+START_TEST(test_shard0_store_rolled_back_join_refused)
+{
+    cl_conf_t k = {.shards = 2, .workers = 1, .max_steps = 100000, .epochs = 100};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    ck_assert_msg(cl_wait_log(w, "step 1 of ~", RUN_S) == 0, "never trained: %s", cl_tail(w));
+    store_copy_aside(c, 0, psd[0], w);
+    ck_assert_int_eq(cl_signal(w, SIGKILL), 0);
+    cl_wait(w, RUN_S);
+    psd[0] = store_put_back(c, 0, psd[0]);
+    cl_proc_t *w2 = cl_worker_start(c, NULL, NULL, false);
+    EXPECT_EXIT(w2, 2);
+    EXPECT_LOG(w2, "shard 0's data_dir went back to an older copy of itself");
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* bsp: shard 0 started again from an empty data_dir while shard 1 kept its store. Its job
  * starts at step 0 again, and shard 1 would acknowledge the pushes of every step it applied
  * already as applied and drop them, silently (found by a review, session 39: 3,400 steps
@@ -2038,6 +2115,10 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("shard0_store_lost_refused", test_shard0_store_lost_refused));
     suite_add_tcase(s, tcase("slow_dns_no_stall", test_slow_dns_no_stall));
     suite_add_tcase(s, tcase("signal_before_serving", test_signal_before_serving));
+    suite_add_tcase(s, tcase("shard_store_rolled_back_refused",
+                             test_shard_store_rolled_back_refused));
+    suite_add_tcase(s, tcase("shard0_store_rolled_back_join_refused",
+                             test_shard0_store_rolled_back_join_refused));
     suite_add_tcase(s, tcase("psd_sighup_stops", test_psd_sighup_stops));
     suite_add_tcase(s, tcase("shard_store_lost_refused", test_shard_store_lost_refused));
     suite_add_tcase(s, tcase("pslaunch_care", test_pslaunch_care));
