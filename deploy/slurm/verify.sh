@@ -152,6 +152,30 @@ pgrep -f "$tmp/" > /dev/null && fail "processes left after SIGTERM: $(pgrep -af 
 [ "$(grep -c "stopping at step" "$tmp/out-long")" -ge 2 ] ||
     fail "the shards did not stop cleanly after SIGTERM: $(grep -E "forcing|Killed|stopping" "$tmp/out-long" | head -5)"
 
+# A shard psd-shard.sh gives up on (PSD_RESTARTS=0: at its first death): psd.sbatch stops the
+# workers and the other shard and exits 1, rather than waiting for pslaunch until the time
+# limit while the workers wait for the shard.
+sed -e "s/slurm-verify-$$-b/slurm-verify-$$-c/" "$tmp/long.yaml" > "$tmp/gone.yaml"
+PSD_DATA=$tmp/data-gone PSD_RUN_DIR=$tmp/run-gone PSD_RESTARTS=0 \
+    "$root/deploy/slurm/psd.sbatch" "$tmp/gone.yaml" > "$tmp/out-gone" 2>&1 &
+job_pid=$!
+for _ in $(seq 300); do
+    step=$(shard_step $((mport + 1)))
+    [ -n "$step" ] && [ "$step" -ge 20 ] && break
+    sleep 0.1
+done
+[ -n "$step" ] && [ "$step" -ge 20 ] || fail "the third job never reached step 20"
+pid=$(pgrep -f "$tmp/run-gone/manifest.yaml --shard 1" | head -1)
+[ -n "$pid" ] && kill -KILL "$pid"
+for _ in $(seq 300); do kill -0 "$job_pid" 2>/dev/null || break; sleep 0.1; done
+kill -0 "$job_pid" 2>/dev/null && fail "psd.sbatch still runs 30 s after its shard 1 was given up"
+wait "$job_pid"
+rc=$?
+[ "$rc" -eq 1 ] && grep -q "psd.sbatch: shard-1 is down for good (status 137)" "$tmp/out-gone" ||
+    fail "a shard given up gave status $rc: $(tail -5 "$tmp/out-gone")"
+for _ in $(seq 100); do pgrep -f "$tmp/" > /dev/null || break; sleep 0.1; done
+pgrep -f "$tmp/" > /dev/null && fail "processes left after a shard was given up: $(pgrep -af "$tmp/")"
+
 # A template with servers: is refused with exit 2 and a reason.
 printf 'servers:\n  - {host: a, port: 1, data_dir: /d}\n' >> "$tmp/job.yaml"
 "$root/deploy/slurm/psd.sbatch" "$tmp/job.yaml" > "$tmp/out2" 2>&1
@@ -164,4 +188,4 @@ sed -e '/^servers:/,$d' -e 's/batch_size: 32/batch_size: lots/' "$tmp/job.yaml" 
 rc=$?
 [ "$rc" -eq 2 ] && grep -q "manifest.yaml:[0-9]*: job.batch_size: " "$tmp/out3" ||
     fail "a bad template gave status $rc: $(cat "$tmp/out3")"
-echo "verify.sh: psd.sbatch ran a 2-shard job to its end through a psd kill -9"
+echo "verify.sh: psd.sbatch ran a 2-shard job to its end through a psd kill -9, stopped on a shard given up"
