@@ -807,8 +807,11 @@ static void on_cron(uv_timer_t *h)
 void psd_server_maybe_stop(psd_server_t *srv)
 {
     if (!srv->stopping || !psd_shard_idle(srv) || !psd_export_idle(srv) || !psd_sync_idle(srv) ||
-        !psd_ckpt_idle(srv))
+        !psd_ckpt_idle(srv) || srv->stop_said)
         return;
+    /* Once: the loop ends its iteration after uv_stop, and what runs in it (a member's leave)
+     * may ask again (the stop was logged twice: an ASan run's churn, session 67). */
+    srv->stop_said = true;
     PS_LOG(PS_LOG_INFO, "server", "shard %u stopping at step %llu", srv->shard,
            (unsigned long long)psd_shard_step(srv));
     uv_stop(srv->loop);
@@ -886,6 +889,11 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
     srv->nstate = (uint32_t)psk_optim_state_count(srv->optim);
     srv->loop = uv_default_loop();
     srv->rank_owner = calloc(PS_MAX_RANKS, sizeof *srv->rank_owner);
+    if (srv->rank_owner == NULL) {
+        free(srv);
+        snprintf(err, errlen, "out of memory");
+        return PS_ENOMEM;
+    }
     const ps_server_conf_t *sc = &m->servers[shard];
     /* Test hooks (tests only; each logged as a warning). */
     if ((srv->test_corrupt_pull = test_hook("PS_TEST_CORRUPT_PULL", 0)))

@@ -473,6 +473,7 @@ struct psd_server_s {
     uv_signal_t sigint, sigterm, sighup;
     uv_timer_t cron;           /* heartbeat checks */
     bool stopping;
+    bool stop_said;            /* psd_server_maybe_stop stopped the loop (once) */
     bool restarting;           /* transport_restart drains the listener: requests refused */
     uint64_t last_cron_ms;     /* psd_now_ms() of the last heartbeat check */
     void *echo_buf;            /* MSG_ECHO's landing place (contents dropped) */
