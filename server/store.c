@@ -476,6 +476,15 @@ int psd_store_oldest_reader(psd_store_t *st, psd_store_reader_t *out)
     return 0;
 }
 
+int psd_store_map_use(psd_store_t *st, uint64_t *used, uint64_t *size)
+{
+    MDB_envinfo info;
+    if (mdb_env_info(st->env, &info) != 0) return PS_ESTORE;
+    *used = ((uint64_t)info.me_last_pgno + 1) * st->psize;
+    *size = info.me_mapsize;
+    return 0;
+}
+
 int psd_store_ahead(psd_store_t *st, uint64_t bytes)
 {
     MDB_envinfo info;

@@ -89,6 +89,15 @@ typedef struct {
  */
 int psd_store_oldest_reader(psd_store_t *st, psd_store_reader_t *out);
 
+/**
+ * @brief The map's size and its high-water mark: the bytes up to the highest page any commit
+ *  used. Pages freed below it are reused; the mark never goes down (a reader that held an old
+ *  snapshot while commits went on leaves it high), and an update that finds no free run of
+ *  pages once it reaches the size fails (PS_ESTOREFULL).
+ * @return 0 with *@p used and *@p size, or PS_ESTORE. Any thread.
+ */
+int psd_store_map_use(psd_store_t *st, uint64_t *used, uint64_t *size);
+
 /** A write transaction plus the read snapshot that supplies old records. */
 typedef struct {
     psd_store_t *st;

@@ -494,6 +494,12 @@ START_TEST(test_metrics_store_pinned_healthz)
                   "waiting %.0f, oldest snapshot %.0f commits old",
                   metric(body, "psd_store_updates_waiting"),
                   metric(body, "psd_store_oldest_snapshot_commits"));
+    /* The map's high-water mark reached its size (16 MiB): what an alert watches. */
+    ck_assert_msg(metric(body, "psd_store_map_bytes") == 16 << 20 &&
+                      metric(body, "psd_store_map_high_water_bytes") >
+                          0.9 * metric(body, "psd_store_map_bytes"),
+                  "map %.0f bytes, high-water %.0f", metric(body, "psd_store_map_bytes"),
+                  metric(body, "psd_store_map_high_water_bytes"));
     free(body);
     for (int i = 0; i < 2; i++) {
         ck_assert_int_eq(cl_signal(w[i], SIGKILL), 0);
