@@ -444,12 +444,13 @@ static int join_runs_check(ps_client_t *c)
  * names a lower step_max: not refused here, as nothing is lost by it. */
 static int join_ahead_check(ps_client_t *c, uint32_t i, const ps_msg_t *rep, ps_msg_t *req)
 {
-    if (c->m.job.consistency != PS_CONSIST_BSP || i == 0 || c->join_step == 0 ||
+    if (c->m.job.consistency != PS_CONSIST_BSP || i == 0 ||
         !(rep->flags & PS_FLAG_STEPMAX) || rep->step_max <= c->join_step + 1)
         return 0;
     ps_msg_t r0;
     ps__hello_conf(c, req, 0);
-    if (ps__ctrl_call(c, OP_HELLO, 0, req, &r0) != 0 || r0.step + 1 >= rep->step_max)
+    if (ps__ctrl_call(c, OP_HELLO, 0, req, &r0) != 0 || r0.step + 1 >= rep->step_max ||
+        ((r0.flags & PS_FLAG_STEPMAX) && r0.step_max + 1 >= rep->step_max))
         return 0; /* not answered: the other checks and the pushes decide */
     snprintf(c->err, sizeof c->err, "shard %u (%.64s:%u) holds chunks at step %llu, shard 0 "
              "hands out step %llu: shard 0's data_dir went back to an older copy of itself (a "

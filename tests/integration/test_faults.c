@@ -1676,6 +1676,57 @@ static cl_proc_t *store_put_back(cl_cluster_t *c, int shard, cl_proc_t *p)
     return cl_psd_start(c, shard, NULL, READY_S);
 }
 
+/* bsp, not a rollback: shard 0 holds tensors that stay behind (mean_client misuse's, at step 2;
+ * "a worker of another model trains on", cluster:libps_misuse_harmless), and is SIGKILLed while
+ * its apply of step 11 is held after shard 1 applied it. Restarted, its coordinator resumes at
+ * step 10 (the lowest chunk version decides what it applied), its trained chunks at 11, shard
+ * 1's at 12. A worker joining then was refused as if shard 0's data_dir had gone back (a
+ * review, session 67): shard 0's own chunks (step_max) show it did not. */
+START_TEST(test_behind_tensors_restart_join_taken)
+{
+    cl_conf_t k = {.shards = 2, .workers = 1, .optimizer = "{name: mean}"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    char big[] = "100000", two[] = "2", misuse[] = "misuse", many[] = "40", resume[] = "resume";
+    char *am[] = {(char *)cl_binary("MEAN_CLIENT"), c->manifest, big, two, misuse, NULL};
+    EXPECT_EXIT(cl_spawn(c, "mean-misuse", am), 0);
+    ck_assert_int_eq(cl_signal(psd[0], SIGTERM), 0);
+    cl_wait(psd[0], RUN_S);
+    char hold[CL_PATH];
+    cl_path(c, "apply.hold", hold, CL_PATH);
+    FILE *f = fopen(hold, "w");
+    ck_assert(f != NULL && fclose(f) == 0);
+    setenv("PS_TEST_SLOW_APPLY_HOLD", hold, 1);
+    setenv("PS_TEST_SLOW_APPLY", "12", 1);
+    psd[0] = cl_psd_start(c, 0, NULL, READY_S);
+    unsetenv("PS_TEST_SLOW_APPLY");
+    unsetenv("PS_TEST_SLOW_APPLY_HOLD");
+    char *ar[] = {(char *)cl_binary("MEAN_CLIENT"), c->manifest, big, many, resume, NULL};
+    cl_proc_t *rs = cl_spawn(c, "mean-resume", ar);
+    ck_assert_msg(cl_wait_log(psd[0], "the apply of step 11 waits while ", RUN_S) == 0,
+                  "no hold: %s", cl_tail(psd[0]));
+    usleep(1500 * 1000); /* shard 1 applies step 11 meanwhile */
+    ck_assert_int_eq(cl_signal(rs, SIGSTOP), 0); /* it would report step 11 at once */
+    ck_assert_int_eq(cl_signal(psd[0], SIGKILL), 0);
+    cl_wait(psd[0], RUN_S);
+    unlink(hold);
+    psd[0] = cl_psd_start(c, 0, NULL, READY_S);
+    cl_proc_t *j = cl_spawn(c, "joiner", ar);
+    for (int i = 0; i < 50 && cl_alive(j) && count_in_log(j, "went back") == 0; i++)
+        usleep(100 * 1000);
+    ck_assert_msg(count_in_log(j, "went back") == 0, "a healthy join refused: %s", cl_tail(j));
+    ck_assert_int_eq(cl_signal(rs, SIGKILL), 0);
+    cl_signal(rs, SIGCONT);
+    cl_wait(rs, RUN_S);
+    cl_wait(j, RUN_S); /* past the join: it trains (its own check of the values then is
+                          mean_client's, not what this test is about) */
+    ck_assert_msg(count_in_log(j, "went back") == 0 && count_in_log(j, " step ") > 0,
+                  "the joiner did not train: %s", cl_tail(j));
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* asp: shard 1's data_dir put back to a copy of itself taken earlier in the same run (a VM
  * snapshot, a backup), while the worker trained on (a probe, session 67). Same run id and
  * digest, so the checks of a lost or restored store passed: the worker trained on, and shard
@@ -2119,6 +2170,8 @@ Suite *ps_test_suite(void)
                              test_shard_store_rolled_back_refused));
     suite_add_tcase(s, tcase("shard0_store_rolled_back_join_refused",
                              test_shard0_store_rolled_back_join_refused));
+    suite_add_tcase(s, tcase("behind_tensors_restart_join_taken",
+                             test_behind_tensors_restart_join_taken));
     suite_add_tcase(s, tcase("psd_sighup_stops", test_psd_sighup_stops));
     suite_add_tcase(s, tcase("shard_store_lost_refused", test_shard_store_lost_refused));
     suite_add_tcase(s, tcase("pslaunch_care", test_pslaunch_care));
