@@ -80,8 +80,14 @@ static pid_t spawn(const char *worker, const char *manifest, const char *metrics
         args[k++] = g_device;
     }
     execv(worker, (char *const *)args);
-    dprintf(2, "pslaunch: exec %s: %s\n", worker, strerror(errno));
-    _exit(127);
+    /* A program the kernel cannot run (a script without its #! line: ENOEXEC; one removed or
+     * made unreadable since pslaunch's check) fails so at every start: exit 2, which pslaunch
+     * takes as a refusal (no more starts; it exits 2). Before, --follow started it again every
+     * few seconds for good (a probe, session 67). */
+    int e = errno;
+    dprintf(2, "pslaunch: exec %s: %s%s\n", worker, strerror(e),
+            e == ENOEXEC ? " (a script needs a #! line naming its interpreter)" : "");
+    _exit(e == ENOEXEC || e == ENOENT || e == EACCES || e == ENOTDIR || e == ELOOP ? 2 : 127);
 }
 
 /* Whether a SIGINT, SIGTERM or SIGHUP waits (blocked, not yet taken): checked before each

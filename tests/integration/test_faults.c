@@ -2061,6 +2061,20 @@ START_TEST(test_pslaunch_care)
     EXPECT_EXIT(l, 1);
     EXPECT_LOG(l, "starting a replacement");
 
+    /* A script without its #! line: exec fails with ENOEXEC at every start, so it is a
+     * refusal (exit 2, no respawn), with the hint (a probe, session 67: --follow started it
+     * again every few seconds for good). */
+    char noshebang[CL_PATH];
+    cl_path(c, "noshebang.sh", noshebang, sizeof noshebang);
+    FILE *nf = fopen(noshebang, "w");
+    ck_assert(nf != NULL && fputs("exit 0\n", nf) >= 0 && fclose(nf) == 0);
+    ck_assert_int_eq(chmod(noshebang, 0700), 0);
+    char *le[] = {(char *)cl_binary("PSLAUNCH"), "--manifest", c->manifest, "--workers", "1",
+                  "--respawn", "5", "--psworker", noshebang, NULL};
+    l = cl_spawn(c, "pslaunch-noshebang", le);
+    EXPECT_EXIT(l, 2);
+    EXPECT_LOG(l, "Exec format error (a script needs a #! line naming its interpreter)");
+
     /* A --metrics-dir where no file can be made. */
     char *lm[] = {(char *)cl_binary("PSLAUNCH"), "--manifest", c->manifest, "--workers", "1",
                   "--metrics-dir", "/proc", "--psworker", script, NULL};
