@@ -400,6 +400,7 @@ struct ps_client_s {
 /* What a shard that lost its store is told with, and the remedy (ps__on_rehello, join_store_check,
  * join_run_check). */
 #define STORE_REMEDY "start every shard from one checkpoint (psctl restore D prints the commands)"
+#define STORE_LOST "store was lost or replaced (an empty or another data_dir); " STORE_REMEDY
 
 /* Shard @p s told this worker of chunk version @p v (a push ack, a pull reply, a direct pull's
  * record; committed there before it was told): raise its seen_max. One writer at a time (the
@@ -409,7 +410,6 @@ static inline void ps__seen_version(cshard_t *s, uint64_t v)
     if (v > __atomic_load_n(&s->seen_max, __ATOMIC_RELAXED))
         __atomic_store_n(&s->seen_max, v, __ATOMIC_RELAXED);
 }
-#define STORE_LOST "store was lost or replaced (an empty or another data_dir); " STORE_REMEDY
 
 /* CLOCK_MONOTONIC in nanoseconds: the clock of ops' times and of the PS_TRACE timeline; and
  * in milliseconds. */
