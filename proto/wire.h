@@ -28,7 +28,9 @@
 enum {
     PS_FLAG_FINISHED = 1, /* batch reply: the job is complete (step = the final step);
                              checkpoint cancel reply: too late, this shard's part is whole */
-    PS_FLAG_DONE = 2,     /* batch request: the batch in the message was pushed and acked;
+    PS_FLAG_DONE = 2,     /* launch: this launcher exits (session 67): its slot is freed and
+                             nothing granted; an older psd takes it as a report of 0 running.
+                             Batch request: the batch in the message was pushed and acked;
                              checkpoint go: this checkpoint armed the shards (psd reads its
                              id, `count`, instead); go reply: the hold lasted for that id;
                              cancel reply: nothing of that checkpoint is left on this shard */

@@ -330,6 +330,18 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
                 break;
             }
     }
+    if (answered) {
+        /* Its last report: this launcher leaves (PS_FLAG_DONE). Before, it counted as one that
+         * might still start what it was granted for GRANT_TTL_MS (15 s): a pslaunch run again
+         * at once, after one whose workers never joined, waited that long for its first start
+         * (a probe, session 67). Not waited for past the request's timeout. */
+        ps_msg_t req = {.type = PS_MSG_LAUNCH, .pid = (uint32_t)getpid(), .rank = -1,
+                        .poll_ms = (uint32_t)poll_ms, .flags = PS_FLAG_DONE},
+                 rep;
+        snprintf(req.host, sizeof req.host, "%s", host);
+        snprintf(req.cluster, sizeof req.cluster, "%s", m.cluster);
+        (void)ps_req_call(ctl, 0, &req, &rep, NULL, NULL, err, sizeof err);
+    }
     ps_req_close(ctl);
     if (failures)
         fprintf(stderr, "pslaunch: %d worker(s) died%s\n", failures,

@@ -2137,6 +2137,20 @@ START_TEST(test_pslaunch_care)
     EXPECT_EXIT(l, 1);
     EXPECT_LOG(l, "3 workers in a row exited within 10 s of their start (the last with 1; their "
                   "log says why): starting no more");
+    /* Its last report said it exits: a pslaunch run again at once is granted its start without
+     * waiting for the first one's slot to age out (15 s; the probe's fix-and-rerun loop). */
+    char gone[64];
+    snprintf(gone, sizeof gone, "launcher pid %d on ", (int)l->pid);
+    ck_assert_msg(cl_wait_log(psd, gone, 5) == 0,
+                  "the coordinator never heard that pslaunch exit: %s", cl_tail(psd));
+    stand_in(c, "stays.sh", "trap 'exit 0' TERM\nwhile :; do sleep 0.1; done\n", script,
+             sizeof script);
+    char *lz[] = {(char *)cl_binary("PSLAUNCH"), "--manifest", c->manifest, "--follow",
+                  "--poll-ms", "100", "--psworker", script, NULL};
+    l = cl_spawn(c, "pslaunch-again", lz);
+    ck_assert_msg(cl_wait_log(l, "starting 1 worker(s)", RUN_S) == 0, "%s", cl_tail(l));
+    ck_assert_int_eq(cl_signal(l, SIGTERM), 0);
+    EXPECT_EXIT(l, 128 + SIGTERM);
     stop_all(&psd, 1);
     cl_cluster_destroy(c);
 }
