@@ -104,10 +104,11 @@ void psd_coord_on_launch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
         snprintf(l->host, sizeof l->host, "%s", host);
         l->pid = msg->pid;
     }
-    if (l && (msg->flags & PS_FLAG_DONE)) {
-        /* It exits: its slot no longer holds the grants of the others back (grants_seen). */
+    if (msg->flags & PS_FLAG_DONE) {
+        /* It exits: its slot no longer holds the grants of the others back (grants_seen), and
+         * it is granted nothing (also without a slot: every one taken by fresher launchers). */
         PS_LOG(PS_LOG_INFO, "coord", "launcher pid %u on %s exits", msg->pid, host);
-        memset(l, 0, sizeof *l);
+        if (l) memset(l, 0, sizeof *l);
         ps_msg_t a = {.type = PS_MSG_LAUNCH_REPLY, .req_id = msg->req_id, .shard = 0,
                       .workers = co->s.desired, .count = popcount(co->s.active),
                       .flags = co->s.finished ? PS_FLAG_FINISHED : 0};

@@ -71,13 +71,14 @@ static void metrics_text(psd_server_t *srv, psd_http_reply_t *r)
     psd_prom_u64(&p, "psd_store_updates_waiting", "gauge",
                  "1 while updates wait for an old snapshot to be let go (the store filled while a "
                  "reader held it)", srv->pinned_since_ms != 0);
-    uint64_t used = 0, size = 0;
-    psd_store_map_use(&srv->store, &used, &size);
-    psd_prom_u64(&p, "psd_store_map_bytes", "gauge", "The store's map: map_size_mb", size);
-    psd_prom_u64(&p, "psd_store_map_high_water_bytes", "gauge",
-                 "The store's map up to the highest page a commit used (never goes down; freed "
-                 "pages below it are reused): near psd_store_map_bytes, the store may fill",
-                 used);
+    uint64_t used, size;
+    if (psd_store_map_use(&srv->store, &used, &size) == 0) { /* else left out: not a 0 */
+        psd_prom_u64(&p, "psd_store_map_bytes", "gauge", "The store's map: map_size_mb", size);
+        psd_prom_u64(&p, "psd_store_map_high_water_bytes", "gauge",
+                     "The store's map up to the highest page a commit used (never goes down; "
+                     "freed pages below it are reused): near psd_store_map_bytes, the store may "
+                     "fill", used);
+    }
     uint64_t conns = 0, members = 0;
     for (const psd_conn_t *c = srv->conns; c; c = c->next) {
         if (c->dead || c->ep == NULL) continue;

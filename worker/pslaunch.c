@@ -146,13 +146,14 @@ static double quick_death_wait(int *quick, double lived)
     return d > 5.0 ? 5.0 : d;
 }
 
-/* --follow gives up after this many workers in a row exited non-zero (not by a signal)
- * within EARLY_S of their start: a program that cannot start (a Python worker without its
- * package on the path, a device this host lacks) was started again for good, every ~2 s for
- * a Python one, whose start outlasts quick_death_wait's second (a probe, session 67). A psworker
- * that waits out a shard down exits after its reconnect timeout (30 s): not counted. */
+/* --follow: a worker that exited non-zero (not by a signal) within EARLY_S of its start
+ * counts as a quick death too: a program that cannot start yet (a Python worker without its
+ * package on the path, a device this host lacks) was started again every ~2 s for good, as a
+ * Python one's start outlasts the second (a probe, session 67). Started again all the same,
+ * after the doubling wait: what fails may clear up (a dataset mounted late, psworker's exit 1
+ * says so; a GPU another process still holds), so --follow does not give up (a review). A
+ * psworker that waits out a shard down exits after its reconnect timeout (30 s): not one. */
 #define EARLY_S 10.0
-#define EARLY_MAX 20
 
 /* --follow: poll the coordinator with this host's running count; start or stop as told. */
 static int follow(const char *manifest, const char *worker, const char *metrics_dir, long poll_ms,
@@ -175,10 +176,6 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
     int stopping[FOLLOW_MAX];
     double born[FOLLOW_MAX], hold_until = 0; /* starts, and no start before (quick deaths) */
     int nlive = 0, finished = 0, failures = 0, answered = 0, refused = 0, quick = 0;
-    int early = 0; /* workers in a row that exited non-zero within EARLY_S (EARLY_MAX) */
-    int early_gave_up = 0; /* ... and so no more are started: exit 1 */
-    const char *early_env = getenv("PS_TEST_EARLY_MAX"); /* tests: fewer than EARLY_MAX */
-    const int early_max = early_env && atoi(early_env) > 0 ? atoi(early_env) : EARLY_MAX;
     long next_index = 0;
     time_t silent_since = 0, said = 0; /* the coordinator unreachable since, and said at */
     double forwarded_at = 0; /* the first SIGINT / SIGTERM forwarded (mono_s) */
@@ -305,22 +302,16 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
                             WIFSIGNALED(st) ? "killed by signal" : "exited with",
                             WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
                     double lived = mono_s() - born[i];
-                    double d = quick_death_wait(&quick, lived);
-                    early = WIFEXITED(st) && lived < EARLY_S ? early + 1 : 0;
-                    if (early >= early_max && !refused) {
-                        fprintf(stderr, "pslaunch: %d workers in a row exited within %.0f s of "
-                                "their start (the last with %d; their log says why): starting "
-                                "no more, and exiting 1 once the running ones end\n", early,
-                                EARLY_S, WEXITSTATUS(st));
-                        refused = 1;
-                        early_gave_up = 1;
-                    } else if (d > 0) {
+                    bool early = WIFEXITED(st) && lived < EARLY_S;
+                    double d = quick_death_wait(&quick, early ? 0 : lived);
+                    if (d > 0) {
                         hold_until = mono_s() + d;
-                        fprintf(stderr, "pslaunch: workers die within a second of their start: "
-                                "the next starts in %.1f s\n", d);
+                        fprintf(stderr, "pslaunch: workers %s of their start: the next starts in "
+                                "%.1f s\n", lived < 1.0 ? "die within a second"
+                                                        : "exit within 10 s", d);
                     }
                 } else if (!stopping[i]) {
-                    quick = early = 0;
+                    quick = 0;
                 }
                 /* Keep the start order (the newest last). */
                 memmove(pids + i, pids + i + 1, (size_t)(nlive - i - 1) * sizeof *pids);
@@ -345,11 +336,10 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
     ps_req_close(ctl);
     if (failures)
         fprintf(stderr, "pslaunch: %d worker(s) died%s\n", failures,
-                early_gave_up ? ""
-                : refused     ? " besides (none replaced once one refused its manifest: exit 2)"
-                : g_sig       ? ""
-                              : " (the coordinator grants replacements while the job needs them)");
-    return g_sig ? 128 + g_sig : early_gave_up ? 1 : refused ? 2 : 0;
+                refused ? " besides (none replaced once one refused its manifest: exit 2)"
+                : g_sig ? ""
+                        : " (the coordinator grants replacements while the job needs them)");
+    return g_sig ? 128 + g_sig : refused ? 2 : 0;
 }
 
 static void usage(FILE *f)

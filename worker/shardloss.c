@@ -228,7 +228,8 @@ void ps__on_rehello(ps_op_t *op)
         op->status = PS_ECONFIG;
         snprintf(op->err, sizeof op->err, "it came back at step %llu after it had told this "
                  "worker of step %llu: its data_dir went back to an older copy of itself (a "
-                 "snapshot or a backup), and the updates since are lost; " STORE_REMEDY,
+                 "snapshot or a backup, or its host crashed since the store's last sync), and "
+                 "the updates since are lost; " STORE_REMEDY,
                  (unsigned long long)op->reply.step_max, (unsigned long long)seen);
     }
     if (op->status == PS_ECONFIG || op->status == PS_EAUTH) {
