@@ -1647,6 +1647,20 @@ START_TEST(test_coordinator_stop_keeps_members)
 }
 END_TEST
 
+/* Two asp shards and one psworker training a long job (until the test ends it): the
+ * cluster, its psd processes in @p psd and the worker in *@p w, once it trained. */
+static cl_cluster_t *asp_pair_training(cl_proc_t *psd[2], cl_proc_t **w)
+{
+    cl_conf_t k = {.shards = 2, .workers = 1, .consistency = "asp", .max_steps = 100000,
+                   .epochs = 100};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    psd[0] = cl_psd_start(c, 0, NULL, READY_S);
+    psd[1] = cl_psd_start(c, 1, NULL, READY_S);
+    *w = cl_worker_start(c, NULL, NULL, false);
+    ck_assert_msg(cl_wait_log(*w, "step 1 of ~", RUN_S) == 0, "never trained: %s", cl_tail(*w));
+    return c;
+}
+
 /* Copy shard @p shard's data_dir aside (DIR.old) while its psd @p p is stopped (nothing writes
  * it meanwhile), then let worker @p w train on for two more progress lines (a second apart). */
 static void store_copy_aside(cl_cluster_t *c, int shard, cl_proc_t *p, cl_proc_t *w)
@@ -1735,12 +1749,8 @@ END_TEST
  * version it had told it of (exit 1, naming the remedy). */
 START_TEST(test_shard_store_rolled_back_refused)
 {
-    cl_conf_t k = {.shards = 2, .workers = 1, .consistency = "asp", .max_steps = 100000,
-                   .epochs = 100};
-    cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
-    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
-    ck_assert_msg(cl_wait_log(w, "step 1 of ~", RUN_S) == 0, "never trained: %s", cl_tail(w));
+    cl_proc_t *psd[2], *w;
+    cl_cluster_t *c = asp_pair_training(psd, &w);
     store_copy_aside(c, 1, psd[1], w);
     psd[1] = store_put_back(c, 1, psd[1]);
     EXPECT_EXIT(w, 1);
@@ -1808,12 +1818,8 @@ END_TEST
  * both naming the remedy. */
 START_TEST(test_shard_store_lost_refused)
 {
-    cl_conf_t k = {.shards = 2, .workers = 1, .consistency = "asp", .max_steps = 100000,
-                   .epochs = 100};
-    cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
-    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
-    ck_assert_msg(cl_wait_log(w, "step 1 of ~", RUN_S) == 0, "never trained: %s", cl_tail(w));
+    cl_proc_t *psd[2], *w;
+    cl_cluster_t *c = asp_pair_training(psd, &w);
     ck_assert_int_eq(cl_signal(psd[1], SIGKILL), 0);
     cl_wait(psd[1], RUN_S);
     store_lost(c, 1);
