@@ -882,6 +882,10 @@ int ps_client_rank(const ps_client_t *c) { return c->rank; }
 int ps_client_leads(const ps_client_t *c) { return __atomic_load_n(&c->leads, __ATOMIC_RELAXED); }
 uint32_t ps_client_workers(const ps_client_t *c) { return c->workers; }
 uint64_t ps_client_join_step(const ps_client_t *c) { return c->join_step; }
+int ps_client_refused_back(const ps_client_t *c)
+{
+    return c ? __atomic_load_n(&c->refused_back, __ATOMIC_RELAXED) : 0;
+}
 uint32_t ps_client_shards(const ps_client_t *c) { return c->nshards; }
 const char *ps_client_error(const ps_client_t *c) { return c ? c->err : "no client (NULL)"; }
 

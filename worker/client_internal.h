@@ -368,6 +368,8 @@ struct ps_client_s {
     int joined;                 /* past the first hello: lost shards are reconnected */
     uint64_t unarmable_restart_ns; /* the last transport restart of unarmable() (mono_ns) */
     int removed;                /* the coordinator removed this worker: everything fails */
+    int refused_back;           /* a shard refused this worker back (ps__on_rehello: its store
+                                   or configuration; ps_client_refused_back; atomic) */
     ps_views_t views;           /* comm thread: the last membership views learnt (views.h) */
     uint64_t progress;          /* comm thread: the current batch's samples-applied-before */
     int has_progress;

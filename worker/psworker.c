@@ -1027,6 +1027,14 @@ int main(int argc, char **argv)
         exit_code = 0;
     }
 out:
+    /* A shard refused this worker back (its store lost, restored alone, gone back to an older
+     * copy): exit as refused, 2, so that pslaunch starts no worker again, which its join would
+     * refuse, or which under asp would train on a store that lost updates (session 67). */
+    if (exit_code == 1 && !g_stop && ps_client_refused_back(tr.client)) {
+        fprintf(stderr, "psworker: a shard refused this worker back: exit 2 (restore every shard "
+                "from one checkpoint before starting workers again)\n");
+        exit_code = 2;
+    }
     free(perm);
     free(x);
     free(eval_x);

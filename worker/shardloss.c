@@ -239,6 +239,7 @@ void ps__on_rehello(ps_op_t *op)
         PS_LOG(PS_LOG_ERROR, "libps", "shard %u refused this worker back: %s", i, op->err);
         snprintf(s->gone_why, sizeof s->gone_why, "refused this worker back: %.450s", op->err);
         s->gone = 1;
+        __atomic_store_n(&c->refused_back, 1, __ATOMIC_RELAXED);
         if (s->ep && !s->dead) s->dead = s->close_queued = 1;
         parts_on_shard(c, i, 1);
         return;

@@ -1843,7 +1843,7 @@ START_TEST(test_shard_restored_alone_refused)
                     "--restore", dir, NULL};
     psd[1] = cl_spawn(c, "restored-1", argv);
     ck_assert_msg(cl_wait_log(psd[1], "listening on", READY_S) == 0, "%s", cl_tail(psd[1]));
-    EXPECT_EXIT(w, 1);
+    EXPECT_EXIT(w, 2);
     EXPECT_LOG(w, "shard 1 refused this worker back: it came back as another store (restored "
                   "from checkpoint ");
     EXPECT_LOG(w, ") than this worker joined: start every shard from one checkpoint");
@@ -1884,7 +1884,7 @@ START_TEST(test_shard_restored_alone_refused)
     ck_assert_int_eq(rename(c->data_dir[1], aside), 0);
     psd[1] = cl_spawn(c, "restored-1-again", argv);
     ck_assert_msg(cl_wait_log(psd[1], "listening on", READY_S) == 0, "%s", cl_tail(psd[1]));
-    EXPECT_EXIT(w4, 1);
+    EXPECT_EXIT(w4, 2);
     EXPECT_LOG(w4, "it came back as another store");
     cl_proc_t *w5 = cl_worker_start(c, NULL, NULL, false);
     EXPECT_EXIT(w5, 2);

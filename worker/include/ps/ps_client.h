@@ -176,6 +176,15 @@ int ps_manifest_optimizer(const char *path, char *out, size_t outlen, char *err,
 uint32_t ps_client_workers(const ps_client_t *c);
 uint32_t ps_client_shards(const ps_client_t *c);
 uint64_t ps_client_join_step(const ps_client_t *c);
+/**
+ * @brief Whether a shard refused this worker back after a reconnect for a reason no restart
+ * of the worker mends: its store lost, restored alone, gone back to an older copy of itself,
+ * another configuration or secret (the log line "shard N refused this worker back: ..."). The
+ * operations on it failed; a program exits as refused (psworker: 2, so that pslaunch starts no
+ * worker again: one started now would be refused at its join, or under asp train on a store
+ * that lost updates). @return 1 or 0; any thread. NULL: 0.
+ */
+int ps_client_refused_back(const ps_client_t *c);
 
 /**
  * @brief Declare a tensor on the shards (blocking). The first declaration creates it;
