@@ -99,28 +99,24 @@ void psd_coord_on_launch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
         if (x->pid == msg->pid && strcmp(x->host, host) == 0) l = x;
         if (free_l == NULL && !launcher_fresh(x, now)) free_l = x;
     }
-    if (l == NULL && (l = free_l) != NULL) {
-        memset(l, 0, sizeof *l);
-        snprintf(l->host, sizeof l->host, "%s", host);
-        l->pid = msg->pid;
-    }
+    int32_t actual = (int32_t)popcount(co->s.active), want = (int32_t)co->s.desired, delta = 0;
     if (msg->flags & PS_FLAG_DONE) {
         /* It exits: its slot no longer holds the grants of the others back (grants_seen), and
          * it is granted nothing (also without a slot: every one taken by fresher launchers). */
         PS_LOG(PS_LOG_INFO, "coord", "launcher pid %u on %s exits", msg->pid, host);
         if (l) memset(l, 0, sizeof *l);
-        ps_msg_t a = {.type = PS_MSG_LAUNCH_REPLY, .req_id = msg->req_id, .shard = 0,
-                      .workers = co->s.desired, .count = popcount(co->s.active),
-                      .flags = co->s.finished ? PS_FLAG_FINISHED : 0};
-        psd_send_msg(srv, c, &a);
-        return;
+        goto reply;
+    }
+    if (l == NULL && (l = free_l) != NULL) {
+        memset(l, 0, sizeof *l);
+        snprintf(l->host, sizeof l->host, "%s", host);
+        l->pid = msg->pid;
     }
     if (l) {
         l->running = msg->workers;
         l->poll_ms = msg->poll_ms;
         l->last_ms = now;
     }
-    int32_t actual = (int32_t)popcount(co->s.active), want = (int32_t)co->s.desired, delta = 0;
     grants_seen(srv, now);
     /* Right after this shard started, the grants it made before are forgotten, but the
      * workers the launchers run (members and ones still starting) are on their way: counted.
@@ -149,6 +145,7 @@ void psd_coord_on_launch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
             delta = -delta;
         }
     }
+reply:;
     ps_msg_t a = {.type = PS_MSG_LAUNCH_REPLY, .req_id = msg->req_id, .shard = 0,
                   .status = delta, .workers = co->s.desired, .count = (uint64_t)actual,
                   .flags = co->s.finished ? PS_FLAG_FINISHED : 0};

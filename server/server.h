@@ -624,7 +624,8 @@ void psd_direct_init(psd_server_t *srv, const char *data_dir);
 /** @brief Fill a hello reply's store and store_id, for a worker on this host (@p hello's
  *  store_id is its ps_storeview_host_id); nothing when direct pulls are off. */
 void psd_hello_store(const psd_server_t *srv, const ps_msg_t *hello, ps_msg_t *reply);
-uint64_t psd_shard_step_max(const psd_server_t *srv); /* (below) */
+/** @brief The highest version of any chunk here (0 when none): one walk of the chunks. */
+uint64_t psd_shard_step_max(const psd_server_t *srv);
 /** @brief Fill a hello reply's run, run_origin and run_base from the store's run (run.h),
  *  joined_runs, and step_max (the highest chunk version here: one walk of the chunks). */
 static inline void psd_hello_run(const psd_server_t *srv, ps_msg_t *reply)
@@ -810,8 +811,6 @@ void psd_shard_totals(const psd_server_t *srv, psd_shard_totals_t *t);
 void psd_shard_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len);
 /** @brief Lowest chunk version of this shard (its step), or 0 with no chunks. */
 uint64_t psd_shard_step(psd_server_t *srv);
-/** @brief The highest version of any chunk here (0 when none). */
-uint64_t psd_shard_step_max(const psd_server_t *srv);
 /** @brief How many tensors this shard's table holds (every shard holds the cluster's). */
 uint32_t psd_shard_tensors(const psd_server_t *srv);
 /** @brief Learn membership epoch @p epoch (members from @p from_step on; @p closed: of step

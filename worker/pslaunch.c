@@ -138,10 +138,11 @@ static double mono_s(void)
 /* One that dies at once (a binary that fails, a host short of memory) would be started again
  * hundreds of times a second: once two in a row (the first worker counts) died within a second
  * of their start, wait 0.1 s before the next start, doubling to 5 s while they keep dying so.
- * @p quick counts them; @p lived is how long the one just dead ran. Returns the wait (s). */
-static double quick_death_wait(int *quick, double lived)
+ * @p quick counts them; @p died_quick: the one just dead did (--follow counts more as such:
+ * EARLY_S). Returns the wait (s). */
+static double quick_death_wait(int *quick, bool died_quick)
 {
-    *quick = lived < 1.0 ? *quick + 1 : 0;
+    *quick = died_quick ? *quick + 1 : 0;
     double d = *quick > 1 ? 0.1 * (double)(1L << (*quick < 8 ? *quick - 2 : 6)) : 0;
     return d > 5.0 ? 5.0 : d;
 }
@@ -154,6 +155,20 @@ static double quick_death_wait(int *quick, double lived)
  * says so; a GPU another process still holds), so --follow does not give up (a review). A
  * psworker that waits out a shard down exits after its reconnect timeout (30 s): not one. */
 #define EARLY_S 10.0
+
+/* A launch report to the coordinator (@p ctl's shard 0) of manifest @p m: this launcher
+ * (pid, @p host) runs @p running workers and polls every @p poll_ms; @p flags: PS_FLAG_DONE,
+ * it exits. @return ps_req_call's, its answer in *@p rep (@p err says why otherwise). */
+static int launch_report(ps_req_t *ctl, const ps_manifest_t *m, const char *host, int running,
+                         long poll_ms, uint32_t flags, ps_msg_t *rep, char *err, size_t errlen)
+{
+    ps_msg_t req = {.type = PS_MSG_LAUNCH, .workers = (uint32_t)running,
+                    .pid = (uint32_t)getpid(), .rank = -1, .poll_ms = (uint32_t)poll_ms,
+                    .flags = flags};
+    snprintf(req.host, sizeof req.host, "%s", host);
+    snprintf(req.cluster, sizeof req.cluster, "%s", m->cluster);
+    return ps_req_call(ctl, 0, &req, rep, NULL, NULL, err, errlen);
+}
 
 /* --follow: poll the coordinator with this host's running count; start or stop as told. */
 static int follow(const char *manifest, const char *worker, const char *metrics_dir, long poll_ms,
@@ -213,12 +228,8 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
         if (!finished && !refused && mono_s() >= hold_until) {
             int running = 0;
             for (int i = 0; i < nlive; i++) running += !stopping[i];
-            ps_msg_t req = {.type = PS_MSG_LAUNCH, .workers = (uint32_t)running,
-                            .pid = (uint32_t)getpid(), .rank = -1, .poll_ms = (uint32_t)poll_ms},
-                     rep;
-            snprintf(req.host, sizeof req.host, "%s", host);
-            snprintf(req.cluster, sizeof req.cluster, "%s", m.cluster);
-            int rc = ps_req_call(ctl, 0, &req, &rep, NULL, NULL, err, sizeof err);
+            ps_msg_t rep;
+            int rc = launch_report(ctl, &m, host, running, poll_ms, 0, &rep, err, sizeof err);
             /* It keeps asking (a coordinator restarted answers again), and says so at the
              * first failure and every 10 s, so that a cluster down or a wrong manifest is
              * seen at once. */
@@ -302,8 +313,8 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
                             WIFSIGNALED(st) ? "killed by signal" : "exited with",
                             WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
                     double lived = mono_s() - born[i];
-                    bool early = WIFEXITED(st) && lived < EARLY_S;
-                    double d = quick_death_wait(&quick, early ? 0 : lived);
+                    double d = quick_death_wait(&quick, lived < 1.0 ||
+                                                            (WIFEXITED(st) && lived < EARLY_S));
                     if (d > 0) {
                         hold_until = mono_s() + d;
                         fprintf(stderr, "pslaunch: workers %s of their start: the next starts in "
@@ -326,12 +337,8 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
          * might still start what it was granted for GRANT_TTL_MS (15 s): a pslaunch run again
          * at once, after one whose workers never joined, waited that long for its first start
          * (a probe, session 67). Not waited for past the request's timeout. */
-        ps_msg_t req = {.type = PS_MSG_LAUNCH, .pid = (uint32_t)getpid(), .rank = -1,
-                        .poll_ms = (uint32_t)poll_ms, .flags = PS_FLAG_DONE},
-                 rep;
-        snprintf(req.host, sizeof req.host, "%s", host);
-        snprintf(req.cluster, sizeof req.cluster, "%s", m.cluster);
-        (void)ps_req_call(ctl, 0, &req, &rep, NULL, NULL, err, sizeof err);
+        ps_msg_t rep;
+        (void)launch_report(ctl, &m, host, 0, poll_ms, PS_FLAG_DONE, &rep, err, sizeof err);
     }
     ps_req_close(ctl);
     if (failures)
@@ -601,7 +608,7 @@ int main(int argc, char **argv)
                             i, (int)pid, WIFSIGNALED(st) ? "killed by signal" : "exited with",
                             WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
                     respawn--;
-                    double d = quick_death_wait(&quick, mono_s() - born[i]);
+                    double d = quick_death_wait(&quick, mono_s() - born[i] < 1.0);
                     for (double end = mono_s() + d, now; !g_sig && (now = mono_s()) < end;) {
                         double w = end - now; /* another child's exit is reaped below */
                         struct timespec ts = {(time_t)w, (long)((w - (double)(time_t)w) * 1e9)};

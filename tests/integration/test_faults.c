@@ -1746,7 +1746,7 @@ END_TEST
  * digest, so the checks of a lost or restored store passed: the worker trained on, and shard
  * 1's updates since the copy were lost while counted applied (its chunks stayed thousands of
  * versions behind shard 0's). Now the running worker hears that shard 1 came back below a
- * version it had told it of (exit 1, naming the remedy). */
+ * version it had told it of (exit 2, naming the remedy: pslaunch starts none again). */
 START_TEST(test_shard_store_rolled_back_refused)
 {
     cl_proc_t *psd[2], *w;
@@ -1814,8 +1814,8 @@ END_TEST
  * probe, session 40). The running worker's pushes failed with "no tensor with id 0", and a
  * worker joining next made shard 1 create the tensors again from their initial values and
  * trained on, exit 0, shard 1's part of the model silently lost. Now the running worker hears
- * that shard 1 came back without the model (exit 1), and a joining one is refused (exit 2),
- * both naming the remedy. */
+ * that shard 1 came back without the model (exit 2 since session 67), and a joining one is
+ * refused (exit 2), both naming the remedy. */
 START_TEST(test_shard_store_lost_refused)
 {
     cl_proc_t *psd[2], *w;

@@ -1820,8 +1820,8 @@ END_TEST
  * (a probe, session 40): the running worker trained on, exit 0, and shard 1's updates since
  * the checkpoint were lost while counted as applied; under bsp the workers failed with "the
  * chunk is at N", nothing naming the cause. Now the running worker hears that shard 1 came
- * back as another store (exit 1), and a joining one is refused (exit 2), naming the
- * checkpoint and the remedy. */
+ * back as another store (exit 2 since session 67), and a joining one is refused (exit 2), naming
+ * the checkpoint and the remedy. */
 START_TEST(test_shard_restored_alone_refused)
 {
     cl_conf_t k = {.shards = 2, .workers = 1, .consistency = "asp", .max_steps = 100000,
