@@ -117,6 +117,11 @@ enum {
                                    shard's store (session 67): libps tells a store that went
                                    back to an older copy of itself by it (a version below one
                                    the shard told it of before); an older psd does not say */
+    PS_FLAG_FLOOR = 67108864, /* hello reply: `floor` is the highest chunk version of the next
+                                 shard (of its run `floor_run`) a member told this shard of by
+                                 its heartbeats (session 68): a joiner tells a next shard whose
+                                 store went back to an older copy by it; an older psd does not
+                                 say */
 };
 
 /* UCP Active Message ids. */
@@ -242,6 +247,9 @@ typedef struct {
     uint32_t launcher;    /* hello: the pid of the pslaunch that started the worker (0: none) */
     uint64_t job_seed1;   /* batch request: the worker's job.seed + 1 (0: not sent) */
     uint32_t job_batch;   /* batch request: the worker's job.batch_size (0: not sent) */
+    uint64_t floor, floor_run; /* heartbeat: the worker's seen_max of the next shard and that
+                                  shard's run; hello reply (PS_FLAG_FLOOR): the highest such a
+                                  member told this shard of (server/floor.c) */
     uint32_t nreplay;     /* batch reply, push: replay tags in use (PS_REPLAY_MAX at most) */
     uint64_t replay[PS_REPLAY_MAX];
     char store[256];

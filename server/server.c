@@ -732,6 +732,7 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
         if (msg.joined_runs != 0 && c->rank >= 0 &&
             (msg.joined_runs != srv->joined_runs || srv->joined_runs != srv->joined_stored))
             joined_set(srv, msg.joined_runs);
+        psd_floor_on_heartbeat(srv, c, &msg);
         if (msg.flags & PS_FLAG_ANSWER) { /* the worker tells a silent shard by it */
             ps_msg_t r = {.type = PS_MSG_HEARTBEAT, .req_id = msg.req_id, .rank = c->rank,
                           .shard = srv->shard};
@@ -798,6 +799,7 @@ static void on_cron(uv_timer_t *h)
     if (dropped) ps_ucx_progress(&srv->ucx);
     psd_transport_check(srv);
     psd_sync_cron(srv, uv_now(srv->loop));
+    psd_floor_cron(srv);
     psd_follower_cron(srv, uv_now(srv->loop));
     psd_export_cron(srv, uv_now(srv->loop));
 }
@@ -1068,6 +1070,7 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
                            sizeof srv->joined_runs, &jlen) != 0 || jlen != sizeof srv->joined_runs)
         srv->joined_runs = 0; /* none yet (a store older than session 41, or never joined) */
     srv->joined_stored = srv->joined_runs;
+    psd_floor_load(srv);
     if (shard == 0) {
         /* The coordinator's state, as the last apply job committed it. */
         _Alignas(uint64_t) static uint8_t saved[PSD_COORD_STATE_MAX];

@@ -15,6 +15,7 @@
 #include "auth.h"
 #include "batches.h"
 #include "codec.h"
+#include "floor.h"
 #include "init.h"
 #include "optim.h"
 #include "prom.h"
@@ -118,7 +119,8 @@ typedef struct {
  * (PS_FLAG_TENSORS, psd_shard_tensors: libps tells a shard that lost its store by it); it
  * says its store's run (PS_FLAG_RUN, psd_hello_run: libps tells a shard restored alone by it);
  * shard 0 takes a batch done reported alone (PS_FLAG_REPORT); `step_max` is its highest chunk
- * version (PS_FLAG_STEPMAX, psd_hello_run: libps tells a store gone back to an older copy). */
+ * version (PS_FLAG_STEPMAX, psd_hello_run: libps tells a store gone back to an older copy).
+ * psd_hello_run adds PS_FLAG_FLOOR when it keeps a floor of the next shard (floor.h). */
 #define PSD_HELLO_FLAGS \
     (PS_FLAG_VALUES | PS_FLAG_NONFINITE | PS_FLAG_ANSWER | PS_FLAG_TENSORS | PS_FLAG_RUN | \
      PS_FLAG_REPORT | PS_FLAG_STEPMAX)
@@ -319,6 +321,8 @@ typedef struct {
     int kind;                  /* JOB_CREATE, JOB_APPLY or JOB_DROP */
     uint32_t tensor;           /* JOB_CREATE, JOB_DROP */
     ps_decl_t decl;            /* JOB_CREATE, JOB_DROP: a copy the thread may read */
+    uint64_t drop_max;         /* JOB_DROP: the shard's drop_max this drop makes, written with
+                                  it ("Mdropmax", floor.h); 0: it raises none */
     psk_init_t init;           /* JOB_CREATE: its initializer (run_create) */
     uint64_t start_ns;         /* JOB_CREATE: when it was started (uv_hrtime), for the log */
     uint64_t begin_ns, end_ns; /* JOB_APPLY with --trace: its work (ps_trace_now), else 0 */
@@ -403,6 +407,12 @@ struct psd_server_s {
     uint64_t joined_saving;    /* the digest joined_save is writing (0: none queued) */
     int joined_save_rc;        /* its result (written on the pool, read in its done) */
     psd_slot_work_t joined_save; /* writes joined_runs to the store (server.c) */
+    psd_floor_rec_t floor;        /* the next shard's floor members told of (floor.c) */
+    psd_floor_rec_t floor_stored; /* the one in the store */
+    psd_floor_rec_t floor_saving; /* the one floor_save writes (run 0: none queued) */
+    int floor_save_rc;            /* its result (written on the pool, read in its done) */
+    psd_slot_work_t floor_save;   /* writes floor_saving to the store */
+    uint64_t drop_max;            /* the highest chunk version a drop took away ("Mdropmax") */
     char store_path[256];      /* the store's absolute directory, told to workers for direct
                                   pulls (storeview.h); "" when PS_DIRECT_PULL=0 or too long */
     uint64_t store_id;         /* ps_storeview_file_id of its data file */
@@ -627,14 +637,16 @@ void psd_hello_store(const psd_server_t *srv, const ps_msg_t *hello, ps_msg_t *r
 /** @brief The highest version of any chunk here (0 when none): one walk of the chunks. */
 uint64_t psd_shard_step_max(const psd_server_t *srv);
 /** @brief Fill a hello reply's run, run_origin and run_base from the store's run (run.h),
- *  joined_runs, and step_max (the highest chunk version here: one walk of the chunks). */
+ *  joined_runs, step_max (the highest chunk version here, or one a drop took away: one walk of
+ *  the chunks) and the next shard's floor (floor.h). */
 static inline void psd_hello_run(const psd_server_t *srv, ps_msg_t *reply)
 {
     reply->run = srv->run.id;
     reply->run_origin = srv->run.origin;
     reply->run_base = srv->run.base_step;
     reply->joined_runs = srv->joined_runs;
-    reply->step_max = psd_shard_step_max(srv);
+    reply->step_max = psd_floor_step_max(srv);
+    psd_floor_hello(srv, reply);
 }
 /** @brief Free the LMDB read slots of processes that exited while reading the store (a worker
  *  killed during a direct pull would otherwise keep old pages from reuse). Loop thread: on

@@ -464,6 +464,58 @@ static int join_ahead_check(ps_client_t *c, uint32_t i, const ps_msg_t *rep, ps_
     return PS_ECONFIG;
 }
 
+/* The join's hello to shard @p i, into @p req. */
+static void hello_req(ps_client_t *c, uint32_t i, ps_msg_t *req)
+{
+    *req = (ps_msg_t){.type = PS_MSG_HELLO, .rank = c->rank, .pid = (uint32_t)getpid(),
+                      .samples = c->join_serial, .store_id = ps_storeview_host_id(),
+                      .launcher = c->launcher};
+    ps__hello_conf(c, req, i);
+    snprintf(req->cluster, sizeof req->cluster, "%s", c->m.cluster);
+    gethostname(req->host, sizeof req->host - 1);
+}
+
+/* Once every shard answered the join (and the run checks passed): shard i's floor of the next
+ * shard n (i + 1; the last one's: shard 0), the highest chunk version of n's run that a member
+ * told i of by its heartbeats (server/floor.h), against n's highest now. Below it, n's data_dir
+ * went back to an older copy of itself (a snapshot, a backup, a host crash since its last
+ * sync) while no worker that ran through its restart was left to tell (those refuse it:
+ * ps__on_rehello): under asp / ssp the updates since were lost unnoticed, and the joiner
+ * trained on; under bsp its first push failed naming only the versions (a probe, session 67).
+ * Shard n is asked once more first: it answered before shard i (shard 0 for the last shard),
+ * and may have gone on past its answer since. The floor raises n's seen_max: n coming back
+ * below it later is refused as for a version n told this worker of itself. @return 0, or
+ * PS_ECONFIG with c->err said. */
+static int join_floor_check(ps_client_t *c)
+{
+    for (uint32_t i = 0; i < c->nshards && c->nshards > 1; i++) {
+        const cshard_t *s = &c->shards[i];
+        uint32_t k = (i + 1) % c->nshards;
+        cshard_t *n = &c->shards[k];
+        if (s->floor_run == 0 || s->floor_run != __atomic_load_n(&n->run, __ATOMIC_RELAXED))
+            continue; /* none, or of another store of n (the run checks tell those) */
+        if (n->join_max < s->floor) {
+            ps_msg_t req, rep;
+            hello_req(c, k, &req);
+            if (ps__ctrl_call(c, OP_HELLO, k, &req, &rep) != 0 || !(rep.flags & PS_FLAG_STEPMAX))
+                continue; /* not answered: its reconnect checks it then */
+            if (rep.step_max < s->floor) {
+                snprintf(c->err, sizeof c->err, "shard %u (%.64s:%u) holds chunks up to step "
+                         "%llu, but it had told workers of step %llu (shard %u keeps that): its "
+                         "data_dir went back to an older copy of itself (a snapshot or a "
+                         "backup, or its host crashed since the store's last sync), and the "
+                         "updates since are lost; " STORE_REMEDY, k, c->m.servers[k].host,
+                         c->m.servers[k].port, (unsigned long long)rep.step_max,
+                         (unsigned long long)s->floor, i);
+                return PS_ECONFIG;
+            }
+            n->join_max = rep.step_max;
+        }
+        ps__seen_version(n, s->floor);
+    }
+    return 0;
+}
+
 static int join(ps_client_t *c, uint32_t timeout_ms, const volatile sig_atomic_t *cancel)
 {
     uint64_t start = now_ms(), deadline = start + timeout_ms;
@@ -472,12 +524,8 @@ static int join(ps_client_t *c, uint32_t timeout_ms, const volatile sig_atomic_t
     for (uint32_t i = 0; i < c->nshards; i++) {
         bool said = false;
         for (;;) {
-            ps_msg_t req = {.type = PS_MSG_HELLO, .rank = c->rank, .pid = (uint32_t)getpid(),
-                            .samples = c->join_serial, .store_id = ps_storeview_host_id(),
-                            .launcher = c->launcher}, rep;
-            ps__hello_conf(c, &req, i);
-            snprintf(req.cluster, sizeof req.cluster, "%s", c->m.cluster);
-            gethostname(req.host, sizeof req.host - 1);
+            ps_msg_t req, rep;
+            hello_req(c, i, &req);
             int rc = ps__ctrl_call(c, OP_HELLO, i, &req, &rep);
             if (rc == 0) {
                 if (i == 0) {
@@ -515,6 +563,9 @@ static int join(ps_client_t *c, uint32_t timeout_ms, const volatile sig_atomic_t
                 if (join_ahead_check(c, i, &rep, &req)) return PS_ECONFIG;
                 if (rep.flags & PS_FLAG_STEPMAX)
                     ps__seen_version(&c->shards[i], rep.step_max);
+                c->shards[i].join_max = rep.flags & PS_FLAG_STEPMAX ? rep.step_max : UINT64_MAX;
+                c->shards[i].floor = rep.flags & PS_FLAG_FLOOR ? rep.floor : 0;
+                c->shards[i].floor_run = rep.flags & PS_FLAG_FLOOR ? rep.floor_run : 0;
                 break;
             }
             /* PS_EBUSY: a shard shutting down, or shard 0's free ranks held until its open
@@ -550,7 +601,8 @@ static int join(ps_client_t *c, uint32_t timeout_ms, const volatile sig_atomic_t
             backoff = backoff * 2 > 1000 ? 1000 : backoff * 2;
         }
     }
-    return join_runs_check(c);
+    int rc = join_runs_check(c);
+    return rc ? rc : join_floor_check(c);
 }
 
 void ps_client_job(const ps_client_t *c, ps_job_info_t *out)

@@ -175,7 +175,7 @@ typedef struct {
     int windowed;      /* its lanes interleave rendezvous transfers (not cma): PS_PUSH_WINDOW */
     uint32_t eager_below; /* data messages under this size go eagerly (ps_ucx_eager_below) */
     uint32_t in_window; /* ps__start_op's count of an op's pushes in flight to this shard */
-    uint8_t hb_hdr[64];
+    uint8_t hb_hdr[128]; /* a heartbeat's header: ~90 bytes at most (floors, a token) */
     ps_ucx_token_t tok; /* the endpoint's session token, carried by every header sent on it */
     int answers_hb;     /* its hello reply said PS_FLAG_ANSWER: it answers heartbeats */
     int takes_reports;  /* its hello reply said PS_FLAG_REPORT: a batch done may be reported
@@ -196,6 +196,9 @@ typedef struct {
                              (ps__seen_version). A re-hello whose step_max is below it comes
                              from a store that went back to an older copy of itself (atomic,
                              relaxed: the join writes it, the comm thread after) */
+    uint64_t join_max;    /* its hello reply's step_max at the join (join_floor_check) */
+    uint64_t floor, floor_run; /* its hello reply's floor of the next shard and that shard's
+                                  run (PS_FLAG_FLOOR; 0: none, or an older psd) */
     /* Its address, resolved by ps_client_create (the caller's thread) or in the background
      * (resolve_start): a name lookup on the comm thread stalled every shard's heartbeats for
      * as long as DNS did not answer (see connect_shard). */

@@ -1785,6 +1785,69 @@ START_TEST(test_shard0_store_rolled_back_join_refused)
 }
 END_TEST
 
+/* asp: a shard's data_dir put back to an older copy of itself while no worker ran through its
+ * restart (the job's workers stopped first), shard 1 and then (another cluster) shard 0. A
+ * worker that joined then had nothing to compare the shard with: the updates since the copy
+ * were lost unnoticed and it trained on (a probe, session 67; only a bsp joiner facing shard
+ * 0 was refused). Now the previous shard (shard 0 for shard 1, the last shard for shard 0)
+ * keeps the highest version of it the members were told of (their heartbeats: a ring of
+ * floors, server/floor.h), and the joiner is refused naming both (exit 2). */
+START_TEST(test_store_rolled_back_unseen_join_refused)
+{
+    for (int shard = 1; shard >= 0; shard--) {
+        cl_proc_t *psd[2], *w;
+        cl_cluster_t *c = asp_pair_training(psd, &w);
+        store_copy_aside(c, shard, psd[shard], w);
+        ck_assert_int_eq(cl_signal(w, SIGKILL), 0);
+        cl_wait(w, RUN_S);
+        psd[shard] = store_put_back(c, shard, psd[shard]);
+        cl_proc_t *w2 = cl_worker_start(c, NULL, NULL, false);
+        EXPECT_EXIT(w2, 2);
+        char want[96];
+        snprintf(want, sizeof want, "shard %d (127.0.0.1:", shard);
+        EXPECT_LOG(w2, want);
+        snprintf(want, sizeof want, "(shard %d keeps that): its data_dir went back to an older "
+                 "copy of itself", 1 - shard);
+        EXPECT_LOG(w2, want);
+        stop_all(psd, 2);
+        cl_cluster_destroy(c);
+    }
+}
+END_TEST
+
+/* asp: psctl forget --trained drops every tensor of the job's model (the members told the
+ * shards' floors of versions only those chunks held), and a worker of another model joins. Each
+ * shard's highest version then reads 0, below the floor the other keeps of it: without the
+ * highest version a drop took away ("Mdropmax", server/floor.h) the joiner was refused as if
+ * the stores had gone back (a first cut, session 68). asp_client's 12 pushes apply once. */
+START_TEST(test_trained_drop_not_rolled_back)
+{
+    cl_conf_t k = {.shards = 2, .workers = 1, .consistency = "asp", .max_steps = 100000,
+                   .epochs = 100, .layers = "[784, 10]", .optimizer = "{name: sgd, lr: 1.0}"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    ck_assert_msg(cl_wait_log(w, "step 1 of ~", RUN_S) == 0, "never trained: %s", cl_tail(w));
+    int lines = count_in_log(w, " of ~"); /* heartbeats carry the floors meanwhile */
+    for (int i = 0; i < 100 && count_in_log(w, " of ~") < lines + 2; i++) usleep(100 * 1000);
+    ck_assert_int_eq(cl_signal(w, SIGTERM), 0); /* it leaves: the job has no member */
+    cl_wait(w, RUN_S);
+    char fverb[] = "forget", trained[] = "--trained", wn[] = "fc1.weight", bn[] = "fc1.bias";
+    for (int t = 0; t < 2; t++) {
+        char *fa[] = {(char *)cl_binary("PSCTL"), "--manifest", c->manifest, fverb,
+                      t ? bn : wn, trained, NULL};
+        EXPECT_EXIT(cl_spawn(c, "psctl-forget", fa), 0);
+    }
+    char numel[] = "40000", twelve[] = "12";
+    char *aa[] = {(char *)cl_binary("ASP_CLIENT"), c->manifest, numel, twelve, NULL};
+    cl_proc_t *a = cl_spawn(c, "asp", aa);
+    EXPECT_EXIT(a, 0);
+    EXPECT_LOG(a, "12 pushes, each applied once");
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* bsp: shard 0 started again from an empty data_dir while shard 1 kept its store. Its job
  * starts at step 0 again, and shard 1 would acknowledge the pushes of every step it applied
  * already as applied and drop them, silently (found by a review, session 39: 3,400 steps
@@ -2218,6 +2281,9 @@ Suite *ps_test_suite(void)
                              test_shard0_store_rolled_back_join_refused));
     suite_add_tcase(s, tcase("behind_tensors_restart_join_taken",
                              test_behind_tensors_restart_join_taken));
+    suite_add_tcase(s, tcase("store_rolled_back_unseen_join_refused",
+                             test_store_rolled_back_unseen_join_refused));
+    suite_add_tcase(s, tcase("trained_drop_not_rolled_back", test_trained_drop_not_rolled_back));
     suite_add_tcase(s, tcase("psd_sighup_stops", test_psd_sighup_stops));
     suite_add_tcase(s, tcase("shard_store_lost_refused", test_shard_store_lost_refused));
     suite_add_tcase(s, tcase("pslaunch_care", test_pslaunch_care));

@@ -1,0 +1,87 @@
+/* floor.c: the next shard's floor (floor.h). */
+#include <string.h>
+
+#include "ps/ps_log.h"
+#include "server.h"
+#include "store.h"
+
+void psd_floor_load(psd_server_t *srv)
+{
+    size_t len = 0;
+    psd_floor_rec_t r;
+    if (psd_store_get_blob(&srv->store, PSD_FLOOR_BLOB, &r, sizeof r, &len) != 0 ||
+        len != sizeof r)
+        r = (psd_floor_rec_t){0}; /* none yet (a store older than session 68, one shard) */
+    srv->floor = srv->floor_stored = r;
+    uint64_t d = 0;
+    if (psd_store_get_blob(&srv->store, PSD_DROPMAX_BLOB, &d, sizeof d, &len) != 0 ||
+        len != sizeof d)
+        d = 0;
+    srv->drop_max = d;
+}
+
+void psd_floor_on_heartbeat(psd_server_t *srv, const psd_conn_t *c, const ps_msg_t *msg)
+{
+    if (c->rank < 0 || msg->floor_run == 0 || srv->nshards < 2) return;
+    if (msg->floor_run != srv->floor.run) /* the next shard's store changed (a restore): its */
+        srv->floor = (psd_floor_rec_t){.run = msg->floor_run, .floor = msg->floor}; /* own */
+    else if (msg->floor > srv->floor.floor)
+        srv->floor.floor = msg->floor;
+}
+
+/* Writes floor_saving to the store, between store jobs (slot work: the loop never waits for
+ * the store's one writer). The loop does not change floor_saving while this is queued. */
+static void floor_save_run(psd_slot_work_t *w)
+{
+    psd_server_t *srv = w->srv;
+    psd_wtxn_t tx;
+    int rc = psd_store_begin(&srv->store, &tx);
+    if (rc == 0 && (rc = psd_store_put_blob(&tx, PSD_FLOOR_BLOB, &srv->floor_saving,
+                                            sizeof srv->floor_saving)) != 0)
+        psd_store_abort(&tx);
+    else if (rc == 0)
+        rc = psd_store_commit(&tx);
+    srv->floor_save_rc = rc;
+}
+
+static void floor_save_done(psd_slot_work_t *w)
+{
+    psd_server_t *srv = w->srv;
+    if (srv->floor_save_rc == 0) {
+        if (srv->floor_saving.run != srv->floor_stored.run)
+            PS_LOG(PS_LOG_INFO, "server", "the next shard's floor: its run %016llx, from step "
+                   "%llu (members' heartbeats)", (unsigned long long)srv->floor_saving.run,
+                   (unsigned long long)srv->floor_saving.floor);
+        srv->floor_stored = srv->floor_saving;
+    } else { /* the next tick tries again (quiet while updates wait for the store) */
+        PS_LOG(srv->pinned_since_ms ? PS_LOG_DEBUG : PS_LOG_WARN, "server",
+               "cannot record the next shard's floor: %s",
+               psd_store_strerror(srv, srv->floor_save_rc));
+    }
+    srv->floor_saving = (psd_floor_rec_t){0};
+}
+
+void psd_floor_cron(psd_server_t *srv)
+{
+    if (srv->floor_saving.run != 0 || srv->stopping || srv->floor.run == 0 ||
+        (srv->floor.run == srv->floor_stored.run && srv->floor.floor == srv->floor_stored.floor))
+        return;
+    srv->floor_saving = srv->floor;
+    srv->floor_save = (psd_slot_work_t){.srv = srv, .run = floor_save_run,
+                                        .done = floor_save_done};
+    psd_shard_slot_queue(srv, &srv->floor_save);
+}
+
+uint64_t psd_floor_step_max(const psd_server_t *srv)
+{
+    uint64_t v = psd_shard_step_max(srv);
+    return v > srv->drop_max ? v : srv->drop_max;
+}
+
+void psd_floor_hello(const psd_server_t *srv, ps_msg_t *reply)
+{
+    if (srv->floor.run == 0) return;
+    reply->floor = srv->floor.floor;
+    reply->floor_run = srv->floor.run;
+    reply->flags |= PS_FLAG_FLOOR;
+}

@@ -1,0 +1,59 @@
+/* floor.h: the next shard's floor, a ring of checks against a store gone back to an older copy
+ * of itself (session 68).
+ *
+ * A worker that ran through a shard's restart tells a store gone back by its own record of
+ * what that shard told it (libps's seen_max, worker/shardloss.c). One that joins after every
+ * such worker stopped has no record: under asp / ssp the updates since the copy were lost
+ * unnoticed, and under bsp a shard other than 0 failed only at the first push. So each member's
+ * heartbeat to shard i carries its seen_max of the next shard (i + 1; the last shard's: shard
+ * 0) with that shard's run, and shard i keeps the highest (its "floor" of the next shard, in
+ * its store: "Mfloor"). A joiner reads every shard's floor in its hello reply (PS_FLAG_FLOOR)
+ * and refuses a next shard of that run whose highest chunk version is below it
+ * (join_floor_check, worker/client_api.c). A shard of another run (restored, replaced) is not
+ * compared: the run checks tell those.
+ *
+ * A tensor dropped with its trained values (psctl forget --trained) may have held the shard's
+ * highest version: the highest version a drop took away is kept too ("Mdropmax"), and the
+ * shard's hello says the higher of it and its chunks' (psd_floor_step_max), so that such a
+ * drop is not taken for a store gone back.
+ */
+#ifndef PSD_FLOOR_H
+#define PSD_FLOOR_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "wire.h"
+
+typedef struct psd_server_s psd_server_t;
+typedef struct psd_conn_s psd_conn_t;
+
+#define PSD_FLOOR_BLOB "floor"     /* "Mfloor": psd_floor_rec_t, host byte order */
+#define PSD_DROPMAX_BLOB "dropmax" /* "Mdropmax": a uint64_t, the highest version dropped */
+
+typedef struct {
+    uint64_t run;   /* the next shard's run the floor is of (0: none) */
+    uint64_t floor; /* the highest chunk version of it a member said it was told of */
+} psd_floor_rec_t;
+
+/** @brief Read the floor and the dropped maximum from the store (none: zeros). Loop thread,
+ *  once the store is loaded, before any store job. */
+void psd_floor_load(psd_server_t *srv);
+
+/** @brief A heartbeat @p msg on @p c: a member's (rank set) floor of the next shard raises
+ *  this shard's (or replaces it, of another run). Kept in memory; psd_floor_cron writes it. */
+void psd_floor_on_heartbeat(psd_server_t *srv, const psd_conn_t *c, const ps_msg_t *msg);
+
+/** @brief Each cron tick: a floor raised since it was last written is written, between store
+ *  jobs (slot work), one write at a time. */
+void psd_floor_cron(psd_server_t *srv);
+
+/** @brief The highest chunk version this shard's store holds or held: its chunks' (one walk)
+ *  or one a trained tensor's drop took away, whichever is higher. */
+uint64_t psd_floor_step_max(const psd_server_t *srv);
+
+/** @brief Fill a hello reply's floor, floor_run and PS_FLAG_FLOOR (nothing when no member told
+ *  of a floor). */
+void psd_floor_hello(const psd_server_t *srv, ps_msg_t *reply);
+
+#endif
