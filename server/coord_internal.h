@@ -202,6 +202,10 @@ struct psd_coord_s {
                                   the step's members, a batch given back; coord_save_gen; 0:
                                   none): batches and the end are answered once it is committed
                                   (serve_parked; a failed save is retried: save_done) */
+    uint64_t chunks_saved_step; /* bsp: the open step of the state the last apply job here
+                                  committed (psd_coord_state_committed; UINT64_MAX: none since
+                                  this psd started): its close is derived from this shard's
+                                  chunks after a restart, any other close is saved first */
     bool creating;             /* psd_coord_create saves once at its end, itself */
     coord_rec_t rec;           /* bsp: what failures leave to settle (saved as "jobrec") */
     bool rec_dirty;            /* rec changed since a save took its copy (rec_changed) */

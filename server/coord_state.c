@@ -293,6 +293,7 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
     co->rec.magic = COORD_REC_MAGIC;
     co->started_ms = uv_now(srv->loop);
     co->creating = true;
+    co->chunks_saved_step = UINT64_MAX;
     const ps_job_conf_t *j = &srv->m.job;
     uint32_t magic = 0;
     if (saved && saved_len >= sizeof magic) memcpy(&magic, saved, sizeof magic);
@@ -431,8 +432,14 @@ int psd_coord_create(psd_server_t *srv, const void *saved, size_t saved_len, con
             co->told_unlearnt = true; /* psd_coord_tick */
             /* The state was saved when the step's apply began (or later); if that apply
              * committed here, every member had pushed the step: it counts, and the next step
-             * is open. Another shard may not have applied it yet: rc_step below. */
-            uint64_t applied = psd_shard_step(srv);
+             * is open. Another shard may not have applied it yet: rc_step below. Chunks below
+             * the open step are of tensors no member pushes (a model's tensors declared by
+             * another that left, a head no longer trained): not what the step's apply
+             * committed. Their lowest version kept such a step open after it had closed and
+             * the next had gone out, so a member that died with this shard had its batch of
+             * that next step, applied elsewhere, handed out again untagged and applied twice
+             * (a probe, session 68). */
+            uint64_t applied = psd_shard_step_from(srv, co->s.step);
             /* The ranks that had a batch of the open step and left it (their batch_step and
              * batch stay): no joiner gets one before the step closes, since a chunk's apply of
              * the step may name them (replay_had in push.c). */
@@ -538,6 +545,11 @@ const void *psd_coord_rec(psd_server_t *srv, size_t *len)
     co->rec_dirty = false;
     *len = sizeof co->rec;
     return &co->rec;
+}
+
+void psd_coord_state_committed(psd_server_t *srv, uint64_t step)
+{
+    if (srv->coord) srv->coord->chunks_saved_step = step;
 }
 
 void psd_coord_rec_unsaved(psd_server_t *srv)

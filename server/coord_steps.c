@@ -267,6 +267,13 @@ void psd__close_step(psd_server_t *srv)
 {
     psd_coord_t *co = srv->coord;
     bool again = co->rec.emptied_step1 == co->s.step + 1; /* chunks may have passed it before */
+    /* A restart derives this close from this shard's chunks only when one of their applies of
+     * the step committed the state of it here: not when no chunk here takes the members'
+     * pushes (a small model whose chunks are all on other shards beside tensors no member
+     * pushes: a probe, session 68, lost the whole job to a SIGKILL of shard 0, its state
+     * never written past step 0). */
+    bool derived = co->creating || co->chunks_saved_step == co->s.step; /* (psd_coord_create
+                                                      saves at its end, before any answer) */
     if (again || co->rec.removed_in_step || co->rec.emptied_step1) psd__rec_changed(co);
     for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
         saved_member_t *m = &co->s.m[r];
@@ -307,15 +314,19 @@ void psd__close_step(psd_server_t *srv)
         }
     }
     co->last_close_ms = now;
-    if (!again) {
+    if (!again && derived) {
         psd__hand_out(srv);
         return;
     }
     /* The close of a step handed out again follows its members' reports, not an apply on this
-     * shard: a restart could not derive it from this shard's chunks, so the next step's batches
-     * are answered only once a committed state holds the close and the hand-out. Before that,
-     * a restart saw the step open, and a member handed the next step's batch with its report
-     * of this one lost made the two states differ: batches went uncounted or twice. */
+     * shard (and so does one no apply here took part in): a restart could not derive it from
+     * this shard's chunks, so the next step's batches are answered only once a committed state
+     * holds the close and the hand-out. Before that, a restart saw the step open, and a member
+     * handed the next step's batch with its report of this one lost made the two states differ:
+     * batches went uncounted or twice. */
+    if (!again)
+        PS_LOG(PS_LOG_DEBUG, "coord", "step %llu closed with no apply here: its hand-out waits "
+               "for a save", (unsigned long long)(co->s.step - 1));
     co->handout_gen = UINT64_MAX; /* hand_out's serve_parked answers nothing yet */
     psd__hand_out(srv);
     co->handout_gen = psd__coord_save_gen(srv);

@@ -321,6 +321,7 @@ typedef struct {
     int kind;                  /* JOB_CREATE, JOB_APPLY or JOB_DROP */
     uint32_t tensor;           /* JOB_CREATE, JOB_DROP */
     ps_decl_t decl;            /* JOB_CREATE, JOB_DROP: a copy the thread may read */
+    uint64_t coord_step;       /* JOB_APPLY with coord_len: the state's open step (bsp) */
     uint64_t drop_max;         /* JOB_DROP: the shard's drop_max this drop makes, written with
                                   it ("Mdropmax", floor.h); 0: it raises none */
     psk_init_t init;           /* JOB_CREATE: its initializer (run_create) */
@@ -823,6 +824,11 @@ void psd_shard_totals(const psd_server_t *srv, psd_shard_totals_t *t);
 void psd_shard_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len);
 /** @brief Lowest chunk version of this shard (its step), or 0 with no chunks. */
 uint64_t psd_shard_step(psd_server_t *srv);
+/** @brief bsp: the lowest version of this shard's chunks at @p from or past it (@p from when
+ *  none is): with @p from a committed open step, the chunks below it are tensors no member
+ *  pushes (every member's pushes of step @p from - 1 were acknowledged here before it opened),
+ *  which say nothing of what the members' step applied (psd_coord_create). */
+uint64_t psd_shard_step_from(psd_server_t *srv, uint64_t from);
 /** @brief How many tensors this shard's table holds (every shard holds the cluster's). */
 uint32_t psd_shard_tensors(const psd_server_t *srv);
 /** @brief Learn membership epoch @p epoch (members from @p from_step on; @p closed: of step
@@ -972,5 +978,11 @@ size_t psd_coord_state_pack(psd_server_t *srv, void *out);
 const void *psd_coord_rec(psd_server_t *srv, size_t *len);
 /** @brief The apply job that took psd_coord_rec's copy failed: the next one takes it again. */
 void psd_coord_rec_unsaved(psd_server_t *srv);
+/** @brief bsp: the open step of the coordinator's state (psd_coord_bsp_step), taken by an
+ *  apply job with its copy (psd_coord_state_pack). */
+uint64_t psd_coord_bsp_step(const psd_server_t *srv);
+/** @brief bsp: an apply job that wrote the coordinator's state of open step @p step committed
+ *  here: a restart derives that step's close from this shard's chunks (psd__close_step). */
+void psd_coord_state_committed(psd_server_t *srv, uint64_t step);
 
 #endif

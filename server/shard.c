@@ -447,6 +447,17 @@ uint64_t psd_shard_step(psd_server_t *srv)
     return step == UINT64_MAX ? 0 : step;
 }
 
+uint64_t psd_shard_step_from(psd_server_t *srv, uint64_t from)
+{
+    uint64_t step = UINT64_MAX;
+    for (uint32_t i = 0; i < srv->ntensors; i++)
+        for (uint32_t c = 0; srv->tensors[i].present && c < srv->tensors[i].nchunks; c++) {
+            const psd_chunk_t *ch = srv->tensors[i].chunks[c];
+            if (ch && ch->version >= from && ch->version < step) step = ch->version;
+        }
+    return step == UINT64_MAX ? from : step;
+}
+
 uint32_t psd_shard_tensors(const psd_server_t *srv)
 {
     uint32_t n = 0;

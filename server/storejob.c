@@ -338,6 +338,8 @@ static void job_done(uv_work_t *w, int status)
     }
     job->err[0] = '\0';
     if (job->rc && job->coord_rec_len) psd_coord_rec_unsaved(srv); /* not committed */
+    if (job->rc == 0 && job->kind == JOB_APPLY && job->coord_len)
+        psd_coord_state_committed(srv, job->coord_step);
     if (srv->trace && job->kind == JOB_APPLY && job->nitems > 0)
         psd_trace_apply(srv->trace, job->begin_ns, job->end_ns, job->nitems,
                         job->items[0]->tensor, job->items[0]->chunk, psd__job_bytes(srv, job),
@@ -686,6 +688,7 @@ void psd__job_start_next(psd_server_t *srv)
             size_t len;
             if (job->coord_state == NULL) job->coord_state = malloc(PSD_COORD_STATE_MAX);
             if (job->coord_state) job->coord_len = psd_coord_state_pack(srv, job->coord_state);
+            job->coord_step = psd_coord_bsp_step(srv);
             job->coord_rec_len = 0;
             const void *rec = psd_coord_rec(srv, &len); /* only when it changed */
             if (rec && job->coord_rec == NULL) job->coord_rec = malloc(PSD_COORD_REC_MAX);

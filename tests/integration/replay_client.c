@@ -44,7 +44,12 @@
  * (its batch applied from another push), when libps takes it back (the residual there is 0).
  * The check then also reads both residuals (ps_client_residual) and prints how many of this
  * worker's pushes were not summed ("not summed: replay.a U, replay.b U"); an element that is
- * neither 0 nor 2^-12 is an error. */
+ * neither 0 nor 2^-12 is an error.
+ * REPLAY_IDLE=1 in the environment: first declares "replay.idle" (one chunk, so on shard 0, and
+ * "replay.a" then on shard 1, "replay.b" on shard 0), which it never pushes: a tensor that stays
+ * at step 0 beside the trained ones (one of another model, a head no longer trained).
+ * REPLAY_IDLE=2: also "replay.idle2" (one chunk, on shard 0) between "replay.a" and "replay.b",
+ * both then on shard 1: shard 0 holds no chunk a member pushes. */
 #include <inttypes.h>
 #include <math.h>
 #include <signal.h>
@@ -204,11 +209,23 @@ int main(int argc, char **argv)
         return die_pct >= 0 ? 3 : 1;
     }
     int rank = ps_client_rank(c), bad = 0;
-    uint32_t id[2];
+    uint32_t id[2], idle;
     float *g = calloc(nb, sizeof *g), *got = calloc(nb, sizeof *got);
+    const char *idles = getenv("REPLAY_IDLE");
+    ps_tensor_desc_t di = {.name = "replay.idle", .shape = {1}, .ndim = 1};
+    if (idles && atoi(idles) > 0 && ps_client_declare(c, &di, &idle)) {
+        printf("replay_client: declare: %s\n", ps_client_error(c));
+        bad = 1;
+    }
     for (int t = 0; t < 2 && g && got && !bad; t++) {
         ps_tensor_desc_t d = {.name = t ? "replay.b" : "replay.a", .shape = {(uint32_t)nb},
                               .ndim = 1};
+        di.name = "replay.idle2";
+        if (t == 1 && idles && atoi(idles) > 1 && ps_client_declare(c, &di, &idle)) {
+            printf("replay_client: declare: %s\n", ps_client_error(c));
+            bad = 1;
+            break;
+        }
         rc = ps_client_declare(c, &d, &id[t]);
         if (rc) {
             printf("replay_client: declare: %s\n", ps_client_error(c));

@@ -1278,6 +1278,78 @@ START_TEST(test_kill9_mid_step_coordinator_restarted)
 }
 END_TEST
 
+/* Shard 0 also holds a tensor no member pushes (replay.idle, declared by both workers and never
+ * pushed, REPLAY_IDLE: as a tensor of another model, or a head no longer trained), with
+ * replay.a on shard 1 and replay.b on shard 0. Rank 1 stops at step 5 after its push of
+ * replay.a (applied on shard 1 with both workers' pushes); shard 0, waiting for its replay.b,
+ * is SIGKILLed at once, the stopped worker too, and shard 0 started again. Its committed state
+ * is of step 4 (its apply of step 4 wrote it), its replay.b chunk at 5. Before (a probe,
+ * session 68), the restarted coordinator took the step it applied from its lowest chunk
+ * version, the idle tensor's 0: step 4 stayed open, and rank 1's batch of step 5, applied on
+ * shard 1, went out again untagged and was applied there twice ("replay.a[...] applied
+ * twice"). */
+START_TEST(test_kill9_coordinator_idle_tensor)
+{
+    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .optimizer = "{name: sgd, lr: 1}",
+                   .start_wait_ms = CL_TOGETHER_MS};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    char nb[] = "40", bs[] = "8", plan[] = "plan:1@5/1s", ord[] = "ab";
+    char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, plan, ord, NULL};
+    setenv("REPLAY_IDLE", "1", 1);
+    cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
+    unsetenv("REPLAY_IDLE");
+    int v = -1;
+    for (int i = 0; i < (int)(RUN_S * 100) && v < 0; i++) {
+        for (int j = 0; j < 2 && v < 0; j++)
+            if (count_in_log(w[j], "rank 1 stops at step 5")) v = j;
+        if (v < 0) nap_ms(10);
+    }
+    ck_assert_msg(v >= 0, "rank 1 did not stop: %s / %s", cl_tail(w[0]), cl_tail(w[1]));
+    ck_assert_int_eq(cl_signal(psd[0], SIGKILL), 0); /* before it drops the stopped rank */
+    ck_assert_int_eq(cl_signal(w[v], SIGKILL), 0);
+    cl_wait(psd[0], RUN_S);
+    psd[0] = cl_psd_start(c, 0, NULL, READY_S);
+    EXPECT_EXIT(w[v], 128 + SIGKILL);
+    EXPECT_EXIT(w[1 - v], 0);
+    EXPECT_LOG(w[1 - v], "every batch applied once on both tensors");
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+/* Shard 0 holds no chunk a member pushes (REPLAY_IDLE=2: two tensors no member pushes there,
+ * replay.a and replay.b both on shard 1), and is SIGKILLed while the job trains and started
+ * again: the workers finish, every batch applied once. Before (a probe, session 68), no apply
+ * on shard 0 ever wrote the coordinator's state past the job's start, so the restart resumed
+ * at step 0: the workers failed "rank 0 reports step N done, but the open step is 0", and a
+ * joiner was refused as if shard 0's data_dir had gone back. Now a close that no apply here
+ * took part in is saved before the next step's batches are answered. */
+START_TEST(test_kill9_coordinator_no_trained_chunk)
+{
+    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .optimizer = "{name: sgd, lr: 1}",
+                   .start_wait_ms = CL_TOGETHER_MS};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    char nb[] = "200", bs[] = "8", none[] = "plan:9@9999/0", ord[] = "ab"; /* (no rank 9) */
+    char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, none, ord, NULL};
+    setenv("REPLAY_IDLE", "2", 1);
+    setenv("REPLAY_NAP_MS", "20", 1);
+    cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
+    unsetenv("REPLAY_IDLE");
+    unsetenv("REPLAY_NAP_MS");
+    ck_assert_msg(cl_wait_log(w[0], "at step 20", RUN_S) == 0, "no step 20: %s", cl_tail(w[0]));
+    ck_assert_int_eq(cl_signal(psd[0], SIGKILL), 0);
+    cl_wait(psd[0], RUN_S);
+    psd[0] = cl_psd_start(c, 0, NULL, READY_S);
+    for (int i = 0; i < 2; i++) EXPECT_EXIT(w[i], 0);
+    ck_assert_int_eq(count_in_log(w[0], "every batch applied once on both tensors") +
+                     count_in_log(w[1], "every batch applied once on both tensors"), 1);
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* The same crash of shard 0 right after it committed step 5 of "replay.a", but both workers die
  * there, after their pushes of "replay.a" and before "replay.b": no member of step 5 is left.
  * The restart closed step 5; shard 1, still at it, gets a view of it with no members followed
@@ -3233,6 +3305,8 @@ Suite *ps_test_suite(void)
     ADD(kill9_mid_step_shard_restarted);
     ADD(kill9_shard_restarted_after_members_changed);
     ADD(kill9_mid_step_coordinator_restarted);
+    ADD(kill9_coordinator_idle_tensor);
+    ADD(kill9_coordinator_no_trained_chunk);
     ADD(kill9_whole_step_coordinator_restarted);
     ADD(kill9_whole_step_slow_pass);
     ADD(kill9_last_step_coordinator_restarted);
