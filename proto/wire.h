@@ -117,11 +117,13 @@ enum {
                                    shard's store (session 67): libps tells a store that went
                                    back to an older copy of itself by it (a version below one
                                    the shard told it of before); an older psd does not say */
-    PS_FLAG_FLOOR = 67108864, /* hello reply: `floor` is the highest chunk version of the next
-                                 shard (of its run `floor_run`) a member told this shard of by
-                                 its heartbeats (session 68): a joiner tells a next shard whose
-                                 store went back to an older copy by it; an older psd does not
-                                 say */
+    PS_FLAG_FLOOR = 67108864, /* hello reply: this psd keeps a floor of the next shard, the
+                                 highest chunk version of it (of its run `floor_run`; 0: none
+                                 yet) a member told it of by its heartbeats and its leave, in
+                                 `floor` (a joiner tells a next shard whose store went back to an
+                                 older copy by it), and its `step_max` counts the versions its
+                                 drops took away (session 68): floors are told of and compared
+                                 only for such shards (an older psd's drops lower its step_max) */
 };
 
 /* UCP Active Message ids. */

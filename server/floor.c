@@ -20,7 +20,7 @@ void psd_floor_load(psd_server_t *srv)
     srv->drop_max = d;
 }
 
-void psd_floor_on_heartbeat(psd_server_t *srv, const psd_conn_t *c, const ps_msg_t *msg)
+void psd_floor_told(psd_server_t *srv, const psd_conn_t *c, const ps_msg_t *msg)
 {
     if (c->rank < 0 || msg->floor_run == 0 || srv->nshards < 2) return;
     if (msg->floor_run != srv->floor.run) /* the next shard's store changed (a restore): its */
@@ -29,19 +29,52 @@ void psd_floor_on_heartbeat(psd_server_t *srv, const psd_conn_t *c, const ps_msg
         srv->floor.floor = msg->floor;
 }
 
+/* Write @p r as the store's floor, in a transaction of its own. @return 0 or PS_E*. */
+static int floor_write(psd_server_t *srv, const psd_floor_rec_t *r)
+{
+    psd_wtxn_t tx;
+    int rc = psd_store_begin(&srv->store, &tx);
+    if (rc == 0 && (rc = psd_store_put_blob(&tx, PSD_FLOOR_BLOB, r, sizeof *r)) != 0)
+        psd_store_abort(&tx);
+    else if (rc == 0)
+        rc = psd_store_commit(&tx);
+    return rc;
+}
+
 /* Writes floor_saving to the store, between store jobs (slot work: the loop never waits for
  * the store's one writer). The loop does not change floor_saving while this is queued. */
 static void floor_save_run(psd_slot_work_t *w)
 {
-    psd_server_t *srv = w->srv;
-    psd_wtxn_t tx;
-    int rc = psd_store_begin(&srv->store, &tx);
-    if (rc == 0 && (rc = psd_store_put_blob(&tx, PSD_FLOOR_BLOB, &srv->floor_saving,
-                                            sizeof srv->floor_saving)) != 0)
-        psd_store_abort(&tx);
-    else if (rc == 0)
-        rc = psd_store_commit(&tx);
-    srv->floor_save_rc = rc;
+    w->srv->floor_save_rc = floor_write(w->srv, &w->srv->floor_saving);
+}
+
+static bool floor_unsaved(const psd_server_t *srv)
+{
+    return srv->floor.run != srv->floor_stored.run || srv->floor.floor != srv->floor_stored.floor;
+}
+
+void psd_floor_flush(psd_server_t *srv)
+{
+    if (!floor_unsaved(srv)) return;
+    int rc = floor_write(srv, &srv->floor);
+    if (rc == 0)
+        srv->floor_stored = srv->floor;
+    else
+        PS_LOG(PS_LOG_WARN, "server", "cannot record the next shard's floor at the stop: %s",
+               psd_store_strerror(srv, rc));
+}
+
+int psd_floor_forget(psd_server_t *srv)
+{
+    psd_floor_rec_t none = {0};
+    int rc = floor_write(srv, &none);
+    if (rc) return rc;
+    PS_LOG(PS_LOG_WARN, "server", "--forget-floor: the floor of shard %u this shard kept (step "
+           "%llu of its run %016llx) is forgotten: a joiner no longer compares that shard's "
+           "store with what workers were told of it", (srv->shard + 1) % srv->nshards,
+           (unsigned long long)srv->floor.floor, (unsigned long long)srv->floor.run);
+    srv->floor = srv->floor_stored = none;
+    return 0;
 }
 
 static void floor_save_done(psd_slot_work_t *w)
@@ -64,7 +97,7 @@ static void floor_save_done(psd_slot_work_t *w)
 void psd_floor_cron(psd_server_t *srv)
 {
     if (srv->floor_saving.run != 0 || srv->stopping || srv->floor.run == 0 ||
-        (srv->floor.run == srv->floor_stored.run && srv->floor.floor == srv->floor_stored.floor))
+        !floor_unsaved(srv))
         return;
     srv->floor_saving = srv->floor;
     srv->floor_save = (psd_slot_work_t){.srv = srv, .run = floor_save_run,
@@ -80,8 +113,10 @@ uint64_t psd_floor_step_max(const psd_server_t *srv)
 
 void psd_floor_hello(const psd_server_t *srv, ps_msg_t *reply)
 {
-    if (srv->floor.run == 0) return;
+    if (srv->test_no_floor) {
+        reply->flags &= ~(uint32_t)PS_FLAG_FLOOR;
+        return;
+    }
     reply->floor = srv->floor.floor;
     reply->floor_run = srv->floor.run;
-    reply->flags |= PS_FLAG_FLOOR;
 }

@@ -40,9 +40,19 @@ typedef struct {
  *  once the store is loaded, before any store job. */
 void psd_floor_load(psd_server_t *srv);
 
-/** @brief A heartbeat @p msg on @p c: a member's (rank set) floor of the next shard raises
- *  this shard's (or replaces it, of another run). Kept in memory; psd_floor_cron writes it. */
-void psd_floor_on_heartbeat(psd_server_t *srv, const psd_conn_t *c, const ps_msg_t *msg);
+/** @brief A heartbeat or a leave @p msg on @p c: a member's (rank set) floor of the next shard
+ *  raises this shard's (or replaces it, of another run). Kept in memory; psd_floor_cron
+ *  writes it, and psd_floor_flush at the stop. */
+void psd_floor_told(psd_server_t *srv, const psd_conn_t *c, const ps_msg_t *msg);
+
+/** @brief At the stop, once no store job or slot work runs and no connection is left: write a
+ *  floor raised since the last write, on the loop thread. */
+void psd_floor_flush(psd_server_t *srv);
+
+/** @brief psd --forget-floor: drop the floor this shard keeps of the next shard, in memory and
+ *  in the store (logged). Loop thread, after psd_floor_load, before any store job.
+ *  @return 0, or PS_E* (the store's error). */
+int psd_floor_forget(psd_server_t *srv);
 
 /** @brief Each cron tick: a floor raised since it was last written is written, between store
  *  jobs (slot work), one write at a time. */
@@ -52,8 +62,8 @@ void psd_floor_cron(psd_server_t *srv);
  *  or one a trained tensor's drop took away, whichever is higher. */
 uint64_t psd_floor_step_max(const psd_server_t *srv);
 
-/** @brief Fill a hello reply's floor, floor_run and PS_FLAG_FLOOR (nothing when no member told
- *  of a floor). */
+/** @brief Fill a hello reply's floor and floor_run (0: no member told of one; every reply
+ *  says PS_FLAG_FLOOR, PSD_HELLO_FLAGS). */
 void psd_floor_hello(const psd_server_t *srv, ps_msg_t *reply);
 
 #endif

@@ -732,7 +732,7 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
         if (msg.joined_runs != 0 && c->rank >= 0 &&
             (msg.joined_runs != srv->joined_runs || srv->joined_runs != srv->joined_stored))
             joined_set(srv, msg.joined_runs);
-        psd_floor_on_heartbeat(srv, c, &msg);
+        psd_floor_told(srv, c, &msg);
         if (msg.flags & PS_FLAG_ANSWER) { /* the worker tells a silent shard by it */
             ps_msg_t r = {.type = PS_MSG_HEARTBEAT, .req_id = msg.req_id, .rank = c->rank,
                           .shard = srv->shard};
@@ -748,6 +748,7 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     case PS_MSG_LEAVE:
         PS_LOG(PS_LOG_INFO, "server", "rank %d (pid %u) says leave", c->rank, c->pid);
         if (srv->coord && (msg.flags & PS_FLAG_DONE)) psd_coord_on_leave_done(srv, c, &msg);
+        psd_floor_told(srv, c, &msg); /* its last word of the next shard: no heartbeat follows */
         psd_conn_release_rank(srv, c, "it said leave", false);
         c->rank = -1; /* it may not push for that rank any more */
         /* Answered: the worker closes its connection only after this, so the close cannot
@@ -877,7 +878,8 @@ void psd_early_signals(void)
 }
 
 int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard,
-                   const char *restore, const char *trace, char *err, size_t errlen)
+                   const char *restore, const char *trace, bool forget_floor, char *err,
+                   size_t errlen)
 {
     psd_server_t *srv = calloc(1, sizeof *srv);
     if (srv == NULL) return PS_ENOMEM;
@@ -940,6 +942,9 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
                "takes %s longer on purpose (a test hook)", srv->test_slow_apply - 1,
                srv->test_slow_apply - 1, srv->test_slow_apply_hold ? "while a file exists" : "2 s");
     }
+    if ((srv->test_no_floor = test_hook("PS_TEST_NO_FLOOR", 0) != 0))
+        PS_LOG(PS_LOG_WARN, "server", "PS_TEST_NO_FLOOR: this shard answers as a psd before "
+               "session 68 (no PS_FLAG_FLOOR, its drops not kept: a test hook)");
     if ((srv->test_ckpt_hold_ms = test_hook("PS_TEST_CKPT_HOLD_MS", 0)))
         PS_LOG(PS_LOG_WARN, "server", "PS_TEST_CKPT_HOLD_MS=%u: a checkpoint's hold of the "
                "hand-outs ends after %u ms (a test hook)", srv->test_ckpt_hold_ms,
@@ -1071,6 +1076,10 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
         srv->joined_runs = 0; /* none yet (a store older than session 41, or never joined) */
     srv->joined_stored = srv->joined_runs;
     psd_floor_load(srv);
+    if (forget_floor && (rc = psd_floor_forget(srv)) != 0) {
+        snprintf(err, errlen, "%s: --forget-floor: %s", sc->data_dir, ps_strerror(rc));
+        goto fail_shard;
+    }
     if (shard == 0) {
         /* The coordinator's state, as the last apply job committed it. */
         _Alignas(uint64_t) static uint8_t saved[PSD_COORD_STATE_MAX];
@@ -1166,6 +1175,7 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
     if (srv->listener) ucp_listener_destroy(srv->listener);
     psd_conns_close_all(srv);
     while (srv->job_running || srv->slot_running) uv_run(srv->loop, UV_RUN_ONCE);
+    psd_floor_flush(srv); /* the cron writes none while stopping */
     for (psd_snap_t *sn = srv->snap; sn; sn = NULL) {
         mdb_txn_abort(sn->txn);
         free(sn);

@@ -120,10 +120,10 @@ typedef struct {
  * says its store's run (PS_FLAG_RUN, psd_hello_run: libps tells a shard restored alone by it);
  * shard 0 takes a batch done reported alone (PS_FLAG_REPORT); `step_max` is its highest chunk
  * version (PS_FLAG_STEPMAX, psd_hello_run: libps tells a store gone back to an older copy).
- * psd_hello_run adds PS_FLAG_FLOOR when it keeps a floor of the next shard (floor.h). */
+ * It keeps a floor of the next shard and counts its drops in step_max (PS_FLAG_FLOOR, floor.h). */
 #define PSD_HELLO_FLAGS \
     (PS_FLAG_VALUES | PS_FLAG_NONFINITE | PS_FLAG_ANSWER | PS_FLAG_TENSORS | PS_FLAG_RUN | \
-     PS_FLAG_REPORT | PS_FLAG_STEPMAX)
+     PS_FLAG_REPORT | PS_FLAG_STEPMAX | PS_FLAG_FLOOR)
 
 /* asp / ssp: a chunk remembers the batch of the last push of each process whose rank another
  * process took (it left or died) for this many such changes: a replay of a dead worker's batch
@@ -526,6 +526,8 @@ struct psd_server_s {
     uint64_t auth_forged;      /* headers on a proven connection without its session token
                                   (or not decodable): dropped */
     bool test_bad_seal;        /* PS_TEST_BAD_SEAL: seal with a wrong token (libps must drop) */
+    bool test_no_floor;        /* PS_TEST_NO_FLOOR: answer as a psd before session 68 does (no
+                                  PS_FLAG_FLOOR, no floor, drops not kept: floor.c) */
     uint32_t test_confused;    /* PS_TEST_CONFUSED: 1 shard 0 answers a new declaration with
                                   its first dimension doubled, 2 a pull of a chunk 0 is first
                                   answered by a declare reply, 3 a pull reply of a chunk 0 names

@@ -355,6 +355,12 @@ static void send_part(ps_client_t *c, part_t *p, const ps_msg_t *m, const void *
         return;
     }
     if (s->open) bundle_flush(c, p->shard); /* what was bundled for the shard goes first */
+    ps_msg_t leave;
+    if (m->type == PS_MSG_LEAVE) { /* its last word of the next shard: no heartbeat follows */
+        leave = *m;
+        ps__floor_of_next(c, p->shard, &leave);
+        m = &leave;
+    }
     size_t hlen;
     if (ps_msg_encode_sealed(m, s->tok.b, s->tok.len, p->hdr, sizeof p->hdr, &hlen)) {
         ps__op_fail(op, PS_EINVAL, "request header too large");
@@ -1137,6 +1143,7 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
             __atomic_store_n(&s->leaves_nonfinite, (m.flags & PS_FLAG_NONFINITE) != 0,
                              __ATOMIC_RELEASE);
             s->answers_hb = (m.flags & PS_FLAG_ANSWER) != 0;
+            __atomic_store_n(&s->keeps_floor, (m.flags & PS_FLAG_FLOOR) != 0, __ATOMIC_RELEASE);
             __atomic_store_n(&s->takes_reports, (m.flags & PS_FLAG_REPORT) != 0,
                              __ATOMIC_RELEASE);
             memcpy(s->store, m.store, sizeof s->store);

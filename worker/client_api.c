@@ -492,24 +492,31 @@ static int join_floor_check(ps_client_t *c)
         const cshard_t *s = &c->shards[i];
         uint32_t k = (i + 1) % c->nshards;
         cshard_t *n = &c->shards[k];
-        if (s->floor_run == 0 || s->floor_run != __atomic_load_n(&n->run, __ATOMIC_RELAXED))
-            continue; /* none, or of another store of n (the run checks tell those) */
+        uint64_t run = __atomic_load_n(&n->run, __ATOMIC_RELAXED);
+        if (s->floor_run == 0 || s->floor_run != run ||
+            !__atomic_load_n(&n->keeps_floor, __ATOMIC_ACQUIRE))
+            continue; /* none, of another store of n (the run checks tell those), or n is an
+                         older psd, whose drops of trained tensors lower its step_max */
         if (n->join_max < s->floor) {
             ps_msg_t req, rep;
             hello_req(c, k, &req);
-            if (ps__ctrl_call(c, OP_HELLO, k, &req, &rep) != 0 || !(rep.flags & PS_FLAG_STEPMAX))
-                continue; /* not answered: its reconnect checks it then */
+            if (ps__ctrl_call(c, OP_HELLO, k, &req, &rep) != 0 ||
+                !(rep.flags & PS_FLAG_STEPMAX) || !(rep.flags & PS_FLAG_FLOOR) ||
+                ((rep.flags & PS_FLAG_RUN) && rep.run != run))
+                continue; /* not answered, or another store now: its reconnect checks it */
             if (rep.step_max < s->floor) {
-                snprintf(c->err, sizeof c->err, "shard %u (%.64s:%u) holds chunks up to step "
-                         "%llu, but it had told workers of step %llu (shard %u keeps that): its "
-                         "data_dir went back to an older copy of itself (a snapshot or a "
-                         "backup, or its host crashed since the store's last sync), and the "
-                         "updates since are lost; " STORE_REMEDY, k, c->m.servers[k].host,
+                snprintf(c->err, sizeof c->err, "shard %u (%.48s:%u) holds chunks up to step "
+                         "%llu, but told workers of step %llu (shard %u keeps that): its "
+                         "data_dir went back to an older copy of itself (a snapshot, a backup, "
+                         "a host crash since its last sync), and the updates since are lost; "
+                         STORE_REMEDY ", or take the loss: start shard %u once with "
+                         "--forget-floor", k, c->m.servers[k].host,
                          c->m.servers[k].port, (unsigned long long)rep.step_max,
-                         (unsigned long long)s->floor, i);
+                         (unsigned long long)s->floor, i, i);
                 return PS_ECONFIG;
             }
             n->join_max = rep.step_max;
+            ps__seen_version(n, rep.step_max);
         }
         ps__seen_version(n, s->floor);
     }

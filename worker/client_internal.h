@@ -197,6 +197,8 @@ typedef struct {
                              from a store that went back to an older copy of itself (atomic,
                              relaxed: the join writes it, the comm thread after) */
     uint64_t join_max;    /* its hello reply's step_max at the join (join_floor_check) */
+    int keeps_floor;      /* its last hello reply said PS_FLAG_FLOOR: its step_max counts its
+                             drops, and floors of it are told of and compared (atomic) */
     uint64_t floor, floor_run; /* its hello reply's floor of the next shard and that shard's
                                   run (PS_FLAG_FLOOR; 0: none, or an older psd) */
     /* Its address, resolved by ps_client_create (the caller's thread) or in the background
@@ -406,6 +408,20 @@ struct ps_client_s {
  * join_run_check). */
 #define STORE_REMEDY "start every shard from one checkpoint (psctl restore D prints the commands)"
 #define STORE_LOST "store was lost or replaced (an empty or another data_dir); " STORE_REMEDY
+
+/* Into @p m (a heartbeat or a leave to shard @p i): this worker's floor of the next shard (i + 1,
+ * the last shard's: shard 0), the highest chunk version it was told of there, and that shard's
+ * run, which shard i keeps the highest of (server/floor.h); nothing when that shard does not
+ * keep floors (PS_FLAG_FLOOR: an older psd's drops lower its step_max), its run is not known,
+ * or it is shard i itself. */
+static inline void ps__floor_of_next(const ps_client_t *c, uint32_t i, ps_msg_t *m)
+{
+    const cshard_t *n = &c->shards[(i + 1) % c->nshards];
+    if (n == &c->shards[i] || !__atomic_load_n(&n->keeps_floor, __ATOMIC_ACQUIRE) ||
+        (m->floor_run = __atomic_load_n(&n->run, __ATOMIC_RELAXED)) == 0)
+        return;
+    m->floor = __atomic_load_n(&n->seen_max, __ATOMIC_RELAXED);
+}
 
 /* Shard @p s told this worker of chunk version @p v (a push ack, a pull reply, a direct pull's
  * record; committed there before it was told): raise its seen_max. One writer at a time (the

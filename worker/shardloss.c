@@ -658,11 +658,7 @@ void ps__on_heartbeat(uv_timer_t *h)
                       .rank = rank_now(c),
                       .flags = s->answers_hb ? PS_FLAG_ANSWER : 0,
                       .joined_runs = __atomic_load_n(&c->runs_digest, __ATOMIC_RELAXED)};
-        /* The next shard's highest version this worker was told of, of its run: shard i keeps
-         * the highest, which a later joiner checks that shard against (server/floor.h). */
-        const cshard_t *n = &c->shards[(i + 1) % c->nshards];
-        if (n != s && (m.floor_run = __atomic_load_n(&n->run, __ATOMIC_RELAXED)) != 0)
-            m.floor = __atomic_load_n(&n->seen_max, __ATOMIC_RELAXED);
+        ps__floor_of_next(c, i, &m);
         size_t len;
         if (ps_msg_encode_sealed(&m, s->tok.b, s->tok.len, s->hb_hdr, sizeof s->hb_hdr, &len))
             continue;

@@ -1791,7 +1791,8 @@ END_TEST
  * were lost unnoticed and it trained on (a probe, session 67; only a bsp joiner facing shard
  * 0 was refused). Now the previous shard (shard 0 for shard 1, the last shard for shard 0)
  * keeps the highest version of it the members were told of (their heartbeats: a ring of
- * floors, server/floor.h), and the joiner is refused naming both (exit 2). */
+ * floors, server/floor.h), and the joiner is refused naming both (exit 2). With shard 1's loss
+ * taken (shard 0 started again with --forget-floor), the next joiner trains on. */
 START_TEST(test_store_rolled_back_unseen_join_refused)
 {
     for (int shard = 1; shard >= 0; shard--) {
@@ -1809,9 +1810,57 @@ START_TEST(test_store_rolled_back_unseen_join_refused)
         snprintf(want, sizeof want, "(shard %d keeps that): its data_dir went back to an older "
                  "copy of itself", 1 - shard);
         EXPECT_LOG(w2, want);
+        if (shard == 1) {
+            ck_assert_int_eq(cl_signal(psd[0], SIGTERM), 0);
+            ck_assert_int_eq(cl_wait(psd[0], RUN_S), 0);
+            const char *const forget[] = {"--forget-floor", NULL};
+            psd[0] = cl_psd_spawn_with(c, 0, NULL, forget);
+            ck_assert_msg(cl_psd_wait_ready(psd[0], READY_S) == 0, "%s", cl_tail(psd[0]));
+            EXPECT_LOG(psd[0], "--forget-floor: the floor of shard 1 this shard kept");
+            cl_proc_t *w3 = cl_worker_start(c, NULL, NULL, false);
+            ck_assert_msg(cl_wait_log(w3, "step 1 of ~", RUN_S) == 0, "the loss taken, no "
+                          "training: %s", cl_tail(w3));
+            ck_assert_int_eq(cl_signal(w3, SIGKILL), 0);
+            cl_wait(w3, RUN_S);
+        }
         stop_all(psd, 2);
         cl_cluster_destroy(c);
     }
+}
+END_TEST
+
+/* asp, heartbeats every 5 s: shard 1's data_dir copied aside, the worker trains on a moment and
+ * leaves before its next heartbeat, shard 0 (which keeps shard 1's floor) is stopped and started
+ * again, and shard 1's copy put back. The worker's leave told shard 0 its floor of shard 1, and
+ * shard 0 wrote it at its stop (its cron writes none then): the joiner is refused. Before (a
+ * review, session 68), only heartbeats carried floors, and a floor raised since the last cron
+ * tick was not written at a stop: the joiner trained on. */
+START_TEST(test_store_rolled_back_after_leave_refused)
+{
+    cl_conf_t k = {.shards = 2, .workers = 1, .consistency = "asp", .max_steps = 100000,
+                   .epochs = 100, .job_extra = "  heartbeat_timeout_ms: 20000\n"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    ck_assert_msg(cl_wait_log(w, "step 1 of ~", RUN_S) == 0, "never trained: %s", cl_tail(w));
+    char cmd[2 * CL_PATH + 32];
+    snprintf(cmd, sizeof cmd, "cp -a '%s' '%s.old'", c->data_dir[1], c->data_dir[1]);
+    ck_assert_int_eq(cl_signal(psd[1], SIGSTOP), 0);
+    int cp = system(cmd);
+    ck_assert_int_eq(cl_signal(psd[1], SIGCONT), 0);
+    ck_assert_int_eq(cp, 0);
+    usleep(500 * 1000); /* it trains on, with no heartbeat */
+    ck_assert_int_eq(cl_signal(w, SIGTERM), 0);
+    cl_wait(w, RUN_S);
+    ck_assert_int_eq(cl_signal(psd[0], SIGTERM), 0);
+    ck_assert_int_eq(cl_wait(psd[0], RUN_S), 0);
+    psd[0] = cl_psd_start(c, 0, NULL, READY_S);
+    psd[1] = store_put_back(c, 1, psd[1]);
+    cl_proc_t *w2 = cl_worker_start(c, NULL, NULL, false);
+    EXPECT_EXIT(w2, 2);
+    EXPECT_LOG(w2, "(shard 0 keeps that): its data_dir went back to an older copy of itself");
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
 }
 END_TEST
 
@@ -1819,32 +1868,38 @@ END_TEST
  * shards' floors of versions only those chunks held), and a worker of another model joins. Each
  * shard's highest version then reads 0, below the floor the other keeps of it: without the
  * highest version a drop took away ("Mdropmax", server/floor.h) the joiner was refused as if
- * the stores had gone back (a first cut, session 68). asp_client's 12 pushes apply once. */
+ * the stores had gone back (a first cut, session 68). asp_client's 12 pushes apply once. And
+ * the same with shard 1 answering as a psd before session 68 (PS_TEST_NO_FLOOR), which keeps no
+ * such version: its floor is neither told of nor compared (a review: such a drop during a
+ * rolling upgrade had every later joiner refused for good). */
 START_TEST(test_trained_drop_not_rolled_back)
 {
-    cl_conf_t k = {.shards = 2, .workers = 1, .consistency = "asp", .max_steps = 100000,
-                   .epochs = 100, .layers = "[784, 10]", .optimizer = "{name: sgd, lr: 1.0}"};
-    cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
-    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
-    ck_assert_msg(cl_wait_log(w, "step 1 of ~", RUN_S) == 0, "never trained: %s", cl_tail(w));
-    int lines = count_in_log(w, " of ~"); /* heartbeats carry the floors meanwhile */
-    for (int i = 0; i < 100 && count_in_log(w, " of ~") < lines + 2; i++) usleep(100 * 1000);
-    ck_assert_int_eq(cl_signal(w, SIGTERM), 0); /* it leaves: the job has no member */
-    cl_wait(w, RUN_S);
-    char fverb[] = "forget", trained[] = "--trained", wn[] = "fc1.weight", bn[] = "fc1.bias";
-    for (int t = 0; t < 2; t++) {
-        char *fa[] = {(char *)cl_binary("PSCTL"), "--manifest", c->manifest, fverb,
-                      t ? bn : wn, trained, NULL};
-        EXPECT_EXIT(cl_spawn(c, "psctl-forget", fa), 0);
+    for (int old = 0; old < 2; old++) {
+        cl_conf_t k = {.shards = 2, .workers = 1, .consistency = "asp", .max_steps = 100000,
+                       .epochs = 100, .layers = "[784, 10]", .optimizer = "{name: sgd, lr: 1.0}"};
+        cl_cluster_t *c = cl_cluster_create(&k);
+        cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S),
+                             cl_psd_start_env(c, 1, READY_S, "PS_TEST_NO_FLOOR", old ? "1" : NULL)};
+        cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+        ck_assert_msg(cl_wait_log(w, "step 1 of ~", RUN_S) == 0, "never trained: %s", cl_tail(w));
+        int lines = count_in_log(w, " of ~"); /* heartbeats carry the floors meanwhile */
+        for (int i = 0; i < 100 && count_in_log(w, " of ~") < lines + 2; i++) usleep(100 * 1000);
+        ck_assert_int_eq(cl_signal(w, SIGTERM), 0); /* it leaves: the job has no member */
+        cl_wait(w, RUN_S);
+        char fverb[] = "forget", trained[] = "--trained", wn[] = "fc1.weight", bn[] = "fc1.bias";
+        for (int t = 0; t < 2; t++) {
+            char *fa[] = {(char *)cl_binary("PSCTL"), "--manifest", c->manifest, fverb,
+                          t ? bn : wn, trained, NULL};
+            EXPECT_EXIT(cl_spawn(c, "psctl-forget", fa), 0);
+        }
+        char numel[] = "40000", twelve[] = "12";
+        char *aa[] = {(char *)cl_binary("ASP_CLIENT"), c->manifest, numel, twelve, NULL};
+        cl_proc_t *a = cl_spawn(c, "asp", aa);
+        EXPECT_EXIT(a, 0);
+        EXPECT_LOG(a, "12 pushes, each applied once");
+        stop_all(psd, 2);
+        cl_cluster_destroy(c);
     }
-    char numel[] = "40000", twelve[] = "12";
-    char *aa[] = {(char *)cl_binary("ASP_CLIENT"), c->manifest, numel, twelve, NULL};
-    cl_proc_t *a = cl_spawn(c, "asp", aa);
-    EXPECT_EXIT(a, 0);
-    EXPECT_LOG(a, "12 pushes, each applied once");
-    stop_all(psd, 2);
-    cl_cluster_destroy(c);
 }
 END_TEST
 
@@ -2284,6 +2339,8 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("store_rolled_back_unseen_join_refused",
                              test_store_rolled_back_unseen_join_refused));
     suite_add_tcase(s, tcase("trained_drop_not_rolled_back", test_trained_drop_not_rolled_back));
+    suite_add_tcase(s, tcase("store_rolled_back_after_leave_refused",
+                             test_store_rolled_back_after_leave_refused));
     suite_add_tcase(s, tcase("psd_sighup_stops", test_psd_sighup_stops));
     suite_add_tcase(s, tcase("shard_store_lost_refused", test_shard_store_lost_refused));
     suite_add_tcase(s, tcase("pslaunch_care", test_pslaunch_care));
