@@ -23,8 +23,8 @@ void psd_floor_load(psd_server_t *srv)
 void psd_floor_told(psd_server_t *srv, const psd_conn_t *c, const ps_msg_t *msg)
 {
     if (c->rank < 0 || msg->floor_run == 0 || srv->nshards < 2) return;
-    if (msg->floor_run != srv->floor.run) /* the next shard's store changed (a restore): its */
-        srv->floor = (psd_floor_rec_t){.run = msg->floor_run, .floor = msg->floor}; /* own */
+    if (msg->floor_run != srv->floor.run) /* the next shard's store changed (a restore) */
+        srv->floor = (psd_floor_rec_t){.run = msg->floor_run, .floor = msg->floor};
     else if (msg->floor > srv->floor.floor)
         srv->floor.floor = msg->floor;
 }
@@ -69,10 +69,14 @@ int psd_floor_forget(psd_server_t *srv)
     psd_floor_rec_t none = {0};
     int rc = floor_write(srv, &none);
     if (rc) return rc;
-    PS_LOG(PS_LOG_WARN, "server", "--forget-floor: the floor of shard %u this shard kept (step "
-           "%llu of its run %016llx) is forgotten: a joiner no longer compares that shard's "
-           "store with what workers were told of it", (srv->shard + 1) % srv->nshards,
-           (unsigned long long)srv->floor.floor, (unsigned long long)srv->floor.run);
+    if (srv->floor.run)
+        PS_LOG(PS_LOG_WARN, "server", "--forget-floor: the floor of shard %u this shard kept "
+               "(step %llu of its run %016llx) is forgotten: a joiner no longer compares that "
+               "shard's store with what workers were told of it", (srv->shard + 1) % srv->nshards,
+               (unsigned long long)srv->floor.floor, (unsigned long long)srv->floor.run);
+    else
+        PS_LOG(PS_LOG_INFO, "server", "--forget-floor: this shard kept no floor of shard %u",
+               (srv->shard + 1) % srv->nshards);
     srv->floor = srv->floor_stored = none;
     return 0;
 }
@@ -83,7 +87,8 @@ static void floor_save_done(psd_slot_work_t *w)
     if (srv->floor_save_rc == 0) {
         if (srv->floor_saving.run != srv->floor_stored.run)
             PS_LOG(PS_LOG_INFO, "server", "the next shard's floor: its run %016llx, from step "
-                   "%llu (members' heartbeats)", (unsigned long long)srv->floor_saving.run,
+                   "%llu (the members' heartbeats and leaves)",
+                   (unsigned long long)srv->floor_saving.run,
                    (unsigned long long)srv->floor_saving.floor);
         srv->floor_stored = srv->floor_saving;
     } else { /* the next tick tries again (quiet while updates wait for the store) */

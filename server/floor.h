@@ -5,12 +5,13 @@
  * what that shard told it (libps's seen_max, worker/shardloss.c). One that joins after every
  * such worker stopped has no record: under asp / ssp the updates since the copy were lost
  * unnoticed, and under bsp a shard other than 0 failed only at the first push. So each member's
- * heartbeat to shard i carries its seen_max of the next shard (i + 1; the last shard's: shard
- * 0) with that shard's run, and shard i keeps the highest (its "floor" of the next shard, in
- * its store: "Mfloor"). A joiner reads every shard's floor in its hello reply (PS_FLAG_FLOOR)
- * and refuses a next shard of that run whose highest chunk version is below it
- * (join_floor_check, worker/client_api.c). A shard of another run (restored, replaced) is not
- * compared: the run checks tell those.
+ * heartbeat and leave to shard i carry its seen_max of the next shard (i + 1; the last shard's:
+ * shard 0) with that shard's run, and shard i keeps the highest (its "floor" of the next shard,
+ * in its store: "Mfloor", written at a cron tick and at the stop). A joiner reads every shard's
+ * floor in its hello reply and refuses a next shard of that run whose highest chunk version is
+ * below it (join_floor_check, worker/client_api.c). A shard of another run (restored, replaced)
+ * is not compared: the run checks tell those; nor is one that does not say PS_FLAG_FLOOR (an
+ * older psd: its drops lower its step_max). psd --forget-floor drops the floor (the loss taken).
  *
  * A tensor dropped with its trained values (psctl forget --trained) may have held the shard's
  * highest version: the highest version a drop took away is kept too ("Mdropmax"), and the
