@@ -268,12 +268,14 @@ void psd__close_step(psd_server_t *srv)
     psd_coord_t *co = srv->coord;
     bool again = co->rec.emptied_step1 == co->s.step + 1; /* chunks may have passed it before */
     /* A restart derives this close from this shard's chunks only when one of their applies of
-     * the step committed the state of it here: not when no chunk here takes the members'
-     * pushes (a small model whose chunks are all on other shards beside tensors no member
-     * pushes: a probe, session 68, lost the whole job to a SIGKILL of shard 0, its state
-     * never written past step 0). */
-    bool derived = co->creating || co->chunks_saved_step == co->s.step; /* (psd_coord_create
-                                                      saves at its end, before any answer) */
+     * the step committed the state of it here, and no chunk here is still at the step (every
+     * pushed one applied it before any report: one at it is a tensor whose pushes stopped just
+     * there, which a restart would take for the step not applied: a review, session 68). Not
+     * when no chunk here takes the members' pushes (a small model whose chunks are all on
+     * other shards beside tensors no member pushes: a probe, session 68, lost the whole job to
+     * a SIGKILL of shard 0, its state never written past step 0). One walk of the chunks. */
+    bool derived = co->creating || (co->chunks_saved_step == co->s.step &&
+                                    psd_shard_step_from(srv, co->s.step) > co->s.step);
     if (again || co->rec.removed_in_step || co->rec.emptied_step1) psd__rec_changed(co);
     for (uint32_t r = 0; r < PS_MAX_RANKS; r++) {
         saved_member_t *m = &co->s.m[r];

@@ -48,6 +48,8 @@
  * REPLAY_IDLE=1 in the environment: first declares "replay.idle" (one chunk, so on shard 0, and
  * "replay.a" then on shard 1, "replay.b" on shard 0), which it never pushes: a tensor that stays
  * at step 0 beside the trained ones (one of another model, a head no longer trained).
+ * REPLAY_IDLE_UNTIL=K (with REPLAY_IDLE): "replay.idle" is pushed (a zero gradient) at the
+ * steps below K, then never again: a head that stops being trained at step K.
  * REPLAY_IDLE=2: also "replay.idle2" (one chunk, on shard 0) between "replay.a" and "replay.b",
  * both then on shard 1: shard 0 holds no chunk a member pushes. */
 #include <inttypes.h>
@@ -274,6 +276,14 @@ int main(int argc, char **argv)
         if (b.pass != 0 || j >= nb) {
             printf("replay_client: batch of pass %" PRIu64 " at %" PRIu64 ": not in the pass\n",
                    b.pass, b.offset);
+            bad = 1;
+            break;
+        }
+        const char *until = getenv("REPLAY_IDLE_UNTIL");
+        static const float zero[1];
+        if (until && idles && atoi(idles) > 0 && b.step < strtoull(until, NULL, 10) &&
+            (rc = push_wait(c, idle, zero, b.step)) != 0) {
+            printf("replay_client: push of replay.idle: %s\n", ps_client_error(c));
             bad = 1;
             break;
         }

@@ -1287,34 +1287,42 @@ END_TEST
  * session 68), the restarted coordinator took the step it applied from its lowest chunk
  * version, the idle tensor's 0: step 4 stayed open, and rank 1's batch of step 5, applied on
  * shard 1, went out again untagged and was applied there twice ("replay.a[...] applied
- * twice"). */
+ * twice"). The same with replay.idle pushed until step 3 (REPLAY_IDLE_UNTIL=4: a head that
+ * stops being trained), its chunk at 4, the saved open step: a restart took step 4 for not
+ * applied there too, so its close is saved before step 5 goes out (a review, session 68). */
 START_TEST(test_kill9_coordinator_idle_tensor)
 {
-    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .optimizer = "{name: sgd, lr: 1}",
-                   .start_wait_ms = CL_TOGETHER_MS};
-    cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
-    char nb[] = "40", bs[] = "8", plan[] = "plan:1@5/1s", ord[] = "ab";
-    char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, plan, ord, NULL};
-    setenv("REPLAY_IDLE", "1", 1);
-    cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
-    unsetenv("REPLAY_IDLE");
-    int v = -1;
-    for (int i = 0; i < (int)(RUN_S * 100) && v < 0; i++) {
-        for (int j = 0; j < 2 && v < 0; j++)
-            if (count_in_log(w[j], "rank 1 stops at step 5")) v = j;
-        if (v < 0) nap_ms(10);
+    for (int until = 0; until <= 4; until += 4) {
+        cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8,
+                       .optimizer = "{name: sgd, lr: 1}", .start_wait_ms = CL_TOGETHER_MS};
+        cl_cluster_t *c = cl_cluster_create(&k);
+        cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+        char nb[] = "40", bs[] = "8", plan[] = "plan:1@5/1s", ord[] = "ab";
+        char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, plan, ord, NULL};
+        setenv("REPLAY_IDLE", "1", 1);
+        char u[8];
+        snprintf(u, sizeof u, "%d", until);
+        if (until) setenv("REPLAY_IDLE_UNTIL", u, 1);
+        cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
+        unsetenv("REPLAY_IDLE");
+        unsetenv("REPLAY_IDLE_UNTIL");
+        int v = -1;
+        for (int i = 0; i < (int)(RUN_S * 100) && v < 0; i++) {
+            for (int j = 0; j < 2 && v < 0; j++)
+                if (count_in_log(w[j], "rank 1 stops at step 5")) v = j;
+            if (v < 0) nap_ms(10);
+        }
+        ck_assert_msg(v >= 0, "rank 1 did not stop: %s / %s", cl_tail(w[0]), cl_tail(w[1]));
+        ck_assert_int_eq(cl_signal(psd[0], SIGKILL), 0); /* before it drops the stopped rank */
+        ck_assert_int_eq(cl_signal(w[v], SIGKILL), 0);
+        cl_wait(psd[0], RUN_S);
+        psd[0] = cl_psd_start(c, 0, NULL, READY_S);
+        EXPECT_EXIT(w[v], 128 + SIGKILL);
+        EXPECT_EXIT(w[1 - v], 0);
+        EXPECT_LOG(w[1 - v], "every batch applied once on both tensors");
+        stop_all(psd, 2);
+        cl_cluster_destroy(c);
     }
-    ck_assert_msg(v >= 0, "rank 1 did not stop: %s / %s", cl_tail(w[0]), cl_tail(w[1]));
-    ck_assert_int_eq(cl_signal(psd[0], SIGKILL), 0); /* before it drops the stopped rank */
-    ck_assert_int_eq(cl_signal(w[v], SIGKILL), 0);
-    cl_wait(psd[0], RUN_S);
-    psd[0] = cl_psd_start(c, 0, NULL, READY_S);
-    EXPECT_EXIT(w[v], 128 + SIGKILL);
-    EXPECT_EXIT(w[1 - v], 0);
-    EXPECT_LOG(w[1 - v], "every batch applied once on both tensors");
-    stop_all(psd, 2);
-    cl_cluster_destroy(c);
 }
 END_TEST
 
