@@ -550,6 +550,11 @@ void psd_shard_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len
                      t.untrained, t.behind, (unsigned long long)srv->nonfinite_pushes,
                      (unsigned long long)t.odd_chunks);
     if (n > 0 && (size_t)n < cap - *len) *len += (size_t)n;
+    if (srv->floor.run) { /* floor.h: a joiner refuses that shard's store below it */
+        n = snprintf(out + *len, cap - *len, ", \"next_floor\": {\"shard\": %u, \"step\": %llu}",
+                     (srv->shard + 1) % srv->nshards, (unsigned long long)srv->floor.floor);
+        if (n > 0 && (size_t)n < cap - *len) *len += (size_t)n;
+    }
     if (t.untrained) status_name(srv, "untrained_first", t.untrained_first, out, cap, len);
     if (t.behind) {
         status_name(srv, "behind_first", t.behind_first, out, cap, len);
