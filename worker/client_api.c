@@ -500,10 +500,13 @@ static int join_floor_check(ps_client_t *c)
         if (n->join_max < s->floor) {
             ps_msg_t req, rep;
             hello_req(c, k, &req);
-            if (ps__ctrl_call(c, OP_HELLO, k, &req, &rep) != 0 ||
-                !(rep.flags & PS_FLAG_STEPMAX) || !(rep.flags & PS_FLAG_FLOOR) ||
+            if (ps__ctrl_call(c, OP_HELLO, k, &req, &rep) != 0) {
+                ps__seen_version(n, s->floor); /* its reconnect's hello is compared with it */
+                continue;
+            }
+            if (!(rep.flags & PS_FLAG_STEPMAX) || !(rep.flags & PS_FLAG_FLOOR) ||
                 ((rep.flags & PS_FLAG_RUN) && rep.run != run))
-                continue; /* not answered, or another store now: its reconnect checks it */
+                continue; /* an older psd now, or another store (its run is refused then) */
             if (rep.step_max < s->floor) {
                 snprintf(c->err, sizeof c->err, "shard %u (%.48s:%u) holds chunks up to step "
                          "%llu, but told workers of step %llu (shard %u keeps that): its "

@@ -411,13 +411,16 @@ struct ps_client_s {
 
 /* Into @p m (a heartbeat or a leave to shard @p i): this worker's floor of the next shard (i + 1,
  * the last shard's: shard 0), the highest chunk version it was told of there, and that shard's
- * run, which shard i keeps the highest of (server/floor.h); nothing when that shard does not
- * keep floors (PS_FLAG_FLOOR: an older psd's drops lower its step_max), its run is not known,
- * or it is shard i itself. */
+ * run, which shard i keeps the highest of (server/floor.h); nothing before the join passed its
+ * checks (a join refused for a shard of another run would make shard i keep that run's floor
+ * and drop the one it had: a review, session 68), when that shard does not keep floors
+ * (PS_FLAG_FLOOR: an older psd's drops lower its step_max), its run is not known, or it is
+ * shard i itself. */
 static inline void ps__floor_of_next(const ps_client_t *c, uint32_t i, ps_msg_t *m)
 {
     const cshard_t *n = &c->shards[(i + 1) % c->nshards];
-    if (n == &c->shards[i] || !__atomic_load_n(&n->keeps_floor, __ATOMIC_ACQUIRE) ||
+    if (!__atomic_load_n(&c->joined, __ATOMIC_ACQUIRE) || n == &c->shards[i] ||
+        !__atomic_load_n(&n->keeps_floor, __ATOMIC_ACQUIRE) ||
         (m->floor_run = __atomic_load_n(&n->run, __ATOMIC_RELAXED)) == 0)
         return;
     m->floor = __atomic_load_n(&n->seen_max, __ATOMIC_RELAXED);

@@ -1829,6 +1829,41 @@ START_TEST(test_store_rolled_back_unseen_join_refused)
 }
 END_TEST
 
+/* asp: a checkpoint, then shard 1's data_dir copied aside while the worker trains on; the
+ * worker killed, shard 1 restored alone from the checkpoint (another run) and a worker refused
+ * for it, then the copy put back. The refused worker's leave told shard 0 a floor of shard 1's
+ * restored run, which replaced the one shard 0 kept: the last joiner found no floor of the
+ * copy's run and trained on the loss (a review, session 68). A floor goes out once a join
+ * passed its checks now: the last joiner is refused. */
+START_TEST(test_refused_join_keeps_floor)
+{
+    cl_proc_t *psd[2], *w;
+    cl_cluster_t *c = asp_pair_training(psd, &w);
+    char dir[CL_PATH], ckv[] = "checkpoint", dirf[] = "--dir";
+    cl_path(c, "ck", dir, sizeof dir);
+    char *ca[] = {(char *)cl_binary("PSCTL"), "--manifest", c->manifest, ckv, dirf, dir, NULL};
+    EXPECT_EXIT(cl_spawn(c, "psctl-checkpoint", ca), 0);
+    store_copy_aside(c, 1, psd[1], w);
+    ck_assert_int_eq(cl_signal(w, SIGKILL), 0);
+    cl_wait(w, RUN_S);
+    ck_assert_int_eq(cl_signal(psd[1], SIGKILL), 0);
+    cl_wait(psd[1], RUN_S);
+    store_lost(c, 1);
+    const char *const restore[] = {"--restore", dir, NULL};
+    psd[1] = cl_psd_spawn_with(c, 1, NULL, restore);
+    ck_assert_msg(cl_psd_wait_ready(psd[1], READY_S) == 0, "%s", cl_tail(psd[1]));
+    cl_proc_t *w2 = cl_worker_start(c, NULL, NULL, false);
+    EXPECT_EXIT(w2, 2);
+    EXPECT_LOG(w2, "holds a store restored from checkpoint ");
+    psd[1] = store_put_back(c, 1, psd[1]);
+    cl_proc_t *w3 = cl_worker_start(c, NULL, NULL, false);
+    EXPECT_EXIT(w3, 2);
+    EXPECT_LOG(w3, "(shard 0 keeps that): its data_dir went back to an older copy of itself");
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* asp, heartbeats every 5 s: shard 1's data_dir copied aside, the worker trains on a moment and
  * leaves before its next heartbeat, shard 0 (which keeps shard 1's floor) is stopped and started
  * again, and shard 1's copy put back. The worker's leave told shard 0 its floor of shard 1, and
@@ -2345,6 +2380,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("trained_drop_not_rolled_back", test_trained_drop_not_rolled_back));
     suite_add_tcase(s, tcase("store_rolled_back_after_leave_refused",
                              test_store_rolled_back_after_leave_refused));
+    suite_add_tcase(s, tcase("refused_join_keeps_floor", test_refused_join_keeps_floor));
     suite_add_tcase(s, tcase("psd_sighup_stops", test_psd_sighup_stops));
     suite_add_tcase(s, tcase("shard_store_lost_refused", test_shard_store_lost_refused));
     suite_add_tcase(s, tcase("pslaunch_care", test_pslaunch_care));
