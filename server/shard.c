@@ -550,8 +550,10 @@ void psd_shard_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len
                      t.untrained, t.behind, (unsigned long long)srv->nonfinite_pushes,
                      (unsigned long long)t.odd_chunks);
     if (n > 0 && (size_t)n < cap - *len) *len += (size_t)n;
-    if (srv->floor.run) { /* floor.h: a joiner refuses that shard's store below it */
-        n = snprintf(out + *len, cap - *len, ", \"next_floor\": {\"shard\": %u, \"step\": %llu}",
+    if (srv->floor.run) { /* floor.h: a joiner refuses that shard's store below it (flat: psctl
+                             and the tests find a shard's fields by their names) */
+        n = snprintf(out + *len, cap - *len,
+                     ", \"next_floor_shard\": %u, \"next_floor_step\": %llu",
                      (srv->shard + 1) % srv->nshards, (unsigned long long)srv->floor.floor);
         if (n > 0 && (size_t)n < cap - *len) *len += (size_t)n;
     }

@@ -1893,7 +1893,7 @@ START_TEST(test_store_rolled_back_after_leave_refused)
     char *sa[] = {(char *)cl_binary("PSCTL"), "--manifest", c->manifest, "status", "--json", NULL};
     cl_proc_t *st = cl_spawn(c, "psctl-status", sa);
     EXPECT_EXIT(st, 0);
-    EXPECT_LOG(st, "\"next_floor\": {\"shard\": 1, \"step\": "); /* kept across the restart */
+    EXPECT_LOG(st, "\"next_floor_shard\": 1, \"next_floor_step\": "); /* kept across the restart */
     psd[1] = store_put_back(c, 1, psd[1]);
     cl_proc_t *w2 = cl_worker_start(c, NULL, NULL, false);
     EXPECT_EXIT(w2, 2);
