@@ -282,6 +282,7 @@ static int header_pack(const Ps__Header *h, uint8_t *buf, size_t cap, size_t *le
     wr_u64(&w, 67, h->job_batch);
     wr_u64(&w, 68, h->floor);
     wr_u64(&w, 69, h->floor_run);
+    wr_u64(&w, 70, h->floor_key);
     if (w.full) return PS_EINVAL;
     *len = (size_t)(w.p - buf);
     return 0;
@@ -389,6 +390,7 @@ static bool header_unpack(Ps__Header *h, uint64_t *replay, const uint8_t *buf, s
         case 67: h->job_batch = (uint32_t)v; break;
         case 68: h->floor = v; break;
         case 69: h->floor_run = v; break;
+        case 70: h->floor_key = v; break;
         default: return false; /* 57 unpacked, or a field this build does not know */
         }
     }
@@ -452,6 +454,7 @@ int ps_msg_encode_sealed(const ps_msg_t *m, const uint8_t *session, size_t sessi
     h.job_batch = m->job_batch;
     h.floor = m->floor;
     h.floor_run = m->floor_run;
+    h.floor_key = m->floor_key;
     if (m->nreplay > PS_REPLAY_MAX) return PS_EINVAL;
     h.n_replay = m->nreplay;
     h.replay = (uint64_t *)m->replay; /* only read, as the strings below */
@@ -579,6 +582,7 @@ int ps_msg_decode(ps_msg_t *m, const void *buf, size_t len, char *err, size_t er
     m->job_batch = h->job_batch;
     m->floor = h->floor;
     m->floor_run = h->floor_run;
+    m->floor_key = h->floor_key;
     if (h->n_replay > PS_REPLAY_MAX)
         FAIL("%zu replay tags (%d allowed)", h->n_replay, PS_REPLAY_MAX);
     m->nreplay = (uint32_t)h->n_replay;

@@ -118,12 +118,13 @@ enum {
                                    back to an older copy of itself by it (a version below one
                                    the shard told it of before); an older psd does not say */
     PS_FLAG_FLOOR = 67108864, /* hello reply: this psd keeps a floor of the next shard, the
-                                 highest chunk version of it (of its run `floor_run`; 0: none
-                                 yet) a member told it of by its heartbeats and its leave, in
-                                 `floor` (a joiner tells a next shard whose store went back to an
-                                 older copy by it), and its `step_max` counts the versions its
-                                 drops took away (session 68): floors are told of and compared
-                                 only for such shards (an older psd's drops lower its step_max) */
+                                 highest chunk version of it (of its floor key `floor_run`; 0:
+                                 none yet) a member told it of by its heartbeats and its leave,
+                                 in `floor` (a joiner tells a next shard whose store went back to
+                                 an older copy by it), and says its own floor key in
+                                 `floor_key`, which a drop of a trained tensor changes (session
+                                 68): floors are told of and compared only for such shards (an
+                                 older psd's drops lower its step_max unsaid) */
 };
 
 /* UCP Active Message ids. */
@@ -249,9 +250,10 @@ typedef struct {
     uint32_t launcher;    /* hello: the pid of the pslaunch that started the worker (0: none) */
     uint64_t job_seed1;   /* batch request: the worker's job.seed + 1 (0: not sent) */
     uint32_t job_batch;   /* batch request: the worker's job.batch_size (0: not sent) */
-    uint64_t floor, floor_run; /* heartbeat: the worker's seen_max of the next shard and that
-                                  shard's run; hello reply (PS_FLAG_FLOOR): the highest such a
-                                  member told this shard of (server/floor.c) */
+    uint64_t floor, floor_run; /* heartbeat, leave: the worker's seen_max of the next shard and
+                                  that shard's floor key; hello reply (PS_FLAG_FLOOR): the
+                                  highest such a member told this shard of (server/floor.c) */
+    uint64_t floor_key;   /* hello reply (PS_FLAG_FLOOR): the shard's own floor key */
     uint32_t nreplay;     /* batch reply, push: replay tags in use (PS_REPLAY_MAX at most) */
     uint64_t replay[PS_REPLAY_MAX];
     char store[256];

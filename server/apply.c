@@ -430,9 +430,9 @@ void psd__job_work(uv_work_t *w)
         job->rc = job->kind == JOB_CREATE ? run_create(job, &tx)
                   : job->kind == JOB_DROP ? psd_store_del_tensor(&tx, job->tensor, job->nchunks)
                                           : run_apply(job, &tx);
-        if (job->rc == 0 && job->kind == JOB_DROP && job->drop_max)
-            job->rc = psd_store_put_blob(&tx, PSD_DROPMAX_BLOB, &job->drop_max,
-                                         sizeof job->drop_max);
+        if (job->rc == 0 && job->kind == JOB_DROP && job->drop_gen)
+            job->rc = psd_store_put_blob(&tx, PSD_DROPGEN_BLOB, &job->drop_gen,
+                                         sizeof job->drop_gen);
         if (job->slow) slow_apply_wait(job->srv->test_slow_apply_hold);
         if (job->rc == 0 && job->kind == JOB_APPLY && job->coord_len)
             job->rc = psd_store_put_blob(&tx, "job", job->coord_state, job->coord_len);

@@ -14,10 +14,10 @@ void psd_floor_load(psd_server_t *srv)
         r = (psd_floor_rec_t){0}; /* none yet (a store older than session 68, one shard) */
     srv->floor = srv->floor_stored = r;
     uint64_t d = 0;
-    if (psd_store_get_blob(&srv->store, PSD_DROPMAX_BLOB, &d, sizeof d, &len) != 0 ||
+    if (psd_store_get_blob(&srv->store, PSD_DROPGEN_BLOB, &d, sizeof d, &len) != 0 ||
         len != sizeof d)
         d = 0;
-    srv->drop_max = d;
+    srv->drop_gen = d;
 }
 
 void psd_floor_told(psd_server_t *srv, const psd_conn_t *c, const ps_msg_t *msg)
@@ -110,10 +110,10 @@ void psd_floor_cron(psd_server_t *srv)
     psd_shard_slot_queue(srv, &srv->floor_save);
 }
 
-uint64_t psd_floor_step_max(const psd_server_t *srv)
+uint64_t psd_floor_key(const psd_server_t *srv)
 {
-    uint64_t v = psd_shard_step_max(srv);
-    return v > srv->drop_max ? v : srv->drop_max;
+    uint64_t k = srv->drop_gen ? srv->run.id ^ ps_run_mix(srv->drop_gen) : srv->run.id;
+    return k ? k : 1;
 }
 
 void psd_floor_hello(const psd_server_t *srv, ps_msg_t *reply)
@@ -124,4 +124,5 @@ void psd_floor_hello(const psd_server_t *srv, ps_msg_t *reply)
     }
     reply->floor = srv->floor.floor;
     reply->floor_run = srv->floor.run;
+    reply->floor_key = psd_floor_key(srv);
 }

@@ -14,9 +14,12 @@
  * older psd: its drops lower its step_max). psd --forget-floor drops the floor (the loss taken).
  *
  * A tensor dropped with its trained values (psctl forget --trained) may have held the shard's
- * highest version: the highest version a drop took away is kept too ("Mdropmax"), and the
- * shard's hello says the higher of it and its chunks' (psd_floor_step_max), so that such a
- * drop is not taken for a store gone back.
+ * highest version, and a later model's chunks start at version 0: floors are keyed by the
+ * shard's floor key, its run mixed with the number of such drops it made ("Mdropgen",
+ * psd_floor_key), which its hello says; a drop makes the floors kept of it until then match
+ * nothing. (A first cut kept the highest version a drop took away and counted it in step_max:
+ * the workers' own record of the shard then sat at it, and a copy put back while a new model's
+ * chunks were below it passed every check: a probe, session 68.)
  */
 #ifndef PSD_FLOOR_H
 #define PSD_FLOOR_H
@@ -30,10 +33,10 @@ typedef struct psd_server_s psd_server_t;
 typedef struct psd_conn_s psd_conn_t;
 
 #define PSD_FLOOR_BLOB "floor"     /* "Mfloor": psd_floor_rec_t, host byte order */
-#define PSD_DROPMAX_BLOB "dropmax" /* "Mdropmax": a uint64_t, the highest version dropped */
+#define PSD_DROPGEN_BLOB "dropgen" /* "Mdropgen": a uint64_t, the trained drops made here */
 
 typedef struct {
-    uint64_t run;   /* the next shard's run the floor is of (0: none) */
+    uint64_t run;   /* the next shard's floor key the floor is of (0: none) */
     uint64_t floor; /* the highest chunk version of it a member said it was told of */
 } psd_floor_rec_t;
 
@@ -59,12 +62,12 @@ int psd_floor_forget(psd_server_t *srv);
  *  jobs (slot work), one write at a time. */
 void psd_floor_cron(psd_server_t *srv);
 
-/** @brief The highest chunk version this shard's store holds or held: its chunks' (one walk)
- *  or one a trained tensor's drop took away, whichever is higher. */
-uint64_t psd_floor_step_max(const psd_server_t *srv);
+/** @brief This shard's floor key: its run, mixed with the number of trained tensors' drops it
+ *  made (none: the run itself). Never 0. */
+uint64_t psd_floor_key(const psd_server_t *srv);
 
-/** @brief Fill a hello reply's floor and floor_run (0: no member told of one; every reply
- *  says PS_FLAG_FLOOR, PSD_HELLO_FLAGS). */
+/** @brief Fill a hello reply's floor and floor_run (0: no member told of one) and floor_key
+ *  (every reply says PS_FLAG_FLOOR, PSD_HELLO_FLAGS). */
 void psd_floor_hello(const psd_server_t *srv, ps_msg_t *reply);
 
 #endif

@@ -322,8 +322,8 @@ typedef struct {
     uint32_t tensor;           /* JOB_CREATE, JOB_DROP */
     ps_decl_t decl;            /* JOB_CREATE, JOB_DROP: a copy the thread may read */
     uint64_t coord_step;       /* JOB_APPLY with coord_len: the state's open step (bsp) */
-    uint64_t drop_max;         /* JOB_DROP: the shard's drop_max this drop makes, written with
-                                  it ("Mdropmax", floor.h); 0: it raises none */
+    uint64_t drop_gen;         /* JOB_DROP of a trained tensor: the shard's drop_gen it makes,
+                                  written with it ("Mdropgen", floor.h); 0: none */
     psk_init_t init;           /* JOB_CREATE: its initializer (run_create) */
     uint64_t start_ns;         /* JOB_CREATE: when it was started (uv_hrtime), for the log */
     uint64_t begin_ns, end_ns; /* JOB_APPLY with --trace: its work (ps_trace_now), else 0 */
@@ -413,7 +413,7 @@ struct psd_server_s {
     psd_floor_rec_t floor_saving; /* the one floor_save writes (run 0: none queued) */
     int floor_save_rc;            /* its result (written on the pool, read in its done) */
     psd_slot_work_t floor_save;   /* writes floor_saving to the store */
-    uint64_t drop_max;            /* the highest chunk version a drop took away ("Mdropmax") */
+    uint64_t drop_gen;            /* trained tensors' drops made here ("Mdropgen", floor.h) */
     char store_path[256];      /* the store's absolute directory, told to workers for direct
                                   pulls (storeview.h); "" when PS_DIRECT_PULL=0 or too long */
     uint64_t store_id;         /* ps_storeview_file_id of its data file */
@@ -640,15 +640,15 @@ void psd_hello_store(const psd_server_t *srv, const ps_msg_t *hello, ps_msg_t *r
 /** @brief The highest version of any chunk here (0 when none): one walk of the chunks. */
 uint64_t psd_shard_step_max(const psd_server_t *srv);
 /** @brief Fill a hello reply's run, run_origin and run_base from the store's run (run.h),
- *  joined_runs, step_max (the highest chunk version here, or one a drop took away: one walk of
- *  the chunks) and the next shard's floor (floor.h). */
+ *  joined_runs, step_max (the highest chunk version here: one walk of the chunks), the next
+ *  shard's floor and this shard's floor key (floor.h). */
 static inline void psd_hello_run(const psd_server_t *srv, ps_msg_t *reply)
 {
     reply->run = srv->run.id;
     reply->run_origin = srv->run.origin;
     reply->run_base = srv->run.base_step;
     reply->joined_runs = srv->joined_runs;
-    reply->step_max = psd_floor_step_max(srv);
+    reply->step_max = psd_shard_step_max(srv);
     psd_floor_hello(srv, reply);
 }
 /** @brief Free the LMDB read slots of processes that exited while reading the store (a worker

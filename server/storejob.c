@@ -114,7 +114,7 @@ static void drop_done(psd_server_t *srv, psd_job_t *job)
         /* Before psd_ckpt_after_job: a checkpoint waiting for this shard's step would take
          * its snapshot without the tensor while another shard's part has it (a review). */
         if (t->dropping_trained) psd_ckpt_tensor_dropped(srv, job->decl.name);
-        if (job->drop_max > srv->drop_max) srv->drop_max = job->drop_max;
+        if (job->drop_gen > srv->drop_gen) srv->drop_gen = job->drop_gen;
         psd__tensor_forget(srv, job->tensor, false);
     } else {
         t->dropping = t->dropping_trained = false;
@@ -589,11 +589,10 @@ void psd__job_start_next(psd_server_t *srv)
         srv->ncreate--;
         job->decl = srv->tensors[job->tensor].decl;
         job->nchunks = srv->tensors[job->tensor].nchunks;
-        job->drop_max = 0; /* its chunks' highest version, kept when it is the shard's */
-        for (uint32_t c = 0; c < job->nchunks && !srv->test_no_floor; c++) {
+        job->drop_gen = 0; /* a trained one (a chunk past version 0) changes the floor key */
+        for (uint32_t c = 0; c < job->nchunks && !srv->test_no_floor && !job->drop_gen; c++) {
             const psd_chunk_t *ch = srv->tensors[job->tensor].chunks[c];
-            if (ch && ch->version > srv->drop_max && ch->version > job->drop_max)
-                job->drop_max = ch->version;
+            if (ch && ch->version > 0) job->drop_gen = srv->drop_gen + 1;
         }
     } else if (srv->ncreate > 0) {
         job->kind = JOB_CREATE;

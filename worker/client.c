@@ -1143,7 +1143,8 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
             __atomic_store_n(&s->leaves_nonfinite, (m.flags & PS_FLAG_NONFINITE) != 0,
                              __ATOMIC_RELEASE);
             s->answers_hb = (m.flags & PS_FLAG_ANSWER) != 0;
-            __atomic_store_n(&s->keeps_floor, (m.flags & PS_FLAG_FLOOR) != 0, __ATOMIC_RELEASE);
+            __atomic_store_n(&s->floor_key, m.flags & PS_FLAG_FLOOR ? m.floor_key : 0,
+                             __ATOMIC_RELEASE);
             __atomic_store_n(&s->takes_reports, (m.flags & PS_FLAG_REPORT) != 0,
                              __ATOMIC_RELEASE);
             memcpy(s->store, m.store, sizeof s->store);

@@ -492,11 +492,11 @@ static int join_floor_check(ps_client_t *c)
         const cshard_t *s = &c->shards[i];
         uint32_t k = (i + 1) % c->nshards;
         cshard_t *n = &c->shards[k];
-        uint64_t run = __atomic_load_n(&n->run, __ATOMIC_RELAXED);
-        if (s->floor_run == 0 || s->floor_run != run ||
-            !__atomic_load_n(&n->keeps_floor, __ATOMIC_ACQUIRE))
-            continue; /* none, of another store of n (the run checks tell those), or n is an
-                         older psd, whose drops of trained tensors lower its step_max */
+        uint64_t key = __atomic_load_n(&n->floor_key, __ATOMIC_ACQUIRE);
+        if (s->floor_run == 0 || s->floor_run != key)
+            continue; /* none, of another store of n (the run checks tell those) or from before
+                         a drop of a trained tensor there, or n is an older psd (key 0), whose
+                         drops lower its step_max unsaid */
         if (n->join_max < s->floor) {
             ps_msg_t req, rep;
             hello_req(c, k, &req);
@@ -505,7 +505,7 @@ static int join_floor_check(ps_client_t *c)
                 continue;
             }
             if (!(rep.flags & PS_FLAG_STEPMAX) || !(rep.flags & PS_FLAG_FLOOR) ||
-                ((rep.flags & PS_FLAG_RUN) && rep.run != run))
+                rep.floor_key != key)
                 continue; /* an older psd now, or another store (its run is refused then) */
             if (rep.step_max < s->floor) {
                 snprintf(c->err, sizeof c->err, "shard %u (%.48s:%u) holds chunks up to step "

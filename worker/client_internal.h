@@ -197,8 +197,8 @@ typedef struct {
                              from a store that went back to an older copy of itself (atomic,
                              relaxed: the join writes it, the comm thread after) */
     uint64_t join_max;    /* its hello reply's step_max at the join (join_floor_check) */
-    int keeps_floor;      /* its last hello reply said PS_FLAG_FLOOR: its step_max counts its
-                             drops, and floors of it are told of and compared (atomic) */
+    uint64_t floor_key;   /* its last hello reply's floor key (PS_FLAG_FLOOR; 0: an older
+                             psd): floors of it are told of and compared under it (atomic) */
     uint64_t floor, floor_run; /* its hello reply's floor of the next shard and that shard's
                                   run (PS_FLAG_FLOOR; 0: none, or an older psd) */
     /* Its address, resolved by ps_client_create (the caller's thread) or in the background
@@ -411,17 +411,15 @@ struct ps_client_s {
 
 /* Into @p m (a heartbeat or a leave to shard @p i): this worker's floor of the next shard (i + 1,
  * the last shard's: shard 0), the highest chunk version it was told of there, and that shard's
- * run, which shard i keeps the highest of (server/floor.h); nothing before the join passed its
+ * floor key, which shard i keeps the highest of (server/floor.h); nothing before the join passed its
  * checks (a join refused for a shard of another run would make shard i keep that run's floor
  * and drop the one it had: a review, session 68), when that shard does not keep floors
- * (PS_FLAG_FLOOR: an older psd's drops lower its step_max), its run is not known, or it is
- * shard i itself. */
+ * (no PS_FLAG_FLOOR: an older psd's drops lower its step_max unsaid), or it is shard i. */
 static inline void ps__floor_of_next(const ps_client_t *c, uint32_t i, ps_msg_t *m)
 {
     const cshard_t *n = &c->shards[(i + 1) % c->nshards];
     if (!__atomic_load_n(&c->joined, __ATOMIC_ACQUIRE) || n == &c->shards[i] ||
-        !__atomic_load_n(&n->keeps_floor, __ATOMIC_ACQUIRE) ||
-        (m->floor_run = __atomic_load_n(&n->run, __ATOMIC_RELAXED)) == 0)
+        (m->floor_run = __atomic_load_n(&n->floor_key, __ATOMIC_ACQUIRE)) == 0)
         return;
     m->floor = __atomic_load_n(&n->seen_max, __ATOMIC_RELAXED);
 }

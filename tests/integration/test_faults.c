@@ -1942,6 +1942,46 @@ START_TEST(test_trained_drop_not_rolled_back)
 }
 END_TEST
 
+/* asp: every tensor of the job's model dropped with psctl forget --trained, a worker of another
+ * model trains (its chunks start at version 0), and shard 1's data_dir goes back to a copy
+ * taken while it trained. Its hello said the highest version the drop took away as its
+ * step_max (session 68's first cut, "Mdropmax"), so the running worker's record of shard 1 sat
+ * at that and the copy passed (a probe, session 68: it trained on, shard 1 a thousand versions
+ * behind). Now a trained drop changes the shard's floor key instead (its run mixed with a drop
+ * generation), step_max is its chunks' again, and the worker refuses shard 1 back (exit 2). */
+START_TEST(test_rolled_back_after_trained_drop_refused)
+{
+    cl_conf_t k = {.shards = 2, .workers = 1, .consistency = "asp", .max_steps = 100000,
+                   .epochs = 100, .layers = "[784, 10]", .optimizer = "{name: sgd, lr: 0.01}"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    ck_assert_msg(cl_wait_log(w, "step 1 of ~", RUN_S) == 0, "never trained: %s", cl_tail(w));
+    int lines = count_in_log(w, " of ~");
+    for (int i = 0; i < 100 && count_in_log(w, " of ~") < lines + 3; i++) usleep(100 * 1000);
+    ck_assert_int_eq(cl_signal(w, SIGTERM), 0); /* it leaves: the job has no member */
+    cl_wait(w, RUN_S);
+    char fverb[] = "forget", trained[] = "--trained", wn[] = "fc1.weight", bn[] = "fc1.bias";
+    for (int t = 0; t < 2; t++) {
+        char *fa[] = {(char *)cl_binary("PSCTL"), "--manifest", c->manifest, fverb,
+                      t ? bn : wn, trained, NULL};
+        EXPECT_EXIT(cl_spawn(c, "psctl-forget", fa), 0);
+    }
+    cl_conf_t k2 = k;
+    k2.layers = "[784, 16, 10]";
+    char m2[CL_PATH];
+    cl_manifest_write(c, "other.yaml", &k2, m2, sizeof m2);
+    cl_proc_t *w2 = cl_worker_start(c, m2, NULL, false);
+    ck_assert_msg(cl_wait_log(w2, "step 1 of ~", RUN_S) == 0, "never trained: %s", cl_tail(w2));
+    store_copy_aside(c, 1, psd[1], w2);
+    psd[1] = store_put_back(c, 1, psd[1]);
+    EXPECT_EXIT(w2, 2);
+    EXPECT_LOG(w2, "shard 1 refused this worker back: it came back at step ");
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* bsp: shard 0 started again from an empty data_dir while shard 1 kept its store. Its job
  * starts at step 0 again, and shard 1 would acknowledge the pushes of every step it applied
  * already as applied and drop them, silently (found by a review, session 39: 3,400 steps
@@ -2381,6 +2421,8 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("store_rolled_back_after_leave_refused",
                              test_store_rolled_back_after_leave_refused));
     suite_add_tcase(s, tcase("refused_join_keeps_floor", test_refused_join_keeps_floor));
+    suite_add_tcase(s, tcase("rolled_back_after_trained_drop_refused",
+                             test_rolled_back_after_trained_drop_refused));
     suite_add_tcase(s, tcase("psd_sighup_stops", test_psd_sighup_stops));
     suite_add_tcase(s, tcase("shard_store_lost_refused", test_shard_store_lost_refused));
     suite_add_tcase(s, tcase("pslaunch_care", test_pslaunch_care));

@@ -185,7 +185,8 @@ END_TEST
 START_TEST(runs_digest)
 {
     ps_msg_t m = {.type = PS_MSG_HELLO_REPLY, .flags = PS_FLAG_RUN, .run = 11, .run_origin = 22,
-                  .run_base = 33, .joined_runs = 44, .floor = 55, .floor_run = 66}, d;
+                  .run_base = 33, .joined_runs = 44, .floor = 55, .floor_run = 66,
+                  .floor_key = 77}, d;
     uint8_t buf[512];
     size_t len;
     char err[256];
@@ -197,6 +198,7 @@ START_TEST(runs_digest)
     ck_assert_uint_eq(d.joined_runs, 44);
     ck_assert_uint_eq(d.floor, 55);
     ck_assert_uint_eq(d.floor_run, 66);
+    ck_assert_uint_eq(d.floor_key, 77);
     uint64_t a[3] = {5, 6, 7}, b[3] = {5, 6, 8}, sw[3] = {6, 5, 7}, z[1] = {0};
     uint64_t h = ps_runs_digest(a, 3);
     ck_assert_uint_ne(h, 0);
@@ -449,7 +451,7 @@ static ps_msg_t wr_msg(void)
     m.run_origin = wr_val(), m.run_base = wr_val(), m.joined_runs = wr_val();
     m.poll_ms = (uint32_t)wr_val(), m.launcher = (uint32_t)wr_val();
     m.job_seed1 = wr_val(), m.job_batch = (uint32_t)wr_val();
-    m.floor = wr_val(), m.floor_run = wr_val();
+    m.floor = wr_val(), m.floor_run = wr_val(), m.floor_key = wr_val();
     if (wr_rnd() % 2) wr_text(m.host, sizeof m.host);
     if (wr_rnd() % 4 == 0) wr_text(m.store, sizeof m.store);
     if (wr_rnd() % 2) wr_text(m.error, sizeof m.error);
