@@ -29,23 +29,13 @@ void psd_floor_told(psd_server_t *srv, const psd_conn_t *c, const ps_msg_t *msg)
         srv->floor.floor = msg->floor;
 }
 
-/* Write @p r as the store's floor, in a transaction of its own. @return 0 or PS_E*. */
-static int floor_write(psd_server_t *srv, const psd_floor_rec_t *r)
-{
-    psd_wtxn_t tx;
-    int rc = psd_store_begin(&srv->store, &tx);
-    if (rc == 0 && (rc = psd_store_put_blob(&tx, PSD_FLOOR_BLOB, r, sizeof *r)) != 0)
-        psd_store_abort(&tx);
-    else if (rc == 0)
-        rc = psd_store_commit(&tx);
-    return rc;
-}
-
 /* Writes floor_saving to the store, between store jobs (slot work: the loop never waits for
  * the store's one writer). The loop does not change floor_saving while this is queued. */
 static void floor_save_run(psd_slot_work_t *w)
 {
-    w->srv->floor_save_rc = floor_write(w->srv, &w->srv->floor_saving);
+    psd_server_t *srv = w->srv;
+    srv->floor_save_rc = psd_store_set_blob(&srv->store, PSD_FLOOR_BLOB, &srv->floor_saving,
+                                            sizeof srv->floor_saving);
 }
 
 static bool floor_unsaved(const psd_server_t *srv)
@@ -56,7 +46,7 @@ static bool floor_unsaved(const psd_server_t *srv)
 void psd_floor_flush(psd_server_t *srv)
 {
     if (!floor_unsaved(srv)) return;
-    int rc = floor_write(srv, &srv->floor);
+    int rc = psd_store_set_blob(&srv->store, PSD_FLOOR_BLOB, &srv->floor, sizeof srv->floor);
     if (rc == 0)
         srv->floor_stored = srv->floor;
     else
@@ -67,7 +57,7 @@ void psd_floor_flush(psd_server_t *srv)
 int psd_floor_forget(psd_server_t *srv)
 {
     psd_floor_rec_t none = {0};
-    int rc = floor_write(srv, &none);
+    int rc = psd_store_set_blob(&srv->store, PSD_FLOOR_BLOB, &none, sizeof none);
     if (rc) return rc;
     if (srv->floor.run)
         PS_LOG(PS_LOG_WARN, "server", "--forget-floor: the floor of shard %u this shard kept "

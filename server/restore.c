@@ -218,11 +218,7 @@ int psd_restore_fill(psd_server_t *srv, const char *dir, char *err, size_t errle
     psd_ckpt_src_t s = {0};
     /* Committed before the fill and deleted in its transaction: a psd killed in between leaves
      * it, and a later start refuses the half-made store (server.c) instead of serving it. */
-    int rc = psd_store_begin(&srv->store, &tx), mrc;
-    if (rc == 0 && (rc = psd_store_put_blob(&tx, PSD_RESTORING, dir, strlen(dir))) != 0)
-        psd_store_abort(&tx);
-    else if (rc == 0)
-        rc = psd_store_commit(&tx);
+    int rc = psd_store_set_blob(&srv->store, PSD_RESTORING, dir, strlen(dir)), mrc;
     if (rc == 0) rc = psd_store_begin(&srv->store, &tx);
     if (rc) {
         snprintf(err, errlen, "cannot mark the store as being restored: %s", ps_strerror(rc));

@@ -566,14 +566,8 @@ static void joined_set(psd_server_t *srv, uint64_t digest);
 static void joined_save_run(psd_slot_work_t *w)
 {
     psd_server_t *srv = w->srv;
-    psd_wtxn_t tx;
-    int rc = psd_store_begin(&srv->store, &tx);
-    if (rc == 0 && (rc = psd_store_put_blob(&tx, PSD_JOINED_BLOB, &srv->joined_saving,
-                                            sizeof srv->joined_saving)) != 0)
-        psd_store_abort(&tx);
-    else if (rc == 0)
-        rc = psd_store_commit(&tx);
-    srv->joined_save_rc = rc;
+    srv->joined_save_rc = psd_store_set_blob(&srv->store, PSD_JOINED_BLOB, &srv->joined_saving,
+                                             sizeof srv->joined_saving);
 }
 
 static void joined_save_done(psd_slot_work_t *w)

@@ -120,7 +120,7 @@ typedef struct {
  * says its store's run (PS_FLAG_RUN, psd_hello_run: libps tells a shard restored alone by it);
  * shard 0 takes a batch done reported alone (PS_FLAG_REPORT); `step_max` is its highest chunk
  * version (PS_FLAG_STEPMAX, psd_hello_run: libps tells a store gone back to an older copy).
- * It keeps a floor of the next shard and counts its drops in step_max (PS_FLAG_FLOOR, floor.h). */
+ * It keeps a floor of the next shard and says its own floor key (PS_FLAG_FLOOR, floor.h). */
 #define PSD_HELLO_FLAGS \
     (PS_FLAG_VALUES | PS_FLAG_NONFINITE | PS_FLAG_ANSWER | PS_FLAG_TENSORS | PS_FLAG_RUN | \
      PS_FLAG_REPORT | PS_FLAG_STEPMAX | PS_FLAG_FLOOR)
@@ -980,9 +980,6 @@ size_t psd_coord_state_pack(psd_server_t *srv, void *out);
 const void *psd_coord_rec(psd_server_t *srv, size_t *len);
 /** @brief The apply job that took psd_coord_rec's copy failed: the next one takes it again. */
 void psd_coord_rec_unsaved(psd_server_t *srv);
-/** @brief bsp: the open step of the coordinator's state (psd_coord_bsp_step), taken by an
- *  apply job with its copy (psd_coord_state_pack). */
-uint64_t psd_coord_bsp_step(const psd_server_t *srv);
 /** @brief bsp: an apply job that wrote the coordinator's state of open step @p step committed
  *  here: a restart derives that step's close from this shard's chunks (psd__close_step). */
 void psd_coord_state_committed(psd_server_t *srv, uint64_t step);

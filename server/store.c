@@ -661,6 +661,17 @@ int psd_store_put_blob(psd_wtxn_t *tx, const char *name, const void *data, size_
     return mdb_err(mdb_put(tx->w, tx->st->dbi, &k, &v, 0));
 }
 
+int psd_store_set_blob(psd_store_t *st, const char *name, const void *data, size_t len)
+{
+    psd_wtxn_t tx;
+    int rc = psd_store_begin(st, &tx);
+    if (rc == 0 && (rc = psd_store_put_blob(&tx, name, data, len)) != 0)
+        psd_store_abort(&tx);
+    else if (rc == 0)
+        rc = psd_store_commit(&tx);
+    return rc;
+}
+
 int psd_store_del_blob(psd_wtxn_t *tx, const char *name)
 {
     char kb[64];

@@ -276,6 +276,10 @@ int psd_store_snapshot_renew(MDB_txn *txn);
 
 /** @brief Store @p len bytes under metadata key "M"@p name in @p tx (copied). */
 int psd_store_put_blob(psd_wtxn_t *tx, const char *name, const void *data, size_t len);
+/** @brief Store @p len bytes under metadata key "M"@p name in a write transaction of its own,
+ *  committed (copied). The caller holds the store's one writer: a slot work, or no store job
+ *  running. @return 0 or PS_E*. */
+int psd_store_set_blob(psd_store_t *st, const char *name, const void *data, size_t len);
 /** @brief Delete metadata key "M"@p name in @p tx (0 also when there was none). */
 int psd_store_del_blob(psd_wtxn_t *tx, const char *name);
 

@@ -440,8 +440,8 @@ static int join_runs_check(ps_client_t *c)
  * joined such a cluster and trained 2,457 steps with shard 1's updates dropped). Shard 0 is
  * asked once more first (by @p req, answered after shard @p i: the job may have moved on since
  * its first answer), and only when both its step and its own chunks' step_max are still more
- * than one behind is the join refused: a shard 0 restarted while tensors no member trains hold
- * its lowest chunk version back resumes its coordinator a step low, its trained chunks not (a
+ * than one behind is the join refused (a shard 0 restarted while tensors no member trains held
+ * its lowest chunk version back resumed its coordinator a step low until session 68: a
  * review). From step 0 on: a copy taken before the first step counts too. @return 0, or
  * PS_ECONFIG with c->err said. A shard whose every chunk lags (a tensor no member trains)
  * names a lower step_max: not refused here, as nothing is lost by it. */

@@ -1278,6 +1278,33 @@ START_TEST(test_kill9_mid_step_coordinator_restarted)
 }
 END_TEST
 
+/* Two replay_clients of @p nb batches (DIE_STEP @p plan, order "ab") on a new 2x2 cluster (sgd
+ * lr 1), started into @p psd and @p w, with REPLAY_IDLE=@p idle, REPLAY_IDLE_UNTIL=@p until and
+ * REPLAY_NAP_MS=@p nap in their environment (NULL: not set): tensors no member pushes on shard 0
+ * (replay_client.c). */
+static cl_cluster_t *idle_replay_start(const char *nb, const char *plan, const char *idle,
+                                       const char *until, const char *nap, cl_proc_t *psd[2],
+                                       cl_proc_t *w[2])
+{
+    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .optimizer = "{name: sgd, lr: 1}",
+                   .start_wait_ms = CL_TOGETHER_MS};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    psd[0] = cl_psd_start(c, 0, NULL, READY_S);
+    psd[1] = cl_psd_start(c, 1, NULL, READY_S);
+    char nbs[16], bs[] = "8", plans[32], ord[] = "ab";
+    snprintf(nbs, sizeof nbs, "%s", nb);
+    snprintf(plans, sizeof plans, "%s", plan);
+    char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nbs, bs, plans, ord, NULL};
+    const char *names[] = {"REPLAY_IDLE", "REPLAY_IDLE_UNTIL", "REPLAY_NAP_MS"};
+    const char *values[] = {idle, until, nap};
+    for (int i = 0; i < 3; i++)
+        if (values[i]) setenv(names[i], values[i], 1);
+    w[0] = cl_spawn(c, "replay0", argv);
+    w[1] = cl_spawn(c, "replay1", argv);
+    for (int i = 0; i < 3; i++) unsetenv(names[i]);
+    return c;
+}
+
 /* Shard 0 also holds a tensor no member pushes (replay.idle, declared by both workers and never
  * pushed, REPLAY_IDLE: as a tensor of another model, or a head no longer trained), with
  * replay.a on shard 1 and replay.b on shard 0. Rank 1 stops at step 5 after its push of
@@ -1293,19 +1320,9 @@ END_TEST
 START_TEST(test_kill9_coordinator_idle_tensor)
 {
     for (int until = 0; until <= 4; until += 4) {
-        cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8,
-                       .optimizer = "{name: sgd, lr: 1}", .start_wait_ms = CL_TOGETHER_MS};
-        cl_cluster_t *c = cl_cluster_create(&k);
-        cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
-        char nb[] = "40", bs[] = "8", plan[] = "plan:1@5/1s", ord[] = "ab";
-        char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, plan, ord, NULL};
-        setenv("REPLAY_IDLE", "1", 1);
-        char u[8];
-        snprintf(u, sizeof u, "%d", until);
-        if (until) setenv("REPLAY_IDLE_UNTIL", u, 1);
-        cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
-        unsetenv("REPLAY_IDLE");
-        unsetenv("REPLAY_IDLE_UNTIL");
+        cl_proc_t *psd[2], *w[2];
+        cl_cluster_t *c = idle_replay_start("40", "plan:1@5/1s", "1", until ? "4" : NULL, NULL,
+                                            psd, w);
         int v = -1;
         for (int i = 0; i < (int)(RUN_S * 100) && v < 0; i++) {
             for (int j = 0; j < 2 && v < 0; j++)
@@ -1335,17 +1352,8 @@ END_TEST
  * took part in is saved before the next step's batches are answered. */
 START_TEST(test_kill9_coordinator_no_trained_chunk)
 {
-    cl_conf_t k = {.shards = 2, .workers = 2, .batch_size = 8, .optimizer = "{name: sgd, lr: 1}",
-                   .start_wait_ms = CL_TOGETHER_MS};
-    cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
-    char nb[] = "200", bs[] = "8", none[] = "plan:9@9999/0", ord[] = "ab"; /* (no rank 9) */
-    char *argv[] = {(char *)cl_binary("REPLAY_CLIENT"), c->manifest, nb, bs, none, ord, NULL};
-    setenv("REPLAY_IDLE", "2", 1);
-    setenv("REPLAY_NAP_MS", "20", 1);
-    cl_proc_t *w[2] = {cl_spawn(c, "replay0", argv), cl_spawn(c, "replay1", argv)};
-    unsetenv("REPLAY_IDLE");
-    unsetenv("REPLAY_NAP_MS");
+    cl_proc_t *psd[2], *w[2];
+    cl_cluster_t *c = idle_replay_start("200", "plan:9@9999/0", "2", NULL, "20", psd, w);
     ck_assert_msg(cl_wait_log(w[0], "at step 20", RUN_S) == 0, "no step 20: %s", cl_tail(w[0]));
     ck_assert_int_eq(cl_signal(psd[0], SIGKILL), 0);
     cl_wait(psd[0], RUN_S);

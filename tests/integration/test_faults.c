@@ -1692,9 +1692,10 @@ static cl_proc_t *store_put_back(cl_cluster_t *c, int shard, cl_proc_t *p)
 
 /* bsp, not a rollback: shard 0 holds tensors that stay behind (mean_client misuse's, at step 2;
  * "a worker of another model trains on", cluster:libps_misuse_harmless), and is SIGKILLed while
- * its apply of step 11 is held after shard 1 applied it. Restarted, its coordinator resumes at
- * step 10 (the lowest chunk version decides what it applied), its trained chunks at 11, shard
- * 1's at 12. A worker joining then was refused as if shard 0's data_dir had gone back (a
+ * its apply of step 11 is held after shard 1 applied it. Restarted, its coordinator resumed at
+ * step 10 until session 68 (the lowest chunk version decided what it applied; now the lowest at
+ * or past the saved step: elastic:kill9_coordinator_idle_tensor), its trained chunks at 11,
+ * shard 1's at 12. A worker joining then was refused as if shard 0's data_dir had gone back (a
  * review, session 67): shard 0's own chunks (step_max) show it did not. */
 START_TEST(test_behind_tensors_restart_join_taken)
 {
@@ -1785,6 +1786,20 @@ START_TEST(test_shard0_store_rolled_back_join_refused)
 }
 END_TEST
 
+/* A worker joins @p c and is refused (exit 2): shard @p shard went back below the floor its
+ * keeper (the shard before it) keeps of it (server/floor.h). */
+static void join_refused_by_floor(cl_cluster_t *c, int shard)
+{
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    EXPECT_EXIT(w, 2);
+    char want[96];
+    snprintf(want, sizeof want, "shard %d (127.0.0.1:", shard);
+    EXPECT_LOG(w, want);
+    snprintf(want, sizeof want, "(shard %d keeps that): its data_dir went back to an older copy "
+             "of itself", (shard + c->conf.shards - 1) % c->conf.shards);
+    EXPECT_LOG(w, want);
+}
+
 /* asp: a shard's data_dir put back to an older copy of itself while no worker ran through its
  * restart (the job's workers stopped first), shard 1 and then (another cluster) shard 0. A
  * worker that joined then had nothing to compare the shard with: the updates since the copy
@@ -1802,14 +1817,7 @@ START_TEST(test_store_rolled_back_unseen_join_refused)
         ck_assert_int_eq(cl_signal(w, SIGKILL), 0);
         cl_wait(w, RUN_S);
         psd[shard] = store_put_back(c, shard, psd[shard]);
-        cl_proc_t *w2 = cl_worker_start(c, NULL, NULL, false);
-        EXPECT_EXIT(w2, 2);
-        char want[96];
-        snprintf(want, sizeof want, "shard %d (127.0.0.1:", shard);
-        EXPECT_LOG(w2, want);
-        snprintf(want, sizeof want, "(shard %d keeps that): its data_dir went back to an older "
-                 "copy of itself", 1 - shard);
-        EXPECT_LOG(w2, want);
+        join_refused_by_floor(c, shard);
         if (shard == 1) {
             ck_assert_int_eq(cl_signal(psd[0], SIGTERM), 0);
             ck_assert_int_eq(cl_wait(psd[0], RUN_S), 0);
@@ -1856,9 +1864,7 @@ START_TEST(test_refused_join_keeps_floor)
     EXPECT_EXIT(w2, 2);
     EXPECT_LOG(w2, "holds a store restored from checkpoint ");
     psd[1] = store_put_back(c, 1, psd[1]);
-    cl_proc_t *w3 = cl_worker_start(c, NULL, NULL, false);
-    EXPECT_EXIT(w3, 2);
-    EXPECT_LOG(w3, "(shard 0 keeps that): its data_dir went back to an older copy of itself");
+    join_refused_by_floor(c, 1);
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }
@@ -1895,9 +1901,7 @@ START_TEST(test_store_rolled_back_after_leave_refused)
     EXPECT_EXIT(st, 0);
     EXPECT_LOG(st, "\"next_floor_shard\": 1, \"next_floor_step\": "); /* kept across the restart */
     psd[1] = store_put_back(c, 1, psd[1]);
-    cl_proc_t *w2 = cl_worker_start(c, NULL, NULL, false);
-    EXPECT_EXIT(w2, 2);
-    EXPECT_LOG(w2, "(shard 0 keeps that): its data_dir went back to an older copy of itself");
+    join_refused_by_floor(c, 1);
     stop_all(psd, 2);
     cl_cluster_destroy(c);
 }
