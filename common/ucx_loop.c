@@ -665,6 +665,16 @@ int ps_ucx_lanes_shm(const char *lanes)
     return 0;
 }
 
+int ps_ucx_lanes_peer_reads(const char *lanes)
+{
+    for (const char *l = lanes; *l;) {
+        size_t n = strcspn(l, ",");
+        if (lanes_has("cma", l, n)) return 1;
+        l += n + (l[n] == ',');
+    }
+    return 0;
+}
+
 uint32_t ps_ucx_eager_below(const ps_ucx_t *u, const char *lanes)
 {
     if (lanes[0] == '\0') return 0;

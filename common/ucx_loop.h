@@ -230,6 +230,11 @@ void ps_ucx_ep_lanes(ucp_ep_h ep, char *buf, size_t len);
  *  xpmem): the peer is on this host and sends through the worker's shared-memory FIFO. */
 int ps_ucx_lanes_shm(const char *lanes);
 
+/** @brief Whether @p lanes (ps_ucx_ep_lanes's) name cma: a rendezvous message's data to such a
+ *  peer is copied out of this process's memory by the peer's own CPU (process_vm_readv), as a
+ *  direct pull reads a shard's store (psd streams the next update of such a record). */
+int ps_ucx_lanes_peer_reads(const char *lanes);
+
 /* ps_ucx_t.shm_tls's bits (in ucxprobe.c's order). */
 #define PS_UCX_SHM_SYSV 1u
 #define PS_UCX_SHM_POSIX 2u

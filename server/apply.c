@@ -174,6 +174,14 @@ static uint64_t nonfinite_pushes(psd_chunk_t *ch, uint64_t mask)
     return odd;
 }
 
+/* Whether a worker's CPU read @p ch's record since its last update (a pull reply sets it): the
+ * update that takes it streams the params (store.h). Taken back, so that updates nobody read
+ * in between (pushes without pulls) keep their records in this CPU's cache. */
+static bool take_read_by_peer(psd_chunk_t *ch)
+{
+    return __atomic_exchange_n(&ch->read_by_peer, false, __ATOMIC_RELAXED);
+}
+
 /* A bsp step of item @p i: the members' pushes (ch->sum_members) summed and applied to @p old
  * into @p h (its header a copy of old's). @return whether every parameter written is finite;
  * job->bad[i]: the ranks whose push failed its CRC (then @p h is old's record again). */
@@ -202,7 +210,7 @@ static bool bsp_update(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, p
     if (job->bad[i] == 0)
         finite = psd_store_chunk_update(h, p_in, s_in, sum, scale, &o,
                                         h->version + 1 - ch->skipped, raw ? sum_block : NULL,
-                                        &bs, __atomic_load_n(&ch->pulled_direct, __ATOMIC_RELAXED));
+                                        &bs, take_read_by_peer(ch));
     for (uint32_t r = 0; raw && r < PS_MAX_RANKS; r++)
         if ((ch->sum_members >> r & 1) && bs.crc[r] != slot_at(ch, r)->crc)
             job->bad[i] |= 1ull << r;
@@ -249,8 +257,7 @@ static bool asp_update(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, p
         }
         if (--left == 0) { /* the last one seals the record in its pass */
             finite = psd_store_chunk_update(h, p_in, s_in, g, 1.0f, &o, h->version + 1, NULL,
-                                            NULL,
-                                            __atomic_load_n(&ch->pulled_direct, __ATOMIC_RELAXED));
+                                            NULL, take_read_by_peer(ch));
             continue; /* later ranks in odd still count */
         }
         psk_optim_apply_cpu(p, s, p_in, s_in, g, 1.0f, ch->n, h->version + 1, &o);

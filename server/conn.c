@@ -192,6 +192,7 @@ again:
             c->want_lanes = false;
             ps_ucx_ep_lanes(c->ep, c->lanes, sizeof c->lanes);
             c->eager_below = ps_ucx_eager_below(&srv->ucx, c->lanes);
+            c->peer_reads = ps_ucx_lanes_peer_reads(c->lanes) != 0;
             PS_LOG(PS_LOG_INFO, "server", "peer %s (pid %u) over %s", c->peer, c->pid, c->lanes);
             did = 1;
         } else if (c->close_queued) {

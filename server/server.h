@@ -62,6 +62,8 @@ typedef struct psd_conn_s {
     bool want_lanes;                 /* hello seen: find the lanes outside UCX callbacks */
     uint32_t eager_below;            /* data messages under this size go eagerly
                                         (ps_ucx_eager_below of lanes) */
+    bool peer_reads;                 /* lanes name cma: the peer copies a rendezvous send's
+                                        data itself (ps_ucx_lanes_peer_reads) */
     uint64_t join_serial;            /* the join (shard 0's serial; the others have it from the
                                         hello) this rank is held by */
     bool fuses;                      /* it sent a bundle: its small replies may be bundled */
@@ -244,7 +246,8 @@ struct psd_chunk_s {
                                   parameter that is a NaN or an infinity with no such push (the
                                   optimizer overflowed, or it was so already); not known for a
                                   record loaded at start until an update writes it */
-    bool pulled_direct;        /* its last pull was read from the store by the worker (direct):
+    bool read_by_peer;         /* its last pull was read from the store by the worker's CPU (a
+                                  direct pull, or a rendezvous reply the worker copied by cma):
                                   the update streams its params to memory (store.h); relaxed
                                   atomics (set on the loop, read by apply jobs) */
     psd_wait_t *pulls;         /* pulls waiting for a higher version */

@@ -1,4 +1,5 @@
-/* test_ucx.c: which endpoints send data messages eagerly (ps_ucx_eager_below) and the
+/* test_ucx.c: which endpoints send data messages eagerly (ps_ucx_eager_below), which copy
+ * rendezvous data themselves (ps_ucx_lanes_peer_reads), and the
  * PS_EAGER_BYTES override; the shared memory settings applied by default; the loop keeps
  * running while UCX cannot be armed (the test is linked with -Wl,--wrap=ucp_worker_arm, so it
  * decides what arming returns); a restarted worker is driven and released like the first; the
@@ -33,6 +34,21 @@ START_TEST(eager_only_on_copying_lanes)
                       UCP_AM_SEND_FLAG_EAGER);
     ck_assert_uint_eq(ps_ucx_eager_flag(PS_EAGER_BELOW, PS_EAGER_BELOW), 0);
     ck_assert_uint_eq(ps_ucx_eager_flag(0, 1), 0);
+}
+END_TEST
+
+/* Peers that copy a rendezvous message's data out of this process themselves: over cma only
+ * (psd streams the next update of a record such a peer pulled). */
+START_TEST(peer_reads_over_cma_only)
+{
+    ck_assert_int_eq(ps_ucx_lanes_peer_reads("sysv,cma"), 1);
+    ck_assert_int_eq(ps_ucx_lanes_peer_reads("cma"), 1);
+    ck_assert_int_eq(ps_ucx_lanes_peer_reads("posix,cma,tcp"), 1);
+    ck_assert_int_eq(ps_ucx_lanes_peer_reads("tcp"), 0);
+    ck_assert_int_eq(ps_ucx_lanes_peer_reads("sysv"), 0);
+    ck_assert_int_eq(ps_ucx_lanes_peer_reads("cmax,xcma"), 0);
+    ck_assert_int_eq(ps_ucx_lanes_peer_reads(""), 0);
+    ck_assert_int_eq(ps_ucx_lanes_peer_reads("unknown"), 0);
 }
 END_TEST
 
@@ -322,6 +338,7 @@ Suite *ps_test_suite(void)
     Suite *s = suite_create("ucx");
     TCase *tc = tcase_create("eager");
     tcase_add_test(tc, eager_only_on_copying_lanes);
+    tcase_add_test(tc, peer_reads_over_cma_only);
     tcase_add_test(tc, eager_bytes_env);
     tcase_add_test(tc, shm_settings_applied);
     suite_add_tcase(s, tc);
