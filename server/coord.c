@@ -238,6 +238,16 @@ static int member_of(psd_server_t *srv, psd_conn_t *c)
     return r;
 }
 
+/* " (epoch N)", the bsp membership view a refusal was made in, into @p buf; "" under asp /
+ * ssp, which keep no views (their epoch stays 0). @return @p buf. */
+static const char *epoch_words(const psd_server_t *srv, char *buf, size_t cap)
+{
+    buf[0] = '\0';
+    if (srv->m.job.consistency == PS_CONSIST_BSP)
+        snprintf(buf, cap, " (epoch %llu)", (unsigned long long)srv->coord->s.epoch);
+    return buf;
+}
+
 void psd_coord_on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
 {
     psd_coord_t *co = srv->coord;
@@ -265,10 +275,11 @@ void psd_coord_on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
                        (unsigned long long)msg->samples,
                        (unsigned long long)co->s.m[r].join_serial);
             }
+            char epoch[40];
             psd_send_error(srv, c, msg->req_id, PS_ENOTMEMBER,
-                           "rank %d (pid %u, join %llu) is not a member of the job any more "
-                           "(epoch %llu): join again", r, msg->pid,
-                           (unsigned long long)msg->samples, (unsigned long long)co->s.epoch);
+                           "rank %d (pid %u, join %llu) is not a member of the job any more%s: "
+                           "join again", r, msg->pid, (unsigned long long)msg->samples,
+                           epoch_words(srv, epoch, sizeof epoch));
             return;
         }
         psd_conn_t *old = co->rt[r].conn;
@@ -519,9 +530,10 @@ void psd_coord_on_batch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
     psd_coord_t *co = srv->coord;
     int r = member_of(srv, c);
     if (r < 0) {
+        char epoch[40];
         psd_send_error(srv, c, msg->req_id, PS_ENOTMEMBER,
-                       "rank %d is not a member of the job (epoch %llu): join again", c->rank,
-                       (unsigned long long)co->s.epoch);
+                       "rank %d is not a member of the job%s: join again", c->rank,
+                       epoch_words(srv, epoch, sizeof epoch));
         return;
     }
     if (msg->samples == 0) { /* libps refuses it first; a raw peer may not */
