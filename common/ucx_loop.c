@@ -655,24 +655,25 @@ void ps_ucx_ep_lanes(ucp_ep_h ep, char *buf, size_t len)
     free(text);
 }
 
-int ps_ucx_lanes_shm(const char *lanes)
+/* Whether any transport of @p lanes (comma-separated) is one of @p list's. */
+static int lanes_any(const char *lanes, const char *list)
 {
     for (const char *l = lanes; *l;) {
         size_t n = strcspn(l, ",");
-        if (lanes_has("sysv,posix,xpmem", l, n)) return 1;
+        if (lanes_has(list, l, n)) return 1;
         l += n + (l[n] == ',');
     }
     return 0;
 }
 
+int ps_ucx_lanes_shm(const char *lanes)
+{
+    return lanes_any(lanes, "sysv,posix,xpmem");
+}
+
 int ps_ucx_lanes_peer_reads(const char *lanes)
 {
-    for (const char *l = lanes; *l;) {
-        size_t n = strcspn(l, ",");
-        if (lanes_has("cma", l, n)) return 1;
-        l += n + (l[n] == ',');
-    }
-    return 0;
+    return lanes_any(lanes, "cma");
 }
 
 uint32_t ps_ucx_eager_below(const ps_ucx_t *u, const char *lanes)
