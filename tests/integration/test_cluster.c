@@ -469,6 +469,32 @@ START_TEST(test_direct_off_matches_local)
 }
 END_TEST
 
+/* (a'''') Direct pulls and pushes off and 1 MiB chunks: the first layer's 784 KiB chunk (on
+ * shard 0) goes out by rendezvous, which each worker copies out of the shard's map by cma, and
+ * psd streams the update after such a pull into the record (psd_conn_t.peer_reads, pull.c):
+ * the result is still the reference's. */
+START_TEST(test_cma_pulls_match_local)
+{
+    cl_conf_t k = {.shards = 2,
+                   .workers = 2,
+                   .consistency = "bsp",
+                   .optimizer = "{name: adam, lr: 0.01}",
+                   .max_steps = 30,
+                   .batch_size = 64,
+                   .chunk_bytes = 1 << 20,
+                   .start_wait_ms = CL_TOGETHER_MS};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd[2], *w[2];
+    direct_off(true);
+    two_by_two_matches_local(c, NULL, psd, w);
+    direct_off(false);
+    EXPECT_LOG(psd[0], ",cma"); /* the workers' lanes: "peer ... over sysv,cma" */
+    EXPECT_LOG(psd[0], "direct pulls off (PS_DIRECT_PULL=0)");
+    stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* (a''') The first worker to join pushes directly, the second (PS_DIRECT_PUSH=0) over the
  * transport: a step's sum then starts from a push in a push area (psd sums into its apply
  * thread's span buffer, never writing the area), and the result is the reference's. (The
@@ -1641,6 +1667,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("bsp_matches_local", test_bsp_matches_local));
     suite_add_tcase(s, tcase("fusion_off_matches_local", test_fusion_off_matches_local));
     suite_add_tcase(s, tcase("direct_off_matches_local", test_direct_off_matches_local));
+    suite_add_tcase(s, tcase("cma_pulls_match_local", test_cma_pulls_match_local));
     suite_add_tcase(s, tcase("direct_push_mixed", test_direct_push_mixed));
     suite_add_tcase(s, tcase("direct_fails_over", test_direct_fails_over));
     suite_add_tcase(s, tcase("adagrad_matches_local", test_adagrad_matches_local));
