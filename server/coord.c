@@ -239,11 +239,12 @@ static int member_of(psd_server_t *srv, psd_conn_t *c)
 }
 
 /* " (epoch N)", the bsp membership view a refusal was made in, into @p buf; "" under asp /
- * ssp, which keep no views (their epoch stays 0). @return @p buf. */
+ * ssp, which keep no views (their epoch is 0, or a restart's jump past the saved one: it read
+ * "(epoch 0)" there). @return @p buf. */
 static const char *epoch_words(const psd_server_t *srv, char *buf, size_t cap)
 {
     buf[0] = '\0';
-    if (srv->m.job.consistency == PS_CONSIST_BSP)
+    if (is_bsp(srv))
         snprintf(buf, cap, " (epoch %llu)", (unsigned long long)srv->coord->s.epoch);
     return buf;
 }

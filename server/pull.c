@@ -157,10 +157,10 @@ void psd__send_pull_reply(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id, 
     }
     /* The version the reply names: a test hook's lie for chunk 0 (libps must refuse it) */
     uint64_t version = h->version - (srv->test_confused == 3 && ch->chunk == 0 && h->version);
-    /* Relaxed: an apply job on the pool may read it meanwhile; either value is correct. A
-     * reply sent below by rendezvous to a peer over cma is read by the peer's CPU too. */
-    __atomic_store_n(&ch->read_by_peer, (flags & PS_FLAG_DIRECT) != 0, __ATOMIC_RELAXED);
     if (flags & PS_FLAG_DIRECT) {
+        /* Relaxed: an apply job on the pool may take it meanwhile; either order is correct.
+         * Set, never cleared here: any worker's read since the last update counts. */
+        __atomic_store_n(&ch->read_by_peer, true, __ATOMIC_RELAXED);
         /* The committed version and its CRC; the worker reads that record or a later one. */
         ps_msg_t r = {.type = PS_MSG_PULL_REPLY, .req_id = req_id, .tensor = ch->tensor,
                       .chunk = ch->chunk, .step = version, .shard = srv->shard,
@@ -244,9 +244,10 @@ void psd__send_pull_reply(psd_server_t *srv, psd_conn_t *conn, uint64_t req_id, 
     uint32_t eager = ps_ucx_eager_flag(conn->eager_below, dlen);
     /* The peer copies the record out of the map (cma): its lines end in the peer's CPU's cache,
      * and the next update's plain stores would take each back first (DESIGN-NOTES.md,
-     * "Streaming stores where another CPU reads next"). Not over tcp or eagerly: psd reads the
-     * record itself then. */
-    if (data == params && eager == 0 && conn->peer_reads)
+     * "Streaming stores where another CPU reads next"). Not over tcp, eagerly (psd reads the
+     * record itself then) or where UCX picks the protocol (eager_below 0: lanes besides the
+     * copying ones, or PS_EAGER_BYTES=0). */
+    if (data == params && conn->eager_below && eager == 0 && conn->peer_reads)
         __atomic_store_n(&ch->read_by_peer, true, __ATOMIC_RELAXED);
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                                              UCP_OP_ATTR_FIELD_USER_DATA |

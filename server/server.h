@@ -246,11 +246,11 @@ struct psd_chunk_s {
                                   parameter that is a NaN or an infinity with no such push (the
                                   optimizer overflowed, or it was so already); not known for a
                                   record loaded at start until an update writes it */
-    bool read_by_peer;         /* its last pull since its last update was read out of the store
-                                  by the worker's CPU (a direct pull, or a rendezvous reply the
-                                  worker copied by cma): the next update streams its params to
-                                  memory (store.h) and clears it; relaxed atomics (set on the
-                                  loop, taken by apply jobs) */
+    bool read_by_peer;         /* a worker's CPU read its record out of the store since its
+                                  last update (a direct pull, or a rendezvous reply the worker
+                                  copied by cma): the next update streams its params to memory
+                                  (store.h) and clears it; relaxed atomics (set on the loop,
+                                  taken by apply jobs) */
     psd_wait_t *pulls;         /* pulls waiting for a higher version */
     uint64_t hash;             /* the committed record's XXH3-64 (integrity.c) */
     uint32_t leaf;             /* its leaf in the shard's Merkle tree */
