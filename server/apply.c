@@ -175,17 +175,20 @@ static uint64_t nonfinite_pushes(psd_chunk_t *ch, uint64_t mask)
 }
 
 /* Whether a worker's CPU read @p ch's record since its last update (a pull reply sets it): the
- * update that takes it streams the params (store.h). Taken back, so that updates nobody read
- * in between (pushes without pulls) keep their records in this CPU's cache. */
+ * update that takes it (every pass of one apply_item) streams the params (store.h). Taken
+ * back, so that updates nobody read in between (pushes without pulls) keep their records in
+ * this CPU's cache. */
 static bool take_read_by_peer(psd_chunk_t *ch)
 {
     return __atomic_exchange_n(&ch->read_by_peer, false, __ATOMIC_RELAXED);
 }
 
 /* A bsp step of item @p i: the members' pushes (ch->sum_members) summed and applied to @p old
- * into @p h (its header a copy of old's). @return whether every parameter written is finite;
- * job->bad[i]: the ranks whose push failed its CRC (then @p h is old's record again). */
-static bool bsp_update(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, psd_chunk_hdr_t *h)
+ * into @p h (its header a copy of old's), its params streamed with @p stream. @return whether
+ * every parameter written is finite; job->bad[i]: the ranks whose push failed its CRC (then
+ * @p h is old's record again). */
+static bool bsp_update(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, psd_chunk_hdr_t *h,
+                       bool stream)
 {
     psd_server_t *srv = job->srv;
     psd_chunk_t *ch = job->items[i];
@@ -210,7 +213,7 @@ static bool bsp_update(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, p
     if (job->bad[i] == 0)
         finite = psd_store_chunk_update(h, p_in, s_in, sum, scale, &o,
                                         h->version + 1 - ch->skipped, raw ? sum_block : NULL,
-                                        &bs, take_read_by_peer(ch));
+                                        &bs, stream);
     for (uint32_t r = 0; raw && r < PS_MAX_RANKS; r++)
         if ((ch->sum_members >> r & 1) && bs.crc[r] != slot_at(ch, r)->crc)
             job->bad[i] |= 1ull << r;
@@ -222,10 +225,10 @@ static bool bsp_update(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, p
 /* The asp / ssp pushes of item @p i (ch->applying_mask) but those in @p skip, in rank order,
  * from @p old into @p h (its header a copy of old's); those in @p odd (of skip) count as updates
  * that changed nothing, each in its place (the record's version moves past it, so the updates
- * after it have the number they would have had). @return whether every parameter the last
- * update wrote is finite. */
+ * after it have the number they would have had); the last one's params streamed with
+ * @p stream. @return whether every parameter the last update wrote is finite. */
 static bool asp_update(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, psd_chunk_hdr_t *h,
-                       uint64_t skip, uint64_t odd)
+                       uint64_t skip, uint64_t odd, bool stream)
 {
     psd_server_t *srv = job->srv;
     psd_chunk_t *ch = job->items[i];
@@ -257,7 +260,7 @@ static bool asp_update(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, p
         }
         if (--left == 0) { /* the last one seals the record in its pass */
             finite = psd_store_chunk_update(h, p_in, s_in, g, 1.0f, &o, h->version + 1, NULL,
-                                            NULL, take_read_by_peer(ch));
+                                            NULL, stream);
             continue; /* later ranks in odd still count */
         }
         psk_optim_apply_cpu(p, s, p_in, s_in, g, 1.0f, ch->n, h->version + 1, &o);
@@ -285,8 +288,9 @@ static void apply_item(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, p
     psd_chunk_t *ch = job->items[i];
     job->bad[i] = job->nonfinite[i] = 0;
     *h = *old;
+    bool stream = take_read_by_peer(ch);
     if (srv->m.job.consistency == PS_CONSIST_BSP) {
-        bool finite = ch->sum_members == 0 || bsp_update(job, i, old, h);
+        bool finite = ch->sum_members == 0 || bsp_update(job, i, old, h, stream);
         uint64_t odd = finite || job->bad[i] ? 0 : nonfinite_pushes(ch, ch->sum_members);
         if (odd) {
             /* Counted as zeros in the mean, as a push without a gradient (of a mean tensor:
@@ -295,7 +299,7 @@ static void apply_item(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, p
             ch->sum_members &= ~odd;
             if (ch->mean) ch->mean_of = (uint32_t)__builtin_popcountll(ch->sum_members);
             *h = *old;
-            finite = ch->sum_members == 0 || bsp_update(job, i, old, h);
+            finite = ch->sum_members == 0 || bsp_update(job, i, old, h, stream);
         }
         if (ch->sum_members == 0) {
             /* Every push of the step replays a batch applied here before, has no gradient
@@ -316,10 +320,10 @@ static void apply_item(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, p
      * are looked at first. */
     bool overwrites = ch->mean;
     uint64_t odd = overwrites ? nonfinite_pushes(ch, live) : 0;
-    bool finite = asp_update(job, i, old, h, job->bad[i] | odd, odd);
+    bool finite = asp_update(job, i, old, h, job->bad[i] | odd, odd, stream);
     if (!finite && !overwrites && (odd = nonfinite_pushes(ch, live)) != 0) {
         *h = *old; /* updates that changed nothing */
-        finite = asp_update(job, i, old, h, job->bad[i] | odd, odd);
+        finite = asp_update(job, i, old, h, job->bad[i] | odd, odd, stream);
     }
     job->nonfinite[i] = odd;
     job->params_odd[i] = (live & ~odd) == 0 ? PSD_PARAMS_KEPT
