@@ -25,7 +25,7 @@
  * Then control messages (controls() below): five headers that do not decode, each answered; a
  * launcher's report of 2^32 - 1 workers, refused (PS_EINVAL); with --victim-pid P, a hello on a
  * connection of its own asking for rank 0 with P (the pid of the worker that holds it) and no
- * join serial, refused (PS_ENOTMEMBER); a top-k push of a mean tensor it declares (PS_DECL_MEAN:
+ * join serial, refused (PS_ENOTMEMBER; naming the epoch under bsp only); a top-k push of a mean tensor it declares (PS_DECL_MEAN:
  * pushes are values), refused (PS_EPROTO); and a connection that never says anything, which psd
  * must close (after the heartbeat timeout, at least 10 s).
  *
@@ -1164,10 +1164,17 @@ static int controls(peer_t *p, const ps_manifest_t *m, uint32_t victim_pid)
         } else {
             ps_msg_t hello = {.type = PS_MSG_HELLO, .rank = 0, .pid = victim_pid, .samples = 0};
             snprintf(hello.cluster, sizeof hello.cluster, "%s", m->cluster);
+            bool bsp = m->job.consistency == PS_CONSIST_BSP;
             if (call(p, &hello, NULL, 0, PS_AM_CTRL) ||
                 refused(p, PS_ENOTMEMBER, "is not a member of the job any more",
-                        "hello for rank 0 with its worker's pid and no join serial"))
+                        "hello for rank 0 with its worker's pid and no join serial")) {
                 failed++;
+            } else if ((strstr(p->reply.error, "(epoch ") != NULL) != bsp) {
+                /* The epoch is bsp's membership view: under asp / ssp it read "(epoch 0)". */
+                say("evil_peer: the refusal %s an epoch under %s: %s", bsp ? "names no" : "names",
+                    bsp ? "bsp" : "asp / ssp", p->reply.error);
+                failed++;
+            }
             ps_ucx_ep_close(&p->ucx, &p->ep, 1);
         }
         p->ep = ep;
