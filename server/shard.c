@@ -437,15 +437,6 @@ void psd_shard_free(psd_server_t *srv)
     srv->tensors = NULL;
 }
 
-uint64_t psd_shard_step(psd_server_t *srv)
-{
-    uint64_t step = UINT64_MAX;
-    for (uint32_t i = 0; i < srv->ntensors; i++)
-        for (uint32_t c = 0; srv->tensors[i].present && c < srv->tensors[i].nchunks; c++)
-            if (srv->tensors[i].chunks[c] && srv->tensors[i].chunks[c]->version < step)
-                step = srv->tensors[i].chunks[c]->version;
-    return step == UINT64_MAX ? 0 : step;
-}
 
 uint64_t psd_shard_step_from(psd_server_t *srv, uint64_t from)
 {
@@ -456,6 +447,11 @@ uint64_t psd_shard_step_from(psd_server_t *srv, uint64_t from)
             if (ch && ch->version >= from && ch->version < step) step = ch->version;
         }
     return step == UINT64_MAX ? from : step;
+}
+
+uint64_t psd_shard_step(psd_server_t *srv)
+{
+    return psd_shard_step_from(srv, 0);
 }
 
 uint32_t psd_shard_tensors(const psd_server_t *srv)
