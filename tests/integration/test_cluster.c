@@ -141,8 +141,9 @@ static long long shard_field(const cl_proc_t *p, int shard, const char *key)
     return n;
 }
 
-/* The direct-path tests' cluster: 2 shards, 2 bsp workers, 30 steps with @p optimizer. */
-static cl_cluster_t *direct_cluster(const char *optimizer)
+/* The direct-path tests' cluster: 2 shards, 2 bsp workers, 30 steps with @p optimizer, chunks
+ * of @p chunk_bytes (0: the harness's 64 KiB). */
+static cl_cluster_t *direct_cluster_chunks(const char *optimizer, uint64_t chunk_bytes)
 {
     cl_conf_t k = {.shards = 2,
                    .workers = 2,
@@ -150,8 +151,14 @@ static cl_cluster_t *direct_cluster(const char *optimizer)
                    .optimizer = optimizer,
                    .max_steps = 30,
                    .batch_size = 64,
+                   .chunk_bytes = chunk_bytes,
                    .start_wait_ms = CL_TOGETHER_MS};
     return cl_cluster_create(&k);
+}
+
+static cl_cluster_t *direct_cluster(const char *optimizer)
+{
+    return direct_cluster_chunks(optimizer, 0);
 }
 
 /* Shard 0 of @p c (stopped) refuses to start on its data_dir with optimizer @p optimizer (a YAML
@@ -475,15 +482,7 @@ END_TEST
  * the result is still the reference's. */
 START_TEST(test_cma_pulls_match_local)
 {
-    cl_conf_t k = {.shards = 2,
-                   .workers = 2,
-                   .consistency = "bsp",
-                   .optimizer = "{name: adam, lr: 0.01}",
-                   .max_steps = 30,
-                   .batch_size = 64,
-                   .chunk_bytes = 1 << 20,
-                   .start_wait_ms = CL_TOGETHER_MS};
-    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_cluster_t *c = direct_cluster_chunks("{name: adam, lr: 0.01}", 1 << 20);
     cl_proc_t *psd[2], *w[2];
     direct_off(true);
     two_by_two_matches_local(c, NULL, psd, w);

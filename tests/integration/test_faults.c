@@ -1907,6 +1907,25 @@ START_TEST(test_store_rolled_back_after_leave_refused)
 }
 END_TEST
 
+/* A worker of @p c's model ([784, 10]) trains, then @p more progress lines (its heartbeats
+ * carry the floors meanwhile), and leaves (SIGTERM: the job has no member); both its tensors are
+ * dropped with psctl forget --trained. */
+static void train_then_drop_trained(cl_cluster_t *c, int more)
+{
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    ck_assert_msg(cl_wait_log(w, "step 1 of ~", RUN_S) == 0, "never trained: %s", cl_tail(w));
+    int lines = count_in_log(w, " of ~");
+    for (int i = 0; i < 100 && count_in_log(w, " of ~") < lines + more; i++) usleep(100 * 1000);
+    ck_assert_int_eq(cl_signal(w, SIGTERM), 0);
+    cl_wait(w, RUN_S);
+    char fverb[] = "forget", trained[] = "--trained", wn[] = "fc1.weight", bn[] = "fc1.bias";
+    for (int t = 0; t < 2; t++) {
+        char *fa[] = {(char *)cl_binary("PSCTL"), "--manifest", c->manifest, fverb,
+                      t ? bn : wn, trained, NULL};
+        EXPECT_EXIT(cl_spawn(c, "psctl-forget", fa), 0);
+    }
+}
+
 /* asp: psctl forget --trained drops every tensor of the job's model (the members told the
  * shards' floors of versions only those chunks held), and a worker of another model joins. Each
  * shard's highest version then reads 0, below the floor the other keeps of it: without the
@@ -1923,18 +1942,7 @@ START_TEST(test_trained_drop_not_rolled_back)
         cl_cluster_t *c = cl_cluster_create(&k);
         cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S),
                              cl_psd_start_env(c, 1, READY_S, "PS_TEST_NO_FLOOR", old ? "1" : NULL)};
-        cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
-        ck_assert_msg(cl_wait_log(w, "step 1 of ~", RUN_S) == 0, "never trained: %s", cl_tail(w));
-        int lines = count_in_log(w, " of ~"); /* heartbeats carry the floors meanwhile */
-        for (int i = 0; i < 100 && count_in_log(w, " of ~") < lines + 2; i++) usleep(100 * 1000);
-        ck_assert_int_eq(cl_signal(w, SIGTERM), 0); /* it leaves: the job has no member */
-        cl_wait(w, RUN_S);
-        char fverb[] = "forget", trained[] = "--trained", wn[] = "fc1.weight", bn[] = "fc1.bias";
-        for (int t = 0; t < 2; t++) {
-            char *fa[] = {(char *)cl_binary("PSCTL"), "--manifest", c->manifest, fverb,
-                          t ? bn : wn, trained, NULL};
-            EXPECT_EXIT(cl_spawn(c, "psctl-forget", fa), 0);
-        }
+        train_then_drop_trained(c, 2);
         char numel[] = "40000", twelve[] = "12";
         char *aa[] = {(char *)cl_binary("ASP_CLIENT"), c->manifest, numel, twelve, NULL};
         cl_proc_t *a = cl_spawn(c, "asp", aa);
@@ -1959,18 +1967,7 @@ START_TEST(test_rolled_back_after_trained_drop_refused)
                    .epochs = 100, .layers = "[784, 10]", .optimizer = "{name: sgd, lr: 0.01}"};
     cl_cluster_t *c = cl_cluster_create(&k);
     cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S), cl_psd_start(c, 1, NULL, READY_S)};
-    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
-    ck_assert_msg(cl_wait_log(w, "step 1 of ~", RUN_S) == 0, "never trained: %s", cl_tail(w));
-    int lines = count_in_log(w, " of ~");
-    for (int i = 0; i < 100 && count_in_log(w, " of ~") < lines + 3; i++) usleep(100 * 1000);
-    ck_assert_int_eq(cl_signal(w, SIGTERM), 0); /* it leaves: the job has no member */
-    cl_wait(w, RUN_S);
-    char fverb[] = "forget", trained[] = "--trained", wn[] = "fc1.weight", bn[] = "fc1.bias";
-    for (int t = 0; t < 2; t++) {
-        char *fa[] = {(char *)cl_binary("PSCTL"), "--manifest", c->manifest, fverb,
-                      t ? bn : wn, trained, NULL};
-        EXPECT_EXIT(cl_spawn(c, "psctl-forget", fa), 0);
-    }
+    train_then_drop_trained(c, 3);
     cl_conf_t k2 = k;
     k2.layers = "[784, 16, 10]";
     char m2[CL_PATH];
