@@ -291,20 +291,37 @@ static void test_stop(const char *where)
     raise(SIGSTOP);
 }
 
+static volatile sig_atomic_t g_hang_end;
+
+static void on_hang_end(int sig)
+{
+    (void)sig;
+    g_hang_end = 1;
+}
+
 /* PS_TEST_HANG_AT=WHERE (tests only; the places of PS_TEST_STOP_AT, and "train:N": its Nth batch
  * in hand and its parameters pulled, before it trains on it): the first time the worker is
  * there, its training thread sleeps PS_TEST_HANG_MS milliseconds (default 3000) while libps's
- * thread goes on (its heartbeats too): a worker hung in its training loop. */
+ * thread goes on (its heartbeats too): a worker hung in its training loop. SIGUSR2 ends the
+ * hang early (a test that saw what it waited for); its handler is set only for a hang. */
 static void test_hang(const char *where)
 {
     static int done;
     if (!test_at("PS_TEST_HANG_AT", where, &done)) return;
     const char *ms = getenv("PS_TEST_HANG_MS");
     long n = ms ? atol(ms) : 3000;
+    signal(SIGUSR2, on_hang_end); /* before the line a test waits for */
     fprintf(stderr, "psworker: hangs %ld ms at its %s (PS_TEST_HANG_AT)\n", n, where);
-    struct timespec ts = {n / 1000, n % 1000 * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && !g_stop) {
+    /* 10 ms naps: the signal may land on libps's thread and wake no nap of this one. */
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (long left = n; left > 0 && !g_stop && !g_hang_end;) {
+        struct timespec nap = {0, (left < 10 ? left : 10) * 1000000L};
+        nanosleep(&nap, NULL);
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        left = n - ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000);
     }
+    if (g_hang_end) fprintf(stderr, "psworker: the hang ended early (SIGUSR2)\n");
 }
 
 /* Leave (the client's destroy) and forget the client; its pull ops were waited for. */

@@ -3094,7 +3094,8 @@ END_TEST
  * job.step_timeout_ms shard 0 drops it (bsp: its pushes of the open step 1500 ms late; ssp: no
  * batch reported for 1500 ms while another waits for it): the other worker goes on meanwhile,
  * the hung one learns it was removed when it goes on and joins again, and every pass is
- * applied exactly once. Without the option the job does not move on during the hang. Returns
+ * applied exactly once. Without the option the job does not move on during the hang. The hang
+ * ends (SIGUSR2) once that is seen, the 5 s being its bound. Returns
  * how far the open step (ssp: the fastest worker's batches) moved in 3 s of the hang (with the
  * option: by when it moved 4, or 4.5 s of the hang). */
 static long long steps_during_hang(const char *consistency, const char *extra, int staleness,
@@ -3141,6 +3142,9 @@ static long long steps_during_hang(const char *consistency, const char *extra, i
         moved = jnum(j, "open_step") - from;
         free(j);
     }
+    /* Seen what it waited for: the hang ends now, not after its 5 s (psworker's SIGUSR2). Under
+     * the option b was dropped by then (moving 2 takes it), so it goes on as a removed one. */
+    ck_assert_int_eq(cl_signal(b, SIGUSR2), 0);
     EXPECT_EXIT(a, 0);
     if (a2) EXPECT_EXIT(a2, 0);
     EXPECT_EXIT(b, 0);
