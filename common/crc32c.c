@@ -10,6 +10,16 @@
 
 #include "crc32c.h"
 
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t's fields: ps_crc32c_xxh3 carries its stream on */
+#include <xxhash.h>
+#if PS_HAVE_XXH3_DISPATCH
+#define XXH_DISPATCH_DISABLE_REPLACE
+#include <xxh_x86dispatch.h>
+#define XXH3_UPDATE XXH3_64bits_update_dispatch /* AVX2 / AVX-512 where the CPU has them */
+#else
+#define XXH3_UPDATE XXH3_64bits_update
+#endif
+
 #define POLY 0x82f63b78u
 
 static uint32_t sw_table[8][256];
@@ -150,6 +160,24 @@ __attribute__((target(CLMUL_TARGET))) static inline void put256(unsigned char *d
     }
 }
 
+/* The CRC state (not inverted) of four 64-byte accumulators: folded into one (d = 64), then
+ * its four lanes into the last (d = 16), which the crc32 instruction finishes. */
+__attribute__((target(CLMUL_TARGET))) static inline uint64_t reduce256(__m512i x0, __m512i x1,
+                                                                       __m512i x2, __m512i x3)
+{
+    const __m512i k64 = _mm512_broadcast_i32x4(_mm_set_epi64x(0x9e4addf8, 0x740eef02));
+    const __m128i k16 = _mm_set_epi64x(0x493c7d27, 0xf20c0dfe);
+    x1 = _mm512_xor_si512(x1, fold64(x0, k64));
+    x2 = _mm512_xor_si512(x2, fold64(x1, k64));
+    x3 = _mm512_xor_si512(x3, fold64(x2, k64));
+    __m128i a = _mm512_extracti32x4_epi32(x3, 0);
+    a = _mm_xor_si128(_mm512_extracti32x4_epi32(x3, 1), fold16(a, k16));
+    a = _mm_xor_si128(_mm512_extracti32x4_epi32(x3, 2), fold16(a, k16));
+    a = _mm_xor_si128(_mm512_extracti32x4_epi32(x3, 3), fold16(a, k16));
+    uint64_t c = _mm_crc32_u64(0, (uint64_t)_mm_cvtsi128_si64(a));
+    return _mm_crc32_u64(c, (uint64_t)_mm_extract_epi64(a, 1));
+}
+
 /* The CRC state (not inverted) after the whole 256-byte groups of p[len], len >= 256, from
  * state c0; *done = the bytes taken (the caller does the rest, < 256 bytes). With @p dst, the
  * bytes taken are also stored there as they are folded (ps_crc32c_copy), with streaming stores
@@ -166,8 +194,6 @@ __attribute__((target(CLMUL_TARGET))) static inline uint64_t crc_clmul(uint64_t 
     __mmask16 bad = 0;
 #define ODD(v) (bad |= _mm512_cmpeq_epi32_mask(_mm512_and_si512((v), ex), ex))
     const __m512i k256 = _mm512_broadcast_i32x4(_mm_set_epi64x(0xb9e02b86, 0xdcb17aa4));
-    const __m512i k64 = _mm512_broadcast_i32x4(_mm_set_epi64x(0x9e4addf8, 0x740eef02));
-    const __m128i k16 = _mm_set_epi64x(0x493c7d27, 0xf20c0dfe);
     __m512i x0 = _mm512_loadu_si512(p), x1 = _mm512_loadu_si512(p + 64);
     __m512i x2 = _mm512_loadu_si512(p + 128), x3 = _mm512_loadu_si512(p + 192);
     if (dst) put256(dst, x0, x1, x2, x3, nt);
@@ -186,18 +212,103 @@ __attribute__((target(CLMUL_TARGET))) static inline uint64_t crc_clmul(uint64_t 
         x3 = _mm512_xor_si512(fold64(x3, k256), y3);
     }
     if (dst && nt) _mm_sfence(); /* the streamed stores are ordered before what follows */
-    x1 = _mm512_xor_si512(x1, fold64(x0, k64));
-    x2 = _mm512_xor_si512(x2, fold64(x1, k64));
-    x3 = _mm512_xor_si512(x3, fold64(x2, k64));
-    __m128i a = _mm512_extracti32x4_epi32(x3, 0);
-    a = _mm_xor_si128(_mm512_extracti32x4_epi32(x3, 1), fold16(a, k16));
-    a = _mm_xor_si128(_mm512_extracti32x4_epi32(x3, 2), fold16(a, k16));
-    a = _mm_xor_si128(_mm512_extracti32x4_epi32(x3, 3), fold16(a, k16));
-    uint64_t c = _mm_crc32_u64(0, (uint64_t)_mm_cvtsi128_si64(a));
-    c = _mm_crc32_u64(c, (uint64_t)_mm_extract_epi64(a, 1));
     *done = i;
     if (odd) *odd |= bad != 0;
-    return c;
+    return reduce256(x0, x1, x2, x3);
+#undef ODD
+}
+
+/* ---- CRC-32C and XXH3-64 in one pass (ps_crc32c_xxh3) -------------------------------------- */
+
+/* XXH3's accumulation of one 64-byte stripe @p d with the secret at @p key, and its scramble of
+ * the accumulators: xxhash.h 0.8's XXH3_accumulate_512 and XXH3_scrambleAcc (the AVX-512 form;
+ * every form gives the same value). */
+__attribute__((target(CLMUL_TARGET))) static inline __m512i xxh_acc(__m512i acc, __m512i d,
+                                                                    const unsigned char *key)
+{
+    __m512i dk = _mm512_xor_si512(d, _mm512_loadu_si512(key));
+    __m512i prod = _mm512_mul_epu32(dk, _mm512_shuffle_epi32(dk, (_MM_PERM_ENUM)0x31));
+    return _mm512_add_epi64(prod, _mm512_add_epi64(acc, _mm512_shuffle_epi32(d, (_MM_PERM_ENUM)0x4e)));
+}
+
+__attribute__((target(CLMUL_TARGET))) static inline __m512i xxh_scramble(__m512i acc,
+                                                                         const unsigned char *key)
+{
+    const __m512i prime = _mm512_set1_epi32((int)0x9E3779B1u); /* XXH_PRIME32_1 */
+    __m512i dk = _mm512_xor_si512(_mm512_xor_si512(acc, _mm512_srli_epi64(acc, 47)),
+                                  _mm512_loadu_si512(key));
+    __m512i lo = _mm512_mul_epu32(dk, prime);
+    __m512i hi = _mm512_mul_epu32(_mm512_shuffle_epi32(dk, (_MM_PERM_ENUM)0x31), prime);
+    return _mm512_add_epi64(lo, _mm512_slli_epi64(hi, 32));
+}
+
+/* Where an XXH3 stream stands: its accumulators, secret, the secret offset of its scramble
+ * (secretLimit) and the stripes taken of the current block (16 of them for the default secret:
+ * the scramble follows the last). */
+typedef struct {
+    uint64_t *acc; /* XXH3_state_t.acc, 64-byte aligned */
+    const unsigned char *secret;
+    size_t limit, per_block, *so_far;
+} xxh_run_t;
+
+/* One stripe into @p acc, the scramble after a block's last. */
+#define XXH_STRIPE(acc, v, x)                                                                   \
+    do {                                                                                       \
+        (acc) = xxh_acc((acc), (v), (x)->secret + 8 * *(x)->so_far);                            \
+        if (++*(x)->so_far == (x)->per_block) {                                                \
+            (acc) = xxh_scramble((acc), (x)->secret + (x)->limit);                             \
+            *(x)->so_far = 0;                                                                  \
+        }                                                                                      \
+    } while (0)
+
+/* The @p n stripes at @p p into @p x's stream (no CRC). */
+__attribute__((target(CLMUL_TARGET))) static void xxh_stripes(const xxh_run_t *x,
+                                                              const unsigned char *p, size_t n)
+{
+    __m512i acc = _mm512_load_si512(x->acc);
+    for (size_t k = 0; k < n; k++) XXH_STRIPE(acc, _mm512_loadu_si512(p + 64 * k), x);
+    _mm512_store_si512(x->acc, acc);
+}
+
+/* crc_clmul over the whole 256-byte groups of p[len] (len >= 256) that also feeds each group's
+ * four stripes to @p x's XXH3 stream (p at a stripe boundary of it). @return the CRC state (not
+ * inverted); *done = the bytes taken. */
+__attribute__((target(CLMUL_TARGET))) static uint64_t crc_xxh3_clmul(uint64_t c0,
+                                                                     const unsigned char *p,
+                                                                     size_t len, size_t *done,
+                                                                     const xxh_run_t *x, int *odd)
+{
+    const __m512i ex = _mm512_set1_epi32(0x7f800000);
+    __mmask16 bad = 0;
+#define ODD(v) (bad |= _mm512_cmpeq_epi32_mask(_mm512_and_si512((v), ex), ex))
+    const __m512i k256 = _mm512_broadcast_i32x4(_mm_set_epi64x(0xb9e02b86, 0xdcb17aa4));
+    __m512i acc = _mm512_load_si512(x->acc);
+    __m512i x0 = _mm512_loadu_si512(p), x1 = _mm512_loadu_si512(p + 64);
+    __m512i x2 = _mm512_loadu_si512(p + 128), x3 = _mm512_loadu_si512(p + 192);
+    ODD(x0), ODD(x1), ODD(x2), ODD(x3);
+    XXH_STRIPE(acc, x0, x);
+    XXH_STRIPE(acc, x1, x);
+    XXH_STRIPE(acc, x2, x);
+    XXH_STRIPE(acc, x3, x);
+    x0 = _mm512_xor_si512(x0, _mm512_castsi128_si512(_mm_cvtsi32_si128((int)(uint32_t)c0)));
+    size_t i = 256;
+    for (; i + 256 <= len; i += 256) {
+        __m512i y0 = _mm512_loadu_si512(p + i), y1 = _mm512_loadu_si512(p + i + 64);
+        __m512i y2 = _mm512_loadu_si512(p + i + 128), y3 = _mm512_loadu_si512(p + i + 192);
+        ODD(y0), ODD(y1), ODD(y2), ODD(y3);
+        x0 = _mm512_xor_si512(fold64(x0, k256), y0);
+        x1 = _mm512_xor_si512(fold64(x1, k256), y1);
+        x2 = _mm512_xor_si512(fold64(x2, k256), y2);
+        x3 = _mm512_xor_si512(fold64(x3, k256), y3);
+        XXH_STRIPE(acc, y0, x);
+        XXH_STRIPE(acc, y1, x);
+        XXH_STRIPE(acc, y2, x);
+        XXH_STRIPE(acc, y3, x);
+    }
+    _mm512_store_si512(x->acc, acc);
+    *done = i;
+    if (odd) *odd |= bad != 0;
+    return reduce256(x0, x1, x2, x3);
 #undef ODD
 }
 
@@ -381,6 +492,57 @@ uint32_t ps_crc32c_copy_nt(uint32_t crc, void *dst, const void *src, size_t len)
 uint32_t ps_crc32c_copy_nt_floats(uint32_t crc, void *dst, const void *src, size_t len, int *odd)
 {
     return crc_copy(crc, dst, src, len, 1, odd);
+}
+
+/* Below this many bytes ps_crc32c_xxh3 makes the two calls: the stream's carried bytes and the
+ * ends are taken apart from the folding loop. */
+#define XXH3_FUSE_MIN (CLMUL_MIN + 512)
+
+uint32_t ps_crc32c_xxh3(uint32_t crc, struct XXH3_state_s *st, const void *buf, size_t len,
+                        int *odd)
+{
+    pthread_once(&once, init);
+    const unsigned char *s = buf;
+#if HAVE_HW
+    /* XXH3's streaming update (xxhash.h 0.8, XXH3_update) keeps the bytes it has not taken as
+     * stripes in its 256-byte buffer, and takes a stripe only when a byte follows it; when it
+     * keeps fewer than a stripe, the 64 bytes before them sit at the buffer's end (the digest's
+     * last stripe). Here: the buffered bytes and the head of buf that completes their last
+     * stripe (f bytes) go as whole stripes, the middle in the folding loop, and the last r bytes
+     * (1 to 64) are kept as the update would, so the library's next update and digest carry on
+     * with the same value. Floats need 4-byte pieces: a buffered count that is not a multiple
+     * of 4 (never in psd) takes the two calls. */
+    size_t b = st->bufferedSize;
+    if (use_clmul && len >= XXH3_FUSE_MIN && !(len & 3) && !(b & 3) && b <= sizeof st->buffer) {
+        xxh_run_t x = {.acc = st->acc,
+                       .secret = st->extSecret ? st->extSecret : st->customSecret,
+                       .limit = st->secretLimit,
+                       .per_block = st->nbStripesPerBlock,
+                       .so_far = &st->nbStripesSoFar};
+        size_t f = (64 - b % 64) % 64, r = (len - f) % 64 ? (len - f) % 64 : 64;
+        size_t mid = len - f - r; /* whole stripes, >= 1024 */
+        crc = ps_crc32c_floats(crc, s, f, odd);
+        if (b + f) {
+            unsigned char head[sizeof st->buffer + 64];
+            memcpy(head, st->buffer, b);
+            memcpy(head + b, s, f);
+            xxh_stripes(&x, head, (b + f) / 64);
+        }
+        size_t done;
+        uint32_t c =
+            (uint32_t)crc_xxh3_clmul(crc ^ 0xffffffffu, s + f, mid, &done, &x, odd) ^ 0xffffffffu;
+        xxh_stripes(&x, s + f + done, (mid - done) / 64);
+        crc = ps_crc32c_floats(c, s + f + done, len - f - done, odd);
+        memcpy(st->buffer, s + len - r, r);
+        memcpy(st->buffer + sizeof st->buffer - 64, s + len - r - 64, 64);
+        st->bufferedSize = (XXH32_hash_t)r;
+        st->totalLen += len;
+        return crc;
+    }
+#endif
+    crc = ps_crc32c_floats(crc, s, len, odd);
+    XXH3_UPDATE(st, s, len);
+    return crc;
 }
 
 uint32_t ps_crc32c_floats(uint32_t crc, const void *buf, size_t len, int *odd)

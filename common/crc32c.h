@@ -53,6 +53,21 @@ uint32_t ps_crc32c_floats(uint32_t crc, const void *buf, size_t len, int *odd);
  *  from a float's first byte); a @p dst not 4-byte aligned is written with plain stores. */
 uint32_t ps_crc32c_copy_nt_floats(uint32_t crc, void *dst, const void *src, size_t len, int *odd);
 
+struct XXH3_state_s;
+
+/**
+ * @brief ps_crc32c_floats(@p crc, @p buf, @p len, @p odd) and XXH3_64bits_update(@p st, @p buf,
+ *  @p len) in one pass over the bytes: the CRC, *@p odd and the hash stream are those of the
+ *  two calls, which it makes on a CPU without 512-bit VPCLMULQDQ, under ~1.5 KiB, or for a
+ *  @p len or stream position not a multiple of 4. The CRC's carry-less multiplies and XXH3's
+ *  integer multiplies run side by side (a store apply's params: psd_store_chunk_update).
+ *  @p st: a default-secret or custom-secret stream (XXH3_64bits_reset or _withSecret), which
+ *  the library's next update and digest go on with.
+ * @note Thread-safe for distinct @p st; no allocation.
+ */
+uint32_t ps_crc32c_xxh3(uint32_t crc, struct XXH3_state_s *st, const void *buf, size_t len,
+                        int *odd);
+
 /**
  * @brief memcpy (not overlapping) whose stores bypass the cache: SSE2 streaming stores from the
  *  first 16-byte boundary of @p dst on (x86-64; plain memcpy elsewhere and under 256 bytes),

@@ -27,12 +27,13 @@
 
 #define PSD_HASH_BLOCK 4096 /* values per block (16 KiB of each array) */
 
-/** @brief Feed one block of @p len values to @p st: its params at @p params, then its values of
- *  each of the @p nstate state arrays (of @p n values each), the first at @p state. */
+/** @brief Feed one block of @p len values to @p st: its params at @p params (NULL: fed already,
+ *  as ps_crc32c_xxh3 does), then its values of each of the @p nstate state arrays (of @p n
+ *  values each), the first at @p state. */
 static inline void psd_rechash_block_at(XXH3_state_t *st, const float *params, const float *state,
                                         uint32_t n, uint32_t nstate, size_t len)
 {
-    PSD_XXH3_UPDATE(st, params, len * sizeof(float));
+    if (params) PSD_XXH3_UPDATE(st, params, len * sizeof(float));
     for (uint32_t c = 0; c < nstate; c++)
         PSD_XXH3_UPDATE(st, state + (size_t)c * n, len * sizeof(float));
 }

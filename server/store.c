@@ -748,12 +748,16 @@ bool psd_store_chunk_update(psd_chunk_hdr_t *h, const float *p_in, const float *
         float *po = stream ? span_params : p + off;
         psk_optim_apply_strided_cpu(po, ns ? s + off : NULL, p_in + off, ns ? s_in + off : NULL,
                                     gs, scale, len, n, t, o);
-        crc = stream ? ps_crc32c_copy_nt_floats(crc, p + off, po, len * sizeof(float), &odd)
-                     : ps_crc32c_floats(crc, po, len * sizeof(float), &odd);
-        /* The span's hash blocks, in the record's block order, while they are in cache. */
-        for (size_t b = off; b < off + len; b += PSD_HASH_BLOCK)
-            psd_rechash_block_at(&hs, po + (b - off), s + b, n, ns,
-                                 off + len - b < PSD_HASH_BLOCK ? off + len - b : PSD_HASH_BLOCK);
+        /* Streamed: the CRC folded into the copy; else the params' CRC and hash in one pass
+         * (ps_crc32c_xxh3: the streamed copy with both ran slower on one record here). Then
+         * the span's hash blocks in the record's block order, while they are in cache. */
+        if (stream)
+            crc = ps_crc32c_copy_nt_floats(crc, p + off, po, len * sizeof(float), &odd);
+        for (size_t b = off; b < off + len; b += PSD_HASH_BLOCK) {
+            size_t bl = off + len - b < PSD_HASH_BLOCK ? off + len - b : PSD_HASH_BLOCK;
+            if (!stream) crc = ps_crc32c_xxh3(crc, &hs, po + (b - off), bl * sizeof(float), &odd);
+            psd_rechash_block_at(&hs, stream ? po + (b - off) : NULL, s + b, n, ns, bl);
+        }
     }
     h->version++;
     h->format = PSD_CHUNK_FORMAT;

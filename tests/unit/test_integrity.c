@@ -1,5 +1,6 @@
 /* test_integrity.c: CRC-32C (common/crc32c.c): known values, the hardware and portable
- * versions agree at every length and alignment, and CRCs continue across calls; the Merkle
+ * versions agree at every length and alignment, and CRCs continue across calls, also beside
+ * XXH3 in one pass; the Merkle
  * tree (common/merkle.c): its root by definition, and updates equal a rebuild. */
 #include <float.h>
 #include <math.h>
@@ -7,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
 
 #include "crc32c.h"
@@ -150,6 +152,68 @@ START_TEST(crc_floats_find_nonfinite)
 }
 END_TEST
 
+/* ps_crc32c_xxh3 is ps_crc32c_floats and XXH3_64bits_update side by side: the CRC, the
+ * non-finite check and the hash stream, which the library's next update and digest carry on
+ * with, equal the separate calls' and the one-shot XXH3 of the whole; at every stream position
+ * around its 64-byte stripes and 256-byte buffer, lengths around the 1.5 KiB switch and the
+ * 256-byte groups, data on and off 64-byte boundaries, a non-finite value in the head, the
+ * middle or the tail, the default secret and a custom one (17 stripes a block), under each CRC
+ * implementation this CPU has. */
+START_TEST(crc_xxh3_matches_separate)
+{
+    enum { MAX = 20000, PRE = 17000 };
+    static _Alignas(64) unsigned char src[PRE + MAX + 256];
+    static const char *const impls[] = {"sse4.2+vpclmulqdq", "sse4.2", "slicing-by-8"};
+    if (ps_crc32c_use(impls[_i]) != 0) return; /* a CPU without it */
+    for (size_t i = 0; i < sizeof src; i++) src[i] = (unsigned char)(i * 151 + 11);
+    static unsigned char secret[200];
+    for (size_t i = 0; i < sizeof secret; i++) secret[i] = (unsigned char)(i * 37 + 5);
+    const size_t pres[] = {0, 4, 60, 64, 100, 192, 256, 260, 1088, 16384, PRE};
+    const size_t lens[] = {0, 4, 1024, 1532, 1536, 1540, 2044, 2048, 4096, 16380, 16384, MAX};
+    const size_t shifts[] = {0, 16, 48, 4}; /* where the data sits past the prefix's end */
+    for (int sec = 0; sec < 2; sec++)
+        for (size_t a = 0; a < sizeof pres / sizeof pres[0]; a++)
+            for (size_t k = 0; k < sizeof lens / sizeof lens[0]; k++)
+                for (size_t d = 0; d < sizeof shifts / sizeof shifts[0]; d++)
+                    for (int nan_at = -1; nan_at < 3; nan_at++) {
+                        size_t pre = pres[a], n = lens[k], sh = shifts[d];
+                        /* The stream: the prefix at src + sh, the data right after it. */
+                        unsigned char *in = src + sh + pre;
+                        size_t at = nan_at == 0 ? (n > 4 ? 4 : 0) : nan_at == 1 ? n / 2 : n - 4;
+                        float keep = 0, nan = NAN;
+                        if (nan_at >= 0 && n) {
+                            at &= ~(size_t)3;
+                            memcpy(&keep, in + at, 4);
+                            memcpy(in + at, &nan, 4);
+                        }
+                        XXH3_state_t st;
+                        if (sec)
+                            XXH3_64bits_reset_withSecret(&st, secret, sizeof secret);
+                        else
+                            XXH3_64bits_reset(&st);
+                        XXH3_64bits_update(&st, src + sh, pre);
+                        int odd = 0;
+                        uint32_t crc = ps_crc32c_xxh3(0x77u, &st, in, n, &odd);
+                        ck_assert_uint_eq(crc, ps_crc32c_sw(0x77u, in, n));
+                        ck_assert_int_eq(odd, nan_at >= 0 && n > 0);
+                        XXH3_state_t st2 = st;
+                        uint64_t whole = sec ? XXH3_64bits_withSecret(src + sh, pre + n, secret,
+                                                                      sizeof secret)
+                                             : XXH3_64bits(src + sh, pre + n);
+                        ck_assert_msg(XXH3_64bits_digest(&st) == whole,
+                                      "%s: prefix %zu, %zu bytes, secret %d: digest differs",
+                                      impls[_i], pre, n, sec);
+                        XXH3_64bits_update(&st2, in + n, 100); /* the stream goes on */
+                        ck_assert_uint_eq(XXH3_64bits_digest(&st2),
+                                          sec ? XXH3_64bits_withSecret(src + sh, pre + n + 100,
+                                                                       secret, sizeof secret)
+                                              : XXH3_64bits(src + sh, pre + n + 100));
+                        if (nan_at >= 0 && n) memcpy(in + at, &keep, 4);
+                    }
+    ps_crc32c_use(NULL);
+}
+END_TEST
+
 /* The streamed copy copies exactly, at every length and alignment around its 16-byte head,
  * its 64-byte groups and the 256-byte plain-copy limit; it writes nothing past the end. */
 START_TEST(memcpy_nt_matches)
@@ -214,6 +278,7 @@ Suite *ps_test_suite(void)
     tcase_add_loop_test(tc, crc_copy_matches, 0, 3);
     tcase_add_test(tc, memcpy_nt_matches);
     tcase_add_loop_test(tc, crc_floats_find_nonfinite, 0, 3);
+    tcase_add_loop_test(tc, crc_xxh3_matches_separate, 0, 3);
     suite_add_tcase(s, tc);
     TCase *tm = tcase_create("merkle");
     tcase_add_test(tm, merkle_definition);
