@@ -228,7 +228,8 @@ __attribute__((target(CLMUL_TARGET))) static inline __m512i xxh_acc(__m512i acc,
 {
     __m512i dk = _mm512_xor_si512(d, _mm512_loadu_si512(key));
     __m512i prod = _mm512_mul_epu32(dk, _mm512_shuffle_epi32(dk, (_MM_PERM_ENUM)0x31));
-    return _mm512_add_epi64(prod, _mm512_add_epi64(acc, _mm512_shuffle_epi32(d, (_MM_PERM_ENUM)0x4e)));
+    __m512i swapped = _mm512_shuffle_epi32(d, (_MM_PERM_ENUM)0x4e); /* the 64-bit halves */
+    return _mm512_add_epi64(prod, _mm512_add_epi64(acc, swapped));
 }
 
 __attribute__((target(CLMUL_TARGET))) static inline __m512i xxh_scramble(__m512i acc,

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ps/ps_log.h"
 #include "ucx_loop.h" /* ps_sockaddr_resolve */
 
 typedef struct hconn_s {
@@ -26,6 +27,14 @@ typedef struct hconn_s {
 
 struct psd_httpd_s {
     uv_tcp_t listen;
+    /* Out of descriptors (EMFILE, ENFILE) with libuv's spare one gone (another thread took
+     * its number, or the host's table is full), libuv calls on_connection with the error and
+     * tries the accept again at once, for good, without returning to the loop: the listener is
+     * closed then (that ends libuv's loop) and opened again PSD_HTTP_PAUSE_MS later. */
+    enum { LISTEN_OPEN, LISTEN_CLOSING, LISTEN_PAUSED } lstate;
+    uv_timer_t again;
+    struct sockaddr_storage addr; /* where it listens (the port as bound) */
+    unsigned pauses;
     uv_tcp_t reject;   /* accepts and closes a connection when no memory for one is left */
     bool reject_busy;
     bool reject_next;  /* a connection waits to be taken once the reject handle is closed */
@@ -135,8 +144,9 @@ static void answer(hconn_t *c, const psd_http_reply_t *r, bool head_only)
         conn_close(c);
 }
 
-/* An error answer with a one-line text body naming what is wrong. */
-static void answer_error(hconn_t *c, int status, const char *why)
+/* An error answer with a one-line text body naming what is wrong (its length only, for a
+ * HEAD: @p head_only). */
+static void answer_error(hconn_t *c, int status, const char *why, bool head_only)
 {
     psd_http_reply_t r = {.status = status, .type = "text/plain; charset=utf-8"};
     size_t cap = strlen(why) + 64;
@@ -145,7 +155,7 @@ static void answer_error(hconn_t *c, int status, const char *why)
         return;
     }
     r.len = (size_t)snprintf(r.body, cap, "%d %s: %s\n", status, reason_of(status), why);
-    answer(c, &r, false);
+    answer(c, &r, head_only);
 }
 
 static void on_alloc(uv_handle_t *hd, size_t suggested, uv_buf_t *buf)
@@ -175,7 +185,7 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
     psd_http_req_t req;
     if (!psd_http_head_add(&c->hh, (size_t)n, &req)) return; /* more to come */
     if (req.status) {
-        answer_error(c, req.status, req.why);
+        answer_error(c, req.status, req.why, req.head_only);
         return;
     }
     psd_http_reply_t r = {.status = 500, .type = "text/plain; charset=utf-8"};
@@ -227,10 +237,61 @@ static hconn_t *oldest_evictable(psd_httpd_t *h)
     return old;
 }
 
+static void on_connection(uv_stream_t *server, int status);
+
+/* Bind and listen on h->addr with h->listen (initialized). */
+static int listen_at(psd_httpd_t *h)
+{
+    int rc = uv_tcp_bind(&h->listen, (const struct sockaddr *)&h->addr, 0);
+    return rc ? rc : uv_listen((uv_stream_t *)&h->listen, 64, on_connection);
+}
+
+static void on_paused(uv_handle_t *hd);
+
+static void on_again(uv_timer_t *t)
+{
+    psd_httpd_t *h = t->data;
+    uv_tcp_init(t->loop, &h->listen);
+    h->listen.data = h;
+    h->lstate = LISTEN_OPEN;
+    int rc = listen_at(h);
+    if (rc == 0) {
+        PS_LOG(PS_LOG_INFO, "httpd", "metrics endpoint: listening on port %u again", h->port);
+        return;
+    }
+    if (h->pauses == 1 || rc != UV_EMFILE) /* once per pause, and any other reason */
+        PS_LOG(PS_LOG_WARN, "httpd", "metrics endpoint: cannot listen on port %u again yet: %s",
+               h->port, uv_strerror(rc));
+    h->lstate = LISTEN_CLOSING;
+    uv_close((uv_handle_t *)&h->listen, on_paused);
+}
+
+/* The listener closed for a pause (or for good, when psd_httpd_close came meanwhile). */
+static void on_paused(uv_handle_t *hd)
+{
+    psd_httpd_t *h = hd->data;
+    if (h->closing) {
+        httpd_unref(h);
+        return;
+    }
+    h->lstate = LISTEN_PAUSED;
+    uv_timer_start(&h->again, on_again, PSD_HTTP_PAUSE_MS, 0);
+}
+
 static void on_connection(uv_stream_t *server, int status)
 {
     psd_httpd_t *h = server->data;
-    if (status < 0 || h->closing) return;
+    if (h->closing || h->lstate != LISTEN_OPEN) return;
+    if (status == UV_EMFILE || status == UV_ENFILE) {
+        h->pauses++;
+        PS_LOG(PS_LOG_WARN, "httpd", "metrics endpoint: out of file descriptors (%s): not "
+               "listening for %d ms (psd's other connections are not affected)",
+               uv_strerror(status), PSD_HTTP_PAUSE_MS);
+        h->lstate = LISTEN_CLOSING;
+        uv_close((uv_handle_t *)&h->listen, on_paused);
+        return;
+    }
+    if (status < 0) return;
     hconn_t *c = NULL;
     if (h->test_nomem)
         h->test_nomem--;
@@ -272,6 +333,11 @@ static void on_listen_closed(uv_handle_t *hd)
     httpd_unref(hd->data);
 }
 
+static void on_again_closed(uv_handle_t *hd)
+{
+    httpd_unref(hd->data);
+}
+
 psd_httpd_t *psd_httpd_start(uv_loop_t *loop, const char *host, uint16_t port,
                              psd_http_handler_cb cb, void *arg, char *err, size_t errlen)
 {
@@ -288,16 +354,17 @@ psd_httpd_t *psd_httpd_start(uv_loop_t *loop, const char *host, uint16_t port,
     }
     h->cb = cb;
     h->arg = arg;
-    h->handles = 1;
+    h->handles = 2; /* the listener and the timer of a pause */
     const char *nomem = getenv("PS_TEST_HTTP_NOMEM"); /* a test hook: see test_nomem */
     if (nomem) h->test_nomem = (unsigned)strtoul(nomem, NULL, 10);
+    uv_timer_init(loop, &h->again);
+    h->again.data = h;
     uv_tcp_init(loop, &h->listen);
     h->listen.data = h;
-    int rc = uv_tcp_bind(&h->listen, (const struct sockaddr *)&ss, 0);
-    if (rc == 0) rc = uv_listen((uv_stream_t *)&h->listen, 64, on_connection);
-    struct sockaddr_storage got;
-    int gotlen = sizeof got;
-    if (rc == 0) rc = uv_tcp_getsockname(&h->listen, (struct sockaddr *)&got, &gotlen);
+    memcpy(&h->addr, &ss, sslen);
+    int rc = listen_at(h);
+    int gotlen = sizeof h->addr;
+    if (rc == 0) rc = uv_tcp_getsockname(&h->listen, (struct sockaddr *)&h->addr, &gotlen);
     if (rc != 0) {
         snprintf(err, errlen, "cannot listen on %s:%u for metrics: %s%s", host, port,
                  uv_strerror(rc),
@@ -305,10 +372,11 @@ psd_httpd_t *psd_httpd_start(uv_loop_t *loop, const char *host, uint16_t port,
                                        "must be free)" : "");
         h->closing = true;
         uv_close((uv_handle_t *)&h->listen, on_listen_closed);
+        uv_close((uv_handle_t *)&h->again, on_again_closed);
         return NULL;
     }
-    h->port = ntohs(got.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&got)->sin6_port
-                                              : ((struct sockaddr_in *)&got)->sin_port);
+    h->port = ntohs(h->addr.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&h->addr)->sin6_port
+                                                  : ((struct sockaddr_in *)&h->addr)->sin_port);
     return h;
 }
 
@@ -322,5 +390,9 @@ void psd_httpd_close(psd_httpd_t *h)
     if (h == NULL || h->closing) return;
     h->closing = true;
     while (h->conns) conn_close(h->conns);
-    uv_close((uv_handle_t *)&h->listen, on_listen_closed);
+    if (h->lstate == LISTEN_OPEN)
+        uv_close((uv_handle_t *)&h->listen, on_listen_closed);
+    else if (h->lstate == LISTEN_PAUSED) /* closed already (LISTEN_CLOSING: on_paused drops it) */
+        httpd_unref(h);
+    uv_close((uv_handle_t *)&h->again, on_again_closed);
 }

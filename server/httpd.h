@@ -7,7 +7,9 @@
  * oldest still without a whole head, or, when every one is being answered, is closed itself).
  * After its answer a connection lingers up to PSD_HTTP_LINGER_MS for the client's close,
  * dropping what it still sends. Whatever a client sends gets an answer or a close, never a
- * crash, and leaves the loop serving everything else. Loop thread only. */
+ * crash, and leaves the loop serving everything else. Out of file descriptors, the endpoint
+ * stops listening for PSD_HTTP_PAUSE_MS at a time (libuv would otherwise retry the accept in a
+ * loop that never returns once its spare descriptor is gone). Loop thread only. */
 #ifndef PSD_HTTPD_H
 #define PSD_HTTPD_H
 
@@ -20,6 +22,7 @@
 #define PSD_HTTP_IDLE_MS 5000
 #define PSD_HTTP_CONNS 32
 #define PSD_HTTP_LINGER_MS 2000
+#define PSD_HTTP_PAUSE_MS 1000 /* out of descriptors: the listener closed this long */
 
 /* What the handler answers: status (200, 404, 503...), content type, and a body the server
  * frees with free() once written (NULL with len 0 for none). */

@@ -51,10 +51,18 @@ static bool parse(char *head, psd_http_req_t *req)
             return true;
         }
     }
-    if (target[0] != '/') return refuse(req, 400, "the path does not start with '/'");
+    /* A HEAD's refusal is answered without its body too (RFC 9110, 9.3.2). */
+    if (target[0] != '/') {
+        refuse(req, 400, "the path does not start with '/'");
+        req->head_only = head_only;
+        return true;
+    }
     for (const unsigned char *p = (const unsigned char *)target; *p; p++)
-        if (*p <= 0x20 || *p >= 0x7f)
-            return refuse(req, 400, "the path holds a control or non-ASCII byte");
+        if (*p <= 0x20 || *p >= 0x7f) {
+            refuse(req, 400, "the path holds a control or non-ASCII byte");
+            req->head_only = head_only;
+            return true;
+        }
     target[strcspn(target, "?#")] = '\0';
     *req = (psd_http_req_t){.path = target, .head_only = head_only};
     return true;

@@ -21,7 +21,7 @@ typedef struct {
     const char *path; /* status 0: the target's path, query and fragment cut off ('/' first, no
                          control, space or non-ASCII byte); points into the head, or to a
                          static "/" (an absolute form without a path) */
-    bool head_only;   /* status 0: the method is HEAD */
+    bool head_only;   /* the method is HEAD (status 0, or a refused path of a HEAD) */
 } psd_http_req_t;
 
 /**
