@@ -11,7 +11,7 @@
 #include "proc.h"
 
 /* Fixed capacity, so that a pointer pb_result_add returned stays valid for the whole run. */
-#define MAX_RESULTS 4096
+#define MAX_RESULTS PB_MAX_RESULTS
 static pb_result_t g_res[MAX_RESULTS];
 static size_t g_n;
 

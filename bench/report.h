@@ -40,8 +40,10 @@ typedef struct {
     float cpu_busy[PB_MAX_CPUS]; /* each CPU's busy fraction while the case ran */
 } pb_result_t;
 
+#define PB_MAX_RESULTS 4096
+
 /** @brief A new zeroed result appended to the list (limit, ratio, extra and concurrent_* -1);
- *  the pointer stays valid until the process exits. Dies past 4096 results. */
+ *  the pointer stays valid until the process exits. Dies past PB_MAX_RESULTS results. */
 pb_result_t *pb_result_add(const char *op, pb_metric_t metric, uint64_t size, int shards,
                            int workers, const char *transport, double value);
 /** @brief The results so far; *n gets the count. */
