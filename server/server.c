@@ -946,6 +946,10 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
     if ((srv->test_slow_copy_ms = test_hook("PS_TEST_SLOW_COPY_MS", 60000)))
         PS_LOG(PS_LOG_WARN, "server", "PS_TEST_SLOW_COPY_MS=%u: each checkpoint copy takes %u "
                "ms longer (a test hook)", srv->test_slow_copy_ms, srv->test_slow_copy_ms);
+    if ((srv->test_copy_read_fail = test_hook("PS_TEST_COPY_READ_FAIL", 0)))
+        PS_LOG(PS_LOG_WARN, "server", "PS_TEST_COPY_READ_FAIL=%u: the next checkpoint copy's "
+               "read %u of the store fails (a test hook)", srv->test_copy_read_fail,
+               srv->test_copy_read_fail);
     if ((srv->test_late_rndv = test_hook("PS_TEST_LATE_RNDV", 0)))
         PS_LOG(PS_LOG_WARN, "server", "PS_TEST_LATE_RNDV=%u: rendezvous push %u loses its "
                "connection while it lands, and its end is seen 3 s late (a test hook)",

@@ -584,6 +584,8 @@ struct psd_server_s {
                                    after this many ms instead of 10 s (0: 10 s) */
     uint32_t test_slow_copy_ms; /* PS_TEST_SLOW_COPY_MS (tests only): each checkpoint copy
                                    takes this many ms longer (at most 60000; 0: none) */
+    uint32_t test_copy_read_fail; /* PS_TEST_COPY_READ_FAIL (tests only): the next checkpoint
+                                     copy's Nth read of the store fails (MDB_CORRUPTED) */
     uint32_t test_late_rndv;    /* PS_TEST_LATE_RNDV (tests only): the Nth rendezvous push's
                                    connection is closed while it lands, and its receive's end
                                    is seen 3 s late (test_late_*) */

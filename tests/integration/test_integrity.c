@@ -2105,6 +2105,40 @@ START_TEST(test_checkpoint_dir_under_file)
 }
 END_TEST
 
+/* A checkpoint copy whose walk of the store stops at an error (a damaged page: here
+ * PS_TEST_COPY_READ_FAIL's read 3) fails, names it, and leaves nothing; psd goes on serving and
+ * the next checkpoint is whole. Before, the walk's end was not looked at: the part held the
+ * records read so far, with a meta.json that listed just those, and psctl said it was done. */
+START_TEST(test_checkpoint_read_error_fails)
+{
+    cl_conf_t k = {.shards = 1, .optimizer = "{name: mean}"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    setenv("PS_TEST_COPY_READ_FAIL", "3", 1);
+    cl_proc_t *p = cl_psd_start(c, 0, NULL, READY_S);
+    unsetenv("PS_TEST_COPY_READ_FAIL");
+    char n[] = "300000", steps[] = "1";
+    char *a[] = {(char *)cl_binary("MEAN_CLIENT"), c->manifest, n, steps, NULL};
+    EXPECT_EXIT(cl_spawn(c, "mean", a), 0);
+    char bad[CL_PATH], good[CL_PATH];
+    cl_path(c, "ckpt-read-error", bad, sizeof bad);
+    cl_path(c, "ckpt-after", good, sizeof good);
+    const char *a1[] = {"checkpoint", "--dir", bad, NULL};
+    cl_proc_t *ck = psctl(c, "checkpoint-bad", 1, a1);
+    EXPECT_LOG(ck, "the shard's store could not be read to its end (MDB_CORRUPTED");
+    EXPECT_LOG(ck, "removed the incomplete checkpoint");
+    struct stat sb;
+    ck_assert_msg(stat(bad, &sb) != 0, "the failed checkpoint left %s", bad);
+    ck_assert_msg(cl_alive(p), "psd died: %s", cl_tail(p));
+    const char *a2[] = {"checkpoint", "--dir", good, NULL};
+    EXPECT_LOG(psctl(c, "checkpoint-good", 0, a2), "psctl: checkpoint at step ");
+    const char *va[] = {"verify", "--against", good, NULL};
+    EXPECT_LOG(psctl(c, "verify-against", 0, va), "psctl: verify: ");
+    ck_assert_int_eq(cl_signal(p, SIGTERM), 0);
+    EXPECT_EXIT(p, 0);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* One chunk's stored bytes changed (psd stopped): verify names it, a new checkpoint fails and
  * leaves no directory, repair --from a checkpoint at the same step rewrites it, and verify is
  * clean again. */
@@ -2879,6 +2913,7 @@ Suite *ps_test_suite(void)
     Suite *s = suite_create("integrity");
     suite_add_tcase(s, tcase("full_disk_refused", test_full_disk_refused));
     suite_add_tcase(s, tcase("checkpoint_dir_under_file", test_checkpoint_dir_under_file));
+    suite_add_tcase(s, tcase("checkpoint_read_error_fails", test_checkpoint_read_error_fails));
     suite_add_tcase(s, tcase("crc_corrupt_push", test_crc_corrupt_push));
     suite_add_tcase(s, tcase("crc_corrupt_push_asp", test_crc_corrupt_push_asp));
     suite_add_tcase(s, tcase("crc_corrupt_pull", test_crc_corrupt_pull));
