@@ -169,11 +169,12 @@ static void remove_partial(const char *dir)
 {
     static const char *const files[] = {"data.mdb", "lock.mdb", PSD_CKPT_META ".tmp",
                                         PSD_CKPT_META};
-    char path[1300];
-    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
-        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
-        unlink(path);
-    }
+    /* Through the directory itself, never a symbolic link put in its place meanwhile (whose
+     * target's files of these names would go: another shard's data_dir, say). */
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (dfd < 0) return;
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) unlinkat(dfd, files[i], 0);
+    close(dfd);
     rmdir(dir);
 }
 
@@ -272,8 +273,13 @@ static int meta_write(psd_server_t *srv, struct psd_ckpt_s *ck, inventory_t *inv
     uint64_t root = inv_root(inv);
     snprintf(path, sizeof path, "%s/%s", ck->dir, PSD_CKPT_META);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (f == NULL) return -errno;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+    FILE *f = fd < 0 ? NULL : fdopen(fd, "w");
+    if (f == NULL) {
+        int e = errno;
+        if (fd >= 0) close(fd);
+        return -e;
+    }
     json_safe(cl, sizeof cl, srv->m.cluster);
     json_safe(mp, sizeof mp, srv->m.path);
     fprintf(f,
@@ -339,7 +345,7 @@ static int copy_allocate(struct psd_ckpt_s *ck, size_t *map, size_t *psize)
     *map = (pages + pages / 32) * st.ms_psize + (4u << 20);
     char path[1200];
     snprintf(path, sizeof path, "%s/data.mdb", ck->dir);
-    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0) return -errno;
     /* KEEP_SIZE: the file stays empty for LMDB (a new environment), which then sets its size
      * to the map's over the blocks allocated here. */
@@ -355,7 +361,7 @@ static int trim_copy(const char *dir, size_t bytes)
 {
     char path[1200];
     snprintf(path, sizeof path, "%s/data.mdb", dir);
-    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    int fd = open(path, O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) return -errno;
     int rc = ftruncate(fd, (off_t)bytes) == 0 && fsync(fd) == 0 ? 0 : -errno;
     close(fd);
@@ -414,6 +420,12 @@ static void copy_work(uv_work_t *w)
     int rc = psd_store_mkdir_p(ck->dir);
     if (rc) {
         fail(ck, rc, "%s: cannot create it: %s", ck->dir, strerror(-rc));
+        goto out;
+    }
+    struct stat ls;
+    if (lstat(ck->dir, &ls) != 0 || !S_ISDIR(ls.st_mode)) { /* a link put there since the arm */
+        fail(ck, PS_EINVAL, "%s is not a directory of its own (a symbolic link?): the copy is "
+             "not written through it", ck->dir);
         goto out;
     }
     made = true; /* a failure from here on removes what this copy wrote */
@@ -737,8 +749,17 @@ static bool arm_takes(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg, 
     char probe[1200];
     snprintf(dir, cap, "%s/shard-%u", msg->error, srv->shard);
     snprintf(probe, sizeof probe, "%s/data.mdb", dir);
+    /* lstat: a symbolic link is never written through (a link named data.mdb, dangling or not,
+     * would have the copy create or overwrite its target; a shard directory that is a link
+     * would put the copy, and a failed copy's cleanup, in the target: a review, session 70). */
     struct stat st;
-    if (stat(probe, &st) == 0) {
+    if (lstat(dir, &st) == 0 && !S_ISDIR(st.st_mode)) {
+        psd_send_error(srv, conn, msg->req_id, PS_EINVAL, "%s is %s, not a directory: no "
+                       "checkpoint is written there", dir,
+                       S_ISLNK(st.st_mode) ? "a symbolic link" : "a file");
+        return false;
+    }
+    if (lstat(probe, &st) == 0) {
         psd_send_error(srv, conn, msg->req_id, -EEXIST, "%s already holds a checkpoint", dir);
         return false;
     }

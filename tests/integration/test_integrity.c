@@ -2081,7 +2081,7 @@ START_TEST(test_full_disk_refused)
 END_TEST
 
 /* psctl checkpoint --dir under a file: the shards say they cannot make their parts, and the
- * give-up finds nothing to remove. Before, a part's lstat said "Not a directory" and psctl
+ * give-up finds nothing to remove; symbolic links where the parts go are refused. Before, a part's lstat said "Not a directory" and psctl
  * printed "cannot remove shard 0's part ...: Not a directory (left as it is)" (a helper's
  * review of session 52's change to remove_part). */
 START_TEST(test_checkpoint_dir_under_file)
@@ -2099,6 +2099,37 @@ START_TEST(test_checkpoint_dir_under_file)
     EXPECT_LOG(ck, "/x/shard-0: cannot create it: Not a directory");
     EXPECT_LOG(ck, "cancelled it and removed the incomplete checkpoint ");
     ck_assert_int_eq(count_in_log(ck, "cannot remove"), 0);
+    /* Symbolic links are not written through (a review, session 70): a shard directory that
+     * is a link to another directory (its lock.mdb and meta.json stay), and a data.mdb that is
+     * a dangling link (its target is not created). Before, the copy went into the link's
+     * target, and a failed copy's cleanup removed the target's files of those names. */
+    char linked[CL_PATH], victim[CL_PATH], path[2 * CL_PATH], dangling[CL_PATH];
+    cl_path(c, "ckpt-linked", linked, sizeof linked);
+    cl_path(c, "victim", victim, sizeof victim);
+    cl_path(c, "made-through-a-link", dangling, sizeof dangling);
+    ck_assert_int_eq(mkdir(linked, 0700), 0);
+    ck_assert_int_eq(mkdir(victim, 0700), 0);
+    const char *const keep[] = {"lock.mdb", "meta.json"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/%s", victim, keep[i]);
+        fclose(fopen(path, "w"));
+    }
+    snprintf(path, sizeof path, "%s/shard-0", linked);
+    ck_assert_int_eq(symlink(victim, path), 0);
+    const char *a1[] = {"checkpoint", "--dir", linked, NULL};
+    EXPECT_LOG(psctl(c, "linked", 1, a1), "/shard-0 is a symbolic link, not a directory");
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/%s", victim, keep[i]);
+        ck_assert_msg(access(path, F_OK) == 0, "%s was removed", path);
+    }
+    snprintf(path, sizeof path, "%s/shard-0", linked);
+    ck_assert_int_eq(unlink(path), 0);
+    ck_assert_int_eq(mkdir(path, 0700), 0);
+    snprintf(path, sizeof path, "%s/shard-0/data.mdb", linked);
+    ck_assert_int_eq(symlink(dangling, path), 0);
+    EXPECT_LOG(psctl(c, "dangling", 1, a1), "/shard-0 already holds a checkpoint");
+    ck_assert_msg(access(dangling, F_OK) != 0, "%s was made through the link", dangling);
+    ck_assert_msg(cl_alive(p), "psd died: %s", cl_tail(p));
     ck_assert_int_eq(cl_signal(p, SIGTERM), 0);
     EXPECT_EXIT(p, 0);
     cl_cluster_destroy(c);
