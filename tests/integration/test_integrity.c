@@ -2210,6 +2210,17 @@ START_TEST(test_repair_from_checkpoint)
                    "walk: a checkpoint copy cut short or damaged): not repaired");
     ck_assert_msg(cl_alive(psd[s]), "the repair from a cut copy ended shard %d: %s", s,
                   cl_tail(psd[s]));
+    /* A copy missing shard 1's meta.json: not a whole checkpoint, no repair from it (before:
+     * the chunk was repaired from shard 0's part, and --rollback would have printed the
+     * restore of a checkpoint psd refuses). */
+    char part[CL_PATH];
+    cl_path(c, "ckpt-part-missing", part, sizeof part);
+    snprintf(cmd, sizeof cmd, "cp -r '%s' '%s' && rm '%s/shard-1/meta.json'", dir, part, part);
+    ck_assert_int_eq(system(cmd), 0);
+    const char *rpart[] = {"repair", "--from", part, "--rollback", NULL};
+    EXPECT_LOG(psctl(c, "repair-part-missing", 1, rpart),
+               "ckpt-part-missing: shard-1/meta.json: No such file or directory: not a whole "
+               "checkpoint (no repair from it)");
     const char *rp[] = {"repair", "--from", dir, NULL};
     cl_proc_t *r = psctl(c, "repair", 0, rp);
     char want[256];
