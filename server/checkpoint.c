@@ -214,18 +214,19 @@ static int by_ordinal(const void *a, const void *b)
 }
 
 /* The Merkle root over the inventory's chunk hashes in global ordinal order, as the shard's
- * tree computes it (integrity.c). Sorts inv->chunks. */
-static uint64_t inv_root(inventory_t *inv)
+ * tree computes it (integrity.c), into *@p root. Sorts inv->chunks. @return 0, or -ENOMEM
+ * (before, a root of 0 went into meta.json and the copy counted as done: a review). */
+static int inv_root(inventory_t *inv, uint64_t *root)
 {
     sort_inv = inv; /* one copy runs at a time per process */
     if (inv->nchunks > 1) /* none: chunks is NULL, which qsort may not take (UBSan) */
         qsort(inv->chunks, inv->nchunks, sizeof *inv->chunks, by_ordinal);
     uint64_t *h = malloc((inv->nchunks ? inv->nchunks : 1) * sizeof *h);
-    if (h == NULL) return 0;
+    if (h == NULL) return -ENOMEM;
     for (size_t i = 0; i < inv->nchunks; i++) h[i] = inv->chunks[i].hash;
-    uint64_t root = ps_merkle_root_of(h, inv->nchunks);
+    *root = ps_merkle_root_of(h, inv->nchunks);
     free(h);
-    return root;
+    return 0;
 }
 
 static uint64_t file_xxh3(const char *path)
@@ -233,6 +234,10 @@ static uint64_t file_xxh3(const char *path)
     FILE *f = fopen(path, "rb");
     if (f == NULL) return 0;
     XXH3_state_t *s = XXH3_createState();
+    if (s == NULL) { /* as a manifest it cannot read */
+        fclose(f);
+        return 0;
+    }
     XXH3_64bits_reset(s);
     char buf[65536];
     size_t n;
@@ -270,7 +275,9 @@ static int meta_write(psd_server_t *srv, struct psd_ckpt_s *ck, inventory_t *inv
                       uint64_t rec_bytes)
 {
     char path[1200], tmp[1210], name[2 * PS_NAME_MAX + 2], cl[300], mp[2100];
-    uint64_t root = inv_root(inv);
+    uint64_t root;
+    int rr = inv_root(inv, &root);
+    if (rr) return rr;
     snprintf(path, sizeof path, "%s/%s", ck->dir, PSD_CKPT_META);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);

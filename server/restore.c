@@ -401,9 +401,14 @@ int psd_restore_fill(psd_server_t *srv, const char *dir, char *err, size_t errle
         }
         /* The tensor table, the coordinator's state and the applied records have no hashes of
          * their own: meta.json's one over all of them (absent in older checkpoints). */
-        char *mj = rc == 0 && mrc == MDB_NOTFOUND ? psd_ckpt_meta_read(dir, j) : NULL;
+        bool read_all = rc == 0 && mrc == MDB_NOTFOUND;
+        char *mj = read_all ? psd_ckpt_meta_read(dir, j) : NULL;
         char now_h[17];
-        if (mj && !psd_ckpt_others_match(&others, mj, now_h)) {
+        if (read_all && mj == NULL) { /* checked at the start; never taken unchecked */
+            snprintf(err, errlen, "--restore %s: shard-%u/%s cannot be read again: %s", dir, j,
+                     PSD_CKPT_META, strerror(errno));
+            rc = PS_ESTORE;
+        } else if (mj && !psd_ckpt_others_match(&others, mj, now_h)) {
             snprintf(err, errlen, "--restore %s: shard-%u: the records other than chunks (tensor "
                      "table, coordinator state, applied records) do not match its %s (psctl "
                      "verify --against says more)", dir, j, PSD_CKPT_META);
