@@ -2081,9 +2081,10 @@ START_TEST(test_full_disk_refused)
 END_TEST
 
 /* psctl checkpoint --dir under a file: the shards say they cannot make their parts, and the
- * give-up finds nothing to remove; symbolic links where the parts go are refused. Before, a part's lstat said "Not a directory" and psctl
+ * give-up finds nothing to remove. Before, a part's lstat said "Not a directory" and psctl
  * printed "cannot remove shard 0's part ...: Not a directory (left as it is)" (a helper's
- * review of session 52's change to remove_part). */
+ * review of session 52's change to remove_part). And symbolic links where the parts go are
+ * refused. */
 START_TEST(test_checkpoint_dir_under_file)
 {
     cl_conf_t k = {.shards = 1, .optimizer = "{name: mean}"};

@@ -82,16 +82,32 @@ static void get(uv_loop_t *loop, uint16_t port, char *buf, size_t cap)
     ask(loop, port, "GET /x HTTP/1.1\r\nHost: t\r\n\r\n", buf, cap);
 }
 
+/* The endpoint on a new loop @p loop, its handler counting into *@p served. */
+static psd_httpd_t *start(uv_loop_t *loop, int *served)
+{
+    char err[256];
+    ck_assert_int_eq(uv_loop_init(loop), 0);
+    psd_httpd_t *h = psd_httpd_start(loop, "127.0.0.1", 0, handler, served, err, sizeof err);
+    ck_assert_msg(h != NULL, "%s", err);
+    return h;
+}
+
+/* Close @p h and @p loop: every handle closed (uv_loop_close says UV_EBUSY if not). */
+static void stop(psd_httpd_t *h, uv_loop_t *loop)
+{
+    psd_httpd_close(h);
+    ck_assert_int_eq(uv_run(loop, UV_RUN_DEFAULT), 0);
+    ck_assert_int_eq(uv_loop_close(loop), 0);
+}
+
 /* _i 0: descriptors come back and a request is answered; 1: closed while paused. */
 START_TEST(out_of_descriptors_pauses_the_listener)
 {
     alarm(20); /* the loop that never returns ends the test (SIGALRM) instead of hanging it */
     uv_loop_t loop;
-    ck_assert_int_eq(uv_loop_init(&loop), 0);
     int served = 0;
-    char err[256], ans[1024];
-    psd_httpd_t *h = psd_httpd_start(&loop, "127.0.0.1", 0, handler, &served, err, sizeof err);
-    ck_assert_msg(h != NULL, "%s", err);
+    char ans[1024];
+    psd_httpd_t *h = start(&loop, &served);
     uint16_t port = psd_httpd_port(h);
     get(&loop, port, ans, sizeof ans);
     ck_assert_msg(strncmp(ans, "HTTP/1.1 200 ", 13) == 0, "first answer: '%s'", ans);
@@ -119,9 +135,7 @@ START_TEST(out_of_descriptors_pauses_the_listener)
                       ans);
         ck_assert_int_eq(served, 2);
     }
-    psd_httpd_close(h);
-    ck_assert_int_eq(uv_run(&loop, UV_RUN_DEFAULT), 0);
-    ck_assert_int_eq(uv_loop_close(&loop), 0); /* every handle closed (UV_EBUSY if not) */
+    stop(h, &loop);
     alarm(0);
 }
 END_TEST
@@ -131,11 +145,9 @@ END_TEST
 START_TEST(head_refusal_has_no_body)
 {
     uv_loop_t loop;
-    ck_assert_int_eq(uv_loop_init(&loop), 0);
     int served = 0;
-    char err[256], ans[1024];
-    psd_httpd_t *h = psd_httpd_start(&loop, "127.0.0.1", 0, handler, &served, err, sizeof err);
-    ck_assert_msg(h != NULL, "%s", err);
+    char ans[1024];
+    psd_httpd_t *h = start(&loop, &served);
     for (int head = 0; head < 2; head++) {
         ask(&loop, psd_httpd_port(h), head ? "HEAD x HTTP/1.1\r\n\r\n" : "GET x HTTP/1.1\r\n\r\n",
             ans, sizeof ans);
@@ -146,9 +158,7 @@ START_TEST(head_refusal_has_no_body)
                       "%s: '%s'", head ? "HEAD" : "GET", ans);
     }
     ck_assert_int_eq(served, 0);
-    psd_httpd_close(h);
-    ck_assert_int_eq(uv_run(&loop, UV_RUN_DEFAULT), 0);
-    ck_assert_int_eq(uv_loop_close(&loop), 0);
+    stop(h, &loop);
 }
 END_TEST
 
