@@ -2892,11 +2892,40 @@ START_TEST(test_scale_2_5_1_3)
 }
 END_TEST
 
+/* The last child process of @p pid (the newest: /proc/PID/task/PID/children lists them as
+ * started), or -1. */
+static pid_t last_child(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task/%d/children", (int)pid, (int)pid);
+    char *text = cl_read_file(path, NULL);
+    pid_t child = -1;
+    for (char *p = text, *end; p && *p; p = end) {
+        long v = strtol(p, &end, 10);
+        if (end == p) break;
+        child = (pid_t)v;
+    }
+    free(text);
+    return child;
+}
+
+/* Whether process @p pid has exited and waits to be reaped. */
+static bool is_zombie(pid_t pid)
+{
+    char path[64], st = 0;
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    char *text = cl_read_file(path, NULL);
+    const char *rp = text ? strrchr(text, ')') : NULL;
+    if (rp && rp[1] == ' ') st = rp[2];
+    free(text);
+    return st == 'Z';
+}
+
 /* pslaunch --follow outlives a restart of shard 0 (kill -9, started again): its next poll
  * connects again (proto/reqclient.c), so a psctl scale after the restart is still followed.
  * Before, every poll after the restart failed on the dead connection: the launcher never
  * started another worker, nor learnt that the job ended. It says when the coordinator stops
- * answering and when it answers again. */
+ * answering and when it answers again. And a stopped worker it stops for a scale-down ends. */
 START_TEST(test_launcher_survives_coordinator_restart)
 {
     cl_conf_t k = {.shards = 1, .workers = 1, .batch_size = 16, .epochs = 10000,
@@ -2916,6 +2945,19 @@ START_TEST(test_launcher_survives_coordinator_restart)
     long long got = wait_num(&co, "actual_workers", 2, 1, 20);
     ck_assert_msg(got == 2, "scaled to 2 after the restart, but %lld workers are members: %s",
                   got, cl_tail(launch));
+    /* Scaled down to 1 with the newest worker stopped (SIGSTOP): the one pslaunch stops (the
+     * newest) gets SIGCONT with its SIGTERM and ends. Before, it stayed stopped, counted as
+     * stopping, for the rest of the job (a review, session 70). */
+    pid_t newest = last_child(launch->pid);
+    ck_assert_int_gt(newest, 0);
+    ck_assert_int_eq(kill(newest, SIGSTOP), 0);
+    psctl_scale(c, 1);
+    ck_assert_msg(cl_wait_log(launch, "pslaunch: stopping 1 of the 2 worker(s)", RUN_S) == 0,
+                  "%s", cl_tail(launch));
+    for (int i = 0; i < 200 && kill(newest, 0) == 0 && !is_zombie(newest); i++) nap_ms(100);
+    ck_assert_msg(kill(newest, 0) != 0 || is_zombie(newest),
+                  "the stopped worker (pid %d) still runs 20 s after the scale-down: %s",
+                  (int)newest, cl_tail(launch));
     ck_assert_int_eq(cl_signal(launch, SIGTERM), 0);
     EXPECT_EXIT(launch, 128 + SIGTERM);
     /* It said that shard 0 was away, and that it was back (before, it said nothing). */

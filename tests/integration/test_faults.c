@@ -2265,6 +2265,29 @@ START_TEST(test_pslaunch_care)
     EXPECT_EXIT(l, 1);
     EXPECT_LOG(l, "starting a replacement");
 
+    /* Four workers that die at once: the wait before each replacement doubles while they keep
+     * dying (0.1, 0.2, 0.4, 0.8, 1.6, 3.2 s). Before, a worker reaped only after another's
+     * wait counted that wait as its life (here the seventh, started 2.8 s before its reap),
+     * and the wait started over at 0 (a review, session 70: 28 starts in 4.9 s with 24
+     * replacements). Stopped once it waits 3.2 s. */
+    char *lq[] = {(char *)cl_binary("PSLAUNCH"), "--manifest", c->manifest, "--workers", "4",
+                  "--respawn", "7", "--psworker", script, NULL};
+    l = cl_spawn(c, "pslaunch-quick", lq);
+    ck_assert_msg(cl_wait_log(l, "the next starts in 3.2 s", 15) == 0, "%s", cl_tail(l));
+    ck_assert_int_eq(cl_signal(l, SIGTERM), 0);
+    EXPECT_EXIT(l, 128 + SIGTERM);
+    char *qlog = cl_read_file(l->log, NULL);
+    double last = 0;
+    int waits = 0;
+    for (const char *q = qlog; q && (q = strstr(q, "the next starts in ")) != NULL; q++) {
+        double d = atof(q + strlen("the next starts in "));
+        ck_assert_msg(d >= last, "the wait went from %.1f s down to %.1f s: %s", last, d, qlog);
+        last = d;
+        waits++;
+    }
+    free(qlog);
+    ck_assert_int_eq(waits, 6);
+
     /* A script without its #! line: exec fails with ENOEXEC at every start, so it is a
      * refusal (exit 2, no respawn), with the hint (a probe, session 67: --follow started it
      * again every few seconds for good). */
