@@ -428,15 +428,33 @@ static void check_all(cl_cluster_t *c, char **argv)
     EXPECT_LOG(check, "every batch applied once on both tensors");
 }
 
-static cl_proc_t *new_workers_finish(cl_cluster_t *c, char **argv)
+/* Two new replay_clients (argv as the first pair's) finish the job, and every batch was
+ * applied once. With @p hold (a PS_TEST_SLOW_APPLY_HOLD file of shard @p held's), that file is
+ * removed once both said hello there and had half a second to push: their pushes land while
+ * the held apply runs, however long they took to start (a fixed 2 s slowdown was missed under
+ * a full suite's load: the new workers' hellos came 1.7 s after the old ones' deaths, their
+ * pushes after the apply, session 70). */
+static cl_proc_t *new_workers_finish_held(cl_cluster_t *c, char **argv, const cl_proc_t *held,
+                                          const char *hold)
 {
     static char never[] = "1000000000";
     argv[4] = never;
+    int hellos = held ? count_in_log(held, " is rank ") : 0;
     cl_proc_t *w2 = cl_spawn(c, "replay2", argv), *w3 = cl_spawn(c, "replay3", argv);
+    if (hold) {
+        for (int i = 0; i < 600 && count_in_log(held, " is rank ") < hellos + 2; i++) nap_ms(50);
+        nap_ms(500);
+        ck_assert_int_eq(unlink(hold), 0);
+    }
     EXPECT_EXIT(w2, 0);
     EXPECT_EXIT(w3, 0);
     check_all(c, argv);
     return w2;
+}
+
+static cl_proc_t *new_workers_finish(cl_cluster_t *c, char **argv)
+{
+    return new_workers_finish_held(c, argv, NULL, NULL);
 }
 
 /* The end of a restore test: stop the shards @p psd, set their data_dirs aside, start them
@@ -573,8 +591,8 @@ static void asp_stop_start(asp_stop_t *r, int hb_ms, const char *plan)
  * the coordinator hands that batch out again, replay.a applies it, and replay.b (which applied
  * it in the restarted step) skips it.
  * With @p slow, the same with the tensors the other way round (replay.b, on shard 1, first),
- * and that apply on shard 1 takes 2 s longer (PS_TEST_SLOW_APPLY), so that the new workers'
- * pushes land while it runs. (Not on shard 0: the coordinator answers the new members' batches
+ * and that apply on shard 1 held until the new workers pushed (PS_TEST_SLOW_APPLY with its
+ * hold file), so that their pushes land while it runs. (Not on shard 0: the coordinator answers the new members' batches
  * only once a state write holds them, and that write waits for its own shard's apply.) */
 
 static void emptied_step_run(const char *plan, bool slow, bool checkpoint)
@@ -583,9 +601,12 @@ static void emptied_step_run(const char *plan, bool slow, bool checkpoint)
                    .optimizer = "{name: sgd, lr: 1}", .start_wait_ms = CL_TOGETHER_MS};
     cl_cluster_t *c = cl_cluster_create(&k);
     int s = slow ? 1 : 0; /* the shard of the tensor pushed first */
+    char hold[CL_PATH];
+    if (slow) slow_apply_hold(c, hold); /* for shard 1 */
     cl_proc_t *psd[2] = {cl_psd_start(c, 0, NULL, READY_S),
                          slow ? cl_psd_start_env(c, 1, READY_S, "PS_TEST_SLOW_APPLY", "6")
                               : cl_psd_start(c, 1, NULL, READY_S)};
+    unsetenv("PS_TEST_SLOW_APPLY_HOLD");
     char nb[] = "40", bs[] = "8", die[64], ord[3];
     snprintf(die, sizeof die, "%s", plan);
     snprintf(ord, sizeof ord, "%s", slow ? "ba" : "ab");
@@ -616,7 +637,7 @@ static void emptied_step_run(const char *plan, bool slow, bool checkpoint)
         ck_assert_msg(cl_wait_log(cp, "the checkpoint waits for step 6", RUN_S) == 0,
                       "psctl never said it waits for step 6: %s", cl_tail(cp));
     }
-    new_workers_finish(c, argv);
+    new_workers_finish_held(c, argv, slow ? psd[1] : NULL, slow ? hold : NULL);
     if (cp) {
         EXPECT_EXIT(cp, 0);
         EXPECT_LOG(cp, "psctl: checkpoint at step 6 in");
