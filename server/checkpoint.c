@@ -66,6 +66,7 @@ typedef struct {
     int rc;
     char err[400];
     psd_ckpt_src_t src;        /* the checkpoint, open while repair_run reads it */
+    void *copy;                /* the record read out of it under the fault guard */
 } repair_t;
 
 static struct psd_ckpt_s *state(psd_server_t *srv)
@@ -941,7 +942,16 @@ static void repair_run(psd_slot_work_t *w)
         r->rc = PS_ESTORE;
         goto out;
     }
-    psd_ckpt_bus_jmp = NULL; /* its bytes were all read (hashed) above */
+    /* Copied out while the guard holds: the record's bytes are read once more below, and a
+     * file cut short between the hash and that read ended this psd (a review, session 70). */
+    if ((r->copy = malloc(v.mv_size)) == NULL) {
+        snprintf(r->err, sizeof r->err, "out of memory for chunk %u/%u's record", r->t, r->c);
+        r->rc = PS_ENOMEM;
+        goto out;
+    }
+    memcpy(r->copy, v.mv_data, v.mv_size);
+    src = r->copy;
+    psd_ckpt_bus_jmp = NULL;
     if ((r->rc = psd_store_begin(&srv->store, &tx)) != 0) {
         snprintf(r->err, sizeof r->err, "cannot begin a transaction: %s", ps_strerror(r->rc));
         goto out;
@@ -979,6 +989,8 @@ static void repair_run(psd_slot_work_t *w)
     }
 out:
     psd_ckpt_bus_jmp = NULL;
+    free(r->copy);
+    r->copy = NULL;
     psd_ckpt_src_close(ck);
 }
 
