@@ -499,7 +499,10 @@ static void copy_work(uv_work_t *w)
             }
             /* Never checkpoint corruption at rest: the bytes must still match their hash,
              * the params their CRC (which restore checks too). */
-            if (psd_store_chunk_hash(h) != h->hash || psd_store_params_crc(h) != h->crc32c) {
+            uint32_t crc;
+            uint64_t hash;
+            psd_store_chunk_sums(h, &crc, &hash);
+            if (hash != h->hash || crc != h->crc32c) {
                 fail(ck, PS_ESTORE, "chunk %u/%u (version %llu): stored bytes do not match "
                      "their hash or CRC-32C; run psctl verify and repair first", t, c,
                      (unsigned long long)h->version);

@@ -367,10 +367,14 @@ int psd_restore_fill(psd_server_t *srv, const char *dir, char *err, size_t errle
                 break;
             }
             if (ps_place_shard(decl[t].first_chunk + c, srv->nshards) != srv->shard) continue;
-            if (v.mv_size < sizeof *h || v.mv_size != psd_chunk_bytes(h->n, h->nstate) ||
-                h->format != PSD_CHUNK_FORMAT || h->nstate != srv->nstate ||
-                h->n != ps_chunk_len(ps_decl_numel(&decl[t]), srv->chunk_elems, c) ||
-                psd_store_chunk_hash(h) != h->hash || psd_store_params_crc(h) != h->crc32c) {
+            uint32_t crc = 0;
+            uint64_t hash = 0;
+            bool formed = v.mv_size >= sizeof *h &&
+                          v.mv_size == psd_chunk_bytes(h->n, h->nstate) &&
+                          h->format == PSD_CHUNK_FORMAT && h->nstate == srv->nstate &&
+                          h->n == ps_chunk_len(ps_decl_numel(&decl[t]), srv->chunk_elems, c);
+            if (formed) psd_store_chunk_sums(h, &crc, &hash);
+            if (!formed || hash != h->hash || crc != h->crc32c) {
                 /* The CRC too (a review): one damaged at rest made every pull of the restored
                  * chunk fail (PS_ECORRUPT) until psctl repair. */
                 snprintf(err, errlen, "--restore %s: shard-%u: tensor '%s' chunk %u is malformed "

@@ -214,8 +214,22 @@ static int record_format(psd_store_t *st, MDB_txn *txn, char *err, size_t errlen
 void psd_store_chunk_seal(psd_chunk_hdr_t *h)
 {
     h->format = PSD_CHUNK_FORMAT;
-    h->crc32c = psd_store_params_crc(h);
-    h->hash = psd_store_chunk_hash(h);
+    psd_store_chunk_sums(h, &h->crc32c, &h->hash);
+}
+
+void psd_store_chunk_sums(const psd_chunk_hdr_t *h, uint32_t *crc, uint64_t *hash)
+{
+    const float *p = (const float *)(h + 1), *s = p + h->n;
+    XXH3_state_t hs;
+    XXH3_64bits_reset(&hs);
+    uint32_t c = 0;
+    for (size_t off = 0; off < h->n; off += PSD_HASH_BLOCK) {
+        size_t bl = h->n - off < PSD_HASH_BLOCK ? h->n - off : PSD_HASH_BLOCK;
+        c = ps_crc32c_xxh3(c, &hs, p + off, bl * sizeof(float), NULL);
+        psd_rechash_block_at(&hs, NULL, s + off, h->n, h->nstate, bl);
+    }
+    *crc = c;
+    *hash = XXH3_64bits_digest(&hs);
 }
 
 uint32_t psd_store_params_crc(const psd_chunk_hdr_t *h)

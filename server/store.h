@@ -206,6 +206,11 @@ uint64_t psd_store_chunk_hash(const psd_chunk_hdr_t *h);
  *  pulls are checked against). */
 uint32_t psd_store_params_crc(const psd_chunk_hdr_t *h);
 
+/** @brief psd_store_params_crc(@p h) into *@p crc and psd_store_chunk_hash(@p h) into *@p hash
+ *  in one pass over the params (ps_crc32c_xxh3): what seal writes, and what a check of a stored
+ *  record (a checkpoint's copy, a restore) compares with its header. */
+void psd_store_chunk_sums(const psd_chunk_hdr_t *h, uint32_t *crc, uint64_t *hash);
+
 /* What psd's refusals of a damaged store tell the operator to do. */
 #define PSD_STORE_DAMAGED_REMEDY \
     "the data_dir is damaged: restore a checkpoint into empty data_dirs, psd --restore"

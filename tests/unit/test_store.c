@@ -551,6 +551,10 @@ START_TEST(update_seals_like_recompute)
             ck_assert_uint_eq(a->hash, b->hash);
             ck_assert_uint_eq(a->crc32c, b->crc32c);
             ck_assert_uint_eq(a->format, b->format);
+            /* And both as the separate passes compute them (the library's XXH3 update, the
+             * CRC alone): seal and the update fold the two into one pass. */
+            ck_assert_uint_eq(b->hash, psd_store_chunk_hash(b));
+            ck_assert_uint_eq(b->crc32c, psd_store_params_crc(b));
             free(old);
             free(abuf);
             free(b);
