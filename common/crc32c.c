@@ -247,7 +247,7 @@ __attribute__((target(CLMUL_TARGET))) static inline __m512i xxh_scramble(__m512i
  * (secretLimit) and the stripes taken of the current block (16 of them for the default secret:
  * the scramble follows the last). */
 typedef struct {
-    uint64_t *acc; /* XXH3_state_t.acc, 64-byte aligned */
+    uint64_t *acc; /* XXH3_state_t.acc (aligned in the library's layout; not relied on) */
     const unsigned char *secret;
     size_t limit, per_block, *so_far;
 } xxh_run_t;
@@ -266,9 +266,9 @@ typedef struct {
 __attribute__((target(CLMUL_TARGET))) static void xxh_stripes(const xxh_run_t *x,
                                                               const unsigned char *p, size_t n)
 {
-    __m512i acc = _mm512_load_si512(x->acc);
+    __m512i acc = _mm512_loadu_si512(x->acc);
     for (size_t k = 0; k < n; k++) XXH_STRIPE(acc, _mm512_loadu_si512(p + 64 * k), x);
-    _mm512_store_si512(x->acc, acc);
+    _mm512_storeu_si512(x->acc, acc);
 }
 
 /* crc_clmul over the whole 256-byte groups of p[len] (len >= 256) that also feeds each group's
@@ -283,7 +283,7 @@ __attribute__((target(CLMUL_TARGET))) static uint64_t crc_xxh3_clmul(uint64_t c0
     __mmask16 bad = 0;
 #define ODD(v) (bad |= _mm512_cmpeq_epi32_mask(_mm512_and_si512((v), ex), ex))
     const __m512i k256 = _mm512_broadcast_i32x4(_mm_set_epi64x(0xb9e02b86, 0xdcb17aa4));
-    __m512i acc = _mm512_load_si512(x->acc);
+    __m512i acc = _mm512_loadu_si512(x->acc);
     __m512i x0 = _mm512_loadu_si512(p), x1 = _mm512_loadu_si512(p + 64);
     __m512i x2 = _mm512_loadu_si512(p + 128), x3 = _mm512_loadu_si512(p + 192);
     ODD(x0), ODD(x1), ODD(x2), ODD(x3);
@@ -306,7 +306,7 @@ __attribute__((target(CLMUL_TARGET))) static uint64_t crc_xxh3_clmul(uint64_t c0
         XXH_STRIPE(acc, y2, x);
         XXH_STRIPE(acc, y3, x);
     }
-    _mm512_store_si512(x->acc, acc);
+    _mm512_storeu_si512(x->acc, acc);
     *done = i;
     if (odd) *odd |= bad != 0;
     return reduce256(x0, x1, x2, x3);

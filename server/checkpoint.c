@@ -455,6 +455,16 @@ static void copy_work(uv_work_t *w)
     if (!direct) { /* no fallocate here: LMDB's own writes, as before session 45 */
         psize = 0;
         map = (size_t)srv->m.map_size_mb << 20;
+        /* The file made here, not through a link put there since the arm (LMDB's open
+         * follows one), as copy_allocate's own open does. */
+        char path[1200];
+        snprintf(path, sizeof path, "%s/data.mdb", ck->dir);
+        int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (fd < 0) {
+            fail(ck, -errno, "%s: cannot create it: %s", path, strerror(errno));
+            goto out;
+        }
+        close(fd);
     }
     if ((rc = mdb_env_create(&dst)) != 0 || (rc = mdb_env_set_mapsize(dst, map)) != 0 ||
         /* NOLOCK: no lock.mdb, a sparse file LMDB writes through a map, which on a disk the

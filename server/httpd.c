@@ -34,7 +34,7 @@ struct psd_httpd_s {
     enum { LISTEN_OPEN, LISTEN_CLOSING, LISTEN_PAUSED } lstate;
     uv_timer_t again;
     struct sockaddr_storage addr; /* where it listens (the port as bound) */
-    unsigned pauses;
+    bool again_said;              /* this pause's failed retry was logged */
     uv_tcp_t reject;   /* accepts and closes a connection when no memory for one is left */
     bool reject_busy;
     bool reject_next;  /* a connection waits to be taken once the reject handle is closed */
@@ -259,9 +259,10 @@ static void on_again(uv_timer_t *t)
         PS_LOG(PS_LOG_INFO, "httpd", "metrics endpoint: listening on port %u again", h->port);
         return;
     }
-    if (h->pauses == 1 || rc != UV_EMFILE) /* once per pause, and any other reason */
-        PS_LOG(PS_LOG_WARN, "httpd", "metrics endpoint: cannot listen on port %u again yet: %s",
-               h->port, uv_strerror(rc));
+    if (!h->again_said) /* once per pause: it tries again every PSD_HTTP_PAUSE_MS */
+        PS_LOG(PS_LOG_WARN, "httpd", "metrics endpoint: cannot listen on port %u again yet: %s "
+               "(trying every %d ms)", h->port, uv_strerror(rc), PSD_HTTP_PAUSE_MS);
+    h->again_said = true;
     h->lstate = LISTEN_CLOSING;
     uv_close((uv_handle_t *)&h->listen, on_paused);
 }
@@ -283,7 +284,7 @@ static void on_connection(uv_stream_t *server, int status)
     psd_httpd_t *h = server->data;
     if (h->closing || h->lstate != LISTEN_OPEN) return;
     if (status == UV_EMFILE || status == UV_ENFILE) {
-        h->pauses++;
+        h->again_said = false;
         PS_LOG(PS_LOG_WARN, "httpd", "metrics endpoint: out of file descriptors (%s): not "
                "listening for %d ms (psd's other connections are not affected)",
                uv_strerror(status), PSD_HTTP_PAUSE_MS);

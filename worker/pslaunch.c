@@ -657,8 +657,16 @@ int main(int argc, char **argv)
                         fprintf(stderr, "pslaunch: workers die within a second of their start: "
                                 "the next starts in %.1f s\n", d);
                     for (double end = mono_s() + d, now; !g_sig && (now = mono_s()) < end;) {
-                        double w = end - now; /* another child's exit is reaped below */
+                        /* Another child's exit is reaped below. Every 0.1 s: whether none
+                         * exited yet (not reaping: WNOWAIT), which bounds their lives as
+                         * the loop's waitpid does (clear_at). */
+                        double w = end - now < 0.1 ? end - now : 0.1;
                         struct timespec ts = {(time_t)w, (long)((w - (double)(time_t)w) * 1e9)};
+                        double seen = mono_s();
+                        siginfo_t si = {0};
+                        if (waitid(P_ALL, 0, &si, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+                            si.si_pid == 0)
+                            clear_at = seen;
                         took(sigtimedwait(&set, NULL, &ts), left);
                     }
                     born[i] = mono_s();
