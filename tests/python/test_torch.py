@@ -77,14 +77,35 @@ def free_port():
     raise AssertionError("no free port")
 
 
+class PortTaken(Exception):
+    """A psd of a new cluster found its port taken since it was picked."""
+
+
 class Cluster:
     """Two psd shards of a fresh manifest in a temp dir; stop() ends them (SIGTERM, exit 0)."""
 
     def __init__(self, tmp, name, workers, metrics=False, schedule="constant",
                  consistency="bsp", optimizer=None, job_extra="", heartbeat_ms=600, top_extra=""):
+        self.name = name
         self.dir = os.path.join(tmp, name)
         os.makedirs(self.dir)
         self.manifest = os.path.join(self.dir, "manifest.yaml")
+        # A port free when picked can be taken by another suite's process before psd binds it
+        # (the suites run two at a time): psd says so ("Address already in use") and the
+        # cluster starts again on other ports (session 70: a full run failed so once).
+        for attempt in range(5):
+            try:
+                self._write_and_start(metrics, workers, schedule, consistency, optimizer,
+                                      job_extra, heartbeat_ms, top_extra)
+                return
+            except PortTaken:
+                self.kill()
+                for i in range(2):  # a fresh start: the store made on the old ports goes too
+                    shutil.rmtree(os.path.join(self.dir, f"data{i}"), ignore_errors=True)
+        raise AssertionError("psd's ports were taken five times in a row")
+
+    def _write_and_start(self, metrics, workers, schedule, consistency, optimizer, job_extra,
+                         heartbeat_ms, top_extra):
         ports = []
         while len(ports) < 4:  # two shards' ports, two metrics ports
             p = free_port()
@@ -92,7 +113,7 @@ class Cluster:
                 ports.append(p)
         self.ports, self.metrics_ports = ports[:2], ports[2:]
         with open(self.manifest, "w") as f:
-            f.write(f"cluster: torch-{os.getpid()}-{name}\nchunk_bytes: 4096\nmap_size_mb: 64\n"
+            f.write(f"cluster: torch-{os.getpid()}-{self.name}\nchunk_bytes: 4096\nmap_size_mb: 64\n"
                     "servers:\n")
             for i in range(2):
                 m = f", metrics_port: {ports[2 + i]}" if metrics else ""
@@ -114,6 +135,16 @@ class Cluster:
                                  stdout=subprocess.PIPE, stderr=log, text=True)
             self.procs.append(p)
             line = p.stdout.readline()
+            if mode == "w" and "listening" not in line:
+                try:  # its own words on stderr, or UCX's on stdout (a bind that lost the race)
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    pass
+                log.flush()
+                with open(log.name) as f:
+                    said = f.read()
+                if "Address already in use" in line or "address already in use" in said:
+                    raise PortTaken(line + said)
             assert "listening" in line, f"psd {i} did not start: {line!r}"
 
     def restart(self):
