@@ -860,8 +860,11 @@ def unused_parameters(tmp):
     (its momentum moves nothing in between). Before, psd.torch pushed zeros for it and the
     shards moved it every step. Under bsp (push_none) and asp (nothing pushed)."""
     for consistency in ("bsp", "asp"):
+        # A heartbeat timeout the shards' restart (below) fits in under a full suite's load:
+        # with 600 ms, the worker came back after its rank's grace once (session 70), joined
+        # again, and its updates no longer matched torch's.
         c = Cluster(tmp, "unused-" + consistency, 1, consistency=consistency,
-                    optimizer="{name: adamw, lr: 0.01, weight_decay: 0.5}")
+                    optimizer="{name: adamw, lr: 0.01, weight_decay: 0.5}", heartbeat_ms=5000)
         try:
             x, y = data()
             m = PartlyUsed()
