@@ -102,6 +102,9 @@ class Cluster:
                 self.kill()
                 for i in range(2):  # a fresh start: the store made on the old ports goes too
                     shutil.rmtree(os.path.join(self.dir, f"data{i}"), ignore_errors=True)
+            except BaseException:
+                self.kill()  # a shard that started is not left running (no stop() follows)
+                raise
         raise AssertionError("psd's ports were taken five times in a row")
 
     def _write_and_start(self, metrics, workers, schedule, consistency, optimizer, job_extra,
