@@ -340,27 +340,32 @@ static int meta_write(psd_server_t *srv, struct psd_ckpt_s *ck, inventory_t *inv
 static int copy_allocate(struct psd_ckpt_s *ck, size_t *map, size_t *psize)
 {
     psd_server_t *srv = ck->srv;
-    MDB_stat st;
-    int rc = mdb_stat(ck->txn, srv->store.dbi, &st);
-    if (rc) return -EIO;
-    /* The copy's pages are this host's (a new environment's): a store made where pages are
-     * another size (a data_dir from a 64 KiB-page host) gets the plain copy, whose offsets
-     * and length LMDB computes itself (a review: pwrite offsets and the cut were wrong). */
-    long os_page = sysconf(_SC_PAGESIZE);
-    if (os_page <= 0 || (size_t)os_page != st.ms_psize) return 0;
-    size_t pages = (size_t)st.ms_branch_pages + st.ms_leaf_pages + st.ms_overflow_pages + 2;
-    *psize = st.ms_psize;
-    *map = (pages + pages / 32) * st.ms_psize + (4u << 20);
+    /* The file is made here on every path, never through a link put there since the arm
+     * (LMDB's own open follows one): the plain copy then opens it as it is, empty. */
     char path[1200];
     snprintf(path, sizeof path, "%s/data.mdb", ck->dir);
     int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0) return -errno;
+    MDB_stat st;
+    int rc = mdb_stat(ck->txn, srv->store.dbi, &st);
+    /* The copy's pages are this host's (a new environment's): a store made where pages are
+     * another size (a data_dir from a 64 KiB-page host) gets the plain copy, whose offsets
+     * and length LMDB computes itself (a review: pwrite offsets and the cut were wrong). */
+    long os_page = sysconf(_SC_PAGESIZE);
+    if (rc || os_page <= 0 || (size_t)os_page != st.ms_psize) {
+        close(fd);
+        return rc ? -EIO : 0;
+    }
+    size_t pages = (size_t)st.ms_branch_pages + st.ms_leaf_pages + st.ms_overflow_pages + 2;
+    *psize = st.ms_psize;
+    *map = (pages + pages / 32) * st.ms_psize + (4u << 20);
     /* KEEP_SIZE: the file stays empty for LMDB (a new environment), which then sets its size
      * to the map's over the blocks allocated here. */
     rc = fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, (off_t)*map) == 0 ? 1 : -errno;
     close(fd);
+    if (rc == -EOPNOTSUPP || rc == -ENOSYS) return 0; /* empty: the plain copy's */
     if (rc < 0) unlink(path); /* a partial allocation goes with it: the free space told right */
-    return rc == -EOPNOTSUPP || rc == -ENOSYS ? 0 : rc;
+    return rc;
 }
 
 /* A WRITEMAP copy's file is as long as its map: cut to the @p bytes its pages use (LMDB reads
@@ -455,16 +460,6 @@ static void copy_work(uv_work_t *w)
     if (!direct) { /* no fallocate here: LMDB's own writes, as before session 45 */
         psize = 0;
         map = (size_t)srv->m.map_size_mb << 20;
-        /* The file made here, not through a link put there since the arm (LMDB's open
-         * follows one), as copy_allocate's own open does. */
-        char path[1200];
-        snprintf(path, sizeof path, "%s/data.mdb", ck->dir);
-        int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-        if (fd < 0) {
-            fail(ck, -errno, "%s: cannot create it: %s", path, strerror(errno));
-            goto out;
-        }
-        close(fd);
     }
     if ((rc = mdb_env_create(&dst)) != 0 || (rc = mdb_env_set_mapsize(dst, map)) != 0 ||
         /* NOLOCK: no lock.mdb, a sparse file LMDB writes through a map, which on a disk the

@@ -217,18 +217,26 @@ void psd_store_chunk_seal(psd_chunk_hdr_t *h)
     psd_store_chunk_sums(h, &h->crc32c, &h->hash);
 }
 
+/* Hash blocks [off, off + len) of a record of @p n values and @p ns state arrays (@p s) into
+ * @p hs in the record's block order, the params' (at @p p, the span's first) folded into @p crc
+ * in the same pass (ps_crc32c_xxh3); @return the CRC. */
+static uint32_t sum_blocks(XXH3_state_t *hs, uint32_t crc, const float *p, const float *s,
+                           uint32_t n, uint32_t ns, size_t off, size_t len, int *odd)
+{
+    for (size_t b = off; b < off + len; b += PSD_HASH_BLOCK) {
+        size_t bl = off + len - b < PSD_HASH_BLOCK ? off + len - b : PSD_HASH_BLOCK;
+        crc = ps_crc32c_xxh3(crc, hs, p + (b - off), bl * sizeof(float), odd);
+        psd_rechash_block_at(hs, NULL, s + b, n, ns, bl);
+    }
+    return crc;
+}
+
 void psd_store_chunk_sums(const psd_chunk_hdr_t *h, uint32_t *crc, uint64_t *hash)
 {
-    const float *p = (const float *)(h + 1), *s = p + h->n;
+    const float *p = (const float *)(h + 1);
     XXH3_state_t hs;
     XXH3_64bits_reset(&hs);
-    uint32_t c = 0;
-    for (size_t off = 0; off < h->n; off += PSD_HASH_BLOCK) {
-        size_t bl = h->n - off < PSD_HASH_BLOCK ? h->n - off : PSD_HASH_BLOCK;
-        c = ps_crc32c_xxh3(c, &hs, p + off, bl * sizeof(float), NULL);
-        psd_rechash_block_at(&hs, NULL, s + off, h->n, h->nstate, bl);
-    }
-    *crc = c;
+    *crc = sum_blocks(&hs, 0, p, p + h->n, h->n, h->nstate, 0, h->n, NULL);
     *hash = XXH3_64bits_digest(&hs);
 }
 
@@ -765,13 +773,14 @@ bool psd_store_chunk_update(psd_chunk_hdr_t *h, const float *p_in, const float *
         /* Streamed: the CRC folded into the copy; else the params' CRC and hash in one pass
          * (ps_crc32c_xxh3: the streamed copy with both ran slower on one record here). Then
          * the span's hash blocks in the record's block order, while they are in cache. */
-        if (stream)
-            crc = ps_crc32c_copy_nt_floats(crc, p + off, po, len * sizeof(float), &odd);
-        for (size_t b = off; b < off + len; b += PSD_HASH_BLOCK) {
-            size_t bl = off + len - b < PSD_HASH_BLOCK ? off + len - b : PSD_HASH_BLOCK;
-            if (!stream) crc = ps_crc32c_xxh3(crc, &hs, po + (b - off), bl * sizeof(float), &odd);
-            psd_rechash_block_at(&hs, stream ? po + (b - off) : NULL, s + b, n, ns, bl);
+        if (!stream) {
+            crc = sum_blocks(&hs, crc, po, s, n, ns, off, len, &odd);
+            continue;
         }
+        crc = ps_crc32c_copy_nt_floats(crc, p + off, po, len * sizeof(float), &odd);
+        for (size_t b = off; b < off + len; b += PSD_HASH_BLOCK)
+            psd_rechash_block_at(&hs, po + (b - off), s + b, n, ns,
+                                 off + len - b < PSD_HASH_BLOCK ? off + len - b : PSD_HASH_BLOCK);
     }
     h->version++;
     h->format = PSD_CHUNK_FORMAT;
