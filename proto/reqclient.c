@@ -1,4 +1,6 @@
 /* reqclient.c: a synchronous request/reply channel to the shards (see reqclient.h). */
+#include <errno.h>
+#include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,6 +10,7 @@
 #include "reqclient.h"
 
 #include "authmsg.h"
+#include "lookup.h"
 #include "stalltimer.h"
 #include "tcpguard.h"
 #include "ucx_loop.h"
@@ -19,6 +22,7 @@ typedef struct {
     uv_loop_t *loop;
     ps_ucx_token_t tok; /* the endpoint's session token (authmsg.h) */
     int unsealed_said;  /* a reply without tok was dropped and logged (on_am); the rest quietly */
+    ps_lookup_t *lookup; /* the shard's name lookup, when one outlasted a call (lookup_shard) */
 } cep_t;
 
 struct ps_req_s {
@@ -34,6 +38,8 @@ struct ps_req_s {
     uint32_t want_shard; /* the shard asked for want_req: its reply must carry its token */
     int got, pending, data_failed, timed_out;
     volatile sig_atomic_t *cancel; /* ps_req_set_cancel: the waits end while it is set */
+    int (*cancel_fn)(void *);      /* ps_req_set_cancel_fn: the same while it returns non-zero */
+    void *cancel_arg;
     int unsealed;        /* replies to want_req dropped for their token (ps_req_call says so) */
     int sending;         /* the request's send has not completed */
     uint32_t send_shard; /* the shard it goes to */
@@ -216,6 +222,55 @@ static void send_settle(ps_req_t *c)
     if (c->sending) send_give_up(c);
 }
 
+/* Whether the caller asked the waits to end (ps_req_set_cancel, ps_req_set_cancel_fn). */
+static int cancelled(const ps_req_t *c)
+{
+    return (c->cancel && *c->cancel) || (c->cancel_fn && c->cancel_fn(c->cancel_arg));
+}
+
+/* Shard @p i's address, looked up on a thread of its own and waited for at most the call's
+ * timeout: getaddrinfo with DNS not answering took ~19 s, and a Ctrl-C to pslaunch --follow,
+ * whose signals wait until its request returns, was passed on only after it (a review,
+ * session 70). A lookup that outlasts the call goes on, and the next call waits for the same
+ * one instead of starting another. */
+static int lookup_shard(ps_req_t *c, uint32_t i, struct sockaddr_storage *ss, socklen_t *len,
+                        char *err, size_t errlen)
+{
+    cep_t *e = &c->eps[i];
+    const ps_server_conf_t *sc = &c->m->servers[i];
+    if (e->lookup == NULL) {
+        sigset_t all; /* the caller's handlers run on its own thread, not on the lookup's */
+        sigfillset(&all);
+        e->lookup = ps_lookup_start(sc->host, sc->port, &all, NULL, NULL);
+        if (e->lookup == NULL) {
+            snprintf(err, errlen, "shard %u: no thread to look %s up: %s", i, sc->host,
+                     strerror(errno));
+            return PS_ETRANSPORT;
+        }
+    }
+    uint64_t t0 = uv_hrtime();
+    while (!ps_lookup_wait(e->lookup, 2)) {
+        if (cancelled(c)) {
+            snprintf(err, errlen, "shard %u (%s:%u): interrupted while its name was looked up",
+                     i, sc->host, sc->port);
+            return PS_ECANCELED;
+        }
+        if ((double)(uv_hrtime() - t0) * 1e-9 >= c->timeout_s) {
+            snprintf(err, errlen, "shard %u: looking %s up gave no answer within %g s (does "
+                     "DNS answer?)", i, sc->host, c->timeout_s);
+            return PS_ETIMEDOUT;
+        }
+    }
+    int status = ps_lookup_take(e->lookup, ss, len);
+    e->lookup = NULL;
+    if (status || *len == 0) { /* a name not resolvable yet (DNS not up, a pod not made yet) */
+        snprintf(err, errlen, "shard %u: cannot resolve %s%s%s", i, sc->host,
+                 status ? ": " : "", status ? gai_strerror(status) : "");
+        return PS_ETRANSPORT; /* not the shard's refusal: the caller may ask again */
+    }
+    return 0;
+}
+
 static int connect_shard(ps_req_t *c, uint32_t i, char *err, size_t errlen)
 {
     cep_t *e = &c->eps[i];
@@ -227,11 +282,13 @@ static int connect_shard(ps_req_t *c, uint32_t i, char *err, size_t errlen)
     ps_ucx_ep_close(&c->ucx, &e->ep, 1);
     e->failed = 0;
     e->unsealed_said = 0; /* a new connection: its first dropped reply is said again */
-    int rc = ps_ucx_connect(&c->ucx, sc->host, sc->port, on_ep_error, e, &e->ep, &e->tok);
-    if (rc == PS_ECONFIG) { /* a name not resolvable yet (DNS not up, a pod not made yet) */
-        snprintf(err, errlen, "shard %u: cannot resolve %s", i, sc->host);
-        rc = PS_ETRANSPORT; /* not the shard's refusal: the caller may ask again */
-    } else if (rc)
+    struct sockaddr_storage ss;
+    socklen_t sslen;
+    int rc = lookup_shard(c, i, &ss, &sslen, err, errlen);
+    if (rc) return rc;
+    rc = ps_ucx_connect_addr(&c->ucx, (const struct sockaddr *)&ss, sslen, sc->host, sc->port,
+                             on_ep_error, e, &e->ep, &e->tok);
+    if (rc)
         snprintf(err, errlen, "shard %u (%s:%u): cannot create an endpoint", i, sc->host,
                  sc->port);
     return rc;
@@ -289,13 +346,13 @@ int ps_req_call(ps_req_t *c, uint32_t shard, ps_msg_t *req, ps_msg_t *reply,
     wait_start(c);
     /* Wait for the send too: UCX 1.13 reads the header buffer until it completes. Whatever
      * sets a flag also calls uv_stop(), so UV_RUN_ONCE never sleeps past it. */
-    bool cancelled = false; /* the 2 ms tick ends each UV_RUN_ONCE: the flag is seen soon */
+    bool stop = false; /* the 2 ms tick ends each UV_RUN_ONCE: a cancel is seen soon */
     while (!(c->got && !c->pending && !c->sending) && !e->failed && !c->timed_out &&
-           !(cancelled = c->cancel && *c->cancel && !c->got)) /* not with its data on the way */
+           !(stop = !c->got && cancelled(c))) /* not with its data on the way */
         uv_run(&c->loop, UV_RUN_ONCE);
     uv_timer_stop(&c->timer);
     uv_timer_stop(&c->tick);
-    if (cancelled) {
+    if (stop) {
         if (c->sending) send_give_up(c); /* as after a timeout */
         c->want_req = 0; /* a late reply matches nothing */
         snprintf(err, errlen, "shard %u (%s:%u): interrupted before its answer", shard, sc->host,
@@ -342,11 +399,20 @@ int ps_req_call(ps_req_t *c, uint32_t shard, ps_msg_t *req, ps_msg_t *reply,
 
 void ps_req_set_cancel(ps_req_t *c, volatile sig_atomic_t *flag) { c->cancel = flag; }
 
+void ps_req_set_cancel_fn(ps_req_t *c, int (*fn)(void *), void *arg)
+{
+    c->cancel_fn = fn;
+    c->cancel_arg = arg;
+}
+
 void ps_req_close(ps_req_t *c)
 {
     if (c == NULL) return;
     send_settle(c);
-    for (int i = 0; i < c->m->nservers; i++) ps_ucx_ep_close(&c->ucx, &c->eps[i].ep, 1);
+    for (int i = 0; i < c->m->nservers; i++) {
+        ps_ucx_ep_close(&c->ucx, &c->eps[i].ep, 1);
+        ps_lookup_abandon(c->eps[i].lookup); /* its thread frees it when DNS answers */
+    }
     uv_close((uv_handle_t *)&c->timer, NULL);
     uv_close((uv_handle_t *)&c->tick, NULL);
     ps_ucx_close(&c->ucx);

@@ -26,7 +26,9 @@ int ps_req_open(const ps_manifest_t *m, double timeout_s, ps_req_t **out, char *
                 size_t errlen);
 
 /**
- * @brief Send @p req (req_id set here) to shard @p shard and wait for its reply. The header
+ * @brief Send @p req (req_id set here) to shard @p shard and wait for its reply. A shard not
+ *  connected yet has its name looked up first, within the same timeout (PS_ETIMEDOUT when DNS
+ *  does not answer in time; the lookup goes on for the next call). The header
  *  carries the connection's session token (authmsg.h), unless @p req has one of its own
  *  (session_len > 0: sent as it is, for tests of psd's check). With a secret_file, a reply
  *  is taken only when its header carries that connection's token (psd seals what it sends,
@@ -51,6 +53,14 @@ int ps_req_call(ps_req_t *c, uint32_t shard, ps_msg_t *req, ps_msg_t *reply, voi
  *  that must be waited for.
  */
 void ps_req_set_cancel(ps_req_t *c, volatile sig_atomic_t *flag);
+
+/**
+ * @brief The same as ps_req_set_cancel for a caller that cannot set a flag (its signals are
+ *  blocked and taken with sigwaitinfo: pslaunch --follow): while @p fn (NULL: none) returns
+ *  non-zero for @p arg (borrowed), waits end with PS_ECANCELED. Called every few milliseconds
+ *  of a wait, on the caller's thread.
+ */
+void ps_req_set_cancel_fn(ps_req_t *c, int (*fn)(void *), void *arg);
 
 /** @brief Close the endpoints and stop UCX. NULL is a no-op. */
 void ps_req_close(ps_req_t *c);

@@ -206,7 +206,7 @@ typedef struct {
      * as long as DNS did not answer (see connect_shard). */
     struct sockaddr_storage addr;
     socklen_t addrlen;    /* 0: not resolved yet */
-    struct resolve_job_s *job; /* the lookup in flight (client.c, resolve_start), or NULL */
+    struct ps_lookup_s *job;   /* the lookup in flight (resolve.c, lookup.h), or NULL */
     int gai_status;            /* the last lookup's getaddrinfo status (0: it found one) */
     int moved;            /* a lookup since the last connect gave another address */
     /* Direct pulls (storeview.h): the shard's store, as its hello reply named it. */

@@ -99,6 +99,14 @@ static int stop_pending(void)
     return sigismember(&p, SIGINT) || sigismember(&p, SIGTERM) || sigismember(&p, SIGHUP);
 }
 
+/* ps_req_set_cancel_fn's check: a request to the coordinator (its name's lookup, its answer)
+ * ends as soon as a stop signal waits, which the loop then takes. */
+static int signal_waits(void *arg)
+{
+    (void)arg;
+    return stop_pending();
+}
+
 /* Takes a signal sigtimedwait / sigwaitinfo returned: a SIGINT, SIGTERM or SIGHUP is kept in
  * g_sig and counted; the first one is said (with the @p nlive workers it goes on to). */
 static void took(int sig, long nlive)
@@ -187,6 +195,7 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
         fprintf(stderr, "pslaunch: %s\n", err);
         return orc == PS_ECONFIG ? 2 : 1;
     }
+    ps_req_set_cancel_fn(ctl, signal_waits, NULL);
     pid_t pids[FOLLOW_MAX];
     int stopping[FOLLOW_MAX];
     double born[FOLLOW_MAX], hold_until = 0; /* starts, and no start before (quick deaths) */
@@ -242,6 +251,11 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
             for (int i = 0; i < nlive; i++) running += !stopping[i];
             ps_msg_t rep;
             int rc = launch_report(ctl, &m, host, running, poll_ms, 0, &rep, err, sizeof err);
+            if (rc == PS_ECANCELED) { /* a stop signal waits: taken now, passed on above */
+                struct timespec none = {0, 0};
+                took(sigtimedwait(set, NULL, &none), nlive);
+                continue;
+            }
             /* It keeps asking (a coordinator restarted answers again), and says so at the
              * first failure and every 10 s, so that a cluster down or a wrong manifest is
              * seen at once. */

@@ -2108,6 +2108,47 @@ START_TEST(test_signal_before_serving)
 }
 END_TEST
 
+/* pslaunch --follow while DNS does not answer (slow_dns.so: every lookup waits 60 s; no psd runs:
+ * the lookup never ends within the test). Its request to shard 0 looked the name up with no
+ * bound and with SIGINT, SIGTERM and SIGHUP blocked until the request returned: a Ctrl-C was
+ * passed on only once the resolver gave up (18.8 s in a review's probe, session 70). Now the
+ * lookup is waited for within the request's 2 s (and said so), and a stop signal ends the wait
+ * at once: pslaunch exits 130 as soon as it is told. */
+START_TEST(test_pslaunch_follow_signal_during_lookup)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    char down[CL_PATH], mark[CL_PATH];
+    cl_path(c, "dns-down", down, sizeof down);
+    cl_path(c, "dns-asked", mark, sizeof mark);
+    FILE *f = fopen(down, "w");
+    ck_assert(f != NULL);
+    fclose(f);
+    setenv("LD_PRELOAD", cl_binary("SLOW_DNS_SO"), 1);
+    setenv("SLOW_DNS_FILE", down, 1);
+    setenv("SLOW_DNS_MS", "60000", 1);
+    setenv("SLOW_DNS_MARK", mark, 1);
+    char *argv[] = {(char *)cl_binary("PSLAUNCH"), "--manifest", c->manifest, "--follow",
+                    "--poll-ms", "200", NULL};
+    cl_proc_t *la = cl_spawn(c, "pslaunch-follow", argv);
+    unsetenv("LD_PRELOAD");
+    unsetenv("SLOW_DNS_FILE");
+    unsetenv("SLOW_DNS_MS");
+    unsetenv("SLOW_DNS_MARK");
+    for (int i = 0; i < 200 && access(mark, F_OK) != 0; i++) usleep(50 * 1000);
+    ck_assert_msg(access(mark, F_OK) == 0, "pslaunch never looked shard 0 up: %s", cl_tail(la));
+    /* Bounded by the request's timeout, and said so. */
+    ck_assert_msg(cl_wait_log(la, "gave no answer within 2 s (does DNS answer?)", 20) == 0,
+                  "the lookup was not given up after the request's 2 s: %s", cl_tail(la));
+    ck_assert_int_eq(cl_signal(la, SIGINT), 0);
+    int st = cl_wait(la, 20); /* the lookup still has ~55 s to go */
+    ck_assert_msg(st == 128 + SIGINT, "pslaunch exited %d after SIGINT during a lookup (-1: still "
+                  "running 20 s later), want 130: %s", st, cl_tail(la));
+    EXPECT_LOG(la, "pslaunch: SIGINT: passing it on to the 0 worker(s)");
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* ---- pslaunch's care of its workers ---------------------------------------------------- */
 
 /* A stand-in worker script @p name in @p c's directory: @p body after `#!/bin/sh`. */
@@ -2433,6 +2474,8 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("shard0_store_lost_refused", test_shard0_store_lost_refused));
     suite_add_tcase(s, tcase("slow_dns_no_stall", test_slow_dns_no_stall));
     suite_add_tcase(s, tcase("signal_before_serving", test_signal_before_serving));
+    suite_add_tcase(s, tcase("pslaunch_follow_signal_during_lookup",
+                             test_pslaunch_follow_signal_during_lookup));
     suite_add_tcase(s, tcase("shard_store_rolled_back_refused",
                              test_shard_store_rolled_back_refused));
     suite_add_tcase(s, tcase("shard0_store_rolled_back_join_refused",
