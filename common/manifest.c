@@ -12,6 +12,8 @@
 #include <fnmatch.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <arpa/inet.h>
+#include <strings.h>
 #include <unistd.h>
 #include <yaml.h>
 
@@ -331,10 +333,18 @@ static int parse_str(ctx_t *c, const field_t *f, yaml_node_t *n, char *dst, cons
                         strcmp(t, "NULL") == 0))
         return fail(c, n, path, "is YAML's null, not a string: leave the key out, or quote the "
                     "text ('%s')", t);
-    for (size_t i = 0; i < len; i++)
-        if ((unsigned char)t[i] < 0x20 || t[i] == 0x7f)
+    for (size_t i = 0; i < len; i++) {
+        const unsigned char *u = (const unsigned char *)t + i;
+        if (u[0] < 0x20 || u[0] == 0x7f)
             return fail(c, n, path, "must not contain a control character (byte %zu is 0x%02x)", i,
-                        (unsigned)(unsigned char)t[i]);
+                        (unsigned)u[0]);
+        /* UTF-8's C1 controls (U+0080-U+009F: NEL breaks lines) and the line and paragraph
+         * separators (U+2028, U+2029) break log lines as well (a review, session 71). */
+        if ((u[0] == 0xc2 && i + 1 < len && u[1] >= 0x80 && u[1] <= 0x9f) ||
+            (u[0] == 0xe2 && i + 2 < len && u[1] == 0x80 && (u[2] == 0xa8 || u[2] == 0xa9)))
+            return fail(c, n, path, "must not contain a control character (bytes %zu.. are "
+                        "U+%04X)", i, u[0] == 0xc2 ? (unsigned)u[1] : 0x2000u + u[2] - 0x80u);
+    }
     /* The names first: a value that is none of them is wrong for that reason, whatever its
      * length ("topk:0.1" for compression.pull is not "too long"). */
     if (f->names && find_name(f->names, n) < 0)
@@ -499,6 +509,43 @@ static int check_name(ctx_t *c, const field_t *f, yaml_node_t *n, char *base, co
     return 0;
 }
 
+/* What is wrong with host @p h (NULL: nothing), beyond check_host's characters: an IPv4
+ * address written other than as four decimal numbers (the resolver reads "127.1" and
+ * "2130706433" as 127.0.0.1, so two shards' addresses compared as text passed as two, a
+ * review, session 71), dotted numbers that are no address ("999.1.1.1": refused only at psd's
+ * start), or a name's labels out of shape (1 to 63 characters, no '-' at either end, 253 in
+ * all). An address with ':' (IPv6) is left to getaddrinfo. @p buf holds the message. */
+static const char *host_problem(const char *h, char *buf, size_t len)
+{
+    struct in_addr a;
+    if (strchr(h, ':')) return NULL;
+    if (inet_pton(AF_INET, h, &a) == 1) return NULL;
+    if (inet_aton(h, &a)) {
+        char full[INET_ADDRSTRLEN];
+        inet_ntop(AF_INET, &a, full, sizeof full);
+        snprintf(buf, len, "an IPv4 address is written as four decimal numbers: '%s' reads as "
+                 "%s, write that", h, full);
+        return buf;
+    }
+    bool numeric = strspn(h, "0123456789.") == strlen(h);
+    size_t total = strlen(h), end = total && h[total - 1] == '.' ? total - 1 : total; /* root */
+    bool labels_ok = end > 0 && end <= 253 && strchr(h, '%') == NULL;
+    for (size_t i = 0; labels_ok && i < end;) {
+        size_t k = strcspn(h + i, ".");
+        if (i + k > end) k = end - i;
+        labels_ok = k >= 1 && k <= 63 && h[i] != '-' && h[i + k - 1] != '-';
+        i += k + 1;
+    }
+    if (numeric || !labels_ok) {
+        snprintf(buf, len, numeric ? "'%.64s' is no IPv4 address (four numbers 0-255)"
+                                   : "'%.64s' is no host name: labels of 1 to 63 characters "
+                                     "between dots, none starting or ending with '-', 253 in "
+                                     "all, no '%%'", h);
+        return buf;
+    }
+    return NULL;
+}
+
 /* A host name or an address (IPv4, IPv6 without brackets): what psd and UCX can resolve
  * (getaddrinfo takes no brackets: "[::1]" passed here and psd could not resolve it), and what
  * status JSON and logs can show as it is. A metrics_host may be IPv6. */
@@ -513,7 +560,14 @@ static int check_host(ctx_t *c, const field_t *f, yaml_node_t *n, char *base, co
         '\0')
         return fail(c, n, path, "must be a host name or an address ([A-Za-z0-9_.:%%-]), got "
                     "'%s'", clip(n, buf, sizeof buf));
-    return 0;
+    const char *colon = strchr(s, ':'); /* one ':' and digits after it: no IPv6 address */
+    if (colon && strchr(colon + 1, ':') == NULL && colon[1] &&
+        strspn(colon + 1, "0123456789") == strlen(colon + 1))
+        return fail(c, n, path, "'%s' has a port: give the host alone (the port has a key of "
+                    "its own)", clip(n, buf, sizeof buf));
+    char why[192];
+    const char *bad = host_problem(s, why, sizeof why);
+    return bad ? fail(c, n, path, "%s", bad) : 0;
 }
 
 /* A shard's host: as check_host, but no IPv6 address (UCX 1.13.1's TCP transport corrupts
@@ -581,10 +635,13 @@ static bool wildcard(const char *h)
     return strcmp(h, "0.0.0.0") == 0 || strcmp(h, "::") == 0;
 }
 
-/* Whether @p h names this machine's loopback ("localhost", 127.0.0.0/8, ::1). */
+/* Whether @p h names this machine's loopback ("localhost", 127.0.0.0/8, ::1), or is a shard's
+ * 0.0.0.0 (psd listens on every address, and workers that connect to it reach the machine they
+ * run on: only ever this one; passed beside 127.0.0.1 on the same port, a review, session 71). */
 static bool loopback(const char *h)
 {
-    return strcmp(h, "localhost") == 0 || strncmp(h, "127.", 4) == 0 || strcmp(h, "::1") == 0;
+    return strcasecmp(h, "localhost") == 0 || strncmp(h, "127.", 4) == 0 ||
+           strcmp(h, "::1") == 0 || strcmp(h, "0.0.0.0") == 0;
 }
 
 /* Whether two servers' `host`s name one machine: the same name, or both its loopback (a
@@ -592,7 +649,7 @@ static bool loopback(const char *h)
  * port taken: a probe, session 45). No name is resolved here. */
 static bool same_machine(const char *a, const char *b)
 {
-    return strcmp(a, b) == 0 || (loopback(a) && loopback(b));
+    return strcasecmp(a, b) == 0 || (loopback(a) && loopback(b)); /* names: any case */
 }
 
 /* Whether two hosts of one machine may be one address: the same, or "localhost" and the
@@ -600,13 +657,13 @@ static bool same_machine(const char *a, const char *b)
  * resolved here): deliberately wary, one port spelled both ways is a mistake either way. */
 static bool same_address(const char *a, const char *b)
 {
-    if (strcmp(a, b) == 0) return true;
-    if (strcmp(b, "localhost") == 0) {
+    if (strcasecmp(a, b) == 0) return true;
+    if (strcasecmp(b, "localhost") == 0) {
         const char *t = a;
         a = b;
         b = t;
     }
-    return strcmp(a, "localhost") == 0 && (strcmp(b, "127.0.0.1") == 0 || strcmp(b, "::1") == 0);
+    return strcasecmp(a, "localhost") == 0 && (strcmp(b, "127.0.0.1") == 0 || strcmp(b, "::1") == 0);
 }
 
 /* Whether two listening sockets would take the same port: on one machine (same_machine), the
@@ -664,7 +721,7 @@ static int check_servers(ctx_t *c, const field_t *f, yaml_node_t *n, char *base,
             const ps_server_conf_t *a = &m->servers[i];
             if (addr_clash(a->host, a->host, a->port, b->host, b->host, b->port)) {
                 child_path(sub, path, NULL, j);
-                if (strcmp(a->host, b->host) == 0)
+                if (strcasecmp(a->host, b->host) == 0)
                     return fail(c, item, sub, "same host:port as %s[%d] (%s:%u)", path, i,
                                 b->host, (unsigned)b->port);
                 return fail(c, item, sub, "%s:%u takes the port of %s[%d] (%s:%u) on the same "
@@ -723,6 +780,45 @@ static int check_optimizer(ctx_t *c, const field_t *f, yaml_node_t *n, char *bas
                     "the decay ends at that step, counted from step 0 with the warm-up",
                     (unsigned long long)o->decay_steps, (unsigned long long)o->warmup_steps);
     }
+    /* adamw decays by (1 - lr x weight_decay) each step: at 1 or more it zeroes the parameters
+     * or flips their sign every step. */
+    if (o->name == PS_OPT_ADAMW && (double)o->lr * o->weight_decay >= 1.0) {
+        child_path(sub, path, "weight_decay", -1);
+        return fail(c, map_get(c, n, "weight_decay"), sub, "%g with lr %g: adamw multiplies the "
+                    "parameters by 1 - lr x weight_decay = %g each step (it must stay above 0)",
+                    (double)o->weight_decay, (double)o->lr,
+                    1.0 - (double)o->lr * o->weight_decay);
+    }
+    /* A key the optimizer does not read, written out with a value other than its default, is
+     * refused: `name: sgd, momentum: 0.9` (PyTorch's SGD(momentum=0.9)) ran plain SGD without a
+     * word (a review, session 71). For sgd any momentum above 0 counts (0.9 is the default only
+     * for name: momentum). The README's list of every key at its default still passes. */
+    enum { SGD = 1 << PS_OPT_SGD, MOM = 1 << PS_OPT_MOMENTUM, ADAM = 1 << PS_OPT_ADAM,
+           ADAMW = 1 << PS_OPT_ADAMW, ADAGRAD = 1 << PS_OPT_ADAGRAD };
+    const struct {
+        const char *key;
+        unsigned used;
+        bool set;
+    } keys[] = {
+        {"beta1", ADAM | ADAMW, o->beta1 != 0.9f},
+        {"beta2", ADAM | ADAMW, o->beta2 != 0.999f},
+        {"eps", ADAM | ADAMW | ADAGRAD, !isnan(o->eps) && o->eps != 1e-8f},
+        {"momentum", MOM, o->name == PS_OPT_SGD ? o->momentum > 0 : o->momentum != 0.9f},
+        {"nesterov", MOM, o->nesterov},
+        {"weight_decay", SGD | MOM | ADAM | ADAMW | ADAGRAD, o->weight_decay != 0},
+        {"lr_decay", ADAGRAD, o->lr_decay != 0},
+        {"initial_accumulator_value", ADAGRAD, o->initial_accumulator_value != 0},
+    };
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        yaml_node_t *kn = map_get(c, n, keys[i].key);
+        if ((keys[i].used & (1u << o->name)) || !keys[i].set || kn == n) continue;
+        child_path(sub, path, keys[i].key, -1);
+        bool sgd_mom = o->name == PS_OPT_SGD && (keys[i].used & MOM);
+        return fail(c, kn, sub, "optimizer %s does not use it%s", ps_optim_name(o->name),
+                    sgd_mom ? ": name: sgd is plain SGD; for SGD with momentum (PyTorch's "
+                              "SGD(momentum=...)) use name: momentum"
+                            : " (leave it out, or give its default)");
+    }
     if (o->schedule != PS_SCHED_COSINE) { /* 0 is their default: said, not refused */
         static const char *const cosine_only[] = {"warmup_steps", "decay_steps", "min_lr"};
         bool set[] = {o->warmup_steps != 0, o->decay_steps != 0, o->min_lr != 0};
@@ -732,6 +828,39 @@ static int check_optimizer(ctx_t *c, const field_t *f, yaml_node_t *n, char *bas
                 return fail(c, map_get(c, n, cosine_only[i]), sub, "applies to schedule cosine "
                             "(under constant the rate is lr throughout)");
             }
+    }
+    return 0;
+}
+
+/* job.compression: block, stochastic and fp16_values, written out with a value other than
+ * their default, need a codec that reads them (codec or a rule's): they were accepted and
+ * unused. */
+static int check_compression(ctx_t *c, const field_t *f, yaml_node_t *n, char *base,
+                             const char *path)
+{
+    const ps_compression_conf_t *cc = (const ps_compression_conf_t *)(base + f->off);
+    bool int8 = false, sign = false, sparse = false;
+    for (int i = -1; i < cc->nrules; i++) {
+        const char *k = i < 0 ? cc->codec : cc->rules[i].codec;
+        int8 |= strcmp(k, "int8") == 0;
+        sign |= strcmp(k, "sign") == 0;
+        sparse |= strncmp(k, "topk:", 5) == 0 || strncmp(k, "randomk:", 8) == 0;
+    }
+    const struct {
+        const char *key, *who;
+        bool used, set;
+    } keys[] = {
+        {"block", "int8 or sign", int8 || sign, cc->block != 256},
+        {"stochastic", "int8", int8, cc->stochastic},
+        {"fp16_values", "topk:F or randomk:F", sparse, cc->fp16_values},
+    };
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        yaml_node_t *kn = map_get(c, n, keys[i].key);
+        if (keys[i].used || !keys[i].set || kn == n) continue;
+        char sub[PATH_LEN];
+        child_path(sub, path, keys[i].key, -1);
+        return fail(c, kn, sub, "applies to codec %s, and neither codec nor a rule names one "
+                    "(leave it out, or give its default)", keys[i].who);
     }
     return 0;
 }
@@ -827,7 +956,7 @@ static const field_t job_fields[] = {
      .zero = "heartbeat_timeout_ms"},
     {JOB(step_timeout_ms), .type = T_INT, .min = 100, .max = 86400000, .zero = "off"},
     {JOB(optimizer), .type = T_MAP, .flags = F_REQ, .sub = optim_fields, .check = check_optimizer},
-    {JOB(compression), .type = T_MAP, .sub = compression_fields},
+    {JOB(compression), .type = T_MAP, .sub = compression_fields, .check = check_compression},
     {0},
 };
 

@@ -220,13 +220,13 @@ START_TEST(test_block_style_all_keys)
                        "  consistency: asp\n"
                        "  max_steps: 500\n"
                        "  optimizer:\n"
-                       "    name: momentum\n"
+                       "    name: adamw\n"
                        "    lr: 1e-3\n"
                        "    beta1: 0\n"
                        "    beta2: .5\n"
                        "    eps: 1E-6\n"
-                       "    momentum: 0.95\n"
-                       "    nesterov: true\n"
+                       "    momentum: 0.9\n" /* not read by adamw: accepted at its default */
+                       "    nesterov: false\n"
                        "    weight_decay: 5\n"
                        "    schedule: cosine\n"
                        "    warmup_steps: 10\n"
@@ -249,17 +249,34 @@ START_TEST(test_block_style_all_keys)
     ck_assert_int_eq(m.job.consistency, PS_CONSIST_ASP);
     ck_assert_uint_eq(m.job.max_steps, 500);
     const ps_optim_conf_t *o = &m.job.optimizer;
-    ck_assert_int_eq(o->name, PS_OPT_MOMENTUM);
+    ck_assert_int_eq(o->name, PS_OPT_ADAMW);
     ck_assert_float_eq(o->lr, 1e-3f);
     ck_assert_float_eq(o->beta1, 0.0f);
     ck_assert_float_eq(o->beta2, 0.5f);
     ck_assert_float_eq(o->eps, 1e-6f);
-    ck_assert(o->nesterov);
+    ck_assert(!o->nesterov);
     ck_assert_float_eq(o->weight_decay, 5.0f);
     ck_assert_int_eq(o->schedule, PS_SCHED_COSINE);
     ck_assert_uint_eq(o->warmup_steps, 10);
     ck_assert_uint_eq(o->decay_steps, 1000);
     ck_assert_float_eq(o->min_lr, 1e-5f);
+    /* momentum's own keys, block style. */
+    const char *mom = "cluster: c\n"
+                      "servers: [{host: h, port: 1, data_dir: /d}]\n"
+                      "job:\n"
+                      "  model: mlp\n  batch_size: 1\n  epochs: 1\n  workers: 1\n"
+                      "  optimizer:\n"
+                      "    name: momentum\n"
+                      "    lr: 0.1\n"
+                      "    momentum: 0.95\n"
+                      "    nesterov: true\n"
+                      "    beta1: 0.9\n" /* adam's, at its default */
+                      "    weight_decay: 0.01\n";
+    ck_assert_msg(parse(mom) == 0, "%s", err);
+    ck_assert_int_eq(o->name, PS_OPT_MOMENTUM);
+    ck_assert_float_eq(o->momentum, 0.95f);
+    ck_assert(o->nesterov);
+    ck_assert_float_eq(o->weight_decay, 0.01f);
 }
 END_TEST
 
@@ -458,6 +475,75 @@ static const struct {
      "decay_steps: 10}\n",
      "demo.yaml:10: job.optimizer.decay_steps: 10 is not past warmup_steps 1000: the decay ends "
      "at that step, counted from step 0 with the warm-up"},
+    /* Hosts the resolver reads otherwise than as written, or not at all, and a port in the
+     * host (a review, session 71: passed `psctl check`, refused at psd's start or two shards
+     * on one address). */
+    {L1 "servers:\n"
+        "  - {host: '127.0.0.1:7300', port: 7300, data_dir: /d/0}\n"
+        "  - {host: localhost, port: 7301, data_dir: /d/1}\n" L5 L6_9 L10,
+     "demo.yaml:3: servers[0].host: '127.0.0.1:7300' has a port: give the host alone (the port "
+     "has a key of its own)"},
+    {L1 "servers:\n"
+        "  - {host: 127.1, port: 7300, data_dir: /d/0}\n"
+        "  - {host: localhost, port: 7301, data_dir: /d/1}\n" L5 L6_9 L10,
+     "demo.yaml:3: servers[0].host: an IPv4 address is written as four decimal numbers: '127.1' "
+     "reads as 127.0.0.1, write that"},
+    {L1 "servers:\n"
+        "  - {host: 999.1.1.1, port: 7300, data_dir: /d/0}\n"
+        "  - {host: localhost, port: 7301, data_dir: /d/1}\n" L5 L6_9 L10,
+     "demo.yaml:3: servers[0].host: '999.1.1.1' is no IPv4 address (four numbers 0-255)"},
+    {L1 "servers:\n"
+        "  - {host: a..b, port: 7300, data_dir: /d/0}\n"
+        "  - {host: localhost, port: 7301, data_dir: /d/1}\n" L5 L6_9 L10,
+     "demo.yaml:3: servers[0].host: 'a..b' is no host name: labels of 1 to 63 characters between "
+     "dots, none starting or ending with '-', 253 in all, no '%'"},
+    {L1 "servers:\n"
+        "  - {host: 0.0.0.0, port: 7300, data_dir: /d/0}\n"
+        "  - {host: 127.0.0.1, port: 7300, data_dir: /d/1}\n" L5 L6_9 L10,
+     "demo.yaml:4: servers[1]: 127.0.0.1:7300 takes the port of servers[0] (0.0.0.0:7300) on "
+     "the same machine"},
+    {L1 "servers:\n"
+        "  - {host: LocalHost, port: 7300, data_dir: /d/0}\n"
+        "  - {host: localhost, port: 7300, data_dir: /d/1}\n" L5 L6_9 L10,
+     "demo.yaml:4: servers[1]: same host:port as servers[0] (localhost:7300)"},
+    {L1 "servers:\n"
+        "  - {host: h, port: 7300, data_dir: /d/0, metrics_port: 9100, metrics_host: 1.2.3.4.5}\n"
+        "  - {host: h, port: 7301, data_dir: /d/1}\n" L5 L6_9 L10,
+     "demo.yaml:3: servers[0].metrics_host: '1.2.3.4.5' is no IPv4 address (four numbers 0-255)"},
+    {L1 "servers:\n"
+        "  - {host: h, port: 7300, data_dir: \"/d/\\x85/0\"}\n"
+        "  - {host: h, port: 7301, data_dir: /d/1}\n" L5 L6_9 L10,
+     "demo.yaml:3: servers[0].data_dir: must not contain a control character (bytes 3.. are "
+     "U+0085)"},
+    /* Keys the optimizer or the codec does not read, with a value other than the default:
+     * accepted and unused before (a review, session 71; PyTorch's SGD(momentum=0.9) ran plain
+     * SGD). adamw's decay factor 1 - lr x weight_decay at 0 or below. */
+    {L1 L2_4 L5 L6_9 "  optimizer: {name: sgd, lr: 0.01, momentum: 0.9}\n",
+     "demo.yaml:10: job.optimizer.momentum: optimizer sgd does not use it: name: sgd is plain "
+     "SGD; for SGD with momentum (PyTorch's SGD(momentum=...)) use name: momentum"},
+    {L1 L2_4 L5 L6_9 "  optimizer: {name: sgd, lr: 0.01, nesterov: true}\n",
+     "demo.yaml:10: job.optimizer.nesterov: optimizer sgd does not use it: name: sgd is plain "
+     "SGD; for SGD with momentum (PyTorch's SGD(momentum=...)) use name: momentum"},
+    {L1 L2_4 L5 L6_9 "  optimizer: {name: adam, lr: 0.01, nesterov: true}\n",
+     "demo.yaml:10: job.optimizer.nesterov: optimizer adam does not use it (leave it out, or "
+     "give its default)"},
+    {L1 L2_4 L5 L6_9 "  optimizer: {name: momentum, lr: 0.01, beta2: 0.99}\n",
+     "demo.yaml:10: job.optimizer.beta2: optimizer momentum does not use it (leave it out, or "
+     "give its default)"},
+    {L1 L2_4 L5 L6_9 "  optimizer: {name: adam, lr: 0.01, lr_decay: 0.1}\n",
+     "demo.yaml:10: job.optimizer.lr_decay: optimizer adam does not use it (leave it out, or "
+     "give its default)"},
+    {L1 L2_4 L5 L6_9 "  optimizer: {name: adamw, lr: 0.5, weight_decay: 2}\n",
+     "demo.yaml:10: job.optimizer.weight_decay: 2 with lr 0.5: adamw multiplies the parameters "
+     "by 1 - lr x weight_decay = 0 each step (it must stay above 0)"},
+    {L1 L2_4 L5 L6_9 "  optimizer: {name: sgd, lr: 0.01}\n  compression: {codec: fp16, "
+     "stochastic: true}\n",
+     "demo.yaml:11: job.compression.stochastic: applies to codec int8, and neither codec nor a "
+     "rule names one (leave it out, or give its default)"},
+    {L1 L2_4 L5 L6_9 "  optimizer: {name: sgd, lr: 0.01}\n  compression: {codec: int8, "
+     "fp16_values: true}\n",
+     "demo.yaml:11: job.compression.fp16_values: applies to codec topk:F or randomk:F, and "
+     "neither codec nor a rule names one (leave it out, or give its default)"},
     {L1 L2_4 L5 L6_9 "  optimizer: {name: sgd, lr: 0.01, warmup_steps: 100}\n",
      "demo.yaml:10: job.optimizer.warmup_steps: applies to schedule cosine (under constant the "
      "rate is lr throughout)"},
