@@ -8,6 +8,7 @@
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 /*
@@ -1243,13 +1244,16 @@ int psk_codec_encode_cpu(uint8_t *out, size_t cap, size_t *len, const float *in,
 
 /* ---- decode ---- */
 
-/* Scales: finite and >= 0 (NaN fails the comparison). Returns nonzero if any is bad. */
-static int scales_bad(const uint8_t *scales, size_t nb)
+/* Scales: >= 0 and @p mul x scale finite (NaN fails the comparison; in double, exact): int8
+ * takes mul 127, its largest value (the encoder rounds its scale down so; a larger one decoded
+ * to an infinity, taken for a worker's exploding gradient, a review, session 71), sign 1.
+ * Returns nonzero if any is bad. */
+static int scales_bad(const uint8_t *scales, size_t nb, double mul)
 {
     int bad = 0;
     for (size_t b = 0; b < nb; b++) {
         float s = ldf32(scales + 4 * b);
-        bad |= !(s >= 0.0f && s <= FLT_MAX);
+        bad |= !(s >= 0.0f && (double)s * mul <= (double)FLT_MAX);
     }
     return bad;
 }
@@ -1266,14 +1270,14 @@ static int body_check(const uint8_t *body, size_t n, const psk_codec_t *c)
     case PSK_CODEC_INT8: {
         size_t nb = ceil_div(n, c->block);
         const uint8_t *q = body + 4 * nb;
-        int bad = scales_bad(body, nb);
+        int bad = scales_bad(body, nb, 127.0);
         for (size_t i = 0; i < n; i++)
             bad |= q[i] == 0x80; /* -128: never encoded, |q| <= 127 */
         return bad;
     }
     case PSK_CODEC_SIGN: {
         size_t nb = ceil_div(n, c->block);
-        int bad = scales_bad(body, nb);
+        int bad = scales_bad(body, nb, 1.0);
         if (n % 8)
             bad |= (body[4 * nb + n / 8] >> (n % 8)) != 0;
         return bad;
@@ -1417,20 +1421,87 @@ static void decode_add(float *out, size_t n, const uint8_t *body, const psk_code
     }
 }
 
-int psk_codec_check(const uint8_t *payload, size_t len, size_t n, const psk_codec_t *c)
+/* What body_check found wrong in @p body, into @p why: the first offending value, found by a
+ * second, plain scan (the check itself stays a branch-free pass). */
+static void body_why(const uint8_t *body, size_t n, const psk_codec_t *c, char *why, size_t len)
 {
-    if (!codec_valid(c) || n > UINT32_MAX)
+    snprintf(why, len, "a malformed body");
+    if (c->kind == PSK_CODEC_INT8 || c->kind == PSK_CODEC_SIGN) {
+        size_t nb = ceil_div(n, c->block);
+        double mul = c->kind == PSK_CODEC_INT8 ? 127.0 : 1.0;
+        for (size_t b = 0; b < nb; b++) {
+            float s = ldf32(body + 4 * b);
+            if (!(s >= 0.0f && (double)s * mul <= (double)FLT_MAX)) {
+                snprintf(why, len, "the scale of block %zu is %g (%s)", b, (double)s,
+                         c->kind == PSK_CODEC_INT8 ? "0 to FLT_MAX / 127, so that 127 x scale "
+                                                     "is finite"
+                                                   : "0 to FLT_MAX");
+                return;
+            }
+        }
+        if (c->kind == PSK_CODEC_INT8) {
+            for (size_t i = 0; i < n; i++)
+                if (body[4 * nb + i] == 0x80) {
+                    snprintf(why, len, "value %zu is -128 (int8 values are -127 to 127)", i);
+                    return;
+                }
+        } else if (n % 8) {
+            snprintf(why, len, "the sign bits past value %zu are set (padding must be 0)", n);
+        }
+    } else if (c->kind == PSK_CODEC_TOPK) {
+        size_t k = psk_codec_k(c, n);
+        for (size_t j = 0; j < k; j++) {
+            uint32_t v = ld32(body + 4 * j), prev = j ? ld32(body + 4 * (j - 1)) : 0;
+            if (j && v <= prev) {
+                snprintf(why, len, "index %zu is %u, not above index %zu (%u): indices must rise",
+                         j, v, j - 1, prev);
+                return;
+            }
+            if (v >= n) {
+                snprintf(why, len, "index %zu is %u, past the chunk's %zu values", j, v, n);
+                return;
+            }
+        }
+    }
+}
+
+int psk_codec_check_why(const uint8_t *payload, size_t len, size_t n, const psk_codec_t *c,
+                        char *why, size_t whylen)
+{
+    if (!codec_valid(c) || n > UINT32_MAX) {
+        if (why) snprintf(why, whylen, "the codec or the chunk's size is not a valid one");
         return PS_EINVAL;
+    }
     /* Length first: every valid payload is at least a header long, so the header is there. */
-    if (len != payload_bytes(c, n))
+    size_t want_len = payload_bytes(c, n);
+    if (len != want_len) {
+        if (why) snprintf(why, whylen, "%zu bytes, where %zu values take %zu", len, n, want_len);
         return PS_EPROTO;
+    }
     uint8_t want[PSK_CODEC_HEADER_BYTES];
     header_make(want, c, n);
-    if (memcmp(payload, want, sizeof want) != 0)
+    if (memcmp(payload, want, sizeof want) != 0) {
+        if (why) {
+            size_t i = 0;
+            while (payload[i] == want[i]) i++;
+            snprintf(why, whylen, "header byte %zu is 0x%02x, expected 0x%02x (%s)", i,
+                     payload[i], want[i], i == 0 ? "the codec" : i == 1 ? "its flags"
+                                          : i >= 4 && i < 8 ? "the values' count"
+                                          : i >= 8 && i < 12 ? "k or the block size"
+                                                             : "reserved: 0");
+        }
         return PS_EPROTO;
-    if (body_check(payload + PSK_CODEC_HEADER_BYTES, n, c) != 0)
+    }
+    if (body_check(payload + PSK_CODEC_HEADER_BYTES, n, c) != 0) {
+        if (why) body_why(payload + PSK_CODEC_HEADER_BYTES, n, c, why, whylen);
         return PS_EPROTO;
+    }
     return 0;
+}
+
+int psk_codec_check(const uint8_t *payload, size_t len, size_t n, const psk_codec_t *c)
+{
+    return psk_codec_check_why(payload, len, n, c, NULL, 0);
 }
 
 int psk_codec_decode_add_cpu(float *out, size_t n, const uint8_t *payload, size_t len,

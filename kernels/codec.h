@@ -134,6 +134,15 @@ int psk_codec_decode_add_cpu(float *out, size_t n, const uint8_t *payload, size_
 int psk_codec_check(const uint8_t *payload, size_t len, size_t n, const psk_codec_t *c);
 
 /**
+ * @brief psk_codec_check, saying what is wrong: on a non-zero return @p why (@p whylen bytes,
+ *  the caller's; NULL: not said) names the first fault found (the length, a header byte, an
+ *  int8 or sign scale out of range, an int8 value of -128, sign padding bits, a top-k index
+ *  that does not rise or lies past the chunk).
+ */
+int psk_codec_check_why(const uint8_t *payload, size_t len, size_t n, const psk_codec_t *c,
+                        char *why, size_t whylen);
+
+/**
  * @brief Encode with error feedback: x = g + residual; encode x into out;
  * residual = x - decode(x). The residual starts at zeros and carries, per chunk, what
  * earlier steps did not send, so the sum of everything sent plus the residual equals the sum

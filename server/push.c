@@ -97,13 +97,15 @@ static void push_received(psd_slot_t *s, ucs_status_t status)
         psd__drop_slot(ch, rank);
         return;
     }
-    if (s->codec.kind != PSK_CODEC_NONE && psk_codec_check(s->buf, s->len, ch->n, &s->codec)) {
-        /* Never applied: the sender hears why, the step waits for a good push. */
-        PS_LOG(PS_LOG_WARN, "shard", "rejected a malformed %u/%u payload from rank %u",
-               ch->tensor, ch->chunk, rank);
+    char why[160];
+    if (s->codec.kind != PSK_CODEC_NONE &&
+        psk_codec_check_why(s->buf, s->len, ch->n, &s->codec, why, sizeof why)) {
+        /* Never applied: the sender hears why (what is wrong, not only that something is), the
+         * step waits for a good push. */
+        PS_LOG(PS_LOG_WARN, "shard", "rejected a malformed %u/%u payload from rank %u: %s",
+               ch->tensor, ch->chunk, rank, why);
         psd_send_chunk_error(srv, s->conn, s->req, ch->tensor, ch->chunk, PS_EPROTO,
-                             "push of %u/%u: malformed payload (length, indices or scales)",
-                             ch->tensor, ch->chunk);
+                             "push of %u/%u: malformed payload: %s", ch->tensor, ch->chunk, why);
         psd__drop_slot(ch, rank);
         return;
     }

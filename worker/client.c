@@ -286,14 +286,15 @@ static void on_sent(void *request, ucs_status_t status, void *user_data)
     ps__op_maybe_complete(op);
 }
 
-/* Compressed parameters: dst = decode(payload). */
+/* Compressed parameters: dst = decode(payload); a malformed payload fails with @p why (the
+ * caller's, 160 bytes) saying what is wrong. */
 static int pull_decode(ps_client_t *c, ps_op_t *op, uint32_t chunk, const uint8_t *payload,
-                       size_t len)
+                       size_t len, char why[160])
 {
     const ctensor_t *t = c->tensors[op->tensor];
     size_t n = ps_chunk_len(t->numel, c->chunk_elems, chunk);
     float *dst = op->buf + (uint64_t)chunk * c->chunk_elems;
-    if (psk_codec_check(payload, len, n, &t->pull_codec)) return PS_EPROTO;
+    if (psk_codec_check_why(payload, len, n, &t->pull_codec, why, 160)) return PS_EPROTO;
     memset(dst, 0, n * 4);
     psk_codec_decode_add_cpu(dst, n, payload, len, &t->pull_codec, 1.0f);
     return 0;
@@ -305,6 +306,7 @@ static void on_pull_recv(void *request, ucs_status_t status, size_t length, void
     ps_op_t *op = p->op;
     ps_client_t *c = op->c;
     const ctensor_t *t = c->tensors[op->tensor];
+    char why[160];
     op->ucx_refs--;
     p->ck.receiving = 0;
     ps_tcpguard_done(p->ck.landing);
@@ -321,9 +323,9 @@ static void on_pull_recv(void *request, ucs_status_t status, size_t length, void
                           length) != p->ck.crc)
         part_crc_retry(c, op, p, "pull");
     else if (t->pull_codec.kind != PSK_CODEC_NONE &&
-             pull_decode(c, op, p->chunk, t->pull_buf + p->chunk * t->pull_cap, length))
-        ps__op_fail(op, PS_EPROTO, "shard %u sent malformed parameters for chunk %u", p->shard,
-                p->chunk);
+             pull_decode(c, op, p->chunk, t->pull_buf + p->chunk * t->pull_cap, length, why))
+        ps__op_fail(op, PS_EPROTO, "shard %u sent malformed parameters for chunk %u: %s",
+                    p->shard, p->chunk, why);
     else {
         __atomic_add_fetch(&op->c->stats.bytes_pulled, length, __ATOMIC_RELAXED);
         ps__part_done(p);
@@ -1246,9 +1248,10 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
                 break;
             }
             if (t->pull_codec.kind != PSK_CODEC_NONE) {
-                if (pull_decode(c, op, m.chunk, data, length))
-                    ps__op_fail(op, PS_EPROTO, "shard %u sent malformed parameters for chunk %u",
-                            m.shard, m.chunk);
+                char why[160];
+                if (pull_decode(c, op, m.chunk, data, length, why))
+                    ps__op_fail(op, PS_EPROTO, "shard %u sent malformed parameters for chunk %u: "
+                                "%s", m.shard, m.chunk, why);
                 else
                     ps__part_done(p);
                 break;

@@ -1093,10 +1093,14 @@ static int data_op(ps_client_t *c, int type, uint32_t id, float *buf, uint64_t s
             p->len = 0;
             rc = enc(enc_arg, id, i, (uint64_t)i * c->chunk_elems, n, &cc, t->error_feedback,
                      out, t->chunk_cap, &p->len);
-            if (rc == 0 && (p->len > t->chunk_cap || psk_codec_check(out, p->len, n, &cc))) {
+            char why[160] = "longer than the chunk's room";
+            if (rc == 0 && (p->len > t->chunk_cap ||
+                            psk_codec_check_why(out, p->len, n, &cc, why, sizeof why))) {
                 snprintf(c->err, sizeof c->err, "chunk %u of tensor %u: the encoder's payload "
-                         "is not a valid one of its codec (a NaN or an infinity that int8 or "
-                         "sign cannot encode?)", i, id);
+                         "is not a valid one of its codec: %s%s", i, id, why,
+                         out[0] == 0xff ? " (the device marks a chunk holding a NaN or an "
+                                          "infinity, which int8 or sign cannot encode, so)"
+                                        : "");
                 free(op);
                 return PS_EINVAL;
             }

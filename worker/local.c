@@ -109,19 +109,24 @@ void ps_local_push(ps_local_t *l, uint32_t rank, const ps_mlp_t *mlp, uint64_t s
         size_t numel = mlp->tensors[t].numel;
         psk_codec_t c = l->codecs[(size_t)rank * mlp->ntensors + t];
         for (uint32_t k = 0; k < ps_chunk_count(numel, l->chunk_elems); k++) {
-            size_t n = ps_chunk_len(numel, l->chunk_elems, k), len;
+            size_t n = ps_chunk_len(numel, l->chunk_elems, k), len = 0;
             size_t at = off + (size_t)k * l->chunk_elems;
             const float *g = mlp->grads[t] + (size_t)k * l->chunk_elems;
+            /* A chunk holding a NaN or an infinity is left out of the sum, as every shard
+             * leaves such a push out (libps sends it as fp32 when its codec cannot encode it,
+             * the residual as it was). Before, an encode refused here went unchecked and the
+             * previous chunk's payload was added again in its place (a review, session 71). */
             if (c.kind == PSK_CODEC_NONE) {
-                psk_add_cpu(l->sum + at, g, n);
+                if (psk_all_finite(g, n)) psk_add_cpu(l->sum + at, g, n);
                 continue;
             }
             c.seed = psk_codec_push_seed(step, psk_codec_tensor_key(mlp->tensors[t].name), k);
-            if (l->error_feedback)
-                psk_codec_encode_ef_cpu(l->payload, l->payload_cap, &len, g, res + at, n, &c,
-                                        l->scratch);
-            else
-                psk_codec_encode_cpu(l->payload, l->payload_cap, &len, g, n, &c, l->scratch);
+            int rc = l->error_feedback
+                         ? psk_codec_encode_ef_cpu(l->payload, l->payload_cap, &len, g, res + at,
+                                                   n, &c, l->scratch)
+                         : psk_codec_encode_cpu(l->payload, l->payload_cap, &len, g, n, &c,
+                                                l->scratch);
+            if (rc != 0 || !psk_all_finite(g, n)) continue;
             psk_codec_decode_add_cpu(l->sum + at, n, l->payload, len, &c, 1.0f);
         }
         off += numel;

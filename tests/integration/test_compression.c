@@ -213,7 +213,7 @@ START_TEST(test_hostile_peer)
                     victim, NULL};
     cl_proc_t *evil = cl_spawn(c, "evil_peer", argv);
     EXPECT_EXIT(evil, 0);
-    EXPECT_LOG(evil, "evil_peer: 10 of 10 malformed pushes refused as expected (7 after receipt)");
+    EXPECT_LOG(evil, "evil_peer: 11 of 11 malformed pushes refused as expected (8 after receipt)");
     EXPECT_LOG(evil, "evil_peer: case bad-crc: refused (ECRC)");
     EXPECT_LOG(evil, "evil_peer: bad-crc push sent again with the right CRC: acknowledged");
     EXPECT_LOG(evil, "evil_peer: 8 of 8 malformed direct pushes refused as expected");
@@ -233,9 +233,12 @@ START_TEST(test_hostile_peer)
 
     /* fc3.weight is tensor 4 (the worker declared fc1.weight .. fc3.bias in order). */
     int rejected = count_in_log(psd, "rejected a malformed 4/0 payload from rank");
-    ck_assert_msg(rejected == 7, "psd logged %d rejected payloads, want 7; its log: %s", rejected,
+    ck_assert_msg(rejected == 8, "psd logged %d rejected payloads, want 8; its log: %s", rejected,
                   cl_tail(psd));
-    ck_assert_int_eq(count_in_log(psd, "rejected a malformed"), 7);
+    ck_assert_int_eq(count_in_log(psd, "rejected a malformed"), 8);
+    /* Each says what is wrong: an int8 scale whose 127-fold is no float (accepted before). */
+    ck_assert_int_eq(count_in_log(psd, "payload from rank 1: the scale of block 0 is 1e+37 (0 to "
+                                       "FLT_MAX / 127, so that 127 x scale is finite)"), 1);
     /* The bad-crc push and the direct push with a wrong CRC. */
     ck_assert_int_eq(count_in_log(psd, "checksum mismatch on the 4/0 push from rank 1"), 2);
     /* The malformed bundles and the undecodable headers came on one connection: logged once

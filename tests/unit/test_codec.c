@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 #define N 1001    /* values per chunk: not a multiple of BLOCK or 8, so partial blocks occur */
@@ -1466,6 +1467,78 @@ START_TEST(test_reject_bad_scales)
 }
 END_TEST
 
+/* A refusal says what is wrong (psk_codec_check_why; psd sends it to the pusher, libps names it
+ * for a pull). An int8 scale whose 127-fold is no float is refused: finite, it decoded to an
+ * infinity (a review, session 71); the same scale is a sign payload's value, decoded as it is. */
+static void expect_why(const psk_codec_t *c, const uint8_t *p, size_t len, const char *want)
+{
+    char why[160] = "";
+    ck_assert_int_eq(psk_codec_check_why(p, len, N, c, why, sizeof why), PS_EPROTO);
+    ck_assert_int_eq(psk_codec_check(p, len, N, c), PS_EPROTO);
+    ck_assert_msg(strcmp(why, want) == 0, "got \"%s\", want \"%s\"", why, want);
+}
+
+START_TEST(test_reject_says_why)
+{
+    size_t nb = (N + BLOCK - 1) / BLOCK;
+    char want[160];
+    for (int sign = 0; sign < 2; sign++) {
+        const psk_codec_t *c = &CODECS[sign ? 9 : 3];
+        payload_t pl = sample_payload(c);
+        uint8_t *bad = xmalloc(pl.len);
+        memcpy(bad, pl.p, pl.len);
+        const float huge = 1e37f, neg = -2.0f;
+        memcpy(bad + PSK_CODEC_HEADER_BYTES + 4 * 3, &huge, 4);
+        if (sign) {
+            ck_assert_int_eq(psk_codec_check_why(bad, pl.len, N, c, NULL, 0), 0);
+            memcpy(bad + PSK_CODEC_HEADER_BYTES + 4 * 3, &neg, 4);
+            expect_why(c, bad, pl.len, "the scale of block 3 is -2 (0 to FLT_MAX)");
+            memcpy(bad, pl.p, pl.len);
+            bad[PSK_CODEC_HEADER_BYTES + 4 * nb + N / 8] |= 0x80;
+            snprintf(want, sizeof want, "the sign bits past value %d are set (padding must be 0)",
+                     N);
+            expect_why(c, bad, pl.len, want);
+        } else {
+            expect_why(c, bad, pl.len, "the scale of block 3 is 1e+37 (0 to FLT_MAX / 127, so "
+                                       "that 127 x scale is finite)");
+            /* The largest scale whose 127-fold is finite passes. */
+            float top = FLT_MAX / 127.0f;
+            while ((double)top * 127.0 > (double)FLT_MAX) top = nextafterf(top, 0.0f);
+            memcpy(bad + PSK_CODEC_HEADER_BYTES + 4 * 3, &top, 4);
+            ck_assert_int_eq(psk_codec_check(bad, pl.len, N, c), 0);
+            top = nextafterf(top, INFINITY);
+            memcpy(bad + PSK_CODEC_HEADER_BYTES + 4 * 3, &top, 4);
+            ck_assert_int_eq(psk_codec_check(bad, pl.len, N, c), PS_EPROTO);
+            memcpy(bad, pl.p, pl.len);
+            bad[PSK_CODEC_HEADER_BYTES + 4 * nb + 500] = 0x80;
+            expect_why(c, bad, pl.len, "value 500 is -128 (int8 values are -127 to 127)");
+        }
+        snprintf(want, sizeof want, "%zu bytes, where %d values take %zu", pl.len - 1, N, pl.len);
+        expect_why(c, pl.p, pl.len - 1, want);
+        memcpy(bad, pl.p, pl.len);
+        bad[1] = 4;
+        expect_why(c, bad, pl.len, "header byte 1 is 0x04, expected 0x00 (its flags)");
+        free(bad);
+        free(pl.p);
+    }
+    const psk_codec_t *c = &CODECS[5];
+    payload_t pl = sample_payload(c);
+    size_t k = psk_codec_k(c, N);
+    uint8_t *bad = xmalloc(pl.len), *idx = bad + PSK_CODEC_HEADER_BYTES;
+    memcpy(bad, pl.p, pl.len);
+    put_u32(idx + 4, get_u32(idx));
+    snprintf(want, sizeof want, "index 1 is %u, not above index 0 (%u): indices must rise",
+             get_u32(idx), get_u32(idx));
+    expect_why(c, bad, pl.len, want);
+    memcpy(bad, pl.p, pl.len);
+    put_u32(idx + 4 * (k - 1), N);
+    snprintf(want, sizeof want, "index %zu is %d, past the chunk's %d values", k - 1, N, N);
+    expect_why(c, bad, pl.len, want);
+    free(bad);
+    free(pl.p);
+}
+END_TEST
+
 START_TEST(test_encode_errors)
 {
     float x[N];
@@ -1575,6 +1648,7 @@ Suite *ps_test_suite(void)
     tcase_add_test(tc, test_reject_codec_mismatch);
     tcase_add_loop_test(tc, test_reject_topk_indices, 0, 2);
     tcase_add_loop_test(tc, test_reject_bad_scales, 0, 2);
+    tcase_add_test(tc, test_reject_says_why);
     tcase_add_test(tc, test_encode_errors);
     suite_add_tcase(s, tc);
 
