@@ -1040,6 +1040,34 @@ static void set_defaults(ps_manifest_t *m, const char *name)
     m->checkpoint.drain_s = 30;
 }
 
+/* Whether path @p a is @p b or lies under it, compared as written after dropping repeated and
+ * trailing slashes and "." components ("/d/./x//" is under "/d"). No link is followed. */
+static bool path_within(const char *a, const char *b)
+{
+    char na[PS_PATH_MAX], nb[PS_PATH_MAX];
+    const char *in[2] = {a, b};
+    char *out[2] = {na, nb};
+    for (int k = 0; k < 2; k++) {
+        size_t o = 0;
+        for (const char *p = in[k]; *p && o + 2 < PS_PATH_MAX;) {
+            size_t len = strcspn(p, "/");
+            if (len == 0 && o == 0 && p == in[k]) out[k][o++] = '/'; /* absolute */
+            if (len > 0 && !(len == 1 && p[0] == '.')) {
+                if (o > 0 && out[k][o - 1] != '/') out[k][o++] = '/';
+                if (o + len + 1 >= PS_PATH_MAX) break;
+                memcpy(out[k] + o, p, len);
+                o += len;
+            }
+            p += len;
+            while (*p == '/') p++;
+        }
+        out[k][o] = '\0';
+    }
+    size_t lb = strlen(nb);
+    return strcmp(na, nb) == 0 ||
+           (strncmp(na, nb, lb) == 0 && (na[lb] == '/' || (lb == 1 && nb[0] == '/')));
+}
+
 /* ---- entry points ------------------------------------------------------------------------ */
 
 #define MANIFEST_MAX_DEPTH 32 /* nested mappings and lists: the deepest field is 4 levels down */
@@ -1164,6 +1192,23 @@ int ps_manifest_parse(ps_manifest_t *m, const char *name, const char *text, size
                       "each checkpoint's directory (%s/step-N) must stay under %d bytes, and "
                       "this one can take %zu%s", ck->dir[0] ? "dir" : "servers[0].data_dir/..",
                       PS_CKPT_DIR_MAX, most, ck->dir[0] ? "" : ": set checkpoint.dir");
+        }
+    }
+    if (rc == 0 && tmp->checkpoint.present) {
+        /* Checkpoints in a shard's data_dir: `psctl restore` then moved the checkpoint away
+         * with the store it replaces (a review, session 71). Compared as written (both
+         * absolute or both relative); the default, beside servers[0].data_dir, is not in one. */
+        const ps_checkpoint_conf_t *ck = &tmp->checkpoint;
+        const char *dir = ck->dir;
+        for (int i = 0; rc == 0 && i < tmp->nservers && ck->dir[0]; i++) {
+            const char *d = tmp->servers[i].data_dir;
+            if (!path_within(dir, d)) continue;
+            char sub[PATH_LEN];
+            child_path(sub, "servers", NULL, i);
+            yaml_node_t *ckn = map_get(&c, root, "checkpoint");
+            rc = fail(&c, map_get(&c, ckn, "dir"), "checkpoint.dir", "'%s' is in %s.data_dir "
+                      "('%s'): checkpoints go in a directory of their own, beside the stores",
+                      dir, sub, d);
         }
     }
     if (rc) goto out_doc;

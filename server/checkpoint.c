@@ -1110,6 +1110,21 @@ int psd_ckpt_dir_check(const ps_manifest_t *m, char *err, size_t errlen)
         snprintf(dir, sizeof dir, "%s", m->checkpoint.dir);
     else
         snprintf(dir, sizeof dir, "%s/../checkpoints", m->servers[0].data_dir);
+    /* Each checkpoint's directory, made absolute as the follower makes it (against this
+     * working directory), travels in a wire message: a relative one passed the manifest's
+     * length check and then failed every checkpoint, the follower started again each second
+     * (a review, session 71). */
+    char cwd[PS_PATH_MAX] = "";
+    size_t most = strlen(dir) + strlen("/time-18446744073709551615");
+    if (dir[0] != '/' && getcwd(cwd, sizeof cwd) != NULL) most += strlen(cwd) + 1;
+    if (most >= PS_CKPT_DIR_MAX) {
+        snprintf(err, errlen, "%s %s%s%s: each checkpoint's directory (.../time-N) must stay "
+                 "under %d bytes, and this one can take %zu: give checkpoint.dir as a shorter "
+                 "absolute path", m->checkpoint.dir[0] ? "checkpoint.dir" :
+                 "the checkpoints' default directory", dir, dir[0] == '/' ? "" : " from ",
+                 dir[0] == '/' ? "" : cwd, PS_CKPT_DIR_MAX, most);
+        return PS_ECONFIG;
+    }
     if (ps_dir_makeable(dir, why, sizeof why) == 0) return 0;
     snprintf(err, errlen, "%s %s cannot hold the periodic checkpoints: %s",
              m->checkpoint.dir[0] ? "checkpoint.dir" : "the checkpoints' default directory", dir,

@@ -525,6 +525,8 @@ static bool to_time_dir(const ps_manifest_t *m, char *d, size_t cap)
     if (slash == NULL) return false;
     slash[slash == base] = '\0'; /* "/step-S": the root */
     if (psctl_checkpoint_dir(m, base, UINT64_MAX, d, cap) != 0) {
+        fprintf(stderr, "psctl: checkpoint: %s holds a checkpoint already, and a time-MS "
+                "directory beside it would be too long (a shorter checkpoint.dir)\n", old);
         snprintf(d, cap, "%s", old);
         return false;
     }

@@ -690,6 +690,7 @@ int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wai
            g_stop == SIGTERM  ? "SIGTERM: stopping"
            : g_stop == SIGINT ? "SIGINT: stopping"
            : g_stop           ? "SIGHUP: stopping"
+           : ret              ? "stopping at that error" /* not "the job is finished" */
                               : "the job is finished: stopping",
            taken, taken == 1 ? "checkpoint" : "checkpoints");
     ps_req_close(cl);

@@ -2763,8 +2763,9 @@ START_TEST(test_periodic_checkpoints_unshared)
 }
 END_TEST
 
-/* psd started with checkpoint.dir @p dir_line ("" for the default) expects exit 1 and @p says. */
-static void ckpt_dir_refused(cl_cluster_t *c, const char *name, const char *dir_line,
+/* psd started with checkpoint.dir @p dir_line ("" for the default) expects exit 1 and @p says;
+ * returns that psd. */
+static cl_proc_t *ckpt_dir_refused(cl_cluster_t *c, const char *name, const char *dir_line,
                              const char *says)
 {
     char top[2 * CL_PATH], path[CL_PATH];
@@ -2776,6 +2777,7 @@ static void ckpt_dir_refused(cl_cluster_t *c, const char *name, const char *dir_
     cl_proc_t *b = cl_spawn(c, name, argv);
     EXPECT_EXIT(b, 1);
     EXPECT_LOG(b, says);
+    return b;
 }
 
 /* A checkpoint section whose directory this host cannot make (a file in its way, there or
@@ -2807,6 +2809,16 @@ START_TEST(test_checkpoint_dir_refused)
     snprintf(says, sizeof says, "the checkpoints' default directory %s cannot hold the periodic "
              "checkpoints: %s is a regular file", dflt, dflt);
     ckpt_dir_refused(c, "default.yaml", "", says);
+    /* Relative, short enough for the manifest's check (170 + "/time-N" < 200 bytes) but not
+     * once made absolute against psd's working directory, as the follower makes it: before,
+     * psd started and its follower failed every second for good (a review, session 71). */
+    char rel[171];
+    memset(rel, 'r', 170);
+    rel[170] = '\0';
+    snprintf(line, sizeof line, ", dir: %s", rel);
+    snprintf(says, sizeof says, "checkpoint.dir %s from /", rel);
+    cl_proc_t *b = ckpt_dir_refused(c, "relative.yaml", line, says);
+    EXPECT_LOG(b, "must stay under 200 bytes, and this one can take ");
     cl_cluster_destroy(c);
 }
 END_TEST

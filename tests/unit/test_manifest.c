@@ -698,6 +698,8 @@ START_TEST(test_checkpoint)
     ck_assert_uint_eq(m.checkpoint.drain_s, 30);
     ck_assert_msg(parse_ckpt("{every_s: 60, drain_s: 5}") == 0, "%s", err);
     ck_assert_uint_eq(m.checkpoint.drain_s, 5);
+    ck_assert_msg(parse_ckpt("{every_s: 60, dir: /dd}") == 0, "%s", err); /* beside /d */
+    ck_assert_msg(parse_ckpt("{every_s: 60, dir: /}") == 0, "%s", err);   /* /d is in it */
     const char *text = "cluster: c\n"
                        "servers: [{host: h, port: 1, data_dir: /d}]\n"
                        "checkpoint:\n"
@@ -735,6 +737,13 @@ START_TEST(test_checkpoint)
          "aaaaaaaaaaaaaaaaaaaaaaa}",
          "demo.yaml:5: checkpoint.dir: each checkpoint's directory (dir/step-N) must stay under 200 "
          "bytes, and this one can take 204"},
+        /* In a shard's data_dir, however written (a review, session 71: `psctl restore` moved
+         * the checkpoint away with the store). */
+        {"{every_steps: 10, dir: /d}", "demo.yaml:5: checkpoint.dir: '/d' is in servers[0].data_dir "
+                                       "('/d'): checkpoints go in a directory of their own, beside "
+                                       "the stores"},
+        {"{every_steps: 10, dir: //d/./ck/}", "demo.yaml:5: checkpoint.dir: '//d/./ck/' is in "
+                                              "servers[0].data_dir ('/d')..."},
     };
     for (size_t i = 0; i < sizeof bad_ckpt / sizeof *bad_ckpt; i++) {
         ck_assert_msg(parse_ckpt(bad_ckpt[i].value) == PS_ECONFIG, "%s: accepted",
