@@ -420,6 +420,20 @@ void psd_shard_on_declare(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *m
                        PSD_MAX_TENSORS);
         return;
     }
+    const ps_optim_conf_t *o = &srv->m.job.optimizer;
+    if (o->schedule == PS_SCHED_COSINE && o->decay_steps == 0 && d.total_steps &&
+        o->warmup_steps >= d.total_steps && !ps_decl_mean(&d)) {
+        /* The decay ends at the planned steps by default: at or before the warm-up's end the
+         * rate only climbed, to warmup_steps / total of lr, and never decayed, without a word
+         * (a review, session 71; the manifest refuses decay_steps written out so). */
+        psd_send_error(srv, conn, msg->req_id, PS_EINVAL,
+                       "cannot declare '%s': job.optimizer.warmup_steps %llu is not below the "
+                       "%llu steps it plans, where schedule cosine's decay ends (decay_steps 0): "
+                       "the rate would only warm up; lower warmup_steps or set decay_steps",
+                       d.name, (unsigned long long)o->warmup_steps,
+                       (unsigned long long)d.total_steps);
+        return;
+    }
     if (srv->shard == 0 && psd_coord_bsp_step(srv) > 0) {
         /* Its chunks would start at step 0, and under bsp a chunk takes only the pushes of the
          * step it is at: every member's push of the job's step would be refused as ahead of

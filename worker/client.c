@@ -1210,10 +1210,21 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
             ps__ef_put_back(c, op, p);
         if (!is_pull && (m.flags & PS_FLAG_NONFINITE)) {
             uint64_t n = __atomic_add_fetch(&c->nonfinite_pushes, 1, __ATOMIC_RELAXED);
+            /* fp16 without error feedback writes a finite value past its range (65520 and
+             * more in magnitude) as an infinity, as a cast does: named, as the likelier cause
+             * (a review, session 71: "a NaN or an infinity" sent users looking for one). */
+            const ctensor_t *t = c->tensors[m.tensor];
+            bool half = !t->error_feedback &&
+                        (t->codec.kind == PSK_CODEC_FP16 ||
+                         ((t->codec.kind == PSK_CODEC_TOPK || t->codec.kind == PSK_CODEC_RANDOMK) &&
+                          t->codec.fp16_values));
             if ((n & (n - 1)) == 0) /* the 1st, 2nd, 4th, 8th ... */
                 PS_LOG(PS_LOG_WARN, "libps", "shard %u left this worker's push of chunk %u of "
-                       "tensor %u out of its update: the gradient held a NaN or an infinity "
+                       "tensor %u out of its update: the gradient held a NaN or an infinity%s "
                        "(%llu so far)", m.shard, m.chunk, m.tensor,
+                       half ? ", or a value fp16 cannot hold (65520 or more in magnitude), which "
+                              "it sends as an infinity without error feedback (bf16, or "
+                              "error_feedback, keep such values)" : "",
                        (unsigned long long)n);
         }
         if (!is_pull) {

@@ -782,6 +782,17 @@ int main(int argc, char **argv)
     /* The learning-rate schedule's length: the steps job.workers workers would take. */
     uint64_t total = ps_cursor_planned_steps(train.n, B, m.job.epochs, W);
     if (m.job.max_steps && m.job.max_steps < total) total = m.job.max_steps;
+    const ps_optim_conf_t *oc = &m.job.optimizer;
+    if (oc->schedule == PS_SCHED_COSINE && oc->decay_steps == 0 && oc->warmup_steps >= total) {
+        /* As psd refuses such a declaration: said here first, as a manifest to fix (exit 2). */
+        fprintf(stderr, "psworker: %s: job.optimizer.warmup_steps %llu is not below the job's "
+                "%llu steps, where schedule cosine's decay ends (decay_steps 0): the rate would "
+                "only warm up; lower warmup_steps or set decay_steps\n", manifest,
+                (unsigned long long)oc->warmup_steps, (unsigned long long)total);
+        ps_dataset_free(&train);
+        ps_dataset_free(&test);
+        return 2;
+    }
 
     trainer_t tr = {.m = &m, .total = total};
     int rc = ps_mlp_create(&tr.mlp, m.job.layers, m.job.nlayers, B > 1000 ? B : 1000);

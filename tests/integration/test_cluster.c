@@ -992,6 +992,16 @@ START_TEST(test_bad_manifest)
                              : "the first must be 784 and the last 10");
         cl_cluster_destroy(cl);
     }
+    /* A cosine warm-up as long as the job's steps, where the decay ends by default: the rate
+     * only climbed (a review, session 71). psworker refuses it as a manifest to fix. */
+    cl_conf_t kw = {.shards = 1, .max_steps = 50,
+                    .optimizer = "{name: sgd, lr: 0.05, schedule: cosine, warmup_steps: 50}"};
+    cl_cluster_t *cw = cl_cluster_create(&kw);
+    cl_proc_t *l = cl_worker_start(cw, NULL, NULL, false);
+    EXPECT_EXIT(l, 2);
+    EXPECT_LOG(l, "job.optimizer.warmup_steps 50 is not below the job's 50 steps, where schedule "
+                  "cosine's decay ends (decay_steps 0): the rate would only warm up");
+    cl_cluster_destroy(cw);
 }
 END_TEST
 

@@ -1113,6 +1113,24 @@ def asp_schedule(tmp):
             f"{by_samples:.4f}, one step per push {by_pushes:.4f}")
         print(f"{consistency} schedule: moved {moved:.4f} (by samples {by_samples:.4f}; one "
               f"step per push would be {by_pushes:.4f})")
+    # A warm-up as long as the planned steps, the decay's default end: the rate would only
+    # climb (to warmup_steps / total of lr) and never decay. The shards refuse the declaration,
+    # naming both; without a plan (total_steps 0) nothing is known to refuse.
+    opt = f"{{name: sgd, lr: {SCHED['lr']}, schedule: cosine, warmup_steps: 100}}"
+    c = Cluster(tmp, "sched-past", 1, consistency="asp", optimizer=opt)
+    try:
+        with psd.Client(c.manifest) as cl:
+            try:
+                cl.declare("w", (4,), total_steps=100)
+                raise AssertionError("a warm-up as long as the plan was taken")
+            except psd.PsError as e:
+                assert e.name == "EINVAL" and "warmup_steps 100 is not below the 100 steps it " \
+                    "plans" in str(e), str(e)
+            cl.declare("w", (4,), total_steps=101)
+            cl.declare("v", (4,))
+    finally:
+        c.stop()
+    print("schedule: a warm-up past the plan refused")
 
 
 def binding_compression(tmp):
