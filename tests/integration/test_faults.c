@@ -2072,6 +2072,37 @@ START_TEST(test_slow_dns_no_stall)
 }
 END_TEST
 
+/* The next process started looks names up through slow_dns.so, each lookup waiting @p ms and
+ * first making @p mark (CL_PATH bytes: set here), until slow_dns_unset(). */
+static void slow_dns_set(cl_cluster_t *c, const char *ms, char *mark)
+{
+    char down[CL_PATH];
+    cl_path(c, "dns-down", down, sizeof down);
+    cl_path(c, "dns-asked", mark, CL_PATH);
+    FILE *f = fopen(down, "w");
+    ck_assert(f != NULL);
+    fclose(f);
+    setenv("LD_PRELOAD", cl_binary("SLOW_DNS_SO"), 1);
+    setenv("SLOW_DNS_FILE", down, 1);
+    setenv("SLOW_DNS_MS", ms, 1);
+    setenv("SLOW_DNS_MARK", mark, 1);
+}
+
+static void slow_dns_unset(void)
+{
+    unsetenv("LD_PRELOAD");
+    unsetenv("SLOW_DNS_FILE");
+    unsetenv("SLOW_DNS_MS");
+    unsetenv("SLOW_DNS_MARK");
+}
+
+/* Waits up to 10 s for @p p's first lookup (slow_dns_set's @p mark). */
+static void slow_dns_asked(cl_proc_t *p, const char *mark)
+{
+    for (int i = 0; i < 200 && access(mark, F_OK) != 0; i++) usleep(50 * 1000);
+    ck_assert_msg(access(mark, F_OK) == 0, "%s never looked a name up: %s", p->name, cl_tail(p));
+}
+
 /* SIGTERM to a psd still resolving its shard's host (slow_dns.so: the lookup waits 10 s),
  * before the store or the ports: it stops at once, exit 0 as a stop, and makes no data_dir.
  * Before, the early handler came only with the server's start, after the arguments, the
@@ -2081,23 +2112,11 @@ START_TEST(test_signal_before_serving)
 {
     cl_conf_t k = {.shards = 1, .workers = 1};
     cl_cluster_t *c = cl_cluster_create(&k);
-    char down[CL_PATH], mark[CL_PATH];
-    cl_path(c, "dns-down", down, sizeof down);
-    cl_path(c, "dns-asked", mark, sizeof mark);
-    FILE *f = fopen(down, "w");
-    ck_assert(f != NULL);
-    fclose(f);
-    setenv("LD_PRELOAD", cl_binary("SLOW_DNS_SO"), 1);
-    setenv("SLOW_DNS_FILE", down, 1);
-    setenv("SLOW_DNS_MS", "10000", 1);
-    setenv("SLOW_DNS_MARK", mark, 1);
+    char mark[CL_PATH];
+    slow_dns_set(c, "10000", mark);
     cl_proc_t *p = cl_psd_spawn(c, 0, NULL);
-    unsetenv("LD_PRELOAD");
-    unsetenv("SLOW_DNS_FILE");
-    unsetenv("SLOW_DNS_MS");
-    unsetenv("SLOW_DNS_MARK");
-    for (int i = 0; i < 200 && access(mark, F_OK) != 0; i++) usleep(50 * 1000);
-    ck_assert_msg(access(mark, F_OK) == 0, "psd never looked its host up: %s", cl_tail(p));
+    slow_dns_unset();
+    slow_dns_asked(p, mark);
     ck_assert_int_eq(cl_signal(p, SIGTERM), 0);
     EXPECT_EXIT(p, 0);
     EXPECT_LOG(p, "a signal before serving: stopped");
@@ -2118,25 +2137,13 @@ START_TEST(test_pslaunch_follow_signal_during_lookup)
 {
     cl_conf_t k = {.shards = 1, .workers = 1};
     cl_cluster_t *c = cl_cluster_create(&k);
-    char down[CL_PATH], mark[CL_PATH];
-    cl_path(c, "dns-down", down, sizeof down);
-    cl_path(c, "dns-asked", mark, sizeof mark);
-    FILE *f = fopen(down, "w");
-    ck_assert(f != NULL);
-    fclose(f);
-    setenv("LD_PRELOAD", cl_binary("SLOW_DNS_SO"), 1);
-    setenv("SLOW_DNS_FILE", down, 1);
-    setenv("SLOW_DNS_MS", "60000", 1);
-    setenv("SLOW_DNS_MARK", mark, 1);
+    char mark[CL_PATH];
+    slow_dns_set(c, "60000", mark);
     char *argv[] = {(char *)cl_binary("PSLAUNCH"), "--manifest", c->manifest, "--follow",
                     "--poll-ms", "200", NULL};
     cl_proc_t *la = cl_spawn(c, "pslaunch-follow", argv);
-    unsetenv("LD_PRELOAD");
-    unsetenv("SLOW_DNS_FILE");
-    unsetenv("SLOW_DNS_MS");
-    unsetenv("SLOW_DNS_MARK");
-    for (int i = 0; i < 200 && access(mark, F_OK) != 0; i++) usleep(50 * 1000);
-    ck_assert_msg(access(mark, F_OK) == 0, "pslaunch never looked shard 0 up: %s", cl_tail(la));
+    slow_dns_unset();
+    slow_dns_asked(la, mark);
     /* Bounded by the request's timeout, and said so. */
     ck_assert_msg(cl_wait_log(la, "gave no answer within 2 s (does DNS answer?)", 20) == 0,
                   "the lookup was not given up after the request's 2 s: %s", cl_tail(la));
