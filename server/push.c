@@ -412,6 +412,12 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
     }
     psd_chunk_t *ch = psd__find_chunk(srv, conn, msg);
     if (ch == NULL) return UCS_OK;
+    if (srv->test_refuse_push && msg->codec != PSK_CODEC_NONE && --srv->test_refuse_push == 0) {
+        psd_send_chunk_error(srv, conn, msg->req_id, ch->tensor, ch->chunk, PS_ENOMEM,
+                             "push of %u/%u: out of memory (PS_TEST_REFUSE_PUSH)", ch->tensor,
+                             ch->chunk);
+        return UCS_OK;
+    }
     uint32_t rank = (uint32_t)conn->rank;
     psk_codec_t codec = {.kind = (psk_codec_kind_t)msg->codec, .fraction = msg->codec_fraction,
                          .block = msg->codec_block, .fp16_values = msg->codec_flags & 1};

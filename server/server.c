@@ -950,6 +950,10 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
         PS_LOG(PS_LOG_WARN, "server", "PS_TEST_COPY_READ_FAIL=%u: the next checkpoint copy's "
                "read %u of the store fails (a test hook)", srv->test_copy_read_fail,
                srv->test_copy_read_fail);
+    if ((srv->test_refuse_push = test_hook("PS_TEST_REFUSE_PUSH", 0)))
+        PS_LOG(PS_LOG_WARN, "server", "PS_TEST_REFUSE_PUSH=%u: compressed push chunk %u is "
+               "refused as out of memory (a test hook)", srv->test_refuse_push,
+               srv->test_refuse_push);
     if ((srv->test_late_rndv = test_hook("PS_TEST_LATE_RNDV", 0)))
         PS_LOG(PS_LOG_WARN, "server", "PS_TEST_LATE_RNDV=%u: rendezvous push %u loses its "
                "connection while it lands, and its end is seen 3 s late (a test hook)",

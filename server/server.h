@@ -586,6 +586,8 @@ struct psd_server_s {
                                    takes this many ms longer (at most 60000; 0: none) */
     uint32_t test_copy_read_fail; /* PS_TEST_COPY_READ_FAIL (tests only): the next checkpoint
                                      copy's Nth read of the store fails (MDB_CORRUPTED) */
+    uint32_t test_refuse_push;  /* PS_TEST_REFUSE_PUSH (tests only): the Nth compressed push
+                                   chunk is refused (PS_ENOMEM, naming the chunk) */
     uint32_t test_late_rndv;    /* PS_TEST_LATE_RNDV (tests only): the Nth rendezvous push's
                                    connection is closed while it lands, and its receive's end
                                    is seen 3 s late (test_late_*) */

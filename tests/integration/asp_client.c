@@ -28,7 +28,13 @@
  * worker, and libps's comm thread stands aside for a while), one push more that is not waited
  * for must leave by itself: its chunks counted as sent (ps_client_stats) within 5 s with no
  * call into libps but that; then it is waited for, and the check counts PUSHES + 1. Prints
- * "asp_client: a push not waited for left by itself" or that it did not. */
+ * "asp_client: a push not waited for left by itself" or that it did not.
+ * --refused (psd with PS_TEST_REFUSE_PUSH=1; NUMEL 1000): the pushes go as topk:0.01 with error
+ * feedback; the first is refused by the shard (PS_ENOMEM, naming its chunk) and must fail, the
+ * other PUSHES - 1 are taken, then NUMEL / 10 pushes of zeros empty the residual (each sends
+ * the 10 largest it holds, exactly): every value must be PUSHES - 1. Before, the refused push's
+ * unsent part stayed in the residual and went out too (PUSHES for all but its 10 sent values).
+ * Prints "asp_client: a refused push left the residual as it was". */
 #include <inttypes.h>
 #include <math.h>
 #include <signal.h>
@@ -231,6 +237,46 @@ static int interrupted_push(ps_client_t *c, uint32_t id, const float *g)
     return rc == PS_ECANCELED ? 3 : 1;
 }
 
+/* --refused: see the top. 0 when every value is pushes - 1. */
+static int refused_push(ps_client_t *c, uint32_t id, float *g, float *got, uint64_t n,
+                        uint64_t pushes)
+{
+    ps_compression_t topk = {.codec = "topk:0.01", .error_feedback = 1};
+    if (ps_client_set_compression(c, id, &topk) != 0) {
+        printf("asp_client: compression: %s\n", ps_client_error(c));
+        return 1;
+    }
+    ps_op_t *op;
+    for (uint64_t k = 0; k < pushes + n / 10; k++) {
+        if (k == pushes) memset(g, 0, n * sizeof *g); /* the residual's turn */
+        int rc = ps_client_push(c, id, g, k, &op);
+        if (rc == 0) rc = ps_op_wait(op, NULL);
+        if (k == 0 && rc == PS_ENOMEM) {
+            printf("asp_client: push 0 refused: %s\n", ps_client_error(c));
+            continue;
+        }
+        if (rc != 0 || k == 0) {
+            printf("asp_client: push %" PRIu64 ": %s\n", k, rc ? ps_client_error(c)
+                                                               : "taken (not refused)");
+            return 1;
+        }
+    }
+    if (ps_client_pull(c, id, got, 0, &op) != 0 || ps_op_wait(op, NULL) != 0) {
+        printf("asp_client: pull: %s\n", ps_client_error(c));
+        return 1;
+    }
+    uint64_t off = 0;
+    for (uint64_t i = 0; i < n; i++) off += got[i] != (float)(pushes - 1);
+    for (uint64_t i = 0; i < n && off; i++)
+        if (got[i] != (float)(pushes - 1)) {
+            printf("asp_client: %" PRIu64 " values off, element %" PRIu64 " is %.9g, want %"
+                   PRIu64 "\n", off, i, (double)got[i], pushes - 1);
+            return 1;
+        }
+    printf("asp_client: a refused push left the residual as it was\n");
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     int interrupt = argc == 5 && strcmp(argv[4], "--interrupt") == 0;
@@ -238,9 +284,10 @@ int main(int argc, char **argv)
     int misused = argc == 5 && strcmp(argv[4], "--misuse") == 0;
     int skewed = argc == 5 && strcmp(argv[4], "--skew") == 0;
     int unwaited = argc == 5 && strcmp(argv[4], "--unwaited") == 0;
-    if (argc != 4 && !interrupt && !enomem && !misused && !skewed && !unwaited) {
+    int refused = argc == 5 && strcmp(argv[4], "--refused") == 0;
+    if (argc != 4 && !interrupt && !enomem && !misused && !skewed && !unwaited && !refused) {
         fprintf(stderr, "usage: asp_client MANIFEST NUMEL PUSHES [--interrupt | --enomem | "
-                "--misuse | --skew | --unwaited]\n");
+                "--misuse | --skew | --unwaited | --refused]\n");
         return 2;
     }
     uint64_t n = strtoull(argv[2], NULL, 10), pushes = strtoull(argv[3], NULL, 10);
@@ -269,8 +316,8 @@ int main(int argc, char **argv)
         rc = 1;
     }
     if (rc == 0 && misused) rc = misuse(c, id, g, got);
-    if (skewed) {
-        if (rc == 0) rc = skew(c);
+    if (skewed || refused) {
+        if (rc == 0) rc = skewed ? skew(c) : refused_push(c, id, g, got, n, pushes);
         ps_client_destroy(c);
         free(g);
         free(got);

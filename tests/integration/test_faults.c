@@ -652,6 +652,29 @@ START_TEST(test_compression_change_out_of_memory)
 }
 END_TEST
 
+/* A compressed push with error feedback that its shard refuses (PS_TEST_REFUSE_PUSH: out of
+ * memory, naming the chunk) gives its error feedback back: the residual is as before it, so
+ * the same gradient pushed again counts once. asp_client --refused (topk:0.01) pushes -1 three
+ * times, the first refused, then zeros until the residual is empty: every value must be 2.
+ * Before, the refused push's unsent 99 % stayed in the residual and went out too (3). */
+START_TEST(test_refused_push_gives_back)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1, .consistency = "asp",
+                   .optimizer = "{name: sgd, lr: 1.0}"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start_env(c, 0, READY_S, "PS_TEST_REFUSE_PUSH", "1");
+    char numel[] = "1000", pushes[] = "3", mode[] = "--refused";
+    char *argv[] = {(char *)cl_binary("ASP_CLIENT"), c->manifest, numel, pushes, mode, NULL};
+    cl_proc_t *a = cl_spawn(c, "asp", argv);
+    EXPECT_EXIT(a, 0);
+    EXPECT_LOG(a, "asp_client: push 0 refused: shard 0: push of 0/0: out of memory "
+                  "(PS_TEST_REFUSE_PUSH)");
+    EXPECT_LOG(a, "asp_client: a refused push left the residual as it was");
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* A small push that is not waited for leaves by itself even right after waits for other ops:
  * a waiting caller drives libps's UCP worker, and the comm thread stands aside until no caller
  * has driven it for a while, then takes over within its bounded wait (worker/client.c,
@@ -2454,6 +2477,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("hostile_values", test_hostile_values));
     suite_add_tcase(s, tcase("lost_ack_asp_applied_once", test_lost_ack_asp_applied_once));
     suite_add_tcase(s, tcase("push_sent_again_while_landing", test_push_sent_again_while_landing));
+    suite_add_tcase(s, tcase("refused_push_gives_back", test_refused_push_gives_back));
     suite_add_tcase(s, tcase("compression_change_out_of_memory",
                              test_compression_change_out_of_memory));
     suite_add_tcase(s, tcase("unwaited_push_leaves", test_unwaited_push_leaves));

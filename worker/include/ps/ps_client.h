@@ -265,8 +265,10 @@ int ps_client_set_compression(ps_client_t *c, uint32_t id, const ps_compression_
 /**
  * @brief Copy tensor @p id's error-feedback residual (what its codec has not sent yet: the sum
  * of its gradients less what its pushes carried) into @p out. A push a shard acknowledged as
- * not summed (its batch applied from another push, or handed out again) gave its gradient up
- * and its payload back: the residual is what it was before that push, up to float rounding.
+ * not summed (its batch applied from another push, or handed out again), or a chunk of a push
+ * that failed because its shard refused that chunk (out of memory, a malformed payload), gave
+ * its gradient up and its payload back: the residual is what it was before that push, up to
+ * float rounding, so pushing the same gradient again counts it once.
  * Pushes encoded by the caller (ps_client_push_encoded) keep their own residual; this one is
  * not theirs.
  * @param[out] out numel floats (the caller's).
@@ -307,7 +309,8 @@ int ps_client_push_encoded(ps_client_t *c, uint32_t id, uint64_t step, ps_push_e
 /**
  * @brief Called for a chunk of a ps_client_push_encoded push whose shard acknowledged it as not
  * summed (its batch applied from another push, handed out again, or the push left out for a
- * NaN or an infinity): an encoder that keeps error feedback takes the push back, residual +=
+ * NaN or an infinity), or that its shard refused (the push then fails): an encoder that keeps
+ * error feedback takes the push back, residual +=
  * decode(@p payload) - g, as libps does with its own residual (psk_codec_ef_put_back_cpu does
  * it on the host). Called from ps_op_wait (or ps_op_wait_many) of that push, on the caller's
  * thread, before it returns; @p payload (@p len bytes, what the encoder wrote) and @p codec
