@@ -24,7 +24,11 @@ const char *ps_err_name(int err)
         return #name;
         PS_ERRNO_MAP(XX)
 #undef XX
-    default:
-        return "UNKNOWN";
+    default: {
+        /* A plain errno (EACCES, ENOTDIR ...: a file's open passes it on): its own name, which
+         * bindings branch on (psd.PsError.name); before, "UNKNOWN" (a review, session 71). */
+        const char *n = err < 0 && err > -4096 ? strerrorname_np(-err) : NULL;
+        return n ? n : "UNKNOWN";
+    }
     }
 }

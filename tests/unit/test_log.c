@@ -1,10 +1,12 @@
-/* test_log.c: ps_log_write (common/log.c). */
+/* test_log.c: ps_log_write (common/log.c), and the error codes' names (common/error.c). */
 #include <check.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "ps/ps_error.h"
 #include "ps/ps_log.h"
 
 /* One line per call, whatever the message quotes: a newline and an escape sequence in a text
@@ -33,11 +35,25 @@ START_TEST(one_line_per_call)
 }
 END_TEST
 
+/* A PS_E* code has its name, a plain -errno (a file's open passes one on) errno's own: bindings
+ * branch on it (psd.PsError.name; before, "UNKNOWN" for -EACCES, a review, session 71). */
+START_TEST(error_names)
+{
+    ck_assert_str_eq(ps_err_name(PS_EPROTO), "EPROTO");
+    ck_assert_str_eq(ps_err_name(-EACCES), "EACCES");
+    ck_assert_str_eq(ps_err_name(-ENOTDIR), "ENOTDIR");
+    ck_assert_str_eq(ps_err_name(-ENAMETOOLONG), "ENAMETOOLONG");
+    ck_assert_str_eq(ps_err_name(-99999), "UNKNOWN");
+    ck_assert_str_eq(ps_err_name(7), "UNKNOWN");
+}
+END_TEST
+
 Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("log");
     TCase *tc = tcase_create("log");
     tcase_add_test(tc, one_line_per_call);
+    tcase_add_test(tc, error_names);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -40,7 +40,8 @@ enum {
 
 /** @brief Human-readable text for a PS_E* or -errno code (static storage). */
 const char *ps_strerror(int err);
-/** @brief Symbolic name ("EPROTO") for a PS_E* code, or "UNKNOWN" (static storage). */
+/** @brief Symbolic name ("EPROTO") for a PS_E* code, errno's own ("EACCES") for a -errno
+ *  code, or "UNKNOWN" (static storage). */
 const char *ps_err_name(int err);
 
 #endif
