@@ -46,12 +46,14 @@ void psctl_absolute(char *out, size_t cap, const char *dir)
         snprintf(out, cap, "%.500s/%.500s", cwd, dir);
 }
 
-char *psctl_status_json(ps_req_t *cl, uint32_t i, char *err, size_t errlen)
+char *psctl_status_json(ps_req_t *cl, uint32_t i, char *err, size_t errlen, int *rc)
 {
     ps_msg_t q = {.type = PS_MSG_STATUS, .rank = -1}, r;
     void *data = NULL;
     size_t len = 0;
-    if (ps_req_call(cl, i, &q, &r, &data, &len, err, errlen)) return NULL;
+    int called = ps_req_call(cl, i, &q, &r, &data, &len, err, errlen);
+    if (rc) *rc = called ? called : PS_ENOMEM;
+    if (called) return NULL;
     char *json = calloc(1, len + 1);
     if (json == NULL) snprintf(err, errlen, "out of memory");
     else if (data) memcpy(json, data, len);
@@ -332,7 +334,7 @@ static bool held_back(ps_req_t *cl, const ps_manifest_t *m, bool *said)
     bool finished = false, found = false;
     char err[512], v[32], name[160];
     for (int i = 0; i < m->nservers; i++) {
-        char *json = psctl_status_json(cl, (uint32_t)i, err, sizeof err);
+        char *json = psctl_status_json(cl, (uint32_t)i, err, sizeof err, NULL);
         if (json == NULL) continue;
         if (i == 0 && ps_json_field(json, "finished", v, sizeof v)) finished = !strcmp(v, "true");
         /* A tensor no push reached, or a trained one no member pushes (behind): its count,
@@ -424,7 +426,7 @@ static int move_earlier(ps_req_t *cl, const ps_manifest_t *m, uint64_t id, uint6
     char err[512], v[32];
     int n = m->nservers;
     ps_msg_t r;
-    char *json = psctl_status_json(cl, 0, err, sizeof err);
+    char *json = psctl_status_json(cl, 0, err, sizeof err, NULL);
     if (json == NULL) return 0;
     uint64_t open = UINT64_MAX, members = 1;
     bool finished = true;

@@ -117,8 +117,9 @@ int psctl_forget(ps_req_t *cl, const ps_manifest_t *m, const char *name, bool tr
 /** @brief @p dir made absolute against the working directory, into @p out. */
 void psctl_absolute(char *out, size_t cap, const char *dir);
 /** @brief Shard @p i's status (MSG_STATUS) as a NUL-terminated JSON text, which the caller
- *  frees; NULL with the reason in @p err when it did not answer or memory ran out. */
-char *psctl_status_json(ps_req_t *cl, uint32_t i, char *err, size_t errlen);
+ *  frees; NULL with the reason in @p err when it did not answer or memory ran out, and then
+ *  ps_req_call's code (PS_ENOMEM) in *@p rc (NULL: not wanted). */
+char *psctl_status_json(ps_req_t *cl, uint32_t i, char *err, size_t errlen, int *rc);
 /** @brief CLOCK_MONOTONIC in seconds. */
 double psctl_mono_s(void);
 /** @brief psctl verify --against D: recheck a checkpoint's files here (no shard is asked). */

@@ -57,14 +57,25 @@ static void sleep_ms(int ms)
  * open_step is the fastest worker's count ever, which stood still for as long as a worker
  * that replaced it after a death or a scale-down took to catch up.
  * @return 0, or -1 (message printed). */
+/* A refusal that asking again does not mend: shard 0 serves another cluster (PS_ECONFIG) or
+ * refuses this host's proof of the secret (PS_EAUTH). Before, --follow asked again every second
+ * for good (a review, session 71); it exits 1 now, as the other verbs do. */
+static bool refused_for_good(int rc)
+{
+    return rc == PS_ECONFIG || rc == PS_EAUTH;
+}
+
+/* Shard 0's job (MSG_STATUS): 0; -1 when it did not answer (asked again later); a code of
+ * refused_for_good. */
 static int job_status(ps_req_t *cl, uint64_t per_step, uint64_t *open_step, int *finished,
                       char run[32], uint64_t *run_base)
 {
     char err[512], v[32] = "";
-    char *json = psctl_status_json(cl, 0, err, sizeof err);
+    int called;
+    char *json = psctl_status_json(cl, 0, err, sizeof err, &called);
     if (json == NULL) {
         fprintf(stderr, "psctl: follow: status: %s\n", err);
-        return -1;
+        return refused_for_good(called) ? called : -1;
     }
     int rc = psd_ckpt_meta_field(json, per_step ? "samples_applied" : "open_step", v, sizeof v);
     *open_step = strtoull(v, NULL, 10);
@@ -488,7 +499,7 @@ static double drop_strays(ps_req_t *cl, const ps_manifest_t *m, stray_name_t *sa
         for (int k = 0; k < STRAY_PER_PASS && !g_stop; k++) {
             char err[512], v[32];
             stray_name_t name, shown; /* the name exactly (for the forget), and for a log line */
-            char *json = psctl_status_json(cl, (uint32_t)i, err, sizeof err);
+            char *json = psctl_status_json(cl, (uint32_t)i, err, sizeof err, NULL);
             if (json == NULL) break; /* busy, restarting or stopped: the next shard */
             int have = ps_json_field(json, "untrained_tensors", v, sizeof v) && atoi(v) > 0 &&
                        ps_json_str_field(json, "untrained_first", shown, sizeof shown);
@@ -578,7 +589,12 @@ int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wai
         int finished = 0;
         char run[32];
         if (target == 0 || !bsp || every == 0) {
-            if (job_status(cl, per_step, &open, &finished, run, &run_base)) {
+            int js = job_status(cl, per_step, &open, &finished, run, &run_base);
+            if (refused_for_good(js)) {
+                ret = 1;
+                break;
+            }
+            if (js) {
                 sleep_ms(1000); /* shard 0 is busy or restarting: ask again */
                 continue;
             }
@@ -618,6 +634,10 @@ int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wai
         }
         if (rc) {
             fprintf(stderr, "psctl: follow: %s\n", err);
+            if (refused_for_good(rc)) {
+                ret = 1;
+                break;
+            }
             sleep_ms(1000);
             continue;
         }

@@ -1222,6 +1222,18 @@ START_TEST(test_self_test)
     t = cl_spawn(c, "selftest-other", argv2);
     EXPECT_EXIT(t, 2);
     EXPECT_LOG(t, "', not 'other-");
+    /* psctl checkpoint --follow with it: exit 1 at the refusal, as the other verbs (before, it
+     * asked again every second for good; a review, session 71). */
+    FILE *f = fopen(other, "a");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "checkpoint: {every_s: 1}\n");
+    fclose(f);
+    char *argv4[] = {(char *)cl_binary("PSCTL"), "--manifest", other, "checkpoint", "--follow",
+                     NULL};
+    cl_proc_t *fo = cl_spawn(c, "follow-other", argv4);
+    EXPECT_EXIT(fo, 1);
+    EXPECT_LOG(fo, "', not 'other-");
+    EXPECT_LOG(fo, "psctl: follow: stopping at that error after 0 checkpoints");
     stop_all(psd, 2);
     /* psd with it, on this cluster's data_dir: refused, naming both clusters (before, the
      * stored one only: a README audit, session 48). */
