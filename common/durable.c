@@ -158,6 +158,22 @@ int ps_out_file_check(const char *path, char *out, size_t outcap, char *err, siz
     else
         snprintf(beside, sizeof beside, "data.mdb");
     struct stat st;
+    /* The file is written beside its name and renamed there: its directory must be one
+     * (before, `psctl export --out nodir/x` snapshotted every shard first and then failed,
+     * exit 1 where every other refused --out is 2; a review, session 71). */
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash == out ? 1 : slash - out) : 1,
+             slash ? out : ".");
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        int e = errno;
+        if (stat(dir, &st) == 0) {
+            snprintf(err, errlen, "%s: its directory %s is %s, not a directory", path, dir,
+                     ps_file_kind(&st));
+            return -ENOTDIR;
+        }
+        snprintf(err, errlen, "%s: its directory %s: %s", path, dir, strerror(e));
+        return -e;
+    }
     if (strcmp(base, "data.mdb") == 0 || strcmp(base, "lock.mdb") == 0 ||
         lstat(beside, &st) == 0) {
         snprintf(err, errlen, "%s is in an LMDB store's directory (a psd data_dir or a "

@@ -33,7 +33,7 @@ int ps_mkdir_durable(const char *dir);
  *  device, a FIFO, a socket, a directory, a symlink to one or to nothing) is refused: a rename
  *  replaces the node itself (as root, `--out /dev/null` made /dev/null a regular file). So is
  *  a path in an LMDB store's directory (one holding data.mdb: a psd data_dir, a checkpoint's
- *  part) or named data.mdb or lock.mdb.
+ *  part) or named data.mdb or lock.mdb, and one whose directory is not there (or not one).
  * @param out receives the path to write beside and rename to (@p path, or the link's target).
  * @return 0, or -errno (-EEXIST: a node that is not a regular file) with @p err saying what
  *  is wrong, naming @p path.

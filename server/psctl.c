@@ -428,16 +428,17 @@ static void usage(FILE *f)
             PS_MAX_RANKS);
 }
 
-/* Option @p name's value @p arg as seconds into *@p out: a finite number, > 0 (>= 0 where
- * @p zero_ok), at most a day; else says what is wrong and returns -1. */
+/* Option @p name's value @p arg as seconds into *@p out: a finite number from 0.001 (a
+ * millisecond: waits count whole ones; 1e-5 was taken and no shard ever answered in time, a
+ * review, session 71) to a day, or 0 where @p zero_ok; else says what is wrong and returns -1. */
 static int seconds_arg(const char *name, const char *arg, bool zero_ok, double *out)
 {
     char *end;
     double v = strtod(arg, &end);
-    if (end == arg || *end != '\0' || !isfinite(v) || v < 0 || (v == 0 && !zero_ok) ||
+    if (end == arg || *end != '\0' || !isfinite(v) || (v < 0.001 && !(zero_ok && v == 0)) ||
         v > 86400) {
-        fprintf(stderr, "psctl: %s %s: expected seconds in %s0, 86400]\n", name, arg,
-                zero_ok ? "[" : "(");
+        fprintf(stderr, "psctl: %s %s: expected seconds in [0.001, 86400]%s\n", name, arg,
+                zero_ok ? ", or 0" : "");
         return -1;
     }
     *out = v;
@@ -650,6 +651,11 @@ int main(int argc, char **argv)
     }
     if (strcmp(verb, "verify") == 0)
         return against ? psctl_verify_against(&ctl.m, against) : psctl_verify(&ctl.m, timeout);
+    if (strcmp(verb, "checkpoint") == 0 && wait == 0) { /* export's "do not wait" */
+        fprintf(stderr, "psctl: checkpoint --wait 0: a checkpoint takes time to copy; expected "
+                "seconds in [0.001, 86400]\n");
+        return 2;
+    }
     if (strcmp(verb, "checkpoint") == 0 && follow)
         return psctl_checkpoint_follow(&ctl.m, timeout, wait < 0 ? 600 : wait);
     if (strcmp(verb, "checkpoint") == 0)

@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,7 @@
 #include "jsonfield.h"
 #include "ps/ps_error.h"
 #include "sigignored.h"
+#include "durable.h"
 #include "psctl_client.h"
 
 double psctl_mono_s(void)
@@ -36,14 +38,15 @@ double psctl_mono_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-/* @p dir made absolute (psd resolves paths against its own working directory). */
-void psctl_absolute(char *out, size_t cap, const char *dir)
+int psctl_absolute(char *out, size_t cap, const char *dir)
 {
-    char cwd[1024];
-    if (dir[0] == '/' || getcwd(cwd, sizeof cwd) == NULL)
-        snprintf(out, cap, "%s", dir);
-    else
-        snprintf(out, cap, "%.500s/%.500s", cwd, dir);
+    /* Before, the working directory's path was cut at 500 bytes (from a deeper one a relative
+     * D named another place) and a failed getcwd left D relative (a review, session 71). */
+    char cwd[PATH_MAX];
+    int n = dir[0] == '/'                       ? snprintf(out, cap, "%s", dir)
+            : getcwd(cwd, sizeof cwd) == NULL ? -1
+                                                : snprintf(out, cap, "%s/%s", cwd, dir);
+    return n >= 0 && (size_t)n < cap ? 0 : PS_EINVAL;
 }
 
 char *psctl_status_json(ps_req_t *cl, uint32_t i, char *err, size_t errlen, int *rc)
@@ -80,7 +83,7 @@ int psctl_checkpoint_dir(const ps_manifest_t *m, const char *base_in, uint64_t s
     }
     else
         snprintf(tmp, sizeof tmp, "%s/step-%llu", base, (unsigned long long)step);
-    psctl_absolute(out, cap, tmp);
+    if (psctl_absolute(out, cap, tmp)) return PS_EINVAL;
     return strlen(out) < PS_CKPT_DIR_MAX ? 0 : PS_EINVAL;
 }
 
@@ -583,7 +586,9 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
         /* The step picked is the open one, whose members all left: if they left after part of
          * it was applied, a shard is past it, and the checkpoint waits for the step after,
          * which new workers make. Asked of every shard before any is armed (one armed at the
-         * open step takes its part at once). */
+         * open step takes its part at once). A signal ends these waits too (before, a
+         * stopped shard held the Ctrl-C for the whole timeout; a review, session 71). */
+        ps_req_set_cancel(cl, &g_interrupt);
         for (int i = 0; i < n; i++) {
             int rc = arm_call(cl, i, id, step, d, PS_FLAG_CHECK, err, sizeof err);
             if (rc == PS_ECONFLICT && strstr(err, "already past")) {
@@ -903,7 +908,20 @@ int psctl_checkpoint(const ps_manifest_t *m, const char *dir, double timeout_s, 
         return 2; /* an argument refused, as export's --out (a probe, session 50: exit 1) */
     }
     if (dir) { /* and one too long for the arms, before any hold (found after it, exit 1) */
-        psctl_absolute(d, sizeof d, dir);
+        if (psctl_absolute(d, sizeof d, dir) != 0) {
+            fprintf(stderr, "psctl: checkpoint: cannot make '%s' absolute (the working "
+                    "directory is gone, or its path too long): give an absolute one\n", dir);
+            ps_req_close(cl);
+            return 2;
+        }
+        char why[PS_PATH_MAX + 128];
+        if (strlen(d) < PS_CKPT_DIR_MAX && ps_dir_makeable(d, why, sizeof why) != 0) {
+            /* A file in the way above it: the shards could not make it (before, they failed
+             * after the hold, exit 1; a review, session 71). */
+            fprintf(stderr, "psctl: checkpoint: --dir %s cannot be made: %s\n", dir, why);
+            ps_req_close(cl);
+            return 2;
+        }
         if (strlen(d) >= PS_CKPT_DIR_MAX) {
             fprintf(stderr, "psctl: checkpoint: directory '%s' is longer than %d bytes\n", d,
                     PS_CKPT_DIR_MAX - 1);
@@ -949,7 +967,7 @@ again:;
     }
     ps_req_set_cancel(cl, NULL); /* psctl_checkpoint_run sets it where it waits */
     if (dir)
-        psctl_absolute(d, sizeof d, dir);
+        (void)psctl_absolute(d, sizeof d, dir); /* checked above */
     else
         psctl_checkpoint_dir(m, NULL, r.step, d, sizeof d);
     ret = psctl_checkpoint_run(cl, m, r.step, id, d, 0, wait_s, t0,

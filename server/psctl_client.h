@@ -19,6 +19,12 @@
  */
 int psctl_tensor_names(ps_req_t *cl, char (**names)[PS_NAME_MAX]);
 
+/** @brief @p s (the caller's, NUL-terminated) with its control bytes made '?' in place, as
+ *  psd's log shows them: a tensor name is the peers' choice, and a newline or an escape in it
+ *  would forge a line or drive the terminal (verify and repair printed them raw; a review,
+ *  session 71). @return @p s. */
+char *psctl_printable(char *s);
+
 /** @brief @p names[@p t] from psctl_tensor_names' table of @p nt, or "?" for an id out of it
  *  (a shard's reply names any id) or one without a name. The pointer is into @p names. */
 const char *psctl_tensor_name(char (*names)[PS_NAME_MAX], int nt, unsigned t);
@@ -114,8 +120,10 @@ int psctl_checkpoint_dir(const ps_manifest_t *m, const char *base, uint64_t step
  */
 int psctl_forget(ps_req_t *cl, const ps_manifest_t *m, const char *name, bool trained,
                  int *dropped, char *err, size_t errlen);
-/** @brief @p dir made absolute against the working directory, into @p out. */
-void psctl_absolute(char *out, size_t cap, const char *dir);
+/** @brief @p dir made absolute against the working directory, into @p out (@p cap bytes).
+ *  @return 0; PS_EINVAL when the working directory is unknown (gone, or a path longer than
+ *  PATH_MAX) or the result does not fit (then @p out is not to be used). */
+int psctl_absolute(char *out, size_t cap, const char *dir);
 /** @brief Shard @p i's status (MSG_STATUS) as a NUL-terminated JSON text, which the caller
  *  frees; NULL with the reason in @p err when it did not answer or memory ran out, and then
  *  ps_req_call's code (PS_ENOMEM) in *@p rc (NULL: not wanted). */

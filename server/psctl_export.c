@@ -195,7 +195,9 @@ int psctl_export(const ps_manifest_t *m, const char *out, double timeout_s, doub
                     "safetensors keeps for the file's metadata: it cannot be exported\n");
             goto out;
         }
-        cap += 6 * strlen(t[i].d.name) + 64 + (size_t)t[i].d.ndim * 12;
+        /* 98 bytes of each entry's own text with both offsets at 20 digits (64 was short:
+         * past ~10 GB the writes below ran over the end; a review, session 71). */
+        cap += 6 * strlen(t[i].d.name) + 128 + (size_t)t[i].d.ndim * 12;
     }
     if ((hdr = malloc(cap)) == NULL) goto out;
     hl += (size_t)snprintf(hdr + hl, cap - hl, "{\"__metadata__\": {\"step\": \"%llu\", ",
@@ -272,7 +274,10 @@ int psctl_export(const ps_manifest_t *m, const char *out, double timeout_s, doub
                 rc = PS_ESTALE;
             }
             if (rc) {
-                fprintf(stderr, "psctl: export: '%s' chunk %u: %s\n", t[i].d.name, c, err);
+                char shown[PS_NAME_MAX];
+                snprintf(shown, sizeof shown, "%s", t[i].d.name);
+                fprintf(stderr, "psctl: export: '%s' chunk %u: %s\n", psctl_printable(shown), c,
+                        err);
                 goto out;
             }
             if (fwrite(data, 1, len, f) != len) {
@@ -328,10 +333,19 @@ int psctl_tensor_names(ps_req_t *cl, char (**names)[PS_NAME_MAX])
     if (*names == NULL) return -1;
     for (uint32_t id = 0; id < nt; id++) {
         ps_msg_t tq = {.type = PS_MSG_EXPORT_TENSOR, .rank = -1, .tensor = id};
-        if (ps_req_call(cl, 0, &tq, &r, NULL, NULL, err, sizeof err) == 0 && r.has_decl)
+        if (ps_req_call(cl, 0, &tq, &r, NULL, NULL, err, sizeof err) == 0 && r.has_decl) {
             snprintf((*names)[id], PS_NAME_MAX, "%s", r.decl.name);
+            psctl_printable((*names)[id]); /* the table is for messages only */
+        }
     }
     return (int)nt;
+}
+
+char *psctl_printable(char *s)
+{
+    for (unsigned char *p = (unsigned char *)s; *p; p++)
+        if (*p < 0x20 || *p == 0x7f) *p = '?';
+    return s;
 }
 
 const char *psctl_tensor_name(char (*names)[PS_NAME_MAX], int nt, unsigned t)

@@ -551,12 +551,12 @@ int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wai
     if (!ps_signal_ignored(SIGHUP)) /* its terminal closed; one ignored (nohup) stays so */
         sigaction(SIGHUP, &sa, NULL);
     char base[PS_PATH_MAX + 32], dir[1024], err[512];
-    if (ck->dir[0])
-        psctl_absolute(base, sizeof base, ck->dir);
-    else {
-        char tmp[PS_PATH_MAX + 32];
-        snprintf(tmp, sizeof tmp, "%s/../checkpoints", m->servers[0].data_dir);
-        psctl_absolute(base, sizeof base, tmp);
+    char tmp[PS_PATH_MAX + 32];
+    snprintf(tmp, sizeof tmp, "%s/../checkpoints", m->servers[0].data_dir);
+    if (psctl_absolute(base, sizeof base, ck->dir[0] ? ck->dir : tmp) != 0) {
+        fprintf(stderr, "psctl: checkpoint --follow: cannot make '%s' absolute (the working "
+                "directory is gone, or its path too long)\n", ck->dir[0] ? ck->dir : tmp);
+        return 2;
     }
     ps_req_t *cl;
     if (ps_req_open(m, timeout_s, &cl, err, sizeof err)) {

@@ -153,6 +153,7 @@ static long verify_one(const ps_manifest_t *m, const char *dir, uint32_t j, uint
         if (mdb_get(s.txn, s.dbi, &tkey, &tval) == 0 && tval.mv_size == sizeof d)
             memcpy(&d, tval.mv_data, sizeof d);
         snprintf(name, sizeof name, "%s", d.name[0] ? d.name : "?");
+        psctl_printable(name);
         const psd_chunk_hdr_t *h = v.mv_data;
         (*checked)++;
         if (v.mv_size < sizeof *h || v.mv_size != psd_chunk_bytes(h->n, h->nstate)) {
@@ -432,7 +433,13 @@ static void repair_one(void *ctx, int i, unsigned t, unsigned c, const char *res
 int psctl_repair(const ps_manifest_t *m, const char *dir_in, int rollback, double timeout_s)
 {
     char dir[1024], err[512];
-    psctl_absolute(dir, sizeof dir, dir_in);
+    if (psctl_absolute(dir, sizeof dir, dir_in) != 0 || strlen(dir) >= PS_CKPT_DIR_MAX) {
+        /* MSG_REPAIR carries it (checkpoint's own bound): an argument refused, exit 2 as
+         * checkpoint --dir's (before, 1, after reading the checkpoint; a review) */
+        fprintf(stderr, "psctl: repair: checkpoint directory '%s'%s is longer than %d bytes\n",
+                dir_in, dir_in[0] == '/' ? "" : " made absolute", PS_CKPT_DIR_MAX - 1);
+        return 2;
+    }
     char *meta0 = meta0_or_say("repair", dir);
     if (meta0 == NULL) return 1;
     uint32_t n = psd_ckpt_meta_nshards(meta0);
@@ -456,10 +463,6 @@ int psctl_repair(const ps_manifest_t *m, const char *dir_in, int rollback, doubl
     int ret = 1, nt;
     char cluster[256] = "";
     psd_ckpt_meta_field(meta0, "cluster", cluster, sizeof cluster);
-    if (strlen(dir) >= PS_CKPT_DIR_MAX) { /* MSG_REPAIR carries it; checkpoint's own bound */
-        fprintf(stderr, "psctl: repair: checkpoint directory '%s' is longer than 199 bytes\n", dir);
-        goto out;
-    }
     if (strcmp(cluster, m->cluster) != 0) { /* its chunks are another cluster's model */
         fprintf(stderr, "psctl: repair: %s is a checkpoint of cluster '%s', this manifest's "
                 "cluster is '%s'\n", dir, cluster, m->cluster);
@@ -524,7 +527,11 @@ out:
 int psctl_restore(const ps_manifest_t *m, const char *dir_in)
 {
     char dir[1024];
-    psctl_absolute(dir, sizeof dir, dir_in);
+    if (psctl_absolute(dir, sizeof dir, dir_in) != 0) {
+        fprintf(stderr, "psctl: restore: cannot make '%s' absolute (the working directory is "
+                "gone, or its path too long): give an absolute one\n", dir_in);
+        return 2;
+    }
     char *meta = meta0_or_say("restore", dir);
     if (meta == NULL) return 1;
     char cl[256] = "";

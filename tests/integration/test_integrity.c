@@ -337,6 +337,12 @@ START_TEST(test_export_matches_local)
     EXPECT_LOG(psctl(c, "export-dir", 2, xd), "is a directory, not a regular file");
     struct stat ns;
     ck_assert(lstat(fifo, &ns) == 0 && S_ISFIFO(ns.st_mode));
+    /* In a directory that is not there: refused at once, exit 2 as the rest (before, after the
+     * shards' snapshot, exit 1; a review, session 71). */
+    char nodir[CL_PATH + 32];
+    snprintf(nodir, sizeof nodir, "%s/nodir/x.safetensors", c->dir);
+    const char *xn[] = {"export", "--out", nodir, NULL};
+    EXPECT_LOG(psctl(c, "export-nodir", 2, xn), "/nodir: No such file or directory");
     /* --out in a shard's data_dir (its data.mdb, or any name beside it) is refused: the rename
      * replaced the live store, which the shard then could not open at its next start (a probe,
      * session 50: "MDB_INVALID: File is not an LMDB file"). */
@@ -1266,6 +1272,21 @@ START_TEST(test_psctl_stopped_shard_bounded)
     long_dir[sizeof long_dir - 1] = '\0';
     const char *long_arg[] = {"checkpoint", "--dir", long_dir, NULL};
     EXPECT_LOG(psctl(c, "long_dir", 2, long_arg), "is longer than 199 bytes");
+    /* Refused before contacting a shard, exit 2 as the other arguments (a review, session 71:
+     * a --timeout under a millisecond was taken and no shard answered in time; --wait 0 and a
+     * directory under a file failed after the hold, a --from too long after reading it). */
+    const char *tiny_timeout[] = {"status", "--timeout", "1e-5", NULL};
+    EXPECT_LOG(psctl(c, "tiny_timeout", 2, tiny_timeout), "--timeout 1e-5: expected seconds in "
+                                                          "[0.001, 86400]");
+    const char *wait0[] = {"checkpoint", "--wait", "0", NULL};
+    EXPECT_LOG(psctl(c, "wait0", 2, wait0), "checkpoint --wait 0: a checkpoint takes time");
+    char under_file[CL_PATH + 8];
+    snprintf(under_file, sizeof under_file, "%s/sub", c->manifest);
+    const char *under[] = {"checkpoint", "--dir", under_file, NULL};
+    EXPECT_LOG(psctl(c, "under_file", 2, under), "cannot be made: ");
+    long_dir[250] = '\0';
+    const char *long_from[] = {"repair", "--from", long_dir, NULL};
+    EXPECT_LOG(psctl(c, "long_from", 2, long_from), "is longer than 199 bytes");
     const char *json[] = {"status", "--json", NULL};
     cl_proc_t *st = psctl(c, "status2", 0, json);
     EXPECT_LOG(st, "\"desired_workers\": 1, "); /* no scale went through */
