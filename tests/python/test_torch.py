@@ -1153,13 +1153,33 @@ def binding_compression(tmp):
             raise AssertionError("a codec topk:2 was taken")
         except psd.PsError as e:
             assert "unknown codec 'topk:2'" in str(e), str(e)
+        td = cl.declare("d", (n,), compress=False)
         rng = random.Random(5)
         g = array.array("f", [rng.uniform(-1, 1) + 1e-3 for _ in range(n)])
+        # A keep= that does not hold the values at the address: refused, a read-only one too
+        # (a review, session 71: any address passed with bytes).
+        for keep in (memoryview(bytes(4 * n)).cast("f"), array.array("f", [0.0] * n)):
+            try:
+                cl.push(tc, g.buffer_info()[0], 0, keep=keep)
+                raise AssertionError(f"a {type(keep).__name__} keep= elsewhere was taken")
+            except ValueError as e:
+                assert "do not fit the buffer" in str(e), str(e)
         done, steps = None, 3
-        for _ in range(steps):
+        for k in range(steps):
             b = cl.next_batch(SAMPLES, done)
-            for t in (tc, tr, th):
-                cl.push(t, g.buffer_info()[0], b.step, keep=g).wait()
+            # Its samples (a review, session 71: a Client's batch had none, len() raised).
+            order = psd.batch_order(SAMPLES, cl.seed, b.pass_)
+            assert len(b) == b.count and list(b) == list(order[b.offset:b.offset + b.count])
+            for t in (tc, tr, th, td):
+                op = cl.push(t, g.buffer_info()[0], b.step, keep=g)
+                if t == td and k == 0:
+                    # Dropped unwaited: a change of its compression waits for it (before,
+                    # EBUSY until the tensor's next push; a review, session 71).
+                    del op
+                    gc.collect()
+                    cl.set_compression(td, "fp16", error_feedback=False)
+                else:
+                    op.wait()
             cl.batch_done(b)
             done = b
         out = {}

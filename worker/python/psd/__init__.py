@@ -235,6 +235,32 @@ class Batch:
         return len(self.indices)
 
 
+class _PyBuffer(ctypes.Structure):
+    """CPython's Py_buffer (Include/pybuffer.h), for _buffer_address."""
+    _fields_ = [("buf", ctypes.c_void_p), ("obj", ctypes.c_void_p), ("len", ctypes.c_ssize_t),
+                ("itemsize", ctypes.c_ssize_t), ("readonly", ctypes.c_int),
+                ("ndim", ctypes.c_int), ("format", ctypes.c_char_p),
+                ("shape", ctypes.c_void_p), ("strides", ctypes.c_void_p),
+                ("suboffsets", ctypes.c_void_p), ("internal", ctypes.c_void_p)]
+
+
+def _buffer_address(mv):
+    """The address of memoryview `mv`'s first byte, writable or not (ctypes' from_buffer takes
+    only writable ones)."""
+    api = ctypes.pythonapi
+    api.PyObject_GetBuffer.argtypes = [ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int]
+    api.PyObject_GetBuffer.restype = ctypes.c_int
+    api.PyBuffer_Release.argtypes = [ctypes.POINTER(_PyBuffer)]
+    api.PyBuffer_Release.restype = None
+    b = _PyBuffer()
+    if api.PyObject_GetBuffer(mv, ctypes.byref(b), 0) != 0:  # PyBUF_SIMPLE
+        raise ValueError("the buffer's address cannot be had")
+    try:
+        return b.buf or 0
+    finally:
+        api.PyBuffer_Release(ctypes.byref(b))
+
+
 def _uint(what, v, bits, low=0):
     """`v` as an int in [low, 2^bits - 1]: ctypes would wrap a negative or larger one silently
     (a shape of 2^32 + 3 declared as 3, a step of -1 as 2^64 - 1)."""
@@ -539,6 +565,7 @@ class Client:
         self._destroyed = False
         self._numel = {}  # tensor id -> values, of the declarations made here
         self._own = {}  # tensor id -> whether declare(values=) created all of it
+        self._order = None  # next_batch: (samples, pass, that pass's order)
         me = weakref.ref(self)  # not self: the entry must not keep it from its __del__
 
         def busy():
@@ -701,6 +728,9 @@ class Client:
             n *= s
         self._numel[tid.value] = n  # declared, whatever the compression call says
         if compress and not mean:  # a mean tensor's pushes are values: never compressed
+            if self._orphans:  # as set_compression: dropped pushes would hold it busy
+                with self._call():
+                    self._reap(tid.value)
             self._do(library().ps_client_use_job_compression, tid.value, name.encode())
         return tid.value
 
@@ -720,8 +750,11 @@ class Client:
         if block is not None:
             c.field_mask |= 1
             c.block = _uint("block", block, 32)
-        self._do(library().ps_client_set_compression, _uint("tensor id", tid, 32),
-                 ctypes.byref(c))
+        tid = _uint("tensor id", tid, 32)
+        if self._orphans:  # pushes dropped unwaited held the tensor busy (EBUSY) until the
+            with self._call():  # next push (a review, session 71): waited for here
+                self._reap(tid)
+        self._do(library().ps_client_set_compression, tid, ctypes.byref(c))
 
     def _pin(self, what, tid, addr, keep, write):
         """Checks a push's or pull's tensor and buffer; returns what the Op keeps: for `keep`
@@ -744,15 +777,13 @@ class Client:
                              f"(format {mv.format!r}, itemsize {mv.itemsize})")
         if write and mv.readonly:
             raise ValueError(f"{what} of tensor {tid}: the buffer is read-only")
-        if not mv.readonly:
-            base = ctypes.addressof((ctypes.c_char * mv.nbytes).from_buffer(mv)) \
-                if mv.nbytes else 0
-            if not base <= addr <= base + mv.nbytes - 4 * n:
-                raise ValueError(f"{what} of tensor {tid}: {n} float32s at {addr:#x} do not "
-                                 f"fit the buffer ({mv.nbytes} bytes at {base:#x})")
-        elif mv.nbytes < 4 * n:
-            raise ValueError(f"{what} of tensor {tid}: the buffer holds {mv.nbytes} bytes, "
-                             f"the tensor {4 * n}")
+        # A read-only one too (bytes, a read-only numpy array): before, only its size was
+        # checked, and any address passed (libps read memory `keep` does not hold; a review,
+        # session 71).
+        base = _buffer_address(mv) if mv.nbytes else 0
+        if not base <= addr <= base + mv.nbytes - 4 * n:
+            raise ValueError(f"{what} of tensor {tid}: {n} float32s at {addr:#x} do not "
+                             f"fit the buffer ({mv.nbytes} bytes at {base:#x})")
         return mv
 
     def _orphan(self, op, keep, tid, push):
@@ -895,7 +926,11 @@ class Client:
         if out.finished:
             self.final_step = out.step
             return None
-        return Batch(out, None)
+        # Its samples, from the pass's order (kept for the pass). Before, only psd.torch filled
+        # them in: len() and iter() of a Client's batch raised TypeError (a review, session 71).
+        if self._order is None or self._order[:2] != (n, out.pass_):
+            self._order = (n, out.pass_, batch_order(n, self.seed, out.pass_))
+        return Batch(out, self._order[2][out.offset:out.offset + out.count].tolist())
 
     def batch_done(self, b):
         with self._call() as h:

@@ -660,7 +660,6 @@ class ParameterServer:
         """The batches the coordinator hands this worker: each a psd.Batch whose `indices` (a
         list) name its samples; the model holds the parameters of its step. Call step() once
         per batch. At the end the model holds the final parameters."""
-        order, order_pass = None, None
         bsp = self.client.consistency == "bsp"
         while True:
             # The last batch stepped is reported here, also by a later call of batches() (a
@@ -693,10 +692,6 @@ class ParameterServer:
                                       "passes need a larger job.epochs, or a new job (fresh "
                                       "data_dirs)", stacklevel=2)
                     break
-                if b.pass_ != order_pass:
-                    order = psd.batch_order(self.samples, self.client.seed, b.pass_)
-                    order_pass = b.pass_
-                b.indices = order[b.offset:b.offset + b.count].tolist()
                 self.pull(b.step if bsp else 0)
             except psd.PsError as e:
                 if e.name != "ENOTMEMBER":
