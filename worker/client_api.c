@@ -321,7 +321,10 @@ int ps__ctrl_call(ps_client_t *c, int type, uint32_t shard, ps_msg_t *req, ps_ms
 {
     if (c->group_head) ps_client_group_end_all(c); /* held pushes and pulls go first */
     ps_op_t *op = ps__op_reuse(c, &c->ctrl_spare, type, 1); /* ps_op_wait below keeps it again */
-    if (op == NULL) return PS_ENOMEM;
+    if (op == NULL) { /* said: the error text was the previous call's (a review, session 71) */
+        snprintf(c->err, sizeof c->err, "out of memory for a %s", ps__op_name(type));
+        return PS_ENOMEM;
+    }
     op->parts[0].shard = shard;
     req->req_id = op->req_id;
     op->req = *req;
@@ -631,7 +634,10 @@ static int manifest_name(const char *path, bool optimizer, char *out, size_t out
                          size_t errlen)
 {
     ps_manifest_t *m = malloc(sizeof *m);
-    if (m == NULL) return PS_ENOMEM;
+    if (m == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return PS_ENOMEM;
+    }
     int rc = ps_manifest_load(m, path, err, errlen);
     const char *name = rc ? "" : optimizer ? ps_optim_name(m->job.optimizer.name) : m->cluster;
     if (rc == 0 && (size_t)snprintf(out, outlen, "%s", name) >= outlen) rc = PS_EINVAL;
@@ -683,7 +689,10 @@ int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts, ps
      * before any UCX socket (common/sockhooks.c). */
     ps_sockhooks_got_install();
     ps_client_t *c = calloc(1, sizeof *c);
-    if (c == NULL) return PS_ENOMEM;
+    if (c == NULL) {
+        if (err) snprintf(err, errlen, "out of memory");
+        return PS_ENOMEM;
+    }
     char e[1024] = "";
     int rc = ps_manifest_load(&c->m, manifest_path, e, sizeof e);
     if (rc == 0) rc = ps_auth_load(&c->auth, &c->m, e, sizeof e);
@@ -775,6 +784,7 @@ int ps_client_create(const char *manifest_path, const ps_client_opts_t *opts, ps
         ps_trace_close(c->trace);
         ps_auth_wipe(&c->auth);
         free(c);
+        if (err) snprintf(err, errlen, "out of memory, or no thread, for the client's transport");
         return PS_ENOMEM;
     }
     pthread_mutex_lock(&c->mu);
@@ -1040,7 +1050,11 @@ static int data_op(ps_client_t *c, int type, uint32_t id, float *buf, uint64_t s
         return PS_EBUSY;
     }
     ps_op_t *op = ps__op_reuse(c, &t->spare[type == OP_PULL], type, t->nchunks);
-    if (op == NULL) return PS_ENOMEM;
+    if (op == NULL) {
+        snprintf(c->err, sizeof c->err, "tensor %u: out of memory for a %s", id,
+                 ps__op_name(type));
+        return PS_ENOMEM;
+    }
     op->tensor = id;
     op->buf = buf;
     op->step = step;
@@ -1517,7 +1531,10 @@ int ps_client_self_test(ps_client_t *c, uint32_t shard, size_t bytes, int reps, 
     }
     if (c->group_head) ps_client_group_end_all(c); /* held ops first, as the header says */
     float *buf = calloc(1, bytes);
-    if (buf == NULL) return PS_ENOMEM;
+    if (buf == NULL) {
+        snprintf(c->err, sizeof c->err, "self-test: out of memory for %zu bytes", bytes);
+        return PS_ENOMEM;
+    }
     int rc = 0;
     double t0 = 0;
     for (int i = 0; i <= reps && rc == 0; i++) { /* the first one warms the path up */
