@@ -1271,6 +1271,26 @@ def misuse(tmp):
                 raise AssertionError(f"samples={bad!r} was taken")
             except ValueError as e:
                 assert what in str(e), str(e)
+        # Refused before the join (a review, session 71): an init of a frozen parameter (it
+        # stays this worker's own: ignored without a word), a float64 value past float32's
+        # range (refused after the join as "a NaN or an infinity").
+        frozen = torch.nn.Sequential(torch.nn.Linear(FEATURES, 4), torch.nn.Linear(4, 1))
+        frozen[0].weight.requires_grad_(False)
+        try:
+            psd.torch.ParameterServer(c.manifest, frozen, samples=SAMPLES,
+                                      init={"0.weight": ("constant", 7.0)})
+            raise AssertionError("an init of a frozen parameter was taken")
+        except ValueError as e:
+            assert "init names parameters the shards do not hold" in str(e) and \
+                "0.weight" in str(e), str(e)
+        wide = torch.nn.Linear(FEATURES, 1).double()
+        with torch.no_grad():
+            wide.weight[0, 0] = 1e39
+        try:
+            psd.torch.ParameterServer(c.manifest, wide, samples=SAMPLES)
+            raise AssertionError("a float64 value past float32's range was taken")
+        except ValueError as e:
+            assert "beyond float32's range" in str(e), str(e)
         # A job with optimizer mean: the shards keep each step's mean gradient, which the
         # pulls wrote into the model as its parameters (a probe, session 50: the weights became
         # the last gradient, the loss 5e11 after 16 steps). Refused before the join.

@@ -326,6 +326,22 @@ class ParameterServer:
                                  "load finite weights first, or let the shards initialize it "
                                  f"(init={{{name!r}: {self._default_init(p, True)!r}}}, or "
                                  "init=\"shards\")")
+            if init != "shards" and name not in init and p.dtype != torch.float32 and \
+                    not bool(torch.isfinite(p.detach().float()).all()):
+                # The shards hold float32: a float64 value past its range (1e39) became an
+                # infinity there, refused after the join as "a NaN or an infinity" (a review,
+                # session 71).
+                raise ValueError(f"parameter {name!r} ({p.dtype}) holds a value beyond float32's "
+                                 "range (about 3.4e38), which the shards hold: scale it, or let "
+                                 "the shards initialize it (init=\"shards\")")
+        if init != "shards":
+            # A frozen or empty one stays this worker's own: its init was ignored without a
+            # word (a review, session 71).
+            held_names = {n for n, _ in trained}
+            idle = sorted(k for k in init if k not in held_names)
+            if idle:
+                raise ValueError(f"init names parameters the shards do not hold (frozen: "
+                                 f"requires_grad False, or empty): {', '.join(idle)}")
         if not trained and not (sync_buffers and _statistics(module)):
             # It would take batches and train nothing (a probe, session 62: a whole job ran).
             raise ValueError("the model has no parameter to train (none requires_grad, or all "
