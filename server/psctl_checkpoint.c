@@ -28,7 +28,6 @@
 #include "jsonfield.h"
 #include "ps/ps_error.h"
 #include "sigignored.h"
-#include "durable.h"
 #include "psctl_client.h"
 
 double psctl_mono_s(void)
@@ -911,14 +910,6 @@ int psctl_checkpoint(const ps_manifest_t *m, const char *dir, double timeout_s, 
         if (psctl_absolute(d, sizeof d, dir) != 0) {
             fprintf(stderr, "psctl: checkpoint: cannot make '%s' absolute (the working "
                     "directory is gone, or its path too long): give an absolute one\n", dir);
-            ps_req_close(cl);
-            return 2;
-        }
-        char why[PS_PATH_MAX + 128];
-        if (strlen(d) < PS_CKPT_DIR_MAX && ps_dir_makeable(d, why, sizeof why) != 0) {
-            /* A file in the way above it: the shards could not make it (before, they failed
-             * after the hold, exit 1; a review, session 71). */
-            fprintf(stderr, "psctl: checkpoint: --dir %s cannot be made: %s\n", dir, why);
             ps_req_close(cl);
             return 2;
         }

@@ -1020,7 +1020,8 @@ static cl_proc_t *worker_job_extra(cl_cluster_t *c, const char *file, const char
 /* psworker options that were taken wrongly (found by a probe): "--rank-codec =int8" meant rank
  * 0, a rank past job.workers and --rank-codec or --self-test in the wrong mode were ignored
  * (exit 2 now); an unwritable --params-out failed only after the whole training (now before
- * it, exit 1, with no file left); metrics that could not be written ended with exit 0. And
+ * it, with no file left: exit 2 for a directory that is not there, as for an argument refused;
+ * 1 for one it cannot write in); metrics that could not be written ended with exit 0. And
  * --device: a device that is not there is refused before any training (exit 2). */
 START_TEST(test_psworker_options)
 {
@@ -1040,8 +1041,9 @@ START_TEST(test_psworker_options)
         {{"--rank-codec", "2=int8"}, true, 2, "job.workers = 2 ranks"},
         {{"--rank-codec", "1=int8"}, false, 2, "--rank-codec is for --local"},
         {{"--self-test"}, true, 2, "does not go with --local"},
-        {{"--params-out", "/nonexistent-psd-dir/params.bin"}, true, 1,
-         "/nonexistent-psd-dir/params.bin: No such file or directory", true},
+        {{"--params-out", "/nonexistent-psd-dir/params.bin"}, true, 2,
+         "--params-out /nonexistent-psd-dir/params.bin: its directory /nonexistent-psd-dir: No "
+         "such file or directory", true},
         {{"--metrics-out", "/dev/full"}, true, 1, "/dev/full: writing the metrics failed"},
         /* --device: a name it does not know, a device this host lacks (no GPU here, or fewer
          * than 1001), and the transport self-test, which computes nothing. */

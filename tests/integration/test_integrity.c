@@ -1273,17 +1273,13 @@ START_TEST(test_psctl_stopped_shard_bounded)
     const char *long_arg[] = {"checkpoint", "--dir", long_dir, NULL};
     EXPECT_LOG(psctl(c, "long_dir", 2, long_arg), "is longer than 199 bytes");
     /* Refused before contacting a shard, exit 2 as the other arguments (a review, session 71:
-     * a --timeout under a millisecond was taken and no shard answered in time; --wait 0 and a
-     * directory under a file failed after the hold, a --from too long after reading it). */
+     * a --timeout under a millisecond was taken and no shard answered in time; --wait 0
+     * failed after the hold, a --from too long after reading it). */
     const char *tiny_timeout[] = {"status", "--timeout", "1e-5", NULL};
     EXPECT_LOG(psctl(c, "tiny_timeout", 2, tiny_timeout), "--timeout 1e-5: expected seconds in "
                                                           "[0.001, 86400]");
     const char *wait0[] = {"checkpoint", "--wait", "0", NULL};
     EXPECT_LOG(psctl(c, "wait0", 2, wait0), "checkpoint --wait 0: a checkpoint takes time");
-    char under_file[CL_PATH + 8];
-    snprintf(under_file, sizeof under_file, "%s/sub", c->manifest);
-    const char *under[] = {"checkpoint", "--dir", under_file, NULL};
-    EXPECT_LOG(psctl(c, "under_file", 2, under), "cannot be made: ");
     long_dir[250] = '\0';
     const char *long_from[] = {"repair", "--from", long_dir, NULL};
     EXPECT_LOG(psctl(c, "long_from", 2, long_from), "is longer than 199 bytes");
