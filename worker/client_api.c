@@ -913,6 +913,7 @@ void ps_client_destroy(ps_client_t *c)
         free(c->tensors[i]);
     }
     free(c->tensors);
+    free(c->nan_chunk);
     free(c->ctrl_spare);
     for (uint32_t i = 0; c->shards && i < c->nshards; i++) {
         ps_storeview_close(&c->shards[i].view);
@@ -979,6 +980,22 @@ uint64_t ps_client_nonfinite_pushes(const ps_client_t *c)
 
 /* Whether every shard leaves a push holding a NaN or an infinity out (its hello reply said
  * PS_FLAG_NONFINITE): only then may a chunk int8 or sign cannot encode go as fp32. */
+/* chunk_elems NaNs, made once per client (the payload of a chunk a device marked as not
+ * finite); NULL without memory. */
+static const float *nan_chunk(ps_client_t *c)
+{
+    float *have = __atomic_load_n(&c->nan_chunk, __ATOMIC_ACQUIRE);
+    if (have) return have;
+    float *mine = malloc(c->chunk_elems * sizeof *mine);
+    if (mine == NULL) return NULL;
+    for (uint64_t i = 0; i < c->chunk_elems; i++) mine[i] = NAN;
+    if (__atomic_compare_exchange_n(&c->nan_chunk, &have, mine, false, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE))
+        return mine;
+    free(mine); /* another thread's came first */
+    return have;
+}
+
 static int all_leave_nonfinite(const ps_client_t *c)
 {
     for (uint32_t sh = 0; sh < c->nshards; sh++)
@@ -1107,6 +1124,24 @@ static int data_op(ps_client_t *c, int type, uint32_t id, float *buf, uint64_t s
             p->len = 0;
             rc = enc(enc_arg, id, i, (uint64_t)i * c->chunk_elems, n, &cc, t->error_feedback,
                      out, t->chunk_cap, &p->len);
+            if (rc == 0 && p->len >= 1 && p->len <= t->chunk_cap && out[0] == 0xff &&
+                psk_codec_needs_finite(&cc) && all_leave_nonfinite(c)) {
+                /* The device's mark of a chunk holding a NaN or an infinity, which int8 or
+                 * sign cannot encode (its residual left as it was, codec.h): sent as fp32 NaNs
+                 * for the shards to leave out, as the host path sends such a chunk. Before,
+                 * the push was refused and psworker --device cuda exited (a review, session
+                 * 71). */
+                const float *nan = nan_chunk(c);
+                if (nan == NULL) {
+                    snprintf(c->err, sizeof c->err, "out of memory");
+                    free(op);
+                    return PS_ENOMEM;
+                }
+                p->raw = 1;
+                p->data = nan;
+                p->len = n * 4;
+                continue;
+            }
             char why[160] = "longer than the chunk's room";
             if (rc == 0 && (p->len > t->chunk_cap ||
                             psk_codec_check_why(out, p->len, n, &cc, why, sizeof why))) {

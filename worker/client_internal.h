@@ -286,6 +286,7 @@ struct ps_client_s {
     ps_auth_t auth;             /* m's secret_file: proved first on every connection */
     uint32_t nshards;
     uint64_t chunk_elems;
+    float *nan_chunk;           /* chunk_elems NaNs once a device marked a chunk (nan_chunk) */
     int rank;
     uint32_t workers;
     uint64_t join_step;         /* the coordinator's step at the join */

@@ -34,7 +34,13 @@
  * other PUSHES - 1 are taken, then NUMEL / 10 pushes of zeros empty the residual (each sends
  * the 10 largest it holds, exactly): every value must be PUSHES - 1. Before, the refused push's
  * unsent part stayed in the residual and went out too (PUSHES for all but its 10 sent values).
- * Prints "asp_client: a refused push left the residual as it was". */
+ * Prints "asp_client: a refused push left the residual as it was".
+ * --marked (NUMEL within one chunk, PUSHES 1): the tensor compressed int8 with error feedback,
+ * one push whose encoder marks its payload as a device does for a chunk holding a NaN (the kind
+ * byte 0xff): the push must succeed, the shard leave the chunk out (a pull reads what one read
+ * before it).
+ * Before, the push was refused (PS_EINVAL) and psworker --device cuda exited. Prints
+ * "asp_client: a chunk the device marked was left out". */
 #include <inttypes.h>
 #include <math.h>
 #include <signal.h>
@@ -237,6 +243,47 @@ static int interrupted_push(ps_client_t *c, uint32_t id, const float *g)
     return rc == PS_ECANCELED ? 3 : 1;
 }
 
+/* An int8 payload of @p n values as psk_codec_encode_cuda leaves it for a chunk holding a NaN:
+ * its header (kind, flags, n, block) with the kind byte 0xff, the body zeros. */
+static int marked_encoder(void *arg, uint32_t id, uint32_t chunk, uint64_t offset, size_t n,
+                          const void *codec, int ef, uint8_t *out, size_t cap, size_t *len)
+{
+    uint32_t block = 256, nn = (uint32_t)n;
+    *len = 16 + 4 * ((n + block - 1) / block) + n;
+    if (*len > cap) return PS_EINVAL;
+    memset(out, 0, *len);
+    memcpy(out + 4, &nn, 4);
+    memcpy(out + 8, &block, 4);
+    out[0] = 0xff;
+    return 0;
+}
+
+/* --marked: see the top. @p before and @p after: n floats each. */
+static int marked_push(ps_client_t *c, uint32_t id, float *before, float *after, uint64_t n)
+{
+    ps_compression_t int8 = {.codec = "int8", .error_feedback = 1};
+    ps_op_t *op;
+    int rc = ps_client_pull(c, id, before, 0, &op);
+    if (rc == 0) rc = ps_op_wait(op, NULL);
+    if (rc == 0) rc = ps_client_set_compression(c, id, &int8);
+    if (rc == 0) rc = ps_client_push_encoded(c, id, 0, marked_encoder, NULL, &op);
+    if (rc == 0) rc = ps_op_wait(op, NULL);
+    if (rc == 0) rc = ps_client_pull(c, id, after, 0, &op);
+    if (rc == 0) rc = ps_op_wait(op, NULL);
+    if (rc) {
+        printf("asp_client: marked: %s\n", ps_client_error(c));
+        return 1;
+    }
+    for (uint64_t i = 0; i < n; i++)
+        if (after[i] != before[i]) {
+            printf("asp_client: marked: element %" PRIu64 " went from %g to %g: applied\n", i,
+                   (double)before[i], (double)after[i]);
+            return 1;
+        }
+    printf("asp_client: a chunk the device marked was left out\n");
+    return 0;
+}
+
 /* --refused: see the top. 0 when every value is pushes - 1. */
 static int refused_push(ps_client_t *c, uint32_t id, float *g, float *got, uint64_t n,
                         uint64_t pushes)
@@ -285,9 +332,11 @@ int main(int argc, char **argv)
     int skewed = argc == 5 && strcmp(argv[4], "--skew") == 0;
     int unwaited = argc == 5 && strcmp(argv[4], "--unwaited") == 0;
     int refused = argc == 5 && strcmp(argv[4], "--refused") == 0;
-    if (argc != 4 && !interrupt && !enomem && !misused && !skewed && !unwaited && !refused) {
+    int marked = argc == 5 && strcmp(argv[4], "--marked") == 0;
+    if (argc != 4 && !interrupt && !enomem && !misused && !skewed && !unwaited && !refused &&
+        !marked) {
         fprintf(stderr, "usage: asp_client MANIFEST NUMEL PUSHES [--interrupt | --enomem | "
-                "--misuse | --skew | --unwaited | --refused]\n");
+                "--misuse | --skew | --unwaited | --refused | --marked]\n");
         return 2;
     }
     uint64_t n = strtoull(argv[2], NULL, 10), pushes = strtoull(argv[3], NULL, 10);
@@ -316,8 +365,11 @@ int main(int argc, char **argv)
         rc = 1;
     }
     if (rc == 0 && misused) rc = misuse(c, id, g, got);
-    if (skewed || refused) {
-        if (rc == 0) rc = skewed ? skew(c) : refused_push(c, id, g, got, n, pushes);
+    if (skewed || refused || marked) {
+        if (rc == 0)
+            rc = skewed    ? skew(c)
+                 : refused ? refused_push(c, id, g, got, n, pushes)
+                           : marked_push(c, id, g, got, n);
         ps_client_destroy(c);
         free(g);
         free(got);

@@ -670,6 +670,15 @@ START_TEST(test_refused_push_gives_back)
     EXPECT_LOG(a, "asp_client: push 0 refused: shard 0: push of 0/0: out of memory "
                   "(PS_TEST_REFUSE_PUSH)");
     EXPECT_LOG(a, "asp_client: a refused push left the residual as it was");
+    /* A chunk a device encoder marked as holding a NaN (int8 cannot encode one): sent as fp32
+     * NaNs, left out by the shard, the push succeeds (before, PS_EINVAL: psworker --device
+     * cuda exited at a NaN gradient where the host path goes on; a review, session 71). */
+    char one[] = "1", marked[] = "--marked";
+    char *am[] = {(char *)cl_binary("ASP_CLIENT"), c->manifest, numel, one, marked, NULL};
+    cl_proc_t *mk = cl_spawn(c, "asp-marked", am);
+    EXPECT_EXIT(mk, 0);
+    EXPECT_LOG(mk, "asp_client: a chunk the device marked was left out");
+    EXPECT_LOG(mk, "left this worker's push of chunk 0 of tensor 0 out of its update");
     stop_all(&psd, 1);
     cl_cluster_destroy(c);
 }

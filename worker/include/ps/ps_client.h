@@ -298,10 +298,14 @@ typedef int (*ps_push_encoder_t)(void *arg, uint32_t id, uint32_t chunk, uint64_
  * @brief Push tensor @p id for @p step with payloads that @p enc writes, chunk by chunk on the
  * calling thread, e.g. a GPU encoding the gradient where it was computed so that only the
  * compressed bytes cross to the host (psworker --device cuda).
+ * A payload whose first byte (the codec's kind) is 0xff is a device's mark of a chunk holding a
+ * NaN or an infinity that int8 or sign cannot encode (psk_codec_encode_cuda, its residual left
+ * as it was): that chunk goes as float32 NaNs, which every shard leaves out of its update (as a
+ * host push of such a chunk does; against a psd older than session 37 the push is refused).
  * @return as ps_client_push; PS_EINVAL also when the tensor has no codec (push the gradient
- *         itself) or a payload is not a valid one of its codec (psk_codec_check: e.g. int8 or
- *         sign met a NaN): then nothing is sent, but the encoder's residual already holds the
- *         chunks encoded before the bad one.
+ *         itself) or a payload is not a valid one of its codec (psk_codec_check): then nothing
+ *         is sent, but the encoder's residual already holds the chunks encoded before the bad
+ *         one.
  */
 int ps_client_push_encoded(ps_client_t *c, uint32_t id, uint64_t step, ps_push_encoder_t enc,
                            void *arg, ps_op_t **op);
