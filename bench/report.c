@@ -181,6 +181,12 @@ int pb_report_json(const char *path, const char *meta_json)
             fprintf(f, ", \"transport_gbps\": ");
             json_num(f, r->extra);
         }
+        /* The issue asks apply throughput in params/s too: fp32 parameters, 4 bytes each. */
+        if (r->metric == PB_THROUGHPUT && r->value > 0 &&
+            (strncmp(r->op, "apply", 5) == 0 || strncmp(r->op, "optim_ram", 9) == 0)) {
+            fprintf(f, ", \"params_per_s\": ");
+            json_num(f, r->value * 1e9 / 4);
+        }
         fprintf(f, ", \"iters\": %llu", (unsigned long long)r->iters);
         if (r->ncpu) {
             fprintf(f, ", \"cpu_busy\": [");
