@@ -339,6 +339,11 @@ __attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t crc, const voi
 }
 #else
 #define HAVE_HW 0
+/* Never set here (no SSE4.2 nor carry-less multiply off x86-64), but init() and
+ * ps_crc32c_use() read them: without them the file did not compile elsewhere (a review,
+ * session 71). */
+static int use_hw, use_clmul;
+static int have_hw, have_clmul;
 #endif
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
