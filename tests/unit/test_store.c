@@ -508,7 +508,8 @@ static const float *fill_grad(void *arg, size_t off, size_t len)
  * buffer, as on an LMDB overflow page, so the streamed copy's unaligned head is covered). */
 START_TEST(update_seals_like_recompute)
 {
-    static const uint32_t sizes[] = {3 * 4096 + 123, 70001};
+    /* The last blocks: 123 values (the two calls), 500 (the fused one; a review, session 71). */
+    static const uint32_t sizes[] = {3 * 4096 + 123, 70001, 4096 + 500};
     for (int k = 0; k < 2 * PSK_OPTIM_KINDS; k++) {
         int kind = k % PSK_OPTIM_KINDS;
         bool stream = k >= PSK_OPTIM_KINDS;
@@ -536,9 +537,11 @@ START_TEST(update_seals_like_recompute)
             lazy_grad_t lg = {.g = g2};
             /* Update 3 of a chunk at version 4 (two bsp steps without a gradient): the
              * optimizer's t is the one given, not the version. */
-            psd_store_chunk_update(a, psd_chunk_params(old), ns ? psd_chunk_state(old) : NULL,
-                                   g2, 0.5f, &o, 3, fill_grad, &lg, stream);
+            bool finite = psd_store_chunk_update(a, psd_chunk_params(old),
+                                                 ns ? psd_chunk_state(old) : NULL, g2, 0.5f, &o,
+                                                 3, fill_grad, &lg, stream);
             ck_assert_uint_eq(lg.covered, n);
+            ck_assert_msg(finite, "kind %d n %u stream %d: said not finite", kind, n, stream);
             *b = *old;
             psk_optim_apply_cpu(psd_chunk_params(b), ns ? psd_chunk_state(b) : NULL,
                                 psd_chunk_params(old), ns ? psd_chunk_state(old) : NULL, g, 0.5f,
@@ -555,6 +558,17 @@ START_TEST(update_seals_like_recompute)
              * CRC alone): seal and the update fold the two into one pass. */
             ck_assert_uint_eq(b->hash, psd_store_chunk_hash(b));
             ck_assert_uint_eq(b->crc32c, psd_store_params_crc(b));
+            /* A gradient that makes a parameter an infinity (in the last block: the fused
+             * pass's tail) is said: the return is false, in both paths. */
+            float gi = g[n - 2];
+            g[n - 2] = INFINITY;
+            *a = *old;
+            ck_assert_msg(!psd_store_chunk_update(a, psd_chunk_params(old),
+                                                  ns ? psd_chunk_state(old) : NULL, g, 0.5f, &o,
+                                                  3, NULL, NULL, stream),
+                          "kind %d n %u stream %d: an infinite parameter not said", kind, n,
+                          stream);
+            g[n - 2] = gi;
             free(old);
             free(abuf);
             free(b);
