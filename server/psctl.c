@@ -364,9 +364,11 @@ static int forget_tensor(const ps_manifest_t *m, const char *name, bool trained,
 {
     char err[512];
     ps_req_t *cl;
-    if (ps_req_open(m, timeout, &cl, err, sizeof err)) {
+    /* A secret_file this host refuses is the manifest's (exit 2, as check and status say it). */
+    int orc = ps_req_open(m, timeout, &cl, err, sizeof err);
+    if (orc) {
         fprintf(stderr, "psctl: forget: %s\n", err);
-        return 1;
+        return orc == PS_ECONFIG ? 2 : 1;
     }
     int dropped = 0, rc = psctl_forget(cl, m, name, trained, &dropped, err, sizeof err);
     ps_req_close(cl);
@@ -623,9 +625,12 @@ int main(int argc, char **argv)
     }
     if (scale >= 0) {
         ps_req_t *cc;
-        if (ps_req_open(&ctl.m, timeout, &cc, err, sizeof err)) {
+        /* A secret_file this host refuses is the manifest's (exit 2, as check and status
+         * say it). */
+        int orc = ps_req_open(&ctl.m, timeout, &cc, err, sizeof err);
+        if (orc) {
             fprintf(stderr, "psctl: %s\n", err);
-            return 1;
+            return orc == PS_ECONFIG ? 2 : 1;
         }
         ps_msg_t req = {.type = PS_MSG_SCALE, .workers = (uint32_t)scale, .rank = -1}, rep;
         snprintf(req.cluster, sizeof req.cluster, "%s", ctl.m.cluster);

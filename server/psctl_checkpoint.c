@@ -895,9 +895,11 @@ int psctl_checkpoint(const ps_manifest_t *m, const char *dir, double timeout_s, 
 {
     ps_req_t *cl;
     char err[512], d[1024];
-    if (ps_req_open(m, timeout_s, &cl, err, sizeof err)) {
+    /* A secret_file this host refuses is the manifest's (exit 2, as check and status say it). */
+    int orc = ps_req_open(m, timeout_s, &cl, err, sizeof err);
+    if (orc) {
         fprintf(stderr, "psctl: %s\n", err);
-        return 1;
+        return orc == PS_ECONFIG ? 2 : 1;
     }
     int ret = 1;
     struct stat sd;

@@ -155,9 +155,11 @@ int psctl_export(const ps_manifest_t *m, const char *out, double timeout_s, doub
     bool one_step = m->job.consistency == PS_CONSIST_BSP && !any_step; /* else as it is */
     ps_req_t *cl;
     char err[512];
-    if (ps_req_open(m, timeout_s, &cl, err, sizeof err)) {
+    /* A secret_file this host refuses is the manifest's (exit 2, as check and status say it). */
+    int orc = ps_req_open(m, timeout_s, &cl, err, sizeof err);
+    if (orc) {
         fprintf(stderr, "psctl: %s\n", err);
-        return 1;
+        return orc == PS_ECONFIG ? 2 : 1;
     }
     int ret = 1;
     uint64_t step, step_max;
@@ -405,9 +407,11 @@ int psctl_verify(const ps_manifest_t *m, double timeout_s)
 {
     ps_req_t *cl;
     char err[512];
-    if (ps_req_open(m, timeout_s, &cl, err, sizeof err)) {
+    /* A secret_file this host refuses is the manifest's (exit 2, as check and status say it). */
+    int orc = ps_req_open(m, timeout_s, &cl, err, sizeof err);
+    if (orc) {
         fprintf(stderr, "psctl: %s\n", err);
-        return 1;
+        return orc == PS_ECONFIG ? 2 : 1;
     }
     verify_ctx_t v = {0};
     int failed = 0;

@@ -559,9 +559,11 @@ int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wai
         return 2;
     }
     ps_req_t *cl;
-    if (ps_req_open(m, timeout_s, &cl, err, sizeof err)) {
+    /* A secret_file this host refuses is the manifest's (exit 2, as check and status say it). */
+    int orc = ps_req_open(m, timeout_s, &cl, err, sizeof err);
+    if (orc) {
         fprintf(stderr, "psctl: %s\n", err);
-        return 1;
+        return orc == PS_ECONFIG ? 2 : 1;
     }
     const int bsp = m->job.consistency == PS_CONSIST_BSP;
     const uint64_t every = ck->every_steps;

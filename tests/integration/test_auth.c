@@ -125,6 +125,12 @@ START_TEST(test_secret_file_mode)
     EXPECT_EXIT(chk, 2);
     EXPECT_LOG(chk, "psctl: check: secret_file ");
     EXPECT_LOG(chk, "(mode 640): chmod 600 it");
+    /* Every verb that contacts the shards: exit 2 too, as check and status (scale exited 1; a
+     * review, session 71). */
+    char *argv_sc[] = {(char *)cl_binary("PSCTL"), "--manifest", m, "scale", "1", NULL};
+    cl_proc_t *sc = cl_spawn(c, "psctl-scale", argv_sc);
+    EXPECT_EXIT(sc, 2);
+    EXPECT_LOG(sc, "(mode 640): chmod 600 it");
     /* pslaunch --follow too, with exit 2: its systemd unit does not start it again for that
      * (it exited 1 before, and was started again every 5 s for good). */
     char *argv_l[] = {(char *)cl_binary("PSLAUNCH"), "--manifest", m, "--follow", NULL};
