@@ -42,10 +42,18 @@ int psctl_absolute(char *out, size_t cap, const char *dir)
     /* Before, the working directory's path was cut at 500 bytes (from a deeper one a relative
      * D named another place) and a failed getcwd left D relative (a review, session 71). */
     char cwd[PATH_MAX];
-    int n = dir[0] == '/'                       ? snprintf(out, cap, "%s", dir)
-            : getcwd(cwd, sizeof cwd) == NULL ? -1
-                                                : snprintf(out, cap, "%s/%s", cwd, dir);
-    return n >= 0 && (size_t)n < cap ? 0 : PS_EINVAL;
+    size_t ld = strlen(dir), lc = 0;
+    if (dir[0] != '/') {
+        if (getcwd(cwd, sizeof cwd) == NULL) return PS_EINVAL;
+        lc = strlen(cwd) + 1; /* and its '/' */
+    }
+    if (lc + ld >= cap) return PS_EINVAL;
+    if (lc) {
+        memcpy(out, cwd, lc - 1);
+        out[lc - 1] = '/';
+    }
+    memcpy(out + lc, dir, ld + 1);
+    return 0;
 }
 
 char *psctl_status_json(ps_req_t *cl, uint32_t i, char *err, size_t errlen, int *rc)
