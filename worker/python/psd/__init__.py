@@ -624,10 +624,15 @@ class Client:
                                   "may come from any")
                 self._driver = tid
                 self._driven += 1
-            self._calls += 1
+            # This thread's hold first: a close() from a signal handler that runs on this thread
+            # between the two counts then sees the call as this thread's own (before, it waited
+            # for it, on itself, for good; a review, session 71).
             self._holders[tid] = self._holders.get(tid, 0) + 1
+            self._calls += 1
             h = self._h
         try:
+            if not h:  # freed by such a close() before the hold was counted
+                raise PsError(-errno.EINVAL, "EINVAL", "the client is closed")
             yield h
         finally:
             with self._cv:
