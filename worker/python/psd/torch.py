@@ -840,7 +840,11 @@ class ParameterServer:
             # Interrupted (Ctrl-C, or client.interrupt()): the client is good only for its
             # close; leave without the pull, and let the KeyboardInterrupt go on, not this.
             # EBUSY: closed from another thread while the driving one is inside a call, which
-            # the client's close interrupts.
+            # the client's close interrupts; else (a compressed pull dropped unwaited by a
+            # KeyboardInterrupt holds the tensor) said, as the model keeps older parameters (a
+            # review, session 71: it left without a word).
+            if e.name == "EBUSY" and "another thread" not in str(e):
+                warnings.warn(f"left without pulling the newest parameters: {e}", RuntimeWarning)
         except _ModelChanged as e:  # since the last step(): the pull would be refused
             warnings.warn(f"left without pulling the newest parameters: {e}", RuntimeWarning)
         finally:
