@@ -4,6 +4,7 @@
 
 #include "ps.pb-c.h"
 #include "ps/ps_error.h"
+#include "utf8.h"
 #include "wire.h"
 
 /* The offset of the first byte of @p s that does not continue valid UTF-8 (no overlong forms,
@@ -11,21 +12,8 @@
 static long utf8_bad_at(const char *s)
 {
     const unsigned char *p = (const unsigned char *)s, *b = p;
-    while (*p) {
-        unsigned c = *p;
-        int n = c < 0x80 ? 0
-                : (c & 0xe0) == 0xc0 ? 1
-                : (c & 0xf0) == 0xe0 ? 2
-                : (c & 0xf8) == 0xf0 ? 3
-                                     : -1;
-        if (n < 0 || (n == 1 && c < 0xc2) || (n == 3 && c > 0xf4)) return (long)(p - b);
-        for (int i = 1; i <= n; i++)
-            if ((p[i] & 0xc0) != 0x80) return (long)(p - b);
-        if ((n == 2 && c == 0xe0 && p[1] < 0xa0) || (n == 2 && c == 0xed && p[1] >= 0xa0) ||
-            (n == 3 && c == 0xf0 && p[1] < 0x90) || (n == 3 && c == 0xf4 && p[1] >= 0x90))
-            return (long)(p - b); /* overlong, a surrogate, or past U+10FFFF */
-        p += 1 + n;
-    }
+    for (size_t n; *p; p += n)
+        if ((n = ps_utf8_len(p)) == 0) return (long)(p - b);
     return -1;
 }
 

@@ -145,6 +145,9 @@ struct psd_coord_s {
     uint32_t m_hi;             /* the members a save keeps: s.m[m_hi..] are zeros, of ranks
                                   that never joined (members_hi, and each join) */
     member_rt_t rt[PS_MAX_RANKS];
+    uint64_t samples_shown;    /* psd_job_samples_applied_total's last value: a counter never
+                                  goes down while psd runs, though s.cur's net count does when a
+                                  counted batch is handed out again (psd_coord_metrics) */
     uint64_t started_ms;       /* this process's start: members of a restored state must
                                   come back within heartbeat_timeout_ms */
     uint64_t waiting_since_ms; /* bsp: members wait for a step with no members (0: none) */

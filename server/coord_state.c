@@ -571,7 +571,7 @@ static int cmp_u64(const void *a, const void *b)
 
 void psd_coord_metrics(psd_server_t *srv, psd_prom_t *p)
 {
-    const psd_coord_t *co = srv->coord;
+    psd_coord_t *co = srv->coord; /* samples_shown kept up to date here */
     uint64_t n = co->ngaps < GAP_RING ? co->ngaps : GAP_RING, gmax = 0;
     for (uint64_t i = 0; i < n; i++)
         if (co->gaps[i] > gmax) gmax = co->gaps[i];
@@ -588,9 +588,15 @@ void psd_coord_metrics(psd_server_t *srv, psd_prom_t *p)
                  (uint64_t)popcount(co->s.active));
     psd_prom_u64(p, "psd_job_finished", "gauge", "1 once every pass of the training set is "
                  "applied", co->s.finished ? 1 : 0);
+    /* The net count goes back when a batch counted as applied is handed out again (its worker
+     * left before every shard had applied it): a counter must not, or Prometheus takes it for
+     * a restart and counts the whole value again (a review, session 71). The highest so far. */
+    if (co->s.cur.applied_total > co->samples_shown)
+        co->samples_shown = co->s.cur.applied_total;
     psd_prom_u64(p, "psd_job_samples_applied_total", "counter",
-                 "Training samples whose batches were applied, over all passes",
-                 co->s.cur.applied_total);
+                 "Training samples whose batches were applied, over all passes (the most so far "
+                 "since psd started: a batch handed out again is not counted twice)",
+                 co->samples_shown);
     psd_prom_u64(p, "psd_job_batches_handed_again_total", "counter",
                  "Batches handed out again after their worker left or died",
                  co->s.cur.handed_again);

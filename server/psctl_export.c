@@ -27,6 +27,7 @@
 #include "ps/ps_error.h"
 #include "sigignored.h"
 #include "psctl_client.h"
+#include "utf8.h"
 
 typedef struct {
     ps_decl_t d;
@@ -37,20 +38,27 @@ typedef struct {
 size_t psctl_json_str(char *out, size_t cap, const char *s)
 {
     size_t n = 0;
-    for (; *s; s++) {
+    for (size_t len; *s; s += len) {
         unsigned char ch = (unsigned char)*s;
         char esc[8];
+        const char *put = esc;
         int k;
-        if (ch == '"' || ch == '\\')
+        len = ps_utf8_len((const unsigned char *)s);
+        if (len == 0) { /* not UTF-8 (a foreign peer's error text): JSON must be (a review) */
+            len = 1;
+            k = snprintf(esc, sizeof esc, "\\ufffd");
+        } else if (ch == '"' || ch == '\\')
             k = snprintf(esc, sizeof esc, "\\%c", ch);
         else if (ch < 0x20)
             k = snprintf(esc, sizeof esc, "\\u%04x", ch);
-        else
-            k = snprintf(esc, sizeof esc, "%c", ch);
-        if (n + (size_t)k < cap) memcpy(out + n, esc, (size_t)k);
+        else {
+            put = s;
+            k = (int)len;
+        }
+        if (n + (size_t)k < cap) memcpy(out + n, put, (size_t)k);
         n += (size_t)k;
     }
-    if (n < cap) out[n] = '\0';
+    if (cap) out[n < cap ? n : cap - 1] = '\0';
     return n;
 }
 

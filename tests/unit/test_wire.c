@@ -6,6 +6,7 @@
 
 #include "ps/ps_error.h"
 #include "bundle.h"
+#include "utf8.h"
 #include "wire.h"
 
 static ps_msg_t sample(void)
@@ -607,11 +608,35 @@ START_TEST(unpack_is_protobufs)
 }
 END_TEST
 
+/* ps_utf8_len (common/utf8.h): what the declarations' check and the JSON writers (psd's status,
+ * psctl's) take as UTF-8; the writers put U+FFFD for a byte it refuses (a review, session 71:
+ * psctl copied such bytes from a foreign peer's error into its JSON). */
+START_TEST(utf8_len)
+{
+    static const struct {
+        const char *s;
+        size_t len;
+    } cases[] = {
+        {"a", 1},           {"\xc3\xa9", 2},        {"\xe2\x80\xa8", 3}, {"\xf0\x9f\x98\x80", 4},
+        {"\x80", 0},        {"\xc0\xaf", 0},        /* stray continuation, overlong '/' */
+        {"\xe0\x80\xaf", 0}, {"\xed\xa0\x80", 0},    /* overlong, a surrogate */
+        {"\xf4\x90\x80\x80", 0},                    /* past U+10FFFF */
+        {"\xc3", 0},        {"\xe2\x80", 0},        /* cut by the NUL */
+        {"\xff", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        ck_assert_msg(ps_utf8_len((const unsigned char *)cases[i].s) == cases[i].len,
+                      "case %zu: got %zu, want %zu", i,
+                      ps_utf8_len((const unsigned char *)cases[i].s), cases[i].len);
+}
+END_TEST
+
 Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("wire");
     TCase *tc = tcase_create("wire");
     tcase_add_test(tc, roundtrip);
+    tcase_add_test(tc, utf8_len);
     tcase_add_test(tc, small_push_header);
     tcase_add_test(tc, ckpt_cancel);
     tcase_add_test(tc, truncated_rejected);
