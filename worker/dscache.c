@@ -55,8 +55,11 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n)
 }
 
 /* The cache file's path for sources @p ipath and @p lpath in the cache directory; @p salted:
- * with the format in the name (this version's), or without it (PSDSC002's, before session
- * 56). @return 0, or -1 (off, a source not stat'ed, too long). */
+ * 2 with the format and this user in the name (this version's), 1 with the format only
+ * (sessions 56-70), 0 neither (PSDSC002's, before session 56). The user: another user's copy
+ * under the same name is never read (it is not this user's), and its writer's rename over it
+ * failed, so a second user decompressed and wrote ~55 MB at every start (a review, session 71).
+ * @return 0, or -1 (off, a source not stat'ed, too long). */
 static int cache_path(const char *ipath, const char *lpath, int salted, char *out, size_t len)
 {
     const char *dir = getenv("PS_DATASET_CACHE");
@@ -67,6 +70,10 @@ static int cache_path(const char *ipath, const char *lpath, int salted, char *ou
     /* The format is in the name: a psd of another version on the same host writes its own
      * file instead of replacing this one at every start. */
     if (salted) h = fnv(h, DSC_MAGIC, sizeof DSC_MAGIC);
+    if (salted >= 2) {
+        uint64_t uid = (uint64_t)geteuid();
+        h = fnv(h, &uid, sizeof uid);
+    }
     const char *src[2] = {ipath, lpath};
     for (int i = 0; i < 2; i++) {
         struct stat st;
@@ -87,16 +94,17 @@ static int cache_path(const char *ipath, const char *lpath, int salted, char *ou
 
 int ps_dscache_path(const char *ipath, const char *lpath, char *out, size_t len)
 {
-    return cache_path(ipath, lpath, 1, out, len);
+    return cache_path(ipath, lpath, 2, out, len);
 }
 
 void ps_dscache_drop_old(const char *ipath, const char *lpath)
 {
     char old[4200];
     struct stat st;
-    if (cache_path(ipath, lpath, 0, old, sizeof old) == 0 && lstat(old, &st) == 0 &&
-        S_ISREG(st.st_mode) && st.st_uid == geteuid())
-        unlink(old);
+    for (int salted = 0; salted < 2; salted++) /* the earlier names, this user's */
+        if (cache_path(ipath, lpath, salted, old, sizeof old) == 0 && lstat(old, &st) == 0 &&
+            S_ISREG(st.st_mode) && st.st_uid == geteuid())
+            unlink(old);
 }
 
 /* Read @p len bytes at @p off of @p fd into @p dst in blocks, folding each into the CRC right
@@ -216,9 +224,11 @@ int ps_dscache_save(const ps_dataset_t *d, const char *path)
     memcpy(h.magic, DSC_MAGIC, 8);
     h.crc = ps_crc32c(ps_crc32c(0, d->pixels, img), d->labels, d->n);
     memcpy(hdr, &h, sizeof h);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+    /* 0600: the decoded pixels of a dataset this user may read, which another user may not
+     * (it was 0644 whatever the source's mode; only this user reads it back; a review). */
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0 && errno == EEXIST && unlink(tmp) == 0) /* our pid's: a dead writer's leftover */
-        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0) return -1;
     int rc = write_all(fd, hdr, sizeof hdr) || write_all(fd, d->pixels, img) ||
              write_all(fd, d->labels, d->n);

@@ -132,26 +132,38 @@ static int expect_eof(gzFile f, const char *path, const char *what, char *err, s
     return 0;
 }
 
-/* The count an IDX1 label file's header announces (0 when it cannot be read: load_labels then
- * says why). Read first, so that an image file announcing another count is refused before its
- * images are allocated. */
-static uint32_t labels_announced(const char *path)
+/* The count an IDX1 label file's header announces, into *@p n. Read first, so that an image
+ * file announcing another count is refused before its images are allocated; a label file
+ * whose header cannot be read is refused here too (before, it counted as "not known" and a
+ * 762 KB image file could make the worker allocate and fill gigabytes first; a review,
+ * session 71). @return 0, or a PS_E* code with @p err set. */
+static int labels_announced(const char *path, uint32_t *n, char *err, size_t errlen)
 {
     gzFile f;
-    char err[16];
-    if (open_gz(&f, path, err, sizeof err) < 0) return 0;
+    int rc = open_gz(&f, path, err, errlen);
+    if (rc < 0) return rc;
     unsigned char hdr[8];
-    uint32_t n = gzread(f, hdr, sizeof hdr) == (int)sizeof hdr && be32(hdr) == IDX_LABELS_MAGIC
-                     ? be32(hdr + 4)
-                     : 0;
+    long long r = read_bytes(f, path, hdr, sizeof hdr, err, errlen);
+    if (r >= 0 && r < (long long)sizeof hdr) {
+        set_err(err, errlen, "%s: truncated IDX header (%lld of 8 bytes)", path, r);
+        rc = PS_EDATA;
+    } else if (r >= 0 && be32(hdr) != IDX_LABELS_MAGIC) {
+        set_err(err, errlen, "%s: bad magic number %u (an IDX label file has %u)", path,
+                be32(hdr), IDX_LABELS_MAGIC);
+        rc = PS_EDATA;
+    } else if (r < 0) {
+        rc = (int)r;
+    } else {
+        *n = be32(hdr + 4);
+    }
     gzclose(f);
-    return n;
+    return rc;
 }
 
-/* Reads an IDX3 image file into d->pixels and sets n and dim. @p want_n: the
- * label file's count (0: not known), checked before anything is allocated. */
-static int load_images(ps_dataset_t *d, const char *path, uint32_t want_n, const char *lpath,
-                       char *err, size_t errlen)
+/* Reads an IDX3 image file into d->pixels and sets n and dim; the count of label file
+ * @p lpath is checked against it before anything is allocated. */
+static int load_images(ps_dataset_t *d, const char *path, const char *lpath, char *err,
+                       size_t errlen)
 {
     gzFile f;
     int rc = open_gz(&f, path, err, errlen);
@@ -191,7 +203,11 @@ static int load_images(ps_dataset_t *d, const char *path, uint32_t want_n, const
     /* What a header announces is checked before it is allocated: a small compressed file (a
      * gzip bomb, or a damaged header) made the worker allocate and fill gigabytes (3 GB from
      * 762 KB, found by a review) before the counts were compared. */
-    if (want_n && n != want_n) {
+    uint32_t want_n = 0;
+    rc = labels_announced(lpath, &want_n, err, errlen);
+    if (rc < 0)
+        goto out;
+    if (n != want_n) {
         set_err(err, errlen, "%s: %u images, but %s announces %u labels", path, n, lpath,
                 want_n);
         rc = PS_EDATA;
@@ -326,7 +342,7 @@ static int load_split(ps_dataset_t *d, const char *dir, const char *prefix, char
     int cached = ps_dscache_path(ipath, lpath, cpath, sizeof cpath) == 0;
     if (cached && ps_dscache_load(d, cpath) == 0)
         return 0; /* checked when it was written, and its CRC-32C just now */
-    int rc = load_images(d, ipath, labels_announced(lpath), lpath, err, errlen);
+    int rc = load_images(d, ipath, lpath, err, errlen);
     if (rc < 0)
         return rc;
     uint32_t nlabels = d->n;

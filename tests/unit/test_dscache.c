@@ -242,10 +242,15 @@ START_TEST(test_name_follows_sources)
 END_TEST
 
 /* The name a cache file of @p ipath and @p lpath had before session 56 (PSDSC002, floats): the
- * FNV-1a of each source's path and stat fields, without the format (dscache.c cache_path). */
-static void old_name(char *out, size_t len)
+ * FNV-1a of each source's path and stat fields, without the format (dscache.c cache_path); with
+ * @p salted, sessions 56-70's: the format first, not the user. */
+#define DSC_MAGIC_TEST "PSDSC003" /* dscache.c's DSC_MAGIC, with its NUL: sizeof 9 */
+static void old_name(char *out, size_t len, int salted)
 {
     uint64_t h = 0xcbf29ce484222325ull;
+    if (salted)
+        for (size_t k = 0; k < sizeof DSC_MAGIC_TEST; k++)
+            h = (h ^ (unsigned char)DSC_MAGIC_TEST[k]) * 0x100000001b3ull;
     const char *src[2] = {ipath, lpath};
     for (int i = 0; i < 2; i++) {
         struct stat st;
@@ -267,18 +272,30 @@ static void old_name(char *out, size_t len)
  * Only a regular file: a link there is left, and so is this version's copy. */
 START_TEST(test_old_copy_removed)
 {
-    char path[4200], old[4200], real[4300];
+    char path[4200], old[4200], real[4300], salted[4200];
     ck_assert_int_eq(ps_dscache_path(ipath, lpath, path, sizeof path), 0);
-    old_name(old, sizeof old);
+    old_name(old, sizeof old, 0);
     ck_assert_str_ne(old, path);
+    /* Sessions 56-70's name (no user in it: a second user's copy took the first's name and was
+     * never written; a review, session 71) is another, and is dropped too. */
+    old_name(salted, sizeof salted, 1);
+    ck_assert_str_ne(salted, path);
     ps_dataset_t d = sample();
     ck_assert_int_eq(ps_dscache_save(&d, path), 0);
+    struct stat ms;
+    ck_assert_int_eq(stat(path, &ms), 0);
+    ck_assert_uint_eq(ms.st_mode & 0777, 0600); /* was 0644, whatever the source's mode */
     FILE *f = fopen(old, "w");
     ck_assert_ptr_nonnull(f);
     fputs("PSDSC002", f);
     fclose(f);
+    f = fopen(salted, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("PSDSC003", f);
+    fclose(f);
     ps_dscache_drop_old(ipath, lpath);
     ck_assert_int_eq(access(old, F_OK), -1);
+    ck_assert_int_eq(access(salted, F_OK), -1);
     ck_assert_int_eq(access(path, F_OK), 0);
     snprintf(real, sizeof real, "%s.elsewhere", path);
     f = fopen(real, "w");

@@ -594,6 +594,16 @@ START_TEST(test_fmnist_bad_content)
     write_gz(1, (uint32_t[]){2049, 1000}, 2, NULL, 0);
     expect_load_error(PS_EDATA, 0, "more than half of this machine's memory");
 
+    /* A label file whose header says nothing usable (bad magic) or 0 beside a million images:
+     * refused from the label file's header, before the images' 784 MB are allocated and
+     * inflated (before, taken as "count not known": a review, session 71). */
+    write_valid_set();
+    write_gz(0, (uint32_t[]){2051, 1000000, 28, 28}, 4, NULL, 0);
+    write_gz(1, (uint32_t[]){2050, 1000000}, 2, NULL, 0);
+    expect_load_error(PS_EDATA, 1, "bad magic number 2050");
+    write_gz(1, (uint32_t[]){2049, 0}, 2, NULL, 0);
+    expect_load_error(PS_EDATA, 0, "1000000 images, but ");
+
     /* Extra bytes after the announced images. */
     write_valid_set();
     write_gz(2, (uint32_t[]){2051, 1, 2, 2}, 4, test_px, sizeof(test_px));
