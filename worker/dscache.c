@@ -5,6 +5,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <strings.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -64,6 +65,11 @@ static int cache_path(const char *ipath, const char *lpath, int salted, char *ou
 {
     const char *dir = getenv("PS_DATASET_CACHE");
     if (ps_env_word_off(dir)) return -1; /* "0" was a directory named 0 (an input probe) */
+    /* "1", "on", "true", "yes": the default place, as other PS_* switches read them (they
+     * were a relative directory of that name; a review, session 71). */
+    static const char *const on[] = {"1", "on", "true", "yes"};
+    for (size_t i = 0; dir && i < sizeof on / sizeof on[0]; i++)
+        if (strcasecmp(dir, on[i]) == 0) dir = NULL;
     if (dir == NULL || *dir == '\0') dir = getenv("TMPDIR");
     if (dir == NULL || *dir == '\0') dir = "/tmp";
     uint64_t h = 0xcbf29ce484222325ull;

@@ -351,6 +351,16 @@ static int load_split(ps_dataset_t *d, const char *dir, const char *prefix, char
         ps_dataset_free(d);
     else if (cached && ps_dscache_save(d, cpath) == 0) /* best effort: the next worker reads it */
         ps_dscache_drop_old(ipath, lpath);
+    else if (cached) {
+        /* Said once per process: every worker on this host decompresses the dataset then (a
+         * directory that is not there, or not writable, was silent; a review, session 71). */
+        static int said;
+        int e = errno;
+        if (!said++)
+            fprintf(stderr, "psworker: the dataset's decoded copy could not be written to %s "
+                    "(%s): each worker decompresses it (PS_DATASET_CACHE names the directory, "
+                    "off turns the copy off)\n", cpath, strerror(e));
+    }
     return rc;
 }
 

@@ -238,6 +238,15 @@ START_TEST(test_name_follows_sources)
     ck_assert_str_ne(a, b);
     setenv("PS_DATASET_CACHE", "off", 1);
     ck_assert_int_eq(ps_dscache_path(ipath, lpath, b, sizeof b), -1);
+    /* "on" and its kin: the default place ($TMPDIR), not a directory named "on" (a review,
+     * session 71). */
+    const char *tmpdir = getenv("TMPDIR");
+    setenv("TMPDIR", dir, 1);
+    setenv("PS_DATASET_CACHE", "On", 1);
+    ck_assert_int_eq(ps_dscache_path(ipath, lpath, b, sizeof b), 0);
+    ck_assert_msg(strncmp(b, dir, strlen(dir)) == 0 && b[strlen(dir)] == '/', "%s", b);
+    if (tmpdir) setenv("TMPDIR", tmpdir, 1);
+    else unsetenv("TMPDIR");
 }
 END_TEST
 
