@@ -20,6 +20,7 @@
 #include "jsonfield.h"
 #include "manifest.h"
 #include "durable.h"
+#include "jsonstr.h"
 #include "psctl_client.h"
 #include "stalltimer.h"
 #include "ps/ps_error.h"
@@ -261,8 +262,8 @@ static int status(ctl_t *ctl, int json, double timeout_s)
             }
             if (json) { /* an error text may hold quotes */
                 char host[6 * sizeof sc->host], why[6 * sizeof s->why];
-                psctl_json_str(host, sizeof host, sc->host);
-                psctl_json_str(why, sizeof why, s->failed ? s->why : "no answer");
+                ps_json_str(host, sizeof host, sc->host);
+                ps_json_str(why, sizeof why, s->failed ? s->why : "no answer");
                 printf("%s{\"shard\": %d, \"address\": \"%s:%u\", \"error\": \"%s\"}",
                        i ? ", " : "", i, host, sc->port, why);
             }

@@ -45,10 +45,6 @@ typedef void psctl_mismatch_fn(void *ctx, int shard, unsigned tensor, unsigned c
 int psctl_verify_shard(ps_req_t *cl, int shard, psctl_mismatch_fn *each, void *ctx,
                        uint64_t *checked, char *err, size_t errlen);
 
-/** @brief Append @p s to @p out (@p cap bytes) as a JSON string body: quotes, backslashes and
- *  control bytes escaped; NUL-terminated when it fits. @return the length it needs. */
-size_t psctl_json_str(char *out, size_t cap, const char *s);
-
 /* The verbs (psctl_export.c, psctl_checkpoint.c); each returns psctl's exit status and prints
  * its own errors. */
 /** @brief psctl export: @p wait_s how long bsp waits for one step everywhere; @p any_step

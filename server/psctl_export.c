@@ -26,41 +26,14 @@
 #include "place.h"
 #include "ps/ps_error.h"
 #include "sigignored.h"
+#include "jsonstr.h"
 #include "psctl_client.h"
-#include "utf8.h"
 
 typedef struct {
     ps_decl_t d;
     uint64_t numel;
     uint64_t begin; /* byte offset in the data section */
 } xt_t;
-
-size_t psctl_json_str(char *out, size_t cap, const char *s)
-{
-    size_t n = 0;
-    for (size_t len; *s; s += len) {
-        unsigned char ch = (unsigned char)*s;
-        char esc[8];
-        const char *put = esc;
-        int k;
-        len = ps_utf8_len((const unsigned char *)s);
-        if (len == 0) { /* not UTF-8 (a foreign peer's error text): JSON must be (a review) */
-            len = 1;
-            k = snprintf(esc, sizeof esc, "\\ufffd");
-        } else if (ch == '"' || ch == '\\')
-            k = snprintf(esc, sizeof esc, "\\%c", ch);
-        else if (ch < 0x20)
-            k = snprintf(esc, sizeof esc, "\\u%04x", ch);
-        else {
-            put = s;
-            k = (int)len;
-        }
-        if (n + (size_t)k < cap) memcpy(out + n, put, (size_t)k);
-        n += (size_t)k;
-    }
-    if (cap) out[n < cap ? n : cap - 1] = '\0';
-    return n;
-}
 
 /* Open one snapshot per shard at one step (@p one_step: bsp without --any-step) or as they
  * are.
@@ -220,12 +193,12 @@ int psctl_export(const ps_manifest_t *m, const char *out, double timeout_s, doub
         hl += (size_t)snprintf(hdr + hl, cap - hl, "\"step_max\": \"%llu\", ",
                                (unsigned long long)step_max);
     hl += (size_t)snprintf(hdr + hl, cap - hl, "\"cluster\": \"");
-    hl += psctl_json_str(hdr + hl, cap - hl, m->cluster);
+    hl += ps_json_str(hdr + hl, cap - hl, m->cluster);
     hl += (size_t)snprintf(hdr + hl, cap - hl, "\", \"consistency\": \"%s\", \"format\": \"pt\"}",
                            ps_consistency_name(m->job.consistency));
     for (uint32_t i = 0; i < k; i++) {
         hl += (size_t)snprintf(hdr + hl, cap - hl, ", \"");
-        hl += psctl_json_str(hdr + hl, cap - hl, t[i].d.name);
+        hl += ps_json_str(hdr + hl, cap - hl, t[i].d.name);
         hl += (size_t)snprintf(hdr + hl, cap - hl, "\": {\"dtype\": \"F32\", \"shape\": [");
         for (int d = 0; d < t[i].d.ndim; d++)
             hl += (size_t)snprintf(hdr + hl, cap - hl, "%s%u", d ? ", " : "", t[i].d.shape[d]);

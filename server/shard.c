@@ -8,8 +8,8 @@
 #include "place.h"
 #include "ps/ps_error.h"
 #include "ps/ps_log.h"
+#include "jsonstr.h"
 #include "shard_internal.h"
-#include "utf8.h"
 #include "xxhash.h"
 
 /* ---- tensor table ------------------------------------------------------ */
@@ -525,16 +525,9 @@ static void status_name(const psd_server_t *srv, const char *key, uint32_t id, c
     size_t k = (size_t)snprintf(name, sizeof name, ", \"%s\": \"", key);
     const char *s = id < srv->ntensors && srv->tensors[id].present ? srv->tensors[id].decl.name
                                                                    : "";
-    /* Bytes that are not UTF-8 (a name loaded from a damaged or hand-made store: declarations
-     * are checked, stored ones are not) as U+FFFD: the text must stay JSON (a review). */
-    for (const unsigned char *p = (const unsigned char *)s; *p && k < sizeof name - 8;) {
-        size_t u = ps_utf8_len(p);
-        k += (size_t)(u == 0                     ? snprintf(name + k, sizeof name - k, "\\ufffd")
-                      : *p == '"' || *p == '\\' ? snprintf(name + k, sizeof name - k, "\\%c", *p)
-                      : *p < 0x20 ? snprintf(name + k, sizeof name - k, "\\u%04x", *p)
-                                  : snprintf(name + k, sizeof name - k, "%.*s", (int)u, p));
-        p += u ? u : 1;
-    }
+    /* ps_json_str: a byte that is not UTF-8 (a name loaded from a damaged or hand-made store:
+     * declarations are checked, stored ones are not) as U+FFFD (a review, session 71). */
+    ps_json_str(name + k, sizeof name - k, s);
     int n = snprintf(out + *len, cap - *len, "%s\"", name);
     if (n > 0 && (size_t)n < cap - *len) *len += (size_t)n;
 }

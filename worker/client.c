@@ -1065,26 +1065,25 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
     }
     switch (m.type) {
     case PS_MSG_ERROR: {
-        part_t *p = NULL;
-        int behind = (m.flags & PS_FLAG_BEHIND) != 0;
-        for (uint32_t i = 0; (m.status == PS_ECRC || behind) && op->type == OP_PUSH &&
+        /* The push's part the refusal names, still waiting: sent again after a CRC mismatch
+         * or a "behind" (p), else refused for good. */
+        part_t *named = NULL;
+        for (uint32_t i = 0; op->type == OP_PUSH && m.tensor == c->tensors[op->tensor]->id &&
                              i < op->nparts; i++)
             if (op->parts[i].chunk == m.chunk && op->parts[i].shard == m.shard &&
-                op->parts[i].pending && m.tensor == c->tensors[op->tensor]->id)
-                p = &op->parts[i];
+                op->parts[i].pending)
+                named = &op->parts[i];
+        int behind = (m.flags & PS_FLAG_BEHIND) != 0;
+        part_t *p = m.status == PS_ECRC || behind ? named : NULL;
         /* bsp: a push refused as not of a member of its step, by a worker that never was one
          * (no view learnt: no batch taken yet), is its caller's mistake, not a removal. */
         bool never = m.status == PS_ENOTMEMBER && op->type == OP_PUSH && c->views.n == 0 &&
                      c->m.job.consistency == PS_CONSIST_BSP;
-        /* A push chunk the shard refused (naming it) was not summed: its error feedback goes
-         * back into the residual, as for one acknowledged unsummed. Before, a caller that
-         * pushed the same gradient again after the failure counted it twice (a review,
-         * session 71). */
-        for (uint32_t i = 0; !p && (m.flags & PS_FLAG_CHUNK) && op->type == OP_PUSH &&
-                             m.tensor == c->tensors[op->tensor]->id && i < op->nparts; i++)
-            if (op->parts[i].chunk == m.chunk && op->parts[i].shard == m.shard &&
-                op->parts[i].pending)
-                ps__ef_put_back(c, op, &op->parts[i]);
+        /* A push chunk the shard refused for good (naming it) was not summed: its error
+         * feedback goes back into the residual, as for one acknowledged unsummed. Before, a
+         * caller that pushed the same gradient again after the failure counted it twice (a
+         * review, session 71). */
+        if (named && !p && (m.flags & PS_FLAG_CHUNK)) ps__ef_put_back(c, op, named);
         if (p && behind)
             part_behind_retry(c, op, p, m.error);
         else if (p)

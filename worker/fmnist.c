@@ -132,6 +132,26 @@ static int expect_eof(gzFile f, const char *path, const char *what, char *err, s
     return 0;
 }
 
+/* An IDX1 label file's 8-byte header, read from @p f (of @p path): its count into *@p count.
+ * @return 0, or a PS_E* code with @p err set (short, or not a label file's magic). */
+static int label_header(gzFile f, const char *path, uint32_t *count, char *err, size_t errlen)
+{
+    unsigned char hdr[8];
+    long long r = read_bytes(f, path, hdr, sizeof hdr, err, errlen);
+    if (r < 0) return (int)r;
+    if (r < (long long)sizeof hdr) {
+        set_err(err, errlen, "%s: truncated IDX header (%lld of 8 bytes)", path, r);
+        return PS_EDATA;
+    }
+    if (be32(hdr) != IDX_LABELS_MAGIC) {
+        set_err(err, errlen, "%s: bad magic number %u (an IDX label file has %u)", path,
+                be32(hdr), IDX_LABELS_MAGIC);
+        return PS_EDATA;
+    }
+    *count = be32(hdr + 4);
+    return 0;
+}
+
 /* The count an IDX1 label file's header announces, into *@p n. Read first, so that an image
  * file announcing another count is refused before its images are allocated; a label file
  * whose header cannot be read is refused here too (before, it counted as "not known" and a
@@ -142,20 +162,7 @@ static int labels_announced(const char *path, uint32_t *n, char *err, size_t err
     gzFile f;
     int rc = open_gz(&f, path, err, errlen);
     if (rc < 0) return rc;
-    unsigned char hdr[8];
-    long long r = read_bytes(f, path, hdr, sizeof hdr, err, errlen);
-    if (r >= 0 && r < (long long)sizeof hdr) {
-        set_err(err, errlen, "%s: truncated IDX header (%lld of 8 bytes)", path, r);
-        rc = PS_EDATA;
-    } else if (r >= 0 && be32(hdr) != IDX_LABELS_MAGIC) {
-        set_err(err, errlen, "%s: bad magic number %u (an IDX label file has %u)", path,
-                be32(hdr), IDX_LABELS_MAGIC);
-        rc = PS_EDATA;
-    } else if (r < 0) {
-        rc = (int)r;
-    } else {
-        *n = be32(hdr + 4);
-    }
+    rc = label_header(f, path, n, err, errlen);
     gzclose(f);
     return rc;
 }
@@ -265,25 +272,11 @@ static int load_labels(uint8_t **labels, uint32_t *n, const char *path, char *er
     if (rc < 0)
         return rc;
 
-    unsigned char hdr[8];
     uint8_t *lab = NULL;
-    long long r = read_bytes(f, path, hdr, sizeof(hdr), err, errlen);
-    if (r < 0) {
-        rc = (int)r;
+    uint32_t count = 0;
+    long long r;
+    if ((rc = label_header(f, path, &count, err, errlen)) < 0)
         goto out;
-    }
-    if (r < (long long)sizeof(hdr)) {
-        set_err(err, errlen, "%s: truncated IDX header (%lld of 8 bytes)", path, r);
-        rc = PS_EDATA;
-        goto out;
-    }
-    uint32_t magic = be32(hdr), count = be32(hdr + 4);
-    if (magic != IDX_LABELS_MAGIC) {
-        set_err(err, errlen, "%s: bad magic number %u (an IDX label file has %u)", path, magic,
-                IDX_LABELS_MAGIC);
-        rc = PS_EDATA;
-        goto out;
-    }
     if (count != *n) { /* the images' count (load_images read them first): before the malloc */
         set_err(err, errlen, "%s: %u labels, but the image file has %u images", path, count, *n);
         rc = PS_EDATA;
