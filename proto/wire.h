@@ -33,7 +33,9 @@ enum {
                              Batch request: the batch in the message was pushed and acked;
                              checkpoint go: this checkpoint armed the shards (psd reads its
                              id, `count`, instead); go reply: the hold lasted for that id;
-                             cancel reply: nothing of that checkpoint is left on this shard */
+                             cancel reply: nothing of that checkpoint is left on this shard;
+                             scale reply: no start is granted (asp / ssp: a member did
+                             job.max_steps, and a replacement would do as many again) */
     PS_FLAG_REMOVED = 4,  /* error / epoch: this worker is no longer a member */
     PS_FLAG_PROGRESS = 8, /* push: `samples` = samples applied before its step (lr schedule) */
     PS_FLAG_PENDING = 16, /* checkpoint begin reply: the step asked for is not reached yet; it

@@ -136,7 +136,8 @@ typedef struct {
     char host[64];
     uint32_t pid;
     uint32_t running;
-    uint32_t poll_ms; /* how often it reports (0: an older pslaunch) */
+    uint32_t stopping; /* its workers told to stop that still run (0 from an older pslaunch) */
+    uint32_t poll_ms;  /* how often it reports (0: an older pslaunch) */
     uint64_t last_ms;
 } launcher_t;
 

@@ -19,11 +19,15 @@ void psd_coord_on_scale(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
     co->s.desired = msg->workers;
     psd__coord_save(srv);
     /* Starts granted and not joined yet are workers on their way: still counted (zeroed, a
-     * scale from 2 to 3 while 2 were starting had 3 more started). Stops are asked anew. */
-    co->grant_stop = 0;
+     * scale from 2 to 3 while 2 were starting had 3 more started). So are stops granted whose
+     * workers did not leave yet: zeroed before, a second scale-down while the first one's
+     * workers were still leaving had them stopped again from the others (a review, session
+     * 72: 4 workers scaled to 2, twice a second apart, went to 0 and were started again). */
     ps_msg_t a = {.type = PS_MSG_SCALE_REPLY, .req_id = msg->req_id, .shard = 0,
                   .workers = popcount(co->s.active),
-                  .flags = co->s.finished ? PS_FLAG_FINISHED : 0};
+                  .flags = co->s.finished ? PS_FLAG_FINISHED
+                           : co->capped   ? PS_FLAG_DONE
+                                          : 0};
     psd_send_msg(srv, c, &a);
     if (is_bsp(srv)) psd__maybe_restart_step(srv);
 }
@@ -35,6 +39,16 @@ void psd_coord_on_scale(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
 static bool launcher_fresh(const launcher_t *x, uint64_t now)
 {
     return x->pid != 0 && now - x->last_ms <= GRANT_TTL_MS;
+}
+
+/* A fresh launcher whose reports still come: heard from within three of its polls and a second
+ * (one that names no poll, an older pslaunch: fresh). One killed right after a grant held
+ * grants_seen back for GRANT_TTL_MS before: the job waited ~15 s with no worker while a
+ * pslaunch started in its place (as systemd or Kubernetes restart one) was granted none. */
+static bool launcher_live(const launcher_t *x, uint64_t now)
+{
+    return launcher_fresh(x, now) &&
+           (x->poll_ms == 0 || now - x->last_ms <= 3ull * x->poll_ms + 1000);
 }
 
 /* Starts granted whose workers died before they joined. Once every launcher heard from has
@@ -54,7 +68,7 @@ static void grants_seen(psd_server_t *srv, uint64_t now)
     bool any = false;
     for (int i = 0; i < MAX_LAUNCHERS; i++) {
         const launcher_t *x = &co->launchers[i];
-        if (!launcher_fresh(x, now)) continue;
+        if (!launcher_live(x, now)) continue;
         if (x->last_ms <= co->grant_ms) return; /* it may not have started them yet */
         any = true;
         running += (int32_t)x->running;
@@ -64,7 +78,7 @@ static void grants_seen(psd_server_t *srv, uint64_t now)
         if (!(co->s.active >> r & 1) || co->rt[r].launcher == 0) continue;
         for (int i = 0; i < MAX_LAUNCHERS; i++) {
             const launcher_t *x = &co->launchers[i];
-            if (launcher_fresh(x, now) && x->pid == co->rt[r].launcher &&
+            if (launcher_live(x, now) && x->pid == co->rt[r].launcher &&
                 strcmp(x->host, co->s.m[r].host) == 0) {
                 here++;
                 break;
@@ -91,6 +105,11 @@ void psd_coord_on_launch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
                        "most %d run at once", msg->workers, PS_LAUNCH_MAX);
         return;
     }
+    if (msg->count > PS_LAUNCH_MAX) {
+        psd_send_error(srv, c, msg->req_id, PS_EINVAL, "a launcher that stops %llu workers: at "
+                       "most %d run at once", (unsigned long long)msg->count, PS_LAUNCH_MAX);
+        return;
+    }
     launcher_t *l = NULL, *free_l = NULL;
     char host[sizeof l->host];
     psd__host_safe(host, sizeof host, msg->host);
@@ -114,6 +133,7 @@ void psd_coord_on_launch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
     }
     if (l) {
         l->running = msg->workers;
+        l->stopping = (uint32_t)msg->count;
         l->poll_ms = msg->poll_ms;
         l->last_ms = now;
     }
@@ -125,20 +145,23 @@ void psd_coord_on_launch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
      * GRANT_TTL_MS, and the job sat with no worker for up to 15 s (a probe, session 46). */
     int32_t running = 0, have = actual + co->grant_start;
     if (now - co->started_ms <= GRANT_TTL_MS)
-        for (int i = 0; i < MAX_LAUNCHERS; i++) {
-            const launcher_t *x = &co->launchers[i];
-            if (launcher_fresh(x, now) && (x->poll_ms == 0 || now - x->last_ms <=
-                                                                  3ull * x->poll_ms + 1000))
-                running += (int32_t)x->running;
-        }
+        for (int i = 0; i < MAX_LAUNCHERS; i++)
+            if (launcher_live(&co->launchers[i], now)) running += (int32_t)co->launchers[i].running;
     if (running > have) have = running;
+    /* Stops on their way: those granted and not matched by a leave yet, or more where the live
+     * launchers say they stop more (a worker that takes longer than GRANT_TTL_MS to leave:
+     * its grant lapsed, and another was stopped in its place before). */
+    int32_t stops = co->grant_stop, said = 0;
+    for (int i = 0; i < MAX_LAUNCHERS; i++)
+        if (launcher_live(&co->launchers[i], now)) said += (int32_t)co->launchers[i].stopping;
+    if (said > stops) stops = said;
     if (!co->s.finished && !co->capped) {
         if (want > have) {
             delta = want - have;
             co->grant_start += delta;
             co->grant_ms = now;
-        } else if (want < actual - co->grant_stop && msg->workers > 0) {
-            delta = actual - co->grant_stop - want;
+        } else if (want < actual - stops && msg->workers > 0) {
+            delta = actual - stops - want;
             if (delta > (int32_t)msg->workers) delta = (int32_t)msg->workers;
             co->grant_stop += delta;
             co->grant_ms = now;

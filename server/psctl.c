@@ -642,9 +642,14 @@ int main(int argc, char **argv)
             return 1;
         }
         /* A finished job starts no worker whatever the count (a helper's probe, session 58:
-         * it said only "(now 0)"). */
+         * it said only "(now 0)"), nor does an asp / ssp job one of whose members did its
+         * job.max_steps (a review, session 72: it said nothing). */
         printf("desired workers: %d (now %u%s)\n", scale, rep.workers,
-               rep.flags & PS_FLAG_FINISHED ? "; the job is finished: no worker will start" : "");
+               rep.flags & PS_FLAG_FINISHED ? "; the job is finished: no worker will start"
+               : rep.flags & PS_FLAG_DONE
+                   ? "; no worker will start: a member did job.max_steps, and under asp or ssp "
+                     "a new one would do as many again"
+                   : "");
         return 0;
     }
     if (strcmp(verb, "export") == 0) {

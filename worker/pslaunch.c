@@ -165,14 +165,16 @@ static double quick_death_wait(int *quick, bool died_quick)
 #define EARLY_S 10.0
 
 /* A launch report to the coordinator (@p ctl's shard 0) of manifest @p m: this launcher
- * (pid, @p host) runs @p running workers and polls every @p poll_ms; @p flags: PS_FLAG_DONE,
- * it exits. @return ps_req_call's, its answer in *@p rep (@p err says why otherwise). */
+ * (pid, @p host) runs @p running workers, stops @p stopping more (told to stop, not ended yet:
+ * shard 0 counts them as leaving) and polls every @p poll_ms; @p flags: PS_FLAG_DONE, it
+ * exits. @return ps_req_call's, its answer in *@p rep (@p err says why otherwise). */
 static int launch_report(ps_req_t *ctl, const ps_manifest_t *m, const char *host, int running,
-                         long poll_ms, uint32_t flags, ps_msg_t *rep, char *err, size_t errlen)
+                         int stopping, long poll_ms, uint32_t flags, ps_msg_t *rep, char *err,
+                         size_t errlen)
 {
     ps_msg_t req = {.type = PS_MSG_LAUNCH, .workers = (uint32_t)running,
-                    .pid = (uint32_t)getpid(), .rank = -1, .poll_ms = (uint32_t)poll_ms,
-                    .flags = flags};
+                    .count = (uint64_t)stopping, .pid = (uint32_t)getpid(), .rank = -1,
+                    .poll_ms = (uint32_t)poll_ms, .flags = flags};
     snprintf(req.host, sizeof req.host, "%s", host);
     snprintf(req.cluster, sizeof req.cluster, "%s", m->cluster);
     return ps_req_call(ctl, 0, &req, rep, NULL, NULL, err, errlen);
@@ -250,7 +252,8 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
             int running = 0;
             for (int i = 0; i < nlive; i++) running += !stopping[i];
             ps_msg_t rep;
-            int rc = launch_report(ctl, &m, host, running, poll_ms, 0, &rep, err, sizeof err);
+            int rc = launch_report(ctl, &m, host, running, nlive - running, poll_ms, 0, &rep,
+                                   err, sizeof err);
             if (rc == PS_ECANCELED) { /* a stop signal waits: taken now, passed on above */
                 struct timespec none = {0, 0};
                 took(sigtimedwait(set, NULL, &none), nlive);
@@ -388,7 +391,7 @@ static int follow(const char *manifest, const char *worker, const char *metrics_
          * at once, after one whose workers never joined, waited that long for its first start
          * (a probe, session 67). Not waited for past the request's timeout. */
         ps_msg_t rep;
-        (void)launch_report(ctl, &m, host, 0, poll_ms, PS_FLAG_DONE, &rep, err, sizeof err);
+        (void)launch_report(ctl, &m, host, 0, 0, poll_ms, PS_FLAG_DONE, &rep, err, sizeof err);
     }
     ps_req_close(ctl);
     if (failures)

@@ -2398,12 +2398,13 @@ START_TEST(test_asp_max_steps_member_died_finishes)
 }
 END_TEST
 
-/* The starts a launcher with no worker running (pslaunch --follow's ask) would get now. */
-/* A launcher (pid 424242) on @p host that runs @p running workers asks shard 0: its answer
- * (> 0: start that many, < 0: stop). */
-static int32_t launch_report(coord_t *co, const char *host, uint32_t running)
+/* A launcher (pid @p pid) on @p host that runs @p running workers, stops @p stopping more and
+ * polls every @p poll_ms asks shard 0: its answer (> 0: start that many, < 0: stop). */
+static int32_t launch_report_as(coord_t *co, const char *host, uint32_t pid, uint32_t running,
+                                uint32_t stopping, uint32_t poll_ms)
 {
-    ps_msg_t q = {.type = PS_MSG_LAUNCH, .rank = -1, .pid = 424242, .workers = running}, r;
+    ps_msg_t q = {.type = PS_MSG_LAUNCH, .rank = -1, .pid = pid, .workers = running,
+                  .count = stopping, .poll_ms = poll_ms}, r;
     snprintf(q.host, sizeof q.host, "%s", host);
     snprintf(q.cluster, sizeof q.cluster, "%s", co->m.cluster);
     char err[512];
@@ -2414,6 +2415,13 @@ static int32_t launch_report(coord_t *co, const char *host, uint32_t running)
     return r.status;
 }
 
+/* The same as pid 424242, which names neither its stops nor its poll (an older pslaunch). */
+static int32_t launch_report(coord_t *co, const char *host, uint32_t running)
+{
+    return launch_report_as(co, host, 424242, running, 0, 0);
+}
+
+/* The starts a launcher with no worker running (pslaunch --follow's ask) would get now. */
 static int32_t launch_grant(coord_t *co) { return launch_report(co, "test-host", 0); }
 
 /* asp with job.max_steps: once a worker did its steps no start is granted (a replacement would
@@ -2437,6 +2445,11 @@ START_TEST(test_asp_max_steps_cap_survives_restart)
     cl_wait(psd, RUN_S);
     psd = cl_psd_start(c, 0, NULL, READY_S);
     ck_assert_int_eq(launch_grant(&co), 0); /* still: before, 1 */
+    /* psctl scale says why no worker will start (before, only "(now 1)"). */
+    char *sc[] = {(char *)cl_binary("PSCTL"), "--manifest", c->manifest, "scale", "2", NULL};
+    cl_proc_t *ps = cl_spawn(c, "psctl-scale", sc);
+    EXPECT_EXIT(ps, 0);
+    EXPECT_LOG(ps, "desired workers: 2 (now 1; no worker will start: a member did job.max_steps");
     ck_assert_int_eq(cl_signal(w[1], SIGKILL), 0);
     cl_signal(w[1], SIGCONT);
     cl_wait(w[1], RUN_S);
@@ -2909,6 +2922,43 @@ START_TEST(test_scale_2_5_1_3)
                   started);
     coord_close(&co);
     stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+/* Stops and starts on their way, as launchers report them (a review, session 72), with three
+ * members that launchers made up here stand for:
+ * - A launcher that says it stops 2 workers (their grants lapsed after GRANT_TTL_MS while they
+ *   were leaving) is granted no more stops: before, it was told to stop one more.
+ * - A second psctl scale to the same count keeps the stops granted: before, it cleared them,
+ *   and the next report was told to stop them again (4 workers scaled to 2 twice went to 0).
+ * - A launcher killed right after a start grant holds no other back once it is silent for three
+ *   of its polls and a second: before, one started in its place got nothing for ~15 s. */
+START_TEST(test_launch_stops_counted_once)
+{
+    cl_conf_t k = {.shards = 1, .workers = 3, .batch_size = 16, .epochs = 10000,
+                   .job_extra = "  train_samples: 3000\n"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S), *w[3];
+    for (int i = 0; i < 3; i++) w[i] = cl_worker_start(c, NULL, NULL, false);
+    coord_t co;
+    coord_open(&co, c);
+    ck_assert_int_eq(wait_num(&co, "actual_workers", 3, 1, 20), 3);
+    psctl_scale(c, 1);
+    ck_assert_int_eq(launch_report_as(&co, "host-a", 1001, 1, 2, 100), 0); /* before: -1 */
+    ck_assert_int_eq(launch_report_as(&co, "host-a", 1001, 3, 0, 100), -2);
+    psctl_scale(c, 1);
+    ck_assert_int_eq(launch_report_as(&co, "host-a", 1001, 3, 0, 100), 0); /* before: -2 */
+    psctl_scale(c, 4);
+    ck_assert_int_eq(launch_report_as(&co, "host-c", 1003, 0, 0, 100), 1);
+    nap_ms(1500); /* 1003 (and 1001) silent: gone */
+    ck_assert_int_eq(launch_report_as(&co, "host-d", 1004, 0, 0, 100), 1); /* before: 0 */
+    EXPECT_LOG(psd, "1 worker(s) started for the job never joined");
+    ck_assert_int_eq(coord_num(&co, "actual_workers"), 3); /* the made-up ones stopped none */
+    coord_close(&co);
+    for (int i = 0; i < 3; i++) ck_assert_int_eq(cl_signal(w[i], SIGTERM), 0);
+    for (int i = 0; i < 3; i++) cl_wait(w[i], RUN_S);
+    stop_all(&psd, 1);
     cl_cluster_destroy(c);
 }
 END_TEST
@@ -3426,6 +3476,7 @@ Suite *ps_test_suite(void)
     ADD(dropped_at_declare_or_final_pull);
     ADD(leave_while_coordinator_stopped);
     ADD(scale_2_5_1_3);
+    ADD(launch_stops_counted_once);
     ADD(scale_other_cluster_refused);
     ADD(follow_quick_deaths_wait);
     ADD(leaves_survive_coordinator_restart);
