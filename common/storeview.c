@@ -17,24 +17,30 @@
 
 /* This boot of this host's kernel (/proc/sys/kernel/random/boot_id: processes on one host share
  * it, another host has another) and this process's pid namespace (LMDB tells live readers from
- * dead ones by pid, which only works within one namespace), hashed; 0 if neither is readable. */
+ * dead ones by pid, which only works within one namespace), hashed; 0 if the boot cannot be
+ * read: the pid namespace alone is the same on every host (the initial one's inode is a kernel
+ * constant), so two such hosts would take each other for one (a review, session 72). */
 uint64_t ps_storeview_host_id(void)
 {
-    static uint64_t cached; /* computed once; a race computes the same value twice */
+    static uint64_t cached; /* computed once (UINT64_MAX: unknown); a race computes it twice */
     uint64_t h = __atomic_load_n(&cached, __ATOMIC_RELAXED);
-    if (h) return h;
+    if (h) return h == UINT64_MAX ? 0 : h;
     char b[64] = "";
     FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
     if (f) {
         if (fgets(b, sizeof b, f) == NULL) b[0] = '\0';
         fclose(f);
     }
+    if (strlen(b) < 16) { /* no boot id */
+        __atomic_store_n(&cached, UINT64_MAX, __ATOMIC_RELAXED);
+        return 0;
+    }
     h = 0xcbf29ce484222325ull; /* FNV-1a */
     for (const char *p = b; *p; p++) h = (h ^ (uint8_t)*p) * 0x100000001b3ull;
     struct stat ns;
     if (stat("/proc/self/ns/pid", &ns) == 0)
         h = (h ^ (uint64_t)ns.st_ino) * 0x100000001b3ull;
-    if (h == 0) h = 1;
+    if (h == 0 || h == UINT64_MAX) h = 1;
     __atomic_store_n(&cached, h, __ATOMIC_RELAXED);
     return h;
 }

@@ -41,7 +41,8 @@ uint64_t ps_storeview_stat_id(const struct stat *st);
 
 /** @brief This host's boot and this process's pid namespace, hashed: equal for two processes
  *  exactly when they may share a store or a push area (workers send it in their hello, and a
- *  shard offers both only to a worker whose value is its own). */
+ *  shard offers both only to a worker whose value is its own). 0 when this host's boot id
+ *  cannot be read (no /proc): such a process is offered, and offers, neither. */
 uint64_t ps_storeview_host_id(void);
 
 /**

@@ -33,7 +33,8 @@ void psd_direct_init(psd_server_t *srv, const char *data_dir)
 
 void psd_hello_store(const psd_server_t *srv, const ps_msg_t *hello, ps_msg_t *reply)
 {
-    if (!srv->store_path[0] || hello->store_id != ps_storeview_host_id()) return; /* elsewhere */
+    if (!srv->store_path[0] || hello->store_id == 0 || hello->store_id != ps_storeview_host_id())
+        return; /* elsewhere, or a host that cannot tell (ps_storeview_host_id) */
     memcpy(reply->store, srv->store_path, sizeof reply->store);
     reply->store_id = srv->store_id;
 }

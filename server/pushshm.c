@@ -37,9 +37,14 @@ static psd_area_t *area_new(size_t size)
 {
     psd_area_t *a = calloc(1, sizeof *a);
     if (a == NULL) return NULL;
-    a->fd = memfd_create("psd-push-area", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    /* PS_TEST_AREA_FILE (a test hook): offer that plain file, unsealed, as a confused shard
+     * would; libps must not write into it. */
+    const char *plain = getenv("PS_TEST_AREA_FILE");
+    a->fd = plain && *plain ? open(plain, O_RDWR | O_CLOEXEC)
+                            : memfd_create("psd-push-area", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (a->fd < 0 || ftruncate(a->fd, (off_t)size) != 0 ||
-        fcntl(a->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
+        (!(plain && *plain) &&
+         fcntl(a->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) ||
         (a->id = ps_storeview_file_id(a->fd)) == 0)
         goto fail;
     a->base = mmap(NULL, size, PROT_READ, MAP_SHARED | MAP_NORESERVE, a->fd, 0);
@@ -71,7 +76,8 @@ void psd_area_unref(psd_area_t *a)
 
 void psd_hello_area(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *hello, ps_msg_t *reply)
 {
-    if (hello->store_id != ps_storeview_host_id()) return; /* a worker on another host */
+    if (hello->store_id == 0 || hello->store_id != ps_storeview_host_id())
+        return; /* a worker on another host, or a host that cannot tell */
     uint64_t size = (uint64_t)srv->m.map_size_mb << 20;
     if (size > AREA_MAX) size = AREA_MAX;
     if (c->area == NULL && srv->push_direct) c->area = area_new((size_t)size);

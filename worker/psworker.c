@@ -445,7 +445,22 @@ typedef struct {
     double loss_sum;
     uint64_t loss_n, samples, samples_total;
     int64_t pass;
+    bool loss_odd_said; /* a loss that is not finite was said (once a run) */
 } epoch_log_t;
+
+/* Count one batch's training @p loss at @p step; the first one that is not finite (a model that
+ * diverged) is said once. */
+static void epoch_log_loss(epoch_log_t *l, const trainer_t *tr, uint64_t step, double loss)
+{
+    l->loss_sum += loss;
+    l->loss_n++;
+    if (isfinite(loss) || l->loss_odd_said) return;
+    l->loss_odd_said = true;
+    fprintf(stderr,
+            "psworker: rank %d: the training loss is %f at step %llu: the model diverged (a "
+            "lower job.optimizer.lr may help); --metrics-out writes such a loss as null\n",
+            tr->client ? ps_client_rank(tr->client) : 0, loss, (unsigned long long)step + 1);
+}
 
 /* Pass @p pass's first batch here (INT64_MAX: the job's end): the open pass's line is written,
  * its test accuracy evaluated when @p eval (the job's lead). A batch of a pass older than the
@@ -479,8 +494,9 @@ static void epoch_log_pass(epoch_log_t *l, trainer_t *tr, int64_t pass, uint64_t
                 snprintf(accs, sizeof accs, "%.4f", acc);
             else
                 snprintf(accs, sizeof accs, "null");
-            char loss[32] = "null"; /* none trained here (eval 2) */
-            if (l->loss_n > 0) snprintf(loss, sizeof loss, "%.6f", l->loss_sum / (double)l->loss_n);
+            char loss[32] = "null"; /* none trained here (eval 2), or not finite: JSON has no NaN */
+            double mean = l->loss_n > 0 ? l->loss_sum / (double)l->loss_n : NAN;
+            if (isfinite(mean)) snprintf(loss, sizeof loss, "%.6f", mean);
             fprintf(l->metrics,
                     "{\"epoch\": %lld, \"step\": %llu, \"train_loss\": %s, "
                     "\"test_accuracy\": %s, \"samples\": %llu, \"samples_per_s\": %.1f, "
@@ -881,9 +897,9 @@ int main(int argc, char **argv)
                     perm_pass = (int64_t)b.pass;
                 }
                 ps_dataset_gather(&train, perm + b.offset, b.count, x, y);
-                log.loss_sum += ps_mlp_train_step(&tr.mlp, x, y, b.count, NULL, NULL);
+                double loss = ps_mlp_train_step(&tr.mlp, x, y, b.count, NULL, NULL);
                 if (device_failed(&tr.mlp)) goto out;
-                log.loss_n++;
+                epoch_log_loss(&log, &tr, step, loss);
                 log.samples += b.count;
                 next_progress += b.count;
                 ps_local_push(&tr.local, r, &tr.mlp, step);
@@ -964,10 +980,10 @@ int main(int argc, char **argv)
             }
             ps_dataset_gather(&train, perm + b.offset, b.count, x, y);
             ps_client_group_begin(tr.client); /* the small gradients leave fused, at the end */
-            log.loss_sum += ps_mlp_train_step(&tr.mlp, x, y, b.count, push_grad, &tr);
+            double loss = ps_mlp_train_step(&tr.mlp, x, y, b.count, push_grad, &tr);
             ps_client_group_end(tr.client);
             if (device_failed(&tr.mlp)) goto out;
-            log.loss_n++;
+            epoch_log_loss(&log, &tr, step, loss);
             /* Pushes complete when their step is applied on every shard. */
             for (int t = 0; t < tr.mlp.ntensors; t++) wait_op(&tr, &tr.push_ops[t], "push", t, NULL);
             if (tr.failed) {

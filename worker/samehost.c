@@ -21,8 +21,11 @@ void ps__view_update(ps_client_t *c, cshard_t *s)
         __atomic_store_n(&s->view_open, 1, __ATOMIC_RELAXED);
         PS_LOG(PS_LOG_INFO, "libps", "shard %u: pulls read its store %s directly", i, s->store);
     } else {
-        /* Expected when the shard runs on another host. */
-        PS_LOG(PS_LOG_DEBUG, "libps", "shard %u: pulls over the transport (%s)", i, err);
+        /* A shard offers its store only to a worker on its host (the hello's host id): a
+         * cause to fix (another user, a mount this process does not see), said once per offer
+         * (a review, session 72: at debug level before). */
+        PS_LOG(PS_LOG_WARN, "libps", "shard %u: its store is on this host, but pulls go over "
+               "the transport, slower (%s)", i, err);
     }
 }
 
@@ -39,6 +42,14 @@ void ps__area_unmap(cshard_t *s)
  * review, session 58). */
 #define AREA_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
 
+/* Whether @p fd carries them. F_GET_SEALS fails (-1, every bit set) on a file of a filesystem
+ * without seals (ext4, xfs): such a file passed before (a review, session 72). */
+static bool sealed(int fd)
+{
+    int seals = fcntl(fd, F_GET_SEALS);
+    return seals >= 0 && (seals & AREA_SEALS) == AREA_SEALS;
+}
+
 /* Map the push area shard @p s offered (its own connection's: /proc/<psd pid>/fd/<fd>), if its
  * identity is the one offered and it is sealed as psd seals it. */
 void ps__area_update(ps_client_t *c, cshard_t *s)
@@ -54,22 +65,29 @@ void ps__area_update(ps_client_t *c, cshard_t *s)
     struct stat st;
     void *a = MAP_FAILED;
     int fd = -1;
-    if (stat(path, &st) == 0 && S_ISREG(st.st_mode) &&
-        ps_storeview_stat_id(&st) == s->area_offer_id &&
-        (fd = open(path, O_RDWR | O_CLOEXEC | O_NOCTTY)) >= 0 &&
-        ps_storeview_file_id(fd) == s->area_offer_id && fstat(fd, &st) == 0 &&
-        (uint64_t)st.st_size >= s->area_offer_size && s->area_offer_size > 0 &&
-        (fcntl(fd, F_GET_SEALS) & AREA_SEALS) == AREA_SEALS)
-        a = mmap(NULL, s->area_offer_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE,
-                 fd, 0);
+    const char *why = NULL;
+    if (stat(path, &st) != 0)
+        why = strerror(errno);
+    else if (!S_ISREG(st.st_mode) || ps_storeview_stat_id(&st) != s->area_offer_id)
+        why = "not the file offered";
+    else if ((fd = open(path, O_RDWR | O_CLOEXEC | O_NOCTTY)) < 0)
+        why = strerror(errno);
+    else if (ps_storeview_file_id(fd) != s->area_offer_id || fstat(fd, &st) != 0 ||
+             (uint64_t)st.st_size < s->area_offer_size || s->area_offer_size == 0)
+        why = "not the file offered, or not of the size offered";
+    else if (!sealed(fd))
+        why = "not psd's sealed memory: a plain file";
+    else if ((a = mmap(NULL, s->area_offer_size, PROT_READ | PROT_WRITE,
+                       MAP_SHARED | MAP_NORESERVE, fd, 0)) == MAP_FAILED)
+        why = strerror(errno);
     if (fd >= 0) close(fd);
-    /* A child this process forks (a data loader's) neither keeps nor writes the area. */
-    if (a != MAP_FAILED) madvise(a, s->area_offer_size, MADV_DONTFORK);
-    if (a == MAP_FAILED) {
-        PS_LOG(PS_LOG_DEBUG, "libps", "shard %u: pushes over the transport (no push area at %s)",
-               i, path);
+    if (a == MAP_FAILED) { /* offered to a worker on its host: said once per offer, as above */
+        PS_LOG(PS_LOG_WARN, "libps", "shard %u: pushes go over the transport, slower: the push "
+               "area it offers at %s is not one this process may write (%s)", i, path, why);
         return;
     }
+    /* A child this process forks (a data loader's) neither keeps nor writes the area. */
+    madvise(a, s->area_offer_size, MADV_DONTFORK);
     __atomic_store_n(&s->area, a, __ATOMIC_RELAXED);
     s->area_size = s->area_offer_size;
     s->area_id = s->area_offer_id;

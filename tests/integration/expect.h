@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cluster.h"
+#include "jsoncheck.h"
 
 /* Upper bounds for one wait; a test's budget (CL_BUDGET_S) caps them all. */
 #define READY_S 30.0 /* psd: listening */
@@ -30,6 +31,14 @@
         free(log_);                                                                                \
         ck_assert_msg(has_, "%s's log lacks \"%s\"; its log: %s", (p)->name, (needle),             \
                       cl_tail(p));                                                                 \
+    } while (0)
+
+/* @p text[@p len] is one JSON value by RFC 8259 (jsoncheck.h: link jsoncheck.c); @p what names
+ * where it came from. */
+#define EXPECT_JSON(text, len, what)                                                               \
+    do {                                                                                           \
+        const char *why_ = jc_invalid((text), (len));                                              \
+        ck_assert_msg(why_ == NULL, "%s is not valid JSON: %s", (what), why_);                     \
     } while (0)
 
 /* How many times @p needle occurs in @p p's log. */

@@ -6,6 +6,7 @@
  * The tests assert behaviour, never timings: every wait is generous and only bounds a hang
  * (see CL_BUDGET_S in cluster.h). */
 #include <check.h>
+#include <errno.h>
 #include <libgen.h>
 #include <signal.h>
 #include <stdio.h>
@@ -37,6 +38,9 @@ static cl_proc_t *status_json(cl_cluster_t *c, const char *name)
                     NULL};
     cl_proc_t *ctl = cl_spawn(c, name, argv);
     EXPECT_EXIT(ctl, 0);
+    char *out = cl_log(ctl); /* stdout and stderr: nothing but the JSON */
+    EXPECT_JSON(out, strlen(out), "psctl status --json's output");
+    free(out);
     return ctl;
 }
 
@@ -394,6 +398,43 @@ START_TEST(test_mean_nonfinite_left_out)
 }
 END_TEST
 
+/* A model that diverges (sgd with lr 1e30: the loss turns NaN within steps): psworker says so
+ * once, naming the step, and --metrics-out writes that loss as null, each line one JSON value,
+ * in a cluster and alone. Before, the lines said "train_loss": -nan, which no JSON reader
+ * takes, and nothing said the run had diverged. */
+START_TEST(test_diverged_loss_said)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1, .optimizer = "{name: sgd, lr: 1.0e30}",
+                   .max_steps = 30};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    for (int local = 0; local < 2; local++) {
+        char mpath[CL_PATH];
+        cl_path(c, local ? "local.jsonl" : "cluster.jsonl", mpath, sizeof mpath);
+        const char *ma[] = {"--metrics-out", mpath, NULL};
+        cl_proc_t *w = cl_worker_spawn(c, NULL, NULL, local, ma);
+        EXPECT_EXIT(w, 0);
+        ck_assert_msg(count_in_log(w, "the model diverged (a lower job.optimizer.lr may help)") == 1,
+                      "want one word of the diverged loss: %s", cl_tail(w));
+        EXPECT_LOG(w, "psworker: rank 0: the training loss is ");
+        char *f = cl_read_file(mpath, NULL);
+        ck_assert_msg(f != NULL, "%s: %s", mpath, strerror(errno));
+        int lines = 0;
+        for (char *l = f, *e; *l; l = e + 1, lines++) {
+            e = strchr(l, '\n');
+            ck_assert_msg(e != NULL, "%s: a line without its newline: %s", mpath, l);
+            EXPECT_JSON(l, (size_t)(e - l), mpath);
+        }
+        ck_assert_msg(lines == 2 && strstr(f, "\"train_loss\": null, ") &&
+                          strstr(f, "\"final\": true, "),
+                      "%s: want an epoch line with a null loss and the final line: %s", mpath, f);
+        free(f);
+    }
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* optimizer mean: two libps workers (one over UCX only, one direct) push different gradients
  * for 6 steps of a tensor of 3 chunks on 2 shards; every pull is the exact mean of the step's
  * pushes (mean_client.c checks the bits), never a sum over steps. psworker refuses such a
@@ -545,6 +586,39 @@ START_TEST(test_direct_fails_over)
     ck_assert_msg(direct > 0 && direct < pulls, "%llu pulls, %llu direct: %s", pulls, direct,
                   cl_tail(ctl));
     stop_all(psd, 2);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
+/* (a'''''') A shard that offers a plain file as a worker's push area (PS_TEST_AREA_FILE: as a
+ * confused shard, or a process on its port, could name a file of the worker's user): libps
+ * does not write into it, says why, and pushes over the transport. Before, a file on a
+ * filesystem without seals (ext4 here) passed the seal check (F_GET_SEALS's -1 has every bit
+ * set) and the worker's gradients overwrote its first bytes (a review, session 72). */
+START_TEST(test_direct_push_plain_file_refused)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1, .max_steps = 10};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    char plain[CL_PATH];
+    cl_path(c, "plain.bin", plain, sizeof plain); /* under the test's directory: not tmpfs */
+    static const char keep[] = "the user's data, not a push area";
+    FILE *f = fopen(plain, "w");
+    ck_assert_msg(f && fwrite(keep, 1, sizeof keep, f) == sizeof keep && fclose(f) == 0, "%s: %s",
+                  plain, strerror(errno));
+    cl_proc_t *psd = cl_psd_start_env(c, 0, READY_S, "PS_TEST_AREA_FILE", plain);
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    EXPECT_EXIT(w, 0);
+    EXPECT_LOG(w, "shard 0: pushes go over the transport, slower: the push area it offers at "
+                  "/proc/");
+    EXPECT_LOG(w, "is not one this process may write (not psd's sealed memory: a plain file)");
+    char *after = cl_read_file(plain, NULL);
+    ck_assert_msg(after && memcmp(after, keep, sizeof keep) == 0, "%s was written into: '%.40s'",
+                  plain, after ? after : "(gone)");
+    free(after);
+    cl_proc_t *ctl = status_json(c, "psctl");
+    ck_assert_msg(sum_field(ctl, "pushes") > 0 && sum_field(ctl, "direct_pushes") == 0,
+                  "pushes went into the file: %s", cl_tail(ctl));
+    stop_all(&psd, 1);
     cl_cluster_destroy(c);
 }
 END_TEST
@@ -1494,6 +1568,18 @@ START_TEST(test_round_timeline)
                      "--workers", "1", "--transports", "shm", "--sizes", "64K", "--trace",
                      dir, NULL};
     EXPECT_EXIT(cl_spawn(c, "psbench", bench), 0);
+    /* Every trace psbench's processes wrote (each psd's and each client's, all stopped
+     * cleanly) is one JSON array: what chrome://tracing and Perfetto load. */
+    const char *const traces[] = {"c1-1x1-shm-shard0.json", "c1-1x1-shm-client0.json"};
+    for (int i = 0; i < 2; i++) {
+        char path[CL_PATH + 64];
+        snprintf(path, sizeof path, "%s/%s", dir, traces[i]);
+        size_t tlen;
+        char *t = cl_read_file(path, &tlen);
+        ck_assert_msg(t != NULL, "%s: %s", path, strerror(errno));
+        EXPECT_JSON(t, tlen, path);
+        free(t);
+    }
     char *tl[] = {(char *)cl_binary("ROUND_TIMELINE"), dir, "c1-1x1-shm", NULL};
     cl_proc_t *p = cl_spawn(c, "timeline", tl);
     EXPECT_EXIT(p, 0);
@@ -1578,8 +1664,10 @@ START_TEST(test_psbench_attach)
     EXPECT_LOG(b, "attached to cluster ");
     char json[CL_PATH];
     cl_path(c, "psbench.json", json, sizeof json);
-    char *j = cl_read_file(json, NULL);
+    size_t jlen;
+    char *j = cl_read_file(json, &jlen);
     ck_assert_msg(j != NULL, "no %s: %s", json, cl_tail(b));
+    EXPECT_JSON(j, jlen, json);
     char want[160];
     snprintf(want, sizeof want, "\"attached\": \"%s\"", c->cluster_name);
     ck_assert_msg(strstr(j, want) != NULL, "%s lacks %s", json, want);
@@ -1699,10 +1787,13 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("cma_pulls_match_local", test_cma_pulls_match_local));
     suite_add_tcase(s, tcase("direct_push_mixed", test_direct_push_mixed));
     suite_add_tcase(s, tcase("direct_fails_over", test_direct_fails_over));
+    suite_add_tcase(s, tcase("direct_push_plain_file_refused",
+                             test_direct_push_plain_file_refused));
     suite_add_tcase(s, tcase("adagrad_matches_local", test_adagrad_matches_local));
     suite_add_tcase(s, tcase("mean_keeps_the_mean", test_mean_keeps_the_mean));
     suite_add_tcase(s, tcase("mean_push_none", test_mean_push_none));
     suite_add_tcase(s, tcase("mean_nonfinite_left_out", test_mean_nonfinite_left_out));
+    suite_add_tcase(s, tcase("diverged_loss_said", test_diverged_loss_said));
     suite_add_tcase(s, tcase("psworker_options", test_psworker_options));
     suite_add_tcase(s, tcase("libps_misuse_harmless", test_libps_misuse_harmless));
     suite_add_tcase(s, tcase("tcp_matches_local", test_tcp_matches_local));

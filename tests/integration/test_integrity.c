@@ -257,6 +257,7 @@ static void expect_safetensors(const char *path, const char *ref, const char *cl
     ck_assert_msg(hl % 8 == 0 && 8 + hl <= len, "%s: header length %llu", path,
                   (unsigned long long)hl);
     char *hdr = strndup(f + 8, hl);
+    EXPECT_JSON(f + 8, hl, "the export's header"); /* its padding: spaces after the value */
     const char *data = f + 8 + hl;
     size_t dlen = len - 8 - hl;
     char v[256];
@@ -1028,6 +1029,11 @@ START_TEST(test_psctl_wait_leaves_copies)
     snprintf(meta, sizeof meta, "%s/shard-0/meta.json", dir);
     for (int t = 0; t < 200 && access(meta, F_OK) != 0; t++) usleep(50000);
     ck_assert_msg(access(meta, F_OK) == 0, "the copy did not complete: %s", cl_tail(psd));
+    size_t mlen;
+    char *mj = cl_read_file(meta, &mlen); /* renamed into place whole */
+    ck_assert_msg(mj != NULL, "%s: %s", meta, strerror(errno));
+    EXPECT_JSON(mj, mlen, meta);
+    free(mj);
     stop_all(&psd, 1);
     cl_cluster_destroy(c);
 }

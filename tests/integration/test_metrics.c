@@ -180,6 +180,7 @@ START_TEST(test_metrics_follow_training)
         double pushes = metric(body, "psd_pushes_total");
         free(body);
         ck_assert_int_eq(http_get(c->metrics_port[i], "/status", &body), 200);
+        EXPECT_JSON(body, strlen(body), "/status");
         char want[64];
         snprintf(want, sizeof want, "{\"shard\": %d, ", i);
         ck_assert_msg(strncmp(body, want, strlen(want)) == 0 && body[strlen(body) - 1] == '}',
