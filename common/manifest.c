@@ -709,7 +709,10 @@ static int check_metrics_ports(ctx_t *c, yaml_node_t *n, const ps_manifest_t *m,
     return 0;
 }
 
-/* Two servers may not share an address or a data directory. */
+static bool path_within(const char *a, const char *b);
+
+/* Two servers may not share an address or a data directory, nor on one machine hold one data
+ * directory inside another. */
 static int check_servers(ctx_t *c, const field_t *f, yaml_node_t *n, char *base, const char *path)
 {
     const ps_manifest_t *m = (const ps_manifest_t *)base;
@@ -728,12 +731,21 @@ static int check_servers(ctx_t *c, const field_t *f, yaml_node_t *n, char *base,
                             "machine", b->host, (unsigned)b->port, path, i, a->host,
                             (unsigned)a->port);
             }
-            if (strcmp(a->data_dir, b->data_dir) == 0 && same_machine(a->host, b->host)) {
+            bool in_a = path_within(b->data_dir, a->data_dir),
+                 holds_a = path_within(a->data_dir, b->data_dir);
+            if ((in_a || holds_a) && same_machine(a->host, b->host)) {
                 char item_path[PATH_LEN];
                 child_path(item_path, path, NULL, j);
                 child_path(sub, item_path, "data_dir", -1);
-                return fail(c, map_get(c, item, "data_dir"), sub, "same host and data_dir as "
-                            "%s[%d] ('%s')", path, i, b->data_dir);
+                if (in_a && holds_a)
+                    return fail(c, map_get(c, item, "data_dir"), sub, "same host and data_dir "
+                                "as %s[%d] ('%s')", path, i, b->data_dir);
+                /* One store inside the other's directory: emptying a shard's data_dir for its
+                 * restore (psd --restore takes an empty one) removed the other's store. */
+                return fail(c, map_get(c, item, "data_dir"), sub, "'%s' %s %s[%d].data_dir "
+                            "('%s') on the same host: each shard's store takes a directory of its "
+                            "own", b->data_dir, in_a ? "is inside" : "holds", path, i,
+                            a->data_dir);
             }
         }
     }

@@ -124,6 +124,40 @@ static void check_format(const char *text, const char *cluster, int shard)
     ck_assert_msg(samples >= 20, "only %d samples", samples);
 }
 
+/* Every counter sample of @p before (a scrape of shard @p shard) is in @p after, a later scrape
+ * of it, with a value not lower: counters only grow while psd runs. Returns the counters
+ * compared. */
+static int counters_kept(const char *before, const char *after, int shard)
+{
+    int n = 0;
+    char type_of[128] = "", type[16] = "";
+    for (const char *l = before; *l;) {
+        const char *e = strchr(l, '\n');
+        if (e == NULL) break;
+        char line[1024];
+        size_t len = (size_t)(e - l) < sizeof line - 1 ? (size_t)(e - l) : sizeof line - 1;
+        memcpy(line, l, len);
+        line[len] = '\0';
+        l = e + 1;
+        if (sscanf(line, "# TYPE %127s %15s", type_of, type) == 2 || line[0] == '#' ||
+            strcmp(type, "counter") != 0)
+            continue;
+        char *close = strchr(line, '}');
+        ck_assert_ptr_nonnull(close);
+        double was = strtod(close + 1, NULL);
+        close[1] = '\0'; /* name{labels} */
+        char needle[1040];
+        snprintf(needle, sizeof needle, "\n%s ", line);
+        const char *at = strstr(after, needle);
+        ck_assert_msg(at != NULL, "shard %d: counter %s gone from a later scrape", shard, line);
+        double now = strtod(at + strlen(needle), NULL);
+        ck_assert_msg(now >= was, "shard %d: counter %s went from %.0f down to %.0f", shard, line,
+                      was, now);
+        n++;
+    }
+    return n;
+}
+
 /* A 2 x 2 run: /metrics of both shards follows it (pushes, updates, the job's samples, the
  * same figures as /status), /healthz says ok, HEAD answers the headers alone. Under bsp a
  * chunk's step is one update, however many pushes it sums (before, updates counted the pushes:
@@ -151,9 +185,11 @@ START_TEST(test_metrics_follow_training)
     cl_proc_t *w[2] = {cl_worker_start(c, NULL, NULL, false), cl_worker_start(c, NULL, NULL, false)};
     EXPECT_EXIT(w[0], 0);
     EXPECT_EXIT(w[1], 0);
+    char *trained[2]; /* each shard's scrape after the run, for the counters later */
     for (int i = 0; i < 2; i++) {
         ck_assert_int_eq(http_get(c->metrics_port[i], "/metrics", &body), 200);
         check_format(body, c->cluster_name, i);
+        trained[i] = strdup(body);
         ck_assert_msg(metric(body, "psd_step") == 20, "shard %d: %.600s", i, body);
         ck_assert_msg(metric(body, "psd_pushes_total") > 0, "shard %d: %.600s", i, body);
         /* Every chunk went through the 20 steps: 20 updates each; the two workers pushed
@@ -234,6 +270,9 @@ START_TEST(test_metrics_follow_training)
     for (int i = 0; i < 2; i++) {
         ck_assert_int_eq(http_get(c->metrics_port[i], "/metrics", &body), 200);
         check_format(body, c->cluster_name, i);
+        /* Between the two scrapes: psctl scales, status requests, a checkpoint. */
+        ck_assert_int_ge(counters_kept(trained[i], body, i), 10);
+        free(trained[i]);
         ck_assert_msg(metric(body, "psd_checkpoint_copies_total") == 1 &&
                           metric(body, "psd_checkpoint_copies_failed_total") == 0 &&
                           metric(body, "psd_checkpoint_last_copy_step") == 20 &&

@@ -298,12 +298,14 @@ END_TEST
 #define L10 "  optimizer: {name: adam, lr: 0.001}\n"
 #define BASE L1 L2_4 L5 L6_9 L10
 
-/* The same metrics port on every address of two hosts is no clash: a StatefulSet's pods. */
+/* The same metrics port on every address of two hosts is no clash: a StatefulSet's pods; nor
+ * is one data_dir inside another's on another host (or the same one: each host has its own). */
 START_TEST(test_metrics_ports_on_other_hosts)
 {
     const char *text = L1 "servers:\n"
         "  - {host: psd-0.psd, port: 7300, data_dir: /d, metrics_port: 9300, metrics_host: 0.0.0.0}\n"
-        "  - {host: psd-1.psd, port: 7300, data_dir: /e, metrics_port: 9300, metrics_host: 0.0.0.0}\n"
+        "  - {host: psd-1.psd, port: 7300, data_dir: /d/e, metrics_port: 9300, metrics_host: 0.0.0.0}\n"
+        "  - {host: psd-2.psd, port: 7300, data_dir: /d, metrics_port: 9300, metrics_host: 0.0.0.0}\n"
         L5 L6_9 L10;
     ck_assert_msg(parse(text) == 0, "%s", err);
     ck_assert_uint_eq(m.servers[1].metrics_port, 9300);
@@ -463,6 +465,23 @@ static const struct {
         "  - {host: h, port: 7300, data_dir: /d/0}\n"
         "  - {host: h, port: 7301, data_dir: /d/0}\n" L5 L6_9 L10,
      "demo.yaml:4: servers[1].data_dir: same host and data_dir as servers[0] ('/d/0')"},
+    /* One store inside another's directory on one machine (a review, session 72: emptying
+     * shard 0's for its restore removed shard 1's store); written with a trailing slash, the
+     * same directory; on two machines, allowed. */
+    {L1 "servers:\n"
+        "  - {host: h, port: 7300, data_dir: /d/0}\n"
+        "  - {host: h, port: 7301, data_dir: /d/0/./1}\n" L5 L6_9 L10,
+     "demo.yaml:4: servers[1].data_dir: '/d/0/./1' is inside servers[0].data_dir ('/d/0') on "
+     "the same host: each shard's store takes a directory of its own"},
+    {L1 "servers:\n"
+        "  - {host: h, port: 7300, data_dir: /d/0/s}\n"
+        "  - {host: h, port: 7301, data_dir: /d/0}\n" L5 L6_9 L10,
+     "demo.yaml:4: servers[1].data_dir: '/d/0' holds servers[0].data_dir ('/d/0/s') on the "
+     "same host: each shard's store takes a directory of its own"},
+    {L1 "servers:\n"
+        "  - {host: h, port: 7300, data_dir: /d/0}\n"
+        "  - {host: h, port: 7301, data_dir: /d/0/}\n" L5 L6_9 L10,
+     "demo.yaml:4: servers[1].data_dir: same host and data_dir as servers[0] ('/d/0/')"},
     /* The loopback's names are one machine and "localhost" is 127.0.0.1 (a probe, session 45:
      * passed, and the second psd found its port taken); 127.0.0.2 is another address. */
     {L1 "servers:\n"
