@@ -890,6 +890,16 @@ static int check_job(ctx_t *c, const field_t *f, yaml_node_t *n, char *base, con
                     "got %s",
                     ps_consistency_name(j->consistency));
     }
+    if (j->staleness != 4 && j->consistency != PS_CONSIST_SSP) {
+        /* Read by ssp only: asp with a bound ran unbounded, and bsp in lockstep, without a word
+         * (a review, session 72); its default, 4, may stand as the README's full list has it. */
+        char sub[PATH_LEN];
+        child_path(sub, path, "staleness", -1);
+        return fail(c, map_get(c, n, "staleness"), sub,
+                    "applies to consistency ssp (how far a worker may run ahead of the slowest), "
+                    "got %s: leave it out, or use consistency ssp",
+                    ps_consistency_name(j->consistency));
+    }
     if (j->step_timeout_ms && j->consistency == PS_CONSIST_ASP) {
         char sub[PATH_LEN];
         child_path(sub, path, "step_timeout_ms", -1);

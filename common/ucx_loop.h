@@ -19,6 +19,7 @@ typedef struct ps_ucx_s ps_ucx_t;
  * carries: the session token of an authenticated connection (proto/authmsg.h); len 0: none. */
 typedef struct ps_ucx_token_s {
     uint8_t len;
+    uint8_t proven; /* a message sealed with it came (ps_auth_from_shard): the proof was taken */
     uint8_t b[PS_UCX_TOKEN_MAX];
 } ps_ucx_token_t;
 

@@ -43,6 +43,7 @@ static void send_proof(ps_ucx_t *u, ucp_ep_h ep, const char *host, uint16_t port
     if (token) {
         ps_auth_session(a, m.auth, token->b);
         token->len = PS_AUTH_SESSION;
+        token->proven = 0;
     }
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
                                              UCP_OP_ATTR_FIELD_USER_DATA |
@@ -60,9 +61,12 @@ void ps_auth_attach(ps_ucx_t *u, const ps_auth_t *a)
     u->connected_arg = (void *)a;
 }
 
-bool ps_auth_from_shard(const ps_auth_t *a, const ps_ucx_token_t *tok, const ps_msg_t *m)
+bool ps_auth_from_shard(const ps_auth_t *a, ps_ucx_token_t *tok, const ps_msg_t *m)
 {
     if (!a->on) return true;
-    if (m->type == PS_MSG_ERROR && m->status == PS_EAUTH && m->session_len == 0) return true;
-    return tok->len && ps_auth_session_ok(tok->b, m->session, m->session_len);
+    if (m->type == PS_MSG_ERROR && m->status == PS_EAUTH && m->session_len == 0)
+        return !tok->proven; /* psd refuses a proof before it seals anything on the connection */
+    bool ok = tok->len && ps_auth_session_ok(tok->b, m->session, m->session_len);
+    if (ok) tok->proven = 1;
+    return ok;
 }

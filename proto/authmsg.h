@@ -23,9 +23,12 @@ void ps_auth_attach(ps_ucx_t *u, const ps_auth_t *a);
  *  sends on a proven connection, and a client's UCP worker takes connections from any peer, so
  *  a message without the token (a peer without the secret answering a guessed request id) is
  *  not. A PS_EAUTH error without a token is the refusal of the proof (made before any token)
- *  and passes. Always true when @p a is off. Constant time in the token (ps_auth_session_ok).
- *  libps, the request client and psctl status drop what fails.
+ *  and passes until a message sealed with the token came (@p tok's `proven`, set here): after
+ *  that, psd seals its refusals too, and an unsealed one is a forger's (a review, session 72:
+ *  one such message, for a guessed request id, made psworker exit 2 for good). Always true
+ *  when @p a is off. Constant time in the token (ps_auth_session_ok). libps, the request
+ *  client and psctl status drop what fails.
  */
-bool ps_auth_from_shard(const ps_auth_t *a, const ps_ucx_token_t *tok, const ps_msg_t *m);
+bool ps_auth_from_shard(const ps_auth_t *a, ps_ucx_token_t *tok, const ps_msg_t *m);
 
 #endif

@@ -17,10 +17,48 @@ static psk_optim_t optim_at(psd_server_t *srv, const psd_chunk_t *ch, uint64_t s
 {
     const ps_optim_conf_t *o = &srv->m.job.optimizer;
     uint64_t decay = o->decay_steps ? o->decay_steps : total_steps;
-    psk_optim_t k = ps_optim_kernel_conf(o, psk_lr_at(o->schedule == PS_SCHED_COSINE, o->lr,
-                                                      o->min_lr, o->warmup_steps, decay, step));
-    if (ch->mean) k.kind = PSK_MEAN; /* its state arrays are carried through unchanged */
+    float lr = psk_lr_at(o->schedule == PS_SCHED_COSINE, o->lr, o->min_lr, o->warmup_steps, decay,
+                         step);
+    psk_optim_t k = ps_optim_kernel_conf(o, lr);
+    if (ch->mean) {
+        k.kind = PSK_MEAN; /* its state arrays are carried through unchanged */
+    } else {
+        uint32_t bits;
+        memcpy(&bits, &lr, sizeof bits);
+        __atomic_store_n(&srv->last_lr, 1ull << 32 | bits, __ATOMIC_RELAXED);
+    }
     return k;
+}
+
+bool psd_last_lr(const psd_server_t *srv, double *lr)
+{
+    uint64_t v = __atomic_load_n(&srv->last_lr, __ATOMIC_RELAXED);
+    uint32_t bits = (uint32_t)v;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    *lr = f;
+    return v != 0;
+}
+
+/*
+ * The schedule position of an update. Where the job's length is its data: the samples applied
+ * before its batch (@p progress) over a planned step's samples (job.workers x batch_size), so a
+ * run with fewer workers (more, smaller steps) decays its rate over the same data. Where
+ * job.max_steps cuts the job shorter than its data (the tensor's planned steps, as psworker
+ * declares them, are max_steps), the update's @p step: bsp's step, or under asp / ssp the
+ * pushing member's own count of batches, which max_steps bounds whatever the number of
+ * workers. By data, 3 workers where job.workers said 2 reached the schedule's end after two
+ * thirds of their steps and trained the rest at min_lr, and 1 never reached it (a review,
+ * session 72). @p version (the chunk's updates) where no batch said its samples (a plain
+ * libps client: @p progress UINT64_MAX).
+ */
+static uint64_t sched_pos(const psd_server_t *srv, const psd_chunk_t *ch, uint64_t progress,
+                          uint64_t step, uint64_t version)
+{
+    const ps_job_conf_t *j = &srv->m.job;
+    if (progress == UINT64_MAX) return version;
+    if (j->max_steps && ch->total_steps == j->max_steps) return step;
+    return psk_lr_pos(progress, j->workers, j->batch_size);
 }
 
 /* Whether item @p i's reserved record @p h (of @p n params) waits for the job's fan-out: only
@@ -196,12 +234,11 @@ static bool bsp_update(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, p
     const float *s_in = psd_chunk_state((psd_chunk_hdr_t *)old);
     /* Sum in rank order, so the result does not depend on arrival order. */
     const float *sum = slot_sum(srv, ch);
-    /* The schedule follows the data: the position is the samples applied before this step over
-     * a planned step's samples (job.workers x batch_size), so a run with fewer workers (more,
-     * smaller steps) decays its rate over the same data. */
-    uint64_t pos = ch->has_progress
-                       ? psk_lr_pos(ch->progress, srv->m.job.workers, srv->m.job.batch_size)
-                       : h->version;
+    /* The schedule follows the data (sched_pos); every member's push of the step says the
+     * same samples and step. */
+    uint64_t pos = sched_pos(srv, ch, ch->has_progress ? ch->progress : UINT64_MAX,
+                             slot_at(ch, (uint32_t)__builtin_ctzll(ch->sum_members))->step,
+                             h->version);
     psk_optim_t o = optim_at(srv, ch, pos, ch->total_steps);
     /* The mean over the members with a gradient and those without (zeros), as torch's DDP
      * averages a parameter some ranks did not use (mean_of: counted when the job was formed;
@@ -244,13 +281,11 @@ static bool asp_update(psd_job_t *job, uint32_t i, const psd_chunk_hdr_t *old, p
         if (!(applying >> r & 1)) continue;
         if (odd >> r & 1) h->version++;
         if ((skip >> r & 1) || left == 0) continue;
-        /* The schedule follows the data here too: each push at the samples applied before its
-         * batch was handed out (W workers' pushes of one planned step share a position), or
-         * at the chunk's update count where no batch said it (a plain libps client). */
+        /* The schedule follows the data here too (sched_pos): each push at the samples
+         * applied before its batch was handed out (W workers' pushes of one planned step share
+         * a position); under job.max_steps at its member's own count of batches. */
         const psd_slot_t *sl = slot_at(ch, r);
-        uint64_t pos = sl->progress != UINT64_MAX
-                           ? psk_lr_pos(sl->progress, srv->m.job.workers, srv->m.job.batch_size)
-                           : h->version;
+        uint64_t pos = sched_pos(srv, ch, sl->progress, sl->step, h->version);
         psk_optim_t o = optim_at(srv, ch, pos, ch->total_steps);
         const float *g = (const float *)slot_data(ch, r);
         if (sl->codec.kind != PSK_CODEC_NONE) {

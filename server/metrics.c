@@ -112,6 +112,10 @@ static void metrics_text(psd_server_t *srv, psd_http_reply_t *r)
                  srv->direct_pulls);
     psd_prom_u64(&p, "psd_updates_applied_total", "counter",
                  "Chunk updates applied by the optimizer", srv->applied_updates);
+    double lr;
+    if (psd_last_lr(srv, &lr)) /* none before the first update */
+        psd_prom_f64(&p, "psd_learning_rate", "The learning rate of the last update applied "
+                     "(job.optimizer's schedule at its position)", lr);
     psd_prom_u64(&p, "psd_bundles_received_total", "counter",
                  "Fused bundles of small messages received", srv->bundles_received);
     psd_prom_u64(&p, "psd_bundles_sent_total", "counter", "Fused bundles of small replies sent",

@@ -622,6 +622,12 @@ int main(int argc, char **argv)
                    a.key_len);
             ps_auth_wipe(&a);
         }
+        /* Each process reads it from its own working directory (psd, psctl, every worker,
+         * psd's checkpoint follower): a relative one found here may be missing, or another
+         * file, for them (a review, session 72: it said nothing). */
+        if (ctl.m.secret_file[0] && ctl.m.secret_file[0] != '/')
+            printf("  (secret_file is relative: each psd, worker and psctl reads it from its own "
+                   "working directory; an absolute path is safer)\n");
         return 0;
     }
     if (scale >= 0) {

@@ -320,6 +320,9 @@ size_t psd_status_json(psd_server_t *srv, char *out, size_t cap)
                             (unsigned long long)srv->run.base_step,
                             (unsigned long long)srv->run.origin, srv->stopping ? "true" : "false");
     if (len >= cap) len = cap - 1; /* cut: the parts below then add nothing */
+    double lr;
+    if (psd_last_lr(srv, &lr)) status_put(out, cap, &len, "\"learning_rate\": %.9g, ", lr);
+    else status_put(out, cap, &len, "\"learning_rate\": null, ");
     psd_shard_status_json(srv, out, cap, &len);
     psd_integrity_status_json(srv, out, cap, &len);
     psd_sync_status_json(srv, out, cap, &len);
@@ -539,7 +542,8 @@ static void on_auth(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
     if (c->authed) return;
     const ps_server_conf_t *me = &srv->m.servers[srv->shard]; /* proofs are made for it */
     c->authed = ps_auth_check(srv->auth, &srv->auth_seen, me->host, me->port, msg->auth,
-                              msg->auth_len, (int64_t)time(NULL), c->auth_why,
+                              msg->auth_len, (int64_t)time(NULL) + srv->test_clock_ahead_s,
+                              c->auth_why,
                               sizeof c->auth_why) == 0;
     if (c->authed) ps_auth_session(srv->auth, msg->auth, c->session);
 }
@@ -894,6 +898,10 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
     }
     const ps_server_conf_t *sc = &m->servers[shard];
     /* Test hooks (tests only; each logged as a warning). */
+    if ((srv->test_clock_ahead_s = test_hook("PS_TEST_CLOCK_AHEAD_S", 0)))
+        PS_LOG(PS_LOG_WARN, "server", "PS_TEST_CLOCK_AHEAD_S=%u: proofs are checked as if this "
+               "shard's clock ran %u s ahead (a test hook)", srv->test_clock_ahead_s,
+               srv->test_clock_ahead_s);
     if ((srv->test_corrupt_pull = test_hook("PS_TEST_CORRUPT_PULL", 0)))
         PS_LOG(PS_LOG_WARN, "server", "PS_TEST_CORRUPT_PULL=%u: every %uth pull reply is "
                "corrupted on purpose (a test hook)", srv->test_corrupt_pull,

@@ -495,6 +495,9 @@ struct psd_server_s {
     size_t echo_cap;
     uint32_t echo_busy;        /* receives landing in echo_buf now: it must not move */
     uint64_t applied_updates, pushes, pulls, direct_pulls, direct_pushes;
+    /* The learning rate of the last update applied: 1 << 32 | its float's bits (apply threads
+     * write it; 0: none yet). psd_last_lr reads it. */
+    uint64_t last_lr;
     bool push_direct;          /* workers here may push through areas (PS_DIRECT_PUSH is not 0) */
     uint64_t crc_errors;       /* pushes rejected for a checksum mismatch */
     uint64_t nonfinite_pushes; /* pushes holding a NaN or an infinity, left out (apply_item) */
@@ -550,6 +553,8 @@ struct psd_server_s {
     uint64_t late_floor_ms;    /* a late cron's time (uv_now): no member is late before
                                   step_timeout_ms after it (coord.c) */
     uint32_t test_corrupt_pull; /* PS_TEST_CORRUPT_PULL (tests only): corrupt every Nth pull reply */
+    uint32_t test_clock_ahead_s; /* PS_TEST_CLOCK_AHEAD_S (tests only): proofs checked as if
+                                    this shard's clock ran that far ahead */
     uint64_t test_pull_count;
     uint32_t test_crash_after_apply; /* PS_TEST_CRASH_AFTER_APPLY (tests only): SIGKILL itself
                                         after the Nth apply job commits, before its acks */
@@ -609,6 +614,11 @@ size_t psd_status_cap(void);
  * @return its length (at most cap - 1: cut short when it did not fit).
  */
 size_t psd_status_json(psd_server_t *srv, char *out, size_t cap);
+
+/** @brief The learning rate of the last update this shard applied (the job's schedule at that
+ *  update's position; not of a mean tensor) into *@p lr. @return false (none yet) before the
+ *  first. Any thread (apply.c). */
+bool psd_last_lr(const psd_server_t *srv, double *lr);
 
 /** @brief Milliseconds of a monotonic clock read now (not the loop's cached time). */
 static inline uint64_t psd_now_ms(void) { return uv_hrtime() / 1000000u; }

@@ -1309,9 +1309,10 @@ static ucs_status_t handle_msg(ps_client_t *c, const ps_msg_t *mp, void *data, s
  * could otherwise send a pull reply for a guessed request id and have its values trained on.
  * A message from a connection closed since (its old token) is dropped too: what it answered
  * is sent again on the new one. */
-static bool from_shard(const ps_client_t *c, const ps_msg_t *m)
+static bool from_shard(ps_client_t *c, const ps_msg_t *m)
 {
-    static const ps_ucx_token_t none; /* a shard index it does not have: only an auth refusal */
+    static ps_ucx_token_t none; /* a shard index it does not have: only an auth refusal (never
+                                   proven: nothing sealed passes with it) */
     return ps_auth_from_shard(&c->auth, m->shard < c->nshards ? &c->shards[m->shard].tok : &none,
                               m);
 }

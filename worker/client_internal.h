@@ -156,6 +156,8 @@ typedef struct {
     char gone_why[512]; /* why it was given up on ("refused this worker back: ...", "did not
                            come back in ..."; comm thread): its parts fail saying so, not
                            "lost the connection" */
+    char refused_why[256]; /* while down: the last refusal of this worker's proof (comm
+                              thread; "": none), said when it is given up on */
     uint64_t down_since_ms;
     uint32_t backoff_ms;
     uv_timer_t timer;  /* the next reconnect attempt */

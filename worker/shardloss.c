@@ -232,10 +232,20 @@ void ps__on_rehello(ps_op_t *op)
                  "the updates since are lost; " STORE_REMEDY,
                  (unsigned long long)op->reply.step_max, (unsigned long long)seen);
     }
-    if (op->status == PS_ECONFIG || op->status == PS_EAUTH) {
-        /* The shard came back under another configuration (a restore onto another manifest,
-         * another secret): this worker's manifest no longer fits it, and asking again cannot
-         * change that. */
+    if (op->status == PS_EAUTH) {
+        /* Its proof refused: a clock more than PS_AUTH_SKEW_S off (a shard restarted before its
+         * host's clock synced) or the shard's replay guard pass in time, so it is asked again
+         * as a shard that does not answer, until the reconnect timeout, which then names this
+         * reason. Before (session 72's review), the worker was refused back for good (psworker
+         * exit 2, which pslaunch does not replace) with advice to restore the shards. Another
+         * secret stays refused: a worker started again then fails at its join, exit 2. */
+        if (strncmp(s->refused_why, op->err, 250) != 0)
+            PS_LOG(PS_LOG_WARN, "libps", "shard %u refused this worker's proof as it came back "
+                   "(asking again until the reconnect timeout): %s", i, op->err);
+        snprintf(s->refused_why, sizeof s->refused_why, "%.250s", op->err);
+    } else if (op->status == PS_ECONFIG) {
+        /* The shard came back under another configuration (a restore onto another manifest):
+         * this worker's manifest no longer fits it, and asking again cannot change that. */
         PS_LOG(PS_LOG_ERROR, "libps", "shard %u refused this worker back: %s", i, op->err);
         snprintf(s->gone_why, sizeof s->gone_why, "refused this worker back: %.450s", op->err);
         s->gone = 1;
@@ -251,6 +261,7 @@ void ps__on_rehello(ps_op_t *op)
         op->status = PS_EPROTO;
     }
     if (op->status == 0) {
+        s->refused_why[0] = '\0';
         PS_LOG(PS_LOG_INFO, "libps", "shard %u (%s:%u) is back after %llu ms", i,
                c->m.servers[i].host, c->m.servers[i].port,
                (unsigned long long)(now_ms() - s->down_since_ms));
@@ -368,8 +379,9 @@ static void shard_lost_now(ps_client_t *c, uint32_t i)
         /* Its parts fail saying so too: a program sees it in its error, not only in the log
          * (psd.torch's PsError said "lost the connection to shard 1"; a helper's probe). */
         snprintf(s->gone_why, sizeof s->gone_why, "did not come back in %llu ms (the reconnect "
-                 "timeout is %u ms)", (unsigned long long)(now_ms() - s->down_since_ms),
-                 c->reconnect_ms);
+                 "timeout is %u ms)%s%.300s", (unsigned long long)(now_ms() - s->down_since_ms),
+                 c->reconnect_ms, s->refused_why[0] ? "; it refused this worker's proof: " : "",
+                 s->refused_why);
         PS_LOG(PS_LOG_ERROR, "libps", "shard %u (%s:%u) %s", i, c->m.servers[i].host,
                c->m.servers[i].port, s->gone_why);
         s->gone = 1;

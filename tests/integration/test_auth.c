@@ -145,6 +145,15 @@ START_TEST(test_secret_file_mode)
     EXPECT_LOG(lw, "pslaunch: ");
     EXPECT_LOG(lw, "(mode 640): chmod 600 it");
     ck_assert_msg(count_in_log(lw, "psworker") == 0, "a worker started: %s", cl_tail(lw));
+    /* A relative secret_file: psctl check says each process reads it from its own working
+     * directory (it said nothing; a review, session 72). */
+    char rel[CL_PATH];
+    manifest_with(c, "relative.yaml", "a-relative-secret", rel, sizeof rel);
+    char *argv_r[] = {(char *)cl_binary("PSCTL"), "--manifest", rel, "check", NULL};
+    cl_proc_t *cr = cl_spawn(c, "psctl-check-relative", argv_r);
+    EXPECT_EXIT(cr, 0);
+    EXPECT_LOG(cr, "(secret_file is relative: each psd, worker and psctl reads it from its own "
+                   "working directory; an absolute path is safer)");
     cl_cluster_destroy(c);
 }
 END_TEST
@@ -323,6 +332,38 @@ START_TEST(test_confused_shard_answers)
 }
 END_TEST
 
+/* A shard that comes back with its clock more than PS_AUTH_SKEW_S off (started before its
+ * host's clock synced; PS_TEST_CLOCK_AHEAD_S stands in) refuses the workers' proofs: a worker
+ * asks again, saying why, and trains on to its end once the shard is back with its clock right
+ * within the reconnect timeout. Before, the first such refusal ended it for good (exit 2, which
+ * pslaunch does not replace) with advice to restore every shard (a review, session 72). */
+START_TEST(test_clock_off_at_return_asked_again)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1, .max_steps = 3000};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    char good[CL_PATH], m_good[CL_PATH];
+    write_secret(c, "secret", 'k', 0600, good, sizeof good);
+    manifest_with(c, "manifest.yaml", good, m_good, sizeof m_good); /* the cluster's own */
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    ck_assert_msg(cl_wait_log(w, "joined at step", RUN_S) == 0, "%s", cl_tail(w));
+    ck_assert_int_eq(cl_signal(psd, SIGKILL), 0);
+    cl_wait(psd, RUN_S);
+    psd = cl_psd_start_env(c, 0, READY_S, "PS_TEST_CLOCK_AHEAD_S", "400");
+    ck_assert_msg(cl_wait_log(w, "shard 0 refused this worker's proof as it came back (asking "
+                                 "again until the reconnect timeout): ", RUN_S) == 0,
+                  "%s", cl_tail(w));
+    EXPECT_LOG(w, "clock");
+    stop_all(&psd, 1);
+    psd = cl_psd_start(c, 0, NULL, READY_S);
+    EXPECT_EXIT(w, 0);
+    EXPECT_LOG(w, "shard 0 (127.0.0.1:");
+    ck_assert_msg(count_in_log(w, "refused this worker back") == 0, "%s", cl_tail(w));
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("auth");
@@ -332,5 +373,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("forged_session_dropped", test_forged_session_dropped));
     suite_add_tcase(s, tcase("unsealed_replies_dropped", test_unsealed_replies_dropped));
     suite_add_tcase(s, tcase("confused_shard_answers", test_confused_shard_answers));
+    suite_add_tcase(s, tcase("clock_off_at_return_asked_again",
+                             test_clock_off_at_return_asked_again));
     return s;
 }

@@ -398,6 +398,36 @@ START_TEST(test_mean_nonfinite_left_out)
 }
 END_TEST
 
+/* The schedule under job.max_steps follows the steps, which max_steps counts whatever the
+ * number of workers: one worker of job.workers 2 runs bsp's 300 steps (and under asp its own
+ * 300 batches), and the cosine decay ends with them (the last update's rate, /status's
+ * learning_rate, ~1e-6 of 0.1). By data, a planned step being 2 workers' samples, the position
+ * was only half way at the end (rate ~0.05), and with 3 workers the last third of a run
+ * trained at min_lr (a review, session 72). */
+START_TEST(test_cosine_follows_max_steps)
+{
+    static const char *const modes[] = {"bsp", "asp"};
+    for (int i = 0; i < 2; i++) {
+        cl_conf_t k = {.shards = 1, .workers = 2, .consistency = modes[i], .max_steps = 300,
+                       .layers = "[784, 16, 10]",
+                       .optimizer = "{name: sgd, lr: 0.1, schedule: cosine, warmup_steps: 0}"};
+        cl_cluster_t *c = cl_cluster_create(&k);
+        cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+        cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+        EXPECT_EXIT(w, 0);
+        cl_proc_t *ctl = status_json(c, "psctl");
+        char *log = cl_log(ctl);
+        const char *at = strstr(log, "\"learning_rate\": ");
+        double lr = at ? strtod(at + 17, NULL) : -1;
+        ck_assert_msg(lr >= 0 && lr < 1e-4, "%s: the last update's rate %g, want the decay's "
+                      "end (~1e-6): %s", modes[i], lr, log);
+        free(log);
+        stop_all(&psd, 1);
+        cl_cluster_destroy(c);
+    }
+}
+END_TEST
+
 /* A model that diverges (sgd with lr 1e30: the loss turns NaN within steps): psworker says so
  * once, naming the step, and --metrics-out writes that loss as null, each line one JSON value,
  * in a cluster and alone. Before, the lines said "train_loss": -nan, which no JSON reader
@@ -1794,6 +1824,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("mean_push_none", test_mean_push_none));
     suite_add_tcase(s, tcase("mean_nonfinite_left_out", test_mean_nonfinite_left_out));
     suite_add_tcase(s, tcase("diverged_loss_said", test_diverged_loss_said));
+    suite_add_tcase(s, tcase("cosine_follows_max_steps", test_cosine_follows_max_steps));
     suite_add_tcase(s, tcase("psworker_options", test_psworker_options));
     suite_add_tcase(s, tcase("libps_misuse_harmless", test_libps_misuse_harmless));
     suite_add_tcase(s, tcase("tcp_matches_local", test_tcp_matches_local));

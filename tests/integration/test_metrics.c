@@ -180,6 +180,7 @@ START_TEST(test_metrics_follow_training)
     ck_assert_msg(metric(body, "psd_pushes_total") == 0, "%s", body);
     ck_assert_msg(metric(body, "psd_job_workers_desired") == 2, "%.600s", body);
     ck_assert_msg(metric(body, "psd_job_finished") == 0, "%s", body);
+    ck_assert_msg(metric(body, "psd_learning_rate") == -1, "a rate before any update: %s", body);
     free(body);
 
     cl_proc_t *w[2] = {cl_worker_start(c, NULL, NULL, false), cl_worker_start(c, NULL, NULL, false)};
@@ -205,6 +206,7 @@ START_TEST(test_metrics_follow_training)
         ck_assert_msg(metric(body, "psd_tensors") > 0 && metric(body, "psd_state_bytes") > 0,
                       "shard %d: %.600s", i, body);
         ck_assert_msg(metric(body, "psd_serving") == 1, "shard %d: %.600s", i, body);
+        ck_assert_msg(metric(body, "psd_learning_rate") > 0, "shard %d: %.600s", i, body);
         /* The checks of peers' messages and TCP frames let a well-formed run through whole. */
         ck_assert_msg(metric(body, "psd_ucx_messages_dropped_total") == 0 &&
                           metric(body, "psd_tcp_connections_closed_total") == 0,

@@ -445,6 +445,12 @@ static const struct {
     {BASE "  consistency: hogwild\n",
      "demo.yaml:11: job.consistency: must be one of bsp|asp|ssp, got 'hogwild'"},
     {BASE "  staleness: -1\n", "demo.yaml:11: job.staleness: must be in [0, 1000000], got -1"},
+    /* Read by ssp only (a review, session 72: asp with a bound ran unbounded, silently). */
+    {BASE "  staleness: 2\n", "demo.yaml:11: job.staleness: applies to consistency ssp (how far "
+     "a worker may run ahead of the slowest), got bsp: leave it out, or use consistency ssp"},
+    {BASE "  consistency: asp\n  staleness: 0\n", "demo.yaml:12: job.staleness: applies to "
+     "consistency ssp (how far a worker may run ahead of the slowest), got asp: leave it out, or "
+     "use consistency ssp"},
     {L1 L2_4 L5 L6_9 "  optimizer: {name: rmsprop, lr: 0.1}\n",
      "demo.yaml:10: job.optimizer.name: must be one of sgd|momentum|adam|adamw|adagrad|mean, got "
      "'rmsprop'"},

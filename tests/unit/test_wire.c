@@ -5,6 +5,8 @@
 #include <string.h>
 
 #include "ps/ps_error.h"
+#include "auth.h"
+#include "authmsg.h"
 #include "bundle.h"
 #include "utf8.h"
 #include "wire.h"
@@ -631,6 +633,37 @@ START_TEST(utf8_len)
 }
 END_TEST
 
+/* With a secret: a message passes when sealed with the connection's token; an unsealed
+ * PS_EAUTH (the refusal of the proof) only until a sealed message came on the connection, as
+ * psd refuses a proof before it seals anything; a new proof (a reconnect) starts over. Before,
+ * an unsealed refusal passed at any time: a peer without the secret made a worker's op fail
+ * with PS_EAUTH (psworker exits 2 for good) with one message for a guessed request id. */
+START_TEST(auth_refusal_only_before_proven)
+{
+    static ps_auth_t a = {.on = true, .key_len = 32};
+    memset(a.key, 7, a.key_len);
+    uint8_t proof[PS_AUTH_PROOF_LEN] = {1, 2, 3};
+    ps_ucx_token_t tok = {.len = PS_AUTH_SESSION};
+    ps_auth_session(&a, proof, tok.b);
+    ps_msg_t refusal = {.type = PS_MSG_ERROR, .status = PS_EAUTH};
+    ps_msg_t sealed = {.type = PS_MSG_BATCH_REPLY, .session_len = PS_AUTH_SESSION};
+    memcpy(sealed.session, tok.b, PS_AUTH_SESSION);
+    ps_msg_t unsealed = {.type = PS_MSG_BATCH_REPLY};
+    ck_assert(ps_auth_from_shard(&a, &tok, &refusal)); /* the proof refused */
+    ck_assert(!ps_auth_from_shard(&a, &tok, &unsealed));
+    ck_assert(!tok.proven);
+    ck_assert(ps_auth_from_shard(&a, &tok, &sealed));
+    ck_assert(tok.proven);
+    ck_assert(!ps_auth_from_shard(&a, &tok, &refusal)); /* a forger's, now */
+    sealed.session[0] ^= 1;
+    ck_assert(!ps_auth_from_shard(&a, &tok, &sealed));
+    tok.proven = 0; /* a new proof's (send_proof sets it so) */
+    ck_assert(ps_auth_from_shard(&a, &tok, &refusal));
+    static const ps_auth_t off = {.on = false};
+    ck_assert(ps_auth_from_shard(&off, &tok, &unsealed));
+}
+END_TEST
+
 Suite *ps_test_suite(void)
 {
     Suite *s = suite_create("wire");
@@ -650,6 +683,7 @@ Suite *ps_test_suite(void)
     tcase_add_test(tc, bundle_malformed);
     tcase_add_test(tc, pack_is_protobufs);
     tcase_add_test(tc, unpack_is_protobufs);
+    tcase_add_test(tc, auth_refusal_only_before_proven);
     suite_add_tcase(s, tc);
     return s;
 }
