@@ -877,36 +877,39 @@ static int check_compression(ctx_t *c, const field_t *f, yaml_node_t *n, char *b
     return 0;
 }
 
-/* optimizer mean keeps a step's mean gradient: only a BSP step has one (asp and ssp apply each
- * push alone, and a mean of one push is not what the workers would pull). */
+/* Refuse key @p key of mapping @p n (at @p path): its line and path, then @p why. */
+__attribute__((format(printf, 5, 6))) static int fail_key(ctx_t *c, yaml_node_t *n,
+                                                          const char *path, const char *key,
+                                                          const char *why, ...)
+{
+    char sub[PATH_LEN];
+    child_path(sub, path, key, -1);
+    va_list ap;
+    va_start(ap, why);
+    vset_err(c, line_of(map_get(c, n, key)), sub, why, ap);
+    va_end(ap);
+    return PS_ECONFIG;
+}
+
+/* Settings one consistency reads that the job's does not. optimizer mean keeps a step's mean
+ * gradient: only a BSP step has one (asp and ssp apply each push alone, and a mean of one push
+ * is not what the workers would pull). */
 static int check_job(ctx_t *c, const field_t *f, yaml_node_t *n, char *base, const char *path)
 {
     const ps_job_conf_t *j = (const ps_job_conf_t *)(base + f->off);
-    if (j->optimizer.name == PS_OPT_MEAN && j->consistency != PS_CONSIST_BSP) {
-        char sub[PATH_LEN];
-        child_path(sub, path, "consistency", -1);
-        return fail(c, map_get(c, n, "consistency"), sub,
-                    "optimizer mean (psd keeps each step's mean gradient) needs consistency bsp, "
-                    "got %s",
-                    ps_consistency_name(j->consistency));
-    }
-    if (j->staleness != 4 && j->consistency != PS_CONSIST_SSP) {
-        /* Read by ssp only: asp with a bound ran unbounded, and bsp in lockstep, without a word
-         * (a review, session 72); its default, 4, may stand as the README's full list has it. */
-        char sub[PATH_LEN];
-        child_path(sub, path, "staleness", -1);
-        return fail(c, map_get(c, n, "staleness"), sub,
-                    "applies to consistency ssp (how far a worker may run ahead of the slowest), "
-                    "got %s: leave it out, or use consistency ssp",
-                    ps_consistency_name(j->consistency));
-    }
-    if (j->step_timeout_ms && j->consistency == PS_CONSIST_ASP) {
-        char sub[PATH_LEN];
-        child_path(sub, path, "step_timeout_ms", -1);
-        return fail(c, map_get(c, n, "step_timeout_ms"), sub,
-                    "applies to consistency bsp and ssp (under asp no worker waits for "
-                    "another), got asp");
-    }
+    const char *mode = ps_consistency_name(j->consistency);
+    if (j->optimizer.name == PS_OPT_MEAN && j->consistency != PS_CONSIST_BSP)
+        return fail_key(c, n, path, "consistency", "optimizer mean (psd keeps each step's mean "
+                        "gradient) needs consistency bsp, got %s", mode);
+    /* Read by ssp only: asp with a bound ran unbounded, and bsp in lockstep, without a word (a
+     * review, session 72); its default, 4, may stand as the README's full list has it. */
+    if (j->staleness != 4 && j->consistency != PS_CONSIST_SSP)
+        return fail_key(c, n, path, "staleness", "applies to consistency ssp (how far a worker "
+                        "may run ahead of the slowest), got %s: leave it out, or use "
+                        "consistency ssp", mode);
+    if (j->step_timeout_ms && j->consistency == PS_CONSIST_ASP)
+        return fail_key(c, n, path, "step_timeout_ms", "applies to consistency bsp and ssp "
+                        "(under asp no worker waits for another), got asp");
     return 0;
 }
 
