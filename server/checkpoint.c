@@ -82,6 +82,12 @@ bool psd_ckpt_idle(psd_server_t *srv)
     return ck == NULL || ((ck->state != CK_SNAP && ck->state != CK_COPYING) && !ck->repairing);
 }
 
+const char *psd_ckpt_copy_dir(const psd_server_t *srv)
+{
+    const struct psd_ckpt_s *ck = srv->ckpt;
+    return ck && ck->txn && ck->state == CK_COPYING ? ck->dir : NULL;
+}
+
 void psd_ckpt_free(psd_server_t *srv)
 {
     if (srv->ckpt && srv->ckpt->txn) mdb_txn_abort(srv->ckpt->txn);

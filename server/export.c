@@ -110,6 +110,11 @@ void psd_export_cron(psd_server_t *srv, uint64_t now_ms)
 
 bool psd_export_idle(psd_server_t *srv) { return srv->xp == NULL || srv->xp->verifying == 0; }
 
+bool psd_export_reading(const psd_server_t *srv)
+{
+    return srv->xp && (srv->xp->sessions || srv->xp->verifying);
+}
+
 void psd_export_free(psd_server_t *srv)
 {
     if (srv->xp == NULL) return;

@@ -27,6 +27,9 @@ void psd_export_cron(psd_server_t *srv, uint64_t now_ms);
 /** @brief True when no verify job runs (the shutdown check waits for it). */
 bool psd_export_idle(psd_server_t *srv);
 
+/** @brief True when an export session (its snapshot) or a verify job reads the store. */
+bool psd_export_reading(const psd_server_t *srv);
+
 /** @brief Release every export session and snapshot (at exit, after the loop stopped). */
 void psd_export_free(psd_server_t *srv);
 

@@ -228,8 +228,10 @@ int psctl_export(const ps_manifest_t *m, const char *out, double timeout_s, doub
         goto out;
     }
     uint64_t hl64 = hl; /* little-endian, as safetensors wants (this machine's order) */
-    fwrite(&hl64, 8, 1, f);
-    fwrite(hdr, 1, hl, f);
+    if (fwrite(&hl64, 8, 1, f) != 1 || fwrite(hdr, 1, hl, f) != hl) {
+        fprintf(stderr, "psctl: export: %s: %s\n", tmp, strerror(errno));
+        goto out;
+    }
     uint64_t chunk_elems = m->chunk_bytes / 4, values = 0;
     for (uint32_t i = 0; i < k; i++) {
         uint32_t nc = ps_chunk_count(t[i].numel, chunk_elems);
@@ -277,6 +279,13 @@ int psctl_export(const ps_manifest_t *m, const char *out, double timeout_s, doub
         }
     }
     /* The snapshots are released when ps_req_close() closes the endpoints. */
+    /* ferror: a write that failed inside stdio's buffer (a disk full for a moment) while a
+     * later fwrite returned its length; before, the export then said it was made, its header
+     * lost (a review, session 72). */
+    if (ferror(f)) {
+        fprintf(stderr, "psctl: export: %s: a write failed (is the disk full?)\n", tmp);
+        goto out;
+    }
     int bad = fflush(f) != 0 || fsync(fileno(f)) != 0;
     bad |= fclose(f) != 0;
     f = NULL;

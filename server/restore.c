@@ -195,6 +195,26 @@ void psd_restore_undo(const char *data_dir)
     }
 }
 
+/* About the bytes this shard's store takes from checkpoint @p dir of @p nold parts (their
+ * meta.json's records_bytes): its own part's on the same layout, else an even share of all
+ * with room for an uneven placement; a quarter more for LMDB's pages. */
+static uint64_t restore_need(const psd_server_t *srv, const char *dir, uint32_t nold)
+{
+    uint64_t total = 0, mine = 0;
+    for (uint32_t j = 0; j < nold; j++) {
+        char *mj = psd_ckpt_meta_read(dir, j);
+        uint64_t b = mj ? psd_ckpt_meta_u64(mj, "records_bytes") : 0;
+        free(mj);
+        if (b == UINT64_MAX || b > (1ull << 50)) b = 0; /* absent (an older psctl's), or odd */
+        total += b;
+        if (j == srv->shard) mine = b;
+    }
+    uint64_t share = nold == (uint32_t)srv->m.nservers ? mine
+                                                       : total / (uint64_t)srv->m.nservers * 3 / 2;
+    if (share > total) share = total;
+    return share + share / 4;
+}
+
 int psd_restore_fill(psd_server_t *srv, const char *dir, char *err, size_t errlen)
 {
     char *j0 = psd_ckpt_meta_read(dir, 0);
@@ -228,6 +248,16 @@ int psd_restore_fill(psd_server_t *srv, const char *dir, char *err, size_t errle
     uint8_t *seen = NULL;
     psd_wtxn_t tx;
     psd_ckpt_src_t s = {0};
+    /* Its disk blocks first: the fill writes the records through the map, and a page the disk
+     * could not back faulted under the checkpoint reader's guard, which then called a good
+     * checkpoint damaged (a review, session 72: "a page lies past the end of the file"). */
+    uint64_t need = restore_need(srv, dir, nold);
+    if (need > PSD_STORE_AHEAD && psd_store_ahead(&srv->store, need) != 0) {
+        snprintf(err, errlen, "--restore %s: the disk under data_dir is full: this shard's part "
+                 "of the checkpoint needs about %llu MiB (free some space, or move data_dir)",
+                 dir, (unsigned long long)(need >> 20));
+        return PS_ENOSPC;
+    }
     /* Committed before the fill and deleted in its transaction: a psd killed in between leaves
      * it, and a later start refuses the half-made store (server.c) instead of serving it. */
     int rc = psd_store_set_blob(&srv->store, PSD_RESTORING, dir, strlen(dir)), mrc;

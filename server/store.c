@@ -1,6 +1,7 @@
 /* store.c: the shard's LMDB environment (see store.h). */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -268,6 +269,23 @@ int psd_store_identity(psd_store_t *st, const char *name, const char *value, cha
     return mdb_err(rc);
 }
 
+/* The readers LMDB's lock file holds (mdb_env_set_maxreaders). */
+#define LOCK_READERS 1024
+
+/* Take the disk space of @p dir's LMDB lock file for @p readers readers (64 bytes each, and its
+ * header) before LMDB maps it. @return 0, or the errno of posix_fallocate (EOPNOTSUPP where the
+ * file system has none). */
+static int lock_file_ahead(const char *dir, unsigned readers)
+{
+    char path[PATH_MAX];
+    if (snprintf(path, sizeof path, "%s/lock.mdb", dir) >= (int)sizeof path) return ENAMETOOLONG;
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) return errno;
+    int rc = posix_fallocate(fd, 0, (off_t)readers * 64 + 4096);
+    close(fd);
+    return rc;
+}
+
 /* "DIR: data_dir is in use by another psd (pid N)" into @p err, N read from @p fd's psd.lock. */
 static int in_use(int fd, const char *dir, char *err, size_t errlen)
 {
@@ -324,9 +342,22 @@ int psd_store_open(psd_store_t *st, const char *dir, uint64_t map_mb, const char
         /* The pid is only informative; a failed write does not matter. */
     }
 
+    /* LMDB makes its lock file's pages through a map (the reader table): on a disk with no
+     * page free that map faulted, and psd died of SIGBUS inside mdb_env_open at every start (a
+     * review, session 72). Its bytes are taken first; a file system without fallocate is let
+     * be. */
+    int lrc = lock_file_ahead(dir, LOCK_READERS);
+    if (lrc == ENOSPC || lrc == EDQUOT) {
+        snprintf(err, errlen, "%s: the disk under data_dir is full: LMDB's lock file cannot be "
+                 "made (free some space, or move data_dir)", dir);
+        close(st->lockfd);
+        st->lockfd = -1;
+        return PS_ENOSPC;
+    }
+
     MDB_txn *txn = NULL;
     if ((rc = mdb_env_create(&st->env)) != 0) goto fail;
-    mdb_env_set_maxreaders(st->env, 1024);
+    mdb_env_set_maxreaders(st->env, LOCK_READERS);
     if ((rc = mdb_env_set_mapsize(st->env, (size_t)map_mb << 20)) != 0) goto fail;
     rc = mdb_env_open(st->env, dir, MDB_WRITEMAP | MDB_NOSYNC | MDB_NOTLS, 0600);
     if (rc) goto fail;

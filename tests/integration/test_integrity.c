@@ -1012,6 +1012,34 @@ static int ckpt_req(ps_req_t *ctl, uint32_t shard, ps_msg_type_t type, uint64_t 
     return rc;
 }
 
+/* A store that fills while a checkpoint copy holds its snapshot (a 48 MiB map, a copy slowed to
+ * 4 s, adam training on): psd names the copy and its directory, and the remedy, where it named a
+ * pull reply to a slow or stopped worker (a review, session 72); the updates wait, and the job
+ * and the checkpoint complete. */
+START_TEST(test_full_map_names_checkpoint_copy)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1, .map_size_mb = 48, .max_steps = 200,
+                   .optimizer = "{name: adam, lr: 0.001}"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start_env(c, 0, READY_S, "PS_TEST_SLOW_COPY_MS", "4000");
+    cl_proc_t *w = cl_worker_start(c, NULL, NULL, false);
+    ck_assert_msg(cl_wait_log(w, "joined at step", RUN_S) == 0, "%s", cl_tail(w));
+    char dir[CL_PATH];
+    cl_path(c, "ck-pinned", dir, sizeof dir);
+    char *ck[] = {(char *)cl_binary("PSCTL"), "--manifest", c->manifest, "checkpoint", "--dir",
+                  dir, NULL};
+    cl_proc_t *cp = cl_spawn(c, "checkpoint-pinned", ck);
+    ck_assert_msg(cl_wait_log(psd, "held, psd's own, the checkpoint copy into ", RUN_S) == 0,
+                  "%s", cl_tail(psd));
+    EXPECT_LOG(psd, "/ck-pinned/shard-0 (raise map_size_mb to leave room for a copy beside "
+                    "training)");
+    EXPECT_EXIT(cp, 0);
+    EXPECT_EXIT(w, 0);
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* psctl checkpoint --wait that runs out while every shard's copy is under way (a large store on
  * a slow disk: PS_TEST_SLOW_COPY_MS) gives nothing up: the copies go on and complete the
  * checkpoint, as psd's follower (no --wait, 600 s) relies on. A first version of the cancel
@@ -2054,15 +2082,21 @@ START_TEST(test_checkpoint_hostile_files_refused)
 END_TEST
 
 /* psd of cluster @p c as shard 0, its data_dir a tmpfs of @p mib MiB mounted in a user and
- * mount namespace of its own (unshare -rm), stdout and stderr to NAME.log. */
-static cl_proc_t *psd_on_tmpfs(cl_cluster_t *c, const char *name, int mib)
+ * mount namespace of its own (unshare -rm), with @p fill every page of it taken first by a
+ * file, restoring checkpoint @p restore (NULL: none), stdout and stderr to NAME.log. */
+static cl_proc_t *psd_on_tmpfs(cl_cluster_t *c, const char *name, int mib, bool fill,
+                               const char *restore)
 {
-    static char script[6 * CL_PATH];
-    char ckd[CL_PATH];
+    static char script[7 * CL_PATH];
+    char ckd[CL_PATH], filler[CL_PATH + 96] = "true";
     cl_path(c, "ckpt-disk", ckd, sizeof ckd); /* and a 16 KiB one for checkpoints */
+    if (fill)
+        snprintf(filler, sizeof filler, "{ dd if=/dev/zero of='%s/fill' bs=4k 2>/dev/null; true; }",
+                 c->data_dir[0]);
     snprintf(script, sizeof script, "mkdir -p '%s' '%s' && mount -t tmpfs -o size=%dm tmpfs '%s' "
-             "&& mount -t tmpfs -o size=16k tmpfs '%s' && exec '%s' --manifest '%s' --shard 0",
-             c->data_dir[0], ckd, mib, c->data_dir[0], ckd, cl_binary("PSD"), c->manifest);
+             "&& mount -t tmpfs -o size=16k tmpfs '%s' && %s && exec '%s' --manifest '%s' "
+             "--shard 0%s%s", c->data_dir[0], ckd, mib, c->data_dir[0], ckd, filler,
+             cl_binary("PSD"), c->manifest, restore ? " --restore " : "", restore ? restore : "");
     char *argv[] = {"/usr/bin/unshare", "-rm", "/bin/sh", "-c", script, NULL};
     return cl_spawn(c, name, argv);
 }
@@ -2080,15 +2114,22 @@ START_TEST(test_full_disk_refused)
     }
     cl_conf_t k = {.shards = 1, .optimizer = "{name: mean}", .map_size_mb = 256};
     cl_cluster_t *c = cl_cluster_create(&k);
-    cl_proc_t *p = psd_on_tmpfs(c, "psd-full", 1);
+    cl_proc_t *p = psd_on_tmpfs(c, "psd-full", 1, false, NULL);
     int st = cl_wait(p, RUN_S);
     ck_assert_msg(st > 0 && st < 128, "psd on a full disk: status %d, want an exit > 0; its log: "
                   "%s", st, cl_tail(p));
     EXPECT_LOG(p, "the disk under data_dir is full");
+    /* A disk with no page free: refused the same way. Before, LMDB's lock file (made through a
+     * map) faulted: SIGBUS inside mdb_env_open at every start (a review, session 72). */
+    p = psd_on_tmpfs(c, "psd-no-page", 1, true, NULL);
+    st = cl_wait(p, RUN_S);
+    ck_assert_msg(st > 0 && st < 128, "psd on a disk with no page free: status %d, want an exit "
+                  "> 0; its log: %s", st, cl_tail(p));
+    EXPECT_LOG(p, "the disk under data_dir is full: LMDB's lock file cannot be made");
     /* An 80 MiB disk holds the store's start, not a tensor of 48 MB (and as much again for
      * copy-on-write): its declaration fails, naming the disk, and psd serves on (a small
      * tensor's job goes through). Before: SIGBUS in the create. */
-    p = psd_on_tmpfs(c, "psd-80m", 80);
+    p = psd_on_tmpfs(c, "psd-80m", 80, false, NULL);
     ck_assert_msg(cl_wait_log(p, "listening", RUN_S) == 0, "%s", cl_tail(p));
     char big[] = "12000000", small[] = "1000", steps[] = "1";
     char *a1[] = {(char *)cl_binary("MEAN_CLIENT"), c->manifest, big, steps, NULL};
@@ -2108,6 +2149,25 @@ START_TEST(test_full_disk_refused)
     ck_assert_msg(cl_alive(p), "psd died: %s", cl_tail(p));
     ck_assert_int_eq(cl_signal(p, SIGTERM), 0);
     EXPECT_EXIT(p, 0);
+    /* A checkpoint of 100 MB (made on the test's own disk) restored onto a 90 MiB one: refused,
+     * naming the disk and what the part needs. Before, the fill faulted under the checkpoint
+     * reader's guard, which called the checkpoint damaged ("a page lies past the end of the
+     * file"; a review, session 72). */
+    p = cl_psd_start(c, 0, NULL, READY_S);
+    char huge[] = "25000000";
+    char *a3[] = {(char *)cl_binary("MEAN_CLIENT"), c->manifest, huge, steps, NULL};
+    EXPECT_EXIT(cl_spawn(c, "mean-huge", a3), 0);
+    char big_ck[CL_PATH];
+    cl_path(c, "ck-big", big_ck, sizeof big_ck);
+    const char *cb[] = {"checkpoint", "--dir", big_ck, NULL};
+    psctl(c, "checkpoint-big", 0, cb);
+    stop_all(&p, 1);
+    p = psd_on_tmpfs(c, "psd-restore-90m", 90, false, big_ck);
+    st = cl_wait(p, RUN_S);
+    ck_assert_msg(st > 0 && st < 128, "a restore onto too small a disk: status %d, want an exit > "
+                  "0; its log: %s", st, cl_tail(p));
+    EXPECT_LOG(p, "the disk under data_dir is full: this shard's part of the checkpoint needs "
+                  "about ");
     cl_cluster_destroy(c);
 }
 END_TEST
@@ -3007,6 +3067,8 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("crc_always_corrupt_fails", test_crc_always_corrupt_fails));
     suite_add_tcase(s, tcase("merkle_root_survives_restart", test_merkle_root_survives_restart));
     suite_add_tcase(s, tcase("export_matches_local", test_export_matches_local));
+    suite_add_tcase(s, tcase("full_map_names_checkpoint_copy",
+                             test_full_map_names_checkpoint_copy));
     suite_add_tcase(s, tcase("declare_refused_everywhere", test_declare_refused_everywhere));
     suite_add_tcase(s, tcase("create_failure_forgotten", test_create_failure_forgotten));
     suite_add_tcase(s, tcase("coordinator_state_upgraded", test_coordinator_state_upgraded));
