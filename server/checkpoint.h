@@ -75,8 +75,8 @@ int psd_restore_fill(psd_server_t *srv, const char *dir, char *err, size_t errle
  *  checkpoint @p dir fits this manifest (cluster, chunk_bytes, optimizer state).
  * @return 0 or PS_ECONFIG / PS_EEXIST with @p err naming what differs.
  */
-int psd_restore_check(const ps_manifest_t *m, uint32_t nstate, const char *data_dir,
-                      const char *dir, char *err, size_t errlen);
+int psd_restore_check(const ps_manifest_t *m, const char *data_dir, const char *dir, char *err,
+                      size_t errlen);
 
 /** @brief Remove what psd_store_open created in @p data_dir, and the restore's mark (after a
  *  failed restore). */
@@ -84,6 +84,9 @@ void psd_restore_undo(const char *data_dir);
 /** @brief While @p data_dir is non-NULL, a fault reading a checkpoint (a copy cut short) that
  *  ends psd first removes what psd_restore_undo() would; NULL: no more. */
 void psd_restore_undo_on_fault(const char *data_dir);
+/** @brief psd_restore_undo_on_fault() for the restore's mark alone: from the mark until the
+ *  store is open (what is in the data_dir then may be another psd's that won it). */
+void psd_restore_mark_on_fault(const char *data_dir);
 
 /* The file a restore puts in the data_dir before the store exists and removes once its fill
  * committed: a psd killed anywhere in between leaves it, and a start without --restore refuses

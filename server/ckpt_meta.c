@@ -10,6 +10,8 @@
 
 #include "ckpt_meta.h"
 #include "manifest.h"
+#include "optim.h"
+#include "ps/ps_error.h"
 #include "regfile.h"
 
 #define META_MAX (1L << 30) /* a meta.json lists every chunk: ~40 bytes each */
@@ -363,4 +365,47 @@ void psd_ckpt_src_close(psd_ckpt_src_t *s)
     if (s->env) mdb_env_close(s->env);
     if (s->guarded) bus_unguard();
     memset(s, 0, sizeof *s);
+}
+
+/* What the state of optimizer @p name (a checkpoint's meta.json) holds; "unknown" for a name
+ * this build does not know. */
+static const char *state_of(const char *name)
+{
+    for (int k = 0; k < PSK_OPTIM_KINDS; k++)
+        if (strcmp(name, ps_optim_name((ps_optim_kind_t)k)) == 0)
+            return psk_optim_state_name((psk_optim_kind_t)k);
+    return "unknown";
+}
+
+int psd_ckpt_meta_fits(const char *j0, const ps_manifest_t *m, char *why, size_t len)
+{
+    char cl[256] = "", opt[64] = "", cons[16] = "";
+    psd_ckpt_meta_field(j0, "cluster", cl, sizeof cl);
+    psd_ckpt_meta_field(j0, "optimizer", opt, sizeof opt);
+    psd_ckpt_meta_field(j0, "consistency", cons, sizeof cons); /* "" in none: not compared */
+    uint64_t cb = psd_ckpt_meta_u64(j0, "chunk_bytes"), ns = psd_ckpt_meta_u64(j0, "optimizer_state");
+    psk_optim_kind_t kind = (psk_optim_kind_t)m->job.optimizer.name;
+    uint32_t nstate = (uint32_t)psk_optim_state_count(kind);
+    bool cons_bsp = strcmp(cons, "bsp") == 0, want_bsp = m->job.consistency == PS_CONSIST_BSP;
+    if (strcmp(cl, m->cluster) != 0)
+        snprintf(why, len, "the checkpoint is of cluster '%s', this manifest's cluster is '%s'",
+                 cl, m->cluster);
+    else if (cb != m->chunk_bytes)
+        snprintf(why, len, "the checkpoint has chunk_bytes %llu, this manifest %llu",
+                 (unsigned long long)cb, (unsigned long long)m->chunk_bytes);
+    else if (ns != nstate)
+        snprintf(why, len, "the checkpoint's optimizer %s keeps %llu state floats per parameter, "
+                 "this manifest's %s keeps %u", opt, (unsigned long long)ns,
+                 ps_optim_name(m->job.optimizer.name), nstate);
+    else if (strcmp(state_of(opt), psk_optim_state_name(kind)) != 0)
+        snprintf(why, len, "the checkpoint's optimizer %s keeps %s, this manifest's %s keeps %s",
+                 opt, state_of(opt), ps_optim_name(m->job.optimizer.name),
+                 psk_optim_state_name(kind));
+    else if (cons[0] && cons_bsp != want_bsp) /* a review, session 72: restored silently */
+        snprintf(why, len, "the checkpoint was taken under %s, this manifest's job is %s: bsp "
+                 "counts steps, asp and ssp each worker's batches, so its chunks' versions "
+                 "would mean another thing", cons, ps_consistency_name(m->job.consistency));
+    else
+        return 0;
+    return PS_ECONFIG;
 }

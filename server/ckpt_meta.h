@@ -14,6 +14,8 @@
 #endif
 #include <xxhash.h>
 
+#include "manifest.h"
+
 #define PSD_CKPT_META "meta.json"
 
 /** @brief DIR/shard-@p j/meta.json as a NUL-terminated string (malloc'd: the caller frees it),
@@ -26,6 +28,13 @@ char *psd_ckpt_meta_read(const char *dir, uint32_t j);
  *  0's "consistency") the same step unless it holds no records.
  *  @return 0, or -1 with @p err saying which of them differs. */
 int psd_ckpt_meta_agree(const char *j0, const char *jk, uint32_t k, char *err, size_t errlen);
+
+/** @brief Whether a checkpoint whose shard-0 meta.json is @p j0 can be restored under manifest
+ *  @p m: its cluster, chunk_bytes, the optimizer state it keeps (count and kind) and its
+ *  consistency's kind (bsp's steps, or asp's and ssp's batches). psd --restore and psctl
+ *  restore ask the same. @return 0, or PS_ECONFIG with @p why (@p len bytes) naming the first
+ *  difference. */
+int psd_ckpt_meta_fits(const char *j0, const ps_manifest_t *m, char *why, size_t len);
 
 /* The file psctl leaves in a checkpoint's directory DIR when it gave that checkpoint up while
  * a shard did not answer its cancel (MSG_CKPT_CANCEL: stopped, cut off, or a psd that does not

@@ -554,6 +554,15 @@ int psctl_restore(const ps_manifest_t *m, const char *dir_in)
         free(meta);
         return 1;
     }
+    /* What psd --restore checks of the manifest (chunk_bytes, the optimizer's state, the
+     * consistency): before, the commands were printed, after the advice to stop the shards and
+     * move their data_dirs aside, and each psd then refused (a review, session 72). */
+    char why[512];
+    if (psd_ckpt_meta_fits(meta, m, why, sizeof why) != 0) {
+        fprintf(stderr, "psctl: restore: %s: %s (psd --restore would refuse it)\n", dir, why);
+        free(meta);
+        return 1;
+    }
     /* Every shard's part must be there and of this checkpoint: psd --restore refuses an
      * incomplete one only once started (a probe, session 40: a checkpoint whose shard 1 was
      * stopped kept shard 0's part alone, and restore printed its commands, exit 0). */

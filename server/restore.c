@@ -23,24 +23,8 @@
 #include "ps/ps_error.h"
 #include "ps/ps_log.h"
 
-/* What the state of optimizer @p name (a checkpoint's meta.json) holds; "unknown" for a name
- * this psd does not know. */
-static const char *state_of(const char *name)
-{
-    for (int k = 0; k < PSK_OPTIM_KINDS; k++)
-        if (strcmp(name, ps_optim_name((ps_optim_kind_t)k)) == 0)
-            return psk_optim_state_name((psk_optim_kind_t)k);
-    return "unknown";
-}
-
-/* Whether the checkpoint's optimizer @p name keeps the state that @p kind's updates read. */
-static bool same_state(const char *name, ps_optim_kind_t kind)
-{
-    return strcmp(state_of(name), psk_optim_state_name((psk_optim_kind_t)kind)) == 0;
-}
-
-int psd_restore_check(const ps_manifest_t *m, uint32_t nstate, const char *data_dir,
-                      const char *dir, char *err, size_t errlen)
+int psd_restore_check(const ps_manifest_t *m, const char *data_dir, const char *dir, char *err,
+                      size_t errlen)
 {
     DIR *d = opendir(data_dir);
     if (d) {
@@ -71,35 +55,14 @@ int psd_restore_check(const ps_manifest_t *m, uint32_t nstate, const char *data_
                  dir, PSD_CKPT_META, errno == EINVAL ? "not a regular file" : strerror(errno));
         return PS_ECONFIG;
     }
-    char cl[256] = "", opt[64] = "";
-    psd_ckpt_meta_field(j0, "cluster", cl, sizeof cl);
-    psd_ckpt_meta_field(j0, "optimizer", opt, sizeof opt);
     uint64_t n = psd_ckpt_meta_nshards(j0), step = psd_ckpt_meta_u64(j0, "step");
-    uint64_t cb = psd_ckpt_meta_u64(j0, "chunk_bytes"), ns = psd_ckpt_meta_u64(j0, "optimizer_state");
-    int rc = 0;
-    if (strcmp(cl, m->cluster) != 0)
-        snprintf(err, errlen, "--restore %s: the checkpoint is of cluster '%s', this manifest's "
-                 "cluster is '%s'", dir, cl, m->cluster), rc = PS_ECONFIG;
-    else if (cb != m->chunk_bytes)
-        snprintf(err, errlen, "--restore %s: the checkpoint has chunk_bytes %llu, this manifest "
-                 "%llu", dir, (unsigned long long)cb, (unsigned long long)m->chunk_bytes),
-            rc = PS_ECONFIG;
-    else if (ns != nstate)
-        snprintf(err, errlen, "--restore %s: the checkpoint's optimizer %s keeps %llu state "
-                 "floats per parameter, this manifest's %s keeps %u", dir, opt,
-                 (unsigned long long)ns, ps_optim_name(m->job.optimizer.name), nstate),
-            rc = PS_ECONFIG;
-    else if (!same_state(opt, m->job.optimizer.name))
-        snprintf(err, errlen, "--restore %s: the checkpoint's optimizer %s keeps %s, this "
-                 "manifest's %s keeps %s", dir, opt, state_of(opt),
-                 ps_optim_name(m->job.optimizer.name),
-                 psk_optim_state_name((psk_optim_kind_t)m->job.optimizer.name)),
-            rc = PS_ECONFIG;
+    char why[512];
+    int rc = psd_ckpt_meta_fits(j0, m, why, sizeof why);
+    if (rc) snprintf(err, errlen, "--restore %s: %s", dir, why);
     else if (n == 0)
         snprintf(err, errlen, "--restore %s: shard-0/%s has no valid nshards (1 to %d)", dir,
                  PSD_CKPT_META, PS_MAX_SERVERS),
             rc = PS_ECONFIG;
-    char why[512];
     if (rc == 0 && psd_ckpt_meta_agree(j0, j0, 0, why, sizeof why))
         snprintf(err, errlen, "--restore %s: %s", dir, why), rc = PS_ECONFIG;
     for (uint32_t k = 1; rc == 0 && k < n; k++) {
@@ -179,11 +142,17 @@ void psd_restore_unmark(const char *data_dir)
         ps_fsync_dir(data_dir); /* a start after a crash must not find a finished restore's mark */
 }
 
+/* What a restore made: the store psd_store_open creates, then its mark (last: undo_files + 3). */
 static const char *const undo_files[] = {"data.mdb", "lock.mdb", "psd.lock", PSD_RESTORE_MARK};
 
 void psd_restore_undo_on_fault(const char *data_dir)
 {
     psd_ckpt_bus_unlink(data_dir, undo_files, (int)(sizeof undo_files / sizeof *undo_files));
+}
+
+void psd_restore_mark_on_fault(const char *data_dir)
+{
+    psd_ckpt_bus_unlink(data_dir, undo_files + 3, 1); /* PSD_RESTORE_MARK alone */
 }
 
 void psd_restore_undo(const char *data_dir)

@@ -994,7 +994,7 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
         goto fail_store;
     if ((rc = psd_ckpt_dir_check(m, err, errlen)) != 0) goto fail_store;
     if (restore &&
-        (rc = psd_restore_check(m, srv->nstate, sc->data_dir, restore, err, errlen)) != 0)
+        (rc = psd_restore_check(m, sc->data_dir, restore, err, errlen)) != 0)
         goto fail_store;
     char restoring[PS_PATH_MAX];
     if (!restore && psd_restore_marked(sc->data_dir, restoring, sizeof restoring)) {
@@ -1005,13 +1005,26 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
         goto fail_store;
     }
     if (restore && (rc = psd_restore_mark(sc->data_dir, restore, err, errlen)) != 0) goto fail_store;
+    /* From the mark on, a stop signal removes what the restore made (early_signal: exit 128 +
+     * the signal); before, one until the fill exited 0 and left the mark and the new store,
+     * which the same --restore then refused (a review, session 72). */
+    if (restore) psd_restore_mark_on_fault(sc->data_dir);
+    if (restore && test_hook("PS_TEST_CRASH_IN_RESTORE", 0) == 3) {
+        PS_LOG(PS_LOG_WARN, "restore", "a SIGTERM right after the mark (PS_TEST_CRASH_IN_RESTORE"
+               "=3, a test hook)");
+        raise(SIGTERM);
+    }
     rc = psd_store_open(&srv->store, sc->data_dir, m->map_size_mb, m->cluster, m->chunk_bytes,
                         srv->nstate, err, errlen);
     if (rc) {
         /* Only the mark: what is there may be another psd's that won the data_dir. */
-        if (restore) psd_restore_unmark(sc->data_dir);
+        if (restore) {
+            psd_restore_undo_on_fault(NULL);
+            psd_restore_unmark(sc->data_dir);
+        }
         goto fail_store;
     }
+    if (restore) psd_restore_undo_on_fault(sc->data_dir); /* the store is this psd's now */
     if (restore && test_hook("PS_TEST_CRASH_IN_RESTORE", 0) == 2) {
         PS_LOG(PS_LOG_WARN, "restore", "killed right after the store was made "
                "(PS_TEST_CRASH_IN_RESTORE=2, a test hook)");
@@ -1034,10 +1047,27 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
                  "it with the manifest it was made with, or restore a checkpoint into empty "
                  "data_dirs (psd --restore places the chunks for another number of shards)");
     }
+    /* bsp counts steps, asp and ssp each member's batches: a store trained under one and opened
+     * under the other took its chunks' versions for the other's counts (a review, session 72:
+     * an asp store opened as bsp closed 261 steps without a push and called the job complete,
+     * 16640 samples never trained). Stores older than the record take it at their next start. */
+    if (rc == 0 &&
+        (rc = psd_store_identity(&srv->store, "consistency",
+                                 m->job.consistency == PS_CONSIST_BSP ? "bsp" : "asp or ssp", err,
+                                 errlen)) == PS_ECONFIG) {
+        size_t el = strlen(err);
+        snprintf(err + el, errlen - el, ": bsp counts steps, asp and ssp each worker's batches, "
+                 "so its chunks' versions mean another thing; train it on with the consistency "
+                 "it was made with");
+    }
     /* Once the data_dir is ours: a second psd of this shard must not truncate a live trace. */
     if (rc == 0 && trace) rc = psd_trace_open(&srv->trace, trace, shard, err, errlen);
     if (rc) {
         psd_store_close(&srv->store);
+        if (restore) { /* refused before the fill: empty again, as after a failed fill */
+            psd_restore_undo_on_fault(NULL);
+            psd_restore_undo(sc->data_dir);
+        }
         goto fail_store;
     }
     size_t restoring_len = 0;
@@ -1060,7 +1090,6 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
         rc = PS_ECONFIG;
         goto fail_store;
     }
-    if (restore) psd_restore_undo_on_fault(sc->data_dir); /* the fault's exit cleans up too */
     if (restore && (rc = psd_restore_fill(srv, restore, err, errlen)) != 0) {
         if (err[0] == '\0') /* a failure without words of its own (out of memory, a put) */
             snprintf(err, errlen, "--restore %s: %s", restore, ps_strerror(rc));

@@ -1012,6 +1012,41 @@ static int ckpt_req(ps_req_t *ctl, uint32_t shard, ps_msg_type_t type, uint64_t 
     return rc;
 }
 
+/* A store or a checkpoint made under bsp, taken under asp (or the other way): refused, naming
+ * both, by psd --restore and by a restart. bsp counts steps, asp and ssp each worker's
+ * batches: before, an asp store opened as bsp took its chunks' versions for steps applied and
+ * called the job complete with samples never trained, and a bsp one restored as asp applied a
+ * batch twice (a review, session 72). */
+START_TEST(test_consistency_kept_across_restore)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1, .consistency = "bsp", .max_steps = 20};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    cl_proc_t *psd = cl_psd_start(c, 0, NULL, READY_S);
+    EXPECT_EXIT(cl_worker_start(c, NULL, NULL, false), 0);
+    char ck[CL_PATH];
+    cl_path(c, "ck-bsp", ck, sizeof ck);
+    const char *cka[] = {"checkpoint", "--dir", ck, NULL};
+    psctl(c, "checkpoint", 0, cka);
+    stop_all(&psd, 1);
+    char m_asp[CL_PATH];
+    cl_conf_t ka = k;
+    ka.consistency = "asp";
+    cl_manifest_write(c, "asp.yaml", &ka, m_asp, sizeof m_asp);
+    cl_proc_t *p = cl_psd_spawn(c, 0, m_asp); /* the bsp store, restarted under asp */
+    EXPECT_EXIT(p, 1);
+    EXPECT_LOG(p, "data_dir was made with another consistency (stored 'bsp', this ");
+    EXPECT_LOG(p, "bsp counts steps, asp and ssp each worker's batches");
+    char moved[CL_PATH + 8];
+    snprintf(moved, sizeof moved, "%s.old", c->data_dir[0]);
+    ck_assert_int_eq(rename(c->data_dir[0], moved), 0);
+    const char *restore[] = {"--restore", ck, NULL};
+    p = cl_psd_spawn_with(c, 0, m_asp, restore);
+    EXPECT_EXIT(p, 1);
+    EXPECT_LOG(p, "the checkpoint was taken under bsp, this manifest's job is asp");
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* A store that fills while a checkpoint copy holds its snapshot (a 48 MiB map, a copy slowed to
  * 4 s, adam training on): psd names the copy and its directory, and the remedy, where it named a
  * pull reply to a slow or stopped worker (a review, session 72); the updates wait, and the job
@@ -1531,6 +1566,14 @@ START_TEST(test_checkpoint_restore_reshard)
     b = cl_spawn(c, "restore-opt", argv);
     EXPECT_EXIT(b, 1);
     EXPECT_LOG(b, "the checkpoint's optimizer adam keeps 2 state floats per parameter");
+    /* psctl restore refuses it the same way, printing no command (before, it printed them and
+     * each psd refused; a review, session 72). */
+    char *pr[] = {(char *)cl_binary("PSCTL"), "--manifest", mb, "restore", ckdir, NULL};
+    cl_proc_t *pc = cl_spawn(c, "psctl-restore-opt", pr);
+    EXPECT_EXIT(pc, 1);
+    EXPECT_LOG(pc, "the checkpoint's optimizer adam keeps 2 state floats per parameter, this "
+                   "manifest's sgd keeps 0 (psd --restore would refuse it)");
+    ck_assert_msg(count_in_log(pc, "--restore ") == 1, "commands printed: %s", cl_tail(pc));
     /* A restore killed before its fill committed (PS_TEST_CRASH_IN_RESTORE=1) leaves a store with
      * its metadata and no tensors: started again without --restore, psd refuses it. Before, it
      * served it as an empty shard (under asp, workers would declare its tensors afresh beside
@@ -1572,6 +1615,19 @@ START_TEST(test_checkpoint_restore_reshard)
     b = cl_spawn(c, "after-killed-restore-fifo", plain);
     EXPECT_EXIT(b, 1);
     EXPECT_LOG(b, "that did not finish (psd stopped during it)");
+    /* A stop signal right after the mark (PS_TEST_CRASH_IN_RESTORE=3: SIGTERM): the restore's
+     * files are removed and the exit is 143, so the same --restore runs again. Before, a signal
+     * until the fill began exited 0 and left the mark and the new store (a review, session
+     * 72). */
+    cl_data_dirs_aside(c, "killed2");
+    setenv("PS_TEST_CRASH_IN_RESTORE", "3", 1);
+    b = cl_spawn(c, "restore-sigterm", argv);
+    unsetenv("PS_TEST_CRASH_IN_RESTORE");
+    EXPECT_EXIT(b, 128 + SIGTERM);
+    EXPECT_LOG(b, "a signal during --restore: stopped, the restore's files removed");
+    b = cl_spawn(c, "restore-after-sigterm", argv);
+    ck_assert_msg(cl_wait_log(b, "listening", RUN_S) == 0, "%s", cl_tail(b));
+    stop_all(&b, 1);
     cl_cluster_destroy(c);
 }
 END_TEST
@@ -3067,6 +3123,8 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("crc_always_corrupt_fails", test_crc_always_corrupt_fails));
     suite_add_tcase(s, tcase("merkle_root_survives_restart", test_merkle_root_survives_restart));
     suite_add_tcase(s, tcase("export_matches_local", test_export_matches_local));
+    suite_add_tcase(s, tcase("consistency_kept_across_restore",
+                             test_consistency_kept_across_restore));
     suite_add_tcase(s, tcase("full_map_names_checkpoint_copy",
                              test_full_map_names_checkpoint_copy));
     suite_add_tcase(s, tcase("declare_refused_everywhere", test_declare_refused_everywhere));
