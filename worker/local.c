@@ -56,8 +56,9 @@ int ps_local_create(ps_local_t *l, const ps_manifest_t *m, const ps_mlp_t *mlp,
     l->payload_cap = cap > pull_cap ? cap : pull_cap;
     l->payload = malloc(l->payload_cap ? l->payload_cap : 1);
     l->scratch = scr ? malloc(scr) : NULL;
+    l->decoded = malloc((n ? n : 1) * 4);
     rc = PS_ENOMEM;
-    if (!l->payload || (scr && !l->scratch)) goto fail;
+    if (!l->payload || (scr && !l->scratch) || !l->decoded) goto fail;
     return 0;
 fail:
     ps_local_destroy(l);
@@ -72,6 +73,7 @@ void ps_local_destroy(ps_local_t *l)
     free(l->codecs);
     free(l->residual);
     free(l->payload);
+    free(l->decoded);
     free(l->scratch);
     memset(l, 0, sizeof *l);
 }
@@ -112,10 +114,14 @@ void ps_local_push(ps_local_t *l, uint32_t rank, const ps_mlp_t *mlp, uint64_t s
             size_t n = ps_chunk_len(numel, l->chunk_elems, k), len = 0;
             size_t at = off + (size_t)k * l->chunk_elems;
             const float *g = mlp->grads[t] + (size_t)k * l->chunk_elems;
-            /* A chunk holding a NaN or an infinity is left out of the sum, as every shard
-             * leaves such a push out (libps sends it as fp32 when its codec cannot encode it,
-             * the residual as it was). Before, an encode refused here went unchecked and the
-             * previous chunk's payload was added again in its place (a review, session 71). */
+            /* A push whose values as psd decodes them hold a NaN or an infinity is left out of
+             * the sum, as every shard leaves it out: an encode refused (int8, sign: libps sends
+             * it as fp32, the residual as it was; before, the previous chunk's payload was
+             * added again here, a review of session 71), and a payload that decodes so (fp16
+             * of 65520 and more, a NaN top-k kept), whose error feedback libps puts back when
+             * psd says so. Before, this looked at the gradient alone: an fp16 overflow was
+             * added as infinities, and a NaN's push left out kept what its encode took from the
+             * residual (a review, session 72). */
             if (c.kind == PSK_CODEC_NONE) {
                 if (psk_all_finite(g, n)) psk_add_cpu(l->sum + at, g, n);
                 continue;
@@ -126,8 +132,15 @@ void ps_local_push(ps_local_t *l, uint32_t rank, const ps_mlp_t *mlp, uint64_t s
                                                    n, &c, l->scratch)
                          : psk_codec_encode_cpu(l->payload, l->payload_cap, &len, g, n, &c,
                                                 l->scratch);
-            if (rc != 0 || !psk_all_finite(g, n)) continue;
-            psk_codec_decode_add_cpu(l->sum + at, n, l->payload, len, &c, 1.0f);
+            if (rc != 0) continue;
+            memset(l->decoded, 0, n * 4);
+            psk_codec_decode_add_cpu(l->decoded, n, l->payload, len, &c, 1.0f);
+            if (!psk_all_finite(l->decoded, n)) {
+                if (l->error_feedback)
+                    psk_codec_ef_put_back_cpu(res + at, g, n, l->payload, len, &c);
+                continue;
+            }
+            psk_add_cpu(l->sum + at, l->decoded, n);
         }
         off += numel;
     }
@@ -138,9 +151,14 @@ void ps_local_apply(ps_local_t *l, const ps_mlp_t *mlp, uint64_t step, uint32_t 
 {
     const ps_optim_conf_t *o = &l->m->job.optimizer;
     uint64_t decay = o->decay_steps ? o->decay_steps : l->total_steps;
+    /* The position as psd takes it (server/apply.c sched_pos): by data, or by step where
+     * job.max_steps cuts the job shorter than its data. */
+    uint64_t pos = l->m->job.max_steps && l->total_steps == l->m->job.max_steps
+                       ? step
+                       : psk_lr_pos(progress, l->m->job.workers, l->m->job.batch_size);
     psk_optim_t oc = ps_optim_kernel_conf(
         o, psk_lr_at(o->schedule == PS_SCHED_COSINE, o->lr, o->min_lr, o->warmup_steps, decay,
-                     psk_lr_pos(progress, l->m->job.workers, l->m->job.batch_size)));
+                     pos));
     size_t off = 0;
     for (int t = 0; t < mlp->ntensors; t++) {
         size_t n = mlp->tensors[t].numel;

@@ -26,6 +26,7 @@ typedef struct {
     int error_feedback;
     psk_codec_t pull;    /* parameters on the way back */
     uint8_t *payload;    /* one encoded chunk */
+    float *decoded;      /* [chunk_elems] one pushed chunk decoded, checked as psd checks it */
     void *scratch;
     size_t payload_cap;
 } ps_local_t;
