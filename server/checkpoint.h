@@ -39,8 +39,9 @@ void psd_ckpt_tensor_dropped(psd_server_t *srv, const char *name);
 /** @brief True when no checkpoint copy or repair runs (the shutdown check waits for them). */
 bool psd_ckpt_idle(psd_server_t *srv);
 
-/** @brief The directory (D/shard-K) a checkpoint copy that holds a snapshot of the store writes
- *  into, or NULL when none does (loop thread; the string lives until the copy ends). */
+/** @brief The directory (D/shard-K) a running checkpoint copy (which holds a snapshot of the
+ *  store) writes into, or NULL when none runs (loop thread; the string lives until the copy
+ *  ends). */
 const char *psd_ckpt_copy_dir(const psd_server_t *srv);
 
 /** @brief Free the state (at exit, once idle). */
