@@ -22,10 +22,12 @@ static psk_optim_t optim_at(psd_server_t *srv, const psd_chunk_t *ch, uint64_t s
     psk_optim_t k = ps_optim_kernel_conf(o, lr);
     if (ch->mean) {
         k.kind = PSK_MEAN; /* its state arrays are carried through unchanged */
-    } else {
+    } else { /* written when it changed: not a store to one shared line per chunk update */
         uint32_t bits;
         memcpy(&bits, &lr, sizeof bits);
-        __atomic_store_n(&srv->last_lr, 1ull << 32 | bits, __ATOMIC_RELAXED);
+        uint64_t v = 1ull << 32 | bits;
+        if (__atomic_load_n(&srv->last_lr, __ATOMIC_RELAXED) != v)
+            __atomic_store_n(&srv->last_lr, v, __ATOMIC_RELAXED);
     }
     return k;
 }

@@ -80,7 +80,7 @@ int psd_restore_check(const ps_manifest_t *m, const char *data_dir, const char *
                       size_t errlen);
 
 /** @brief Remove what psd_store_open created in @p data_dir, and the restore's mark (after a
- *  failed restore). */
+ *  failed restore); what psd_restore_undo_on_fault() named is no longer removed at a fault. */
 void psd_restore_undo(const char *data_dir);
 /** @brief While @p data_dir is non-NULL, a fault reading a checkpoint (a copy cut short) that
  *  ends psd first removes what psd_restore_undo() would; NULL: no more. */

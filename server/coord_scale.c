@@ -142,19 +142,18 @@ void psd_coord_on_launch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
      * workers the launchers run (members and ones still starting) are on their way: counted.
      * Not later: a hung worker dropped as silent still runs, and must be replaced. Only a
      * launcher still reporting: one that exited or died (its workers with it) counted for
-     * GRANT_TTL_MS, and the job sat with no worker for up to 15 s (a probe, session 46). */
-    int32_t running = 0, have = actual + co->grant_start;
-    if (now - co->started_ms <= GRANT_TTL_MS)
-        for (int i = 0; i < MAX_LAUNCHERS; i++)
-            if (launcher_live(&co->launchers[i], now)) running += (int32_t)co->launchers[i].running;
-    if (running > have) have = running;
-    /* Stops on their way: those granted and not matched by a leave yet, or more where the live
+     * GRANT_TTL_MS, and the job sat with no worker for up to 15 s (a probe, session 46).
+     * Stops on their way: those granted and not matched by a leave yet, or more where the live
      * launchers say they stop more (a worker that takes longer than GRANT_TTL_MS to leave:
      * its grant lapsed, and another was stopped in its place before). */
-    int32_t stops = co->grant_stop, said = 0;
+    int32_t running = 0, have = actual + co->grant_start, said = 0;
     for (int i = 0; i < MAX_LAUNCHERS; i++)
-        if (launcher_live(&co->launchers[i], now)) said += (int32_t)co->launchers[i].stopping;
-    if (said > stops) stops = said;
+        if (launcher_live(&co->launchers[i], now)) {
+            running += (int32_t)co->launchers[i].running;
+            said += (int32_t)co->launchers[i].stopping;
+        }
+    if (now - co->started_ms <= GRANT_TTL_MS && running > have) have = running;
+    int32_t stops = said > co->grant_stop ? said : co->grant_stop;
     if (!co->s.finished && !co->capped) {
         if (want > have) {
             delta = want - have;

@@ -40,11 +40,11 @@ static psd_area_t *area_new(size_t size)
     /* PS_TEST_AREA_FILE (a test hook): offer that plain file, unsealed, as a confused shard
      * would; libps must not write into it. */
     const char *plain = getenv("PS_TEST_AREA_FILE");
-    a->fd = plain && *plain ? open(plain, O_RDWR | O_CLOEXEC)
-                            : memfd_create("psd-push-area", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    bool sealed = plain == NULL || *plain == '\0';
+    a->fd = sealed ? memfd_create("psd-push-area", MFD_CLOEXEC | MFD_ALLOW_SEALING)
+                   : open(plain, O_RDWR | O_CLOEXEC);
     if (a->fd < 0 || ftruncate(a->fd, (off_t)size) != 0 ||
-        (!(plain && *plain) &&
-         fcntl(a->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) ||
+        (sealed && fcntl(a->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) ||
         (a->id = ps_storeview_file_id(a->fd)) == 0)
         goto fail;
     a->base = mmap(NULL, size, PROT_READ, MAP_SHARED | MAP_NORESERVE, a->fd, 0);

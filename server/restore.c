@@ -157,6 +157,7 @@ void psd_restore_mark_on_fault(const char *data_dir)
 
 void psd_restore_undo(const char *data_dir)
 {
+    psd_restore_undo_on_fault(NULL); /* removed now: not again at a fault */
     char path[1200];
     for (size_t i = 0; i < sizeof undo_files / sizeof *undo_files; i++) {
         snprintf(path, sizeof path, "%s/%s", data_dir, undo_files[i]);

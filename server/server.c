@@ -1064,10 +1064,7 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
     if (rc == 0 && trace) rc = psd_trace_open(&srv->trace, trace, shard, err, errlen);
     if (rc) {
         psd_store_close(&srv->store);
-        if (restore) { /* refused before the fill: empty again, as after a failed fill */
-            psd_restore_undo_on_fault(NULL);
-            psd_restore_undo(sc->data_dir);
-        }
+        if (restore) psd_restore_undo(sc->data_dir); /* refused before the fill: empty again */
         goto fail_store;
     }
     size_t restoring_len = 0;
@@ -1093,7 +1090,6 @@ int psd_server_run(const ps_manifest_t *m, const ps_auth_t *auth, uint32_t shard
     if (restore && (rc = psd_restore_fill(srv, restore, err, errlen)) != 0) {
         if (err[0] == '\0') /* a failure without words of its own (out of memory, a put) */
             snprintf(err, errlen, "--restore %s: %s", restore, ps_strerror(rc));
-        psd_restore_undo_on_fault(NULL);
         psd_store_close(&srv->store);
         psd_restore_undo(sc->data_dir); /* empty again: the same command may be tried again */
         goto fail_store;

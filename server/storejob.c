@@ -239,14 +239,15 @@ static bool store_pinned(psd_server_t *srv)
     for (const psd_conn_t *c = srv->conns; c && r.pid != getpid(); c = c->next)
         if ((int)c->pid == r.pid && (who == NULL || c->rank >= 0)) who = c;
     char what[200];
-    const char *copy = r.pid == getpid() ? psd_ckpt_copy_dir(srv) : NULL;
+    bool own = r.pid == getpid();
+    const char *copy = own ? psd_ckpt_copy_dir(srv) : NULL;
     if (copy) /* the copy's snapshot (a review, session 72: a pull reply was named) */
         snprintf(what, sizeof what, "psd's own, the checkpoint copy into %.64s (raise "
                  "map_size_mb to leave room for a copy beside training)", copy);
-    else if (r.pid == getpid() && psd_export_reading(srv))
+    else if (own && psd_export_reading(srv))
         snprintf(what, sizeof what, "psd's own, an export or a verify reading it, or a pull "
                  "reply still going to a slow or stopped worker");
-    else if (r.pid == getpid())
+    else if (own)
         snprintf(what, sizeof what, "psd's own (a pull reply still going to a slow or stopped "
                  "worker)");
     else if (who && who->rank >= 0)

@@ -1,6 +1,7 @@
 /* jsoncheck.c: a strict JSON checker for tests (jsoncheck.h). Recursive descent over the text;
  * nothing is built but, per open object, the list of its keys (for duplicates). */
 #include "jsoncheck.h"
+#include "utf8.h"
 
 #include <stdbool.h>
 #include <stdio.h>
@@ -77,28 +78,6 @@ static int hexval(unsigned char c)
     return -1;
 }
 
-/* One UTF-8 sequence of 2-4 bytes at j->p (its first byte >= 0x80), shortest form, no
- * surrogate, at most U+10FFFF. */
-static bool utf8_seq(jc_t *j)
-{
-    const unsigned char *s = j->p;
-    unsigned c = s[0], n, min;
-    if (c >= 0xc2 && c <= 0xdf) n = 1, min = 0x80, c &= 0x1f;
-    else if (c >= 0xe0 && c <= 0xef) n = 2, min = 0x800, c &= 0x0f;
-    else if (c >= 0xf0 && c <= 0xf4) n = 3, min = 0x10000, c &= 0x07;
-    else return fail(j, "a byte that starts no UTF-8 sequence");
-    if ((size_t)(j->end - s) <= n) return fail(j, "a UTF-8 sequence cut short");
-    for (unsigned i = 1; i <= n; i++) {
-        if ((s[i] & 0xc0) != 0x80) return fail(j, "a UTF-8 sequence cut short");
-        c = c << 6 | (s[i] & 0x3f);
-    }
-    if (c < min) return fail(j, "an overlong UTF-8 sequence");
-    if (c >= 0xd800 && c <= 0xdfff) return fail(j, "a UTF-8 encoded surrogate");
-    if (c > 0x10ffff) return fail(j, "a UTF-8 sequence beyond U+10FFFF");
-    j->p += n + 1;
-    return true;
-}
-
 /* A string at j->p (its opening quote). */
 static bool string(jc_t *j)
 {
@@ -111,8 +90,12 @@ static bool string(jc_t *j)
             return true;
         }
         if (c < 0x20) return fail(j, "a control byte inside a string (not escaped)");
-        if (c >= 0x80) {
-            if (!utf8_seq(j)) return false;
+        if (c >= 0x80) { /* common/utf8.h's rule, as psd's JSON writers follow it */
+            size_t n = ps_utf8_len(j->p);
+            if (n == 0 || n > (size_t)(j->end - j->p))
+                return fail(j, "not well-formed UTF-8 (a stray or cut sequence, an overlong "
+                               "form, a surrogate, or past U+10FFFF)");
+            j->p += n;
             continue;
         }
         if (c != '\\') {

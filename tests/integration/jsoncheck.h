@@ -10,6 +10,8 @@
  *  it: objects, arrays, strings (escapes as the RFC lists them, no control byte, valid UTF-8
  *  without surrogates or overlong forms), numbers by the RFC's grammar (no NaN, Infinity,
  *  leading zeros or '+'), true, false, null; no key twice in one object; nesting at most 64.
+ *  @p text must be NUL-terminated or readable 3 bytes past @p len (UTF-8 is read with
+ *  ps_utf8_len).
  * @return NULL when it is; else a static string naming the first fault and its byte offset
  *  with the text around it (overwritten by the next call; not thread-safe).
  */

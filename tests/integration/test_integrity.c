@@ -1452,6 +1452,16 @@ static uint64_t open_step(cl_cluster_t *c, const char *manifest)
     return strtoull(v, NULL, 10);
 }
 
+/* Spawn psd --restore (@p argv) as @p name with PS_TEST_CRASH_IN_RESTORE=@p at (1: killed before
+ * the fill commits, 2: after the store is made, 3: SIGTERM after the restore's mark). */
+static cl_proc_t *restore_crashing(cl_cluster_t *c, const char *name, char **argv, const char *at)
+{
+    setenv("PS_TEST_CRASH_IN_RESTORE", at, 1); /* the spawned psd's environment */
+    cl_proc_t *b = cl_spawn(c, name, argv);
+    unsetenv("PS_TEST_CRASH_IN_RESTORE");
+    return b;
+}
+
 /* The step in psctl checkpoint's last line "psctl: checkpoint at step S in ...". */
 static uint64_t ckpt_step(const cl_proc_t *p)
 {
@@ -1579,9 +1589,7 @@ START_TEST(test_checkpoint_restore_reshard)
      * served it as an empty shard (under asp, workers would declare its tensors afresh beside
      * the other shards' restored ones). */
     argv[2] = m1;
-    setenv("PS_TEST_CRASH_IN_RESTORE", "1", 1);
-    b = cl_spawn(c, "restore-killed", argv);
-    unsetenv("PS_TEST_CRASH_IN_RESTORE");
+    b = restore_crashing(c, "restore-killed", argv, "1");
     EXPECT_EXIT(b, 128 + SIGKILL);
     char *plain[] = {(char *)cl_binary("PSD"), "--manifest", m1, "--shard", shard0, NULL};
     b = cl_spawn(c, "after-killed-restore", plain);
@@ -1597,9 +1605,7 @@ START_TEST(test_checkpoint_restore_reshard)
     /* The same when it is killed right after the store was made, before the store could say
      * so (PS_TEST_CRASH_IN_RESTORE=2): the data_dir's mark file does. */
     cl_data_dirs_aside(c, "killed1");
-    setenv("PS_TEST_CRASH_IN_RESTORE", "2", 1);
-    b = cl_spawn(c, "restore-killed2", argv);
-    unsetenv("PS_TEST_CRASH_IN_RESTORE");
+    b = restore_crashing(c, "restore-killed2", argv, "2");
     EXPECT_EXIT(b, 128 + SIGKILL);
     EXPECT_LOG(b, "killed right after the store was made");
     b = cl_spawn(c, "after-killed-restore2", plain);
@@ -1620,9 +1626,7 @@ START_TEST(test_checkpoint_restore_reshard)
      * until the fill began exited 0 and left the mark and the new store (a review, session
      * 72). */
     cl_data_dirs_aside(c, "killed2");
-    setenv("PS_TEST_CRASH_IN_RESTORE", "3", 1);
-    b = cl_spawn(c, "restore-sigterm", argv);
-    unsetenv("PS_TEST_CRASH_IN_RESTORE");
+    b = restore_crashing(c, "restore-sigterm", argv, "3");
     EXPECT_EXIT(b, 128 + SIGTERM);
     EXPECT_LOG(b, "a signal during --restore: stopped, the restore's files removed");
     b = cl_spawn(c, "restore-after-sigterm", argv);

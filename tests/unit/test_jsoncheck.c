@@ -62,12 +62,12 @@ START_TEST(invalid_texts)
         {"\"a\\x41\"", "an escape JSON does not have"},
         {"\"\\u12g4\"", "without 4 hex digits"},
         {"\"abc", "without its closing quote"},
-        {"\"\xc3\"", "a UTF-8 sequence cut short"},
-        {"\"\xc0\xaf\"", "starts no UTF-8 sequence"},
-        {"\"\xe0\x80\xaf\"", "an overlong UTF-8 sequence"},
-        {"\"\xed\xa0\x80\"", "a UTF-8 encoded surrogate"},
-        {"\"\xf4\x90\x80\x80\"", "beyond U+10FFFF"},
-        {"\"\xff\"", "starts no UTF-8 sequence"},
+        {"\"\xc3\"", "not well-formed UTF-8"},
+        {"\"\xc0\xaf\"", "not well-formed UTF-8"},
+        {"\"\xe0\x80\xaf\"", "not well-formed UTF-8"},
+        {"\"\xed\xa0\x80\"", "not well-formed UTF-8"},
+        {"\"\xf4\x90\x80\x80\"", "not well-formed UTF-8"},
+        {"\"\xff\"", "not well-formed UTF-8"},
         {"{\"a\": 1, \"b\": 2, \"a\": 3}", "a key twice in one object"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
