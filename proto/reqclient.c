@@ -1,6 +1,7 @@
 /* reqclient.c: a synchronous request/reply channel to the shards (see reqclient.h). */
 #include <errno.h>
 #include <netdb.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -175,6 +176,23 @@ static void wait_start(ps_req_t *c)
     uv_timer_start(&c->tick, on_tick, 2, 2);
 }
 
+/* Block every signal on the calling thread while UCX may start a thread of its own (its async
+ * thread, made when the UCP worker or an endpoint needs it), so the thread inherits the mask and
+ * the caller's handlers (psctl's stop flags, read by its main thread) run on the caller's
+ * thread alone: a handler setting a flag on UCX's thread was a data race (a ThreadSanitizer
+ * run, session 72). @p was receives the mask to put back with signals_restore. */
+static void signals_block(sigset_t *was)
+{
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, was);
+}
+
+static void signals_restore(const sigset_t *was)
+{
+    pthread_sigmask(SIG_SETMASK, was, NULL);
+}
+
 int ps_req_open(const ps_manifest_t *m, double timeout_s, ps_req_t **out, char *err,
                       size_t errlen)
 {
@@ -192,7 +210,12 @@ int ps_req_open(const ps_manifest_t *m, double timeout_s, ps_req_t **out, char *
         free(c);
         return rc;
     }
-    if (uv_loop_init(&c->loop) || ps_ucx_init_tls(&c->ucx, &c->loop, PS_UCX_TLS_CONTROL)) {
+    sigset_t was;
+    signals_block(&was); /* see signals_block */
+    bool started = uv_loop_init(&c->loop) == 0 &&
+                   ps_ucx_init_tls(&c->ucx, &c->loop, PS_UCX_TLS_CONTROL) == 0;
+    signals_restore(&was);
+    if (!started) {
         free(c->eps);
         free(c);
         snprintf(err, errlen, "cannot start the UCX transport");
@@ -286,8 +309,11 @@ static int connect_shard(ps_req_t *c, uint32_t i, char *err, size_t errlen)
     socklen_t sslen;
     int rc = lookup_shard(c, i, &ss, &sslen, err, errlen);
     if (rc) return rc;
+    sigset_t was;
+    signals_block(&was);
     rc = ps_ucx_connect_addr(&c->ucx, (const struct sockaddr *)&ss, sslen, sc->host, sc->port,
                              on_ep_error, e, &e->ep, &e->tok);
+    signals_restore(&was);
     if (rc)
         snprintf(err, errlen, "shard %u (%s:%u): cannot create an endpoint", i, sc->host,
                  sc->port);
