@@ -114,7 +114,10 @@ enum {
                                   hand nothing out (ps_client_report_done; the reply says
                                   PS_FLAG_REPORT, once a committed state holds the report);
                                   hello reply: this psd takes such reports (session 64: an
-                                  older one would hand out a batch) */
+                                  older one would hand out a batch); launch: `count` is this
+                                  launcher's workers told to stop that still run, every report
+                                  (session 73: shard 0 then takes its word over the stops it
+                                  granted; an older pslaunch sets no flag) */
     PS_FLAG_STEPMAX = 33554432, /* hello reply: `step_max` is the highest chunk version in the
                                    shard's store (session 67): libps tells a store that went
                                    back to an older copy of itself by it (a version below one

@@ -349,7 +349,7 @@ void psd_coord_on_hello(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
         m->join_serial = ++co->s.joins;
         psd__host_safe(m->host, sizeof m->host, msg->host[0] ? msg->host : c->peer);
         co->rt[rank] = (member_rt_t){.conn = c, .joined_ms = uv_now(srv->loop),
-                                     .steps_at_join = clock, .no_batch_yet = true,
+                                     .steps_at_join = clock, .known = true,
                                      .launcher = msg->launcher};
         co->s.active |= 1ull << rank;
         if (co->grant_start > 0) co->grant_start--;
@@ -637,13 +637,19 @@ static void member_remove(psd_server_t *srv, uint32_t r, const char *why)
 {
     psd_coord_t *co = srv->coord;
     saved_member_t *m = &co->s.m[r];
-    /* bsp: a member that never had a batch reply (handed its first batch by a tick or another's
-     * request before it asked: a joiner that died, or gave up on another shard, first) cannot
-     * have pushed the open step: its rank is free at once, and its batch goes back without a
-     * replay tag of it. Before, each such member held its rank until the step closed and added
-     * a tag, so a batch passed among such joiners lost the tag of the member that had pushed it
-     * (PS_REPLAY_MAX) and was applied twice there. */
-    bool unsent = is_bsp(srv) && co->rt[r].no_batch_yet && m->has_batch &&
+    /* bsp: a member whose open step's batch reply never went out (handed the batch by a tick,
+     * or by the step's close, before it asked: a joiner that died, or gave up on another shard,
+     * first; a member leaving with its last batch's report, which closed the step and handed it
+     * the next) cannot have pushed the open step: its rank is free at once, and its batch goes
+     * back without a replay tag of it. Before, each such member held its rank until the step
+     * closed and added a tag, so a batch passed among such joiners lost the tag of the member
+     * that had pushed it (PS_REPLAY_MAX) and was applied twice there; and until session 73 a
+     * member that had had batches before did so at every leave at a step's end (a review).
+     * Only where this process knows every reply it had (`known`): a restart of this shard
+     * hands out again, unseen here, a batch its member had from the process before and may
+     * have pushed (a first try of this change applied such a batch twice:
+     * elastic:kill9_coordinator_idle_tensor). */
+    bool unsent = is_bsp(srv) && co->rt[r].known && !co->rt[r].batch_seen && m->has_batch &&
                   m->batch_step == co->s.step;
     co->s.active &= ~(1ull << r);
     psd__rec_changed(co);

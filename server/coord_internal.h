@@ -122,12 +122,13 @@ typedef struct {
     uint64_t tensor_set;      /* bsp: the digest of the tensors it declared, as its first batch
                                  request said (0: none said yet); tensor_count: how many */
     uint64_t tensor_count;
-    bool no_batch_yet;        /* no batch reply has gone to it since it joined (it has not
-                                 asked): it cannot have pushed a step (libps pushes a batch's).
-                                 False after a restart of this shard (not known). */
     bool batch_seen;          /* its batch's reply went out (bsp hands a member its next batch
                                  as the step opens, before it asks): ps_batch_t.left counts it.
                                  True after a restart of this shard for a member with a batch */
+    bool known;               /* every batch reply it had came from this process (it joined
+                                 here, or had one from here since): batch_seen false then means
+                                 it never had its batch. False after a restart of this shard: a
+                                 batch handed out again here may be one it had before */
     uint32_t launcher;        /* the pid of the pslaunch that started it on its host, as its
                                  hello said (0: none, or an older libps; grants_seen) */
 } member_rt_t;
@@ -138,6 +139,7 @@ typedef struct {
     uint32_t running;
     uint32_t stopping; /* its workers told to stop that still run (0 from an older pslaunch) */
     uint32_t poll_ms;  /* how often it reports (0: an older pslaunch) */
+    bool says_stops;   /* `stopping` is its word on every stop it made (PS_FLAG_REPORT) */
     uint64_t last_ms;
 } launcher_t;
 

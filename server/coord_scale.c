@@ -88,9 +88,41 @@ static void grants_seen(psd_server_t *srv, uint64_t now)
     int32_t pending = running > here ? running - here : 0;
     if (co->grant_start > pending) {
         PS_LOG(PS_LOG_INFO, "coord", "%d worker(s) started for the job never joined (the "
-               "launchers run %d, %d of them members): started again", co->grant_start - pending,
+               "launchers run %d, %d of them members): no longer counted", co->grant_start - pending,
                running, here);
         co->grant_start = pending;
+    }
+}
+
+/* Stops granted that no member's leave will match: pslaunch stops its newest workers, and one
+ * still starting (not a member yet) ends without a leave, so its grant counted as a stop on its
+ * way until GRANT_TTL_MS, and the job stayed over the desired count that long (a scale-down
+ * during a scale-up: 3 members and a fourth starting, scaled to 2, kept 3 for ~15 s). Once
+ * every live launcher reported after the last grant, each saying its stops (PS_FLAG_REPORT),
+ * a stop still on its way is a worker a launcher says it stops, or a member whose connection
+ * closed and that is not removed yet (one that ended without its leave): at most @p said plus
+ * those. A stopped member's leave is answered before it exits (libps waits for the reply), so
+ * its launcher cannot report it ended before shard 0 removed it. */
+static void stops_seen(psd_server_t *srv, uint64_t now, int32_t said)
+{
+    psd_coord_t *co = srv->coord;
+    if (co->grant_stop <= 0) return;
+    bool any = false;
+    for (int i = 0; i < MAX_LAUNCHERS; i++) {
+        const launcher_t *x = &co->launchers[i];
+        if (!launcher_live(x, now)) continue;
+        if (!x->says_stops || x->last_ms <= co->grant_ms) return;
+        any = true;
+    }
+    if (!any) return;
+    int32_t lost = 0;
+    for (uint32_t r = 0; r < PS_MAX_RANKS; r++)
+        lost += (co->s.active >> r & 1) && co->rt[r].conn == NULL;
+    if (co->grant_stop > said + lost) {
+        PS_LOG(PS_LOG_INFO, "coord", "%d stop(s) granted matched no leave (a worker stopped "
+               "before it joined; the launchers stop %d, %d member(s) gone without a leave): "
+               "members stopped in their place", co->grant_stop - said - lost, said, lost);
+        co->grant_stop = said + lost;
     }
 }
 
@@ -135,6 +167,7 @@ void psd_coord_on_launch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
         l->running = msg->workers;
         l->stopping = (uint32_t)msg->count;
         l->poll_ms = msg->poll_ms;
+        l->says_stops = (msg->flags & PS_FLAG_REPORT) != 0;
         l->last_ms = now;
     }
     grants_seen(srv, now);
@@ -152,6 +185,7 @@ void psd_coord_on_launch(psd_server_t *srv, psd_conn_t *c, const ps_msg_t *msg)
             running += (int32_t)co->launchers[i].running;
             said += (int32_t)co->launchers[i].stopping;
         }
+    stops_seen(srv, now, said);
     if (now - co->started_ms <= GRANT_TTL_MS && running > have) have = running;
     int32_t stops = said > co->grant_stop ? said : co->grant_stop;
     if (!co->s.finished && !co->capped) {

@@ -52,8 +52,8 @@ void psd__reply_batch(psd_server_t *srv, uint32_t r)
         if (srv->test_crash_after_batch && --srv->test_crash_after_batch == 0)
             srv->test_crash_armed = true; /* psd_shard_on_push */
         memcpy(a.replay, m->batch.replay, sizeof a.replay);
-        rt->no_batch_yet = false;
         rt->batch_seen = true;
+        rt->known = true;
     }
     if (lead) a.flags |= PS_FLAG_LEAD;
     psd_send_msg(srv, rt->conn, &a);

@@ -166,15 +166,15 @@ static double quick_death_wait(int *quick, bool died_quick)
 
 /* A launch report to the coordinator (@p ctl's shard 0) of manifest @p m: this launcher
  * (pid, @p host) runs @p running workers, stops @p stopping more (told to stop, not ended yet:
- * shard 0 counts them as leaving) and polls every @p poll_ms; @p flags: PS_FLAG_DONE, it
- * exits. @return ps_req_call's, its answer in *@p rep (@p err says why otherwise). */
+ * shard 0 counts them as leaving; PS_FLAG_REPORT says so) and polls every @p poll_ms;
+ * @p flags: PS_FLAG_DONE, it exits. @return ps_req_call's, its answer in *@p rep (@p err says why otherwise). */
 static int launch_report(ps_req_t *ctl, const ps_manifest_t *m, const char *host, int running,
                          int stopping, long poll_ms, uint32_t flags, ps_msg_t *rep, char *err,
                          size_t errlen)
 {
     ps_msg_t req = {.type = PS_MSG_LAUNCH, .workers = (uint32_t)running,
                     .count = (uint64_t)stopping, .pid = (uint32_t)getpid(), .rank = -1,
-                    .poll_ms = (uint32_t)poll_ms, .flags = flags};
+                    .poll_ms = (uint32_t)poll_ms, .flags = flags | PS_FLAG_REPORT};
     snprintf(req.host, sizeof req.host, "%s", host);
     snprintf(req.cluster, sizeof req.cluster, "%s", m->cluster);
     return ps_req_call(ctl, 0, &req, rep, NULL, NULL, err, errlen);

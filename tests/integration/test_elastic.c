@@ -2401,11 +2401,11 @@ END_TEST
 
 /* A launcher (pid @p pid) on @p host that runs @p running workers, stops @p stopping more and
  * polls every @p poll_ms asks shard 0: its answer (> 0: start that many, < 0: stop). */
-static int32_t launch_report_as(coord_t *co, const char *host, uint32_t pid, uint32_t running,
-                                uint32_t stopping, uint32_t poll_ms)
+static int32_t launch_report_flags(coord_t *co, const char *host, uint32_t pid, uint32_t running,
+                                   uint32_t stopping, uint32_t poll_ms, uint32_t flags)
 {
     ps_msg_t q = {.type = PS_MSG_LAUNCH, .rank = -1, .pid = pid, .workers = running,
-                  .count = stopping, .poll_ms = poll_ms}, r;
+                  .count = stopping, .poll_ms = poll_ms, .flags = flags}, r;
     snprintf(q.host, sizeof q.host, "%s", host);
     snprintf(q.cluster, sizeof q.cluster, "%s", co->m.cluster);
     char err[512];
@@ -2414,6 +2414,14 @@ static int32_t launch_report_as(coord_t *co, const char *host, uint32_t pid, uin
         rc = ps_req_call(co->ctl, 0, &q, &r, NULL, NULL, err, sizeof err);
     ck_assert_msg(rc == 0, "%s", err);
     return r.status;
+}
+
+/* A report of a launcher that names its stops but not as every report (session 72's
+ * pslaunch: no PS_FLAG_REPORT). */
+static int32_t launch_report_as(coord_t *co, const char *host, uint32_t pid, uint32_t running,
+                                uint32_t stopping, uint32_t poll_ms)
+{
+    return launch_report_flags(co, host, pid, running, stopping, poll_ms, 0);
 }
 
 /* The same as pid 424242, which names neither its stops nor its poll (an older pslaunch). */
@@ -2955,6 +2963,22 @@ START_TEST(test_launch_stops_counted_once)
     nap_ms(1500); /* 1003 (and 1001) silent: gone */
     ck_assert_int_eq(launch_report_as(&co, "host-d", 1004, 0, 0, 100), 1); /* before: 0 */
     EXPECT_LOG(psd, "1 worker(s) started for the job never joined");
+    /* Scaled to 2 while 1004's worker is still starting: the stop granted lands on that one
+     * (pslaunch stops its newest), which ends without a leave. 1004's next report, saying it
+     * stops none (PS_FLAG_REPORT), has a member stopped: before, the job kept 3 until the
+     * grant lapsed (~15 s). Without the flag the grant still counts. */
+    psctl_scale(c, 2);
+    const uint32_t says = PS_FLAG_REPORT;
+    nap_ms(20); /* each report a poll after the last grant, as pslaunch's */
+    ck_assert_int_eq(launch_report_flags(&co, "host-d", 1004, 2, 0, 100, says), -1);
+    nap_ms(20);
+    ck_assert_int_eq(launch_report_as(&co, "host-d", 1004, 1, 0, 100), 0);
+    nap_ms(20);
+    ck_assert_int_eq(launch_report_flags(&co, "host-d", 1004, 1, 0, 100, says), -1);
+    EXPECT_LOG(psd, "1 stop(s) granted matched no leave (a worker stopped before it joined");
+    /* Its stop of a member on its way (said) is kept: no second one. */
+    nap_ms(20);
+    ck_assert_int_eq(launch_report_flags(&co, "host-d", 1004, 0, 1, 100, says), 0);
     ck_assert_int_eq(coord_num(&co, "actual_workers"), 3); /* the made-up ones stopped none */
     coord_close(&co);
     for (int i = 0; i < 3; i++) ck_assert_int_eq(cl_signal(w[i], SIGTERM), 0);
