@@ -576,6 +576,21 @@ ucs_status_t psd_shard_on_push(psd_server_t *srv, psd_conn_t *conn, const ps_msg
                     ch->tensor, ch->chunk, rank, (unsigned long long)msg->step);
         return UCS_OK;
     }
+    if (slot->state != SLOT_EMPTY && slot->who != psd_conn_who(conn)) {
+        /* The push of another process (or an earlier client of this one) that held this rank
+         * is still here: landing from its connection, or being applied (asp: a push that
+         * landed is applied, also after its sender died). It will be gone shortly: the sender
+         * tries again (PS_FLAG_BEHIND). Before, a worker started in the place of one that died
+         * mid-push, with its rank, had its first push refused as a second one (PS_EPROTO; a
+         * review, session 73). */
+        refuse_push(srv, conn, msg->req_id, ch, PS_ESTALE, true, "push of %u/%u from rank %u "
+                    "for step %llu: the push of the rank's previous holder is still %s",
+                    ch->tensor, ch->chunk, rank, (unsigned long long)msg->step,
+                    slot->state == SLOT_RECEIVING ? "landing"
+                    : slot->state == SLOT_FULL    ? "waiting to be applied"
+                                                  : "being applied");
+        return UCS_OK;
+    }
     if (slot->state != SLOT_EMPTY) {
         psd_send_chunk_error(srv, conn, msg->req_id, ch->tensor, ch->chunk, PS_EPROTO,
                        "second push of %u/%u from rank %u for step %llu", ch->tensor, ch->chunk,

@@ -1664,6 +1664,7 @@ int ps_op_wait_many(uint32_t n, ps_op_t **ops, uint64_t *versions, int *statuses
     char err[sizeof failed->err];
     for (uint32_t i = 0; i < n; i++) {
         ps_client_t *c = ops[i] ? ops[i]->c : NULL;
+        if (versions) versions[i] = 0; /* a NULL op's too (a review: left unwritten) */
         int rc = ops[i] ? ps_op_wait(ops[i], versions ? &versions[i] : NULL) : 0;
         ops[i] = NULL;
         if (statuses) statuses[i] = rc;

@@ -39,6 +39,8 @@
  * one push whose encoder marks its payload as a device does for a chunk holding a NaN (the kind
  * byte 0xff): the push must succeed, the shard leave the chunk out (a pull reads what one read
  * before it).
+ * ASP_BEFORE=K in the environment: K pushes of -1 of an earlier worker are applied besides (one
+ * that died after its push landed): every value must be PUSHES + K.
  * Before, the push was refused (PS_EINVAL) and psworker --device cuda exited. Prints
  * "asp_client: a chunk the device marked was left out". */
 #include <inttypes.h>
@@ -158,6 +160,18 @@ static int misuse(ps_client_t *c, uint32_t id, float *g, float *got)
         bad = 1;
     } else {
         bad |= refused(c, "a second wait", ps_op_wait(op, NULL), "waited for already", &n);
+    }
+    /* Waits on NULL handles (a push_many's skipped tensors): each status and version 0 (a
+     * review, session 73: versions[i] was left as it was). */
+    ps_op_t *none3[3] = {NULL, NULL, NULL};
+    uint64_t vers[3] = {77, 77, 77};
+    int sts[3] = {5, 5, 5};
+    if (ps_op_wait_many(3, none3, vers, sts) != 0 || vers[0] || vers[1] || vers[2] || sts[0] ||
+        sts[1] || sts[2]) {
+        printf("asp_client: misuse: waits on NULL handles gave versions %llu %llu %llu, "
+               "statuses %d %d %d\n", (unsigned long long)vers[0], (unsigned long long)vers[1],
+               (unsigned long long)vers[2], sts[0], sts[1], sts[2]);
+        bad = 1;
     }
     if (ps_client_error(NULL) == NULL) bad = 1;
     ps_client_interrupt(NULL);
@@ -416,8 +430,10 @@ int main(int argc, char **argv)
         printf("asp_client: pull: %s\n", ps_client_error(c));
         rc = 1;
     }
+    const char *before = getenv("ASP_BEFORE");
+    uint64_t want = pushes + (before ? strtoull(before, NULL, 10) : 0);
     for (uint64_t i = 0; rc == 0 && i < n; i++)
-        if (got[i] != (float)pushes) {
+        if (got[i] != (float)want) {
             printf("asp_client: element %" PRIu64 " is %.9g after %" PRIu64
                    " pushes: updated %.9g times\n", i, (double)got[i], pushes, (double)got[i]);
             rc = 1;

@@ -619,6 +619,45 @@ START_TEST(test_push_sent_again_while_landing)
 }
 END_TEST
 
+/* asp: a worker dies while its push is being applied (PS_TEST_SLOW_APPLY_HOLD holds that apply),
+ * and another takes its rank: its pushes must wait for that apply (PS_FLAG_BEHIND: sent again)
+ * instead of being refused as second pushes, and the dead worker's push, which landed, is
+ * applied once besides (ASP_BEFORE=1). Before, the new worker's first push failed with
+ * PS_EPROTO, "second push of 0/0 from rank 0" (a review, session 73). */
+START_TEST(test_push_into_a_dead_holders_slot)
+{
+    cl_conf_t k = {.shards = 1, .workers = 1, .consistency = "asp",
+                   .optimizer = "{name: sgd, lr: 1.0}"};
+    cl_cluster_t *c = cl_cluster_create(&k);
+    char hold[CL_PATH];
+    cl_path(c, "apply.hold", hold, CL_PATH);
+    FILE *f = fopen(hold, "w");
+    ck_assert(f != NULL && fclose(f) == 0);
+    setenv("PS_TEST_SLOW_APPLY_HOLD", hold, 1);
+    cl_proc_t *psd = cl_psd_start_env(c, 0, READY_S, "PS_TEST_SLOW_APPLY", "1");
+    unsetenv("PS_TEST_SLOW_APPLY_HOLD");
+    char numel[] = "1000", one[] = "1", three[] = "3";
+    char *argv[] = {(char *)cl_binary("ASP_CLIENT"), c->manifest, numel, one, NULL};
+    cl_proc_t *a = cl_spawn(c, "asp-dies", argv);
+    ck_assert_msg(cl_wait_log(psd, "the apply of step 0 waits while", RUN_S) == 0, "%s",
+                  cl_tail(psd));
+    ck_assert_int_eq(cl_signal(a, SIGKILL), 0);
+    cl_wait(a, RUN_S);
+    ck_assert_msg(cl_wait_log(psd, ") left at step", RUN_S) == 0, "%s", cl_tail(psd));
+    argv[3] = three;
+    setenv("ASP_BEFORE", "1", 1);
+    cl_proc_t *b = cl_spawn(c, "asp", argv);
+    unsetenv("ASP_BEFORE");
+    ck_assert_msg(cl_wait_log(b, "is still being applied: sending it again", RUN_S) == 0, "%s",
+                  cl_tail(b));
+    ck_assert(unlink(hold) == 0);
+    EXPECT_EXIT(b, 0);
+    EXPECT_LOG(b, "3 pushes, each applied once");
+    stop_all(&psd, 1);
+    cl_cluster_destroy(c);
+}
+END_TEST
+
 /* A change of compression that runs out of memory (alloc_count.so makes its last allocation,
  * the pull buffer, fail) fails with PS_ENOMEM and leaves the tensor as it was: asp_client goes
  * on pushing as fp16 with error feedback, and every push is applied once. Before, the push side
@@ -2486,6 +2525,7 @@ Suite *ps_test_suite(void)
     suite_add_tcase(s, tcase("hostile_values", test_hostile_values));
     suite_add_tcase(s, tcase("lost_ack_asp_applied_once", test_lost_ack_asp_applied_once));
     suite_add_tcase(s, tcase("push_sent_again_while_landing", test_push_sent_again_while_landing));
+    suite_add_tcase(s, tcase("push_into_a_dead_holders_slot", test_push_into_a_dead_holders_slot));
     suite_add_tcase(s, tcase("refused_push_gives_back", test_refused_push_gives_back));
     suite_add_tcase(s, tcase("compression_change_out_of_memory",
                              test_compression_change_out_of_memory));

@@ -412,7 +412,7 @@ int ps_client_pull_many(ps_client_t *c, uint32_t n, const uint32_t *ids, float *
 
 /**
  * @brief ps_op_wait() of each of @p n ops (NULL ones skipped) in one call; versions[i] (may be
- *  NULL) as its @p version, statuses[i] (may be NULL) its status.
+ *  NULL) as its @p version, statuses[i] (may be NULL) its status (for a NULL op: 0 and 0).
  * @return 0, or the first failed op's status (ps_client_error() says why). Every op is waited
  *  for, also after a failure.
  */
