@@ -937,12 +937,11 @@ static void all_ranks_left_open_step(int mode)
             EXPECT_LOG(psd[0], "a worker cannot join yet: 64 of the 64 ranks are held by members "
                                "that left open step 5, until it closes (a checkpoint holds it)");
         }
-        if (mode == DESERTED_CKPT_HELD) {
-            EXPECT_LOG(psd[0], "step 15 reached: held for its checkpoint");
-        } else {
+        {
             /* The follower's checkpoint of step 15 is held ahead, or at once when its ask
              * comes with step 15 open already (once in session 54's full runs: the checkpoint
-             * at step 15 was taken, held by psd_coord_ckpt_hold's path). */
+             * at step 15 was taken, held by psd_coord_ckpt_hold's path; seen in session 73
+             * with the checkpoint of step 5 held too, once in 10 runs). */
             char *log = cl_log(psd[0]);
             ck_assert_msg(strstr(log, "step 15 reached: held for its checkpoint") ||
                               strstr(log, "checkpoint at step 15: holding later steps"),
