@@ -820,8 +820,14 @@ int psctl_checkpoint_run(ps_req_t *cl, const ps_manifest_t *m, uint64_t step, ui
         char *j0 = psd_ckpt_meta_read(d, 0);
         for (int i = 1; j0 && i < n && !mixed[0]; i++) {
             char *ji = psd_ckpt_meta_read(d, (uint32_t)i);
-            if (ji && psd_ckpt_meta_agree(j0, ji, (uint32_t)i, mixed, sizeof mixed) != 0)
+            if (ji && psd_ckpt_meta_agree(j0, ji, (uint32_t)i, mixed, sizeof mixed) != 0) {
                 fprintf(stderr, "psctl: checkpoint: %s\n", mixed);
+                if (strstr(mixed, "another tensor table"))
+                    fprintf(stderr, "psctl: checkpoint: when no worker declares tensors now and "
+                            "this repeats, that tensor's declaration stopped part-way (a worker "
+                            "killed while declaring it): psctl forget NAME drops it (psd's "
+                            "checkpoint follower does so itself)\n");
+            }
             free(ji);
         }
         free(j0);

@@ -127,6 +127,14 @@ static int declare(ps_client_t *c, const ps_tensor_desc_t *desc, const float *va
     req.decl.init_arg = desc->init_arg;
     req.decl.seed = desc->seed;
     req.decl.total_steps = desc->total_steps;
+    /* The values initializer only with values (ps_client_declare_values): asked for them, a
+     * caller without any left the declaration refused and its name held for the others'
+     * declarations until heartbeat_timeout_ms (a review, session 73). */
+    if (values == NULL && ps_decl_init_kind(&req.decl) == PSK_INIT_VALUES) {
+        snprintf(c->err, sizeof c->err, "declare: tensor '%s': initializer %u takes values "
+                 "(ps_client_declare_values)", desc->name, (unsigned)PSK_INIT_VALUES);
+        return PS_EINVAL;
+    }
     /* With values, the initializer is "the values sent" (the mean flag kept). */
     uint32_t init = values ? PSK_INIT_VALUES | (req.decl.init & PS_DECL_MEAN) : req.decl.init;
     float init_arg = values ? 0.0f : desc->init_arg;
@@ -136,11 +144,6 @@ static int declare(ps_client_t *c, const ps_tensor_desc_t *desc, const float *va
     char why[256];
     if (ps_decl_check(&req.decl, why, sizeof why)) {
         snprintf(c->err, sizeof c->err, "declare: %s", why);
-        return PS_EINVAL;
-    }
-    if (!isfinite(req.decl.init_arg)) { /* its initializer would make every value NaN or inf */
-        snprintf(c->err, sizeof c->err, "declare: tensor '%s' has a non-finite init_arg",
-                 desc->name);
         return PS_EINVAL;
     }
     if (values && !psk_all_finite(values, ps_decl_numel(&req.decl))) {
@@ -169,6 +172,10 @@ static int declare(ps_client_t *c, const ps_tensor_desc_t *desc, const float *va
                  "'%.*s' %s", req.decl.name, want, PS_NAME_MAX - 1, rep.decl.name, got);
         return PS_EPROTO;
     }
+    /* Tests only: this process dies here, its declaration of that tensor made on shard 0 only
+     * (a worker killed between the shards: the checkpoint follower's drop_part_declared). */
+    const char *die = getenv("PS_TEST_DIE_DECLARING");
+    if (die && strcmp(die, req.decl.name) == 0) raise(SIGKILL);
     req.decl = rep.decl;
     /* A part another shard lacks is created as this caller asks: from its values, or its
      * initializer where shard 0's creator sent values (else shard 0's initializer). */

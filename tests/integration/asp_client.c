@@ -114,6 +114,8 @@ static int misuse(ps_client_t *c, uint32_t id, float *g, float *got)
     bad |= refused(c, "2^40 values", ps_client_declare(c, &d, &other), "larger than", &n);
     d = (ps_tensor_desc_t){.name = "bad", .shape = {4}, .ndim = 1, .init = 7};
     bad |= refused(c, "initializer 7", ps_client_declare(c, &d, &other), "initializer 7", &n);
+    d.init = 5; /* the values one, without values: psd asked for them (a review, session 73) */
+    bad |= refused(c, "initializer 5", ps_client_declare(c, &d, &other), "initializer 5", &n);
     d = (ps_tensor_desc_t){.name = "", .shape = {4}, .ndim = 1};
     bad |= refused(c, "an empty name", ps_client_declare(c, &d, &other), "empty tensor name", &n);
     d = (ps_tensor_desc_t){.name = "bad", .shape = {4}, .ndim = 1, .init = 1, .init_arg = NAN};

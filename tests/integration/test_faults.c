@@ -1596,7 +1596,7 @@ START_TEST(test_api_misuse_refused)
     char *argv[] = {(char *)cl_binary("ASP_CLIENT"), c->manifest, numel, pushes, mode, NULL};
     cl_proc_t *a = cl_spawn(c, "asp", argv);
     EXPECT_EXIT(a, 0);
-    EXPECT_LOG(a, "asp_client: misuse: 16 calls refused");
+    EXPECT_LOG(a, "asp_client: misuse: 17 calls refused");
     EXPECT_LOG(a, "3 pushes, each applied once");
     stop_all(psd, 2);
     cl_cluster_destroy(c);

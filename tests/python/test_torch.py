@@ -637,17 +637,31 @@ def follower_drops_stray(tmp):
     S before its snapshot"; a probe, session 56). The follower drops such a tensor once the job
     is past step 1 (psctl forget's check), says so, and the checkpoints after it complete."""
     ck = os.path.join(tmp, "follower-ck")
-    c = Cluster(tmp, "follower", 1, top_extra=f"checkpoint: {{every_steps: 4, dir: {ck}}}\n")
+    c = Cluster(tmp, "follower", 1, metrics=True,
+                top_extra=f"checkpoint: {{every_steps: 4, dir: {ck}}}\n")
     try:
         with psd.Client(c.manifest) as cl:  # declared, then the worker is gone: no push
             cl.declare("stray.weight", (64, 64))
             # A name with a control byte and a quote: status escapes them (\u0001, \"), the
             # follower undoes that exactly for the forget and logs it shown (\x01).
             cl.declare('odd\x01"name', (8,))
+        # A declaration stopped part-way: 'ghost' (one chunk, ordinal 5: on shard 1) is made on
+        # shard 0, and its worker is killed before it asked shard 1 (PS_TEST_DIE_DECLARING).
+        # Shard 0's table holds it, shard 1's does not: every checkpoint failed ("another
+        # tensor table") and no stray check found it, its chunks being on shard 1 (a review,
+        # session 73).
+        code = "import psd, sys\npsd.Client(sys.argv[1]).declare('ghost', (8,))\n"
+        ghost = subprocess.run([sys.executable, "-c", code, c.manifest], capture_output=True,
+                               env=dict(os.environ, PS_TEST_DIE_DECLARING="ghost"))
+        assert ghost.returncode == -signal.SIGKILL, ghost
+        tables = [c.metric("psd_tensors", k) for k in (0, 1)]
+        assert tables == [3, 2], f"tensors held by shards 0, 1: {tables}"
         train(c.manifest, None, pause_at=8)  # 32 steps; 4 s at the 8th: the follower's turn
         said = open(os.path.join(c.dir, "psd0.log")).read()
         assert "psctl: follow: dropped tensor 'stray.weight' from 2 shards" in said, said
         assert "psctl: follow: dropped tensor 'odd\\x01\"name' from 2 shards" in said, said
+        assert "psctl: follow: dropped tensor 'ghost' from 1 shard: its declaration stopped " \
+            "part-way" in said, said
         assert "\x01" not in said, "a raw control byte in psd's log"
         done = [d for d in sorted(os.listdir(ck)) if all(
             os.path.exists(os.path.join(ck, d, f"shard-{k}", "meta.json")) for k in (0, 1))]
