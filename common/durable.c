@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -184,6 +185,38 @@ int ps_out_file_check(const char *path, char *out, size_t outcap, char *err, siz
     return 0;
 }
 
+/* "A/X/.." is A where X does not exist (it will be made as a directory, so that is where
+ * ".." then leads): each such pair in @p path is taken out, in place. One whose X exists is
+ * left for the kernel (X may be a link elsewhere). Without this the walk up the absent names
+ * below passed over "A/X/.." to A, not A/..'s target: the default "<data_dir>/../checkpoints"
+ * of a shard whose data_dir was not made yet was taken with a file at <data_dir's parent>/
+ * checkpoints (a README audit, session 73), and every checkpoint failed later. */
+static void drop_absent_dotdot(char *path)
+{
+    for (char *p = path; (p = strstr(p, "/..")) != NULL;) {
+        if (p[3] != '/' && p[3] != '\0') { /* "/..x": a name, not ".." */
+            p += 3;
+            continue;
+        }
+        struct stat st;
+        *p = '\0';
+        bool absent = p > path && stat(path, &st) != 0 && errno == ENOENT;
+        char *up = strrchr(path, '/'); /* X's slash; NULL: X is the path's first name */
+        const char *x = up ? up + 1 : path;
+        *p = '/';
+        if (!absent || strncmp(x, "../", 3) == 0 || strncmp(x, "./", 2) == 0) {
+            p += 3;
+            continue;
+        }
+        if (up) /* "A" + what follows "X/..", or "/" for "/X/.." */
+            memmove(up, p + 3, strlen(p + 3) + 1);
+        else /* "X/../R" is "R", "X/.." is "." */
+            memmove(path, p[3] ? p + 4 : ".", strlen(p[3] ? p + 4 : ".") + 1);
+        if (path[0] == '\0') snprintf(path, 2, "/");
+        p = path;
+    }
+}
+
 int ps_dir_makeable(const char *dir, char *err, size_t errlen)
 {
     char path[PATH_MAX];
@@ -191,6 +224,7 @@ int ps_dir_makeable(const char *dir, char *err, size_t errlen)
         snprintf(err, errlen, "%.200s...: path too long", dir);
         return -ENAMETOOLONG;
     }
+    drop_absent_dotdot(path);
     for (;;) {
         size_t len = strlen(path); /* "a/f/" is "a/f": a file there is in the way too */
         while (len > 1 && path[len - 1] == '/') path[--len] = '\0';
