@@ -403,6 +403,16 @@ void psd_shard_on_declare(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *m
                            (unsigned long long)t->decl.first_chunk);
             return;
         }
+        if (srv->shard == 0 && d.total_steps != t->decl.total_steps && !t->steps_said) {
+            /* The first declaration's length stays (each chunk's learning-rate schedule): said
+             * once, as workers of other manifests, or a job restored under another
+             * job.workers, train on it (a review, session 73: taken without a word). */
+            PS_LOG(PS_LOG_WARN, "shard", "tensor '%s' declared by rank %d with a schedule of "
+                   "%llu steps, but it holds %llu (its first declaration's), which stays",
+                   d.name, conn->rank, (unsigned long long)d.total_steps,
+                   (unsigned long long)t->decl.total_steps);
+            t->steps_said = true;
+        }
         if (srv->shard == 0 && conn->rank >= 0 && conn->rank < PS_MAX_RANKS)
             t->declared_ranks |= 1ull << conn->rank;
         if (t->values && t->values->giver == conn && t->values->missing > 0)

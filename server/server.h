@@ -291,6 +291,7 @@ typedef struct {
                                   drop here, its connection closes, or forget_hold_until */
     uint64_t forget_hold_until; /* psd_now_ms() */
     psd_values_t *values;      /* init PSK_INIT_VALUES, until created: the values sent */
+    bool steps_said;           /* shard 0: a declaration with another schedule length was said */
 } psd_tensor_t;
 
 /* A pull reply in flight: pins the snapshot its data lives in. */

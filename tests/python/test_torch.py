@@ -645,6 +645,9 @@ def follower_drops_stray(tmp):
             # A name with a control byte and a quote: status escapes them (\u0001, \"), the
             # follower undoes that exactly for the forget and logs it shown (\x01).
             cl.declare('odd\x01"name', (8,))
+            # Declared again with another schedule length: the first one's stays, said once.
+            cl.declare("stray.weight", (64, 64), total_steps=10)
+            cl.declare("stray.weight", (64, 64), total_steps=20)
         # A declaration stopped part-way: 'ghost' (one chunk, ordinal 5: on shard 1) is made on
         # shard 0, and its worker is killed before it asked shard 1 (PS_TEST_DIE_DECLARING).
         # Shard 0's table holds it, shard 1's does not: every checkpoint failed ("another
@@ -662,6 +665,8 @@ def follower_drops_stray(tmp):
         assert "psctl: follow: dropped tensor 'odd\\x01\"name' from 2 shards" in said, said
         assert "psctl: follow: dropped tensor 'ghost' from 1 shard: its declaration stopped " \
             "part-way" in said, said
+        assert said.count("tensor 'stray.weight' declared by rank") == 1 and "with a schedule " \
+            "of 10 steps, but it holds 0 (its first declaration's), which stays" in said, said
         assert "\x01" not in said, "a raw control byte in psd's log"
         done = [d for d in sorted(os.listdir(ck)) if all(
             os.path.exists(os.path.join(ck, d, f"shard-{k}", "meta.json")) for k in (0, 1))]
