@@ -211,8 +211,15 @@ static void on_begin(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
 
 static void on_tensor(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *msg)
 {
-    if (msg->tensor >= srv->ntensors || !srv->tensors[msg->tensor].present ||
+    if (msg->tensor < srv->ntensors && srv->tensors[msg->tensor].present &&
         !srv->tensors[msg->tensor].ready) {
+        /* Not "absent": the checkpoint follower drops a tensor a shard lacks (psctl_follow.c
+         * drop_part_declared), and this one's declaration is under way here. */
+        psd_send_error(srv, conn, msg->req_id, PS_EBUSY, "tensor %u is still being created on "
+                       "shard %u", msg->tensor, srv->shard);
+        return;
+    }
+    if (msg->tensor >= srv->ntensors || !srv->tensors[msg->tensor].present) {
         psd_send_error(srv, conn, msg->req_id, PS_ENOENT, "shard %u has no tensor %u", srv->shard,
                        msg->tensor);
         return;

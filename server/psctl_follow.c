@@ -475,6 +475,7 @@ static uint64_t next_multiple(uint64_t step, uint64_t every)
 #define STRAY_CHECK_S 1.0  /* how often the shards are asked for such tensors */
 #define STRAY_RETRY_S 10.0 /* the same after a refusal or an error */
 #define STRAY_PER_PASS 16  /* tensors dropped per shard and pass at most */
+#define PART_DECLARED_S 10.0 /* how long a tensor must stay on some shards only to be dropped */
 
 typedef char stray_name_t[PS_NAME_MAX + 8];
 
@@ -538,9 +539,9 @@ static double drop_strays(ps_req_t *cl, const ps_manifest_t *m, stray_name_t *sa
     return next;
 }
 
-/* A tensor in one shard's table and not in another's (ps_req_call's id), or -1: every shard
- * holds the cluster's whole table. Only looked for where the shards' counts differ. @p name
- * (PS_NAME_MAX bytes) gets its name as shard 0 holds it. */
+/* The id of a tensor shard 0 holds and another shard does not (PS_ENOENT; one being created
+ * there answers PS_EBUSY), or -1: every shard holds the cluster's whole table. Only looked for
+ * where the shards' counts differ. @p name (PS_NAME_MAX bytes) gets its name. */
 static int64_t table_gap(ps_req_t *cl, const ps_manifest_t *m, char *name)
 {
     char err[512], v[32];
@@ -575,18 +576,21 @@ static int64_t table_gap(ps_req_t *cl, const ps_manifest_t *m, char *name)
  * (the declaring worker died between the shards: shard 0 numbers a tensor first), and no worker
  * can have trained it (a declaration completes on every shard before its first push). It made
  * every checkpoint fail ("holds another tensor table"), and under bsp no stray check found it
- * where its chunks are all on a shard that lacks it (a review, session 73). The same gap twice,
- * a pass (STRAY_CHECK_S) apart, is dropped, through psctl_forget's checks: a declaration in
- * flight meanwhile completes in milliseconds. @p seen: the gap of the last pass (-1: none).
- * @return the seconds until the next pass.
+ * where its chunks are all on a shard that lacks it (a review, session 73). A gap that every
+ * pass found for PART_DECLARED_S is dropped, through psctl_forget's checks (bsp: past step 1,
+ * where shard 0 refuses new tensors; asp / ssp: a job with no member): a declaration in flight
+ * reaches the next shard in milliseconds, unless that shard stalls. @p seen: the gap of the
+ * last pass (-1: none), found since *@p since. @return the seconds until the next pass.
  */
-static double drop_part_declared(ps_req_t *cl, const ps_manifest_t *m, int64_t *seen)
+static double drop_part_declared(ps_req_t *cl, const ps_manifest_t *m, int64_t *seen,
+                                 double *since)
 {
     char name[PS_NAME_MAX] = "", err[512];
     ps_req_set_cancel(cl, &g_stop);
     int64_t gap = table_gap(cl, m, name);
     double next = STRAY_CHECK_S;
-    if (gap >= 0 && gap == *seen) {
+    if (gap != *seen) *since = psctl_mono_s();
+    if (gap >= 0 && psctl_mono_s() - *since >= PART_DECLARED_S) {
         int dropped = 0;
         char shown[PS_NAME_MAX];
         snprintf(shown, sizeof shown, "%s", name);
@@ -654,11 +658,12 @@ int psctl_checkpoint_follow(const ps_manifest_t *m, double timeout_s, double wai
     char seen_run[32] = ""; /* the run set_aside last ran for */
     static stray_name_t stray_said[PS_MAX_SERVERS]; /* drop_strays' refusals, each said once */
     double stray_at = 0; /* drop_strays' next time */
-    int64_t gap_seen = -1; /* drop_part_declared's last gap */
+    int64_t gap_seen = -1; /* drop_part_declared's last gap, found since gap_since */
+    double gap_since = 0;
     while (!g_stop) {
         if (psctl_mono_s() >= stray_at) {
             double in = bsp ? drop_strays(cl, m, stray_said) : STRAY_CHECK_S;
-            double in2 = drop_part_declared(cl, m, &gap_seen);
+            double in2 = drop_part_declared(cl, m, &gap_seen, &gap_since);
             stray_at = psctl_mono_s() + (in2 > in ? in2 : in);
             if (g_stop) break;
         }

@@ -216,7 +216,7 @@ def barrier(where, n):
         time.sleep(0.02)
 
 
-def train(manifest, record, die_after=0, together=None, pause_at=0):
+def train(manifest, record, die_after=0, together=None, pause_at=0, pause_s=4):
     """One worker's run; returns (final state_dict, [(step, indices, params before it)]).
     die_after > 0: SIGKILL itself after that many batches. together: (dir, n) to wait after
     the join until n workers joined, so that they share the job from its first step."""
@@ -239,7 +239,7 @@ def train(manifest, record, die_after=0, together=None, pause_at=0):
                 os.kill(os.getpid(), signal.SIGKILL)
             if pause_at and n == pause_at:  # the parent stops this process meanwhile
                 open(os.path.join(os.path.dirname(manifest), "paused"), "w").close()
-                time.sleep(4)
+                time.sleep(pause_s)
             if record is not None:
                 record.append((b.step, list(b.indices),
                                {k: v.clone() for k, v in m.state_dict().items()}))
@@ -659,7 +659,9 @@ def follower_drops_stray(tmp):
         assert ghost.returncode == -signal.SIGKILL, ghost
         tables = [c.metric("psd_tensors", k) for k in (0, 1)]
         assert tables == [3, 2], f"tensors held by shards 0, 1: {tables}"
-        train(c.manifest, None, pause_at=8)  # 32 steps; 4 s at the 8th: the follower's turn
+        # 32 steps; 12 s at the 8th: the follower's turn (a tensor on some shards only is
+        # dropped once it stayed so for 10 s, PART_DECLARED_S)
+        train(c.manifest, None, pause_at=8, pause_s=12)
         said = open(os.path.join(c.dir, "psd0.log")).read()
         assert "psctl: follow: dropped tensor 'stray.weight' from 2 shards" in said, said
         assert "psctl: follow: dropped tensor 'odd\\x01\"name' from 2 shards" in said, said
