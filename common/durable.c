@@ -185,36 +185,41 @@ int ps_out_file_check(const char *path, char *out, size_t outcap, char *err, siz
     return 0;
 }
 
-/* "A/X/.." is A where X does not exist (it will be made as a directory, so that is where
- * ".." then leads): each such pair in @p path is taken out, in place. One whose X exists is
- * left for the kernel (X may be a link elsewhere). Without this the walk up the absent names
- * below passed over "A/X/.." to A, not A/..'s target: the default "<data_dir>/../checkpoints"
- * of a shard whose data_dir was not made yet was taken with a file at <data_dir's parent>/
- * checkpoints (a README audit, session 73), and every checkpoint failed later. */
+/* @p path (PATH_MAX bytes) rewritten in place by its names: repeated slashes and "." names
+ * dropped, and "X/.." taken out where X does not exist (it will be made as a directory, so
+ * that is where ".." then leads); a ".." after an X that exists is left for the kernel (X may
+ * be a link elsewhere). Without this the walk up the absent names below passed over "A/X/.."
+ * to A, not to A/..'s target: the default "<data_dir>/../checkpoints" of a shard whose
+ * data_dir was not made yet was taken with a file at <data_dir's parent>/checkpoints (a README
+ * audit, session 73), and every checkpoint failed later. An empty result is "/" or ".". */
 static void drop_absent_dotdot(char *path)
 {
-    for (char *p = path; (p = strstr(p, "/..")) != NULL;) {
-        if (p[3] != '/' && p[3] != '\0') { /* "/..x": a name, not ".." */
-            p += 3;
-            continue;
-        }
+    char out[PATH_MAX];
+    size_t len = 0;
+    bool abs = path[0] == '/';
+    if (abs) out[len++] = '/';
+    out[len] = '\0';
+    for (char *name = path, *end; *name; name = end) {
+        while (*name == '/') name++;
+        end = name + strcspn(name, "/");
+        size_t n = (size_t)(end - name);
+        if (n == 0 || (n == 1 && name[0] == '.')) continue;
+        const char *last = strrchr(out, '/');
+        last = last ? last + 1 : out; /* the name out ends with ("" for none) */
         struct stat st;
-        *p = '\0';
-        bool absent = p > path && stat(path, &st) != 0 && errno == ENOENT;
-        char *up = strrchr(path, '/'); /* X's slash; NULL: X is the path's first name */
-        const char *x = up ? up + 1 : path;
-        *p = '/';
-        if (!absent || strncmp(x, "../", 3) == 0 || strncmp(x, "./", 2) == 0) {
-            p += 3;
+        if (n == 2 && name[0] == '.' && name[1] == '.' && *last && strcmp(last, "..") != 0 &&
+            stat(out, &st) != 0 && errno == ENOENT) {
+            len = (size_t)(last - out); /* X out, and its slash unless it is the root's */
+            if (len > (abs ? 1u : 0u)) len--;
+            out[len] = '\0';
             continue;
         }
-        if (up) /* "A" + what follows "X/..", or "/" for "/X/.." */
-            memmove(up, p + 3, strlen(p + 3) + 1);
-        else /* "X/../R" is "R", "X/.." is "." */
-            memmove(path, p[3] ? p + 4 : ".", strlen(p[3] ? p + 4 : ".") + 1);
-        if (path[0] == '\0') snprintf(path, 2, "/");
-        p = path;
+        if (len + (len > (abs ? 1u : 0u)) + n >= sizeof out) return; /* cannot grow: as it was */
+        if (len > (abs ? 1u : 0u)) out[len++] = '/';
+        memcpy(out + len, name, n);
+        out[len += n] = '\0';
     }
+    snprintf(path, PATH_MAX, "%s", len ? out : ".");
 }
 
 int ps_dir_makeable(const char *dir, char *err, size_t errlen)

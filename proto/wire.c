@@ -1,5 +1,4 @@
 /* wire.c: ps_msg_t <-> packed ps.Header (the only user of protobuf-c). */
-#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -82,14 +81,7 @@ static int decl_check(const ps_decl_t *d, bool exportable, char *err, size_t err
 
 int ps_decl_check(const ps_decl_t *d, char *err, size_t errlen)
 {
-    int rc = decl_check(d, true, err, errlen);
-    /* Its initializer would make every value NaN or infinite: libps refuses it, and now psd
-     * too, against a peer that is not libps (a review, session 73). */
-    if (rc == 0 && !isfinite(d->init_arg)) {
-        snprintf(err, errlen, "tensor '%s' has a non-finite init_arg", d->name);
-        rc = PS_EINVAL;
-    }
-    return rc;
+    return decl_check(d, true, err, errlen);
 }
 
 int ps_decl_check_stored(const ps_decl_t *d, char *err, size_t errlen)

@@ -1,6 +1,7 @@
 /* declare.c: declarations (PS_MSG_DECLARE): a tensor created in the store once, every
  * declarer answered with it; a model's own values sent by its declarer (PS_MSG_VALUES); a tensor
  * dropped (psd_shard_drop, forget.c). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -366,6 +367,14 @@ void psd_shard_on_declare(psd_server_t *srv, psd_conn_t *conn, const ps_msg_t *m
         return;
     }
     ps_decl_t d = msg->decl;
+    if (!isfinite(d.init_arg)) {
+        /* Its initializer would make every value NaN or infinite: libps refuses it, and psd
+         * too, against a peer that is not libps (a review, session 73). Here, not in the
+         * decoder: a declaration an older psd stored with one must stay readable. */
+        psd_send_error(srv, conn, msg->req_id, PS_EINVAL, "tensor '%s' has a non-finite "
+                       "init_arg", d.name);
+        return;
+    }
     char want[64], have[64];
     /* Find the tensor by name: the name is the identity users see. */
     psd_tensor_t *t = psd_shard_tensor_named(srv, d.name);

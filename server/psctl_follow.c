@@ -539,42 +539,50 @@ static double drop_strays(ps_req_t *cl, const ps_manifest_t *m, stray_name_t *sa
     return next;
 }
 
-/* The id of a tensor shard 0 holds and another shard does not (PS_ENOENT; one being created
- * there answers PS_EBUSY), or -1: every shard holds the cluster's whole table. Only looked for
- * where the shards' counts differ. @p name (PS_NAME_MAX bytes) gets its name. */
+/* The id of a tensor some shard holds and another does not (PS_ENOENT there; one being
+ * created answers PS_EBUSY, and a shard that does not answer is not judged), or -1: every
+ * shard holds the cluster's whole table. Only looked for where the shards' counts differ
+ * (status `tensors`), from the highest id (status `tensor_ids`) down: the last declared is the
+ * likeliest. Reads no export snapshot (PS_MSG_EXPORT_BEGIN would hold one of shard 0's store
+ * while it is not ended: a review, session 73). @p name (PS_NAME_MAX bytes) gets its name. */
 static int64_t table_gap(ps_req_t *cl, const ps_manifest_t *m, char *name)
 {
     char err[512], v[32];
-    long long count0 = -1;
+    long long count0 = -1, ids = 0;
     bool differ = false;
     for (int i = 0; i < m->nservers && !g_stop; i++) {
         char *json = psctl_status_json(cl, (uint32_t)i, err, sizeof err, NULL);
         long long n = json && ps_json_field(json, "tensors", v, sizeof v) ? atoll(v) : -1;
+        long long k = json && ps_json_field(json, "tensor_ids", v, sizeof v) ? atoll(v) : -1;
         free(json);
-        if (n < 0) return -1; /* a shard that does not answer now: not judged */
+        if (n < 0 || k < 0) return -1; /* not answering now (or an older psd): not judged */
         if (i == 0) count0 = n;
         differ |= n != count0;
+        if (k > ids) ids = k;
     }
-    if (!differ || g_stop) return -1;
-    ps_msg_t q = {.type = PS_MSG_EXPORT_BEGIN, .rank = -1}, r;
-    if (ps_req_call(cl, 0, &q, &r, NULL, NULL, err, sizeof err)) return -1;
-    uint64_t nt = r.count;
-    for (uint64_t id = 0; id < nt && !g_stop; id++) {
-        ps_msg_t tq = {.type = PS_MSG_EXPORT_TENSOR, .rank = -1, .tensor = (uint32_t)id};
-        if (ps_req_call(cl, 0, &tq, &r, NULL, NULL, err, sizeof err) != 0 || !r.has_decl)
-            continue; /* not on shard 0 (dropped there last, so not on the others either) */
-        snprintf(name, PS_NAME_MAX, "%s", r.decl.name);
-        for (int i = 1; i < m->nservers; i++)
-            if (ps_req_call(cl, (uint32_t)i, &tq, &r, NULL, NULL, err, sizeof err) == PS_ENOENT)
-                return (int64_t)id;
+    for (long long id = ids - 1; differ && id >= 0 && !g_stop; id--) {
+        ps_msg_t q = {.type = PS_MSG_EXPORT_TENSOR, .rank = -1, .tensor = (uint32_t)id}, r;
+        int held = 0, absent = 0;
+        for (int i = 0; i < m->nservers; i++) {
+            int rc = ps_req_call(cl, (uint32_t)i, &q, &r, NULL, NULL, err, sizeof err);
+            if (rc == PS_ENOENT) {
+                absent++;
+            } else if (rc == 0 && r.has_decl) {
+                if (held++ == 0) snprintf(name, PS_NAME_MAX, "%s", r.decl.name);
+            } else {
+                held = -m->nservers; /* being created, or no answer: not this pass */
+            }
+        }
+        if (held > 0 && absent > 0) return id;
     }
     return -1;
 }
 
 /*
- * Drop a tensor that shard 0 holds and another shard does not: its declaration stopped part-way
- * (the declaring worker died between the shards: shard 0 numbers a tensor first), and no worker
- * can have trained it (a declaration completes on every shard before its first push). It made
+ * Drop a tensor that some shards hold and others do not: its declaration stopped part-way (the
+ * declaring worker died between the shards: shard 0 numbers a tensor first; or it was dropped
+ * from the job while stopped, and went on after the tensor was forgotten), and no worker can
+ * have trained it (a declaration completes on every shard before its first push). It made
  * every checkpoint fail ("holds another tensor table"), and under bsp no stray check found it
  * where its chunks are all on a shard that lacks it (a review, session 73). A gap that every
  * pass found for PART_DECLARED_S is dropped, through psctl_forget's checks (bsp: past step 1,
@@ -597,7 +605,7 @@ static double drop_part_declared(ps_req_t *cl, const ps_manifest_t *m, int64_t *
         psctl_printable(shown);
         if (psctl_forget(cl, m, name, false, &dropped, err, sizeof err) == 0) {
             printf("psctl: follow: dropped tensor '%s' from %d shard%s: its declaration stopped "
-                   "part-way (another shard lacks it: a worker that died while declaring it), "
+                   "part-way (other shards lack it: a worker that died while declaring it), "
                    "and it held every checkpoint back\n", shown, dropped, dropped == 1 ? "" : "s");
             fflush(stdout);
             gap = -1;

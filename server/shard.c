@@ -537,11 +537,12 @@ void psd_shard_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len
     psd_shard_totals_t t;
     psd_shard_totals(srv, &t);
     int n = snprintf(out + *len, cap - *len,
-                     "\"tensors\": %u, \"chunks\": %llu, \"state_bytes\": %llu, "
+                     "\"tensors\": %u, \"tensor_ids\": %u, \"chunks\": %llu, \"state_bytes\": %llu, "
                      "\"version_min\": %llu, \"version_max\": %llu, \"untrained_tensors\": %u, "
                      "\"behind_tensors\": %u, "
                      "\"nonfinite_pushes\": %llu, \"nonfinite_param_chunks\": %llu",
-                     t.tensors, (unsigned long long)t.chunks, (unsigned long long)t.state_bytes,
+                     t.tensors, srv->ntensors, (unsigned long long)t.chunks,
+                     (unsigned long long)t.state_bytes,
                      (unsigned long long)t.version_min, (unsigned long long)t.version_max,
                      t.untrained, t.behind, (unsigned long long)srv->nonfinite_pushes,
                      (unsigned long long)t.odd_chunks);

@@ -146,6 +146,11 @@ static int declare(ps_client_t *c, const ps_tensor_desc_t *desc, const float *va
         snprintf(c->err, sizeof c->err, "declare: %s", why);
         return PS_EINVAL;
     }
+    if (!isfinite(req.decl.init_arg)) { /* its initializer would make every value NaN or inf */
+        snprintf(c->err, sizeof c->err, "declare: tensor '%s' has a non-finite init_arg",
+                 desc->name);
+        return PS_EINVAL;
+    }
     if (values && !psk_all_finite(values, ps_decl_numel(&req.decl))) {
         snprintf(c->err, sizeof c->err, "declare: the values of tensor '%s' hold a NaN or an "
                  "infinity", desc->name);

@@ -26,8 +26,9 @@
  * launcher's report of 2^32 - 1 workers, refused (PS_EINVAL); with --victim-pid P, a hello on a
  * connection of its own asking for rank 0 with P (the pid of the worker that holds it) and no
  * join serial, refused (PS_ENOTMEMBER; naming the epoch under bsp only); a top-k push of a mean tensor it declares (PS_DECL_MEAN:
- * pushes are values), refused (PS_EPROTO); and a connection that never says anything, which psd
- * must close (after the heartbeat timeout, at least 10 s).
+ * pushes are values), refused (PS_EPROTO); a declaration with an infinite init_arg, refused
+ * (PS_EINVAL); and a connection that never says anything, which psd must close (after the
+ * heartbeat timeout, at least 10 s).
  *
  * With --die-mid-send it asks shard 0 for its status and then kills itself (SIGKILL) in the
  * middle of its next send, inside UCX (die_mid_send below): a test of what psd does when a local
@@ -1224,6 +1225,18 @@ static int controls(peer_t *p, const ps_manifest_t *m, uint32_t victim_pid)
                     "top-k push of a mean tensor"))
             failed++;
     }
+
+    /* A declaration whose initializer would make every value infinite: refused by psd too,
+     * not only by libps (a review, session 73). */
+    ps_msg_t inf = {.type = PS_MSG_DECLARE, .rank = p->hello.rank, .has_decl = 1};
+    snprintf(inf.decl.name, sizeof inf.decl.name, "evil.inf");
+    inf.decl.ndim = 1;
+    inf.decl.shape[0] = 8;
+    inf.decl.init = 4; /* constant init_arg */
+    inf.decl.init_arg = INFINITY;
+    if (call(p, &inf, NULL, 0, PS_AM_CTRL) ||
+        refused(p, PS_EINVAL, "non-finite init_arg", "a declaration with init_arg inf"))
+        failed++;
 
     /* The quiet connection: closed by psd (a connection that says nothing). Meanwhile this
      * one says it is alive, as libps's heartbeats do. */

@@ -267,6 +267,7 @@ START_TEST(test_hostile_peer)
     EXPECT_LOG(evil, "evil_peer: hello for rank 0 with its worker's pid and no join serial: "
                      "refused (");
     EXPECT_LOG(evil, "evil_peer: top-k push of a mean tensor: refused (");
+    EXPECT_LOG(evil, "evil_peer: a declaration with init_arg inf: refused (");
     EXPECT_LOG(evil, "evil_peer: the connection that said nothing: closed by psd");
     EXPECT_LOG(evil, "evil_peer: every check held");
     EXPECT_EXIT(w, 0);

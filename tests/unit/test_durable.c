@@ -2,6 +2,7 @@
  * ps_mkdir_durable makes directories; ps_dir_makeable says whether it could. */
 #include <check.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,6 +104,21 @@ START_TEST(dir_makeable_checked)
     snprintf(path, sizeof path, "%s/x/..", dir);
     ck_assert_int_eq(ps_dir_makeable(path, err, sizeof err), 0);
     ck_assert_int_eq(ps_dir_makeable("absent-here/../f..g/..x", err, sizeof err), 0);
+    /* A data_dir with a trailing slash (a review: "X//.." kept X), and relative paths that
+     * end in nothing (a review: "absent/../" became "/"). */
+    snprintf(path, sizeof path, "%s/absent//../f", dir);
+    ck_assert_int_eq(ps_dir_makeable(path, err, sizeof err), -ENOTDIR);
+    snprintf(path, sizeof path, "%s/./absent/.//..//./f/", dir);
+    ck_assert_int_eq(ps_dir_makeable(path, err, sizeof err), -ENOTDIR);
+    ck_assert_int_eq(ps_dir_makeable("absent-here/../", err, sizeof err), 0);
+    ck_assert_int_eq(ps_dir_makeable("absent-here/..//ck", err, sizeof err), 0);
+    ck_assert_int_eq(ps_dir_makeable("absent-here/../..", err, sizeof err), 0);
+    char cwd[PATH_MAX];
+    ck_assert_ptr_nonnull(getcwd(cwd, sizeof cwd));
+    ck_assert_int_eq(chdir(dir), 0); /* relative to it: "f" is the file */
+    int rel = ps_dir_makeable("absent/..//f", err, sizeof err);
+    ck_assert_int_eq(chdir(cwd), 0);
+    ck_assert_msg(rel == -ENOTDIR && strstr(err, "f is a regular file"), "%d %s", rel, err);
     if (geteuid() != 0) { /* root writes anywhere */
         snprintf(path, sizeof path, "%s/ro", dir);
         ck_assert_int_eq(mkdir(path, 0500), 0);
