@@ -88,8 +88,8 @@ static void grants_seen(psd_server_t *srv, uint64_t now)
     int32_t pending = running > here ? running - here : 0;
     if (co->grant_start > pending) {
         PS_LOG(PS_LOG_INFO, "coord", "%d worker(s) started for the job never joined (the "
-               "launchers run %d, %d of them members): no longer counted", co->grant_start - pending,
-               running, here);
+               "launchers run %d, %d of them members): no longer counted",
+               co->grant_start - pending, running, here);
         co->grant_start = pending;
     }
 }

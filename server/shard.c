@@ -537,7 +537,8 @@ void psd_shard_status_json(psd_server_t *srv, char *out, size_t cap, size_t *len
     psd_shard_totals_t t;
     psd_shard_totals(srv, &t);
     int n = snprintf(out + *len, cap - *len,
-                     "\"tensors\": %u, \"tensor_ids\": %u, \"chunks\": %llu, \"state_bytes\": %llu, "
+                     "\"tensors\": %u, \"tensor_ids\": %u, \"chunks\": %llu, "
+                     "\"state_bytes\": %llu, "
                      "\"version_min\": %llu, \"version_max\": %llu, \"untrained_tensors\": %u, "
                      "\"behind_tensors\": %u, "
                      "\"nonfinite_pushes\": %llu, \"nonfinite_param_chunks\": %llu",

@@ -167,7 +167,8 @@ static double quick_death_wait(int *quick, bool died_quick)
 /* A launch report to the coordinator (@p ctl's shard 0) of manifest @p m: this launcher
  * (pid, @p host) runs @p running workers, stops @p stopping more (told to stop, not ended yet:
  * shard 0 counts them as leaving; PS_FLAG_REPORT says so) and polls every @p poll_ms;
- * @p flags: PS_FLAG_DONE, it exits. @return ps_req_call's, its answer in *@p rep (@p err says why otherwise). */
+ * @p flags: PS_FLAG_DONE, it exits. @return ps_req_call's, its answer in *@p rep (@p err says
+ * why otherwise). */
 static int launch_report(ps_req_t *ctl, const ps_manifest_t *m, const char *host, int running,
                          int stopping, long poll_ms, uint32_t flags, ps_msg_t *rep, char *err,
                          size_t errlen)
