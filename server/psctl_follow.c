@@ -562,18 +562,19 @@ static int64_t table_gap(ps_req_t *cl, const ps_manifest_t *m, char *name)
     }
     for (long long id = ids - 1; differ && id >= 0 && !g_stop; id--) {
         ps_msg_t q = {.type = PS_MSG_EXPORT_TENSOR, .rank = -1, .tensor = (uint32_t)id}, r;
-        int held = 0, absent = 0;
-        for (int i = 0; i < m->nservers; i++) {
+        bool held = false, absent = false, unsure = false;
+        for (int i = 0; i < m->nservers && !unsure; i++) {
             int rc = ps_req_call(cl, (uint32_t)i, &q, &r, NULL, NULL, err, sizeof err);
             if (rc == PS_ENOENT) {
-                absent++;
+                absent = true;
             } else if (rc == 0 && r.has_decl) {
-                if (held++ == 0) snprintf(name, PS_NAME_MAX, "%s", r.decl.name);
+                if (!held) snprintf(name, PS_NAME_MAX, "%s", r.decl.name);
+                held = true;
             } else {
-                held = -m->nservers; /* being created, or no answer: not this pass */
+                unsure = true; /* being created there, or no answer: not judged this pass */
             }
         }
-        if (held > 0 && absent > 0) return id;
+        if (held && absent && !unsure) return id;
     }
     return -1;
 }
